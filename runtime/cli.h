@@ -1,0 +1,8 @@
+/* cli.h - one entry point per moerun command.  Each takes the arguments
+ * after the program name (argv[0] is the command), prints one clear line on
+ * error and returns the process exit code. */
+#pragma once
+
+int moe_cli_inspect(int argc, char **argv);
+int moe_cli_run(int argc, char **argv);
+int moe_cli_synth(int argc, char **argv);

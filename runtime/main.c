@@ -1,0 +1,39 @@
+/* main.c - the moerun command line: dispatches to one function per command. */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"inspect", moe_cli_inspect, "describe a checkpoint: family, parameters, bytes by part"},
+    {"run", moe_cli_run, "generate from a prompt"},
+    {"synth", moe_cli_synth, "write a checkpoint of any configuration with random weights"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: moerun COMMAND [ARGS...]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n'moerun COMMAND --help' describes each command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "moerun: unknown command '%s' (try 'moerun --help')\n", argv[1]);
+    return 2;
+}

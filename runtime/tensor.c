@@ -1,0 +1,137 @@
+/* tensor.c - dtype table and scalar conversions (see tensor.h).
+ * f16 conversion follows IEEE 754 binary16 with round-to-nearest-even,
+ * subnormals and infinities included. */
+#include "tensor.h"
+
+#include "status.h"
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtype_info[MOE_DTYPE_COUNT] = {
+    [MOE_DTYPE_F32] = {"F32", 4},       [MOE_DTYPE_F16] = {"F16", 2},
+    [MOE_DTYPE_BF16] = {"BF16", 2},     [MOE_DTYPE_F8E4M3] = {"F8_E4M3", 1},
+    [MOE_DTYPE_F8E5M2] = {"F8_E5M2", 1}, [MOE_DTYPE_F64] = {"F64", 8},
+    [MOE_DTYPE_I8] = {"I8", 1},         [MOE_DTYPE_I16] = {"I16", 2},
+    [MOE_DTYPE_I32] = {"I32", 4},       [MOE_DTYPE_I64] = {"I64", 8},
+    [MOE_DTYPE_U8] = {"U8", 1},         [MOE_DTYPE_U16] = {"U16", 2},
+    [MOE_DTYPE_U32] = {"U32", 4},       [MOE_DTYPE_U64] = {"U64", 8},
+    [MOE_DTYPE_BOOL] = {"BOOL", 1},
+};
+
+size_t moe_dtype_size(enum moe_dtype t)
+{
+    MOE_ASSERT((unsigned)t < MOE_DTYPE_COUNT);
+    return dtype_info[t].size;
+}
+
+const char *moe_dtype_name(enum moe_dtype t)
+{
+    return (unsigned)t < MOE_DTYPE_COUNT ? dtype_info[t].name : "?";
+}
+
+bool moe_dtype_parse(const char *s, enum moe_dtype *out)
+{
+    for (int i = 0; i < MOE_DTYPE_COUNT; i++) {
+        if (strcmp(s, dtype_info[i].name) == 0) {
+            *out = (enum moe_dtype)i;
+            return true;
+        }
+    }
+    return false;
+}
+
+int64_t moe_tensor_numel(const struct moe_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0 || __builtin_mul_overflow(n, t->shape[i], &n)) return -1;
+    }
+    return n;
+}
+
+float moe_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400u)) {
+                man <<= 1;
+                exp--;
+            }
+            u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t moe_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow rounds to inf */
+    if (a < 0x38800000u) {                                   /* subnormal or zero */
+        if (a < 0x33000000u) return (uint16_t)sign;
+        uint32_t man = (a & 0x7fffffu) | 0x800000u;
+        int shift = 126 - (int)(a >> 23); /* 14..24: value = man * 2^-shift units of 2^-24 */
+        uint32_t half = 1u << (shift - 1);
+        uint32_t r = man >> shift;
+        uint32_t rem = man & ((half << 1) - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = a - 0x38000000u; /* rebias exponent 127 -> 15, keep 23-bit mantissa */
+    uint32_t rem = r & 0x1fffu;
+    r >>= 13;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+}
+
+void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n)
+{
+    switch (t) {
+    case MOE_DTYPE_F32: memcpy(dst, src, n * sizeof(float)); return;
+    case MOE_DTYPE_BF16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = moe_bf16_to_f32(s[i]);
+        return;
+    }
+    case MOE_DTYPE_F16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = moe_f16_to_f32(s[i]);
+        return;
+    }
+    default: MOE_ASSERT(!"convert_row_f32: dtype is not a float weight type");
+    }
+}
+
+void moe_convert_from_f32(void *dst, const float *src, enum moe_dtype t, size_t n)
+{
+    switch (t) {
+    case MOE_DTYPE_F32: memcpy(dst, src, n * sizeof(float)); return;
+    case MOE_DTYPE_BF16: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = moe_f32_to_bf16(src[i]);
+        return;
+    }
+    case MOE_DTYPE_F16: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = moe_f32_to_f16(src[i]);
+        return;
+    }
+    default: MOE_ASSERT(!"convert_from_f32: dtype is not a float weight type");
+    }
+}

@@ -1,0 +1,88 @@
+/* tensor.h - element types and tensor views.
+ *
+ * A struct moe_tensor is a view: it never owns its data.  Weights point into
+ * the memory-mapped checkpoint (or into buffers the model owns); activations
+ * point into workspaces the backend owns.  Layout is always row-major and
+ * contiguous: shape[0] is the slowest dimension.
+ *
+ * The dtype list is the safetensors list (every dtype string the reference
+ * implementation knows, except the sub-byte ones); the CPU backend computes
+ * in fp32 and reads F32, F16 and BF16 weights directly. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOE_MAX_DIMS 8
+
+enum moe_dtype {
+    MOE_DTYPE_F32,
+    MOE_DTYPE_F16,
+    MOE_DTYPE_BF16,
+    MOE_DTYPE_F8E4M3,
+    MOE_DTYPE_F8E5M2,
+    MOE_DTYPE_F64,
+    MOE_DTYPE_I8,
+    MOE_DTYPE_I16,
+    MOE_DTYPE_I32,
+    MOE_DTYPE_I64,
+    MOE_DTYPE_U8,
+    MOE_DTYPE_U16,
+    MOE_DTYPE_U32,
+    MOE_DTYPE_U64,
+    MOE_DTYPE_BOOL,
+    MOE_DTYPE_COUNT
+};
+
+struct moe_tensor {
+    enum moe_dtype dtype;
+    int ndim;
+    int64_t shape[MOE_MAX_DIMS];
+    void *data; /* borrowed; NULL for an absent optional tensor */
+    int device; /* -1 host, >= 0 device ordinal */
+};
+
+/* Bytes per element. */
+size_t moe_dtype_size(enum moe_dtype t);
+/* safetensors name ("F32", "BF16", ...). */
+const char *moe_dtype_name(enum moe_dtype t);
+/* Parses a safetensors dtype string; false if unknown. */
+bool moe_dtype_parse(const char *s, enum moe_dtype *out);
+
+/* Number of elements; -1 on overflow or a negative dimension. */
+int64_t moe_tensor_numel(const struct moe_tensor *t);
+static inline bool moe_tensor_present(const struct moe_tensor *t) { return t && t->data; }
+
+/* Scalar conversions (round-to-nearest-even on narrowing). */
+static inline float moe_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t moe_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+float moe_f16_to_f32(uint16_t h);
+uint16_t moe_f32_to_f16(float f);
+
+/* Converts n elements of row `src` (dtype t) to fp32. */
+void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n);
+/* Converts n fp32 values to dtype t (F32, F16 or BF16). */
+void moe_convert_from_f32(void *dst, const float *src, enum moe_dtype t, size_t n);
+
+#ifdef __cplusplus
+}
+#endif

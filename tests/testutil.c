@@ -1,0 +1,58 @@
+/* testutil.c - see testutil.h. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+
+uint64_t tu_rand_u64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float tu_rand_uniform(uint64_t *s, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((tu_rand_u64(s) >> 40) * (1.0 / 16777216.0));
+}
+
+void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi)
+{
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) x[i] = tu_rand_uniform(&s, lo, hi);
+}
+
+int tu_allclose(const char *what, const float *x, const float *ref, size_t n, float atol,
+                float rtol)
+{
+    size_t worst = 0;
+    double worst_excess = -1;
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)x[i] - (double)ref[i]);
+        double lim = atol + rtol * fabs((double)ref[i]);
+        if (!(d <= lim)) ok = 0;
+        double excess = isnan(d) ? INFINITY : d - lim;
+        if (excess > worst_excess) {
+            worst_excess = excess;
+            worst = i;
+        }
+    }
+    if (!ok)
+        fprintf(stderr, "%s: mismatch, worst at [%zu]: got %.8g want %.8g (atol %g rtol %g)\n",
+                what, worst, x[worst], ref[worst], atol, rtol);
+    return ok;
+}
+
+double tu_max_rel_err(const float *x, const float *ref, size_t n)
+{
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)x[i] - (double)ref[i]);
+        if (isnan(d)) return INFINITY;
+        if (d > md) md = d;
+        if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+    }
+    return mr > 0 ? md / mr : md;
+}

@@ -1,0 +1,21 @@
+/* testutil.h - helpers shared by the Criterion suites: seeded random data,
+ * tolerance checks that report the worst element, fixture paths. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FIXTURE_DIR MOERUN_SOURCE_DIR "/tests/fixtures"
+
+/* splitmix64 stream: deterministic across platforms. */
+uint64_t tu_rand_u64(uint64_t *state);
+/* Uniform in [lo, hi). */
+float tu_rand_uniform(uint64_t *state, float lo, float hi);
+void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
+
+/* Checks |x - ref| <= atol + rtol*|ref| elementwise; on failure prints the
+ * worst element with `what` and returns 0. */
+int tu_allclose(const char *what, const float *x, const float *ref, size_t n, float atol,
+                float rtol);
+/* max |x - ref| / max |ref|. */
+double tu_max_rel_err(const float *x, const float *ref, size_t n);

@@ -1,0 +1,11 @@
+#!/bin/sh
+# Installs what is missing, builds moerun and generates from the bundled
+# demo MoE checkpoint.
+set -e
+cd "$(dirname "$0")/.."
+tools/deps.sh
+cmake -S . -B build >/dev/null
+cmake --build build -j"$(nproc)" --target moerun
+MODEL=models/demo-moe
+build/moerun inspect "$MODEL"
+build/moerun run "$MODEL" --prompt-ids 1,2,3,4,5 -n 16

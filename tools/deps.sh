@@ -1,0 +1,15 @@
+#!/bin/sh
+# Installs the Debian packages moerun needs to build and test, when missing.
+set -e
+PKGS="build-essential cmake pkg-config libjansson-dev libcriterion-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev"
+missing=""
+for p in $PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "installing:$missing" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
