@@ -1,0 +1,556 @@
+#!/usr/bin/env python3
+"""Build the tiny reference models and reference outputs used by moerun's tests.
+
+Python is only a fixture-making tool; nothing in the runtime or build needs it.
+
+For every fixture model this script:
+  * builds a tiny random model with transformers (fixed seed, large init std so
+    logits and router scores are decisive),
+  * saves it with save_pretrained into tests/fixtures/<name>/,
+  * reloads the saved folder with from_pretrained (fp32 compute, eager attention)
+    and records reference outputs into tests/fixtures/<name>/reference.safetensors
+    plus tests/fixtures/<name>/reference.json.
+A seed is accepted only if every greedy step has a top1-top2 logit gap >= 1e-3,
+every routing decision has a K-th vs (K+1)-th router probability gap >= 1e-5,
+and routing is not degenerate; otherwise the next seed is tried.
+
+It also builds models/demo-moe (a bigger bf16 Qwen3-MoE, no reference outputs).
+
+Usage: python tests/reference/make_fixtures.py [--only name,name] [--skip-demo]
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import transformers
+from transformers import (
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+torch.set_num_threads(2)
+transformers.logging.set_verbosity_error()
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.join(REPO, "tests", "fixtures")
+DEMO_DIR = os.path.join(REPO, "models", "demo-moe")
+
+VOCAB = 256
+GREEDY_TOKENS = 32
+MIN_LOGIT_MARGIN = 1e-3
+MIN_ROUTE_MARGIN = 1e-5
+INIT_STD = 0.2
+MAX_SEED_TRIES = 64
+# token-by-token (KV cache) vs full-prefill logits: max abs diff <= KV_TOL * max(1, max|logit|)
+KV_TOL = 1e-5
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    initializer_range=INIT_STD,
+    bos_token_id=None,
+    eos_token_id=None,  # never stop early; all 32 greedy tokens come out
+    pad_token_id=None,  # keep embedding row 0 a normal (non-padding) row
+)
+MOE = dict(num_experts_per_tok=2)
+
+
+def fixture_specs():
+    """name -> dict(cls, config factory, base seed, dtype, extra options)."""
+    return {
+        "mixtral": dict(
+            cls=MixtralForCausalLM,
+            config=lambda: MixtralConfig(
+                **COMMON, **MOE, num_hidden_layers=2, num_local_experts=8,
+                intermediate_size=32, sliding_window=None, tie_word_embeddings=False),
+            seed=1000, dtype="float32",
+            # save_pretrained writes per-expert tensors; this fixture is rewritten
+            # into the stacked layout (see restack_experts) so both layouts exist.
+            layout="stacked",
+        ),
+        "qwen2_moe": dict(
+            cls=Qwen2MoeForCausalLM,
+            config=lambda: Qwen2MoeConfig(
+                **COMMON, **MOE, num_hidden_layers=3, num_experts=8,
+                moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                intermediate_size=96, mlp_only_layers=[1], decoder_sparse_step=1,
+                norm_topk_prob=False, qkv_bias=True, use_sliding_window=False,
+                tie_word_embeddings=False),
+            seed=2000, dtype="float32",
+        ),
+        "qwen3_moe": dict(
+            cls=Qwen3MoeForCausalLM,
+            config=lambda: Qwen3MoeConfig(
+                **COMMON, **MOE, num_hidden_layers=2, num_experts=8,
+                moe_intermediate_size=32, intermediate_size=96, norm_topk_prob=True,
+                decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
+                use_sliding_window=False, tie_word_embeddings=False),
+            seed=3000, dtype="float32", max_shard_size="300KB",
+        ),
+        "olmoe": dict(
+            cls=OlmoeForCausalLM,
+            config=lambda: OlmoeConfig(
+                **COMMON, **MOE, num_hidden_layers=2, num_experts=8,
+                intermediate_size=32, norm_topk_prob=False, clip_qkv=None,
+                attention_bias=False, tie_word_embeddings=False),
+            seed=4000, dtype="bfloat16",
+        ),
+        "llama": dict(
+            cls=LlamaForCausalLM,
+            config=lambda: LlamaConfig(
+                **COMMON, num_hidden_layers=2, intermediate_size=96,
+                rope_scaling={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 64},
+                attention_bias=False, mlp_bias=False, tie_word_embeddings=True),
+            seed=5000, dtype="float32",
+        ),
+        "qwen2": dict(
+            cls=Qwen2ForCausalLM,
+            config=lambda: Qwen2Config(
+                **COMMON, num_hidden_layers=2, intermediate_size=96,
+                use_sliding_window=False, tie_word_embeddings=False),
+            seed=6000, dtype="float32",
+        ),
+        "qwen3": dict(
+            cls=Qwen3ForCausalLM,
+            config=lambda: Qwen3Config(
+                **COMMON, num_hidden_layers=2, intermediate_size=96,
+                attention_bias=False, use_sliding_window=False, tie_word_embeddings=True),
+            seed=7000, dtype="float32",
+        ),
+    }
+
+
+def make_prompts():
+    g = torch.Generator().manual_seed(12345)
+    prompts = []
+    for i, n in enumerate((5, 12, 21)):
+        p = torch.randint(0, VOCAB, (n,), generator=g)
+        # include the extreme ids 0 and vocab-1 somewhere
+        if i == 0:
+            p[1] = 0
+        if i == 1:
+            p[0] = VOCAB - 1
+            p[7] = 0
+        if i == 2:
+            p[3] = 0
+            p[20] = VOCAB - 1
+        prompts.append(p.to(torch.int64))
+    return prompts
+
+
+# --------------------------------------------------------------------------- routing capture
+
+def moe_layout(model):
+    """(list of router modules or None per layer, top_k, n_experts)."""
+    routers = []
+    k = e = None
+    for layer in model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(gate, "top_k") and hasattr(gate, "weight"):
+            routers.append(gate)
+            k, e = gate.top_k, gate.weight.shape[0]
+        else:
+            routers.append(None)
+    if k is None:
+        return None, None, None
+    return routers, k, e
+
+
+class RouterRecorder:
+    """Forward hooks on the router (TopKRouter) modules.
+
+    In transformers 5 each family's router returns (router_logits, router_scores,
+    router_indices); indices come from torch.topk over softmax(logits) in fp32."""
+
+    def __init__(self, routers):
+        self.routers = routers
+        self.calls = [[] for _ in routers]
+        self.handles = []
+        for li, r in enumerate(routers):
+            if r is not None:
+                self.handles.append(r.register_forward_hook(self._hook(li)))
+
+    def _hook(self, li):
+        def fn(mod, inp, out):
+            logits, _scores, idx = out
+            probs = F.softmax(logits.float(), dim=-1)
+            self.calls[li].append((idx.detach().clone(), probs.detach().clone()))
+        return fn
+
+    def reset(self):
+        self.calls = [[] for _ in self.routers]
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def route_margin(probs, k):
+    s = torch.sort(probs, dim=-1, descending=True).values
+    return float((s[:, k - 1] - s[:, k]).min())
+
+
+# --------------------------------------------------------------------------- reference run
+
+def load(path, dtype):
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="eager")
+    m.eval()
+    return m
+
+
+@torch.no_grad()
+def reference_outputs(model, prompts):
+    """Returns (tensors dict, stats dict) or raises ValueError on a failed check."""
+    routers, K, E = moe_layout(model)
+    L = len(model.model.layers)
+    rec = RouterRecorder(routers) if routers else None
+    out = {}
+    min_logit = float("inf")
+    min_route = float("inf")
+    used = [set() for _ in range(L)]
+    kv_rel = 0.0
+    absmax = 0.0
+    for pi, p in enumerate(prompts):
+        S = p.numel()
+        ids = p.view(1, -1)
+        if rec:
+            rec.reset()
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+        out[f"prompt.{pi}"] = p.to(torch.int32)
+        out[f"logits.{pi}"] = logits.contiguous()
+        absmax = max(absmax, float(logits.abs().max()))
+        if rec:
+            experts = torch.full((L, S, K), -1, dtype=torch.int32)
+            rprobs = torch.full((L, S, E), -1.0, dtype=torch.float32)
+            for li, r in enumerate(routers):
+                if r is None:
+                    continue
+                assert len(rec.calls[li]) == 1, "router called more than once"
+                idx, pr = rec.calls[li][0]
+                experts[li] = idx.to(torch.int32)
+                rprobs[li] = pr
+                used[li].update(idx.flatten().tolist())
+                # the router's choice must equal topk over the recorded probs
+                assert torch.equal(torch.topk(pr, K, dim=-1).indices, idx)
+                min_route = min(min_route, route_margin(pr, K))
+            out[f"experts.{pi}"] = experts
+            out[f"router_probs.{pi}"] = rprobs.contiguous()
+
+        # harness sanity: token-by-token with the KV cache equals the full prefill
+        cache = DynamicCache(config=model.config)
+        steps = []
+        for t in range(S):
+            o = model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+            steps.append(o.logits[0, -1].float())
+        inc = torch.stack(steps)
+        d = float((inc - logits).abs().max())
+        scale = max(1.0, float(logits.abs().max()))
+        kv_rel = max(kv_rel, d / scale)
+        if d > KV_TOL * scale:
+            raise RuntimeError(f"prompt {pi}: incremental vs prefill logits differ by {d}")
+
+        # greedy generation (no eos, no processors that change logits)
+        if rec:
+            rec.reset()
+        g = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False,
+            max_new_tokens=GREEDY_TOKENS, min_new_tokens=GREEDY_TOKENS,
+            eos_token_id=None, pad_token_id=0, output_logits=True,
+            return_dict_in_generate=True, use_cache=True)
+        new = g.sequences[0, S:]
+        if new.numel() != GREEDY_TOKENS:
+            raise RuntimeError("generate did not produce 32 tokens")
+        for step, lg in enumerate(g.logits):
+            lg = lg[0].float()
+            top2 = torch.topk(lg, 2).values
+            min_logit = min(min_logit, float(top2[0] - top2[1]))
+            if int(lg.argmax()) != int(new[step]):
+                raise RuntimeError("generate token is not the argmax of its logits")
+        # also the last prompt position's logit margin (first greedy token)
+        if rec:
+            for li, r in enumerate(routers):
+                if r is not None:
+                    for _idx, pr in rec.calls[li]:
+                        min_route = min(min_route, route_margin(pr, K))
+        # cross-check: a full forward over prompt+generated agrees with greedy
+        full = model(input_ids=g.sequences, use_cache=False).logits[0].float()
+        am = full[S - 1:S - 1 + GREEDY_TOKENS].argmax(-1)
+        if not torch.equal(am, new):
+            raise ValueError("full-forward argmax disagrees with cached greedy")
+        out[f"greedy.{pi}"] = new.to(torch.int32).contiguous()
+    if rec:
+        rec.close()
+    stats = dict(min_logit_margin=min_logit,
+                 min_route_margin=(min_route if routers else None),
+                 experts_used=[sorted(u) for u in used] if routers else None,
+                 kv_rel=kv_rel, logit_absmax=absmax)
+    return out, stats
+
+
+def check_stats(stats):
+    if stats["min_logit_margin"] < MIN_LOGIT_MARGIN:
+        return f"logit margin {stats['min_logit_margin']:.3g}"
+    if stats["min_route_margin"] is not None:
+        if stats["min_route_margin"] < MIN_ROUTE_MARGIN:
+            return f"route margin {stats['min_route_margin']:.3g}"
+        for li, u in enumerate(stats["experts_used"]):
+            if u and len(u) < 6:
+                return f"layer {li} uses only experts {u}"
+    return None
+
+
+# --------------------------------------------------------------------------- layouts
+
+def safetensors_files(path):
+    return sorted(f for f in os.listdir(path) if f.endswith(".safetensors")
+                  and f != "reference.safetensors")
+
+
+def detect_layout(path):
+    names = []
+    for f in safetensors_files(path):
+        with safe_open(os.path.join(path, f), "pt") as h:
+            names += list(h.keys())
+    if any(n.endswith("experts.gate_up_proj") for n in names):
+        return "stacked"
+    if any(".experts.0." in n for n in names):
+        return "per_expert"
+    return None
+
+
+def restack_experts(path, n_layers, n_experts):
+    """Rewrite a per-expert Mixtral checkpoint into the stacked layout used by
+    transformers 5 modules: mlp.gate.weight (E,D), mlp.experts.gate_up_proj
+    (E, 2F, D) = cat(w1, w3) rows, mlp.experts.down_proj (E, D, F) = w2."""
+    files = safetensors_files(path)
+    assert files == ["model.safetensors"], files
+    fn = os.path.join(path, "model.safetensors")
+    with safe_open(fn, "pt") as h:
+        meta = h.metadata()
+        t = {k: h.get_tensor(k) for k in h.keys()}
+    for li in range(n_layers):
+        pre = f"model.layers.{li}.block_sparse_moe."
+        w1 = [t.pop(f"{pre}experts.{e}.w1.weight") for e in range(n_experts)]
+        w2 = [t.pop(f"{pre}experts.{e}.w2.weight") for e in range(n_experts)]
+        w3 = [t.pop(f"{pre}experts.{e}.w3.weight") for e in range(n_experts)]
+        new = f"model.layers.{li}.mlp."
+        t[new + "gate.weight"] = t.pop(pre + "gate.weight")
+        t[new + "experts.gate_up_proj"] = torch.stack(
+            [torch.cat([a, c], 0) for a, c in zip(w1, w3)]).contiguous()
+        t[new + "experts.down_proj"] = torch.stack(w2).contiguous()
+    assert not any("block_sparse_moe" in k for k in t)
+    save_file(dict(sorted(t.items())), fn, metadata=meta)
+
+
+# --------------------------------------------------------------------------- building
+
+def build_model(spec, seed):
+    torch.manual_seed(seed)
+    cfg = spec["config"]()
+    model = spec["cls"](cfg)
+    model.eval()
+    return model
+
+
+def tensor_sizes(path):
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+
+
+def make_fixture(name, spec, prompts):
+    base = spec["seed"]
+    last_err = None
+    for seed in range(base, base + MAX_SEED_TRIES):
+        model = build_model(spec, seed)
+        cfg = model.config
+        tmp = tempfile.mkdtemp(prefix=f"fx_{name}_")
+        try:
+            if spec["dtype"] == "bfloat16":
+                model = model.to(torch.bfloat16)
+            kw = {}
+            if "max_shard_size" in spec:
+                kw["max_shard_size"] = spec["max_shard_size"]
+            model.save_pretrained(tmp, **kw)
+            saved_layout = detect_layout(tmp)
+            ref_model = load(tmp, torch.float32)
+            tensors, stats = reference_outputs(ref_model, prompts)
+            bad = check_stats(stats)
+            if bad:
+                print(f"  {name}: seed {seed} rejected ({bad})", flush=True)
+                last_err = bad
+                continue
+            if spec["dtype"] == "bfloat16":
+                # exact upcast check: fp32 load == bf16 weights
+                sd = model.state_dict()
+                for k, v in ref_model.state_dict().items():
+                    if k in sd:
+                        assert v.dtype == torch.float32
+                        assert torch.equal(v, sd[k].float()), k
+                bf = load(tmp, torch.bfloat16)
+                routers, _, _ = moe_layout(bf)
+                rec = RouterRecorder(routers)
+                bf16_diff = 0.0
+                same_routes = True
+                with torch.no_grad():
+                    for pi, p in enumerate(prompts):
+                        rec.reset()
+                        lb = bf(input_ids=p.view(1, -1), use_cache=False).logits[0]
+                        assert lb.dtype == torch.bfloat16
+                        tensors[f"logits_bf16.{pi}"] = lb.float().contiguous()
+                        d = float((lb.float() - tensors[f"logits.{pi}"]).abs().max())
+                        bf16_diff = max(bf16_diff, d)
+                        for li, r in enumerate(routers):
+                            if r is None:
+                                continue
+                            a = torch.sort(rec.calls[li][0][0], -1).values
+                            b = torch.sort(tensors[f"experts.{pi}"][li].long(), -1).values
+                            same_routes &= bool(torch.equal(a, b))
+                rec.close()
+                stats["bf16_max_abs_logit_diff"] = bf16_diff
+                # keep the bf16 comparison meaningful: all-bf16 transformers must
+                # route every prompt token to the same expert set as fp32
+                if not same_routes:
+                    print(f"  {name}: seed {seed} rejected (bf16 routing differs from fp32)")
+                    last_err = "bf16 routing"
+                    continue
+                print(f"  {name}: |logits_bf16 - logits| max {bf16_diff:.4f}")
+            layout = saved_layout
+            if spec.get("layout") and spec["layout"] != saved_layout:
+                assert spec["layout"] == "stacked" and saved_layout == "per_expert"
+                restack_experts(tmp, cfg.num_hidden_layers, cfg.num_local_experts)
+                layout = detect_layout(tmp)
+                assert layout == "stacked"
+                re_model = load(tmp, torch.float32)
+                with torch.no_grad():
+                    for pi, p in enumerate(prompts):
+                        lg = re_model(input_ids=p.view(1, -1), use_cache=False).logits[0]
+                        if not torch.equal(lg, tensors[f"logits.{pi}"]):
+                            raise RuntimeError(f"{name}: restacked checkpoint logits differ")
+                print(f"  {name}: restacked to stacked layout, from_pretrained logits identical")
+            if name == "llama":
+                check_llama3_rope(ref_model)
+            ref = {
+                "family": cfg.model_type,
+                "architecture": type(model).__name__,
+                "seed": seed,
+                "dtype": spec["dtype"],
+                "n_prompts": len(prompts),
+                "greedy_tokens": GREEDY_TOKENS,
+                "min_logit_margin": stats["min_logit_margin"],
+                "min_route_margin": stats["min_route_margin"],
+                "expert_layout": layout,
+                "transformers_version": transformers.__version__,
+                "torch_version": torch.__version__.split("+")[0],
+            }
+            if stats["experts_used"] is not None:
+                ref["experts_used_per_layer"] = stats["experts_used"]
+            if "bf16_max_abs_logit_diff" in stats:
+                ref["bf16_max_abs_logit_diff"] = stats["bf16_max_abs_logit_diff"]
+            ref["kv_cache_max_rel_diff"] = stats["kv_rel"]
+            ref["max_abs_logit"] = stats["logit_absmax"]
+            ref["tensors"] = {k: dict(dtype=str(v.dtype).replace("torch.", ""),
+                                      shape=list(v.shape)) for k, v in sorted(tensors.items())}
+            save_file({k: v.contiguous() for k, v in sorted(tensors.items())},
+                      os.path.join(tmp, "reference.safetensors"))
+            with open(os.path.join(tmp, "reference.json"), "w") as f:
+                json.dump(ref, f, indent=2, sort_keys=False)
+                f.write("\n")
+            dst = os.path.join(FIXTURES, name)
+            if os.path.exists(dst):
+                shutil.rmtree(dst)
+            shutil.copytree(tmp, dst)
+            print(f"{name}: seed {seed} layout {layout} logit margin "
+                  f"{stats['min_logit_margin']:.4g} route margin {stats['min_route_margin']} "
+                  f"kv rel diff {stats['kv_rel']:.3g} max|logit| {stats['logit_absmax']:.3g} "
+                  f"size {tensor_sizes(dst)} B", flush=True)
+            return ref
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    raise RuntimeError(f"{name}: no acceptable seed ({last_err})")
+
+
+def check_llama3_rope(model):
+    """The llama3 rope scaling must actually change the inverse frequencies."""
+    cfg = model.config
+    rp = cfg.rope_parameters
+    assert rp["rope_type"] == "llama3", rp
+    dim = cfg.head_dim
+    base = rp["rope_theta"]
+    default = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    inv = model.model.rotary_emb.inv_freq
+    changed = int((~torch.isclose(inv, default)).sum())
+    assert changed >= 2, (inv, default)
+    print(f"  llama: llama3 rope changes {changed}/{inv.numel()} inverse frequencies")
+
+
+def make_demo():
+    torch.manual_seed(9000)
+    cfg = Qwen3MoeConfig(
+        vocab_size=512, hidden_size=128, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=16, num_experts=16, num_experts_per_tok=4,
+        moe_intermediate_size=64, intermediate_size=256, max_position_embeddings=2048,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        initializer_range=INIT_STD, tie_word_embeddings=True, use_sliding_window=False,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = Qwen3MoeForCausalLM(cfg).eval().to(torch.bfloat16)
+    if os.path.exists(DEMO_DIR):
+        shutil.rmtree(DEMO_DIR)
+    model.save_pretrained(DEMO_DIR)
+    m = load(DEMO_DIR, torch.bfloat16)
+    with torch.no_grad():
+        m(input_ids=torch.arange(8).view(1, -1))
+    print(f"demo-moe: {tensor_sizes(DEMO_DIR)} B")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--skip-demo", action="store_true")
+    args = ap.parse_args()
+    specs = fixture_specs()
+    only = [s for s in args.only.split(",") if s]
+    prompts = make_prompts()
+    os.makedirs(FIXTURES, exist_ok=True)
+    layouts = {}
+    for name, spec in specs.items():
+        if only and name not in only:
+            continue
+        ref = make_fixture(name, spec, prompts)
+        layouts[name] = ref["expert_layout"]
+    if not args.skip_demo and not only:
+        make_demo()
+    total = sum(tensor_sizes(os.path.join(FIXTURES, d)) for d in os.listdir(FIXTURES)
+                if os.path.isdir(os.path.join(FIXTURES, d)))
+    print(f"fixtures total: {total} B; layouts: {layouts}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
