@@ -220,9 +220,13 @@ def route_margin(probs, k):
 
 # --------------------------------------------------------------------------- reference run
 
-def load(path, dtype):
-    m = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation="eager")
+def load(path, dtype, experts="eager"):
+    # eager attention and the eager (per-expert loop) experts implementation from
+    # modeling_<family>.py; experts=None keeps transformers' default (grouped_mm)
+    kw = dict(dtype=dtype, attn_implementation="eager")
+    if experts is not None:
+        kw["experts_implementation"] = experts
+    m = transformers.AutoModelForCausalLM.from_pretrained(path, **kw)
     m.eval()
     return m
 
@@ -407,6 +411,16 @@ def make_fixture(name, spec, prompts):
                 print(f"  {name}: seed {seed} rejected ({bad})", flush=True)
                 last_err = bad
                 continue
+            if moe_layout(ref_model)[0] is not None:
+                # the default experts implementation must agree with the eager loop
+                dm = load(tmp, torch.float32, experts=None)
+                with torch.no_grad():
+                    for pi, p in enumerate(prompts):
+                        lg = dm(input_ids=p.view(1, -1), use_cache=False).logits[0]
+                        d = float((lg - tensors[f"logits.{pi}"]).abs().max())
+                        if d > KV_TOL * max(1.0, stats["logit_absmax"]):
+                            raise RuntimeError(f"{name}: experts implementations differ by {d}")
+                stats["default_experts_impl"] = dm.config._experts_implementation
             if spec["dtype"] == "bfloat16":
                 # exact upcast check: fp32 load == bf16 weights
                 sd = model.state_dict()
@@ -475,6 +489,10 @@ def make_fixture(name, spec, prompts):
             if "bf16_max_abs_logit_diff" in stats:
                 ref["bf16_max_abs_logit_diff"] = stats["bf16_max_abs_logit_diff"]
             ref["kv_cache_max_rel_diff"] = stats["kv_rel"]
+            ref["attn_implementation"] = "eager"
+            if "default_experts_impl" in stats:
+                ref["experts_implementation"] = "eager"
+                ref["default_experts_implementation_matches"] = stats["default_experts_impl"]
             ref["max_abs_logit"] = stats["logit_absmax"]
             ref["tensors"] = {k: dict(dtype=str(v.dtype).replace("torch.", ""),
                                       shape=list(v.shape)) for k, v in sorted(tensors.items())}
