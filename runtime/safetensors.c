@@ -1,5 +1,6 @@
-/* safetensors.c - reading safetensors files and folders into one name-indexed
- * set (see safetensors.h; the writer is in safetensors_write.c).
+/* safetensors.c - reading safetensors files into one name-indexed set, and
+ * in-memory tensors (see safetensors.h; folders are opened in
+ * safetensors_dir.c, files written in safetensors_write.c).
  *
  * Mirrors the validation of the reference reader (huggingface/safetensors,
  * safetensors/src/tensor.rs, SafeTensors::read_metadata and
@@ -18,22 +19,16 @@
  * - Every data pointer of a file tensor lies inside that file's mapping:
  *   data + nbytes <= map + size, checked before any pointer is formed. */
 #include "runtime/safetensors.h"
+#include "runtime/safetensors_impl.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <utf8proc.h>
-
-#define INDEX_NAME "model.safetensors.index.json"
-#define SINGLE_NAME "model.safetensors"
-#define SUFFIX ".safetensors"
 
 /* ---- name index ---------------------------------------------------------- */
 
@@ -65,22 +60,22 @@ static MOE_MUST_USE enum moe_status reserve(struct moe_safetensors *st, size_t n
 {
     if (n > st->cap_tensors) {
         size_t cap = st->cap_tensors ? st->cap_tensors : 16;
-        while (cap < n) {
-            if (!moe_mul_size(cap, 2, &cap)) return moe_fail(MOE_ERR_NOMEM, "safetensors: too many tensors (%zu)", n);
-        }
         size_t bytes;
-        if (!moe_mul_size(cap, sizeof *st->tensors, &bytes))
+        while (cap < n && moe_mul_size(cap, 2, &cap)) {
+        }
+        if (cap < n || !moe_mul_size(cap, sizeof *st->tensors, &bytes))
             return moe_fail(MOE_ERR_NOMEM, "safetensors: too many tensors (%zu)", n);
         void *p = realloc(st->tensors, bytes);
         if (!p) return moe_fail(MOE_ERR_NOMEM, "safetensors: out of memory for %zu tensors", n);
         st->tensors = p;
         st->cap_tensors = cap;
     }
-    size_t need;
-    if (!moe_mul_size(n, 2, &need)) return moe_fail(MOE_ERR_NOMEM, "safetensors: too many tensors (%zu)", n);
+    /* tensors[] holding n entries bounds n far below SIZE_MAX / 4, so the
+     * doubling below cannot overflow. */
+    size_t need = 2 * n;
     if (need > st->index_cap) {
         size_t cap = st->index_cap ? st->index_cap : 32;
-        while (cap < need) cap *= 2; /* need < SIZE_MAX / 2, so no overflow */
+        while (cap < need) cap *= 2;
         size_t *idx = calloc(cap, sizeof *idx);
         if (!idx) return moe_fail(MOE_ERR_NOMEM, "safetensors: out of memory for the name index");
         free(st->index);
@@ -91,8 +86,7 @@ static MOE_MUST_USE enum moe_status reserve(struct moe_safetensors *st, size_t n
     return MOE_OK;
 }
 
-const struct moe_st_tensor *moe_safetensors_find(const struct moe_safetensors *st,
-                                                 const char *name)
+const struct moe_st_tensor *moe_safetensors_find(const struct moe_safetensors *st, const char *name)
 {
     if (!st || !name || st->index_cap == 0) return NULL;
     size_t mask = st->index_cap - 1;
@@ -104,14 +98,14 @@ const struct moe_st_tensor *moe_safetensors_find(const struct moe_safetensors *s
 }
 
 /* Where an already-loaded tensor came from, for messages. */
-static const char *origin(const struct moe_safetensors *st, const struct moe_st_tensor *t)
+const char *moe_st_origin(const struct moe_safetensors *st, const struct moe_st_tensor *t)
 {
     if (t->file >= 0 && t->file < st->n_files) return st->files[t->file].path;
     return t->file < 0 ? "an in-memory tensor" : "another buffer";
 }
 
 /* Drops files and tensors added after the first nf files / nt tensors. */
-static void truncate_set(struct moe_safetensors *st, int nf, size_t nt)
+void moe_st_truncate(struct moe_safetensors *st, int nf, size_t nt)
 {
     for (size_t i = nt; i < st->n_tensors; i++) free(st->tensors[i].name);
     if (nt < st->n_tensors) st->n_tensors = nt;
@@ -125,7 +119,7 @@ static void truncate_set(struct moe_safetensors *st, int nf, size_t nt)
 
 /* ---- header parsing ------------------------------------------------------ */
 
-static const char *json_kind(const json_t *v)
+const char *moe_st_json_kind(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
@@ -159,19 +153,19 @@ static bool get_count(const json_t *v, size_t *out)
 
 /* Validates one tensor entry on its own (offsets are checked together
  * later).  Unknown keys are ignored, as serde does for the reference. */
-static MOE_MUST_USE enum moe_status parse_entry(const char *what, const char *name,
-                                                const json_t *v, struct pending *p)
+static MOE_MUST_USE enum moe_status parse_entry(const char *what, const char *name, const json_t *v,
+                                                struct pending *p)
 {
     if (!json_is_object(v))
         return moe_fail(MOE_ERR_FORMAT,
                         "%s: tensor \"%s\": entry is %s, expected an object with dtype, "
                         "shape and data_offsets",
-                        what, name, json_kind(v));
+                        what, name, moe_st_json_kind(v));
     const json_t *dt = json_object_get(v, "dtype");
     if (!dt) return moe_fail(MOE_ERR_FORMAT, "%s: tensor \"%s\": missing \"dtype\"", what, name);
     if (!json_is_string(dt))
         return moe_fail(MOE_ERR_FORMAT, "%s: tensor \"%s\": \"dtype\" is %s, expected a string",
-                        what, name, json_kind(dt));
+                        what, name, moe_st_json_kind(dt));
     if (!moe_dtype_parse(json_string_value(dt), &p->dtype))
         return moe_fail(MOE_ERR_FORMAT, "%s: tensor \"%s\": unknown dtype \"%.40s\"", what, name,
                         json_string_value(dt));
@@ -180,7 +174,7 @@ static MOE_MUST_USE enum moe_status parse_entry(const char *what, const char *na
     if (!sh) return moe_fail(MOE_ERR_FORMAT, "%s: tensor \"%s\": missing \"shape\"", what, name);
     if (!json_is_array(sh))
         return moe_fail(MOE_ERR_FORMAT, "%s: tensor \"%s\": \"shape\" is %s, expected an array",
-                        what, name, json_kind(sh));
+                        what, name, moe_st_json_kind(sh));
     if (json_array_size(sh) > MOE_MAX_DIMS)
         return moe_fail(MOE_ERR_FORMAT,
                         "%s: tensor \"%s\": shape has %zu dimensions, at most %d supported", what,
@@ -200,7 +194,7 @@ static MOE_MUST_USE enum moe_status parse_entry(const char *what, const char *na
                                 what, name, i, (long long)json_integer_value(d));
             return moe_fail(MOE_ERR_FORMAT,
                             "%s: tensor \"%s\": shape[%d] is %s, expected a non-negative integer",
-                            what, name, i, json_kind(d));
+                            what, name, i, moe_st_json_kind(d));
         }
         p->shape[i] = (int64_t)n;
         if (!moe_mul_size(numel, n, &numel))
@@ -217,21 +211,21 @@ static MOE_MUST_USE enum moe_status parse_entry(const char *what, const char *na
     if (!off)
         return moe_fail(MOE_ERR_FORMAT, "%s: tensor \"%s\": missing \"data_offsets\"", what, name);
     if (!json_is_array(off) || json_array_size(off) != 2)
-        return moe_fail(MOE_ERR_FORMAT,
-                        "%s: tensor \"%s\": \"data_offsets\" must be [begin, end], found %s%s",
-                        what, name, json_kind(off),
-                        json_is_array(off) ? " of another length" : "");
+        return moe_fail(
+            MOE_ERR_FORMAT, "%s: tensor \"%s\": \"data_offsets\" must be [begin, end], found %s%s",
+            what, name, moe_st_json_kind(off), json_is_array(off) ? " of another length" : "");
     for (size_t i = 0; i < 2; i++) {
         const json_t *o = json_array_get(off, i);
         if (!get_count(o, i ? &p->end : &p->begin))
             return moe_fail(MOE_ERR_FORMAT,
                             "%s: tensor \"%s\": data_offsets[%zu] is %s, expected a "
                             "non-negative integer",
-                            what, name, i, json_is_integer(o) ? "negative" : json_kind(o));
+                            what, name, i, json_is_integer(o) ? "negative" : moe_st_json_kind(o));
     }
     if (p->begin > p->end)
-        return moe_fail(MOE_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%zu, %zu] have begin > end",
-                        what, name, p->begin, p->end);
+        return moe_fail(MOE_ERR_FORMAT,
+                        "%s: tensor \"%s\": data_offsets [%zu, %zu] have begin > end", what, name,
+                        p->begin, p->end);
     if (p->end - p->begin != nbytes)
         return moe_fail(MOE_ERR_FORMAT,
                         "%s: tensor \"%s\": data_offsets [%zu, %zu] hold %zu bytes, but %zu "
@@ -245,14 +239,15 @@ static MOE_MUST_USE enum moe_status check_metadata(const char *what, const json_
 {
     if (!json_is_object(m))
         return moe_fail(MOE_ERR_FORMAT, "%s: \"__metadata__\" is %s, expected an object of strings",
-                        what, json_kind(m));
+                        what, moe_st_json_kind(m));
     const char *k;
     const json_t *v;
-    json_object_foreach((json_t *)m, k, v) {
+    json_object_foreach((json_t *)m, k, v)
+    {
         if (!json_is_string(v))
             return moe_fail(MOE_ERR_FORMAT,
                             "%s: \"__metadata__\" value of \"%s\" is %s, expected a string", what,
-                            k, json_kind(v));
+                            k, moe_st_json_kind(v));
     }
     return MOE_OK;
 }
@@ -285,8 +280,8 @@ enum moe_status moe_safetensors_parse(struct moe_safetensors *st, const void *bu
 
     if (!what) what = "safetensors buffer";
     if (size < 8) {
-        s = moe_fail(MOE_ERR_FORMAT, "%s: file is %zu bytes, too short for the 8-byte header length",
-                     what, size);
+        s = moe_fail(MOE_ERR_FORMAT,
+                     "%s: file is %zu bytes, too short for the 8-byte header length", what, size);
         goto fail;
     }
     uint64_t n = read_le64(bytes);
@@ -308,7 +303,8 @@ enum moe_status moe_safetensors_parse(struct moe_safetensors *st, const void *bu
         utf8proc_int32_t cp;
         utf8proc_ssize_t r = utf8proc_iterate(hdr + i, (utf8proc_ssize_t)(n - i), &cp);
         if (r <= 0) {
-            s = moe_fail(MOE_ERR_FORMAT, "%s: header is not valid UTF-8 (bad byte 0x%02x at header offset %zu)",
+            s = moe_fail(MOE_ERR_FORMAT,
+                         "%s: header is not valid UTF-8 (bad byte 0x%02x at header offset %zu)",
                          what, hdr[i], i);
             goto fail;
         }
@@ -325,7 +321,7 @@ enum moe_status moe_safetensors_parse(struct moe_safetensors *st, const void *bu
     }
     if (!json_is_object(root)) {
         s = moe_fail(MOE_ERR_FORMAT, "%s: header is %s, expected a JSON object", what,
-                     json_kind(root));
+                     moe_st_json_kind(root));
         goto fail;
     }
 
@@ -338,7 +334,8 @@ enum moe_status moe_safetensors_parse(struct moe_safetensors *st, const void *bu
     const json_t *meta = NULL;
     const char *key;
     json_t *val;
-    json_object_foreach(root, key, val) {
+    json_object_foreach(root, key, val)
+    {
         if (strcmp(key, "__metadata__") == 0) {
             s = check_metadata(what, val);
             if (s != MOE_OK) goto fail;
@@ -384,7 +381,7 @@ enum moe_status moe_safetensors_parse(struct moe_safetensors *st, const void *bu
         const struct moe_st_tensor *t = moe_safetensors_find(st, ps[i].name);
         if (t) {
             s = moe_fail(MOE_ERR_FORMAT, "%s: tensor \"%s\" is already loaded from %s", what,
-                         ps[i].name, origin(st, t));
+                         ps[i].name, moe_st_origin(st, t));
             goto fail;
         }
     }
@@ -435,7 +432,7 @@ fail:
     return s;
 }
 
-/* ---- files and folders --------------------------------------------------- */
+/* ---- files --------------------------------------------------------------- */
 
 enum moe_status moe_safetensors_open_file(struct moe_safetensors *st, const char *path)
 {
@@ -490,203 +487,6 @@ fail:
     return s;
 }
 
-static char *path_join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    if (p) snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
-/* A shard name from the index must name a file directly inside the folder. */
-static bool plain_file_name(const char *s)
-{
-    return s[0] != '\0' && strchr(s, '/') == NULL && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
-}
-
-/* True if path resolves to a location strictly inside the resolved folder. */
-static bool inside(const char *real_dir, const char *real_path)
-{
-    size_t n = strlen(real_dir);
-    if (n > 0 && real_dir[n - 1] == '/') n--; /* real_dir is "/" */
-    return strncmp(real_path, real_dir, n) == 0 && real_path[n] == '/';
-}
-
-static MOE_MUST_USE enum moe_status open_index(struct moe_safetensors *st, const char *dir,
-                                               const char *index_path)
-{
-    json_t *root = NULL, *shards = NULL;
-    char *real_dir = NULL, *path = NULL, *real = NULL;
-    enum moe_status s;
-
-    FILE *f = fopen(index_path, "rb");
-    if (!f) {
-        s = moe_fail(MOE_ERR_IO, "%s: cannot open: %s", index_path, strerror(errno));
-        goto fail;
-    }
-    json_error_t err;
-    root = json_loadf(f, JSON_REJECT_DUPLICATES, &err);
-    fclose(f);
-    if (!root) {
-        s = moe_fail(MOE_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", index_path,
-                     err.text, err.line, err.column);
-        goto fail;
-    }
-    json_t *map = json_object_get(root, "weight_map");
-    if (!json_is_object(map)) {
-        s = moe_fail(MOE_ERR_FORMAT, "%s: \"weight_map\" is %s, expected an object of tensor "
-                     "name -> shard file", index_path, map ? json_kind(map) : "missing");
-        goto fail;
-    }
-    real_dir = realpath(dir, NULL);
-    shards = json_object(); /* shard name -> index in st->files */
-    if (!real_dir || !shards) {
-        s = moe_fail(real_dir ? MOE_ERR_NOMEM : MOE_ERR_IO, "%s: cannot resolve: %s", dir,
-                     strerror(errno));
-        goto fail;
-    }
-
-    const char *name;
-    json_t *v;
-    json_object_foreach(map, name, v) {
-        if (!json_is_string(v)) {
-            s = moe_fail(MOE_ERR_FORMAT, "%s: weight_map[\"%s\"] is %s, expected a shard file name",
-                         index_path, name, json_kind(v));
-            goto fail;
-        }
-        const char *shard = json_string_value(v);
-        if (json_object_get(shards, shard)) continue;
-        if (!plain_file_name(shard)) {
-            s = moe_fail(MOE_ERR_FORMAT,
-                         "%s: weight_map[\"%s\"] names shard \"%s\", expected a plain file name "
-                         "inside %s",
-                         index_path, name, shard, dir);
-            goto fail;
-        }
-        path = path_join(dir, shard);
-        if (!path) {
-            s = moe_fail(MOE_ERR_NOMEM, "%s: out of memory", index_path);
-            goto fail;
-        }
-        int file = st->n_files;
-        s = moe_safetensors_open_file(st, path);
-        if (s != MOE_OK) {
-            moe_error_prefix("%s: shard \"%s\": ", index_path, shard);
-            goto fail;
-        }
-        /* A plain name can still be a symlink that leads elsewhere. */
-        real = realpath(path, NULL);
-        if (!real) {
-            s = moe_fail(MOE_ERR_IO, "%s: cannot resolve: %s", path, strerror(errno));
-            goto fail;
-        }
-        if (!inside(real_dir, real)) {
-            s = moe_fail(MOE_ERR_FORMAT, "%s: shard \"%s\" resolves to %s, outside the model folder %s",
-                         index_path, shard, real, real_dir);
-            goto fail;
-        }
-        free(real);
-        real = NULL;
-        free(path);
-        path = NULL;
-        if (json_object_set_new(shards, shard, json_integer(file)) != 0) {
-            s = moe_fail(MOE_ERR_NOMEM, "%s: out of memory", index_path);
-            goto fail;
-        }
-    }
-    json_object_foreach(map, name, v) {
-        const char *shard = json_string_value(v);
-        int want = (int)json_integer_value(json_object_get(shards, shard));
-        const struct moe_st_tensor *t = moe_safetensors_find(st, name);
-        if (!t) {
-            s = moe_fail(MOE_ERR_FORMAT,
-                         "%s: tensor \"%s\" is listed in shard \"%s\", but that shard has no such "
-                         "tensor",
-                         index_path, name, shard);
-            goto fail;
-        }
-        if (t->file != want) {
-            s = moe_fail(MOE_ERR_FORMAT, "%s: tensor \"%s\" is listed in shard \"%s\", but found in %s",
-                         index_path, name, shard, origin(st, t));
-            goto fail;
-        }
-    }
-    s = MOE_OK;
-
-fail:
-    free(real);
-    free(path);
-    free(real_dir);
-    json_decref(shards);
-    json_decref(root);
-    return s;
-}
-
-static int is_safetensors_name(const struct dirent *e)
-{
-    size_t n = strlen(e->d_name), k = strlen(SUFFIX);
-    /* Like the shell glob *.safetensors: hidden files are not matched. */
-    return e->d_name[0] != '.' && n > k && strcmp(e->d_name + n - k, SUFFIX) == 0;
-}
-
-/* Byte order, not the locale's collation, so every machine agrees. */
-static int cmp_dirent(const struct dirent **a, const struct dirent **b)
-{
-    return strcmp((*a)->d_name, (*b)->d_name);
-}
-
-static MOE_MUST_USE enum moe_status open_all(struct moe_safetensors *st, const char *dir)
-{
-    struct dirent **list = NULL;
-    int n = scandir(dir, &list, is_safetensors_name, cmp_dirent);
-    if (n < 0) return moe_fail(MOE_ERR_IO, "%s: cannot list folder: %s", dir, strerror(errno));
-    enum moe_status s = MOE_OK;
-    if (n == 0) s = moe_fail(MOE_ERR_IO, "no .safetensors file in %s", dir);
-    for (int i = 0; i < n && s == MOE_OK; i++) {
-        char *path = path_join(dir, list[i]->d_name);
-        s = path ? moe_safetensors_open_file(st, path)
-                 : moe_fail(MOE_ERR_NOMEM, "%s: out of memory", dir);
-        free(path);
-    }
-    for (int i = 0; i < n; i++) free(list[i]);
-    free(list);
-    return s;
-}
-
-enum moe_status moe_safetensors_open_dir(struct moe_safetensors *st, const char *dir)
-{
-    int nf = st->n_files;
-    size_t nt = st->n_tensors;
-    /* parse() swaps in a new metadata object rather than editing the old
-     * one, so holding a reference is enough to restore it. */
-    json_t *meta0 = json_incref(st->metadata);
-    char *index_path = path_join(dir, INDEX_NAME), *single = path_join(dir, SINGLE_NAME);
-    enum moe_status s;
-    struct stat sb;
-
-    if (!index_path || !single) {
-        s = moe_fail(MOE_ERR_NOMEM, "%s: out of memory", dir);
-    } else if (stat(index_path, &sb) == 0) {
-        s = open_index(st, dir, index_path);
-    } else if (errno != ENOENT) {
-        s = moe_fail(MOE_ERR_IO, "%s: cannot stat: %s", index_path, strerror(errno));
-    } else if (stat(single, &sb) == 0) {
-        s = moe_safetensors_open_file(st, single);
-    } else {
-        s = open_all(st, dir);
-    }
-    if (s != MOE_OK) {
-        truncate_set(st, nf, nt);
-        json_decref(st->metadata);
-        st->metadata = meta0;
-    } else {
-        json_decref(meta0);
-    }
-    free(index_path);
-    free(single);
-    return s;
-}
-
 /* ---- in-memory tensors --------------------------------------------------- */
 
 enum moe_status moe_safetensors_add(struct moe_safetensors *st, const char *name,
@@ -723,7 +523,7 @@ enum moe_status moe_safetensors_add(struct moe_safetensors *st, const char *name
     const struct moe_st_tensor *old = moe_safetensors_find(st, name);
     if (old) {
         s = moe_fail(MOE_ERR_INVALID_ARG, "safetensors_add \"%s\": already loaded from %s", what,
-                     origin(st, old));
+                     moe_st_origin(st, old));
         goto fail;
     }
     /* owned[] has no capacity field: it holds 8 slots, then doubles each

@@ -74,7 +74,8 @@ static MOE_MUST_USE enum moe_status sorted_metadata(const char *path, json_t *me
     }
     const char *k;
     json_t *v;
-    json_object_foreach(metadata, k, v) {
+    json_object_foreach(metadata, k, v)
+    {
         if (!json_is_string(v)) {
             s = moe_fail(MOE_ERR_INVALID_ARG, "%s: metadata value of \"%s\" must be a string", path,
                          k);
@@ -104,8 +105,10 @@ static MOE_MUST_USE enum moe_status add_entry(const char *path, json_t *header,
                                               const struct moe_st_tensor *t, size_t *off)
 {
     if (!t->name || strcmp(t->name, "__metadata__") == 0 || json_object_get(header, t->name))
-        return moe_fail(MOE_ERR_INVALID_ARG, "%s: tensor name \"%s\" is missing, reserved or "
-                        "used twice", path, t->name ? t->name : "(null)");
+        return moe_fail(MOE_ERR_INVALID_ARG,
+                        "%s: tensor name \"%s\" is missing, reserved or "
+                        "used twice",
+                        path, t->name ? t->name : "(null)");
     if ((unsigned)t->dtype >= MOE_DTYPE_COUNT || t->ndim < 0 || t->ndim > MOE_MAX_DIMS)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: tensor \"%s\": bad dtype %d or ndim %d", path,
                         t->name, (int)t->dtype, t->ndim);
@@ -140,15 +143,16 @@ static MOE_MUST_USE enum moe_status add_entry(const char *path, json_t *header,
                           "data_offsets", (json_int_t)*off, (json_int_t)end);
     /* json_pack steals shape even when it fails. */
     if (!e || json_object_set_new(header, t->name, e) != 0)
-        return moe_fail(MOE_ERR_INVALID_ARG, "%s: tensor \"%s\": cannot encode the header entry "
-                        "(name not UTF-8, or out of memory)", path, t->name);
+        return moe_fail(MOE_ERR_INVALID_ARG,
+                        "%s: tensor \"%s\": cannot encode the header entry "
+                        "(name not UTF-8, or out of memory)",
+                        path, t->name);
     *off = end;
     return MOE_OK;
 }
 
-enum moe_status moe_safetensors_write(const char *path,
-                                      const struct moe_st_tensor *const *tensors, size_t n,
-                                      json_t *metadata)
+enum moe_status moe_safetensors_write(const char *path, const struct moe_st_tensor *const *tensors,
+                                      size_t n, json_t *metadata)
 {
     const struct moe_st_tensor **order = NULL;
     json_t *header = NULL, *meta = NULL;
@@ -199,8 +203,8 @@ enum moe_status moe_safetensors_write(const char *path,
     }
     size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
     if (padded > MOE_ST_MAX_HEADER) {
-        s = moe_fail(MOE_ERR_INVALID_ARG, "%s: header of %zu bytes exceeds the limit of %llu",
-                     path, padded, MOE_ST_MAX_HEADER);
+        s = moe_fail(MOE_ERR_INVALID_ARG, "%s: header of %zu bytes exceeds the limit of %llu", path,
+                     padded, MOE_ST_MAX_HEADER);
         goto fail;
     }
 
@@ -216,7 +220,8 @@ enum moe_status moe_safetensors_write(const char *path,
     bool ok = fwrite(le, 1, 8, f) == 8 && fwrite(text, 1, len, f) == len &&
               fwrite(spaces, 1, padded - len, f) == padded - len;
     for (size_t i = 0; ok && i < n; i++)
-        ok = order[i]->nbytes == 0 || fwrite(order[i]->data, 1, order[i]->nbytes, f) == order[i]->nbytes;
+        ok = order[i]->nbytes == 0 ||
+             fwrite(order[i]->data, 1, order[i]->nbytes, f) == order[i]->nbytes;
     ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int saved = errno;
     int closed = fclose(f);
@@ -226,8 +231,7 @@ enum moe_status moe_safetensors_write(const char *path,
         goto fail;
     }
     if (rename(tmp, path) != 0) {
-        s = moe_fail(MOE_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp,
-                     strerror(errno));
+        s = moe_fail(MOE_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
         goto fail;
     }
     free(text);
