@@ -7,8 +7,9 @@
  * Metadata::validate): header length <= 100,000,000 and inside the file,
  * UTF-8 JSON object, entries {dtype, shape, data_offsets} with unknown keys
  * ignored, offsets sorted by (begin, end) contiguous from 0, byte length equal
- * to numel x dtype size, and the last end equal to the buffer size.  One
- * addition: duplicate JSON keys are rejected (the reference keeps the last).
+ * to numel x dtype size, and the last end equal to the buffer size, and
+ * "__metadata__" an object of strings (or null).  One addition: duplicate
+ * JSON keys are rejected (the reference does not check for them).
  *
  * Invariants of a set:
  * - tensors[] is append-only; each file's tensors are appended in offset
@@ -337,6 +338,8 @@ enum moe_status moe_safetensors_parse(struct moe_safetensors *st, const void *bu
     json_object_foreach(root, key, val)
     {
         if (strcmp(key, "__metadata__") == 0) {
+            /* The reference reads it as an Option, so null means absent. */
+            if (json_is_null(val)) continue;
             s = check_metadata(what, val);
             if (s != MOE_OK) goto fail;
             meta = val;

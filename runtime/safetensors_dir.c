@@ -73,10 +73,13 @@ static MOE_MUST_USE enum moe_status open_index(struct moe_safetensors *st, const
         goto fail;
     }
     real_dir = realpath(dir, NULL);
+    if (!real_dir) {
+        s = moe_fail(MOE_ERR_IO, "%s: cannot resolve: %s", dir, strerror(errno));
+        goto fail;
+    }
     shards = json_object(); /* shard name -> index in st->files */
-    if (!real_dir || !shards) {
-        s = moe_fail(real_dir ? MOE_ERR_NOMEM : MOE_ERR_IO, "%s: cannot resolve: %s", dir,
-                     strerror(errno));
+    if (!shards) {
+        s = moe_fail(MOE_ERR_NOMEM, "%s: out of memory", index_path);
         goto fail;
     }
 

@@ -182,6 +182,13 @@ Test(safetensors, accepts_zero_size_scalar_and_unknown_keys)
     cr_assert_eq(moe_safetensors_find(&st, "z")->nbytes, 0);
     moe_safetensors_close(&st);
 
+    /* A null __metadata__ reads as none, as in the reference. */
+    cr_assert_eq(
+        moe_safetensors_open_file(&st, write_raw("n.safetensors", "{\"__metadata__\":null}", 0)),
+        MOE_OK, "%s", moe_last_error());
+    cr_assert_null(st.metadata);
+    moe_safetensors_close(&st);
+
     /* A header with no tensors and an empty buffer is a valid file. */
     cr_assert_eq(moe_safetensors_open_file(&st, write_raw("e.safetensors", "{}      ", 0)), MOE_OK,
                  "%s", moe_last_error());
