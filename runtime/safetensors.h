@@ -60,13 +60,15 @@ struct moe_safetensors {
 };
 
 /* Opens one .safetensors file and appends its tensors to st (which must be
- * zeroed or already open).  A name already in st is an error. */
+ * zeroed or already open).  A name already in st is an error.  On failure st
+ * is left as it was. */
 MOE_MUST_USE enum moe_status moe_safetensors_open_file(struct moe_safetensors *st,
                                                         const char *path);
 /* Opens a model folder: model.safetensors.index.json if present (every shard
  * must be a plain file name inside dir; each tensor must be in the shard the
  * index names, and each listed once), else model.safetensors, else every
- * *.safetensors file in dir in name order. */
+ * *.safetensors file in dir in byte order of name (hidden files skipped).
+ * On failure st is left as it was. */
 MOE_MUST_USE enum moe_status moe_safetensors_open_dir(struct moe_safetensors *st,
                                                        const char *dir);
 /* Parses a header from a buffer already in memory (used by open_file and by
@@ -74,18 +76,24 @@ MOE_MUST_USE enum moe_status moe_safetensors_open_dir(struct moe_safetensors *st
  * outlive st. */
 MOE_MUST_USE enum moe_status moe_safetensors_parse(struct moe_safetensors *st, const void *buf,
                                                     size_t size, const char *what, int file);
-/* Adds an in-memory tensor; takes ownership of data (malloc'd). */
+/* Adds an in-memory tensor; takes ownership of data (malloc'd; may be NULL
+ * when the tensor has no elements), which is freed at close, or at once when
+ * the add fails. */
 MOE_MUST_USE enum moe_status moe_safetensors_add(struct moe_safetensors *st, const char *name,
                                                   enum moe_dtype dtype, int ndim,
                                                   const int64_t *shape, void *data);
-/* NULL if absent.  Borrowed. */
+/* NULL if absent.  Borrowed: valid until the next open, parse, add or close
+ * on st (tensors[] may move as it grows).  O(1) expected. */
 const struct moe_st_tensor *moe_safetensors_find(const struct moe_safetensors *st,
                                                  const char *name);
 /* Unmaps, frees; safe on a zeroed struct and twice. */
 void moe_safetensors_close(struct moe_safetensors *st);
 
-/* Writes tensors to path in the reference layout (sorted by name, 8-byte
- * aligned header padded with spaces).  metadata may be NULL (borrowed). */
+/* Writes tensors to path in the reference layout: widest dtype first, then
+ * by name (so each tensor's data is aligned to its element size), header
+ * padded with spaces to a multiple of 8 bytes.  metadata may be NULL
+ * (borrowed; an object of strings).  Writes path.tmp and renames it, so path
+ * is either untouched or complete. */
 MOE_MUST_USE enum moe_status moe_safetensors_write(const char *path,
                                                     const struct moe_st_tensor *const *tensors,
                                                     size_t n, json_t *metadata);
