@@ -54,7 +54,7 @@ void moe_error_prefix(const char *fmt, ...)
     last_error[n + m] = '\0';
 }
 
-void moe_assert_fail(const char *expr, const char *file, int line)
+__attribute__((noreturn)) void moe_assert_fail(const char *expr, const char *file, int line)
 {
     fprintf(stderr, "moerun: internal error: assertion '%s' failed at %s:%d\n", expr, file,
             line);

@@ -43,7 +43,7 @@ void moe_clear_error(void);
     do {                                                                      \
         if (!(cond)) moe_assert_fail(#cond, __FILE__, __LINE__);              \
     } while (0)
-_Noreturn void moe_assert_fail(const char *expr, const char *file, int line);
+__attribute__((noreturn)) void moe_assert_fail(const char *expr, const char *file, int line);
 
 #define MOE_TRY(expr)                                                         \
     do {                                                                      \

@@ -1,0 +1,359 @@
+/* config.c - config.json -> struct moe_config.
+ *
+ * Mirrors the transformers configuration classes of each family, including
+ * their defaults for absent keys (transformers 5 values).  Both the
+ * transformers 5 spelling of RoPE settings ("rope_parameters") and the older
+ * one ("rope_theta" + "rope_scaling") are read.  Anything that would change
+ * the math and that we do not implement is refused by name. */
+#include "runtime/config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *arch;
+    enum moe_family family;
+    float eps;            /* rms_norm_eps default */
+    int head_dim;         /* head_dim default (0: hidden / heads) */
+    bool qkv_bias_always; /* Qwen2 families: q/k/v biases regardless of config */
+    enum moe_qk_norm qk_norm;
+    bool moe;
+} families[] = {
+    {"MixtralForCausalLM", MOE_FAMILY_MIXTRAL, 1e-5f, 0, false, MOE_QK_NORM_NONE, true},
+    {"Qwen2MoeForCausalLM", MOE_FAMILY_QWEN2_MOE, 1e-6f, 0, true, MOE_QK_NORM_NONE, true},
+    {"Qwen3MoeForCausalLM", MOE_FAMILY_QWEN3_MOE, 1e-6f, 0, false, MOE_QK_NORM_HEAD, true},
+    {"OlmoeForCausalLM", MOE_FAMILY_OLMOE, 1e-5f, 0, false, MOE_QK_NORM_FULL, true},
+    {"LlamaForCausalLM", MOE_FAMILY_LLAMA, 1e-6f, 0, false, MOE_QK_NORM_NONE, false},
+    {"Qwen2ForCausalLM", MOE_FAMILY_QWEN2, 1e-6f, 0, true, MOE_QK_NORM_NONE, false},
+    {"Qwen3ForCausalLM", MOE_FAMILY_QWEN3, 1e-6f, 128, false, MOE_QK_NORM_HEAD, false},
+};
+
+const char *moe_family_name(enum moe_family f)
+{
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (families[i].family == f) return families[i].arch;
+    return "?";
+}
+
+/* --- typed field access: absent -> default; wrong type -> error --- */
+
+static enum moe_status get_int(json_t *root, const char *what, const char *key, long long lo,
+                               long long hi, int def, bool required, int *out)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        if (required) return moe_fail(MOE_ERR_FORMAT, "%s: missing required field '%s'", what, key);
+        *out = def;
+        return MOE_OK;
+    }
+    if (!json_is_integer(v))
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' must be an integer", what, key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' = %lld is out of range [%lld, %lld]", what,
+                        key, (long long)x, lo, hi);
+    *out = (int)x;
+    return MOE_OK;
+}
+
+static enum moe_status get_num(json_t *root, const char *what, const char *key, double def,
+                               double *out)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return MOE_OK;
+    }
+    if (!json_is_number(v))
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' must be a number", what, key);
+    *out = json_number_value(v);
+    if (!isfinite(*out))
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' is not finite", what, key);
+    return MOE_OK;
+}
+
+static enum moe_status get_bool(json_t *root, const char *what, const char *key, bool def,
+                                bool *out)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return MOE_OK;
+    }
+    if (!json_is_boolean(v))
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' must be true or false", what, key);
+    *out = json_is_true(v);
+    return MOE_OK;
+}
+
+/* eos_token_id may be an int or a list (the first is kept here; the
+ * tokenizer/generation config carries the full list). */
+static enum moe_status get_token_id(json_t *root, const char *what, const char *key, int *out)
+{
+    json_t *v = json_object_get(root, key);
+    *out = -1;
+    if (v && json_is_array(v)) v = json_array_get(v, 0);
+    if (!v || json_is_null(v)) return MOE_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' must be a token id", what, key);
+    *out = (int)json_integer_value(v);
+    return MOE_OK;
+}
+
+static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char *what)
+{
+    /* transformers 5: rope_parameters {rope_type, rope_theta, ...};
+     * earlier: rope_theta at the top and rope_scaling {type|rope_type, ...}. */
+    json_t *rp = json_object_get(root, "rope_parameters");
+    json_t *scaling = json_object_get(root, "rope_scaling");
+    if (rp && !json_is_null(rp) && !json_is_object(rp))
+        return moe_fail(MOE_ERR_FORMAT, "%s: 'rope_parameters' must be an object", what);
+    if (scaling && !json_is_null(scaling) && !json_is_object(scaling))
+        return moe_fail(MOE_ERR_FORMAT, "%s: 'rope_scaling' must be an object or null", what);
+    json_t *params = (rp && json_is_object(rp)) ? rp : (json_is_object(scaling) ? scaling : NULL);
+    double theta;
+    MOE_TRY(get_num(root, what, "rope_theta", 10000.0, &theta));
+    if (rp && json_is_object(rp)) MOE_TRY(get_num(rp, what, "rope_theta", theta, &theta));
+    if (!(theta > 1.0)) return moe_fail(MOE_ERR_FORMAT, "%s: rope_theta = %g must be > 1", what, theta);
+    c->rope_theta = (float)theta;
+    c->rope_type = MOE_ROPE_DEFAULT;
+    c->rope_factor = 1.0f;
+    if (!params) return MOE_OK;
+
+    json_t *t = json_object_get(params, "rope_type");
+    if (!t) t = json_object_get(params, "type");
+    const char *type = "default";
+    if (t) {
+        if (!json_is_string(t)) return moe_fail(MOE_ERR_FORMAT, "%s: rope type must be a string", what);
+        type = json_string_value(t);
+    }
+    double factor, lo, hi;
+    int orig;
+    if (!strcmp(type, "default")) return MOE_OK;
+    if (!strcmp(type, "linear")) {
+        MOE_TRY(get_num(params, what, "factor", 1.0, &factor));
+        if (!(factor > 0)) return moe_fail(MOE_ERR_FORMAT, "%s: rope factor %g must be > 0", what, factor);
+        c->rope_type = MOE_ROPE_LINEAR;
+        c->rope_factor = (float)factor;
+        return MOE_OK;
+    }
+    if (!strcmp(type, "llama3")) {
+        MOE_TRY(get_num(params, what, "factor", 8.0, &factor));
+        MOE_TRY(get_num(params, what, "low_freq_factor", 1.0, &lo));
+        MOE_TRY(get_num(params, what, "high_freq_factor", 4.0, &hi));
+        MOE_TRY(get_int(params, what, "original_max_position_embeddings", 1, INT32_MAX,
+                        c->max_pos, false, &orig));
+        if (!(factor > 0) || !(lo > 0) || !(hi > lo))
+            return moe_fail(MOE_ERR_FORMAT,
+                            "%s: llama3 rope needs factor > 0 and high_freq_factor > "
+                            "low_freq_factor > 0 (got %g, %g, %g)", what, factor, hi, lo);
+        c->rope_type = MOE_ROPE_LLAMA3;
+        c->rope_factor = (float)factor;
+        c->rope_low_freq_factor = (float)lo;
+        c->rope_high_freq_factor = (float)hi;
+        c->rope_original_max_pos = orig;
+        return MOE_OK;
+    }
+    return moe_fail(MOE_ERR_UNSUPPORTED,
+                    "%s: rope type '%s' is not supported (supported: default, linear, llama3)",
+                    what, type);
+}
+
+static enum moe_status parse_layers(struct moe_config *c, json_t *root, const char *what,
+                                    bool moe)
+{
+    for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = moe;
+    if (!moe) return MOE_OK;
+    if (c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_MOE) {
+        int step;
+        MOE_TRY(get_int(root, what, "decoder_sparse_step", 1, 1 << 20, 1, false, &step));
+        json_t *only = json_object_get(root, "mlp_only_layers");
+        if (only && !json_is_null(only) && !json_is_array(only))
+            return moe_fail(MOE_ERR_FORMAT, "%s: 'mlp_only_layers' must be a list", what);
+        for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = (l + 1) % step == 0;
+        size_t i;
+        json_t *v;
+        json_array_foreach(only, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) >= c->n_layers)
+                return moe_fail(MOE_ERR_FORMAT,
+                                "%s: mlp_only_layers[%zu] is not a layer index below %d", what, i,
+                                c->n_layers);
+            c->layer_moe[json_integer_value(v)] = false;
+        }
+    }
+    return MOE_OK;
+}
+
+static enum moe_status parse_sliding(struct moe_config *c, json_t *root, const char *what)
+{
+    int window;
+    bool use = true;
+    MOE_TRY(get_int(root, what, "sliding_window", 0, INT32_MAX, 0, false, &window));
+    if (json_object_get(root, "use_sliding_window")) MOE_TRY(get_bool(root, what, "use_sliding_window", false, &use));
+    json_t *types = json_object_get(root, "layer_types");
+    for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = false;
+    if (!use || window == 0) return MOE_OK;
+    if (types && json_is_array(types)) {
+        if ((int)json_array_size(types) != c->n_layers)
+            return moe_fail(MOE_ERR_FORMAT, "%s: layer_types has %zu entries for %d layers", what,
+                            json_array_size(types), c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            const char *s = json_string_value(json_array_get(types, l));
+            if (!s) return moe_fail(MOE_ERR_FORMAT, "%s: layer_types[%d] is not a string", what, l);
+            if (!strcmp(s, "sliding_attention")) c->layer_sliding[l] = true;
+            else if (strcmp(s, "full_attention"))
+                return moe_fail(MOE_ERR_UNSUPPORTED, "%s: layer_types[%d] = '%s' is not supported",
+                                what, l, s);
+        }
+    } else if (c->family == MOE_FAMILY_QWEN2 || c->family == MOE_FAMILY_QWEN2_MOE) {
+        int max_window_layers;
+        MOE_TRY(get_int(root, what, "max_window_layers", 0, INT32_MAX, 28, false, &max_window_layers));
+        for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = l >= max_window_layers;
+    } else {
+        for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = true;
+    }
+    c->sliding_window = window;
+    return MOE_OK;
+}
+
+enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char *what)
+{
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(root)) return moe_fail(MOE_ERR_FORMAT, "%s: not a JSON object", what);
+    json_t *archs = json_object_get(root, "architectures");
+    const char *arch = json_string_value(json_array_get(archs, 0));
+    if (!arch) return moe_fail(MOE_ERR_FORMAT, "%s: missing 'architectures' (a list of one name)", what);
+    int fi = -1;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (!strcmp(arch, families[i].arch)) fi = (int)i;
+    if (fi < 0)
+        return moe_fail(MOE_ERR_UNSUPPORTED,
+                        "%s: architecture '%s' is not supported (supported: MixtralForCausalLM, "
+                        "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
+                        "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)", what, arch);
+    c->family = families[fi].family;
+    snprintf(c->architecture, sizeof c->architecture, "%s", arch);
+
+    const int BIG = 1 << 24;
+    MOE_TRY(get_int(root, what, "num_hidden_layers", 1, MOE_MAX_LAYERS, 0, true, &c->n_layers));
+    MOE_TRY(get_int(root, what, "hidden_size", 1, BIG, 0, true, &c->d_model));
+    MOE_TRY(get_int(root, what, "vocab_size", 1, 1 << 28, 0, true, &c->vocab));
+    MOE_TRY(get_int(root, what, "num_attention_heads", 1, 1 << 16, 0, true, &c->n_heads));
+    MOE_TRY(get_int(root, what, "num_key_value_heads", 1, 1 << 16, c->n_heads, false, &c->n_kv_heads));
+    int hd_def = families[fi].head_dim ? families[fi].head_dim : c->d_model / c->n_heads;
+    MOE_TRY(get_int(root, what, "head_dim", 1, 1 << 16, hd_def, false, &c->head_dim));
+    MOE_TRY(get_int(root, what, "max_position_embeddings", 1, INT32_MAX, 4096, false, &c->max_pos));
+    if (c->n_heads % c->n_kv_heads)
+        return moe_fail(MOE_ERR_FORMAT,
+                        "%s: num_attention_heads = %d is not a multiple of num_key_value_heads = %d",
+                        what, c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2)
+        return moe_fail(MOE_ERR_FORMAT, "%s: head_dim = %d must be even for RoPE", what, c->head_dim);
+    double eps;
+    MOE_TRY(get_num(root, what, "rms_norm_eps", families[fi].eps, &eps));
+    if (!(eps > 0)) return moe_fail(MOE_ERR_FORMAT, "%s: rms_norm_eps = %g must be > 0", what, eps);
+    c->rms_eps = (float)eps;
+    MOE_TRY(get_bool(root, what, "tie_word_embeddings", false, &c->tie_embeddings));
+
+    bool attn_bias = false;
+    MOE_TRY(get_bool(root, what, "attention_bias", false, &attn_bias));
+    c->qkv_bias = families[fi].qkv_bias_always || attn_bias;
+    c->o_bias = !families[fi].qkv_bias_always && attn_bias;
+    if (c->family == MOE_FAMILY_MIXTRAL) c->qkv_bias = c->o_bias = false;
+    MOE_TRY(get_bool(root, what, "mlp_bias", false, &c->mlp_bias));
+    if (c->mlp_bias && c->family != MOE_FAMILY_LLAMA)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: mlp_bias = true is only supported for Llama", what);
+    c->qk_norm = families[fi].qk_norm;
+    double clip;
+    MOE_TRY(get_num(root, what, "clip_qkv", 0.0, &clip));
+    if (clip < 0) return moe_fail(MOE_ERR_FORMAT, "%s: clip_qkv = %g must be positive", what, clip);
+    if (clip > 0 && c->family != MOE_FAMILY_OLMOE)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: clip_qkv is only supported for OLMoE", what);
+    c->clip_qkv = (float)clip;
+
+    json_t *act = json_object_get(root, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)",
+                        what, json_is_string(act) ? json_string_value(act) : "(not a string)");
+    double prf;
+    MOE_TRY(get_num(root, what, "partial_rotary_factor", 1.0, &prf));
+    if (prf != 1.0)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: partial_rotary_factor = %g is not supported", what, prf);
+
+    MOE_TRY(parse_rope(c, root, what));
+    MOE_TRY(parse_sliding(c, root, what));
+
+    bool moe = families[fi].moe;
+    switch (c->family) {
+    case MOE_FAMILY_MIXTRAL:
+        MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 8, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        c->norm_topk = true;
+        break;
+    case MOE_FAMILY_OLMOE:
+        MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, 64, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_bool(root, what, "norm_topk_prob", false, &c->norm_topk));
+        break;
+    case MOE_FAMILY_QWEN2_MOE:
+    case MOE_FAMILY_QWEN3_MOE:
+        /* transformers 5 writes num_local_experts for Qwen3-MoE, earlier
+         * versions num_experts */
+        MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 60, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, c->n_experts, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, 0, false, &c->d_ff));
+        MOE_TRY(get_bool(root, what, "norm_topk_prob", false, &c->norm_topk));
+        if (c->family == MOE_FAMILY_QWEN2_MOE) {
+            MOE_TRY(get_int(root, what, "shared_expert_intermediate_size", 0, BIG, 0, false,
+                            &c->d_shared));
+            c->shared_gate = c->d_shared > 0;
+        }
+        break;
+    default:
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_ff));
+        break;
+    }
+    if (moe) {
+        MOE_TRY(get_int(root, what, "num_experts_per_tok", 1, c->n_experts, 2, false, &c->top_k));
+    }
+    MOE_TRY(parse_layers(c, root, what, moe));
+    for (int l = 0; l < c->n_layers; l++)
+        if (!c->layer_moe[l] && c->d_ff <= 0)
+            return moe_fail(MOE_ERR_FORMAT, "%s: layer %d is dense but intermediate_size is not set",
+                            what, l);
+    double std;
+    MOE_TRY(get_num(root, what, "initializer_range", 0.02, &std));
+    if (!(std > 0)) return moe_fail(MOE_ERR_FORMAT, "%s: initializer_range = %g must be > 0", what, std);
+    c->init_std = (float)std;
+    MOE_TRY(get_token_id(root, what, "bos_token_id", &c->bos_id));
+    MOE_TRY(get_token_id(root, what, "eos_token_id", &c->eos_id));
+    return MOE_OK;
+}
+
+enum moe_status moe_config_load(struct moe_config *cfg, const char *path)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && jerr.line < 0) return moe_fail(MOE_ERR_IO, "%s: %s", path, jerr.text);
+    if (!root)
+        return moe_fail(MOE_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", path,
+                        jerr.line, jerr.column, jerr.text);
+    enum moe_status s = moe_config_parse(cfg, root, path);
+    json_decref(root);
+    return s;
+}
+
+int moe_config_moe_layers(const struct moe_config *cfg)
+{
+    int n = 0;
+    for (int l = 0; l < cfg->n_layers; l++) n += cfg->layer_moe[l];
+    return n;
+}
+
+size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, size_t elem_size)
+{
+    return 2 * (size_t)cfg->n_layers * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * elem_size;
+}

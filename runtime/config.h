@@ -1,0 +1,97 @@
+/* config.h - the model description, parsed from a Hugging Face config.json.
+ *
+ * One struct describes every supported family; family-specific behaviour is
+ * carried by explicit fields (qk_norm, shared expert, renormalisation) so the
+ * forward pass never switches on the family name.  Shape letters (see
+ * docs/ARCHITECTURE.md): L layers, D hidden, V vocabulary, Hq/Hkv heads,
+ * Dh head dim, E experts, K experts per token, F expert FFN width. */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "runtime/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum moe_family {
+    MOE_FAMILY_MIXTRAL,
+    MOE_FAMILY_QWEN2_MOE,
+    MOE_FAMILY_QWEN3_MOE,
+    MOE_FAMILY_OLMOE,
+    MOE_FAMILY_LLAMA,
+    MOE_FAMILY_QWEN2,
+    MOE_FAMILY_QWEN3,
+};
+
+enum moe_qk_norm {
+    MOE_QK_NORM_NONE,
+    MOE_QK_NORM_HEAD, /* RMSNorm over each head's Dh values (Qwen3) */
+    MOE_QK_NORM_FULL, /* RMSNorm over the whole Hq*Dh / Hkv*Dh projection (OLMoE) */
+};
+
+enum moe_rope_type { MOE_ROPE_DEFAULT, MOE_ROPE_LINEAR, MOE_ROPE_LLAMA3 };
+
+#define MOE_MAX_LAYERS 1024
+
+struct moe_config {
+    enum moe_family family;
+    char architecture[64];
+    int n_layers;      /* L */
+    int d_model;       /* D */
+    int vocab;         /* V */
+    int n_heads;       /* Hq */
+    int n_kv_heads;    /* Hkv */
+    int head_dim;      /* Dh */
+    int max_pos;       /* max_position_embeddings */
+    float rms_eps;
+    bool tie_embeddings;
+    bool qkv_bias;     /* q/k/v projections have biases */
+    bool o_bias;       /* output projection has a bias */
+    bool mlp_bias;     /* dense FFN projections have biases (Llama mlp_bias) */
+    enum moe_qk_norm qk_norm;
+    float clip_qkv;    /* 0: none; else q,k,v clamped to [-clip, clip] (OLMoE) */
+    int sliding_window; /* window W for layers with layer_sliding[l]: a query at
+                           position p sees keys p-W+1..p (HF's convention) */
+    bool layer_sliding[MOE_MAX_LAYERS];
+
+    /* RoPE */
+    enum moe_rope_type rope_type;
+    float rope_theta;
+    float rope_factor;             /* linear, llama3 */
+    float rope_low_freq_factor;    /* llama3 */
+    float rope_high_freq_factor;   /* llama3 */
+    int rope_original_max_pos;     /* llama3 */
+
+    /* FFN.  A layer is either dense (width d_ff) or MoE (E experts of width
+     * d_expert, plus an optional shared expert of width d_shared). */
+    int d_ff;          /* dense FFN width (0 if the model has no dense layer) */
+    int n_experts;     /* E; 0 for a dense model */
+    int top_k;         /* K */
+    int d_expert;      /* F */
+    int d_shared;      /* shared expert width; 0 = none */
+    bool shared_gate;  /* shared expert output scaled by sigmoid(x . w) (Qwen2-MoE) */
+    bool norm_topk;    /* renormalise the K chosen probabilities to sum to 1 */
+    bool layer_moe[MOE_MAX_LAYERS]; /* per layer: MoE (true) or dense FFN */
+
+    int bos_id, eos_id; /* -1 if absent */
+    float init_std;     /* initializer_range: std of synthetic weights */
+};
+
+/* Parses config.json at path.  Unknown architectures and unsupported options
+ * fail with MOE_ERR_UNSUPPORTED naming the field and value. */
+MOE_MUST_USE enum moe_status moe_config_load(struct moe_config *cfg, const char *path);
+/* Parses an already-loaded JSON object; `what` names it in messages. */
+MOE_MUST_USE enum moe_status moe_config_parse(struct moe_config *cfg, json_t *root,
+                                               const char *what);
+const char *moe_family_name(enum moe_family f);
+/* Number of MoE layers. */
+int moe_config_moe_layers(const struct moe_config *cfg);
+/* KV cache bytes per token at the given element size. */
+size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, size_t elem_size);
+
+#ifdef __cplusplus
+}
+#endif

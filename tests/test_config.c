@@ -1,0 +1,120 @@
+/* test_config.c - config.json parsing: families, defaults, and refusals
+ * that name the field and value. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "runtime/config.h"
+
+static enum moe_status parse(const char *text, struct moe_config *c)
+{
+    json_error_t e;
+    json_t *j = json_loads(text, 0, &e);
+    cr_assert(j, "test JSON: %s", e.text);
+    enum moe_status s = moe_config_parse(c, j, "config.json");
+    json_decref(j);
+    return s;
+}
+
+#define BASE "\"hidden_size\": 64, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, " \
+             "\"num_key_value_heads\": 2, \"vocab_size\": 100, "
+
+Test(config, qwen2_moe_layers_and_shared_expert)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"Qwen2MoeForCausalLM\"], " BASE
+                       "\"num_experts\": 8, \"num_experts_per_tok\": 2, "
+                       "\"moe_intermediate_size\": 32, \"intermediate_size\": 96, "
+                       "\"shared_expert_intermediate_size\": 48, \"decoder_sparse_step\": 2, "
+                       "\"mlp_only_layers\": [3]}", &c), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(c.family, MOE_FAMILY_QWEN2_MOE);
+    cr_assert(c.qkv_bias && !c.o_bias);
+    cr_assert_eq(c.d_shared, 48);
+    cr_assert(c.shared_gate);
+    /* (l+1) % 2 == 0 -> layers 1 and 3, minus mlp_only layer 3 */
+    cr_assert(!c.layer_moe[0] && c.layer_moe[1] && !c.layer_moe[2] && !c.layer_moe[3]);
+    cr_assert_eq(c.head_dim, 16);
+    cr_assert_float_eq(c.rms_eps, 1e-6f, 1e-12f);
+}
+
+Test(config, qwen3_moe_reads_num_local_experts_and_rope_parameters)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"Qwen3MoeForCausalLM\"], " BASE
+                       "\"num_local_experts\": 16, \"num_experts_per_tok\": 4, "
+                       "\"moe_intermediate_size\": 32, \"norm_topk_prob\": true, \"head_dim\": 8, "
+                       "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e6}}", &c),
+                 MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(c.n_experts, 16);
+    cr_assert_eq(c.top_k, 4);
+    cr_assert(c.norm_topk);
+    cr_assert_eq(c.qk_norm, MOE_QK_NORM_HEAD);
+    cr_assert_float_eq(c.rope_theta, 1e6f, 1.0f);
+    cr_assert_eq(c.head_dim, 8);
+}
+
+Test(config, legacy_rope_scaling_llama3)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"LlamaForCausalLM\"], " BASE
+                       "\"intermediate_size\": 96, \"rope_theta\": 500000.0, \"rope_scaling\": "
+                       "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                       "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}", &c),
+                 MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(c.rope_type, MOE_ROPE_LLAMA3);
+    cr_assert_eq(c.rope_original_max_pos, 8192);
+    cr_assert_float_eq(c.rope_theta, 500000.0f, 1.0f);
+}
+
+Test(config, unknown_architecture_is_named)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"GPT2LMHeadModel\"], " BASE "\"x\": 1}", &c),
+                 MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "'GPT2LMHeadModel'"), "%s", moe_last_error());
+}
+
+Test(config, unsupported_rope_type_is_named)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE
+                       "\"intermediate_size\": 96, \"rope_scaling\": {\"type\": \"yarn\", "
+                       "\"factor\": 4.0}}", &c), MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "'yarn'"), "%s", moe_last_error());
+}
+
+Test(config, wrong_types_and_ranges_are_errors)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"MixtralForCausalLM\"], \"num_hidden_layers\": 2, "
+                       "\"hidden_size\": \"64\"}", &c), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "hidden_size"), "%s", moe_last_error());
+    cr_assert_eq(parse("{\"architectures\": [\"MixtralForCausalLM\"], " BASE
+                       "\"intermediate_size\": 32, \"num_local_experts\": 4, "
+                       "\"num_experts_per_tok\": 5}", &c), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "num_experts_per_tok"), "%s", moe_last_error());
+    cr_assert_eq(parse("{\"architectures\": [\"MixtralForCausalLM\"], \"hidden_size\": 64, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 3, "
+                       "\"num_key_value_heads\": 2, \"vocab_size\": 10, \"intermediate_size\": 8}", &c),
+                 MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "multiple"), "%s", moe_last_error());
+    cr_assert_eq(parse("[1, 2]", &c), MOE_ERR_FORMAT);
+    cr_assert_eq(parse("{\"architectures\": [\"LlamaForCausalLM\"], " BASE
+                       "\"intermediate_size\": 96, \"hidden_act\": \"gelu\"}", &c),
+                 MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "gelu"), "%s", moe_last_error());
+}
+
+Test(config, qwen2_sliding_window_layers)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE
+                       "\"intermediate_size\": 96, \"use_sliding_window\": true, "
+                       "\"sliding_window\": 32, \"max_window_layers\": 2}", &c), MOE_OK, "%s",
+                 moe_last_error());
+    cr_assert_eq(c.sliding_window, 32);
+    cr_assert(!c.layer_sliding[0] && !c.layer_sliding[1] && c.layer_sliding[2] && c.layer_sliding[3]);
+    cr_assert_eq(parse("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE
+                       "\"intermediate_size\": 96, \"use_sliding_window\": false, "
+                       "\"sliding_window\": 32}", &c), MOE_OK);
+    cr_assert(!c.layer_sliding[3]);
+}
