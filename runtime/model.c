@@ -1,0 +1,325 @@
+/* model.c - binds checkpoint tensors to the model description, per family.
+ *
+ * Names follow the Hugging Face checkpoints: `model.embed_tokens.weight`,
+ * `model.layers.{l}.self_attn.q_proj.weight`, ... .  MoE blocks live under
+ * `mlp.` (Qwen2-MoE, Qwen3-MoE, OLMoE, and Mixtral in transformers 5) or
+ * `block_sparse_moe.` (Mixtral checkpoints written before transformers 5,
+ * with experts named w1 = gate, w3 = up, w2 = down).  Every tensor's dtype
+ * and shape are checked against the configuration; a mismatch names the
+ * tensor, the expected shape and the shape found. */
+#include "runtime/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAME_MAX_LEN 256
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
+{
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, n - off, "(");
+    for (int i = 0; i < ndim && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (off < n) snprintf(buf + off, n - off, ")");
+}
+
+static bool is_float_weight(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_F32 || t == MOE_DTYPE_F16 || t == MOE_DTYPE_BF16;
+}
+
+/* Binds `name` to *out, checking dtype and shape (ndim dims given). An absent
+ * optional tensor leaves *out zeroed. */
+static enum moe_status bind(const struct moe_model *m, struct moe_tensor *out, bool required,
+                            const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2)
+{
+    memset(out, 0, sizeof *out);
+    const struct moe_st_tensor *t = moe_safetensors_find(&m->st, name);
+    if (!t) {
+        if (required) return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' is missing", name);
+        return MOE_OK;
+    }
+    int64_t want[3] = {d0, d1, d2};
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
+    if (!ok) {
+        char a[96], b[96];
+        shape_str(a, sizeof a, ndim, want);
+        shape_str(b, sizeof b, t->ndim, t->shape);
+        return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' has shape %s, expected %s", name,
+                        b, a);
+    }
+    if (!is_float_weight(t->dtype))
+        return moe_fail(MOE_ERR_UNSUPPORTED,
+                        "checkpoint: tensor '%s' has dtype %s (supported: F32, F16, BF16)", name,
+                        moe_dtype_name(t->dtype));
+    out->dtype = t->dtype;
+    out->ndim = ndim;
+    for (int i = 0; i < ndim; i++) out->shape[i] = want[i];
+    out->data = (void *)t->data;
+    out->device = -1;
+    return MOE_OK;
+}
+
+#define NAMEF(buf, ...) snprintf(buf, sizeof buf, __VA_ARGS__)
+
+static enum moe_status bind_attention(struct moe_model *m, int l, struct moe_layer_weights *w)
+{
+    const struct moe_config *c = &m->cfg;
+    char n[NAME_MAX_LEN];
+    int64_t D = c->d_model, Q = (int64_t)c->n_heads * c->head_dim,
+            KV = (int64_t)c->n_kv_heads * c->head_dim;
+    NAMEF(n, "model.layers.%d.input_layernorm.weight", l);
+    MOE_TRY(bind(m, &w->attn_norm, true, n, 1, D, 0, 0));
+    NAMEF(n, "model.layers.%d.post_attention_layernorm.weight", l);
+    MOE_TRY(bind(m, &w->ffn_norm, true, n, 1, D, 0, 0));
+    NAMEF(n, "model.layers.%d.self_attn.q_proj.weight", l);
+    MOE_TRY(bind(m, &w->wq, true, n, 2, Q, D, 0));
+    NAMEF(n, "model.layers.%d.self_attn.k_proj.weight", l);
+    MOE_TRY(bind(m, &w->wk, true, n, 2, KV, D, 0));
+    NAMEF(n, "model.layers.%d.self_attn.v_proj.weight", l);
+    MOE_TRY(bind(m, &w->wv, true, n, 2, KV, D, 0));
+    NAMEF(n, "model.layers.%d.self_attn.o_proj.weight", l);
+    MOE_TRY(bind(m, &w->wo, true, n, 2, D, Q, 0));
+    if (c->qkv_bias) {
+        NAMEF(n, "model.layers.%d.self_attn.q_proj.bias", l);
+        MOE_TRY(bind(m, &w->bq, true, n, 1, Q, 0, 0));
+        NAMEF(n, "model.layers.%d.self_attn.k_proj.bias", l);
+        MOE_TRY(bind(m, &w->bk, true, n, 1, KV, 0, 0));
+        NAMEF(n, "model.layers.%d.self_attn.v_proj.bias", l);
+        MOE_TRY(bind(m, &w->bv, true, n, 1, KV, 0, 0));
+    }
+    if (c->o_bias) {
+        NAMEF(n, "model.layers.%d.self_attn.o_proj.bias", l);
+        MOE_TRY(bind(m, &w->bo, true, n, 1, D, 0, 0));
+    }
+    if (c->qk_norm != MOE_QK_NORM_NONE) {
+        bool full = c->qk_norm == MOE_QK_NORM_FULL;
+        NAMEF(n, "model.layers.%d.self_attn.q_norm.weight", l);
+        MOE_TRY(bind(m, &w->q_norm, true, n, 1, full ? Q : c->head_dim, 0, 0));
+        NAMEF(n, "model.layers.%d.self_attn.k_norm.weight", l);
+        MOE_TRY(bind(m, &w->k_norm, true, n, 1, full ? KV : c->head_dim, 0, 0));
+    }
+    return MOE_OK;
+}
+
+static enum moe_status bind_dense_ffn(struct moe_model *m, int l, struct moe_layer_weights *w)
+{
+    const struct moe_config *c = &m->cfg;
+    char n[NAME_MAX_LEN];
+    int64_t D = c->d_model, F = c->d_ff;
+    NAMEF(n, "model.layers.%d.mlp.gate_proj.weight", l);
+    MOE_TRY(bind(m, &w->w_gate, true, n, 2, F, D, 0));
+    NAMEF(n, "model.layers.%d.mlp.up_proj.weight", l);
+    MOE_TRY(bind(m, &w->w_up, true, n, 2, F, D, 0));
+    NAMEF(n, "model.layers.%d.mlp.down_proj.weight", l);
+    MOE_TRY(bind(m, &w->w_down, true, n, 2, D, F, 0));
+    if (c->mlp_bias) {
+        NAMEF(n, "model.layers.%d.mlp.gate_proj.bias", l);
+        MOE_TRY(bind(m, &w->b_gate, true, n, 1, F, 0, 0));
+        NAMEF(n, "model.layers.%d.mlp.up_proj.bias", l);
+        MOE_TRY(bind(m, &w->b_up, true, n, 1, F, 0, 0));
+        NAMEF(n, "model.layers.%d.mlp.down_proj.bias", l);
+        MOE_TRY(bind(m, &w->b_down, true, n, 1, D, 0, 0));
+    }
+    return MOE_OK;
+}
+
+/* Sets expert e's three pointers, requiring one dtype per layer. */
+static enum moe_status set_expert(struct moe_expert_weights *x, int e, const struct moe_tensor *g,
+                                  const void *gate, const void *up, const void *down,
+                                  const char *what)
+{
+    if (e == 0) x->dtype = g->dtype;
+    if (g->dtype != x->dtype)
+        return moe_fail(MOE_ERR_UNSUPPORTED,
+                        "checkpoint: %s has dtype %s but expert 0 of the layer has %s", what,
+                        moe_dtype_name(g->dtype), moe_dtype_name(x->dtype));
+    x->gate[e] = gate;
+    x->up[e] = up;
+    x->down[e] = down;
+    return MOE_OK;
+}
+
+static enum moe_status bind_experts(struct moe_model *m, int l, const char *blk,
+                                    struct moe_expert_weights *x)
+{
+    const struct moe_config *c = &m->cfg;
+    char n[NAME_MAX_LEN];
+    int64_t D = c->d_model, F = c->d_expert, E = c->n_experts;
+    x->gate = calloc((size_t)E, sizeof *x->gate);
+    x->up = calloc((size_t)E, sizeof *x->up);
+    x->down = calloc((size_t)E, sizeof *x->down);
+    if (!x->gate || !x->up || !x->down) return moe_fail(MOE_ERR_NOMEM, "expert table");
+
+    /* Stacked (transformers 5): gate_up_proj (E, 2F, D) with gate rows first. */
+    NAMEF(n, "model.layers.%d.%s.experts.gate_up_proj", l, blk);
+    if (moe_safetensors_find(&m->st, n)) {
+        struct moe_tensor gu, dn;
+        MOE_TRY(bind(m, &gu, true, n, 3, E, 2 * F, D));
+        NAMEF(n, "model.layers.%d.%s.experts.down_proj", l, blk);
+        MOE_TRY(bind(m, &dn, true, n, 3, E, D, F));
+        if (dn.dtype != gu.dtype)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s and gate_up_proj differ in dtype", n);
+        size_t es = moe_dtype_size(gu.dtype), mat = (size_t)F * (size_t)D * es;
+        for (int64_t e = 0; e < E; e++) {
+            const char *g = (const char *)gu.data + (size_t)e * 2 * mat;
+            MOE_TRY(set_expert(x, (int)e, &gu, g, g + mat, (const char *)dn.data + (size_t)e * mat, n));
+        }
+        return MOE_OK;
+    }
+    /* One tensor per expert. */
+    bool mixtral_names = !strcmp(blk, "block_sparse_moe");
+    for (int64_t e = 0; e < E; e++) {
+        struct moe_tensor g, u, d;
+        const char *gn = mixtral_names ? "w1" : "gate_proj", *un = mixtral_names ? "w3" : "up_proj",
+                   *dn = mixtral_names ? "w2" : "down_proj";
+        NAMEF(n, "model.layers.%d.%s.experts.%lld.%s.weight", l, blk, (long long)e, gn);
+        MOE_TRY(bind(m, &g, true, n, 2, F, D, 0));
+        NAMEF(n, "model.layers.%d.%s.experts.%lld.%s.weight", l, blk, (long long)e, un);
+        MOE_TRY(bind(m, &u, true, n, 2, F, D, 0));
+        if (u.dtype != g.dtype)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s differs in dtype from its gate", n);
+        NAMEF(n, "model.layers.%d.%s.experts.%lld.%s.weight", l, blk, (long long)e, dn);
+        MOE_TRY(bind(m, &d, true, n, 2, D, F, 0));
+        if (d.dtype != g.dtype)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s differs in dtype from its gate", n);
+        MOE_TRY(set_expert(x, (int)e, &g, g.data, u.data, d.data, n));
+    }
+    return MOE_OK;
+}
+
+static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_weights *w)
+{
+    const struct moe_config *c = &m->cfg;
+    char n[NAME_MAX_LEN];
+    int64_t D = c->d_model, E = c->n_experts;
+    const char *blk = "mlp";
+    if (c->family == MOE_FAMILY_MIXTRAL) {
+        NAMEF(n, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        if (moe_safetensors_find(&m->st, n)) blk = "block_sparse_moe";
+    }
+    NAMEF(n, "model.layers.%d.%s.gate.weight", l, blk);
+    MOE_TRY(bind(m, &w->router, true, n, 2, E, D, 0));
+    MOE_TRY(bind_experts(m, l, blk, &w->experts));
+    if (c->d_shared > 0) {
+        int64_t S = c->d_shared;
+        NAMEF(n, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+        MOE_TRY(bind(m, &w->sh_gate, true, n, 2, S, D, 0));
+        NAMEF(n, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+        MOE_TRY(bind(m, &w->sh_up, true, n, 2, S, D, 0));
+        NAMEF(n, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+        MOE_TRY(bind(m, &w->sh_down, true, n, 2, D, S, 0));
+        if (c->shared_gate) {
+            NAMEF(n, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+            MOE_TRY(bind(m, &w->sh_router, true, n, 2, 1, D, 0));
+        }
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_model_bind(struct moe_model *m)
+{
+    const struct moe_config *c = &m->cfg;
+    int64_t V = c->vocab, D = c->d_model;
+    MOE_TRY(bind(m, &m->embed, true, "model.embed_tokens.weight", 2, V, D, 0));
+    MOE_TRY(bind(m, &m->final_norm, true, "model.norm.weight", 1, D, 0, 0));
+    MOE_TRY(bind(m, &m->lm_head, !c->tie_embeddings, "lm_head.weight", 2, V, D, 0));
+    if (!m->lm_head.data) m->lm_head = m->embed;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) return moe_fail(MOE_ERR_NOMEM, "layer table");
+    for (int l = 0; l < c->n_layers; l++) {
+        struct moe_layer_weights *w = &m->layers[l];
+        MOE_TRY(bind_attention(m, l, w));
+        if (c->layer_moe[l]) MOE_TRY(bind_moe(m, l, w));
+        else MOE_TRY(bind_dense_ffn(m, l, w));
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_model_load(struct moe_model *m, const char *dir)
+{
+    memset(m, 0, sizeof *m);
+    char path[4096];
+    enum moe_status s;
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+        return moe_fail(MOE_ERR_INVALID_ARG, "model path is too long");
+    m->dir = strdup(dir);
+    if (!m->dir) return moe_fail(MOE_ERR_NOMEM, "model path");
+    if ((s = moe_config_load(&m->cfg, path)) != MOE_OK) goto fail;
+    if ((s = moe_safetensors_open_dir(&m->st, dir)) != MOE_OK) goto fail;
+    if ((s = moe_model_bind(m)) != MOE_OK) {
+        moe_error_prefix("%s: ", dir);
+        goto fail;
+    }
+    return MOE_OK;
+fail:
+    moe_model_free(m);
+    return s;
+}
+
+void moe_model_free(struct moe_model *m)
+{
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            free(m->layers[l].experts.gate);
+            free(m->layers[l].experts.up);
+            free(m->layers[l].experts.down);
+        }
+    }
+    free(m->layers);
+    free(m->dir);
+    moe_safetensors_close(&m->st);
+    memset(m, 0, sizeof *m);
+}
+
+static int64_t tbytes(const struct moe_tensor *t)
+{
+    return t->data ? moe_tensor_numel(t) * (int64_t)moe_dtype_size(t->dtype) : 0;
+}
+
+void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
+{
+    const struct moe_config *c = &m->cfg;
+    memset(z, 0, sizeof *z);
+    int64_t D = c->d_model, F = c->d_expert, K = c->top_k, E = c->n_experts;
+    z->bytes_embed = tbytes(&m->embed);
+    z->bytes_lm_head = c->tie_embeddings ? 0 : tbytes(&m->lm_head);
+    z->bytes_norm = tbytes(&m->final_norm);
+    int64_t expert_params = 0, expert_active = 0, other = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct moe_layer_weights *w = &m->layers[l];
+        const struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq,
+                                           &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm};
+        for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) z->bytes_attn += tbytes(attn[i]);
+        z->bytes_norm += tbytes(&w->attn_norm) + tbytes(&w->ffn_norm);
+        if (c->layer_moe[l]) {
+            size_t es = moe_dtype_size(w->experts.dtype);
+            z->bytes_experts += 3 * E * F * D * (int64_t)es;
+            z->bytes_router += tbytes(&w->router);
+            z->bytes_shared += tbytes(&w->sh_gate) + tbytes(&w->sh_up) + tbytes(&w->sh_down) +
+                               tbytes(&w->sh_router);
+            expert_params += 3 * E * F * D;
+            expert_active += 3 * K * F * D;
+        } else {
+            z->bytes_dense_ffn += tbytes(&w->w_gate) + tbytes(&w->w_up) + tbytes(&w->w_down) +
+                                  tbytes(&w->b_gate) + tbytes(&w->b_up) + tbytes(&w->b_down);
+        }
+    }
+    z->bytes_total = z->bytes_embed + z->bytes_lm_head + z->bytes_norm + z->bytes_attn +
+                     z->bytes_dense_ffn + z->bytes_experts + z->bytes_router + z->bytes_shared;
+    /* Parameters: count elements of every bound tensor. */
+    int64_t n = 0;
+    for (size_t i = 0; i < m->st.n_tensors; i++) {
+        const struct moe_st_tensor *t = &m->st.tensors[i];
+        int64_t k = 1;
+        for (int d = 0; d < t->ndim; d++) k *= t->shape[d];
+        n += k;
+    }
+    other = n - expert_params;
+    z->params_total = n;
+    /* Active per token, by the usual convention: everything but the experts
+     * a token does not choose (embeddings included). */
+    z->params_active = other + expert_active;
+}

@@ -1,0 +1,74 @@
+/* model.h - a loaded checkpoint: configuration plus weight views bound by
+ * name for each family.
+ *
+ * Weights are read in place: every struct moe_tensor here borrows from the
+ * safetensors set (a memory map, or in-memory synthetic buffers), which the
+ * model owns.  Experts of a MoE layer are presented in one stacked layout,
+ * an expert-indexed table of (F, D) gate, (F, D) up and (D, F) down matrices,
+ * whether the checkpoint stores one tensor per expert or 3-D stacked tensors
+ * (transformers 5 `gate_up_proj` (E, 2F, D) and `down_proj` (E, D, F)). */
+#pragma once
+
+#include "runtime/config.h"
+#include "runtime/safetensors.h"
+#include "runtime/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moe_expert_weights {
+    enum moe_dtype dtype;  /* all experts of a layer share it */
+    const void **gate;     /* (E) -> (F, D) row-major */
+    const void **up;       /* (E) -> (F, D) */
+    const void **down;     /* (E) -> (D, F) */
+};
+
+struct moe_layer_weights {
+    struct moe_tensor attn_norm;         /* (D) */
+    struct moe_tensor wq, wk, wv, wo;    /* (Hq*Dh, D) (Hkv*Dh, D) (Hkv*Dh, D) (D, Hq*Dh) */
+    struct moe_tensor bq, bk, bv, bo;    /* optional biases */
+    struct moe_tensor q_norm, k_norm;    /* (Dh) per head, or (Hq*Dh)/(Hkv*Dh) full */
+    struct moe_tensor ffn_norm;          /* (D) */
+    /* dense FFN (layer_moe false) */
+    struct moe_tensor w_gate, w_up, w_down;  /* (Fd, D) (Fd, D) (D, Fd) */
+    struct moe_tensor b_gate, b_up, b_down;  /* optional (Llama mlp_bias) */
+    /* MoE (layer_moe true) */
+    struct moe_tensor router;            /* (E, D) */
+    struct moe_expert_weights experts;
+    struct moe_tensor sh_gate, sh_up, sh_down; /* shared expert (Fs, D) (Fs, D) (D, Fs) */
+    struct moe_tensor sh_router;         /* (1, D): sigmoid gate of the shared expert */
+};
+
+struct moe_model {
+    struct moe_config cfg;
+    struct moe_safetensors st;           /* owns the weight memory */
+    struct moe_tensor embed;             /* (V, D) */
+    struct moe_tensor final_norm;        /* (D) */
+    struct moe_tensor lm_head;           /* (V, D); the embedding when tied */
+    struct moe_layer_weights *layers;    /* (L) */
+    char *dir;                           /* model folder, or NULL for synthetic */
+};
+
+/* Loads config.json and the safetensors of a model folder. */
+MOE_MUST_USE enum moe_status moe_model_load(struct moe_model *m, const char *dir);
+/* Builds a model with seeded random weights in memory (no file). dtype is
+ * the weight dtype (F32, F16 or BF16). */
+MOE_MUST_USE enum moe_status moe_model_synthetic(struct moe_model *m, const struct moe_config *cfg,
+                                                  enum moe_dtype dtype, uint64_t seed);
+/* Binds every weight of m->cfg's family from m->st (used by both above). */
+MOE_MUST_USE enum moe_status moe_model_bind(struct moe_model *m);
+void moe_model_free(struct moe_model *m);
+
+/* Parameter and byte counts by part. */
+struct moe_model_sizes {
+    int64_t params_total, params_active;  /* active: touched per token */
+    int64_t bytes_embed, bytes_attn, bytes_dense_ffn, bytes_experts, bytes_shared, bytes_router,
+        bytes_norm, bytes_lm_head;
+    int64_t bytes_total;
+};
+void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *out);
+
+#ifdef __cplusplus
+}
+#endif

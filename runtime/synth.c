@@ -1,0 +1,161 @@
+/* synth.c - synthetic checkpoints: seeded random weights of any
+ * configuration, built in memory (`--synthetic CONFIG.json`) or written as a
+ * safetensors checkpoint (`moerun synth`).
+ *
+ * Tensors use the transformers 5 names and the stacked expert layout
+ * (`mlp.experts.gate_up_proj` (E, 2F, D), `mlp.experts.down_proj` (E, D, F)),
+ * which transformers loads directly.  Norm weights are 1; every other
+ * weight is uniform with standard deviation initializer_range.  Values come
+ * from a counter-based generator keyed by (seed, tensor, chunk), so they do
+ * not depend on the thread count. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/model.h"
+#include "runtime/synth.h"
+
+#define CHUNK 65536
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fill_random(void *data, enum moe_dtype dt, size_t n, uint64_t key, float std)
+{
+    const float a = std * sqrtf(3.0f); /* uniform(-a, a) has std `std` */
+    const size_t chunks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(dynamic, 4)
+    for (size_t c = 0; c < chunks; c++) {
+        float buf[256];
+        uint64_t st = mix64(key ^ mix64(c + 1));
+        size_t end = (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n;
+        for (size_t i = c * CHUNK; i < end; i += 256) {
+            size_t m = end - i < 256 ? end - i : 256;
+            for (size_t j = 0; j < m; j++) {
+                st += 0x9e3779b97f4a7c15ull;
+                double u = (double)(mix64(st) >> 11) * 0x1.0p-53; /* [0, 1) */
+                buf[j] = (float)((2.0 * u - 1.0) * a);
+            }
+            moe_convert_from_f32((char *)data + i * moe_dtype_size(dt), buf, dt, m);
+        }
+    }
+}
+
+static void fill_ones(void *data, enum moe_dtype dt, size_t n)
+{
+    float one = 1.0f;
+    for (size_t i = 0; i < n; i++) moe_convert_from_f32((char *)data + i * moe_dtype_size(dt), &one, dt, 1);
+}
+
+struct gen {
+    struct moe_safetensors *st;
+    enum moe_dtype dt;
+    uint64_t seed;
+    float std;
+    int index;
+};
+
+static enum moe_status add(struct gen *g, bool ones, int ndim, int64_t d0, int64_t d1, int64_t d2,
+                           const char *fmt, ...) MOE_PRINTF(7, 8);
+
+static enum moe_status add(struct gen *g, bool ones, int ndim, int64_t d0, int64_t d1, int64_t d2,
+                           const char *fmt, ...)
+{
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    int64_t shape[3] = {d0, d1, d2};
+    size_t n = 1, bytes;
+    for (int i = 0; i < ndim; i++)
+        if (!moe_mul_size(n, (size_t)shape[i], &n))
+            return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: size overflows", name);
+    if (!moe_mul_size(n, moe_dtype_size(g->dt), &bytes))
+        return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: size overflows", name);
+    void *data = malloc(bytes ? bytes : 1);
+    if (!data)
+        return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: cannot allocate %zu bytes", name, bytes);
+    if (ones) fill_ones(data, g->dt, n);
+    else fill_random(data, g->dt, n, mix64(g->seed) ^ mix64(0x5eed0000ull + (uint64_t)g->index), g->std);
+    g->index++;
+    return moe_safetensors_add(g->st, name, g->dt, ndim, shape, data);
+}
+
+enum moe_status moe_synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
+                                  enum moe_dtype dt, uint64_t seed)
+{
+    if (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16)
+        return moe_fail(MOE_ERR_INVALID_ARG, "synthetic weights: dtype %s (use F32, F16 or BF16)",
+                        moe_dtype_name(dt));
+    struct gen g = {st, dt, seed, c->init_std > 0 ? c->init_std : 0.02f, 0};
+    const int64_t D = c->d_model, V = c->vocab, Q = (int64_t)c->n_heads * c->head_dim,
+                  KV = (int64_t)c->n_kv_heads * c->head_dim, E = c->n_experts, F = c->d_expert;
+    MOE_TRY(add(&g, false, 2, V, D, 0, "model.embed_tokens.weight"));
+    MOE_TRY(add(&g, true, 1, D, 0, 0, "model.norm.weight"));
+    if (!c->tie_embeddings) MOE_TRY(add(&g, false, 2, V, D, 0, "lm_head.weight"));
+    for (int l = 0; l < c->n_layers; l++) {
+        const char *p = "model.layers";
+        MOE_TRY(add(&g, true, 1, D, 0, 0, "%s.%d.input_layernorm.weight", p, l));
+        MOE_TRY(add(&g, true, 1, D, 0, 0, "%s.%d.post_attention_layernorm.weight", p, l));
+        MOE_TRY(add(&g, false, 2, Q, D, 0, "%s.%d.self_attn.q_proj.weight", p, l));
+        MOE_TRY(add(&g, false, 2, KV, D, 0, "%s.%d.self_attn.k_proj.weight", p, l));
+        MOE_TRY(add(&g, false, 2, KV, D, 0, "%s.%d.self_attn.v_proj.weight", p, l));
+        MOE_TRY(add(&g, false, 2, D, Q, 0, "%s.%d.self_attn.o_proj.weight", p, l));
+        if (c->qkv_bias) {
+            MOE_TRY(add(&g, false, 1, Q, 0, 0, "%s.%d.self_attn.q_proj.bias", p, l));
+            MOE_TRY(add(&g, false, 1, KV, 0, 0, "%s.%d.self_attn.k_proj.bias", p, l));
+            MOE_TRY(add(&g, false, 1, KV, 0, 0, "%s.%d.self_attn.v_proj.bias", p, l));
+        }
+        if (c->o_bias) MOE_TRY(add(&g, false, 1, D, 0, 0, "%s.%d.self_attn.o_proj.bias", p, l));
+        if (c->qk_norm != MOE_QK_NORM_NONE) {
+            bool full = c->qk_norm == MOE_QK_NORM_FULL;
+            MOE_TRY(add(&g, true, 1, full ? Q : c->head_dim, 0, 0, "%s.%d.self_attn.q_norm.weight", p, l));
+            MOE_TRY(add(&g, true, 1, full ? KV : c->head_dim, 0, 0, "%s.%d.self_attn.k_norm.weight", p, l));
+        }
+        if (!c->layer_moe[l]) {
+            const int64_t Fd = c->d_ff;
+            MOE_TRY(add(&g, false, 2, Fd, D, 0, "%s.%d.mlp.gate_proj.weight", p, l));
+            MOE_TRY(add(&g, false, 2, Fd, D, 0, "%s.%d.mlp.up_proj.weight", p, l));
+            MOE_TRY(add(&g, false, 2, D, Fd, 0, "%s.%d.mlp.down_proj.weight", p, l));
+            if (c->mlp_bias) {
+                MOE_TRY(add(&g, false, 1, Fd, 0, 0, "%s.%d.mlp.gate_proj.bias", p, l));
+                MOE_TRY(add(&g, false, 1, Fd, 0, 0, "%s.%d.mlp.up_proj.bias", p, l));
+                MOE_TRY(add(&g, false, 1, D, 0, 0, "%s.%d.mlp.down_proj.bias", p, l));
+            }
+            continue;
+        }
+        MOE_TRY(add(&g, false, 2, E, D, 0, "%s.%d.mlp.gate.weight", p, l));
+        MOE_TRY(add(&g, false, 3, E, 2 * F, D, "%s.%d.mlp.experts.gate_up_proj", p, l));
+        MOE_TRY(add(&g, false, 3, E, D, F, "%s.%d.mlp.experts.down_proj", p, l));
+        if (c->d_shared > 0) {
+            const int64_t S = c->d_shared;
+            MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.shared_expert.gate_proj.weight", p, l));
+            MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.shared_expert.up_proj.weight", p, l));
+            MOE_TRY(add(&g, false, 2, D, S, 0, "%s.%d.mlp.shared_expert.down_proj.weight", p, l));
+            if (c->shared_gate)
+                MOE_TRY(add(&g, false, 2, 1, D, 0, "%s.%d.mlp.shared_expert_gate.weight", p, l));
+        }
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_model_synthetic(struct moe_model *m, const struct moe_config *cfg,
+                                    enum moe_dtype dtype, uint64_t seed)
+{
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    enum moe_status s = moe_synth_tensors(&m->st, cfg, dtype, seed);
+    if (s == MOE_OK) s = moe_model_bind(m);
+    if (s != MOE_OK) {
+        moe_error_prefix("synthetic model: ");
+        moe_model_free(m);
+    }
+    return s;
+}

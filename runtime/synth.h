@@ -1,0 +1,18 @@
+/* synth.h - seeded random weights for any configuration (see synth.c). */
+#pragma once
+
+#include "runtime/config.h"
+#include "runtime/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Adds every tensor of cfg's model, with transformers 5 names, to st. */
+MOE_MUST_USE enum moe_status moe_synth_tensors(struct moe_safetensors *st,
+                                                const struct moe_config *cfg, enum moe_dtype dt,
+                                                uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
