@@ -1,0 +1,42 @@
+/* attention.h - the attention block's ops: RMSNorm, RoPE, paged K/V store
+ * and paged grouped-query attention.
+ *
+ * Mirrors the Hugging Face LlamaAttention family (eager path): RMSNorm in
+ * fp32, rotate-half RoPE, softmax(q.k * scale) over causal (optionally
+ * sliding-window) positions, heads h of a group sharing KV head
+ * h / (Hq/Hkv).  The CPU functions here are the reference; *_cuda.cu files
+ * are their twins. */
+#pragma once
+
+#include "kvcache/kvcache.h"
+#include "runtime/backend.h"
+#include "runtime/batch.h"
+#include "runtime/config.h"
+#include "runtime/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y (rows, dim) = rmsnorm(x) * w; w has dim elements. y may equal x. */
+void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor *w, int rows,
+                               int dim, float eps);
+/* inv_freq (Dh/2) for cfg's RoPE type (default, linear, llama3), computed as
+ * transformers does in fp32. */
+void moe_attention_rope_freqs(float *inv_freq, const struct moe_config *cfg);
+/* x (T, H, Dh) rotated in place. */
+void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh,
+                            const float *inv_freq);
+/* Writes k, v (T, Hkv*Dh) into the cache slots of layer `layer`. */
+void moe_attention_kv_store_cpu(struct moe_kvcache *kv, int layer, const float *k,
+                                const float *v, const int32_t *slots, int T);
+/* out (T, Hq*Dh): paged attention of q (T, Hq*Dh) over each row's sequence.
+ * Each KV head's keys are read once for all query heads of its group.
+ * scratch: (omp threads, 2*G + G*Dh) floats with G = Hq/Hkv. */
+void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcache *kv,
+                             const struct moe_batch *b, const struct moe_attn_params *p,
+                             float *scratch);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,137 @@
+/* attention_cpu.c - CPU reference of the attention ops (see attention.h).
+ *
+ * Paged attention walks each sequence's keys in position order with an
+ * online softmax (running max m, running sum l, accumulator acc), one pass
+ * over every key and value for all G query heads that share its KV head, so
+ * no score buffer of context length is needed. */
+#include "attention/attention.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "runtime/gemm.h"
+
+void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor *w, int rows,
+                               int dim, float eps)
+{
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim > 65536)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *yr = y + (size_t)r * dim;
+        float ss = moe_dot_f32(xr, xr, dim);
+        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int i = 0; i < dim; i++) yr[i] = moe_tensor_get_f32(w, i) * (xr[i] * inv);
+    }
+}
+
+void moe_attention_rope_freqs(float *inv_freq, const struct moe_config *cfg)
+{
+    const int half = cfg->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        /* transformers: 1 / base ** (arange(0, dim, 2).float() / dim), in fp32 */
+        float expo = (float)(2 * i) / (float)cfg->head_dim;
+        inv_freq[i] = 1.0f / powf(cfg->rope_theta, expo);
+    }
+    if (cfg->rope_type == MOE_ROPE_LINEAR) {
+        for (int i = 0; i < half; i++) inv_freq[i] /= cfg->rope_factor;
+    } else if (cfg->rope_type == MOE_ROPE_LLAMA3) {
+        /* Llama 3.1: long wavelengths divided by factor, short ones kept,
+         * a smooth interpolation between. */
+        const double old_ctx = cfg->rope_original_max_pos;
+        const double lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
+        const double factor = cfg->rope_factor;
+        const double low_wavelen = old_ctx / lo, high_wavelen = old_ctx / hi;
+        for (int i = 0; i < half; i++) {
+            float f = inv_freq[i];
+            float wavelen = 2.0f * (float)M_PI / f;
+            if (wavelen > low_wavelen) {
+                inv_freq[i] = f / (float)factor;
+            } else if (wavelen >= high_wavelen) {
+                float smooth = (float)((old_ctx / wavelen - lo) / (hi - lo));
+                inv_freq[i] = (1.0f - smooth) * f / (float)factor + smooth * f;
+            }
+        }
+    }
+}
+
+void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh,
+                            const float *inv_freq)
+{
+    const int half = Dh / 2;
+#pragma omp parallel for schedule(static) if ((size_t)T * H * Dh > 65536)
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < half; i++) {
+            float angle = (float)pos[t] * inv_freq[i];
+            float c = cosf(angle), s = sinf(angle);
+            for (int h = 0; h < H; h++) {
+                float *v = x + ((size_t)t * H + h) * Dh;
+                float a = v[i], b = v[i + half];
+                v[i] = a * c - b * s;
+                v[i + half] = b * c + a * s;
+            }
+        }
+    }
+}
+
+void moe_attention_kv_store_cpu(struct moe_kvcache *kv, int layer, const float *k,
+                                const float *v, const int32_t *slots, int T)
+{
+    const size_t row = (size_t)kv->n_kv_heads * kv->head_dim;
+    float *kl = kv->k + (size_t)layer * kv->layer_elems;
+    float *vl = kv->v + (size_t)layer * kv->layer_elems;
+    for (int t = 0; t < T; t++) {
+        MOE_ASSERT(slots[t] >= 0 && (size_t)slots[t] * row < kv->layer_elems);
+        memcpy(kl + (size_t)slots[t] * row, k + (size_t)t * row, row * sizeof(float));
+        memcpy(vl + (size_t)slots[t] * row, v + (size_t)t * row, row * sizeof(float));
+    }
+}
+
+void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcache *kv,
+                             const struct moe_batch *b, const struct moe_attn_params *p,
+                             float *scratch)
+{
+    const int Hq = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, G = Hq / Hkv;
+    const int B = kv->block_size;
+    const size_t row = (size_t)Hkv * Dh;
+    const float *kl = kv->k + (size_t)p->layer * kv->layer_elems;
+    const float *vl = kv->v + (size_t)p->layer * kv->layer_elems;
+    const size_t per_thread = (size_t)2 * G + (size_t)G * Dh;
+    const int T = b->n_tokens;
+
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (T * Hkv > 1)
+    for (int t = 0; t < T; t++) {
+        for (int kh = 0; kh < Hkv; kh++) {
+            float *m = scratch + (size_t)omp_get_thread_num() * per_thread;
+            float *l = m + G, *acc = l + G;
+            const int s = b->seq_of[t], pos = b->positions[t];
+            const int32_t *table = b->block_table + (size_t)s * b->max_blocks;
+            const float *qg = q + (size_t)t * Hq * Dh + (size_t)kh * G * Dh;
+            int first = p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
+            for (int g = 0; g < G; g++) {
+                m[g] = -INFINITY;
+                l[g] = 0.0f;
+            }
+            memset(acc, 0, (size_t)G * Dh * sizeof(float));
+            for (int j = first; j <= pos; j++) {
+                size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
+                const float *kj = kl + slot * row + (size_t)kh * Dh;
+                const float *vj = vl + slot * row + (size_t)kh * Dh;
+                for (int g = 0; g < G; g++) {
+                    float sc = moe_dot_f32(qg + (size_t)g * Dh, kj, Dh) * p->scale;
+                    float mn = sc > m[g] ? sc : m[g];
+                    float corr = expf(m[g] - mn), e = expf(sc - mn);
+                    float *a = acc + (size_t)g * Dh;
+                    for (int d = 0; d < Dh; d++) a[d] = a[d] * corr + e * vj[d];
+                    l[g] = l[g] * corr + e;
+                    m[g] = mn;
+                }
+            }
+            for (int g = 0; g < G; g++) {
+                float *o = out + (size_t)t * Hq * Dh + ((size_t)kh * G + g) * Dh;
+                const float *a = acc + (size_t)g * Dh;
+                for (int d = 0; d < Dh; d++) o[d] = a[d] / l[g];
+            }
+        }
+    }
+}

@@ -1,0 +1,27 @@
+/* experts.h - the grouped expert FFN of a MoE layer and the weighted combine.
+ *
+ * Given the dispatch plan, the T*K routed rows are gathered in expert order
+ * so each expert's rows are contiguous; every expert then runs
+ * down(SwiGLU(gate(x), up(x))) over its rows as one small GEMM per projection
+ * (grouped GEMM); the results are combined back in token order,
+ * out[t] = sum_{k=0..K-1} w[t,k] * y[t,k], in that fixed order.  Mirrors the
+ * MixtralExperts / Qwen3MoeExperts modules of transformers. */
+#pragma once
+
+#include "runtime/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* silu(x) * u, elementwise into g. */
+void moe_experts_swiglu_cpu(float *g, const float *u, size_t n);
+/* out (T, D); scratch as for moe_gemm_cpu with Din = max(D, F). */
+void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *plan,
+                         const float *w, const struct moe_expert_weights *ex,
+                         const struct moe_expert_ws *ws, int T, int K, int D, int F, int E,
+                         float *scratch);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,45 @@
+/* experts_cpu.c - CPU reference of the grouped expert FFN (see experts.h). */
+#include "experts/experts.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "runtime/gemm.h"
+
+void moe_experts_swiglu_cpu(float *g, const float *u, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *plan,
+                         const float *w, const struct moe_expert_weights *ex,
+                         const struct moe_expert_ws *ws, int T, int K, int D, int F, int E,
+                         float *scratch)
+{
+    const int n = T * K;
+    /* gather rows in expert order */
+    for (int r = 0; r < n; r++)
+        memcpy(ws->xe + (size_t)r * D, x + (size_t)(plan->perm[r] / K) * D, (size_t)D * sizeof(float));
+    /* one GEMM per projection per expert over its contiguous rows */
+    for (int e = 0; e < E; e++) {
+        const int r0 = plan->offsets[e], c = plan->counts[e];
+        if (c == 0) continue;
+        float *g = ws->g + (size_t)r0 * F, *u = ws->u + (size_t)r0 * F;
+        moe_gemm_cpu(g, F, ws->xe + (size_t)r0 * D, D, ex->gate[e], ex->dtype, F, D, c, NULL, scratch);
+        moe_gemm_cpu(u, F, ws->xe + (size_t)r0 * D, D, ex->up[e], ex->dtype, F, D, c, NULL, scratch);
+        moe_experts_swiglu_cpu(g, u, (size_t)c * F);
+        moe_gemm_cpu(ws->ye + (size_t)r0 * D, D, g, F, ex->down[e], ex->dtype, D, F, c, NULL, scratch);
+    }
+    /* weighted combine in token order, k = 0..K-1 */
+#pragma omp parallel for schedule(static) if ((size_t)T * D > 65536)
+    for (int t = 0; t < T; t++) {
+        float *o = out + (size_t)t * D;
+        memset(o, 0, (size_t)D * sizeof(float));
+        for (int k = 0; k < K; k++) {
+            const float wk = w[(size_t)t * K + k];
+            const float *y = ws->ye + (size_t)plan->pos[t * K + k] * D;
+            for (int d = 0; d < D; d++) o[d] += wk * y[d];
+        }
+    }
+}

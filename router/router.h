@@ -1,0 +1,31 @@
+/* router.h - MoE routing: router probabilities, top-K choice and the
+ * dispatch plan that groups (token, slot) pairs by expert.
+ *
+ * Policies (pinned for every backend in runtime/backend.h): softmax in fp32;
+ * top-K by descending router logit (the order of the probabilities, kept
+ * where they would round to equal or NaN) with ties to the lower index; NaN ranks
+ * below every number, so expert ids stay in [0, E) whatever the scores;
+ * optional renormalisation of the K weights to sum to 1 (Mixtral always,
+ * Qwen-MoE / OLMoE when norm_topk_prob).  Mirrors MixtralTopKRouter /
+ * Qwen3MoeTopKRouter in transformers. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ids (T, K), w (T, K) from logits (T, E). */
+void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int E, int K,
+                         bool renorm);
+/* Counting sort of the T*K pairs by expert: counts (E), offsets (E+1),
+ * perm (T*K) stable, pos (T*K) its inverse. */
+void moe_router_dispatch_cpu(struct moe_dispatch *plan, const int32_t *ids, int T, int K, int E);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,39 @@
+/* backend.c - backend selection.  The choice is made here, once. */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/backend.h"
+
+#ifndef MOERUN_HAVE_CUDA
+int moe_cuda_device_count(char *why, size_t why_len)
+{
+    if (why) snprintf(why, why_len, "moerun was built without CUDA");
+    return 0;
+}
+#endif
+
+enum moe_status moe_backend_init(struct moe_backend *be, const char *name, int n_threads)
+{
+    memset(be, 0, sizeof *be);
+    if (!strcmp(name, "cpu")) return moe_backend_cpu_init(be, n_threads);
+    if (!strcmp(name, "cuda") || !strcmp(name, "auto")) {
+        char why[256] = "";
+        int n = moe_cuda_device_count(why, sizeof why);
+        if (!strcmp(name, "cuda")) {
+            if (n == 0) return moe_fail(MOE_ERR_DEVICE, "no CUDA device: %s", why);
+            return moe_fail(MOE_ERR_UNSUPPORTED,
+                            "the CUDA backend is not implemented yet; use --backend cpu");
+        }
+        if (n == 0) fprintf(stderr, "moerun: no CUDA device (%s); using the CPU backend\n", why);
+        else fprintf(stderr, "moerun: %d CUDA device(s) found, but the CUDA backend is not "
+                     "implemented yet; using the CPU backend\n", n);
+        return moe_backend_cpu_init(be, n_threads);
+    }
+    return moe_fail(MOE_ERR_INVALID_ARG, "unknown backend '%s' (choose cpu, cuda or auto)", name);
+}
+
+void moe_backend_free(struct moe_backend *be)
+{
+    if (be->ops && be->ops->destroy) be->ops->destroy(be);
+    memset(be, 0, sizeof *be);
+}

@@ -1,0 +1,123 @@
+/* backend.h - the compute backend interface.
+ *
+ * The forward pass (runtime/forward.c) is written once against this table;
+ * a backend says how each op is computed and where memory lives.  The CPU
+ * backend is the reference; the CUDA backend implements the same ops on the
+ * device.  Every pointer an op receives is backend memory (for the CPU,
+ * ordinary host memory); weights are struct moe_tensor views prepared by
+ * prepare_model.  Activations are fp32 throughout.
+ *
+ * Numeric policies are pinned here, once, for every backend:
+ * - RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, in fp32.
+ * - RoPE: rotate-half pairing (i, i + Dh/2), angle = pos * inv_freq[i] in fp32.
+ * - Routing: softmax over E in fp32; top-K by descending logit (the order of
+ *   the probabilities), ties to the lower expert index; NaN ranks below every number (and NaNs among
+ *   themselves by index), so ids are always in [0, E); renormalised weights
+ *   divide by the sum of the K chosen.
+ * - Dispatch: pairs (t, k) sorted by expert, stable in t*K+k order.
+ * - Combine: out[t] = sum over k = 0..K-1 in order of w[t,k] * y[t,k]. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache/kvcache.h"
+#include "runtime/batch.h"
+#include "runtime/model.h"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moe_backend;
+
+/* The dispatch plan of one MoE layer (backend memory). */
+struct moe_dispatch {
+    int32_t *counts;   /* (E) pairs routed to each expert */
+    int32_t *offsets;  /* (E+1) exclusive prefix sum of counts */
+    int32_t *perm;     /* (T*K) pair ids t*K+k sorted by expert */
+    int32_t *pos;      /* (T*K) inverse: row of pair t*K+k in perm order */
+};
+
+/* Scratch for the expert FFN of one layer (backend memory), sized for
+ * T*K rows. */
+struct moe_expert_ws {
+    float *xe;         /* (T*K, D) gathered inputs in expert order */
+    float *g, *u;      /* (T*K, F) gate and up projections, then g = SwiGLU */
+    float *ye;         /* (T*K, D) expert outputs in expert order */
+};
+
+struct moe_attn_params {
+    int layer;
+    int n_heads, n_kv_heads, head_dim;
+    float scale;       /* 1/sqrt(Dh) */
+    int window;        /* 0: full causal; else keys pos-window+1 .. pos */
+};
+
+#define MOE_OP(name, ...) MOE_MUST_USE enum moe_status (*name)(struct moe_backend * be, __VA_ARGS__)
+
+struct moe_backend_ops {
+    const char *name;
+    void (*destroy)(struct moe_backend *be);
+    /* memory */
+    MOE_OP(alloc, size_t bytes, void **out);        /* zero-filled */
+    void (*dealloc)(struct moe_backend *be, void *p); /* NULL is fine */
+    MOE_OP(to_device, void *dst, const void *src, size_t bytes);
+    MOE_OP(to_host, void *dst, const void *src, size_t bytes);
+    MOE_OP(prepare_model, struct moe_model *m);     /* weights into backend memory */
+    MOE_MUST_USE enum moe_status (*sync)(struct moe_backend *be);
+
+    /* ops */
+    MOE_OP(embed, float *x, const int32_t *tokens, int T, const struct moe_tensor *emb);
+    MOE_OP(rmsnorm, float *y, const float *x, const struct moe_tensor *w, int rows, int dim,
+           float eps);
+    /* y (T, N) = x (T, Din) . W^T (+ b), W (N, Din) in its stored dtype. */
+    MOE_OP(matmul, float *y, const float *x, const struct moe_tensor *w,
+           const struct moe_tensor *b, int T);
+    MOE_OP(add, float *y, const float *x, size_t n);            /* y += x */
+    MOE_OP(clamp, float *x, size_t n, float limit);             /* x in [-limit, limit] */
+    MOE_OP(swiglu, float *g, const float *u, size_t n);         /* g = silu(g) * u */
+    /* x (T, H, Dh) rotated in place at positions pos (T). */
+    MOE_OP(rope, float *x, const int32_t *pos, int T, int H, int Dh, const float *inv_freq);
+    MOE_OP(kv_store, struct moe_kvcache *kv, int layer, const float *k, const float *v,
+           const int32_t *slots, int T);
+    /* out (T, Hq*Dh) from q (T, Hq*Dh) over the cache. */
+    MOE_OP(attention, float *out, const float *q, const struct moe_kvcache *kv,
+           const struct moe_batch *b, const struct moe_attn_params *p);
+    /* ids (T, K), w (T, K) from router logits (T, E). */
+    MOE_OP(route, int32_t *ids, float *w, const float *logits, int T, int E, int K, bool renorm);
+    MOE_OP(dispatch, struct moe_dispatch *plan, const int32_t *ids, int T, int K, int E);
+    /* out (T, D) = combine of the K experts' SwiGLU FFN of x (T, D). */
+    MOE_OP(experts, float *out, const float *x, const struct moe_dispatch *plan, const float *w,
+           const struct moe_expert_weights *ex, const struct moe_expert_ws *ws, int T, int K, int D,
+           int F, int E);
+    /* y (T, D) *= sigmoid(g (T)) */
+    MOE_OP(sigmoid_scale, float *y, const float *g, int T, int D);
+    /* dst (n, D) = src rows[i] */
+    MOE_OP(gather_rows, float *dst, const float *src, const int32_t *rows, int n, int D);
+};
+
+struct moe_backend {
+    const struct moe_backend_ops *ops;
+    void *ctx;        /* backend private state */
+    int n_threads;
+};
+
+/* The CPU reference backend; n_threads 0 = all cores (OpenMP default). */
+MOE_MUST_USE enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads);
+/* Chooses a backend by name: "cpu", "cuda", or "auto" (CUDA when a device is
+ * present, else the CPU with a one-line notice on stderr). */
+MOE_MUST_USE enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
+                                               int n_threads);
+void moe_backend_free(struct moe_backend *be);
+
+/* Number of usable CUDA devices; 0 when built without CUDA, with no driver
+ * or no device (why is written to `why` when non-NULL). */
+int moe_cuda_device_count(char *why, size_t why_len);
+
+#ifdef __cplusplus
+}
+#endif

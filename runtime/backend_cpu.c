@@ -1,0 +1,222 @@
+/* backend_cpu.c - the CPU reference backend: host memory, OpenMP threads,
+ * each op a call into its module's *_cpu function.  Scratch for weight-row
+ * conversion and attention accumulators is sized in prepare_model, so no
+ * op allocates. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "experts/experts.h"
+#include "router/router.h"
+#include "runtime/backend.h"
+#include "runtime/gemm.h"
+
+struct cpu_ctx {
+    float *scratch;       /* (threads, scratch_per_thread) */
+    size_t scratch_per_thread;
+    int threads;
+};
+
+static struct cpu_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
+
+static enum moe_status cpu_alloc(struct moe_backend *be, size_t bytes, void **out)
+{
+    *out = calloc(1, bytes ? bytes : 1);
+    if (!*out) return moe_fail(MOE_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
+    return MOE_OK;
+}
+
+static void cpu_dealloc(struct moe_backend *be, void *p) { free(p); }
+
+static enum moe_status cpu_copy(struct moe_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memmove(dst, src, bytes);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_sync(struct moe_backend *be) { return MOE_OK; }
+
+static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_model *m)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    const struct moe_config *cfg = &m->cfg;
+    size_t need = (size_t)cfg->d_model;
+    size_t dims[] = {(size_t)cfg->n_heads * cfg->head_dim, (size_t)cfg->d_ff,
+                     (size_t)cfg->d_expert, (size_t)cfg->d_shared,
+                     /* attention: m, l and acc for a group of G heads */
+                     (size_t)2 * (cfg->n_heads / cfg->n_kv_heads) +
+                         (size_t)(cfg->n_heads / cfg->n_kv_heads) * cfg->head_dim};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i] > need) need = dims[i];
+    if (need <= c->scratch_per_thread) return MOE_OK;
+    size_t total;
+    if (!moe_mul_size(need, (size_t)c->threads, &total) || !moe_mul_size(total, sizeof(float), &total))
+        return moe_fail(MOE_ERR_NOMEM, "cpu backend: scratch size overflows");
+    float *s = realloc(c->scratch, total);
+    if (!s) return moe_fail(MOE_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes of scratch", total);
+    c->scratch = s;
+    c->scratch_per_thread = need;
+    return MOE_OK;
+}
+
+static enum moe_status cpu_embed(struct moe_backend *be, float *x, const int32_t *tokens, int T,
+                                 const struct moe_tensor *emb)
+{
+    const int64_t V = emb->shape[0], D = emb->shape[1];
+    const size_t row = (size_t)D * moe_dtype_size(emb->dtype);
+    for (int t = 0; t < T; t++) {
+        if (tokens[t] < 0 || tokens[t] >= V)
+            return moe_fail(MOE_ERR_INVALID_ARG, "token id %d at row %d is outside the vocabulary "
+                            "(size %lld)", tokens[t], t, (long long)V);
+        moe_convert_row_f32(x + (size_t)t * D, (const char *)emb->data + (size_t)tokens[t] * row,
+                            emb->dtype, (size_t)D);
+    }
+    return MOE_OK;
+}
+
+static enum moe_status cpu_rmsnorm(struct moe_backend *be, float *y, const float *x,
+                                   const struct moe_tensor *w, int rows, int dim, float eps)
+{
+    moe_attention_rmsnorm_cpu(y, x, w, rows, dim, eps);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_matmul(struct moe_backend *be, float *y, const float *x,
+                                  const struct moe_tensor *w, const struct moe_tensor *b, int T)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    const int N = (int)w->shape[0], Din = (int)w->shape[1];
+    MOE_ASSERT((size_t)Din <= c->scratch_per_thread);
+    moe_gemm_cpu(y, N, x, Din, w->data, w->dtype, N, Din, T, b, c->scratch);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_add(struct moe_backend *be, float *y, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    return MOE_OK;
+}
+
+static enum moe_status cpu_clamp(struct moe_backend *be, float *x, size_t n, float limit)
+{
+    for (size_t i = 0; i < n; i++) x[i] = x[i] < -limit ? -limit : (x[i] > limit ? limit : x[i]);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_swiglu(struct moe_backend *be, float *g, const float *u, size_t n)
+{
+    moe_experts_swiglu_cpu(g, u, n);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_rope(struct moe_backend *be, float *x, const int32_t *pos, int T, int H,
+                                int Dh, const float *inv_freq)
+{
+    moe_attention_rope_cpu(x, pos, T, H, Dh, inv_freq);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_kv_store(struct moe_backend *be, struct moe_kvcache *kv, int layer,
+                                    const float *k, const float *v, const int32_t *slots, int T)
+{
+    moe_attention_kv_store_cpu(kv, layer, k, v, slots, T);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_attention(struct moe_backend *be, float *out, const float *q,
+                                     const struct moe_kvcache *kv, const struct moe_batch *b,
+                                     const struct moe_attn_params *p)
+{
+    moe_attention_paged_cpu(out, q, kv, b, p, ctx_of(be)->scratch);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_route(struct moe_backend *be, int32_t *ids, float *w,
+                                 const float *logits, int T, int E, int K, bool renorm)
+{
+    moe_router_topk_cpu(ids, w, logits, T, E, K, renorm);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_dispatch(struct moe_backend *be, struct moe_dispatch *plan,
+                                    const int32_t *ids, int T, int K, int E)
+{
+    moe_router_dispatch_cpu(plan, ids, T, K, E);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_experts(struct moe_backend *be, float *out, const float *x,
+                                   const struct moe_dispatch *plan, const float *w,
+                                   const struct moe_expert_weights *ex,
+                                   const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                   int E)
+{
+    moe_experts_ffn_cpu(out, x, plan, w, ex, ws, T, K, D, F, E, ctx_of(be)->scratch);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_sigmoid_scale(struct moe_backend *be, float *y, const float *g, int T,
+                                         int D)
+{
+    for (int t = 0; t < T; t++) {
+        float s = 1.0f / (1.0f + expf(-g[t]));
+        for (int d = 0; d < D; d++) y[(size_t)t * D + d] *= s;
+    }
+    return MOE_OK;
+}
+
+static enum moe_status cpu_gather_rows(struct moe_backend *be, float *dst, const float *src,
+                                       const int32_t *rows, int n, int D)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * D, src + (size_t)rows[i] * D, (size_t)D * sizeof(float));
+    return MOE_OK;
+}
+
+static void cpu_destroy(struct moe_backend *be)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    if (c) free(c->scratch);
+    free(c);
+    be->ctx = NULL;
+}
+
+static const struct moe_backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .dealloc = cpu_dealloc,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .prepare_model = cpu_prepare_model,
+    .sync = cpu_sync,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .add = cpu_add,
+    .clamp = cpu_clamp,
+    .swiglu = cpu_swiglu,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .route = cpu_route,
+    .dispatch = cpu_dispatch,
+    .experts = cpu_experts,
+    .sigmoid_scale = cpu_sigmoid_scale,
+    .gather_rows = cpu_gather_rows,
+};
+
+enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads)
+{
+    memset(be, 0, sizeof *be);
+    struct cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) return moe_fail(MOE_ERR_NOMEM, "cpu backend");
+    if (n_threads > 0) omp_set_num_threads(n_threads);
+    c->threads = omp_get_max_threads();
+    be->ops = &cpu_ops;
+    be->ctx = c;
+    be->n_threads = c->threads;
+    return MOE_OK;
+}

@@ -1,0 +1,32 @@
+/* batch.h - one forward step: tokens of several sequences, flattened.
+ *
+ * Rows of a sequence are contiguous (seq_start) and in position order.  Each
+ * new token's K/V go to `slot`; its query attends to positions 0..pos of its
+ * own sequence through the block table.  Prefill chunks and single decode
+ * tokens mix freely. */
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moe_batch {
+    int n_tokens;                 /* T */
+    int n_seqs;
+    const int32_t *tokens;        /* (T) */
+    const int32_t *positions;     /* (T) */
+    const int32_t *seq_of;        /* (T) sequence index of each row */
+    const int32_t *seq_start;     /* (n_seqs+1) first row of each sequence */
+    const int32_t *ctx_len;       /* (n_seqs) tokens in cache after this step */
+    const int32_t *block_table;   /* (n_seqs, max_blocks) */
+    int max_blocks;               /* row stride of block_table */
+    const int32_t *slot;          /* (T) cache slot of each new token */
+    const int32_t *logit_rows;    /* (n_logits) rows whose logits are wanted */
+    int n_logits;
+};
+
+#ifdef __cplusplus
+}
+#endif
