@@ -1,0 +1,307 @@
+/* forward.c - the forward pass (see forward.h).  Mirrors the decoder layer
+ * of the Hugging Face Llama / Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE
+ * implementations; the family differences are fields of moe_config. */
+#include "runtime/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attention.h"
+
+static enum moe_status walloc(struct moe_backend *be, void **p, size_t n, size_t elem)
+{
+    size_t bytes;
+    if (!moe_mul_size(n, elem, &bytes))
+        return moe_fail(MOE_ERR_NOMEM, "forward workspace: size overflows");
+    return be->ops->alloc(be, bytes, p);
+}
+
+#define WALLOC(ptr, n, type) MOE_TRY(walloc(be, (void **)&(ptr), (size_t)(n), sizeof(type)))
+
+static enum moe_status init_buffers(struct moe_forward *fw)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_config *c = &fw->m->cfg;
+    const size_t T = (size_t)fw->lim.max_tokens, D = (size_t)c->d_model;
+    const size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
+    size_t H = (size_t)(c->d_ff > c->d_shared ? c->d_ff : c->d_shared);
+    size_t TK = T * (size_t)(c->top_k > 0 ? c->top_k : 1);
+    size_t E = (size_t)(c->n_experts > 0 ? c->n_experts : 1);
+    if (H == 0) H = 1;
+    WALLOC(fw->x, T * D, float);
+    WALLOC(fw->xn, T * D, float);
+    WALLOC(fw->q, T * Q, float);
+    WALLOC(fw->att, T * Q, float);
+    WALLOC(fw->k, T * KV, float);
+    WALLOC(fw->v, T * KV, float);
+    WALLOC(fw->out, T * D, float);
+    WALLOC(fw->h1, T * H, float);
+    WALLOC(fw->h2, T * H, float);
+    WALLOC(fw->sh, T * D, float);
+    WALLOC(fw->shg, T, float);
+    WALLOC(fw->rlogits, T * E, float);
+    WALLOC(fw->ids, TK, int32_t);
+    WALLOC(fw->rw, TK, float);
+    WALLOC(fw->plan.counts, E, int32_t);
+    WALLOC(fw->plan.offsets, E + 1, int32_t);
+    WALLOC(fw->plan.perm, TK, int32_t);
+    WALLOC(fw->plan.pos, TK, int32_t);
+    size_t F = (size_t)(c->d_expert > 0 ? c->d_expert : 1);
+    WALLOC(fw->ews.xe, TK * D, float);
+    WALLOC(fw->ews.g, TK * F, float);
+    WALLOC(fw->ews.u, TK * F, float);
+    WALLOC(fw->ews.ye, TK * D, float);
+    WALLOC(fw->inv_freq, (size_t)c->head_dim / 2, float);
+    WALLOC(fw->lrows, (size_t)fw->lim.max_logits * D, float);
+    WALLOC(fw->logits, (size_t)fw->lim.max_logits * (size_t)c->vocab, float);
+    WALLOC(fw->b_tokens, T, int32_t);
+    WALLOC(fw->b_pos, T, int32_t);
+    WALLOC(fw->b_seq_of, T, int32_t);
+    WALLOC(fw->b_slot, T, int32_t);
+    WALLOC(fw->b_seq_start, (size_t)fw->lim.max_seqs + 1, int32_t);
+    WALLOC(fw->b_ctx_len, (size_t)fw->lim.max_seqs, int32_t);
+    WALLOC(fw->b_table, (size_t)fw->lim.max_seqs * (size_t)fw->lim.max_blocks, int32_t);
+    WALLOC(fw->b_rows, (size_t)fw->lim.max_logits, int32_t);
+    fw->h_ids = malloc(TK * sizeof(int32_t));
+    fw->h_w = malloc(TK * sizeof(float));
+    if (!fw->h_ids || !fw->h_w) return moe_fail(MOE_ERR_NOMEM, "forward: trace buffers");
+    float *freqs = malloc((size_t)c->head_dim / 2 * sizeof(float));
+    if (!freqs) return moe_fail(MOE_ERR_NOMEM, "forward: rope table");
+    moe_attention_rope_freqs(freqs, c);
+    enum moe_status s = be->ops->to_device(be, fw->inv_freq, freqs, (size_t)c->head_dim / 2 * sizeof(float));
+    free(freqs);
+    return s;
+}
+
+enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model *m,
+                                 struct moe_backend *be, const struct moe_forward_limits *lim)
+{
+    memset(fw, 0, sizeof *fw);
+    if (lim->max_tokens <= 0 || lim->max_seqs <= 0 || lim->max_blocks <= 0 || lim->max_logits <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "forward: limits must be positive");
+    fw->m = m;
+    fw->be = be;
+    fw->lim = *lim;
+    enum moe_status s = init_buffers(fw);
+    if (s != MOE_OK) moe_forward_free(fw);
+    return s;
+}
+
+void moe_forward_free(struct moe_forward *fw)
+{
+    struct moe_backend *be = fw->be;
+    if (be) {
+        void *bufs[] = {fw->x, fw->xn, fw->q, fw->att, fw->k, fw->v, fw->out, fw->h1, fw->h2,
+                        fw->sh, fw->shg, fw->rlogits, fw->ids, fw->rw, fw->plan.counts,
+                        fw->plan.offsets, fw->plan.perm, fw->plan.pos, fw->ews.xe, fw->ews.g,
+                        fw->ews.u, fw->ews.ye, fw->inv_freq, fw->lrows, fw->logits,
+                        fw->b_tokens, fw->b_pos, fw->b_seq_of, fw->b_seq_start, fw->b_ctx_len,
+                        fw->b_table, fw->b_slot, fw->b_rows};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
+    }
+    free(fw->h_ids);
+    free(fw->h_w);
+    memset(fw, 0, sizeof *fw);
+}
+
+/* Checks the batch against the limits, the vocabulary and the cache, so no
+ * op ever indexes out of range. */
+static enum moe_status validate(const struct moe_forward *fw, const struct moe_kvcache *kv,
+                                const struct moe_batch *b)
+{
+    const struct moe_forward_limits *lim = &fw->lim;
+    if (b->n_tokens <= 0 || b->n_tokens > lim->max_tokens)
+        return moe_fail(MOE_ERR_INVALID_ARG, "batch: %d tokens (limit %d)", b->n_tokens, lim->max_tokens);
+    if (b->n_seqs <= 0 || b->n_seqs > lim->max_seqs)
+        return moe_fail(MOE_ERR_INVALID_ARG, "batch: %d sequences (limit %d)", b->n_seqs, lim->max_seqs);
+    if (b->max_blocks <= 0 || b->max_blocks > lim->max_blocks)
+        return moe_fail(MOE_ERR_INVALID_ARG, "batch: block table width %d (limit %d)",
+                        b->max_blocks, lim->max_blocks);
+    if (b->n_logits < 0 || b->n_logits > lim->max_logits)
+        return moe_fail(MOE_ERR_INVALID_ARG, "batch: %d logit rows (limit %d)", b->n_logits,
+                        lim->max_logits);
+    if (b->seq_start[0] != 0 || b->seq_start[b->n_seqs] != b->n_tokens)
+        return moe_fail(MOE_ERR_INVALID_ARG, "batch: seq_start does not cover the %d rows", b->n_tokens);
+    const int64_t cap = (int64_t)kv->block_size * b->max_blocks;
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (b->seq_start[s + 1] < b->seq_start[s])
+            return moe_fail(MOE_ERR_INVALID_ARG, "batch: seq_start not increasing at %d", s);
+        if (b->ctx_len[s] <= 0 || b->ctx_len[s] > cap)
+            return moe_fail(MOE_ERR_INVALID_ARG, "batch: sequence %d context %d outside 1..%lld", s,
+                            b->ctx_len[s], (long long)cap);
+        if (b->ctx_len[s] > fw->m->cfg.max_pos)
+            return moe_fail(MOE_ERR_INVALID_ARG,
+                            "batch: sequence %d reaches %d tokens, beyond the model's context of %d",
+                            s, b->ctx_len[s], fw->m->cfg.max_pos);
+        int nb = (b->ctx_len[s] + kv->block_size - 1) / kv->block_size;
+        for (int i = 0; i < nb; i++) {
+            int32_t blk = b->block_table[(size_t)s * b->max_blocks + i];
+            if (blk < 0 || blk >= kv->n_blocks)
+                return moe_fail(MOE_ERR_INVALID_ARG, "batch: sequence %d block %d is %d (pool of %d)",
+                                s, i, blk, kv->n_blocks);
+        }
+        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) {
+            if (b->seq_of[t] != s)
+                return moe_fail(MOE_ERR_INVALID_ARG, "batch: row %d is not in sequence %d", t, s);
+            int p = b->positions[t];
+            if (p < 0 || p >= b->ctx_len[s])
+                return moe_fail(MOE_ERR_INVALID_ARG, "batch: row %d position %d outside context %d",
+                                t, p, b->ctx_len[s]);
+            int32_t want = b->block_table[(size_t)s * b->max_blocks + p / kv->block_size] *
+                               kv->block_size + p % kv->block_size;
+            if (b->slot[t] != want)
+                return moe_fail(MOE_ERR_INVALID_ARG, "batch: row %d slot %d, block table says %d",
+                                t, b->slot[t], want);
+        }
+    }
+    for (int t = 0; t < b->n_tokens; t++)
+        if (b->tokens[t] < 0 || b->tokens[t] >= fw->m->cfg.vocab)
+            return moe_fail(MOE_ERR_INVALID_ARG, "batch: token id %d at row %d is outside the "
+                            "vocabulary of %d", b->tokens[t], t, fw->m->cfg.vocab);
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens)
+            return moe_fail(MOE_ERR_INVALID_ARG, "batch: logit row %d out of range", b->logit_rows[i]);
+    return MOE_OK;
+}
+
+/* Copies the host batch into backend buffers and returns a view of them. */
+static enum moe_status upload_batch(struct moe_forward *fw, const struct moe_batch *b,
+                                    struct moe_batch *db)
+{
+    struct moe_backend *be = fw->be;
+    const size_t T = (size_t)b->n_tokens * sizeof(int32_t), S = (size_t)b->n_seqs * sizeof(int32_t);
+    MOE_TRY(be->ops->to_device(be, fw->b_tokens, b->tokens, T));
+    MOE_TRY(be->ops->to_device(be, fw->b_pos, b->positions, T));
+    MOE_TRY(be->ops->to_device(be, fw->b_seq_of, b->seq_of, T));
+    MOE_TRY(be->ops->to_device(be, fw->b_slot, b->slot, T));
+    MOE_TRY(be->ops->to_device(be, fw->b_seq_start, b->seq_start, S + sizeof(int32_t)));
+    MOE_TRY(be->ops->to_device(be, fw->b_ctx_len, b->ctx_len, S));
+    MOE_TRY(be->ops->to_device(be, fw->b_table, b->block_table, S * (size_t)b->max_blocks));
+    MOE_TRY(be->ops->to_device(be, fw->b_rows, b->logit_rows, (size_t)b->n_logits * sizeof(int32_t)));
+    *db = *b;
+    db->tokens = fw->b_tokens;
+    db->positions = fw->b_pos;
+    db->seq_of = fw->b_seq_of;
+    db->slot = fw->b_slot;
+    db->seq_start = fw->b_seq_start;
+    db->ctx_len = fw->b_ctx_len;
+    db->block_table = fw->b_table;
+    db->logit_rows = fw->b_rows;
+    return MOE_OK;
+}
+
+static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcache *kv,
+                                       const struct moe_batch *db, int l)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_backend_ops *op = be->ops;
+    const struct moe_config *c = &fw->m->cfg;
+    const struct moe_layer_weights *w = &fw->m->layers[l];
+    const int T = db->n_tokens, D = c->d_model, Hq = c->n_heads, Hkv = c->n_kv_heads,
+              Dh = c->head_dim;
+    MOE_TRY(op->rmsnorm(be, fw->xn, fw->x, &w->attn_norm, T, D, c->rms_eps));
+    MOE_TRY(op->matmul(be, fw->q, fw->xn, &w->wq, &w->bq, T));
+    MOE_TRY(op->matmul(be, fw->k, fw->xn, &w->wk, &w->bk, T));
+    MOE_TRY(op->matmul(be, fw->v, fw->xn, &w->wv, &w->bv, T));
+    if (c->qk_norm == MOE_QK_NORM_HEAD) {
+        MOE_TRY(op->rmsnorm(be, fw->q, fw->q, &w->q_norm, T * Hq, Dh, c->rms_eps));
+        MOE_TRY(op->rmsnorm(be, fw->k, fw->k, &w->k_norm, T * Hkv, Dh, c->rms_eps));
+    } else if (c->qk_norm == MOE_QK_NORM_FULL) {
+        MOE_TRY(op->rmsnorm(be, fw->q, fw->q, &w->q_norm, T, Hq * Dh, c->rms_eps));
+        MOE_TRY(op->rmsnorm(be, fw->k, fw->k, &w->k_norm, T, Hkv * Dh, c->rms_eps));
+    }
+    if (c->clip_qkv > 0) {
+        MOE_TRY(op->clamp(be, fw->q, (size_t)T * Hq * Dh, c->clip_qkv));
+        MOE_TRY(op->clamp(be, fw->k, (size_t)T * Hkv * Dh, c->clip_qkv));
+        MOE_TRY(op->clamp(be, fw->v, (size_t)T * Hkv * Dh, c->clip_qkv));
+    }
+    MOE_TRY(op->rope(be, fw->q, db->positions, T, Hq, Dh, fw->inv_freq));
+    MOE_TRY(op->rope(be, fw->k, db->positions, T, Hkv, Dh, fw->inv_freq));
+    MOE_TRY(op->kv_store(be, kv, l, fw->k, fw->v, db->slot, T));
+    struct moe_attn_params p = {
+        .layer = l, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh,
+        .scale = 1.0f / sqrtf((float)Dh),
+        .window = c->layer_sliding[l] ? c->sliding_window : 0,
+    };
+    MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, &p));
+    MOE_TRY(op->matmul(be, fw->out, fw->att, &w->wo, &w->bo, T));
+    return op->add(be, fw->x, fw->out, (size_t)T * D);
+}
+
+/* out (T, D) = down(silu(gate(xn)) * up(xn)) */
+static enum moe_status swiglu_ffn(struct moe_forward *fw, float *out, int T,
+                                  const struct moe_tensor *g, const struct moe_tensor *bg,
+                                  const struct moe_tensor *u, const struct moe_tensor *bu,
+                                  const struct moe_tensor *d, const struct moe_tensor *bd)
+{
+    struct moe_backend *be = fw->be;
+    MOE_TRY(be->ops->matmul(be, fw->h1, fw->xn, g, bg, T));
+    MOE_TRY(be->ops->matmul(be, fw->h2, fw->xn, u, bu, T));
+    MOE_TRY(be->ops->swiglu(be, fw->h1, fw->h2, (size_t)T * g->shape[0]));
+    return be->ops->matmul(be, out, fw->h1, d, bd, T);
+}
+
+static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
+                                 struct moe_route_trace *trace)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_backend_ops *op = be->ops;
+    const struct moe_config *c = &fw->m->cfg;
+    const struct moe_layer_weights *w = &fw->m->layers[l];
+    const int D = c->d_model, K = c->top_k, E = c->n_experts;
+    MOE_TRY(op->rmsnorm(be, fw->xn, fw->x, &w->ffn_norm, T, D, c->rms_eps));
+    if (!c->layer_moe[l]) {
+        MOE_TRY(swiglu_ffn(fw, fw->out, T, &w->w_gate, &w->b_gate, &w->w_up, &w->b_up, &w->w_down,
+                           &w->b_down));
+        if (trace && trace->ids)
+            for (int i = 0; i < T * K; i++) trace->ids[(size_t)l * T * K + i] = -1;
+        return op->add(be, fw->x, fw->out, (size_t)T * D);
+    }
+    MOE_TRY(op->matmul(be, fw->rlogits, fw->xn, &w->router, NULL, T));
+    MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, E, K, c->norm_topk));
+    MOE_TRY(op->dispatch(be, &fw->plan, fw->ids, T, K, E));
+    MOE_TRY(op->experts(be, fw->out, fw->xn, &fw->plan, fw->rw, &w->experts, &fw->ews, T, K, D,
+                        c->d_expert, E));
+    if (trace && trace->ids) {
+        MOE_TRY(op->to_host(be, trace->ids + (size_t)l * T * K, fw->ids, (size_t)T * K * sizeof(int32_t)));
+        if (trace->weights)
+            MOE_TRY(op->to_host(be, trace->weights + (size_t)l * T * K, fw->rw,
+                                (size_t)T * K * sizeof(float)));
+    }
+    if (c->d_shared > 0) {
+        MOE_TRY(swiglu_ffn(fw, fw->sh, T, &w->sh_gate, NULL, &w->sh_up, NULL, &w->sh_down, NULL));
+        if (c->shared_gate) {
+            MOE_TRY(op->matmul(be, fw->shg, fw->xn, &w->sh_router, NULL, T));
+            MOE_TRY(op->sigmoid_scale(be, fw->sh, fw->shg, T, D));
+        }
+        MOE_TRY(op->add(be, fw->out, fw->sh, (size_t)T * D));
+    }
+    return op->add(be, fw->x, fw->out, (size_t)T * D);
+}
+
+enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
+                                const struct moe_batch *b, float *logits,
+                                struct moe_route_trace *trace)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_backend_ops *op = be->ops;
+    const struct moe_model *m = fw->m;
+    const struct moe_config *c = &m->cfg;
+    MOE_TRY(validate(fw, kv, b));
+    struct moe_batch db;
+    MOE_TRY(upload_batch(fw, b, &db));
+    const int T = b->n_tokens;
+    MOE_TRY(op->embed(be, fw->x, db.tokens, T, &m->embed));
+    for (int l = 0; l < c->n_layers; l++) {
+        MOE_TRY(attention_block(fw, kv, &db, l));
+        MOE_TRY(ffn_block(fw, l, T, trace));
+    }
+    if (b->n_logits == 0) return op->sync(be);
+    MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db.logit_rows, b->n_logits, c->d_model));
+    MOE_TRY(op->rmsnorm(be, fw->lrows, fw->lrows, &m->final_norm, b->n_logits, c->d_model, c->rms_eps));
+    MOE_TRY(op->matmul(be, fw->logits, fw->lrows, &m->lm_head, NULL, b->n_logits));
+    if (logits)
+        MOE_TRY(op->to_host(be, logits, fw->logits, (size_t)b->n_logits * c->vocab * sizeof(float)));
+    return op->sync(be);
+}

@@ -1,0 +1,73 @@
+/* forward.h - the model's forward pass over one batch, written once against
+ * the backend interface.
+ *
+ * Per layer: RMSNorm -> Q,K,V projections -> (q/k norm) (clip) -> RoPE ->
+ * K,V into the paged cache -> paged attention -> O projection -> residual;
+ * RMSNorm -> dense SwiGLU FFN, or router -> top-K -> dispatch plan -> grouped
+ * expert FFN -> combine (+ shared expert) -> residual.  Then the final norm
+ * and the LM head for the rows that need logits only.
+ *
+ * All workspaces are allocated by moe_forward_init for at most max_tokens
+ * rows, max_seqs sequences of at most max_blocks blocks and max_logits logit
+ * rows; moe_forward_run allocates nothing. */
+#pragma once
+
+#include "kvcache/kvcache.h"
+#include "runtime/backend.h"
+#include "runtime/batch.h"
+#include "runtime/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moe_forward_limits {
+    int max_tokens, max_seqs, max_blocks, max_logits;
+};
+
+/* Routing record of one step, filled when passed to moe_forward_run (host). */
+struct moe_route_trace {
+    int32_t *ids;   /* (L, T, K) chosen experts, -1 on dense layers */
+    float *weights; /* (L, T, K) combine weights, or NULL */
+};
+
+struct moe_forward {
+    const struct moe_model *m;  /* borrowed */
+    struct moe_backend *be;     /* borrowed */
+    struct moe_forward_limits lim;
+    /* activations, backend memory */
+    float *x;        /* (T, D) residual stream */
+    float *xn;       /* (T, D) normed input of a block */
+    float *q, *att;  /* (T, Hq*Dh) */
+    float *k, *v;    /* (T, Hkv*Dh) */
+    float *out;      /* (T, D) block output */
+    float *h1, *h2;  /* (T, max(Fd, Fs)) dense / shared FFN hidden */
+    float *sh;       /* (T, D) shared expert output */
+    float *shg;      /* (T) shared expert gate logit */
+    float *rlogits;  /* (T, E) router logits */
+    int32_t *ids;    /* (T, K) */
+    float *rw;       /* (T, K) */
+    struct moe_dispatch plan;
+    struct moe_expert_ws ews;
+    float *inv_freq; /* (Dh/2) */
+    float *lrows;    /* (max_logits, D) */
+    float *logits;   /* (max_logits, V) */
+    /* batch arrays, backend memory */
+    int32_t *b_tokens, *b_pos, *b_seq_of, *b_seq_start, *b_ctx_len, *b_table, *b_slot, *b_rows;
+    int32_t *h_ids;  /* (T, K) host copy for traces */
+    float *h_w;      /* (T, K) */
+};
+
+MOE_MUST_USE enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model *m,
+                                               struct moe_backend *be,
+                                               const struct moe_forward_limits *lim);
+void moe_forward_free(struct moe_forward *fw);
+/* Runs one step.  logits (n_logits, V) host, may be NULL; trace may be NULL.
+ * The batch is validated first (sizes, ids, positions, slots). */
+MOE_MUST_USE enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
+                                              const struct moe_batch *b, float *logits,
+                                              struct moe_route_trace *trace);
+
+#ifdef __cplusplus
+}
+#endif

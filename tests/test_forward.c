@@ -1,0 +1,242 @@
+/* test_forward.c - the CPU forward pass against Hugging Face transformers.
+ *
+ * Each fixture under tests/fixtures was made by tests/reference/make_fixtures.py
+ * with transformers (fp32 compute).  For every model and prompt we check:
+ * logits at every prompt position within 1e-4 relative (max |diff| / max |ref|
+ * per position), the router's top-K expert ids per layer and position
+ * identical, and 32 greedy tokens identical.  The bf16 checkpoint is compared
+ * with transformers run on the same weights upcast to fp32 (the CPU computes
+ * in fp32) and, loosely, with transformers run entirely in bf16.
+ *
+ * The CPU backend computes each row independently of the others in the batch,
+ * so prefilling at once, in chunks, token by token, or beside other
+ * sequences must give bit-identical logits: those tests compare exactly. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runner.h"
+#include "tests/testutil.h"
+
+struct fixture {
+    struct moe_model m;
+    struct moe_backend be;
+    struct moe_runner r;
+    struct moe_safetensors ref;
+};
+
+static void fixture_open(struct fixture *f, const char *name)
+{
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    memset(f, 0, sizeof *f);
+    cr_assert_eq(moe_model_load(&f->m, dir), MOE_OK, "load %s: %s", name, moe_last_error());
+    cr_assert_eq(moe_safetensors_open_file(&f->ref, path), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_backend_cpu_init(&f->be, 0), MOE_OK);
+    struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 4, .max_logits = 64,
+                                .block_size = 4, .n_blocks = 256};
+    cr_assert_eq(moe_runner_init(&f->r, &f->m, &f->be, &o), MOE_OK, "%s", moe_last_error());
+}
+
+static void fixture_close(struct fixture *f)
+{
+    moe_runner_free(&f->r);
+    moe_backend_free(&f->be);
+    moe_safetensors_close(&f->ref);
+    moe_model_free(&f->m);
+}
+
+static const struct moe_st_tensor *ref_tensor(struct fixture *f, const char *fmt, int p)
+{
+    char name[64];
+    snprintf(name, sizeof name, fmt, p);
+    return moe_safetensors_find(&f->ref, name);
+}
+
+/* Prefills prompt p with logits at every position, returns them (S, V) and
+ * the expert trace (L, S, K). */
+static float *prefill_all(struct fixture *f, const int32_t *prompt, int S, int32_t *trace_ids)
+{
+    const int V = f->m.cfg.vocab;
+    float *logits = malloc((size_t)S * V * sizeof(float));
+    struct moe_seq seq = {0};
+    struct moe_chunk c = {&seq, prompt, S, true};
+    struct moe_route_trace tr = {trace_ids, NULL};
+    int rows = 0;
+    cr_assert_eq(moe_runner_step(&f->r, &c, 1, logits, &rows, trace_ids ? &tr : NULL), MOE_OK,
+                 "%s", moe_last_error());
+    cr_assert_eq(rows, S);
+    moe_seq_free(&f->r, &seq);
+    return logits;
+}
+
+static void check_model(const char *name, double logit_tol)
+{
+    struct fixture f;
+    fixture_open(&f, name);
+    const struct moe_config *c = &f.m.cfg;
+    const int V = c->vocab, L = c->n_layers, K = c->top_k > 0 ? c->top_k : 1;
+    for (int p = 0; p < 3; p++) {
+        const struct moe_st_tensor *pt = ref_tensor(&f, "prompt.%d", p);
+        const struct moe_st_tensor *lt = ref_tensor(&f, "logits.%d", p);
+        const struct moe_st_tensor *gt = ref_tensor(&f, "greedy.%d", p);
+        cr_assert(pt && lt && gt, "%s: reference tensors for prompt %d", name, p);
+        const int S = (int)pt->shape[0];
+        const int32_t *prompt = pt->data;
+        const float *ref = lt->data;
+        int32_t *trace = malloc((size_t)L * S * K * sizeof(int32_t));
+        float *logits = prefill_all(&f, prompt, S, trace);
+        for (int s = 0; s < S; s++) {
+            double e = tu_max_rel_err(logits + (size_t)s * V, ref + (size_t)s * V, (size_t)V);
+            cr_expect(e <= logit_tol, "%s prompt %d position %d: logits relative error %.3g > %.1g",
+                      name, p, s, e, logit_tol);
+        }
+        const struct moe_st_tensor *et = ref_tensor(&f, "experts.%d", p);
+        if (c->n_experts > 0) {
+            cr_assert(et, "%s: experts.%d missing", name, p);
+            cr_assert_eq(et->shape[0], L);
+            cr_assert_eq(et->shape[2], K);
+            const int32_t *want = et->data;
+            for (size_t i = 0; i < (size_t)L * S * K; i++)
+                cr_expect_eq(trace[i], want[i], "%s prompt %d: layer %zu position %zu slot %zu: "
+                             "expert %d, transformers chose %d", name, p, i / ((size_t)S * K),
+                             i / K % S, i % K, trace[i], want[i]);
+        }
+        /* greedy continuation */
+        int32_t out[32];
+        struct moe_seq seq = {0};
+        cr_assert_eq(moe_runner_greedy(&f.r, &seq, prompt, S, 32, 0, out), MOE_OK, "%s",
+                     moe_last_error());
+        const int32_t *want = gt->data;
+        for (int i = 0; i < 32; i++)
+            cr_expect_eq(out[i], want[i], "%s prompt %d greedy token %d: %d, transformers %d",
+                         name, p, i, out[i], want[i]);
+        moe_seq_free(&f.r, &seq);
+        free(logits);
+        free(trace);
+    }
+    cr_assert_eq(f.r.kv.n_free, f.r.kv.n_blocks, "every KV block returned");
+    fixture_close(&f);
+}
+
+Test(forward, mixtral_matches_transformers) { check_model("mixtral", 1e-4); }
+Test(forward, qwen2_moe_matches_transformers) { check_model("qwen2_moe", 1e-4); }
+Test(forward, qwen3_moe_sharded_matches_transformers) { check_model("qwen3_moe", 1e-4); }
+Test(forward, olmoe_bf16_matches_transformers_fp32_compute) { check_model("olmoe", 1e-4); }
+Test(forward, llama_matches_transformers) { check_model("llama", 1e-4); }
+Test(forward, qwen2_matches_transformers) { check_model("qwen2", 1e-4); }
+Test(forward, qwen3_matches_transformers) { check_model("qwen3", 1e-4); }
+
+/* transformers computing entirely in bf16 rounds every activation to 8 bits
+ * of mantissa: agreement is only to bf16 precision. */
+Test(forward, olmoe_bf16_close_to_transformers_bf16_compute)
+{
+    struct fixture f;
+    fixture_open(&f, "olmoe");
+    const int V = f.m.cfg.vocab;
+    for (int p = 0; p < 3; p++) {
+        const struct moe_st_tensor *pt = ref_tensor(&f, "prompt.%d", p);
+        const struct moe_st_tensor *bt = ref_tensor(&f, "logits_bf16.%d", p);
+        cr_assert(pt && bt);
+        const int S = (int)pt->shape[0];
+        float *logits = prefill_all(&f, pt->data, S, NULL);
+        double e = tu_max_rel_err(logits, bt->data, (size_t)S * V);
+        cr_expect(e <= 3e-2, "olmoe prompt %d: relative error vs bf16 compute %.3g", p, e);
+        free(logits);
+    }
+    fixture_close(&f);
+}
+
+/* Same logits whether the prompt is prefilled at once, in chunks of 5, or
+ * token by token. */
+static void check_chunking(const char *name)
+{
+    struct fixture f;
+    fixture_open(&f, name);
+    const int V = f.m.cfg.vocab;
+    const struct moe_st_tensor *pt = ref_tensor(&f, "prompt.%d", 2);
+    const int S = (int)pt->shape[0];
+    const int32_t *prompt = pt->data;
+    float *whole = prefill_all(&f, prompt, S, NULL);
+    for (int chunk = 1; chunk <= 5; chunk += 4) {
+        float *part = malloc((size_t)S * V * sizeof(float));
+        struct moe_seq seq = {0};
+        for (int off = 0; off < S; off += chunk) {
+            int n = S - off < chunk ? S - off : chunk;
+            struct moe_chunk c = {&seq, prompt + off, n, true};
+            cr_assert_eq(moe_runner_step(&f.r, &c, 1, part + (size_t)off * V, NULL, NULL), MOE_OK);
+        }
+        cr_expect(memcmp(part, whole, (size_t)S * V * sizeof(float)) == 0,
+                  "%s: chunks of %d differ from one prefill (max rel err %.3g)", name, chunk,
+                  tu_max_rel_err(part, whole, (size_t)S * V));
+        moe_seq_free(&f.r, &seq);
+        free(part);
+    }
+    free(whole);
+    fixture_close(&f);
+}
+
+Test(forward, chunked_prefill_is_identical_qwen2_moe) { check_chunking("qwen2_moe"); }
+Test(forward, chunked_prefill_is_identical_mixtral) { check_chunking("mixtral"); }
+Test(forward, chunked_prefill_is_identical_llama) { check_chunking("llama"); }
+
+/* Three prompts batched in one step, then decoded together, give exactly
+ * their solo logits: prefill of one mixed with decodes of others. */
+Test(forward, batched_sequences_match_solo)
+{
+    struct fixture f;
+    fixture_open(&f, "qwen3_moe");
+    const int V = f.m.cfg.vocab;
+    const int32_t *prompts[3];
+    int S[3];
+    float *solo[3];
+    for (int p = 0; p < 3; p++) {
+        const struct moe_st_tensor *pt = ref_tensor(&f, "prompt.%d", p);
+        prompts[p] = pt->data;
+        S[p] = (int)pt->shape[0];
+        solo[p] = prefill_all(&f, prompts[p], S[p], NULL);
+    }
+    /* step 1: prompt 0 whole + first 4 tokens of prompt 1; step 2: one decode
+     * token of prompt 0 (its own token at S[0]-... replaced by prompt 2's
+     * start) + the rest of prompt 1 + all of prompt 2 */
+    struct moe_seq a = {0}, b = {0}, c = {0};
+    float *out = malloc((size_t)64 * V * sizeof(float));
+    struct moe_chunk step1[2] = {{&a, prompts[0], S[0], true}, {&b, prompts[1], 4, true}};
+    int rows;
+    cr_assert_eq(moe_runner_step(&f.r, step1, 2, out, &rows, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(rows, S[0] + 4);
+    cr_expect(memcmp(out, solo[0], (size_t)S[0] * V * sizeof(float)) == 0, "prompt 0 in a batch");
+    cr_expect(memcmp(out + (size_t)S[0] * V, solo[1], (size_t)4 * V * sizeof(float)) == 0,
+              "prompt 1 first chunk in a batch");
+    struct moe_chunk step2[2] = {{&b, prompts[1] + 4, S[1] - 4, true}, {&c, prompts[2], S[2], true}};
+    cr_assert_eq(moe_runner_step(&f.r, step2, 2, out, &rows, NULL), MOE_OK, "%s", moe_last_error());
+    cr_expect(memcmp(out, solo[1] + (size_t)4 * V, (size_t)(S[1] - 4) * V * sizeof(float)) == 0,
+              "prompt 1 second chunk beside prompt 2");
+    cr_expect(memcmp(out + (size_t)(S[1] - 4) * V, solo[2], (size_t)S[2] * V * sizeof(float)) == 0,
+              "prompt 2 beside prompt 1");
+    moe_seq_free(&f.r, &a);
+    moe_seq_free(&f.r, &b);
+    moe_seq_free(&f.r, &c);
+    cr_assert_eq(f.r.kv.n_free, f.r.kv.n_blocks);
+    for (int p = 0; p < 3; p++) free(solo[p]);
+    free(out);
+    fixture_close(&f);
+}
+
+Test(forward, rejects_token_outside_vocabulary_without_side_effects)
+{
+    struct fixture f;
+    fixture_open(&f, "llama");
+    int32_t bad[3] = {1, f.m.cfg.vocab, 2};
+    struct moe_seq seq = {0};
+    struct moe_chunk c = {&seq, bad, 3, false};
+    cr_assert_eq(moe_runner_step(&f.r, &c, 1, NULL, NULL, NULL), MOE_ERR_INVALID_ARG);
+    cr_assert(strstr(moe_last_error(), "outside the vocabulary"), "%s", moe_last_error());
+    cr_assert_eq(seq.len, 0);
+    cr_assert_eq(f.r.kv.n_free, f.r.kv.n_blocks);
+    moe_seq_free(&f.r, &seq);
+    fixture_close(&f);
+}
