@@ -1,0 +1,80 @@
+/* cli_inspect.c - `moerun inspect MODEL`: what a checkpoint is. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cli.h"
+#include "runtime/cli_common.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moerun inspect MODEL_DIR\n"
+            "       moerun inspect --synthetic CONFIG.json [--dtype bf16]\n\n"
+            "Prints the family, layer and expert structure, parameters in total and active\n"
+            "per token, bytes by part, and KV cache bytes per token.\n");
+}
+
+int moe_cli_inspect(int argc, char **argv)
+{
+    struct moe_cli_model_opts mo = {0};
+    static const struct option opts[] = {{"synthetic", required_argument, 0, 's'},
+                                         {"dtype", required_argument, 0, 'd'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': mo.synthetic = optarg; break;
+        case 'd': mo.dtype = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) mo.path = argv[optind++];
+    if (optind < argc) return moe_cli_error("inspect", "unexpected argument '%s'", argv[optind]);
+    struct moe_model m;
+    if (moe_cli_open_model(&m, &mo) != MOE_OK) return moe_cli_error("inspect", "%s", moe_last_error());
+    const struct moe_config *cfg = &m.cfg;
+    struct moe_model_sizes z;
+    moe_model_sizes(&m, &z);
+    char a[32], b[32];
+    int n_moe = moe_config_moe_layers(cfg);
+    printf("model        %s\n", mo.path ? mo.path : mo.synthetic);
+    printf("family       %s\n", cfg->architecture);
+    printf("layers       %d (%d MoE, %d dense)\n", cfg->n_layers, n_moe, cfg->n_layers - n_moe);
+    printf("hidden       %d; attention %d query / %d KV heads x %d", cfg->d_model, cfg->n_heads,
+           cfg->n_kv_heads, cfg->head_dim);
+    if (cfg->qk_norm != MOE_QK_NORM_NONE)
+        printf(", q/k norm %s", cfg->qk_norm == MOE_QK_NORM_HEAD ? "per head" : "full");
+    printf("\nvocabulary   %d; context %d; rope theta %g%s\n", cfg->vocab, cfg->max_pos,
+           cfg->rope_theta,
+           cfg->rope_type == MOE_ROPE_LLAMA3 ? " (llama3 scaling)"
+           : cfg->rope_type == MOE_ROPE_LINEAR ? " (linear scaling)" : "");
+    if (n_moe)
+        printf("experts      %d per MoE layer, top-%d, width %d, weights %s\n", cfg->n_experts,
+               cfg->top_k, cfg->d_expert, cfg->norm_topk ? "renormalised" : "not renormalised");
+    if (cfg->d_shared)
+        printf("shared       1 shared expert of width %d%s\n", cfg->d_shared,
+               cfg->shared_gate ? ", sigmoid gate" : "");
+    if (n_moe < cfg->n_layers) printf("dense FFN    width %d\n", cfg->d_ff);
+    printf("parameters   %s total, %s active per token (%.1f%%)\n",
+           moe_cli_count(a, sizeof a, (double)z.params_total),
+           moe_cli_count(b, sizeof b, (double)z.params_active),
+           100.0 * (double)z.params_active / (double)(z.params_total ? z.params_total : 1));
+    printf("bytes        %s total\n", moe_cli_bytes(a, sizeof a, (double)z.bytes_total));
+    const struct { const char *name; int64_t v; } parts[] = {
+        {"embeddings", z.bytes_embed}, {"lm head", z.bytes_lm_head}, {"attention", z.bytes_attn},
+        {"experts", z.bytes_experts},  {"shared", z.bytes_shared},   {"router", z.bytes_router},
+        {"dense FFN", z.bytes_dense_ffn}, {"norms", z.bytes_norm}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (parts[i].v)
+            printf("  %-11s %12s  %5.1f%%\n", parts[i].name, moe_cli_bytes(a, sizeof a, (double)parts[i].v),
+                   100.0 * (double)parts[i].v / (double)z.bytes_total);
+    printf("kv cache     %s per token in fp32, %s in bf16/fp16\n",
+           moe_cli_bytes(a, sizeof a, (double)moe_config_kv_bytes_per_token(cfg, 4)),
+           moe_cli_bytes(b, sizeof b, (double)moe_config_kv_bytes_per_token(cfg, 2)));
+    moe_model_free(&m);
+    return 0;
+}

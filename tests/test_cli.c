@@ -1,0 +1,114 @@
+/* test_cli.c - the moerun binary end to end: greedy ids equal transformers'
+ * generate() on a fixture, inspect's numbers, synth round trip, and one
+ * clear error line (non-zero exit) for each kind of bad input. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "runtime/safetensors.h"
+#include "tests/testutil.h"
+
+/* Runs a shell command, captures stdout (and stderr when merge), returns
+ * the exit status. */
+static int run(const char *cmd, char *out, size_t n)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen %s", cmd);
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(cli, run_greedy_matches_transformers_generate)
+{
+    struct moe_safetensors ref = {0};
+    cr_assert_eq(moe_safetensors_open_file(&ref, FIXTURE_DIR "/qwen2_moe/reference.safetensors"), MOE_OK);
+    const struct moe_st_tensor *pt = moe_safetensors_find(&ref, "prompt.1");
+    const struct moe_st_tensor *gt = moe_safetensors_find(&ref, "greedy.1");
+    char cmd[4096], ids[1024] = "", want[1024] = "", out[4096];
+    for (int i = 0; i < pt->shape[0]; i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), i ? ",%d" : "%d", ((int32_t *)pt->data)[i]);
+    for (int i = 0; i < 32; i++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), i ? ",%d" : "%d", ((int32_t *)gt->data)[i]);
+    snprintf(cmd, sizeof cmd, "%s run %s/qwen2_moe --prompt-ids %s -n 32 --chunk 5 --kv-block 4 "
+             "--backend cpu 2>/dev/null", MOERUN_BINARY, FIXTURE_DIR, ids);
+    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_str_eq(out, strcat(want, "\n"));
+    moe_safetensors_close(&ref);
+}
+
+Test(cli, inspect_reports_structure_and_sizes)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s inspect %s/qwen2_moe", MOERUN_BINARY, FIXTURE_DIR);
+    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "Qwen2MoeForCausalLM"), "%s", out);
+    cr_assert(strstr(out, "3 (2 MoE, 1 dense)"), "%s", out);
+    cr_assert(strstr(out, "8 per MoE layer, top-2, width 32"), "%s", out);
+    cr_assert(strstr(out, "shared expert of width 48"), "%s", out);
+    /* KV per token: 2 * 3 layers * 2 heads * 16 * 4 bytes = 768 B */
+    cr_assert(strstr(out, "768 B per token in fp32"), "%s", out);
+}
+
+Test(cli, synth_writes_a_loadable_checkpoint)
+{
+    char dir[] = "/tmp/moerun-synth-XXXXXX", cmd[2048], out[8192];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "%s synth %s/configs/tiny-moe.json %s/m --dtype bf16 --seed 3 2>&1",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    /* the written model and the in-memory synthetic one generate the same ids */
+    char a[4096], b[4096];
+    snprintf(cmd, sizeof cmd, "%s run %s/m --prompt-ids 5,6,7,8 -n 8 --backend cpu 2>/dev/null",
+             MOERUN_BINARY, dir);
+    cr_assert_eq(run(cmd, a, sizeof a), 0);
+    snprintf(cmd, sizeof cmd, "%s run --synthetic %s/configs/tiny-moe.json --dtype bf16 --seed 3 "
+             "--prompt-ids 5,6,7,8 -n 8 --backend cpu 2>/dev/null", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(run(cmd, b, sizeof b), 0);
+    cr_assert_str_eq(a, b);
+    cr_assert(strlen(a) > 8);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static void expect_error(const char *args, const char *needle)
+{
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/null", MOERUN_BINARY, args);
+    int rc = run(cmd, out, sizeof out);
+    cr_expect_neq(rc, 0, "'%s' should fail", args);
+    cr_expect(strstr(out, needle), "'%s': expected '%s' in: %s", args, needle, out);
+    /* one line */
+    char *nl = strchr(out, '\n');
+    cr_expect(nl && nl[1] == '\0', "'%s': one line of error, got: %s", args, out);
+}
+
+Test(cli, bad_input_gives_one_clear_line)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "run %s/llama --prompt-ids 1,x,3", FIXTURE_DIR);
+    expect_error(args, "item 2");
+    snprintf(args, sizeof args, "run %s/llama --prompt-ids 1,99999", FIXTURE_DIR);
+    expect_error(args, "outside the vocabulary");
+    snprintf(args, sizeof args, "run %s/llama --prompt-ids 1,2 -n 600", FIXTURE_DIR);
+    expect_error(args, "context of 512");
+    expect_error("run /nonexistent/model --prompt-ids 1", "/nonexistent/model");
+    expect_error("inspect --synthetic /nonexistent.json", "nonexistent.json");
+    expect_error("frobnicate", "unknown command");
+    snprintf(args, sizeof args, "run %s/llama --prompt-ids 1 --backend tpu", FIXTURE_DIR);
+    expect_error(args, "unknown backend 'tpu'");
+}
+
+Test(cli, help_on_every_command)
+{
+    const char *cmds[] = {"inspect", "run", "synth"};
+    for (size_t i = 0; i < 3; i++) {
+        char cmd[1024], out[4096];
+        snprintf(cmd, sizeof cmd, "%s %s --help", MOERUN_BINARY, cmds[i]);
+        cr_assert_eq(run(cmd, out, sizeof out), 0, "%s --help", cmds[i]);
+        cr_assert(strstr(out, "usage: moerun"), "%s", out);
+    }
+}
