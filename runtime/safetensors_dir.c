@@ -4,7 +4,8 @@
  * model.safetensors.index.json if present, else model.safetensors, else every
  * *.safetensors file in byte order of name.  The index is trusted no further
  * than the folder: shard names must be plain file names, and a shard that
- * resolves (through symlinks) outside realpath(dir) is rejected.  Every
+ * resolves (through symlinks) outside realpath(dir) is rejected, except
+ * the blobs of a Hugging Face cache snapshot (see inside_hf_blobs).  Every
  * tensor the index names must be in exactly the shard it names.
  *
  * A failed open_dir leaves the set as it was before the call. */
@@ -42,6 +43,24 @@ static bool inside(const char *real_dir, const char *real_path)
     size_t n = strlen(real_dir);
     if (n > 0 && real_dir[n - 1] == '/') n--; /* real_dir is "/" */
     return strncmp(real_path, real_dir, n) == 0 && real_path[n] == '/';
+}
+
+/* The Hugging Face hub cache keeps a revision in REPO/snapshots/REV/ whose
+ * files are symlinks to REPO/blobs/HASH: those links are part of the same
+ * checkout, so they are allowed, and nothing else outside the folder. */
+static bool inside_hf_blobs(const char *real_dir, const char *real_path)
+{
+    const char *rev = strrchr(real_dir, '/');
+    if (!rev || rev == real_dir) return false;
+    size_t snap_end = (size_t)(rev - real_dir); /* ".../snapshots" */
+    static const char snapshots[] = "/snapshots";
+    const size_t ls = sizeof snapshots - 1;
+    if (snap_end < ls || strncmp(real_dir + snap_end - ls, snapshots, ls) != 0) return false;
+    size_t repo_len = snap_end - ls;
+    static const char blobs[] = "/blobs/";
+    return strncmp(real_path, real_dir, repo_len) == 0 &&
+           strncmp(real_path + repo_len, blobs, sizeof blobs - 1) == 0 &&
+           strchr(real_path + repo_len + sizeof blobs - 1, '/') == NULL;
 }
 
 static MOE_MUST_USE enum moe_status open_index(struct moe_safetensors *st, const char *dir,
@@ -118,7 +137,7 @@ static MOE_MUST_USE enum moe_status open_index(struct moe_safetensors *st, const
             s = moe_fail(MOE_ERR_IO, "%s: cannot resolve: %s", path, strerror(errno));
             goto fail;
         }
-        if (!inside(real_dir, real)) {
+        if (!inside(real_dir, real) && !inside_hf_blobs(real_dir, real)) {
             s = moe_fail(MOE_ERR_FORMAT,
                          "%s: shard \"%s\" resolves to %s, outside the model folder %s", index_path,
                          shard, real, real_dir);

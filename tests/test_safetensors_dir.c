@@ -96,6 +96,33 @@ Test(safetensors, sharded_rejects_symlink_outside_folder)
     moe_safetensors_close(&st);
 }
 
+Test(safetensors, sharded_accepts_hub_cache_blobs_only)
+{
+    /* REPO/snapshots/REV/shard -> ../../blobs/HASH is the hub cache layout. */
+    char model[192];
+    cr_assert_eq(mkdir(tpath("repo"), 0700), 0);
+    cr_assert_eq(mkdir(tpath("repo/blobs"), 0700), 0);
+    cr_assert_eq(mkdir(tpath("repo/snapshots"), 0700), 0);
+    cr_assert_eq(mkdir(tpath("repo/snapshots/abc"), 0700), 0);
+    snprintf(model, sizeof model, "%s/repo/snapshots/abc", tmpdir);
+    write_raw("repo/blobs/h1", SHARD1, 2);
+    write_raw("repo/blobs/h2", SHARD2, 4);
+    cr_assert_eq(symlink("../../blobs/h1", tpath("repo/snapshots/abc/s-1.safetensors")), 0);
+    cr_assert_eq(symlink("../../blobs/h2", tpath("repo/snapshots/abc/s-2.safetensors")), 0);
+    write_text(tpath("repo/snapshots/abc/model.safetensors.index.json"),
+               "{\"weight_map\":{" GOOD_MAP "}}");
+    struct moe_safetensors st = {0};
+    cr_assert_eq(moe_safetensors_open_dir(&st, model), MOE_OK, "%s", moe_last_error());
+    moe_safetensors_close(&st);
+    /* but not a link out of the repository */
+    write_raw("elsewhere", SHARD2, 4);
+    cr_assert_eq(unlink(tpath("repo/snapshots/abc/s-2.safetensors")), 0);
+    cr_assert_eq(symlink("../../../elsewhere", tpath("repo/snapshots/abc/s-2.safetensors")), 0);
+    cr_assert_eq(moe_safetensors_open_dir(&st, model), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "outside the model folder"), "%s", moe_last_error());
+    moe_safetensors_close(&st);
+}
+
 Test(safetensors, sharded_rejects_tensor_missing_from_its_shard)
 {
     write_sharded(GOOD_MAP ",\"d\":\"s-1.safetensors\"");
