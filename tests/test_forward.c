@@ -240,3 +240,42 @@ Test(forward, rejects_token_outside_vocabulary_without_side_effects)
     moe_seq_free(&f.r, &seq);
     fixture_close(&f);
 }
+
+/* The same checkpoint stored in F16: weights read and converted in place
+ * give logits within f16 rounding of the fp32 reference. */
+Test(forward, f16_weights_close_to_reference)
+{
+    struct fixture f;
+    fixture_open(&f, "qwen3_moe");
+    struct moe_model h = {0};
+    h.cfg = f.m.cfg;
+    for (size_t i = 0; i < f.m.st.n_tensors; i++) {
+        const struct moe_st_tensor *t = &f.m.st.tensors[i];
+        size_t n = t->nbytes / 4;
+        float *tmp = malloc(n * sizeof(float));
+        uint16_t *d = malloc(n * 2 + 2);
+        moe_convert_row_f32(tmp, t->data, t->dtype, n);
+        moe_convert_from_f32(d, tmp, MOE_DTYPE_F16, n);
+        free(tmp);
+        cr_assert_eq(moe_safetensors_add(&h.st, t->name, MOE_DTYPE_F16, t->ndim, t->shape, d), MOE_OK);
+    }
+    cr_assert_eq(moe_model_bind(&h), MOE_OK, "%s", moe_last_error());
+    struct moe_runner r;
+    struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 1, .max_logits = 64, .block_size = 8,
+                                .n_blocks = 16};
+    cr_assert_eq(moe_runner_init(&r, &h, &f.be, &o), MOE_OK, "%s", moe_last_error());
+    const struct moe_st_tensor *pt = ref_tensor(&f, "prompt.%d", 2), *lt = ref_tensor(&f, "logits.%d", 2);
+    const int S = (int)pt->shape[0], V = h.cfg.vocab;
+    float *logits = malloc((size_t)S * V * sizeof(float));
+    struct moe_seq seq = {0};
+    struct moe_chunk c = {&seq, pt->data, S, true};
+    cr_assert_eq(moe_runner_step(&r, &c, 1, logits, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    double e = tu_max_rel_err(logits, lt->data, (size_t)S * V);
+    cr_expect(e < 5e-3, "f16 weights: relative error %.3g", e);
+    cr_expect(e > 0, "f16 rounding must change something (weights were converted)");
+    moe_seq_free(&r, &seq);
+    moe_runner_free(&r);
+    moe_model_free(&h);
+    free(logits);
+    fixture_close(&f);
+}
