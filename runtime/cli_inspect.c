@@ -34,11 +34,23 @@ int moe_cli_inspect(int argc, char **argv)
     }
     if (optind < argc) mo.path = argv[optind++];
     if (optind < argc) return moe_cli_error("inspect", "unexpected argument '%s'", argv[optind]);
-    struct moe_model m;
-    if (moe_cli_open_model(&m, &mo) != MOE_OK) return moe_cli_error("inspect", "%s", moe_last_error());
-    const struct moe_config *cfg = &m.cfg;
+    /* A synthetic shape is described from its configuration alone, so
+     * Mixtral-8x7B-sized configurations need no memory for weights. */
+    struct moe_model m = {0};
     struct moe_model_sizes z;
-    moe_model_sizes(&m, &z);
+    enum moe_dtype dt = MOE_DTYPE_BF16;
+    if (mo.synthetic && !mo.path) {
+        if (mo.dtype && !moe_cli_parse_dtype(mo.dtype, &dt))
+            return moe_cli_error("inspect", "--dtype '%s' (use f32, f16 or bf16)", mo.dtype);
+        if (moe_config_load(&m.cfg, mo.synthetic) != MOE_OK)
+            return moe_cli_error("inspect", "%s", moe_last_error());
+        moe_config_sizes(&m.cfg, moe_dtype_size(dt), &z);
+    } else {
+        if (moe_cli_open_model(&m, &mo) != MOE_OK)
+            return moe_cli_error("inspect", "%s", moe_last_error());
+        moe_model_sizes(&m, &z);
+    }
+    const struct moe_config *cfg = &m.cfg;
     char a[32], b[32];
     int n_moe = moe_config_moe_layers(cfg);
     printf("model        %s\n", mo.path ? mo.path : mo.synthetic);

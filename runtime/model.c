@@ -323,3 +323,41 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
      * a token does not choose (embeddings included). */
     z->params_active = other + expert_active;
 }
+
+void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_sizes *z)
+{
+    memset(z, 0, sizeof *z);
+    const int64_t D = c->d_model, V = c->vocab, Q = (int64_t)c->n_heads * c->head_dim,
+                  KV = (int64_t)c->n_kv_heads * c->head_dim, E = c->n_experts, F = c->d_expert,
+                  K = c->top_k, S = c->d_shared, Fd = c->d_ff;
+    int64_t embed = V * D, head = c->tie_embeddings ? 0 : V * D, norm = D, attn = 0, experts = 0,
+            active_experts = 0, shared = 0, router = 0, dense = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        attn += 2 * Q * D + 2 * KV * D;
+        if (c->qkv_bias) attn += Q + 2 * KV;
+        if (c->o_bias) attn += D;
+        if (c->qk_norm == MOE_QK_NORM_HEAD) attn += 2 * c->head_dim;
+        if (c->qk_norm == MOE_QK_NORM_FULL) attn += Q + KV;
+        norm += 2 * D;
+        if (c->layer_moe[l]) {
+            experts += 3 * E * F * D;
+            active_experts += 3 * K * F * D;
+            router += E * D;
+            shared += S ? 3 * S * D + (c->shared_gate ? D : 0) : 0;
+        } else {
+            dense += 3 * Fd * D + (c->mlp_bias ? 2 * Fd + D : 0);
+        }
+    }
+    const int64_t e = (int64_t)es;
+    z->bytes_embed = embed * e;
+    z->bytes_lm_head = head * e;
+    z->bytes_norm = norm * e;
+    z->bytes_attn = attn * e;
+    z->bytes_experts = experts * e;
+    z->bytes_shared = shared * e;
+    z->bytes_router = router * e;
+    z->bytes_dense_ffn = dense * e;
+    z->params_total = embed + head + norm + attn + experts + shared + router + dense;
+    z->params_active = z->params_total - experts + active_experts;
+    z->bytes_total = z->params_total * e;
+}

@@ -67,7 +67,11 @@ struct moe_model_sizes {
         bytes_norm, bytes_lm_head;
     int64_t bytes_total;
 };
+/* From the loaded tensors (each part at its stored dtype). */
 void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *out);
+/* From the configuration alone, every weight elem_size bytes: what a
+ * checkpoint of this shape holds, without building it. */
+void moe_config_sizes(const struct moe_config *cfg, size_t elem_size, struct moe_model_sizes *out);
 
 #ifdef __cplusplus
 }

@@ -112,3 +112,18 @@ Test(cli, help_on_every_command)
         cr_assert(strstr(out, "usage: moerun"), "%s", out);
     }
 }
+
+/* Published sizes: Mixtral-8x7B 46.7B parameters, 12.9B active; Qwen3-30B-A3B
+ * 30.5B, 3.3B active; described from the configuration alone. */
+Test(cli, inspect_synthetic_shapes_match_published_sizes)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s inspect --synthetic %s/configs/mixtral-8x7b.json", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "46.70B total, 12.88B active"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s inspect --synthetic %s/configs/qwen3-30b-a3b.json", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "30.53B total, 3.35B active"), "%s", out);
+}

@@ -279,3 +279,23 @@ Test(forward, f16_weights_close_to_reference)
     free(logits);
     fixture_close(&f);
 }
+
+/* Sizes computed from the configuration equal those of the loaded tensors. */
+Test(forward, config_sizes_equal_loaded_sizes)
+{
+    const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, names[i]);
+        struct moe_model m;
+        cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s", moe_last_error());
+        struct moe_model_sizes a, b;
+        moe_model_sizes(&m, &a);
+        moe_config_sizes(&m.cfg, 4, &b);
+        cr_expect(memcmp(&a, &b, sizeof a) == 0,
+                  "%s: loaded %lld params / %lld bytes, config says %lld / %lld", names[i],
+                  (long long)a.params_total, (long long)a.bytes_total, (long long)b.params_total,
+                  (long long)b.bytes_total);
+        moe_model_free(&m);
+    }
+}
