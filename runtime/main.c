@@ -11,6 +11,7 @@ static const struct {
 } commands[] = {
     {"inspect", moe_cli_inspect, "describe a checkpoint: family, parameters, bytes by part"},
     {"run", moe_cli_run, "generate from a prompt"},
+    {"bench", moe_cli_bench, "prefill and decode throughput"},
     {"synth", moe_cli_synth, "write a checkpoint of any configuration with random weights"},
 };
 

@@ -1,0 +1,227 @@
+/* cli_bench.c - `moerun bench`: prefill and decode throughput.
+ *
+ * Prefill: one sequence of P random tokens, prefilled in chunks of at most
+ * --chunk tokens, tokens/s = P / time.  Decode: B sequences, each first
+ * prefilled with --ctx tokens (untimed), then N decode steps of B tokens,
+ * tokens/s = B*N / time, plus the mean step time.  Each measurement is
+ * preceded by a warm-up run and reports the best of --repeat runs.  Token
+ * ids are seeded random, so runs are reproducible. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cli.h"
+#include "runtime/cli_common.h"
+#include "runtime/runner.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moerun bench MODEL_DIR [options]\n"
+            "       moerun bench --synthetic CONFIG.json [options]\n\n"
+            "  --prefill LIST   prompt lengths to time (default 128,512)\n"
+            "  --decode LIST    decode batch sizes to time (default 1,8,32)\n"
+            "  --ctx N          context of each sequence before decode (default 128)\n"
+            "  --steps N        decode steps per measurement (default 16)\n"
+            "  --chunk N        prefill chunk size (default 512)\n"
+            "  --repeat N       runs per measurement, best reported (default 3)\n"
+            "  --json           one JSON object on stdout instead of a table\n"
+            "  --backend NAME   auto, cpu or cuda (default auto)\n"
+            "  --threads N      CPU threads\n"
+            "  --synthetic CONFIG, --dtype T, --seed S  random weights (see moerun run)\n");
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int parse_list(const char *s, int32_t **v, int *n, const char *what)
+{
+    if (moe_cli_parse_ids(s, v, n) != MOE_OK) return moe_cli_error("bench", "%s: %s", what, moe_last_error());
+    for (int i = 0; i < *n; i++)
+        if ((*v)[i] <= 0) return moe_cli_error("bench", "%s: values must be positive", what);
+    return 0;
+}
+
+struct bench_ctx {
+    struct moe_runner r;
+    struct moe_seq *seqs;
+    int32_t *tokens;
+    int V, chunk, repeat;
+    uint64_t rng;
+};
+
+static enum moe_status time_prefill(struct bench_ctx *b, int P, double *best)
+{
+    *best = 1e30;
+    for (int i = 0; i < P; i++) b->tokens[i] = (int32_t)(rng_next(&b->rng) % (uint64_t)b->V);
+    for (int rep = 0; rep <= b->repeat; rep++) { /* rep 0 warms up */
+        double t0 = moe_cli_now();
+        for (int off = 0; off < P; off += b->chunk) {
+            int n = P - off < b->chunk ? P - off : b->chunk;
+            struct moe_chunk c = {&b->seqs[0], b->tokens + off, n, false};
+            MOE_TRY(moe_runner_step(&b->r, &c, 1, NULL, NULL, NULL));
+        }
+        double t = moe_cli_now() - t0;
+        moe_seq_reset(&b->r, &b->seqs[0]);
+        if (rep > 0 && t < *best) *best = t;
+    }
+    return MOE_OK;
+}
+
+static enum moe_status time_decode(struct bench_ctx *b, int B, int ctx, int steps, double *best)
+{
+    *best = 1e30;
+    struct moe_chunk *ch = malloc((size_t)B * sizeof *ch);
+    if (!ch) return moe_fail(MOE_ERR_NOMEM, "bench: chunks");
+    enum moe_status s = MOE_OK;
+    for (int rep = 0; rep <= b->repeat && s == MOE_OK; rep++) {
+        for (int q = 0; q < B && s == MOE_OK; q++) {
+            for (int i = 0; i < ctx; i++) b->tokens[i] = (int32_t)(rng_next(&b->rng) % (uint64_t)b->V);
+            for (int off = 0; off < ctx && s == MOE_OK; off += b->chunk) {
+                int n = ctx - off < b->chunk ? ctx - off : b->chunk;
+                struct moe_chunk c = {&b->seqs[q], b->tokens + off, n, false};
+                s = moe_runner_step(&b->r, &c, 1, NULL, NULL, NULL);
+            }
+        }
+        double t0 = moe_cli_now();
+        for (int st = 0; st < steps && s == MOE_OK; st++) {
+            for (int q = 0; q < B; q++) {
+                b->tokens[q] = (int32_t)(rng_next(&b->rng) % (uint64_t)b->V);
+                ch[q] = (struct moe_chunk){&b->seqs[q], &b->tokens[q], 1, false};
+            }
+            s = moe_runner_step(&b->r, ch, B, NULL, NULL, NULL);
+        }
+        double t = moe_cli_now() - t0;
+        for (int q = 0; q < B; q++) moe_seq_reset(&b->r, &b->seqs[q]);
+        if (rep > 0 && t < *best) *best = t;
+    }
+    free(ch);
+    return s;
+}
+
+int moe_cli_bench(int argc, char **argv)
+{
+    struct moe_cli_model_opts mo = {0};
+    const char *backend = "auto", *prefill_arg = "128,512", *decode_arg = "1,8,32";
+    long ctx = 128, steps = 16, chunk = 512, repeat = 3, threads = 0, seed = 0;
+    int json = 0;
+    static const struct option opts[] = {
+        {"prefill", required_argument, 0, 'p'}, {"decode", required_argument, 0, 'D'},
+        {"ctx", required_argument, 0, 'x'},     {"steps", required_argument, 0, 'n'},
+        {"chunk", required_argument, 0, 'c'},   {"repeat", required_argument, 0, 'r'},
+        {"json", no_argument, 0, 'j'},          {"backend", required_argument, 0, 'B'},
+        {"threads", required_argument, 0, 't'}, {"synthetic", required_argument, 0, 's'},
+        {"dtype", required_argument, 0, 'd'},   {"seed", required_argument, 0, 'S'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        long *dst = NULL, lo = 1, hi = 1 << 24;
+        switch (c) {
+        case 'p': prefill_arg = optarg; break;
+        case 'D': decode_arg = optarg; break;
+        case 'x': dst = &ctx; break;
+        case 'n': dst = &steps; break;
+        case 'c': dst = &chunk; break;
+        case 'r': dst = &repeat; break;
+        case 't': dst = &threads; hi = 4096; break;
+        case 'S': dst = &seed; lo = 0; hi = __LONG_MAX__; break;
+        case 'j': json = 1; break;
+        case 'B': backend = optarg; break;
+        case 's': mo.synthetic = optarg; break;
+        case 'd': mo.dtype = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (dst && !moe_cli_parse_int(optarg, lo, hi, dst))
+            return moe_cli_error("bench", "option value '%s' is out of range", optarg);
+    }
+    mo.seed = (uint64_t)seed;
+    if (optind < argc) mo.path = argv[optind++];
+    if (optind < argc) return moe_cli_error("bench", "unexpected argument '%s'", argv[optind]);
+    int32_t *plens = NULL, *bsizes = NULL;
+    int np = 0, nb = 0, rc = 1, max_p = 0, max_b = 1;
+    if (parse_list(prefill_arg, &plens, &np, "--prefill") || parse_list(decode_arg, &bsizes, &nb, "--decode")) {
+        free(plens);
+        free(bsizes);
+        return 1;
+    }
+    struct moe_model m = {0};
+    struct moe_backend be = {0};
+    struct bench_ctx b = {.chunk = (int)chunk, .repeat = (int)repeat, .rng = 12345};
+    json_t *out = NULL;
+    if (moe_cli_open_model(&m, &mo) != MOE_OK || moe_backend_init(&be, backend, (int)threads) != MOE_OK) {
+        moe_cli_error("bench", "%s", moe_last_error());
+        goto done;
+    }
+    for (int i = 0; i < np; i++) max_p = plens[i] > max_p ? plens[i] : max_p;
+    for (int i = 0; i < nb; i++) max_b = bsizes[i] > max_b ? bsizes[i] : max_b;
+    if (max_p + 1 > m.cfg.max_pos || ctx + steps > m.cfg.max_pos) {
+        moe_cli_error("bench", "lengths exceed the model's context of %d", m.cfg.max_pos);
+        goto done;
+    }
+    const int block = 16;
+    long blocks_p = (max_p + block - 1) / block, blocks_d = (long)max_b * ((ctx + steps + block - 1) / block);
+    struct moe_runner_opts o = {
+        .max_tokens = (int)(chunk > max_b ? chunk : max_b), .max_seqs = max_b, .max_logits = max_b,
+        .block_size = block, .n_blocks = (int)(blocks_p > blocks_d ? blocks_p : blocks_d)};
+    b.V = m.cfg.vocab;
+    b.seqs = calloc((size_t)max_b, sizeof *b.seqs);
+    b.tokens = malloc((size_t)(max_p > ctx ? max_p : ctx) * sizeof(int32_t) + (size_t)max_b * 4);
+    if (!b.seqs || !b.tokens || moe_runner_init(&b.r, &m, &be, &o) != MOE_OK) {
+        moe_cli_error("bench", "%s", moe_last_error());
+        goto done;
+    }
+    out = json_pack("{s:s, s:s, s:i, s:[], s:[]}", "model", mo.path ? mo.path : mo.synthetic,
+                    "backend", be.ops->name, "threads", be.n_threads, "prefill", "decode");
+    if (!json)
+        printf("%-10s %8s %12s %14s\n", "phase", "size", "tokens/s", "time");
+    for (int i = 0; i < np; i++) {
+        double t;
+        if (time_prefill(&b, plens[i], &t) != MOE_OK) {
+            moe_cli_error("bench", "%s", moe_last_error());
+            goto done;
+        }
+        json_array_append_new(json_object_get(out, "prefill"),
+                              json_pack("{s:i, s:f, s:f}", "tokens", plens[i], "seconds", t,
+                                        "tokens_per_s", plens[i] / t));
+        if (!json) printf("%-10s %8d %12.1f %12.2f ms\n", "prefill", plens[i], plens[i] / t, t * 1e3);
+    }
+    for (int i = 0; i < nb; i++) {
+        double t;
+        if (time_decode(&b, bsizes[i], (int)ctx, (int)steps, &t) != MOE_OK) {
+            moe_cli_error("bench", "%s", moe_last_error());
+            goto done;
+        }
+        double tps = (double)bsizes[i] * (double)steps / t;
+        json_array_append_new(json_object_get(out, "decode"),
+                              json_pack("{s:i, s:i, s:i, s:f, s:f}", "batch", bsizes[i], "ctx",
+                                        (int)ctx, "steps", (int)steps, "step_ms", t / (double)steps * 1e3,
+                                        "tokens_per_s", tps));
+        if (!json)
+            printf("%-10s %8d %12.1f %9.2f ms/step\n", "decode", bsizes[i], tps, t / (double)steps * 1e3);
+    }
+    if (json) {
+        char *s = json_dumps(out, JSON_COMPACT);
+        if (s) puts(s);
+        free(s);
+    }
+    rc = 0;
+done:
+    if (b.seqs)
+        for (int q = 0; q < max_b; q++) moe_seq_free(&b.r, &b.seqs[q]);
+    free(b.seqs);
+    free(b.tokens);
+    moe_runner_free(&b.r);
+    json_decref(out);
+    moe_backend_free(&be);
+    moe_model_free(&m);
+    free(plens);
+    free(bsizes);
+    return rc;
+}
