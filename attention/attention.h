@@ -30,9 +30,17 @@ void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh,
 /* Writes k, v (T, Hkv*Dh) into the cache slots of layer `layer`. */
 void moe_attention_kv_store_cpu(struct moe_kvcache *kv, int layer, const float *k,
                                 const float *v, const int32_t *slots, int T);
+/* Scratch floats per thread of moe_attention_paged_cpu: running max and sum
+ * and an accumulator for the G = Hq/Hkv heads of a group, plus one K and one
+ * V row converted from the KV dtype. */
+static inline size_t moe_attention_scratch_floats(int Hq, int Hkv, int Dh)
+{
+    size_t G = (size_t)(Hq / Hkv);
+    return 2 * G + G * (size_t)Dh + 2 * (size_t)Dh;
+}
 /* out (T, Hq*Dh): paged attention of q (T, Hq*Dh) over each row's sequence.
  * Each KV head's keys are read once for all query heads of its group.
- * scratch: (omp threads, 2*G + G*Dh) floats with G = Hq/Hkv. */
+ * scratch: (omp threads, moe_attention_scratch_floats) floats. */
 void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcache *kv,
                              const struct moe_batch *b, const struct moe_attn_params *p,
                              float *scratch);

@@ -77,13 +77,13 @@ void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh,
 void moe_attention_kv_store_cpu(struct moe_kvcache *kv, int layer, const float *k,
                                 const float *v, const int32_t *slots, int T)
 {
-    const size_t row = (size_t)kv->n_kv_heads * kv->head_dim;
-    float *kl = kv->k + (size_t)layer * kv->layer_elems;
-    float *vl = kv->v + (size_t)layer * kv->layer_elems;
+    const size_t row = (size_t)kv->n_kv_heads * kv->head_dim, es = moe_dtype_size(kv->dtype);
+    char *kl = (char *)kv->k + (size_t)layer * kv->layer_elems * es;
+    char *vl = (char *)kv->v + (size_t)layer * kv->layer_elems * es;
     for (int t = 0; t < T; t++) {
         MOE_ASSERT(slots[t] >= 0 && (size_t)slots[t] * row < kv->layer_elems);
-        memcpy(kl + (size_t)slots[t] * row, k + (size_t)t * row, row * sizeof(float));
-        memcpy(vl + (size_t)slots[t] * row, v + (size_t)t * row, row * sizeof(float));
+        moe_convert_from_f32(kl + (size_t)slots[t] * row * es, k + (size_t)t * row, kv->dtype, row);
+        moe_convert_from_f32(vl + (size_t)slots[t] * row * es, v + (size_t)t * row, kv->dtype, row);
     }
 }
 
@@ -93,17 +93,18 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
 {
     const int Hq = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, G = Hq / Hkv;
     const int B = kv->block_size;
-    const size_t row = (size_t)Hkv * Dh;
-    const float *kl = kv->k + (size_t)p->layer * kv->layer_elems;
-    const float *vl = kv->v + (size_t)p->layer * kv->layer_elems;
-    const size_t per_thread = (size_t)2 * G + (size_t)G * Dh;
+    const size_t row = (size_t)Hkv * Dh, es = moe_dtype_size(kv->dtype);
+    const bool f32 = kv->dtype == MOE_DTYPE_F32;
+    const char *kl = (const char *)kv->k + (size_t)p->layer * kv->layer_elems * es;
+    const char *vl = (const char *)kv->v + (size_t)p->layer * kv->layer_elems * es;
+    const size_t per_thread = moe_attention_scratch_floats(Hq, Hkv, Dh);
     const int T = b->n_tokens;
 
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (T * Hkv > 1)
     for (int t = 0; t < T; t++) {
         for (int kh = 0; kh < Hkv; kh++) {
             float *m = scratch + (size_t)omp_get_thread_num() * per_thread;
-            float *l = m + G, *acc = l + G;
+            float *l = m + G, *acc = l + G, *kbuf = acc + (size_t)G * Dh, *vbuf = kbuf + Dh;
             const int s = b->seq_of[t], pos = b->positions[t];
             const int32_t *table = b->block_table + (size_t)s * b->max_blocks;
             const float *qg = q + (size_t)t * Hq * Dh + (size_t)kh * G * Dh;
@@ -115,8 +116,14 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
             memset(acc, 0, (size_t)G * Dh * sizeof(float));
             for (int j = first; j <= pos; j++) {
                 size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
-                const float *kj = kl + slot * row + (size_t)kh * Dh;
-                const float *vj = vl + slot * row + (size_t)kh * Dh;
+                size_t off = (slot * row + (size_t)kh * Dh) * es;
+                const float *kj = (const float *)(kl + off), *vj = (const float *)(vl + off);
+                if (!f32) {
+                    moe_convert_row_f32(kbuf, kl + off, kv->dtype, (size_t)Dh);
+                    moe_convert_row_f32(vbuf, vl + off, kv->dtype, (size_t)Dh);
+                    kj = kbuf;
+                    vj = vbuf;
+                }
                 for (int g = 0; g < G; g++) {
                     float sc = moe_dot_f32(qg + (size_t)g * Dh, kj, Dh) * p->scale;
                     float mn = sc > m[g] ? sc : m[g];

@@ -1,5 +1,4 @@
-/* kvcache.c - block pool (see kvcache.h).  A minimal allocator: the serving
- * engine adds prefix caching and accounting on top of it. */
+/* kvcache.c - block pool and prefix cache (see kvcache.h). */
 #include "kvcache/kvcache.h"
 
 #include <stdlib.h>
@@ -7,19 +6,47 @@
 
 #include "runtime/backend.h"
 
+size_t moe_kvcache_block_bytes(const struct moe_config *cfg, int block_size, enum moe_dtype dtype)
+{
+    size_t b = 2;
+    if (!moe_mul_size(b, (size_t)cfg->n_layers, &b) || !moe_mul_size(b, (size_t)cfg->n_kv_heads, &b) ||
+        !moe_mul_size(b, (size_t)cfg->head_dim, &b) || !moe_mul_size(b, (size_t)block_size, &b) ||
+        !moe_mul_size(b, moe_dtype_size(dtype), &b))
+        return SIZE_MAX;
+    return b;
+}
+
+enum moe_status moe_kvcache_blocks_for_budget(const struct moe_config *cfg, int block_size,
+                                              enum moe_dtype dtype, size_t budget, int *n_blocks)
+{
+    size_t per = moe_kvcache_block_bytes(cfg, block_size, dtype);
+    if (per == SIZE_MAX || budget / per == 0)
+        return moe_fail(MOE_ERR_INVALID_ARG,
+                        "kv cache: a budget of %zu bytes holds no block (one block of %d tokens "
+                        "takes %zu bytes)", budget, block_size, per);
+    size_t n = budget / per;
+    *n_blocks = n > (size_t)INT32_MAX / 2 ? INT32_MAX / 2 : (int)n;
+    return MOE_OK;
+}
+
 enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
-                                 const struct moe_config *cfg, int n_blocks, int block_size)
+                                 const struct moe_config *cfg, int n_blocks, int block_size,
+                                 enum moe_dtype dtype, bool prefix_cache)
 {
     memset(kv, 0, sizeof *kv);
     if (n_blocks <= 0 || block_size <= 0)
         return moe_fail(MOE_ERR_INVALID_ARG, "kv cache: need at least one block of at least one "
                         "slot (got %d blocks of %d)", n_blocks, block_size);
-    size_t per_slot, slots, elems, bytes, total;
+    if (dtype != MOE_DTYPE_F32 && dtype != MOE_DTYPE_F16 && dtype != MOE_DTYPE_BF16)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "kv cache: dtype %s (use F32, F16 or BF16)",
+                        moe_dtype_name(dtype));
+    size_t per_slot, slots, elems, bytes, total, ntok;
     if (!moe_mul_size((size_t)cfg->n_kv_heads, (size_t)cfg->head_dim, &per_slot) ||
         !moe_mul_size((size_t)n_blocks, (size_t)block_size, &slots) ||
         !moe_mul_size(slots, per_slot, &elems) ||
-        !moe_mul_size(elems, sizeof(float), &bytes) ||
-        !moe_mul_size(bytes, (size_t)cfg->n_layers, &total))
+        !moe_mul_size(elems, moe_dtype_size(dtype), &bytes) ||
+        !moe_mul_size(bytes, (size_t)cfg->n_layers, &total) ||
+        !moe_mul_size(slots, sizeof(int32_t), &ntok))
         return moe_fail(MOE_ERR_NOMEM, "kv cache: %d blocks of %d slots overflow the address space",
                         n_blocks, block_size);
     kv->n_layers = cfg->n_layers;
@@ -27,15 +54,22 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
     kv->head_dim = cfg->head_dim;
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
+    kv->dtype = dtype;
     kv->layer_elems = elems;
+    kv->prefix_cache = prefix_cache;
+    kv->lru_head = kv->lru_tail = -1;
     kv->be = be;
     enum moe_status s;
-    if ((s = be->ops->alloc(be, total, (void **)&kv->k)) != MOE_OK) goto fail;
-    if ((s = be->ops->alloc(be, total, (void **)&kv->v)) != MOE_OK) goto fail;
-    kv->refcount = calloc((size_t)n_blocks, sizeof *kv->refcount);
+    if ((s = be->ops->alloc(be, total, &kv->k)) != MOE_OK) goto fail;
+    if ((s = be->ops->alloc(be, total, &kv->v)) != MOE_OK) goto fail;
+    kv->index_cap = 16;
+    while (kv->index_cap < 2 * (size_t)n_blocks) kv->index_cap *= 2;
+    kv->blocks = calloc((size_t)n_blocks, sizeof *kv->blocks);
     kv->free_list = malloc((size_t)n_blocks * sizeof *kv->free_list);
-    if (!kv->refcount || !kv->free_list) {
-        s = moe_fail(MOE_ERR_NOMEM, "kv cache: block tables for %d blocks", n_blocks);
+    kv->tokens = prefix_cache ? malloc(ntok) : NULL;
+    kv->index = prefix_cache ? calloc(kv->index_cap, sizeof *kv->index) : NULL;
+    if (!kv->blocks || !kv->free_list || (prefix_cache && (!kv->tokens || !kv->index))) {
+        s = moe_fail(MOE_ERR_NOMEM, "kv cache: bookkeeping for %d blocks", n_blocks);
         goto fail;
     }
     /* Hand out low block ids first. */
@@ -53,35 +87,165 @@ void moe_kvcache_free(struct moe_kvcache *kv)
         kv->be->ops->dealloc(kv->be, kv->k);
         kv->be->ops->dealloc(kv->be, kv->v);
     }
-    free(kv->refcount);
+    free(kv->blocks);
     free(kv->free_list);
+    free(kv->tokens);
+    free(kv->index);
     memset(kv, 0, sizeof *kv);
+}
+
+/* --- evictable LRU list (doubly linked through the block table) --- */
+
+static void lru_remove(struct moe_kvcache *kv, int32_t b)
+{
+    struct moe_kv_block *m = &kv->blocks[b];
+    if (m->lru_prev >= 0) kv->blocks[m->lru_prev].lru_next = m->lru_next;
+    else kv->lru_head = m->lru_next;
+    if (m->lru_next >= 0) kv->blocks[m->lru_next].lru_prev = m->lru_prev;
+    else kv->lru_tail = m->lru_prev;
+    kv->n_evictable--;
+}
+
+static void lru_push(struct moe_kvcache *kv, int32_t b)
+{
+    struct moe_kv_block *m = &kv->blocks[b];
+    m->lru_prev = kv->lru_tail;
+    m->lru_next = -1;
+    if (kv->lru_tail >= 0) kv->blocks[kv->lru_tail].lru_next = b;
+    else kv->lru_head = b;
+    kv->lru_tail = b;
+    kv->n_evictable++;
+}
+
+/* --- the index: linear probing, backward-shift deletion --- */
+
+static uint64_t key_hash(int32_t parent, uint32_t parent_gen, const int32_t *tokens, int n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ ((uint64_t)(uint32_t)parent << 32 | parent_gen);
+    for (int i = 0; i < n; i++) {
+        h ^= (uint32_t)tokens[i];
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
+    }
+    h *= 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 29);
+}
+
+static bool key_equal(const struct moe_kvcache *kv, int32_t b, int32_t parent, uint32_t parent_gen,
+                      const int32_t *tokens)
+{
+    const struct moe_kv_block *m = &kv->blocks[b];
+    return m->parent == parent && m->parent_gen == parent_gen &&
+           !memcmp(kv->tokens + (size_t)b * kv->block_size, tokens,
+                   (size_t)kv->block_size * sizeof(int32_t));
+}
+
+static void index_remove(struct moe_kvcache *kv, int32_t b)
+{
+    size_t mask = kv->index_cap - 1, i = kv->blocks[b].hash & mask;
+    while (kv->index[i] != b + 1) {
+        MOE_ASSERT(kv->index[i] != 0);
+        i = (i + 1) & mask;
+    }
+    /* backward shift: move later entries of the run into the hole */
+    size_t hole = i;
+    for (size_t j = (i + 1) & mask; kv->index[j]; j = (j + 1) & mask) {
+        size_t home = kv->blocks[kv->index[j] - 1].hash & mask;
+        bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
+        if (movable) {
+            kv->index[hole] = kv->index[j];
+            hole = j;
+        }
+    }
+    kv->index[hole] = 0;
+}
+
+static void uncache(struct moe_kvcache *kv, int32_t b)
+{
+    index_remove(kv, b);
+    kv->blocks[b].cached = false;
+    kv->blocks[b].gen++;
 }
 
 enum moe_status moe_kvcache_alloc_block(struct moe_kvcache *kv, int32_t *block)
 {
-    if (kv->n_free == 0)
+    int32_t b;
+    if (kv->n_free > 0) {
+        b = kv->free_list[--kv->n_free];
+    } else if (kv->n_evictable > 0) {
+        b = kv->lru_head;
+        lru_remove(kv, b);
+        uncache(kv, b);
+        kv->stats.evictions++;
+    } else {
         return moe_fail(MOE_ERR_NOMEM, "kv cache: all %d blocks are in use", kv->n_blocks);
-    int32_t b = kv->free_list[--kv->n_free];
-    MOE_ASSERT(kv->refcount[b] == 0);
-    kv->refcount[b] = 1;
+    }
+    MOE_ASSERT(kv->blocks[b].refcount == 0 && !kv->blocks[b].cached);
+    kv->blocks[b].refcount = 1;
     *block = b;
     return MOE_OK;
 }
 
 void moe_kvcache_ref_block(struct moe_kvcache *kv, int32_t block)
 {
-    MOE_ASSERT(block >= 0 && block < kv->n_blocks && kv->refcount[block] > 0);
-    kv->refcount[block]++;
+    MOE_ASSERT(block >= 0 && block < kv->n_blocks);
+    struct moe_kv_block *m = &kv->blocks[block];
+    MOE_ASSERT(m->refcount > 0 || m->cached);
+    if (m->refcount++ == 0) lru_remove(kv, block);
 }
 
 void moe_kvcache_release_block(struct moe_kvcache *kv, int32_t block)
 {
-    MOE_ASSERT(block >= 0 && block < kv->n_blocks && kv->refcount[block] > 0);
-    if (--kv->refcount[block] == 0) kv->free_list[kv->n_free++] = block;
+    MOE_ASSERT(block >= 0 && block < kv->n_blocks && kv->blocks[block].refcount > 0);
+    if (--kv->blocks[block].refcount > 0) return;
+    if (kv->blocks[block].cached) lru_push(kv, block);
+    else kv->free_list[kv->n_free++] = block;
+}
+
+int moe_kvcache_available(const struct moe_kvcache *kv) { return kv->n_free + kv->n_evictable; }
+
+void moe_kvcache_cache_block(struct moe_kvcache *kv, int32_t block, int32_t parent,
+                             const int32_t *tokens)
+{
+    if (!kv->prefix_cache) return;
+    MOE_ASSERT(block >= 0 && block < kv->n_blocks && kv->blocks[block].refcount > 0);
+    struct moe_kv_block *m = &kv->blocks[block];
+    if (m->cached) return;
+    uint32_t pgen = parent >= 0 ? kv->blocks[parent].gen : 0;
+    uint64_t h = key_hash(parent, pgen, tokens, kv->block_size);
+    size_t mask = kv->index_cap - 1, i = h & mask;
+    for (; kv->index[i]; i = (i + 1) & mask) {
+        int32_t o = kv->index[i] - 1;
+        if (kv->blocks[o].hash == h && key_equal(kv, o, parent, pgen, tokens)) return;
+    }
+    m->parent = parent;
+    m->parent_gen = pgen;
+    m->hash = h;
+    m->cached = true;
+    memcpy(kv->tokens + (size_t)block * kv->block_size, tokens, (size_t)kv->block_size * sizeof(int32_t));
+    kv->index[i] = block + 1;
+}
+
+int32_t moe_kvcache_lookup(struct moe_kvcache *kv, int32_t parent, const int32_t *tokens)
+{
+    if (!kv->prefix_cache) return -1;
+    kv->stats.lookups++;
+    uint32_t pgen = parent >= 0 ? kv->blocks[parent].gen : 0;
+    uint64_t h = key_hash(parent, pgen, tokens, kv->block_size);
+    size_t mask = kv->index_cap - 1;
+    for (size_t i = h & mask; kv->index[i]; i = (i + 1) & mask) {
+        int32_t b = kv->index[i] - 1;
+        if (kv->blocks[b].hash == h && key_equal(kv, b, parent, pgen, tokens)) {
+            moe_kvcache_ref_block(kv, b);
+            kv->stats.hits++;
+            return b;
+        }
+    }
+    return -1;
 }
 
 size_t moe_kvcache_bytes_per_slot(const struct moe_kvcache *kv)
 {
-    return 2 * (size_t)kv->n_layers * (size_t)kv->n_kv_heads * (size_t)kv->head_dim * sizeof(float);
+    return 2 * (size_t)kv->n_layers * (size_t)kv->n_kv_heads * (size_t)kv->head_dim *
+           moe_dtype_size(kv->dtype);
 }

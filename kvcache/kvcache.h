@@ -1,20 +1,32 @@
-/* kvcache.h - paged key/value storage and its block pool.
+/* kvcache.h - paged key/value storage, its block pool and the prefix cache.
  *
  * The cache is a pool of fixed-size blocks of B token slots.  A sequence owns
  * a block table (its i-th block holds positions i*B .. i*B+B-1); the slot of
- * position p is table[p / B] * B + p % B.  Blocks are reference-counted so
- * later prefix sharing can hand one block to several sequences; a block
- * returns to the free list when its count reaches zero.
+ * position p is table[p / B] * B + p % B.
  *
- * Storage per layer: K and V each (n_blocks, B, Hkv, Dh) fp32, contiguous, in
- * backend memory.  The pool bookkeeping (counts, free list) is on the host. */
+ * Blocks are reference-counted.  A full block can be registered in the
+ * prefix cache under the key (parent block, parent generation, its B
+ * tokens); a later sequence whose prompt starts with the same tokens finds
+ * the chain of blocks block by block and shares them instead of recomputing.
+ * Lookups compare the parent and all B tokens exactly, so no hash collision
+ * can hand one request another's cache; a block's generation changes when it
+ * is evicted, so children registered under an evicted parent never match
+ * again.  A cached block whose count drops to zero is kept, evictable, on an
+ * LRU list; allocation takes free blocks first and evicts the least recently
+ * used cached block only when none is left.
+ *
+ * Storage per layer: K and V each (n_blocks, B, Hkv, Dh) in the KV dtype
+ * (F32, F16 or BF16 on the CPU), contiguous, in backend memory.  The pool
+ * bookkeeping (counts, free list, cache index, tokens) is on the host. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "runtime/config.h"
 #include "runtime/status.h"
+#include "runtime/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,29 +34,75 @@ extern "C" {
 
 struct moe_backend;
 
-struct moe_kvcache {
-    int n_layers, n_kv_heads, head_dim;
-    int block_size;      /* B */
-    int n_blocks;
-    size_t layer_elems;  /* floats per layer of K (and of V): n_blocks*B*Hkv*Dh */
-    float *k, *v;        /* (L, n_blocks, B, Hkv, Dh) each, backend memory */
-    int32_t *refcount;   /* (n_blocks) host */
-    int32_t *free_list;  /* (n_blocks) stack of free block ids */
-    int n_free;
-    struct moe_backend *be; /* borrowed */
+struct moe_kv_block {
+    int32_t refcount;
+    uint32_t gen;          /* changes at each eviction */
+    bool cached;           /* registered in the prefix index */
+    int32_t parent;        /* key: previous block of the chain, -1 for the first */
+    uint32_t parent_gen;
+    uint64_t hash;         /* of the key */
+    int32_t lru_prev, lru_next; /* evictable list (cached, refcount 0) */
 };
 
-/* Allocates n_blocks blocks of block_size slots for cfg's shape. Sizes are
- * overflow-checked; a pool of zero blocks is refused. */
+struct moe_kv_stats {
+    uint64_t lookups, hits;    /* prefix cache block lookups and hits */
+    uint64_t evictions;        /* cached blocks reclaimed */
+};
+
+struct moe_kvcache {
+    int n_layers, n_kv_heads, head_dim;
+    int block_size;            /* B */
+    int n_blocks;
+    enum moe_dtype dtype;      /* element type of K and V */
+    size_t layer_elems;        /* elements per layer of K (and of V): n_blocks*B*Hkv*Dh */
+    void *k, *v;               /* (L, n_blocks, B, Hkv, Dh) each, backend memory */
+    struct moe_kv_block *blocks; /* (n_blocks) */
+    int32_t *free_list;        /* stack of never-cached free blocks */
+    int n_free;
+    int32_t lru_head, lru_tail;/* evictable cached blocks, oldest first */
+    int n_evictable;
+    bool prefix_cache;         /* register and look up full blocks */
+    int32_t *tokens;           /* (n_blocks, B) tokens of cached blocks */
+    int32_t *index;            /* open addressing: block id + 1, 0 empty */
+    size_t index_cap;          /* power of two >= 2 * n_blocks */
+    struct moe_kv_stats stats;
+    struct moe_backend *be;    /* borrowed */
+};
+
+/* Allocates n_blocks blocks of block_size slots for cfg's shape in dtype
+ * (F32, F16 or BF16).  Sizes are overflow-checked; zero blocks are refused. */
 MOE_MUST_USE enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
                                                const struct moe_config *cfg, int n_blocks,
-                                               int block_size);
+                                               int block_size, enum moe_dtype dtype,
+                                               bool prefix_cache);
 void moe_kvcache_free(struct moe_kvcache *kv);
-/* Takes a free block (refcount 1).  MOE_ERR_NOMEM when none is left. */
+/* Bytes of one block (K and V, all layers). */
+size_t moe_kvcache_block_bytes(const struct moe_config *cfg, int block_size, enum moe_dtype dtype);
+/* Blocks that fit in budget bytes; MOE_ERR_INVALID_ARG (naming both sizes)
+ * if not even one. */
+MOE_MUST_USE enum moe_status moe_kvcache_blocks_for_budget(const struct moe_config *cfg,
+                                                            int block_size, enum moe_dtype dtype,
+                                                            size_t budget, int *n_blocks);
+
+/* Takes a block (refcount 1): a free one, else the least recently used
+ * evictable cached one.  MOE_ERR_NOMEM when every block is referenced. */
 MOE_MUST_USE enum moe_status moe_kvcache_alloc_block(struct moe_kvcache *kv, int32_t *block);
 void moe_kvcache_ref_block(struct moe_kvcache *kv, int32_t block);
-/* Drops one reference; the block is free again at zero. */
+/* Drops one reference; at zero a cached block becomes evictable, another
+ * one free. */
 void moe_kvcache_release_block(struct moe_kvcache *kv, int32_t block);
+/* Blocks an allocation can still get (free + evictable). */
+int moe_kvcache_available(const struct moe_kvcache *kv);
+
+/* Registers a full block holding `tokens` (B of them) after `parent` (-1 for
+ * a sequence's first block).  If an identical chain block is already cached,
+ * nothing changes.  No-op when the prefix cache is off. */
+void moe_kvcache_cache_block(struct moe_kvcache *kv, int32_t block, int32_t parent,
+                             const int32_t *tokens);
+/* Finds the cached block holding `tokens` after `parent`; on a hit takes a
+ * reference and returns its id, else -1. */
+int32_t moe_kvcache_lookup(struct moe_kvcache *kv, int32_t parent, const int32_t *tokens);
+
 /* Bytes of K+V storage per token slot. */
 size_t moe_kvcache_bytes_per_slot(const struct moe_kvcache *kv);
 

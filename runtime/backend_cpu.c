@@ -45,9 +45,7 @@ static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_mode
     size_t need = (size_t)cfg->d_model;
     size_t dims[] = {(size_t)cfg->n_heads * cfg->head_dim, (size_t)cfg->d_ff,
                      (size_t)cfg->d_expert, (size_t)cfg->d_shared,
-                     /* attention: m, l and acc for a group of G heads */
-                     (size_t)2 * (cfg->n_heads / cfg->n_kv_heads) +
-                         (size_t)(cfg->n_heads / cfg->n_kv_heads) * cfg->head_dim};
+                     moe_attention_scratch_floats(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim)};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > need) need = dims[i];
     if (need <= c->scratch_per_thread) return MOE_OK;

@@ -18,7 +18,8 @@ enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
     r->max_blocks = (m->cfg.max_pos + o->block_size - 1) / o->block_size;
     enum moe_status s;
     if ((s = be->ops->prepare_model(be, (struct moe_model *)m)) != MOE_OK) goto fail;
-    if ((s = moe_kvcache_init(&r->kv, be, &m->cfg, o->n_blocks, o->block_size)) != MOE_OK) goto fail;
+    if ((s = moe_kvcache_init(&r->kv, be, &m->cfg, o->n_blocks, o->block_size,
+                                 o->kv_dtype_set ? o->kv_dtype : MOE_DTYPE_F32, o->prefix_cache)) != MOE_OK) goto fail;
     struct moe_forward_limits lim = {o->max_tokens, o->max_seqs, r->max_blocks, o->max_logits};
     if ((s = moe_forward_init(&r->fw, m, be, &lim)) != MOE_OK) goto fail;
     size_t T = (size_t)o->max_tokens, S = (size_t)o->max_seqs + 1, tab;
@@ -69,7 +70,7 @@ void moe_seq_reset(struct moe_runner *r, struct moe_seq *s)
 
 void moe_seq_free(struct moe_runner *r, struct moe_seq *s)
 {
-    if (r->kv.refcount) moe_seq_reset(r, s);
+    if (r->kv.blocks) moe_seq_reset(r, s);
     free(s->blocks);
     memset(s, 0, sizeof *s);
 }

@@ -36,6 +36,9 @@ struct moe_runner_opts {
     int max_logits;    /* logit rows per step */
     int block_size;    /* B */
     int n_blocks;      /* pool size */
+    enum moe_dtype kv_dtype; /* used when kv_dtype_set, else F32 */
+    bool kv_dtype_set;
+    bool prefix_cache; /* register full blocks for reuse (the engine's) */
 };
 
 struct moe_runner {

@@ -118,7 +118,7 @@ static void check_model(const char *name, double logit_tol)
         free(logits);
         free(trace);
     }
-    cr_assert_eq(f.r.kv.n_free, f.r.kv.n_blocks, "every KV block returned");
+    cr_assert_eq(moe_kvcache_available(&f.r.kv), f.r.kv.n_blocks, "every KV block returned");
     fixture_close(&f);
 }
 
@@ -220,7 +220,7 @@ Test(forward, batched_sequences_match_solo)
     moe_seq_free(&f.r, &a);
     moe_seq_free(&f.r, &b);
     moe_seq_free(&f.r, &c);
-    cr_assert_eq(f.r.kv.n_free, f.r.kv.n_blocks);
+    cr_assert_eq(moe_kvcache_available(&f.r.kv), f.r.kv.n_blocks);
     for (int p = 0; p < 3; p++) free(solo[p]);
     free(out);
     fixture_close(&f);
@@ -236,7 +236,7 @@ Test(forward, rejects_token_outside_vocabulary_without_side_effects)
     cr_assert_eq(moe_runner_step(&f.r, &c, 1, NULL, NULL, NULL), MOE_ERR_INVALID_ARG);
     cr_assert(strstr(moe_last_error(), "outside the vocabulary"), "%s", moe_last_error());
     cr_assert_eq(seq.len, 0);
-    cr_assert_eq(f.r.kv.n_free, f.r.kv.n_blocks);
+    cr_assert_eq(moe_kvcache_available(&f.r.kv), f.r.kv.n_blocks);
     moe_seq_free(&f.r, &seq);
     fixture_close(&f);
 }

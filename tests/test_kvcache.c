@@ -1,0 +1,127 @@
+/* test_kvcache.c - block pool, budget sizing and the prefix cache. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvcache/kvcache.h"
+#include "runtime/backend.h"
+#include "tests/testutil.h"
+
+static struct moe_backend be;
+static struct moe_config cfg = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 4};
+
+static void setup(void) { cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK); }
+static void teardown(void) { moe_backend_free(&be); }
+
+TestSuite(kvcache, .init = setup, .fini = teardown);
+
+Test(kvcache, budget_sizes_pool_and_refuses_less_than_a_block)
+{
+    /* one block of 16 tokens: 2 (K,V) * 2 layers * 2 heads * 4 * 16 * 2 bytes */
+    cr_assert_eq(moe_kvcache_block_bytes(&cfg, 16, MOE_DTYPE_BF16), 1024u);
+    int n;
+    cr_assert_eq(moe_kvcache_blocks_for_budget(&cfg, 16, MOE_DTYPE_BF16, 10 * 1024 + 5, &n), MOE_OK);
+    cr_assert_eq(n, 10);
+    cr_assert_eq(moe_kvcache_blocks_for_budget(&cfg, 16, MOE_DTYPE_BF16, 1023, &n), MOE_ERR_INVALID_ARG);
+    cr_assert(strstr(moe_last_error(), "1023 bytes"), "%s", moe_last_error());
+    struct moe_kvcache kv;
+    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 0, 16, MOE_DTYPE_F32, false), MOE_ERR_INVALID_ARG);
+    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 1 << 30, 1 << 30, MOE_DTYPE_F32, false), MOE_ERR_NOMEM);
+}
+
+Test(kvcache, alloc_release_refcount)
+{
+    struct moe_kvcache kv;
+    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 3, 4, MOE_DTYPE_F32, false), MOE_OK);
+    int32_t a, b, c, d;
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &a), MOE_OK);
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &b), MOE_OK);
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &c), MOE_OK);
+    cr_assert(a != b && b != c && a != c);
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &d), MOE_ERR_NOMEM);
+    moe_kvcache_ref_block(&kv, b);
+    moe_kvcache_release_block(&kv, b);
+    cr_assert_eq(moe_kvcache_available(&kv), 0, "b still referenced once");
+    moe_kvcache_release_block(&kv, b);
+    cr_assert_eq(moe_kvcache_available(&kv), 1);
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &d), MOE_OK);
+    cr_assert_eq(d, b);
+    moe_kvcache_free(&kv);
+    moe_kvcache_free(&kv); /* twice is safe */
+}
+
+Test(kvcache, prefix_chain_lookup_and_lru_eviction)
+{
+    struct moe_kvcache kv;
+    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 4, 2, MOE_DTYPE_F32, true), MOE_OK);
+    const int32_t t1[2] = {1, 2}, t2[2] = {3, 4}, t3[2] = {5, 6};
+    int32_t a, b;
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &a), MOE_OK);
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &b), MOE_OK);
+    moe_kvcache_cache_block(&kv, a, -1, t1);
+    moe_kvcache_cache_block(&kv, b, a, t2);
+    /* the same tokens after a different parent do not match */
+    cr_assert_eq(moe_kvcache_lookup(&kv, -1, t2), -1);
+    cr_assert_eq(moe_kvcache_lookup(&kv, b, t2), -1);
+    cr_assert_eq(moe_kvcache_lookup(&kv, -1, t1), a);
+    cr_assert_eq(moe_kvcache_lookup(&kv, a, t2), b);
+    cr_assert_eq(kv.blocks[a].refcount, 2);
+    /* release everything: both become evictable, not free */
+    for (int i = 0; i < 2; i++) {
+        moe_kvcache_release_block(&kv, a);
+        moe_kvcache_release_block(&kv, b);
+    }
+    cr_assert_eq(kv.n_free, 2);
+    cr_assert_eq(kv.n_evictable, 2);
+    cr_assert_eq(moe_kvcache_available(&kv), 4);
+    /* a hit on an evictable block takes it off the LRU list */
+    cr_assert_eq(moe_kvcache_lookup(&kv, -1, t1), a);
+    cr_assert_eq(kv.n_evictable, 1);
+    moe_kvcache_release_block(&kv, a); /* now a is the most recently used */
+    int32_t x[4];
+    for (int i = 0; i < 3; i++) cr_assert_eq(moe_kvcache_alloc_block(&kv, &x[i]), MOE_OK);
+    /* two free blocks went first, then the least recently used cached: b */
+    cr_assert_eq(x[2], b);
+    cr_assert_eq(kv.stats.evictions, 1);
+    cr_assert_eq(moe_kvcache_lookup(&kv, a, t2), -1, "evicted block no longer found");
+    /* a's child key died with b; re-register b's slot with other content */
+    moe_kvcache_cache_block(&kv, x[2], a, t3);
+    cr_assert_eq(moe_kvcache_lookup(&kv, a, t3), x[2]);
+    /* evict a: its generation changes, so children registered under it never match */
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &x[3]), MOE_OK);
+    cr_assert_eq(x[3], a);
+    moe_kvcache_cache_block(&kv, a, -1, t1);
+    cr_assert_eq(moe_kvcache_lookup(&kv, a, t3), -1);
+    moe_kvcache_free(&kv);
+}
+
+/* Many random cache/evict cycles: every block the index holds is found by
+ * its key, and nothing else is (checks backward-shift deletion). */
+Test(kvcache, index_survives_random_churn)
+{
+    enum { NB = 64, B = 3 };
+    struct moe_kvcache kv;
+    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, NB, B, MOE_DTYPE_F32, true), MOE_OK);
+    uint64_t s = 99;
+    int32_t toks[NB][B];
+    bool live[NB] = {0};
+    for (int it = 0; it < 20000; it++) {
+        int32_t b;
+        cr_assert_eq(moe_kvcache_alloc_block(&kv, &b), MOE_OK);
+        live[b] = false; /* whatever it held is gone */
+        for (int i = 0; i < B; i++) toks[b][i] = (int32_t)(tu_rand_u64(&s) % 5);
+        moe_kvcache_cache_block(&kv, b, -1, toks[b]);
+        live[b] = kv.blocks[b].cached;
+        moe_kvcache_release_block(&kv, b);
+        if (it % 997 == 0) {
+            for (int k = 0; k < NB; k++) {
+                if (!live[k] || !kv.blocks[k].cached) continue;
+                int32_t got = moe_kvcache_lookup(&kv, -1, toks[k]);
+                cr_assert_eq(got, k, "block %d lost from the index", k);
+                moe_kvcache_release_block(&kv, got);
+            }
+        }
+    }
+    cr_assert_eq(moe_kvcache_available(&kv), NB);
+    moe_kvcache_free(&kv);
+}
