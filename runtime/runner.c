@@ -75,21 +75,36 @@ void moe_seq_free(struct moe_runner *r, struct moe_seq *s)
     memset(s, 0, sizeof *s);
 }
 
-/* Makes room for `len` tokens in s; blocks taken are recorded in s. */
-static enum moe_status seq_reserve(struct moe_runner *r, struct moe_seq *s, int len)
+static enum moe_status seq_grow(struct moe_runner *r, struct moe_seq *s)
+{
+    if (s->cap >= r->max_blocks) return MOE_OK;
+    int32_t *nb = realloc(s->blocks, (size_t)r->max_blocks * sizeof(int32_t));
+    if (!nb) return moe_fail(MOE_ERR_NOMEM, "sequence block table");
+    s->blocks = nb;
+    s->cap = r->max_blocks;
+    return MOE_OK;
+}
+
+enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int len)
 {
     const int B = r->o.block_size;
     int need = (len + B - 1) / B;
     if (need > r->max_blocks)
         return moe_fail(MOE_ERR_INVALID_ARG, "sequence of %d tokens exceeds the model's context "
                         "of %d", len, r->m->cfg.max_pos);
-    if (need > s->cap) {
-        int32_t *nb = realloc(s->blocks, (size_t)r->max_blocks * sizeof(int32_t));
-        if (!nb) return moe_fail(MOE_ERR_NOMEM, "sequence block table");
-        s->blocks = nb;
-        s->cap = r->max_blocks;
+    MOE_TRY(seq_grow(r, s));
+    while (s->n_blocks < need) {
+        MOE_TRY(moe_kvcache_alloc_block(&r->kv, &s->blocks[s->n_blocks]));
+        s->n_blocks++;
     }
-    while (s->n_blocks < need) MOE_TRY(moe_kvcache_alloc_block(&r->kv, &s->blocks[s->n_blocks++]));
+    return MOE_OK;
+}
+
+enum moe_status moe_seq_push_block(struct moe_runner *r, struct moe_seq *s, int32_t block)
+{
+    MOE_TRY(seq_grow(r, s));
+    MOE_ASSERT(s->n_blocks < s->cap);
+    s->blocks[s->n_blocks++] = block;
     return MOE_OK;
 }
 
@@ -120,7 +135,7 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
     enum moe_status s = MOE_OK;
     for (int c = 0; c < n_chunks; c++) saved_blocks[c] = chunks[c].seq->n_blocks;
     for (int c = 0; c < n_chunks && s == MOE_OK; c++)
-        s = seq_reserve(r, chunks[c].seq, chunks[c].seq->len + chunks[c].n);
+        s = moe_runner_reserve(r, chunks[c].seq, chunks[c].seq->len + chunks[c].n);
     if (s != MOE_OK) goto undo;
 
     int row = 0, lrow = 0;

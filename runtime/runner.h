@@ -61,6 +61,11 @@ void moe_runner_free(struct moe_runner *r);
 /* Returns a sequence's blocks to the pool and empties it. */
 void moe_seq_reset(struct moe_runner *r, struct moe_seq *s);
 void moe_seq_free(struct moe_runner *r, struct moe_seq *s);
+/* Makes room in the pool for s to hold len tokens (allocates blocks). */
+MOE_MUST_USE enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int len);
+/* Appends an already-referenced block (a prefix cache hit) to s. */
+MOE_MUST_USE enum moe_status moe_seq_push_block(struct moe_runner *r, struct moe_seq *s,
+                                                 int32_t block);
 /* Appends each chunk's tokens to its sequence and runs one forward step.
  * logits (rows, V) host in chunk order; *n_rows receives the row count. On
  * failure no sequence changes length (blocks taken for it are returned). */

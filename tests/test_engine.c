@@ -1,0 +1,268 @@
+/* test_engine.c - continuous batching must not change any request's output:
+ * mixed lengths and arrivals, preemption under a small KV budget, prefix
+ * reuse, cancellation, thousands of requests without a leaked block. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/engine.h"
+#include "tests/testutil.h"
+
+static struct moe_model model;
+static struct moe_backend be;
+
+static void setup(void)
+{
+    const char *cfg_text =
+        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 32, "
+        "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+        "\"head_dim\": 8, \"vocab_size\": 97, \"max_position_embeddings\": 256, "
+        "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
+        "\"norm_topk_prob\": true, \"initializer_range\": 0.5}";
+    json_t *j = json_loads(cfg_text, 0, NULL);
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_parse(&cfg, j, "test config"), MOE_OK, "%s", moe_last_error());
+    json_decref(j);
+    cr_assert_eq(moe_model_synthetic(&model, &cfg, MOE_DTYPE_F32, 11), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK);
+}
+
+static void teardown(void)
+{
+    moe_backend_free(&be);
+    moe_model_free(&model);
+}
+
+TestSuite(engine, .init = setup, .fini = teardown);
+
+static void engine_open(struct moe_engine *e, int n_blocks, int block, int batch_tokens,
+                        bool prefix)
+{
+    struct moe_engine_opts o = {.max_batch_tokens = batch_tokens, .max_seqs = 8,
+                                .block_size = block, .n_blocks = n_blocks,
+                                .kv_dtype = MOE_DTYPE_F32, .prefix_cache = prefix};
+    cr_assert_eq(moe_engine_init(e, &model, &be, &o), MOE_OK, "%s", moe_last_error());
+}
+
+static void make_prompt(int32_t *p, int n, uint64_t seed)
+{
+    for (int i = 0; i < n; i++) p[i] = (int32_t)(tu_rand_u64(&seed) % 97);
+}
+
+static struct moe_request_params params(int max_tokens, float temperature, uint64_t seed)
+{
+    struct moe_request_params p = {.max_tokens = max_tokens};
+    moe_sampling_defaults(&p.sampling);
+    p.sampling.temperature = temperature;
+    p.sampling.seed = seed;
+    return p;
+}
+
+/* Output of one request served alone by a fresh engine. */
+static void solo(const int32_t *prompt, int n, const struct moe_request_params *p, int32_t *out,
+                 int *n_out)
+{
+    struct moe_engine e;
+    engine_open(&e, 64, 4, 64, false);
+    struct moe_request *r;
+    cr_assert_eq(moe_engine_submit(&e, prompt, n, p, NULL, &r), MOE_OK, "%s", moe_last_error());
+    int rows;
+    while (!moe_engine_idle(&e)) cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
+    const int32_t *o = moe_request_output(r, n_out);
+    memcpy(out, o, (size_t)*n_out * sizeof *out);
+    moe_engine_release(&e, r);
+    moe_engine_free(&e);
+}
+
+#define NREQ 12
+
+struct scenario {
+    int32_t prompt[NREQ][64];
+    int len[NREQ], arrive[NREQ];
+    struct moe_request_params p[NREQ];
+};
+
+static void make_scenario(struct scenario *s, float temperature)
+{
+    uint64_t seed = 5;
+    for (int i = 0; i < NREQ; i++) {
+        s->len[i] = 1 + (int)(tu_rand_u64(&seed) % 60);
+        s->arrive[i] = (int)(tu_rand_u64(&seed) % 10);
+        make_prompt(s->prompt[i], s->len[i], 100 + (uint64_t)i);
+        s->p[i] = params(1 + (int)(tu_rand_u64(&seed) % 20), temperature, 1000 + (uint64_t)i);
+    }
+}
+
+/* Serves the scenario with continuous batching; checks each output equals
+ * its solo output.  Returns the engine counters. */
+static struct moe_engine_counters serve(struct scenario *s, int n_blocks, int block,
+                                        int batch_tokens, bool prefix)
+{
+    struct moe_engine e;
+    engine_open(&e, n_blocks, block, batch_tokens, prefix);
+    struct moe_request *req[NREQ] = {0};
+    int step = 0, rows;
+    for (;;) {
+        for (int i = 0; i < NREQ; i++)
+            if (!req[i] && s->arrive[i] <= step)
+                cr_assert_eq(moe_engine_submit(&e, s->prompt[i], s->len[i], &s->p[i], NULL, &req[i]),
+                             MOE_OK, "%s", moe_last_error());
+        bool all = true;
+        for (int i = 0; i < NREQ; i++) all &= req[i] != NULL;
+        if (all && moe_engine_idle(&e)) break;
+        cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
+        step++;
+        cr_assert(step < 10000, "engine does not finish");
+    }
+    for (int i = 0; i < NREQ; i++) {
+        int32_t want[64];
+        int n_want, n_got;
+        solo(s->prompt[i], s->len[i], &s->p[i], want, &n_want);
+        const int32_t *got = moe_request_output(req[i], &n_got);
+        cr_assert_eq(req[i]->finish, MOE_FINISH_LENGTH);
+        cr_assert_eq(n_got, n_want, "request %d: %d tokens, alone %d", i, n_got, n_want);
+        for (int k = 0; k < n_got; k++)
+            cr_assert_eq(got[k], want[k], "request %d token %d: %d, alone %d", i, k, got[k], want[k]);
+        moe_engine_release(&e, req[i]);
+    }
+    struct moe_engine_counters n = e.n;
+    cr_assert_eq(moe_kvcache_available(&e.r.kv), e.r.kv.n_blocks, "every block back");
+    moe_engine_free(&e);
+    return n;
+}
+
+Test(engine, continuous_batching_matches_solo_greedy)
+{
+    struct scenario s;
+    make_scenario(&s, 0.0f);
+    struct moe_engine_counters n = serve(&s, 256, 4, 32, false);
+    cr_assert_eq(n.preemptions, 0);
+}
+
+Test(engine, continuous_batching_matches_solo_sampled)
+{
+    struct scenario s;
+    make_scenario(&s, 0.9f);
+    serve(&s, 256, 4, 48, true);
+}
+
+Test(engine, preemption_keeps_outputs_identical)
+{
+    struct scenario s;
+    make_scenario(&s, 0.0f);
+    struct moe_engine_counters n = serve(&s, 24, 4, 64, false);
+    cr_assert(n.preemptions > 0, "a 24-block pool must preempt");
+    make_scenario(&s, 0.8f);
+    n = serve(&s, 24, 4, 64, true);
+    cr_assert(n.preemptions > 0);
+}
+
+Test(engine, shared_prefix_reuses_blocks)
+{
+    struct moe_engine e;
+    engine_open(&e, 64, 4, 64, true);
+    int32_t a[30], b[30];
+    make_prompt(a, 30, 1);
+    memcpy(b, a, 22 * sizeof *a); /* 22 shared tokens: 5 full blocks of 4 */
+    make_prompt(b + 22, 8, 2);
+    struct moe_request_params p = params(6, 0.0f, 0);
+    struct moe_request *ra, *rb;
+    int rows;
+    cr_assert_eq(moe_engine_submit(&e, a, 30, &p, NULL, &ra), MOE_OK);
+    while (!moe_engine_idle(&e)) cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK);
+    cr_assert_eq(moe_engine_submit(&e, b, 30, &p, NULL, &rb), MOE_OK);
+    while (!moe_engine_idle(&e)) cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK);
+    cr_assert_eq(rb->n_prefix_hit, 20, "5 blocks of 4 reused");
+    cr_assert_eq(rb->n_prefilled, 10, "only the 10 new prompt tokens computed");
+    int32_t want[8];
+    int n_want, n_got;
+    solo(b, 30, &p, want, &n_want);
+    const int32_t *got = moe_request_output(rb, &n_got);
+    cr_assert_eq(n_got, n_want);
+    cr_assert(memcmp(got, want, (size_t)n_got * sizeof *got) == 0, "same output as without sharing");
+    /* the same prompt again: all but the last block come from the cache */
+    struct moe_request *rc;
+    cr_assert_eq(moe_engine_submit(&e, a, 30, &p, NULL, &rc), MOE_OK);
+    while (!moe_engine_idle(&e)) cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK);
+    cr_assert_eq(rc->n_prefix_hit, 28);
+    int n_a, n_c;
+    const int32_t *oa = moe_request_output(ra, &n_a), *oc = moe_request_output(rc, &n_c);
+    cr_assert(n_a == n_c && memcmp(oa, oc, (size_t)n_a * sizeof *oa) == 0);
+    /* a prompt of exactly two blocks: the second block is recomputed, since
+     * the last prompt token's logits are needed */
+    struct moe_request *rd, *re;
+    cr_assert_eq(moe_engine_submit(&e, a, 8, &p, NULL, &rd), MOE_OK);
+    while (!moe_engine_idle(&e)) cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK);
+    cr_assert_eq(moe_engine_submit(&e, a, 8, &p, NULL, &re), MOE_OK);
+    for (int i = 0; i < 50 && !moe_engine_idle(&e); i++) cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK);
+    cr_assert_eq(re->state, MOE_REQ_FINISHED);
+    cr_assert_eq(re->n_prefix_hit, 4);
+    moe_engine_release(&e, ra);
+    moe_engine_release(&e, rb);
+    moe_engine_release(&e, rc);
+    moe_engine_release(&e, rd);
+    moe_engine_release(&e, re);
+    moe_engine_free(&e);
+}
+
+Test(engine, refuses_what_cannot_fit)
+{
+    struct moe_engine e;
+    engine_open(&e, 4, 4, 64, false); /* 16 token slots */
+    int32_t p[20];
+    make_prompt(p, 20, 3);
+    struct moe_request_params rp = params(4, 0.0f, 0);
+    struct moe_request *r;
+    cr_assert_eq(moe_engine_submit(&e, p, 20, &rp, NULL, &r), MOE_ERR_INVALID_ARG);
+    cr_assert(strstr(moe_last_error(), "cache holds only 4 blocks"), "%s", moe_last_error());
+    cr_assert_eq(moe_engine_submit(&e, p, 0, &rp, NULL, &r), MOE_ERR_INVALID_ARG);
+    rp.max_tokens = 250;
+    cr_assert_eq(moe_engine_submit(&e, p, 10, &rp, NULL, &r), MOE_ERR_INVALID_ARG);
+    cr_assert(strstr(moe_last_error(), "context of 256"), "%s", moe_last_error());
+    p[3] = 97;
+    rp.max_tokens = 2;
+    cr_assert_eq(moe_engine_submit(&e, p, 10, &rp, NULL, &r), MOE_ERR_INVALID_ARG);
+    cr_assert(strstr(moe_last_error(), "outside the vocabulary"), "%s", moe_last_error());
+    cr_assert(moe_engine_idle(&e));
+    moe_engine_free(&e);
+}
+
+/* 3000 short requests, a third cancelled at random moments: afterwards no
+ * block is referenced. */
+Test(engine, thousands_of_requests_leak_no_block)
+{
+    struct moe_engine e;
+    engine_open(&e, 40, 4, 48, true);
+    uint64_t seed = 77;
+    struct moe_request *live[64] = {0};
+    int n_live = 0, submitted = 0, rows, steps = 0;
+    while (submitted < 3000 || n_live > 0) {
+        cr_assert(++steps < 100000, "engine stopped making progress");
+        while (submitted < 3000 && n_live < 64) {
+            int32_t p[12];
+            int n = 1 + (int)(tu_rand_u64(&seed) % 12);
+            /* few distinct prompts, so prefixes are shared */
+            make_prompt(p, n, tu_rand_u64(&seed) % 7);
+            struct moe_request_params rp = params(1 + (int)(tu_rand_u64(&seed) % 6), 0.5f, seed);
+            cr_assert_eq(moe_engine_submit(&e, p, n, &rp, NULL, &live[n_live++]), MOE_OK, "%s",
+                         moe_last_error());
+            submitted++;
+        }
+        cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
+        for (int i = 0; i < n_live; i++) {
+            struct moe_request *r = live[i];
+            if (r->state != MOE_REQ_FINISHED && tu_rand_u64(&seed) % 9 == 0) moe_engine_cancel(&e, r);
+            if (r->state == MOE_REQ_FINISHED) {
+                moe_engine_release(&e, r);
+                live[i--] = live[--n_live];
+            }
+        }
+    }
+    cr_assert(moe_engine_idle(&e));
+    cr_assert(e.n.requests_aborted > 100, "cancellations happened (%llu)",
+              (unsigned long long)e.n.requests_aborted);
+    cr_assert(e.n.prefix_hit_tokens > 0);
+    for (int b = 0; b < e.r.kv.n_blocks; b++) cr_assert_eq(e.r.kv.blocks[b].refcount, 0, "block %d", b);
+    cr_assert_eq(moe_kvcache_available(&e.r.kv), e.r.kv.n_blocks);
+    moe_engine_free(&e);
+}
