@@ -386,15 +386,21 @@ static enum moe_status step(struct moe_detok *d, bool flush, const char **text)
         free(s);
         return MOE_OK;
     }
-    /* The new text follows the common prefix; with the decoders supported it
-     * is the whole previous prefix (DecodeStream errors otherwise). */
-    size_t common = 0, pl = d->prefix_len;
-    while (common < pl && s[common] == d->prefix[common]) common++;
-    while (common > 0 && common < len && ((unsigned char)s[common] & 0xc0) == 0x80) common--;
     free(d->text);
-    d->text = strdup(s + common);
-    free(s);
-    if (!d->text) return moe_fail(MOE_ERR_NOMEM, "tokenizer: out of memory");
+    d->text = NULL;
+    if (memcmp(s, d->prefix ? d->prefix : "", d->prefix_len) == 0) {
+        d->text = strdup(s + d->prefix_len);
+        free(s);
+        if (!d->text) return moe_fail(MOE_ERR_NOMEM, "tokenizer: out of memory");
+    } else {
+        /* The context decodes differently once followed by the new ids (a
+         * ByteFallback run judged as a whole: complete bytes followed by a
+         * dangling one).  Rust's DecodeStream fails here; we emit the new ids
+         * decoded on their own. */
+        free(s);
+        MOE_TRY(moe_tokenizer_decode(d->tok, d->ids + d->prefix_index, d->n - d->prefix_index,
+                                     d->skip_special, &d->text));
+    }
     *text = d->text;
     /* keep ids[prefix_index..] as context for the next step */
     size_t keep = d->n - d->prefix_index;
