@@ -48,7 +48,7 @@ static enum moe_status push_ids(int32_t **ids, size_t *n, size_t *cap, const int
         *ids = p;
         *cap = c;
     }
-    memcpy(*ids + *n, src, k * sizeof *src);
+    if (k) memcpy(*ids + *n, src, k * sizeof *src);
     *n += k;
     return MOE_OK;
 }
@@ -292,10 +292,10 @@ static enum moe_status ids_append(int32_t **v, size_t *n, const int32_t *src, si
 {
     int32_t *p = realloc(*v, (*n + k + 1) * sizeof *p);
     if (!p) return moe_fail(MOE_ERR_NOMEM, "tokenizer: out of memory");
-    if (front) {
+    if (k && front) {
         memmove(p + k, p, *n * sizeof *p);
         memcpy(p, src, k * sizeof *p);
-    } else {
+    } else if (k) {
         memcpy(p + *n, src, k * sizeof *p);
     }
     *v = p;
