@@ -317,7 +317,28 @@ def save(name, tok, cfg, gen, opts, corpus):
     print(name, "vocab", tok.get_vocab_size(), "ids", sum(len(e["ids"]) for e in exp))
 
 
+def expected_for(tokenizer_json, out_path, corpus):
+    """Reference ids/text for a real tokenizer.json, for checking one that is
+    too large to commit (see test_tokenizer.c, MOERUN_TOKENIZER_CHECK_DIR)."""
+    tok = Tokenizer.from_file(tokenizer_json)
+    exp = []
+    for s in corpus:
+        ids = tok.encode(s, add_special_tokens=True).ids
+        text = tok.decode(ids, skip_special_tokens=False)
+        exp.append({"ids": ids, "text": None if text == s else text})
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(exp, f, ensure_ascii=False, separators=(",", ":"))
+
+
 def main():
+    import sys
+    if len(sys.argv) == 3 and sys.argv[1] == "--check-dir":
+        # python3 make_tokenizer_fixtures.py --check-dir MODEL_DIR
+        # writes MODEL_DIR/expected.json for MODEL_DIR/tokenizer.json
+        d = sys.argv[2]
+        expected_for(os.path.join(d, "tokenizer.json"), os.path.join(d, "expected.json"),
+                     test_corpus())
+        return
     lines = training_corpus()
     corpus = test_corpus()
     os.makedirs(OUT, exist_ok=True)
