@@ -374,7 +374,10 @@ enum moe_status moe_tok_pretok_load(struct tok_pretok **out, json_t *j)
         if ((st = load_behavior(j, &p->behavior, B_ISOLATED))) goto fail;
     } else if (!strcmp(t, "Whitespace")) {
         p->kind = P_WS;
-        static const char ws_re[] = "\\w+|[^\\w\\s]+";
+        /* \w+|[^\w\s]+ with the Rust regex crate's Unicode \w and \s */
+        static const char ws_re[] =
+            "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]+|"
+            "[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}\\p{White_Space}]+";
         if ((st = moe_tok_regex_compile(&p->re, ws_re, sizeof ws_re - 1, false, "Whitespace")))
             goto fail;
         p->has_re = true;
