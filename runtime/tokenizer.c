@@ -11,6 +11,7 @@
  * AddedVocabulary::find_matches, with Unicode \w and \s. */
 #include "runtime/tokenizer_impl.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -648,7 +649,7 @@ enum moe_status moe_tokenizer_load(struct moe_tokenizer *tok, const char *model_
     if (!path) return moe_fail(MOE_ERR_NOMEM, "tokenizer: out of memory");
     FILE *f = fopen(path, "rb");
     if (!f) {
-        enum moe_status st = moe_fail(MOE_ERR_IO, "%s: cannot open", path);
+        enum moe_status st = moe_fail(MOE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         free(path);
         return st;
     }
