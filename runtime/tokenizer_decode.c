@@ -265,7 +265,9 @@ static enum moe_status chain(const struct tok_decoder *d, struct tok_list *in, s
             tmp->len = 0;
             MOE_TRY(moe_tok_buf_put(tmp, "", 0));
             struct tok_regex *re = (struct tok_regex *)&d->re; /* match data is scratch */
-            while (moe_tok_regex_next(re, s, n, &from, &last, &ms, &me)) {
+            for (bool found;;) {
+                MOE_TRY(moe_tok_regex_next(re, s, n, &from, &last, &ms, &me, &found));
+                if (!found) break;
                 MOE_TRY(moe_tok_buf_put(tmp, s + done, ms - done));
                 MOE_TRY(moe_tok_buf_put(tmp, d->content, d->content_len));
                 done = me;

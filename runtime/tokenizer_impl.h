@@ -76,15 +76,20 @@ uint64_t moe_tok_hash(const char *s, size_t n);
 struct tok_regex {
     pcre2_code *code;
     pcre2_match_data *md;
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *jit_stack; /* grown beyond the default 32 KiB for long words */
 };
 enum moe_status moe_tok_regex_compile(struct tok_regex *re, const char *pat, size_t len,
                                       bool literal, const char *what) MOE_MUST_USE;
 void moe_tok_regex_free(struct tok_regex *re);
-/* Finds the next match in s[0..n) at or after `from`, with the Rust
+/* Finds the next match in s[0..n) at or after *from, with the Rust
  * (Oniguruma find_iter) rule that an empty match right at the end of the
- * previous match is skipped.  Returns false when there is none. */
-bool moe_tok_regex_next(struct tok_regex *re, const char *s, size_t n, size_t *from,
-                        size_t *last_end, size_t *ms, size_t *me);
+ * previous match is skipped; *last_end starts at SIZE_MAX.  *found is false
+ * when there is none.  A matching failure (a PCRE2 resource limit) is an
+ * error, never a silent "no match". */
+enum moe_status moe_tok_regex_next(struct tok_regex *re, const char *s, size_t n, size_t *from,
+                                   size_t *last_end, size_t *ms, size_t *me,
+                                   bool *found) MOE_MUST_USE;
 
 /* ---- BPE model (tokenizer_bpe.c) ---- */
 struct tok_merge_slot {

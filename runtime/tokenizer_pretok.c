@@ -215,7 +215,9 @@ static enum moe_status norm_one(struct tok_norm *n, struct tok_buf *in, struct t
         return moe_tok_buf_put(out, in->p, in->len);
     case N_REPLACE: {
         size_t from = 0, last = SIZE_MAX, ms, me, done = 0;
-        while (moe_tok_regex_next(&n->re, in->p, in->len, &from, &last, &ms, &me)) {
+        for (bool found;;) {
+            MOE_TRY(moe_tok_regex_next(&n->re, in->p, in->len, &from, &last, &ms, &me, &found));
+            if (!found) break;
             MOE_TRY(moe_tok_buf_put(out, in->p + done, ms - done));
             MOE_TRY(moe_tok_buf_put(out, n->str, n->str_len));
             done = me;
@@ -439,7 +441,9 @@ static enum moe_status split_piece(struct tok_pretok *p, const char *s, size_t n
     size_t np = 0;
     if (p->has_re) {
         size_t from = 0, last = SIZE_MAX, ms, me, prev = 0;
-        while (moe_tok_regex_next(&p->re, s, n, &from, &last, &ms, &me)) {
+        for (bool found;;) {
+            MOE_TRY(moe_tok_regex_next(&p->re, s, n, &from, &last, &ms, &me, &found));
+            if (!found) break;
             if (prev != ms) MOE_TRY(add_part(p, &np, prev, ms, p->invert));
             MOE_TRY(add_part(p, &np, ms, me, !p->invert));
             prev = me;

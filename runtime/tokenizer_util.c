@@ -243,11 +243,16 @@ enum moe_status moe_tok_regex_compile(struct tok_regex *re, const char *pat, siz
         return moe_fail(MOE_ERR_FORMAT, "tokenizer.json: %s regex '%.*s' does not compile: %s (at %zu)",
                         what, (int)(len > 200 ? 200 : len), pat, (const char *)msg, (size_t)at);
     }
-    (void)pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE); /* interpreter if no JIT */
     re->md = pcre2_match_data_create_from_pattern(re->code, NULL);
-    if (!re->md) {
+    re->mctx = pcre2_match_context_create(NULL);
+    if (!re->md || !re->mctx) {
         moe_tok_regex_free(re);
         return moe_fail(MOE_ERR_NOMEM, "tokenizer: out of memory (regex match data)");
+    }
+    /* JIT when the library has it, else the interpreter. */
+    if (pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE) == 0) {
+        re->jit_stack = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, NULL);
+        if (re->jit_stack) pcre2_jit_stack_assign(re->mctx, NULL, re->jit_stack);
     }
     return MOE_OK;
 }
@@ -255,22 +260,30 @@ enum moe_status moe_tok_regex_compile(struct tok_regex *re, const char *pat, siz
 void moe_tok_regex_free(struct tok_regex *re)
 {
     if (re->md) pcre2_match_data_free(re->md);
+    if (re->mctx) pcre2_match_context_free(re->mctx);
+    if (re->jit_stack) pcre2_jit_stack_free(re->jit_stack);
     if (re->code) pcre2_code_free(re->code);
-    re->md = NULL;
-    re->code = NULL;
+    memset(re, 0, sizeof *re);
 }
 
-bool moe_tok_regex_next(struct tok_regex *re, const char *s, size_t n, size_t *from,
-                        size_t *last_end, size_t *ms, size_t *me)
+enum moe_status moe_tok_regex_next(struct tok_regex *re, const char *s, size_t n, size_t *from,
+                                   size_t *last_end, size_t *ms, size_t *me, bool *found)
 {
+    *found = false;
     while (*from <= n) {
-        int rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, *from, PCRE2_NO_UTF_CHECK, re->md, NULL);
-        if (rc < 0) return false;
+        int rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, *from, PCRE2_NO_UTF_CHECK, re->md, re->mctx);
+        if (rc == PCRE2_ERROR_NOMATCH) return MOE_OK;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return moe_fail(MOE_ERR_INVALID_ARG, "tokenizer: regex matching failed on a %zu-byte "
+                                                 "piece: %s", n, (const char *)msg);
+        }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(re->md);
         size_t s0 = ov[0], e0 = ov[1];
         if (s0 == e0 && e0 == *last_end) {
             /* Empty match where the previous one ended: step one character. */
-            if (*from >= n) return false;
+            if (*from >= n) return MOE_OK;
             *from += moe_tok_clen((unsigned char)s[*from]);
             continue;
         }
@@ -278,7 +291,8 @@ bool moe_tok_regex_next(struct tok_regex *re, const char *s, size_t n, size_t *f
         *last_end = e0;
         *ms = s0;
         *me = e0;
-        return true;
+        *found = true;
+        return MOE_OK;
     }
-    return false;
+    return MOE_OK;
 }

@@ -486,3 +486,24 @@ Test(tokenizer_cli, errors_are_one_line, .init = cr_redirect_stderr)
     cr_assert_stderr_eq_str("moerun tokenize: 'x' is not a token id\n"
                             "moerun tokenize: missing MODEL_DIR (try --help)\n");
 }
+
+/* A regex that blows PCRE2's match limit is an encode error, not a silent
+ * "no match" that would change the splits. */
+Test(tokenizer, regex_resource_limit_is_an_error)
+{
+    static const char json[] =
+        "{" MODEL_OK ", \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": "
+        "\"(a|aa)+$\"}, \"behavior\": \"Isolated\", \"invert\": false}}";
+    struct moe_tokenizer tok;
+    cr_assert_eq(moe_tokenizer_load_json(&tok, json, sizeof json - 1), MOE_OK, "%s", moe_last_error());
+    char text[64];
+    memset(text, 'a', 60);
+    text[60] = 'b';
+    int32_t *ids = NULL;
+    size_t n;
+    enum moe_status st = moe_tokenizer_encode(&tok, text, 61, false, &ids, &n, NULL);
+    cr_expect_eq(st, MOE_ERR_INVALID_ARG, "status %d", st);
+    cr_expect(strstr(moe_last_error(), "regex matching failed"), "%s", moe_last_error());
+    cr_expect_null(ids);
+    moe_tokenizer_free(&tok);
+}
