@@ -24,6 +24,7 @@ static void usage(FILE *f)
             "  --decode IDS    decode instead of encode\n"
             "  --no-special    encode without the post-processor's special tokens (BOS);\n"
             "                  decode skipping special tokens\n"
+            "  --              end of options (for a TEXT that starts with --)\n"
             "  -h, --help      this text\n");
 }
 
@@ -102,10 +103,16 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n)
 int moe_cli_tokenize(int argc, char **argv)
 {
     const char *dir = NULL, *text = NULL, *decode = NULL;
-    bool special = true;
+    bool special = true, options = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (options && !strcmp(a, "--")) {
+            options = false; /* the rest is positional, e.g. a TEXT starting with -- */
+        } else if (!options) {
+            if (!dir) dir = a;
+            else if (!text) text = a;
+            else return fail("too many arguments (try --help)");
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--no-special")) {

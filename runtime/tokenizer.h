@@ -58,7 +58,9 @@ void moe_tokenizer_free(struct moe_tokenizer *tok);
 /* Encodes text[0..len) (UTF-8; need not be NUL-terminated).  Invalid UTF-8
  * is replaced by U+FFFD per maximal invalid subpart (as Rust's
  * String::from_utf8_lossy does) and *invalid_utf8 is set (may be NULL).
- * add_special applies the post-processor (e.g. BOS).  *ids is new memory
+ * add_special applies tokenizer.json's post-processor (e.g. BOS), as the
+ * Rust Tokenizer::encode does; tokenizer_config's add_bos_token is only
+ * reported in tok->add_bos, not applied here.  *ids is new memory
  * (free()), *n its length; *ids is non-NULL even when *n == 0. */
 enum moe_status moe_tokenizer_encode(struct moe_tokenizer *tok, const char *text, size_t len,
                                      bool add_special, int32_t **ids, size_t *n,
