@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 
 struct seg {
     size_t a, b;
@@ -114,18 +113,13 @@ static enum moe_status matcher_build(struct moe_tok_impl *im, struct tok_matcher
     return MOE_OK;
 }
 
-/* regex-crate \w: alphabetic, marks, decimal digits, connector punctuation,
- * joiners. */
-static bool is_word_cp(int32_t cp)
+/* Whether s[a..b) (one character) is a regex-crate \w: Alphabetic (which
+ * takes e.g. circled letters, category So), marks, decimal digits,
+ * connector punctuation, joiners. */
+static bool is_word_char(struct moe_tok_impl *im, const char *s, size_t a, size_t b)
 {
-    if (cp == 0x200c || cp == 0x200d) return true;
-    switch (utf8proc_category(cp)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC: return true;
-    default: return false;
-    }
+    return pcre2_match(im->word_re.code, (PCRE2_SPTR)(s + a), b - a, 0,
+                       PCRE2_ANCHORED | PCRE2_NO_UTF_CHECK, im->word_re.md, NULL) > 0;
 }
 
 static int32_t cp_before(const char *s, size_t end, size_t *start)
@@ -153,7 +147,7 @@ static int32_t cp_after(const char *s, size_t n, size_t at, size_t *len)
 
 /* AddedVocabulary::find_matches: the splits of s[0..n) into text and added
  * tokens.  Empty text pieces are left out. */
-static enum moe_status find_matches(const struct moe_tok_impl *im, const struct tok_matcher *m,
+static enum moe_status find_matches(struct moe_tok_impl *im, const struct tok_matcher *m,
                                     const char *s, size_t n, struct seg_vec *out)
 {
     out->n = 0;
@@ -180,8 +174,8 @@ static enum moe_status find_matches(const struct moe_tok_impl *im, const struct 
         const struct tok_added *t = &im->added[ti];
         size_t start = ms, stop = me, k;
         if (t->single_word) {
-            bool start_space = start == 0 || !is_word_cp(cp_before(s, start, &k));
-            bool stop_space = stop == n || !is_word_cp(cp_after(s, n, stop, &k));
+            bool start_space = start == 0 || (cp_before(s, start, &k), !is_word_char(im, s, k, start));
+            bool stop_space = stop == n || (cp_after(s, n, stop, &k), !is_word_char(im, s, stop, stop + k));
             if (!start_space || !stop_space) continue;
         }
         if (t->lstrip) {
@@ -396,13 +390,17 @@ void moe_tokenizer_free(struct moe_tokenizer *tok)
     struct moe_tok_impl *im = tok->impl;
     if (im) {
         moe_tok_bpe_free(&im->bpe);
-        for (size_t i = 0; i < im->n_added; i++) free(im->added[i].content);
+        for (size_t i = 0; i < im->n_added; i++) {
+            free(im->added[i].content);
+            free(im->added[i].decoded);
+        }
         free(im->added);
         free(im->id_added);
         free(im->id_special);
         moe_tok_map_free(&im->added_map);
         matcher_free(&im->raw_match);
         matcher_free(&im->norm_match);
+        moe_tok_regex_free(&im->word_re);
         moe_tok_norm_free(im->norm);
         moe_tok_pretok_free(im->pretok);
         moe_tok_decoder_free(im->decoder);
@@ -492,19 +490,35 @@ static enum moe_status load_tokenizer_json(struct moe_tokenizer *tok, json_t *ro
     im->id_added = calloc((size_t)tok->n_vocab + 1, sizeof *im->id_added);
     im->id_special = calloc((size_t)tok->n_vocab + 1, sizeof *im->id_special);
     if (!im->id_added || !im->id_special) return moe_fail(MOE_ERR_NOMEM, "tokenizer: out of memory");
-    for (size_t i = 0; i < im->n_added; i++) {
+    struct tok_map special = {0}; /* contents of the special tokens, borrowed */
+    enum moe_status st2 = MOE_OK;
+    for (size_t i = 0; i < im->n_added && !st2; i++) {
         struct tok_added *t = &im->added[i];
-        im->id_added[t->id] = t->content;
-        MOE_TRY(moe_tok_map_put(&im->added_map, t->content, t->len, t->id));
+        /* A normalized token decodes as its normalized form, as the Rust
+         * AddedVocabulary::simple_id_to_token does. */
+        if (t->normalized && im->norm) {
+            struct tok_buf io = {0}, tmp = {0};
+            st2 = moe_tok_buf_put(&io, t->content, t->len);
+            if (!st2) st2 = moe_tok_normalize(im->norm, &io, &tmp);
+            moe_tok_buf_free(&tmp);
+            if (!st2 && (io.len != t->len || memcmp(io.p, t->content, t->len) != 0)) {
+                t->decoded = io.p;
+                io.p = NULL;
+            }
+            moe_tok_buf_free(&io);
+        }
+        im->id_added[t->id] = t->decoded ? t->decoded : t->content;
+        if (!st2) st2 = moe_tok_map_put(&im->added_map, t->content, t->len, t->id);
+        if (!st2 && t->special) st2 = moe_tok_map_put(&special, t->content, t->len, t->id);
     }
-    /* skip_special drops every id whose token string is a special token */
-    for (size_t i = 0; i < im->n_added; i++)
-        if (im->added[i].special) im->id_special[im->added[i].id] = true;
-    for (int32_t id = 0; id < im->bpe.n_vocab; id++) {
-        int32_t a = im->bpe.vocab[id] ? moe_tok_map_get(&im->added_map, im->bpe.vocab[id],
-                                                         im->bpe.vocab_len[id]) : -1;
-        if (a >= 0 && im->id_special[a] && !im->id_added[id]) im->id_special[id] = true;
+    /* skip_special drops every id whose token string is a special token's
+     * content (Tokenizer::decode filters on the string, not the id) */
+    for (int32_t id = 0; id < tok->n_vocab && !st2 && special.n; id++) {
+        const char *str = moe_tokenizer_id_to_token(tok, id);
+        im->id_special[id] = str && moe_tok_map_get(&special, str, strlen(str)) >= 0;
     }
+    moe_tok_map_free(&special);
+    if (st2) return st2;
     for (size_t i = 0; i < im->n_post_pre; i++)
         if (im->post_pre[i] < 0 || im->post_pre[i] >= tok->n_vocab)
             return moe_fail(MOE_ERR_FORMAT, "tokenizer.json: post_processor id %d is out of range",
@@ -513,6 +527,8 @@ static enum moe_status load_tokenizer_json(struct moe_tokenizer *tok, json_t *ro
         if (im->post_post[i] < 0 || im->post_post[i] >= tok->n_vocab)
             return moe_fail(MOE_ERR_FORMAT, "tokenizer.json: post_processor id %d is out of range",
                             im->post_post[i]);
+    static const char word[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]";
+    MOE_TRY(moe_tok_regex_compile(&im->word_re, word, sizeof word - 1, false, "word class"));
     MOE_TRY(matcher_build(im, &im->raw_match, false));
     MOE_TRY(matcher_build(im, &im->norm_match, true));
     return MOE_OK;

@@ -150,6 +150,7 @@ void moe_tok_decoder_free(struct tok_decoder *d);
 struct tok_added {
     char *content;  /* owned */
     size_t len;
+    char *decoded;  /* owned: normalized content when normalized and different, else NULL */
     int32_t id;
     bool special, normalized, lstrip, rstrip, single_word;
 };
@@ -172,6 +173,7 @@ struct moe_tok_impl {
     bool *id_special;          /* (n_vocab) */
     struct tok_map added_map;  /* content -> id */
     struct tok_matcher raw_match, norm_match;
+    struct tok_regex word_re;  /* one regex-crate \w character (single_word) */
     struct tok_norm *norm;
     struct tok_pretok *pretok;
     struct tok_decoder *decoder;

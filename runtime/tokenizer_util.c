@@ -230,13 +230,84 @@ void moe_tok_map_free(struct tok_map *m)
 
 /* --------------------------------------------------------------- regex */
 
+/* tokenizer.json regexes are Oniguruma's.  With PCRE2_UCP the shorthand
+ * classes differ: PCRE2's \s also takes U+180E and its \w (10.42) skips
+ * marks, while Oniguruma's \s is White_Space and its \w is Letter, Mark,
+ * Decimal_Number and Connector_Punctuation.  Rewrite them to explicit
+ * properties, inside and outside character classes. */
+#define ONIG_W "\\p{L}\\p{M}\\p{Nd}\\p{Pc}"
+static enum moe_status onig_to_pcre2(const char *p, size_t n, struct tok_buf *out)
+{
+    bool in_class = false;
+    for (size_t i = 0; i < n;) {
+        char c = p[i];
+        if (c == '\\' && i + 1 < n) {
+            char e = p[i + 1];
+            const char *rep = NULL;
+            if (e == 's') rep = "\\p{White_Space}";
+            else if (e == 'S') rep = "\\P{White_Space}";
+            else if (e == 'w') rep = in_class ? ONIG_W : "[" ONIG_W "]";
+            else if (e == 'W' && !in_class) rep = "[^" ONIG_W "]";
+            if (rep) {
+                MOE_TRY(moe_tok_buf_put(out, rep, strlen(rep)));
+                i += 2;
+                continue;
+            }
+            if (e == 'Q') { /* \Q...\E is literal: copy it whole */
+                size_t j = i + 2;
+                while (j + 1 < n && !(p[j] == '\\' && p[j + 1] == 'E')) j++;
+                j = j + 1 < n ? j + 2 : n;
+                MOE_TRY(moe_tok_buf_put(out, p + i, j - i));
+                i = j;
+                continue;
+            }
+            size_t k = 1 + moe_tok_clen((unsigned char)e);
+            if (i + k > n) k = n - i;
+            MOE_TRY(moe_tok_buf_put(out, p + i, k));
+            i += k;
+            continue;
+        }
+        if (!in_class && c == '[') {
+            /* a ']' right after '[' or '[^' is a literal member */
+            size_t j = i + 1;
+            if (j < n && p[j] == '^') j++;
+            if (j < n && p[j] == ']') j++;
+            MOE_TRY(moe_tok_buf_put(out, p + i, j - i));
+            in_class = true;
+            i = j;
+            continue;
+        }
+        if (in_class && c == '[' && i + 1 < n && p[i + 1] == ':') { /* [:alpha:] */
+            const char *end = strstr(p + i, ":]");
+            size_t j = end && (size_t)(end - p) < n ? (size_t)(end - p) + 2 : i + 2;
+            MOE_TRY(moe_tok_buf_put(out, p + i, j - i));
+            i = j;
+            continue;
+        }
+        if (in_class && c == ']') in_class = false;
+        MOE_TRY(moe_tok_buf_put(out, p + i, 1));
+        i++;
+    }
+    return moe_tok_buf_put(out, "", 0);
+}
+
 enum moe_status moe_tok_regex_compile(struct tok_regex *re, const char *pat, size_t len,
                                       bool literal, const char *what)
 {
     int err;
     PCRE2_SIZE at;
     uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    re->code = pcre2_compile((PCRE2_SPTR)pat, len, opt, &err, &at, NULL);
+    struct tok_buf rw = {0};
+    if (!literal) {
+        enum moe_status st = onig_to_pcre2(pat, len, &rw);
+        if (st) {
+            moe_tok_buf_free(&rw);
+            return st;
+        }
+    }
+    re->code = pcre2_compile((PCRE2_SPTR)(literal ? pat : rw.p), literal ? len : rw.len, opt, &err,
+                             &at, NULL);
+    moe_tok_buf_free(&rw);
     if (!re->code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);

@@ -127,6 +127,11 @@ def test_corpus():
            "e" + "\u0301" * 20, "'S 'T 'RE 'Ve 'lL 'D'm", "don't DON'T", "?!?!?!", "…………",
            "\U0010FFFD\U000E0001", "\x01\x02\x7f", "▁ underscore ▁▁x", "   \n   \n",
            "ਪੰਜਾਬੀ தமிழ் ગુજરાતી", "ᐃᓄᒃᑎᑐᑦ ሰላም ქართული Հայերեն",
+           # found by differential fuzzing: U+180E is not \s for Oniguruma,
+           # circled letters are \w (Alphabetic) for single_word, normalized
+           # added tokens decode as their normalized form
+           "\u180e's x\u180e<mask> \u180e\u180e\t\t", "hello worldⒿ Ⓗhello world ⓗhello world",
+           "ab-cd xab-cd  ab-cd-ab-cd", "\u1680\u2000\u200a\u202f\u205f\u3000 spaces",
            ]
     # NFD forms of accented words
     for lang in ("fr", "de", "es", "el", "ru", "ko"):
