@@ -310,14 +310,8 @@ enum moe_status moe_tok_decode_tokens(const struct tok_decoder *d, struct tok_li
     struct tok_buf tmp = {0};
     enum moe_status st = run(d, &cur, &oth, &tmp);
     for (size_t i = 0; !st && i < cur->n; i++) st = moe_tok_buf_put(out, ITEM(cur, i), cur->sp[i].len);
-    /* whichever list is not the caller's is ours to free */
-    if (cur == tokens) {
-        moe_tok_list_free(&other);
-    } else {
-        struct tok_list t = *tokens;
-        *tokens = other; /* hand the caller a list it can free */
-        moe_tok_list_free(&t);
-    }
+    /* the steps ping-pong between the caller's list (now scratch) and ours */
+    moe_tok_list_free(&other);
     moe_tok_buf_free(&tmp);
     return st;
 }

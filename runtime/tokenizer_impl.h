@@ -185,6 +185,7 @@ struct moe_tok_impl {
     struct tok_list words, words_tmp;
 };
 
-/* Decodes id strings with the decoder chain into out (NUL-terminated). */
+/* Decodes id strings with the decoder chain into out (NUL-terminated).
+ * tokens is used as scratch: its contents are undefined afterwards. */
 enum moe_status moe_tok_decode_tokens(const struct tok_decoder *d, struct tok_list *tokens,
                                       struct tok_buf *out) MOE_MUST_USE;
