@@ -230,11 +230,12 @@ void moe_tok_map_free(struct tok_map *m)
 
 /* --------------------------------------------------------------- regex */
 
-/* tokenizer.json regexes are Oniguruma's.  With PCRE2_UCP the shorthand
- * classes differ: PCRE2's \s also takes U+180E and its \w (10.42) skips
- * marks, while Oniguruma's \s is White_Space and its \w is Letter, Mark,
- * Decimal_Number and Connector_Punctuation.  Rewrite them to explicit
- * properties, inside and outside character classes. */
+/* tokenizer.json regexes are Oniguruma's, Ruby syntax.  With PCRE2_UCP the
+ * shorthand classes differ: PCRE2's \s also takes U+180E and its \w (10.42)
+ * skips marks, while Oniguruma's \s is White_Space and its \w is Letter,
+ * Mark, Decimal_Number and Connector_Punctuation; Ruby's \h is a hex digit.
+ * Rewrite them to explicit properties, inside and outside character
+ * classes.  (^ and $ being line anchors in Ruby is PCRE2_MULTILINE.) */
 #define ONIG_W "\\p{L}\\p{M}\\p{Nd}\\p{Pc}"
 static enum moe_status onig_to_pcre2(const char *p, size_t n, struct tok_buf *out)
 {
@@ -248,6 +249,8 @@ static enum moe_status onig_to_pcre2(const char *p, size_t n, struct tok_buf *ou
             else if (e == 'S') rep = "\\P{White_Space}";
             else if (e == 'w') rep = in_class ? ONIG_W : "[" ONIG_W "]";
             else if (e == 'W' && !in_class) rep = "[^" ONIG_W "]";
+            else if (e == 'h') rep = in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
+            else if (e == 'H' && !in_class) rep = "[^0-9a-fA-F]";
             if (rep) {
                 MOE_TRY(moe_tok_buf_put(out, rep, strlen(rep)));
                 i += 2;
@@ -296,18 +299,23 @@ enum moe_status moe_tok_regex_compile(struct tok_regex *re, const char *pat, siz
 {
     int err;
     PCRE2_SIZE at;
-    uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+    uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
     struct tok_buf rw = {0};
+    pcre2_compile_context *cctx = pcre2_compile_context_create(NULL);
+    if (!cctx) return moe_fail(MOE_ERR_NOMEM, "tokenizer: out of memory (regex)");
+    pcre2_set_newline(cctx, PCRE2_NEWLINE_LF); /* Oniguruma's newline is \n only */
     if (!literal) {
         enum moe_status st = onig_to_pcre2(pat, len, &rw);
         if (st) {
             moe_tok_buf_free(&rw);
+            pcre2_compile_context_free(cctx);
             return st;
         }
     }
     re->code = pcre2_compile((PCRE2_SPTR)(literal ? pat : rw.p), literal ? len : rw.len, opt, &err,
-                             &at, NULL);
+                             &at, cctx);
     moe_tok_buf_free(&rw);
+    pcre2_compile_context_free(cctx);
     if (!re->code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);

@@ -507,3 +507,24 @@ Test(tokenizer, regex_resource_limit_is_an_error)
     cr_expect_null(ids);
     moe_tokenizer_free(&tok);
 }
+
+/* Split regexes are Oniguruma's (Ruby syntax): '$' is a line anchor, so in
+ * "a \nb" the pattern \s+$ takes the space alone and " \n" is not merged. */
+Test(tokenizer, regex_dollar_is_a_line_anchor)
+{
+    static const char json[] =
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \" \": 2, \"\\n\": 3, \" \\n\": 4},"
+        " \"merges\": [[\" \", \"\\n\"]]}, \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\":"
+        " \"\\\\s+$|\\\\s+\"}, \"behavior\": \"Isolated\", \"invert\": false}}";
+    struct moe_tokenizer tok;
+    cr_assert_eq(moe_tokenizer_load_json(&tok, json, sizeof json - 1), MOE_OK, "%s", moe_last_error());
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(moe_tokenizer_encode(&tok, "a \nb", 4, false, &ids, &n, NULL), MOE_OK);
+    cr_expect(n == 4 && ids[0] == 0 && ids[1] == 2 && ids[2] == 3 && ids[3] == 1, "n=%zu", n);
+    free(ids);
+    cr_assert_eq(moe_tokenizer_encode(&tok, "a \t", 3, false, &ids, &n, NULL), MOE_OK);
+    cr_expect(n == 2, "n=%zu", n); /* no unk token: the tab is dropped */
+    free(ids);
+    moe_tokenizer_free(&tok);
+}
