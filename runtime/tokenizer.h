@@ -12,6 +12,12 @@
  * pre-tokenizer, post-processor or decoder type, BPE dropout, ...) makes
  * moe_tokenizer_load fail with MOE_ERR_UNSUPPORTED naming it; nothing is
  * silently ignored except fields that only affect offsets (trim_offsets).
+ * Regexes are Oniguruma's in the Rust crate; they run on PCRE2 here, with
+ * \s, \w, \h and ^/$ rewritten to Oniguruma's meaning.  The remaining known
+ * differences are Unicode data: characters assigned after the system
+ * utf8proc (Unicode 13) and PCRE2 (Unicode 14) tables, and some Arabic
+ * combining marks the Rust NFC leaves unordered (see
+ * tests/fixtures/tokenizers/README.md).
  *
  * Threads: a tokenizer caches word -> ids results and owns regex match
  * buffers, so one handle must not be used by two threads at once.  Load one
