@@ -169,7 +169,12 @@ static enum moe_status norm_one(struct tok_norm *n, struct tok_buf *in, struct t
     switch (n->kind) {
     case N_SEQ: break;
     case N_UNICODE: {
-        if (in->len == 0) return moe_tok_buf_put(out, "", 0);
+        /* Fast path: ASCII is invariant under all four forms, and text below
+         * U+0300 (no combining marks) is already NFC. */
+        unsigned char limit = n->uflags == (UTF8PROC_STABLE | UTF8PROC_COMPOSE) ? 0xcc : 0x80;
+        size_t i = 0;
+        while (i < in->len && (unsigned char)in->p[i] < limit) i++;
+        if (i == in->len) return moe_tok_buf_put(out, in->p, in->len);
         utf8proc_uint8_t *r = NULL;
         utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)in->p, (utf8proc_ssize_t)in->len,
                                           &r, (utf8proc_option_t)n->uflags);
