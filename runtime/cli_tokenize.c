@@ -1,0 +1,184 @@
+/* cli_tokenize.c - `moerun tokenize`: encode text to ids or decode ids to
+ * text with a model directory's tokenizer.json, for checking a tokenizer by
+ * hand or from scripts. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/tokenizer.h"
+
+int moe_cli_tokenize(int argc, char **argv); /* declared with the others in cli.h */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moerun tokenize MODEL_DIR TEXT\n"
+            "       moerun tokenize MODEL_DIR --decode IDS\n"
+            "\n"
+            "Encodes TEXT with MODEL_DIR/tokenizer.json and prints the ids, comma-separated,\n"
+            "or decodes IDS (comma- or space-separated) and prints the text.  TEXT or IDS\n"
+            "may be '-' to read standard input (taken byte for byte, newline included).\n"
+            "\n"
+            "options:\n"
+            "  --decode IDS    decode instead of encode\n"
+            "  --no-special    encode without the post-processor's special tokens (BOS);\n"
+            "                  decode skipping special tokens\n"
+            "  --              end of options (for a TEXT that starts with --)\n"
+            "  -h, --help      this text\n");
+}
+
+static int fail(const char *msg)
+{
+    fprintf(stderr, "moerun tokenize: %s\n", msg);
+    return 1;
+}
+
+/* Reads all of stdin; new memory, NUL-terminated. */
+static char *read_stdin(size_t *len)
+{
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t k = fread(buf + n, 1, cap - n - 1, stdin);
+        n += k;
+        if (k == 0) break;
+        if (n + 1 == cap) {
+            char *p = realloc(buf, cap * 2);
+            if (!p) {
+                free(buf);
+                return NULL;
+            }
+            buf = p;
+            cap *= 2;
+        }
+    }
+    if (!buf || ferror(stdin)) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* "1,2, 3" or "1 2 3" -> ids; new memory.  Returns 0 or prints the error. */
+static int parse_ids(const char *s, int32_t **ids, size_t *n)
+{
+    size_t cap = 16;
+    *n = 0;
+    *ids = malloc(cap * sizeof **ids);
+    if (!*ids) return fail("out of memory");
+    for (const char *p = s;;) {
+        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX ||
+            (*end && *end != ',' && *end != ' ' && *end != '\t' && *end != '\n' && *end != '\r')) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "'%.*s' is not a token id", (int)strcspn(p, ", \t\r\n") > 40
+                     ? 40 : (int)strcspn(p, ", \t\r\n"), p);
+            free(*ids);
+            *ids = NULL;
+            return fail(msg);
+        }
+        if (*n == cap) {
+            int32_t *q = realloc(*ids, 2 * cap * sizeof *q);
+            if (!q) {
+                free(*ids);
+                *ids = NULL;
+                return fail("out of memory");
+            }
+            *ids = q;
+            cap *= 2;
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        p = end;
+    }
+    return 0;
+}
+
+int moe_cli_tokenize(int argc, char **argv)
+{
+    const char *dir = NULL, *text = NULL, *decode = NULL;
+    bool special = true, options = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (options && !strcmp(a, "--")) {
+            options = false; /* the rest is positional, e.g. a TEXT starting with -- */
+        } else if (!options) {
+            if (!dir) dir = a;
+            else if (!text) text = a;
+            else return fail("too many arguments (try --help)");
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--no-special")) {
+            special = false;
+        } else if (!strcmp(a, "--decode")) {
+            if (i + 1 >= argc) return fail("--decode needs a list of ids (or '-')");
+            decode = argv[++i];
+        } else if (a[0] == '-' && a[1] == '-') {
+            char msg[160];
+            snprintf(msg, sizeof msg, "unknown option '%.100s' (try --help)", a);
+            return fail(msg);
+        } else if (!dir) {
+            dir = a;
+        } else if (!text) {
+            text = a;
+        } else {
+            return fail("too many arguments (try --help)");
+        }
+    }
+    if (!dir) return fail("missing MODEL_DIR (try --help)");
+    if (decode && text) return fail("give either TEXT or --decode IDS, not both");
+    if (!decode && !text) return fail("missing TEXT (or --decode IDS)");
+
+    char *input = NULL;
+    size_t len = 0;
+    const char *src = decode ? decode : text;
+    if (!strcmp(src, "-")) {
+        if (!(input = read_stdin(&len))) return fail("cannot read standard input");
+        src = input;
+    } else {
+        len = strlen(src);
+    }
+
+    struct moe_tokenizer tok;
+    int rc = 0;
+    if (moe_tokenizer_load(&tok, dir) != MOE_OK) {
+        rc = fail(moe_last_error());
+        free(input);
+        return rc;
+    }
+    if (decode) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        char *out = NULL;
+        if (parse_ids(src, &ids, &n)) rc = 1;
+        else if (moe_tokenizer_decode(&tok, ids, n, !special, &out) != MOE_OK) rc = fail(moe_last_error());
+        else printf("%s\n", out);
+        free(out);
+        free(ids);
+    } else {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        bool bad = false;
+        if (moe_tokenizer_encode(&tok, src, len, special, &ids, &n, &bad) != MOE_OK) {
+            rc = fail(moe_last_error());
+        } else {
+            if (bad)
+                fprintf(stderr, "moerun tokenize: warning: input is not valid UTF-8; invalid bytes "
+                                "were replaced by U+FFFD\n");
+            for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+            printf("\n");
+        }
+        free(ids);
+    }
+    if (fflush(stdout) != 0 && !rc) rc = fail("cannot write standard output");
+    moe_tokenizer_free(&tok);
+    free(input);
+    return rc;
+}
