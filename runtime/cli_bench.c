@@ -28,7 +28,7 @@ static void usage(FILE *f)
             "  --json           one JSON object on stdout instead of a table\n"
             "  --backend NAME   auto, cpu or cuda (default auto)\n"
             "  --threads N      CPU threads\n"
-            "  --synthetic CONFIG, --dtype T, --seed S  random weights (see moerun run)\n");
+            "  --synthetic CONFIG, --dtype T, --synthetic-seed S  random weights\n");
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -116,7 +116,7 @@ int moe_cli_bench(int argc, char **argv)
         {"chunk", required_argument, 0, 'c'},   {"repeat", required_argument, 0, 'r'},
         {"json", no_argument, 0, 'j'},          {"backend", required_argument, 0, 'B'},
         {"threads", required_argument, 0, 't'}, {"synthetic", required_argument, 0, 's'},
-        {"dtype", required_argument, 0, 'd'},   {"seed", required_argument, 0, 'S'},
+        {"dtype", required_argument, 0, 'd'},   {"synthetic-seed", required_argument, 0, 'S'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     int c;
     optind = 1;

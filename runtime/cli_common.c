@@ -8,6 +8,8 @@
 #include <strings.h>
 #include <time.h>
 
+#include <jansson.h>
+
 bool moe_cli_parse_dtype(const char *s, enum moe_dtype *out)
 {
     if (!strcasecmp(s, "f32") || !strcasecmp(s, "fp32") || !strcasecmp(s, "float32")) *out = MOE_DTYPE_F32;
@@ -118,4 +120,130 @@ double moe_cli_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --- engine options --- */
+
+#include <math.h>
+#include <unistd.h>
+
+void moe_cli_engine_defaults(struct moe_cli_engine *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = "auto";
+    o->kv_block = 16;
+    o->max_batch_tokens = 512;
+    o->max_seqs = 64;
+}
+
+int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, const char *arg)
+{
+    long *dst = NULL, lo = 1, hi = 1 << 24;
+    switch (c) {
+    case MOE_OPT_KV_BUDGET: o->kv_budget = arg; return 1;
+    case MOE_OPT_KV_BLOCK: dst = &o->kv_block; hi = 4096; break;
+    case MOE_OPT_KV_DTYPE: o->kv_dtype = arg; return 1;
+    case MOE_OPT_MAX_BATCH_TOKENS: dst = &o->max_batch_tokens; break;
+    case MOE_OPT_MAX_SEQS: dst = &o->max_seqs; hi = 1 << 16; break;
+    case MOE_OPT_NO_PREFIX_CACHE: o->no_prefix_cache = true; return 1;
+    case MOE_OPT_BACKEND: o->backend = arg; return 1;
+    case MOE_OPT_THREADS: dst = &o->threads; hi = 4096; break;
+    case MOE_OPT_SYNTHETIC: o->model.synthetic = arg; return 1;
+    case MOE_OPT_DTYPE: o->model.dtype = arg; return 1;
+    case MOE_OPT_SYNTHETIC_SEED: {
+        long v;
+        if (!moe_cli_parse_int(arg, 0, __LONG_MAX__, &v)) {
+            moe_cli_error(cmd, "--synthetic-seed '%s' is not a non-negative integer", arg);
+            return -1;
+        }
+        o->model.seed = (uint64_t)v;
+        return 1;
+    }
+    default: return 0;
+    }
+    if (!moe_cli_parse_int(arg, lo, hi, dst)) {
+        moe_cli_error(cmd, "option value '%s' must be an integer in [%ld, %ld]", arg, lo, hi);
+        return -1;
+    }
+    return 1;
+}
+
+enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !isfinite(v) || v <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "KV budget '%s' is not a size (e.g. 8GiB, 512MiB, 0.25)", s);
+    while (*end == ' ') end++;
+    double mul;
+    if (!*end) {
+        if (v < 1.0) { /* a fraction of what is available */
+            long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+            if (pages <= 0 || psz <= 0) return moe_fail(MOE_ERR_IO, "cannot read available memory");
+            *bytes = (size_t)(v * (double)pages * (double)psz);
+            return MOE_OK;
+        }
+        mul = 1;
+    } else if (!strcasecmp(end, "k") || !strcasecmp(end, "kib") || !strcasecmp(end, "kb")) {
+        mul = 1024.0;
+    } else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib") || !strcasecmp(end, "mb")) {
+        mul = 1024.0 * 1024;
+    } else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib") || !strcasecmp(end, "gb")) {
+        mul = 1024.0 * 1024 * 1024;
+    } else if (!strcasecmp(end, "t") || !strcasecmp(end, "tib") || !strcasecmp(end, "tb")) {
+        mul = 1024.0 * 1024 * 1024 * 1024;
+    } else {
+        return moe_fail(MOE_ERR_INVALID_ARG, "KV budget '%s': unknown unit '%s' (use KiB, MiB, GiB, TiB)",
+                        s, end);
+    }
+    double b = v * mul;
+    if (b >= 9.0e18) return moe_fail(MOE_ERR_INVALID_ARG, "KV budget '%s' is too large", s);
+    *bytes = (size_t)b;
+    return MOE_OK;
+}
+
+enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struct moe_model *m,
+                                     struct moe_backend *be, long default_tokens,
+                                     struct moe_engine *e)
+{
+    enum moe_dtype kvt = MOE_DTYPE_F32;
+    if (o->kv_dtype && !moe_cli_parse_dtype(o->kv_dtype, &kvt))
+        return moe_fail(MOE_ERR_INVALID_ARG, "--kv-dtype '%s' (use f32, f16 or bf16)", o->kv_dtype);
+    int n_blocks;
+    if (o->kv_budget) {
+        size_t budget;
+        MOE_TRY(moe_cli_parse_budget(o->kv_budget, &budget));
+        MOE_TRY(moe_kvcache_blocks_for_budget(&m->cfg, (int)o->kv_block, kvt, budget, &n_blocks));
+    } else {
+        n_blocks = (int)((default_tokens + o->kv_block - 1) / o->kv_block);
+        if (n_blocks < 1) n_blocks = 1;
+    }
+    struct moe_engine_opts eo = {
+        .max_batch_tokens = (int)o->max_batch_tokens, .max_seqs = (int)o->max_seqs,
+        .block_size = (int)o->kv_block, .n_blocks = n_blocks, .kv_dtype = kvt,
+        .prefix_cache = !o->no_prefix_cache};
+    return moe_engine_init(e, m, be, &eo);
+}
+
+void moe_cli_generation_defaults(const char *model_dir, struct moe_sampling *s)
+{
+    moe_sampling_defaults(s);
+    if (!model_dir) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    json_t *g = json_load_file(path, 0, NULL);
+    if (!g) return;
+    if (json_is_true(json_object_get(g, "do_sample"))) {
+        json_t *v;
+        s->temperature = 1.0f;
+        s->top_k = 50; /* transformers' GenerationConfig default */
+        if ((v = json_object_get(g, "temperature")) && json_is_number(v))
+            s->temperature = (float)json_number_value(v);
+        if ((v = json_object_get(g, "top_p")) && json_is_number(v)) s->top_p = (float)json_number_value(v);
+        if ((v = json_object_get(g, "top_k")) && json_is_integer(v)) s->top_k = (int)json_integer_value(v);
+        if ((v = json_object_get(g, "min_p")) && json_is_number(v)) s->min_p = (float)json_number_value(v);
+    }
+    json_t *v = json_object_get(g, "repetition_penalty");
+    if (v && json_is_number(v)) s->repetition_penalty = (float)json_number_value(v);
+    json_decref(g);
 }

@@ -31,3 +31,68 @@ const char *moe_cli_count(char *buf, size_t n, double x);
 /* Prints "moerun CMD: message" to stderr and returns 1. */
 int moe_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 double moe_cli_now(void);
+
+/* --- options shared by the commands that run the engine --- */
+
+#include "runtime/engine.h"
+
+enum {
+    MOE_OPT_KV_BUDGET = 0x100, MOE_OPT_KV_BLOCK, MOE_OPT_KV_DTYPE, MOE_OPT_MAX_BATCH_TOKENS,
+    MOE_OPT_MAX_SEQS, MOE_OPT_NO_PREFIX_CACHE, MOE_OPT_BACKEND, MOE_OPT_THREADS,
+    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_LAST
+};
+
+#define MOE_CLI_ENGINE_LONGOPTS                                                          \
+    {"kv-budget", required_argument, 0, MOE_OPT_KV_BUDGET},                              \
+    {"kv-block", required_argument, 0, MOE_OPT_KV_BLOCK},                                \
+    {"kv-dtype", required_argument, 0, MOE_OPT_KV_DTYPE},                                \
+    {"max-batch-tokens", required_argument, 0, MOE_OPT_MAX_BATCH_TOKENS},                \
+    {"max-seqs", required_argument, 0, MOE_OPT_MAX_SEQS},                                \
+    {"no-prefix-cache", no_argument, 0, MOE_OPT_NO_PREFIX_CACHE},                        \
+    {"backend", required_argument, 0, MOE_OPT_BACKEND},                                  \
+    {"threads", required_argument, 0, MOE_OPT_THREADS},                                  \
+    {"synthetic", required_argument, 0, MOE_OPT_SYNTHETIC},                              \
+    {"dtype", required_argument, 0, MOE_OPT_DTYPE},                                      \
+    {"synthetic-seed", required_argument, 0, MOE_OPT_SYNTHETIC_SEED}
+
+#define MOE_CLI_ENGINE_HELP                                                              \
+    "  --kv-budget SIZE     KV cache size: bytes with a unit (512MiB, 8GiB) or a\n"       \
+    "                       fraction of available memory (0.25)\n"                     \
+    "  --kv-block N         KV block size in tokens (default 16)\n"                       \
+    "  --kv-dtype T         KV element type: f32, f16, bf16 (default f32 on the CPU)\n"   \
+    "  --max-batch-tokens N tokens per engine step (default 512)\n"                       \
+    "  --max-seqs N         sequences per engine step (default 64)\n"                     \
+    "  --no-prefix-cache    do not reuse cached prompt blocks\n"                          \
+    "  --backend NAME       auto, cpu or cuda (default auto)\n"                           \
+    "  --threads N          CPU threads (default: all cores)\n"                           \
+    "  --synthetic CONFIG   random weights for CONFIG.json instead of a model folder\n"   \
+    "  --dtype T            synthetic weight dtype: f32, f16, bf16 (default bf16)\n"      \
+    "  --synthetic-seed S   synthetic weight seed (default 0)\n"
+
+struct moe_cli_engine {
+    struct moe_cli_model_opts model;
+    const char *backend;
+    long threads;
+    const char *kv_budget;    /* NULL: the command's default */
+    long kv_block;
+    const char *kv_dtype;
+    long max_batch_tokens, max_seqs;
+    bool no_prefix_cache;
+};
+
+void moe_cli_engine_defaults(struct moe_cli_engine *o);
+/* Handles one of the shared options: 1 taken, 0 not one of them, -1 bad
+ * value (message printed as "moerun CMD: ..."). */
+int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, const char *arg);
+/* Parses "8GiB", "512MiB", "1.5G", "123456" (bytes) or "0.25" (fraction of
+ * available memory). */
+MOE_MUST_USE enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes);
+/* Builds the engine for a loaded model: the KV pool comes from --kv-budget,
+ * or, without it, holds default_tokens tokens. */
+MOE_MUST_USE enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o,
+                                                   const struct moe_model *m,
+                                                   struct moe_backend *be, long default_tokens,
+                                                   struct moe_engine *e);
+/* Sampling defaults from MODEL/generation_config.json (do_sample,
+ * temperature, top_p, top_k, min_p, repetition_penalty); greedy otherwise. */
+void moe_cli_generation_defaults(const char *model_dir, struct moe_sampling *s);

@@ -202,6 +202,11 @@ void moe_engine_cancel(struct moe_engine *e, struct moe_request *r)
     if (e->on_token) e->on_token(r->user, r, -1, true);
 }
 
+void moe_engine_stop(struct moe_engine *e, struct moe_request *r)
+{
+    if (r->state != MOE_REQ_FINISHED) finish(e, r, MOE_FINISH_STOP);
+}
+
 void moe_engine_release(struct moe_engine *e, struct moe_request *r)
 {
     if (!r) return;

@@ -122,6 +122,9 @@ MOE_MUST_USE enum moe_status moe_engine_submit(struct moe_engine *e, const int32
                                                 void *user, struct moe_request **out);
 /* Aborts a waiting or running request at once; its blocks are freed. */
 void moe_engine_cancel(struct moe_engine *e, struct moe_request *r);
+/* Finishes a running or waiting request with reason "stop" (a stop string
+ * seen by the caller); its blocks are freed.  No callback. */
+void moe_engine_stop(struct moe_engine *e, struct moe_request *r);
 /* Frees a finished request. */
 void moe_engine_release(struct moe_engine *e, struct moe_request *r);
 /* One scheduling step; *n_scheduled receives the rows computed (0 when idle). */

@@ -65,7 +65,7 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     snprintf(cmd, sizeof cmd, "%s run %s/m --prompt-ids 5,6,7,8 -n 8 --backend cpu 2>/dev/null",
              MOERUN_BINARY, dir);
     cr_assert_eq(run(cmd, a, sizeof a), 0);
-    snprintf(cmd, sizeof cmd, "%s run --synthetic %s/configs/tiny-moe.json --dtype bf16 --seed 3 "
+    snprintf(cmd, sizeof cmd, "%s run --synthetic %s/configs/tiny-moe.json --dtype bf16 --synthetic-seed 3 "
              "--prompt-ids 5,6,7,8 -n 8 --backend cpu 2>/dev/null", MOERUN_BINARY, MOERUN_SOURCE_DIR);
     cr_assert_eq(run(cmd, b, sizeof b), 0);
     cr_assert_str_eq(a, b);

@@ -8,4 +8,4 @@ cmake -S . -B build >/dev/null
 cmake --build build -j"$(nproc)" --target moerun
 MODEL=models/demo-moe
 build/moerun inspect "$MODEL"
-build/moerun run "$MODEL" --prompt-ids 1,2,3,4,5 -n 16
+build/moerun run "$MODEL" -p "Once upon a time" -n 32

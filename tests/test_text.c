@@ -1,0 +1,153 @@
+/* test_text.c - text in, text out, end to end through the binary: on every
+ * fixture model, `moerun run -p TEXT` (tokenizer -> engine -> streaming
+ * decode) prints exactly the text transformers' generate() + decode produced
+ * (tests/fixtures/<model>/text_reference.json, made by
+ * tests/reference/make_text_fixtures.py); stop strings across token
+ * boundaries; bad input. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "tests/testutil.h"
+
+static int run(const char *cmd, char *out, size_t n)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen %s", cmd);
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Single-quotes s for the shell. */
+static void shq(char *dst, size_t n, const char *s)
+{
+    size_t o = 0;
+    dst[o++] = '\'';
+    for (; *s && o + 5 < n; s++) {
+        if (*s == '\'') {
+            memcpy(dst + o, "'\\''", 4);
+            o += 4;
+        } else {
+            dst[o++] = *s;
+        }
+    }
+    dst[o++] = '\'';
+    dst[o] = '\0';
+}
+
+static void check_model_text(const char *name)
+{
+    char path[512], cmd[4096], q[1024], out[8192];
+    snprintf(path, sizeof path, "%s/%s/text_reference.json", FIXTURE_DIR, name);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    cr_assert(root, "%s: %s", path, jerr.text);
+    json_t *cases = json_object_get(root, "cases"), *c;
+    size_t i;
+    cr_assert(json_array_size(cases) >= 3);
+    json_array_foreach(cases, i, c) {
+        const char *prompt = json_string_value(json_object_get(c, "prompt"));
+        const char *want = json_string_value(json_object_get(c, "text"));
+        shq(q, sizeof q, prompt);
+        /* the tokenizer gives transformers' prompt ids */
+        snprintf(cmd, sizeof cmd, "%s tokenize %s/%s %s", MOERUN_BINARY, FIXTURE_DIR, name, q);
+        cr_assert_eq(run(cmd, out, sizeof out), 0);
+        char ids[1024] = "";
+        size_t k;
+        json_t *v;
+        json_array_foreach(json_object_get(c, "prompt_ids"), k, v)
+            snprintf(ids + strlen(ids), sizeof ids - strlen(ids), k ? ",%lld" : "%lld",
+                     (long long)json_integer_value(v));
+        strcat(ids, "\n");
+        cr_expect_str_eq(out, ids, "%s: prompt ids of %s", name, prompt);
+        /* generation streams transformers' text */
+        snprintf(cmd, sizeof cmd, "%s run %s/%s -p %s -n 24 --ignore-eos --backend cpu 2>/dev/null",
+                 MOERUN_BINARY, FIXTURE_DIR, name, q);
+        cr_assert_eq(run(cmd, out, sizeof out), 0);
+        char expect[4096];
+        snprintf(expect, sizeof expect, "%s\n", want);
+        cr_expect_str_eq(out, expect, "%s: text generated from '%s'", name, prompt);
+    }
+    json_decref(root);
+}
+
+Test(text, mixtral_generates_transformers_text) { check_model_text("mixtral"); }
+Test(text, qwen2_moe_generates_transformers_text) { check_model_text("qwen2_moe"); }
+Test(text, qwen3_moe_generates_transformers_text) { check_model_text("qwen3_moe"); }
+Test(text, olmoe_generates_transformers_text) { check_model_text("olmoe"); }
+Test(text, llama_generates_transformers_text) { check_model_text("llama"); }
+Test(text, qwen2_generates_transformers_text) { check_model_text("qwen2"); }
+Test(text, qwen3_generates_transformers_text) { check_model_text("qwen3"); }
+
+/* A stop string that spans token boundaries cuts the text just before it. */
+Test(text, stop_string_across_tokens)
+{
+    char path[512], cmd[4096], q[1024], qs[256], out[8192];
+    snprintf(path, sizeof path, "%s/llama/text_reference.json", FIXTURE_DIR);
+    json_t *root = json_load_file(path, 0, NULL);
+    json_t *c = json_array_get(json_object_get(root, "cases"), 0);
+    const char *prompt = json_string_value(json_object_get(c, "prompt"));
+    const char *text = json_string_value(json_object_get(c, "text"));
+    cr_assert(strlen(text) > 16);
+    char stop[8];
+    memcpy(stop, text + 9, 5); /* 5 characters from the middle */
+    stop[5] = '\0';
+    size_t cut = (size_t)(strstr(text, stop) - text);
+    shq(q, sizeof q, prompt);
+    shq(qs, sizeof qs, stop);
+    snprintf(cmd, sizeof cmd, "%s run %s/llama -p %s -n 24 --ignore-eos --stop %s --backend cpu 2>&1",
+             MOERUN_BINARY, FIXTURE_DIR, q, qs);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    char expect[512];
+    snprintf(expect, sizeof expect, "%.*s\n", (int)cut, text);
+    cr_assert(strncmp(out, expect, strlen(expect)) == 0, "stop '%s': got '%s', want '%s'", stop, out, expect);
+    cr_assert(strstr(out, "(stop)"), "finish reason stop: %s", out);
+    json_decref(root);
+}
+
+Test(text, invalid_utf8_prompt_is_replaced_and_reported)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "printf 'ab\\377cd' | %s run %s/llama -p - -n 2 --backend cpu 2>&1",
+             MOERUN_BINARY, FIXTURE_DIR);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "not valid UTF-8"), "%s", out);
+}
+
+Test(text, prompt_beyond_context_is_refused_before_allocation)
+{
+    char *long_prompt = malloc(8000);
+    memset(long_prompt, 0, 8000);
+    for (int i = 0; i < 700; i++) strcat(long_prompt, "cat ");
+    char *cmd = malloc(10000), out[4096];
+    snprintf(cmd, 10000, "%s run %s/llama -p '%s' -n 4 --backend cpu 2>&1", MOERUN_BINARY,
+             FIXTURE_DIR, long_prompt);
+    cr_assert_neq(run(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "exceeds the model's context of 512"), "%s", out);
+    free(cmd);
+    free(long_prompt);
+}
+
+Test(text, broken_tokenizer_is_an_error_but_ids_still_work)
+{
+    char dir[] = "/tmp/moerun-tok-XXXXXX", cmd[2048], out[4096];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "cp %s/qwen2/config.json %s/qwen2/model.safetensors %s/ && "
+             "printf '{\"model\": {\"type\": \"BPE\", \"vocab\": ' > %s/tokenizer.json",
+             FIXTURE_DIR, FIXTURE_DIR, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s run %s -p hello -n 2 --backend cpu 2>&1", MOERUN_BINARY, dir);
+    cr_assert_neq(run(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "tokenizer.json"), "%s", out);
+    cr_assert(strstr(out, "--prompt-ids"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s run %s --prompt-ids 1,2,3 -n 2 --backend cpu 2>/dev/null",
+             MOERUN_BINARY, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
