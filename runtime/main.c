@@ -11,6 +11,7 @@ static const struct {
 } commands[] = {
     {"inspect", moe_cli_inspect, "describe a checkpoint: family, parameters, bytes by part"},
     {"run", moe_cli_run, "generate from a prompt"},
+    {"batch", moe_cli_batch, "serve a JSONL file of requests with continuous batching"},
     {"bench", moe_cli_bench, "prefill and decode throughput"},
     {"tokenize", moe_cli_tokenize, "text to token ids, or ids to text (--decode)"},
     {"synth", moe_cli_synth, "write a checkpoint of any configuration with random weights"},

@@ -151,3 +151,58 @@ Test(text, broken_tokenizer_is_an_error_but_ids_still_work)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
 }
+
+/* moerun batch: every good line gets what `moerun run` gives it alone; bad
+ * lines get an error naming the line; output in input order. */
+Test(text, batch_matches_run_and_reports_bad_lines)
+{
+    char dir[] = "/tmp/moerun-batch-XXXXXX", path[256], out_path[256], cmd[4096], out[65536];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/in.jsonl", dir);
+    snprintf(out_path, sizeof out_path, "%s/out.jsonl", dir);
+    const char *prompts[] = {"Once upon a time", "The quick brown fox", "hello world", "a b c",
+                             "the cat sat on the mat", "We route tokens"};
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < 6; i++) {
+        fprintf(f, "{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true}\n",
+                prompts[i], 3 + 4 * i);
+        if (i == 2) fprintf(f, "{\"prompt\": \"x\", \"max_tokens\": \"many\"}\n");
+        if (i == 4) fprintf(f, "{oops\n");
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s batch %s/qwen3_moe %s -o %s --backend cpu --kv-budget 64KiB "
+             "--kv-block 4 --max-batch-tokens 16 2>&1", MOERUN_BINARY, FIXTURE_DIR, path, out_path);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "8 requests (2 refused)"), "%s", out);
+    FILE *o = fopen(out_path, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0, good = 0;
+    while (getline(&line, &cap, o) > 0) {
+        json_t *j = json_loads(line, 0, NULL);
+        cr_assert(j, "output line %d is JSON", n);
+        cr_assert_eq(json_integer_value(json_object_get(j, "index")), n);
+        if (n == 3 || n == 6) {
+            const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+            cr_assert(msg && strstr(msg, n == 3 ? "line 4" : "line 7"), "%s", line);
+        } else {
+            const char *text = json_string_value(
+                json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+            char q[256], solo[4096];
+            shq(q, sizeof q, prompts[good]);
+            snprintf(cmd, sizeof cmd, "%s run %s/qwen3_moe -p %s -n %d --ignore-eos --backend cpu "
+                     "2>/dev/null", MOERUN_BINARY, FIXTURE_DIR, q, 3 + 4 * good);
+            cr_assert_eq(run(cmd, solo, sizeof solo), 0);
+            solo[strlen(solo) - 1] = '\0';
+            cr_assert_str_eq(text, solo, "request %d ('%s')", good, prompts[good]);
+            good++;
+        }
+        json_decref(j);
+        n++;
+    }
+    free(line);
+    fclose(o);
+    cr_assert_eq(n, 8);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
