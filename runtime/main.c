@@ -12,6 +12,7 @@ static const struct {
     {"inspect", moe_cli_inspect, "describe a checkpoint: family, parameters, bytes by part"},
     {"run", moe_cli_run, "generate from a prompt"},
     {"batch", moe_cli_batch, "serve a JSONL file of requests with continuous batching"},
+    {"plan", moe_cli_plan, "memory planner and roofline predictions"},
     {"bench", moe_cli_bench, "prefill and decode throughput"},
     {"tokenize", moe_cli_tokenize, "text to token ids, or ids to text (--decode)"},
     {"synth", moe_cli_synth, "write a checkpoint of any configuration with random weights"},

@@ -127,3 +127,21 @@ Test(cli, inspect_synthetic_shapes_match_published_sizes)
     cr_assert_eq(run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "30.53B total, 3.35B active"), "%s", out);
 }
+
+/* plan: Mixtral-8x7B bf16 on an H200 (141 GB): 87 GiB of weights, 128 KiB of
+ * KV per token; batch 1 touches 2 of 8 experts per layer, batch 64 all 8. */
+Test(cli, plan_mixtral_on_h200)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --ctx 4096 --batch 1",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "86.99 GiB in total"), "%s", out);
+    cr_assert(strstr(out, "128.00 KiB per token (BF16), 512.00 MiB per sequence of 4096 tokens"), "%s", out);
+    cr_assert(strstr(out, "2.0 of 8 experts per MoE layer touched"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --batch 64 --device a100",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "8.0 of 8 experts"), "%s", out);
+    cr_assert(strstr(out, "do not fit"), "87 GiB do not fit in 90%% of 80 GB: %s", out);
+}

@@ -1,0 +1,249 @@
+/* cli_plan.c - `moerun plan`: the memory planner and roofline predictor.
+ *
+ * Weights are counted by part, in total and as touched per token (an MoE
+ * token reads only its K experts of each MoE layer).  The KV cache costs
+ * 2 x L x Hkv x Dh x element bytes per token, whatever the experts; so the
+ * number of sequences that fit beside the weights is (memory - weights) /
+ * (KV per sequence).  Time predictions are rooflines: a step takes the
+ * longer of (bytes it must read / bandwidth) and (FLOPs / peak FLOP/s).
+ * Decode at batch B reads the non-expert weights once, the experts its B
+ * tokens touch (expected E x (1 - (1 - K/E)^B) per MoE layer for uniform
+ * routing) and every sequence's KV; prefill of a chunk of P tokens reads
+ * all weights once and does P tokens' FLOPs. */
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/cli.h"
+#include "runtime/cli_common.h"
+#include "kvcache/kvcache.h"
+
+struct device {
+    const char *name;
+    double mem_bytes, bw, flops; /* bytes, bytes/s, FLOP/s (bf16 dense) */
+    const char *note;
+};
+
+static const struct device presets[] = {
+    {"h200", 141e9, 4.8e12, 989e12, "NVIDIA H200 SXM: 141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s bf16"},
+    {"h100", 80e9, 3.35e12, 989e12, "NVIDIA H100 SXM: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s bf16"},
+    {"a100", 80e9, 2.039e12, 312e12, "NVIDIA A100 SXM 80GB: 2.04 TB/s, 312 TFLOP/s bf16"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moerun plan MODEL_DIR [--ctx N] [--batch B] [--device NAME|BYTES] [options]\n"
+            "       moerun plan --synthetic CONFIG.json [--dtype bf16] ...\n\n"
+            "Weights by part (total and touched per token), KV bytes per token and per\n"
+            "sequence, how many sequences of context N fit beside the weights, FLOPs per\n"
+            "token, and roofline predictions of prefill time per token and decode step\n"
+            "time at batch B.\n\n"
+            "  --ctx N            context length per sequence (default 4096)\n"
+            "  --batch B          decode batch size (default 1)\n"
+            "  --chunk P          prefill chunk (default 512)\n"
+            "  --device D         h200, h100, a100 (default h200), cpu (this machine: memory\n"
+            "                     and copy bandwidth measured), or a memory size (80GB)\n"
+            "  --bandwidth GB/s   override the memory bandwidth\n"
+            "  --tflops T         override the peak compute\n"
+            "  --kv-dtype T       f32, f16, bf16 (default bf16)\n"
+            "  --synthetic CONFIG, --dtype T   a configuration instead of a checkpoint\n");
+}
+
+/* Copy bandwidth of this machine: read + write bytes per second of a
+ * 256 MiB memcpy, best of 5. */
+static double measure_copy_bw(void)
+{
+    size_t n = (size_t)256 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 0;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 1e30;
+    for (int i = 0; i < 5; i++) {
+        double t0 = moe_cli_now();
+        memcpy(b, a, n);
+        double t = moe_cli_now() - t0;
+        if (t < best) best = t;
+        a[i] = b[n - 1 - (size_t)i];
+    }
+    free(a);
+    free(b);
+    return 2.0 * (double)n / best;
+}
+
+static double cpu_peak_flops(void)
+{
+    /* cores x clock x 32 fp32 FLOP per cycle (two 8-wide FMA units) */
+    double mhz = 2000;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "cpu MHz", 7)) {
+            char *c = strchr(line, ':');
+            if (c) mhz = atof(c + 1);
+            break;
+        }
+    if (f) fclose(f);
+    return (double)sysconf(_SC_NPROCESSORS_ONLN) * mhz * 1e6 * 32;
+}
+
+int moe_cli_plan(int argc, char **argv)
+{
+    struct moe_cli_model_opts mo = {0};
+    long ctx = 4096, batch = 1, chunk = 512;
+    const char *dev_arg = "h200", *kv_dtype_arg = "bf16";
+    double bw_override = 0, tflops_override = 0;
+    static const struct option opts[] = {
+        {"ctx", required_argument, 0, 'c'},       {"batch", required_argument, 0, 'b'},
+        {"chunk", required_argument, 0, 'p'},     {"device", required_argument, 0, 'D'},
+        {"bandwidth", required_argument, 0, 'W'}, {"tflops", required_argument, 0, 'F'},
+        {"kv-dtype", required_argument, 0, 'k'},  {"synthetic", required_argument, 0, 's'},
+        {"dtype", required_argument, 0, 'd'},     {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c':
+            if (!moe_cli_parse_int(optarg, 1, 1 << 30, &ctx)) return moe_cli_error("plan", "--ctx '%s'", optarg);
+            break;
+        case 'b':
+            if (!moe_cli_parse_int(optarg, 1, 1 << 20, &batch)) return moe_cli_error("plan", "--batch '%s'", optarg);
+            break;
+        case 'p':
+            if (!moe_cli_parse_int(optarg, 1, 1 << 24, &chunk)) return moe_cli_error("plan", "--chunk '%s'", optarg);
+            break;
+        case 'D': dev_arg = optarg; break;
+        case 'W': bw_override = atof(optarg) * 1e9; break;
+        case 'F': tflops_override = atof(optarg) * 1e12; break;
+        case 'k': kv_dtype_arg = optarg; break;
+        case 's': mo.synthetic = optarg; break;
+        case 'd': mo.dtype = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) mo.path = argv[optind++];
+    if (optind < argc) return moe_cli_error("plan", "unexpected argument '%s'", argv[optind]);
+    enum moe_dtype kvt, wdt = MOE_DTYPE_BF16;
+    if (!moe_cli_parse_dtype(kv_dtype_arg, &kvt)) return moe_cli_error("plan", "--kv-dtype '%s'", kv_dtype_arg);
+    if (mo.dtype && !moe_cli_parse_dtype(mo.dtype, &wdt)) return moe_cli_error("plan", "--dtype '%s'", mo.dtype);
+
+    struct device dev = presets[0];
+    bool found = false;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(dev_arg, presets[i].name)) {
+            dev = presets[i];
+            found = true;
+        }
+    char note[256];
+    if (!found && !strcmp(dev_arg, "cpu")) {
+        dev.name = "cpu";
+        dev.mem_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        dev.bw = measure_copy_bw();
+        dev.flops = cpu_peak_flops();
+        snprintf(note, sizeof note, "this machine: %ld cores, copy bandwidth measured, peak = cores x "
+                 "clock x 32 fp32 FLOP/cycle", sysconf(_SC_NPROCESSORS_ONLN));
+        dev.note = note;
+    } else if (!found) {
+        size_t bytes;
+        char tmp[64];
+        snprintf(tmp, sizeof tmp, "%s", dev_arg);
+        size_t l = strlen(tmp);
+        if (l > 2 && !strcasecmp(tmp + l - 2, "GB")) { /* decimal GB, as vendors quote */
+            tmp[l - 2] = '\0';
+            dev.mem_bytes = atof(tmp) * 1e9;
+        } else if (moe_cli_parse_budget(dev_arg, &bytes) == MOE_OK) {
+            dev.mem_bytes = (double)bytes;
+        } else {
+            return moe_cli_error("plan", "--device '%s' (h200, h100, a100, cpu, or a size)", dev_arg);
+        }
+        dev.name = "custom";
+        snprintf(note, sizeof note, "custom memory size; bandwidth and compute of an H200 unless given");
+        dev.note = note;
+    }
+    if (bw_override > 0) dev.bw = bw_override;
+    if (tflops_override > 0) dev.flops = tflops_override;
+
+    struct moe_model m = {0};
+    struct moe_model_sizes z;
+    if (mo.synthetic && !mo.path) {
+        if (moe_config_load(&m.cfg, mo.synthetic) != MOE_OK) return moe_cli_error("plan", "%s", moe_last_error());
+        moe_config_sizes(&m.cfg, moe_dtype_size(wdt), &z);
+    } else {
+        if (moe_cli_open_model(&m, &mo) != MOE_OK) return moe_cli_error("plan", "%s", moe_last_error());
+        moe_model_sizes(&m, &z);
+    }
+    const struct moe_config *cfg = &m.cfg;
+    char a[32], b[32], d[32];
+    const double W = (double)z.bytes_total, E = cfg->n_experts, K = cfg->top_k;
+    const int n_moe = moe_config_moe_layers(cfg);
+    const double expert_bytes_layer = n_moe ? (double)z.bytes_experts / n_moe : 0; /* all E */
+    const double one_expert = E > 0 ? expert_bytes_layer / E : 0;
+    const double non_expert = W - (double)z.bytes_experts - (double)z.bytes_embed; /* embedding: rows only */
+    const double touched = non_expert + n_moe * K * one_expert;
+    printf("model        %s (%s)\n", mo.path ? mo.path : mo.synthetic, cfg->architecture);
+    printf("device       %s: %s\n", dev.name, dev.note);
+    printf("             %s memory, %.2f TB/s, %.0f TFLOP/s\n", moe_cli_bytes(a, sizeof a, dev.mem_bytes),
+           dev.bw / 1e12, dev.flops / 1e12);
+    printf("\nweights      %s in total\n", moe_cli_bytes(a, sizeof a, W));
+    const struct { const char *n; int64_t v; } parts[] = {
+        {"embeddings", z.bytes_embed}, {"lm head", z.bytes_lm_head}, {"attention", z.bytes_attn},
+        {"dense FFN", z.bytes_dense_ffn}, {"experts", z.bytes_experts}, {"shared", z.bytes_shared},
+        {"router", z.bytes_router}, {"norms", z.bytes_norm}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (parts[i].v)
+            printf("  %-11s %12s  %5.1f%%\n", parts[i].n, moe_cli_bytes(a, sizeof a, (double)parts[i].v),
+                   100.0 * (double)parts[i].v / W);
+    printf("touched      %s per token (%.1f%% of the weights: %s%d of %d experts per MoE layer)\n",
+           moe_cli_bytes(a, sizeof a, touched), 100.0 * touched / W, n_moe ? "" : "dense, ",
+           n_moe ? cfg->top_k : 0, cfg->n_experts);
+
+    const double kv_tok = (double)moe_config_kv_bytes_per_token(cfg, moe_dtype_size(kvt));
+    const double kv_seq = kv_tok * (double)ctx;
+    printf("\nkv cache     %s per token (%s), %s per sequence of %ld tokens\n",
+           moe_cli_bytes(a, sizeof a, kv_tok), moe_dtype_name(kvt), moe_cli_bytes(b, sizeof b, kv_seq), ctx);
+    const double usable = dev.mem_bytes * 0.9; /* leave room for activations and the runtime */
+    if (W >= usable) {
+        printf("fit          the weights (%s) do not fit in 90%% of %s\n", moe_cli_bytes(a, sizeof a, W),
+               moe_cli_bytes(b, sizeof b, dev.mem_bytes));
+    } else {
+        double left = usable - W;
+        printf("fit          %s left beside the weights (90%% of memory usable): %.0f sequences of %ld "
+               "tokens (%s tokens in all)\n", moe_cli_bytes(a, sizeof a, left), floor(left / kv_seq), ctx,
+               moe_cli_count(d, sizeof d, floor(left / kv_tok)));
+    }
+    /* FLOPs per token: 2 per touched weight (embedding rows excluded), plus
+     * attention: QK^T and PV, 2 * 2 * Hq * Dh per cached position per layer. */
+    const double active_params = (double)z.params_active - (double)cfg->vocab * cfg->d_model;
+    const double f_tok = 2.0 * active_params;
+    const double f_attn = 4.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim * (double)ctx;
+    printf("\nflops        %s per token in the weights, + %s for attention at context %ld\n",
+           moe_cli_count(a, sizeof a, f_tok), moe_cli_count(b, sizeof b, f_attn), ctx);
+    /* prefill: a chunk of P tokens at half context on average */
+    const double f_attn_prefill = 4.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim * (double)chunk / 2;
+    double p_compute = (double)chunk * (f_tok + f_attn_prefill) / dev.flops;
+    double p_memory = W / dev.bw;
+    double p_time = p_compute > p_memory ? p_compute : p_memory;
+    printf("prefill      chunk of %ld: %.3f ms per token (%s-bound), %.0f tokens/s\n", chunk,
+           p_time / (double)chunk * 1e3, p_compute > p_memory ? "compute" : "memory", (double)chunk / p_time);
+    /* decode at batch B */
+    double uniq = E > 0 ? E * (1.0 - pow(1.0 - K / E, (double)batch)) : 0;
+    double d_bytes = non_expert + n_moe * uniq * one_expert + (double)batch * kv_seq;
+    double d_compute = (double)batch * (f_tok + f_attn) / dev.flops;
+    double d_memory = d_bytes / dev.bw;
+    double d_time = d_compute > d_memory ? d_compute : d_memory;
+    printf("decode       batch %ld at context %ld: reads %s per step (%.1f of %d experts per MoE layer "
+           "touched), %.3f ms per step (%s-bound), %.0f tokens/s\n", batch, ctx,
+           moe_cli_bytes(a, sizeof a, d_bytes), uniq, cfg->n_experts, d_time * 1e3,
+           d_compute > d_memory ? "compute" : "memory", (double)batch / d_time);
+    moe_model_free(&m);
+    return 0;
+}
