@@ -6,6 +6,7 @@
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
 #include "runtime/runner.h"
+#include "runtime/stats_cli.h"
 
 static void usage(FILE *f)
 {
@@ -22,7 +23,8 @@ static void usage(FILE *f)
             "  --threads N        CPU threads (default: all cores)\n"
             "  --synthetic CONFIG random weights for CONFIG.json, built in memory\n"
             "  --dtype T          synthetic weight dtype: f32, f16, bf16 (default bf16)\n"
-            "  --seed S           synthetic weight seed (default 0)\n");
+            "  --seed S           synthetic weight seed (default 0)\n"
+            MOE_CLI_STATS_USAGE);
 }
 
 int moe_cli_run(int argc, char **argv)
@@ -36,7 +38,8 @@ int moe_cli_run(int argc, char **argv)
         {"backend", required_argument, 0, 'B'},    {"threads", required_argument, 0, 't'},
         {"synthetic", required_argument, 0, 's'},  {"dtype", required_argument, 0, 'd'},
         {"seed", required_argument, 0, 'S'},       {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        MOE_CLI_STATS_OPTIONS,                     {0, 0, 0, 0}};
+    struct moe_cli_stats so = {0};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
@@ -66,7 +69,14 @@ int moe_cli_run(int argc, char **argv)
                 return moe_cli_error("run", "--seed '%s' is not a non-negative integer", optarg);
             break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: {
+            int k = moe_cli_stats_option(&so, &mo, c, optarg, "run");
+            if (k < 0) return 1;
+            if (k == 0) {
+                usage(stderr);
+                return 2;
+            }
+        }
         }
     }
     mo.seed = (uint64_t)seed;
@@ -113,6 +123,8 @@ int moe_cli_run(int argc, char **argv)
         moe_cli_error("run", "%s", moe_last_error());
         goto done;
     }
+    if (moe_cli_stats_start(&so, &m, "run")) goto done;
+    r.fw.stats = moe_cli_stats_recorder(&so);
     out = malloc(((size_t)n_new + 1) * sizeof *out);
     double t1 = moe_cli_now();
     if (!out || moe_runner_greedy(&r, &seq, prompt, n_prompt, (int)n_new, (int)chunk, out) != MOE_OK) {
@@ -125,8 +137,9 @@ int moe_cli_run(int argc, char **argv)
     fprintf(stderr, "moerun run: %d prompt tokens, %ld generated; load %.3f s, generation %.3f s "
             "(%.1f tokens/s overall)\n", n_prompt, n_new, t1 - t0, t2 - t1,
             (double)(n_prompt + n_new) / (t2 - t1 > 0 ? t2 - t1 : 1e-9));
-    rc = 0;
+    rc = moe_cli_stats_finish(&so, &m, &mo, &be, "run");
 done:
+    moe_cli_stats_free(&so);
     moe_seq_free(&r, &seq);
     moe_runner_free(&r);
     moe_backend_free(&be);
