@@ -7,3 +7,4 @@ int moe_cli_inspect(int argc, char **argv);
 int moe_cli_run(int argc, char **argv);
 int moe_cli_synth(int argc, char **argv);
 int moe_cli_bench(int argc, char **argv);
+int moe_cli_stats(int argc, char **argv);

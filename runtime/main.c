@@ -12,6 +12,7 @@ static const struct {
     {"inspect", moe_cli_inspect, "describe a checkpoint: family, parameters, bytes by part"},
     {"run", moe_cli_run, "generate from a prompt"},
     {"bench", moe_cli_bench, "prefill and decode throughput"},
+    {"stats", moe_cli_stats, "expert-load analysis of statistics or traces: tables, plots, what-ifs"},
     {"synth", moe_cli_synth, "write a checkpoint of any configuration with random weights"},
 };
 
