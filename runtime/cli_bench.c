@@ -154,6 +154,7 @@ int moe_cli_bench(int argc, char **argv)
             return moe_cli_error("bench", "option value '%s' is out of range", optarg);
     }
     mo.seed = (uint64_t)seed;
+    if (moe_cli_stats_check(&so, "bench")) return 1;
     if (optind < argc) mo.path = argv[optind++];
     if (optind < argc) return moe_cli_error("bench", "unexpected argument '%s'", argv[optind]);
     int32_t *plens = NULL, *bsizes = NULL;

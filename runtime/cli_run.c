@@ -80,6 +80,7 @@ int moe_cli_run(int argc, char **argv)
         }
     }
     mo.seed = (uint64_t)seed;
+    if (moe_cli_stats_check(&so, "run")) return 1;
     if (optind < argc) mo.path = argv[optind++];
     if (optind < argc) return moe_cli_error("run", "unexpected argument '%s'", argv[optind]);
     if (!ids_arg) return moe_cli_error("run", "no prompt: give --prompt-ids 1,2,3");

@@ -38,10 +38,16 @@ bad:
     return -1;
 }
 
-int moe_cli_stats_start(struct moe_cli_stats *s, const struct moe_model *m, const char *cmd)
+int moe_cli_stats_check(const struct moe_cli_stats *s, const char *cmd)
 {
     if (s->off && (s->json_path || s->csv_path || s->trace_prefix))
         return moe_cli_error(cmd, "--no-stats contradicts --stats-out, --stats-csv and --trace-out");
+    return 0;
+}
+
+int moe_cli_stats_start(struct moe_cli_stats *s, const struct moe_model *m, const char *cmd)
+{
+    if (moe_cli_stats_check(s, cmd)) return 1;
     if (s->off) return 0;
     s->o.trace = s->trace_prefix != NULL;
     if (moe_stats_init(&s->st, &m->cfg, &s->o) != MOE_OK)

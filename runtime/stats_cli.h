@@ -3,7 +3,8 @@
  * --trace-out, --stats-steps, --stats-ring, --no-stats, --router-skew.
  *
  * A command adds MOE_CLI_STATS_OPTIONS to its getopt table, passes unknown
- * option codes to moe_cli_stats_option, calls moe_cli_stats_start after the
+ * option codes to moe_cli_stats_option, calls moe_cli_stats_check after
+ * parsing, moe_cli_stats_start after the
  * model is open (the recorder is on unless --no-stats), points its forward
  * pass at moe_cli_stats_recorder(), and calls moe_cli_stats_finish at the
  * end to write the files. */
@@ -46,7 +47,9 @@ struct moe_cli_stats {
 /* 1: handled; 0: not a statistics option; -1: bad value (message printed). */
 int moe_cli_stats_option(struct moe_cli_stats *s, struct moe_cli_model_opts *mo, int code,
                          const char *arg, const char *cmd);
-/* Checks the options and starts the recorder; returns 0 or 1 (printed). */
+/* Checks the options for contradictions; returns 0 or 1 (printed). */
+int moe_cli_stats_check(const struct moe_cli_stats *s, const char *cmd);
+/* Starts the recorder unless --no-stats; returns 0 or 1 (printed). */
 int moe_cli_stats_start(struct moe_cli_stats *s, const struct moe_model *m, const char *cmd);
 /* The recorder for moe_forward.stats, or NULL when off. */
 struct moe_stats *moe_cli_stats_recorder(struct moe_cli_stats *s);
