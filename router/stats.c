@@ -15,6 +15,13 @@ static double unix_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void *zalloc(size_t n, size_t elem, bool *ok)
 {
     void *p = calloc(n ? n : 1, elem);
@@ -104,6 +111,7 @@ void moe_stats_reset(struct moe_stats *st)
     st->steps = st->tokens_prefill = st->tokens_decode = 0;
     st->t_start = st->t_end = unix_now();
     st->resets++;
+    st->busy_s = 0;
     st->active = false;
 }
 
@@ -129,7 +137,17 @@ static bool trace_reserve(struct moe_stats *st, int64_t need)
     return true;
 }
 
+static enum moe_status step_begin(struct moe_stats *st, const struct moe_batch *b);
+
 enum moe_status moe_stats_step_begin(struct moe_stats *st, const struct moe_batch *b)
+{
+    double t0 = mono_now();
+    enum moe_status s = step_begin(st, b);
+    st->busy_s += mono_now() - t0;
+    return s;
+}
+
+static enum moe_status step_begin(struct moe_stats *st, const struct moe_batch *b)
 {
     const int64_t step = st->step++;
     st->active = step >= st->o.step_from && (st->o.step_to == 0 || step < st->o.step_to) &&
@@ -214,8 +232,19 @@ static bool row_entropy(const float *z, int E, double *h)
     return isfinite(*h);
 }
 
+static void record_layer(struct moe_stats *st, int layer, int T, const int32_t *ids,
+                         const float *w, const float *logits);
+
 void moe_stats_record_layer(struct moe_stats *st, int layer, int T, const int32_t *ids,
                             const float *w, const float *logits)
+{
+    double t0 = mono_now();
+    record_layer(st, layer, T, ids, w, logits);
+    st->busy_s += mono_now() - t0;
+}
+
+static void record_layer(struct moe_stats *st, int layer, int T, const int32_t *ids,
+                         const float *w, const float *logits)
 {
     if (!st->active || layer < 0 || layer >= st->L || st->slot[layer] < 0) return;
     MOE_ASSERT(T == st->cur_T);

@@ -99,6 +99,7 @@ struct moe_stats {
     int32_t *ring_counts;      /* (cap, Lm, E) pairs per expert */
     int64_t ring_dropped;      /* steps overwritten */
     struct moe_stats_trace tr;
+    double busy_s;             /* time spent in step_begin + record_layer (self-timed) */
     /* the step being recorded */
     bool active;               /* inside the step range */
     int cur_T, cur_ring;

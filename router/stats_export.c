@@ -127,6 +127,7 @@ json_t *moe_stats_to_json(const struct moe_stats *st, const struct moe_stats_met
     json_object_set_new(root, "steps",
                         json_pack("{s:i, s:I, s:o}", "capacity", st->ring_cap, "dropped",
                                   (json_int_t)st->ring_dropped, "entries", entries));
+    json_object_set_new(root, "recorder", json_pack("{s:f}", "seconds", st->busy_s));
     json_object_set_new(root, "trace",
                         st->o.trace ? json_pack("{s:o, s:I, s:b}", "prefix",
                                                 str_or_null(mt->trace_prefix), "tokens",
