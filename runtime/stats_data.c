@@ -20,6 +20,9 @@ void moe_sdata_free(struct moe_sdata *d)
 static enum moe_status alloc_counters(struct moe_sdata *d)
 {
     const size_t Lm = (size_t)d->Lm, E = (size_t)d->E;
+    if (d->Lm == 0 || d->E == 0)
+        return moe_fail(MOE_ERR_FORMAT, "%s: the model has no MoE layer, so no expert statistics",
+                        d->path);
     if (d->Lm < 0 || d->Lm > 4096 || d->E <= 0 || d->E > 65536 || d->K <= 0 || d->K > d->E)
         return moe_fail(MOE_ERR_FORMAT, "%s: %d MoE layers, %d experts, top-%d", d->path, d->Lm,
                         d->E, d->K);
