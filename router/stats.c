@@ -212,23 +212,24 @@ static enum moe_status step_begin(struct moe_stats *st, const struct moe_batch *
 }
 
 /* Softmax entropy of one row of logits in nats; false when undefined (NaN,
- * or no finite maximum). H = log S - sum_e p_e (z_e - max). */
+ * or no finite maximum).  H = log S - sum_e p_e (z_e - max) / S with
+ * p_e = exp(z_e - max); fp32 like the router (relative error ~1e-6). */
 static bool row_entropy(const float *z, int E, double *h)
 {
     float mx = -INFINITY;
+    bool nan = false;
     for (int e = 0; e < E; e++) {
-        if (isnan(z[e])) return false;
-        if (z[e] > mx) mx = z[e];
+        nan |= isnan(z[e]);
+        mx = z[e] > mx ? z[e] : mx;
     }
-    if (!isfinite(mx)) return false;
-    double s = 0.0, sz = 0.0;
+    if (nan || !isfinite(mx)) return false;
+    float s = 0.0f, sz = 0.0f;
     for (int e = 0; e < E; e++) {
-        double d = (double)z[e] - (double)mx;
-        double p = exp(d);
+        float d = z[e] - mx, p = expf(d);
         s += p;
-        if (p > 0) sz += p * d;
+        sz += p > 0.0f ? p * d : 0.0f; /* d = -inf gives p = 0: no term */
     }
-    *h = log(s) - sz / s;
+    *h = (double)logf(s) - (double)sz / (double)s;
     return isfinite(*h);
 }
 
@@ -279,9 +280,10 @@ static void record_layer(struct moe_stats *st, int layer, int T, const int32_t *
     st->rejected[j] += rejected;
     st->bad_weights[j] += bad;
     if (logits) {
+        /* single-threaded on purpose: an OpenMP region here costs more than
+         * the loop on a busy machine (measured, docs/performance-stats.md) */
         double hs = 0.0;
         int64_t hn = 0;
-#pragma omp parallel for reduction(+ : hs, hn) schedule(static) if (T >= 64)
         for (int t = 0; t < T; t++) {
             double h;
             if (row_entropy(logits + (size_t)t * E, E, &h)) {
