@@ -157,7 +157,10 @@ static enum moe_status step_begin(struct moe_stats *st, const struct moe_batch *
     const int T = b->n_tokens;
     if (T > st->row_cap) {
         uint8_t *r = realloc(st->row_decode, (size_t)T);
-        if (!r) return moe_fail(MOE_ERR_NOMEM, "stats: row flags for %d tokens", T);
+        if (!r) {
+            st->active = false; /* the step's layers record nothing */
+            return moe_fail(MOE_ERR_NOMEM, "stats: row flags for %d tokens", T);
+        }
         st->row_decode = r;
         st->row_cap = T;
     }
