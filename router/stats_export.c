@@ -118,7 +118,8 @@ json_t *moe_stats_to_json(const struct moe_stats *st, const struct moe_stats_met
         int r = (st->ring_head - st->ring_n + i + st->ring_cap) % st->ring_cap;
         json_t *counts = json_array();
         for (int j = 0; j < st->Lm; j++)
-            json_array_append_new(counts, i32_array(st->ring_counts + r * LE + (size_t)j * st->E, st->E));
+            json_array_append_new(counts,
+                                  i32_array(st->ring_counts + r * LE + (size_t)j * st->E, st->E));
         json_array_append_new(entries, json_pack("{s:I, s:i, s:i, s:o}", "step",
                                                  (json_int_t)st->ring_step[r], "tokens",
                                                  st->ring_tokens[r], "decode_tokens",
@@ -202,7 +203,9 @@ enum moe_status moe_stats_prometheus(const struct moe_stats *st, FILE *f)
                 size_t o = (size_t)j * E + e;
                 fprintf(f, "%s{layer=\"%d\",expert=\"%d\"} ", per_expert[m].name, st->layers[j], e);
                 if (per_expert[m].d) fprintf(f, "%.9g\n", per_expert[m].d[o]);
-                else fprintf(f, "%lld\n", (long long)(per_expert[m].a[o] + (per_expert[m].b ? per_expert[m].b[o] : 0)));
+                else
+                    fprintf(f, "%lld\n", (long long)(per_expert[m].a[o] +
+                                                     (per_expert[m].b ? per_expert[m].b[o] : 0)));
             }
     }
     double *load = malloc((size_t)(E > 0 ? E : 1) * sizeof(double));
@@ -230,10 +233,11 @@ enum moe_status moe_stats_prometheus(const struct moe_stats *st, FILE *f)
     for (size_t m = 0; m < sizeof per_layer / sizeof per_layer[0]; m++) {
         prom_head(f, per_layer[m].name, "gauge", per_layer[m].help);
         for (int j = 0; j < st->Lm; j++) {
+            const double ent = st->ent_n[j] ? st->ent_sum[j] / (double)st->ent_n[j] : NAN;
             double v = per_layer[m].what == 0   ? s[j].max_mean
                        : per_layer[m].what == 1 ? s[j].cv
                        : per_layer[m].what == 2 ? s[j].entropy_norm
-                       : per_layer[m].what == 3 ? (st->ent_n[j] ? st->ent_sum[j] / (double)st->ent_n[j] : NAN)
+                       : per_layer[m].what == 3 ? ent
                                                 : s[j].dead;
             fprintf(f, "%s{layer=\"%d\"} ", per_layer[m].name, st->layers[j]);
             if (isnan(v)) fprintf(f, "NaN\n");

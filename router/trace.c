@@ -33,8 +33,8 @@ enum moe_status moe_npy_write(const char *path, const char *descr, int ndim, con
     char dict[256];
     int len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
     for (int i = 0; i < ndim; i++) {
-        len += snprintf(dict + len, sizeof dict - (size_t)len, ndim == 1 ? "%lld," : i ? ", %lld" : "%lld",
-                        (long long)shape[i]);
+        const char *fmt = ndim == 1 ? "%lld," : i ? ", %lld" : "%lld"; /* (5,) for 1-D */
+        len += snprintf(dict + len, sizeof dict - (size_t)len, fmt, (long long)shape[i]);
         if (!moe_mul_size(n, (size_t)shape[i], &n) || shape[i] < 0)
             return moe_fail(MOE_ERR_INVALID_ARG, "%s: .npy shape overflows", path);
     }
@@ -190,7 +190,8 @@ enum moe_status moe_stats_write_trace(const struct moe_stats *st, const struct m
         "experts", st->E, "top_k", st->K, "moe_layers", layers, "truncated", tr->truncated,
         "d_model", mt ? mt->d_model : 0, "d_expert", mt ? mt->d_expert : 0, "weight_bytes",
         mt ? mt->weight_bytes : 0, "model", mt && mt->model ? json_string(mt->model) : json_null(),
-        "files", "ids", small ? "ids.npy int16 (tokens, moe_layers, top_k)" : "ids.npy int32 (tokens, moe_layers, top_k)",
+        "files", "ids",
+        small ? "ids.npy int16 (tokens, moe_layers, top_k)" : "ids.npy int32 (tokens, moe_layers, top_k)",
         "weights", "weights.npy float32 (tokens, moe_layers, top_k)", "tokens",
         "tokens.npy int64 (tokens, 4)", "token_columns", "step", "request", "position", "decode");
     if (!j) return moe_fail(MOE_ERR_NOMEM, "trace: description");

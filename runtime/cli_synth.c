@@ -102,7 +102,8 @@ int moe_cli_synth(int argc, char **argv)
     json_object_set_new(root, "dtype", json_string(torch_dtype(dt)));
     json_object_set_new(root, "torch_dtype", json_string(torch_dtype(dt)));
     if (skew.kind != MOE_SKEW_NONE)
-        json_object_set_new(root, "moerun_router_skew", moe_router_skew_json(&skew, &cfg, (uint64_t)seed));
+        json_object_set_new(root, "moerun_router_skew",
+                            moe_router_skew_json(&skew, &cfg, (uint64_t)seed));
     snprintf(path, sizeof path, "%s/config.json", out);
     if (json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
         moe_cli_error("synth", "cannot write %s", path);

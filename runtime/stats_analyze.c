@@ -112,7 +112,8 @@ void moe_sdata_print_compare(FILE *f, const struct moe_sdata *a, const struct mo
 {
     fprintf(f, "compare A=%s\n        B=%s\n", a->path, b->path);
     if (a->E != b->E) {
-        fprintf(f, "different expert counts (%d vs %d): nothing to compare layer by layer\n", a->E, b->E);
+        fprintf(f, "different expert counts (%d vs %d): nothing to compare layer by layer\n", a->E,
+                b->E);
         return;
     }
     const int E = a->E;

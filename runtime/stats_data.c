@@ -131,7 +131,8 @@ static enum moe_status load_trace(struct moe_sdata *d, json_t *root, const char 
     d->d_expert = (int)json_integer_value(json_object_get(root, "d_expert"));
     d->weight_bytes = (int)json_integer_value(json_object_get(root, "weight_bytes"));
     MOE_TRY(alloc_counters(d));
-    for (int j = 0; j < d->Lm; j++) d->layers[j] = (int32_t)json_integer_value(json_array_get(layers, (size_t)j));
+    for (int j = 0; j < d->Lm; j++)
+        d->layers[j] = (int32_t)json_integer_value(json_array_get(layers, (size_t)j));
     char path[4096];
     struct moe_npy ids = {0}, w = {0}, tok = {0};
     enum moe_status s;

@@ -150,7 +150,8 @@ void moe_ep_balanced(const double *load, int E, int N, int32_t *place)
             memset(dev, 0, (size_t)N * sizeof(double));
             int32_t *tmp = malloc((size_t)E * sizeof(int32_t));
             if (tmp) {
-                struct bb b = {load, E, N, cap, order, cnt, dev, heur, fmax(total / N, mx), tmp, best, 0};
+                struct bb b = {load, E,   N,  cap, order, cnt, dev, heur, fmax(total / N, mx),
+                               tmp,  best, 0};
                 bb_search(&b, 0, 0.0);
                 memcpy(cur, best, (size_t)E * sizeof(int32_t));
                 heur = b.best_max;
@@ -230,7 +231,8 @@ enum moe_status moe_whatif_ep(FILE *f, const struct moe_sdata *d, const struct m
     if (N < 1 || N > E) return moe_fail(MOE_ERR_INVALID_ARG, "--ep %d with %d experts", N, E);
     if (R < 0 || R >= E) return moe_fail(MOE_ERR_INVALID_ARG, "--replicas %d with %d experts", R, E);
     const int D = o->d_model > 0 ? o->d_model : d->d_model, ab = o->act_bytes > 0 ? o->act_bytes : 2;
-    struct ep_scheme sc[3] = {{.name = "contiguous"}, {.name = "balanced"}, {.name = "balanced+replicas"}};
+    struct ep_scheme sc[3] = {
+        {.name = "contiguous"}, {.name = "balanced"}, {.name = "balanced+replicas"}};
     const int ns = R > 0 ? 3 : 2;
     enum moe_status st = MOE_OK;
     double *sub = malloc((size_t)E * sizeof(double));
@@ -332,8 +334,9 @@ void moe_cache_simulate(const struct moe_sdata *d, int j, int C, bool lfu,
                         for (int pass = 0; pass < 2 && victim < 0; pass++)
                             for (int v = 0; v < E; v++) {
                                 if (!cached[v] || (pass == 0 && seen[v] == step)) continue;
-                                if (victim < 0 || (lfu && freq[v] != freq[victim] ? freq[v] < freq[victim]
-                                                                                  : last[v] < last[victim]))
+                                bool by_freq = lfu && freq[v] != freq[victim < 0 ? v : victim];
+                                if (victim < 0 || (by_freq ? freq[v] < freq[victim]
+                                                           : last[v] < last[victim]))
                                     victim = v;
                             }
                         cached[victim] = 0;

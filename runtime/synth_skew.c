@@ -72,7 +72,10 @@ enum moe_status moe_router_skew_parse(const char *spec, struct moe_router_skew *
                     "(H hot experts take a fraction 0 < F < 1 of the top-1 choices) or none", spec);
 }
 
-static int n_blocks(const struct moe_config *c) { return c->n_experts > 0 ? c->d_model / 2 / c->n_experts : 0; }
+static int n_blocks(const struct moe_config *c)
+{
+    return c->n_experts > 0 ? c->d_model / 2 / c->n_experts : 0;
+}
 
 enum moe_status moe_router_skew_probs(const struct moe_router_skew *sk, const struct moe_config *c,
                                       uint64_t seed, int j, double *p)

@@ -204,14 +204,16 @@ Test(forward, batched_sequences_match_solo)
      * start) + the rest of prompt 1 + all of prompt 2 */
     struct moe_seq a = {0}, b = {0}, c = {0};
     float *out = malloc((size_t)64 * V * sizeof(float));
-    struct moe_chunk step1[2] = {{&a, prompts[0], S[0], true, false, 0}, {&b, prompts[1], 4, true, false, 0}};
+    struct moe_chunk step1[2] = {{&a, prompts[0], S[0], true, false, 0},
+                                 {&b, prompts[1], 4, true, false, 0}};
     int rows;
     cr_assert_eq(moe_runner_step(&f.r, step1, 2, out, &rows, NULL), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(rows, S[0] + 4);
     cr_expect(memcmp(out, solo[0], (size_t)S[0] * V * sizeof(float)) == 0, "prompt 0 in a batch");
     cr_expect(memcmp(out + (size_t)S[0] * V, solo[1], (size_t)4 * V * sizeof(float)) == 0,
               "prompt 1 first chunk in a batch");
-    struct moe_chunk step2[2] = {{&b, prompts[1] + 4, S[1] - 4, true, false, 0}, {&c, prompts[2], S[2], true, false, 0}};
+    struct moe_chunk step2[2] = {{&b, prompts[1] + 4, S[1] - 4, true, false, 0},
+                                 {&c, prompts[2], S[2], true, false, 0}};
     cr_assert_eq(moe_runner_step(&f.r, step2, 2, out, &rows, NULL), MOE_OK, "%s", moe_last_error());
     cr_expect(memcmp(out, solo[1] + (size_t)4 * V, (size_t)(S[1] - 4) * V * sizeof(float)) == 0,
               "prompt 1 second chunk beside prompt 2");

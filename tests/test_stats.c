@@ -282,14 +282,16 @@ Test(stats, json_parses_and_matches_the_documented_schema)
             cr_assert_eq(json_array_size(v), E_, "%s", arrs[a]);
             for (size_t e = 0; e < E_; e++) cr_assert(json_is_number(json_array_get(v, e)));
         }
-        for (size_t e = 0; e < E_; e++) total += json_integer_value(json_array_get(json_object_get(L, "tokens"), e));
+        json_t *tok = json_object_get(L, "tokens");
+        for (size_t e = 0; e < E_; e++) total += json_integer_value(json_array_get(tok, e));
         cr_assert_eq(total, 12 * K_);
         expect_type(L, "router_entropy_mean", JSON_REAL);
         expect_type(L, "router_entropy_norm", JSON_REAL);
         expect_type(L, "coactivation", JSON_ARRAY);
         json_t *pr = json_array_get(json_object_get(L, "coactivation"), 0);
         cr_assert_eq(json_array_size(pr), 3);
-        cr_assert_lt(json_integer_value(json_array_get(pr, 0)), json_integer_value(json_array_get(pr, 1)));
+        cr_assert_lt(json_integer_value(json_array_get(pr, 0)),
+                     json_integer_value(json_array_get(pr, 1)));
         json_t *d = json_object_get(L, "derived");
         const char *dk[] = {"max_mean_ratio", "cv", "load_entropy_norm"};
         for (size_t i = 0; i < 3; i++) expect_type(d, dk[i], JSON_REAL);
@@ -354,8 +356,9 @@ Test(stats, csv_and_prometheus_agree_with_the_counters)
         if (*p == '#') continue;
         char name[128], rest[256];
         double v;
-        cr_assert(sscanf(p, "%127[a-z_]%255[^ ] %lf", name, rest, &v) >= 2 || sscanf(p, "%127[a-z_] %lf", name, &v) == 2,
-                  "bad line %.*s", (int)(nl - p), p);
+        bool ok = sscanf(p, "%127[a-z_]%255[^ ] %lf", name, rest, &v) == 3 ||
+                  sscanf(p, "%127[a-z_] %lf", name, &v) == 2;
+        cr_assert(ok, "bad line %.*s", (int)(nl - p), p);
     }
     free(text);
     moe_stats_free(&st);
