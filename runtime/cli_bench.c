@@ -13,6 +13,7 @@
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
 #include "runtime/runner.h"
+#include "runtime/stats_cli.h"
 
 static void usage(FILE *f)
 {
@@ -28,7 +29,9 @@ static void usage(FILE *f)
             "  --json           one JSON object on stdout instead of a table\n"
             "  --backend NAME   auto, cpu or cuda (default auto)\n"
             "  --threads N      CPU threads\n"
-            "  --synthetic CONFIG, --dtype T, --synthetic-seed S  random weights\n");
+            "  --synthetic CONFIG, --dtype T, --synthetic-seed S  random weights\n"
+            MOE_CLI_STATS_USAGE
+            "Statistics are recorded unless --no-stats (compare the two to see their cost).\n");
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -63,7 +66,7 @@ static enum moe_status time_prefill(struct bench_ctx *b, int P, double *best)
         double t0 = moe_cli_now();
         for (int off = 0; off < P; off += b->chunk) {
             int n = P - off < b->chunk ? P - off : b->chunk;
-            struct moe_chunk c = {&b->seqs[0], b->tokens + off, n, false};
+            struct moe_chunk c = {&b->seqs[0], b->tokens + off, n, false, false, 0};
             MOE_TRY(moe_runner_step(&b->r, &c, 1, NULL, NULL, NULL));
         }
         double t = moe_cli_now() - t0;
@@ -84,7 +87,7 @@ static enum moe_status time_decode(struct bench_ctx *b, int B, int ctx, int step
             for (int i = 0; i < ctx; i++) b->tokens[i] = (int32_t)(rng_next(&b->rng) % (uint64_t)b->V);
             for (int off = 0; off < ctx && s == MOE_OK; off += b->chunk) {
                 int n = ctx - off < b->chunk ? ctx - off : b->chunk;
-                struct moe_chunk c = {&b->seqs[q], b->tokens + off, n, false};
+                struct moe_chunk c = {&b->seqs[q], b->tokens + off, n, false, false, 0};
                 s = moe_runner_step(&b->r, &c, 1, NULL, NULL, NULL);
             }
         }
@@ -92,7 +95,7 @@ static enum moe_status time_decode(struct bench_ctx *b, int B, int ctx, int step
         for (int st = 0; st < steps && s == MOE_OK; st++) {
             for (int q = 0; q < B; q++) {
                 b->tokens[q] = (int32_t)(rng_next(&b->rng) % (uint64_t)b->V);
-                ch[q] = (struct moe_chunk){&b->seqs[q], &b->tokens[q], 1, false};
+                ch[q] = (struct moe_chunk){&b->seqs[q], &b->tokens[q], 1, false, true, 0};
             }
             s = moe_runner_step(&b->r, ch, B, NULL, NULL, NULL);
         }
@@ -117,7 +120,9 @@ int moe_cli_bench(int argc, char **argv)
         {"json", no_argument, 0, 'j'},          {"backend", required_argument, 0, 'B'},
         {"threads", required_argument, 0, 't'}, {"synthetic", required_argument, 0, 's'},
         {"dtype", required_argument, 0, 'd'},   {"synthetic-seed", required_argument, 0, 'S'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
+        {0, 0, 0, 0}};
+    struct moe_cli_stats so = {0};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -136,12 +141,20 @@ int moe_cli_bench(int argc, char **argv)
         case 's': mo.synthetic = optarg; break;
         case 'd': mo.dtype = optarg; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: {
+            int k = moe_cli_stats_option(&so, &mo, c, optarg, "bench");
+            if (k < 0) return 1;
+            if (k == 0) {
+                usage(stderr);
+                return 2;
+            }
+        }
         }
         if (dst && !moe_cli_parse_int(optarg, lo, hi, dst))
             return moe_cli_error("bench", "option value '%s' is out of range", optarg);
     }
     mo.seed = (uint64_t)seed;
+    if (moe_cli_stats_check(&so, "bench")) return 1;
     if (optind < argc) mo.path = argv[optind++];
     if (optind < argc) return moe_cli_error("bench", "unexpected argument '%s'", argv[optind]);
     int32_t *plens = NULL, *bsizes = NULL;
@@ -177,10 +190,14 @@ int moe_cli_bench(int argc, char **argv)
         moe_cli_error("bench", "%s", moe_last_error());
         goto done;
     }
-    out = json_pack("{s:s, s:s, s:i, s:[], s:[]}", "model", mo.path ? mo.path : mo.synthetic,
-                    "backend", be.ops->name, "threads", be.n_threads, "prefill", "decode");
+    if (moe_cli_stats_start(&so, &m, "bench")) goto done;
+    b.r.fw.stats = moe_cli_stats_recorder(&so);
+    out = json_pack("{s:s, s:s, s:i, s:b, s:[], s:[]}", "model", mo.path ? mo.path : mo.synthetic,
+                    "backend", be.ops->name, "threads", be.n_threads, "stats", !so.off, "prefill",
+                    "decode");
     if (!json)
         printf("%-10s %8s %12s %14s\n", "phase", "size", "tokens/s", "time");
+    const double t_loop = moe_cli_now();
     for (int i = 0; i < np; i++) {
         double t;
         if (time_prefill(&b, plens[i], &t) != MOE_OK) {
@@ -206,13 +223,22 @@ int moe_cli_bench(int argc, char **argv)
         if (!json)
             printf("%-10s %8d %12.1f %9.2f ms/step\n", "decode", bsizes[i], tps, t / (double)steps * 1e3);
     }
+    if (so.on) { /* the recorder times itself: its share of all forward steps run here */
+        double loop = moe_cli_now() - t_loop, rec = so.st.busy_s;
+        json_object_set_new(out, "stats_seconds", json_real(rec));
+        json_object_set_new(out, "loop_seconds", json_real(loop));
+        if (!json)
+            printf("statistics recording: %.3f ms of %.3f s of steps (%.4f%%); --no-stats turns it "
+                   "off\n", rec * 1e3, loop, loop > 0 ? 100 * rec / loop : 0);
+    }
     if (json) {
         char *s = json_dumps(out, JSON_COMPACT);
         if (s) puts(s);
         free(s);
     }
-    rc = 0;
+    rc = moe_cli_stats_finish(&so, &m, &mo, &be, "bench");
 done:
+    moe_cli_stats_free(&so);
     if (b.seqs)
         for (int q = 0; q < max_b; q++) moe_seq_free(&b.r, &b.seqs[q]);
     free(b.seqs);

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include <jansson.h>
+#include "runtime/synth_skew.h"
 
 bool moe_cli_parse_dtype(const char *s, enum moe_dtype *out)
 {
@@ -29,8 +30,16 @@ enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_mod
             return moe_fail(MOE_ERR_INVALID_ARG, "--dtype '%s' (use f32, f16 or bf16)", o->dtype);
         struct moe_config cfg;
         MOE_TRY(moe_config_load(&cfg, o->synthetic));
+        if (o->router_skew) {
+            struct moe_router_skew sk;
+            MOE_TRY(moe_router_skew_parse(o->router_skew, &sk));
+            return moe_model_synthetic_skew(m, &cfg, dt, o->seed, &sk);
+        }
         return moe_model_synthetic(m, &cfg, dt, o->seed);
     }
+    if (o->router_skew)
+        return moe_fail(MOE_ERR_INVALID_ARG, "--router-skew applies to --synthetic models "
+                        "(moerun synth --router-skew writes a skewed checkpoint)");
     if (!o->path) return moe_fail(MOE_ERR_INVALID_ARG, "no model given (a folder, or --synthetic CONFIG.json)");
     return moe_model_load(m, o->path);
 }

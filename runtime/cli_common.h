@@ -13,6 +13,7 @@ struct moe_cli_model_opts {
     const char *synthetic;  /* config.json for in-memory random weights, or NULL */
     const char *dtype;      /* synthetic weight dtype: f32, f16, bf16 */
     uint64_t seed;
+    const char *router_skew; /* synthetic router skew spec (runtime/synth_skew.h), or NULL */
 };
 
 /* Opens the model the options name; prints nothing. */

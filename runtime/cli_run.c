@@ -11,6 +11,7 @@
 
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
+#include "runtime/stats_cli.h"
 #include "runtime/textgen.h"
 
 static void usage(FILE *f)
@@ -30,7 +31,7 @@ static void usage(FILE *f)
             "  --stop STR           stop string (repeatable)\n"
             "  --ignore-eos         keep generating past the end-of-sequence token\n"
             "  --chunk N            prefill chunk size (sets --max-batch-tokens)\n"
-            MOE_CLI_ENGINE_HELP);
+            MOE_CLI_ENGINE_HELP MOE_CLI_STATS_USAGE);
 }
 
 enum { O_PROMPT_IDS = MOE_OPT_LAST, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_FREQ, O_PRES,
@@ -104,11 +105,13 @@ int moe_cli_run(int argc, char **argv)
         {"presence-penalty", required_argument, 0, O_PRES}, {"seed", required_argument, 0, O_SEED},
         {"stop", required_argument, 0, O_STOP},  {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"chunk", required_argument, 0, O_CHUNK}, {"help", no_argument, 0, 'h'},
-        MOE_CLI_ENGINE_LONGOPTS, {0, 0, 0, 0}};
+        MOE_CLI_ENGINE_LONGOPTS, MOE_CLI_STATS_OPTIONS, {0, 0, 0, 0}};
+    struct moe_cli_stats so = {0};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "p:n:h", opts, NULL)) != -1) {
         int k = moe_cli_engine_option(&eo, "run", c, optarg);
+        if (k == 0) k = moe_cli_stats_option(&so, &eo.model, c, optarg, "run");
         if (k < 0) return 1;
         if (k > 0) continue;
         char *end = NULL;
@@ -158,6 +161,7 @@ int moe_cli_run(int argc, char **argv)
     if (optind < argc) return moe_cli_error("run", "unexpected argument '%s'", argv[optind]);
     if (!prompt_text == !ids_arg)
         return moe_cli_error("run", "give exactly one prompt: -p TEXT or --prompt-ids 1,2,3");
+    if (moe_cli_stats_check(&so, "run")) return 1;
 
     int rc = 1;
     struct moe_model m = {0};
@@ -244,6 +248,8 @@ int moe_cli_run(int argc, char **argv)
         goto done;
     }
     e.on_token = on_token;
+    if (moe_cli_stats_start(&so, &m, "run")) goto done;
+    e.r.fw.stats = moe_cli_stats_recorder(&so);
     struct moe_request *r;
     if (moe_engine_submit(&e, prompt, n_prompt, &rp, &st, &r) != MOE_OK) {
         moe_cli_error("run", "%s", moe_last_error());
@@ -270,8 +276,9 @@ int moe_cli_run(int argc, char **argv)
             n_prompt, n_gen, moe_finish_name(r->finish), t1 - t0, ttft * 1e3,
             ttft > 0 ? n_prompt / ttft : 0.0, dec > 0 ? (n_gen - 1) / dec : 0.0);
     moe_engine_release(&e, r);
-    rc = 0;
+    rc = moe_cli_stats_finish(&so, &m, &eo.model, &be, "run");
 done:
+    moe_cli_stats_free(&so);
     moe_textgen_free(&st.tg);
     moe_engine_free(&e);
     moe_backend_free(&be);

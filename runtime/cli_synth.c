@@ -10,13 +10,17 @@
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
 #include "runtime/synth.h"
+#include "runtime/synth_skew.h"
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: moerun synth CONFIG.json OUTDIR [--dtype bf16] [--seed S]\n\n"
+            "usage: moerun synth CONFIG.json OUTDIR [--dtype bf16] [--seed S] [--router-skew SPEC]\n\n"
             "Writes OUTDIR/config.json and OUTDIR/model.safetensors with random weights\n"
-            "(uniform, std = initializer_range; norms 1) for any supported configuration.\n");
+            "(uniform, std = initializer_range; norms 1) for any supported configuration.\n"
+            "--router-skew zipf:S or hot:H:F makes every router choose its top-1 expert with\n"
+            "known probabilities, written to config.json as moerun_router_skew\n"
+            "(docs/stats-format.md).\n");
 }
 
 static const char *torch_dtype(enum moe_dtype t)
@@ -26,10 +30,11 @@ static const char *torch_dtype(enum moe_dtype t)
 
 int moe_cli_synth(int argc, char **argv)
 {
-    const char *dtype_arg = "bf16";
+    const char *dtype_arg = "bf16", *skew_arg = NULL;
     long seed = 0;
     static const struct option opts[] = {{"dtype", required_argument, 0, 'd'},
                                          {"seed", required_argument, 0, 'S'},
+                                         {"router-skew", required_argument, 0, 'K'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -41,6 +46,7 @@ int moe_cli_synth(int argc, char **argv)
             if (!moe_cli_parse_int(optarg, 0, __LONG_MAX__, &seed))
                 return moe_cli_error("synth", "--seed '%s' is not a non-negative integer", optarg);
             break;
+        case 'K': skew_arg = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -57,6 +63,7 @@ int moe_cli_synth(int argc, char **argv)
     json_t *root = json_load_file(cfg_path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) return moe_cli_error("synth", "%s: %s (line %d)", cfg_path, jerr.text, jerr.line);
     struct moe_config cfg;
+    struct moe_router_skew skew = {0};
     struct moe_safetensors st = {0};
     const struct moe_st_tensor **list = NULL;
     int rc = 1;
@@ -65,11 +72,16 @@ int moe_cli_synth(int argc, char **argv)
         moe_cli_error("synth", "%s", moe_last_error());
         goto done;
     }
+    if (skew_arg && moe_router_skew_parse(skew_arg, &skew) != MOE_OK) {
+        moe_cli_error("synth", "%s", moe_last_error());
+        goto done;
+    }
     if (mkdir(out, 0777) != 0 && errno != EEXIST) {
         moe_cli_error("synth", "cannot create %s: %s", out, strerror(errno));
         goto done;
     }
-    if (moe_synth_tensors(&st, &cfg, dt, (uint64_t)seed) != MOE_OK) {
+    if (moe_synth_tensors(&st, &cfg, dt, (uint64_t)seed) != MOE_OK ||
+        moe_synth_apply_skew(&st, &cfg, &skew, (uint64_t)seed) != MOE_OK) {
         moe_cli_error("synth", "%s", moe_last_error());
         goto done;
     }
@@ -89,6 +101,9 @@ int moe_cli_synth(int argc, char **argv)
     }
     json_object_set_new(root, "dtype", json_string(torch_dtype(dt)));
     json_object_set_new(root, "torch_dtype", json_string(torch_dtype(dt)));
+    if (skew.kind != MOE_SKEW_NONE)
+        json_object_set_new(root, "moerun_router_skew",
+                            moe_router_skew_json(&skew, &cfg, (uint64_t)seed));
     snprintf(path, sizeof path, "%s/config.json", out);
     if (json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
         moe_cli_error("synth", "cannot write %s", path);

@@ -255,7 +255,8 @@ static enum moe_status match_prefix(struct moe_engine *e, struct moe_request *r)
 
 static void add_chunk(struct moe_engine *e, int *nc, struct moe_request *r, int n)
 {
-    e->chunks[*nc] = (struct moe_chunk){&r->seq, r->tokens + r->n_computed, n, false};
+    bool decode = n == 1 && r->n_computed == r->n_tokens - 1 && r->n_tokens > r->n_prompt;
+    e->chunks[*nc] = (struct moe_chunk){&r->seq, r->tokens + r->n_computed, n, false, decode, r->id};
     e->sched[(*nc)++] = r;
 }
 

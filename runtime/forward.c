@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
+#include "router/stats.h"
 
 static enum moe_status walloc(struct moe_backend *be, void **p, size_t n, size_t elem)
 {
@@ -65,7 +66,9 @@ static enum moe_status init_buffers(struct moe_forward *fw)
     WALLOC(fw->b_rows, (size_t)fw->lim.max_logits, int32_t);
     fw->h_ids = malloc(TK * sizeof(int32_t));
     fw->h_w = malloc(TK * sizeof(float));
-    if (!fw->h_ids || !fw->h_w) return moe_fail(MOE_ERR_NOMEM, "forward: trace buffers");
+    fw->h_logits = malloc(T * E * sizeof(float));
+    if (!fw->h_ids || !fw->h_w || !fw->h_logits)
+        return moe_fail(MOE_ERR_NOMEM, "forward: host routing buffers");
     float *freqs = malloc((size_t)c->head_dim / 2 * sizeof(float));
     if (!freqs) return moe_fail(MOE_ERR_NOMEM, "forward: rope table");
     moe_attention_rope_freqs(freqs, c);
@@ -102,6 +105,7 @@ void moe_forward_free(struct moe_forward *fw)
     }
     free(fw->h_ids);
     free(fw->h_w);
+    free(fw->h_logits);
     memset(fw, 0, sizeof *fw);
 }
 
@@ -260,6 +264,12 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
     }
     MOE_TRY(op->matmul(be, fw->rlogits, fw->xn, &w->router, NULL, T));
     MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, E, K, c->norm_topk));
+    if (fw->stats) { /* host copies: a memcpy on the CPU */
+        MOE_TRY(op->to_host(be, fw->h_ids, fw->ids, (size_t)T * K * sizeof(int32_t)));
+        MOE_TRY(op->to_host(be, fw->h_w, fw->rw, (size_t)T * K * sizeof(float)));
+        MOE_TRY(op->to_host(be, fw->h_logits, fw->rlogits, (size_t)T * E * sizeof(float)));
+        moe_stats_record_layer(fw->stats, l, T, fw->h_ids, fw->h_w, fw->h_logits);
+    }
     MOE_TRY(op->dispatch(be, &fw->plan, fw->ids, T, K, E));
     MOE_TRY(op->experts(be, fw->out, fw->xn, &fw->plan, fw->rw, &w->experts, &fw->ews, T, K, D,
                         c->d_expert, E));
@@ -291,6 +301,7 @@ enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
     MOE_TRY(validate(fw, kv, b));
     struct moe_batch db;
     MOE_TRY(upload_batch(fw, b, &db));
+    if (fw->stats) MOE_TRY(moe_stats_step_begin(fw->stats, b));
     const int T = b->n_tokens;
     MOE_TRY(op->embed(be, fw->x, db.tokens, T, &m->embed));
     for (int l = 0; l < c->n_layers; l++) {

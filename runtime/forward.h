@@ -17,6 +17,8 @@
 #include "runtime/batch.h"
 #include "runtime/model.h"
 
+struct moe_stats;
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -56,6 +58,8 @@ struct moe_forward {
     int32_t *b_tokens, *b_pos, *b_seq_of, *b_seq_start, *b_ctx_len, *b_table, *b_slot, *b_rows;
     int32_t *h_ids;  /* (T, K) host copy for traces */
     float *h_w;      /* (T, K) */
+    float *h_logits; /* (T, E) host copy of router logits for statistics */
+    struct moe_stats *stats; /* borrowed expert-load recorder (router/stats.h), NULL = off */
 };
 
 MOE_MUST_USE enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model *m,

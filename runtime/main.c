@@ -15,6 +15,7 @@ static const struct {
     {"plan", moe_cli_plan, "memory planner and roofline predictions"},
     {"bench", moe_cli_bench, "prefill and decode throughput"},
     {"tokenize", moe_cli_tokenize, "text to token ids, or ids to text (--decode)"},
+    {"stats", moe_cli_stats, "expert-load analysis of statistics or traces: tables, plots, what-ifs"},
     {"synth", moe_cli_synth, "write a checkpoint of any configuration with random weights"},
 };
 

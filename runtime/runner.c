@@ -132,6 +132,8 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
                         n_logits, r->o.max_logits);
     /* reserve blocks; on failure give back what this step took */
     int saved_blocks[n_chunks];
+    uint8_t decode[n_chunks];     /* per chunk, for the batch's statistics fields */
+    int64_t request_ids[n_chunks];
     enum moe_status s = MOE_OK;
     for (int c = 0; c < n_chunks; c++) saved_blocks[c] = chunks[c].seq->n_blocks;
     for (int c = 0; c < n_chunks && s == MOE_OK; c++)
@@ -152,13 +154,16 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
         }
         r->seq_start[c + 1] = row;
         r->ctx_len[c] = q->len + chunks[c].n;
+        decode[c] = chunks[c].decode;
+        request_ids[c] = chunks[c].request_id ? chunks[c].request_id : c;
         memcpy(r->table + (size_t)c * r->max_blocks, q->blocks, (size_t)q->n_blocks * sizeof(int32_t));
     }
     struct moe_batch b = {
         .n_tokens = T, .n_seqs = n_chunks, .tokens = r->tokens, .positions = r->pos,
         .seq_of = r->seq_of, .seq_start = r->seq_start, .ctx_len = r->ctx_len,
         .block_table = r->table, .max_blocks = r->max_blocks, .slot = r->slot,
-        .logit_rows = r->rows, .n_logits = n_logits,
+        .logit_rows = r->rows, .n_logits = n_logits, .decode = decode,
+        .request_ids = request_ids,
     };
     if ((s = moe_forward_run(&r->fw, &r->kv, &b, logits, trace)) != MOE_OK) goto undo;
     for (int c = 0; c < n_chunks; c++) chunks[c].seq->len += chunks[c].n;
@@ -190,13 +195,13 @@ enum moe_status moe_runner_greedy(struct moe_runner *r, struct moe_seq *s, const
     enum moe_status st = MOE_OK;
     for (int off = 0; off < n_prompt && st == MOE_OK; off += chunk) {
         int n = n_prompt - off < chunk ? n_prompt - off : chunk;
-        struct moe_chunk c = {s, prompt + off, n, false};
+        struct moe_chunk c = {s, prompt + off, n, false, false, 0};
         st = moe_runner_step(r, &c, 1, logits, NULL, NULL);
     }
     for (int i = 0; i < n_new && st == MOE_OK; i++) {
         out[i] = moe_argmax(logits, V);
         if (i + 1 < n_new) {
-            struct moe_chunk c = {s, &out[i], 1, false};
+            struct moe_chunk c = {s, &out[i], 1, false, true, 0};
             st = moe_runner_step(r, &c, 1, logits, NULL, NULL);
         }
     }

@@ -28,6 +28,8 @@ struct moe_chunk {
     const int32_t *tokens;
     int n;
     bool all_logits;   /* logits for every row, else for the last one */
+    bool decode;       /* a decode step (for statistics: prefill and decode apart) */
+    int64_t request_id; /* for traces; 0 = none: the chunk's index in the step */
 };
 
 struct moe_runner_opts {

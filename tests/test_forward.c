@@ -63,7 +63,7 @@ static float *prefill_all(struct fixture *f, const int32_t *prompt, int S, int32
     const int V = f->m.cfg.vocab;
     float *logits = malloc((size_t)S * V * sizeof(float));
     struct moe_seq seq = {0};
-    struct moe_chunk c = {&seq, prompt, S, true};
+    struct moe_chunk c = {&seq, prompt, S, true, false, 0};
     struct moe_route_trace tr = {trace_ids, NULL};
     int rows = 0;
     cr_assert_eq(moe_runner_step(&f->r, &c, 1, logits, &rows, trace_ids ? &tr : NULL), MOE_OK,
@@ -166,7 +166,7 @@ static void check_chunking(const char *name)
         struct moe_seq seq = {0};
         for (int off = 0; off < S; off += chunk) {
             int n = S - off < chunk ? S - off : chunk;
-            struct moe_chunk c = {&seq, prompt + off, n, true};
+            struct moe_chunk c = {&seq, prompt + off, n, true, false, 0};
             cr_assert_eq(moe_runner_step(&f.r, &c, 1, part + (size_t)off * V, NULL, NULL), MOE_OK);
         }
         cr_expect(memcmp(part, whole, (size_t)S * V * sizeof(float)) == 0,
@@ -204,14 +204,16 @@ Test(forward, batched_sequences_match_solo)
      * start) + the rest of prompt 1 + all of prompt 2 */
     struct moe_seq a = {0}, b = {0}, c = {0};
     float *out = malloc((size_t)64 * V * sizeof(float));
-    struct moe_chunk step1[2] = {{&a, prompts[0], S[0], true}, {&b, prompts[1], 4, true}};
+    struct moe_chunk step1[2] = {{&a, prompts[0], S[0], true, false, 0},
+                                 {&b, prompts[1], 4, true, false, 0}};
     int rows;
     cr_assert_eq(moe_runner_step(&f.r, step1, 2, out, &rows, NULL), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(rows, S[0] + 4);
     cr_expect(memcmp(out, solo[0], (size_t)S[0] * V * sizeof(float)) == 0, "prompt 0 in a batch");
     cr_expect(memcmp(out + (size_t)S[0] * V, solo[1], (size_t)4 * V * sizeof(float)) == 0,
               "prompt 1 first chunk in a batch");
-    struct moe_chunk step2[2] = {{&b, prompts[1] + 4, S[1] - 4, true}, {&c, prompts[2], S[2], true}};
+    struct moe_chunk step2[2] = {{&b, prompts[1] + 4, S[1] - 4, true, false, 0},
+                                 {&c, prompts[2], S[2], true, false, 0}};
     cr_assert_eq(moe_runner_step(&f.r, step2, 2, out, &rows, NULL), MOE_OK, "%s", moe_last_error());
     cr_expect(memcmp(out, solo[1] + (size_t)4 * V, (size_t)(S[1] - 4) * V * sizeof(float)) == 0,
               "prompt 1 second chunk beside prompt 2");
@@ -232,7 +234,7 @@ Test(forward, rejects_token_outside_vocabulary_without_side_effects)
     fixture_open(&f, "llama");
     int32_t bad[3] = {1, f.m.cfg.vocab, 2};
     struct moe_seq seq = {0};
-    struct moe_chunk c = {&seq, bad, 3, false};
+    struct moe_chunk c = {&seq, bad, 3, false, false, 0};
     cr_assert_eq(moe_runner_step(&f.r, &c, 1, NULL, NULL, NULL), MOE_ERR_INVALID_ARG);
     cr_assert(strstr(moe_last_error(), "outside the vocabulary"), "%s", moe_last_error());
     cr_assert_eq(seq.len, 0);
@@ -268,7 +270,7 @@ Test(forward, f16_weights_close_to_reference)
     const int S = (int)pt->shape[0], V = h.cfg.vocab;
     float *logits = malloc((size_t)S * V * sizeof(float));
     struct moe_seq seq = {0};
-    struct moe_chunk c = {&seq, pt->data, S, true};
+    struct moe_chunk c = {&seq, pt->data, S, true, false, 0};
     cr_assert_eq(moe_runner_step(&r, &c, 1, logits, NULL, NULL), MOE_OK, "%s", moe_last_error());
     double e = tu_max_rel_err(logits, lt->data, (size_t)S * V);
     cr_expect(e < 5e-3, "f16 weights: relative error %.3g", e);

@@ -1,0 +1,165 @@
+/* test_stats_cli.c - statistics end to end through the moerun binary:
+ * run/bench write JSON, CSV and traces; `moerun stats` reads them (tables,
+ * heatmap, SVG, compare, what-ifs); synth --router-skew and --synthetic
+ * --router-skew build the same routing; one clear error line for misuse. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "tests/testutil.h"
+
+static char dir[64];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/moerun-scli-XXXXXX");
+    cr_assert(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(stats_cli, .init = setup, .fini = teardown);
+
+static int run(const char *cmd, char *out, size_t n)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen %s", cmd);
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+#define TINY MOERUN_SOURCE_DIR "/configs/tiny-moe.json"
+
+Test(stats_cli, run_exports_and_stats_reads_them)
+{
+    static char cmd[4096], out[65536];
+    snprintf(cmd, sizeof cmd, "%s run --synthetic %s --prompt-ids 1,2,3,4,5,6,7,8 -n 6 --backend cpu "
+             "--stats-out %s/s.json --stats-csv %s/s.csv --trace-out %s/t 2>&1", MOERUN_BINARY, TINY,
+             dir, dir, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    json_error_t err;
+    snprintf(cmd, sizeof cmd, "%s/s.json", dir);
+    json_t *j = json_load_file(cmd, 0, &err);
+    cr_assert(j, "%s", err.text);
+    json_t *tk = json_object_get(j, "tokens");
+    cr_assert_eq(json_integer_value(json_object_get(tk, "prefill")), 8);
+    cr_assert_eq(json_integer_value(json_object_get(tk, "decode")), 5);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "config"), "command")), "run");
+    json_decref(j);
+
+    snprintf(cmd, sizeof cmd, "%s stats %s/s.json --svg %s/h.svg 2>&1", MOERUN_BINARY, dir, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "4 MoE layers, 32 experts, top-4, 13 tokens"), "%s", out);
+    cr_assert(strstr(out, "max/mean"), "%s", out);
+    cr_assert(strstr(out, "load heatmap"), "%s", out);
+    cr_assert(strstr(out, "per-layer imbalance"), "%s", out);
+    snprintf(cmd, sizeof cmd, "head -c 4 %s/h.svg; tail -c 7 %s/h.svg", dir, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_str_eq(out, "<svg</svg>\n");
+
+    snprintf(cmd, sizeof cmd, "%s stats %s/t --no-plot --ep 2 --replicas 1 --cache 8 --topk 2 2>&1",
+             MOERUN_BINARY, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "routing trace, 4 MoE layers, 32 experts, top-4, 13 tokens, 6 steps"), "%s", out);
+    cr_assert(strstr(out, "expert parallelism over 2 devices"), "%s", out);
+    cr_assert(strstr(out, "balanced+replicas"), "%s", out);
+    cr_assert(strstr(out, "LFU"), "%s", out);
+    cr_assert(strstr(out, "<- --topk"), "%s", out);
+    cr_assert(!strstr(out, "load heatmap"), "%s", out);
+
+    snprintf(cmd, sizeof cmd, "%s stats --compare %s/s.json %s/t.json 2>&1", MOERUN_BINARY, dir, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "mean total-variation distance between load shares: 0.0000 over 4 layers"),
+              "the trace and the statistics of one run agree: %s", out);
+
+    snprintf(cmd, sizeof cmd, "wc -l < %s/s.csv", dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_eq(atoi(out), 1 + 4 * 32);
+}
+
+Test(stats_cli, skewed_checkpoint_and_synthetic_agree)
+{
+    static char cmd[4096], out[65536];
+    snprintf(cmd, sizeof cmd, "%s synth %s %s/m --dtype bf16 --seed 2 --router-skew zipf:1.5 2>&1",
+             MOERUN_BINARY, TINY, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    const char *args = "--prefill 64 --decode 2 --steps 2 --repeat 1 --backend cpu --json";
+    snprintf(cmd, sizeof cmd, "%s bench %s/m %s --stats-out %s/a.json 2>&1", MOERUN_BINARY, dir, args, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "%s bench --synthetic %s --dtype bf16 --synthetic-seed 2 --router-skew zipf:1.5 %s "
+             "--stats-out %s/b.json 2>&1", MOERUN_BINARY, TINY, args, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "\"stats\":true"), "%s", out);
+    json_error_t err;
+    char pa[128], pb[128];
+    snprintf(pa, sizeof pa, "%s/a.json", dir);
+    snprintf(pb, sizeof pb, "%s/b.json", dir);
+    json_t *a = json_load_file(pa, 0, &err), *b = json_load_file(pb, 0, &err);
+    cr_assert(a && b);
+    cr_assert(json_equal(json_object_get(a, "layers"), json_object_get(b, "layers")),
+              "same weights, same routing");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(b, "config"), "router_skew")),
+                     "zipf:1.5");
+    json_decref(a);
+    json_decref(b);
+    /* the checkpoint carries its ground truth */
+    snprintf(pa, sizeof pa, "%s/m/config.json", dir);
+    json_t *c = json_load_file(pa, 0, &err);
+    json_t *sk = json_object_get(c, "moerun_router_skew");
+    cr_assert_str_eq(json_string_value(json_object_get(sk, "spec")), "zipf:1.5");
+    cr_assert_eq(json_array_size(json_object_get(sk, "top1_probability")), 4);
+    json_decref(c);
+}
+
+static void expect_error(const char *args, const char *needle)
+{
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/null", MOERUN_BINARY, args);
+    int rc = run(cmd, out, sizeof out);
+    cr_expect_neq(rc, 0, "'%s' should fail", args);
+    cr_expect(strstr(out, needle), "'%s': expected '%s' in: %s", args, needle, out);
+    char *nl = strchr(out, '\n');
+    cr_expect(nl && nl[1] == '\0', "'%s': one line of error, got: %s", args, out);
+}
+
+Test(stats_cli, misuse_gives_one_clear_line)
+{
+    char args[1024], path[128];
+    expect_error("stats /nonexistent.json", "/nonexistent.json");
+    snprintf(path, sizeof path, "%s/x.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"format\": \"something-else\"}", f);
+    fclose(f);
+    snprintf(args, sizeof args, "stats %s", path);
+    expect_error(args, "not moerun statistics or a routing trace");
+    snprintf(args, sizeof args, "stats --compare %s", path);
+    expect_error(args, "exactly two files");
+    snprintf(args, sizeof args, "bench --synthetic %s --no-stats --stats-out %s", TINY, path);
+    expect_error(args, "--no-stats contradicts");
+    snprintf(args, sizeof args, "run %s/llama --prompt-ids 1 --router-skew zipf:1", FIXTURE_DIR);
+    expect_error(args, "--synthetic");
+    snprintf(args, sizeof args, "run --synthetic %s --prompt-ids 1 --router-skew zipf:x", TINY);
+    expect_error(args, "router skew 'zipf:x'");
+    snprintf(args, sizeof args, "run --synthetic %s --prompt-ids 1 --stats-steps 5:2", TINY);
+    expect_error(args, "'5:2' is not valid");
+    /* what-ifs need a trace */
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd, "%s run --synthetic %s --prompt-ids 1,2 -n 2 --backend cpu --stats-out "
+             "%s/s.json 2>&1", MOERUN_BINARY, TINY, dir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(args, sizeof args, "stats %s/s.json --ep 2", dir);
+    expect_error(args, "needs a routing trace");
+    snprintf(cmd, sizeof cmd, "%s stats --help", MOERUN_BINARY);
+    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "usage: moerun stats"));
+}

@@ -1,0 +1,207 @@
+/* test_stats_whatif.c - what-ifs of `moerun stats`: the balanced expert
+ * placement equals a brute-force optimum on small cases and is never worse
+ * than contiguous; the cache and top-k replays and the EP byte count on
+ * hand-made traces; the Zipf fit on exact Zipf counts. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/stats_analyze.h"
+#include "tests/testutil.h"
+
+/* Smallest max device load over every assignment with at most ceil(E/N)
+ * experts per device: plain enumeration of N^E assignments. */
+static double brute_force(const double *load, int E, int N)
+{
+    const int cap = (E + N - 1) / N;
+    int a[16] = {0};
+    double best = INFINITY;
+    while (1) {
+        double dev[16] = {0};
+        int cnt[16] = {0}, ok = 1;
+        for (int e = 0; e < E; e++) {
+            dev[a[e]] += load[e];
+            ok &= ++cnt[a[e]] <= cap;
+        }
+        if (ok) {
+            double mx = 0;
+            for (int d = 0; d < N; d++) mx = fmax(mx, dev[d]);
+            best = fmin(best, mx);
+        }
+        int i = 0;
+        while (i < E && ++a[i] == N) a[i++] = 0;
+        if (i == E) break;
+    }
+    return best;
+}
+
+static void check_feasible(const int32_t *place, int E, int N)
+{
+    int cnt[256] = {0};
+    for (int e = 0; e < E; e++) {
+        cr_assert(place[e] >= 0 && place[e] < N);
+        cr_assert_leq(++cnt[place[e]], (E + N - 1) / N, "device %d over capacity", place[e]);
+    }
+}
+
+Test(ep, balanced_equals_brute_force_on_small_cases)
+{
+    /* the classic case where longest-first alone gives 7: {3,2,2} {3,2} */
+    double lpt[5] = {3, 3, 2, 2, 2};
+    int32_t place[16];
+    moe_ep_balanced(lpt, 5, 2, place);
+    cr_assert_float_eq(moe_ep_max_load(lpt, 5, 2, place), 6.0, 1e-12); /* {3,3} {2,2,2} */
+    cr_assert_float_eq(brute_force(lpt, 5, 2), 6.0, 1e-12);
+    /* capacity binds: 4 experts on 2 devices, 2 each */
+    double cap[4] = {10, 1, 1, 1};
+    moe_ep_balanced(cap, 4, 2, place);
+    cr_assert_float_eq(moe_ep_max_load(cap, 4, 2, place), 11.0, 1e-12);
+    uint64_t rng = 42;
+    for (int trial = 0; trial < 120; trial++) {
+        int E = 4 + (int)(tu_rand_u64(&rng) % 6); /* 4..9 */
+        int N = 2 + (int)(tu_rand_u64(&rng) % 3); /* 2..4 */
+        double load[16];
+        for (int e = 0; e < E; e++) {
+            double u = tu_rand_uniform(&rng, 0, 1);
+            load[e] = trial % 3 == 0 ? floor(100 * pow(u, 3)) : floor(1 + 20 * u); /* skewed or flat */
+        }
+        moe_ep_balanced(load, E, N, place);
+        check_feasible(place, E, N);
+        double got = moe_ep_max_load(load, E, N, place), want = brute_force(load, E, N);
+        cr_assert_float_eq(got, want, 1e-9, "trial %d E=%d N=%d: %g vs optimum %g", trial, E, N, got, want);
+    }
+}
+
+Test(ep, balanced_never_worse_than_contiguous)
+{
+    uint64_t rng = 7;
+    int32_t bal[256], con[256];
+    for (int trial = 0; trial < 60; trial++) {
+        int E = 16 << (trial % 4);  /* 16..128 */
+        int N = 1 << (1 + trial % 4); /* 2..16 */
+        double load[256];
+        for (int e = 0; e < E; e++) {
+            double u = tu_rand_uniform(&rng, 0, 1);
+            load[e] = trial % 2 ? floor(1000 / pow(1 + e, 1.1)) : floor(1000 * u * u);
+        }
+        moe_ep_contiguous(E, N, con);
+        moe_ep_balanced(load, E, N, bal);
+        check_feasible(con, E, N);
+        check_feasible(bal, E, N);
+        double b = moe_ep_max_load(load, E, N, bal), c = moe_ep_max_load(load, E, N, con);
+        double total = 0;
+        for (int e = 0; e < E; e++) total += load[e];
+        cr_assert_leq(b, c, "trial %d: balanced %g > contiguous %g", trial, b, c);
+        cr_assert_geq(b, total / N - 1e-9);
+    }
+}
+
+/* A hand-made trace: Lm = 1, E = 4, K = 2, steps given by `steps`. */
+static void make_trace(struct moe_sdata *d, int N, const int32_t *ids, const float *w, const int *step)
+{
+    memset(d, 0, sizeof *d);
+    d->path = strdup("hand");
+    d->Lm = 1;
+    d->E = 4;
+    d->K = 2;
+    d->N = N;
+    d->d_model = 10;
+    d->d_expert = 5;
+    d->weight_bytes = 2;
+    d->layers = calloc(1, sizeof(int32_t));
+    d->load = calloc(4, sizeof(double));
+    d->top1 = calloc(4, sizeof(double));
+    d->coact = calloc(16, sizeof(double));
+    d->ent_norm = calloc(1, sizeof(double));
+    d->ids = malloc((size_t)N * 2 * sizeof(int32_t));
+    d->w = malloc((size_t)N * 2 * sizeof(float));
+    d->meta = calloc((size_t)N * 4, sizeof(int64_t));
+    memcpy(d->ids, ids, (size_t)N * 2 * sizeof(int32_t));
+    memcpy(d->w, w, (size_t)N * 2 * sizeof(float));
+    for (int t = 0; t < N; t++) {
+        d->meta[t * 4] = step[t];
+        for (int k = 0; k < 2; k++) d->load[ids[t * 2 + k]] += 1;
+    }
+}
+
+Test(whatif, cache_hits_by_hand)
+{
+    /* steps: {0,1}, {0,1}, {2,3}, {0,2} ; one token per step */
+    int32_t ids[] = {0, 1, 1, 0, 2, 3, 0, 2};
+    float w[] = {.6f, .4f, .5f, .5f, .9f, .1f, .7f, .3f};
+    int step[] = {0, 1, 2, 3};
+    struct moe_sdata d;
+    make_trace(&d, 4, ids, w, step);
+    struct moe_cache_result r;
+    moe_cache_simulate(&d, 0, 4, false, &r); /* everything fits: only cold misses */
+    cr_assert(r.accesses == 8 && r.hits == 4, "%lld/%lld", (long long)r.hits, (long long)r.accesses);
+    moe_cache_simulate(&d, 0, 2, false, &r);
+    /* LRU, 2 slots: 0 miss, 1 miss | 1 hit, 0 hit | 2 miss (evicts 1, least recent),
+     * 3 miss (evicts 0: 2 is in use) | 0 miss (evicts 2, used before 3), 2 miss */
+    cr_assert(r.accesses == 8 && r.hits == 2, "LRU %lld", (long long)r.hits);
+    moe_cache_simulate(&d, 0, 2, true, &r);
+    /* LFU: the same here (ties of frequency go to LRU) */
+    cr_assert(r.accesses == 8 && r.hits == 2, "LFU %lld", (long long)r.hits);
+    /* LFU keeps a frequent expert that LRU drops: one expert per step (both
+     * slots), 0 | 0 | 1 | 2 | 0.  LRU evicts 0 for 2 and misses it again (1 hit);
+     * LFU evicts 1 (used once) and hits 0 (2 hits) */
+    int32_t ids2[] = {0, 0, 0, 0, 1, 1, 2, 2, 0, 0};
+    float w2[10] = {0};
+    int step2[] = {0, 1, 2, 3, 4};
+    struct moe_sdata d2;
+    make_trace(&d2, 5, ids2, w2, step2);
+    struct moe_cache_result lru, lfu;
+    moe_cache_simulate(&d2, 0, 2, false, &lru);
+    moe_cache_simulate(&d2, 0, 2, true, &lfu);
+    cr_assert(lru.hits == 1 && lfu.hits == 2, "LFU %lld vs LRU %lld", (long long)lfu.hits,
+              (long long)lru.hits);
+    moe_sdata_free(&d2);
+    char *buf;
+    size_t len;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(moe_whatif_topk(f, &d, 1), MOE_OK);
+    cr_assert_eq(moe_whatif_cache(f, &d, 2, 0), MOE_OK);
+    fclose(f);
+    /* k = 1 keeps mean(.6, .5, .9, .7) = 0.675 */
+    cr_assert(strstr(buf, "   1       0.6750"), "%s", buf);
+    cr_assert(strstr(buf, "   2       1.0000"), "%s", buf);
+    free(buf);
+    moe_sdata_free(&d);
+}
+
+Test(whatif, ep_bytes_by_hand)
+{
+    /* one step of 2 tokens on 2 devices: token 0 on device 0, token 1 on 1.
+     * contiguous: experts 0,1 on device 0, 2,3 on device 1.
+     * token 0 -> {0, 3}: one remote device; token 1 -> {2, 3}: none. */
+    int32_t ids[] = {0, 3, 2, 3};
+    float w[] = {.5f, .5f, .5f, .5f};
+    int step[] = {0, 0};
+    struct moe_sdata d;
+    make_trace(&d, 2, ids, w, step);
+    char *buf;
+    size_t len;
+    FILE *f = open_memstream(&buf, &len);
+    struct moe_ep_opts o = {.devices = 2, .act_bytes = 2};
+    cr_assert_eq(moe_whatif_ep(f, &d, &o), MOE_OK);
+    fclose(f);
+    /* 1 send * 2 (dispatch + combine) * D=10 * 2 bytes = 40 bytes = 0.00004 MB;
+     * contiguous device loads 1 and 3 pairs: max/mean 3 / 2 = 1.5 */
+    cr_assert(strstr(buf, "contiguous             1.500     1.500           3.0         0.000"), "%s", buf);
+    cr_assert(strstr(buf, "device shares: 25.0% 75.0%"), "%s", buf);
+    free(buf);
+    o.replicas = 4;
+    cr_assert_eq(moe_whatif_ep(stdout, &d, &o), MOE_ERR_INVALID_ARG);
+    moe_sdata_free(&d);
+}
+
+Test(whatif, zipf_fit_on_exact_counts)
+{
+    double c[64];
+    for (int e = 0; e < 64; e++) c[(e * 17) % 64] = 1e6 / pow(e + 1, 1.3);
+    cr_assert_float_eq(moe_sdata_zipf_fit(c, 64), 1.3, 1e-9);
+    double one[3] = {5, 0, 0};
+    cr_assert(isnan(moe_sdata_zipf_fit(one, 3)));
+}
