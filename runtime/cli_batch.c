@@ -15,6 +15,7 @@
 
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
+#include "runtime/stats_cli.h"
 #include "runtime/textgen.h"
 
 static void usage(FILE *f)
@@ -28,7 +29,8 @@ static void usage(FILE *f)
             "Defaults are the OpenAI API's.  A progress line goes to stderr.\n\n"
             "  -o, --output FILE    results, one JSON line per request, in input order\n"
             MOE_CLI_ENGINE_HELP
-            "  (the default KV budget here is 0.25 of available memory, at most 4GiB)\n");
+            "  (the default KV budget here is 0.25 of available memory, at most 4GiB)\n"
+            MOE_CLI_STATS_USAGE);
 }
 
 struct item {
@@ -308,11 +310,14 @@ int moe_cli_batch(int argc, char **argv)
     static const struct option opts[] = {{"output", required_argument, 0, 'o'},
                                          {"help", no_argument, 0, 'h'},
                                          MOE_CLI_ENGINE_LONGOPTS,
+                                         MOE_CLI_STATS_OPTIONS,
                                          {0, 0, 0, 0}};
+    struct moe_cli_stats so = {0};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
         int k = moe_cli_engine_option(&eo, "batch", c, optarg);
+        if (k == 0) k = moe_cli_stats_option(&so, &eo.model, c, optarg, "batch");
         if (k < 0) return 1;
         if (k > 0) continue;
         switch (c) {
@@ -329,6 +334,7 @@ int moe_cli_batch(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (moe_cli_stats_check(&so, "batch")) return 1;
     struct moe_model m = {0};
     struct moe_backend be = {0};
     struct batch b = {0};
@@ -387,6 +393,8 @@ int moe_cli_batch(int argc, char **argv)
         goto done;
     }
     b.e.on_token = on_token;
+    if (moe_cli_stats_start(&so, &m, "batch")) goto done;
+    b.e.r.fw.stats = moe_cli_stats_recorder(&so);
     b.out = fopen(out_path, "w");
     if (!b.out) {
         moe_cli_error("batch", "cannot write %s", out_path);
@@ -437,8 +445,9 @@ int moe_cli_batch(int argc, char **argv)
             (unsigned long long)b.e.n.prefix_hit_tokens, (unsigned long long)b.e.n.generated_tokens,
             el > 0 ? (double)b.e.n.generated_tokens / el : 0.0, el > 0 ? b.n_items / el : 0.0,
             (unsigned long long)b.e.n.preemptions);
-    rc = 0;
+    rc = moe_cli_stats_finish(&so, &m, &eo.model, &be, "batch");
 done:
+    moe_cli_stats_free(&so);
     if (in) fclose(in);
     free(line);
     for (int i = 0; i < b.n_items; i++) {
