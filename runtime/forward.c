@@ -84,6 +84,10 @@ enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model 
     fw->be = be;
     fw->lim = *lim;
     enum moe_status s = init_buffers(fw);
+    if (s == MOE_OK && be->ops->reserve) {
+        int rows = lim->max_tokens > lim->max_logits ? lim->max_tokens : lim->max_logits;
+        s = be->ops->reserve(be, &m->cfg, rows);
+    }
     if (s != MOE_OK) moe_forward_free(fw);
     return s;
 }
@@ -223,6 +227,7 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
         .layer = l, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh,
         .scale = 1.0f / sqrtf((float)Dh),
         .window = c->layer_sliding[l] ? c->sliding_window : 0,
+        .max_ctx = fw->max_ctx,
     };
     MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, &p));
     MOE_TRY(op->matmul(be, fw->out, fw->att, &w->wo, &w->bo, T));
@@ -289,6 +294,9 @@ enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
     const struct moe_model *m = fw->m;
     const struct moe_config *c = &m->cfg;
     MOE_TRY(validate(fw, kv, b));
+    fw->max_ctx = 0;
+    for (int i = 0; i < b->n_seqs; i++)
+        if (b->ctx_len[i] > fw->max_ctx) fw->max_ctx = b->ctx_len[i];
     struct moe_batch db;
     MOE_TRY(upload_batch(fw, b, &db));
     const int T = b->n_tokens;
