@@ -26,6 +26,11 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+uint64_t moe_synth_key(uint64_t seed, int index)
+{
+    return mix64(seed) ^ mix64(0x5eed0000ull + (uint64_t)index);
+}
+
 static void fill_random(void *data, enum moe_dtype dt, size_t n, uint64_t key, float std)
 {
     const float a = std * sqrtf(3.0f); /* uniform(-a, a) has std `std` */
@@ -83,7 +88,7 @@ static enum moe_status add(struct gen *g, bool ones, int ndim, int64_t d0, int64
     if (!data)
         return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: cannot allocate %zu bytes", name, bytes);
     if (ones) fill_ones(data, g->dt, n);
-    else fill_random(data, g->dt, n, mix64(g->seed) ^ mix64(0x5eed0000ull + (uint64_t)g->index), g->std);
+    else fill_random(data, g->dt, n, moe_synth_key(g->seed, g->index), g->std);
     g->index++;
     return moe_safetensors_add(g->st, name, g->dt, ndim, shape, data);
 }
