@@ -29,6 +29,7 @@ enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_mod
             return moe_fail(MOE_ERR_INVALID_ARG, "--dtype '%s' (use f32, f16 or bf16)", o->dtype);
         struct moe_config cfg;
         MOE_TRY(moe_config_load(&cfg, o->synthetic));
+        if (o->device_weights) return moe_model_synthetic_deferred(m, &cfg, dt, o->seed);
         return moe_model_synthetic(m, &cfg, dt, o->seed);
     }
     if (!o->path) return moe_fail(MOE_ERR_INVALID_ARG, "no model given (a folder, or --synthetic CONFIG.json)");

@@ -13,6 +13,7 @@ struct moe_cli_model_opts {
     const char *synthetic;  /* config.json for in-memory random weights, or NULL */
     const char *dtype;      /* synthetic weight dtype: f32, f16, bf16 */
     uint64_t seed;
+    bool device_weights;    /* synthetic weights made by the backend (moe_model_synthetic_deferred) */
 };
 
 /* Opens the model the options name; prints nothing. */

@@ -25,11 +25,20 @@ extern "C" {
 
 const char *moe_cublas_status_str(cublasStatus_t s);
 
+/* The file name without its directories, for messages. */
+static inline const char *moe_src_name(const char *path)
+{
+    const char *s = path;
+    for (const char *p = path; *p; p++)
+        if (*p == '/') s = p + 1;
+    return s;
+}
+
 #define MOE_CUDA_TRY(call)                                                                   \
     do {                                                                                     \
         cudaError_t moe_e_ = (call);                                                         \
         if (moe_e_ != cudaSuccess)                                                           \
-            return moe_fail(MOE_ERR_DEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call,      \
+            return moe_fail(MOE_ERR_DEVICE, "%s:%d: %s: %s", moe_src_name(__FILE__), __LINE__, #call,      \
                             cudaGetErrorString(moe_e_));                                     \
     } while (0)
 
@@ -37,7 +46,7 @@ const char *moe_cublas_status_str(cublasStatus_t s);
     do {                                                                                     \
         cublasStatus_t moe_b_ = (call);                                                      \
         if (moe_b_ != CUBLAS_STATUS_SUCCESS)                                                 \
-            return moe_fail(MOE_ERR_DEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call,      \
+            return moe_fail(MOE_ERR_DEVICE, "%s:%d: %s: %s", moe_src_name(__FILE__), __LINE__, #call,      \
                             moe_cublas_status_str(moe_b_));                                  \
     } while (0)
 
