@@ -38,6 +38,7 @@ say() { echo "== $* ($(($(date +%s) - t_start)) s)" | tee -a "$log"; }
 fail() { echo "FAILED: $*" | tee -a "$log"; status=1; }
 
 export PATH=/usr/local/cuda/bin:$PATH
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$log" 2>&1
 
 # ---- 1. dependencies and build ----
