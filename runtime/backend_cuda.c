@@ -244,6 +244,10 @@ static enum moe_status cuda_prepare_model(struct moe_backend *be, struct moe_mod
     struct cuda_ctx *c = ctx_of(be);
     const struct moe_config *cfg = &m->cfg;
     if (m->embed.device >= 0) return MOE_OK; /* already on the device */
+    /* deduplicate within this model only: a later model's host data may
+     * reuse an earlier one's (freed) addresses */
+    c->n_up = 0;
+    memset(c->part_bytes, 0, sizeof c->part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
     MOE_TRY(upload_view(be, m, &m->lm_head, cfg->tie_embeddings ? P_EMBED : P_HEAD));
     MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
