@@ -190,3 +190,36 @@ Test(cuda_backend, selection_follows_the_device)
     cr_expect_str_eq(be.ops->name, n == 0 ? "cpu" : "cuda");
     moe_backend_free(&be);
 }
+
+/* Runs everywhere: a deferred synthetic model (weights to be made by a
+ * device backend) binds every tensor with the shapes of the host-made one,
+ * marks norm weights as ones, and the CPU backend refuses it. */
+Test(synth_deferred, binds_like_the_host_model_and_cpu_refuses_it)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK, "%s",
+                 moe_last_error());
+    struct moe_model h, d;
+    cr_assert_eq(moe_model_synthetic(&h, &cfg, MOE_DTYPE_BF16, 3), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_model_synthetic_deferred(&d, &cfg, MOE_DTYPE_BF16, 3), MOE_OK, "%s",
+                 moe_last_error());
+    cr_expect(d.weights_deferred && !h.weights_deferred);
+    cr_assert_eq(d.st.n_tensors, h.st.n_tensors);
+    for (size_t i = 0; i < h.st.n_tensors; i++) {
+        cr_expect_str_eq(d.st.tensors[i].name, h.st.tensors[i].name);
+        cr_expect_eq(d.st.tensors[i].ndim, h.st.tensors[i].ndim);
+        cr_expect(memcmp(d.st.tensors[i].shape, h.st.tensors[i].shape, sizeof h.st.tensors[i].shape) == 0);
+    }
+    struct moe_model_sizes a, b;
+    moe_model_sizes(&h, &a);
+    moe_model_sizes(&d, &b);
+    cr_expect(memcmp(&a, &b, sizeof a) == 0, "sizes of the deferred model differ");
+    cr_expect_eq(*(const unsigned char *)d.final_norm.data, 1, "norm weights are ones");
+    cr_expect_eq(*(const unsigned char *)d.layers[0].wq.data, 0, "projections are random");
+    struct moe_backend cpu;
+    cr_assert_eq(moe_backend_cpu_init(&cpu, 1), MOE_OK);
+    cr_expect_eq(cpu.ops->prepare_model(&cpu, &d), MOE_ERR_INVALID_ARG);
+    moe_backend_free(&cpu);
+    moe_model_free(&d);
+    moe_model_free(&h);
+}

@@ -620,3 +620,37 @@ Test(cuda_ops, synth_fill_matches_host_generator)
         moe_model_free(&m);
     }
 }
+
+/* Expert load counters: one row per MoE layer (dispatch calls in order),
+ * accumulated on the device, read back on demand. */
+Test(cuda_ops, expert_load_counts_dispatches_by_layer)
+{
+    const int T = 6, K = 2, E = 128;
+    int32_t ids[12] = {0, 5, 5, 7, 127, 0, 3, 5, 0, 1, 2, 5};
+    int32_t *dids = dev_copy(ids, sizeof ids);
+    int32_t *dbuf = dev_poisoned((2 * (size_t)E + 1 + 2 * T * K) * sizeof(int32_t));
+    struct moe_dispatch dp = {dbuf, dbuf + E, dbuf + 2 * E + 1, dbuf + 2 * E + 1 + T * K};
+    /* layer 0 twice (two steps), layer 1 once */
+    for (int step = 0; step < 2; step++) {
+        cr_assert_eq(gpu.ops->dispatch(&gpu, &dp, dids, T, K, E), MOE_OK, "%s", moe_last_error());
+        if (step == 0) cr_assert_eq(gpu.ops->dispatch(&gpu, &dp, dids, 3, K, E), MOE_OK);
+        /* a new step starts at embed; any embedding will do */
+        float *x = dev_poisoned(4 * sizeof(float));
+        int32_t tok = 0;
+        int32_t *dtok = dev_copy(&tok, sizeof tok);
+        struct wpair e = make_weight(MOE_DTYPE_F32, 1, 4, 1, 1.0f);
+        cr_assert_eq(gpu.ops->embed(&gpu, x, dtok, 1, &e.d), MOE_OK);
+        free_weight(&e);
+        gpu.ops->dealloc(&gpu, x);
+        gpu.ops->dealloc(&gpu, dtok);
+    }
+    uint64_t load[2 * 128];
+    cr_assert_eq(gpu.ops->expert_load(&gpu, load, 2, E), MOE_OK, "%s", moe_last_error());
+    uint64_t want0[128] = {0}, want1[128] = {0};
+    for (int i = 0; i < T * K; i++) want0[ids[i]] += 2;
+    for (int i = 0; i < 3 * K; i++) want1[ids[i]] += 1;
+    cr_expect(memcmp(load, want0, sizeof want0) == 0, "layer 0 counters");
+    cr_expect(memcmp(load + E, want1, sizeof want1) == 0, "layer 1 counters");
+    gpu.ops->dealloc(&gpu, dids);
+    gpu.ops->dealloc(&gpu, dbuf);
+}
