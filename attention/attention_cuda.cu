@@ -9,7 +9,8 @@
  * in registers (lane owns elements d = lane + 32*j).  The 4 warps' states
  * are merged through shared memory.  With one split the block writes the
  * output; with several it writes (acc, m, l) partials that a second kernel
- * merges in split order.  Rows are independent: prefill rows simply have
+ * merges in split order (each row divides its own key range into the
+ * splits, so the launch depends only on the step's shape).  Rows are independent: prefill rows simply have
  * longer causal ranges (a tiled prefill kernel that shares K/V tiles across
  * query rows is future work, see docs/cuda.md).
  *
@@ -26,6 +27,7 @@
 #define ATT_WARPS 4
 #define MAXG 8   /* query heads per register pass; larger groups take passes */
 #define MAXDH 256
+#define KPS_MIN 64 /* fewest keys per split (16 per warp) */
 
 static __global__ void rmsnorm_kernel(float *y, const float *x, const void *w, enum moe_dtype wdt,
                                       int rows, int dim, float eps)
@@ -139,7 +141,8 @@ struct att_args {
     int Hq, Hkv, Dh;
     float scale;
     int window;
-    int n_splits, kps; /* splits per row and keys per split */
+    int n_splits;      /* splits of each row's key range */
+    int kps_min;       /* fewest keys a split takes */
     float *ws;         /* (T, Hq, n_splits, Dh + 2) when n_splits > 1 */
 };
 
@@ -154,8 +157,12 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int G = a.Hq / a.Hkv, Dh = a.Dh;
     const int pos = a.positions[t], seq = a.seq_of[t];
     const int first = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-    const int j0 = first + split * a.kps;
-    const int j1 = min(pos + 1, j0 + a.kps);
+    /* each row splits its own range: launch parameters depend only on the
+     * step's shape, never on context lengths (so a step can be a graph) */
+    const int range = pos + 1 - first;
+    const int kps = max(a.kps_min, (range + a.n_splits - 1) / a.n_splits);
+    const int j0 = first + split * kps;
+    const int j1 = min(pos + 1, j0 + kps);
     const int32_t *table = a.table + (size_t)seq * a.max_blocks;
     const size_t row = (size_t)a.Hkv * Dh;
 
@@ -318,20 +325,17 @@ extern "C" enum moe_status moe_attention_paged_cuda(cudaStream_t st, float *out,
     a.window = p->window;
     a.ws = ws;
     /* Split the key range only for decode-sized batches: prefill rows give
-     * enough blocks on their own. */
+     * enough blocks on their own.  The split count comes from the longest
+     * possible range (the max_ctx hint when given, else the block table's
+     * capacity, capped by the window) at KPS_MIN keys per split at least. */
     int max_ctx = p->max_ctx > 0 ? p->max_ctx : db->max_blocks * kv->block_size;
     if (p->window > 0 && p->window < max_ctx) max_ctx = p->window;
+    a.kps_min = KPS_MIN;
     a.n_splits = 1;
-    a.kps = max_ctx;
-    if (ws && T <= ws_rows && max_splits > 1 && max_ctx > 256) {
-        int kps = (max_ctx + max_splits - 1) / max_splits;
-        kps = kps < 128 ? 128 : (kps + 63) / 64 * 64;
-        a.kps = kps;
-        a.n_splits = (max_ctx + kps - 1) / kps;
-        if (a.n_splits > max_splits) a.n_splits = max_splits; /* cannot happen; guards ws */
-        if (a.n_splits * a.kps < max_ctx) a.n_splits = 1, a.kps = max_ctx;
+    if (ws && T <= ws_rows && max_splits > 1 && max_ctx > 2 * KPS_MIN) {
+        int n = (max_ctx + KPS_MIN - 1) / KPS_MIN;
+        a.n_splits = n < max_splits ? n : max_splits;
     }
-    if (a.kps <= 0) a.kps = 1;
     enum moe_status s;
     const int dpl = (Dh + 31) / 32;
     if (dpl <= 1) s = launch_attention<1>(st, &a, T);

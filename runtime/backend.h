@@ -122,6 +122,15 @@ struct moe_backend_ops {
     /* out (n_moe_layers, E) host = tokens routed to each expert so far, by
      * MoE layer in forward order (dispatch calls since the step's embed). */
     MOE_OP(expert_load, uint64_t *out, int n_moe_layers, int E);
+    /* Step graphs.  forward.c brackets the ops of a step (after the batch
+     * upload, before the logits copy) with graph_begin / graph_end.  key
+     * names the forward workspace (its buffers, cache and block-table width
+     * are fixed); a backend that has a recorded step for (key, rows,
+     * n_logits) sets *replay and forward.c skips the ops; otherwise it may
+     * start recording.  graph_end(ok) finishes: replays, or ends the
+     * recording and runs it (ok false: discards it). */
+    MOE_OP(graph_begin, const void *key, int rows, int n_logits, bool *replay);
+    MOE_OP(graph_end, bool ok);
 };
 
 struct moe_backend {

@@ -24,6 +24,15 @@
 #define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention */
 #define ATT_MAX_SPLITS 32
 #define SMALL_EXPERT_ROWS 32 /* T at or below: device-driven expert kernels */
+#define MAX_GRAPHS 16        /* recorded step graphs kept */
+#define BLAS_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace when graphs are on */
+
+/* A recorded step: the ops of one forward workspace for a step shape. */
+struct step_graph {
+    const void *key;
+    int rows, n_logits;
+    cudaGraphExec_t exec;
+};
 
 enum part { P_EMBED, P_HEAD, P_ATTN, P_NORM, P_DENSE, P_ROUTER, P_EXPERTS, P_SHARED, P_COUNT };
 static const char *const part_names[P_COUNT] = {"embed", "lm_head", "attention", "norms",
@@ -63,6 +72,15 @@ struct cuda_ctx {
     /* expert load counters, (moe_layers, E) uint64 */
     uint64_t *d_load, *h_load;
     int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
+    /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
+     * once per (workspace, rows, logit rows) and replayed */
+    bool graphs_on;
+    void *blas_ws;
+    struct step_graph graphs[MAX_GRAPHS];
+    int n_graphs, next_evict;
+    struct step_graph pending; /* the step being recorded */
+    int capturing;           /* 1 while recording */
+    int replaying;           /* index + 1 of the graph graph_end launches */
 };
 
 static struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
@@ -87,9 +105,21 @@ static enum moe_status cuda_alloc(struct moe_backend *be, size_t bytes, void **o
     return MOE_OK;
 }
 
+static void drop_graphs(struct cuda_ctx *c)
+{
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+    c->next_evict = 0;
+}
+
 static void cuda_dealloc(struct moe_backend *be, void *p)
 {
-    if (p) cudaFree(p);
+    if (!p) return;
+    /* recorded steps hold buffer addresses: freeing any buffer (a workspace
+     * or cache going away, never inside a step) retires them all */
+    drop_graphs(ctx_of(be));
+    cudaFree(p);
 }
 
 static enum moe_status cuda_to_device(struct moe_backend *be, void *dst, const void *src,
@@ -287,6 +317,7 @@ static enum moe_status cuda_prepare_model(struct moe_backend *be, struct moe_mod
 
 static void free_workspaces(struct cuda_ctx *c)
 {
+    drop_graphs(c); /* recorded steps use these buffers */
     cudaFree(c->xh);
     cudaFree(c->att_ws);
     cudaFree(c->sort_temp);
@@ -466,7 +497,9 @@ static enum moe_status cuda_attention(struct moe_backend *be, float *out, const 
     /* the split space was sized for the reserved model's heads */
     int ws_rows = c->att_ws && (size_t)p->n_heads * (p->head_dim + 2) <= c->att_head_floats
                       ? ATT_SPLIT_ROWS : 0;
-    return moe_attention_paged_cuda(c->stream, out, q, kv, b, p, c->att_ws, ws_rows,
+    struct moe_attn_params pp = *p;
+    if (c->capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
+    return moe_attention_paged_cuda(c->stream, out, q, kv, b, &pp, c->att_ws, ws_rows,
                                     ATT_MAX_SPLITS);
 }
 
@@ -631,16 +664,81 @@ static enum moe_status cuda_expert_load(struct moe_backend *be, uint64_t *out, i
     return MOE_OK;
 }
 
+/* ---- step graphs ---- */
+
+static enum moe_status cuda_graph_begin(struct moe_backend *be, const void *key, int rows,
+                                        int n_logits, bool *replay)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    *replay = false;
+    c->replaying = 0;
+    /* only steps without host synchronisation can be recorded: the grouped
+     * expert path (more rows) waits for the expert counts */
+    if (!c->graphs_on || rows > SMALL_EXPERT_ROWS) return MOE_OK;
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].key == key && c->graphs[i].rows == rows &&
+            c->graphs[i].n_logits == n_logits) {
+            *replay = true;
+            c->replaying = i + 1;
+            return MOE_OK;
+        }
+    MOE_CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed));
+    c->capturing = 1;
+    c->pending = (struct step_graph){key, rows, n_logits, NULL};
+    return MOE_OK;
+}
+
+static enum moe_status cuda_graph_end(struct moe_backend *be, bool ok)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (c->replaying) {
+        int i = c->replaying - 1;
+        c->replaying = 0;
+        if (ok) MOE_CUDA_TRY(cudaGraphLaunch(c->graphs[i].exec, c->stream));
+        return MOE_OK;
+    }
+    if (!c->capturing) return MOE_OK;
+    c->capturing = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (!ok || e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        if (!ok) return MOE_OK; /* the caller reports its own error */
+        return moe_fail(MOE_ERR_DEVICE, "cuda graph: recording a step failed: %s",
+                        cudaGetErrorString(e));
+    }
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess)
+        return moe_fail(MOE_ERR_DEVICE, "cuda graph: instantiate: %s", cudaGetErrorString(e));
+    struct step_graph *sg;
+    if (c->n_graphs < MAX_GRAPHS) {
+        sg = &c->graphs[c->n_graphs++];
+    } else { /* full: replace the oldest */
+        sg = &c->graphs[c->next_evict];
+        c->next_evict = (c->next_evict + 1) % MAX_GRAPHS;
+        cudaGraphExecDestroy(sg->exec);
+    }
+    *sg = c->pending;
+    sg->exec = exec;
+    MOE_CUDA_TRY(cudaGraphLaunch(exec, c->stream));
+    return MOE_OK;
+}
+
 static void cuda_destroy(struct moe_backend *be)
 {
     struct cuda_ctx *c = ctx_of(be);
     if (!c) return;
     if (c->stream) cudaStreamSynchronize(c->stream);
+    drop_graphs(c);
     free_workspaces(c);
     for (size_t i = 0; i < c->n_owned; i++) cudaFree(c->owned[i]);
     free(c->owned);
     free(c->up);
     if (c->blas) cublasDestroy(c->blas);
+    cudaFree(c->blas_ws); /* after the handle that used it */
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     be->ctx = NULL;
@@ -673,6 +771,8 @@ static const struct moe_backend_ops cuda_ops = {
     .synth_fill = cuda_synth_fill,
     .argmax = cuda_argmax,
     .expert_load = cuda_expert_load,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
 };
 
 static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int device)
@@ -684,6 +784,14 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int
     MOE_CUBLAS_TRY(cublasSetStream(c->blas, c->stream));
     /* plain fp32 GEMMs for fp32 weights: no TF32 */
     MOE_CUBLAS_TRY(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    /* Step graphs are opt-in until measured on a device: the recorded
+     * cuBLAS calls need a workspace of their own. */
+    const char *g = getenv("MOERUN_CUDA_GRAPHS");
+    c->graphs_on = g && !strcmp(g, "1");
+    if (c->graphs_on) {
+        MOE_CUDA_TRY(cudaMalloc(&c->blas_ws, BLAS_WS_BYTES));
+        MOE_CUBLAS_TRY(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES));
+    }
     return MOE_OK;
 }
 

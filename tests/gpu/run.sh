@@ -100,19 +100,23 @@ done
 
 # ---- 4. benchmarks ----
 say "4. benchmarks"
-bench() { # name config extra-args...
+bench() { # name config options...
     local name=$1 cfg=$2
     shift 2
     if ! timeout 400 "$build/moerun" bench --synthetic "$cfg" --dtype bf16 --backend cuda \
-            --prefill 512,4096 --chunk 4096 --decode 1,8,64,256 --ctx 128 --steps 16 --repeat 2 \
-            --copy-bandwidth --gemm-compare 4096 --json "$@" >"$out/bench_$name.json" 2>>"$log"; then
+            --ctx 128 --steps 16 --repeat 2 --copy-bandwidth --json "$@" \
+            >"$out/bench_$name.json" 2>>"$log"; then
         fail "bench $name"
     fi
 }
-bench mixtral configs/mixtral-8x7b.json
+full="--prefill 512,4096 --chunk 4096 --decode 1,8,64,256 --gemm-compare 4096"
+bench mixtral configs/mixtral-8x7b.json $full
 say "   mixtral done"
-bench olmoe configs/olmoe-1b-7b.json
+bench olmoe configs/olmoe-1b-7b.json $full
 say "   olmoe done"
+# decode steps recorded once as CUDA graphs and replayed (opt-in)
+MOERUN_CUDA_GRAPHS=1 bench mixtral_graphs configs/mixtral-8x7b.json --prefill 64 --decode 1,8,32
+say "   mixtral with graphs done"
 
 # ---- 5. the table ----
 say "5. summary"
@@ -143,6 +147,14 @@ for name in ("mixtral", "olmoe"):
         dec[256]["step_ms"], gd.get(64, {}).get("step_over_read_all_experts", 0)))
     print("%-8s copy bandwidth %.0f GB/s; grouped %.0f vs dense %.0f TFLOP/s at 4096 tokens" % (
         "", g.get("copy_bandwidth_GBps", 0), gg.get("grouped_tflops", 0), gg.get("dense_tflops", 0)))
+try:
+    j = json.load(open(os.path.join(out, "bench_mixtral_graphs.json")))
+    g = {d["batch"]: d for d in j.get("gpu", {}).get("decode", [])}
+    print("mixtral with CUDA graphs: " + ", ".join(
+        "b%d %.1f tok/s (%.2f ms)" % (d["batch"], d["tokens_per_s"], d["step_ms"]) for d in j["decode"])
+        + "; b1 %.1f%% of roofline" % (100 * g.get(1, {}).get("roofline_fraction", 0)))
+except Exception as e:
+    print("mixtral with CUDA graphs: no result (%s)" % e)
 print()
 print("targets: decode b1 >= 80% of roofline (mixtral); grouped GEMM >= 70% of dense at 4096;")
 print("         b64 step <= 1.5x the time to read every expert once (b64/exp)")
