@@ -72,6 +72,7 @@ struct cuda_ctx {
     /* expert load counters, (moe_layers, E) uint64 */
     uint64_t *d_load, *h_load;
     int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
+    bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
     /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
      * once per (workspace, rows, logit rows) and replayed */
     bool graphs_on;
@@ -524,6 +525,24 @@ static enum moe_status cuda_dispatch(struct moe_backend *be, struct moe_dispatch
                                     c->sort_vals, c->sort_keys, load);
 }
 
+/* One cublasGemmGroupedBatchedEx over g groups with the parameter arrays
+ * in c->g_* and the A, B, C pointer arrays at d, d + E, d + 2E.  A cuBLAS
+ * that refuses the call (not supported, invalid value) gives
+ * MOE_ERR_UNSUPPORTED, so the caller can fall back to the other path. */
+static enum moe_status grouped_gemm(struct cuda_ctx *c, void **d, cudaDataType_t ty, int E, int g)
+{
+    cublasStatus_t b = cublasGemmGroupedBatchedEx(
+        c->blas, c->g_ta, c->g_tb, c->g_m, c->g_n, c->g_k, c->g_alpha, (const void *const *)d, ty,
+        c->g_lda, (const void *const *)(d + E), ty, c->g_ldb, c->g_beta, d + 2 * E, ty, c->g_ldc,
+        g, c->g_size, CUBLAS_COMPUTE_32F);
+    if (b == CUBLAS_STATUS_NOT_SUPPORTED || b == CUBLAS_STATUS_INVALID_VALUE)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cublasGemmGroupedBatchedEx: %s",
+                        moe_cublas_status_str(b));
+    if (b != CUBLAS_STATUS_SUCCESS)
+        return moe_fail(MOE_ERR_DEVICE, "cublasGemmGroupedBatchedEx: %s", moe_cublas_status_str(b));
+    return MOE_OK;
+}
+
 /* The grouped (prefill) expert path: gather in half precision, one grouped
  * GEMM per projection over the experts that have rows. */
 static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const float *x,
@@ -582,10 +601,7 @@ static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const flo
         c->g_beta[i] = 0.0f;
     }
     if (g > 0)
-        MOE_CUBLAS_TRY(cublasGemmGroupedBatchedEx(
-            c->blas, c->g_ta, c->g_tb, c->g_m, c->g_n, c->g_k, c->g_alpha,
-            (const void *const *)d1, ty, c->g_lda, (const void *const *)(d1 + E), ty, c->g_ldb,
-            c->g_beta, d1 + 2 * E, ty, c->g_ldc, g, c->g_size, CUBLAS_COMPUTE_32F));
+        MOE_TRY(grouped_gemm(c, d1, ty, E, g));
     MOE_TRY(moe_experts_swiglu_half_cuda(c->stream, h, gub, n, F, dt));
     for (int i = 0; i < g; i++) {
         c->g_m[i] = D;
@@ -595,10 +611,7 @@ static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const flo
         c->g_ldc[i] = D;
     }
     if (g > 0)
-        MOE_CUBLAS_TRY(cublasGemmGroupedBatchedEx(
-            c->blas, c->g_ta, c->g_tb, c->g_m, c->g_n, c->g_k, c->g_alpha,
-            (const void *const *)d2, ty, c->g_lda, (const void *const *)(d2 + E), ty, c->g_ldb,
-            c->g_beta, d2 + 2 * E, ty, c->g_ldc, g, c->g_size, CUBLAS_COMPUTE_32F));
+        MOE_TRY(grouped_gemm(c, d2, ty, E, g));
     return moe_experts_combine_cuda(c->stream, out, ye, dt, w, plan->pos, T, K, D);
 }
 
@@ -619,8 +632,14 @@ static enum moe_status cuda_experts(struct moe_backend *be, float *out, const fl
                             "device layout (see prepare_model in backend.h)", e);
     if (T <= 0) return MOE_OK;
     const bool half = ex->dtype == MOE_DTYPE_BF16 || ex->dtype == MOE_DTYPE_F16;
-    if (half && T > SMALL_EXPERT_ROWS && E <= c->max_e)
-        return experts_grouped(c, out, x, plan, w, gu, dn, ex->dtype, ws, T, K, D, F, E);
+    if (half && T > SMALL_EXPERT_ROWS && E <= c->max_e && !c->no_grouped) {
+        enum moe_status s = experts_grouped(c, out, x, plan, w, gu, dn, ex->dtype, ws, T, K, D, F, E);
+        if (s != MOE_ERR_UNSUPPORTED) return s;
+        /* this cuBLAS cannot do it: say so once, use the other path */
+        fprintf(stderr, "moerun: cuda: grouped expert GEMM unavailable (%s); using the "
+                "device-driven expert kernels for every step\n", moe_last_error());
+        c->no_grouped = true;
+    }
     MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, gu, dn, ex->dtype, T, K,
                                        D, F, E));
     return moe_experts_combine_cuda(c->stream, out, ws->ye, MOE_DTYPE_F32, w, plan->pos, T, K, D);
