@@ -180,7 +180,7 @@ int moe_cli_bench(int argc, char **argv)
     }
     for (int i = 0; i < np; i++) max_p = plens[i] > max_p ? plens[i] : max_p;
     for (int i = 0; i < nb; i++) max_b = bsizes[i] > max_b ? bsizes[i] : max_b;
-    if (max_p + 1 > m.cfg.max_pos || ctx + steps > m.cfg.max_pos) {
+    if (max_p > m.cfg.max_pos || ctx + steps > m.cfg.max_pos) {
         moe_cli_error("bench", "lengths exceed the model's context of %d", m.cfg.max_pos);
         goto done;
     }
