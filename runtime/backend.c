@@ -10,6 +10,12 @@ int moe_cuda_device_count(char *why, size_t why_len)
     if (why) snprintf(why, why_len, "moerun was built without CUDA");
     return 0;
 }
+
+enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
+{
+    memset(be, 0, sizeof *be);
+    return moe_fail(MOE_ERR_UNSUPPORTED, "moerun was built without CUDA");
+}
 #endif
 
 enum moe_status moe_backend_init(struct moe_backend *be, const char *name, int n_threads)
@@ -21,12 +27,15 @@ enum moe_status moe_backend_init(struct moe_backend *be, const char *name, int n
         int n = moe_cuda_device_count(why, sizeof why);
         if (!strcmp(name, "cuda")) {
             if (n == 0) return moe_fail(MOE_ERR_DEVICE, "no CUDA device: %s", why);
-            return moe_fail(MOE_ERR_UNSUPPORTED,
-                            "the CUDA backend is not implemented yet; use --backend cpu");
+            return moe_backend_cuda_init(be, 0);
         }
-        if (n == 0) fprintf(stderr, "moerun: no CUDA device (%s); using the CPU backend\n", why);
-        else fprintf(stderr, "moerun: %d CUDA device(s) found, but the CUDA backend is not "
-                     "implemented yet; using the CPU backend\n", n);
+        if (n == 0) {
+            fprintf(stderr, "moerun: no CUDA device (%s); using the CPU backend\n", why);
+            return moe_backend_cpu_init(be, n_threads);
+        }
+        if (moe_backend_cuda_init(be, 0) == MOE_OK) return MOE_OK;
+        fprintf(stderr, "moerun: the CUDA device could not be used (%s); using the CPU backend\n",
+                moe_last_error());
         return moe_backend_cpu_init(be, n_threads);
     }
     return moe_fail(MOE_ERR_INVALID_ARG, "unknown backend '%s' (choose cpu, cuda or auto)", name);

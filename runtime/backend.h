@@ -15,7 +15,17 @@
  *   themselves by index), so ids are always in [0, E); renormalised weights
  *   divide by the sum of the K chosen.
  * - Dispatch: pairs (t, k) sorted by expert, stable in t*K+k order.
- * - Combine: out[t] = sum over k = 0..K-1 in order of w[t,k] * y[t,k]. */
+ * - Combine: out[t] = sum over k = 0..K-1 in order of w[t,k] * y[t,k].
+ *
+ * prepare_model on the CUDA backend uploads every weight once, in its
+ * stored dtype, and rewrites the model's tensor views in place to device
+ * pointers (device = 0); after it the model serves only that backend.  The
+ * experts of a MoE layer become two stacked device buffers, (E, 2F, D)
+ * gate+up (gate rows first) and (E, D, F) down, whatever the checkpoint
+ * layout, and the expert table is rewritten to point into them:
+ * gate[e] = gate[0] + e*2F*D elements, up[e] = gate[e] + F*D,
+ * down[e] = down[0] + e*D*F.  The CUDA experts op requires that layout.
+ * Calling prepare_model again with the same model does nothing. */
 #pragma once
 
 #include <stdbool.h>
@@ -55,6 +65,7 @@ struct moe_attn_params {
     int n_heads, n_kv_heads, head_dim;
     float scale;       /* 1/sqrt(Dh) */
     int window;        /* 0: full causal; else keys pos-window+1 .. pos */
+    int max_ctx;       /* longest ctx_len of the batch (a launch hint; 0: unknown) */
 };
 
 #define MOE_OP(name, ...) MOE_MUST_USE enum moe_status (*name)(struct moe_backend * be, __VA_ARGS__)
@@ -98,6 +109,28 @@ struct moe_backend_ops {
     MOE_OP(sigmoid_scale, float *y, const float *g, int T, int D);
     /* dst (n, D) = src rows[i] */
     MOE_OP(gather_rows, float *dst, const float *src, const int32_t *rows, int n, int D);
+
+    /* Optional entries (NULL when a backend has no use for them). */
+    /* Sizes the backend's own workspaces for steps of at most max_rows rows
+     * of cfg's model; called by moe_forward_init, so no op allocates. */
+    MOE_OP(reserve, const struct moe_config *cfg, int max_rows);
+    /* dst (n elements of dt, backend memory) = the runtime/synth.c generator
+     * keyed by key with standard deviation std, or ones when std < 0. */
+    MOE_OP(synth_fill, void *dst, enum moe_dtype dt, size_t n, uint64_t key, float std);
+    /* ids (rows) = argmax of each row of x (rows, n), as moe_argmax. */
+    MOE_OP(argmax, int32_t *ids, const float *x, int rows, int n);
+    /* out (n_moe_layers, E) host = tokens routed to each expert so far, by
+     * MoE layer in forward order (dispatch calls since the step's embed). */
+    MOE_OP(expert_load, uint64_t *out, int n_moe_layers, int E);
+    /* Step graphs.  forward.c brackets the ops of a step (after the batch
+     * upload, before the logits copy) with graph_begin / graph_end.  key
+     * names the forward workspace (its buffers, cache and block-table width
+     * are fixed); a backend that has a recorded step for (key, rows,
+     * n_logits) sets *replay and forward.c skips the ops; otherwise it may
+     * start recording.  graph_end(ok) finishes: replays, or ends the
+     * recording and runs it (ok false: discards it). */
+    MOE_OP(graph_begin, const void *key, int rows, int n_logits, bool *replay);
+    MOE_OP(graph_end, bool ok);
 };
 
 struct moe_backend {
@@ -108,6 +141,9 @@ struct moe_backend {
 
 /* The CPU reference backend; n_threads 0 = all cores (OpenMP default). */
 MOE_MUST_USE enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads);
+/* The CUDA backend on device ordinal `device`; MOE_ERR_DEVICE when the
+ * device cannot be used, MOE_ERR_UNSUPPORTED when built without CUDA. */
+MOE_MUST_USE enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device);
 /* Chooses a backend by name: "cpu", "cuda", or "auto" (CUDA when a device is
  * present, else the CPU with a one-line notice on stderr). */
 MOE_MUST_USE enum moe_status moe_backend_init(struct moe_backend *be, const char *name,

@@ -42,6 +42,9 @@ static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_mode
 {
     struct cpu_ctx *c = ctx_of(be);
     const struct moe_config *cfg = &m->cfg;
+    if (m->weights_deferred)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cpu backend: the model's synthetic weights were "
+                        "deferred to a device backend");
     size_t need = (size_t)cfg->d_model;
     size_t dims[] = {(size_t)cfg->n_heads * cfg->head_dim, (size_t)cfg->d_ff,
                      (size_t)cfg->d_expert, (size_t)cfg->d_shared,

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/bench_gpu.h"
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
 #include "runtime/runner.h"
@@ -27,6 +28,9 @@ static void usage(FILE *f)
             "  --chunk N        prefill chunk size (default 512)\n"
             "  --repeat N       runs per measurement, best reported (default 3)\n"
             "  --json           one JSON object on stdout instead of a table\n"
+            "  --copy-bandwidth measure device copy bandwidth; report decode against the\n"
+            "                   HBM roofline (CUDA)\n"
+            "  --gemm-compare LIST  grouped expert GEMM vs dense cuBLAS at LIST tokens (CUDA)\n"
             "  --backend NAME   auto, cpu or cuda (default auto)\n"
             "  --threads N      CPU threads\n"
             "  --synthetic CONFIG, --dtype T, --synthetic-seed S  random weights\n"
@@ -112,7 +116,8 @@ int moe_cli_bench(int argc, char **argv)
     struct moe_cli_model_opts mo = {0};
     const char *backend = "auto", *prefill_arg = "128,512", *decode_arg = "1,8,32";
     long ctx = 128, steps = 16, chunk = 512, repeat = 3, threads = 0, seed = 0;
-    int json = 0;
+    int json = 0, copy_bw = 0;
+    const char *gemm_arg = NULL;
     static const struct option opts[] = {
         {"prefill", required_argument, 0, 'p'}, {"decode", required_argument, 0, 'D'},
         {"ctx", required_argument, 0, 'x'},     {"steps", required_argument, 0, 'n'},
@@ -120,6 +125,7 @@ int moe_cli_bench(int argc, char **argv)
         {"json", no_argument, 0, 'j'},          {"backend", required_argument, 0, 'B'},
         {"threads", required_argument, 0, 't'}, {"synthetic", required_argument, 0, 's'},
         {"dtype", required_argument, 0, 'd'},   {"synthetic-seed", required_argument, 0, 'S'},
+        {"copy-bandwidth", no_argument, 0, 'W'}, {"gemm-compare", required_argument, 0, 'G'},
         {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
         {0, 0, 0, 0}};
     struct moe_cli_stats so = {0};
@@ -137,6 +143,8 @@ int moe_cli_bench(int argc, char **argv)
         case 't': dst = &threads; hi = 4096; break;
         case 'S': dst = &seed; lo = 0; hi = __LONG_MAX__; break;
         case 'j': json = 1; break;
+        case 'W': copy_bw = 1; break;
+        case 'G': gemm_arg = optarg; break;
         case 'B': backend = optarg; break;
         case 's': mo.synthetic = optarg; break;
         case 'd': mo.dtype = optarg; break;
@@ -157,24 +165,35 @@ int moe_cli_bench(int argc, char **argv)
     if (moe_cli_stats_check(&so, "bench")) return 1;
     if (optind < argc) mo.path = argv[optind++];
     if (optind < argc) return moe_cli_error("bench", "unexpected argument '%s'", argv[optind]);
-    int32_t *plens = NULL, *bsizes = NULL;
-    int np = 0, nb = 0, rc = 1, max_p = 0, max_b = 1;
-    if (parse_list(prefill_arg, &plens, &np, "--prefill") || parse_list(decode_arg, &bsizes, &nb, "--decode")) {
+    int32_t *plens = NULL, *bsizes = NULL, *gtoks = NULL;
+    int np = 0, nb = 0, ng = 0, rc = 1, max_p = 0, max_b = 1;
+    if (parse_list(prefill_arg, &plens, &np, "--prefill") || parse_list(decode_arg, &bsizes, &nb, "--decode") ||
+        (gemm_arg && parse_list(gemm_arg, &gtoks, &ng, "--gemm-compare"))) {
         free(plens);
         free(bsizes);
+        free(gtoks);
         return 1;
     }
+    struct moe_bench_decode *dec = calloc((size_t)nb, sizeof *dec);
     struct moe_model m = {0};
     struct moe_backend be = {0};
     struct bench_ctx b = {.chunk = (int)chunk, .repeat = (int)repeat, .rng = 12345};
     json_t *out = NULL;
-    if (moe_cli_open_model(&m, &mo) != MOE_OK || moe_backend_init(&be, backend, (int)threads) != MOE_OK) {
+    /* the backend first: one that can make synthetic weights itself gets
+     * them deferred, so no host copy of a large model is ever built */
+    if (moe_backend_init(&be, backend, (int)threads) == MOE_OK)
+        mo.device_weights = mo.synthetic && be.ops->synth_fill;
+    if (!be.ops || !dec || moe_cli_open_model(&m, &mo) != MOE_OK) {
         moe_cli_error("bench", "%s", moe_last_error());
+        goto done;
+    }
+    if ((copy_bw || ng > 0) && strcmp(be.ops->name, "cuda")) {
+        moe_cli_error("bench", "--copy-bandwidth and --gemm-compare need the CUDA backend");
         goto done;
     }
     for (int i = 0; i < np; i++) max_p = plens[i] > max_p ? plens[i] : max_p;
     for (int i = 0; i < nb; i++) max_b = bsizes[i] > max_b ? bsizes[i] : max_b;
-    if (max_p + 1 > m.cfg.max_pos || ctx + steps > m.cfg.max_pos) {
+    if (max_p > m.cfg.max_pos || ctx + steps > m.cfg.max_pos) {
         moe_cli_error("bench", "lengths exceed the model's context of %d", m.cfg.max_pos);
         goto done;
     }
@@ -216,6 +235,7 @@ int moe_cli_bench(int argc, char **argv)
             goto done;
         }
         double tps = (double)bsizes[i] * (double)steps / t;
+        dec[i] = (struct moe_bench_decode){bsizes[i], t / (double)steps, tps};
         json_array_append_new(json_object_get(out, "decode"),
                               json_pack("{s:i, s:i, s:i, s:f, s:f}", "batch", bsizes[i], "ctx",
                                         (int)ctx, "steps", (int)steps, "step_ms", t / (double)steps * 1e3,
@@ -230,6 +250,10 @@ int moe_cli_bench(int argc, char **argv)
         if (!json)
             printf("statistics recording: %.3f ms of %.3f s of steps (%.4f%%); --no-stats turns it "
                    "off\n", rec * 1e3, loop, loop > 0 ? 100 * rec / loop : 0);
+    }
+    if (copy_bw || ng > 0) {
+        struct moe_bench_gpu_opts go = {copy_bw, gtoks, ng, (int)ctx, b.r.kv.dtype};
+        if (moe_bench_gpu_extras(&m, &go, dec, nb, out, json)) goto done;
     }
     if (json) {
         char *s = json_dumps(out, JSON_COMPACT);
@@ -249,5 +273,7 @@ done:
     moe_model_free(&m);
     free(plens);
     free(bsizes);
+    free(gtoks);
+    free(dec);
     return rc;
 }

@@ -35,6 +35,7 @@ enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_mod
             MOE_TRY(moe_router_skew_parse(o->router_skew, &sk));
             return moe_model_synthetic_skew(m, &cfg, dt, o->seed, &sk);
         }
+        if (o->device_weights) return moe_model_synthetic_deferred(m, &cfg, dt, o->seed);
         return moe_model_synthetic(m, &cfg, dt, o->seed);
     }
     if (o->router_skew)

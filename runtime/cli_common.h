@@ -14,6 +14,7 @@ struct moe_cli_model_opts {
     const char *dtype;      /* synthetic weight dtype: f32, f16, bf16 */
     uint64_t seed;
     const char *router_skew; /* synthetic router skew spec (runtime/synth_skew.h), or NULL */
+    bool device_weights;    /* synthetic weights made by the backend (moe_model_synthetic_deferred) */
 };
 
 /* Opens the model the options name; prints nothing. */

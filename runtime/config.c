@@ -112,7 +112,7 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
     if (scaling && !json_is_null(scaling) && !json_is_object(scaling))
         return moe_fail(MOE_ERR_FORMAT, "%s: 'rope_scaling' must be an object or null", what);
     json_t *params = (rp && json_is_object(rp)) ? rp : (json_is_object(scaling) ? scaling : NULL);
-    double theta;
+    double theta = 0;
     MOE_TRY(get_num(root, what, "rope_theta", 10000.0, &theta));
     if (rp && json_is_object(rp)) MOE_TRY(get_num(rp, what, "rope_theta", theta, &theta));
     if (!(theta > 1.0)) return moe_fail(MOE_ERR_FORMAT, "%s: rope_theta = %g must be > 1", what, theta);
@@ -128,7 +128,7 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
         if (!json_is_string(t)) return moe_fail(MOE_ERR_FORMAT, "%s: rope type must be a string", what);
         type = json_string_value(t);
     }
-    double factor, lo, hi;
+    double factor = 0, lo = 0, hi = 0;
     int orig;
     if (!strcmp(type, "default")) return MOE_OK;
     if (!strcmp(type, "linear")) {
@@ -188,7 +188,7 @@ static enum moe_status parse_layers(struct moe_config *c, json_t *root, const ch
 
 static enum moe_status parse_sliding(struct moe_config *c, json_t *root, const char *what)
 {
-    int window;
+    int window = 0;
     bool use = true;
     MOE_TRY(get_int(root, what, "sliding_window", 0, INT32_MAX, 0, false, &window));
     if (json_object_get(root, "use_sliding_window")) MOE_TRY(get_bool(root, what, "use_sliding_window", false, &use));
@@ -251,7 +251,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         what, c->n_heads, c->n_kv_heads);
     if (c->head_dim % 2)
         return moe_fail(MOE_ERR_FORMAT, "%s: head_dim = %d must be even for RoPE", what, c->head_dim);
-    double eps;
+    double eps = 0;
     MOE_TRY(get_num(root, what, "rms_norm_eps", families[fi].eps, &eps));
     if (!(eps > 0)) return moe_fail(MOE_ERR_FORMAT, "%s: rms_norm_eps = %g must be > 0", what, eps);
     c->rms_eps = (float)eps;

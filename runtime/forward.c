@@ -87,6 +87,10 @@ enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model 
     fw->be = be;
     fw->lim = *lim;
     enum moe_status s = init_buffers(fw);
+    if (s == MOE_OK && be->ops->reserve) {
+        int rows = lim->max_tokens > lim->max_logits ? lim->max_tokens : lim->max_logits;
+        s = be->ops->reserve(be, &m->cfg, rows);
+    }
     if (s != MOE_OK) moe_forward_free(fw);
     return s;
 }
@@ -227,6 +231,7 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
         .layer = l, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh,
         .scale = 1.0f / sqrtf((float)Dh),
         .window = c->layer_sliding[l] ? c->sliding_window : 0,
+        .max_ctx = fw->max_ctx,
     };
     MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, &p));
     MOE_TRY(op->matmul(be, fw->out, fw->att, &w->wo, &w->bo, T));
@@ -290,29 +295,53 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
     return op->add(be, fw->x, fw->out, (size_t)T * D);
 }
 
+/* The ops of one step, from the embedding to the logits (backend memory). */
+static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
+                               const struct moe_batch *db, struct moe_route_trace *trace)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_backend_ops *op = be->ops;
+    const struct moe_model *m = fw->m;
+    const struct moe_config *c = &m->cfg;
+    const int T = db->n_tokens;
+    MOE_TRY(op->embed(be, fw->x, db->tokens, T, &m->embed));
+    for (int l = 0; l < c->n_layers; l++) {
+        MOE_TRY(attention_block(fw, kv, db, l));
+        MOE_TRY(ffn_block(fw, l, T, trace));
+    }
+    if (db->n_logits == 0) return MOE_OK;
+    MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db->logit_rows, db->n_logits, c->d_model));
+    MOE_TRY(op->rmsnorm(be, fw->lrows, fw->lrows, &m->final_norm, db->n_logits, c->d_model, c->rms_eps));
+    return op->matmul(be, fw->logits, fw->lrows, &m->lm_head, NULL, db->n_logits);
+}
+
 enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
                                 const struct moe_batch *b, float *logits,
                                 struct moe_route_trace *trace)
 {
     struct moe_backend *be = fw->be;
     const struct moe_backend_ops *op = be->ops;
-    const struct moe_model *m = fw->m;
-    const struct moe_config *c = &m->cfg;
+    const struct moe_config *c = &fw->m->cfg;
     MOE_TRY(validate(fw, kv, b));
+    fw->max_ctx = 0;
+    for (int i = 0; i < b->n_seqs; i++)
+        if (b->ctx_len[i] > fw->max_ctx) fw->max_ctx = b->ctx_len[i];
     struct moe_batch db;
     MOE_TRY(upload_batch(fw, b, &db));
     if (fw->stats) MOE_TRY(moe_stats_step_begin(fw->stats, b));
-    const int T = b->n_tokens;
-    MOE_TRY(op->embed(be, fw->x, db.tokens, T, &m->embed));
-    for (int l = 0; l < c->n_layers; l++) {
-        MOE_TRY(attention_block(fw, kv, &db, l));
-        MOE_TRY(ffn_block(fw, l, T, trace));
+    /* traces and host-side statistics copy ids to the host inside the step:
+     * no graph then */
+    const bool graph =
+        op->graph_begin && op->graph_end && !(trace && trace->ids) && !fw->stats;
+    bool replay = false;
+    if (graph) MOE_TRY(op->graph_begin(be, fw, b->n_tokens, b->n_logits, &replay));
+    enum moe_status s = replay ? MOE_OK : run_ops(fw, kv, &db, trace);
+    if (graph) {
+        enum moe_status e = op->graph_end(be, s == MOE_OK);
+        if (s == MOE_OK) s = e;
     }
-    if (b->n_logits == 0) return op->sync(be);
-    MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db.logit_rows, b->n_logits, c->d_model));
-    MOE_TRY(op->rmsnorm(be, fw->lrows, fw->lrows, &m->final_norm, b->n_logits, c->d_model, c->rms_eps));
-    MOE_TRY(op->matmul(be, fw->logits, fw->lrows, &m->lm_head, NULL, b->n_logits));
-    if (logits)
+    MOE_TRY(s);
+    if (logits && b->n_logits > 0)
         MOE_TRY(op->to_host(be, logits, fw->logits, (size_t)b->n_logits * c->vocab * sizeof(float)));
     return op->sync(be);
 }

@@ -56,6 +56,7 @@ struct moe_forward {
     float *logits;   /* (max_logits, V) */
     /* batch arrays, backend memory */
     int32_t *b_tokens, *b_pos, *b_seq_of, *b_seq_start, *b_ctx_len, *b_table, *b_slot, *b_rows;
+    int max_ctx;     /* longest context of the current step */
     int32_t *h_ids;  /* (T, K) host copy for traces */
     float *h_w;      /* (T, K) */
     float *h_logits; /* (T, E) host copy of router logits for statistics */

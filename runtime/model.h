@@ -48,6 +48,15 @@ struct moe_model {
     struct moe_tensor lm_head;           /* (V, D); the embedding when tied */
     struct moe_layer_weights *layers;    /* (L) */
     char *dir;                           /* model folder, or NULL for synthetic */
+    /* Synthetic weights not generated yet (moe_model_synthetic_deferred):
+     * every view's data is a 1-byte host placeholder (1: ones, 0: random;
+     * expert views are offsets from their stacked tensor's placeholder, never
+     * dereferenced).  A backend with synth_fill generates the weights in its
+     * own memory at prepare_model, with the same values runtime/synth.c
+     * would make on the host; other backends refuse such a model. */
+    bool weights_deferred;
+    uint64_t synth_seed;
+    float synth_std;
 };
 
 /* Loads config.json and the safetensors of a model folder. */
@@ -58,6 +67,12 @@ MOE_MUST_USE enum moe_status moe_model_synthetic(struct moe_model *m, const stru
                                                   enum moe_dtype dtype, uint64_t seed);
 /* Binds every weight of m->cfg's family from m->st (used by both above). */
 MOE_MUST_USE enum moe_status moe_model_bind(struct moe_model *m);
+/* As moe_model_synthetic, but no weight memory is allocated or filled: the
+ * backend makes the weights on the device (see weights_deferred), so a
+ * model larger than host memory can be benchmarked. */
+MOE_MUST_USE enum moe_status moe_model_synthetic_deferred(struct moe_model *m,
+                                                           const struct moe_config *cfg,
+                                                           enum moe_dtype dtype, uint64_t seed);
 void moe_model_free(struct moe_model *m);
 
 /* Parameter and byte counts by part. */

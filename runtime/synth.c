@@ -26,6 +26,11 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+uint64_t moe_synth_key(uint64_t seed, int index)
+{
+    return mix64(seed) ^ mix64(0x5eed0000ull + (uint64_t)index);
+}
+
 static void fill_random(void *data, enum moe_dtype dt, size_t n, uint64_t key, float std)
 {
     const float a = std * sqrtf(3.0f); /* uniform(-a, a) has std `std` */
@@ -59,6 +64,7 @@ struct gen {
     uint64_t seed;
     float std;
     int index;
+    bool deferred; /* 1-byte placeholders instead of weights */
 };
 
 static enum moe_status add(struct gen *g, bool ones, int ndim, int64_t d0, int64_t d1, int64_t d2,
@@ -79,22 +85,32 @@ static enum moe_status add(struct gen *g, bool ones, int ndim, int64_t d0, int64
             return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: size overflows", name);
     if (!moe_mul_size(n, moe_dtype_size(g->dt), &bytes))
         return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: size overflows", name);
-    void *data = malloc(bytes ? bytes : 1);
+    void *data = malloc(bytes && !g->deferred ? bytes : 1);
     if (!data)
         return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: cannot allocate %zu bytes", name, bytes);
-    if (ones) fill_ones(data, g->dt, n);
-    else fill_random(data, g->dt, n, mix64(g->seed) ^ mix64(0x5eed0000ull + (uint64_t)g->index), g->std);
+    if (g->deferred) *(unsigned char *)data = ones;
+    else if (ones) fill_ones(data, g->dt, n);
+    else fill_random(data, g->dt, n, moe_synth_key(g->seed, g->index), g->std);
     g->index++;
     return moe_safetensors_add(g->st, name, g->dt, ndim, shape, data);
 }
 
+static enum moe_status synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
+                                     enum moe_dtype dt, uint64_t seed, bool deferred);
+
 enum moe_status moe_synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
                                   enum moe_dtype dt, uint64_t seed)
+{
+    return synth_tensors(st, c, dt, seed, false);
+}
+
+static enum moe_status synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
+                                     enum moe_dtype dt, uint64_t seed, bool deferred)
 {
     if (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16)
         return moe_fail(MOE_ERR_INVALID_ARG, "synthetic weights: dtype %s (use F32, F16 or BF16)",
                         moe_dtype_name(dt));
-    struct gen g = {st, dt, seed, c->init_std > 0 ? c->init_std : 0.02f, 0};
+    struct gen g = {st, dt, seed, c->init_std > 0 ? c->init_std : 0.02f, 0, deferred};
     const int64_t D = c->d_model, V = c->vocab, Q = (int64_t)c->n_heads * c->head_dim,
                   KV = (int64_t)c->n_kv_heads * c->head_dim, E = c->n_experts, F = c->d_expert;
     MOE_TRY(add(&g, false, 2, V, D, 0, "model.embed_tokens.weight"));
@@ -152,6 +168,23 @@ enum moe_status moe_model_synthetic(struct moe_model *m, const struct moe_config
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     enum moe_status s = moe_synth_tensors(&m->st, cfg, dtype, seed);
+    if (s == MOE_OK) s = moe_model_bind(m);
+    if (s != MOE_OK) {
+        moe_error_prefix("synthetic model: ");
+        moe_model_free(m);
+    }
+    return s;
+}
+
+enum moe_status moe_model_synthetic_deferred(struct moe_model *m, const struct moe_config *cfg,
+                                             enum moe_dtype dtype, uint64_t seed)
+{
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->weights_deferred = true;
+    m->synth_seed = seed;
+    m->synth_std = cfg->init_std > 0 ? cfg->init_std : 0.02f;
+    enum moe_status s = synth_tensors(&m->st, cfg, dtype, seed, true);
     if (s == MOE_OK) s = moe_model_bind(m);
     if (s != MOE_OK) {
         moe_error_prefix("synthetic model: ");

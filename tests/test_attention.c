@@ -95,7 +95,7 @@ static void check_paged(int window, enum moe_dtype dt)
     struct moe_batch b = {.n_tokens = S, .n_seqs = 1, .positions = pos, .seq_of = seq_of,
                           .seq_start = seq_start, .ctx_len = &ctx, .block_table = table,
                           .max_blocks = 5, .slot = slots, .logit_rows = rows};
-    struct moe_attn_params p = {0, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window};
+    struct moe_attn_params p = {0, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, 0};
     float *scratch = calloc(64 * 64, sizeof(float));
     moe_attention_paged_cpu(out, q, &kv, &b, &p, scratch);
     for (int t = 0; t < S; t++)

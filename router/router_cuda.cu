@@ -1,0 +1,178 @@
+/* router_cuda.cu - CUDA twins of router/router_cpu.c: the fused
+ * softmax + top-K + renormalisation kernel and the dispatch plan.
+ *
+ * Routing: one warp per token.  Softmax statistics (max, sum of exp) by warp
+ * reductions; top-K by K rounds of a warp-wide arg-best over the experts not
+ * yet chosen, ranking the logits with the CPU's comparator (larger first,
+ * ties to the lower index, NaN below every number and among themselves by
+ * index), so ids equal the CPU's for equal logits.  The K weights are
+ * exp(x - max) / sum, renormalised by their sum taken in k order.  Only the
+ * softmax sum's order differs from the CPU (rounding-level differences in
+ * the weights).
+ *
+ * Dispatch: a stable CUB radix sort of the T*K expert ids with the pair ids
+ * t*K+k as values gives perm (stable, so pairs of one expert stay in t*K+k
+ * order, as on the CPU); offsets[e] is the lower bound of e in the sorted
+ * keys (a binary search per expert: no atomics), counts their differences,
+ * pos the inverse permutation.  The same kernel adds counts into the
+ * layer's uint64 load counters.  Nothing here synchronises with the host. */
+#include <cub/device/device_radix_sort.cuh>
+#include <math.h>
+
+#include "router/router.h"
+#include "runtime/cuda_dtype.cuh"
+#include "runtime/cuda_util.h"
+
+#define ROUTE_WARPS 4
+#define MAX_E_PER_LANE 32 /* E <= 1024 */
+
+__device__ __forceinline__ bool ranks_before(float a, int ia, float b, int ib)
+{
+    bool an = isnan(a), bn = isnan(b);
+    if (an || bn) return an == bn ? ia < ib : bn;
+    return a > b || (a == b && ia < ib);
+}
+
+static __global__ void topk_kernel(int32_t *ids, float *w, const float *logits, int T, int E,
+                                   int K, bool renorm)
+{
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+    if (t >= T) return; /* whole warps exit together: t is uniform per warp */
+    const float *x = logits + (size_t)t * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, x[e]); /* fmaxf ignores NaN, as `>` does */
+    mx = moe_warp_max(mx);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) sum += expf(x[e] - mx);
+    sum = moe_warp_sum(sum);
+    uint32_t taken = 0; /* bit i: expert lane + 32*i chosen */
+    for (int k = 0; k < K; k++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int i = 0, e = lane; e < E; i++, e += 32) {
+            if (taken & (1u << i)) continue;
+            if (bi < 0 || ranks_before(x[e], e, bv, bi)) {
+                bv = x[e];
+                bi = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ranks_before(ov, oi, bv, bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        /* every lane now holds the same winner; K <= E so bi >= 0 */
+        if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == 0) {
+            ids[(size_t)t * K + k] = bi < 0 ? 0 : bi;
+            w[(size_t)t * K + k] = expf(bv - mx) / sum;
+        }
+    }
+    if (renorm && lane == 0) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s += w[(size_t)t * K + k];
+        for (int k = 0; k < K; k++) w[(size_t)t * K + k] /= s;
+    }
+}
+
+extern "C" enum moe_status moe_router_topk_cuda(cudaStream_t st, int32_t *ids, float *w,
+                                                const float *logits, int T, int E, int K,
+                                                bool renorm)
+{
+    if (T <= 0) return MOE_OK;
+    if (E <= 0 || E > 32 * MAX_E_PER_LANE || K <= 0 || K > E)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA router: top-%d of %d experts (E <= %d)", K, E,
+                        32 * MAX_E_PER_LANE);
+    unsigned blocks = (unsigned)((T + ROUTE_WARPS - 1) / ROUTE_WARPS);
+    topk_kernel<<<blocks, ROUTE_WARPS * 32, 0, st>>>(ids, w, logits, T, E, K, renorm);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
+static int key_bits(int E)
+{
+    int b = 1;
+    while ((1 << b) < E) b++;
+    return b;
+}
+
+extern "C" enum moe_status moe_router_dispatch_temp_bytes(int n, int E, size_t *bytes)
+{
+    *bytes = 0;
+    MOE_CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, *bytes, (const int32_t *)nullptr,
+                                                 (int32_t *)nullptr, (const int32_t *)nullptr,
+                                                 (int32_t *)nullptr, n, 0, key_bits(E)));
+    return MOE_OK;
+}
+
+static __global__ void iota_kernel(int32_t *v, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) v[i] = i;
+}
+
+/* First index of sorted keys (n) that is >= e. */
+__device__ __forceinline__ int lower_bound(const int32_t *keys, int n, int e)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = (lo + hi) >> 1;
+        if (keys[mid] < e) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static __global__ void offsets_kernel(int32_t *counts, int32_t *offsets, uint64_t *load,
+                                      const int32_t *keys, int n, int E)
+{
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e > E) return;
+    const int a = lower_bound(keys, n, e);
+    offsets[e] = a;
+    if (e == E) return;
+    const int c = lower_bound(keys, n, e + 1) - a;
+    counts[e] = c;
+    if (load) load[e] += (uint64_t)c;
+}
+
+static __global__ void inverse_kernel(int32_t *pos, const int32_t *perm, int n)
+{
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += gridDim.x * blockDim.x) {
+        const int p = perm[r];
+        if (p >= 0 && p < n) pos[p] = r;
+    }
+}
+
+extern "C" enum moe_status moe_router_dispatch_cuda(cudaStream_t st, struct moe_dispatch *plan,
+                                                    const int32_t *ids, int T, int K, int E,
+                                                    void *temp, size_t temp_bytes,
+                                                    int32_t *vals_in, int32_t *keys_out,
+                                                    uint64_t *load)
+{
+    const int n = T * K;
+    if (E <= 0) return moe_fail(MOE_ERR_INVALID_ARG, "dispatch over %d experts", E);
+    if (n > 0) {
+        size_t need = 0;
+        MOE_TRY(moe_router_dispatch_temp_bytes(n, E, &need));
+        if (need > temp_bytes)
+            return moe_fail(MOE_ERR_INVALID_ARG,
+                            "dispatch: %d pairs need %zu bytes of sort space, %zu reserved", n,
+                            need, temp_bytes);
+        iota_kernel<<<moe_cuda_blocks((size_t)n, 256), 256, 0, st>>>(vals_in, n);
+        MOE_CUDA_LAUNCHED();
+        MOE_CUDA_TRY(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids, keys_out, vals_in,
+                                                     plan->perm, n, 0, key_bits(E), st));
+    }
+    offsets_kernel<<<(unsigned)((E + 1 + 255) / 256), 256, 0, st>>>(plan->counts, plan->offsets,
+                                                                   load, keys_out, n, E);
+    MOE_CUDA_LAUNCHED();
+    if (n > 0) {
+        inverse_kernel<<<moe_cuda_blocks((size_t)n, 256), 256, 0, st>>>(plan->pos, plan->perm, n);
+        MOE_CUDA_LAUNCHED();
+    }
+    return MOE_OK;
+}

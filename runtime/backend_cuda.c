@@ -1,0 +1,831 @@
+/* backend_cuda.c - the CUDA backend: device memory, one stream, cuBLAS for
+ * the dense projections and the grouped expert GEMMs, and the kernels of
+ * runtime/ops_cuda.cu, attention/attention_cuda.cu, router/router_cuda.cu
+ * and experts/experts_cuda.cu.  The design is described in docs/cuda.md.
+ *
+ * Everything runs in order on one non-blocking stream.  The host waits for
+ * the device only in to_host and sync, in expert_load, and once per MoE
+ * layer on the grouped (prefill) expert path, which needs the per-expert
+ * row counts to size the cuBLAS grouped GEMM.  Decode-sized steps take the
+ * small expert path and never wait inside the step.
+ *
+ * Memory: weights are uploaded once by prepare_model (see backend.h);
+ * activations are allocated by moe_forward_init through alloc; the
+ * backend's own workspaces (half-precision GEMM inputs, attention split
+ * partials, CUB sort space, grouped GEMM pointer arrays, expert load
+ * counters) by reserve.  No op allocates. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cuda_util.h"
+#include "runtime/synth.h"
+
+#define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention */
+#define ATT_MAX_SPLITS 32
+#define SMALL_EXPERT_ROWS 32 /* T at or below: device-driven expert kernels */
+#define MAX_GRAPHS 16        /* recorded step graphs kept */
+#define BLAS_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace when graphs are on */
+
+/* A recorded step: the ops of one forward workspace for a step shape. */
+struct step_graph {
+    const void *key;
+    int rows, n_logits;
+    cudaGraphExec_t exec;
+};
+
+enum part { P_EMBED, P_HEAD, P_ATTN, P_NORM, P_DENSE, P_ROUTER, P_EXPERTS, P_SHARED, P_COUNT };
+static const char *const part_names[P_COUNT] = {"embed", "lm_head", "attention", "norms",
+                                                "dense_ffn", "router", "experts", "shared"};
+
+struct upload {
+    const void *host;
+    void *dev;
+};
+
+struct cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    /* weight uploads (owned device buffers), deduplicated by host pointer */
+    struct upload *up;
+    size_t n_up, cap_up;
+    void **owned;            /* further owned device buffers (stacked experts) */
+    size_t n_owned, cap_owned;
+    size_t part_bytes[P_COUNT];
+    /* workspaces sized by reserve */
+    int max_rows, max_din, max_k, max_e, moe_layers;
+    size_t att_head_floats;  /* Hq * (Dh + 2) the split space was sized for */
+    void *xh;                /* (max_rows, max_din) half GEMM inputs */
+    float *att_ws;           /* split attention partials */
+    void *sort_temp;         /* CUB radix sort space */
+    size_t sort_bytes;
+    int32_t *sort_vals, *sort_keys; /* (max_rows * max_k) */
+    /* grouped expert GEMM: host parameter arrays (E each), pinned pointer
+     * arrays (6E: A, B, C of gate_up then of down) and their device copy */
+    int *g_m, *g_n, *g_k, *g_lda, *g_ldb, *g_ldc, *g_size;
+    float *g_alpha, *g_beta;
+    cublasOperation_t *g_ta, *g_tb;
+    int32_t *h_counts;       /* pinned (E) */
+    void **h_ptrs;           /* pinned (6E) */
+    void **d_ptrs;           /* device (6E) */
+    /* expert load counters, (moe_layers, E) uint64 */
+    uint64_t *d_load, *h_load;
+    int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
+    bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
+    /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
+     * once per (workspace, rows, logit rows) and replayed */
+    bool graphs_on;
+    void *blas_ws;
+    struct step_graph graphs[MAX_GRAPHS];
+    int n_graphs, next_evict;
+    struct step_graph pending; /* the step being recorded */
+    int capturing;           /* 1 while recording */
+    int replaying;           /* index + 1 of the graph graph_end launches */
+};
+
+static struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
+
+/* ---- memory ---- */
+
+static enum moe_status cuda_alloc(struct moe_backend *be, size_t bytes, void **out)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    *out = NULL;
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        size_t fr = 0, tot = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&fr, &tot);
+        return moe_fail(MOE_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes (%s; %zu free)",
+                        bytes, cudaGetErrorString(e), fr);
+    }
+    MOE_CUDA_TRY(cudaMemsetAsync(*out, 0, bytes ? bytes : 1, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    return MOE_OK;
+}
+
+static void drop_graphs(struct cuda_ctx *c)
+{
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+    c->next_evict = 0;
+}
+
+static void cuda_dealloc(struct moe_backend *be, void *p)
+{
+    if (!p) return;
+    /* recorded steps hold buffer addresses: freeing any buffer (a workspace
+     * or cache going away, never inside a step) retires them all */
+    drop_graphs(ctx_of(be));
+    cudaFree(p);
+}
+
+static enum moe_status cuda_to_device(struct moe_backend *be, void *dst, const void *src,
+                                      size_t bytes)
+{
+    /* From pageable memory the call returns once src has been staged, so
+     * the caller may reuse src at once. */
+    if (bytes) MOE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx_of(be)->stream));
+    return MOE_OK;
+}
+
+static enum moe_status cuda_to_host(struct moe_backend *be, void *dst, const void *src,
+                                    size_t bytes)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!bytes) return MOE_OK;
+    MOE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    return MOE_OK;
+}
+
+static enum moe_status cuda_sync(struct moe_backend *be)
+{
+    MOE_CUDA_TRY(cudaStreamSynchronize(ctx_of(be)->stream));
+    return MOE_OK;
+}
+
+static enum moe_status keep_owned(struct cuda_ctx *c, void *p)
+{
+    if (c->n_owned == c->cap_owned) {
+        size_t n = c->cap_owned ? 2 * c->cap_owned : 64;
+        void **q = realloc(c->owned, n * sizeof *q);
+        if (!q) return moe_fail(MOE_ERR_NOMEM, "cuda backend: buffer list");
+        c->owned = q;
+        c->cap_owned = n;
+    }
+    c->owned[c->n_owned++] = p;
+    return MOE_OK;
+}
+
+/* ---- prepare_model: weights to the device ---- */
+
+static enum moe_status dev_buffer(struct moe_backend *be, size_t bytes, void **out)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    MOE_CUDA_TRY(cudaMalloc(out, bytes ? bytes : 1));
+    enum moe_status s = keep_owned(c, *out);
+    if (s != MOE_OK) {
+        cudaFree(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+/* Rewrites view t to a device copy of its data (shared with an earlier view
+ * of the same host data, e.g. tied embeddings). */
+/* Index of the checkpoint tensor whose data is p (deferred synthetic
+ * models: the generator key is the tensor's index), or -1. */
+static int tensor_index(const struct moe_model *m, const void *p)
+{
+    for (size_t i = 0; i < m->st.n_tensors; i++)
+        if (m->st.tensors[i].data == p) return (int)i;
+    return -1;
+}
+
+/* Fills a device buffer of n elements from the deferred placeholder ph. */
+static enum moe_status synth_view(struct moe_backend *be, const struct moe_model *m, void *d,
+                                  const void *ph, enum moe_dtype dt, size_t n)
+{
+    int i = tensor_index(m, ph);
+    if (i < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: deferred weight not in the set");
+    bool ones = *(const unsigned char *)ph != 0;
+    return moe_ops_synth_fill_cuda(ctx_of(be)->stream, d, dt, n, moe_synth_key(m->synth_seed, i),
+                                   ones ? -1.0f : m->synth_std);
+}
+
+static enum moe_status upload_view(struct moe_backend *be, const struct moe_model *m,
+                                   struct moe_tensor *t, enum part part)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!t->data || t->device >= 0) return MOE_OK;
+    for (size_t i = 0; i < c->n_up; i++)
+        if (c->up[i].host == t->data) {
+            t->data = c->up[i].dev;
+            t->device = c->device;
+            return MOE_OK;
+        }
+    int64_t n = moe_tensor_numel(t);
+    if (n < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: bad tensor shape");
+    size_t bytes = (size_t)n * moe_dtype_size(t->dtype);
+    void *d;
+    MOE_TRY(dev_buffer(be, bytes, &d));
+    if (m->weights_deferred) MOE_TRY(synth_view(be, m, d, t->data, t->dtype, (size_t)n));
+    else MOE_CUDA_TRY(cudaMemcpy(d, t->data, bytes, cudaMemcpyHostToDevice));
+    if (c->n_up == c->cap_up) {
+        size_t m = c->cap_up ? 2 * c->cap_up : 256;
+        struct upload *u = realloc(c->up, m * sizeof *u);
+        if (!u) return moe_fail(MOE_ERR_NOMEM, "cuda backend: upload table");
+        c->up = u;
+        c->cap_up = m;
+    }
+    c->up[c->n_up++] = (struct upload){t->data, d};
+    c->part_bytes[part] += bytes;
+    t->data = d;
+    t->device = c->device;
+    return MOE_OK;
+}
+
+/* Stacks a layer's experts into (E, 2F, D) gate+up and (E, D, F) down device
+ * buffers and points the expert table into them. */
+static enum moe_status upload_experts(struct moe_backend *be, const struct moe_model *m,
+                                      struct moe_expert_weights *x, int E, int D, int F)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const size_t es = moe_dtype_size(x->dtype), mat = (size_t)F * D * es;
+    void *gu, *dn;
+    MOE_TRY(dev_buffer(be, 2 * mat * (size_t)E, &gu));
+    MOE_TRY(dev_buffer(be, mat * (size_t)E, &dn));
+    /* one copy when the checkpoint is already stacked, else per matrix */
+    bool stacked = true;
+    for (int e = 0; e < E && stacked; e++)
+        stacked = (const char *)x->gate[e] == (const char *)x->gate[0] + 2 * mat * e &&
+                  (const char *)x->up[e] == (const char *)x->gate[e] + mat &&
+                  (const char *)x->down[e] == (const char *)x->down[0] + mat * e;
+    if (m->weights_deferred) {
+        /* synth.c makes gate_up_proj (E, 2F, D) and down_proj (E, D, F)
+         * tensors: the device layout, value for value */
+        if (!stacked) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: deferred experts not stacked");
+        MOE_TRY(synth_view(be, m, gu, x->gate[0], x->dtype, 2 * (size_t)F * D * E));
+        MOE_TRY(synth_view(be, m, dn, x->down[0], x->dtype, (size_t)F * D * E));
+    } else if (stacked) {
+        MOE_CUDA_TRY(cudaMemcpy(gu, x->gate[0], 2 * mat * E, cudaMemcpyHostToDevice));
+        MOE_CUDA_TRY(cudaMemcpy(dn, x->down[0], mat * E, cudaMemcpyHostToDevice));
+    } else {
+        for (int e = 0; e < E; e++) {
+            MOE_CUDA_TRY(cudaMemcpy((char *)gu + 2 * mat * e, x->gate[e], mat, cudaMemcpyHostToDevice));
+            MOE_CUDA_TRY(cudaMemcpy((char *)gu + 2 * mat * e + mat, x->up[e], mat, cudaMemcpyHostToDevice));
+            MOE_CUDA_TRY(cudaMemcpy((char *)dn + mat * e, x->down[e], mat, cudaMemcpyHostToDevice));
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        x->gate[e] = (const char *)gu + 2 * mat * e;
+        x->up[e] = (const char *)gu + 2 * mat * e + mat;
+        x->down[e] = (const char *)dn + mat * e;
+    }
+    c->part_bytes[P_EXPERTS] += 3 * mat * (size_t)E;
+    return MOE_OK;
+}
+
+static enum moe_status cuda_prepare_model(struct moe_backend *be, struct moe_model *m)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const struct moe_config *cfg = &m->cfg;
+    if (m->embed.device >= 0) return MOE_OK; /* already on the device */
+    /* deduplicate within this model only: a later model's host data may
+     * reuse an earlier one's (freed) addresses */
+    c->n_up = 0;
+    memset(c->part_bytes, 0, sizeof c->part_bytes);
+    MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
+    MOE_TRY(upload_view(be, m, &m->lm_head, cfg->tie_embeddings ? P_EMBED : P_HEAD));
+    MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
+    for (int l = 0; l < cfg->n_layers; l++) {
+        struct moe_layer_weights *w = &m->layers[l];
+        struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq,
+                                     &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm};
+        for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) MOE_TRY(upload_view(be, m, attn[i], P_ATTN));
+        MOE_TRY(upload_view(be, m, &w->attn_norm, P_NORM));
+        MOE_TRY(upload_view(be, m, &w->ffn_norm, P_NORM));
+        struct moe_tensor *dense[] = {&w->w_gate, &w->w_up, &w->w_down,
+                                      &w->b_gate, &w->b_up, &w->b_down};
+        for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) MOE_TRY(upload_view(be, m, dense[i], P_DENSE));
+        MOE_TRY(upload_view(be, m, &w->router, P_ROUTER));
+        struct moe_tensor *sh[] = {&w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
+        for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) MOE_TRY(upload_view(be, m, sh[i], P_SHARED));
+        if (cfg->layer_moe[l] && cfg->n_experts > 0)
+            MOE_TRY(upload_experts(be, m, &w->experts, cfg->n_experts, cfg->d_model, cfg->d_expert));
+    }
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    size_t fr = 0, tot = 0, all = 0;
+    MOE_CUDA_TRY(cudaMemGetInfo(&fr, &tot));
+    char line[512];
+    int off = 0;
+    for (int p = 0; p < P_COUNT; p++) {
+        all += c->part_bytes[p];
+        if (c->part_bytes[p] && off < (int)sizeof line)
+            off += snprintf(line + off, sizeof line - (size_t)off, " %s %.2f", part_names[p],
+                            c->part_bytes[p] / 1073741824.0);
+    }
+    fprintf(stderr, "moerun: cuda: weights resident %.2f GiB (%s ) free %.2f of %.2f GiB\n",
+            all / 1073741824.0, line, fr / 1073741824.0, tot / 1073741824.0);
+    return MOE_OK;
+}
+
+/* ---- reserve: the backend's own workspaces ---- */
+
+static void free_workspaces(struct cuda_ctx *c)
+{
+    drop_graphs(c); /* recorded steps use these buffers */
+    cudaFree(c->xh);
+    cudaFree(c->att_ws);
+    cudaFree(c->sort_temp);
+    cudaFree(c->sort_vals);
+    cudaFree(c->sort_keys);
+    cudaFree(c->d_ptrs);
+    cudaFree(c->d_load);
+    cudaFreeHost(c->h_counts);
+    cudaFreeHost(c->h_ptrs);
+    cudaFreeHost(c->h_load);
+    free(c->g_m);
+    c->xh = NULL, c->att_ws = NULL, c->sort_temp = NULL, c->sort_vals = c->sort_keys = NULL;
+    c->d_ptrs = NULL, c->d_load = NULL, c->h_counts = NULL, c->h_ptrs = NULL, c->h_load = NULL;
+    c->g_m = c->g_n = c->g_k = c->g_lda = c->g_ldb = c->g_ldc = c->g_size = NULL;
+    c->g_alpha = c->g_beta = NULL;
+    c->g_ta = c->g_tb = NULL;
+    c->max_rows = c->max_din = c->max_k = c->max_e = c->moe_layers = 0;
+    c->sort_bytes = 0;
+    c->att_head_floats = 0;
+}
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_config *cfg,
+                                    int max_rows)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const int Q = cfg->n_heads * cfg->head_dim;
+    int din = imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
+    int K = imax(cfg->top_k, 1), E = imax(cfg->n_experts, 1), L = imax(moe_config_moe_layers(cfg), 1);
+    const size_t head_floats = (size_t)imax(cfg->n_heads, 1) * (imax(cfg->head_dim, 1) + 2);
+    if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
+        L <= c->moe_layers && head_floats <= c->att_head_floats)
+        return MOE_OK;
+    max_rows = imax(max_rows, c->max_rows);
+    din = imax(din, c->max_din);
+    K = imax(K, c->max_k);
+    E = imax(E, c->max_e);
+    L = imax(L, c->moe_layers);
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    free_workspaces(c);
+    const int Hq = imax(cfg->n_heads, 1), Dh = imax(cfg->head_dim, 1);
+    size_t xh = (size_t)max_rows * din * 2;
+    size_t att = moe_attention_split_floats(ATT_SPLIT_ROWS, Hq, Dh, ATT_MAX_SPLITS) * sizeof(float);
+    size_t n = (size_t)max_rows * K;
+    if (n > INT32_MAX) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %zu routed rows", n);
+    MOE_TRY(moe_router_dispatch_temp_bytes((int)n, E, &c->sort_bytes));
+    MOE_CUDA_TRY(cudaMalloc(&c->xh, xh ? xh : 1));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->att_ws, att));
+    MOE_CUDA_TRY(cudaMalloc(&c->sort_temp, c->sort_bytes ? c->sort_bytes : 1));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->sort_vals, n * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->sort_keys, n * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->d_ptrs, 6 * (size_t)E * sizeof(void *)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->d_load, (size_t)L * E * sizeof(uint64_t)));
+    MOE_CUDA_TRY(cudaMemset(c->d_load, 0, (size_t)L * E * sizeof(uint64_t)));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_counts, (size_t)E * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_ptrs, 6 * (size_t)E * sizeof(void *)));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_load, (size_t)L * E * sizeof(uint64_t)));
+    /* one host block for the grouped GEMM parameter arrays */
+    size_t per = 7 * sizeof(int) + 2 * sizeof(float) + 2 * sizeof(cublasOperation_t);
+    char *blk = malloc(per * (size_t)E);
+    if (!blk) return moe_fail(MOE_ERR_NOMEM, "cuda reserve: grouped GEMM arrays");
+    c->g_m = (int *)blk;
+    c->g_n = c->g_m + E;
+    c->g_k = c->g_n + E;
+    c->g_lda = c->g_k + E;
+    c->g_ldb = c->g_lda + E;
+    c->g_ldc = c->g_ldb + E;
+    c->g_size = c->g_ldc + E;
+    c->g_alpha = (float *)(c->g_size + E);
+    c->g_beta = c->g_alpha + E;
+    c->g_ta = (cublasOperation_t *)(c->g_beta + E);
+    c->g_tb = c->g_ta + E;
+    c->att_head_floats = (size_t)Hq * (Dh + 2);
+    c->max_rows = max_rows;
+    c->max_din = din;
+    c->max_k = K;
+    c->max_e = E;
+    c->moe_layers = L;
+    return MOE_OK;
+}
+
+/* ---- ops ---- */
+
+static enum moe_status cuda_embed(struct moe_backend *be, float *x, const int32_t *tokens, int T,
+                                  const struct moe_tensor *emb)
+{
+    ctx_of(be)->dispatch_ordinal = 0; /* a step starts here */
+    return moe_ops_embed_cuda(ctx_of(be)->stream, x, tokens, T, emb->data, emb->dtype,
+                              emb->shape[0], (int)emb->shape[1]);
+}
+
+static enum moe_status cuda_rmsnorm(struct moe_backend *be, float *y, const float *x,
+                                    const struct moe_tensor *w, int rows, int dim, float eps)
+{
+    return moe_attention_rmsnorm_cuda(ctx_of(be)->stream, y, x, w->data, w->dtype, rows, dim, eps);
+}
+
+static cudaDataType_t cuda_type(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_BF16 ? CUDA_R_16BF : t == MOE_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* y (T, N) = x (T, Din) . W^T (+ b).  cuBLAS is column-major: the row-major
+ * y is the column-major (N, T) product W^T(as stored, (Din, N) col-major)^T
+ * times x ((Din, T) col-major).
+ *
+ * Precision: cuBLAS needs A and B of one type, so for bf16/f16 weights the
+ * fp32 activations are rounded to the weight's type by a pre-pass (one
+ * extra read+write of T*Din activations, tiny next to the weights), and the
+ * GEMM accumulates in fp32 and writes fp32.  The alternative, upconverting
+ * weights to fp32, would double the bytes streamed at decode.  Rounding the
+ * activations to bf16 costs ~2^-9 relative per input, which the parity
+ * tolerances for bf16 models (1e-2) cover; fp32 weights use a pure fp32
+ * GEMM (no TF32), so fp32 models stay at fp32 accuracy. */
+static enum moe_status cuda_matmul(struct moe_backend *be, float *y, const float *x,
+                                   const struct moe_tensor *w, const struct moe_tensor *b, int T)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const int N = (int)w->shape[0], Din = (int)w->shape[1];
+    const float one = 1.0f, zero = 0.0f;
+    if (T <= 0) return MOE_OK;
+    if (w->dtype == MOE_DTYPE_F32) {
+        MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, Din, &one, w->data,
+                                    CUDA_R_32F, Din, x, CUDA_R_32F, Din, &zero, y, CUDA_R_32F, N,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else if (w->dtype == MOE_DTYPE_BF16 || w->dtype == MOE_DTYPE_F16) {
+        if (T > c->max_rows || Din > c->max_din)
+            return moe_fail(MOE_ERR_INVALID_ARG,
+                            "cuda matmul: %d x %d input exceeds the reserved %d x %d", T, Din,
+                            c->max_rows, c->max_din);
+        MOE_TRY(moe_ops_to_half_cuda(c->stream, c->xh, x, w->dtype, (size_t)T * Din));
+        cudaDataType_t ty = cuda_type(w->dtype);
+        MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, Din, &one, w->data, ty,
+                                    Din, c->xh, ty, Din, &zero, y, CUDA_R_32F, N,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else {
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda matmul: weight dtype %s",
+                        moe_dtype_name(w->dtype));
+    }
+    if (b && b->data) MOE_TRY(moe_ops_bias_cuda(c->stream, y, b->data, b->dtype, T, N));
+    return MOE_OK;
+}
+
+static enum moe_status cuda_add(struct moe_backend *be, float *y, const float *x, size_t n)
+{
+    return moe_ops_add_cuda(ctx_of(be)->stream, y, x, n);
+}
+
+static enum moe_status cuda_clamp(struct moe_backend *be, float *x, size_t n, float limit)
+{
+    return moe_ops_clamp_cuda(ctx_of(be)->stream, x, n, limit);
+}
+
+static enum moe_status cuda_swiglu(struct moe_backend *be, float *g, const float *u, size_t n)
+{
+    return moe_experts_swiglu_cuda(ctx_of(be)->stream, g, u, n);
+}
+
+static enum moe_status cuda_rope(struct moe_backend *be, float *x, const int32_t *pos, int T,
+                                 int H, int Dh, const float *inv_freq)
+{
+    return moe_attention_rope_cuda(ctx_of(be)->stream, x, pos, T, H, Dh, inv_freq);
+}
+
+static enum moe_status cuda_kv_store(struct moe_backend *be, struct moe_kvcache *kv, int layer,
+                                     const float *k, const float *v, const int32_t *slots, int T)
+{
+    return moe_attention_kv_store_cuda(ctx_of(be)->stream, kv, layer, k, v, slots, T);
+}
+
+static enum moe_status cuda_attention(struct moe_backend *be, float *out, const float *q,
+                                      const struct moe_kvcache *kv, const struct moe_batch *b,
+                                      const struct moe_attn_params *p)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    /* the split space was sized for the reserved model's heads */
+    int ws_rows = c->att_ws && (size_t)p->n_heads * (p->head_dim + 2) <= c->att_head_floats
+                      ? ATT_SPLIT_ROWS : 0;
+    struct moe_attn_params pp = *p;
+    if (c->capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
+    return moe_attention_paged_cuda(c->stream, out, q, kv, b, &pp, c->att_ws, ws_rows,
+                                    ATT_MAX_SPLITS);
+}
+
+static enum moe_status cuda_route(struct moe_backend *be, int32_t *ids, float *w,
+                                  const float *logits, int T, int E, int K, bool renorm)
+{
+    return moe_router_topk_cuda(ctx_of(be)->stream, ids, w, logits, T, E, K, renorm);
+}
+
+static enum moe_status cuda_dispatch(struct moe_backend *be, struct moe_dispatch *plan,
+                                     const int32_t *ids, int T, int K, int E)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if ((size_t)T * K > (size_t)c->max_rows * c->max_k || E > c->max_e)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda dispatch: %d x %d pairs over %d experts exceed "
+                        "the reserved %d x %d over %d", T, K, E, c->max_rows, c->max_k, c->max_e);
+    uint64_t *load = NULL;
+    if (c->d_load && c->dispatch_ordinal < c->moe_layers)
+        load = c->d_load + (size_t)c->dispatch_ordinal * c->max_e;
+    c->dispatch_ordinal++;
+    return moe_router_dispatch_cuda(c->stream, plan, ids, T, K, E, c->sort_temp, c->sort_bytes,
+                                    c->sort_vals, c->sort_keys, load);
+}
+
+/* One cublasGemmGroupedBatchedEx over g groups with the parameter arrays
+ * in c->g_* and the A, B, C pointer arrays at d, d + E, d + 2E.  A cuBLAS
+ * that refuses the call (not supported, invalid value) gives
+ * MOE_ERR_UNSUPPORTED, so the caller can fall back to the other path. */
+static enum moe_status grouped_gemm(struct cuda_ctx *c, void **d, cudaDataType_t ty, int E, int g)
+{
+    cublasStatus_t b = cublasGemmGroupedBatchedEx(
+        c->blas, c->g_ta, c->g_tb, c->g_m, c->g_n, c->g_k, c->g_alpha, (const void *const *)d, ty,
+        c->g_lda, (const void *const *)(d + E), ty, c->g_ldb, c->g_beta, d + 2 * E, ty, c->g_ldc,
+        g, c->g_size, CUBLAS_COMPUTE_32F);
+    if (b == CUBLAS_STATUS_NOT_SUPPORTED || b == CUBLAS_STATUS_INVALID_VALUE)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cublasGemmGroupedBatchedEx: %s",
+                        moe_cublas_status_str(b));
+    if (b != CUBLAS_STATUS_SUCCESS)
+        return moe_fail(MOE_ERR_DEVICE, "cublasGemmGroupedBatchedEx: %s", moe_cublas_status_str(b));
+    return MOE_OK;
+}
+
+/* The grouped (prefill) expert path: gather in half precision, one grouped
+ * GEMM per projection over the experts that have rows. */
+static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const float *x,
+                                       const struct moe_dispatch *plan, const float *w,
+                                       const void *gu, const void *dn, enum moe_dtype dt,
+                                       const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                       int E)
+{
+    const int n = T * K;
+    const size_t es = moe_dtype_size(dt);
+    /* the fp32 workspaces hold the half buffers: xe (n, D), gate_up (n, 2F)
+     * in g (n*F floats = n*2F halves), h (n, F) in u, ye (n, D) in ye */
+    void *xe = ws->xe, *gub = ws->g, *h = ws->u, *ye = ws->ye;
+    MOE_TRY(moe_experts_gather_half_cuda(c->stream, xe, x, plan->perm, n, K, D, dt));
+    MOE_CUDA_TRY(cudaMemcpyAsync(c->h_counts, plan->counts, (size_t)E * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    void **A1 = c->h_ptrs, **B1 = A1 + E, **C1 = B1 + E, **A2 = C1 + E, **B2 = A2 + E, **C2 = B2 + E;
+    int g = 0, r0 = 0;
+    for (int e = 0; e < E; e++) {
+        const int cnt = c->h_counts[e];
+        if (cnt < 0 || r0 + cnt > n)
+            return moe_fail(MOE_ERR_DEVICE, "cuda experts: expert %d has %d rows (of %d)", e, cnt, n);
+        if (cnt > 0) {
+            A1[g] = (char *)gu + (size_t)e * 2 * F * D * es;
+            B1[g] = (char *)xe + (size_t)r0 * D * es;
+            C1[g] = (char *)gub + (size_t)r0 * 2 * F * es;
+            A2[g] = (char *)dn + (size_t)e * D * F * es;
+            B2[g] = (char *)h + (size_t)r0 * F * es;
+            C2[g] = (char *)ye + (size_t)r0 * D * es;
+            c->g_n[g] = cnt;
+            g++;
+        }
+        r0 += cnt;
+    }
+    if (r0 != n) return moe_fail(MOE_ERR_DEVICE, "cuda experts: counts sum to %d, not %d", r0, n);
+    /* compact the pointer arrays so each projection's A, B, C are adjacent */
+    void **d1 = c->d_ptrs, **d2 = c->d_ptrs + 3 * (size_t)E;
+    MOE_CUDA_TRY(cudaMemcpyAsync(d1, A1, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
+    MOE_CUDA_TRY(cudaMemcpyAsync(d1 + E, B1, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
+    MOE_CUDA_TRY(cudaMemcpyAsync(d1 + 2 * E, C1, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
+    MOE_CUDA_TRY(cudaMemcpyAsync(d2, A2, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
+    MOE_CUDA_TRY(cudaMemcpyAsync(d2 + E, B2, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
+    MOE_CUDA_TRY(cudaMemcpyAsync(d2 + 2 * E, C2, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
+    const cudaDataType_t ty = cuda_type(dt);
+    for (int i = 0; i < g; i++) {
+        c->g_ta[i] = CUBLAS_OP_T;
+        c->g_tb[i] = CUBLAS_OP_N;
+        c->g_m[i] = 2 * F;
+        c->g_k[i] = D;
+        c->g_lda[i] = D;
+        c->g_ldb[i] = D;
+        c->g_ldc[i] = 2 * F;
+        c->g_size[i] = 1;
+        c->g_alpha[i] = 1.0f;
+        c->g_beta[i] = 0.0f;
+    }
+    if (g > 0)
+        MOE_TRY(grouped_gemm(c, d1, ty, E, g));
+    MOE_TRY(moe_experts_swiglu_half_cuda(c->stream, h, gub, n, F, dt));
+    for (int i = 0; i < g; i++) {
+        c->g_m[i] = D;
+        c->g_k[i] = F;
+        c->g_lda[i] = F;
+        c->g_ldb[i] = F;
+        c->g_ldc[i] = D;
+    }
+    if (g > 0)
+        MOE_TRY(grouped_gemm(c, d2, ty, E, g));
+    return moe_experts_combine_cuda(c->stream, out, ye, dt, w, plan->pos, T, K, D);
+}
+
+static enum moe_status cuda_experts(struct moe_backend *be, float *out, const float *x,
+                                    const struct moe_dispatch *plan, const float *w,
+                                    const struct moe_expert_weights *ex,
+                                    const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                    int E)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const size_t es = moe_dtype_size(ex->dtype), mat = (size_t)F * D * es;
+    const char *gu = ex->gate[0], *dn = ex->down[0];
+    for (int e = 0; e < E; e++)
+        if ((const char *)ex->gate[e] != gu + 2 * mat * e ||
+            (const char *)ex->up[e] != gu + 2 * mat * e + mat ||
+            (const char *)ex->down[e] != dn + mat * e)
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: expert %d is not in the stacked "
+                            "device layout (see prepare_model in backend.h)", e);
+    if (T <= 0) return MOE_OK;
+    const bool half = ex->dtype == MOE_DTYPE_BF16 || ex->dtype == MOE_DTYPE_F16;
+    if (half && T > SMALL_EXPERT_ROWS && E <= c->max_e && !c->no_grouped) {
+        enum moe_status s = experts_grouped(c, out, x, plan, w, gu, dn, ex->dtype, ws, T, K, D, F, E);
+        if (s != MOE_ERR_UNSUPPORTED) return s;
+        /* this cuBLAS cannot do it: say so once, use the other path */
+        fprintf(stderr, "moerun: cuda: grouped expert GEMM unavailable (%s); using the "
+                "device-driven expert kernels for every step\n", moe_last_error());
+        c->no_grouped = true;
+    }
+    MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, gu, dn, ex->dtype, T, K,
+                                       D, F, E));
+    return moe_experts_combine_cuda(c->stream, out, ws->ye, MOE_DTYPE_F32, w, plan->pos, T, K, D);
+}
+
+static enum moe_status cuda_sigmoid_scale(struct moe_backend *be, float *y, const float *g, int T,
+                                          int D)
+{
+    return moe_ops_sigmoid_scale_cuda(ctx_of(be)->stream, y, g, T, D);
+}
+
+static enum moe_status cuda_gather_rows(struct moe_backend *be, float *dst, const float *src,
+                                        const int32_t *rows, int n, int D)
+{
+    return moe_ops_gather_rows_cuda(ctx_of(be)->stream, dst, src, rows, n, D);
+}
+
+static enum moe_status cuda_synth_fill(struct moe_backend *be, void *dst, enum moe_dtype dt,
+                                       size_t n, uint64_t key, float std)
+{
+    return moe_ops_synth_fill_cuda(ctx_of(be)->stream, dst, dt, n, key, std);
+}
+
+static enum moe_status cuda_argmax(struct moe_backend *be, int32_t *ids, const float *x, int rows,
+                                   int n)
+{
+    return moe_ops_argmax_cuda(ctx_of(be)->stream, ids, x, rows, n);
+}
+
+static enum moe_status cuda_expert_load(struct moe_backend *be, uint64_t *out, int n_moe_layers,
+                                        int E)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c->d_load || n_moe_layers > c->moe_layers || E != c->max_e)
+        return moe_fail(MOE_ERR_INVALID_ARG, "expert_load: %d x %d counters asked, %d x %d kept",
+                        n_moe_layers, E, c->moe_layers, c->max_e);
+    const size_t bytes = (size_t)n_moe_layers * E * sizeof(uint64_t);
+    MOE_CUDA_TRY(cudaMemcpyAsync(c->h_load, c->d_load, bytes, cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    memcpy(out, c->h_load, bytes);
+    return MOE_OK;
+}
+
+/* ---- step graphs ---- */
+
+static enum moe_status cuda_graph_begin(struct moe_backend *be, const void *key, int rows,
+                                        int n_logits, bool *replay)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    *replay = false;
+    c->replaying = 0;
+    /* only steps without host synchronisation can be recorded: the grouped
+     * expert path (more rows) waits for the expert counts */
+    if (!c->graphs_on || rows > SMALL_EXPERT_ROWS) return MOE_OK;
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].key == key && c->graphs[i].rows == rows &&
+            c->graphs[i].n_logits == n_logits) {
+            *replay = true;
+            c->replaying = i + 1;
+            return MOE_OK;
+        }
+    MOE_CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed));
+    c->capturing = 1;
+    c->pending = (struct step_graph){key, rows, n_logits, NULL};
+    return MOE_OK;
+}
+
+static enum moe_status cuda_graph_end(struct moe_backend *be, bool ok)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (c->replaying) {
+        int i = c->replaying - 1;
+        c->replaying = 0;
+        if (ok) MOE_CUDA_TRY(cudaGraphLaunch(c->graphs[i].exec, c->stream));
+        return MOE_OK;
+    }
+    if (!c->capturing) return MOE_OK;
+    c->capturing = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (!ok || e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        if (!ok) return MOE_OK; /* the caller reports its own error */
+        return moe_fail(MOE_ERR_DEVICE, "cuda graph: recording a step failed: %s",
+                        cudaGetErrorString(e));
+    }
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess)
+        return moe_fail(MOE_ERR_DEVICE, "cuda graph: instantiate: %s", cudaGetErrorString(e));
+    struct step_graph *sg;
+    if (c->n_graphs < MAX_GRAPHS) {
+        sg = &c->graphs[c->n_graphs++];
+    } else { /* full: replace the oldest */
+        sg = &c->graphs[c->next_evict];
+        c->next_evict = (c->next_evict + 1) % MAX_GRAPHS;
+        cudaGraphExecDestroy(sg->exec);
+    }
+    *sg = c->pending;
+    sg->exec = exec;
+    MOE_CUDA_TRY(cudaGraphLaunch(exec, c->stream));
+    return MOE_OK;
+}
+
+static void cuda_destroy(struct moe_backend *be)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c) return;
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    drop_graphs(c);
+    free_workspaces(c);
+    for (size_t i = 0; i < c->n_owned; i++) cudaFree(c->owned[i]);
+    free(c->owned);
+    free(c->up);
+    if (c->blas) cublasDestroy(c->blas);
+    cudaFree(c->blas_ws); /* after the handle that used it */
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+    be->ctx = NULL;
+}
+
+static const struct moe_backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .alloc = cuda_alloc,
+    .dealloc = cuda_dealloc,
+    .to_device = cuda_to_device,
+    .to_host = cuda_to_host,
+    .prepare_model = cuda_prepare_model,
+    .sync = cuda_sync,
+    .embed = cuda_embed,
+    .rmsnorm = cuda_rmsnorm,
+    .matmul = cuda_matmul,
+    .add = cuda_add,
+    .clamp = cuda_clamp,
+    .swiglu = cuda_swiglu,
+    .rope = cuda_rope,
+    .kv_store = cuda_kv_store,
+    .attention = cuda_attention,
+    .route = cuda_route,
+    .dispatch = cuda_dispatch,
+    .experts = cuda_experts,
+    .sigmoid_scale = cuda_sigmoid_scale,
+    .gather_rows = cuda_gather_rows,
+    .reserve = cuda_reserve,
+    .synth_fill = cuda_synth_fill,
+    .argmax = cuda_argmax,
+    .expert_load = cuda_expert_load,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+};
+
+static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int device)
+{
+    c->device = device;
+    MOE_CUDA_TRY(cudaSetDevice(device));
+    MOE_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    MOE_CUBLAS_TRY(cublasCreate(&c->blas));
+    MOE_CUBLAS_TRY(cublasSetStream(c->blas, c->stream));
+    /* plain fp32 GEMMs for fp32 weights: no TF32 */
+    MOE_CUBLAS_TRY(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    /* Step graphs are opt-in until measured on a device: the recorded
+     * cuBLAS calls need a workspace of their own. */
+    const char *g = getenv("MOERUN_CUDA_GRAPHS");
+    c->graphs_on = g && !strcmp(g, "1");
+    if (c->graphs_on) {
+        MOE_CUDA_TRY(cudaMalloc(&c->blas_ws, BLAS_WS_BYTES));
+        MOE_CUBLAS_TRY(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES));
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
+{
+    memset(be, 0, sizeof *be);
+    struct cuda_ctx *c = calloc(1, sizeof *c);
+    if (!c) return moe_fail(MOE_ERR_NOMEM, "cuda backend");
+    be->ops = &cuda_ops;
+    be->ctx = c;
+    be->n_threads = 1;
+    enum moe_status s = cuda_init(be, c, device);
+    if (s != MOE_OK) {
+        cuda_destroy(be);
+        memset(be, 0, sizeof *be);
+    }
+    return s;
+}

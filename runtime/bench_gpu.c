@@ -1,0 +1,99 @@
+/* bench_gpu.c - see bench_gpu.h.  The roofline arithmetic and reporting
+ * live here, in plain C; runtime/bench_cuda.cu does the measuring.
+ *
+ * Roofline of batch-1 decode: a step must read every weight it uses once,
+ * which is everything except the embedding table (one row) and the experts
+ * a token does not choose (K of E per MoE layer), plus its K/V cache
+ * (ctx tokens).  tokens/s at the roofline = bandwidth / those bytes, with
+ * the bandwidth of a device-to-device copy measured on the spot. */
+#include "runtime/bench_gpu.h"
+
+#include <stdio.h>
+
+#include "runtime/cli_common.h"
+
+#ifndef MOERUN_HAVE_CUDA
+enum moe_status moe_bench_copy_bandwidth(size_t bytes, double *bytes_per_s)
+{
+    *bytes_per_s = 0;
+    return moe_fail(MOE_ERR_UNSUPPORTED, "copy bandwidth: moerun was built without CUDA");
+}
+
+enum moe_status moe_bench_grouped_gemm(int tokens, int E, int K, int D, int F,
+                                       double *grouped_tflops, double *dense_tflops)
+{
+    *grouped_tflops = *dense_tflops = 0;
+    return moe_fail(MOE_ERR_UNSUPPORTED, "grouped GEMM benchmark: moerun was built without CUDA");
+}
+#endif
+
+int moe_bench_gpu_extras(const struct moe_model *m, const struct moe_bench_gpu_opts *o,
+                         const struct moe_bench_decode *dec, int n_dec, json_t *out, bool json)
+{
+    const struct moe_config *c = &m->cfg;
+    json_t *g = json_object();
+    json_object_set_new(out, "gpu", g);
+    if (o->copy_bandwidth) {
+        double bw;
+        if (moe_bench_copy_bandwidth((size_t)1 << 30, &bw) != MOE_OK)
+            return moe_cli_error("bench", "%s", moe_last_error());
+        struct moe_model_sizes z;
+        moe_model_sizes(m, &z);
+        const int E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k;
+        double experts_active = c->n_experts > 0 ? (double)z.bytes_experts * K / E : 0.0;
+        double kv = (double)o->ctx * (double)moe_config_kv_bytes_per_token(c, moe_dtype_size(o->kv_dtype));
+        double head = c->tie_embeddings ? (double)z.bytes_embed : 0.0; /* the LM head reads it */
+        double step_bytes = (double)z.bytes_total - (double)z.bytes_embed - (double)z.bytes_experts +
+                            experts_active + head + kv;
+        double roof_tps = bw / step_bytes;
+        double t_experts = (double)z.bytes_experts / bw;
+        json_object_set_new(g, "copy_bandwidth_GBps", json_real(bw / 1e9));
+        json_object_set_new(g, "decode_bytes_per_step_batch1", json_real(step_bytes));
+        json_object_set_new(g, "roofline_tokens_per_s_batch1", json_real(roof_tps));
+        json_object_set_new(g, "read_all_experts_ms", json_real(t_experts * 1e3));
+        if (!json) {
+            printf("%-10s %8s %12.1f GB/s (device-to-device copy, read+write)\n", "bandwidth", "",
+                   bw / 1e9);
+            printf("%-10s %8d %12.1f tokens/s at the roofline (%.2f GB per step)\n", "roofline", 1,
+                   roof_tps, step_bytes / 1e9);
+        }
+        json_t *darr = json_array();
+        json_object_set_new(g, "decode", darr);
+        for (int i = 0; i < n_dec; i++) {
+            json_t *d = json_object();
+            json_object_set_new(d, "batch", json_integer(dec[i].batch));
+            json_object_set_new(d, "step_ms", json_real(dec[i].step_s * 1e3));
+            json_object_set_new(d, "step_over_read_all_experts",
+                                json_real(t_experts > 0 ? dec[i].step_s / t_experts : 0));
+            if (dec[i].batch == 1) {
+                json_object_set_new(d, "roofline_fraction", json_real(dec[i].tokens_per_s / roof_tps));
+                if (!json)
+                    printf("%-10s %8d %11.1f%% of the HBM roofline\n", "decode", 1,
+                           100.0 * dec[i].tokens_per_s / roof_tps);
+            }
+            if (!json && t_experts > 0)
+                printf("%-10s %8d %9.2f ms/step = %.2fx the time to read every expert once "
+                       "(%.2f ms)\n", "decode", dec[i].batch, dec[i].step_s * 1e3,
+                       dec[i].step_s / t_experts, t_experts * 1e3);
+            json_array_append_new(darr, d);
+        }
+    }
+    if (o->n_gemm > 0) {
+        if (c->n_experts <= 0) return moe_cli_error("bench", "--gemm-compare needs a MoE model");
+        json_t *arr = json_array();
+        json_object_set_new(g, "grouped_gemm", arr);
+        for (int i = 0; i < o->n_gemm; i++) {
+            double gt, dt;
+            if (moe_bench_grouped_gemm(o->gemm_tokens[i], c->n_experts, c->top_k, c->d_model,
+                                       c->d_expert, &gt, &dt) != MOE_OK)
+                return moe_cli_error("bench", "%s", moe_last_error());
+            json_array_append_new(arr, json_pack("{s:i, s:f, s:f, s:f}", "tokens", o->gemm_tokens[i],
+                                                 "grouped_tflops", gt, "dense_tflops", dt,
+                                                 "ratio", dt > 0 ? gt / dt : 0.0));
+            if (!json)
+                printf("%-10s %8d %9.1f TFLOP/s grouped, %.1f dense (%.0f%%)\n", "gemm",
+                       o->gemm_tokens[i], gt, dt, dt > 0 ? 100.0 * gt / dt : 0.0);
+        }
+    }
+    return 0;
+}

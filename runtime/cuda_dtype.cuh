@@ -1,0 +1,37 @@
+/* cuda_dtype.cuh - element loads and stores by runtime dtype, shared by the
+ * kernels.  Weights and KV entries are F32, F16 or BF16; kernels compute in
+ * fp32.  Narrowing rounds to nearest even (as moe_convert_from_f32 does). */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "runtime/tensor.h"
+
+/* Element i of p (dtype dt) as fp32. */
+__device__ __forceinline__ float moe_ld(const void *p, enum moe_dtype dt, size_t i)
+{
+    if (dt == MOE_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    if (dt == MOE_DTYPE_F16) return __half2float(((const __half *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ void moe_st(void *p, enum moe_dtype dt, size_t i, float v)
+{
+    if (dt == MOE_DTYPE_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else if (dt == MOE_DTYPE_F16) ((__half *)p)[i] = __float2half_rn(v);
+    else ((float *)p)[i] = v;
+}
+
+__device__ __forceinline__ float moe_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float moe_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}

@@ -1,0 +1,140 @@
+/* cuda_util.h - error checking and the launcher interface of the CUDA
+ * backend.  Included only by *_cuda.cu files and runtime/backend_cuda.c
+ * (the only places allowed to see CUDA headers).
+ *
+ * Every CUDA runtime and cuBLAS call goes through MOE_CUDA_TRY /
+ * MOE_CUBLAS_TRY, which return MOE_ERR_DEVICE with the call's text and the
+ * error string; every kernel launch is followed by MOE_CUDA_LAUNCHED(), which
+ * checks cudaGetLastError.  Launchers are `extern "C"`, take a stream and
+ * device pointers, and return enum moe_status.  Kernels check their bounds;
+ * launchers check shapes that would make a kernel read out of range. */
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/backend.h"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char *moe_cublas_status_str(cublasStatus_t s);
+
+/* The file name without its directories, for messages. */
+static inline const char *moe_src_name(const char *path)
+{
+    const char *s = path;
+    for (const char *p = path; *p; p++)
+        if (*p == '/') s = p + 1;
+    return s;
+}
+
+#define MOE_CUDA_TRY(call)                                                                   \
+    do {                                                                                     \
+        cudaError_t moe_e_ = (call);                                                         \
+        if (moe_e_ != cudaSuccess)                                                           \
+            return moe_fail(MOE_ERR_DEVICE, "%s:%d: %s: %s", moe_src_name(__FILE__), __LINE__, #call,      \
+                            cudaGetErrorString(moe_e_));                                     \
+    } while (0)
+
+#define MOE_CUBLAS_TRY(call)                                                                 \
+    do {                                                                                     \
+        cublasStatus_t moe_b_ = (call);                                                      \
+        if (moe_b_ != CUBLAS_STATUS_SUCCESS)                                                 \
+            return moe_fail(MOE_ERR_DEVICE, "%s:%d: %s: %s", moe_src_name(__FILE__), __LINE__, #call,      \
+                            moe_cublas_status_str(moe_b_));                                  \
+    } while (0)
+
+/* After every <<<>>> launch. */
+#define MOE_CUDA_LAUNCHED() MOE_CUDA_TRY(cudaGetLastError())
+
+/* Grid size for n items in blocks of b, capped so 1-D grids stay legal
+ * (kernels use grid-stride loops). */
+static inline unsigned moe_cuda_blocks(size_t n, unsigned b)
+{
+    size_t g = (n + b - 1) / b;
+    if (g == 0) g = 1;
+    return g > 65535u * 16u ? 65535u * 16u : (unsigned)g;
+}
+
+/* ---- runtime/ops_cuda.cu: elementwise and data movement ---- */
+enum moe_status moe_ops_embed_cuda(cudaStream_t st, float *x, const int32_t *tokens, int T,
+                                   const void *emb, enum moe_dtype dt, int64_t V, int D);
+enum moe_status moe_ops_add_cuda(cudaStream_t st, float *y, const float *x, size_t n);
+enum moe_status moe_ops_clamp_cuda(cudaStream_t st, float *x, size_t n, float limit);
+enum moe_status moe_ops_sigmoid_scale_cuda(cudaStream_t st, float *y, const float *g, int T, int D);
+enum moe_status moe_ops_gather_rows_cuda(cudaStream_t st, float *dst, const float *src,
+                                         const int32_t *rows, int n, int D);
+/* y (T, N) += b (N) broadcast over rows; b in dtype dt. */
+enum moe_status moe_ops_bias_cuda(cudaStream_t st, float *y, const void *b, enum moe_dtype dt,
+                                  int T, int N);
+/* dst = src converted to dt (F16 or BF16), n elements, round to nearest even. */
+enum moe_status moe_ops_to_half_cuda(cudaStream_t st, void *dst, const float *src,
+                                     enum moe_dtype dt, size_t n);
+/* The synth.c generator on the device: n values of dt, uniform with
+ * standard deviation std keyed by key, or ones when std < 0. */
+enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t n,
+                                        uint64_t key, float std);
+/* ids (rows) = argmax of each row of x (rows, n): ties to the lower index,
+ * NaN never wins (moe_argmax). */
+enum moe_status moe_ops_argmax_cuda(cudaStream_t st, int32_t *ids, const float *x, int rows, int n);
+
+/* ---- attention/attention_cuda.cu ---- */
+enum moe_status moe_attention_rmsnorm_cuda(cudaStream_t st, float *y, const float *x,
+                                           const void *w, enum moe_dtype wdt, int rows, int dim,
+                                           float eps);
+enum moe_status moe_attention_rope_cuda(cudaStream_t st, float *x, const int32_t *pos, int T,
+                                        int H, int Dh, const float *inv_freq);
+enum moe_status moe_attention_kv_store_cuda(cudaStream_t st, struct moe_kvcache *kv, int layer,
+                                            const float *k, const float *v, const int32_t *slots,
+                                            int T);
+/* Floats of split workspace needed for rows*Hq heads with up to max_splits
+ * splits each. */
+size_t moe_attention_split_floats(int rows, int Hq, int Dh, int max_splits);
+/* ws: split workspace of ws_rows rows (0: no split). */
+enum moe_status moe_attention_paged_cuda(cudaStream_t st, float *out, const float *q,
+                                         const struct moe_kvcache *kv, const struct moe_batch *db,
+                                         const struct moe_attn_params *p, float *ws, int ws_rows,
+                                         int max_splits);
+
+/* ---- router/router_cuda.cu ---- */
+enum moe_status moe_router_topk_cuda(cudaStream_t st, int32_t *ids, float *w, const float *logits,
+                                     int T, int E, int K, bool renorm);
+/* CUB temp bytes for dispatching up to n pairs over E experts. */
+enum moe_status moe_router_dispatch_temp_bytes(int n, int E, size_t *bytes);
+/* keys_tmp, vals_in, keys_out: (n) int32 scratch each; load (E) uint64
+ * counters to accumulate into (may be NULL). */
+enum moe_status moe_router_dispatch_cuda(cudaStream_t st, struct moe_dispatch *plan,
+                                         const int32_t *ids, int T, int K, int E, void *temp,
+                                         size_t temp_bytes, int32_t *vals_in, int32_t *keys_out,
+                                         uint64_t *load);
+
+/* ---- experts/experts_cuda.cu ---- */
+enum moe_status moe_experts_swiglu_cuda(cudaStream_t st, float *g, const float *u, size_t n);
+/* Decode path: no host synchronisation.  h (T*K, F) fp32 scratch, ye (T*K, D)
+ * fp32 scratch; gu (E, 2F, D), dn (E, D, F) stacked in dt. */
+enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye, const float *x,
+                                           const struct moe_dispatch *plan, const void *gu,
+                                           const void *dn, enum moe_dtype dt, int T, int K, int D,
+                                           int F, int E);
+/* Grouped path pieces: xe (T*K, D) in dt (F16/BF16) = x rows in perm order;
+ * h (n, F) = silu(gu[:, :F]) * gu[:, F:] in dt from gu (n, 2F) in dt. */
+enum moe_status moe_experts_gather_half_cuda(cudaStream_t st, void *xe, const float *x,
+                                             const int32_t *perm, int n, int K, int D,
+                                             enum moe_dtype dt);
+enum moe_status moe_experts_swiglu_half_cuda(cudaStream_t st, void *h, const void *gu, int n,
+                                             int F, enum moe_dtype dt);
+/* out (T, D) = sum_k w[t,k] * ye[pos[t*K+k]] in k order; ye in ydt (F32,
+ * F16 or BF16). */
+enum moe_status moe_experts_combine_cuda(cudaStream_t st, float *out, const void *ye,
+                                         enum moe_dtype ydt, const float *w, const int32_t *pos,
+                                         int T, int K, int D);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,656 @@
+/* test_cuda_ops.c - every CUDA backend op against the CPU reference op.
+ *
+ * Seeded random inputs (never all zeros), several shapes, every weight and
+ * KV dtype; device outputs start poisoned (all bytes 0xff, NaN as floats)
+ * so an element a kernel forgets shows up.  Each check prints one line
+ * "parity: OP DTYPE SHAPE max rel err E" (max |gpu - cpu| / max |cpu|),
+ * which tests/gpu/run.sh collects.  Expert ids must be identical: the
+ * router is fed the same logits on both sides, and the GPU ranks logits with
+ * the CPU's comparator.  (Through the whole model the router's logits come
+ * from different GEMMs, so ids may differ at near-ties there; see
+ * test_cuda_forward.c.)
+ *
+ * Without a device every test skips: the suite's .init asks the CUDA
+ * runtime, in the forked test process, never in Criterion's parent. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "experts/experts.h"
+#include "runtime/backend.h"
+#include "runtime/gemm.h"
+#include "runtime/runner.h"
+#include "runtime/synth.h"
+#include "tests/testutil.h"
+
+static struct moe_backend cpu, gpu;
+
+/* A configuration whose sizes cover every shape below (for reserve). */
+static void reserve_cfg(struct moe_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->n_layers = 2;
+    c->d_model = 1024;
+    c->n_heads = 32;
+    c->n_kv_heads = 1;
+    c->head_dim = 256;
+    c->d_ff = 1024;
+    c->d_shared = 0;
+    c->n_experts = 128;
+    c->top_k = 8;
+    c->d_expert = 256;
+    c->layer_moe[0] = c->layer_moe[1] = true;
+}
+
+static void setup(void)
+{
+    char why[256] = "";
+    if (moe_cuda_device_count(why, sizeof why) == 0) cr_skip_test("no CUDA device: %s", why);
+    cr_assert_eq(moe_backend_cpu_init(&cpu, 0), MOE_OK);
+    cr_assert_eq(moe_backend_cuda_init(&gpu, 0), MOE_OK, "%s", moe_last_error());
+    struct moe_config c;
+    reserve_cfg(&c);
+    cr_assert_eq(gpu.ops->reserve(&gpu, &c, 512), MOE_OK, "%s", moe_last_error());
+}
+
+static void teardown(void)
+{
+    moe_backend_free(&gpu);
+    moe_backend_free(&cpu);
+}
+
+TestSuite(cuda_ops, .init = setup, .fini = teardown);
+
+/* ---- helpers ---- */
+
+static void *dev_copy(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    cr_assert_eq(gpu.ops->alloc(&gpu, bytes, &d), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(gpu.ops->to_device(&gpu, d, h, bytes), MOE_OK, "%s", moe_last_error());
+    return d;
+}
+
+static void *dev_poisoned(size_t bytes)
+{
+    void *h = malloc(bytes ? bytes : 1);
+    memset(h, 0xff, bytes);
+    void *d = dev_copy(h, bytes);
+    free(h);
+    return d;
+}
+
+static void to_host(void *h, const void *d, size_t bytes)
+{
+    cr_assert_eq(gpu.ops->to_host(&gpu, h, d, bytes), MOE_OK, "%s", moe_last_error());
+}
+
+static float *rand_floats(size_t n, uint64_t seed, float lo, float hi)
+{
+    float *x = malloc(n * sizeof(float));
+    tu_fill_uniform(x, n, seed, lo, hi);
+    return x;
+}
+
+/* A host weight tensor of dtype dt (random in [-a, a]) and its device twin. */
+struct wpair {
+    struct moe_tensor h, d;
+};
+
+static struct wpair make_weight(enum moe_dtype dt, int64_t r, int64_t c, uint64_t seed, float a)
+{
+    struct wpair w;
+    size_t n = (size_t)r * (size_t)(c > 0 ? c : 1);
+    float *f = rand_floats(n, seed, -a, a);
+    void *h = malloc(n * moe_dtype_size(dt));
+    moe_convert_from_f32(h, f, dt, n);
+    free(f);
+    memset(&w, 0, sizeof w);
+    w.h.dtype = dt;
+    w.h.ndim = c > 0 ? 2 : 1;
+    w.h.shape[0] = r;
+    w.h.shape[1] = c;
+    w.h.data = h;
+    w.h.device = -1;
+    w.d = w.h;
+    w.d.data = dev_copy(h, n * moe_dtype_size(dt));
+    w.d.device = 0;
+    return w;
+}
+
+static void free_weight(struct wpair *w)
+{
+    free(w->h.data);
+    gpu.ops->dealloc(&gpu, w->d.data);
+}
+
+static double report(const char *op, const char *dt, const char *shape, const float *x,
+                     const float *ref, size_t n)
+{
+    double e = tu_max_rel_err(x, ref, n);
+    fprintf(stderr, "parity: %-12s %-5s %-22s max rel err %.3g\n", op, dt, shape, e);
+    return e;
+}
+
+static const enum moe_dtype wdts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16, MOE_DTYPE_F16};
+/* max-relative tolerances: bf16/f16 GEMM inputs are rounded to the weight
+ * type on the GPU (see cuda_matmul), the CPU keeps them in fp32 */
+static double gemm_tol(enum moe_dtype dt)
+{
+    return dt == MOE_DTYPE_F32 ? 1e-5 : dt == MOE_DTYPE_F16 ? 4e-3 : 2e-2;
+}
+
+/* ---- dense ops ---- */
+
+Test(cuda_ops, matmul_matches_cpu)
+{
+    const int shapes[][3] = {{1, 64, 64}, {7, 96, 200}, {33, 256, 512}, {300, 130, 1000}};
+    for (size_t di = 0; di < 3; di++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const enum moe_dtype dt = wdts[di];
+            const int T = shapes[s][0], N = shapes[s][1], Din = shapes[s][2];
+            struct wpair w = make_weight(dt, N, Din, 100 + s, 0.1f);
+            struct wpair b = make_weight(dt, N, 0, 200 + s, 0.5f);
+            float *x = rand_floats((size_t)T * Din, 300 + s, -1, 1);
+            float *ref = malloc((size_t)T * N * sizeof(float)), *got = malloc((size_t)T * N * sizeof(float));
+            /* the CPU op sizes its scratch in prepare_model: call the GEMM directly */
+            float *sc = malloc((size_t)Din * omp_get_max_threads() * sizeof(float));
+            moe_gemm_cpu(ref, N, x, Din, w.h.data, dt, N, Din, T, s % 2 ? &b.h : NULL, sc);
+            float *dx = dev_copy(x, (size_t)T * Din * sizeof(float));
+            float *dy = dev_poisoned((size_t)T * N * sizeof(float));
+            cr_assert_eq(gpu.ops->matmul(&gpu, dy, dx, &w.d, s % 2 ? &b.d : NULL, T), MOE_OK, "%s",
+                         moe_last_error());
+            to_host(got, dy, (size_t)T * N * sizeof(float));
+            char shp[64];
+            snprintf(shp, sizeof shp, "T%d N%d Din%d%s", T, N, Din, s % 2 ? " +b" : "");
+            double e = report("matmul", moe_dtype_name(dt), shp, got, ref, (size_t)T * N);
+            cr_expect(e <= gemm_tol(dt), "matmul %s %s: %.3g", moe_dtype_name(dt), shp, e);
+            gpu.ops->dealloc(&gpu, dx);
+            gpu.ops->dealloc(&gpu, dy);
+            free(sc);
+            free(x);
+            free(ref);
+            free(got);
+            free_weight(&w);
+            free_weight(&b);
+        }
+}
+
+Test(cuda_ops, rmsnorm_matches_cpu)
+{
+    const int shapes[][2] = {{1, 64}, {5, 1000}, {64, 16}, {300, 1024}};
+    for (size_t di = 0; di < 3; di++)
+        for (size_t s = 0; s < 4; s++) {
+            const int rows = shapes[s][0], dim = shapes[s][1];
+            struct wpair w = make_weight(wdts[di], dim, 0, 11 + s, 2.0f);
+            float *x = rand_floats((size_t)rows * dim, 12 + s, -3, 3);
+            float *ref = malloc((size_t)rows * dim * sizeof(float)), *got = malloc((size_t)rows * dim * sizeof(float));
+            moe_attention_rmsnorm_cpu(ref, x, &w.h, rows, dim, 1e-5f);
+            float *dx = dev_copy(x, (size_t)rows * dim * sizeof(float));
+            /* in place, as forward.c uses it for q/k norms */
+            cr_assert_eq(gpu.ops->rmsnorm(&gpu, dx, dx, &w.d, rows, dim, 1e-5f), MOE_OK);
+            to_host(got, dx, (size_t)rows * dim * sizeof(float));
+            char shp[64];
+            snprintf(shp, sizeof shp, "rows%d dim%d", rows, dim);
+            double e = report("rmsnorm", moe_dtype_name(wdts[di]), shp, got, ref, (size_t)rows * dim);
+            cr_expect(e <= 1e-5, "rmsnorm %s: %.3g", shp, e);
+            gpu.ops->dealloc(&gpu, dx);
+            free(x);
+            free(ref);
+            free(got);
+            free_weight(&w);
+        }
+}
+
+Test(cuda_ops, rope_matches_cpu)
+{
+    const int shapes[][3] = {{1, 4, 16}, {9, 8, 128}, {100, 2, 64}};
+    for (size_t s = 0; s < 3; s++) {
+        const int T = shapes[s][0], H = shapes[s][1], Dh = shapes[s][2];
+        size_t n = (size_t)T * H * Dh;
+        float *x = rand_floats(n, 21 + s, -1, 1), *got = malloc(n * sizeof(float));
+        float *inv = malloc((size_t)Dh / 2 * sizeof(float));
+        for (int i = 0; i < Dh / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)Dh);
+        int32_t *pos = malloc((size_t)T * sizeof(int32_t));
+        for (int t = 0; t < T; t++) pos[t] = (t * 37 + 5) % 4000;
+        float *dx = dev_copy(x, n * sizeof(float));
+        int32_t *dpos = dev_copy(pos, (size_t)T * sizeof(int32_t));
+        float *dinv = dev_copy(inv, (size_t)Dh / 2 * sizeof(float));
+        moe_attention_rope_cpu(x, pos, T, H, Dh, inv);
+        cr_assert_eq(gpu.ops->rope(&gpu, dx, dpos, T, H, Dh, dinv), MOE_OK);
+        to_host(got, dx, n * sizeof(float));
+        char shp[64];
+        snprintf(shp, sizeof shp, "T%d H%d Dh%d", T, H, Dh);
+        double e = report("rope", "F32", shp, got, x, n);
+        cr_expect(e <= 1e-5, "rope %s: %.3g", shp, e);
+        gpu.ops->dealloc(&gpu, dx);
+        gpu.ops->dealloc(&gpu, dpos);
+        gpu.ops->dealloc(&gpu, dinv);
+        free(x);
+        free(got);
+        free(inv);
+        free(pos);
+    }
+}
+
+/* add, clamp, swiglu, sigmoid_scale, gather_rows, embed */
+Test(cuda_ops, elementwise_ops_match_cpu)
+{
+    const int T = 37, D = 300;
+    const size_t n = (size_t)T * D, bytes = n * sizeof(float);
+    float *a = rand_floats(n, 31, -4, 4), *b = rand_floats(n, 32, -4, 4);
+    float *ref = malloc(bytes), *got = malloc(bytes);
+    float *da = dev_copy(a, bytes), *db = dev_copy(b, bytes);
+    /* add */
+    memcpy(ref, a, bytes);
+    cr_assert_eq(cpu.ops->add(&cpu, ref, b, n), MOE_OK);
+    cr_assert_eq(gpu.ops->add(&gpu, da, db, n), MOE_OK);
+    to_host(got, da, bytes);
+    cr_expect(report("add", "F32", "37x300", got, ref, n) == 0.0);
+    /* clamp */
+    cr_assert_eq(cpu.ops->clamp(&cpu, ref, n, 2.5f), MOE_OK);
+    cr_assert_eq(gpu.ops->clamp(&gpu, da, n, 2.5f), MOE_OK);
+    to_host(got, da, bytes);
+    cr_expect(report("clamp", "F32", "37x300", got, ref, n) == 0.0);
+    /* swiglu */
+    cr_assert_eq(cpu.ops->swiglu(&cpu, ref, b, n), MOE_OK);
+    cr_assert_eq(gpu.ops->swiglu(&gpu, da, db, n), MOE_OK);
+    to_host(got, da, bytes);
+    cr_expect(report("swiglu", "F32", "37x300", got, ref, n) <= 1e-6);
+    /* sigmoid_scale */
+    float *g = rand_floats((size_t)T, 33, -3, 3);
+    float *dg = dev_copy(g, (size_t)T * sizeof(float));
+    cr_assert_eq(cpu.ops->sigmoid_scale(&cpu, ref, g, T, D), MOE_OK);
+    cr_assert_eq(gpu.ops->sigmoid_scale(&gpu, da, dg, T, D), MOE_OK);
+    to_host(got, da, bytes);
+    cr_expect(report("sigmoid_scl", "F32", "37x300", got, ref, n) <= 1e-6);
+    /* gather_rows */
+    int32_t rows[5] = {36, 0, 17, 17, 3};
+    int32_t *drows = dev_copy(rows, sizeof rows);
+    float *dd = dev_poisoned(5 * (size_t)D * sizeof(float));
+    cr_assert_eq(cpu.ops->gather_rows(&cpu, got, ref, rows, 5, D), MOE_OK);
+    float *got2 = malloc(5 * (size_t)D * sizeof(float));
+    cr_assert_eq(gpu.ops->gather_rows(&gpu, dd, da, drows, 5, D), MOE_OK);
+    to_host(got2, dd, 5 * (size_t)D * sizeof(float));
+    cr_expect(report("gather_rows", "F32", "5 of 37x300", got2, got, 5 * (size_t)D) == 0.0);
+    /* embed, every dtype */
+    for (size_t di = 0; di < 3; di++) {
+        struct wpair e = make_weight(wdts[di], 50, D, 34 + di, 1.0f);
+        int32_t tok[T];
+        for (int t = 0; t < T; t++) tok[t] = (t * 7 + 3) % 50;
+        int32_t *dtok = dev_copy(tok, sizeof tok);
+        float *dx = dev_poisoned(bytes);
+        cr_assert_eq(cpu.ops->embed(&cpu, ref, tok, T, &e.h), MOE_OK);
+        cr_assert_eq(gpu.ops->embed(&gpu, dx, dtok, T, &e.d), MOE_OK);
+        to_host(got, dx, bytes);
+        cr_expect(report("embed", moe_dtype_name(wdts[di]), "V50 D300", got, ref, n) == 0.0);
+        gpu.ops->dealloc(&gpu, dtok);
+        gpu.ops->dealloc(&gpu, dx);
+        free_weight(&e);
+    }
+    gpu.ops->dealloc(&gpu, da);
+    gpu.ops->dealloc(&gpu, db);
+    gpu.ops->dealloc(&gpu, dg);
+    gpu.ops->dealloc(&gpu, drows);
+    gpu.ops->dealloc(&gpu, dd);
+    free(a);
+    free(b);
+    free(g);
+    free(ref);
+    free(got);
+    free(got2);
+}
+
+Test(cuda_ops, argmax_matches_moe_argmax)
+{
+    const int rows = 6, n = 5000;
+    float *x = rand_floats((size_t)rows * n, 41, -5, 5);
+    x[1 * n + 10] = x[1 * n + 20] = 9.0f;          /* tie: lower index */
+    for (int i = 0; i < n; i++) x[2 * n + i] = NAN; /* all NaN: index 0 */
+    x[3 * n + 0] = NAN;
+    x[3 * n + 4999] = 7.0f;                         /* NaN never wins */
+    int32_t *ids = dev_poisoned(rows * sizeof(int32_t)), got[6];
+    float *dx = dev_copy(x, (size_t)rows * n * sizeof(float));
+    cr_assert_eq(gpu.ops->argmax(&gpu, ids, dx, rows, n), MOE_OK);
+    to_host(got, ids, sizeof got);
+    for (int r = 0; r < rows; r++)
+        cr_expect_eq(got[r], moe_argmax(x + (size_t)r * n, n), "row %d: %d vs %d", r, got[r],
+                     moe_argmax(x + (size_t)r * n, n));
+    gpu.ops->dealloc(&gpu, ids);
+    gpu.ops->dealloc(&gpu, dx);
+    free(x);
+}
+
+/* ---- routing ---- */
+
+Test(cuda_ops, route_and_dispatch_match_cpu)
+{
+    const int shapes[][3] = {{1, 8, 2}, {5, 60, 4}, {300, 128, 8}, {64, 8, 1}, {17, 64, 8}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int T = shapes[s][0], E = shapes[s][1], K = shapes[s][2];
+        const size_t TE = (size_t)T * E, TK = (size_t)T * K;
+        float *lg = rand_floats(TE, 51 + s, -3, 3);
+        /* ties (to the lower index), NaN and infinities */
+        for (int t = 0; t < T; t++) {
+            float *r = lg + (size_t)t * E;
+            if (t % 3 == 0) r[E - 1] = r[0] = r[E / 2] = 5.0f;
+            if (t % 4 == 1) r[1] = NAN;
+            if (t % 5 == 2) r[E - 2] = INFINITY;
+            if (t % 7 == 3) r[2] = -INFINITY;
+        }
+        for (int renorm = 0; renorm < 2; renorm++) {
+            int32_t *ids = malloc(TK * sizeof(int32_t)), *gids = malloc(TK * sizeof(int32_t));
+            float *w = malloc(TK * sizeof(float)), *gw = malloc(TK * sizeof(float));
+            cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, E, K, renorm), MOE_OK);
+            float *dl = dev_copy(lg, TE * sizeof(float));
+            int32_t *dids = dev_poisoned(TK * sizeof(int32_t));
+            float *dw = dev_poisoned(TK * sizeof(float));
+            cr_assert_eq(gpu.ops->route(&gpu, dids, dw, dl, T, E, K, renorm), MOE_OK, "%s",
+                         moe_last_error());
+            to_host(gids, dids, TK * sizeof(int32_t));
+            to_host(gw, dw, TK * sizeof(float));
+            for (size_t i = 0; i < TK; i++)
+                cr_expect_eq(gids[i], ids[i], "T%d E%d K%d: id %zu gpu %d cpu %d", T, E, K, i,
+                             gids[i], ids[i]);
+            char shp[64];
+            snprintf(shp, sizeof shp, "T%d E%d K%d%s", T, E, K, renorm ? " renorm" : "");
+            /* rows with +inf logits give NaN weights on both sides: compare
+             * the finite ones */
+            for (size_t i = 0; i < TK; i++)
+                if (isnan(w[i])) {
+                    cr_expect(isnan(gw[i]), "%s: weight %zu", shp, i);
+                    w[i] = gw[i] = 0.0f;
+                }
+            double e = report("route", "F32", shp, gw, w, TK);
+            cr_expect(e <= 1e-5, "route %s: %.3g", shp, e);
+
+            /* dispatch of the same ids */
+            struct moe_dispatch hp, dp;
+            int32_t *hbuf = malloc((2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
+            hp.counts = hbuf;
+            hp.offsets = hbuf + E;
+            hp.perm = hbuf + 2 * E + 1;
+            hp.pos = hp.perm + TK;
+            cr_assert_eq(cpu.ops->dispatch(&cpu, &hp, ids, T, K, E), MOE_OK);
+            int32_t *dbuf = dev_poisoned((2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
+            dp.counts = dbuf;
+            dp.offsets = dbuf + E;
+            dp.perm = dbuf + 2 * E + 1;
+            dp.pos = dp.perm + TK;
+            cr_assert_eq(gpu.ops->dispatch(&gpu, &dp, dids, T, K, E), MOE_OK, "%s", moe_last_error());
+            int32_t *gbuf = malloc((2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
+            to_host(gbuf, dbuf, (2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
+            cr_expect(memcmp(gbuf, hbuf, (2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t)) == 0,
+                      "dispatch %s: plan differs from the CPU's", shp);
+            fprintf(stderr, "parity: %-12s %-5s %-22s %s\n", "dispatch", "I32", shp,
+                    memcmp(gbuf, hbuf, (2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t)) ? "DIFFERS"
+                                                                                        : "identical");
+            gpu.ops->dealloc(&gpu, dl);
+            gpu.ops->dealloc(&gpu, dids);
+            gpu.ops->dealloc(&gpu, dw);
+            gpu.ops->dealloc(&gpu, dbuf);
+            free(hbuf);
+            free(gbuf);
+            free(ids);
+            free(gids);
+            free(w);
+            free(gw);
+        }
+        free(lg);
+    }
+}
+
+/* ---- experts ---- */
+
+static void check_experts(enum moe_dtype dt, int T, int E, int K, int D, int F)
+{
+    const size_t es = moe_dtype_size(dt), mat = (size_t)F * D;
+    /* stacked host weights (E, 2F, D) and (E, D, F) */
+    float *fgu = rand_floats(2 * mat * E, 61, -0.1f, 0.1f), *fdn = rand_floats(mat * E, 62, -0.1f, 0.1f);
+    char *hgu = malloc(2 * mat * E * es), *hdn = malloc(mat * E * es);
+    moe_convert_from_f32(hgu, fgu, dt, 2 * mat * E);
+    moe_convert_from_f32(hdn, fdn, dt, mat * E);
+    char *dgu = dev_copy(hgu, 2 * mat * E * es), *ddn = dev_copy(hdn, mat * E * es);
+    const void *hg[E], *hu[E], *hd[E], *dg[E], *du[E], *dd[E];
+    for (int e = 0; e < E; e++) {
+        hg[e] = hgu + 2 * mat * e * es, hu[e] = hgu + (2 * mat * e + mat) * es, hd[e] = hdn + mat * e * es;
+        dg[e] = dgu + 2 * mat * e * es, du[e] = dgu + (2 * mat * e + mat) * es, dd[e] = ddn + mat * e * es;
+    }
+    struct moe_expert_weights hx = {dt, hg, hu, hd}, dx = {dt, dg, du, dd};
+    /* routing on the CPU, the same plan on both sides */
+    const size_t TK = (size_t)T * K;
+    float *lg = rand_floats((size_t)T * E, 63, -2, 2);
+    int32_t *ids = malloc(TK * sizeof(int32_t));
+    float *w = malloc(TK * sizeof(float));
+    cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, E, K, true), MOE_OK);
+    int32_t *hbuf = malloc((2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
+    struct moe_dispatch hp = {hbuf, hbuf + E, hbuf + 2 * E + 1, hbuf + 2 * E + 1 + TK};
+    cr_assert_eq(cpu.ops->dispatch(&cpu, &hp, ids, T, K, E), MOE_OK);
+    int32_t *dbuf = dev_copy(hbuf, (2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
+    struct moe_dispatch dp = {dbuf, dbuf + E, dbuf + 2 * E + 1, dbuf + 2 * E + 1 + TK};
+    float *x = rand_floats((size_t)T * D, 64, -1, 1);
+    float *ref = malloc((size_t)T * D * sizeof(float)), *got = malloc((size_t)T * D * sizeof(float));
+    struct moe_expert_ws hws = {malloc(TK * D * sizeof(float)), malloc(TK * F * sizeof(float)),
+                                malloc(TK * F * sizeof(float)), malloc(TK * D * sizeof(float))};
+    struct moe_expert_ws dws = {dev_poisoned(TK * D * sizeof(float)), dev_poisoned(TK * F * sizeof(float)),
+                                dev_poisoned(TK * F * sizeof(float)), dev_poisoned(TK * D * sizeof(float))};
+    float *sc = malloc((size_t)(D > F ? D : F) * omp_get_max_threads() * sizeof(float));
+    /* the CPU op sizes its scratch in prepare_model: call the module */
+    moe_experts_ffn_cpu(ref, x, &hp, w, &hx, &hws, T, K, D, F, E, sc);
+    float *dxin = dev_copy(x, (size_t)T * D * sizeof(float));
+    float *dw = dev_copy(w, TK * sizeof(float));
+    float *dout = dev_poisoned((size_t)T * D * sizeof(float));
+    cr_assert_eq(gpu.ops->experts(&gpu, dout, dxin, &dp, dw, &dx, &dws, T, K, D, F, E), MOE_OK,
+                 "%s", moe_last_error());
+    to_host(got, dout, (size_t)T * D * sizeof(float));
+    char shp[64];
+    snprintf(shp, sizeof shp, "T%d E%d K%d D%d F%d", T, E, K, D, F);
+    double e = report(T > 32 && dt != MOE_DTYPE_F32 ? "experts_grp" : "experts_dec",
+                      moe_dtype_name(dt), shp, got, ref, (size_t)T * D);
+    cr_expect(e <= (dt == MOE_DTYPE_F32 ? 1e-5 : 3e-2), "experts %s %s: %.3g", moe_dtype_name(dt),
+              shp, e);
+    void *dbufs[] = {dgu, ddn, dbuf, dws.xe, dws.g, dws.u, dws.ye, dxin, dw, dout};
+    for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
+    free(hws.xe), free(hws.g), free(hws.u), free(hws.ye);
+    free(fgu), free(fdn), free(hgu), free(hdn), free(lg), free(ids), free(w), free(hbuf);
+    free(x), free(ref), free(got), free(sc);
+}
+
+Test(cuda_ops, experts_decode_path_matches_cpu)
+{
+    for (size_t di = 0; di < 3; di++) {
+        check_experts(wdts[di], 1, 8, 2, 64, 96);
+        check_experts(wdts[di], 4, 8, 2, 256, 128);
+        check_experts(wdts[di], 32, 64, 8, 128, 64);
+        check_experts(wdts[di], 3, 4, 2, 60, 36); /* not multiples of 8: scalar loads */
+    }
+}
+
+Test(cuda_ops, experts_grouped_path_matches_cpu)
+{
+    check_experts(MOE_DTYPE_BF16, 64, 8, 2, 256, 128);
+    check_experts(MOE_DTYPE_BF16, 300, 64, 8, 128, 64);
+    check_experts(MOE_DTYPE_F16, 100, 16, 4, 128, 96);
+    check_experts(MOE_DTYPE_F32, 100, 16, 4, 128, 96); /* fp32 weights: decode kernels */
+}
+
+/* ---- K/V store and paged attention ---- */
+
+/* n_seqs sequences of ctx[s] tokens in a cache of blocks handed out in a
+ * scrambled order; queries: the last `rows_per_seq` positions of each. */
+static void check_attention(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
+                            const int *ctx, int n_seqs, int rows_per_seq, bool hint)
+{
+    const int B = 16, L = 2, layer = 1;
+    struct moe_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.n_layers = L;
+    cfg.n_kv_heads = Hkv;
+    cfg.head_dim = Dh;
+    int max_ctx = 0, max_blocks = 0, total = 0, T = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        max_ctx = ctx[s] > max_ctx ? ctx[s] : max_ctx;
+        total += ctx[s];
+        T += rows_per_seq < ctx[s] ? rows_per_seq : ctx[s];
+    }
+    max_blocks = (max_ctx + B - 1) / B;
+    const int n_blocks = n_seqs * max_blocks + 3;
+    struct moe_kvcache hkv, dkv;
+    cr_assert_eq(moe_kvcache_init(&hkv, &cpu, &cfg, n_blocks, B, kvdt, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&dkv, &gpu, &cfg, n_blocks, B, kvdt, false), MOE_OK);
+    int32_t *table = calloc((size_t)n_seqs * max_blocks, sizeof(int32_t));
+    for (int i = 0; i < n_seqs * max_blocks; i++) table[i] = (int32_t)((i * 7 + 2) % n_blocks);
+    /* a permutation needs gcd(7, n_blocks) == 1; fall back to identity */
+    if (n_blocks % 7 == 0)
+        for (int i = 0; i < n_seqs * max_blocks; i++) table[i] = i;
+    /* fill every position of every sequence */
+    const int row = Hkv * Dh;
+    float *k = rand_floats((size_t)total * row, 71, -1, 1), *v = rand_floats((size_t)total * row, 72, -1, 1);
+    int32_t *slots = malloc((size_t)total * sizeof(int32_t));
+    for (int s = 0, r = 0; s < n_seqs; s++)
+        for (int p = 0; p < ctx[s]; p++, r++)
+            slots[r] = table[(size_t)s * max_blocks + p / B] * B + p % B;
+    cr_assert_eq(cpu.ops->kv_store(&cpu, &hkv, layer, k, v, slots, total), MOE_OK);
+    float *dk = dev_copy(k, (size_t)total * row * sizeof(float)), *dv = dev_copy(v, (size_t)total * row * sizeof(float));
+    int32_t *dslots = dev_copy(slots, (size_t)total * sizeof(int32_t));
+    cr_assert_eq(gpu.ops->kv_store(&gpu, &dkv, layer, dk, dv, dslots, total), MOE_OK, "%s", moe_last_error());
+    /* the stored caches are bit-identical (same rounding) */
+    const size_t lbytes = hkv.layer_elems * moe_dtype_size(kvdt);
+    char *back = malloc(lbytes);
+    to_host(back, (char *)dkv.k + lbytes, lbytes);
+    cr_expect(memcmp(back, (char *)hkv.k + lbytes, lbytes) == 0, "kv_store %s: K differs", moe_dtype_name(kvdt));
+    to_host(back, (char *)dkv.v + lbytes, lbytes);
+    cr_expect(memcmp(back, (char *)hkv.v + lbytes, lbytes) == 0, "kv_store %s: V differs", moe_dtype_name(kvdt));
+    /* the query batch */
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t)), *seq_of = malloc((size_t)T * sizeof(int32_t));
+    int32_t *seq_start = malloc(((size_t)n_seqs + 1) * sizeof(int32_t));
+    int32_t *ctxv = malloc((size_t)n_seqs * sizeof(int32_t));
+    int t = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        seq_start[s] = t;
+        ctxv[s] = ctx[s];
+        int n = rows_per_seq < ctx[s] ? rows_per_seq : ctx[s];
+        for (int i = 0; i < n; i++, t++) {
+            pos[t] = ctx[s] - n + i;
+            seq_of[t] = s;
+        }
+    }
+    seq_start[n_seqs] = T;
+    struct moe_batch hb = {.n_tokens = T, .n_seqs = n_seqs, .positions = pos, .seq_of = seq_of,
+                           .seq_start = seq_start, .ctx_len = ctxv, .block_table = table,
+                           .max_blocks = max_blocks};
+    struct moe_batch db = hb;
+    db.positions = dev_copy(pos, (size_t)T * sizeof(int32_t));
+    db.seq_of = dev_copy(seq_of, (size_t)T * sizeof(int32_t));
+    db.seq_start = dev_copy(seq_start, ((size_t)n_seqs + 1) * sizeof(int32_t));
+    db.ctx_len = dev_copy(ctxv, (size_t)n_seqs * sizeof(int32_t));
+    db.block_table = dev_copy(table, (size_t)n_seqs * max_blocks * sizeof(int32_t));
+    struct moe_attn_params p = {layer, Hq, Hkv, Dh, 1.0f / sqrtf((float)Dh), window,
+                                hint ? max_ctx : 0};
+    const size_t nq = (size_t)T * Hq * Dh;
+    float *q = rand_floats(nq, 73, -2, 2), *ref = malloc(nq * sizeof(float)), *got = malloc(nq * sizeof(float));
+    float *sc = malloc(moe_attention_scratch_floats(Hq, Hkv, Dh) * omp_get_max_threads() * sizeof(float));
+    moe_attention_paged_cpu(ref, q, &hkv, &hb, &p, sc);
+    float *dq = dev_copy(q, nq * sizeof(float)), *dout = dev_poisoned(nq * sizeof(float));
+    cr_assert_eq(gpu.ops->attention(&gpu, dout, dq, &dkv, &db, &p), MOE_OK, "%s", moe_last_error());
+    to_host(got, dout, nq * sizeof(float));
+    char shp[80];
+    snprintf(shp, sizeof shp, "Hq%d Hkv%d Dh%d ctx%d%s T%d%s", Hq, Hkv, Dh, max_ctx,
+             window ? " win" : "", T, hint ? "" : " nohint");
+    double e = report("attention", moe_dtype_name(kvdt), shp, got, ref, nq);
+    cr_expect(e <= 1e-4, "attention %s %s: %.3g", moe_dtype_name(kvdt), shp, e);
+    void *dbufs[] = {dk, dv, dslots, (void *)db.positions, (void *)db.seq_of, (void *)db.seq_start,
+                     (void *)db.ctx_len, (void *)db.block_table, dq, dout};
+    for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
+    moe_kvcache_free(&hkv);
+    moe_kvcache_free(&dkv);
+    free(table), free(k), free(v), free(slots), free(back), free(pos), free(seq_of);
+    free(seq_start), free(ctxv), free(q), free(ref), free(got), free(sc);
+}
+
+Test(cuda_ops, attention_decode_matches_cpu)
+{
+    const enum moe_dtype kvdts[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
+    const int ctx[] = {1, 17, 600, 1000, 257};
+    for (size_t i = 0; i < 3; i++) {
+        check_attention(kvdts[i], 4, 2, 16, 0, ctx, 5, 1, true);
+        check_attention(kvdts[i], 32, 8, 128, 0, ctx, 5, 1, true);
+        check_attention(kvdts[i], 16, 1, 64, 0, ctx, 5, 1, false);
+        check_attention(kvdts[i], 8, 8, 128, 100, ctx, 5, 1, true);
+    }
+}
+
+Test(cuda_ops, attention_prefill_matches_cpu)
+{
+    const enum moe_dtype kvdts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16};
+    const int ctx[] = {70, 300};
+    for (size_t i = 0; i < 2; i++) {
+        check_attention(kvdts[i], 4, 2, 16, 0, ctx, 2, 70, true);
+        check_attention(kvdts[i], 32, 8, 128, 0, ctx, 2, 64, true);
+        check_attention(kvdts[i], 16, 4, 256, 33, ctx, 2, 50, true);
+    }
+}
+
+/* ---- synthetic weights on the device equal runtime/synth.c ---- */
+
+Test(cuda_ops, synth_fill_matches_host_generator)
+{
+    struct moe_config c;
+    memset(&c, 0, sizeof c);
+    c.family = MOE_FAMILY_LLAMA;
+    c.n_layers = 1, c.d_model = 64, c.vocab = 1000, c.n_heads = 4, c.n_kv_heads = 2;
+    c.head_dim = 16, c.d_ff = 96, c.init_std = 0.02f, c.max_pos = 128, c.rms_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    for (size_t di = 0; di < 3; di++) {
+        struct moe_model m;
+        cr_assert_eq(moe_model_synthetic(&m, &c, wdts[di], 7), MOE_OK, "%s", moe_last_error());
+        /* the first tensor is the embedding, key index 0 */
+        const size_t n = 1000 * 64, bytes = n * moe_dtype_size(wdts[di]);
+        void *d = dev_poisoned(bytes), *h = malloc(bytes);
+        cr_assert_eq(gpu.ops->synth_fill(&gpu, d, wdts[di], n, moe_synth_key(7, 0), 0.02f), MOE_OK);
+        to_host(h, d, bytes);
+        cr_expect(memcmp(h, m.embed.data, bytes) == 0, "synth_fill %s differs from the host",
+                  moe_dtype_name(wdts[di]));
+        gpu.ops->dealloc(&gpu, d);
+        free(h);
+        moe_model_free(&m);
+    }
+}
+
+/* Expert load counters: one row per MoE layer (dispatch calls in order),
+ * accumulated on the device, read back on demand. */
+Test(cuda_ops, expert_load_counts_dispatches_by_layer)
+{
+    const int T = 6, K = 2, E = 128;
+    int32_t ids[12] = {0, 5, 5, 7, 127, 0, 3, 5, 0, 1, 2, 5};
+    int32_t *dids = dev_copy(ids, sizeof ids);
+    int32_t *dbuf = dev_poisoned((2 * (size_t)E + 1 + 2 * T * K) * sizeof(int32_t));
+    struct moe_dispatch dp = {dbuf, dbuf + E, dbuf + 2 * E + 1, dbuf + 2 * E + 1 + T * K};
+    /* layer 0 twice (two steps), layer 1 once */
+    for (int step = 0; step < 2; step++) {
+        cr_assert_eq(gpu.ops->dispatch(&gpu, &dp, dids, T, K, E), MOE_OK, "%s", moe_last_error());
+        if (step == 0) cr_assert_eq(gpu.ops->dispatch(&gpu, &dp, dids, 3, K, E), MOE_OK);
+        /* a new step starts at embed; any embedding will do */
+        float *x = dev_poisoned(4 * sizeof(float));
+        int32_t tok = 0;
+        int32_t *dtok = dev_copy(&tok, sizeof tok);
+        struct wpair e = make_weight(MOE_DTYPE_F32, 1, 4, 1, 1.0f);
+        cr_assert_eq(gpu.ops->embed(&gpu, x, dtok, 1, &e.d), MOE_OK);
+        free_weight(&e);
+        gpu.ops->dealloc(&gpu, x);
+        gpu.ops->dealloc(&gpu, dtok);
+    }
+    uint64_t load[2 * 128];
+    cr_assert_eq(gpu.ops->expert_load(&gpu, load, 2, E), MOE_OK, "%s", moe_last_error());
+    uint64_t want0[128] = {0}, want1[128] = {0};
+    for (int i = 0; i < T * K; i++) want0[ids[i]] += 2;
+    for (int i = 0; i < 3 * K; i++) want1[ids[i]] += 1;
+    cr_expect(memcmp(load, want0, sizeof want0) == 0, "layer 0 counters");
+    cr_expect(memcmp(load + E, want1, sizeof want1) == 0, "layer 1 counters");
+    gpu.ops->dealloc(&gpu, dids);
+    gpu.ops->dealloc(&gpu, dbuf);
+}
