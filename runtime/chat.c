@@ -116,7 +116,7 @@ enum moe_status moe_chat_template_render(const struct moe_chat_template *t, json
         goto done;
     }
     struct jinja_limits lim = {.max_output = t->max_output ? t->max_output : DEFAULT_MAX_OUTPUT,
-                               .max_depth = 64, .max_steps = 10u * 1000 * 1000};
+                               .max_depth = 64, .max_steps = 1000u * 1000};
     st = jinja_render(t->impl, vars, &lim, t->fixed_time ? (time_t)t->fixed_time : time(NULL), out);
 done:
     json_decref(msgs);

@@ -690,10 +690,11 @@ static enum moe_status apply_filter(struct jctx *cx, const struct jnode *n, cons
                                     struct args *a, struct jv *out)
 {
     bool found;
-    MOE_TRY(simple_filter(n, name, v, out, &found));
-    if (found) return MOE_OK;
     struct jv s;
-    if (!strcmp(name, "trim")) {
+    if (strcmp(name, "trim")) {
+        MOE_TRY(simple_filter(n, name, v, out, &found));
+        if (found) return MOE_OK;
+    } else {
         MOE_TRY(to_str(v, &s));
         enum moe_status st = strip(s, arg(a, 0, "chars"), 3, out);
         jv_free(&s);
@@ -881,7 +882,7 @@ static enum moe_status call_method(struct jctx *cx, const struct jnode *n, struc
                                                "sort", "reverse", NULL};
         for (size_t i = 0; mutators[i]; i++)
             if (!strcmp(m, mutators[i]))
-                return jinja_err(MOE_ERR_FORMAT, n, "access to attribute '%s' of 'list' object is unsafe", m);
+                return jinja_err(MOE_ERR_FORMAT, n, "access to attribute '%s' of 'list' object is unsafe.", m);
     } else if (obj.k == JV_UNDEF) {
         return jinja_undef_err(n, obj);
     }
@@ -925,7 +926,8 @@ static enum moe_status call_func(struct jctx *cx, const struct jnode *n, int fn,
         }
         for (size_t i = 0; i < a->nkw && !st; i++) {
             if (fn == JF_NAMESPACE && a->kwn[i][0] == '_')
-                st = jinja_err(MOE_ERR_FORMAT, n, "chat templates cannot store underscore-prefixed attributes on a namespace");
+                st = jinja_err(MOE_ERR_FORMAT, n, "Chat templates cannot store underscore-prefixed attributes on a "
+                               "namespace, but got '%s'. Please rename the attribute.", a->kwn[i]);
             else if (json_object_set_new(o, a->kwn[i], jv_to_json(a->kwv[i])))
                 st = nomem();
         }

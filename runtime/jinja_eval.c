@@ -487,8 +487,8 @@ static enum moe_status bind_targets(struct jctx *cx, const struct jnode *at, str
         return jinja_err(MOE_ERR_FORMAT, at, "cannot unpack non-sequence %s into %zu names", jv_type_name(v), n);
     size_t m = json_array_size(v.j);
     if (m != n)
-        return jinja_err(MOE_ERR_FORMAT, at, "%s values to unpack (expected %zu, got %zu)",
-                         m > n ? "too many" : "not enough", n, m);
+        return m > n ? jinja_err(MOE_ERR_FORMAT, at, "too many values to unpack (expected %zu)", n)
+                     : jinja_err(MOE_ERR_FORMAT, at, "not enough values to unpack (expected %zu, got %zu)", n, m);
     for (size_t i = 0; i < n; i++)
         MOE_TRY(scope_set(s, names[i]->str, jv_from_json(json_array_get(v.j, i))));
     return MOE_OK;
@@ -631,7 +631,8 @@ static enum moe_status exec_set(struct jctx *cx, const struct jnode *n)
         if (!ns || ns->k != JV_NS)
             st = jinja_err(MOE_ERR_FORMAT, n, "cannot assign attribute on non-namespace object '%s'", t->a->str);
         else if (t->str[0] == '_')
-            st = jinja_err(MOE_ERR_FORMAT, n, "chat templates cannot store underscore-prefixed attributes on a namespace");
+            st = jinja_err(MOE_ERR_FORMAT, n, "Chat templates cannot store underscore-prefixed attributes on a "
+                           "namespace, but got '%s'. Please rename the attribute.", t->str);
         else if (json_object_set_new(ns->j, t->str, jv_to_json(v)))
             st = nomem();
     } else {

@@ -295,10 +295,7 @@ static enum moe_status parse_primary(struct parser *p, struct jnode **out)
                 return nomem();
             }
             enum moe_status st = list_push(&n->args, e);
-            if (!st) {
-                next(p);
-                st = parse_items(p, n, ")", false);
-            }
+            if (!st) st = parse_items(p, n, ")", false); /* consumes the ',' */
             if (st) {
                 jnode_free(n);
                 return st;

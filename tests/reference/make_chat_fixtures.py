@@ -176,8 +176,123 @@ def render(template, msgs, agp, extra, special):
     return out[0]
 
 
+# Interpreter snippets: (name, template, variables).  Rendered with the
+# environment transformers compiles chat templates in (_compile_jinja_template),
+# with the variables render_jinja_template always passes.
+SNIPPETS = [
+    # whitespace control: trim_blocks, lstrip_blocks, -, +, comments, trailing newline
+    ("ws_trim_lstrip", "a\n  {% if true %}\n  b\n  {% endif %}\nc\n", {}),
+    ("ws_minus", "a  {{- ' b ' -}}  c {%- if true -%}  d  {%- endif -%}  e", {}),
+    ("ws_plus", "a\n  {%+ if true +%}\nb\n{%- endif %}", {}),
+    ("ws_comment", "x  {# c #}\n  y\n{#- c -#}  z\n  {# own line #}\nw", {}),
+    ("ws_inline_block_not_lstripped", "x {% if true %}y{% endif %} z", {}),
+    ("ws_expr_no_trim", "{{ 'a' }}\nb", {}),
+    ("ws_two_trailing_newlines", "a\n\n", {}),
+    ("ws_crlf_free_text", "line1\n\tline2  \n", {}),
+    ("raw_block", "{% raw %}{{ not evaluated }} {% if %}{% endraw %}!", {}),
+    # loops
+    ("loop_vars", "{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.revindex }}{{ loop.revindex0 }};{% endfor %}", {"xs": ["a", "b", "c"]}),
+    ("loop_else", "{% for x in xs %}{{ x }}{% else %}empty{% endfor %}", {"xs": []}),
+    ("loop_filter", "{% for x in xs if x > 1 %}{{ x }}/{{ loop.length }} {% endfor %}", {"xs": [1, 2, 3]}),
+    ("loop_unpack_items", "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", {"d": {"b": 1, "a": [2]}}),
+    ("loop_unpack_filter", "{% for k, v in d | items %}{{ k }}={{ v }};{% endfor %}", {"d": {"x": "y"}}),
+    ("loop_dict_keys", "{% for k in d %}{{ k }}{% endfor %}", {"d": {"z": 1, "y": 2}}),
+    ("loop_string", "{% for c in 'héllo' %}[{{ c }}]{% endfor %}", {}),
+    ("loop_nested", "{% for a in [1,2] %}{% for b in 'xy' %}{{ loop.index }}{{ a }}{{ b }} {% endfor %}{{ loop.index }}|{% endfor %}", {}),
+    ("loop_prev_next", "{% for x in [1,2,3] %}{{ loop.previtem }}<{{ x }}>{{ loop.nextitem }} {% endfor %}", {}),
+    ("loop_cycle", "{% for x in range(5) %}{{ loop.cycle('a', 'b') }}{% endfor %}", {}),
+    ("loop_break_continue", "{% for x in range(10) %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 5 %}{% break %}{% endif %}{{ x }}{% endfor %}", {}),
+    ("loop_scope", "{% set x = 1 %}{% for i in range(3) %}{% set x = x + 10 %}{{ x }} {% endfor %}{{ x }}", {}),
+    ("loop_scope_iter", "{% for i in range(3) %}{% if i == 0 %}{% set y = 'set' %}{% endif %}[{{ y }}]{% endfor %}", {}),
+    ("loop_over_undefined", "{% for x in nothing %}{{ x }}{% else %}none{% endfor %}", {}),
+    ("range_forms", "{{ range(3) | list }}{{ range(1, 7, 2) | list }}{{ range(5, 0, -2) | list }}", {}),
+    # conditionals, set, namespace, macro
+    ("if_elif_else", "{% for x in [1,2,3] %}{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %} {% endfor %}", {}),
+    ("set_tuple", "{% set a, b = 1, 'x' %}{{ a }}{{ b }}", {}),
+    ("namespace", "{% set ns = namespace(n=0, s='') %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% set ns.s = ns.s ~ i %}{% endfor %}{{ ns.n }} {{ ns.s }}", {}),
+    ("namespace_print", "{% set ns = namespace(a=1) %}{{ ns.a }} {{ ns.missing is defined }}", {}),
+    ("block_set", "{% set body %}\n  hello {{ name }}\n{% endset %}[{{ body }}]", {"name": "w"}),
+    ("macro", "{% macro greet(who, punct='!') %}Hi {{ who }}{{ punct }}{% endmacro %}{{ greet('a') }} {{ greet('b', '?') }} {{ greet(who='c', punct='.') }}", {}),
+    ("macro_sees_globals", "{% macro m() %}{{ g }}{% endmacro %}{{ m() }}", {"g": "global"}),
+    ("conditional_expr", "{{ 'y' if flag else 'n' }}{{ 'y' if not flag }}|", {"flag": True}),
+    # operators
+    ("arith", "{{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 7 / 2 }} {{ 8 / 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 2 ** -1 }} {{ 1.5 + 1 }} {{ -3 }} {{ true + 1 }}", {}),
+    ("floats", "{{ 0.1 + 0.2 }} {{ 1e20 }} {{ 1e-5 }} {{ 1.0 }} {{ 3.14 }} {{ 1e16 }} {{ 123456789012345.6 }} {{ -0.0 }} {{ 2.5e-3 }}", {}),
+    ("concat", "{{ 'a' ~ 1 ~ none ~ true ~ [1] }}|{{ 'a' ~ undefined_var ~ 'b' }}", {}),
+    ("plus_str_list", "{{ 'ab' + 'cd' }} {{ [1] + [2, 3] }} {{ 'ab' * 3 }} {{ 2 * '-' }}", {}),
+    ("compare", "{{ 1 < 2 }}{{ 2 <= 2 }}{{ 'a' < 'b' }}{{ 1 == 1.0 }}{{ 'a' != 'a' }}{{ [1, 2] == [1, 2] }}{{ {'a': 1} == {'a': 1} }}{{ none == none }}", {}),
+    ("in_not_in", "{{ 'b' in 'abc' }}{{ 2 in [1, 2] }}{{ 'k' in {'k': 1} }}{{ 'z' not in 'abc' }}{{ 3 not in [1] }}{{ '' in 'x' }}", {}),
+    ("and_or_not", "{{ 1 and 'x' }}|{{ 0 and 'x' }}|{{ 0 or '' or 'z' }}|{{ not 0 }}|{{ not 'a' }}|{{ none or [] }}", {}),
+    ("precedence", "{{ 'a' + 'b' | upper }} {{ xs | length - 1 }} {{ not 1 == 2 }} {{ -2 ** 2 }} {{ (1 + 2) ~ 3 }}", {"xs": [1, 2, 3]}),
+    # tests
+    ("tests", "{{ x is defined }}{{ y is defined }}{{ y is undefined }}{{ n is none }}{{ s is string }}{{ d is mapping }}{{ l is sequence }}{{ s is sequence }}{{ d is iterable }}{{ 3 is number }}{{ 3 is integer }}{{ 3.0 is float }}{{ true is boolean }}{{ true is true }}{{ false is false }}{{ 0 is false }}", {"x": 1, "n": None, "s": "s", "d": {}, "l": []}),
+    ("tests_args", "{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}{{ 9 is divisibleby(2) }}{{ 'a' is equalto 'a' }}{{ 2 is in [1, 2] }}{{ 'A' is upper }}{{ 'a' is lower }}{{ 3 is gt 2 }}{{ x is not none }}", {"x": 1}),
+    # filters
+    ("filter_trim", "[{{ '  a b \n' | trim }}][{{ 'xxaxx' | trim('x') }}][{{ '\u3000wide\u00a0' | trim }}]", {}),
+    ("filter_length", "{{ 'héllo' | length }} {{ [1, 2] | length }} {{ {'a': 1} | length }} {{ missing | length }} {{ 'abc' | count }}", {}),
+    ("filter_case", "{{ 'hÉllo wOrld' | upper }} {{ 'HÉLLO' | lower }} {{ 'hello WORLD' | capitalize }} {{ 'hello big-world (x)' | title }}", {}),
+    ("filter_replace", "{{ 'aaa' | replace('a', 'b') }} {{ 'aaa' | replace('a', 'b', 2) }} {{ 'ab' | replace('', '-') }}", {}),
+    ("filter_join", "{{ [1, 'a', none] | join }} {{ ['x', 'y'] | join(', ') }} {{ users | join('/', attribute='name') }}", {"users": [{"name": "a"}, {"name": "b"}]}),
+    ("filter_first_last", "{{ [1, 2, 3] | first }} {{ [1, 2, 3] | last }} {{ 'abc' | first }} {{ [] | first }}|", {}),
+    ("filter_default", "{{ missing | default('dflt') }} {{ '' | default('e') }} {{ '' | default('e', true) }} {{ none | default('n') }} {{ missing | d('d') }}", {}),
+    ("filter_string_int", "{{ 3 | string }}{{ none | string }}{{ '42' | int + 1 }} {{ '4.7' | float }} {{ 'x' | int }} {{ 4.9 | int }} {{ true | int }}", {}),
+    ("filter_list_items", "{{ 'ab' | list }} {{ ({'a': 1} | items | list)[0][1] }} {{ {'a': 1, 'b': 2} | list }}", {}),
+    ("filter_selectattr", "{{ ms | selectattr('role', 'equalto', 'user') | map(attribute='content') | join(',') }} {{ ms | rejectattr('role', 'eq', 'user') | list | length }} {{ ms | selectattr('tool') | list | length }}", {"ms": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool": 1}, {"role": "user", "content": "c"}]}),
+    ("filter_select_reject", "{{ [0, 1, 2, none, ''] | select | list }} {{ [1, 2, 3, 4] | reject('odd') | list }} {{ ['a', 'B'] | map('upper') | list }}", {}),
+    ("filter_tojson", "{{ d | tojson }}|{{ d | tojson(indent=2) }}|{{ [] | tojson(indent=2) }}|{{ {} | tojson }}|{{ s | tojson }}|{{ none | tojson }}{{ true | tojson }}{{ 1.0 | tojson }}|{{ d | tojson(sort_keys=true) }}|{{ d | tojson(separators=(',', ':')) }}|{{ d | tojson(indent=1, separators=(',', ': ')) }}", {"d": {"z": [1, 2.5, None, True], "a": {"k": "\u00fc"}, "e": []}, "s": "\u00e9\n\t\u0001\"\\/\u2028\x7f"}),
+    ("filter_reverse_abs", "{{ [1, 2] | reverse | list }} {{ 'abc' | reverse }} {{ -3 | abs }} {{ -2.5 | abs }}", {}),
+    ("filter_safe", "{{ '<b>' | safe }} {{ '<&>' }}", {}),
+    # indexing, slicing, attributes
+    ("index_slice", "{{ xs[0] }}{{ xs[-1] }}{{ xs[1:] }}{{ xs[:2] }}{{ xs[::-1] }}{{ xs[::2] }}{{ xs[-2:] }}{{ xs[5:] }}{{ xs[1:-1] }}{{ xs[3:0:-1] }}", {"xs": [0, 1, 2, 3, 4]}),
+    ("string_index_slice", "{{ s[0] }}{{ s[-1] }}{{ s[1:3] }}{{ s[::-1] }}", {"s": "h€llo🙂"}),
+    ("missing_items", "[{{ xs[9] }}][{{ d.nokey }}][{{ d['nokey'] }}][{{ d.nokey is defined }}][{{ none.attr }}]", {"xs": [1], "d": {}}),
+    ("attr_vs_item", "{{ d.a }}{{ d['a'] }}{{ d.get('a') }}{{ d.get('x', 'dflt') }}{{ d.get('x') }}{{ m.content }}", {"d": {"a": 1}, "m": {"role": "user", "content": "c"}}),
+    # methods
+    ("str_methods", "[{{ ' a '.strip() }}][{{ 'xax'.strip('x') }}][{{ '\n\na\n'.lstrip('\n') }}][{{ 'a  '.rstrip() }}][{{ 'a,b,,c'.split(',') }}][{{ ' a  b '.split() }}][{{ 'a b c'.split(' ', 1) }}]", {}),
+    ("str_methods2", "{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith(('x', 'c')) }}{{ 'Ab'.upper() }}{{ 'Ab'.lower() }}{{ 'aXa'.replace('a', 'b') }}{{ 'hello world'.title() }}{{ 'hELLO'.capitalize() }}{{ '-'.join(['a', 'b']) }}{{ 'abcb'.find('b') }}{{ 'abcb'.count('b') }}", {}),
+    ("think_split", "{{ c.split('</think>')[-1].lstrip('\n') }}|{{ c.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') }}", {"c": "<think>\nreason\n</think>\n\nanswer"}),
+    ("dict_methods", "{{ (d.items() | list)[1][0] }}{{ d.keys() | list }}{{ d.values() | list }}{% for k, v in d.items() %}{{ k }}{{ v }}{% endfor %}", {"d": {"b": 1, "a": 2}}),
+    ("dict_global", "{{ dict(a=1, b='x') }} {{ dict(a=1).a }}", {}),
+    # printing values
+    ("print_values", "{{ none }}|{{ true }}|{{ false }}|{{ [1, 'a', none, true, 1.5] }}|{{ {'k': 'v', 'n': none} }}|{{ \"it's\" }}|{{ ['it\\'s', 'q\"'] }}|{{ undefined_thing }}|", {}),
+    ("string_escapes", "{{ 'a\\tb\\n' }}|{{ \"\\u00e9\\x41\\\\\" }}|{{ 'a' 'b' }}", {}),
+    # errors (the C test checks only that rendering fails; messages differ)
+    ("err_concat_precedence", "{{ 1 + 2 ~ 3 }}", {}),
+    ("err_undefined_attr", "{{ nothing.attr }}", {}),
+    ("err_undefined_arith", "{{ nothing + 1 }}", {}),
+    ("err_str_plus_int", "{{ 'a' + 1 }}", {}),
+    ("err_raise", "{{ raise_exception('custom failure') }}", {}),
+    ("err_list_append", "{% set xs = [] %}{{ xs.append(1) }}", {}),
+    ("err_none_iter", "{% for x in n %}{% endfor %}", {"n": None}),
+    ("err_div_zero", "{{ 1 / 0 }}", {}),
+    ("err_unpack", "{% for a, b in [[1, 2, 3]] %}{% endfor %}", {}),
+    ("err_ns_underscore", "{% set ns = namespace(_x=1) %}", {}),
+    ("err_lt_types", "{{ 1 < 'a' }}", {}),
+    ("strftime", "{{ strftime_now('%d %b %Y') }} {{ strftime_now('%Y-%m-%d %H:%M') }}", {}),
+    ("list_dict_literals", "{{ [1, [2, 3], {'a': [4, 5]}] }} {{ {'a': 1, 'b': {'c': []}} }} {{ () | length }} {{ (1,) | length }} {{ (1, 2)[1] }}", {}),
+]
+
+
+def render_snippet(src, variables):
+    tpl = ctu._compile_jinja_template(src)
+    return tpl.render(messages=[], tools=None, documents=None, add_generation_prompt=False, **variables)
+
+
 def main():
     summary = []
+    snippets = []
+    for name, src, variables in SNIPPETS:
+        case = {"name": name, "template": src, "vars": variables}
+        try:
+            case["expected"] = render_snippet(src, variables)
+        except Exception as e:
+            case["error"] = f"{type(e).__name__}: {e}"
+        snippets.append(case)
+    with open(os.path.join(OUT, "snippets.json"), "w", encoding="utf-8", newline="\n") as f:
+        json.dump({"transformers": transformers.__version__, "now": NOW, "snippets": snippets}, f,
+                  ensure_ascii=False, indent=1)
+        f.write("\n")
+    summary.append(f"snippets: {len(snippets)} ({sum('error' in s for s in snippets)} raise)")
     for name, special in SPECIAL.items():
         path = os.path.join(OUT, name + ".jinja")
         with open(path, encoding="utf-8", newline="") as f:
