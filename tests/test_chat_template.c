@@ -92,6 +92,8 @@ Test(chat_conformance, qwen3) { check_fixture("qwen3"); }
 Test(chat_conformance, llama3_1) { check_fixture("llama3.1"); }
 Test(chat_conformance, llama3_2) { check_fixture("llama3.2"); }
 Test(chat_conformance, mixtral) { check_fixture("mixtral"); }
+Test(chat_conformance, mistral_v1) { check_fixture("mistral-v1"); }
+Test(chat_conformance, mistral_v3) { check_fixture("mistral-v3"); }
 Test(chat_conformance, olmoe) { check_fixture("olmoe"); }
 Test(chat_conformance, chatml) { check_fixture("chatml"); }
 

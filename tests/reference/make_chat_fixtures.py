@@ -46,6 +46,8 @@ SPECIAL = {
     "llama3.1": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "llama3.2": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "mixtral": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    "mistral-v1": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    "mistral-v3": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
     "olmoe": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|padding|>"},
     "chatml": {"bos_token": "<s>", "eos_token": "<|im_end|>"},
 }
@@ -158,7 +160,21 @@ def cases_for(name):
                 tool_call("brave_search", {"query": "moe inference"})]}, {"role": "ipython", "content": "results"}],
              True, {"builtin_tools": ["brave_search"]}),
         ]
-    if name == "mixtral":
+    if name == "mistral-v3":
+        call = {"id": "abcDEF123", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+        cases += [
+            ("tools_gen", [S("Be brief."), U("Hi"), A("Hello."), U("Weather in Paris?")], True, {"tools": TOOLS}),
+            ("tool_round_trip", [U("Weather in Paris?"), {"role": "assistant", "content": "", "tool_calls": [call, call]},
+                                 {"role": "tool", "tool_call_id": "abcDEF123", "content": "{\"t\": 21}"},
+                                 {"role": "tool", "tool_call_id": "abcDEF123", "content": {"content": "nested"}},
+                                 A("  21 degrees.  "), U("Thanks")], True, {"tools": TOOLS}),
+            ("raise_bad_call_id", [U("x"), {"role": "assistant", "tool_calls": [tool_call("add", {"a": 1})]}], False, {}),
+            ("raise_bad_result_id", [U("x"), {"role": "assistant", "tool_calls": [call]},
+                                     {"role": "tool", "tool_call_id": "short", "content": "r"}], False, {}),
+            ("raise_two_users", [U("a"), U("b")], True, {}),
+            ("raise_unknown_role", [U("a"), {"role": "critic", "content": "b"}], True, {}),
+        ]
+    if name in ("mixtral", "mistral-v1"):
         cases += [
             ("raise_two_users", [U("a"), U("b")], True, {}),
             ("raise_starts_with_assistant", [A("a"), U("b")], True, {}),
