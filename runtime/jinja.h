@@ -13,9 +13,11 @@
  * other use, including attribute access on it, is an error).
  *
  * Files: jinja_lex.c (source -> tokens, whitespace control),
- * jinja_parse.c (tokens -> AST), jinja_value.c (values, str/repr/tojson,
- * comparison, UTF-8 helpers), jinja_eval.c (statements and expressions),
- * jinja_builtins.c (filters, tests, methods, global functions).
+ * jinja_parse_expr.c + jinja_parse.c (tokens -> AST: expressions,
+ * statements), jinja_value.c (values, str/repr/tojson, comparison, UTF-8
+ * helpers), jinja_eval.c (statements and expressions), jinja_builtins.c
+ * (lookups, methods, global functions), jinja_filters.c (filters, tests),
+ * jinja_strings.c (Python str helpers).
  *
  * Errors carry "chat template line L[ column C]: ..." and the status:
  * MOE_ERR_FORMAT for syntax errors and for failures while rendering

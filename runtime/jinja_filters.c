@@ -1,0 +1,358 @@
+/* jinja_filters.c - the filters and tests templates use, with Jinja's
+ * semantics (jinja2.filters / jinja2.tests) and transformers' tojson
+ * (json.dumps(x, ensure_ascii=False, indent=, separators=, sort_keys=)).
+ * A filter or test not here is MOE_ERR_UNSUPPORTED naming it and the line,
+ * raised when the template reaches it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/jinja_builtins_impl.h"
+
+/* ---- tests ---- */
+
+static enum moe_status run_test(struct jctx *cx, const struct jnode *at, const char *name, struct jv v,
+                                struct jv *a1, bool *r)
+{
+    (void)cx;
+    bool num = v.k == JV_INT || v.k == JV_FLOAT || v.k == JV_BOOL;
+    if (!strcmp(name, "defined")) *r = v.k != JV_UNDEF;
+    else if (!strcmp(name, "undefined")) *r = v.k == JV_UNDEF;
+    else if (!strcmp(name, "none")) *r = v.k == JV_NONE;
+    else if (!strcmp(name, "string")) *r = v.k == JV_STR;
+    else if (!strcmp(name, "number")) *r = num;
+    else if (!strcmp(name, "integer")) *r = v.k == JV_INT;
+    else if (!strcmp(name, "float")) *r = v.k == JV_FLOAT;
+    else if (!strcmp(name, "boolean")) *r = v.k == JV_BOOL;
+    else if (!strcmp(name, "true")) *r = v.k == JV_BOOL && v.b;
+    else if (!strcmp(name, "false")) *r = v.k == JV_BOOL && !v.b;
+    else if (!strcmp(name, "mapping")) *r = v.k == JV_DICT;
+    else if (!strcmp(name, "sequence")) *r = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_UNDEF;
+    else if (!strcmp(name, "iterable"))
+        *r = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_NS || v.k == JV_LOOP || v.k == JV_UNDEF;
+    else if (!strcmp(name, "callable")) *r = v.k == JV_MACRO || v.k == JV_FUNC;
+    else if (!strcmp(name, "odd") || !strcmp(name, "even") || !strcmp(name, "divisibleby")) {
+        if (v.k != JV_INT && v.k != JV_BOOL) return jinja_err(MOE_ERR_FORMAT, at, "test '%s' needs an integer", name);
+        int64_t x = v.k == JV_BOOL ? v.b : v.i, d = 2;
+        if (name[0] == 'd') {
+            if (!a1 || a1->k != JV_INT || a1->i == 0)
+                return jinja_err(MOE_ERR_FORMAT, at, "divisibleby needs a non-zero integer");
+            d = a1->i;
+        }
+        *r = name[0] == 'o' ? x % 2 != 0 : x % d == 0;
+    } else if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
+        struct jv c;
+        if (v.k != JV_STR) return jinja_err(MOE_ERR_FORMAT, at, "test '%s' needs a string", name);
+        MOE_TRY(jb_recase(v, name[0] == 'l' ? 'l' : 'u', &c));
+        *r = jv_equal(c, v);
+        jv_free(&c);
+    } else {
+        static const struct { const char *name; int op; } cmp[] = {
+            {"eq", JOP_EQ}, {"equalto", JOP_EQ}, {"==", JOP_EQ}, {"ne", JOP_NE}, {"!=", JOP_NE},
+            {"lt", JOP_LT}, {"lessthan", JOP_LT}, {"le", JOP_LE}, {"gt", JOP_GT}, {"greaterthan", JOP_GT},
+            {"ge", JOP_GE}, {"in", JOP_IN}, {"sameas", JOP_EQ}};
+        for (size_t i = 0; i < sizeof cmp / sizeof cmp[0]; i++) {
+            if (strcmp(name, cmp[i].name)) continue;
+            if (!a1) return jinja_err(MOE_ERR_FORMAT, at, "test '%s' needs an argument", name);
+            struct jv res;
+            if (cmp[i].op == JOP_EQ) *r = jv_equal(v, *a1) && (strcmp(name, "sameas") || v.k == a1->k);
+            else if (cmp[i].op == JOP_NE) *r = !jv_equal(v, *a1);
+            else if (cmp[i].op == JOP_IN) {
+                *r = false;
+                if (a1->k == JV_LIST)
+                    for (size_t k = 0; k < json_array_size(a1->j) && !*r; k++) {
+                        res = jv_from_json(json_array_get(a1->j, k));
+                        *r = jv_equal(v, res);
+                        jv_free(&res);
+                    }
+                else if (a1->k == JV_STR && v.k == JV_STR)
+                    *r = memmem(jv_sdata(*a1), jv_slen(*a1), jv_sdata(v), jv_slen(v)) != NULL;
+                else if (a1->k == JV_DICT && v.k == JV_STR)
+                    *r = json_object_getn(a1->j, jv_sdata(v), jv_slen(v)) != NULL;
+            } else {
+                bool an = v.k == JV_INT || v.k == JV_FLOAT, bn = a1->k == JV_INT || a1->k == JV_FLOAT;
+                if (!an || !bn) return jinja_err(MOE_ERR_FORMAT, at, "test '%s' needs numbers", name);
+                double x = v.k == JV_INT ? (double)v.i : v.f, y = a1->k == JV_INT ? (double)a1->i : a1->f;
+                *r = cmp[i].op == JOP_LT ? x < y : cmp[i].op == JOP_LE ? x <= y : cmp[i].op == JOP_GT ? x > y : x >= y;
+            }
+            return MOE_OK;
+        }
+        return jinja_err(MOE_ERR_UNSUPPORTED, at, "test '%s' is not supported", name);
+    }
+    return MOE_OK;
+}
+
+enum moe_status jinja_test(struct jctx *cx, const struct jnode *n, struct jv *out)
+{
+    struct jv v;
+    struct args a;
+    MOE_TRY(jinja_eval(cx, n->a, &v));
+    enum moe_status st = jb_args_eval(cx, n, &a);
+    bool r = false;
+    if (!st) st = run_test(cx, n, n->str, v, jb_arg(&a, 0, NULL), &r);
+    if (!st) *out = jv_bool(r != (n->op == 1));
+    jb_args_free(&a);
+    jv_free(&v);
+    return st;
+}
+
+/* ---- filters ---- */
+
+/* Filters that take only the value, shared by map('name'). */
+static enum moe_status simple_filter(const struct jnode *at, const char *name, struct jv v, struct jv *out, bool *found)
+{
+    *found = true;
+    struct jv s;
+    if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "capitalize") || !strcmp(name, "title") ||
+        !strcmp(name, "trim")) {
+        MOE_TRY(jb_to_str(v, &s));
+        enum moe_status st = name[0] == 't' && name[1] == 'r' ? jb_strip(s, NULL, 3, out)
+                             : jb_recase(s, name[0] == 'u' ? 'u' : name[0] == 'l' ? 'l' : name[0] == 'c' ? 'c' : 't', out);
+        jv_free(&s);
+        return st;
+    }
+    if (!strcmp(name, "string")) return jb_to_str(v, out);
+    if (!strcmp(name, "safe")) {
+        *out = jv_copy(v);
+        return MOE_OK;
+    }
+    if (!strcmp(name, "length") || !strcmp(name, "count")) {
+        if (v.k == JV_STR) *out = jv_int((int64_t)ju_cp_count(jv_sdata(v), jv_slen(v)));
+        else if (v.k == JV_LIST) *out = jv_int((int64_t)json_array_size(v.j));
+        else if (v.k == JV_DICT || v.k == JV_NS) *out = jv_int((int64_t)json_object_size(v.j));
+        else if (v.k == JV_UNDEF) *out = jv_int(0);
+        else return jinja_err(MOE_ERR_FORMAT, at, "object of type '%s' has no len()", jv_type_name(v));
+        return MOE_OK;
+    }
+    *found = false;
+    return MOE_OK;
+}
+
+static enum moe_status filter_tojson(const struct jnode *at, struct jv v, struct args *a, struct jv *out)
+{
+    struct jv *ind = jb_arg(a, 0, "indent"), *ea = jb_arg(a, 1, "ensure_ascii"), *sep = jb_arg(a, 2, "separators"),
+              *sk = jb_arg(a, 3, "sort_keys");
+    if (ea && jv_truthy(*ea)) return jinja_err(MOE_ERR_UNSUPPORTED, at, "tojson(ensure_ascii=True) is not supported");
+    if (ind && ind->k != JV_INT && ind->k != JV_NONE)
+        return jinja_err(MOE_ERR_UNSUPPORTED, at, "tojson indent other than an integer is not supported");
+    if (v.k == JV_UNDEF) return jinja_err(MOE_ERR_FORMAT, at, "Object of type Undefined is not JSON serializable");
+    if (v.k == JV_MACRO || v.k == JV_FUNC)
+        return jinja_err(MOE_ERR_FORMAT, at, "Object of type %s is not JSON serializable", jv_type_name(v));
+    const char *isep = NULL, *ksep = NULL;
+    if (sep && sep->k == JV_LIST) {
+        json_t *x = json_array_get(sep->j, 0), *y = json_array_get(sep->j, 1);
+        if (json_array_size(sep->j) != 2 || !json_is_string(x) || !json_is_string(y))
+            return jinja_err(MOE_ERR_FORMAT, at, "tojson separators must be two strings");
+        isep = json_string_value(x);
+        ksep = json_string_value(y);
+    }
+    json_t *j = jv_to_json(v);
+    struct jbuf b = {0};
+    enum moe_status st = j ? jv_tojson_append(&b, j, ind && ind->k == JV_INT ? (int)ind->i : -1, isep, ksep,
+                                              sk && jv_truthy(*sk))
+                           : jb_nomem();
+    json_decref(j);
+    if (!st) {
+        *out = jv_str(b.p, b.n);
+        if (jv_oom(*out)) st = jb_nomem();
+    }
+    jbuf_free(&b);
+    return st;
+}
+
+static enum moe_status select_items(struct jctx *cx, const struct jnode *at, const char *name, struct jv v,
+                                    struct args *a, struct jv *out)
+{
+    bool by_attr = !strcmp(name, "selectattr") || !strcmp(name, "rejectattr");
+    bool reject = name[0] == 'r';
+    struct jv *attr = by_attr ? jb_arg(a, 0, NULL) : NULL;
+    struct jv *test = jb_arg(a, by_attr ? 1 : 0, NULL);
+    struct jv *targ = jb_arg(a, by_attr ? 2 : 1, NULL);
+    if (by_attr) MOE_TRY(jb_need_str(at, attr, "attribute name"));
+    if (test && test->k != JV_STR) return jinja_err(MOE_ERR_FORMAT, at, "test name must be a string");
+    json_t *items = NULL, *kept = json_array();
+    enum moe_status st = kept ? jb_to_list(at, v, &items) : jb_nomem();
+    for (size_t i = 0; !st && i < json_array_size(items); i++) {
+        struct jv item = jv_from_json(json_array_get(items, i)), x = jv_undef();
+        bool r;
+        if (by_attr) st = jinja_getattr(at, item, jv_sdata(*attr), &x);
+        else x = jv_copy(item);
+        if (!st) {
+            if (test) st = run_test(cx, at, jv_sdata(*test), x, targ, &r);
+            else r = jv_truthy(x);
+        }
+        if (!st && r != reject && json_array_append(kept, json_array_get(items, i))) st = jb_nomem();
+        jv_free(&item);
+        jv_free(&x);
+    }
+    json_decref(items);
+    if (st) {
+        json_decref(kept);
+        return st;
+    }
+    *out = jv_wrap(JV_LIST, kept);
+    return MOE_OK;
+}
+
+static enum moe_status filter_map(struct jctx *cx, const struct jnode *at, struct jv v, struct args *a, struct jv *out)
+{
+    (void)cx;
+    struct jv *attr = jb_arg(a, 99, "attribute"), *def = jb_arg(a, 99, "default"), *fname = jb_arg(a, 0, NULL);
+    if (!attr && (!fname || fname->k != JV_STR))
+        return jinja_err(MOE_ERR_UNSUPPORTED, at, "map() is supported with attribute= or a filter name only");
+    if (attr) MOE_TRY(jb_need_str(at, attr, "map attribute"));
+    json_t *items = NULL, *res = json_array();
+    enum moe_status st = res ? jb_to_list(at, v, &items) : jb_nomem();
+    for (size_t i = 0; !st && i < json_array_size(items); i++) {
+        struct jv item = jv_from_json(json_array_get(items, i)), x = jv_undef();
+        if (attr) {
+            st = jinja_getattr(at, item, jv_sdata(*attr), &x);
+            if (!st && x.k == JV_UNDEF && def) {
+                jv_free(&x);
+                x = jv_copy(*def);
+            }
+        } else {
+            bool found;
+            st = simple_filter(at, jv_sdata(*fname), item, &x, &found);
+            if (!st && !found)
+                st = jinja_err(MOE_ERR_UNSUPPORTED, at, "map('%s') is not supported", jv_sdata(*fname));
+        }
+        if (!st && json_array_append_new(res, jv_to_json(x))) st = jb_nomem();
+        jv_free(&item);
+        jv_free(&x);
+    }
+    json_decref(items);
+    if (st) {
+        json_decref(res);
+        return st;
+    }
+    *out = jv_wrap(JV_LIST, res);
+    return MOE_OK;
+}
+
+static enum moe_status apply_filter(struct jctx *cx, const struct jnode *n, const char *name, struct jv v,
+                                    struct args *a, struct jv *out)
+{
+    bool found;
+    struct jv s;
+    if (strcmp(name, "trim")) {
+        MOE_TRY(simple_filter(n, name, v, out, &found));
+        if (found) return MOE_OK;
+    } else {
+        MOE_TRY(jb_to_str(v, &s));
+        enum moe_status st = jb_strip(s, jb_arg(a, 0, "chars"), 3, out);
+        jv_free(&s);
+        return st;
+    }
+    if (!strcmp(name, "tojson")) return filter_tojson(n, v, a, out);
+    if (!strcmp(name, "replace")) {
+        MOE_TRY(jb_to_str(v, &s));
+        enum moe_status st = jb_replace(n, s, jb_arg(a, 0, "old"), jb_arg(a, 1, "new"), jb_arg(a, 2, "count"), out);
+        jv_free(&s);
+        return st;
+    }
+    if (!strcmp(name, "join")) return jb_join(n, v, a, out);
+    if (!strcmp(name, "default") || !strcmp(name, "d")) {
+        struct jv *def = jb_arg(a, 0, "default_value"), *boolean = jb_arg(a, 1, "boolean");
+        bool use = v.k == JV_UNDEF || (boolean && jv_truthy(*boolean) && !jv_truthy(v));
+        *out = use ? (def ? jv_copy(*def) : jv_str("", 0)) : jv_copy(v);
+        return jv_oom(*out) ? jb_nomem() : MOE_OK;
+    }
+    if (!strcmp(name, "first") || !strcmp(name, "last")) {
+        json_t *items = NULL;
+        MOE_TRY(jb_to_list(n, v, &items));
+        size_t len = json_array_size(items);
+        *out = len ? jv_from_json(json_array_get(items, name[0] == 'f' ? 0 : len - 1))
+                   : jv_wrap(JV_UNDEF, json_string("No first item, sequence was empty."));
+        json_decref(items);
+        return MOE_OK;
+    }
+    if (!strcmp(name, "list")) {
+        json_t *items = NULL;
+        MOE_TRY(jb_to_list(n, v, &items));
+        *out = jv_wrap(JV_LIST, items);
+        return MOE_OK;
+    }
+    if (!strcmp(name, "reverse")) {
+        if (v.k == JV_STR) {
+            const char *p = jv_sdata(v);
+            size_t len = jv_slen(v);
+            char *r = malloc(len + 1);
+            if (!r) return jb_nomem();
+            for (size_t i = 0; i < len;) {
+                int32_t cp;
+                size_t l = ju_decode(p + i, len - i, &cp);
+                memcpy(r + len - i - l, p + i, l);
+                i += l;
+            }
+            *out = jv_str(r, len);
+            free(r);
+            return jv_oom(*out) ? jb_nomem() : MOE_OK;
+        }
+        json_t *items = NULL, *rev = json_array();
+        if (!rev) return jb_nomem();
+        enum moe_status st = jb_to_list(n, v, &items);
+        for (size_t i = json_array_size(items); !st && i-- > 0;)
+            if (json_array_append(rev, json_array_get(items, i))) st = jb_nomem();
+        json_decref(items);
+        if (st) {
+            json_decref(rev);
+            return st;
+        }
+        *out = jv_wrap(JV_LIST, rev);
+        return MOE_OK;
+    }
+    if (!strcmp(name, "items")) {
+        if (v.k != JV_DICT && v.k != JV_UNDEF && v.k != JV_NS)
+            return jinja_err(MOE_ERR_FORMAT, n, "items filter needs a mapping, not %s", jv_type_name(v));
+        return jb_dict_items(v, out);
+    }
+    if (!strcmp(name, "int") || !strcmp(name, "float")) {
+        bool fl = name[0] == 'f';
+        struct jv *def = jb_arg(a, 0, "default");
+        double f = 0;
+        bool ok = true;
+        if (v.k == JV_INT || v.k == JV_BOOL) f = (double)(v.k == JV_BOOL ? v.b : v.i);
+        else if (v.k == JV_FLOAT) f = v.f;
+        else if (v.k == JV_STR) {
+            char *end;
+            const char *p = jv_sdata(v);
+            f = strtod(p, &end);
+            ok = end != p;
+            while (ok && *end && ju_isspace((unsigned char)*end)) end++;
+            ok = ok && *end == '\0';
+        } else {
+            ok = false;
+        }
+        if (!ok) {
+            *out = def ? jv_copy(*def) : fl ? jv_float(0) : jv_int(0);
+            return MOE_OK;
+        }
+        if (!fl && v.k == JV_INT) *out = v;
+        else *out = fl ? jv_float(f) : jv_int((int64_t)f);
+        return MOE_OK;
+    }
+    if (!strcmp(name, "abs")) {
+        if (v.k == JV_INT || v.k == JV_BOOL) *out = jv_int(llabs(v.k == JV_BOOL ? v.b : v.i));
+        else if (v.k == JV_FLOAT) *out = jv_float(v.f < 0 ? -v.f : v.f);
+        else return jinja_err(MOE_ERR_FORMAT, n, "bad operand type for abs(): '%s'", jv_type_name(v));
+        return MOE_OK;
+    }
+    if (!strcmp(name, "selectattr") || !strcmp(name, "rejectattr") || !strcmp(name, "select") ||
+        !strcmp(name, "reject"))
+        return select_items(cx, n, name, v, a, out);
+    if (!strcmp(name, "map")) return filter_map(cx, n, v, a, out);
+    return jinja_err(MOE_ERR_UNSUPPORTED, n, "filter '%s' is not supported", name);
+}
+
+enum moe_status jinja_filter(struct jctx *cx, const struct jnode *n, struct jv *out)
+{
+    struct jv v;
+    struct args a;
+    MOE_TRY(jinja_eval(cx, n->a, &v));
+    enum moe_status st = jb_args_eval(cx, n, &a);
+    if (!st) st = apply_filter(cx, n, n->str, v, &a, out);
+    jb_args_free(&a);
+    jv_free(&v);
+    return st;
+}
