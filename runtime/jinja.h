@@ -139,11 +139,16 @@ enum jv_kind {
     JV_BOOL,
     JV_INT,
     JV_FLOAT,
-    JV_STR,   /* j: json string (bytes may hold any UTF-8) */
+    JV_STR,   /* j: json string (bytes may hold any UTF-8); b: markup (the
+                 result of |safe or |escape: `markup + str` HTML-escapes the
+                 str, as markupsafe.Markup does) */
     JV_LIST,  /* j: json array (tuples too) */
     JV_DICT,  /* j: json object, insertion order */
     JV_NS,    /* j: json object, attributes assignable with {% set ns.x = %} */
     JV_LOOP,  /* j: json object of the loop variables; .cycle() is a method */
+    JV_GEN,   /* j: json array; what map/select/reject/selectattr/rejectattr
+                 return: a Python generator, so always truthy, iterable, but
+                 with no len(), not JSON-serializable, not printable */
     JV_MACRO, /* macro: borrowed AST node */
     JV_FUNC,  /* fn: enum jfunc */
 };
@@ -251,6 +256,9 @@ MOE_MUST_USE enum moe_status jinja_getattr(const struct jnode *at, struct jv obj
                                            struct jv *out);
 MOE_MUST_USE enum moe_status jinja_getitem(const struct jnode *at, struct jv obj, struct jv key,
                                            struct jv *out);
+/* markupsafe.escape(str(v)): & < > " ' as &amp; &lt; &gt; &#34; &#39;;
+ * a markup string is returned as is.  The result is markup. */
+MOE_MUST_USE enum moe_status jinja_html_escape(struct jv v, struct jv *out);
 /* Error helpers: "chat template line L: <msg>". */
 enum moe_status jinja_err(enum moe_status s, const struct jnode *at, const char *fmt, ...)
     MOE_PRINTF(3, 4);

@@ -199,6 +199,18 @@ static enum moe_status arith(struct jctx *cx, const struct jnode *at, int op, st
         }
         return jinja_err(MOE_ERR_UNSUPPORTED, at, "integer result of %s is too large", op_name(op));
     }
+    if (op == JOP_ADD && a.k == JV_STR && b.k == JV_STR && (a.b || b.b)) {
+        /* Markup + str escapes the str (markupsafe), either side. */
+        struct jv ea = jv_undef(), eb = jv_undef();
+        enum moe_status st = a.b ? MOE_OK : jinja_html_escape(a, &ea);
+        if (!st && !b.b) st = jinja_html_escape(b, &eb);
+        struct jv x = a.b ? a : ea, y = b.b ? b : eb;
+        if (!st) st = concat_str(cx, at, jv_sdata(x), jv_slen(x), jv_sdata(y), jv_slen(y), 1, out);
+        if (!st) out->b = true;
+        jv_free(&ea);
+        jv_free(&eb);
+        return st;
+    }
     if (op == JOP_ADD && a.k == JV_STR && b.k == JV_STR)
         return concat_str(cx, at, jv_sdata(a), jv_slen(a), jv_sdata(b), jv_slen(b), 1, out);
     if (op == JOP_ADD && a.k == JV_LIST && b.k == JV_LIST) {
@@ -214,7 +226,9 @@ static enum moe_status arith(struct jctx *cx, const struct jnode *at, int op, st
                           (b.k == JV_STR && (a.k == JV_INT || a.k == JV_BOOL)))) {
         struct jv s = a.k == JV_STR ? a : b;
         int64_t n = a.k == JV_STR ? as_int(b) : as_int(a);
-        return concat_str(cx, at, jv_sdata(s), jv_slen(s), "", 0, n > 0 ? (size_t)n : 0, out);
+        enum moe_status st = concat_str(cx, at, jv_sdata(s), jv_slen(s), "", 0, n > 0 ? (size_t)n : 0, out);
+        if (!st) out->b = s.b;
+        return st;
     }
     if (op == JOP_MOD && a.k == JV_STR)
         return jinja_err(MOE_ERR_UNSUPPORTED, at, "printf-style string formatting ('%%' on a string) is not supported");
@@ -257,7 +271,7 @@ static enum moe_status contains(const struct jnode *at, struct jv item, struct j
                              jv_type_name(item));
         *res = memmem(jv_sdata(box), jv_slen(box), jv_sdata(item), jv_slen(item)) != NULL || jv_slen(item) == 0;
         return MOE_OK;
-    case JV_LIST:
+    case JV_LIST: case JV_GEN:
         for (size_t i = 0; i < json_array_size(box.j); i++) {
             struct jv e = jv_from_json(json_array_get(box.j, i));
             *res = jv_equal(item, e);
@@ -500,7 +514,7 @@ static enum moe_status iter_items(const struct jnode *at, struct jv v, json_t **
     *items = NULL;
     switch (v.k) {
     case JV_UNDEF: *items = json_array(); break;
-    case JV_LIST: *items = json_incref(v.j); break;
+    case JV_LIST: case JV_GEN: *items = json_incref(v.j); break;
     case JV_DICT: case JV_NS: case JV_LOOP: {
         *items = json_array();
         const char *k;

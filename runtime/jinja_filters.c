@@ -29,7 +29,8 @@ static enum moe_status run_test(struct jctx *cx, const struct jnode *at, const c
     else if (!strcmp(name, "mapping")) *r = v.k == JV_DICT;
     else if (!strcmp(name, "sequence")) *r = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_UNDEF;
     else if (!strcmp(name, "iterable"))
-        *r = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_NS || v.k == JV_LOOP || v.k == JV_UNDEF;
+        *r = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_NS || v.k == JV_LOOP || v.k == JV_GEN ||
+             v.k == JV_UNDEF;
     else if (!strcmp(name, "callable")) *r = v.k == JV_MACRO || v.k == JV_FUNC;
     else if (!strcmp(name, "odd") || !strcmp(name, "even") || !strcmp(name, "divisibleby")) {
         if (v.k != JV_INT && v.k != JV_BOOL) return jinja_err(MOE_ERR_FORMAT, at, "test '%s' needs an integer", name);
@@ -113,8 +114,20 @@ static enum moe_status simple_filter(const struct jnode *at, const char *name, s
     }
     if (!strcmp(name, "string")) return jb_to_str(v, out);
     if (!strcmp(name, "safe")) {
-        *out = jv_copy(v);
+        if (v.k == JV_STR) {
+            *out = jv_copy(v);
+            out->b = true;
+            return MOE_OK;
+        }
+        MOE_TRY(jb_to_str(v, out));
+        out->b = true;
         return MOE_OK;
+    }
+    if (!strcmp(name, "escape") || !strcmp(name, "e")) return jinja_html_escape(v, out);
+    if (!strcmp(name, "forceescape")) {
+        struct jv plain = v;
+        plain.b = false;
+        return jinja_html_escape(plain, out);
     }
     if (!strcmp(name, "length") || !strcmp(name, "count")) {
         if (v.k == JV_STR) *out = jv_int((int64_t)ju_cp_count(jv_sdata(v), jv_slen(v)));
@@ -136,7 +149,7 @@ static enum moe_status filter_tojson(const struct jnode *at, struct jv v, struct
     if (ind && ind->k != JV_INT && ind->k != JV_NONE)
         return jinja_err(MOE_ERR_UNSUPPORTED, at, "tojson indent other than an integer is not supported");
     if (v.k == JV_UNDEF) return jinja_err(MOE_ERR_FORMAT, at, "Object of type Undefined is not JSON serializable");
-    if (v.k == JV_MACRO || v.k == JV_FUNC)
+    if (v.k == JV_MACRO || v.k == JV_FUNC || v.k == JV_GEN)
         return jinja_err(MOE_ERR_FORMAT, at, "Object of type %s is not JSON serializable", jv_type_name(v));
     const char *isep = NULL, *ksep = NULL;
     if (sep && sep->k == JV_LIST) {
@@ -171,7 +184,8 @@ static enum moe_status select_items(struct jctx *cx, const struct jnode *at, con
     if (by_attr) MOE_TRY(jb_need_str(at, attr, "attribute name"));
     if (test && test->k != JV_STR) return jinja_err(MOE_ERR_FORMAT, at, "test name must be a string");
     json_t *items = NULL, *kept = json_array();
-    enum moe_status st = kept ? jb_to_list(at, v, &items) : jb_nomem();
+    /* Jinja iterates only `if value`: none and undefined give nothing. */
+    enum moe_status st = !kept ? jb_nomem() : jv_truthy(v) ? jb_to_list(at, v, &items) : MOE_OK;
     for (size_t i = 0; !st && i < json_array_size(items); i++) {
         struct jv item = jv_from_json(json_array_get(items, i)), x = jv_undef();
         bool r;
@@ -190,7 +204,7 @@ static enum moe_status select_items(struct jctx *cx, const struct jnode *at, con
         json_decref(kept);
         return st;
     }
-    *out = jv_wrap(JV_LIST, kept);
+    *out = jv_wrap(JV_GEN, kept);
     return MOE_OK;
 }
 
@@ -202,7 +216,7 @@ static enum moe_status filter_map(struct jctx *cx, const struct jnode *at, struc
         return jinja_err(MOE_ERR_UNSUPPORTED, at, "map() is supported with attribute= or a filter name only");
     if (attr) MOE_TRY(jb_need_str(at, attr, "map attribute"));
     json_t *items = NULL, *res = json_array();
-    enum moe_status st = res ? jb_to_list(at, v, &items) : jb_nomem();
+    enum moe_status st = !res ? jb_nomem() : jv_truthy(v) ? jb_to_list(at, v, &items) : MOE_OK;
     for (size_t i = 0; !st && i < json_array_size(items); i++) {
         struct jv item = jv_from_json(json_array_get(items, i)), x = jv_undef();
         if (attr) {
@@ -226,7 +240,7 @@ static enum moe_status filter_map(struct jctx *cx, const struct jnode *at, struc
         json_decref(res);
         return st;
     }
-    *out = jv_wrap(JV_LIST, res);
+    *out = jv_wrap(JV_GEN, res);
     return MOE_OK;
 }
 
@@ -260,6 +274,7 @@ static enum moe_status apply_filter(struct jctx *cx, const struct jnode *n, cons
     }
     if (!strcmp(name, "first") || !strcmp(name, "last")) {
         json_t *items = NULL;
+        if (name[0] == 'l' && v.k == JV_GEN) return jinja_err(MOE_ERR_FORMAT, n, "'generator' object is not reversible");
         MOE_TRY(jb_to_list(n, v, &items));
         size_t len = json_array_size(items);
         *out = len ? jv_from_json(json_array_get(items, name[0] == 'f' ? 0 : len - 1))

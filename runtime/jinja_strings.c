@@ -249,7 +249,7 @@ enum moe_status jb_affix_any(const struct jnode *at, struct jv s, struct jv *x, 
 enum moe_status jb_to_list(const struct jnode *at, struct jv v, json_t **out)
 {
     *out = NULL;
-    if (v.k == JV_LIST) {
+    if (v.k == JV_LIST || v.k == JV_GEN) {
         *out = json_copy(v.j);
     } else if (v.k == JV_UNDEF) {
         *out = json_array();
@@ -322,5 +322,36 @@ enum moe_status jb_join(const struct jnode *at, struct jv v, struct args *a, str
         if (jv_oom(*out)) st = jb_nomem();
     }
     jbuf_free(&b);
+    return st;
+}
+
+enum moe_status jinja_html_escape(struct jv v, struct jv *out)
+{
+    if (v.k == JV_STR && v.b) {
+        *out = jv_copy(v);
+        return MOE_OK;
+    }
+    struct jv s;
+    MOE_TRY(jb_to_str(v, &s));
+    struct jbuf b = {0};
+    enum moe_status st = jbuf_add(&b, "", 0);
+    const char *p = jv_sdata(s);
+    for (size_t i = 0, n = jv_slen(s); i < n && !st; i++) {
+        switch (p[i]) {
+        case '&': st = jbuf_add(&b, "&amp;", 5); break;
+        case '<': st = jbuf_add(&b, "&lt;", 4); break;
+        case '>': st = jbuf_add(&b, "&gt;", 4); break;
+        case '"': st = jbuf_add(&b, "&#34;", 5); break;
+        case '\'': st = jbuf_add(&b, "&#39;", 5); break;
+        default: st = jbuf_addc(&b, p[i]);
+        }
+    }
+    if (!st) {
+        *out = jv_str(b.p, b.n);
+        out->b = true;
+        if (jv_oom(*out)) st = jb_nomem();
+    }
+    jbuf_free(&b);
+    jv_free(&s);
     return st;
 }

@@ -104,7 +104,8 @@ struct jv jv_copy(struct jv v)
 
 bool jv_oom(struct jv v)
 {
-    return !v.j && (v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_NS || v.k == JV_LOOP);
+    return !v.j && (v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_NS || v.k == JV_LOOP ||
+                    v.k == JV_GEN);
 }
 
 struct jv jv_str(const char *s, size_t n) { return jv_wrap(JV_STR, json_stringn_nocheck(s ? s : "", n)); }
@@ -130,7 +131,7 @@ struct jv jv_from_json(json_t *j)
 json_t *jv_to_json(struct jv v)
 {
     switch (v.k) {
-    case JV_STR: case JV_LIST: case JV_DICT: case JV_NS: case JV_LOOP: return json_incref(v.j);
+    case JV_STR: case JV_LIST: case JV_DICT: case JV_NS: case JV_LOOP: case JV_GEN: return json_incref(v.j);
     case JV_BOOL: return json_boolean(v.b);
     case JV_INT: return json_integer(v.i);
     case JV_FLOAT: return json_real(v.f);
@@ -151,6 +152,7 @@ const char *jv_type_name(struct jv v)
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_LOOP: return "LoopContext";
+    case JV_GEN: return "generator";
     case JV_MACRO: return "Macro";
     case JV_FUNC: return "function";
     }
@@ -361,6 +363,9 @@ enum moe_status jv_str_append(struct jbuf *b, struct jv v)
         MOE_TRY(json_repr(b, v.j, 0));
         return jbuf_addc(b, '>');
     case JV_LOOP: return jbuf_adds(b, "<LoopContext>");
+    case JV_GEN:
+        return moe_fail(MOE_ERR_UNSUPPORTED, "chat template: printing a generator (a map/select/reject result) "
+                        "is not supported; Python prints its address");
     case JV_MACRO:
         MOE_TRY(jbuf_adds(b, "<Macro '"));
         MOE_TRY(jbuf_adds(b, v.macro->str));

@@ -272,6 +272,11 @@ SNIPPETS = [
     # printing values
     ("print_values", "{{ none }}|{{ true }}|{{ false }}|{{ [1, 'a', none, true, 1.5] }}|{{ {'k': 'v', 'n': none} }}|{{ \"it's\" }}|{{ ['it\\'s', 'q\"'] }}|{{ undefined_thing }}|", {}),
     ("string_escapes", "{{ 'a\\tb\\n' }}|{{ \"\\u00e9\\x41\\\\\" }}|{{ 'a' 'b' }}", {}),
+    ("generators", "{% if [] | select %}truthy{% endif %} {{ [1, 2] | map('string') | join('-') }} {{ [0, 1] | select | list }} {{ none | selectattr('a') | list }} {{ [3, 4] | reject('odd') | first }} {% for x in ['a'] | map('upper') %}{{ x }}{{ loop.length }}{% endfor %} {{ 2 in [1, 2] | select }}", {}),
+    ("markup", "{{ \"'\" | safe + x + \"'\" | safe }} {{ x | e }} {{ x | escape | escape }} {{ ('<' | safe) ~ '<' }} {{ x | forceescape }} {{ ('<' | safe) * 2 }} {{ 'a' + '<' | safe }}", {"x": "<a href=\"x\">&'"}),
+    ("err_generator_length", "{{ [1] | select | length }}", {}),
+    ("err_generator_tojson", "{{ [1] | map('string') | tojson }}", {}),
+    ("err_generator_last", "{{ [1] | select | last }}", {}),
     # errors (the C test checks only that rendering fails; messages differ)
     ("err_concat_precedence", "{{ 1 + 2 ~ 3 }}", {}),
     ("err_undefined_attr", "{{ nothing.attr }}", {}),
