@@ -3,11 +3,14 @@
  * passes (utils/chat_template_utils.py) and renders. */
 #include "runtime/chat.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "runtime/jinja.h"
+#include "runtime/tokenizer.h"
 
 #define DEFAULT_MAX_OUTPUT ((size_t)16 << 20)
 
@@ -122,6 +125,52 @@ done:
     json_decref(msgs);
     json_decref(vars);
     return st;
+}
+
+enum moe_status moe_chat_template_load(struct moe_chat_template *t, const char *model_dir,
+                                       const char *config_template)
+{
+    memset(t, 0, sizeof *t);
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir) >= (int)sizeof path)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: path too long", model_dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno != ENOENT) return moe_fail(MOE_ERR_IO, "%s: %s", path, strerror(errno));
+        if (!config_template)
+            return moe_fail(MOE_ERR_FORMAT, "%s: no chat template (neither chat_template.jinja nor a "
+                            "tokenizer_config.json \"chat_template\")", model_dir);
+        enum moe_status st = moe_chat_template_init(t, config_template);
+        if (st) moe_error_prefix("%s/tokenizer_config.json: ", model_dir);
+        return st;
+    }
+    struct jbuf b = {0};
+    char chunk[16384];
+    size_t n;
+    enum moe_status st = MOE_OK;
+    while (!st && (n = fread(chunk, 1, sizeof chunk, f)) > 0) st = jbuf_add(&b, chunk, n);
+    if (!st && ferror(f)) st = moe_fail(MOE_ERR_IO, "%s: read error", path);
+    fclose(f);
+    if (!st && !b.p) st = jbuf_add(&b, "", 0);
+    if (!st && memchr(b.p, '\0', b.n)) st = moe_fail(MOE_ERR_FORMAT, "%s: contains a NUL byte", path);
+    if (!st) {
+        st = moe_chat_template_init(t, b.p);
+        if (st) moe_error_prefix("%s: ", path);
+    }
+    jbuf_free(&b);
+    return st;
+}
+
+json_t *moe_chat_special_tokens(const struct moe_tokenizer *tok)
+{
+    json_t *o = json_object();
+    if (!o) return NULL;
+    if ((tok->bos_token && json_object_set_new(o, "bos_token", json_string(tok->bos_token))) ||
+        (tok->eos_token && json_object_set_new(o, "eos_token", json_string(tok->eos_token)))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 enum moe_status moe_chat_render(const char *template_src, json_t *messages, bool add_generation_prompt,

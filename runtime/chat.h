@@ -55,6 +55,20 @@ MOE_MUST_USE enum moe_status moe_chat_template_render(const struct moe_chat_temp
                                                       bool add_generation_prompt, json_t *extra,
                                                       char **out);
 
+/* The template transformers uses for a model directory: MODEL_DIR/
+ * chat_template.jinja when that file exists (it takes priority, as in
+ * PreTrainedTokenizerBase.from_pretrained), else config_template (the
+ * tokenizer_config.json "chat_template", i.e. moe_tokenizer.chat_template;
+ * may be NULL).  Neither: MOE_ERR_FORMAT naming the directory. */
+MOE_MUST_USE enum moe_status moe_chat_template_load(struct moe_chat_template *t, const char *model_dir,
+                                                    const char *config_template);
+
+struct moe_tokenizer;
+/* {"bos_token": ..., "eos_token": ...} for extra: the special tokens the
+ * tokenizer knows (transformers passes its special_tokens_map).  New
+ * reference; NULL on allocation failure. */
+json_t *moe_chat_special_tokens(const struct moe_tokenizer *tok);
+
 /* One shot: parse template_src, render, free. */
 MOE_MUST_USE enum moe_status moe_chat_render(const char *template_src, json_t *messages,
                                              bool add_generation_prompt, json_t *extra, char **out);

@@ -10,8 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "runtime/chat.h"
+#include "runtime/tokenizer.h"
 #include "tests/testutil.h"
 
 #define CHAT_DIR FIXTURE_DIR "/chat"
@@ -349,4 +351,63 @@ Test(chat_api, strftime_now_uses_the_injected_clock)
     free(out);
     json_decref(msgs);
     moe_chat_template_free(&t);
+}
+
+Test(chat_api, load_prefers_chat_template_jinja)
+{
+    char dir[] = "/tmp/moerun-chat-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    struct moe_chat_template t;
+    json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"hi\"}]", 0, NULL);
+    char *out = NULL;
+    /* No file: the tokenizer_config template. */
+    cr_assert_eq(moe_chat_template_load(&t, dir, "config:{{ messages[0].content }}"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_chat_template_render(&t, msgs, false, NULL, &out), MOE_OK);
+    cr_expect_str_eq(out, "config:hi");
+    free(out);
+    moe_chat_template_free(&t);
+    cr_expect_eq(moe_chat_template_load(&t, dir, NULL), MOE_ERR_FORMAT);
+    cr_expect(strstr(moe_last_error(), "no chat template"), "%s", moe_last_error());
+    /* chat_template.jinja wins, its trailing newline dropped as Jinja does. */
+    char path[256];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs("file:{{ messages[0].content }}\n", f);
+    fclose(f);
+    cr_assert_eq(moe_chat_template_load(&t, dir, "config"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_chat_template_render(&t, msgs, false, NULL, &out), MOE_OK);
+    cr_expect_str_eq(out, "file:hi");
+    free(out);
+    moe_chat_template_free(&t);
+    f = fopen(path, "w");
+    fputs("{% if %}", f);
+    fclose(f);
+    cr_expect_eq(moe_chat_template_load(&t, dir, "config"), MOE_ERR_FORMAT);
+    cr_expect(strstr(moe_last_error(), "chat_template.jinja: chat template line 1 column"), "%s", moe_last_error());
+    remove(path);
+    rmdir(dir);
+    json_decref(msgs);
+}
+
+Test(chat_api, special_tokens_from_the_tokenizer)
+{
+    struct moe_tokenizer tok;
+    cr_assert_eq(moe_tokenizer_load(&tok, FIXTURE_DIR "/tokenizers/qwen2"), MOE_OK, "%s", moe_last_error());
+    json_t *sp = moe_chat_special_tokens(&tok);
+    cr_assert(sp);
+    cr_expect_str_eq(json_string_value(json_object_get(sp, "eos_token")), tok.eos_token);
+    cr_expect_null(json_object_get(sp, "bos_token"));
+    struct moe_chat_template t;
+    cr_assert_eq(moe_chat_template_load(&t, FIXTURE_DIR "/tokenizers/qwen2", tok.chat_template), MOE_OK,
+                 "%s", moe_last_error());
+    json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"hi\"}]", 0, NULL);
+    char *out = NULL;
+    cr_assert_eq(moe_chat_template_render(&t, msgs, true, sp, &out), MOE_OK, "%s", moe_last_error());
+    cr_expect_str_eq(out, "<|im_start|>user\nhi<|im_end|>\n");
+    free(out);
+    json_decref(msgs);
+    json_decref(sp);
+    moe_chat_template_free(&t);
+    moe_tokenizer_free(&tok);
 }
