@@ -244,6 +244,181 @@ static enum moe_status filter_map(struct jctx *cx, const struct jnode *at, struc
     return MOE_OK;
 }
 
+/* Python's str.splitlines() boundaries; returns the separator length at p
+ * (0: none). */
+static size_t line_break(const char *p, size_t n)
+{
+    int32_t cp;
+    size_t l = ju_decode(p, n, &cp);
+    if (cp == '\r') return n > 1 && p[1] == '\n' ? 2 : 1;
+    if (cp == '\n' || cp == 0x0b || cp == 0x0c || (cp >= 0x1c && cp <= 0x1e) || cp == 0x85 || cp == 0x2028 ||
+        cp == 0x2029)
+        return l;
+    return 0;
+}
+
+/* jinja2.filters.do_indent(s, width=4, first=False, blank=False). */
+static enum moe_status filter_indent(const struct jnode *at, struct jv v, struct args *a, struct jv *out)
+{
+    struct jv *w = jb_arg(a, 0, "width"), *first = jb_arg(a, 1, "first"), *blank = jb_arg(a, 2, "blank");
+    struct jbuf ind = {0}, b = {0};
+    enum moe_status st = MOE_OK;
+    if (w && w->k == JV_STR) st = jbuf_add(&ind, jv_sdata(*w), jv_slen(*w));
+    else if (w && w->k != JV_INT) st = jinja_err(MOE_ERR_FORMAT, at, "indent width must be an integer or a string");
+    else for (int64_t i = 0; i < (w ? w->i : 4) && !st; i++) st = jbuf_addc(&ind, ' ');
+    if (!st) st = jbuf_add(&ind, "", 0);
+    struct jv s = jv_undef();
+    if (!st) st = jb_to_str(v, &s);
+    if (st) goto done;
+    /* (s + "\n").splitlines(): every segment between line breaks, the last
+     * one included even when empty. */
+    const char *p = jv_sdata(s);
+    size_t n = jv_slen(s), i = 0;
+    bool first_line = true;
+    st = jbuf_add(&b, "", 0);
+    if (!st && first && jv_truthy(*first)) st = jbuf_add(&b, ind.p, ind.n);
+    while (!st && i <= n) {
+        size_t e = i, sep = 0;
+        while (e < n && !(sep = line_break(p + e, n - e))) {
+            int32_t cp;
+            e += ju_decode(p + e, n - e, &cp);
+        }
+        if (!first_line) {
+            st = jbuf_addc(&b, '\n');
+            if (!st && (e > i || (blank && jv_truthy(*blank)))) st = jbuf_add(&b, ind.p, ind.n);
+        }
+        if (!st) st = jbuf_add(&b, p + i, e - i);
+        first_line = false;
+        i = e + (e < n ? sep : 1);
+    }
+    if (!st) {
+        *out = jv_str(b.p, b.n);
+        out->b = s.b;
+        if (jv_oom(*out)) st = jb_nomem();
+    }
+done:
+    jv_free(&s);
+    jbuf_free(&ind);
+    jbuf_free(&b);
+    return st;
+}
+
+/* Sorting for sort / dictsort / unique keys: numbers with numbers, strings
+ * with strings (lowercased unless case_sensitive), as Python compares. */
+struct sort_item {
+    struct jv key;
+    size_t index; /* original position: Python's sort is stable */
+};
+struct sort_ctx {
+    bool bad;
+    const char *t1, *t2; /* the first pair that did not compare: later item's type first, as Python reports */
+    bool reverse; /* descending keys; equal keys keep their order, as in Python */
+};
+
+static int cmp_keys(const void *x, const void *y, void *ctxp)
+{
+    const struct sort_item *a = x, *b = y;
+    struct sort_ctx *ctx = ctxp;
+    int c = 0;
+    bool an = a->key.k == JV_INT || a->key.k == JV_FLOAT || a->key.k == JV_BOOL;
+    bool bn = b->key.k == JV_INT || b->key.k == JV_FLOAT || b->key.k == JV_BOOL;
+    if (an && bn) {
+        double p = a->key.k == JV_FLOAT ? a->key.f : a->key.k == JV_BOOL ? a->key.b : (double)a->key.i;
+        double q = b->key.k == JV_FLOAT ? b->key.f : b->key.k == JV_BOOL ? b->key.b : (double)b->key.i;
+        c = p < q ? -1 : p > q;
+    } else if (a->key.k == JV_STR && b->key.k == JV_STR) {
+        size_t na = jv_slen(a->key), nb = jv_slen(b->key);
+        int m = memcmp(jv_sdata(a->key), jv_sdata(b->key), na < nb ? na : nb);
+        c = m ? m : na < nb ? -1 : na > nb;
+    } else if (!ctx->bad) {
+        ctx->bad = true;
+        const struct sort_item *later = a->index > b->index ? a : b, *earlier = later == a ? b : a;
+        ctx->t1 = jv_type_name(later->key);
+        ctx->t2 = jv_type_name(earlier->key);
+    }
+    if (c) return ctx->reverse ? -c : c;
+    return a->index < b->index ? -1 : a->index > b->index;
+}
+
+/* The sort key of an item: item[attribute] or the item, lowercased when a
+ * string and not case_sensitive. */
+static enum moe_status sort_key(const struct jnode *at, struct jv item, struct jv *attr, bool case_sensitive,
+                                struct jv *key)
+{
+    struct jv k = jv_undef();
+    if (attr && attr->k == JV_STR) MOE_TRY(jinja_getattr(at, item, jv_sdata(*attr), &k));
+    else k = jv_copy(item);
+    if (k.k == JV_STR && !case_sensitive) {
+        enum moe_status st = jb_recase(k, 'l', key);
+        jv_free(&k);
+        return st;
+    }
+    *key = k;
+    return MOE_OK;
+}
+
+/* sort(reverse, case_sensitive, attribute), dictsort(case_sensitive, by,
+ * reverse), unique(case_sensitive, attribute). */
+static enum moe_status filter_sorted(const struct jnode *at, const char *name, struct jv v, struct args *a,
+                                     struct jv *out)
+{
+    bool dict = name[0] == 'd', uniq = name[0] == 'u';
+    struct jv *rev = jb_arg(a, dict ? 2 : uniq ? 99 : 0, "reverse");
+    struct jv *cs = jb_arg(a, dict || uniq ? 0 : 1, "case_sensitive");
+    struct jv *attr = dict ? NULL : jb_arg(a, uniq ? 1 : 2, "attribute");
+    struct jv *by = dict ? jb_arg(a, 1, "by") : NULL;
+    bool by_value = by && by->k == JV_STR && !strcmp(jv_sdata(*by), "value");
+    if (by && !(by->k == JV_STR && (by_value || !strcmp(jv_sdata(*by), "key"))))
+        return jinja_err(MOE_ERR_FORMAT, at, "You can only sort by either \"key\" or \"value\"");
+    json_t *items = NULL;
+    enum moe_status st;
+    if (dict) {
+        if (v.k != JV_DICT) return jinja_err(MOE_ERR_FORMAT, at, "dictsort needs a mapping, not %s", jv_type_name(v));
+        struct jv pairs;
+        MOE_TRY(jb_dict_items(v, &pairs));
+        items = json_incref(pairs.j);
+        jv_free(&pairs);
+    } else {
+        MOE_TRY(jb_to_list(at, v, &items));
+    }
+    size_t n = json_array_size(items);
+    struct sort_item *si = calloc(n ? n : 1, sizeof *si);
+    json_t *res = json_array();
+    st = si && res ? MOE_OK : jb_nomem();
+    for (size_t i = 0; i < n && !st; i++) {
+        struct jv item = jv_from_json(json_array_get(items, i));
+        struct jv base = dict ? jv_from_json(json_array_get(item.j, by_value ? 1 : 0)) : jv_copy(item);
+        st = sort_key(at, base, attr, cs && jv_truthy(*cs), &si[i].key);
+        si[i].index = i;
+        jv_free(&base);
+        jv_free(&item);
+    }
+    struct sort_ctx ctx = {0};
+    if (!st && uniq) {
+        for (size_t i = 0; i < n && !st; i++) {
+            bool seen = false;
+            for (size_t j = 0; j < i && !seen; j++) seen = jv_equal(si[i].key, si[j].key);
+            if (!seen && json_array_append(res, json_array_get(items, i))) st = jb_nomem();
+        }
+    } else if (!st) {
+        ctx.reverse = rev && jv_truthy(*rev);
+        qsort_r(si, n, sizeof *si, cmp_keys, &ctx);
+        if (ctx.bad)
+            st = jinja_err(MOE_ERR_FORMAT, at, "'<' not supported between instances of '%s' and '%s'", ctx.t1, ctx.t2);
+        for (size_t i = 0; i < n && !st; i++)
+            if (json_array_append(res, json_array_get(items, si[i].index))) st = jb_nomem();
+    }
+    for (size_t i = 0; si && i < n; i++) jv_free(&si[i].key);
+    free(si);
+    json_decref(items);
+    if (st) {
+        json_decref(res);
+        return st;
+    }
+    *out = jv_wrap(uniq ? JV_GEN : JV_LIST, res);
+    return MOE_OK;
+}
+
 static enum moe_status apply_filter(struct jctx *cx, const struct jnode *n, const char *name, struct jv v,
                                     struct args *a, struct jv *out)
 {
@@ -347,6 +522,9 @@ static enum moe_status apply_filter(struct jctx *cx, const struct jnode *n, cons
         else *out = fl ? jv_float(f) : jv_int((int64_t)f);
         return MOE_OK;
     }
+    if (!strcmp(name, "indent")) return filter_indent(n, v, a, out);
+    if (!strcmp(name, "sort") || !strcmp(name, "dictsort") || !strcmp(name, "unique"))
+        return filter_sorted(n, name, v, a, out);
     if (!strcmp(name, "abs")) {
         if (v.k == JV_INT || v.k == JV_BOOL) *out = jv_int(llabs(v.k == JV_BOOL ? v.b : v.i));
         else if (v.k == JV_FLOAT) *out = jv_float(v.f < 0 ? -v.f : v.f);
