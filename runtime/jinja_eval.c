@@ -230,6 +230,26 @@ static enum moe_status arith(struct jctx *cx, const struct jnode *at, int op, st
         if (!st) out->b = s.b;
         return st;
     }
+    if (op == JOP_MUL && ((a.k == JV_LIST && (b.k == JV_INT || b.k == JV_BOOL)) ||
+                          (b.k == JV_LIST && (a.k == JV_INT || a.k == JV_BOOL)))) {
+        struct jv l = a.k == JV_LIST ? a : b;
+        int64_t n = a.k == JV_LIST ? as_int(b) : as_int(a);
+        json_t *r = json_array();
+        if (!r) return nomem();
+        size_t total;
+        if (n > 0 && (!moe_mul_size(json_array_size(l.j), (size_t)n, &total) || total > 1000000)) {
+            json_decref(r);
+            return jinja_err(MOE_ERR_FORMAT, at, "list repetition of more than 1000000 items");
+        }
+        for (int64_t t = 0; t < n; t++) {
+            if (json_array_extend(r, l.j)) {
+                json_decref(r);
+                return nomem();
+            }
+        }
+        *out = jv_wrap(JV_LIST, r);
+        return MOE_OK;
+    }
     if (op == JOP_MOD && a.k == JV_STR)
         return jinja_err(MOE_ERR_UNSUPPORTED, at, "printf-style string formatting ('%%' on a string) is not supported");
     return type_err(at, op, a, b);

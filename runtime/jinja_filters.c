@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "runtime/jinja_builtins_impl.h"
 
@@ -42,11 +43,24 @@ static enum moe_status run_test(struct jctx *cx, const struct jnode *at, const c
         }
         *r = name[0] == 'o' ? x % 2 != 0 : x % d == 0;
     } else if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
-        struct jv c;
-        if (v.k != JV_STR) return jinja_err(MOE_ERR_FORMAT, at, "test '%s' needs a string", name);
-        MOE_TRY(jb_recase(v, name[0] == 'l' ? 'l' : 'u', &c));
-        *r = jv_equal(c, v);
-        jv_free(&c);
+        /* str(value).islower() / .isupper(): some cased character, and
+         * none of the other case. */
+        struct jv s;
+        MOE_TRY(jb_to_str(v, &s));
+        const char *p = jv_sdata(s);
+        size_t len = jv_slen(s);
+        bool cased = false, other = false;
+        for (size_t i = 0; i < len;) {
+            int32_t cp;
+            i += ju_decode(p + i, len - i, &cp);
+            bool is_lower = utf8proc_toupper(cp) != cp || utf8proc_get_property(cp)->category == UTF8PROC_CATEGORY_LL;
+            bool is_upper = utf8proc_tolower(cp) != cp || utf8proc_get_property(cp)->category == UTF8PROC_CATEGORY_LU ||
+                            utf8proc_get_property(cp)->category == UTF8PROC_CATEGORY_LT;
+            cased |= name[0] == 'l' ? is_lower : is_upper;
+            other |= name[0] == 'l' ? is_upper : is_lower;
+        }
+        jv_free(&s);
+        *r = cased && !other;
     } else {
         static const struct { const char *name; int op; } cmp[] = {
             {"eq", JOP_EQ}, {"equalto", JOP_EQ}, {"==", JOP_EQ}, {"ne", JOP_NE}, {"!=", JOP_NE},
@@ -268,7 +282,13 @@ static enum moe_status filter_indent(const struct jnode *at, struct jv v, struct
     else for (int64_t i = 0; i < (w ? w->i : 4) && !st; i++) st = jbuf_addc(&ind, ' ');
     if (!st) st = jbuf_add(&ind, "", 0);
     struct jv s = jv_undef();
-    if (!st) st = jb_to_str(v, &s);
+    /* do_indent does s += "\n", then s.splitlines(): strings only. */
+    if (!st && v.k == JV_UNDEF) st = jinja_undef_err(at, v);
+    else if (!st && v.k == JV_LIST) /* list += "\n" works, then .splitlines() fails */
+        st = jinja_err(MOE_ERR_FORMAT, at, "'list' object has no attribute 'splitlines'");
+    else if (!st && v.k != JV_STR)
+        st = jinja_err(MOE_ERR_FORMAT, at, "unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
+    if (!st) s = jv_copy(v);
     if (st) goto done;
     /* (s + "\n").splitlines(): every segment between line breaks, the last
      * one included even when empty. */
@@ -495,10 +515,13 @@ static enum moe_status apply_filter(struct jctx *cx, const struct jnode *n, cons
     if (!strcmp(name, "items")) {
         if (v.k != JV_DICT && v.k != JV_UNDEF && v.k != JV_NS)
             return jinja_err(MOE_ERR_FORMAT, n, "items filter needs a mapping, not %s", jv_type_name(v));
-        return jb_dict_items(v, out);
+        MOE_TRY(jb_dict_items(v, out));
+        out->k = JV_GEN; /* do_items is a generator */
+        return MOE_OK;
     }
     if (!strcmp(name, "int") || !strcmp(name, "float")) {
         bool fl = name[0] == 'f';
+        if (v.k == JV_UNDEF) return jinja_undef_err(n, v); /* int(Undefined) raises */
         struct jv *def = jb_arg(a, 0, "default");
         double f = 0;
         bool ok = true;
