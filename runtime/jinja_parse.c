@@ -135,7 +135,11 @@ static enum moe_status parse_statement(struct jparser *p, struct jlist *body)
         if (!st && jp_is_name(p, "recursive"))
             st = moe_fail(MOE_ERR_UNSUPPORTED, "chat template line %d: recursive for loops are not supported", t->line);
         if (!st) st = end_tag(p);
-        if (!st) st = parse_body(p, &n->body, ends, "for", t, &ended);
+        if (!st) {
+            p->loops++;
+            st = parse_body(p, &n->body, ends, "for", t, &ended);
+            p->loops--;
+        }
         if (!st && !strcmp(ended, "else")) {
             static const char *const ends2[] = {"endfor", NULL};
             st = end_tag(p);
@@ -187,9 +191,17 @@ static enum moe_status parse_statement(struct jparser *p, struct jlist *body)
             jp_next(p);
             st = end_tag(p);
         }
-        if (!st) st = parse_body(p, &n->body, ends, "macro", t, &ended);
+        if (!st) {
+            int loops = p->loops;
+            p->loops = 0; /* Python compiles a macro as a function: no enclosing loop */
+            st = parse_body(p, &n->body, ends, "macro", t, &ended);
+            p->loops = loops;
+        }
         if (!st) st = end_tag(p);
     } else if (jp_tok_is(t, JT_NAME, "break") || jp_tok_is(t, JT_NAME, "continue")) {
+        if (!p->loops)
+            return moe_fail(MOE_ERR_FORMAT, "chat template line %d column %d: syntax error: '%s' outside loop",
+                            t->line, t->col, t->s[0] == 'b' ? "break" : "continue");
         if (!(n = jp_node_new(t->s[0] == 'b' ? JN_BREAK : JN_CONTINUE, t))) return jp_nomem();
         st = end_tag(p);
     } else if (jp_tok_is(t, JT_NAME, "generation")) {

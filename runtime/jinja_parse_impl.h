@@ -11,6 +11,7 @@ struct jparser {
     struct jtoks toks;
     size_t i;  /* current token */
     int depth; /* recursion depth, bounded by MAX_PARSE_DEPTH */
+    int loops; /* for-loop bodies around the current statement (a macro body starts at 0) */
 };
 
 const struct jtok *jp_peek(struct jparser *p);

@@ -201,6 +201,9 @@ Test(chat_errors, syntax_errors_name_line_and_column)
     expect_error("{% frobnicate %}", NULL, MOE_ERR_FORMAT, "unknown tag 'frobnicate'");
     expect_error("{% if x %}{% endfor %}", NULL, MOE_ERR_FORMAT, "unexpected 'endfor' inside if");
     expect_error("{# never closed", NULL, MOE_ERR_FORMAT, "unclosed comment");
+    expect_error("a{% break %}", NULL, MOE_ERR_FORMAT, "line 1 column 5: syntax error: 'break' outside loop");
+    expect_error("{% for x in [1] %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}", NULL, MOE_ERR_FORMAT,
+                 "'continue' outside loop");
     expect_error("{{ a b }}", NULL, MOE_ERR_FORMAT, "line 1 column 6: syntax error: expected end of print statement");
 }
 
