@@ -146,9 +146,12 @@ enum jv_kind {
     JV_DICT,  /* j: json object, insertion order */
     JV_NS,    /* j: json object, attributes assignable with {% set ns.x = %} */
     JV_LOOP,  /* j: json object of the loop variables; .cycle() is a method */
-    JV_GEN,   /* j: json array; what map/select/reject/selectattr/rejectattr
-                 return: a Python generator, so always truthy, iterable, but
-                 with no len(), not JSON-serializable, not printable */
+    JV_GEN,   /* j: json array; what map/select/reject/selectattr/rejectattr/
+                 unique/items return: a Python generator, so always truthy,
+                 iterable, but with no len(), not JSON-serializable, not
+                 printable.  Python runs it lazily, so an error inside (a
+                 non-iterable input) shows only when it is consumed: then j
+                 is a json string, that error's message (jinja_gen_check). */
     JV_MACRO, /* macro: borrowed AST node */
     JV_FUNC,  /* fn: enum jfunc */
 };
@@ -256,6 +259,13 @@ MOE_MUST_USE enum moe_status jinja_getattr(const struct jnode *at, struct jv obj
                                            struct jv *out);
 MOE_MUST_USE enum moe_status jinja_getitem(const struct jnode *at, struct jv obj, struct jv key,
                                            struct jv *out);
+/* Generators: the deferred error of a JV_GEN whose computation failed
+ * (MOE_ERR_FORMAT), else MOE_OK.  Called where a generator is consumed. */
+MOE_MUST_USE enum moe_status jinja_gen_check(struct jv v);
+/* Wraps the result of computing a generator: st MOE_OK gives the list as a
+ * JV_GEN; MOE_ERR_FORMAT gives a JV_GEN carrying the error for later;
+ * other failures are returned. */
+MOE_MUST_USE enum moe_status jinja_gen_result(enum moe_status st, json_t *list, struct jv *out);
 /* markupsafe.escape(str(v)): & < > " ' as &amp; &lt; &gt; &#34; &#39;;
  * a markup string is returned as is.  The result is markup. */
 MOE_MUST_USE enum moe_status jinja_html_escape(struct jv v, struct jv *out);

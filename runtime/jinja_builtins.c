@@ -92,6 +92,31 @@ enum moe_status jinja_getitem(const struct jnode *at, struct jv obj, struct jv k
     return MOE_OK;
 }
 
+enum moe_status jb_getattr_path(const struct jnode *at, struct jv item, struct jv path, struct jv *out)
+{
+    const char *p = jv_sdata(path);
+    size_t n = jv_slen(path);
+    struct jv cur = jv_copy(item);
+    for (size_t i = 0; i <= n;) {
+        size_t e = i;
+        while (e < n && p[e] != '.') e++;
+        bool digits = e > i;
+        for (size_t k = i; k < e; k++) digits &= p[k] >= '0' && p[k] <= '9';
+        struct jv key = digits && e - i < 18 ? jv_int(strtoll(p + i, NULL, 10)) : jv_str(p + i, e - i);
+        struct jv next = jv_undef();
+        enum moe_status st = jv_oom(key)           ? jb_nomem()
+                             : cur.k == JV_UNDEF ? jinja_undef_err(at, cur) /* Undefined[...] raises */
+                                                 : jinja_getitem(at, cur, key, &next);
+        jv_free(&key);
+        jv_free(&cur);
+        if (st) return st;
+        cur = next;
+        i = e + 1;
+    }
+    *out = cur;
+    return MOE_OK;
+}
+
 /* ---- call arguments ---- */
 
 
@@ -200,6 +225,17 @@ static enum moe_status call_method(struct jctx *cx, const struct jnode *n, struc
         int64_t i = json_integer_value(json_object_get(obj.j, "index0"));
         *out = jv_copy(a->pos[(size_t)i % a->npos]);
         return MOE_OK;
+    } else if (obj.k == JV_LIST && !strcmp(m, "count")) {
+        struct jv *x = jb_arg(a, 0, NULL);
+        if (!x) return jinja_err(MOE_ERR_FORMAT, n, "count() takes exactly one argument (0 given)");
+        int64_t c = 0;
+        for (size_t i = 0; i < json_array_size(obj.j); i++) {
+            struct jv e = jv_from_json(json_array_get(obj.j, i));
+            c += jv_equal(e, *x);
+            jv_free(&e);
+        }
+        *out = jv_int(c);
+        return MOE_OK;
     } else if (obj.k == JV_LIST) {
         static const char *const mutators[] = {"append", "extend", "insert", "pop", "remove", "clear",
                                                "sort", "reverse", NULL};
@@ -209,6 +245,14 @@ static enum moe_status call_method(struct jctx *cx, const struct jnode *n, struc
     } else if (obj.k == JV_UNDEF) {
         return jinja_undef_err(n, obj);
     }
+    /* A method this file knows for another type: Python's missing-attribute
+     * error; a method it does not know at all: unsupported. */
+    static const char *const known[] = {"strip", "lstrip", "rstrip", "split", "startswith", "endswith", "upper",
+                                        "lower", "capitalize", "title", "replace", "join", "find", "count", "get",
+                                        "items", "keys", "values", "cycle", NULL};
+    for (size_t i = 0; known[i]; i++)
+        if (!strcmp(m, known[i]))
+            return jinja_err(MOE_ERR_FORMAT, n, "'%s' has no attribute '%s'", obj_name(obj), m);
     return jinja_err(MOE_ERR_UNSUPPORTED, n, "method '%s' of %s is not supported", m, jv_type_name(obj));
 }
 

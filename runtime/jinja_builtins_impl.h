@@ -44,5 +44,8 @@ MOE_MUST_USE enum moe_status jb_affix_any(const struct jnode *at, struct jv s, s
 MOE_MUST_USE enum moe_status jb_to_list(const struct jnode *at, struct jv v, json_t **out);
 /* dict.items() as a list of [key, value]. */
 MOE_MUST_USE enum moe_status jb_dict_items(struct jv d, struct jv *out);
+/* Jinja's attribute= arguments (make_attrgetter): "a.b.0" looks up a, then
+ * b, then index 0, each as item then attribute; a miss is Undefined. */
+MOE_MUST_USE enum moe_status jb_getattr_path(const struct jnode *at, struct jv item, struct jv path, struct jv *out);
 /* The join filter: a = (separator, attribute). */
 MOE_MUST_USE enum moe_status jb_join(const struct jnode *at, struct jv v, struct args *a, struct jv *out);

@@ -93,6 +93,26 @@ static enum moe_status nomem(void) { return moe_fail(MOE_ERR_NOMEM, "chat templa
 
 static enum moe_status exec_body(struct jctx *cx, const struct jlist *body);
 
+/* ---- generators ---- */
+
+enum moe_status jinja_gen_check(struct jv v)
+{
+    if (v.k == JV_GEN && json_is_string(v.j)) return moe_fail(MOE_ERR_FORMAT, "%s", json_string_value(v.j));
+    return MOE_OK;
+}
+
+enum moe_status jinja_gen_result(enum moe_status st, json_t *list, struct jv *out)
+{
+    if (st == MOE_OK) {
+        *out = jv_wrap(JV_GEN, list);
+        return MOE_OK;
+    }
+    json_decref(list);
+    if (st != MOE_ERR_FORMAT) return st;
+    *out = jv_wrap(JV_GEN, json_string(moe_last_error()));
+    return jv_oom(*out) ? nomem() : MOE_OK;
+}
+
 /* ---- arithmetic and comparison ---- */
 
 static bool is_numeric(struct jv v) { return v.k == JV_INT || v.k == JV_FLOAT || v.k == JV_BOOL; }
@@ -140,6 +160,8 @@ static enum moe_status concat_str(struct jctx *cx, const struct jnode *at, const
 static enum moe_status arith(struct jctx *cx, const struct jnode *at, int op, struct jv a, struct jv b,
                              struct jv *out)
 {
+    if (op == JOP_MOD && a.k == JV_STR)
+        return jinja_err(MOE_ERR_UNSUPPORTED, at, "printf-style string formatting ('%%' on a string) is not supported");
     if (a.k == JV_UNDEF) return jinja_undef_err(at, a);
     if (b.k == JV_UNDEF) return jinja_undef_err(at, b);
     if (is_numeric(a) && is_numeric(b)) {
@@ -250,8 +272,6 @@ static enum moe_status arith(struct jctx *cx, const struct jnode *at, int op, st
         *out = jv_wrap(JV_LIST, r);
         return MOE_OK;
     }
-    if (op == JOP_MOD && a.k == JV_STR)
-        return jinja_err(MOE_ERR_UNSUPPORTED, at, "printf-style string formatting ('%%' on a string) is not supported");
     return type_err(at, op, a, b);
 }
 
@@ -292,6 +312,7 @@ static enum moe_status contains(const struct jnode *at, struct jv item, struct j
         *res = memmem(jv_sdata(box), jv_slen(box), jv_sdata(item), jv_slen(item)) != NULL || jv_slen(item) == 0;
         return MOE_OK;
     case JV_LIST: case JV_GEN:
+        MOE_TRY(jinja_gen_check(box));
         for (size_t i = 0; i < json_array_size(box.j); i++) {
             struct jv e = jv_from_json(json_array_get(box.j, i));
             *res = jv_equal(item, e);
@@ -300,6 +321,8 @@ static enum moe_status contains(const struct jnode *at, struct jv item, struct j
         }
         return MOE_OK;
     case JV_DICT: case JV_NS: case JV_LOOP:
+        if (item.k == JV_LIST || item.k == JV_DICT)
+            return jinja_err(MOE_ERR_FORMAT, at, "unhashable type: '%s'", jv_type_name(item));
         *res = item.k == JV_STR && json_object_getn(box.j, jv_sdata(item), jv_slen(item)) != NULL;
         return MOE_OK;
     default:
@@ -534,7 +557,8 @@ static enum moe_status iter_items(const struct jnode *at, struct jv v, json_t **
     *items = NULL;
     switch (v.k) {
     case JV_UNDEF: *items = json_array(); break;
-    case JV_LIST: case JV_GEN: *items = json_incref(v.j); break;
+    case JV_GEN: MOE_TRY(jinja_gen_check(v)); *items = json_incref(v.j); break;
+    case JV_LIST: *items = json_incref(v.j); break;
     case JV_DICT: case JV_NS: case JV_LOOP: {
         *items = json_array();
         const char *k;

@@ -5,6 +5,7 @@
  * raised when the template reaches it. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <utf8proc.h>
 
@@ -34,14 +35,28 @@ static enum moe_status run_test(struct jctx *cx, const struct jnode *at, const c
              v.k == JV_UNDEF;
     else if (!strcmp(name, "callable")) *r = v.k == JV_MACRO || v.k == JV_FUNC;
     else if (!strcmp(name, "odd") || !strcmp(name, "even") || !strcmp(name, "divisibleby")) {
-        if (v.k != JV_INT && v.k != JV_BOOL) return jinja_err(MOE_ERR_FORMAT, at, "test '%s' needs an integer", name);
-        int64_t x = v.k == JV_BOOL ? v.b : v.i, d = 2;
-        if (name[0] == 'd') {
-            if (!a1 || a1->k != JV_INT || a1->i == 0)
-                return jinja_err(MOE_ERR_FORMAT, at, "divisibleby needs a non-zero integer");
-            d = a1->i;
+        /* value % 2 == 1, value % 2 == 0, value % num == 0, with Python's %. */
+        struct jv *d = name[0] == 'd' ? a1 : NULL;
+        if (name[0] == 'd' && !d) return jinja_err(MOE_ERR_FORMAT, at, "divisibleby needs an argument");
+        bool xn = v.k == JV_INT || v.k == JV_FLOAT || v.k == JV_BOOL;
+        bool dn = !d || d->k == JV_INT || d->k == JV_FLOAT || d->k == JV_BOOL;
+        if (v.k == JV_UNDEF) return jinja_undef_err(at, v);
+        if (!xn || !dn)
+            return jinja_err(MOE_ERR_FORMAT, at, "unsupported operand type(s) for %%: '%s' and '%s'", jv_type_name(v),
+                             d ? jv_type_name(*d) : "int");
+        double x = v.k == JV_FLOAT ? v.f : v.k == JV_BOOL ? v.b : (double)v.i;
+        double m = !d ? 2 : d->k == JV_FLOAT ? d->f : d->k == JV_BOOL ? d->b : (double)d->i;
+        if (m == 0) return jinja_err(MOE_ERR_FORMAT, at, "integer division or modulo by zero");
+        double rem;
+        if (v.k != JV_FLOAT && (!d || d->k != JV_FLOAT)) {
+            int64_t xi = v.k == JV_BOOL ? v.b : v.i, mi = (int64_t)m, ri = mi == -1 ? 0 : xi % mi;
+            if (ri != 0 && ((ri < 0) != (mi < 0))) ri += mi;
+            rem = (double)ri;
+        } else {
+            rem = fmod(x, m);
+            if (rem != 0 && ((rem < 0) != (m < 0))) rem += m;
         }
-        *r = name[0] == 'o' ? x % 2 != 0 : x % d == 0;
+        *r = name[0] == 'o' ? rem == 1 : rem == 0;
     } else if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
         /* str(value).islower() / .isupper(): some cased character, and
          * none of the other case. */
@@ -203,7 +218,7 @@ static enum moe_status select_items(struct jctx *cx, const struct jnode *at, con
     for (size_t i = 0; !st && i < json_array_size(items); i++) {
         struct jv item = jv_from_json(json_array_get(items, i)), x = jv_undef();
         bool r;
-        if (by_attr) st = jinja_getattr(at, item, jv_sdata(*attr), &x);
+        if (by_attr) st = jb_getattr_path(at, item, *attr, &x);
         else x = jv_copy(item);
         if (!st) {
             if (test) st = run_test(cx, at, jv_sdata(*test), x, targ, &r);
@@ -214,12 +229,7 @@ static enum moe_status select_items(struct jctx *cx, const struct jnode *at, con
         jv_free(&x);
     }
     json_decref(items);
-    if (st) {
-        json_decref(kept);
-        return st;
-    }
-    *out = jv_wrap(JV_GEN, kept);
-    return MOE_OK;
+    return jinja_gen_result(st, kept, out);
 }
 
 static enum moe_status filter_map(struct jctx *cx, const struct jnode *at, struct jv v, struct args *a, struct jv *out)
@@ -234,7 +244,7 @@ static enum moe_status filter_map(struct jctx *cx, const struct jnode *at, struc
     for (size_t i = 0; !st && i < json_array_size(items); i++) {
         struct jv item = jv_from_json(json_array_get(items, i)), x = jv_undef();
         if (attr) {
-            st = jinja_getattr(at, item, jv_sdata(*attr), &x);
+            st = jb_getattr_path(at, item, *attr, &x);
             if (!st && x.k == JV_UNDEF && def) {
                 jv_free(&x);
                 x = jv_copy(*def);
@@ -250,12 +260,7 @@ static enum moe_status filter_map(struct jctx *cx, const struct jnode *at, struc
         jv_free(&x);
     }
     json_decref(items);
-    if (st) {
-        json_decref(res);
-        return st;
-    }
-    *out = jv_wrap(JV_GEN, res);
-    return MOE_OK;
+    return jinja_gen_result(st, res, out);
 }
 
 /* Python's str.splitlines() boundaries; returns the separator length at p
@@ -366,7 +371,7 @@ static enum moe_status sort_key(const struct jnode *at, struct jv item, struct j
                                 struct jv *key)
 {
     struct jv k = jv_undef();
-    if (attr && attr->k == JV_STR) MOE_TRY(jinja_getattr(at, item, jv_sdata(*attr), &k));
+    if (attr && attr->k == JV_STR) MOE_TRY(jb_getattr_path(at, item, *attr, &k));
     else k = jv_copy(item);
     if (k.k == JV_STR && !case_sensitive) {
         enum moe_status st = jb_recase(k, 'l', key);
@@ -399,7 +404,8 @@ static enum moe_status filter_sorted(const struct jnode *at, const char *name, s
         items = json_incref(pairs.j);
         jv_free(&pairs);
     } else {
-        MOE_TRY(jb_to_list(at, v, &items));
+        st = jb_to_list(at, v, &items);
+        if (st) return uniq ? jinja_gen_result(st, NULL, out) : st; /* unique is a generator */
     }
     size_t n = json_array_size(items);
     struct sort_item *si = calloc(n ? n : 1, sizeof *si);
@@ -416,6 +422,10 @@ static enum moe_status filter_sorted(const struct jnode *at, const char *name, s
     struct sort_ctx ctx = {0};
     if (!st && uniq) {
         for (size_t i = 0; i < n && !st; i++) {
+            if (si[i].key.k == JV_LIST || si[i].key.k == JV_DICT) { /* do_unique keeps a set */
+                st = jinja_err(MOE_ERR_FORMAT, at, "unhashable type: '%s'", jv_type_name(si[i].key));
+                break;
+            }
             bool seen = false;
             for (size_t j = 0; j < i && !seen; j++) seen = jv_equal(si[i].key, si[j].key);
             if (!seen && json_array_append(res, json_array_get(items, i))) st = jb_nomem();
@@ -431,11 +441,12 @@ static enum moe_status filter_sorted(const struct jnode *at, const char *name, s
     for (size_t i = 0; si && i < n; i++) jv_free(&si[i].key);
     free(si);
     json_decref(items);
+    if (uniq) return jinja_gen_result(st, res, out); /* errors show when consumed */
     if (st) {
         json_decref(res);
         return st;
     }
-    *out = jv_wrap(uniq ? JV_GEN : JV_LIST, res);
+    *out = jv_wrap(JV_LIST, res);
     return MOE_OK;
 }
 
@@ -509,14 +520,16 @@ static enum moe_status apply_filter(struct jctx *cx, const struct jnode *n, cons
             json_decref(rev);
             return st;
         }
-        *out = jv_wrap(JV_LIST, rev);
+        *out = jv_wrap(JV_GEN, rev); /* reversed(list): an iterator */
         return MOE_OK;
     }
     if (!strcmp(name, "items")) {
+        /* do_items is a generator: a non-mapping fails when it is consumed. */
         if (v.k != JV_DICT && v.k != JV_UNDEF && v.k != JV_NS)
-            return jinja_err(MOE_ERR_FORMAT, n, "items filter needs a mapping, not %s", jv_type_name(v));
+            return jinja_gen_result(jinja_err(MOE_ERR_FORMAT, n, "Can only get item pairs from a mapping."), NULL,
+                                    out);
         MOE_TRY(jb_dict_items(v, out));
-        out->k = JV_GEN; /* do_items is a generator */
+        out->k = JV_GEN;
         return MOE_OK;
     }
     if (!strcmp(name, "int") || !strcmp(name, "float")) {

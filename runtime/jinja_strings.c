@@ -249,6 +249,7 @@ enum moe_status jb_affix_any(const struct jnode *at, struct jv s, struct jv *x, 
 enum moe_status jb_to_list(const struct jnode *at, struct jv v, json_t **out)
 {
     *out = NULL;
+    MOE_TRY(jinja_gen_check(v));
     if (v.k == JV_LIST || v.k == JV_GEN) {
         *out = json_copy(v.j);
     } else if (v.k == JV_UNDEF) {
@@ -310,7 +311,7 @@ enum moe_status jb_join(const struct jnode *at, struct jv v, struct args *a, str
     for (size_t i = 0; !st && i < json_array_size(items); i++) {
         struct jv item = jv_from_json(json_array_get(items, i)), x = jv_undef();
         if (i && sep) st = jbuf_add(&b, jv_sdata(*sep), jv_slen(*sep));
-        if (!st && attr && attr->k == JV_STR) st = jinja_getattr(at, item, jv_sdata(*attr), &x);
+        if (!st && attr && attr->k == JV_STR) st = jb_getattr_path(at, item, *attr, &x);
         else x = jv_copy(item);
         if (!st) st = jv_str_append(&b, x);
         jv_free(&item);
