@@ -10,4 +10,5 @@ int moe_cli_bench(int argc, char **argv);
 int moe_cli_tokenize(int argc, char **argv);
 int moe_cli_batch(int argc, char **argv);
 int moe_cli_plan(int argc, char **argv);
+int moe_cli_chat(int argc, char **argv);
 int moe_cli_stats(int argc, char **argv);

@@ -206,3 +206,21 @@ Test(text, batch_matches_run_and_reports_bad_lines)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
 }
+
+/* moerun chat: turns through the model's chat template; the second turn
+ * reuses the first turn's cached blocks; /reset and end of input work. */
+Test(text, chat_reuses_earlier_turns_from_the_cache)
+{
+    char cmd[2048], out[16384];
+    snprintf(cmd, sizeof cmd, "printf 'Hello there, how are you today\\nAnd then?\\n/reset\\nAgain\\n' | "
+             "%s chat %s/models/demo-moe -n 8 -v --temp 0 --backend cpu 2>&1", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "[turn 1: "), "%s", out);
+    const char *t2 = strstr(out, "[turn 2: ");
+    cr_assert(t2, "%s", out);
+    int prompt, reused;
+    cr_assert_eq(sscanf(t2, "[turn 2: %d prompt tokens, %d reused", &prompt, &reused), 2);
+    cr_assert(reused >= 16, "turn 2 reuses the first turn's full blocks: %s", t2);
+    cr_assert(strstr(out, "[turn 3: "), "%s", out);
+}
