@@ -146,8 +146,11 @@ enum moe_status moe_bench_serve(struct moe_engine *e, const struct moe_bench_ser
                         (json_int_t)e->n.prefix_hit_tokens);
     if (o->rate <= 0 && *result) json_object_set_new(*result, "rate", json_string("inf"));
     if (!quiet && *result) {
-        printf("serving: %d requests, input %d, output %d, rate %s req/s: %.2f s\n", N, o->input_len,
-               o->output_len, o->rate > 0 ? "Poisson" : "all at once", dur);
+        char rate[64];
+        if (o->rate > 0) snprintf(rate, sizeof rate, "Poisson arrivals at %.2f requests/s", o->rate);
+        else snprintf(rate, sizeof rate, "all at once");
+        printf("serving: %d requests, input %d, output %d tokens, %s: %.2f s\n", N, o->input_len,
+               o->output_len, rate, dur);
         printf("  requests/s %.2f   output tokens/s %.1f   input tokens %ld   preemptions %llu\n",
                N / dur, (double)out_tokens / dur, in_tokens, (unsigned long long)e->n.preemptions);
         const char *names[3] = {"TTFT", "TPOT", "ITL"};

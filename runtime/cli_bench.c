@@ -14,6 +14,7 @@
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
 #include "runtime/runner.h"
+#include "runtime/bench_serve.h"
 #include "runtime/stats_cli.h"
 
 static void usage(FILE *f)
@@ -31,6 +32,13 @@ static void usage(FILE *f)
             "  --copy-bandwidth measure device copy bandwidth; report decode against the\n"
             "                   HBM roofline (CUDA)\n"
             "  --gemm-compare LIST  grouped expert GEMM vs dense cuBLAS at LIST tokens (CUDA)\n"
+            "  --serve          the serving benchmark instead (vLLM bench serve style):\n"
+            "    --requests N       requests (default 64)\n"
+            "    --rate R           Poisson arrivals at R requests/s (default: all at once)\n"
+            "    --input-len I, --output-len O  tokens per request (default 128, 64)\n"
+            "    --range-ratio F    lengths uniform in [len*(1-F), len*(1+F)] (default 0)\n"
+            "    --kv-budget SIZE, --kv-block N, --max-batch-tokens N, --max-seqs N,\n"
+            "    --no-prefix-cache  engine settings (see moerun batch --help)\n"
             "  --backend NAME   auto, cpu or cuda (default auto)\n"
             "  --threads N      CPU threads\n"
             "  --synthetic CONFIG, --dtype T, --synthetic-seed S  random weights\n"
@@ -111,6 +119,44 @@ static enum moe_status time_decode(struct bench_ctx *b, int B, int ctx, int step
     return s;
 }
 
+/* --serve: the engine under a stream of requests (runtime/bench_serve.c). */
+static int bench_serve_mode(const struct moe_model *m, struct moe_backend *be,
+                            const struct moe_cli_model_opts *mo, struct moe_cli_engine *eo,
+                            const struct moe_bench_serve_opts *sv, struct moe_cli_stats *so, int json)
+{
+    struct moe_engine e = {0};
+    json_t *res = NULL;
+    int rc = 1;
+    if (!eo->kv_budget) eo->kv_budget = "0.25";
+    if ((long)sv->input_len * 2 + sv->output_len * 2 > m->cfg.max_pos) {
+        moe_cli_error("bench", "input and output lengths exceed the model's context of %d", m->cfg.max_pos);
+        return 1;
+    }
+    if (moe_cli_engine_start(eo, m, be, 0, &e) != MOE_OK) {
+        moe_cli_error("bench", "%s", moe_last_error());
+        return 1;
+    }
+    if (moe_cli_stats_start(so, m, "bench")) goto done;
+    e.r.fw.stats = moe_cli_stats_recorder(so);
+    if (moe_bench_serve(&e, sv, json, &res) != MOE_OK) {
+        moe_cli_error("bench", "%s", moe_last_error());
+        goto done;
+    }
+    if (json) {
+        json_t *out = json_pack("{s:s, s:s, s:i, s:O}", "model", mo->path ? mo->path : mo->synthetic,
+                                "backend", be->ops->name, "threads", be->n_threads, "serve", res);
+        char *s = out ? json_dumps(out, JSON_COMPACT) : NULL;
+        if (s) puts(s);
+        free(s);
+        json_decref(out);
+    }
+    rc = moe_cli_stats_finish(so, m, mo, be, "bench");
+done:
+    json_decref(res);
+    moe_engine_free(&e);
+    return rc;
+}
+
 int moe_cli_bench(int argc, char **argv)
 {
     struct moe_cli_model_opts mo = {0};
@@ -126,9 +172,19 @@ int moe_cli_bench(int argc, char **argv)
         {"threads", required_argument, 0, 't'}, {"synthetic", required_argument, 0, 's'},
         {"dtype", required_argument, 0, 'd'},   {"synthetic-seed", required_argument, 0, 'S'},
         {"copy-bandwidth", no_argument, 0, 'W'}, {"gemm-compare", required_argument, 0, 'G'},
+        {"serve", no_argument, 0, 0x200},        {"requests", required_argument, 0, 0x201},
+        {"rate", required_argument, 0, 0x202},   {"input-len", required_argument, 0, 0x203},
+        {"output-len", required_argument, 0, 0x204}, {"range-ratio", required_argument, 0, 0x205},
+        {"kv-budget", required_argument, 0, 0x206}, {"kv-block", required_argument, 0, 0x207},
+        {"max-batch-tokens", required_argument, 0, 0x208}, {"max-seqs", required_argument, 0, 0x209},
+        {"no-prefix-cache", no_argument, 0, 0x20a},
         {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
         {0, 0, 0, 0}};
     struct moe_cli_stats so = {0};
+    struct moe_cli_engine eo;
+    moe_cli_engine_defaults(&eo);
+    struct moe_bench_serve_opts sv = {.n_requests = 64, .input_len = 128, .output_len = 64, .seed = 7};
+    long serve = 0, lv;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -149,6 +205,33 @@ int moe_cli_bench(int argc, char **argv)
         case 's': mo.synthetic = optarg; break;
         case 'd': mo.dtype = optarg; break;
         case 'h': usage(stdout); return 0;
+        case 0x200: serve = 1; break;
+        case 0x201: case 0x203: case 0x204:
+            if (!moe_cli_parse_int(optarg, 1, 1 << 24, &lv))
+                return moe_cli_error("bench", "'%s' must be a positive count", optarg);
+            if (c == 0x201) sv.n_requests = (int)lv;
+            if (c == 0x203) sv.input_len = (int)lv;
+            if (c == 0x204) sv.output_len = (int)lv;
+            break;
+        case 0x202: case 0x205: {
+            char *end;
+            double v = strtod(optarg, &end);
+            if (end == optarg || *end || !(v >= 0) || (c == 0x205 && v >= 1))
+                return moe_cli_error("bench", "'%s' is not a valid %s", optarg,
+                                     c == 0x202 ? "rate" : "range ratio (0 <= r < 1)");
+            if (c == 0x202) sv.rate = v;
+            else sv.range_ratio = v;
+            break;
+        }
+        case 0x206: eo.kv_budget = optarg; break;
+        case 0x207: case 0x208: case 0x209:
+            if (!moe_cli_parse_int(optarg, 1, 1 << 24, &lv))
+                return moe_cli_error("bench", "'%s' must be a positive count", optarg);
+            if (c == 0x207) eo.kv_block = lv;
+            if (c == 0x208) eo.max_batch_tokens = lv;
+            if (c == 0x209) eo.max_seqs = lv;
+            break;
+        case 0x20a: eo.no_prefix_cache = true; break;
         default: {
             int k = moe_cli_stats_option(&so, &mo, c, optarg, "bench");
             if (k < 0) return 1;
@@ -185,6 +268,10 @@ int moe_cli_bench(int argc, char **argv)
         mo.device_weights = mo.synthetic && be.ops->synth_fill;
     if (!be.ops || !dec || moe_cli_open_model(&m, &mo) != MOE_OK) {
         moe_cli_error("bench", "%s", moe_last_error());
+        goto done;
+    }
+    if (serve) {
+        rc = bench_serve_mode(&m, &be, &mo, &eo, &sv, &so, json);
         goto done;
     }
     if ((copy_bw || ng > 0) && strcmp(be.ops->name, "cuda")) {

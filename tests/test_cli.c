@@ -7,6 +7,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include <jansson.h>
+
 #include "runtime/safetensors.h"
 #include "tests/testutil.h"
 
@@ -144,4 +146,27 @@ Test(cli, plan_mixtral_on_h200)
     cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "8.0 of 8 experts"), "%s", out);
     cr_assert(strstr(out, "do not fit"), "87 GiB do not fit in 90%% of 80 GB: %s", out);
+}
+
+/* bench --serve: every request completes and the JSON carries the metrics. */
+Test(cli, bench_serve_reports_latencies)
+{
+    char cmd[1024], out[16384];
+    snprintf(cmd, sizeof cmd, "%s bench --synthetic %s/configs/tiny-moe.json --backend cpu --serve "
+             "--requests 12 --input-len 24 --output-len 6 --range-ratio 0.5 --kv-budget 4MiB --json "
+             "--no-stats", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    cr_assert(j, "%s", out);
+    json_t *s = json_object_get(j, "serve");
+    cr_assert_eq(json_integer_value(json_object_get(s, "requests")), 12);
+    cr_assert(json_real_value(json_object_get(s, "output_tokens_per_s")) > 0);
+    for (int k = 0; k < 3; k++) {
+        json_t *m = json_object_get(s, k == 0 ? "ttft" : k == 1 ? "tpot" : "itl");
+        double mean = json_real_value(json_object_get(m, "mean_ms")),
+               med = json_real_value(json_object_get(m, "median_ms")),
+               p99 = json_real_value(json_object_get(m, "p99_ms"));
+        cr_assert(mean > 0 && med > 0 && p99 >= med, "%s", out);
+    }
+    json_decref(j);
 }
