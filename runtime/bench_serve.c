@@ -137,14 +137,18 @@ enum moe_status moe_bench_serve(struct moe_engine *e, const struct moe_bench_ser
         for (int k = 1; k < n; k++) itl[n_itl++] = r->t_token[k] - r->t_token[k - 1];
     }
     *result = json_pack("{s:i, s:f, s:i, s:i, s:f, s:f, s:f, s:f, s:o, s:o, s:o, s:I, s:I}",
-                        "requests", N, "rate", o->rate > 0 ? o->rate : INFINITY, "input_len",
+                        "requests", N, "rate", o->rate > 0 ? o->rate : 0.0, "input_len",
                         o->input_len, "output_len", o->output_len, "range_ratio", o->range_ratio,
                         "duration_s", dur, "requests_per_s", N / dur, "output_tokens_per_s",
                         (double)out_tokens / dur, "ttft", summary(ttft, (size_t)N), "tpot",
                         summary(tpot, n_tpot), "itl", summary(itl, n_itl), "preemptions",
                         (json_int_t)e->n.preemptions, "prefix_hit_tokens",
                         (json_int_t)e->n.prefix_hit_tokens);
-    if (o->rate <= 0 && *result) json_object_set_new(*result, "rate", json_string("inf"));
+    if (!*result) {
+        s = moe_fail(MOE_ERR_NOMEM, "bench serve: result JSON");
+    } else if (o->rate <= 0) {
+        json_object_set_new(*result, "rate", json_string("inf"));
+    }
     if (!quiet && *result) {
         char rate[64];
         if (o->rate > 0) snprintf(rate, sizeof rate, "Poisson arrivals at %.2f requests/s", o->rate);
