@@ -15,7 +15,8 @@ int moe_cuda_device_count(char *why, size_t why_len)
 enum moe_status moe_backend_init(struct moe_backend *be, const char *name, int n_threads)
 {
     memset(be, 0, sizeof *be);
-    if (!strcmp(name, "cpu")) return moe_backend_cpu_init(be, n_threads);
+    if (!strcmp(name, "cpu")) return moe_backend_cpu_fast_init(be, n_threads);
+    if (!strcmp(name, "cpu-ref")) return moe_backend_cpu_init(be, n_threads);
     if (!strcmp(name, "cuda") || !strcmp(name, "auto")) {
         char why[256] = "";
         int n = moe_cuda_device_count(why, sizeof why);
@@ -27,9 +28,10 @@ enum moe_status moe_backend_init(struct moe_backend *be, const char *name, int n
         if (n == 0) fprintf(stderr, "moerun: no CUDA device (%s); using the CPU backend\n", why);
         else fprintf(stderr, "moerun: %d CUDA device(s) found, but the CUDA backend is not "
                      "implemented yet; using the CPU backend\n", n);
-        return moe_backend_cpu_init(be, n_threads);
+        return moe_backend_cpu_fast_init(be, n_threads);
     }
-    return moe_fail(MOE_ERR_INVALID_ARG, "unknown backend '%s' (choose cpu, cuda or auto)", name);
+    return moe_fail(MOE_ERR_INVALID_ARG,
+                    "unknown backend '%s' (choose cpu, cpu-ref, cuda or auto)", name);
 }
 
 void moe_backend_free(struct moe_backend *be)

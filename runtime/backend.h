@@ -106,10 +106,20 @@ struct moe_backend {
     int n_threads;
 };
 
-/* The CPU reference backend; n_threads 0 = all cores (OpenMP default). */
+/* The CPU reference backend ("cpu-ref"); n_threads 0 = all cores (OpenMP
+ * default). */
 MOE_MUST_USE enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads);
-/* Chooses a backend by name: "cpu", "cuda", or "auto" (CUDA when a device is
- * present, else the CPU with a one-line notice on stderr). */
+/* The fast CPU backend ("cpu"): the reference with matmul, experts and
+ * attention replaced by AVX2 or AVX-512 kernels, whichever is the best this
+ * processor runs (runtime/gemm_fast.h); the reference where it runs neither.
+ * MOERUN_CPU_ISA=ref|avx2|avx512 in the environment caps the choice. */
+MOE_MUST_USE enum moe_status moe_backend_cpu_fast_init(struct moe_backend *be, int n_threads);
+/* Kernel set a CPU backend uses: 0 (MOE_CPU_ISA_REF) for the reference,
+ * see enum moe_cpu_isa in runtime/gemm_fast.h. */
+int moe_backend_cpu_isa(const struct moe_backend *be);
+/* Chooses a backend by name: "cpu" (fast), "cpu-ref" (reference), "cuda",
+ * or "auto" (CUDA when a device is present, else "cpu" with a one-line
+ * notice on stderr). */
 MOE_MUST_USE enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
                                                int n_threads);
 void moe_backend_free(struct moe_backend *be);
