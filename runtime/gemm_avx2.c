@@ -7,9 +7,10 @@
  * accumulators + 3 weights in the 16 ymm registers, inputs as memory
  * operands); R <= 3 rows take C = 8 or 4 so a decode step still keeps
  * enough independent FMA chains in flight to stream weights at memory
- * speed.  Input rows are walked in blocks of 64 so a block stays in L2 while
+ * speed, with software prefetch PF bytes ahead on each weight row.  Input rows are walked in blocks of 64 so a block stays in L2 while
  * the weight rows of the thread's range pass over it. */
 #include <immintrin.h>
+#include <stdbool.h>
 
 #include "runtime/gemm.h"
 #include "runtime/gemm_fast_impl.h"
@@ -18,7 +19,8 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-enum { TB = 64 }; /* input rows per cache block */
+enum { TB = 64 };  /* input rows per cache block */
+enum { PF = 512 }; /* bytes ahead to prefetch weight rows in decode tiles */
 
 AVX2 INLINE __m256 load_w8(const char *row, const enum moe_dtype dt, int k)
 {
@@ -59,7 +61,13 @@ AVX2 INLINE void tile(const int R, const int C, const enum moe_dtype dt, float *
     for (; k + 8 <= Din; k += 8) {
         __m256 wv[8];
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) wv[c] = load_w8(w + (size_t)c * wld, dt, k);
+        for (int c = 0; c < C; c++) {
+            /* decode streams weights once from memory: keep loads in flight */
+            if (R < 4)
+                _mm_prefetch(w + (size_t)c * wld + (size_t)k * (dt == MOE_DTYPE_F32 ? 4 : 2) + PF,
+                             _MM_HINT_T0);
+            wv[c] = load_w8(w + (size_t)c * wld, dt, k);
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const float *xr = x + (size_t)r * ldx + k;
@@ -77,7 +85,7 @@ AVX2 INLINE void tile(const int R, const int C, const enum moe_dtype dt, float *
         }
 }
 
-/* Rows [t0, t1) against weight rows [n0, n1) in tiles of R <= 3 rows. */
+/* R <= 3 rows against weight rows [n0, n1); w points at row n0. */
 AVX2 INLINE void few_rows(const enum moe_dtype dt, float *y, size_t ldy, const float *x,
                           size_t ldx, int R, const char *w, size_t wld, int Din, int n0, int n1,
                           const struct moe_tensor *b)
@@ -85,50 +93,84 @@ AVX2 INLINE void few_rows(const enum moe_dtype dt, float *y, size_t ldy, const f
     int n = n0;
     switch (R) {
     case 1:
-        for (; n + 8 <= n1; n += 8) tile(1, 8, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
-        for (; n < n1; n++) tile(1, 1, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
+        for (; n + 8 <= n1; n += 8)
+            tile(1, 8, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
+        for (; n < n1; n++) tile(1, 1, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
         break;
     case 2:
-        for (; n + 4 <= n1; n += 4) tile(2, 4, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
-        for (; n < n1; n++) tile(2, 1, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
+        for (; n + 4 <= n1; n += 4)
+            tile(2, 4, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
+        for (; n < n1; n++) tile(2, 1, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
         break;
     default:
-        for (; n + 4 <= n1; n += 4) tile(3, 4, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
-        for (; n < n1; n++) tile(3, 1, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
+        for (; n + 4 <= n1; n += 4)
+            tile(3, 4, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
+        for (; n < n1; n++) tile(3, 1, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
         break;
     }
 }
 
+/* C weight rows of dtype dt to fp32 (exact), for reuse across a row block. */
+AVX2 INLINE void widen_rows(float *dst, const enum moe_dtype dt, const char *w, size_t wld,
+                            int C, int Din)
+{
+    for (int c = 0; c < C; c++) {
+        const char *src = w + (size_t)c * wld;
+        float *d = dst + (size_t)c * Din;
+        int k = 0;
+        for (; k + 8 <= Din; k += 8) _mm256_storeu_ps(d + k, load_w8(src, dt, k));
+        for (; k < Din; k++) d[k] = load_w1(src, dt, k);
+    }
+}
+
+/* All T rows against weight rows [n0, n1).  Blocks of TB rows; in a block
+ * of at least 8 rows the weights of each tile column group are widened to
+ * fp32 once (into a stack buffer of WBUF floats) rather than once per tile. */
 AVX2 INLINE void rows_dt(const enum moe_dtype dt, float *y, size_t ldy, const float *x,
                          size_t ldx, int T, const void *wv, int Din, int n0, int n1,
                          const struct moe_tensor *b)
 {
+    enum { C = 3, WBUF = 3 * 4096 };
     const char *w = wv;
-    const size_t wld = (size_t)Din * (dt == MOE_DTYPE_F32 ? 4 : 2);
+    const size_t wld = (size_t)Din * (dt == MOE_DTYPE_F32 ? 4 : 2), fld = (size_t)Din * 4;
+    float wbuf[WBUF];
     if (b && !b->data) b = NULL;
     for (int t0 = 0; t0 < T; t0 += TB) {
         const int tn = T - t0 < TB ? T - t0 : TB;
         float *yb = y + (size_t)t0 * ldy;
         const float *xb = x + (size_t)t0 * ldx;
         if (tn < 4) {
-            few_rows(dt, yb, ldy, xb, ldx, tn, w, wld, Din, n0, n1, b);
+            few_rows(dt, yb, ldy, xb, ldx, tn, w + n0 * wld, wld, Din, n0, n1, b);
             continue;
         }
         const int t4 = tn & ~3, rem = tn - t4;
+        const bool widen = dt != MOE_DTYPE_F32 && tn >= 8 && (size_t)C * Din <= WBUF;
         int n = n0;
-        for (; n + 3 <= n1; n += 3) {
+        for (; n + C <= n1; n += C) {
             const char *wn = w + n * wld;
-            for (int t = 0; t < t4; t += 4)
-                tile(4, 3, dt, yb + t * ldy + n, ldy, xb + t * ldx, ldx, wn, wld, Din, b, n);
-            if (rem)
-                few_rows(dt, yb + t4 * ldy, ldy, xb + t4 * ldx, ldx, rem, w, wld, Din, n, n + 3, b);
+            if (widen) {
+                widen_rows(wbuf, dt, wn, wld, C, Din);
+                const char *wf = (const char *)wbuf;
+                for (int t = 0; t < t4; t += 4)
+                    tile(4, C, MOE_DTYPE_F32, yb + t * ldy + n, ldy, xb + t * ldx, ldx, wf, fld,
+                         Din, b, n);
+                if (rem)
+                    few_rows(MOE_DTYPE_F32, yb + t4 * ldy, ldy, xb + t4 * ldx, ldx, rem, wf, fld,
+                             Din, n, n + C, b);
+            } else {
+                for (int t = 0; t < t4; t += 4)
+                    tile(4, C, dt, yb + t * ldy + n, ldy, xb + t * ldx, ldx, wn, wld, Din, b, n);
+                if (rem)
+                    few_rows(dt, yb + t4 * ldy, ldy, xb + t4 * ldx, ldx, rem, wn, wld, Din, n,
+                             n + C, b);
+            }
         }
         for (; n < n1; n++) {
             const char *wn = w + n * wld;
             for (int t = 0; t < t4; t += 4)
                 tile(4, 1, dt, yb + t * ldy + n, ldy, xb + t * ldx, ldx, wn, wld, Din, b, n);
             if (rem)
-                few_rows(dt, yb + t4 * ldy, ldy, xb + t4 * ldx, ldx, rem, w, wld, Din, n, n + 1, b);
+                few_rows(dt, yb + t4 * ldy, ldy, xb + t4 * ldx, ldx, rem, wn, wld, Din, n, n + 1, b);
         }
     }
 }

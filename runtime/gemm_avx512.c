@@ -1,8 +1,10 @@
 /* gemm_avx512.c - AVX-512 kernels of the fast matrix product: the same
  * tiling as gemm_avx2.c (read that first) with 16 lanes and 32 registers,
- * so the batch tile is 4 input rows x 6 weight rows (24 accumulators) and
- * a decode row takes 8 weight rows at a time. */
+ * so the batch tile is 4 input rows x 6 weight rows (24 accumulators), and
+ * rows of a decode step take 8 (one or two rows) or 6 weight rows at a time.
+ * Kept line for line parallel to gemm_avx2.c. */
 #include <immintrin.h>
+#include <stdbool.h>
 
 #include "runtime/gemm.h"
 #include "runtime/gemm_fast_impl.h"
@@ -11,7 +13,8 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-enum { TB = 64 }; /* input rows per cache block */
+enum { TB = 64 };  /* input rows per cache block */
+enum { PF = 512 }; /* bytes ahead to prefetch weight rows in decode tiles */
 
 AVX512 INLINE __m512 load_w16(const char *row, const enum moe_dtype dt, int k)
 {
@@ -54,7 +57,13 @@ AVX512 INLINE void tile(const int R, const int C, const enum moe_dtype dt, float
     for (; k + 16 <= Din; k += 16) {
         __m512 wv[8];
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) wv[c] = load_w16(w + (size_t)c * wld, dt, k);
+        for (int c = 0; c < C; c++) {
+            /* decode streams weights once from memory: keep loads in flight */
+            if (R < 4)
+                _mm_prefetch(w + (size_t)c * wld + (size_t)k * (dt == MOE_DTYPE_F32 ? 4 : 2) + PF,
+                             _MM_HINT_T0);
+            wv[c] = load_w16(w + (size_t)c * wld, dt, k);
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const float *xr = x + (size_t)r * ldx + k;
@@ -72,58 +81,92 @@ AVX512 INLINE void tile(const int R, const int C, const enum moe_dtype dt, float
         }
 }
 
-/* Rows [t0, t1) against weight rows [n0, n1) in tiles of R <= 3 rows. */
+/* R <= 3 rows against weight rows [n0, n1); w points at row n0. */
 AVX512 INLINE void few_rows(const enum moe_dtype dt, float *y, size_t ldy, const float *x,
-                          size_t ldx, int R, const char *w, size_t wld, int Din, int n0, int n1,
+                            size_t ldx, int R, const char *w, size_t wld, int Din, int n0, int n1,
                           const struct moe_tensor *b)
 {
     int n = n0;
     switch (R) {
     case 1:
-        for (; n + 8 <= n1; n += 8) tile(1, 8, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
-        for (; n < n1; n++) tile(1, 1, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
+        for (; n + 8 <= n1; n += 8)
+            tile(1, 8, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
+        for (; n < n1; n++) tile(1, 1, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
         break;
     case 2:
-        for (; n + 8 <= n1; n += 8) tile(2, 8, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
-        for (; n < n1; n++) tile(2, 1, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
+        for (; n + 8 <= n1; n += 8)
+            tile(2, 8, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
+        for (; n < n1; n++) tile(2, 1, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
         break;
     default:
-        for (; n + 6 <= n1; n += 6) tile(3, 6, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
-        for (; n < n1; n++) tile(3, 1, dt, y + n, ldy, x, ldx, w + n * wld, wld, Din, b, n);
+        for (; n + 6 <= n1; n += 6)
+            tile(3, 6, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
+        for (; n < n1; n++) tile(3, 1, dt, y + n, ldy, x, ldx, w + (n - n0) * wld, wld, Din, b, n);
         break;
     }
 }
 
+/* C weight rows of dtype dt to fp32 (exact), for reuse across a row block. */
+AVX512 INLINE void widen_rows(float *dst, const enum moe_dtype dt, const char *w, size_t wld,
+                            int C, int Din)
+{
+    for (int c = 0; c < C; c++) {
+        const char *src = w + (size_t)c * wld;
+        float *d = dst + (size_t)c * Din;
+        int k = 0;
+        for (; k + 16 <= Din; k += 16) _mm512_storeu_ps(d + k, load_w16(src, dt, k));
+        for (; k < Din; k++) d[k] = load_w1(src, dt, k);
+    }
+}
+
+/* All T rows against weight rows [n0, n1).  Blocks of TB rows; in a block
+ * of at least 8 rows the weights of each tile column group are widened to
+ * fp32 once (into a stack buffer of WBUF floats) rather than once per tile. */
 AVX512 INLINE void rows_dt(const enum moe_dtype dt, float *y, size_t ldy, const float *x,
                          size_t ldx, int T, const void *wv, int Din, int n0, int n1,
                          const struct moe_tensor *b)
 {
+    enum { C = 6, WBUF = 6 * 4096 };
     const char *w = wv;
-    const size_t wld = (size_t)Din * (dt == MOE_DTYPE_F32 ? 4 : 2);
+    const size_t wld = (size_t)Din * (dt == MOE_DTYPE_F32 ? 4 : 2), fld = (size_t)Din * 4;
+    float wbuf[WBUF];
     if (b && !b->data) b = NULL;
     for (int t0 = 0; t0 < T; t0 += TB) {
         const int tn = T - t0 < TB ? T - t0 : TB;
         float *yb = y + (size_t)t0 * ldy;
         const float *xb = x + (size_t)t0 * ldx;
         if (tn < 4) {
-            few_rows(dt, yb, ldy, xb, ldx, tn, w, wld, Din, n0, n1, b);
+            few_rows(dt, yb, ldy, xb, ldx, tn, w + n0 * wld, wld, Din, n0, n1, b);
             continue;
         }
         const int t4 = tn & ~3, rem = tn - t4;
+        const bool widen = dt != MOE_DTYPE_F32 && tn >= 8 && (size_t)C * Din <= WBUF;
         int n = n0;
-        for (; n + 6 <= n1; n += 6) {
+        for (; n + C <= n1; n += C) {
             const char *wn = w + n * wld;
-            for (int t = 0; t < t4; t += 4)
-                tile(4, 6, dt, yb + t * ldy + n, ldy, xb + t * ldx, ldx, wn, wld, Din, b, n);
-            if (rem)
-                few_rows(dt, yb + t4 * ldy, ldy, xb + t4 * ldx, ldx, rem, w, wld, Din, n, n + 6, b);
+            if (widen) {
+                widen_rows(wbuf, dt, wn, wld, C, Din);
+                const char *wf = (const char *)wbuf;
+                for (int t = 0; t < t4; t += 4)
+                    tile(4, C, MOE_DTYPE_F32, yb + t * ldy + n, ldy, xb + t * ldx, ldx, wf, fld,
+                         Din, b, n);
+                if (rem)
+                    few_rows(MOE_DTYPE_F32, yb + t4 * ldy, ldy, xb + t4 * ldx, ldx, rem, wf, fld,
+                             Din, n, n + C, b);
+            } else {
+                for (int t = 0; t < t4; t += 4)
+                    tile(4, C, dt, yb + t * ldy + n, ldy, xb + t * ldx, ldx, wn, wld, Din, b, n);
+                if (rem)
+                    few_rows(dt, yb + t4 * ldy, ldy, xb + t4 * ldx, ldx, rem, wn, wld, Din, n,
+                             n + C, b);
+            }
         }
         for (; n < n1; n++) {
             const char *wn = w + n * wld;
             for (int t = 0; t < t4; t += 4)
                 tile(4, 1, dt, yb + t * ldy + n, ldy, xb + t * ldx, ldx, wn, wld, Din, b, n);
             if (rem)
-                few_rows(dt, yb + t4 * ldy, ldy, xb + t4 * ldx, ldx, rem, w, wld, Din, n, n + 1, b);
+                few_rows(dt, yb + t4 * ldy, ldy, xb + t4 * ldx, ldx, rem, wn, wld, Din, n, n + 1, b);
         }
     }
 }

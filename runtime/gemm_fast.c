@@ -66,14 +66,16 @@ void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int 
         moe_gemm_fast_rows(isa, y, (size_t)ldy, x, (size_t)ldx, T, w, wt, Din, 0, N, b);
         return;
     }
-#pragma omp parallel
-    {
-        /* contiguous ranges of output rows, multiples of 48 (a whole number
-         * of tiles of either kernel set) except the last */
-        const int nth = omp_get_num_threads(), id = omp_get_thread_num();
-        int per = (N + nth - 1) / nth;
-        per = (per + 47) / 48 * 48;
-        const int n0 = id * per < N ? id * per : N, n1 = n0 + per < N ? n0 + per : N;
+    /* slices of output rows, multiples of 48 (whole tiles of either kernel
+     * set), at least 8 per thread, taken dynamically: a thread that the
+     * scheduler delays (the machine may be shared) holds up little */
+    const int nth = omp_get_max_threads();
+    int cs = (N + 8 * nth - 1) / (8 * nth);
+    cs = (cs + 47) / 48 * 48;
+    const int ns = (N + cs - 1) / cs;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < ns; i++) {
+        const int n0 = i * cs, n1 = n0 + cs < N ? n0 + cs : N;
         moe_gemm_fast_rows(isa, y, (size_t)ldy, x, (size_t)ldx, T, w, wt, Din, n0, n1, b);
     }
 }
