@@ -23,7 +23,7 @@
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
-    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
