@@ -77,6 +77,11 @@ struct moe_backend_ops {
     /* y (T, N) = x (T, Din) . W^T (+ b), W (N, Din) in its stored dtype. */
     MOE_OP(matmul, float *y, const float *x, const struct moe_tensor *w,
            const struct moe_tensor *b, int T);
+    /* Optional (NULL: the forward pass calls matmul n times): n <= 4
+     * products y[i] (T, N_i) = x . W_i^T (+ b_i) of one input, computed
+     * together (one parallel region, the input read once per tile). */
+    MOE_OP(matmul_multi, int n, float *const *y, const float *x,
+           const struct moe_tensor *const *w, const struct moe_tensor *const *b, int T);
     MOE_OP(add, float *y, const float *x, size_t n);            /* y += x */
     MOE_OP(clamp, float *x, size_t n, float limit);             /* x in [-limit, limit] */
     MOE_OP(swiglu, float *g, const float *u, size_t n);         /* g = silu(g) * u */

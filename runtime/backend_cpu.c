@@ -1,9 +1,9 @@
 /* backend_cpu.c - the CPU backends: host memory, OpenMP threads, each op a
  * call into its module's *_cpu function (the reference, "cpu-ref") or, for
  * the heavy ops, its *_fast twin ("cpu": matmul, experts and attention with
- * AVX2/AVX-512 kernels, chosen at init by what the processor supports; the
- * reference table where it supports neither).  The two tables differ only in
- * those three entries.  Scratch for weight-row conversion, attention
+ * AVX2/AVX-512 kernels, chosen at init by what the processor supports, plus
+ * the optional matmul_multi; the reference table where it supports neither).
+ * The two tables differ only in those entries.  Scratch for weight-row conversion, attention
  * accumulators and the expert list is sized in prepare_model, so no op
  * allocates; the OpenMP team is created once and reused by every op. */
 #include <math.h>
@@ -114,6 +114,25 @@ static enum moe_status fast_matmul(struct moe_backend *be, float *y, const float
 {
     const int N = (int)w->shape[0], Din = (int)w->shape[1];
     moe_gemm_fast(ctx_of(be)->isa, y, N, x, Din, w->data, w->dtype, N, Din, T, b);
+    return MOE_OK;
+}
+
+static enum moe_status fast_matmul_multi(struct moe_backend *be, int n, float *const *y,
+                                         const float *x, const struct moe_tensor *const *w,
+                                         const struct moe_tensor *const *b, int T)
+{
+    const void *wd[4];
+    enum moe_dtype wt[4];
+    int N[4];
+    const int Din = (int)w[0]->shape[1];
+    MOE_ASSERT(n >= 1 && n <= 4);
+    for (int i = 0; i < n; i++) {
+        MOE_ASSERT(w[i]->shape[1] == Din);
+        wd[i] = w[i]->data;
+        wt[i] = w[i]->dtype;
+        N[i] = (int)w[i]->shape[0];
+    }
+    moe_gemm_fast_multi(ctx_of(be)->isa, n, y, x, Din, wd, wt, N, T, b);
     return MOE_OK;
 }
 
@@ -270,6 +289,7 @@ static const struct moe_backend_ops cpu_fast_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = fast_matmul,
+    .matmul_multi = fast_matmul_multi,
     .add = cpu_add,
     .clamp = cpu_clamp,
     .swiglu = cpu_swiglu,

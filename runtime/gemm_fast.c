@@ -57,6 +57,15 @@ void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float 
         moe_gemm_rows_avx2(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
 }
 
+/* Output rows per slice for N rows: a multiple of 48 (whole tiles of either
+ * kernel set) giving about 8 slices per thread, taken dynamically, so a
+ * thread the scheduler delays (the machine may be shared) holds up little. */
+static int slice_rows(int N, int nth)
+{
+    int cs = (N + 8 * nth - 1) / (8 * nth);
+    return (cs + 47) / 48 * 48;
+}
+
 void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int ldx,
                    const void *w, enum moe_dtype wt, int N, int Din, int T,
                    const struct moe_tensor *b)
@@ -66,17 +75,35 @@ void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int 
         moe_gemm_fast_rows(isa, y, (size_t)ldy, x, (size_t)ldx, T, w, wt, Din, 0, N, b);
         return;
     }
-    /* slices of output rows, multiples of 48 (whole tiles of either kernel
-     * set), at least 8 per thread, taken dynamically: a thread that the
-     * scheduler delays (the machine may be shared) holds up little */
-    const int nth = omp_get_max_threads();
-    int cs = (N + 8 * nth - 1) / (8 * nth);
-    cs = (cs + 47) / 48 * 48;
+    const int cs = slice_rows(N, omp_get_max_threads());
     const int ns = (N + cs - 1) / cs;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < ns; i++) {
         const int n0 = i * cs, n1 = n0 + cs < N ? n0 + cs : N;
         moe_gemm_fast_rows(isa, y, (size_t)ldy, x, (size_t)ldx, T, w, wt, Din, n0, n1, b);
+    }
+}
+
+void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const float *x, int Din,
+                         const void *const *w, const enum moe_dtype *wt, const int *N, int T,
+                         const struct moe_tensor *const *b)
+{
+    MOE_ASSERT(isa != MOE_CPU_ISA_REF && n >= 1 && n <= 4);
+    const int nth = omp_get_max_threads();
+    int cs[4], first[5] = {0};
+    size_t work = 0;
+    for (int j = 0; j < n; j++) {
+        cs[j] = slice_rows(N[j], nth);
+        first[j + 1] = first[j] + (N[j] + cs[j] - 1) / cs[j];
+        work += (size_t)N[j] * Din * (size_t)T;
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (work > 32768)
+    for (int i = 0; i < first[n]; i++) {
+        int j = 0;
+        while (i >= first[j + 1]) j++;
+        const int n0 = (i - first[j]) * cs[j], n1 = n0 + cs[j] < N[j] ? n0 + cs[j] : N[j];
+        moe_gemm_fast_rows(isa, y[j], (size_t)N[j], x, (size_t)Din, T, w[j], wt[j], Din, n0, n1,
+                           b ? b[j] : NULL);
     }
 }
 

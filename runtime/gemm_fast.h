@@ -51,6 +51,12 @@ void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int 
                    const void *w, enum moe_dtype wt, int N, int Din, int T,
                    const struct moe_tensor *b);
 
+/* n <= 4 products of one input x (T, Din) in one parallel region:
+ * y[i] (T, N[i]) [row stride N[i]] = x . W_i^T (+ b[i]); b may be NULL. */
+void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const float *x, int Din,
+                         const void *const *w, const enum moe_dtype *wt, const int *N, int T,
+                         const struct moe_tensor *const *b);
+
 /* Vector helpers for attention (AVX2 kernels; isa >= MOE_CPU_ISA_AVX2). */
 float moe_dot_fast(const float *a, const float *b, int n);
 /* y = y * s + a * x over n floats. */

@@ -104,6 +104,41 @@ Test(fast_ops, gemm_large_parallel_bf16_and_f16)
     }
 }
 
+/* Several products of one input in one region give exactly the separate
+ * products (mixed dtypes, one bias, sizes not multiples of a tile). */
+Test(fast_ops, gemm_multi_equals_separate_products)
+{
+    enum moe_cpu_isa is[4];
+    int ni = isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
+    enum { T = 5, Din = 77 };
+    const int N[3] = {131, 17, 50};
+    const enum moe_dtype wt[3] = {MOE_DTYPE_BF16, MOE_DTYPE_F16, MOE_DTYPE_F32};
+    float x[T * Din], bv[17];
+    tu_fill_uniform(x, T * Din, 5, -1, 1);
+    tu_fill_uniform(bv, 17, 6, -1, 1);
+    struct moe_tensor b = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {17}, .data = bv};
+    const struct moe_tensor *bs[3] = {NULL, &b, NULL};
+    for (int i = 0; i < ni; i++) {
+        const void *w[3];
+        float *y[3], *want[3];
+        for (int j = 0; j < 3; j++) {
+            w[j] = random_weights((size_t)N[j] * Din, wt[j], 40 + j);
+            y[j] = malloc((size_t)T * N[j] * sizeof(float));
+            want[j] = malloc((size_t)T * N[j] * sizeof(float));
+            moe_gemm_fast(is[i], want[j], N[j], x, Din, w[j], wt[j], N[j], Din, T, bs[j]);
+        }
+        moe_gemm_fast_multi(is[i], 3, y, x, Din, w, wt, N, T, bs);
+        for (int j = 0; j < 3; j++) {
+            cr_expect(memcmp(y[j], want[j], (size_t)T * N[j] * sizeof(float)) == 0,
+                      "%s: product %d differs", moe_cpu_isa_name(is[i]), j);
+            free((void *)w[j]);
+            free(y[j]);
+            free(want[j]);
+        }
+    }
+}
+
 /* The fast expert phase equals the reference for a routing in which expert
  * `hot` takes every row (when hot >= 0) or routing is random; some experts
  * receive no rows either way. */
