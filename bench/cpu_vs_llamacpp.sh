@@ -19,11 +19,13 @@
 #
 # Environment: MOERUN (default build/moerun), THREADS (2), PROMPT (512),
 # GEN (64), REPEAT (2), ROUNDS (3), DTYPE (bf16 or f16; the checkpoint's own
-# dtype), LLAMA_CPP_SRC.
+# dtype), LLAMA_CPP_SRC, WAIT (default, or passive: idle threads sleep at
+# once instead of spinning, OMP_WAIT_POLICY=passive for moerun and --poll 0
+# for llama-bench; better on a machine shared with other work).
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -36,6 +38,13 @@ prompt=${PROMPT:-512}
 gen=${GEN:-64}
 repeat=${REPEAT:-2}
 rounds=${ROUNDS:-3}
+wait_policy=${WAIT:-default}
+moerun_env=()
+llama_extra=()
+if [ "$wait_policy" = passive ]; then
+    moerun_env=(OMP_WAIT_POLICY=passive)
+    llama_extra=(--poll 0)
+fi
 dtype=${DTYPE:-bf16}
 llama_bench=$llama_build/bin/llama-bench
 [ -x "$llama_bench" ] || { echo "no $llama_bench" >&2; exit 1; }
@@ -44,7 +53,8 @@ llama_bench=$llama_build/bin/llama-bench
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
 
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; threads $threads"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; threads $threads;" \
+     "wait policy $wait_policy; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "moerun: $(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo unknown)," \
      "llama.cpp: $("$llama_bench" --version 2>&1 | head -1 || true)"
 
@@ -59,10 +69,11 @@ for model in "$@"; do
     fi
     # alternate the two programs so both see the same machine load
     for r in $(seq "$rounds"); do
-        "$moerun" bench "$model" --backend cpu --threads "$threads" --prefill "$prompt" \
-            --chunk "$prompt" --decode 1 --ctx 1 --steps "$gen" --repeat "$repeat" --json \
+        env "${moerun_env[@]}" "$moerun" bench "$model" --backend cpu --threads "$threads" \
+            --prefill "$prompt" --chunk "$prompt" --decode 1 --ctx 1 --steps "$gen" --repeat "$repeat" --json \
             > "$results/moerun.$i.$r.json"
-        "$llama_bench" -m "$gguf" -t "$threads" -p "$prompt" -n "$gen" -r "$repeat" -o json \
+        "$llama_bench" -m "$gguf" -t "$threads" -p "$prompt" -n "$gen" -r "$repeat" \
+            "${llama_extra[@]}" -o json \
             > "$results/llama.$i.$r.json" 2> "$results/llama.$i.log" ||
             { tail -20 "$results/llama.$i.log" >&2; exit 1; }
     done
