@@ -44,6 +44,14 @@ static inline size_t moe_attention_scratch_floats(int Hq, int Hkv, int Dh)
 void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcache *kv,
                              const struct moe_batch *b, const struct moe_attn_params *p,
                              float *scratch);
+/* The fast twin (attention_fast.c, AVX2 vector dot products and one softmax
+ * update per tile of keys); within fp32 tolerance of the reference.
+ * scratch: (omp threads, scratch_per_thread) floats, scratch_per_thread at
+ * least moe_attention_fast_scratch(G, Dh). */
+size_t moe_attention_fast_scratch(int G, int Dh);
+void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcache *kv,
+                              const struct moe_batch *b, const struct moe_attn_params *p,
+                              float *scratch, size_t scratch_per_thread);
 
 #ifdef __cplusplus
 }

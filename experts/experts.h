@@ -9,6 +9,7 @@
 #pragma once
 
 #include "runtime/backend.h"
+#include "runtime/gemm_fast.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,6 +22,13 @@ void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *
                          const float *w, const struct moe_expert_weights *ex,
                          const struct moe_expert_ws *ws, int T, int K, int D, int F, int E,
                          float *scratch);
+/* The fast twin (experts_fast.c): same result within fp32 tolerance, one
+ * parallel region, weights converted in registers.  active: (E) ints of
+ * scratch.  isa must not be MOE_CPU_ISA_REF. */
+void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
+                          const struct moe_dispatch *plan, const float *w,
+                          const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
+                          int T, int K, int D, int F, int E, int32_t *active);
 
 #ifdef __cplusplus
 }

@@ -21,7 +21,8 @@ enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
 enum moe_status moe_backend_init(struct moe_backend *be, const char *name, int n_threads)
 {
     memset(be, 0, sizeof *be);
-    if (!strcmp(name, "cpu")) return moe_backend_cpu_init(be, n_threads);
+    if (!strcmp(name, "cpu")) return moe_backend_cpu_fast_init(be, n_threads);
+    if (!strcmp(name, "cpu-ref")) return moe_backend_cpu_init(be, n_threads);
     if (!strcmp(name, "cuda") || !strcmp(name, "auto")) {
         char why[256] = "";
         int n = moe_cuda_device_count(why, sizeof why);
@@ -31,14 +32,15 @@ enum moe_status moe_backend_init(struct moe_backend *be, const char *name, int n
         }
         if (n == 0) {
             fprintf(stderr, "moerun: no CUDA device (%s); using the CPU backend\n", why);
-            return moe_backend_cpu_init(be, n_threads);
+            return moe_backend_cpu_fast_init(be, n_threads);
         }
         if (moe_backend_cuda_init(be, 0) == MOE_OK) return MOE_OK;
         fprintf(stderr, "moerun: the CUDA device could not be used (%s); using the CPU backend\n",
                 moe_last_error());
-        return moe_backend_cpu_init(be, n_threads);
+        return moe_backend_cpu_fast_init(be, n_threads);
     }
-    return moe_fail(MOE_ERR_INVALID_ARG, "unknown backend '%s' (choose cpu, cuda or auto)", name);
+    return moe_fail(MOE_ERR_INVALID_ARG,
+                    "unknown backend '%s' (choose cpu, cpu-ref, cuda or auto)", name);
 }
 
 void moe_backend_free(struct moe_backend *be)

@@ -88,6 +88,11 @@ struct moe_backend_ops {
     /* y (T, N) = x (T, Din) . W^T (+ b), W (N, Din) in its stored dtype. */
     MOE_OP(matmul, float *y, const float *x, const struct moe_tensor *w,
            const struct moe_tensor *b, int T);
+    /* Optional (NULL: the forward pass calls matmul n times): n <= 4
+     * products y[i] (T, N_i) = x . W_i^T (+ b_i) of one input, computed
+     * together (one parallel region, the input read once per tile). */
+    MOE_OP(matmul_multi, int n, float *const *y, const float *x,
+           const struct moe_tensor *const *w, const struct moe_tensor *const *b, int T);
     MOE_OP(add, float *y, const float *x, size_t n);            /* y += x */
     MOE_OP(clamp, float *x, size_t n, float limit);             /* x in [-limit, limit] */
     MOE_OP(swiglu, float *g, const float *u, size_t n);         /* g = silu(g) * u */
@@ -139,13 +144,23 @@ struct moe_backend {
     int n_threads;
 };
 
-/* The CPU reference backend; n_threads 0 = all cores (OpenMP default). */
+/* The CPU reference backend ("cpu-ref"); n_threads 0 = all cores (OpenMP
+ * default). */
 MOE_MUST_USE enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads);
 /* The CUDA backend on device ordinal `device`; MOE_ERR_DEVICE when the
  * device cannot be used, MOE_ERR_UNSUPPORTED when built without CUDA. */
 MOE_MUST_USE enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device);
-/* Chooses a backend by name: "cpu", "cuda", or "auto" (CUDA when a device is
- * present, else the CPU with a one-line notice on stderr). */
+/* The fast CPU backend ("cpu"): the reference with matmul, experts and
+ * attention replaced by AVX2 or AVX-512 kernels, whichever is the best this
+ * processor runs (runtime/gemm_fast.h); the reference where it runs neither.
+ * MOERUN_CPU_ISA=ref|avx2|avx512 in the environment caps the choice. */
+MOE_MUST_USE enum moe_status moe_backend_cpu_fast_init(struct moe_backend *be, int n_threads);
+/* Kernel set a CPU backend uses: 0 (MOE_CPU_ISA_REF) for the reference,
+ * see enum moe_cpu_isa in runtime/gemm_fast.h. */
+int moe_backend_cpu_isa(const struct moe_backend *be);
+/* Chooses a backend by name: "cpu" (fast), "cpu-ref" (reference), "cuda",
+ * or "auto" (CUDA when a device is present, else "cpu" with a one-line
+ * notice on stderr). */
 MOE_MUST_USE enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
                                                int n_threads);
 void moe_backend_free(struct moe_backend *be);

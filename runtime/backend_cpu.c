@@ -1,7 +1,11 @@
-/* backend_cpu.c - the CPU reference backend: host memory, OpenMP threads,
- * each op a call into its module's *_cpu function.  Scratch for weight-row
- * conversion and attention accumulators is sized in prepare_model, so no
- * op allocates. */
+/* backend_cpu.c - the CPU backends: host memory, OpenMP threads, each op a
+ * call into its module's *_cpu function (the reference, "cpu-ref") or, for
+ * the heavy ops, its *_fast twin ("cpu": matmul, experts and attention with
+ * AVX2/AVX-512 kernels, chosen at init by what the processor supports, plus
+ * the optional matmul_multi; the reference table where it supports neither).
+ * The two tables differ only in those entries.  Scratch for weight-row conversion, attention
+ * accumulators and the expert list is sized in prepare_model, so no op
+ * allocates; the OpenMP team is created once and reused by every op. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -12,11 +16,15 @@
 #include "router/router.h"
 #include "runtime/backend.h"
 #include "runtime/gemm.h"
+#include "runtime/gemm_fast.h"
 
 struct cpu_ctx {
     float *scratch;       /* (threads, scratch_per_thread) */
     size_t scratch_per_thread;
+    int32_t *active;      /* (E) experts with rows, for the fast expert phase */
+    int n_active_cap;
     int threads;
+    enum moe_cpu_isa isa; /* MOE_CPU_ISA_REF for the reference table */
 };
 
 static struct cpu_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
@@ -51,6 +59,14 @@ static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_mode
                      moe_attention_scratch_floats(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim)};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > need) need = dims[i];
+    size_t att = moe_attention_fast_scratch(cfg->n_heads / cfg->n_kv_heads, cfg->head_dim);
+    if (att > need) need = att;
+    if (cfg->n_experts > c->n_active_cap) {
+        int32_t *a = realloc(c->active, (size_t)cfg->n_experts * sizeof(int32_t));
+        if (!a) return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert list");
+        c->active = a;
+        c->n_active_cap = cfg->n_experts;
+    }
     if (need <= c->scratch_per_thread) return MOE_OK;
     size_t total;
     if (!moe_mul_size(need, (size_t)c->threads, &total) || !moe_mul_size(total, sizeof(float), &total))
@@ -94,6 +110,33 @@ static enum moe_status cpu_matmul(struct moe_backend *be, float *y, const float 
     return MOE_OK;
 }
 
+static enum moe_status fast_matmul(struct moe_backend *be, float *y, const float *x,
+                                   const struct moe_tensor *w, const struct moe_tensor *b, int T)
+{
+    const int N = (int)w->shape[0], Din = (int)w->shape[1];
+    moe_gemm_fast(ctx_of(be)->isa, y, N, x, Din, w->data, w->dtype, N, Din, T, b);
+    return MOE_OK;
+}
+
+static enum moe_status fast_matmul_multi(struct moe_backend *be, int n, float *const *y,
+                                         const float *x, const struct moe_tensor *const *w,
+                                         const struct moe_tensor *const *b, int T)
+{
+    const void *wd[4];
+    enum moe_dtype wt[4];
+    int N[4];
+    const int Din = (int)w[0]->shape[1];
+    MOE_ASSERT(n >= 1 && n <= 4);
+    for (int i = 0; i < n; i++) {
+        MOE_ASSERT(w[i]->shape[1] == Din);
+        wd[i] = w[i]->data;
+        wt[i] = w[i]->dtype;
+        N[i] = (int)w[i]->shape[0];
+    }
+    moe_gemm_fast_multi(ctx_of(be)->isa, n, y, x, Din, wd, wt, N, T, b);
+    return MOE_OK;
+}
+
 static enum moe_status cpu_add(struct moe_backend *be, float *y, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++) y[i] += x[i];
@@ -134,6 +177,18 @@ static enum moe_status cpu_attention(struct moe_backend *be, float *out, const f
     return MOE_OK;
 }
 
+static enum moe_status fast_attention(struct moe_backend *be, float *out, const float *q,
+                                      const struct moe_kvcache *kv, const struct moe_batch *b,
+                                      const struct moe_attn_params *p)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    if (kv->dtype != MOE_DTYPE_F32) /* f16/bf16 caches: the reference converts rows */
+        moe_attention_paged_cpu(out, q, kv, b, p, c->scratch);
+    else
+        moe_attention_paged_fast(out, q, kv, b, p, c->scratch, c->scratch_per_thread);
+    return MOE_OK;
+}
+
 static enum moe_status cpu_route(struct moe_backend *be, int32_t *ids, float *w,
                                  const float *logits, int T, int E, int K, bool renorm)
 {
@@ -158,6 +213,18 @@ static enum moe_status cpu_experts(struct moe_backend *be, float *out, const flo
     return MOE_OK;
 }
 
+static enum moe_status fast_experts(struct moe_backend *be, float *out, const float *x,
+                                    const struct moe_dispatch *plan, const float *w,
+                                    const struct moe_expert_weights *ex,
+                                    const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                    int E)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    MOE_ASSERT(E <= c->n_active_cap);
+    moe_experts_ffn_fast(c->isa, out, x, plan, w, ex, ws, T, K, D, F, E, c->active);
+    return MOE_OK;
+}
+
 static enum moe_status cpu_sigmoid_scale(struct moe_backend *be, float *y, const float *g, int T,
                                          int D)
 {
@@ -179,13 +246,16 @@ static enum moe_status cpu_gather_rows(struct moe_backend *be, float *dst, const
 static void cpu_destroy(struct moe_backend *be)
 {
     struct cpu_ctx *c = ctx_of(be);
-    if (c) free(c->scratch);
+    if (c) {
+        free(c->scratch);
+        free(c->active);
+    }
     free(c);
     be->ctx = NULL;
 }
 
 static const struct moe_backend_ops cpu_ops = {
-    .name = "cpu",
+    .name = "cpu-ref",
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .dealloc = cpu_dealloc,
@@ -209,15 +279,59 @@ static const struct moe_backend_ops cpu_ops = {
     .gather_rows = cpu_gather_rows,
 };
 
-enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads)
+/* The reference table with the three heavy ops replaced by their fast
+ * twins: the selection table of the fast path. */
+static const struct moe_backend_ops cpu_fast_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .dealloc = cpu_dealloc,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .prepare_model = cpu_prepare_model,
+    .sync = cpu_sync,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = fast_matmul,
+    .matmul_multi = fast_matmul_multi,
+    .add = cpu_add,
+    .clamp = cpu_clamp,
+    .swiglu = cpu_swiglu,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = fast_attention,
+    .route = cpu_route,
+    .dispatch = cpu_dispatch,
+    .experts = fast_experts,
+    .sigmoid_scale = cpu_sigmoid_scale,
+    .gather_rows = cpu_gather_rows,
+};
+
+static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_cpu_isa isa)
 {
     memset(be, 0, sizeof *be);
     struct cpu_ctx *c = calloc(1, sizeof *c);
     if (!c) return moe_fail(MOE_ERR_NOMEM, "cpu backend");
     if (n_threads > 0) omp_set_num_threads(n_threads);
     c->threads = omp_get_max_threads();
-    be->ops = &cpu_ops;
+    c->isa = isa;
+    be->ops = isa == MOE_CPU_ISA_REF ? &cpu_ops : &cpu_fast_ops;
     be->ctx = c;
     be->n_threads = c->threads;
     return MOE_OK;
+}
+
+enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads)
+{
+    return cpu_init(be, n_threads, MOE_CPU_ISA_REF);
+}
+
+enum moe_status moe_backend_cpu_fast_init(struct moe_backend *be, int n_threads)
+{
+    return cpu_init(be, n_threads, moe_cpu_isa_detect());
+}
+
+int moe_backend_cpu_isa(const struct moe_backend *be)
+{
+    return be->ops == &cpu_fast_ops ? ((const struct cpu_ctx *)be->ctx)->isa : MOE_CPU_ISA_REF;
 }

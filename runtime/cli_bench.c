@@ -5,14 +5,24 @@
  * prefilled with --ctx tokens (untimed), then N decode steps of B tokens,
  * tokens/s = B*N / time, plus the mean step time.  Each measurement is
  * preceded by a warm-up run and reports the best of --repeat runs.  Token
- * ids are seeded random, so runs are reproducible. */
+ * ids are seeded random, so runs are reproducible.
+ *
+ * With decode sizes, bench also prints the memory-bandwidth roofline of a
+ * batch-1 decode step: the bytes one token must read (every weight it
+ * touches once: attention, router, its K experts, dense and shared FFNs,
+ * norms, the LM head and one embedding row, plus its K/V cache at the mean
+ * context of the measurement) divided by a copy bandwidth measured here
+ * (memcpy of 256 MiB split over the same threads, best of 5, counting bytes
+ * read + written as STREAM's Copy does). */
 #include <getopt.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/bench_gpu.h"
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
+#include "runtime/gemm_fast.h"
 #include "runtime/runner.h"
 #include "runtime/bench_serve.h"
 #include "runtime/stats_cli.h"
@@ -39,7 +49,8 @@ static void usage(FILE *f)
             "    --range-ratio F    lengths uniform in [len*(1-F), len*(1+F)] (default 0)\n"
             "    --kv-budget SIZE, --kv-block N, --max-batch-tokens N, --max-seqs N,\n"
             "    --no-prefix-cache  engine settings (see moerun batch --help)\n"
-            "  --backend NAME   auto, cpu or cuda (default auto)\n"
+            "  --backend NAME   auto, cpu (fast kernels), cpu-ref (reference) or cuda\n"
+            "                   (default auto)\n"
             "  --threads N      CPU threads\n"
             "  --synthetic CONFIG, --dtype T, --synthetic-seed S  random weights\n"
             MOE_CLI_STATS_USAGE
@@ -155,6 +166,46 @@ done:
     json_decref(res);
     moe_engine_free(&e);
     return rc;
+}
+
+/* Bytes a batch-1 decode token reads at context ctx. */
+static double decode_bytes(const struct moe_model *m, double ctx)
+{
+    const struct moe_config *c = &m->cfg;
+    struct moe_model_sizes z;
+    moe_model_sizes(m, &z);
+    double experts = c->n_experts > 0 ? (double)z.bytes_experts * c->top_k / c->n_experts : 0;
+    double embed_row = (double)z.bytes_embed / (double)c->vocab;
+    double head = c->tie_embeddings ? (double)z.bytes_embed : (double)z.bytes_lm_head;
+    double kv = ctx * c->n_layers * 2.0 * c->n_kv_heads * c->head_dim * sizeof(float);
+    return (double)(z.bytes_attn + z.bytes_router + z.bytes_norm + z.bytes_dense_ffn +
+                    z.bytes_shared) + experts + embed_row + head + kv;
+}
+
+/* Copy bandwidth in bytes/s (read + written), or 0 without memory. */
+static double copy_bandwidth(void)
+{
+    const size_t n = (size_t)256 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    double best = 0;
+    if (a && b) {
+        memset(a, 1, n);
+        memset(b, 2, n);
+        for (int rep = 0; rep < 6; rep++) {
+            double t0 = moe_cli_now();
+#pragma omp parallel
+            {
+                const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+                const size_t per = n / (size_t)nt, off = per * (size_t)id;
+                memcpy(b + off, a + off, id == nt - 1 ? n - off : per);
+            }
+            double bw = 2.0 * (double)n / (moe_cli_now() - t0);
+            if (rep > 0 && bw > best) best = bw;
+        }
+    }
+    free(a);
+    free(b);
+    return best;
 }
 
 int moe_cli_bench(int argc, char **argv)
@@ -298,9 +349,10 @@ int moe_cli_bench(int argc, char **argv)
     }
     if (moe_cli_stats_start(&so, &m, "bench")) goto done;
     b.r.fw.stats = moe_cli_stats_recorder(&so);
-    out = json_pack("{s:s, s:s, s:i, s:b, s:[], s:[]}", "model", mo.path ? mo.path : mo.synthetic,
-                    "backend", be.ops->name, "threads", be.n_threads, "stats", !so.off, "prefill",
-                    "decode");
+    out = json_pack("{s:s, s:s, s:s, s:i, s:b, s:[], s:[]}", "model", mo.path ? mo.path : mo.synthetic,
+                    "backend", be.ops->name, "kernels",
+                    moe_cpu_isa_name((enum moe_cpu_isa)moe_backend_cpu_isa(&be)), "threads",
+                    be.n_threads, "stats", !so.off, "prefill", "decode");
     if (!json)
         printf("%-10s %8s %12s %14s\n", "phase", "size", "tokens/s", "time");
     const double t_loop = moe_cli_now();
@@ -341,6 +393,17 @@ int moe_cli_bench(int argc, char **argv)
     if (copy_bw || ng > 0) {
         struct moe_bench_gpu_opts go = {copy_bw, gtoks, ng, (int)ctx, b.r.kv.dtype};
         if (moe_bench_gpu_extras(&m, &go, dec, nb, out, json)) goto done;
+    }
+    if (nb > 0 && strcmp(be.ops->name, "cuda")) { /* host memory roofline */
+        const double bytes = decode_bytes(&m, (double)ctx + (double)steps / 2.0);
+        const double bw = copy_bandwidth();
+        const double roof = bw > 0 ? bw / bytes : 0;
+        json_object_set_new(out, "roofline",
+                            json_pack("{s:f, s:f, s:f}", "decode_bytes_per_token", bytes,
+                                      "copy_bytes_per_s", bw, "decode_tokens_per_s", roof));
+        if (!json)
+            printf("roofline: %.1f MB read per decode token, copy bandwidth %.2f GB/s "
+                   "-> %.1f tokens/s at batch 1\n", bytes / 1e6, bw / 1e9, roof);
     }
     if (json) {
         char *s = json_dumps(out, JSON_COMPACT);

@@ -65,7 +65,7 @@ enum {
     "  --max-batch-tokens N tokens per engine step (default 512)\n"                       \
     "  --max-seqs N         sequences per engine step (default 64)\n"                     \
     "  --no-prefix-cache    do not reuse cached prompt blocks\n"                          \
-    "  --backend NAME       auto, cpu or cuda (default auto)\n"                           \
+    "  --backend NAME       auto, cpu (fast kernels), cpu-ref (reference), cuda\n"                           \
     "  --threads N          CPU threads (default: all cores)\n"                           \
     "  --synthetic CONFIG   random weights for CONFIG.json instead of a model folder\n"   \
     "  --dtype T            synthetic weight dtype: f32, f16, bf16 (default bf16)\n"      \

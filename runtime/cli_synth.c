@@ -15,12 +15,16 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: moerun synth CONFIG.json OUTDIR [--dtype bf16] [--seed S] [--router-skew SPEC]\n\n"
+            "usage: moerun synth CONFIG.json OUTDIR [--dtype bf16] [--seed S] [--router-skew SPEC]\n"
+            "                    [--layout stacked|per-expert]\n\n"
             "Writes OUTDIR/config.json and OUTDIR/model.safetensors with random weights\n"
             "(uniform, std = initializer_range; norms 1) for any supported configuration.\n"
             "--router-skew zipf:S or hot:H:F makes every router choose its top-1 expert with\n"
             "known probabilities, written to config.json as moerun_router_skew\n"
-            "(docs/stats-format.md).\n");
+            "(docs/stats-format.md).\n"
+            "--layout per-expert writes one tensor per expert (legacy names, e.g.\n"
+            "block_sparse_moe.experts.0.w1.weight for Mixtral) instead of the stacked\n"
+            "transformers 5 mlp.experts.gate_up_proj; moerun loads both.\n");
 }
 
 static const char *torch_dtype(enum moe_dtype t)
@@ -30,11 +34,12 @@ static const char *torch_dtype(enum moe_dtype t)
 
 int moe_cli_synth(int argc, char **argv)
 {
-    const char *dtype_arg = "bf16", *skew_arg = NULL;
+    const char *dtype_arg = "bf16", *skew_arg = NULL, *layout_arg = "stacked";
     long seed = 0;
     static const struct option opts[] = {{"dtype", required_argument, 0, 'd'},
                                          {"seed", required_argument, 0, 'S'},
                                          {"router-skew", required_argument, 0, 'K'},
+                                         {"layout", required_argument, 0, 'l'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -42,6 +47,7 @@ int moe_cli_synth(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'd': dtype_arg = optarg; break;
+        case 'l': layout_arg = optarg; break;
         case 'S':
             if (!moe_cli_parse_int(optarg, 0, __LONG_MAX__, &seed))
                 return moe_cli_error("synth", "--seed '%s' is not a non-negative integer", optarg);
@@ -59,6 +65,12 @@ int moe_cli_synth(int argc, char **argv)
     enum moe_dtype dt;
     if (!moe_cli_parse_dtype(dtype_arg, &dt))
         return moe_cli_error("synth", "--dtype '%s' (use f32, f16 or bf16)", dtype_arg);
+    enum moe_synth_layout layout;
+    if (!strcmp(layout_arg, "stacked")) layout = MOE_SYNTH_STACKED;
+    else if (!strcmp(layout_arg, "per-expert")) layout = MOE_SYNTH_PER_EXPERT;
+    else return moe_cli_error("synth", "--layout '%s' (use stacked or per-expert)", layout_arg);
+    if (skew_arg && layout != MOE_SYNTH_STACKED)
+        return moe_cli_error("synth", "--router-skew needs the stacked layout");
     json_error_t jerr;
     json_t *root = json_load_file(cfg_path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) return moe_cli_error("synth", "%s: %s (line %d)", cfg_path, jerr.text, jerr.line);
@@ -80,7 +92,7 @@ int moe_cli_synth(int argc, char **argv)
         moe_cli_error("synth", "cannot create %s: %s", out, strerror(errno));
         goto done;
     }
-    if (moe_synth_tensors(&st, &cfg, dt, (uint64_t)seed) != MOE_OK ||
+    if (moe_synth_tensors(&st, &cfg, dt, (uint64_t)seed, layout) != MOE_OK ||
         moe_synth_apply_skew(&st, &cfg, &skew, (uint64_t)seed) != MOE_OK) {
         moe_cli_error("synth", "%s", moe_last_error());
         goto done;

@@ -209,9 +209,16 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     const int T = db->n_tokens, D = c->d_model, Hq = c->n_heads, Hkv = c->n_kv_heads,
               Dh = c->head_dim;
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->x, &w->attn_norm, T, D, c->rms_eps));
-    MOE_TRY(op->matmul(be, fw->q, fw->xn, &w->wq, &w->bq, T));
-    MOE_TRY(op->matmul(be, fw->k, fw->xn, &w->wk, &w->bk, T));
-    MOE_TRY(op->matmul(be, fw->v, fw->xn, &w->wv, &w->bv, T));
+    if (op->matmul_multi) {
+        float *const y[3] = {fw->q, fw->k, fw->v};
+        const struct moe_tensor *const ws[3] = {&w->wq, &w->wk, &w->wv};
+        const struct moe_tensor *const bs[3] = {&w->bq, &w->bk, &w->bv};
+        MOE_TRY(op->matmul_multi(be, 3, y, fw->xn, ws, bs, T));
+    } else {
+        MOE_TRY(op->matmul(be, fw->q, fw->xn, &w->wq, &w->bq, T));
+        MOE_TRY(op->matmul(be, fw->k, fw->xn, &w->wk, &w->bk, T));
+        MOE_TRY(op->matmul(be, fw->v, fw->xn, &w->wv, &w->bv, T));
+    }
     if (c->qk_norm == MOE_QK_NORM_HEAD) {
         MOE_TRY(op->rmsnorm(be, fw->q, fw->q, &w->q_norm, T * Hq, Dh, c->rms_eps));
         MOE_TRY(op->rmsnorm(be, fw->k, fw->k, &w->k_norm, T * Hkv, Dh, c->rms_eps));
@@ -245,8 +252,14 @@ static enum moe_status swiglu_ffn(struct moe_forward *fw, float *out, int T,
                                   const struct moe_tensor *d, const struct moe_tensor *bd)
 {
     struct moe_backend *be = fw->be;
-    MOE_TRY(be->ops->matmul(be, fw->h1, fw->xn, g, bg, T));
-    MOE_TRY(be->ops->matmul(be, fw->h2, fw->xn, u, bu, T));
+    if (be->ops->matmul_multi) {
+        float *const y[2] = {fw->h1, fw->h2};
+        const struct moe_tensor *const ws[2] = {g, u}, *const bs[2] = {bg, bu};
+        MOE_TRY(be->ops->matmul_multi(be, 2, y, fw->xn, ws, bs, T));
+    } else {
+        MOE_TRY(be->ops->matmul(be, fw->h1, fw->xn, g, bg, T));
+        MOE_TRY(be->ops->matmul(be, fw->h2, fw->xn, u, bu, T));
+    }
     MOE_TRY(be->ops->swiglu(be, fw->h1, fw->h2, (size_t)T * g->shape[0]));
     return be->ops->matmul(be, out, fw->h1, d, bd, T);
 }

@@ -4,7 +4,9 @@
  *
  * Tensors use the transformers 5 names and the stacked expert layout
  * (`mlp.experts.gate_up_proj` (E, 2F, D), `mlp.experts.down_proj` (E, D, F)),
- * which transformers loads directly.  Norm weights are 1; every other
+ * which transformers loads directly, or, on request, the legacy layout of
+ * one tensor per expert and projection (the values then differ from the
+ * stacked layout's: each tensor has its own stream).  Norm weights are 1; every other
  * weight is uniform with standard deviation initializer_range.  Values come
  * from a counter-based generator keyed by (seed, tensor, chunk), so they do
  * not depend on the thread count. */
@@ -96,16 +98,18 @@ static enum moe_status add(struct gen *g, bool ones, int ndim, int64_t d0, int64
 }
 
 static enum moe_status synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
-                                     enum moe_dtype dt, uint64_t seed, bool deferred);
+                                     enum moe_dtype dt, uint64_t seed, bool deferred,
+                                     enum moe_synth_layout layout);
 
 enum moe_status moe_synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
-                                  enum moe_dtype dt, uint64_t seed)
+                                  enum moe_dtype dt, uint64_t seed, enum moe_synth_layout layout)
 {
-    return synth_tensors(st, c, dt, seed, false);
+    return synth_tensors(st, c, dt, seed, false, layout);
 }
 
 static enum moe_status synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
-                                     enum moe_dtype dt, uint64_t seed, bool deferred)
+                                     enum moe_dtype dt, uint64_t seed, bool deferred,
+                                     enum moe_synth_layout layout)
 {
     if (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16)
         return moe_fail(MOE_ERR_INVALID_ARG, "synthetic weights: dtype %s (use F32, F16 or BF16)",
@@ -147,9 +151,25 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
             }
             continue;
         }
-        MOE_TRY(add(&g, false, 2, E, D, 0, "%s.%d.mlp.gate.weight", p, l));
-        MOE_TRY(add(&g, false, 3, E, 2 * F, D, "%s.%d.mlp.experts.gate_up_proj", p, l));
-        MOE_TRY(add(&g, false, 3, E, D, F, "%s.%d.mlp.experts.down_proj", p, l));
+        if (layout == MOE_SYNTH_PER_EXPERT) {
+            const bool mx = c->family == MOE_FAMILY_MIXTRAL;
+            const char *blk = mx ? "block_sparse_moe" : "mlp";
+            const char *gn = mx ? "w1" : "gate_proj", *un = mx ? "w3" : "up_proj",
+                       *dn = mx ? "w2" : "down_proj";
+            MOE_TRY(add(&g, false, 2, E, D, 0, "%s.%d.%s.gate.weight", p, l, blk));
+            for (int64_t e = 0; e < E; e++) {
+                MOE_TRY(add(&g, false, 2, F, D, 0, "%s.%d.%s.experts.%lld.%s.weight", p, l, blk,
+                            (long long)e, gn));
+                MOE_TRY(add(&g, false, 2, F, D, 0, "%s.%d.%s.experts.%lld.%s.weight", p, l, blk,
+                            (long long)e, un));
+                MOE_TRY(add(&g, false, 2, D, F, 0, "%s.%d.%s.experts.%lld.%s.weight", p, l, blk,
+                            (long long)e, dn));
+            }
+        } else {
+            MOE_TRY(add(&g, false, 2, E, D, 0, "%s.%d.mlp.gate.weight", p, l));
+            MOE_TRY(add(&g, false, 3, E, 2 * F, D, "%s.%d.mlp.experts.gate_up_proj", p, l));
+            MOE_TRY(add(&g, false, 3, E, D, F, "%s.%d.mlp.experts.down_proj", p, l));
+        }
         if (c->d_shared > 0) {
             const int64_t S = c->d_shared;
             MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.shared_expert.gate_proj.weight", p, l));
@@ -167,7 +187,7 @@ enum moe_status moe_model_synthetic(struct moe_model *m, const struct moe_config
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
-    enum moe_status s = moe_synth_tensors(&m->st, cfg, dtype, seed);
+    enum moe_status s = moe_synth_tensors(&m->st, cfg, dtype, seed, MOE_SYNTH_STACKED);
     if (s == MOE_OK) s = moe_model_bind(m);
     if (s != MOE_OK) {
         moe_error_prefix("synthetic model: ");
@@ -184,7 +204,7 @@ enum moe_status moe_model_synthetic_deferred(struct moe_model *m, const struct m
     m->weights_deferred = true;
     m->synth_seed = seed;
     m->synth_std = cfg->init_std > 0 ? cfg->init_std : 0.02f;
-    enum moe_status s = synth_tensors(&m->st, cfg, dtype, seed, true);
+    enum moe_status s = synth_tensors(&m->st, cfg, dtype, seed, true, MOE_SYNTH_STACKED);
     if (s == MOE_OK) s = moe_model_bind(m);
     if (s != MOE_OK) {
         moe_error_prefix("synthetic model: ");

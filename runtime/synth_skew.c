@@ -218,7 +218,7 @@ enum moe_status moe_model_synthetic_skew(struct moe_model *m, const struct moe_c
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
-    enum moe_status s = moe_synth_tensors(&m->st, cfg, dtype, seed);
+    enum moe_status s = moe_synth_tensors(&m->st, cfg, dtype, seed, MOE_SYNTH_STACKED);
     if (s == MOE_OK) s = moe_synth_apply_skew(&m->st, cfg, sk, seed);
     if (s == MOE_OK) s = moe_model_bind(m);
     if (s != MOE_OK) {

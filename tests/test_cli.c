@@ -76,6 +76,27 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     cr_assert_eq(system(cmd), 0);
 }
 
+/* --layout per-expert writes legacy names (Mixtral: block_sparse_moe w1/w3/w2;
+ * others: mlp.experts.e.gate_proj) that moerun loads too. */
+Test(cli, synth_per_expert_layout_loads)
+{
+    const char *cfgs[] = {"configs/tiny-moe.json", "tests/fixtures/mixtral/config.json"};
+    const char *names[] = {"mlp.experts.3.gate_proj.weight", "block_sparse_moe.experts.1.w3.weight"};
+    for (int i = 0; i < 2; i++) {
+        char dir[] = "/tmp/moerun-synth-XXXXXX", cmd[2048], out[8192];
+        cr_assert(mkdtemp(dir));
+        snprintf(cmd, sizeof cmd, "%s synth %s/%s %s/m --layout per-expert 2>&1", MOERUN_BINARY,
+                 MOERUN_SOURCE_DIR, cfgs[i], dir);
+        cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+        snprintf(cmd, sizeof cmd, "grep -c '%s' %s/m/model.safetensors", names[i], dir);
+        cr_expect_eq(run(cmd, out, sizeof out), 0, "%s: no tensor %s", cfgs[i], names[i]);
+        snprintf(cmd, sizeof cmd, "%s run %s/m --prompt-ids 5,6,7 -n 4 2>/dev/null", MOERUN_BINARY, dir);
+        cr_expect_eq(run(cmd, out, sizeof out), 0, "%s: per-expert checkpoint does not run", cfgs[i]);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
+    }
+}
+
 static void expect_error(const char *args, const char *needle)
 {
     char cmd[2048], out[4096];

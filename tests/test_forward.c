@@ -20,6 +20,12 @@
 #include "runtime/runner.h"
 #include "tests/testutil.h"
 
+/* test_forward_fast.c includes this file with the fast backend. */
+#ifndef FORWARD_SUITE
+#define FORWARD_SUITE forward
+#define FORWARD_BACKEND_INIT moe_backend_cpu_init
+#endif
+
 struct fixture {
     struct moe_model m;
     struct moe_backend be;
@@ -35,7 +41,10 @@ static void fixture_open(struct fixture *f, const char *name)
     memset(f, 0, sizeof *f);
     cr_assert_eq(moe_model_load(&f->m, dir), MOE_OK, "load %s: %s", name, moe_last_error());
     cr_assert_eq(moe_safetensors_open_file(&f->ref, path), MOE_OK, "%s", moe_last_error());
-    cr_assert_eq(moe_backend_cpu_init(&f->be, 0), MOE_OK);
+    cr_assert_eq(FORWARD_BACKEND_INIT(&f->be, 0), MOE_OK);
+#ifdef FORWARD_FAST
+    if (moe_backend_cpu_isa(&f->be) == 0) cr_skip_test("this processor runs no fast kernel set");
+#endif
     struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 4, .max_logits = 64,
                                 .block_size = 4, .n_blocks = 256};
     cr_assert_eq(moe_runner_init(&f->r, &f->m, &f->be, &o), MOE_OK, "%s", moe_last_error());
@@ -122,17 +131,17 @@ static void check_model(const char *name, double logit_tol)
     fixture_close(&f);
 }
 
-Test(forward, mixtral_matches_transformers) { check_model("mixtral", 1e-4); }
-Test(forward, qwen2_moe_matches_transformers) { check_model("qwen2_moe", 1e-4); }
-Test(forward, qwen3_moe_sharded_matches_transformers) { check_model("qwen3_moe", 1e-4); }
-Test(forward, olmoe_bf16_matches_transformers_fp32_compute) { check_model("olmoe", 1e-4); }
-Test(forward, llama_matches_transformers) { check_model("llama", 1e-4); }
-Test(forward, qwen2_matches_transformers) { check_model("qwen2", 1e-4); }
-Test(forward, qwen3_matches_transformers) { check_model("qwen3", 1e-4); }
+Test(FORWARD_SUITE, mixtral_matches_transformers) { check_model("mixtral", 1e-4); }
+Test(FORWARD_SUITE, qwen2_moe_matches_transformers) { check_model("qwen2_moe", 1e-4); }
+Test(FORWARD_SUITE, qwen3_moe_sharded_matches_transformers) { check_model("qwen3_moe", 1e-4); }
+Test(FORWARD_SUITE, olmoe_bf16_matches_transformers_fp32_compute) { check_model("olmoe", 1e-4); }
+Test(FORWARD_SUITE, llama_matches_transformers) { check_model("llama", 1e-4); }
+Test(FORWARD_SUITE, qwen2_matches_transformers) { check_model("qwen2", 1e-4); }
+Test(FORWARD_SUITE, qwen3_matches_transformers) { check_model("qwen3", 1e-4); }
 
 /* transformers computing entirely in bf16 rounds every activation to 8 bits
  * of mantissa: agreement is only to bf16 precision. */
-Test(forward, olmoe_bf16_close_to_transformers_bf16_compute)
+Test(FORWARD_SUITE, olmoe_bf16_close_to_transformers_bf16_compute)
 {
     struct fixture f;
     fixture_open(&f, "olmoe");
@@ -179,13 +188,13 @@ static void check_chunking(const char *name)
     fixture_close(&f);
 }
 
-Test(forward, chunked_prefill_is_identical_qwen2_moe) { check_chunking("qwen2_moe"); }
-Test(forward, chunked_prefill_is_identical_mixtral) { check_chunking("mixtral"); }
-Test(forward, chunked_prefill_is_identical_llama) { check_chunking("llama"); }
+Test(FORWARD_SUITE, chunked_prefill_is_identical_qwen2_moe) { check_chunking("qwen2_moe"); }
+Test(FORWARD_SUITE, chunked_prefill_is_identical_mixtral) { check_chunking("mixtral"); }
+Test(FORWARD_SUITE, chunked_prefill_is_identical_llama) { check_chunking("llama"); }
 
 /* Three prompts batched in one step, then decoded together, give exactly
  * their solo logits: prefill of one mixed with decodes of others. */
-Test(forward, batched_sequences_match_solo)
+Test(FORWARD_SUITE, batched_sequences_match_solo)
 {
     struct fixture f;
     fixture_open(&f, "qwen3_moe");
@@ -228,7 +237,7 @@ Test(forward, batched_sequences_match_solo)
     fixture_close(&f);
 }
 
-Test(forward, rejects_token_outside_vocabulary_without_side_effects)
+Test(FORWARD_SUITE, rejects_token_outside_vocabulary_without_side_effects)
 {
     struct fixture f;
     fixture_open(&f, "llama");
@@ -245,7 +254,7 @@ Test(forward, rejects_token_outside_vocabulary_without_side_effects)
 
 /* The same checkpoint stored in F16: weights read and converted in place
  * give logits within f16 rounding of the fp32 reference. */
-Test(forward, f16_weights_close_to_reference)
+Test(FORWARD_SUITE, f16_weights_close_to_reference)
 {
     struct fixture f;
     fixture_open(&f, "qwen3_moe");
@@ -283,7 +292,7 @@ Test(forward, f16_weights_close_to_reference)
 }
 
 /* Sizes computed from the configuration equal those of the loaded tensors. */
-Test(forward, config_sizes_equal_loaded_sizes)
+Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
     const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

@@ -1,0 +1,115 @@
+/* gemm_fast.c - choice of the fast kernel set and the parallel driver (see
+ * gemm_fast.h); the kernels are in gemm_avx2.c and gemm_avx512.c. */
+#include "runtime/gemm_fast.h"
+
+#include <cpuid.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/gemm_fast_impl.h"
+#include "runtime/status.h"
+
+static bool cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (c & bit_F16C) != 0;
+}
+
+enum moe_cpu_isa moe_cpu_isa_detect(void)
+{
+    __builtin_cpu_init();
+    enum moe_cpu_isa isa = MOE_CPU_ISA_REF;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
+        isa = MOE_CPU_ISA_AVX2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl"))
+            isa = MOE_CPU_ISA_AVX512;
+    }
+    const char *cap = getenv("MOERUN_CPU_ISA");
+    if (cap) {
+        enum moe_cpu_isa want = !strcmp(cap, "ref") ? MOE_CPU_ISA_REF
+                                : !strcmp(cap, "avx2") ? MOE_CPU_ISA_AVX2
+                                                       : MOE_CPU_ISA_AVX512;
+        if (want < isa) isa = want;
+    }
+    return isa;
+}
+
+const char *moe_cpu_isa_name(enum moe_cpu_isa isa)
+{
+    switch (isa) {
+    case MOE_CPU_ISA_AVX2: return "avx2";
+    case MOE_CPU_ISA_AVX512: return "avx512";
+    default: return "ref";
+    }
+}
+
+void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx,
+                        int T, const void *w, enum moe_dtype wt, int Din, int n0, int n1,
+                        const struct moe_tensor *b)
+{
+    if (n0 >= n1 || T <= 0) return;
+    if (isa == MOE_CPU_ISA_AVX512)
+        moe_gemm_rows_avx512(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
+    else
+        moe_gemm_rows_avx2(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
+}
+
+/* Output rows per slice for N rows: a multiple of 48 (whole tiles of either
+ * kernel set) giving about 8 slices per thread, taken dynamically, so a
+ * thread the scheduler delays (the machine may be shared) holds up little. */
+static int slice_rows(int N, int nth)
+{
+    int cs = (N + 8 * nth - 1) / (8 * nth);
+    return (cs + 47) / 48 * 48;
+}
+
+void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int ldx,
+                   const void *w, enum moe_dtype wt, int N, int Din, int T,
+                   const struct moe_tensor *b)
+{
+    MOE_ASSERT(isa != MOE_CPU_ISA_REF);
+    if ((size_t)N * Din * (size_t)T <= 32768) {
+        moe_gemm_fast_rows(isa, y, (size_t)ldy, x, (size_t)ldx, T, w, wt, Din, 0, N, b);
+        return;
+    }
+    const int cs = slice_rows(N, omp_get_max_threads());
+    const int ns = (N + cs - 1) / cs;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < ns; i++) {
+        const int n0 = i * cs, n1 = n0 + cs < N ? n0 + cs : N;
+        moe_gemm_fast_rows(isa, y, (size_t)ldy, x, (size_t)ldx, T, w, wt, Din, n0, n1, b);
+    }
+}
+
+void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const float *x, int Din,
+                         const void *const *w, const enum moe_dtype *wt, const int *N, int T,
+                         const struct moe_tensor *const *b)
+{
+    MOE_ASSERT(isa != MOE_CPU_ISA_REF && n >= 1 && n <= 4);
+    const int nth = omp_get_max_threads();
+    int cs[4], first[5] = {0};
+    size_t work = 0;
+    for (int j = 0; j < n; j++) {
+        cs[j] = slice_rows(N[j], nth);
+        first[j + 1] = first[j] + (N[j] + cs[j] - 1) / cs[j];
+        work += (size_t)N[j] * Din * (size_t)T;
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (work > 32768)
+    for (int i = 0; i < first[n]; i++) {
+        int j = 0;
+        while (i >= first[j + 1]) j++;
+        const int n0 = (i - first[j]) * cs[j], n1 = n0 + cs[j] < N[j] ? n0 + cs[j] : N[j];
+        moe_gemm_fast_rows(isa, y[j], (size_t)N[j], x, (size_t)Din, T, w[j], wt[j], Din, n0, n1,
+                           b ? b[j] : NULL);
+    }
+}
+
+float moe_dot_fast(const float *a, const float *b, int n) { return moe_dot_avx2(a, b, n); }
+
+void moe_scale_axpy_fast(float *y, float s, float a, const float *x, int n)
+{
+    moe_scale_axpy_avx2(y, s, a, x, n);
+}

@@ -1,0 +1,67 @@
+/* gemm_fast.h - the fast CPU kernels beside the reference (runtime/gemm.h).
+ *
+ * Same contract as moe_gemm_cpu: y (T, N) = x (T, Din) . W^T (+ b), W (N, Din)
+ * row-major in F32, F16 or BF16 read in place.  The fast kernels convert
+ * weights to fp32 in registers (bf16: u16 -> u32 shifted left by 16; f16:
+ * F16C) and never into memory, and compute a register-blocked tile of up to
+ * 4 input rows x 3 weight rows (8 weight rows when only one input row), so
+ * one pass over a weight row serves every input row of the tile.
+ *
+ * Numerics: each output is an 8-lane (AVX2) or 16-lane (AVX-512) FMA
+ * accumulation over k in order, a fixed horizontal sum, then the Din tail
+ * in order, then the bias.  The sum order differs from the reference (within
+ * fp32 tolerance of it) but is the same for every output whatever the tile,
+ * the batch composition or the thread count: rows stay independent and
+ * results are bit-identical across batchings, as with the reference.
+ *
+ * Kernels are compiled with __attribute__((target(...))) and chosen at run
+ * time by what the processor supports, so the build stays portable; where
+ * neither kernel set runs, the backend uses the reference. */
+#pragma once
+
+#include <stddef.h>
+
+#include "runtime/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum moe_cpu_isa {
+    MOE_CPU_ISA_REF,     /* no fast kernels: plain C reference */
+    MOE_CPU_ISA_AVX2,    /* AVX2 + FMA + F16C */
+    MOE_CPU_ISA_AVX512,  /* AVX-512 F/BW/VL + the above */
+};
+
+/* The best kernel set this processor runs.  MOERUN_CPU_ISA=ref|avx2|avx512
+ * in the environment caps it (for testing the narrower kernels). */
+enum moe_cpu_isa moe_cpu_isa_detect(void);
+const char *moe_cpu_isa_name(enum moe_cpu_isa isa);
+
+/* y[t*ldy + n] for t in [0, T), n in [n0, n1), computed by the calling
+ * thread alone (for use inside a parallel region).  b may be NULL/absent.
+ * isa must not be MOE_CPU_ISA_REF. */
+void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx,
+                        int T, const void *w, enum moe_dtype wt, int Din, int n0, int n1,
+                        const struct moe_tensor *b);
+
+/* The whole product, output rows split over the OpenMP team (serial when
+ * small).  No scratch, no allocation. */
+void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int ldx,
+                   const void *w, enum moe_dtype wt, int N, int Din, int T,
+                   const struct moe_tensor *b);
+
+/* n <= 4 products of one input x (T, Din) in one parallel region:
+ * y[i] (T, N[i]) [row stride N[i]] = x . W_i^T (+ b[i]); b may be NULL. */
+void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const float *x, int Din,
+                         const void *const *w, const enum moe_dtype *wt, const int *N, int T,
+                         const struct moe_tensor *const *b);
+
+/* Vector helpers for attention (AVX2 kernels; isa >= MOE_CPU_ISA_AVX2). */
+float moe_dot_fast(const float *a, const float *b, int n);
+/* y = y * s + a * x over n floats. */
+void moe_scale_axpy_fast(float *y, float s, float a, const float *x, int n);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,293 @@
+/* test_fast_ops.c - the fast CPU ops against the reference ops.
+ *
+ * Every fast kernel set this processor runs (AVX2, AVX-512) is compared with
+ * the plain-C reference on seeded random inputs of awkward shapes: sizes that
+ * are not multiples of the vector width, one row, more rows than a cache
+ * block, experts with all the rows or none, F32/F16/BF16 weights.  The fast
+ * path reorders sums, so agreement is to fp32 tolerance; its own row
+ * independence (a row's result does not depend on the rest of the batch) is
+ * checked exactly. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "experts/experts.h"
+#include "router/router.h"
+#include "runtime/gemm.h"
+#include "runtime/gemm_fast.h"
+#include "tests/testutil.h"
+
+static const enum moe_dtype dtypes[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
+
+/* Kernel sets to test: those the processor runs, narrowest first. */
+static int isas(enum moe_cpu_isa *out)
+{
+    enum moe_cpu_isa best = moe_cpu_isa_detect();
+    int n = 0;
+    for (int i = MOE_CPU_ISA_AVX2; i <= (int)best; i++) out[n++] = (enum moe_cpu_isa)i;
+    return n;
+}
+
+/* n random weights in [-1, 1) stored as dtype t (new memory). */
+static void *random_weights(size_t n, enum moe_dtype t, uint64_t seed)
+{
+    float *f = malloc(n * sizeof(float));
+    tu_fill_uniform(f, n, seed, -1, 1);
+    void *w = malloc(n * moe_dtype_size(t) + 4);
+    moe_convert_from_f32(w, f, t, n);
+    free(f);
+    return w;
+}
+
+/* Tolerance for dot products of length n of values in [-1, 1). */
+static float dot_atol(int n) { return 2e-6f * (float)n + 1e-6f; }
+
+static void check_gemm(enum moe_cpu_isa isa, enum moe_dtype t, int T, int N, int Din, bool bias)
+{
+    uint64_t seed = (uint64_t)T * 1000003u + (uint64_t)N * 1009u + (uint64_t)Din * 7u + t;
+    void *w = random_weights((size_t)N * Din, t, seed);
+    float *x = malloc((size_t)T * Din * sizeof(float));
+    tu_fill_uniform(x, (size_t)T * Din, seed + 1, -1, 1);
+    float *bv = malloc((size_t)N * sizeof(float));
+    tu_fill_uniform(bv, (size_t)N, seed + 2, -1, 1);
+    struct moe_tensor b = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bv};
+    float *ref = malloc((size_t)T * N * sizeof(float)), *got = malloc((size_t)T * N * sizeof(float));
+    float *one = malloc((size_t)N * sizeof(float));
+    float *scratch = malloc((size_t)Din * 64 * sizeof(float));
+    moe_gemm_cpu(ref, N, x, Din, w, t, N, Din, T, bias ? &b : NULL, scratch);
+    moe_gemm_fast(isa, got, N, x, Din, w, t, N, Din, T, bias ? &b : NULL);
+    char what[160];
+    snprintf(what, sizeof what, "gemm %s %s T=%d N=%d Din=%d bias=%d", moe_cpu_isa_name(isa),
+             moe_dtype_name(t), T, N, Din, bias);
+    cr_expect(tu_allclose(what, got, ref, (size_t)T * N, dot_atol(Din), 1e-5f), "%s", what);
+    /* row independence: each row alone gives the same bits */
+    for (int r = 0; r < T; r += (T > 8 ? 7 : 1)) {
+        moe_gemm_fast(isa, one, N, x + (size_t)r * Din, Din, w, t, N, Din, 1, bias ? &b : NULL);
+        cr_expect(memcmp(one, got + (size_t)r * N, (size_t)N * sizeof(float)) == 0,
+                  "%s: row %d alone differs from the batch", what, r);
+    }
+    free(w);
+    free(x);
+    free(bv);
+    free(ref);
+    free(got);
+    free(one);
+    free(scratch);
+}
+
+Test(fast_ops, gemm_matches_reference_awkward_shapes)
+{
+    enum moe_cpu_isa is[4];
+    int ni = isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
+    const int Ts[] = {1, 2, 3, 4, 5, 7, 67};
+    const int Ns[] = {1, 5, 13, 50, 97};
+    const int Ds[] = {1, 7, 16, 33, 100};
+    for (int i = 0; i < ni; i++)
+        for (size_t d = 0; d < 3; d++)
+            for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
+                for (size_t n = 0; n < sizeof Ns / sizeof Ns[0]; n++)
+                    for (size_t k = 0; k < sizeof Ds / sizeof Ds[0]; k++)
+                        check_gemm(is[i], dtypes[d], Ts[a], Ns[n], Ds[k], (a + n + k) % 2 == 0);
+}
+
+Test(fast_ops, gemm_large_parallel_bf16_and_f16)
+{
+    enum moe_cpu_isa is[4];
+    int ni = isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
+    for (int i = 0; i < ni; i++) {
+        check_gemm(is[i], MOE_DTYPE_BF16, 130, 301, 259, true);
+        check_gemm(is[i], MOE_DTYPE_F16, 1, 1027, 515, false);
+    }
+}
+
+/* Several products of one input in one region give exactly the separate
+ * products (mixed dtypes, one bias, sizes not multiples of a tile). */
+Test(fast_ops, gemm_multi_equals_separate_products)
+{
+    enum moe_cpu_isa is[4];
+    int ni = isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
+    enum { T = 5, Din = 77 };
+    const int N[3] = {131, 17, 50};
+    const enum moe_dtype wt[3] = {MOE_DTYPE_BF16, MOE_DTYPE_F16, MOE_DTYPE_F32};
+    float x[T * Din], bv[17];
+    tu_fill_uniform(x, T * Din, 5, -1, 1);
+    tu_fill_uniform(bv, 17, 6, -1, 1);
+    struct moe_tensor b = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {17}, .data = bv};
+    const struct moe_tensor *bs[3] = {NULL, &b, NULL};
+    for (int i = 0; i < ni; i++) {
+        const void *w[3];
+        float *y[3], *want[3];
+        for (int j = 0; j < 3; j++) {
+            w[j] = random_weights((size_t)N[j] * Din, wt[j], 40 + j);
+            y[j] = malloc((size_t)T * N[j] * sizeof(float));
+            want[j] = malloc((size_t)T * N[j] * sizeof(float));
+            moe_gemm_fast(is[i], want[j], N[j], x, Din, w[j], wt[j], N[j], Din, T, bs[j]);
+        }
+        moe_gemm_fast_multi(is[i], 3, y, x, Din, w, wt, N, T, bs);
+        for (int j = 0; j < 3; j++) {
+            cr_expect(memcmp(y[j], want[j], (size_t)T * N[j] * sizeof(float)) == 0,
+                      "%s: product %d differs", moe_cpu_isa_name(is[i]), j);
+            free((void *)w[j]);
+            free(y[j]);
+            free(want[j]);
+        }
+    }
+}
+
+/* The fast expert phase equals the reference for a routing in which expert
+ * `hot` takes every row (when hot >= 0) or routing is random; some experts
+ * receive no rows either way. */
+static void check_experts(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, int E, int D,
+                          int F, int hot)
+{
+    uint64_t seed = (uint64_t)T * 31u + (uint64_t)E * 17u + (uint64_t)D + (uint64_t)F * 3u + t;
+    const void *gate[16], *up[16], *down[16];
+    cr_assert(E <= 16);
+    for (int e = 0; e < E; e++) {
+        gate[e] = random_weights((size_t)F * D, t, seed + 10 * e);
+        up[e] = random_weights((size_t)F * D, t, seed + 10 * e + 1);
+        down[e] = random_weights((size_t)D * F, t, seed + 10 * e + 2);
+    }
+    struct moe_expert_weights ex = {t, gate, up, down};
+    int32_t *ids = malloc((size_t)T * K * sizeof(int32_t));
+    float *w = malloc((size_t)T * K * sizeof(float));
+    uint64_t s = seed;
+    for (int r = 0; r < T; r++)
+        for (int k = 0; k < K; k++) {
+            /* distinct experts per row; with hot, slot 0 always takes it */
+            int e;
+            bool dup;
+            do {
+                e = (hot >= 0 && k == 0) ? hot : (int)(tu_rand_u64(&s) % (uint64_t)(E - 1 > 0 ? E - 1 : 1));
+                dup = false;
+                for (int j = 0; j < k; j++) dup |= ids[r * K + j] == e;
+            } while (dup);
+            ids[r * K + k] = e;
+            w[r * K + k] = tu_rand_uniform(&s, 0.1f, 1.0f);
+        }
+    int32_t counts[16], offsets[17], *perm = malloc((size_t)T * K * sizeof(int32_t)),
+                                     *pos = malloc((size_t)T * K * sizeof(int32_t));
+    struct moe_dispatch plan = {counts, offsets, perm, pos};
+    moe_router_dispatch_cpu(&plan, ids, T, K, E);
+    const size_t n = (size_t)T * K;
+    struct moe_expert_ws ws = {malloc(n * D * 4), malloc(n * F * 4), malloc(n * F * 4), malloc(n * D * 4)};
+    float *x = malloc((size_t)T * D * 4), *ref = malloc((size_t)T * D * 4), *got = malloc((size_t)T * D * 4);
+    tu_fill_uniform(x, (size_t)T * D, seed + 99, -1, 1);
+    float *scratch = malloc((size_t)(D > F ? D : F) * 64 * sizeof(float));
+    moe_experts_ffn_cpu(ref, x, &plan, w, &ex, &ws, T, K, D, F, E, scratch);
+    int32_t active[16];
+    moe_experts_ffn_fast(isa, got, x, &plan, w, &ex, &ws, T, K, D, F, E, active);
+    char what[160];
+    snprintf(what, sizeof what, "experts %s %s T=%d K=%d E=%d D=%d F=%d hot=%d",
+             moe_cpu_isa_name(isa), moe_dtype_name(t), T, K, E, D, F, hot);
+    /* outputs are sums of K*F products of values up to ~sqrt(D) */
+    cr_expect(tu_allclose(what, got, ref, (size_t)T * D, 1e-5f * (float)(D + F) * K, 1e-4f), "%s", what);
+    for (int e = 0; e < E; e++) {
+        free((void *)gate[e]);
+        free((void *)up[e]);
+        free((void *)down[e]);
+    }
+    free(ids);
+    free(w);
+    free(perm);
+    free(pos);
+    free(ws.xe);
+    free(ws.g);
+    free(ws.u);
+    free(ws.ye);
+    free(x);
+    free(ref);
+    free(got);
+    free(scratch);
+}
+
+Test(fast_ops, experts_match_reference)
+{
+    enum moe_cpu_isa is[4];
+    int ni = isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
+    for (int i = 0; i < ni; i++)
+        for (size_t d = 0; d < 3; d++) {
+            check_experts(is[i], dtypes[d], 1, 2, 8, 37, 21, -1);   /* one row */
+            check_experts(is[i], dtypes[d], 9, 1, 5, 40, 33, 3);    /* one expert has all */
+            check_experts(is[i], dtypes[d], 70, 3, 11, 19, 45, -1); /* many rows, some idle */
+            check_experts(is[i], dtypes[d], 5, 4, 16, 64, 100, 0);
+        }
+}
+
+/* Fast paged attention equals the reference: scrambled blocks, two
+ * sequences, G = 3 heads per KV head, Dh not a multiple of 8, contexts
+ * longer than the softmax tile, with and without a sliding window. */
+static void check_attention(int window)
+{
+    enum { L = 2, Hq = 6, Hkv = 2, Dh = 20, B = 5, S0 = 41, S1 = 3, NB = 16 };
+    struct moe_config cfg = {.n_layers = L, .n_kv_heads = Hkv, .head_dim = Dh, .n_heads = Hq};
+    struct moe_backend be;
+    cr_assert_eq(moe_backend_cpu_init(&be, 0), MOE_OK);
+    struct moe_kvcache kv;
+    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, NB, B, MOE_DTYPE_F32, false), MOE_OK);
+    const int S = S0 + S1;
+    float *q = malloc((size_t)S * Hq * Dh * 4), *k = malloc((size_t)S * Hkv * Dh * 4),
+          *v = malloc((size_t)S * Hkv * Dh * 4), *ref = malloc((size_t)S * Hq * Dh * 4),
+          *got = malloc((size_t)S * Hq * Dh * 4);
+    tu_fill_uniform(q, (size_t)S * Hq * Dh, 21, -2, 2);
+    tu_fill_uniform(k, (size_t)S * Hkv * Dh, 22, -2, 2);
+    tu_fill_uniform(v, (size_t)S * Hkv * Dh, 23, -1, 1);
+    int32_t table[2 * 9] = {9, 2, 14, 0, 7, 11, 3, 5, 13, /* seq 1: */ 1, 4, 6, 8, 10, 12, 15};
+    int32_t slots[S], pos[S], seq_of[S], seq_start[3] = {0, S0, S}, ctx[2] = {S0, S1}, rows[1] = {0};
+    for (int t = 0; t < S; t++) {
+        int s = t < S0 ? 0 : 1, p = t < S0 ? t : t - S0;
+        pos[t] = p;
+        seq_of[t] = s;
+        slots[t] = table[s * 9 + p / B] * B + p % B;
+    }
+    moe_attention_kv_store_cpu(&kv, 1, k, v, slots, S);
+    struct moe_batch b = {.n_tokens = S, .n_seqs = 2, .positions = pos, .seq_of = seq_of,
+                          .seq_start = seq_start, .ctx_len = ctx, .block_table = table,
+                          .max_blocks = 9, .slot = slots, .logit_rows = rows};
+    struct moe_attn_params p = {1, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, S0};
+    size_t per = moe_attention_fast_scratch(Hq / Hkv, Dh) + 64;
+    float *scratch = calloc(per * 64, sizeof(float));
+    moe_attention_paged_cpu(ref, q, &kv, &b, &p, scratch);
+    moe_attention_paged_fast(got, q, &kv, &b, &p, scratch, per);
+    cr_expect(tu_allclose("attention", got, ref, (size_t)S * Hq * Dh, 1e-5f, 1e-5f),
+              "fast attention differs (window %d)", window);
+    free(q);
+    free(k);
+    free(v);
+    free(ref);
+    free(got);
+    free(scratch);
+    moe_kvcache_free(&kv);
+    moe_backend_free(&be);
+}
+
+Test(fast_ops, attention_matches_reference)
+{
+    if (moe_cpu_isa_detect() == MOE_CPU_ISA_REF) cr_skip_test("no fast kernel set");
+    check_attention(0);
+}
+
+Test(fast_ops, attention_sliding_window_matches_reference)
+{
+    if (moe_cpu_isa_detect() == MOE_CPU_ISA_REF) cr_skip_test("no fast kernel set");
+    check_attention(7);
+}
+
+Test(fast_ops, backend_names_and_selection)
+{
+    struct moe_backend be;
+    cr_assert_eq(moe_backend_init(&be, "cpu-ref", 0), MOE_OK);
+    cr_expect_str_eq(be.ops->name, "cpu-ref");
+    cr_expect_eq(moe_backend_cpu_isa(&be), MOE_CPU_ISA_REF);
+    moe_backend_free(&be);
+    cr_assert_eq(moe_backend_init(&be, "cpu", 0), MOE_OK);
+    cr_expect_eq(moe_backend_cpu_isa(&be), (int)moe_cpu_isa_detect());
+    cr_expect_str_eq(be.ops->name, moe_cpu_isa_detect() == MOE_CPU_ISA_REF ? "cpu-ref" : "cpu");
+    moe_backend_free(&be);
+}
