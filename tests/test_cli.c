@@ -12,18 +12,6 @@
 #include "runtime/safetensors.h"
 #include "tests/testutil.h"
 
-/* Runs a shell command, captures stdout (and stderr when merge), returns
- * the exit status. */
-static int run(const char *cmd, char *out, size_t n)
-{
-    FILE *p = popen(cmd, "r");
-    cr_assert(p, "popen %s", cmd);
-    size_t got = fread(out, 1, n - 1, p);
-    out[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 Test(cli, run_greedy_matches_transformers_generate)
 {
     struct moe_safetensors ref = {0};
@@ -37,7 +25,7 @@ Test(cli, run_greedy_matches_transformers_generate)
         snprintf(want + strlen(want), sizeof want - strlen(want), i ? ",%d" : "%d", ((int32_t *)gt->data)[i]);
     snprintf(cmd, sizeof cmd, "%s run %s/qwen2_moe --prompt-ids %s -n 32 --chunk 5 --kv-block 4 "
              "--backend cpu 2>/dev/null", MOERUN_BINARY, FIXTURE_DIR, ids);
-    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert_str_eq(out, strcat(want, "\n"));
     moe_safetensors_close(&ref);
 }
@@ -46,7 +34,7 @@ Test(cli, inspect_reports_structure_and_sizes)
 {
     char cmd[1024], out[8192];
     snprintf(cmd, sizeof cmd, "%s inspect %s/qwen2_moe", MOERUN_BINARY, FIXTURE_DIR);
-    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "Qwen2MoeForCausalLM"), "%s", out);
     cr_assert(strstr(out, "3 (2 MoE, 1 dense)"), "%s", out);
     cr_assert(strstr(out, "8 per MoE layer, top-2, width 32"), "%s", out);
@@ -61,15 +49,15 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     cr_assert(mkdtemp(dir));
     snprintf(cmd, sizeof cmd, "%s synth %s/configs/tiny-moe.json %s/m --dtype bf16 --seed 3 2>&1",
              MOERUN_BINARY, MOERUN_SOURCE_DIR, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     /* the written model and the in-memory synthetic one generate the same ids */
     char a[4096], b[4096];
     snprintf(cmd, sizeof cmd, "%s run %s/m --prompt-ids 5,6,7,8 -n 8 --backend cpu 2>/dev/null",
              MOERUN_BINARY, dir);
-    cr_assert_eq(run(cmd, a, sizeof a), 0);
+    cr_assert_eq(tu_run(cmd, a, sizeof a), 0);
     snprintf(cmd, sizeof cmd, "%s run --synthetic %s/configs/tiny-moe.json --dtype bf16 --synthetic-seed 3 "
              "--prompt-ids 5,6,7,8 -n 8 --backend cpu 2>/dev/null", MOERUN_BINARY, MOERUN_SOURCE_DIR);
-    cr_assert_eq(run(cmd, b, sizeof b), 0);
+    cr_assert_eq(tu_run(cmd, b, sizeof b), 0);
     cr_assert_str_eq(a, b);
     cr_assert(strlen(a) > 8);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
@@ -87,11 +75,11 @@ Test(cli, synth_per_expert_layout_loads)
         cr_assert(mkdtemp(dir));
         snprintf(cmd, sizeof cmd, "%s synth %s/%s %s/m --layout per-expert 2>&1", MOERUN_BINARY,
                  MOERUN_SOURCE_DIR, cfgs[i], dir);
-        cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+        cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
         snprintf(cmd, sizeof cmd, "grep -c '%s' %s/m/model.safetensors", names[i], dir);
-        cr_expect_eq(run(cmd, out, sizeof out), 0, "%s: no tensor %s", cfgs[i], names[i]);
+        cr_expect_eq(tu_run(cmd, out, sizeof out), 0, "%s: no tensor %s", cfgs[i], names[i]);
         snprintf(cmd, sizeof cmd, "%s run %s/m --prompt-ids 5,6,7 -n 4 2>/dev/null", MOERUN_BINARY, dir);
-        cr_expect_eq(run(cmd, out, sizeof out), 0, "%s: per-expert checkpoint does not run", cfgs[i]);
+        cr_expect_eq(tu_run(cmd, out, sizeof out), 0, "%s: per-expert checkpoint does not run", cfgs[i]);
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         cr_assert_eq(system(cmd), 0);
     }
@@ -101,7 +89,7 @@ static void expect_error(const char *args, const char *needle)
 {
     char cmd[2048], out[4096];
     snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/null", MOERUN_BINARY, args);
-    int rc = run(cmd, out, sizeof out);
+    int rc = tu_run(cmd, out, sizeof out);
     cr_expect_neq(rc, 0, "'%s' should fail", args);
     cr_expect(strstr(out, needle), "'%s': expected '%s' in: %s", args, needle, out);
     /* one line */
@@ -131,7 +119,7 @@ Test(cli, help_on_every_command)
     for (size_t i = 0; i < 3; i++) {
         char cmd[1024], out[4096];
         snprintf(cmd, sizeof cmd, "%s %s --help", MOERUN_BINARY, cmds[i]);
-        cr_assert_eq(run(cmd, out, sizeof out), 0, "%s --help", cmds[i]);
+        cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s --help", cmds[i]);
         cr_assert(strstr(out, "usage: moerun"), "%s", out);
     }
 }
@@ -143,11 +131,11 @@ Test(cli, inspect_synthetic_shapes_match_published_sizes)
     char cmd[1024], out[8192];
     snprintf(cmd, sizeof cmd, "%s inspect --synthetic %s/configs/mixtral-8x7b.json", MOERUN_BINARY,
              MOERUN_SOURCE_DIR);
-    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "46.70B total, 12.88B active"), "%s", out);
     snprintf(cmd, sizeof cmd, "%s inspect --synthetic %s/configs/qwen3-30b-a3b.json", MOERUN_BINARY,
              MOERUN_SOURCE_DIR);
-    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "30.53B total, 3.35B active"), "%s", out);
 }
 
@@ -158,13 +146,13 @@ Test(cli, plan_mixtral_on_h200)
     char cmd[1024], out[8192];
     snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --ctx 4096 --batch 1",
              MOERUN_BINARY, MOERUN_SOURCE_DIR);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "86.99 GiB in total"), "%s", out);
     cr_assert(strstr(out, "128.00 KiB per token (BF16), 512.00 MiB per sequence of 4096 tokens"), "%s", out);
     cr_assert(strstr(out, "2.0 of 8 experts per MoE layer touched"), "%s", out);
     snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --batch 64 --device a100",
              MOERUN_BINARY, MOERUN_SOURCE_DIR);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "8.0 of 8 experts"), "%s", out);
     cr_assert(strstr(out, "do not fit"), "87 GiB do not fit in 90%% of 80 GB: %s", out);
 }
@@ -176,7 +164,7 @@ Test(cli, bench_serve_reports_latencies)
     snprintf(cmd, sizeof cmd, "%s bench --synthetic %s/configs/tiny-moe.json --backend cpu --serve "
              "--requests 12 --input-len 24 --output-len 6 --range-ratio 0.5 --kv-budget 4MiB --json "
              "--no-stats", MOERUN_BINARY, MOERUN_SOURCE_DIR);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     json_t *j = json_loads(out, 0, NULL);
     cr_assert(j, "%s", out);
     json_t *s = json_object_get(j, "serve");

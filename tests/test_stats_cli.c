@@ -28,16 +28,6 @@ static void teardown(void)
 
 TestSuite(stats_cli, .init = setup, .fini = teardown);
 
-static int run(const char *cmd, char *out, size_t n)
-{
-    FILE *p = popen(cmd, "r");
-    cr_assert(p, "popen %s", cmd);
-    size_t got = fread(out, 1, n - 1, p);
-    out[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 #define TINY MOERUN_SOURCE_DIR "/configs/tiny-moe.json"
 
 Test(stats_cli, run_exports_and_stats_reads_them)
@@ -46,7 +36,7 @@ Test(stats_cli, run_exports_and_stats_reads_them)
     snprintf(cmd, sizeof cmd, "%s run --synthetic %s --prompt-ids 1,2,3,4,5,6,7,8 -n 6 --backend cpu "
              "--stats-out %s/s.json --stats-csv %s/s.csv --trace-out %s/t 2>&1", MOERUN_BINARY, TINY,
              dir, dir, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     json_error_t err;
     snprintf(cmd, sizeof cmd, "%s/s.json", dir);
     json_t *j = json_load_file(cmd, 0, &err);
@@ -58,18 +48,18 @@ Test(stats_cli, run_exports_and_stats_reads_them)
     json_decref(j);
 
     snprintf(cmd, sizeof cmd, "%s stats %s/s.json --svg %s/h.svg 2>&1", MOERUN_BINARY, dir, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "4 MoE layers, 32 experts, top-4, 13 tokens"), "%s", out);
     cr_assert(strstr(out, "max/mean"), "%s", out);
     cr_assert(strstr(out, "load heatmap"), "%s", out);
     cr_assert(strstr(out, "per-layer imbalance"), "%s", out);
     snprintf(cmd, sizeof cmd, "head -c 4 %s/h.svg; tail -c 7 %s/h.svg", dir, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert_str_eq(out, "<svg</svg>\n");
 
     snprintf(cmd, sizeof cmd, "%s stats %s/t --no-plot --ep 2 --replicas 1 --cache 8 --topk 2 2>&1",
              MOERUN_BINARY, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "routing trace, 4 MoE layers, 32 experts, top-4, 13 tokens, 6 steps"), "%s", out);
     cr_assert(strstr(out, "expert parallelism over 2 devices"), "%s", out);
     cr_assert(strstr(out, "balanced+replicas"), "%s", out);
@@ -78,12 +68,12 @@ Test(stats_cli, run_exports_and_stats_reads_them)
     cr_assert(!strstr(out, "load heatmap"), "%s", out);
 
     snprintf(cmd, sizeof cmd, "%s stats --compare %s/s.json %s/t.json 2>&1", MOERUN_BINARY, dir, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "mean total-variation distance between load shares: 0.0000 over 4 layers"),
               "the trace and the statistics of one run agree: %s", out);
 
     snprintf(cmd, sizeof cmd, "wc -l < %s/s.csv", dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert_eq(atoi(out), 1 + 4 * 32);
 }
 
@@ -92,13 +82,13 @@ Test(stats_cli, skewed_checkpoint_and_synthetic_agree)
     static char cmd[4096], out[65536];
     snprintf(cmd, sizeof cmd, "%s synth %s %s/m --dtype bf16 --seed 2 --router-skew zipf:1.5 2>&1",
              MOERUN_BINARY, TINY, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     const char *args = "--prefill 64 --decode 2 --steps 2 --repeat 1 --backend cpu --json";
     snprintf(cmd, sizeof cmd, "%s bench %s/m %s --stats-out %s/a.json 2>&1", MOERUN_BINARY, dir, args, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     snprintf(cmd, sizeof cmd, "%s bench --synthetic %s --dtype bf16 --synthetic-seed 2 --router-skew zipf:1.5 %s "
              "--stats-out %s/b.json 2>&1", MOERUN_BINARY, TINY, args, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "\"stats\":true"), "%s", out);
     json_error_t err;
     char pa[128], pb[128];
@@ -125,7 +115,7 @@ static void expect_error(const char *args, const char *needle)
 {
     char cmd[2048], out[4096];
     snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/null", MOERUN_BINARY, args);
-    int rc = run(cmd, out, sizeof out);
+    int rc = tu_run(cmd, out, sizeof out);
     cr_expect_neq(rc, 0, "'%s' should fail", args);
     cr_expect(strstr(out, needle), "'%s': expected '%s' in: %s", args, needle, out);
     char *nl = strchr(out, '\n');
@@ -156,10 +146,10 @@ Test(stats_cli, misuse_gives_one_clear_line)
     char cmd[2048], out[4096];
     snprintf(cmd, sizeof cmd, "%s run --synthetic %s --prompt-ids 1,2 -n 2 --backend cpu --stats-out "
              "%s/s.json 2>&1", MOERUN_BINARY, TINY, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     snprintf(args, sizeof args, "stats %s/s.json --ep 2", dir);
     expect_error(args, "needs a routing trace");
     snprintf(cmd, sizeof cmd, "%s stats --help", MOERUN_BINARY);
-    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "usage: moerun stats"));
 }

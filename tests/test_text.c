@@ -13,16 +13,6 @@
 
 #include "tests/testutil.h"
 
-static int run(const char *cmd, char *out, size_t n)
-{
-    FILE *p = popen(cmd, "r");
-    cr_assert(p, "popen %s", cmd);
-    size_t got = fread(out, 1, n - 1, p);
-    out[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* Single-quotes s for the shell. */
 static void shq(char *dst, size_t n, const char *s)
 {
@@ -56,7 +46,7 @@ static void check_model_text(const char *name)
         shq(q, sizeof q, prompt);
         /* the tokenizer gives transformers' prompt ids */
         snprintf(cmd, sizeof cmd, "%s tokenize %s/%s %s", MOERUN_BINARY, FIXTURE_DIR, name, q);
-        cr_assert_eq(run(cmd, out, sizeof out), 0);
+        cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
         char ids[1024] = "";
         size_t k;
         json_t *v;
@@ -68,7 +58,7 @@ static void check_model_text(const char *name)
         /* generation streams transformers' text */
         snprintf(cmd, sizeof cmd, "%s run %s/%s -p %s -n 24 --ignore-eos --backend cpu 2>/dev/null",
                  MOERUN_BINARY, FIXTURE_DIR, name, q);
-        cr_assert_eq(run(cmd, out, sizeof out), 0);
+        cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
         char expect[4096];
         snprintf(expect, sizeof expect, "%s\n", want);
         cr_expect_str_eq(out, expect, "%s: text generated from '%s'", name, prompt);
@@ -102,7 +92,7 @@ Test(text, stop_string_across_tokens)
     shq(qs, sizeof qs, stop);
     snprintf(cmd, sizeof cmd, "%s run %s/llama -p %s -n 24 --ignore-eos --stop %s --backend cpu 2>&1",
              MOERUN_BINARY, FIXTURE_DIR, q, qs);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     char expect[512];
     snprintf(expect, sizeof expect, "%.*s\n", (int)cut, text);
     cr_assert(strncmp(out, expect, strlen(expect)) == 0, "stop '%s': got '%s', want '%s'", stop, out, expect);
@@ -115,7 +105,7 @@ Test(text, invalid_utf8_prompt_is_replaced_and_reported)
     char cmd[1024], out[8192];
     snprintf(cmd, sizeof cmd, "printf 'ab\\377cd' | %s run %s/llama -p - -n 2 --backend cpu 2>&1",
              MOERUN_BINARY, FIXTURE_DIR);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "not valid UTF-8"), "%s", out);
 }
 
@@ -127,7 +117,7 @@ Test(text, prompt_beyond_context_is_refused_before_allocation)
     char *cmd = malloc(10000), out[4096];
     snprintf(cmd, 10000, "%s run %s/llama -p '%s' -n 4 --backend cpu 2>&1", MOERUN_BINARY,
              FIXTURE_DIR, long_prompt);
-    cr_assert_neq(run(cmd, out, sizeof out), 0);
+    cr_assert_neq(tu_run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "exceeds the model's context of 512"), "%s", out);
     free(cmd);
     free(long_prompt);
@@ -142,12 +132,12 @@ Test(text, broken_tokenizer_is_an_error_but_ids_still_work)
              FIXTURE_DIR, FIXTURE_DIR, dir, dir);
     cr_assert_eq(system(cmd), 0);
     snprintf(cmd, sizeof cmd, "%s run %s -p hello -n 2 --backend cpu 2>&1", MOERUN_BINARY, dir);
-    cr_assert_neq(run(cmd, out, sizeof out), 0);
+    cr_assert_neq(tu_run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "tokenizer.json"), "%s", out);
     cr_assert(strstr(out, "--prompt-ids"), "%s", out);
     snprintf(cmd, sizeof cmd, "%s run %s --prompt-ids 1,2,3 -n 2 --backend cpu 2>/dev/null",
              MOERUN_BINARY, dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
 }
@@ -172,7 +162,7 @@ Test(text, batch_matches_run_and_reports_bad_lines)
     fclose(f);
     snprintf(cmd, sizeof cmd, "%s batch %s/qwen3_moe %s -o %s --backend cpu --kv-budget 64KiB "
              "--kv-block 4 --max-batch-tokens 16 2>&1", MOERUN_BINARY, FIXTURE_DIR, path, out_path);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "8 requests (2 refused)"), "%s", out);
     FILE *o = fopen(out_path, "r");
     char *line = NULL;
@@ -192,7 +182,7 @@ Test(text, batch_matches_run_and_reports_bad_lines)
             shq(q, sizeof q, prompts[good]);
             snprintf(cmd, sizeof cmd, "%s run %s/qwen3_moe -p %s -n %d --ignore-eos --backend cpu "
                      "2>/dev/null", MOERUN_BINARY, FIXTURE_DIR, q, 3 + 4 * good);
-            cr_assert_eq(run(cmd, solo, sizeof solo), 0);
+            cr_assert_eq(tu_run(cmd, solo, sizeof solo), 0);
             solo[strlen(solo) - 1] = '\0';
             cr_assert_str_eq(text, solo, "request %d ('%s')", good, prompts[good]);
             good++;
@@ -215,7 +205,7 @@ Test(text, chat_reuses_earlier_turns_from_the_cache)
     snprintf(cmd, sizeof cmd, "printf 'Hello there, how are you today\\nAnd then?\\n/reset\\nAgain\\n' | "
              "%s chat %s/models/demo-moe -n 8 -v --temp 0 --backend cpu 2>&1", MOERUN_BINARY,
              MOERUN_SOURCE_DIR);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "[turn 1: "), "%s", out);
     const char *t2 = strstr(out, "[turn 2: ");
     cr_assert(t2, "%s", out);

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <sys/wait.h>
 
 uint64_t tu_rand_u64(uint64_t *s)
 {
@@ -55,4 +56,15 @@ double tu_max_rel_err(const float *x, const float *ref, size_t n)
         if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
     }
     return mr > 0 ? md / mr : md;
+}
+
+int tu_run(const char *cmd, char *out, size_t n)
+{
+    out[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

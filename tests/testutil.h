@@ -17,5 +17,8 @@ void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
  * worst element with `what` and returns 0. */
 int tu_allclose(const char *what, const float *x, const float *ref, size_t n, float atol,
                 float rtol);
+/* Runs a shell command; its stdout (up to n-1 bytes) goes to out.  Returns
+ * the exit status, or -1 if it could not run or was killed. */
+int tu_run(const char *cmd, char *out, size_t n);
 /* max |x - ref| / max |ref|. */
 double tu_max_rel_err(const float *x, const float *ref, size_t n);
