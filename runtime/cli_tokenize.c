@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+#include <time.h>
+
 #include "runtime/tokenizer.h"
 
 int moe_cli_tokenize(int argc, char **argv); /* declared with the others in cli.h */
@@ -22,6 +25,9 @@ static void usage(FILE *f)
             "\n"
             "options:\n"
             "  --decode IDS    decode instead of encode\n"
+            "  --bench CORPUS  encode every string of CORPUS (a JSON array of strings) --repeat\n"
+            "                  times after one warm-up pass; print bytes/s and tokens/s\n"
+            "  --repeat N      passes for --bench (default 3)\n"
             "  --no-special    encode without the post-processor's special tokens (BOS);\n"
             "                  decode skipping special tokens\n"
             "  --              end of options (for a TEXT that starts with --)\n"
@@ -100,9 +106,56 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n)
     return 0;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Encode throughput on one thread over a corpus; the best pass counts. */
+static int bench(struct moe_tokenizer *tok, const char *corpus_path, int repeat, bool special)
+{
+    json_error_t jerr;
+    json_t *corpus = json_load_file(corpus_path, 0, &jerr);
+    if (!json_is_array(corpus)) {
+        json_decref(corpus);
+        return fail("--bench needs a JSON array of strings");
+    }
+    size_t bytes = 0, tokens = 0, i;
+    json_t *v;
+    double best = 1e30;
+    for (int pass = 0; pass <= repeat; pass++) {
+        size_t nt = 0, nb = 0;
+        double t0 = now_s();
+        json_array_foreach(corpus, i, v) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (!json_is_string(v) || moe_tokenizer_encode(tok, json_string_value(v), json_string_length(v),
+                                                           special, &ids, &n, NULL) != MOE_OK) {
+                json_decref(corpus);
+                return fail(json_is_string(v) ? moe_last_error() : "corpus entries must be strings");
+            }
+            nt += n;
+            nb += json_string_length(v);
+            free(ids);
+        }
+        double t = now_s() - t0;
+        if (pass > 0 && t < best) best = t; /* pass 0 warms the caches */
+        bytes = nb;
+        tokens = nt;
+    }
+    printf("{\"strings\": %zu, \"bytes\": %zu, \"tokens\": %zu, \"seconds\": %.6f, "
+           "\"bytes_per_s\": %.1f, \"tokens_per_s\": %.1f}\n", json_array_size(corpus), bytes,
+           tokens, best, (double)bytes / best, (double)tokens / best);
+    json_decref(corpus);
+    return 0;
+}
+
 int moe_cli_tokenize(int argc, char **argv)
 {
-    const char *dir = NULL, *text = NULL, *decode = NULL;
+    const char *dir = NULL, *text = NULL, *decode = NULL, *bench_path = NULL;
+    int repeat = 3;
     bool special = true, options = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -117,6 +170,12 @@ int moe_cli_tokenize(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--no-special")) {
             special = false;
+        } else if (!strcmp(a, "--bench")) {
+            if (i + 1 >= argc) return fail("--bench needs a corpus file");
+            bench_path = argv[++i];
+        } else if (!strcmp(a, "--repeat")) {
+            if (i + 1 >= argc || (repeat = atoi(argv[i + 1])) < 1) return fail("--repeat needs a positive count");
+            i++;
         } else if (!strcmp(a, "--decode")) {
             if (i + 1 >= argc) return fail("--decode needs a list of ids (or '-')");
             decode = argv[++i];
@@ -133,6 +192,13 @@ int moe_cli_tokenize(int argc, char **argv)
         }
     }
     if (!dir) return fail("missing MODEL_DIR (try --help)");
+    if (bench_path) {
+        struct moe_tokenizer bt;
+        if (moe_tokenizer_load(&bt, dir) != MOE_OK) return fail(moe_last_error());
+        int brc = bench(&bt, bench_path, repeat, special);
+        moe_tokenizer_free(&bt);
+        return brc;
+    }
     if (decode && text) return fail("give either TEXT or --decode IDS, not both");
     if (!decode && !text) return fail("missing TEXT (or --decode IDS)");
 
