@@ -191,8 +191,12 @@ int moe_cli_plan(int argc, char **argv)
     const double touched = non_expert + n_moe * K * one_expert;
     printf("model        %s (%s)\n", mo.path ? mo.path : mo.synthetic, cfg->architecture);
     printf("device       %s: %s\n", dev.name, dev.note);
-    printf("             %s memory, %.2f TB/s, %.0f TFLOP/s\n", moe_cli_bytes(a, sizeof a, dev.mem_bytes),
-           dev.bw / 1e12, dev.flops / 1e12);
+    if (dev.bw >= 1e12)
+        printf("             %s memory, %.2f TB/s, %.0f TFLOP/s\n", moe_cli_bytes(a, sizeof a, dev.mem_bytes),
+               dev.bw / 1e12, dev.flops / 1e12);
+    else
+        printf("             %s memory, %.2f GB/s, %.0f GFLOP/s\n", moe_cli_bytes(a, sizeof a, dev.mem_bytes),
+               dev.bw / 1e9, dev.flops / 1e9);
     printf("\nweights      %s in total\n", moe_cli_bytes(a, sizeof a, W));
     const struct { const char *n; int64_t v; } parts[] = {
         {"embeddings", z.bytes_embed}, {"lm head", z.bytes_lm_head}, {"attention", z.bytes_attn},
