@@ -11,6 +11,7 @@ static const struct {
 } commands[] = {
     {"inspect", moe_cli_inspect, "describe a checkpoint: family, parameters, bytes by part"},
     {"run", moe_cli_run, "generate from a prompt"},
+    {"serve", moe_cli_serve, "OpenAI-compatible HTTP server (streaming, /metrics, expert load)"},
     {"batch", moe_cli_batch, "serve a JSONL file of requests with continuous batching"},
     {"plan", moe_cli_plan, "memory planner and roofline predictions"},
     {"bench", moe_cli_bench, "prefill and decode throughput"},
