@@ -209,8 +209,7 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) return bad(v, "model", "'model' must be a string");
         if (strcmp(json_string_value(model), s->model_name))
-            return bad(v, "model", "the model '%.200s' is not served here (this server serves '%s')",
-                       json_string_value(model), s->model_name);
+            return bad(v, "model", "unknown model: this server serves '%s'", s->model_name);
     }
     bool b = false;
     if (get_bool(req, "stream", &j->stream, v) < 0) return -1;
@@ -228,6 +227,7 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
         if (get_bool(mo, "expert_load", &b, v) < 0) return -1;
         j->expert_load |= b;
     }
+    b = false;
     if (get_bool(req, "echo", &b, v) < 0) return -1;
     if (b) return bad(v, "echo", "'echo' is not supported");
     json_t *lb = json_object_get(req, "logit_bias");
@@ -342,8 +342,8 @@ int srv_handle_completion(struct srv *s, bool chat, const char *body, size_t n,
     json_error_t jerr;
     json_t *req = json_loadb(body, n, JSON_REJECT_DUPLICATES, &jerr);
     if (!req) {
-        *err_body = srv_error_json(400, NULL, "the body is not valid JSON (line %d, column %d: %s)",
-                                   jerr.line, jerr.column, jerr.text);
+        *err_body = srv_error_json(400, NULL, "the body is not valid JSON (line %d, column %d)",
+                                   jerr.line, jerr.column);
         return 400;
     }
     if (!json_is_object(req)) {

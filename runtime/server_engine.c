@@ -268,15 +268,15 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     enum moe_finish why = stopped ? MOE_FINISH_STOP : finished ? r->finish : MOE_FINISH_NONE;
     char *all = NULL;
     if (why != MOE_FINISH_NONE && c->tg_on && !stopped) {
+        /* t is borrowed until the next textgen call: keep a copy */
         const char *rest;
-        if (moe_textgen_finish(&c->tg, &rest) == MOE_OK && *rest) {
-            all = malloc(strlen(t) + strlen(rest) + 1);
-            if (all) {
-                strcpy(all, t);
-                strcat(all, rest);
-                t = all;
-            }
+        size_t nt = strlen(t);
+        if ((all = malloc(nt + 1))) memcpy(all, t, nt + 1);
+        if (all && moe_textgen_finish(&c->tg, &rest) == MOE_OK && *rest) {
+            char *both = realloc(all, nt + strlen(rest) + 1);
+            if (both) strcpy((all = both) + nt, rest);
         }
+        t = all ? all : "";
     }
     json_t *lp = wants_logprobs(j) ? logprob_entry(s, j, &r->samples[g]) : NULL;
     if (j->stream) {
