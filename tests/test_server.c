@@ -13,7 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -362,6 +366,11 @@ Test(server, every_bad_input_gets_its_status_and_error)
              "-H 'Transfer-Encoding: chunked' --data-binary @- %s/v1/completions", sv.base);
     cr_assert_eq(sh(cmd, out, sizeof out), 0);
     cr_assert_str_eq(out, "413");
+    /* headers beyond the connection memory: libmicrohttpd's 431 */
+    snprintf(cmd, sizeof cmd, "printf 'X-Big: %%s\\n' $(head -c 100000 /dev/zero | tr '\\0' a) > %s/hdr && "
+             "curl -s -m 60 -o /dev/null -w '%%{http_code}' -H @%s/hdr %s/health", sv.dir, sv.dir, sv.base);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0);
+    cr_assert_str_eq(out, "431");
     /* and the server keeps serving */
     cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 3}", out,
                       sizeof out), 200, "%s", out);
@@ -451,13 +460,17 @@ Test(server, disconnect_storm_frees_every_kv_block)
 Test(server, official_openai_client)
 {
     if (sh("python3 -c 'import sys' 2>/dev/null", NULL, 0)) cr_skip_test("no python3");
-    if (sh("python3 -c 'import openai' 2>/dev/null", NULL, 0))
-        sh("timeout 300 python3 -m pip install -q openai >/dev/null 2>&1", NULL, 0);
-    cr_assert_eq(sh("python3 -c 'import openai' 2>/dev/null", NULL, 0), 0,
+    /* the openai package: installed, or installed now into a folder of the
+     * source tree's build area (pip --target works beside a system Python) */
+#define PYPATH "PYTHONPATH=" MOERUN_SOURCE_DIR "/build-pydeps "
+    if (sh(PYPATH "python3 -c 'import openai' 2>/dev/null", NULL, 0))
+        sh("timeout 300 python3 -m pip install -q --target " MOERUN_SOURCE_DIR "/build-pydeps openai "
+           ">/dev/null 2>&1", NULL, 0);
+    cr_assert_eq(sh(PYPATH "python3 -c 'import openai' 2>/dev/null", NULL, 0), 0,
                  "the openai package could not be installed (pip install openai)");
-    char cmd[512], out[16384], want[4096];
-    snprintf(cmd, sizeof cmd, "cd %s && timeout 300 python3 openai_client.py %s demo-moe 2>&1", PYDIR,
-             sv.base);
+    char cmd[1024], out[16384], want[4096];
+    snprintf(cmd, sizeof cmd, "cd %s && " PYPATH "timeout 300 python3 openai_client.py %s demo-moe 2>&1",
+             PYDIR, sv.base);
     cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
     json_t *j = parse(out);
     run_text("Hello", 16, want, sizeof want);
@@ -474,7 +487,17 @@ Test(server, official_openai_client)
 /* A server of its own: one sequence at a time and a queue of one. */
 Test(server_queue, full_queue_gets_429, .fini = fini, .timeout = 600)
 {
-    server_start("--max-seqs 1 --max-queue 1");
+    server_start("--max-seqs 1 --max-queue 1 --timeout 2");
+    /* an idle connection is closed after --timeout */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)sv.port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {20, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char byte;
+    cr_assert_eq(recv(fd, &byte, 1, 0), 0, "the idle connection was not closed");
+    close(fd);
     char cmd[1024], out[65536];
     /* two long streams: one runs, one waits */
     for (int i = 0; i < 2; i++) {
