@@ -17,10 +17,11 @@
  * (the handler, then the response), one for the engine thread from the
  * moment it is queued.  Whoever drops the last one frees it.
  *
- * Locks, never nested except job->mu inside nothing else: q_mu (submission
- * queue), job->mu (buffer and flags), stats_mu (engine step vs. reads of the
- * expert-load recorder), m_mu (metrics), tok_mu (the HTTP side's tokenizer
- * and chat template). */
+ * Locks: q_mu (submission queue), stats_mu (held by the engine thread
+ * around a step, by readers of the expert-load recorder), job->mu (a job's
+ * buffer and flags), m_mu (metrics), tok_mu (the HTTP side's tokenizer and
+ * chat template).  Order: q_mu or stats_mu, then job->mu or m_mu; job->mu
+ * and m_mu are leaves (nothing is taken while holding them). */
 #pragma once
 
 #include <pthread.h>

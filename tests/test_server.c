@@ -537,3 +537,43 @@ Test(server_queue, full_queue_gets_429, .fini = fini, .timeout = 600)
     cr_assert_eq(st, 200, "%s", out);
     cr_assert_eq(server_stop(), 0);
 }
+
+/* /health and the API answer 503 while the model loads (held by a test hook). */
+Test(server_queue, loading_answers_503_then_ready, .fini = fini, .timeout = 600)
+{
+    strcpy(sv.dir, "/tmp/moerun-serve-XXXXXX");
+    cr_assert(mkdtemp(sv.dir));
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd,
+             "MOERUN_SERVE_TEST_LOAD_DELAY_MS=4000 exec %s serve %s --port 0 --backend cpu "
+             "--threads 1 --kv-budget 16MiB 2>%s/log", MOERUN_BINARY, MODEL, sv.dir);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    sv.pid = pid;
+    snprintf(cmd, sizeof cmd, "sed -n 's/.*listening on http:\\/\\/127.0.0.1:\\([0-9]*\\).*/\\1/p' %s/log",
+             sv.dir);
+    for (int i = 0; i < 100 && !sv.port; i++) {
+        sh(cmd, out, sizeof out);
+        sv.port = atoi(out);
+        if (!sv.port) sleep_ms(20);
+    }
+    cr_assert(sv.port > 0, "no port in the log");
+    snprintf(sv.base, sizeof sv.base, "http://127.0.0.1:%d", sv.port);
+    cr_assert_eq(http("GET", "/health", NULL, out, sizeof out), 503, "%s", out);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\"}", out, sizeof out), 503);
+    cr_assert(strstr(out, "\"error\"") && strstr(out, "loading"), "%s", out);
+    int st = 0;
+    for (int i = 0; i < 300 && st != 200; i++) {
+        st = http("GET", "/health", NULL, out, sizeof out);
+        if (st != 200) sleep_ms(100);
+    }
+    cr_assert_eq(st, 200);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 2}", out,
+                      sizeof out), 200, "%s", out);
+    cr_assert_eq(server_stop(), 0);
+}
