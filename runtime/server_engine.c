@@ -496,6 +496,8 @@ static void *engine_main(void *arg)
             pthread_cond_wait(&s->q_cv, &s->q_mu);
         struct srv_job *q = s->q_head;
         s->q_head = s->q_tail = NULL;
+        /* the taken jobs still count as waiting until they are in the engine */
+        atomic_store(&s->eng_waiting, s->e.n_waiting + s->q_len);
         s->q_len = 0;
         bool stopping = s->stopping;
         pthread_mutex_unlock(&s->q_mu);
@@ -505,6 +507,7 @@ static void *engine_main(void *arg)
             else accept_job(s, q);
             q = next;
         }
+        atomic_store(&s->eng_waiting, s->e.n_waiting);
         if (stopping) {
             sweep(s, true);
             snapshot(s);
