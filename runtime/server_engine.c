@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "runtime/server.h"
 
@@ -490,6 +493,11 @@ static bool any_expert_load(const struct srv *s)
 static void *engine_main(void *arg)
 {
     struct srv *s = arg;
+#ifdef _OPENMP
+    /* OpenMP's thread count is per thread: the backend sized its per-thread
+     * scratch for the count set in the thread that created it */
+    if (s->be.n_threads > 0) omp_set_num_threads(s->be.n_threads);
+#endif
     for (;;) {
         pthread_mutex_lock(&s->q_mu);
         while (!s->stopping && !s->q_head && moe_engine_idle(&s->e) && !s->active)

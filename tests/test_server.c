@@ -78,14 +78,17 @@ static int http(const char *method, const char *path, const char *body, char *ou
     return atoi(code);
 }
 
-static void server_start(const char *extra)
+static void server_start_model(const char *model, const char *extra);
+static void server_start(const char *extra) { server_start_model(MODEL, extra); }
+
+static void server_start_model(const char *model, const char *extra)
 {
     strcpy(sv.dir, "/tmp/moerun-serve-XXXXXX");
     cr_assert(mkdtemp(sv.dir));
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "exec %s serve %s --port 0 --port-file %s/port --backend cpu --threads 1 "
-             "--kv-budget 16MiB %s 2>%s/log", MOERUN_BINARY, MODEL, sv.dir, extra, sv.dir);
+             "--kv-budget 16MiB %s 2>%s/log", MOERUN_BINARY, model, sv.dir, extra, sv.dir);
     pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0) {
@@ -296,6 +299,27 @@ Test(server, sampling_fields_stop_n_logprobs_and_seed)
                  json_integer_value(json_object_get(json_object_get(b, "usage"), "prompt_tokens")));
     json_decref(a);
     json_decref(b);
+    /* streaming n = 2, greedy: both choices are the greedy text */
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 20, "
+                      "\"temperature\": 0, \"n\": 2, \"stream\": true}", out, sizeof out), 200);
+    for (int i = 0; i < 2; i++) {
+        static char t2[4096];
+        t2[0] = '\0';
+        const char *p = out;
+        while ((p = strstr(p, "data: {"))) {
+            p += 6;
+            const char *end = strstr(p, "\n\n");
+            json_t *ev = json_loadb(p, (size_t)(end - p), 0, NULL);
+            cr_assert(ev);
+            json_t *ch0 = json_array_get(json_object_get(ev, "choices"), 0);
+            if (json_integer_value(json_object_get(ch0, "index")) == i)
+                strncat(t2, json_string_value(json_object_get(ch0, "text")), sizeof t2 - strlen(t2) - 1);
+            json_decref(ev);
+            p = end;
+        }
+        cr_assert_str_eq(t2, want, "choice %d", i);
+    }
+    cr_assert(strstr(out, "data: [DONE]"));
     /* chat logprobs */
     const char *cb2 = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 4, "
                       "\"temperature\": 0, \"logprobs\": true, \"top_logprobs\": 3}";
@@ -575,5 +599,20 @@ Test(server_queue, loading_answers_503_then_ready, .fini = fini, .timeout = 600)
     cr_assert_eq(st, 200);
     cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 2}", out,
                       sizeof out), 200, "%s", out);
+    cr_assert_eq(server_stop(), 0);
+}
+
+/* A model without a chat template: completions work, chat is refused. */
+Test(server_queue, chat_without_a_template_is_refused, .fini = fini, .timeout = 600)
+{
+    server_start_model(MOERUN_SOURCE_DIR "/tests/fixtures/qwen3_moe", "--served-model-name tiny");
+    char out[8192];
+    cr_assert_eq(http("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", "
+                      "\"content\": \"hi\"}]}", out, sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "no chat template"), "%s", out);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"model\": \"tiny\", \"prompt\": [1, 2, 3], "
+                      "\"max_tokens\": 3}", out, sizeof out), 200, "%s", out);
+    cr_assert_eq(http("GET", "/v1/models", NULL, out, sizeof out), 200);
+    cr_assert(strstr(out, "\"id\":\"tiny\""), "%s", out);
     cr_assert_eq(server_stop(), 0);
 }
