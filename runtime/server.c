@@ -81,6 +81,7 @@ static ssize_t job_reader(void *cls, uint64_t pos, char *buf, size_t max)
         if (k > max) k = max;
         memcpy(buf, j->out + j->sent, k);
         j->sent += k;
+        if (j->sent == j->n_out) j->sent = j->n_out = 0; /* a long stream reuses its buffer */
         n = (ssize_t)k;
     } else if (j->done) {
         n = MHD_CONTENT_READER_END_OF_STREAM;
