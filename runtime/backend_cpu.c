@@ -27,7 +27,16 @@ struct cpu_ctx {
     enum moe_cpu_isa isa; /* MOE_CPU_ISA_REF for the reference table */
 };
 
-static struct cpu_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
+/* The backend's context.  Scratch is sized for c->threads, and OpenMP's
+ * thread count is a per-thread setting, so every op pins it for the calling
+ * thread (a server's engine thread is not the one that created the
+ * backend). */
+static struct cpu_ctx *ctx_of(struct moe_backend *be)
+{
+    struct cpu_ctx *c = be->ctx;
+    if (c && omp_get_max_threads() != c->threads) omp_set_num_threads(c->threads);
+    return c;
+}
 
 static enum moe_status cpu_alloc(struct moe_backend *be, size_t bytes, void **out)
 {

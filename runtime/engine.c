@@ -302,6 +302,7 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
     struct moe_kvcache *kv = &e->r.kv;
     int budget = e->o.max_batch_tokens, nc = 0, rows = 0;
     *n_scheduled = 0;
+    e->n_sched = 0;
     /* 1. running requests, oldest first: a decode token or a prefill chunk */
     struct moe_request *r = e->run_head;
     bool preempted = false;
@@ -348,8 +349,9 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
         budget -= n;
     }
     if (nc == 0) return MOE_OK;
-    MOE_TRY(moe_runner_step(&e->r, e->chunks, nc, e->logits, &rows, NULL));
+    MOE_TRY(moe_runner_step(&e->r, e->chunks, nc, e->logits, &rows, e->trace));
     e->n.steps++;
+    e->n_sched = nc;
     const int V = e->m->cfg.vocab;
     for (int c = 0; c < nc; c++) {
         r = e->sched[c];

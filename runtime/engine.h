@@ -106,6 +106,12 @@ struct moe_engine {
     struct moe_engine_counters n;
     moe_token_fn on_token;
     double (*clock)(void);        /* seconds; monotonic by default */
+    /* Optional routing record of each step (borrowed, NULL = none; ids sized
+     * (L, max_batch_tokens, K)).  After a step, chunks[0..n_sched) and
+     * sched[0..n_sched) say which rows belonged to which request, in row
+     * order: the server's per-request expert load reads them. */
+    struct moe_route_trace *trace;
+    int n_sched;
 };
 
 MOE_MUST_USE enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,

@@ -12,6 +12,7 @@ static const struct {
     {"inspect", moe_cli_inspect, "describe a checkpoint: family, parameters, bytes by part"},
     {"run", moe_cli_run, "generate from a prompt"},
     {"chat", moe_cli_chat, "interactive chat with the model's chat format"},
+    {"serve", moe_cli_serve, "OpenAI-compatible HTTP server (streaming, /metrics, expert load)"},
     {"batch", moe_cli_batch, "serve a JSONL file of requests with continuous batching"},
     {"plan", moe_cli_plan, "memory planner and roofline predictions"},
     {"bench", moe_cli_bench, "prefill and decode throughput"},

@@ -1,5 +1,5 @@
 /* stats_cli.h - the statistics options shared by the commands that run a
- * model (run, bench; batch and serve later): --stats-out, --stats-csv,
+ * model (run, bench, batch, serve): --stats-out, --stats-csv,
  * --trace-out, --stats-steps, --stats-ring, --no-stats, --router-skew.
  *
  * A command adds MOE_CLI_STATS_OPTIONS to its getopt table, passes unknown

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages moerun needs to build and test, when missing.
 set -e
-PKGS="build-essential cmake pkg-config libjansson-dev libcriterion-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev"
+PKGS="build-essential cmake pkg-config libjansson-dev libcriterion-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev curl python3 python3-pip"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -1,0 +1,390 @@
+/* server_api.c - POST /v1/completions and /v1/chat/completions: the request
+ * JSON to a job, validated completely before anything is queued, so every
+ * refusal gets its status code and an OpenAI error object, and a queued job
+ * can only fail for lack of memory or at shutdown.
+ *
+ * Fields follow the OpenAI API, with vLLM's extensions (top_k, min_p,
+ * repetition_penalty, ignore_eos) and moerun's own: "return_expert_load":
+ * true or "moerun": {"expert_load": true} adds usage.expert_load.  Unknown
+ * fields are ignored, as OpenAI's server does; fields moerun cannot honour
+ * (echo, logit_bias, several prompts, best_of > n) are refused, never
+ * silently dropped.  Error messages never quote the request body. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/server.h"
+
+char *srv_error_json(int status, const char *param, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *type = "invalid_request_error", *code = NULL;
+    switch (status) {
+    case 404: type = "not_found_error"; break;
+    case 413: code = "request_too_large"; break;
+    case 429: type = "rate_limit_error"; code = "queue_full"; break;
+    case 503: type = "service_unavailable"; break;
+    default:
+        if (status >= 500) type = "server_error";
+    }
+    json_t *j = json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type", type,
+                          "param", param, "code", code);
+    char *out = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return out;
+}
+
+/* --- field readers: 1 present, 0 absent or null, -1 bad (err set) --- */
+
+struct verr {
+    int status;
+    char *body;
+};
+
+static int bad(struct verr *v, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(struct verr *v, const char *param, const char *fmt, ...)
+{
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!v->body) {
+        v->status = 400;
+        v->body = srv_error_json(400, param, "%s", msg);
+    }
+    return -1;
+}
+
+static int get_num(json_t *req, const char *key, double lo, double hi, double *out, struct verr *v)
+{
+    json_t *x = json_object_get(req, key);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_number(x)) return bad(v, key, "'%s' must be a number", key);
+    double d = json_number_value(x);
+    if (!(d >= lo && d <= hi)) return bad(v, key, "'%s' = %g is outside [%g, %g]", key, d, lo, hi);
+    *out = d;
+    return 1;
+}
+
+static int get_int(json_t *req, const char *key, long long lo, long long hi, long long *out,
+                   struct verr *v)
+{
+    json_t *x = json_object_get(req, key);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_integer(x)) return bad(v, key, "'%s' must be an integer", key);
+    long long d = json_integer_value(x);
+    if (d < lo || d > hi) return bad(v, key, "'%s' = %lld is outside [%lld, %lld]", key, d, lo, hi);
+    *out = d;
+    return 1;
+}
+
+static int get_bool(json_t *req, const char *key, bool *out, struct verr *v)
+{
+    json_t *x = json_object_get(req, key);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_boolean(x)) return bad(v, key, "'%s' must be true or false", key);
+    *out = json_is_true(x);
+    return 1;
+}
+
+static struct srv_job *job_new(struct srv *s)
+{
+    struct srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->s = s;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    for (int i = 0; i < SRV_MAX_N; i++) {
+        j->ch[i].job = j;
+        j->ch[i].index = i;
+    }
+    return j;
+}
+
+/* The prompt: a string, an array of ids, or one of either in an array. */
+static int read_prompt(struct srv *s, json_t *p, struct srv_job *j, struct verr *v)
+{
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        if (!s->have_tok) return bad(v, "prompt", "a text prompt needs the model's tokenizer");
+        size_t n = 0;
+        bool bad_utf8 = false;
+        pthread_mutex_lock(&s->tok_mu);
+        enum moe_status st = moe_tokenizer_encode(&s->tok, json_string_value(p), json_string_length(p),
+                                                  true, &j->prompt, &n, &bad_utf8);
+        pthread_mutex_unlock(&s->tok_mu);
+        if (st != MOE_OK) return bad(v, "prompt", "the prompt cannot be tokenized: %s", moe_last_error());
+        j->n_prompt = (int)n;
+        return 0;
+    }
+    if (!json_is_array(p))
+        return bad(v, "prompt", "'prompt' must be a string or an array of token ids (one prompt "
+                   "per request)");
+    size_t n = json_array_size(p), i;
+    j->prompt = malloc((n ? n : 1) * sizeof *j->prompt);
+    if (!j->prompt) return bad(v, "prompt", "out of memory");
+    json_t *x;
+    json_array_foreach(p, i, x) {
+        if (!json_is_integer(x))
+            return bad(v, "prompt", "'prompt' must be a string or an array of token ids (one "
+                       "prompt per request)");
+        long long id = json_integer_value(x);
+        if (id < 0 || id >= s->vocab)
+            return bad(v, "prompt", "prompt token %lld at position %zu is outside the vocabulary "
+                       "of %d", id, i, s->vocab);
+        j->prompt[i] = (int32_t)id;
+    }
+    j->n_prompt = (int)n;
+    return 0;
+}
+
+static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, struct verr *v)
+{
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return bad(v, "messages", "'messages' must be a non-empty array of messages");
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")))
+            return bad(v, "messages", "messages[%zu] must be an object with a string 'role'", i);
+        json_t *c = json_object_get(m, "content");
+        if (c && !json_is_null(c) && !json_is_string(c) && !json_is_array(c))
+            return bad(v, "messages", "messages[%zu].content must be a string or an array", i);
+    }
+    if (!s->have_chat)
+        return bad(v, "messages", "this model has no chat template; use /v1/completions");
+    char *text = NULL;
+    pthread_mutex_lock(&s->tok_mu);
+    enum moe_status st = moe_chat_template_render(&s->tmpl, msgs, true, s->special, &text);
+    size_t n = 0;
+    if (st == MOE_OK)
+        st = moe_tokenizer_encode(&s->tok, text, strlen(text), false, &j->prompt, &n, NULL);
+    pthread_mutex_unlock(&s->tok_mu);
+    free(text);
+    if (st != MOE_OK) return bad(v, "messages", "the chat template failed: %s", moe_last_error());
+    j->n_prompt = (int)n;
+    return 0;
+}
+
+static int read_stop(json_t *req, struct srv_job *j, struct verr *v)
+{
+    json_t *stop = json_object_get(req, "stop");
+    if (!stop || json_is_null(stop)) return 0;
+    json_t *one = json_is_string(stop) ? stop : NULL;
+    size_t n = one ? 1 : json_is_array(stop) ? json_array_size(stop) : 0;
+    if (!one && !json_is_array(stop))
+        return bad(v, "stop", "'stop' must be a string or an array of strings");
+    if (n > MOE_MAX_STOP_STRINGS)
+        return bad(v, "stop", "'stop' holds %zu strings; at most %d", n, MOE_MAX_STOP_STRINGS);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = one ? one : json_array_get(stop, i);
+        if (!json_is_string(x) || json_string_length(x) == 0)
+            return bad(v, "stop", "each stop string must be a non-empty string");
+        if (!(j->stops[j->n_stops++] = strdup(json_string_value(x))))
+            return bad(v, "stop", "out of memory");
+    }
+    return 0;
+}
+
+static int blocks_for(const struct srv *s, long long tokens)
+{
+    return (int)((tokens + s->kv_block - 1) / s->kv_block);
+}
+
+static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j, struct verr *v)
+{
+    json_t *model = json_object_get(req, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) return bad(v, "model", "'model' must be a string");
+        if (strcmp(json_string_value(model), s->model_name))
+            return bad(v, "model", "unknown model: this server serves '%s'", s->model_name);
+    }
+    bool b = false;
+    if (get_bool(req, "stream", &j->stream, v) < 0) return -1;
+    json_t *so = json_object_get(req, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return bad(v, "stream_options", "'stream_options' must be an object");
+        if (get_bool(so, "include_usage", &j->include_usage, v) < 0) return -1;
+    }
+    if (get_bool(req, "return_expert_load", &b, v) < 0) return -1;
+    j->expert_load = b;
+    json_t *mo = json_object_get(req, "moerun");
+    if (mo && !json_is_null(mo)) {
+        if (!json_is_object(mo)) return bad(v, "moerun", "'moerun' must be an object");
+        b = false;
+        if (get_bool(mo, "expert_load", &b, v) < 0) return -1;
+        j->expert_load |= b;
+    }
+    b = false;
+    if (get_bool(req, "echo", &b, v) < 0) return -1;
+    if (b) return bad(v, "echo", "'echo' is not supported");
+    json_t *lb = json_object_get(req, "logit_bias");
+    if (lb && !json_is_null(lb) && !(json_is_object(lb) && json_object_size(lb) == 0))
+        return bad(v, "logit_bias", "'logit_bias' is not supported");
+
+    struct moe_sampling *sp = &j->rp.sampling;
+    moe_sampling_defaults(sp);
+    sp->temperature = 1.0f; /* the OpenAI API's default */
+    double d;
+    long long k;
+    int r;
+    if ((r = get_num(req, "temperature", 0, 2, &d, v)) < 0) return -1;
+    if (r) sp->temperature = (float)d;
+    if ((r = get_num(req, "top_p", 1e-9, 1, &d, v)) < 0) return -1;
+    if (r) sp->top_p = (float)d;
+    if ((r = get_int(req, "top_k", -1, 1 << 24, &k, v)) < 0) return -1;
+    if (r) sp->top_k = k < 0 ? 0 : (int)k;
+    if ((r = get_num(req, "min_p", 0, 1, &d, v)) < 0) return -1;
+    if (r) sp->min_p = (float)d;
+    if ((r = get_num(req, "repetition_penalty", 1e-6, 100, &d, v)) < 0) return -1;
+    if (r) sp->repetition_penalty = (float)d;
+    if ((r = get_num(req, "frequency_penalty", -2, 2, &d, v)) < 0) return -1;
+    if (r) sp->frequency_penalty = (float)d;
+    if ((r = get_num(req, "presence_penalty", -2, 2, &d, v)) < 0) return -1;
+    if (r) sp->presence_penalty = (float)d;
+    if ((r = get_int(req, "seed", -(1ll << 53), 1ll << 53, &k, v)) < 0) return -1;
+    sp->seed = r ? (uint64_t)k : (uint64_t)atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull;
+    j->n = 1;
+    if ((r = get_int(req, "n", 1, SRV_MAX_N, &k, v)) < 0) return -1;
+    if (r) j->n = (int)k;
+    if ((r = get_int(req, "best_of", 1, SRV_MAX_N, &k, v)) < 0) return -1;
+    if (r && k != j->n) return bad(v, "best_of", "'best_of' other than n is not supported");
+    if (chat) {
+        if (get_bool(req, "logprobs", &j->chat_logprobs, v) < 0) return -1;
+        if ((r = get_int(req, "top_logprobs", 0, MOE_MAX_LOGPROBS, &k, v)) < 0) return -1;
+        if (r && !j->chat_logprobs) return bad(v, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        j->logprobs = r ? (int)k : 0;
+        sp->n_logprobs = j->chat_logprobs ? j->logprobs : 0;
+    } else {
+        j->logprobs = -1;
+        if ((r = get_int(req, "logprobs", 0, MOE_MAX_LOGPROBS, &k, v)) < 0) return -1;
+        if (r) j->logprobs = sp->n_logprobs = (int)k;
+    }
+    bool ignore_eos = false;
+    if (get_bool(req, "ignore_eos", &ignore_eos, v) < 0) return -1;
+    if (read_stop(req, j, v) < 0) return -1;
+    if (j->n_stops && !s->have_tok) return bad(v, "stop", "stop strings need the model's tokenizer");
+
+    if (chat) {
+        if (read_messages(s, json_object_get(req, "messages"), j, v) < 0) return -1;
+    } else {
+        json_t *p = json_object_get(req, "prompt");
+        if (!p) return bad(v, "prompt", "'prompt' is required");
+        if (read_prompt(s, p, j, v) < 0) return -1;
+    }
+    if (j->n_prompt <= 0) return bad(v, chat ? "messages" : "prompt", "the prompt is empty");
+    /* max_tokens: completions default 16 (OpenAI); chat: what the context allows */
+    long long mt = 16;
+    bool mt_set = !chat;
+    const char *mt_key = "max_tokens";
+    if ((r = get_int(req, "max_tokens", -(1ll << 40), 1ll << 40, &k, v)) < 0) return -1;
+    if (r) {
+        mt = k;
+        mt_set = true;
+    }
+    if (chat) {
+        long long k2;
+        if ((r = get_int(req, "max_completion_tokens", -(1ll << 40), 1ll << 40, &k2, v)) < 0) return -1;
+        if (r) {
+            mt = k2;
+            mt_set = true;
+            mt_key = "max_completion_tokens";
+        }
+    }
+    if (!mt_set) {
+        mt = (long long)s->max_pos - j->n_prompt;
+        long long kv = (long long)s->kv_blocks * s->kv_block - j->n_prompt + 1;
+        if (kv < mt) mt = kv;
+        if (mt < 1)
+            return bad(v, "messages", "the prompt of %d tokens leaves no room to generate: the "
+                       "context is %d tokens and the KV cache holds %d", j->n_prompt, s->max_pos,
+                       s->kv_blocks * s->kv_block);
+    }
+    if (mt < 1) return bad(v, mt_key, "'%s' = %lld must be at least 1", mt_key, mt);
+    if ((long long)j->n_prompt + mt > s->max_pos)
+        return bad(v, mt_key, "this model's maximum context length is %d tokens, but %d prompt "
+                   "tokens + %s %lld = %lld tokens were requested", s->max_pos, j->n_prompt,
+                   mt_key, mt, (long long)j->n_prompt + mt);
+    if (blocks_for(s, j->n_prompt + mt - 1) > s->kv_blocks)
+        return bad(v, mt_key, "%d prompt tokens + %lld new tokens need %d KV blocks of %d tokens, "
+                   "but the cache holds %d blocks", j->n_prompt, mt,
+                   blocks_for(s, j->n_prompt + mt - 1), s->kv_block, s->kv_blocks);
+    j->rp.max_tokens = (int)mt;
+    if (moe_sampling_validate(sp) != MOE_OK) return bad(v, NULL, "%s", moe_last_error());
+    if (!ignore_eos) {
+        if (s->have_tok)
+            for (size_t i = 0; i < s->tok.n_eos && j->rp.n_stop_ids < MOE_MAX_STOP_IDS; i++)
+                j->rp.stop_ids[j->rp.n_stop_ids++] = s->tok.eos_ids[i];
+        else if (s->m.cfg.eos_id >= 0)
+            j->rp.stop_ids[j->rp.n_stop_ids++] = s->m.cfg.eos_id;
+    }
+    j->chat = chat;
+    return 0;
+}
+
+int srv_handle_completion(struct srv *s, bool chat, const char *body, size_t n,
+                          struct srv_job **out, char **err_body)
+{
+    *out = NULL;
+    *err_body = NULL;
+    json_error_t jerr;
+    json_t *req = json_loadb(body, n, JSON_REJECT_DUPLICATES, &jerr);
+    if (!req) {
+        *err_body = srv_error_json(400, NULL, "the body is not valid JSON (line %d, column %d)",
+                                   jerr.line, jerr.column);
+        return 400;
+    }
+    if (!json_is_object(req)) {
+        json_decref(req);
+        *err_body = srv_error_json(400, NULL, "the body must be a JSON object");
+        return 400;
+    }
+    struct verr v = {0};
+    struct srv_job *j = job_new(s);
+    if (!j) {
+        json_decref(req);
+        *err_body = srv_error_json(500, NULL, "out of memory");
+        return 500;
+    }
+    int rc = read_request(s, chat, req, j, &v);
+    json_decref(req);
+    if (rc < 0) {
+        srv_job_unref(j);
+        *err_body = v.body;
+        return v.status;
+    }
+    j->created = (long long)time(NULL);
+    snprintf(j->id, sizeof j->id, "%s-%lld", chat ? "chatcmpl" : "cmpl",
+             (long long)atomic_fetch_add(&s->next_id, 1));
+    j->t_recv = srv_now();
+    if (!srv_enqueue(s, j)) {
+        srv_job_unref(j);
+        *err_body = srv_error_json(429, NULL, "the server's queue is full (%d waiting requests); "
+                                   "retry later", s->o.max_queue);
+        return 429;
+    }
+    /* the engine thread accepts or refuses at its next loop */
+    pthread_mutex_lock(&j->mu);
+    while (j->phase == SRV_QUEUED) pthread_cond_wait(&j->cv, &j->mu);
+    int status = j->phase == SRV_ACCEPTED ? 200 : j->reject_status;
+    if (status != 200) *err_body = srv_error_json(status, NULL, "%s", j->reject_msg);
+    pthread_mutex_unlock(&j->mu);
+    if (status != 200) {
+        srv_job_unref(j);
+        return status;
+    }
+    *out = j;
+    return 200;
+}

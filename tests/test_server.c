@@ -1,0 +1,618 @@
+/* test_server.c - `moerun serve` end to end over loopback: each test starts
+ * the server on a free port (--port 0 --port-file), waits for /health, drives
+ * it with curl or a Python script (tests/server/), and stops it with
+ * SIGTERM, expecting a clean exit.  The server dies with the test process
+ * (PR_SET_PDEATHSIG) and .fini kills it on failure; every wait is bounded.
+ *
+ * Model: models/demo-moe (a tokenizer and a ChatML chat template), one CPU
+ * thread, a 16 MiB KV cache (1024 blocks of 16 tokens). */
+#include <criterion/criterion.h>
+#include <ctype.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#define MODEL MOERUN_SOURCE_DIR "/models/demo-moe"
+#define PYDIR MOERUN_SOURCE_DIR "/tests/server"
+
+static struct {
+    pid_t pid;
+    int port;
+    char dir[64];
+    char base[64];
+} sv;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Runs a shell command; stdout into out (NUL-terminated); exit status. */
+static int sh(const char *cmd, char *out, size_t n)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen %s", cmd);
+    size_t got = 0, k;
+    char sink[4096];
+    while ((k = fread(out && got + 1 < n ? out + got : sink, 1,
+                      out && got + 1 < n ? n - 1 - got : sizeof sink, p)) > 0)
+        if (out && got + 1 < n) got += k;
+    if (out) out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* An HTTP request with curl; returns the status, the body in out. */
+static int http(const char *method, const char *path, const char *body, char *out, size_t n)
+{
+    char file[128], cmd[1024];
+    snprintf(file, sizeof file, "%s/body", sv.dir);
+    if (body) {
+        FILE *f = fopen(file, "w");
+        cr_assert(f);
+        fputs(body, f);
+        fclose(f);
+    }
+    snprintf(cmd, sizeof cmd,
+             "curl -s -m 60 -X %s %s%s -o %s/resp -w '%%{http_code}' %s%s", method,
+             body ? "-H 'Content-Type: application/json' --data-binary @" : "", body ? file : "",
+             sv.dir, sv.base, path);
+    char code[16];
+    sh(cmd, code, sizeof code);
+    snprintf(cmd, sizeof cmd, "cat %s/resp 2>/dev/null", sv.dir);
+    sh(cmd, out, n);
+    return atoi(code);
+}
+
+static void server_start_model(const char *model, const char *extra);
+static void server_start(const char *extra) { server_start_model(MODEL, extra); }
+
+static void server_start_model(const char *model, const char *extra)
+{
+    strcpy(sv.dir, "/tmp/moerun-serve-XXXXXX");
+    cr_assert(mkdtemp(sv.dir));
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "exec %s serve %s --port 0 --port-file %s/port --backend cpu --threads 1 "
+             "--kv-budget 16MiB %s 2>%s/log", MOERUN_BINARY, model, sv.dir, extra, sv.dir);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    sv.pid = pid;
+    char path[128], buf[64];
+    snprintf(path, sizeof path, "%s/port", sv.dir);
+    for (int i = 0; i < 600 && !sv.port; i++) { /* 60 s at most (sanitizer builds are slow) */
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (fgets(buf, sizeof buf, f)) sv.port = atoi(buf);
+            fclose(f);
+        }
+        if (!sv.port) {
+            cr_assert(waitpid(pid, NULL, WNOHANG) == 0, "the server exited during start-up");
+            sleep_ms(100);
+        }
+    }
+    cr_assert(sv.port > 0, "the server did not start");
+    snprintf(sv.base, sizeof sv.base, "http://127.0.0.1:%d", sv.port);
+    char out[256];
+    int st = 0;
+    for (int i = 0; i < 100 && st != 200; i++) {
+        st = http("GET", "/health", NULL, out, sizeof out);
+        if (st != 200) sleep_ms(100);
+    }
+    cr_assert_eq(st, 200, "/health never became ready");
+}
+
+/* SIGTERM, then up to 30 s for a clean exit; SIGKILL after.  Exit status. */
+static int server_stop(void)
+{
+    if (sv.pid <= 0) return -1;
+    kill(sv.pid, SIGTERM);
+    int st = 0;
+    pid_t w = 0;
+    for (int i = 0; i < 300 && (w = waitpid(sv.pid, &st, WNOHANG)) == 0; i++) sleep_ms(100);
+    if (w == 0) {
+        kill(sv.pid, SIGKILL);
+        waitpid(sv.pid, &st, 0);
+        st = -1;
+    }
+    sv.pid = 0;
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", sv.dir);
+    sh(cmd, NULL, 0);
+    return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void fini(void)
+{
+    if (sv.pid > 0) {
+        kill(sv.pid, SIGKILL);
+        waitpid(sv.pid, NULL, 0);
+        sv.pid = 0;
+    }
+}
+
+static void start_default(void) { server_start(""); }
+
+/* `moerun run` greedy text (the trailing newline removed). */
+static void run_text(const char *prompt, int n, char *out, size_t cap)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s run %s -p '%s' -n %d --temp 0 --backend cpu --threads 1 "
+             "--kv-budget 16MiB 2>/dev/null", MOERUN_BINARY, MODEL, prompt, n);
+    cr_assert_eq(sh(cmd, out, cap), 0);
+    size_t k = strlen(out);
+    if (k && out[k - 1] == '\n') out[k - 1] = '\0';
+}
+
+static json_t *parse(const char *s)
+{
+    json_error_t e;
+    json_t *j = json_loads(s, 0, &e);
+    cr_assert(j, "not JSON (%s): %.300s", e.text, s);
+    return j;
+}
+
+/* Concatenates the text of an SSE stream (completions or chat). */
+static void sse_text(const char *body, char *out, size_t cap, bool *done)
+{
+    out[0] = '\0';
+    *done = false;
+    const char *p = body;
+    while ((p = strstr(p, "data: "))) {
+        p += 6;
+        if (!strncmp(p, "[DONE]", 6)) {
+            *done = true;
+            break;
+        }
+        const char *end = strstr(p, "\n\n");
+        cr_assert(end, "unterminated event");
+        json_error_t e;
+        json_t *j = json_loadb(p, (size_t)(end - p), 0, &e);
+        cr_assert(j, "bad event JSON: %s", e.text);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+        const char *t = json_string_value(json_object_get(ch, "text"));
+        if (!t) t = json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
+        if (t) strncat(out, t, cap - strlen(out) - 1);
+        json_decref(j);
+        p = end;
+    }
+}
+
+TestSuite(server, .init = start_default, .fini = fini, .timeout = 600);
+
+Test(server, completions_equal_moerun_run_streaming_or_not)
+{
+    static char out[65536], want[4096], text[4096];
+    const char *prompts[] = {"Hello", "the river garden", "experts route a dog"};
+    for (int i = 0; i < 3; i++) {
+        run_text(prompts[i], 20, want, sizeof want);
+        char body[512];
+        snprintf(body, sizeof body, "{\"model\": \"demo-moe\", \"prompt\": \"%s\", \"max_tokens\": 20, "
+                 "\"temperature\": 0}", prompts[i]);
+        cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 200, "%s", out);
+        json_t *j = parse(out);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+        cr_assert_str_eq(json_string_value(json_object_get(ch, "text")), want);
+        cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "text_completion");
+        cr_assert(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) >= 1);
+        json_decref(j);
+        snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 20, \"temperature\": 0, "
+                 "\"stream\": true, \"stream_options\": {\"include_usage\": true}}", prompts[i]);
+        cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 200);
+        bool done;
+        sse_text(out, text, sizeof text, &done);
+        cr_assert(done, "no [DONE]: %s", out);
+        cr_assert_str_eq(text, want);
+        cr_assert(strstr(out, "\"usage\":{\"prompt_tokens\""), "no usage chunk");
+    }
+    cr_assert_eq(server_stop(), 0, "the server did not exit cleanly");
+}
+
+Test(server, chat_uses_the_template_and_equals_moerun_run)
+{
+    static char out[65536], want[4096], text[4096];
+    run_text("<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n", 16, want, sizeof want);
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi there\"}], "
+                       "\"max_completion_tokens\": 16, \"temperature\": 0}";
+    cr_assert_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    cr_assert_str_eq(json_string_value(json_object_get(msg, "role")), "assistant");
+    cr_assert_str_eq(json_string_value(json_object_get(msg, "content")), want);
+    json_decref(j);
+    body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi there\"}], \"max_tokens\": 16, "
+           "\"temperature\": 0, \"stream\": true}";
+    cr_assert_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200);
+    bool done;
+    sse_text(out, text, sizeof text, &done);
+    cr_assert(done);
+    cr_assert_str_eq(text, want);
+    cr_assert(strstr(out, "\"role\":\"assistant\""), "the first delta carries the role");
+    cr_assert_eq(server_stop(), 0);
+}
+
+Test(server, sampling_fields_stop_n_logprobs_and_seed)
+{
+    static char out[65536], want[4096];
+    run_text("Hello", 20, want, sizeof want);
+    /* a stop string taken from the greedy output: the text ends before it */
+    char stop[8] = {0};
+    size_t at = 3;
+    while (want[at] && !(isalpha((unsigned char)want[at]) && isalpha((unsigned char)want[at + 1]) &&
+                         isalpha((unsigned char)want[at + 2])))
+        at++;
+    cr_assert(want[at], "no ASCII word in the greedy output '%s'", want);
+    memcpy(stop, want + at, 3);
+    size_t cut = (size_t)(strstr(want, stop) - want);
+    json_t *req = json_pack("{s:s, s:i, s:i, s:[s]}", "prompt", "Hello", "max_tokens", 20,
+                            "temperature", 0, "stop", stop);
+    char *body = json_dumps(req, 0);
+    json_decref(req);
+    cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 200, "%s", out);
+    free(body);
+    json_t *j = parse(out);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    const char *t = json_string_value(json_object_get(ch, "text"));
+    cr_assert(strlen(t) == cut && !strncmp(t, want, cut), "'%s' vs '%s' stop '%s'", t, want, stop);
+    cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    json_decref(j);
+    /* n = 3 with a seed: three choices; the same request again gives the same texts */
+    const char *nb = "{\"prompt\": \"Hello\", \"max_tokens\": 12, \"temperature\": 1.0, \"top_k\": 40, "
+                     "\"top_p\": 0.9, \"min_p\": 0.01, \"repetition_penalty\": 1.1, \"seed\": 7, "
+                     "\"n\": 3, \"logprobs\": 2}";
+    static char out2[65536];
+    cr_assert_eq(http("POST", "/v1/completions", nb, out, sizeof out), 200, "%s", out);
+    cr_assert_eq(http("POST", "/v1/completions", nb, out2, sizeof out2), 200);
+    json_t *a = parse(out), *b = parse(out2);
+    json_t *ca = json_object_get(a, "choices"), *cb = json_object_get(b, "choices");
+    cr_assert_eq(json_array_size(ca), 3);
+    for (int i = 0; i < 3; i++) {
+        json_t *x = json_array_get(ca, i), *y = json_array_get(cb, i);
+        cr_assert_eq(json_integer_value(json_object_get(x, "index")), i);
+        cr_assert_str_eq(json_string_value(json_object_get(x, "text")),
+                         json_string_value(json_object_get(y, "text")));
+        json_t *lp = json_object_get(x, "logprobs");
+        cr_assert(json_array_size(json_object_get(lp, "tokens")) >= 1);
+        cr_assert_eq(json_array_size(json_object_get(lp, "tokens")),
+                     json_array_size(json_object_get(lp, "token_logprobs")));
+    }
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(a, "usage"), "prompt_tokens")),
+                 json_integer_value(json_object_get(json_object_get(b, "usage"), "prompt_tokens")));
+    json_decref(a);
+    json_decref(b);
+    /* streaming n = 2, greedy: both choices are the greedy text */
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 20, "
+                      "\"temperature\": 0, \"n\": 2, \"stream\": true}", out, sizeof out), 200);
+    for (int i = 0; i < 2; i++) {
+        static char t2[4096];
+        t2[0] = '\0';
+        const char *p = out;
+        while ((p = strstr(p, "data: {"))) {
+            p += 6;
+            const char *end = strstr(p, "\n\n");
+            json_t *ev = json_loadb(p, (size_t)(end - p), 0, NULL);
+            cr_assert(ev);
+            json_t *ch0 = json_array_get(json_object_get(ev, "choices"), 0);
+            if (json_integer_value(json_object_get(ch0, "index")) == i)
+                strncat(t2, json_string_value(json_object_get(ch0, "text")), sizeof t2 - strlen(t2) - 1);
+            json_decref(ev);
+            p = end;
+        }
+        cr_assert_str_eq(t2, want, "choice %d", i);
+    }
+    cr_assert(strstr(out, "data: [DONE]"));
+    /* chat logprobs */
+    const char *cb2 = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 4, "
+                      "\"temperature\": 0, \"logprobs\": true, \"top_logprobs\": 3}";
+    cr_assert_eq(http("POST", "/v1/chat/completions", cb2, out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                      "logprobs"), "content");
+    cr_assert_eq(json_array_size(content), 4);
+    cr_assert_eq(json_array_size(json_object_get(json_array_get(content, 0), "top_logprobs")), 3);
+    json_decref(j);
+    cr_assert_eq(server_stop(), 0);
+}
+
+Test(server, every_bad_input_gets_its_status_and_error)
+{
+    static char out[65536];
+    struct { const char *method, *path, *body; int status; } cases[] = {
+        {"POST", "/v1/completions", "{\"prompt\": \"SECRET-1\"", 400},
+        {"POST", "/v1/completions", "[\"SECRET-2\"]", 400},
+        {"POST", "/v1/completions", "{\"prompt\": 5}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"temperature\": \"hot\"}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"stream\": 1}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"model\": \"SECRET-3\"}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": -5}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 0}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 1000000000000}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2048}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"n\": 0}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"n\": 1000}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"logprobs\": 99}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"logprobs\": -1}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, 2, 512]}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": [1, -2]}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": []}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"stop\": [\"\"]}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"echo\": true}", 400},
+        {"POST", "/v1/completions", "{}", 400},
+        {"POST", "/v1/chat/completions", "{\"messages\": []}", 400},
+        {"POST", "/v1/chat/completions", "{\"messages\": [{\"content\": \"SECRET-4\"}]}", 400},
+        {"POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                                         "\"max_completion_tokens\": 4000}", 400},
+        {"GET", "/v1/nothing", NULL, 404},
+        {"GET", "/v1/completions", NULL, 405},
+        {"DELETE", "/v1/models", NULL, 405},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int st = http(cases[i].method, cases[i].path, cases[i].body, out, sizeof out);
+        cr_assert_eq(st, cases[i].status, "case %zu (%s): status %d: %s", i,
+                     cases[i].body ? cases[i].body : cases[i].path, st, out);
+        json_t *j = parse(out);
+        json_t *e = json_object_get(j, "error");
+        cr_assert(json_is_string(json_object_get(e, "message")), "case %zu: %s", i, out);
+        cr_assert(json_is_string(json_object_get(e, "type")), "case %zu: %s", i, out);
+        cr_assert(json_object_get(e, "param") && json_object_get(e, "code"), "case %zu: %s", i, out);
+        cr_assert(!strstr(out, "SECRET"), "case %zu echoes the body: %s", i, out);
+        json_decref(j);
+    }
+    /* the context limit is reported with the numbers */
+    http("POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2048}", out, sizeof out);
+    cr_assert(strstr(out, "2048") && strstr(out, "2049"), "%s", out);
+    /* 413: Content-Length over the limit, and a chunked body counted while read */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "head -c 5000000 /dev/zero | curl -s -m 60 -o /dev/null -w '%%{http_code}' "
+             "--data-binary @- %s/v1/completions", sv.base);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0);
+    cr_assert_str_eq(out, "413");
+    snprintf(cmd, sizeof cmd, "head -c 5000000 /dev/zero | curl -s -m 60 -o /dev/null -w '%%{http_code}' "
+             "-H 'Transfer-Encoding: chunked' --data-binary @- %s/v1/completions", sv.base);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0);
+    cr_assert_str_eq(out, "413");
+    /* headers beyond the connection memory: libmicrohttpd's 431 */
+    snprintf(cmd, sizeof cmd, "printf 'X-Big: %%s\\n' $(head -c 100000 /dev/zero | tr '\\0' a) > %s/hdr && "
+             "curl -s -m 60 -o /dev/null -w '%%{http_code}' -H @%s/hdr %s/health", sv.dir, sv.dir, sv.base);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0);
+    cr_assert_str_eq(out, "431");
+    /* and the server keeps serving */
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 3}", out,
+                      sizeof out), 200, "%s", out);
+    cr_assert_eq(http("GET", "/metrics", NULL, out, sizeof out), 200);
+    cr_assert(strstr(out, "moerun_http_requests_total{status=\"400\"} 24"), "%.2000s", out);
+    cr_assert_eq(server_stop(), 0);
+}
+
+Test(server, health_models_metrics_and_expert_stats)
+{
+    static char out[262144];
+    cr_assert_eq(http("GET", "/v1/models", NULL, out, sizeof out), 200);
+    json_t *j = parse(out);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0),
+                                                       "id")), "demo-moe");
+    json_decref(j);
+    /* expert_load: per layer, the K choices of every computed token */
+    const char *body = "{\"prompt\": [5, 6, 7, 8, 9], \"max_tokens\": 6, \"temperature\": 0, "
+                       "\"ignore_eos\": true, \"moerun\": {\"expert_load\": true}}";
+    cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    json_t *el = json_object_get(json_object_get(j, "usage"), "expert_load");
+    cr_assert(el, "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(el, "experts")), 16);
+    json_t *tokens = json_object_get(el, "tokens");
+    cr_assert_eq(json_array_size(tokens), 4);
+    for (size_t l = 0; l < 4; l++) {
+        json_t *row = json_array_get(tokens, l);
+        cr_assert_eq(json_array_size(row), 16);
+        long long sum = 0;
+        for (size_t e = 0; e < 16; e++) sum += json_integer_value(json_array_get(row, e));
+        cr_assert_eq(sum, (5 + 6 - 1) * 4, "layer %zu: %lld", l, sum); /* the last token is not run */
+    }
+    json_decref(j);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": [5, 6], \"max_tokens\": 2, "
+                      "\"return_expert_load\": true}", out, sizeof out), 200);
+    cr_assert(strstr(out, "\"expert_load\""));
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": [5, 6], \"max_tokens\": 2}", out,
+                      sizeof out), 200);
+    cr_assert(!strstr(out, "expert_load"), "not asked, not given");
+    /* metrics */
+    cr_assert_eq(http("GET", "/metrics", NULL, out, sizeof out), 200);
+    const char *want[] = {"moerun_http_requests_total{status=\"200\"}",
+                          "moerun_prompt_tokens_total", "moerun_generation_tokens_total",
+                          "moerun_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3",
+                          "moerun_inter_token_latency_seconds_count",
+                          "moerun_requests_waiting 0", "moerun_requests_running 0",
+                          "moerun_kv_blocks{state=\"used\"} 0", "moerun_kv_blocks{state=\"free\"}",
+                          "moerun_kv_blocks{state=\"cached\"}", "moerun_kv_blocks_total 1024",
+                          "moerun_preemptions_total 0", "moerun_expert"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert(strstr(out, want[i]), "missing %s in\n%.3000s", want[i], out);
+    /* expert statistics: the window, then a reset starts a new one */
+    cr_assert_eq(http("GET", "/v1/expert-stats", NULL, out, sizeof out), 200);
+    j = parse(out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "format")), "moerun-expert-stats");
+    json_decref(j);
+    cr_assert_eq(http("POST", "/v1/expert-stats/reset", NULL, out, sizeof out), 200, "%s", out);
+    cr_assert(strstr(out, "\"resets\":1"), "%s", out);
+    cr_assert_eq(http("GET", "/v1/expert-stats/reset", NULL, out, sizeof out), 405);
+    cr_assert_eq(server_stop(), 0);
+}
+
+static void python(const char *script, const char *args)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "cd %s && timeout 300 python3 %s %s %s 2>&1", PYDIR, script, sv.base, args);
+    int rc = sh(cmd, out, sizeof out);
+    cr_assert_eq(rc, 0, "%s failed:\n%s", script, out);
+    cr_log_info("%s", out);
+}
+
+Test(server, concurrent_streams_equal_their_solo_outputs)
+{
+    if (sh("python3 -c 'import sys' 2>/dev/null", NULL, 0)) cr_skip_test("no python3");
+    python("load.py", "24");
+    cr_assert_eq(server_stop(), 0);
+}
+
+Test(server, disconnect_storm_frees_every_kv_block)
+{
+    if (sh("python3 -c 'import sys' 2>/dev/null", NULL, 0)) cr_skip_test("no python3");
+    python("disconnect.py", "24");
+    cr_assert_eq(server_stop(), 0);
+}
+
+Test(server, official_openai_client)
+{
+    if (sh("python3 -c 'import sys' 2>/dev/null", NULL, 0)) cr_skip_test("no python3");
+    /* the openai package: installed, or installed now into a folder of the
+     * source tree's build area (pip --target works beside a system Python) */
+#define PYPATH "PYTHONPATH=" MOERUN_SOURCE_DIR "/build-pydeps "
+    if (sh(PYPATH "python3 -c 'import openai' 2>/dev/null", NULL, 0))
+        sh("timeout 300 python3 -m pip install -q --target " MOERUN_SOURCE_DIR "/build-pydeps openai "
+           ">/dev/null 2>&1", NULL, 0);
+    cr_assert_eq(sh(PYPATH "python3 -c 'import openai' 2>/dev/null", NULL, 0), 0,
+                 "the openai package could not be installed (pip install openai)");
+    char cmd[1024], out[16384], want[4096];
+    snprintf(cmd, sizeof cmd, "cd %s && " PYPATH "timeout 300 python3 openai_client.py %s demo-moe 2>&1",
+             PYDIR, sv.base);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    json_t *j = parse(out);
+    run_text("Hello", 16, want, sizeof want);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "completion")), want);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "completion_stream")), want);
+    run_text("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", 12, want, sizeof want);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "chat")), want);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "chat_stream")), want);
+    cr_assert_eq(json_integer_value(json_object_get(j, "bad_model_status")), 400);
+    json_decref(j);
+    cr_assert_eq(server_stop(), 0);
+}
+
+/* A server of its own: one sequence at a time and a queue of one. */
+Test(server_queue, full_queue_gets_429, .fini = fini, .timeout = 600)
+{
+    server_start("--max-seqs 1 --max-queue 1 --timeout 2");
+    /* an idle connection is closed after --timeout */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)sv.port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {20, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char byte;
+    cr_assert_eq(recv(fd, &byte, 1, 0), 0, "the idle connection was not closed");
+    close(fd);
+    char cmd[1024], out[65536];
+    /* two long streams: one runs, one waits */
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "curl -sN -m 60 -o /dev/null %s/v1/completions -d '{\"prompt\": "
+                 "\"Hello\", \"max_tokens\": 1500, \"ignore_eos\": true, \"stream\": true}' "
+                 ">/dev/null 2>&1 & echo $!", sv.base);
+        sh(cmd, out, sizeof out);
+        int pid = atoi(out);
+        cr_assert(pid > 0);
+        snprintf(cmd, sizeof cmd, "echo %d >> %s/curls", pid, sv.dir);
+        sh(cmd, NULL, 0);
+        if (i == 0) /* the first one is running before the second arrives */
+            for (int k = 0; k < 100; k++) {
+                http("GET", "/metrics", NULL, out, sizeof out);
+                if (strstr(out, "moerun_requests_running 1")) break;
+                sleep_ms(100);
+            }
+    }
+    bool waiting = false;
+    for (int k = 0; k < 100 && !waiting; k++) {
+        http("GET", "/metrics", NULL, out, sizeof out);
+        waiting = strstr(out, "moerun_requests_waiting 1") != NULL;
+        if (!waiting) sleep_ms(100);
+    }
+    cr_assert(waiting, "%.2000s", out);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 2}", out,
+                      sizeof out), 429, "%s", out);
+    cr_assert(strstr(out, "rate_limit_error"));
+    /* the clients hang up; their requests are cancelled and the queue drains */
+    snprintf(cmd, sizeof cmd, "kill $(cat %s/curls) 2>/dev/null; true", sv.dir);
+    sh(cmd, NULL, 0);
+    int st = 0;
+    for (int k = 0; k < 100 && st != 200; k++) {
+        st = http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 2}", out, sizeof out);
+        if (st != 200) sleep_ms(100);
+    }
+    cr_assert_eq(st, 200, "%s", out);
+    cr_assert_eq(server_stop(), 0);
+}
+
+/* /health and the API answer 503 while the model loads (held by a test hook). */
+Test(server_queue, loading_answers_503_then_ready, .fini = fini, .timeout = 600)
+{
+    strcpy(sv.dir, "/tmp/moerun-serve-XXXXXX");
+    cr_assert(mkdtemp(sv.dir));
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd,
+             "MOERUN_SERVE_TEST_LOAD_DELAY_MS=4000 exec %s serve %s --port 0 --backend cpu "
+             "--threads 1 --kv-budget 16MiB 2>%s/log", MOERUN_BINARY, MODEL, sv.dir);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    sv.pid = pid;
+    snprintf(cmd, sizeof cmd, "sed -n 's/.*listening on http:\\/\\/127.0.0.1:\\([0-9]*\\).*/\\1/p' %s/log",
+             sv.dir);
+    for (int i = 0; i < 100 && !sv.port; i++) {
+        sh(cmd, out, sizeof out);
+        sv.port = atoi(out);
+        if (!sv.port) sleep_ms(20);
+    }
+    cr_assert(sv.port > 0, "no port in the log");
+    snprintf(sv.base, sizeof sv.base, "http://127.0.0.1:%d", sv.port);
+    cr_assert_eq(http("GET", "/health", NULL, out, sizeof out), 503, "%s", out);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\"}", out, sizeof out), 503);
+    cr_assert(strstr(out, "\"error\"") && strstr(out, "loading"), "%s", out);
+    int st = 0;
+    for (int i = 0; i < 300 && st != 200; i++) {
+        st = http("GET", "/health", NULL, out, sizeof out);
+        if (st != 200) sleep_ms(100);
+    }
+    cr_assert_eq(st, 200);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 2}", out,
+                      sizeof out), 200, "%s", out);
+    cr_assert_eq(server_stop(), 0);
+}
+
+/* A model without a chat template: completions work, chat is refused. */
+Test(server_queue, chat_without_a_template_is_refused, .fini = fini, .timeout = 600)
+{
+    server_start_model(MOERUN_SOURCE_DIR "/tests/fixtures/qwen3_moe", "--served-model-name tiny");
+    char out[8192];
+    cr_assert_eq(http("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", "
+                      "\"content\": \"hi\"}]}", out, sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "no chat template"), "%s", out);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"model\": \"tiny\", \"prompt\": [1, 2, 3], "
+                      "\"max_tokens\": 3}", out, sizeof out), 200, "%s", out);
+    cr_assert_eq(http("GET", "/v1/models", NULL, out, sizeof out), 200);
+    cr_assert(strstr(out, "\"id\":\"tiny\""), "%s", out);
+    cr_assert_eq(server_stop(), 0);
+}
