@@ -77,7 +77,8 @@ Test(stats_cli, run_exports_and_stats_reads_them)
     cr_assert(strstr(out, "<- --topk"), "%s", out);
     cr_assert(!strstr(out, "load heatmap"), "%s", out);
 
-    snprintf(cmd, sizeof cmd, "%s stats --compare %s/s.json %s/t.json 2>&1", MOERUN_BINARY, dir, dir);
+    snprintf(cmd, sizeof cmd, "%s stats --compare %s/s.json %s/t.trace.json 2>&1", MOERUN_BINARY, dir,
+             dir);
     cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "mean total-variation distance between load shares: 0.0000 over 4 layers"),
               "the trace and the statistics of one run agree: %s", out);
