@@ -168,7 +168,7 @@ MOE_MUST_USE enum moe_status moe_stats_prometheus_string(const struct moe_stats 
 
 /* Writes PREFIX.ids.npy (int16 when E <= 32767, else int32) (N, Lm, K),
  * PREFIX.weights.npy float32 (N, Lm, K), PREFIX.tokens.npy int64 (N, 4) and
- * PREFIX.json (what the arrays are, E, K, the layer indices). */
+ * PREFIX.trace.json (what the arrays are, E, K, the layer indices). */
 MOE_MUST_USE enum moe_status moe_stats_write_trace(const struct moe_stats *st,
                                                     const struct moe_stats_meta *meta,
                                                     const char *prefix);

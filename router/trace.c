@@ -195,7 +195,7 @@ enum moe_status moe_stats_write_trace(const struct moe_stats *st, const struct m
         "weights", "weights.npy float32 (tokens, moe_layers, top_k)", "tokens",
         "tokens.npy int64 (tokens, 4)", "token_columns", "step", "request", "position", "decode");
     if (!j) return moe_fail(MOE_ERR_NOMEM, "trace: description");
-    snprintf(path, sizeof path, "%s.json", prefix);
+    snprintf(path, sizeof path, "%s.trace.json", prefix);
     int rc = json_dump_file(j, path, JSON_INDENT(1));
     json_decref(j);
     if (rc != 0) return moe_fail(MOE_ERR_IO, "%s: cannot write", path);

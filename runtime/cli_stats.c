@@ -15,7 +15,7 @@ static void usage(FILE *f)
             "usage: moerun stats FILE... [options]\n"
             "       moerun stats --compare A B\n\n"
             "FILE is a statistics JSON (--stats-out) or a routing trace (--trace-out PREFIX:\n"
-            "give PREFIX or PREFIX.json).  Prints per-layer balance tables and a heatmap.\n\n"
+            "give PREFIX or PREFIX.trace.json).  Prints per-layer balance tables and a heatmap.\n\n"
             "  --svg FILE        write the heatmap and imbalance bars as SVG\n"
             "  --no-plot         tables only\n"
             "  --width N         heatmap columns (default 100; experts are binned beyond)\n"

@@ -54,6 +54,7 @@ static int top_pairs(const struct moe_sdata *d, int j, int top, struct pair *out
     const int E = d->E;
     const double *c = d->coact + (size_t)j * E * E;
     int n = 0;
+    if (top <= 0) return 0;
     for (int a = 0; a < E; a++)
         for (int b = a + 1; b < E; b++) {
             double v = c[(size_t)a * E + b];

@@ -19,8 +19,8 @@
 extern "C" {
 #endif
 
-/* One input: a statistics JSON, or a routing trace (its PREFIX.json or the
- * bare PREFIX), from which the same counters are aggregated. */
+/* One input: a statistics JSON, or a routing trace (its PREFIX.trace.json or
+ * the bare PREFIX), from which the same counters are aggregated. */
 struct moe_sdata {
     char *path;          /* owned */
     bool from_trace;

@@ -42,6 +42,14 @@ int moe_cli_stats_check(const struct moe_cli_stats *s, const char *cmd)
 {
     if (s->off && (s->json_path || s->csv_path || s->trace_prefix))
         return moe_cli_error(cmd, "--no-stats contradicts --stats-out, --stats-csv and --trace-out");
+    char tj[4096];
+    if (s->trace_prefix) {
+        snprintf(tj, sizeof tj, "%s.trace.json", s->trace_prefix);
+        if ((s->json_path && !strcmp(s->json_path, tj)) || (s->csv_path && !strcmp(s->csv_path, tj)))
+            return moe_cli_error(cmd, "%s would be both the statistics and the trace description", tj);
+    }
+    if (s->json_path && s->csv_path && !strcmp(s->json_path, s->csv_path))
+        return moe_cli_error(cmd, "--stats-out and --stats-csv name the same file");
     return 0;
 }
 

@@ -30,7 +30,7 @@
 #define MOE_CLI_STATS_USAGE                                                                    \
     "  --stats-out FILE   expert-load statistics as JSON (docs/stats-format.md)\n"             \
     "  --stats-csv FILE   the same, one row per (layer, expert)\n"                             \
-    "  --trace-out PREFIX routing trace: PREFIX.ids.npy, .weights.npy, .tokens.npy, .json\n"   \
+    "  --trace-out PREFIX routing trace: PREFIX.ids.npy, .weights.npy, .tokens.npy, .trace.json\n" \
     "  --stats-steps A:B  record steps A..B-1 only (B empty: to the end)\n"                    \
     "  --stats-ring N     per-step counts kept for the last N steps (default 64)\n"            \
     "  --no-stats         do not record statistics\n"                                          \

@@ -179,7 +179,7 @@ enum moe_status moe_sdata_load(struct moe_sdata *d, const char *path)
     size_t n = strlen(path);
     if (n + 6 > sizeof buf) return moe_fail(MOE_ERR_INVALID_ARG, "path too long");
     snprintf(buf, sizeof buf, "%s", path);
-    if (stat(buf, &sb) != 0) snprintf(buf, sizeof buf, "%s.json", path); /* bare trace prefix */
+    if (stat(buf, &sb) != 0) snprintf(buf, sizeof buf, "%s.trace.json", path); /* bare prefix */
     d->path = strdup(path);
     if (!d->path) return moe_fail(MOE_ERR_NOMEM, "path");
     json_error_t err;
@@ -195,7 +195,8 @@ enum moe_status moe_sdata_load(struct moe_sdata *d, const char *path)
     } else if (fmt && !strcmp(fmt, MOE_TRACE_FORMAT)) {
         snprintf(prefix, sizeof prefix, "%s", buf);
         size_t pl = strlen(prefix);
-        if (pl > 5 && !strcmp(prefix + pl - 5, ".json")) prefix[pl - 5] = '\0';
+        if (pl > 11 && !strcmp(prefix + pl - 11, ".trace.json")) prefix[pl - 11] = '\0';
+        else if (pl > 5 && !strcmp(prefix + pl - 5, ".json")) prefix[pl - 5] = '\0';
         s = load_trace(d, root, prefix);
     } else {
         s = moe_fail(MOE_ERR_FORMAT, "%s: not moerun statistics or a routing trace (format '%s')",

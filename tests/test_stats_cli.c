@@ -57,7 +57,7 @@ Test(stats_cli, run_exports_and_stats_reads_them)
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert_str_eq(out, "<svg</svg>\n");
 
-    snprintf(cmd, sizeof cmd, "%s stats %s/t --no-plot --ep 2 --replicas 1 --cache 8 --topk 2 2>&1",
+    snprintf(cmd, sizeof cmd, "%s stats %s/t --no-plot --pairs 0 --ep 2 --replicas 1 --cache 8 --topk 2 2>&1",
              MOERUN_BINARY, dir);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "routing trace, 4 MoE layers, 32 experts, top-4, 13 tokens, 6 steps"), "%s", out);
@@ -67,7 +67,8 @@ Test(stats_cli, run_exports_and_stats_reads_them)
     cr_assert(strstr(out, "<- --topk"), "%s", out);
     cr_assert(!strstr(out, "load heatmap"), "%s", out);
 
-    snprintf(cmd, sizeof cmd, "%s stats --compare %s/s.json %s/t.json 2>&1", MOERUN_BINARY, dir, dir);
+    snprintf(cmd, sizeof cmd, "%s stats --compare %s/s.json %s/t.trace.json 2>&1", MOERUN_BINARY, dir,
+             dir);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "mean total-variation distance between load shares: 0.0000 over 4 layers"),
               "the trace and the statistics of one run agree: %s", out);
@@ -136,6 +137,9 @@ Test(stats_cli, misuse_gives_one_clear_line)
     expect_error(args, "exactly two files");
     snprintf(args, sizeof args, "bench --synthetic %s --no-stats --stats-out %s", TINY, path);
     expect_error(args, "--no-stats contradicts");
+    snprintf(args, sizeof args, "run --synthetic %s --prompt-ids 1 --stats-out %s/p.trace.json "
+             "--trace-out %s/p", TINY, dir, dir);
+    expect_error(args, "both the statistics and the trace description");
     snprintf(args, sizeof args, "run %s/llama --prompt-ids 1 --router-skew zipf:1", FIXTURE_DIR);
     expect_error(args, "--synthetic");
     snprintf(args, sizeof args, "run --synthetic %s --prompt-ids 1 --router-skew zipf:x", TINY);
