@@ -1,7 +1,7 @@
 /* jinja_value.c - the template value type and its Python behaviour:
  * truthiness, equality, str() and repr() for printing, json.dumps for the
- * tojson filter, float repr, and UTF-8 code point helpers (Python indexes
- * strings by code point).  Lists and dicts are Jansson arrays and objects
+ * tojson filter, float repr, generators with deferred errors, and UTF-8
+ * code point helpers (Python indexes strings by code point).  Lists and dicts are Jansson arrays and objects
  * (objects keep insertion order, as Python dicts do). */
 #include <math.h>
 #include <stdio.h>
@@ -251,6 +251,26 @@ bool jv_equal(struct jv a, struct jv b)
     case JV_FUNC: return a.fn == b.fn;
     default: return false;
     }
+}
+
+/* ---- generators ---- */
+
+enum moe_status jinja_gen_check(struct jv v)
+{
+    if (v.k == JV_GEN && json_is_string(v.j)) return moe_fail(MOE_ERR_FORMAT, "%s", json_string_value(v.j));
+    return MOE_OK;
+}
+
+enum moe_status jinja_gen_result(enum moe_status st, json_t *list, struct jv *out)
+{
+    if (st == MOE_OK) {
+        *out = jv_wrap(JV_GEN, list);
+        return MOE_OK;
+    }
+    json_decref(list);
+    if (st != MOE_ERR_FORMAT) return st;
+    *out = jv_wrap(JV_GEN, json_string(moe_last_error()));
+    return jv_oom(*out) ? moe_fail(MOE_ERR_NOMEM, "chat template: out of memory") : MOE_OK;
 }
 
 /* ---- float repr ---- */

@@ -4,8 +4,8 @@
 Writes random cases to a JSON file (not committed) in the format of
 tests/fixtures/chat/snippets.json; run the C side with
 
-    python3 tests/reference/fuzz_chat_templates.py SEED COUNT /tmp/chat-fuzz.json
-    MOERUN_CHAT_FUZZ=/tmp/chat-fuzz.json build/test_chat_template --filter 'chat_fuzz/*'
+    python3 tests/reference/fuzz_chat_templates.py SEED COUNT chat-fuzz.json
+    MOERUN_CHAT_FUZZ=chat-fuzz.json build/test_chat_template --filter 'chat_fuzz/*'
 
 Two kinds of cases: random conversations (roles, contents with quotes,
 newlines, Unicode, <think>, tool calls, reasoning, tools, enable_thinking)
