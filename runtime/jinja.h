@@ -182,7 +182,10 @@ struct jv jv_copy(struct jv v); /* new reference */
 bool jv_oom(struct jv v);       /* a STR/LIST/DICT/NS/LOOP whose json is missing */
 struct jv jv_str(const char *s, size_t n); /* new string value (j NULL on OOM) */
 struct jv jv_from_json(json_t *j);         /* borrowed j: new reference */
-json_t *jv_to_json(struct jv v);           /* new reference; undefined -> null */
+json_t *jv_to_json(struct jv v);           /* new reference; NULL on OOM.  An undefined
+                                              becomes a marker object that jv_from_json
+                                              turns back into it (Python keeps Undefined
+                                              objects in lists and dicts) */
 const char *jv_type_name(struct jv v);     /* Python's: 'str', 'int', 'dict', ... */
 bool jv_truthy(struct jv v);
 bool jv_equal(struct jv a, struct jv b);

@@ -93,26 +93,6 @@ static enum moe_status nomem(void) { return moe_fail(MOE_ERR_NOMEM, "chat templa
 
 static enum moe_status exec_body(struct jctx *cx, const struct jlist *body);
 
-/* ---- generators ---- */
-
-enum moe_status jinja_gen_check(struct jv v)
-{
-    if (v.k == JV_GEN && json_is_string(v.j)) return moe_fail(MOE_ERR_FORMAT, "%s", json_string_value(v.j));
-    return MOE_OK;
-}
-
-enum moe_status jinja_gen_result(enum moe_status st, json_t *list, struct jv *out)
-{
-    if (st == MOE_OK) {
-        *out = jv_wrap(JV_GEN, list);
-        return MOE_OK;
-    }
-    json_decref(list);
-    if (st != MOE_ERR_FORMAT) return st;
-    *out = jv_wrap(JV_GEN, json_string(moe_last_error()));
-    return jv_oom(*out) ? nomem() : MOE_OK;
-}
-
 /* ---- arithmetic and comparison ---- */
 
 static bool is_numeric(struct jv v) { return v.k == JV_INT || v.k == JV_FLOAT || v.k == JV_BOOL; }

@@ -1,7 +1,7 @@
 /* jinja_value.c - the template value type and its Python behaviour:
  * truthiness, equality, str() and repr() for printing, json.dumps for the
- * tojson filter, float repr, and UTF-8 code point helpers (Python indexes
- * strings by code point).  Lists and dicts are Jansson arrays and objects
+ * tojson filter, float repr, generators with deferred errors, and UTF-8
+ * code point helpers (Python indexes strings by code point).  Lists and dicts are Jansson arrays and objects
  * (objects keep insertion order, as Python dicts do). */
 #include <math.h>
 #include <stdio.h>
@@ -114,8 +114,23 @@ bool jv_is_str(struct jv v) { return v.k == JV_STR; }
 const char *jv_sdata(struct jv v) { return json_string_value(v.j); }
 size_t jv_slen(struct jv v) { return json_string_length(v.j); }
 
+/* An Undefined kept in a list, dict or namespace (Python keeps the object):
+ * a json object whose only key is "\0u" (a NUL byte cannot occur in keys
+ * of parsed JSON), holding the undefined's message or null. */
+#define UNDEF_KEY "\0u"
+#define UNDEF_KEY_LEN 2
+
+static bool is_undef_json(json_t *j)
+{
+    return json_is_object(j) && json_object_size(j) == 1 && json_object_getn(j, UNDEF_KEY, UNDEF_KEY_LEN);
+}
+
 struct jv jv_from_json(json_t *j)
 {
+    if (is_undef_json(j)) {
+        json_t *hint = json_object_getn(j, UNDEF_KEY, UNDEF_KEY_LEN);
+        return jv_wrap(JV_UNDEF, json_is_string(hint) ? json_incref(hint) : NULL);
+    }
     switch (json_typeof(j)) {
     case JSON_OBJECT: return jv_wrap(JV_DICT, json_incref(j));
     case JSON_ARRAY: return jv_wrap(JV_LIST, json_incref(j));
@@ -135,6 +150,14 @@ json_t *jv_to_json(struct jv v)
     case JV_BOOL: return json_boolean(v.b);
     case JV_INT: return json_integer(v.i);
     case JV_FLOAT: return json_real(v.f);
+    case JV_UNDEF: {
+        json_t *o = json_object();
+        if (o && json_object_setn_new_nocheck(o, UNDEF_KEY, UNDEF_KEY_LEN, v.j ? json_incref(v.j) : json_null())) {
+            json_decref(o);
+            return NULL;
+        }
+        return o;
+    }
     default: return json_null();
     }
 }
@@ -180,6 +203,7 @@ static double num_val(json_t *j) { return json_is_boolean(j) ? (json_is_true(j) 
 
 static bool json_py_equal(json_t *a, json_t *b)
 {
+    if (is_undef_json(a) || is_undef_json(b)) return is_undef_json(a) && is_undef_json(b);
     if (is_num(a) && is_num(b)) {
         if (json_is_integer(a) && json_is_integer(b)) return json_integer_value(a) == json_integer_value(b);
         return num_val(a) == num_val(b);
@@ -227,6 +251,26 @@ bool jv_equal(struct jv a, struct jv b)
     case JV_FUNC: return a.fn == b.fn;
     default: return false;
     }
+}
+
+/* ---- generators ---- */
+
+enum moe_status jinja_gen_check(struct jv v)
+{
+    if (v.k == JV_GEN && json_is_string(v.j)) return moe_fail(MOE_ERR_FORMAT, "%s", json_string_value(v.j));
+    return MOE_OK;
+}
+
+enum moe_status jinja_gen_result(enum moe_status st, json_t *list, struct jv *out)
+{
+    if (st == MOE_OK) {
+        *out = jv_wrap(JV_GEN, list);
+        return MOE_OK;
+    }
+    json_decref(list);
+    if (st != MOE_ERR_FORMAT) return st;
+    *out = jv_wrap(JV_GEN, json_string(moe_last_error()));
+    return jv_oom(*out) ? moe_fail(MOE_ERR_NOMEM, "chat template: out of memory") : MOE_OK;
 }
 
 /* ---- float repr ---- */
@@ -313,6 +357,7 @@ static enum moe_status py_str_repr(struct jbuf *b, const char *s, size_t n)
 static enum moe_status json_repr(struct jbuf *b, json_t *j, int depth)
 {
     if (depth > 200) return moe_fail(MOE_ERR_FORMAT, "chat template: value nested too deeply to print");
+    if (is_undef_json(j)) return jbuf_adds(b, "Undefined");
     char num[40];
     switch (json_typeof(j)) {
     case JSON_STRING: return py_str_repr(b, json_string_value(j), json_string_length(j));
@@ -429,6 +474,7 @@ static int key_cmp(const void *a, const void *b) { return strcmp(*(const char *c
 static enum moe_status dump(struct jbuf *b, json_t *j, const struct dump_opts *o, int level)
 {
     if (level > 200) return moe_fail(MOE_ERR_FORMAT, "chat template: tojson value nested too deeply");
+    if (is_undef_json(j)) return moe_fail(MOE_ERR_FORMAT, "chat template: Object of type Undefined is not JSON serializable");
     char num[40];
     switch (json_typeof(j)) {
     case JSON_STRING: return json_str_dump(b, json_string_value(j), json_string_length(j));

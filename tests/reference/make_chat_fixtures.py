@@ -284,6 +284,8 @@ SNIPPETS = [
     ("list_count_reverse", "{{ [1, 2, 1, 1.0].count(1) }} {{ [1, 2] | reverse | list }} {% if [] | reverse %}iterator is truthy{% endif %}", {}),
     ("err_attribute_path_undefined", "{{ ts | map(attribute='nope.name') | list }}", {"ts": [{"a": 1}]}),
     ("err_unhashable_in", "{{ [1] in {} }}", {}),
+    ("undefined_in_containers", "{% set l = [u1, 1] %}{{ l }}|{{ l | length }}|{% for x in l %}[{{ x }}]{% endfor %}|{{ l[0] is defined }}|{{ l | join(',') }}|{% set ns = namespace(a=u2) %}{{ ns.a is defined }}|{% set ns.b = u3 %}{{ ns.b is defined }}|{{ {'k': u3}.k is defined }}|{{ [u1] == [u2] }}|{{ ms | map(attribute='nope') | list }}|{{ (ms | map(attribute='nope') | first) is defined }}|{{ ms | map(attribute='nope') | join('-') }}|{{ dict(a=u1) }}", {"ms": [{"a": 1}, {"a": 2}]}),
+    ("err_undefined_tojson", "{{ [u1] | tojson }}", {}),
     ("err_sort_mixed", "{{ [1, 'a'] | sort }}", {}),
     ("err_generator_length", "{{ [1] | select | length }}", {}),
     ("err_generator_tojson", "{{ [1] | map('string') | tojson }}", {}),
