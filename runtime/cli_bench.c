@@ -182,32 +182,6 @@ static double decode_bytes(const struct moe_model *m, double ctx)
                     z.bytes_shared) + experts + embed_row + head + kv;
 }
 
-/* Copy bandwidth in bytes/s (read + written), or 0 without memory. */
-static double copy_bandwidth(void)
-{
-    const size_t n = (size_t)256 << 20;
-    char *a = malloc(n), *b = malloc(n);
-    double best = 0;
-    if (a && b) {
-        memset(a, 1, n);
-        memset(b, 2, n);
-        for (int rep = 0; rep < 6; rep++) {
-            double t0 = moe_cli_now();
-#pragma omp parallel
-            {
-                const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-                const size_t per = n / (size_t)nt, off = per * (size_t)id;
-                memcpy(b + off, a + off, id == nt - 1 ? n - off : per);
-            }
-            double bw = 2.0 * (double)n / (moe_cli_now() - t0);
-            if (rep > 0 && bw > best) best = bw;
-        }
-    }
-    free(a);
-    free(b);
-    return best;
-}
-
 int moe_cli_bench(int argc, char **argv)
 {
     struct moe_cli_model_opts mo = {0};
@@ -396,7 +370,7 @@ int moe_cli_bench(int argc, char **argv)
     }
     if (nb > 0 && strcmp(be.ops->name, "cuda")) { /* host memory roofline */
         const double bytes = decode_bytes(&m, (double)ctx + (double)steps / 2.0);
-        const double bw = copy_bandwidth();
+        const double bw = moe_cli_copy_bandwidth();
         const double roof = bw > 0 ? bw / bytes : 0;
         json_object_set_new(out, "roofline",
                             json_pack("{s:f, s:f, s:f}", "decode_bytes_per_token", bytes,

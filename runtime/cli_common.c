@@ -135,6 +135,7 @@ double moe_cli_now(void)
 /* --- engine options --- */
 
 #include <math.h>
+#include <omp.h>
 #include <unistd.h>
 
 void moe_cli_engine_defaults(struct moe_cli_engine *o)
@@ -256,4 +257,29 @@ void moe_cli_generation_defaults(const char *model_dir, struct moe_sampling *s)
     json_t *v = json_object_get(g, "repetition_penalty");
     if (v && json_is_number(v)) s->repetition_penalty = (float)json_number_value(v);
     json_decref(g);
+}
+
+double moe_cli_copy_bandwidth(void)
+{
+    const size_t n = (size_t)256 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    double best = 0;
+    if (a && b) {
+        memset(a, 1, n);
+        memset(b, 2, n);
+        for (int rep = 0; rep < 6; rep++) {
+            double t0 = moe_cli_now();
+#pragma omp parallel
+            {
+                const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+                const size_t per = n / (size_t)nt, off = per * (size_t)id;
+                memcpy(b + off, a + off, id == nt - 1 ? n - off : per);
+            }
+            double bw = 2.0 * (double)n / (moe_cli_now() - t0);
+            if (rep > 0 && bw > best) best = bw; /* rep 0 faults the pages in */
+        }
+    }
+    free(a);
+    free(b);
+    return best;
 }

@@ -33,6 +33,10 @@ const char *moe_cli_count(char *buf, size_t n, double x);
 /* Prints "moerun CMD: message" to stderr and returns 1. */
 int moe_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 double moe_cli_now(void);
+/* This machine's copy bandwidth in bytes/s (read + written, as STREAM's
+ * Copy): a 256 MiB memcpy split over the OpenMP threads, best of 5 after a
+ * warm-up; 0 when the buffers cannot be had. */
+double moe_cli_copy_bandwidth(void);
 
 /* --- options shared by the commands that run the engine --- */
 

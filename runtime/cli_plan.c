@@ -53,36 +53,6 @@ static void usage(FILE *f)
             "  --synthetic CONFIG, --dtype T   a configuration instead of a checkpoint\n");
 }
 
-/* Copy bandwidth of this machine: read + write bytes per second of a
- * 256 MiB memcpy split over the OpenMP threads (as STREAM's Copy), best of 5. */
-static double measure_copy_bw(void)
-{
-    size_t n = (size_t)256 << 20;
-    char *a = malloc(n), *b = malloc(n);
-    if (!a || !b) {
-        free(a);
-        free(b);
-        return 0;
-    }
-    memset(a, 1, n);
-    memset(b, 2, n);
-    double best = 1e30;
-    for (int i = 0; i < 5; i++) {
-        double t0 = moe_cli_now();
-#pragma omp parallel
-        {
-            const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            const size_t per = n / (size_t)nt, off = per * (size_t)id;
-            memcpy(b + off, a + off, id == nt - 1 ? n - off : per);
-        }
-        double t = moe_cli_now() - t0;
-        if (t < best) best = t;
-    }
-    free(a);
-    free(b);
-    return 2.0 * (double)n / best;
-}
-
 static double cpu_peak_flops(void)
 {
     /* cores x clock x fp32 FLOP per cycle: two FMA units of 16 lanes with
@@ -155,7 +125,7 @@ int moe_cli_plan(int argc, char **argv)
     if (!found && !strcmp(dev_arg, "cpu")) {
         dev.name = "cpu";
         dev.mem_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-        dev.bw = measure_copy_bw();
+        dev.bw = moe_cli_copy_bandwidth();
         dev.flops = cpu_peak_flops();
         snprintf(note, sizeof note, "this machine: %ld cores, copy bandwidth measured, peak = cores x "
                  "clock x fp32 FMA lanes x 2 units x 2", sysconf(_SC_NPROCESSORS_ONLN));

@@ -85,32 +85,20 @@ Test(cli, synth_per_expert_layout_loads)
     }
 }
 
-static void expect_error(const char *args, const char *needle)
-{
-    char cmd[2048], out[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/null", MOERUN_BINARY, args);
-    int rc = tu_run(cmd, out, sizeof out);
-    cr_expect_neq(rc, 0, "'%s' should fail", args);
-    cr_expect(strstr(out, needle), "'%s': expected '%s' in: %s", args, needle, out);
-    /* one line */
-    char *nl = strchr(out, '\n');
-    cr_expect(nl && nl[1] == '\0', "'%s': one line of error, got: %s", args, out);
-}
-
 Test(cli, bad_input_gives_one_clear_line)
 {
     char args[1024];
     snprintf(args, sizeof args, "run %s/llama --prompt-ids 1,x,3", FIXTURE_DIR);
-    expect_error(args, "item 2");
+    tu_expect_one_line_error(args, "item 2");
     snprintf(args, sizeof args, "run %s/llama --prompt-ids 1,99999", FIXTURE_DIR);
-    expect_error(args, "outside the vocabulary");
+    tu_expect_one_line_error(args, "outside the vocabulary");
     snprintf(args, sizeof args, "run %s/llama --prompt-ids 1,2 -n 600", FIXTURE_DIR);
-    expect_error(args, "context of 512");
-    expect_error("run /nonexistent/model --prompt-ids 1", "/nonexistent/model");
-    expect_error("inspect --synthetic /nonexistent.json", "nonexistent.json");
-    expect_error("frobnicate", "unknown command");
+    tu_expect_one_line_error(args, "context of 512");
+    tu_expect_one_line_error("run /nonexistent/model --prompt-ids 1", "/nonexistent/model");
+    tu_expect_one_line_error("inspect --synthetic /nonexistent.json", "nonexistent.json");
+    tu_expect_one_line_error("frobnicate", "unknown command");
     snprintf(args, sizeof args, "run %s/llama --prompt-ids 1 --backend tpu", FIXTURE_DIR);
-    expect_error(args, "unknown backend 'tpu'");
+    tu_expect_one_line_error(args, "unknown backend 'tpu'");
 }
 
 Test(cli, help_on_every_command)

@@ -112,47 +112,36 @@ Test(stats_cli, skewed_checkpoint_and_synthetic_agree)
     json_decref(c);
 }
 
-static void expect_error(const char *args, const char *needle)
-{
-    char cmd[2048], out[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/null", MOERUN_BINARY, args);
-    int rc = tu_run(cmd, out, sizeof out);
-    cr_expect_neq(rc, 0, "'%s' should fail", args);
-    cr_expect(strstr(out, needle), "'%s': expected '%s' in: %s", args, needle, out);
-    char *nl = strchr(out, '\n');
-    cr_expect(nl && nl[1] == '\0', "'%s': one line of error, got: %s", args, out);
-}
-
 Test(stats_cli, misuse_gives_one_clear_line)
 {
     char args[1024], path[128];
-    expect_error("stats /nonexistent.json", "/nonexistent.json");
+    tu_expect_one_line_error("stats /nonexistent.json", "/nonexistent.json");
     snprintf(path, sizeof path, "%s/x.json", dir);
     FILE *f = fopen(path, "w");
     fputs("{\"format\": \"something-else\"}", f);
     fclose(f);
     snprintf(args, sizeof args, "stats %s", path);
-    expect_error(args, "not moerun statistics or a routing trace");
+    tu_expect_one_line_error(args, "not moerun statistics or a routing trace");
     snprintf(args, sizeof args, "stats --compare %s", path);
-    expect_error(args, "exactly two files");
+    tu_expect_one_line_error(args, "exactly two files");
     snprintf(args, sizeof args, "bench --synthetic %s --no-stats --stats-out %s", TINY, path);
-    expect_error(args, "--no-stats contradicts");
+    tu_expect_one_line_error(args, "--no-stats contradicts");
     snprintf(args, sizeof args, "run --synthetic %s --prompt-ids 1 --stats-out %s/p.trace.json "
              "--trace-out %s/p", TINY, dir, dir);
-    expect_error(args, "both the statistics and the trace description");
+    tu_expect_one_line_error(args, "both the statistics and the trace description");
     snprintf(args, sizeof args, "run %s/llama --prompt-ids 1 --router-skew zipf:1", FIXTURE_DIR);
-    expect_error(args, "--synthetic");
+    tu_expect_one_line_error(args, "--synthetic");
     snprintf(args, sizeof args, "run --synthetic %s --prompt-ids 1 --router-skew zipf:x", TINY);
-    expect_error(args, "router skew 'zipf:x'");
+    tu_expect_one_line_error(args, "router skew 'zipf:x'");
     snprintf(args, sizeof args, "run --synthetic %s --prompt-ids 1 --stats-steps 5:2", TINY);
-    expect_error(args, "'5:2' is not valid");
+    tu_expect_one_line_error(args, "'5:2' is not valid");
     /* what-ifs need a trace */
     char cmd[2048], out[4096];
     snprintf(cmd, sizeof cmd, "%s run --synthetic %s --prompt-ids 1,2 -n 2 --backend cpu --stats-out "
              "%s/s.json 2>&1", MOERUN_BINARY, TINY, dir);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     snprintf(args, sizeof args, "stats %s/s.json --ep 2", dir);
-    expect_error(args, "needs a routing trace");
+    tu_expect_one_line_error(args, "needs a routing trace");
     snprintf(cmd, sizeof cmd, "%s stats --help", MOERUN_BINARY);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "usage: moerun stats"));

@@ -1,6 +1,9 @@
 /* testutil.c - see testutil.h. */
 #include "testutil.h"
 
+#include <criterion/criterion.h>
+#include <string.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <sys/wait.h>
@@ -67,4 +70,15 @@ int tu_run(const char *cmd, char *out, size_t n)
     out[got] = '\0';
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void tu_expect_one_line_error(const char *args, const char *needle)
+{
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/null", MOERUN_BINARY, args);
+    int rc = tu_run(cmd, out, sizeof out);
+    cr_expect_neq(rc, 0, "'%s' should fail", args);
+    cr_expect(strstr(out, needle), "'%s': expected '%s' in: %s", args, needle, out);
+    char *nl = strchr(out, '\n');
+    cr_expect(nl && nl[1] == '\0', "'%s': one line of error, got: %s", args, out);
 }

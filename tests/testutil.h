@@ -20,5 +20,8 @@ int tu_allclose(const char *what, const float *x, const float *ref, size_t n, fl
 /* Runs a shell command; its stdout (up to n-1 bytes) goes to out.  Returns
  * the exit status, or -1 if it could not run or was killed. */
 int tu_run(const char *cmd, char *out, size_t n);
+/* Runs `moerun ARGS` and expects it to fail with exactly one line on
+ * stderr that contains needle (Criterion expectations). */
+void tu_expect_one_line_error(const char *args, const char *needle);
 /* max |x - ref| / max |ref|. */
 double tu_max_rel_err(const float *x, const float *ref, size_t n);
