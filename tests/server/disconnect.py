@@ -17,7 +17,7 @@ before = metrics(base)
 
 
 def client(i):
-    body = json.dumps({"prompt": "hello garden " * (4 + 40 * (i % 3)), "max_tokens": 1500,
+    body = json.dumps({"prompt": "the garden " * (4 + 40 * (i % 3)), "max_tokens": 1200,
                        "temperature": 0.8, "seed": i, "ignore_eos": True,
                        "stream": i % 4 != 3}).encode()
     s = socket.create_connection((u.hostname, u.port), timeout=30)
