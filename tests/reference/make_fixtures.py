@@ -14,7 +14,7 @@ A seed is accepted only if every greedy step has a top1-top2 logit gap >= 1e-3,
 every routing decision has a K-th vs (K+1)-th router probability gap >= 1e-5,
 and routing is not degenerate; otherwise the next seed is tried.
 
-It also builds models/demo-moe (a bigger bf16 Qwen3-MoE, no reference outputs).
+models/demo-moe is made by models/make_demo_model.py (a trained model).
 
 Usage: python tests/reference/make_fixtures.py [--only name,name] [--skip-demo]
 """
@@ -563,8 +563,7 @@ def main():
             continue
         ref = make_fixture(name, spec, prompts)
         layouts[name] = ref["expert_layout"]
-    if not args.skip_demo and not only:
-        make_demo()
+    # models/demo-moe comes from models/make_demo_model.py now (a trained model)
     total = sum(tensor_sizes(os.path.join(FIXTURES, d)) for d in os.listdir(FIXTURES)
                 if os.path.isdir(os.path.join(FIXTURES, d)))
     print(f"fixtures total: {total} B; layouts: {layouts}")

@@ -12,9 +12,7 @@ Python is only a fixture-making tool; nothing in the runtime or build needs it.
   ids transformers' generate() produces (no EOS stop) and their text decoded
   with skip_special_tokens=True.  A prompt is used only if every greedy step
   has a top1-top2 logit gap >= 1e-4.
-* models/demo-moe (vocabulary 512) gets a Qwen-style byte-level BPE tokenizer
-  with <|endoftext|>, <|im_start|>, <|im_end|>, a ChatML chat template and a
-  generation_config.json whose EOS is <|im_end|>.
+(models/demo-moe and its tokenizer come from models/make_demo_model.py.)
 
 Usage: python tests/reference/make_text_fixtures.py
 """
@@ -152,4 +150,3 @@ def demo_text():
 if __name__ == "__main__":
     for n in MODELS:
         fixture_text(n)
-    demo_text()
