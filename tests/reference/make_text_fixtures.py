@@ -67,22 +67,6 @@ def sentencepiece_style(vocab_size):
     return tok
 
 
-def byte_level(vocab_size):
-    tok = Tokenizer(models.BPE())
-    qwen_re = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(pattern=__import__("tokenizers").Regex(qwen_re), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus(4000, 2), trainer)
-    assert tok.get_vocab_size() <= vocab_size, tok.get_vocab_size()
-    return tok
-
-
 def write_config(path, obj):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, ensure_ascii=False)
@@ -128,23 +112,6 @@ def fixture_text(name):
         "transformers_version": transformers.__version__, "dtype": cfg.get("dtype"),
         "max_new_tokens": N_NEW, "cases": refs})
     print(f"{name}: {len(refs)} text cases")
-
-
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
-          " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
-          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
-
-
-def demo_text():
-    tok = byte_level(512)
-    tok.save(os.path.join(DEMO, "tokenizer.json"))
-    write_config(os.path.join(DEMO, "tokenizer_config.json"), {
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>", "add_bos_token": False, "chat_template": CHATML})
-    gen = json.load(open(os.path.join(DEMO, "generation_config.json")))
-    gen["eos_token_id"] = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
-    write_config(os.path.join(DEMO, "generation_config.json"), gen)
-    print(f"demo-moe: tokenizer of {tok.get_vocab_size()} tokens")
 
 
 if __name__ == "__main__":
