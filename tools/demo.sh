@@ -8,4 +8,6 @@ cmake -S . -B build >/dev/null
 cmake --build build -j"$(nproc)" --target moerun
 MODEL=models/demo-moe
 build/moerun inspect "$MODEL"
-build/moerun run "$MODEL" -p "Once upon a time" -n 32
+PROMPT="Once upon a time"
+printf '%s' "$PROMPT"   # moerun run prints only the continuation
+build/moerun run "$MODEL" -p "$PROMPT" -n 48
