@@ -18,73 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/cuda_util.h"
 #include "runtime/synth.h"
 
-#define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention */
-#define ATT_MAX_SPLITS 32
-#define SMALL_EXPERT_ROWS 32 /* T at or below: device-driven expert kernels */
-#define MAX_GRAPHS 16        /* recorded step graphs kept */
-#define BLAS_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace when graphs are on */
+#include "runtime/backend_cuda_impl.h"
 
-/* A recorded step: the ops of one forward workspace for a step shape. */
-struct step_graph {
-    const void *key;
-    int rows, n_logits;
-    cudaGraphExec_t exec;
-};
-
-enum part { P_EMBED, P_HEAD, P_ATTN, P_NORM, P_DENSE, P_ROUTER, P_EXPERTS, P_SHARED, P_COUNT };
-static const char *const part_names[P_COUNT] = {"embed", "lm_head", "attention", "norms",
+const char *const moe_cuda_part_names[P_COUNT] = {"embed", "lm_head", "attention", "norms",
                                                 "dense_ffn", "router", "experts", "shared"};
-
-struct upload {
-    const void *host;
-    void *dev;
-};
-
-struct cuda_ctx {
-    int device;
-    cudaStream_t stream;
-    cublasHandle_t blas;
-    /* weight uploads (owned device buffers), deduplicated by host pointer */
-    struct upload *up;
-    size_t n_up, cap_up;
-    void **owned;            /* further owned device buffers (stacked experts) */
-    size_t n_owned, cap_owned;
-    size_t part_bytes[P_COUNT];
-    /* workspaces sized by reserve */
-    int max_rows, max_din, max_k, max_e, moe_layers;
-    size_t att_head_floats;  /* Hq * (Dh + 2) the split space was sized for */
-    void *xh;                /* (max_rows, max_din) half GEMM inputs */
-    float *att_ws;           /* split attention partials */
-    void *sort_temp;         /* CUB radix sort space */
-    size_t sort_bytes;
-    int32_t *sort_vals, *sort_keys; /* (max_rows * max_k) */
-    /* grouped expert GEMM: host parameter arrays (E each), pinned pointer
-     * arrays (6E: A, B, C of gate_up then of down) and their device copy */
-    int *g_m, *g_n, *g_k, *g_lda, *g_ldb, *g_ldc, *g_size;
-    float *g_alpha, *g_beta;
-    cublasOperation_t *g_ta, *g_tb;
-    int32_t *h_counts;       /* pinned (E) */
-    void **h_ptrs;           /* pinned (6E) */
-    void **d_ptrs;           /* device (6E) */
-    /* expert load counters, (moe_layers, E) uint64 */
-    uint64_t *d_load, *h_load;
-    int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
-    bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
-    /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
-     * once per (workspace, rows, logit rows) and replayed */
-    bool graphs_on;
-    void *blas_ws;
-    struct step_graph graphs[MAX_GRAPHS];
-    int n_graphs, next_evict;
-    struct step_graph pending; /* the step being recorded */
-    int capturing;           /* 1 while recording */
-    int replaying;           /* index + 1 of the graph graph_end launches */
-};
-
-static struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
 
 /* ---- memory ---- */
 
@@ -147,8 +86,7 @@ static enum moe_status cuda_sync(struct moe_backend *be)
     MOE_CUDA_TRY(cudaStreamSynchronize(ctx_of(be)->stream));
     return MOE_OK;
 }
-
-static enum moe_status keep_owned(struct cuda_ctx *c, void *p)
+enum moe_status moe_cuda_keep_owned(struct cuda_ctx *c, void *p)
 {
     if (c->n_owned == c->cap_owned) {
         size_t n = c->cap_owned ? 2 * c->cap_owned : 64;
@@ -158,159 +96,6 @@ static enum moe_status keep_owned(struct cuda_ctx *c, void *p)
         c->cap_owned = n;
     }
     c->owned[c->n_owned++] = p;
-    return MOE_OK;
-}
-
-/* ---- prepare_model: weights to the device ---- */
-
-static enum moe_status dev_buffer(struct moe_backend *be, size_t bytes, void **out)
-{
-    struct cuda_ctx *c = ctx_of(be);
-    MOE_CUDA_TRY(cudaMalloc(out, bytes ? bytes : 1));
-    enum moe_status s = keep_owned(c, *out);
-    if (s != MOE_OK) {
-        cudaFree(*out);
-        *out = NULL;
-    }
-    return s;
-}
-
-/* Rewrites view t to a device copy of its data (shared with an earlier view
- * of the same host data, e.g. tied embeddings). */
-/* Index of the checkpoint tensor whose data is p (deferred synthetic
- * models: the generator key is the tensor's index), or -1. */
-static int tensor_index(const struct moe_model *m, const void *p)
-{
-    for (size_t i = 0; i < m->st.n_tensors; i++)
-        if (m->st.tensors[i].data == p) return (int)i;
-    return -1;
-}
-
-/* Fills a device buffer of n elements from the deferred placeholder ph. */
-static enum moe_status synth_view(struct moe_backend *be, const struct moe_model *m, void *d,
-                                  const void *ph, enum moe_dtype dt, size_t n)
-{
-    int i = tensor_index(m, ph);
-    if (i < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: deferred weight not in the set");
-    bool ones = *(const unsigned char *)ph != 0;
-    return moe_ops_synth_fill_cuda(ctx_of(be)->stream, d, dt, n, moe_synth_key(m->synth_seed, i),
-                                   ones ? -1.0f : m->synth_std);
-}
-
-static enum moe_status upload_view(struct moe_backend *be, const struct moe_model *m,
-                                   struct moe_tensor *t, enum part part)
-{
-    struct cuda_ctx *c = ctx_of(be);
-    if (!t->data || t->device >= 0) return MOE_OK;
-    for (size_t i = 0; i < c->n_up; i++)
-        if (c->up[i].host == t->data) {
-            t->data = c->up[i].dev;
-            t->device = c->device;
-            return MOE_OK;
-        }
-    int64_t n = moe_tensor_numel(t);
-    if (n < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: bad tensor shape");
-    size_t bytes = (size_t)n * moe_dtype_size(t->dtype);
-    void *d;
-    MOE_TRY(dev_buffer(be, bytes, &d));
-    if (m->weights_deferred) MOE_TRY(synth_view(be, m, d, t->data, t->dtype, (size_t)n));
-    else MOE_CUDA_TRY(cudaMemcpy(d, t->data, bytes, cudaMemcpyHostToDevice));
-    if (c->n_up == c->cap_up) {
-        size_t m = c->cap_up ? 2 * c->cap_up : 256;
-        struct upload *u = realloc(c->up, m * sizeof *u);
-        if (!u) return moe_fail(MOE_ERR_NOMEM, "cuda backend: upload table");
-        c->up = u;
-        c->cap_up = m;
-    }
-    c->up[c->n_up++] = (struct upload){t->data, d};
-    c->part_bytes[part] += bytes;
-    t->data = d;
-    t->device = c->device;
-    return MOE_OK;
-}
-
-/* Stacks a layer's experts into (E, 2F, D) gate+up and (E, D, F) down device
- * buffers and points the expert table into them. */
-static enum moe_status upload_experts(struct moe_backend *be, const struct moe_model *m,
-                                      struct moe_expert_weights *x, int E, int D, int F)
-{
-    struct cuda_ctx *c = ctx_of(be);
-    const size_t es = moe_dtype_size(x->dtype), mat = (size_t)F * D * es;
-    void *gu, *dn;
-    MOE_TRY(dev_buffer(be, 2 * mat * (size_t)E, &gu));
-    MOE_TRY(dev_buffer(be, mat * (size_t)E, &dn));
-    /* one copy when the checkpoint is already stacked, else per matrix */
-    bool stacked = true;
-    for (int e = 0; e < E && stacked; e++)
-        stacked = (const char *)x->gate[e] == (const char *)x->gate[0] + 2 * mat * e &&
-                  (const char *)x->up[e] == (const char *)x->gate[e] + mat &&
-                  (const char *)x->down[e] == (const char *)x->down[0] + mat * e;
-    if (m->weights_deferred) {
-        /* synth.c makes gate_up_proj (E, 2F, D) and down_proj (E, D, F)
-         * tensors: the device layout, value for value */
-        if (!stacked) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: deferred experts not stacked");
-        MOE_TRY(synth_view(be, m, gu, x->gate[0], x->dtype, 2 * (size_t)F * D * E));
-        MOE_TRY(synth_view(be, m, dn, x->down[0], x->dtype, (size_t)F * D * E));
-    } else if (stacked) {
-        MOE_CUDA_TRY(cudaMemcpy(gu, x->gate[0], 2 * mat * E, cudaMemcpyHostToDevice));
-        MOE_CUDA_TRY(cudaMemcpy(dn, x->down[0], mat * E, cudaMemcpyHostToDevice));
-    } else {
-        for (int e = 0; e < E; e++) {
-            MOE_CUDA_TRY(cudaMemcpy((char *)gu + 2 * mat * e, x->gate[e], mat, cudaMemcpyHostToDevice));
-            MOE_CUDA_TRY(cudaMemcpy((char *)gu + 2 * mat * e + mat, x->up[e], mat, cudaMemcpyHostToDevice));
-            MOE_CUDA_TRY(cudaMemcpy((char *)dn + mat * e, x->down[e], mat, cudaMemcpyHostToDevice));
-        }
-    }
-    for (int e = 0; e < E; e++) {
-        x->gate[e] = (const char *)gu + 2 * mat * e;
-        x->up[e] = (const char *)gu + 2 * mat * e + mat;
-        x->down[e] = (const char *)dn + mat * e;
-    }
-    c->part_bytes[P_EXPERTS] += 3 * mat * (size_t)E;
-    return MOE_OK;
-}
-
-static enum moe_status cuda_prepare_model(struct moe_backend *be, struct moe_model *m)
-{
-    struct cuda_ctx *c = ctx_of(be);
-    const struct moe_config *cfg = &m->cfg;
-    if (m->embed.device >= 0) return MOE_OK; /* already on the device */
-    /* deduplicate within this model only: a later model's host data may
-     * reuse an earlier one's (freed) addresses */
-    c->n_up = 0;
-    memset(c->part_bytes, 0, sizeof c->part_bytes);
-    MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
-    MOE_TRY(upload_view(be, m, &m->lm_head, cfg->tie_embeddings ? P_EMBED : P_HEAD));
-    MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
-    for (int l = 0; l < cfg->n_layers; l++) {
-        struct moe_layer_weights *w = &m->layers[l];
-        struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq,
-                                     &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm};
-        for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) MOE_TRY(upload_view(be, m, attn[i], P_ATTN));
-        MOE_TRY(upload_view(be, m, &w->attn_norm, P_NORM));
-        MOE_TRY(upload_view(be, m, &w->ffn_norm, P_NORM));
-        struct moe_tensor *dense[] = {&w->w_gate, &w->w_up, &w->w_down,
-                                      &w->b_gate, &w->b_up, &w->b_down};
-        for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) MOE_TRY(upload_view(be, m, dense[i], P_DENSE));
-        MOE_TRY(upload_view(be, m, &w->router, P_ROUTER));
-        struct moe_tensor *sh[] = {&w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
-        for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) MOE_TRY(upload_view(be, m, sh[i], P_SHARED));
-        if (cfg->layer_moe[l] && cfg->n_experts > 0)
-            MOE_TRY(upload_experts(be, m, &w->experts, cfg->n_experts, cfg->d_model, cfg->d_expert));
-    }
-    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
-    size_t fr = 0, tot = 0, all = 0;
-    MOE_CUDA_TRY(cudaMemGetInfo(&fr, &tot));
-    char line[512];
-    int off = 0;
-    for (int p = 0; p < P_COUNT; p++) {
-        all += c->part_bytes[p];
-        if (c->part_bytes[p] && off < (int)sizeof line)
-            off += snprintf(line + off, sizeof line - (size_t)off, " %s %.2f", part_names[p],
-                            c->part_bytes[p] / 1073741824.0);
-    }
-    fprintf(stderr, "moerun: cuda: weights resident %.2f GiB (%s ) free %.2f of %.2f GiB\n",
-            all / 1073741824.0, line, fr / 1073741824.0, tot / 1073741824.0);
     return MOE_OK;
 }
 
@@ -770,7 +555,7 @@ static const struct moe_backend_ops cuda_ops = {
     .dealloc = cuda_dealloc,
     .to_device = cuda_to_device,
     .to_host = cuda_to_host,
-    .prepare_model = cuda_prepare_model,
+    .prepare_model = moe_cuda_prepare_model,
     .sync = cuda_sync,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,

@@ -1,0 +1,76 @@
+/* backend_cuda_impl.h - the CUDA backend's private state, shared by
+ * runtime/backend_cuda.c (memory, workspaces, ops, graphs) and
+ * runtime/backend_cuda_upload.c (weights to the device).  Host C with the
+ * CUDA runtime and cuBLAS headers; nothing outside the backend includes it. */
+#pragma once
+
+#include "runtime/cuda_util.h"
+
+#define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention */
+#define ATT_MAX_SPLITS 32
+#define SMALL_EXPERT_ROWS 32 /* T at or below: device-driven expert kernels */
+#define MAX_GRAPHS 16        /* recorded step graphs kept */
+#define BLAS_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace when graphs are on */
+
+/* A recorded step: the ops of one forward workspace for a step shape. */
+struct step_graph {
+    const void *key;
+    int rows, n_logits;
+    cudaGraphExec_t exec;
+};
+
+enum part { P_EMBED, P_HEAD, P_ATTN, P_NORM, P_DENSE, P_ROUTER, P_EXPERTS, P_SHARED, P_COUNT };
+extern const char *const moe_cuda_part_names[P_COUNT];
+
+struct upload {
+    const void *host;
+    void *dev;
+};
+
+struct cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    /* weight uploads (owned device buffers), deduplicated by host pointer */
+    struct upload *up;
+    size_t n_up, cap_up;
+    void **owned;            /* further owned device buffers (stacked experts) */
+    size_t n_owned, cap_owned;
+    size_t part_bytes[P_COUNT];
+    /* workspaces sized by reserve */
+    int max_rows, max_din, max_k, max_e, moe_layers;
+    size_t att_head_floats;  /* Hq * (Dh + 2) the split space was sized for */
+    void *xh;                /* (max_rows, max_din) half GEMM inputs */
+    float *att_ws;           /* split attention partials */
+    void *sort_temp;         /* CUB radix sort space */
+    size_t sort_bytes;
+    int32_t *sort_vals, *sort_keys; /* (max_rows * max_k) */
+    /* grouped expert GEMM: host parameter arrays (E each), pinned pointer
+     * arrays (6E: A, B, C of gate_up then of down) and their device copy */
+    int *g_m, *g_n, *g_k, *g_lda, *g_ldb, *g_ldc, *g_size;
+    float *g_alpha, *g_beta;
+    cublasOperation_t *g_ta, *g_tb;
+    int32_t *h_counts;       /* pinned (E) */
+    void **h_ptrs;           /* pinned (6E) */
+    void **d_ptrs;           /* device (6E) */
+    /* expert load counters, (moe_layers, E) uint64 */
+    uint64_t *d_load, *h_load;
+    int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
+    bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
+    /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
+     * once per (workspace, rows, logit rows) and replayed */
+    bool graphs_on;
+    void *blas_ws;
+    struct step_graph graphs[MAX_GRAPHS];
+    int n_graphs, next_evict;
+    struct step_graph pending; /* the step being recorded */
+    int capturing;           /* 1 while recording */
+    int replaying;           /* index + 1 of the graph graph_end launches */
+};
+
+static inline struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
+
+/* Records a device buffer the context frees at destroy. */
+MOE_MUST_USE enum moe_status moe_cuda_keep_owned(struct cuda_ctx *c, void *p);
+/* prepare_model: uploads every weight once (see backend.h). */
+MOE_MUST_USE enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model *m);
