@@ -33,6 +33,9 @@ const char *moe_cli_count(char *buf, size_t n, double x);
 /* Prints "moerun CMD: message" to stderr and returns 1. */
 int moe_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 double moe_cli_now(void);
+/* Reads all of f (byte for byte); new memory, NUL-terminated, its length in
+ * *len; NULL on a read error or no memory. */
+char *moe_cli_read_all(FILE *f, size_t *len);
 /* This machine's copy bandwidth in bytes/s (read + written, as STREAM's
  * Copy): a 256 MiB memcpy split over the OpenMP threads, best of 5 after a
  * warm-up; 0 when the buffers cannot be had. */

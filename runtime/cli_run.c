@@ -63,27 +63,6 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     fflush(stdout);
 }
 
-static char *read_all(FILE *f)
-{
-    size_t n = 0, cap = 4096;
-    char *b = malloc(cap);
-    while (b) {
-        size_t got = fread(b + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-        if (n + 1 == cap) {
-            char *nb = realloc(b, cap *= 2);
-            if (!nb) {
-                free(b);
-                return NULL;
-            }
-            b = nb;
-        }
-    }
-    if (b) b[n] = '\0';
-    return b;
-}
-
 int moe_cli_run(int argc, char **argv)
 {
     struct moe_cli_engine eo;
@@ -172,6 +151,7 @@ int moe_cli_run(int argc, char **argv)
     int32_t *prompt = NULL;
     int n_prompt = 0;
     char *stdin_text = NULL;
+    size_t stdin_len = 0;
     bool have_tok = false;
 
     double t0 = moe_cli_now();
@@ -190,7 +170,7 @@ int moe_cli_run(int argc, char **argv)
         goto done;
     }
     if (prompt_text) {
-        if (!strcmp(prompt_text, "-") && !(prompt_text = stdin_text = read_all(stdin))) {
+        if (!strcmp(prompt_text, "-") && !(prompt_text = stdin_text = moe_cli_read_all(stdin, &stdin_len))) {
             moe_cli_error("run", "cannot read the prompt from stdin");
             goto done;
         }

@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <time.h>
 
+#include "runtime/cli_common.h"
 #include "runtime/tokenizer.h"
 
 int moe_cli_tokenize(int argc, char **argv); /* declared with the others in cli.h */
@@ -38,34 +39,6 @@ static int fail(const char *msg)
 {
     fprintf(stderr, "moerun tokenize: %s\n", msg);
     return 1;
-}
-
-/* Reads all of stdin; new memory, NUL-terminated. */
-static char *read_stdin(size_t *len)
-{
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t k = fread(buf + n, 1, cap - n - 1, stdin);
-        n += k;
-        if (k == 0) break;
-        if (n + 1 == cap) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                free(buf);
-                return NULL;
-            }
-            buf = p;
-            cap *= 2;
-        }
-    }
-    if (!buf || ferror(stdin)) {
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
 }
 
 /* "1,2, 3" or "1 2 3" -> ids; new memory.  Returns 0 or prints the error. */
@@ -206,7 +179,7 @@ int moe_cli_tokenize(int argc, char **argv)
     size_t len = 0;
     const char *src = decode ? decode : text;
     if (!strcmp(src, "-")) {
-        if (!(input = read_stdin(&len))) return fail("cannot read standard input");
+        if (!(input = moe_cli_read_all(stdin, &len))) return fail("cannot read standard input");
         src = input;
     } else {
         len = strlen(src);
