@@ -237,8 +237,8 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
     struct moe_sampling *sp = &j->rp.sampling;
     moe_sampling_defaults(sp);
     sp->temperature = 1.0f; /* the OpenAI API's default */
-    double d;
-    long long k;
+    double d = 0;
+    long long k = 0;
     int r;
     if ((r = get_num(req, "temperature", 0, 2, &d, v)) < 0) return -1;
     if (r) sp->temperature = (float)d;
@@ -295,7 +295,7 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
         mt_set = true;
     }
     if (chat) {
-        long long k2;
+        long long k2 = 0;
         if ((r = get_int(req, "max_completion_tokens", -(1ll << 40), 1ll << 40, &k2, v)) < 0) return -1;
         if (r) {
             mt = k2;
