@@ -84,7 +84,7 @@ Test(fast_ops, gemm_matches_reference_awkward_shapes)
     if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
     const int Ts[] = {1, 2, 3, 4, 5, 7, 67};
     const int Ns[] = {1, 5, 13, 50, 97};
-    const int Ds[] = {1, 7, 16, 33, 100};
+    const int Ds[] = {1, 7, 16, 33, 63, 64, 100}; /* bf16 blocks are 32 */
     for (int i = 0; i < ni; i++)
         for (size_t d = 0; d < 3; d++)
             for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
