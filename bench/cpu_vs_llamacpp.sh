@@ -14,8 +14,8 @@
 # two programs alternate for ROUNDS rounds of REPEAT runs each, so both see
 # the same load on a shared machine, and the best run of each is kept.  The
 # table gives tokens/s, the ratio moerun / llama.cpp, and moerun's decode
-# against the memory-bandwidth roofline that `moerun bench` measures (bytes
-# per token / copy bandwidth, at the best bandwidth measured).
+# against the memory-bandwidth rooflines that `moerun bench` measures (bytes
+# per token / copy bandwidth, and / read bandwidth, at the best measured).
 #
 # Environment: MOERUN (default build/moerun), THREADS (2), PROMPT (512),
 # GEN (64), REPEAT (2), ROUNDS (3), DTYPE (bf16 or f16; the checkpoint's own
@@ -85,7 +85,7 @@ python3 - "$results" "$i" "$rounds" <<'EOF'
 import json, os, sys
 d, n, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 hdr = ("model", "prefill moerun", "llama.cpp", "ratio", "decode moerun", "llama.cpp", "ratio",
-       "roofline", "% roofline")
+       "copy roofline", "% copy", "read roofline", "% read")
 rows = []
 for i in range(n):
     ms = [json.load(open(f"{d}/moerun.{i}.{r}.json")) for r in range(1, rounds + 1)]
@@ -93,15 +93,19 @@ for i in range(n):
     name = os.path.basename(open(f"{d}/name.{i}").read().strip())
     mp = max(m["prefill"][0]["tokens_per_s"] for m in ms)
     md = max(m["decode"][0]["tokens_per_s"] for m in ms)
-    # the roofline at the best copy bandwidth seen
+    # the rooflines at the best bandwidths seen
     m = max(ms, key=lambda m: m["roofline"]["copy_bytes_per_s"])
     roof = m["roofline"]["decode_tokens_per_s"]
+    mr = max(ms, key=lambda m: m["roofline"]["read_bytes_per_s"])
+    rroof = mr["roofline"]["read_decode_tokens_per_s"]
     lp = max(max(r["samples_ts"]) for r in ll if r["n_prompt"] > 0)
     lg = max(max(r["samples_ts"]) for r in ll if r["n_gen"] > 0)
     rows.append((name, f"{mp:.1f}", f"{lp:.1f}", f"{mp / lp:.2f}", f"{md:.2f}", f"{lg:.2f}",
-                 f"{md / lg:.2f}", f"{roof:.1f}", f"{100 * md / roof:.0f}%"))
+                 f"{md / lg:.2f}", f"{roof:.1f}", f"{100 * md / roof:.0f}%", f"{rroof:.1f}",
+                 f"{100 * md / rroof:.0f}%"))
     print(f"# {name}: decode reads {m['roofline']['decode_bytes_per_token'] / 1e6:.1f} MB/token,"
-          f" copy bandwidth {m['roofline']['copy_bytes_per_s'] / 1e9:.2f} GB/s", file=sys.stderr)
+          f" copy bandwidth {m['roofline']['copy_bytes_per_s'] / 1e9:.2f} GB/s,"
+          f" read bandwidth {mr['roofline']['read_bytes_per_s'] / 1e9:.2f} GB/s", file=sys.stderr)
 print("| " + " | ".join(hdr) + " |")
 print("|" + "---|" * len(hdr))
 for r in rows:

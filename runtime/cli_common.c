@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include <jansson.h>
+#include "runtime/gemm_fast.h"
 #include "runtime/synth_skew.h"
 
 bool moe_cli_parse_dtype(const char *s, enum moe_dtype *out)
@@ -281,6 +282,31 @@ double moe_cli_copy_bandwidth(void)
     }
     free(a);
     free(b);
+    return best;
+}
+
+double moe_cli_read_bandwidth(void)
+{
+    const size_t n = (size_t)256 << 20;
+    char *a = malloc(n);
+    double best = 0;
+    uint64_t sink = 0;
+    if (a) {
+        memset(a, 1, n);
+        for (int rep = 0; rep < 6; rep++) {
+            double t0 = moe_cli_now();
+#pragma omp parallel reduction(^ : sink)
+            {
+                const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+                const size_t per = n / (size_t)nt, off = per * (size_t)id;
+                sink ^= moe_read_sweep(a + off, id == nt - 1 ? n - off : per);
+            }
+            double bw = (double)n / (moe_cli_now() - t0);
+            if (rep > 0 && bw > best) best = bw;
+        }
+    }
+    free(a);
+    (void)sink; /* moe_read_sweep is opaque here: the reads stay */
     return best;
 }
 

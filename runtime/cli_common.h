@@ -40,6 +40,9 @@ char *moe_cli_read_all(FILE *f, size_t *len);
  * Copy): a 256 MiB memcpy split over the OpenMP threads, best of 5 after a
  * warm-up; 0 when the buffers cannot be had. */
 double moe_cli_copy_bandwidth(void);
+/* Bytes per second one pass of reads over 256 MiB reaches with the OpenMP
+ * team (best of 5): the ceiling of a decode step, which only reads. */
+double moe_cli_read_bandwidth(void);
 
 /* --- options shared by the commands that run the engine --- */
 

@@ -187,6 +187,25 @@ AVX2 void moe_gemm_rows_avx2(float *y, size_t ldy, const float *x, size_t ldx, i
     }
 }
 
+/* Four independent XOR chains over 32-byte loads: never compute bound. */
+AVX2 uint64_t moe_read_sweep_avx2(const void *p, size_t n)
+{
+    const char *c = p;
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256((const __m256i *)(c + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256((const __m256i *)(c + i + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_loadu_si256((const __m256i *)(c + i + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_loadu_si256((const __m256i *)(c + i + 96)));
+    }
+    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    uint64_t r = (uint64_t)_mm256_extract_epi64(a0, 0) ^ (uint64_t)_mm256_extract_epi64(a0, 1) ^
+                 (uint64_t)_mm256_extract_epi64(a0, 2) ^ (uint64_t)_mm256_extract_epi64(a0, 3);
+    for (; i < n; i++) r ^= (uint64_t)(unsigned char)c[i] << (i % 8 * 8);
+    return r;
+}
+
 AVX2 float moe_dot_avx2(const float *a, const float *b, int n)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();

@@ -107,6 +107,15 @@ void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const flo
     }
 }
 
+uint64_t moe_read_sweep(const void *p, size_t n)
+{
+    if (moe_cpu_isa_detect() >= MOE_CPU_ISA_AVX2) return moe_read_sweep_avx2(p, n);
+    const unsigned char *c = p;
+    uint64_t r = 0;
+    for (size_t i = 0; i < n; i++) r ^= (uint64_t)c[i] << (i % 8 * 8);
+    return r;
+}
+
 float moe_dot_fast(const float *a, const float *b, int n) { return moe_dot_avx2(a, b, n); }
 
 void moe_scale_axpy_fast(float *y, float s, float a, const float *x, int n)

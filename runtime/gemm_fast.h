@@ -4,12 +4,15 @@
  * row-major in F32, F16 or BF16 read in place.  The fast kernels convert
  * weights to fp32 in registers (bf16: u16 -> u32 shifted left by 16; f16:
  * F16C) and never into memory, and compute a register-blocked tile of up to
- * 4 input rows x 3 weight rows (8 weight rows when only one input row), so
- * one pass over a weight row serves every input row of the tile.
+ * 4 input rows x several weight rows (up to 16 when there is one input row,
+ * as in decode), so one pass over a weight row serves every input row of
+ * the tile.
  *
  * Numerics: each output is an 8-lane (AVX2) or 16-lane (AVX-512) FMA
  * accumulation over k in order, a fixed horizontal sum, then the Din tail
- * in order, then the bias.  The sum order differs from the reference (within
+ * in order, then the bias; AVX-512 over bf16 weights takes each block of 32
+ * inputs as its 16 even then its 16 odd elements (gemm_avx512.c explains
+ * why).  The sum order differs from the reference (within
  * fp32 tolerance of it) but is the same for every output whatever the tile,
  * the batch composition or the thread count: rows stay independent and
  * results are bit-identical across batchings, as with the reference.
@@ -20,6 +23,7 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "runtime/tensor.h"
 
@@ -56,6 +60,10 @@ void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int 
 void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const float *x, int Din,
                          const void *const *w, const enum moe_dtype *wt, const int *N, int T,
                          const struct moe_tensor *const *b);
+
+/* Reads the n bytes at p once (a pure read stream, for measuring memory
+ * bandwidth); returns a value depending on every byte so the reads stay. */
+uint64_t moe_read_sweep(const void *p, size_t n);
 
 /* Vector helpers for attention (AVX2 kernels; isa >= MOE_CPU_ISA_AVX2). */
 float moe_dot_fast(const float *a, const float *b, int n);
