@@ -148,22 +148,64 @@ AVX512 INLINE void tile_eo(const int R, const int C, const bool wide, float *y, 
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 16
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    /* Small tiles take a block in one pass (each weight line loaded once,
+     * both halves used at once); a 4-row tile would need too many registers
+     * for that and takes the even halves, then the odd ones.  Either way
+     * each accumulator sees even then odd: the same order. */
+    const bool one_pass = R * C + 2 * R + 4 <= 32;
+    const size_t step = wide ? 128 : 64; /* bytes of one weight row per block */
+    const char *wk = w;
     const int k32 = Din & ~31;
-    for (int k = 0; k < k32; k += 32) {
+    for (int k = 0; k < k32; k += 32, wk += step) {
+        if (one_pass) {
+            __m512 xe[4], xo[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                xe[r] = _mm512_loadu_ps(xs + (size_t)r * ldx + k);
+                xo[r] = _mm512_loadu_ps(xs + (size_t)r * ldx + k + 16);
+            }
+            const char *p = wk;
+#pragma GCC unroll 16
+            for (int c = 0; c < C; c++, p += wld) {
+                __m512 lo, hi;
+                if (wide) {
+                    lo = _mm512_loadu_ps((const float *)p);
+                    hi = _mm512_loadu_ps((const float *)p + 16);
+                } else {
+                    _mm_prefetch(p + PF_EO, _MM_HINT_T0);
+                    /* two loads of the line (the second hits L1), each
+                     * folded into its operation: holding the line in a
+                     * register makes GCC spill */
+                    const char *q = p;
+                    __asm__("" : "+r"(q));
+                    lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16));
+                    hi = _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(q), odd));
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    acc[r][c] = _mm512_fmadd_ps(xe[r], lo, acc[r][c]);
+                    acc[r][c] = _mm512_fmadd_ps(xo[r], hi, acc[r][c]);
+                }
+            }
+            continue;
+        }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m512 xv[4];
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) xv[r] = _mm512_loadu_ps(xs + (size_t)r * ldx + k + 16 * h);
+            const char *p = wk;
+            /* hide that the second pass reads the lines of the first: holding
+             * them in registers between the passes would spill */
+            __asm__ volatile("" : "+r"(p));
 #pragma GCC unroll 16
-            for (int c = 0; c < C; c++) {
-                const char *wc = w + (size_t)c * wld;
+            for (int c = 0; c < C; c++, p += wld) {
                 __m512 wv;
                 if (wide) {
-                    wv = _mm512_loadu_ps((const float *)wc + k + 16 * h);
+                    wv = _mm512_loadu_ps((const float *)p + 16 * h);
                 } else {
-                    if (R < 4 && h == 0) _mm_prefetch(wc + (size_t)k * 2 + PF_EO, _MM_HINT_T0);
-                    const __m512i v = _mm512_loadu_si512(wc + (size_t)k * 2);
+                    if (h == 0) _mm_prefetch(p + PF_EO, _MM_HINT_T0);
+                    const __m512i v = _mm512_loadu_si512(p);
                     wv = _mm512_castsi512_ps(h ? _mm512_and_si512(v, odd) : _mm512_slli_epi32(v, 16));
                 }
 #pragma GCC unroll 4
@@ -202,8 +244,8 @@ AVX512 INLINE void few_rows_eo(const bool wide, float *y, size_t ldy, const floa
             tile_eo(2, 1, wide, y + n, ldy, xs, ldx, w + (n - n0) * wld, wld, Din, b, n);
         break;
     default:
-        for (; n + 8 <= n1; n += 8)
-            tile_eo(3, 8, wide, y + n, ldy, xs, ldx, w + (n - n0) * wld, wld, Din, b, n);
+        for (; n + 6 <= n1; n += 6)
+            tile_eo(3, 6, wide, y + n, ldy, xs, ldx, w + (n - n0) * wld, wld, Din, b, n);
         for (; n < n1; n++)
             tile_eo(3, 1, wide, y + n, ldy, xs, ldx, w + (n - n0) * wld, wld, Din, b, n);
         break;
@@ -280,7 +322,7 @@ AVX512 static void rows_bf16(float *y, size_t ldy, const float *x, size_t ldx, i
             continue;
         }
         const int t4 = tn & ~3, rem = tn - t4;
-        const bool widen = tn >= 8 && (size_t)C * Din <= WBUF;
+        const bool widen = tn >= 16 && (size_t)C * Din <= WBUF; /* below, memory bound */
         int n = n0;
         for (; n + C <= n1; n += C) {
             const char *wn = w + n * wld, *wt = wn;
@@ -290,10 +332,17 @@ AVX512 static void rows_bf16(float *y, size_t ldy, const float *x, size_t ldx, i
                 wt = (const char *)wbuf;
                 ld = fld;
             }
+            /* widen is a literal in each call, so each tile compiles to its own loop */
             for (int t = 0; t < t4; t += 4)
-                tile_eo(4, C, widen, yb + t * ldy + n, ldy, xs + t * lds, lds, wt, ld, Din, b, n);
-            if (rem)
-                few_rows_eo(widen, yb + t4 * ldy, ldy, xs + t4 * lds, lds, rem, wt, ld, Din, n,
+                if (widen)
+                    tile_eo(4, C, true, yb + t * ldy + n, ldy, xs + t * lds, lds, wt, ld, Din, b, n);
+                else
+                    tile_eo(4, C, false, yb + t * ldy + n, ldy, xs + t * lds, lds, wt, ld, Din, b, n);
+            if (rem && widen)
+                few_rows_eo(true, yb + t4 * ldy, ldy, xs + t4 * lds, lds, rem, wt, ld, Din, n,
+                            n + C, b);
+            else if (rem)
+                few_rows_eo(false, yb + t4 * ldy, ldy, xs + t4 * lds, lds, rem, wt, ld, Din, n,
                             n + C, b);
         }
         for (; n < n1; n++) {

@@ -82,7 +82,7 @@ Test(fast_ops, gemm_matches_reference_awkward_shapes)
     enum moe_cpu_isa is[4];
     int ni = isas(is);
     if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
-    const int Ts[] = {1, 2, 3, 4, 5, 7, 67};
+    const int Ts[] = {1, 2, 3, 4, 5, 7, 12, 18, 67};
     const int Ns[] = {1, 5, 13, 50, 97};
     const int Ds[] = {1, 7, 16, 33, 63, 64, 100}; /* bf16 blocks are 32 */
     for (int i = 0; i < ni; i++)
