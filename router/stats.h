@@ -29,8 +29,10 @@
  * trace that cannot grow stops and says `truncated`).  Not thread-safe: one
  * recorder belongs to one forward pass.  On a device backend the caller
  * copies ids/weights/logits to the host first (the CUDA counters that stay on
- * the device are a later issue).  A step whose forward pass fails midway
- * keeps what it recorded before the failure.  Export lives in stats_export.c (JSON, CSV,
+ * the device are a later issue); the forward pass records a decode-sized
+ * step's layers after the step (see moe_forward_run).  A step whose forward
+ * pass fails midway keeps what it recorded before the failure (for a
+ * decode-sized step: nothing).  Export lives in stats_export.c (JSON, CSV,
  * Prometheus text) and trace.c (.npy); docs/stats-format.md is the schema. */
 #pragma once
 

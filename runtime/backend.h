@@ -68,6 +68,12 @@ struct moe_attn_params {
     int max_ctx;       /* longest ctx_len of the batch (a launch hint; 0: unknown) */
 };
 
+/* Steps of at most this many rows are decode-sized: the CUDA backend runs
+ * them without any host synchronisation (device-driven expert kernels) and
+ * may record them as graphs, and forward.c copies their routing for the
+ * statistics recorder asynchronously (to_host_async). */
+#define MOE_SMALL_STEP_ROWS 32
+
 #define MOE_OP(name, ...) MOE_MUST_USE enum moe_status (*name)(struct moe_backend * be, __VA_ARGS__)
 
 struct moe_backend_ops {
@@ -130,12 +136,23 @@ struct moe_backend_ops {
     /* Step graphs.  forward.c brackets the ops of a step (after the batch
      * upload, before the logits copy) with graph_begin / graph_end.  key
      * names the forward workspace (its buffers, cache and block-table width
-     * are fixed); a backend that has a recorded step for (key, rows,
+     * are fixed) and what the step copies to the host (a step with
+     * statistics copies has a key of its own); a backend that has a recorded step for (key, rows,
      * n_logits) sets *replay and forward.c skips the ops; otherwise it may
      * start recording.  graph_end(ok) finishes: replays, or ends the
      * recording and runs it (ok false: discards it). */
     MOE_OP(graph_begin, const void *key, int rows, int n_logits, bool *replay);
     MOE_OP(graph_end, bool ok);
+    /* Host buffers for to_host_async (zero-filled; CPU: calloc/free, CUDA:
+     * pinned memory).  host_free(NULL) is fine.  A backend has all three of
+     * host_alloc, host_free and to_host_async, or none. */
+    MOE_OP(host_alloc, size_t bytes, void **out);
+    void (*host_free)(struct moe_backend *be, void *p);
+    /* Device-to-host copy in stream order that does not wait: dst (a
+     * host_alloc buffer) holds the bytes once the next sync returns, and may
+     * not be read before.  Allowed between graph_begin and graph_end (a
+     * recorded step replays the copy into the same dst).  CPU: a memcpy. */
+    MOE_OP(to_host_async, void *dst, const void *src, size_t bytes);
 };
 
 struct moe_backend {

@@ -286,6 +286,9 @@ static const struct moe_backend_ops cpu_ops = {
     .experts = cpu_experts,
     .sigmoid_scale = cpu_sigmoid_scale,
     .gather_rows = cpu_gather_rows,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_dealloc,
+    .to_host_async = cpu_copy,
 };
 
 /* The reference table with the three heavy ops replaced by their fast
@@ -314,6 +317,9 @@ static const struct moe_backend_ops cpu_fast_ops = {
     .experts = fast_experts,
     .sigmoid_scale = cpu_sigmoid_scale,
     .gather_rows = cpu_gather_rows,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_dealloc,
+    .to_host_async = cpu_copy,
 };
 
 static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_cpu_isa isa)

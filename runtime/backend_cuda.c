@@ -7,7 +7,8 @@
  * the device only in to_host and sync, in expert_load, and once per MoE
  * layer on the grouped (prefill) expert path, which needs the per-expert
  * row counts to size the cuBLAS grouped GEMM.  Decode-sized steps take the
- * small expert path and never wait inside the step.
+ * small expert path and never wait inside the step (to_host_async, which
+ * forward.c uses for statistics, does not wait).
  *
  * Memory: weights are uploaded once by prepare_model (see backend.h);
  * activations are allocated by moe_forward_init through alloc; the
@@ -78,6 +79,37 @@ static enum moe_status cuda_to_host(struct moe_backend *be, void *dst, const voi
     if (!bytes) return MOE_OK;
     MOE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    return MOE_OK;
+}
+
+/* Host buffers for to_host_async: pinned, so the copy is a true async
+ * DMA and a capturable graph node (pageable memory would break capture). */
+static enum moe_status cuda_host_alloc(struct moe_backend *be, size_t bytes, void **out)
+{
+    *out = NULL;
+    cudaError_t e = cudaMallocHost(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        cudaGetLastError();
+        return moe_fail(MOE_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes of pinned host "
+                        "memory (%s)", bytes, cudaGetErrorString(e));
+    }
+    memset(*out, 0, bytes ? bytes : 1);
+    return MOE_OK;
+}
+
+static void cuda_host_free(struct moe_backend *be, void *p)
+{
+    if (!p) return;
+    /* recorded steps may copy into it (see cuda_dealloc) */
+    drop_graphs(ctx_of(be));
+    cudaFreeHost(p);
+}
+
+static enum moe_status cuda_to_host_async(struct moe_backend *be, void *dst, const void *src,
+                                          size_t bytes)
+{
+    if (bytes) MOE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx_of(be)->stream));
     return MOE_OK;
 }
 
@@ -577,6 +609,9 @@ static const struct moe_backend_ops cuda_ops = {
     .expert_load = cuda_expert_load,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .to_host_async = cuda_to_host_async,
 };
 
 static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int device)

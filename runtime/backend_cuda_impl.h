@@ -8,7 +8,7 @@
 
 #define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention */
 #define ATT_MAX_SPLITS 32
-#define SMALL_EXPERT_ROWS 32 /* T at or below: device-driven expert kernels */
+#define SMALL_EXPERT_ROWS MOE_SMALL_STEP_ROWS /* T at or below: device-driven expert kernels */
 #define MAX_GRAPHS 16        /* recorded step graphs kept */
 #define BLAS_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace when graphs are on */
 

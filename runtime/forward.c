@@ -4,6 +4,7 @@
 #include "runtime/forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,6 +87,8 @@ enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model 
     fw->m = m;
     fw->be = be;
     fw->lim = *lim;
+    fw->stats_async_rows = MOE_SMALL_STEP_ROWS;
+    fw->hs_rows = lim->max_tokens < MOE_SMALL_STEP_ROWS ? lim->max_tokens : MOE_SMALL_STEP_ROWS;
     enum moe_status s = init_buffers(fw);
     if (s == MOE_OK && be->ops->reserve) {
         int rows = lim->max_tokens > lim->max_logits ? lim->max_tokens : lim->max_logits;
@@ -106,6 +109,7 @@ void moe_forward_free(struct moe_forward *fw)
                         fw->b_tokens, fw->b_pos, fw->b_seq_of, fw->b_seq_start, fw->b_ctx_len,
                         fw->b_table, fw->b_slot, fw->b_rows};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
+        if (fw->hs_buf) be->ops->host_free(be, fw->hs_buf);
     }
     free(fw->h_ids);
     free(fw->h_w);
@@ -264,6 +268,49 @@ static enum moe_status swiglu_ffn(struct moe_forward *fw, float *out, int T,
     return be->ops->matmul(be, out, fw->h1, d, bd, T);
 }
 
+/* Layer l's slice of the statistics host buffers (see forward.h). */
+static void hs_slice(const struct moe_forward *fw, int l, int32_t **ids, float **w, float **logits)
+{
+    const int top_k = fw->m->cfg.top_k;
+    const size_t R = (size_t)fw->hs_rows, K = (size_t)(top_k > 0 ? top_k : 0);
+    uint32_t *base = (uint32_t *)fw->hs_buf + (size_t)l * fw->hs_layer;
+    *ids = (int32_t *)base;
+    *w = (float *)(base + R * K);
+    *logits = (float *)(base + 2 * R * K);
+}
+
+/* Whether a step of T rows copies its routing asynchronously; allocates the
+ * host buffers the first time.  Any failure leaves the synchronous path. */
+static bool stats_async_ready(struct moe_forward *fw, int T)
+{
+    const struct moe_backend_ops *op = fw->be->ops;
+    const struct moe_config *c = &fw->m->cfg;
+    if (T > fw->stats_async_rows || T > fw->hs_rows || fw->hs_failed || !op->to_host_async ||
+        !op->host_alloc || !op->host_free)
+        return false;
+    if (fw->hs_buf) return true;
+    /* per row: K ids, K weights, E logits, 4 bytes each */
+    const size_t per_row = 2 * (size_t)(c->top_k > 0 ? c->top_k : 0) +
+                           (size_t)(c->n_experts > 0 ? c->n_experts : 1);
+    size_t layer, words, bytes;
+    enum moe_status s;
+    if (moe_mul_size(per_row, (size_t)fw->hs_rows, &layer) &&
+        moe_mul_size(layer, (size_t)c->n_layers, &words) &&
+        moe_mul_size(words, sizeof(uint32_t), &bytes))
+        s = op->host_alloc(fw->be, bytes, &fw->hs_buf);
+    else
+        s = moe_fail(MOE_ERR_NOMEM, "statistics host buffers: size overflows");
+    if (s != MOE_OK) {
+        fw->hs_buf = NULL;
+        fw->hs_failed = true;
+        fprintf(stderr, "moerun: statistics: no host buffers for asynchronous routing copies "
+                "(%s); copying them synchronously, layer by layer\n", moe_last_error());
+        return false;
+    }
+    fw->hs_layer = layer;
+    return true;
+}
+
 static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
                                  struct moe_route_trace *trace)
 {
@@ -282,7 +329,14 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
     }
     MOE_TRY(op->matmul(be, fw->rlogits, fw->xn, &w->router, NULL, T));
     MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, E, K, c->norm_topk));
-    if (fw->stats) { /* host copies: a memcpy on the CPU */
+    if (fw->stats && fw->stats_async) { /* recorded after the step's sync */
+        int32_t *hi;
+        float *hw, *hl;
+        hs_slice(fw, l, &hi, &hw, &hl);
+        MOE_TRY(op->to_host_async(be, hi, fw->ids, (size_t)T * K * sizeof(int32_t)));
+        MOE_TRY(op->to_host_async(be, hw, fw->rw, (size_t)T * K * sizeof(float)));
+        MOE_TRY(op->to_host_async(be, hl, fw->rlogits, (size_t)T * E * sizeof(float)));
+    } else if (fw->stats) { /* host copies: a memcpy on the CPU */
         MOE_TRY(op->to_host(be, fw->h_ids, fw->ids, (size_t)T * K * sizeof(int32_t)));
         MOE_TRY(op->to_host(be, fw->h_w, fw->rw, (size_t)T * K * sizeof(float)));
         MOE_TRY(op->to_host(be, fw->h_logits, fw->rlogits, (size_t)T * E * sizeof(float)));
@@ -339,15 +393,19 @@ enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
     fw->max_ctx = 0;
     for (int i = 0; i < b->n_seqs; i++)
         if (b->ctx_len[i] > fw->max_ctx) fw->max_ctx = b->ctx_len[i];
+    /* before anything is enqueued: may allocate (once) */
+    fw->stats_async = fw->stats && stats_async_ready(fw, b->n_tokens);
     struct moe_batch db;
     MOE_TRY(upload_batch(fw, b, &db));
     if (fw->stats) MOE_TRY(moe_stats_step_begin(fw->stats, b));
-    /* traces and host-side statistics copy ids to the host inside the step:
-     * no graph then */
-    const bool graph =
-        op->graph_begin && op->graph_end && !(trace && trace->ids) && !fw->stats;
+    /* traces and synchronous statistics copy to the host inside the step:
+     * no graph then.  Asynchronous statistics copies are part of the step
+     * (fixed destinations), so such a step is recorded under its own key. */
+    const bool graph = op->graph_begin && op->graph_end && !(trace && trace->ids) &&
+                       (!fw->stats || fw->stats_async);
+    const void *key = fw->stats_async ? (const void *)&fw->hs_buf : (const void *)fw;
     bool replay = false;
-    if (graph) MOE_TRY(op->graph_begin(be, fw, b->n_tokens, b->n_logits, &replay));
+    if (graph) MOE_TRY(op->graph_begin(be, key, b->n_tokens, b->n_logits, &replay));
     enum moe_status s = replay ? MOE_OK : run_ops(fw, kv, &db, trace);
     if (graph) {
         enum moe_status e = op->graph_end(be, s == MOE_OK);
@@ -356,5 +414,14 @@ enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
     MOE_TRY(s);
     if (logits && b->n_logits > 0)
         MOE_TRY(op->to_host(be, logits, fw->logits, (size_t)b->n_logits * c->vocab * sizeof(float)));
-    return op->sync(be);
+    MOE_TRY(op->sync(be));
+    if (fw->stats_async)
+        for (int l = 0; l < c->n_layers; l++) {
+            if (!c->layer_moe[l]) continue;
+            int32_t *hi;
+            float *hw, *hl;
+            hs_slice(fw, l, &hi, &hw, &hl);
+            moe_stats_record_layer(fw->stats, l, b->n_tokens, hi, hw, hl);
+        }
+    return MOE_OK;
 }

@@ -9,7 +9,8 @@
  *
  * All workspaces are allocated by moe_forward_init for at most max_tokens
  * rows, max_seqs sequences of at most max_blocks blocks and max_logits logit
- * rows; moe_forward_run allocates nothing. */
+ * rows; moe_forward_run allocates nothing (except, once, the host buffers of
+ * the asynchronous statistics copies, see moe_forward_run). */
 #pragma once
 
 #include "kvcache/kvcache.h"
@@ -61,6 +62,20 @@ struct moe_forward {
     float *h_w;      /* (T, K) */
     float *h_logits; /* (T, E) host copy of router logits for statistics */
     struct moe_stats *stats; /* borrowed expert-load recorder (router/stats.h), NULL = off */
+    /* Statistics on small steps: per layer l a slice of hs_layer 4-byte
+     * words at hs_buf (host_alloc memory) holding ids (R, K), weights (R, K)
+     * and router logits (R, E), R = hs_rows; filled by to_host_async during
+     * the step, recorded after its final sync.  Allocated by the first such
+     * step with statistics on (n_layers x R x (2K + E) words). */
+    void *hs_buf;
+    size_t hs_layer;      /* words per layer slice */
+    int hs_rows;          /* R = min(MOE_SMALL_STEP_ROWS, max_tokens) */
+    bool hs_failed;       /* the buffers could not be allocated: synchronous copies */
+    bool stats_async;     /* the current step copies routing into hs_buf */
+    /* Steps of at most this many rows (and at most hs_rows) take the
+     * asynchronous statistics path; init sets MOE_SMALL_STEP_ROWS, 0 forces
+     * the synchronous per-layer copies (tests compare the two). */
+    int stats_async_rows;
 };
 
 MOE_MUST_USE enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model *m,
@@ -68,7 +83,15 @@ MOE_MUST_USE enum moe_status moe_forward_init(struct moe_forward *fw, const stru
                                                const struct moe_forward_limits *lim);
 void moe_forward_free(struct moe_forward *fw);
 /* Runs one step.  logits (n_logits, V) host, may be NULL; trace may be NULL.
- * The batch is validated first (sizes, ids, positions, slots). */
+ * The batch is validated first (sizes, ids, positions, slots).
+ *
+ * With stats set, every MoE layer's routing is recorded.  Steps of more than
+ * stats_async_rows rows (prefill) copy it to the host and record it layer by
+ * layer, synchronously; smaller steps (decode) enqueue asynchronous copies
+ * into hs_buf and record every MoE layer, in layer order and with the same
+ * arguments, after the step's final sync: the same statistics, no host wait
+ * inside the step, and the step may be a recorded graph.  A step that fails
+ * records no layer on that path. */
 MOE_MUST_USE enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
                                               const struct moe_batch *b, float *logits,
                                               struct moe_route_trace *trace);

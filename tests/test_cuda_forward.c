@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "router/stats.h"
 #include "runtime/runner.h"
 #include "tests/testutil.h"
 
@@ -211,6 +212,72 @@ static void check_graphs(const char *name)
 
 Test(cuda_forward, graphs_match_eager_qwen3_moe) { check_graphs("qwen3_moe"); }
 Test(cuda_forward, graphs_match_eager_olmoe) { check_graphs("olmoe"); }
+
+/* Step graphs with statistics on (the default of run/batch/bench/serve):
+ * decode steps copy their routing asynchronously into pinned buffers, as
+ * nodes of the recorded graph, and are recorded after the step; tokens and
+ * the integer counters equal those of eager steps with statistics, the
+ * weight sums agree to rounding. */
+static void check_graphs_stats(const char *name)
+{
+    struct side eager, graph;
+    unsetenv("MOERUN_CUDA_GRAPHS");
+    side_open(&eager, name, true);
+    setenv("MOERUN_CUDA_GRAPHS", "1", 1);
+    side_open(&graph, name, true);
+    unsetenv("MOERUN_CUDA_GRAPHS");
+    struct moe_stats se_st, sg_st;
+    cr_assert_eq(moe_stats_init(&se_st, &eager.m.cfg, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_stats_init(&sg_st, &graph.m.cfg, NULL), MOE_OK, "%s", moe_last_error());
+    eager.r.fw.stats = &se_st;
+    graph.r.fw.stats = &sg_st;
+    const int V = eager.m.cfg.vocab;
+    int32_t prompt[7] = {3, 14, 15, 9, 2, 6, 5};
+    struct moe_seq se = {0}, sg = {0};
+    float *le = malloc((size_t)V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
+    struct moe_chunk ce = {&se, prompt, 7, false, false, 0}, cg = {&sg, prompt, 7, false, false, 0};
+    cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    for (int i = 0; i < 24; i++) {
+        int32_t te = moe_argmax(le, V), tg = moe_argmax(lg, V);
+        cr_expect_eq(tg, te, "%s step %d: graph token %d, eager %d", name, i, tg, te);
+        ce = (struct moe_chunk){&se, &te, 1, false, true, 0};
+        cg = (struct moe_chunk){&sg, &te, 1, false, true, 0};
+        cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL), MOE_OK, "%s", moe_last_error());
+        cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    }
+    cr_expect(graph.r.fw.hs_buf != NULL, "decode steps took the asynchronous statistics path");
+    const size_t LE = (size_t)se_st.Lm * se_st.E;
+    cr_expect_eq(sg_st.steps, 25);
+    cr_expect_eq(sg_st.tokens_decode, 24);
+    cr_expect(memcmp(se_st.prefill, sg_st.prefill, LE * sizeof(int64_t)) == 0, "prefill counts differ");
+    cr_expect(memcmp(se_st.decode, sg_st.decode, LE * sizeof(int64_t)) == 0, "decode counts differ");
+    cr_expect(memcmp(se_st.top1, sg_st.top1, LE * sizeof(int64_t)) == 0, "top-1 counts differ");
+    cr_expect(memcmp(se_st.coact, sg_st.coact, LE * se_st.E * sizeof(int64_t)) == 0,
+              "co-activation counts differ");
+    cr_expect(memcmp(se_st.ent_n, sg_st.ent_n, (size_t)se_st.Lm * sizeof(int64_t)) == 0);
+    int64_t dec = 0;
+    double worst = 0;
+    for (size_t i = 0; i < LE; i++) {
+        dec += sg_st.decode[i];
+        double d = fabs(sg_st.wsum[i] - se_st.wsum[i]) / (1e-6 + fabs(se_st.wsum[i]));
+        worst = d > worst ? d : worst;
+    }
+    cr_expect_eq(dec, (int64_t)24 * se_st.Lm * se_st.K, "every decode pair recorded");
+    cr_expect(worst <= 1e-4, "%s: routing weight sums differ by %.3g relative", name, worst);
+    fprintf(stderr, "e2e: %-10s graphs + statistics: counters equal to eager, weight sums %.3g\n",
+            name, worst);
+    moe_seq_free(&eager.r, &se);
+    moe_seq_free(&graph.r, &sg);
+    free(le), free(lg);
+    side_close(&graph);
+    side_close(&eager);
+    moe_stats_free(&sg_st);
+    moe_stats_free(&se_st);
+}
+
+Test(cuda_forward, graphs_with_stats_match_eager_qwen3_moe) { check_graphs_stats("qwen3_moe"); }
+Test(cuda_forward, graphs_with_stats_match_eager_olmoe) { check_graphs_stats("olmoe"); }
 
 /* Backend selection: runs everywhere.  Without a device "cuda" is a clear
  * error and "auto" is the CPU; with one, both are the CUDA backend. */
