@@ -17,6 +17,7 @@
  * as even element 32b+2j then odd element 32b+2j+1, so a row gives the same
  * bits alone or in any batch. */
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -269,22 +270,54 @@ AVX512 INLINE void widen_rows_eo(float *dst, const char *w, size_t wld, int C, i
     }
 }
 
+/* Each thread's buffer for deinterleaved input rows: grown when a call
+ * needs more, freed by the key's destructor when the thread exits (engine
+ * threads and their OpenMP teams come and go in a server). */
+struct xs_buf {
+    float *p;
+    size_t cap; /* floats */
+};
+static pthread_key_t xs_key;
+static pthread_once_t xs_once = PTHREAD_ONCE_INIT;
+static bool xs_key_ok;
+
+static void xs_free(void *v)
+{
+    struct xs_buf *b = v;
+    free(b->p);
+    free(b);
+}
+
+static void xs_key_init(void) { xs_key_ok = pthread_key_create(&xs_key, xs_free) == 0; }
+
+/* This thread's buffer of at least n floats; NULL when out of memory. */
+static float *xs_get(size_t n)
+{
+    pthread_once(&xs_once, xs_key_init);
+    if (!xs_key_ok) return NULL;
+    struct xs_buf *b = pthread_getspecific(xs_key);
+    if (!b) {
+        if (!(b = calloc(1, sizeof *b))) return NULL;
+        if (pthread_setspecific(xs_key, b)) {
+            free(b);
+            return NULL;
+        }
+    }
+    if (n > b->cap) {
+        free(b->p);
+        b->cap = (n + 1023) / 1024 * 1024;
+        b->p = aligned_alloc(64, b->cap * sizeof(float));
+        if (!b->p) b->cap = 0;
+    }
+    return b->p;
+}
+
 /* T input rows deinterleaved per 32 (16 even, 16 odd; the tail in place)
  * into this thread's buffer, row stride Din; NULL when out of memory. */
 AVX512 static const float *deinterleave_rows(const float *x, size_t ldx, int T, int Din)
 {
-    static _Thread_local float *buf;
-    static _Thread_local size_t cap;
-    const size_t need = (size_t)T * (size_t)Din;
-    if (need > cap) {
-        free(buf);
-        cap = (need + 1023) / 1024 * 1024;
-        buf = aligned_alloc(64, cap * sizeof(float));
-        if (!buf) {
-            cap = 0;
-            return NULL;
-        }
-    }
+    float *buf = xs_get((size_t)T * (size_t)Din);
+    if (!buf) return NULL;
     const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
     const int k32 = Din & ~31;
