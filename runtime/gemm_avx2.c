@@ -8,7 +8,8 @@
  * operands); R <= 3 rows take C = 8 or 4 so a decode step still keeps
  * enough independent FMA chains in flight to stream weights at memory
  * speed, with software prefetch PF bytes ahead on each weight row.  Input rows are walked in blocks of 64 so a block stays in L2 while
- * the weight rows of the thread's range pass over it. */
+ * the weight rows of the thread's range pass over it.  bf16 weights take
+ * the even/odd order of gemm_eo.h (8 lanes, 32-byte blocks). */
 #include <immintrin.h>
 #include <stdbool.h>
 
@@ -123,6 +124,42 @@ AVX2 INLINE void widen_rows(float *dst, const enum moe_dtype dt, const char *w, 
     }
 }
 
+#define EO_ATTR AVX2
+#define EO_FN(name) name##_256
+#define EO_V __m256
+#define EO_VI __m256i
+#define EO_W 8
+#define EO_REGS 16
+#define EO_MAXC 8
+#define EO_C1 8
+#define EO_C2 4
+#define EO_C3 2
+#define EO_C4 3
+#define EO_PF 512
+#define EO_ZERO _mm256_setzero_ps
+#define EO_SET1I _mm256_set1_epi32
+#define EO_LOADU _mm256_loadu_ps
+#define EO_LOADI(p) _mm256_loadu_si256((const __m256i *)(p))
+#define EO_STOREU _mm256_storeu_ps
+#define EO_CASTPS _mm256_castsi256_ps
+#define EO_SLLI _mm256_slli_epi32
+#define EO_AND _mm256_and_si256
+#define EO_FMA _mm256_fmadd_ps
+#define EO_HSUM hsum8
+#define EO_DEINTERLEAVE(d, s) deinterleave16(d, s)
+
+/* 16 inputs to 8 even then 8 odd. */
+AVX2 INLINE void deinterleave16(float *d, const float *s)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    const __m256 a = _mm256_permutevar8x32_ps(_mm256_loadu_ps(s), idx);     /* e0..e3 o0..o3 */
+    const __m256 b = _mm256_permutevar8x32_ps(_mm256_loadu_ps(s + 8), idx); /* e4..e7 o4..o7 */
+    _mm256_storeu_ps(d, _mm256_permute2f128_ps(a, b, 0x20));
+    _mm256_storeu_ps(d + 8, _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+#include "runtime/gemm_eo.h"
+
 /* All T rows against weight rows [n0, n1).  Blocks of TB rows; in a block
  * of at least 8 rows the weights of each tile column group are widened to
  * fp32 once (into a stack buffer of WBUF floats) rather than once per tile. */
@@ -181,7 +218,7 @@ AVX2 void moe_gemm_rows_avx2(float *y, size_t ldy, const float *x, size_t ldx, i
 {
     switch (wt) {
     case MOE_DTYPE_F32: rows_dt(MOE_DTYPE_F32, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
-    case MOE_DTYPE_BF16: rows_dt(MOE_DTYPE_BF16, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
+    case MOE_DTYPE_BF16: rows_bf16_256(y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_F16: rows_dt(MOE_DTYPE_F16, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16 or BF16");
     }

@@ -4,6 +4,8 @@
 
 #include <cpuid.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,6 +107,47 @@ void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const flo
         moe_gemm_fast_rows(isa, y[j], (size_t)N[j], x, (size_t)Din, T, w[j], wt[j], Din, n0, n1,
                            b ? b[j] : NULL);
     }
+}
+
+/* Each thread's buffer for deinterleaved input rows: grown when a call
+ * needs more, freed by the key's destructor when the thread exits (engine
+ * threads and their OpenMP teams come and go in a server). */
+struct xs_buf {
+    float *p;
+    size_t cap; /* floats */
+};
+static pthread_key_t xs_key;
+static pthread_once_t xs_once = PTHREAD_ONCE_INIT;
+static bool xs_key_ok;
+
+static void xs_free(void *v)
+{
+    struct xs_buf *b = v;
+    free(b->p);
+    free(b);
+}
+
+static void xs_key_init(void) { xs_key_ok = pthread_key_create(&xs_key, xs_free) == 0; }
+
+float *moe_gemm_thread_buffer(size_t n)
+{
+    pthread_once(&xs_once, xs_key_init);
+    if (!xs_key_ok) return NULL;
+    struct xs_buf *b = pthread_getspecific(xs_key);
+    if (!b) {
+        if (!(b = calloc(1, sizeof *b))) return NULL;
+        if (pthread_setspecific(xs_key, b)) {
+            free(b);
+            return NULL;
+        }
+    }
+    if (n > b->cap) {
+        free(b->p);
+        b->cap = (n + 1023) / 1024 * 1024;
+        b->p = aligned_alloc(64, b->cap * sizeof(float));
+        if (!b->p) b->cap = 0;
+    }
+    return b->p;
 }
 
 uint64_t moe_read_sweep(const void *p, size_t n)

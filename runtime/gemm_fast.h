@@ -10,9 +10,9 @@
  *
  * Numerics: each output is an 8-lane (AVX2) or 16-lane (AVX-512) FMA
  * accumulation over k in order, a fixed horizontal sum, then the Din tail
- * in order, then the bias; AVX-512 over bf16 weights takes each block of 32
- * inputs as its 16 even then its 16 odd elements (gemm_avx512.c explains
- * why).  The sum order differs from the reference (within
+ * in order, then the bias; over bf16 weights each block of 2W inputs (W
+ * lanes) is taken as its W even then its W odd elements (gemm_eo.h
+ * explains why).  The sum order differs from the reference (within
  * fp32 tolerance of it) but is the same for every output whatever the tile,
  * the batch composition or the thread count: rows stay independent and
  * results are bit-identical across batchings, as with the reference.
