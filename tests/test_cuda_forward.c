@@ -171,16 +171,22 @@ Test(cuda_forward, batched_steps_match_solo)
     side_close(&g);
 }
 
+/* Two CUDA sides of one fixture: eager steps, and step graphs on. */
+static void open_eager_and_graphs(struct side *eager, struct side *graph, const char *name)
+{
+    unsetenv("MOERUN_CUDA_GRAPHS");
+    side_open(eager, name, true);
+    setenv("MOERUN_CUDA_GRAPHS", "1", 1);
+    side_open(graph, name, true);
+    unsetenv("MOERUN_CUDA_GRAPHS");
+}
+
 /* Step graphs (MOERUN_CUDA_GRAPHS=1): decode steps recorded once and
  * replayed give the tokens and, to rounding, the logits of eager steps. */
 static void check_graphs(const char *name)
 {
     struct side eager, graph;
-    unsetenv("MOERUN_CUDA_GRAPHS");
-    side_open(&eager, name, true);
-    setenv("MOERUN_CUDA_GRAPHS", "1", 1);
-    side_open(&graph, name, true);
-    unsetenv("MOERUN_CUDA_GRAPHS");
+    open_eager_and_graphs(&eager, &graph, name);
     const int V = eager.m.cfg.vocab;
     int32_t prompt[7] = {3, 14, 15, 9, 2, 6, 5};
     struct moe_seq se = {0}, sg = {0};
@@ -221,11 +227,7 @@ Test(cuda_forward, graphs_match_eager_olmoe) { check_graphs("olmoe"); }
 static void check_graphs_stats(const char *name)
 {
     struct side eager, graph;
-    unsetenv("MOERUN_CUDA_GRAPHS");
-    side_open(&eager, name, true);
-    setenv("MOERUN_CUDA_GRAPHS", "1", 1);
-    side_open(&graph, name, true);
-    unsetenv("MOERUN_CUDA_GRAPHS");
+    open_eager_and_graphs(&eager, &graph, name);
     struct moe_stats se_st, sg_st;
     cr_assert_eq(moe_stats_init(&se_st, &eager.m.cfg, NULL), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(moe_stats_init(&sg_st, &graph.m.cfg, NULL), MOE_OK, "%s", moe_last_error());
