@@ -120,6 +120,9 @@ struct moe_backend_ops {
     MOE_OP(sigmoid_scale, float *y, const float *g, int T, int D);
     /* dst (n, D) = src rows[i] */
     MOE_OP(gather_rows, float *dst, const float *src, const int32_t *rows, int n, int D);
+    /* ids (rows) = argmax of each row of x (rows, n), as moe_argmax
+     * (runtime/sampler.h): ties to the lower index, NaN never wins. */
+    MOE_OP(argmax, int32_t *ids, const float *x, int rows, int n);
 
     /* Optional entries (NULL when a backend has no use for them). */
     /* Sizes the backend's own workspaces for steps of at most max_rows rows
@@ -128,8 +131,6 @@ struct moe_backend_ops {
     /* dst (n elements of dt, backend memory) = the runtime/synth.c generator
      * keyed by key with standard deviation std, or ones when std < 0. */
     MOE_OP(synth_fill, void *dst, enum moe_dtype dt, size_t n, uint64_t key, float std);
-    /* ids (rows) = argmax of each row of x (rows, n), as moe_argmax. */
-    MOE_OP(argmax, int32_t *ids, const float *x, int rows, int n);
     /* out (n_moe_layers, E) host = tokens routed to each expert so far, by
      * MoE layer in forward order (dispatch calls since the step's embed). */
     MOE_OP(expert_load, uint64_t *out, int n_moe_layers, int E);

@@ -17,6 +17,7 @@
 #include "runtime/backend.h"
 #include "runtime/gemm.h"
 #include "runtime/gemm_fast.h"
+#include "runtime/sampler.h"
 
 struct cpu_ctx {
     float *scratch;       /* (threads, scratch_per_thread) */
@@ -252,6 +253,14 @@ static enum moe_status cpu_gather_rows(struct moe_backend *be, float *dst, const
     return MOE_OK;
 }
 
+static enum moe_status cpu_argmax(struct moe_backend *be, int32_t *ids, const float *x, int rows,
+                                  int n)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++) ids[r] = moe_argmax(x + (size_t)r * n, n);
+    return MOE_OK;
+}
+
 static void cpu_destroy(struct moe_backend *be)
 {
     struct cpu_ctx *c = ctx_of(be);
@@ -286,6 +295,7 @@ static const struct moe_backend_ops cpu_ops = {
     .experts = cpu_experts,
     .sigmoid_scale = cpu_sigmoid_scale,
     .gather_rows = cpu_gather_rows,
+    .argmax = cpu_argmax,
     .host_alloc = cpu_alloc,
     .host_free = cpu_dealloc,
     .to_host_async = cpu_copy,
@@ -317,6 +327,7 @@ static const struct moe_backend_ops cpu_fast_ops = {
     .experts = fast_experts,
     .sigmoid_scale = cpu_sigmoid_scale,
     .gather_rows = cpu_gather_rows,
+    .argmax = cpu_argmax,
     .host_alloc = cpu_alloc,
     .host_free = cpu_dealloc,
     .to_host_async = cpu_copy,

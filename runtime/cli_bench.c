@@ -93,7 +93,7 @@ static enum moe_status time_prefill(struct bench_ctx *b, int P, double *best)
         for (int off = 0; off < P; off += b->chunk) {
             int n = P - off < b->chunk ? P - off : b->chunk;
             struct moe_chunk c = {&b->seqs[0], b->tokens + off, n, false, false, 0};
-            MOE_TRY(moe_runner_step(&b->r, &c, 1, NULL, NULL, NULL));
+            MOE_TRY(moe_runner_step(&b->r, &c, 1, NULL, NULL, NULL, NULL));
         }
         double t = moe_cli_now() - t0;
         moe_seq_reset(&b->r, &b->seqs[0]);
@@ -114,17 +114,18 @@ static enum moe_status time_decode(struct bench_ctx *b, int B, int ctx, int step
             for (int off = 0; off < ctx && s == MOE_OK; off += b->chunk) {
                 int n = ctx - off < b->chunk ? ctx - off : b->chunk;
                 struct moe_chunk c = {&b->seqs[q], b->tokens + off, n, false, false, 0};
-                s = moe_runner_step(&b->r, &c, 1, NULL, NULL, NULL);
+                s = moe_runner_step(&b->r, &c, 1, NULL, NULL, NULL, NULL);
             }
+        }
+        /* greedy decoding: each step feeds back the backend's argmax, so
+         * only B token ids cross to the host per step, as in serving */
+        for (int q = 0; q < B; q++) {
+            b->tokens[q] = (int32_t)(rng_next(&b->rng) % (uint64_t)b->V);
+            ch[q] = (struct moe_chunk){&b->seqs[q], &b->tokens[q], 1, false, true, 0};
         }
         double t0 = moe_cli_now();
-        for (int st = 0; st < steps && s == MOE_OK; st++) {
-            for (int q = 0; q < B; q++) {
-                b->tokens[q] = (int32_t)(rng_next(&b->rng) % (uint64_t)b->V);
-                ch[q] = (struct moe_chunk){&b->seqs[q], &b->tokens[q], 1, false, true, 0};
-            }
-            s = moe_runner_step(&b->r, ch, B, NULL, NULL, NULL);
-        }
+        for (int st = 0; st < steps && s == MOE_OK; st++)
+            s = moe_runner_step(&b->r, ch, B, NULL, b->tokens, NULL, NULL);
         double t = moe_cli_now() - t0;
         for (int q = 0; q < B; q++) moe_seq_reset(&b->r, &b->seqs[q]);
         if (rep > 0 && t < *best) *best = t;

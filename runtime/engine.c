@@ -1,6 +1,7 @@
 /* engine.c - continuous batching (see engine.h). */
 #include "runtime/engine.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -71,7 +72,8 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
     e->chunks = calloc((size_t)o->max_seqs, sizeof *e->chunks);
     e->sched = calloc((size_t)o->max_seqs, sizeof *e->sched);
     e->logits = malloc((size_t)o->max_seqs * (size_t)m->cfg.vocab * sizeof(float));
-    if (!e->chunks || !e->sched || !e->logits) {
+    e->ids = malloc((size_t)o->max_seqs * sizeof *e->ids);
+    if (!e->chunks || !e->sched || !e->logits || !e->ids) {
         s = moe_fail(MOE_ERR_NOMEM, "engine: step buffers");
         goto fail;
     }
@@ -106,6 +108,7 @@ void moe_engine_free(struct moe_engine *e)
     free(e->chunks);
     free(e->sched);
     free(e->logits);
+    free(e->ids);
     memset(e, 0, sizeof *e);
 }
 
@@ -278,13 +281,21 @@ static bool is_stop(const struct moe_request *r, int32_t t)
     return false;
 }
 
-static void sample(struct moe_engine *e, struct moe_request *r, float *logits)
+/* Samples r's next token from its logits row c of the step: the backend's
+ * argmax for plain greedy requests, the sampler on the host otherwise. */
+static void sample(struct moe_engine *e, struct moe_request *r, int c)
 {
     const int V = e->m->cfg.vocab;
     int g = r->n_tokens - r->n_prompt;
     struct moe_sample *s = &r->samples[g];
-    moe_sampler_sample(&r->params.sampling, &r->rng, logits, V, r->tokens, r->n_prompt, r->n_tokens,
-                       &e->scratch, s);
+    if (moe_sampling_is_argmax(&r->params.sampling)) {
+        memset(s, 0, sizeof *s);
+        s->token = e->ids[c];
+        s->logprob = NAN; /* not asked for, not computed */
+    } else {
+        moe_sampler_sample(&r->params.sampling, &r->rng, e->logits + (size_t)c * V, V, r->tokens,
+                           r->n_prompt, r->n_tokens, &e->scratch, s);
+    }
     double now = e->clock();
     if (g == 0) r->t_first = now;
     r->t_token[g] = now;
@@ -349,10 +360,19 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
         budget -= n;
     }
     if (nc == 0) return MOE_OK;
-    MOE_TRY(moe_runner_step(&e->r, e->chunks, nc, e->logits, &rows, e->trace));
+    /* logits rows cross to the host only when a request that samples now
+     * needs more than the argmax */
+    bool host_logits = false;
+    for (int c = 0; c < nc; c++) {
+        r = e->sched[c];
+        if (r->n_computed + e->chunks[c].n == r->n_tokens &&
+            !moe_sampling_is_argmax(&r->params.sampling))
+            host_logits = true;
+    }
+    MOE_TRY(moe_runner_step(&e->r, e->chunks, nc, host_logits ? e->logits : NULL, e->ids, &rows,
+                            e->trace));
     e->n.steps++;
     e->n_sched = nc;
-    const int V = e->m->cfg.vocab;
     for (int c = 0; c < nc; c++) {
         r = e->sched[c];
         int n = e->chunks[c].n;
@@ -363,7 +383,7 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
         }
         r->n_computed += n;
         cache_full_blocks(e, r);
-        if (r->n_computed == r->n_tokens) sample(e, r, e->logits + (size_t)c * V);
+        if (r->n_computed == r->n_tokens) sample(e, r, c);
         *n_scheduled += n;
     }
     return MOE_OK;

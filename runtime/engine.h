@@ -101,7 +101,8 @@ struct moe_engine {
     int64_t next_id;
     struct moe_chunk *chunks;     /* (max_seqs) */
     struct moe_request **sched;   /* (max_seqs) request of each chunk */
-    float *logits;                /* (max_seqs, V) */
+    float *logits;                /* (max_seqs, V), filled when a request needs them */
+    int32_t *ids;                 /* (max_seqs) argmax of each row, from the backend */
     struct moe_sampler_scratch scratch;
     struct moe_engine_counters n;
     moe_token_fn on_token;

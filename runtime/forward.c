@@ -57,6 +57,7 @@ static enum moe_status init_buffers(struct moe_forward *fw)
     WALLOC(fw->inv_freq, (size_t)c->head_dim / 2, float);
     WALLOC(fw->lrows, (size_t)fw->lim.max_logits * D, float);
     WALLOC(fw->logits, (size_t)fw->lim.max_logits * (size_t)c->vocab, float);
+    WALLOC(fw->amax, (size_t)fw->lim.max_logits, int32_t);
     WALLOC(fw->b_tokens, T, int32_t);
     WALLOC(fw->b_pos, T, int32_t);
     WALLOC(fw->b_seq_of, T, int32_t);
@@ -105,7 +106,7 @@ void moe_forward_free(struct moe_forward *fw)
         void *bufs[] = {fw->x, fw->xn, fw->q, fw->att, fw->k, fw->v, fw->out, fw->h1, fw->h2,
                         fw->sh, fw->shg, fw->rlogits, fw->ids, fw->rw, fw->plan.counts,
                         fw->plan.offsets, fw->plan.perm, fw->plan.pos, fw->ews.xe, fw->ews.g,
-                        fw->ews.u, fw->ews.ye, fw->inv_freq, fw->lrows, fw->logits,
+                        fw->ews.u, fw->ews.ye, fw->inv_freq, fw->lrows, fw->logits, fw->amax,
                         fw->b_tokens, fw->b_pos, fw->b_seq_of, fw->b_seq_start, fw->b_ctx_len,
                         fw->b_table, fw->b_slot, fw->b_rows};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
@@ -379,11 +380,13 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     if (db->n_logits == 0) return MOE_OK;
     MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db->logit_rows, db->n_logits, c->d_model));
     MOE_TRY(op->rmsnorm(be, fw->lrows, fw->lrows, &m->final_norm, db->n_logits, c->d_model, c->rms_eps));
-    return op->matmul(be, fw->logits, fw->lrows, &m->lm_head, NULL, db->n_logits);
+    MOE_TRY(op->matmul(be, fw->logits, fw->lrows, &m->lm_head, NULL, db->n_logits));
+    /* always, so a recorded step serves callers with and without ids */
+    return op->argmax(be, fw->amax, fw->logits, db->n_logits, c->vocab);
 }
 
 enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
-                                const struct moe_batch *b, float *logits,
+                                const struct moe_batch *b, float *logits, int32_t *ids,
                                 struct moe_route_trace *trace)
 {
     struct moe_backend *be = fw->be;
@@ -414,6 +417,8 @@ enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
     MOE_TRY(s);
     if (logits && b->n_logits > 0)
         MOE_TRY(op->to_host(be, logits, fw->logits, (size_t)b->n_logits * c->vocab * sizeof(float)));
+    if (ids && b->n_logits > 0)
+        MOE_TRY(op->to_host(be, ids, fw->amax, (size_t)b->n_logits * sizeof(int32_t)));
     MOE_TRY(op->sync(be));
     if (fw->stats_async)
         for (int l = 0; l < c->n_layers; l++) {

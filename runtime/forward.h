@@ -55,6 +55,7 @@ struct moe_forward {
     float *inv_freq; /* (Dh/2) */
     float *lrows;    /* (max_logits, D) */
     float *logits;   /* (max_logits, V) */
+    int32_t *amax;   /* (max_logits) argmax of each logits row */
     /* batch arrays, backend memory */
     int32_t *b_tokens, *b_pos, *b_seq_of, *b_seq_start, *b_ctx_len, *b_table, *b_slot, *b_rows;
     int max_ctx;     /* longest context of the current step */
@@ -82,7 +83,10 @@ MOE_MUST_USE enum moe_status moe_forward_init(struct moe_forward *fw, const stru
                                                struct moe_backend *be,
                                                const struct moe_forward_limits *lim);
 void moe_forward_free(struct moe_forward *fw);
-/* Runs one step.  logits (n_logits, V) host, may be NULL; trace may be NULL.
+/* Runs one step.  logits (n_logits, V) host, may be NULL; ids (n_logits)
+ * host, may be NULL, receives the argmax of each logits row (moe_argmax's
+ * rule), computed by the backend: a greedy caller asks for ids alone, and
+ * then no logits row crosses to the host.  trace may be NULL.
  * The batch is validated first (sizes, ids, positions, slots).
  *
  * With stats set, every MoE layer's routing is recorded.  Steps of more than
@@ -94,7 +98,7 @@ void moe_forward_free(struct moe_forward *fw);
  * records no layer on that path. */
 MOE_MUST_USE enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
                                               const struct moe_batch *b, float *logits,
-                                              struct moe_route_trace *trace);
+                                              int32_t *ids, struct moe_route_trace *trace);
 
 #ifdef __cplusplus
 }

@@ -109,7 +109,7 @@ enum moe_status moe_seq_push_block(struct moe_runner *r, struct moe_seq *s, int3
 }
 
 enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *chunks,
-                                int n_chunks, float *logits, int *n_rows,
+                                int n_chunks, float *logits, int32_t *ids, int *n_rows,
                                 struct moe_route_trace *trace)
 {
     const int B = r->o.block_size;
@@ -165,7 +165,7 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
         .logit_rows = r->rows, .n_logits = n_logits, .decode = decode,
         .request_ids = request_ids,
     };
-    if ((s = moe_forward_run(&r->fw, &r->kv, &b, logits, trace)) != MOE_OK) goto undo;
+    if ((s = moe_forward_run(&r->fw, &r->kv, &b, logits, ids, trace)) != MOE_OK) goto undo;
     for (int c = 0; c < n_chunks; c++) chunks[c].seq->len += chunks[c].n;
     if (n_rows) *n_rows = n_logits;
     return MOE_OK;
@@ -177,34 +177,21 @@ undo:
     return s;
 }
 
-int32_t moe_argmax(const float *x, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best] || (isnan(x[best]) && !isnan(x[i]))) best = i;
-    return best;
-}
-
 enum moe_status moe_runner_greedy(struct moe_runner *r, struct moe_seq *s, const int32_t *prompt,
                                   int n_prompt, int n_new, int chunk, int32_t *out)
 {
-    const int V = r->m->cfg.vocab;
     if (chunk <= 0 || chunk > r->o.max_tokens) chunk = r->o.max_tokens;
-    float *logits = malloc((size_t)V * sizeof(float));
-    if (!logits) return moe_fail(MOE_ERR_NOMEM, "greedy: logits row");
+    if (n_new <= 0) return MOE_OK;
+    /* the backend's argmax: only token ids come back to the host */
     enum moe_status st = MOE_OK;
     for (int off = 0; off < n_prompt && st == MOE_OK; off += chunk) {
         int n = n_prompt - off < chunk ? n_prompt - off : chunk;
         struct moe_chunk c = {s, prompt + off, n, false, false, 0};
-        st = moe_runner_step(r, &c, 1, logits, NULL, NULL);
+        st = moe_runner_step(r, &c, 1, NULL, &out[0], NULL, NULL);
     }
-    for (int i = 0; i < n_new && st == MOE_OK; i++) {
-        out[i] = moe_argmax(logits, V);
-        if (i + 1 < n_new) {
-            struct moe_chunk c = {s, &out[i], 1, false, true, 0};
-            st = moe_runner_step(r, &c, 1, logits, NULL, NULL);
-        }
+    for (int i = 1; i < n_new && st == MOE_OK; i++) {
+        struct moe_chunk c = {s, &out[i - 1], 1, false, true, 0};
+        st = moe_runner_step(r, &c, 1, NULL, &out[i], NULL, NULL);
     }
-    free(logits);
     return st;
 }

@@ -12,6 +12,7 @@
 
 #include "kvcache/kvcache.h"
 #include "runtime/forward.h"
+#include "runtime/sampler.h" /* moe_argmax */
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,18 +70,19 @@ MOE_MUST_USE enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe
 MOE_MUST_USE enum moe_status moe_seq_push_block(struct moe_runner *r, struct moe_seq *s,
                                                  int32_t block);
 /* Appends each chunk's tokens to its sequence and runs one forward step.
- * logits (rows, V) host in chunk order; *n_rows receives the row count. On
- * failure no sequence changes length (blocks taken for it are returned). */
+ * logits (rows, V) host in chunk order, may be NULL; ids (rows) host, may
+ * be NULL, the argmax of each of those rows computed by the backend (so a
+ * greedy caller passes ids alone and no logits cross to the host); *n_rows
+ * receives the row count.  On failure no sequence changes length (blocks
+ * taken for it are returned). */
 MOE_MUST_USE enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *chunks,
-                                              int n_chunks, float *logits, int *n_rows,
-                                              struct moe_route_trace *trace);
+                                              int n_chunks, float *logits, int32_t *ids,
+                                              int *n_rows, struct moe_route_trace *trace);
 /* Greedy decoding of one sequence: prefill `prompt` in chunks of at most
  * `chunk` tokens (0 = max_tokens), then n_new tokens into out. */
 MOE_MUST_USE enum moe_status moe_runner_greedy(struct moe_runner *r, struct moe_seq *s,
                                                 const int32_t *prompt, int n_prompt, int n_new,
                                                 int chunk, int32_t *out);
-/* argmax with ties to the lower id; NaN never wins. */
-int32_t moe_argmax(const float *x, int n);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,21 @@ void moe_sampling_defaults(struct moe_sampling *p)
     p->repetition_penalty = 1.0f;
 }
 
+bool moe_sampling_is_argmax(const struct moe_sampling *p)
+{
+    return (p->temperature == 0.0f || p->top_k == 1) && p->repetition_penalty == 1.0f &&
+           p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f && p->n_logprobs == 0 &&
+           !p->logprob;
+}
+
+int32_t moe_argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best] || (isnan(x[best]) && !isnan(x[i]))) best = i;
+    return best;
+}
+
 enum moe_status moe_sampling_validate(const struct moe_sampling *p)
 {
     if (!(p->temperature >= 0.0f && p->temperature <= 100.0f))

@@ -33,6 +33,7 @@ struct moe_sampling {
     float presence_penalty;   /* 0: off */
     uint64_t seed;
     int n_logprobs;           /* 0..MOE_MAX_LOGPROBS */
+    bool logprob;             /* the chosen token's log-probability is wanted */
 };
 
 struct moe_rng {
@@ -49,6 +50,12 @@ struct moe_sample {
 
 /* Greedy, no penalties, no logprobs. */
 void moe_sampling_defaults(struct moe_sampling *p);
+/* True when the token is the argmax of the raw logits: greedy (temperature 0
+ * or top_k 1), no penalties, no log-probabilities.  Such a request can take
+ * its token from the backend's argmax, with no logits row on the host. */
+bool moe_sampling_is_argmax(const struct moe_sampling *p);
+/* argmax with ties to the lower id; NaN never wins (all NaN: 0). */
+int32_t moe_argmax(const float *x, int n);
 /* Checks ranges; the message names the field and the value. */
 MOE_MUST_USE enum moe_status moe_sampling_validate(const struct moe_sampling *p);
 void moe_rng_seed(struct moe_rng *r, uint64_t seed);
@@ -66,7 +73,10 @@ MOE_MUST_USE enum moe_status moe_sampler_scratch_init(struct moe_sampler_scratch
 void moe_sampler_scratch_free(struct moe_sampler_scratch *s);
 
 /* Samples from logits (V), which it modifies (penalties).  history is the
- * prompt followed by the generated tokens; n_prompt of them are prompt. */
+ * prompt followed by the generated tokens; n_prompt of them are prompt.
+ * out->logprob is computed always (it is cheap beside the logits row);
+ * callers that took the token from moe_sampling_is_argmax's shortcut have
+ * none and set it to NaN. */
 void moe_sampler_sample(const struct moe_sampling *p, struct moe_rng *rng, float *logits, int V,
                         const int32_t *history, int n_prompt, int n_history,
                         struct moe_sampler_scratch *scratch, struct moe_sample *out);

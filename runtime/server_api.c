@@ -267,10 +267,12 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
         if (r && !j->chat_logprobs) return bad(v, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
         j->logprobs = r ? (int)k : 0;
         sp->n_logprobs = j->chat_logprobs ? j->logprobs : 0;
+        sp->logprob = j->chat_logprobs;
     } else {
         j->logprobs = -1;
         if ((r = get_int(req, "logprobs", 0, MOE_MAX_LOGPROBS, &k, v)) < 0) return -1;
         if (r) j->logprobs = sp->n_logprobs = (int)k;
+        sp->logprob = r != 0; /* "logprobs": 0 still asks for the chosen token's */
     }
     bool ignore_eos = false;
     if (get_bool(req, "ignore_eos", &ignore_eos, v) < 0) return -1;

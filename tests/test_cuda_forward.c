@@ -63,7 +63,7 @@ static float *prefill_all(struct side *s, const int32_t *prompt, int S, int32_t 
     struct moe_chunk c = {&seq, prompt, S, true, false, 0};
     struct moe_route_trace tr = {trace, NULL};
     int rows = 0;
-    cr_assert_eq(moe_runner_step(&s->r, &c, 1, logits, &rows, &tr), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&s->r, &c, 1, logits, NULL, &rows, &tr), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(rows, S);
     moe_seq_free(&s->r, &seq);
     return logits;
@@ -143,11 +143,11 @@ Test(cuda_forward, batched_steps_match_solo)
     for (int p = 0; p < 3; p++) {
         struct moe_seq s = {0};
         struct moe_chunk c = {&s, prompts[p], 6, false, false, 0};
-        cr_assert_eq(moe_runner_step(&g.r, &c, 1, solo + ((size_t)p * (STEPS + 1)) * V, NULL, NULL),
+        cr_assert_eq(moe_runner_step(&g.r, &c, 1, solo + ((size_t)p * (STEPS + 1)) * V, NULL, NULL, NULL),
                      MOE_OK, "%s", moe_last_error());
         for (int i = 0; i < STEPS; i++) {
             c = (struct moe_chunk){&s, &cont[p][i], 1, false, false, 0};
-            cr_assert_eq(moe_runner_step(&g.r, &c, 1, solo + ((size_t)p * (STEPS + 1) + i + 1) * V,
+            cr_assert_eq(moe_runner_step(&g.r, &c, 1, solo + ((size_t)p * (STEPS + 1) + i + 1) * V, NULL,
                                          NULL, NULL), MOE_OK, "%s", moe_last_error());
         }
         moe_seq_free(&g.r, &s);
@@ -157,7 +157,7 @@ Test(cuda_forward, batched_steps_match_solo)
     struct moe_chunk ch[3];
     for (int p = 0; p < 3; p++) ch[p] = (struct moe_chunk){&seqs[p], prompts[p], 6, false, false, 0};
     for (int i = 0; i <= STEPS; i++) {
-        cr_assert_eq(moe_runner_step(&g.r, ch, 3, logits, NULL, NULL), MOE_OK, "%s", moe_last_error());
+        cr_assert_eq(moe_runner_step(&g.r, ch, 3, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
         for (int p = 0; p < 3; p++) {
             double e = tu_max_rel_err(logits + (size_t)p * V, solo + ((size_t)p * (STEPS + 1) + i) * V,
                                       (size_t)V);
@@ -192,8 +192,8 @@ static void check_graphs(const char *name)
     struct moe_seq se = {0}, sg = {0};
     float *le = malloc((size_t)V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
     struct moe_chunk ce = {&se, prompt, 7, false, false, 0}, cg = {&sg, prompt, 7, false, false, 0};
-    cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL), MOE_OK, "%s", moe_last_error());
-    cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
     double worst = 0;
     int i;
     for (i = 0; i < 24; i++) {
@@ -204,8 +204,8 @@ static void check_graphs(const char *name)
         cr_expect_eq(tg, te, "%s step %d: graph token %d, eager %d", name, i, tg, te);
         ce = (struct moe_chunk){&se, &te, 1, false, false, 0};
         cg = (struct moe_chunk){&sg, &te, 1, false, false, 0};
-        cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL), MOE_OK, "%s", moe_last_error());
-        cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL), MOE_OK, "%s", moe_last_error());
+        cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+        cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
     }
     fprintf(stderr, "e2e: %-10s graphs: %d decode steps replayed, logits max rel err vs eager %.3g\n",
             name, i, worst);
@@ -238,15 +238,15 @@ static void check_graphs_stats(const char *name)
     struct moe_seq se = {0}, sg = {0};
     float *le = malloc((size_t)V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
     struct moe_chunk ce = {&se, prompt, 7, false, false, 0}, cg = {&sg, prompt, 7, false, false, 0};
-    cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL), MOE_OK, "%s", moe_last_error());
-    cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
     for (int i = 0; i < 24; i++) {
         int32_t te = moe_argmax(le, V), tg = moe_argmax(lg, V);
         cr_expect_eq(tg, te, "%s step %d: graph token %d, eager %d", name, i, tg, te);
         ce = (struct moe_chunk){&se, &te, 1, false, true, 0};
         cg = (struct moe_chunk){&sg, &te, 1, false, true, 0};
-        cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL), MOE_OK, "%s", moe_last_error());
-        cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL), MOE_OK, "%s", moe_last_error());
+        cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+        cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
     }
     cr_expect(graph.r.fw.hs_buf != NULL, "decode steps took the asynchronous statistics path");
     const size_t LE = (size_t)se_st.Lm * se_st.E;

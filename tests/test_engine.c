@@ -2,6 +2,7 @@
  * mixed lengths and arrivals, preemption under a small KV budget, prefix
  * reuse, cancellation, thousands of requests without a leaked block. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -264,5 +265,58 @@ Test(engine, thousands_of_requests_leak_no_block)
     cr_assert(e.n.prefix_hit_tokens > 0);
     for (int b = 0; b < e.r.kv.n_blocks; b++) cr_assert_eq(e.r.kv.blocks[b].refcount, 0, "block %d", b);
     cr_assert_eq(moe_kvcache_available(&e.r.kv), e.r.kv.n_blocks);
+    moe_engine_free(&e);
+}
+
+/* Plain greedy requests take their tokens from the backend's argmax and no
+ * logits row reaches the host; requests that want log-probabilities go
+ * through the host sampler.  Both give the tokens of the host sampler, in
+ * one batch or alone. */
+Test(engine, backend_argmax_matches_host_sampler)
+{
+    struct scenario s;
+    make_scenario(&s, 0.0f);
+    for (int i = 0; i < NREQ; i += 2) s.p[i].sampling.logprob = true;
+    struct moe_engine e;
+    engine_open(&e, 256, 4, 32, false);
+    struct moe_request *req[NREQ];
+    int rows;
+    for (int i = 0; i < NREQ; i++)
+        cr_assert_eq(moe_engine_submit(&e, s.prompt[i], s.len[i], &s.p[i], NULL, &req[i]), MOE_OK,
+                     "%s", moe_last_error());
+    while (!moe_engine_idle(&e)) cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
+    for (int i = 0; i < NREQ; i++) {
+        struct moe_request_params host = s.p[i];
+        host.sampling.logprob = true;
+        int32_t want[64];
+        int n_want, n_got;
+        solo(s.prompt[i], s.len[i], &host, want, &n_want);
+        const int32_t *got = moe_request_output(req[i], &n_got);
+        cr_assert_eq(n_got, n_want, "request %d", i);
+        for (int k = 0; k < n_got; k++) {
+            cr_assert_eq(got[k], want[k], "request %d token %d: %d, host sampler %d", i, k, got[k],
+                         want[k]);
+            float lp = req[i]->samples[k].logprob;
+            if (i % 2 == 0) cr_assert(lp <= 0.0f, "request %d token %d: logprob %g", i, k, lp);
+            else cr_assert(isnan(lp), "request %d token %d: no logprob was asked for", i, k);
+        }
+        moe_engine_release(&e, req[i]);
+    }
+    moe_engine_free(&e);
+
+    /* only plain greedy requests: the logits buffer is never written */
+    engine_open(&e, 256, 4, 32, false);
+    const size_t nl = (size_t)e.o.max_seqs * (size_t)model.cfg.vocab;
+    for (size_t k = 0; k < nl; k++) e.logits[k] = NAN;
+    for (int i = 1; i < NREQ; i += 2)
+        cr_assert_eq(moe_engine_submit(&e, s.prompt[i], s.len[i], &s.p[i], NULL, &req[i]), MOE_OK);
+    while (!moe_engine_idle(&e)) cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK);
+    for (size_t k = 0; k < nl; k++) cr_assert(isnan(e.logits[k]), "logits element %zu copied", k);
+    for (int i = 1; i < NREQ; i += 2) moe_engine_release(&e, req[i]);
+    /* one request with log-probabilities: now they are */
+    cr_assert_eq(moe_engine_submit(&e, s.prompt[0], s.len[0], &s.p[0], NULL, &req[0]), MOE_OK);
+    while (!moe_engine_idle(&e)) cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK);
+    cr_assert(!isnan(e.logits[0]), "a logprob request's row reaches the host");
+    moe_engine_release(&e, req[0]);
     moe_engine_free(&e);
 }

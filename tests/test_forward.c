@@ -75,7 +75,7 @@ static float *prefill_all(struct fixture *f, const int32_t *prompt, int S, int32
     struct moe_chunk c = {&seq, prompt, S, true, false, 0};
     struct moe_route_trace tr = {trace_ids, NULL};
     int rows = 0;
-    cr_assert_eq(moe_runner_step(&f->r, &c, 1, logits, &rows, trace_ids ? &tr : NULL), MOE_OK,
+    cr_assert_eq(moe_runner_step(&f->r, &c, 1, logits, NULL, &rows, trace_ids ? &tr : NULL), MOE_OK,
                  "%s", moe_last_error());
     cr_assert_eq(rows, S);
     moe_seq_free(&f->r, &seq);
@@ -176,7 +176,7 @@ static void check_chunking(const char *name)
         for (int off = 0; off < S; off += chunk) {
             int n = S - off < chunk ? S - off : chunk;
             struct moe_chunk c = {&seq, prompt + off, n, true, false, 0};
-            cr_assert_eq(moe_runner_step(&f.r, &c, 1, part + (size_t)off * V, NULL, NULL), MOE_OK);
+            cr_assert_eq(moe_runner_step(&f.r, &c, 1, part + (size_t)off * V, NULL, NULL, NULL), MOE_OK);
         }
         cr_expect(memcmp(part, whole, (size_t)S * V * sizeof(float)) == 0,
                   "%s: chunks of %d differ from one prefill (max rel err %.3g)", name, chunk,
@@ -216,14 +216,20 @@ Test(FORWARD_SUITE, batched_sequences_match_solo)
     struct moe_chunk step1[2] = {{&a, prompts[0], S[0], true, false, 0},
                                  {&b, prompts[1], 4, true, false, 0}};
     int rows;
-    cr_assert_eq(moe_runner_step(&f.r, step1, 2, out, &rows, NULL), MOE_OK, "%s", moe_last_error());
+    int32_t ids[64];
+    cr_assert_eq(moe_runner_step(&f.r, step1, 2, out, ids, &rows, NULL), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(rows, S[0] + 4);
+    for (int i = 0; i < rows; i++) /* the backend's argmax of each row */
+        cr_expect_eq(ids[i], moe_argmax(out + (size_t)i * V, V), "row %d", i);
     cr_expect(memcmp(out, solo[0], (size_t)S[0] * V * sizeof(float)) == 0, "prompt 0 in a batch");
     cr_expect(memcmp(out + (size_t)S[0] * V, solo[1], (size_t)4 * V * sizeof(float)) == 0,
               "prompt 1 first chunk in a batch");
     struct moe_chunk step2[2] = {{&b, prompts[1] + 4, S[1] - 4, true, false, 0},
                                  {&c, prompts[2], S[2], true, false, 0}};
-    cr_assert_eq(moe_runner_step(&f.r, step2, 2, out, &rows, NULL), MOE_OK, "%s", moe_last_error());
+    for (int i = 0; i < 64; i++) ids[i] = -1;
+    cr_assert_eq(moe_runner_step(&f.r, step2, 2, out, ids, &rows, NULL), MOE_OK, "%s", moe_last_error());
+    for (int i = 0; i < rows; i++)
+        cr_expect_eq(ids[i], moe_argmax(out + (size_t)i * V, V), "row %d", i);
     cr_expect(memcmp(out, solo[1] + (size_t)4 * V, (size_t)(S[1] - 4) * V * sizeof(float)) == 0,
               "prompt 1 second chunk beside prompt 2");
     cr_expect(memcmp(out + (size_t)(S[1] - 4) * V, solo[2], (size_t)S[2] * V * sizeof(float)) == 0,
@@ -244,7 +250,7 @@ Test(FORWARD_SUITE, rejects_token_outside_vocabulary_without_side_effects)
     int32_t bad[3] = {1, f.m.cfg.vocab, 2};
     struct moe_seq seq = {0};
     struct moe_chunk c = {&seq, bad, 3, false, false, 0};
-    cr_assert_eq(moe_runner_step(&f.r, &c, 1, NULL, NULL, NULL), MOE_ERR_INVALID_ARG);
+    cr_assert_eq(moe_runner_step(&f.r, &c, 1, NULL, NULL, NULL, NULL), MOE_ERR_INVALID_ARG);
     cr_assert(strstr(moe_last_error(), "outside the vocabulary"), "%s", moe_last_error());
     cr_assert_eq(seq.len, 0);
     cr_assert_eq(moe_kvcache_available(&f.r.kv), f.r.kv.n_blocks);
@@ -280,7 +286,7 @@ Test(FORWARD_SUITE, f16_weights_close_to_reference)
     float *logits = malloc((size_t)S * V * sizeof(float));
     struct moe_seq seq = {0};
     struct moe_chunk c = {&seq, pt->data, S, true, false, 0};
-    cr_assert_eq(moe_runner_step(&r, &c, 1, logits, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&r, &c, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
     double e = tu_max_rel_err(logits, lt->data, (size_t)S * V);
     cr_expect(e < 5e-3, "f16 weights: relative error %.3g", e);
     cr_expect(e > 0, "f16 rounding must change something (weights were converted)");

@@ -401,7 +401,7 @@ Test(stats, forward_pass_records_every_moe_layer)
     struct moe_route_trace rt = {ids_ref, NULL};
     struct moe_chunk ch[2] = {{&s, out, 1, false, true, 41}, {&s2, prompt, 2, false, false, 0}};
     int64_t n0 = st.tr.n;
-    cr_assert_eq(moe_runner_step(&r, ch, 2, NULL, NULL, &rt), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&r, ch, 2, NULL, NULL, NULL, &rt), MOE_OK, "%s", moe_last_error());
     for (int l = 0; l < 2; l++)
         for (int t = 0; t < 3; t++)
             for (int k = 0; k < K; k++)

@@ -55,7 +55,7 @@ static void step(struct side *s, struct moe_chunk *ch, int n, int32_t *next)
 {
     const int V = s->cfg.vocab;
     float *logits = malloc((size_t)n * V * sizeof(float));
-    cr_assert_eq(moe_runner_step(&s->r, ch, n, logits, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&s->r, ch, n, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
     for (int i = 0; i < n; i++) next[i] = moe_argmax(logits + (size_t)i * V, V);
     free(logits);
 }
@@ -260,7 +260,7 @@ Test(stats_async, graphs_allowed_with_asynchronous_statistics_only)
     int32_t ids[4 * 4];
     struct moe_route_trace tr = {ids, NULL};
     c = (struct moe_chunk){&q, &next, 1, false, true, 0};
-    cr_assert_eq(moe_runner_step(&s.r, &c, 1, NULL, NULL, &tr), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&s.r, &c, 1, NULL, NULL, NULL, &tr), MOE_OK, "%s", moe_last_error());
     cr_expect_eq(graph_begins, 2, "traces keep graphs off");
     cr_expect_eq(s.st.steps, 4, "every step but the one without statistics");
     moe_seq_free(&s.r, &q);

@@ -122,7 +122,7 @@ static void check_recovery(const char *spec, double zipf_s)
         struct moe_chunk ch[4];
         for (int q = 0; q < 4; q++)
             ch[q] = (struct moe_chunk){&seqs[q], tok + (step * 4 + q) * 128, 128, false, false, 0};
-        cr_assert_eq(moe_runner_step(&r, ch, 4, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+        cr_assert_eq(moe_runner_step(&r, ch, 4, NULL, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
         for (int q = 0; q < 4; q++) moe_seq_reset(&r, &seqs[q]);
     }
     double crit = chi2_quantile(E - 1, 3.090); /* 0.999 */
