@@ -7,10 +7,12 @@
  * - Small (decode): two kernels that read counts and offsets on the device,
  *   so a decode step never waits for the host.  Grid (feature tiles, E): a
  *   block of expert e returns at once when e has no rows; otherwise each
- *   warp owns one output feature, streams its weight row(s) with 16-byte
- *   loads and dots them with up to RT of the expert's rows at a time
- *   (inputs read straight from x through perm: no gather).  The up kernel
- *   fuses gate, up and SwiGLU; the down kernel writes ye in expert order.
+ *   warp streams a few weight rows together with evict-first 16-byte loads,
+ *   several in flight per lane (the gate and up rows of one feature in the
+ *   up kernel, two output features in the down kernel), and dots them with
+ *   up to RT of the expert's rows at a time (inputs read straight from x
+ *   through perm: no gather).  The up kernel fuses gate, up and SwiGLU; the
+ *   down kernel writes ye in expert order.
  *   Every expert weight is read once per tile of RT rows, so at batch 1 the
  *   step reads each chosen expert's weights once.
  * - Grouped (prefill): the rows are gathered into a half-precision buffer
@@ -27,8 +29,12 @@
 #include "runtime/cuda_util.h"
 
 #define FFN_WARPS 8
+#define FFN_MIN_BLOCKS 3 /* resident blocks per SM the register use must allow */
 #define UP_RT 4   /* rows per tile in the up kernel (x2 accumulators: gate, up) */
+#define UP_U 2    /* 16-byte loads in flight per lane and weight row, up kernel */
 #define DOWN_RT 8 /* rows per tile in the down kernel */
+#define DOWN_NW 2 /* output features per warp in the down kernel */
+#define DOWN_U 2
 
 static __global__ void swiglu_kernel(float *g, const float *u, size_t n)
 {
@@ -46,21 +52,24 @@ extern "C" enum moe_status moe_experts_swiglu_cuda(cudaStream_t st, float *g, co
     return MOE_OK;
 }
 
-/* 8 consecutive weights at w[i..i+7] as fp32 (16-byte aligned load). */
-__device__ __forceinline__ void ld8(float *o, const void *w, enum moe_dtype dt, size_t i)
+/* 8 consecutive weights at w[i..i+7] as fp32 (16-byte aligned load).  The
+ * weights are streamed once per step: the loads are marked evict-first
+ * (__ldcs), so they do not push the activations out of L1 and L2. */
+template <enum moe_dtype DT>
+__device__ __forceinline__ void ld8(float *o, const void *w, size_t i)
 {
-    if (dt == MOE_DTYPE_F32) {
+    if (DT == MOE_DTYPE_F32) {
         const float4 *p = (const float4 *)((const float *)w + i);
-        float4 a = p[0], b = p[1];
+        float4 a = __ldcs(p), b = __ldcs(p + 1);
         o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z,
         o[7] = b.w;
         return;
     }
-    uint4 v = *(const uint4 *)((const uint16_t *)w + i);
+    uint4 v = __ldcs((const uint4 *)((const uint16_t *)w + i));
     const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        if (dt == MOE_DTYPE_BF16) {
+        if (DT == MOE_DTYPE_BF16) {
             __nv_bfloat162 h = *(const __nv_bfloat162 *)&u[j];
             float2 f = __bfloat1622float2(h);
             o[2 * j] = f.x, o[2 * j + 1] = f.y;
@@ -72,43 +81,80 @@ __device__ __forceinline__ void ld8(float *o, const void *w, enum moe_dtype dt, 
     }
 }
 
-/* acc[r] += dot(w[0..n), xs[r][0..n)) over the warp (lane partial sums);
- * vec: n % 8 == 0 and rows 16-byte aligned. */
-template <int RT>
-__device__ __forceinline__ void warp_dots(float *acc, const void *w, enum moe_dtype dt, size_t wo,
-                                          const float *const *xs, int nr, int n, bool vec)
+/* The input rows of a tile: gathered through perm (up kernel), or
+ * consecutive rows of the expert-ordered hidden buffer (down kernel, which
+ * keeps no pointer per row: fewer registers). */
+template <int RT> struct gathered_rows {
+    const float *p[RT];
+    __device__ const float *row(int r) const { return p[r]; }
+};
+struct strided_rows {
+    const float *base;
+    int stride;
+    __device__ const float *row(int r) const { return base + (size_t)r * stride; }
+};
+
+/* acc[k][r] += dot(weight row k, xs.row(r)) over the warp (lane partial sums),
+ * for NW weight rows starting at w + wo[k] and up to RT input rows (nr of
+ * them valid), each of length n.  The NW rows share every load of x, and
+ * each lane issues NW x U 16-byte weight loads before it uses any, so a
+ * warp keeps NW x U x 512 bytes of weights in flight: at batch 1 the kernel
+ * is a pure weight stream, and the bytes in flight are what bound it.
+ * vec: n % 8 == 0 and rows 16-byte aligned; else one element per lane. */
+template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
+__device__ __forceinline__ void warp_dots(float (*acc)[RT], const void *w, const size_t *wo,
+                                          const Rows &xs, int nr, int n,
+                                          bool vec)
 {
     const int lane = threadIdx.x & 31;
     if (vec) {
-        for (int i = lane * 8; i < n; i += 32 * 8) {
-            float wf[8];
-            ld8(wf, w, dt, wo + i);
+        for (int i0 = lane * 8; i0 < n; i0 += 32 * 8 * U) {
+            float wf[U][NW][8];
 #pragma unroll
-            for (int r = 0; r < RT; r++) {
-                if (r >= nr) break;
-                const float4 *xp = (const float4 *)(xs[r] + i);
-                float4 a = xp[0], b = xp[1];
-                acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x +
-                          wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int k = 0; k < NW; k++)
+                    if (i0 + u * 256 < n) ld8<DT>(wf[u][k], w, wo[k] + i0 + u * 256);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int i = i0 + u * 256;
+                if (i >= n) break;
+#pragma unroll
+                for (int r = 0; r < RT; r++) {
+                    if (r >= nr) break;
+                    const float4 *xp = (const float4 *)(xs.row(r) + i);
+                    const float4 a = xp[0], b = xp[1];
+#pragma unroll
+                    for (int k = 0; k < NW; k++)
+                        acc[k][r] += wf[u][k][0] * a.x + wf[u][k][1] * a.y + wf[u][k][2] * a.z +
+                                     wf[u][k][3] * a.w + wf[u][k][4] * b.x + wf[u][k][5] * b.y +
+                                     wf[u][k][6] * b.z + wf[u][k][7] * b.w;
+                }
             }
         }
     } else {
         for (int i = lane; i < n; i += 32) {
-            float wv = moe_ld(w, dt, wo + i);
+            float wv[NW];
+#pragma unroll
+            for (int k = 0; k < NW; k++) wv[k] = moe_ld(w, DT, wo[k] + i);
 #pragma unroll
             for (int r = 0; r < RT; r++) {
                 if (r >= nr) break;
-                acc[r] += wv * xs[r][i];
+                const float xv = xs.row(r)[i];
+#pragma unroll
+                for (int k = 0; k < NW; k++) acc[k][r] += wv[k] * xv;
             }
         }
     }
 }
 
-/* h (rows in expert order, F) = silu(x Wg^T) * (x Wu^T) for expert e's rows. */
-static __global__ void __launch_bounds__(FFN_WARPS * 32)
+/* h (rows in expert order, F) = silu(x Wg^T) * (x Wu^T) for expert e's rows:
+ * a warp per feature f, its gate and up rows streamed together. */
+template <enum moe_dtype DT>
+static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
     expert_up_kernel(float *h, const float *x, const int32_t *counts, const int32_t *offsets,
-                     const int32_t *perm, const void *gu, enum moe_dtype dt, int K, int D, int F,
-                     int E, int n_pairs, bool vec)
+                     const int32_t *perm, const void *gu, int K, int D, int F, int E, int n_pairs,
+                     bool vec)
 {
     const int e = blockIdx.y;
     if (e >= E) return;
@@ -116,52 +162,72 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32)
     if (c <= 0 || r0 < 0 || r0 + c > n_pairs) return;
     const int f = blockIdx.x * FFN_WARPS + (threadIdx.x >> 5);
     if (f >= F) return;
-    const size_t wg = ((size_t)e * 2 * F + f) * D, wu = ((size_t)e * 2 * F + F + f) * D;
+    const size_t wo[2] = {((size_t)e * 2 * F + f) * D, ((size_t)e * 2 * F + F + f) * D};
     for (int rt = 0; rt < c; rt += UP_RT) {
         const int nr = min(UP_RT, c - rt);
-        const float *xs[UP_RT];
+        gathered_rows<UP_RT> xs;
 #pragma unroll
         for (int r = 0; r < UP_RT; r++)
-            xs[r] = x + (size_t)(r < nr ? perm[r0 + rt + r] / K : 0) * D;
-        float ag[UP_RT] = {0}, au[UP_RT] = {0};
-        warp_dots<UP_RT>(ag, gu, dt, wg, xs, nr, D, vec);
-        warp_dots<UP_RT>(au, gu, dt, wu, xs, nr, D, vec);
+            xs.p[r] = x + (size_t)(r < nr ? perm[r0 + rt + r] / K : 0) * D;
+        float acc[2][UP_RT] = {};
+        warp_dots<DT, UP_RT, 2, UP_U>(acc, gu, wo, xs, nr, D, vec);
 #pragma unroll
         for (int r = 0; r < UP_RT; r++) {
             if (r >= nr) break;
-            float g = moe_warp_sum(ag[r]), u = moe_warp_sum(au[r]);
+            float g = moe_warp_sum(acc[0][r]), u = moe_warp_sum(acc[1][r]);
             if ((threadIdx.x & 31) == 0) h[(size_t)(r0 + rt + r) * F + f] = g / (1.0f + expf(-g)) * u;
         }
     }
 }
 
-/* ye (rows in expert order, D) = h Wd^T for expert e's rows. */
-static __global__ void __launch_bounds__(FFN_WARPS * 32)
+/* ye (rows in expert order, D) = h Wd^T for expert e's rows: a warp per
+ * DOWN_NW consecutive output features, sharing the loads of h. */
+template <enum moe_dtype DT>
+static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
     expert_down_kernel(float *ye, const float *h, const int32_t *counts, const int32_t *offsets,
-                       const void *dn, enum moe_dtype dt, int D, int F, int E, int n_pairs,
-                       bool vec)
+                       const void *dn, int D, int F, int E, int n_pairs, bool vec)
 {
     const int e = blockIdx.y;
     if (e >= E) return;
     const int c = counts[e], r0 = offsets[e];
     if (c <= 0 || r0 < 0 || r0 + c > n_pairs) return;
-    const int d = blockIdx.x * FFN_WARPS + (threadIdx.x >> 5);
-    if (d >= D) return;
-    const size_t wo = ((size_t)e * D + d) * F;
+    const int d0 = (blockIdx.x * FFN_WARPS + (threadIdx.x >> 5)) * DOWN_NW;
+    if (d0 >= D) return;
+    size_t wo[DOWN_NW];
+#pragma unroll
+    for (int k = 0; k < DOWN_NW; k++) /* past D: repeat the last row, not stored */
+        wo[k] = ((size_t)e * D + min(d0 + k, D - 1)) * F;
     for (int rt = 0; rt < c; rt += DOWN_RT) {
         const int nr = min(DOWN_RT, c - rt);
-        const float *hs[DOWN_RT];
+        const strided_rows hs = {h + (size_t)(r0 + rt) * F, F};
+        float acc[DOWN_NW][DOWN_RT] = {};
+        warp_dots<DT, DOWN_RT, DOWN_NW, DOWN_U>(acc, dn, wo, hs, nr, F, vec);
 #pragma unroll
-        for (int r = 0; r < DOWN_RT; r++) hs[r] = h + (size_t)(r0 + rt + (r < nr ? r : 0)) * F;
-        float acc[DOWN_RT] = {0};
-        warp_dots<DOWN_RT>(acc, dn, dt, wo, hs, nr, F, vec);
+        for (int k = 0; k < DOWN_NW; k++) {
+            if (d0 + k >= D) break;
 #pragma unroll
-        for (int r = 0; r < DOWN_RT; r++) {
-            if (r >= nr) break;
-            float s = moe_warp_sum(acc[r]);
-            if ((threadIdx.x & 31) == 0) ye[(size_t)(r0 + rt + r) * D + d] = s;
+            for (int r = 0; r < DOWN_RT; r++) {
+                if (r >= nr) break;
+                float s = moe_warp_sum(acc[k][r]);
+                if ((threadIdx.x & 31) == 0) ye[(size_t)(r0 + rt + r) * D + d0 + k] = s;
+            }
         }
     }
+}
+
+template <enum moe_dtype DT>
+static enum moe_status launch_small(cudaStream_t st, dim3 g1, dim3 g2, float *h, float *ye,
+                                   const float *x, const struct moe_dispatch *plan,
+                                   const void *gu, const void *dn, int K, int D, int F, int E,
+                                   int n, bool vec)
+{
+    expert_up_kernel<DT><<<g1, FFN_WARPS * 32, 0, st>>>(h, x, plan->counts, plan->offsets,
+                                                        plan->perm, gu, K, D, F, E, n, vec);
+    MOE_CUDA_LAUNCHED();
+    expert_down_kernel<DT><<<g2, FFN_WARPS * 32, 0, st>>>(ye, h, plan->counts, plan->offsets, dn,
+                                                          D, F, E, n, vec);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
 }
 
 extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye,
@@ -178,14 +244,17 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
     const bool vec = D % 8 == 0 && F % 8 == 0;
     const int n = T * K;
     dim3 g1((unsigned)((F + FFN_WARPS - 1) / FFN_WARPS), (unsigned)E);
-    expert_up_kernel<<<g1, FFN_WARPS * 32, 0, st>>>(h, x, plan->counts, plan->offsets, plan->perm,
-                                                    gu, dt, K, D, F, E, n, vec);
-    MOE_CUDA_LAUNCHED();
-    dim3 g2((unsigned)((D + FFN_WARPS - 1) / FFN_WARPS), (unsigned)E);
-    expert_down_kernel<<<g2, FFN_WARPS * 32, 0, st>>>(ye, h, plan->counts, plan->offsets, dn, dt,
-                                                      D, F, E, n, vec);
-    MOE_CUDA_LAUNCHED();
-    return MOE_OK;
+    const int dw = (D + DOWN_NW - 1) / DOWN_NW; /* warps per expert in the down kernel */
+    dim3 g2((unsigned)((dw + FFN_WARPS - 1) / FFN_WARPS), (unsigned)E);
+    /* one instantiation per weight type: no dtype branch in the inner loop */
+#define SMALL(DT) launch_small<DT>(st, g1, g2, h, ye, x, plan, gu, dn, K, D, F, E, n, vec)
+    switch (dt) {
+    case MOE_DTYPE_F32: return SMALL(MOE_DTYPE_F32);
+    case MOE_DTYPE_F16: return SMALL(MOE_DTYPE_F16);
+    case MOE_DTYPE_BF16: return SMALL(MOE_DTYPE_BF16);
+    default: return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA experts: %s weights", moe_dtype_name(dt));
+    }
+#undef SMALL
 }
 
 static __global__ void gather_half_kernel(void *xe, const float *x, const int32_t *perm, int n,
