@@ -449,10 +449,14 @@ static void check_experts(enum moe_dtype dt, int T, int E, int K, int D, int F)
     to_host(got, dout, (size_t)T * D * sizeof(float));
     char shp[64];
     snprintf(shp, sizeof shp, "T%d E%d K%d D%d F%d", T, E, K, D, F);
-    double e = report(T > 32 && dt != MOE_DTYPE_F32 ? "experts_grp" : "experts_dec",
-                      moe_dtype_name(dt), shp, got, ref, (size_t)T * D);
-    cr_expect(e <= (dt == MOE_DTYPE_F32 ? 1e-5 : 3e-2), "experts %s %s: %.3g", moe_dtype_name(dt),
-              shp, e);
+    /* the grouped path rounds activations to the weights' half type; the
+     * decode path keeps them in fp32 like the CPU, so only the summation
+     * order differs there */
+    const bool grouped = T > 32 && dt != MOE_DTYPE_F32;
+    double e = report(grouped ? "experts_grp" : "experts_dec", moe_dtype_name(dt), shp, got, ref,
+                      (size_t)T * D);
+    cr_expect(e <= (grouped ? 3e-2 : dt == MOE_DTYPE_F32 ? 1e-5 : 1e-4), "experts %s %s: %.3g",
+              moe_dtype_name(dt), shp, e);
     void *dbufs[] = {dgu, ddn, dbuf, dws.xe, dws.g, dws.u, dws.ye, dxin, dw, dout};
     for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
     free(hws.xe), free(hws.g), free(hws.u), free(hws.ye);
@@ -467,6 +471,9 @@ Test(cuda_ops, experts_decode_path_matches_cpu)
         check_experts(wdts[di], 4, 8, 2, 256, 128);
         check_experts(wdts[di], 32, 64, 8, 128, 64);
         check_experts(wdts[di], 3, 4, 2, 60, 36); /* not multiples of 8: scalar loads */
+        check_experts(wdts[di], 5, 4, 2, 61, 36); /* odd D: the down kernel's last pair */
+        /* ~16 rows per expert: several row tiles; 17 warps of output pairs */
+        check_experts(wdts[di], 32, 4, 2, 136, 72);
     }
 }
 
