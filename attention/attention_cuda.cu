@@ -1,18 +1,22 @@
 /* attention_cuda.cu - CUDA twins of attention/attention_cpu.c: RMSNorm,
- * RoPE, the paged K/V store and paged grouped-query attention.
+ * RoPE, the paged K/V store and paged grouped-query attention for
+ * decode-sized steps.  Steps of more than ATT_SPLIT_ROWS rows take the tiled
+ * prefill kernel of attention_prefill_cuda.cu instead (the backend chooses;
+ * MOERUN_CUDA_PREFILL_ATTN=rows keeps them on this kernel, to compare).
  *
- * Paged attention (one kernel for decode and prefill rows): a block of 4
- * warps handles one query row t, one KV head kh and one split of the row's
- * key range (flash-decoding).  Each warp walks every 4th key of the split,
- * reads its K and V row once, and updates an online softmax (running max m,
- * sum l, accumulator acc) for all G = Hq/Hkv query heads of the group held
- * in registers (lane owns elements d = lane + 32*j).  The 4 warps' states
- * are merged through shared memory.  With one split the block writes the
+ * Paged attention (per row): a block of 4 warps handles one query row t,
+ * one KV head kh and one split of the row's key range (flash-decoding).
+ * Each warp walks every 4th key of the split, reads its K and V row once,
+ * and updates an online softmax (running max m, sum l, accumulator acc) for
+ * all G = Hq/Hkv query heads of the group held in registers (lane owns
+ * elements d = lane + 32*j).  The 4 warps' states are merged through shared
+ * memory.  With one split the block writes the
  * output; with several it writes (acc, m, l) partials that a second kernel
  * merges in split order (each row divides its own key range into the
- * splits, so the launch depends only on the step's shape).  Rows are independent: prefill rows simply have
- * longer causal ranges (a tiled prefill kernel that shares K/V tiles across
- * query rows is future work, see docs/cuda.md).
+ * splits, so the launch depends only on the step's shape).  Rows are
+ * independent: each reads its own keys (from L2 when rows of a sequence
+ * share them), which suits decode; the tiled kernel shares each K/V tile
+ * among 32 query rows.
  *
  * The scores are the CPU's: q.k * scale in fp32 and the softmax over keys
  * first..pos (first = pos - window + 1 with a sliding window).  Summation

@@ -1,7 +1,8 @@
 /* backend_cuda.c - the CUDA backend: device memory, one stream, cuBLAS for
  * the dense projections and the grouped expert GEMMs, and the kernels of
- * runtime/ops_cuda.cu, attention/attention_cuda.cu, router/router_cuda.cu
- * and experts/experts_cuda.cu.  The design is described in docs/cuda.md.
+ * runtime/ops_cuda.cu, attention/attention_cuda.cu,
+ * attention/attention_prefill_cuda.cu, router/router_cuda.cu and
+ * experts/experts_cuda.cu.  The design is described in docs/cuda.md.
  *
  * Everything runs in order on one non-blocking stream.  The host waits for
  * the device only in to_host and sync, in expert_load, and once per MoE
@@ -315,6 +316,11 @@ static enum moe_status cuda_attention(struct moe_backend *be, float *out, const 
     /* the split space was sized for the reserved model's heads */
     int ws_rows = c->att_ws && (size_t)p->n_heads * (p->head_dim + 2) <= c->att_head_floats
                       ? ATT_SPLIT_ROWS : 0;
+    /* prefill-sized steps: the tiled kernel shares each K/V tile among 32
+     * query rows (unless MOERUN_CUDA_PREFILL_ATTN=rows asked for the per-row
+     * kernel, for comparison) */
+    if (b->n_tokens > ATT_SPLIT_ROWS && !c->prefill_rows)
+        return moe_attention_prefill_cuda(c->stream, out, q, kv, b, p);
     struct moe_attn_params pp = *p;
     if (c->capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
     return moe_attention_paged_cuda(c->stream, out, q, kv, b, &pp, c->att_ws, ws_rows,
@@ -630,6 +636,18 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int
     if (c->graphs_on) {
         MOE_CUDA_TRY(cudaMalloc(&c->blas_ws, BLAS_WS_BYTES));
         MOE_CUBLAS_TRY(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES));
+    }
+    /* Prefill attention: the tiled kernel unless MOERUN_CUDA_PREFILL_ATTN=rows
+     * (the per-row decode kernel, kept to compare them on a device). */
+    const char *pa = getenv("MOERUN_CUDA_PREFILL_ATTN");
+    c->prefill_rows = pa && !strcmp(pa, "rows");
+    if (pa && *pa && strcmp(pa, "rows") && strcmp(pa, "tiled"))
+        fprintf(stderr, "moerun: MOERUN_CUDA_PREFILL_ATTN=%s is neither rows nor tiled: tiled\n", pa);
+    if (!c->prefill_rows && moe_attention_prefill_setup_cuda() != MOE_OK) {
+        fprintf(stderr, "moerun: tiled prefill attention unavailable (%s): per-row kernel\n",
+                moe_last_error());
+        cudaGetLastError();
+        c->prefill_rows = true;
     }
     return MOE_OK;
 }

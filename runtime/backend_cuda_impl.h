@@ -6,7 +6,7 @@
 
 #include "runtime/cuda_util.h"
 
-#define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention */
+#define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention; more: the tiled prefill kernel */
 #define ATT_MAX_SPLITS 32
 #define SMALL_EXPERT_ROWS MOE_SMALL_STEP_ROWS /* T at or below: device-driven expert kernels */
 #define MAX_GRAPHS 16        /* recorded step graphs kept */
@@ -57,6 +57,7 @@ struct cuda_ctx {
     uint64_t *d_load, *h_load;
     int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
     bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
+    bool prefill_rows;       /* MOERUN_CUDA_PREFILL_ATTN=rows: per-row kernel for prefill too */
     /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
      * once per (workspace, rows, logit rows) and replayed */
     bool graphs_on;

@@ -102,6 +102,18 @@ enum moe_status moe_attention_paged_cuda(cudaStream_t st, float *out, const floa
                                          const struct moe_attn_params *p, float *ws, int ws_rows,
                                          int max_splits);
 
+/* ---- attention/attention_prefill_cuda.cu ---- */
+/* Raises the tiled prefill kernels' dynamic shared memory limit (up to
+ * ~101 KiB at Dh = 256); once per device, at backend init. */
+enum moe_status moe_attention_prefill_setup_cuda(void);
+/* The same attention as moe_attention_paged_cuda, by the tiled causal
+ * prefill kernel (blocks of 32 (token, head) rows of one sequence sharing
+ * K/V tiles); for steps of many rows.  No workspace. */
+enum moe_status moe_attention_prefill_cuda(cudaStream_t st, float *out, const float *q,
+                                           const struct moe_kvcache *kv,
+                                           const struct moe_batch *db,
+                                           const struct moe_attn_params *p);
+
 /* ---- router/router_cuda.cu ---- */
 enum moe_status moe_router_topk_cuda(cudaStream_t st, int32_t *ids, float *w, const float *logits,
                                      int T, int E, int K, bool renorm);

@@ -487,10 +487,18 @@ Test(cuda_ops, experts_grouped_path_matches_cpu)
 
 /* ---- K/V store and paged attention ---- */
 
+/* Steps of more rows than this take the tiled prefill kernel
+ * (ATT_SPLIT_ROWS in runtime/backend_cuda_impl.h), unless the backend was
+ * opened with MOERUN_CUDA_PREFILL_ATTN=rows (the cuda_prefill_rows suite). */
+#define TILED_ABOVE_ROWS 64
+static bool rows_backend;
+
 /* n_seqs sequences of ctx[s] tokens in a cache of blocks handed out in a
- * scrambled order; queries: the last `rows_per_seq` positions of each. */
-static void check_attention(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
-                            const int *ctx, int n_seqs, int rows_per_seq, bool hint)
+ * scrambled order; queries: the last rows[s] positions of each (the earlier
+ * positions are context already cached, as for a later chunk of a chunked
+ * prefill; one row is a decode step). */
+static void check_attention_rows(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
+                                 const int *ctx, const int *rows, int n_seqs, bool hint)
 {
     const int B = 16, L = 2, layer = 1;
     struct moe_config cfg;
@@ -502,7 +510,7 @@ static void check_attention(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int wi
     for (int s = 0; s < n_seqs; s++) {
         max_ctx = ctx[s] > max_ctx ? ctx[s] : max_ctx;
         total += ctx[s];
-        T += rows_per_seq < ctx[s] ? rows_per_seq : ctx[s];
+        T += rows[s] < ctx[s] ? rows[s] : ctx[s];
     }
     max_blocks = (max_ctx + B - 1) / B;
     const int n_blocks = n_seqs * max_blocks + 3;
@@ -540,7 +548,7 @@ static void check_attention(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int wi
     for (int s = 0; s < n_seqs; s++) {
         seq_start[s] = t;
         ctxv[s] = ctx[s];
-        int n = rows_per_seq < ctx[s] ? rows_per_seq : ctx[s];
+        int n = rows[s] < ctx[s] ? rows[s] : ctx[s];
         for (int i = 0; i < n; i++, t++) {
             pos[t] = ctx[s] - n + i;
             seq_of[t] = s;
@@ -565,11 +573,13 @@ static void check_attention(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int wi
     float *dq = dev_copy(q, nq * sizeof(float)), *dout = dev_poisoned(nq * sizeof(float));
     cr_assert_eq(gpu.ops->attention(&gpu, dout, dq, &dkv, &db, &p), MOE_OK, "%s", moe_last_error());
     to_host(got, dout, nq * sizeof(float));
-    char shp[80];
-    snprintf(shp, sizeof shp, "Hq%d Hkv%d Dh%d ctx%d%s T%d%s", Hq, Hkv, Dh, max_ctx,
-             window ? " win" : "", T, hint ? "" : " nohint");
-    double e = report("attention", moe_dtype_name(kvdt), shp, got, ref, nq);
-    cr_expect(e <= 1e-4, "attention %s %s: %.3g", moe_dtype_name(kvdt), shp, e);
+    char shp[96];
+    snprintf(shp, sizeof shp, "Hq%d Hkv%d Dh%d ctx%d%s T%d S%d%s", Hq, Hkv, Dh, max_ctx,
+             window ? " win" : "", T, n_seqs, hint ? "" : " nohint");
+    const char *op = T <= TILED_ABOVE_ROWS ? "attention" : rows_backend ? "prefill_rows"
+                                                                       : "prefill_tiled";
+    double e = report(op, moe_dtype_name(kvdt), shp, got, ref, nq);
+    cr_expect(e <= 1e-4, "%s %s %s: %.3g", op, moe_dtype_name(kvdt), shp, e);
     void *dbufs[] = {dk, dv, dslots, (void *)db.positions, (void *)db.seq_of, (void *)db.seq_start,
                      (void *)db.ctx_len, (void *)db.block_table, dq, dout};
     for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
@@ -577,6 +587,15 @@ static void check_attention(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int wi
     moe_kvcache_free(&dkv);
     free(table), free(k), free(v), free(slots), free(back), free(pos), free(seq_of);
     free(seq_start), free(ctxv), free(q), free(ref), free(got), free(sc);
+}
+
+/* The same number of query rows for every sequence. */
+static void check_attention(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
+                            const int *ctx, int n_seqs, int rows_per_seq, bool hint)
+{
+    int rows[n_seqs];
+    for (int s = 0; s < n_seqs; s++) rows[s] = rows_per_seq;
+    check_attention_rows(kvdt, Hq, Hkv, Dh, window, ctx, rows, n_seqs, hint);
 }
 
 Test(cuda_ops, attention_decode_matches_cpu)
@@ -600,6 +619,67 @@ Test(cuda_ops, attention_prefill_matches_cpu)
         check_attention(kvdts[i], 32, 8, 128, 0, ctx, 2, 64, true);
         check_attention(kvdts[i], 16, 4, 256, 33, ctx, 2, 50, true);
     }
+}
+
+/* A mixed step of 467 rows: a first chunk from position 0, later chunks
+ * after cached context (positions not starting at 0, chunk lengths that
+ * are not multiples of a tile), and decode rows between them. */
+static const int mixed_ctx[] = {250, 41, 77, 1000, 40, 129};
+static const int mixed_rows[] = {250, 1, 20, 130, 1, 65};
+#define MIXED_SEQS 6
+
+static const enum moe_dtype kv_dtypes[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
+
+/* The tiled prefill kernel over group sizes G = 1, 3, 4, 8, 12, 16, 40 (G > 8
+ * in passes of at most 8 heads), head dims 16 to 256 (some not multiples of
+ * 32 or 8), sliding windows wider and narrower than a tile, every KV dtype. */
+Test(cuda_ops, attention_prefill_tiled_mixed_batch_matches_cpu)
+{
+    for (size_t i = 0; i < 3; i++) {
+        const enum moe_dtype dt = kv_dtypes[i];
+        check_attention_rows(dt, 8, 8, 64, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 16, 2, 256, 100, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 32, 2, 16, 0, mixed_ctx, mixed_rows, MIXED_SEQS, false);
+        check_attention_rows(dt, 24, 2, 80, 7, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 3, 1, 20, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 40, 1, 32, 33, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+    }
+}
+
+/* One sequence: a later chunk after 500 cached tokens, the smallest tiled
+ * step (65 rows), and a whole prompt with G = 8 at Dh = 128. */
+Test(cuda_ops, attention_prefill_tiled_single_sequence_matches_cpu)
+{
+    const int ctx_a[] = {700}, rows_a[] = {200};
+    const int ctx_b[] = {65}, rows_b[] = {65};
+    const int ctx_c[] = {333}, rows_c[] = {333};
+    for (size_t i = 0; i < 3; i++) {
+        const enum moe_dtype dt = kv_dtypes[i];
+        check_attention_rows(dt, 32, 8, 128, 0, ctx_a, rows_a, 1, true);
+        check_attention_rows(dt, 32, 8, 128, 256, ctx_a, rows_a, 1, true);
+        check_attention_rows(dt, 8, 8, 64, 0, ctx_b, rows_b, 1, true);
+        check_attention_rows(dt, 64, 8, 128, 0, ctx_c, rows_c, 1, true);
+    }
+}
+
+/* MOERUN_CUDA_PREFILL_ATTN=rows: prefill steps take the per-row kernel.
+ * The variable is set in the forked test process before the backend
+ * opens (it is read once, at init). */
+static void setup_rows(void)
+{
+    setenv("MOERUN_CUDA_PREFILL_ATTN", "rows", 1);
+    rows_backend = true;
+    setup();
+}
+
+TestSuite(cuda_prefill_rows, .init = setup_rows, .fini = teardown);
+
+Test(cuda_prefill_rows, per_row_kernel_matches_cpu)
+{
+    check_attention_rows(MOE_DTYPE_F16, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+    check_attention_rows(MOE_DTYPE_BF16, 16, 2, 256, 100, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+    check_attention_rows(MOE_DTYPE_F32, 3, 1, 20, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
 }
 
 /* ---- synthetic weights on the device equal runtime/synth.c ---- */

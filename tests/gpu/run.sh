@@ -14,7 +14,9 @@
 #     8x7B and OLMoE shapes (random weights made on the device): batch-1
 #     decode against the HBM roofline (bandwidth measured here), prefill at
 #     512 and 4096 tokens, grouped expert GEMM against dense cuBLAS, decode
-#     step time at batch 1, 8, 64 and 256;
+#     step time at batch 1, 8, 64 and 256; Mixtral prefill again with the
+#     per-row attention kernel (MOERUN_CUDA_PREFILL_ATTN=rows) beside the
+#     tiled one;
 #  5. prints a short table last; everything is written under $OUT.
 #
 # Environment: OUT (default gpu-out/), MOERUN_GPU_ARCHS (CUDA architectures,
@@ -117,6 +119,11 @@ say "   olmoe done"
 # decode steps recorded once as CUDA graphs and replayed (opt-in)
 MOERUN_CUDA_GRAPHS=1 bench mixtral_graphs configs/mixtral-8x7b.json --prefill 64 --decode 1,8,32
 say "   mixtral with graphs done"
+# prefill attention A/B: the per-row kernel for prefill steps too (the
+# tiled kernel is the default, measured by bench_mixtral.json)
+MOERUN_CUDA_PREFILL_ATTN=rows bench mixtral_pf_rows configs/mixtral-8x7b.json \
+    --prefill 512,4096 --chunk 4096 --decode 1
+say "   mixtral prefill with per-row attention done"
 
 # ---- 5. the table ----
 say "5. summary"
@@ -155,6 +162,17 @@ try:
         + "; b1 %.1f%% of roofline" % (100 * g.get(1, {}).get("roofline_fraction", 0)))
 except Exception as e:
     print("mixtral with CUDA graphs: no result (%s)" % e)
+try:
+    pf = {}
+    for kind, name in (("tiled", "bench_mixtral.json"), ("rows", "bench_mixtral_pf_rows.json")):
+        j = json.load(open(os.path.join(out, name)))
+        pf[kind] = {p["tokens"]: p["tokens_per_s"] for p in j["prefill"]}
+    print("mixtral prefill attention: " + "; ".join(
+        "%d tokens tiled %.1f t/s, per-row %.1f t/s (%.2fx)" % (
+            n, pf["tiled"][n], pf["rows"][n], pf["tiled"][n] / pf["rows"][n])
+        for n in (512, 4096)))
+except Exception as e:
+    print("mixtral prefill attention: no result (%s)" % e)
 print()
 print("targets: decode b1 >= 80% of roofline (mixtral); grouped GEMM >= 70% of dense at 4096;")
 print("         b64 step <= 1.5x the time to read every expert once (b64/exp)")
