@@ -22,6 +22,13 @@ void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *
                          const float *w, const struct moe_expert_weights *ex,
                          const struct moe_expert_ws *ws, int T, int K, int D, int F, int E,
                          float *scratch);
+/* The weighted combine in token order: out[t] (T, D) = sum over k = 0..K-1,
+ * in that order, of w[t*K + k] * ye[pos[t*K + k]], ye (T*K, D) in expert
+ * order.  Work-shared (an orphaned `omp for`, so both FFNs use it): inside
+ * a parallel region the team splits the tokens, outside one the calling
+ * thread does them all; the result is the same. */
+void moe_experts_combine_cpu(float *out, const float *ye, const float *w, const int32_t *pos,
+                             int T, int K, int D);
 /* The fast twin (experts_fast.c): same result within fp32 tolerance, one
  * parallel region, weights converted in registers.  active: (E) ints of
  * scratch.  isa must not be MOE_CPU_ISA_REF. */

@@ -32,13 +32,20 @@ void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *
         moe_gemm_cpu(ws->ye + (size_t)r0 * D, D, g, F, ex->down[e], ex->dtype, D, F, c, NULL, scratch);
     }
     /* weighted combine in token order, k = 0..K-1 */
-#pragma omp parallel for schedule(static) if ((size_t)T * D > 65536)
+#pragma omp parallel if ((size_t)T * D > 65536)
+    moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);
+}
+
+void moe_experts_combine_cpu(float *out, const float *ye, const float *w, const int32_t *pos,
+                             int T, int K, int D)
+{
+#pragma omp for schedule(static)
     for (int t = 0; t < T; t++) {
         float *o = out + (size_t)t * D;
         memset(o, 0, (size_t)D * sizeof(float));
         for (int k = 0; k < K; k++) {
             const float wk = w[(size_t)t * K + k];
-            const float *y = ws->ye + (size_t)plan->pos[t * K + k] * D;
+            const float *y = ye + (size_t)pos[t * K + k] * D;
             for (int d = 0; d < D; d++) o[d] += wk * y[d];
         }
     }

@@ -8,7 +8,8 @@
  *      the gate rows and then the up rows of its slice (the input rows are
  *      still in cache for the second), then SwiGLU on the slice;
  *   3. down: items (active expert, slice of D) over the SwiGLU rows;
- *   4. combine in token order, k = 0..K-1, exactly as the reference.
+ *   4. combine in token order, k = 0..K-1: the reference's own loop
+ *      (moe_experts_combine_cpu), work-shared.
  * Slices are sized so there are at least 16 items per thread even when only
  * K experts are active (decode), so every core streams weights; each item
  * reads its weight slice once for all the expert's rows.  The sum order of
@@ -75,15 +76,6 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
                                (size_t)F, c, ex->down[e], dt, F, d0, d1, NULL);
         }
 
-#pragma omp for schedule(static)
-        for (int t = 0; t < T; t++) {
-            float *o = out + (size_t)t * D;
-            memset(o, 0, (size_t)D * sizeof(float));
-            for (int k = 0; k < K; k++) {
-                const float wk = w[(size_t)t * K + k];
-                const float *y = ws->ye + (size_t)plan->pos[t * K + k] * D;
-                for (int d = 0; d < D; d++) o[d] += wk * y[d];
-            }
-        }
+        moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);
     }
 }

@@ -272,65 +272,49 @@ static void cpu_destroy(struct moe_backend *be)
     be->ctx = NULL;
 }
 
+/* The entries both tables share: everything but the name and the heavy
+ * ops (matmul, attention, experts, the optional matmul_multi). */
+#define CPU_SHARED_OPS                   \
+    .destroy = cpu_destroy,              \
+    .alloc = cpu_alloc,                  \
+    .dealloc = cpu_dealloc,              \
+    .to_device = cpu_copy,               \
+    .to_host = cpu_copy,                 \
+    .prepare_model = cpu_prepare_model,  \
+    .sync = cpu_sync,                    \
+    .embed = cpu_embed,                  \
+    .rmsnorm = cpu_rmsnorm,              \
+    .add = cpu_add,                      \
+    .clamp = cpu_clamp,                  \
+    .swiglu = cpu_swiglu,                \
+    .rope = cpu_rope,                    \
+    .kv_store = cpu_kv_store,            \
+    .route = cpu_route,                  \
+    .dispatch = cpu_dispatch,            \
+    .sigmoid_scale = cpu_sigmoid_scale,  \
+    .gather_rows = cpu_gather_rows,      \
+    .argmax = cpu_argmax,                \
+    .host_alloc = cpu_alloc,             \
+    .host_free = cpu_dealloc,            \
+    .to_host_async = cpu_copy
+
 static const struct moe_backend_ops cpu_ops = {
     .name = "cpu-ref",
-    .destroy = cpu_destroy,
-    .alloc = cpu_alloc,
-    .dealloc = cpu_dealloc,
-    .to_device = cpu_copy,
-    .to_host = cpu_copy,
-    .prepare_model = cpu_prepare_model,
-    .sync = cpu_sync,
-    .embed = cpu_embed,
-    .rmsnorm = cpu_rmsnorm,
+    CPU_SHARED_OPS,
     .matmul = cpu_matmul,
-    .add = cpu_add,
-    .clamp = cpu_clamp,
-    .swiglu = cpu_swiglu,
-    .rope = cpu_rope,
-    .kv_store = cpu_kv_store,
     .attention = cpu_attention,
-    .route = cpu_route,
-    .dispatch = cpu_dispatch,
     .experts = cpu_experts,
-    .sigmoid_scale = cpu_sigmoid_scale,
-    .gather_rows = cpu_gather_rows,
-    .argmax = cpu_argmax,
-    .host_alloc = cpu_alloc,
-    .host_free = cpu_dealloc,
-    .to_host_async = cpu_copy,
 };
 
 /* The reference table with the three heavy ops replaced by their fast
  * twins: the selection table of the fast path. */
 static const struct moe_backend_ops cpu_fast_ops = {
     .name = "cpu",
-    .destroy = cpu_destroy,
-    .alloc = cpu_alloc,
-    .dealloc = cpu_dealloc,
-    .to_device = cpu_copy,
-    .to_host = cpu_copy,
-    .prepare_model = cpu_prepare_model,
-    .sync = cpu_sync,
-    .embed = cpu_embed,
-    .rmsnorm = cpu_rmsnorm,
+    CPU_SHARED_OPS,
     .matmul = fast_matmul,
     .matmul_multi = fast_matmul_multi,
-    .add = cpu_add,
-    .clamp = cpu_clamp,
-    .swiglu = cpu_swiglu,
-    .rope = cpu_rope,
-    .kv_store = cpu_kv_store,
     .attention = fast_attention,
-    .route = cpu_route,
-    .dispatch = cpu_dispatch,
     .experts = fast_experts,
-    .sigmoid_scale = cpu_sigmoid_scale,
-    .gather_rows = cpu_gather_rows,
-    .argmax = cpu_argmax,
-    .host_alloc = cpu_alloc,
-    .host_free = cpu_dealloc,
-    .to_host_async = cpu_copy,
 };
 
 static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_cpu_isa isa)

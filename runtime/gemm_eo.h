@@ -1,65 +1,66 @@
 /* gemm_eo.h - the bf16 matrix product in the even/odd order, written once
  * for both kernel sets: gemm_avx2.c and gemm_avx512.c each define the
- * macros below for their vector width and include this file.
+ * macros below for their vector width and include this file (after
+ * gemm_nat.h, the f32 and f16 kernels).
  *
- * A block of EO_BLK = 2 * EO_W bf16 weights (32 bytes for AVX2, a 64-byte
- * line for AVX-512), read as EO_W 32-bit lanes, holds the even weights in
- * the low halves and the odd ones in the high halves: one shift gives EO_W
+ * A block of EO_BLK = 2 * V_W bf16 weights (32 bytes for AVX2, a 64-byte
+ * line for AVX-512), read as V_W 32-bit lanes, holds the even weights in
+ * the low halves and the odd ones in the high halves: one shift gives V_W
  * fp32 evens and one mask the odds (two cheap operations per block instead
  * of two widening loads and two shifts).  The input rows are deinterleaved
- * to match (per block: EO_W even, EO_W odd) into a per-thread buffer.
+ * to match (per block: V_W even, V_W odd) into a per-thread buffer.
  * Fewer instructions per byte let the core keep more lines in flight, which
  * is what a decode step (every weight read once from DRAM) is limited by.
  * Every path (decode tiles, batch tiles, widened rows) accumulates lane j of
  * block b as even element EO_BLK*b + 2j then odd element EO_BLK*b + 2j + 1,
  * so a row gives the same bits alone or in any batch.
  *
- * The includer defines: EO_ATTR (target attribute), EO_FN(name) (a unique
- * name), EO_V / EO_VI (float / integer vector), EO_W (lanes), EO_REGS
- * (vector registers), EO_MAXC (widest tile), EO_C1..EO_C3 (weight rows per
- * tile for 1-3 input rows), EO_C4 (for 4 input rows), EO_PF (prefetch
- * distance in bytes), EO_ZERO, EO_SET1I, EO_LOADU, EO_LOADI, EO_STOREU,
- * EO_CASTPS, EO_SLLI, EO_AND, EO_FMA, EO_HSUM, EO_DEINTERLEAVE(dst, src)
- * (one block); and the helpers load_w1, INLINE, TB (rows per cache block). */
-#define EO_BLK (2 * EO_W)
+ * The includer defines the lane vocabulary of gemm_nat.h (V_ATTR, V_F,
+ * V_I, V_W, V_REGS, V_ZERO, ... V_HSUM; include gemm_nat.h first: it also
+ * gives load_w1 and TB) and for this file: EO_FN(name) (a unique name, so
+ * the two widths' non-inlined functions are told apart in a profile),
+ * EO_MAXC (widest tile), EO_C1..EO_C3 (weight rows per tile for 1-3 input
+ * rows), EO_C4 (for 4 input rows), EO_PF (prefetch distance in bytes) and
+ * EO_DEINTERLEAVE(dst, src) (one block of inputs to V_W even, V_W odd). */
+#define EO_BLK (2 * V_W)
 
 /* bf16 tile in the even/odd order: y[r*ldy + c] = x_r . w_c (+ bias).  xs
  * holds the R input rows deinterleaved (row stride ldx); w is raw bf16
  * (wide false, row stride wld bytes) or bf16 widened by widen_rows_eo (wide
  * true, fp32 in the same deinterleaved order). */
-EO_ATTR INLINE void EO_FN(tile_eo)(const int R, const int C, const bool wide, float *y, size_t ldy,
+V_ATTR INLINE void EO_FN(tile_eo)(const int R, const int C, const bool wide, float *y, size_t ldy,
                            const float *xs, size_t ldx, const char *w, size_t wld, int Din,
                            const struct moe_tensor *b, int n)
 {
-    EO_V acc[4][EO_MAXC];
-    const EO_VI odd = EO_SET1I((int)0xffff0000);
+    V_F acc[4][EO_MAXC];
+    const V_I odd = V_SET1I((int)0xffff0000);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 16
-        for (int c = 0; c < C; c++) acc[r][c] = EO_ZERO();
+        for (int c = 0; c < C; c++) acc[r][c] = V_ZERO();
     /* Small tiles take a block in one pass (each weight line loaded once,
      * both halves used at once); a 4-row tile would need too many registers
      * for that and takes the even halves, then the odd ones.  Either way
      * each accumulator sees even then odd: the same order. */
-    const bool one_pass = R * C + 2 * R + 4 <= EO_REGS;
+    const bool one_pass = R * C + 2 * R + 4 <= V_REGS;
     const size_t step = wide ? 4 * EO_BLK : 2 * EO_BLK; /* bytes of a weight row per block */
     const char *wk = w;
     const int k32 = Din / EO_BLK * EO_BLK;
     for (int k = 0; k < k32; k += EO_BLK, wk += step) {
         if (one_pass) {
-            EO_V xe[4], xo[4];
+            V_F xe[4], xo[4];
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                xe[r] = EO_LOADU(xs + (size_t)r * ldx + k);
-                xo[r] = EO_LOADU(xs + (size_t)r * ldx + k + EO_W);
+                xe[r] = V_LOADU(xs + (size_t)r * ldx + k);
+                xo[r] = V_LOADU(xs + (size_t)r * ldx + k + V_W);
             }
             const char *p = wk;
 #pragma GCC unroll 16
             for (int c = 0; c < C; c++, p += wld) {
-                EO_V lo, hi;
+                V_F lo, hi;
                 if (wide) {
-                    lo = EO_LOADU((const float *)p);
-                    hi = EO_LOADU((const float *)p + EO_W);
+                    lo = V_LOADU((const float *)p);
+                    hi = V_LOADU((const float *)p + V_W);
                 } else {
                     _mm_prefetch(p + EO_PF, _MM_HINT_T0);
                     /* two loads of the line (the second hits L1), each
@@ -67,44 +68,44 @@ EO_ATTR INLINE void EO_FN(tile_eo)(const int R, const int C, const bool wide, fl
                      * register makes GCC spill */
                     const char *q = p;
                     __asm__("" : "+r"(q));
-                    lo = EO_CASTPS(EO_SLLI(EO_LOADI(p), 16));
-                    hi = EO_CASTPS(EO_AND(EO_LOADI(q), odd));
+                    lo = V_CASTPS(V_SLLI(V_LOADI(p), 16));
+                    hi = V_CASTPS(V_AND(V_LOADI(q), odd));
                 }
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
-                    acc[r][c] = EO_FMA(xe[r], lo, acc[r][c]);
-                    acc[r][c] = EO_FMA(xo[r], hi, acc[r][c]);
+                    acc[r][c] = V_FMA(xe[r], lo, acc[r][c]);
+                    acc[r][c] = V_FMA(xo[r], hi, acc[r][c]);
                 }
             }
             continue;
         }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
-            EO_V xv[4];
+            V_F xv[4];
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) xv[r] = EO_LOADU(xs + (size_t)r * ldx + k + EO_W * h);
+            for (int r = 0; r < R; r++) xv[r] = V_LOADU(xs + (size_t)r * ldx + k + V_W * h);
             const char *p = wk;
             /* hide that the second pass reads the lines of the first: holding
              * them in registers between the passes would spill */
             __asm__ volatile("" : "+r"(p));
 #pragma GCC unroll 16
             for (int c = 0; c < C; c++, p += wld) {
-                EO_V wv;
+                V_F wv;
                 if (wide) {
-                    wv = EO_LOADU((const float *)p + EO_W * h);
+                    wv = V_LOADU((const float *)p + V_W * h);
                 } else {
                     if (h == 0) _mm_prefetch(p + EO_PF, _MM_HINT_T0);
-                    const EO_VI v = EO_LOADI(p);
-                    wv = EO_CASTPS(h ? EO_AND(v, odd) : EO_SLLI(v, 16));
+                    const V_I v = V_LOADI(p);
+                    wv = V_CASTPS(h ? V_AND(v, odd) : V_SLLI(v, 16));
                 }
 #pragma GCC unroll 4
-                for (int r = 0; r < R; r++) acc[r][c] = EO_FMA(xv[r], wv, acc[r][c]);
+                for (int r = 0; r < R; r++) acc[r][c] = V_FMA(xv[r], wv, acc[r][c]);
             }
         }
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) {
-            float s = EO_HSUM(acc[r][c]);
+            float s = V_HSUM(acc[r][c]);
             const char *wc = w + (size_t)c * wld;
             for (int kk = k32; kk < Din; kk++)
                 s += xs[(size_t)r * ldx + kk] *
@@ -114,7 +115,7 @@ EO_ATTR INLINE void EO_FN(tile_eo)(const int R, const int C, const bool wide, fl
 }
 
 /* R <= 3 deinterleaved rows against bf16 weight rows [n0, n1) (see few_rows). */
-EO_ATTR INLINE void EO_FN(few_rows_eo)(const bool wide, float *y, size_t ldy, const float *xs, size_t ldx,
+V_ATTR INLINE void EO_FN(few_rows_eo)(const bool wide, float *y, size_t ldy, const float *xs, size_t ldx,
                                int R, const char *w, size_t wld, int Din, int n0, int n1,
                                const struct moe_tensor *b)
 {
@@ -142,26 +143,26 @@ EO_ATTR INLINE void EO_FN(few_rows_eo)(const bool wide, float *y, size_t ldy, co
 }
 
 /* C bf16 weight rows to fp32 in the even/odd order (tails in place). */
-EO_ATTR INLINE void EO_FN(widen_rows_eo)(float *dst, const char *w, size_t wld, int C, int Din)
+V_ATTR INLINE void EO_FN(widen_rows_eo)(float *dst, const char *w, size_t wld, int C, int Din)
 {
-    const EO_VI odd = EO_SET1I((int)0xffff0000);
+    const V_I odd = V_SET1I((int)0xffff0000);
     const int k32 = Din / EO_BLK * EO_BLK;
     for (int c = 0; c < C; c++) {
         const char *src = w + (size_t)c * wld;
         float *d = dst + (size_t)c * Din;
         for (int k = 0; k < k32; k += EO_BLK) {
-            const EO_VI v = EO_LOADI(src + (size_t)k * 2);
-            EO_STOREU(d + k, EO_CASTPS(EO_SLLI(v, 16)));
-            EO_STOREU(d + k + EO_W, EO_CASTPS(EO_AND(v, odd)));
+            const V_I v = V_LOADI(src + (size_t)k * 2);
+            V_STOREU(d + k, V_CASTPS(V_SLLI(v, 16)));
+            V_STOREU(d + k + V_W, V_CASTPS(V_AND(v, odd)));
         }
         for (int k = k32; k < Din; k++) d[k] = load_w1(src, MOE_DTYPE_BF16, k);
     }
 }
 
-/* T input rows deinterleaved per block (EO_W even, EO_W odd; the tail in
+/* T input rows deinterleaved per block (V_W even, V_W odd; the tail in
  * place)
  * into this thread's buffer, row stride Din; NULL when out of memory. */
-EO_ATTR static const float *EO_FN(deinterleave_rows)(const float *x, size_t ldx, int T, int Din)
+V_ATTR static const float *EO_FN(deinterleave_rows)(const float *x, size_t ldx, int T, int Din)
 {
     float *buf = moe_gemm_thread_buffer((size_t)T * (size_t)Din);
     if (!buf) return NULL;
@@ -177,7 +178,7 @@ EO_ATTR static const float *EO_FN(deinterleave_rows)(const float *x, size_t ldx,
 
 /* All T rows against bf16 weight rows [n0, n1): rows_dt's blocking in the
  * even/odd order. */
-EO_ATTR static void EO_FN(rows_bf16)(float *y, size_t ldy, const float *x, size_t ldx, int T,
+V_ATTR static void EO_FN(rows_bf16)(float *y, size_t ldy, const float *x, size_t ldx, int T,
                              const void *wv, int Din, int n0, int n1, const struct moe_tensor *b)
 {
     enum { C = EO_C4, WBUF = 6 * 4096 };
