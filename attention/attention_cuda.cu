@@ -24,6 +24,7 @@
 #include <math.h>
 
 #include "attention/attention.h"
+#include "attention/attention_cuda.cuh"
 #include "runtime/cuda_dtype.cuh"
 #include "runtime/cuda_util.h"
 
@@ -135,19 +136,11 @@ extern "C" size_t moe_attention_split_floats(int rows, int Hq, int Dh, int max_s
     return (size_t)rows * Hq * max_splits * (size_t)(Dh + 2);
 }
 
-struct att_args {
-    float *out;
-    const float *q;
-    const void *kl, *vl;
-    enum moe_dtype dt;
-    const int32_t *table, *seq_of, *positions;
-    int max_blocks, B, n_blocks;
-    int Hq, Hkv, Dh;
-    float scale;
-    int window;
-    int n_splits;      /* splits of each row's key range */
-    int kps_min;       /* fewest keys a split takes */
-    float *ws;         /* (T, Hq, n_splits, Dh + 2) when n_splits > 1 */
+struct att_args : att_view {
+    const int32_t *seq_of; /* (T) */
+    int n_splits;          /* splits of each row's key range */
+    int kps_min;           /* fewest keys a split takes */
+    float *ws;             /* (T, Hq, n_splits, Dh + 2) when n_splits > 1 */
 };
 
 /* DPL: elements of a head row per lane, ceil(Dh / 32). */
@@ -299,34 +292,10 @@ extern "C" enum moe_status moe_attention_paged_cuda(cudaStream_t st, float *out,
 {
     const int T = db->n_tokens, Dh = p->head_dim;
     if (T <= 0) return MOE_OK;
-    if (p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads != 0)
-        return moe_fail(MOE_ERR_INVALID_ARG, "attention: %d query heads over %d KV heads",
-                        p->n_heads, p->n_kv_heads);
-    if (Dh <= 0 || Dh > MAXDH)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA attention: head dim %d (at most %d)", Dh, MAXDH);
-    if (p->layer < 0 || p->layer >= kv->n_layers || kv->n_kv_heads != p->n_kv_heads ||
-        kv->head_dim != Dh)
-        return moe_fail(MOE_ERR_INVALID_ARG, "attention: cache shape does not match layer %d",
-                        p->layer);
     if (T > 65535 * 1024) return moe_fail(MOE_ERR_INVALID_ARG, "attention: %d rows", T);
-    const size_t es = moe_dtype_size(kv->dtype);
     struct att_args a;
-    a.out = out;
-    a.q = q;
-    a.kl = (const char *)kv->k + (size_t)p->layer * kv->layer_elems * es;
-    a.vl = (const char *)kv->v + (size_t)p->layer * kv->layer_elems * es;
-    a.dt = kv->dtype;
-    a.table = db->block_table;
+    MOE_TRY(att_view_init(&a, out, q, kv, db, p, MAXDH));
     a.seq_of = db->seq_of;
-    a.positions = db->positions;
-    a.max_blocks = db->max_blocks;
-    a.B = kv->block_size;
-    a.n_blocks = kv->n_blocks;
-    a.Hq = p->n_heads;
-    a.Hkv = p->n_kv_heads;
-    a.Dh = Dh;
-    a.scale = p->scale;
-    a.window = p->window;
     a.ws = ws;
     /* Split the key range only for decode-sized batches: prefill rows give
      * enough blocks on their own.  The split count comes from the longest

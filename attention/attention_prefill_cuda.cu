@@ -50,6 +50,7 @@
 #include <math.h>
 
 #include "attention/attention.h"
+#include "attention/attention_cuda.cuh"
 #include "runtime/cuda_dtype.cuh"
 #include "runtime/cuda_util.h"
 
@@ -61,17 +62,11 @@
 #define PF_MAXDH 256
 #define FULL_MASK 0xffffffffu
 
-struct pf_args {
-    float *out;                         /* (T, Hq*Dh) */
-    const float *q;                     /* (T, Hq*Dh) */
-    const void *kl, *vl;                /* the layer's (n_blocks, B, Hkv, Dh) K and V */
-    enum moe_dtype dt;
-    const int32_t *table, *seq_start, *positions;
-    int T, n_seqs, max_blocks, B, n_blocks;
-    int Hq, Hkv, Dh, G;
+struct pf_args : att_view {
+    const int32_t *seq_start;           /* (n_seqs + 1) */
+    int T, n_seqs;
+    int G;                              /* query heads per KV head */
     int n_pass, gp, tq;                 /* head passes, heads per pass, tokens per tile */
-    float scale;
-    int window;
 };
 
 /* Dh rounded up to 4: Q and K rows are read as float4. */
@@ -306,46 +301,20 @@ extern "C" enum moe_status moe_attention_prefill_cuda(cudaStream_t st, float *ou
 {
     const int T = db->n_tokens, Dh = p->head_dim;
     if (T <= 0) return MOE_OK;
-    if (p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads != 0)
-        return moe_fail(MOE_ERR_INVALID_ARG, "attention: %d query heads over %d KV heads",
-                        p->n_heads, p->n_kv_heads);
-    if (Dh <= 0 || Dh > PF_MAXDH)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA attention: head dim %d (at most %d)", Dh,
-                        PF_MAXDH);
-    if (p->layer < 0 || p->layer >= kv->n_layers || kv->n_kv_heads != p->n_kv_heads ||
-        kv->head_dim != Dh)
-        return moe_fail(MOE_ERR_INVALID_ARG, "attention: cache shape does not match layer %d",
-                        p->layer);
+    struct pf_args a;
+    MOE_TRY(att_view_init(&a, out, q, kv, db, p, PF_MAXDH));
     if (db->n_seqs <= 0 || db->n_seqs > 65535 * 1024)
         return moe_fail(MOE_ERR_INVALID_ARG, "attention: %d sequences", db->n_seqs);
-    const int G = p->n_heads / p->n_kv_heads;
-    struct pf_args a;
-    a.n_pass = (G + PF_MAXG - 1) / PF_MAXG;
-    a.gp = (G + a.n_pass - 1) / a.n_pass; /* balanced passes: G = 12 is 6 + 6 */
+    a.G = p->n_heads / p->n_kv_heads;
+    a.n_pass = (a.G + PF_MAXG - 1) / PF_MAXG;
+    a.gp = (a.G + a.n_pass - 1) / a.n_pass; /* balanced passes: G = 12 is 6 + 6 */
     a.tq = PF_ROWS / a.gp;
     if ((long long)p->n_kv_heads * a.n_pass > 65535)
         return moe_fail(MOE_ERR_INVALID_ARG, "attention: %d KV heads x %d passes", p->n_kv_heads,
                         a.n_pass);
-    const size_t es = moe_dtype_size(kv->dtype);
-    a.out = out;
-    a.q = q;
-    a.kl = (const char *)kv->k + (size_t)p->layer * kv->layer_elems * es;
-    a.vl = (const char *)kv->v + (size_t)p->layer * kv->layer_elems * es;
-    a.dt = kv->dtype;
-    a.table = db->block_table;
     a.seq_start = db->seq_start;
-    a.positions = db->positions;
     a.T = T;
     a.n_seqs = db->n_seqs;
-    a.max_blocks = db->max_blocks;
-    a.B = kv->block_size;
-    a.n_blocks = kv->n_blocks;
-    a.Hq = p->n_heads;
-    a.Hkv = p->n_kv_heads;
-    a.Dh = Dh;
-    a.G = G;
-    a.scale = p->scale;
-    a.window = p->window;
     const int dpl = (Dh + 31) / 32;
     if (dpl <= 1) return launch_prefill<1>(st, &a);
     if (dpl <= 2) return launch_prefill<2>(st, &a);
