@@ -25,6 +25,14 @@
  * layout, and the expert table is rewritten to point into them:
  * gate[e] = gate[0] + e*2F*D elements, up[e] = gate[e] + F*D,
  * down[e] = down[0] + e*D*F.  The CUDA experts op requires that layout.
+ * The fast CPU backend with the AVX-512 kernels likewise rewrites the views
+ * of the model's bf16 matrices (attention, dense and shared FFN, routers,
+ * LM head, every expert's gate/up/down; 2-D with an even inner size) to
+ * copies in 16-output panels (MOE_DTYPE_BF16_PANEL) that it owns and frees
+ * in destroy, and drops the process's pages of the file-mapped originals;
+ * after it, too, the model serves only that backend (any other refuses it
+ * at prepare_model) and is not run after that backend is freed.
+ * MOERUN_CPU_PANELS=0 keeps the natural layout and the model untouched.
  * Calling prepare_model again with the same model does nothing. */
 #pragma once
 

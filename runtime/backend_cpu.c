@@ -5,11 +5,23 @@
  * the optional matmul_multi; the reference table where it supports neither).
  * The two tables differ only in those entries.  Scratch for weight-row conversion, attention
  * accumulators and the expert list is sized in prepare_model, so no op
- * allocates; the OpenMP team is created once and reused by every op. */
+ * allocates; the OpenMP team is created once and reused by every op.
+ *
+ * With the AVX-512 kernels, prepare_model also repacks the model's bf16
+ * matrices (every weight that goes through matmul or the expert phase) into
+ * 16-output panels (MOE_DTYPE_BF16_PANEL, runtime/gemm_fast.h) in one
+ * arena per model that the backend owns, rewrites the model's views to
+ * point there, and drops the process's pages of each source matrix from a
+ * file mapping, so the process holds about one copy of the weights.
+ * MOERUN_CPU_PANELS=0 in the environment (read at init) keeps the natural
+ * layout. */
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "attention/attention.h"
 #include "experts/experts.h"
@@ -19,6 +31,11 @@
 #include "runtime/gemm_fast.h"
 #include "runtime/sampler.h"
 
+struct cpu_arena {
+    char *p;     /* owned: the packed matrices of one model */
+    size_t size;
+};
+
 struct cpu_ctx {
     float *scratch;       /* (threads, scratch_per_thread) */
     size_t scratch_per_thread;
@@ -26,6 +43,9 @@ struct cpu_ctx {
     int n_active_cap;
     int threads;
     enum moe_cpu_isa isa; /* MOE_CPU_ISA_REF for the reference table */
+    bool panels;          /* bf16 matrices repacked into panels at prepare_model */
+    struct cpu_arena *arenas; /* (n_arenas) packed weights, one per prepared model; owned */
+    int n_arenas;
 };
 
 /* The backend's context.  Scratch is sized for c->threads, and OpenMP's
@@ -56,6 +76,161 @@ static enum moe_status cpu_copy(struct moe_backend *be, void *dst, const void *s
 
 static enum moe_status cpu_sync(struct moe_backend *be) { return MOE_OK; }
 
+/* ---- panels: the bf16 matrices of a model repacked at prepare_model ---- */
+
+/* One matrix to repack: a tensor view, or one entry of a layer's expert
+ * table (whose dtype is the table's). */
+struct pack_item {
+    struct moe_tensor *t;              /* NULL for an expert entry */
+    struct moe_expert_weights *table;  /* the expert entry's table */
+    const void **slot;                 /* the expert entry */
+    const void *src;                   /* (N, K) bf16 row-major */
+    int N, K;
+    size_t off;                        /* into the arena */
+    bool keep_source;                  /* another view still reads the source rows */
+};
+
+static bool packable(enum moe_dtype dt, int64_t N, int64_t K)
+{
+    return dt == MOE_DTYPE_BF16 && N > 0 && N <= INT32_MAX && K > 0 && K <= INT32_MAX && K % 2 == 0;
+}
+
+static void add_tensor(struct pack_item *items, size_t *n, struct moe_tensor *t)
+{
+    if (!t->data || t->ndim != 2 || !packable(t->dtype, t->shape[0], t->shape[1])) return;
+    if (items) items[*n] = (struct pack_item){.t = t, .src = t->data, .N = (int)t->shape[0],
+                                              .K = (int)t->shape[1]};
+    ++*n;
+}
+
+/* The repackable matrices of m (bf16, 2-D, K even) in a fixed order: the
+ * LM head, then per layer attention, dense FFN, router, shared expert and
+ * the experts (gate, up, down of each in turn: all of a layer's or none,
+ * its table has one dtype).  items NULL: count only. */
+static size_t pack_items(struct moe_model *m, struct pack_item *items)
+{
+    const struct moe_config *c = &m->cfg;
+    const int E = c->n_experts, D = c->d_model, F = c->d_expert;
+    size_t n = 0;
+    add_tensor(items, &n, &m->lm_head); /* first: the largest, so the team ends together */
+    if (items && n == 1 && m->lm_head.data == m->embed.data)
+        items[0].keep_source = true; /* tied: the embedding reads the same rows */
+    for (int l = 0; l < c->n_layers; l++) {
+        struct moe_layer_weights *w = &m->layers[l];
+        struct moe_tensor *ts[] = {&w->wq,     &w->wk,     &w->wv,    &w->wo,
+                                   &w->w_gate, &w->w_up,   &w->w_down, &w->router,
+                                   &w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) add_tensor(items, &n, ts[i]);
+        struct moe_expert_weights *x = &w->experts;
+        if (E <= 0 || !x->gate || !packable(x->dtype, F, D) || !packable(x->dtype, D, F)) continue;
+        for (int e = 0; e < E; e++) {
+            const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
+            for (int i = 0; i < 3; i++, n++)
+                if (items)
+                    items[n] = (struct pack_item){.table = x, .slot = slots[i], .src = *slots[i],
+                                                  .N = i < 2 ? F : D, .K = i < 2 ? D : F};
+        }
+    }
+    return n;
+}
+
+/* A weight of m in panels, or NULL when it has none. */
+static const void *some_panel(const struct moe_model *m)
+{
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct moe_layer_weights *w = &m->layers[l];
+        if (w->experts.gate && w->experts.dtype == MOE_DTYPE_BF16_PANEL) return w->experts.gate[0];
+        const struct moe_tensor *ts[] = {&w->wq,     &w->wk,     &w->wv,    &w->wo,
+                                         &w->w_gate, &w->w_up,   &w->w_down, &w->router,
+                                         &w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            if (ts[i]->dtype == MOE_DTYPE_BF16_PANEL) return ts[i]->data;
+    }
+    return m->lm_head.dtype == MOE_DTYPE_BF16_PANEL ? m->lm_head.data : NULL;
+}
+
+/* Drops this process's pages of [p, p + n) when the range lies in one of
+ * st's file mappings (read-only and private: a page touched again is read
+ * from the file again); pages the range shares with its neighbours stay.
+ * In-memory weights are left alone. */
+static void release_source(const struct moe_safetensors *st, const void *p, size_t n)
+{
+    const uintptr_t a = (uintptr_t)p, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < st->n_files; i++) {
+        const uintptr_t m0 = (uintptr_t)st->files[i].map, m1 = m0 + st->files[i].size;
+        if (!st->files[i].map || a < m0 || a + n > m1) continue;
+        const uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
+        if (lo < hi) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        return;
+    }
+}
+
+/* Repacks m's bf16 matrices into a new arena owned by c and points m's
+ * views at it (nothing to do when it has none); on failure m is unchanged. */
+static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m)
+{
+    const size_t n = pack_items(m, NULL);
+    if (n == 0) return MOE_OK;
+    enum moe_status s = MOE_OK;
+    char *arena = NULL;
+    struct pack_item *items = calloc(n, sizeof *items);
+    struct cpu_arena *arenas = realloc(c->arenas, ((size_t)c->n_arenas + 1) * sizeof *arenas);
+    if (arenas) c->arenas = arenas;
+    if (!items || !arenas) {
+        s = moe_fail(MOE_ERR_NOMEM, "cpu backend: panel list of %zu matrices", n);
+        goto fail;
+    }
+    pack_items(m, items);
+    const size_t huge = (size_t)2 << 20;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t bytes;
+        if (!moe_gemm_panel_bytes(items[i].N, items[i].K, &bytes) ||
+            total > SIZE_MAX - bytes - huge) {
+            s = moe_fail(MOE_ERR_NOMEM, "cpu backend: panel sizes overflow");
+            goto fail;
+        }
+        items[i].off = total;
+        total += bytes; /* a multiple of 64 */
+    }
+    /* whole 2 MiB pages, so the kernel may back the arena with huge pages
+     * (fewer TLB misses while decode streams it) */
+    const size_t cap = (total + huge - 1) / huge * huge;
+    if (!(arena = aligned_alloc(huge, cap))) {
+        s = moe_fail(MOE_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes for the weight panels "
+                     "(MOERUN_CPU_PANELS=0 keeps the natural layout)", cap);
+        goto fail;
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(arena, cap, MADV_HUGEPAGE);
+#endif
+    /* one matrix per item across the team, its source pages released as
+     * soon as it is packed */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < n; i++) {
+        const struct pack_item *it = &items[i];
+        moe_gemm_pack_panels(arena + it->off, it->src, it->N, it->K);
+        if (!it->keep_source) release_source(&m->st, it->src, (size_t)it->N * (size_t)it->K * 2);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct pack_item *it = &items[i];
+        if (it->t) {
+            it->t->data = arena + it->off;
+            it->t->dtype = MOE_DTYPE_BF16_PANEL;
+        } else {
+            *it->slot = arena + it->off;
+            it->table->dtype = MOE_DTYPE_BF16_PANEL;
+        }
+    }
+    c->arenas[c->n_arenas++] = (struct cpu_arena){arena, cap};
+    free(items);
+    return MOE_OK;
+fail:
+    free(arena);
+    free(items);
+    return s;
+}
+
 static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_model *m)
 {
     struct cpu_ctx *c = ctx_of(be);
@@ -63,6 +238,17 @@ static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_mode
     if (m->weights_deferred)
         return moe_fail(MOE_ERR_INVALID_ARG, "cpu backend: the model's synthetic weights were "
                         "deferred to a device backend");
+    const char *packed = some_panel(m);
+    if (packed) { /* prepared before: by this backend (then nothing to do) or another */
+        bool ours = false;
+        for (int i = 0; i < c->n_arenas && !ours; i++)
+            ours = packed >= c->arenas[i].p && packed < c->arenas[i].p + c->arenas[i].size;
+        if (!ours)
+            return moe_fail(MOE_ERR_INVALID_ARG, "cpu backend: the model's weights were "
+                            "repacked into panels for another backend; load it again for this one");
+    } else if (c->panels) {
+        MOE_TRY(pack_model(c, m));
+    }
     size_t need = (size_t)cfg->d_model;
     size_t dims[] = {(size_t)cfg->n_heads * cfg->head_dim, (size_t)cfg->d_ff,
                      (size_t)cfg->d_expert, (size_t)cfg->d_shared,
@@ -267,6 +453,8 @@ static void cpu_destroy(struct moe_backend *be)
     if (c) {
         free(c->scratch);
         free(c->active);
+        for (int i = 0; i < c->n_arenas; i++) free(c->arenas[i].p);
+        free(c->arenas);
     }
     free(c);
     be->ctx = NULL;
@@ -325,6 +513,8 @@ static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_
     if (n_threads > 0) omp_set_num_threads(n_threads);
     c->threads = omp_get_max_threads();
     c->isa = isa;
+    const char *pan = getenv("MOERUN_CPU_PANELS");
+    c->panels = isa == MOE_CPU_ISA_AVX512 && !(pan && !strcmp(pan, "0"));
     be->ops = isa == MOE_CPU_ISA_REF ? &cpu_ops : &cpu_fast_ops;
     be->ctx = c;
     be->n_threads = c->threads;

@@ -53,19 +53,30 @@ void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float 
                         const struct moe_tensor *b)
 {
     if (n0 >= n1 || T <= 0) return;
-    if (isa == MOE_CPU_ISA_AVX512)
+    if (wt == MOE_DTYPE_BF16_PANEL) {
+        MOE_ASSERT(isa == MOE_CPU_ISA_AVX512 && "gemm_fast: panels need the AVX-512 kernels");
+        moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    } else if (isa == MOE_CPU_ISA_AVX512)
         moe_gemm_rows_avx512(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
     else
         moe_gemm_rows_avx2(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
 }
 
-/* Output rows per slice for N rows: a multiple of 48 (whole tiles of either
- * kernel set) giving about 8 slices per thread, taken dynamically, so a
- * thread the scheduler delays (the machine may be shared) holds up little. */
-static int slice_rows(int N, int nth)
+/* Output rows per slice for N rows of weights wt against T input rows:
+ * about 8 slices per thread, taken dynamically, so a thread the scheduler
+ * delays (the machine may be shared) holds up little.  A multiple of 48
+ * (whole tiles of either natural kernel set) or, for panels, of the
+ * outputs of the widest tile for T rows (only the last slice has an edge
+ * tile), yet never fewer slices than threads while there are panels to
+ * share. */
+static int slice_rows(int N, int nth, enum moe_dtype wt, int T)
 {
     int cs = (N + 8 * nth - 1) / (8 * nth);
-    return (cs + 47) / 48 * 48;
+    if (wt != MOE_DTYPE_BF16_PANEL) return (cs + 47) / 48 * 48;
+    const int unit = moe_gemm_panel_slice_unit(T);
+    cs = (cs + unit - 1) / unit * unit;
+    if ((N + cs - 1) / cs < nth) cs = ((N + nth - 1) / nth + 15) / 16 * 16;
+    return cs;
 }
 
 void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int ldx,
@@ -77,7 +88,7 @@ void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int 
         moe_gemm_fast_rows(isa, y, (size_t)ldy, x, (size_t)ldx, T, w, wt, Din, 0, N, b);
         return;
     }
-    const int cs = slice_rows(N, omp_get_max_threads());
+    const int cs = slice_rows(N, omp_get_max_threads(), wt, T);
     const int ns = (N + cs - 1) / cs;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < ns; i++) {
@@ -95,7 +106,7 @@ void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const flo
     int cs[4], first[5] = {0};
     size_t work = 0;
     for (int j = 0; j < n; j++) {
-        cs[j] = slice_rows(N[j], nth);
+        cs[j] = slice_rows(N[j], nth, wt[j], T);
         first[j + 1] = first[j] + (N[j] + cs[j] - 1) / cs[j];
         work += (size_t)N[j] * Din * (size_t)T;
     }

@@ -17,11 +17,21 @@
  * the batch composition or the thread count: rows stay independent and
  * results are bit-identical across batchings, as with the reference.
  *
+ * Panels: bf16 weights repacked by moe_gemm_pack_panels into 16-output
+ * k-pair panels (MOE_DTYPE_BF16_PANEL, runtime/tensor.h) take kernels that
+ * broadcast inputs over a tile of panels (gemm_panel.c; AVX-512 only):
+ * each output is one FMA chain in k order in its own vector lane, no
+ * horizontal sum, so these too give a row the same bits alone or in any
+ * batch (though not the bits of the natural-layout kernels).  The fast
+ * backend packs a model's bf16 matrices at prepare_model
+ * (runtime/backend_cpu.c); every entry below takes them as wt.
+ *
  * Kernels are compiled with __attribute__((target(...))) and chosen at run
  * time by what the processor supports, so the build stays portable; where
  * neither kernel set runs, the backend uses the reference. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,7 +54,9 @@ const char *moe_cpu_isa_name(enum moe_cpu_isa isa);
 
 /* y[t*ldy + n] for t in [0, T), n in [n0, n1), computed by the calling
  * thread alone (for use inside a parallel region).  b may be NULL/absent.
- * isa must not be MOE_CPU_ISA_REF. */
+ * isa must not be MOE_CPU_ISA_REF; MOE_DTYPE_BF16_PANEL weights need
+ * MOE_CPU_ISA_AVX512, and slices that start and end on multiples of 16
+ * (panel boundaries, or n1 = N) share no work. */
 void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx,
                         int T, const void *w, enum moe_dtype wt, int Din, int n0, int n1,
                         const struct moe_tensor *b);
@@ -60,6 +72,16 @@ void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int 
 void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const float *x, int Din,
                          const void *const *w, const enum moe_dtype *wt, const int *N, int T,
                          const struct moe_tensor *const *b);
+
+/* Bytes of an (N, K) matrix in panels (N rounded up to a multiple of 16,
+ * 32*K bytes per panel); false when K is odd, a size is not positive or
+ * larger than INT32_MAX, or the product overflows. */
+bool moe_gemm_panel_bytes(int64_t N, int64_t K, size_t *out);
+/* dst (moe_gemm_panel_bytes(N, K) bytes, 64-byte aligned; new contents) =
+ * the bf16 matrix w (N, K) row-major, K even, in panels, the rows past N
+ * zero.  Runs over the OpenMP team for large matrices; AVX-512 transposes
+ * where the processor has them, else scalar (same bytes). */
+void moe_gemm_pack_panels(void *dst, const void *w, int N, int K);
 
 /* Reads the n bytes at p once (a pure read stream, for measuring memory
  * bandwidth); returns a value depending on every byte so the reads stay. */

@@ -11,9 +11,17 @@ void moe_gemm_rows_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T,
                         enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
 void moe_gemm_rows_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
                           enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
-/* The calling thread's buffer of at least n floats (input rows for the
- * even/odd kernels, gemm_eo.h), kept until the thread exits; NULL when out
- * of memory. */
+/* All T rows against outputs [n0, n1) of bf16 weights in panels
+ * (MOE_DTYPE_BF16_PANEL; gemm_panel.c). */
+void moe_gemm_rows_panel_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T,
+                                const void *w, int K, int n0, int n1, const struct moe_tensor *b);
+/* Outputs of the widest panel tile for T input rows: slices of panel
+ * products are multiples of it. */
+int moe_gemm_panel_slice_unit(int T);
+/* The calling thread's buffer of at least n floats, 64-byte aligned (input
+ * rows for the even/odd kernels, gemm_eo.h, or widened weight panels,
+ * gemm_panel.c; one call's use at a time), kept until the thread exits;
+ * NULL when out of memory. */
 float *moe_gemm_thread_buffer(size_t n);
 uint64_t moe_read_sweep_avx2(const void *p, size_t n);
 float moe_dot_avx2(const float *a, const float *b, int n);

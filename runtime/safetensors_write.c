@@ -39,7 +39,8 @@ static int dtype_rank(enum moe_dtype t)
     case MOE_DTYPE_F64: return 12;
     case MOE_DTYPE_I64: return 13;
     case MOE_DTYPE_U64: return 14;
-    case MOE_DTYPE_COUNT: break;
+    case MOE_DTYPE_COUNT:
+    case MOE_DTYPE_BF16_PANEL: break; /* not a safetensors dtype: the writer refuses it */
     }
     return -1;
 }

@@ -21,12 +21,14 @@ static const struct {
 
 size_t moe_dtype_size(enum moe_dtype t)
 {
+    if (t == MOE_DTYPE_BF16_PANEL) return 2; /* per element of the logical shape */
     MOE_ASSERT((unsigned)t < MOE_DTYPE_COUNT);
     return dtype_info[t].size;
 }
 
 const char *moe_dtype_name(enum moe_dtype t)
 {
+    if (t == MOE_DTYPE_BF16_PANEL) return "BF16_PANEL";
     return (unsigned)t < MOE_DTYPE_COUNT ? dtype_info[t].name : "?";
 }
 

@@ -6,8 +6,13 @@
  * contiguous: shape[0] is the slowest dimension.
  *
  * The dtype list is the safetensors list (every dtype string the reference
- * implementation knows, except the sub-byte ones); the CPU backend computes
- * in fp32 and reads F32, F16 and BF16 weights directly. */
+ * implementation knows, except the sub-byte ones), then the runtime's own
+ * storage formats (MOE_DTYPE_BF16_PANEL: bf16 weights repacked for the fast
+ * CPU kernels, which changes how a matrix's bytes are ordered, so it is a
+ * dtype: every (data, dtype) pair that reaches a kernel says how to read the
+ * bytes, and code that does not know the format stops at its "not a float
+ * weight type" check instead of reading panels as rows); the CPU backend
+ * computes in fp32 and reads F32, F16 and BF16 weights directly. */
 #pragma once
 
 #include <stdbool.h>
@@ -37,7 +42,16 @@ enum moe_dtype {
     MOE_DTYPE_U32,
     MOE_DTYPE_U64,
     MOE_DTYPE_BOOL,
-    MOE_DTYPE_COUNT
+    MOE_DTYPE_COUNT, /* the safetensors dtypes above; storage formats of the runtime below */
+    /* bf16 weights of a 2-D (N, K) matrix, K even, repacked by the fast CPU
+     * backend (runtime/gemm_fast.h, moe_gemm_pack_panels) into panels of 16
+     * outputs: panel p (outputs 16p .. 16p+15, N padded up to a multiple of
+     * 16 with zero rows) is K/2 64-byte lines, line i holding 16 32-bit
+     * lanes, lane j = w[16p+j][2i] | w[16p+j][2i+1] << 16.  Panel p starts
+     * at byte p*32*K.  The tensor keeps its logical shape (N, K); only the
+     * fast AVX-512 kernels read it (moe_dtype_name says "BF16_PANEL"; it is
+     * never parsed, written to a file or converted by moe_convert_row_f32). */
+    MOE_DTYPE_BF16_PANEL,
 };
 
 struct moe_tensor {

@@ -6,7 +6,9 @@
  * block, experts with all the rows or none, F32/F16/BF16 weights.  The fast
  * path reorders sums, so agreement is to fp32 tolerance; its own row
  * independence (a row's result does not depend on the rest of the batch) is
- * checked exactly. */
+ * checked exactly.  The same holds for bf16 weights repacked into panels
+ * (MOE_DTYPE_BF16_PANEL, AVX-512 only), whose kernels are checked against
+ * the reference on the natural weights. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 #include "router/router.h"
 #include "runtime/gemm.h"
 #include "runtime/gemm_fast.h"
+#include "runtime/runner.h"
 #include "tests/testutil.h"
 
 static const enum moe_dtype dtypes[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
@@ -290,4 +293,338 @@ Test(fast_ops, backend_names_and_selection)
     cr_expect_eq(moe_backend_cpu_isa(&be), (int)moe_cpu_isa_detect());
     cr_expect_str_eq(be.ops->name, moe_cpu_isa_detect() == MOE_CPU_ISA_REF ? "cpu-ref" : "cpu");
     moe_backend_free(&be);
+}
+
+/* ---- bf16 weights in panels ---- */
+
+static bool has_panels(void) { return moe_cpu_isa_detect() == MOE_CPU_ISA_AVX512; }
+
+/* w (N, K) bf16 in panels (new 64-byte aligned memory). */
+static void *pack(const void *w, int N, int K)
+{
+    size_t bytes;
+    cr_assert(moe_gemm_panel_bytes(N, K, &bytes), "panel size of (%d, %d)", N, K);
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    memset(p, 0xa5, bytes); /* every byte must be written */
+    moe_gemm_pack_panels(p, w, N, K);
+    return p;
+}
+
+/* The layout as tensor.h describes it, read back element by element. */
+static uint16_t panel_at(const void *p, int K, int n, int k)
+{
+    const uint32_t *lanes = p;
+    uint32_t v = lanes[(size_t)(n / 16) * 16 * (K / 2) + (size_t)(k / 2) * 16 + n % 16];
+    return (uint16_t)(k % 2 ? v >> 16 : v & 0xffff);
+}
+
+Test(fast_ops, panels_pack_round_trip)
+{
+    const int Ns[] = {1, 15, 16, 17, 50, 100};
+    const int Ks[] = {2, 32, 34, 64, 100, 258};
+    for (size_t a = 0; a < sizeof Ns / sizeof Ns[0]; a++)
+        for (size_t b = 0; b < sizeof Ks / sizeof Ks[0]; b++) {
+            const int N = Ns[a], K = Ks[b], Np = (N + 15) / 16 * 16;
+            uint16_t *w = random_weights((size_t)N * K, MOE_DTYPE_BF16, (uint64_t)N * 31 + K);
+            void *p = pack(w, N, K);
+            size_t bytes;
+            cr_assert(moe_gemm_panel_bytes(N, K, &bytes));
+            cr_expect_eq(bytes, (size_t)Np * K * 2);
+            int bad = 0;
+            for (int n = 0; n < Np; n++)
+                for (int k = 0; k < K; k++)
+                    bad += panel_at(p, K, n, k) != (n < N ? w[(size_t)n * K + k] : 0);
+            cr_expect_eq(bad, 0, "N=%d K=%d: %d elements differ after unpacking", N, K, bad);
+            free(w);
+            free(p);
+        }
+    size_t bytes;
+    cr_expect_not(moe_gemm_panel_bytes(16, 7, &bytes), "odd K cannot be packed");
+    cr_expect_not(moe_gemm_panel_bytes(0, 8, &bytes));
+    cr_expect_not(moe_gemm_panel_bytes((int64_t)1 << 40, 8, &bytes));
+}
+
+static void check_gemm_panels(int T, int N, int K, bool bias, enum moe_dtype bias_dt)
+{
+    uint64_t seed = (uint64_t)T * 1000003u + (uint64_t)N * 1009u + (uint64_t)K * 7u + 99;
+    void *w = random_weights((size_t)N * K, MOE_DTYPE_BF16, seed);
+    void *p = pack(w, N, K);
+    float *x = malloc((size_t)T * K * sizeof(float));
+    tu_fill_uniform(x, (size_t)T * K, seed + 1, -1, 1);
+    void *bv = random_weights((size_t)N, bias_dt, seed + 2);
+    struct moe_tensor b = {.dtype = bias_dt, .ndim = 1, .shape = {N}, .data = bv};
+    float *ref = malloc((size_t)T * N * sizeof(float)), *got = malloc((size_t)T * N * sizeof(float));
+    float *one = malloc((size_t)N * sizeof(float));
+    float *scratch = malloc((size_t)K * 64 * sizeof(float));
+    moe_gemm_cpu(ref, N, x, K, w, MOE_DTYPE_BF16, N, K, T, bias ? &b : NULL, scratch);
+    moe_gemm_fast(MOE_CPU_ISA_AVX512, got, N, x, K, p, MOE_DTYPE_BF16_PANEL, N, K, T, bias ? &b : NULL);
+    char what[160];
+    snprintf(what, sizeof what, "gemm panels T=%d N=%d K=%d bias=%s", T, N, K,
+             bias ? moe_dtype_name(bias_dt) : "none");
+    cr_expect(tu_allclose(what, got, ref, (size_t)T * N, dot_atol(K), 1e-5f), "%s", what);
+    for (int r = 0; r < T; r += (T > 8 ? 7 : 1)) {
+        moe_gemm_fast(MOE_CPU_ISA_AVX512, one, N, x + (size_t)r * K, K, p, MOE_DTYPE_BF16_PANEL, N,
+                      K, 1, bias ? &b : NULL);
+        cr_expect(memcmp(one, got + (size_t)r * N, (size_t)N * sizeof(float)) == 0,
+                  "%s: row %d alone differs from the batch", what, r);
+    }
+    free(w);
+    free(p);
+    free(x);
+    free(bv);
+    free(ref);
+    free(got);
+    free(one);
+    free(scratch);
+}
+
+Test(fast_ops, gemm_panels_match_reference)
+{
+    if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
+    const int Ts[] = {1, 2, 3, 4, 5, 7, 12, 18, 47, 48, 67};
+    const int Ns[] = {1, 5, 13, 16, 50, 97, 160};
+    const int Ks[] = {2, 16, 34, 64, 100}; /* even: K pairs */
+    const enum moe_dtype bts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16, MOE_DTYPE_F16};
+    for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
+        for (size_t n = 0; n < sizeof Ns / sizeof Ns[0]; n++)
+            for (size_t k = 0; k < sizeof Ks / sizeof Ks[0]; k++)
+                check_gemm_panels(Ts[a], Ns[n], Ks[k], (a + n + k) % 2 == 0, bts[(a + k) % 3]);
+    /* many row blocks, and k blocks of the widened panels (K > 4096) */
+    check_gemm_panels(1100, 70, 64, true, MOE_DTYPE_F32);
+    check_gemm_panels(60, 33, 8200, false, MOE_DTYPE_F32);
+}
+
+/* Every row of x alone gives the same bits as in batches of every size the
+ * kernels treat differently (1..67 and 512 rows, at every offset a batch
+ * of that size falls on), whole or sliced at panel boundaries, and with k
+ * blocks when K is long. */
+static void check_panel_bits(int N, int K, int rows, const int *sizes, int n_sizes)
+{
+    void *w = random_weights((size_t)N * K, MOE_DTYPE_BF16, (uint64_t)N * K);
+    void *p = pack(w, N, K);
+    float *x = malloc((size_t)rows * K * sizeof(float));
+    tu_fill_uniform(x, (size_t)rows * K, 77, -1, 1);
+    float *alone = malloc((size_t)rows * N * sizeof(float)), *got = malloc((size_t)rows * N * sizeof(float));
+    for (int r = 0; r < rows; r++)
+        moe_gemm_fast_rows(MOE_CPU_ISA_AVX512, alone + (size_t)r * N, (size_t)N, x + (size_t)r * K,
+                           (size_t)K, 1, p, MOE_DTYPE_BF16_PANEL, K, 0, N, NULL);
+    for (int i = 0; i < n_sizes; i++) {
+        const int B = sizes[i];
+        memset(got, 0, (size_t)rows * N * sizeof(float));
+        for (int t0 = 0; t0 < rows; t0 += B) {
+            const int tn = rows - t0 < B ? rows - t0 : B;
+            moe_gemm_fast(MOE_CPU_ISA_AVX512, got + (size_t)t0 * N, N, x + (size_t)t0 * K, K, p,
+                          MOE_DTYPE_BF16_PANEL, N, K, tn, NULL);
+        }
+        cr_expect(memcmp(got, alone, (size_t)rows * N * sizeof(float)) == 0,
+                  "N=%d K=%d: batches of %d rows differ from rows alone", N, K, B);
+        /* the same batches, as slices at panel boundaries (and one that is not) */
+        const int cuts[][4] = {{0, 16, 48, N}, {0, 32, N, N}, {0, 7, 40, N}};
+        for (int c = 0; c < 3; c++) {
+            memset(got, 0, (size_t)rows * N * sizeof(float));
+            for (int t0 = 0; t0 < rows; t0 += B) {
+                const int tn = rows - t0 < B ? rows - t0 : B;
+                for (int j = 0; j < 3; j++)
+                    moe_gemm_fast_rows(MOE_CPU_ISA_AVX512, got + (size_t)t0 * N, (size_t)N,
+                                       x + (size_t)t0 * K, (size_t)K, tn, p, MOE_DTYPE_BF16_PANEL,
+                                       K, cuts[c][j] < N ? cuts[c][j] : N,
+                                       cuts[c][j + 1] < N ? cuts[c][j + 1] : N, NULL);
+            }
+            cr_expect(memcmp(got, alone, (size_t)rows * N * sizeof(float)) == 0,
+                      "N=%d K=%d: batches of %d rows sliced at %d,%d,%d differ from rows alone", N,
+                      K, B, cuts[c][1], cuts[c][2], cuts[c][3]);
+        }
+    }
+    free(w);
+    free(p);
+    free(x);
+    free(alone);
+    free(got);
+}
+
+Test(fast_ops, gemm_panels_rows_bit_identical_in_any_batch)
+{
+    if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
+    int sizes[68];
+    for (int i = 0; i < 67; i++) sizes[i] = i + 1;
+    sizes[67] = 512;
+    check_panel_bits(100, 130, 600, sizes, 68);
+    const int long_k[] = {1, 3, 12, 48, 61};
+    check_panel_bits(40, 8200, 61, long_k, 5);
+}
+
+/* Expert phase and multi-products over panels equal the natural weights'
+ * reference. */
+static void check_experts_panels(int T, int K, int E, int D, int F)
+{
+    uint64_t seed = (uint64_t)T * 131u + (uint64_t)E * 17u + (uint64_t)D * 3u + (uint64_t)F;
+    const void *gate[16], *up[16], *down[16], *pg[16], *pu[16], *pd[16];
+    cr_assert(E <= 16);
+    for (int e = 0; e < E; e++) {
+        gate[e] = random_weights((size_t)F * D, MOE_DTYPE_BF16, seed + 10 * e);
+        up[e] = random_weights((size_t)F * D, MOE_DTYPE_BF16, seed + 10 * e + 1);
+        down[e] = random_weights((size_t)D * F, MOE_DTYPE_BF16, seed + 10 * e + 2);
+        pg[e] = pack(gate[e], F, D);
+        pu[e] = pack(up[e], F, D);
+        pd[e] = pack(down[e], D, F);
+    }
+    struct moe_expert_weights ex = {MOE_DTYPE_BF16, gate, up, down};
+    struct moe_expert_weights exp = {MOE_DTYPE_BF16_PANEL, pg, pu, pd};
+    int32_t *ids = malloc((size_t)T * K * sizeof(int32_t));
+    float *w = malloc((size_t)T * K * sizeof(float));
+    uint64_t s = seed;
+    for (int r = 0; r < T; r++)
+        for (int k = 0; k < K; k++) {
+            int e;
+            bool dup;
+            do {
+                e = (int)(tu_rand_u64(&s) % (uint64_t)(E - 1));
+                dup = false;
+                for (int j = 0; j < k; j++) dup |= ids[r * K + j] == e;
+            } while (dup);
+            ids[r * K + k] = e;
+            w[r * K + k] = tu_rand_uniform(&s, 0.1f, 1.0f);
+        }
+    int32_t counts[16], offsets[17], *perm = malloc((size_t)T * K * sizeof(int32_t)),
+                                     *pos = malloc((size_t)T * K * sizeof(int32_t));
+    struct moe_dispatch plan = {counts, offsets, perm, pos};
+    moe_router_dispatch_cpu(&plan, ids, T, K, E);
+    const size_t n = (size_t)T * K;
+    struct moe_expert_ws ws = {malloc(n * D * 4), malloc(n * F * 4), malloc(n * F * 4), malloc(n * D * 4)};
+    float *x = malloc((size_t)T * D * 4), *ref = malloc((size_t)T * D * 4), *got = malloc((size_t)T * D * 4);
+    tu_fill_uniform(x, (size_t)T * D, seed + 99, -1, 1);
+    float *scratch = malloc((size_t)(D > F ? D : F) * 64 * sizeof(float));
+    moe_experts_ffn_cpu(ref, x, &plan, w, &ex, &ws, T, K, D, F, E, scratch);
+    int32_t active[16];
+    moe_experts_ffn_fast(MOE_CPU_ISA_AVX512, got, x, &plan, w, &exp, &ws, T, K, D, F, E, active);
+    char what[160];
+    snprintf(what, sizeof what, "experts panels T=%d K=%d E=%d D=%d F=%d", T, K, E, D, F);
+    cr_expect(tu_allclose(what, got, ref, (size_t)T * D, 1e-5f * (float)(D + F) * K, 1e-4f), "%s", what);
+    for (int e = 0; e < E; e++) {
+        free((void *)gate[e]);
+        free((void *)up[e]);
+        free((void *)down[e]);
+        free((void *)pg[e]);
+        free((void *)pu[e]);
+        free((void *)pd[e]);
+    }
+    free(ids);
+    free(w);
+    free(perm);
+    free(pos);
+    free(ws.xe);
+    free(ws.g);
+    free(ws.u);
+    free(ws.ye);
+    free(x);
+    free(ref);
+    free(got);
+    free(scratch);
+}
+
+Test(fast_ops, experts_panels_match_reference)
+{
+    if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
+    check_experts_panels(1, 2, 8, 38, 22);
+    check_experts_panels(9, 1, 5, 40, 34);
+    check_experts_panels(70, 3, 11, 20, 46);
+    check_experts_panels(5, 4, 16, 64, 100);
+    check_experts_panels(130, 2, 3, 256, 96); /* row blocks of variant b inside an expert */
+}
+
+Test(fast_ops, gemm_multi_with_panels_equals_separate_products)
+{
+    if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
+    enum { Din = 78 };
+    const int N[3] = {131, 17, 50}, Ts[] = {1, 5, 60};
+    for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++) {
+        const int T = Ts[a];
+        float *x = malloc((size_t)T * Din * sizeof(float));
+        tu_fill_uniform(x, (size_t)T * Din, 5, -1, 1);
+        const void *w[3];
+        void *nat[3];
+        float *y[3], *want[3];
+        const enum moe_dtype wt[3] = {MOE_DTYPE_BF16_PANEL, MOE_DTYPE_F16, MOE_DTYPE_BF16_PANEL};
+        for (int j = 0; j < 3; j++) {
+            nat[j] = random_weights((size_t)N[j] * Din, wt[j] == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16, 40 + j);
+            w[j] = wt[j] == MOE_DTYPE_F16 ? nat[j] : pack(nat[j], N[j], Din);
+            y[j] = malloc((size_t)T * N[j] * sizeof(float));
+            want[j] = malloc((size_t)T * N[j] * sizeof(float));
+            moe_gemm_fast(MOE_CPU_ISA_AVX512, want[j], N[j], x, Din, w[j], wt[j], N[j], Din, T, NULL);
+        }
+        moe_gemm_fast_multi(MOE_CPU_ISA_AVX512, 3, y, x, Din, w, wt, N, T, NULL);
+        for (int j = 0; j < 3; j++) {
+            cr_expect(memcmp(y[j], want[j], (size_t)T * N[j] * sizeof(float)) == 0,
+                      "T=%d: product %d differs", T, j);
+            if (w[j] != nat[j]) free((void *)w[j]);
+            free(nat[j]);
+            free(y[j]);
+            free(want[j]);
+        }
+        free(x);
+    }
+}
+
+/* The fast backend repacks a bf16 model's matrices at prepare_model unless
+ * MOERUN_CPU_PANELS=0; both give the same greedy tokens and logits within
+ * fp32 tolerance, preparing again does nothing, and a backend that did not
+ * pack the model refuses it. */
+static void run_synthetic(bool panels, int32_t *out, float *logits, bool *packed)
+{
+    if (panels)
+        unsetenv("MOERUN_CPU_PANELS");
+    else
+        setenv("MOERUN_CPU_PANELS", "0", 1);
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK, "%s",
+                 moe_last_error());
+    struct moe_model m;
+    cr_assert_eq(moe_model_synthetic(&m, &cfg, MOE_DTYPE_BF16, 11), MOE_OK, "%s", moe_last_error());
+    struct moe_backend be;
+    cr_assert_eq(moe_backend_cpu_fast_init(&be, 0), MOE_OK);
+    struct moe_runner r;
+    struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 1, .max_logits = 64, .block_size = 8,
+                                .n_blocks = 32};
+    cr_assert_eq(moe_runner_init(&r, &m, &be, &o), MOE_OK, "%s", moe_last_error());
+    *packed = m.layers[0].wq.dtype == MOE_DTYPE_BF16_PANEL &&
+              m.layers[0].experts.dtype == MOE_DTYPE_BF16_PANEL &&
+              m.lm_head.dtype == MOE_DTYPE_BF16_PANEL;
+    const void *wq = m.layers[0].wq.data;
+    cr_assert_eq(be.ops->prepare_model(&be, &m), MOE_OK, "%s", moe_last_error());
+    cr_expect_eq(m.layers[0].wq.data, wq, "preparing again must change nothing");
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = (i * 37 + 5) % cfg.vocab;
+    struct moe_seq seq = {0};
+    struct moe_chunk c = {&seq, prompt, 20, true, false, 0};
+    cr_assert_eq(moe_runner_step(&r, &c, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    moe_seq_free(&r, &seq);
+    cr_assert_eq(moe_runner_greedy(&r, &seq, prompt, 20, 12, 7, out), MOE_OK, "%s", moe_last_error());
+    moe_seq_free(&r, &seq);
+    if (*packed) {
+        struct moe_backend ref;
+        cr_assert_eq(moe_backend_cpu_init(&ref, 0), MOE_OK);
+        cr_expect_eq(ref.ops->prepare_model(&ref, &m), MOE_ERR_INVALID_ARG,
+                     "a backend must refuse a model packed by another");
+        moe_backend_free(&ref);
+    }
+    moe_runner_free(&r);
+    moe_backend_free(&be);
+    moe_model_free(&m);
+}
+
+Test(fast_ops, backend_packs_panels_unless_disabled)
+{
+    if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
+    int32_t on[12], off[12];
+    bool packed_on, packed_off;
+    const int V = 1024;
+    float *lon = malloc((size_t)20 * V * sizeof(float)), *loff = malloc((size_t)20 * V * sizeof(float));
+    run_synthetic(true, on, lon, &packed_on);
+    run_synthetic(false, off, loff, &packed_off);
+    cr_expect(packed_on, "bf16 matrices must be in panels");
+    cr_expect_not(packed_off, "MOERUN_CPU_PANELS=0 must keep the natural layout");
+    cr_expect(tu_allclose("logits panels vs natural", lon, loff, (size_t)20 * V, 1e-4f, 1e-3f));
+    cr_expect(memcmp(on, off, sizeof on) == 0, "greedy tokens differ between the layouts");
+    free(lon);
+    free(loff);
 }
