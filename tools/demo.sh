@@ -9,5 +9,10 @@ cmake --build build -j"$(nproc)" --target moerun
 MODEL=models/demo-moe
 build/moerun inspect "$MODEL"
 PROMPT="Once upon a time"
+# the GPU when there is one, so no fallback notice breaks the text below
+BACKEND=cpu
+if nvidia-smi -L >/dev/null 2>&1 && build/moerun run "$MODEL" -p "a" -n 1 --backend cuda >/dev/null 2>&1; then
+  BACKEND=cuda
+fi
 printf '%s' "$PROMPT"   # moerun run prints only the continuation
-build/moerun run "$MODEL" -p "$PROMPT" -n 48
+build/moerun run "$MODEL" -p "$PROMPT" -n 48 --backend "$BACKEND"
