@@ -47,31 +47,41 @@ static void *random_weights(size_t n, enum moe_dtype t, uint64_t seed)
 /* Tolerance for dot products of length n of values in [-1, 1). */
 static float dot_atol(int n) { return 2e-6f * (float)n + 1e-6f; }
 
-static void check_gemm(enum moe_cpu_isa isa, enum moe_dtype t, int T, int N, int Din, bool bias)
+static void *pack(const void *w, int N, int K);
+
+/* The fast GEMM equals the reference, and each row alone gives the bits it
+ * gets in the batch.  With panels (bf16 only) the fast side multiplies a
+ * packed copy of the weights. */
+static void check_gemm(enum moe_cpu_isa isa, enum moe_dtype t, int T, int N, int Din, bool bias,
+                       enum moe_dtype bias_dt, bool panels)
 {
     uint64_t seed = (uint64_t)T * 1000003u + (uint64_t)N * 1009u + (uint64_t)Din * 7u + t;
     void *w = random_weights((size_t)N * Din, t, seed);
+    void *p = panels ? pack(w, N, Din) : NULL;
+    const void *fw = panels ? p : w;
+    const enum moe_dtype ft = panels ? MOE_DTYPE_BF16_PANEL : t;
     float *x = malloc((size_t)T * Din * sizeof(float));
     tu_fill_uniform(x, (size_t)T * Din, seed + 1, -1, 1);
-    float *bv = malloc((size_t)N * sizeof(float));
-    tu_fill_uniform(bv, (size_t)N, seed + 2, -1, 1);
-    struct moe_tensor b = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bv};
+    void *bv = random_weights((size_t)N, bias_dt, seed + 2);
+    struct moe_tensor b = {.dtype = bias_dt, .ndim = 1, .shape = {N}, .data = bv};
     float *ref = malloc((size_t)T * N * sizeof(float)), *got = malloc((size_t)T * N * sizeof(float));
     float *one = malloc((size_t)N * sizeof(float));
     float *scratch = malloc((size_t)Din * 64 * sizeof(float));
     moe_gemm_cpu(ref, N, x, Din, w, t, N, Din, T, bias ? &b : NULL, scratch);
-    moe_gemm_fast(isa, got, N, x, Din, w, t, N, Din, T, bias ? &b : NULL);
+    moe_gemm_fast(isa, got, N, x, Din, fw, ft, N, Din, T, bias ? &b : NULL);
     char what[160];
-    snprintf(what, sizeof what, "gemm %s %s T=%d N=%d Din=%d bias=%d", moe_cpu_isa_name(isa),
-             moe_dtype_name(t), T, N, Din, bias);
+    snprintf(what, sizeof what, "gemm %s %s%s T=%d N=%d Din=%d bias=%s", moe_cpu_isa_name(isa),
+             moe_dtype_name(t), panels ? " panels" : "", T, N, Din,
+             bias ? moe_dtype_name(bias_dt) : "none");
     cr_expect(tu_allclose(what, got, ref, (size_t)T * N, dot_atol(Din), 1e-5f), "%s", what);
     /* row independence: each row alone gives the same bits */
     for (int r = 0; r < T; r += (T > 8 ? 7 : 1)) {
-        moe_gemm_fast(isa, one, N, x + (size_t)r * Din, Din, w, t, N, Din, 1, bias ? &b : NULL);
+        moe_gemm_fast(isa, one, N, x + (size_t)r * Din, Din, fw, ft, N, Din, 1, bias ? &b : NULL);
         cr_expect(memcmp(one, got + (size_t)r * N, (size_t)N * sizeof(float)) == 0,
                   "%s: row %d alone differs from the batch", what, r);
     }
     free(w);
+    free(p);
     free(x);
     free(bv);
     free(ref);
@@ -93,7 +103,8 @@ Test(fast_ops, gemm_matches_reference_awkward_shapes)
             for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
                 for (size_t n = 0; n < sizeof Ns / sizeof Ns[0]; n++)
                     for (size_t k = 0; k < sizeof Ds / sizeof Ds[0]; k++)
-                        check_gemm(is[i], dtypes[d], Ts[a], Ns[n], Ds[k], (a + n + k) % 2 == 0);
+                        check_gemm(is[i], dtypes[d], Ts[a], Ns[n], Ds[k], (a + n + k) % 2 == 0,
+                                   MOE_DTYPE_F32, false);
 }
 
 Test(fast_ops, gemm_large_parallel_bf16_and_f16)
@@ -102,8 +113,8 @@ Test(fast_ops, gemm_large_parallel_bf16_and_f16)
     int ni = isas(is);
     if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
     for (int i = 0; i < ni; i++) {
-        check_gemm(is[i], MOE_DTYPE_BF16, 130, 301, 259, true);
-        check_gemm(is[i], MOE_DTYPE_F16, 1, 1027, 515, false);
+        check_gemm(is[i], MOE_DTYPE_BF16, 130, 301, 259, true, MOE_DTYPE_F32, false);
+        check_gemm(is[i], MOE_DTYPE_F16, 1, 1027, 515, false, MOE_DTYPE_F32, false);
     }
 }
 
@@ -144,9 +155,10 @@ Test(fast_ops, gemm_multi_equals_separate_products)
 
 /* The fast expert phase equals the reference for a routing in which expert
  * `hot` takes every row (when hot >= 0) or routing is random; some experts
- * receive no rows either way. */
+ * receive no rows either way.  With panels (bf16 only) the fast phase reads
+ * packed copies of the experts, the reference the natural ones. */
 static void check_experts(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, int E, int D,
-                          int F, int hot)
+                          int F, int hot, bool panels)
 {
     uint64_t seed = (uint64_t)T * 31u + (uint64_t)E * 17u + (uint64_t)D + (uint64_t)F * 3u + t;
     const void *gate[16], *up[16], *down[16];
@@ -156,7 +168,17 @@ static void check_experts(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, 
         up[e] = random_weights((size_t)F * D, t, seed + 10 * e + 1);
         down[e] = random_weights((size_t)D * F, t, seed + 10 * e + 2);
     }
-    struct moe_expert_weights ex = {t, gate, up, down};
+    struct moe_expert_weights ex = {t, gate, up, down}, fx = ex;
+    const void *pg[16], *pu[16], *pd[16];
+    if (panels) {
+        cr_assert(t == MOE_DTYPE_BF16);
+        for (int e = 0; e < E; e++) {
+            pg[e] = pack(gate[e], F, D);
+            pu[e] = pack(up[e], F, D);
+            pd[e] = pack(down[e], D, F);
+        }
+        fx = (struct moe_expert_weights){MOE_DTYPE_BF16_PANEL, pg, pu, pd};
+    }
     int32_t *ids = malloc((size_t)T * K * sizeof(int32_t));
     float *w = malloc((size_t)T * K * sizeof(float));
     uint64_t s = seed;
@@ -184,16 +206,22 @@ static void check_experts(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, 
     float *scratch = malloc((size_t)(D > F ? D : F) * 64 * sizeof(float));
     moe_experts_ffn_cpu(ref, x, &plan, w, &ex, &ws, T, K, D, F, E, scratch);
     int32_t active[16];
-    moe_experts_ffn_fast(isa, got, x, &plan, w, &ex, &ws, T, K, D, F, E, active);
+    moe_experts_ffn_fast(isa, got, x, &plan, w, &fx, &ws, T, K, D, F, E, active);
     char what[160];
-    snprintf(what, sizeof what, "experts %s %s T=%d K=%d E=%d D=%d F=%d hot=%d",
-             moe_cpu_isa_name(isa), moe_dtype_name(t), T, K, E, D, F, hot);
+    snprintf(what, sizeof what, "experts %s %s%s T=%d K=%d E=%d D=%d F=%d hot=%d",
+             moe_cpu_isa_name(isa), moe_dtype_name(t), panels ? " panels" : "", T, K, E, D, F,
+             hot);
     /* outputs are sums of K*F products of values up to ~sqrt(D) */
     cr_expect(tu_allclose(what, got, ref, (size_t)T * D, 1e-5f * (float)(D + F) * K, 1e-4f), "%s", what);
     for (int e = 0; e < E; e++) {
         free((void *)gate[e]);
         free((void *)up[e]);
         free((void *)down[e]);
+        if (panels) {
+            free((void *)pg[e]);
+            free((void *)pu[e]);
+            free((void *)pd[e]);
+        }
     }
     free(ids);
     free(w);
@@ -216,10 +244,10 @@ Test(fast_ops, experts_match_reference)
     if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
     for (int i = 0; i < ni; i++)
         for (size_t d = 0; d < 3; d++) {
-            check_experts(is[i], dtypes[d], 1, 2, 8, 37, 21, -1);   /* one row */
-            check_experts(is[i], dtypes[d], 9, 1, 5, 40, 33, 3);    /* one expert has all */
-            check_experts(is[i], dtypes[d], 70, 3, 11, 19, 45, -1); /* many rows, some idle */
-            check_experts(is[i], dtypes[d], 5, 4, 16, 64, 100, 0);
+            check_experts(is[i], dtypes[d], 1, 2, 8, 37, 21, -1, false);   /* one row */
+            check_experts(is[i], dtypes[d], 9, 1, 5, 40, 33, 3, false);    /* one expert has all */
+            check_experts(is[i], dtypes[d], 70, 3, 11, 19, 45, -1, false); /* many rows, some idle */
+            check_experts(is[i], dtypes[d], 5, 4, 16, 64, 100, 0, false);
         }
 }
 
@@ -344,40 +372,6 @@ Test(fast_ops, panels_pack_round_trip)
     cr_expect_not(moe_gemm_panel_bytes((int64_t)1 << 40, 8, &bytes));
 }
 
-static void check_gemm_panels(int T, int N, int K, bool bias, enum moe_dtype bias_dt)
-{
-    uint64_t seed = (uint64_t)T * 1000003u + (uint64_t)N * 1009u + (uint64_t)K * 7u + 99;
-    void *w = random_weights((size_t)N * K, MOE_DTYPE_BF16, seed);
-    void *p = pack(w, N, K);
-    float *x = malloc((size_t)T * K * sizeof(float));
-    tu_fill_uniform(x, (size_t)T * K, seed + 1, -1, 1);
-    void *bv = random_weights((size_t)N, bias_dt, seed + 2);
-    struct moe_tensor b = {.dtype = bias_dt, .ndim = 1, .shape = {N}, .data = bv};
-    float *ref = malloc((size_t)T * N * sizeof(float)), *got = malloc((size_t)T * N * sizeof(float));
-    float *one = malloc((size_t)N * sizeof(float));
-    float *scratch = malloc((size_t)K * 64 * sizeof(float));
-    moe_gemm_cpu(ref, N, x, K, w, MOE_DTYPE_BF16, N, K, T, bias ? &b : NULL, scratch);
-    moe_gemm_fast(MOE_CPU_ISA_AVX512, got, N, x, K, p, MOE_DTYPE_BF16_PANEL, N, K, T, bias ? &b : NULL);
-    char what[160];
-    snprintf(what, sizeof what, "gemm panels T=%d N=%d K=%d bias=%s", T, N, K,
-             bias ? moe_dtype_name(bias_dt) : "none");
-    cr_expect(tu_allclose(what, got, ref, (size_t)T * N, dot_atol(K), 1e-5f), "%s", what);
-    for (int r = 0; r < T; r += (T > 8 ? 7 : 1)) {
-        moe_gemm_fast(MOE_CPU_ISA_AVX512, one, N, x + (size_t)r * K, K, p, MOE_DTYPE_BF16_PANEL, N,
-                      K, 1, bias ? &b : NULL);
-        cr_expect(memcmp(one, got + (size_t)r * N, (size_t)N * sizeof(float)) == 0,
-                  "%s: row %d alone differs from the batch", what, r);
-    }
-    free(w);
-    free(p);
-    free(x);
-    free(bv);
-    free(ref);
-    free(got);
-    free(one);
-    free(scratch);
-}
-
 Test(fast_ops, gemm_panels_match_reference)
 {
     if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
@@ -388,10 +382,11 @@ Test(fast_ops, gemm_panels_match_reference)
     for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
         for (size_t n = 0; n < sizeof Ns / sizeof Ns[0]; n++)
             for (size_t k = 0; k < sizeof Ks / sizeof Ks[0]; k++)
-                check_gemm_panels(Ts[a], Ns[n], Ks[k], (a + n + k) % 2 == 0, bts[(a + k) % 3]);
+                check_gemm(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, Ts[a], Ns[n], Ks[k],
+                           (a + n + k) % 2 == 0, bts[(a + k) % 3], true);
     /* many row blocks, and k blocks of the widened panels (K > 4096) */
-    check_gemm_panels(1100, 70, 64, true, MOE_DTYPE_F32);
-    check_gemm_panels(60, 33, 8200, false, MOE_DTYPE_F32);
+    check_gemm(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 1100, 70, 64, true, MOE_DTYPE_F32, true);
+    check_gemm(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 60, 33, 8200, false, MOE_DTYPE_F32, true);
 }
 
 /* Every row of x alone gives the same bits as in batches of every size the
@@ -453,83 +448,15 @@ Test(fast_ops, gemm_panels_rows_bit_identical_in_any_batch)
     check_panel_bits(40, 8200, 61, long_k, 5);
 }
 
-/* Expert phase and multi-products over panels equal the natural weights'
- * reference. */
-static void check_experts_panels(int T, int K, int E, int D, int F)
-{
-    uint64_t seed = (uint64_t)T * 131u + (uint64_t)E * 17u + (uint64_t)D * 3u + (uint64_t)F;
-    const void *gate[16], *up[16], *down[16], *pg[16], *pu[16], *pd[16];
-    cr_assert(E <= 16);
-    for (int e = 0; e < E; e++) {
-        gate[e] = random_weights((size_t)F * D, MOE_DTYPE_BF16, seed + 10 * e);
-        up[e] = random_weights((size_t)F * D, MOE_DTYPE_BF16, seed + 10 * e + 1);
-        down[e] = random_weights((size_t)D * F, MOE_DTYPE_BF16, seed + 10 * e + 2);
-        pg[e] = pack(gate[e], F, D);
-        pu[e] = pack(up[e], F, D);
-        pd[e] = pack(down[e], D, F);
-    }
-    struct moe_expert_weights ex = {MOE_DTYPE_BF16, gate, up, down};
-    struct moe_expert_weights exp = {MOE_DTYPE_BF16_PANEL, pg, pu, pd};
-    int32_t *ids = malloc((size_t)T * K * sizeof(int32_t));
-    float *w = malloc((size_t)T * K * sizeof(float));
-    uint64_t s = seed;
-    for (int r = 0; r < T; r++)
-        for (int k = 0; k < K; k++) {
-            int e;
-            bool dup;
-            do {
-                e = (int)(tu_rand_u64(&s) % (uint64_t)(E - 1));
-                dup = false;
-                for (int j = 0; j < k; j++) dup |= ids[r * K + j] == e;
-            } while (dup);
-            ids[r * K + k] = e;
-            w[r * K + k] = tu_rand_uniform(&s, 0.1f, 1.0f);
-        }
-    int32_t counts[16], offsets[17], *perm = malloc((size_t)T * K * sizeof(int32_t)),
-                                     *pos = malloc((size_t)T * K * sizeof(int32_t));
-    struct moe_dispatch plan = {counts, offsets, perm, pos};
-    moe_router_dispatch_cpu(&plan, ids, T, K, E);
-    const size_t n = (size_t)T * K;
-    struct moe_expert_ws ws = {malloc(n * D * 4), malloc(n * F * 4), malloc(n * F * 4), malloc(n * D * 4)};
-    float *x = malloc((size_t)T * D * 4), *ref = malloc((size_t)T * D * 4), *got = malloc((size_t)T * D * 4);
-    tu_fill_uniform(x, (size_t)T * D, seed + 99, -1, 1);
-    float *scratch = malloc((size_t)(D > F ? D : F) * 64 * sizeof(float));
-    moe_experts_ffn_cpu(ref, x, &plan, w, &ex, &ws, T, K, D, F, E, scratch);
-    int32_t active[16];
-    moe_experts_ffn_fast(MOE_CPU_ISA_AVX512, got, x, &plan, w, &exp, &ws, T, K, D, F, E, active);
-    char what[160];
-    snprintf(what, sizeof what, "experts panels T=%d K=%d E=%d D=%d F=%d", T, K, E, D, F);
-    cr_expect(tu_allclose(what, got, ref, (size_t)T * D, 1e-5f * (float)(D + F) * K, 1e-4f), "%s", what);
-    for (int e = 0; e < E; e++) {
-        free((void *)gate[e]);
-        free((void *)up[e]);
-        free((void *)down[e]);
-        free((void *)pg[e]);
-        free((void *)pu[e]);
-        free((void *)pd[e]);
-    }
-    free(ids);
-    free(w);
-    free(perm);
-    free(pos);
-    free(ws.xe);
-    free(ws.g);
-    free(ws.u);
-    free(ws.ye);
-    free(x);
-    free(ref);
-    free(got);
-    free(scratch);
-}
-
 Test(fast_ops, experts_panels_match_reference)
 {
     if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
-    check_experts_panels(1, 2, 8, 38, 22);
-    check_experts_panels(9, 1, 5, 40, 34);
-    check_experts_panels(70, 3, 11, 20, 46);
-    check_experts_panels(5, 4, 16, 64, 100);
-    check_experts_panels(130, 2, 3, 256, 96); /* row blocks of variant b inside an expert */
+    check_experts(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 1, 2, 8, 38, 22, -1, true);
+    check_experts(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 9, 1, 5, 40, 34, -1, true);
+    check_experts(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 70, 3, 11, 20, 46, -1, true);
+    check_experts(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 5, 4, 16, 64, 100, -1, true);
+    /* row blocks of variant b inside an expert */
+    check_experts(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 130, 2, 3, 256, 96, -1, true);
 }
 
 Test(fast_ops, gemm_multi_with_panels_equals_separate_products)
