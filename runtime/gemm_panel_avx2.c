@@ -15,8 +15,11 @@
  *   - decode (T <= 3 rows): 4 panels x 1 row (8 accumulators), 2 panels x
  *     2 rows (8) or 2 panels x 3 rows (12), bf16 converted in the loop,
  *     prefetch PF_DECODE bytes ahead on each panel;
- *   - variant a (T < B_MIN_ROWS): 1 panel x up to 6 rows (12), bf16
- *     converted in the loop;
+ *   - variant a (T < B_MIN_ROWS): 1 panel x up to 4 rows (8), both halves
+ *     of each line converted first (4 registers), then 2 broadcasts and 4
+ *     FMAs per row (measured on one core: 4 rows about as fast as 5 or 6,
+ *     which have no registers to spare; converting per half as the decode
+ *     tiles do was about 20% slower here);
  *   - variant b (blocks of B_MIN_ROWS rows or more): the tile's panel is
  *     widened to fp32 once per block of up to ROW_BLOCK rows (into the
  *     thread's buffer, k-blocked by K_BLOCK), then 1 panel x 6 rows of pure
@@ -39,7 +42,7 @@ enum {
     PF_DECODE = 512,  /* prefetch distance of the decode tiles, bytes per panel stream */
     MAX_P = 4,        /* widest panel count of any tile */
     MAX_R = 6,        /* most rows of any tile */
-    A_ROWS = 6,       /* variant a: 1 panel x up to 6 rows */
+    A_ROWS = 4,       /* variant a: 1 panel x up to 4 rows */
     B_ROWS = 6,       /* variant b: 1 panel x 6 rows */
     B_MIN_ROWS = 48,  /* row blocks of at least this many rows take variant b (as gemm_panel.c) */
     ROW_BLOCK = 512,  /* rows per block of variant b */
@@ -93,7 +96,7 @@ AVX2 INLINE void store_tile(const int P, const int R, __m256 acc[][2][MAX_R], fl
         }
 }
 
-/* Decode tiles and variant a: P panels from w (panel q; pst bytes between
+/* Decode tiles: P panels from w (panel q; pst bytes between
  * panels) x R rows of x, bf16 widened in the loop; pf: prefetch distance
  * (0: none). */
 AVX2 INLINE void tile_a(const int P, const int R, const int pf, const char *w, size_t pst,
@@ -128,6 +131,38 @@ AVX2 INLINE void tile_a(const int P, const int R, const int pf, const char *w, s
         }
     }
     store_tile(P, R, acc, y, ldy, q, n0, n1, true, b);
+}
+
+/* Variant a: one panel x R rows, both halves widened first at each k-pair
+ * (4 registers), then per row two broadcasts and 4 FMAs. */
+AVX2 INLINE void tile_va(const int R, const char *w, const float *x, size_t ldx, int KP, float *y,
+                        size_t ldy, int q, int n0, int n1, const struct moe_tensor *b)
+{
+    __m256 acc[1][2][MAX_R];
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) acc[0][0][r] = acc[0][1][r] = _mm256_setzero_ps();
+    for (int i = 0; i < KP; i++) {
+        const __m256i v0 = _mm256_load_si256((const __m256i *)(w + (size_t)i * 64));
+        const __m256i v1 = _mm256_load_si256((const __m256i *)(w + (size_t)i * 64 + 32));
+        const __m256 we0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+        const __m256 wo0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
+        const __m256 we1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+        const __m256 wo1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m256 xe = _mm256_broadcast_ss(x + (size_t)r * ldx + 2 * i);
+            acc[0][0][r] = _mm256_fmadd_ps(we0, xe, acc[0][0][r]);
+            acc[0][1][r] = _mm256_fmadd_ps(we1, xe, acc[0][1][r]);
+        }
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m256 xo = _mm256_broadcast_ss(x + (size_t)r * ldx + 2 * i + 1);
+            acc[0][0][r] = _mm256_fmadd_ps(wo0, xo, acc[0][0][r]);
+            acc[0][1][r] = _mm256_fmadd_ps(wo1, xo, acc[0][1][r]);
+        }
+    }
+    store_tile(1, R, acc, y, ldy, q, n0, n1, true, b);
 }
 
 /* Variant b: one panel widened to fp32 in wb (wb[k*16 + j], kn values of k
@@ -193,13 +228,15 @@ AVX2 static void decode_tile(int P, int R, const char *w, size_t pst, const floa
     }
 }
 
-/* Variant a: 1 panel x R <= 6 rows. */
-AVX2 static void a_tile(int R, const char *w, size_t pst, const float *x, size_t ldx, int KP,
+/* Variant a: 1 panel x R <= 4 rows. */
+AVX2 static void a_tile(int R, const char *w, const float *x, size_t ldx, int KP,
                         float *y, size_t ldy, int q, int n0, int n1, const struct moe_tensor *b)
 {
     switch (R) {
-        TILE_A(1, 1, 1, 0); TILE_A(2, 1, 2, 0); TILE_A(3, 1, 3, 0);
-        TILE_A(4, 1, 4, 0); TILE_A(5, 1, 5, 0); TILE_A(6, 1, 6, 0);
+    case 1: tile_va(1, w, x, ldx, KP, y, ldy, q, n0, n1, b); break;
+    case 2: tile_va(2, w, x, ldx, KP, y, ldy, q, n0, n1, b); break;
+    case 3: tile_va(3, w, x, ldx, KP, y, ldy, q, n0, n1, b); break;
+    case 4: tile_va(4, w, x, ldx, KP, y, ldy, q, n0, n1, b); break;
     }
 }
 #undef TILE_A
@@ -243,7 +280,7 @@ AVX2 void moe_gemm_rows_panel_avx2(float *y, size_t ldy, const float *x, size_t 
             for (int q = q0; q < q1; q++)
                 for (int t = 0; t < nt; t++) {
                     const int r0 = row_split(tn, nt, t), r1 = row_split(tn, nt, t + 1);
-                    a_tile(r1 - r0, w + q * pst, pst, xb + (size_t)r0 * ldx, ldx, KP,
+                    a_tile(r1 - r0, w + q * pst, xb + (size_t)r0 * ldx, ldx, KP,
                            yb + (size_t)r0 * ldy, ldy, q, n0, n1, b);
                 }
             continue;
