@@ -25,7 +25,7 @@
  * layout, and the expert table is rewritten to point into them:
  * gate[e] = gate[0] + e*2F*D elements, up[e] = gate[e] + F*D,
  * down[e] = down[0] + e*D*F.  The CUDA experts op requires that layout.
- * The fast CPU backend with the AVX-512 kernels likewise rewrites the views
+ * The fast CPU backend (AVX2 or AVX-512 kernels) likewise rewrites the views
  * of the model's bf16 matrices (attention, dense and shared FFN, routers,
  * LM head, every expert's gate/up/down; 2-D with an even inner size) to
  * copies in 16-output panels (MOE_DTYPE_BF16_PANEL) that it owns and frees

@@ -7,7 +7,7 @@
  * accumulators and the expert list is sized in prepare_model, so no op
  * allocates; the OpenMP team is created once and reused by every op.
  *
- * With the AVX-512 kernels, prepare_model also repacks the model's bf16
+ * With the AVX2 or AVX-512 kernels, prepare_model also repacks the model's bf16
  * matrices (every weight that goes through matmul or the expert phase) into
  * 16-output panels (MOE_DTYPE_BF16_PANEL, runtime/gemm_fast.h) in one
  * arena per model that the backend owns, rewrites the model's views to
@@ -514,7 +514,7 @@ static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_
     c->threads = omp_get_max_threads();
     c->isa = isa;
     const char *pan = getenv("MOERUN_CPU_PANELS");
-    c->panels = isa == MOE_CPU_ISA_AVX512 && !(pan && !strcmp(pan, "0"));
+    c->panels = isa >= MOE_CPU_ISA_AVX2 && !(pan && !strcmp(pan, "0"));
     be->ops = isa == MOE_CPU_ISA_REF ? &cpu_ops : &cpu_fast_ops;
     be->ctx = c;
     be->n_threads = c->threads;

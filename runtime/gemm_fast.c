@@ -1,5 +1,6 @@
 /* gemm_fast.c - choice of the fast kernel set and the parallel driver (see
- * gemm_fast.h); the kernels are in gemm_avx2.c and gemm_avx512.c. */
+ * gemm_fast.h); the kernels are in gemm_avx2.c and gemm_avx512.c, those over
+ * weights in panels in gemm_panel_avx2.c and gemm_panel.c. */
 #include "runtime/gemm_fast.h"
 
 #include <cpuid.h>
@@ -54,8 +55,10 @@ void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float 
 {
     if (n0 >= n1 || T <= 0) return;
     if (wt == MOE_DTYPE_BF16_PANEL) {
-        MOE_ASSERT(isa == MOE_CPU_ISA_AVX512 && "gemm_fast: panels need the AVX-512 kernels");
-        moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+        if (isa == MOE_CPU_ISA_AVX512)
+            moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+        else
+            moe_gemm_rows_panel_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     } else if (isa == MOE_CPU_ISA_AVX512)
         moe_gemm_rows_avx512(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
     else

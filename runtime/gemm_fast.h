@@ -19,7 +19,8 @@
  *
  * Panels: bf16 weights repacked by moe_gemm_pack_panels into 16-output
  * k-pair panels (MOE_DTYPE_BF16_PANEL, runtime/tensor.h) take kernels that
- * broadcast inputs over a tile of panels (gemm_panel.c; AVX-512 only):
+ * broadcast inputs over a tile of panels (gemm_panel.c for AVX-512,
+ * gemm_panel_avx2.c for AVX2, giving the same bits):
  * each output is one FMA chain in k order in its own vector lane, no
  * horizontal sum, so these too give a row the same bits alone or in any
  * batch (though not the bits of the natural-layout kernels).  The fast
@@ -54,8 +55,8 @@ const char *moe_cpu_isa_name(enum moe_cpu_isa isa);
 
 /* y[t*ldy + n] for t in [0, T), n in [n0, n1), computed by the calling
  * thread alone (for use inside a parallel region).  b may be NULL/absent.
- * isa must not be MOE_CPU_ISA_REF; MOE_DTYPE_BF16_PANEL weights need
- * MOE_CPU_ISA_AVX512, and slices that start and end on multiples of 16
+ * isa must not be MOE_CPU_ISA_REF; over MOE_DTYPE_BF16_PANEL weights both
+ * kernel sets give the same bits, and slices that start and end on multiples of 16
  * (panel boundaries, or n1 = N) share no work. */
 void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx,
                         int T, const void *w, enum moe_dtype wt, int Din, int n0, int n1,

@@ -15,8 +15,11 @@ void moe_gemm_rows_avx512(float *y, size_t ldy, const float *x, size_t ldx, int 
  * (MOE_DTYPE_BF16_PANEL; gemm_panel.c). */
 void moe_gemm_rows_panel_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T,
                                 const void *w, int K, int n0, int n1, const struct moe_tensor *b);
-/* Outputs of the widest panel tile for T input rows: slices of panel
- * products are multiples of it. */
+/* The same with AVX2 + FMA, same bits (gemm_panel_avx2.c). */
+void moe_gemm_rows_panel_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T,
+                              const void *w, int K, int n0, int n1, const struct moe_tensor *b);
+/* Outputs of the widest AVX-512 panel tile for T input rows (a multiple of
+ * the AVX2 one): slices of panel products are multiples of it. */
 int moe_gemm_panel_slice_unit(int T);
 /* The calling thread's buffer of at least n floats, 64-byte aligned (input
  * rows for the even/odd kernels, gemm_eo.h, or widened weight panels,

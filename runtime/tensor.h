@@ -49,8 +49,9 @@ enum moe_dtype {
      * 16 with zero rows) is K/2 64-byte lines, line i holding 16 32-bit
      * lanes, lane j = w[16p+j][2i] | w[16p+j][2i+1] << 16.  Panel p starts
      * at byte p*32*K.  The tensor keeps its logical shape (N, K); only the
-     * fast AVX-512 kernels read it (moe_dtype_name says "BF16_PANEL"; it is
-     * never parsed, written to a file or converted by moe_convert_row_f32). */
+     * fast AVX2 and AVX-512 kernels read it (same bits with either;
+     * moe_dtype_name says "BF16_PANEL"; it is never parsed, written to a
+     * file or converted by moe_convert_row_f32). */
     MOE_DTYPE_BF16_PANEL,
 };
 

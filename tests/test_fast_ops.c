@@ -7,8 +7,9 @@
  * path reorders sums, so agreement is to fp32 tolerance; its own row
  * independence (a row's result does not depend on the rest of the batch) is
  * checked exactly.  The same holds for bf16 weights repacked into panels
- * (MOE_DTYPE_BF16_PANEL, AVX-512 only), whose kernels are checked against
- * the reference on the natural weights. */
+ * (MOE_DTYPE_BF16_PANEL), whose kernels are checked against the reference
+ * on the natural weights, for each kernel set, and whose AVX2 and AVX-512
+ * kernels must give the same bits. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -325,7 +326,8 @@ Test(fast_ops, backend_names_and_selection)
 
 /* ---- bf16 weights in panels ---- */
 
-static bool has_panels(void) { return moe_cpu_isa_detect() == MOE_CPU_ISA_AVX512; }
+/* Kernel sets with panel kernels this processor runs (all fast ones). */
+static int panel_isas(enum moe_cpu_isa *out) { return isas(out); }
 
 /* w (N, K) bf16 in panels (new 64-byte aligned memory). */
 static void *pack(const void *w, int N, int K)
@@ -374,26 +376,31 @@ Test(fast_ops, panels_pack_round_trip)
 
 Test(fast_ops, gemm_panels_match_reference)
 {
-    if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
+    enum moe_cpu_isa is[4];
+    const int ni = panel_isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
     const int Ts[] = {1, 2, 3, 4, 5, 7, 12, 18, 47, 48, 67};
     const int Ns[] = {1, 5, 13, 16, 50, 97, 160};
     const int Ks[] = {2, 16, 34, 64, 100}; /* even: K pairs */
     const enum moe_dtype bts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16, MOE_DTYPE_F16};
-    for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
-        for (size_t n = 0; n < sizeof Ns / sizeof Ns[0]; n++)
-            for (size_t k = 0; k < sizeof Ks / sizeof Ks[0]; k++)
-                check_gemm(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, Ts[a], Ns[n], Ks[k],
-                           (a + n + k) % 2 == 0, bts[(a + k) % 3], true);
-    /* many row blocks, and k blocks of the widened panels (K > 4096) */
-    check_gemm(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 1100, 70, 64, true, MOE_DTYPE_F32, true);
-    check_gemm(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 60, 33, 8200, false, MOE_DTYPE_F32, true);
+    for (int i = 0; i < ni; i++) {
+        for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
+            for (size_t n = 0; n < sizeof Ns / sizeof Ns[0]; n++)
+                for (size_t k = 0; k < sizeof Ks / sizeof Ks[0]; k++)
+                    check_gemm(is[i], MOE_DTYPE_BF16, Ts[a], Ns[n], Ks[k], (a + n + k) % 2 == 0,
+                               bts[(a + k) % 3], true);
+        /* many row blocks, and k blocks of the widened panels (K > 4096) */
+        check_gemm(is[i], MOE_DTYPE_BF16, 1100, 70, 64, true, MOE_DTYPE_F32, true);
+        check_gemm(is[i], MOE_DTYPE_BF16, 60, 33, 8200, false, MOE_DTYPE_F32, true);
+    }
 }
 
 /* Every row of x alone gives the same bits as in batches of every size the
  * kernels treat differently (1..67 and 512 rows, at every offset a batch
  * of that size falls on), whole or sliced at panel boundaries, and with k
  * blocks when K is long. */
-static void check_panel_bits(int N, int K, int rows, const int *sizes, int n_sizes)
+static void check_panel_bits(enum moe_cpu_isa isa, int N, int K, int rows, const int *sizes,
+                             int n_sizes)
 {
     void *w = random_weights((size_t)N * K, MOE_DTYPE_BF16, (uint64_t)N * K);
     void *p = pack(w, N, K);
@@ -401,18 +408,19 @@ static void check_panel_bits(int N, int K, int rows, const int *sizes, int n_siz
     tu_fill_uniform(x, (size_t)rows * K, 77, -1, 1);
     float *alone = malloc((size_t)rows * N * sizeof(float)), *got = malloc((size_t)rows * N * sizeof(float));
     for (int r = 0; r < rows; r++)
-        moe_gemm_fast_rows(MOE_CPU_ISA_AVX512, alone + (size_t)r * N, (size_t)N, x + (size_t)r * K,
+        moe_gemm_fast_rows(isa, alone + (size_t)r * N, (size_t)N, x + (size_t)r * K,
                            (size_t)K, 1, p, MOE_DTYPE_BF16_PANEL, K, 0, N, NULL);
     for (int i = 0; i < n_sizes; i++) {
         const int B = sizes[i];
         memset(got, 0, (size_t)rows * N * sizeof(float));
         for (int t0 = 0; t0 < rows; t0 += B) {
             const int tn = rows - t0 < B ? rows - t0 : B;
-            moe_gemm_fast(MOE_CPU_ISA_AVX512, got + (size_t)t0 * N, N, x + (size_t)t0 * K, K, p,
+            moe_gemm_fast(isa, got + (size_t)t0 * N, N, x + (size_t)t0 * K, K, p,
                           MOE_DTYPE_BF16_PANEL, N, K, tn, NULL);
         }
         cr_expect(memcmp(got, alone, (size_t)rows * N * sizeof(float)) == 0,
-                  "N=%d K=%d: batches of %d rows differ from rows alone", N, K, B);
+                  "%s N=%d K=%d: batches of %d rows differ from rows alone",
+                  moe_cpu_isa_name(isa), N, K, B);
         /* the same batches, as slices at panel boundaries (and one that is not) */
         const int cuts[][4] = {{0, 16, 48, N}, {0, 32, N, N}, {0, 7, 40, N}};
         for (int c = 0; c < 3; c++) {
@@ -420,14 +428,14 @@ static void check_panel_bits(int N, int K, int rows, const int *sizes, int n_siz
             for (int t0 = 0; t0 < rows; t0 += B) {
                 const int tn = rows - t0 < B ? rows - t0 : B;
                 for (int j = 0; j < 3; j++)
-                    moe_gemm_fast_rows(MOE_CPU_ISA_AVX512, got + (size_t)t0 * N, (size_t)N,
+                    moe_gemm_fast_rows(isa, got + (size_t)t0 * N, (size_t)N,
                                        x + (size_t)t0 * K, (size_t)K, tn, p, MOE_DTYPE_BF16_PANEL,
                                        K, cuts[c][j] < N ? cuts[c][j] : N,
                                        cuts[c][j + 1] < N ? cuts[c][j + 1] : N, NULL);
             }
             cr_expect(memcmp(got, alone, (size_t)rows * N * sizeof(float)) == 0,
-                      "N=%d K=%d: batches of %d rows sliced at %d,%d,%d differ from rows alone", N,
-                      K, B, cuts[c][1], cuts[c][2], cuts[c][3]);
+                      "%s N=%d K=%d: batches of %d rows sliced at %d,%d,%d differ from rows "
+                      "alone", moe_cpu_isa_name(isa), N, K, B, cuts[c][1], cuts[c][2], cuts[c][3]);
         }
     }
     free(w);
@@ -439,33 +447,105 @@ static void check_panel_bits(int N, int K, int rows, const int *sizes, int n_siz
 
 Test(fast_ops, gemm_panels_rows_bit_identical_in_any_batch)
 {
-    if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
+    enum moe_cpu_isa is[4];
+    const int ni = panel_isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
     int sizes[68];
     for (int i = 0; i < 67; i++) sizes[i] = i + 1;
     sizes[67] = 512;
-    check_panel_bits(100, 130, 600, sizes, 68);
     const int long_k[] = {1, 3, 12, 48, 61};
-    check_panel_bits(40, 8200, 61, long_k, 5);
+    for (int i = 0; i < ni; i++) {
+        check_panel_bits(is[i], 100, 130, 600, sizes, 68);
+        check_panel_bits(is[i], 40, 8200, 61, long_k, 5);
+    }
+}
+
+/* The AVX2 and AVX-512 panel kernels give the same bits: each output is the
+ * same FMA chain over k in its own lane whatever the vector width (batches
+ * of the sizes each set treats differently, N not a multiple of 16, every
+ * bias dtype, k blocks, slices that do not start on a panel). */
+Test(fast_ops, gemm_panels_avx2_bits_equal_avx512)
+{
+    if (moe_cpu_isa_detect() < MOE_CPU_ISA_AVX512) cr_skip_test("needs AVX-512 to compare");
+    const int Ts[] = {1, 2, 3, 4, 5, 7, 12, 47, 48, 100, 512, 530};
+    const int Ns[] = {1, 13, 50, 97, 200};
+    const int Ks[] = {2, 64, 130};
+    const enum moe_dtype bts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16, MOE_DTYPE_F16};
+    int bad = 0, cases = 0;
+    for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++)
+        for (size_t n = 0; n < sizeof Ns / sizeof Ns[0]; n++)
+            for (size_t k = 0; k < sizeof Ks / sizeof Ks[0] + 1; k++) {
+                const int T = Ts[a], N = Ns[n];
+                const int K = k < sizeof Ks / sizeof Ks[0] ? Ks[k] : 8200;
+                if (K == 8200 && (T > 100 || N > 50)) continue; /* k blocks: a few suffice */
+                void *w = random_weights((size_t)N * K, MOE_DTYPE_BF16, (uint64_t)(T * 31 + N * 7 + K));
+                void *p = pack(w, N, K);
+                float *x = malloc((size_t)T * K * sizeof(float));
+                tu_fill_uniform(x, (size_t)T * K, (uint64_t)(T + N + K), -1, 1);
+                const enum moe_dtype bt = bts[(a + n + k) % 3];
+                float bf[200];
+                uint16_t bh[200];
+                tu_fill_uniform(bf, (size_t)N, 9, -1, 1);
+                if (bt != MOE_DTYPE_F32) moe_convert_from_f32(bh, bf, bt, (size_t)N);
+                struct moe_tensor b = {.dtype = bt, .ndim = 1, .shape = {N},
+                                       .data = bt == MOE_DTYPE_F32 ? (void *)bf : (void *)bh};
+                const struct moe_tensor *bp = (a + k) % 2 ? &b : NULL;
+                float *y2 = malloc((size_t)T * N * sizeof(float));
+                float *y5 = malloc((size_t)T * N * sizeof(float));
+                memset(y2, 0x55, (size_t)T * N * sizeof(float));
+                memset(y5, 0x55, (size_t)T * N * sizeof(float));
+                moe_gemm_fast(MOE_CPU_ISA_AVX2, y2, N, x, K, p, MOE_DTYPE_BF16_PANEL, N, K, T, bp);
+                moe_gemm_fast(MOE_CPU_ISA_AVX512, y5, N, x, K, p, MOE_DTYPE_BF16_PANEL, N, K, T, bp);
+                bad += memcmp(y2, y5, (size_t)T * N * sizeof(float)) != 0;
+                cr_expect(memcmp(y2, y5, (size_t)T * N * sizeof(float)) == 0,
+                          "T=%d N=%d K=%d bias=%s: AVX2 and AVX-512 panel bits differ", T, N, K,
+                          bp ? moe_dtype_name(bt) : "none");
+                /* AVX2 in slices that start and end off panel boundaries */
+                memset(y2, 0x55, (size_t)T * N * sizeof(float));
+                const int cuts[] = {0, N / 3, N / 3 + 21 < N ? N / 3 + 21 : N, N};
+                for (int j = 0; j < 3; j++)
+                    if (cuts[j] < cuts[j + 1])
+                        moe_gemm_fast_rows(MOE_CPU_ISA_AVX2, y2, (size_t)N, x, (size_t)K, T, p,
+                                           MOE_DTYPE_BF16_PANEL, K, cuts[j], cuts[j + 1], bp);
+                bad += memcmp(y2, y5, (size_t)T * N * sizeof(float)) != 0;
+                cr_expect(memcmp(y2, y5, (size_t)T * N * sizeof(float)) == 0,
+                          "T=%d N=%d K=%d: AVX2 slices at %d,%d differ from AVX-512", T, N, K,
+                          cuts[1], cuts[2]);
+                cases += 2;
+                free(w);
+                free(p);
+                free(x);
+                free(y2);
+                free(y5);
+            }
+    cr_log_info("panels avx2 vs avx512: %d of %d comparisons differ", bad, cases);
 }
 
 Test(fast_ops, experts_panels_match_reference)
 {
-    if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
-    check_experts(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 1, 2, 8, 38, 22, -1, true);
-    check_experts(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 9, 1, 5, 40, 34, -1, true);
-    check_experts(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 70, 3, 11, 20, 46, -1, true);
-    check_experts(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 5, 4, 16, 64, 100, -1, true);
-    /* row blocks of variant b inside an expert */
-    check_experts(MOE_CPU_ISA_AVX512, MOE_DTYPE_BF16, 130, 2, 3, 256, 96, -1, true);
+    enum moe_cpu_isa is[4];
+    const int ni = panel_isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
+    for (int i = 0; i < ni; i++) {
+        check_experts(is[i], MOE_DTYPE_BF16, 1, 2, 8, 38, 22, -1, true);
+        check_experts(is[i], MOE_DTYPE_BF16, 9, 1, 5, 40, 34, -1, true);
+        check_experts(is[i], MOE_DTYPE_BF16, 70, 3, 11, 20, 46, -1, true);
+        check_experts(is[i], MOE_DTYPE_BF16, 5, 4, 16, 64, 100, -1, true);
+        /* row blocks of variant b inside an expert */
+        check_experts(is[i], MOE_DTYPE_BF16, 130, 2, 3, 256, 96, -1, true);
+    }
 }
 
 Test(fast_ops, gemm_multi_with_panels_equals_separate_products)
 {
-    if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
+    enum moe_cpu_isa is[4];
+    const int ni = panel_isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
     enum { Din = 78 };
     const int N[3] = {131, 17, 50}, Ts[] = {1, 5, 60};
-    for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++) {
-        const int T = Ts[a];
+    for (int c = 0; c < 3 * ni; c++) {
+        const int T = Ts[c % 3];
+        const enum moe_cpu_isa isa = is[c / 3];
         float *x = malloc((size_t)T * Din * sizeof(float));
         tu_fill_uniform(x, (size_t)T * Din, 5, -1, 1);
         const void *w[3];
@@ -477,12 +557,12 @@ Test(fast_ops, gemm_multi_with_panels_equals_separate_products)
             w[j] = wt[j] == MOE_DTYPE_F16 ? nat[j] : pack(nat[j], N[j], Din);
             y[j] = malloc((size_t)T * N[j] * sizeof(float));
             want[j] = malloc((size_t)T * N[j] * sizeof(float));
-            moe_gemm_fast(MOE_CPU_ISA_AVX512, want[j], N[j], x, Din, w[j], wt[j], N[j], Din, T, NULL);
+            moe_gemm_fast(isa, want[j], N[j], x, Din, w[j], wt[j], N[j], Din, T, NULL);
         }
-        moe_gemm_fast_multi(MOE_CPU_ISA_AVX512, 3, y, x, Din, w, wt, N, T, NULL);
+        moe_gemm_fast_multi(isa, 3, y, x, Din, w, wt, N, T, NULL);
         for (int j = 0; j < 3; j++) {
             cr_expect(memcmp(y[j], want[j], (size_t)T * N[j] * sizeof(float)) == 0,
-                      "T=%d: product %d differs", T, j);
+                      "%s T=%d: product %d differs", moe_cpu_isa_name(isa), T, j);
             if (w[j] != nat[j]) free((void *)w[j]);
             free(nat[j]);
             free(y[j]);
@@ -492,8 +572,8 @@ Test(fast_ops, gemm_multi_with_panels_equals_separate_products)
     }
 }
 
-/* The fast backend repacks a bf16 model's matrices at prepare_model unless
- * MOERUN_CPU_PANELS=0; both give the same greedy tokens and logits within
+/* The fast backend (each kernel set, by MOERUN_CPU_ISA) repacks a bf16
+ * model's matrices at prepare_model unless MOERUN_CPU_PANELS=0; both give the same greedy tokens and logits within
  * fp32 tolerance, preparing again does nothing, and a backend that did not
  * pack the model refuses it. */
 static void run_synthetic(bool panels, int32_t *out, float *logits, bool *packed)
@@ -541,17 +621,30 @@ static void run_synthetic(bool panels, int32_t *out, float *logits, bool *packed
 
 Test(fast_ops, backend_packs_panels_unless_disabled)
 {
-    if (!has_panels()) cr_skip_test("panels need the AVX-512 kernels");
-    int32_t on[12], off[12];
-    bool packed_on, packed_off;
+    enum moe_cpu_isa is[4];
+    const int ni = panel_isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
+    const char *cap = getenv("MOERUN_CPU_ISA");
+    char *saved = cap ? strdup(cap) : NULL;
     const int V = 1024;
     float *lon = malloc((size_t)20 * V * sizeof(float)), *loff = malloc((size_t)20 * V * sizeof(float));
-    run_synthetic(true, on, lon, &packed_on);
-    run_synthetic(false, off, loff, &packed_off);
-    cr_expect(packed_on, "bf16 matrices must be in panels");
-    cr_expect_not(packed_off, "MOERUN_CPU_PANELS=0 must keep the natural layout");
-    cr_expect(tu_allclose("logits panels vs natural", lon, loff, (size_t)20 * V, 1e-4f, 1e-3f));
-    cr_expect(memcmp(on, off, sizeof on) == 0, "greedy tokens differ between the layouts");
+    for (int i = 0; i < ni; i++) {
+        setenv("MOERUN_CPU_ISA", moe_cpu_isa_name(is[i]), 1);
+        int32_t on[12], off[12];
+        bool packed_on, packed_off;
+        run_synthetic(true, on, lon, &packed_on);
+        run_synthetic(false, off, loff, &packed_off);
+        const char *n = moe_cpu_isa_name(is[i]);
+        cr_expect(packed_on, "%s: bf16 matrices must be in panels", n);
+        cr_expect_not(packed_off, "%s: MOERUN_CPU_PANELS=0 must keep the natural layout", n);
+        cr_expect(tu_allclose("logits panels vs natural", lon, loff, (size_t)20 * V, 1e-4f, 1e-3f));
+        cr_expect(memcmp(on, off, sizeof on) == 0, "%s: greedy tokens differ between the layouts", n);
+    }
+    if (saved)
+        setenv("MOERUN_CPU_ISA", saved, 1);
+    else
+        unsetenv("MOERUN_CPU_ISA");
+    free(saved);
     free(lon);
     free(loff);
 }
