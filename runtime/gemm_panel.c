@@ -252,62 +252,13 @@ int moe_gemm_panel_slice_unit(int T)
     return 16 * (T == 1 ? 8 : T <= 3 ? 4 : T < B_MIN_ROWS ? 2 : B_PANELS);
 }
 
-/* Rows [0, tn) in nt tiles as even as can be: tile t covers rows
- * [row_split(tn, nt, t), row_split(tn, nt, t + 1)). */
-static int row_split(int tn, int nt, int t) { return (int)((long)tn * t / nt); }
-
-AVX512 void moe_gemm_rows_panel_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T,
-                                       const void *wv, int K, int n0, int n1,
-                                       const struct moe_tensor *b)
-{
-    MOE_ASSERT(K % 2 == 0 && n0 >= 0 && n0 < n1);
-    if (b && !b->data) b = NULL;
-    const char *w = wv;
-    const int KP = K / 2, q0 = n0 / 16, q1 = (n1 + 15) / 16;
-    const size_t pst = (size_t)K * 32; /* bytes per panel */
-    if (T <= 3) {
-        const int pmax = T == 1 ? 8 : 4;
-        for (int q = q0; q < q1; q += pmax) {
-            const int P = q1 - q < pmax ? q1 - q : pmax;
-            decode_tile(P, T, w + q * pst, pst, x, ldx, KP, y, ldy, q, n0, n1, b);
-        }
-        return;
-    }
-    for (int t0 = 0; t0 < T; t0 += ROW_BLOCK) {
-        const int tn = T - t0 < ROW_BLOCK ? T - t0 : ROW_BLOCK;
-        const float *xb = x + (size_t)t0 * ldx;
-        float *yb = y + (size_t)t0 * ldy;
-        if (tn < B_MIN_ROWS) {
-            const int nt = (tn + A_ROWS - 1) / A_ROWS;
-            for (int q = q0; q < q1; q += 2) {
-                const int P = q1 - q < 2 ? q1 - q : 2;
-                for (int t = 0; t < nt; t++) {
-                    const int r0 = row_split(tn, nt, t), r1 = row_split(tn, nt, t + 1);
-                    a_tile(P, r1 - r0, w + q * pst, pst, xb + (size_t)r0 * ldx, ldx, KP,
-                           yb + (size_t)r0 * ldy, ldy, q, n0, n1, b);
-                }
-            }
-            continue;
-        }
-        const int nt = (tn + B_ROWS - 1) / B_ROWS;
-        const int kb = K < K_BLOCK ? K : K_BLOCK; /* even */
-        float *wb = moe_gemm_thread_buffer((size_t)B_PANELS * 16 * (size_t)kb);
-        MOE_ASSERT(wb && "gemm_panel: out of memory for the widened panels");
-        for (int q = q0; q < q1; q += B_PANELS) {
-            const int P = q1 - q < B_PANELS ? q1 - q : B_PANELS;
-            for (int k0 = 0; k0 < K; k0 += kb) {
-                const int kn = K - k0 < kb ? K - k0 : kb;
-                const bool first = k0 == 0, last = k0 + kn == K;
-                widen_panels(wb, w + q * pst, pst, P, k0 / 2, (k0 + kn) / 2);
-                for (int t = 0; t < nt; t++) {
-                    const int r0 = row_split(tn, nt, t), r1 = row_split(tn, nt, t + 1);
-                    b_tile(P, r1 - r0, wb, kn, xb + (size_t)r0 * ldx + k0, ldx,
-                           yb + (size_t)r0 * ldy, ldy, q, n0, n1, first, last, b);
-                }
-            }
-        }
-    }
-}
+#define PD_ATTR AVX512
+#define PD_FN moe_gemm_rows_panel_avx512
+#define PD_DECODE_P1 8
+#define PD_DECODE_P3 4
+#define PD_A_PANELS 2
+#define PD_B_PANELS B_PANELS
+#include "runtime/gemm_panel_drive.h"
 
 /* ---- packing ---- */
 

@@ -195,7 +195,7 @@ AVX2 INLINE void tile_b(const int R, const float *wb, int kn, const float *x, si
 }
 
 /* k-pairs [i0, i1) of the panel at w to fp32 in wb, as tile_b reads them. */
-AVX2 static void widen_panel(float *wb, const char *w, int i0, int i1)
+AVX2 static void widen_panel1(float *wb, const char *w, int i0, int i1)
 {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000);
     for (int i = i0; i < i1; i++) {
@@ -229,8 +229,8 @@ AVX2 static void decode_tile(int P, int R, const char *w, size_t pst, const floa
 }
 
 /* Variant a: 1 panel x R <= 4 rows. */
-AVX2 static void a_tile(int R, const char *w, const float *x, size_t ldx, int KP,
-                        float *y, size_t ldy, int q, int n0, int n1, const struct moe_tensor *b)
+AVX2 static void a_tile1(int R, const char *w, const float *x, size_t ldx, int KP,
+                         float *y, size_t ldy, int q, int n0, int n1, const struct moe_tensor *b)
 {
     switch (R) {
     case 1: tile_va(1, w, x, ldx, KP, y, ldy, q, n0, n1, b); break;
@@ -243,62 +243,41 @@ AVX2 static void a_tile(int R, const char *w, const float *x, size_t ldx, int KP
 
 #define TILE_B(v) case v: tile_b(v, wb, kn, x, ldx, y, ldy, q, n0, n1, first, last, b); break
 
-AVX2 static void b_tile(int R, const float *wb, int kn, const float *x, size_t ldx, float *y,
-                        size_t ldy, int q, int n0, int n1, bool first, bool last,
-                        const struct moe_tensor *b)
+AVX2 static void b_tile1(int R, const float *wb, int kn, const float *x, size_t ldx, float *y,
+                         size_t ldy, int q, int n0, int n1, bool first, bool last,
+                         const struct moe_tensor *b)
 {
     switch (R) { TILE_B(1); TILE_B(2); TILE_B(3); TILE_B(4); TILE_B(5); TILE_B(6); }
 }
 #undef TILE_B
 
-/* Rows [0, tn) in nt tiles as even as can be. */
-static int row_split(int tn, int nt, int t) { return (int)((long)tn * t / nt); }
-
-AVX2 void moe_gemm_rows_panel_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T,
-                                   const void *wv, int K, int n0, int n1,
-                                   const struct moe_tensor *b)
+/* The driver's tile entries: variants a and b here take one panel. */
+AVX2 INLINE void a_tile(int P, int R, const char *w, size_t pst, const float *x, size_t ldx,
+                        int KP, float *y, size_t ldy, int q, int n0, int n1,
+                        const struct moe_tensor *b)
 {
-    MOE_ASSERT(K % 2 == 0 && n0 >= 0 && n0 < n1);
-    if (b && !b->data) b = NULL;
-    const char *w = wv;
-    const int KP = K / 2, q0 = n0 / 16, q1 = (n1 + 15) / 16;
-    const size_t pst = (size_t)K * 32; /* bytes per panel */
-    if (T <= 3) {
-        const int pmax = T == 1 ? 4 : 2;
-        for (int q = q0; q < q1; q += pmax) {
-            const int P = q1 - q < pmax ? q1 - q : pmax;
-            decode_tile(P, T, w + q * pst, pst, x, ldx, KP, y, ldy, q, n0, n1, b);
-        }
-        return;
-    }
-    for (int t0 = 0; t0 < T; t0 += ROW_BLOCK) {
-        const int tn = T - t0 < ROW_BLOCK ? T - t0 : ROW_BLOCK;
-        const float *xb = x + (size_t)t0 * ldx;
-        float *yb = y + (size_t)t0 * ldy;
-        if (tn < B_MIN_ROWS) {
-            const int nt = (tn + A_ROWS - 1) / A_ROWS;
-            for (int q = q0; q < q1; q++)
-                for (int t = 0; t < nt; t++) {
-                    const int r0 = row_split(tn, nt, t), r1 = row_split(tn, nt, t + 1);
-                    a_tile(r1 - r0, w + q * pst, xb + (size_t)r0 * ldx, ldx, KP,
-                           yb + (size_t)r0 * ldy, ldy, q, n0, n1, b);
-                }
-            continue;
-        }
-        const int nt = (tn + B_ROWS - 1) / B_ROWS;
-        const int kb = K < K_BLOCK ? K : K_BLOCK; /* even */
-        float *wb = moe_gemm_thread_buffer((size_t)16 * (size_t)kb);
-        MOE_ASSERT(wb && "gemm_panel_avx2: out of memory for the widened panel");
-        for (int q = q0; q < q1; q++)
-            for (int k0 = 0; k0 < K; k0 += kb) {
-                const int kn = K - k0 < kb ? K - k0 : kb;
-                const bool first = k0 == 0, last = k0 + kn == K;
-                widen_panel(wb, w + q * pst, k0 / 2, (k0 + kn) / 2);
-                for (int t = 0; t < nt; t++) {
-                    const int r0 = row_split(tn, nt, t), r1 = row_split(tn, nt, t + 1);
-                    b_tile(r1 - r0, wb, kn, xb + (size_t)r0 * ldx + k0, ldx,
-                           yb + (size_t)r0 * ldy, ldy, q, n0, n1, first, last, b);
-                }
-            }
-    }
+    (void)P, (void)pst;
+    a_tile1(R, w, x, ldx, KP, y, ldy, q, n0, n1, b);
 }
+
+AVX2 INLINE void widen_panels(float *wb, const char *w, size_t pst, int P, int i0, int i1)
+{
+    (void)pst, (void)P;
+    widen_panel1(wb, w, i0, i1);
+}
+
+AVX2 INLINE void b_tile(int P, int R, const float *wb, int kn, const float *x, size_t ldx,
+                        float *y, size_t ldy, int q, int n0, int n1, bool first, bool last,
+                        const struct moe_tensor *b)
+{
+    (void)P;
+    b_tile1(R, wb, kn, x, ldx, y, ldy, q, n0, n1, first, last, b);
+}
+
+#define PD_ATTR AVX2
+#define PD_FN moe_gemm_rows_panel_avx2
+#define PD_DECODE_P1 4
+#define PD_DECODE_P3 2
+#define PD_A_PANELS 1
+#define PD_B_PANELS 1
+#include "runtime/gemm_panel_drive.h"
