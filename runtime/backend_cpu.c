@@ -11,8 +11,9 @@
  * matrices (every weight that goes through matmul or the expert phase) into
  * 16-output panels (MOE_DTYPE_BF16_PANEL, runtime/gemm_fast.h) in one
  * arena per model that the backend owns, rewrites the model's views to
- * point there, and drops the process's pages of each source matrix from a
- * file mapping, so the process holds about one copy of the weights.
+ * point there, and drops the process's pages of each source matrix (from a
+ * file mapping, or the set's own in-memory synthetic tensors), so the
+ * process holds about one copy of the weights.
  * MOERUN_CPU_PANELS=0 in the environment (read at init) keeps the natural
  * layout. */
 #include <math.h>
@@ -149,18 +150,35 @@ static const void *some_panel(const struct moe_model *m)
     return m->lm_head.dtype == MOE_DTYPE_BF16_PANEL ? m->lm_head.data : NULL;
 }
 
-/* Drops this process's pages of [p, p + n) when the range lies in one of
- * st's file mappings (read-only and private: a page touched again is read
- * from the file again); pages the range shares with its neighbours stay.
- * In-memory weights are left alone. */
-static void release_source(const struct moe_safetensors *st, const void *p, size_t n)
+/* Gives the pages inside [p, p + n) back to the system; the pages the range
+ * shares with its neighbours stay. */
+static void drop_pages(const void *p, size_t n)
 {
     const uintptr_t a = (uintptr_t)p, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
+    if (lo < hi) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* Drops this process's pages of a source matrix [p, p + n) once it is
+ * packed, when st holds it: in one of its file mappings (read-only and
+ * private: a page touched again is read from the file again), or in one of
+ * its own in-memory tensors (synthetic weights: a page touched again reads
+ * zeros, and nothing reads it again, since the views point at the panels).
+ * Memory st does not hold is left alone. */
+static void release_source(const struct moe_safetensors *st, const void *p, size_t n)
+{
+    const uintptr_t a = (uintptr_t)p;
     for (int i = 0; i < st->n_files; i++) {
         const uintptr_t m0 = (uintptr_t)st->files[i].map, m1 = m0 + st->files[i].size;
         if (!st->files[i].map || a < m0 || a + n > m1) continue;
-        const uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
-        if (lo < hi) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        drop_pages(p, n);
+        return;
+    }
+    for (size_t i = 0; i < st->n_tensors; i++) {
+        const struct moe_st_tensor *t = &st->tensors[i];
+        const uintptr_t t0 = (uintptr_t)t->data, t1 = t0 + t->nbytes;
+        if (t->file >= 0 || !t->data || a < t0 || a + n > t1) continue;
+        drop_pages(p, n);
         return;
     }
 }
