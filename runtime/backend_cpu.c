@@ -96,6 +96,17 @@ static bool packable(enum moe_dtype dt, int64_t N, int64_t K)
     return dt == MOE_DTYPE_BF16 && N > 0 && N <= INT32_MAX && K > 0 && K <= INT32_MAX && K % 2 == 0;
 }
 
+/* A layer's 2-D weights other than the experts: attention, dense FFN,
+ * router, shared expert and its gate. */
+enum { LAYER_MATRICES = 12 };
+static void layer_matrices(struct moe_layer_weights *w, struct moe_tensor *ts[LAYER_MATRICES])
+{
+    struct moe_tensor *all[LAYER_MATRICES] = {&w->wq,      &w->wk,     &w->wv,      &w->wo,
+                                              &w->w_gate,  &w->w_up,   &w->w_down,  &w->router,
+                                              &w->sh_gate, &w->sh_up,  &w->sh_down, &w->sh_router};
+    memcpy(ts, all, sizeof all);
+}
+
 static void add_tensor(struct pack_item *items, size_t *n, struct moe_tensor *t)
 {
     if (!t->data || t->ndim != 2 || !packable(t->dtype, t->shape[0], t->shape[1])) return;
@@ -118,10 +129,9 @@ static size_t pack_items(struct moe_model *m, struct pack_item *items)
         items[0].keep_source = true; /* tied: the embedding reads the same rows */
     for (int l = 0; l < c->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
-        struct moe_tensor *ts[] = {&w->wq,     &w->wk,     &w->wv,    &w->wo,
-                                   &w->w_gate, &w->w_up,   &w->w_down, &w->router,
-                                   &w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) add_tensor(items, &n, ts[i]);
+        struct moe_tensor *ts[LAYER_MATRICES];
+        layer_matrices(w, ts);
+        for (int i = 0; i < LAYER_MATRICES; i++) add_tensor(items, &n, ts[i]);
         struct moe_expert_weights *x = &w->experts;
         if (E <= 0 || !x->gate || !packable(x->dtype, F, D) || !packable(x->dtype, D, F)) continue;
         for (int e = 0; e < E; e++) {
@@ -136,15 +146,14 @@ static size_t pack_items(struct moe_model *m, struct pack_item *items)
 }
 
 /* A weight of m in panels, or NULL when it has none. */
-static const void *some_panel(const struct moe_model *m)
+static const void *some_panel(struct moe_model *m)
 {
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        const struct moe_layer_weights *w = &m->layers[l];
+        struct moe_layer_weights *w = &m->layers[l];
         if (w->experts.gate && w->experts.dtype == MOE_DTYPE_BF16_PANEL) return w->experts.gate[0];
-        const struct moe_tensor *ts[] = {&w->wq,     &w->wk,     &w->wv,    &w->wo,
-                                         &w->w_gate, &w->w_up,   &w->w_down, &w->router,
-                                         &w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        struct moe_tensor *ts[LAYER_MATRICES];
+        layer_matrices(w, ts);
+        for (int i = 0; i < LAYER_MATRICES; i++)
             if (ts[i]->dtype == MOE_DTYPE_BF16_PANEL) return ts[i]->data;
     }
     return m->lm_head.dtype == MOE_DTYPE_BF16_PANEL ? m->lm_head.data : NULL;
