@@ -181,6 +181,16 @@ static void open_eager_and_graphs(struct side *eager, struct side *graph, const 
     unsetenv("MOERUN_CUDA_GRAPHS");
 }
 
+/* One step of the same tokens on both sides, logits of each into le, lg. */
+static void step_both(struct side *eager, struct side *graph, struct moe_seq *se,
+                      struct moe_seq *sg, const int32_t *tokens, int n, bool decode, float *le,
+                      float *lg)
+{
+    struct moe_chunk ce = {se, tokens, n, false, decode, 0}, cg = {sg, tokens, n, false, decode, 0};
+    cr_assert_eq(moe_runner_step(&eager->r, &ce, 1, le, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_step(&graph->r, &cg, 1, lg, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+}
+
 /* Step graphs (MOERUN_CUDA_GRAPHS=1): decode steps recorded once and
  * replayed give the tokens and, to rounding, the logits of eager steps. */
 static void check_graphs(const char *name)
@@ -191,9 +201,7 @@ static void check_graphs(const char *name)
     int32_t prompt[7] = {3, 14, 15, 9, 2, 6, 5};
     struct moe_seq se = {0}, sg = {0};
     float *le = malloc((size_t)V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
-    struct moe_chunk ce = {&se, prompt, 7, false, false, 0}, cg = {&sg, prompt, 7, false, false, 0};
-    cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
-    cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    step_both(&eager, &graph, &se, &sg, prompt, 7, false, le, lg);
     double worst = 0;
     int i;
     for (i = 0; i < 24; i++) {
@@ -202,10 +210,7 @@ static void check_graphs(const char *name)
         worst = e > worst ? e : worst;
         cr_expect(e <= 1e-5, "%s step %d: graph vs eager logits %.3g", name, i, e);
         cr_expect_eq(tg, te, "%s step %d: graph token %d, eager %d", name, i, tg, te);
-        ce = (struct moe_chunk){&se, &te, 1, false, false, 0};
-        cg = (struct moe_chunk){&sg, &te, 1, false, false, 0};
-        cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
-        cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+        step_both(&eager, &graph, &se, &sg, &te, 1, false, le, lg);
     }
     fprintf(stderr, "e2e: %-10s graphs: %d decode steps replayed, logits max rel err vs eager %.3g\n",
             name, i, worst);
@@ -237,16 +242,11 @@ static void check_graphs_stats(const char *name)
     int32_t prompt[7] = {3, 14, 15, 9, 2, 6, 5};
     struct moe_seq se = {0}, sg = {0};
     float *le = malloc((size_t)V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
-    struct moe_chunk ce = {&se, prompt, 7, false, false, 0}, cg = {&sg, prompt, 7, false, false, 0};
-    cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
-    cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    step_both(&eager, &graph, &se, &sg, prompt, 7, false, le, lg);
     for (int i = 0; i < 24; i++) {
         int32_t te = moe_argmax(le, V), tg = moe_argmax(lg, V);
         cr_expect_eq(tg, te, "%s step %d: graph token %d, eager %d", name, i, tg, te);
-        ce = (struct moe_chunk){&se, &te, 1, false, true, 0};
-        cg = (struct moe_chunk){&sg, &te, 1, false, true, 0};
-        cr_assert_eq(moe_runner_step(&eager.r, &ce, 1, le, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
-        cr_assert_eq(moe_runner_step(&graph.r, &cg, 1, lg, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+        step_both(&eager, &graph, &se, &sg, &te, 1, true, le, lg);
     }
     cr_expect(graph.r.fw.hs_buf != NULL, "decode steps took the asynchronous statistics path");
     const size_t LE = (size_t)se_st.Lm * se_st.E;
