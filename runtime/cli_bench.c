@@ -56,6 +56,7 @@ static void usage(FILE *f)
             "                   (default auto)\n"
             "  --threads N      CPU threads\n"
             "  --synthetic CONFIG, --dtype T, --synthetic-seed S  random weights\n"
+            "  --moe-top-k K    route each token to K experts instead of the model's top-k\n"
             MOE_CLI_STATS_USAGE
             "Statistics are recorded unless --no-stats (compare the two to see their cost).\n");
 }
@@ -206,7 +207,7 @@ int moe_cli_bench(int argc, char **argv)
         {"output-len", required_argument, 0, 0x204}, {"range-ratio", required_argument, 0, 0x205},
         {"kv-budget", required_argument, 0, 0x206}, {"kv-block", required_argument, 0, 0x207},
         {"max-batch-tokens", required_argument, 0, 0x208}, {"max-seqs", required_argument, 0, 0x209},
-        {"no-prefix-cache", no_argument, 0, 0x20a},
+        {"no-prefix-cache", no_argument, 0, 0x20a}, {"moe-top-k", required_argument, 0, 0x20b},
         {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
         {0, 0, 0, 0}};
     struct moe_cli_stats so = {0};
@@ -261,6 +262,7 @@ int moe_cli_bench(int argc, char **argv)
             if (c == 0x209) eo.max_seqs = lv;
             break;
         case 0x20a: eo.no_prefix_cache = true; break;
+        case 0x20b: dst = &mo.top_k; hi = 1 << 16; break;
         default: {
             int k = moe_cli_stats_option(&so, &mo, c, optarg, "bench");
             if (k < 0) return 1;

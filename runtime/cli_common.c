@@ -21,7 +21,7 @@ bool moe_cli_parse_dtype(const char *s, enum moe_dtype *out)
     return true;
 }
 
-enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_model_opts *o)
+static enum moe_status open_model_weights(struct moe_model *m, const struct moe_cli_model_opts *o)
 {
     if (o->synthetic) {
         if (o->path)
@@ -44,6 +44,18 @@ enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_mod
                         "(moerun synth --router-skew writes a skewed checkpoint)");
     if (!o->path) return moe_fail(MOE_ERR_INVALID_ARG, "no model given (a folder, or --synthetic CONFIG.json)");
     return moe_model_load(m, o->path);
+}
+
+enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_model_opts *o)
+{
+    MOE_TRY(open_model_weights(m, o));
+    if (o->top_k == 0) return MOE_OK;
+    enum moe_status s = moe_model_set_top_k(m, (int)o->top_k);
+    if (s != MOE_OK) {
+        moe_error_prefix("--moe-top-k: ");
+        moe_model_free(m);
+    }
+    return s;
 }
 
 bool moe_cli_parse_int(const char *s, long lo, long hi, long *out)
@@ -162,6 +174,7 @@ int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, cons
     case MOE_OPT_THREADS: dst = &o->threads; hi = 4096; break;
     case MOE_OPT_SYNTHETIC: o->model.synthetic = arg; return 1;
     case MOE_OPT_DTYPE: o->model.dtype = arg; return 1;
+    case MOE_OPT_MOE_TOP_K: dst = &o->model.top_k; hi = 1 << 16; break;
     case MOE_OPT_SYNTHETIC_SEED: {
         long v;
         if (!moe_cli_parse_int(arg, 0, __LONG_MAX__, &v)) {

@@ -15,6 +15,7 @@ struct moe_cli_model_opts {
     uint64_t seed;
     const char *router_skew; /* synthetic router skew spec (runtime/synth_skew.h), or NULL */
     bool device_weights;    /* synthetic weights made by the backend (moe_model_synthetic_deferred) */
+    long top_k;             /* --moe-top-k: experts per token instead of the config's; 0 = as configured */
 };
 
 /* Opens the model the options name; prints nothing. */
@@ -51,7 +52,7 @@ double moe_cli_read_bandwidth(void);
 enum {
     MOE_OPT_KV_BUDGET = 0x100, MOE_OPT_KV_BLOCK, MOE_OPT_KV_DTYPE, MOE_OPT_MAX_BATCH_TOKENS,
     MOE_OPT_MAX_SEQS, MOE_OPT_NO_PREFIX_CACHE, MOE_OPT_BACKEND, MOE_OPT_THREADS,
-    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_LAST
+    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_MOE_TOP_K, MOE_OPT_LAST
 };
 
 #define MOE_CLI_ENGINE_LONGOPTS                                                          \
@@ -65,7 +66,8 @@ enum {
     {"threads", required_argument, 0, MOE_OPT_THREADS},                                  \
     {"synthetic", required_argument, 0, MOE_OPT_SYNTHETIC},                              \
     {"dtype", required_argument, 0, MOE_OPT_DTYPE},                                      \
-    {"synthetic-seed", required_argument, 0, MOE_OPT_SYNTHETIC_SEED}
+    {"synthetic-seed", required_argument, 0, MOE_OPT_SYNTHETIC_SEED},                    \
+    {"moe-top-k", required_argument, 0, MOE_OPT_MOE_TOP_K}
 
 #define MOE_CLI_ENGINE_HELP                                                              \
     "  --kv-budget SIZE     KV cache size: bytes with a unit (512MiB, 8GiB) or a\n"       \
@@ -79,7 +81,8 @@ enum {
     "  --threads N          CPU threads (default: all cores)\n"                           \
     "  --synthetic CONFIG   random weights for CONFIG.json instead of a model folder\n"   \
     "  --dtype T            synthetic weight dtype: f32, f16, bf16 (default bf16)\n"      \
-    "  --synthetic-seed S   synthetic weight seed (default 0)\n"
+    "  --synthetic-seed S   synthetic weight seed (default 0)\n"                         \
+    "  --moe-top-k K        route each token to K experts instead of the model's top-k\n"
 
 struct moe_cli_engine {
     struct moe_cli_model_opts model;

@@ -50,7 +50,8 @@ static void usage(FILE *f)
             "  --bandwidth GB/s   override the memory bandwidth\n"
             "  --tflops T         override the peak compute\n"
             "  --kv-dtype T       f32, f16, bf16 (default bf16)\n"
-            "  --synthetic CONFIG, --dtype T   a configuration instead of a checkpoint\n");
+            "  --synthetic CONFIG, --dtype T   a configuration instead of a checkpoint\n"
+            "  --moe-top-k K    predict with K experts per token instead of the model's top-k\n");
 }
 
 static double cpu_peak_flops(void)
@@ -84,7 +85,7 @@ int moe_cli_plan(int argc, char **argv)
         {"bandwidth", required_argument, 0, 'W'}, {"tflops", required_argument, 0, 'F'},
         {"kv-dtype", required_argument, 0, 'k'},  {"synthetic", required_argument, 0, 's'},
         {"dtype", required_argument, 0, 'd'},     {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"moe-top-k", required_argument, 0, 'K'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -104,6 +105,10 @@ int moe_cli_plan(int argc, char **argv)
         case 'k': kv_dtype_arg = optarg; break;
         case 's': mo.synthetic = optarg; break;
         case 'd': mo.dtype = optarg; break;
+        case 'K':
+            if (!moe_cli_parse_int(optarg, 1, 1 << 16, &mo.top_k))
+                return moe_cli_error("plan", "--moe-top-k '%s'", optarg);
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -153,7 +158,9 @@ int moe_cli_plan(int argc, char **argv)
     struct moe_model m = {0};
     struct moe_model_sizes z;
     if (mo.synthetic && !mo.path) {
-        if (moe_config_load(&m.cfg, mo.synthetic) != MOE_OK) return moe_cli_error("plan", "%s", moe_last_error());
+        if (moe_config_load(&m.cfg, mo.synthetic) != MOE_OK ||
+            (mo.top_k && moe_model_set_top_k(&m, (int)mo.top_k) != MOE_OK))
+            return moe_cli_error("plan", "%s", moe_last_error());
         moe_config_sizes(&m.cfg, moe_dtype_size(wdt), &z);
     } else {
         if (moe_cli_open_model(&m, &mo) != MOE_OK) return moe_cli_error("plan", "%s", moe_last_error());

@@ -274,6 +274,19 @@ void moe_model_free(struct moe_model *m)
     memset(m, 0, sizeof *m);
 }
 
+enum moe_status moe_model_set_top_k(struct moe_model *m, int k)
+{
+    const struct moe_config *c = &m->cfg;
+    if (c->n_experts == 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "top-k %d: %s is a dense model (no experts to route to)",
+                        k, c->architecture);
+    if (k < 1 || k > c->n_experts)
+        return moe_fail(MOE_ERR_INVALID_ARG, "top-k %d: the model has %d experts per MoE layer "
+                        "(use 1..%d)", k, c->n_experts, c->n_experts);
+    m->cfg.top_k = k;
+    return MOE_OK;
+}
+
 static int64_t tbytes(const struct moe_tensor *t)
 {
     return t->data ? moe_tensor_numel(t) * (int64_t)moe_dtype_size(t->dtype) : 0;

@@ -74,6 +74,13 @@ MOE_MUST_USE enum moe_status moe_model_synthetic_deferred(struct moe_model *m,
                                                            const struct moe_config *cfg,
                                                            enum moe_dtype dtype, uint64_t seed);
 void moe_model_free(struct moe_model *m);
+/* Routes every token of every MoE layer to k experts instead of the
+ * checkpoint's num_experts_per_tok (a memory-vs-compute knob: fewer experts
+ * read per token; `moerun ppl` measures what it costs).  The renormalisation
+ * rule of the family (norm_topk_prob) applies to the k chosen.  Call before
+ * anything is sized from the model (runner, statistics).  Errors: a model
+ * without experts, k outside [1, E]. */
+MOE_MUST_USE enum moe_status moe_model_set_top_k(struct moe_model *m, int k);
 
 /* Parameter and byte counts by part. */
 struct moe_model_sizes {
