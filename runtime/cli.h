@@ -13,3 +13,4 @@ int moe_cli_plan(int argc, char **argv);
 int moe_cli_chat(int argc, char **argv);
 int moe_cli_stats(int argc, char **argv);
 int moe_cli_serve(int argc, char **argv);
+int moe_cli_ppl(int argc, char **argv);

@@ -16,6 +16,7 @@ static const struct {
     {"batch", moe_cli_batch, "serve a JSONL file of requests with continuous batching"},
     {"plan", moe_cli_plan, "memory planner and roofline predictions"},
     {"bench", moe_cli_bench, "prefill and decode throughput"},
+    {"ppl", moe_cli_ppl, "perplexity over a text, and divergence from a saved base run"},
     {"tokenize", moe_cli_tokenize, "text to token ids, or ids to text (--decode)"},
     {"stats", moe_cli_stats, "expert-load analysis of statistics or traces: tables, plots, what-ifs"},
     {"synth", moe_cli_synth, "write a checkpoint of any configuration with random weights"},
