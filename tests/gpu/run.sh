@@ -99,6 +99,15 @@ for fx in mixtral qwen3_moe olmoe; do
     b=$("$build/moerun" run "tests/fixtures/$fx" --prompt-ids 1,2,3,4,5 -n 16 --backend cuda 2>>"$out/e2e.txt")
     echo "moerun run $fx: cpu [$a] cuda [$b] $([ "$a" = "$b" ] && echo same || echo DIFFERENT)" | tee -a "$out/e2e.txt" "$log"
 done
+# the whole model's output distribution: perplexity of the demo model on
+# the CPU as the base, then CUDA against it (KL, same top-1)
+ppl="models/demo-moe tests/fixtures/ppl/stories.txt --ctx 128"
+if ! timeout 120 "$build/moerun" ppl $ppl --backend cpu --save-base "$out/ppl_base.st" --json \
+        >"$out/ppl_cpu.json" 2>>"$log"; then fail "ppl cpu"; fi
+for kv in f32 bf16; do
+    if ! timeout 120 "$build/moerun" ppl $ppl --backend cuda --kv-dtype $kv --kl-base "$out/ppl_base.st" \
+            --json >"$out/ppl_cuda_$kv.json" 2>>"$log"; then fail "ppl cuda kv $kv"; fi
+done
 
 # ---- 4. benchmarks ----
 say "4. benchmarks"
@@ -173,6 +182,14 @@ try:
         for n in (512, 4096)))
 except Exception as e:
     print("mixtral prefill attention: no result (%s)" % e)
+for kv in ("f32", "bf16"):
+    try:
+        c = json.load(open(os.path.join(out, "ppl_cuda_%s.json" % kv)))
+        b = c["base"]
+        print("ppl demo-moe, CUDA (KV %s) vs CPU: ppl %.4f vs %.4f, mean KL %.3g, max KL %.3g, same top-1 %.2f%%"
+              % (kv, c["ppl"], b["ppl"], b["kl_mean"], b["kl_max"], 100 * b["same_top1"]))
+    except Exception as e:
+        print("ppl demo-moe, CUDA (KV %s): no result (%s)" % (kv, e))
 print()
 print("targets: decode b1 >= 80% of roofline (mixtral); grouped GEMM >= 70% of dense at 4096;")
 print("         b64 step <= 1.5x the time to read every expert once (b64/exp)")
