@@ -21,11 +21,12 @@ extern "C" {
 /* y (rows, dim) = rmsnorm(x) * w; w has dim elements. y may equal x. */
 void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor *w, int rows,
                                int dim, float eps);
-/* inv_freq (Dh/2) for cfg's RoPE type (default, linear, llama3), computed as
- * transformers does in fp32. */
+/* inv_freq (rope_dim/2) for cfg's RoPE type (default, linear, llama3),
+ * computed as transformers does in fp32. */
 void moe_attention_rope_freqs(float *inv_freq, const struct moe_config *cfg);
-/* x (T, H, Dh) rotated in place. */
-void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh,
+/* x (T, H, Dh) rotated in place: in each head, values i and i + rot/2 for
+ * i < rot/2 (rot <= Dh; the rest pass unchanged, partial_rotary_factor). */
+void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh, int rot,
                             const float *inv_freq);
 /* Writes k, v (T, Hkv*Dh) into the cache slots of layer `layer`. */
 void moe_attention_kv_store_cpu(struct moe_kvcache *kv, int layer, const float *k,

@@ -27,10 +27,11 @@ void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor
 
 void moe_attention_rope_freqs(float *inv_freq, const struct moe_config *cfg)
 {
-    const int half = cfg->head_dim / 2;
+    const int half = cfg->rope_dim / 2;
     for (int i = 0; i < half; i++) {
-        /* transformers: 1 / base ** (arange(0, dim, 2).float() / dim), in fp32 */
-        float expo = (float)(2 * i) / (float)cfg->head_dim;
+        /* transformers: 1 / base ** (arange(0, dim, 2).float() / dim), in fp32,
+         * dim = the rotated part of a head */
+        float expo = (float)(2 * i) / (float)cfg->rope_dim;
         inv_freq[i] = 1.0f / powf(cfg->rope_theta, expo);
     }
     if (cfg->rope_type == MOE_ROPE_LINEAR) {
@@ -55,10 +56,10 @@ void moe_attention_rope_freqs(float *inv_freq, const struct moe_config *cfg)
     }
 }
 
-void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh,
+void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh, int rot,
                             const float *inv_freq)
 {
-    const int half = Dh / 2;
+    const int half = rot / 2;
 #pragma omp parallel for schedule(static) if ((size_t)T * H * Dh > 65536)
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {

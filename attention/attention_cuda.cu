@@ -70,10 +70,10 @@ extern "C" enum moe_status moe_attention_rmsnorm_cuda(cudaStream_t st, float *y,
     return MOE_OK;
 }
 
-static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int H, int Dh,
+static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int H, int Dh, int rot,
                                    const float *inv_freq)
 {
-    const int half = Dh / 2;
+    const int half = rot / 2; /* values rot..Dh-1 of a head pass unchanged */
     const size_t n = (size_t)T * H * half;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -90,11 +90,12 @@ static __global__ void rope_kernel(float *x, const int32_t *pos, int T, int H, i
 }
 
 extern "C" enum moe_status moe_attention_rope_cuda(cudaStream_t st, float *x, const int32_t *pos,
-                                                   int T, int H, int Dh, const float *inv_freq)
+                                                   int T, int H, int Dh, int rot, const float *inv_freq)
 {
-    if (T <= 0 || H <= 0 || Dh < 2) return MOE_OK;
-    const size_t n = (size_t)T * H * (Dh / 2);
-    rope_kernel<<<moe_cuda_blocks(n, 256), 256, 0, st>>>(x, pos, T, H, Dh, inv_freq);
+    if (T <= 0 || H <= 0 || rot < 2) return MOE_OK;
+    if (rot > Dh || rot % 2) return moe_fail(MOE_ERR_INVALID_ARG, "rope: %d of %d values", rot, Dh);
+    const size_t n = (size_t)T * H * (rot / 2);
+    rope_kernel<<<moe_cuda_blocks(n, 256), 256, 0, st>>>(x, pos, T, H, Dh, rot, inv_freq);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }

@@ -22,6 +22,14 @@ extern "C" {
 /* ids (T, K), w (T, K) from logits (T, E). */
 void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int E, int K,
                          bool renorm);
+/* The sigmoid router of GLM-4.5 / DeepSeek-V3 (Glm4MoeTopkRouter in
+ * transformers), r->sigmoid set: scores s = sigmoid(logits) in fp32;
+ * choice scores c = s + bias; with groups, only the topk_group groups whose
+ * two best c sum highest are eligible; top-K by c (ties to the lower index,
+ * NaN last, as above); weights s of the chosen, divided by their sum
+ * (+1e-20) when renorm, times r->scale.  ids come in descending c. */
+void moe_router_topk_sigmoid_cpu(int32_t *ids, float *w, const float *logits, int T,
+                                 const struct moe_route *r);
 /* Counting sort of the T*K pairs by expert: counts (E), offsets (E+1),
  * perm (T*K) stable, pos (T*K) its inverse. */
 void moe_router_dispatch_cpu(struct moe_dispatch *plan, const int32_t *ids, int T, int K, int E);

@@ -52,6 +52,56 @@ void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int
     }
 }
 
+/* Inserts (x, e) into the descending list (v, id) of n <= cap entries. */
+static inline void insert_ranked(float *v, int32_t *id, int *n, int cap, float x, int e)
+{
+    if (*n == cap && !ranks_before(x, e, v[cap - 1], id[cap - 1])) return;
+    int i = *n < cap ? (*n)++ : cap - 1;
+    while (i > 0 && ranks_before(x, e, v[i - 1], id[i - 1])) {
+        v[i] = v[i - 1];
+        id[i] = id[i - 1];
+        i--;
+    }
+    v[i] = x;
+    id[i] = e;
+}
+
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+void moe_router_topk_sigmoid_cpu(int32_t *ids, float *w, const float *logits, int T,
+                                 const struct moe_route *r)
+{
+    const int E = r->E, K = r->K, G = r->n_group, per = E / G;
+    MOE_ASSERT(G >= 1 && G <= MOE_MAX_EXPERT_GROUPS && E % G == 0 && r->topk_group <= G);
+#pragma omp parallel for schedule(static) if (T > 64)
+    for (int t = 0; t < T; t++) {
+        const float *x = logits + (size_t)t * E;
+        int32_t *id = ids + (size_t)t * K;
+        float *wt = w + (size_t)t * K;
+        bool ok[MOE_MAX_EXPERT_GROUPS];
+        for (int g = 0; g < G; g++) ok[g] = G == 1;
+        if (G > 1) { /* the groups whose two best choice scores sum highest */
+            float gv[MOE_MAX_EXPERT_GROUPS], two[2];
+            int32_t gi[MOE_MAX_EXPERT_GROUPS], ti[2];
+            int ng = 0;
+            for (int g = 0; g < G; g++) {
+                int n = 0;
+                for (int e = g * per; e < (g + 1) * per; e++)
+                    insert_ranked(two, ti, &n, 2, sigmoidf(x[e]) + (r->bias ? r->bias[e] : 0.0f), e);
+                insert_ranked(gv, gi, &ng, r->topk_group, two[0] + two[1], g);
+            }
+            for (int i = 0; i < ng; i++) ok[gi[i]] = true;
+        }
+        int n = 0;
+        for (int e = 0; e < E; e++)
+            if (ok[e / per]) insert_ranked(wt, id, &n, K, sigmoidf(x[e]) + (r->bias ? r->bias[e] : 0.0f), e);
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++) sum += wt[k] = sigmoidf(x[id[k]]);
+        for (int k = 0; k < K; k++) /* in transformers' order: w / (sum + 1e-20) * scale */
+            wt[k] = (r->renorm ? wt[k] / (sum + 1e-20f) : wt[k]) * r->scale;
+    }
+}
+
 void moe_router_dispatch_cpu(struct moe_dispatch *plan, const int32_t *ids, int T, int K, int E)
 {
     const int n = T * K;

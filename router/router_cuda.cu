@@ -8,7 +8,8 @@
  * index), so ids equal the CPU's for equal logits.  The K weights are
  * exp(x - max) / sum, renormalised by their sum taken in k order.  Only the
  * softmax sum's order differs from the CPU (rounding-level differences in
- * the weights).
+ * the weights).  The sigmoid router (GLM-4.5 / DeepSeek-V3) has its own
+ * kernel of the same shape, with group-limited choice.
  *
  * Dispatch: a stable CUB radix sort of the T*K expert ids with the pair ids
  * t*K+k as values gives perm (stable, so pairs of one expert stay in t*K+k
@@ -89,6 +90,121 @@ extern "C" enum moe_status moe_router_topk_cuda(cudaStream_t st, int32_t *ids, f
                         32 * MAX_E_PER_LANE);
     unsigned blocks = (unsigned)((T + ROUTE_WARPS - 1) / ROUTE_WARPS);
     topk_kernel<<<blocks, ROUTE_WARPS * 32, 0, st>>>(ids, w, logits, T, E, K, renorm);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
+/* The warp's arg-best of (v, i) over its lanes, by ranks_before; i < 0 is
+ * empty.  Every lane returns the winner. */
+__device__ __forceinline__ void warp_best(float *v, int *i)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, *v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, *i, o);
+        if (oi >= 0 && (*i < 0 || ranks_before(ov, oi, *v, *i))) {
+            *v = ov;
+            *i = oi;
+        }
+    }
+}
+
+__device__ __forceinline__ float choice_score(const float *x, const float *bias, int e)
+{
+    return 1.0f / (1.0f + expf(-x[e])) + (bias ? bias[e] : 0.0f);
+}
+
+/* The sigmoid router (router.h, moe_router_topk_sigmoid_cpu), one warp per
+ * token.  Groups: lane j scores groups j and j + 32 (G <= 64) by their two
+ * best choice scores, topk_group rounds of warp_best pick the eligible ones
+ * into a 64-bit mask every lane holds; then K rounds of warp_best over the
+ * eligible experts not taken, as topk_kernel does.  Choice scores are
+ * recomputed from the logits (in L1) rather than held. */
+static __global__ void topk_sigmoid_kernel(int32_t *ids, float *w, const float *logits,
+                                           const float *bias, int T, int E, int K, int G,
+                                           int topk_group, bool renorm, float scale)
+{
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+    if (t >= T) return; /* t is uniform per warp */
+    const float *x = logits + (size_t)t * E;
+    const int per = E / G;
+    unsigned long long ok = G == 1 ? 1ull : 0ull; /* bit g: group g eligible */
+    if (G > 1) {
+        float gs[2];
+        for (int j = 0; j < 2; j++) {
+            const int g = lane + 32 * j;
+            float b0 = 0.0f, b1 = 0.0f;
+            int i0 = -1, i1 = -1;
+            for (int e = g * per; g < G && e < (g + 1) * per; e++) {
+                float c = choice_score(x, bias, e);
+                if (i0 < 0 || ranks_before(c, e, b0, i0)) {
+                    b1 = b0, i1 = i0;
+                    b0 = c, i0 = e;
+                } else if (i1 < 0 || ranks_before(c, e, b1, i1)) {
+                    b1 = c, i1 = e;
+                }
+            }
+            gs[j] = b0 + b1;
+        }
+        unsigned taken = 0; /* bit j: group lane + 32*j chosen */
+        for (int r = 0; r < topk_group; r++) {
+            float bv = 0.0f;
+            int bi = -1;
+            for (int j = 0; j < 2; j++) {
+                const int g = lane + 32 * j;
+                if (g < G && !(taken & (1u << j)) && (bi < 0 || ranks_before(gs[j], g, bv, bi))) {
+                    bv = gs[j];
+                    bi = g;
+                }
+            }
+            warp_best(&bv, &bi);
+            if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+            if (bi >= 0) ok |= 1ull << bi;
+        }
+    }
+    uint32_t taken = 0; /* bit i: expert lane + 32*i chosen */
+    float sum = 0.0f;
+    for (int k = 0; k < K; k++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int i = 0, e = lane; e < E; i++, e += 32) {
+            if ((taken & (1u << i)) || !((ok >> (e / per)) & 1ull)) continue;
+            float c = choice_score(x, bias, e);
+            if (bi < 0 || ranks_before(c, e, bv, bi)) {
+                bv = c;
+                bi = e;
+            }
+        }
+        warp_best(&bv, &bi);
+        if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == 0) {
+            const float s = bi < 0 ? 0.0f : 1.0f / (1.0f + expf(-x[bi]));
+            ids[(size_t)t * K + k] = bi < 0 ? 0 : bi;
+            w[(size_t)t * K + k] = s;
+            sum += s;
+        }
+    }
+    if (lane == 0)
+        for (int k = 0; k < K; k++) {
+            float *wk = &w[(size_t)t * K + k];
+            *wk = (renorm ? *wk / (sum + 1e-20f) : *wk) * scale;
+        }
+}
+
+extern "C" enum moe_status moe_router_topk_sigmoid_cuda(cudaStream_t st, int32_t *ids, float *w,
+                                                        const float *logits, int T,
+                                                        const struct moe_route *r)
+{
+    if (T <= 0) return MOE_OK;
+    const int E = r->E, K = r->K, G = r->n_group;
+    if (E <= 0 || E > 32 * MAX_E_PER_LANE || G < 1 || G > 64 || E % G || r->topk_group < 1 ||
+        r->topk_group > G || K <= 0 || K > r->topk_group * (E / G))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA router: top-%d of %d experts in %d groups, %d "
+                        "eligible (E <= %d, groups <= 64)", K, E, G, r->topk_group,
+                        32 * MAX_E_PER_LANE);
+    unsigned blocks = (unsigned)((T + ROUTE_WARPS - 1) / ROUTE_WARPS);
+    topk_sigmoid_kernel<<<blocks, ROUTE_WARPS * 32, 0, st>>>(ids, w, logits, r->bias, T, E, K, G,
+                                                           r->topk_group, r->renorm, r->scale);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }

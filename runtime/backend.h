@@ -52,6 +52,17 @@ extern "C" {
 
 struct moe_backend;
 
+/* How router logits become K experts and their weights (router/router.h). */
+struct moe_route {
+    int E, K;
+    bool renorm;         /* the K weights divided by their sum */
+    bool sigmoid;        /* scores sigmoid(logits), else softmax over E */
+    const float *bias;   /* (E) backend memory, added to the scores for the choice only; or NULL */
+    int n_group, topk_group; /* sigmoid: choose among the topk_group groups of E/n_group
+                                experts whose two best biased scores sum highest; 1, 1 = all */
+    float scale;         /* sigmoid: weights times it (routed_scaling_factor) */
+};
+
 /* The dispatch plan of one MoE layer (backend memory). */
 struct moe_dispatch {
     int32_t *counts;   /* (E) pairs routed to each expert */
@@ -110,15 +121,16 @@ struct moe_backend_ops {
     MOE_OP(add, float *y, const float *x, size_t n);            /* y += x */
     MOE_OP(clamp, float *x, size_t n, float limit);             /* x in [-limit, limit] */
     MOE_OP(swiglu, float *g, const float *u, size_t n);         /* g = silu(g) * u */
-    /* x (T, H, Dh) rotated in place at positions pos (T). */
-    MOE_OP(rope, float *x, const int32_t *pos, int T, int H, int Dh, const float *inv_freq);
+    /* x (T, H, Dh) rotated in place at positions pos (T): the first rot
+     * values of each head, in halves (attention.h); inv_freq (rot/2). */
+    MOE_OP(rope, float *x, const int32_t *pos, int T, int H, int Dh, int rot, const float *inv_freq);
     MOE_OP(kv_store, struct moe_kvcache *kv, int layer, const float *k, const float *v,
            const int32_t *slots, int T);
     /* out (T, Hq*Dh) from q (T, Hq*Dh) over the cache. */
     MOE_OP(attention, float *out, const float *q, const struct moe_kvcache *kv,
            const struct moe_batch *b, const struct moe_attn_params *p);
     /* ids (T, K), w (T, K) from router logits (T, E). */
-    MOE_OP(route, int32_t *ids, float *w, const float *logits, int T, int E, int K, bool renorm);
+    MOE_OP(route, int32_t *ids, float *w, const float *logits, int T, const struct moe_route *r);
     MOE_OP(dispatch, struct moe_dispatch *plan, const int32_t *ids, int T, int K, int E);
     /* out (T, D) = combine of the K experts' SwiGLU FFN of x (T, D). */
     MOE_OP(experts, float *out, const float *x, const struct moe_dispatch *plan, const float *w,

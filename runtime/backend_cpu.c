@@ -379,9 +379,9 @@ static enum moe_status cpu_swiglu(struct moe_backend *be, float *g, const float 
 }
 
 static enum moe_status cpu_rope(struct moe_backend *be, float *x, const int32_t *pos, int T, int H,
-                                int Dh, const float *inv_freq)
+                                int Dh, int rot, const float *inv_freq)
 {
-    moe_attention_rope_cpu(x, pos, T, H, Dh, inv_freq);
+    moe_attention_rope_cpu(x, pos, T, H, Dh, rot, inv_freq);
     return MOE_OK;
 }
 
@@ -413,9 +413,10 @@ static enum moe_status fast_attention(struct moe_backend *be, float *out, const 
 }
 
 static enum moe_status cpu_route(struct moe_backend *be, int32_t *ids, float *w,
-                                 const float *logits, int T, int E, int K, bool renorm)
+                                 const float *logits, int T, const struct moe_route *r)
 {
-    moe_router_topk_cpu(ids, w, logits, T, E, K, renorm);
+    if (r->sigmoid) moe_router_topk_sigmoid_cpu(ids, w, logits, T, r);
+    else moe_router_topk_cpu(ids, w, logits, T, r->E, r->K, r->renorm);
     return MOE_OK;
 }
 

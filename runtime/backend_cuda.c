@@ -297,9 +297,9 @@ static enum moe_status cuda_swiglu(struct moe_backend *be, float *g, const float
 }
 
 static enum moe_status cuda_rope(struct moe_backend *be, float *x, const int32_t *pos, int T,
-                                 int H, int Dh, const float *inv_freq)
+                                 int H, int Dh, int rot, const float *inv_freq)
 {
-    return moe_attention_rope_cuda(ctx_of(be)->stream, x, pos, T, H, Dh, inv_freq);
+    return moe_attention_rope_cuda(ctx_of(be)->stream, x, pos, T, H, Dh, rot, inv_freq);
 }
 
 static enum moe_status cuda_kv_store(struct moe_backend *be, struct moe_kvcache *kv, int layer,
@@ -328,9 +328,10 @@ static enum moe_status cuda_attention(struct moe_backend *be, float *out, const 
 }
 
 static enum moe_status cuda_route(struct moe_backend *be, int32_t *ids, float *w,
-                                  const float *logits, int T, int E, int K, bool renorm)
+                                  const float *logits, int T, const struct moe_route *r)
 {
-    return moe_router_topk_cuda(ctx_of(be)->stream, ids, w, logits, T, E, K, renorm);
+    if (r->sigmoid) return moe_router_topk_sigmoid_cuda(ctx_of(be)->stream, ids, w, logits, T, r);
+    return moe_router_topk_cuda(ctx_of(be)->stream, ids, w, logits, T, r->E, r->K, r->renorm);
 }
 
 static enum moe_status cuda_dispatch(struct moe_backend *be, struct moe_dispatch *plan,

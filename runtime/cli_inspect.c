@@ -60,13 +60,19 @@ int moe_cli_inspect(int argc, char **argv)
            cfg->n_kv_heads, cfg->head_dim);
     if (cfg->qk_norm != MOE_QK_NORM_NONE)
         printf(", q/k norm %s", cfg->qk_norm == MOE_QK_NORM_HEAD ? "per head" : "full");
-    printf("\nvocabulary   %d; context %d; rope theta %g%s\n", cfg->vocab, cfg->max_pos,
+    printf("\nvocabulary   %d; context %d; rope theta %g%s", cfg->vocab, cfg->max_pos,
            cfg->rope_theta,
            cfg->rope_type == MOE_ROPE_LLAMA3 ? " (llama3 scaling)"
            : cfg->rope_type == MOE_ROPE_LINEAR ? " (linear scaling)" : "");
+    if (cfg->rope_dim < cfg->head_dim) printf(", over %d of %d values per head", cfg->rope_dim, cfg->head_dim);
+    printf("\n");
     if (n_moe)
         printf("experts      %d per MoE layer, top-%d, width %d, weights %s\n", cfg->n_experts,
                cfg->top_k, cfg->d_expert, cfg->norm_topk ? "renormalised" : "not renormalised");
+    if (n_moe && cfg->router_sigmoid)
+        printf("router       sigmoid scores%s; chosen in the best %d of %d groups; weights x %g\n",
+               cfg->router_bias ? " + a per-expert choice bias" : "", cfg->topk_group, cfg->n_group,
+               cfg->routed_scale);
     if (cfg->d_shared)
         printf("shared       1 shared expert of width %d%s\n", cfg->d_shared,
                cfg->shared_gate ? ", sigmoid gate" : "");

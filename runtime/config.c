@@ -27,6 +27,7 @@ static const struct {
     {"LlamaForCausalLM", MOE_FAMILY_LLAMA, 1e-6f, 0, false, MOE_QK_NORM_NONE, false},
     {"Qwen2ForCausalLM", MOE_FAMILY_QWEN2, 1e-6f, 0, true, MOE_QK_NORM_NONE, false},
     {"Qwen3ForCausalLM", MOE_FAMILY_QWEN3, 1e-6f, 128, false, MOE_QK_NORM_HEAD, false},
+    {"Glm4MoeForCausalLM", MOE_FAMILY_GLM4_MOE, 1e-5f, 0, false, MOE_QK_NORM_NONE, true},
 };
 
 const char *moe_family_name(enum moe_family f)
@@ -165,6 +166,11 @@ static enum moe_status parse_layers(struct moe_config *c, json_t *root, const ch
 {
     for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = moe;
     if (!moe) return MOE_OK;
+    if (c->family == MOE_FAMILY_GLM4_MOE) {
+        int k;
+        MOE_TRY(get_int(root, what, "first_k_dense_replace", 0, c->n_layers, 1, false, &k));
+        for (int l = 0; l < k; l++) c->layer_moe[l] = false;
+    }
     if (c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_MOE) {
         int step;
         MOE_TRY(get_int(root, what, "decoder_sparse_step", 1, 1 << 20, 1, false, &step));
@@ -232,7 +238,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         return moe_fail(MOE_ERR_UNSUPPORTED,
                         "%s: architecture '%s' is not supported (supported: MixtralForCausalLM, "
                         "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
-                        "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)", what, arch);
+                        "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Glm4MoeForCausalLM)",
+                        what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
 
@@ -249,8 +256,6 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         return moe_fail(MOE_ERR_FORMAT,
                         "%s: num_attention_heads = %d is not a multiple of num_key_value_heads = %d",
                         what, c->n_heads, c->n_kv_heads);
-    if (c->head_dim % 2)
-        return moe_fail(MOE_ERR_FORMAT, "%s: head_dim = %d must be even for RoPE", what, c->head_dim);
     double eps = 0;
     MOE_TRY(get_num(root, what, "rms_norm_eps", families[fi].eps, &eps));
     if (!(eps > 0)) return moe_fail(MOE_ERR_FORMAT, "%s: rms_norm_eps = %g must be > 0", what, eps);
@@ -262,10 +267,16 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     c->qkv_bias = families[fi].qkv_bias_always || attn_bias;
     c->o_bias = !families[fi].qkv_bias_always && attn_bias;
     if (c->family == MOE_FAMILY_MIXTRAL) c->qkv_bias = c->o_bias = false;
+    if (c->family == MOE_FAMILY_GLM4_MOE) c->o_bias = false; /* attention_bias: q, k, v only */
     MOE_TRY(get_bool(root, what, "mlp_bias", false, &c->mlp_bias));
     if (c->mlp_bias && c->family != MOE_FAMILY_LLAMA)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: mlp_bias = true is only supported for Llama", what);
     c->qk_norm = families[fi].qk_norm;
+    if (c->family == MOE_FAMILY_GLM4_MOE) {
+        bool qk;
+        MOE_TRY(get_bool(root, what, "use_qk_norm", false, &qk));
+        if (qk) c->qk_norm = MOE_QK_NORM_HEAD;
+    }
     double clip;
     MOE_TRY(get_num(root, what, "clip_qkv", 0.0, &clip));
     if (clip < 0) return moe_fail(MOE_ERR_FORMAT, "%s: clip_qkv = %g must be positive", what, clip);
@@ -277,15 +288,26 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)",
                         what, json_is_string(act) ? json_string_value(act) : "(not a string)");
-    double prf;
-    MOE_TRY(get_num(root, what, "partial_rotary_factor", 1.0, &prf));
-    if (prf != 1.0)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: partial_rotary_factor = %g is not supported", what, prf);
-
     MOE_TRY(parse_rope(c, root, what));
+    /* partial_rotary_factor: at the top (older files) or in rope_parameters
+     * (transformers 5); GLM-4.5 defaults to 0.5.  transformers rotates
+     * int(head_dim * factor) values of each head. */
+    double prf;
+    MOE_TRY(get_num(root, what, "partial_rotary_factor", c->family == MOE_FAMILY_GLM4_MOE ? 0.5 : 1.0,
+                    &prf));
+    json_t *rp = json_object_get(root, "rope_parameters");
+    if (json_is_object(rp)) MOE_TRY(get_num(rp, what, "partial_rotary_factor", prf, &prf));
+    if (!(prf > 0 && prf <= 1))
+        return moe_fail(MOE_ERR_FORMAT, "%s: partial_rotary_factor = %g must be in (0, 1]", what, prf);
+    c->rope_dim = (int)(c->head_dim * prf);
+    if (c->rope_dim < 2 || c->rope_dim % 2)
+        return moe_fail(MOE_ERR_FORMAT, "%s: RoPE over %d of head_dim %d values (partial_rotary_factor "
+                        "%g): it must be even and at least 2", what, c->rope_dim, c->head_dim, prf);
     MOE_TRY(parse_sliding(c, root, what));
 
     bool moe = families[fi].moe;
+    c->n_group = c->topk_group = 1;
+    c->routed_scale = 1.0f;
     switch (c->family) {
     case MOE_FAMILY_MIXTRAL:
         MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 8, false, &c->n_experts));
@@ -312,12 +334,37 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
             c->shared_gate = c->d_shared > 0;
         }
         break;
+    case MOE_FAMILY_GLM4_MOE: {
+        int n_shared;
+        double scale;
+        MOE_TRY(get_int(root, what, "n_routed_experts", 1, 1 << 16, 128, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, 0, false, &c->d_ff));
+        MOE_TRY(get_int(root, what, "n_shared_experts", 0, 1 << 10, 1, false, &n_shared));
+        c->d_shared = n_shared * c->d_expert; /* one MLP of n_shared experts' width, no gate */
+        MOE_TRY(get_bool(root, what, "norm_topk_prob", true, &c->norm_topk));
+        MOE_TRY(get_num(root, what, "routed_scaling_factor", 1.0, &scale));
+        if (!(scale > 0))
+            return moe_fail(MOE_ERR_FORMAT, "%s: routed_scaling_factor = %g must be > 0", what, scale);
+        c->routed_scale = (float)scale;
+        MOE_TRY(get_int(root, what, "n_group", 1, MOE_MAX_EXPERT_GROUPS, 1, false, &c->n_group));
+        MOE_TRY(get_int(root, what, "topk_group", 1, c->n_group, 1, false, &c->topk_group));
+        if (c->n_experts % c->n_group || c->n_experts / c->n_group < 2)
+            return moe_fail(MOE_ERR_FORMAT, "%s: %d experts do not split into n_group = %d groups of "
+                            "at least 2", what, c->n_experts, c->n_group);
+        c->router_sigmoid = c->router_bias = true;
+        break;
+    }
     default:
         MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_ff));
         break;
     }
     if (moe) {
         MOE_TRY(get_int(root, what, "num_experts_per_tok", 1, c->n_experts, 2, false, &c->top_k));
+        if (c->top_k > c->topk_group * (c->n_experts / c->n_group))
+            return moe_fail(MOE_ERR_FORMAT, "%s: num_experts_per_tok = %d exceeds the %d experts of "
+                            "topk_group = %d groups", what, c->top_k,
+                            c->topk_group * (c->n_experts / c->n_group), c->topk_group);
     }
     MOE_TRY(parse_layers(c, root, what, moe));
     for (int l = 0; l < c->n_layers; l++)

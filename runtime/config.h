@@ -24,6 +24,7 @@ enum moe_family {
     MOE_FAMILY_LLAMA,
     MOE_FAMILY_QWEN2,
     MOE_FAMILY_QWEN3,
+    MOE_FAMILY_GLM4_MOE,
 };
 
 enum moe_qk_norm {
@@ -35,6 +36,7 @@ enum moe_qk_norm {
 enum moe_rope_type { MOE_ROPE_DEFAULT, MOE_ROPE_LINEAR, MOE_ROPE_LLAMA3 };
 
 #define MOE_MAX_LAYERS 1024
+#define MOE_MAX_EXPERT_GROUPS 64 /* n_group */
 
 struct moe_config {
     enum moe_family family;
@@ -60,6 +62,8 @@ struct moe_config {
     /* RoPE */
     enum moe_rope_type rope_type;
     float rope_theta;
+    int rope_dim;                  /* each head's first rope_dim values are rotated, the rest
+                                      pass (partial_rotary_factor); even, <= Dh */
     float rope_factor;             /* linear, llama3 */
     float rope_low_freq_factor;    /* llama3 */
     float rope_high_freq_factor;   /* llama3 */
@@ -74,6 +78,14 @@ struct moe_config {
     int d_shared;      /* shared expert width; 0 = none */
     bool shared_gate;  /* shared expert output scaled by sigmoid(x . w) (Qwen2-MoE) */
     bool norm_topk;    /* renormalise the K chosen probabilities to sum to 1 */
+    /* Router scoring (router/router.h): softmax over E, or (GLM-4.5,
+     * DeepSeek-V3) sigmoid per expert, chosen by sigmoid + a per-expert
+     * bias among the topk_group best of n_group expert groups, weighted by
+     * the unbiased sigmoid, times routed_scale. */
+    bool router_sigmoid;
+    bool router_bias;  /* e_score_correction_bias (E) per MoE layer */
+    int n_group, topk_group; /* 1, 1: no groups */
+    float routed_scale; /* routed_scaling_factor; 1 */
     bool layer_moe[MOE_MAX_LAYERS]; /* per layer: MoE (true) or dense FFN */
 
     int bos_id, eos_id; /* -1 if absent */

@@ -89,7 +89,7 @@ enum moe_status moe_attention_rmsnorm_cuda(cudaStream_t st, float *y, const floa
                                            const void *w, enum moe_dtype wdt, int rows, int dim,
                                            float eps);
 enum moe_status moe_attention_rope_cuda(cudaStream_t st, float *x, const int32_t *pos, int T,
-                                        int H, int Dh, const float *inv_freq);
+                                        int H, int Dh, int rot, const float *inv_freq);
 enum moe_status moe_attention_kv_store_cuda(cudaStream_t st, struct moe_kvcache *kv, int layer,
                                             const float *k, const float *v, const int32_t *slots,
                                             int T);
@@ -117,6 +117,8 @@ enum moe_status moe_attention_prefill_cuda(cudaStream_t st, float *out, const fl
 /* ---- router/router_cuda.cu ---- */
 enum moe_status moe_router_topk_cuda(cudaStream_t st, int32_t *ids, float *w, const float *logits,
                                      int T, int E, int K, bool renorm);
+enum moe_status moe_router_topk_sigmoid_cuda(cudaStream_t st, int32_t *ids, float *w,
+                                             const float *logits, int T, const struct moe_route *r);
 /* CUB temp bytes for dispatching up to n pairs over E experts. */
 enum moe_status moe_router_dispatch_temp_bytes(int n, int E, size_t *bytes);
 /* keys_tmp, vals_in, keys_out: (n) int32 scratch each; load (E) uint64

@@ -71,7 +71,7 @@ static enum moe_status init_buffers(struct moe_forward *fw)
     fw->h_logits = malloc(T * E * sizeof(float));
     if (!fw->h_ids || !fw->h_w || !fw->h_logits)
         return moe_fail(MOE_ERR_NOMEM, "forward: host routing buffers");
-    float *freqs = malloc((size_t)c->head_dim / 2 * sizeof(float));
+    float *freqs = calloc((size_t)c->head_dim / 2, sizeof(float)); /* rope_dim/2 used */
     if (!freqs) return moe_fail(MOE_ERR_NOMEM, "forward: rope table");
     moe_attention_rope_freqs(freqs, c);
     enum moe_status s = be->ops->to_device(be, fw->inv_freq, freqs, (size_t)c->head_dim / 2 * sizeof(float));
@@ -236,8 +236,8 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
         MOE_TRY(op->clamp(be, fw->k, (size_t)T * Hkv * Dh, c->clip_qkv));
         MOE_TRY(op->clamp(be, fw->v, (size_t)T * Hkv * Dh, c->clip_qkv));
     }
-    MOE_TRY(op->rope(be, fw->q, db->positions, T, Hq, Dh, fw->inv_freq));
-    MOE_TRY(op->rope(be, fw->k, db->positions, T, Hkv, Dh, fw->inv_freq));
+    MOE_TRY(op->rope(be, fw->q, db->positions, T, Hq, Dh, c->rope_dim, fw->inv_freq));
+    MOE_TRY(op->rope(be, fw->k, db->positions, T, Hkv, Dh, c->rope_dim, fw->inv_freq));
     MOE_TRY(op->kv_store(be, kv, l, fw->k, fw->v, db->slot, T));
     struct moe_attn_params p = {
         .layer = l, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh,
@@ -329,7 +329,9 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
         return op->add(be, fw->x, fw->out, (size_t)T * D);
     }
     MOE_TRY(op->matmul(be, fw->rlogits, fw->xn, &w->router, NULL, T));
-    MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, E, K, c->norm_topk));
+    const struct moe_route rt = {E, K, c->norm_topk, c->router_sigmoid, w->router_bias.data,
+                                 c->n_group, c->topk_group, c->routed_scale};
+    MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, &rt));
     if (fw->stats && fw->stats_async) { /* recorded after the step's sync */
         int32_t *hi;
         float *hw, *hl;

@@ -202,14 +202,23 @@ static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_wei
     }
     NAMEF(n, "model.layers.%d.%s.gate.weight", l, blk);
     MOE_TRY(bind(m, &w->router, true, n, 2, E, D, 0));
+    if (c->router_bias) { /* kept in fp32 by transformers (_keep_in_fp32_modules_strict) */
+        NAMEF(n, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        MOE_TRY(bind(m, &w->router_bias, true, n, 1, E, 0, 0));
+        if (w->router_bias.dtype != MOE_DTYPE_F32)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s is %s; the router bias must be F32", n,
+                            moe_dtype_name(w->router_bias.dtype));
+    }
     MOE_TRY(bind_experts(m, l, blk, &w->experts));
     if (c->d_shared > 0) {
         int64_t S = c->d_shared;
-        NAMEF(n, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+        /* Qwen2-MoE: mlp.shared_expert; GLM-4.5 / DeepSeek: mlp.shared_experts */
+        const char *sh = c->family == MOE_FAMILY_GLM4_MOE ? "shared_experts" : "shared_expert";
+        NAMEF(n, "model.layers.%d.mlp.%s.gate_proj.weight", l, sh);
         MOE_TRY(bind(m, &w->sh_gate, true, n, 2, S, D, 0));
-        NAMEF(n, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+        NAMEF(n, "model.layers.%d.mlp.%s.up_proj.weight", l, sh);
         MOE_TRY(bind(m, &w->sh_up, true, n, 2, S, D, 0));
-        NAMEF(n, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+        NAMEF(n, "model.layers.%d.mlp.%s.down_proj.weight", l, sh);
         MOE_TRY(bind(m, &w->sh_down, true, n, 2, D, S, 0));
         if (c->shared_gate) {
             NAMEF(n, "model.layers.%d.mlp.shared_expert_gate.weight", l);
@@ -283,6 +292,10 @@ enum moe_status moe_model_set_top_k(struct moe_model *m, int k)
     if (k < 1 || k > c->n_experts)
         return moe_fail(MOE_ERR_INVALID_ARG, "top-k %d: the model has %d experts per MoE layer "
                         "(use 1..%d)", k, c->n_experts, c->n_experts);
+    const int eligible = c->topk_group * (c->n_experts / c->n_group);
+    if (k > eligible)
+        return moe_fail(MOE_ERR_INVALID_ARG, "top-k %d: the router chooses among the %d experts of "
+                        "its %d best groups (use 1..%d)", k, eligible, c->topk_group, eligible);
     m->cfg.top_k = k;
     return MOE_OK;
 }
@@ -310,7 +323,7 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
         if (c->layer_moe[l]) {
             size_t es = moe_dtype_size(w->experts.dtype);
             z->bytes_experts += 3 * E * F * D * (int64_t)es;
-            z->bytes_router += tbytes(&w->router);
+            z->bytes_router += tbytes(&w->router) + tbytes(&w->router_bias);
             z->bytes_shared += tbytes(&w->sh_gate) + tbytes(&w->sh_up) + tbytes(&w->sh_down) +
                                tbytes(&w->sh_router);
             expert_params += 3 * E * F * D;
@@ -355,7 +368,7 @@ void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_si
         if (c->layer_moe[l]) {
             experts += 3 * E * F * D;
             active_experts += 3 * K * F * D;
-            router += E * D;
+            router += E * D + (c->router_bias ? E : 0);
             shared += S ? 3 * S * D + (c->shared_gate ? D : 0) : 0;
         } else {
             dense += 3 * Fd * D + (c->mlp_bias ? 2 * Fd + D : 0);

@@ -35,6 +35,7 @@ struct moe_layer_weights {
     struct moe_tensor b_gate, b_up, b_down;  /* optional (Llama mlp_bias) */
     /* MoE (layer_moe true) */
     struct moe_tensor router;            /* (E, D) */
+    struct moe_tensor router_bias;       /* (E) f32, the sigmoid router's choice bias, or absent */
     struct moe_expert_weights experts;
     struct moe_tensor sh_gate, sh_up, sh_down; /* shared expert (Fs, D) (Fs, D) (D, Fs) */
     struct moe_tensor sh_router;         /* (1, D): sigmoid gate of the shared expert */

@@ -101,6 +101,18 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
                                      enum moe_dtype dt, uint64_t seed, bool deferred,
                                      enum moe_synth_layout layout);
 
+/* The sigmoid router's choice bias: F32 whatever the weights' dtype, as
+ * transformers keeps it. */
+static enum moe_status add_router_bias(struct gen *g, const struct moe_config *c, int64_t E, int l)
+{
+    if (!c->router_bias) return MOE_OK;
+    const enum moe_dtype keep = g->dt;
+    g->dt = MOE_DTYPE_F32;
+    enum moe_status s = add(g, false, 1, E, 0, 0, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+    g->dt = keep;
+    return s;
+}
+
 enum moe_status moe_synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
                                   enum moe_dtype dt, uint64_t seed, enum moe_synth_layout layout)
 {
@@ -157,6 +169,7 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
             const char *gn = mx ? "w1" : "gate_proj", *un = mx ? "w3" : "up_proj",
                        *dn = mx ? "w2" : "down_proj";
             MOE_TRY(add(&g, false, 2, E, D, 0, "%s.%d.%s.gate.weight", p, l, blk));
+            MOE_TRY(add_router_bias(&g, c, E, l));
             for (int64_t e = 0; e < E; e++) {
                 MOE_TRY(add(&g, false, 2, F, D, 0, "%s.%d.%s.experts.%lld.%s.weight", p, l, blk,
                             (long long)e, gn));
@@ -167,14 +180,16 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
             }
         } else {
             MOE_TRY(add(&g, false, 2, E, D, 0, "%s.%d.mlp.gate.weight", p, l));
+            MOE_TRY(add_router_bias(&g, c, E, l));
             MOE_TRY(add(&g, false, 3, E, 2 * F, D, "%s.%d.mlp.experts.gate_up_proj", p, l));
             MOE_TRY(add(&g, false, 3, E, D, F, "%s.%d.mlp.experts.down_proj", p, l));
         }
         if (c->d_shared > 0) {
             const int64_t S = c->d_shared;
-            MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.shared_expert.gate_proj.weight", p, l));
-            MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.shared_expert.up_proj.weight", p, l));
-            MOE_TRY(add(&g, false, 2, D, S, 0, "%s.%d.mlp.shared_expert.down_proj.weight", p, l));
+            const char *sh = c->family == MOE_FAMILY_GLM4_MOE ? "shared_experts" : "shared_expert";
+            MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.%s.gate_proj.weight", p, l, sh));
+            MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.%s.up_proj.weight", p, l, sh));
+            MOE_TRY(add(&g, false, 2, D, S, 0, "%s.%d.mlp.%s.down_proj.weight", p, l, sh));
             if (c->shared_gate)
                 MOE_TRY(add(&g, false, 2, 1, D, 0, "%s.%d.mlp.shared_expert_gate.weight", p, l));
         }

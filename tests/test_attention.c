@@ -41,14 +41,15 @@ Test(attention, rmsnorm_bf16_weight)
 Test(attention, rope_rotates_pairs_half_apart)
 {
     enum { H = 2, Dh = 8 };
-    struct moe_config cfg = {.head_dim = Dh, .rope_theta = 10000.0f, .rope_type = MOE_ROPE_DEFAULT};
+    struct moe_config cfg = {.head_dim = Dh, .rope_dim = Dh, .rope_theta = 10000.0f,
+                             .rope_type = MOE_ROPE_DEFAULT};
     float inv[Dh / 2], x[H * Dh], orig[H * Dh];
     moe_attention_rope_freqs(inv, &cfg);
     for (int i = 0; i < Dh / 2; i++) cr_assert_float_eq(inv[i], pow(10000.0, -2.0 * i / Dh), 1e-6);
     tu_fill_uniform(x, H * Dh, 3, -1, 1);
     memcpy(orig, x, sizeof x);
     int32_t pos = 7;
-    moe_attention_rope_cpu(x, &pos, 1, H, Dh, inv);
+    moe_attention_rope_cpu(x, &pos, 1, H, Dh, Dh, inv);
     for (int h = 0; h < H; h++)
         for (int i = 0; i < Dh / 2; i++) {
             double a = orig[h * Dh + i], b = orig[h * Dh + i + Dh / 2], th = 7.0 * inv[i];
@@ -57,9 +58,33 @@ Test(attention, rope_rotates_pairs_half_apart)
         }
 }
 
+/* partial_rotary_factor 0.5 (GLM-4.5): the first half of each head rotates
+ * in quarters, with frequencies over that half; the second half passes. */
+Test(attention, partial_rope_rotates_the_first_values_only)
+{
+    enum { H = 2, Dh = 16, R = 8 };
+    struct moe_config cfg = {.head_dim = Dh, .rope_dim = R, .rope_theta = 10000.0f,
+                             .rope_type = MOE_ROPE_DEFAULT};
+    float inv[R / 2], x[H * Dh], orig[H * Dh];
+    moe_attention_rope_freqs(inv, &cfg);
+    for (int i = 0; i < R / 2; i++) cr_assert_float_eq(inv[i], pow(10000.0, -2.0 * i / R), 1e-6);
+    tu_fill_uniform(x, H * Dh, 4, -1, 1);
+    memcpy(orig, x, sizeof x);
+    int32_t pos = 11;
+    moe_attention_rope_cpu(x, &pos, 1, H, Dh, R, inv);
+    for (int h = 0; h < H; h++) {
+        for (int i = 0; i < R / 2; i++) {
+            double a = orig[h * Dh + i], b = orig[h * Dh + i + R / 2], th = 11.0 * inv[i];
+            cr_assert_float_eq(x[h * Dh + i], a * cos(th) - b * sin(th), 1e-5);
+            cr_assert_float_eq(x[h * Dh + i + R / 2], b * cos(th) + a * sin(th), 1e-5);
+        }
+        for (int i = R; i < Dh; i++) cr_assert_eq(x[h * Dh + i], orig[h * Dh + i]);
+    }
+}
+
 Test(attention, llama3_rope_scaling_bands)
 {
-    struct moe_config cfg = {.head_dim = 16, .rope_theta = 10000.0f, .rope_type = MOE_ROPE_LLAMA3,
+    struct moe_config cfg = {.head_dim = 16, .rope_dim = 16, .rope_theta = 10000.0f, .rope_type = MOE_ROPE_LLAMA3,
                              .rope_factor = 8, .rope_low_freq_factor = 1,
                              .rope_high_freq_factor = 4, .rope_original_max_pos = 64};
     float inv[8];

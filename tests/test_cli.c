@@ -43,34 +43,44 @@ Test(cli, inspect_reports_structure_and_sizes)
     cr_assert(strstr(out, "768 B per token in fp32"), "%s", out);
 }
 
-Test(cli, synth_writes_a_loadable_checkpoint)
+static void check_synth_round_trip(const char *config)
 {
     char dir[] = "/tmp/moerun-synth-XXXXXX", cmd[2048], out[8192];
     cr_assert(mkdtemp(dir));
-    snprintf(cmd, sizeof cmd, "%s synth %s/configs/tiny-moe.json %s/m --dtype bf16 --seed 3 2>&1",
-             MOERUN_BINARY, MOERUN_SOURCE_DIR, dir);
+    snprintf(cmd, sizeof cmd, "%s synth %s/%s %s/m --dtype bf16 --seed 3 2>&1",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR, config, dir);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     /* the written model and the in-memory synthetic one generate the same ids */
     char a[4096], b[4096];
     snprintf(cmd, sizeof cmd, "%s run %s/m --prompt-ids 5,6,7,8 -n 8 --backend cpu 2>/dev/null",
              MOERUN_BINARY, dir);
     cr_assert_eq(tu_run(cmd, a, sizeof a), 0);
-    snprintf(cmd, sizeof cmd, "%s run --synthetic %s/configs/tiny-moe.json --dtype bf16 --synthetic-seed 3 "
-             "--prompt-ids 5,6,7,8 -n 8 --backend cpu 2>/dev/null", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    snprintf(cmd, sizeof cmd, "%s run --synthetic %s/%s --dtype bf16 --synthetic-seed 3 "
+             "--prompt-ids 5,6,7,8 -n 8 --backend cpu 2>/dev/null", MOERUN_BINARY, MOERUN_SOURCE_DIR,
+             config);
     cr_assert_eq(tu_run(cmd, b, sizeof b), 0);
-    cr_assert_str_eq(a, b);
+    cr_assert_str_eq(a, b, "%s", config);
     cr_assert(strlen(a) > 8);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
+}
+
+Test(cli, synth_writes_a_loadable_checkpoint)
+{
+    check_synth_round_trip("configs/tiny-moe.json");
+    /* GLM-4.5: an F32 router bias among bf16 weights, shared_experts names */
+    check_synth_round_trip("tests/fixtures/glm4_moe/config.json");
 }
 
 /* --layout per-expert writes legacy names (Mixtral: block_sparse_moe w1/w3/w2;
  * others: mlp.experts.e.gate_proj) that moerun loads too. */
 Test(cli, synth_per_expert_layout_loads)
 {
-    const char *cfgs[] = {"configs/tiny-moe.json", "tests/fixtures/mixtral/config.json"};
-    const char *names[] = {"mlp.experts.3.gate_proj.weight", "block_sparse_moe.experts.1.w3.weight"};
-    for (int i = 0; i < 2; i++) {
+    const char *cfgs[] = {"configs/tiny-moe.json", "tests/fixtures/mixtral/config.json",
+                          "tests/fixtures/glm4_moe/config.json"};
+    const char *names[] = {"mlp.experts.3.gate_proj.weight", "block_sparse_moe.experts.1.w3.weight",
+                           "mlp.gate.e_score_correction_bias"};
+    for (int i = 0; i < 3; i++) {
         char dir[] = "/tmp/moerun-synth-XXXXXX", cmd[2048], out[8192];
         cr_assert(mkdtemp(dir));
         snprintf(cmd, sizeof cmd, "%s synth %s/%s %s/m --layout per-expert 2>&1", MOERUN_BINARY,

@@ -118,3 +118,61 @@ Test(config, qwen2_sliding_window_layers)
                        "\"sliding_window\": 32}", &c), MOE_OK);
     cr_assert(!c.layer_sliding[3]);
 }
+
+/* GLM-4.5 as its hub config.json writes it (transformers 4 spelling). */
+Test(config, glm4_moe_router_groups_and_partial_rope)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"Glm4MoeForCausalLM\"], " BASE "\"head_dim\": 32, "
+                       "\"intermediate_size\": 96, \"moe_intermediate_size\": 24, "
+                       "\"n_routed_experts\": 16, \"num_experts_per_tok\": 4, \"n_shared_experts\": 2, "
+                       "\"first_k_dense_replace\": 2, \"n_group\": 4, \"topk_group\": 2, "
+                       "\"routed_scaling_factor\": 2.5, \"attention_bias\": true, "
+                       "\"use_qk_norm\": true, \"partial_rotary_factor\": 0.5, "
+                       "\"rope_theta\": 1000000, \"num_nextn_predict_layers\": 1}", &c),
+                 MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(c.family, MOE_FAMILY_GLM4_MOE);
+    cr_assert(c.router_sigmoid && c.router_bias && c.norm_topk);
+    cr_assert_eq(c.n_group, 4);
+    cr_assert_eq(c.topk_group, 2);
+    cr_assert_float_eq(c.routed_scale, 2.5f, 0);
+    cr_assert_eq(c.d_shared, 48, "n_shared_experts x moe_intermediate_size");
+    cr_assert(!c.shared_gate);
+    cr_assert(!c.layer_moe[0] && !c.layer_moe[1] && c.layer_moe[2] && c.layer_moe[3]);
+    cr_assert(c.qkv_bias && !c.o_bias);
+    cr_assert_eq(c.qk_norm, MOE_QK_NORM_HEAD);
+    cr_assert_eq(c.rope_dim, 16);
+    cr_assert_float_eq(c.rms_eps, 1e-5f, 1e-12f);
+    /* defaults: half-rotary, one group, no scaling; other families rotate all */
+    cr_assert_eq(parse("{\"architectures\": [\"Glm4MoeForCausalLM\"], " BASE
+                       "\"moe_intermediate_size\": 24, \"n_routed_experts\": 8, \"intermediate_size\": 8, "
+                       "\"num_experts_per_tok\": 2}", &c), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(c.rope_dim, 8);
+    cr_assert_eq(c.n_group, 1);
+    cr_assert_float_eq(c.routed_scale, 1.0f, 0);
+    cr_assert_eq(c.qk_norm, MOE_QK_NORM_NONE);
+    cr_assert_eq(parse("{\"architectures\": [\"Qwen3MoeForCausalLM\"], " BASE
+                       "\"num_experts\": 8, \"moe_intermediate_size\": 16}", &c), MOE_OK);
+    cr_assert_eq(c.rope_dim, 16);
+    cr_assert(!c.router_sigmoid && c.n_group == 1 && c.routed_scale == 1.0f);
+}
+
+Test(config, glm4_moe_impossible_groups_are_errors)
+{
+    struct moe_config c;
+#define GLM "{\"architectures\": [\"Glm4MoeForCausalLM\"], " BASE "\"moe_intermediate_size\": 8, " \
+            "\"intermediate_size\": 8, "
+    cr_assert_eq(parse(GLM "\"n_routed_experts\": 10, \"n_group\": 4}", &c), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "do not split into n_group = 4"), "%s", moe_last_error());
+    cr_assert_eq(parse(GLM "\"n_routed_experts\": 16, \"n_group\": 4, \"topk_group\": 5}", &c),
+                 MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "topk_group"), "%s", moe_last_error());
+    cr_assert_eq(parse(GLM "\"n_routed_experts\": 16, \"n_group\": 4, \"topk_group\": 1, "
+                       "\"num_experts_per_tok\": 5}", &c), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "exceeds the 4 experts of topk_group = 1"), "%s", moe_last_error());
+    cr_assert_eq(parse(GLM "\"n_routed_experts\": 16, \"rope_parameters\": {\"rope_theta\": 10000, "
+                       "\"partial_rotary_factor\": 0.1}}", &c), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "partial_rotary_factor"), "%s", moe_last_error());
+    cr_assert_eq(parse(GLM "\"n_routed_experts\": 16, \"routed_scaling_factor\": 0}", &c), MOE_ERR_FORMAT);
+#undef GLM
+}

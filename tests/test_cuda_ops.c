@@ -208,23 +208,25 @@ Test(cuda_ops, rmsnorm_matches_cpu)
 
 Test(cuda_ops, rope_matches_cpu)
 {
-    const int shapes[][3] = {{1, 4, 16}, {9, 8, 128}, {100, 2, 64}};
-    for (size_t s = 0; s < 3; s++) {
-        const int T = shapes[s][0], H = shapes[s][1], Dh = shapes[s][2];
+    /* T, H, Dh, rotated values (partial_rotary_factor 0.5 in the last two) */
+    const int shapes[][4] = {{1, 4, 16, 16}, {9, 8, 128, 128}, {100, 2, 64, 64}, {7, 4, 128, 64},
+                             {33, 2, 16, 8}};
+    for (size_t s = 0; s < 5; s++) {
+        const int T = shapes[s][0], H = shapes[s][1], Dh = shapes[s][2], R = shapes[s][3];
         size_t n = (size_t)T * H * Dh;
         float *x = rand_floats(n, 21 + s, -1, 1), *got = malloc(n * sizeof(float));
-        float *inv = malloc((size_t)Dh / 2 * sizeof(float));
-        for (int i = 0; i < Dh / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)Dh);
+        float *inv = calloc((size_t)Dh / 2, sizeof(float));
+        for (int i = 0; i < R / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)R);
         int32_t *pos = malloc((size_t)T * sizeof(int32_t));
         for (int t = 0; t < T; t++) pos[t] = (t * 37 + 5) % 4000;
         float *dx = dev_copy(x, n * sizeof(float));
         int32_t *dpos = dev_copy(pos, (size_t)T * sizeof(int32_t));
         float *dinv = dev_copy(inv, (size_t)Dh / 2 * sizeof(float));
-        moe_attention_rope_cpu(x, pos, T, H, Dh, inv);
-        cr_assert_eq(gpu.ops->rope(&gpu, dx, dpos, T, H, Dh, dinv), MOE_OK);
+        moe_attention_rope_cpu(x, pos, T, H, Dh, R, inv);
+        cr_assert_eq(gpu.ops->rope(&gpu, dx, dpos, T, H, Dh, R, dinv), MOE_OK);
         to_host(got, dx, n * sizeof(float));
         char shp[64];
-        snprintf(shp, sizeof shp, "T%d H%d Dh%d", T, H, Dh);
+        snprintf(shp, sizeof shp, "T%d H%d Dh%d rot%d", T, H, Dh, R);
         double e = report("rope", "F32", shp, got, x, n);
         cr_expect(e <= 1e-5, "rope %s: %.3g", shp, e);
         gpu.ops->dealloc(&gpu, dx);
@@ -327,6 +329,64 @@ Test(cuda_ops, argmax_matches_moe_argmax)
 
 /* ---- routing ---- */
 
+/* The sigmoid router (GLM-4.5 / DeepSeek-V3): bias, groups, scale, with
+ * ties, NaN and infinities, as the softmax test below has them. */
+Test(cuda_ops, sigmoid_route_matches_cpu)
+{
+    /* T, E, K, n_group, topk_group */
+    const int shapes[][5] = {{1, 8, 2, 1, 1}, {9, 64, 6, 8, 3}, {300, 128, 8, 1, 1},
+                             {33, 256, 8, 8, 4}, {5, 160, 6, 64, 32}, {17, 16, 4, 4, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int T = shapes[s][0], E = shapes[s][1], K = shapes[s][2];
+        const size_t TE = (size_t)T * E, TK = (size_t)T * K;
+        float *lg = rand_floats(TE, 71 + s, -4, 4), *bias = rand_floats((size_t)E, 81 + s, -0.5f, 0.5f);
+        for (int t = 0; t < T; t++) {
+            float *r = lg + (size_t)t * E;
+            if (t % 3 == 0) r[E - 1] = r[0] = r[E / 2] = 3.0f;
+            if (t % 4 == 1) r[1] = NAN;
+            if (t % 5 == 2) r[E - 2] = INFINITY;
+        }
+        if (s % 2) bias[E / 2] = bias[0] = bias[E - 1] = 0.25f; /* equal choice scores too */
+        float *dbias = dev_copy(bias, (size_t)E * sizeof(float));
+        for (int renorm = 0; renorm < 2; renorm++) {
+            struct moe_route hr = {E, K, renorm, true, bias, shapes[s][3], shapes[s][4], 2.5f};
+            struct moe_route dr = hr;
+            dr.bias = dbias;
+            int32_t *ids = malloc(TK * sizeof(int32_t)), *gids = malloc(TK * sizeof(int32_t));
+            float *w = malloc(TK * sizeof(float)), *gw = malloc(TK * sizeof(float));
+            cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &hr), MOE_OK);
+            float *dl = dev_copy(lg, TE * sizeof(float));
+            int32_t *dids = dev_poisoned(TK * sizeof(int32_t));
+            float *dw = dev_poisoned(TK * sizeof(float));
+            cr_assert_eq(gpu.ops->route(&gpu, dids, dw, dl, T, &dr), MOE_OK, "%s", moe_last_error());
+            to_host(gids, dids, TK * sizeof(int32_t));
+            to_host(gw, dw, TK * sizeof(float));
+            char shp[64];
+            snprintf(shp, sizeof shp, "T%d E%d K%d G%d/%d%s", T, E, K, shapes[s][3], shapes[s][4],
+                     renorm ? " renorm" : "");
+            for (size_t i = 0; i < TK; i++) {
+                cr_expect_eq(gids[i], ids[i], "%s: id %zu gpu %d cpu %d", shp, i, gids[i], ids[i]);
+                if (isnan(w[i])) {
+                    cr_expect(isnan(gw[i]), "%s: weight %zu", shp, i);
+                    w[i] = gw[i] = 0.0f;
+                }
+            }
+            double e = report("route_sigmoid", "F32", shp, gw, w, TK);
+            cr_expect(e <= 1e-5, "route_sigmoid %s: %.3g", shp, e);
+            gpu.ops->dealloc(&gpu, dl);
+            gpu.ops->dealloc(&gpu, dids);
+            gpu.ops->dealloc(&gpu, dw);
+            free(ids);
+            free(gids);
+            free(w);
+            free(gw);
+        }
+        gpu.ops->dealloc(&gpu, dbias);
+        free(lg);
+        free(bias);
+    }
+}
+
 Test(cuda_ops, route_and_dispatch_match_cpu)
 {
     const int shapes[][3] = {{1, 8, 2}, {5, 60, 4}, {300, 128, 8}, {64, 8, 1}, {17, 64, 8}};
@@ -345,11 +405,12 @@ Test(cuda_ops, route_and_dispatch_match_cpu)
         for (int renorm = 0; renorm < 2; renorm++) {
             int32_t *ids = malloc(TK * sizeof(int32_t)), *gids = malloc(TK * sizeof(int32_t));
             float *w = malloc(TK * sizeof(float)), *gw = malloc(TK * sizeof(float));
-            cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, E, K, renorm), MOE_OK);
+            const struct moe_route rt = {E, K, renorm, false, NULL, 1, 1, 1.0f};
+            cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
             float *dl = dev_copy(lg, TE * sizeof(float));
             int32_t *dids = dev_poisoned(TK * sizeof(int32_t));
             float *dw = dev_poisoned(TK * sizeof(float));
-            cr_assert_eq(gpu.ops->route(&gpu, dids, dw, dl, T, E, K, renorm), MOE_OK, "%s",
+            cr_assert_eq(gpu.ops->route(&gpu, dids, dw, dl, T, &rt), MOE_OK, "%s",
                          moe_last_error());
             to_host(gids, dids, TK * sizeof(int32_t));
             to_host(gw, dw, TK * sizeof(float));
@@ -426,7 +487,8 @@ static void check_experts(enum moe_dtype dt, int T, int E, int K, int D, int F)
     float *lg = rand_floats((size_t)T * E, 63, -2, 2);
     int32_t *ids = malloc(TK * sizeof(int32_t));
     float *w = malloc(TK * sizeof(float));
-    cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, E, K, true), MOE_OK);
+    const struct moe_route rt = {E, K, true, false, NULL, 1, 1, 1.0f};
+    cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
     int32_t *hbuf = malloc((2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
     struct moe_dispatch hp = {hbuf, hbuf + E, hbuf + 2 * E + 1, hbuf + 2 * E + 1 + TK};
     cr_assert_eq(cpu.ops->dispatch(&cpu, &hp, ids, T, K, E), MOE_OK);

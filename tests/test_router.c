@@ -139,3 +139,66 @@ Test(router, dispatch_all_rows_to_one_expert)
     for (int i = 0; i < 64; i++) ids[i] = 5;
     check_plan(ids, 32, 2, 8);
 }
+
+/* The sigmoid router, worked by hand: 8 experts in 4 groups of 2; the
+ * bias moves the choice, the weights stay the unbiased sigmoids. */
+Test(router, sigmoid_groups_bias_and_scale)
+{
+    /* sigmoid(0) = 0.5, sigmoid(2) = 0.881, sigmoid(-2) = 0.119 */
+    float logits[8] = {2, 2, 0, 0, -2, 0, 2, -2};
+    float bias[8] = {0, 0, 0, 0, 1, 1, 0, 0};
+    /* choice: {0.881, 0.881 | 0.5, 0.5 | 1.119, 1.5 | 0.881, 0.119}
+     * group sums: 1.762, 1.0, 2.619, 1.0 -> groups 2 and 0 eligible */
+    int32_t ids[3];
+    float w[3];
+    struct moe_route r = {8, 3, false, true, bias, 4, 2, 1.0f};
+    moe_router_topk_sigmoid_cpu(ids, w, logits, 1, &r);
+    cr_assert_eq(ids[0], 5); /* 1.5 */
+    cr_assert_eq(ids[1], 4); /* 1.119 */
+    cr_assert_eq(ids[2], 0); /* 0.881, tie with 1 (and 6, not eligible): lower index */
+    const double s2 = 1 / (1 + exp(-2.0)), sm2 = 1 / (1 + exp(2.0));
+    cr_assert_float_eq(w[0], 0.5f, 1e-6);
+    cr_assert_float_eq(w[1], sm2, 1e-6, "the weight is the unbiased score");
+    cr_assert_float_eq(w[2], s2, 1e-6);
+    /* renormalised and scaled */
+    r.renorm = true;
+    r.scale = 2.5f;
+    moe_router_topk_sigmoid_cpu(ids, w, logits, 1, &r);
+    const double sum = 0.5 + sm2 + s2;
+    cr_assert_float_eq(w[0], 0.5 / sum * 2.5, 1e-6);
+    cr_assert_float_eq(w[1] + w[2] + w[0], 2.5, 1e-5);
+    /* one group: expert 6 (0.881) now competes and ties go to the lower index */
+    r.n_group = r.topk_group = 1;
+    moe_router_topk_sigmoid_cpu(ids, w, logits, 1, &r);
+    cr_assert_eq(ids[0], 5);
+    cr_assert_eq(ids[1], 4);
+    cr_assert_eq(ids[2], 0);
+    /* no bias: 0, 1, 6 by score */
+    r.bias = NULL;
+    moe_router_topk_sigmoid_cpu(ids, w, logits, 1, &r);
+    cr_assert_eq(ids[0], 0);
+    cr_assert_eq(ids[1], 1);
+    cr_assert_eq(ids[2], 6);
+}
+
+Test(router, sigmoid_nan_scores_keep_ids_valid)
+{
+    float logits[2][8] = {{NAN, 1, 2, NAN, 3, 0, NAN, -1},
+                          {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN}};
+    int32_t ids[2][4];
+    float w[2][4];
+    struct moe_route r = {8, 4, true, true, NULL, 2, 1, 1.0f};
+    moe_router_topk_sigmoid_cpu(&ids[0][0], &w[0][0], &logits[0][0], 2, &r);
+    for (int t = 0; t < 2; t++)
+        for (int a = 0; a < 4; a++) {
+            cr_assert(ids[t][a] >= 0 && ids[t][a] < 8);
+            for (int b = a + 1; b < 4; b++) cr_assert_neq(ids[t][a], ids[t][b]);
+        }
+    /* row 0: group 0 (sigmoid(2) + sigmoid(1) = 1.61, its NaNs ranked last)
+     * beats group 1 (sigmoid(3) + sigmoid(0) = 1.45); K = 4 fills it, the
+     * NaN experts last by index */
+    cr_assert_eq(ids[0][0], 2);
+    cr_assert_eq(ids[0][1], 1);
+    cr_assert_eq(ids[0][2], 0);
+    cr_assert_eq(ids[0][3], 3);
+}

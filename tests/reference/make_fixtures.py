@@ -34,6 +34,8 @@ from safetensors.torch import save_file
 import transformers
 from transformers import (
     DynamicCache,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MixtralConfig,
@@ -121,6 +123,19 @@ def fixture_specs():
                 attention_bias=False, tie_word_embeddings=False),
             seed=4000, dtype="bfloat16",
         ),
+        "glm4_moe": dict(
+            cls=Glm4MoeForCausalLM,
+            config=lambda: Glm4MoeConfig(
+                **COMMON, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32,
+                n_routed_experts=16, num_experts_per_tok=3, n_shared_experts=1,
+                first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
+                partial_rotary_factor=0.5, tie_word_embeddings=False),
+            seed=8000, dtype="float32",
+            # transformers initialises e_score_correction_bias to zeros; a
+            # random one makes the choice differ from the weighting
+            router_bias_range=0.3,
+        ),
         "llama": dict(
             cls=LlamaForCausalLM,
             config=lambda: LlamaConfig(
@@ -184,11 +199,32 @@ def moe_layout(model):
     return routers, k, e
 
 
+def router_choice(mod, logits):
+    """(scores whose top-K are the router's experts, margin of any group choice).
+
+    Softmax routers: softmax(logits) in fp32.  The sigmoid router of GLM-4.5 /
+    DeepSeek-V3 (a module with e_score_correction_bias): sigmoid(logits) + bias,
+    -inf outside the topk_group groups whose two best scores sum highest."""
+    logits = logits.float()
+    if not hasattr(mod, "e_score_correction_bias"):
+        return F.softmax(logits, dim=-1), float("inf")
+    c = logits.sigmoid() + mod.e_score_correction_bias.float()
+    G, k = mod.num_group, mod.topk_group
+    per = c.shape[-1] // G
+    gs = c.view(-1, G, per).topk(2, dim=-1)[0].sum(-1)
+    srt = gs.sort(dim=-1, descending=True).values
+    gmargin = float((srt[:, k - 1] - srt[:, k]).min()) if k < G else float("inf")
+    keep = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, gs.topk(k, dim=-1)[1], True)
+    return c.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf")), gmargin
+
+
 class RouterRecorder:
     """Forward hooks on the router (TopKRouter) modules.
 
     In transformers 5 each family's router returns (router_logits, router_scores,
-    router_indices); indices come from torch.topk over softmax(logits) in fp32."""
+    router_indices); indices come from torch.topk over softmax(logits) in fp32,
+    or, for the sigmoid router, over its choice scores (router_choice) with
+    sorted=False: those are put in descending order of choice score here."""
 
     def __init__(self, routers):
         self.routers = routers
@@ -201,8 +237,11 @@ class RouterRecorder:
     def _hook(self, li):
         def fn(mod, inp, out):
             logits, _scores, idx = out
-            probs = F.softmax(logits.float(), dim=-1)
-            self.calls[li].append((idx.detach().clone(), probs.detach().clone()))
+            probs, gmargin = router_choice(mod, logits)
+            if hasattr(mod, "e_score_correction_bias"):
+                order = torch.argsort(torch.gather(probs, 1, idx), dim=1, descending=True)
+                idx = torch.gather(idx, 1, order)
+            self.calls[li].append((idx.detach().clone(), probs.detach().clone(), gmargin))
         return fn
 
     def reset(self):
@@ -259,13 +298,13 @@ def reference_outputs(model, prompts):
                 if r is None:
                     continue
                 assert len(rec.calls[li]) == 1, "router called more than once"
-                idx, pr = rec.calls[li][0]
+                idx, pr, gm = rec.calls[li][0]
                 experts[li] = idx.to(torch.int32)
                 rprobs[li] = pr
                 used[li].update(idx.flatten().tolist())
                 # the router's choice must equal topk over the recorded probs
                 assert torch.equal(torch.topk(pr, K, dim=-1).indices, idx)
-                min_route = min(min_route, route_margin(pr, K))
+                min_route = min(min_route, route_margin(pr, K), gm)
             out[f"experts.{pi}"] = experts
             out[f"router_probs.{pi}"] = rprobs.contiguous()
 
@@ -303,8 +342,8 @@ def reference_outputs(model, prompts):
         if rec:
             for li, r in enumerate(routers):
                 if r is not None:
-                    for _idx, pr in rec.calls[li]:
-                        min_route = min(min_route, route_margin(pr, K))
+                    for _idx, pr, gm in rec.calls[li]:
+                        min_route = min(min_route, route_margin(pr, K), gm)
         # cross-check: a full forward over prompt+generated agrees with greedy
         full = model(input_ids=g.sequences, use_cache=False).logits[0].float()
         am = full[S - 1:S - 1 + GREEDY_TOKENS].argmax(-1)
@@ -382,6 +421,13 @@ def build_model(spec, seed):
     cfg = spec["config"]()
     model = spec["cls"](cfg)
     model.eval()
+    if "router_bias_range" in spec:
+        a = spec["router_bias_range"]
+        with torch.no_grad():
+            for layer in model.model.layers:
+                b = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+                if b is not None:
+                    b.copy_((torch.rand(b.shape) * 2 - 1) * a)
     return model
 
 
