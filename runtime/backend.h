@@ -176,10 +176,18 @@ struct moe_backend_ops {
     MOE_OP(to_host_async, void *dst, const void *src, size_t bytes);
 };
 
+/* Weights quantized at prepare_model (a memory-vs-compute knob). */
+enum moe_weight_quant {
+    MOE_QUANT_NONE,
+    MOE_QUANT_Q8_0, /* every 2-D weight but the routers and the embedding, K % 32 == 0,
+                       to ggml's Q8_0 (runtime/tensor.h); CPU backends only */
+};
+
 struct moe_backend {
     const struct moe_backend_ops *ops;
     void *ctx;        /* backend private state */
     int n_threads;
+    enum moe_weight_quant quant; /* set before the first prepare_model */
 };
 
 /* The CPU reference backend ("cpu-ref"); n_threads 0 = all cores (OpenMP

@@ -77,7 +77,12 @@ static enum moe_status cpu_copy(struct moe_backend *be, void *dst, const void *s
 
 static enum moe_status cpu_sync(struct moe_backend *be) { return MOE_OK; }
 
-/* ---- panels: the bf16 matrices of a model repacked at prepare_model ---- */
+/* ---- the matrices of a model repacked at prepare_model: bf16 panels
+ * (fast kernels), or Q8_0 quantization (--quantize q8_0, either backend) ---- */
+
+/* PACK_Q8_0 runs first (when asked), then PACK_PANELS over what is still
+ * bf16 (the routers).  Each writes its own arena. */
+enum pack_kind { PACK_Q8_0, PACK_PANELS };
 
 /* One matrix to repack: a tensor view, or one entry of a layer's expert
  * table (whose dtype is the table's). */
@@ -85,15 +90,20 @@ struct pack_item {
     struct moe_tensor *t;              /* NULL for an expert entry */
     struct moe_expert_weights *table;  /* the expert entry's table */
     const void **slot;                 /* the expert entry */
-    const void *src;                   /* (N, K) bf16 row-major */
+    const void *src;                   /* (N, K) row-major, of dtype dt */
+    enum moe_dtype dt;
     int N, K;
+    int layer;                         /* for messages; -1 for the LM head */
     size_t off;                        /* into the arena */
     bool keep_source;                  /* another view still reads the source rows */
 };
 
-static bool packable(enum moe_dtype dt, int64_t N, int64_t K)
+static bool packable(enum pack_kind kind, enum moe_dtype dt, int64_t N, int64_t K)
 {
-    return dt == MOE_DTYPE_BF16 && N > 0 && N <= INT32_MAX && K > 0 && K <= INT32_MAX && K % 2 == 0;
+    if (N <= 0 || N > INT32_MAX || K <= 0 || K > INT32_MAX) return false;
+    if (kind == PACK_PANELS) return dt == MOE_DTYPE_BF16 && K % 2 == 0;
+    return (dt == MOE_DTYPE_F32 || dt == MOE_DTYPE_F16 || dt == MOE_DTYPE_BF16) &&
+           K % MOE_Q8_0_BLOCK == 0;
 }
 
 /* A layer's 2-D weights other than the experts: attention, dense FFN,
@@ -107,56 +117,93 @@ static void layer_matrices(struct moe_layer_weights *w, struct moe_tensor *ts[LA
     memcpy(ts, all, sizeof all);
 }
 
-static void add_tensor(struct pack_item *items, size_t *n, struct moe_tensor *t)
+static void add_tensor(enum pack_kind kind, struct pack_item *items, size_t *n, struct moe_tensor *t,
+                       int layer)
 {
-    if (!t->data || t->ndim != 2 || !packable(t->dtype, t->shape[0], t->shape[1])) return;
-    if (items) items[*n] = (struct pack_item){.t = t, .src = t->data, .N = (int)t->shape[0],
-                                              .K = (int)t->shape[1]};
+    if (!t->data || t->ndim != 2 || !packable(kind, t->dtype, t->shape[0], t->shape[1])) return;
+    if (items) items[*n] = (struct pack_item){.t = t, .src = t->data, .dt = t->dtype,
+                                              .N = (int)t->shape[0], .K = (int)t->shape[1],
+                                              .layer = layer};
     ++*n;
 }
 
-/* The repackable matrices of m (bf16, 2-D, K even) in a fixed order: the
- * LM head, then per layer attention, dense FFN, router, shared expert and
- * the experts (gate, up, down of each in turn: all of a layer's or none,
- * its table has one dtype).  items NULL: count only. */
-static size_t pack_items(struct moe_model *m, struct pack_item *items)
+/* The repackable matrices of m in a fixed order: the LM head, then per
+ * layer attention, dense FFN, router (panels only: quantization keeps the
+ * routers, as llama.cpp's quantize does), shared expert and the experts
+ * (gate, up, down of each in turn: all of a layer's or none, its table has
+ * one dtype).  items NULL: count only. */
+static size_t pack_items(enum pack_kind kind, struct moe_model *m, struct pack_item *items)
 {
     const struct moe_config *c = &m->cfg;
     const int E = c->n_experts, D = c->d_model, F = c->d_expert;
     size_t n = 0;
-    add_tensor(items, &n, &m->lm_head); /* first: the largest, so the team ends together */
+    add_tensor(kind, items, &n, &m->lm_head, -1); /* first: the largest, so the team ends together */
     if (items && n == 1 && m->lm_head.data == m->embed.data)
         items[0].keep_source = true; /* tied: the embedding reads the same rows */
     for (int l = 0; l < c->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
         struct moe_tensor *ts[LAYER_MATRICES];
         layer_matrices(w, ts);
-        for (int i = 0; i < LAYER_MATRICES; i++) add_tensor(items, &n, ts[i]);
+        for (int i = 0; i < LAYER_MATRICES; i++)
+            if (kind == PACK_PANELS || (ts[i] != &w->router && ts[i] != &w->sh_router))
+                add_tensor(kind, items, &n, ts[i], l);
         struct moe_expert_weights *x = &w->experts;
-        if (E <= 0 || !x->gate || !packable(x->dtype, F, D) || !packable(x->dtype, D, F)) continue;
+        if (E <= 0 || !x->gate || !packable(kind, x->dtype, F, D) || !packable(kind, x->dtype, D, F))
+            continue;
         for (int e = 0; e < E; e++) {
             const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
             for (int i = 0; i < 3; i++, n++)
                 if (items)
                     items[n] = (struct pack_item){.table = x, .slot = slots[i], .src = *slots[i],
-                                                  .N = i < 2 ? F : D, .K = i < 2 ? D : F};
+                                                  .dt = x->dtype, .N = i < 2 ? F : D,
+                                                  .K = i < 2 ? D : F, .layer = l};
         }
     }
     return n;
 }
 
-/* A weight of m in panels, or NULL when it has none. */
-static const void *some_panel(struct moe_model *m)
+static bool packed_dtype(enum moe_dtype dt) { return dt == MOE_DTYPE_BF16_PANEL || dt == MOE_DTYPE_Q8_0; }
+
+/* A weight of m in panels or quantized, or NULL when it has none. */
+static const void *some_packed(struct moe_model *m)
 {
     for (int l = 0; l < m->cfg.n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
-        if (w->experts.gate && w->experts.dtype == MOE_DTYPE_BF16_PANEL) return w->experts.gate[0];
+        if (w->experts.gate && packed_dtype(w->experts.dtype)) return w->experts.gate[0];
         struct moe_tensor *ts[LAYER_MATRICES];
         layer_matrices(w, ts);
         for (int i = 0; i < LAYER_MATRICES; i++)
-            if (ts[i]->dtype == MOE_DTYPE_BF16_PANEL) return ts[i]->data;
+            if (packed_dtype(ts[i]->dtype)) return ts[i]->data;
     }
-    return m->lm_head.dtype == MOE_DTYPE_BF16_PANEL ? m->lm_head.data : NULL;
+    return packed_dtype(m->lm_head.dtype) ? m->lm_head.data : NULL;
+}
+
+/* Bytes of item it in the arena, as a multiple of 64. */
+static bool packed_bytes(enum pack_kind kind, const struct pack_item *it, size_t *out)
+{
+    if (kind == PACK_PANELS) return moe_gemm_panel_bytes(it->N, it->K, out);
+    size_t b;
+    if (__builtin_mul_overflow((size_t)it->N, moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)it->K), &b) ||
+        b > SIZE_MAX - 63)
+        return false;
+    *out = (b + 63) / 64 * 64;
+    return true;
+}
+
+/* Quantizes item it into dst; false when a value is not finite. */
+static bool quantize_item(char *dst, const struct pack_item *it)
+{
+    float *row = malloc((size_t)it->K * sizeof(float));
+    if (!row) return false;
+    const size_t src_row = moe_dtype_row_bytes(it->dt, (size_t)it->K),
+                 dst_row = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)it->K);
+    bool ok = true;
+    for (int n = 0; n < it->N && ok; n++) {
+        moe_convert_row_f32(row, (const char *)it->src + (size_t)n * src_row, it->dt, (size_t)it->K);
+        ok = moe_quantize_row_q8_0(dst + (size_t)n * dst_row, row, (size_t)it->K);
+    }
+    free(row);
+    return ok;
 }
 
 /* Gives the pages inside [p, p + n) back to the system; the pages the range
@@ -192,11 +239,14 @@ static void release_source(const struct moe_safetensors *st, const void *p, size
     }
 }
 
-/* Repacks m's bf16 matrices into a new arena owned by c and points m's
- * views at it (nothing to do when it has none); on failure m is unchanged. */
-static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m)
+/* Repacks m's matrices of this kind into a new arena owned by c and points
+ * m's views at it (nothing to do when it has none); on failure m is
+ * unchanged.  Panels give each source's pages back as soon as it is packed;
+ * quantization only once every matrix is done, since it can fail (a value
+ * that is not finite) and an in-memory source does not come back. */
+static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum pack_kind kind)
 {
-    const size_t n = pack_items(m, NULL);
+    const size_t n = pack_items(kind, m, NULL);
     if (n == 0) return MOE_OK;
     enum moe_status s = MOE_OK;
     char *arena = NULL;
@@ -207,14 +257,13 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m)
         s = moe_fail(MOE_ERR_NOMEM, "cpu backend: panel list of %zu matrices", n);
         goto fail;
     }
-    pack_items(m, items);
+    pack_items(kind, m, items);
     const size_t huge = (size_t)2 << 20;
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         size_t bytes;
-        if (!moe_gemm_panel_bytes(items[i].N, items[i].K, &bytes) ||
-            total > SIZE_MAX - bytes - huge) {
-            s = moe_fail(MOE_ERR_NOMEM, "cpu backend: panel sizes overflow");
+        if (!packed_bytes(kind, &items[i], &bytes) || total > SIZE_MAX - bytes - huge) {
+            s = moe_fail(MOE_ERR_NOMEM, "cpu backend: repacked weight sizes overflow");
             goto fail;
         }
         items[i].off = total;
@@ -224,29 +273,48 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m)
      * (fewer TLB misses while decode streams it) */
     const size_t cap = (total + huge - 1) / huge * huge;
     if (!(arena = aligned_alloc(huge, cap))) {
-        s = moe_fail(MOE_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes for the weight panels "
-                     "(MOERUN_CPU_PANELS=0 keeps the natural layout)", cap);
+        s = moe_fail(MOE_ERR_NOMEM, kind == PACK_PANELS
+                     ? "cpu backend: cannot allocate %zu bytes for the weight panels "
+                       "(MOERUN_CPU_PANELS=0 keeps the natural layout)"
+                     : "cpu backend: cannot allocate %zu bytes for the quantized weights", cap);
         goto fail;
     }
 #ifdef MADV_HUGEPAGE
     (void)madvise(arena, cap, MADV_HUGEPAGE);
 #endif
-    /* one matrix per item across the team, its source pages released as
-     * soon as it is packed */
+    /* one matrix per item across the team */
+    int64_t bad = -1; /* the first item that could not be quantized */
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t i = 0; i < n; i++) {
         const struct pack_item *it = &items[i];
-        moe_gemm_pack_panels(arena + it->off, it->src, it->N, it->K);
-        if (!it->keep_source) release_source(&m->st, it->src, (size_t)it->N * (size_t)it->K * 2);
+        if (kind == PACK_PANELS) {
+            moe_gemm_pack_panels(arena + it->off, it->src, it->N, it->K);
+            if (!it->keep_source) release_source(&m->st, it->src, (size_t)it->N * (size_t)it->K * 2);
+        } else if (!quantize_item(arena + it->off, it)) {
+#pragma omp critical(moe_cpu_quant_bad)
+            if (bad < 0 || (int64_t)i < bad) bad = (int64_t)i;
+        }
     }
+    if (bad >= 0) {
+        const struct pack_item *it = &items[bad];
+        s = it->layer < 0 ? moe_fail(MOE_ERR_FORMAT, "--quantize q8_0: the LM head holds a value that "
+                                     "is not finite (or cannot be allocated)")
+                          : moe_fail(MOE_ERR_FORMAT, "--quantize q8_0: a (%d, %d) weight of layer %d holds "
+                                     "a value that is not finite (or cannot be allocated)", it->N,
+                                     it->K, it->layer);
+        goto fail;
+    }
+    const enum moe_dtype to = kind == PACK_PANELS ? MOE_DTYPE_BF16_PANEL : MOE_DTYPE_Q8_0;
     for (size_t i = 0; i < n; i++) {
         const struct pack_item *it = &items[i];
+        if (kind == PACK_Q8_0 && !it->keep_source)
+            release_source(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N);
         if (it->t) {
             it->t->data = arena + it->off;
-            it->t->dtype = MOE_DTYPE_BF16_PANEL;
+            it->t->dtype = to;
         } else {
             *it->slot = arena + it->off;
-            it->table->dtype = MOE_DTYPE_BF16_PANEL;
+            it->table->dtype = to;
         }
     }
     c->arenas[c->n_arenas++] = (struct cpu_arena){arena, cap};
@@ -265,16 +333,17 @@ static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_mode
     if (m->weights_deferred)
         return moe_fail(MOE_ERR_INVALID_ARG, "cpu backend: the model's synthetic weights were "
                         "deferred to a device backend");
-    const char *packed = some_panel(m);
+    const char *packed = some_packed(m);
     if (packed) { /* prepared before: by this backend (then nothing to do) or another */
         bool ours = false;
         for (int i = 0; i < c->n_arenas && !ours; i++)
             ours = packed >= c->arenas[i].p && packed < c->arenas[i].p + c->arenas[i].size;
         if (!ours)
             return moe_fail(MOE_ERR_INVALID_ARG, "cpu backend: the model's weights were "
-                            "repacked into panels for another backend; load it again for this one");
-    } else if (c->panels) {
-        MOE_TRY(pack_model(c, m));
+                            "repacked or quantized for another backend; load it again for this one");
+    } else {
+        if (be->quant == MOE_QUANT_Q8_0) MOE_TRY(pack_model(c, m, PACK_Q8_0));
+        if (c->panels) MOE_TRY(pack_model(c, m, PACK_PANELS));
     }
     size_t need = (size_t)cfg->d_model;
     size_t dims[] = {(size_t)cfg->n_heads * cfg->head_dim, (size_t)cfg->d_ff,

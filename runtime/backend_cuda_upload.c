@@ -123,6 +123,15 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     struct cuda_ctx *c = ctx_of(be);
     const struct moe_config *cfg = &m->cfg;
     if (m->embed.device >= 0) return MOE_OK; /* already on the device */
+    if (be->quant != MOE_QUANT_NONE)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: quantized weights (--quantize) run on the "
+                        "CPU backends only so far");
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (m->layers[l].wq.dtype == MOE_DTYPE_Q8_0 || m->layers[l].wq.dtype == MOE_DTYPE_BF16_PANEL ||
+            (m->layers[l].experts.gate && (m->layers[l].experts.dtype == MOE_DTYPE_Q8_0 ||
+                                           m->layers[l].experts.dtype == MOE_DTYPE_BF16_PANEL)))
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda backend: the model's weights were repacked or "
+                            "quantized for a CPU backend; load it again for this one");
     /* deduplicate within this model only: a later model's host data may
      * reuse an earlier one's (freed) addresses */
     c->n_up = 0;

@@ -387,7 +387,7 @@ int moe_cli_batch(int argc, char **argv)
     if (moe_cli_parse_budget(eo.kv_budget, &budget) == MOE_OK && budget > ((size_t)4 << 30) &&
         !strchr(eo.kv_budget, 'i') && !strchr(eo.kv_budget, 'B'))
         eo.kv_budget = "4GiB";
-    if (moe_backend_init(&be, eo.backend, (int)eo.threads) != MOE_OK ||
+    if (moe_cli_backend_start(&be, &eo) != MOE_OK ||
         moe_cli_engine_start(&eo, &m, &be, 0, &b.e) != MOE_OK) {
         moe_cli_error("batch", "%s", moe_last_error());
         goto done;

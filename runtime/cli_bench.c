@@ -57,6 +57,7 @@ static void usage(FILE *f)
             "  --threads N      CPU threads\n"
             "  --synthetic CONFIG, --dtype T, --synthetic-seed S  random weights\n"
             "  --moe-top-k K    route each token to K experts instead of the model's top-k\n"
+            "  --quantize q8_0  quantize the weights at load (CPU backends)\n"
             MOE_CLI_STATS_USAGE
             "Statistics are recorded unless --no-stats (compare the two to see their cost).\n");
 }
@@ -208,6 +209,7 @@ int moe_cli_bench(int argc, char **argv)
         {"kv-budget", required_argument, 0, 0x206}, {"kv-block", required_argument, 0, 0x207},
         {"max-batch-tokens", required_argument, 0, 0x208}, {"max-seqs", required_argument, 0, 0x209},
         {"no-prefix-cache", no_argument, 0, 0x20a}, {"moe-top-k", required_argument, 0, 0x20b},
+        {"quantize", required_argument, 0, 0x20c},
         {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
         {0, 0, 0, 0}};
     struct moe_cli_stats so = {0};
@@ -215,6 +217,7 @@ int moe_cli_bench(int argc, char **argv)
     moe_cli_engine_defaults(&eo);
     struct moe_bench_serve_opts sv = {.n_requests = 64, .input_len = 128, .output_len = 64, .seed = 7};
     long serve = 0, lv;
+    enum moe_weight_quant quant = MOE_QUANT_NONE;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -263,6 +266,10 @@ int moe_cli_bench(int argc, char **argv)
             break;
         case 0x20a: eo.no_prefix_cache = true; break;
         case 0x20b: dst = &mo.top_k; hi = 1 << 16; break;
+        case 0x20c:
+            if (!moe_cli_parse_quant(optarg, &quant))
+                return moe_cli_error("bench", "--quantize '%s' (use q8_0, or none)", optarg);
+            break;
         default: {
             int k = moe_cli_stats_option(&so, &mo, c, optarg, "bench");
             if (k < 0) return 1;
@@ -295,8 +302,10 @@ int moe_cli_bench(int argc, char **argv)
     json_t *out = NULL;
     /* the backend first: one that can make synthetic weights itself gets
      * them deferred, so no host copy of a large model is ever built */
-    if (moe_backend_init(&be, backend, (int)threads) == MOE_OK)
+    if (moe_backend_init(&be, backend, (int)threads) == MOE_OK) {
         mo.device_weights = mo.synthetic && be.ops->synth_fill;
+        be.quant = quant;
+    }
     if (!be.ops || !dec || moe_cli_open_model(&m, &mo) != MOE_OK) {
         moe_cli_error("bench", "%s", moe_last_error());
         goto done;

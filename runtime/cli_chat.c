@@ -166,7 +166,7 @@ int moe_cli_chat(int argc, char **argv)
     }
     extra = moe_chat_special_tokens(&tok);
     if (!eo.kv_budget) eo.kv_budget = "256MiB";
-    if (moe_backend_init(&be, eo.backend, (int)eo.threads) != MOE_OK ||
+    if (moe_cli_backend_start(&be, &eo) != MOE_OK ||
         moe_cli_engine_start(&eo, &m, &be, 0, &e) != MOE_OK) {
         moe_cli_error("chat", "%s", moe_last_error());
         goto done;

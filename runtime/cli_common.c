@@ -175,6 +175,15 @@ int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, cons
     case MOE_OPT_SYNTHETIC: o->model.synthetic = arg; return 1;
     case MOE_OPT_DTYPE: o->model.dtype = arg; return 1;
     case MOE_OPT_MOE_TOP_K: dst = &o->model.top_k; hi = 1 << 16; break;
+    case MOE_OPT_QUANTIZE: {
+        enum moe_weight_quant q;
+        if (!moe_cli_parse_quant(arg, &q)) {
+            moe_cli_error(cmd, "--quantize '%s' (use q8_0, or none)", arg);
+            return -1;
+        }
+        o->quantize = arg;
+        return 1;
+    }
     case MOE_OPT_SYNTHETIC_SEED: {
         long v;
         if (!moe_cli_parse_int(arg, 0, __LONG_MAX__, &v)) {
@@ -224,6 +233,24 @@ enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes)
     double b = v * mul;
     if (b >= 9.0e18) return moe_fail(MOE_ERR_INVALID_ARG, "KV budget '%s' is too large", s);
     *bytes = (size_t)b;
+    return MOE_OK;
+}
+
+bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out)
+{
+    if (!strcasecmp(s, "q8_0")) *out = MOE_QUANT_Q8_0;
+    else if (!strcasecmp(s, "none")) *out = MOE_QUANT_NONE;
+    else return false;
+    return true;
+}
+
+enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_cli_engine *o)
+{
+    enum moe_weight_quant q = MOE_QUANT_NONE;
+    if (o->quantize && !moe_cli_parse_quant(o->quantize, &q))
+        return moe_fail(MOE_ERR_INVALID_ARG, "--quantize '%s' (use q8_0, or none)", o->quantize);
+    MOE_TRY(moe_backend_init(be, o->backend, (int)o->threads));
+    be->quant = q;
     return MOE_OK;
 }
 

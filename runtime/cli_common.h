@@ -52,7 +52,7 @@ double moe_cli_read_bandwidth(void);
 enum {
     MOE_OPT_KV_BUDGET = 0x100, MOE_OPT_KV_BLOCK, MOE_OPT_KV_DTYPE, MOE_OPT_MAX_BATCH_TOKENS,
     MOE_OPT_MAX_SEQS, MOE_OPT_NO_PREFIX_CACHE, MOE_OPT_BACKEND, MOE_OPT_THREADS,
-    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_MOE_TOP_K, MOE_OPT_LAST
+    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_MOE_TOP_K, MOE_OPT_QUANTIZE, MOE_OPT_LAST
 };
 
 #define MOE_CLI_ENGINE_LONGOPTS                                                          \
@@ -67,7 +67,8 @@ enum {
     {"synthetic", required_argument, 0, MOE_OPT_SYNTHETIC},                              \
     {"dtype", required_argument, 0, MOE_OPT_DTYPE},                                      \
     {"synthetic-seed", required_argument, 0, MOE_OPT_SYNTHETIC_SEED},                    \
-    {"moe-top-k", required_argument, 0, MOE_OPT_MOE_TOP_K}
+    {"moe-top-k", required_argument, 0, MOE_OPT_MOE_TOP_K},                              \
+    {"quantize", required_argument, 0, MOE_OPT_QUANTIZE}
 
 #define MOE_CLI_ENGINE_HELP                                                              \
     "  --kv-budget SIZE     KV cache size: bytes with a unit (512MiB, 8GiB) or a\n"       \
@@ -82,7 +83,9 @@ enum {
     "  --synthetic CONFIG   random weights for CONFIG.json instead of a model folder\n"   \
     "  --dtype T            synthetic weight dtype: f32, f16, bf16 (default bf16)\n"      \
     "  --synthetic-seed S   synthetic weight seed (default 0)\n"                         \
-    "  --moe-top-k K        route each token to K experts instead of the model's top-k\n"
+    "  --moe-top-k K        route each token to K experts instead of the model's top-k\n"   \
+    "  --quantize q8_0      quantize the weights at load (CPU backends; routers and\n"    \
+    "                       the embedding stay as stored)\n"
 
 struct moe_cli_engine {
     struct moe_cli_model_opts model;
@@ -93,6 +96,7 @@ struct moe_cli_engine {
     const char *kv_dtype;
     long max_batch_tokens, max_seqs;
     bool no_prefix_cache;
+    const char *quantize;     /* --quantize: "q8_0", "none" or NULL */
 };
 
 void moe_cli_engine_defaults(struct moe_cli_engine *o);
@@ -108,6 +112,12 @@ MOE_MUST_USE enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o
                                                    const struct moe_model *m,
                                                    struct moe_backend *be, long default_tokens,
                                                    struct moe_engine *e);
+/* "q8_0" (any case) or "none" -> the quantization; false otherwise. */
+bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out);
+/* moe_backend_init for the options' --backend and --threads, with their
+ * --quantize. */
+MOE_MUST_USE enum moe_status moe_cli_backend_start(struct moe_backend *be,
+                                                    const struct moe_cli_engine *o);
 /* Sampling defaults from MODEL/generation_config.json (do_sample,
  * temperature, top_p, top_k, min_p, repetition_penalty); greedy otherwise. */
 void moe_cli_generation_defaults(const char *model_dir, struct moe_sampling *s);

@@ -277,7 +277,7 @@ int moe_cli_ppl(int argc, char **argv)
     }
     struct moe_runner_opts ro;
     moe_ppl_runner_opts(&plan, (int)eo.max_batch_tokens, (int)eo.max_seqs, (int)eo.kv_block, kvt, &ro);
-    if (moe_backend_init(&be, eo.backend, (int)eo.threads) != MOE_OK ||
+    if (moe_cli_backend_start(&be, &eo) != MOE_OK ||
         moe_runner_init(&r, &m, &be, &ro) != MOE_OK) {
         moe_cli_error("ppl", "%s", moe_last_error());
         goto done;

@@ -222,7 +222,7 @@ int moe_cli_run(int argc, char **argv)
         moe_cli_error("run", "%s", moe_last_error());
         goto done;
     }
-    if (moe_backend_init(&be, eo.backend, (int)eo.threads) != MOE_OK ||
+    if (moe_cli_backend_start(&be, &eo) != MOE_OK ||
         moe_cli_engine_start(&eo, &m, &be, n_prompt + n_new, &e) != MOE_OK) {
         moe_cli_error("run", "%s", moe_last_error());
         goto done;

@@ -58,7 +58,7 @@ static int load(struct srv *s)
     if (moe_cli_parse_budget(s->eo.kv_budget, &budget) == MOE_OK && budget > ((size_t)4 << 30) &&
         !strchr(s->eo.kv_budget, 'i') && !strchr(s->eo.kv_budget, 'B'))
         s->eo.kv_budget = "4GiB";
-    if (moe_backend_init(&s->be, s->eo.backend, (int)s->eo.threads) != MOE_OK ||
+    if (moe_cli_backend_start(&s->be, &s->eo) != MOE_OK ||
         moe_cli_engine_start(&s->eo, &s->m, &s->be, 0, &s->e) != MOE_OK)
         return moe_cli_error("serve", "%s", moe_last_error());
     if (moe_cli_stats_start(&s->so, &s->m, "serve")) return 1;

@@ -16,10 +16,18 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* 16 weights of dtype dt from element k, widened to fp32. */
+/* 16 weights of dtype dt from element k, widened to fp32 (Q8_0: q * d, the
+ * reference's products; k is a multiple of 16, so within one block). */
 AVX512 INLINE __m512 load_w16(const char *row, const enum moe_dtype dt, int k)
 {
     if (dt == MOE_DTYPE_F32) return _mm512_loadu_ps((const float *)row + k);
+    if (dt == MOE_DTYPE_Q8_0) {
+        const char *blk = row + (size_t)(k / MOE_Q8_0_BLOCK) * MOE_Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2 + k % MOE_Q8_0_BLOCK));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(_cvtsh_ss(h)));
+    }
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
     if (dt == MOE_DTYPE_BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -91,6 +99,7 @@ AVX512 void moe_gemm_rows_avx512(float *y, size_t ldy, const float *x, size_t ld
     case MOE_DTYPE_F32: rows_dt(MOE_DTYPE_F32, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_BF16: rows_bf16_512(y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_F16: rows_dt(MOE_DTYPE_F16, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
-    default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16 or BF16");
+    case MOE_DTYPE_Q8_0: rows_dt(MOE_DTYPE_Q8_0, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
+    default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16, BF16 or Q8_0");
     }
 }

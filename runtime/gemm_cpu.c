@@ -16,7 +16,7 @@ float moe_dot_f32(const float *a, const float *b, int n)
 void moe_gemm_cpu(float *y, int ldy, const float *x, int ldx, const void *w, enum moe_dtype wt,
                   int N, int Din, int T, const struct moe_tensor *b, float *scratch)
 {
-    const size_t row_bytes = (size_t)Din * moe_dtype_size(wt);
+    const size_t row_bytes = moe_dtype_row_bytes(wt, (size_t)Din);
     const bool has_bias = b && b->data;
 #pragma omp parallel for schedule(static) if ((size_t)N * Din * (size_t)T > 32768)
     for (int n = 0; n < N; n++) {

@@ -30,17 +30,34 @@
  * per tile for 1-3 input rows), NAT_C4 (for 4 input rows), NAT_PF
  * (prefetch distance in bytes).
  *
- * It provides load_w1, TB and rows_dt (all T rows against f32 or f16 weight
- * rows [n0, n1), inlined into the includer's entry point). */
+ * It provides load_w1, TB and rows_dt (all T rows against f32, f16 or Q8_0
+ * weight rows [n0, n1), inlined into the includer's entry point).  Q8_0
+ * rows are whole blocks (Din a multiple of 32, so no tail) and V_LOAD_W
+ * gives the reference's q * d products, so the order and the
+ * batch-independence above hold for them too. */
 
 enum { TB = 64 }; /* input rows per cache block */
 
-/* Weight k of a row of dtype dt, as fp32 (the tails past the last vector). */
+/* Weight k of a row of dtype dt, as fp32 (the tails past the last vector;
+ * never reached over Q8_0, whose rows are whole blocks of 32). */
 INLINE float load_w1(const char *row, const enum moe_dtype dt, int k)
 {
     if (dt == MOE_DTYPE_F32) return ((const float *)row)[k];
+    if (dt == MOE_DTYPE_Q8_0) {
+        const char *blk = row + (size_t)(k / MOE_Q8_0_BLOCK) * MOE_Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        return (float)(int8_t)blk[2 + k % MOE_Q8_0_BLOCK] * moe_f16_to_f32(h);
+    }
     uint16_t h = ((const uint16_t *)row)[k];
     return dt == MOE_DTYPE_BF16 ? moe_bf16_to_f32(h) : moe_f16_to_f32(h);
+}
+
+/* Byte offset of element k in a row of dtype dt (for prefetching). */
+INLINE size_t w_offset(const enum moe_dtype dt, int k)
+{
+    if (dt == MOE_DTYPE_Q8_0) return (size_t)(k / MOE_Q8_0_BLOCK) * MOE_Q8_0_BYTES + k % MOE_Q8_0_BLOCK;
+    return (size_t)k * (dt == MOE_DTYPE_F32 ? 4 : 2);
 }
 
 /* y[r*ldy + c] = x_r . w_c (+ bias) for r < R, c < C; w_c = w + c*wld. */
@@ -60,8 +77,7 @@ V_ATTR INLINE void tile(const int R, const int C, const enum moe_dtype dt, float
         for (int c = 0; c < C; c++) {
             /* decode streams weights once from memory: keep loads in flight */
             if (R < 4)
-                _mm_prefetch(w + (size_t)c * wld + (size_t)k * (dt == MOE_DTYPE_F32 ? 4 : 2) + NAT_PF,
-                             _MM_HINT_T0);
+                _mm_prefetch(w + (size_t)c * wld + w_offset(dt, k) + NAT_PF, _MM_HINT_T0);
             wv[c] = V_LOAD_W(w + (size_t)c * wld, dt, k);
         }
 #pragma GCC unroll 4
@@ -127,7 +143,9 @@ V_ATTR INLINE void rows_dt(const enum moe_dtype dt, float *y, size_t ldy, const 
 {
     enum { C = NAT_C4, WBUF = NAT_C4 * 4096 };
     const char *w = wv;
-    const size_t wld = (size_t)Din * (dt == MOE_DTYPE_F32 ? 4 : 2), fld = (size_t)Din * 4;
+    const size_t wld = dt == MOE_DTYPE_Q8_0 ? (size_t)Din / MOE_Q8_0_BLOCK * MOE_Q8_0_BYTES
+                       : (size_t)Din * (dt == MOE_DTYPE_F32 ? 4 : 2),
+                 fld = (size_t)Din * 4;
     float wbuf[WBUF];
     if (b && !b->data) b = NULL;
     for (int t0 = 0; t0 < T; t0 += TB) {

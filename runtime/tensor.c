@@ -3,6 +3,8 @@
  * subnormals and infinities included. */
 #include "tensor.h"
 
+#include <math.h>
+
 #include "status.h"
 
 static const struct {
@@ -22,13 +24,21 @@ static const struct {
 size_t moe_dtype_size(enum moe_dtype t)
 {
     if (t == MOE_DTYPE_BF16_PANEL) return 2; /* per element of the logical shape */
+    if (t == MOE_DTYPE_Q8_0) return 1;       /* the int8 part; rows: moe_dtype_row_bytes */
     MOE_ASSERT((unsigned)t < MOE_DTYPE_COUNT);
     return dtype_info[t].size;
+}
+
+size_t moe_dtype_row_bytes(enum moe_dtype t, size_t n)
+{
+    if (t == MOE_DTYPE_Q8_0) return n / MOE_Q8_0_BLOCK * MOE_Q8_0_BYTES;
+    return n * moe_dtype_size(t);
 }
 
 const char *moe_dtype_name(enum moe_dtype t)
 {
     if (t == MOE_DTYPE_BF16_PANEL) return "BF16_PANEL";
+    if (t == MOE_DTYPE_Q8_0) return "Q8_0";
     return (unsigned)t < MOE_DTYPE_COUNT ? dtype_info[t].name : "?";
 }
 
@@ -116,8 +126,38 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
         for (size_t i = 0; i < n; i++) dst[i] = moe_f16_to_f32(s[i]);
         return;
     }
+    case MOE_DTYPE_Q8_0: {
+        const unsigned char *b = src;
+        MOE_ASSERT(n % MOE_Q8_0_BLOCK == 0);
+        for (size_t i = 0; i < n; i += MOE_Q8_0_BLOCK, b += MOE_Q8_0_BYTES) {
+            uint16_t h;
+            memcpy(&h, b, 2);
+            const float d = moe_f16_to_f32(h);
+            for (int j = 0; j < MOE_Q8_0_BLOCK; j++) dst[i + j] = (float)(int8_t)b[2 + j] * d;
+        }
+        return;
+    }
     default: MOE_ASSERT(!"convert_row_f32: dtype is not a float weight type");
     }
+}
+
+bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n)
+{
+    unsigned char *b = dst;
+    for (size_t i = 0; i < n; i += MOE_Q8_0_BLOCK, b += MOE_Q8_0_BYTES) {
+        float amax = 0.0f;
+        for (int j = 0; j < MOE_Q8_0_BLOCK; j++) {
+            if (!isfinite(src[i + j])) return false;
+            const float a = fabsf(src[i + j]);
+            if (a > amax) amax = a;
+        }
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t h = moe_f32_to_f16(d);
+        if ((h & 0x7c00u) == 0x7c00u) return false; /* a scale past f16's range */
+        memcpy(b, &h, 2);
+        for (int j = 0; j < MOE_Q8_0_BLOCK; j++) b[2 + j] = (unsigned char)(int8_t)roundf(src[i + j] * id);
+    }
+    return true;
 }
 
 void moe_convert_from_f32(void *dst, const float *src, enum moe_dtype t, size_t n)

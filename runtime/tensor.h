@@ -53,7 +53,17 @@ enum moe_dtype {
      * moe_dtype_name says "BF16_PANEL"; it is never parsed, written to a
      * file or converted by moe_convert_row_f32). */
     MOE_DTYPE_BF16_PANEL,
+    /* Weights quantized at load (--quantize q8_0), ggml's Q8_0 block format:
+     * each row of K values (K a multiple of 32) is K/32 blocks of 34 bytes,
+     * an f16 scale d then 32 int8 q; the value is (float)q * d.  Made by
+     * moe_quantize_row_q8_0 bit for bit as ggml-quants.c and gguf-py make
+     * it; read by the CPU kernels (fast and reference), refused by CUDA.
+     * moe_dtype_size says 1 (the int8 part); rows take moe_dtype_row_bytes. */
+    MOE_DTYPE_Q8_0,
 };
+
+#define MOE_Q8_0_BLOCK 32 /* values per block */
+#define MOE_Q8_0_BYTES 34 /* bytes per block */
 
 struct moe_tensor {
     enum moe_dtype dtype;
@@ -65,6 +75,8 @@ struct moe_tensor {
 
 /* Bytes per element. */
 size_t moe_dtype_size(enum moe_dtype t);
+/* Bytes of a row of n elements (block formats: n a multiple of the block). */
+size_t moe_dtype_row_bytes(enum moe_dtype t, size_t n);
 /* safetensors name ("F32", "BF16", ...). */
 const char *moe_dtype_name(enum moe_dtype t);
 /* Parses a safetensors dtype string; false if unknown. */
@@ -97,6 +109,10 @@ uint16_t moe_f32_to_f16(float f);
 void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n);
 /* Converts n fp32 values to dtype t (F32, F16 or BF16). */
 void moe_convert_from_f32(void *dst, const float *src, enum moe_dtype t, size_t n);
+/* Quantizes n values (a multiple of 32) to Q8_0 blocks as ggml does: per
+ * block d = max|x| / 127, q = roundf(x * (1/d)) (0 when d is 0), d stored
+ * as f16.  False, dst unspecified, when a value is not finite. */
+bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n);
 
 #ifdef __cplusplus
 }
