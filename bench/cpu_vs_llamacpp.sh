@@ -19,7 +19,8 @@
 #
 # Environment: MOERUN (default build/moerun), THREADS (2), PROMPT (512),
 # GEN (64), REPEAT (2), ROUNDS (3), DTYPE (bf16 or f16; the checkpoint's own
-# dtype), LLAMA_CPP_SRC, WAIT (default, or passive: idle threads sleep at
+# dtype), QUANT (q8_0: moerun --quantize q8_0 against a Q8_0 GGUF made by
+# llama.cpp's converter), LLAMA_CPP_SRC, WAIT (default, or passive: idle threads sleep at
 # once instead of spinning, OMP_WAIT_POLICY=passive for moerun and --poll 0
 # for llama-bench; better on a machine shared with other work).
 set -euo pipefail
@@ -46,6 +47,13 @@ if [ "$wait_policy" = passive ]; then
     llama_extra=(--poll 0)
 fi
 dtype=${DTYPE:-bf16}
+quant=${QUANT:-}
+moerun_quant=()
+gguf_type=$dtype
+if [ -n "$quant" ]; then
+    moerun_quant=(--quantize "$quant")
+    gguf_type=$quant
+fi
 llama_bench=$llama_build/bin/llama-bench
 [ -x "$llama_bench" ] || { echo "no $llama_bench" >&2; exit 1; }
 [ -x "$moerun" ] || { echo "no $moerun (build moerun first or set MOERUN)" >&2; exit 1; }
@@ -61,16 +69,17 @@ echo "moerun: $(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo unk
 i=0
 for model in "$@"; do
     model=$(cd "$model" && pwd)
-    gguf=$model/model-$dtype.gguf
+    gguf=$model/model-$gguf_type.gguf
     if [ ! -f "$gguf" ]; then
         echo "converting $model to $gguf" >&2
-        python3 "$here/gguf_from_synth.py" "$llama_src" "$model" "$gguf" --outtype "$dtype" \
+        python3 "$here/gguf_from_synth.py" "$llama_src" "$model" "$gguf" --outtype "$gguf_type" \
             > "$results/convert.log" 2>&1 || { tail -20 "$results/convert.log" >&2; exit 1; }
     fi
     # alternate the two programs so both see the same machine load
     for r in $(seq "$rounds"); do
         env "${moerun_env[@]}" "$moerun" bench "$model" --backend cpu --threads "$threads" \
-            --prefill "$prompt" --chunk "$prompt" --decode 1 --ctx 1 --steps "$gen" --repeat "$repeat" --json \
+            --prefill "$prompt" --chunk "$prompt" --decode 1 --ctx 1 --steps "$gen" --repeat "$repeat" \
+            "${moerun_quant[@]}" --json \
             > "$results/moerun.$i.$r.json"
         "$llama_bench" -m "$gguf" -t "$threads" -p "$prompt" -n "$gen" -r "$repeat" \
             "${llama_extra[@]}" -o json \

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convert a `moerun synth` checkpoint to GGUF with llama.cpp's own converter.
 
-usage: gguf_from_synth.py LLAMA_CPP_DIR MODEL_DIR OUT.gguf [--outtype bf16|f16]
+usage: gguf_from_synth.py LLAMA_CPP_DIR MODEL_DIR OUT.gguf [--outtype bf16|f16|q8_0]
 
 A synthetic checkpoint has no tokenizer, and convert_hf_to_gguf.py needs one.
 This writes MODEL_DIR/tokenizer.json when absent: a byte-level BPE with the

@@ -220,8 +220,9 @@ static void drop_pages(const void *p, size_t n)
  * private: a page touched again is read from the file again), or in one of
  * its own in-memory tensors (synthetic weights: a page touched again reads
  * zeros, and nothing reads it again, since the views point at the panels).
- * Memory st does not hold is left alone. */
-static void release_source(const struct moe_safetensors *st, const void *p, size_t n)
+ * Memory st does not hold is left alone, and with files_only so is memory
+ * of its in-memory tensors. */
+static void release_source(const struct moe_safetensors *st, const void *p, size_t n, bool files_only)
 {
     const uintptr_t a = (uintptr_t)p;
     for (int i = 0; i < st->n_files; i++) {
@@ -230,6 +231,7 @@ static void release_source(const struct moe_safetensors *st, const void *p, size
         drop_pages(p, n);
         return;
     }
+    if (files_only) return;
     for (size_t i = 0; i < st->n_tensors; i++) {
         const struct moe_st_tensor *t = &st->tensors[i];
         const uintptr_t t0 = (uintptr_t)t->data, t1 = t0 + t->nbytes;
@@ -241,9 +243,10 @@ static void release_source(const struct moe_safetensors *st, const void *p, size
 
 /* Repacks m's matrices of this kind into a new arena owned by c and points
  * m's views at it (nothing to do when it has none); on failure m is
- * unchanged.  Panels give each source's pages back as soon as it is packed;
- * quantization only once every matrix is done, since it can fail (a value
- * that is not finite) and an in-memory source does not come back. */
+ * unchanged.  Each source's pages go back as soon as it is packed, except,
+ * when quantizing, those of in-memory tensors: quantization can fail (a
+ * value that is not finite) and such a source would not come back, so they
+ * go once every matrix is done (a file's pages are read again if needed). */
 static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum pack_kind kind)
 {
     const size_t n = pack_items(kind, m, NULL);
@@ -289,10 +292,12 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
         const struct pack_item *it = &items[i];
         if (kind == PACK_PANELS) {
             moe_gemm_pack_panels(arena + it->off, it->src, it->N, it->K);
-            if (!it->keep_source) release_source(&m->st, it->src, (size_t)it->N * (size_t)it->K * 2);
+            if (!it->keep_source) release_source(&m->st, it->src, (size_t)it->N * (size_t)it->K * 2, false);
         } else if (!quantize_item(arena + it->off, it)) {
 #pragma omp critical(moe_cpu_quant_bad)
             if (bad < 0 || (int64_t)i < bad) bad = (int64_t)i;
+        } else if (!it->keep_source) {
+            release_source(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N, true);
         }
     }
     if (bad >= 0) {
@@ -308,7 +313,8 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
     for (size_t i = 0; i < n; i++) {
         const struct pack_item *it = &items[i];
         if (kind == PACK_Q8_0 && !it->keep_source)
-            release_source(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N);
+            release_source(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N,
+                           false);
         if (it->t) {
             it->t->data = arena + it->off;
             it->t->dtype = to;

@@ -23,10 +23,10 @@ AVX512 INLINE __m512 load_w16(const char *row, const enum moe_dtype dt, int k)
     if (dt == MOE_DTYPE_F32) return _mm512_loadu_ps((const float *)row + k);
     if (dt == MOE_DTYPE_Q8_0) {
         const char *blk = row + (size_t)(k / MOE_Q8_0_BLOCK) * MOE_Q8_0_BYTES;
-        uint16_t h;
-        memcpy(&h, blk, 2);
-        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2 + k % MOE_Q8_0_BLOCK));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(_cvtsh_ss(h)));
+        float d;
+        memcpy(&d, blk, 4);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 4 + k % MOE_Q8_0_BLOCK));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(d));
     }
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
     if (dt == MOE_DTYPE_BF16)

@@ -45,9 +45,9 @@ INLINE float load_w1(const char *row, const enum moe_dtype dt, int k)
     if (dt == MOE_DTYPE_F32) return ((const float *)row)[k];
     if (dt == MOE_DTYPE_Q8_0) {
         const char *blk = row + (size_t)(k / MOE_Q8_0_BLOCK) * MOE_Q8_0_BYTES;
-        uint16_t h;
-        memcpy(&h, blk, 2);
-        return (float)(int8_t)blk[2 + k % MOE_Q8_0_BLOCK] * moe_f16_to_f32(h);
+        float d;
+        memcpy(&d, blk, 4);
+        return (float)(int8_t)blk[4 + k % MOE_Q8_0_BLOCK] * d;
     }
     uint16_t h = ((const uint16_t *)row)[k];
     return dt == MOE_DTYPE_BF16 ? moe_bf16_to_f32(h) : moe_f16_to_f32(h);

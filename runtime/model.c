@@ -300,9 +300,13 @@ enum moe_status moe_model_set_top_k(struct moe_model *m, int k)
     return MOE_OK;
 }
 
+/* Bytes of a view as stored (rows of its last dimension: block formats). */
 static int64_t tbytes(const struct moe_tensor *t)
 {
-    return t->data ? moe_tensor_numel(t) * (int64_t)moe_dtype_size(t->dtype) : 0;
+    if (!t->data || t->ndim < 1) return 0;
+    const int64_t n = moe_tensor_numel(t), last = t->shape[t->ndim - 1];
+    if (n <= 0 || last <= 0) return 0;
+    return n / last * (int64_t)moe_dtype_row_bytes(t->dtype, (size_t)last);
 }
 
 void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
@@ -321,8 +325,9 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) z->bytes_attn += tbytes(attn[i]);
         z->bytes_norm += tbytes(&w->attn_norm) + tbytes(&w->ffn_norm);
         if (c->layer_moe[l]) {
-            size_t es = moe_dtype_size(w->experts.dtype);
-            z->bytes_experts += 3 * E * F * D * (int64_t)es;
+            const enum moe_dtype et = w->experts.dtype;
+            z->bytes_experts += E * (2 * F * (int64_t)moe_dtype_row_bytes(et, (size_t)D) +
+                                     D * (int64_t)moe_dtype_row_bytes(et, (size_t)F));
             z->bytes_router += tbytes(&w->router) + tbytes(&w->router_bias);
             z->bytes_shared += tbytes(&w->sh_gate) + tbytes(&w->sh_up) + tbytes(&w->sh_down) +
                                tbytes(&w->sh_router);

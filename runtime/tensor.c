@@ -130,10 +130,9 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
         const unsigned char *b = src;
         MOE_ASSERT(n % MOE_Q8_0_BLOCK == 0);
         for (size_t i = 0; i < n; i += MOE_Q8_0_BLOCK, b += MOE_Q8_0_BYTES) {
-            uint16_t h;
-            memcpy(&h, b, 2);
-            const float d = moe_f16_to_f32(h);
-            for (int j = 0; j < MOE_Q8_0_BLOCK; j++) dst[i + j] = (float)(int8_t)b[2 + j] * d;
+            float d;
+            memcpy(&d, b, 4);
+            for (int j = 0; j < MOE_Q8_0_BLOCK; j++) dst[i + j] = (float)(int8_t)b[4 + j] * d;
         }
         return;
     }
@@ -154,8 +153,9 @@ bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n)
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         const uint16_t h = moe_f32_to_f16(d);
         if ((h & 0x7c00u) == 0x7c00u) return false; /* a scale past f16's range */
-        memcpy(b, &h, 2);
-        for (int j = 0; j < MOE_Q8_0_BLOCK; j++) b[2 + j] = (unsigned char)(int8_t)roundf(src[i + j] * id);
+        const float dh = moe_f16_to_f32(h);
+        memcpy(b, &dh, 4);
+        for (int j = 0; j < MOE_Q8_0_BLOCK; j++) b[4 + j] = (unsigned char)(int8_t)roundf(src[i + j] * id);
     }
     return true;
 }

@@ -53,17 +53,22 @@ enum moe_dtype {
      * moe_dtype_name says "BF16_PANEL"; it is never parsed, written to a
      * file or converted by moe_convert_row_f32). */
     MOE_DTYPE_BF16_PANEL,
-    /* Weights quantized at load (--quantize q8_0), ggml's Q8_0 block format:
-     * each row of K values (K a multiple of 32) is K/32 blocks of 34 bytes,
-     * an f16 scale d then 32 int8 q; the value is (float)q * d.  Made by
-     * moe_quantize_row_q8_0 bit for bit as ggml-quants.c and gguf-py make
-     * it; read by the CPU kernels (fast and reference), refused by CUDA.
-     * moe_dtype_size says 1 (the int8 part); rows take moe_dtype_row_bytes. */
+    /* Weights quantized at load (--quantize q8_0) as ggml's Q8_0 quantizes
+     * them: per block of 32 values a scale d (an f16 value) and 32 int8 q,
+     * the value (float)q * d.  Stored per row of K values (K a multiple of
+     * 32) as K/32 blocks of 36 bytes: d widened to f32 (exactly), then the
+     * 32 q; ggml stores d as f16 (34 bytes), but an f32 scale is one
+     * broadcast from memory in the kernels where an f16 one costs three
+     * shuffle-port instructions per block and row.  Made by
+     * moe_quantize_row_q8_0 (the q and d of ggml-quants.c and gguf-py, bit
+     * for bit); read by the CPU kernels (fast and reference), refused by
+     * CUDA.  moe_dtype_size says 1 (the int8 part); rows take
+     * moe_dtype_row_bytes. */
     MOE_DTYPE_Q8_0,
 };
 
 #define MOE_Q8_0_BLOCK 32 /* values per block */
-#define MOE_Q8_0_BYTES 34 /* bytes per block */
+#define MOE_Q8_0_BYTES 36 /* bytes per block: f32 scale, 32 int8 */
 
 struct moe_tensor {
     enum moe_dtype dtype;
@@ -110,8 +115,9 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
 /* Converts n fp32 values to dtype t (F32, F16 or BF16). */
 void moe_convert_from_f32(void *dst, const float *src, enum moe_dtype t, size_t n);
 /* Quantizes n values (a multiple of 32) to Q8_0 blocks as ggml does: per
- * block d = max|x| / 127, q = roundf(x * (1/d)) (0 when d is 0), d stored
- * as f16.  False, dst unspecified, when a value is not finite. */
+ * block d = max|x| / 127, q = roundf(x * (1/d)) (0 when d is 0), d rounded
+ * to f16 (and stored widened, see MOE_DTYPE_Q8_0).  False, dst unspecified,
+ * when a value is not finite or d overflows f16. */
 bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n);
 
 #ifdef __cplusplus

@@ -22,17 +22,26 @@ Test(quant, q8_0_blocks_equal_gguf_py)
     const struct moe_st_tensor *x = moe_safetensors_find(&st, "x"), *q = moe_safetensors_find(&st, "q8_0"),
                                *d = moe_safetensors_find(&st, "dequant");
     cr_assert(x && q && d);
-    const int R = (int)x->shape[0], K = (int)x->shape[1];
-    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)K);
-    cr_assert_eq(rb, (size_t)q->shape[1]);
+    const int R = (int)x->shape[0], K = (int)x->shape[1], nb = K / MOE_Q8_0_BLOCK;
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)K), grb = (size_t)q->shape[1];
+    cr_assert_eq(grb, (size_t)nb * 34, "ggml blocks: f16 scale + 32 int8");
     unsigned char *got = malloc(rb);
     float *back = malloc((size_t)K * sizeof(float));
     for (int r = 0; r < R; r++) {
         cr_assert(moe_quantize_row_q8_0(got, (const float *)x->data + (size_t)r * K, (size_t)K));
-        const unsigned char *want = (const unsigned char *)q->data + (size_t)r * rb;
-        for (size_t i = 0; i < rb; i++)
-            cr_assert_eq(got[i], want[i], "row %d byte %zu (block %zu): %u, gguf-py %u", r, i, i / 34,
-                         got[i], want[i]);
+        const unsigned char *want = (const unsigned char *)q->data + (size_t)r * grb;
+        for (int b = 0; b < nb; b++) { /* ours: f32 scale (the f16 widened), then the same 32 q */
+            const unsigned char *g = got + (size_t)b * MOE_Q8_0_BYTES, *w = want + (size_t)b * 34;
+            uint16_t h;
+            float d;
+            memcpy(&h, w, 2);
+            memcpy(&d, g, 4);
+            cr_assert_eq(d, moe_f16_to_f32(h), "row %d block %d: scale %g, gguf-py %g", r, b, d,
+                         moe_f16_to_f32(h));
+            for (int j = 0; j < 32; j++)
+                cr_assert_eq(g[4 + j], w[2 + j], "row %d block %d q %d: %d, gguf-py %d", r, b, j,
+                             (int8_t)g[4 + j], (int8_t)w[2 + j]);
+        }
         moe_convert_row_f32(back, got, MOE_DTYPE_Q8_0, (size_t)K);
         cr_assert(memcmp(back, (const float *)d->data + (size_t)r * K, (size_t)K * sizeof(float)) == 0,
                   "row %d: dequantized values differ from gguf-py's", r);
