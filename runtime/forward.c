@@ -88,8 +88,17 @@ enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model 
     fw->m = m;
     fw->be = be;
     fw->lim = *lim;
-    fw->stats_async_rows = MOE_SMALL_STEP_ROWS;
+    /* every step's routing goes through the host buffers when they hold all
+     * of a full step within MOE_STATS_HOST_BYTES; else small steps only */
+    const struct moe_config *mc = &m->cfg;
+    const size_t per_row = 4 * (2 * (size_t)(mc->top_k > 0 ? mc->top_k : 0) +
+                                (size_t)(mc->n_experts > 0 ? mc->n_experts : 1));
+    size_t full;
     fw->hs_rows = lim->max_tokens < MOE_SMALL_STEP_ROWS ? lim->max_tokens : MOE_SMALL_STEP_ROWS;
+    if (moe_mul_size(per_row, (size_t)lim->max_tokens, &full) &&
+        moe_mul_size(full, (size_t)mc->n_layers, &full) && full <= MOE_STATS_HOST_BYTES)
+        fw->hs_rows = lim->max_tokens;
+    fw->stats_async_rows = fw->hs_rows;
     enum moe_status s = init_buffers(fw);
     if (s == MOE_OK && be->ops->reserve) {
         int rows = lim->max_tokens > lim->max_logits ? lim->max_tokens : lim->max_logits;

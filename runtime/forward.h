@@ -20,6 +20,10 @@
 
 struct moe_stats;
 
+/* Host buffers for the routing of every step's statistics, at most (beyond
+ * it, only steps of up to MOE_SMALL_STEP_ROWS rows copy asynchronously). */
+#define MOE_STATS_HOST_BYTES ((size_t)256 << 20)
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -63,19 +67,20 @@ struct moe_forward {
     float *h_w;      /* (T, K) */
     float *h_logits; /* (T, E) host copy of router logits for statistics */
     struct moe_stats *stats; /* borrowed expert-load recorder (router/stats.h), NULL = off */
-    /* Statistics on small steps: per layer l a slice of hs_layer 4-byte
-     * words at hs_buf (host_alloc memory) holding ids (R, K), weights (R, K)
-     * and router logits (R, E), R = hs_rows; filled by to_host_async during
-     * the step, recorded after its final sync.  Allocated by the first such
-     * step with statistics on (n_layers x R x (2K + E) words). */
+    /* Statistics: per layer l a slice of hs_layer 4-byte words at hs_buf
+     * (host_alloc memory) holding ids (R, K), weights (R, K) and router
+     * logits (R, E), R = hs_rows; filled by to_host_async during the step,
+     * recorded after its final sync.  Allocated by the first step with
+     * statistics on (n_layers x R x (2K + E) words). */
     void *hs_buf;
     size_t hs_layer;      /* words per layer slice */
-    int hs_rows;          /* R = min(MOE_SMALL_STEP_ROWS, max_tokens) */
+    int hs_rows;          /* R: max_tokens when that fits MOE_STATS_HOST_BYTES, else
+                             min(MOE_SMALL_STEP_ROWS, max_tokens) */
     bool hs_failed;       /* the buffers could not be allocated: synchronous copies */
     bool stats_async;     /* the current step copies routing into hs_buf */
     /* Steps of at most this many rows (and at most hs_rows) take the
-     * asynchronous statistics path; init sets MOE_SMALL_STEP_ROWS, 0 forces
-     * the synchronous per-layer copies (tests compare the two). */
+     * asynchronous statistics path; init sets hs_rows, 0 forces the
+     * synchronous per-layer copies (tests compare the two). */
     int stats_async_rows;
 };
 
@@ -89,13 +94,14 @@ void moe_forward_free(struct moe_forward *fw);
  * then no logits row crosses to the host.  trace may be NULL.
  * The batch is validated first (sizes, ids, positions, slots).
  *
- * With stats set, every MoE layer's routing is recorded.  Steps of more than
- * stats_async_rows rows (prefill) copy it to the host and record it layer by
- * layer, synchronously; smaller steps (decode) enqueue asynchronous copies
- * into hs_buf and record every MoE layer, in layer order and with the same
- * arguments, after the step's final sync: the same statistics, no host wait
- * inside the step, and the step may be a recorded graph.  A step that fails
- * records no layer on that path. */
+ * With stats set, every MoE layer's routing is recorded.  Steps of at most
+ * stats_async_rows rows (every step, unless a full step's routing would
+ * take more than MOE_STATS_HOST_BYTES) enqueue asynchronous copies into
+ * hs_buf and record every MoE layer, in layer order and with the same
+ * arguments, after the step's final sync: no host wait inside the step,
+ * and the step may be a recorded graph.  Larger steps copy it to the host
+ * and record it layer by layer, synchronously: the same statistics.  A
+ * step that fails records no layer on the asynchronous path. */
 MOE_MUST_USE enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
                                               const struct moe_batch *b, float *logits,
                                               int32_t *ids, struct moe_route_trace *trace);

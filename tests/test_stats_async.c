@@ -1,5 +1,5 @@
 /* test_stats_async.c - expert-load statistics through the forward pass's
- * asynchronous path (steps of at most MOE_SMALL_STEP_ROWS rows: routing
+ * asynchronous path (every step whose routing fits the host buffers: routing
  * copied with to_host_async during the step, every MoE layer recorded after
  * the step's sync) against the synchronous per-layer path (forced with
  * stats_async_rows = 0) on the same steps: identical counters, ring, trace
@@ -240,28 +240,32 @@ Test(stats_async, graphs_allowed_with_asynchronous_statistics_only)
     struct moe_seq q = {0};
     struct moe_chunk c = {&q, p, 40, false, false, 0};
     graph_begins = 0;
-    step(&s, &c, 1, &next); /* 40 rows, statistics on: synchronous, no graph */
-    cr_expect_eq(graph_begins, 0, "a step with synchronous statistics is not recorded");
+    const int async_rows = s.r.fw.stats_async_rows;
+    cr_expect_eq(async_rows, s.r.o.max_tokens, "a full step's routing fits the host buffers");
+    step(&s, &c, 1, &next); /* 40 rows, statistics on: asynchronous too */
+    cr_expect_eq(graph_begins, 1, "a prefill step with asynchronous statistics may be recorded "
+                 "(the backend decides by its rows)");
+    cr_expect(graph_key == (const void *)&s.r.fw.hs_buf, "under the statistics key");
     c = (struct moe_chunk){&q, &next, 1, false, true, 0};
     step(&s, &c, 1, &next); /* decode, statistics on */
-    cr_expect_eq(graph_begins, 1, "a decode step with statistics may be recorded");
+    cr_expect_eq(graph_begins, 2, "a decode step with statistics may be recorded");
     cr_expect(graph_key == (const void *)&s.r.fw.hs_buf, "under the statistics key");
     s.r.fw.stats = NULL;
     c = (struct moe_chunk){&q, &next, 1, false, true, 0};
     step(&s, &c, 1, &next); /* no statistics */
-    cr_expect_eq(graph_begins, 2);
+    cr_expect_eq(graph_begins, 3);
     cr_expect(graph_key == (const void *)&s.r.fw, "under the workspace key");
     s.r.fw.stats = &s.st;
     s.r.fw.stats_async_rows = 0;
     c = (struct moe_chunk){&q, &next, 1, false, true, 0};
     step(&s, &c, 1, &next); /* forced synchronous statistics */
-    cr_expect_eq(graph_begins, 2, "synchronous statistics keep graphs off");
-    s.r.fw.stats_async_rows = MOE_SMALL_STEP_ROWS;
+    cr_expect_eq(graph_begins, 3, "synchronous statistics keep graphs off");
+    s.r.fw.stats_async_rows = async_rows;
     int32_t ids[4 * 4];
     struct moe_route_trace tr = {ids, NULL};
     c = (struct moe_chunk){&q, &next, 1, false, true, 0};
     cr_assert_eq(moe_runner_step(&s.r, &c, 1, NULL, NULL, NULL, &tr), MOE_OK, "%s", moe_last_error());
-    cr_expect_eq(graph_begins, 2, "traces keep graphs off");
+    cr_expect_eq(graph_begins, 3, "traces keep graphs off");
     cr_expect_eq(s.st.steps, 4, "every step but the one without statistics");
     moe_seq_free(&s.r, &q);
     side_close(&s);
