@@ -13,6 +13,20 @@ static inline bool ranks_before(float a, int ia, float b, int ib)
     return a > b || (a == b && ia < ib);
 }
 
+/* Inserts (x, e) into the descending list (v, id) of n <= cap entries. */
+static inline void insert_ranked(float *v, int32_t *id, int *n, int cap, float x, int e)
+{
+    if (*n == cap && !ranks_before(x, e, v[cap - 1], id[cap - 1])) return;
+    int i = *n < cap ? (*n)++ : cap - 1;
+    while (i > 0 && ranks_before(x, e, v[i - 1], id[i - 1])) {
+        v[i] = v[i - 1];
+        id[i] = id[i - 1];
+        i--;
+    }
+    v[i] = x;
+    id[i] = e;
+}
+
 void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int E, int K,
                          bool renorm)
 {
@@ -31,18 +45,7 @@ void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int
          * uses the logits: softmax is monotone, and logits stay ordered where
          * probabilities would round to equal values or become NaN (+inf). */
         int n = 0;
-        for (int e = 0; e < E; e++) {
-            float xe = x[e];
-            if (n == K && !ranks_before(xe, e, wt[K - 1], id[K - 1])) continue;
-            int i = n < K ? n++ : K - 1;
-            while (i > 0 && ranks_before(xe, e, wt[i - 1], id[i - 1])) {
-                wt[i] = wt[i - 1];
-                id[i] = id[i - 1];
-                i--;
-            }
-            wt[i] = xe;
-            id[i] = e;
-        }
+        for (int e = 0; e < E; e++) insert_ranked(wt, id, &n, K, x[e], e);
         for (int k = 0; k < K; k++) wt[k] = expf(wt[k] - mx) / sum;
         if (renorm) {
             float s = 0.0f;
@@ -50,20 +53,6 @@ void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int
             for (int k = 0; k < K; k++) wt[k] /= s;
         }
     }
-}
-
-/* Inserts (x, e) into the descending list (v, id) of n <= cap entries. */
-static inline void insert_ranked(float *v, int32_t *id, int *n, int cap, float x, int e)
-{
-    if (*n == cap && !ranks_before(x, e, v[cap - 1], id[cap - 1])) return;
-    int i = *n < cap ? (*n)++ : cap - 1;
-    while (i > 0 && ranks_before(x, e, v[i - 1], id[i - 1])) {
-        v[i] = v[i - 1];
-        id[i] = id[i - 1];
-        i--;
-    }
-    v[i] = x;
-    id[i] = e;
 }
 
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
