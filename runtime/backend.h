@@ -119,6 +119,7 @@ struct moe_backend_ops {
     MOE_OP(matmul_multi, int n, float *const *y, const float *x,
            const struct moe_tensor *const *w, const struct moe_tensor *const *b, int T);
     MOE_OP(add, float *y, const float *x, size_t n);            /* y += x */
+    MOE_OP(scale, float *x, size_t n, float s);                 /* x *= s (Granite multipliers) */
     MOE_OP(clamp, float *x, size_t n, float limit);             /* x in [-limit, limit] */
     MOE_OP(swiglu, float *g, const float *u, size_t n);         /* g = silu(g) * u */
     /* x (T, H, Dh) rotated in place at positions pos (T): the first rot

@@ -441,6 +441,12 @@ static enum moe_status cpu_add(struct moe_backend *be, float *y, const float *x,
     return MOE_OK;
 }
 
+static enum moe_status cpu_scale(struct moe_backend *be, float *x, size_t n, float s)
+{
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+    return MOE_OK;
+}
+
 static enum moe_status cpu_clamp(struct moe_backend *be, float *x, size_t n, float limit)
 {
     for (size_t i = 0; i < n; i++) x[i] = x[i] < -limit ? -limit : (x[i] > limit ? limit : x[i]);
@@ -576,6 +582,7 @@ static void cpu_destroy(struct moe_backend *be)
     .embed = cpu_embed,                  \
     .rmsnorm = cpu_rmsnorm,              \
     .add = cpu_add,                      \
+    .scale = cpu_scale,                  \
     .clamp = cpu_clamp,                  \
     .swiglu = cpu_swiglu,                \
     .rope = cpu_rope,                    \

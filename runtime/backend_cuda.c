@@ -286,6 +286,11 @@ static enum moe_status cuda_add(struct moe_backend *be, float *y, const float *x
     return moe_ops_add_cuda(ctx_of(be)->stream, y, x, n);
 }
 
+static enum moe_status cuda_scale(struct moe_backend *be, float *x, size_t n, float s)
+{
+    return moe_ops_scale_cuda(ctx_of(be)->stream, x, n, s);
+}
+
 static enum moe_status cuda_clamp(struct moe_backend *be, float *x, size_t n, float limit)
 {
     return moe_ops_clamp_cuda(ctx_of(be)->stream, x, n, limit);
@@ -600,6 +605,7 @@ static const struct moe_backend_ops cuda_ops = {
     .rmsnorm = cuda_rmsnorm,
     .matmul = cuda_matmul,
     .add = cuda_add,
+    .scale = cuda_scale,
     .clamp = cuda_clamp,
     .swiglu = cuda_swiglu,
     .rope = cuda_rope,

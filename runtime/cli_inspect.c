@@ -73,6 +73,9 @@ int moe_cli_inspect(int argc, char **argv)
         printf("router       sigmoid scores%s; chosen in the best %d of %d groups; weights x %g\n",
                cfg->router_bias ? " + a per-expert choice bias" : "", cfg->topk_group, cfg->n_group,
                cfg->routed_scale);
+    if (cfg->family == MOE_FAMILY_GRANITE_MOE || cfg->family == MOE_FAMILY_GRANITE)
+        printf("multipliers  embedding x %g, residual x %g, attention scale %g, logits / %g\n",
+               cfg->embed_scale, cfg->residual_scale, cfg->attn_scale, 1.0 / cfg->logit_scale);
     if (cfg->d_shared)
         printf("shared       1 shared expert of width %d%s\n", cfg->d_shared,
                cfg->shared_gate ? ", sigmoid gate" : "");

@@ -28,6 +28,9 @@ static const struct {
     {"Qwen2ForCausalLM", MOE_FAMILY_QWEN2, 1e-6f, 0, true, MOE_QK_NORM_NONE, false},
     {"Qwen3ForCausalLM", MOE_FAMILY_QWEN3, 1e-6f, 128, false, MOE_QK_NORM_HEAD, false},
     {"Glm4MoeForCausalLM", MOE_FAMILY_GLM4_MOE, 1e-5f, 0, false, MOE_QK_NORM_NONE, true},
+    {"GraniteMoeForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
+    {"GraniteMoeSharedForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
+    {"GraniteForCausalLM", MOE_FAMILY_GRANITE, 1e-6f, 0, false, MOE_QK_NORM_NONE, false},
 };
 
 const char *moe_family_name(enum moe_family f)
@@ -161,6 +164,28 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
                     what, type);
 }
 
+/* Granite's embedding_multiplier, residual_multiplier, attention_multiplier
+ * and logits_scaling (refused elsewhere: they change the math). */
+static enum moe_status parse_multipliers(struct moe_config *c, json_t *root, const char *what)
+{
+    const bool granite = c->family == MOE_FAMILY_GRANITE_MOE || c->family == MOE_FAMILY_GRANITE;
+    static const char *keys[] = {"embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                                 "logits_scaling"};
+    double v[4];
+    for (int i = 0; i < 4; i++) {
+        MOE_TRY(get_num(root, what, keys[i], 1.0, &v[i]));
+        if (!(v[i] > 0))
+            return moe_fail(MOE_ERR_FORMAT, "%s: %s = %g must be > 0", what, keys[i], v[i]);
+        if (!granite && v[i] != 1.0 && json_object_get(root, keys[i]))
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s: %s is only supported for Granite", what, keys[i]);
+    }
+    c->embed_scale = (float)v[0];
+    c->residual_scale = (float)v[1];
+    c->attn_scale = granite ? (float)v[2] : 0.0f; /* Granite's default is 1, not 1/sqrt(Dh) */
+    c->logit_scale = (float)(1.0 / v[3]);
+    return MOE_OK;
+}
+
 static enum moe_status parse_layers(struct moe_config *c, json_t *root, const char *what,
                                     bool moe)
 {
@@ -238,7 +263,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         return moe_fail(MOE_ERR_UNSUPPORTED,
                         "%s: architecture '%s' is not supported (supported: MixtralForCausalLM, "
                         "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
-                        "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Glm4MoeForCausalLM)",
+                        "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Glm4MoeForCausalLM, "
+                        "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM)",
                         what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
@@ -308,6 +334,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     bool moe = families[fi].moe;
     c->n_group = c->topk_group = 1;
     c->routed_scale = 1.0f;
+    MOE_TRY(parse_multipliers(c, root, what));
     switch (c->family) {
     case MOE_FAMILY_MIXTRAL:
         MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 8, false, &c->n_experts));
@@ -333,6 +360,14 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                             &c->d_shared));
             c->shared_gate = c->d_shared > 0;
         }
+        break;
+    case MOE_FAMILY_GRANITE_MOE:
+        /* the router takes the softmax of the top-K logits: the softmax over
+         * all E renormalised over the K */
+        MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 8, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "shared_intermediate_size", 0, BIG, 0, false, &c->d_shared));
+        c->norm_topk = true;
         break;
     case MOE_FAMILY_GLM4_MOE: {
         int n_shared;

@@ -25,6 +25,8 @@ enum moe_family {
     MOE_FAMILY_QWEN2,
     MOE_FAMILY_QWEN3,
     MOE_FAMILY_GLM4_MOE,
+    MOE_FAMILY_GRANITE_MOE,        /* GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM */
+    MOE_FAMILY_GRANITE,            /* GraniteForCausalLM (dense) */
 };
 
 enum moe_qk_norm {
@@ -87,6 +89,13 @@ struct moe_config {
     int n_group, topk_group; /* 1, 1: no groups */
     float routed_scale; /* routed_scaling_factor; 1 */
     bool layer_moe[MOE_MAX_LAYERS]; /* per layer: MoE (true) or dense FFN */
+
+    /* Granite's multipliers (1 elsewhere; 0 also means none, so a zeroed
+     * config built by hand needs no setting) */
+    float embed_scale;    /* embedding_multiplier: the embedded rows times it */
+    float residual_scale; /* residual_multiplier: each block's output times it */
+    float attn_scale;     /* attention_multiplier: the score scale; 0 = 1/sqrt(Dh) */
+    float logit_scale;    /* 1 / logits_scaling: the logits times it */
 
     int bos_id, eos_id; /* -1 if absent */
     float init_std;     /* initializer_range: std of synthetic weights */

@@ -66,6 +66,7 @@ static inline unsigned moe_cuda_blocks(size_t n, unsigned b)
 enum moe_status moe_ops_embed_cuda(cudaStream_t st, float *x, const int32_t *tokens, int T,
                                    const void *emb, enum moe_dtype dt, int64_t V, int D);
 enum moe_status moe_ops_add_cuda(cudaStream_t st, float *y, const float *x, size_t n);
+enum moe_status moe_ops_scale_cuda(cudaStream_t st, float *x, size_t n, float s);
 enum moe_status moe_ops_clamp_cuda(cudaStream_t st, float *x, size_t n, float limit);
 enum moe_status moe_ops_sigmoid_scale_cuda(cudaStream_t st, float *y, const float *g, int T, int D);
 enum moe_status moe_ops_gather_rows_cuda(cudaStream_t st, float *dst, const float *src,

@@ -213,6 +213,16 @@ static enum moe_status upload_batch(struct moe_forward *fw, const struct moe_bat
     return MOE_OK;
 }
 
+/* x += out (times Granite's residual_multiplier) */
+static enum moe_status residual_add(struct moe_forward *fw, int T)
+{
+    const struct moe_config *c = &fw->m->cfg;
+    const size_t n = (size_t)T * c->d_model;
+    if (c->residual_scale != 1.0f && c->residual_scale != 0.0f)
+        MOE_TRY(fw->be->ops->scale(fw->be, fw->out, n, c->residual_scale));
+    return fw->be->ops->add(fw->be, fw->x, fw->out, n);
+}
+
 static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcache *kv,
                                        const struct moe_batch *db, int l)
 {
@@ -250,13 +260,13 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     MOE_TRY(op->kv_store(be, kv, l, fw->k, fw->v, db->slot, T));
     struct moe_attn_params p = {
         .layer = l, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh,
-        .scale = 1.0f / sqrtf((float)Dh),
+        .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)Dh),
         .window = c->layer_sliding[l] ? c->sliding_window : 0,
         .max_ctx = fw->max_ctx,
     };
     MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, &p));
     MOE_TRY(op->matmul(be, fw->out, fw->att, &w->wo, &w->bo, T));
-    return op->add(be, fw->x, fw->out, (size_t)T * D);
+    return residual_add(fw, T);
 }
 
 /* out (T, D) = down(silu(gate(xn)) * up(xn)) */
@@ -335,7 +345,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
                            &w->b_down));
         if (trace && trace->ids)
             for (int i = 0; i < T * K; i++) trace->ids[(size_t)l * T * K + i] = -1;
-        return op->add(be, fw->x, fw->out, (size_t)T * D);
+        return residual_add(fw, T);
     }
     MOE_TRY(op->matmul(be, fw->rlogits, fw->xn, &w->router, NULL, T));
     const struct moe_route rt = {E, K, c->norm_topk, c->router_sigmoid, w->router_bias.data,
@@ -371,7 +381,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
         }
         MOE_TRY(op->add(be, fw->out, fw->sh, (size_t)T * D));
     }
-    return op->add(be, fw->x, fw->out, (size_t)T * D);
+    return residual_add(fw, T);
 }
 
 /* The ops of one step, from the embedding to the logits (backend memory). */
@@ -384,6 +394,7 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     const struct moe_config *c = &m->cfg;
     const int T = db->n_tokens;
     MOE_TRY(op->embed(be, fw->x, db->tokens, T, &m->embed));
+    if (c->embed_scale != 1.0f && c->embed_scale != 0.0f) MOE_TRY(op->scale(be, fw->x, (size_t)T * c->d_model, c->embed_scale));
     for (int l = 0; l < c->n_layers; l++) {
         MOE_TRY(attention_block(fw, kv, db, l));
         MOE_TRY(ffn_block(fw, l, T, trace));
@@ -392,6 +403,8 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db->logit_rows, db->n_logits, c->d_model));
     MOE_TRY(op->rmsnorm(be, fw->lrows, fw->lrows, &m->final_norm, db->n_logits, c->d_model, c->rms_eps));
     MOE_TRY(op->matmul(be, fw->logits, fw->lrows, &m->lm_head, NULL, db->n_logits));
+    if (c->logit_scale != 1.0f && c->logit_scale != 0.0f)
+        MOE_TRY(op->scale(be, fw->logits, (size_t)db->n_logits * c->vocab, c->logit_scale));
     /* always, so a recorded step serves callers with and without ids */
     return op->argmax(be, fw->amax, fw->logits, db->n_logits, c->vocab);
 }

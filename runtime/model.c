@@ -142,34 +142,48 @@ static enum moe_status set_expert(struct moe_expert_weights *x, int e, const str
     return MOE_OK;
 }
 
+/* Experts stacked as gu_name (E, 2F, D), gate rows first, and dn_name
+ * (E, D, F) into x's table (allocated here). */
+static enum moe_status bind_stacked_experts(struct moe_model *m, const char *gu_name,
+                                            const char *dn_name, struct moe_expert_weights *x)
+{
+    const struct moe_config *c = &m->cfg;
+    const int64_t D = c->d_model, F = c->d_expert, E = c->n_experts;
+    x->gate = calloc((size_t)E, sizeof *x->gate);
+    x->up = calloc((size_t)E, sizeof *x->up);
+    x->down = calloc((size_t)E, sizeof *x->down);
+    if (!x->gate || !x->up || !x->down) return moe_fail(MOE_ERR_NOMEM, "expert table");
+    struct moe_tensor gu, dn;
+    MOE_TRY(bind(m, &gu, true, gu_name, 3, E, 2 * F, D));
+    MOE_TRY(bind(m, &dn, true, dn_name, 3, E, D, F));
+    if (dn.dtype != gu.dtype)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s and %s differ in dtype", dn_name, gu_name);
+    size_t es = moe_dtype_size(gu.dtype), mat = (size_t)F * (size_t)D * es;
+    for (int64_t e = 0; e < E; e++) {
+        const char *g = (const char *)gu.data + (size_t)e * 2 * mat;
+        MOE_TRY(set_expert(x, (int)e, &gu, g, g + mat, (const char *)dn.data + (size_t)e * mat, dn_name));
+    }
+    return MOE_OK;
+}
+
 static enum moe_status bind_experts(struct moe_model *m, int l, const char *blk,
                                     struct moe_expert_weights *x)
 {
     const struct moe_config *c = &m->cfg;
     char n[NAME_MAX_LEN];
     int64_t D = c->d_model, F = c->d_expert, E = c->n_experts;
+    /* Stacked (transformers 5): gate_up_proj (E, 2F, D) with gate rows first. */
+    NAMEF(n, "model.layers.%d.%s.experts.gate_up_proj", l, blk);
+    if (moe_safetensors_find(&m->st, n)) {
+        char dn[NAME_MAX_LEN];
+        NAMEF(dn, "model.layers.%d.%s.experts.down_proj", l, blk);
+        return bind_stacked_experts(m, n, dn, x);
+    }
+    /* One tensor per expert. */
     x->gate = calloc((size_t)E, sizeof *x->gate);
     x->up = calloc((size_t)E, sizeof *x->up);
     x->down = calloc((size_t)E, sizeof *x->down);
     if (!x->gate || !x->up || !x->down) return moe_fail(MOE_ERR_NOMEM, "expert table");
-
-    /* Stacked (transformers 5): gate_up_proj (E, 2F, D) with gate rows first. */
-    NAMEF(n, "model.layers.%d.%s.experts.gate_up_proj", l, blk);
-    if (moe_safetensors_find(&m->st, n)) {
-        struct moe_tensor gu, dn;
-        MOE_TRY(bind(m, &gu, true, n, 3, E, 2 * F, D));
-        NAMEF(n, "model.layers.%d.%s.experts.down_proj", l, blk);
-        MOE_TRY(bind(m, &dn, true, n, 3, E, D, F));
-        if (dn.dtype != gu.dtype)
-            return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s and gate_up_proj differ in dtype", n);
-        size_t es = moe_dtype_size(gu.dtype), mat = (size_t)F * (size_t)D * es;
-        for (int64_t e = 0; e < E; e++) {
-            const char *g = (const char *)gu.data + (size_t)e * 2 * mat;
-            MOE_TRY(set_expert(x, (int)e, &gu, g, g + mat, (const char *)dn.data + (size_t)e * mat, n));
-        }
-        return MOE_OK;
-    }
-    /* One tensor per expert. */
     bool mixtral_names = !strcmp(blk, "block_sparse_moe");
     for (int64_t e = 0; e < E; e++) {
         struct moe_tensor g, u, d;
@@ -190,11 +204,37 @@ static enum moe_status bind_experts(struct moe_model *m, int l, const char *blk,
     return MOE_OK;
 }
 
+/* Granite MoE: router block_sparse_moe.router.layer (E, D), experts fused
+ * as input_linear (E, 2F, D) (gate rows first) and output_linear (E, D, F),
+ * a shared MLP fused the same way: shared_mlp.input_linear (2S, D),
+ * output_linear (D, S). */
+static enum moe_status bind_granite_moe(struct moe_model *m, int l, struct moe_layer_weights *w)
+{
+    const struct moe_config *c = &m->cfg;
+    char n[NAME_MAX_LEN], d[NAME_MAX_LEN];
+    const int64_t D = c->d_model, E = c->n_experts, S = c->d_shared;
+    NAMEF(n, "model.layers.%d.block_sparse_moe.router.layer.weight", l);
+    MOE_TRY(bind(m, &w->router, true, n, 2, E, D, 0));
+    NAMEF(n, "model.layers.%d.block_sparse_moe.input_linear.weight", l);
+    NAMEF(d, "model.layers.%d.block_sparse_moe.output_linear.weight", l);
+    MOE_TRY(bind_stacked_experts(m, n, d, &w->experts));
+    if (S == 0) return MOE_OK;
+    struct moe_tensor gu;
+    NAMEF(n, "model.layers.%d.shared_mlp.input_linear.weight", l);
+    MOE_TRY(bind(m, &gu, true, n, 2, 2 * S, D, 0));
+    w->sh_gate = w->sh_up = gu;
+    w->sh_gate.shape[0] = w->sh_up.shape[0] = S;
+    w->sh_up.data = (char *)gu.data + (size_t)S * (size_t)D * moe_dtype_size(gu.dtype);
+    NAMEF(n, "model.layers.%d.shared_mlp.output_linear.weight", l);
+    return bind(m, &w->sh_down, true, n, 2, D, S, 0);
+}
+
 static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_weights *w)
 {
     const struct moe_config *c = &m->cfg;
     char n[NAME_MAX_LEN];
     int64_t D = c->d_model, E = c->n_experts;
+    if (c->family == MOE_FAMILY_GRANITE_MOE) return bind_granite_moe(m, l, w);
     const char *blk = "mlp";
     if (c->family == MOE_FAMILY_MIXTRAL) {
         NAMEF(n, "model.layers.%d.block_sparse_moe.gate.weight", l);

@@ -69,6 +69,21 @@ extern "C" enum moe_status moe_ops_add_cuda(cudaStream_t st, float *y, const flo
     return MOE_OK;
 }
 
+static __global__ void scale_kernel(float *x, size_t n, float s)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+extern "C" enum moe_status moe_ops_scale_cuda(cudaStream_t st, float *x, size_t n, float s)
+{
+    if (n == 0) return MOE_OK;
+    scale_kernel<<<moe_cuda_blocks(n, THREADS), THREADS, 0, st>>>(x, n, s);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
 static __global__ void clamp_kernel(float *x, size_t n, float limit)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

@@ -163,6 +163,17 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
             }
             continue;
         }
+        if (c->family == MOE_FAMILY_GRANITE_MOE) { /* fused, whatever the layout asked */
+            MOE_TRY(add(&g, false, 2, E, D, 0, "%s.%d.block_sparse_moe.router.layer.weight", p, l));
+            MOE_TRY(add(&g, false, 3, E, 2 * F, D, "%s.%d.block_sparse_moe.input_linear.weight", p, l));
+            MOE_TRY(add(&g, false, 3, E, D, F, "%s.%d.block_sparse_moe.output_linear.weight", p, l));
+            if (c->d_shared > 0) {
+                MOE_TRY(add(&g, false, 2, 2 * (int64_t)c->d_shared, D, 0,
+                            "%s.%d.shared_mlp.input_linear.weight", p, l));
+                MOE_TRY(add(&g, false, 2, D, c->d_shared, 0, "%s.%d.shared_mlp.output_linear.weight", p, l));
+            }
+            continue;
+        }
         if (layout == MOE_SYNTH_PER_EXPERT) {
             const bool mx = c->family == MOE_FAMILY_MIXTRAL;
             const char *blk = mx ? "block_sparse_moe" : "mlp";

@@ -70,6 +70,8 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     check_synth_round_trip("configs/tiny-moe.json");
     /* GLM-4.5: an F32 router bias among bf16 weights, shared_experts names */
     check_synth_round_trip("tests/fixtures/glm4_moe/config.json");
+    /* Granite: fused experts and shared MLP, the multipliers */
+    check_synth_round_trip("tests/fixtures/granitemoeshared/config.json");
 }
 
 /* --layout per-expert writes legacy names (Mixtral: block_sparse_moe w1/w3/w2;

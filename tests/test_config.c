@@ -176,3 +176,32 @@ Test(config, glm4_moe_impossible_groups_are_errors)
     cr_assert_eq(parse(GLM "\"n_routed_experts\": 16, \"routed_scaling_factor\": 0}", &c), MOE_ERR_FORMAT);
 #undef GLM
 }
+
+Test(config, granite_multipliers_and_their_refusal_elsewhere)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"GraniteMoeSharedForCausalLM\"], " BASE
+                       "\"intermediate_size\": 32, \"num_local_experts\": 8, \"num_experts_per_tok\": 2, "
+                       "\"shared_intermediate_size\": 48, \"embedding_multiplier\": 12, "
+                       "\"residual_multiplier\": 0.22, \"attention_multiplier\": 0.0078125, "
+                       "\"logits_scaling\": 8}", &c), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(c.family, MOE_FAMILY_GRANITE_MOE);
+    cr_assert_eq(c.d_expert, 32);
+    cr_assert_eq(c.d_shared, 48);
+    cr_assert(!c.shared_gate && c.norm_topk);
+    cr_assert_float_eq(c.embed_scale, 12.0f, 0);
+    cr_assert_float_eq(c.residual_scale, 0.22f, 0);
+    cr_assert_float_eq(c.attn_scale, 0.0078125f, 0);
+    cr_assert_float_eq(c.logit_scale, 0.125f, 0);
+    /* Granite's attention_multiplier defaults to 1 (not 1/sqrt(Dh)) */
+    cr_assert_eq(parse("{\"architectures\": [\"GraniteForCausalLM\"], " BASE "\"intermediate_size\": 32}", &c),
+                 MOE_OK, "%s", moe_last_error());
+    cr_assert_float_eq(c.attn_scale, 1.0f, 0);
+    cr_assert_eq(c.n_experts, 0);
+    /* elsewhere: the math they change is refused by name */
+    cr_assert_eq(parse("{\"architectures\": [\"LlamaForCausalLM\"], " BASE "\"intermediate_size\": 32, "
+                       "\"logits_scaling\": 8}", &c), MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "logits_scaling is only supported for Granite"), "%s", moe_last_error());
+    cr_assert_eq(parse("{\"architectures\": [\"GraniteForCausalLM\"], " BASE "\"intermediate_size\": 32, "
+                       "\"residual_multiplier\": -1}", &c), MOE_ERR_FORMAT);
+}

@@ -125,6 +125,7 @@ Test(cuda_forward, mixtral_matches_cpu) { check_fixture("mixtral", false); }
 Test(cuda_forward, qwen2_moe_matches_cpu) { check_fixture("qwen2_moe", false); }
 Test(cuda_forward, qwen3_moe_matches_cpu) { check_fixture("qwen3_moe", false); }
 Test(cuda_forward, glm4_moe_matches_cpu) { check_fixture("glm4_moe", false); }
+Test(cuda_forward, granitemoe_matches_cpu) { check_fixture("granitemoe", false); }
 Test(cuda_forward, olmoe_bf16_matches_cpu) { check_fixture("olmoe", true); }
 Test(cuda_forward, llama_matches_cpu) { check_fixture("llama", false); }
 Test(cuda_forward, qwen2_matches_cpu) { check_fixture("qwen2", false); }

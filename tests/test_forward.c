@@ -141,6 +141,10 @@ Test(FORWARD_SUITE, qwen3_matches_transformers) { check_model("qwen3", 1e-4); }
 /* sigmoid router with a choice bias, 4 groups of which 2 eligible, scaled
  * weights; shared expert; first layer dense; q/k norm; half-rotary RoPE */
 Test(FORWARD_SUITE, glm4_moe_matches_transformers) { check_model("glm4_moe", 1e-4); }
+/* embedding, residual, attention and logits multipliers; fused experts */
+Test(FORWARD_SUITE, granitemoe_matches_transformers) { check_model("granitemoe", 1e-4); }
+Test(FORWARD_SUITE, granitemoeshared_bf16_matches_transformers) { check_model("granitemoeshared", 1e-4); }
+Test(FORWARD_SUITE, granite_matches_transformers) { check_model("granite", 1e-4); }
 
 /* transformers computing entirely in bf16 rounds every activation to 8 bits
  * of mantissa: agreement is only to bf16 precision. */
@@ -303,7 +307,8 @@ Test(FORWARD_SUITE, f16_weights_close_to_reference)
 /* Sizes computed from the configuration equal those of the loaded tensors. */
 Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
-    const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe"};
+    const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe",
+                           "granitemoe", "granite"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, names[i]);

@@ -36,6 +36,12 @@ from transformers import (
     DynamicCache,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    GraniteConfig,
+    GraniteForCausalLM,
+    GraniteMoeConfig,
+    GraniteMoeForCausalLM,
+    GraniteMoeSharedConfig,
+    GraniteMoeSharedForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MixtralConfig,
@@ -136,6 +142,31 @@ def fixture_specs():
             # random one makes the choice differ from the weighting
             router_bias_range=0.3,
         ),
+        # Granite's four multipliers, none of them 1
+        "granitemoe": dict(
+            cls=GraniteMoeForCausalLM,
+            config=lambda: GraniteMoeConfig(
+                **COMMON, **MOE, num_hidden_layers=2, num_local_experts=8, intermediate_size=32,
+                embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
+                logits_scaling=2.5, tie_word_embeddings=True),
+            seed=9000, dtype="float32",
+        ),
+        "granitemoeshared": dict(
+            cls=GraniteMoeSharedForCausalLM,
+            config=lambda: GraniteMoeSharedConfig(
+                **COMMON, **MOE, num_hidden_layers=2, num_local_experts=8, intermediate_size=32,
+                shared_intermediate_size=48, embedding_multiplier=3.0, residual_multiplier=0.5,
+                attention_multiplier=0.2, logits_scaling=2.5, tie_word_embeddings=False),
+            seed=10000, dtype="bfloat16",
+        ),
+        "granite": dict(
+            cls=GraniteForCausalLM,
+            config=lambda: GraniteConfig(
+                **COMMON, num_hidden_layers=2, intermediate_size=96, embedding_multiplier=3.0,
+                residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.5,
+                tie_word_embeddings=True),
+            seed=11000, dtype="float32",
+        ),
         "llama": dict(
             cls=LlamaForCausalLM,
             config=lambda: LlamaConfig(
@@ -188,7 +219,8 @@ def moe_layout(model):
     routers = []
     k = e = None
     for layer in model.model.layers:
-        gate = getattr(layer.mlp, "gate", None)
+        block = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        gate = getattr(block, "gate", None) or getattr(block, "router", None)
         if gate is not None and hasattr(gate, "top_k") and hasattr(gate, "weight"):
             routers.append(gate)
             k, e = gate.top_k, gate.weight.shape[0]
