@@ -51,7 +51,9 @@ static void usage(FILE *f)
             "  --tflops T         override the peak compute\n"
             "  --kv-dtype T       f32, f16, bf16 (default bf16)\n"
             "  --synthetic CONFIG, --dtype T   a configuration instead of a checkpoint\n"
-            "  --moe-top-k K    predict with K experts per token instead of the model's top-k\n");
+            "  --moe-top-k K    predict with K experts per token instead of the model's top-k\n"
+            "  --quantize q8_0  predict with the weights --quantize q8_0 makes (9 bits each,\n"
+            "                   routers and the embedding as stored)\n");
 }
 
 static double cpu_peak_flops(void)
@@ -85,7 +87,9 @@ int moe_cli_plan(int argc, char **argv)
         {"bandwidth", required_argument, 0, 'W'}, {"tflops", required_argument, 0, 'F'},
         {"kv-dtype", required_argument, 0, 'k'},  {"synthetic", required_argument, 0, 's'},
         {"dtype", required_argument, 0, 'd'},     {"help", no_argument, 0, 'h'},
-        {"moe-top-k", required_argument, 0, 'K'}, {0, 0, 0, 0}};
+        {"moe-top-k", required_argument, 0, 'K'}, {"quantize", required_argument, 0, 'Q'},
+        {0, 0, 0, 0}};
+    enum moe_weight_quant quant = MOE_QUANT_NONE;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -108,6 +112,10 @@ int moe_cli_plan(int argc, char **argv)
         case 'K':
             if (!moe_cli_parse_int(optarg, 1, 1 << 16, &mo.top_k))
                 return moe_cli_error("plan", "--moe-top-k '%s'", optarg);
+            break;
+        case 'Q':
+            if (!moe_cli_parse_quant(optarg, &quant))
+                return moe_cli_error("plan", "--quantize '%s' (use q8_0, or none)", optarg);
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -167,6 +175,17 @@ int moe_cli_plan(int argc, char **argv)
         moe_model_sizes(&m, &z);
     }
     const struct moe_config *cfg = &m.cfg;
+    if (quant == MOE_QUANT_Q8_0) { /* the parts --quantize q8_0 quantizes, at 9 bits per weight */
+        struct moe_model_sizes p;
+        moe_config_sizes(cfg, 1, &p); /* parameters per part */
+        int64_t *parts[] = {&z.bytes_lm_head, &z.bytes_attn, &z.bytes_dense_ffn, &z.bytes_experts,
+                            &z.bytes_shared};
+        const int64_t params[] = {cfg->tie_embeddings ? p.bytes_embed : p.bytes_lm_head, p.bytes_attn,
+                                  p.bytes_dense_ffn, p.bytes_experts, p.bytes_shared};
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) *parts[i] = params[i] * 9 / 8;
+        z.bytes_total = z.bytes_embed + z.bytes_lm_head + z.bytes_attn + z.bytes_dense_ffn +
+                        z.bytes_experts + z.bytes_shared + z.bytes_router + z.bytes_norm;
+    }
     char a[32], b[32], d[32];
     const double W = (double)z.bytes_total, E = cfg->n_experts, K = cfg->top_k;
     const int n_moe = moe_config_moe_layers(cfg);

@@ -211,3 +211,28 @@ Test(quant, cli_options)
     for (const char *p = out; *p; p++) commas += *p == ',';
     cr_expect_eq(commas, 7, "%s", out);
 }
+
+/* moerun plan --quantize q8_0: the quantized parts at 9 bits per weight,
+ * the embedding and the routers as stored (bf16 here). */
+static double part_gib(const char *out, const char *name)
+{
+    const char *p = strstr(out, name);
+    cr_assert(p, "no %s line in: %s", name, out);
+    double v;
+    char unit[8];
+    cr_assert_eq(sscanf(p + strlen(name), " %lf %7s", &v, unit), 2);
+    return !strcmp(unit, "GiB") ? v : !strcmp(unit, "MiB") ? v / 1024 : v / 1048576;
+}
+
+Test(quant, plan_predicts_q8_0_sizes)
+{
+    char cmd[1024], a[8192], b[8192];
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/glm-4.5-air.json", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, a, sizeof a), 0);
+    strcat(cmd, " --quantize q8_0");
+    cr_assert_eq(tu_run(cmd, b, sizeof b), 0);
+    cr_expect(fabs(part_gib(b, "\n  experts") / part_gib(a, "\n  experts") - 9.0 / 16) < 1e-3);
+    cr_expect(fabs(part_gib(b, "\n  attention") / part_gib(a, "\n  attention") - 9.0 / 16) < 2e-3);
+    cr_expect(part_gib(b, "\n  embeddings") == part_gib(a, "\n  embeddings"));
+    cr_expect(part_gib(b, "\n  router") == part_gib(a, "\n  router"));
+}
