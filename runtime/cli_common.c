@@ -300,6 +300,32 @@ void moe_cli_generation_defaults(const char *model_dir, struct moe_sampling *s)
     json_decref(g);
 }
 
+int moe_cli_generation_overlay(const char *model_dir, struct moe_sampling *s)
+{
+    if (!model_dir) return 0;
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/generation_config.json", model_dir) >= sizeof path)
+        return 0;
+    json_t *g = json_load_file(path, 0, NULL), *v;
+    int n = 0;
+    if (!g) return 0;
+    if ((v = json_object_get(g, "temperature")) && json_is_number(v) && json_number_value(v) >= 0)
+        s->temperature = (float)json_number_value(v), n++;
+    if ((v = json_object_get(g, "top_p")) && json_is_number(v) && json_number_value(v) > 0 &&
+        json_number_value(v) <= 1)
+        s->top_p = (float)json_number_value(v), n++;
+    if ((v = json_object_get(g, "top_k")) && json_is_integer(v) && json_integer_value(v) >= 0 &&
+        json_integer_value(v) <= (1 << 24))
+        s->top_k = (int)json_integer_value(v), n++;
+    if ((v = json_object_get(g, "min_p")) && json_is_number(v) && json_number_value(v) >= 0 &&
+        json_number_value(v) <= 1)
+        s->min_p = (float)json_number_value(v), n++;
+    if ((v = json_object_get(g, "repetition_penalty")) && json_is_number(v) && json_number_value(v) > 0)
+        s->repetition_penalty = (float)json_number_value(v), n++;
+    json_decref(g);
+    return n;
+}
+
 double moe_cli_copy_bandwidth(void)
 {
     const size_t n = (size_t)256 << 20;

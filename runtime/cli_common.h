@@ -118,6 +118,11 @@ bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out);
  * --quantize. */
 MOE_MUST_USE enum moe_status moe_cli_backend_start(struct moe_backend *be,
                                                     const struct moe_cli_engine *o);
+/* Overlays on s the sampling values MODEL/generation_config.json sets
+ * (temperature, top_p, top_k, min_p, repetition_penalty), as vLLM's
+ * server does, ignoring do_sample; fields it does not set are untouched.
+ * Returns how many it set. */
+int moe_cli_generation_overlay(const char *model_dir, struct moe_sampling *s);
 /* Sampling defaults from MODEL/generation_config.json (do_sample,
  * temperature, top_p, top_k, min_p, repetition_penalty); greedy otherwise. */
 void moe_cli_generation_defaults(const char *model_dir, struct moe_sampling *s);

@@ -30,12 +30,16 @@ static void usage(FILE *f)
             "  --max-queue N        waiting requests before 429 (default 256)\n"
             "  --max-conns N        simultaneous connections (default 256)\n"
             "  --timeout S          idle connection timeout in seconds (default 60)\n"
+            "  --api-key KEY        /v1/ endpoints want 'Authorization: Bearer KEY' (also\n"
+            "                       MOERUN_API_KEY); /health and /metrics stay open\n"
+            "  --generation-config auto|none  sampling defaults from the model's\n"
+            "                       generation_config.json (auto, the default) or the API's\n"
             "  (the default KV budget here is 0.25 of available memory, at most 4GiB)\n"
             MOE_CLI_ENGINE_HELP MOE_CLI_STATS_USAGE);
 }
 
 enum { O_HOST = MOE_OPT_LAST, O_PORT, O_PORT_FILE, O_NAME, O_MAX_BODY, O_MAX_QUEUE, O_MAX_CONNS,
-       O_TIMEOUT };
+       O_TIMEOUT, O_API_KEY, O_GEN_CONFIG };
 
 static int load(struct srv *s)
 {
@@ -46,6 +50,15 @@ static int load(struct srv *s)
                       moe_tokenizer_load(&s->tok_eng, s->model_dir) == MOE_OK;
         if (!s->have_tok)
             fprintf(stderr, "moerun serve: no tokenizer (%s): token-id prompts only\n", moe_last_error());
+    }
+    moe_sampling_defaults(&s->defaults);
+    s->defaults.temperature = 1.0f; /* the OpenAI API's default */
+    if (!s->o.no_gen_defaults) {
+        int n = moe_cli_generation_overlay(s->model_dir, &s->defaults);
+        if (n)
+            fprintf(stderr, "moerun serve: %d sampling default(s) from generation_config.json "
+                    "(temperature %g, top_p %g, top_k %d); --generation-config none ignores them\n",
+                    n, s->defaults.temperature, s->defaults.top_p, s->defaults.top_k);
     }
     if (s->have_tok) {
         s->have_chat = moe_chat_template_load(&s->tmpl, s->model_dir, s->tok.chat_template) == MOE_OK;
@@ -87,6 +100,8 @@ int moe_cli_serve(int argc, char **argv)
         {"max-queue", required_argument, 0, O_MAX_QUEUE},
         {"max-conns", required_argument, 0, O_MAX_CONNS},
         {"timeout", required_argument, 0, O_TIMEOUT}, {"help", no_argument, 0, 'h'},
+        {"api-key", required_argument, 0, O_API_KEY},
+        {"generation-config", required_argument, 0, O_GEN_CONFIG},
         MOE_CLI_ENGINE_LONGOPTS, MOE_CLI_STATS_OPTIONS, {0, 0, 0, 0}};
     int c, rc = 1;
     long v;
@@ -125,10 +140,26 @@ int moe_cli_serve(int argc, char **argv)
             else if (c == O_MAX_CONNS) s->o.max_conns = (int)v;
             else s->o.timeout_s = (int)v;
             break;
+        case O_API_KEY:
+            if (!*optarg) {
+                moe_cli_error("serve", "--api-key must not be empty");
+                goto out;
+            }
+            s->o.api_key = optarg;
+            break;
+        case O_GEN_CONFIG:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "none")) {
+                moe_cli_error("serve", "--generation-config '%s' (use auto or none)", optarg);
+                goto out;
+            }
+            s->o.no_gen_defaults = !strcmp(optarg, "none");
+            break;
         case 'h': usage(stdout); rc = 0; goto out;
         default: usage(stderr); rc = 2; goto out;
         }
     }
+    if (!s->o.api_key && getenv("MOERUN_API_KEY") && *getenv("MOERUN_API_KEY"))
+        s->o.api_key = getenv("MOERUN_API_KEY");
     if (!s->eo.model.synthetic && optind < argc) s->eo.model.path = argv[optind++];
     if (optind < argc) {
         moe_cli_error("serve", "unexpected argument '%s'", argv[optind]);

@@ -163,6 +163,19 @@ static enum MHD_Result expert_stats(struct MHD_Connection *c, struct srv *s, boo
     return send_json(c, s, 200, j);
 }
 
+/* Whether the request carries "Authorization: Bearer key"; the comparison
+ * takes the same time wherever the first difference is. */
+static bool authorized(struct MHD_Connection *c, const char *key)
+{
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7)) return false;
+    h += 7;
+    const size_t n = strlen(key), m = strlen(h);
+    unsigned char diff = n != m;
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < m ? h[i] : 0);
+    return diff == 0;
+}
+
 static enum MHD_Result route(struct MHD_Connection *c, struct srv *s, const char *url,
                              const char *method, struct conn *cs)
 {
@@ -176,6 +189,8 @@ static enum MHD_Result route(struct MHD_Connection *c, struct srv *s, const char
         if (!strcmp(url, paths[i].path)) k = i;
     if (k < 0) return send_error(c, s, 404, "no such endpoint");
     if (paths[k].post ? !post : !get) return send_error(c, s, 405, "method not allowed here");
+    if (s->o.api_key && !strncmp(url, "/v1/", 4) && !authorized(c, s->o.api_key))
+        return send_error(c, s, 401, "invalid or missing API key (Authorization: Bearer KEY)");
     int ready = atomic_load(&s->ready);
     if (k == 0)
         return ready == 1 ? send_json(c, s, 200, json_pack("{s:s}", "status", "ok"))

@@ -53,6 +53,8 @@ struct srv_opts {
     int max_conns;
     int timeout_s;            /* idle connection timeout */
     double keepalive_s;       /* reader wake-up while waiting */
+    const char *api_key;      /* /v1/ endpoints want "Authorization: Bearer KEY"; NULL: open */
+    bool no_gen_defaults;     /* ignore generation_config.json's sampling values */
 };
 
 struct srv_job;
@@ -135,6 +137,8 @@ struct srv {
     bool have_tok, have_chat;
     struct moe_chat_template tmpl;
     json_t *special;              /* chat template extras */
+    struct moe_sampling defaults; /* a request's sampling before its own fields: the OpenAI
+                                     API's, overlaid with generation_config.json's */
     pthread_mutex_t tok_mu;
     /* limits read by the HTTP threads once ready */
     int vocab, max_pos, kv_blocks, kv_block;

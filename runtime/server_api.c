@@ -27,6 +27,7 @@ char *srv_error_json(int status, const char *param, const char *fmt, ...)
     va_end(ap);
     const char *type = "invalid_request_error", *code = NULL;
     switch (status) {
+    case 401: type = "authentication_error"; code = "invalid_api_key"; break;
     case 404: type = "not_found_error"; break;
     case 413: code = "request_too_large"; break;
     case 429: type = "rate_limit_error"; code = "queue_full"; break;
@@ -235,8 +236,7 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
         return bad(v, "logit_bias", "'logit_bias' is not supported");
 
     struct moe_sampling *sp = &j->rp.sampling;
-    moe_sampling_defaults(sp);
-    sp->temperature = 1.0f; /* the OpenAI API's default */
+    *sp = s->defaults; /* the API's defaults, with the model's generation_config.json */
     double d = 0;
     long long k = 0;
     int r;

@@ -135,6 +135,7 @@ static int server_stop(void)
         st = -1;
     }
     sv.pid = 0;
+    sv.port = 0;
     char cmd[160];
     snprintf(cmd, sizeof cmd, "rm -rf %s", sv.dir);
     sh(cmd, NULL, 0);
@@ -629,4 +630,80 @@ Test(server_queue, chat_without_a_template_is_refused, .fini = fini, .timeout = 
     cr_assert_eq(http("GET", "/v1/models", NULL, out, sizeof out), 200);
     cr_assert(strstr(out, "\"id\":\"tiny\""), "%s", out);
     cr_assert_eq(server_stop(), 0);
+}
+
+/* --api-key: /v1/ wants the bearer key (401 in OpenAI's shape otherwise);
+ * /health and /metrics stay open. */
+Test(server_auth, api_key_guards_the_v1_endpoints, .fini = fini, .timeout = 600)
+{
+    server_start("--api-key 's3cret key'");
+    static char out[65536];
+    cr_expect_eq(http("GET", "/v1/models", NULL, out, sizeof out), 401, "%s", out);
+    cr_expect(strstr(out, "\"authentication_error\"") && strstr(out, "invalid_api_key"), "%s", out);
+    cr_expect_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hi\", \"max_tokens\": 2}", out,
+                      sizeof out), 401);
+    cr_expect_eq(http("GET", "/metrics", NULL, out, sizeof out), 200, "metrics stay open");
+    char cmd[1024], code[16];
+    const char *keys[] = {"Bearer s3cret key", "Bearer s3cret ke", "Bearer s3cret keyy", "s3cret key"};
+    const int want[] = {200, 401, 401, 401};
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof cmd, "curl -s -m 30 -o /dev/null -w '%%{http_code}' -H 'Authorization: %s' "
+                 "%s/v1/models", keys[i], sv.base);
+        sh(cmd, code, sizeof code);
+        cr_expect_eq(atoi(code), want[i], "header '%s': %s", keys[i], code);
+    }
+    snprintf(cmd, sizeof cmd, "curl -s -m 60 -H 'Authorization: Bearer s3cret key' -H 'Content-Type: "
+             "application/json' -d '{\"prompt\": \"Hello\", \"max_tokens\": 4, \"temperature\": 0}' "
+             "%s/v1/completions", sv.base);
+    sh(cmd, out, sizeof out);
+    cr_expect(strstr(out, "\"text_completion\""), "%s", out);
+    cr_assert_eq(server_stop(), 0);
+}
+
+/* The model's generation_config.json sampling values are the defaults of a
+ * request that leaves them out (as vLLM's server does): temperature 0
+ * there makes a request without one greedy, equal to `moerun run --temp 0`;
+ * --generation-config none keeps the API's temperature 1. */
+Test(server_auth, generation_config_sets_the_sampling_defaults, .fini = fini, .timeout = 600)
+{
+    char dir[] = "/tmp/moerun-gencfg-XXXXXX", cmd[2048];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "for f in config.json model.safetensors tokenizer.json tokenizer_config.json; "
+             "do ln -s %s/$f %s/$f; done", MODEL, dir);
+    cr_assert_eq(sh(cmd, NULL, 0), 0);
+    json_t *g = json_load_file(MODEL "/generation_config.json", 0, NULL);
+    cr_assert(g);
+    json_object_set_new(g, "temperature", json_real(0.0));
+    snprintf(cmd, sizeof cmd, "%s/generation_config.json", dir);
+    cr_assert_eq(json_dump_file(g, cmd, 0), 0);
+    json_decref(g);
+    static char out[65536], want[4096];
+    run_text("the river garden", 16, want, sizeof want);
+    const char *body = "{\"prompt\": \"the river garden\", \"max_tokens\": 16, \"seed\": 7}";
+    server_start_model(dir, "");
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 200, "%s", out);
+        json_t *j = parse(out);
+        cr_expect_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                           "text")), want);
+        json_decref(j);
+    }
+    snprintf(cmd, sizeof cmd, "grep -c 'sampling default(s) from generation_config.json' %s/log", sv.dir);
+    cr_expect_eq(sh(cmd, NULL, 0), 0, "the server says where its defaults come from");
+    cr_assert_eq(server_stop(), 0);
+    server_start_model(dir, "--generation-config none");
+    int differ = 0;
+    for (int seed = 1; seed <= 4; seed++) { /* temperature 1: some seed leaves the greedy path */
+        char b[256];
+        snprintf(b, sizeof b, "{\"prompt\": \"the river garden\", \"max_tokens\": 16, \"seed\": %d}", seed);
+        cr_assert_eq(http("POST", "/v1/completions", b, out, sizeof out), 200, "%s", out);
+        json_t *j = parse(out);
+        differ += strcmp(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                           "text")), want) != 0;
+        json_decref(j);
+    }
+    cr_expect(differ > 0, "with --generation-config none a request samples at temperature 1");
+    cr_assert_eq(server_stop(), 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(sh(cmd, NULL, 0), 0);
 }
