@@ -147,6 +147,10 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
         return moe_fail(MOE_ERR_INVALID_ARG, "request: %d stop ids (at most %d)", p->n_stop_ids,
                         MOE_MAX_STOP_IDS);
     MOE_TRY(moe_sampling_validate(&p->sampling));
+    for (int i = 0; i < p->sampling.n_bias; i++)
+        if (p->sampling.bias_ids[i] >= e->r.m->cfg.vocab)
+            return moe_fail(MOE_ERR_INVALID_ARG, "logit_bias: token id %d is outside the vocabulary of %d",
+                            p->sampling.bias_ids[i], e->r.m->cfg.vocab);
     struct moe_request *r = calloc(1, sizeof *r);
     if (!r) return moe_fail(MOE_ERR_NOMEM, "request");
     r->cap = n_prompt + p->max_tokens;

@@ -14,7 +14,7 @@ void moe_sampling_defaults(struct moe_sampling *p)
 
 bool moe_sampling_is_argmax(const struct moe_sampling *p)
 {
-    return (p->temperature == 0.0f || p->top_k == 1) && p->repetition_penalty == 1.0f &&
+    return (p->temperature == 0.0f || p->top_k == 1) && p->n_bias == 0 && p->repetition_penalty == 1.0f &&
            p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f && p->n_logprobs == 0 &&
            !p->logprob;
 }
@@ -48,6 +48,16 @@ enum moe_status moe_sampling_validate(const struct moe_sampling *p)
     if (p->n_logprobs < 0 || p->n_logprobs > MOE_MAX_LOGPROBS)
         return moe_fail(MOE_ERR_INVALID_ARG, "logprobs %d must be in [0, %d]", p->n_logprobs,
                         MOE_MAX_LOGPROBS);
+    if (p->n_bias < 0 || p->n_bias > MOE_MAX_LOGIT_BIAS)
+        return moe_fail(MOE_ERR_INVALID_ARG, "logit_bias: %d entries (at most %d)", p->n_bias,
+                        MOE_MAX_LOGIT_BIAS);
+    for (int i = 0; i < p->n_bias; i++) {
+        if (p->bias_ids[i] < 0)
+            return moe_fail(MOE_ERR_INVALID_ARG, "logit_bias: token id %d is negative", p->bias_ids[i]);
+        if (!(fabsf(p->bias[i]) <= 100.0f))
+            return moe_fail(MOE_ERR_INVALID_ARG, "logit_bias: %g for token %d must be in [-100, 100]",
+                            p->bias[i], p->bias_ids[i]);
+    }
     return MOE_OK;
 }
 
@@ -168,6 +178,8 @@ void moe_sampler_sample(const struct moe_sampling *p, struct moe_rng *rng, float
     float *prob = sc->p;
     int32_t *idx = sc->idx;
     memset(out, 0, sizeof *out);
+    for (int i = 0; i < p->n_bias; i++) /* ids checked in range by moe_sampling_validate's caller */
+        if (p->bias_ids[i] >= 0 && p->bias_ids[i] < V) logits[p->bias_ids[i]] += p->bias[i];
     /* counts live in idx (zeroed) until the penalties are applied */
     if (p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) {
         memset(idx, 0, (size_t)V * sizeof *idx);

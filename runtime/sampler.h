@@ -1,6 +1,7 @@
 /* sampler.h - turning a logits row into the next token.
  *
- * Order, as in Hugging Face's logits processors and vLLM: repetition
+ * Order, as in Hugging Face's logits processors and vLLM: logit bias
+ * (OpenAI's logit_bias, added to the raw logits), repetition
  * penalty (prompt and generated tokens; positive logits divided, negative
  * multiplied), frequency and presence penalties (OpenAI: generated tokens,
  * logit -= frequency * count + presence * [count > 0]), then temperature,
@@ -22,6 +23,7 @@ extern "C" {
 #endif
 
 #define MOE_MAX_LOGPROBS 20
+#define MOE_MAX_LOGIT_BIAS 300 /* as the OpenAI API allows */
 
 struct moe_sampling {
     float temperature;        /* 0: greedy */
@@ -34,6 +36,9 @@ struct moe_sampling {
     uint64_t seed;
     int n_logprobs;           /* 0..MOE_MAX_LOGPROBS */
     bool logprob;             /* the chosen token's log-probability is wanted */
+    int n_bias;               /* logit_bias entries: bias[i] added to token bias_ids[i]'s logit */
+    int32_t bias_ids[MOE_MAX_LOGIT_BIAS];
+    float bias[MOE_MAX_LOGIT_BIAS]; /* each in [-100, 100] */
 };
 
 struct moe_rng {
@@ -51,7 +56,7 @@ struct moe_sample {
 /* Greedy, no penalties, no logprobs. */
 void moe_sampling_defaults(struct moe_sampling *p);
 /* True when the token is the argmax of the raw logits: greedy (temperature 0
- * or top_k 1), no penalties, no log-probabilities.  Such a request can take
+ * or top_k 1), no logit bias, no penalties, no log-probabilities.  Such a request can take
  * its token from the backend's argmax, with no logits row on the host. */
 bool moe_sampling_is_argmax(const struct moe_sampling *p);
 /* argmax with ties to the lower id; NaN never wins (all NaN: 0). */

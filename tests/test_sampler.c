@@ -165,3 +165,31 @@ Test(sampler, validate_names_the_bad_field)
     p.n_logprobs = 21;
     cr_assert_eq(moe_sampling_validate(&p), MOE_ERR_INVALID_ARG);
 }
+
+/* logit_bias (OpenAI): added to the raw logits first; greedy follows it,
+ * the chosen token's logprob includes it, and the argmax shortcut is off. */
+Test(sampler, logit_bias_moves_greedy_and_logprobs)
+{
+    float l[4] = {1.0f, 3.0f, 2.0f, 0.0f};
+    struct moe_sampling p;
+    moe_sampling_defaults(&p);
+    cr_assert(moe_sampling_is_argmax(&p));
+    p.n_bias = 2;
+    p.bias_ids[0] = 1, p.bias[0] = -100.0f; /* the argmax pushed out */
+    p.bias_ids[1] = 3, p.bias[1] = 2.5f;    /* 0 + 2.5 beats 2 */
+    cr_assert_not(moe_sampling_is_argmax(&p));
+    cr_assert_eq(moe_sampling_validate(&p), MOE_OK);
+    struct moe_rng r;
+    moe_rng_seed(&r, 1);
+    struct moe_sample s;
+    moe_sampler_sample(&p, &r, l, 4, NULL, 0, 0, &sc, &s);
+    cr_assert_eq(s.token, 3);
+    const double z = exp(1.0) + exp(3.0 - 100.0) + exp(2.0) + exp(2.5);
+    cr_assert_float_eq(s.logprob, 2.5 - log(z), 1e-5);
+    p.bias[1] = 101.0f;
+    cr_assert_neq(moe_sampling_validate(&p), MOE_OK);
+    cr_assert(strstr(moe_last_error(), "logit_bias"), "%s", moe_last_error());
+    p.bias[1] = 1.0f;
+    p.bias_ids[1] = -3;
+    cr_assert_neq(moe_sampling_validate(&p), MOE_OK);
+}

@@ -357,6 +357,10 @@ Test(server, every_bad_input_gets_its_status_and_error)
         {"POST", "/v1/completions", "{\"prompt\": []}", 400},
         {"POST", "/v1/completions", "{\"prompt\": \"x\", \"stop\": [\"\"]}", 400},
         {"POST", "/v1/completions", "{\"prompt\": \"x\", \"echo\": true}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"512\": 5}}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"SECRET-5\": 5}}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"3\": 101}}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": [3]}", 400},
         {"POST", "/v1/completions", "{}", 400},
         {"POST", "/v1/chat/completions", "{\"messages\": []}", 400},
         {"POST", "/v1/chat/completions", "{\"messages\": [{\"content\": \"SECRET-4\"}]}", 400},
@@ -400,7 +404,7 @@ Test(server, every_bad_input_gets_its_status_and_error)
     cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 3}", out,
                       sizeof out), 200, "%s", out);
     cr_assert_eq(http("GET", "/metrics", NULL, out, sizeof out), 200);
-    cr_assert(strstr(out, "moerun_http_requests_total{status=\"400\"} 24"), "%.2000s", out);
+    cr_assert(strstr(out, "moerun_http_requests_total{status=\"400\"} 28"), "%.2000s", out);
     cr_assert_eq(server_stop(), 0);
 }
 
@@ -706,4 +710,46 @@ Test(server_auth, generation_config_sets_the_sampling_defaults, .fini = fini, .t
     cr_assert_eq(server_stop(), 0);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(sh(cmd, NULL, 0), 0);
+}
+
+/* logit_bias: +100 on one token makes greedy decoding repeat it; -100 on
+ * the greedy continuation's first token changes it; the text is what the
+ * tokenizer decodes. */
+Test(server, logit_bias_moves_the_choice)
+{
+    static char out[65536], want[4096], plain[4096];
+    char cmd[1024], ids[256];
+    snprintf(cmd, sizeof cmd, "%s tokenize %s ' cat' 2>/dev/null", MOERUN_BINARY, MODEL);
+    cr_assert_eq(sh(cmd, ids, sizeof ids), 0);
+    const int cat = atoi(ids);
+    snprintf(cmd, sizeof cmd, "%s tokenize %s --decode %d,%d,%d 2>/dev/null", MOERUN_BINARY, MODEL, cat, cat, cat);
+    cr_assert_eq(sh(cmd, want, sizeof want), 0);
+    size_t k = strlen(want);
+    if (k && want[k - 1] == '\n') want[k - 1] = '\0';
+    char body[512];
+    snprintf(body, sizeof body, "{\"prompt\": \"Hello\", \"max_tokens\": 3, \"temperature\": 0, "
+             "\"ignore_eos\": true, \"logit_bias\": {\"%d\": 100}}", cat);
+    cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text")),
+                     want);
+    json_decref(j);
+    run_text("Hello", 1, plain, sizeof plain);
+    /* the first greedy token, pushed down: another token comes out */
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 1, \"temperature\": 0, "
+                      "\"logprobs\": 1}", out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(ch, "text")), plain);
+    json_decref(j);
+    snprintf(cmd, sizeof cmd, "%s tokenize %s '%.200s' 2>/dev/null", MOERUN_BINARY, MODEL, plain);
+    cr_assert_eq(sh(cmd, ids, sizeof ids), 0);
+    char b2[512];
+    snprintf(b2, sizeof b2, "{\"prompt\": \"Hello\", \"max_tokens\": 1, \"temperature\": 0, "
+             "\"logit_bias\": {\"%d\": -100}}", atoi(ids));
+    cr_assert_eq(http("POST", "/v1/completions", b2, out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    cr_expect_str_neq(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text")),
+                      plain);
+    json_decref(j);
 }
