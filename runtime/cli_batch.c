@@ -25,7 +25,8 @@ static void usage(FILE *f)
             "One request per line: {\"prompt\": \"text\" | [ids], \"max_tokens\": 16,\n"
             "\"temperature\": 1, \"top_p\": 1, \"top_k\": 0, \"min_p\": 0, \"stop\": \"..\" | [..],\n"
             "\"seed\": 0, \"frequency_penalty\": 0, \"presence_penalty\": 0,\n"
-            "\"repetition_penalty\": 1, \"logprobs\": 0, \"ignore_eos\": false, \"custom_id\": ..}\n"
+            "\"repetition_penalty\": 1, \"logprobs\": 0, \"logit_bias\": {\"id\": bias},\n"
+            "\"ignore_eos\": false, \"custom_id\": ..}\n"
             "Defaults are the OpenAI API's.  A progress line goes to stderr.\n\n"
             "  -o, --output FILE    results, one JSON line per request, in input order\n"
             MOE_CLI_ENGINE_HELP
@@ -181,6 +182,10 @@ static void submit_line(struct batch *b, struct item *it, const struct moe_cli_e
     if ((k = num_field(req, "seed", 0, 9007199254740992.0, &v, &err)) < 0) goto out;
     rp.sampling.seed = k ? (uint64_t)v : (uint64_t)it->line * 0x9e3779b97f4a7c15ull;
     if ((k = num_field(req, "n", 1, 1, &v, &err)) < 0) goto out;
+    if (moe_cli_parse_logit_bias(json_object_get(req, "logit_bias"), b->e.r.m->cfg.vocab, &rp.sampling) != MOE_OK) {
+        err = fmt_error("%s", moe_last_error());
+        goto out;
+    }
     json_t *stop = json_object_get(req, "stop");
     if (json_is_string(stop)) {
         stops[n_stops++] = json_string_value(stop);

@@ -236,6 +236,31 @@ enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes)
     return MOE_OK;
 }
 
+enum moe_status moe_cli_parse_logit_bias(json_t *lb, int vocab, struct moe_sampling *sp)
+{
+    sp->n_bias = 0;
+    if (!lb || json_is_null(lb)) return MOE_OK;
+    if (!json_is_object(lb)) return moe_fail(MOE_ERR_INVALID_ARG, "'logit_bias' must be an object");
+    if (json_object_size(lb) > MOE_MAX_LOGIT_BIAS)
+        return moe_fail(MOE_ERR_INVALID_ARG, "'logit_bias' has %zu entries (at most %d)",
+                        json_object_size(lb), MOE_MAX_LOGIT_BIAS);
+    const char *key;
+    json_t *val;
+    json_object_foreach(lb, key, val) {
+        char *end;
+        errno = 0;
+        long id = strtol(key, &end, 10);
+        if (errno || end == key || *end || id < 0 || id >= vocab)
+            return moe_fail(MOE_ERR_INVALID_ARG, "a logit_bias key is not a token id below %d", vocab);
+        if (!json_is_number(val) || !(fabs(json_number_value(val)) <= 100.0))
+            return moe_fail(MOE_ERR_INVALID_ARG, "logit_bias for token %ld must be a number in [-100, 100]",
+                            id);
+        sp->bias_ids[sp->n_bias] = (int32_t)id;
+        sp->bias[sp->n_bias++] = (float)json_number_value(val);
+    }
+    return MOE_OK;
+}
+
 bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out)
 {
     if (!strcasecmp(s, "q8_0")) *out = MOE_QUANT_Q8_0;

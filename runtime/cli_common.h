@@ -112,6 +112,9 @@ MOE_MUST_USE enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o
                                                    const struct moe_model *m,
                                                    struct moe_backend *be, long default_tokens,
                                                    struct moe_engine *e);
+/* OpenAI's logit_bias ({"token id": bias in [-100, 100]}, up to 300; null:
+ * none) into sp; the message names no part of the request. */
+MOE_MUST_USE enum moe_status moe_cli_parse_logit_bias(json_t *lb, int vocab, struct moe_sampling *sp);
 /* "q8_0" (any case) or "none" -> the quantization; false otherwise. */
 bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out);
 /* moe_backend_init for the options' --backend and --threads, with their

@@ -9,7 +9,6 @@
  * fields are ignored, as OpenAI's server does; fields moerun cannot honour
  * (echo, several prompts, best_of > n) are refused, never
  * silently dropped.  Error messages never quote the request body. */
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -234,26 +233,8 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
     if (b) return bad(v, "echo", "'echo' is not supported");
     struct moe_sampling *sp = &j->rp.sampling;
     *sp = s->defaults; /* the API's defaults, with the model's generation_config.json */
-    json_t *lb = json_object_get(req, "logit_bias");
-    if (lb && !json_is_null(lb)) { /* {"token id": bias in [-100, 100]} */
-        if (!json_is_object(lb)) return bad(v, "logit_bias", "'logit_bias' must be an object");
-        if (json_object_size(lb) > MOE_MAX_LOGIT_BIAS)
-            return bad(v, "logit_bias", "'logit_bias' has %zu entries (at most %d)", json_object_size(lb),
-                       MOE_MAX_LOGIT_BIAS);
-        const char *key;
-        json_t *val;
-        json_object_foreach(lb, key, val) {
-            char *end;
-            errno = 0;
-            long id = strtol(key, &end, 10);
-            if (errno || end == key || *end || id < 0 || id >= s->vocab)
-                return bad(v, "logit_bias", "a logit_bias key is not a token id below %d", s->vocab);
-            if (!json_is_number(val) || !(fabs(json_number_value(val)) <= 100.0))
-                return bad(v, "logit_bias", "logit_bias for token %ld must be a number in [-100, 100]", id);
-            sp->bias_ids[sp->n_bias] = (int32_t)id;
-            sp->bias[sp->n_bias++] = (float)json_number_value(val);
-        }
-    }
+    if (moe_cli_parse_logit_bias(json_object_get(req, "logit_bias"), s->vocab, sp) != MOE_OK)
+        return bad(v, "logit_bias", "%s", moe_last_error());
     double d = 0;
     long long k = 0;
     int r;

@@ -197,6 +197,40 @@ Test(text, batch_matches_run_and_reports_bad_lines)
     cr_assert_eq(system(cmd), 0);
 }
 
+/* moerun batch takes logit_bias as the server does: +100 on token 7 makes
+ * every greedy token 7; a key outside the vocabulary refuses the line. */
+Test(text, batch_logit_bias)
+{
+    char dir[] = "/tmp/moerun-batch-XXXXXX", path[256], out_path[256], cmd[4096], out[65536];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/in.jsonl", dir);
+    snprintf(out_path, sizeof out_path, "%s/out.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{\"prompt\": [1, 2, 3], \"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true, "
+               "\"logit_bias\": {\"7\": 100}}\n");
+    fprintf(f, "{\"prompt\": [1, 2, 3], \"max_tokens\": 4, \"logit_bias\": {\"256\": 1}}\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s batch %s/qwen3_moe %s -o %s --backend cpu 2>&1", MOERUN_BINARY,
+             FIXTURE_DIR, path, out_path);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "cat %s", out_path);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+    char *nl = strchr(out, '\n');
+    cr_assert(nl);
+    *nl = '\0';
+    json_t *a = json_loads(out, 0, NULL), *b = json_loads(nl + 1, 0, NULL);
+    cr_assert(a && b, "%s", out);
+    json_t *ids = json_object_get(json_array_get(json_object_get(a, "choices"), 0), "token_ids");
+    cr_assert_eq(json_array_size(ids), 4);
+    for (size_t i = 0; i < 4; i++) cr_expect_eq(json_integer_value(json_array_get(ids, i)), 7);
+    const char *msg = json_string_value(json_object_get(json_object_get(b, "error"), "message"));
+    cr_expect(msg && strstr(msg, "not a token id below 256"), "%s", nl + 1);
+    json_decref(a);
+    json_decref(b);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
 /* moerun chat: turns through the model's chat template; the second turn
  * reuses the first turn's cached blocks; /reset and end of input work. */
 Test(text, chat_reuses_earlier_turns_from_the_cache)
