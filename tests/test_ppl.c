@@ -274,6 +274,7 @@ Test(ppl, own_base_reads_as_no_change)
     cr_expect(fabs(sm.mean_dnll) < 1e-6, "ln ratio %g", sm.mean_dnll);
     cr_expect(sm.kl_max < 1e-5, "KL max %g (f16 rounding only)", sm.kl_max);
     cr_expect(sm.rms_dp < 1e-6);
+    moe_ppl_result_free(&res);
     /* a base of another length is refused */
     base.n = n - 1;
     cr_expect_neq(moe_ppl_run(&s.r, &s.plan, &base, NULL, &res, NULL, NULL), MOE_OK);
