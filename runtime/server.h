@@ -83,11 +83,16 @@ struct srv_job {
     int refs;                 /* under mu */
     /* the request (HTTP thread, read-only once queued) */
     bool chat, stream, include_usage, expert_load;
-    int n;                    /* choices */
+    int n;                    /* choices: n_prompts x n_per */
+    int n_per;                /* choices per prompt ("n") */
     int logprobs;             /* completions: top n (0 = none, -1 = off); chat: top_logprobs */
     bool chat_logprobs;       /* chat: logprobs true */
-    int32_t *prompt;          /* (n_prompt) owned */
-    int n_prompt;
+    int32_t *prompt;          /* (n_prompt) owned: the first prompt */
+    int n_prompt;             /* the longest prompt (what the limits are checked against) */
+    int n_prompts;            /* completions may send several prompts; choice i is of prompt i / n_per */
+    int32_t *prompts[SRV_MAX_N]; /* (prompt_len[p]) owned; prompts[0] == prompt once read */
+    int prompt_len[SRV_MAX_N];
+    int prompt_tokens;        /* the sum of the prompts' lengths (usage) */
     struct moe_request_params rp;
     char *stops[MOE_MAX_STOP_STRINGS]; /* owned */
     int n_stops;

@@ -7,7 +7,7 @@
  * repetition_penalty, ignore_eos) and moerun's own: "return_expert_load":
  * true or "moerun": {"expert_load": true} adds usage.expert_load.  Unknown
  * fields are ignored, as OpenAI's server does; fields moerun cannot honour
- * (echo, several prompts, best_of > n) are refused, never
+ * (echo, best_of > n) are refused, never
  * silently dropped.  Error messages never quote the request body. */
 #include <math.h>
 #include <stdarg.h>
@@ -112,42 +112,59 @@ static struct srv_job *job_new(struct srv *s)
     return j;
 }
 
-/* The prompt: a string, an array of ids, or one of either in an array. */
-static int read_prompt(struct srv *s, json_t *p, struct srv_job *j, struct verr *v)
+/* One prompt: a string or an array of token ids, into *ids (new memory). */
+static int read_one_prompt(struct srv *s, json_t *p, int32_t **ids, int *len, struct verr *v)
 {
-    if (json_is_array(p) && json_array_size(p) == 1 &&
-        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
-        p = json_array_get(p, 0);
     if (json_is_string(p)) {
         if (!s->have_tok) return bad(v, "prompt", "a text prompt needs the model's tokenizer");
         size_t n = 0;
         bool bad_utf8 = false;
         pthread_mutex_lock(&s->tok_mu);
         enum moe_status st = moe_tokenizer_encode(&s->tok, json_string_value(p), json_string_length(p),
-                                                  true, &j->prompt, &n, &bad_utf8);
+                                                  true, ids, &n, &bad_utf8);
         pthread_mutex_unlock(&s->tok_mu);
         if (st != MOE_OK) return bad(v, "prompt", "the prompt cannot be tokenized: %s", moe_last_error());
-        j->n_prompt = (int)n;
+        *len = (int)n;
         return 0;
     }
     if (!json_is_array(p))
-        return bad(v, "prompt", "'prompt' must be a string or an array of token ids (one prompt "
-                   "per request)");
+        return bad(v, "prompt", "'prompt' must be a string, an array of token ids, or an array of "
+                   "either");
     size_t n = json_array_size(p), i;
-    j->prompt = malloc((n ? n : 1) * sizeof *j->prompt);
-    if (!j->prompt) return bad(v, "prompt", "out of memory");
+    *ids = malloc((n ? n : 1) * sizeof **ids);
+    if (!*ids) return bad(v, "prompt", "out of memory");
     json_t *x;
     json_array_foreach(p, i, x) {
         if (!json_is_integer(x))
-            return bad(v, "prompt", "'prompt' must be a string or an array of token ids (one "
-                       "prompt per request)");
+            return bad(v, "prompt", "'prompt' must be a string, an array of token ids, or an array "
+                       "of either");
         long long id = json_integer_value(x);
         if (id < 0 || id >= s->vocab)
             return bad(v, "prompt", "prompt token %lld at position %zu is outside the vocabulary "
                        "of %d", id, i, s->vocab);
-        j->prompt[i] = (int32_t)id;
+        (*ids)[i] = (int32_t)id;
     }
-    j->n_prompt = (int)n;
+    *len = (int)n;
+    return 0;
+}
+
+/* The prompt(s): a string, an array of ids, or an array of up to SRV_MAX_N
+ * of either (several prompts: n choices each). */
+static int read_prompt(struct srv *s, json_t *p, struct srv_job *j, struct verr *v)
+{
+    const bool several = json_is_array(p) && json_array_size(p) > 0 &&
+                         (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)));
+    const size_t np = several ? json_array_size(p) : 1;
+    if (np > SRV_MAX_N) return bad(v, "prompt", "%zu prompts in one request; at most %d", np, SRV_MAX_N);
+    for (size_t i = 0; i < np; i++) {
+        if (read_one_prompt(s, several ? json_array_get(p, i) : p, &j->prompts[i], &j->prompt_len[i], v) < 0)
+            return -1;
+        j->n_prompts = (int)i + 1;
+        if (j->prompt_len[i] <= 0) return bad(v, "prompt", "prompt %zu is empty", i);
+        if (j->prompt_len[i] > j->n_prompt) j->n_prompt = j->prompt_len[i];
+        j->prompt_tokens += j->prompt_len[i];
+    }
+    j->prompt = j->prompts[0];
     return 0;
 }
 
@@ -175,7 +192,9 @@ static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, struct 
     pthread_mutex_unlock(&s->tok_mu);
     free(text);
     if (st != MOE_OK) return bad(v, "messages", "the chat template failed: %s", moe_last_error());
-    j->n_prompt = (int)n;
+    j->n_prompt = j->prompt_len[0] = j->prompt_tokens = (int)n;
+    j->prompts[0] = j->prompt;
+    j->n_prompts = 1;
     return 0;
 }
 
@@ -254,11 +273,11 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
     if (r) sp->presence_penalty = (float)d;
     if ((r = get_int(req, "seed", -(1ll << 53), 1ll << 53, &k, v)) < 0) return -1;
     sp->seed = r ? (uint64_t)k : (uint64_t)atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull;
-    j->n = 1;
+    j->n_per = 1;
     if ((r = get_int(req, "n", 1, SRV_MAX_N, &k, v)) < 0) return -1;
-    if (r) j->n = (int)k;
+    if (r) j->n_per = (int)k;
     if ((r = get_int(req, "best_of", 1, SRV_MAX_N, &k, v)) < 0) return -1;
-    if (r && k != j->n) return bad(v, "best_of", "'best_of' other than n is not supported");
+    if (r && k != j->n_per) return bad(v, "best_of", "'best_of' other than n is not supported");
     if (chat) {
         if (get_bool(req, "logprobs", &j->chat_logprobs, v) < 0) return -1;
         if ((r = get_int(req, "top_logprobs", 0, MOE_MAX_LOGPROBS, &k, v)) < 0) return -1;
@@ -284,6 +303,10 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
         if (!p) return bad(v, "prompt", "'prompt' is required");
         if (read_prompt(s, p, j, v) < 0) return -1;
     }
+    if (j->n_prompts * j->n_per > SRV_MAX_N)
+        return bad(v, "n", "%d prompts x n %d = %d choices; at most %d", j->n_prompts, j->n_per,
+                   j->n_prompts * j->n_per, SRV_MAX_N);
+    j->n = j->n_prompts * j->n_per;
     if (j->n_prompt <= 0) return bad(v, chat ? "messages" : "prompt", "the prompt is empty");
     /* max_tokens: completions default 16 (OpenAI); chat: what the context allows */
     long long mt = 16;

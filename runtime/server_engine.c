@@ -64,7 +64,8 @@ void srv_job_unref(struct srv_job *j)
         json_decref(c->lp);
     }
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
-    free(j->prompt);
+    if (j->prompt != j->prompts[0]) free(j->prompt);
+    for (int p = 0; p < SRV_MAX_N; p++) free(j->prompts[p]); /* also one a bad request left half read */
     free(j->reject_msg);
     free(j->out);
     pthread_cond_destroy(&j->cv);
@@ -301,8 +302,8 @@ static json_t *usage_json(struct srv *s, struct srv_job *j)
 {
     int gen = 0;
     for (int i = 0; i < j->n; i++) gen += j->ch[i].n_gen;
-    json_t *u = json_pack("{s:i, s:i, s:i}", "prompt_tokens", j->n_prompt, "completion_tokens", gen,
-                          "total_tokens", j->n_prompt + gen);
+    json_t *u = json_pack("{s:i, s:i, s:i}", "prompt_tokens", j->prompt_tokens, "completion_tokens", gen,
+                          "total_tokens", j->prompt_tokens + gen);
     if (j->expert_load) {
         json_t *layers = json_array(), *counts = json_array();
         for (int l = 0; l < s->Lm; l++) {
@@ -390,7 +391,9 @@ static void accept_job(struct srv *s, struct srv_job *j)
         if (st == MOE_OK && j->expert_load && s->Lm > 0 &&
             !(c->load = calloc((size_t)s->Lm * s->E, sizeof *c->load)))
             st = moe_fail(MOE_ERR_NOMEM, "expert load counters");
-        if (st == MOE_OK) st = moe_engine_submit(&s->e, j->prompt, j->n_prompt, &rp, c, &c->r);
+        const int p = i / j->n_per; /* several prompts: choices p*n_per .. p*n_per + n_per - 1 */
+        if (st == MOE_OK)
+            st = moe_engine_submit(&s->e, j->prompts[p], j->prompt_len[p], &rp, c, &c->r);
         if (st != MOE_OK) {
             for (int k = 0; k <= i; k++) {
                 moe_engine_release(&s->e, j->ch[k].r);

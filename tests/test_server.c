@@ -753,3 +753,40 @@ Test(server, logit_bias_moves_the_choice)
                       plain);
     json_decref(j);
 }
+
+/* Several prompts in one completions request: n choices each, in prompt
+ * order, each what `moerun run` gives that prompt; usage counts every
+ * prompt once. */
+Test(server, several_prompts_in_one_request)
+{
+    static char out[65536], a[4096], b[4096];
+    run_text("Hello", 12, a, sizeof a);
+    run_text("the river garden", 12, b, sizeof b);
+    const char *body = "{\"prompt\": [\"Hello\", \"the river garden\"], \"n\": 2, \"max_tokens\": 12, "
+                       "\"temperature\": 0}";
+    cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out), *ch = json_object_get(j, "choices");
+    cr_assert_eq(json_array_size(ch), 4);
+    for (size_t i = 0; i < 4; i++) {
+        json_t *c = json_array_get(ch, i);
+        cr_expect_eq(json_integer_value(json_object_get(c, "index")), (json_int_t)i);
+        cr_expect_str_eq(json_string_value(json_object_get(c, "text")), i < 2 ? a : b, "choice %zu", i);
+    }
+    char cmd[1024], n1[64], n2[64];
+    snprintf(cmd, sizeof cmd, "%s tokenize %s 'Hello' 2>/dev/null | tr ',' '\\n' | wc -l", MOERUN_BINARY, MODEL);
+    sh(cmd, n1, sizeof n1);
+    snprintf(cmd, sizeof cmd, "%s tokenize %s 'the river garden' 2>/dev/null | tr ',' '\\n' | wc -l",
+             MOERUN_BINARY, MODEL);
+    sh(cmd, n2, sizeof n2);
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")),
+                 atoi(n1) + atoi(n2));
+    json_decref(j);
+    /* ids prompts too, and too many choices is refused */
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": [[1, 2], [3]], \"max_tokens\": 2}", out,
+                      sizeof out), 200, "%s", out);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", "
+                      "\"g\", \"h\", \"i\"], \"n\": 2}", out, sizeof out), 400, "%s", out);
+    cr_expect(strstr(out, "at most 16"), "%s", out);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": [\"a\", [1, 99999]]}", out, sizeof out), 400);
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": [\"a\", []]}", out, sizeof out), 400);
+}
