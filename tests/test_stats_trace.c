@@ -127,6 +127,36 @@ Test(npy, malformed_files_are_refused)
     cr_assert(a.data == NULL);
 }
 
+/* Found by tests/fuzz/fuzz_stats: a 128-byte file whose header declared
+ * shape (1099511627776,) made the reader allocate 2 TiB (an out-of-memory
+ * report under the fuzzer; MOE_ERR_NOMEM at best) before noticing the data
+ * was missing.  The declared size is now checked against the file first. */
+Test(npy, declared_shape_must_match_the_file_size)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/huge.npy", dir);
+    char h[128];
+    memcpy(h, "\x93NUMPY\x01\x00\x76\x00", 10); /* version 1.0, 118 header bytes */
+    int len = snprintf(h + 10, sizeof h - 10, "{'descr': '<i2', 'fortran_order': False, "
+                       "'shape': (1099511627776,), }") + 10;
+    memset(h + len, ' ', (size_t)(127 - len));
+    h[127] = '\n';
+    write_bytes(path, h, 128);
+    struct moe_npy a;
+    cr_assert_eq(moe_npy_read(path, &a), MOE_ERR_FORMAT, "%s", moe_last_error());
+    cr_assert(strstr(moe_last_error(), "needs 2199023255552 bytes of data, but the file holds 0"), "%s",
+              moe_last_error());
+    cr_assert(a.data == NULL);
+    /* the same header with more data than the shape covers */
+    memcpy(strstr(h + 10, "1099511627776,"), "1,            ", 14); /* h + 10: after the NULs */
+    char big[140];
+    memcpy(big, h, 128);
+    memset(big + 128, 0, 12);
+    write_bytes(path, big, sizeof big);
+    cr_assert_eq(moe_npy_read(path, &a), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "oversized .npy file"), "%s", moe_last_error());
+}
+
 Test(npy, recorder_trace_round_trips_through_the_stats_loader)
 {
     struct moe_config c;
