@@ -223,3 +223,33 @@ Test(npy, recorder_trace_round_trips_through_the_stats_loader)
     moe_sdata_free(&d);
     moe_stats_free(&st);
 }
+
+/* Found by tests/fuzz/fuzz_stats: a 90-byte statistics file declaring 65536
+ * experts made moe_sdata_load allocate the dense (Lm, E, E) co-activation
+ * table, 32 GiB, before reading a single count; and a count that does not
+ * fit an int ("experts": 2^32 + 4) was truncated to 4 without a word. */
+TestSuite(sdata, .init = setup, .fini = teardown);
+
+Test(sdata, declared_sizes_are_checked_before_allocating)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/s.json", dir);
+    static const char *huge = "{\"format\":\"moerun-expert-stats\",\"version\":1,"
+                              "\"model\":{\"experts\":65536,\"top_k\":2},\"layers\":[{}]}";
+    write_bytes(path, huge, strlen(huge));
+    struct moe_sdata d;
+    cr_assert_eq(moe_sdata_load(&d, path), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "1 MoE layers x 65536 experts need a co-activation table of "
+                                       "4294967296 entries; at most 134217728"), "%s", moe_last_error());
+    static const char *wrapped = "{\"format\":\"moerun-expert-stats\",\"version\":1,"
+                                 "\"model\":{\"experts\":4294967300,\"top_k\":2},\"layers\":[{}]}";
+    write_bytes(path, wrapped, strlen(wrapped));
+    cr_assert_eq(moe_sdata_load(&d, path), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "'model.experts' must be an integer in [0, 65536]"), "%s",
+              moe_last_error());
+    static const char *trace = "{\"format\":\"moerun-routing-trace\",\"version\":1,\"experts\":8,"
+                               "\"top_k\":\"2\",\"moe_layers\":[0]}";
+    write_bytes(path, trace, strlen(trace));
+    cr_assert_eq(moe_sdata_load(&d, path), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "'top_k' must be an integer"), "%s", moe_last_error());
+}
