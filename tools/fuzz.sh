@@ -26,8 +26,10 @@ for t in $TARGETS; do
   mkdir -p "$BUILD/corpus/$t" "$SEEDS/$t"
   log="$BUILD/logs/$t.log"
   rc=0
+  dict=""
+  [ -f "tests/fuzz/$t.dict" ] && dict="-dict=tests/fuzz/$t.dict"
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} nice -n 19 "$BUILD/$t" -max_total_time="$SECS" \
-    -rss_limit_mb=4096 -timeout=10 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$t-" \
+    -rss_limit_mb=4096 -timeout=10 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$t-" $dict \
     "$BUILD/corpus/$t" "$SEEDS/$t" >"$log" 2>&1 || rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
