@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "router/stats.h"
 
@@ -99,7 +100,6 @@ enum moe_status moe_npy_read(const char *path, struct moe_npy *a)
         s = moe_fail(MOE_ERR_UNSUPPORTED, "%s: .npy version %d", path, m[6]);
         goto fail;
     }
-    (void)pre;
     h = malloc(hlen + 1);
     if (!h) {
         s = moe_fail(MOE_ERR_NOMEM, "%s: header", path);
@@ -136,6 +136,20 @@ enum moe_status moe_npy_read(const char *path, struct moe_npy *a)
     }
     size_t bytes;
     if (!moe_mul_size(a->n, a->elem, &bytes)) goto bad;
+    /* The shape is untrusted: compare it with the bytes the file really
+     * holds before allocating, so a short file cannot claim terabytes. */
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0) {
+        s = moe_fail(MOE_ERR_IO, "%s: %s", path, strerror(errno));
+        goto fail;
+    }
+    const size_t avail = (size_t)sb.st_size - pre - hlen; /* the header was read whole */
+    if (bytes != avail) {
+        s = moe_fail(MOE_ERR_FORMAT, "%s: %s .npy file: the header's shape (%zu elements of '%s') "
+                     "needs %zu bytes of data, but the file holds %zu", path,
+                     bytes > avail ? "truncated" : "oversized", a->n, a->descr, bytes, avail);
+        goto fail;
+    }
     a->data = malloc(bytes ? bytes : 1);
     if (!a->data) {
         s = moe_fail(MOE_ERR_NOMEM, "%s: %zu bytes", path, bytes);

@@ -135,17 +135,26 @@ void jnode_free(struct jnode *n)
 static enum moe_status parse_or(struct jparser *p, struct jnode **out);
 static enum moe_status parse_unary(struct jparser *p, bool with_filter, struct jnode **out);
 
-/* Builds a binary node from left and the operand parsed by sub; frees both
- * on failure. */
+/* Builds a binary node from left and the operand parsed by sub.  On failure
+ * both are freed and *left is set to NULL: every parse function leaves its
+ * out-parameter NULL when it fails, because the caller may already have
+ * linked it into a parent node that it frees in turn (a freed but still
+ * linked left operand was a double free, found by fuzzing). */
 static enum moe_status binary(struct jparser *p, const struct jtok *t, int op, struct jnode **left,
                               enum moe_status (*sub)(struct jparser *, struct jnode **))
 {
     struct jnode *right = NULL;
     enum moe_status st = sub(p, &right);
-    if (st) return st;
+    if (st) {
+        jnode_free(*left);
+        *left = NULL;
+        return st;
+    }
     struct jnode *n = jp_node_new(JN_BINARY, t);
     if (!n) {
         jnode_free(right);
+        jnode_free(*left);
+        *left = NULL;
         return jp_nomem();
     }
     n->op = op;
@@ -471,10 +480,7 @@ static enum moe_status parse_pow(struct jparser *p, struct jnode **out)
     while (jp_is_op(p, "**")) {
         const struct jtok *t = jp_next(p);
         enum moe_status st = binary(p, t, JOP_POW, out, parse_unary_f);
-        if (st) {
-            jnode_free(*out);
-            return st;
-        }
+        if (st) return st;
     }
     return MOE_OK;
 }
@@ -488,10 +494,7 @@ static enum moe_status parse_math2(struct jparser *p, struct jnode **out)
         if (!op) return MOE_OK;
         const struct jtok *t = jp_next(p);
         enum moe_status st = binary(p, t, op, out, parse_pow);
-        if (st) {
-            jnode_free(*out);
-            return st;
-        }
+        if (st) return st;
     }
 }
 
@@ -501,10 +504,7 @@ static enum moe_status parse_concat(struct jparser *p, struct jnode **out)
     while (jp_is_op(p, "~")) {
         const struct jtok *t = jp_next(p);
         enum moe_status st = binary(p, t, JOP_CONCAT, out, parse_math2);
-        if (st) {
-            jnode_free(*out);
-            return st;
-        }
+        if (st) return st;
     }
     return MOE_OK;
 }
@@ -517,10 +517,7 @@ static enum moe_status parse_math1(struct jparser *p, struct jnode **out)
         if (!op) return MOE_OK;
         const struct jtok *t = jp_next(p);
         enum moe_status st = binary(p, t, op, out, parse_concat);
-        if (st) {
-            jnode_free(*out);
-            return st;
-        }
+        if (st) return st;
     }
 }
 
@@ -583,10 +580,7 @@ static enum moe_status parse_and(struct jparser *p, struct jnode **out)
     while (jp_is_name(p, "and")) {
         const struct jtok *t = jp_next(p);
         enum moe_status st = binary(p, t, JOP_AND, out, parse_not);
-        if (st) {
-            jnode_free(*out);
-            return st;
-        }
+        if (st) return st;
     }
     return MOE_OK;
 }
@@ -597,10 +591,7 @@ static enum moe_status parse_or(struct jparser *p, struct jnode **out)
     while (jp_is_name(p, "or")) {
         const struct jtok *t = jp_next(p);
         enum moe_status st = binary(p, t, JOP_OR, out, parse_and);
-        if (st) {
-            jnode_free(*out);
-            return st;
-        }
+        if (st) return st;
     }
     return MOE_OK;
 }
@@ -614,6 +605,7 @@ enum moe_status jp_parse_expr(struct jparser *p, struct jnode **out)
         struct jnode *n = jp_node_new(JN_COND, t);
         if (!n) {
             jnode_free(*out);
+            *out = NULL;
             return jp_nomem();
         }
         n->a = *out;
@@ -641,6 +633,7 @@ enum moe_status jp_parse_tuple(struct jparser *p, struct jnode **out, bool conde
     struct jnode *n = jp_node_new(JN_TUPLE, t);
     if (!n) {
         jnode_free(*out);
+        *out = NULL;
         return jp_nomem();
     }
     enum moe_status st0 = jp_list_push(&n->args, *out);

@@ -40,6 +40,13 @@ struct moe_sdata {
     int64_t *meta;       /* (N, 4): step, request, position, decode */
 };
 
+/* Largest co-activation table (Lm x E x E doubles, 1 GiB) a file may
+ * declare; real models are far below (256 experts x 64 layers is 4M). */
+#define MOE_SDATA_MAX_COACT (1ull << 27)
+
+/* Loads a statistics JSON or a trace.  Every declared count (layers,
+ * experts, top-k, array lengths, .npy shapes) is checked against the file's
+ * contents and the limits above before anything is allocated from it. */
 MOE_MUST_USE enum moe_status moe_sdata_load(struct moe_sdata *d, const char *path);
 void moe_sdata_free(struct moe_sdata *d);
 

@@ -3,6 +3,7 @@
  * against the declared E, K and layer count before use. */
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -26,6 +27,12 @@ static enum moe_status alloc_counters(struct moe_sdata *d)
     if (d->Lm < 0 || d->Lm > 4096 || d->E <= 0 || d->E > 65536 || d->K <= 0 || d->K > d->E)
         return moe_fail(MOE_ERR_FORMAT, "%s: %d MoE layers, %d experts, top-%d", d->path, d->Lm,
                         d->E, d->K);
+    /* The co-activation matrix is dense (Lm, E, E): the counts declared by a
+     * small file must not decide on their own to allocate gigabytes. */
+    if (Lm * E * E > MOE_SDATA_MAX_COACT)
+        return moe_fail(MOE_ERR_FORMAT, "%s: %d MoE layers x %d experts need a co-activation table "
+                        "of %zu entries; at most %llu are supported", d->path, d->Lm, d->E, Lm * E * E,
+                        (unsigned long long)MOE_SDATA_MAX_COACT);
     d->layers = calloc(Lm ? Lm : 1, sizeof(int32_t));
     d->load = calloc(Lm * E + 1, sizeof(double));
     d->top1 = calloc(Lm * E + 1, sizeof(double));
@@ -35,6 +42,31 @@ static enum moe_status alloc_counters(struct moe_sdata *d)
         return moe_fail(MOE_ERR_NOMEM, "%s: counters", d->path);
     for (size_t j = 0; j < Lm; j++) d->ent_norm[j] = NAN;
     return MOE_OK;
+}
+
+/* obj[key] as an int in [lo, hi] (0 when absent and not required): a value
+ * that is not an integer or is out of range is an error, never truncated. */
+static enum moe_status int_field(const struct moe_sdata *d, json_t *obj, const char *where,
+                                 const char *key, long long lo, long long hi, bool required, int *out)
+{
+    json_t *v = json_object_get(obj, key);
+    *out = 0;
+    if (!v && !required) return MOE_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return moe_fail(MOE_ERR_FORMAT, "%s: '%s%s' must be an integer in [%lld, %lld]", d->path,
+                        where, key, lo, hi);
+    *out = (int)json_integer_value(v);
+    return MOE_OK;
+}
+
+/* The model fields shared by both formats. */
+static enum moe_status model_fields(struct moe_sdata *d, json_t *obj, const char *where)
+{
+    MOE_TRY(int_field(d, obj, where, "experts", 0, 65536, true, &d->E));
+    MOE_TRY(int_field(d, obj, where, "top_k", 0, 65536, true, &d->K));
+    MOE_TRY(int_field(d, obj, where, "d_model", 0, INT32_MAX, false, &d->d_model));
+    MOE_TRY(int_field(d, obj, where, "d_expert", 0, INT32_MAX, false, &d->d_expert));
+    return int_field(d, obj, where, "weight_bytes", 0, INT32_MAX, false, &d->weight_bytes);
 }
 
 /* Reads a JSON array of E numbers into out. */
@@ -63,12 +95,11 @@ static enum moe_status load_stats_json(struct moe_sdata *d, json_t *root)
                         MOE_STATS_VERSION);
     if (!json_is_object(model) || !json_is_array(layers))
         return moe_fail(MOE_ERR_FORMAT, "%s: no 'model' object or 'layers' array", d->path);
-    d->E = (int)json_integer_value(json_object_get(model, "experts"));
-    d->K = (int)json_integer_value(json_object_get(model, "top_k"));
+    MOE_TRY(model_fields(d, model, "model."));
+    if (json_array_size(layers) > 4096)
+        return moe_fail(MOE_ERR_FORMAT, "%s: %zu MoE layers; at most 4096", d->path,
+                        json_array_size(layers));
     d->Lm = (int)json_array_size(layers);
-    d->d_model = (int)json_integer_value(json_object_get(model, "d_model"));
-    d->d_expert = (int)json_integer_value(json_object_get(model, "d_expert"));
-    d->weight_bytes = (int)json_integer_value(json_object_get(model, "weight_bytes"));
     d->tokens = json_integer_value(json_object_get(json_object_get(root, "tokens"), "total"));
     d->steps = json_integer_value(json_object_get(json_object_get(root, "window"), "steps"));
     MOE_TRY(alloc_counters(d));
@@ -124,12 +155,11 @@ static enum moe_status load_trace(struct moe_sdata *d, json_t *root, const char 
 {
     json_t *layers = json_object_get(root, "moe_layers");
     d->from_trace = true;
-    d->E = (int)json_integer_value(json_object_get(root, "experts"));
-    d->K = (int)json_integer_value(json_object_get(root, "top_k"));
+    MOE_TRY(model_fields(d, root, ""));
+    if (json_array_size(layers) > 4096)
+        return moe_fail(MOE_ERR_FORMAT, "%s: %zu MoE layers; at most 4096", d->path,
+                        json_array_size(layers));
     d->Lm = (int)json_array_size(layers);
-    d->d_model = (int)json_integer_value(json_object_get(root, "d_model"));
-    d->d_expert = (int)json_integer_value(json_object_get(root, "d_expert"));
-    d->weight_bytes = (int)json_integer_value(json_object_get(root, "weight_bytes"));
     MOE_TRY(alloc_counters(d));
     for (int j = 0; j < d->Lm; j++)
         d->layers[j] = (int32_t)json_integer_value(json_array_get(layers, (size_t)j));

@@ -279,6 +279,17 @@ Test(chat_errors, syntax_errors_name_line_and_column)
     expect_error("{{ a b }}", NULL, MOE_ERR_FORMAT, "line 1 column 6: syntax error: expected end of print statement");
 }
 
+/* Found by tests/fuzz/fuzz_chat_template: a binary operator whose right
+ * operand failed to parse freed its left operand but left it linked into the
+ * enclosing node ('not' here), which freed it again. */
+Test(chat_errors, failed_right_operand_is_freed_once)
+{
+    expect_error("{{ not 1 + }}", NULL, MOE_ERR_FORMAT, "syntax error: expected an expression");
+    expect_error("{{ not 1 ~ 2 * }}", NULL, MOE_ERR_FORMAT, "syntax error: expected an expression");
+    expect_error("{{ not 1 and }}", NULL, MOE_ERR_FORMAT, "syntax error: expected an expression");
+    expect_error("{{ -(1 ** ) }}", NULL, MOE_ERR_FORMAT, "syntax error: expected an expression");
+}
+
 Test(chat_errors, raise_exception_carries_the_message)
 {
     char *out = NULL;

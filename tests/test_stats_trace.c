@@ -127,6 +127,36 @@ Test(npy, malformed_files_are_refused)
     cr_assert(a.data == NULL);
 }
 
+/* Found by tests/fuzz/fuzz_stats: a 128-byte file whose header declared
+ * shape (1099511627776,) made the reader allocate 2 TiB (an out-of-memory
+ * report under the fuzzer; MOE_ERR_NOMEM at best) before noticing the data
+ * was missing.  The declared size is now checked against the file first. */
+Test(npy, declared_shape_must_match_the_file_size)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/huge.npy", dir);
+    char h[128];
+    memcpy(h, "\x93NUMPY\x01\x00\x76\x00", 10); /* version 1.0, 118 header bytes */
+    int len = snprintf(h + 10, sizeof h - 10, "{'descr': '<i2', 'fortran_order': False, "
+                       "'shape': (1099511627776,), }") + 10;
+    memset(h + len, ' ', (size_t)(127 - len));
+    h[127] = '\n';
+    write_bytes(path, h, 128);
+    struct moe_npy a;
+    cr_assert_eq(moe_npy_read(path, &a), MOE_ERR_FORMAT, "%s", moe_last_error());
+    cr_assert(strstr(moe_last_error(), "needs 2199023255552 bytes of data, but the file holds 0"), "%s",
+              moe_last_error());
+    cr_assert(a.data == NULL);
+    /* the same header with more data than the shape covers */
+    memcpy(strstr(h + 10, "1099511627776,"), "1,            ", 14); /* h + 10: after the NULs */
+    char big[140];
+    memcpy(big, h, 128);
+    memset(big + 128, 0, 12);
+    write_bytes(path, big, sizeof big);
+    cr_assert_eq(moe_npy_read(path, &a), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "oversized .npy file"), "%s", moe_last_error());
+}
+
 Test(npy, recorder_trace_round_trips_through_the_stats_loader)
 {
     struct moe_config c;
@@ -192,4 +222,34 @@ Test(npy, recorder_trace_round_trips_through_the_stats_loader)
     for (int i = 0; i < 12; i++) cr_assert_eq(d.load[i], (double)(st.prefill[i] + st.decode[i]));
     moe_sdata_free(&d);
     moe_stats_free(&st);
+}
+
+/* Found by tests/fuzz/fuzz_stats: a 90-byte statistics file declaring 65536
+ * experts made moe_sdata_load allocate the dense (Lm, E, E) co-activation
+ * table, 32 GiB, before reading a single count; and a count that does not
+ * fit an int ("experts": 2^32 + 4) was truncated to 4 without a word. */
+TestSuite(sdata, .init = setup, .fini = teardown);
+
+Test(sdata, declared_sizes_are_checked_before_allocating)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/s.json", dir);
+    static const char *huge = "{\"format\":\"moerun-expert-stats\",\"version\":1,"
+                              "\"model\":{\"experts\":65536,\"top_k\":2},\"layers\":[{}]}";
+    write_bytes(path, huge, strlen(huge));
+    struct moe_sdata d;
+    cr_assert_eq(moe_sdata_load(&d, path), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "1 MoE layers x 65536 experts need a co-activation table of "
+                                       "4294967296 entries; at most 134217728"), "%s", moe_last_error());
+    static const char *wrapped = "{\"format\":\"moerun-expert-stats\",\"version\":1,"
+                                 "\"model\":{\"experts\":4294967300,\"top_k\":2},\"layers\":[{}]}";
+    write_bytes(path, wrapped, strlen(wrapped));
+    cr_assert_eq(moe_sdata_load(&d, path), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "'model.experts' must be an integer in [0, 65536]"), "%s",
+              moe_last_error());
+    static const char *trace = "{\"format\":\"moerun-routing-trace\",\"version\":1,\"experts\":8,"
+                               "\"top_k\":\"2\",\"moe_layers\":[0]}";
+    write_bytes(path, trace, strlen(trace));
+    cr_assert_eq(moe_sdata_load(&d, path), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "'top_k' must be an integer"), "%s", moe_last_error());
 }
