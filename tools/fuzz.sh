@@ -23,6 +23,7 @@ mkdir -p "$BUILD/artifacts" "$BUILD/logs"
 found=0
 printf '%-22s %10s %9s %7s  %s\n' target runs exec/s cov finding
 for t in $TARGETS; do
+  case $t in fuzz_*) ;; *) t=fuzz_$t ;; esac  # "stats" or "fuzz_stats"
   mkdir -p "$BUILD/corpus/$t" "$SEEDS/$t"
   log="$BUILD/logs/$t.log"
   rc=0

@@ -29,6 +29,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     s.kv_block = 16;
     s.m.cfg.eos_id = -1;
     s.o.max_queue = 0;
+    moe_sampling_defaults(&s.defaults); /* as cli_serve.c's load() sets them */
+    s.defaults.temperature = 1.0f;
     pthread_mutex_init(&s.tok_mu, NULL);
     pthread_mutex_init(&s.q_mu, NULL);
     pthread_mutex_init(&s.stats_mu, NULL);
