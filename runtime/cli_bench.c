@@ -338,10 +338,12 @@ int moe_cli_bench(int argc, char **argv)
     }
     if (moe_cli_stats_start(&so, &m, "bench")) goto done;
     b.r.fw.stats = moe_cli_stats_recorder(&so);
-    out = json_pack("{s:s, s:s, s:s, s:i, s:b, s:[], s:[]}", "model", mo.path ? mo.path : mo.synthetic,
-                    "backend", be.ops->name, "kernels",
+    out = json_pack("{s:s, s:s, s:s, s:i, s:b, s:s, s:i, s:[], s:[]}", "model",
+                    mo.path ? mo.path : mo.synthetic, "backend", be.ops->name, "kernels",
                     moe_cpu_isa_name((enum moe_cpu_isa)moe_backend_cpu_isa(&be)), "threads",
-                    be.n_threads, "stats", !so.off, "prefill", "decode");
+                    be.n_threads, "stats", !so.off, "quantize",
+                    be.quant == MOE_QUANT_Q8_0 ? "q8_0" : "none", "top_k", m.cfg.top_k, "prefill",
+                    "decode");
     if (!json)
         printf("%-10s %8s %12s %14s\n", "phase", "size", "tokens/s", "time");
     const double t_loop = moe_cli_now();

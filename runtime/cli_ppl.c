@@ -145,7 +145,8 @@ static void print_summary(const struct moe_ppl_summary *s, const struct moe_ppl_
 }
 
 static json_t *summary_json(const struct moe_ppl_summary *s, const struct moe_ppl_plan *p,
-                            int n_prefix, const char *backend, int top_k, double seconds)
+                            int n_prefix, const char *backend, int top_k, double seconds,
+                            enum moe_weight_quant quant, enum moe_dtype kv)
 {
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:i, s:f}",
                           "windows", p->n_windows, "ctx", p->ctx, "prefix_tokens", n_prefix,
@@ -153,6 +154,10 @@ static json_t *summary_json(const struct moe_ppl_summary *s, const struct moe_pp
                           "ppl_se", s->se_ppl, "mean_nll", s->mean_nll, "mean_nll_se", s->se_nll,
                           "top1_accuracy", s->top1, "backend", backend, "top_k", top_k, "seconds",
                           seconds);
+    if (o) {
+        json_object_set_new(o, "quantize", json_string(quant == MOE_QUANT_Q8_0 ? "q8_0" : "none"));
+        json_object_set_new(o, "kv_dtype", json_string(moe_dtype_name(kv)));
+    }
     if (o && s->has_base)
         json_object_set_new(o, "base",
                             json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
@@ -298,7 +303,8 @@ int moe_cli_ppl(int argc, char **argv)
         goto done;
     }
     if (json) {
-        json_t *o = summary_json(&sum, &plan, n_prefix, be.ops->name, m.cfg.top_k, secs);
+        json_t *o = summary_json(&sum, &plan, n_prefix, be.ops->name, m.cfg.top_k, secs, be.quant,
+                                 r.kv.dtype);
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         if (s) puts(s);
         free(s);
