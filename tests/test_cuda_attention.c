@@ -1,0 +1,205 @@
+/* test_cuda_attention.c - the CUDA K/V store and paged attention kernels
+ * (per-row decode, tiled prefill, and the per-row kernel for prefill steps
+ * with MOERUN_CUDA_PREFILL_ATTN=rows) against the CPU reference, on
+ * scrambled block tables, every KV dtype, windows and mixed batches.
+ * Same conventions as test_cuda_ops.c (tests/cuda_test.h). */
+#include "tests/cuda_test.h"
+
+TestSuite(cuda_ops, .init = setup, .fini = teardown);
+
+/* ---- K/V store and paged attention ---- */
+
+/* Steps of more rows than this take the tiled prefill kernel
+ * (ATT_SPLIT_ROWS in runtime/backend_cuda_impl.h), unless the backend was
+ * opened with MOERUN_CUDA_PREFILL_ATTN=rows (the cuda_prefill_rows suite). */
+#define TILED_ABOVE_ROWS 64
+static bool rows_backend;
+
+/* n_seqs sequences of ctx[s] tokens in a cache of blocks handed out in a
+ * scrambled order; queries: the last rows[s] positions of each (the earlier
+ * positions are context already cached, as for a later chunk of a chunked
+ * prefill; one row is a decode step). */
+static void check_attention_rows(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
+                                 const int *ctx, const int *rows, int n_seqs, bool hint)
+{
+    const int B = 16, L = 2, layer = 1;
+    struct moe_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.n_layers = L;
+    cfg.n_kv_heads = Hkv;
+    cfg.head_dim = Dh;
+    int max_ctx = 0, max_blocks = 0, total = 0, T = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        max_ctx = ctx[s] > max_ctx ? ctx[s] : max_ctx;
+        total += ctx[s];
+        T += rows[s] < ctx[s] ? rows[s] : ctx[s];
+    }
+    max_blocks = (max_ctx + B - 1) / B;
+    const int n_blocks = n_seqs * max_blocks + 3;
+    struct moe_kvcache hkv, dkv;
+    cr_assert_eq(moe_kvcache_init(&hkv, &cpu, &cfg, n_blocks, B, kvdt, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&dkv, &gpu, &cfg, n_blocks, B, kvdt, false), MOE_OK);
+    int32_t *table = calloc((size_t)n_seqs * max_blocks, sizeof(int32_t));
+    for (int i = 0; i < n_seqs * max_blocks; i++) table[i] = (int32_t)((i * 7 + 2) % n_blocks);
+    /* a permutation needs gcd(7, n_blocks) == 1; fall back to identity */
+    if (n_blocks % 7 == 0)
+        for (int i = 0; i < n_seqs * max_blocks; i++) table[i] = i;
+    /* fill every position of every sequence */
+    const int row = Hkv * Dh;
+    float *k = rand_floats((size_t)total * row, 71, -1, 1), *v = rand_floats((size_t)total * row, 72, -1, 1);
+    int32_t *slots = malloc((size_t)total * sizeof(int32_t));
+    for (int s = 0, r = 0; s < n_seqs; s++)
+        for (int p = 0; p < ctx[s]; p++, r++)
+            slots[r] = table[(size_t)s * max_blocks + p / B] * B + p % B;
+    cr_assert_eq(cpu.ops->kv_store(&cpu, &hkv, layer, k, v, slots, total), MOE_OK);
+    float *dk = dev_copy(k, (size_t)total * row * sizeof(float)), *dv = dev_copy(v, (size_t)total * row * sizeof(float));
+    int32_t *dslots = dev_copy(slots, (size_t)total * sizeof(int32_t));
+    cr_assert_eq(gpu.ops->kv_store(&gpu, &dkv, layer, dk, dv, dslots, total), MOE_OK, "%s", moe_last_error());
+    /* the stored caches are bit-identical (same rounding) */
+    const size_t lbytes = hkv.layer_elems * moe_dtype_size(kvdt);
+    char *back = malloc(lbytes);
+    to_host(back, (char *)dkv.k + lbytes, lbytes);
+    cr_expect(memcmp(back, (char *)hkv.k + lbytes, lbytes) == 0, "kv_store %s: K differs", moe_dtype_name(kvdt));
+    to_host(back, (char *)dkv.v + lbytes, lbytes);
+    cr_expect(memcmp(back, (char *)hkv.v + lbytes, lbytes) == 0, "kv_store %s: V differs", moe_dtype_name(kvdt));
+    /* the query batch */
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t)), *seq_of = malloc((size_t)T * sizeof(int32_t));
+    int32_t *seq_start = malloc(((size_t)n_seqs + 1) * sizeof(int32_t));
+    int32_t *ctxv = malloc((size_t)n_seqs * sizeof(int32_t));
+    int t = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        seq_start[s] = t;
+        ctxv[s] = ctx[s];
+        int n = rows[s] < ctx[s] ? rows[s] : ctx[s];
+        for (int i = 0; i < n; i++, t++) {
+            pos[t] = ctx[s] - n + i;
+            seq_of[t] = s;
+        }
+    }
+    seq_start[n_seqs] = T;
+    struct moe_batch hb = {.n_tokens = T, .n_seqs = n_seqs, .positions = pos, .seq_of = seq_of,
+                           .seq_start = seq_start, .ctx_len = ctxv, .block_table = table,
+                           .max_blocks = max_blocks};
+    struct moe_batch db = hb;
+    db.positions = dev_copy(pos, (size_t)T * sizeof(int32_t));
+    db.seq_of = dev_copy(seq_of, (size_t)T * sizeof(int32_t));
+    db.seq_start = dev_copy(seq_start, ((size_t)n_seqs + 1) * sizeof(int32_t));
+    db.ctx_len = dev_copy(ctxv, (size_t)n_seqs * sizeof(int32_t));
+    db.block_table = dev_copy(table, (size_t)n_seqs * max_blocks * sizeof(int32_t));
+    struct moe_attn_params p = {layer, Hq, Hkv, Dh, 1.0f / sqrtf((float)Dh), window,
+                                hint ? max_ctx : 0};
+    const size_t nq = (size_t)T * Hq * Dh;
+    float *q = rand_floats(nq, 73, -2, 2), *ref = malloc(nq * sizeof(float)), *got = malloc(nq * sizeof(float));
+    float *sc = malloc(moe_attention_scratch_floats(Hq, Hkv, Dh) * omp_get_max_threads() * sizeof(float));
+    moe_attention_paged_cpu(ref, q, &hkv, &hb, &p, sc);
+    float *dq = dev_copy(q, nq * sizeof(float)), *dout = dev_poisoned(nq * sizeof(float));
+    cr_assert_eq(gpu.ops->attention(&gpu, dout, dq, &dkv, &db, &p), MOE_OK, "%s", moe_last_error());
+    to_host(got, dout, nq * sizeof(float));
+    char shp[96];
+    snprintf(shp, sizeof shp, "Hq%d Hkv%d Dh%d ctx%d%s T%d S%d%s", Hq, Hkv, Dh, max_ctx,
+             window ? " win" : "", T, n_seqs, hint ? "" : " nohint");
+    const char *op = T <= TILED_ABOVE_ROWS ? "attention" : rows_backend ? "prefill_rows"
+                                                                       : "prefill_tiled";
+    double e = report(op, moe_dtype_name(kvdt), shp, got, ref, nq);
+    cr_expect(e <= 1e-4, "%s %s %s: %.3g", op, moe_dtype_name(kvdt), shp, e);
+    void *dbufs[] = {dk, dv, dslots, (void *)db.positions, (void *)db.seq_of, (void *)db.seq_start,
+                     (void *)db.ctx_len, (void *)db.block_table, dq, dout};
+    for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
+    moe_kvcache_free(&hkv);
+    moe_kvcache_free(&dkv);
+    free(table), free(k), free(v), free(slots), free(back), free(pos), free(seq_of);
+    free(seq_start), free(ctxv), free(q), free(ref), free(got), free(sc);
+}
+
+/* The same number of query rows for every sequence. */
+static void check_attention(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
+                            const int *ctx, int n_seqs, int rows_per_seq, bool hint)
+{
+    int rows[n_seqs];
+    for (int s = 0; s < n_seqs; s++) rows[s] = rows_per_seq;
+    check_attention_rows(kvdt, Hq, Hkv, Dh, window, ctx, rows, n_seqs, hint);
+}
+
+Test(cuda_ops, attention_decode_matches_cpu)
+{
+    const enum moe_dtype kvdts[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
+    const int ctx[] = {1, 17, 600, 1000, 257};
+    for (size_t i = 0; i < 3; i++) {
+        check_attention(kvdts[i], 4, 2, 16, 0, ctx, 5, 1, true);
+        check_attention(kvdts[i], 32, 8, 128, 0, ctx, 5, 1, true);
+        check_attention(kvdts[i], 16, 1, 64, 0, ctx, 5, 1, false);
+        check_attention(kvdts[i], 8, 8, 128, 100, ctx, 5, 1, true);
+    }
+}
+
+Test(cuda_ops, attention_prefill_matches_cpu)
+{
+    const enum moe_dtype kvdts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16};
+    const int ctx[] = {70, 300};
+    for (size_t i = 0; i < 2; i++) {
+        check_attention(kvdts[i], 4, 2, 16, 0, ctx, 2, 70, true);
+        check_attention(kvdts[i], 32, 8, 128, 0, ctx, 2, 64, true);
+        check_attention(kvdts[i], 16, 4, 256, 33, ctx, 2, 50, true);
+    }
+}
+
+/* A mixed step of 467 rows: a first chunk from position 0, later chunks
+ * after cached context (positions not starting at 0, chunk lengths that
+ * are not multiples of a tile), and decode rows between them. */
+static const int mixed_ctx[] = {250, 41, 77, 1000, 40, 129};
+static const int mixed_rows[] = {250, 1, 20, 130, 1, 65};
+#define MIXED_SEQS 6
+
+static const enum moe_dtype kv_dtypes[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
+
+/* The tiled prefill kernel over group sizes G = 1, 3, 4, 8, 12, 16, 40 (G > 8
+ * in passes of at most 8 heads), head dims 16 to 256 (some not multiples of
+ * 32 or 8), sliding windows wider and narrower than a tile, every KV dtype. */
+Test(cuda_ops, attention_prefill_tiled_mixed_batch_matches_cpu)
+{
+    for (size_t i = 0; i < 3; i++) {
+        const enum moe_dtype dt = kv_dtypes[i];
+        check_attention_rows(dt, 8, 8, 64, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 16, 2, 256, 100, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 32, 2, 16, 0, mixed_ctx, mixed_rows, MIXED_SEQS, false);
+        check_attention_rows(dt, 24, 2, 80, 7, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 3, 1, 20, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 40, 1, 32, 33, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+    }
+}
+
+/* One sequence: a later chunk after 500 cached tokens, the smallest tiled
+ * step (65 rows), and a whole prompt with G = 8 at Dh = 128. */
+Test(cuda_ops, attention_prefill_tiled_single_sequence_matches_cpu)
+{
+    const int ctx_a[] = {700}, rows_a[] = {200};
+    const int ctx_b[] = {65}, rows_b[] = {65};
+    const int ctx_c[] = {333}, rows_c[] = {333};
+    for (size_t i = 0; i < 3; i++) {
+        const enum moe_dtype dt = kv_dtypes[i];
+        check_attention_rows(dt, 32, 8, 128, 0, ctx_a, rows_a, 1, true);
+        check_attention_rows(dt, 32, 8, 128, 256, ctx_a, rows_a, 1, true);
+        check_attention_rows(dt, 8, 8, 64, 0, ctx_b, rows_b, 1, true);
+        check_attention_rows(dt, 64, 8, 128, 0, ctx_c, rows_c, 1, true);
+    }
+}
+
+/* MOERUN_CUDA_PREFILL_ATTN=rows: prefill steps take the per-row kernel.
+ * The variable is set in the forked test process before the backend
+ * opens (it is read once, at init). */
+static void setup_rows(void)
+{
+    setenv("MOERUN_CUDA_PREFILL_ATTN", "rows", 1);
+    rows_backend = true;
+    setup();
+}
+
+TestSuite(cuda_prefill_rows, .init = setup_rows, .fini = teardown);
+
+Test(cuda_prefill_rows, per_row_kernel_matches_cpu)
+{
+    check_attention_rows(MOE_DTYPE_F16, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+    check_attention_rows(MOE_DTYPE_BF16, 16, 2, 256, 100, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+    check_attention_rows(MOE_DTYPE_F32, 3, 1, 20, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+}
