@@ -600,11 +600,8 @@ static void run_synthetic(bool panels, int32_t *out, float *logits, bool *packed
     cr_assert_eq(be.ops->prepare_model(&be, &m), MOE_OK, "%s", moe_last_error());
     cr_expect_eq(m.layers[0].wq.data, wq, "preparing again must change nothing");
     int32_t prompt[20];
-    for (int i = 0; i < 20; i++) prompt[i] = (i * 37 + 5) % cfg.vocab;
+    tu_prompt_logits(&r, cfg.vocab, prompt, logits);
     struct moe_seq seq = {0};
-    struct moe_chunk c = {&seq, prompt, 20, true, false, 0};
-    cr_assert_eq(moe_runner_step(&r, &c, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
-    moe_seq_free(&r, &seq);
     cr_assert_eq(moe_runner_greedy(&r, &seq, prompt, 20, 12, 7, out), MOE_OK, "%s", moe_last_error());
     moe_seq_free(&r, &seq);
     if (*packed) {

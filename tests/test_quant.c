@@ -126,11 +126,7 @@ static void run_quantized(const char *name, enum moe_weight_quant q, float *logi
                                 .n_blocks = 32};
     cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
     int32_t prompt[20];
-    for (int i = 0; i < 20; i++) prompt[i] = (i * 37 + 5) % cfg.vocab;
-    struct moe_seq seq = {0};
-    struct moe_chunk c = {&seq, prompt, 20, true, false, 0};
-    cr_assert_eq(moe_runner_step(&r, &c, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
-    moe_seq_free(&r, &seq);
+    tu_prompt_logits(&r, cfg.vocab, prompt, logits);
     moe_runner_free(&r);
     moe_backend_free(&be);
 }

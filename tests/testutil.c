@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <sys/wait.h>
 
+#include "runtime/runner.h"
+
 uint64_t tu_rand_u64(uint64_t *s)
 {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -81,4 +83,13 @@ void tu_expect_one_line_error(const char *args, const char *needle)
     cr_expect(strstr(out, needle), "'%s': expected '%s' in: %s", args, needle, out);
     char *nl = strchr(out, '\n');
     cr_expect(nl && nl[1] == '\0', "'%s': one line of error, got: %s", args, out);
+}
+
+void tu_prompt_logits(struct moe_runner *r, int vocab, int32_t *prompt, float *logits)
+{
+    for (int i = 0; i < 20; i++) prompt[i] = (i * 37 + 5) % vocab;
+    struct moe_seq seq = {0};
+    struct moe_chunk c = {&seq, prompt, 20, true, false, 0};
+    cr_assert_eq(moe_runner_step(r, &c, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    moe_seq_free(r, &seq);
 }

@@ -23,5 +23,10 @@ int tu_run(const char *cmd, char *out, size_t n);
 /* Runs `moerun ARGS` and expects it to fail with exactly one line on
  * stderr that contains needle (Criterion expectations). */
 void tu_expect_one_line_error(const char *args, const char *needle);
+struct moe_runner;
+/* The fixed prompt the synthetic-model suites share: 20 ids (i*37 + 5) %
+ * vocab into prompt (20), run as one chunk of a fresh sequence on r, every
+ * row's logits (20, vocab) into logits; the sequence is freed after. */
+void tu_prompt_logits(struct moe_runner *r, int vocab, int32_t *prompt, float *logits);
 /* max |x - ref| / max |ref|. */
 double tu_max_rel_err(const float *x, const float *ref, size_t n);
