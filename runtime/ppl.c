@@ -174,14 +174,15 @@ static bool score_row(const float *x, int V, int32_t target, int64_t i, const st
         double y = moe_f16_to_f32(b[v]);
         if (y > bmx) bmx = y;
     }
-    for (int v = 0; v < V; v++) bsum += exp(moe_f16_to_f32(b[v]) - bmx);
-    const double blse = bmx + log(bsum);
-    double kl = 0;
+    /* one pass: with e_v = exp(y_v - bmx), the renormalised base is e_v / S
+     * (S = sum e_v), and KL = sum e_v (y_v - bmx - lp_v) / S - log S */
+    double s2 = 0;
     for (int v = 0; v < V; v++) {
-        double lb = moe_f16_to_f32(b[v]) - blse;
-        kl += exp(lb) * (lb - ((double)x[v] - lse));
+        const double d = moe_f16_to_f32(b[v]) - bmx, e = exp(d);
+        bsum += e;
+        s2 += e * (d - ((double)x[v] - lse));
     }
-    res->kl[i] = kl;
+    res->kl[i] = s2 / bsum - log(bsum);
     res->base_nll[i] = base->nll[i];
     res->same_top1[i] = base->argmax[i] == res->argmax[i];
     res->dp[i] = exp(-res->nll[i]) - exp(-res->base_nll[i]);
