@@ -41,7 +41,8 @@ static int dtype_rank(enum moe_dtype t)
     case MOE_DTYPE_U64: return 14;
     case MOE_DTYPE_COUNT:
     case MOE_DTYPE_BF16_PANEL:
-    case MOE_DTYPE_Q8_0: break; /* not safetensors dtypes: the writer refuses them */
+    case MOE_DTYPE_Q8_0:
+    case MOE_DTYPE_MXFP4: break; /* not safetensors dtypes: the writer refuses them */
     }
     return -1;
 }

@@ -25,6 +25,7 @@ size_t moe_dtype_size(enum moe_dtype t)
 {
     if (t == MOE_DTYPE_BF16_PANEL) return 2; /* per element of the logical shape */
     if (t == MOE_DTYPE_Q8_0) return 1;       /* the int8 part; rows: moe_dtype_row_bytes */
+    if (t == MOE_DTYPE_MXFP4) return 1;      /* as Q8_0 (a value is half a byte); rows: moe_dtype_row_bytes */
     MOE_ASSERT((unsigned)t < MOE_DTYPE_COUNT);
     return dtype_info[t].size;
 }
@@ -32,6 +33,7 @@ size_t moe_dtype_size(enum moe_dtype t)
 size_t moe_dtype_row_bytes(enum moe_dtype t, size_t n)
 {
     if (t == MOE_DTYPE_Q8_0) return n / MOE_Q8_0_BLOCK * MOE_Q8_0_BYTES;
+    if (t == MOE_DTYPE_MXFP4) return n / MOE_MXFP4_BLOCK * MOE_MXFP4_BYTES;
     return n * moe_dtype_size(t);
 }
 
@@ -39,6 +41,7 @@ const char *moe_dtype_name(enum moe_dtype t)
 {
     if (t == MOE_DTYPE_BF16_PANEL) return "BF16_PANEL";
     if (t == MOE_DTYPE_Q8_0) return "Q8_0";
+    if (t == MOE_DTYPE_MXFP4) return "MXFP4";
     return (unsigned)t < MOE_DTYPE_COUNT ? dtype_info[t].name : "?";
 }
 
@@ -136,8 +139,34 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
         }
         return;
     }
+    case MOE_DTYPE_MXFP4: { /* exact: lut values are 2-bit significands */
+        const unsigned char *b = src;
+        MOE_ASSERT(n % MOE_MXFP4_BLOCK == 0);
+        for (size_t i = 0; i < n; i += MOE_MXFP4_BLOCK, b += MOE_MXFP4_BYTES)
+            for (size_t j = 0; j < MOE_MXFP4_BLOCK; j++) dst[i + j] = moe_mxfp4_get(b, j);
+        return;
+    }
     default: MOE_ASSERT(!"convert_row_f32: dtype is not a float weight type");
     }
+}
+
+bool moe_mxfp4_pack_row(void *dst, const uint8_t *blocks, const uint8_t *scales, size_t K)
+{
+    unsigned char *b = dst;
+    MOE_ASSERT(K % MOE_MXFP4_BLOCK == 0);
+    for (size_t g = 0; g < K / MOE_MXFP4_BLOCK; g++, b += MOE_MXFP4_BYTES, blocks += 16) {
+        if (scales[g] == 255) return false;
+        b[0] = scales[g];
+        /* element e of the group is nibble e % 2 of checkpoint byte e / 2;
+         * ours: element j in the low nibble of qs[j], j + 16 in its high one */
+        for (int j = 0; j < 16; j++) {
+            const int lo = j, hi = j + 16;
+            const unsigned nlo = (blocks[lo / 2] >> (lo % 2 * 4)) & 15u,
+                           nhi = (blocks[hi / 2] >> (hi % 2 * 4)) & 15u;
+            b[1 + j] = (unsigned char)(nlo | nhi << 4);
+        }
+    }
+    return true;
 }
 
 bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n)

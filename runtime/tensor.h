@@ -11,8 +11,9 @@
  * CPU kernels, which changes how a matrix's bytes are ordered, so it is a
  * dtype: every (data, dtype) pair that reaches a kernel says how to read the
  * bytes, and code that does not know the format stops at its "not a float
- * weight type" check instead of reading panels as rows); the CPU backend
- * computes in fp32 and reads F32, F16 and BF16 weights directly. */
+ * weight type" check instead of reading panels as rows; Q8_0 and MXFP4
+ * blocks); the CPU backend computes in fp32 and reads F32, F16, BF16, Q8_0
+ * and MXFP4 weights in place. */
 #pragma once
 
 #include <stdbool.h>
@@ -65,10 +66,32 @@ enum moe_dtype {
      * CUDA.  moe_dtype_size says 1 (the int8 part); rows take
      * moe_dtype_row_bytes. */
     MOE_DTYPE_Q8_0,
+    /* OCP microscaling FP4 (MXFP4), as gpt-oss checkpoints store their
+     * expert weights: per block of 32 values one E8M0 scale byte s (the
+     * power of two 2^(s-127); s = 255 is NaN and refused) and 32 E2M1
+     * nibbles, each an index into {+0, +0.5, +1, +1.5, +2, +3, +4, +6,
+     * -0, -0.5, -1, -1.5, -2, -3, -4, -6}; the value is lut[nibble] *
+     * 2^(s-127), exact in fp32 (s = 0 gives the subnormal 2^-127; a value
+     * past fp32's range, s = 254 with |lut| >= 2, is inf, as in
+     * transformers).  Stored per row of K values (K a multiple of 32) as
+     * K/32 blocks of 17 bytes: s, then 16 bytes qs, qs[j] holding element
+     * j of the block in its low nibble and element j + 16 in its high
+     * nibble (ggml's block_mxfp4), so 8 or 16 consecutive elements are
+     * one load, one shift and a table lookup.  The checkpoint's own
+     * layout (`*_blocks` (N, K/32, 16): byte b of group g holds elements
+     * 32g + 2b (low nibble) and 32g + 2b + 1 (high); `*_scales` (N, K/32))
+     * is repacked row by row at load by moe_mxfp4_pack_row.  Read by the
+     * CPU kernels (fast and reference), refused by CUDA and the
+     * safetensors writer; never parsed from a file's dtype string, never
+     * repacked to panels or requantized by --quantize.  moe_dtype_size
+     * says 1 (as Q8_0: rows take moe_dtype_row_bytes). */
+    MOE_DTYPE_MXFP4,
 };
 
 #define MOE_Q8_0_BLOCK 32 /* values per block */
 #define MOE_Q8_0_BYTES 36 /* bytes per block: f32 scale, 32 int8 */
+#define MOE_MXFP4_BLOCK 32 /* values per block */
+#define MOE_MXFP4_BYTES 17 /* bytes per block: E8M0 scale, 16 bytes of nibbles */
 
 struct moe_tensor {
     enum moe_dtype dtype;
@@ -119,6 +142,34 @@ void moe_convert_from_f32(void *dst, const float *src, enum moe_dtype t, size_t 
  * to f16 (and stored widened, see MOE_DTYPE_Q8_0).  False, dst unspecified,
  * when a value is not finite or d overflows f16. */
 bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n);
+
+/* 2^(s-127), the value of an E8M0 scale byte s, built from its bits: s in
+ * 1..254 is the normal float with exponent field s, s == 0 the subnormal
+ * 2^-127 (0x00400000); 255 (NaN in the OCP MX spec) gives a quiet NaN. */
+static inline float moe_e8m0_to_f32(uint8_t s)
+{
+    const uint32_t u = s == 255 ? 0x7fc00000u : s ? (uint32_t)s << 23 : 0x00400000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* Element k of a row of MXFP4 blocks (see MOE_DTYPE_MXFP4), as fp32. */
+static inline float moe_mxfp4_get(const void *row, size_t k)
+{
+    static const float lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    const unsigned char *blk = (const unsigned char *)row + k / MOE_MXFP4_BLOCK * MOE_MXFP4_BYTES;
+    const size_t j = k % MOE_MXFP4_BLOCK;
+    return lut[(blk[1 + j % 16] >> (j / 16 * 4)) & 15] * moe_e8m0_to_f32(blk[0]);
+}
+/* Repacks one row of K values (K a multiple of 32) from a gpt-oss
+ * checkpoint's layout to MOE_DTYPE_MXFP4: blocks is the row's K/32 groups
+ * of 16 bytes (`*_blocks` (N, K/32, 16), row n at n*K/2), scales its K/32
+ * E8M0 bytes (`*_scales` (N, K/32), row n at n*K/32); dst takes
+ * moe_dtype_row_bytes(MOE_DTYPE_MXFP4, K) bytes.  False, dst unspecified,
+ * when a scale is 255 (NaN): the loader must refuse such a weight. */
+__attribute__((warn_unused_result)) bool moe_mxfp4_pack_row(void *dst, const uint8_t *blocks,
+                                                            const uint8_t *scales, size_t K);
 
 #ifdef __cplusplus
 }
