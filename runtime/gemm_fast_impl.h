@@ -29,3 +29,14 @@ float *moe_gemm_thread_buffer(size_t n);
 uint64_t moe_read_sweep_avx2(const void *p, size_t n);
 float moe_dot_avx2(const float *a, const float *b, int n);
 void moe_scale_axpy_avx2(float *y, float s, float a, const float *x, int n);
+
+/* Half of each E8M0 scale, 2^(s-128), as fp32 bits (s = 0 and 1 the
+ * subnormals 2^-128 and 2^-127; 255, NaN, never reaches a kernel): the MXFP4
+ * kernels widen a block's nibbles to twice their E2M1 values and multiply
+ * by this, broadcast straight from memory as Q8_0's f32 scale is. */
+#define MOE_E8M0_HALF(s) ((s) == 255 ? 0x7fc00000u : (s) >= 2 ? (uint32_t)((s) - 1) << 23 : 0x00200000u << (s))
+#define MOE_E8M0_HALF4(s) MOE_E8M0_HALF(s), MOE_E8M0_HALF(s + 1), MOE_E8M0_HALF(s + 2), MOE_E8M0_HALF(s + 3)
+#define MOE_E8M0_HALF16(s) MOE_E8M0_HALF4(s), MOE_E8M0_HALF4(s + 4), MOE_E8M0_HALF4(s + 8), MOE_E8M0_HALF4(s + 12)
+#define MOE_E8M0_HALF64(s) MOE_E8M0_HALF16(s), MOE_E8M0_HALF16(s + 16), MOE_E8M0_HALF16(s + 32), MOE_E8M0_HALF16(s + 48)
+static const uint32_t moe_e8m0_half_bits[256] = {MOE_E8M0_HALF64(0), MOE_E8M0_HALF64(64), MOE_E8M0_HALF64(128),
+                                                 MOE_E8M0_HALF64(192)};

@@ -30,16 +30,17 @@
  * per tile for 1-3 input rows), NAT_C4 (for 4 input rows), NAT_PF
  * (prefetch distance in bytes).
  *
- * It provides load_w1, TB and rows_dt (all T rows against f32, f16 or Q8_0
- * weight rows [n0, n1), inlined into the includer's entry point).  Q8_0
- * rows are whole blocks (Din a multiple of 32, so no tail) and V_LOAD_W
- * gives the reference's q * d products, so the order and the
- * batch-independence above hold for them too. */
+ * It provides load_w1, TB and rows_dt (all T rows against f32, f16, Q8_0
+ * or MXFP4 weight rows [n0, n1), inlined into the includer's entry point).
+ * Q8_0 and MXFP4 rows are whole blocks (Din a multiple of 32, so no tail)
+ * and V_LOAD_W gives the reference's dequantized values exactly (Q8_0:
+ * q * d; MXFP4: twice the E2M1 value, an integer, times half the scale),
+ * so the order and the batch-independence above hold for them too. */
 
 enum { TB = 64 }; /* input rows per cache block */
 
 /* Weight k of a row of dtype dt, as fp32 (the tails past the last vector;
- * never reached over Q8_0, whose rows are whole blocks of 32). */
+ * never reached over Q8_0 or MXFP4, whose rows are whole blocks of 32). */
 INLINE float load_w1(const char *row, const enum moe_dtype dt, int k)
 {
     if (dt == MOE_DTYPE_F32) return ((const float *)row)[k];
@@ -49,6 +50,7 @@ INLINE float load_w1(const char *row, const enum moe_dtype dt, int k)
         memcpy(&d, blk, 4);
         return (float)(int8_t)blk[4 + k % MOE_Q8_0_BLOCK] * d;
     }
+    if (dt == MOE_DTYPE_MXFP4) return moe_mxfp4_get(row, (size_t)k);
     uint16_t h = ((const uint16_t *)row)[k];
     return dt == MOE_DTYPE_BF16 ? moe_bf16_to_f32(h) : moe_f16_to_f32(h);
 }
@@ -57,6 +59,8 @@ INLINE float load_w1(const char *row, const enum moe_dtype dt, int k)
 INLINE size_t w_offset(const enum moe_dtype dt, int k)
 {
     if (dt == MOE_DTYPE_Q8_0) return (size_t)(k / MOE_Q8_0_BLOCK) * MOE_Q8_0_BYTES + k % MOE_Q8_0_BLOCK;
+    if (dt == MOE_DTYPE_MXFP4)
+        return (size_t)(k / MOE_MXFP4_BLOCK) * MOE_MXFP4_BYTES + 1 + k % 16;
     return (size_t)k * (dt == MOE_DTYPE_F32 ? 4 : 2);
 }
 
@@ -143,9 +147,7 @@ V_ATTR INLINE void rows_dt(const enum moe_dtype dt, float *y, size_t ldy, const 
 {
     enum { C = NAT_C4, WBUF = NAT_C4 * 4096 };
     const char *w = wv;
-    const size_t wld = dt == MOE_DTYPE_Q8_0 ? (size_t)Din / MOE_Q8_0_BLOCK * MOE_Q8_0_BYTES
-                       : (size_t)Din * (dt == MOE_DTYPE_F32 ? 4 : 2),
-                 fld = (size_t)Din * 4;
+    const size_t wld = moe_dtype_row_bytes(dt, (size_t)Din), fld = (size_t)Din * 4;
     float wbuf[WBUF];
     if (b && !b->data) b = NULL;
     for (int t0 = 0; t0 < T; t0 += TB) {
