@@ -98,6 +98,10 @@ struct pack_item {
     bool keep_source;                  /* another view still reads the source rows */
 };
 
+/* Only float matrices are repacked: Q8_0 and BF16_PANEL are already
+ * packed, and MXFP4 (a checkpoint's own 4.25-bit format, gpt-oss experts)
+ * is read in place by both backends, never widened to panels or
+ * requantized to 9-bit Q8_0 by --quantize. */
 static bool packable(enum pack_kind kind, enum moe_dtype dt, int64_t N, int64_t K)
 {
     if (N <= 0 || N > INT32_MAX || K <= 0 || K > INT32_MAX) return false;
@@ -162,6 +166,8 @@ static size_t pack_items(enum pack_kind kind, struct moe_model *m, struct pack_i
     return n;
 }
 
+/* The dtypes only this backend's prepare_model makes (MXFP4 is not one:
+ * the loader makes it, in memory the model owns). */
 static bool packed_dtype(enum moe_dtype dt) { return dt == MOE_DTYPE_BF16_PANEL || dt == MOE_DTYPE_Q8_0; }
 
 /* A weight of m in panels or quantized, or NULL when it has none. */
@@ -380,7 +386,7 @@ static enum moe_status cpu_embed(struct moe_backend *be, float *x, const int32_t
                                  const struct moe_tensor *emb)
 {
     const int64_t V = emb->shape[0], D = emb->shape[1];
-    const size_t row = (size_t)D * moe_dtype_size(emb->dtype);
+    const size_t row = moe_dtype_row_bytes(emb->dtype, (size_t)D);
     for (int t = 0; t < T; t++) {
         if (tokens[t] < 0 || tokens[t] >= V)
             return moe_fail(MOE_ERR_INVALID_ARG, "token id %d at row %d is outside the vocabulary "

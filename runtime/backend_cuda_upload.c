@@ -118,6 +118,23 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     return MOE_OK;
 }
 
+/* Whether a weight of m is MXFP4 (a checkpoint's own format, gpt-oss
+ * experts: no CUDA kernel reads it yet). */
+static bool has_mxfp4(const struct moe_model *m)
+{
+    if (m->lm_head.dtype == MOE_DTYPE_MXFP4 || m->embed.dtype == MOE_DTYPE_MXFP4) return true;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct moe_layer_weights *w = &m->layers[l];
+        const struct moe_tensor *ts[] = {&w->wq,     &w->wk,    &w->wv,      &w->wo,
+                                         &w->w_gate, &w->w_up,  &w->w_down,  &w->router,
+                                         &w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
+        if (w->experts.gate && w->experts.dtype == MOE_DTYPE_MXFP4) return true;
+        for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
+            if (ts[i]->dtype == MOE_DTYPE_MXFP4) return true;
+    }
+    return false;
+}
+
 enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model *m)
 {
     struct cuda_ctx *c = ctx_of(be);
@@ -126,6 +143,8 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     if (be->quant != MOE_QUANT_NONE)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: quantized weights (--quantize) run on the "
                         "CPU backends only so far");
+    if (has_mxfp4(m))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights run on the CPU backends only");
     for (int l = 0; l < cfg->n_layers; l++)
         if (m->layers[l].wq.dtype == MOE_DTYPE_Q8_0 || m->layers[l].wq.dtype == MOE_DTYPE_BF16_PANEL ||
             (m->layers[l].experts.gate && (m->layers[l].experts.dtype == MOE_DTYPE_Q8_0 ||
