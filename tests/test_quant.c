@@ -2,11 +2,16 @@
  * (tests/fixtures/quant, made by tests/reference/make_quant_fixtures.py), the
  * reference and fast kernels multiply them as the dequantized values, and
  * the CPU backends quantize a model's weights at prepare_model, keeping the
- * routers and the embedding, refusing weights that are not finite. */
+ * routers and the embedding, refusing weights that are not finite.
+ * MXFP4 weights (gpt-oss experts): rows repacked from the checkpoint layout
+ * dequantize to transformers' values bit for bit, every kernel set
+ * multiplies them as those values, and the CPU backends read them in place
+ * (never repacked or requantized). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/gemm.h"
 #include "runtime/gemm_fast.h"
@@ -231,4 +236,320 @@ Test(quant, plan_predicts_q8_0_sizes)
     cr_expect(fabs(part_gib(b, "\n  attention") / part_gib(a, "\n  attention") - 9.0 / 16) < 2e-3);
     cr_expect(part_gib(b, "\n  embeddings") == part_gib(a, "\n  embeddings"));
     cr_expect(part_gib(b, "\n  router") == part_gib(a, "\n  router"));
+}
+
+/* ---- MXFP4 ---- */
+
+Test(quant, mxfp4_dtype_and_scales)
+{
+    enum moe_dtype dt;
+    cr_expect_str_eq(moe_dtype_name(MOE_DTYPE_MXFP4), "MXFP4");
+    cr_expect_not(moe_dtype_parse("MXFP4", &dt), "a storage format of the runtime, not a file dtype");
+    cr_expect_eq(moe_dtype_size(MOE_DTYPE_MXFP4), 1);
+    cr_expect_eq(moe_dtype_row_bytes(MOE_DTYPE_MXFP4, 2880), 90 * 17);
+    const struct { uint8_t s; uint32_t bits; } want[] = {
+        {0, 0x00400000u}, {1, 0x00800000u}, {2, 0x01000000u}, {126, 0x3f000000u},
+        {127, 0x3f800000u}, {128, 0x40000000u}, {254, 0x7f000000u}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        const float f = moe_e8m0_to_f32(want[i].s);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        cr_expect_eq(u, want[i].bits, "E8M0 %d: 0x%08x, want 0x%08x", want[i].s, u, want[i].bits);
+    }
+    cr_expect(isnan(moe_e8m0_to_f32(255)));
+    cr_expect_eq(moe_e8m0_to_f32(0), ldexpf(1.0f, -127));
+    cr_expect_eq(moe_e8m0_to_f32(100), ldexpf(1.0f, -27));
+}
+
+/* Each row of the fixture's matrices, packed and dequantized, is the
+ * transformers value bit for bit (infinities, subnormals and -0 included);
+ * a NaN scale is refused. */
+Test(quant, mxfp4_rows_equal_transformers)
+{
+    struct moe_safetensors st = {0};
+    cr_assert_eq(moe_safetensors_open_file(&st, FIXTURE_DIR "/quant/mxfp4.safetensors"), MOE_OK, "%s",
+                 moe_last_error());
+    const char *names[] = {"a", "b", "c"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char nb[32], ns[32], nd[32];
+        snprintf(nb, sizeof nb, "%s_blocks", names[i]);
+        snprintf(ns, sizeof ns, "%s_scales", names[i]);
+        snprintf(nd, sizeof nd, "%s_dequant", names[i]);
+        const struct moe_st_tensor *bt = moe_safetensors_find(&st, nb), *sct = moe_safetensors_find(&st, ns),
+                                   *dq = moe_safetensors_find(&st, nd);
+        cr_assert(bt && sct && dq, "%s: tensors missing", names[i]);
+        const int N = (int)dq->shape[0], K = (int)dq->shape[1], G = K / MOE_MXFP4_BLOCK;
+        cr_assert(bt->ndim == 3 && bt->shape[0] == N && bt->shape[1] == G && bt->shape[2] == 16);
+        cr_assert(sct->ndim == 2 && sct->shape[0] == N && sct->shape[1] == G);
+        const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)K);
+        unsigned char *row = malloc(rb);
+        float *got = malloc((size_t)K * sizeof(float));
+        for (int n = 0; n < N; n++) {
+            const uint8_t *blocks = (const uint8_t *)bt->data + (size_t)n * G * 16,
+                          *scales = (const uint8_t *)sct->data + (size_t)n * G;
+            const float *want = (const float *)dq->data + (size_t)n * K;
+            cr_assert(moe_mxfp4_pack_row(row, blocks, scales, (size_t)K));
+            for (int g = 0; g < G; g++)
+                cr_expect_eq(row[(size_t)g * MOE_MXFP4_BYTES], scales[g], "%s row %d block %d: scale byte",
+                             names[i], n, g);
+            moe_convert_row_f32(got, row, MOE_DTYPE_MXFP4, (size_t)K);
+            for (int k = 0; k < K; k++) {
+                uint32_t a, b;
+                const float one = moe_mxfp4_get(row, (size_t)k);
+                memcpy(&a, &got[k], 4);
+                memcpy(&b, &want[k], 4);
+                cr_assert_eq(a, b, "%s row %d element %d: %g (0x%08x), transformers %g (0x%08x)", names[i],
+                             n, k, got[k], a, want[k], b);
+                memcpy(&a, &one, 4);
+                cr_assert_eq(a, b, "%s row %d element %d: moe_mxfp4_get %g", names[i], n, k, one);
+            }
+        }
+        /* scale 255 is NaN in E8M0: the row is refused, whichever block holds it */
+        uint8_t *bad = malloc((size_t)G);
+        for (int g = 0; g < G; g++) {
+            memcpy(bad, sct->data, (size_t)G);
+            bad[g] = 255;
+            cr_expect_not(moe_mxfp4_pack_row(row, bt->data, bad, (size_t)K), "%s: scale 255 in block %d",
+                          names[i], g);
+        }
+        free(bad);
+        free(row);
+        free(got);
+    }
+    moe_safetensors_close(&st);
+}
+
+/* (N, Din) random MXFP4 weights (new memory), packed from the checkpoint
+ * layout: random bytes, scales drawn from [smin, smax] with every eighth
+ * block's scale 0 or 1 when with_tiny (subnormal values).  The dequantized
+ * rows into *f32 (new memory). */
+static void *mxfp4_weights(int N, int Din, uint64_t seed, int smin, int smax, bool with_tiny, float **f32)
+{
+    const int G = Din / MOE_MXFP4_BLOCK;
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)Din);
+    uint8_t blocks[16 * 64], scales[64];
+    cr_assert(G <= 64);
+    unsigned char *w = malloc((size_t)N * rb);
+    *f32 = malloc((size_t)N * Din * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        for (int i = 0; i < 16 * G; i++) blocks[i] = (uint8_t)tu_rand_u64(&seed);
+        for (int g = 0; g < G; g++) {
+            scales[g] = (uint8_t)(smin + (int)(tu_rand_u64(&seed) % (uint64_t)(smax - smin + 1)));
+            if (with_tiny && (n * G + g) % 8 == 3) scales[g] = (uint8_t)((n + g) & 1);
+        }
+        cr_assert(moe_mxfp4_pack_row(w + (size_t)n * rb, blocks, scales, (size_t)Din));
+        moe_convert_row_f32(*f32 + (size_t)n * Din, w + (size_t)n * rb, MOE_DTYPE_MXFP4, (size_t)Din);
+    }
+    return w;
+}
+
+/* y = x . W^T over MXFP4 weights through the reference (isa REF) or a fast
+ * kernel set. */
+static void gemm_any(int isa, float *y, const float *x, const void *w, enum moe_dtype wt, int N, int D,
+                     int T, float *scratch)
+{
+    if (isa == MOE_CPU_ISA_REF)
+        moe_gemm_cpu(y, N, x, D, w, wt, N, D, T, NULL, scratch);
+    else
+        moe_gemm_fast((enum moe_cpu_isa)isa, y, N, x, D, w, wt, N, D, T, NULL);
+}
+
+/* Every kernel set this processor runs (the reference, AVX2, AVX-512)
+ * multiplies MXFP4 weights as an fp32 product over the dequantized values
+ * (the reference: bit for bit, it sums in the same order; the fast sets:
+ * to 1e-5 of the largest output), and a row's outputs are the same bits
+ * in a batch of any size. */
+Test(quant, mxfp4_gemm_matches_dequantized_f32)
+{
+    const int best = (int)moe_cpu_isa_detect();
+    const int Ts[] = {1, 2, 3, 5, 8, 17, 67}, Ns[] = {1, 5, 13, 50, 97}, Ds[] = {32, 64, 96, 256};
+    enum { TMAX = 67 };
+    for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+        for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++) {
+            const int N = Ns[b], D = Ds[c];
+            float *wf;
+            void *w = mxfp4_weights(N, D, (uint64_t)(N * 7 + D), 120, 132, true, &wf);
+            float *x = malloc((size_t)TMAX * D * sizeof(float)), *want = malloc((size_t)TMAX * N * 4),
+                  *full = malloc((size_t)TMAX * N * 4), *got = malloc((size_t)TMAX * N * 4),
+                  *scratch = malloc((size_t)D * 64 * sizeof(float));
+            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + D), -1, 1);
+            moe_gemm_cpu(want, N, x, D, wf, MOE_DTYPE_F32, N, D, TMAX, NULL, scratch);
+            float maxref = 0;
+            for (size_t i = 0; i < (size_t)TMAX * N; i++) maxref = fmaxf(maxref, fabsf(want[i]));
+            for (int isa = MOE_CPU_ISA_REF; isa <= best; isa++) {
+                gemm_any(isa, full, x, w, MOE_DTYPE_MXFP4, N, D, TMAX, scratch);
+                char what[96];
+                snprintf(what, sizeof what, "mxfp4 gemm %s T=%d N=%d Din=%d",
+                         moe_cpu_isa_name((enum moe_cpu_isa)isa), TMAX, N, D);
+                if (isa == MOE_CPU_ISA_REF)
+                    cr_expect(memcmp(full, want, (size_t)TMAX * N * 4) == 0,
+                              "%s: the reference differs from its fp32 product", what);
+                cr_expect(tu_allclose(what, full, want, (size_t)TMAX * N, 1e-5f * maxref, 1e-5f), "%s", what);
+                cr_expect(tu_max_rel_err(full, want, (size_t)TMAX * N) <= 1e-5, "%s: %g", what,
+                          tu_max_rel_err(full, want, (size_t)TMAX * N));
+                /* the first T rows alone: the same bits as in the batch of TMAX */
+                for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++) {
+                    const int T = Ts[a];
+                    gemm_any(isa, got, x, w, MOE_DTYPE_MXFP4, N, D, T, scratch);
+                    for (int r = 0; r < T; r++)
+                        cr_expect(memcmp(got + (size_t)r * N, full + (size_t)r * N, (size_t)N * 4) == 0,
+                                  "%s: row %d in a batch of %d differs from the batch of %d", what, r, T,
+                                  TMAX);
+                }
+            }
+            free(w);
+            free(wf);
+            free(x);
+            free(want);
+            free(full);
+            free(got);
+            free(scratch);
+        }
+}
+
+/* One-hot input rows pick single weights: every kernel set, on every path
+ * (decode tiles, batch tiles, rows widened for a block), gives each
+ * dequantized weight exactly, so the nibble order, the lookup table and the
+ * scale (subnormal ones included: 0 and 1) are the reference's. */
+Test(quant, mxfp4_kernels_widen_exactly)
+{
+    const int best = (int)moe_cpu_isa_detect();
+    const int Ns[] = {3, 13, 50}, Ds[] = {32, 96, 256}, groups[] = {1, 2, 3, 5, 8, 17};
+    for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+        for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++) {
+            const int N = Ns[b], D = Ds[c];
+            float *wf; /* scales up to 252: every value finite (253 and 254 overflow) */
+            void *w = mxfp4_weights(N, D, (uint64_t)(N * 3 + D), 0, 252, true, &wf);
+            float *x = calloc((size_t)D * D, sizeof(float)), *y = malloc((size_t)D * N * 4),
+                  *scratch = malloc((size_t)D * 64 * sizeof(float));
+            for (int k = 0; k < D; k++) x[(size_t)k * D + k] = 1.0f;
+            for (int isa = MOE_CPU_ISA_REF; isa <= best; isa++)
+                for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
+                    const int T = groups[g] < D ? groups[g] : D;
+                    for (int k0 = 0; k0 < D; k0 += T) {
+                        const int t = D - k0 < T ? D - k0 : T;
+                        gemm_any(isa, y, x + (size_t)k0 * D, w, MOE_DTYPE_MXFP4, N, D, t, scratch);
+                        for (int r = 0; r < t; r++)
+                            for (int n = 0; n < N; n++)
+                                cr_assert_eq(y[(size_t)r * N + n], wf[(size_t)n * D + k0 + r],
+                                             "%s N=%d Din=%d rows of %d: weight (%d, %d) is %g, want %g",
+                                             moe_cpu_isa_name((enum moe_cpu_isa)isa), N, D, t, n, k0 + r,
+                                             y[(size_t)r * N + n], wf[(size_t)n * D + k0 + r]);
+                    }
+                }
+            free(w);
+            free(wf);
+            free(x);
+            free(y);
+            free(scratch);
+        }
+}
+
+/* tiny-moe (bf16) with every layer's experts replaced by MXFP4 weights
+ * (*buf, new memory), prepared on backend `name` with quant: logits of the
+ * shared 20-token prompt into logits. */
+static void run_mxfp4_experts(const char *name, enum moe_weight_quant q, float *logits, struct moe_model *m,
+                              void **buf)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_BF16, 11), MOE_OK, "%s", moe_last_error());
+    const int L = cfg.n_layers, E = cfg.n_experts, D = cfg.d_model, F = cfg.d_expert;
+    const size_t gu = (size_t)F * moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)D),
+                 dn = (size_t)D * moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)F), per = 2 * gu + dn;
+    char *p = malloc((size_t)L * E * per);
+    *buf = p;
+    for (int l = 0; l < L; l++) {
+        struct moe_expert_weights *x = &m->layers[l].experts;
+        cr_assert(x->gate);
+        for (int e = 0; e < E; e++, p += per) {
+            float *f;
+            /* scales 2^-7 .. 2^-5: values up to 0.19, as the synthetic ones */
+            void *g = mxfp4_weights(F, D, (uint64_t)(l * E + e) * 3, 120, 122, false, &f);
+            free(f);
+            void *u = mxfp4_weights(F, D, (uint64_t)(l * E + e) * 3 + 1, 120, 122, false, &f);
+            free(f);
+            void *d = mxfp4_weights(D, F, (uint64_t)(l * E + e) * 3 + 2, 120, 122, false, &f);
+            free(f);
+            memcpy(p, g, gu);
+            memcpy(p + gu, u, gu);
+            memcpy(p + 2 * gu, d, dn);
+            free(g);
+            free(u);
+            free(d);
+            x->gate[e] = p;
+            x->up[e] = p + gu;
+            x->down[e] = p + 2 * gu;
+        }
+        x->dtype = MOE_DTYPE_MXFP4;
+    }
+    struct moe_backend be;
+    cr_assert_eq(moe_backend_init(&be, name, 0), MOE_OK, "%s", moe_last_error());
+    be.quant = q;
+    struct moe_runner r;
+    struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 1, .max_logits = 64, .block_size = 8,
+                                .n_blocks = 32};
+    cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
+    int32_t prompt[20];
+    tu_prompt_logits(&r, cfg.vocab, prompt, logits);
+    moe_runner_free(&r);
+    moe_backend_free(&be);
+}
+
+/* The CPU backends read MXFP4 experts in place: never requantized by
+ * --quantize q8_0 nor repacked to panels (the other weights still are), and
+ * the reference and fast expert phases agree. */
+Test(quant, backends_read_mxfp4_experts_in_place)
+{
+    const int V = 1024;
+    float *ref = malloc((size_t)20 * V * 4), *fast = malloc((size_t)20 * V * 4);
+    struct moe_model m;
+    void *buf;
+    run_mxfp4_experts("cpu-ref", MOE_QUANT_Q8_0, ref, &m, &buf);
+    cr_expect_eq(m.layers[0].experts.dtype, MOE_DTYPE_MXFP4);
+    cr_expect_eq(m.layers[0].experts.gate[0], buf, "the experts are read where the loader put them");
+    cr_expect_eq(m.layers[0].wq.dtype, MOE_DTYPE_Q8_0, "attention is still quantized");
+    moe_model_free(&m);
+    free(buf);
+    bool finite = true;
+    for (size_t i = 0; i < (size_t)20 * V; i++) finite = finite && isfinite(ref[i]);
+    cr_expect(finite, "logits not finite");
+    if (moe_cpu_isa_detect() != MOE_CPU_ISA_REF) {
+        run_mxfp4_experts("cpu", MOE_QUANT_Q8_0, fast, &m, &buf);
+        cr_expect_eq(m.layers[1].experts.dtype, MOE_DTYPE_MXFP4);
+        cr_expect_eq(m.layers[0].experts.gate[0], buf);
+        cr_expect_eq(m.layers[1].router.dtype, MOE_DTYPE_BF16_PANEL);
+        moe_model_free(&m);
+        free(buf);
+        cr_expect(tu_allclose("mxfp4 experts, q8_0 elsewhere: fast vs reference", fast, ref, (size_t)20 * V,
+                              1e-4f, 1e-3f));
+        run_mxfp4_experts("cpu", MOE_QUANT_NONE, fast, &m, &buf);
+        cr_expect_eq(m.layers[0].experts.dtype, MOE_DTYPE_MXFP4, "not repacked to panels");
+        cr_expect_eq(m.layers[0].experts.gate[0], buf);
+        cr_expect_eq(m.layers[0].wq.dtype, MOE_DTYPE_BF16_PANEL);
+        moe_model_free(&m);
+        free(buf);
+        run_mxfp4_experts("cpu-ref", MOE_QUANT_NONE, ref, &m, &buf);
+        moe_model_free(&m);
+        free(buf);
+        cr_expect(tu_allclose("mxfp4 experts, panels elsewhere: fast vs reference", fast, ref, (size_t)20 * V,
+                              1e-4f, 1e-3f));
+    }
+    free(ref);
+    free(fast);
+}
+
+Test(quant, mxfp4_is_not_written_to_safetensors)
+{
+    unsigned char row[17] = {127};
+    struct moe_st_tensor t = {.name = "w", .dtype = MOE_DTYPE_MXFP4, .ndim = 2, .shape = {1, 32},
+                              .data = row, .nbytes = sizeof row};
+    const struct moe_st_tensor *list[] = {&t};
+    char path[] = "/tmp/moerun_mxfp4_XXXXXX";
+    const int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    cr_expect_neq(moe_safetensors_write(path, list, 1, NULL), MOE_OK);
+    cr_expect(strstr(moe_last_error(), "bad dtype"), "%s", moe_last_error());
+    unlink(path);
 }
