@@ -4,9 +4,9 @@
  * W is (N, Din) row-major in F32, F16, BF16, Q8_0 or MXFP4 (runtime/tensor.h),
  * read in place.  Each weight row is converted to fp32 once per call into
  * the caller's scratch and dotted with all T input rows, so a step reads
- * every weight once.  Parallel over
- * output rows (OpenMP); the summation order of each output is fixed, so the
- * result does not depend on the thread count. */
+ * every weight once.  Parallel over output rows (OpenMP); the summation
+ * order of each output is fixed, so the result does not depend on the
+ * thread count. */
 #pragma once
 
 #include "runtime/tensor.h"

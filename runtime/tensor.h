@@ -72,8 +72,8 @@ enum moe_dtype {
      * nibbles, each an index into {+0, +0.5, +1, +1.5, +2, +3, +4, +6,
      * -0, -0.5, -1, -1.5, -2, -3, -4, -6}; the value is lut[nibble] *
      * 2^(s-127), exact in fp32 (s = 0 gives the subnormal 2^-127; a value
-     * past fp32's range, s = 254 with |lut| >= 2, is inf, as in
-     * transformers).  Stored per row of K values (K a multiple of 32) as
+     * past fp32's range, |lut| >= 4 at s = 253 or >= 2 at s = 254, is inf,
+     * as in transformers).  Stored per row of K values (K a multiple of 32) as
      * K/32 blocks of 17 bytes: s, then 16 bytes qs, qs[j] holding element
      * j of the block in its low nibble and element j + 16 in its high
      * nibble (ggml's block_mxfp4), so 8 or 16 consecutive elements are
