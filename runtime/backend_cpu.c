@@ -212,41 +212,6 @@ static bool quantize_item(char *dst, const struct pack_item *it)
     return ok;
 }
 
-/* Gives the pages inside [p, p + n) back to the system; the pages the range
- * shares with its neighbours stay. */
-static void drop_pages(const void *p, size_t n)
-{
-    const uintptr_t a = (uintptr_t)p, page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
-    if (lo < hi) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
-/* Drops this process's pages of a source matrix [p, p + n) once it is
- * packed, when st holds it: in one of its file mappings (read-only and
- * private: a page touched again is read from the file again), or in one of
- * its own in-memory tensors (synthetic weights: a page touched again reads
- * zeros, and nothing reads it again, since the views point at the panels).
- * Memory st does not hold is left alone, and with files_only so is memory
- * of its in-memory tensors. */
-static void release_source(const struct moe_safetensors *st, const void *p, size_t n, bool files_only)
-{
-    const uintptr_t a = (uintptr_t)p;
-    for (int i = 0; i < st->n_files; i++) {
-        const uintptr_t m0 = (uintptr_t)st->files[i].map, m1 = m0 + st->files[i].size;
-        if (!st->files[i].map || a < m0 || a + n > m1) continue;
-        drop_pages(p, n);
-        return;
-    }
-    if (files_only) return;
-    for (size_t i = 0; i < st->n_tensors; i++) {
-        const struct moe_st_tensor *t = &st->tensors[i];
-        const uintptr_t t0 = (uintptr_t)t->data, t1 = t0 + t->nbytes;
-        if (t->file >= 0 || !t->data || a < t0 || a + n > t1) continue;
-        drop_pages(p, n);
-        return;
-    }
-}
-
 /* Repacks m's matrices of this kind into a new arena owned by c and points
  * m's views at it (nothing to do when it has none); on failure m is
  * unchanged.  Each source's pages go back as soon as it is packed, except,
@@ -298,12 +263,12 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
         const struct pack_item *it = &items[i];
         if (kind == PACK_PANELS) {
             moe_gemm_pack_panels(arena + it->off, it->src, it->N, it->K);
-            if (!it->keep_source) release_source(&m->st, it->src, (size_t)it->N * (size_t)it->K * 2, false);
+            if (!it->keep_source) moe_safetensors_release(&m->st, it->src, (size_t)it->N * (size_t)it->K * 2, false);
         } else if (!quantize_item(arena + it->off, it)) {
 #pragma omp critical(moe_cpu_quant_bad)
             if (bad < 0 || (int64_t)i < bad) bad = (int64_t)i;
         } else if (!it->keep_source) {
-            release_source(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N, true);
+            moe_safetensors_release(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N, true);
         }
     }
     if (bad >= 0) {
@@ -319,7 +284,7 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
     for (size_t i = 0; i < n; i++) {
         const struct pack_item *it = &items[i];
         if (kind == PACK_Q8_0 && !it->keep_source)
-            release_source(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N,
+            moe_safetensors_release(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N,
                            false);
         if (it->t) {
             it->t->data = arena + it->off;

@@ -584,3 +584,30 @@ void moe_safetensors_close(struct moe_safetensors *st)
     json_decref(st->metadata);
     memset(st, 0, sizeof *st);
 }
+
+static void drop_pages(const void *p, size_t n)
+{
+    const uintptr_t a = (uintptr_t)p, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
+    if (lo < hi) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+void moe_safetensors_release(const struct moe_safetensors *st, const void *p, size_t n,
+                             bool files_only)
+{
+    const uintptr_t a = (uintptr_t)p;
+    for (int i = 0; i < st->n_files; i++) {
+        const uintptr_t m0 = (uintptr_t)st->files[i].map, m1 = m0 + st->files[i].size;
+        if (!st->files[i].map || a < m0 || a + n > m1) continue;
+        drop_pages(p, n);
+        return;
+    }
+    if (files_only) return;
+    for (size_t i = 0; i < st->n_tensors; i++) {
+        const struct moe_st_tensor *t = &st->tensors[i];
+        const uintptr_t t0 = (uintptr_t)t->data, t1 = t0 + t->nbytes;
+        if (t->file >= 0 || !t->data || a < t0 || a + n > t1) continue;
+        drop_pages(p, n);
+        return;
+    }
+}

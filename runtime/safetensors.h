@@ -86,6 +86,15 @@ MOE_MUST_USE enum moe_status moe_safetensors_add(struct moe_safetensors *st, con
  * on st (tensors[] may move as it grows).  O(1) expected. */
 const struct moe_st_tensor *moe_safetensors_find(const struct moe_safetensors *st,
                                                  const char *name);
+/* Drops this process's pages of [p, p + n) once a loader or backend has
+ * copied what it needs from them, when st holds the range: in one of its
+ * file mappings (read-only and private: a page touched again is read from
+ * the file again), or, unless files_only, in one of its own in-memory
+ * tensors (a page touched again reads zeros: only for memory nothing reads
+ * again).  Pages the range shares with its neighbours stay; memory st does
+ * not hold is left alone. */
+void moe_safetensors_release(const struct moe_safetensors *st, const void *p, size_t n,
+                             bool files_only);
 /* Unmaps, frees; safe on a zeroed struct and twice. */
 void moe_safetensors_close(struct moe_safetensors *st);
 
