@@ -25,6 +25,36 @@ void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor
     }
 }
 
+/* YaRN (transformers' _compute_yarn_parameters): dimensions that turn more
+ * than beta_fast times over the original context keep their frequency,
+ * those under beta_slow turns are divided by factor, a linear ramp between. */
+static double yarn_correction_dim(double rotations, int dim, double base, int max_pos)
+{
+    return dim * log(max_pos / (rotations * 2 * M_PI)) / (2 * log(base));
+}
+
+static void yarn_freqs(float *inv_freq, const struct moe_config *cfg)
+{
+    const int dim = cfg->rope_dim, half = dim / 2;
+    double lo = yarn_correction_dim(cfg->rope_beta_fast, dim, cfg->rope_theta, cfg->rope_original_max_pos);
+    double hi = yarn_correction_dim(cfg->rope_beta_slow, dim, cfg->rope_theta, cfg->rope_original_max_pos);
+    if (cfg->rope_truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    if (lo < 0) lo = 0;
+    if (hi > dim - 1) hi = dim - 1;
+    if (lo == hi) hi += 0.001; /* as transformers: no singular ramp */
+    for (int i = 0; i < half; i++) {
+        float ramp = ((float)i - (float)lo) / (float)(hi - lo);
+        ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+        const float extrapolation = 1.0f - ramp;
+        const float pos_freq = powf(cfg->rope_theta, (float)(2 * i) / (float)dim);
+        inv_freq[i] = 1.0f / (cfg->rope_factor * pos_freq) * (1.0f - extrapolation) +
+                      1.0f / pos_freq * extrapolation;
+    }
+}
+
 void moe_attention_rope_freqs(float *inv_freq, const struct moe_config *cfg)
 {
     const int half = cfg->rope_dim / 2;
@@ -34,7 +64,9 @@ void moe_attention_rope_freqs(float *inv_freq, const struct moe_config *cfg)
         float expo = (float)(2 * i) / (float)cfg->rope_dim;
         inv_freq[i] = 1.0f / powf(cfg->rope_theta, expo);
     }
-    if (cfg->rope_type == MOE_ROPE_LINEAR) {
+    if (cfg->rope_type == MOE_ROPE_YARN) {
+        yarn_freqs(inv_freq, cfg);
+    } else if (cfg->rope_type == MOE_ROPE_LINEAR) {
         for (int i = 0; i < half; i++) inv_freq[i] /= cfg->rope_factor;
     } else if (cfg->rope_type == MOE_ROPE_LLAMA3) {
         /* Llama 3.1: long wavelengths divided by factor, short ones kept,
@@ -110,9 +142,9 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
             const int32_t *table = b->block_table + (size_t)s * b->max_blocks;
             const float *qg = q + (size_t)t * Hq * Dh + (size_t)kh * G * Dh;
             int first = p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
-            for (int g = 0; g < G; g++) {
-                m[g] = -INFINITY;
-                l[g] = 0.0f;
+            for (int g = 0; g < G; g++) { /* a sink is a key of value 0 */
+                m[g] = p->sinks ? p->sinks[kh * G + g] : -INFINITY;
+                l[g] = p->sinks ? 1.0f : 0.0f;
             }
             memset(acc, 0, (size_t)G * Dh * sizeof(float));
             for (int j = first; j <= pos; j++) {

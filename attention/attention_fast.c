@@ -40,9 +40,9 @@ void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcac
             const int32_t *table = b->block_table + (size_t)s * b->max_blocks;
             const float *qg = q + (size_t)t * Hq * Dh + (size_t)kh * G * Dh;
             const int first = p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
-            for (int g = 0; g < G; g++) {
-                m[g] = -INFINITY;
-                l[g] = 0.0f;
+            for (int g = 0; g < G; g++) { /* a sink is a key of value 0 */
+                m[g] = p->sinks ? p->sinks[kh * G + g] : -INFINITY;
+                l[g] = p->sinks ? 1.0f : 0.0f;
             }
             memset(acc, 0, (size_t)G * Dh * sizeof(float));
             const float *vrow[JT];

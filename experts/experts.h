@@ -8,6 +8,8 @@
  * MixtralExperts / Qwen3MoeExperts modules of transformers. */
 #pragma once
 
+#include <math.h>
+
 #include "runtime/backend.h"
 #include "runtime/gemm_fast.h"
 
@@ -17,6 +19,33 @@ extern "C" {
 
 /* silu(x) * u, elementwise into g. */
 void moe_experts_swiglu_cpu(float *g, const float *u, size_t n);
+/* The expert activation of one gate value g and up value u: silu(g) * u,
+ * or with limit > 0 gpt-oss's clamped form (runtime/config.h):
+ * g' = min(g, limit), u' = clamp(u, -limit, limit),
+ * g' * sigmoid(alpha * g') * (u' + 1).  A NaN stays NaN (as torch.clamp). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline float moe_experts_act(float g, float u, float alpha, float limit)
+{
+    if (limit > 0) {
+        g = g > limit ? limit : g;
+        u = u > limit ? limit : u < -limit ? -limit : u;
+        return g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
+    }
+    return g / (1.0f + expf(-g)) * u;
+}
+/* Expert e's row of a stacked (E, N) bias b: a view, or NULL when b is
+ * absent (in *view). */
+static inline const struct moe_tensor *moe_experts_bias_row(const struct moe_tensor *b, int e,
+                                                            struct moe_tensor *view)
+{
+    if (!b->data) return NULL;
+    *view = (struct moe_tensor){.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {b->shape[1]},
+                                .data = (float *)b->data + (size_t)e * (size_t)b->shape[1],
+                                .device = b->device};
+    return view;
+}
 /* out (T, D); scratch as for moe_gemm_cpu with Din = max(D, F). */
 void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *plan,
                          const float *w, const struct moe_expert_weights *ex,

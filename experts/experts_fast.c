@@ -59,12 +59,15 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
             const int f0 = (i % nf) * fs, f1 = f0 + fs < F ? f0 + fs : F;
             const float *xe = ws->xe + (size_t)r0 * D;
             float *g = ws->g + (size_t)r0 * F, *u = ws->u + (size_t)r0 * F;
-            moe_gemm_fast_rows(isa, g, (size_t)F, xe, (size_t)D, c, ex->gate[e], dt, D, f0, f1, NULL);
-            moe_gemm_fast_rows(isa, u, (size_t)F, xe, (size_t)D, c, ex->up[e], dt, D, f0, f1, NULL);
+            struct moe_tensor vg, vu;
+            moe_gemm_fast_rows(isa, g, (size_t)F, xe, (size_t)D, c, ex->gate[e], dt, D, f0, f1,
+                               moe_experts_bias_row(&ex->b_gate, e, &vg));
+            moe_gemm_fast_rows(isa, u, (size_t)F, xe, (size_t)D, c, ex->up[e], dt, D, f0, f1,
+                               moe_experts_bias_row(&ex->b_up, e, &vu));
             for (int r = 0; r < c; r++) {
                 float *gr = g + (size_t)r * F;
                 const float *ur = u + (size_t)r * F;
-                for (int f = f0; f < f1; f++) gr[f] = gr[f] / (1.0f + expf(-gr[f])) * ur[f];
+                for (int f = f0; f < f1; f++) gr[f] = moe_experts_act(gr[f], ur[f], ex->alpha, ex->limit);
             }
         }
 
@@ -72,8 +75,10 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
         for (int i = 0; i < na * nd; i++) {
             const int e = active[i / nd], r0 = plan->offsets[e], c = plan->counts[e];
             const int d0 = (i % nd) * ds, d1 = d0 + ds < D ? d0 + ds : D;
+            struct moe_tensor vd;
             moe_gemm_fast_rows(isa, ws->ye + (size_t)r0 * D, (size_t)D, ws->g + (size_t)r0 * F,
-                               (size_t)F, c, ex->down[e], dt, F, d0, d1, NULL);
+                               (size_t)F, c, ex->down[e], dt, F, d0, d1,
+                               moe_experts_bias_row(&ex->b_down, e, &vd));
         }
 
         moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);

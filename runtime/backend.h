@@ -85,6 +85,8 @@ struct moe_attn_params {
     float scale;       /* 1/sqrt(Dh) */
     int window;        /* 0: full causal; else keys pos-window+1 .. pos */
     int max_ctx;       /* longest ctx_len of the batch (a launch hint; 0: unknown) */
+    const float *sinks; /* (Hq) backend memory, or NULL: head h's softmax denominator
+                           also holds exp(sinks[h]) (gpt-oss), as a key whose value is 0 */
 };
 
 /* Steps of at most this many rows are decode-sized: the CUDA backend runs
@@ -133,7 +135,8 @@ struct moe_backend_ops {
     /* ids (T, K), w (T, K) from router logits (T, E). */
     MOE_OP(route, int32_t *ids, float *w, const float *logits, int T, const struct moe_route *r);
     MOE_OP(dispatch, struct moe_dispatch *plan, const int32_t *ids, int T, int K, int E);
-    /* out (T, D) = combine of the K experts' SwiGLU FFN of x (T, D). */
+    /* out (T, D) = combine of the K experts' SwiGLU FFN of x (T, D), with
+     * ex's biases and activation (model.h) when it has them. */
     MOE_OP(experts, float *out, const float *x, const struct moe_dispatch *plan, const float *w,
            const struct moe_expert_weights *ex, const struct moe_expert_ws *ws, int T, int K, int D,
            int F, int E);

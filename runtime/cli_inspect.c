@@ -63,7 +63,11 @@ int moe_cli_inspect(int argc, char **argv)
     printf("\nvocabulary   %d; context %d; rope theta %g%s", cfg->vocab, cfg->max_pos,
            cfg->rope_theta,
            cfg->rope_type == MOE_ROPE_LLAMA3 ? " (llama3 scaling)"
-           : cfg->rope_type == MOE_ROPE_LINEAR ? " (linear scaling)" : "");
+           : cfg->rope_type == MOE_ROPE_LINEAR ? " (linear scaling)"
+           : cfg->rope_type == MOE_ROPE_YARN ? " (yarn scaling)" : "");
+    if (cfg->rope_type == MOE_ROPE_YARN)
+        printf(" x%g over %d, attention factor %.4g", cfg->rope_factor, cfg->rope_original_max_pos,
+               cfg->rope_attn_factor);
     if (cfg->rope_dim < cfg->head_dim) printf(", over %d of %d values per head", cfg->rope_dim, cfg->head_dim);
     printf("\n");
     if (n_moe)
@@ -76,6 +80,17 @@ int moe_cli_inspect(int argc, char **argv)
     if (cfg->family == MOE_FAMILY_GRANITE_MOE || cfg->family == MOE_FAMILY_GRANITE)
         printf("multipliers  embedding x %g, residual x %g, attention scale %g, logits / %g\n",
                cfg->embed_scale, cfg->residual_scale, cfg->attn_scale, 1.0 / cfg->logit_scale);
+    if (cfg->family == MOE_FAMILY_GPT_OSS)
+        printf("gpt-oss      attention sinks; router and expert biases; clamped SwiGLU (alpha %g, "
+               "limit %g); experts stored as %s\n", cfg->swiglu_alpha, cfg->swiglu_limit,
+               m.layers && n_moe ? moe_dtype_name(m.layers[cfg->n_layers - 1].experts.dtype)
+               : cfg->experts_mxfp4 ? "MXFP4" : "the weights' dtype");
+    if (cfg->sliding_window > 0) {
+        int n = 0;
+        for (int l = 0; l < cfg->n_layers; l++) n += cfg->layer_sliding[l];
+        printf("attention    sliding window of %d in %d of %d layers\n", cfg->sliding_window, n,
+               cfg->n_layers);
+    }
     if (cfg->d_shared)
         printf("shared       1 shared expert of width %d%s\n", cfg->d_shared,
                cfg->shared_gate ? ", sigmoid gate" : "");

@@ -31,6 +31,7 @@ static const struct {
     {"GraniteMoeForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
     {"GraniteMoeSharedForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
     {"GraniteForCausalLM", MOE_FAMILY_GRANITE, 1e-6f, 0, false, MOE_QK_NORM_NONE, false},
+    {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true},
 };
 
 const char *moe_family_name(enum moe_family f)
@@ -105,6 +106,43 @@ static enum moe_status get_token_id(json_t *root, const char *what, const char *
     return MOE_OK;
 }
 
+/* YaRN as transformers' _compute_yarn_parameters reads it: factor (absent:
+ * max_position_embeddings / original_max_position_embeddings, DeepSeek-V3's
+ * convention), beta_fast 32, beta_slow 1, truncate true, and an attention
+ * factor given or made from factor, mscale and mscale_all_dim. */
+static double yarn_mscale(double scale, double mscale)
+{
+    return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+static enum moe_status parse_yarn(struct moe_config *c, json_t *params, const char *what)
+{
+    int orig;
+    double factor = 0, af = 0, ms = 0, ms_all = 0, fast = 0, slow = 0;
+    MOE_TRY(get_int(params, what, "original_max_position_embeddings", 1, INT32_MAX, 0, true, &orig));
+    MOE_TRY(get_num(params, what, "factor", (double)c->max_pos / orig, &factor));
+    MOE_TRY(get_num(params, what, "attention_factor", 0.0, &af));
+    MOE_TRY(get_num(params, what, "mscale", 0.0, &ms));
+    MOE_TRY(get_num(params, what, "mscale_all_dim", 0.0, &ms_all));
+    MOE_TRY(get_num(params, what, "beta_fast", 32.0, &fast));
+    MOE_TRY(get_num(params, what, "beta_slow", 1.0, &slow));
+    MOE_TRY(get_bool(params, what, "truncate", true, &c->rope_truncate));
+    if (!(factor > 0) || !(fast > 0) || !(slow > 0) || af < 0)
+        return moe_fail(MOE_ERR_FORMAT, "%s: yarn rope needs factor, beta_fast and beta_slow > 0 "
+                        "and attention_factor >= 0 (got %g, %g, %g, %g)", what, factor, fast, slow, af);
+    if (json_object_get(params, "attention_factor") && af == 0)
+        return moe_fail(MOE_ERR_FORMAT, "%s: yarn attention_factor must be > 0", what);
+    if (af == 0) af = ms != 0 && ms_all != 0 ? yarn_mscale(factor, ms) / yarn_mscale(factor, ms_all)
+                                             : yarn_mscale(factor, 1.0);
+    c->rope_type = MOE_ROPE_YARN;
+    c->rope_factor = (float)factor;
+    c->rope_original_max_pos = orig;
+    c->rope_beta_fast = (float)fast;
+    c->rope_beta_slow = (float)slow;
+    c->rope_attn_factor = (float)af;
+    return MOE_OK;
+}
+
 static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char *what)
 {
     /* transformers 5: rope_parameters {rope_type, rope_theta, ...};
@@ -116,13 +154,24 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
     if (scaling && !json_is_null(scaling) && !json_is_object(scaling))
         return moe_fail(MOE_ERR_FORMAT, "%s: 'rope_scaling' must be an object or null", what);
     json_t *params = (rp && json_is_object(rp)) ? rp : (json_is_object(scaling) ? scaling : NULL);
+    const bool gpt_oss = c->family == MOE_FAMILY_GPT_OSS;
     double theta = 0;
-    MOE_TRY(get_num(root, what, "rope_theta", 10000.0, &theta));
+    MOE_TRY(get_num(root, what, "rope_theta", gpt_oss ? 150000.0 : 10000.0, &theta));
     if (rp && json_is_object(rp)) MOE_TRY(get_num(rp, what, "rope_theta", theta, &theta));
     if (!(theta > 1.0)) return moe_fail(MOE_ERR_FORMAT, "%s: rope_theta = %g must be > 1", what, theta);
     c->rope_theta = (float)theta;
     c->rope_type = MOE_ROPE_DEFAULT;
     c->rope_factor = 1.0f;
+    c->rope_attn_factor = 1.0f;
+    if (!params && gpt_oss) { /* GptOssConfig's default: YaRN, factor 32 over 4096 */
+        c->rope_type = MOE_ROPE_YARN;
+        c->rope_factor = 32.0f;
+        c->rope_beta_fast = 32.0f;
+        c->rope_beta_slow = 1.0f;
+        c->rope_original_max_pos = 4096;
+        c->rope_attn_factor = (float)(0.1 * log(32.0) + 1.0);
+        return MOE_OK;
+    }
     if (!params) return MOE_OK;
 
     json_t *t = json_object_get(params, "rope_type");
@@ -159,9 +208,28 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
         c->rope_original_max_pos = orig;
         return MOE_OK;
     }
+    if (!strcmp(type, "yarn")) return parse_yarn(c, params, what);
     return moe_fail(MOE_ERR_UNSUPPORTED,
-                    "%s: rope type '%s' is not supported (supported: default, linear, llama3)",
+                    "%s: rope type '%s' is not supported (supported: default, linear, llama3, yarn)",
                     what, type);
+}
+
+/* quantization_config: gpt-oss's MXFP4 experts (read as stored, see
+ * runtime/tensor.h) are the one scheme supported; any other would be read
+ * as if its tensors were plain weights, so it is refused by name. */
+static enum moe_status parse_quantization(struct moe_config *c, json_t *root, const char *what)
+{
+    json_t *q = json_object_get(root, "quantization_config");
+    if (!q || json_is_null(q)) return MOE_OK;
+    const char *method = json_string_value(json_object_get(q, "quant_method"));
+    if (!json_is_object(q) || !method)
+        return moe_fail(MOE_ERR_FORMAT, "%s: quantization_config must be an object with a "
+                        "quant_method", what);
+    if (strcmp(method, "mxfp4") || c->family != MOE_FAMILY_GPT_OSS)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.quant_method '%s' is not "
+                        "supported (supported: mxfp4 experts of gpt-oss)", what, method);
+    c->experts_mxfp4 = true;
+    return MOE_OK;
 }
 
 /* Granite's embedding_multiplier, residual_multiplier, attention_multiplier
@@ -221,7 +289,8 @@ static enum moe_status parse_sliding(struct moe_config *c, json_t *root, const c
 {
     int window = 0;
     bool use = true;
-    MOE_TRY(get_int(root, what, "sliding_window", 0, INT32_MAX, 0, false, &window));
+    MOE_TRY(get_int(root, what, "sliding_window", 0, INT32_MAX,
+                    c->family == MOE_FAMILY_GPT_OSS ? 128 : 0, false, &window));
     if (json_object_get(root, "use_sliding_window")) MOE_TRY(get_bool(root, what, "use_sliding_window", false, &use));
     json_t *types = json_object_get(root, "layer_types");
     for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = false;
@@ -238,6 +307,8 @@ static enum moe_status parse_sliding(struct moe_config *c, json_t *root, const c
                 return moe_fail(MOE_ERR_UNSUPPORTED, "%s: layer_types[%d] = '%s' is not supported",
                                 what, l, s);
         }
+    } else if (c->family == MOE_FAMILY_GPT_OSS) { /* GptOssConfig: sliding, full, sliding, ... */
+        for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = l % 2 == 0;
     } else if (c->family == MOE_FAMILY_QWEN2 || c->family == MOE_FAMILY_QWEN2_MOE) {
         int max_window_layers;
         MOE_TRY(get_int(root, what, "max_window_layers", 0, INT32_MAX, 28, false, &max_window_layers));
@@ -264,7 +335,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         "%s: architecture '%s' is not supported (supported: MixtralForCausalLM, "
                         "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
                         "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Glm4MoeForCausalLM, "
-                        "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM)",
+                        "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM, "
+                        "GptOssForCausalLM)",
                         what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
@@ -289,7 +361,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     MOE_TRY(get_bool(root, what, "tie_word_embeddings", false, &c->tie_embeddings));
 
     bool attn_bias = false;
-    MOE_TRY(get_bool(root, what, "attention_bias", false, &attn_bias));
+    MOE_TRY(get_bool(root, what, "attention_bias", c->family == MOE_FAMILY_GPT_OSS, &attn_bias));
     c->qkv_bias = families[fi].qkv_bias_always || attn_bias;
     c->o_bias = !families[fi].qkv_bias_always && attn_bias;
     if (c->family == MOE_FAMILY_MIXTRAL) c->qkv_bias = c->o_bias = false;
@@ -329,7 +401,11 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     if (c->rope_dim < 2 || c->rope_dim % 2)
         return moe_fail(MOE_ERR_FORMAT, "%s: RoPE over %d of head_dim %d values (partial_rotary_factor "
                         "%g): it must be even and at least 2", what, c->rope_dim, c->head_dim, prf);
+    if (c->rope_attn_factor != 1.0f && c->rope_dim != c->head_dim)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: yarn's attention factor with partial_rotary_factor "
+                        "< 1 is not supported", what);
     MOE_TRY(parse_sliding(c, root, what));
+    MOE_TRY(parse_quantization(c, root, what));
 
     bool moe = families[fi].moe;
     c->n_group = c->topk_group = 1;
@@ -390,12 +466,30 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         c->router_sigmoid = c->router_bias = true;
         break;
     }
+    case MOE_FAMILY_GPT_OSS: {
+        /* router: a Linear with a bias, softmax over the top-K logits (=
+         * softmax, top-K, renormalised); experts with biases and the clamped
+         * SwiGLU (config.h) */
+        double alpha, limit;
+        MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 128, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 2880, false, &c->d_expert));
+        MOE_TRY(get_num(root, what, "swiglu_alpha", 1.702, &alpha));
+        MOE_TRY(get_num(root, what, "swiglu_limit", 7.0, &limit));
+        if (!(alpha > 0) || !(limit > 0))
+            return moe_fail(MOE_ERR_FORMAT, "%s: swiglu_alpha = %g and swiglu_limit = %g must be > 0",
+                            what, alpha, limit);
+        c->swiglu_alpha = (float)alpha;
+        c->swiglu_limit = (float)limit;
+        c->norm_topk = c->router_logit_bias = c->expert_bias = c->attn_sinks = true;
+        break;
+    }
     default:
         MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_ff));
         break;
     }
     if (moe) {
-        MOE_TRY(get_int(root, what, "num_experts_per_tok", 1, c->n_experts, 2, false, &c->top_k));
+        MOE_TRY(get_int(root, what, "num_experts_per_tok", 1, c->n_experts,
+                        c->family == MOE_FAMILY_GPT_OSS ? 4 : 2, false, &c->top_k));
         if (c->top_k > c->topk_group * (c->n_experts / c->n_group))
             return moe_fail(MOE_ERR_FORMAT, "%s: num_experts_per_tok = %d exceeds the %d experts of "
                             "topk_group = %d groups", what, c->top_k,

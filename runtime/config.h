@@ -27,6 +27,7 @@ enum moe_family {
     MOE_FAMILY_GLM4_MOE,
     MOE_FAMILY_GRANITE_MOE,        /* GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM */
     MOE_FAMILY_GRANITE,            /* GraniteForCausalLM (dense) */
+    MOE_FAMILY_GPT_OSS,            /* GptOssForCausalLM (gpt-oss-20b, gpt-oss-120b) */
 };
 
 enum moe_qk_norm {
@@ -35,7 +36,7 @@ enum moe_qk_norm {
     MOE_QK_NORM_FULL, /* RMSNorm over the whole Hq*Dh / Hkv*Dh projection (OLMoE) */
 };
 
-enum moe_rope_type { MOE_ROPE_DEFAULT, MOE_ROPE_LINEAR, MOE_ROPE_LLAMA3 };
+enum moe_rope_type { MOE_ROPE_DEFAULT, MOE_ROPE_LINEAR, MOE_ROPE_LLAMA3, MOE_ROPE_YARN };
 
 #define MOE_MAX_LAYERS 1024
 #define MOE_MAX_EXPERT_GROUPS 64 /* n_group */
@@ -60,16 +61,24 @@ struct moe_config {
     int sliding_window; /* window W for layers with layer_sliding[l]: a query at
                            position p sees keys p-W+1..p (HF's convention) */
     bool layer_sliding[MOE_MAX_LAYERS];
+    bool attn_sinks;   /* gpt-oss: a learned logit per query head (self_attn.sinks) joins each
+                          softmax's denominator (attention.h) */
 
     /* RoPE */
     enum moe_rope_type rope_type;
     float rope_theta;
     int rope_dim;                  /* each head's first rope_dim values are rotated, the rest
                                       pass (partial_rotary_factor); even, <= Dh */
-    float rope_factor;             /* linear, llama3 */
+    float rope_factor;             /* linear, llama3, yarn */
     float rope_low_freq_factor;    /* llama3 */
     float rope_high_freq_factor;   /* llama3 */
-    int rope_original_max_pos;     /* llama3 */
+    int rope_original_max_pos;     /* llama3, yarn */
+    float rope_beta_fast, rope_beta_slow; /* yarn: the ramp between extrapolated and
+                                             interpolated frequencies */
+    bool rope_truncate;            /* yarn: the ramp's ends rounded to whole dimensions */
+    float rope_attn_factor;        /* yarn: cos and sin times it (transformers'
+                                      attention_scaling), so every score times its square;
+                                      1 otherwise (0 also means none) */
 
     /* FFN.  A layer is either dense (width d_ff) or MoE (E experts of width
      * d_expert, plus an optional shared expert of width d_shared). */
@@ -80,6 +89,13 @@ struct moe_config {
     int d_shared;      /* shared expert width; 0 = none */
     bool shared_gate;  /* shared expert output scaled by sigmoid(x . w) (Qwen2-MoE) */
     bool norm_topk;    /* renormalise the K chosen probabilities to sum to 1 */
+    bool router_logit_bias; /* gpt-oss: the router is a Linear with a bias (mlp.router.bias) */
+    bool expert_bias;  /* gpt-oss: gate, up and down projections of experts have biases */
+    /* Expert activation.  0, 0: silu(g) * u.  gpt-oss (swiglu_alpha, swiglu_limit):
+     * g = min(g, limit), u = clamp(u, -limit, limit), g * sigmoid(alpha * g) * (u + 1). */
+    float swiglu_alpha, swiglu_limit;
+    bool experts_mxfp4; /* quantization_config mxfp4: expert matrices stored as MXFP4
+                           (runtime/tensor.h), the rest as the checkpoint's float dtype */
     /* Router scoring (router/router.h): softmax over E, or (GLM-4.5,
      * DeepSeek-V3) sigmoid per expert, chosen by sigmoid + a per-expert
      * bias among the topk_group best of n_group expert groups, weighted by

@@ -258,11 +258,15 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     MOE_TRY(op->rope(be, fw->q, db->positions, T, Hq, Dh, c->rope_dim, fw->inv_freq));
     MOE_TRY(op->rope(be, fw->k, db->positions, T, Hkv, Dh, c->rope_dim, fw->inv_freq));
     MOE_TRY(op->kv_store(be, kv, l, fw->k, fw->v, db->slot, T));
+    /* yarn scales cos and sin, so q and k: every score by its square (0 in
+     * a zeroed configuration built by hand means none) */
+    const float af = c->rope_attn_factor > 0 ? c->rope_attn_factor : 1.0f;
     struct moe_attn_params p = {
         .layer = l, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh,
-        .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)Dh),
+        .scale = (c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)Dh)) * af * af,
         .window = c->layer_sliding[l] ? c->sliding_window : 0,
         .max_ctx = fw->max_ctx,
+        .sinks = w->sinks.data,
     };
     MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, &p));
     MOE_TRY(op->matmul(be, fw->out, fw->att, &w->wo, &w->bo, T));
@@ -347,7 +351,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
             for (int i = 0; i < T * K; i++) trace->ids[(size_t)l * T * K + i] = -1;
         return residual_add(fw, T);
     }
-    MOE_TRY(op->matmul(be, fw->rlogits, fw->xn, &w->router, NULL, T));
+    MOE_TRY(op->matmul(be, fw->rlogits, fw->xn, &w->router, &w->router_b, T));
     const struct moe_route rt = {E, K, c->norm_topk, c->router_sigmoid, w->router_bias.data,
                                  c->n_group, c->topk_group, c->routed_scale};
     MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, &rt));

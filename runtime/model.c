@@ -8,12 +8,13 @@
  * and shape are checked against the configuration; a mismatch names the
  * tensor, the expected shape and the shape found. */
 #include "runtime/model.h"
+#include "runtime/model_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define NAME_MAX_LEN 256
+#define NAME_MAX_LEN MOE_NAME_MAX
 
 static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
 {
@@ -62,6 +63,38 @@ static enum moe_status bind(const struct moe_model *m, struct moe_tensor *out, b
     return MOE_OK;
 }
 
+enum moe_status moe_model_bind_tensor(const struct moe_model *m, struct moe_tensor *out,
+                                      bool required, const char *name, int ndim, int64_t d0,
+                                      int64_t d1, int64_t d2)
+{
+    return bind(m, out, required, name, ndim, d0, d1, d2);
+}
+
+enum moe_status moe_model_own(struct moe_model *m, size_t bytes, void **out)
+{
+    void **list = realloc(m->owned, (m->n_owned + 1) * sizeof *list);
+    if (!list) return moe_fail(MOE_ERR_NOMEM, "model: converted weights table");
+    m->owned = list;
+    *out = calloc(1, bytes ? bytes : 1);
+    if (!*out) return moe_fail(MOE_ERR_NOMEM, "model: %zu bytes for converted weights", bytes);
+    m->owned[m->n_owned++] = *out;
+    return MOE_OK;
+}
+
+enum moe_status moe_model_widen_f32(struct moe_model *m, struct moe_tensor *t)
+{
+    const int64_t n = moe_tensor_numel(t);
+    size_t bytes;
+    if (n < 0 || !moe_mul_size((size_t)n, sizeof(float), &bytes))
+        return moe_fail(MOE_ERR_FORMAT, "model: tensor of %lld elements", (long long)n);
+    void *p;
+    MOE_TRY(moe_model_own(m, bytes, &p));
+    moe_convert_row_f32(p, t->data, t->dtype, (size_t)n);
+    t->data = p;
+    t->dtype = MOE_DTYPE_F32;
+    return MOE_OK;
+}
+
 #define NAMEF(buf, ...) snprintf(buf, sizeof buf, __VA_ARGS__)
 
 static enum moe_status bind_attention(struct moe_model *m, int l, struct moe_layer_weights *w)
@@ -101,6 +134,7 @@ static enum moe_status bind_attention(struct moe_model *m, int l, struct moe_lay
         NAMEF(n, "model.layers.%d.self_attn.k_norm.weight", l);
         MOE_TRY(bind(m, &w->k_norm, true, n, 1, full ? KV : c->head_dim, 0, 0));
     }
+    if (c->attn_sinks) MOE_TRY(moe_model_bind_gpt_oss_sinks(m, l, w));
     return MOE_OK;
 }
 
@@ -235,6 +269,7 @@ static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_wei
     char n[NAME_MAX_LEN];
     int64_t D = c->d_model, E = c->n_experts;
     if (c->family == MOE_FAMILY_GRANITE_MOE) return bind_granite_moe(m, l, w);
+    if (c->family == MOE_FAMILY_GPT_OSS) return moe_model_bind_gpt_oss_moe(m, l, w);
     const char *blk = "mlp";
     if (c->family == MOE_FAMILY_MIXTRAL) {
         NAMEF(n, "model.layers.%d.block_sparse_moe.gate.weight", l);
@@ -272,6 +307,9 @@ enum moe_status moe_model_bind(struct moe_model *m)
 {
     const struct moe_config *c = &m->cfg;
     int64_t V = c->vocab, D = c->d_model;
+    if (c->family == MOE_FAMILY_GPT_OSS && m->weights_deferred)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "gpt-oss: weights made on the device are not supported "
+                        "(its experts are rewritten on the host at load); use host synthetic weights");
     MOE_TRY(bind(m, &m->embed, true, "model.embed_tokens.weight", 2, V, D, 0));
     MOE_TRY(bind(m, &m->final_norm, true, "model.norm.weight", 1, D, 0, 0));
     MOE_TRY(bind(m, &m->lm_head, !c->tie_embeddings, "lm_head.weight", 2, V, D, 0));
@@ -318,6 +356,8 @@ void moe_model_free(struct moe_model *m)
         }
     }
     free(m->layers);
+    for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     free(m->dir);
     moe_safetensors_close(&m->st);
     memset(m, 0, sizeof *m);
@@ -360,19 +400,22 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
     int64_t expert_params = 0, expert_active = 0, other = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const struct moe_layer_weights *w = &m->layers[l];
-        const struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq,
-                                           &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm};
+        const struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk,
+                                           &w->bv, &w->bo, &w->q_norm, &w->k_norm, &w->sinks};
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) z->bytes_attn += tbytes(attn[i]);
         z->bytes_norm += tbytes(&w->attn_norm) + tbytes(&w->ffn_norm);
         if (c->layer_moe[l]) {
             const enum moe_dtype et = w->experts.dtype;
             z->bytes_experts += E * (2 * F * (int64_t)moe_dtype_row_bytes(et, (size_t)D) +
-                                     D * (int64_t)moe_dtype_row_bytes(et, (size_t)F));
-            z->bytes_router += tbytes(&w->router) + tbytes(&w->router_bias);
+                                     D * (int64_t)moe_dtype_row_bytes(et, (size_t)F)) +
+                               tbytes(&w->experts.b_gate) + tbytes(&w->experts.b_up) +
+                               tbytes(&w->experts.b_down);
+            z->bytes_router += tbytes(&w->router) + tbytes(&w->router_bias) + tbytes(&w->router_b);
             z->bytes_shared += tbytes(&w->sh_gate) + tbytes(&w->sh_up) + tbytes(&w->sh_down) +
                                tbytes(&w->sh_router);
-            expert_params += 3 * E * F * D;
-            expert_active += 3 * K * F * D;
+            const int64_t bias = w->experts.b_gate.data ? 2 * F + D : 0; /* gpt-oss */
+            expert_params += E * (3 * F * D + bias);
+            expert_active += K * (3 * F * D + bias);
         } else {
             z->bytes_dense_ffn += tbytes(&w->w_gate) + tbytes(&w->w_up) + tbytes(&w->w_down) +
                                   tbytes(&w->b_gate) + tbytes(&w->b_up) + tbytes(&w->b_down);
@@ -380,12 +423,16 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
     }
     z->bytes_total = z->bytes_embed + z->bytes_lm_head + z->bytes_norm + z->bytes_attn +
                      z->bytes_dense_ffn + z->bytes_experts + z->bytes_router + z->bytes_shared;
-    /* Parameters: count elements of every bound tensor. */
+    /* Parameters: count elements of every checkpoint tensor (MXFP4: two
+     * per byte of `_blocks`, none in `_scales`). */
     int64_t n = 0;
     for (size_t i = 0; i < m->st.n_tensors; i++) {
         const struct moe_st_tensor *t = &m->st.tensors[i];
         int64_t k = 1;
         for (int d = 0; d < t->ndim; d++) k *= t->shape[d];
+        const size_t len = strlen(t->name);
+        if (t->dtype == MOE_DTYPE_U8 && len > 7 && !strcmp(t->name + len - 7, "_blocks")) k *= 2;
+        if (t->dtype == MOE_DTYPE_U8 && len > 7 && !strcmp(t->name + len - 7, "_scales")) k = 0;
         n += k;
     }
     other = n - expert_params;
@@ -402,18 +449,22 @@ void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_si
                   KV = (int64_t)c->n_kv_heads * c->head_dim, E = c->n_experts, F = c->d_expert,
                   K = c->top_k, S = c->d_shared, Fd = c->d_ff;
     int64_t embed = V * D, head = c->tie_embeddings ? 0 : V * D, norm = D, attn = 0, experts = 0,
-            active_experts = 0, shared = 0, router = 0, dense = 0;
+            active_experts = 0, shared = 0, router = 0, dense = 0, mxfp4 = 0;
     for (int l = 0; l < c->n_layers; l++) {
         attn += 2 * Q * D + 2 * KV * D;
         if (c->qkv_bias) attn += Q + 2 * KV;
         if (c->o_bias) attn += D;
         if (c->qk_norm == MOE_QK_NORM_HEAD) attn += 2 * c->head_dim;
         if (c->qk_norm == MOE_QK_NORM_FULL) attn += Q + KV;
+        if (c->attn_sinks) attn += c->n_heads;
         norm += 2 * D;
         if (c->layer_moe[l]) {
-            experts += 3 * E * F * D;
-            active_experts += 3 * K * F * D;
-            router += E * D + (c->router_bias ? E : 0);
+            experts += 3 * E * F * D + (c->expert_bias ? E * (2 * F + D) : 0);
+            if (c->experts_mxfp4) /* the matrices; biases stay at es */
+                mxfp4 += E * (2 * F * (int64_t)moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)D) +
+                              D * (int64_t)moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)F));
+            active_experts += 3 * K * F * D + (c->expert_bias ? K * (2 * F + D) : 0);
+            router += E * D + (c->router_bias || c->router_logit_bias ? E : 0);
             shared += S ? 3 * S * D + (c->shared_gate ? D : 0) : 0;
         } else {
             dense += 3 * Fd * D + (c->mlp_bias ? 2 * Fd + D : 0);
@@ -424,11 +475,13 @@ void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_si
     z->bytes_lm_head = head * e;
     z->bytes_norm = norm * e;
     z->bytes_attn = attn * e;
-    z->bytes_experts = experts * e;
+    z->bytes_experts = c->experts_mxfp4 ? mxfp4 + (experts - 3 * E * F * D * moe_config_moe_layers(c)) * e
+                                        : experts * e;
     z->bytes_shared = shared * e;
     z->bytes_router = router * e;
     z->bytes_dense_ffn = dense * e;
     z->params_total = embed + head + norm + attn + experts + shared + router + dense;
     z->params_active = z->params_total - experts + active_experts;
-    z->bytes_total = z->params_total * e;
+    z->bytes_total = z->bytes_embed + z->bytes_lm_head + z->bytes_norm + z->bytes_attn +
+                     z->bytes_experts + z->bytes_shared + z->bytes_router + z->bytes_dense_ffn;
 }

@@ -6,7 +6,10 @@
  * model owns.  Experts of a MoE layer are presented in one stacked layout,
  * an expert-indexed table of (F, D) gate, (F, D) up and (D, F) down matrices,
  * whether the checkpoint stores one tensor per expert or 3-D stacked tensors
- * (transformers 5 `gate_up_proj` (E, 2F, D) and `down_proj` (E, D, F)). */
+ * (transformers 5 `gate_up_proj` (E, 2F, D) and `down_proj` (E, D, F)).
+ * gpt-oss's experts (runtime/model_gptoss.c) are the exception: stored
+ * transposed with gate and up interleaved, or as MXFP4 blocks, they are
+ * rewritten at load into memory the model owns. */
 #pragma once
 
 #include "runtime/config.h"
@@ -22,6 +25,12 @@ struct moe_expert_weights {
     const void **gate;     /* (E) -> (F, D) row-major */
     const void **up;       /* (E) -> (F, D) */
     const void **down;     /* (E) -> (D, F) */
+    /* gpt-oss: F32 biases, or absent */
+    struct moe_tensor b_gate, b_up; /* (E, F) */
+    struct moe_tensor b_down;       /* (E, D) */
+    /* The activation, from the configuration (swiglu_alpha, swiglu_limit):
+     * 0, 0 for silu(g) * u, else the clamped gpt-oss form (config.h). */
+    float alpha, limit;
 };
 
 struct moe_layer_weights {
@@ -29,6 +38,7 @@ struct moe_layer_weights {
     struct moe_tensor wq, wk, wv, wo;    /* (Hq*Dh, D) (Hkv*Dh, D) (Hkv*Dh, D) (D, Hq*Dh) */
     struct moe_tensor bq, bk, bv, bo;    /* optional biases */
     struct moe_tensor q_norm, k_norm;    /* (Dh) per head, or (Hq*Dh)/(Hkv*Dh) full */
+    struct moe_tensor sinks;             /* (Hq) f32 attention sink logits (gpt-oss), or absent */
     struct moe_tensor ffn_norm;          /* (D) */
     /* dense FFN (layer_moe false) */
     struct moe_tensor w_gate, w_up, w_down;  /* (Fd, D) (Fd, D) (D, Fd) */
@@ -36,6 +46,7 @@ struct moe_layer_weights {
     /* MoE (layer_moe true) */
     struct moe_tensor router;            /* (E, D) */
     struct moe_tensor router_bias;       /* (E) f32, the sigmoid router's choice bias, or absent */
+    struct moe_tensor router_b;          /* (E) f32, the router Linear's bias (gpt-oss), or absent */
     struct moe_expert_weights experts;
     struct moe_tensor sh_gate, sh_up, sh_down; /* shared expert (Fs, D) (Fs, D) (D, Fs) */
     struct moe_tensor sh_router;         /* (1, D): sigmoid gate of the shared expert */
@@ -49,6 +60,9 @@ struct moe_model {
     struct moe_tensor lm_head;           /* (V, D); the embedding when tied */
     struct moe_layer_weights *layers;    /* (L) */
     char *dir;                           /* model folder, or NULL for synthetic */
+    void **owned;                        /* weights converted at load (transposed, unpacked,
+                                            widened to f32), freed with the model */
+    size_t n_owned;
     /* Synthetic weights not generated yet (moe_model_synthetic_deferred):
      * every view's data is a 1-byte host placeholder (1: ones, 0: random;
      * expert views are offsets from their stacked tensor's placeholder, never

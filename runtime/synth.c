@@ -9,7 +9,9 @@
  * stacked layout's: each tensor has its own stream).  Norm weights are 1; every other
  * weight is uniform with standard deviation initializer_range.  Values come
  * from a counter-based generator keyed by (seed, tensor, chunk), so they do
- * not depend on the thread count. */
+ * not depend on the thread count.  gpt-oss is written as transformers keeps
+ * it (experts transposed), or with MXFP4 experts as released when its
+ * configuration's quantization_config says mxfp4. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -101,6 +103,62 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
                                      enum moe_dtype dt, uint64_t seed, bool deferred,
                                      enum moe_synth_layout layout);
 
+/* MXFP4 experts as the released gpt-oss checkpoints store them: blocks of
+ * uniformly random E2M1 codes (rms 2.93), and every scale 2^round(log2(std /
+ * 2.93)), so the weights have about the configuration's standard deviation. */
+static enum moe_status add_mxfp4(struct gen *g, int64_t E, int64_t N, int64_t K, const char *prefix)
+{
+    char name[256];
+    const int64_t G = K / 32, bshape[4] = {E, N, G, 16}, sshape[3] = {E, N, G};
+    size_t nb, ns;
+    if (!moe_mul_size((size_t)(E * N), (size_t)G * 16, &nb) || !moe_mul_size((size_t)(E * N), (size_t)G, &ns))
+        return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s_blocks: size overflows", prefix);
+    uint8_t *b = malloc(nb ? nb : 1), *sc = malloc(ns ? ns : 1);
+    if (!b || !sc) {
+        free(b), free(sc);
+        return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s_blocks: cannot allocate %zu bytes", prefix, nb);
+    }
+    uint64_t st = moe_synth_key(g->seed, g->index++);
+    for (size_t i = 0; i < nb; i += 8) {
+        st += 0x9e3779b97f4a7c15ull;
+        const uint64_t r = mix64(st);
+        for (size_t j = 0; j < 8 && i + j < nb; j++) b[i + j] = (uint8_t)(r >> (8 * j));
+    }
+    int e = 127 + (int)lrint(log2(g->std / 2.93));
+    memset(sc, e < 1 ? 1 : e > 254 ? 254 : e, ns);
+    snprintf(name, sizeof name, "%s_blocks", prefix);
+    enum moe_status s = moe_safetensors_add(g->st, name, MOE_DTYPE_U8, 4, bshape, b);
+    if (s != MOE_OK) {
+        free(sc);
+        return s;
+    }
+    snprintf(name, sizeof name, "%s_scales", prefix);
+    return moe_safetensors_add(g->st, name, MOE_DTYPE_U8, 3, sshape, sc);
+}
+
+/* gpt-oss's MoE block: router with bias; experts transposed (E, D, 2F) and
+ * (E, F, D) as transformers keeps them, or MXFP4 when the configuration
+ * says so; biases. */
+static enum moe_status add_gpt_oss_moe(struct gen *g, const struct moe_config *c, int l)
+{
+    const int64_t D = c->d_model, E = c->n_experts, F = c->d_expert;
+    const char *p = "model.layers";
+    char pre[128];
+    MOE_TRY(add(g, false, 2, E, D, 0, "%s.%d.mlp.router.weight", p, l));
+    MOE_TRY(add(g, false, 1, E, 0, 0, "%s.%d.mlp.router.bias", p, l));
+    if (c->experts_mxfp4 && !g->deferred) {
+        snprintf(pre, sizeof pre, "%s.%d.mlp.experts.gate_up_proj", p, l);
+        MOE_TRY(add_mxfp4(g, E, 2 * F, D, pre));
+        snprintf(pre, sizeof pre, "%s.%d.mlp.experts.down_proj", p, l);
+        MOE_TRY(add_mxfp4(g, E, D, F, pre));
+    } else {
+        MOE_TRY(add(g, false, 3, E, D, 2 * F, "%s.%d.mlp.experts.gate_up_proj", p, l));
+        MOE_TRY(add(g, false, 3, E, F, D, "%s.%d.mlp.experts.down_proj", p, l));
+    }
+    MOE_TRY(add(g, false, 2, E, 2 * F, 0, "%s.%d.mlp.experts.gate_up_proj_bias", p, l));
+    return add(g, false, 2, E, D, 0, "%s.%d.mlp.experts.down_proj_bias", p, l);
+}
+
 /* The sigmoid router's choice bias: F32 whatever the weights' dtype, as
  * transformers keeps it. */
 static enum moe_status add_router_bias(struct gen *g, const struct moe_config *c, int64_t E, int l)
@@ -161,6 +219,11 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
                 MOE_TRY(add(&g, false, 1, Fd, 0, 0, "%s.%d.mlp.up_proj.bias", p, l));
                 MOE_TRY(add(&g, false, 1, D, 0, 0, "%s.%d.mlp.down_proj.bias", p, l));
             }
+            continue;
+        }
+        if (c->attn_sinks) MOE_TRY(add(&g, false, 1, c->n_heads, 0, 0, "%s.%d.self_attn.sinks", p, l));
+        if (c->family == MOE_FAMILY_GPT_OSS) { /* whatever the layout asked */
+            MOE_TRY(add_gpt_oss_moe(&g, c, l));
             continue;
         }
         if (c->family == MOE_FAMILY_GRANITE_MOE) { /* fused, whatever the layout asked */

@@ -97,7 +97,7 @@ Test(attention, llama3_rope_scaling_bands)
 
 /* Paged attention over a scrambled block table equals naive causal GQA
  * attention over contiguous K/V. */
-static void check_paged(int window, enum moe_dtype dt)
+static void check_paged_sinks(int window, enum moe_dtype dt, bool sinks)
 {
     enum { L = 1, Hq = 6, Hkv = 2, Dh = 8, B = 3, S = 13, NB = 16 };
     struct moe_config cfg = {.n_layers = L, .n_kv_heads = Hkv, .head_dim = Dh, .n_heads = Hq};
@@ -120,7 +120,9 @@ static void check_paged(int window, enum moe_dtype dt)
     struct moe_batch b = {.n_tokens = S, .n_seqs = 1, .positions = pos, .seq_of = seq_of,
                           .seq_start = seq_start, .ctx_len = &ctx, .block_table = table,
                           .max_blocks = 5, .slot = slots, .logit_rows = rows};
-    struct moe_attn_params p = {0, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, 0};
+    float sink[Hq];
+    tu_fill_uniform(sink, Hq, 14, -1, 3);
+    struct moe_attn_params p = {0, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, 0, sinks ? sink : NULL};
     float *scratch = calloc(64 * 64, sizeof(float));
     moe_attention_paged_cpu(out, q, &kv, &b, &p, scratch);
     for (int t = 0; t < S; t++)
@@ -134,7 +136,9 @@ static void check_paged(int window, enum moe_dtype dt)
                 sc[j] = d / sqrt(Dh);
                 if (sc[j] > mx) mx = sc[j];
             }
+            if (sinks && sink[h] > mx) mx = sink[h];
             for (int j = first; j <= t; j++) z += exp(sc[j] - mx);
+            if (sinks) z += exp(sink[h] - mx); /* transformers: a column of the softmax, dropped */
             for (int i = 0; i < Dh; i++) {
                 double o = 0;
                 for (int j = first; j <= t; j++) o += exp(sc[j] - mx) / z * v[(j * Hkv + kh) * Dh + i];
@@ -148,7 +152,11 @@ static void check_paged(int window, enum moe_dtype dt)
     moe_backend_free(&be);
 }
 
+static void check_paged(int window, enum moe_dtype dt) { check_paged_sinks(window, dt, false); }
+
 Test(attention, paged_matches_naive_contiguous) { check_paged(0, MOE_DTYPE_F32); }
+Test(attention, paged_sinks_match_naive) { check_paged_sinks(0, MOE_DTYPE_F32, true); }
+Test(attention, paged_sinks_sliding_bf16_match_naive) { check_paged_sinks(3, MOE_DTYPE_BF16, true); }
 Test(attention, paged_sliding_window_matches_naive) { check_paged(4, MOE_DTYPE_F32); }
 Test(attention, paged_f16_cache_matches_naive) { check_paged(0, MOE_DTYPE_F16); }
 Test(attention, paged_bf16_cache_matches_naive) { check_paged(3, MOE_DTYPE_BF16); }

@@ -72,6 +72,9 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     check_synth_round_trip("tests/fixtures/glm4_moe/config.json");
     /* Granite: fused experts and shared MLP, the multipliers */
     check_synth_round_trip("tests/fixtures/granitemoeshared/config.json");
+    /* gpt-oss: sinks, biases, transposed interleaved experts */
+    check_synth_round_trip("tests/fixtures/gpt_oss/config.json");
+    check_synth_round_trip("tests/fixtures/gpt_oss_mxfp4/config.json"); /* MXFP4 experts */
 }
 
 /* --layout per-expert writes legacy names (Mixtral: block_sparse_moe w1/w3/w2;

@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "attention/attention.h"
 #include "runtime/config.h"
 
 static enum moe_status parse(const char *text, struct moe_config *c)
@@ -77,9 +78,9 @@ Test(config, unsupported_rope_type_is_named)
 {
     struct moe_config c;
     cr_assert_eq(parse("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE
-                       "\"intermediate_size\": 96, \"rope_scaling\": {\"type\": \"yarn\", "
+                       "\"intermediate_size\": 96, \"rope_scaling\": {\"type\": \"dynamic\", "
                        "\"factor\": 4.0}}", &c), MOE_ERR_UNSUPPORTED);
-    cr_assert(strstr(moe_last_error(), "'yarn'"), "%s", moe_last_error());
+    cr_assert(strstr(moe_last_error(), "'dynamic'"), "%s", moe_last_error());
 }
 
 Test(config, wrong_types_and_ranges_are_errors)
@@ -204,4 +205,107 @@ Test(config, granite_multipliers_and_their_refusal_elsewhere)
     cr_assert(strstr(moe_last_error(), "logits_scaling is only supported for Granite"), "%s", moe_last_error());
     cr_assert_eq(parse("{\"architectures\": [\"GraniteForCausalLM\"], " BASE "\"intermediate_size\": 32, "
                        "\"residual_multiplier\": -1}", &c), MOE_ERR_FORMAT);
+}
+
+/* YaRN frequencies and attention factor against transformers 5.24's
+ * _compute_yarn_parameters (every 4th or 8th frequency): gpt-oss's own
+ * defaults (truncate false), Qwen3 at factor 4 (truncate true, attention
+ * factor from factor), DeepSeek-V2's mscale = mscale_all_dim (factor 1). */
+static void check_yarn(const char *json, double want_af, int step, const double *want, int n)
+{
+    struct moe_config c;
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(c.rope_type, MOE_ROPE_YARN);
+    cr_assert_float_eq(c.rope_attn_factor, want_af, 1e-6);
+    float inv[64];
+    cr_assert_leq(c.rope_dim / 2, 64);
+    moe_attention_rope_freqs(inv, &c);
+    for (int i = 0; i < n; i++)
+        cr_assert_float_eq(inv[i * step], want[i], want[i] * 2e-6, "frequency %d: %g, want %g",
+                           i * step, inv[i * step], want[i]);
+}
+
+Test(config, yarn_matches_transformers)
+{
+    static const double gpt_oss[8] = {1.0, 0.22541800141334534, 0.05081327259540558,
+                                      0.006794959306716919, 0.0004564839182421565,
+                                      1.818833698052913e-05, 4.099978468730114e-06,
+                                      9.242089618055616e-07};
+    check_yarn("{\"architectures\": [\"GptOssForCausalLM\"], \"hidden_size\": 2880, "
+               "\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"num_key_value_heads\": 8, "
+               "\"vocab_size\": 100, \"max_position_embeddings\": 131072}",
+               1.3465735902799727, 4, gpt_oss, 8);
+    static const double qwen3[8] = {1.0, 0.17782793939113617, 0.03162277862429619,
+                                    0.005375321488827467, 0.0006029411451891065,
+                                    4.4456985051510856e-05, 7.905693564680405e-06,
+                                    1.405853367941745e-06};
+    check_yarn("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE "\"head_dim\": 128, "
+               "\"intermediate_size\": 96, \"max_position_embeddings\": 131072, "
+               "\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1000000.0, "
+               "\"factor\": 4.0, \"original_max_position_embeddings\": 32768}}",
+               1.138629436111989, 8, qwen3, 8);
+    static const double mscale[8] = {1.0, 0.3162277638912201, 0.10000000149011612,
+                                     0.026879360899329185, 0.005500000435858965,
+                                     0.0007905694073997438, 2.499999936844688e-05,
+                                     7.905694474175107e-06};
+    check_yarn("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE "\"head_dim\": 64, "
+               "\"intermediate_size\": 96, \"max_position_embeddings\": 163840, "
+               "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40.0, \"beta_fast\": 32, "
+               "\"beta_slow\": 1, \"mscale\": 0.707, \"mscale_all_dim\": 0.707, "
+               "\"original_max_position_embeddings\": 4096}, \"rope_theta\": 10000.0}",
+               1.0, 4, mscale, 8);
+}
+
+Test(config, yarn_needs_its_original_context)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE
+                       "\"intermediate_size\": 96, \"rope_parameters\": {\"rope_type\": \"yarn\", "
+                       "\"factor\": 4.0}}", &c), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "original_max_position_embeddings"), "%s", moe_last_error());
+    cr_assert_eq(parse("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE
+                       "\"intermediate_size\": 96, \"rope_parameters\": {\"rope_type\": \"yarn\", "
+                       "\"factor\": -4.0, \"original_max_position_embeddings\": 64}}", &c),
+                 MOE_ERR_FORMAT);
+}
+
+/* GptOssConfig's defaults for what a config.json leaves out. */
+Test(config, gpt_oss_defaults)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"GptOssForCausalLM\"], \"hidden_size\": 2880, "
+                       "\"num_hidden_layers\": 4, \"num_attention_heads\": 64, "
+                       "\"num_key_value_heads\": 8, \"vocab_size\": 201088}", &c), MOE_OK, "%s",
+                 moe_last_error());
+    cr_assert_eq(c.family, MOE_FAMILY_GPT_OSS);
+    cr_assert_eq(c.head_dim, 64);
+    cr_assert_eq(c.n_experts, 128);
+    cr_assert_eq(c.top_k, 4);
+    cr_assert_eq(c.d_expert, 2880);
+    cr_assert(c.qkv_bias && c.o_bias && c.attn_sinks && c.router_logit_bias && c.expert_bias);
+    cr_assert(c.norm_topk && !c.router_sigmoid);
+    cr_assert_float_eq(c.swiglu_alpha, 1.702f, 1e-6);
+    cr_assert_float_eq(c.swiglu_limit, 7.0f, 1e-6);
+    cr_assert_eq(c.sliding_window, 128);
+    cr_assert(c.layer_sliding[0] && !c.layer_sliding[1] && c.layer_sliding[2] && !c.layer_sliding[3]);
+    cr_assert_float_eq(c.rope_theta, 150000.0f, 1e-3);
+    cr_assert_eq(c.rope_original_max_pos, 4096);
+    cr_assert_float_eq(c.rope_factor, 32.0f, 1e-6);
+    cr_assert(!c.rope_truncate);
+    cr_assert_float_eq(c.rms_eps, 1e-5f, 1e-12f);
+}
+
+Test(config, quantization_other_than_gpt_oss_mxfp4_is_refused)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"GptOssForCausalLM\"], " BASE
+                       "\"quantization_config\": {\"quant_method\": \"mxfp4\"}}", &c), MOE_OK, "%s",
+                 moe_last_error());
+    cr_assert_eq(parse("{\"architectures\": [\"Qwen3MoeForCausalLM\"], " BASE
+                       "\"moe_intermediate_size\": 32, \"quantization_config\": "
+                       "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}}", &c),
+                 MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "'fp8'"), "%s", moe_last_error());
+    cr_assert_eq(parse("{\"architectures\": [\"GptOssForCausalLM\"], " BASE
+                       "\"quantization_config\": [1]}", &c), MOE_ERR_FORMAT);
 }

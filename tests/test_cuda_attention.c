@@ -19,8 +19,8 @@ static bool rows_backend;
  * scrambled order; queries: the last rows[s] positions of each (the earlier
  * positions are context already cached, as for a later chunk of a chunked
  * prefill; one row is a decode step). */
-static void check_attention_rows(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
-                                 const int *ctx, const int *rows, int n_seqs, bool hint)
+static void check_attention_full(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
+                                 const int *ctx, const int *rows, int n_seqs, bool hint, bool sinks)
 {
     const int B = 16, L = 2, layer = 1;
     struct moe_config cfg;
@@ -87,28 +87,38 @@ static void check_attention_rows(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, i
     db.ctx_len = dev_copy(ctxv, (size_t)n_seqs * sizeof(int32_t));
     db.block_table = dev_copy(table, (size_t)n_seqs * max_blocks * sizeof(int32_t));
     struct moe_attn_params p = {layer, Hq, Hkv, Dh, 1.0f / sqrtf((float)Dh), window,
-                                hint ? max_ctx : 0};
+                                hint ? max_ctx : 0, NULL};
     const size_t nq = (size_t)T * Hq * Dh;
     float *q = rand_floats(nq, 73, -2, 2), *ref = malloc(nq * sizeof(float)), *got = malloc(nq * sizeof(float));
     float *sc = malloc(moe_attention_scratch_floats(Hq, Hkv, Dh) * omp_get_max_threads() * sizeof(float));
+    float *hsinks = sinks ? rand_floats((size_t)Hq, 74, -1, 3) : NULL;
+    p.sinks = hsinks;
     moe_attention_paged_cpu(ref, q, &hkv, &hb, &p, sc);
     float *dq = dev_copy(q, nq * sizeof(float)), *dout = dev_poisoned(nq * sizeof(float));
-    cr_assert_eq(gpu.ops->attention(&gpu, dout, dq, &dkv, &db, &p), MOE_OK, "%s", moe_last_error());
+    struct moe_attn_params pd = p;
+    pd.sinks = sinks ? dev_copy(hsinks, (size_t)Hq * sizeof(float)) : NULL;
+    cr_assert_eq(gpu.ops->attention(&gpu, dout, dq, &dkv, &db, &pd), MOE_OK, "%s", moe_last_error());
     to_host(got, dout, nq * sizeof(float));
     char shp[96];
-    snprintf(shp, sizeof shp, "Hq%d Hkv%d Dh%d ctx%d%s T%d S%d%s", Hq, Hkv, Dh, max_ctx,
-             window ? " win" : "", T, n_seqs, hint ? "" : " nohint");
+    snprintf(shp, sizeof shp, "Hq%d Hkv%d Dh%d ctx%d%s T%d S%d%s%s", Hq, Hkv, Dh, max_ctx,
+             window ? " win" : "", T, n_seqs, hint ? "" : " nohint", sinks ? " sinks" : "");
     const char *op = T <= TILED_ABOVE_ROWS ? "attention" : rows_backend ? "prefill_rows"
                                                                        : "prefill_tiled";
     double e = report(op, moe_dtype_name(kvdt), shp, got, ref, nq);
     cr_expect(e <= 1e-4, "%s %s %s: %.3g", op, moe_dtype_name(kvdt), shp, e);
     void *dbufs[] = {dk, dv, dslots, (void *)db.positions, (void *)db.seq_of, (void *)db.seq_start,
-                     (void *)db.ctx_len, (void *)db.block_table, dq, dout};
+                     (void *)db.ctx_len, (void *)db.block_table, dq, dout, (void *)pd.sinks};
     for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
     moe_kvcache_free(&hkv);
     moe_kvcache_free(&dkv);
     free(table), free(k), free(v), free(slots), free(back), free(pos), free(seq_of);
-    free(seq_start), free(ctxv), free(q), free(ref), free(got), free(sc);
+    free(seq_start), free(ctxv), free(q), free(ref), free(got), free(sc), free(hsinks);
+}
+
+static void check_attention_rows(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
+                                 const int *ctx, const int *rows, int n_seqs, bool hint)
+{
+    check_attention_full(kvdt, Hq, Hkv, Dh, window, ctx, rows, n_seqs, hint, false);
 }
 
 /* The same number of query rows for every sequence. */
@@ -202,4 +212,18 @@ Test(cuda_prefill_rows, per_row_kernel_matches_cpu)
     check_attention_rows(MOE_DTYPE_F16, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
     check_attention_rows(MOE_DTYPE_BF16, 16, 2, 256, 100, mixed_ctx, mixed_rows, MIXED_SEQS, true);
     check_attention_rows(MOE_DTYPE_F32, 3, 1, 20, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+}
+
+/* gpt-oss's attention sinks on every kernel: decode with and without key
+ * splits, sliding window, and prefill (tiled and per row). */
+Test(cuda_ops, attention_sinks_match_cpu)
+{
+    const int ctx[] = {1, 17, 600, 1000, 257};
+    const int one[] = {1, 1, 1, 1, 1}, many[] = {1, 17, 300, 64, 257};
+    for (int hint = 0; hint < 2; hint++) {
+        check_attention_full(MOE_DTYPE_BF16, 64, 8, 64, 0, ctx, one, 5, hint, true);
+        check_attention_full(MOE_DTYPE_F32, 8, 2, 64, 128, ctx, one, 5, hint, true);
+    }
+    check_attention_full(MOE_DTYPE_BF16, 64, 8, 64, 0, ctx, many, 5, true, true);
+    check_attention_full(MOE_DTYPE_F32, 8, 2, 64, 128, ctx, many, 5, true, true);
 }

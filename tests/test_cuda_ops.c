@@ -337,7 +337,7 @@ Test(cuda_ops, route_and_dispatch_match_cpu)
 
 /* ---- experts ---- */
 
-static void check_experts(enum moe_dtype dt, int T, int E, int K, int D, int F)
+static void check_experts_full(enum moe_dtype dt, int T, int E, int K, int D, int F, bool gpt_oss)
 {
     const size_t es = moe_dtype_size(dt), mat = (size_t)F * D;
     /* stacked host weights (E, 2F, D) and (E, D, F) */
@@ -351,7 +351,21 @@ static void check_experts(enum moe_dtype dt, int T, int E, int K, int D, int F)
         hg[e] = hgu + 2 * mat * e * es, hu[e] = hgu + (2 * mat * e + mat) * es, hd[e] = hdn + mat * e * es;
         dg[e] = dgu + 2 * mat * e * es, du[e] = dgu + (2 * mat * e + mat) * es, dd[e] = ddn + mat * e * es;
     }
-    struct moe_expert_weights hx = {dt, hg, hu, hd}, dx = {dt, dg, du, dd};
+    struct moe_expert_weights hx = {dt, hg, hu, hd, {0}, {0}, {0}, 0.0f, 0.0f}, dx = hx;
+    dx.gate = dg, dx.up = du, dx.down = dd;
+    /* gpt-oss: biases, and a limit the values cross often */
+    float *bias = gpt_oss ? rand_floats((size_t)E * (2 * F + D), 65, -0.3f, 0.3f) : NULL;
+    float *dbias = gpt_oss ? dev_copy(bias, (size_t)E * (2 * F + D) * sizeof(float)) : NULL;
+    if (gpt_oss) {
+        const struct moe_tensor b = {MOE_DTYPE_F32, 2, {E, F}, NULL, -1};
+        hx.b_gate = hx.b_up = b, hx.b_down = b;
+        hx.b_down.shape[1] = D;
+        hx.b_gate.data = bias, hx.b_up.data = bias + (size_t)E * F, hx.b_down.data = bias + 2 * (size_t)E * F;
+        dx.b_gate = hx.b_gate, dx.b_up = hx.b_up, dx.b_down = hx.b_down;
+        dx.b_gate.data = dbias, dx.b_up.data = dbias + (size_t)E * F, dx.b_down.data = dbias + 2 * (size_t)E * F;
+        hx.alpha = dx.alpha = 1.702f;
+        hx.limit = dx.limit = 0.3f;
+    }
     /* routing on the CPU, the same plan on both sides */
     const size_t TK = (size_t)T * K;
     float *lg = rand_floats((size_t)T * E, 63, -2, 2);
@@ -380,7 +394,7 @@ static void check_experts(enum moe_dtype dt, int T, int E, int K, int D, int F)
                  "%s", moe_last_error());
     to_host(got, dout, (size_t)T * D * sizeof(float));
     char shp[64];
-    snprintf(shp, sizeof shp, "T%d E%d K%d D%d F%d", T, E, K, D, F);
+    snprintf(shp, sizeof shp, "T%d E%d K%d D%d F%d%s", T, E, K, D, F, gpt_oss ? " gpt-oss" : "");
     /* the grouped path rounds activations to the weights' half type; the
      * decode path keeps them in fp32 like the CPU, so only the summation
      * order differs there */
@@ -389,11 +403,26 @@ static void check_experts(enum moe_dtype dt, int T, int E, int K, int D, int F)
                       (size_t)T * D);
     cr_expect(e <= (grouped ? 3e-2 : dt == MOE_DTYPE_F32 ? 1e-5 : 1e-4), "experts %s %s: %.3g",
               moe_dtype_name(dt), shp, e);
-    void *dbufs[] = {dgu, ddn, dbuf, dws.xe, dws.g, dws.u, dws.ye, dxin, dw, dout};
+    void *dbufs[] = {dgu, ddn, dbuf, dws.xe, dws.g, dws.u, dws.ye, dxin, dw, dout, dbias};
     for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
     free(hws.xe), free(hws.g), free(hws.u), free(hws.ye);
     free(fgu), free(fdn), free(hgu), free(hdn), free(lg), free(ids), free(w), free(hbuf);
-    free(x), free(ref), free(got), free(sc);
+    free(x), free(ref), free(got), free(sc), free(bias);
+}
+
+static void check_experts(enum moe_dtype dt, int T, int E, int K, int D, int F)
+{
+    check_experts_full(dt, T, E, K, D, F, false);
+}
+
+/* gpt-oss: per-expert biases and the clamped activation, on both paths */
+Test(cuda_ops, experts_biases_and_clamped_activation_match_cpu)
+{
+    for (size_t di = 0; di < 3; di++) {
+        check_experts_full(wdts[di], 1, 8, 2, 64, 96, true);
+        check_experts_full(wdts[di], 32, 64, 8, 128, 64, true);
+    }
+    check_experts_full(MOE_DTYPE_BF16, 300, 32, 4, 128, 64, true); /* grouped */
 }
 
 Test(cuda_ops, experts_decode_path_matches_cpu)

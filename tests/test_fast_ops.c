@@ -158,9 +158,12 @@ Test(fast_ops, gemm_multi_equals_separate_products)
  * `hot` takes every row (when hot >= 0) or routing is random; some experts
  * receive no rows either way.  With panels (bf16 only) the fast phase reads
  * packed copies of the experts, the reference the natural ones. */
+enum { EXP_PANELS = 1, EXP_GPT_OSS = 2 }; /* check_experts variants */
+
 static void check_experts(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, int E, int D,
-                          int F, int hot, bool panels)
+                          int F, int hot, unsigned flags)
 {
+    const bool panels = flags & EXP_PANELS;
     uint64_t seed = (uint64_t)T * 31u + (uint64_t)E * 17u + (uint64_t)D + (uint64_t)F * 3u + t;
     const void *gate[16], *up[16], *down[16];
     cr_assert(E <= 16);
@@ -169,7 +172,20 @@ static void check_experts(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, 
         up[e] = random_weights((size_t)F * D, t, seed + 10 * e + 1);
         down[e] = random_weights((size_t)D * F, t, seed + 10 * e + 2);
     }
-    struct moe_expert_weights ex = {t, gate, up, down}, fx = ex;
+    struct moe_expert_weights ex = {t, gate, up, down, {0}, {0}, {0}, 0.0f, 0.0f};
+    float bias[16 * (2 * 128 + 256)];
+    if (flags & EXP_GPT_OSS) { /* per-expert biases, a limit crossed often */
+        cr_assert(E * (2 * F + D) <= (int)(sizeof bias / sizeof bias[0]));
+        tu_fill_uniform(bias, (size_t)E * (2 * F + D), seed + 7, -0.5f, 0.5f);
+        const struct moe_tensor b = {MOE_DTYPE_F32, 2, {E, F}, bias, -1};
+        ex.b_gate = ex.b_up = ex.b_down = b;
+        ex.b_up.data = bias + E * F;
+        ex.b_down.data = bias + 2 * E * F;
+        ex.b_down.shape[1] = D;
+        ex.alpha = 1.702f;
+        ex.limit = 1.0f;
+    }
+    struct moe_expert_weights fx = ex;
     const void *pg[16], *pu[16], *pd[16];
     if (panels) {
         cr_assert(t == MOE_DTYPE_BF16);
@@ -178,7 +194,8 @@ static void check_experts(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, 
             pu[e] = pack(up[e], F, D);
             pd[e] = pack(down[e], D, F);
         }
-        fx = (struct moe_expert_weights){MOE_DTYPE_BF16_PANEL, pg, pu, pd};
+        fx.dtype = MOE_DTYPE_BF16_PANEL;
+        fx.gate = pg, fx.up = pu, fx.down = pd;
     }
     int32_t *ids = malloc((size_t)T * K * sizeof(int32_t));
     float *w = malloc((size_t)T * K * sizeof(float));
@@ -209,9 +226,9 @@ static void check_experts(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, 
     int32_t active[16];
     moe_experts_ffn_fast(isa, got, x, &plan, w, &fx, &ws, T, K, D, F, E, active);
     char what[160];
-    snprintf(what, sizeof what, "experts %s %s%s T=%d K=%d E=%d D=%d F=%d hot=%d",
-             moe_cpu_isa_name(isa), moe_dtype_name(t), panels ? " panels" : "", T, K, E, D, F,
-             hot);
+    snprintf(what, sizeof what, "experts %s %s%s%s T=%d K=%d E=%d D=%d F=%d hot=%d",
+             moe_cpu_isa_name(isa), moe_dtype_name(t), panels ? " panels" : "",
+             flags & EXP_GPT_OSS ? " gpt-oss" : "", T, K, E, D, F, hot);
     /* outputs are sums of K*F products of values up to ~sqrt(D) */
     cr_expect(tu_allclose(what, got, ref, (size_t)T * D, 1e-5f * (float)(D + F) * K, 1e-4f), "%s", what);
     for (int e = 0; e < E; e++) {
@@ -245,17 +262,33 @@ Test(fast_ops, experts_match_reference)
     if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
     for (int i = 0; i < ni; i++)
         for (size_t d = 0; d < 3; d++) {
-            check_experts(is[i], dtypes[d], 1, 2, 8, 37, 21, -1, false);   /* one row */
-            check_experts(is[i], dtypes[d], 9, 1, 5, 40, 33, 3, false);    /* one expert has all */
-            check_experts(is[i], dtypes[d], 70, 3, 11, 19, 45, -1, false); /* many rows, some idle */
-            check_experts(is[i], dtypes[d], 5, 4, 16, 64, 100, 0, false);
+            check_experts(is[i], dtypes[d], 1, 2, 8, 37, 21, -1, 0);   /* one row */
+            check_experts(is[i], dtypes[d], 9, 1, 5, 40, 33, 3, 0);    /* one expert has all */
+            check_experts(is[i], dtypes[d], 70, 3, 11, 19, 45, -1, 0); /* many rows, some idle */
+            check_experts(is[i], dtypes[d], 5, 4, 16, 64, 100, 0, 0);
         }
+}
+
+/* gpt-oss: biases and the clamped activation, natural layout and panels */
+Test(fast_ops, experts_gpt_oss_match_reference)
+{
+    enum moe_cpu_isa is[4];
+    int ni = isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
+    for (int i = 0; i < ni; i++)
+        for (size_t d = 0; d < 3; d++) {
+            check_experts(is[i], dtypes[d], 1, 2, 8, 64, 32, -1, EXP_GPT_OSS);
+            check_experts(is[i], dtypes[d], 70, 3, 11, 40, 48, -1, EXP_GPT_OSS);
+        }
+    ni = isas(is);
+    for (int i = 0; i < ni; i++)
+        check_experts(is[i], MOE_DTYPE_BF16, 9, 2, 5, 64, 32, -1, EXP_PANELS | EXP_GPT_OSS);
 }
 
 /* Fast paged attention equals the reference: scrambled blocks, two
  * sequences, G = 3 heads per KV head, Dh not a multiple of 8, contexts
  * longer than the softmax tile, with and without a sliding window. */
-static void check_attention(int window)
+static void check_attention(int window, bool sinks)
 {
     enum { L = 2, Hq = 6, Hkv = 2, Dh = 20, B = 5, S0 = 41, S1 = 3, NB = 16 };
     struct moe_config cfg = {.n_layers = L, .n_kv_heads = Hkv, .head_dim = Dh, .n_heads = Hq};
@@ -282,13 +315,15 @@ static void check_attention(int window)
     struct moe_batch b = {.n_tokens = S, .n_seqs = 2, .positions = pos, .seq_of = seq_of,
                           .seq_start = seq_start, .ctx_len = ctx, .block_table = table,
                           .max_blocks = 9, .slot = slots, .logit_rows = rows};
-    struct moe_attn_params p = {1, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, S0};
+    float sink[Hq];
+    tu_fill_uniform(sink, Hq, 24, -1, 3);
+    struct moe_attn_params p = {1, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, S0, sinks ? sink : NULL};
     size_t per = moe_attention_fast_scratch(Hq / Hkv, Dh) + 64;
     float *scratch = calloc(per * 64, sizeof(float));
     moe_attention_paged_cpu(ref, q, &kv, &b, &p, scratch);
     moe_attention_paged_fast(got, q, &kv, &b, &p, scratch, per);
     cr_expect(tu_allclose("attention", got, ref, (size_t)S * Hq * Dh, 1e-5f, 1e-5f),
-              "fast attention differs (window %d)", window);
+              "fast attention differs (window %d, sinks %d)", window, sinks);
     free(q);
     free(k);
     free(v);
@@ -302,13 +337,21 @@ static void check_attention(int window)
 Test(fast_ops, attention_matches_reference)
 {
     if (moe_cpu_isa_detect() == MOE_CPU_ISA_REF) cr_skip_test("no fast kernel set");
-    check_attention(0);
+    check_attention(0, false);
 }
 
 Test(fast_ops, attention_sliding_window_matches_reference)
 {
     if (moe_cpu_isa_detect() == MOE_CPU_ISA_REF) cr_skip_test("no fast kernel set");
-    check_attention(7);
+    check_attention(7, false);
+}
+
+/* gpt-oss's attention sinks */
+Test(fast_ops, attention_sinks_match_reference)
+{
+    if (moe_cpu_isa_detect() == MOE_CPU_ISA_REF) cr_skip_test("no fast kernel set");
+    check_attention(0, true);
+    check_attention(7, true);
 }
 
 Test(fast_ops, backend_names_and_selection)
@@ -527,12 +570,12 @@ Test(fast_ops, experts_panels_match_reference)
     const int ni = panel_isas(is);
     if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
     for (int i = 0; i < ni; i++) {
-        check_experts(is[i], MOE_DTYPE_BF16, 1, 2, 8, 38, 22, -1, true);
-        check_experts(is[i], MOE_DTYPE_BF16, 9, 1, 5, 40, 34, -1, true);
-        check_experts(is[i], MOE_DTYPE_BF16, 70, 3, 11, 20, 46, -1, true);
-        check_experts(is[i], MOE_DTYPE_BF16, 5, 4, 16, 64, 100, -1, true);
+        check_experts(is[i], MOE_DTYPE_BF16, 1, 2, 8, 38, 22, -1, EXP_PANELS);
+        check_experts(is[i], MOE_DTYPE_BF16, 9, 1, 5, 40, 34, -1, EXP_PANELS);
+        check_experts(is[i], MOE_DTYPE_BF16, 70, 3, 11, 20, 46, -1, EXP_PANELS);
+        check_experts(is[i], MOE_DTYPE_BF16, 5, 4, 16, 64, 100, -1, EXP_PANELS);
         /* row blocks of variant b inside an expert */
-        check_experts(is[i], MOE_DTYPE_BF16, 130, 2, 3, 256, 96, -1, true);
+        check_experts(is[i], MOE_DTYPE_BF16, 130, 2, 3, 256, 96, -1, EXP_PANELS);
     }
 }
 

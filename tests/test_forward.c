@@ -145,6 +145,11 @@ Test(FORWARD_SUITE, glm4_moe_matches_transformers) { check_model("glm4_moe", 1e-
 Test(FORWARD_SUITE, granitemoe_matches_transformers) { check_model("granitemoe", 1e-4); }
 Test(FORWARD_SUITE, granitemoeshared_bf16_matches_transformers) { check_model("granitemoeshared", 1e-4); }
 Test(FORWARD_SUITE, granite_matches_transformers) { check_model("granite", 1e-4); }
+/* gpt-oss: attention sinks, YaRN, sliding and full layers, router and expert
+ * biases, clamped SwiGLU over interleaved gate/up; experts stored transposed
+ * (as transformers saves them) and as MXFP4 blocks (as released) */
+Test(FORWARD_SUITE, gpt_oss_matches_transformers) { check_model("gpt_oss", 1e-4); }
+Test(FORWARD_SUITE, gpt_oss_mxfp4_matches_transformers) { check_model("gpt_oss_mxfp4", 1e-4); }
 
 /* transformers computing entirely in bf16 rounds every activation to 8 bits
  * of mantissa: agreement is only to bf16 precision. */
@@ -308,7 +313,7 @@ Test(FORWARD_SUITE, f16_weights_close_to_reference)
 Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
     const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe",
-                           "granitemoe", "granite"};
+                           "granitemoe", "granite", "gpt_oss", "gpt_oss_mxfp4"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, names[i]);

@@ -29,13 +29,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import transformers
 from transformers import (
     DynamicCache,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     GraniteConfig,
     GraniteForCausalLM,
     GraniteMoeConfig,
@@ -166,6 +168,23 @@ def fixture_specs():
                 residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.5,
                 tie_word_embeddings=True),
             seed=11000, dtype="float32",
+        ),
+        # gpt-oss: attention sinks, YaRN, alternating sliding/full layers,
+        # router and expert biases, clamped SwiGLU on interleaved gate/up.
+        # Expert weights are rounded to MXFP4 values, so gpt_oss_mxfp4 (the
+        # same model stored as the released checkpoints store experts) shares
+        # the reference.  F = 64 keeps (E, D, 2F) apart from (E, 2F, D).
+        "gpt_oss": dict(
+            cls=GptOssForCausalLM,
+            config=lambda: GptOssConfig(
+                **COMMON, **MOE, num_hidden_layers=2, num_local_experts=8, intermediate_size=64,
+                sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+                rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0,
+                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                 "original_max_position_embeddings": 64},
+                swiglu_limit=2.0, attention_bias=True, tie_word_embeddings=False),
+            seed=12000, dtype="float32", random_biases=0.2, sinks_range=(-1.0, 2.0),
+            mxfp4_experts=True,
         ),
         "llama": dict(
             cls=LlamaForCausalLM,
@@ -415,6 +434,8 @@ def detect_layout(path):
     for f in safetensors_files(path):
         with safe_open(os.path.join(path, f), "pt") as h:
             names += list(h.keys())
+    if any(n.endswith("experts.gate_up_proj_bias") for n in names):
+        return "stacked_transposed"  # gpt-oss: (E, D, 2F) gate/up interleaved, (E, F, D)
     if any(n.endswith("experts.gate_up_proj") for n in names):
         return "stacked"
     if any(".experts.0." in n for n in names):
@@ -460,7 +481,95 @@ def build_model(spec, seed):
                 b = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
                 if b is not None:
                     b.copy_((torch.rand(b.shape) * 2 - 1) * a)
+    with torch.no_grad():
+        if "random_biases" in spec:  # transformers initialises most biases to zero
+            for n, p in model.named_parameters():
+                if n.endswith("bias"):
+                    p.normal_(0.0, spec["random_biases"])
+        if "sinks_range" in spec:
+            lo, hi = spec["sinks_range"]
+            for layer in model.model.layers:
+                layer.self_attn.sinks.uniform_(lo, hi)
+        if spec.get("mxfp4_experts"):
+            for layer in model.model.layers:
+                ex = layer.mlp.experts
+                for name in ("gate_up_proj", "down_proj"):
+                    p = getattr(ex, name)  # (E, in, out): blocks run along `in`
+                    blocks, scales = mxfp4_quantize(p.transpose(1, 2))
+                    p.copy_(mxfp4_dequantize(blocks, scales))
     return model
+
+
+# --------------------------------------------------------------------------- MXFP4
+
+FP4_MAGNITUDES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def mxfp4_quantize(w):
+    """(E, N, K) float -> (blocks (E, N, K/32, 16) uint8, scales (E, N, K/32) uint8)
+    in the layout of the released gpt-oss checkpoints: per 32 values an E8M0
+    scale byte, then E2M1 codes, value 2b in the low nibble of byte b and
+    2b+1 in its high nibble.  Round to nearest; any rounding will do, as the
+    fixture's model holds the dequantized values."""
+    E, N, K = w.shape
+    x = w.float().reshape(E, N, K // 32, 32)
+    amax = x.abs().amax(-1)
+    e = torch.where(amax > 0, torch.ceil(torch.log2(amax / 6.0)), torch.zeros_like(amax))
+    e = e.clamp(-127, 127)
+    y = x / torch.exp2(e)[..., None]
+    idx = (y.abs()[..., None] - FP4_MAGNITUDES).abs().argmin(-1) + 8 * (y < 0).long()
+    blocks = (idx[..., 0::2] | (idx[..., 1::2] << 4)).to(torch.uint8)
+    return blocks.contiguous(), (e + 127).to(torch.uint8).contiguous()
+
+
+def mxfp4_dequantize(blocks, scales):
+    """transformers' own dequantization: (E, N, K/32, 16) -> (E, K, N) float32."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    return convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+
+
+def write_mxfp4_fixture(src, dst):
+    """dst = src with the experts stored as MXFP4 blocks and scales (the
+    released gpt-oss layout: `gate_up_proj_blocks` (E, 2F, D/32, 16), ...)
+    and config.json's quantization_config saying so."""
+    if os.path.exists(dst):
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    fn = os.path.join(dst, "model.safetensors")
+    with safe_open(fn, "pt") as h:
+        meta = h.metadata()
+        t = {k: h.get_tensor(k) for k in h.keys()}
+    for k in [k for k in t if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        w = t.pop(k)  # (E, in, out)
+        blocks, scales = mxfp4_quantize(w.transpose(1, 2))
+        assert torch.equal(mxfp4_dequantize(blocks, scales), w), k
+        t[k + "_blocks"], t[k + "_scales"] = blocks, scales
+    save_file(dict(sorted(t.items())), fn, metadata=meta)
+    cfg_path = os.path.join(dst, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    ref = os.path.join(dst, "reference.json")
+    with open(ref) as f:
+        r = json.load(f)
+    r["expert_layout"] = "mxfp4"
+    with open(ref, "w") as f:
+        json.dump(r, f, indent=2, sort_keys=False)
+        f.write("\n")
+    # transformers reads the MXFP4 folder itself (its Mxfp4HfQuantizer
+    # dequantizes on a CPU; needs the accelerate package) to the same logits
+    refs = load_file(os.path.join(dst, "reference.safetensors"))
+    q = load(dst, torch.float32, experts=None)
+    with torch.no_grad():
+        for i in range(r["n_prompts"]):
+            lg = q(input_ids=refs[f"prompt.{i}"].long().view(1, -1), use_cache=False).logits[0]
+            assert torch.equal(lg, refs[f"logits.{i}"]), "MXFP4 folder read by transformers differs"
+    print(f"  {os.path.basename(dst)}: experts as MXFP4 blocks, transformers reads it to the "
+          f"same logits, size {tensor_sizes(dst)} B")
 
 
 def tensor_sizes(path):
@@ -641,6 +750,8 @@ def main():
             continue
         ref = make_fixture(name, spec, prompts)
         layouts[name] = ref["expert_layout"]
+        if spec.get("mxfp4_experts"):
+            write_mxfp4_fixture(os.path.join(FIXTURES, name), os.path.join(FIXTURES, name + "_mxfp4"))
     # models/demo-moe comes from models/make_demo_model.py now (a trained model)
     total = sum(tensor_sizes(os.path.join(FIXTURES, d)) for d in os.listdir(FIXTURES)
                 if os.path.isdir(os.path.join(FIXTURES, d)))
