@@ -239,6 +239,7 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
             }
             const int head = kh * G + g0 + g;
             if (a.n_splits == 1) {
+                if (a.sinks) A *= att_fold_sink(a.sinks[head], M, &L);
                 a.out[(size_t)t * a.Hq * Dh + (size_t)head * Dh + d] = A / L;
             } else {
                 float *p = a.ws + (((size_t)t * a.Hq + head) * a.n_splits + split) * (Dh + 2);
@@ -254,8 +255,8 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
 }
 
 /* Merges the splits of each (t, head) in split order. */
-static __global__ void split_reduce_kernel(float *out, const float *ws, int T, int Hq, int Dh,
-                                           int n_splits)
+static __global__ void split_reduce_kernel(float *out, const float *ws, const float *sinks, int T,
+                                           int Hq, int Dh, int n_splits)
 {
     const int t = blockIdx.x, h = blockIdx.y;
     if (t >= T || h >= Hq) return;
@@ -272,6 +273,7 @@ static __global__ void split_reduce_kernel(float *out, const float *ws, int T, i
             L += q[Dh + 1] * c;
             A += q[d] * c;
         }
+        if (sinks) A *= att_fold_sink(sinks[h], M, &L);
         out[(size_t)t * Hq * Dh + (size_t)h * Dh + d] = A / L;
     }
 }
@@ -318,8 +320,8 @@ extern "C" enum moe_status moe_attention_paged_cuda(cudaStream_t st, float *out,
     else s = launch_attention<8>(st, &a, T);
     if (s != MOE_OK || a.n_splits == 1) return s;
     dim3 grid((unsigned)T, (unsigned)a.Hq);
-    split_reduce_kernel<<<grid, Dh < 32 ? 32 : (Dh > 256 ? 256 : Dh), 0, st>>>(out, ws, T, a.Hq,
-                                                                              Dh, a.n_splits);
+    split_reduce_kernel<<<grid, Dh < 32 ? 32 : (Dh > 256 ? 256 : Dh), 0, st>>>(out, ws, a.sinks, T,
+                                                                              a.Hq, Dh, a.n_splits);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }

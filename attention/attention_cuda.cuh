@@ -18,7 +18,21 @@ struct att_view {
     int Hq, Hkv, Dh;
     float scale;
     int window;                          /* 0 = none */
+    const float *sinks;                  /* (Hq) device, or NULL (backend.h) */
 };
+
+#ifdef __CUDACC__
+/* Folds head h's sink logit into a finished online softmax of running max
+ * m and sum *l: *l gains exp(sink) on the same scale, and the returned
+ * factor rescales the accumulator (out = acc * factor / *l). */
+static __device__ __forceinline__ float att_fold_sink(float sink, float m, float *l)
+{
+    const float M = fmaxf(m, sink);
+    const float c = m == -INFINITY ? 0.0f : expf(m - M);
+    *l = *l * c + expf(sink - M);
+    return c;
+}
+#endif
 
 /* Checks p against the cache (heads, head dim at most max_dh, layer) and
  * fills v for layer p->layer of kv and the device batch db. */
@@ -54,5 +68,6 @@ static inline enum moe_status att_view_init(struct att_view *v, float *out, cons
     v->Dh = Dh;
     v->scale = p->scale;
     v->window = p->window;
+    v->sinks = p->sinks;
     return MOE_OK;
 }

@@ -258,10 +258,12 @@ static __global__ void __launch_bounds__(PF_WARPS * 32) prefill_attention_kernel
         const int r = warp * PF_RPW + rr, i = r / a.gp, g = pass * a.gp + r % a.gp;
         if (i >= ntok || g >= a.G) continue;
         float *o = a.out + (size_t)(t0 + i) * a.Hq * Dh + (size_t)(kh * a.G + g) * Dh;
+        float L = l[rr], c = 1.0f;
+        if (a.sinks) c = att_fold_sink(a.sinks[kh * a.G + g], m[rr], &L);
 #pragma unroll
         for (int k = 0; k < DPL; k++) {
             const int d = lane + 32 * k;
-            if (d < Dh) o[d] = acc[rr][k] / l[rr];
+            if (d < Dh) o[d] = acc[rr][k] * c / L;
         }
     }
 }

@@ -36,6 +36,38 @@
 #define DOWN_NW 2 /* output features per warp in the down kernel */
 #define DOWN_U 2
 
+/* gpt-oss's expert biases (F32, device; NULL elsewhere) and activation
+ * (moe_experts_act), passed to the kernels by value. */
+struct expert_extra {
+    const float *b_gate, *b_up, *b_down; /* (E, F), (E, F), (E, D) */
+    float alpha, limit;
+};
+
+static struct expert_extra extra_of(const struct moe_expert_weights *ex)
+{
+    struct expert_extra xb = {NULL, NULL, NULL, 0.0f, 0.0f};
+    if (!ex) return xb;
+    xb.b_gate = (const float *)ex->b_gate.data;
+    xb.b_up = (const float *)ex->b_up.data;
+    xb.b_down = (const float *)ex->b_down.data;
+    xb.alpha = ex->alpha;
+    xb.limit = ex->limit;
+    return xb;
+}
+
+/* The expert whose rows (in expert order) hold row r: the e with
+ * offsets[e] <= r < offsets[e + 1] (a binary search; empty experts skipped). */
+static __device__ __forceinline__ int expert_of_row(const int32_t *offsets, int E, int r)
+{
+    int lo = 0, hi = E; /* offsets[lo] <= r < offsets[hi] */
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (offsets[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 static __global__ void swiglu_kernel(float *g, const float *u, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -153,8 +185,8 @@ __device__ __forceinline__ void warp_dots(float (*acc)[RT], const void *w, const
 template <enum moe_dtype DT>
 static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
     expert_up_kernel(float *h, const float *x, const int32_t *counts, const int32_t *offsets,
-                     const int32_t *perm, const void *gu, int K, int D, int F, int E, int n_pairs,
-                     bool vec)
+                     const int32_t *perm, const void *gu, struct expert_extra xb, int K, int D,
+                     int F, int E, int n_pairs, bool vec)
 {
     const int e = blockIdx.y;
     if (e >= E) return;
@@ -175,7 +207,12 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
         for (int r = 0; r < UP_RT; r++) {
             if (r >= nr) break;
             float g = moe_warp_sum(acc[0][r]), u = moe_warp_sum(acc[1][r]);
-            if ((threadIdx.x & 31) == 0) h[(size_t)(r0 + rt + r) * F + f] = g / (1.0f + expf(-g)) * u;
+            if (xb.b_gate) {
+                g += xb.b_gate[(size_t)e * F + f];
+                u += xb.b_up[(size_t)e * F + f];
+            }
+            if ((threadIdx.x & 31) == 0)
+                h[(size_t)(r0 + rt + r) * F + f] = moe_experts_act(g, u, xb.alpha, xb.limit);
         }
     }
 }
@@ -185,7 +222,8 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
 template <enum moe_dtype DT>
 static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
     expert_down_kernel(float *ye, const float *h, const int32_t *counts, const int32_t *offsets,
-                       const void *dn, int D, int F, int E, int n_pairs, bool vec)
+                       const void *dn, const float *b_down, int D, int F, int E, int n_pairs,
+                       bool vec)
 {
     const int e = blockIdx.y;
     if (e >= E) return;
@@ -209,6 +247,7 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
             for (int r = 0; r < DOWN_RT; r++) {
                 if (r >= nr) break;
                 float s = moe_warp_sum(acc[k][r]);
+                if (b_down) s += b_down[(size_t)e * D + d0 + k];
                 if ((threadIdx.x & 31) == 0) ye[(size_t)(r0 + rt + r) * D + d0 + k] = s;
             }
         }
@@ -218,14 +257,14 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
 template <enum moe_dtype DT>
 static enum moe_status launch_small(cudaStream_t st, dim3 g1, dim3 g2, float *h, float *ye,
                                    const float *x, const struct moe_dispatch *plan,
-                                   const void *gu, const void *dn, int K, int D, int F, int E,
-                                   int n, bool vec)
+                                   const void *gu, const void *dn, struct expert_extra xb, int K,
+                                   int D, int F, int E, int n, bool vec)
 {
     expert_up_kernel<DT><<<g1, FFN_WARPS * 32, 0, st>>>(h, x, plan->counts, plan->offsets,
-                                                        plan->perm, gu, K, D, F, E, n, vec);
+                                                        plan->perm, gu, xb, K, D, F, E, n, vec);
     MOE_CUDA_LAUNCHED();
     expert_down_kernel<DT><<<g2, FFN_WARPS * 32, 0, st>>>(ye, h, plan->counts, plan->offsets, dn,
-                                                          D, F, E, n, vec);
+                                                          xb.b_down, D, F, E, n, vec);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
@@ -234,9 +273,11 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
                                                       const float *x,
                                                       const struct moe_dispatch *plan,
                                                       const void *gu, const void *dn,
+                                                      const struct moe_expert_weights *ex,
                                                       enum moe_dtype dt, int T, int K, int D,
                                                       int F, int E)
 {
+    const struct expert_extra xb = extra_of(ex);
     if (T <= 0) return MOE_OK;
     if (E > 65535) return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA experts: %d experts", E);
     /* 16-byte loads need rows that are multiples of 8 elements (cudaMalloc
@@ -247,7 +288,7 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
     const int dw = (D + DOWN_NW - 1) / DOWN_NW; /* warps per expert in the down kernel */
     dim3 g2((unsigned)((dw + FFN_WARPS - 1) / FFN_WARPS), (unsigned)E);
     /* one instantiation per weight type: no dtype branch in the inner loop */
-#define SMALL(DT) launch_small<DT>(st, g1, g2, h, ye, x, plan, gu, dn, K, D, F, E, n, vec)
+#define SMALL(DT) launch_small<DT>(st, g1, g2, h, ye, x, plan, gu, dn, xb, K, D, F, E, n, vec)
     switch (dt) {
     case MOE_DTYPE_F32: return SMALL(MOE_DTYPE_F32);
     case MOE_DTYPE_F16: return SMALL(MOE_DTYPE_F16);
@@ -279,28 +320,38 @@ extern "C" enum moe_status moe_experts_gather_half_cuda(cudaStream_t st, void *x
     return MOE_OK;
 }
 
-static __global__ void swiglu_half_kernel(void *h, const void *gu, int n, int F, enum moe_dtype dt)
+static __global__ void swiglu_half_kernel(void *h, const void *gu, int n, int F, enum moe_dtype dt,
+                                          const int32_t *offsets, int E, struct expert_extra xb)
 {
     const size_t m = (size_t)n * F;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m;
          i += (size_t)gridDim.x * blockDim.x) {
         const size_t r = i / F, f = i % F;
-        const float g = moe_ld(gu, dt, r * 2 * F + f), u = moe_ld(gu, dt, r * 2 * F + F + f);
-        moe_st(h, dt, i, g / (1.0f + expf(-g)) * u);
+        float g = moe_ld(gu, dt, r * 2 * F + f), u = moe_ld(gu, dt, r * 2 * F + F + f);
+        if (xb.b_gate) {
+            const size_t e = (size_t)expert_of_row(offsets, E, (int)r);
+            g += xb.b_gate[e * F + f];
+            u += xb.b_up[e * F + f];
+        }
+        moe_st(h, dt, i, moe_experts_act(g, u, xb.alpha, xb.limit));
     }
 }
 
 extern "C" enum moe_status moe_experts_swiglu_half_cuda(cudaStream_t st, void *h, const void *gu,
-                                                        int n, int F, enum moe_dtype dt)
+                                                        int n, int F, enum moe_dtype dt,
+                                                        const int32_t *offsets, int E,
+                                                        const struct moe_expert_weights *ex)
 {
     if (n <= 0) return MOE_OK;
-    swiglu_half_kernel<<<moe_cuda_blocks((size_t)n * F, 256), 256, 0, st>>>(h, gu, n, F, dt);
+    swiglu_half_kernel<<<moe_cuda_blocks((size_t)n * F, 256), 256, 0, st>>>(h, gu, n, F, dt, offsets,
+                                                                            E, extra_of(ex));
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
 
 static __global__ void combine_kernel(float *out, const void *ye, enum moe_dtype ydt,
-                                      const float *w, const int32_t *pos, int T, int K, int D)
+                                      const float *w, const int32_t *pos, int T, int K, int D,
+                                      const int32_t *offsets, int E, const float *b_down)
 {
     const size_t m = (size_t)T * D;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m;
@@ -309,7 +360,9 @@ static __global__ void combine_kernel(float *out, const void *ye, enum moe_dtype
         float o = 0.0f;
         for (int k = 0; k < K; k++) {
             const int p = pos[t * K + k];
-            o += w[t * K + k] * moe_ld(ye, ydt, (size_t)p * D + d);
+            float y = moe_ld(ye, ydt, (size_t)p * D + d);
+            if (b_down) y += b_down[(size_t)expert_of_row(offsets, E, p) * D + d];
+            o += w[t * K + k] * y;
         }
         out[i] = o;
     }
@@ -317,11 +370,13 @@ static __global__ void combine_kernel(float *out, const void *ye, enum moe_dtype
 
 extern "C" enum moe_status moe_experts_combine_cuda(cudaStream_t st, float *out, const void *ye,
                                                     enum moe_dtype ydt, const float *w,
-                                                    const int32_t *pos, int T, int K, int D)
+                                                    const int32_t *pos, int T, int K, int D,
+                                                    const int32_t *offsets, int E,
+                                                    const float *b_down)
 {
     if (T <= 0) return MOE_OK;
     combine_kernel<<<moe_cuda_blocks((size_t)T * D, 256), 256, 0, st>>>(out, ye, ydt, w, pos, T, K,
-                                                                        D);
+                                                                        D, offsets, E, b_down);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }

@@ -376,7 +376,8 @@ static enum moe_status grouped_gemm(struct cuda_ctx *c, void **d, cudaDataType_t
  * GEMM per projection over the experts that have rows. */
 static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const float *x,
                                        const struct moe_dispatch *plan, const float *w,
-                                       const void *gu, const void *dn, enum moe_dtype dt,
+                                       const void *gu, const void *dn,
+                                       const struct moe_expert_weights *ex, enum moe_dtype dt,
                                        const struct moe_expert_ws *ws, int T, int K, int D, int F,
                                        int E)
 {
@@ -431,7 +432,7 @@ static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const flo
     }
     if (g > 0)
         MOE_TRY(grouped_gemm(c, d1, ty, E, g));
-    MOE_TRY(moe_experts_swiglu_half_cuda(c->stream, h, gub, n, F, dt));
+    MOE_TRY(moe_experts_swiglu_half_cuda(c->stream, h, gub, n, F, dt, plan->offsets, E, ex));
     for (int i = 0; i < g; i++) {
         c->g_m[i] = D;
         c->g_k[i] = F;
@@ -441,7 +442,8 @@ static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const flo
     }
     if (g > 0)
         MOE_TRY(grouped_gemm(c, d2, ty, E, g));
-    return moe_experts_combine_cuda(c->stream, out, ye, dt, w, plan->pos, T, K, D);
+    return moe_experts_combine_cuda(c->stream, out, ye, dt, w, plan->pos, T, K, D, plan->offsets, E,
+                                    ex->b_down.data);
 }
 
 static enum moe_status cuda_experts(struct moe_backend *be, float *out, const float *x,
@@ -462,16 +464,17 @@ static enum moe_status cuda_experts(struct moe_backend *be, float *out, const fl
     if (T <= 0) return MOE_OK;
     const bool half = ex->dtype == MOE_DTYPE_BF16 || ex->dtype == MOE_DTYPE_F16;
     if (half && T > SMALL_EXPERT_ROWS && E <= c->max_e && !c->no_grouped) {
-        enum moe_status s = experts_grouped(c, out, x, plan, w, gu, dn, ex->dtype, ws, T, K, D, F, E);
+        enum moe_status s = experts_grouped(c, out, x, plan, w, gu, dn, ex, ex->dtype, ws, T, K, D, F, E);
         if (s != MOE_ERR_UNSUPPORTED) return s;
         /* this cuBLAS cannot do it: say so once, use the other path */
         fprintf(stderr, "moerun: cuda: grouped expert GEMM unavailable (%s); using the "
                 "device-driven expert kernels for every step\n", moe_last_error());
         c->no_grouped = true;
     }
-    MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, gu, dn, ex->dtype, T, K,
-                                       D, F, E));
-    return moe_experts_combine_cuda(c->stream, out, ws->ye, MOE_DTYPE_F32, w, plan->pos, T, K, D);
+    MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, gu, dn, ex, ex->dtype, T,
+                                       K, D, F, E));
+    return moe_experts_combine_cuda(c->stream, out, ws->ye, MOE_DTYPE_F32, w, plan->pos, T, K, D,
+                                    plan->offsets, E, NULL);
 }
 
 static enum moe_status cuda_sigmoid_scale(struct moe_backend *be, float *y, const float *g, int T,

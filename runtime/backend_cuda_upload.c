@@ -170,6 +170,10 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) MOE_TRY(upload_view(be, m, dense[i], P_DENSE));
         MOE_TRY(upload_view(be, m, &w->router, P_ROUTER));
         MOE_TRY(upload_view(be, m, &w->router_bias, P_ROUTER));
+        MOE_TRY(upload_view(be, m, &w->router_b, P_ROUTER));
+        MOE_TRY(upload_view(be, m, &w->sinks, P_ATTN));
+        struct moe_tensor *eb[] = {&w->experts.b_gate, &w->experts.b_up, &w->experts.b_down};
+        for (size_t i = 0; i < sizeof eb / sizeof eb[0]; i++) MOE_TRY(upload_view(be, m, eb[i], P_EXPERTS));
         struct moe_tensor *sh[] = {&w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
         for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) MOE_TRY(upload_view(be, m, sh[i], P_SHARED));
         if (cfg->layer_moe[l] && cfg->n_experts > 0)

@@ -132,23 +132,27 @@ enum moe_status moe_router_dispatch_cuda(cudaStream_t st, struct moe_dispatch *p
 /* ---- experts/experts_cuda.cu ---- */
 enum moe_status moe_experts_swiglu_cuda(cudaStream_t st, float *g, const float *u, size_t n);
 /* Decode path: no host synchronisation.  h (T*K, F) fp32 scratch, ye (T*K, D)
- * fp32 scratch; gu (E, 2F, D), dn (E, D, F) stacked in dt. */
+ * fp32 scratch; gu (E, 2F, D), dn (E, D, F) stacked in dt; ex's biases and
+ * activation (model.h; ex may be NULL: none). */
 enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye, const float *x,
                                            const struct moe_dispatch *plan, const void *gu,
-                                           const void *dn, enum moe_dtype dt, int T, int K, int D,
-                                           int F, int E);
+                                           const void *dn, const struct moe_expert_weights *ex,
+                                           enum moe_dtype dt, int T, int K, int D, int F, int E);
 /* Grouped path pieces: xe (T*K, D) in dt (F16/BF16) = x rows in perm order;
- * h (n, F) = silu(gu[:, :F]) * gu[:, F:] in dt from gu (n, 2F) in dt. */
+ * h (n, F) = act(gu[:, :F] (+ b_gate), gu[:, F:] (+ b_up)) in dt from gu
+ * (n, 2F) in dt, the biases of each row's expert (offsets (E+1): the plan's). */
 enum moe_status moe_experts_gather_half_cuda(cudaStream_t st, void *xe, const float *x,
                                              const int32_t *perm, int n, int K, int D,
                                              enum moe_dtype dt);
 enum moe_status moe_experts_swiglu_half_cuda(cudaStream_t st, void *h, const void *gu, int n,
-                                             int F, enum moe_dtype dt);
-/* out (T, D) = sum_k w[t,k] * ye[pos[t*K+k]] in k order; ye in ydt (F32,
- * F16 or BF16). */
+                                             int F, enum moe_dtype dt, const int32_t *offsets,
+                                             int E, const struct moe_expert_weights *ex);
+/* out (T, D) = sum_k w[t,k] * (ye[pos[t*K+k]] (+ b_down of its expert)) in
+ * k order; ye in ydt (F32, F16 or BF16); b_down (E, D) or NULL. */
 enum moe_status moe_experts_combine_cuda(cudaStream_t st, float *out, const void *ye,
                                          enum moe_dtype ydt, const float *w, const int32_t *pos,
-                                         int T, int K, int D);
+                                         int T, int K, int D, const int32_t *offsets, int E,
+                                         const float *b_down);
 
 #ifdef __cplusplus
 }
