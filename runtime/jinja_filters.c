@@ -33,7 +33,8 @@ static enum moe_status run_test(struct jctx *cx, const struct jnode *at, const c
     else if (!strcmp(name, "iterable"))
         *r = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_NS || v.k == JV_LOOP || v.k == JV_GEN ||
              v.k == JV_UNDEF;
-    else if (!strcmp(name, "callable")) *r = v.k == JV_MACRO || v.k == JV_FUNC;
+    else if (!strcmp(name, "callable")) /* Undefined too: it has __call__ (which raises) */
+        *r = v.k == JV_MACRO || v.k == JV_FUNC || v.k == JV_METHOD || v.k == JV_UNDEF;
     else if (!strcmp(name, "odd") || !strcmp(name, "even") || !strcmp(name, "divisibleby")) {
         /* value % 2 == 1, value % 2 == 0, value % num == 0, with Python's %. */
         struct jv *d = name[0] == 'd' ? a1 : NULL;
@@ -85,7 +86,9 @@ static enum moe_status run_test(struct jctx *cx, const struct jnode *at, const c
             if (strcmp(name, cmp[i].name)) continue;
             if (!a1) return jinja_err(MOE_ERR_FORMAT, at, "test '%s' needs an argument", name);
             struct jv res;
-            if (cmp[i].op == JOP_EQ) *r = jv_equal(v, *a1) && (strcmp(name, "sameas") || v.k == a1->k);
+            if (cmp[i].op == JOP_EQ && v.k == JV_METHOD && !strcmp(name, "sameas"))
+                *r = v.j == a1->j; /* each lookup makes a new method object, as in Python */
+            else if (cmp[i].op == JOP_EQ) *r = jv_equal(v, *a1) && (strcmp(name, "sameas") || v.k == a1->k);
             else if (cmp[i].op == JOP_NE) *r = !jv_equal(v, *a1);
             else if (cmp[i].op == JOP_IN) {
                 *r = false;
@@ -178,7 +181,7 @@ static enum moe_status filter_tojson(const struct jnode *at, struct jv v, struct
     if (ind && ind->k != JV_INT && ind->k != JV_NONE)
         return jinja_err(MOE_ERR_UNSUPPORTED, at, "tojson indent other than an integer is not supported");
     if (v.k == JV_UNDEF) return jinja_err(MOE_ERR_FORMAT, at, "Object of type Undefined is not JSON serializable");
-    if (v.k == JV_MACRO || v.k == JV_FUNC || v.k == JV_GEN)
+    if (v.k == JV_MACRO || v.k == JV_FUNC || v.k == JV_GEN || v.k == JV_METHOD)
         return jinja_err(MOE_ERR_FORMAT, at, "Object of type %s is not JSON serializable", jv_type_name(v));
     const char *isep = NULL, *ksep = NULL;
     if (sep && sep->k == JV_LIST) {

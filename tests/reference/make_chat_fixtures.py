@@ -303,6 +303,32 @@ SNIPPETS = [
     ("err_ns_underscore", "{% set ns = namespace(_x=1) %}", {}),
     ("err_lt_types", "{{ 1 < 'a' }}", {}),
     ("strftime", "{{ strftime_now('%d %b %Y') }} {{ strftime_now('%Y-%m-%d %H:%M') }}", {}),
+    # bound methods: the sandbox's getattr finds a Python attribute first,
+    # its getitem finds a missing dict key's attribute next (gpt-oss reads
+    # param_spec['items'] of schemas that have no "items")
+    ("bound_methods", "{% if d['items'] %}T{% endif %} {{ d['items'] is defined }} {{ d['items'] is callable }} {{ d['items']['type'] is defined }} {{ d['items']['type'] == 'string' }} {{ d['keys']() | list }} {{ e.items is callable }} {{ e['items'] }} {{ e.get('get') }} {{ 'ab'['upper']() }} {{ xs['count'](1) }} {{ 'ab'.zfill is defined }} {{ xs.index is defined }} {{ xs.append is defined }}|{{ xs.append }}| {{ d.pop is defined }} {{ d.copy is defined }} {{ d._x is defined }} {{ {'_x': 3}._x }}", {"d": {"a": 1}, "e": {"items": [1], "get": 2}, "xs": [1, 2]}),
+    ("bound_method_values", "{% set f = d.values %}{{ f() | list }} {{ f is sameas f }} {{ d.items is sameas d.items }} {{ d.items == d.items }} {{ d.items == e.items }} {{ d.items != d.keys }} {{ d.items in [d.items] }} {% set ns = namespace(g=d.keys) %}{{ ns.g is callable }} {{ ns.g() | list }} {{ [d.values][0]() | list }} {{ (d.items,) | length }} {% for x in [1] %}{% set c = loop.cycle %}{{ c('p', 'q') }}{{ loop.cycle is callable }}{% endfor %} {{ d.x is callable }} {{ d.items.x }}|{{ [d, e] | selectattr('items') | list | length }}", {"d": {"a": 1}, "e": {"items": [1]}}),
+    ("number_attributes", "{{ (3).real }} {{ (3).imag }} {{ (2.5).real }} {{ (2.5).imag }} {{ true.numerator }} {{ (7).denominator }} {{ (2.5).numerator is defined }} {{ (3).bit_length is callable }} {{ xs | map(attribute='real') | list }}", {"xs": [1, 2.5]}),
+    ("err_method_length", "{{ d['items'] | length }}", {"d": {}}),
+    ("err_method_iterate", "{% for x in d.items %}{% endfor %}", {"d": {}}),
+    ("err_method_in", "{{ 1 in d.items }}", {"d": {}}),
+    ("err_method_tojson", "{{ [d.items] | tojson }}", {"d": {}}),
+    ("err_method_compare", "{{ d.items < d.items }}", {"d": {}}),
+    ("err_method_element", "{{ d.items[0].x }}", {"d": {}}),
+    ("err_method_call_unknown_attribute", "{{ 'abc'.items() }}", {}),
+    ("err_call_a_value", "{{ d.a() }}", {"d": {"a": 1}}),
+    ("err_unsafe_method", "{{ xs['append'](1) }}", {"xs": []}),
+    # Jinja's undefined messages name the object's type and the key's repr
+    ("err_list_no_element", "{{ xs[5].role }}", {"xs": [1]}),
+    ("err_dict_no_element", "{{ d[0].x }}", {"d": {}}),
+    ("err_dict_no_element_none", "{{ d[none].x }}", {"d": {}}),
+    ("err_str_no_element", "{{ 'a'[-5].x }}", {}),
+    ("err_attribute_repr", "{{ d['it\\'s'].x }}", {"d": {}}),
+    ("err_namespace_attribute", "{% set ns = namespace(a=1) %}{{ ns.b() }}", {}),
+    ("err_namespace_element", "{% set ns = namespace(a=1) %}{{ ns[0].x }}", {}),
+    ("err_loop_attribute", "{% for x in [1] %}{{ loop.nope.x }}{% endfor %}", {}),
+    ("err_markup_attribute", "{{ ('a' | safe).x.y }}", {}),
+    ("err_dict_global_attribute", "{{ dict.x.y }}", {}),
     ("list_dict_literals", "{{ [1, [2, 3], {'a': [4, 5]}] }} {{ {'a': 1, 'b': {'c': []}} }} {{ () | length }} {{ (1,) | length }} {{ (1, 2)[1] }}", {}),
 ]
 
