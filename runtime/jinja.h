@@ -144,7 +144,9 @@ enum jv_kind {
                  str, as markupsafe.Markup does) */
     JV_LIST,  /* j: json array (tuples too) */
     JV_DICT,  /* j: json object, insertion order */
-    JV_NS,    /* j: json object, attributes assignable with {% set ns.x = %} */
+    JV_NS,    /* j: json object, attributes assignable with {% set ns.x = %}; not a
+                 container (no len, iteration, `in` or JSON: jinja2's Namespace
+                 has only attributes) and equal only to itself */
     JV_LOOP,  /* j: json object of the loop variables; .cycle() is a method */
     JV_GEN,   /* j: json array; what map/select/reject/selectattr/rejectattr/
                  unique/items return: a Python generator, so always truthy,

@@ -300,7 +300,7 @@ static enum moe_status contains(const struct jnode *at, struct jv item, struct j
             if (*res) break;
         }
         return MOE_OK;
-    case JV_DICT: case JV_NS: case JV_LOOP:
+    case JV_DICT: case JV_LOOP:
         if (item.k == JV_LIST || item.k == JV_DICT)
             return jinja_err(MOE_ERR_FORMAT, at, "unhashable type: '%s'", jv_type_name(item));
         *res = item.k == JV_STR && json_object_getn(box.j, jv_sdata(item), jv_slen(item)) != NULL;
@@ -539,7 +539,7 @@ static enum moe_status iter_items(const struct jnode *at, struct jv v, json_t **
     case JV_UNDEF: *items = json_array(); break;
     case JV_GEN: MOE_TRY(jinja_gen_check(v)); *items = json_incref(v.j); break;
     case JV_LIST: *items = json_incref(v.j); break;
-    case JV_DICT: case JV_NS: case JV_LOOP: {
+    case JV_DICT: case JV_LOOP: {
         *items = json_array();
         const char *k;
         size_t kl;

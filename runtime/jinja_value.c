@@ -207,7 +207,7 @@ const char *jv_type_name(struct jv v)
     case JV_STR: return "str";
     case JV_LIST: return "list";
     case JV_DICT: return "dict";
-    case JV_NS: return "Namespace";
+    case JV_NS: return "TemplateNamespace"; /* transformers' subclass of jinja2's Namespace */
     case JV_LOOP: return "LoopContext";
     case JV_GEN: return "generator";
     case JV_MACRO: return "Macro";
@@ -285,8 +285,8 @@ bool jv_equal(struct jv a, struct jv b)
     if (a.k != b.k) return false;
     switch (a.k) {
     case JV_UNDEF: case JV_NONE: return true;
-    case JV_STR: case JV_LIST: case JV_DICT: case JV_NS: case JV_LOOP: case JV_METHOD:
-        return json_py_equal(a.j, b.j);
+    case JV_STR: case JV_LIST: case JV_DICT: case JV_LOOP: case JV_METHOD: return json_py_equal(a.j, b.j);
+    case JV_NS: return a.j == b.j; /* no __eq__: identity */
     case JV_MACRO: return a.macro == b.macro;
     case JV_FUNC: return a.fn == b.fn;
     default: return false;

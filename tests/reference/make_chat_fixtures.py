@@ -450,6 +450,15 @@ SNIPPETS = [
     ("err_loop_attribute", "{% for x in [1] %}{{ loop.nope.x }}{% endfor %}", {}),
     ("err_markup_attribute", "{{ ('a' | safe).x.y }}", {}),
     ("err_dict_global_attribute", "{{ dict.x.y }}", {}),
+    # transformers' TemplateNamespace has attributes only: no len, iteration,
+    # `in` or JSON, and == is identity
+    ("namespace_not_a_container", "{% set ns = namespace(a=1) %}{% set same = ns %}{{ ns is iterable }} {{ ns is mapping }} {{ ns is sequence }} {{ ns == namespace(a=1) }} {{ ns == same }} {{ ns }} {{ ns['a'] }}", {}),
+    ("err_namespace_length", "{% set ns = namespace(a=1) %}{{ ns | length }}", {}),
+    ("err_namespace_iterate", "{% set ns = namespace(a=1) %}{% for k in ns %}{% endfor %}", {}),
+    ("err_namespace_in", "{% set ns = namespace(a=1) %}{{ 'a' in ns }}", {}),
+    ("err_namespace_list", "{% set ns = namespace(a=1) %}{{ ns | join }}", {}),
+    ("err_namespace_items", "{% set ns = namespace(a=1) %}{{ ns | items | list }}", {}),
+    ("err_namespace_tojson", "{% set ns = namespace(a=1) %}{{ ns | tojson }}", {}),
     ("list_dict_literals", "{{ [1, [2, 3], {'a': [4, 5]}] }} {{ {'a': 1, 'b': {'c': []}} }} {{ () | length }} {{ (1,) | length }} {{ (1, 2)[1] }}", {}),
 ]
 
