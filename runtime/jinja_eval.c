@@ -189,8 +189,14 @@ static enum moe_status arith(struct jctx *cx, const struct jnode *at, int op, st
             }
             return MOE_OK;
         case JOP_POW:
-            if (fl || y < 0) {
-                *out = jv_float(pow(fx, fy));
+            if (fl || y < 0) { /* float.__pow__ raises where C's pow gives inf, or nan (a complex) */
+                double p = pow(fx, fy);
+                const char *e = fx == 0.0 && fy < 0                          ? "0.0 cannot be raised to a negative power"
+                                : isinf(p) && isfinite(fx) && isfinite(fy) ? "(34, 'Numerical result out of range')"
+                                : isnan(p) && !isnan(fx) && !isnan(fy)     ? "a complex result of ** is not supported"
+                                                                           : NULL;
+                if (e) return jinja_err(e[0] == 'a' ? MOE_ERR_UNSUPPORTED : MOE_ERR_FORMAT, at, "%s", e);
+                *out = jv_float(p);
                 return MOE_OK;
             }
             r = 1;

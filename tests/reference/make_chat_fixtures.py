@@ -459,6 +459,8 @@ SNIPPETS = [
     ("err_namespace_list", "{% set ns = namespace(a=1) %}{{ ns | join }}", {}),
     ("err_namespace_items", "{% set ns = namespace(a=1) %}{{ ns | items | list }}", {}),
     ("err_namespace_tojson", "{% set ns = namespace(a=1) %}{{ ns | tojson }}", {}),
+    ("err_zero_negative_power", "{{ (not 1) ** -1 }}", {}),
+    ("err_float_pow_overflow", "{{ 10.0 ** 400 }}", {}),
     ("list_dict_literals", "{{ [1, [2, 3], {'a': [4, 5]}] }} {{ {'a': 1, 'b': {'c': []}} }} {{ () | length }} {{ (1,) | length }} {{ (1, 2)[1] }}", {}),
 ]
 
