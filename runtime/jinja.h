@@ -144,7 +144,9 @@ enum jv_kind {
                  str, as markupsafe.Markup does) */
     JV_LIST,  /* j: json array (tuples too) */
     JV_DICT,  /* j: json object, insertion order */
-    JV_NS,    /* j: json object, attributes assignable with {% set ns.x = %} */
+    JV_NS,    /* j: json object, attributes assignable with {% set ns.x = %}; not a
+                 container (no len, iteration, `in` or JSON: jinja2's Namespace
+                 has only attributes) and equal only to itself */
     JV_LOOP,  /* j: json object of the loop variables; .cycle() is a method */
     JV_GEN,   /* j: json array; what map/select/reject/selectattr/rejectattr/
                  unique/items return: a Python generator, so always truthy,
@@ -154,6 +156,12 @@ enum jv_kind {
                  is a json string, that error's message (jinja_gen_check). */
     JV_MACRO, /* macro: borrowed AST node */
     JV_FUNC,  /* fn: enum jfunc */
+    JV_METHOD, /* a bound method looked up but not (yet) called, as Python's
+                  getattr gives one: `d['items']` on a dict without that key,
+                  `s.upper`.  Truthy, callable, not printable (Python prints
+                  its address), no len(), not JSON.  j: a marker object (see
+                  jv_method) holding the receiver and the method's name, so a
+                  method survives being stored in a list or namespace. */
 };
 
 enum jfunc { JF_RANGE = 1, JF_NAMESPACE, JF_DICT, JF_RAISE, JF_STRFTIME };
@@ -187,6 +195,10 @@ json_t *jv_to_json(struct jv v);           /* new reference; NULL on OOM.  An un
                                               turns back into it (Python keeps Undefined
                                               objects in lists and dicts) */
 const char *jv_type_name(struct jv v);     /* Python's: 'str', 'int', 'dict', ... */
+/* recv.name as a JV_METHOD (j NULL on OOM); recv is borrowed. */
+struct jv jv_method(struct jv recv, const char *name);
+struct jv jv_method_receiver(struct jv m); /* new reference */
+const char *jv_method_name(struct jv m);   /* borrowed from m */
 bool jv_truthy(struct jv v);
 bool jv_equal(struct jv a, struct jv b);
 bool jv_is_str(struct jv v);
@@ -204,6 +216,8 @@ void jbuf_free(struct jbuf *b);
 
 /* str(v) appended to b (Python's str: None, True, 1.0, ['a', 1]). */
 MOE_MUST_USE enum moe_status jv_str_append(struct jbuf *b, struct jv v);
+/* repr(v) appended to b: as str() but a string is quoted ('a', "it's"). */
+MOE_MUST_USE enum moe_status jv_repr_append(struct jbuf *b, struct jv v);
 /* json.dumps(v, ensure_ascii=False, indent, separators, sort_keys): indent < 0
  * is None; item_sep/key_sep NULL use Python's defaults for that indent. */
 MOE_MUST_USE enum moe_status jv_tojson_append(struct jbuf *b, json_t *v, int indent,

@@ -189,8 +189,14 @@ static enum moe_status arith(struct jctx *cx, const struct jnode *at, int op, st
             }
             return MOE_OK;
         case JOP_POW:
-            if (fl || y < 0) {
-                *out = jv_float(pow(fx, fy));
+            if (fl || y < 0) { /* float.__pow__ raises where C's pow gives inf, or nan (a complex) */
+                double p = pow(fx, fy);
+                const char *e = fx == 0.0 && fy < 0                          ? "0.0 cannot be raised to a negative power"
+                                : isinf(p) && isfinite(fx) && isfinite(fy) ? "(34, 'Numerical result out of range')"
+                                : isnan(p) && !isnan(fx) && !isnan(fy)     ? "a complex result of ** is not supported"
+                                                                           : NULL;
+                if (e) return jinja_err(e[0] == 'a' ? MOE_ERR_UNSUPPORTED : MOE_ERR_FORMAT, at, "%s", e);
+                *out = jv_float(p);
                 return MOE_OK;
             }
             r = 1;
@@ -300,7 +306,7 @@ static enum moe_status contains(const struct jnode *at, struct jv item, struct j
             if (*res) break;
         }
         return MOE_OK;
-    case JV_DICT: case JV_NS: case JV_LOOP:
+    case JV_DICT: case JV_LOOP:
         if (item.k == JV_LIST || item.k == JV_DICT)
             return jinja_err(MOE_ERR_FORMAT, at, "unhashable type: '%s'", jv_type_name(item));
         *res = item.k == JV_STR && json_object_getn(box.j, jv_sdata(item), jv_slen(item)) != NULL;
@@ -539,7 +545,7 @@ static enum moe_status iter_items(const struct jnode *at, struct jv v, json_t **
     case JV_UNDEF: *items = json_array(); break;
     case JV_GEN: MOE_TRY(jinja_gen_check(v)); *items = json_incref(v.j); break;
     case JV_LIST: *items = json_incref(v.j); break;
-    case JV_DICT: case JV_NS: case JV_LOOP: {
+    case JV_DICT: case JV_LOOP: {
         *items = json_array();
         const char *k;
         size_t kl;

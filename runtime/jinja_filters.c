@@ -31,9 +31,9 @@ static enum moe_status run_test(struct jctx *cx, const struct jnode *at, const c
     else if (!strcmp(name, "mapping")) *r = v.k == JV_DICT;
     else if (!strcmp(name, "sequence")) *r = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_UNDEF;
     else if (!strcmp(name, "iterable"))
-        *r = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_NS || v.k == JV_LOOP || v.k == JV_GEN ||
-             v.k == JV_UNDEF;
-    else if (!strcmp(name, "callable")) *r = v.k == JV_MACRO || v.k == JV_FUNC;
+        *r = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_LOOP || v.k == JV_GEN || v.k == JV_UNDEF;
+    else if (!strcmp(name, "callable")) /* Undefined too: it has __call__ (which raises) */
+        *r = v.k == JV_MACRO || v.k == JV_FUNC || v.k == JV_METHOD || v.k == JV_UNDEF;
     else if (!strcmp(name, "odd") || !strcmp(name, "even") || !strcmp(name, "divisibleby")) {
         /* value % 2 == 1, value % 2 == 0, value % num == 0, with Python's %. */
         struct jv *d = name[0] == 'd' ? a1 : NULL;
@@ -85,7 +85,9 @@ static enum moe_status run_test(struct jctx *cx, const struct jnode *at, const c
             if (strcmp(name, cmp[i].name)) continue;
             if (!a1) return jinja_err(MOE_ERR_FORMAT, at, "test '%s' needs an argument", name);
             struct jv res;
-            if (cmp[i].op == JOP_EQ) *r = jv_equal(v, *a1) && (strcmp(name, "sameas") || v.k == a1->k);
+            if (cmp[i].op == JOP_EQ && v.k == JV_METHOD && !strcmp(name, "sameas"))
+                *r = v.j == a1->j; /* each lookup makes a new method object, as in Python */
+            else if (cmp[i].op == JOP_EQ) *r = jv_equal(v, *a1) && (strcmp(name, "sameas") || v.k == a1->k);
             else if (cmp[i].op == JOP_NE) *r = !jv_equal(v, *a1);
             else if (cmp[i].op == JOP_IN) {
                 *r = false;
@@ -161,7 +163,7 @@ static enum moe_status simple_filter(const struct jnode *at, const char *name, s
     if (!strcmp(name, "length") || !strcmp(name, "count")) {
         if (v.k == JV_STR) *out = jv_int((int64_t)ju_cp_count(jv_sdata(v), jv_slen(v)));
         else if (v.k == JV_LIST) *out = jv_int((int64_t)json_array_size(v.j));
-        else if (v.k == JV_DICT || v.k == JV_NS) *out = jv_int((int64_t)json_object_size(v.j));
+        else if (v.k == JV_DICT) *out = jv_int((int64_t)json_object_size(v.j));
         else if (v.k == JV_UNDEF) *out = jv_int(0);
         else return jinja_err(MOE_ERR_FORMAT, at, "object of type '%s' has no len()", jv_type_name(v));
         return MOE_OK;
@@ -178,7 +180,7 @@ static enum moe_status filter_tojson(const struct jnode *at, struct jv v, struct
     if (ind && ind->k != JV_INT && ind->k != JV_NONE)
         return jinja_err(MOE_ERR_UNSUPPORTED, at, "tojson indent other than an integer is not supported");
     if (v.k == JV_UNDEF) return jinja_err(MOE_ERR_FORMAT, at, "Object of type Undefined is not JSON serializable");
-    if (v.k == JV_MACRO || v.k == JV_FUNC || v.k == JV_GEN)
+    if (v.k == JV_MACRO || v.k == JV_FUNC || v.k == JV_GEN || v.k == JV_METHOD || v.k == JV_NS)
         return jinja_err(MOE_ERR_FORMAT, at, "Object of type %s is not JSON serializable", jv_type_name(v));
     const char *isep = NULL, *ksep = NULL;
     if (sep && sep->k == JV_LIST) {
@@ -525,7 +527,7 @@ static enum moe_status apply_filter(struct jctx *cx, const struct jnode *n, cons
     }
     if (!strcmp(name, "items")) {
         /* do_items is a generator: a non-mapping fails when it is consumed. */
-        if (v.k != JV_DICT && v.k != JV_UNDEF && v.k != JV_NS)
+        if (v.k != JV_DICT && v.k != JV_UNDEF)
             return jinja_gen_result(jinja_err(MOE_ERR_FORMAT, n, "Can only get item pairs from a mapping."), NULL,
                                     out);
         MOE_TRY(jb_dict_items(v, out));

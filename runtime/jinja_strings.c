@@ -254,7 +254,7 @@ enum moe_status jb_to_list(const struct jnode *at, struct jv v, json_t **out)
         *out = json_copy(v.j);
     } else if (v.k == JV_UNDEF) {
         *out = json_array();
-    } else if (v.k == JV_DICT || v.k == JV_NS) {
+    } else if (v.k == JV_DICT) {
         *out = json_array();
         const char *k;
         json_t *x;
@@ -285,7 +285,7 @@ enum moe_status jb_dict_items(struct jv d, struct jv *out)
 {
     json_t *list = json_array();
     if (!list) return jb_nomem();
-    if (d.k == JV_DICT || d.k == JV_NS) {
+    if (d.k == JV_DICT) {
         const char *k;
         size_t kl;
         json_t *x;

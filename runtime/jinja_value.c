@@ -105,7 +105,7 @@ struct jv jv_copy(struct jv v)
 bool jv_oom(struct jv v)
 {
     return !v.j && (v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_NS || v.k == JV_LOOP ||
-                    v.k == JV_GEN);
+                    v.k == JV_GEN || v.k == JV_METHOD);
 }
 
 struct jv jv_str(const char *s, size_t n) { return jv_wrap(JV_STR, json_stringn_nocheck(s ? s : "", n)); }
@@ -125,12 +125,45 @@ static bool is_undef_json(json_t *j)
     return json_is_object(j) && json_object_size(j) == 1 && json_object_getn(j, UNDEF_KEY, UNDEF_KEY_LEN);
 }
 
+/* A bound method: a json object whose only key is "\0m", holding
+ * [receiver, name, receiver's jv_kind, receiver's markup flag]. */
+#define METHOD_KEY "\0m"
+#define METHOD_KEY_LEN 2
+
+static json_t *method_parts(json_t *j)
+{
+    return json_is_object(j) && json_object_size(j) == 1 ? json_object_getn(j, METHOD_KEY, METHOD_KEY_LEN) : NULL;
+}
+
+struct jv jv_method(struct jv recv, const char *name)
+{
+    json_t *o = json_object(), *recv_j = jv_to_json(recv);
+    json_t *parts = recv_j ? json_pack("[osib]", recv_j, name, (int)recv.k, (int)recv.b) : NULL;
+    if (!o || !parts || json_object_setn_new_nocheck(o, METHOD_KEY, METHOD_KEY_LEN, parts)) {
+        json_decref(o);
+        return jv_wrap(JV_METHOD, NULL);
+    }
+    return jv_wrap(JV_METHOD, o);
+}
+
+struct jv jv_method_receiver(struct jv m)
+{
+    json_t *p = method_parts(m.j);
+    struct jv r = jv_from_json(json_array_get(p, 0));
+    r.k = (enum jv_kind)json_integer_value(json_array_get(p, 2)); /* int, bool, str, list, dict or loop */
+    r.b = r.b || json_is_true(json_array_get(p, 3));
+    return r;
+}
+
+const char *jv_method_name(struct jv m) { return json_string_value(json_array_get(method_parts(m.j), 1)); }
+
 struct jv jv_from_json(json_t *j)
 {
     if (is_undef_json(j)) {
         json_t *hint = json_object_getn(j, UNDEF_KEY, UNDEF_KEY_LEN);
         return jv_wrap(JV_UNDEF, json_is_string(hint) ? json_incref(hint) : NULL);
     }
+    if (method_parts(j)) return jv_wrap(JV_METHOD, json_incref(j));
     switch (json_typeof(j)) {
     case JSON_OBJECT: return jv_wrap(JV_DICT, json_incref(j));
     case JSON_ARRAY: return jv_wrap(JV_LIST, json_incref(j));
@@ -146,7 +179,8 @@ struct jv jv_from_json(json_t *j)
 json_t *jv_to_json(struct jv v)
 {
     switch (v.k) {
-    case JV_STR: case JV_LIST: case JV_DICT: case JV_NS: case JV_LOOP: case JV_GEN: return json_incref(v.j);
+    case JV_STR: case JV_LIST: case JV_DICT: case JV_NS: case JV_LOOP: case JV_GEN: case JV_METHOD:
+        return json_incref(v.j);
     case JV_BOOL: return json_boolean(v.b);
     case JV_INT: return json_integer(v.i);
     case JV_FLOAT: return json_real(v.f);
@@ -173,11 +207,12 @@ const char *jv_type_name(struct jv v)
     case JV_STR: return "str";
     case JV_LIST: return "list";
     case JV_DICT: return "dict";
-    case JV_NS: return "Namespace";
+    case JV_NS: return "TemplateNamespace"; /* transformers' subclass of jinja2's Namespace */
     case JV_LOOP: return "LoopContext";
     case JV_GEN: return "generator";
     case JV_MACRO: return "Macro";
     case JV_FUNC: return "function";
+    case JV_METHOD: return "builtin_function_or_method";
     }
     return "object";
 }
@@ -204,6 +239,10 @@ static double num_val(json_t *j) { return json_is_boolean(j) ? (json_is_true(j) 
 static bool json_py_equal(json_t *a, json_t *b)
 {
     if (is_undef_json(a) || is_undef_json(b)) return is_undef_json(a) && is_undef_json(b);
+    json_t *ma = method_parts(a), *mb = method_parts(b);
+    if (ma || mb) /* Python: the same receiver object (identity) and the same method */
+        return ma && mb && json_array_get(ma, 0) == json_array_get(mb, 0) &&
+               json_py_equal(json_array_get(ma, 1), json_array_get(mb, 1));
     if (is_num(a) && is_num(b)) {
         if (json_is_integer(a) && json_is_integer(b)) return json_integer_value(a) == json_integer_value(b);
         return num_val(a) == num_val(b);
@@ -246,7 +285,8 @@ bool jv_equal(struct jv a, struct jv b)
     if (a.k != b.k) return false;
     switch (a.k) {
     case JV_UNDEF: case JV_NONE: return true;
-    case JV_STR: case JV_LIST: case JV_DICT: case JV_NS: case JV_LOOP: return json_py_equal(a.j, b.j);
+    case JV_STR: case JV_LIST: case JV_DICT: case JV_LOOP: case JV_METHOD: return json_py_equal(a.j, b.j);
+    case JV_NS: return a.j == b.j; /* no __eq__: identity */
     case JV_MACRO: return a.macro == b.macro;
     case JV_FUNC: return a.fn == b.fn;
     default: return false;
@@ -354,10 +394,18 @@ static enum moe_status py_str_repr(struct jbuf *b, const char *s, size_t n)
     return jbuf_addc(b, q);
 }
 
+/* Python prints these objects with their address. */
+static enum moe_status unprintable(const char *what)
+{
+    return moe_fail(MOE_ERR_UNSUPPORTED, "chat template: printing %s is not supported; Python prints its address",
+                    what);
+}
+
 static enum moe_status json_repr(struct jbuf *b, json_t *j, int depth)
 {
     if (depth > 200) return moe_fail(MOE_ERR_FORMAT, "chat template: value nested too deeply to print");
     if (is_undef_json(j)) return jbuf_adds(b, "Undefined");
+    if (method_parts(j)) return unprintable("a method");
     char num[40];
     switch (json_typeof(j)) {
     case JSON_STRING: return py_str_repr(b, json_string_value(j), json_string_length(j));
@@ -408,9 +456,8 @@ enum moe_status jv_str_append(struct jbuf *b, struct jv v)
         MOE_TRY(json_repr(b, v.j, 0));
         return jbuf_addc(b, '>');
     case JV_LOOP: return jbuf_adds(b, "<LoopContext>");
-    case JV_GEN:
-        return moe_fail(MOE_ERR_UNSUPPORTED, "chat template: printing a generator (a map/select/reject result) "
-                        "is not supported; Python prints its address");
+    case JV_GEN: return unprintable("a generator (a map/select/reject result)");
+    case JV_METHOD: return unprintable("a method");
     case JV_MACRO:
         MOE_TRY(jbuf_adds(b, "<Macro '"));
         MOE_TRY(jbuf_adds(b, v.macro->str));
@@ -418,6 +465,18 @@ enum moe_status jv_str_append(struct jbuf *b, struct jv v)
     case JV_FUNC: return jbuf_adds(b, "<built-in function>");
     }
     return MOE_OK;
+}
+
+enum moe_status jv_repr_append(struct jbuf *b, struct jv v)
+{
+    if (v.k == JV_UNDEF) return jbuf_adds(b, "Undefined");
+    if (v.k == JV_STR && !v.b) return py_str_repr(b, jv_sdata(v), jv_slen(v));
+    if (v.k == JV_STR) { /* markupsafe.Markup.__repr__ */
+        MOE_TRY(jbuf_adds(b, "Markup("));
+        MOE_TRY(py_str_repr(b, jv_sdata(v), jv_slen(v)));
+        return jbuf_addc(b, ')');
+    }
+    return jv_str_append(b, v);
 }
 
 /* ---- json.dumps ---- */
@@ -475,6 +534,8 @@ static enum moe_status dump(struct jbuf *b, json_t *j, const struct dump_opts *o
 {
     if (level > 200) return moe_fail(MOE_ERR_FORMAT, "chat template: tojson value nested too deeply");
     if (is_undef_json(j)) return moe_fail(MOE_ERR_FORMAT, "chat template: Object of type Undefined is not JSON serializable");
+    if (method_parts(j))
+        return moe_fail(MOE_ERR_FORMAT, "chat template: Object of type builtin_function_or_method is not JSON serializable");
     char num[40];
     switch (json_typeof(j)) {
     case JSON_STRING: return json_str_dump(b, json_string_value(j), json_string_length(j));

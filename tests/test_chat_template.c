@@ -121,6 +121,7 @@ Test(chat_conformance, mistral_v1) { check_fixture("mistral-v1"); }
 Test(chat_conformance, mistral_v3) { check_fixture("mistral-v3"); }
 Test(chat_conformance, olmoe) { check_fixture("olmoe"); }
 Test(chat_conformance, chatml) { check_fixture("chatml"); }
+Test(chat_conformance, gpt_oss) { check_fixture("gpt-oss"); }
 
 /* ---- interpreter snippets (tests/fixtures/chat/snippets.json) ---- */
 

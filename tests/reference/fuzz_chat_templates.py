@@ -50,6 +50,8 @@ def message():
             msg["content"] = None if random.random() < 0.2 else ""
     if role == "assistant" and random.random() < 0.2:
         msg["reasoning_content"] = text()
+    elif role == "assistant" and random.random() < 0.15:
+        msg["thinking"] = text()  # gpt-oss's name for it
     if role == "tool" and random.random() < 0.5:
         msg["tool_call_id"] = random.choice(["abcDEF123", "x"])
     return msg
@@ -68,9 +70,14 @@ def conversation_cases(count):
                         for k in range(random.randint(1, 5))]
             extra = {}
             if random.random() < 0.3:
-                extra["tools"] = random.choice([m.TOOLS, [m.CALC_TOOL], []])
+                extra["tools"] = random.choice([m.TOOLS, [m.CALC_TOOL], [], [m.SEARCH_TOOL, m.NO_PARAMS_TOOL],
+                                                [m.CART_TOOL, m.EMPTY_PARAMS_TOOL]])
             if random.random() < 0.3:
                 extra["enable_thinking"] = random.choice([True, False])
+            if random.random() < 0.2:
+                extra["reasoning_effort"] = random.choice(["low", "medium", "high"])
+            if random.random() < 0.15:
+                extra["builtin_tools"] = random.sample(["browser", "python", "brave_search"], random.randint(1, 2))
             agp = random.random() < 0.5
             case = {"name": name, "template_file": name + ".jinja", "messages": msgs, "add_generation_prompt": agp,
                     "extra": {**special, **extra}}
@@ -111,6 +118,11 @@ def expr(d=0):
         return f"({expr(d + 1)} is {random.choice(['', 'not '])}{random.choice(TESTS)})"
     if r < 0.8:
         return f"{random.choice(['s', 't', 'd', 'e', 'sl'])}.{random.choice(METHODS)}"
+    if r < 0.83:  # attributes and methods not called at once
+        obj = random.choice(['s', 'd', 'sl', 'n', 'f', 'b', 'ms[0]'])
+        attr = random.choice(['.items', "['items']", "['k']", '.get', '.upper', '.real', '.imag', '.count',
+                              '.append', '.pop', '.nope', "['nope']", "['get']('k')", "['upper']()", "['strip']()"])
+        return f"{obj}{attr}"
     if r < 0.87:
         idx = random.choice(['0', '-1', '1:', ':2', '::-1', '5', '1:-1', '::2'])
         return f"{random.choice(['l', 's', 'nl', 'sl', 'e'])}[{idx}]"
@@ -126,11 +138,12 @@ UNPRINTABLE = re.compile(r" at 0x[0-9a-f]+>|dict_(items|keys|values)\(|Markup\(|
 
 
 def leaks_address(src):
-    """Whether the text shows a generator or iterator (with its address),
-    possibly one character at a time."""
+    """Whether the text shows a generator, iterator or method (with its
+    address) or a dict view, possibly one character at a time."""
     out = m.render_snippet(src, copy.deepcopy(VARS))
     squeezed = re.sub(r"[^a-z]", "", out)
-    return "generatorobject" in squeezed or "iteratorobject" in squeezed
+    return any(w in squeezed for w in ("generatorobject", "iteratorobject", "builtinmethod", "dictitems",
+                                       "dictkeys", "dictvalues"))
 
 
 def expression_cases(count):

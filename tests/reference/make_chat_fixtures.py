@@ -50,6 +50,7 @@ SPECIAL = {
     "mistral-v3": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
     "olmoe": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|padding|>"},
     "chatml": {"bos_token": "<s>", "eos_token": "<|im_end|>"},
+    "gpt-oss": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"},
 }
 
 U = lambda c: {"role": "user", "content": c}
@@ -90,6 +91,70 @@ CALC_TOOL = {"type": "function", "function": {"name": "add", "description": "Add
                                               "parameters": {"type": "object", "properties": {
                                                   "a": {"type": "number"}, "b": {"type": "number"}}}}}
 TOOLS = [WEATHER_TOOL, CALC_TOOL]
+
+
+# A schema for gpt-oss's TypeScript-like tool namespace: every branch of its
+# render_typescript_type macro (arrays of scalars, of objects, of arrays and
+# without items; nested objects; enums; oneOf with and without object
+# variants; type lists; nullable; defaults of several JSON types).
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search_docs",
+        "description": "Search the document store",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "Free-text query"},
+                "tags": {"type": "array", "items": {"type": "string"}, "description": "Only these tags"},
+                "scores": {"type": "array", "items": {"type": "number"}},
+                "ids": {"type": "array", "items": {"type": "integer"}, "nullable": True},
+                "flags": {"type": "array", "items": {"type": "boolean"}},
+                "anything": {"type": "array"},
+                "maybe_list": {"type": "array", "nullable": True},
+                "matrix": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                "filters": {"type": "array", "items": {"type": "object", "properties": {
+                    "field": {"type": "string"}, "op": {"type": "string", "enum": ["eq", "ne"]}},
+                    "required": ["field"]}},
+                "big_items": {"type": "array", "items": {"type": "object", "properties": {
+                    "a_long_property_name": {"type": "string"}, "another_long_name": {"type": "integer"}}}},
+                "loose_items": {"type": "array", "items": {"type": "object"}},
+                "sort": {"type": "string", "enum": ["relevance", "date"], "default": "relevance",
+                         "description": "Sort order"},
+                "limit": {"type": "integer", "default": 10},
+                "exact": {"type": "boolean", "default": False},
+                "weights": {"type": "object", "default": {"title": 2.0, "body": 1}},
+                "lang": {"type": "string", "nullable": True, "default": None},
+                "range": {"type": "object", "description": "Date range", "properties": {
+                    "from": {"type": "string"}, "to": {"type": "string"},
+                    "inner": {"type": "object", "properties": {"deep": {"type": "boolean"}}, "required": ["deep"]}},
+                    "required": ["from"]},
+                "meta": {"type": "object"},
+                "id_or_name": {"oneOf": [{"type": "integer", "description": "numeric id"},
+                                         {"type": "string", "default": "x"}], "default": "by name"},
+                "target": {"oneOf": [{"type": "object"}, {"type": "string"}]},
+                "single_one_of": {"oneOf": [{"type": "object", "properties": {"k": {"type": "string"}}}]},
+                "union": {"type": ["string", "null"]},
+                "one_type": {"type": ["number"]},
+                "untyped": {"description": "No type at all"},
+            },
+            "required": ["query", "range", "id_or_name"],
+        },
+    },
+}
+NO_PARAMS_TOOL = {"type": "function", "function": {"name": "get_time", "description": "Current time"}}
+EMPTY_PARAMS_TOOL = {"type": "function", "function": {"name": "ping", "description": "Ping the server",
+                                                      "parameters": {"type": "object", "properties": {}}}}
+# Parameters named like dict methods: properties.items() must still be the
+# method (the sandbox's getattr prefers the attribute to the key).
+CART_TOOL = {"type": "function", "function": {"name": "add_to_cart", "description": "Add items", "parameters": {
+    "type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}},
+                                     "keys": {"type": "object", "properties": {"get": {"type": "string"}}}},
+    "required": ["items"]}}}
+# An integer enum with a default: the template concatenates the default to a
+# str, which Python refuses.
+INT_ENUM_TOOL = {"type": "function", "function": {"name": "pick", "description": "Pick a level", "parameters": {
+    "type": "object", "properties": {"level": {"type": "integer", "enum": [1, 2, 3], "default": 2}}}}}
 
 
 def tool_call(name, args, as_string=False):
@@ -180,6 +245,62 @@ def cases_for(name):
             ("raise_starts_with_assistant", [A("a"), U("b")], True, {}),
             ("raise_tool_role", [U("a"), A("b"), {"role": "tool", "content": "c"}, A("d")], False, {}),
             ("raise_system_not_first", [U("a"), S("b")], True, {}),
+        ]
+    if name == "gpt-oss":
+        think = {"role": "assistant", "content": "4", "thinking": "Two plus two."}
+        call = lambda **kw: {"role": "assistant", **kw,
+                             "tool_calls": [tool_call("get_weather", {"city": "Paris", "unit": "celsius"})]}
+        result = {"role": "tool", "content": "{\"temperature\": 21}"}
+        cases += [
+            ("developer_user", [{"role": "developer", "content": "Answer in French."}, U("Hi")], True, {}),
+            ("system_in_the_middle_dropped", [U("a"), S("ignored"), A("b"), {"role": "developer", "content": "x"},
+                                              U("c")], True, {}),
+            ("reasoning_effort_low", [U("Hi")], True, {"reasoning_effort": "low"}),
+            ("reasoning_effort_high", [S("Be brief."), U("Hi")], True, {"reasoning_effort": "high"}),
+            ("reasoning_effort_medium", [U("Hi")], False, {"reasoning_effort": "medium"}),
+            ("model_identity", [U("Who are you?")], True, {"model_identity": "You are Moe, a helpful assistant."}),
+            ("thinking_in_history_dropped", [U("2+2?"), think, U("3+3?")], True, {}),
+            ("thinking_last_assistant", [U("2+2?"), think], False, {}),
+            ("thinking_last_assistant_gen", [U("2+2?"), think], True, {}),
+            ("reasoning_content_aliased", [U("2+2?"), {"role": "assistant", "content": "4",
+                                                        "reasoning_content": "Aliased to thinking."}], False, {}),
+            ("tools_gen", [U("What's the weather in Paris?")], True, {"tools": TOOLS}),
+            ("tools_developer_gen", [S("Use tools wisely."), U("Add 2 and 3")], True, {"tools": TOOLS}),
+            ("tools_rich_schema", [U("Find docs")], True, {"tools": [SEARCH_TOOL, NO_PARAMS_TOOL, EMPTY_PARAMS_TOOL]}),
+            ("tools_empty_list", [U("Hi")], True, {"tools": []}),
+            ("tools_dict_method_names", [U("Buy")], True, {"tools": [CART_TOOL]}),
+            ("tool_round_trip", TOOL_CONV, True, {"tools": TOOLS}),
+            ("tool_call_pending", [U("Weather?"), call(content=""), result], True, {"tools": TOOLS}),
+            ("tool_call_thinking_kept", [U("Weather?"), call(thinking="Need the weather tool."), result], True,
+             {"tools": TOOLS}),
+            ("tool_call_thinking_dropped", [U("Weather?"), call(thinking="Need the weather tool."), result,
+                                            A("21 degrees."), U("Thanks")], True, {"tools": TOOLS}),
+            ("tool_call_content_as_analysis", [U("Weather?"), call(content="Let me check."), result], True,
+             {"tools": TOOLS}),
+            ("tool_call_no_content_key", [U("Weather?"), call(), result], False, {}),
+            ("tool_call_string_arguments", [U("Add"), {"role": "assistant", "tool_calls": [
+                tool_call("add", {"a": 1, "b": 2}, as_string=True)]}, {"role": "tool", "content": "3"}], True, {}),
+            ("tool_call_bare_and_content_type", [U("Run"), {"role": "assistant", "tool_calls": [
+                {"name": "run", "arguments": {"code": "print(1)"}, "content_type": "code"}]},
+                {"role": "tool", "content": {"stdout": "1\n"}}], True, {}),
+            ("two_tool_rounds", [U("Weather in Paris and Rome?"), call(), result,
+                                 {"role": "assistant", "tool_calls": [tool_call("get_weather", {"city": "Rome"})]},
+                                 {"role": "tool", "content": "rainy"}, {"role": "tool", "content": "still rainy"}],
+             True, {"tools": TOOLS}),
+            ("builtin_tools_browser", [U("Search")], True, {"builtin_tools": ["browser"]}),
+            ("builtin_tools_both_and_functions", [S("sys"), U("Go")], True,
+             {"builtin_tools": ["python", "browser", "other"], "tools": [CALC_TOOL], "reasoning_effort": "low"}),
+            ("raise_channel_in_content", [U("a"), A("<|channel|>analysis<|message|>x")], True, {}),
+            ("raise_channel_in_thinking", [U("a"), {"role": "assistant", "content": "b",
+                                                    "thinking": "<|channel|>final<|message|>x"}], True, {}),
+            ("raise_content_and_thinking_with_call", [U("a"), call(content="c", thinking="t")], True, {}),
+            ("raise_tool_without_call", [U("a"), {"role": "tool", "content": "r"}], True, {}),
+            ("raise_tool_after_final", [U("a"), call(), result, A("done"), {"role": "tool", "content": "r"}],
+             True, {}),
+            ("raise_null_content_with_call", [U("a"), call(content=None)], True, {}),
+            ("raise_int_enum_default", [U("a")], True, {"tools": [INT_ENUM_TOOL]}),
+            ("raise_list_content", [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], True, {}),
+            ("raise_no_messages", [], True, {}),
         ]
     return cases
 
@@ -303,6 +424,43 @@ SNIPPETS = [
     ("err_ns_underscore", "{% set ns = namespace(_x=1) %}", {}),
     ("err_lt_types", "{{ 1 < 'a' }}", {}),
     ("strftime", "{{ strftime_now('%d %b %Y') }} {{ strftime_now('%Y-%m-%d %H:%M') }}", {}),
+    # bound methods: the sandbox's getattr finds a Python attribute first,
+    # its getitem finds a missing dict key's attribute next (gpt-oss reads
+    # param_spec['items'] of schemas that have no "items")
+    ("bound_methods", "{% if d['items'] %}T{% endif %} {{ d['items'] is defined }} {{ d['items'] is callable }} {{ d['items']['type'] is defined }} {{ d['items']['type'] == 'string' }} {{ d['keys']() | list }} {{ e.items is callable }} {{ e['items'] }} {{ e.get('get') }} {{ 'ab'['upper']() }} {{ xs['count'](1) }} {{ 'ab'.zfill is defined }} {{ xs.index is defined }} {{ xs.append is defined }}|{{ xs.append }}| {{ d.pop is defined }} {{ d.copy is defined }} {{ d._x is defined }} {{ {'_x': 3}._x }}", {"d": {"a": 1}, "e": {"items": [1], "get": 2}, "xs": [1, 2]}),
+    ("bound_method_values", "{% set f = d.values %}{{ f() | list }} {{ f is sameas f }} {{ d.items is sameas d.items }} {{ d.items == d.items }} {{ d.items == e.items }} {{ d.items != d.keys }} {{ d.items in [d.items] }} {% set ns = namespace(g=d.keys) %}{{ ns.g is callable }} {{ ns.g() | list }} {{ [d.values][0]() | list }} {{ (d.items,) | length }} {% for x in [1] %}{% set c = loop.cycle %}{{ c('p', 'q') }}{{ loop.cycle is callable }}{% endfor %} {{ d.x is callable }} {{ d.items.x }}|{{ [d, e] | selectattr('items') | list | length }}", {"d": {"a": 1}, "e": {"items": [1]}}),
+    ("number_attributes", "{{ (3).real }} {{ (3).imag }} {{ (2.5).real }} {{ (2.5).imag }} {{ true.numerator }} {{ (7).denominator }} {{ (2.5).numerator is defined }} {{ (3).bit_length is callable }} {{ xs | map(attribute='real') | list }}", {"xs": [1, 2.5]}),
+    ("err_method_length", "{{ d['items'] | length }}", {"d": {}}),
+    ("err_method_iterate", "{% for x in d.items %}{% endfor %}", {"d": {}}),
+    ("err_method_in", "{{ 1 in d.items }}", {"d": {}}),
+    ("err_method_tojson", "{{ [d.items] | tojson }}", {"d": {}}),
+    ("err_method_compare", "{{ d.items < d.items }}", {"d": {}}),
+    ("err_method_element", "{{ d.items[0].x }}", {"d": {}}),
+    ("err_method_call_unknown_attribute", "{{ 'abc'.items() }}", {}),
+    ("err_call_a_value", "{{ d.a() }}", {"d": {"a": 1}}),
+    ("err_unsafe_method", "{{ xs['append'](1) }}", {"xs": []}),
+    # Jinja's undefined messages name the object's type and the key's repr
+    ("err_list_no_element", "{{ xs[5].role }}", {"xs": [1]}),
+    ("err_dict_no_element", "{{ d[0].x }}", {"d": {}}),
+    ("err_dict_no_element_none", "{{ d[none].x }}", {"d": {}}),
+    ("err_str_no_element", "{{ 'a'[-5].x }}", {}),
+    ("err_attribute_repr", "{{ d['it\\'s'].x }}", {"d": {}}),
+    ("err_namespace_attribute", "{% set ns = namespace(a=1) %}{{ ns.b() }}", {}),
+    ("err_namespace_element", "{% set ns = namespace(a=1) %}{{ ns[0].x }}", {}),
+    ("err_loop_attribute", "{% for x in [1] %}{{ loop.nope.x }}{% endfor %}", {}),
+    ("err_markup_attribute", "{{ ('a' | safe).x.y }}", {}),
+    ("err_dict_global_attribute", "{{ dict.x.y }}", {}),
+    # transformers' TemplateNamespace has attributes only: no len, iteration,
+    # `in` or JSON, and == is identity
+    ("namespace_not_a_container", "{% set ns = namespace(a=1) %}{% set same = ns %}{{ ns is iterable }} {{ ns is mapping }} {{ ns is sequence }} {{ ns == namespace(a=1) }} {{ ns == same }} {{ ns }} {{ ns['a'] }}", {}),
+    ("err_namespace_length", "{% set ns = namespace(a=1) %}{{ ns | length }}", {}),
+    ("err_namespace_iterate", "{% set ns = namespace(a=1) %}{% for k in ns %}{% endfor %}", {}),
+    ("err_namespace_in", "{% set ns = namespace(a=1) %}{{ 'a' in ns }}", {}),
+    ("err_namespace_list", "{% set ns = namespace(a=1) %}{{ ns | join }}", {}),
+    ("err_namespace_items", "{% set ns = namespace(a=1) %}{{ ns | items | list }}", {}),
+    ("err_namespace_tojson", "{% set ns = namespace(a=1) %}{{ ns | tojson }}", {}),
+    ("err_zero_negative_power", "{{ (not 1) ** -1 }}", {}),
+    ("err_float_pow_overflow", "{{ 10.0 ** 400 }}", {}),
     ("list_dict_literals", "{{ [1, [2, 3], {'a': [4, 5]}] }} {{ {'a': 1, 'b': {'c': []}} }} {{ () | length }} {{ (1,) | length }} {{ (1, 2)[1] }}", {}),
 ]
 
