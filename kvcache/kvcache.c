@@ -61,7 +61,9 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
     kv->be = be;
     enum moe_status s;
     if ((s = be->ops->alloc(be, total, &kv->k)) != MOE_OK) goto fail;
-    if ((s = be->ops->alloc(be, total, &kv->v)) != MOE_OK) goto fail;
+    /* MLA: one latent row per token serves as K and V (runtime/config.h) */
+    if (cfg->kv_lora_rank > 0) kv->v = kv->k;
+    else if ((s = be->ops->alloc(be, total, &kv->v)) != MOE_OK) goto fail;
     kv->index_cap = 16;
     while (kv->index_cap < 2 * (size_t)n_blocks) kv->index_cap *= 2;
     kv->blocks = calloc((size_t)n_blocks, sizeof *kv->blocks);
@@ -84,8 +86,8 @@ fail:
 void moe_kvcache_free(struct moe_kvcache *kv)
 {
     if (kv->be) {
+        if (kv->v != kv->k) kv->be->ops->dealloc(kv->be, kv->v);
         kv->be->ops->dealloc(kv->be, kv->k);
-        kv->be->ops->dealloc(kv->be, kv->v);
     }
     free(kv->blocks);
     free(kv->free_list);

@@ -22,6 +22,13 @@ extern "C" {
 /* ids (T, K), w (T, K) from logits (T, E). */
 void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int E, int K,
                          bool renorm);
+/* The softmax router in general (r->sigmoid false): as above, and with
+ * groups (DeepSeek-V2's group_limited_greedy) only the experts of the
+ * topk_group groups whose best expert ranks highest are eligible; weights
+ * times r->scale (routed_scaling_factor) at the end.
+ * moe_router_topk_cpu is this with no groups and scale 1. */
+void moe_router_topk_softmax_cpu(int32_t *ids, float *w, const float *logits, int T,
+                                 const struct moe_route *r);
 /* The sigmoid router of GLM-4.5 / DeepSeek-V3 (Glm4MoeTopkRouter in
  * transformers), r->sigmoid set: scores s = sigmoid(logits) in fp32;
  * choice scores c = s + bias; with groups, only the topk_group groups whose

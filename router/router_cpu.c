@@ -30,6 +30,15 @@ static inline void insert_ranked(float *v, int32_t *id, int *n, int cap, float x
 void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int E, int K,
                          bool renorm)
 {
+    const struct moe_route r = {E, K, renorm, false, NULL, 1, 1, 1.0f};
+    moe_router_topk_softmax_cpu(ids, w, logits, T, &r);
+}
+
+void moe_router_topk_softmax_cpu(int32_t *ids, float *w, const float *logits, int T,
+                                 const struct moe_route *r)
+{
+    const int E = r->E, K = r->K, G = r->n_group, per = E / G;
+    MOE_ASSERT(G >= 1 && G <= MOE_MAX_EXPERT_GROUPS && E % G == 0 && r->topk_group <= G);
 #pragma omp parallel for schedule(static) if (T > 64)
     for (int t = 0; t < T; t++) {
         const float *x = logits + (size_t)t * E;
@@ -41,17 +50,35 @@ void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int
             if (x[e] > mx) mx = x[e];
         float sum = 0.0f;
         for (int e = 0; e < E; e++) sum += expf(x[e] - mx);
+        /* group-limited (DeepSeek-V2): the topk_group groups with the best
+         * expert; softmax is monotone, so the logits rank them */
+        bool ok[MOE_MAX_EXPERT_GROUPS];
+        for (int g = 0; g < G; g++) ok[g] = G == 1;
+        if (G > 1) {
+            float gv[MOE_MAX_EXPERT_GROUPS], best[1] = {0.0f};
+            int32_t gi[MOE_MAX_EXPERT_GROUPS], bi[1] = {0};
+            int ng = 0;
+            for (int g = 0; g < G; g++) {
+                int n = 0;
+                for (int e = g * per; e < (g + 1) * per; e++) insert_ranked(best, bi, &n, 1, x[e], e);
+                insert_ranked(gv, gi, &ng, r->topk_group, best[0], g);
+            }
+            for (int i = 0; i < ng; i++) ok[gi[i]] = true;
+        }
         /* top-K by insertion into a sorted list of K (K is small).  Ranking
          * uses the logits: softmax is monotone, and logits stay ordered where
          * probabilities would round to equal values or become NaN (+inf). */
         int n = 0;
-        for (int e = 0; e < E; e++) insert_ranked(wt, id, &n, K, x[e], e);
+        for (int e = 0; e < E; e++)
+            if (ok[e / per]) insert_ranked(wt, id, &n, K, x[e], e);
         for (int k = 0; k < K; k++) wt[k] = expf(wt[k] - mx) / sum;
-        if (renorm) {
+        if (r->renorm) {
             float s = 0.0f;
             for (int k = 0; k < K; k++) s += wt[k];
             for (int k = 0; k < K; k++) wt[k] /= s;
         }
+        if (r->scale != 1.0f && r->scale != 0.0f)
+            for (int k = 0; k < K; k++) wt[k] *= r->scale;
     }
 }
 

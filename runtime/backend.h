@@ -58,9 +58,10 @@ struct moe_route {
     bool renorm;         /* the K weights divided by their sum */
     bool sigmoid;        /* scores sigmoid(logits), else softmax over E */
     const float *bias;   /* (E) backend memory, added to the scores for the choice only; or NULL */
-    int n_group, topk_group; /* sigmoid: choose among the topk_group groups of E/n_group
-                                experts whose two best biased scores sum highest; 1, 1 = all */
-    float scale;         /* sigmoid: weights times it (routed_scaling_factor) */
+    int n_group, topk_group; /* choose among the topk_group groups of E/n_group experts
+                                whose two best biased scores sum highest (sigmoid) or whose
+                                best expert ranks highest (softmax); 1, 1 = all */
+    float scale;         /* weights times it (routed_scaling_factor) */
 };
 
 /* The dispatch plan of one MoE layer (backend memory). */
@@ -144,6 +145,17 @@ struct moe_backend_ops {
     MOE_OP(sigmoid_scale, float *y, const float *g, int T, int D);
     /* dst (n, D) = src rows[i] */
     MOE_OP(gather_rows, float *dst, const float *src, const int32_t *rows, int n, int D);
+    /* dst[r*ld_dst + j] = src[r*ld_src + (idx ? idx[j] : j)] for r < rows,
+     * j < n: a column gather (idx (n) backend memory, or NULL: a 2-D copy).
+     * Optional, with head_matmul: MLA needs both. */
+    MOE_OP(gather_cols, float *dst, int ld_dst, const float *src, int ld_src, int rows,
+           const int32_t *idx, int n);
+    /* Per-head products of MLA's absorbed attention: for each head h < H and
+     * row t < T, y[(t*H + h)*ldy + i] = sum_k W[h][i][k] * x[(t*H + h)*ldx + k]
+     * for i < N, k < K; W (H, N, K) in its stored dtype.  Optional (NULL: the
+     * backend does not run MLA models). */
+    MOE_OP(head_matmul, float *y, int ldy, const float *x, int ldx, const struct moe_tensor *w,
+           int T);
     /* ids (rows) = argmax of each row of x (rows, n), as moe_argmax
      * (runtime/sampler.h): ties to the lower index, NaN never wins. */
     MOE_OP(argmax, int32_t *ids, const float *x, int rows, int n);

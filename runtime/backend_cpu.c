@@ -110,12 +110,14 @@ static bool packable(enum pack_kind kind, enum moe_dtype dt, int64_t N, int64_t 
            K % MOE_Q8_0_BLOCK == 0;
 }
 
-/* A layer's 2-D weights other than the experts: attention, dense FFN,
+/* A layer's 2-D weights other than the experts: attention (MLA's down
+ * projections too; its per-head 3-D matrices stay as loaded), dense FFN,
  * router, shared expert and its gate. */
-enum { LAYER_MATRICES = 12 };
+enum { LAYER_MATRICES = 14 };
 static void layer_matrices(struct moe_layer_weights *w, struct moe_tensor *ts[LAYER_MATRICES])
 {
     struct moe_tensor *all[LAYER_MATRICES] = {&w->wq,      &w->wk,     &w->wv,      &w->wo,
+                                              &w->wq_a,    &w->wkv_a,
                                               &w->w_gate,  &w->w_up,   &w->w_down,  &w->router,
                                               &w->sh_gate, &w->sh_up,  &w->sh_down, &w->sh_router};
     memcpy(ts, all, sizeof all);
@@ -324,7 +326,8 @@ static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_mode
     }
     size_t need = (size_t)cfg->d_model;
     size_t dims[] = {(size_t)cfg->n_heads * cfg->head_dim, (size_t)cfg->d_ff,
-                     (size_t)cfg->d_expert, (size_t)cfg->d_shared,
+                     (size_t)cfg->d_expert, (size_t)cfg->d_shared, (size_t)cfg->kv_lora_rank,
+                     (size_t)cfg->q_lora_rank, (size_t)cfg->n_heads * cfg->v_head_dim,
                      moe_attention_scratch_floats(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim)};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > need) need = dims[i];
@@ -406,6 +409,43 @@ static enum moe_status fast_matmul_multi(struct moe_backend *be, int n, float *c
     return MOE_OK;
 }
 
+static enum moe_status cpu_head_matmul(struct moe_backend *be, float *y, int ldy, const float *x,
+                                       int ldx, const struct moe_tensor *w, int T)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    const int H = (int)w->shape[0], N = (int)w->shape[1], K = (int)w->shape[2];
+    const size_t mat = (size_t)N * moe_dtype_row_bytes(w->dtype, (size_t)K);
+    MOE_ASSERT((size_t)K <= c->scratch_per_thread);
+    for (int h = 0; h < H; h++)
+        moe_gemm_cpu(y + (size_t)h * ldy, H * ldy, x + (size_t)h * ldx, H * ldx,
+                     (const char *)w->data + h * mat, w->dtype, N, K, T, NULL, c->scratch);
+    return MOE_OK;
+}
+
+static enum moe_status fast_head_matmul(struct moe_backend *be, float *y, int ldy, const float *x,
+                                        int ldx, const struct moe_tensor *w, int T)
+{
+    const int H = (int)w->shape[0], N = (int)w->shape[1], K = (int)w->shape[2];
+    const size_t mat = (size_t)N * moe_dtype_row_bytes(w->dtype, (size_t)K);
+    for (int h = 0; h < H; h++)
+        moe_gemm_fast(ctx_of(be)->isa, y + (size_t)h * ldy, H * ldy, x + (size_t)h * ldx, H * ldx,
+                      (const char *)w->data + h * mat, w->dtype, N, K, T, NULL);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_gather_cols(struct moe_backend *be, float *dst, int ld_dst, const float *src,
+                                       int ld_src, int rows, const int32_t *idx, int n)
+{
+    for (int r = 0; r < rows; r++) {
+        float *d = dst + (size_t)r * ld_dst;
+        const float *s = src + (size_t)r * ld_src;
+        if (!idx) memcpy(d, s, (size_t)n * sizeof(float));
+        else
+            for (int j = 0; j < n; j++) d[j] = s[idx[j]];
+    }
+    return MOE_OK;
+}
+
 static enum moe_status cpu_add(struct moe_backend *be, float *y, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++) y[i] += x[i];
@@ -468,7 +508,7 @@ static enum moe_status cpu_route(struct moe_backend *be, int32_t *ids, float *w,
                                  const float *logits, int T, const struct moe_route *r)
 {
     if (r->sigmoid) moe_router_topk_sigmoid_cpu(ids, w, logits, T, r);
-    else moe_router_topk_cpu(ids, w, logits, T, r->E, r->K, r->renorm);
+    else moe_router_topk_softmax_cpu(ids, w, logits, T, r);
     return MOE_OK;
 }
 
@@ -562,6 +602,7 @@ static void cpu_destroy(struct moe_backend *be)
     .dispatch = cpu_dispatch,            \
     .sigmoid_scale = cpu_sigmoid_scale,  \
     .gather_rows = cpu_gather_rows,      \
+    .gather_cols = cpu_gather_cols,      \
     .argmax = cpu_argmax,                \
     .host_alloc = cpu_alloc,             \
     .host_free = cpu_dealloc,            \
@@ -571,6 +612,7 @@ static const struct moe_backend_ops cpu_ops = {
     .name = "cpu-ref",
     CPU_SHARED_OPS,
     .matmul = cpu_matmul,
+    .head_matmul = cpu_head_matmul,
     .attention = cpu_attention,
     .experts = cpu_experts,
 };
@@ -582,6 +624,7 @@ static const struct moe_backend_ops cpu_fast_ops = {
     CPU_SHARED_OPS,
     .matmul = fast_matmul,
     .matmul_multi = fast_matmul_multi,
+    .head_matmul = fast_head_matmul,
     .attention = fast_attention,
     .experts = fast_experts,
 };

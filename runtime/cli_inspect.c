@@ -80,6 +80,11 @@ int moe_cli_inspect(int argc, char **argv)
     if (cfg->family == MOE_FAMILY_GRANITE_MOE || cfg->family == MOE_FAMILY_GRANITE)
         printf("multipliers  embedding x %g, residual x %g, attention scale %g, logits / %g\n",
                cfg->embed_scale, cfg->residual_scale, cfg->attn_scale, 1.0 / cfg->logit_scale);
+    if (cfg->kv_lora_rank > 0)
+        printf("latent       multi-head latent attention: kv_lora_rank %d, q_lora_rank %d; per head %d "
+               "+ %d (rope) key values, %d value; the cache holds one row of %d per token, read "
+               "as K and V\n", cfg->kv_lora_rank, cfg->q_lora_rank, cfg->qk_nope_dim, cfg->rope_dim,
+               cfg->v_head_dim, cfg->head_dim);
     if (cfg->family == MOE_FAMILY_GPT_OSS)
         printf("gpt-oss      attention sinks; router and expert biases; clamped SwiGLU (alpha %g, "
                "limit %g); experts stored as %s\n", cfg->swiglu_alpha, cfg->swiglu_limit,

@@ -32,6 +32,8 @@ static const struct {
     {"GraniteMoeSharedForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
     {"GraniteForCausalLM", MOE_FAMILY_GRANITE, 1e-6f, 0, false, MOE_QK_NORM_NONE, false},
     {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true},
+    {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
+    {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
 };
 
 const char *moe_family_name(enum moe_family f)
@@ -140,6 +142,7 @@ static enum moe_status parse_yarn(struct moe_config *c, json_t *params, const ch
     c->rope_beta_fast = (float)fast;
     c->rope_beta_slow = (float)slow;
     c->rope_attn_factor = (float)af;
+    c->rope_mscale_all_dim = (float)ms_all;
     return MOE_OK;
 }
 
@@ -214,6 +217,34 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
                     what, type);
 }
 
+/* DeepSeek's multi-head latent attention (config.h).  transformers' score
+ * scale is 1/sqrt(qk_nope + qk_rope) times yarn's mscale(factor,
+ * mscale_all_dim) squared. */
+static enum moe_status parse_mla(struct moe_config *c, json_t *root, const char *what)
+{
+    const int BIG = 1 << 20;
+    int rope;
+    MOE_TRY(get_int(root, what, "kv_lora_rank", 1, BIG, 512, false, &c->kv_lora_rank));
+    MOE_TRY(get_int(root, what, "q_lora_rank", 0, BIG, 0, false, &c->q_lora_rank));
+    MOE_TRY(get_int(root, what, "qk_nope_head_dim", 1, BIG, 128, false, &c->qk_nope_dim));
+    MOE_TRY(get_int(root, what, "qk_rope_head_dim", 2, BIG, 64, false, &rope));
+    MOE_TRY(get_int(root, what, "v_head_dim", 1, BIG, 128, false, &c->v_head_dim));
+    MOE_TRY(get_bool(root, what, "rope_interleave", true, &c->rope_interleave));
+    if (c->family == MOE_FAMILY_DEEPSEEK_V2) c->rope_interleave = true; /* always, as complex pairs */
+    if (rope % 2)
+        return moe_fail(MOE_ERR_FORMAT, "%s: qk_rope_head_dim = %d must be even", what, rope);
+    c->rope_dim = rope;
+    c->head_dim = rope + c->kv_lora_rank;
+    c->n_kv_heads = 1;
+    double scale = 1.0 / sqrt((double)(c->qk_nope_dim + rope));
+    if (c->rope_type != MOE_ROPE_DEFAULT && c->rope_mscale_all_dim != 0) {
+        const double m = yarn_mscale(c->rope_factor, c->rope_mscale_all_dim);
+        scale *= m * m;
+    }
+    c->attn_scale = (float)scale;
+    return MOE_OK;
+}
+
 /* quantization_config: gpt-oss's MXFP4 experts (read as stored, see
  * runtime/tensor.h) are the one scheme supported; any other would be read
  * as if its tensors were plain weights, so it is refused by name. */
@@ -249,7 +280,7 @@ static enum moe_status parse_multipliers(struct moe_config *c, json_t *root, con
     }
     c->embed_scale = (float)v[0];
     c->residual_scale = (float)v[1];
-    c->attn_scale = granite ? (float)v[2] : 0.0f; /* Granite's default is 1, not 1/sqrt(Dh) */
+    if (granite) c->attn_scale = (float)v[2]; /* Granite's default is 1, not 1/sqrt(Dh); MLA set its own */
     c->logit_scale = (float)(1.0 / v[3]);
     return MOE_OK;
 }
@@ -259,9 +290,14 @@ static enum moe_status parse_layers(struct moe_config *c, json_t *root, const ch
 {
     for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = moe;
     if (!moe) return MOE_OK;
-    if (c->family == MOE_FAMILY_GLM4_MOE) {
+    if (c->family == MOE_FAMILY_GLM4_MOE || c->family == MOE_FAMILY_DEEPSEEK_V2 ||
+        c->family == MOE_FAMILY_DEEPSEEK_V3) {
         int k;
-        MOE_TRY(get_int(root, what, "first_k_dense_replace", 0, c->n_layers, 1, false, &k));
+        MOE_TRY(get_int(root, what, "first_k_dense_replace", 0, c->n_layers,
+                        c->family == MOE_FAMILY_DEEPSEEK_V2 ? 0 : c->family == MOE_FAMILY_DEEPSEEK_V3 ? 3 : 1,
+                        false, &k));
+        int freq;
+        MOE_TRY(get_int(root, what, "moe_layer_freq", 1, 1, 1, false, &freq)); /* others: refused */
         for (int l = 0; l < k; l++) c->layer_moe[l] = false;
     }
     if (c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_MOE) {
@@ -336,7 +372,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
                         "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Glm4MoeForCausalLM, "
                         "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM, "
-                        "GptOssForCausalLM)",
+                        "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
                         what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
@@ -366,6 +402,9 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     c->o_bias = !families[fi].qkv_bias_always && attn_bias;
     if (c->family == MOE_FAMILY_MIXTRAL) c->qkv_bias = c->o_bias = false;
     if (c->family == MOE_FAMILY_GLM4_MOE) c->o_bias = false; /* attention_bias: q, k, v only */
+    if ((c->family == MOE_FAMILY_DEEPSEEK_V2 || c->family == MOE_FAMILY_DEEPSEEK_V3) && attn_bias)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: attention_bias = true is not supported with "
+                        "multi-head latent attention", what);
     MOE_TRY(get_bool(root, what, "mlp_bias", false, &c->mlp_bias));
     if (c->mlp_bias && c->family != MOE_FAMILY_LLAMA)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: mlp_bias = true is only supported for Llama", what);
@@ -401,9 +440,11 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     if (c->rope_dim < 2 || c->rope_dim % 2)
         return moe_fail(MOE_ERR_FORMAT, "%s: RoPE over %d of head_dim %d values (partial_rotary_factor "
                         "%g): it must be even and at least 2", what, c->rope_dim, c->head_dim, prf);
+    if (c->family == MOE_FAMILY_DEEPSEEK_V2 || c->family == MOE_FAMILY_DEEPSEEK_V3)
+        MOE_TRY(parse_mla(c, root, what));
     if (c->rope_attn_factor != 1.0f && c->rope_dim != c->head_dim)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: yarn's attention factor with partial_rotary_factor "
-                        "< 1 is not supported", what);
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: yarn's attention factor (%g) on part of each head "
+                        "is not supported", what, c->rope_attn_factor);
     MOE_TRY(parse_sliding(c, root, what));
     MOE_TRY(parse_quantization(c, root, what));
 
@@ -464,6 +505,46 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
             return moe_fail(MOE_ERR_FORMAT, "%s: %d experts do not split into n_group = %d groups of "
                             "at least 2", what, c->n_experts, c->n_group);
         c->router_sigmoid = c->router_bias = true;
+        break;
+    }
+    case MOE_FAMILY_DEEPSEEK_V2:
+    case MOE_FAMILY_DEEPSEEK_V3: {
+        const bool v3 = c->family == MOE_FAMILY_DEEPSEEK_V3;
+        int n_shared;
+        double scale;
+        MOE_TRY(get_int(root, what, "n_routed_experts", 1, 1 << 16, v3 ? 256 : 64, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, 0, false, &c->d_ff));
+        MOE_TRY(get_int(root, what, "n_shared_experts", 0, 1 << 10, v3 ? 1 : 2, false, &n_shared));
+        c->d_shared = n_shared * c->d_expert; /* one MLP of n_shared experts' width, no gate */
+        MOE_TRY(get_num(root, what, "routed_scaling_factor", v3 ? 2.5 : 1.0, &scale));
+        if (!(scale > 0))
+            return moe_fail(MOE_ERR_FORMAT, "%s: routed_scaling_factor = %g must be > 0", what, scale);
+        c->routed_scale = (float)scale;
+        const char *method = json_string_value(json_object_get(root, "topk_method"));
+        if (v3) { /* noaux_tc: the sigmoid router of GLM-4.5 */
+            const char *fn = json_string_value(json_object_get(root, "scoring_func"));
+            if ((method && strcmp(method, "noaux_tc")) || (fn && strcmp(fn, "sigmoid")))
+                return moe_fail(MOE_ERR_UNSUPPORTED, "%s: DeepSeek-V3 routing '%s' / '%s' is not "
+                                "supported (noaux_tc, sigmoid)", what, method ? method : "-",
+                                fn ? fn : "-");
+            MOE_TRY(get_bool(root, what, "norm_topk_prob", true, &c->norm_topk));
+            MOE_TRY(get_int(root, what, "n_group", 1, MOE_MAX_EXPERT_GROUPS, 8, false, &c->n_group));
+            MOE_TRY(get_int(root, what, "topk_group", 1, c->n_group, 4 < c->n_group ? 4 : c->n_group,
+                            false, &c->topk_group));
+            c->router_sigmoid = c->router_bias = true;
+        } else if (!method || !strcmp(method, "greedy")) {
+            c->norm_topk = false; /* transformers' DeepseekV2TopkRouter never renormalises */
+        } else if (!strcmp(method, "group_limited_greedy")) {
+            MOE_TRY(get_int(root, what, "n_group", 1, MOE_MAX_EXPERT_GROUPS, 1, true, &c->n_group));
+            MOE_TRY(get_int(root, what, "topk_group", 1, c->n_group, 1, true, &c->topk_group));
+        } else {
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s: topk_method '%s' is not supported (greedy, "
+                            "group_limited_greedy)", what, method);
+        }
+        if (c->n_experts % c->n_group || c->n_experts / c->n_group < 2)
+            return moe_fail(MOE_ERR_FORMAT, "%s: %d experts do not split into n_group = %d groups of "
+                            "at least 2", what, c->n_experts, c->n_group);
         break;
     }
     case MOE_FAMILY_GPT_OSS: {
@@ -531,5 +612,6 @@ int moe_config_moe_layers(const struct moe_config *cfg)
 
 size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, size_t elem_size)
 {
-    return 2 * (size_t)cfg->n_layers * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * elem_size;
+    const size_t kv = cfg->kv_lora_rank > 0 ? 1 : 2; /* MLA: one row read as K and V */
+    return kv * (size_t)cfg->n_layers * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * elem_size;
 }

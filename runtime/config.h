@@ -28,6 +28,8 @@ enum moe_family {
     MOE_FAMILY_GRANITE_MOE,        /* GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM */
     MOE_FAMILY_GRANITE,            /* GraniteForCausalLM (dense) */
     MOE_FAMILY_GPT_OSS,            /* GptOssForCausalLM (gpt-oss-20b, gpt-oss-120b) */
+    MOE_FAMILY_DEEPSEEK_V2,        /* DeepseekV2ForCausalLM (DeepSeek-V2, V2-Lite, V2.5) */
+    MOE_FAMILY_DEEPSEEK_V3,        /* DeepseekV3ForCausalLM (DeepSeek-V3, R1, Kimi-K2, Moonlight) */
 };
 
 enum moe_qk_norm {
@@ -63,6 +65,17 @@ struct moe_config {
     bool layer_sliding[MOE_MAX_LAYERS];
     bool attn_sinks;   /* gpt-oss: a learned logit per query head (self_attn.sinks) joins each
                           softmax's denominator (attention.h) */
+    /* Multi-head latent attention (DeepSeek-V2/V3), when kv_lora_rank > 0.
+     * Keys and values of every head come from one latent per token, so the
+     * cache holds one row per token: the rotated key part (rope_dim values),
+     * then the normalised latent (kv_lora_rank), read as both K and V;
+     * n_kv_heads is 1 and head_dim is rope_dim + kv_lora_rank, the width of
+     * that row and of each absorbed query head (runtime/forward_mla.c). */
+    int kv_lora_rank;
+    int q_lora_rank;   /* 0: q_proj; else q_a_proj, q_a_layernorm, q_b_proj */
+    int qk_nope_dim;   /* per head: key/query values without position */
+    int v_head_dim;    /* per head: value width */
+    bool rope_interleave; /* rotated values stored in pairs (2i, 2i+1): rows reordered at load */
 
     /* RoPE */
     enum moe_rope_type rope_type;
@@ -73,6 +86,7 @@ struct moe_config {
     float rope_low_freq_factor;    /* llama3 */
     float rope_high_freq_factor;   /* llama3 */
     int rope_original_max_pos;     /* llama3, yarn */
+    float rope_mscale_all_dim;     /* yarn: mscale_all_dim, 0 if absent (MLA's score scale) */
     float rope_beta_fast, rope_beta_slow; /* yarn: the ramp between extrapolated and
                                              interpolated frequencies */
     bool rope_truncate;            /* yarn: the ramp's ends rounded to whole dimensions */
@@ -100,6 +114,8 @@ struct moe_config {
      * DeepSeek-V3) sigmoid per expert, chosen by sigmoid + a per-expert
      * bias among the topk_group best of n_group expert groups, weighted by
      * the unbiased sigmoid, times routed_scale. */
+    /* Softmax routers may be group-limited too (DeepSeek-V2's
+     * group_limited_greedy: groups scored by their best expert), and scaled. */
     bool router_sigmoid;
     bool router_bias;  /* e_score_correction_bias (E) per MoE layer */
     int n_group, topk_group; /* 1, 1: no groups */

@@ -100,6 +100,7 @@ enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model 
         fw->hs_rows = lim->max_tokens;
     fw->stats_async_rows = fw->hs_rows;
     enum moe_status s = init_buffers(fw);
+    if (s == MOE_OK) s = moe_forward_mla_init(fw);
     if (s == MOE_OK && be->ops->reserve) {
         int rows = lim->max_tokens > lim->max_logits ? lim->max_tokens : lim->max_logits;
         s = be->ops->reserve(be, &m->cfg, rows);
@@ -120,6 +121,7 @@ void moe_forward_free(struct moe_forward *fw)
                         fw->b_table, fw->b_slot, fw->b_rows};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
         if (fw->hs_buf) be->ops->host_free(be, fw->hs_buf);
+        moe_forward_mla_free(fw);
     }
     free(fw->h_ids);
     free(fw->h_w);
@@ -233,6 +235,20 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     const int T = db->n_tokens, D = c->d_model, Hq = c->n_heads, Hkv = c->n_kv_heads,
               Dh = c->head_dim;
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->x, &w->attn_norm, T, D, c->rms_eps));
+    /* yarn scales cos and sin, so q and k: every score by its square (0 in
+     * a zeroed configuration built by hand means none) */
+    const float af = c->rope_attn_factor > 0 ? c->rope_attn_factor : 1.0f;
+    struct moe_attn_params p = {
+        .layer = l, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh,
+        .scale = (c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)Dh)) * af * af,
+        .window = c->layer_sliding[l] ? c->sliding_window : 0,
+        .max_ctx = fw->max_ctx,
+        .sinks = w->sinks.data,
+    };
+    if (c->kv_lora_rank > 0) {
+        MOE_TRY(moe_forward_mla_attention(fw, kv, db, l, &p));
+        return residual_add(fw, T);
+    }
     if (op->matmul_multi) {
         float *const y[3] = {fw->q, fw->k, fw->v};
         const struct moe_tensor *const ws[3] = {&w->wq, &w->wk, &w->wv};
@@ -258,16 +274,6 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     MOE_TRY(op->rope(be, fw->q, db->positions, T, Hq, Dh, c->rope_dim, fw->inv_freq));
     MOE_TRY(op->rope(be, fw->k, db->positions, T, Hkv, Dh, c->rope_dim, fw->inv_freq));
     MOE_TRY(op->kv_store(be, kv, l, fw->k, fw->v, db->slot, T));
-    /* yarn scales cos and sin, so q and k: every score by its square (0 in
-     * a zeroed configuration built by hand means none) */
-    const float af = c->rope_attn_factor > 0 ? c->rope_attn_factor : 1.0f;
-    struct moe_attn_params p = {
-        .layer = l, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh,
-        .scale = (c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)Dh)) * af * af,
-        .window = c->layer_sliding[l] ? c->sliding_window : 0,
-        .max_ctx = fw->max_ctx,
-        .sinks = w->sinks.data,
-    };
     MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, &p));
     MOE_TRY(op->matmul(be, fw->out, fw->att, &w->wo, &w->bo, T));
     return residual_add(fw, T);

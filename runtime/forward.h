@@ -60,6 +60,16 @@ struct moe_forward {
     float *lrows;    /* (max_logits, D) */
     float *logits;   /* (max_logits, V) */
     int32_t *amax;   /* (max_logits) argmax of each logits row */
+    /* MLA (runtime/forward_mla.c), allocated when the model has it */
+    struct moe_forward_mla {
+        float *qa;       /* (T, Rq) */
+        float *qr;       /* (T, Hq, nope + rope) the query as projected */
+        float *kva;      /* (T, Rc + rope) the latent and rope key as projected */
+        float *c;        /* (T, Rc) the latent, normalised */
+        float *o;        /* (T, Hq, v) each head's values */
+        int32_t *q_rope; /* (rope) columns of a head's rope values in qr, rotate-half order */
+        int32_t *k_rope; /* (rope) the same in kva */
+    } mla;
     /* batch arrays, backend memory */
     int32_t *b_tokens, *b_pos, *b_seq_of, *b_seq_start, *b_ctx_len, *b_table, *b_slot, *b_rows;
     int max_ctx;     /* longest context of the current step */
@@ -88,6 +98,13 @@ MOE_MUST_USE enum moe_status moe_forward_init(struct moe_forward *fw, const stru
                                                struct moe_backend *be,
                                                const struct moe_forward_limits *lim);
 void moe_forward_free(struct moe_forward *fw);
+/* MLA (runtime/forward_mla.c): buffers (nothing without kv_lora_rank), and
+ * the attention block from fw->xn to fw->out. */
+MOE_MUST_USE enum moe_status moe_forward_mla_init(struct moe_forward *fw);
+void moe_forward_mla_free(struct moe_forward *fw);
+MOE_MUST_USE enum moe_status moe_forward_mla_attention(struct moe_forward *fw, struct moe_kvcache *kv,
+                                                        const struct moe_batch *db, int l,
+                                                        const struct moe_attn_params *p);
 /* Runs one step.  logits (n_logits, V) host, may be NULL; ids (n_logits)
  * host, may be NULL, receives the argmax of each logits row (moe_argmax's
  * rule), computed by the backend: a greedy caller asks for ids alone, and

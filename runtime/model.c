@@ -100,6 +100,7 @@ enum moe_status moe_model_widen_f32(struct moe_model *m, struct moe_tensor *t)
 static enum moe_status bind_attention(struct moe_model *m, int l, struct moe_layer_weights *w)
 {
     const struct moe_config *c = &m->cfg;
+    if (c->kv_lora_rank > 0) return moe_model_bind_mla(m, l, w);
     char n[NAME_MAX_LEN];
     int64_t D = c->d_model, Q = (int64_t)c->n_heads * c->head_dim,
             KV = (int64_t)c->n_kv_heads * c->head_dim;
@@ -288,7 +289,7 @@ static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_wei
     if (c->d_shared > 0) {
         int64_t S = c->d_shared;
         /* Qwen2-MoE: mlp.shared_expert; GLM-4.5 / DeepSeek: mlp.shared_experts */
-        const char *sh = c->family == MOE_FAMILY_GLM4_MOE ? "shared_experts" : "shared_expert";
+        const char *sh = c->family == MOE_FAMILY_QWEN2_MOE ? "shared_expert" : "shared_experts";
         NAMEF(n, "model.layers.%d.mlp.%s.gate_proj.weight", l, sh);
         MOE_TRY(bind(m, &w->sh_gate, true, n, 2, S, D, 0));
         NAMEF(n, "model.layers.%d.mlp.%s.up_proj.weight", l, sh);
@@ -307,9 +308,10 @@ enum moe_status moe_model_bind(struct moe_model *m)
 {
     const struct moe_config *c = &m->cfg;
     int64_t V = c->vocab, D = c->d_model;
-    if (c->family == MOE_FAMILY_GPT_OSS && m->weights_deferred)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "gpt-oss: weights made on the device are not supported "
-                        "(its experts are rewritten on the host at load); use host synthetic weights");
+    if ((c->family == MOE_FAMILY_GPT_OSS || c->kv_lora_rank > 0) && m->weights_deferred)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: weights made on the device are not supported "
+                        "(some are rewritten on the host at load); use host synthetic weights",
+                        c->architecture);
     MOE_TRY(bind(m, &m->embed, true, "model.embed_tokens.weight", 2, V, D, 0));
     MOE_TRY(bind(m, &m->final_norm, true, "model.norm.weight", 1, D, 0, 0));
     MOE_TRY(bind(m, &m->lm_head, !c->tie_embeddings, "lm_head.weight", 2, V, D, 0));
@@ -401,7 +403,9 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
     for (int l = 0; l < c->n_layers; l++) {
         const struct moe_layer_weights *w = &m->layers[l];
         const struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk,
-                                           &w->bv, &w->bo, &w->q_norm, &w->k_norm, &w->sinks};
+                                           &w->bv, &w->bo, &w->q_norm, &w->k_norm, &w->sinks,
+                                           &w->wq_a, &w->q_a_norm, &w->wkv_a, &w->kv_a_norm,
+                                           &w->w_uk, &w->w_uv};
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) z->bytes_attn += tbytes(attn[i]);
         z->bytes_norm += tbytes(&w->attn_norm) + tbytes(&w->ffn_norm);
         if (c->layer_moe[l]) {
@@ -451,7 +455,14 @@ void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_si
     int64_t embed = V * D, head = c->tie_embeddings ? 0 : V * D, norm = D, attn = 0, experts = 0,
             active_experts = 0, shared = 0, router = 0, dense = 0, mxfp4 = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        attn += 2 * Q * D + 2 * KV * D;
+        if (c->kv_lora_rank > 0) { /* MLA: q (LoRA or not), kv_a, its norm, kv_b, o */
+            const int64_t H = c->n_heads, Rc = c->kv_lora_rank, Rq = c->q_lora_rank,
+                          QK = c->qk_nope_dim + c->rope_dim, Vh = c->v_head_dim;
+            attn += (Rq > 0 ? Rq * D + Rq + H * QK * Rq : H * QK * D) + (Rc + c->rope_dim) * D + Rc +
+                    H * (c->qk_nope_dim + Vh) * Rc + D * H * Vh;
+        } else {
+            attn += 2 * Q * D + 2 * KV * D;
+        }
         if (c->qkv_bias) attn += Q + 2 * KV;
         if (c->o_bias) attn += D;
         if (c->qk_norm == MOE_QK_NORM_HEAD) attn += 2 * c->head_dim;

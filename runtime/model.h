@@ -39,6 +39,14 @@ struct moe_layer_weights {
     struct moe_tensor bq, bk, bv, bo;    /* optional biases */
     struct moe_tensor q_norm, k_norm;    /* (Dh) per head, or (Hq*Dh)/(Hkv*Dh) full */
     struct moe_tensor sinks;             /* (Hq) f32 attention sink logits (gpt-oss), or absent */
+    /* MLA (DeepSeek; config.h): wq is q_proj (Hq*(nope+rope), D), or q_b_proj
+     * (Hq*(nope+rope), Rq) after wq_a (Rq, D) and q_a_norm (Rq); wo (D, Hq*v) */
+    struct moe_tensor wq_a, q_a_norm;
+    struct moe_tensor wkv_a;             /* (Rc + rope, D): latent rows, then the rope rows */
+    struct moe_tensor kv_a_norm;         /* (Rc) */
+    struct moe_tensor w_uk;              /* (Hq, Rc, nope): kv_b_proj's key rows of each head,
+                                            transposed (owned), to absorb into the query */
+    struct moe_tensor w_uv;              /* (Hq, v, Rc): kv_b_proj's value rows of each head (owned) */
     struct moe_tensor ffn_norm;          /* (D) */
     /* dense FFN (layer_moe false) */
     struct moe_tensor w_gate, w_up, w_down;  /* (Fd, D) (Fd, D) (D, Fd) */

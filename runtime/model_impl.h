@@ -23,3 +23,6 @@ MOE_MUST_USE enum moe_status moe_model_bind_gpt_oss_sinks(struct moe_model *m, i
                                                            struct moe_layer_weights *w);
 MOE_MUST_USE enum moe_status moe_model_bind_gpt_oss_moe(struct moe_model *m, int l,
                                                          struct moe_layer_weights *w);
+
+/* MLA (model_deepseek.c): layer l's attention weights (model.h). */
+MOE_MUST_USE enum moe_status moe_model_bind_mla(struct moe_model *m, int l, struct moe_layer_weights *w);

@@ -136,6 +136,25 @@ static enum moe_status add_mxfp4(struct gen *g, int64_t E, int64_t N, int64_t K,
     return moe_safetensors_add(g->st, name, MOE_DTYPE_U8, 3, sshape, sc);
 }
 
+/* DeepSeek's multi-head latent attention (runtime/model_deepseek.c). */
+static enum moe_status add_mla(struct gen *g, const struct moe_config *c, int l)
+{
+    const int64_t D = c->d_model, H = c->n_heads, Rc = c->kv_lora_rank, Rq = c->q_lora_rank,
+                  R = c->rope_dim, QK = c->qk_nope_dim + c->rope_dim, V = c->v_head_dim;
+    const char *p = "model.layers";
+    if (Rq > 0) {
+        MOE_TRY(add(g, false, 2, Rq, D, 0, "%s.%d.self_attn.q_a_proj.weight", p, l));
+        MOE_TRY(add(g, true, 1, Rq, 0, 0, "%s.%d.self_attn.q_a_layernorm.weight", p, l));
+        MOE_TRY(add(g, false, 2, H * QK, Rq, 0, "%s.%d.self_attn.q_b_proj.weight", p, l));
+    } else {
+        MOE_TRY(add(g, false, 2, H * QK, D, 0, "%s.%d.self_attn.q_proj.weight", p, l));
+    }
+    MOE_TRY(add(g, false, 2, Rc + R, D, 0, "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l));
+    MOE_TRY(add(g, true, 1, Rc, 0, 0, "%s.%d.self_attn.kv_a_layernorm.weight", p, l));
+    MOE_TRY(add(g, false, 2, H * (c->qk_nope_dim + V), Rc, 0, "%s.%d.self_attn.kv_b_proj.weight", p, l));
+    return add(g, false, 2, D, H * V, 0, "%s.%d.self_attn.o_proj.weight", p, l);
+}
+
 /* gpt-oss's MoE block: router with bias; experts transposed (E, D, 2F) and
  * (E, F, D) as transformers keeps them, or MXFP4 when the configuration
  * says so; biases. */
@@ -194,10 +213,14 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
         const char *p = "model.layers";
         MOE_TRY(add(&g, true, 1, D, 0, 0, "%s.%d.input_layernorm.weight", p, l));
         MOE_TRY(add(&g, true, 1, D, 0, 0, "%s.%d.post_attention_layernorm.weight", p, l));
-        MOE_TRY(add(&g, false, 2, Q, D, 0, "%s.%d.self_attn.q_proj.weight", p, l));
-        MOE_TRY(add(&g, false, 2, KV, D, 0, "%s.%d.self_attn.k_proj.weight", p, l));
-        MOE_TRY(add(&g, false, 2, KV, D, 0, "%s.%d.self_attn.v_proj.weight", p, l));
-        MOE_TRY(add(&g, false, 2, D, Q, 0, "%s.%d.self_attn.o_proj.weight", p, l));
+        if (c->kv_lora_rank > 0) {
+            MOE_TRY(add_mla(&g, c, l));
+        } else {
+            MOE_TRY(add(&g, false, 2, Q, D, 0, "%s.%d.self_attn.q_proj.weight", p, l));
+            MOE_TRY(add(&g, false, 2, KV, D, 0, "%s.%d.self_attn.k_proj.weight", p, l));
+            MOE_TRY(add(&g, false, 2, KV, D, 0, "%s.%d.self_attn.v_proj.weight", p, l));
+            MOE_TRY(add(&g, false, 2, D, Q, 0, "%s.%d.self_attn.o_proj.weight", p, l));
+        }
         if (c->qkv_bias) {
             MOE_TRY(add(&g, false, 1, Q, 0, 0, "%s.%d.self_attn.q_proj.bias", p, l));
             MOE_TRY(add(&g, false, 1, KV, 0, 0, "%s.%d.self_attn.k_proj.bias", p, l));
@@ -260,7 +283,7 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
         }
         if (c->d_shared > 0) {
             const int64_t S = c->d_shared;
-            const char *sh = c->family == MOE_FAMILY_GLM4_MOE ? "shared_experts" : "shared_expert";
+            const char *sh = c->family == MOE_FAMILY_QWEN2_MOE ? "shared_expert" : "shared_experts";
             MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.%s.gate_proj.weight", p, l, sh));
             MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.%s.up_proj.weight", p, l, sh));
             MOE_TRY(add(&g, false, 2, D, S, 0, "%s.%d.mlp.%s.down_proj.weight", p, l, sh));

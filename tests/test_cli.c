@@ -75,6 +75,9 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     /* gpt-oss: sinks, biases, transposed interleaved experts */
     check_synth_round_trip("tests/fixtures/gpt_oss/config.json");
     check_synth_round_trip("tests/fixtures/gpt_oss_mxfp4/config.json"); /* MXFP4 experts */
+    /* DeepSeek: multi-head latent attention, with and without the q LoRA */
+    check_synth_round_trip("tests/fixtures/deepseek_v2/config.json");
+    check_synth_round_trip("tests/fixtures/deepseek_v3/config.json");
 }
 
 /* --layout per-expert writes legacy names (Mixtral: block_sparse_moe w1/w3/w2;

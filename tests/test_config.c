@@ -1,6 +1,8 @@
 /* test_config.c - config.json parsing: families, defaults, and refusals
  * that name the field and value. */
 #include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "attention/attention.h"
@@ -308,4 +310,57 @@ Test(config, quantization_other_than_gpt_oss_mxfp4_is_refused)
     cr_assert(strstr(moe_last_error(), "'fp8'"), "%s", moe_last_error());
     cr_assert_eq(parse("{\"architectures\": [\"GptOssForCausalLM\"], " BASE
                        "\"quantization_config\": [1]}", &c), MOE_ERR_FORMAT);
+}
+
+/* DeepSeek-V3's released config.json (without its fp8 quantization_config):
+ * MLA shapes, the sigmoid router, the score scale with yarn's mscale. */
+Test(config, deepseek_v3_mla_and_router)
+{
+    struct moe_config c;
+    cr_assert_eq(moe_config_load(&c, MOERUN_SOURCE_DIR "/configs/deepseek-v3.json"), MOE_OK, "%s",
+                 moe_last_error());
+    cr_assert_eq(c.family, MOE_FAMILY_DEEPSEEK_V3);
+    cr_assert_eq(c.kv_lora_rank, 512);
+    cr_assert_eq(c.q_lora_rank, 1536);
+    cr_assert_eq(c.qk_nope_dim, 128);
+    cr_assert_eq(c.v_head_dim, 128);
+    cr_assert_eq(c.rope_dim, 64);
+    cr_assert_eq(c.head_dim, 576);
+    cr_assert_eq(c.n_kv_heads, 1);
+    cr_assert(c.rope_interleave);
+    cr_assert(c.router_sigmoid && c.router_bias && c.norm_topk);
+    cr_assert_eq(c.n_group, 8);
+    cr_assert_eq(c.topk_group, 4);
+    cr_assert_float_eq(c.routed_scale, 2.5f, 1e-6);
+    cr_assert_eq(c.d_shared, 2048);
+    cr_assert(!c.layer_moe[2] && c.layer_moe[3]);
+    /* 1/sqrt(192) * (0.1 ln 40 + 1)^2 */
+    const double m = 0.1 * log(40.0) + 1.0;
+    cr_assert_float_eq(c.attn_scale, m * m / sqrt(192.0), 1e-6);
+    cr_assert_float_eq(c.rope_attn_factor, 1.0f, 1e-6);
+    /* KV per token: 61 layers x 576 values, one row for K and V */
+    cr_assert_eq(moe_config_kv_bytes_per_token(&c, 2), (size_t)61 * 576 * 2);
+}
+
+Test(config, deepseek_refusals_are_named)
+{
+    struct moe_config c;
+    const char *v2 = "{\"architectures\": [\"DeepseekV2ForCausalLM\"], " BASE
+                     "\"moe_intermediate_size\": 32, \"n_routed_experts\": 8, ";
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s\"topk_method\": \"random\"}", v2);
+    cr_assert_eq(parse(buf, &c), MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "'random'"), "%s", moe_last_error());
+    snprintf(buf, sizeof buf, "%s\"attention_bias\": true}", v2);
+    cr_assert_eq(parse(buf, &c), MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "attention_bias"), "%s", moe_last_error());
+    snprintf(buf, sizeof buf, "%s\"moe_layer_freq\": 2}", v2);
+    cr_assert_eq(parse(buf, &c), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "moe_layer_freq"), "%s", moe_last_error());
+    snprintf(buf, sizeof buf, "%s\"qk_rope_head_dim\": 7}", v2);
+    cr_assert_eq(parse(buf, &c), MOE_ERR_FORMAT);
+    snprintf(buf, sizeof buf, "%s\"topk_method\": \"group_limited_greedy\"}", v2);
+    cr_assert_eq(parse(buf, &c), MOE_ERR_FORMAT, "group_limited_greedy needs n_group");
+    snprintf(buf, sizeof buf, "%s\"quantization_config\": {\"quant_method\": \"fp8\"}}", v2);
+    cr_assert_eq(parse(buf, &c), MOE_ERR_UNSUPPORTED);
 }

@@ -150,6 +150,11 @@ Test(FORWARD_SUITE, granite_matches_transformers) { check_model("granite", 1e-4)
  * (as transformers saves them) and as MXFP4 blocks (as released) */
 Test(FORWARD_SUITE, gpt_oss_matches_transformers) { check_model("gpt_oss", 1e-4); }
 Test(FORWARD_SUITE, gpt_oss_mxfp4_matches_transformers) { check_model("gpt_oss_mxfp4", 1e-4); }
+/* DeepSeek multi-head latent attention, absorbed (runtime/forward_mla.c):
+ * V2 with q_proj, interleaved rope, greedy softmax routing scaled, yarn's
+ * mscale in the score scale; V3 with the q LoRA and the sigmoid router */
+Test(FORWARD_SUITE, deepseek_v2_matches_transformers) { check_model("deepseek_v2", 1e-4); }
+Test(FORWARD_SUITE, deepseek_v3_matches_transformers) { check_model("deepseek_v3", 1e-4); }
 
 /* transformers computing entirely in bf16 rounds every activation to 8 bits
  * of mantissa: agreement is only to bf16 precision. */
@@ -313,7 +318,8 @@ Test(FORWARD_SUITE, f16_weights_close_to_reference)
 Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
     const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe",
-                           "granitemoe", "granite", "gpt_oss", "gpt_oss_mxfp4"};
+                           "granitemoe", "granite", "gpt_oss", "gpt_oss_mxfp4",
+                           "deepseek_v2", "deepseek_v3"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, names[i]);

@@ -33,6 +33,10 @@ from safetensors.torch import load_file, save_file
 
 import transformers
 from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     DynamicCache,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
@@ -89,6 +93,8 @@ COMMON = dict(
     pad_token_id=None,  # keep embedding row 0 a normal (non-padding) row
 )
 MOE = dict(num_experts_per_tok=2)
+# MLA: no head_dim (it is qk_rope_head_dim), one K/V per query head
+MLA_COMMON = {**{k: v for k, v in COMMON.items() if k != "head_dim"}, "num_key_value_heads": 4}
 
 
 def fixture_specs():
@@ -186,6 +192,40 @@ def fixture_specs():
             seed=12000, dtype="float32", random_biases=0.2, sinks_range=(-1.0, 2.0),
             mxfp4_experts=True,
         ),
+        # DeepSeek multi-head latent attention: V2 without a q LoRA, softmax
+        # routing (top-4) limited to the 2 of 4 groups with the best expert
+        # (it changes choices: checked below), scaled, a dense first layer, YaRN with mscale =
+        # mscale_all_dim (the score scale gains mscale^2); V3 with the q
+        # LoRA, the sigmoid router over groups and interleaved RoPE
+        "deepseek_v2": dict(
+            cls=DeepseekV2ForCausalLM,
+            config=lambda: DeepseekV2Config(
+                **MLA_COMMON, num_hidden_layers=3, intermediate_size=96, num_experts_per_tok=4,
+                moe_intermediate_size=32, n_routed_experts=16, n_shared_experts=2,
+                first_k_dense_replace=1, routed_scaling_factor=1.5,
+                topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                norm_topk_prob=False, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
+                qk_rope_head_dim=8, v_head_dim=12,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 64, "beta_fast": 32,
+                                 "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+                tie_word_embeddings=False),
+            seed=13000, dtype="float32",
+        ),
+        "deepseek_v3": dict(
+            cls=DeepseekV3ForCausalLM,
+            config=lambda: DeepseekV3Config(
+                **MLA_COMMON, num_hidden_layers=3, intermediate_size=96,
+                moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=3,
+                n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+                routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=24, kv_lora_rank=32,
+                qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, rope_interleave=True,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 64, "beta_fast": 32,
+                                 "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+                tie_word_embeddings=False),
+            seed=14000, dtype="float32", router_bias_range=0.3,
+        ),
         "llama": dict(
             cls=LlamaForCausalLM,
             config=lambda: LlamaConfig(
@@ -257,6 +297,16 @@ def router_choice(mod, logits):
     DeepSeek-V3 (a module with e_score_correction_bias): sigmoid(logits) + bias,
     -inf outside the topk_group groups whose two best scores sum highest."""
     logits = logits.float()
+    if getattr(mod, "topk_method", None) == "group_limited_greedy":
+        # DeepSeek-V2: softmax, only the topk_group groups with the best expert
+        p = F.softmax(logits, dim=-1)
+        G, k = mod.num_group, mod.topk_group
+        per = p.shape[-1] // G
+        gs = p.view(-1, G, per).max(dim=-1).values
+        srt = gs.sort(dim=-1, descending=True).values
+        gmargin = float((srt[:, k - 1] - srt[:, k]).min()) if k < G else float("inf")
+        keep = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, gs.topk(k, dim=-1)[1], True)
+        return p.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf")), gmargin
     if not hasattr(mod, "e_score_correction_bias"):
         return F.softmax(logits, dim=-1), float("inf")
     c = logits.sigmoid() + mod.e_score_correction_bias.float()
@@ -289,7 +339,7 @@ class RouterRecorder:
         def fn(mod, inp, out):
             logits, _scores, idx = out
             probs, gmargin = router_choice(mod, logits)
-            if hasattr(mod, "e_score_correction_bias"):
+            if hasattr(mod, "e_score_correction_bias") or hasattr(mod, "topk_method"):
                 order = torch.argsort(torch.gather(probs, 1, idx), dim=1, descending=True)
                 idx = torch.gather(idx, 1, order)
             self.calls[li].append((idx.detach().clone(), probs.detach().clone(), gmargin))
