@@ -324,6 +324,19 @@ static void check_attention(int window, bool sinks)
     moe_attention_paged_fast(got, q, &kv, &b, &p, scratch, per);
     cr_expect(tu_allclose("attention", got, ref, (size_t)S * Hq * Dh, 1e-5f, 1e-5f),
               "fast attention differs (window %d, sinks %d)", window, sinks);
+    /* one decode row alone (its heads then split over the threads) has the
+     * bits it has in the batch */
+    {
+        const int t = S0 - 1;
+        int32_t pos1[1] = {pos[t]}, seq1[1] = {0}, start1[2] = {0, 1}, ctx1[1] = {S0}, slot1[1] = {slots[t]};
+        struct moe_batch b1 = {.n_tokens = 1, .n_seqs = 1, .positions = pos1, .seq_of = seq1,
+                               .seq_start = start1, .ctx_len = ctx1, .block_table = table,
+                               .max_blocks = 9, .slot = slot1, .logit_rows = rows};
+        float one[Hq * Dh];
+        moe_attention_paged_fast(one, q + (size_t)t * Hq * Dh, &kv, &b1, &p, scratch, per);
+        cr_expect(memcmp(one, got + (size_t)t * Hq * Dh, sizeof one) == 0,
+                  "a decode row alone differs from the same row in the batch (window %d)", window);
+    }
     free(q);
     free(k);
     free(v);
