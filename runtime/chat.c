@@ -26,6 +26,11 @@ enum moe_status moe_chat_template_init(struct moe_chat_template *t, const char *
         return st;
     }
     t->impl = tpl;
+    t->source = strdup(src);
+    if (!t->source) {
+        moe_chat_template_free(t);
+        return moe_fail(MOE_ERR_NOMEM, "chat template: out of memory");
+    }
     t->max_output = DEFAULT_MAX_OUTPUT;
     return MOE_OK;
 }
@@ -36,6 +41,7 @@ void moe_chat_template_free(struct moe_chat_template *t)
         jinja_free(t->impl);
         free(t->impl);
     }
+    free(t->source);
     memset(t, 0, sizeof *t);
 }
 

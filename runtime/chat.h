@@ -38,6 +38,7 @@ struct jtemplate;
 
 struct moe_chat_template {
     struct jtemplate *impl; /* parsed AST, owned */
+    char *source;           /* the template's text, owned (what reasoning.h detects from) */
     int64_t fixed_time;     /* strftime_now's clock, seconds since the epoch
                                rendered in local time; 0: the real clock */
     size_t max_output;      /* bytes; rendering more fails (default 16 MiB) */

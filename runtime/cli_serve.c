@@ -34,12 +34,16 @@ static void usage(FILE *f)
             "                       MOERUN_API_KEY); /health and /metrics stay open\n"
             "  --generation-config auto|none  sampling defaults from the model's\n"
             "                       generation_config.json (auto, the default) or the API's\n"
+            "  --reasoning-parser auto|none|think|harmony  chat completions put a reasoning\n"
+            "                       model's thinking in reasoning_content (think: <think>..</think>,\n"
+            "                       DeepSeek-R1, Qwen3, GLM-4.5; harmony: gpt-oss's analysis\n"
+            "                       channel); auto (the default) reads the chat template\n"
             "  (the default KV budget here is 0.25 of available memory, at most 4GiB)\n"
             MOE_CLI_ENGINE_HELP MOE_CLI_STATS_USAGE);
 }
 
 enum { O_HOST = MOE_OPT_LAST, O_PORT, O_PORT_FILE, O_NAME, O_MAX_BODY, O_MAX_QUEUE, O_MAX_CONNS,
-       O_TIMEOUT, O_API_KEY, O_GEN_CONFIG };
+       O_TIMEOUT, O_API_KEY, O_GEN_CONFIG, O_REASONING };
 
 static int load(struct srv *s)
 {
@@ -66,6 +70,13 @@ static int load(struct srv *s)
         if (!s->have_chat)
             fprintf(stderr, "moerun serve: no chat template: /v1/chat/completions is refused\n");
     }
+    if (s->o.reasoning && strcmp(s->o.reasoning, "auto"))
+        (void)moe_reasoning_parse_name(s->o.reasoning, &s->reasoning); /* checked with the options */
+    else
+        s->reasoning = s->have_chat ? moe_reasoning_detect(s->tmpl.source) : MOE_REASONING_NONE;
+    if (s->reasoning != MOE_REASONING_NONE)
+        fprintf(stderr, "moerun serve: chat completions split reasoning_content (%s parser)\n",
+                s->reasoning == MOE_REASONING_THINK ? "think" : "harmony");
     if (!s->eo.kv_budget) s->eo.kv_budget = "0.25";
     size_t budget;
     if (moe_cli_parse_budget(s->eo.kv_budget, &budget) == MOE_OK && budget > ((size_t)4 << 30) &&
@@ -102,6 +113,7 @@ int moe_cli_serve(int argc, char **argv)
         {"timeout", required_argument, 0, O_TIMEOUT}, {"help", no_argument, 0, 'h'},
         {"api-key", required_argument, 0, O_API_KEY},
         {"generation-config", required_argument, 0, O_GEN_CONFIG},
+        {"reasoning-parser", required_argument, 0, O_REASONING},
         MOE_CLI_ENGINE_LONGOPTS, MOE_CLI_STATS_OPTIONS, {0, 0, 0, 0}};
     int c, rc = 1;
     long v;
@@ -154,6 +166,15 @@ int moe_cli_serve(int argc, char **argv)
             }
             s->o.no_gen_defaults = !strcmp(optarg, "none");
             break;
+        case O_REASONING: {
+            enum moe_reasoning_format f;
+            if (strcmp(optarg, "auto") && !moe_reasoning_parse_name(optarg, &f)) {
+                moe_cli_error("serve", "--reasoning-parser '%s' (use auto, none, think or harmony)", optarg);
+                goto out;
+            }
+            s->o.reasoning = optarg;
+            break;
+        }
         case 'h': usage(stdout); rc = 0; goto out;
         default: usage(stderr); rc = 2; goto out;
         }

@@ -35,6 +35,7 @@
 #include "runtime/cli_common.h"
 #include "runtime/engine.h"
 #include "runtime/stats_cli.h"
+#include "runtime/reasoning.h"
 #include "runtime/textgen.h"
 #include "runtime/tokenizer.h"
 
@@ -55,6 +56,8 @@ struct srv_opts {
     double keepalive_s;       /* reader wake-up while waiting */
     const char *api_key;      /* /v1/ endpoints want "Authorization: Bearer KEY"; NULL: open */
     bool no_gen_defaults;     /* ignore generation_config.json's sampling values */
+    const char *reasoning;    /* --reasoning-parser: auto (from the chat template), none, think,
+                                 harmony (runtime/reasoning.h) */
 };
 
 struct srv_job;
@@ -65,6 +68,10 @@ struct srv_choice {
     struct moe_request *r;    /* engine request, engine thread only */
     struct moe_textgen tg;
     bool tg_on, done, role_sent;
+    struct moe_reasoning rs;  /* chat with a reasoning parser: the output's two parts */
+    bool rs_on;
+    char *reason;             /* reasoning text (non-streaming) */
+    size_t n_reason, cap_reason;
     enum moe_finish finish;
     char *text;               /* generated text (non-streaming) */
     size_t n_text, cap_text;
@@ -83,6 +90,7 @@ struct srv_job {
     int refs;                 /* under mu */
     /* the request (HTTP thread, read-only once queued) */
     bool chat, stream, include_usage, expert_load;
+    bool think_open;          /* chat: the rendered prompt ends inside a <think> block */
     int n;                    /* choices: n_prompts x n_per */
     int n_per;                /* choices per prompt ("n") */
     int logprobs;             /* completions: top n (0 = none, -1 = off); chat: top_logprobs */
@@ -140,6 +148,7 @@ struct srv {
     struct moe_tokenizer tok;     /* HTTP side (encode), under tok_mu */
     struct moe_tokenizer tok_eng; /* engine thread (decode) */
     bool have_tok, have_chat;
+    enum moe_reasoning_format reasoning; /* chat completions' parser (runtime/reasoning.h) */
     struct moe_chat_template tmpl;
     json_t *special;              /* chat template extras */
     struct moe_sampling defaults; /* a request's sampling before its own fields: the OpenAI

@@ -190,6 +190,7 @@ static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, struct 
     if (st == MOE_OK)
         st = moe_tokenizer_encode(&s->tok, text, strlen(text), false, &j->prompt, &n, NULL);
     pthread_mutex_unlock(&s->tok_mu);
+    j->think_open = text && moe_reasoning_prompt_opens_think(text);
     free(text);
     if (st != MOE_OK) return bad(v, "messages", "the chat template failed: %s", moe_last_error());
     j->n_prompt = j->prompt_len[0] = j->prompt_tokens = (int)n;

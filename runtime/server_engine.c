@@ -59,7 +59,9 @@ void srv_job_unref(struct srv_job *j)
     for (int i = 0; i < SRV_MAX_N; i++) {
         struct srv_choice *c = &j->ch[i];
         moe_textgen_free(&c->tg);
+        moe_reasoning_free(&c->rs);
         free(c->text);
+        free(c->reason);
         free(c->load);
         json_decref(c->lp);
     }
@@ -196,8 +198,8 @@ static json_t *chunk_base(struct srv *s, struct srv_job *j)
 
 /* One streamed piece of choice c: text (may be ""), logprobs entry (stolen,
  * may be NULL), finish reason or NULL. */
-static void stream_piece(struct srv *s, struct srv_choice *c, const char *text, json_t *lp,
-                         const char *finish)
+static void stream_piece(struct srv *s, struct srv_choice *c, const char *text, const char *reason,
+                         json_t *lp, const char *finish)
 {
     struct srv_job *j = c->job;
     json_t *ch = json_pack("{s:i}", "index", c->index);
@@ -205,7 +207,8 @@ static void stream_piece(struct srv *s, struct srv_choice *c, const char *text, 
         json_t *delta = json_object();
         if (!c->role_sent) json_object_set_new(delta, "role", json_string("assistant"));
         c->role_sent = true;
-        if (*text || !finish) json_object_set_new(delta, "content", json_string(text));
+        if (*reason) json_object_set_new(delta, "reasoning_content", json_string(reason));
+        if (*text || (!finish && !*reason)) json_object_set_new(delta, "content", json_string(text));
         json_object_set_new(ch, "delta", delta);
         json_object_set_new(ch, "logprobs", lp ? json_pack("{s:[o]}", "content", lp) : json_null());
     } else {
@@ -224,19 +227,19 @@ static void stream_piece(struct srv *s, struct srv_choice *c, const char *text, 
     emit_event(j, ev);
 }
 
-static void append_text(struct srv_choice *c, const char *t)
+static void append_to(char **buf, size_t *len, size_t *cap, const char *t)
 {
     size_t n = strlen(t);
-    if (c->n_text + n + 1 > c->cap_text) {
-        size_t cap = c->cap_text ? c->cap_text * 2 : 256;
-        while (cap < c->n_text + n + 1) cap *= 2;
-        char *p = realloc(c->text, cap);
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap * 2 : 256;
+        while (c < *len + n + 1) c *= 2;
+        char *p = realloc(*buf, c);
         if (!p) return;
-        c->text = p;
-        c->cap_text = cap;
+        *buf = p;
+        *cap = c;
     }
-    memcpy(c->text + c->n_text, t, n + 1);
-    c->n_text += n;
+    memcpy(*buf + *len, t, n + 1);
+    *len += n;
 }
 
 static void choice_done(struct srv *s, struct srv_choice *c, enum moe_finish why)
@@ -266,7 +269,10 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     else hist_add(&s->met.itl, r->t_token[g] - r->t_token[g - 1]);
     pthread_mutex_unlock(&s->m_mu);
     const char *t = "";
-    if (c->tg_on && moe_textgen_push(&c->tg, token, &t) != MOE_OK) t = "";
+    /* an end-of-sequence or stop token ends the text without being part of
+     * it (the detokenizer drops special ones anyway, except for harmony) */
+    const bool eos = finished && r->finish == MOE_FINISH_STOP;
+    if (c->tg_on && !eos && moe_textgen_push(&c->tg, token, &t) != MOE_OK) t = "";
     bool stopped = c->tg_on && c->tg.stopped;
     if (stopped && !finished) moe_engine_stop(&s->e, r);
     enum moe_finish why = stopped ? MOE_FINISH_STOP : finished ? r->finish : MOE_FINISH_NONE;
@@ -282,18 +288,42 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
         }
         t = all ? all : "";
     }
+    /* a reasoning model's text: its reasoning and its answer apart */
+    const char *reason = "";
+    char *rall = NULL, *aall = NULL;
+    if (c->rs_on) {
+        const char *rp = "", *ap = "", *rq = "", *aq = "";
+        if (moe_reasoning_push(&c->rs, t, &rp, &ap) == MOE_OK && why != MOE_FINISH_NONE) {
+            rall = malloc(strlen(rp) + 1), aall = malloc(strlen(ap) + 1); /* borrowed: copy */
+            if (rall && aall) {
+                strcpy(rall, rp), strcpy(aall, ap);
+                if (moe_reasoning_finish(&c->rs, &rq, &aq) == MOE_OK) {
+                    size_t nr = strlen(rall), na = strlen(aall);
+                    char *r2 = realloc(rall, nr + strlen(rq) + 1), *a2 = realloc(aall, na + strlen(aq) + 1);
+                    if (r2) strcpy((rall = r2) + nr, rq);
+                    if (a2) strcpy((aall = a2) + na, aq);
+                }
+                rp = rall, ap = aall;
+            }
+        }
+        reason = rp;
+        t = ap;
+    }
     json_t *lp = wants_logprobs(j) ? logprob_entry(s, j, &r->samples[g]) : NULL;
     if (j->stream) {
-        if (*t || lp) stream_piece(s, c, t, lp, NULL);
-        if (why != MOE_FINISH_NONE) stream_piece(s, c, "", NULL, moe_finish_name(why));
+        if (*t || *reason || lp) stream_piece(s, c, t, reason, lp, NULL);
+        if (why != MOE_FINISH_NONE) stream_piece(s, c, "", "", NULL, moe_finish_name(why));
     } else {
-        append_text(c, t);
+        append_to(&c->text, &c->n_text, &c->cap_text, t);
+        append_to(&c->reason, &c->n_reason, &c->cap_reason, reason);
         if (lp) {
             if (!c->lp) c->lp = json_array();
             json_array_append_new(c->lp, lp);
         }
     }
     free(all);
+    free(rall);
+    free(aall);
     if (why != MOE_FINISH_NONE) choice_done(s, c, why);
 }
 
@@ -343,15 +373,20 @@ static void job_complete(struct srv *s, struct srv_job *j)
         const char *fin = moe_finish_name(c->finish);
         json_t *lp = c->lp ? c->lp : json_array();
         json_t *o;
-        if (j->chat)
+        if (j->chat) {
             o = json_pack("{s:i, s:{s:s, s:s}, s:o, s:s}", "index", i, "message", "role", "assistant",
                           "content", c->text ? c->text : "", "logprobs",
                           wants_logprobs(j) ? json_pack("{s:O}", "content", lp) : json_null(),
                           "finish_reason", fin);
-        else
+            if (o && c->rs_on) /* vLLM's field; null when the model did not reason */
+                json_object_set_new(json_object_get(o, "message"), "reasoning_content",
+                                    c->n_reason ? json_string(c->reason) : json_null());
+        } else
+        {
             o = json_pack("{s:i, s:s, s:o, s:s}", "index", i, "text", c->text ? c->text : "",
                           "logprobs", wants_logprobs(j) ? completion_logprobs(lp) : json_null(),
                           "finish_reason", fin);
+        }
         if (!c->lp) json_decref(lp);
         json_array_append_new(choices, o);
     }
@@ -384,8 +419,11 @@ static void accept_job(struct srv *s, struct srv_job *j)
         struct moe_request_params rp = j->rp;
         rp.sampling.seed += (uint64_t)i;
         enum moe_status st = MOE_OK;
-        if (s->have_tok) {
-            st = moe_textgen_init(&c->tg, &s->tok_eng, (const char *const *)j->stops, j->n_stops, true);
+        c->rs_on = j->chat && s->have_tok && s->reasoning != MOE_REASONING_NONE;
+        if (c->rs_on) moe_reasoning_init(&c->rs, s->reasoning, j->think_open);
+        if (s->have_tok) { /* harmony's markers are special tokens: keep them for the parser */
+            const bool skip = !(c->rs_on && s->reasoning == MOE_REASONING_HARMONY);
+            st = moe_textgen_init(&c->tg, &s->tok_eng, (const char *const *)j->stops, j->n_stops, skip);
             c->tg_on = st == MOE_OK;
         }
         if (st == MOE_OK && j->expert_load && s->Lm > 0 &&

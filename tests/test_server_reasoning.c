@@ -1,0 +1,119 @@
+/* test_server_reasoning.c - chat completions of a reasoning model: the
+ * text of a think block goes to message.reasoning_content (and streamed
+ * delta.reasoning_content), the rest to content (runtime/reasoning.h; the
+ * parser's cases are in test_reasoning.c).  The demo model is given a chat
+ * template that opens the think block in the prompt, as DeepSeek-R1's does,
+ * so everything it writes is reasoning; the expected text is what the
+ * completions endpoint writes for the same rendered prompt. */
+#include "tests/server_test.h"
+
+static const char *const TEMPLATE =
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}";
+/* the template rendered for one user message "the river garden", as JSON */
+static const char *const RENDERED =
+    "<|im_start|>user\\nthe river garden<|im_end|>\\n<|im_start|>assistant\\n<think>\\n";
+static const char *const CHAT =
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"the river garden\"}], \"max_tokens\": 12, "
+    "\"temperature\": 0%s}";
+
+static char dir[] = "/tmp/moerun-think-XXXXXX";
+
+static void make_model(void)
+{
+    char cmd[2048];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "for f in config.json model.safetensors tokenizer.json tokenizer_config.json "
+             "generation_config.json; do ln -s %s/$f %s/$f; done", MODEL, dir);
+    cr_assert_eq(sh(cmd, NULL, 0), 0);
+    snprintf(cmd, sizeof cmd, "%s/chat_template.jinja", dir);
+    FILE *f = fopen(cmd, "w");
+    cr_assert(f);
+    fputs(TEMPLATE, f);
+    fclose(f);
+}
+
+static void remove_model(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    sh(cmd, NULL, 0);
+}
+
+/* The greedy completion of the rendered prompt. */
+static void completion_text(char *out, size_t cap)
+{
+    static char resp[65536];
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 12, \"temperature\": 0}", RENDERED);
+    cr_assert_eq(http("POST", "/v1/completions", body, resp, sizeof resp), 200, "%s", resp);
+    json_t *j = parse(resp);
+    snprintf(out, cap, "%s", json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                               "text")));
+    json_decref(j);
+    cr_assert(strlen(out) > 0);
+}
+
+Test(server_reasoning, think_block_becomes_reasoning_content, .fini = fini, .timeout = 600)
+{
+    static char out[65536], want[4096], body[1024];
+    make_model();
+    server_start_model(dir, "");
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "grep -c 'reasoning_content (think parser)' %s/log", sv.dir);
+    cr_expect_eq(sh(cmd, NULL, 0), 0, "the template's <think> selects the think parser");
+    completion_text(want, sizeof want);
+    /* whole response */
+    snprintf(body, sizeof body, CHAT, "");
+    cr_assert_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    cr_expect_str_eq(json_string_value(json_object_get(msg, "reasoning_content")), want);
+    cr_expect_str_eq(json_string_value(json_object_get(msg, "content")), "");
+    json_decref(j);
+    /* streamed: every piece of text is a reasoning delta */
+    snprintf(body, sizeof body, CHAT, ", \"stream\": true");
+    cr_assert_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200, "%s", out);
+    static char got[4096];
+    got[0] = '\0';
+    for (const char *p = out; (p = strstr(p, "data: {")); p++) {
+        const char *end = strstr(p, "\n\n");
+        cr_assert(end);
+        json_t *ev = json_loadb(p + 6, (size_t)(end - p - 6), 0, NULL);
+        cr_assert(ev);
+        json_t *d = json_object_get(json_array_get(json_object_get(ev, "choices"), 0), "delta");
+        const char *r = json_string_value(json_object_get(d, "reasoning_content"));
+        const char *c = json_string_value(json_object_get(d, "content"));
+        if (r) strncat(got, r, sizeof got - strlen(got) - 1);
+        cr_expect(!c || !*c, "a content delta '%s' in a reasoning-only answer", c ? c : "");
+        json_decref(ev);
+    }
+    cr_expect_str_eq(got, want);
+    cr_assert_eq(server_stop(), 0);
+    remove_model();
+}
+
+Test(server_reasoning, parser_none_keeps_the_text_as_content, .fini = fini, .timeout = 600)
+{
+    static char out[65536], want[4096], body[1024];
+    make_model();
+    server_start_model(dir, "--reasoning-parser none");
+    completion_text(want, sizeof want);
+    snprintf(body, sizeof body, CHAT, "");
+    cr_assert_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    cr_expect_str_eq(json_string_value(json_object_get(msg, "content")), want);
+    cr_expect(!json_object_get(msg, "reasoning_content"), "no reasoning field without a parser");
+    json_decref(j);
+    cr_assert_eq(server_stop(), 0);
+    remove_model();
+}
+
+Test(server_reasoning, unknown_parser_is_refused)
+{
+    char cmd[512], out[1024];
+    snprintf(cmd, sizeof cmd, "%s serve %s --reasoning-parser r1 2>&1", MOERUN_BINARY, MODEL);
+    cr_expect_neq(sh(cmd, out, sizeof out), 0);
+    cr_expect(strstr(out, "'r1'"), "%s", out);
+}
