@@ -38,12 +38,15 @@ static void usage(FILE *f)
             "                       model's thinking in reasoning_content (think: <think>..</think>,\n"
             "                       DeepSeek-R1, Qwen3, GLM-4.5; harmony: gpt-oss's analysis\n"
             "                       channel); auto (the default) reads the chat template\n"
+            "  --tool-call-parser auto|none|hermes|harmony  chat completions with tools return\n"
+            "                       the calls the model writes as tool_calls (hermes: <tool_call>\n"
+            "                       JSON blocks, Qwen; harmony: gpt-oss); auto reads the template\n"
             "  (the default KV budget here is 0.25 of available memory, at most 4GiB)\n"
             MOE_CLI_ENGINE_HELP MOE_CLI_STATS_USAGE);
 }
 
 enum { O_HOST = MOE_OPT_LAST, O_PORT, O_PORT_FILE, O_NAME, O_MAX_BODY, O_MAX_QUEUE, O_MAX_CONNS,
-       O_TIMEOUT, O_API_KEY, O_GEN_CONFIG, O_REASONING };
+       O_TIMEOUT, O_API_KEY, O_GEN_CONFIG, O_REASONING, O_TOOLS };
 
 static int load(struct srv *s)
 {
@@ -77,6 +80,16 @@ static int load(struct srv *s)
     if (s->reasoning != MOE_REASONING_NONE)
         fprintf(stderr, "moerun serve: chat completions split reasoning_content (%s parser)\n",
                 s->reasoning == MOE_REASONING_THINK ? "think" : "harmony");
+    const char *tp = s->o.tool_parser ? s->o.tool_parser : "auto";
+    s->tool_fmt = !strcmp(tp, "hermes") ? MOE_TOOLS_HERMES : !strcmp(tp, "harmony") ? MOE_TOOLS_HARMONY
+                : !strcmp(tp, "none") || !s->have_chat ? MOE_TOOLS_NONE : moe_tool_calls_detect(s->tmpl.source);
+    if (s->tool_fmt == MOE_TOOLS_HARMONY && s->reasoning != MOE_REASONING_HARMONY) {
+        fprintf(stderr, "moerun serve: harmony tool calls need the harmony reasoning parser; tool calls off\n");
+        s->tool_fmt = MOE_TOOLS_NONE;
+    }
+    if (s->tool_fmt != MOE_TOOLS_NONE)
+        fprintf(stderr, "moerun serve: chat completions with tools return tool_calls (%s format)\n",
+                s->tool_fmt == MOE_TOOLS_HERMES ? "hermes" : "harmony");
     if (!s->eo.kv_budget) s->eo.kv_budget = "0.25";
     size_t budget;
     if (moe_cli_parse_budget(s->eo.kv_budget, &budget) == MOE_OK && budget > ((size_t)4 << 30) &&
@@ -114,6 +127,7 @@ int moe_cli_serve(int argc, char **argv)
         {"api-key", required_argument, 0, O_API_KEY},
         {"generation-config", required_argument, 0, O_GEN_CONFIG},
         {"reasoning-parser", required_argument, 0, O_REASONING},
+        {"tool-call-parser", required_argument, 0, O_TOOLS},
         MOE_CLI_ENGINE_LONGOPTS, MOE_CLI_STATS_OPTIONS, {0, 0, 0, 0}};
     int c, rc = 1;
     long v;
@@ -175,6 +189,14 @@ int moe_cli_serve(int argc, char **argv)
             s->o.reasoning = optarg;
             break;
         }
+        case O_TOOLS:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "none") && strcmp(optarg, "hermes") &&
+                strcmp(optarg, "harmony")) {
+                moe_cli_error("serve", "--tool-call-parser '%s' (use auto, none, hermes or harmony)", optarg);
+                goto out;
+            }
+            s->o.tool_parser = optarg;
+            break;
         case 'h': usage(stdout); rc = 0; goto out;
         default: usage(stderr); rc = 2; goto out;
         }

@@ -37,7 +37,6 @@ static enum moe_status put(struct buf b, const char *s, size_t n)
 struct parts {
     char *reason, *answer;
     size_t n_reason, n_answer, cap_reason, cap_answer;
-    int chan_at; /* harmony: offset in the header after its last <|channel|>, or -1 */
 };
 
 static enum moe_status route(struct moe_reasoning *r, struct parts *o, const char *s, size_t n)
@@ -48,13 +47,45 @@ static enum moe_status route(struct moe_reasoning *r, struct parts *o, const cha
     if (r->fmt == MOE_REASONING_THINK) return put(r->state == T_REASON ? reason : answer, s, n);
     if (r->state == H_HEADER)
         return put((struct buf){&r->header, &r->n_header, &r->cap_header}, s, n);
+    if (r->state == H_BODY && r->recipient) return put((struct buf){&r->args, &r->n_args, &r->cap_args}, s, n);
     return put(r->state == H_BODY && r->analysis ? reason : answer, s, n);
+}
+
+/* harmony: a header's recipient `to=functions.NAME`, as NAME (new), or NULL */
+static char *function_recipient(const char *h)
+{
+    const char *to = strstr(h, "to=functions.");
+    if (!to) return NULL;
+    to += strlen("to=functions.");
+    size_t n = 0;
+    while (to[n] && !isspace((unsigned char)to[n]) && to[n] != '\x01' && to[n] != '<') n++;
+    return n ? strndup(to, n) : NULL;
+}
+
+/* harmony: the end of a message: a tool call's arguments go to the calls
+ * (or, not an object, to the answer as written) */
+static enum moe_status end_message(struct moe_reasoning *r, struct parts *o)
+{
+    enum moe_status st = MOE_OK;
+    if (r->recipient) {
+        const char *a = r->args ? r->args : "";
+        if (!moe_tool_calls_add(r->calls, r->recipient, a))
+            st = put((struct buf){&o->answer, &o->n_answer, &o->cap_answer}, a, r->n_args);
+        free(r->recipient);
+        r->recipient = NULL;
+        r->n_args = 0;
+        if (r->args) r->args[0] = '\0';
+    }
+    return st;
 }
 
 /* harmony: the channel named in the header ends at <|message|> */
 static void start_body(struct moe_reasoning *r)
 {
     const char *h = r->header ? r->header : "";
+    free(r->recipient);
+    r->recipient = r->calls ? function_recipient(h) : NULL;
+    r->n_args = 0;
     const char *c = strstr(h, "\x01"); /* the last <|channel|> left this mark */
     const char *last = NULL;
     while (c) {
@@ -74,7 +105,7 @@ static void start_body(struct moe_reasoning *r)
     if (r->header) r->header[0] = '\0';
 }
 
-static enum moe_status marker(struct moe_reasoning *r, int m)
+static enum moe_status marker(struct moe_reasoning *r, struct parts *o, int m)
 {
     if (r->fmt == MOE_REASONING_THINK) {
         r->state = m == 0 ? T_REASON : T_ANSWER;
@@ -93,9 +124,9 @@ static enum moe_status marker(struct moe_reasoning *r, int m)
         }
         return put((struct buf){&r->header, &r->n_header, &r->cap_header}, "\x01", 1);
     case 2: start_body(r); return MOE_OK; /* <|message|> */
-    case 3: r->state = H_BETWEEN; return MOE_OK; /* <|end|> */
+    case 3: r->state = H_BETWEEN; return end_message(r, o); /* <|end|> */
     case 4:
-    case 5: r->state = H_DONE; return MOE_OK; /* <|return|>, <|call|> */
+    case 5: r->state = H_DONE; return end_message(r, o); /* <|return|>, <|call|> */
     default: /* <|constrain|>: ends the channel's name */
         return r->state == H_HEADER ? put((struct buf){&r->header, &r->n_header, &r->cap_header}, " ", 1)
                                     : MOE_OK;
@@ -115,6 +146,8 @@ void moe_reasoning_free(struct moe_reasoning *r)
     free(r->header);
     free(r->reason);
     free(r->answer);
+    free(r->recipient);
+    free(r->args);
     memset(r, 0, sizeof *r);
 }
 
@@ -170,9 +203,10 @@ static enum moe_status run(struct moe_reasoning *r, bool last, const char **reas
             break;
         }
         st = route(r, &o, s, (size_t)(hit - s));
-        if (st == MOE_OK) st = marker(r, which);
+        if (st == MOE_OK) st = marker(r, &o, which);
         at += (size_t)(hit - s) + strlen(m[which]);
     }
+    if (st == MOE_OK && last && r->state == H_BODY) st = end_message(r, &o); /* cut off: as ended */
     if (st == MOE_OK && last && r->fmt == MOE_REASONING_HARMONY && r->state == H_HEADER && r->n_header &&
         !r->seen_message) {
         /* a header never closed by <|message|>: the text itself is the answer */

@@ -22,6 +22,7 @@
 #include <stddef.h>
 
 #include "runtime/status.h"
+#include "runtime/toolcall.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,6 +40,14 @@ struct moe_reasoning {
     char *header;      /* harmony: the current message header */
     size_t n_header, cap_header;
     char *reason, *answer; /* the last push's two parts, owned */
+    /* harmony: with calls set (borrowed), a message addressed
+     * `to=functions.NAME` is a tool call, added there when it ends (text
+     * that is not a JSON object stays in the answer); NULL: its text is
+     * the answer */
+    struct moe_tool_calls *calls;
+    char *recipient;       /* the current message's function name, or NULL */
+    char *args;
+    size_t n_args, cap_args;
 };
 
 /* in_think: (think) the prompt ended inside a reasoning block. */

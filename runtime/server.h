@@ -58,6 +58,8 @@ struct srv_opts {
     bool no_gen_defaults;     /* ignore generation_config.json's sampling values */
     const char *reasoning;    /* --reasoning-parser: auto (from the chat template), none, think,
                                  harmony (runtime/reasoning.h) */
+    const char *tool_parser;  /* --tool-call-parser: auto (from the chat template), none, hermes,
+                                 harmony (runtime/toolcall.h) */
 };
 
 struct srv_job;
@@ -70,6 +72,9 @@ struct srv_choice {
     bool tg_on, done, role_sent;
     struct moe_reasoning rs;  /* chat with a reasoning parser: the output's two parts */
     bool rs_on;
+    struct moe_tool_calls tc; /* chat with tools: calls found in the answer */
+    bool tc_on;
+    int calls_sent;           /* streaming: calls already sent */
     char *reason;             /* reasoning text (non-streaming) */
     size_t n_reason, cap_reason;
     enum moe_finish finish;
@@ -91,6 +96,7 @@ struct srv_job {
     /* the request (HTTP thread, read-only once queued) */
     bool chat, stream, include_usage, expert_load;
     bool think_open;          /* chat: the rendered prompt ends inside a <think> block */
+    bool tools;               /* chat: the request gave tools (tool_choice not none) */
     int n;                    /* choices: n_prompts x n_per */
     int n_per;                /* choices per prompt ("n") */
     int logprobs;             /* completions: top n (0 = none, -1 = off); chat: top_logprobs */
@@ -149,6 +155,7 @@ struct srv {
     struct moe_tokenizer tok_eng; /* engine thread (decode) */
     bool have_tok, have_chat;
     enum moe_reasoning_format reasoning; /* chat completions' parser (runtime/reasoning.h) */
+    enum moe_tool_format tool_fmt;       /* chat completions' tool call format (runtime/toolcall.h) */
     struct moe_chat_template tmpl;
     json_t *special;              /* chat template extras */
     struct moe_sampling defaults; /* a request's sampling before its own fields: the OpenAI

@@ -7,7 +7,7 @@
  * repetition_penalty, ignore_eos) and moerun's own: "return_expert_load":
  * true or "moerun": {"expert_load": true} adds usage.expert_load.  Unknown
  * fields are ignored, as OpenAI's server does; fields moerun cannot honour
- * (echo, best_of > n) are refused, never
+ * (echo, best_of > n, tool_choice forcing a call) are refused, never
  * silently dropped.  Error messages never quote the request body. */
 #include <math.h>
 #include <stdarg.h>
@@ -168,7 +168,43 @@ static int read_prompt(struct srv *s, json_t *p, struct srv_job *j, struct verr 
     return 0;
 }
 
-static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, struct verr *v)
+/* tools and tool_choice: the tools go to the chat template (as transformers'
+ * apply_chat_template(tools=...) passes them) unless tool_choice is "none";
+ * calls are parsed from the output (server_engine.c).  Forcing a call
+ * ("required", a named function) would need constrained decoding: refused. */
+static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **extra, struct verr *v)
+{
+    json_t *tools = json_object_get(req, "tools"), *choice = json_object_get(req, "tool_choice");
+    if (!tools || json_is_null(tools)) return 0;
+    if (!json_is_array(tools)) return bad(v, "tools", "'tools' must be an array");
+    if (json_array_size(tools) == 0) return 0;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *f = json_object_get(t, "function");
+        if (!json_is_object(t) || !json_is_string(json_object_get(t, "type")) ||
+            strcmp(json_string_value(json_object_get(t, "type")), "function") || !json_is_object(f) ||
+            !json_is_string(json_object_get(f, "name")))
+            return bad(v, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": "
+                       "...}}", i);
+    }
+    if (choice && !json_is_null(choice)) {
+        const char *c = json_string_value(choice);
+        if (c && !strcmp(c, "none")) return 0;
+        if (!c || strcmp(c, "auto"))
+            return bad(v, "tool_choice", "only tool_choice \"auto\" and \"none\" are supported (forcing a "
+                       "call needs constrained decoding)");
+    }
+    if (s->tool_fmt == MOE_TOOLS_NONE)
+        return bad(v, "tools", "this model's chat template writes no tool call format moerun reads "
+                   "(hermes <tool_call> or gpt-oss harmony); see --tool-call-parser");
+    *extra = s->special ? json_deep_copy(s->special) : json_object();
+    if (!*extra || json_object_set(*extra, "tools", tools)) return bad(v, "tools", "out of memory");
+    j->tools = json_array_size(tools) > 0;
+    return 0;
+}
+
+static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, json_t *extra, struct verr *v)
 {
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return bad(v, "messages", "'messages' must be a non-empty array of messages");
@@ -185,7 +221,7 @@ static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, struct 
         return bad(v, "messages", "this model has no chat template; use /v1/completions");
     char *text = NULL;
     pthread_mutex_lock(&s->tok_mu);
-    enum moe_status st = moe_chat_template_render(&s->tmpl, msgs, true, s->special, &text);
+    enum moe_status st = moe_chat_template_render(&s->tmpl, msgs, true, extra ? extra : s->special, &text);
     size_t n = 0;
     if (st == MOE_OK)
         st = moe_tokenizer_encode(&s->tok, text, strlen(text), false, &j->prompt, &n, NULL);
@@ -298,7 +334,11 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
     if (j->n_stops && !s->have_tok) return bad(v, "stop", "stop strings need the model's tokenizer");
 
     if (chat) {
-        if (read_messages(s, json_object_get(req, "messages"), j, v) < 0) return -1;
+        json_t *extra = NULL;
+        int rc = read_tools(s, req, j, &extra, v);
+        if (rc == 0) rc = read_messages(s, json_object_get(req, "messages"), j, extra, v);
+        json_decref(extra);
+        if (rc < 0) return -1;
     } else {
         json_t *p = json_object_get(req, "prompt");
         if (!p) return bad(v, "prompt", "'prompt' is required");

@@ -60,6 +60,7 @@ void srv_job_unref(struct srv_job *j)
         struct srv_choice *c = &j->ch[i];
         moe_textgen_free(&c->tg);
         moe_reasoning_free(&c->rs);
+        moe_tool_calls_free(&c->tc);
         free(c->text);
         free(c->reason);
         free(c->load);
@@ -196,6 +197,22 @@ static json_t *chunk_base(struct srv *s, struct srv_job *j)
                      (json_int_t)j->created, "model", s->model_name);
 }
 
+/* OpenAI's tool_calls entries for calls [from, to) of choice c (streamed
+ * deltas carry their index). */
+static json_t *tool_calls_json(struct srv_choice *c, int from, int to, bool delta)
+{
+    json_t *a = json_array();
+    for (int k = from; k < to; k++) {
+        char id[96];
+        snprintf(id, sizeof id, "call_%s_%d_%d", c->job->id, c->index, k);
+        json_t *o = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name",
+                              c->tc.calls[k].name, "arguments", c->tc.calls[k].arguments);
+        if (o && delta) json_object_set_new(o, "index", json_integer(k));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
 /* One streamed piece of choice c: text (may be ""), logprobs entry (stolen,
  * may be NULL), finish reason or NULL. */
 static void stream_piece(struct srv *s, struct srv_choice *c, const char *text, const char *reason,
@@ -208,7 +225,12 @@ static void stream_piece(struct srv *s, struct srv_choice *c, const char *text, 
         if (!c->role_sent) json_object_set_new(delta, "role", json_string("assistant"));
         c->role_sent = true;
         if (*reason) json_object_set_new(delta, "reasoning_content", json_string(reason));
-        if (*text || (!finish && !*reason)) json_object_set_new(delta, "content", json_string(text));
+        const bool calls = c->tc_on && c->calls_sent < c->tc.n_calls;
+        if (*text || (!finish && !*reason && !calls)) json_object_set_new(delta, "content", json_string(text));
+        if (calls) { /* each call whole, once complete */
+            json_object_set_new(delta, "tool_calls", tool_calls_json(c, c->calls_sent, c->tc.n_calls, true));
+            c->calls_sent = c->tc.n_calls;
+        }
         json_object_set_new(ch, "delta", delta);
         json_object_set_new(ch, "logprobs", lp ? json_pack("{s:[o]}", "content", lp) : json_null());
     } else {
@@ -289,6 +311,7 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
         t = all ? all : "";
     }
     /* a reasoning model's text: its reasoning and its answer apart */
+    bool why_calls = false; /* finished by the stop token after tool calls: "tool_calls" */
     const char *reason = "";
     char *rall = NULL, *aall = NULL;
     if (c->rs_on) {
@@ -309,10 +332,23 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
         reason = rp;
         t = ap;
     }
+    char *call_text = NULL; /* the answer without its tool calls */
+    if (c->tc_on) {
+        const char *ct = "", *cr = "";
+        if (moe_tool_calls_push(&c->tc, t, &ct) == MOE_OK && why != MOE_FINISH_NONE &&
+            (call_text = strdup(ct)) && moe_tool_calls_finish(&c->tc, &cr) == MOE_OK && *cr) {
+            char *both = realloc(call_text, strlen(call_text) + strlen(cr) + 1);
+            if (both) strcat(call_text = both, cr);
+        }
+        t = call_text ? call_text : ct;
+    }
+    if (why == MOE_FINISH_STOP && c->tc_on && c->tc.n_calls > 0) why_calls = true;
     json_t *lp = wants_logprobs(j) ? logprob_entry(s, j, &r->samples[g]) : NULL;
     if (j->stream) {
-        if (*t || *reason || lp) stream_piece(s, c, t, reason, lp, NULL);
-        if (why != MOE_FINISH_NONE) stream_piece(s, c, "", "", NULL, moe_finish_name(why));
+        const bool calls = c->tc_on && c->calls_sent < c->tc.n_calls;
+        if (*t || *reason || lp || calls) stream_piece(s, c, t, reason, lp, NULL);
+        if (why != MOE_FINISH_NONE)
+            stream_piece(s, c, "", "", NULL, why_calls ? "tool_calls" : moe_finish_name(why));
     } else {
         append_to(&c->text, &c->n_text, &c->cap_text, t);
         append_to(&c->reason, &c->n_reason, &c->cap_reason, reason);
@@ -324,6 +360,7 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     free(all);
     free(rall);
     free(aall);
+    free(call_text);
     if (why != MOE_FINISH_NONE) choice_done(s, c, why);
 }
 
@@ -378,9 +415,14 @@ static void job_complete(struct srv *s, struct srv_job *j)
                           "content", c->text ? c->text : "", "logprobs",
                           wants_logprobs(j) ? json_pack("{s:O}", "content", lp) : json_null(),
                           "finish_reason", fin);
+            json_t *msg = json_object_get(o, "message");
             if (o && c->rs_on) /* vLLM's field; null when the model did not reason */
-                json_object_set_new(json_object_get(o, "message"), "reasoning_content",
-                                    c->n_reason ? json_string(c->reason) : json_null());
+                json_object_set_new(msg, "reasoning_content", c->n_reason ? json_string(c->reason) : json_null());
+            if (o && c->tc_on && c->tc.n_calls > 0) {
+                json_object_set_new(msg, "tool_calls", tool_calls_json(c, 0, c->tc.n_calls, false));
+                if (!c->n_text) json_object_set_new(msg, "content", json_null());
+                if (c->finish == MOE_FINISH_STOP) json_object_set_new(o, "finish_reason", json_string("tool_calls"));
+            }
         } else
         {
             o = json_pack("{s:i, s:s, s:o, s:s}", "index", i, "text", c->text ? c->text : "",
@@ -421,6 +463,10 @@ static void accept_job(struct srv *s, struct srv_job *j)
         enum moe_status st = MOE_OK;
         c->rs_on = j->chat && s->have_tok && s->reasoning != MOE_REASONING_NONE;
         if (c->rs_on) moe_reasoning_init(&c->rs, s->reasoning, j->think_open);
+        c->tc_on = j->chat && j->tools && s->have_tok;
+        if (c->tc_on) moe_tool_calls_init(&c->tc, s->tool_fmt);
+        if (c->tc_on && c->rs_on && s->reasoning == MOE_REASONING_HARMONY && s->tool_fmt == MOE_TOOLS_HARMONY)
+            c->rs.calls = &c->tc; /* harmony calls come from its message headers */
         if (s->have_tok) { /* harmony's markers are special tokens: keep them for the parser */
             const bool skip = !(c->rs_on && s->reasoning == MOE_REASONING_HARMONY);
             st = moe_textgen_init(&c->tg, &s->tok_eng, (const char *const *)j->stops, j->n_stops, skip);

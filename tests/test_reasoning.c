@@ -97,3 +97,90 @@ Test(reasoning, names_detection_and_open_prompts)
     cr_assert(!moe_reasoning_prompt_opens_think("<think>a</think>\n"));
     cr_assert(!moe_reasoning_prompt_opens_think(""));
 }
+
+/* ---- tool calls (runtime/toolcall.h) ---- */
+
+/* Hermes blocks out of the answer, fed in pieces of every size. */
+static void check_hermes(const char *text, const char *want_content, int want_calls, const char *name0,
+                         const char *args0)
+{
+    for (size_t step = 1; step <= strlen(text); step++) {
+        struct moe_tool_calls tc;
+        moe_tool_calls_init(&tc, MOE_TOOLS_HERMES);
+        char content[1024] = "";
+        const char *c;
+        for (size_t at = 0; at < strlen(text); at += step) {
+            char piece[1024];
+            const size_t k = strlen(text) - at < step ? strlen(text) - at : step;
+            memcpy(piece, text + at, k);
+            piece[k] = '\0';
+            cr_assert_eq(moe_tool_calls_push(&tc, piece, &c), MOE_OK);
+            strcat(content, c);
+        }
+        cr_assert_eq(moe_tool_calls_finish(&tc, &c), MOE_OK);
+        strcat(content, c);
+        cr_expect_str_eq(content, want_content, "pieces of %zu", step);
+        cr_expect_eq(tc.n_calls, want_calls, "pieces of %zu", step);
+        if (want_calls > 0 && tc.n_calls > 0) {
+            cr_expect_str_eq(tc.calls[0].name, name0);
+            cr_expect_str_eq(tc.calls[0].arguments, args0);
+        }
+        moe_tool_calls_free(&tc);
+    }
+}
+
+Test(reasoning, hermes_tool_calls)
+{
+    check_hermes("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                 "\"Oslo\", \"days\": 2}}\n</tool_call>",
+                 "Let me check.\n", 1, "get_weather", "{\"city\":\"Oslo\",\"days\":2}");
+    /* two calls; arguments given as a JSON string */
+    check_hermes("<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"b\", "
+                 "\"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>",
+                 "", 2, "a", "{}");
+    /* not a call, and a block never closed: kept as written */
+    check_hermes("<tool_call>not json</tool_call> and <tool_call>{\"name\"",
+                 "<tool_call>not json</tool_call> and <tool_call>{\"name\"", 0, NULL, NULL);
+    check_hermes("a < b <tool_ca", "a < b <tool_ca", 0, NULL, NULL);
+}
+
+/* gpt-oss: a commentary message to functions.NAME is a call (the recipient
+ * before or after the channel), its reasoning stays reasoning */
+Test(reasoning, harmony_tool_calls)
+{
+    const char *texts[] = {
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|call|>",
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant to=functions.get_weather"
+        "<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}<|call|>"};
+    for (int i = 0; i < 2; i++)
+        for (size_t step = 1; step <= strlen(texts[i]); step++) {
+            struct moe_reasoning r;
+            struct moe_tool_calls tc;
+            moe_reasoning_init(&r, MOE_REASONING_HARMONY, false);
+            moe_tool_calls_init(&tc, MOE_TOOLS_HARMONY);
+            r.calls = &tc;
+            char reason[512] = "", answer[512] = "";
+            const char *rp, *ap;
+            for (size_t at = 0; at < strlen(texts[i]); at += step) {
+                char piece[512];
+                const size_t k = strlen(texts[i]) - at < step ? strlen(texts[i]) - at : step;
+                memcpy(piece, texts[i] + at, k);
+                piece[k] = '\0';
+                cr_assert_eq(moe_reasoning_push(&r, piece, &rp, &ap), MOE_OK);
+                strcat(reason, rp), strcat(answer, ap);
+            }
+            cr_assert_eq(moe_reasoning_finish(&r, &rp, &ap), MOE_OK);
+            strcat(reason, rp), strcat(answer, ap);
+            cr_expect_str_eq(reason, "Need weather.");
+            cr_expect_str_eq(answer, "");
+            cr_assert_eq(tc.n_calls, 1, "text %d pieces of %zu", i, step);
+            cr_expect_str_eq(tc.calls[0].name, "get_weather");
+            cr_expect_str_eq(tc.calls[0].arguments, "{\"city\":\"Oslo\"}");
+            moe_reasoning_free(&r);
+            moe_tool_calls_free(&tc);
+        }
+    cr_assert_eq(moe_tool_calls_detect("{{ '<tool_call>' }}"), MOE_TOOLS_HERMES);
+    cr_assert_eq(moe_tool_calls_detect("<|channel|>"), MOE_TOOLS_HARMONY);
+    cr_assert_eq(moe_tool_calls_detect("plain"), MOE_TOOLS_NONE);
+}

@@ -1,10 +1,13 @@
-/* test_server_reasoning.c - chat completions of a reasoning model: the
- * text of a think block goes to message.reasoning_content (and streamed
- * delta.reasoning_content), the rest to content (runtime/reasoning.h; the
- * parser's cases are in test_reasoning.c).  The demo model is given a chat
- * template that opens the think block in the prompt, as DeepSeek-R1's does,
- * so everything it writes is reasoning; the expected text is what the
- * completions endpoint writes for the same rendered prompt. */
+/* test_server_reasoning.c - chat completions of reasoning and tool-calling
+ * models.  Reasoning: the text of a think block goes to
+ * message.reasoning_content (and streamed delta.reasoning_content), the rest
+ * to content (runtime/reasoning.h; the parser's cases are in
+ * test_reasoning.c).  The demo model is given a chat template that opens the
+ * think block in the prompt, as DeepSeek-R1's does, so everything it writes
+ * is reasoning; the expected text is what the completions endpoint writes for
+ * the same rendered prompt.  Tools: they reach the chat template (Qwen3's),
+ * and requests the server cannot honour are refused; the parsing of calls
+ * out of the text is tested in test_reasoning.c (the demo model writes none). */
 #include "tests/server_test.h"
 
 static const char *const TEMPLATE =
@@ -116,4 +119,62 @@ Test(server_reasoning, unknown_parser_is_refused)
     snprintf(cmd, sizeof cmd, "%s serve %s --reasoning-parser r1 2>&1", MOERUN_BINARY, MODEL);
     cr_expect_neq(sh(cmd, out, sizeof out), 0);
     cr_expect(strstr(out, "'r1'"), "%s", out);
+}
+
+/* ---- tools ---- */
+
+static int prompt_tokens(const char *body)
+{
+    static char out[65536];
+    cr_assert_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out);
+    int n = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    cr_expect(!json_object_get(json_object_get(ch, "message"), "tool_calls"), "no call was written");
+    json_decref(j);
+    return n;
+}
+
+/* With Qwen3's template (hermes <tool_call> format), tools reach the
+ * template (the prompt grows by their schemas) unless tool_choice is none;
+ * forcing a call and malformed tools are refused. */
+Test(server_reasoning, tools_reach_the_template, .fini = fini, .timeout = 600)
+{
+    static char out[65536];
+    char cmd[2048];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "for f in config.json model.safetensors tokenizer.json tokenizer_config.json "
+             "generation_config.json; do ln -s %s/$f %s/$f; done; cp %s/tests/fixtures/chat/qwen3.jinja "
+             "%s/chat_template.jinja", MODEL, dir, MOERUN_SOURCE_DIR, dir);
+    cr_assert_eq(sh(cmd, NULL, 0), 0);
+    server_start_model(dir, "");
+    snprintf(cmd, sizeof cmd, "grep -c 'tool_calls (hermes format)' %s/log", sv.dir);
+    cr_expect_eq(sh(cmd, NULL, 0), 0, "Qwen3's template selects the hermes format");
+#define MSG "\"messages\": [{\"role\": \"user\", \"content\": \"weather in Oslo?\"}], \"max_tokens\": 4"
+#define TOOLS "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", " \
+              "\"description\": \"Current weather\", \"parameters\": {\"type\": \"object\", " \
+              "\"properties\": {\"city\": {\"type\": \"string\"}}}}}]"
+    const int plain = prompt_tokens("{" MSG "}");
+    const int with = prompt_tokens("{" MSG ", " TOOLS "}");
+    const int none = prompt_tokens("{" MSG ", " TOOLS ", \"tool_choice\": \"none\"}");
+    cr_expect_gt(with, plain + 20, "the tools' schema is in the prompt (%d vs %d tokens)", with, plain);
+    cr_expect_eq(none, plain, "tool_choice none leaves the tools out");
+    cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", " TOOLS ", \"tool_choice\": \"required\"}",
+                      out, sizeof out), 400, "%s", out);
+    cr_expect(strstr(out, "tool_choice"), "%s", out);
+    cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", \"tools\": [{\"type\": \"function\"}]}", out,
+                      sizeof out), 400, "%s", out);
+    cr_expect(strstr(out, "tools[0]"), "%s", out);
+    cr_assert_eq(server_stop(), 0);
+    remove_model();
+}
+
+/* A template with no tool format: tools are refused, not ignored. */
+Test(server_reasoning, tools_without_a_format_are_refused, .fini = fini, .timeout = 600)
+{
+    static char out[65536];
+    server_start("");
+    cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", " TOOLS "}", out, sizeof out), 400, "%s", out);
+    cr_expect(strstr(out, "tool call format"), "%s", out);
+    cr_assert_eq(server_stop(), 0);
 }
