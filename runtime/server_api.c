@@ -204,6 +204,38 @@ static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **ex
     return 0;
 }
 
+/* An assistant message's tool_calls carry arguments as a JSON string (the
+ * OpenAI API); templates iterate them as a mapping: each string that holds
+ * a JSON object is replaced by it, and the message's null content (the API
+ * sends null beside calls) becomes "", as vLLM does before rendering.
+ * Returns a new reference (msgs itself when nothing changes). */
+static json_t *parse_call_arguments(json_t *msgs)
+{
+    json_t *out = NULL, *m;
+    size_t i;
+    json_array_foreach(msgs, i, m) {
+        json_t *calls = json_object_get(m, "tool_calls"), *c;
+        size_t k;
+        if (json_array_size(calls) > 0 && json_is_null(json_object_get(m, "content"))) {
+            if (!out) out = json_deep_copy(msgs);
+            if (out) json_object_set_new(json_array_get(out, i), "content", json_string(""));
+        }
+        json_array_foreach(calls, k, c) {
+            json_t *a = json_object_get(json_object_get(c, "function"), "arguments");
+            json_t *obj = json_is_string(a) ? json_loads(json_string_value(a), 0, NULL) : NULL;
+            if (!json_is_object(obj)) {
+                json_decref(obj);
+                continue;
+            }
+            if (!out) out = json_deep_copy(msgs);
+            json_t *f = out ? json_object_get(json_array_get(json_object_get(json_array_get(out, i), "tool_calls"),
+                                                             k), "function") : NULL;
+            if (!f || json_object_set_new(f, "arguments", obj)) json_decref(obj);
+        }
+    }
+    return out ? out : json_incref(msgs);
+}
+
 static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, json_t *extra, struct verr *v)
 {
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
@@ -221,7 +253,9 @@ static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, json_t 
         return bad(v, "messages", "this model has no chat template; use /v1/completions");
     char *text = NULL;
     pthread_mutex_lock(&s->tok_mu);
-    enum moe_status st = moe_chat_template_render(&s->tmpl, msgs, true, extra ? extra : s->special, &text);
+    json_t *rendered = parse_call_arguments(msgs);
+    enum moe_status st = moe_chat_template_render(&s->tmpl, rendered, true, extra ? extra : s->special, &text);
+    json_decref(rendered);
     size_t n = 0;
     if (st == MOE_OK)
         st = moe_tokenizer_encode(&s->tok, text, strlen(text), false, &j->prompt, &n, NULL);

@@ -159,6 +159,16 @@ Test(server_reasoning, tools_reach_the_template, .fini = fini, .timeout = 600)
     const int none = prompt_tokens("{" MSG ", " TOOLS ", \"tool_choice\": \"none\"}");
     cr_expect_gt(with, plain + 20, "the tools' schema is in the prompt (%d vs %d tokens)", with, plain);
     cr_expect_eq(none, plain, "tool_choice none leaves the tools out");
+    /* a call and its result in the history: arguments as the API sends them
+     * (a JSON string) render as the object itself */
+#define TURN(ARGS) "{\"messages\": [{\"role\": \"user\", \"content\": \"weather in Oslo?\"}, " \
+    "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c1\", \"type\": " \
+    "\"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": " ARGS "}}]}, " \
+    "{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"12 C\"}], \"max_tokens\": 4, " TOOLS "}"
+    const int as_string = prompt_tokens(TURN("\"{\\\"city\\\": \\\"Oslo\\\"}\""));
+    const int as_object = prompt_tokens(TURN("{\"city\": \"Oslo\"}"));
+    cr_expect_eq(as_string, as_object, "arguments as a string render as the object");
+    cr_expect_gt(as_object, with, "the call and its result are in the prompt");
     cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", " TOOLS ", \"tool_choice\": \"required\"}",
                       out, sizeof out), 400, "%s", out);
     cr_expect(strstr(out, "tool_choice"), "%s", out);
