@@ -76,6 +76,19 @@ static inline int http(const char *method, const char *path, const char *body, c
     return atoi(code);
 }
 
+/* Runs cmd with /bin/sh in a child that dies with the test process. */
+static inline pid_t spawn_shell(const char *cmd)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
 static inline void server_start_model(const char *model, const char *extra);
 static inline void server_start(const char *extra) { server_start_model(MODEL, extra); }
 
@@ -87,13 +100,7 @@ static inline void server_start_model(const char *model, const char *extra)
     snprintf(cmd, sizeof cmd,
              "exec %s serve %s --port 0 --port-file %s/port --backend cpu --threads 1 "
              "--kv-budget 16MiB %s 2>%s/log", MOERUN_BINARY, model, sv.dir, extra, sv.dir);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
+    const pid_t pid = spawn_shell(cmd);
     sv.pid = pid;
     char path[128], buf[64];
     snprintf(path, sizeof path, "%s/port", sv.dir);

@@ -116,13 +116,10 @@ Test(quant, fast_gemm_q8_0_matches_reference)
                 }
 }
 
-/* A synthetic bf16 model prepared with quant on backend `name`: logits of
- * a 20-token prompt (V each) into logits. */
-static void run_quantized(const char *name, enum moe_weight_quant q, float *logits, struct moe_model *m)
+/* The logits of the fixed 20-token prompt for model m on backend `name`
+ * with weight quantization q. */
+static void prompt_logits(struct moe_model *m, const char *name, enum moe_weight_quant q, float *logits)
 {
-    struct moe_config cfg;
-    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
-    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_BF16, 11), MOE_OK, "%s", moe_last_error());
     struct moe_backend be;
     cr_assert_eq(moe_backend_init(&be, name, 0), MOE_OK, "%s", moe_last_error());
     be.quant = q;
@@ -131,9 +128,19 @@ static void run_quantized(const char *name, enum moe_weight_quant q, float *logi
                                 .n_blocks = 32};
     cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
     int32_t prompt[20];
-    tu_prompt_logits(&r, cfg.vocab, prompt, logits);
+    tu_prompt_logits(&r, m->cfg.vocab, prompt, logits);
     moe_runner_free(&r);
     moe_backend_free(&be);
+}
+
+/* A synthetic bf16 model prepared with quant on backend `name`: logits of
+ * a 20-token prompt (V each) into logits. */
+static void run_quantized(const char *name, enum moe_weight_quant q, float *logits, struct moe_model *m)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_BF16, 11), MOE_OK, "%s", moe_last_error());
+    prompt_logits(m, name, q, logits);
 }
 
 /* What gets quantized, and the reference and fast backends agree on the
@@ -483,17 +490,7 @@ static void run_mxfp4_experts(const char *name, enum moe_weight_quant q, float *
         }
         x->dtype = MOE_DTYPE_MXFP4;
     }
-    struct moe_backend be;
-    cr_assert_eq(moe_backend_init(&be, name, 0), MOE_OK, "%s", moe_last_error());
-    be.quant = q;
-    struct moe_runner r;
-    struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 1, .max_logits = 64, .block_size = 8,
-                                .n_blocks = 32};
-    cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
-    int32_t prompt[20];
-    tu_prompt_logits(&r, cfg.vocab, prompt, logits);
-    moe_runner_free(&r);
-    moe_backend_free(&be);
+    prompt_logits(m, name, q, logits);
 }
 
 /* The CPU backends read MXFP4 experts in place: never requantized by

@@ -412,14 +412,7 @@ Test(server_queue, loading_answers_503_then_ready, .fini = fini, .timeout = 600)
     snprintf(cmd, sizeof cmd,
              "MOERUN_SERVE_TEST_LOAD_DELAY_MS=4000 exec %s serve %s --port 0 --backend cpu "
              "--threads 1 --kv-budget 16MiB 2>%s/log", MOERUN_BINARY, MODEL, sv.dir);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    sv.pid = pid;
+    sv.pid = spawn_shell(cmd);
     snprintf(cmd, sizeof cmd, "sed -n 's/.*listening on http:\\/\\/127.0.0.1:\\([0-9]*\\).*/\\1/p' %s/log",
              sv.dir);
     for (int i = 0; i < 100 && !sv.port; i++) {

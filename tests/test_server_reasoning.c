@@ -22,19 +22,28 @@ static const char *const CHAT =
 
 static char dir[] = "/tmp/moerun-think-XXXXXX";
 
-static void make_model(void)
+/* The demo model in `dir` with chat template text (or, NULL, the file
+ * template_file of the source tree). */
+static void make_model_with(const char *text, const char *template_file)
 {
     char cmd[2048];
     cr_assert(mkdtemp(dir));
     snprintf(cmd, sizeof cmd, "for f in config.json model.safetensors tokenizer.json tokenizer_config.json "
              "generation_config.json; do ln -s %s/$f %s/$f; done", MODEL, dir);
     cr_assert_eq(sh(cmd, NULL, 0), 0);
+    if (template_file) {
+        snprintf(cmd, sizeof cmd, "cp %s/%s %s/chat_template.jinja", MOERUN_SOURCE_DIR, template_file, dir);
+        cr_assert_eq(sh(cmd, NULL, 0), 0);
+        return;
+    }
     snprintf(cmd, sizeof cmd, "%s/chat_template.jinja", dir);
     FILE *f = fopen(cmd, "w");
     cr_assert(f);
-    fputs(TEMPLATE, f);
+    fputs(text, f);
     fclose(f);
 }
+
+static void make_model(void) { make_model_with(TEMPLATE, NULL); }
 
 static void remove_model(void)
 {
@@ -142,11 +151,7 @@ Test(server_reasoning, tools_reach_the_template, .fini = fini, .timeout = 600)
 {
     static char out[65536];
     char cmd[2048];
-    cr_assert(mkdtemp(dir));
-    snprintf(cmd, sizeof cmd, "for f in config.json model.safetensors tokenizer.json tokenizer_config.json "
-             "generation_config.json; do ln -s %s/$f %s/$f; done; cp %s/tests/fixtures/chat/qwen3.jinja "
-             "%s/chat_template.jinja", MODEL, dir, MOERUN_SOURCE_DIR, dir);
-    cr_assert_eq(sh(cmd, NULL, 0), 0);
+    make_model_with(NULL, "tests/fixtures/chat/qwen3.jinja");
     server_start_model(dir, "");
     snprintf(cmd, sizeof cmd, "grep -c 'tool_calls (hermes format)' %s/log", sv.dir);
     cr_expect_eq(sh(cmd, NULL, 0), 0, "Qwen3's template selects the hermes format");
