@@ -14,6 +14,7 @@
 #include "runtime/chat.h"
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
+#include "runtime/reasoning.h"
 #include "runtime/textgen.h"
 
 static void usage(FILE *f)
@@ -27,45 +28,68 @@ static void usage(FILE *f)
             "  --temp T, --top-p P, --top-k K, --seed S   sampling (defaults from\n"
             "                       generation_config.json)\n"
             "  --chat-template FILE use this Jinja template instead of the model's\n"
+            "  --hide-reasoning     a reasoning model's thinking (<think> blocks, gpt-oss's\n"
+            "                       analysis channel) is not shown; otherwise it goes to stderr,\n"
+            "                       dimmed on a terminal, and the answer to stdout\n"
             "  -v, --verbose        per turn: prompt tokens, tokens reused from the cache\n"
             MOE_CLI_ENGINE_HELP);
 }
 
-enum { O_SYSTEM = MOE_OPT_LAST, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_TEMPLATE };
+enum { O_SYSTEM = MOE_OPT_LAST, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_TEMPLATE, O_HIDE };
 
 struct turn {
     struct moe_textgen tg;
-    char *reply;
-    size_t n, cap;
+    struct moe_reasoning rs;  /* fmt NONE: the text is all answer */
+    bool show_reasoning, dim;
+    char *reply, *thought;    /* the answer and the reasoning, for the history */
+    size_t n, cap, n_thought, cap_thought;
     struct moe_engine *e;
 };
 
-static void append(struct turn *t, const char *s)
+static void append(char **buf, size_t *len, size_t *cap, const char *s)
 {
     size_t n = strlen(s);
-    if (t->n + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 256;
-        while (cap < t->n + n + 1) cap *= 2;
-        char *p = realloc(t->reply, cap);
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap * 2 : 256;
+        while (c < *len + n + 1) c *= 2;
+        char *p = realloc(*buf, c);
         if (!p) return;
-        t->reply = p;
-        t->cap = cap;
+        *buf = p;
+        *cap = c;
     }
-    memcpy(t->reply + t->n, s, n + 1);
-    t->n += n;
+    memcpy(*buf + *len, s, n + 1);
+    *len += n;
+}
+
+/* Shows text: the reasoning part on stderr (dimmed on a terminal) unless
+ * hidden, the answer on stdout; both kept for the history. */
+static void show(struct turn *t, const char *text, bool last)
+{
+    const char *reason = "", *answer = text;
+    if (t->rs.fmt != MOE_REASONING_NONE &&
+        (last ? moe_reasoning_finish(&t->rs, &reason, &answer)
+              : moe_reasoning_push(&t->rs, text, &reason, &answer)) != MOE_OK)
+        return;
+    if (*reason) {
+        append(&t->thought, &t->n_thought, &t->cap_thought, reason);
+        if (t->show_reasoning) fprintf(stderr, t->dim ? "\033[2m%s\033[0m" : "%s", reason);
+    }
+    fputs(answer, stdout);
+    append(&t->reply, &t->n, &t->cap, answer);
 }
 
 static void on_token(void *user, struct moe_request *r, int32_t token, bool finished)
 {
     struct turn *t = user;
-    const char *s;
-    if (token < 0 || moe_textgen_push(&t->tg, token, &s) != MOE_OK) return;
-    fputs(s, stdout);
-    append(t, s);
+    const char *s = "";
+    /* the end-of-sequence token ends the text without being part of it */
+    if (token < 0) return;
+    if (!(finished && r->finish == MOE_FINISH_STOP) && moe_textgen_push(&t->tg, token, &s) != MOE_OK) return;
+    show(t, s, false);
     if (t->tg.stopped && !finished) moe_engine_stop(t->e, r);
     else if (finished && moe_textgen_finish(&t->tg, &s) == MOE_OK) {
-        fputs(s, stdout);
-        append(t, s);
+        show(t, s, false);
+        show(t, "", true);
     }
     fflush(stdout);
 }
@@ -93,7 +117,7 @@ int moe_cli_chat(int argc, char **argv)
     moe_cli_engine_defaults(&eo);
     const char *system = NULL, *template_path = NULL;
     long n_new = 512;
-    bool verbose = false;
+    bool verbose = false, hide = false;
     struct moe_sampling over = {0};
     bool set_temp = false, set_topp = false, set_topk = false, set_seed = false;
     static const struct option opts[] = {
@@ -101,7 +125,7 @@ int moe_cli_chat(int argc, char **argv)
         {"temp", required_argument, 0, O_TEMP},    {"top-p", required_argument, 0, O_TOPP},
         {"top-k", required_argument, 0, O_TOPK},   {"seed", required_argument, 0, O_SEED},
         {"chat-template", required_argument, 0, O_TEMPLATE},
-        {"verbose", no_argument, 0, 'v'},          {"help", no_argument, 0, 'h'},
+        {"verbose", no_argument, 0, 'v'}, {"hide-reasoning", no_argument, 0, O_HIDE},          {"help", no_argument, 0, 'h'},
         MOE_CLI_ENGINE_LONGOPTS, {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -129,6 +153,7 @@ int moe_cli_chat(int argc, char **argv)
             set_seed = true;
             break;
         case 'v': verbose = true; break;
+        case O_HIDE: hide = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -165,6 +190,7 @@ int moe_cli_chat(int argc, char **argv)
         goto done;
     }
     extra = moe_chat_special_tokens(&tok);
+    const enum moe_reasoning_format rfmt = moe_reasoning_detect(tpl.source);
     if (!eo.kv_budget) eo.kv_budget = "256MiB";
     if (moe_cli_backend_start(&be, &eo) != MOE_OK ||
         moe_cli_engine_start(&eo, &m, &be, 0, &e) != MOE_OK) {
@@ -200,6 +226,7 @@ int moe_cli_chat(int argc, char **argv)
             json_array_remove(messages, json_array_size(messages) - 1);
             continue;
         }
+        const bool opens_think = moe_reasoning_prompt_opens_think(text);
         free(text);
         struct moe_request_params rp = {.max_tokens = (int)n_new};
         moe_cli_generation_defaults(eo.model.path, &rp.sampling);
@@ -210,14 +237,17 @@ int moe_cli_chat(int argc, char **argv)
         for (size_t i = 0; i < tok.n_eos && rp.n_stop_ids < MOE_MAX_STOP_IDS; i++)
             rp.stop_ids[rp.n_stop_ids++] = tok.eos_ids[i];
         if ((long)n_ids + rp.max_tokens > m.cfg.max_pos) rp.max_tokens = m.cfg.max_pos - (int)n_ids;
-        struct turn t = {.e = &e};
+        struct turn t = {.e = &e, .show_reasoning = !hide, .dim = isatty(2)};
+        moe_reasoning_init(&t.rs, rfmt, opens_think);
         struct moe_request *r = NULL;
-        if (rp.max_tokens < 1 || moe_textgen_init(&t.tg, &tok, NULL, 0, true) != MOE_OK ||
+        if (rp.max_tokens < 1 ||
+            moe_textgen_init(&t.tg, &tok, NULL, 0, rfmt != MOE_REASONING_HARMONY) != MOE_OK ||
             moe_engine_submit(&e, ids, (int)n_ids, &rp, &t, &r) != MOE_OK) {
             moe_cli_error("chat", "%s", rp.max_tokens < 1 ? "the conversation fills the model's "
                           "context; /reset to start over" : moe_last_error());
             free(ids);
             moe_textgen_free(&t.tg);
+            moe_reasoning_free(&t.rs);
             json_array_remove(messages, json_array_size(messages) - 1);
             continue;
         }
@@ -231,18 +261,24 @@ int moe_cli_chat(int argc, char **argv)
             moe_cli_error("chat", "%s", moe_last_error());
             moe_engine_release(&e, r);
             moe_textgen_free(&t.tg);
+            moe_reasoning_free(&t.rs);
             free(t.reply);
+            free(t.thought);
             goto done;
         }
         if (verbose)
             fprintf(stderr, "[turn %d: %d prompt tokens, %d reused from the cache, %d prefilled, %d "
                     "generated]\n", turn_no + 1, r->n_prompt, r->n_prefix_hit, r->n_prefilled,
                     r->n_tokens - r->n_prompt);
-        json_array_append_new(messages, json_pack("{s:s, s:s}", "role", "assistant", "content",
-                                                  t.reply ? t.reply : ""));
+        json_t *reply = json_pack("{s:s, s:s}", "role", "assistant", "content", t.reply ? t.reply : "");
+        if (t.n_thought) /* templates that keep the last turn's thinking read it (chat.c aliases it) */
+            json_object_set_new(reply, "reasoning_content", json_string(t.thought));
+        json_array_append_new(messages, reply);
         moe_engine_release(&e, r);
         moe_textgen_free(&t.tg);
+        moe_reasoning_free(&t.rs);
         free(t.reply);
+        free(t.thought);
         turn_no++;
     }
     rc = 0;

@@ -185,3 +185,31 @@ Test(cli, bench_serve_reports_latencies)
     }
     json_decref(j);
 }
+
+/* moerun chat with a reasoning model's template (it opens a think block, as
+ * DeepSeek-R1's does): the thinking goes to stderr, not to stdout (the
+ * answer), and --hide-reasoning drops it. */
+Test(cli, chat_shows_reasoning_apart)
+{
+    char dir[] = "/tmp/moerun-chat-XXXXXX", cmd[2048], out[8192], err[8192];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "for f in config.json model.safetensors tokenizer.json tokenizer_config.json "
+             "generation_config.json; do ln -s %s/models/demo-moe/$f %s/$f; done; printf '%%s' "
+             "'{%% for m in messages %%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%% endfor %%}"
+             "{%% if add_generation_prompt %%}<|im_start|>assistant\n<think>\n{%% endif %%}' > %s/chat_template.jinja",
+             MOERUN_SOURCE_DIR, dir, dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "echo 'the river garden' | %s chat %s -n 12 --temp 0 --backend cpu 2>%s/err",
+             MOERUN_BINARY, dir, dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "grep -v 'moerun' %s/err", dir);
+    tu_run(cmd, err, sizeof err);
+    cr_expect_str_eq(out, "\n", "the answer is empty: everything was thinking");
+    cr_expect(strlen(err) > 4, "the thinking is on stderr: '%s'", err);
+    snprintf(cmd, sizeof cmd, "echo 'the river garden' | %s chat %s -n 12 --temp 0 --backend cpu "
+             "--hide-reasoning 2>&1 | grep -v moerun", MOERUN_BINARY, dir);
+    tu_run(cmd, out, sizeof out);
+    cr_expect_str_eq(out, "\n", "--hide-reasoning shows nothing of it");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+}
