@@ -3,10 +3,10 @@
  *
  * Mirrors the Rust `tokenizers` crate (Tokenizer::encode / decode /
  * DecodeStream) for the pipelines used by the model families moerun runs:
- * byte-level BPE (Qwen2/3, Llama-3, OLMoE/GPT-NeoX) and SentencePiece-style
- * BPE with byte fallback (Llama-2, Mixtral).  Conformance is pinned by
- * tests/fixtures/tokenizers (ids and decoded text identical to the Rust
- * crate on every corpus string).
+ * byte-level BPE (Qwen2/3, Llama-3, OLMoE/GPT-NeoX, gpt-oss, DeepSeek-V3)
+ * and SentencePiece-style BPE with byte fallback (Llama-2, Mixtral).
+ * Conformance is pinned by tests/fixtures/tokenizers (ids and decoded text
+ * identical to the Rust crate on every corpus string).
  *
  * Anything in tokenizer.json that is not implemented (a model, normalizer,
  * pre-tokenizer, post-processor or decoder type, BPE dropout, ...) makes

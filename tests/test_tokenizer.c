@@ -45,12 +45,28 @@ static void print_ids(const char *what, const int32_t *ids, size_t n)
     fprintf(stderr, "%s\n", n > 40 ? " ..." : "");
 }
 
+/* The strings a folder is checked on: the shared corpus.json, then the
+ * folder's own extra.json when it has one (family-specific special tokens). */
+static json_t *load_corpus(const char *name)
+{
+    json_t *corpus = load_json(TOK_DIR "/corpus.json");
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/extra.json", name[0] == '/' ? "" : TOK_DIR, name);
+    if (access(path, R_OK) == 0) {
+        json_t *extra = load_json(path);
+        cr_assert(json_is_array(extra), "%s is not an array", path);
+        cr_assert_eq(json_array_extend(corpus, extra), 0);
+        json_decref(extra);
+    }
+    return corpus;
+}
+
 /* Every corpus string: identical ids and identical decoded text. */
 static void check_conformance(const char *name)
 {
     struct moe_tokenizer tok;
     load_fixture(&tok, name);
-    json_t *corpus = load_json(TOK_DIR "/corpus.json");
+    json_t *corpus = load_corpus(name);
     char path[512];
     snprintf(path, sizeof path, "%s/%s/expected.json", name[0] == '/' ? "" : TOK_DIR, name);
     json_t *exp = load_json(path);
@@ -118,6 +134,8 @@ Test(tokenizer, llama2_matches_reference) { check_conformance("llama2"); }
 Test(tokenizer, mixtral_matches_reference) { check_conformance("mixtral"); }
 Test(tokenizer, misc_a_matches_reference) { check_conformance("misc_a"); }
 Test(tokenizer, misc_b_matches_reference) { check_conformance("misc_b"); }
+Test(tokenizer, gptoss_matches_reference) { check_conformance("gptoss"); }
+Test(tokenizer, deepseek3_matches_reference) { check_conformance("deepseek3"); }
 
 /* A real model's tokenizer, too large to commit: set MOERUN_TOKENIZER_CHECK_DIR
  * to an absolute directory holding tokenizer.json and the expected.json that
@@ -172,8 +190,8 @@ static void check_streaming(const char *name, bool skip_special)
 
 Test(tokenizer, streaming_equals_full_decode)
 {
-    static const char *const names[] = {"qwen2", "llama3", "neox", "llama2", "mixtral", "misc_a",
-                                        "misc_b"};
+    static const char *const names[] = {"qwen2", "llama3", "neox",   "llama2",   "mixtral",
+                                        "misc_a", "misc_b", "gptoss", "deepseek3"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         check_streaming(names[i], false);
         check_streaming(names[i], true);
@@ -393,7 +411,8 @@ Test(tokenizer, malformed_files_give_clear_errors)
  * O(n^2) rescan would take minutes); assert it completes and round-trips. */
 Test(tokenizer, hundred_thousand_letters_round_trip, .timeout = 120)
 {
-    static const char *const names[] = {"qwen2", "llama3", "neox", "llama2", "mixtral"};
+    static const char *const names[] = {"qwen2",   "llama3", "neox",     "llama2",
+                                        "mixtral", "gptoss", "deepseek3"};
     size_t n = 100000;
     char *text = malloc(n + 1);
     memset(text, 'l', n); /* "l l" -> "ll" is a merge in every fixture */
@@ -453,6 +472,85 @@ Test(tokenizer, config_files_give_bos_eos_and_template)
     free(s);
     free(ids);
     moe_tokenizer_free(&tok);
+}
+
+/* gpt-oss: bos/eos/pad as plain strings, three eos ids in generation_config,
+ * no add_bos_token; DeepSeek-V3: tokens as {"__type": "AddedToken", ...}
+ * objects, add_bos_token with a TemplateProcessing that prepends the BOS. */
+Test(tokenizer, config_files_of_gptoss_and_deepseek3)
+{
+    struct moe_tokenizer tok;
+    load_fixture(&tok, "gptoss");
+    cr_expect_str_eq(tok.bos_token, "<|startoftext|>");
+    cr_expect_eq(tok.bos_id, moe_tokenizer_token_to_id(&tok, "<|startoftext|>"));
+    cr_expect_not(tok.add_bos);
+    cr_assert_eq(tok.n_eos, 3);
+    cr_expect_eq(tok.eos_ids[0], moe_tokenizer_token_to_id(&tok, "<|return|>"));
+    cr_expect_eq(tok.eos_ids[1], moe_tokenizer_token_to_id(&tok, "<|endoftext|>"));
+    cr_expect_eq(tok.eos_ids[2], moe_tokenizer_token_to_id(&tok, "<|call|>"));
+    moe_tokenizer_free(&tok);
+
+    load_fixture(&tok, "deepseek3");
+    cr_expect_str_eq(tok.bos_token, "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
+    cr_expect_str_eq(tok.eos_token, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
+    cr_expect_eq(tok.bos_id, 0);
+    cr_expect(tok.add_bos);
+    cr_assert_eq(tok.n_eos, 1);
+    cr_expect_eq(tok.eos_ids[0], 1);
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(moe_tokenizer_encode(&tok, "hi", 2, true, &ids, &n, NULL), MOE_OK);
+    cr_expect(n >= 2 && ids[0] == 0);
+    free(ids);
+    moe_tokenizer_free(&tok);
+}
+
+/* Chat markers come out as single ids; skip_special drops the harmony
+ * markers (all special) but keeps DeepSeek's <｜User｜>, <｜Assistant｜> and
+ * <think>, which are added tokens without the special flag.  Expected text
+ * from the Python tokenizers package. */
+static void expect_markers(const char *name, const char *text, const char *const *markers,
+                           size_t n_markers, const char *want_skipped)
+{
+    struct moe_tokenizer tok;
+    load_fixture(&tok, name);
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(moe_tokenizer_encode(&tok, text, strlen(text), false, &ids, &n, NULL), MOE_OK);
+    size_t seen = 0;
+    for (size_t i = 0; i < n && seen < n_markers; i++)
+        if (ids[i] == moe_tokenizer_token_to_id(&tok, markers[seen])) seen++;
+    cr_expect_eq(seen, n_markers, "%s: marker '%s' is not one id, in order", name,
+                 seen < n_markers ? markers[seen] : "");
+    char *s;
+    cr_assert_eq(moe_tokenizer_decode(&tok, ids, n, false, &s), MOE_OK);
+    cr_expect_str_eq(s, text);
+    free(s);
+    cr_assert_eq(moe_tokenizer_decode(&tok, ids, n, true, &s), MOE_OK);
+    cr_expect_str_eq(s, want_skipped);
+    free(s);
+    free(ids);
+    moe_tokenizer_free(&tok);
+}
+
+Test(tokenizer, chat_markers_are_single_ids)
+{
+    static const char *const harmony[] = {"<|start|>", "<|message|>", "<|end|>", "<|start|>",
+                                          "<|channel|>", "<|message|>"};
+    expect_markers("gptoss",
+                   "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>",
+                   harmony, 6, "userHiassistantfinal");
+#define FW "\xef\xbd\x9c" /* U+FF5C FULLWIDTH VERTICAL LINE */
+#define LB "\xe2\x96\x81" /* U+2581 LOWER ONE EIGHTH BLOCK */
+    static const char *const deepseek[] = {"<" FW "User" FW ">", "<" FW "Assistant" FW ">", "<think>",
+                                           "</think>", "<" FW "end" LB "of" LB "sentence" FW ">"};
+    expect_markers("deepseek3",
+                   "<" FW "User" FW ">Hi<" FW "Assistant" FW "><think>\nhm\n</think>\n\nHello!<" FW
+                   "end" LB "of" LB "sentence" FW ">",
+                   deepseek, 5,
+                   "<" FW "User" FW ">Hi<" FW "Assistant" FW "><think>\nhm\n</think>\n\nHello!");
+#undef FW
+#undef LB
 }
 
 /* ------------------------------------------------------------------ CLI */

@@ -11,6 +11,13 @@ the test strings; <name>/expected.json holds, for every string, the ids from
 encode(text, add_special_tokens=True) and decode(ids,
 skip_special_tokens=False), the latter only where it differs from the input
 (see expected_entry; keeps the fixtures small).  Everything is deterministic (seeded).
+A folder may add its own strings (family chat markers and their lookalikes)
+in <name>/extra.json; its expected.json then covers corpus.json followed by
+them.  For the gptoss and deepseek3 folders the script also loads the folder
+with transformers' AutoTokenizer (tokenizer.json read together with
+tokenizer_config.json) and stops if it disagrees with the expected files.
+
+    python3 make_tokenizer_fixtures.py [NAME...]   # all folders, or only these
 
 Long strings (10,000+ characters) are stored like the others; the 100,000
 letter stress case is generated in the C test and checked by round trip.
@@ -30,6 +37,24 @@ QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k_base's pat_str, which o200k_harmony (gpt-oss) reuses: tiktoken
+# tiktoken_ext/openai_public.py (release 0.14.0), joined with "|" as there.
+O200K_RE = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+# DeepSeek-V3's three Split regexes, as the JSON string literals of its
+# tokenizer.json (llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM spells the
+# same three).  The third has raw CR and LF characters inside its classes
+# (JSON \r\n), not the regex escapes.
+DS3_DIGITS_RE = r"\p{N}{1,3}"
+DS3_CJK_RE = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"  # [一-龥぀-ゟ゠-ヿ]+: CJK, kana
+DS3_MAIN_RE = json.loads(r'''"[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"''')
 
 # ---------------------------------------------------------------- text pools
 WORDS = {
@@ -290,6 +315,140 @@ def make_mixtral(sp):
     return tok, cfg, gen, {}
 
 
+# gpt-oss (o200k_harmony): tiktoken's special tokens 199998..200018, in that
+# order (tiktoken_ext/openai_public.py o200k_harmony; the rest of the range
+# up to 201087 are more <|reserved_N|>).
+HARMONY_SPECIAL = ["<|startoftext|>", "<|endoftext|>", "<|reserved_200000|>",
+                   "<|reserved_200001|>", "<|return|>", "<|constrain|>", "<|reserved_200004|>",
+                   "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|reserved_200009|>",
+                   "<|reserved_200010|>", "<|reserved_200011|>", "<|call|>",
+                   "<|reserved_200013|>", "<|reserved_200014|>", "<|reserved_200015|>",
+                   "<|reserved_200016|>", "<|reserved_200017|>", "<|endofprompt|>"]
+
+# Strings that exercise the o200k and DeepSeek-V3 regexes beyond the shared
+# corpus: case runs (Lu/Lt/Lm/Lo/Ll), marks, contractions after words,
+# slashes after punctuation, CJK and kana runs next to other text, ASCII
+# punctuation before letters.
+REGEX_EXTRA = [
+    "camelCaseWord PascalCase HTTPServer iPhone XMLHttpRequest getHTTPResponseCode",
+    "ǅungla ǈubljana Ǌ ǋ ᾈ ᾉ ᾼ titlecase", "ʰʲʷ ˢ ꜰ ᵃᵇ ﾞﾟ modifier", "ǅǅǅ aǅb Aǅ ǅA",
+    "e\u0301 A\u0301B \u0301x ab\u0301\u0302C \u20dd\u20dd", "ǀǁǂ ƻ ª º",
+    "HELLO'S hello's Hello'Re they'VE I'M we'll he'D x'll 'll 'S", "ſ'ſ 'ſ K'K ǅ's",
+    "a/b/c\n// path/to/file\r\n ./x ../y /// \\n", "x = y;\n\n// comment\n/* c */\n",
+    "?!/\n\n/ !/\r/ ,/a", "1234567 12 1 ١٢٣٤ ½¾ ²³ Ⅻ ⅻ ① 𝟙𝟚𝟛",
+    "日本語のテキストとカタカナ、ひらがな。漢字123", "ｶﾀｶﾅ ｱｲｳ halfwidth", "ー〆々〇 ゝゞヽヾ",
+    "\u3040\u3097\u30a0\u30ff\u9fa5\u9fa6\u9fff\u4dff\u3400", "ㇰㇱ ㄅㄆ 가나 ｧ",
+    "中文English混合123456テスト", "鑫龘 𠀀𠀁 𪚥", ".NET #include @user $var %d ^x ~y `z` |p",
+    "foo.bar() a.b ...abc !!!Hello ''quoted'' \"dq\" [x] {y} <z> \\w \\\\n",
+    "end.\n\nNext line.\r\n\tIndented:\n  - item", "x;\r\n\r\ny", ") \n\n\n(",
+    "¡Hola! ¿Qué? «guillemets» “curly” ‘single’ — dash – en … ellipsis",
+    "€100 $5 £3 ¥7 ₹9 ±1 ×2 ÷3 ≤4 ≥5 ∑ ∞ ° © ® ™", "😀abc 🤖x 👍🏽y ❤️z #️⃣1",
+    "  leading and trailing  \t", "\u00a0\u00a0nbsp\u2003em\u3000ideographic",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝐁𝐨𝐥𝐝 ｆｕｌｌｗｉｄｔｈ ＡＢＣ１２３",
+    "Ελληνικά ΚΕΦΑΛΑΙΑ Россия МОСКВА Ёлка Ǆemal", "ﬁnancial ﬂow ß ẞ İı",
+    "क्षत्रिय ह्‍ न्‌ 𑀓𑀸", "مرحباً بالعالم", "ab\u200dcd \u200c\u200b x",
+]
+HARMONY_EXTRA = [
+    "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>",
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+    "Knowledge cutoff: 2024-06\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, "
+    "final. Channel must be included for every message.<|end|><|start|>user<|message|>What's "
+    "2+2?<|end|><|start|>assistant<|channel|>analysis<|message|>Simple arithmetic.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>2+2 = 4.<|return|>",
+    "<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
+    "<|message|>{\"location\":\"Tokyo\"}<|call|>",
+    "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+    "{\"sunny\": true, \"temperature\": 20}<|end|>",
+    "<|startoftext|>x<|endoftext|>", "<|reserved_200013|><|endofprompt|><|reserved_200017|>",
+    "<|start|><|start|><|end|>", "a<|message|>b<|message|>c", " <|end|> ", "<|end|>\n",
+    "<|start", "start|>", "<| start|>", "<|START|>", "<|end |>", "<|reserved_200999|>",
+    "<|reserved_20001|>", "<|im_start|>user", "<|<|start|>|>", "<|start|>>",
+]
+DEEPSEEK_EXTRA = [
+    "<｜begin▁of▁sentence｜>You are a helpful assistant.<｜User｜>Hi, who are you?"
+    "<｜Assistant｜><think>\nThe user greets me.\n</think>\n\nHello! I am DeepSeek."
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>1+1=?<｜Assistant｜><think>\n</think>\n\n2<｜end▁of▁sentence｜><｜User｜>",
+    "<｜begin▁of▁sentence｜><｜begin▁of▁sentence｜>x", "<｜end▁of▁sentence｜><｜▁pad▁｜>",
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    "{\"location\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "<｜fim▁begin｜>def f():\n    <｜fim▁hole｜>\n    return x<｜fim▁end｜>",
+    "<｜place▁holder▁no▁0｜><｜place▁holder▁no▁3｜> <|EOT|>", "<think></think>",
+    "<think>思考：日本語のテキスト</think>答え", "a<think>b</think>c", " <think> ",
+    "<|begin▁of▁sentence|>", "<｜begin_of_sentence｜>", "<｜begin▁of▁sentence", "｜end▁of▁sentence｜>",
+    "<｜User｜", "<｜user｜>", "<THINK>", "<think >", "</think", "▁of▁ ｜ ｜｜ <｜｜>",
+    "<｜place▁holder▁no▁9｜>",
+]
+
+
+def make_gptoss(lines):
+    """gpt-oss's tokenizer.json as transformers' TikTokenConverter writes it
+    for o200k_harmony: Split(o200k regex, Isolated) + ByteLevel(no prefix
+    space, no regex), ignore_merges, ByteLevel decoder and post-processor,
+    no normalizer; the harmony special tokens."""
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(O200K_RE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.train_from_iterator(lines, bytelevel_trainer(3000))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in HARMONY_SPECIAL])
+    # gpt-oss's tokenizer_config.json and generation_config.json
+    cfg = {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>",
+           "clean_up_tokenization_spaces": False}
+    gen = {"bos_token_id": tok.token_to_id("<|startoftext|>"),
+           "eos_token_id": ["<|return|>", "<|endoftext|>", "<|call|>"],
+           "pad_token_id": tok.token_to_id("<|endoftext|>")}
+    return tok, cfg, gen, {"extra": REGEX_EXTRA + HARMONY_EXTRA, "transformers": True}
+
+
+def make_deepseek3(lines):
+    """DeepSeek-V3's tokenizer.json: an empty normalizer Sequence,
+    Sequence[Split(digits), Split(CJK and kana runs), Split(main regex),
+    ByteLevel]; BOS/EOS/pad at ids 0..2 (in the vocab, as the trainer puts
+    them), placeholder and chat tokens after the vocab, <think>/</think> as
+    DeepSeek-R1 has them; TemplateProcessing(BOS $A), and tokenizer_config's
+    add_bos_token with LlamaTokenizerFast, which builds the same template."""
+    def tk(t, special):
+        return AddedToken(t, special=special, normalized=True)
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Sequence([])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(DS3_DIGITS_RE), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(DS3_CJK_RE), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(DS3_MAIN_RE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    bos, eos = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+    trainer = trainers.BpeTrainer(vocab_size=3000, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[tk(bos, True), tk(eos, True),
+                                                  tk("<｜▁pad▁｜>", True)])
+    tok.train_from_iterator(lines, trainer)
+    tok.add_special_tokens([tk("<｜place▁holder▁no▁%d｜>" % i, True) for i in range(4)])
+    tok.add_tokens([tk(t, False) for t in ("<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>",
+                                           "<｜User｜>", "<｜Assistant｜>")])
+    tok.add_special_tokens([tk("<|EOT|>", True)])
+    tok.add_tokens([tk(t, False) for t in ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+                                           "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+                                           "<｜tool▁sep｜>", "<think>", "</think>")])
+    tok.post_processor = processors.TemplateProcessing(
+        single=bos + ":0 $A:0", pair=bos + ":0 $A:0 " + bos + ":1 $B:1",
+        special_tokens=[(bos, tok.token_to_id(bos))])
+
+    def cfg_token(t):
+        return {"__type": "AddedToken", "content": t, "lstrip": False, "normalized": True,
+                "rstrip": False, "single_word": False}
+    cfg = {"add_bos_token": True, "add_eos_token": False, "bos_token": cfg_token(bos),
+           "clean_up_tokenization_spaces": False, "eos_token": cfg_token(eos), "legacy": True,
+           "pad_token": cfg_token(eos), "unk_token": None, "tokenizer_class": "LlamaTokenizerFast"}
+    gen = {"bos_token_id": tok.token_to_id(bos), "eos_token_id": tok.token_to_id(eos)}
+    return tok, cfg, gen, {"extra": REGEX_EXTRA + DEEPSEEK_EXTRA, "transformers": True}
+
+
 def expected_entry(s, ids, text):
     """The decoded text is stored only where it differs from the input: as
     "text_prefix" when it is the input after some prefix (a BOS), else as
@@ -361,29 +520,68 @@ def save(name, tok, cfg, gen, opts, corpus):
         json.dump(j, f, ensure_ascii=False, indent=1)
     tok = Tokenizer.from_file(path)  # what the C side reads
     eos = cfg.get("eos_token")
-    cfg = dict(cfg, tokenizer_class="PreTrainedTokenizerFast")
+    if isinstance(eos, dict):  # {"__type": "AddedToken", "content": ...}
+        eos = eos["content"]
+    cfg = dict(cfg, tokenizer_class=cfg.get("tokenizer_class", "PreTrainedTokenizerFast"))
     with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, ensure_ascii=False, indent=1)
-    if isinstance(gen.get("eos_token_id"), list):
+    ge = gen.get("eos_token_id")
+    if isinstance(ge, list) and all(isinstance(t, str) for t in ge):
+        gen["eos_token_id"] = [tok.token_to_id(t) for t in ge]
+    elif isinstance(ge, list):
         gen["eos_token_id"] = [tok.token_to_id(eos), tok.token_to_id("<|endoftext|>")
                                or tok.token_to_id("<|eot_id|>")]
     elif "eos_token_id" in gen or eos:
         gen["eos_token_id"] = tok.token_to_id(eos)
     with open(os.path.join(d, "generation_config.json"), "w", encoding="utf-8") as f:
         json.dump(gen, f, indent=1)
+    # Strings for this folder only, checked after the shared corpus.
+    extra = opts.get("extra", [])
+    if extra:
+        with open(os.path.join(d, "extra.json"), "w", encoding="utf-8") as f:
+            json.dump(extra, f, ensure_ascii=False, indent=0)
     exp = []
-    for s in corpus:
+    for s in corpus + extra:
         ids = tok.encode(s, add_special_tokens=True).ids
         exp.append(expected_entry(s, ids, tok.decode(ids, skip_special_tokens=False)))
     with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(exp, f, ensure_ascii=False, separators=(",", ":"))
+    if opts.get("transformers"):
+        check_transformers(d, corpus + extra, exp)
     print(name, "vocab", tok.get_vocab_size(), "ids", sum(len(e["ids"]) for e in exp))
+
+
+def check_transformers(d, strings, exp):
+    """The folder as transformers loads it (tokenizer.json read with
+    tokenizer_config.json, as AutoTokenizer does for a model) gives the same
+    ids and text as the tokenizers package: the expected files describe
+    what a transformers user of the model gets."""
+    from transformers import AutoTokenizer
+    t = AutoTokenizer.from_pretrained(d)
+    bad = 0
+    for s, e in zip(strings, exp):
+        ids = t.encode(s, add_special_tokens=True)
+        text = t.decode(ids, skip_special_tokens=False)
+        want = e.get("text", e.get("text_prefix", "") + s)
+        if ids != e["ids"] or text != want:
+            bad += 1
+            if bad <= 3:
+                print("  transformers differs on %r: %s / %r" % (s[:60], ids[:20], text[:60]))
+    if bad:
+        raise SystemExit("%s: transformers differs from tokenizers on %d strings" % (d, bad))
+    print("  transformers (%s) agrees on %d strings" % (type(t).__name__, len(strings)))
 
 
 def expected_for(tokenizer_json, out_path, corpus):
     """Reference ids/text for a real tokenizer.json, for checking one that is
-    too large to commit (see test_tokenizer.c, MOERUN_TOKENIZER_CHECK_DIR)."""
+    too large to commit (see test_tokenizer.c, MOERUN_TOKENIZER_CHECK_DIR).
+    An extra.json next to it (a list of strings) is checked after the
+    corpus, as in the fixture folders."""
     tok = Tokenizer.from_file(tokenizer_json)
+    extra = os.path.join(os.path.dirname(tokenizer_json), "extra.json")
+    if os.path.exists(extra):
+        with open(extra, encoding="utf-8") as f:
+            corpus = corpus + json.load(f)
     exp = []
     for s in corpus:
         ids = tok.encode(s, add_special_tokens=True).ids
@@ -401,17 +599,25 @@ def main():
         expected_for(os.path.join(d, "tokenizer.json"), os.path.join(d, "expected.json"),
                      test_corpus())
         return
+    # python3 make_tokenizer_fixtures.py [NAME...]: only those folders
+    only = set(sys.argv[1:])
     lines = training_corpus()
     corpus = test_corpus()
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "corpus.json"), "w", encoding="utf-8") as f:
         json.dump(corpus, f, ensure_ascii=False, indent=0)
     sp = sp_vocab(lines)
-    for name, mk in (("qwen2", lambda: make_qwen2(lines)), ("llama3", lambda: make_llama3(lines)),
-                     ("neox", lambda: make_neox(lines)), ("llama2", lambda: make_llama2(sp)),
-                     ("mixtral", lambda: make_mixtral(sp)), ("misc_a", lambda: make_misc_a(lines)),
-                     ("misc_b", lambda: make_misc_b(lines))):
-        save(name, *mk(), corpus)
+    makers = (("qwen2", lambda: make_qwen2(lines)), ("llama3", lambda: make_llama3(lines)),
+              ("neox", lambda: make_neox(lines)), ("llama2", lambda: make_llama2(sp)),
+              ("mixtral", lambda: make_mixtral(sp)), ("misc_a", lambda: make_misc_a(lines)),
+              ("misc_b", lambda: make_misc_b(lines)), ("gptoss", lambda: make_gptoss(lines)),
+              ("deepseek3", lambda: make_deepseek3(lines)))
+    unknown = only - {name for name, _ in makers}
+    if unknown:
+        raise SystemExit("unknown fixture folder(s): " + ", ".join(sorted(unknown)))
+    for name, mk in makers:
+        if not only or name in only:
+            save(name, *mk(), corpus)
 
 
 if __name__ == "__main__":
