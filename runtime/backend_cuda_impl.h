@@ -67,6 +67,7 @@ struct cuda_ctx {
     struct step_graph pending; /* the step being recorded */
     int capturing;           /* 1 while recording */
     int replaying;           /* index + 1 of the graph graph_end launches */
+    bool widened_mxfp4;     /* prepare_model widened MXFP4 experts to bf16 */
 };
 
 static inline struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }

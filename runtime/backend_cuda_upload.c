@@ -77,12 +77,59 @@ static enum moe_status upload_view(struct moe_backend *be, const struct moe_mode
     return MOE_OK;
 }
 
+/* MXFP4 experts (gpt-oss) widened to bf16 on the device: each matrix's
+ * blocks copied to a staging buffer, widened into the stacked (E, 2F, D) and
+ * (E, D, F) buffers (exact: runtime/cuda_util.h).  Four times the bytes of
+ * the 4.25-bit weights, for want of MXFP4 kernels on the GPU yet. */
+static enum moe_status widen_mxfp4_experts(struct moe_backend *be, struct moe_expert_weights *x, int E,
+                                           int D, int F, void *gu, void *dn)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const size_t rg = moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)D),
+                 rd = moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)F);
+    const size_t big = (size_t)F * rg > (size_t)D * rd ? (size_t)F * rg : (size_t)D * rd;
+    void *stage;
+    MOE_CUDA_TRY(cudaMalloc(&stage, big));
+    enum moe_status s = MOE_OK;
+    const size_t mat = (size_t)F * D * 2; /* bf16 bytes of one matrix */
+    for (int e = 0; e < E && s == MOE_OK; e++) {
+        const void *src[3] = {x->gate[e], x->up[e], x->down[e]};
+        char *dst[3] = {(char *)gu + 2 * mat * e, (char *)gu + 2 * mat * e + mat, (char *)dn + mat * e};
+        const size_t bytes[3] = {(size_t)F * rg, (size_t)F * rg, (size_t)D * rd};
+        for (int i = 0; i < 3 && s == MOE_OK; i++) {
+            cudaError_t ce = cudaMemcpyAsync(stage, src[i], bytes[i], cudaMemcpyHostToDevice, c->stream);
+            s = ce == cudaSuccess ? moe_ops_mxfp4_to_bf16_cuda(c->stream, dst[i], stage, bytes[i] / MOE_MXFP4_BYTES)
+                                  : moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+        }
+    }
+    cudaError_t ce = cudaStreamSynchronize(c->stream);
+    cudaFree(stage);
+    if (s == MOE_OK && ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+    return s;
+}
+
 /* Stacks a layer's experts into (E, 2F, D) gate+up and (E, D, F) down device
  * buffers and points the expert table into them. */
 static enum moe_status upload_experts(struct moe_backend *be, const struct moe_model *m,
                                       struct moe_expert_weights *x, int E, int D, int F)
 {
     struct cuda_ctx *c = ctx_of(be);
+    if (x->dtype == MOE_DTYPE_MXFP4) {
+        const size_t mat = (size_t)F * D * 2;
+        void *gu, *dn;
+        MOE_TRY(dev_buffer(be, 2 * mat * (size_t)E, &gu));
+        MOE_TRY(dev_buffer(be, mat * (size_t)E, &dn));
+        MOE_TRY(widen_mxfp4_experts(be, x, E, D, F, gu, dn));
+        x->dtype = MOE_DTYPE_BF16;
+        for (int e = 0; e < E; e++) {
+            x->gate[e] = (const char *)gu + 2 * mat * e;
+            x->up[e] = (const char *)gu + 2 * mat * e + mat;
+            x->down[e] = (const char *)dn + mat * e;
+        }
+        c->part_bytes[P_EXPERTS] += 3 * mat * (size_t)E;
+        c->widened_mxfp4 = true;
+        return MOE_OK;
+    }
     const size_t es = moe_dtype_size(x->dtype), mat = (size_t)F * D * es;
     void *gu, *dn;
     MOE_TRY(dev_buffer(be, 2 * mat * (size_t)E, &gu));
@@ -118,8 +165,8 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     return MOE_OK;
 }
 
-/* Whether a weight of m is MXFP4 (a checkpoint's own format, gpt-oss
- * experts: no CUDA kernel reads it yet). */
+/* Whether a weight of m other than the experts is MXFP4 (no loader makes
+ * one; experts are widened to bf16 at upload). */
 static bool has_mxfp4(const struct moe_model *m)
 {
     if (m->lm_head.dtype == MOE_DTYPE_MXFP4 || m->embed.dtype == MOE_DTYPE_MXFP4) return true;
@@ -128,7 +175,6 @@ static bool has_mxfp4(const struct moe_model *m)
         const struct moe_tensor *ts[] = {&w->wq,     &w->wk,    &w->wv,      &w->wo,
                                          &w->w_gate, &w->w_up,  &w->w_down,  &w->router,
                                          &w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
-        if (w->experts.gate && w->experts.dtype == MOE_DTYPE_MXFP4) return true;
         for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
             if (ts[i]->dtype == MOE_DTYPE_MXFP4) return true;
     }
@@ -144,7 +190,8 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: quantized weights (--quantize) run on the "
                         "CPU backends only so far");
     if (has_mxfp4(m))
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights run on the CPU backends only");
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "
+                        "supported");
     for (int l = 0; l < cfg->n_layers; l++)
         if (m->layers[l].wq.dtype == MOE_DTYPE_Q8_0 || m->layers[l].wq.dtype == MOE_DTYPE_BF16_PANEL ||
             (m->layers[l].experts.gate && (m->layers[l].experts.dtype == MOE_DTYPE_Q8_0 ||
@@ -154,6 +201,7 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     /* deduplicate within this model only: a later model's host data may
      * reuse an earlier one's (freed) addresses */
     c->n_up = 0;
+    c->widened_mxfp4 = false;
     memset(c->part_bytes, 0, sizeof c->part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
     MOE_TRY(upload_view(be, m, &m->lm_head, cfg->tie_embeddings ? P_EMBED : P_HEAD));
@@ -192,5 +240,8 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     }
     fprintf(stderr, "moerun: cuda: weights resident %.2f GiB (%s ) free %.2f of %.2f GiB\n",
             all / 1073741824.0, line, fr / 1073741824.0, tot / 1073741824.0);
+    if (c->widened_mxfp4)
+        fprintf(stderr, "moerun: cuda: MXFP4 experts widened to bf16 at upload (no MXFP4 kernels on "
+                "the GPU yet: 3.8x their bytes)\n");
     return MOE_OK;
 }

@@ -81,6 +81,11 @@ enum moe_status moe_ops_to_half_cuda(cudaStream_t st, void *dst, const float *sr
  * standard deviation std keyed by key, or ones when std < 0. */
 enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t n,
                                         uint64_t key, float std);
+/* dst (n_blocks * 32 bf16 values) = MXFP4 blocks src (n_blocks of
+ * MOE_MXFP4_BYTES: runtime/tensor.h), exactly (E2M1 x 2^k fits bf16, apart
+ * from scales past bf16's range, which overflow to inf as transformers'
+ * bf16 dequantization does). */
+enum moe_status moe_ops_mxfp4_to_bf16_cuda(cudaStream_t st, void *dst, const void *src, size_t n_blocks);
 /* ids (rows) = argmax of each row of x (rows, n): ties to the lower index,
  * NaN never wins (moe_argmax). */
 enum moe_status moe_ops_argmax_cuda(cudaStream_t st, int32_t *ids, const float *x, int rows, int n);

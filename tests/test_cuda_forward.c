@@ -126,9 +126,10 @@ Test(cuda_forward, qwen2_moe_matches_cpu) { check_fixture("qwen2_moe", false); }
 Test(cuda_forward, qwen3_moe_matches_cpu) { check_fixture("qwen3_moe", false); }
 Test(cuda_forward, glm4_moe_matches_cpu) { check_fixture("glm4_moe", false); }
 Test(cuda_forward, granitemoe_matches_cpu) { check_fixture("granitemoe", false); }
-/* sinks, yarn, biases, clamped activation (the float checkpoint: MXFP4
- * experts are refused on the GPU so far) */
+/* sinks, yarn, biases, clamped activation; MXFP4 experts widened to bf16
+ * at upload (exactly: the same weights as the CPU's) */
 Test(cuda_forward, gpt_oss_matches_cpu) { check_fixture("gpt_oss", false); }
+Test(cuda_forward, gpt_oss_mxfp4_matches_cpu) { check_fixture("gpt_oss_mxfp4", true); }
 Test(cuda_forward, olmoe_bf16_matches_cpu) { check_fixture("olmoe", true); }
 Test(cuda_forward, llama_matches_cpu) { check_fixture("llama", false); }
 Test(cuda_forward, qwen2_matches_cpu) { check_fixture("qwen2", false); }
