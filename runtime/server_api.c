@@ -168,6 +168,29 @@ static int read_prompt(struct srv *s, json_t *p, struct srv_job *j, struct verr 
     return 0;
 }
 
+/* vLLM's chat_template_kwargs (an object of template variables, e.g.
+ * Qwen3's enable_thinking) and OpenAI's reasoning_effort ("low", "medium",
+ * "high": gpt-oss's template reads it) join the template's variables. */
+static int read_template_kwargs(struct srv *s, json_t *req, json_t **extra, struct verr *v)
+{
+    json_t *kw = json_object_get(req, "chat_template_kwargs"), *effort = json_object_get(req, "reasoning_effort");
+    if (kw && !json_is_null(kw) && !json_is_object(kw))
+        return bad(v, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (effort && !json_is_null(effort)) {
+        const char *e = json_string_value(effort);
+        if (!e || (strcmp(e, "low") && strcmp(e, "medium") && strcmp(e, "high")))
+            return bad(v, "reasoning_effort", "'reasoning_effort' must be \"low\", \"medium\" or \"high\"");
+    }
+    if ((!kw || !json_is_object(kw) || json_object_size(kw) == 0) && (!effort || json_is_null(effort))) return 0;
+    if (!(*extra = s->special ? json_deep_copy(s->special) : json_object()))
+        return bad(v, "chat_template_kwargs", "out of memory");
+    if (kw && json_is_object(kw) && json_object_update(*extra, kw))
+        return bad(v, "chat_template_kwargs", "out of memory");
+    if (effort && !json_is_null(effort) && json_object_set(*extra, "reasoning_effort", effort))
+        return bad(v, "reasoning_effort", "out of memory");
+    return 0;
+}
+
 /* tools and tool_choice: the tools go to the chat template (as transformers'
  * apply_chat_template(tools=...) passes them) unless tool_choice is "none";
  * calls are parsed from the output (server_engine.c).  Forcing a call
@@ -198,8 +221,9 @@ static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **ex
     if (s->tool_fmt == MOE_TOOLS_NONE)
         return bad(v, "tools", "this model's chat template writes no tool call format moerun reads "
                    "(hermes <tool_call> or gpt-oss harmony); see --tool-call-parser");
-    *extra = s->special ? json_deep_copy(s->special) : json_object();
-    if (!*extra || json_object_set(*extra, "tools", tools)) return bad(v, "tools", "out of memory");
+    if (!*extra && !(*extra = s->special ? json_deep_copy(s->special) : json_object()))
+        return bad(v, "tools", "out of memory");
+    if (json_object_set(*extra, "tools", tools)) return bad(v, "tools", "out of memory");
     j->tools = json_array_size(tools) > 0;
     return 0;
 }
@@ -368,8 +392,9 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
     if (j->n_stops && !s->have_tok) return bad(v, "stop", "stop strings need the model's tokenizer");
 
     if (chat) {
-        json_t *extra = NULL;
-        int rc = read_tools(s, req, j, &extra, v);
+        json_t *extra = NULL; /* the template's variables when the request adds any */
+        int rc = read_template_kwargs(s, req, &extra, v);
+        if (rc == 0) rc = read_tools(s, req, j, &extra, v);
         if (rc == 0) rc = read_messages(s, json_object_get(req, "messages"), j, extra, v);
         json_decref(extra);
         if (rc < 0) return -1;

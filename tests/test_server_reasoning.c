@@ -174,6 +174,14 @@ Test(server_reasoning, tools_reach_the_template, .fini = fini, .timeout = 600)
     const int as_object = prompt_tokens(TURN("{\"city\": \"Oslo\"}"));
     cr_expect_eq(as_string, as_object, "arguments as a string render as the object");
     cr_expect_gt(as_object, with, "the call and its result are in the prompt");
+    /* template variables: Qwen3's enable_thinking false writes an empty think
+     * block into the prompt */
+    const int no_think = prompt_tokens("{" MSG ", \"chat_template_kwargs\": {\"enable_thinking\": false}}");
+    cr_expect_gt(no_think, plain, "enable_thinking false reaches the template (%d vs %d)", no_think, plain);
+    cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", \"chat_template_kwargs\": [1]}", out,
+                      sizeof out), 400, "%s", out);
+    cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", \"reasoning_effort\": \"max\"}", out,
+                      sizeof out), 400, "%s", out);
     cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", " TOOLS ", \"tool_choice\": \"required\"}",
                       out, sizeof out), 400, "%s", out);
     cr_expect(strstr(out, "tool_choice"), "%s", out);
