@@ -275,6 +275,40 @@ static void choice_done(struct srv *s, struct srv_choice *c, enum moe_finish why
     pthread_mutex_unlock(&s->m_mu);
 }
 
+/* A choice's text after the detokenizer: t (this token's), plus what
+ * textgen held back when flush; through the reasoning split and the tool
+ * call parser when the choice has them, each flushed at the last token.
+ * *reason and *answer are new strings (NULL: empty; free()). */
+static void split_text(struct srv_choice *c, const char *t, bool flush, bool last, char **reason, char **answer)
+{
+    char *det = NULL, *ans = NULL;
+    size_t n_det = 0, cap_det = 0, n_r = 0, cap_r = 0, n_a = 0, cap_a = 0, n_o = 0, cap_o = 0;
+    const char *p, *q;
+    append_to(&det, &n_det, &cap_det, t);
+    if (flush && moe_textgen_finish(&c->tg, &p) == MOE_OK) append_to(&det, &n_det, &cap_det, p);
+    *reason = *answer = NULL;
+    if (c->rs_on) {
+        if (moe_reasoning_push(&c->rs, det ? det : "", &p, &q) == MOE_OK) {
+            append_to(reason, &n_r, &cap_r, p);
+            append_to(&ans, &n_a, &cap_a, q);
+        }
+        if (last && moe_reasoning_finish(&c->rs, &p, &q) == MOE_OK) {
+            append_to(reason, &n_r, &cap_r, p);
+            append_to(&ans, &n_a, &cap_a, q);
+        }
+        free(det);
+    } else {
+        ans = det;
+    }
+    if (!c->tc_on) {
+        *answer = ans;
+        return;
+    }
+    if (moe_tool_calls_push(&c->tc, ans ? ans : "", &p) == MOE_OK) append_to(answer, &n_o, &cap_o, p);
+    if (last && moe_tool_calls_finish(&c->tc, &p) == MOE_OK) append_to(answer, &n_o, &cap_o, p);
+    free(ans);
+}
+
 static void on_token(void *user, struct moe_request *r, int32_t token, bool finished)
 {
     struct srv_choice *c = user;
@@ -298,69 +332,27 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     bool stopped = c->tg_on && c->tg.stopped;
     if (stopped && !finished) moe_engine_stop(&s->e, r);
     enum moe_finish why = stopped ? MOE_FINISH_STOP : finished ? r->finish : MOE_FINISH_NONE;
-    char *all = NULL;
-    if (why != MOE_FINISH_NONE && c->tg_on && !stopped) {
-        /* t is borrowed until the next textgen call: keep a copy */
-        const char *rest;
-        size_t nt = strlen(t);
-        if ((all = malloc(nt + 1))) memcpy(all, t, nt + 1);
-        if (all && moe_textgen_finish(&c->tg, &rest) == MOE_OK && *rest) {
-            char *both = realloc(all, nt + strlen(rest) + 1);
-            if (both) strcpy((all = both) + nt, rest);
-        }
-        t = all ? all : "";
-    }
-    /* a reasoning model's text: its reasoning and its answer apart */
-    bool why_calls = false; /* finished by the stop token after tool calls: "tool_calls" */
-    const char *reason = "";
-    char *rall = NULL, *aall = NULL;
-    if (c->rs_on) {
-        const char *rp = "", *ap = "", *rq = "", *aq = "";
-        if (moe_reasoning_push(&c->rs, t, &rp, &ap) == MOE_OK && why != MOE_FINISH_NONE) {
-            rall = malloc(strlen(rp) + 1), aall = malloc(strlen(ap) + 1); /* borrowed: copy */
-            if (rall && aall) {
-                strcpy(rall, rp), strcpy(aall, ap);
-                if (moe_reasoning_finish(&c->rs, &rq, &aq) == MOE_OK) {
-                    size_t nr = strlen(rall), na = strlen(aall);
-                    char *r2 = realloc(rall, nr + strlen(rq) + 1), *a2 = realloc(aall, na + strlen(aq) + 1);
-                    if (r2) strcpy((rall = r2) + nr, rq);
-                    if (a2) strcpy((aall = a2) + na, aq);
-                }
-                rp = rall, ap = aall;
-            }
-        }
-        reason = rp;
-        t = ap;
-    }
-    char *call_text = NULL; /* the answer without its tool calls */
-    if (c->tc_on) {
-        const char *ct = "", *cr = "";
-        if (moe_tool_calls_push(&c->tc, t, &ct) == MOE_OK && why != MOE_FINISH_NONE &&
-            (call_text = strdup(ct)) && moe_tool_calls_finish(&c->tc, &cr) == MOE_OK && *cr) {
-            char *both = realloc(call_text, strlen(call_text) + strlen(cr) + 1);
-            if (both) strcat(call_text = both, cr);
-        }
-        t = call_text ? call_text : ct;
-    }
-    if (why == MOE_FINISH_STOP && c->tc_on && c->tc.n_calls > 0) why_calls = true;
+    /* the text's reasoning and answer apart, tool calls out of the answer */
+    char *reason = NULL, *answer = NULL;
+    split_text(c, t, why != MOE_FINISH_NONE && c->tg_on && !stopped, why != MOE_FINISH_NONE, &reason, &answer);
+    t = answer ? answer : "";
+    const bool why_calls = why == MOE_FINISH_STOP && c->tc_on && c->tc.n_calls > 0; /* "tool_calls" */
     json_t *lp = wants_logprobs(j) ? logprob_entry(s, j, &r->samples[g]) : NULL;
     if (j->stream) {
         const bool calls = c->tc_on && c->calls_sent < c->tc.n_calls;
-        if (*t || *reason || lp || calls) stream_piece(s, c, t, reason, lp, NULL);
+        if (*t || (reason && *reason) || lp || calls) stream_piece(s, c, t, reason ? reason : "", lp, NULL);
         if (why != MOE_FINISH_NONE)
             stream_piece(s, c, "", "", NULL, why_calls ? "tool_calls" : moe_finish_name(why));
     } else {
         append_to(&c->text, &c->n_text, &c->cap_text, t);
-        append_to(&c->reason, &c->n_reason, &c->cap_reason, reason);
+        append_to(&c->reason, &c->n_reason, &c->cap_reason, reason ? reason : "");
         if (lp) {
             if (!c->lp) c->lp = json_array();
             json_array_append_new(c->lp, lp);
         }
     }
-    free(all);
-    free(rall);
-    free(aall);
-    free(call_text);
+    free(reason);
+    free(answer);
     if (why != MOE_FINISH_NONE) choice_done(s, c, why);
 }
 
