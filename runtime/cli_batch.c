@@ -1,6 +1,9 @@
 /* cli_batch.c - `moerun batch MODEL requests.jsonl -o out.jsonl`: offline
  * throughput mode.  Every line is one request with the fields of the OpenAI
- * completions API; all are served together with continuous batching.
+ * completions API ("prompt"), or of the chat completions API ("messages",
+ * rendered with the model's chat template; a reasoning model's thinking
+ * split into reasoning_content as `moerun serve` does); all are served
+ * together with continuous batching.
  *
  * A malformed line never stops the run: its output line carries an error
  * object naming the line and the problem.  Results are written in input
@@ -13,9 +16,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "runtime/chat.h"
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
 #include "runtime/stats_cli.h"
+#include "runtime/reasoning.h"
 #include "runtime/textgen.h"
 
 static void usage(FILE *f)
@@ -26,7 +31,9 @@ static void usage(FILE *f)
             "\"temperature\": 1, \"top_p\": 1, \"top_k\": 0, \"min_p\": 0, \"stop\": \"..\" | [..],\n"
             "\"seed\": 0, \"frequency_penalty\": 0, \"presence_penalty\": 0,\n"
             "\"repetition_penalty\": 1, \"logprobs\": 0, \"logit_bias\": {\"id\": bias},\n"
-            "\"ignore_eos\": false, \"custom_id\": ..}\n"
+            "\"ignore_eos\": false, \"custom_id\": ..}, or \"messages\": [..] in place of \"prompt\"\n"
+            "(chat: the model's chat template, optional \"chat_template_kwargs\"; max_tokens\n"
+            "defaults to what the context leaves; reasoning_content as in moerun serve)\n"
             "Defaults are the OpenAI API's.  A progress line goes to stderr.\n\n"
             "  -o, --output FILE    results, one JSON line per request, in input order\n"
             MOE_CLI_ENGINE_HELP
@@ -42,47 +49,27 @@ struct item {
     struct moe_request *r;
     struct moe_textgen tg;
     bool text, tg_on;
-    char *out;                /* generated text so far */
+    bool chat;                /* a "messages" line: a chat.completion result */
+    struct moe_reasoning rs;  /* chat: thinking apart from the answer (fmt NONE: all answer) */
+    char *out;                /* generated text (chat: the answer) so far */
     size_t n_out, cap_out;
+    char *reason;             /* chat: the reasoning so far */
+    size_t n_reason, cap_reason;
     json_t *custom_id;
 };
 
 struct batch {
     struct moe_engine e;
     struct moe_tokenizer tok;
-    bool have_tok;
+    bool have_tok, have_chat;
+    struct moe_chat_template tmpl;
+    json_t *special;                   /* the template's special-token variables */
+    enum moe_reasoning_format rfmt;    /* read from the template */
     struct item *items;
     int n_items, next_write, done;
     FILE *out;
     enum moe_status err;
 };
-
-static int text_append(struct item *it, const char *s)
-{
-    size_t n = strlen(s);
-    if (it->n_out + n + 1 > it->cap_out) {
-        size_t cap = it->cap_out ? it->cap_out * 2 : 256;
-        while (cap < it->n_out + n + 1) cap *= 2;
-        char *p = realloc(it->out, cap);
-        if (!p) return -1;
-        it->out = p;
-        it->cap_out = cap;
-    }
-    memcpy(it->out + it->n_out, s, n + 1);
-    it->n_out += n;
-    return 0;
-}
-
-static void on_token(void *user, struct moe_request *r, int32_t token, bool finished)
-{
-    struct item *it = user;
-    if (token < 0 || !it->tg_on) return;
-    const char *t;
-    if (moe_textgen_push(&it->tg, token, &t) != MOE_OK || text_append(it, t)) return;
-    if (finished && moe_textgen_finish(&it->tg, &t) == MOE_OK) text_append(it, t);
-}
-
-/* --- request parsing --- */
 
 static char *fmt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *fmt_error(const char *fmt, ...)
@@ -94,6 +81,87 @@ static char *fmt_error(const char *fmt, ...)
     va_end(ap);
     return strdup(buf);
 }
+
+static int text_append(char **buf, size_t *len, size_t *cap, const char *s)
+{
+    size_t n = strlen(s);
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap * 2 : 256;
+        while (c < *len + n + 1) c *= 2;
+        char *p = realloc(*buf, c);
+        if (!p) return -1;
+        *buf = p;
+        *cap = c;
+    }
+    memcpy(*buf + *len, s, n + 1);
+    *len += n;
+    return 0;
+}
+
+/* Text of a line: the answer into out, a chat's thinking into reason. */
+static void keep_text(struct item *it, const char *t, bool last)
+{
+    const char *reason = "", *answer = t;
+    if (it->rs.fmt != MOE_REASONING_NONE &&
+        (last ? moe_reasoning_finish(&it->rs, &reason, &answer) : moe_reasoning_push(&it->rs, t, &reason, &answer)) !=
+            MOE_OK)
+        return;
+    text_append(&it->reason, &it->n_reason, &it->cap_reason, reason);
+    text_append(&it->out, &it->n_out, &it->cap_out, answer);
+}
+
+static void on_token(void *user, struct moe_request *r, int32_t token, bool finished)
+{
+    struct item *it = user;
+    if (token < 0 || !it->tg_on) return;
+    const char *t = "";
+    /* a chat's end-of-sequence token is not part of its message */
+    const bool eos = it->chat && finished && r->finish == MOE_FINISH_STOP;
+    if (!eos && moe_textgen_push(&it->tg, token, &t) != MOE_OK) return;
+    keep_text(it, t, false);
+    if (finished && moe_textgen_finish(&it->tg, &t) == MOE_OK) {
+        keep_text(it, t, false);
+        keep_text(it, "", true);
+    }
+}
+
+/* A "messages" line rendered by the chat template into ids (new memory);
+ * NULL and *err on failure. */
+static int32_t *chat_prompt(struct batch *b, struct item *it, json_t *req, size_t *n_ids, char **err)
+{
+    json_t *msgs = json_object_get(req, "messages"), *kw = json_object_get(req, "chat_template_kwargs");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        *err = fmt_error("field 'messages' must be a non-empty array of messages");
+        return NULL;
+    }
+    if (!b->have_chat) {
+        *err = fmt_error("'messages' needs the model's tokenizer and chat template");
+        return NULL;
+    }
+    if (kw && !json_is_null(kw) && !json_is_object(kw)) {
+        *err = fmt_error("field 'chat_template_kwargs' must be an object");
+        return NULL;
+    }
+    json_t *extra = b->special ? json_deep_copy(b->special) : json_object();
+    if (extra && json_is_object(kw)) json_object_update(extra, kw);
+    char *text = NULL;
+    int32_t *ids = NULL;
+    if (moe_chat_template_render(&b->tmpl, msgs, true, extra, &text) != MOE_OK ||
+        moe_tokenizer_encode(&b->tok, text, strlen(text), false, &ids, n_ids, NULL) != MOE_OK) {
+        *err = fmt_error("messages: %s", moe_last_error());
+        free(ids);
+        ids = NULL;
+    } else {
+        it->chat = true;
+        moe_reasoning_init(&it->rs, b->rfmt, moe_reasoning_prompt_opens_think(text));
+    }
+    json_decref(extra);
+    free(text);
+    return ids;
+}
+
+/* --- request parsing --- */
+
 
 static int num_field(json_t *req, const char *key, double lo, double hi, double *v, char **err)
 {
@@ -130,7 +198,21 @@ static void submit_line(struct batch *b, struct item *it, const struct moe_cli_e
     }
     it->custom_id = json_incref(json_object_get(req, "custom_id"));
     json_t *p = json_object_get(req, "prompt");
-    if (json_is_string(p)) {
+    if (json_object_get(req, "messages") && p) {
+        err = fmt_error("a line has 'prompt' or 'messages', not both");
+        goto out;
+    }
+    if (json_object_get(req, "messages")) {
+        if (!(ids = chat_prompt(b, it, req, &n_ids, &err))) goto out;
+        it->text = true;
+        /* max_tokens: what the context leaves, as a chat completion */
+        rp.max_tokens = b->e.m->cfg.max_pos - (int)n_ids;
+        if (rp.max_tokens < 1) {
+            err = fmt_error("the messages take %zu tokens: no room in the model's context of %d", n_ids,
+                            b->e.m->cfg.max_pos);
+            goto out;
+        }
+    } else if (json_is_string(p)) {
         if (!b->have_tok) {
             err = fmt_error("a text prompt needs the model's tokenizer, which did not load");
             goto out;
@@ -156,7 +238,7 @@ static void submit_line(struct batch *b, struct item *it, const struct moe_cli_e
         }
         it->text = b->have_tok;
     } else {
-        err = fmt_error("field 'prompt' must be a string or an array of token ids");
+        err = fmt_error("field 'prompt' must be a string or an array of token ids (or give 'messages')");
         goto out;
     }
     double v;
@@ -214,8 +296,9 @@ static void submit_line(struct batch *b, struct item *it, const struct moe_cli_e
         else if (b->e.m->cfg.eos_id >= 0)
             rp.stop_ids[rp.n_stop_ids++] = b->e.m->cfg.eos_id;
     }
-    if (it->text) {
-        if (moe_textgen_init(&it->tg, &b->tok, stops, n_stops, true) != MOE_OK) {
+    if (it->text) { /* harmony's markers are special tokens: kept for its parser */
+        const bool skip = !(it->chat && b->rfmt == MOE_REASONING_HARMONY);
+        if (moe_textgen_init(&it->tg, &b->tok, stops, n_stops, skip) != MOE_OK) {
             err = fmt_error("%s", moe_last_error());
             goto out;
         }
@@ -248,7 +331,14 @@ static json_t *result_json(struct batch *b, struct item *it)
     json_t *choice = json_pack("{s:i, s:O, s:s}", "index", 0, "token_ids", tok, "finish_reason",
                                moe_finish_name(r->finish));
     json_decref(tok);
-    if (it->text) json_object_set_new(choice, "text", json_string(it->out ? it->out : ""));
+    if (it->chat) {
+        json_t *msg = json_pack("{s:s, s:s}", "role", "assistant", "content", it->out ? it->out : "");
+        if (it->rs.fmt != MOE_REASONING_NONE)
+            json_object_set_new(msg, "reasoning_content", it->n_reason ? json_string(it->reason) : json_null());
+        json_object_set_new(choice, "message", msg);
+    } else if (it->text) {
+        json_object_set_new(choice, "text", json_string(it->out ? it->out : ""));
+    }
     if (r->params.sampling.n_logprobs > 0) {
         json_t *lp = json_array();
         for (int i = 0; i < n; i++) {
@@ -265,7 +355,7 @@ static json_t *result_json(struct batch *b, struct item *it)
     double ttft = r->t_first > 0 ? r->t_first - r->t_arrival : 0;
     return json_pack("{s:i, s:o?, s:s, s:[o], s:{s:i, s:i, s:i}, s:{s:f, s:f, s:i, s:i}}",
                      "index", it->index, "custom_id", json_incref(it->custom_id), "object",
-                     "text_completion", "choices", choice, "usage", "prompt_tokens", r->n_prompt,
+                     it->chat ? "chat.completion" : "text_completion", "choices", choice, "usage", "prompt_tokens", r->n_prompt,
                      "completion_tokens", n, "total_tokens", r->n_prompt + n, "metrics", "ttft_s",
                      ttft, "latency_s", r->t_finish - r->t_arrival, "preemptions", r->n_preempted,
                      "prefix_hit_tokens", r->n_prefix_hit);
@@ -286,6 +376,7 @@ static void write_ready(struct batch *b)
         if (it->r) moe_engine_release(&b->e, it->r);
         it->r = NULL;
         moe_textgen_free(&it->tg);
+        moe_reasoning_free(&it->rs);
         it->tg_on = false;
         b->next_write++;
     }
@@ -387,6 +478,11 @@ int moe_cli_batch(int argc, char **argv)
         goto done;
     }
     if (eo.model.path) b.have_tok = moe_tokenizer_load(&b.tok, eo.model.path) == MOE_OK;
+    if (b.have_tok) { /* chat lines need it; completions lines do not */
+        b.have_chat = moe_chat_template_load(&b.tmpl, eo.model.path, b.tok.chat_template) == MOE_OK;
+        b.special = moe_chat_special_tokens(&b.tok);
+        b.rfmt = b.have_chat ? moe_reasoning_detect(b.tmpl.source) : MOE_REASONING_NONE;
+    }
     if (!eo.kv_budget) eo.kv_budget = "0.25";
     size_t budget;
     if (moe_cli_parse_budget(eo.kv_budget, &budget) == MOE_OK && budget > ((size_t)4 << 30) &&
@@ -461,13 +557,17 @@ done:
         json_decref(it->custom_id);
         free(it->error);
         free(it->out);
+        free(it->reason);
         moe_textgen_free(&it->tg);
+        moe_reasoning_free(&it->rs);
     }
     free(b.items);
     if (b.out) fclose(b.out);
     moe_engine_free(&b.e);
     moe_backend_free(&be);
     moe_tokenizer_free(&b.tok);
+    moe_chat_template_free(&b.tmpl);
+    json_decref(b.special);
     moe_model_free(&m);
     return rc;
 }

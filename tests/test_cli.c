@@ -213,3 +213,47 @@ Test(cli, chat_shows_reasoning_apart)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
 }
+
+/* moerun batch with chat lines: the chat template renders the messages (the
+ * same tokens and greedy text as the completions line of the rendered
+ * text), the result is a chat.completion; bad lines get their error. */
+Test(cli, batch_chat_lines)
+{
+    char dir[] = "/tmp/moerun-bchat-XXXXXX", cmd[2048], out[8192];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "%s/in.jsonl", dir);
+    FILE *f = fopen(cmd, "w");
+    cr_assert(f);
+    fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"the river garden\"}], \"max_tokens\": 8, "
+          "\"temperature\": 0}\n"
+          "{\"prompt\": \"<|im_start|>user\\nthe river garden<|im_end|>\\n<|im_start|>assistant\\n\", "
+          "\"max_tokens\": 8, \"temperature\": 0}\n"
+          "{\"messages\": []}\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s batch %s/models/demo-moe %s/in.jsonl -o %s/out.jsonl --backend cpu 2>/dev/null",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR, dir, dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s/out.jsonl", dir);
+    f = fopen(cmd, "r");
+    cr_assert(f);
+    json_t *line[3];
+    for (int i = 0; i < 3; i++) {
+        cr_assert(fgets(out, sizeof out, f), "line %d", i);
+        line[i] = json_loads(out, 0, NULL);
+        cr_assert(line[i], "line %d: %s", i, out);
+    }
+    fclose(f);
+    json_t *chat = json_array_get(json_object_get(line[0], "choices"), 0);
+    json_t *comp = json_array_get(json_object_get(line[1], "choices"), 0);
+    cr_expect_str_eq(json_string_value(json_object_get(line[0], "object")), "chat.completion");
+    cr_expect(json_equal(json_object_get(json_object_get(line[0], "usage"), "prompt_tokens"),
+                         json_object_get(json_object_get(line[1], "usage"), "prompt_tokens")));
+    cr_expect(json_equal(json_object_get(chat, "token_ids"), json_object_get(comp, "token_ids")));
+    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(chat, "message"), "content")),
+                     json_string_value(json_object_get(comp, "text")));
+    cr_expect(strstr(json_string_value(json_object_get(json_object_get(line[2], "error"), "message")),
+                     "messages"));
+    for (int i = 0; i < 3; i++) json_decref(line[i]);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+}
