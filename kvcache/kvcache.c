@@ -8,7 +8,7 @@
 
 size_t moe_kvcache_block_bytes(const struct moe_config *cfg, int block_size, enum moe_dtype dtype)
 {
-    size_t b = 2;
+    size_t b = cfg->kv_lora_rank > 0 ? 1 : 2; /* MLA: one row read as K and V */
     if (!moe_mul_size(b, (size_t)cfg->n_layers, &b) || !moe_mul_size(b, (size_t)cfg->n_kv_heads, &b) ||
         !moe_mul_size(b, (size_t)cfg->head_dim, &b) || !moe_mul_size(b, (size_t)block_size, &b) ||
         !moe_mul_size(b, moe_dtype_size(dtype), &b))
@@ -248,6 +248,6 @@ int32_t moe_kvcache_lookup(struct moe_kvcache *kv, int32_t parent, const int32_t
 
 size_t moe_kvcache_bytes_per_slot(const struct moe_kvcache *kv)
 {
-    return 2 * (size_t)kv->n_layers * (size_t)kv->n_kv_heads * (size_t)kv->head_dim *
-           moe_dtype_size(kv->dtype);
+    return (kv->v == kv->k ? 1 : 2) * (size_t)kv->n_layers * (size_t)kv->n_kv_heads *
+           (size_t)kv->head_dim * moe_dtype_size(kv->dtype);
 }

@@ -76,7 +76,7 @@ MOE_MUST_USE enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe
                                                int block_size, enum moe_dtype dtype,
                                                bool prefix_cache);
 void moe_kvcache_free(struct moe_kvcache *kv);
-/* Bytes of one block (K and V, all layers). */
+/* Bytes of one block (K and V, all layers; MLA: the one row both read). */
 size_t moe_kvcache_block_bytes(const struct moe_config *cfg, int block_size, enum moe_dtype dtype);
 /* Blocks that fit in budget bytes; MOE_ERR_INVALID_ARG (naming both sizes)
  * if not even one. */
@@ -103,7 +103,7 @@ void moe_kvcache_cache_block(struct moe_kvcache *kv, int32_t block, int32_t pare
  * reference and returns its id, else -1. */
 int32_t moe_kvcache_lookup(struct moe_kvcache *kv, int32_t parent, const int32_t *tokens);
 
-/* Bytes of K+V storage per token slot. */
+/* Bytes of K+V storage per token slot (MLA: K and V are one buffer, v == k). */
 size_t moe_kvcache_bytes_per_slot(const struct moe_kvcache *kv);
 
 #ifdef __cplusplus

@@ -125,3 +125,22 @@ Test(kvcache, index_survives_random_churn)
     cr_assert_eq(moe_kvcache_available(&kv), NB);
     moe_kvcache_free(&kv);
 }
+
+/* MLA (DeepSeek) keeps one latent row per token, read as K and V: half the
+ * bytes of separate K and V rows of the same width, so a budget buys twice
+ * the blocks. */
+Test(kvcache, mla_rows_serve_as_k_and_v)
+{
+    struct moe_config cfg = {.n_layers = 3, .n_kv_heads = 1, .head_dim = 40, .n_heads = 4};
+    const size_t separate = moe_kvcache_block_bytes(&cfg, 16, MOE_DTYPE_BF16);
+    cfg.kv_lora_rank = 32;
+    cr_assert_eq(moe_kvcache_block_bytes(&cfg, 16, MOE_DTYPE_BF16) * 2, separate);
+    struct moe_backend be;
+    cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK);
+    struct moe_kvcache kv;
+    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 8, 16, MOE_DTYPE_BF16, false), MOE_OK);
+    cr_assert(kv.v == kv.k, "one buffer for both");
+    cr_assert_eq(moe_kvcache_bytes_per_slot(&kv), (size_t)3 * 40 * 2);
+    moe_kvcache_free(&kv);
+    moe_backend_free(&be);
+}
