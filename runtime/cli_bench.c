@@ -183,7 +183,7 @@ static double decode_bytes(const struct moe_model *m, double ctx)
     double experts = c->n_experts > 0 ? (double)z.bytes_experts * c->top_k / c->n_experts : 0;
     double embed_row = (double)z.bytes_embed / (double)c->vocab;
     double head = c->tie_embeddings ? (double)z.bytes_embed : (double)z.bytes_lm_head;
-    double kv = ctx * c->n_layers * 2.0 * c->n_kv_heads * c->head_dim * sizeof(float);
+    double kv = ctx * (double)moe_config_kv_bytes_per_token(c, sizeof(float)); /* fp32 cache */
     return (double)(z.bytes_attn + z.bytes_router + z.bytes_norm + z.bytes_dense_ffn +
                     z.bytes_shared) + experts + embed_row + head + kv;
 }
