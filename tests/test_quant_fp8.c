@@ -1,0 +1,153 @@
+/* test_quant_fp8.c - block-scaled FP8 weights (MOE_DTYPE_FP8_B128: the
+ * DeepSeek-V3 / Qwen3-FP8 checkpoint format).  Every E4M3 byte converts as
+ * torch converts it, rows packed from a checkpoint's weight and
+ * weight_scale_inv dequantize to transformers' values bit for bit
+ * (tests/fixtures/quant/fp8.safetensors, made by
+ * tests/reference/make_quant_fixtures.py), and NaN bytes and bad scales
+ * are refused. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/safetensors.h"
+#include "tests/testutil.h"
+
+static uint32_t bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+Test(quant_fp8, dtype)
+{
+    enum moe_dtype dt;
+    cr_expect_str_eq(moe_dtype_name(MOE_DTYPE_FP8_B128), "FP8_B128");
+    cr_expect_not(moe_dtype_parse("FP8_B128", &dt), "a storage format of the runtime, not a file dtype");
+    cr_expect(moe_dtype_parse("F8_E4M3", &dt) && dt == MOE_DTYPE_F8E4M3, "the checkpoint's own dtype");
+    cr_expect_eq(moe_dtype_size(MOE_DTYPE_FP8_B128), 1);
+    cr_expect_eq(moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, 7168), 56 * 132, "DeepSeek-V3's hidden size");
+    cr_expect(moe_fp8_scale_ok(0.0f) && moe_fp8_scale_ok(1e-40f) && moe_fp8_scale_ok(3e38f) &&
+              moe_fp8_scale_ok(-2.0f));
+    cr_expect(!moe_fp8_scale_ok(NAN) && !moe_fp8_scale_ok(INFINITY) && !moe_fp8_scale_ok(-INFINITY));
+}
+
+/* All 256 bytes: the bits torch's float8_e4m3fn -> float32 gives (NaN for
+ * 0x7F and 0xFF, the only NaNs; -0 for 0x80; subnormals m * 2^-9). */
+Test(quant_fp8, e4m3_bytes_equal_torch)
+{
+    struct moe_safetensors st = {0};
+    cr_assert_eq(moe_safetensors_open_file(&st, FIXTURE_DIR "/quant/fp8.safetensors"), MOE_OK, "%s",
+                 moe_last_error());
+    const struct moe_st_tensor *b = moe_safetensors_find(&st, "e4m3"), *f = moe_safetensors_find(&st, "e4m3_f32");
+    cr_assert(b && f && b->dtype == MOE_DTYPE_F8E4M3 && b->shape[0] == 256);
+    int nans = 0;
+    for (int i = 0; i < 256; i++) {
+        const uint8_t byte = ((const uint8_t *)b->data)[i];
+        const float want = ((const float *)f->data)[i], got = moe_fp8_e4m3_to_f32(byte);
+        cr_assert_eq(byte, i);
+        if (isnan(want)) {
+            cr_expect(isnan(got), "byte 0x%02x: %g, torch NaN", i, got);
+            nans++;
+            continue;
+        }
+        cr_expect_eq(bits(got), bits(want), "byte 0x%02x: %g (0x%08x), torch %g (0x%08x)", i, got, bits(got),
+                     want, bits(want));
+    }
+    cr_expect_eq(nans, 2);
+    cr_expect_eq(moe_fp8_e4m3_to_f32(0x7e), 448.0f);
+    cr_expect_eq(moe_fp8_e4m3_to_f32(0x01), ldexpf(1.0f, -9));
+    cr_expect_eq(bits(moe_fp8_e4m3_to_f32(0x80)), 0x80000000u);
+    moe_safetensors_close(&st);
+}
+
+/* The scale row of row n of a checkpoint weight (K columns), as f32. */
+static void scale_row(float *dst, const struct moe_st_tensor *s, int n)
+{
+    const size_t cols = (size_t)s->shape[1];
+    const char *src = (const char *)s->data + (size_t)(n / MOE_FP8_BLOCK) * cols * moe_dtype_size(s->dtype);
+    moe_convert_row_f32(dst, src, s->dtype, cols);
+}
+
+/* Each row of the fixture's matrices, packed from its bytes and its scale
+ * row, dequantizes to transformers' value bit for bit (its last row group
+ * shorter than 128 rows too; infinities, subnormals and zero scales
+ * included); a NaN byte or a scale that is not finite is refused. */
+Test(quant_fp8, rows_equal_transformers)
+{
+    struct moe_safetensors st = {0};
+    cr_assert_eq(moe_safetensors_open_file(&st, FIXTURE_DIR "/quant/fp8.safetensors"), MOE_OK, "%s",
+                 moe_last_error());
+    const char *names[] = {"a", "b", "c", "d"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char ns[32], nd[32];
+        snprintf(ns, sizeof ns, "%s_scale_inv", names[i]);
+        snprintf(nd, sizeof nd, "%s_dequant", names[i]);
+        const struct moe_st_tensor *q = moe_safetensors_find(&st, names[i]), *s = moe_safetensors_find(&st, ns),
+                                   *dq = moe_safetensors_find(&st, nd);
+        cr_assert(q && s && dq, "%s: tensors missing", names[i]);
+        const int N = (int)q->shape[0], K = (int)q->shape[1], G = K / MOE_FP8_BLOCK;
+        cr_assert(q->dtype == MOE_DTYPE_F8E4M3 && s->ndim == 2 && s->shape[0] == (N + 127) / 128 &&
+                  s->shape[1] == G);
+        const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, (size_t)K);
+        unsigned char *row = malloc(rb);
+        uint8_t *bad = malloc((size_t)K);
+        float *got = malloc((size_t)K * sizeof(float)), sc[8];
+        for (int n = 0; n < N; n++) {
+            const uint8_t *qr = (const uint8_t *)q->data + (size_t)n * K;
+            const float *want = (const float *)dq->data + (size_t)n * K;
+            scale_row(sc, s, n);
+            cr_assert(moe_fp8_pack_row(row, qr, sc, (size_t)K));
+            for (int g = 0; g < G; g++) {
+                float stored;
+                memcpy(&stored, row + (size_t)g * MOE_FP8_BYTES, 4);
+                cr_expect_eq(bits(stored), bits(sc[g]), "%s row %d block %d: scale", names[i], n, g);
+                cr_expect(memcmp(row + (size_t)g * MOE_FP8_BYTES + 4, qr + g * MOE_FP8_BLOCK, MOE_FP8_BLOCK) == 0);
+            }
+            moe_convert_row_f32(got, row, MOE_DTYPE_FP8_B128, (size_t)K);
+            for (int k = 0; k < K; k++) {
+                cr_assert_eq(bits(got[k]), bits(want[k]), "%s row %d element %d: %g (0x%08x), transformers %g "
+                             "(0x%08x)", names[i], n, k, got[k], bits(got[k]), want[k], bits(want[k]));
+                cr_assert_eq(bits(moe_fp8_get(row, (size_t)k)), bits(want[k]), "%s row %d element %d: "
+                             "moe_fp8_get", names[i], n, k);
+            }
+        }
+        /* NaN bytes, wherever they are, and scales that are not finite */
+        for (int k = 0; k < K; k += 37) {
+            memcpy(bad, q->data, (size_t)K);
+            scale_row(sc, s, 0);
+            bad[k] = k % 2 ? 0x7f : 0xff;
+            cr_expect_not(moe_fp8_pack_row(row, bad, sc, (size_t)K), "%s: NaN byte at %d", names[i], k);
+        }
+        for (int g = 0; g < G; g++) {
+            const float nf[] = {NAN, INFINITY, -INFINITY};
+            for (int j = 0; j < 3; j++) {
+                scale_row(sc, s, 0);
+                sc[g] = nf[j];
+                cr_expect_not(moe_fp8_pack_row(row, q->data, sc, (size_t)K), "%s: scale %g in block %d",
+                              names[i], nf[j], g);
+            }
+        }
+        free(row);
+        free(bad);
+        free(got);
+    }
+    moe_safetensors_close(&st);
+}
+
+Test(quant_fp8, is_not_written_to_safetensors)
+{
+    unsigned char row[MOE_FP8_BYTES] = {0};
+    struct moe_st_tensor t = {.name = "w", .dtype = MOE_DTYPE_FP8_B128, .ndim = 2, .shape = {1, 128},
+                              .data = row, .nbytes = sizeof row};
+    const struct moe_st_tensor *list[] = {&t};
+    char path[] = "/tmp/moerun_fp8_XXXXXX";
+    const int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    cr_expect_neq(moe_safetensors_write(path, list, 1, NULL), MOE_OK);
+    cr_expect(strstr(moe_last_error(), "bad dtype"), "%s", moe_last_error());
+    unlink(path);
+}
