@@ -3,14 +3,17 @@
  * torch converts it, rows packed from a checkpoint's weight and
  * weight_scale_inv dequantize to transformers' values bit for bit
  * (tests/fixtures/quant/fp8.safetensors, made by
- * tests/reference/make_quant_fixtures.py), and NaN bytes and bad scales
- * are refused. */
+ * tests/reference/make_quant_fixtures.py), every kernel set multiplies them
+ * as those values, a row's outputs do not depend on the batch, and NaN
+ * bytes and bad scales are refused. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "runtime/gemm.h"
+#include "runtime/gemm_fast.h"
 #include "runtime/safetensors.h"
 #include "tests/testutil.h"
 
@@ -135,6 +138,132 @@ Test(quant_fp8, rows_equal_transformers)
         free(got);
     }
     moe_safetensors_close(&st);
+}
+
+/* (N, Din) random FP8 weights (new memory): random bytes (never NaN) and
+ * scales 2^[emin, emax] times [1, 2), every seventh block's scale
+ * subnormal when with_tiny.  The dequantized rows into *f32 (new memory). */
+static void *fp8_weights(int N, int Din, uint64_t seed, int emin, int emax, bool with_tiny, float **f32)
+{
+    const int G = Din / MOE_FP8_BLOCK;
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, (size_t)Din);
+    uint8_t *q = malloc((size_t)Din);
+    float sc[64];
+    cr_assert(G <= 64);
+    unsigned char *w = malloc((size_t)N * rb);
+    *f32 = malloc((size_t)N * Din * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        for (int k = 0; k < Din; k++) {
+            q[k] = (uint8_t)tu_rand_u64(&seed);
+            if ((q[k] & 0x7f) == 0x7f) q[k] ^= 1;
+        }
+        for (int g = 0; g < G; g++) {
+            const int e = emin + (int)(tu_rand_u64(&seed) % (uint64_t)(emax - emin + 1));
+            sc[g] = ldexpf(tu_rand_uniform(&seed, 1.0f, 2.0f), e);
+            if (with_tiny && (n * G + g) % 7 == 3) sc[g] = 3e-39f;
+        }
+        cr_assert(moe_fp8_pack_row(w + (size_t)n * rb, q, sc, (size_t)Din));
+        moe_convert_row_f32(*f32 + (size_t)n * Din, w + (size_t)n * rb, MOE_DTYPE_FP8_B128, (size_t)Din);
+    }
+    free(q);
+    return w;
+}
+
+/* y = x . W^T through the reference (isa REF) or a fast kernel set. */
+static void gemm_any(int isa, float *y, const float *x, const void *w, int N, int D, int T, float *scratch)
+{
+    if (isa == MOE_CPU_ISA_REF)
+        moe_gemm_cpu(y, N, x, D, w, MOE_DTYPE_FP8_B128, N, D, T, NULL, scratch);
+    else
+        moe_gemm_fast((enum moe_cpu_isa)isa, y, N, x, D, w, MOE_DTYPE_FP8_B128, N, D, T, NULL);
+}
+
+/* Every kernel set this processor runs (the reference, AVX2, AVX-512)
+ * multiplies FP8 weights as an fp32 product over the dequantized values
+ * (the reference: bit for bit, it sums in the same order; the fast sets:
+ * to 1e-5 of the largest output), and a row's outputs are the same bits in
+ * a batch of any size. */
+Test(quant_fp8, gemm_matches_dequantized_f32)
+{
+    const int best = (int)moe_cpu_isa_detect();
+    const int Ts[] = {1, 2, 3, 5, 8, 17, 67}, Ns[] = {1, 5, 13, 50, 97}, Ds[] = {128, 256, 384, 1024};
+    enum { TMAX = 67 };
+    for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+        for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++) {
+            const int N = Ns[b], D = Ds[c];
+            float *wf;
+            void *w = fp8_weights(N, D, (uint64_t)(N * 7 + D), -12, -4, true, &wf);
+            float *x = malloc((size_t)TMAX * D * sizeof(float)), *want = malloc((size_t)TMAX * N * 4),
+                  *full = malloc((size_t)TMAX * N * 4), *got = malloc((size_t)TMAX * N * 4),
+                  *scratch = malloc((size_t)D * 64 * sizeof(float));
+            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + D), -1, 1);
+            moe_gemm_cpu(want, N, x, D, wf, MOE_DTYPE_F32, N, D, TMAX, NULL, scratch);
+            float maxref = 0;
+            for (size_t i = 0; i < (size_t)TMAX * N; i++) maxref = fmaxf(maxref, fabsf(want[i]));
+            for (int isa = MOE_CPU_ISA_REF; isa <= best; isa++) {
+                gemm_any(isa, full, x, w, N, D, TMAX, scratch);
+                char what[96];
+                snprintf(what, sizeof what, "fp8 gemm %s T=%d N=%d Din=%d", moe_cpu_isa_name((enum moe_cpu_isa)isa),
+                         TMAX, N, D);
+                if (isa == MOE_CPU_ISA_REF)
+                    cr_expect(memcmp(full, want, (size_t)TMAX * N * 4) == 0,
+                              "%s: the reference differs from its fp32 product", what);
+                cr_expect(tu_allclose(what, full, want, (size_t)TMAX * N, 1e-5f * maxref, 1e-5f), "%s", what);
+                for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++) {
+                    const int T = Ts[a];
+                    gemm_any(isa, got, x, w, N, D, T, scratch);
+                    for (int r = 0; r < T; r++)
+                        cr_expect(memcmp(got + (size_t)r * N, full + (size_t)r * N, (size_t)N * 4) == 0,
+                                  "%s: row %d in a batch of %d differs from the batch of %d", what, r, T, TMAX);
+                }
+            }
+            free(w);
+            free(wf);
+            free(x);
+            free(want);
+            free(full);
+            free(got);
+            free(scratch);
+        }
+}
+
+/* One-hot input rows pick single weights: every kernel set, on every path
+ * (decode tiles, batch tiles, rows widened for a block), gives each
+ * dequantized weight exactly, so the byte order, the E4M3 widening
+ * (subnormals included) and the scale (from 2^-126 to 2^100, and
+ * subnormal) are the reference's. */
+Test(quant_fp8, kernels_widen_exactly)
+{
+    const int best = (int)moe_cpu_isa_detect();
+    const int Ns[] = {3, 13, 50}, Ds[] = {128, 384}, groups[] = {1, 2, 3, 5, 8, 17};
+    for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+        for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++) {
+            const int N = Ns[b], D = Ds[c];
+            float *wf;
+            void *w = fp8_weights(N, D, (uint64_t)(N * 3 + D), -126, 100, true, &wf);
+            float *x = calloc((size_t)D * D, sizeof(float)), *y = malloc((size_t)D * N * 4),
+                  *scratch = malloc((size_t)D * 64 * sizeof(float));
+            for (int k = 0; k < D; k++) x[(size_t)k * D + k] = 1.0f;
+            for (int isa = MOE_CPU_ISA_REF; isa <= best; isa++)
+                for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
+                    const int T = groups[g];
+                    for (int k0 = 0; k0 < D; k0 += T) {
+                        const int t = D - k0 < T ? D - k0 : T;
+                        gemm_any(isa, y, x + (size_t)k0 * D, w, N, D, t, scratch);
+                        for (int r = 0; r < t; r++)
+                            for (int n = 0; n < N; n++)
+                                cr_assert_eq(y[(size_t)r * N + n], wf[(size_t)n * D + k0 + r],
+                                             "%s N=%d Din=%d rows of %d: weight (%d, %d) is %g, want %g",
+                                             moe_cpu_isa_name((enum moe_cpu_isa)isa), N, D, t, n, k0 + r,
+                                             y[(size_t)r * N + n], wf[(size_t)n * D + k0 + r]);
+                    }
+                }
+            free(w);
+            free(wf);
+            free(x);
+            free(y);
+            free(scratch);
+        }
 }
 
 Test(quant_fp8, is_not_written_to_safetensors)
