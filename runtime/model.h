@@ -7,9 +7,11 @@
  * an expert-indexed table of (F, D) gate, (F, D) up and (D, F) down matrices,
  * whether the checkpoint stores one tensor per expert or 3-D stacked tensors
  * (transformers 5 `gate_up_proj` (E, 2F, D) and `down_proj` (E, D, F)).
- * gpt-oss's experts (runtime/model_gptoss.c) are the exception: stored
+ * gpt-oss's experts (runtime/model_gptoss.c) are an exception: stored
  * transposed with gate and up interleaved, or as MXFP4 blocks, they are
- * rewritten at load into memory the model owns. */
+ * rewritten at load into memory the model owns; so are the FP8 Linear
+ * weights of fp8 checkpoints (runtime/model_fp8.c), packed with their
+ * block scales into MOE_DTYPE_FP8_B128 rows. */
 #pragma once
 
 #include "runtime/config.h"

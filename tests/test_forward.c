@@ -155,6 +155,14 @@ Test(FORWARD_SUITE, gpt_oss_mxfp4_matches_transformers) { check_model("gpt_oss_m
  * mscale in the score scale; V3 with the q LoRA and the sigmoid router */
 Test(FORWARD_SUITE, deepseek_v2_matches_transformers) { check_model("deepseek_v2", 1e-4); }
 Test(FORWARD_SUITE, deepseek_v3_matches_transformers) { check_model("deepseek_v3", 1e-4); }
+/* fp8 checkpoints (quantization_config fp8, blocks of 128 x 128), read as
+ * released: F8_E4M3 Linear weights with F32 scales, BF16 elsewhere;
+ * transformers dequantizes them itself (tests/reference/make_fp8_fixtures.py).
+ * Qwen3-MoE: attention, experts and a dense FFN in FP8; DeepSeek-V3: MLA's
+ * projections (kv_a_proj_with_mqa's last row group short, kv_b_proj
+ * dequantized and split), dense and shared FFN, experts */
+Test(FORWARD_SUITE, qwen3_moe_fp8_matches_transformers) { check_model("qwen3_moe_fp8", 1e-4); }
+Test(FORWARD_SUITE, deepseek_v3_fp8_matches_transformers) { check_model("deepseek_v3_fp8", 1e-4); }
 
 /* transformers computing entirely in bf16 rounds every activation to 8 bits
  * of mantissa: agreement is only to bf16 precision. */

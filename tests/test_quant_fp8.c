@@ -5,7 +5,10 @@
  * (tests/fixtures/quant/fp8.safetensors, made by
  * tests/reference/make_quant_fixtures.py), every kernel set multiplies them
  * as those values, a row's outputs do not depend on the batch, and NaN
- * bytes and bad scales are refused. */
+ * bytes and bad scales are refused.  The loader (runtime/model_fp8.c) binds
+ * the fixtures' checkpoints per expert and stacked alike, refuses what is
+ * not the format by name, and the CPU backends read the rows in place
+ * (tests/test_forward.c compares the fp8 fixtures with transformers). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -14,6 +17,8 @@
 
 #include "runtime/gemm.h"
 #include "runtime/gemm_fast.h"
+#include "runtime/model_impl.h"
+#include "runtime/runner.h"
 #include "runtime/safetensors.h"
 #include "tests/testutil.h"
 
@@ -279,4 +284,250 @@ Test(quant_fp8, is_not_written_to_safetensors)
     cr_expect_neq(moe_safetensors_write(path, list, 1, NULL), MOE_OK);
     cr_expect(strstr(moe_last_error(), "bad dtype"), "%s", moe_last_error());
     unlink(path);
+}
+
+/* ---- loading (runtime/model_fp8.c) ---- */
+
+/* A copy of fixture `name`'s tensors in memory (in *h, configured as the
+ * fixture; not bound), but those whose names start with `skip`. */
+static void copy_fixture(struct moe_model *h, const char *name, const char *skip)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
+    struct moe_model src;
+    cr_assert_eq(moe_model_load(&src, dir), MOE_OK, "%s", moe_last_error());
+    memset(h, 0, sizeof *h);
+    h->cfg = src.cfg;
+    for (size_t i = 0; i < src.st.n_tensors; i++) {
+        const struct moe_st_tensor *t = &src.st.tensors[i];
+        if (skip && !strncmp(t->name, skip, strlen(skip))) continue;
+        void *d = malloc(t->nbytes ? t->nbytes : 1);
+        memcpy(d, t->data, t->nbytes);
+        cr_assert_eq(moe_safetensors_add(&h->st, t->name, t->dtype, t->ndim, t->shape, d), MOE_OK);
+    }
+    moe_model_free(&src);
+}
+
+/* Writable data of tensor `name` of h (in memory: copy_fixture). */
+static void *data_of(struct moe_model *h, const char *name)
+{
+    const struct moe_st_tensor *t = moe_safetensors_find(&h->st, name);
+    cr_assert(t, "%s missing", name);
+    return (void *)t->data;
+}
+
+/* Binding h fails with `status` and a message holding each needle. */
+static void expect_refused(struct moe_model *h, enum moe_status status, const char *n1, const char *n2)
+{
+    cr_expect_eq(moe_model_bind(h), status, "%s", moe_last_error());
+    cr_expect(strstr(moe_last_error(), n1), "'%s' not in: %s", n1, moe_last_error());
+    if (n2) cr_expect(strstr(moe_last_error(), n2), "'%s' not in: %s", n2, moe_last_error());
+    moe_model_free(h);
+}
+
+#define L0 "model.layers.0."
+
+Test(quant_fp8, nan_bytes_and_bad_scales_are_refused_at_load)
+{
+    struct moe_model h;
+    copy_fixture(&h, "qwen3_moe_fp8", NULL);
+    ((uint8_t *)data_of(&h, L0 "mlp.experts.3.down_proj.weight"))[5 * 128 + 17] = 0xff;
+    expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "mlp.experts.3.down_proj.weight' holds a NaN (byte 0xff)",
+                   "row 5, column 17");
+    copy_fixture(&h, "deepseek_v3_fp8", NULL); /* kv_b_proj, dequantized to F32, too */
+    ((uint8_t *)data_of(&h, L0 "self_attn.kv_b_proj.weight"))[200 * 128 + 3] = 0x7f;
+    expect_refused(&h, MOE_ERR_FORMAT, "kv_b_proj.weight' holds a NaN (byte 0x7f)", "row 200, column 3");
+    const float bad[] = {INFINITY, -INFINITY, NAN};
+    for (int i = 0; i < 3; i++) {
+        copy_fixture(&h, "qwen3_moe_fp8", NULL);
+        ((float *)data_of(&h, L0 "self_attn.o_proj.weight_scale_inv"))[1] = bad[i];
+        expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "self_attn.o_proj.weight_scale_inv' holds a scale that is "
+                       "not finite", "element 1");
+    }
+}
+
+Test(quant_fp8, scales_missing_or_of_the_wrong_shape_or_dtype_are_refused)
+{
+    struct moe_model h;
+    copy_fixture(&h, "qwen3_moe_fp8", L0 "self_attn.k_proj.weight_scale_inv");
+    expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "self_attn.k_proj.weight' is F8_E4M3 but its scales '" L0
+                   "self_attn.k_proj.weight_scale_inv' are missing", NULL);
+    /* q_proj (128, 256): scales (1, 2); (2, 2) and (1, 2, 1) are refused */
+    const int64_t shapes[][3] = {{2, 2, 0}, {1, 2, 1}};
+    for (int i = 0; i < 2; i++) {
+        copy_fixture(&h, "qwen3_moe_fp8", L0 "self_attn.q_proj.weight_scale_inv");
+        cr_assert_eq(moe_safetensors_add(&h.st, L0 "self_attn.q_proj.weight_scale_inv", MOE_DTYPE_F32, i ? 3 : 2,
+                                         shapes[i], calloc(4, sizeof(float))), MOE_OK);
+        expect_refused(&h, MOE_ERR_FORMAT, "q_proj.weight_scale_inv' has shape", "expected (1, 2) (blocks of 128 "
+                       "x 128 over '" L0 "self_attn.q_proj.weight' (128, 256))");
+    }
+    copy_fixture(&h, "qwen3_moe_fp8", L0 "self_attn.q_proj.weight_scale_inv");
+    cr_assert_eq(moe_safetensors_add(&h.st, L0 "self_attn.q_proj.weight_scale_inv", MOE_DTYPE_U8, 2,
+                                     (int64_t[]){1, 2}, calloc(2, 1)), MOE_OK);
+    expect_refused(&h, MOE_ERR_UNSUPPORTED, "q_proj.weight_scale_inv' has dtype U8", "E8M0");
+}
+
+Test(quant_fp8, fp8_outside_linear_weights_and_fp8_configs_is_refused)
+{
+    struct moe_model h;
+    /* a router (kept in bf16 by every fp8 checkpoint) */
+    copy_fixture(&h, "qwen3_moe_fp8", L0 "mlp.gate.weight");
+    cr_assert_eq(moe_safetensors_add(&h.st, L0 "mlp.gate.weight", MOE_DTYPE_F8E4M3, 2, (int64_t[]){8, 256},
+                                     calloc(8, 256)), MOE_OK);
+    expect_refused(&h, MOE_ERR_UNSUPPORTED, "'" L0 "mlp.gate.weight' is F8_E4M3; only Linear weights", NULL);
+    copy_fixture(&h, "qwen3_moe_fp8", "model.embed_tokens.weight");
+    cr_assert_eq(moe_safetensors_add(&h.st, "model.embed_tokens.weight", MOE_DTYPE_F8E4M3, 2,
+                                     (int64_t[]){256, 256}, calloc(256, 256)), MOE_OK);
+    expect_refused(&h, MOE_ERR_UNSUPPORTED, "'model.embed_tokens.weight' is F8_E4M3; only Linear", NULL);
+    /* F8_E4M3 in a checkpoint whose config says nothing of fp8 */
+    copy_fixture(&h, "qwen3_moe_fp8", NULL);
+    h.cfg.weights_fp8 = false;
+    expect_refused(&h, MOE_ERR_UNSUPPORTED, "is F8_E4M3 but config.json has no quantization_config", NULL);
+    /* K = 64 columns: FP8 rows hold whole blocks of 128 */
+    memset(&h, 0, sizeof h);
+    h.cfg.weights_fp8 = true;
+    cr_assert_eq(moe_safetensors_add(&h.st, "w.weight", MOE_DTYPE_F8E4M3, 2, (int64_t[]){4, 64}, calloc(4, 64)),
+                 MOE_OK);
+    cr_assert_eq(moe_safetensors_add(&h.st, "w.weight_scale_inv", MOE_DTYPE_F32, 2, (int64_t[]){1, 1},
+                                     calloc(1, 4)), MOE_OK);
+    struct moe_tensor t;
+    cr_expect_eq(moe_model_bind_linear(&h, &t, true, false, "w.weight", 2, 4, 64, 0), MOE_ERR_UNSUPPORTED);
+    cr_expect(strstr(moe_last_error(), "'w.weight' is F8_E4M3 with 64 columns; FP8 weights need a multiple of "
+                     "128"), "%s", moe_last_error());
+    /* ... unless the loader dequantizes it (MLA's kv_b_proj): then any K */
+    cr_expect_eq(moe_model_bind_linear(&h, &t, true, true, "w.weight", 2, 4, 64, 0), MOE_OK, "%s",
+                 moe_last_error());
+    cr_expect_eq(t.dtype, MOE_DTYPE_F32);
+    moe_model_free(&h);
+}
+
+/* The logits of the shared 20-token prompt for bound model m on backend
+ * `name` with weight quantization q. */
+static void prompt_logits(struct moe_model *m, const char *name, enum moe_weight_quant q, float *logits)
+{
+    struct moe_backend be;
+    cr_assert_eq(moe_backend_init(&be, name, 0), MOE_OK, "%s", moe_last_error());
+    be.quant = q;
+    struct moe_runner r;
+    struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 1, .max_logits = 64, .block_size = 8,
+                                .n_blocks = 32};
+    cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
+    int32_t prompt[20];
+    tu_prompt_logits(&r, m->cfg.vocab, prompt, logits);
+    moe_runner_free(&r);
+    moe_backend_free(&be);
+}
+
+/* qwen3_moe_fp8 with layer 0's experts restacked as transformers 5 names
+ * them: gate_up_proj (E, 2F, D) F8_E4M3 (gate rows first) with
+ * gate_up_proj_scale_inv (E, 2F/128, D/128), down_proj (E, D, F) with
+ * down_proj_scale_inv; in h, bound. */
+static void load_stacked(struct moe_model *h)
+{
+    struct moe_model src;
+    copy_fixture(&src, "qwen3_moe_fp8", NULL);
+    copy_fixture(h, "qwen3_moe_fp8", L0 "mlp.experts.");
+    const int64_t E = h->cfg.n_experts, F = h->cfg.d_expert, D = h->cfg.d_model;
+    uint8_t *gu = malloc((size_t)(E * 2 * F * D)), *dn = malloc((size_t)(E * D * F));
+    float *gus = malloc((size_t)(E * 2 * F / 128 * D / 128) * 4), *dns = malloc((size_t)(E * D / 128 * F / 128) * 4);
+    const size_t mat = (size_t)(F * D), smat = (size_t)(F / 128 * D / 128);
+    for (int64_t e = 0; e < E; e++) {
+        const char *proj[] = {"gate_proj", "up_proj", "down_proj"};
+        for (int i = 0; i < 3; i++) {
+            char n[96], sn[128];
+            snprintf(n, sizeof n, L0 "mlp.experts.%lld.%s.weight", (long long)e, proj[i]);
+            snprintf(sn, sizeof sn, "%s_scale_inv", n);
+            memcpy(i < 2 ? gu + (size_t)(2 * e + i) * mat : dn + (size_t)e * mat, data_of(&src, n), mat);
+            memcpy(i < 2 ? gus + (size_t)(2 * e + i) * smat : dns + (size_t)e * smat, data_of(&src, sn), smat * 4);
+        }
+    }
+    moe_model_free(&src);
+    cr_assert_eq(moe_safetensors_add(&h->st, L0 "mlp.experts.gate_up_proj", MOE_DTYPE_F8E4M3, 3,
+                                     (int64_t[]){E, 2 * F, D}, gu), MOE_OK);
+    cr_assert_eq(moe_safetensors_add(&h->st, L0 "mlp.experts.gate_up_proj_scale_inv", MOE_DTYPE_F32, 3,
+                                     (int64_t[]){E, 2 * F / 128, D / 128}, gus), MOE_OK);
+    cr_assert_eq(moe_safetensors_add(&h->st, L0 "mlp.experts.down_proj", MOE_DTYPE_F8E4M3, 3,
+                                     (int64_t[]){E, D, F}, dn), MOE_OK);
+    cr_assert_eq(moe_safetensors_add(&h->st, L0 "mlp.experts.down_proj_scale_inv", MOE_DTYPE_F32, 3,
+                                     (int64_t[]){E, D / 128, F / 128}, dns), MOE_OK);
+    cr_assert_eq(moe_model_bind(h), MOE_OK, "%s", moe_last_error());
+}
+
+/* The stacked layout binds to the same weights as the per-expert one: the
+ * logits are the same bits, on either CPU backend. */
+Test(quant_fp8, stacked_experts_equal_per_expert)
+{
+    const int V = 256;
+    float *a = malloc((size_t)20 * V * 4), *b = malloc((size_t)20 * V * 4);
+    const char *backends[] = {"cpu-ref", "cpu"};
+    for (int i = 0; i < 2; i++) {
+        struct moe_model h;
+        copy_fixture(&h, "qwen3_moe_fp8", NULL);
+        cr_assert_eq(moe_model_bind(&h), MOE_OK, "%s", moe_last_error());
+        prompt_logits(&h, backends[i], MOE_QUANT_NONE, a);
+        moe_model_free(&h);
+        load_stacked(&h);
+        cr_expect_eq(h.layers[0].experts.dtype, MOE_DTYPE_FP8_B128);
+        prompt_logits(&h, backends[i], MOE_QUANT_NONE, b);
+        moe_model_free(&h);
+        cr_expect(memcmp(a, b, (size_t)20 * V * 4) == 0, "%s: stacked experts give other logits (max rel err %g)",
+                  backends[i], tu_max_rel_err(b, a, (size_t)20 * V));
+    }
+    free(a);
+    free(b);
+}
+
+/* What the loader makes: FP8_B128 for every Linear weight, the source's
+ * bf16 elsewhere, kv_b_proj split in F32; the CPU backends read the rows in
+ * place (neither repacked to panels nor requantized by --quantize q8_0,
+ * while the bf16 router still goes to panels), and agree. */
+Test(quant_fp8, backends_read_fp8_weights_in_place)
+{
+    const int V = 256;
+    float *ref = malloc((size_t)20 * V * 4), *fast = malloc((size_t)20 * V * 4);
+    const char *names[] = {"qwen3_moe_fp8", "deepseek_v3_fp8"};
+    for (int f = 0; f < 2; f++) {
+        struct moe_model m;
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, names[f]);
+        cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s", moe_last_error());
+        const struct moe_layer_weights *w0 = &m.layers[0], *w1 = &m.layers[1];
+        if (f == 0) {
+            cr_expect(w0->wq.dtype == MOE_DTYPE_FP8_B128 && w0->wk.dtype == MOE_DTYPE_FP8_B128 &&
+                      w0->wv.dtype == MOE_DTYPE_FP8_B128 && w0->wo.dtype == MOE_DTYPE_FP8_B128);
+            cr_expect_eq(w0->experts.dtype, MOE_DTYPE_FP8_B128);
+            cr_expect(w1->w_gate.dtype == MOE_DTYPE_FP8_B128 && w1->w_down.dtype == MOE_DTYPE_FP8_B128);
+            cr_expect_eq(w0->router.dtype, MOE_DTYPE_BF16);
+            cr_expect_eq(w0->q_norm.dtype, MOE_DTYPE_BF16);
+        } else {
+            cr_expect(w0->wq_a.dtype == MOE_DTYPE_FP8_B128 && w0->wq.dtype == MOE_DTYPE_FP8_B128 &&
+                      w0->wkv_a.dtype == MOE_DTYPE_FP8_B128 && w0->wo.dtype == MOE_DTYPE_FP8_B128);
+            cr_expect(w0->w_uk.dtype == MOE_DTYPE_F32 && w0->w_uv.dtype == MOE_DTYPE_F32);
+            cr_expect(w1->sh_gate.dtype == MOE_DTYPE_FP8_B128 && w1->sh_down.dtype == MOE_DTYPE_FP8_B128);
+            cr_expect_eq(w1->experts.dtype, MOE_DTYPE_FP8_B128);
+            cr_expect_eq(w1->router_bias.dtype, MOE_DTYPE_F32);
+        }
+        cr_expect_eq(m.embed.dtype, MOE_DTYPE_BF16);
+        cr_expect_eq(m.lm_head.dtype, MOE_DTYPE_BF16);
+        const struct moe_expert_weights *x = f == 0 ? &w0->experts : &w1->experts;
+        const void *wo = w0->wo.data, *ex = x->gate[0];
+        prompt_logits(&m, "cpu-ref", MOE_QUANT_Q8_0, ref);
+        cr_expect_eq(w0->wo.dtype, MOE_DTYPE_FP8_B128, "%s: not requantized", names[f]);
+        cr_expect(w0->wo.data == wo && x->gate[0] == ex && x->dtype == MOE_DTYPE_FP8_B128,
+                  "%s: read where the loader put them", names[f]);
+        cr_expect_eq(m.lm_head.dtype, MOE_DTYPE_Q8_0, "%s: the bf16 LM head still is", names[f]);
+        moe_model_free(&m);
+        if (moe_cpu_isa_detect() == MOE_CPU_ISA_REF) continue;
+        cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s", moe_last_error());
+        prompt_logits(&m, "cpu", MOE_QUANT_NONE, fast);
+        cr_expect_eq(m.layers[0].wo.dtype, MOE_DTYPE_FP8_B128, "%s: not repacked to panels", names[f]);
+        cr_expect_eq(m.lm_head.dtype, MOE_DTYPE_BF16_PANEL, "%s: bf16 weights still are", names[f]);
+        moe_model_free(&m);
+        cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s", moe_last_error());
+        prompt_logits(&m, "cpu-ref", MOE_QUANT_NONE, ref);
+        moe_model_free(&m);
+        cr_expect(tu_allclose(names[f], fast, ref, (size_t)20 * V, 1e-4f, 1e-3f), "%s: fast vs reference", names[f]);
+    }
+    free(ref);
+    free(fast);
 }
