@@ -492,53 +492,110 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
     z->params_active = other + expert_active;
 }
 
+/* A part of the model in moe_config_sizes: its parameters, and those of
+ * them stored otherwise than at the checkpoint's element size (FP8 or
+ * MXFP4 matrices, F32 tensors) with their bytes. */
+struct part {
+    int64_t params, other_params, other_bytes;
+};
+
+static void add_params(struct part *p, int64_t n) { p->params += n; }
+
+/* An (N, K) weight stored as dt (not the element size). */
+static void add_stored(struct part *p, int64_t N, int64_t K, enum moe_dtype dt)
+{
+    p->params += N * K;
+    p->other_params += N * K;
+    p->other_bytes += N * (int64_t)moe_dtype_row_bytes(dt, (size_t)K);
+}
+
+/* An (N, K) Linear weight: FP8_B128 in an fp8 checkpoint, else at es. */
+static void add_linear(struct part *p, const struct moe_config *c, int64_t N, int64_t K)
+{
+    if (c->weights_fp8) add_stored(p, N, K, MOE_DTYPE_FP8_B128);
+    else add_params(p, N * K);
+}
+
+static int64_t part_bytes(const struct part *p, int64_t es)
+{
+    return (p->params - p->other_params) * es + p->other_bytes;
+}
+
 void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_sizes *z)
 {
     memset(z, 0, sizeof *z);
     const int64_t D = c->d_model, V = c->vocab, Q = (int64_t)c->n_heads * c->head_dim,
                   KV = (int64_t)c->n_kv_heads * c->head_dim, E = c->n_experts, F = c->d_expert,
                   K = c->top_k, S = c->d_shared, Fd = c->d_ff;
-    int64_t embed = V * D, head = c->tie_embeddings ? 0 : V * D, norm = D, attn = 0, experts = 0,
-            active_experts = 0, shared = 0, router = 0, dense = 0, mxfp4 = 0;
+    struct part embed = {V * D, 0, 0}, head = {c->tie_embeddings ? 0 : V * D, 0, 0}, norm = {D, 0, 0},
+                attn = {0}, experts = {0}, shared = {0}, router = {0}, dense = {0};
+    int64_t active_experts = 0;
     for (int l = 0; l < c->n_layers; l++) {
         if (c->kv_lora_rank > 0) { /* MLA: q (LoRA or not), kv_a, its norm, kv_b, o */
             const int64_t H = c->n_heads, Rc = c->kv_lora_rank, Rq = c->q_lora_rank,
                           QK = c->qk_nope_dim + c->rope_dim, Vh = c->v_head_dim;
-            attn += (Rq > 0 ? Rq * D + Rq + H * QK * Rq : H * QK * D) + (Rc + c->rope_dim) * D + Rc +
-                    H * (c->qk_nope_dim + Vh) * Rc + D * H * Vh;
+            if (Rq > 0) {
+                add_linear(&attn, c, Rq, D);
+                add_params(&attn, Rq);
+                add_linear(&attn, c, H * QK, Rq);
+            } else {
+                add_linear(&attn, c, H * QK, D);
+            }
+            add_linear(&attn, c, Rc + c->rope_dim, D);
+            add_params(&attn, Rc);
+            /* kv_b_proj, split per head at load: F32 when dequantized from FP8 */
+            if (c->weights_fp8) add_stored(&attn, H * (c->qk_nope_dim + Vh), Rc, MOE_DTYPE_F32);
+            else add_params(&attn, H * (c->qk_nope_dim + Vh) * Rc);
+            add_linear(&attn, c, D, H * Vh);
         } else {
-            attn += 2 * Q * D + 2 * KV * D;
+            add_linear(&attn, c, Q, D);
+            add_linear(&attn, c, KV, D);
+            add_linear(&attn, c, KV, D);
+            add_linear(&attn, c, D, Q);
         }
-        if (c->qkv_bias) attn += Q + 2 * KV;
-        if (c->o_bias) attn += D;
-        if (c->qk_norm == MOE_QK_NORM_HEAD) attn += 2 * c->head_dim;
-        if (c->qk_norm == MOE_QK_NORM_FULL) attn += Q + KV;
-        if (c->attn_sinks) attn += c->n_heads;
-        norm += 2 * D;
+        if (c->qkv_bias) add_params(&attn, Q + 2 * KV);
+        if (c->o_bias) add_params(&attn, D);
+        if (c->qk_norm == MOE_QK_NORM_HEAD) add_params(&attn, 2 * c->head_dim);
+        if (c->qk_norm == MOE_QK_NORM_FULL) add_params(&attn, Q + KV);
+        if (c->attn_sinks) add_params(&attn, c->n_heads);
+        add_params(&norm, 2 * D);
         if (c->layer_moe[l]) {
-            experts += 3 * E * F * D + (c->expert_bias ? E * (2 * F + D) : 0);
-            if (c->experts_mxfp4) /* the matrices; biases stay at es */
-                mxfp4 += E * (2 * F * (int64_t)moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)D) +
-                              D * (int64_t)moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)F));
+            for (int64_t e = 0; e < E; e++) {
+                if (c->experts_mxfp4) {
+                    add_stored(&experts, 2 * F, D, MOE_DTYPE_MXFP4);
+                    add_stored(&experts, D, F, MOE_DTYPE_MXFP4);
+                } else {
+                    add_linear(&experts, c, 2 * F, D);
+                    add_linear(&experts, c, D, F);
+                }
+            }
+            if (c->expert_bias) add_params(&experts, E * (2 * F + D)); /* biases stay at es */
             active_experts += 3 * K * F * D + (c->expert_bias ? K * (2 * F + D) : 0);
-            router += E * D + (c->router_bias || c->router_logit_bias ? E : 0);
-            shared += S ? 3 * S * D + (c->shared_gate ? D : 0) : 0;
+            add_params(&router, E * D + (c->router_logit_bias ? E : 0));
+            if (c->router_bias) add_stored(&router, 1, E, MOE_DTYPE_F32); /* F32 in every checkpoint */
+            if (S) {
+                add_linear(&shared, c, 2 * S, D);
+                add_linear(&shared, c, D, S);
+                if (c->shared_gate) add_params(&shared, D);
+            }
         } else {
-            dense += 3 * Fd * D + (c->mlp_bias ? 2 * Fd + D : 0);
+            add_linear(&dense, c, 2 * Fd, D);
+            add_linear(&dense, c, D, Fd);
+            if (c->mlp_bias) add_params(&dense, 2 * Fd + D);
         }
     }
     const int64_t e = (int64_t)es;
-    z->bytes_embed = embed * e;
-    z->bytes_lm_head = head * e;
-    z->bytes_norm = norm * e;
-    z->bytes_attn = attn * e;
-    z->bytes_experts = c->experts_mxfp4 ? mxfp4 + (experts - 3 * E * F * D * moe_config_moe_layers(c)) * e
-                                        : experts * e;
-    z->bytes_shared = shared * e;
-    z->bytes_router = router * e;
-    z->bytes_dense_ffn = dense * e;
-    z->params_total = embed + head + norm + attn + experts + shared + router + dense;
-    z->params_active = z->params_total - experts + active_experts;
+    z->bytes_embed = part_bytes(&embed, e);
+    z->bytes_lm_head = part_bytes(&head, e);
+    z->bytes_norm = part_bytes(&norm, e);
+    z->bytes_attn = part_bytes(&attn, e);
+    z->bytes_experts = part_bytes(&experts, e);
+    z->bytes_shared = part_bytes(&shared, e);
+    z->bytes_router = part_bytes(&router, e);
+    z->bytes_dense_ffn = part_bytes(&dense, e);
+    z->params_total = embed.params + head.params + norm.params + attn.params + experts.params + shared.params +
+                      router.params + dense.params;
+    z->params_active = z->params_total - experts.params + active_experts;
     z->bytes_total = z->bytes_embed + z->bytes_lm_head + z->bytes_norm + z->bytes_attn +
                      z->bytes_experts + z->bytes_shared + z->bytes_router + z->bytes_dense_ffn;
 }

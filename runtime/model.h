@@ -116,8 +116,11 @@ struct moe_model_sizes {
 };
 /* From the loaded tensors (each part at its stored dtype). */
 void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *out);
-/* From the configuration alone, every weight elem_size bytes: what a
- * checkpoint of this shape holds, without building it. */
+/* From the configuration alone, every weight elem_size bytes but those the
+ * configuration stores otherwise (quantization_config: FP8 Linear weights
+ * at 1 + 4/128 bytes, MLA's kv_b_proj then F32 as loaded; MXFP4 experts at
+ * 17/32; the sigmoid router's choice bias in F32): what a checkpoint of
+ * this shape holds once loaded, without building it. */
 void moe_config_sizes(const struct moe_config *cfg, size_t elem_size, struct moe_model_sizes *out);
 
 #ifdef __cplusplus

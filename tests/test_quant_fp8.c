@@ -531,3 +531,55 @@ Test(quant_fp8, backends_read_fp8_weights_in_place)
     free(ref);
     free(fast);
 }
+
+/* moerun plan with an fp8 configuration: its FP8 parts at 1 + 4/128 bytes
+ * a weight, the embedding and the routers as stored (bf16); --quantize
+ * q8_0 requantizes only the bf16 LM head. */
+static double part_gib(const char *out, const char *name)
+{
+    const char *p = strstr(out, name);
+    cr_assert(p, "no %s line in: %s", name, out);
+    double v;
+    char unit[8];
+    cr_assert_eq(sscanf(p + strlen(name), " %lf %7s", &v, unit), 2);
+    return !strcmp(unit, "TiB") ? v * 1024 : !strcmp(unit, "GiB") ? v : !strcmp(unit, "MiB") ? v / 1024 : v / 1048576;
+}
+
+Test(quant_fp8, plan_predicts_fp8_sizes)
+{
+    char cmd[1024], a[8192], b[8192], q[8192];
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/qwen3-30b-a3b.json", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, a, sizeof a), 0);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/qwen3-30b-a3b-fp8.json", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, b, sizeof b), 0);
+    strcat(cmd, " --quantize q8_0");
+    cr_assert_eq(tu_run(cmd, q, sizeof q), 0);
+    const double fp8 = (1 + 4.0 / 128) / 2; /* against bf16 */
+    cr_expect(fabs(part_gib(b, "\n  experts") / part_gib(a, "\n  experts") - fp8) < 1e-3, "%s", b);
+    cr_expect(fabs(part_gib(b, "\n  attention") / part_gib(a, "\n  attention") - fp8) < 2e-3, "%s", b);
+    cr_expect(part_gib(b, "\n  embeddings") == part_gib(a, "\n  embeddings"));
+    cr_expect(part_gib(b, "\n  lm head") == part_gib(a, "\n  lm head"));
+    cr_expect(part_gib(b, "\n  router") == part_gib(a, "\n  router"));
+    cr_expect(part_gib(q, "\n  experts") == part_gib(b, "\n  experts"), "FP8 experts are not requantized");
+    cr_expect(part_gib(q, "\n  attention") == part_gib(b, "\n  attention"));
+    cr_expect(fabs(part_gib(q, "\n  lm head") / part_gib(b, "\n  lm head") - 9.0 / 16) < 1e-3);
+    /* DeepSeek-V3 as released: 649 GiB (its kv_b_proj in F32 once split) */
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/deepseek-v3-fp8.json", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, b, sizeof b), 0);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/deepseek-v3.json", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, a, sizeof a), 0);
+    cr_expect(fabs(part_gib(b, "\n  experts") / part_gib(a, "\n  experts") - fp8) < 1e-3, "%s", b);
+    cr_expect(fabs(part_gib(b, "weights") - 649.07) < 0.01, "%s", b);
+}
+
+Test(quant_fp8, inspect_reports_fp8_bytes)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s inspect %s/qwen3_moe_fp8", MOERUN_BINARY, FIXTURE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "fp8          Linear weights in E4M3 with a scale per 128 x 128 block"), "%s", out);
+    /* 8 experts x 3 x (128 x 256) weights x 132/128 bytes = 792 KiB */
+    cr_expect(strstr(out, "experts       792.00 KiB"), "%s", out);
+    cr_expect(strstr(out, "embeddings    128.00 KiB"), "bf16 as stored: %s", out);
+}
