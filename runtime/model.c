@@ -352,7 +352,7 @@ enum moe_status moe_model_bind(struct moe_model *m)
 {
     const struct moe_config *c = &m->cfg;
     int64_t V = c->vocab, D = c->d_model;
-    if ((c->family == MOE_FAMILY_GPT_OSS || c->kv_lora_rank > 0) && m->weights_deferred)
+    if ((c->family == MOE_FAMILY_GPT_OSS || c->kv_lora_rank > 0 || c->weights_fp8) && m->weights_deferred)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: weights made on the device are not supported "
                         "(some are rewritten on the host at load); use host synthetic weights",
                         c->architecture);

@@ -583,3 +583,33 @@ Test(quant_fp8, inspect_reports_fp8_bytes)
     cr_expect(strstr(out, "experts       792.00 KiB"), "%s", out);
     cr_expect(strstr(out, "embeddings    128.00 KiB"), "bf16 as stored: %s", out);
 }
+
+/* Synthetic weights of an fp8 configuration are FP8 as released (so that
+ * bench and plan agree), with about the configured standard deviation;
+ * weights made on the device are refused (they would need packing on the
+ * host). */
+Test(quant_fp8, synthetic_weights_of_an_fp8_config)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, FIXTURE_DIR "/qwen3_moe_fp8/config.json"), MOE_OK, "%s", moe_last_error());
+    struct moe_model m;
+    cr_assert_eq(moe_model_synthetic(&m, &cfg, MOE_DTYPE_BF16, 5), MOE_OK, "%s", moe_last_error());
+    const struct moe_layer_weights *w = &m.layers[0];
+    cr_expect(w->wq.dtype == MOE_DTYPE_FP8_B128 && w->experts.dtype == MOE_DTYPE_FP8_B128 &&
+              m.layers[1].w_down.dtype == MOE_DTYPE_FP8_B128);
+    cr_expect(w->router.dtype == MOE_DTYPE_BF16 && m.embed.dtype == MOE_DTYPE_BF16);
+    const int D = cfg.d_model, F = cfg.d_expert;
+    float *row = malloc((size_t)D * sizeof(float));
+    double sum = 0;
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, (size_t)D);
+    for (int r = 0; r < F; r++) {
+        moe_convert_row_f32(row, (const char *)w->experts.up[3] + (size_t)r * rb, MOE_DTYPE_FP8_B128, (size_t)D);
+        for (int k = 0; k < D; k++) sum += (double)row[k] * row[k];
+    }
+    const double std = sqrt(sum / ((double)F * D));
+    cr_expect(fabs(std / cfg.init_std - 1) < 0.05, "std %g, configured %g", std, cfg.init_std);
+    free(row);
+    moe_model_free(&m);
+    cr_expect_eq(moe_model_synthetic_deferred(&m, &cfg, MOE_DTYPE_BF16, 5), MOE_ERR_UNSUPPORTED);
+    cr_expect(strstr(moe_last_error(), "weights made on the device are not supported"), "%s", moe_last_error());
+}
