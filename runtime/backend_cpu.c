@@ -99,9 +99,10 @@ struct pack_item {
 };
 
 /* Only float matrices are repacked: Q8_0 and BF16_PANEL are already
- * packed, and MXFP4 (a checkpoint's own 4.25-bit format, gpt-oss experts)
- * is read in place by both backends, never widened to panels or
- * requantized to 9-bit Q8_0 by --quantize. */
+ * packed, and MXFP4 and FP8_B128 (checkpoints' own 4.25- and 8.25-bit
+ * formats: gpt-oss experts, fp8 checkpoints' Linear weights) are read in
+ * place by both backends, never widened to panels or requantized to 9-bit
+ * Q8_0 by --quantize. */
 static bool packable(enum pack_kind kind, enum moe_dtype dt, int64_t N, int64_t K)
 {
     if (N <= 0 || N > INT32_MAX || K <= 0 || K > INT32_MAX) return false;
@@ -168,8 +169,8 @@ static size_t pack_items(enum pack_kind kind, struct moe_model *m, struct pack_i
     return n;
 }
 
-/* The dtypes only this backend's prepare_model makes (MXFP4 is not one:
- * the loader makes it, in memory the model owns). */
+/* The dtypes only this backend's prepare_model makes (MXFP4 and FP8_B128
+ * are not: the loader makes them, in memory the model owns). */
 static bool packed_dtype(enum moe_dtype dt) { return dt == MOE_DTYPE_BF16_PANEL || dt == MOE_DTYPE_Q8_0; }
 
 /* A weight of m in panels or quantized, or NULL when it has none. */

@@ -68,6 +68,7 @@ struct cuda_ctx {
     int capturing;           /* 1 while recording */
     int replaying;           /* index + 1 of the graph graph_end launches */
     bool widened_mxfp4;     /* prepare_model widened MXFP4 experts to bf16 */
+    bool widened_fp8;       /* ... and FP8_B128 weights (fp8 checkpoints) */
 };
 
 static inline struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }

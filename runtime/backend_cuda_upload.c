@@ -1,7 +1,8 @@
 /* backend_cuda_upload.c - the CUDA backend's prepare_model: every weight
  * uploaded once in its stored dtype (or generated on the device for a
- * deferred synthetic model), experts stacked per layer into (E, 2F, D) and
- * (E, D, F) buffers, and the model's views rewritten to device pointers. */
+ * deferred synthetic model; MXFP4 and FP8 weights widened to bf16), experts
+ * stacked per layer into (E, 2F, D) and (E, D, F) buffers, and the model's
+ * views rewritten to device pointers. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,37 @@ static enum moe_status synth_view(struct moe_backend *be, const struct moe_model
                                    ones ? -1.0f : m->synth_std);
 }
 
+/* dst (bf16 on the device) = the src_bytes of host rows src in dt (MXFP4
+ * or FP8_B128) widened, through stage (device memory of src_bytes or more):
+ * a copy then a kernel on the backend's stream (runtime/ops_cuda.cu). */
+static enum moe_status widen_rows(struct moe_backend *be, void *dst, const void *src, size_t src_bytes,
+                                  enum moe_dtype dt, void *stage)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    MOE_CUDA_TRY(cudaMemcpyAsync(stage, src, src_bytes, cudaMemcpyHostToDevice, c->stream));
+    if (dt == MOE_DTYPE_MXFP4) return moe_ops_mxfp4_to_bf16_cuda(c->stream, dst, stage, src_bytes / MOE_MXFP4_BYTES);
+    MOE_ASSERT(dt == MOE_DTYPE_FP8_B128);
+    return moe_ops_fp8_to_bf16_cuda(c->stream, dst, stage, src_bytes / MOE_FP8_BYTES);
+}
+
+/* An FP8_B128 view (an fp8 checkpoint's attention, dense or shared FFN
+ * weight) widened to a bf16 device copy: the fp32 value of each weight,
+ * rounded once. */
+static enum moe_status upload_fp8_view(struct moe_backend *be, struct moe_tensor *t, size_t n, void **out)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const size_t K = (size_t)t->shape[t->ndim - 1], src = n / K * moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, K);
+    void *stage;
+    MOE_TRY(dev_buffer(be, n * 2, out));
+    MOE_CUDA_TRY(cudaMalloc(&stage, src));
+    enum moe_status s = widen_rows(be, *out, t->data, src, MOE_DTYPE_FP8_B128, stage);
+    const cudaError_t ce = cudaStreamSynchronize(c->stream);
+    cudaFree(stage);
+    if (s == MOE_OK && ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+    c->widened_fp8 = true;
+    return s;
+}
+
 static enum moe_status upload_view(struct moe_backend *be, const struct moe_model *m,
                                    struct moe_tensor *t, enum part part)
 {
@@ -54,15 +86,22 @@ static enum moe_status upload_view(struct moe_backend *be, const struct moe_mode
         if (c->up[i].host == t->data) {
             t->data = c->up[i].dev;
             t->device = c->device;
+            if (t->dtype == MOE_DTYPE_FP8_B128) t->dtype = MOE_DTYPE_BF16; /* widened */
             return MOE_OK;
         }
     int64_t n = moe_tensor_numel(t);
     if (n < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: bad tensor shape");
-    size_t bytes = (size_t)n * moe_dtype_size(t->dtype);
+    const bool fp8 = t->dtype == MOE_DTYPE_FP8_B128;
+    size_t bytes = (size_t)n * (fp8 ? 2 : moe_dtype_size(t->dtype));
     void *d;
-    MOE_TRY(dev_buffer(be, bytes, &d));
-    if (m->weights_deferred) MOE_TRY(synth_view(be, m, d, t->data, t->dtype, (size_t)n));
-    else MOE_CUDA_TRY(cudaMemcpy(d, t->data, bytes, cudaMemcpyHostToDevice));
+    if (fp8) {
+        MOE_TRY(upload_fp8_view(be, t, (size_t)n, &d));
+        t->dtype = MOE_DTYPE_BF16;
+    } else {
+        MOE_TRY(dev_buffer(be, bytes, &d));
+        if (m->weights_deferred) MOE_TRY(synth_view(be, m, d, t->data, t->dtype, (size_t)n));
+        else MOE_CUDA_TRY(cudaMemcpy(d, t->data, bytes, cudaMemcpyHostToDevice));
+    }
     if (c->n_up == c->cap_up) {
         size_t m = c->cap_up ? 2 * c->cap_up : 256;
         struct upload *u = realloc(c->up, m * sizeof *u);
@@ -77,16 +116,17 @@ static enum moe_status upload_view(struct moe_backend *be, const struct moe_mode
     return MOE_OK;
 }
 
-/* MXFP4 experts (gpt-oss) widened to bf16 on the device: each matrix's
- * blocks copied to a staging buffer, widened into the stacked (E, 2F, D) and
- * (E, D, F) buffers (exact: runtime/cuda_util.h).  Four times the bytes of
- * the 4.25-bit weights, for want of MXFP4 kernels on the GPU yet. */
-static enum moe_status widen_mxfp4_experts(struct moe_backend *be, struct moe_expert_weights *x, int E,
-                                           int D, int F, void *gu, void *dn)
+/* MXFP4 experts (gpt-oss) or FP8_B128 ones (fp8 checkpoints) widened to
+ * bf16 on the device: each matrix's rows copied to a staging buffer,
+ * widened into the stacked (E, 2F, D) and (E, D, F) buffers (MXFP4
+ * exactly; FP8 rounded once to bf16: runtime/cuda_util.h).  3.8x the bytes
+ * of the 4.25-bit MXFP4 weights, 1.9x those of FP8, for want of such
+ * kernels on the GPU yet. */
+static enum moe_status widen_experts(struct moe_backend *be, struct moe_expert_weights *x, int E, int D, int F,
+                                     void *gu, void *dn)
 {
     struct cuda_ctx *c = ctx_of(be);
-    const size_t rg = moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)D),
-                 rd = moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)F);
+    const size_t rg = moe_dtype_row_bytes(x->dtype, (size_t)D), rd = moe_dtype_row_bytes(x->dtype, (size_t)F);
     const size_t big = (size_t)F * rg > (size_t)D * rd ? (size_t)F * rg : (size_t)D * rd;
     void *stage;
     MOE_CUDA_TRY(cudaMalloc(&stage, big));
@@ -96,11 +136,7 @@ static enum moe_status widen_mxfp4_experts(struct moe_backend *be, struct moe_ex
         const void *src[3] = {x->gate[e], x->up[e], x->down[e]};
         char *dst[3] = {(char *)gu + 2 * mat * e, (char *)gu + 2 * mat * e + mat, (char *)dn + mat * e};
         const size_t bytes[3] = {(size_t)F * rg, (size_t)F * rg, (size_t)D * rd};
-        for (int i = 0; i < 3 && s == MOE_OK; i++) {
-            cudaError_t ce = cudaMemcpyAsync(stage, src[i], bytes[i], cudaMemcpyHostToDevice, c->stream);
-            s = ce == cudaSuccess ? moe_ops_mxfp4_to_bf16_cuda(c->stream, dst[i], stage, bytes[i] / MOE_MXFP4_BYTES)
-                                  : moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
-        }
+        for (int i = 0; i < 3 && s == MOE_OK; i++) s = widen_rows(be, dst[i], src[i], bytes[i], x->dtype, stage);
     }
     cudaError_t ce = cudaStreamSynchronize(c->stream);
     cudaFree(stage);
@@ -114,12 +150,14 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
                                       struct moe_expert_weights *x, int E, int D, int F)
 {
     struct cuda_ctx *c = ctx_of(be);
-    if (x->dtype == MOE_DTYPE_MXFP4) {
+    if (x->dtype == MOE_DTYPE_MXFP4 || x->dtype == MOE_DTYPE_FP8_B128) {
         const size_t mat = (size_t)F * D * 2;
         void *gu, *dn;
         MOE_TRY(dev_buffer(be, 2 * mat * (size_t)E, &gu));
         MOE_TRY(dev_buffer(be, mat * (size_t)E, &dn));
-        MOE_TRY(widen_mxfp4_experts(be, x, E, D, F, gu, dn));
+        MOE_TRY(widen_experts(be, x, E, D, F, gu, dn));
+        if (x->dtype == MOE_DTYPE_MXFP4) c->widened_mxfp4 = true;
+        else c->widened_fp8 = true;
         x->dtype = MOE_DTYPE_BF16;
         for (int e = 0; e < E; e++) {
             x->gate[e] = (const char *)gu + 2 * mat * e;
@@ -127,7 +165,6 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
             x->down[e] = (const char *)dn + mat * e;
         }
         c->part_bytes[P_EXPERTS] += 3 * mat * (size_t)E;
-        c->widened_mxfp4 = true;
         return MOE_OK;
     }
     const size_t es = moe_dtype_size(x->dtype), mat = (size_t)F * D * es;
@@ -201,7 +238,7 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     /* deduplicate within this model only: a later model's host data may
      * reuse an earlier one's (freed) addresses */
     c->n_up = 0;
-    c->widened_mxfp4 = false;
+    c->widened_mxfp4 = c->widened_fp8 = false;
     memset(c->part_bytes, 0, sizeof c->part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
     MOE_TRY(upload_view(be, m, &m->lm_head, cfg->tie_embeddings ? P_EMBED : P_HEAD));
@@ -243,5 +280,8 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     if (c->widened_mxfp4)
         fprintf(stderr, "moerun: cuda: MXFP4 experts widened to bf16 at upload (no MXFP4 kernels on "
                 "the GPU yet: 3.8x their bytes)\n");
+    if (c->widened_fp8)
+        fprintf(stderr, "moerun: cuda: FP8 weights widened to bf16 at upload (each rounded once; no FP8 "
+                "kernels on the GPU yet: 1.9x their bytes)\n");
     return MOE_OK;
 }

@@ -90,6 +90,9 @@ int moe_cli_inspect(int argc, char **argv)
                "limit %g); experts stored as %s\n", cfg->swiglu_alpha, cfg->swiglu_limit,
                m.layers && n_moe ? moe_dtype_name(m.layers[cfg->n_layers - 1].experts.dtype)
                : cfg->experts_mxfp4 ? "MXFP4" : "the weights' dtype");
+    if (cfg->weights_fp8)
+        printf("fp8          Linear weights in E4M3 with a scale per 128 x 128 block (1 + 4/128 bytes a "
+               "weight as loaded); routers, norms and embeddings as stored\n");
     if (cfg->sliding_window > 0) {
         int n = 0;
         for (int l = 0; l < cfg->n_layers; l++) n += cfg->layer_sliding[l];

@@ -53,7 +53,7 @@ static void usage(FILE *f)
             "  --synthetic CONFIG, --dtype T   a configuration instead of a checkpoint\n"
             "  --moe-top-k K    predict with K experts per token instead of the model's top-k\n"
             "  --quantize q8_0  predict with the weights --quantize q8_0 makes (9 bits each,\n"
-            "                   routers and the embedding as stored)\n");
+            "                   routers, the embedding, FP8 and MXFP4 weights as stored)\n");
 }
 
 static double cpu_peak_flops(void)
@@ -175,14 +175,21 @@ int moe_cli_plan(int argc, char **argv)
         moe_model_sizes(&m, &z);
     }
     const struct moe_config *cfg = &m.cfg;
-    if (quant == MOE_QUANT_Q8_0) { /* the parts --quantize q8_0 quantizes, at 9 bits per weight */
+    if (quant == MOE_QUANT_Q8_0) {
+        /* the parts --quantize q8_0 quantizes, at 9 bits per weight; FP8 and
+         * MXFP4 matrices are read as stored, never requantized */
+        struct moe_config plain = *cfg;
+        plain.weights_fp8 = plain.experts_mxfp4 = false;
         struct moe_model_sizes p;
-        moe_config_sizes(cfg, 1, &p); /* parameters per part */
+        moe_config_sizes(&plain, 1, &p); /* parameters per part */
         int64_t *parts[] = {&z.bytes_lm_head, &z.bytes_attn, &z.bytes_dense_ffn, &z.bytes_experts,
                             &z.bytes_shared};
         const int64_t params[] = {cfg->tie_embeddings ? p.bytes_embed : p.bytes_lm_head, p.bytes_attn,
                                   p.bytes_dense_ffn, p.bytes_experts, p.bytes_shared};
-        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) *parts[i] = params[i] * 9 / 8;
+        const bool as_stored[] = {false, cfg->weights_fp8, cfg->weights_fp8,
+                                  cfg->weights_fp8 || cfg->experts_mxfp4, cfg->weights_fp8};
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+            if (!as_stored[i]) *parts[i] = params[i] * 9 / 8;
         z.bytes_total = z.bytes_embed + z.bytes_lm_head + z.bytes_attn + z.bytes_dense_ffn +
                         z.bytes_experts + z.bytes_shared + z.bytes_router + z.bytes_norm;
     }

@@ -6,10 +6,12 @@
  * one ("rope_theta" + "rope_scaling") are read.  Anything that would change
  * the math and that we do not implement is refused by name. */
 #include "runtime/config.h"
+#include "runtime/tensor.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 static const struct {
     const char *arch;
@@ -245,9 +247,65 @@ static enum moe_status parse_mla(struct moe_config *c, json_t *root, const char 
     return MOE_OK;
 }
 
-/* quantization_config: gpt-oss's MXFP4 experts (read as stored, see
- * runtime/tensor.h) are the one scheme supported; any other would be read
- * as if its tensors were plain weights, so it is refused by name. */
+/* A string field of quantization_config q that must be absent or one of
+ * the allowed values (compared ignoring case, as transformers lowercases
+ * activation_scheme). */
+static enum moe_status quant_string(json_t *q, const char *what, const char *key, const char *allowed,
+                                    const char *why)
+{
+    json_t *v = json_object_get(q, key);
+    if (!v || json_is_null(v)) return MOE_OK;
+    const char *str = json_string_value(v);
+    if (!str) return moe_fail(MOE_ERR_FORMAT, "%s: quantization_config.%s must be a string", what, key);
+    for (const char *a = allowed; *a; a += strlen(a) + 1)
+        if (!strcasecmp(str, a)) return MOE_OK;
+    return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.%s '%s' is not supported (%s)", what, key,
+                    str, why);
+}
+
+/* fp8 (transformers' FineGrainedFP8Config): weight_block_size [128, 128]
+ * (its default when absent; null, per-tensor scales, and other sizes are
+ * refused), dynamic activation scaling, E4M3 weights, fp8 experts, float
+ * scales (ue8m0 ones too while stored as F32 or BF16: powers of two read
+ * as values), no FP8 embeddings.  Which weights are quantized is read from
+ * each tensor's dtype (runtime/model_fp8.c), so modules_to_not_convert /
+ * ignored_layers are not needed. */
+static enum moe_status parse_fp8(struct moe_config *c, json_t *q, const char *what)
+{
+    json_t *bs = json_object_get(q, "weight_block_size");
+    if (bs) {
+        json_t *b0 = json_array_get(bs, 0), *b1 = json_array_get(bs, 1);
+        if (json_is_null(bs))
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.weight_block_size null "
+                            "(per-tensor FP8 scales) is not supported (supported: [128, 128])", what);
+        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(b0) || !json_is_integer(b1))
+            return moe_fail(MOE_ERR_FORMAT, "%s: quantization_config.weight_block_size must be two "
+                            "integers", what);
+        if (json_integer_value(b0) != MOE_FP8_BLOCK || json_integer_value(b1) != MOE_FP8_BLOCK)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.weight_block_size [%lld, %lld] is "
+                            "not supported (supported: [128, 128])", what, (long long)json_integer_value(b0),
+                            (long long)json_integer_value(b1));
+    }
+    MOE_TRY(quant_string(q, what, "activation_scheme", "dynamic\0", "supported: dynamic; static "
+                         "activation scales are not read"));
+    MOE_TRY(quant_string(q, what, "fmt", "e4m3\0", "supported: e4m3"));
+    MOE_TRY(quant_string(q, what, "expert_dtype", "fp8\0", "supported: fp8"));
+    MOE_TRY(quant_string(q, what, "scale_fmt", "float\0ue8m0\0", "supported: float, ue8m0"));
+    json_t *conv = json_object_get(q, "modules_to_convert");
+    if (json_array_size(conv) > 0)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.modules_to_convert (FP8 embeddings) is "
+                        "not supported", what);
+    if (c->family == MOE_FAMILY_GPT_OSS)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.quant_method 'fp8' is not supported "
+                        "for gpt-oss (its experts: mxfp4 or float)", what);
+    c->weights_fp8 = true;
+    return MOE_OK;
+}
+
+/* quantization_config: gpt-oss's MXFP4 experts and the fp8 [128, 128]
+ * checkpoints (DeepSeek-V3, Qwen3-FP8; read as stored, see
+ * runtime/tensor.h) are the schemes supported; any other would be read as
+ * if its tensors were plain weights, so it is refused by name. */
 static enum moe_status parse_quantization(struct moe_config *c, json_t *root, const char *what)
 {
     json_t *q = json_object_get(root, "quantization_config");
@@ -256,9 +314,11 @@ static enum moe_status parse_quantization(struct moe_config *c, json_t *root, co
     if (!json_is_object(q) || !method)
         return moe_fail(MOE_ERR_FORMAT, "%s: quantization_config must be an object with a "
                         "quant_method", what);
+    if (!strcmp(method, "fp8")) return parse_fp8(c, q, what);
     if (strcmp(method, "mxfp4") || c->family != MOE_FAMILY_GPT_OSS)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.quant_method '%s' is not "
-                        "supported (supported: mxfp4 experts of gpt-oss)", what, method);
+                        "supported (supported: mxfp4 experts of gpt-oss, fp8 with [128, 128] blocks)",
+                        what, method);
     c->experts_mxfp4 = true;
     return MOE_OK;
 }

@@ -110,6 +110,9 @@ struct moe_config {
     float swiglu_alpha, swiglu_limit;
     bool experts_mxfp4; /* quantization_config mxfp4: expert matrices stored as MXFP4
                            (runtime/tensor.h), the rest as the checkpoint's float dtype */
+    bool weights_fp8;   /* quantization_config fp8, blocks [128, 128]: Linear weights may be
+                           stored as F8_E4M3 with a `weight_scale_inv` (runtime/model_fp8.c),
+                           bound as MOE_DTYPE_FP8_B128 */
     /* Router scoring (router/router.h): softmax over E, or (GLM-4.5,
      * DeepSeek-V3) sigmoid per expert, chosen by sigmoid + a per-expert
      * bias among the topk_group best of n_group expert groups, weighted by

@@ -86,6 +86,11 @@ enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dty
  * from scales past bf16's range, which overflow to inf as transformers'
  * bf16 dequantization does). */
 enum moe_status moe_ops_mxfp4_to_bf16_cuda(cudaStream_t st, void *dst, const void *src, size_t n_blocks);
+/* dst (n_blocks * 128 bf16 values) = FP8_B128 blocks src (n_blocks of
+ * MOE_FP8_BYTES: runtime/tensor.h): each value the fp32 product of its
+ * E4M3 byte and its block's scale (the CPU's weight), rounded to bf16 (as
+ * transformers' dequantization to a bf16 model). */
+enum moe_status moe_ops_fp8_to_bf16_cuda(cudaStream_t st, void *dst, const void *src, size_t n_blocks);
 /* ids (rows) = argmax of each row of x (rows, n): ties to the lower index,
  * NaN never wins (moe_argmax). */
 enum moe_status moe_ops_argmax_cuda(cudaStream_t st, int32_t *ids, const float *x, int rows, int n);

@@ -19,8 +19,10 @@
 
 /* 8 weights of dtype dt from element k, widened to fp32 (Q8_0: q * d, the
  * reference's products; MXFP4: the E2M1 values doubled to integers by a
- * byte shuffle, times half the block's scale, exact; k is a multiple of 8,
- * so within one block). */
+ * byte shuffle, times half the block's scale, exact; FP8_B128: each E4M3
+ * byte made the f16 of its value / 2^8 (gemm_fast_impl.h), widened by
+ * F16C, times 2^8 (exact: the E4M3 value), times the block's scale: the
+ * reference's product; k is a multiple of 8, so within one block). */
 AVX2 INLINE __m256 load_w8(const char *row, const enum moe_dtype dt, int k)
 {
     if (dt == MOE_DTYPE_F32) return _mm256_loadu_ps((const float *)row + k);
@@ -42,6 +44,14 @@ AVX2 INLINE __m256 load_w8(const char *row, const enum moe_dtype dt, int k)
         q = _mm_shuffle_epi8(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12), q);
         return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
                              _mm256_castsi256_ps(_mm256_set1_epi32((int)moe_e8m0_half_bits[blk[0]])));
+    }
+    if (dt == MOE_DTYPE_FP8_B128) {
+        const char *blk = row + (size_t)(k / MOE_FP8_BLOCK) * MOE_FP8_BYTES;
+        float s;
+        memcpy(&s, blk, 4);
+        const __m128i q = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(blk + 4 + k % MOE_FP8_BLOCK)));
+        const __m256 v = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(q, 7), _mm_set1_epi16(MOE_FP8_F16_MASK)));
+        return _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(256.0f)), _mm256_set1_ps(s));
     }
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + k));
     if (dt == MOE_DTYPE_BF16)
@@ -114,7 +124,8 @@ AVX2 void moe_gemm_rows_avx2(float *y, size_t ldy, const float *x, size_t ldx, i
     case MOE_DTYPE_F16: rows_dt(MOE_DTYPE_F16, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_Q8_0: rows_dt(MOE_DTYPE_Q8_0, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_MXFP4: rows_dt(MOE_DTYPE_MXFP4, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
-    default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16, BF16, Q8_0 or MXFP4");
+    case MOE_DTYPE_FP8_B128: rows_dt(MOE_DTYPE_FP8_B128, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
+    default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16, BF16, Q8_0, MXFP4 or FP8_B128");
     }
 }
 

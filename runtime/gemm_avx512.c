@@ -20,7 +20,8 @@
  * reference's products; MXFP4: each nibble, zero-extended to a 32-bit lane,
  * indexes a 16-float table of the doubled E2M1 values (vpermps reads the
  * low 4 bits, so no mask) and is multiplied by half the block's scale,
- * exact; k is a multiple of 16, so within one block).  For MXFP4 the float
+ * exact; FP8_B128: as gemm_avx2.c, 16 bytes at a time; k is a multiple of
+ * 16, so within one block).  For MXFP4 the float
  * table beats a byte shuffle then int -> float conversion by about 1.7x
  * (docs/performance.md). */
 AVX512 INLINE __m512 load_w16(const char *row, const enum moe_dtype dt, int k)
@@ -42,6 +43,15 @@ AVX512 INLINE __m512 load_w16(const char *row, const enum moe_dtype dt, int k)
         const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, -0.0f, -1, -2, -3, -4, -6, -8, -12);
         return _mm512_mul_ps(_mm512_permutexvar_ps(q, lut),
                              _mm512_castsi512_ps(_mm512_set1_epi32((int)moe_e8m0_half_bits[blk[0]])));
+    }
+    if (dt == MOE_DTYPE_FP8_B128) {
+        const char *blk = row + (size_t)(k / MOE_FP8_BLOCK) * MOE_FP8_BYTES;
+        float s;
+        memcpy(&s, blk, 4);
+        const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 4 + k % MOE_FP8_BLOCK)));
+        const __m512 v =
+            _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(q, 7), _mm256_set1_epi16(MOE_FP8_F16_MASK)));
+        return _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(256.0f)), _mm512_set1_ps(s));
     }
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
     if (dt == MOE_DTYPE_BF16)
@@ -116,6 +126,7 @@ AVX512 void moe_gemm_rows_avx512(float *y, size_t ldy, const float *x, size_t ld
     case MOE_DTYPE_F16: rows_dt(MOE_DTYPE_F16, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_Q8_0: rows_dt(MOE_DTYPE_Q8_0, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_MXFP4: rows_dt(MOE_DTYPE_MXFP4, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
-    default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16, BF16, Q8_0 or MXFP4");
+    case MOE_DTYPE_FP8_B128: rows_dt(MOE_DTYPE_FP8_B128, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
+    default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16, BF16, Q8_0, MXFP4 or FP8_B128");
     }
 }

@@ -1,11 +1,12 @@
 /* gemm_fast.h - the fast CPU kernels beside the reference (runtime/gemm.h).
  *
  * Same contract as moe_gemm_cpu: y (T, N) = x (T, Din) . W^T (+ b), W (N, Din)
- * row-major in F32, F16, BF16, Q8_0 or MXFP4 read in place.  The fast
- * kernels convert weights to fp32 in registers (bf16: u16 -> u32 shifted
- * left by 16; f16: F16C; Q8_0: int8 times the block's scale; MXFP4: a
- * nibble through a table, times the block's scale) and never into
- * memory, and compute a register-blocked tile of up to
+ * row-major in F32, F16, BF16, Q8_0, MXFP4 or FP8_B128 read in place.  The
+ * fast kernels convert weights to fp32 in registers (bf16: u16 -> u32
+ * shifted left by 16; f16: F16C; Q8_0: int8 times the block's scale;
+ * MXFP4: a nibble through a table, times the block's scale; FP8_B128: an
+ * E4M3 byte made an f16 by a shift and a mask, F16C, times the block's
+ * scale) and never into memory, and compute a register-blocked tile of up to
  * 4 input rows x several weight rows (up to 16 when there is one input row,
  * as in decode), so one pass over a weight row serves every input row of
  * the tile.

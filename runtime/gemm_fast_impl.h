@@ -40,3 +40,15 @@ void moe_scale_axpy_avx2(float *y, float s, float a, const float *x, int n);
 #define MOE_E8M0_HALF64(s) MOE_E8M0_HALF16(s), MOE_E8M0_HALF16(s + 16), MOE_E8M0_HALF16(s + 32), MOE_E8M0_HALF16(s + 48)
 static const uint32_t moe_e8m0_half_bits[256] = {MOE_E8M0_HALF64(0), MOE_E8M0_HALF64(64), MOE_E8M0_HALF64(128),
                                                  MOE_E8M0_HALF64(192)};
+
+/* E4M3 to f16, exactly, for F16C to widen: the byte sign-extended to 16
+ * bits and shifted left by 7 puts the sign in bit 15, the exponent in bits
+ * 10-13 and the mantissa in bits 7-9; clearing bit 14 (a copy of the sign)
+ * leaves the f16 whose value is the E4M3 value / 2^8, normal or subnormal
+ * alike (f16's exponent bias is 15, E4M3's 7; a subnormal E4M3 m * 2^-9 is
+ * the f16 subnormal m * 2^-17).  The kernels multiply by 2^8 (exact: the
+ * E4M3 value, at most 448) then by the block's scale: one rounding of the
+ * exact product, the reference's.  (Folding 2^8 into the scale instead
+ * saves a multiply but overflows past |scale| 2^120; measured 5-10% faster
+ * only, docs/performance.md.) */
+#define MOE_FP8_F16_MASK ((short)0xbf80)

@@ -31,9 +31,11 @@ static bool is_float_weight(enum moe_dtype t)
 }
 
 /* Binds `name` to *out, checking dtype and shape (ndim dims given). An absent
- * optional tensor leaves *out zeroed. */
-static enum moe_status bind(const struct moe_model *m, struct moe_tensor *out, bool required,
-                            const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2)
+ * optional tensor leaves *out zeroed.  F8_E4M3 is accepted for a Linear
+ * weight of an fp8 checkpoint only: packed (or, to_f32, dequantized) into
+ * memory m owns (runtime/model_fp8.c). */
+static enum moe_status bind_any(struct moe_model *m, struct moe_tensor *out, bool required, bool linear,
+                                bool to_f32, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2)
 {
     memset(out, 0, sizeof *out);
     const struct moe_st_tensor *t = moe_safetensors_find(&m->st, name);
@@ -51,10 +53,20 @@ static enum moe_status bind(const struct moe_model *m, struct moe_tensor *out, b
         return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' has shape %s, expected %s", name,
                         b, a);
     }
+    if (t->dtype == MOE_DTYPE_F8E4M3) {
+        if (!m->cfg.weights_fp8)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: tensor '%s' is F8_E4M3 but config.json has no "
+                            "quantization_config with quant_method fp8", name);
+        if (!linear)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: tensor '%s' is F8_E4M3; only Linear weights "
+                            "(attention, FFN and expert projections) may be FP8, not routers, norms or "
+                            "embeddings", name);
+        return moe_model_fp8_bind(m, t, name, to_f32, out);
+    }
     if (!is_float_weight(t->dtype))
         return moe_fail(MOE_ERR_UNSUPPORTED,
-                        "checkpoint: tensor '%s' has dtype %s (supported: F32, F16, BF16)", name,
-                        moe_dtype_name(t->dtype));
+                        "checkpoint: tensor '%s' has dtype %s (supported: F32, F16, BF16%s)", name,
+                        moe_dtype_name(t->dtype), linear && m->cfg.weights_fp8 ? ", F8_E4M3" : "");
     out->dtype = t->dtype;
     out->ndim = ndim;
     for (int i = 0; i < ndim; i++) out->shape[i] = want[i];
@@ -63,11 +75,31 @@ static enum moe_status bind(const struct moe_model *m, struct moe_tensor *out, b
     return MOE_OK;
 }
 
-enum moe_status moe_model_bind_tensor(const struct moe_model *m, struct moe_tensor *out,
+/* A weight that is not a Linear one (norms, embeddings, routers, biases). */
+static enum moe_status bind(struct moe_model *m, struct moe_tensor *out, bool required, const char *name,
+                            int ndim, int64_t d0, int64_t d1, int64_t d2)
+{
+    return bind_any(m, out, required, false, false, name, ndim, d0, d1, d2);
+}
+
+/* A Linear weight: F8_E4M3 ones packed to FP8_B128. */
+static enum moe_status bind_linear(struct moe_model *m, struct moe_tensor *out, bool required,
+                                   const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2)
+{
+    return bind_any(m, out, required, true, false, name, ndim, d0, d1, d2);
+}
+
+enum moe_status moe_model_bind_tensor(struct moe_model *m, struct moe_tensor *out,
                                       bool required, const char *name, int ndim, int64_t d0,
                                       int64_t d1, int64_t d2)
 {
     return bind(m, out, required, name, ndim, d0, d1, d2);
+}
+
+enum moe_status moe_model_bind_linear(struct moe_model *m, struct moe_tensor *out, bool required, bool to_f32,
+                                      const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2)
+{
+    return bind_any(m, out, required, true, to_f32, name, ndim, d0, d1, d2);
 }
 
 enum moe_status moe_model_own(struct moe_model *m, size_t bytes, void **out)
@@ -79,6 +111,17 @@ enum moe_status moe_model_own(struct moe_model *m, size_t bytes, void **out)
     if (!*out) return moe_fail(MOE_ERR_NOMEM, "model: %zu bytes for converted weights", bytes);
     m->owned[m->n_owned++] = *out;
     return MOE_OK;
+}
+
+void moe_model_disown(struct moe_model *m, void *p)
+{
+    for (size_t i = 0; i < m->n_owned; i++)
+        if (m->owned[i] == p) {
+            free(p);
+            m->owned[i] = m->owned[--m->n_owned];
+            return;
+        }
+    MOE_ASSERT(!"moe_model_disown: memory the model does not own");
 }
 
 enum moe_status moe_model_widen_f32(struct moe_model *m, struct moe_tensor *t)
@@ -109,13 +152,13 @@ static enum moe_status bind_attention(struct moe_model *m, int l, struct moe_lay
     NAMEF(n, "model.layers.%d.post_attention_layernorm.weight", l);
     MOE_TRY(bind(m, &w->ffn_norm, true, n, 1, D, 0, 0));
     NAMEF(n, "model.layers.%d.self_attn.q_proj.weight", l);
-    MOE_TRY(bind(m, &w->wq, true, n, 2, Q, D, 0));
+    MOE_TRY(bind_linear(m, &w->wq, true, n, 2, Q, D, 0));
     NAMEF(n, "model.layers.%d.self_attn.k_proj.weight", l);
-    MOE_TRY(bind(m, &w->wk, true, n, 2, KV, D, 0));
+    MOE_TRY(bind_linear(m, &w->wk, true, n, 2, KV, D, 0));
     NAMEF(n, "model.layers.%d.self_attn.v_proj.weight", l);
-    MOE_TRY(bind(m, &w->wv, true, n, 2, KV, D, 0));
+    MOE_TRY(bind_linear(m, &w->wv, true, n, 2, KV, D, 0));
     NAMEF(n, "model.layers.%d.self_attn.o_proj.weight", l);
-    MOE_TRY(bind(m, &w->wo, true, n, 2, D, Q, 0));
+    MOE_TRY(bind_linear(m, &w->wo, true, n, 2, D, Q, 0));
     if (c->qkv_bias) {
         NAMEF(n, "model.layers.%d.self_attn.q_proj.bias", l);
         MOE_TRY(bind(m, &w->bq, true, n, 1, Q, 0, 0));
@@ -145,11 +188,11 @@ static enum moe_status bind_dense_ffn(struct moe_model *m, int l, struct moe_lay
     char n[NAME_MAX_LEN];
     int64_t D = c->d_model, F = c->d_ff;
     NAMEF(n, "model.layers.%d.mlp.gate_proj.weight", l);
-    MOE_TRY(bind(m, &w->w_gate, true, n, 2, F, D, 0));
+    MOE_TRY(bind_linear(m, &w->w_gate, true, n, 2, F, D, 0));
     NAMEF(n, "model.layers.%d.mlp.up_proj.weight", l);
-    MOE_TRY(bind(m, &w->w_up, true, n, 2, F, D, 0));
+    MOE_TRY(bind_linear(m, &w->w_up, true, n, 2, F, D, 0));
     NAMEF(n, "model.layers.%d.mlp.down_proj.weight", l);
-    MOE_TRY(bind(m, &w->w_down, true, n, 2, D, F, 0));
+    MOE_TRY(bind_linear(m, &w->w_down, true, n, 2, D, F, 0));
     if (c->mlp_bias) {
         NAMEF(n, "model.layers.%d.mlp.gate_proj.bias", l);
         MOE_TRY(bind(m, &w->b_gate, true, n, 1, F, 0, 0));
@@ -189,14 +232,15 @@ static enum moe_status bind_stacked_experts(struct moe_model *m, const char *gu_
     x->down = calloc((size_t)E, sizeof *x->down);
     if (!x->gate || !x->up || !x->down) return moe_fail(MOE_ERR_NOMEM, "expert table");
     struct moe_tensor gu, dn;
-    MOE_TRY(bind(m, &gu, true, gu_name, 3, E, 2 * F, D));
-    MOE_TRY(bind(m, &dn, true, dn_name, 3, E, D, F));
+    MOE_TRY(bind_linear(m, &gu, true, gu_name, 3, E, 2 * F, D));
+    MOE_TRY(bind_linear(m, &dn, true, dn_name, 3, E, D, F));
     if (dn.dtype != gu.dtype)
         return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s and %s differ in dtype", dn_name, gu_name);
-    size_t es = moe_dtype_size(gu.dtype), mat = (size_t)F * (size_t)D * es;
+    const size_t gate = (size_t)F * moe_dtype_row_bytes(gu.dtype, (size_t)D),
+                 down = (size_t)D * moe_dtype_row_bytes(dn.dtype, (size_t)F);
     for (int64_t e = 0; e < E; e++) {
-        const char *g = (const char *)gu.data + (size_t)e * 2 * mat;
-        MOE_TRY(set_expert(x, (int)e, &gu, g, g + mat, (const char *)dn.data + (size_t)e * mat, dn_name));
+        const char *g = (const char *)gu.data + (size_t)e * 2 * gate;
+        MOE_TRY(set_expert(x, (int)e, &gu, g, g + gate, (const char *)dn.data + (size_t)e * down, dn_name));
     }
     return MOE_OK;
 }
@@ -225,13 +269,13 @@ static enum moe_status bind_experts(struct moe_model *m, int l, const char *blk,
         const char *gn = mixtral_names ? "w1" : "gate_proj", *un = mixtral_names ? "w3" : "up_proj",
                    *dn = mixtral_names ? "w2" : "down_proj";
         NAMEF(n, "model.layers.%d.%s.experts.%lld.%s.weight", l, blk, (long long)e, gn);
-        MOE_TRY(bind(m, &g, true, n, 2, F, D, 0));
+        MOE_TRY(bind_linear(m, &g, true, n, 2, F, D, 0));
         NAMEF(n, "model.layers.%d.%s.experts.%lld.%s.weight", l, blk, (long long)e, un);
-        MOE_TRY(bind(m, &u, true, n, 2, F, D, 0));
+        MOE_TRY(bind_linear(m, &u, true, n, 2, F, D, 0));
         if (u.dtype != g.dtype)
             return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s differs in dtype from its gate", n);
         NAMEF(n, "model.layers.%d.%s.experts.%lld.%s.weight", l, blk, (long long)e, dn);
-        MOE_TRY(bind(m, &d, true, n, 2, D, F, 0));
+        MOE_TRY(bind_linear(m, &d, true, n, 2, D, F, 0));
         if (d.dtype != g.dtype)
             return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s differs in dtype from its gate", n);
         MOE_TRY(set_expert(x, (int)e, &g, g.data, u.data, d.data, n));
@@ -256,12 +300,12 @@ static enum moe_status bind_granite_moe(struct moe_model *m, int l, struct moe_l
     if (S == 0) return MOE_OK;
     struct moe_tensor gu;
     NAMEF(n, "model.layers.%d.shared_mlp.input_linear.weight", l);
-    MOE_TRY(bind(m, &gu, true, n, 2, 2 * S, D, 0));
+    MOE_TRY(bind_linear(m, &gu, true, n, 2, 2 * S, D, 0));
     w->sh_gate = w->sh_up = gu;
     w->sh_gate.shape[0] = w->sh_up.shape[0] = S;
-    w->sh_up.data = (char *)gu.data + (size_t)S * (size_t)D * moe_dtype_size(gu.dtype);
+    w->sh_up.data = (char *)gu.data + (size_t)S * moe_dtype_row_bytes(gu.dtype, (size_t)D);
     NAMEF(n, "model.layers.%d.shared_mlp.output_linear.weight", l);
-    return bind(m, &w->sh_down, true, n, 2, D, S, 0);
+    return bind_linear(m, &w->sh_down, true, n, 2, D, S, 0);
 }
 
 static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_weights *w)
@@ -291,11 +335,11 @@ static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_wei
         /* Qwen2-MoE: mlp.shared_expert; GLM-4.5 / DeepSeek: mlp.shared_experts */
         const char *sh = c->family == MOE_FAMILY_QWEN2_MOE ? "shared_expert" : "shared_experts";
         NAMEF(n, "model.layers.%d.mlp.%s.gate_proj.weight", l, sh);
-        MOE_TRY(bind(m, &w->sh_gate, true, n, 2, S, D, 0));
+        MOE_TRY(bind_linear(m, &w->sh_gate, true, n, 2, S, D, 0));
         NAMEF(n, "model.layers.%d.mlp.%s.up_proj.weight", l, sh);
-        MOE_TRY(bind(m, &w->sh_up, true, n, 2, S, D, 0));
+        MOE_TRY(bind_linear(m, &w->sh_up, true, n, 2, S, D, 0));
         NAMEF(n, "model.layers.%d.mlp.%s.down_proj.weight", l, sh);
-        MOE_TRY(bind(m, &w->sh_down, true, n, 2, D, S, 0));
+        MOE_TRY(bind_linear(m, &w->sh_down, true, n, 2, D, S, 0));
         if (c->shared_gate) {
             NAMEF(n, "model.layers.%d.mlp.shared_expert_gate.weight", l);
             MOE_TRY(bind(m, &w->sh_router, true, n, 2, 1, D, 0));
@@ -308,7 +352,7 @@ enum moe_status moe_model_bind(struct moe_model *m)
 {
     const struct moe_config *c = &m->cfg;
     int64_t V = c->vocab, D = c->d_model;
-    if ((c->family == MOE_FAMILY_GPT_OSS || c->kv_lora_rank > 0) && m->weights_deferred)
+    if ((c->family == MOE_FAMILY_GPT_OSS || c->kv_lora_rank > 0 || c->weights_fp8) && m->weights_deferred)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: weights made on the device are not supported "
                         "(some are rewritten on the host at load); use host synthetic weights",
                         c->architecture);
@@ -428,7 +472,8 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
     z->bytes_total = z->bytes_embed + z->bytes_lm_head + z->bytes_norm + z->bytes_attn +
                      z->bytes_dense_ffn + z->bytes_experts + z->bytes_router + z->bytes_shared;
     /* Parameters: count elements of every checkpoint tensor (MXFP4: two
-     * per byte of `_blocks`, none in `_scales`). */
+     * per byte of `_blocks`, none in `_scales`; fp8: none in
+     * `_scale_inv`). */
     int64_t n = 0;
     for (size_t i = 0; i < m->st.n_tensors; i++) {
         const struct moe_st_tensor *t = &m->st.tensors[i];
@@ -437,6 +482,7 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
         const size_t len = strlen(t->name);
         if (t->dtype == MOE_DTYPE_U8 && len > 7 && !strcmp(t->name + len - 7, "_blocks")) k *= 2;
         if (t->dtype == MOE_DTYPE_U8 && len > 7 && !strcmp(t->name + len - 7, "_scales")) k = 0;
+        if (len > 10 && !strcmp(t->name + len - 10, "_scale_inv")) k = 0; /* fp8 block scales */
         n += k;
     }
     other = n - expert_params;
@@ -446,53 +492,110 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
     z->params_active = other + expert_active;
 }
 
+/* A part of the model in moe_config_sizes: its parameters, and those of
+ * them stored otherwise than at the checkpoint's element size (FP8 or
+ * MXFP4 matrices, F32 tensors) with their bytes. */
+struct part {
+    int64_t params, other_params, other_bytes;
+};
+
+static void add_params(struct part *p, int64_t n) { p->params += n; }
+
+/* An (N, K) weight stored as dt (not the element size). */
+static void add_stored(struct part *p, int64_t N, int64_t K, enum moe_dtype dt)
+{
+    p->params += N * K;
+    p->other_params += N * K;
+    p->other_bytes += N * (int64_t)moe_dtype_row_bytes(dt, (size_t)K);
+}
+
+/* An (N, K) Linear weight: FP8_B128 in an fp8 checkpoint, else at es. */
+static void add_linear(struct part *p, const struct moe_config *c, int64_t N, int64_t K)
+{
+    if (c->weights_fp8) add_stored(p, N, K, MOE_DTYPE_FP8_B128);
+    else add_params(p, N * K);
+}
+
+static int64_t part_bytes(const struct part *p, int64_t es)
+{
+    return (p->params - p->other_params) * es + p->other_bytes;
+}
+
 void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_sizes *z)
 {
     memset(z, 0, sizeof *z);
     const int64_t D = c->d_model, V = c->vocab, Q = (int64_t)c->n_heads * c->head_dim,
                   KV = (int64_t)c->n_kv_heads * c->head_dim, E = c->n_experts, F = c->d_expert,
                   K = c->top_k, S = c->d_shared, Fd = c->d_ff;
-    int64_t embed = V * D, head = c->tie_embeddings ? 0 : V * D, norm = D, attn = 0, experts = 0,
-            active_experts = 0, shared = 0, router = 0, dense = 0, mxfp4 = 0;
+    struct part embed = {V * D, 0, 0}, head = {c->tie_embeddings ? 0 : V * D, 0, 0}, norm = {D, 0, 0},
+                attn = {0}, experts = {0}, shared = {0}, router = {0}, dense = {0};
+    int64_t active_experts = 0;
     for (int l = 0; l < c->n_layers; l++) {
         if (c->kv_lora_rank > 0) { /* MLA: q (LoRA or not), kv_a, its norm, kv_b, o */
             const int64_t H = c->n_heads, Rc = c->kv_lora_rank, Rq = c->q_lora_rank,
                           QK = c->qk_nope_dim + c->rope_dim, Vh = c->v_head_dim;
-            attn += (Rq > 0 ? Rq * D + Rq + H * QK * Rq : H * QK * D) + (Rc + c->rope_dim) * D + Rc +
-                    H * (c->qk_nope_dim + Vh) * Rc + D * H * Vh;
+            if (Rq > 0) {
+                add_linear(&attn, c, Rq, D);
+                add_params(&attn, Rq);
+                add_linear(&attn, c, H * QK, Rq);
+            } else {
+                add_linear(&attn, c, H * QK, D);
+            }
+            add_linear(&attn, c, Rc + c->rope_dim, D);
+            add_params(&attn, Rc);
+            /* kv_b_proj, split per head at load: F32 when dequantized from FP8 */
+            if (c->weights_fp8) add_stored(&attn, H * (c->qk_nope_dim + Vh), Rc, MOE_DTYPE_F32);
+            else add_params(&attn, H * (c->qk_nope_dim + Vh) * Rc);
+            add_linear(&attn, c, D, H * Vh);
         } else {
-            attn += 2 * Q * D + 2 * KV * D;
+            add_linear(&attn, c, Q, D);
+            add_linear(&attn, c, KV, D);
+            add_linear(&attn, c, KV, D);
+            add_linear(&attn, c, D, Q);
         }
-        if (c->qkv_bias) attn += Q + 2 * KV;
-        if (c->o_bias) attn += D;
-        if (c->qk_norm == MOE_QK_NORM_HEAD) attn += 2 * c->head_dim;
-        if (c->qk_norm == MOE_QK_NORM_FULL) attn += Q + KV;
-        if (c->attn_sinks) attn += c->n_heads;
-        norm += 2 * D;
+        if (c->qkv_bias) add_params(&attn, Q + 2 * KV);
+        if (c->o_bias) add_params(&attn, D);
+        if (c->qk_norm == MOE_QK_NORM_HEAD) add_params(&attn, 2 * c->head_dim);
+        if (c->qk_norm == MOE_QK_NORM_FULL) add_params(&attn, Q + KV);
+        if (c->attn_sinks) add_params(&attn, c->n_heads);
+        add_params(&norm, 2 * D);
         if (c->layer_moe[l]) {
-            experts += 3 * E * F * D + (c->expert_bias ? E * (2 * F + D) : 0);
-            if (c->experts_mxfp4) /* the matrices; biases stay at es */
-                mxfp4 += E * (2 * F * (int64_t)moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)D) +
-                              D * (int64_t)moe_dtype_row_bytes(MOE_DTYPE_MXFP4, (size_t)F));
+            for (int64_t e = 0; e < E; e++) {
+                if (c->experts_mxfp4) {
+                    add_stored(&experts, 2 * F, D, MOE_DTYPE_MXFP4);
+                    add_stored(&experts, D, F, MOE_DTYPE_MXFP4);
+                } else {
+                    add_linear(&experts, c, 2 * F, D);
+                    add_linear(&experts, c, D, F);
+                }
+            }
+            if (c->expert_bias) add_params(&experts, E * (2 * F + D)); /* biases stay at es */
             active_experts += 3 * K * F * D + (c->expert_bias ? K * (2 * F + D) : 0);
-            router += E * D + (c->router_bias || c->router_logit_bias ? E : 0);
-            shared += S ? 3 * S * D + (c->shared_gate ? D : 0) : 0;
+            add_params(&router, E * D + (c->router_logit_bias ? E : 0));
+            if (c->router_bias) add_stored(&router, 1, E, MOE_DTYPE_F32); /* F32 in every checkpoint */
+            if (S) {
+                add_linear(&shared, c, 2 * S, D);
+                add_linear(&shared, c, D, S);
+                if (c->shared_gate) add_params(&shared, D);
+            }
         } else {
-            dense += 3 * Fd * D + (c->mlp_bias ? 2 * Fd + D : 0);
+            add_linear(&dense, c, 2 * Fd, D);
+            add_linear(&dense, c, D, Fd);
+            if (c->mlp_bias) add_params(&dense, 2 * Fd + D);
         }
     }
     const int64_t e = (int64_t)es;
-    z->bytes_embed = embed * e;
-    z->bytes_lm_head = head * e;
-    z->bytes_norm = norm * e;
-    z->bytes_attn = attn * e;
-    z->bytes_experts = c->experts_mxfp4 ? mxfp4 + (experts - 3 * E * F * D * moe_config_moe_layers(c)) * e
-                                        : experts * e;
-    z->bytes_shared = shared * e;
-    z->bytes_router = router * e;
-    z->bytes_dense_ffn = dense * e;
-    z->params_total = embed + head + norm + attn + experts + shared + router + dense;
-    z->params_active = z->params_total - experts + active_experts;
+    z->bytes_embed = part_bytes(&embed, e);
+    z->bytes_lm_head = part_bytes(&head, e);
+    z->bytes_norm = part_bytes(&norm, e);
+    z->bytes_attn = part_bytes(&attn, e);
+    z->bytes_experts = part_bytes(&experts, e);
+    z->bytes_shared = part_bytes(&shared, e);
+    z->bytes_router = part_bytes(&router, e);
+    z->bytes_dense_ffn = part_bytes(&dense, e);
+    z->params_total = embed.params + head.params + norm.params + attn.params + experts.params + shared.params +
+                      router.params + dense.params;
+    z->params_active = z->params_total - experts.params + active_experts;
     z->bytes_total = z->bytes_embed + z->bytes_lm_head + z->bytes_norm + z->bytes_attn +
                      z->bytes_experts + z->bytes_shared + z->bytes_router + z->bytes_dense_ffn;
 }

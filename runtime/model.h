@@ -7,9 +7,11 @@
  * an expert-indexed table of (F, D) gate, (F, D) up and (D, F) down matrices,
  * whether the checkpoint stores one tensor per expert or 3-D stacked tensors
  * (transformers 5 `gate_up_proj` (E, 2F, D) and `down_proj` (E, D, F)).
- * gpt-oss's experts (runtime/model_gptoss.c) are the exception: stored
+ * gpt-oss's experts (runtime/model_gptoss.c) are an exception: stored
  * transposed with gate and up interleaved, or as MXFP4 blocks, they are
- * rewritten at load into memory the model owns. */
+ * rewritten at load into memory the model owns; so are the FP8 Linear
+ * weights of fp8 checkpoints (runtime/model_fp8.c), packed with their
+ * block scales into MOE_DTYPE_FP8_B128 rows. */
 #pragma once
 
 #include "runtime/config.h"
@@ -114,8 +116,11 @@ struct moe_model_sizes {
 };
 /* From the loaded tensors (each part at its stored dtype). */
 void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *out);
-/* From the configuration alone, every weight elem_size bytes: what a
- * checkpoint of this shape holds, without building it. */
+/* From the configuration alone, every weight elem_size bytes but those the
+ * configuration stores otherwise (quantization_config: FP8 Linear weights
+ * at 1 + 4/128 bytes, MLA's kv_b_proj then F32 as loaded; MXFP4 experts at
+ * 17/32; the sigmoid router's choice bias in F32): what a checkpoint of
+ * this shape holds once loaded, without building it. */
 void moe_config_sizes(const struct moe_config *cfg, size_t elem_size, struct moe_model_sizes *out);
 
 #ifdef __cplusplus

@@ -9,9 +9,11 @@
  * The query's and the key's rope values may be stored in interleaved pairs
  * (2i, 2i+1) (rope_interleave; always in V2); the forward pass reads them in
  * the rotate-half order through index tables (runtime/forward_mla.c), so the
- * projections are bound in place.  kv_b_proj is split at load into the two
- * per-head matrices the absorbed form needs, in memory the model owns:
- * w_uk (H, Rc, nope), each head's key rows transposed, and w_uv (H, v, Rc). */
+ * projections are bound in place (fp8 checkpoints: packed, model_fp8.c).
+ * kv_b_proj is split at load into the two per-head matrices the absorbed
+ * form needs, in memory the model owns: w_uk (H, Rc, nope), each head's key
+ * rows transposed, and w_uv (H, v, Rc), in its dtype (fp8: F32, the exact
+ * dequantized values). */
 #include <string.h>
 
 #include "runtime/model_impl.h"
@@ -53,26 +55,31 @@ enum moe_status moe_model_bind_mla(struct moe_model *m, int l, struct moe_layer_
     MOE_TRY(moe_model_bind_tensor(m, &w->ffn_norm, true, n, 1, D, 0, 0));
     if (Rq > 0) {
         NAMEF(n, "model.layers.%d.self_attn.q_a_proj.weight", l);
-        MOE_TRY(moe_model_bind_tensor(m, &w->wq_a, true, n, 2, Rq, D, 0));
+        MOE_TRY(moe_model_bind_linear(m, &w->wq_a, true, false, n, 2, Rq, D, 0));
         NAMEF(n, "model.layers.%d.self_attn.q_a_layernorm.weight", l);
         MOE_TRY(moe_model_bind_tensor(m, &w->q_a_norm, true, n, 1, Rq, 0, 0));
         NAMEF(n, "model.layers.%d.self_attn.q_b_proj.weight", l);
-        MOE_TRY(moe_model_bind_tensor(m, &w->wq, true, n, 2, H * QK, Rq, 0));
+        MOE_TRY(moe_model_bind_linear(m, &w->wq, true, false, n, 2, H * QK, Rq, 0));
     } else {
         NAMEF(n, "model.layers.%d.self_attn.q_proj.weight", l);
-        MOE_TRY(moe_model_bind_tensor(m, &w->wq, true, n, 2, H * QK, D, 0));
+        MOE_TRY(moe_model_bind_linear(m, &w->wq, true, false, n, 2, H * QK, D, 0));
     }
     NAMEF(n, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
-    MOE_TRY(moe_model_bind_tensor(m, &w->wkv_a, true, n, 2, Rc + R, D, 0));
+    MOE_TRY(moe_model_bind_linear(m, &w->wkv_a, true, false, n, 2, Rc + R, D, 0));
     NAMEF(n, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
     MOE_TRY(moe_model_bind_tensor(m, &w->kv_a_norm, true, n, 1, Rc, 0, 0));
     NAMEF(n, "model.layers.%d.self_attn.o_proj.weight", l);
-    MOE_TRY(moe_model_bind_tensor(m, &w->wo, true, n, 2, D, H * V, 0));
+    MOE_TRY(moe_model_bind_linear(m, &w->wo, true, false, n, 2, D, H * V, 0));
     struct moe_tensor kvb;
     NAMEF(n, "model.layers.%d.self_attn.kv_b_proj.weight", l);
-    MOE_TRY(moe_model_bind_tensor(m, &kvb, true, n, 2, H * (c->qk_nope_dim + V), Rc, 0));
+    const struct moe_st_tensor *src = moe_safetensors_find(&m->st, n);
+    /* FP8: dequantized to F32 (an exact copy, split below, then freed) */
+    MOE_TRY(moe_model_bind_linear(m, &kvb, true, true, n, 2, H * (c->qk_nope_dim + V), Rc, 0));
     MOE_TRY(split_kv_b(m, &kvb, w));
-    moe_safetensors_release(&m->st, kvb.data, (size_t)(H * (c->qk_nope_dim + V) * Rc) * moe_dtype_size(kvb.dtype),
-                            true);
+    if (src->dtype == MOE_DTYPE_F8E4M3)
+        moe_model_disown(m, kvb.data);
+    else
+        moe_safetensors_release(&m->st, kvb.data,
+                                (size_t)(H * (c->qk_nope_dim + V) * Rc) * moe_dtype_size(kvb.dtype), true);
     return MOE_OK;
 }

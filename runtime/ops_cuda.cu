@@ -258,6 +258,38 @@ extern "C" enum moe_status moe_ops_mxfp4_to_bf16_cuda(cudaStream_t st, void *dst
     return MOE_OK;
 }
 
+/* ---- FP8_B128 rows widened to bf16 (fp8 checkpoints at upload) ---- */
+
+/* An E4M3 byte's value, as moe_fp8_e4m3_to_f32 (runtime/tensor.h) computes
+ * it: normal values from their bits, subnormals m * 2^-9 (NaN bytes were
+ * refused at load). */
+static __device__ float e4m3_to_f32(uint8_t b)
+{
+    const int e = (b >> 3) & 15, m = b & 7;
+    const float f = e ? __int_as_float((e + 120) << 23 | m << 20) : (float)m * (1.0f / 512.0f);
+    return b & 0x80 ? -f : f;
+}
+
+/* One thread per value: the fp32 product q * scale (the CPU's value),
+ * rounded once to bf16. */
+static __global__ void fp8_to_bf16_kernel(__nv_bfloat16 *dst, const uint8_t *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint8_t *blk = src + i / MOE_FP8_BLOCK * MOE_FP8_BYTES;
+        const float s = *(const float *)blk; /* 4-aligned: blocks are 132 bytes */
+        dst[i] = __float2bfloat16_rn(e4m3_to_f32(blk[4 + i % MOE_FP8_BLOCK]) * s);
+    }
+}
+
+extern "C" enum moe_status moe_ops_fp8_to_bf16_cuda(cudaStream_t st, void *dst, const void *src, size_t n_blocks)
+{
+    if (n_blocks == 0) return MOE_OK;
+    const size_t n = n_blocks * MOE_FP8_BLOCK;
+    fp8_to_bf16_kernel<<<moe_cuda_blocks(n, 256), 256, 0, st>>>((__nv_bfloat16 *)dst, (const uint8_t *)src, n);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
 /* ---- argmax: one block per row ---- */
 
 __device__ __forceinline__ bool am_better(float a, int ia, float b, int ib)

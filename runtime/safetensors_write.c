@@ -42,7 +42,8 @@ static int dtype_rank(enum moe_dtype t)
     case MOE_DTYPE_COUNT:
     case MOE_DTYPE_BF16_PANEL:
     case MOE_DTYPE_Q8_0:
-    case MOE_DTYPE_MXFP4: break; /* not safetensors dtypes: the writer refuses them */
+    case MOE_DTYPE_MXFP4:
+    case MOE_DTYPE_FP8_B128: break; /* not safetensors dtypes: the writer refuses them */
     }
     return -1;
 }

@@ -11,7 +11,9 @@
  * from a counter-based generator keyed by (seed, tensor, chunk), so they do
  * not depend on the thread count.  gpt-oss is written as transformers keeps
  * it (experts transposed), or with MXFP4 experts as released when its
- * configuration's quantization_config says mxfp4. */
+ * configuration's quantization_config says mxfp4; an fp8 configuration gets
+ * its Linear weights in FP8 with 128 x 128 block scales, as released
+ * (add_fp8). */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -69,7 +71,25 @@ struct gen {
     float std;
     int index;
     bool deferred; /* 1-byte placeholders instead of weights */
+    bool fp8;      /* Linear weights as F8_E4M3 + scales (quantization_config fp8) */
 };
+
+static enum moe_status add_fp8(struct gen *g, int ndim, const int64_t *shape, const char *name);
+
+/* The Linear weights an fp8 checkpoint stores in FP8 (runtime/model_fp8.c
+ * binds them), by name: projections, stacked experts, Granite's fused
+ * ones; not routers, norms, embeddings or the LM head. */
+static bool fp8_linear_name(const char *name)
+{
+    static const char *const ends[] = {"_proj.weight", "_proj_with_mqa.weight", "experts.gate_up_proj",
+                                       "experts.down_proj", "_linear.weight"};
+    const size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
+        const size_t e = strlen(ends[i]);
+        if (n >= e && !strcmp(name + n - e, ends[i])) return true;
+    }
+    return false;
+}
 
 static enum moe_status add(struct gen *g, bool ones, int ndim, int64_t d0, int64_t d1, int64_t d2,
                            const char *fmt, ...) MOE_PRINTF(7, 8);
@@ -83,6 +103,7 @@ static enum moe_status add(struct gen *g, bool ones, int ndim, int64_t d0, int64
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     int64_t shape[3] = {d0, d1, d2};
+    if (g->fp8 && !g->deferred && !ones && fp8_linear_name(name)) return add_fp8(g, ndim, shape, name);
     size_t n = 1, bytes;
     for (int i = 0; i < ndim; i++)
         if (!moe_mul_size(n, (size_t)shape[i], &n))
@@ -134,6 +155,51 @@ static enum moe_status add_mxfp4(struct gen *g, int64_t E, int64_t N, int64_t K,
     }
     snprintf(name, sizeof name, "%s_scales", prefix);
     return moe_safetensors_add(g->st, name, MOE_DTYPE_U8, 3, sshape, sc);
+}
+
+/* An fp8 checkpoint's Linear weight (N, K), or a stack (E, N, K): `name`
+ * F8_E4M3 of random codes (sign, exponent 2^-2 .. 2^2, mantissa uniform:
+ * rms 3.03) and its scales (.., ceil(N/128), ceil(K/128)) F32, each std /
+ * rms, so the weights have about the configuration's standard deviation
+ * (as add_mxfp4). */
+static enum moe_status add_fp8(struct gen *g, int ndim, const int64_t *shape, const char *name)
+{
+    const int64_t B = ndim == 3 ? shape[0] : 1, N = shape[ndim - 2], K = shape[ndim - 1];
+    const int64_t sshape[3] = {B, (N + 127) / 128, (K + 127) / 128};
+    size_t nq, ns;
+    if (!moe_mul_size((size_t)(B * N), (size_t)K, &nq) ||
+        !moe_mul_size((size_t)B, (size_t)(sshape[1] * sshape[2]), &ns))
+        return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: size overflows", name);
+    uint8_t *q = malloc(nq ? nq : 1);
+    float *sc = malloc(ns ? ns * sizeof(float) : 1);
+    if (!q || !sc) {
+        free(q), free(sc);
+        return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: cannot allocate %zu bytes", name, nq);
+    }
+    double sum = 0; /* mean square of the codes drawn */
+    for (int e = 5; e <= 9; e++)
+        for (int m = 0; m < 8; m++) sum += pow(moe_fp8_e4m3_to_f32((uint8_t)(e << 3 | m)), 2);
+    const float scale = (float)(g->std / sqrt(sum / 40));
+    uint64_t st = moe_synth_key(g->seed, g->index++);
+    for (size_t i = 0; i < nq; i++) {
+        st += 0x9e3779b97f4a7c15ull;
+        const uint64_t r = mix64(st);
+        q[i] = (uint8_t)((r & 0x80) | (5 + (r >> 8) % 5) << 3 | (r >> 16 & 7));
+    }
+    for (size_t i = 0; i < ns; i++) sc[i] = scale;
+    char sname[288];
+    const size_t len = strlen(name);
+    if (len > 7 && !strcmp(name + len - 7, ".weight"))
+        snprintf(sname, sizeof sname, "%.*s.weight_scale_inv", (int)(len - 7), name);
+    else
+        snprintf(sname, sizeof sname, "%s_scale_inv", name);
+    const int off = ndim == 3 ? 0 : 1; /* 2-D: the grid without the stack dimension */
+    enum moe_status s = moe_safetensors_add(g->st, name, MOE_DTYPE_F8E4M3, ndim, shape, q);
+    if (s != MOE_OK) {
+        free(sc);
+        return s;
+    }
+    return moe_safetensors_add(g->st, sname, MOE_DTYPE_F32, ndim, sshape + off, sc);
 }
 
 /* DeepSeek's multi-head latent attention (runtime/model_deepseek.c). */
@@ -203,7 +269,7 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
     if (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16)
         return moe_fail(MOE_ERR_INVALID_ARG, "synthetic weights: dtype %s (use F32, F16 or BF16)",
                         moe_dtype_name(dt));
-    struct gen g = {st, dt, seed, c->init_std > 0 ? c->init_std : 0.02f, 0, deferred};
+    struct gen g = {st, dt, seed, c->init_std > 0 ? c->init_std : 0.02f, 0, deferred, c->weights_fp8};
     const int64_t D = c->d_model, V = c->vocab, Q = (int64_t)c->n_heads * c->head_dim,
                   KV = (int64_t)c->n_kv_heads * c->head_dim, E = c->n_experts, F = c->d_expert;
     MOE_TRY(add(&g, false, 2, V, D, 0, "model.embed_tokens.weight"));

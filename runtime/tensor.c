@@ -26,6 +26,7 @@ size_t moe_dtype_size(enum moe_dtype t)
     if (t == MOE_DTYPE_BF16_PANEL) return 2; /* per element of the logical shape */
     if (t == MOE_DTYPE_Q8_0) return 1;       /* the int8 part; rows: moe_dtype_row_bytes */
     if (t == MOE_DTYPE_MXFP4) return 1;      /* as Q8_0 (a value is half a byte); rows: moe_dtype_row_bytes */
+    if (t == MOE_DTYPE_FP8_B128) return 1;   /* the E4M3 part; rows: moe_dtype_row_bytes */
     MOE_ASSERT((unsigned)t < MOE_DTYPE_COUNT);
     return dtype_info[t].size;
 }
@@ -34,6 +35,7 @@ size_t moe_dtype_row_bytes(enum moe_dtype t, size_t n)
 {
     if (t == MOE_DTYPE_Q8_0) return n / MOE_Q8_0_BLOCK * MOE_Q8_0_BYTES;
     if (t == MOE_DTYPE_MXFP4) return n / MOE_MXFP4_BLOCK * MOE_MXFP4_BYTES;
+    if (t == MOE_DTYPE_FP8_B128) return n / MOE_FP8_BLOCK * MOE_FP8_BYTES;
     return n * moe_dtype_size(t);
 }
 
@@ -42,6 +44,7 @@ const char *moe_dtype_name(enum moe_dtype t)
     if (t == MOE_DTYPE_BF16_PANEL) return "BF16_PANEL";
     if (t == MOE_DTYPE_Q8_0) return "Q8_0";
     if (t == MOE_DTYPE_MXFP4) return "MXFP4";
+    if (t == MOE_DTYPE_FP8_B128) return "FP8_B128";
     return (unsigned)t < MOE_DTYPE_COUNT ? dtype_info[t].name : "?";
 }
 
@@ -146,8 +149,32 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
             for (size_t j = 0; j < MOE_MXFP4_BLOCK; j++) dst[i + j] = moe_mxfp4_get(b, j);
         return;
     }
+    case MOE_DTYPE_FP8_B128: { /* exact: one rounding of q * s, as transformers' fp32 product */
+        const unsigned char *b = src;
+        MOE_ASSERT(n % MOE_FP8_BLOCK == 0);
+        for (size_t i = 0; i < n; i += MOE_FP8_BLOCK, b += MOE_FP8_BYTES) {
+            float s;
+            memcpy(&s, b, 4);
+            for (size_t j = 0; j < MOE_FP8_BLOCK; j++) dst[i + j] = moe_fp8_e4m3_to_f32(b[4 + j]) * s;
+        }
+        return;
+    }
     default: MOE_ASSERT(!"convert_row_f32: dtype is not a float weight type");
     }
+}
+
+bool moe_fp8_pack_row(void *dst, const uint8_t *q, const float *scales, size_t K)
+{
+    unsigned char *b = dst;
+    MOE_ASSERT(K % MOE_FP8_BLOCK == 0);
+    for (size_t g = 0; g < K / MOE_FP8_BLOCK; g++, b += MOE_FP8_BYTES, q += MOE_FP8_BLOCK) {
+        if (!moe_fp8_scale_ok(scales[g])) return false;
+        for (int j = 0; j < MOE_FP8_BLOCK; j++)
+            if ((q[j] & 0x7f) == 0x7f) return false; /* NaN */
+        memcpy(b, &scales[g], 4);
+        memcpy(b + 4, q, MOE_FP8_BLOCK);
+    }
+    return true;
 }
 
 bool moe_mxfp4_pack_row(void *dst, const uint8_t *blocks, const uint8_t *scales, size_t K)

@@ -12,8 +12,9 @@
  * dtype: every (data, dtype) pair that reaches a kernel says how to read the
  * bytes, and code that does not know the format stops at its "not a float
  * weight type" check instead of reading panels as rows; Q8_0 and MXFP4
- * blocks); the CPU backend computes in fp32 and reads F32, F16, BF16, Q8_0
- * and MXFP4 weights in place. */
+ * blocks, MXFP4 and block-scaled FP8 rows); the CPU backend computes in
+ * fp32 and reads F32, F16, BF16, Q8_0, MXFP4 and FP8_B128 weights in
+ * place. */
 #pragma once
 
 #include <stdbool.h>
@@ -86,12 +87,37 @@ enum moe_dtype {
      * repacked to panels or requantized by --quantize.  moe_dtype_size
      * says 1 (as Q8_0: rows take moe_dtype_row_bytes). */
     MOE_DTYPE_MXFP4,
+    /* Block-scaled FP8, as the official DeepSeek-V3/R1, Kimi-K2 and Qwen3
+     * "-FP8" checkpoints store their Linear weights (quantization_config
+     * quant_method "fp8", weight_block_size [128, 128]): a weight W (N, K)
+     * is `*.weight` F8_E4M3 (N, K) plus `*.weight_scale_inv` (ceil(N/128),
+     * ceil(K/128)) F32 or BF16, and W[n][k] = e4m3(q[n][k]) *
+     * scale_inv[n/128][k/128], computed in fp32 (transformers'
+     * Fp8Dequantize: q.to(float32) * scale; one rounding).  E4M3 is the
+     * "fn" variant: 1 sign bit, 4 exponent bits of bias 7, 3 mantissa
+     * bits, subnormals (exponent 0: m * 2^-9), no infinities, 0x7F and
+     * 0xFF NaN (refused at load); the largest value is 448.  Stored per
+     * row of K values (K a multiple of 128) as K/128 blocks of 132 bytes:
+     * the block's scale as f32 (the scale of the row's 128-row group and
+     * that column block, copied into each of the group's rows: 4 bytes
+     * per 128 weights, 3% over the checkpoint's byte a weight, so that
+     * any row is read alone and a matrix can be cut at any row), then the
+     * block's 128 E4M3 bytes as stored.  Made by moe_fp8_pack_row from a
+     * checkpoint row and its scale row (runtime/model_fp8.c); read by the
+     * CPU kernels (fast and reference), widened to bf16 at upload by CUDA,
+     * refused by the safetensors writer; never parsed from a file's dtype
+     * string (the checkpoint's own bytes are MOE_DTYPE_F8E4M3), never
+     * repacked to panels or requantized by --quantize.  moe_dtype_size
+     * says 1 (rows take moe_dtype_row_bytes). */
+    MOE_DTYPE_FP8_B128,
 };
 
 #define MOE_Q8_0_BLOCK 32 /* values per block */
 #define MOE_Q8_0_BYTES 36 /* bytes per block: f32 scale, 32 int8 */
 #define MOE_MXFP4_BLOCK 32 /* values per block */
 #define MOE_MXFP4_BYTES 17 /* bytes per block: E8M0 scale, 16 bytes of nibbles */
+#define MOE_FP8_BLOCK 128  /* values per block (and rows per scale group in a checkpoint) */
+#define MOE_FP8_BYTES 132  /* bytes per block: f32 scale, 128 E4M3 bytes */
 
 struct moe_tensor {
     enum moe_dtype dtype;
@@ -170,6 +196,44 @@ static inline float moe_mxfp4_get(const void *row, size_t k)
  * when a scale is 255 (NaN): the loader must refuse such a weight. */
 __attribute__((warn_unused_result)) bool moe_mxfp4_pack_row(void *dst, const uint8_t *blocks,
                                                             const uint8_t *scales, size_t K);
+
+/* The value of an E4M3 ("fn") byte as fp32, exactly: normal values from
+ * their bits, subnormals m * 2^-9, +-0, and a quiet NaN for 0x7F / 0xFF
+ * (the format has no infinities). */
+static inline float moe_fp8_e4m3_to_f32(uint8_t b)
+{
+    const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    float f;
+    if (e == 15 && m == 7) {
+        const uint32_t u = 0x7fc00000u;
+        memcpy(&f, &u, 4);
+    } else if (e) {
+        const uint32_t u = (e + 120) << 23 | m << 20;
+        memcpy(&f, &u, 4);
+    } else {
+        f = (float)m * 0x1p-9f;
+    }
+    return b & 0x80 ? -f : f;
+}
+/* Whether s may be a block scale of MOE_DTYPE_FP8_B128: finite (NaN and
+ * infinities would poison every product of the block). */
+static inline bool moe_fp8_scale_ok(float s) { return s - s == 0.0f; }
+/* Element k of a row of MOE_DTYPE_FP8_B128 blocks, as fp32. */
+static inline float moe_fp8_get(const void *row, size_t k)
+{
+    const unsigned char *blk = (const unsigned char *)row + k / MOE_FP8_BLOCK * MOE_FP8_BYTES;
+    float s;
+    memcpy(&s, blk, 4);
+    return moe_fp8_e4m3_to_f32(blk[4 + k % MOE_FP8_BLOCK]) * s;
+}
+/* Packs one row of K values (K a multiple of 128) to MOE_DTYPE_FP8_B128: q
+ * is the row's K E4M3 bytes (row n of a checkpoint's F8_E4M3 `*.weight`),
+ * scales its K/128 block scales (row n/128 of `*.weight_scale_inv`, as
+ * f32); dst takes moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, K) bytes.  False,
+ * dst unspecified, when a byte is NaN (0x7F, 0xFF) or a scale fails
+ * moe_fp8_scale_ok: the loader must refuse such a weight. */
+__attribute__((warn_unused_result)) bool moe_fp8_pack_row(void *dst, const uint8_t *q, const float *scales,
+                                                          size_t K);
 
 #ifdef __cplusplus
 }

@@ -297,19 +297,62 @@ Test(config, gpt_oss_defaults)
     cr_assert_float_eq(c.rms_eps, 1e-5f, 1e-12f);
 }
 
-Test(config, quantization_other_than_gpt_oss_mxfp4_is_refused)
+Test(config, quantization_other_than_mxfp4_and_fp8_is_refused)
 {
     struct moe_config c;
     cr_assert_eq(parse("{\"architectures\": [\"GptOssForCausalLM\"], " BASE
                        "\"quantization_config\": {\"quant_method\": \"mxfp4\"}}", &c), MOE_OK, "%s",
                  moe_last_error());
+    cr_assert(c.experts_mxfp4 && !c.weights_fp8);
     cr_assert_eq(parse("{\"architectures\": [\"Qwen3MoeForCausalLM\"], " BASE
                        "\"moe_intermediate_size\": 32, \"quantization_config\": "
-                       "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}}", &c),
-                 MOE_ERR_UNSUPPORTED);
-    cr_assert(strstr(moe_last_error(), "'fp8'"), "%s", moe_last_error());
+                       "{\"quant_method\": \"mxfp4\"}}", &c), MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "'mxfp4'"), "%s", moe_last_error());
+    cr_assert_eq(parse("{\"architectures\": [\"Qwen3MoeForCausalLM\"], " BASE
+                       "\"moe_intermediate_size\": 32, \"quantization_config\": "
+                       "{\"quant_method\": \"awq\", \"bits\": 4}}", &c), MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "'awq'"), "%s", moe_last_error());
     cr_assert_eq(parse("{\"architectures\": [\"GptOssForCausalLM\"], " BASE
                        "\"quantization_config\": [1]}", &c), MOE_ERR_FORMAT);
+}
+
+/* fp8 as DeepSeek-V3 and Qwen3-FP8 release it, and transformers'
+ * defaults; what would change the math is refused by name. */
+Test(config, fp8_block_128_is_read)
+{
+    struct moe_config c;
+    const char *qwen = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], " BASE
+                       "\"moe_intermediate_size\": 32, \"quantization_config\": ";
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+             "\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}}", qwen);
+    cr_assert_eq(parse(buf, &c), MOE_OK, "%s", moe_last_error());
+    cr_assert(c.weights_fp8 && !c.experts_mxfp4);
+    /* absent keys: transformers' defaults; DeepSeek-V3.1's ue8m0 scales */
+    snprintf(buf, sizeof buf, "%s{\"quant_method\": \"fp8\", \"scale_fmt\": \"ue8m0\", "
+             "\"activation_scheme\": \"DYNAMIC\", \"modules_to_not_convert\": [\"lm_head\"]}}", qwen);
+    cr_assert_eq(parse(buf, &c), MOE_OK, "%s", moe_last_error());
+    cr_assert(c.weights_fp8);
+    const struct { const char *q, *needle; enum moe_status s; } bad[] = {
+        {"\"weight_block_size\": [128, 64]", "[128, 64]", MOE_ERR_UNSUPPORTED},
+        {"\"weight_block_size\": [1, 32]", "[1, 32]", MOE_ERR_UNSUPPORTED},
+        {"\"weight_block_size\": null", "per-tensor", MOE_ERR_UNSUPPORTED},
+        {"\"weight_block_size\": [128]", "two integers", MOE_ERR_FORMAT},
+        {"\"activation_scheme\": \"static\"", "'static'", MOE_ERR_UNSUPPORTED},
+        {"\"fmt\": \"e5m2\"", "fmt 'e5m2'", MOE_ERR_UNSUPPORTED},
+        {"\"expert_dtype\": \"fp4\"", "expert_dtype 'fp4'", MOE_ERR_UNSUPPORTED},
+        {"\"scale_fmt\": \"e4m3\"", "scale_fmt 'e4m3'", MOE_ERR_UNSUPPORTED},
+        {"\"fmt\": 3", "fmt must be a string", MOE_ERR_FORMAT},
+        {"\"modules_to_convert\": [\"embed_tokens\"]", "FP8 embeddings", MOE_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(buf, sizeof buf, "%s{\"quant_method\": \"fp8\", %s}}", qwen, bad[i].q);
+        cr_expect_eq(parse(buf, &c), bad[i].s, "%s: %s", bad[i].q, moe_last_error());
+        cr_expect(strstr(moe_last_error(), bad[i].needle), "%s: %s", bad[i].q, moe_last_error());
+    }
+    cr_assert_eq(parse("{\"architectures\": [\"GptOssForCausalLM\"], " BASE
+                       "\"quantization_config\": {\"quant_method\": \"fp8\"}}", &c), MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "gpt-oss"), "%s", moe_last_error());
 }
 
 /* DeepSeek-V3's released config.json (without its fp8 quantization_config):
@@ -361,6 +404,6 @@ Test(config, deepseek_refusals_are_named)
     cr_assert_eq(parse(buf, &c), MOE_ERR_FORMAT);
     snprintf(buf, sizeof buf, "%s\"topk_method\": \"group_limited_greedy\"}", v2);
     cr_assert_eq(parse(buf, &c), MOE_ERR_FORMAT, "group_limited_greedy needs n_group");
-    snprintf(buf, sizeof buf, "%s\"quantization_config\": {\"quant_method\": \"fp8\"}}", v2);
+    snprintf(buf, sizeof buf, "%s\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}}", v2);
     cr_assert_eq(parse(buf, &c), MOE_ERR_UNSUPPORTED);
 }

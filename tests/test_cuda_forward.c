@@ -131,6 +131,9 @@ Test(cuda_forward, granitemoe_matches_cpu) { check_fixture("granitemoe", false);
 Test(cuda_forward, gpt_oss_matches_cpu) { check_fixture("gpt_oss", false); }
 Test(cuda_forward, gpt_oss_mxfp4_matches_cpu) { check_fixture("gpt_oss_mxfp4", true); }
 Test(cuda_forward, olmoe_bf16_matches_cpu) { check_fixture("olmoe", true); }
+/* FP8 weights widened to bf16 at upload (each rounded once): bf16
+ * tolerance.  (deepseek_v3_fp8: MLA runs on the CPU backends only.) */
+Test(cuda_forward, qwen3_moe_fp8_matches_cpu) { check_fixture("qwen3_moe_fp8", true); }
 Test(cuda_forward, llama_matches_cpu) { check_fixture("llama", false); }
 Test(cuda_forward, qwen2_matches_cpu) { check_fixture("qwen2", false); }
 Test(cuda_forward, qwen3_matches_cpu) { check_fixture("qwen3", false); }

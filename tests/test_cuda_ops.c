@@ -505,3 +505,48 @@ Test(cuda_ops, expert_load_counts_dispatches_by_layer)
     gpu.ops->dealloc(&gpu, dids);
     gpu.ops->dealloc(&gpu, dbuf);
 }
+
+/* N rows of an FP8_B128 matrix on the host and their bf16 widening on the
+ * device are the same weights: each the host's fp32 value rounded once. */
+static void expect_widened(const char *what, const void *host, const void *dev, int N, int K)
+{
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, (size_t)K);
+    uint16_t *got = malloc((size_t)N * K * 2);
+    float *row = malloc((size_t)K * sizeof(float));
+    to_host(got, dev, (size_t)N * K * 2);
+    int bad = 0;
+    for (int n = 0; n < N; n++) {
+        moe_convert_row_f32(row, (const char *)host + (size_t)n * rb, MOE_DTYPE_FP8_B128, (size_t)K);
+        for (int k = 0; k < K; k++) bad += got[(size_t)n * K + k] != moe_f32_to_bf16(row[k]);
+    }
+    fprintf(stderr, "parity: fp8 widening %s (%d, %d): %d weights differ\n", what, N, K, bad);
+    cr_expect_eq(bad, 0, "%s: %d of %d weights are not the host's fp32 value rounded to bf16", what, bad, N * K);
+    free(got);
+    free(row);
+}
+
+/* An fp8 checkpoint prepared on the GPU: attention, the dense FFN and every
+ * expert widened to bf16 at upload (fp8_to_bf16_kernel), bit for bit the
+ * CPU's weights rounded once. */
+Test(cuda_ops, fp8_weights_widen_to_bf16_at_upload)
+{
+    struct moe_model h, d;
+    cr_assert_eq(moe_model_load(&h, FIXTURE_DIR "/qwen3_moe_fp8"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_model_load(&d, FIXTURE_DIR "/qwen3_moe_fp8"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(gpu.ops->prepare_model(&gpu, &d), MOE_OK, "%s", moe_last_error());
+    const struct moe_layer_weights *a = &h.layers[0], *b = &d.layers[0];
+    const int D = h.cfg.d_model, F = h.cfg.d_expert, Fd = h.cfg.d_ff, Q = h.cfg.n_heads * h.cfg.head_dim,
+              KV = h.cfg.n_kv_heads * h.cfg.head_dim;
+    cr_expect(b->wq.dtype == MOE_DTYPE_BF16 && b->experts.dtype == MOE_DTYPE_BF16 && b->wq.device >= 0);
+    expect_widened("q_proj", a->wq.data, b->wq.data, Q, D);
+    expect_widened("k_proj", a->wk.data, b->wk.data, KV, D);
+    expect_widened("o_proj", a->wo.data, b->wo.data, D, Q);
+    expect_widened("dense down_proj", h.layers[1].w_down.data, d.layers[1].w_down.data, D, Fd);
+    for (int e = 0; e < h.cfg.n_experts; e++) {
+        expect_widened("expert gate", a->experts.gate[e], b->experts.gate[e], F, D);
+        expect_widened("expert up", a->experts.up[e], b->experts.up[e], F, D);
+        expect_widened("expert down", a->experts.down[e], b->experts.down[e], D, F);
+    }
+    moe_model_free(&d);
+    moe_model_free(&h);
+}

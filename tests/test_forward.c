@@ -155,6 +155,14 @@ Test(FORWARD_SUITE, gpt_oss_mxfp4_matches_transformers) { check_model("gpt_oss_m
  * mscale in the score scale; V3 with the q LoRA and the sigmoid router */
 Test(FORWARD_SUITE, deepseek_v2_matches_transformers) { check_model("deepseek_v2", 1e-4); }
 Test(FORWARD_SUITE, deepseek_v3_matches_transformers) { check_model("deepseek_v3", 1e-4); }
+/* fp8 checkpoints (quantization_config fp8, blocks of 128 x 128), read as
+ * released: F8_E4M3 Linear weights with F32 scales, BF16 elsewhere;
+ * transformers dequantizes them itself (tests/reference/make_fp8_fixtures.py).
+ * Qwen3-MoE: attention, experts and a dense FFN in FP8; DeepSeek-V3: MLA's
+ * projections (kv_a_proj_with_mqa's last row group short, kv_b_proj
+ * dequantized and split), dense and shared FFN, experts */
+Test(FORWARD_SUITE, qwen3_moe_fp8_matches_transformers) { check_model("qwen3_moe_fp8", 1e-4); }
+Test(FORWARD_SUITE, deepseek_v3_fp8_matches_transformers) { check_model("deepseek_v3_fp8", 1e-4); }
 
 /* transformers computing entirely in bf16 rounds every activation to 8 bits
  * of mantissa: agreement is only to bf16 precision. */
@@ -314,12 +322,13 @@ Test(FORWARD_SUITE, f16_weights_close_to_reference)
     fixture_close(&f);
 }
 
-/* Sizes computed from the configuration equal those of the loaded tensors. */
+/* Sizes computed from the configuration equal those of the loaded tensors
+ * (f32 checkpoints; the fp8 ones keep bf16 beside their FP8 weights). */
 Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
     const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe",
                            "granitemoe", "granite", "gpt_oss", "gpt_oss_mxfp4",
-                           "deepseek_v2", "deepseek_v3"};
+                           "deepseek_v2", "deepseek_v3", "qwen3_moe_fp8", "deepseek_v3_fp8"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, names[i]);
@@ -327,7 +336,7 @@ Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
         cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s", moe_last_error());
         struct moe_model_sizes a, b;
         moe_model_sizes(&m, &a);
-        moe_config_sizes(&m.cfg, 4, &b);
+        moe_config_sizes(&m.cfg, m.cfg.weights_fp8 ? 2 : 4, &b);
         cr_expect(memcmp(&a, &b, sizeof a) == 0,
                   "%s: loaded %lld params / %lld bytes, config says %lld / %lld", names[i],
                   (long long)a.params_total, (long long)a.bytes_total, (long long)b.params_total,

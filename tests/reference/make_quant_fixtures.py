@@ -27,8 +27,30 @@ Every byte value 0..255 occurs among the blocks.  Scale 254 makes the values
 of magnitude 2 and more overflow to inf, and scale 0 makes subnormals; both
 are what transformers computes.
 
-Python is only a fixture-making tool.  Usage: python tests/reference/make_quant_fixtures.py
+tests/fixtures/quant/fp8.safetensors: block-scaled FP8 (the DeepSeek-V3 /
+Qwen3-FP8 checkpoint format, weight_block_size [128, 128]) and its values as
+torch and transformers compute them:
+
+  e4m3          F8_E4M3 (256)   every byte 0..255
+  e4m3_f32      F32 (256)       torch's conversion .to(float32) (0x7F and
+                                0xFF are NaN: float8_e4m3fn has no inf)
+  NAME          F8_E4M3 (N, K)  a weight, random bytes, never NaN
+  NAME_scale_inv F32 or BF16 (ceil(N/128), ceil(K/128))
+  NAME_dequant  F32 (N, K)      transformers' _dequantize_fp8_weight (the
+                                dequantization of its FP8Linear: scale rows
+                                repeated 128 times and cut to N), in float32
+
+for NAME in FP8_SHAPES.  N = 200 and 130 leave a last row group of 72 and
+2 rows; the scales include 0, a subnormal (1e-40: products underflow), and
+1e36 (products past fp32's range are inf, as in torch); c's scales are BF16.  Where the grid
+divides N evenly transformers' CPU loader (Fp8Dequantize) gives the same
+values; for N = 200 it would split the rows 100 / 100 instead (its bug: see
+docs/models.md), so that tensor is checked against the grid of 128 only.
+
+Python is only a fixture-making tool.
+Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,mxfp4,fp8]
 """
+import argparse
 import importlib.metadata
 import os
 
@@ -40,6 +62,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 OUT = os.path.join(REPO, "tests", "fixtures", "quant", "q8_0.safetensors")
 OUT_MXFP4 = os.path.join(REPO, "tests", "fixtures", "quant", "mxfp4.safetensors")
 MXFP4_SHAPES = {"a": (3, 64), "b": (5, 96), "c": (7, 256)}
+OUT_FP8 = os.path.join(REPO, "tests", "fixtures", "quant", "fp8.safetensors")
+FP8_SHAPES = {"a": (5, 128, "F32"), "b": (200, 128, "F32"), "c": (130, 256, "BF16"), "d": (256, 128, "F32")}
 
 
 def make_q8_0():
@@ -106,9 +130,55 @@ def make_mxfp4():
     print(OUT_MXFP4, os.path.getsize(OUT_MXFP4), "bytes")
 
 
+def make_fp8():
+    import torch
+    import transformers
+    from safetensors.torch import save_file as save_torch
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize, _dequantize_fp8_weight
+
+    f8 = torch.float8_e4m3fn
+    g = torch.Generator().manual_seed(8)
+    allb = torch.arange(256, dtype=torch.uint8)
+    tensors = {"e4m3": allb.view(f8), "e4m3_f32": allb.view(f8).to(torch.float32)}
+    assert torch.isnan(tensors["e4m3_f32"][[0x7F, 0xFF]]).all()
+    assert int(torch.isnan(tensors["e4m3_f32"]).sum()) == 2
+    specials = [0.0, 1e-40, 1e36]
+    for i, (name, (n, k, sdt)) in enumerate(FP8_SHAPES.items()):
+        q = torch.randint(0, 256, (n, k), dtype=torch.uint8, generator=g)
+        q[(q & 0x7F) == 0x7F] = 0x3F  # never NaN
+        q = q.view(f8)
+        sn, sk = -(-n // 128), -(-k // 128)
+        s = torch.exp2(torch.empty(sn, sk).uniform_(-14, -2, generator=g)) * torch.empty(sn, sk).uniform_(
+            1, 2, generator=g)
+        if name == "b":  # the special scales in the full row group and the partial one
+            s[0, 0], s[1, 0] = specials[1:]
+        if name == "c":
+            s[1, 0] = specials[0]
+        s = s.to(torch.bfloat16) if sdt == "BF16" else s
+        deq = _dequantize_fp8_weight(q, s, [128, 128], torch.float32)
+        # an independent reading of the format: the same bits
+        mine = q.to(torch.float32) * s.to(torch.float32).repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+        assert torch.equal(mine.view(torch.int32), deq.view(torch.int32)), name
+        if n % sn == 0 and n // sn in (n, 128):  # transformers' CPU loader splits N evenly by the grid
+            dl = Fp8Dequantize(None)._dequantize_one(q, s, output_dtype=torch.float32)
+            assert torch.equal(dl.view(torch.int32), deq.view(torch.int32)), name
+        tensors[name] = q.contiguous()
+        tensors[name + "_scale_inv"] = s.contiguous()
+        tensors[name + "_dequant"] = deq.contiguous()
+    assert torch.isinf(tensors["b_dequant"]).any() and (tensors["c_dequant"][128:, :128] == 0).all()
+    save_torch(tensors, OUT_FP8, metadata={"made_by": "tests/reference/make_quant_fixtures.py",
+                                           "transformers": transformers.__version__,
+                                           "torch": torch.__version__})
+    print(OUT_FP8, os.path.getsize(OUT_FP8), "bytes")
+
+
 def main():
-    make_q8_0()
-    make_mxfp4()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="q8_0,mxfp4,fp8")
+    only = ap.parse_args().only.split(",")
+    for name, make in (("q8_0", make_q8_0), ("mxfp4", make_mxfp4), ("fp8", make_fp8)):
+        if name in only:
+            make()
 
 
 if __name__ == "__main__":
