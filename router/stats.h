@@ -151,7 +151,9 @@ struct moe_stats_meta {
     const char *dtype;         /* weight dtype for synthetic models, or NULL */
     const char *router_skew;   /* synthetic skew spec, or NULL */
     const char *trace_prefix;  /* where the trace went, or NULL */
-    int d_model, d_expert, weight_bytes; /* for the what-if byte counts */
+    int d_model, d_expert, weight_bytes; /* for the what-if byte counts; weight_bytes 0 for
+                                            block formats (MXFP4, FP8, Q8_0) */
+    int64_t expert_bytes;      /* one expert's three matrices as stored (0: unknown) */
 };
 /* New reference: the whole recorder as the documented JSON object. */
 json_t *moe_stats_to_json(const struct moe_stats *st, const struct moe_stats_meta *meta);

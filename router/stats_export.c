@@ -87,6 +87,7 @@ json_t *moe_stats_to_json(const struct moe_stats *st, const struct moe_stats_met
                                   i32_array(st->layers, st->Lm), "experts", st->E, "top_k", st->K,
                                   "d_model", mt->d_model, "d_expert", mt->d_expert, "weight_bytes",
                                   mt->weight_bytes));
+    json_object_set_new(json_object_get(root, "model"), "expert_bytes", json_integer(mt->expert_bytes));
     json_object_set_new(root, "config",
                         json_pack("{s:o, s:o, s:i, s:o, s:o, s:i, s:b}", "command",
                                   str_or_null(mt->command), "backend", str_or_null(mt->backend),

@@ -210,6 +210,7 @@ enum moe_status moe_stats_write_trace(const struct moe_stats *st, const struct m
         "tokens.npy int64 (tokens, 4)", "token_columns", "step", "request", "position", "decode");
     if (!j) return moe_fail(MOE_ERR_NOMEM, "trace: description");
     snprintf(path, sizeof path, "%s.trace.json", prefix);
+    if (j) json_object_set_new(j, "expert_bytes", json_integer(mt ? mt->expert_bytes : 0));
     int rc = json_dump_file(j, path, JSON_INDENT(1));
     json_decref(j);
     if (rc != 0) return moe_fail(MOE_ERR_IO, "%s: cannot write", path);

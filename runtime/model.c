@@ -521,6 +521,22 @@ static int64_t part_bytes(const struct part *p, int64_t es)
     return (p->params - p->other_params) * es + p->other_bytes;
 }
 
+int64_t moe_model_expert_bytes(const struct moe_model *m, int *weight_bytes)
+{
+    const struct moe_config *c = &m->cfg;
+    *weight_bytes = 0;
+    for (int l = 0; l < c->n_layers && m->layers; l++) {
+        const struct moe_expert_weights *x = &m->layers[l].experts;
+        if (!c->layer_moe[l] || !x->gate) continue;
+        if (x->dtype == MOE_DTYPE_F32 || x->dtype == MOE_DTYPE_F16 || x->dtype == MOE_DTYPE_BF16 ||
+            x->dtype == MOE_DTYPE_BF16_PANEL) /* panels: bf16 repacked */
+            *weight_bytes = (int)moe_dtype_size(x->dtype);
+        return 2 * (int64_t)c->d_expert * (int64_t)moe_dtype_row_bytes(x->dtype, (size_t)c->d_model) +
+               (int64_t)c->d_model * (int64_t)moe_dtype_row_bytes(x->dtype, (size_t)c->d_expert);
+    }
+    return 0;
+}
+
 void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_sizes *z)
 {
     memset(z, 0, sizeof *z);

@@ -116,6 +116,10 @@ struct moe_model_sizes {
 };
 /* From the loaded tensors (each part at its stored dtype). */
 void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *out);
+/* Bytes of one expert of the first MoE layer (gate, up, down as stored; 0
+ * for a dense model), and the bytes per weight of its dtype, 0 for a block
+ * format (MXFP4, FP8, Q8_0): what the statistics files record. */
+int64_t moe_model_expert_bytes(const struct moe_model *m, int *weight_bytes);
 /* From the configuration alone, every weight elem_size bytes but those the
  * configuration stores otherwise (quantization_config: FP8 Linear weights
  * at 1 + 4/128 bytes, MLA's kv_b_proj then F32 as loaded; MXFP4 experts at

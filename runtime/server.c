@@ -148,15 +148,14 @@ static enum MHD_Result expert_stats(struct MHD_Connection *c, struct srv *s, boo
         moe_stats_reset(&s->so.st);
         j = json_pack("{s:s, s:I}", "status", "ok", "resets", (json_int_t)s->so.st.resets);
     } else {
-        const struct moe_expert_weights *ex = NULL;
-        for (int l = 0; l < s->m.cfg.n_layers && !ex; l++)
-            if (s->m.cfg.layer_moe[l]) ex = &s->m.layers[l].experts;
+        int wb;
+        const int64_t eb = moe_model_expert_bytes(&s->m, &wb);
         struct moe_stats_meta meta = {.model = s->model_dir, .architecture = s->m.cfg.architecture,
                                       .command = "serve",
                                       .backend = s->be.ops ? s->be.ops->name : NULL,
                                       .threads = s->be.n_threads, .d_model = s->m.cfg.d_model,
                                       .d_expert = s->m.cfg.d_expert,
-                                      .weight_bytes = ex ? (int)moe_dtype_size(ex->dtype) : 0};
+                                      .weight_bytes = wb, .expert_bytes = eb};
         j = moe_stats_to_json(&s->so.st, &meta);
     }
     pthread_mutex_unlock(&s->stats_mu);

@@ -33,6 +33,7 @@ struct moe_sdata {
     int64_t tokens;      /* tokens (rows) covered */
     int64_t steps;
     int d_model, d_expert, weight_bytes; /* 0 when unknown */
+    int64_t expert_bytes;  /* one expert as stored; 0 when unknown (older files) */
     /* the trace itself (NULL for a statistics JSON) */
     int64_t N;           /* tokens in the trace */
     int32_t *ids;        /* (N, Lm, K) */

@@ -72,9 +72,8 @@ int moe_cli_stats_finish(struct moe_cli_stats *s, const struct moe_model *m,
 {
     if (!s->on) return 0;
     const struct moe_config *c = &m->cfg;
-    const struct moe_expert_weights *ex = NULL;
-    for (int l = 0; l < c->n_layers && !ex; l++)
-        if (c->layer_moe[l]) ex = &m->layers[l].experts;
+    int wb;
+    const int64_t eb = moe_model_expert_bytes(m, &wb);
     struct moe_stats_meta meta = {
         .model = mo->path ? mo->path : mo->synthetic,
         .architecture = c->architecture,
@@ -86,7 +85,8 @@ int moe_cli_stats_finish(struct moe_cli_stats *s, const struct moe_model *m,
         .trace_prefix = s->trace_prefix,
         .d_model = c->d_model,
         .d_expert = c->d_expert,
-        .weight_bytes = ex ? (int)moe_dtype_size(ex->dtype) : 0,
+        .weight_bytes = wb,
+        .expert_bytes = eb,
     };
     if (s->json_path && moe_stats_write_json(&s->st, &meta, s->json_path) != MOE_OK)
         return moe_cli_error(cmd, "%s", moe_last_error());

@@ -66,7 +66,13 @@ static enum moe_status model_fields(struct moe_sdata *d, json_t *obj, const char
     MOE_TRY(int_field(d, obj, where, "top_k", 0, 65536, true, &d->K));
     MOE_TRY(int_field(d, obj, where, "d_model", 0, INT32_MAX, false, &d->d_model));
     MOE_TRY(int_field(d, obj, where, "d_expert", 0, INT32_MAX, false, &d->d_expert));
-    return int_field(d, obj, where, "weight_bytes", 0, INT32_MAX, false, &d->weight_bytes);
+    MOE_TRY(int_field(d, obj, where, "weight_bytes", 0, INT32_MAX, false, &d->weight_bytes));
+    json_t *eb = json_object_get(obj, "expert_bytes"); /* absent in files before it */
+    d->expert_bytes = 0;
+    if (eb && (!json_is_integer(eb) || json_integer_value(eb) < 0))
+        return moe_fail(MOE_ERR_FORMAT, "%s: '%sexpert_bytes' must be a non-negative integer", d->path, where);
+    if (eb) d->expert_bytes = json_integer_value(eb);
+    return MOE_OK;
 }
 
 /* Reads a JSON array of E numbers into out. */

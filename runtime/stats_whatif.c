@@ -361,6 +361,7 @@ enum moe_status moe_whatif_cache(FILE *f, const struct moe_sdata *d, int C, int6
 {
     if (!d->ids) return moe_fail(MOE_ERR_INVALID_ARG, "%s: --cache needs a routing trace", d->path);
     if (C < 1 || C > d->E) return moe_fail(MOE_ERR_INVALID_ARG, "--cache %d with %d experts", C, d->E);
+    if (expert_bytes <= 0) expert_bytes = d->expert_bytes;
     if (expert_bytes <= 0)
         expert_bytes = 3ll * d->d_model * d->d_expert * (d->weight_bytes ? d->weight_bytes : 2);
     fprintf(f, "expert cache of %d of %d experts per layer, %lld tokens; one expert = %.3f MB\n", C,

@@ -257,3 +257,25 @@ Test(cli, batch_chat_lines)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
 }
+
+/* The statistics record one expert's bytes as stored, which --cache
+ * what-ifs move per miss: MXFP4 experts (gpt-oss) at 17 bytes per 32
+ * weights, where a bytes-per-weight count cannot say it. */
+Test(cli, stats_record_expert_bytes_of_block_formats)
+{
+    char dir[] = "/tmp/moerun-eb-XXXXXX", cmd[2048], out[4096];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "%s run %s/gpt_oss_mxfp4 --prompt-ids 5,6,7 -n 2 --backend cpu --stats-out "
+             "%s/s.json 2>/dev/null", MOERUN_BINARY, FIXTURE_DIR, dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s/s.json", dir);
+    json_t *j = json_load_file(cmd, 0, NULL);
+    cr_assert(j);
+    json_t *m = json_object_get(j, "model");
+    /* D = 64, F = 64: (2F rows of D + D rows of F) x 17 bytes per 32 weights */
+    cr_expect_eq(json_integer_value(json_object_get(m, "expert_bytes")), (2 * 64 + 64) * 2 * 17);
+    cr_expect_eq(json_integer_value(json_object_get(m, "weight_bytes")), 0);
+    json_decref(j);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+}
