@@ -150,34 +150,24 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
                                       struct moe_expert_weights *x, int E, int D, int F)
 {
     struct cuda_ctx *c = ctx_of(be);
-    if (x->dtype == MOE_DTYPE_MXFP4 || x->dtype == MOE_DTYPE_FP8_B128) {
-        const size_t mat = (size_t)F * D * 2;
-        void *gu, *dn;
-        MOE_TRY(dev_buffer(be, 2 * mat * (size_t)E, &gu));
-        MOE_TRY(dev_buffer(be, mat * (size_t)E, &dn));
-        MOE_TRY(widen_experts(be, x, E, D, F, gu, dn));
-        if (x->dtype == MOE_DTYPE_MXFP4) c->widened_mxfp4 = true;
-        else c->widened_fp8 = true;
-        x->dtype = MOE_DTYPE_BF16;
-        for (int e = 0; e < E; e++) {
-            x->gate[e] = (const char *)gu + 2 * mat * e;
-            x->up[e] = (const char *)gu + 2 * mat * e + mat;
-            x->down[e] = (const char *)dn + mat * e;
-        }
-        c->part_bytes[P_EXPERTS] += 3 * mat * (size_t)E;
-        return MOE_OK;
-    }
-    const size_t es = moe_dtype_size(x->dtype), mat = (size_t)F * D * es;
+    /* MXFP4 and FP8 experts are widened to bf16 (widen_experts) */
+    const bool widen = x->dtype == MOE_DTYPE_MXFP4 || x->dtype == MOE_DTYPE_FP8_B128;
+    const size_t es = widen ? 2 : moe_dtype_size(x->dtype), mat = (size_t)F * D * es;
     void *gu, *dn;
     MOE_TRY(dev_buffer(be, 2 * mat * (size_t)E, &gu));
     MOE_TRY(dev_buffer(be, mat * (size_t)E, &dn));
     /* one copy when the checkpoint is already stacked, else per matrix */
-    bool stacked = true;
+    bool stacked = !widen;
     for (int e = 0; e < E && stacked; e++)
         stacked = (const char *)x->gate[e] == (const char *)x->gate[0] + 2 * mat * e &&
                   (const char *)x->up[e] == (const char *)x->gate[e] + mat &&
                   (const char *)x->down[e] == (const char *)x->down[0] + mat * e;
-    if (m->weights_deferred) {
+    if (widen) {
+        MOE_TRY(widen_experts(be, x, E, D, F, gu, dn));
+        if (x->dtype == MOE_DTYPE_MXFP4) c->widened_mxfp4 = true;
+        else c->widened_fp8 = true;
+        x->dtype = MOE_DTYPE_BF16;
+    } else if (m->weights_deferred) {
         /* synth.c makes gate_up_proj (E, 2F, D) and down_proj (E, D, F)
          * tensors: the device layout, value for value */
         if (!stacked) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: deferred experts not stacked");
