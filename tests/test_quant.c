@@ -17,6 +17,7 @@
 #include "runtime/gemm_fast.h"
 #include "runtime/runner.h"
 #include "runtime/safetensors.h"
+#include "tests/quant_test.h"
 #include "tests/testutil.h"
 
 Test(quant, q8_0_blocks_equal_gguf_py)
@@ -116,23 +117,6 @@ Test(quant, fast_gemm_q8_0_matches_reference)
                 }
 }
 
-/* The logits of the fixed 20-token prompt for model m on backend `name`
- * with weight quantization q. */
-static void prompt_logits(struct moe_model *m, const char *name, enum moe_weight_quant q, float *logits)
-{
-    struct moe_backend be;
-    cr_assert_eq(moe_backend_init(&be, name, 0), MOE_OK, "%s", moe_last_error());
-    be.quant = q;
-    struct moe_runner r;
-    struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 1, .max_logits = 64, .block_size = 8,
-                                .n_blocks = 32};
-    cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
-    int32_t prompt[20];
-    tu_prompt_logits(&r, m->cfg.vocab, prompt, logits);
-    moe_runner_free(&r);
-    moe_backend_free(&be);
-}
-
 /* A synthetic bf16 model prepared with quant on backend `name`: logits of
  * a 20-token prompt (V each) into logits. */
 static void run_quantized(const char *name, enum moe_weight_quant q, float *logits, struct moe_model *m)
@@ -140,7 +124,7 @@ static void run_quantized(const char *name, enum moe_weight_quant q, float *logi
     struct moe_config cfg;
     cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
     cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_BF16, 11), MOE_OK, "%s", moe_last_error());
-    prompt_logits(m, name, q, logits);
+    qt_prompt_logits(m, name, q, logits);
 }
 
 /* What gets quantized, and the reference and fast backends agree on the
@@ -350,17 +334,6 @@ static void *mxfp4_weights(int N, int Din, uint64_t seed, int smin, int smax, bo
     return w;
 }
 
-/* y = x . W^T over MXFP4 weights through the reference (isa REF) or a fast
- * kernel set. */
-static void gemm_any(int isa, float *y, const float *x, const void *w, enum moe_dtype wt, int N, int D,
-                     int T, float *scratch)
-{
-    if (isa == MOE_CPU_ISA_REF)
-        moe_gemm_cpu(y, N, x, D, w, wt, N, D, T, NULL, scratch);
-    else
-        moe_gemm_fast((enum moe_cpu_isa)isa, y, N, x, D, w, wt, N, D, T, NULL);
-}
-
 /* Every kernel set this processor runs (the reference, AVX2, AVX-512)
  * multiplies MXFP4 weights as an fp32 product over the dequantized values
  * (the reference: bit for bit, it sums in the same order; the fast sets:
@@ -368,49 +341,14 @@ static void gemm_any(int isa, float *y, const float *x, const void *w, enum moe_
  * in a batch of any size. */
 Test(quant, mxfp4_gemm_matches_dequantized_f32)
 {
-    const int best = (int)moe_cpu_isa_detect();
-    const int Ts[] = {1, 2, 3, 5, 8, 17, 67}, Ns[] = {1, 5, 13, 50, 97}, Ds[] = {32, 64, 96, 256};
-    enum { TMAX = 67 };
+    const int Ns[] = {1, 5, 13, 50, 97}, Ds[] = {32, 64, 96, 256};
     for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
         for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++) {
-            const int N = Ns[b], D = Ds[c];
             float *wf;
-            void *w = mxfp4_weights(N, D, (uint64_t)(N * 7 + D), 120, 132, true, &wf);
-            float *x = malloc((size_t)TMAX * D * sizeof(float)), *want = malloc((size_t)TMAX * N * 4),
-                  *full = malloc((size_t)TMAX * N * 4), *got = malloc((size_t)TMAX * N * 4),
-                  *scratch = malloc((size_t)D * 64 * sizeof(float));
-            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + D), -1, 1);
-            moe_gemm_cpu(want, N, x, D, wf, MOE_DTYPE_F32, N, D, TMAX, NULL, scratch);
-            float maxref = 0;
-            for (size_t i = 0; i < (size_t)TMAX * N; i++) maxref = fmaxf(maxref, fabsf(want[i]));
-            for (int isa = MOE_CPU_ISA_REF; isa <= best; isa++) {
-                gemm_any(isa, full, x, w, MOE_DTYPE_MXFP4, N, D, TMAX, scratch);
-                char what[96];
-                snprintf(what, sizeof what, "mxfp4 gemm %s T=%d N=%d Din=%d",
-                         moe_cpu_isa_name((enum moe_cpu_isa)isa), TMAX, N, D);
-                if (isa == MOE_CPU_ISA_REF)
-                    cr_expect(memcmp(full, want, (size_t)TMAX * N * 4) == 0,
-                              "%s: the reference differs from its fp32 product", what);
-                cr_expect(tu_allclose(what, full, want, (size_t)TMAX * N, 1e-5f * maxref, 1e-5f), "%s", what);
-                cr_expect(tu_max_rel_err(full, want, (size_t)TMAX * N) <= 1e-5, "%s: %g", what,
-                          tu_max_rel_err(full, want, (size_t)TMAX * N));
-                /* the first T rows alone: the same bits as in the batch of TMAX */
-                for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++) {
-                    const int T = Ts[a];
-                    gemm_any(isa, got, x, w, MOE_DTYPE_MXFP4, N, D, T, scratch);
-                    for (int r = 0; r < T; r++)
-                        cr_expect(memcmp(got + (size_t)r * N, full + (size_t)r * N, (size_t)N * 4) == 0,
-                                  "%s: row %d in a batch of %d differs from the batch of %d", what, r, T,
-                                  TMAX);
-                }
-            }
+            void *w = mxfp4_weights(Ns[b], Ds[c], (uint64_t)(Ns[b] * 7 + Ds[c]), 120, 132, true, &wf);
+            qt_check_gemm("mxfp4", w, wf, MOE_DTYPE_MXFP4, Ns[b], Ds[c]);
             free(w);
             free(wf);
-            free(x);
-            free(want);
-            free(full);
-            free(got);
-            free(scratch);
         }
 }
 
@@ -420,35 +358,14 @@ Test(quant, mxfp4_gemm_matches_dequantized_f32)
  * scale (subnormal ones included: 0 and 1) are the reference's. */
 Test(quant, mxfp4_kernels_widen_exactly)
 {
-    const int best = (int)moe_cpu_isa_detect();
-    const int Ns[] = {3, 13, 50}, Ds[] = {32, 96, 256}, groups[] = {1, 2, 3, 5, 8, 17};
+    const int Ns[] = {3, 13, 50}, Ds[] = {32, 96, 256};
     for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
         for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++) {
-            const int N = Ns[b], D = Ds[c];
             float *wf; /* scales up to 252: every value finite (253 and 254 overflow) */
-            void *w = mxfp4_weights(N, D, (uint64_t)(N * 3 + D), 0, 252, true, &wf);
-            float *x = calloc((size_t)D * D, sizeof(float)), *y = malloc((size_t)D * N * 4),
-                  *scratch = malloc((size_t)D * 64 * sizeof(float));
-            for (int k = 0; k < D; k++) x[(size_t)k * D + k] = 1.0f;
-            for (int isa = MOE_CPU_ISA_REF; isa <= best; isa++)
-                for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
-                    const int T = groups[g] < D ? groups[g] : D;
-                    for (int k0 = 0; k0 < D; k0 += T) {
-                        const int t = D - k0 < T ? D - k0 : T;
-                        gemm_any(isa, y, x + (size_t)k0 * D, w, MOE_DTYPE_MXFP4, N, D, t, scratch);
-                        for (int r = 0; r < t; r++)
-                            for (int n = 0; n < N; n++)
-                                cr_assert_eq(y[(size_t)r * N + n], wf[(size_t)n * D + k0 + r],
-                                             "%s N=%d Din=%d rows of %d: weight (%d, %d) is %g, want %g",
-                                             moe_cpu_isa_name((enum moe_cpu_isa)isa), N, D, t, n, k0 + r,
-                                             y[(size_t)r * N + n], wf[(size_t)n * D + k0 + r]);
-                    }
-                }
+            void *w = mxfp4_weights(Ns[b], Ds[c], (uint64_t)(Ns[b] * 3 + Ds[c]), 0, 252, true, &wf);
+            qt_check_widening(w, wf, MOE_DTYPE_MXFP4, Ns[b], Ds[c]);
             free(w);
             free(wf);
-            free(x);
-            free(y);
-            free(scratch);
         }
 }
 
@@ -490,7 +407,7 @@ static void run_mxfp4_experts(const char *name, enum moe_weight_quant q, float *
         }
         x->dtype = MOE_DTYPE_MXFP4;
     }
-    prompt_logits(m, name, q, logits);
+    qt_prompt_logits(m, name, q, logits);
 }
 
 /* The CPU backends read MXFP4 experts in place: never requantized by

@@ -20,6 +20,7 @@
 #include "runtime/model_impl.h"
 #include "runtime/runner.h"
 #include "runtime/safetensors.h"
+#include "tests/quant_test.h"
 #include "tests/testutil.h"
 
 static uint32_t bits(float f)
@@ -174,15 +175,6 @@ static void *fp8_weights(int N, int Din, uint64_t seed, int emin, int emax, bool
     return w;
 }
 
-/* y = x . W^T through the reference (isa REF) or a fast kernel set. */
-static void gemm_any(int isa, float *y, const float *x, const void *w, int N, int D, int T, float *scratch)
-{
-    if (isa == MOE_CPU_ISA_REF)
-        moe_gemm_cpu(y, N, x, D, w, MOE_DTYPE_FP8_B128, N, D, T, NULL, scratch);
-    else
-        moe_gemm_fast((enum moe_cpu_isa)isa, y, N, x, D, w, MOE_DTYPE_FP8_B128, N, D, T, NULL);
-}
-
 /* Every kernel set this processor runs (the reference, AVX2, AVX-512)
  * multiplies FP8 weights as an fp32 product over the dequantized values
  * (the reference: bit for bit, it sums in the same order; the fast sets:
@@ -190,45 +182,14 @@ static void gemm_any(int isa, float *y, const float *x, const void *w, int N, in
  * a batch of any size. */
 Test(quant_fp8, gemm_matches_dequantized_f32)
 {
-    const int best = (int)moe_cpu_isa_detect();
-    const int Ts[] = {1, 2, 3, 5, 8, 17, 67}, Ns[] = {1, 5, 13, 50, 97}, Ds[] = {128, 256, 384, 1024};
-    enum { TMAX = 67 };
+    const int Ns[] = {1, 5, 13, 50, 97}, Ds[] = {128, 256, 384, 1024};
     for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
         for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++) {
-            const int N = Ns[b], D = Ds[c];
             float *wf;
-            void *w = fp8_weights(N, D, (uint64_t)(N * 7 + D), -12, -4, true, &wf);
-            float *x = malloc((size_t)TMAX * D * sizeof(float)), *want = malloc((size_t)TMAX * N * 4),
-                  *full = malloc((size_t)TMAX * N * 4), *got = malloc((size_t)TMAX * N * 4),
-                  *scratch = malloc((size_t)D * 64 * sizeof(float));
-            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + D), -1, 1);
-            moe_gemm_cpu(want, N, x, D, wf, MOE_DTYPE_F32, N, D, TMAX, NULL, scratch);
-            float maxref = 0;
-            for (size_t i = 0; i < (size_t)TMAX * N; i++) maxref = fmaxf(maxref, fabsf(want[i]));
-            for (int isa = MOE_CPU_ISA_REF; isa <= best; isa++) {
-                gemm_any(isa, full, x, w, N, D, TMAX, scratch);
-                char what[96];
-                snprintf(what, sizeof what, "fp8 gemm %s T=%d N=%d Din=%d", moe_cpu_isa_name((enum moe_cpu_isa)isa),
-                         TMAX, N, D);
-                if (isa == MOE_CPU_ISA_REF)
-                    cr_expect(memcmp(full, want, (size_t)TMAX * N * 4) == 0,
-                              "%s: the reference differs from its fp32 product", what);
-                cr_expect(tu_allclose(what, full, want, (size_t)TMAX * N, 1e-5f * maxref, 1e-5f), "%s", what);
-                for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++) {
-                    const int T = Ts[a];
-                    gemm_any(isa, got, x, w, N, D, T, scratch);
-                    for (int r = 0; r < T; r++)
-                        cr_expect(memcmp(got + (size_t)r * N, full + (size_t)r * N, (size_t)N * 4) == 0,
-                                  "%s: row %d in a batch of %d differs from the batch of %d", what, r, T, TMAX);
-                }
-            }
+            void *w = fp8_weights(Ns[b], Ds[c], (uint64_t)(Ns[b] * 7 + Ds[c]), -12, -4, true, &wf);
+            qt_check_gemm("fp8", w, wf, MOE_DTYPE_FP8_B128, Ns[b], Ds[c]);
             free(w);
             free(wf);
-            free(x);
-            free(want);
-            free(full);
-            free(got);
-            free(scratch);
         }
 }
 
@@ -239,35 +200,14 @@ Test(quant_fp8, gemm_matches_dequantized_f32)
  * subnormal) are the reference's. */
 Test(quant_fp8, kernels_widen_exactly)
 {
-    const int best = (int)moe_cpu_isa_detect();
-    const int Ns[] = {3, 13, 50}, Ds[] = {128, 384}, groups[] = {1, 2, 3, 5, 8, 17};
+    const int Ns[] = {3, 13, 50}, Ds[] = {128, 384};
     for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
         for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++) {
-            const int N = Ns[b], D = Ds[c];
             float *wf;
-            void *w = fp8_weights(N, D, (uint64_t)(N * 3 + D), -126, 100, true, &wf);
-            float *x = calloc((size_t)D * D, sizeof(float)), *y = malloc((size_t)D * N * 4),
-                  *scratch = malloc((size_t)D * 64 * sizeof(float));
-            for (int k = 0; k < D; k++) x[(size_t)k * D + k] = 1.0f;
-            for (int isa = MOE_CPU_ISA_REF; isa <= best; isa++)
-                for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
-                    const int T = groups[g];
-                    for (int k0 = 0; k0 < D; k0 += T) {
-                        const int t = D - k0 < T ? D - k0 : T;
-                        gemm_any(isa, y, x + (size_t)k0 * D, w, N, D, t, scratch);
-                        for (int r = 0; r < t; r++)
-                            for (int n = 0; n < N; n++)
-                                cr_assert_eq(y[(size_t)r * N + n], wf[(size_t)n * D + k0 + r],
-                                             "%s N=%d Din=%d rows of %d: weight (%d, %d) is %g, want %g",
-                                             moe_cpu_isa_name((enum moe_cpu_isa)isa), N, D, t, n, k0 + r,
-                                             y[(size_t)r * N + n], wf[(size_t)n * D + k0 + r]);
-                    }
-                }
+            void *w = fp8_weights(Ns[b], Ds[c], (uint64_t)(Ns[b] * 3 + Ds[c]), -126, 100, true, &wf);
+            qt_check_widening(w, wf, MOE_DTYPE_FP8_B128, Ns[b], Ds[c]);
             free(w);
             free(wf);
-            free(x);
-            free(y);
-            free(scratch);
         }
 }
 
@@ -401,23 +341,6 @@ Test(quant_fp8, fp8_outside_linear_weights_and_fp8_configs_is_refused)
     moe_model_free(&h);
 }
 
-/* The logits of the shared 20-token prompt for bound model m on backend
- * `name` with weight quantization q. */
-static void prompt_logits(struct moe_model *m, const char *name, enum moe_weight_quant q, float *logits)
-{
-    struct moe_backend be;
-    cr_assert_eq(moe_backend_init(&be, name, 0), MOE_OK, "%s", moe_last_error());
-    be.quant = q;
-    struct moe_runner r;
-    struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 1, .max_logits = 64, .block_size = 8,
-                                .n_blocks = 32};
-    cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
-    int32_t prompt[20];
-    tu_prompt_logits(&r, m->cfg.vocab, prompt, logits);
-    moe_runner_free(&r);
-    moe_backend_free(&be);
-}
-
 /* qwen3_moe_fp8 with layer 0's experts restacked as transformers 5 names
  * them: gate_up_proj (E, 2F, D) F8_E4M3 (gate rows first) with
  * gate_up_proj_scale_inv (E, 2F/128, D/128), down_proj (E, D, F) with
@@ -464,11 +387,11 @@ Test(quant_fp8, stacked_experts_equal_per_expert)
         struct moe_model h;
         copy_fixture(&h, "qwen3_moe_fp8", NULL);
         cr_assert_eq(moe_model_bind(&h), MOE_OK, "%s", moe_last_error());
-        prompt_logits(&h, backends[i], MOE_QUANT_NONE, a);
+        qt_prompt_logits(&h, backends[i], MOE_QUANT_NONE, a);
         moe_model_free(&h);
         load_stacked(&h);
         cr_expect_eq(h.layers[0].experts.dtype, MOE_DTYPE_FP8_B128);
-        prompt_logits(&h, backends[i], MOE_QUANT_NONE, b);
+        qt_prompt_logits(&h, backends[i], MOE_QUANT_NONE, b);
         moe_model_free(&h);
         cr_expect(memcmp(a, b, (size_t)20 * V * 4) == 0, "%s: stacked experts give other logits (max rel err %g)",
                   backends[i], tu_max_rel_err(b, a, (size_t)20 * V));
@@ -511,7 +434,7 @@ Test(quant_fp8, backends_read_fp8_weights_in_place)
         cr_expect_eq(m.lm_head.dtype, MOE_DTYPE_BF16);
         const struct moe_expert_weights *x = f == 0 ? &w0->experts : &w1->experts;
         const void *wo = w0->wo.data, *ex = x->gate[0];
-        prompt_logits(&m, "cpu-ref", MOE_QUANT_Q8_0, ref);
+        qt_prompt_logits(&m, "cpu-ref", MOE_QUANT_Q8_0, ref);
         cr_expect_eq(w0->wo.dtype, MOE_DTYPE_FP8_B128, "%s: not requantized", names[f]);
         cr_expect(w0->wo.data == wo && x->gate[0] == ex && x->dtype == MOE_DTYPE_FP8_B128,
                   "%s: read where the loader put them", names[f]);
@@ -519,12 +442,12 @@ Test(quant_fp8, backends_read_fp8_weights_in_place)
         moe_model_free(&m);
         if (moe_cpu_isa_detect() == MOE_CPU_ISA_REF) continue;
         cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s", moe_last_error());
-        prompt_logits(&m, "cpu", MOE_QUANT_NONE, fast);
+        qt_prompt_logits(&m, "cpu", MOE_QUANT_NONE, fast);
         cr_expect_eq(m.layers[0].wo.dtype, MOE_DTYPE_FP8_B128, "%s: not repacked to panels", names[f]);
         cr_expect_eq(m.lm_head.dtype, MOE_DTYPE_BF16_PANEL, "%s: bf16 weights still are", names[f]);
         moe_model_free(&m);
         cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s", moe_last_error());
-        prompt_logits(&m, "cpu-ref", MOE_QUANT_NONE, ref);
+        qt_prompt_logits(&m, "cpu-ref", MOE_QUANT_NONE, ref);
         moe_model_free(&m);
         cr_expect(tu_allclose(names[f], fast, ref, (size_t)20 * V, 1e-4f, 1e-3f), "%s: fast vs reference", names[f]);
     }

@@ -1,0 +1,111 @@
+/* quant_test.h - what the quantized-weight suites (test_quant.c,
+ * test_quant_fp8.c) share: a product through any kernel set, and the logits
+ * of the shared 20-token prompt for a model on a backend. */
+#pragma once
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/backend.h"
+#include "runtime/gemm.h"
+#include "runtime/gemm_fast.h"
+#include "runtime/runner.h"
+#include "tests/testutil.h"
+
+/* y = x . W^T (W (N, D) of dtype wt) through the reference (isa REF) or a
+ * fast kernel set. */
+static inline void qt_gemm_any(int isa, float *y, const float *x, const void *w, enum moe_dtype wt, int N,
+                               int D, int T, float *scratch)
+{
+    if (isa == MOE_CPU_ISA_REF)
+        moe_gemm_cpu(y, N, x, D, w, wt, N, D, T, NULL, scratch);
+    else
+        moe_gemm_fast((enum moe_cpu_isa)isa, y, N, x, D, w, wt, N, D, T, NULL);
+}
+
+/* The logits of the fixed 20-token prompt for model m on backend `name`
+ * with weight quantization q. */
+static inline void qt_prompt_logits(struct moe_model *m, const char *name, enum moe_weight_quant q,
+                                    float *logits)
+{
+    struct moe_backend be;
+    cr_assert_eq(moe_backend_init(&be, name, 0), MOE_OK, "%s", moe_last_error());
+    be.quant = q;
+    struct moe_runner r;
+    struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 1, .max_logits = 64, .block_size = 8,
+                                .n_blocks = 32};
+    cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
+    int32_t prompt[20];
+    tu_prompt_logits(&r, m->cfg.vocab, prompt, logits);
+    moe_runner_free(&r);
+    moe_backend_free(&be);
+}
+
+/* Every kernel set this processor runs (the reference, AVX2, AVX-512)
+ * multiplies w (N, D) of dtype wt (wf: its exact fp32 values) as an fp32
+ * product over wf (the reference: bit for bit, it sums in the same order;
+ * the fast sets: to 1e-5 of the largest output), and a row's outputs are
+ * the same bits in a batch of any size.  label names the format. */
+static inline void qt_check_gemm(const char *label, const void *w, const float *wf, enum moe_dtype wt, int N,
+                                 int D)
+{
+    const int best = (int)moe_cpu_isa_detect();
+    const int Ts[] = {1, 2, 3, 5, 8, 17, 67};
+    enum { TMAX = 67 };
+    float *x = malloc((size_t)TMAX * D * sizeof(float)), *want = malloc((size_t)TMAX * N * 4),
+          *full = malloc((size_t)TMAX * N * 4), *got = malloc((size_t)TMAX * N * 4),
+          *scratch = malloc((size_t)D * 64 * sizeof(float));
+    tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + D), -1, 1);
+    moe_gemm_cpu(want, N, x, D, wf, MOE_DTYPE_F32, N, D, TMAX, NULL, scratch);
+    float maxref = 0;
+    for (size_t i = 0; i < (size_t)TMAX * N; i++) maxref = fmaxf(maxref, fabsf(want[i]));
+    for (int isa = MOE_CPU_ISA_REF; isa <= best; isa++) {
+        qt_gemm_any(isa, full, x, w, wt, N, D, TMAX, scratch);
+        char what[96];
+        snprintf(what, sizeof what, "%s gemm %s T=%d N=%d Din=%d", label, moe_cpu_isa_name((enum moe_cpu_isa)isa),
+                 TMAX, N, D);
+        if (isa == MOE_CPU_ISA_REF)
+            cr_expect(memcmp(full, want, (size_t)TMAX * N * 4) == 0, "%s: the reference differs from its fp32 product",
+                      what);
+        cr_expect(tu_allclose(what, full, want, (size_t)TMAX * N, 1e-5f * maxref, 1e-5f), "%s", what);
+        /* the first T rows alone: the same bits as in the batch of TMAX */
+        for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++) {
+            const int T = Ts[a];
+            qt_gemm_any(isa, got, x, w, wt, N, D, T, scratch);
+            for (int r = 0; r < T; r++)
+                cr_expect(memcmp(got + (size_t)r * N, full + (size_t)r * N, (size_t)N * 4) == 0,
+                          "%s: row %d in a batch of %d differs from the batch of %d", what, r, T, TMAX);
+        }
+    }
+    free(x), free(want), free(full), free(got), free(scratch);
+}
+
+/* One-hot input rows pick single weights: every kernel set, on every path
+ * (decode tiles, batch tiles, rows widened for a block), gives each weight
+ * of w (N, D) of dtype wt exactly its wf value. */
+static inline void qt_check_widening(const void *w, const float *wf, enum moe_dtype wt, int N, int D)
+{
+    const int best = (int)moe_cpu_isa_detect();
+    const int groups[] = {1, 2, 3, 5, 8, 17};
+    float *x = calloc((size_t)D * D, sizeof(float)), *y = malloc((size_t)D * N * 4),
+          *scratch = malloc((size_t)D * 64 * sizeof(float));
+    for (int k = 0; k < D; k++) x[(size_t)k * D + k] = 1.0f;
+    for (int isa = MOE_CPU_ISA_REF; isa <= best; isa++)
+        for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
+            const int T = groups[g] < D ? groups[g] : D;
+            for (int k0 = 0; k0 < D; k0 += T) {
+                const int t = D - k0 < T ? D - k0 : T;
+                qt_gemm_any(isa, y, x + (size_t)k0 * D, w, wt, N, D, t, scratch);
+                for (int r = 0; r < t; r++)
+                    for (int n = 0; n < N; n++)
+                        cr_assert_eq(y[(size_t)r * N + n], wf[(size_t)n * D + k0 + r],
+                                     "%s N=%d Din=%d rows of %d: weight (%d, %d) is %g, want %g",
+                                     moe_cpu_isa_name((enum moe_cpu_isa)isa), N, D, t, n, k0 + r,
+                                     y[(size_t)r * N + n], wf[(size_t)n * D + k0 + r]);
+            }
+        }
+    free(x), free(y), free(scratch);
+}
