@@ -27,6 +27,35 @@ static inline void insert_ranked(float *v, int32_t *id, int *n, int cap, float x
     id[i] = e;
 }
 
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Expert e's choice score: its logit (softmax routers: softmax is monotone,
+ * so logits rank as probabilities do), or sigmoid + choice bias. */
+static inline float choice_score(const struct moe_route *r, const float *x, int e)
+{
+    return r->sigmoid ? sigmoidf(x[e]) + (r->bias ? r->bias[e] : 0.0f) : x[e];
+}
+
+/* ok[g]: group g is eligible.  All when n_group is 1; else the topk_group
+ * groups ranked by the sum of their best choice scores, the two best for
+ * the sigmoid router (GLM-4.5, DeepSeek-V3), the best one for softmax
+ * (DeepSeek-V2's group_limited_greedy). */
+static void eligible_groups(bool *ok, const struct moe_route *r, const float *x)
+{
+    const int G = r->n_group, per = r->E / G, top = r->sigmoid ? 2 : 1;
+    for (int g = 0; g < G; g++) ok[g] = G == 1;
+    if (G == 1) return;
+    float gv[MOE_MAX_EXPERT_GROUPS], best[2] = {0.0f, 0.0f};
+    int32_t gi[MOE_MAX_EXPERT_GROUPS], bi[2] = {0, 0};
+    int ng = 0;
+    for (int g = 0; g < G; g++) {
+        int n = 0;
+        for (int e = g * per; e < (g + 1) * per; e++) insert_ranked(best, bi, &n, top, choice_score(r, x, e), e);
+        insert_ranked(gv, gi, &ng, r->topk_group, top == 2 ? best[0] + best[1] : best[0], g);
+    }
+    for (int i = 0; i < ng; i++) ok[gi[i]] = true;
+}
+
 void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int E, int K,
                          bool renorm)
 {
@@ -50,21 +79,8 @@ void moe_router_topk_softmax_cpu(int32_t *ids, float *w, const float *logits, in
             if (x[e] > mx) mx = x[e];
         float sum = 0.0f;
         for (int e = 0; e < E; e++) sum += expf(x[e] - mx);
-        /* group-limited (DeepSeek-V2): the topk_group groups with the best
-         * expert; softmax is monotone, so the logits rank them */
         bool ok[MOE_MAX_EXPERT_GROUPS];
-        for (int g = 0; g < G; g++) ok[g] = G == 1;
-        if (G > 1) {
-            float gv[MOE_MAX_EXPERT_GROUPS], best[1] = {0.0f};
-            int32_t gi[MOE_MAX_EXPERT_GROUPS], bi[1] = {0};
-            int ng = 0;
-            for (int g = 0; g < G; g++) {
-                int n = 0;
-                for (int e = g * per; e < (g + 1) * per; e++) insert_ranked(best, bi, &n, 1, x[e], e);
-                insert_ranked(gv, gi, &ng, r->topk_group, best[0], g);
-            }
-            for (int i = 0; i < ng; i++) ok[gi[i]] = true;
-        }
+        eligible_groups(ok, r, x);
         /* top-K by insertion into a sorted list of K (K is small).  Ranking
          * uses the logits: softmax is monotone, and logits stay ordered where
          * probabilities would round to equal values or become NaN (+inf). */
@@ -82,8 +98,6 @@ void moe_router_topk_softmax_cpu(int32_t *ids, float *w, const float *logits, in
     }
 }
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 void moe_router_topk_sigmoid_cpu(int32_t *ids, float *w, const float *logits, int T,
                                  const struct moe_route *r)
 {
@@ -95,22 +109,10 @@ void moe_router_topk_sigmoid_cpu(int32_t *ids, float *w, const float *logits, in
         int32_t *id = ids + (size_t)t * K;
         float *wt = w + (size_t)t * K;
         bool ok[MOE_MAX_EXPERT_GROUPS];
-        for (int g = 0; g < G; g++) ok[g] = G == 1;
-        if (G > 1) { /* the groups whose two best choice scores sum highest */
-            float gv[MOE_MAX_EXPERT_GROUPS], two[2];
-            int32_t gi[MOE_MAX_EXPERT_GROUPS], ti[2];
-            int ng = 0;
-            for (int g = 0; g < G; g++) {
-                int n = 0;
-                for (int e = g * per; e < (g + 1) * per; e++)
-                    insert_ranked(two, ti, &n, 2, sigmoidf(x[e]) + (r->bias ? r->bias[e] : 0.0f), e);
-                insert_ranked(gv, gi, &ng, r->topk_group, two[0] + two[1], g);
-            }
-            for (int i = 0; i < ng; i++) ok[gi[i]] = true;
-        }
+        eligible_groups(ok, r, x);
         int n = 0;
         for (int e = 0; e < E; e++)
-            if (ok[e / per]) insert_ranked(wt, id, &n, K, sigmoidf(x[e]) + (r->bias ? r->bias[e] : 0.0f), e);
+            if (ok[e / per]) insert_ranked(wt, id, &n, K, choice_score(r, x, e), e);
         float sum = 0.0f;
         for (int k = 0; k < K; k++) sum += wt[k] = sigmoidf(x[id[k]]);
         for (int k = 0; k < K; k++) /* in transformers' order: w / (sum + 1e-20) * scale */
