@@ -20,6 +20,7 @@
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
 #include "runtime/stats_cli.h"
+#include "runtime/strbuf.h"
 #include "runtime/reasoning.h"
 #include "runtime/textgen.h"
 
@@ -82,22 +83,6 @@ static char *fmt_error(const char *fmt, ...)
     return strdup(buf);
 }
 
-static int text_append(char **buf, size_t *len, size_t *cap, const char *s)
-{
-    size_t n = strlen(s);
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap * 2 : 256;
-        while (c < *len + n + 1) c *= 2;
-        char *p = realloc(*buf, c);
-        if (!p) return -1;
-        *buf = p;
-        *cap = c;
-    }
-    memcpy(*buf + *len, s, n + 1);
-    *len += n;
-    return 0;
-}
-
 /* Text of a line: the answer into out, a chat's thinking into reason. */
 static void keep_text(struct item *it, const char *t, bool last)
 {
@@ -106,8 +91,8 @@ static void keep_text(struct item *it, const char *t, bool last)
         (last ? moe_reasoning_finish(&it->rs, &reason, &answer) : moe_reasoning_push(&it->rs, t, &reason, &answer)) !=
             MOE_OK)
         return;
-    text_append(&it->reason, &it->n_reason, &it->cap_reason, reason);
-    text_append(&it->out, &it->n_out, &it->cap_out, answer);
+    (void)moe_buf_append(&it->reason, &it->n_reason, &it->cap_reason, reason, strlen(reason));
+    (void)moe_buf_append(&it->out, &it->n_out, &it->cap_out, answer, strlen(answer));
 }
 
 static void on_token(void *user, struct moe_request *r, int32_t token, bool finished)

@@ -15,6 +15,7 @@
 #include "runtime/cli.h"
 #include "runtime/cli_common.h"
 #include "runtime/reasoning.h"
+#include "runtime/strbuf.h"
 #include "runtime/textgen.h"
 
 static void usage(FILE *f)
@@ -46,21 +47,6 @@ struct turn {
     struct moe_engine *e;
 };
 
-static void append(char **buf, size_t *len, size_t *cap, const char *s)
-{
-    size_t n = strlen(s);
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap * 2 : 256;
-        while (c < *len + n + 1) c *= 2;
-        char *p = realloc(*buf, c);
-        if (!p) return;
-        *buf = p;
-        *cap = c;
-    }
-    memcpy(*buf + *len, s, n + 1);
-    *len += n;
-}
-
 /* Shows text: the reasoning part on stderr (dimmed on a terminal) unless
  * hidden, the answer on stdout; both kept for the history. */
 static void show(struct turn *t, const char *text, bool last)
@@ -71,11 +57,11 @@ static void show(struct turn *t, const char *text, bool last)
               : moe_reasoning_push(&t->rs, text, &reason, &answer)) != MOE_OK)
         return;
     if (*reason) {
-        append(&t->thought, &t->n_thought, &t->cap_thought, reason);
+        (void)moe_buf_append(&t->thought, &t->n_thought, &t->cap_thought, reason, strlen(reason));
         if (t->show_reasoning) fprintf(stderr, t->dim ? "\033[2m%s\033[0m" : "%s", reason);
     }
     fputs(answer, stdout);
-    append(&t->reply, &t->n, &t->cap, answer);
+    (void)moe_buf_append(&t->reply, &t->n, &t->cap, answer, strlen(answer));
 }
 
 static void on_token(void *user, struct moe_request *r, int32_t token, bool finished)

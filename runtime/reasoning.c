@@ -1,5 +1,6 @@
 /* reasoning.c - see reasoning.h. */
 #include "runtime/reasoning.h"
+#include "runtime/strbuf.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -19,18 +20,7 @@ struct buf {
 
 static enum moe_status put(struct buf b, const char *s, size_t n)
 {
-    if (*b.n + n + 1 > *b.cap) {
-        size_t cap = *b.cap ? *b.cap : 64;
-        while (cap < *b.n + n + 1) cap *= 2;
-        char *q = realloc(*b.p, cap);
-        if (!q) return moe_fail(MOE_ERR_NOMEM, "reasoning parser buffer");
-        *b.p = q;
-        *b.cap = cap;
-    }
-    memcpy(*b.p + *b.n, s, n);
-    *b.n += n;
-    (*b.p)[*b.n] = '\0';
-    return MOE_OK;
+    return moe_buf_append(b.p, b.n, b.cap, s, n) ? MOE_OK : moe_fail(MOE_ERR_NOMEM, "reasoning parser buffer");
 }
 
 /* The two parts of one call, built here. */

@@ -20,6 +20,7 @@
 #endif
 
 #include "runtime/server.h"
+#include "runtime/strbuf.h"
 
 const double srv_hist_le[SRV_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                         0.25,  0.5,    1,     2.5,  5,     10,  30};
@@ -251,17 +252,7 @@ static void stream_piece(struct srv *s, struct srv_choice *c, const char *text, 
 
 static void append_to(char **buf, size_t *len, size_t *cap, const char *t)
 {
-    size_t n = strlen(t);
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap * 2 : 256;
-        while (c < *len + n + 1) c *= 2;
-        char *p = realloc(*buf, c);
-        if (!p) return;
-        *buf = p;
-        *cap = c;
-    }
-    memcpy(*buf + *len, t, n + 1);
-    *len += n;
+    (void)moe_buf_append(buf, len, cap, t, strlen(t)); /* out of memory: the text ends there */
 }
 
 static void choice_done(struct srv *s, struct srv_choice *c, enum moe_finish why)

@@ -1,5 +1,6 @@
 /* toolcall.c - see toolcall.h. */
 #include "runtime/toolcall.h"
+#include "runtime/strbuf.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -9,18 +10,7 @@ static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
 
 static enum moe_status put(char **p, size_t *n, size_t *cap, const char *s, size_t k)
 {
-    if (*n + k + 1 > *cap) {
-        size_t c = *cap ? *cap : 64;
-        while (c < *n + k + 1) c *= 2;
-        char *q = realloc(*p, c);
-        if (!q) return moe_fail(MOE_ERR_NOMEM, "tool call parser buffer");
-        *p = q;
-        *cap = c;
-    }
-    memcpy(*p + *n, s, k);
-    *n += k;
-    (*p)[*n] = '\0';
-    return MOE_OK;
+    return moe_buf_append(p, n, cap, s, k) ? MOE_OK : moe_fail(MOE_ERR_NOMEM, "tool call parser buffer");
 }
 
 void moe_tool_calls_init(struct moe_tool_calls *tc, enum moe_tool_format fmt)
