@@ -28,7 +28,8 @@ void moe_attention_rope_freqs(float *inv_freq, const struct moe_config *cfg);
  * i < rot/2 (rot <= Dh; the rest pass unchanged, partial_rotary_factor). */
 void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh, int rot,
                             const float *inv_freq);
-/* Writes k, v (T, Hkv*Dh) into the cache slots of layer `layer`. */
+/* Writes k, v (T, Hkv*Dh) into the cache slots of layer `layer` (v once
+ * more only when the cache keeps V apart: MLA's v == k). */
 void moe_attention_kv_store_cpu(struct moe_kvcache *kv, int layer, const float *k,
                                 const float *v, const int32_t *slots, int T);
 /* Scratch floats per thread of moe_attention_paged_cpu: running max and sum

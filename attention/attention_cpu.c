@@ -116,7 +116,8 @@ void moe_attention_kv_store_cpu(struct moe_kvcache *kv, int layer, const float *
     for (int t = 0; t < T; t++) {
         MOE_ASSERT(slots[t] >= 0 && (size_t)slots[t] * row < kv->layer_elems);
         moe_convert_from_f32(kl + (size_t)slots[t] * row * es, k + (size_t)t * row, kv->dtype, row);
-        moe_convert_from_f32(vl + (size_t)slots[t] * row * es, v + (size_t)t * row, kv->dtype, row);
+        if (vl != kl) /* MLA: one row serves as K and V (v == k) */
+            moe_convert_from_f32(vl + (size_t)slots[t] * row * es, v + (size_t)t * row, kv->dtype, row);
     }
 }
 

@@ -111,7 +111,7 @@ static __global__ void kv_store_kernel(void *kl, void *vl, enum moe_dtype dt, co
         const size_t dst = (size_t)slots[t] * row + e;
         if (slots[t] < 0 || dst >= layer_elems) continue; /* validated on the host */
         moe_st(kl, dt, dst, k[i]);
-        moe_st(vl, dt, dst, v[i]);
+        if (vl != kl) moe_st(vl, dt, dst, v[i]); /* MLA: one row serves as K and V */
     }
 }
 
