@@ -15,14 +15,19 @@
  *   down kernel writes ye in expert order.
  *   Every expert weight is read once per tile of RT rows, so at batch 1 the
  *   step reads each chosen expert's weights once.
+ *   MXFP4 and FP8_B128 experts (gpt-oss, fp8 checkpoints) are read in
+ *   place from their planes (runtime/tensor.h): a lane's 16-byte load is 32
+ *   or 16 values, decoded in registers (warp_dots_q).
  * - Grouped (prefill): the rows are gathered into a half-precision buffer
  *   in expert order, then cuBLAS grouped GEMMs do gate_up and down (launched
  *   from the backend); the pieces here are the gather, the SwiGLU over the
- *   (rows, 2F) gate_up output, and the combine.
+ *   (rows, 2F) gate_up output, and the combine, plus the kernel that widens
+ *   a layer's MXFP4 or FP8 experts with rows to bf16 for those GEMMs.
  *
  * The combine is deterministic: out[t] = sum over k = 0..K-1 in order of
  * w[t,k] * ye[pos[t*K+k]], one thread per output element, no atomics. */
 #include <math.h>
+#include <string.h>
 
 #include "experts/experts.h"
 #include "runtime/cuda_dtype.cuh"
@@ -180,13 +185,144 @@ __device__ __forceinline__ void warp_dots(float (*acc)[RT], const void *w, const
     }
 }
 
+/* ---- MXFP4 and FP8_B128 weights, read in place (the planes layout of
+ * runtime/tensor.h: a 16-byte load is one MXFP4 block of 32 values, or 16
+ * FP8 values of one 128-value block) ----
+ * Two codes become a half2 by placing their bits (moe_e2m1x2_half_bits,
+ * moe_e4m3x2_half_bits: the code's value times 2^-14 or 2^-8, exactly),
+ * the half2 two floats exactly, and the 2^14 or 2^8 is folded into the
+ * block's scale, which multiplies each block's partial dot product once. */
+__device__ __forceinline__ float2 half2_bits(uint32_t u)
+{
+    __half2 h;
+    memcpy(&h, &u, 4);
+    return __half22float2(h);
+}
+
+/* Nibbles 0-3 (x) and 16-19 (y) of t: two E2M1 codes. */
+__device__ __forceinline__ float2 e2m1x2(uint32_t t) { return half2_bits(moe_e2m1x2_half_bits(t)); }
+
+/* Bytes 0 (x) and 2 (y) of t: two E4M3 codes. */
+__device__ __forceinline__ float2 e4m3x2(uint32_t t) { return half2_bits(moe_e4m3x2_half_bits(t)); }
+
+template <enum moe_dtype DT> struct qtraits {
+    static constexpr bool fp4 = DT == MOE_DTYPE_MXFP4;
+    static constexpr int per_load = fp4 ? 32 : 16;   /* values in a 16-byte load */
+    static constexpr float unit = fp4 ? 16384.0f : 256.0f; /* qword's values times this */
+};
+
+/* The 8 (MXFP4) or 4 (FP8) values of word j of a 16-byte load, times 2^14
+ * or 2^8, at their offsets o[] in the load: MXFP4 bytes 4j..4j+3 hold
+ * elements 4j..4j+3 (low nibbles) and 4j+16..4j+19 (high nibbles). */
+template <enum moe_dtype DT>
+__device__ __forceinline__ void qword(float *v, uint32_t w)
+{
+    if (qtraits<DT>::fp4) {
+        const float2 a = e2m1x2(w), b = e2m1x2(w >> 8), c = e2m1x2(w >> 4), d = e2m1x2(w >> 12);
+        v[0] = a.x, v[1] = b.x, v[2] = a.y, v[3] = b.y; /* elements 4j .. 4j+3 */
+        v[4] = c.x, v[5] = d.x, v[6] = c.y, v[7] = d.y; /* elements 4j+16 .. 4j+19 */
+    } else {
+        const float2 a = e4m3x2(w), b = e4m3x2(w >> 8);
+        v[0] = a.x, v[1] = b.x, v[2] = a.y, v[3] = b.y;
+    }
+}
+
+/* The scale of the block holding value i of the planes at ws. */
+template <enum moe_dtype DT>
+__device__ __forceinline__ float qscale(const void *ws, size_t i)
+{
+    if (qtraits<DT>::fp4) {
+        const uint32_t s = ((const uint8_t *)ws)[i / MOE_MXFP4_BLOCK]; /* 255 refused at load */
+        return s ? __uint_as_float(s << 23) : __uint_as_float(0x00400000u);
+    }
+    return ((const float *)ws)[i / MOE_FP8_BLOCK];
+}
+
+/* warp_dots for MXFP4 or FP8_B128 weights in planes: values at w, scales at
+ * ws, rows starting at value index wo[k]; n a multiple of the block.  Each
+ * lane keeps NW x U 16-byte loads in flight, decodes one word of each at a
+ * time and sums a block's products before its scale multiplies them. */
+template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
+__device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, const void *ws,
+                                            const size_t *wo, const Rows &xs, int nr, int n)
+{
+    typedef qtraits<DT> Q;
+    const int lane = threadIdx.x & 31;
+    const uint8_t *q = (const uint8_t *)w;
+    for (int i0 = lane * Q::per_load; i0 < n; i0 += 32 * Q::per_load * U) {
+        uint4 wq[U][NW];
+        float sc[U][NW];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int k = 0; k < NW; k++) {
+                const int i = i0 + u * 32 * Q::per_load;
+                if (i < n) {
+                    const size_t e = wo[k] + i;
+                    wq[u][k] = __ldcs((const uint4 *)(q + (Q::fp4 ? e / 2 : e)));
+                    sc[u][k] = qscale<DT>(ws, e);
+                }
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * 32 * Q::per_load;
+            if (i >= n) break;
+            float part[NW][RT];
+#pragma unroll
+            for (int k = 0; k < NW; k++)
+#pragma unroll
+                for (int r = 0; r < RT; r++) part[k][r] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float v[NW][8];
+#pragma unroll
+                for (int k = 0; k < NW; k++) {
+                    const uint32_t word[4] = {wq[u][k].x, wq[u][k].y, wq[u][k].z, wq[u][k].w};
+                    qword<DT>(v[k], word[j]);
+                }
+#pragma unroll
+                for (int r = 0; r < RT; r++) {
+                    if (r >= nr) break;
+                    const float *xr = xs.row(r) + i;
+                    const float4 a = *(const float4 *)(xr + 4 * j); /* both: elements 4j..4j+3 */
+#pragma unroll
+                    for (int k = 0; k < NW; k++)
+                        part[k][r] += v[k][0] * a.x + v[k][1] * a.y + v[k][2] * a.z + v[k][3] * a.w;
+                    if (Q::fp4) {
+                        const float4 b = *(const float4 *)(xr + 16 + 4 * j);
+#pragma unroll
+                        for (int k = 0; k < NW; k++)
+                            part[k][r] += v[k][4] * b.x + v[k][5] * b.y + v[k][6] * b.z + v[k][7] * b.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < NW; k++)
+#pragma unroll
+                for (int r = 0; r < RT; r++) acc[k][r] += part[k][r] * Q::unit * sc[u][k];
+        }
+    }
+}
+
+/* Either kind of weights: planes (MXFP4, FP8_B128) or plain rows. */
+template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
+__device__ __forceinline__ void expert_dots(float (*acc)[RT], const void *w, const void *ws,
+                                            const size_t *wo, const Rows &xs, int nr, int n,
+                                            bool vec)
+{
+    if (DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128)
+        warp_dots_q<DT, RT, NW, U>(acc, w, ws, wo, xs, nr, n);
+    else
+        warp_dots<DT, RT, NW, U>(acc, w, wo, xs, nr, n, vec);
+}
+
 /* h (rows in expert order, F) = silu(x Wg^T) * (x Wu^T) for expert e's rows:
  * a warp per feature f, its gate and up rows streamed together. */
 template <enum moe_dtype DT>
 static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
     expert_up_kernel(float *h, const float *x, const int32_t *counts, const int32_t *offsets,
-                     const int32_t *perm, const void *gu, struct expert_extra xb, int K, int D,
-                     int F, int E, int n_pairs, bool vec)
+                     const int32_t *perm, const void *gu, const void *gus, struct expert_extra xb,
+                     int K, int D, int F, int E, int n_pairs, bool vec)
 {
     const int e = blockIdx.y;
     if (e >= E) return;
@@ -202,7 +338,7 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
         for (int r = 0; r < UP_RT; r++)
             xs.p[r] = x + (size_t)(r < nr ? perm[r0 + rt + r] / K : 0) * D;
         float acc[2][UP_RT] = {};
-        warp_dots<DT, UP_RT, 2, UP_U>(acc, gu, wo, xs, nr, D, vec);
+        expert_dots<DT, UP_RT, 2, UP_U>(acc, gu, gus, wo, xs, nr, D, vec);
 #pragma unroll
         for (int r = 0; r < UP_RT; r++) {
             if (r >= nr) break;
@@ -222,8 +358,8 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
 template <enum moe_dtype DT>
 static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
     expert_down_kernel(float *ye, const float *h, const int32_t *counts, const int32_t *offsets,
-                       const void *dn, const float *b_down, int D, int F, int E, int n_pairs,
-                       bool vec)
+                       const void *dn, const void *dns, const float *b_down, int D, int F, int E,
+                       int n_pairs, bool vec)
 {
     const int e = blockIdx.y;
     if (e >= E) return;
@@ -239,7 +375,9 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
         const int nr = min(DOWN_RT, c - rt);
         const strided_rows hs = {h + (size_t)(r0 + rt) * F, F};
         float acc[DOWN_NW][DOWN_RT] = {};
-        warp_dots<DT, DOWN_RT, DOWN_NW, DOWN_U>(acc, dn, wo, hs, nr, F, vec);
+        /* planes: one load per row in flight (registers: the block partials) */
+        constexpr int U = DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128 ? 1 : DOWN_U;
+        expert_dots<DT, DOWN_RT, DOWN_NW, U>(acc, dn, dns, wo, hs, nr, F, vec);
 #pragma unroll
         for (int k = 0; k < DOWN_NW; k++) {
             if (d0 + k >= D) break;
@@ -257,14 +395,15 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
 template <enum moe_dtype DT>
 static enum moe_status launch_small(cudaStream_t st, dim3 g1, dim3 g2, float *h, float *ye,
                                    const float *x, const struct moe_dispatch *plan,
-                                   const void *gu, const void *dn, struct expert_extra xb, int K,
-                                   int D, int F, int E, int n, bool vec)
+                                   const void *gu, const void *gus, const void *dn, const void *dns,
+                                   struct expert_extra xb, int K, int D, int F, int E, int n,
+                                   bool vec)
 {
     expert_up_kernel<DT><<<g1, FFN_WARPS * 32, 0, st>>>(h, x, plan->counts, plan->offsets,
-                                                        plan->perm, gu, xb, K, D, F, E, n, vec);
+                                                        plan->perm, gu, gus, xb, K, D, F, E, n, vec);
     MOE_CUDA_LAUNCHED();
     expert_down_kernel<DT><<<g2, FFN_WARPS * 32, 0, st>>>(ye, h, plan->counts, plan->offsets, dn,
-                                                          xb.b_down, D, F, E, n, vec);
+                                                          dns, xb.b_down, D, F, E, n, vec);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
@@ -287,15 +426,81 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
     dim3 g1((unsigned)((F + FFN_WARPS - 1) / FFN_WARPS), (unsigned)E);
     const int dw = (D + DOWN_NW - 1) / DOWN_NW; /* warps per expert in the down kernel */
     dim3 g2((unsigned)((dw + FFN_WARPS - 1) / FFN_WARPS), (unsigned)E);
+    /* planes (MXFP4, FP8_B128): the scales follow the values of all E experts */
+    const void *gus = NULL, *dns = NULL;
+    if (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128) {
+        const size_t blk = dt == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK;
+        if (D % blk || F % blk)
+            return moe_fail(MOE_ERR_INVALID_ARG, "CUDA experts: %s rows of %d and %d values",
+                            moe_dtype_name(dt), D, F);
+        gus = (const char *)gu + moe_planes_values_bytes(dt, 2 * (size_t)F * E, (size_t)D);
+        dns = (const char *)dn + moe_planes_values_bytes(dt, (size_t)D * E, (size_t)F);
+    }
     /* one instantiation per weight type: no dtype branch in the inner loop */
-#define SMALL(DT) launch_small<DT>(st, g1, g2, h, ye, x, plan, gu, dn, xb, K, D, F, E, n, vec)
+#define SMALL(DT) launch_small<DT>(st, g1, g2, h, ye, x, plan, gu, gus, dn, dns, xb, K, D, F, E, n, vec)
     switch (dt) {
     case MOE_DTYPE_F32: return SMALL(MOE_DTYPE_F32);
     case MOE_DTYPE_F16: return SMALL(MOE_DTYPE_F16);
     case MOE_DTYPE_BF16: return SMALL(MOE_DTYPE_BF16);
+    case MOE_DTYPE_MXFP4: return SMALL(MOE_DTYPE_MXFP4);
+    case MOE_DTYPE_FP8_B128: return SMALL(MOE_DTYPE_FP8_B128);
     default: return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA experts: %s weights", moe_dtype_name(dt));
     }
 #undef SMALL
+}
+
+/* ---- MXFP4 / FP8_B128 planes widened to bf16 for the grouped path ----
+ * One thread per 16-byte load of values; experts without rows (counts[e]
+ * == 0) are skipped.  Each value is the CPU's fp32 value (code x scale),
+ * rounded once to bf16 (exact for MXFP4 within bf16's range). */
+template <enum moe_dtype DT>
+static __global__ void widen_planes_kernel(__nv_bfloat16 *dst, const void *src, const void *scales,
+                                           const int32_t *counts, size_t per_expert, size_t n_loads)
+{
+    typedef qtraits<DT> Q;
+    for (size_t l = blockIdx.x * (size_t)blockDim.x + threadIdx.x; l < n_loads;
+         l += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = l * Q::per_load; /* first value */
+        if (counts && counts[i / per_expert] <= 0) continue;
+        const uint4 wq = __ldcs((const uint4 *)((const uint8_t *)src + (Q::fp4 ? i / 2 : i)));
+        const float sc = qscale<DT>(scales, i);
+        const uint32_t word[4] = {wq.x, wq.y, wq.z, wq.w};
+        __nv_bfloat16 *o = dst + i;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float v[8];
+            qword<DT>(v, word[j]);
+#pragma unroll
+            for (int t = 0; t < 4; t++) o[4 * j + t] = __float2bfloat16_rn(v[t] * Q::unit * sc);
+            if (Q::fp4)
+#pragma unroll
+                for (int t = 0; t < 4; t++) o[16 + 4 * j + t] = __float2bfloat16_rn(v[4 + t] * Q::unit * sc);
+        }
+    }
+}
+
+extern "C" enum moe_status moe_experts_widen_cuda(cudaStream_t st, void *dst, const void *src,
+                                                  enum moe_dtype dt, size_t rows, size_t K, int E,
+                                                  const int32_t *counts)
+{
+    const bool fp4 = dt == MOE_DTYPE_MXFP4;
+    if (!fp4 && dt != MOE_DTYPE_FP8_B128)
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA widen: %s weights", moe_dtype_name(dt));
+    if (E <= 0 || rows % (size_t)E || K % (fp4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK))
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA widen: %zu rows of %zu over %d experts", rows, K, E);
+    if (rows == 0) return MOE_OK;
+    const size_t n = rows * K, per_load = fp4 ? 32 : 16;
+    const void *scales = (const char *)src + moe_planes_values_bytes(dt, rows, K);
+    __nv_bfloat16 *d = (__nv_bfloat16 *)dst;
+    const size_t per_expert = n / (size_t)E, loads = n / per_load;
+    if (fp4)
+        widen_planes_kernel<MOE_DTYPE_MXFP4><<<moe_cuda_blocks(loads, 256), 256, 0, st>>>(
+            d, src, scales, counts, per_expert, loads);
+    else
+        widen_planes_kernel<MOE_DTYPE_FP8_B128><<<moe_cuda_blocks(loads, 256), 256, 0, st>>>(
+            d, src, scales, counts, per_expert, loads);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
 }
 
 static __global__ void gather_half_kernel(void *xe, const float *x, const int32_t *perm, int n,

@@ -24,7 +24,12 @@
  * gate+up (gate rows first) and (E, D, F) down, whatever the checkpoint
  * layout, and the expert table is rewritten to point into them:
  * gate[e] = gate[0] + e*2F*D elements, up[e] = gate[e] + F*D,
- * down[e] = down[0] + e*D*F.  The CUDA experts op requires that layout.
+ * down[e] = down[0] + e*D*F.  MXFP4 and FP8_B128 experts keep their dtype
+ * and each stack is planes (runtime/tensor.h: the values of all its
+ * matrices, then their scales), the table pointing at each matrix's values:
+ * gate[e] = gate[0] + 2e*V bytes, up[e] = gate[e] + V, down[e] = down[0] +
+ * e*V, V = moe_planes_values_bytes(dtype, F, D).  The CUDA experts op
+ * requires that layout.
  * The fast CPU backend (AVX2 or AVX-512 kernels) likewise rewrites the views
  * of the model's bf16 matrices (attention, dense and shared FFN, routers,
  * LM head, every expert's gate/up/down; 2-D with an even inner size) to

@@ -144,6 +144,7 @@ static void free_workspaces(struct cuda_ctx *c)
     cudaFree(c->sort_keys);
     cudaFree(c->d_ptrs);
     cudaFree(c->d_load);
+    cudaFree(c->wide);
     cudaFreeHost(c->h_counts);
     cudaFreeHost(c->h_ptrs);
     cudaFreeHost(c->h_load);
@@ -156,6 +157,19 @@ static void free_workspaces(struct cuda_ctx *c)
     c->max_rows = c->max_din = c->max_k = c->max_e = c->moe_layers = 0;
     c->sort_bytes = 0;
     c->att_head_floats = 0;
+    c->wide = NULL;
+    c->wide_bytes = 0;
+}
+
+/* Bytes of bf16 a layer's E experts of D x F widen to (3 matrices each),
+ * or 0 on overflow. */
+static size_t widened_layer_bytes(int E, int D, int F)
+{
+    size_t n;
+    if (E <= 0 || D <= 0 || F <= 0 || !moe_mul_size(3 * (size_t)E, (size_t)D, &n) ||
+        !moe_mul_size(n, 2 * (size_t)F, &n))
+        return 0;
+    return n;
 }
 
 static int imax(int a, int b) { return a > b ? a : b; }
@@ -168,9 +182,16 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     int din = imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
     int K = imax(cfg->top_k, 1), E = imax(cfg->n_experts, 1), L = imax(moe_config_moe_layers(cfg), 1);
     const size_t head_floats = (size_t)imax(cfg->n_heads, 1) * (imax(cfg->head_dim, 1) + 2);
+    /* MXFP4 / FP8 experts: the grouped path widens a layer's to bf16 here */
+    size_t wide = cfg->experts_mxfp4 || cfg->weights_fp8
+                      ? widened_layer_bytes(cfg->n_experts, cfg->d_model, cfg->d_expert) : 0;
+    if ((cfg->experts_mxfp4 || cfg->weights_fp8) && cfg->n_experts > 0 && !wide)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d experts of %d x %d overflow",
+                        cfg->n_experts, cfg->d_model, cfg->d_expert);
     if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
-        L <= c->moe_layers && head_floats <= c->att_head_floats)
+        L <= c->moe_layers && head_floats <= c->att_head_floats && wide <= c->wide_bytes)
         return MOE_OK;
+    if (c->wide_bytes > wide) wide = c->wide_bytes;
     max_rows = imax(max_rows, c->max_rows);
     din = imax(din, c->max_din);
     K = imax(K, c->max_k);
@@ -192,6 +213,8 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     MOE_CUDA_TRY(cudaMalloc((void **)&c->d_ptrs, 6 * (size_t)E * sizeof(void *)));
     MOE_CUDA_TRY(cudaMalloc((void **)&c->d_load, (size_t)L * E * sizeof(uint64_t)));
     MOE_CUDA_TRY(cudaMemset(c->d_load, 0, (size_t)L * E * sizeof(uint64_t)));
+    if (wide) MOE_CUDA_TRY(cudaMalloc(&c->wide, wide));
+    c->wide_bytes = wide;
     MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_counts, (size_t)E * sizeof(int32_t)));
     MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_ptrs, 6 * (size_t)E * sizeof(void *)));
     MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_load, (size_t)L * E * sizeof(uint64_t)));
@@ -451,6 +474,32 @@ static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const flo
                                     ex->b_down.data);
 }
 
+/* Bytes of one expert matrix of F x D in dt on the device (planes: the
+ * value plane's share; the scales follow all E experts' values). */
+static size_t expert_mat_bytes(enum moe_dtype dt, int F, int D)
+{
+    if (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128)
+        return moe_planes_values_bytes(dt, (size_t)F, (size_t)D);
+    return (size_t)F * D * moe_dtype_size(dt);
+}
+
+/* MXFP4 / FP8 experts on the grouped path: the layer's experts with rows
+ * widened to bf16 in c->wide (planes: runtime/tensor.h), the GEMMs then
+ * as for bf16 weights. */
+static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const float *x,
+                                       const struct moe_dispatch *plan, const float *w,
+                                       const struct moe_expert_weights *ex,
+                                       const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                       int E)
+{
+    char *wgu = c->wide, *wdn = wgu + 2 * (size_t)F * D * 2 * E;
+    MOE_TRY(moe_experts_widen_cuda(c->stream, wgu, ex->gate[0], ex->dtype, 2 * (size_t)F * E,
+                                   (size_t)D, E, plan->counts));
+    MOE_TRY(moe_experts_widen_cuda(c->stream, wdn, ex->down[0], ex->dtype, (size_t)D * E, (size_t)F,
+                                   E, plan->counts));
+    return experts_grouped(c, out, x, plan, w, wgu, wdn, ex, MOE_DTYPE_BF16, ws, T, K, D, F, E);
+}
+
 static enum moe_status cuda_experts(struct moe_backend *be, float *out, const float *x,
                                     const struct moe_dispatch *plan, const float *w,
                                     const struct moe_expert_weights *ex,
@@ -458,7 +507,7 @@ static enum moe_status cuda_experts(struct moe_backend *be, float *out, const fl
                                     int E)
 {
     struct cuda_ctx *c = ctx_of(be);
-    const size_t es = moe_dtype_size(ex->dtype), mat = (size_t)F * D * es;
+    const size_t mat = expert_mat_bytes(ex->dtype, F, D);
     const char *gu = ex->gate[0], *dn = ex->down[0];
     for (int e = 0; e < E; e++)
         if ((const char *)ex->gate[e] != gu + 2 * mat * e ||
@@ -468,8 +517,16 @@ static enum moe_status cuda_experts(struct moe_backend *be, float *out, const fl
                             "device layout (see prepare_model in backend.h)", e);
     if (T <= 0) return MOE_OK;
     const bool half = ex->dtype == MOE_DTYPE_BF16 || ex->dtype == MOE_DTYPE_F16;
-    if (half && T > SMALL_EXPERT_ROWS && E <= c->max_e && !c->no_grouped) {
-        enum moe_status s = experts_grouped(c, out, x, plan, w, gu, dn, ex, ex->dtype, ws, T, K, D, F, E);
+    /* planes: widening a layer costs about what reading its experts 4-5
+     * times does, so the device-driven kernels keep them up to 8 rows an
+     * expert on average (untuned: no GPU has run this yet) */
+    const bool planes = (ex->dtype == MOE_DTYPE_MXFP4 || ex->dtype == MOE_DTYPE_FP8_B128) &&
+                        c->wide && widened_layer_bytes(E, D, F) <= c->wide_bytes &&
+                        (int64_t)T * K > 8 * (int64_t)E;
+    if ((half || planes) && T > SMALL_EXPERT_ROWS && E <= c->max_e && !c->no_grouped) {
+        enum moe_status s = planes ? experts_widened(c, out, x, plan, w, ex, ws, T, K, D, F, E)
+                                   : experts_grouped(c, out, x, plan, w, gu, dn, ex, ex->dtype, ws,
+                                                     T, K, D, F, E);
         if (s != MOE_ERR_UNSUPPORTED) return s;
         /* this cuBLAS cannot do it: say so once, use the other path */
         fprintf(stderr, "moerun: cuda: grouped expert GEMM unavailable (%s); using the "

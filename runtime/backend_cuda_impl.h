@@ -55,6 +55,10 @@ struct cuda_ctx {
     void **d_ptrs;           /* device (6E) */
     /* expert load counters, (moe_layers, E) uint64 */
     uint64_t *d_load, *h_load;
+    /* bf16 (E, 2F, D) + (E, D, F): a layer's MXFP4 / FP8 experts widened
+     * for the grouped path (reserved for models with such experts) */
+    void *wide;
+    size_t wide_bytes;
     int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
     bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
     bool prefill_rows;       /* MOERUN_CUDA_PREFILL_ATTN=rows: per-row kernel for prefill too */
@@ -67,8 +71,8 @@ struct cuda_ctx {
     struct step_graph pending; /* the step being recorded */
     int capturing;           /* 1 while recording */
     int replaying;           /* index + 1 of the graph graph_end launches */
-    bool widened_mxfp4;     /* prepare_model widened MXFP4 experts to bf16 */
-    bool widened_fp8;       /* ... and FP8_B128 weights (fp8 checkpoints) */
+    bool widened_fp8;       /* prepare_model widened FP8_B128 weights (not experts) to bf16 */
+    bool mxfp4_experts, fp8_experts; /* ... kept such experts as planes */
 };
 
 static inline struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }

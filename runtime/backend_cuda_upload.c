@@ -1,8 +1,9 @@
 /* backend_cuda_upload.c - the CUDA backend's prepare_model: every weight
  * uploaded once in its stored dtype (or generated on the device for a
- * deferred synthetic model; MXFP4 and FP8 weights widened to bf16), experts
- * stacked per layer into (E, 2F, D) and (E, D, F) buffers, and the model's
- * views rewritten to device pointers. */
+ * deferred synthetic model; FP8 weights other than experts widened to
+ * bf16), experts stacked per layer into (E, 2F, D) and (E, D, F) buffers
+ * (MXFP4 and FP8 ones as planes, runtime/tensor.h), and the model's views
+ * rewritten to device pointers. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,19 +47,6 @@ static enum moe_status synth_view(struct moe_backend *be, const struct moe_model
                                    ones ? -1.0f : m->synth_std);
 }
 
-/* dst (bf16 on the device) = the src_bytes of host rows src in dt (MXFP4
- * or FP8_B128) widened, through stage (device memory of src_bytes or more):
- * a copy then a kernel on the backend's stream (runtime/ops_cuda.cu). */
-static enum moe_status widen_rows(struct moe_backend *be, void *dst, const void *src, size_t src_bytes,
-                                  enum moe_dtype dt, void *stage)
-{
-    struct cuda_ctx *c = ctx_of(be);
-    MOE_CUDA_TRY(cudaMemcpyAsync(stage, src, src_bytes, cudaMemcpyHostToDevice, c->stream));
-    if (dt == MOE_DTYPE_MXFP4) return moe_ops_mxfp4_to_bf16_cuda(c->stream, dst, stage, src_bytes / MOE_MXFP4_BYTES);
-    MOE_ASSERT(dt == MOE_DTYPE_FP8_B128);
-    return moe_ops_fp8_to_bf16_cuda(c->stream, dst, stage, src_bytes / MOE_FP8_BYTES);
-}
-
 /* An FP8_B128 view (an fp8 checkpoint's attention, dense or shared FFN
  * weight) widened to a bf16 device copy: the fp32 value of each weight,
  * rounded once. */
@@ -69,8 +57,10 @@ static enum moe_status upload_fp8_view(struct moe_backend *be, struct moe_tensor
     void *stage;
     MOE_TRY(dev_buffer(be, n * 2, out));
     MOE_CUDA_TRY(cudaMalloc(&stage, src));
-    enum moe_status s = widen_rows(be, *out, t->data, src, MOE_DTYPE_FP8_B128, stage);
-    const cudaError_t ce = cudaStreamSynchronize(c->stream);
+    enum moe_status s = MOE_OK;
+    cudaError_t ce = cudaMemcpyAsync(stage, t->data, src, cudaMemcpyHostToDevice, c->stream);
+    if (ce == cudaSuccess) s = moe_ops_fp8_to_bf16_cuda(c->stream, *out, stage, src / MOE_FP8_BYTES);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(c->stream);
     cudaFree(stage);
     if (s == MOE_OK && ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
     c->widened_fp8 = true;
@@ -116,31 +106,37 @@ static enum moe_status upload_view(struct moe_backend *be, const struct moe_mode
     return MOE_OK;
 }
 
-/* MXFP4 experts (gpt-oss) or FP8_B128 ones (fp8 checkpoints) widened to
- * bf16 on the device: each matrix's rows copied to a staging buffer,
- * widened into the stacked (E, 2F, D) and (E, D, F) buffers (MXFP4
- * exactly; FP8 rounded once to bf16: runtime/cuda_util.h).  3.8x the bytes
- * of the 4.25-bit MXFP4 weights, 1.9x those of FP8, for want of such
- * kernels on the GPU yet. */
-static enum moe_status widen_experts(struct moe_backend *be, struct moe_expert_weights *x, int E, int D, int F,
-                                     void *gu, void *dn)
+/* MXFP4 experts (gpt-oss) or FP8_B128 ones (fp8 checkpoints) as planes
+ * (runtime/tensor.h), read in place by the expert kernels: each matrix's
+ * rows split on the host into its values and scales, copied to their
+ * places in the gate+up stack (2F*E rows of D) and the down stack (D*E
+ * rows of F), the scales of a stack after all its values. */
+static enum moe_status planes_experts(struct moe_backend *be, struct moe_expert_weights *x, int E, int D,
+                                      int F, void *gu, void *dn)
 {
-    struct cuda_ctx *c = ctx_of(be);
-    const size_t rg = moe_dtype_row_bytes(x->dtype, (size_t)D), rd = moe_dtype_row_bytes(x->dtype, (size_t)F);
-    const size_t big = (size_t)F * rg > (size_t)D * rd ? (size_t)F * rg : (size_t)D * rd;
-    void *stage;
-    MOE_CUDA_TRY(cudaMalloc(&stage, big));
+    const enum moe_dtype dt = x->dtype;
+    const size_t FD = (size_t)F * D;
+    const size_t vb = moe_planes_values_bytes(dt, (size_t)F, (size_t)D);
+    const size_t sb = moe_planes_scales_bytes(dt, (size_t)F, (size_t)D); /* per matrix (D, F alike) */
+    unsigned char *hv = malloc(vb + sb);
+    if (!hv) return moe_fail(MOE_ERR_NOMEM, "cuda upload: %zu bytes of expert staging", vb + sb);
+    char *gus = (char *)gu + moe_planes_values_bytes(dt, 2 * (size_t)F * E, (size_t)D);
+    char *dns = (char *)dn + moe_planes_values_bytes(dt, (size_t)D * E, (size_t)F);
     enum moe_status s = MOE_OK;
-    const size_t mat = (size_t)F * D * 2; /* bf16 bytes of one matrix */
     for (int e = 0; e < E && s == MOE_OK; e++) {
         const void *src[3] = {x->gate[e], x->up[e], x->down[e]};
-        char *dst[3] = {(char *)gu + 2 * mat * e, (char *)gu + 2 * mat * e + mat, (char *)dn + mat * e};
-        const size_t bytes[3] = {(size_t)F * rg, (size_t)F * rg, (size_t)D * rd};
-        for (int i = 0; i < 3 && s == MOE_OK; i++) s = widen_rows(be, dst[i], src[i], bytes[i], x->dtype, stage);
+        /* matrix index within its stack: gate 2e, up 2e + 1, down e */
+        const size_t at[3] = {2 * (size_t)e, 2 * (size_t)e + 1, (size_t)e};
+        for (int i = 0; i < 3 && s == MOE_OK; i++) {
+            const size_t rows = i < 2 ? (size_t)F : (size_t)D, K = FD / rows;
+            moe_planes_from_rows(dt, src[i], rows, K, hv, hv + vb);
+            char *v = (char *)(i < 2 ? gu : dn) + at[i] * vb, *sc = (i < 2 ? gus : dns) + at[i] * sb;
+            cudaError_t ce = cudaMemcpy(v, hv, vb, cudaMemcpyHostToDevice);
+            if (ce == cudaSuccess) ce = cudaMemcpy(sc, hv + vb, sb, cudaMemcpyHostToDevice);
+            if (ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+        }
     }
-    cudaError_t ce = cudaStreamSynchronize(c->stream);
-    cudaFree(stage);
-    if (s == MOE_OK && ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+    free(hv);
     return s;
 }
 
@@ -150,23 +146,32 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
                                       struct moe_expert_weights *x, int E, int D, int F)
 {
     struct cuda_ctx *c = ctx_of(be);
-    /* MXFP4 and FP8 experts are widened to bf16 (widen_experts) */
-    const bool widen = x->dtype == MOE_DTYPE_MXFP4 || x->dtype == MOE_DTYPE_FP8_B128;
-    const size_t es = widen ? 2 : moe_dtype_size(x->dtype), mat = (size_t)F * D * es;
+    /* MXFP4 and FP8 experts stay as they are, in planes */
+    const bool planes = x->dtype == MOE_DTYPE_MXFP4 || x->dtype == MOE_DTYPE_FP8_B128;
+    size_t mat = (size_t)F * D * moe_dtype_size(x->dtype), gu_bytes = 2 * mat * (size_t)E,
+           dn_bytes = mat * (size_t)E;
+    if (planes) {
+        const size_t blk = x->dtype == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK;
+        if (D % blk || F % blk)
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %s experts of %d x %d", moe_dtype_name(x->dtype),
+                            D, F);
+        mat = moe_planes_values_bytes(x->dtype, (size_t)F, (size_t)D);
+        gu_bytes = 2 * (mat + moe_planes_scales_bytes(x->dtype, (size_t)F, (size_t)D)) * (size_t)E;
+        dn_bytes = gu_bytes / 2;
+    }
     void *gu, *dn;
-    MOE_TRY(dev_buffer(be, 2 * mat * (size_t)E, &gu));
-    MOE_TRY(dev_buffer(be, mat * (size_t)E, &dn));
+    MOE_TRY(dev_buffer(be, gu_bytes, &gu));
+    MOE_TRY(dev_buffer(be, dn_bytes, &dn));
     /* one copy when the checkpoint is already stacked, else per matrix */
-    bool stacked = !widen;
+    bool stacked = !planes;
     for (int e = 0; e < E && stacked; e++)
         stacked = (const char *)x->gate[e] == (const char *)x->gate[0] + 2 * mat * e &&
                   (const char *)x->up[e] == (const char *)x->gate[e] + mat &&
                   (const char *)x->down[e] == (const char *)x->down[0] + mat * e;
-    if (widen) {
-        MOE_TRY(widen_experts(be, x, E, D, F, gu, dn));
-        if (x->dtype == MOE_DTYPE_MXFP4) c->widened_mxfp4 = true;
-        else c->widened_fp8 = true;
-        x->dtype = MOE_DTYPE_BF16;
+    if (planes) {
+        MOE_TRY(planes_experts(be, x, E, D, F, gu, dn));
+        if (x->dtype == MOE_DTYPE_MXFP4) c->mxfp4_experts = true;
+        else c->fp8_experts = true;
     } else if (m->weights_deferred) {
         /* synth.c makes gate_up_proj (E, 2F, D) and down_proj (E, D, F)
          * tensors: the device layout, value for value */
@@ -188,12 +193,12 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
         x->up[e] = (const char *)gu + 2 * mat * e + mat;
         x->down[e] = (const char *)dn + mat * e;
     }
-    c->part_bytes[P_EXPERTS] += 3 * mat * (size_t)E;
+    c->part_bytes[P_EXPERTS] += gu_bytes + dn_bytes;
     return MOE_OK;
 }
 
 /* Whether a weight of m other than the experts is MXFP4 (no loader makes
- * one; experts are widened to bf16 at upload). */
+ * one; MXFP4 experts are kept as planes). */
 static bool has_mxfp4(const struct moe_model *m)
 {
     if (m->lm_head.dtype == MOE_DTYPE_MXFP4 || m->embed.dtype == MOE_DTYPE_MXFP4) return true;
@@ -228,7 +233,7 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     /* deduplicate within this model only: a later model's host data may
      * reuse an earlier one's (freed) addresses */
     c->n_up = 0;
-    c->widened_mxfp4 = c->widened_fp8 = false;
+    c->widened_fp8 = c->mxfp4_experts = c->fp8_experts = false;
     memset(c->part_bytes, 0, sizeof c->part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
     MOE_TRY(upload_view(be, m, &m->lm_head, cfg->tie_embeddings ? P_EMBED : P_HEAD));
@@ -267,11 +272,12 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     }
     fprintf(stderr, "moerun: cuda: weights resident %.2f GiB (%s ) free %.2f of %.2f GiB\n",
             all / 1073741824.0, line, fr / 1073741824.0, tot / 1073741824.0);
-    if (c->widened_mxfp4)
-        fprintf(stderr, "moerun: cuda: MXFP4 experts widened to bf16 at upload (no MXFP4 kernels on "
-                "the GPU yet: 3.8x their bytes)\n");
+    if (c->mxfp4_experts || c->fp8_experts)
+        fprintf(stderr, "moerun: cuda: %s%s%s experts resident as stored, read in place\n",
+                c->mxfp4_experts ? "MXFP4" : "", c->mxfp4_experts && c->fp8_experts ? " and " : "",
+                c->fp8_experts ? "FP8" : "");
     if (c->widened_fp8)
-        fprintf(stderr, "moerun: cuda: FP8 weights widened to bf16 at upload (each rounded once; no FP8 "
-                "kernels on the GPU yet: 1.9x their bytes)\n");
+        fprintf(stderr, "moerun: cuda: FP8 attention and dense weights widened to bf16 at upload "
+                "(each rounded once: 1.9x their bytes)\n");
     return MOE_OK;
 }

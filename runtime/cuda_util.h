@@ -81,11 +81,6 @@ enum moe_status moe_ops_to_half_cuda(cudaStream_t st, void *dst, const float *sr
  * standard deviation std keyed by key, or ones when std < 0. */
 enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t n,
                                         uint64_t key, float std);
-/* dst (n_blocks * 32 bf16 values) = MXFP4 blocks src (n_blocks of
- * MOE_MXFP4_BYTES: runtime/tensor.h), exactly (E2M1 x 2^k fits bf16, apart
- * from scales past bf16's range, which overflow to inf as transformers'
- * bf16 dequantization does). */
-enum moe_status moe_ops_mxfp4_to_bf16_cuda(cudaStream_t st, void *dst, const void *src, size_t n_blocks);
 /* dst (n_blocks * 128 bf16 values) = FP8_B128 blocks src (n_blocks of
  * MOE_FP8_BYTES: runtime/tensor.h): each value the fp32 product of its
  * E4M3 byte and its block's scale (the CPU's weight), rounded to bf16 (as
@@ -142,7 +137,8 @@ enum moe_status moe_router_dispatch_cuda(cudaStream_t st, struct moe_dispatch *p
 /* ---- experts/experts_cuda.cu ---- */
 enum moe_status moe_experts_swiglu_cuda(cudaStream_t st, float *g, const float *u, size_t n);
 /* Decode path: no host synchronisation.  h (T*K, F) fp32 scratch, ye (T*K, D)
- * fp32 scratch; gu (E, 2F, D), dn (E, D, F) stacked in dt; ex's biases and
+ * fp32 scratch; gu (E, 2F, D), dn (E, D, F) stacked in dt (MXFP4 and
+ * FP8_B128: each stack as planes, runtime/tensor.h); ex's biases and
  * activation (model.h; ex may be NULL: none). */
 enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye, const float *x,
                                            const struct moe_dispatch *plan, const void *gu,
@@ -157,6 +153,12 @@ enum moe_status moe_experts_gather_half_cuda(cudaStream_t st, void *xe, const fl
 enum moe_status moe_experts_swiglu_half_cuda(cudaStream_t st, void *h, const void *gu, int n,
                                              int F, enum moe_dtype dt, const int32_t *offsets,
                                              int E, const struct moe_expert_weights *ex);
+/* dst (rows, K) bf16 = the planes src (rows of K values in dt: MXFP4 or
+ * FP8_B128) widened, rows the stack of E experts' matrices; the experts
+ * whose counts[e] is 0 are skipped (counts NULL: none). */
+enum moe_status moe_experts_widen_cuda(cudaStream_t st, void *dst, const void *src,
+                                       enum moe_dtype dt, size_t rows, size_t K, int E,
+                                       const int32_t *counts);
 /* out (T, D) = sum_k w[t,k] * (ye[pos[t*K+k]] (+ b_down of its expert)) in
  * k order; ye in ydt (F32, F16 or BF16); b_down (E, D) or NULL. */
 enum moe_status moe_experts_combine_cuda(cudaStream_t st, float *out, const void *ye,

@@ -225,39 +225,6 @@ extern "C" enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, e
     return MOE_OK;
 }
 
-/* ---- MXFP4 blocks widened to bf16 (gpt-oss experts at upload) ---- */
-
-static __global__ void mxfp4_to_bf16_kernel(__nv_bfloat16 *dst, const uint8_t *src, size_t n_blocks)
-{
-    /* E2M1 codes, signs in the top bit of the index */
-    const float lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                           -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < n_blocks;
-         b += (size_t)gridDim.x * blockDim.x) {
-        const uint8_t *blk = src + b * MOE_MXFP4_BYTES;
-        const uint8_t e = blk[0];
-        /* 2^(e-127): exact in fp32 for e in 1..254; e = 0 is 2^-127 (a
-         * subnormal); 255 was refused at load */
-        const float scale = e == 0 ? __int_as_float(0x00400000) : __int_as_float((int)e << 23);
-        __nv_bfloat16 *out = dst + b * 32;
-        for (int j = 0; j < 16; j++) {
-            const uint8_t q = blk[1 + j];
-            out[j] = __float2bfloat16_rn(lut[q & 15] * scale);
-            out[j + 16] = __float2bfloat16_rn(lut[q >> 4] * scale);
-        }
-    }
-}
-
-extern "C" enum moe_status moe_ops_mxfp4_to_bf16_cuda(cudaStream_t st, void *dst, const void *src,
-                                                      size_t n_blocks)
-{
-    if (n_blocks == 0) return MOE_OK;
-    mxfp4_to_bf16_kernel<<<moe_cuda_blocks(n_blocks, 256), 256, 0, st>>>((__nv_bfloat16 *)dst,
-                                                                         (const uint8_t *)src, n_blocks);
-    MOE_CUDA_LAUNCHED();
-    return MOE_OK;
-}
-
 /* ---- FP8_B128 rows widened to bf16 (fp8 checkpoints at upload) ---- */
 
 /* An E4M3 byte's value, as moe_fp8_e4m3_to_f32 (runtime/tensor.h) computes

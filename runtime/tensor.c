@@ -196,6 +196,34 @@ bool moe_mxfp4_pack_row(void *dst, const uint8_t *blocks, const uint8_t *scales,
     return true;
 }
 
+size_t moe_planes_values_bytes(enum moe_dtype t, size_t rows, size_t K)
+{
+    MOE_ASSERT(t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128);
+    return t == MOE_DTYPE_MXFP4 ? rows * (K / 2) : rows * K;
+}
+
+size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K)
+{
+    MOE_ASSERT(t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128);
+    return t == MOE_DTYPE_MXFP4 ? rows * (K / MOE_MXFP4_BLOCK) : rows * (K / MOE_FP8_BLOCK) * 4;
+}
+
+void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,
+                          void *scales)
+{
+    const bool fp4 = t == MOE_DTYPE_MXFP4;
+    const size_t blk = fp4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK, bytes = fp4 ? MOE_MXFP4_BYTES : MOE_FP8_BYTES;
+    const size_t vb = fp4 ? blk / 2 : blk, sb = fp4 ? 1 : 4; /* value and scale bytes per block */
+    MOE_ASSERT((fp4 || t == MOE_DTYPE_FP8_B128) && K % blk == 0);
+    const unsigned char *src = rows;
+    unsigned char *v = values, *s = scales;
+    for (size_t b = 0; b < R * (K / blk); b++, src += bytes, v += vb, s += sb) {
+        /* MXFP4: the scale byte first; FP8: the f32 scale first */
+        memcpy(s, src, sb);
+        memcpy(v, src + sb, vb);
+    }
+}
+
 bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n)
 {
     unsigned char *b = dst;

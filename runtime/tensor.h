@@ -82,7 +82,8 @@ enum moe_dtype {
      * layout (`*_blocks` (N, K/32, 16): byte b of group g holds elements
      * 32g + 2b (low nibble) and 32g + 2b + 1 (high); `*_scales` (N, K/32))
      * is repacked row by row at load by moe_mxfp4_pack_row.  Read by the
-     * CPU kernels (fast and reference), refused by CUDA and the
+     * CPU kernels (fast and reference) and, as experts, by CUDA's expert
+     * kernels (in planes: moe_planes_from_rows); refused by the
      * safetensors writer; never parsed from a file's dtype string, never
      * repacked to panels or requantized by --quantize.  moe_dtype_size
      * says 1 (as Q8_0: rows take moe_dtype_row_bytes). */
@@ -104,7 +105,8 @@ enum moe_dtype {
      * any row is read alone and a matrix can be cut at any row), then the
      * block's 128 E4M3 bytes as stored.  Made by moe_fp8_pack_row from a
      * checkpoint row and its scale row (runtime/model_fp8.c); read by the
-     * CPU kernels (fast and reference), widened to bf16 at upload by CUDA,
+     * CPU kernels (fast and reference); by CUDA's expert kernels as
+     * planes (moe_planes_from_rows), other matrices widened to bf16 at upload;
      * refused by the safetensors writer; never parsed from a file's dtype
      * string (the checkpoint's own bytes are MOE_DTYPE_F8E4M3), never
      * repacked to panels or requantized by --quantize.  moe_dtype_size
@@ -196,6 +198,43 @@ static inline float moe_mxfp4_get(const void *row, size_t k)
  * when a scale is 255 (NaN): the loader must refuse such a weight. */
 __attribute__((warn_unused_result)) bool moe_mxfp4_pack_row(void *dst, const uint8_t *blocks,
                                                             const uint8_t *scales, size_t K);
+
+/* The GPU's layout of MXFP4 and FP8_B128 matrices ("planes"): R rows of K
+ * values as one plane of value bytes, then one of scales, so that every
+ * 16-byte load of values is aligned and one block's values or a part of
+ * one.  MXFP4: R*K/2 bytes of nibbles, row r at r*K/2, each block's 16
+ * bytes as in MOE_DTYPE_MXFP4 (element j low, j + 16 high), then R*K/32
+ * E8M0 bytes; FP8_B128: R*K E4M3 bytes, then R*K/128 f32 scales.  The
+ * bytes of each plane: */
+/* The GPU kernels' decoding of planes (experts/experts_cuda.cu): two codes
+ * of a 32-bit word at once become the bits of two halves (low and high 16
+ * bits), by placing their bits: E2M1 codes s e1 e0 m (nibbles at bits 0-3
+ * and 16-19 of t) as s << 15 | e1 e0 m << 9, each the code's value times
+ * 2^-14 (e = 0 lands on the half subnormal m * 2^-15, as E2M1's m * 0.5 at
+ * the same ratio); E4M3 bytes s eeee mmm (bits 0-7 and 16-23) as s << 15 |
+ * eeeemmm << 7, each the byte's value times 2^-8 (subnormals alike).  The
+ * kernels fold 2^14 or 2^8 into the block's scale. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint32_t moe_e2m1x2_half_bits(uint32_t t)
+{
+    return (t & 0x00070007u) << 9 | (t & 0x00080008u) << 12;
+}
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint32_t moe_e4m3x2_half_bits(uint32_t t)
+{
+    return (t & 0x007f007fu) << 7 | (t & 0x00800080u) << 8;
+}
+size_t moe_planes_values_bytes(enum moe_dtype t, size_t rows, size_t K);
+size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K);
+/* Splits R rows of K values stored as t (MXFP4 or FP8_B128 blocks, rows of
+ * moe_dtype_row_bytes) into the value plane `values` and the scale plane
+ * `scales` (moe_planes_*_bytes each). */
+void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,
+                          void *scales);
 
 /* The value of an E4M3 ("fn") byte as fp32, exactly: normal values from
  * their bits, subnormals m * 2^-9, +-0, and a quiet NaN for 0x7F / 0xFF

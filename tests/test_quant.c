@@ -334,6 +334,45 @@ static void *mxfp4_weights(int N, int Din, uint64_t seed, int smin, int smax, bo
     return w;
 }
 
+/* The GPU's planes (moe_planes_from_rows) hold each row's nibbles and
+ * scales where runtime/tensor.h says: read back by that description, every
+ * value is the row's dequantized value, bit for bit. */
+Test(quant, mxfp4_planes_hold_each_value)
+{
+    static const float lut[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    const int N = 5, Din = 96;
+    float *wf;
+    void *w = mxfp4_weights(N, Din, 77, 0, 254, true, &wf);
+    const size_t vb = moe_planes_values_bytes(MOE_DTYPE_MXFP4, N, Din);
+    cr_assert_eq(vb, (size_t)N * Din / 2);
+    cr_assert_eq(moe_planes_scales_bytes(MOE_DTYPE_MXFP4, N, Din), (size_t)N * Din / 32);
+    uint8_t *v = malloc(vb), *sc = malloc((size_t)N * Din / 32);
+    moe_planes_from_rows(MOE_DTYPE_MXFP4, w, N, Din, v, sc);
+    for (int r = 0; r < N; r++)
+        for (int k = 0; k < Din; k++) {
+            const int j = k % 32;
+            const uint8_t byte = v[(size_t)r * Din / 2 + k / 32 * 16 + j % 16];
+            const float got = lut[(byte >> (j / 16 * 4)) & 15] * ldexpf(1.0f, sc[r * Din / 32 + k / 32] - 127);
+            cr_assert(tu_same_bits(got, wf[(size_t)r * Din + k]), "row %d value %d: %g, want %g", r, k, got,
+                      wf[(size_t)r * Din + k]);
+        }
+    free(v), free(sc), free(w), free(wf);
+}
+
+/* The GPU kernels' decoding (moe_e2m1x2_half_bits): each of the 16 codes in
+ * either half, read as a half and times 2^14, is the code's value. */
+Test(quant, e2m1_codes_placed_in_halves_are_their_values)
+{
+    static const float lut[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    for (uint32_t a = 0; a < 16; a++)
+        for (uint32_t b = 0; b < 16; b++) {
+            /* junk in the other bits must not leak in */
+            const uint32_t h = moe_e2m1x2_half_bits(a | b << 16 | 0xfff0fff0u);
+            const float lo = moe_f16_to_f32((uint16_t)h) * 16384.0f, hi = moe_f16_to_f32((uint16_t)(h >> 16)) * 16384.0f;
+            cr_assert(tu_same_bits(lo, lut[a]) && tu_same_bits(hi, lut[b]), "codes %u %u: %g %g", a, b, lo, hi);
+        }
+}
+
 /* Every kernel set this processor runs (the reference, AVX2, AVX-512)
  * multiplies MXFP4 weights as an fp32 product over the dequantized values
  * (the reference: bit for bit, it sums in the same order; the fast sets:

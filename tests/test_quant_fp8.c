@@ -175,6 +175,41 @@ static void *fp8_weights(int N, int Din, uint64_t seed, int emin, int emax, bool
     return w;
 }
 
+/* The GPU's planes (moe_planes_from_rows) hold each row's bytes and f32
+ * scales where runtime/tensor.h says: read back by that description (and
+ * by the kernels' decoding, moe_e4m3x2_half_bits: the byte as a half times
+ * 2^8), every value is the row's dequantized value, bit for bit. */
+Test(quant_fp8, planes_hold_each_value)
+{
+    const int N = 3, Din = 256;
+    float *wf;
+    void *w = fp8_weights(N, Din, 78, -20, 4, true, &wf);
+    const size_t vb = moe_planes_values_bytes(MOE_DTYPE_FP8_B128, N, Din);
+    cr_assert_eq(vb, (size_t)N * Din);
+    cr_assert_eq(moe_planes_scales_bytes(MOE_DTYPE_FP8_B128, N, Din), (size_t)N * Din / 128 * 4);
+    uint8_t *v = malloc(vb);
+    float *sc = malloc((size_t)N * Din / 128 * sizeof(float));
+    moe_planes_from_rows(MOE_DTYPE_FP8_B128, w, N, Din, v, sc);
+    for (int r = 0; r < N; r++)
+        for (int k = 0; k < Din; k++) {
+            const uint8_t b = v[(size_t)r * Din + k];
+            const float s = sc[r * Din / 128 + k / 128], want = wf[(size_t)r * Din + k];
+            const float got = moe_fp8_e4m3_to_f32(b) * s;
+            /* the kernels: the half's value times 2^8 (exact), then the scale */
+            const float half = moe_f16_to_f32((uint16_t)moe_e4m3x2_half_bits(b)) * 256.0f * s;
+            cr_assert(tu_same_bits(got, want) && tu_same_bits(half, want), "row %d value %d: %g %g, want %g",
+                      r, k, got, half, want);
+        }
+    for (unsigned b = 0; b < 256; b++) {
+        if ((b & 0x7f) == 0x7f) continue; /* NaN: refused at load */
+        const uint32_t h = moe_e4m3x2_half_bits(b << 16 | 0xff00ff00u | (b ^ 0x80));
+        cr_assert(tu_same_bits(moe_f16_to_f32((uint16_t)(h >> 16)) * 256.0f, moe_fp8_e4m3_to_f32((uint8_t)b)) &&
+                      tu_same_bits(moe_f16_to_f32((uint16_t)h) * 256.0f, moe_fp8_e4m3_to_f32((uint8_t)(b ^ 0x80))),
+                  "byte 0x%02x", b);
+    }
+    free(v), free(sc), free(w), free(wf);
+}
+
 /* Every kernel set this processor runs (the reference, AVX2, AVX-512)
  * multiplies FP8 weights as an fp32 product over the dequantized values
  * (the reference: bit for bit, it sums in the same order; the fast sets:

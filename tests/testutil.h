@@ -2,8 +2,10 @@
  * tolerance checks that report the worst element, fixture paths. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define FIXTURE_DIR MOERUN_SOURCE_DIR "/tests/fixtures"
 
@@ -12,6 +14,14 @@ uint64_t tu_rand_u64(uint64_t *state);
 /* Uniform in [lo, hi). */
 float tu_rand_uniform(uint64_t *state, float lo, float hi);
 void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
+/* Whether a and b are the same bits (-0 is not 0, NaN may equal NaN). */
+static inline bool tu_same_bits(float a, float b)
+{
+    uint32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x == y;
+}
 
 /* Checks |x - ref| <= atol + rtol*|ref| elementwise; on failure prints the
  * worst element with `what` and returns 0. */

@@ -6,7 +6,7 @@
 #
 #  1. unpacks the .debs into a private prefix and builds (Release, CUDA on);
 #  2. runs every CUDA op against the CPU op (tests/test_cuda_ops.c,
-#     tests/test_cuda_attention.c) and
+#     tests/test_cuda_attention.c, tests/test_cuda_quant.c) and
 #     tabulates the worst relative error per op and dtype;
 #  3. runs every fixture model end to end on both backends
 #     (tests/test_cuda_forward.c: fp32 greedy tokens identical, bf16 logits
@@ -73,7 +73,7 @@ if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOERUN_CUDA=ON \
     tail -30 "$log"
     exit 1
 fi
-if ! cmake --build "$build" -j "$jobs" --target moerun test_cuda_ops test_cuda_attention test_cuda_forward >>"$log" 2>&1; then
+if ! cmake --build "$build" -j "$jobs" --target moerun test_cuda_ops test_cuda_attention test_cuda_quant test_cuda_forward >>"$log" 2>&1; then
     fail "build"
     grep -E "error|Error" "$log" | head -30
     exit 1
@@ -85,6 +85,7 @@ say "2. op parity"
 cd "$root"
 if ! timeout 300 "$build/test_cuda_ops" --jobs=1 >"$out/parity.txt" 2>&1; then fail "test_cuda_ops"; fi
 if ! timeout 300 "$build/test_cuda_attention" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_attention"; fi
+if ! timeout 300 "$build/test_cuda_quant" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_quant"; fi
 grep -E "^\[FAIL\]|Assertion|mismatch|differ" "$out/parity.txt" | head -20 | tee -a "$log"
 # worst error per op and dtype
 awk '/^parity:/ { k = $2 " " $3; if ($NF == "identical" || $NF == "DIFFERS") v = ($NF == "DIFFERS"); else v = $NF + 0;

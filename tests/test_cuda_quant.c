@@ -1,0 +1,165 @@
+/* test_cuda_quant.c - MXFP4 and FP8_B128 experts read in place on the GPU
+ * against the CPU experts op reading the same weights.
+ *
+ * The CPU keeps such experts as rows of blocks (runtime/tensor.h); the CUDA
+ * backend keeps them as planes (values, then scales; moe_planes_from_rows).
+ * Each case builds random checkpoint-like weights (every E2M1 code and E4M3
+ * byte but NaN, scales spread over a few octaves), lays them out as
+ * prepare_model does, and compares the decode-path kernels (few rows) and
+ * the grouped path (enough rows an expert that the layer is widened to
+ * bf16 for cuBLAS) with the CPU, gpt-oss's biases and clamped activation
+ * included.  Each check prints a "parity:" line for tests/gpu/run.sh.
+ *
+ * Without a device every test skips (the suite's .init asks the CUDA
+ * runtime in the forked test process). */
+#include "tests/cuda_test.h"
+
+static void setup_quant(void)
+{
+    setup();
+    struct moe_config c;
+    reserve_cfg(&c);
+    c.experts_mxfp4 = true; /* reserves the buffer the grouped path widens into */
+    cr_assert_eq(gpu.ops->reserve(&gpu, &c, 512), MOE_OK, "%s", moe_last_error());
+}
+
+TestSuite(cuda_quant, .init = setup_quant, .fini = teardown);
+
+/* rows (R, K) of dt blocks with random codes and scales */
+static void *quant_rows(enum moe_dtype dt, size_t R, size_t K, uint64_t seed)
+{
+    const bool fp4 = dt == MOE_DTYPE_MXFP4;
+    const size_t blk = fp4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK, rb = moe_dtype_row_bytes(dt, K);
+    unsigned char *out = malloc(R * rb), *codes = malloc(K);
+    float *u = rand_floats(R * K + R * (K / blk), seed, 0.0f, 1.0f);
+    const float *su = u + R * K;
+    uint8_t *s8 = malloc(K / blk);
+    float *sf = malloc(K / blk * sizeof(float));
+    for (size_t r = 0; r < R; r++) {
+        for (size_t k = 0; k < K; k++) {
+            unsigned c = (unsigned)(u[r * K + k] * 256.0f) & 255u;
+            if (!fp4 && (c & 0x7f) == 0x7f) c ^= 1; /* not NaN */
+            codes[k] = (unsigned char)c;
+        }
+        for (size_t g = 0; g < K / blk; g++) {
+            /* 2^-7 .. 2^-4 (MXFP4: codes up to 6; FP8: values up to 448 / 2^7) */
+            const int e = (int)(su[r * (K / blk) + g] * 4.0f);
+            s8[g] = (uint8_t)(120 + e);
+            sf[g] = ldexpf(1.0f, (fp4 ? -7 : -14) + e);
+        }
+        void *row = out + r * rb;
+        if (fp4) {
+            /* checkpoint blocks: two codes a byte */
+            unsigned char *pk = malloc(K / 2);
+            for (size_t k = 0; k < K / 2; k++) pk[k] = (unsigned char)((codes[2 * k] & 15) | (codes[2 * k + 1] & 15) << 4);
+            cr_assert(moe_mxfp4_pack_row(row, pk, s8, K));
+            free(pk);
+        } else {
+            cr_assert(moe_fp8_pack_row(row, codes, sf, K));
+        }
+    }
+    free(codes), free(u), free(s8), free(sf);
+    return out;
+}
+
+/* One stack (n matrices of R x K rows) as planes on the device: matrix i's
+ * values at i * values(R, K), its scales after all n matrices' values. */
+static void *dev_planes(enum moe_dtype dt, void *const *mats, int n, size_t R, size_t K)
+{
+    const size_t vb = moe_planes_values_bytes(dt, R, K), sb = moe_planes_scales_bytes(dt, R, K);
+    unsigned char *h = malloc((vb + sb) * (size_t)n);
+    for (int i = 0; i < n; i++) moe_planes_from_rows(dt, mats[i], R, K, h + vb * i, h + vb * n + sb * i);
+    void *d = dev_copy(h, (vb + sb) * (size_t)n);
+    free(h);
+    return d;
+}
+
+static void check_quant_experts(enum moe_dtype dt, int T, int E, int K, int D, int F, bool gpt_oss)
+{
+    void *hg[E], *hu[E], *hd[E], *gu_mats[2 * E];
+    for (int e = 0; e < E; e++) {
+        hg[e] = quant_rows(dt, (size_t)F, (size_t)D, 1000 + 3 * (uint64_t)e);
+        hu[e] = quant_rows(dt, (size_t)F, (size_t)D, 1001 + 3 * (uint64_t)e);
+        hd[e] = quant_rows(dt, (size_t)D, (size_t)F, 1002 + 3 * (uint64_t)e);
+        gu_mats[2 * e] = hg[e], gu_mats[2 * e + 1] = hu[e];
+    }
+    char *dgu = dev_planes(dt, gu_mats, 2 * E, (size_t)F, (size_t)D);
+    char *ddn = dev_planes(dt, hd, E, (size_t)D, (size_t)F);
+    const size_t mat = moe_planes_values_bytes(dt, (size_t)F, (size_t)D);
+    const void *cg[E], *cu[E], *cd[E], *dg[E], *du[E], *dd[E];
+    for (int e = 0; e < E; e++) {
+        cg[e] = hg[e], cu[e] = hu[e], cd[e] = hd[e];
+        dg[e] = dgu + 2 * mat * e, du[e] = dgu + 2 * mat * e + mat, dd[e] = ddn + mat * e;
+    }
+    struct moe_expert_weights hx = {dt, cg, cu, cd, {0}, {0}, {0}, 0.0f, 0.0f}, dx = hx;
+    dx.gate = dg, dx.up = du, dx.down = dd;
+    float *bias = gpt_oss ? rand_floats((size_t)E * (2 * F + D), 65, -0.3f, 0.3f) : NULL;
+    float *dbias = gpt_oss ? dev_copy(bias, (size_t)E * (2 * F + D) * sizeof(float)) : NULL;
+    if (gpt_oss) {
+        const struct moe_tensor b = {MOE_DTYPE_F32, 2, {E, F}, NULL, -1};
+        hx.b_gate = hx.b_up = b, hx.b_down = b;
+        hx.b_down.shape[1] = D;
+        hx.b_gate.data = bias, hx.b_up.data = bias + (size_t)E * F, hx.b_down.data = bias + 2 * (size_t)E * F;
+        dx.b_gate = hx.b_gate, dx.b_up = hx.b_up, dx.b_down = hx.b_down;
+        dx.b_gate.data = dbias, dx.b_up.data = dbias + (size_t)E * F, dx.b_down.data = dbias + 2 * (size_t)E * F;
+        hx.alpha = dx.alpha = 1.702f;
+        hx.limit = dx.limit = 1.0f;
+    }
+    const size_t TK = (size_t)T * K;
+    float *lg = rand_floats((size_t)T * E, 63, -2, 2);
+    int32_t *ids = malloc(TK * sizeof(int32_t));
+    float *w = malloc(TK * sizeof(float));
+    const struct moe_route rt = {E, K, true, false, NULL, 1, 1, 1.0f};
+    cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
+    int32_t *hbuf = malloc((2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
+    struct moe_dispatch hp = {hbuf, hbuf + E, hbuf + 2 * E + 1, hbuf + 2 * E + 1 + TK};
+    cr_assert_eq(cpu.ops->dispatch(&cpu, &hp, ids, T, K, E), MOE_OK);
+    int32_t *dbuf = dev_copy(hbuf, (2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
+    struct moe_dispatch dp = {dbuf, dbuf + E, dbuf + 2 * E + 1, dbuf + 2 * E + 1 + TK};
+    float *x = rand_floats((size_t)T * D, 64, -1, 1);
+    float *ref = malloc((size_t)T * D * sizeof(float)), *got = malloc((size_t)T * D * sizeof(float));
+    struct moe_expert_ws hws = {malloc(TK * D * sizeof(float)), malloc(TK * F * sizeof(float)),
+                                malloc(TK * F * sizeof(float)), malloc(TK * D * sizeof(float))};
+    struct moe_expert_ws dws = {dev_poisoned(TK * D * sizeof(float)), dev_poisoned(TK * F * sizeof(float)),
+                                dev_poisoned(TK * F * sizeof(float)), dev_poisoned(TK * D * sizeof(float))};
+    float *sc = malloc((size_t)(D > F ? D : F) * omp_get_max_threads() * sizeof(float));
+    moe_experts_ffn_cpu(ref, x, &hp, w, &hx, &hws, T, K, D, F, E, sc);
+    float *dxin = dev_copy(x, (size_t)T * D * sizeof(float));
+    float *dw = dev_copy(w, TK * sizeof(float));
+    float *dout = dev_poisoned((size_t)T * D * sizeof(float));
+    cr_assert_eq(gpu.ops->experts(&gpu, dout, dxin, &dp, dw, &dx, &dws, T, K, D, F, E), MOE_OK, "%s",
+                 moe_last_error());
+    to_host(got, dout, (size_t)T * D * sizeof(float));
+    char shp[64];
+    snprintf(shp, sizeof shp, "T%d E%d K%d D%d F%d%s", T, E, K, D, F, gpt_oss ? " gpt-oss" : "");
+    /* the backend's rule: widened (grouped) past 32 rows and 8 rows an expert */
+    const bool grouped = T > 32 && (size_t)T * K > 8 * (size_t)E;
+    double e = report(grouped ? "experts_grp" : "experts_dec", moe_dtype_name(dt), shp, got, ref,
+                      (size_t)T * D);
+    /* decode: fp32 activations, only the summation order differs; grouped:
+     * bf16 activations and (FP8) weights rounded to bf16 */
+    cr_expect(e <= (grouped ? 3e-2 : 1e-4), "experts %s %s: %.3g", moe_dtype_name(dt), shp, e);
+    void *dbufs[] = {dgu, ddn, dbuf, dws.xe, dws.g, dws.u, dws.ye, dxin, dw, dout, dbias};
+    for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
+    for (int e2 = 0; e2 < E; e2++) free(hg[e2]), free(hu[e2]), free(hd[e2]);
+    free(hws.xe), free(hws.g), free(hws.u), free(hws.ye);
+    free(lg), free(ids), free(w), free(hbuf), free(x), free(ref), free(got), free(sc), free(bias);
+}
+
+Test(cuda_quant, mxfp4_experts_match_cpu)
+{
+    check_quant_experts(MOE_DTYPE_MXFP4, 1, 8, 2, 64, 96, false);    /* one block row tail */
+    check_quant_experts(MOE_DTYPE_MXFP4, 4, 8, 2, 2880 / 10, 288, false);
+    check_quant_experts(MOE_DTYPE_MXFP4, 32, 16, 4, 1024, 256, false); /* several row tiles */
+    check_quant_experts(MOE_DTYPE_MXFP4, 1, 8, 2, 64, 96, true);
+    check_quant_experts(MOE_DTYPE_MXFP4, 300, 16, 4, 256, 128, true); /* widened, grouped */
+    check_quant_experts(MOE_DTYPE_MXFP4, 64, 32, 2, 128, 64, false);  /* 4 rows an expert: kernels */
+}
+
+Test(cuda_quant, fp8_experts_match_cpu)
+{
+    check_quant_experts(MOE_DTYPE_FP8_B128, 1, 8, 2, 128, 256, false);
+    check_quant_experts(MOE_DTYPE_FP8_B128, 32, 16, 4, 1024, 256, false);
+    check_quant_experts(MOE_DTYPE_FP8_B128, 300, 16, 4, 256, 128, false); /* widened, grouped */
+    check_quant_experts(MOE_DTYPE_FP8_B128, 300, 16, 4, 256, 128, true);
+}
