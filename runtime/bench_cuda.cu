@@ -3,6 +3,7 @@
  * call makes its own stream, events and cuBLAS handle, times with CUDA
  * events after a warm-up, and frees everything it made. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime/bench_gpu.h"
 #include "runtime/cuda_util.h"
@@ -157,6 +158,103 @@ extern "C" enum moe_status moe_bench_grouped_gemm(int tokens, int E, int K, int 
     struct bench_res r = {};
     *grouped_tflops = *dense_tflops = 0;
     enum moe_status s = gemm_cmp(&r, tokens, E, K, D, F, grouped_tflops, dense_tflops);
+    res_free(&r);
+    return s;
+}
+
+/* ---- the decode-path expert kernels alone, by weight dtype ---- */
+
+/* batch tokens routed K ways, token t to experts (t*K + k) % E (distinct
+ * within a token), over E experts of (2F, D) gate+up and (D, F) down
+ * weights in dt (planes for MXFP4 / FP8, runtime/tensor.h) filled with
+ * random codes: the time of one moe_experts_ffn_small_cuda call and the
+ * weight bytes it must read (the experts with rows, each once). */
+static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, int batch, int E, int K,
+                                      int D, int F, double *seconds, double *bytes)
+{
+    MOE_TRY(res_init(r, false));
+    const bool planes = dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128;
+    const size_t n = (size_t)batch * K, FD = (size_t)F * D;
+    const int blk = dt == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : dt == MOE_DTYPE_FP8_B128 ? MOE_FP8_BLOCK : 1;
+    if (E <= 0 || K <= 0 || K > E || n > 2147483647 || D % blk || F % blk)
+        return moe_fail(MOE_ERR_INVALID_ARG, "expert kernels: %s, %d experts of %d x %d, top-%d",
+                        moe_dtype_name(dt), E, D, F, K);
+    /* one matrix: its bytes (values), its scale bytes */
+    const size_t vb = planes ? moe_planes_values_bytes(dt, (size_t)F, (size_t)D) : FD * moe_dtype_size(dt);
+    const size_t sb = planes ? moe_planes_scales_bytes(dt, (size_t)F, (size_t)D) : 0;
+    const size_t gu_bytes = 2 * (vb + sb) * (size_t)E, dn_bytes = (vb + sb) * (size_t)E;
+    MOE_CUDA_TRY(cudaMalloc(&r->bufs[0], gu_bytes));
+    MOE_CUDA_TRY(cudaMalloc(&r->bufs[1], dn_bytes));
+    /* values: random bits (every E2M1 code; FP8 NaN codes cost the same) */
+    for (int i = 0; i < 2; i++) {
+        const size_t v = (i ? 1 : 2) * vb * (size_t)E;
+        MOE_TRY(moe_ops_synth_fill_cuda(r->st, r->bufs[i], planes ? MOE_DTYPE_BF16 : dt,
+                                        planes ? v / 2 : v / moe_dtype_size(dt), 10 + (uint64_t)i, 0.02f));
+        char *sc = (char *)r->bufs[i] + v;
+        const size_t s = (i ? 1 : 2) * sb * (size_t)E;
+        if (dt == MOE_DTYPE_MXFP4) MOE_CUDA_TRY(cudaMemsetAsync(sc, 120, s, r->st));
+        if (dt == MOE_DTYPE_FP8_B128) MOE_TRY(moe_ops_synth_fill_cuda(r->st, sc, MOE_DTYPE_F32, s / 4, 0, -1.0f));
+    }
+    /* the plan, made on the host: counts, offsets, perm (stable), pos */
+    int32_t *h = (int32_t *)calloc(2 * (size_t)E + 1 + 2 * n, sizeof(int32_t));
+    if (!h) return moe_fail(MOE_ERR_NOMEM, "expert kernels: plan");
+    int32_t *counts = h, *offsets = h + E, *perm = offsets + E + 1, *pos = perm + n;
+    for (size_t p = 0; p < n; p++) counts[p % E]++; /* pair p = t*K + k: expert (t*K + k) % E */
+    int touched = 0;
+    for (int e = 0; e < E; e++) {
+        offsets[e + 1] = offsets[e] + counts[e];
+        touched += counts[e] > 0;
+    }
+    int32_t *fill = (int32_t *)calloc((size_t)E, sizeof(int32_t));
+    if (!fill) {
+        free(h);
+        return moe_fail(MOE_ERR_NOMEM, "expert kernels: plan");
+    }
+    for (size_t p = 0; p < n; p++) {
+        const int e = (int)(p % E);
+        const int row = offsets[e] + fill[e]++;
+        perm[row] = (int32_t)p;
+        pos[p] = row;
+    }
+    free(fill);
+    enum moe_status s = MOE_OK;
+    cudaError_t ce = cudaMalloc(&r->bufs[2], (2 * (size_t)E + 1 + 2 * n) * sizeof(int32_t));
+    if (ce == cudaSuccess)
+        ce = cudaMemcpyAsync(r->bufs[2], h, (2 * (size_t)E + 1 + 2 * n) * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, r->st);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->st);
+    free(h);
+    if (ce != cudaSuccess) return moe_fail(MOE_ERR_DEVICE, "expert kernels: %s", cudaGetErrorString(ce));
+    int32_t *d = (int32_t *)r->bufs[2];
+    struct moe_dispatch plan = {d, d + E, d + 2 * E + 1, d + 2 * E + 1 + n};
+    MOE_CUDA_TRY(cudaMalloc(&r->bufs[3], (size_t)batch * D * sizeof(float)));
+    MOE_CUDA_TRY(cudaMalloc(&r->bufs[4], n * F * sizeof(float)));
+    MOE_CUDA_TRY(cudaMalloc(&r->bufs[5], n * D * sizeof(float)));
+    MOE_TRY(moe_ops_synth_fill_cuda(r->st, r->bufs[3], MOE_DTYPE_F32, (size_t)batch * D, 3, 1.0f));
+    struct moe_expert_weights ex;
+    memset(&ex, 0, sizeof ex);
+    ex.dtype = dt;
+    for (int rep = -2; rep < REPS && s == MOE_OK; rep++) { /* two warm-ups */
+        if (rep == 0 && cudaEventRecord(r->a, r->st) != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "expert kernels: event");
+        if (s == MOE_OK)
+            s = moe_experts_ffn_small_cuda(r->st, (float *)r->bufs[4], (float *)r->bufs[5],
+                                           (const float *)r->bufs[3], &plan, r->bufs[0], r->bufs[1], &ex, dt,
+                                           batch, K, D, F, E);
+    }
+    if (s == MOE_OK && cudaEventRecord(r->b, r->st) != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "expert kernels: event");
+    double t = 0;
+    if (s == MOE_OK) s = elapsed(r, &t);
+    *seconds = t / REPS;
+    *bytes = 3.0 * (double)(vb + sb) * touched;
+    return s;
+}
+
+extern "C" enum moe_status moe_bench_expert_kernels(enum moe_dtype dt, int batch, int E, int K, int D, int F,
+                                                    double *seconds, double *bytes)
+{
+    struct bench_res r = {};
+    *seconds = *bytes = 0;
+    enum moe_status s = expert_kernels(&r, dt, batch, E, K, D, F, seconds, bytes);
     res_free(&r);
     return s;
 }

@@ -25,7 +25,42 @@ enum moe_status moe_bench_grouped_gemm(int tokens, int E, int K, int D, int F,
     *grouped_tflops = *dense_tflops = 0;
     return moe_fail(MOE_ERR_UNSUPPORTED, "grouped GEMM benchmark: moerun was built without CUDA");
 }
+
+enum moe_status moe_bench_expert_kernels(enum moe_dtype dt, int batch, int E, int K, int D, int F,
+                                         double *seconds, double *bytes)
+{
+    *seconds = *bytes = 0;
+    return moe_fail(MOE_ERR_UNSUPPORTED, "expert kernel benchmark: moerun was built without CUDA");
+}
 #endif
+
+/* The expert kernels at each batch size, in each weight dtype the model's
+ * shape allows: bf16 always, MXFP4 when D and F are multiples of 32, FP8
+ * of 128; bandwidth against bw (device copy, read + written). */
+static int expert_kernels(const struct moe_config *c, const struct moe_bench_gpu_opts *o, double bw,
+                          json_t *g, bool json)
+{
+    const enum moe_dtype dts[] = {MOE_DTYPE_BF16, MOE_DTYPE_MXFP4, MOE_DTYPE_FP8_B128};
+    const int blk[] = {1, MOE_MXFP4_BLOCK, MOE_FP8_BLOCK};
+    json_t *arr = json_array();
+    json_object_set_new(g, "expert_kernels", arr);
+    for (int i = 0; i < o->n_expert; i++)
+        for (size_t k = 0; k < sizeof dts / sizeof *dts; k++) {
+            if (c->d_model % blk[k] || c->d_expert % blk[k]) continue;
+            double t, bytes;
+            if (moe_bench_expert_kernels(dts[k], o->expert_batches[i], c->n_experts, c->top_k, c->d_model,
+                                         c->d_expert, &t, &bytes) != MOE_OK)
+                return moe_cli_error("bench", "%s", moe_last_error());
+            const double gbs = t > 0 ? bytes / t / 1e9 : 0, frac = bw > 0 ? bytes / t / bw : 0;
+            json_array_append_new(arr, json_pack("{s:i, s:s, s:f, s:f, s:f, s:f}", "batch", o->expert_batches[i],
+                                                 "dtype", moe_dtype_name(dts[k]), "us", t * 1e6, "weight_bytes",
+                                                 bytes, "GBps", gbs, "copy_bandwidth_fraction", frac));
+            if (!json)
+                printf("%-10s %8d %9.1f us %-8s %7.1f GB/s of weights (%.0f%% of the copy bandwidth)\n",
+                       "experts", o->expert_batches[i], t * 1e6, moe_dtype_name(dts[k]), gbs, 100 * frac);
+        }
+    return 0;
+}
 
 int moe_bench_gpu_extras(const struct moe_model *m, const struct moe_bench_gpu_opts *o,
                          const struct moe_bench_decode *dec, int n_dec, json_t *out, bool json)
@@ -33,10 +68,10 @@ int moe_bench_gpu_extras(const struct moe_model *m, const struct moe_bench_gpu_o
     const struct moe_config *c = &m->cfg;
     json_t *g = json_object();
     json_object_set_new(out, "gpu", g);
+    double bw = 0;
+    if ((o->copy_bandwidth || o->n_expert > 0) && moe_bench_copy_bandwidth((size_t)1 << 30, &bw) != MOE_OK)
+        return moe_cli_error("bench", "%s", moe_last_error());
     if (o->copy_bandwidth) {
-        double bw;
-        if (moe_bench_copy_bandwidth((size_t)1 << 30, &bw) != MOE_OK)
-            return moe_cli_error("bench", "%s", moe_last_error());
         struct moe_model_sizes z;
         moe_model_sizes(m, &z);
         const int E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k;
@@ -94,6 +129,10 @@ int moe_bench_gpu_extras(const struct moe_model *m, const struct moe_bench_gpu_o
                 printf("%-10s %8d %9.1f TFLOP/s grouped, %.1f dense (%.0f%%)\n", "gemm",
                        o->gemm_tokens[i], gt, dt, dt > 0 ? 100.0 * gt / dt : 0.0);
         }
+    }
+    if (o->n_expert > 0) {
+        if (c->n_experts <= 0) return moe_cli_error("bench", "--expert-kernels needs a MoE model");
+        return expert_kernels(c, o, bw, g, json);
     }
     return 0;
 }

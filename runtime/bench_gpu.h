@@ -23,12 +23,21 @@ MOE_MUST_USE enum moe_status moe_bench_copy_bandwidth(size_t bytes, double *byte
 MOE_MUST_USE enum moe_status moe_bench_grouped_gemm(int tokens, int E, int K, int D, int F,
                                                     double *grouped_tflops, double *dense_tflops);
 
+/* The decode-path expert kernels alone (one up and one down launch) for
+ * batch tokens routed K ways over E experts of D x F in dt (BF16, F16,
+ * F32, or MXFP4 / FP8_B128 planes): seconds per call and the weight bytes
+ * a call must read (every expert with rows, once). */
+MOE_MUST_USE enum moe_status moe_bench_expert_kernels(enum moe_dtype dt, int batch, int E, int K, int D,
+                                                      int F, double *seconds, double *bytes);
+
 struct moe_bench_gpu_opts {
     bool copy_bandwidth;        /* measure bandwidth and report roofline fractions */
     const int32_t *gemm_tokens; /* token counts for the GEMM comparison */
     int n_gemm;
     int ctx;                    /* decode context (for the KV bytes per step) */
     enum moe_dtype kv_dtype;
+    const int32_t *expert_batches; /* batch sizes for the expert kernel benchmark */
+    int n_expert;
 };
 
 /* Decode results of the bench, by batch size. */

@@ -45,6 +45,8 @@ static void usage(FILE *f)
             "  --copy-bandwidth measure device copy bandwidth; report decode against the\n"
             "                   HBM roofline (CUDA)\n"
             "  --gemm-compare LIST  grouped expert GEMM vs dense cuBLAS at LIST tokens (CUDA)\n"
+            "  --expert-kernels LIST  the decode expert kernels alone at LIST batch sizes, with\n"
+            "                   bf16, MXFP4 and FP8 weights of the model's shape (CUDA)\n"
             "  --serve          the serving benchmark instead (vLLM bench serve style):\n"
             "    --requests N       requests (default 64)\n"
             "    --rate R           Poisson arrivals at R requests/s (default: all at once)\n"
@@ -194,7 +196,7 @@ int moe_cli_bench(int argc, char **argv)
     const char *backend = "auto", *prefill_arg = "128,512", *decode_arg = "1,8,32";
     long ctx = 128, steps = 16, chunk = 512, repeat = 3, threads = 0, seed = 0;
     int json = 0, copy_bw = 0;
-    const char *gemm_arg = NULL;
+    const char *gemm_arg = NULL, *expert_arg = NULL;
     static const struct option opts[] = {
         {"prefill", required_argument, 0, 'p'}, {"decode", required_argument, 0, 'D'},
         {"ctx", required_argument, 0, 'x'},     {"steps", required_argument, 0, 'n'},
@@ -209,7 +211,7 @@ int moe_cli_bench(int argc, char **argv)
         {"kv-budget", required_argument, 0, 0x206}, {"kv-block", required_argument, 0, 0x207},
         {"max-batch-tokens", required_argument, 0, 0x208}, {"max-seqs", required_argument, 0, 0x209},
         {"no-prefix-cache", no_argument, 0, 0x20a}, {"moe-top-k", required_argument, 0, 0x20b},
-        {"quantize", required_argument, 0, 0x20c},
+        {"quantize", required_argument, 0, 0x20c}, {"expert-kernels", required_argument, 0, 0x20d},
         {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
         {0, 0, 0, 0}};
     struct moe_cli_stats so = {0};
@@ -265,6 +267,7 @@ int moe_cli_bench(int argc, char **argv)
             if (c == 0x209) eo.max_seqs = lv;
             break;
         case 0x20a: eo.no_prefix_cache = true; break;
+        case 0x20d: expert_arg = optarg; break;
         case 0x20b: dst = &mo.top_k; hi = 1 << 16; break;
         case 0x20c:
             if (!moe_cli_parse_quant(optarg, &quant))
@@ -286,13 +289,15 @@ int moe_cli_bench(int argc, char **argv)
     if (moe_cli_stats_check(&so, "bench")) return 1;
     if (optind < argc) mo.path = argv[optind++];
     if (optind < argc) return moe_cli_error("bench", "unexpected argument '%s'", argv[optind]);
-    int32_t *plens = NULL, *bsizes = NULL, *gtoks = NULL;
-    int np = 0, nb = 0, ng = 0, rc = 1, max_p = 0, max_b = 1;
+    int32_t *plens = NULL, *bsizes = NULL, *gtoks = NULL, *ebs = NULL;
+    int np = 0, nb = 0, ng = 0, ne = 0, rc = 1, max_p = 0, max_b = 1;
     if (parse_list(prefill_arg, &plens, &np, "--prefill") || parse_list(decode_arg, &bsizes, &nb, "--decode") ||
-        (gemm_arg && parse_list(gemm_arg, &gtoks, &ng, "--gemm-compare"))) {
+        (gemm_arg && parse_list(gemm_arg, &gtoks, &ng, "--gemm-compare")) ||
+        (expert_arg && parse_list(expert_arg, &ebs, &ne, "--expert-kernels"))) {
         free(plens);
         free(bsizes);
         free(gtoks);
+        free(ebs);
         return 1;
     }
     struct moe_bench_decode *dec = calloc((size_t)nb, sizeof *dec);
@@ -314,8 +319,8 @@ int moe_cli_bench(int argc, char **argv)
         rc = bench_serve_mode(&m, &be, &mo, &eo, &sv, &so, json);
         goto done;
     }
-    if ((copy_bw || ng > 0) && strcmp(be.ops->name, "cuda")) {
-        moe_cli_error("bench", "--copy-bandwidth and --gemm-compare need the CUDA backend");
+    if ((copy_bw || ng > 0 || ne > 0) && strcmp(be.ops->name, "cuda")) {
+        moe_cli_error("bench", "--copy-bandwidth, --gemm-compare and --expert-kernels need the CUDA backend");
         goto done;
     }
     for (int i = 0; i < np; i++) max_p = plens[i] > max_p ? plens[i] : max_p;
@@ -381,8 +386,8 @@ int moe_cli_bench(int argc, char **argv)
             printf("statistics recording: %.3f ms of %.3f s of steps (%.4f%%); --no-stats turns it "
                    "off\n", rec * 1e3, loop, loop > 0 ? 100 * rec / loop : 0);
     }
-    if (copy_bw || ng > 0) {
-        struct moe_bench_gpu_opts go = {copy_bw, gtoks, ng, (int)ctx, b.r.kv.dtype};
+    if (copy_bw || ng > 0 || ne > 0) {
+        struct moe_bench_gpu_opts go = {copy_bw, gtoks, ng, (int)ctx, b.r.kv.dtype, ebs, ne};
         if (moe_bench_gpu_extras(&m, &go, dec, nb, out, json)) goto done;
     }
     if (nb > 0 && strcmp(be.ops->name, "cuda")) { /* host memory roofline */
@@ -417,6 +422,7 @@ done:
     free(plens);
     free(bsizes);
     free(gtoks);
+    free(ebs);
     free(dec);
     return rc;
 }

@@ -117,6 +117,12 @@ Test(cli, bad_input_gives_one_clear_line)
     tu_expect_one_line_error("frobnicate", "unknown command");
     snprintf(args, sizeof args, "run %s/llama --prompt-ids 1 --backend tpu", FIXTURE_DIR);
     tu_expect_one_line_error(args, "unknown backend 'tpu'");
+    snprintf(args, sizeof args, "bench --synthetic %s/configs/tiny-moe.json --backend cpu --expert-kernels 1",
+             MOERUN_SOURCE_DIR);
+    tu_expect_one_line_error(args, "need the CUDA backend");
+    snprintf(args, sizeof args, "bench --synthetic %s/configs/tiny-moe.json --expert-kernels 1,0",
+             MOERUN_SOURCE_DIR);
+    tu_expect_one_line_error(args, "--expert-kernels: values must be positive");
 }
 
 Test(cli, help_on_every_command)

@@ -124,7 +124,7 @@ bench() { # name config options...
     fi
 }
 full="--prefill 512,4096 --chunk 4096 --decode 1,8,64,256 --gemm-compare 4096"
-bench mixtral configs/mixtral-8x7b.json $full
+bench mixtral configs/mixtral-8x7b.json $full --expert-kernels 1,8,64
 say "   mixtral done"
 bench olmoe configs/olmoe-1b-7b.json $full
 say "   olmoe done"
@@ -136,6 +136,23 @@ say "   mixtral with graphs done"
 MOERUN_CUDA_PREFILL_ATTN=rows bench mixtral_pf_rows configs/mixtral-8x7b.json \
     --prefill 512,4096 --chunk 4096 --decode 1
 say "   mixtral prefill with per-row attention done"
+# the decode expert kernels alone with bf16, MXFP4 and FP8 weights, at the
+# expert shapes of gpt-oss-120b (128 x 2880 x 2880, top-4; FP8 does not
+# divide) and Qwen3-30B-A3B (128 x 2048 x 768, top-8): one-layer models
+for shape in "gptoss120b 2880 2880 4" "qwen3moe30b 2048 768 8"; do
+    set -- $shape
+    python3 - "$out/shape_$1.json" "$2" "$3" "$4" <<'PY'
+import json, sys
+p, d, f, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+json.dump({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": d, "moe_intermediate_size": f,
+           "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 64,
+           "vocab_size": 1024, "max_position_embeddings": 4096, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+           "num_experts": 128, "num_experts_per_tok": k, "norm_topk_prob": True,
+           "tie_word_embeddings": False}, open(p, "w"))
+PY
+    bench "experts_$1" "$out/shape_$1.json" --prefill 16 --decode 1 --steps 2 --expert-kernels 1,8,64
+done
+say "   expert kernels done"
 
 # ---- 5. the table ----
 say "5. summary"
@@ -185,6 +202,15 @@ try:
         for n in (512, 4096)))
 except Exception as e:
     print("mixtral prefill attention: no result (%s)" % e)
+print("decode expert kernels alone: us per call, GB/s of weights read, % of the copy bandwidth")
+for name in ("mixtral", "experts_gptoss120b", "experts_qwen3moe30b"):
+    try:
+        j = json.load(open(os.path.join(out, "bench_%s.json" % name)))
+        for r in j["gpu"]["expert_kernels"]:
+            print("  %-20s b%-3d %-8s %8.1f us %7.0f GB/s %4.0f%%" % (
+                name, r["batch"], r["dtype"], r["us"], r["GBps"], 100 * r["copy_bandwidth_fraction"]))
+    except Exception as e:
+        print("  %-20s no result (%s)" % (name, e))
 for kv in ("f32", "bf16"):
     try:
         c = json.load(open(os.path.join(out, "ppl_cuda_%s.json" % kv)))
