@@ -168,7 +168,18 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
         stacked = (const char *)x->gate[e] == (const char *)x->gate[0] + 2 * mat * e &&
                   (const char *)x->up[e] == (const char *)x->gate[e] + mat &&
                   (const char *)x->down[e] == (const char *)x->down[0] + mat * e;
-    if (planes) {
+    if (planes && m->weights_deferred) {
+        /* random codes from the blocks' keys, every scale the synthetic one */
+        if (x->dtype != MOE_DTYPE_MXFP4)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "cuda upload: deferred %s experts", moe_dtype_name(x->dtype));
+        const size_t gv = 2 * mat * (size_t)E, dv = mat * (size_t)E;
+        MOE_TRY(synth_view(be, m, gu, x->gate[0], MOE_DTYPE_BF16, gv / 2));
+        MOE_TRY(synth_view(be, m, dn, x->down[0], MOE_DTYPE_BF16, dv / 2));
+        const int sc = moe_synth_mxfp4_scale(m->synth_std);
+        MOE_CUDA_TRY(cudaMemsetAsync((char *)gu + gv, sc, gu_bytes - gv, c->stream));
+        MOE_CUDA_TRY(cudaMemsetAsync((char *)dn + dv, sc, dn_bytes - dv, c->stream));
+        c->mxfp4_experts = true;
+    } else if (planes) {
         MOE_TRY(planes_experts(be, x, E, D, F, gu, dn));
         if (x->dtype == MOE_DTYPE_MXFP4) c->mxfp4_experts = true;
         else c->fp8_experts = true;

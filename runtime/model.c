@@ -130,6 +130,10 @@ enum moe_status moe_model_widen_f32(struct moe_model *m, struct moe_tensor *t)
     size_t bytes;
     if (n < 0 || !moe_mul_size((size_t)n, sizeof(float), &bytes))
         return moe_fail(MOE_ERR_FORMAT, "model: tensor of %lld elements", (long long)n);
+    if (m->weights_deferred) { /* the device backend makes it, as F32 */
+        t->dtype = MOE_DTYPE_F32;
+        return MOE_OK;
+    }
     void *p;
     MOE_TRY(moe_model_own(m, bytes, &p));
     moe_convert_row_f32(p, t->data, t->dtype, (size_t)n);
@@ -352,7 +356,9 @@ enum moe_status moe_model_bind(struct moe_model *m)
 {
     const struct moe_config *c = &m->cfg;
     int64_t V = c->vocab, D = c->d_model;
-    if ((c->family == MOE_FAMILY_GPT_OSS || c->kv_lora_rank > 0 || c->weights_fp8) && m->weights_deferred)
+    /* gpt-oss binds deferred only with MXFP4 experts (model_gptoss.c) */
+    if (((c->family == MOE_FAMILY_GPT_OSS && !c->experts_mxfp4) || c->kv_lora_rank > 0 || c->weights_fp8) &&
+        m->weights_deferred)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: weights made on the device are not supported "
                         "(some are rewritten on the host at load); use host synthetic weights",
                         c->architecture);

@@ -32,8 +32,26 @@ enum moe_status moe_model_bind_gpt_oss_sinks(struct moe_model *m, int l, struct 
     return moe_model_widen_f32(m, &w->sinks);
 }
 
+/* b_gate, b_up (E, F) F32 from gate_up_proj_bias src (E, 2F) interleaved. */
+static enum moe_status deinterleave(struct moe_model *m, struct moe_expert_weights *x, const float *src,
+                                    int64_t E, int64_t F)
+{
+    float *b;
+    MOE_TRY(moe_model_own(m, (size_t)(2 * E * F) * sizeof(float), (void **)&b));
+    for (int64_t i = 0; i < E * F; i++) {
+        b[i] = src[2 * i];
+        b[E * F + i] = src[2 * i + 1];
+    }
+    x->b_gate = (struct moe_tensor){.dtype = MOE_DTYPE_F32, .ndim = 2, .shape = {E, F}, .data = b,
+                                    .device = -1};
+    x->b_up = x->b_gate;
+    x->b_up.data = b + E * F;
+    return MOE_OK;
+}
+
 /* gate_up_proj_bias (E, 2F) interleaved -> b_gate, b_up (E, F); down_proj_bias
- * (E, D) -> b_down, all F32. */
+ * (E, D) -> b_down, all F32.  Deferred (weights made on the device): b_gate
+ * and b_up one placeholder, made as F32 there. */
 static enum moe_status bind_biases(struct moe_model *m, int l, struct moe_expert_weights *x)
 {
     const struct moe_config *c = &m->cfg;
@@ -43,17 +61,13 @@ static enum moe_status bind_biases(struct moe_model *m, int l, struct moe_expert
     NAMEF(n, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
     MOE_TRY(moe_model_bind_tensor(m, &gu, true, n, 2, E, 2 * F, 0));
     MOE_TRY(moe_model_widen_f32(m, &gu));
-    float *b;
-    MOE_TRY(moe_model_own(m, (size_t)(2 * E * F) * sizeof(float), (void **)&b));
-    const float *src = gu.data;
-    for (int64_t i = 0; i < E * F; i++) {
-        b[i] = src[2 * i];
-        b[E * F + i] = src[2 * i + 1];
+    if (m->weights_deferred) { /* one device buffer of random values for both */
+        x->b_gate = gu;
+        x->b_gate.shape[1] = F;
+        x->b_up = x->b_gate;
+    } else {
+        MOE_TRY(deinterleave(m, x, gu.data, E, F));
     }
-    x->b_gate = (struct moe_tensor){.dtype = MOE_DTYPE_F32, .ndim = 2, .shape = {E, F}, .data = b,
-                                    .device = -1};
-    x->b_up = x->b_gate;
-    x->b_up.data = b + E * F;
     NAMEF(n, "model.layers.%d.mlp.experts.down_proj_bias", l);
     MOE_TRY(moe_model_bind_tensor(m, &x->b_down, true, n, 2, E, D, 0));
     return moe_model_widen_f32(m, &x->b_down);
@@ -176,6 +190,15 @@ static enum moe_status bind_mxfp4(struct moe_model *m, int l, struct moe_expert_
     MOE_TRY(find_u8(m, gs, 3, (int64_t[]){E, 2 * F, D / 32}, &gus));
     MOE_TRY(find_u8(m, db, 4, (int64_t[]){E, D, F / 32, 16}, &dnb));
     MOE_TRY(find_u8(m, ds, 3, (int64_t[]){E, D, F / 32}, &dns));
+    if (m->weights_deferred) { /* made on the device: the table names the placeholders */
+        x->gate = calloc((size_t)E, sizeof *x->gate);
+        x->up = calloc((size_t)E, sizeof *x->up);
+        x->down = calloc((size_t)E, sizeof *x->down);
+        if (!x->gate || !x->up || !x->down) return moe_fail(MOE_ERR_NOMEM, "expert table");
+        for (int64_t e = 0; e < E; e++) x->gate[e] = x->up[e] = gub, x->down[e] = dnb;
+        x->dtype = MOE_DTYPE_MXFP4;
+        return MOE_OK;
+    }
     char *g, *d;
     MOE_TRY(expert_table(m, x, MOE_DTYPE_MXFP4, &g, &d));
     const size_t gu_rows = (size_t)(2 * F), dn_rows = (size_t)D;

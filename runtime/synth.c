@@ -124,9 +124,16 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
                                      enum moe_dtype dt, uint64_t seed, bool deferred,
                                      enum moe_synth_layout layout);
 
+uint8_t moe_synth_mxfp4_scale(float std)
+{
+    const int e = 127 + (int)lrint(log2(std / 2.93));
+    return (uint8_t)(e < 1 ? 1 : e > 254 ? 254 : e);
+}
+
 /* MXFP4 experts as the released gpt-oss checkpoints store them: blocks of
- * uniformly random E2M1 codes (rms 2.93), and every scale 2^round(log2(std /
- * 2.93)), so the weights have about the configuration's standard deviation. */
+ * uniformly random E2M1 codes (rms 2.93), and every scale
+ * moe_synth_mxfp4_scale, so the weights have about the configuration's
+ * standard deviation. */
 static enum moe_status add_mxfp4(struct gen *g, int64_t E, int64_t N, int64_t K, const char *prefix)
 {
     char name[256];
@@ -134,19 +141,19 @@ static enum moe_status add_mxfp4(struct gen *g, int64_t E, int64_t N, int64_t K,
     size_t nb, ns;
     if (!moe_mul_size((size_t)(E * N), (size_t)G * 16, &nb) || !moe_mul_size((size_t)(E * N), (size_t)G, &ns))
         return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s_blocks: size overflows", prefix);
-    uint8_t *b = malloc(nb ? nb : 1), *sc = malloc(ns ? ns : 1);
+    /* deferred: 1-byte placeholders (0: random), made on the device */
+    uint8_t *b = calloc(g->deferred || !nb ? 1 : nb, 1), *sc = calloc(g->deferred || !ns ? 1 : ns, 1);
     if (!b || !sc) {
         free(b), free(sc);
         return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s_blocks: cannot allocate %zu bytes", prefix, nb);
     }
     uint64_t st = moe_synth_key(g->seed, g->index++);
-    for (size_t i = 0; i < nb; i += 8) {
+    for (size_t i = 0; i < nb && !g->deferred; i += 8) {
         st += 0x9e3779b97f4a7c15ull;
         const uint64_t r = mix64(st);
         for (size_t j = 0; j < 8 && i + j < nb; j++) b[i + j] = (uint8_t)(r >> (8 * j));
     }
-    int e = 127 + (int)lrint(log2(g->std / 2.93));
-    memset(sc, e < 1 ? 1 : e > 254 ? 254 : e, ns);
+    if (!g->deferred) memset(sc, moe_synth_mxfp4_scale(g->std), ns);
     snprintf(name, sizeof name, "%s_blocks", prefix);
     enum moe_status s = moe_safetensors_add(g->st, name, MOE_DTYPE_U8, 4, bshape, b);
     if (s != MOE_OK) {
@@ -231,7 +238,7 @@ static enum moe_status add_gpt_oss_moe(struct gen *g, const struct moe_config *c
     char pre[128];
     MOE_TRY(add(g, false, 2, E, D, 0, "%s.%d.mlp.router.weight", p, l));
     MOE_TRY(add(g, false, 1, E, 0, 0, "%s.%d.mlp.router.bias", p, l));
-    if (c->experts_mxfp4 && !g->deferred) {
+    if (c->experts_mxfp4) {
         snprintf(pre, sizeof pre, "%s.%d.mlp.experts.gate_up_proj", p, l);
         MOE_TRY(add_mxfp4(g, E, 2 * F, D, pre));
         snprintf(pre, sizeof pre, "%s.%d.mlp.experts.down_proj", p, l);

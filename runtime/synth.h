@@ -24,6 +24,9 @@ MOE_MUST_USE enum moe_status moe_synth_tensors(struct moe_safetensors *st,
 /* The generator key of the index-th tensor added for seed (the device
  * generator, backend op synth_fill, takes the same key). */
 uint64_t moe_synth_key(uint64_t seed, int index);
+/* The E8M0 scale byte of every block of synthetic MXFP4 experts of
+ * standard deviation std (random E2M1 codes have rms 2.93). */
+uint8_t moe_synth_mxfp4_scale(float std);
 
 #ifdef __cplusplus
 }

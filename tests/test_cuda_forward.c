@@ -343,3 +343,46 @@ Test(synth_deferred, binds_like_the_host_model_and_cpu_refuses_it)
     moe_model_free(&d);
     moe_model_free(&h);
 }
+
+/* gpt-oss with MXFP4 experts binds deferred too (no host rewriting: the
+ * experts stay MXFP4 placeholders for the device to fill, biases, sinks and
+ * the router bias become F32 there); gpt-oss with float experts, and fp8
+ * or MLA configurations, are refused with a message. */
+Test(synth_deferred, gpt_oss_with_mxfp4_experts_binds)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, FIXTURE_DIR "/gpt_oss_mxfp4/config.json"), MOE_OK, "%s", moe_last_error());
+    cr_assert(cfg.experts_mxfp4);
+    struct moe_model h, d;
+    cr_assert_eq(moe_model_synthetic(&h, &cfg, MOE_DTYPE_BF16, 5), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_model_synthetic_deferred(&d, &cfg, MOE_DTYPE_BF16, 5), MOE_OK, "%s", moe_last_error());
+    struct moe_model_sizes a, b;
+    moe_model_sizes(&h, &a);
+    moe_model_sizes(&d, &b);
+    cr_expect_eq(a.bytes_experts, b.bytes_experts, "expert bytes %lld vs %lld", (long long)a.bytes_experts,
+                 (long long)b.bytes_experts);
+    for (int l = 0; l < cfg.n_layers; l++) {
+        const struct moe_layer_weights *w = &d.layers[l];
+        cr_expect_eq(w->experts.dtype, MOE_DTYPE_MXFP4);
+        cr_expect_eq(h.layers[l].experts.dtype, MOE_DTYPE_MXFP4);
+        const struct moe_tensor *f32[] = {&w->sinks, &w->router_b, &w->experts.b_gate, &w->experts.b_up,
+                                          &w->experts.b_down};
+        for (size_t i = 0; i < sizeof f32 / sizeof *f32; i++) cr_expect_eq(f32[i]->dtype, MOE_DTYPE_F32);
+        cr_expect_eq(w->experts.b_gate.shape[1], cfg.d_expert);
+        cr_expect_eq(*(const unsigned char *)w->experts.gate[0], 0, "random, not ones");
+    }
+    struct moe_backend cpu;
+    cr_assert_eq(moe_backend_cpu_init(&cpu, 1), MOE_OK);
+    cr_expect_eq(cpu.ops->prepare_model(&cpu, &d), MOE_ERR_INVALID_ARG);
+    moe_backend_free(&cpu);
+    moe_model_free(&d);
+    moe_model_free(&h);
+    const char *refused[] = {FIXTURE_DIR "/gpt_oss/config.json", FIXTURE_DIR "/deepseek_v3/config.json",
+                             FIXTURE_DIR "/qwen3_moe_fp8/config.json"};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        cr_assert_eq(moe_config_load(&cfg, refused[i]), MOE_OK, "%s", moe_last_error());
+        cr_expect_eq(moe_model_synthetic_deferred(&d, &cfg, MOE_DTYPE_BF16, 5), MOE_ERR_UNSUPPORTED, "%s",
+                     refused[i]);
+        cr_expect(strstr(moe_last_error(), "made on the device") != NULL, "%s", moe_last_error());
+    }
+}

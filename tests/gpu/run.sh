@@ -12,12 +12,14 @@
 #     (tests/test_cuda_forward.c: fp32 greedy tokens identical, bf16 logits
 #     within 1e-2) and `moerun run --backend cuda` against the CPU;
 #  4. benchmarks `moerun bench --synthetic --backend cuda` on the Mixtral
-#     8x7B and OLMoE shapes (random weights made on the device): batch-1
+#     8x7B, OLMoE and gpt-oss-120b (MXFP4 experts) shapes (random weights
+#     made on the device): batch-1
 #     decode against the HBM roofline (bandwidth measured here), prefill at
 #     512 and 4096 tokens, grouped expert GEMM against dense cuBLAS, decode
 #     step time at batch 1, 8, 64 and 256; Mixtral prefill again with the
 #     per-row attention kernel (MOERUN_CUDA_PREFILL_ATTN=rows) beside the
-#     tiled one;
+#     tiled one; the decode expert kernels alone with bf16, MXFP4 and FP8
+#     weights (moerun bench --expert-kernels);
 #  5. prints a short table last; everything is written under $OUT.
 #
 # Environment: OUT (default gpu-out/), MOERUN_GPU_ARCHS (CUDA architectures,
@@ -128,6 +130,9 @@ bench mixtral configs/mixtral-8x7b.json $full --expert-kernels 1,8,64
 say "   mixtral done"
 bench olmoe configs/olmoe-1b-7b.json $full
 say "   olmoe done"
+# gpt-oss-120b whole, its experts MXFP4 as released (56.7 GiB), read in place
+bench gptoss120b configs/gpt-oss-120b.json $full
+say "   gpt-oss-120b done"
 # decode steps recorded once as CUDA graphs and replayed (opt-in)
 MOERUN_CUDA_GRAPHS=1 bench mixtral_graphs configs/mixtral-8x7b.json --prefill 64 --decode 1,8,32
 say "   mixtral with graphs done"
@@ -165,7 +170,7 @@ print()
 print("%-8s %10s %8s %10s %10s %9s %9s %9s %9s %8s %8s" % (
     "model", "dec1 tok/s", "roofl%", "pf512 t/s", "pf4096 t/s", "gemm%", "b1 ms", "b8 ms",
     "b64 ms", "b256 ms", "b64/exp"))
-for name in ("mixtral", "olmoe"):
+for name in ("mixtral", "olmoe", "gptoss120b"):
     try:
         j = json.load(open(os.path.join(out, "bench_%s.json" % name)))
     except Exception as e:
