@@ -137,4 +137,67 @@ static inline double gemm_tol(enum moe_dtype dt)
     return dt == MOE_DTYPE_F32 ? 1e-5 : dt == MOE_DTYPE_F16 ? 4e-3 : 2e-2;
 }
 
+/* ---- experts ---- */
+
+/* gpt-oss's expert biases (seeded, on both sides; *host and *dev to free)
+ * and clamped activation with the given limit. */
+static inline void gpt_oss_biases(struct moe_expert_weights *hx, struct moe_expert_weights *dx, int E, int D,
+                                  int F, float limit, float **host, float **dev)
+{
+    const size_t n = (size_t)E * (2 * F + D);
+    float *bias = rand_floats(n, 65, -0.3f, 0.3f), *dbias = (float *)dev_copy(bias, n * sizeof(float));
+    const struct moe_tensor b = {MOE_DTYPE_F32, 2, {E, F}, NULL, -1};
+    hx->b_gate = hx->b_up = b, hx->b_down = b;
+    hx->b_down.shape[1] = D;
+    hx->b_gate.data = bias, hx->b_up.data = bias + (size_t)E * F, hx->b_down.data = bias + 2 * (size_t)E * F;
+    dx->b_gate = hx->b_gate, dx->b_up = hx->b_up, dx->b_down = hx->b_down;
+    dx->b_gate.data = dbias, dx->b_up.data = dbias + (size_t)E * F, dx->b_down.data = dbias + 2 * (size_t)E * F;
+    hx->alpha = dx->alpha = 1.702f;
+    hx->limit = dx->limit = limit;
+    *host = bias;
+    *dev = dbias;
+}
+
+/* The experts op on both backends over hx (host weights) and dx (their
+ * device twin) for T tokens routed K ways by seeded logits: one "parity:"
+ * line (op experts_grp when the backend's grouped path ran, per grouped),
+ * and the worst relative error. */
+static inline double experts_parity(const struct moe_expert_weights *hx, const struct moe_expert_weights *dx,
+                                    int T, int E, int K, int D, int F, bool grouped, const char *shape)
+{
+    const size_t TK = (size_t)T * K;
+    float *lg = rand_floats((size_t)T * E, 63, -2, 2);
+    int32_t *ids = malloc(TK * sizeof(int32_t));
+    float *w = malloc(TK * sizeof(float));
+    const struct moe_route rt = {E, K, true, false, NULL, 1, 1, 1.0f};
+    cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
+    int32_t *hbuf = malloc((2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
+    struct moe_dispatch hp = {hbuf, hbuf + E, hbuf + 2 * E + 1, hbuf + 2 * E + 1 + TK};
+    cr_assert_eq(cpu.ops->dispatch(&cpu, &hp, ids, T, K, E), MOE_OK);
+    int32_t *dbuf = (int32_t *)dev_copy(hbuf, (2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
+    struct moe_dispatch dp = {dbuf, dbuf + E, dbuf + 2 * E + 1, dbuf + 2 * E + 1 + TK};
+    float *x = rand_floats((size_t)T * D, 64, -1, 1);
+    float *ref = malloc((size_t)T * D * sizeof(float)), *got = malloc((size_t)T * D * sizeof(float));
+    struct moe_expert_ws hws = {malloc(TK * D * sizeof(float)), malloc(TK * F * sizeof(float)),
+                                malloc(TK * F * sizeof(float)), malloc(TK * D * sizeof(float))};
+    struct moe_expert_ws dws = {dev_poisoned(TK * D * sizeof(float)), dev_poisoned(TK * F * sizeof(float)),
+                                dev_poisoned(TK * F * sizeof(float)), dev_poisoned(TK * D * sizeof(float))};
+    float *sc = malloc((size_t)(D > F ? D : F) * omp_get_max_threads() * sizeof(float));
+    /* the CPU op sizes its scratch in prepare_model: call the module */
+    moe_experts_ffn_cpu(ref, x, &hp, w, hx, &hws, T, K, D, F, E, sc);
+    float *dxin = (float *)dev_copy(x, (size_t)T * D * sizeof(float));
+    float *dw = (float *)dev_copy(w, TK * sizeof(float));
+    float *dout = (float *)dev_poisoned((size_t)T * D * sizeof(float));
+    cr_assert_eq(gpu.ops->experts(&gpu, dout, dxin, &dp, dw, dx, &dws, T, K, D, F, E), MOE_OK, "%s",
+                 moe_last_error());
+    to_host(got, dout, (size_t)T * D * sizeof(float));
+    const double e = report(grouped ? "experts_grp" : "experts_dec", moe_dtype_name(hx->dtype), shape, got, ref,
+                            (size_t)T * D);
+    void *dbufs[] = {dbuf, dws.xe, dws.g, dws.u, dws.ye, dxin, dw, dout};
+    for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
+    free(hws.xe), free(hws.g), free(hws.u), free(hws.ye);
+    free(lg), free(ids), free(w), free(hbuf), free(x), free(ref), free(got), free(sc);
+    return e;
+}
+
 /* ---- dense ops ---- */

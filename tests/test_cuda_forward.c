@@ -311,6 +311,17 @@ Test(cuda_backend, selection_follows_the_device)
     moe_backend_free(&be);
 }
 
+/* The CPU backend refuses the deferred model d; d and h are freed. */
+static void cpu_refuses_and_free(struct moe_model *d, struct moe_model *h)
+{
+    struct moe_backend cpu;
+    cr_assert_eq(moe_backend_cpu_init(&cpu, 1), MOE_OK);
+    cr_expect_eq(cpu.ops->prepare_model(&cpu, d), MOE_ERR_INVALID_ARG);
+    moe_backend_free(&cpu);
+    moe_model_free(d);
+    moe_model_free(h);
+}
+
 /* Runs everywhere: a deferred synthetic model (weights to be made by a
  * device backend) binds every tensor with the shapes of the host-made one,
  * marks norm weights as ones, and the CPU backend refuses it. */
@@ -336,12 +347,7 @@ Test(synth_deferred, binds_like_the_host_model_and_cpu_refuses_it)
     cr_expect(memcmp(&a, &b, sizeof a) == 0, "sizes of the deferred model differ");
     cr_expect_eq(*(const unsigned char *)d.final_norm.data, 1, "norm weights are ones");
     cr_expect_eq(*(const unsigned char *)d.layers[0].wq.data, 0, "projections are random");
-    struct moe_backend cpu;
-    cr_assert_eq(moe_backend_cpu_init(&cpu, 1), MOE_OK);
-    cr_expect_eq(cpu.ops->prepare_model(&cpu, &d), MOE_ERR_INVALID_ARG);
-    moe_backend_free(&cpu);
-    moe_model_free(&d);
-    moe_model_free(&h);
+    cpu_refuses_and_free(&d, &h);
 }
 
 /* gpt-oss with MXFP4 experts binds deferred too (no host rewriting: the
@@ -371,12 +377,7 @@ Test(synth_deferred, gpt_oss_with_mxfp4_experts_binds)
         cr_expect_eq(w->experts.b_gate.shape[1], cfg.d_expert);
         cr_expect_eq(*(const unsigned char *)w->experts.gate[0], 0, "random, not ones");
     }
-    struct moe_backend cpu;
-    cr_assert_eq(moe_backend_cpu_init(&cpu, 1), MOE_OK);
-    cr_expect_eq(cpu.ops->prepare_model(&cpu, &d), MOE_ERR_INVALID_ARG);
-    moe_backend_free(&cpu);
-    moe_model_free(&d);
-    moe_model_free(&h);
+    cpu_refuses_and_free(&d, &h);
     const char *refused[] = {FIXTURE_DIR "/gpt_oss/config.json", FIXTURE_DIR "/deepseek_v3/config.json",
                              FIXTURE_DIR "/qwen3_moe_fp8/config.json"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {

@@ -354,60 +354,20 @@ static void check_experts_full(enum moe_dtype dt, int T, int E, int K, int D, in
     struct moe_expert_weights hx = {dt, hg, hu, hd, {0}, {0}, {0}, 0.0f, 0.0f}, dx = hx;
     dx.gate = dg, dx.up = du, dx.down = dd;
     /* gpt-oss: biases, and a limit the values cross often */
-    float *bias = gpt_oss ? rand_floats((size_t)E * (2 * F + D), 65, -0.3f, 0.3f) : NULL;
-    float *dbias = gpt_oss ? dev_copy(bias, (size_t)E * (2 * F + D) * sizeof(float)) : NULL;
-    if (gpt_oss) {
-        const struct moe_tensor b = {MOE_DTYPE_F32, 2, {E, F}, NULL, -1};
-        hx.b_gate = hx.b_up = b, hx.b_down = b;
-        hx.b_down.shape[1] = D;
-        hx.b_gate.data = bias, hx.b_up.data = bias + (size_t)E * F, hx.b_down.data = bias + 2 * (size_t)E * F;
-        dx.b_gate = hx.b_gate, dx.b_up = hx.b_up, dx.b_down = hx.b_down;
-        dx.b_gate.data = dbias, dx.b_up.data = dbias + (size_t)E * F, dx.b_down.data = dbias + 2 * (size_t)E * F;
-        hx.alpha = dx.alpha = 1.702f;
-        hx.limit = dx.limit = 0.3f;
-    }
-    /* routing on the CPU, the same plan on both sides */
-    const size_t TK = (size_t)T * K;
-    float *lg = rand_floats((size_t)T * E, 63, -2, 2);
-    int32_t *ids = malloc(TK * sizeof(int32_t));
-    float *w = malloc(TK * sizeof(float));
-    const struct moe_route rt = {E, K, true, false, NULL, 1, 1, 1.0f};
-    cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
-    int32_t *hbuf = malloc((2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
-    struct moe_dispatch hp = {hbuf, hbuf + E, hbuf + 2 * E + 1, hbuf + 2 * E + 1 + TK};
-    cr_assert_eq(cpu.ops->dispatch(&cpu, &hp, ids, T, K, E), MOE_OK);
-    int32_t *dbuf = dev_copy(hbuf, (2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
-    struct moe_dispatch dp = {dbuf, dbuf + E, dbuf + 2 * E + 1, dbuf + 2 * E + 1 + TK};
-    float *x = rand_floats((size_t)T * D, 64, -1, 1);
-    float *ref = malloc((size_t)T * D * sizeof(float)), *got = malloc((size_t)T * D * sizeof(float));
-    struct moe_expert_ws hws = {malloc(TK * D * sizeof(float)), malloc(TK * F * sizeof(float)),
-                                malloc(TK * F * sizeof(float)), malloc(TK * D * sizeof(float))};
-    struct moe_expert_ws dws = {dev_poisoned(TK * D * sizeof(float)), dev_poisoned(TK * F * sizeof(float)),
-                                dev_poisoned(TK * F * sizeof(float)), dev_poisoned(TK * D * sizeof(float))};
-    float *sc = malloc((size_t)(D > F ? D : F) * omp_get_max_threads() * sizeof(float));
-    /* the CPU op sizes its scratch in prepare_model: call the module */
-    moe_experts_ffn_cpu(ref, x, &hp, w, &hx, &hws, T, K, D, F, E, sc);
-    float *dxin = dev_copy(x, (size_t)T * D * sizeof(float));
-    float *dw = dev_copy(w, TK * sizeof(float));
-    float *dout = dev_poisoned((size_t)T * D * sizeof(float));
-    cr_assert_eq(gpu.ops->experts(&gpu, dout, dxin, &dp, dw, &dx, &dws, T, K, D, F, E), MOE_OK,
-                 "%s", moe_last_error());
-    to_host(got, dout, (size_t)T * D * sizeof(float));
+    float *bias = NULL, *dbias = NULL;
+    if (gpt_oss) gpt_oss_biases(&hx, &dx, E, D, F, 0.3f, &bias, &dbias); /* a limit values cross often */
     char shp[64];
     snprintf(shp, sizeof shp, "T%d E%d K%d D%d F%d%s", T, E, K, D, F, gpt_oss ? " gpt-oss" : "");
     /* the grouped path rounds activations to the weights' half type; the
      * decode path keeps them in fp32 like the CPU, so only the summation
      * order differs there */
     const bool grouped = T > 32 && dt != MOE_DTYPE_F32;
-    double e = report(grouped ? "experts_grp" : "experts_dec", moe_dtype_name(dt), shp, got, ref,
-                      (size_t)T * D);
+    const double e = experts_parity(&hx, &dx, T, E, K, D, F, grouped, shp);
     cr_expect(e <= (grouped ? 3e-2 : dt == MOE_DTYPE_F32 ? 1e-5 : 1e-4), "experts %s %s: %.3g",
               moe_dtype_name(dt), shp, e);
-    void *dbufs[] = {dgu, ddn, dbuf, dws.xe, dws.g, dws.u, dws.ye, dxin, dw, dout, dbias};
+    void *dbufs[] = {dgu, ddn, dbias};
     for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
-    free(hws.xe), free(hws.g), free(hws.u), free(hws.ye);
-    free(fgu), free(fdn), free(hgu), free(hdn), free(lg), free(ids), free(w), free(hbuf);
-    free(x), free(ref), free(got), free(sc), free(bias);
+    free(fgu), free(fdn), free(hgu), free(hdn), free(bias);
 }
 
 static void check_experts(enum moe_dtype dt, int T, int E, int K, int D, int F)
