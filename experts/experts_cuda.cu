@@ -31,6 +31,7 @@
 
 #include "experts/experts.h"
 #include "runtime/cuda_dtype.cuh"
+#include "runtime/cuda_planes.cuh"
 #include "runtime/cuda_util.h"
 
 #define FFN_WARPS 8
@@ -89,20 +90,19 @@ extern "C" enum moe_status moe_experts_swiglu_cuda(cudaStream_t st, float *g, co
     return MOE_OK;
 }
 
-/* 8 consecutive weights at w[i..i+7] as fp32 (16-byte aligned load).  The
- * weights are streamed once per step: the loads are marked evict-first
- * (__ldcs), so they do not push the activations out of L1 and L2. */
+/* 8 consecutive weights at w[i..i+7] as fp32 (16-byte aligned load;
+ * once: see ld_weights). */
 template <enum moe_dtype DT>
-__device__ __forceinline__ void ld8(float *o, const void *w, size_t i)
+__device__ __forceinline__ void ld8(float *o, const void *w, size_t i, bool once)
 {
     if (DT == MOE_DTYPE_F32) {
         const float4 *p = (const float4 *)((const float *)w + i);
-        float4 a = __ldcs(p), b = __ldcs(p + 1);
+        float4 a = ld_weights(p, once), b = ld_weights(p + 1, once);
         o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z,
         o[7] = b.w;
         return;
     }
-    uint4 v = __ldcs((const uint4 *)((const uint16_t *)w + i));
+    uint4 v = ld_weights((const uint4 *)((const uint16_t *)w + i), once);
     const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -120,15 +120,11 @@ __device__ __forceinline__ void ld8(float *o, const void *w, size_t i)
 
 /* The input rows of a tile: gathered through perm (up kernel), or
  * consecutive rows of the expert-ordered hidden buffer (down kernel, which
- * keeps no pointer per row: fewer registers). */
+ * keeps no pointer per row: fewer registers; strided_rows in
+ * runtime/cuda_planes.cuh). */
 template <int RT> struct gathered_rows {
     const float *p[RT];
     __device__ const float *row(int r) const { return p[r]; }
-};
-struct strided_rows {
-    const float *base;
-    int stride;
-    __device__ const float *row(int r) const { return base + (size_t)r * stride; }
 };
 
 /* acc[k][r] += dot(weight row k, xs.row(r)) over the warp (lane partial sums),
@@ -141,7 +137,7 @@ struct strided_rows {
 template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
 __device__ __forceinline__ void warp_dots(float (*acc)[RT], const void *w, const size_t *wo,
                                           const Rows &xs, int nr, int n,
-                                          bool vec)
+                                          bool vec, bool once)
 {
     const int lane = threadIdx.x & 31;
     if (vec) {
@@ -151,7 +147,7 @@ __device__ __forceinline__ void warp_dots(float (*acc)[RT], const void *w, const
             for (int u = 0; u < U; u++)
 #pragma unroll
                 for (int k = 0; k < NW; k++)
-                    if (i0 + u * 256 < n) ld8<DT>(wf[u][k], w, wo[k] + i0 + u * 256);
+                    if (i0 + u * 256 < n) ld8<DT>(wf[u][k], w, wo[k] + i0 + u * 256, once);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int i = i0 + u * 256;
@@ -185,147 +181,29 @@ __device__ __forceinline__ void warp_dots(float (*acc)[RT], const void *w, const
     }
 }
 
-/* ---- MXFP4 and FP8_B128 weights, read in place (the planes layout of
- * runtime/tensor.h: a 16-byte load is one MXFP4 block of 32 values, or 16
- * FP8 values of one 128-value block) ----
- * Two codes become a half2 by placing their bits (moe_e2m1x2_half_bits,
- * moe_e4m3x2_half_bits: the code's value times 2^-14 or 2^-8, exactly),
- * the half2 two floats exactly, and the 2^14 or 2^8 is folded into the
- * block's scale, which multiplies each block's partial dot product once. */
-__device__ __forceinline__ float2 half2_bits(uint32_t u)
-{
-    __half2 h;
-    memcpy(&h, &u, 4);
-    return __half22float2(h);
-}
-
-/* Nibbles 0-3 (x) and 16-19 (y) of t: two E2M1 codes. */
-__device__ __forceinline__ float2 e2m1x2(uint32_t t) { return half2_bits(moe_e2m1x2_half_bits(t)); }
-
-/* Bytes 0 (x) and 2 (y) of t: two E4M3 codes. */
-__device__ __forceinline__ float2 e4m3x2(uint32_t t) { return half2_bits(moe_e4m3x2_half_bits(t)); }
-
-template <enum moe_dtype DT> struct qtraits {
-    static constexpr bool fp4 = DT == MOE_DTYPE_MXFP4;
-    static constexpr int per_load = fp4 ? 32 : 16;   /* values in a 16-byte load */
-    static constexpr float unit = fp4 ? 16384.0f : 256.0f; /* qword's values times this */
-};
-
-/* The 8 (MXFP4) or 4 (FP8) values of word j of a 16-byte load, times 2^14
- * or 2^8, at their offsets o[] in the load: MXFP4 bytes 4j..4j+3 hold
- * elements 4j..4j+3 (low nibbles) and 4j+16..4j+19 (high nibbles). */
-template <enum moe_dtype DT>
-__device__ __forceinline__ void qword(float *v, uint32_t w)
-{
-    if (qtraits<DT>::fp4) {
-        const float2 a = e2m1x2(w), b = e2m1x2(w >> 8), c = e2m1x2(w >> 4), d = e2m1x2(w >> 12);
-        v[0] = a.x, v[1] = b.x, v[2] = a.y, v[3] = b.y; /* elements 4j .. 4j+3 */
-        v[4] = c.x, v[5] = d.x, v[6] = c.y, v[7] = d.y; /* elements 4j+16 .. 4j+19 */
-    } else {
-        const float2 a = e4m3x2(w), b = e4m3x2(w >> 8);
-        v[0] = a.x, v[1] = b.x, v[2] = a.y, v[3] = b.y;
-    }
-}
-
-/* The scale of the block holding value i of the planes at ws. */
-template <enum moe_dtype DT>
-__device__ __forceinline__ float qscale(const void *ws, size_t i)
-{
-    if (qtraits<DT>::fp4) {
-        const uint32_t s = ((const uint8_t *)ws)[i / MOE_MXFP4_BLOCK]; /* 255 refused at load */
-        return s ? __uint_as_float(s << 23) : __uint_as_float(0x00400000u);
-    }
-    return ((const float *)ws)[i / MOE_FP8_BLOCK];
-}
-
-/* warp_dots for MXFP4 or FP8_B128 weights in planes: values at w, scales at
- * ws, rows starting at value index wo[k]; n a multiple of the block.  Each
- * lane keeps NW x U 16-byte loads in flight, decodes one word of each at a
- * time and sums a block's products before its scale multiplies them. */
-template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
-__device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, const void *ws,
-                                            const size_t *wo, const Rows &xs, int nr, int n)
-{
-    typedef qtraits<DT> Q;
-    const int lane = threadIdx.x & 31;
-    const uint8_t *q = (const uint8_t *)w;
-    for (int i0 = lane * Q::per_load; i0 < n; i0 += 32 * Q::per_load * U) {
-        uint4 wq[U][NW];
-        float sc[U][NW];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int k = 0; k < NW; k++) {
-                const int i = i0 + u * 32 * Q::per_load;
-                if (i < n) {
-                    const size_t e = wo[k] + i;
-                    wq[u][k] = __ldcs((const uint4 *)(q + (Q::fp4 ? e / 2 : e)));
-                    sc[u][k] = qscale<DT>(ws, e);
-                }
-            }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = i0 + u * 32 * Q::per_load;
-            if (i >= n) break;
-            float part[NW][RT];
-#pragma unroll
-            for (int k = 0; k < NW; k++)
-#pragma unroll
-                for (int r = 0; r < RT; r++) part[k][r] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float v[NW][8];
-#pragma unroll
-                for (int k = 0; k < NW; k++) {
-                    const uint32_t word[4] = {wq[u][k].x, wq[u][k].y, wq[u][k].z, wq[u][k].w};
-                    qword<DT>(v[k], word[j]);
-                }
-#pragma unroll
-                for (int r = 0; r < RT; r++) {
-                    if (r >= nr) break;
-                    const float *xr = xs.row(r) + i;
-                    const float4 a = *(const float4 *)(xr + 4 * j); /* both: elements 4j..4j+3 */
-#pragma unroll
-                    for (int k = 0; k < NW; k++)
-                        part[k][r] += v[k][0] * a.x + v[k][1] * a.y + v[k][2] * a.z + v[k][3] * a.w;
-                    if (Q::fp4) {
-                        const float4 b = *(const float4 *)(xr + 16 + 4 * j);
-#pragma unroll
-                        for (int k = 0; k < NW; k++)
-                            part[k][r] += v[k][4] * b.x + v[k][5] * b.y + v[k][6] * b.z + v[k][7] * b.w;
-                    }
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < NW; k++)
-#pragma unroll
-                for (int r = 0; r < RT; r++) acc[k][r] += part[k][r] * Q::unit * sc[u][k];
-        }
-    }
-}
-
 /* Either kind of weights: planes (MXFP4, FP8_B128) or plain rows. */
 template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
 __device__ __forceinline__ void expert_dots(float (*acc)[RT], const void *w, const void *ws,
                                             const size_t *wo, const Rows &xs, int nr, int n,
-                                            bool vec)
+                                            bool vec, bool once)
 {
     if (DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128)
-        warp_dots_q<DT, RT, NW, U>(acc, w, ws, wo, xs, nr, n);
+        warp_dots_q<DT, RT, NW, U>(acc, w, ws, wo, xs, nr, n, once);
     else
-        warp_dots<DT, RT, NW, U>(acc, w, wo, xs, nr, n, vec);
+        warp_dots<DT, RT, NW, U>(acc, w, wo, xs, nr, n, vec, once);
 }
 
 /* h (rows in expert order, F) = silu(x Wg^T) * (x Wu^T) for expert e's rows:
  * a warp per feature f, its gate and up rows streamed together. */
 template <enum moe_dtype DT>
 static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
-    expert_up_kernel(float *h, const float *x, const int32_t *counts, const int32_t *offsets,
-                     const int32_t *perm, const void *gu, const void *gus, struct expert_extra xb,
-                     int K, int D, int F, int E, int n_pairs, bool vec)
+    expert_up_kernel(float *h, const float *x, const int32_t *active, const int32_t *counts,
+                     const int32_t *offsets, const int32_t *perm, const void *gu, const void *gus,
+                     struct expert_extra xb, int K, int D, int F, int E, int n_pairs, bool vec)
 {
-    const int e = blockIdx.y;
-    if (e >= E) return;
+    if ((int)blockIdx.y >= active[0]) return;
+    const int e = active[1 + blockIdx.y];
+    if (e < 0 || e >= E) return;
     const int c = counts[e], r0 = offsets[e];
     if (c <= 0 || r0 < 0 || r0 + c > n_pairs) return;
     const int f = blockIdx.x * FFN_WARPS + (threadIdx.x >> 5);
@@ -338,7 +216,7 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
         for (int r = 0; r < UP_RT; r++)
             xs.p[r] = x + (size_t)(r < nr ? perm[r0 + rt + r] / K : 0) * D;
         float acc[2][UP_RT] = {};
-        expert_dots<DT, UP_RT, 2, UP_U>(acc, gu, gus, wo, xs, nr, D, vec);
+        expert_dots<DT, UP_RT, 2, UP_U>(acc, gu, gus, wo, xs, nr, D, vec, c <= UP_RT);
 #pragma unroll
         for (int r = 0; r < UP_RT; r++) {
             if (r >= nr) break;
@@ -357,12 +235,13 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
  * DOWN_NW consecutive output features, sharing the loads of h. */
 template <enum moe_dtype DT>
 static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
-    expert_down_kernel(float *ye, const float *h, const int32_t *counts, const int32_t *offsets,
-                       const void *dn, const void *dns, const float *b_down, int D, int F, int E,
-                       int n_pairs, bool vec)
+    expert_down_kernel(float *ye, const float *h, const int32_t *active, const int32_t *counts,
+                       const int32_t *offsets, const void *dn, const void *dns, const float *b_down,
+                       int D, int F, int E, int n_pairs, bool vec)
 {
-    const int e = blockIdx.y;
-    if (e >= E) return;
+    if ((int)blockIdx.y >= active[0]) return;
+    const int e = active[1 + blockIdx.y];
+    if (e < 0 || e >= E) return;
     const int c = counts[e], r0 = offsets[e];
     if (c <= 0 || r0 < 0 || r0 + c > n_pairs) return;
     const int d0 = (blockIdx.x * FFN_WARPS + (threadIdx.x >> 5)) * DOWN_NW;
@@ -377,7 +256,7 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
         float acc[DOWN_NW][DOWN_RT] = {};
         /* planes: one load per row in flight (registers: the block partials) */
         constexpr int U = DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128 ? 1 : DOWN_U;
-        expert_dots<DT, DOWN_RT, DOWN_NW, U>(acc, dn, dns, wo, hs, nr, F, vec);
+        expert_dots<DT, DOWN_RT, DOWN_NW, U>(acc, dn, dns, wo, hs, nr, F, vec, c <= DOWN_RT);
 #pragma unroll
         for (int k = 0; k < DOWN_NW; k++) {
             if (d0 + k >= D) break;
@@ -392,25 +271,53 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
     }
 }
 
+/* active[0] = the number of experts with rows, active[1..] their ids in
+ * ascending order: one block of 256 threads walks the counts 256 at a time
+ * (a ballot and the warps' popcounts place each id). */
+static __global__ void active_experts_kernel(int32_t *active, const int32_t *counts, int E)
+{
+    __shared__ int warp_n[8];
+    int base = 0; /* the same in every thread */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int e0 = 0; e0 < E; e0 += 256) {
+        const int e = e0 + (int)threadIdx.x;
+        const bool on = e < E && counts[e] > 0;
+        const unsigned m = __ballot_sync(0xffffffffu, on);
+        if (lane == 0) warp_n[w] = __popc(m);
+        __syncthreads();
+        int before = 0, all = 0;
+        for (int i = 0; i < 8; i++) {
+            before += i < w ? warp_n[i] : 0;
+            all += warp_n[i];
+        }
+        if (on) active[1 + base + before + __popc(m & ((1u << lane) - 1u))] = e;
+        base += all;
+        __syncthreads(); /* warp_n is rewritten next round */
+    }
+    if (threadIdx.x == 0) active[0] = base;
+}
+
 template <enum moe_dtype DT>
 static enum moe_status launch_small(cudaStream_t st, dim3 g1, dim3 g2, float *h, float *ye,
-                                   const float *x, const struct moe_dispatch *plan,
+                                   const float *x, const struct moe_dispatch *plan, int32_t *active,
                                    const void *gu, const void *gus, const void *dn, const void *dns,
                                    struct expert_extra xb, int K, int D, int F, int E, int n,
                                    bool vec)
 {
-    expert_up_kernel<DT><<<g1, FFN_WARPS * 32, 0, st>>>(h, x, plan->counts, plan->offsets,
+    active_experts_kernel<<<1, 256, 0, st>>>(active, plan->counts, E);
+    MOE_CUDA_LAUNCHED();
+    expert_up_kernel<DT><<<g1, FFN_WARPS * 32, 0, st>>>(h, x, active, plan->counts, plan->offsets,
                                                         plan->perm, gu, gus, xb, K, D, F, E, n, vec);
     MOE_CUDA_LAUNCHED();
-    expert_down_kernel<DT><<<g2, FFN_WARPS * 32, 0, st>>>(ye, h, plan->counts, plan->offsets, dn,
-                                                          dns, xb.b_down, D, F, E, n, vec);
+    expert_down_kernel<DT><<<g2, FFN_WARPS * 32, 0, st>>>(ye, h, active, plan->counts, plan->offsets,
+                                                          dn, dns, xb.b_down, D, F, E, n, vec);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
 
 extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye,
                                                       const float *x,
-                                                      const struct moe_dispatch *plan,
+                                                      const struct moe_dispatch *plan, int32_t *active,
                                                       const void *gu, const void *dn,
                                                       const struct moe_expert_weights *ex,
                                                       enum moe_dtype dt, int T, int K, int D,
@@ -423,9 +330,12 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
      * bases are 256-byte aligned) */
     const bool vec = D % 8 == 0 && F % 8 == 0;
     const int n = T * K;
-    dim3 g1((unsigned)((F + FFN_WARPS - 1) / FFN_WARPS), (unsigned)E);
+    /* grid.y: one row of blocks per expert with rows, at most T*K of them
+     * (the launch depends on T alone: recordable in a graph) */
+    const unsigned ny = (unsigned)(n < E ? n : E);
+    dim3 g1((unsigned)((F + FFN_WARPS - 1) / FFN_WARPS), ny);
     const int dw = (D + DOWN_NW - 1) / DOWN_NW; /* warps per expert in the down kernel */
-    dim3 g2((unsigned)((dw + FFN_WARPS - 1) / FFN_WARPS), (unsigned)E);
+    dim3 g2((unsigned)((dw + FFN_WARPS - 1) / FFN_WARPS), ny);
     /* planes (MXFP4, FP8_B128): the scales follow the values of all E experts */
     const void *gus = NULL, *dns = NULL;
     if (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128) {
@@ -437,7 +347,7 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
         dns = (const char *)dn + moe_planes_values_bytes(dt, (size_t)D * E, (size_t)F);
     }
     /* one instantiation per weight type: no dtype branch in the inner loop */
-#define SMALL(DT) launch_small<DT>(st, g1, g2, h, ye, x, plan, gu, gus, dn, dns, xb, K, D, F, E, n, vec)
+#define SMALL(DT) launch_small<DT>(st, g1, g2, h, ye, x, plan, active, gu, gus, dn, dns, xb, K, D, F, E, n, vec)
     switch (dt) {
     case MOE_DTYPE_F32: return SMALL(MOE_DTYPE_F32);
     case MOE_DTYPE_F16: return SMALL(MOE_DTYPE_F16);
@@ -465,16 +375,21 @@ static __global__ void widen_planes_kernel(__nv_bfloat16 *dst, const void *src, 
         const uint4 wq = __ldcs((const uint4 *)((const uint8_t *)src + (Q::fp4 ? i / 2 : i)));
         const float sc = qscale<DT>(scales, i);
         const uint32_t word[4] = {wq.x, wq.y, wq.z, wq.w};
-        __nv_bfloat16 *o = dst + i;
+        __nv_bfloat16 *o = dst + i; /* 32-byte aligned: 8-byte stores of 4 values */
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float v[8];
             qword<DT>(v, word[j]);
 #pragma unroll
-            for (int t = 0; t < 4; t++) o[4 * j + t] = __float2bfloat16_rn(v[t] * Q::unit * sc);
-            if (Q::fp4)
-#pragma unroll
-                for (int t = 0; t < 4; t++) o[16 + 4 * j + t] = __float2bfloat16_rn(v[4 + t] * Q::unit * sc);
+            for (int half = 0; half < (Q::fp4 ? 2 : 1); half++) {
+                const float *q4 = v + 4 * half;
+                const __nv_bfloat162 a = __floats2bfloat162_rn(q4[0] * Q::unit * sc, q4[1] * Q::unit * sc),
+                                     b = __floats2bfloat162_rn(q4[2] * Q::unit * sc, q4[3] * Q::unit * sc);
+                uint2 p;
+                memcpy(&p.x, &a, 4);
+                memcpy(&p.y, &b, 4);
+                *(uint2 *)(o + 16 * half + 4 * j) = p;
+            }
         }
     }
 }

@@ -38,7 +38,8 @@
  * after it, too, the model serves only that backend (any other refuses it
  * at prepare_model) and is not run after that backend is freed.
  * MOERUN_CPU_PANELS=0 keeps the natural layout and the model untouched.
- * Calling prepare_model again with the same model does nothing. */
+ * Calling prepare_model again with the same model does nothing; one that
+ * failed leaves the model part on the device and is final (load it again). */
 #pragma once
 
 #include <stdbool.h>
@@ -235,6 +236,9 @@ void moe_backend_free(struct moe_backend *be);
 /* Number of usable CUDA devices; 0 when built without CUDA, with no driver
  * or no device (why is written to `why` when non-NULL). */
 int moe_cuda_device_count(char *why, size_t why_len);
+/* Steps the CUDA backend be has replayed from recorded graphs (0 for any
+ * other backend, or without CUDA). */
+int64_t moe_cuda_graph_replays(const struct moe_backend *be);
 
 #ifdef __cplusplus
 }

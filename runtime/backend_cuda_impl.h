@@ -53,6 +53,7 @@ struct cuda_ctx {
     int32_t *h_counts;       /* pinned (E) */
     void **h_ptrs;           /* pinned (6E) */
     void **d_ptrs;           /* device (6E) */
+    int32_t *active;         /* device (E + 1): the experts with rows (decode path) */
     /* expert load counters, (moe_layers, E) uint64 */
     uint64_t *d_load, *h_load;
     /* bf16 (E, 2F, D) + (E, D, F): a layer's MXFP4 / FP8 experts widened
@@ -61,6 +62,7 @@ struct cuda_ctx {
     size_t wide_bytes;
     int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
     bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
+    bool strict;             /* MOERUN_CUDA_STRICT=1: no fallback on an invalid value */
     bool prefill_rows;       /* MOERUN_CUDA_PREFILL_ATTN=rows: per-row kernel for prefill too */
     /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
      * once per (workspace, rows, logit rows) and replayed */
@@ -71,6 +73,7 @@ struct cuda_ctx {
     struct step_graph pending; /* the step being recorded */
     int capturing;           /* 1 while recording */
     int replaying;           /* index + 1 of the graph graph_end launches */
+    int64_t replays;         /* recorded steps replayed so far */
     bool widened_fp8;       /* prepare_model widened FP8_B128 weights (not experts) to bf16 */
     bool mxfp4_experts, fp8_experts; /* ... kept such experts as planes */
 };

@@ -270,7 +270,9 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         if (cfg->layer_moe[l] && cfg->n_experts > 0)
             MOE_TRY(upload_experts(be, m, &w->experts, cfg->n_experts, cfg->d_model, cfg->d_expert));
     }
-    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    /* the plain cudaMemcpy calls above ran on the legacy stream, which the
+     * backend's non-blocking stream does not wait for */
+    MOE_CUDA_TRY(cudaDeviceSynchronize());
     size_t fr = 0, tot = 0, all = 0;
     MOE_CUDA_TRY(cudaMemGetInfo(&fr, &tot));
     char line[512];

@@ -230,6 +230,7 @@ static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, in
     MOE_CUDA_TRY(cudaMalloc(&r->bufs[3], (size_t)batch * D * sizeof(float)));
     MOE_CUDA_TRY(cudaMalloc(&r->bufs[4], n * F * sizeof(float)));
     MOE_CUDA_TRY(cudaMalloc(&r->bufs[5], n * D * sizeof(float)));
+    MOE_CUDA_TRY(cudaMalloc(&r->bufs[6], ((size_t)E + 1) * sizeof(int32_t)));
     MOE_TRY(moe_ops_synth_fill_cuda(r->st, r->bufs[3], MOE_DTYPE_F32, (size_t)batch * D, 3, 1.0f));
     struct moe_expert_weights ex;
     memset(&ex, 0, sizeof ex);
@@ -238,7 +239,8 @@ static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, in
         if (rep == 0 && cudaEventRecord(r->a, r->st) != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "expert kernels: event");
         if (s == MOE_OK)
             s = moe_experts_ffn_small_cuda(r->st, (float *)r->bufs[4], (float *)r->bufs[5],
-                                           (const float *)r->bufs[3], &plan, r->bufs[0], r->bufs[1], &ex, dt,
+                                           (const float *)r->bufs[3], &plan, (int32_t *)r->bufs[6],
+                                           r->bufs[0], r->bufs[1], &ex, dt,
                                            batch, K, D, F, E);
     }
     if (s == MOE_OK && cudaEventRecord(r->b, r->st) != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "expert kernels: event");

@@ -42,8 +42,7 @@ static inline void reserve_cfg(struct moe_config *c)
 
 static inline void setup(void)
 {
-    char why[256] = "";
-    if (moe_cuda_device_count(why, sizeof why) == 0) cr_skip_test("no CUDA device: %s", why);
+    tu_need_cuda_device();
     cr_assert_eq(moe_backend_cpu_init(&cpu, 0), MOE_OK);
     cr_assert_eq(moe_backend_cuda_init(&gpu, 0), MOE_OK, "%s", moe_last_error());
     struct moe_config c;

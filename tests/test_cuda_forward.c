@@ -21,13 +21,7 @@
 #include "runtime/runner.h"
 #include "tests/testutil.h"
 
-static void need_device(void)
-{
-    char why[256] = "";
-    if (moe_cuda_device_count(why, sizeof why) == 0) cr_skip_test("no CUDA device: %s", why);
-}
-
-TestSuite(cuda_forward, .init = need_device);
+TestSuite(cuda_forward, .init = tu_need_cuda_device);
 
 struct side {
     struct moe_model m;
@@ -126,12 +120,13 @@ Test(cuda_forward, qwen2_moe_matches_cpu) { check_fixture("qwen2_moe", false); }
 Test(cuda_forward, qwen3_moe_matches_cpu) { check_fixture("qwen3_moe", false); }
 Test(cuda_forward, glm4_moe_matches_cpu) { check_fixture("glm4_moe", false); }
 Test(cuda_forward, granitemoe_matches_cpu) { check_fixture("granitemoe", false); }
-/* sinks, yarn, biases, clamped activation; MXFP4 experts widened to bf16
- * at upload (exactly: the same weights as the CPU's) */
+/* sinks, yarn, biases, clamped activation; MXFP4 experts read in place
+ * (the same weights as the CPU's) */
 Test(cuda_forward, gpt_oss_matches_cpu) { check_fixture("gpt_oss", false); }
 Test(cuda_forward, gpt_oss_mxfp4_matches_cpu) { check_fixture("gpt_oss_mxfp4", true); }
 Test(cuda_forward, olmoe_bf16_matches_cpu) { check_fixture("olmoe", true); }
-/* FP8 weights widened to bf16 at upload (each rounded once): bf16
+/* FP8 experts read in place, other FP8 weights widened to bf16 at upload
+ * (each rounded once): bf16
  * tolerance.  (deepseek_v3_fp8: MLA runs on the CPU backends only.) */
 Test(cuda_forward, qwen3_moe_fp8_matches_cpu) { check_fixture("qwen3_moe_fp8", true); }
 Test(cuda_forward, llama_matches_cpu) { check_fixture("llama", false); }
@@ -200,12 +195,19 @@ static void step_both(struct side *eager, struct side *graph, struct moe_seq *se
     cr_assert_eq(moe_runner_step(&graph->r, &cg, 1, lg, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
 }
 
+/* Whether the fixture's weights are fp32 (else bf16: the GEMM inputs are
+ * rounded to bf16 on the GPU, so the few-ulp differences of a reordered sum
+ * (recorded steps split attention by the table's capacity, eager ones by
+ * the context) can move a logit by a bf16 ulp of an activation). */
+static bool fp32_weights(const struct side *s) { return s->m.layers[0].wq.dtype == MOE_DTYPE_F32; }
+
 /* Step graphs (MOERUN_CUDA_GRAPHS=1): decode steps recorded once and
  * replayed give the tokens and, to rounding, the logits of eager steps. */
 static void check_graphs(const char *name)
 {
     struct side eager, graph;
     open_eager_and_graphs(&eager, &graph, name);
+    const double tol = fp32_weights(&eager) ? 1e-5 : 5e-3;
     const int V = eager.m.cfg.vocab;
     int32_t prompt[7] = {3, 14, 15, 9, 2, 6, 5};
     struct moe_seq se = {0}, sg = {0};
@@ -217,12 +219,15 @@ static void check_graphs(const char *name)
         int32_t te = moe_argmax(le, V), tg = moe_argmax(lg, V);
         double e = tu_max_rel_err(lg, le, (size_t)V);
         worst = e > worst ? e : worst;
-        cr_expect(e <= 1e-5, "%s step %d: graph vs eager logits %.3g", name, i, e);
+        cr_expect(e <= tol, "%s step %d: graph vs eager logits %.3g", name, i, e);
         cr_expect_eq(tg, te, "%s step %d: graph token %d, eager %d", name, i, tg, te);
         step_both(&eager, &graph, &se, &sg, &te, 1, false, le, lg);
     }
-    fprintf(stderr, "e2e: %-10s graphs: %d decode steps replayed, logits max rel err vs eager %.3g\n",
-            name, i, worst);
+    /* the first decode step is recorded, the 23 after it replayed */
+    cr_expect_eq(moe_cuda_graph_replays(&graph.be), 23, "%s: %lld steps replayed", name,
+                 (long long)moe_cuda_graph_replays(&graph.be));
+    fprintf(stderr, "e2e: %-10s graphs: %lld decode steps replayed, logits max rel err vs eager %.3g\n",
+            name, (long long)moe_cuda_graph_replays(&graph.be), worst);
     moe_seq_free(&eager.r, &se);
     moe_seq_free(&graph.r, &sg);
     free(le), free(lg);
@@ -233,11 +238,26 @@ static void check_graphs(const char *name)
 Test(cuda_forward, graphs_match_eager_qwen3_moe) { check_graphs("qwen3_moe"); }
 Test(cuda_forward, graphs_match_eager_olmoe) { check_graphs("olmoe"); }
 
+/* Counters a and b (n) equal (exact), or apart by at most 2% of their sum
+ * in total. */
+static void counts_match(const char *what, const int64_t *a, const int64_t *b, size_t n, bool exact)
+{
+    int64_t diff = 0, sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        diff += a[i] > b[i] ? a[i] - b[i] : b[i] - a[i];
+        sum += a[i];
+    }
+    fprintf(stderr, "e2e: graphs + statistics: %s counters apart by %lld of %lld\n", what, (long long)diff,
+            (long long)sum);
+    if (exact) cr_expect_eq(diff, 0, "%s counts differ", what);
+    else cr_expect(diff * 50 <= sum, "%s counts apart by %lld of %lld", what, (long long)diff, (long long)sum);
+}
+
 /* Step graphs with statistics on (the default of run/batch/bench/serve):
  * decode steps copy their routing asynchronously into pinned buffers, as
  * nodes of the recorded graph, and are recorded after the step; tokens and
- * the integer counters equal those of eager steps with statistics, the
- * weight sums agree to rounding. */
+ * the integer counters equal those of eager steps with statistics (bf16
+ * models: to near-ties), the weight sums agree to rounding. */
 static void check_graphs_stats(const char *name)
 {
     struct side eager, graph;
@@ -261,23 +281,28 @@ static void check_graphs_stats(const char *name)
     const size_t LE = (size_t)se_st.Lm * se_st.E;
     cr_expect_eq(sg_st.steps, 25);
     cr_expect_eq(sg_st.tokens_decode, 24);
-    cr_expect(memcmp(se_st.prefill, sg_st.prefill, LE * sizeof(int64_t)) == 0, "prefill counts differ");
-    cr_expect(memcmp(se_st.decode, sg_st.decode, LE * sizeof(int64_t)) == 0, "decode counts differ");
-    cr_expect(memcmp(se_st.top1, sg_st.top1, LE * sizeof(int64_t)) == 0, "top-1 counts differ");
-    cr_expect(memcmp(se_st.coact, sg_st.coact, LE * se_st.E * sizeof(int64_t)) == 0,
-              "co-activation counts differ");
+    /* fp32: the same ids, so the same counters; bf16: an id may differ at a
+     * near-tie (see fp32_weights), a few of the 25 x Lm x K choices */
+    const bool exact = fp32_weights(&eager);
+    counts_match("prefill", se_st.prefill, sg_st.prefill, LE, exact);
+    counts_match("decode", se_st.decode, sg_st.decode, LE, exact);
+    counts_match("top-1", se_st.top1, sg_st.top1, LE, exact);
+    counts_match("co-activation", se_st.coact, sg_st.coact, LE * se_st.E, exact);
     cr_expect(memcmp(se_st.ent_n, sg_st.ent_n, (size_t)se_st.Lm * sizeof(int64_t)) == 0);
     int64_t dec = 0;
-    double worst = 0;
+    double worst = 0, apart = 0, total = 0;
     for (size_t i = 0; i < LE; i++) {
         dec += sg_st.decode[i];
-        double d = fabs(sg_st.wsum[i] - se_st.wsum[i]) / (1e-6 + fabs(se_st.wsum[i]));
-        worst = d > worst ? d : worst;
+        double d = fabs(sg_st.wsum[i] - se_st.wsum[i]);
+        worst = fmax(worst, d / (1e-6 + fabs(se_st.wsum[i])));
+        apart += d;
+        total += fabs(se_st.wsum[i]);
     }
     cr_expect_eq(dec, (int64_t)24 * se_st.Lm * se_st.K, "every decode pair recorded");
-    cr_expect(worst <= 1e-4, "%s: routing weight sums differ by %.3g relative", name, worst);
-    fprintf(stderr, "e2e: %-10s graphs + statistics: counters equal to eager, weight sums %.3g\n",
-            name, worst);
+    if (exact) cr_expect(worst <= 1e-4, "%s: routing weight sums differ by %.3g relative", name, worst);
+    else cr_expect(apart <= 0.02 * total, "%s: routing weight sums apart by %.3g of %.3g", name, apart, total);
+    fprintf(stderr, "e2e: %-10s graphs + statistics: weight sums %.3g relative (%.3g of %.3g in all)\n",
+            name, worst, apart, total);
     moe_seq_free(&eager.r, &se);
     moe_seq_free(&graph.r, &sg);
     free(le), free(lg);

@@ -126,3 +126,70 @@ Test(cuda_quant, fp8_experts_match_cpu)
     check_quant_experts(MOE_DTYPE_FP8_B128, 300, 16, 4, 256, 128, false); /* widened, grouped */
     check_quant_experts(MOE_DTYPE_FP8_B128, 300, 16, 4, 256, 128, true);
 }
+
+/* N rows of an FP8_B128 matrix on the host and their bf16 widening on the
+ * device are the same weights: each the host's fp32 value rounded once. */
+static void expect_widened(const char *what, const void *host, const void *dev, int N, int K)
+{
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, (size_t)K);
+    uint16_t *got = malloc((size_t)N * K * 2);
+    float *row = malloc((size_t)K * sizeof(float));
+    to_host(got, dev, (size_t)N * K * 2);
+    int bad = 0;
+    for (int n = 0; n < N; n++) {
+        moe_convert_row_f32(row, (const char *)host + (size_t)n * rb, MOE_DTYPE_FP8_B128, (size_t)K);
+        for (int k = 0; k < K; k++) bad += got[(size_t)n * K + k] != moe_f32_to_bf16(row[k]);
+    }
+    fprintf(stderr, "parity: fp8_widen   %-16s (%d,%d) %d off: %s\n", what, N, K, bad,
+            bad ? "DIFFERS" : "identical");
+    cr_expect_eq(bad, 0, "%s: %d of %d weights are not the host's fp32 value rounded to bf16", what, bad, N * K);
+    free(got);
+    free(row);
+}
+
+/* An expert matrix of R rows of K on the device, values at dv and scales at
+ * ds, holds the host rows' planes byte for byte. */
+static void expect_planes(const char *what, const void *rows, const void *dv, const void *ds, int R, int K)
+{
+    const enum moe_dtype t = MOE_DTYPE_FP8_B128;
+    const size_t vb = moe_planes_values_bytes(t, (size_t)R, (size_t)K), sb = moe_planes_scales_bytes(t, (size_t)R, (size_t)K);
+    unsigned char *want = malloc(vb + sb), *got = malloc(vb + sb);
+    moe_planes_from_rows(t, rows, (size_t)R, (size_t)K, want, want + vb);
+    to_host(got, dv, vb);
+    to_host(got + vb, ds, sb);
+    const bool same = memcmp(got, want, vb + sb) == 0;
+    fprintf(stderr, "parity: fp8_planes  %-16s (%d,%d) %s\n", what, R, K, same ? "identical" : "DIFFERS");
+    cr_expect(same, "%s: planes differ from the host rows", what);
+    free(want), free(got);
+}
+
+/* An fp8 checkpoint prepared on the GPU: attention and the dense FFN
+ * widened to bf16 at upload (fp8_to_bf16_kernel), bit for bit the CPU's
+ * weights rounded once; the experts kept as FP8 planes, byte for byte. */
+Test(cuda_quant, fp8_checkpoint_upload)
+{
+    struct moe_model h, d;
+    cr_assert_eq(moe_model_load(&h, FIXTURE_DIR "/qwen3_moe_fp8"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_model_load(&d, FIXTURE_DIR "/qwen3_moe_fp8"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(gpu.ops->prepare_model(&gpu, &d), MOE_OK, "%s", moe_last_error());
+    const struct moe_layer_weights *a = &h.layers[0], *b = &d.layers[0];
+    const int D = h.cfg.d_model, F = h.cfg.d_expert, Fd = h.cfg.d_ff, Q = h.cfg.n_heads * h.cfg.head_dim,
+              KV = h.cfg.n_kv_heads * h.cfg.head_dim, E = h.cfg.n_experts;
+    cr_expect(b->wq.dtype == MOE_DTYPE_BF16 && b->wq.device >= 0);
+    cr_expect_eq(b->experts.dtype, MOE_DTYPE_FP8_B128);
+    expect_widened("q_proj", a->wq.data, b->wq.data, Q, D);
+    expect_widened("k_proj", a->wk.data, b->wk.data, KV, D);
+    expect_widened("o_proj", a->wo.data, b->wo.data, D, Q);
+    expect_widened("dense down_proj", h.layers[1].w_down.data, d.layers[1].w_down.data, D, Fd);
+    const enum moe_dtype t = MOE_DTYPE_FP8_B128;
+    const size_t S = moe_planes_scales_bytes(t, (size_t)F, (size_t)D);
+    const char *gus = (const char *)b->experts.gate[0] + moe_planes_values_bytes(t, 2 * (size_t)F * E, (size_t)D);
+    const char *dns = (const char *)b->experts.down[0] + moe_planes_values_bytes(t, (size_t)D * E, (size_t)F);
+    for (int e = 0; e < E; e++) {
+        expect_planes("expert gate", a->experts.gate[e], b->experts.gate[e], gus + 2 * e * S, F, D);
+        expect_planes("expert up", a->experts.up[e], b->experts.up[e], gus + (2 * e + 1) * S, F, D);
+        expect_planes("expert down", a->experts.down[e], b->experts.down[e], dns + e * S, D, F);
+    }
+    moe_model_free(&d);
+    moe_model_free(&h);
+}

@@ -6,8 +6,10 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 
+#include "runtime/backend.h"
 #include "runtime/runner.h"
 
 uint64_t tu_rand_u64(uint64_t *s)
@@ -92,4 +94,12 @@ void tu_prompt_logits(struct moe_runner *r, int vocab, int32_t *prompt, float *l
     struct moe_chunk c = {&seq, prompt, 20, true, false, 0};
     cr_assert_eq(moe_runner_step(r, &c, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
     moe_seq_free(r, &seq);
+}
+
+void tu_need_cuda_device(void)
+{
+    char why[256] = "";
+    if (moe_cuda_device_count(why, sizeof why) > 0) return;
+    if (getenv("MOERUN_REQUIRE_GPU")) cr_assert_fail("no CUDA device, and MOERUN_REQUIRE_GPU is set: %s", why);
+    cr_skip_test("no CUDA device: %s", why);
 }

@@ -23,6 +23,10 @@ static inline bool tu_same_bits(float a, float b)
     return x == y;
 }
 
+/* Skips the running test when there is no CUDA device, or fails it when
+ * MOERUN_REQUIRE_GPU is set (tests/gpu/run.sh: a skipped GPU suite must
+ * not pass for a run on a GPU).  Criterion suites' .init only. */
+void tu_need_cuda_device(void);
 /* Checks |x - ref| <= atol + rtol*|ref| elementwise; on failure prints the
  * worst element with `what` and returns 0. */
 int tu_allclose(const char *what, const float *x, const float *ref, size_t n, float atol,

@@ -23,7 +23,12 @@
 #  5. prints a short table last; everything is written under $OUT.
 #
 # Environment: OUT (default gpu-out/), MOERUN_GPU_ARCHS (CUDA architectures,
-# default 90a-real: the H200 only, to keep the build short), JOBS.
+# default 90a-real: the H200 only, to keep the build short), JOBS, PHASES
+# (default build,tests,bench: a comma list, so the work can be split over
+# calls on one warm machine; build-gpu/ stays between them).  The CUDA
+# tests run with MOERUN_REQUIRE_GPU=1 (a suite that finds no device fails
+# instead of skipping) and MOERUN_CUDA_STRICT=1 (a grouped GEMM cuBLAS
+# rejects as an invalid value is an error, not a quiet fallback).
 # Exit status: 0 when every step passed, 1 otherwise (each step still runs).
 set -uo pipefail
 
@@ -44,7 +49,16 @@ fail() { echo "FAILED: $*" | tee -a "$log"; status=1; }
 
 export PATH=/usr/local/cuda/bin:$PATH
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$log" 2>&1
+phases=,${PHASES:-build,tests,bench},
+phase() { case $phases in *",$1,"*) return 0 ;; esac; return 1; }
+{   # what this machine is: the first thing to read when something fails
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    nvcc --version | tail -2
+    cmake --version | head -1
+    ldd --version | head -1
+    echo "phases: $phases"
+} >>"$log" 2>&1
+export MOERUN_REQUIRE_GPU=1 MOERUN_CUDA_STRICT=1
 
 # ---- 1. dependencies and build ----
 say "1. dependencies and build"
@@ -69,26 +83,32 @@ else
     echo "no gpu-debs/: using the system's libraries" | tee -a "$log"
     linkflags=""
 fi
-if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOERUN_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES="$archs" -DCMAKE_EXE_LINKER_FLAGS="$linkflags" >>"$log" 2>&1; then
+# warnings are not errors here: another host compiler may warn anew
+if phase build && ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOERUN_CUDA=ON \
+        -DMOERUN_WERROR=OFF -DCMAKE_CUDA_ARCHITECTURES="$archs" -DCMAKE_EXE_LINKER_FLAGS="$linkflags" \
+        >>"$log" 2>&1; then
     fail "cmake configure"
     tail -30 "$log"
     exit 1
 fi
-if ! cmake --build "$build" -j "$jobs" --target moerun test_cuda_ops test_cuda_attention test_cuda_quant test_cuda_forward >>"$log" 2>&1; then
+if phase build && ! cmake --build "$build" -j "$jobs" --target moerun test_cuda_ops test_cuda_attention \
+        test_cuda_quant test_cuda_forward >>"$log" 2>&1; then
     fail "build"
     grep -E "error|Error" "$log" | head -30
     exit 1
 fi
 grep -iE "warning" "$log" | head -10
+if [ ! -x "$build/moerun" ]; then fail "no build in $build (PHASES without build on a fresh machine?)"; exit 1; fi
 
+cd "$root"
+if phase tests; then
 # ---- 2. every CUDA op against the CPU op ----
 say "2. op parity"
-cd "$root"
-if ! timeout 300 "$build/test_cuda_ops" --jobs=1 >"$out/parity.txt" 2>&1; then fail "test_cuda_ops"; fi
-if ! timeout 300 "$build/test_cuda_attention" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_attention"; fi
-if ! timeout 300 "$build/test_cuda_quant" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_quant"; fi
-grep -E "^\[FAIL\]|Assertion|mismatch|differ" "$out/parity.txt" | head -20 | tee -a "$log"
+if ! timeout 150 "$build/test_cuda_ops" --jobs=1 >"$out/parity.txt" 2>&1; then fail "test_cuda_ops"; fi
+if ! timeout 150 "$build/test_cuda_attention" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_attention"; fi
+if ! timeout 150 "$build/test_cuda_quant" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_quant"; fi
+grep -q "^parity:" "$out/parity.txt" || fail "no parity lines: the CUDA op tests did not run"
+grep -E "^\[FAIL\]|^\[SKIP\]|Assertion|mismatch|DIFFERS" "$out/parity.txt" | head -20 | tee -a "$log"
 # worst error per op and dtype
 awk '/^parity:/ { k = $2 " " $3; if ($NF == "identical" || $NF == "DIFFERS") v = ($NF == "DIFFERS"); else v = $NF + 0;
                   if (!(k in w) || v > w[k]) w[k] = v }
@@ -97,11 +117,11 @@ tail -3 "$out/parity.txt" | tee -a "$log"
 
 # ---- 3. fixtures end to end ----
 say "3. fixture models end to end"
-if ! timeout 300 "$build/test_cuda_forward" --jobs=1 >"$out/e2e.txt" 2>&1; then fail "test_cuda_forward"; fi
+if ! timeout 200 "$build/test_cuda_forward" --jobs=1 >"$out/e2e.txt" 2>&1; then fail "test_cuda_forward"; fi
 grep -E "^e2e:|^\[FAIL\]|Assertion" "$out/e2e.txt" | tee -a "$log"
 for fx in mixtral qwen3_moe olmoe; do
-    a=$("$build/moerun" run "tests/fixtures/$fx" --prompt-ids 1,2,3,4,5 -n 16 --backend cpu 2>/dev/null)
-    b=$("$build/moerun" run "tests/fixtures/$fx" --prompt-ids 1,2,3,4,5 -n 16 --backend cuda 2>>"$out/e2e.txt")
+    a=$(timeout 60 "$build/moerun" run "tests/fixtures/$fx" --prompt-ids 1,2,3,4,5 -n 16 --backend cpu 2>/dev/null)
+    b=$(timeout 60 "$build/moerun" run "tests/fixtures/$fx" --prompt-ids 1,2,3,4,5 -n 16 --backend cuda 2>>"$out/e2e.txt")
     echo "moerun run $fx: cpu [$a] cuda [$b] $([ "$a" = "$b" ] && echo same || echo DIFFERENT)" | tee -a "$out/e2e.txt" "$log"
 done
 # the whole model's output distribution: perplexity of the demo model on
@@ -113,13 +133,15 @@ for kv in f32 bf16; do
     if ! timeout 120 "$build/moerun" ppl $ppl --backend cuda --kv-dtype $kv --kl-base "$out/ppl_base.st" \
             --json >"$out/ppl_cuda_$kv.json" 2>>"$log"; then fail "ppl cuda kv $kv"; fi
 done
+fi # tests
 
 # ---- 4. benchmarks ----
+if phase bench; then
 say "4. benchmarks"
 bench() { # name config options...
     local name=$1 cfg=$2
     shift 2
-    if ! timeout 400 "$build/moerun" bench --synthetic "$cfg" --dtype bf16 --backend cuda \
+    if ! timeout 240 "$build/moerun" bench --synthetic "$cfg" --dtype bf16 --backend cuda \
             --ctx 128 --steps 16 --repeat 2 --copy-bandwidth --json "$@" \
             >"$out/bench_$name.json" 2>>"$log"; then
         fail "bench $name"
@@ -158,6 +180,7 @@ PY
     bench "experts_$1" "$out/shape_$1.json" --prefill 16 --decode 1 --steps 2 --expert-kernels 1,8,64
 done
 say "   expert kernels done"
+fi # bench
 
 # ---- 5. the table ----
 say "5. summary"
@@ -165,7 +188,10 @@ python3 - "$out" >"$out/summary.txt" 2>>"$log" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 print("op parity: worst max-relative error per op and dtype")
-print(open(os.path.join(out, "parity_worst.txt")).read().rstrip())
+try:
+    print(open(os.path.join(out, "parity_worst.txt")).read().rstrip())
+except Exception as e:
+    print("  no result (%s)" % e)
 print()
 print("%-8s %10s %8s %10s %10s %9s %9s %9s %9s %8s %8s" % (
     "model", "dec1 tok/s", "roofl%", "pf512 t/s", "pf4096 t/s", "gemm%", "b1 ms", "b8 ms",
