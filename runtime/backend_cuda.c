@@ -145,6 +145,9 @@ static void free_workspaces(struct cuda_ctx *c)
     cudaFree(c->d_ptrs);
     cudaFree(c->d_load);
     cudaFree(c->wide);
+    cudaFree(c->wide_dense);
+    c->wide_dense = NULL;
+    c->wide_dense_bytes = 0;
     cudaFree(c->active);
     c->active = NULL;
     cudaFreeHost(c->h_counts);
@@ -191,10 +194,16 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     if (planes && cfg->n_experts > 0 && !wide)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d experts of %d x %d overflow",
                         cfg->n_experts, cfg->d_model, cfg->d_expert);
+    /* FP8 projections kept as planes: the largest widened for steps of many
+     * rows (before prepare_model: as cfg says, din^2 bounding them) */
+    size_t dense = c->n_up ? c->planes_dense_max : cfg->weights_fp8 ? (size_t)din * (size_t)din : 0;
+    if (!moe_mul_size(dense, 2, &dense)) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: FP8 matrix size");
     if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
-        L <= c->moe_layers && head_floats <= c->att_head_floats && wide <= c->wide_bytes)
+        L <= c->moe_layers && head_floats <= c->att_head_floats && wide <= c->wide_bytes &&
+        dense <= c->wide_dense_bytes)
         return MOE_OK;
     if (c->wide_bytes > wide) wide = c->wide_bytes;
+    if (c->wide_dense_bytes > dense) dense = c->wide_dense_bytes;
     max_rows = imax(max_rows, c->max_rows);
     din = imax(din, c->max_din);
     K = imax(K, c->max_k);
@@ -219,6 +228,8 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     MOE_CUDA_TRY(cudaMemsetAsync(c->d_load, 0, (size_t)L * E * sizeof(uint64_t), c->stream));
     if (wide) MOE_CUDA_TRY(cudaMalloc(&c->wide, wide));
     c->wide_bytes = wide;
+    if (dense) MOE_CUDA_TRY(cudaMalloc(&c->wide_dense, dense));
+    c->wide_dense_bytes = dense;
     MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_counts, (size_t)E * sizeof(int32_t)));
     MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_ptrs, 6 * (size_t)E * sizeof(void *)));
     MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_load, (size_t)L * E * sizeof(uint64_t)));
@@ -300,6 +311,20 @@ static enum moe_status cuda_matmul(struct moe_backend *be, float *y, const float
         MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, Din, &one, w->data, ty,
                                     Din, c->xh, ty, Din, &zero, y, CUDA_R_32F, N,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else if (w->dtype == MOE_DTYPE_FP8_B128 || w->dtype == MOE_DTYPE_MXFP4) {
+        if (T <= SMALL_EXPERT_ROWS) /* read in place, bias included */
+            return moe_ops_matmul_planes_cuda(c->stream, y, x, w->data, w->dtype, N, Din, T,
+                                              b && b->data ? b->data : NULL, b ? b->dtype : MOE_DTYPE_F32);
+        /* many rows: widened to bf16 once for the step's GEMM */
+        if ((size_t)N * Din * 2 > c->wide_dense_bytes)
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda matmul: %s matrix %d x %d exceeds the reserved "
+                            "%zu bytes", moe_dtype_name(w->dtype), N, Din, c->wide_dense_bytes);
+        MOE_TRY(moe_experts_widen_cuda(c->stream, c->wide_dense, w->data, w->dtype, (size_t)N, (size_t)Din, 1,
+                                       NULL));
+        struct moe_tensor wb = *w;
+        wb.dtype = MOE_DTYPE_BF16;
+        wb.data = c->wide_dense;
+        return cuda_matmul(be, y, x, &wb, b, T);
     } else {
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda matmul: weight dtype %s",
                         moe_dtype_name(w->dtype));

@@ -25,6 +25,7 @@ extern const char *const moe_cuda_part_names[P_COUNT];
 struct upload {
     const void *host;
     void *dev;
+    enum moe_dtype dtype; /* on the device (FP8 widened to BF16, or kept as planes) */
 };
 
 struct cuda_ctx {
@@ -76,6 +77,10 @@ struct cuda_ctx {
     int64_t replays;         /* recorded steps replayed so far */
     bool widened_fp8;       /* prepare_model widened FP8_B128 weights (not experts) to bf16 */
     bool mxfp4_experts, fp8_experts; /* ... kept such experts as planes */
+    bool fp8_dense;          /* ... and FP8 matmul weights (cuda_matmul reads them in place) */
+    size_t planes_dense_max; /* ... the most values of one (N x Din) */
+    void *wide_dense;        /* bf16: a planes matrix widened for a step of many rows */
+    size_t wide_dense_bytes;
 };
 
 static inline struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }

@@ -25,8 +25,6 @@ static enum moe_status dev_buffer(struct moe_backend *be, size_t bytes, void **o
     return s;
 }
 
-/* Rewrites view t to a device copy of its data (shared with an earlier view
- * of the same host data, e.g. tied embeddings). */
 /* Index of the checkpoint tensor whose data is p (deferred synthetic
  * models: the generator key is the tensor's index), or -1. */
 static int tensor_index(const struct moe_model *m, const void *p)
@@ -67,8 +65,34 @@ static enum moe_status upload_fp8_view(struct moe_backend *be, struct moe_tensor
     return s;
 }
 
-static enum moe_status upload_view(struct moe_backend *be, const struct moe_model *m,
-                                   struct moe_tensor *t, enum part part)
+/* An FP8_B128 matrix (N, K) as planes (runtime/tensor.h), which
+ * cuda_matmul reads in place. */
+static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_tensor *t, size_t *bytes,
+                                          void **out)
+{
+    const size_t K = (size_t)t->shape[t->ndim - 1], N = (size_t)moe_tensor_numel(t) / K;
+    const size_t vb = moe_planes_values_bytes(t->dtype, N, K);
+    *bytes = vb + moe_planes_scales_bytes(t->dtype, N, K);
+    unsigned char *h = malloc(*bytes);
+    if (!h) return moe_fail(MOE_ERR_NOMEM, "cuda upload: %zu bytes of staging", *bytes);
+    moe_planes_from_rows(t->dtype, t->data, N, K, h, h + vb);
+    enum moe_status s = dev_buffer(be, *bytes, out);
+    if (s == MOE_OK) {
+        const cudaError_t ce = cudaMemcpy(*out, h, *bytes, cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+    }
+    free(h);
+    struct cuda_ctx *c = ctx_of(be);
+    c->fp8_dense = true;
+    if (N * K > c->planes_dense_max) c->planes_dense_max = N * K;
+    return s;
+}
+
+/* Rewrites view t to a device copy of its data (shared with an earlier view
+ * of the same host data, e.g. tied embeddings): in its dtype, an FP8 one
+ * widened to bf16, or kept as planes when `planes` (a matmul weight). */
+static enum moe_status upload_as(struct moe_backend *be, const struct moe_model *m, struct moe_tensor *t,
+                                 enum part part, bool planes)
 {
     struct cuda_ctx *c = ctx_of(be);
     if (!t->data || t->device >= 0) return MOE_OK;
@@ -76,15 +100,18 @@ static enum moe_status upload_view(struct moe_backend *be, const struct moe_mode
         if (c->up[i].host == t->data) {
             t->data = c->up[i].dev;
             t->device = c->device;
-            if (t->dtype == MOE_DTYPE_FP8_B128) t->dtype = MOE_DTYPE_BF16; /* widened */
+            t->dtype = c->up[i].dtype;
             return MOE_OK;
         }
     int64_t n = moe_tensor_numel(t);
-    if (n < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: bad tensor shape");
+    if (n < 0 || t->ndim < 1 || (n > 0 && t->shape[t->ndim - 1] <= 0))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: bad tensor shape");
     const bool fp8 = t->dtype == MOE_DTYPE_FP8_B128;
     size_t bytes = (size_t)n * (fp8 ? 2 : moe_dtype_size(t->dtype));
     void *d;
-    if (fp8) {
+    if (fp8 && planes && t->ndim == 2) {
+        MOE_TRY(upload_planes_view(be, t, &bytes, &d));
+    } else if (fp8) {
         MOE_TRY(upload_fp8_view(be, t, (size_t)n, &d));
         t->dtype = MOE_DTYPE_BF16;
     } else {
@@ -99,11 +126,24 @@ static enum moe_status upload_view(struct moe_backend *be, const struct moe_mode
         c->up = u;
         c->cap_up = m;
     }
-    c->up[c->n_up++] = (struct upload){t->data, d};
+    c->up[c->n_up++] = (struct upload){t->data, d, t->dtype};
     c->part_bytes[part] += bytes;
     t->data = d;
     t->device = c->device;
     return MOE_OK;
+}
+
+static enum moe_status upload_view(struct moe_backend *be, const struct moe_model *m,
+                                   struct moe_tensor *t, enum part part)
+{
+    return upload_as(be, m, t, part, false);
+}
+
+/* A weight only cuda_matmul reads: FP8 ones kept as planes. */
+static enum moe_status upload_matmul_view(struct moe_backend *be, const struct moe_model *m,
+                                          struct moe_tensor *t, enum part part)
+{
+    return upload_as(be, m, t, part, true);
 }
 
 /* MXFP4 experts (gpt-oss) or FP8_B128 ones (fp8 checkpoints) as planes
@@ -244,20 +284,25 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     /* deduplicate within this model only: a later model's host data may
      * reuse an earlier one's (freed) addresses */
     c->n_up = 0;
-    c->widened_fp8 = c->mxfp4_experts = c->fp8_experts = false;
+    c->widened_fp8 = c->mxfp4_experts = c->fp8_experts = c->fp8_dense = false;
+    c->planes_dense_max = 0;
     memset(c->part_bytes, 0, sizeof c->part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
     MOE_TRY(upload_view(be, m, &m->lm_head, cfg->tie_embeddings ? P_EMBED : P_HEAD));
     MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
     for (int l = 0; l < cfg->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
-        struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq,
-                                     &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm};
+        /* the weights only matmul reads (FP8 ones kept as planes), then the rest */
+        struct moe_tensor *mm[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down,
+                                   &w->sh_gate, &w->sh_up, &w->sh_down};
+        const enum part mp[] = {P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_DENSE, P_DENSE, P_DENSE,
+                                P_SHARED, P_SHARED, P_SHARED};
+        for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) MOE_TRY(upload_matmul_view(be, m, mm[i], mp[i]));
+        struct moe_tensor *attn[] = {&w->bq, &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm};
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) MOE_TRY(upload_view(be, m, attn[i], P_ATTN));
         MOE_TRY(upload_view(be, m, &w->attn_norm, P_NORM));
         MOE_TRY(upload_view(be, m, &w->ffn_norm, P_NORM));
-        struct moe_tensor *dense[] = {&w->w_gate, &w->w_up, &w->w_down,
-                                      &w->b_gate, &w->b_up, &w->b_down};
+        struct moe_tensor *dense[] = {&w->b_gate, &w->b_up, &w->b_down};
         for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) MOE_TRY(upload_view(be, m, dense[i], P_DENSE));
         MOE_TRY(upload_view(be, m, &w->router, P_ROUTER));
         MOE_TRY(upload_view(be, m, &w->router_bias, P_ROUTER));
@@ -265,8 +310,7 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         MOE_TRY(upload_view(be, m, &w->sinks, P_ATTN));
         struct moe_tensor *eb[] = {&w->experts.b_gate, &w->experts.b_up, &w->experts.b_down};
         for (size_t i = 0; i < sizeof eb / sizeof eb[0]; i++) MOE_TRY(upload_view(be, m, eb[i], P_EXPERTS));
-        struct moe_tensor *sh[] = {&w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
-        for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) MOE_TRY(upload_view(be, m, sh[i], P_SHARED));
+        MOE_TRY(upload_view(be, m, &w->sh_router, P_SHARED));
         if (cfg->layer_moe[l] && cfg->n_experts > 0)
             MOE_TRY(upload_experts(be, m, &w->experts, cfg->n_experts, cfg->d_model, cfg->d_expert));
     }
@@ -285,12 +329,13 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     }
     fprintf(stderr, "moerun: cuda: weights resident %.2f GiB (%s ) free %.2f of %.2f GiB\n",
             all / 1073741824.0, line, fr / 1073741824.0, tot / 1073741824.0);
-    if (c->mxfp4_experts || c->fp8_experts)
-        fprintf(stderr, "moerun: cuda: %s%s%s experts resident as stored, read in place\n",
-                c->mxfp4_experts ? "MXFP4" : "", c->mxfp4_experts && c->fp8_experts ? " and " : "",
-                c->fp8_experts ? "FP8" : "");
+    if (c->mxfp4_experts || c->fp8_experts || c->fp8_dense)
+        fprintf(stderr, "moerun: cuda: %s%s%s%s resident as stored, read in place\n",
+                c->mxfp4_experts ? "MXFP4 experts" : "", c->mxfp4_experts && c->fp8_experts ? ", " : "",
+                c->fp8_experts ? "FP8 experts" : "",
+                c->fp8_dense ? (c->mxfp4_experts || c->fp8_experts ? ", FP8 projections" : "FP8 projections") : "");
     if (c->widened_fp8)
-        fprintf(stderr, "moerun: cuda: FP8 attention and dense weights widened to bf16 at upload "
-                "(each rounded once: 1.9x their bytes)\n");
+        fprintf(stderr, "moerun: cuda: other FP8 weights widened to bf16 at upload (each rounded once: "
+                "1.9x their bytes)\n");
     return MOE_OK;
 }

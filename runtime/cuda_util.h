@@ -86,6 +86,12 @@ enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dty
  * E4M3 byte and its block's scale (the CPU's weight), rounded to bf16 (as
  * transformers' dequantization to a bf16 model). */
 enum moe_status moe_ops_fp8_to_bf16_cuda(cudaStream_t st, void *dst, const void *src, size_t n_blocks);
+/* y (T, N) = x (T, Din) . W^T (+ b (N) in bdt, or NULL) with W (N, Din) as
+ * MXFP4 or FP8_B128 planes (runtime/tensor.h) at w, read in place: for
+ * steps of few rows (each weight row is read once per 8 input rows). */
+enum moe_status moe_ops_matmul_planes_cuda(cudaStream_t st, float *y, const float *x, const void *w,
+                                           enum moe_dtype dt, int N, int Din, int T, const void *b,
+                                           enum moe_dtype bdt);
 /* ids (rows) = argmax of each row of x (rows, n): ties to the lower index,
  * NaN never wins (moe_argmax). */
 enum moe_status moe_ops_argmax_cuda(cudaStream_t st, int32_t *ids, const float *x, int rows, int n);

@@ -105,8 +105,9 @@ enum moe_dtype {
      * any row is read alone and a matrix can be cut at any row), then the
      * block's 128 E4M3 bytes as stored.  Made by moe_fp8_pack_row from a
      * checkpoint row and its scale row (runtime/model_fp8.c); read by the
-     * CPU kernels (fast and reference); by CUDA's expert kernels as
-     * planes (moe_planes_from_rows), other matrices widened to bf16 at upload;
+     * CPU kernels (fast and reference); by CUDA's expert and matmul
+     * kernels as planes (moe_planes_from_rows), other matrices widened to
+     * bf16 at upload;
      * refused by the safetensors writer; never parsed from a file's dtype
      * string (the checkpoint's own bytes are MOE_DTYPE_F8E4M3), never
      * repacked to panels or requantized by --quantize.  moe_dtype_size

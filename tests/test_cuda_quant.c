@@ -20,6 +20,7 @@ static void setup_quant(void)
     struct moe_config c;
     reserve_cfg(&c);
     c.experts_mxfp4 = true; /* reserves the buffer the grouped path widens into */
+    c.weights_fp8 = true;   /* ... and the one many-row matmuls widen into */
     cr_assert_eq(gpu.ops->reserve(&gpu, &c, 512), MOE_OK, "%s", moe_last_error());
 }
 
@@ -109,6 +110,49 @@ static void check_quant_experts(enum moe_dtype dt, int T, int E, int K, int D, i
     free(bias);
 }
 
+/* The matmul op with an MXFP4 or FP8 matrix (N, Din) as planes: read in
+ * place for steps of up to 32 rows (fp32 throughout: the CPU's sum in
+ * another order), widened to bf16 for cuBLAS past them. */
+static void check_planes_matmul(enum moe_dtype dt, int T, int N, int Din, bool bias)
+{
+    void *rows = quant_rows(dt, (size_t)N, (size_t)Din, 2000 + (uint64_t)N);
+    void *const mats[1] = {rows};
+    struct moe_tensor hw = {dt, 2, {N, Din}, rows, -1}, dw = hw;
+    dw.data = dev_planes(dt, mats, 1, (size_t)N, (size_t)Din);
+    dw.device = 0;
+    float *hb = rand_floats((size_t)N, 2001, -0.5f, 0.5f);
+    struct moe_tensor bh = {MOE_DTYPE_F32, 1, {N}, hb, -1}, bd = bh;
+    bd.data = dev_copy(hb, (size_t)N * sizeof(float));
+    float *x = rand_floats((size_t)T * Din, 2002, -1, 1);
+    float *ref = malloc((size_t)T * N * sizeof(float)), *got = malloc((size_t)T * N * sizeof(float));
+    float *sc = malloc((size_t)Din * omp_get_max_threads() * sizeof(float));
+    moe_gemm_cpu(ref, N, x, Din, rows, dt, N, Din, T, bias ? &bh : NULL, sc);
+    float *dx = dev_copy(x, (size_t)T * Din * sizeof(float));
+    float *dy = dev_poisoned((size_t)T * N * sizeof(float));
+    cr_assert_eq(gpu.ops->matmul(&gpu, dy, dx, &dw, bias ? &bd : NULL, T), MOE_OK, "%s", moe_last_error());
+    to_host(got, dy, (size_t)T * N * sizeof(float));
+    char shp[64];
+    snprintf(shp, sizeof shp, "T%d N%d Din%d%s", T, N, Din, bias ? " +b" : "");
+    const bool wide = T > 32;
+    const double e = report(wide ? "matmul_wide" : "matmul_planes", moe_dtype_name(dt), shp, got, ref,
+                            (size_t)T * N);
+    cr_expect(e <= (wide ? 2e-2 : 1e-4), "matmul %s %s: %.3g", moe_dtype_name(dt), shp, e);
+    void *dbufs[] = {dw.data, bd.data, dx, dy};
+    for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
+    free(rows), free(hb), free(x), free(ref), free(got), free(sc);
+}
+
+Test(cuda_quant, planes_matmul_matches_cpu)
+{
+    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4};
+    for (size_t i = 0; i < 2; i++) {
+        check_planes_matmul(dts[i], 1, 256, 512, false);
+        check_planes_matmul(dts[i], 5, 97, 1024, true);  /* odd N: the last warp's second row */
+        check_planes_matmul(dts[i], 32, 300, 256, true); /* four row passes */
+        check_planes_matmul(dts[i], 100, 200, 768, true); /* widened for cuBLAS */
+    }
+}
+
 Test(cuda_quant, mxfp4_experts_match_cpu)
 {
     check_quant_experts(MOE_DTYPE_MXFP4, 1, 8, 2, 64, 96, false);    /* one block row tail */
@@ -127,28 +171,8 @@ Test(cuda_quant, fp8_experts_match_cpu)
     check_quant_experts(MOE_DTYPE_FP8_B128, 300, 16, 4, 256, 128, true);
 }
 
-/* N rows of an FP8_B128 matrix on the host and their bf16 widening on the
- * device are the same weights: each the host's fp32 value rounded once. */
-static void expect_widened(const char *what, const void *host, const void *dev, int N, int K)
-{
-    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, (size_t)K);
-    uint16_t *got = malloc((size_t)N * K * 2);
-    float *row = malloc((size_t)K * sizeof(float));
-    to_host(got, dev, (size_t)N * K * 2);
-    int bad = 0;
-    for (int n = 0; n < N; n++) {
-        moe_convert_row_f32(row, (const char *)host + (size_t)n * rb, MOE_DTYPE_FP8_B128, (size_t)K);
-        for (int k = 0; k < K; k++) bad += got[(size_t)n * K + k] != moe_f32_to_bf16(row[k]);
-    }
-    fprintf(stderr, "parity: fp8_widen   %-16s (%d,%d) %d off: %s\n", what, N, K, bad,
-            bad ? "DIFFERS" : "identical");
-    cr_expect_eq(bad, 0, "%s: %d of %d weights are not the host's fp32 value rounded to bf16", what, bad, N * K);
-    free(got);
-    free(row);
-}
-
-/* An expert matrix of R rows of K on the device, values at dv and scales at
- * ds, holds the host rows' planes byte for byte. */
+/* A matrix of R rows of K on the device, values at dv and scales at ds,
+ * holds the host rows' planes byte for byte. */
 static void expect_planes(const char *what, const void *rows, const void *dv, const void *ds, int R, int K)
 {
     const enum moe_dtype t = MOE_DTYPE_FP8_B128;
@@ -163,9 +187,8 @@ static void expect_planes(const char *what, const void *rows, const void *dv, co
     free(want), free(got);
 }
 
-/* An fp8 checkpoint prepared on the GPU: attention and the dense FFN
- * widened to bf16 at upload (fp8_to_bf16_kernel), bit for bit the CPU's
- * weights rounded once; the experts kept as FP8 planes, byte for byte. */
+/* An fp8 checkpoint prepared on the GPU: the projections (attention, the
+ * dense FFN) and every expert kept as FP8 planes, byte for byte. */
 Test(cuda_quant, fp8_checkpoint_upload)
 {
     struct moe_model h, d;
@@ -175,12 +198,17 @@ Test(cuda_quant, fp8_checkpoint_upload)
     const struct moe_layer_weights *a = &h.layers[0], *b = &d.layers[0];
     const int D = h.cfg.d_model, F = h.cfg.d_expert, Fd = h.cfg.d_ff, Q = h.cfg.n_heads * h.cfg.head_dim,
               KV = h.cfg.n_kv_heads * h.cfg.head_dim, E = h.cfg.n_experts;
-    cr_expect(b->wq.dtype == MOE_DTYPE_BF16 && b->wq.device >= 0);
+    cr_expect(b->wq.dtype == MOE_DTYPE_FP8_B128 && b->wq.device >= 0);
     cr_expect_eq(b->experts.dtype, MOE_DTYPE_FP8_B128);
-    expect_widened("q_proj", a->wq.data, b->wq.data, Q, D);
-    expect_widened("k_proj", a->wk.data, b->wk.data, KV, D);
-    expect_widened("o_proj", a->wo.data, b->wo.data, D, Q);
-    expect_widened("dense down_proj", h.layers[1].w_down.data, d.layers[1].w_down.data, D, Fd);
+    const struct { const char *what; const void *h, *d; int R, K; } mats[] = {
+        {"q_proj", a->wq.data, b->wq.data, Q, D}, {"k_proj", a->wk.data, b->wk.data, KV, D},
+        {"o_proj", a->wo.data, b->wo.data, D, Q},
+        {"dense down_proj", h.layers[1].w_down.data, d.layers[1].w_down.data, D, Fd}};
+    for (size_t i = 0; i < sizeof mats / sizeof *mats; i++)
+        expect_planes(mats[i].what, mats[i].h, mats[i].d,
+                      (const char *)mats[i].d + moe_planes_values_bytes(MOE_DTYPE_FP8_B128, (size_t)mats[i].R,
+                                                                         (size_t)mats[i].K),
+                      mats[i].R, mats[i].K);
     const enum moe_dtype t = MOE_DTYPE_FP8_B128;
     const size_t S = moe_planes_scales_bytes(t, (size_t)F, (size_t)D);
     const char *gus = (const char *)b->experts.gate[0] + moe_planes_values_bytes(t, 2 * (size_t)F * E, (size_t)D);
