@@ -220,11 +220,12 @@ static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **ex
     }
     if (s->tool_fmt == MOE_TOOLS_NONE)
         return bad(v, "tools", "this model's chat template writes no tool call format moerun reads "
-                   "(hermes <tool_call> or gpt-oss harmony); see --tool-call-parser");
+                   "(hermes, mistral, deepseek_v3, glm45, kimi_k2 or gpt-oss harmony); see --tool-call-parser");
     if (!*extra && !(*extra = s->special ? json_deep_copy(s->special) : json_object()))
         return bad(v, "tools", "out of memory");
     if (json_object_set(*extra, "tools", tools)) return bad(v, "tools", "out of memory");
     j->tools = json_array_size(tools) > 0;
+    if (!(j->tool_defs = json_deep_copy(tools))) return bad(v, "tools", "out of memory");
     return 0;
 }
 

@@ -7,7 +7,8 @@
  * is reasoning; the expected text is what the completions endpoint writes for
  * the same rendered prompt.  Tools: they reach the chat template (Qwen3's),
  * and requests the server cannot honour are refused; the parsing of calls
- * out of the text is tested in test_reasoning.c (the demo model writes none). */
+ * out of the text is tested in test_reasoning.c and test_toolcall.c (the demo
+ * model writes none). */
 #include "tests/server_test.h"
 
 static const char *const TEMPLATE =
@@ -200,4 +201,12 @@ Test(server_reasoning, tools_without_a_format_are_refused, .fini = fini, .timeou
     cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", " TOOLS "}", out, sizeof out), 400, "%s", out);
     cr_expect(strstr(out, "tool call format"), "%s", out);
     cr_assert_eq(server_stop(), 0);
+}
+
+Test(server_reasoning, unknown_tool_parser_is_refused)
+{
+    char cmd[512], out[1024];
+    snprintf(cmd, sizeof cmd, "%s serve %s --tool-call-parser glm4 2>&1", MOERUN_BINARY, MODEL);
+    cr_expect_neq(sh(cmd, out, sizeof out), 0);
+    cr_expect(strstr(out, "'glm4'") && strstr(out, "kimi_k2"), "%s", out);
 }
