@@ -23,7 +23,8 @@
  * - harmony (gpt-oss): messages addressed `to=functions.NAME`; the harmony
  *   reasoning parser sees the headers and adds those calls here
  *   (runtime/reasoning.h, moe_reasoning.calls).
- * Arguments may also be a JSON string holding the object.
+ * Arguments may also be a JSON string holding the object; in deepseek_v3
+ * and kimi_k2, where they stand alone, nothing at all is {}.
  *
  * Text outside blocks and sections is the content; it is returned as soon
  * as it is certain, only a tail that could begin a marker is held back.
