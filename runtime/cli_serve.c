@@ -38,9 +38,12 @@ static void usage(FILE *f)
             "                       model's thinking in reasoning_content (think: <think>..</think>,\n"
             "                       DeepSeek-R1, Qwen3, GLM-4.5; harmony: gpt-oss's analysis\n"
             "                       channel); auto (the default) reads the chat template\n"
-            "  --tool-call-parser auto|none|hermes|harmony  chat completions with tools return\n"
-            "                       the calls the model writes as tool_calls (hermes: <tool_call>\n"
-            "                       JSON blocks, Qwen; harmony: gpt-oss); auto reads the template\n"
+            "  --tool-call-parser auto|none|hermes|harmony|mistral|deepseek_v3|glm45|kimi_k2\n"
+            "                       chat completions with tools return the calls the model writes\n"
+            "                       as tool_calls (hermes: <tool_call> JSON blocks, Qwen; harmony:\n"
+            "                       gpt-oss; mistral: [TOOL_CALLS] lists, Mixtral-8x22B; deepseek_v3:\n"
+            "                       DeepSeek-V3, R1 and V3.1; glm45: GLM-4.5/4.6 <arg_key> blocks;\n"
+            "                       kimi_k2: Kimi-K2 sections); auto reads the template\n"
             "  (the default KV budget here is 0.25 of available memory, at most 4GiB)\n"
             MOE_CLI_ENGINE_HELP MOE_CLI_STATS_USAGE);
 }
@@ -80,16 +83,17 @@ static int load(struct srv *s)
     if (s->reasoning != MOE_REASONING_NONE)
         fprintf(stderr, "moerun serve: chat completions split reasoning_content (%s parser)\n",
                 s->reasoning == MOE_REASONING_THINK ? "think" : "harmony");
-    const char *tp = s->o.tool_parser ? s->o.tool_parser : "auto";
-    s->tool_fmt = !strcmp(tp, "hermes") ? MOE_TOOLS_HERMES : !strcmp(tp, "harmony") ? MOE_TOOLS_HARMONY
-                : !strcmp(tp, "none") || !s->have_chat ? MOE_TOOLS_NONE : moe_tool_calls_detect(s->tmpl.source);
+    if (s->o.tool_parser && strcmp(s->o.tool_parser, "auto"))
+        (void)moe_tool_calls_parse_name(s->o.tool_parser, &s->tool_fmt); /* checked with the options */
+    else
+        s->tool_fmt = s->have_chat ? moe_tool_calls_detect(s->tmpl.source) : MOE_TOOLS_NONE;
     if (s->tool_fmt == MOE_TOOLS_HARMONY && s->reasoning != MOE_REASONING_HARMONY) {
         fprintf(stderr, "moerun serve: harmony tool calls need the harmony reasoning parser; tool calls off\n");
         s->tool_fmt = MOE_TOOLS_NONE;
     }
     if (s->tool_fmt != MOE_TOOLS_NONE)
         fprintf(stderr, "moerun serve: chat completions with tools return tool_calls (%s format)\n",
-                s->tool_fmt == MOE_TOOLS_HERMES ? "hermes" : "harmony");
+                moe_tool_calls_name(s->tool_fmt));
     if (!s->eo.kv_budget) s->eo.kv_budget = "0.25";
     size_t budget;
     if (moe_cli_parse_budget(s->eo.kv_budget, &budget) == MOE_OK && budget > ((size_t)4 << 30) &&
@@ -189,14 +193,16 @@ int moe_cli_serve(int argc, char **argv)
             s->o.reasoning = optarg;
             break;
         }
-        case O_TOOLS:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "none") && strcmp(optarg, "hermes") &&
-                strcmp(optarg, "harmony")) {
-                moe_cli_error("serve", "--tool-call-parser '%s' (use auto, none, hermes or harmony)", optarg);
+        case O_TOOLS: {
+            enum moe_tool_format f;
+            if (strcmp(optarg, "auto") && !moe_tool_calls_parse_name(optarg, &f)) {
+                moe_cli_error("serve", "--tool-call-parser '%s' (use auto, none, hermes, harmony, mistral, "
+                              "deepseek_v3, glm45 or kimi_k2)", optarg);
                 goto out;
             }
             s->o.tool_parser = optarg;
             break;
+        }
         case 'h': usage(stdout); rc = 0; goto out;
         default: usage(stderr); rc = 2; goto out;
         }

@@ -58,8 +58,8 @@ struct srv_opts {
     bool no_gen_defaults;     /* ignore generation_config.json's sampling values */
     const char *reasoning;    /* --reasoning-parser: auto (from the chat template), none, think,
                                  harmony (runtime/reasoning.h) */
-    const char *tool_parser;  /* --tool-call-parser: auto (from the chat template), none, hermes,
-                                 harmony (runtime/toolcall.h) */
+    const char *tool_parser;  /* --tool-call-parser: auto (from the chat template), none, or a
+                                 format's name (runtime/toolcall.h) */
 };
 
 struct srv_job;
@@ -97,6 +97,7 @@ struct srv_job {
     bool chat, stream, include_usage, expert_load;
     bool think_open;          /* chat: the rendered prompt ends inside a <think> block */
     bool tools;               /* chat: the request gave tools (tool_choice not none) */
+    json_t *tool_defs;        /* owned, or NULL: those tools (the parser reads their types) */
     int n;                    /* choices: n_prompts x n_per */
     int n_per;                /* choices per prompt ("n") */
     int logprobs;             /* completions: top n (0 = none, -1 = off); chat: top_logprobs */

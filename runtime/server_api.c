@@ -220,11 +220,12 @@ static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **ex
     }
     if (s->tool_fmt == MOE_TOOLS_NONE)
         return bad(v, "tools", "this model's chat template writes no tool call format moerun reads "
-                   "(hermes <tool_call> or gpt-oss harmony); see --tool-call-parser");
+                   "(hermes, mistral, deepseek_v3, glm45, kimi_k2 or gpt-oss harmony); see --tool-call-parser");
     if (!*extra && !(*extra = s->special ? json_deep_copy(s->special) : json_object()))
         return bad(v, "tools", "out of memory");
     if (json_object_set(*extra, "tools", tools)) return bad(v, "tools", "out of memory");
     j->tools = json_array_size(tools) > 0;
+    if (!(j->tool_defs = json_deep_copy(tools))) return bad(v, "tools", "out of memory");
     return 0;
 }
 
@@ -232,6 +233,8 @@ static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **ex
  * OpenAI API); templates iterate them as a mapping: each string that holds
  * a JSON object is replaced by it, and the message's null content (the API
  * sends null beside calls) becomes "", as vLLM does before rendering.
+ * (DeepSeek's templates concatenate the arguments as text instead:
+ * read_messages renders the messages as sent when this fails.)
  * Returns a new reference (msgs itself when nothing changes). */
 static json_t *parse_call_arguments(json_t *msgs)
 {
@@ -279,6 +282,14 @@ static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, json_t 
     pthread_mutex_lock(&s->tok_mu);
     json_t *rendered = parse_call_arguments(msgs);
     enum moe_status st = moe_chat_template_render(&s->tmpl, rendered, true, extra ? extra : s->special, &text);
+    if (st != MOE_OK && rendered != msgs) { /* a template that takes the arguments as text */
+        char first[512];
+        snprintf(first, sizeof first, "%s", moe_last_error());
+        free(text);
+        text = NULL;
+        if (moe_chat_template_render(&s->tmpl, msgs, true, extra ? extra : s->special, &text) == MOE_OK) st = MOE_OK;
+        else (void)moe_fail(st, "%s", first); /* the first failure is the one to report */
+    }
     json_decref(rendered);
     size_t n = 0;
     if (st == MOE_OK)

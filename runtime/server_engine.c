@@ -68,6 +68,7 @@ void srv_job_unref(struct srv_job *j)
         json_decref(c->lp);
     }
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
+    json_decref(j->tool_defs);
     if (j->prompt != j->prompts[0]) free(j->prompt);
     for (int p = 0; p < SRV_MAX_N; p++) free(j->prompts[p]); /* also one a bad request left half read */
     free(j->reject_msg);
@@ -204,8 +205,9 @@ static json_t *tool_calls_json(struct srv_choice *c, int from, int to, bool delt
 {
     json_t *a = json_array();
     for (int k = from; k < to; k++) {
-        char id[96];
-        snprintf(id, sizeof id, "call_%s_%d_%d", c->job->id, c->index, k);
+        char seed[80], id[96];
+        snprintf(seed, sizeof seed, "%s_%d_%d", c->job->id, c->index, k);
+        moe_tool_calls_id(&c->tc, k, seed, id, sizeof id);
         json_t *o = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name",
                               c->tc.calls[k].name, "arguments", c->tc.calls[k].arguments);
         if (o && delta) json_object_set_new(o, "index", json_integer(k));
@@ -447,13 +449,18 @@ static void accept_job(struct srv *s, struct srv_job *j)
         c->rs_on = j->chat && s->have_tok && s->reasoning != MOE_REASONING_NONE;
         if (c->rs_on) moe_reasoning_init(&c->rs, s->reasoning, j->think_open);
         c->tc_on = j->chat && j->tools && s->have_tok;
-        if (c->tc_on) moe_tool_calls_init(&c->tc, s->tool_fmt);
+        if (c->tc_on) {
+            moe_tool_calls_init(&c->tc, s->tool_fmt);
+            c->tc.tools = j->tool_defs;
+        }
         if (c->tc_on && c->rs_on && s->reasoning == MOE_REASONING_HARMONY && s->tool_fmt == MOE_TOOLS_HARMONY)
             c->rs.calls = &c->tc; /* harmony calls come from its message headers */
         if (s->have_tok) { /* harmony's markers are special tokens: keep them for the parser */
             const bool skip = !(c->rs_on && s->reasoning == MOE_REASONING_HARMONY);
             st = moe_textgen_init(&c->tg, &s->tok_eng, (const char *const *)j->stops, j->n_stops, skip);
             c->tg_on = st == MOE_OK;
+            /* and a tool format's markers, special in some tokenizers */
+            if (c->tg_on && skip && c->tc_on) moe_detok_keep(&c->tg.dt, moe_tool_calls_markers(s->tool_fmt));
         }
         if (st == MOE_OK && j->expert_load && s->Lm > 0 &&
             !(c->load = calloc((size_t)s->Lm * s->E, sizeof *c->load)))

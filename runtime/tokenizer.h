@@ -89,9 +89,13 @@ int32_t moe_tokenizer_token_to_id(const struct moe_tokenizer *tok, const char *t
  * concatenation of everything returned equals moe_tokenizer_decode of all
  * ids.  Mirrors the Rust DecodeStream: it re-decodes a window of the last
  * few ids, so the cost per id is bounded by the window, not the history. */
+#define MOE_DETOK_MAX_KEEP 8
+
 struct moe_detok {
     const struct moe_tokenizer *tok; /* borrowed */
     bool skip_special;
+    int32_t keep[MOE_DETOK_MAX_KEEP]; /* (n_keep) special ids decoded even so (moe_detok_keep) */
+    int n_keep;
     int32_t *ids;          /* window of pending ids (n), capacity cap */
     size_t n, cap;
     size_t prefix_index;   /* ids[0..prefix_index) are context already emitted */
@@ -101,6 +105,12 @@ struct moe_detok {
 };
 
 void moe_detok_init(struct moe_detok *d, const struct moe_tokenizer *tok, bool skip_special);
+/* Keeps the special tokens whose text is one of tokens (NULL-terminated;
+ * texts that are no token are ignored, at most MOE_DETOK_MAX_KEEP kept)
+ * although d skips special tokens: a tool-call format's markers
+ * (runtime/toolcall.h) that some tokenizers mark special.  Call before
+ * the first push. */
+void moe_detok_keep(struct moe_detok *d, const char *const *tokens);
 /* *text is borrowed, valid until the next call on d; "" when nothing is
  * complete yet. */
 enum moe_status moe_detok_push(struct moe_detok *d, int32_t id, const char **text) MOE_MUST_USE;

@@ -316,8 +316,9 @@ enum moe_status moe_tok_decode_tokens(const struct tok_decoder *d, struct tok_li
     return st;
 }
 
-enum moe_status moe_tokenizer_decode(const struct moe_tokenizer *tok, const int32_t *ids, size_t n,
-                                     bool skip_special, char **out)
+/* moe_tokenizer_decode, keeping the special ids keep[0..n_keep) */
+static enum moe_status decode_keep(const struct moe_tokenizer *tok, const int32_t *ids, size_t n, bool skip_special,
+                                   const int32_t *keep, int n_keep, char **out)
 {
     *out = NULL;
     const struct moe_tok_impl *im = tok->impl;
@@ -333,7 +334,9 @@ enum moe_status moe_tokenizer_decode(const struct moe_tokenizer *tok, const int3
                           tok->n_vocab);
             goto out;
         }
-        if (skip_special && im->id_special[id]) continue;
+        bool kept = false;
+        for (int k = 0; k < n_keep && !kept; k++) kept = keep[k] == id;
+        if (skip_special && im->id_special[id] && !kept) continue;
         if ((st = moe_tok_list_push(&toks, s, strlen(s), false))) goto out;
     }
     if ((st = moe_tok_decode_tokens(im->decoder, &toks, &text))) goto out;
@@ -346,6 +349,12 @@ out:
     return st;
 }
 
+enum moe_status moe_tokenizer_decode(const struct moe_tokenizer *tok, const int32_t *ids, size_t n,
+                                     bool skip_special, char **out)
+{
+    return decode_keep(tok, ids, n, skip_special, NULL, 0, out);
+}
+
 /* ------------------------------------------------------------ streaming */
 
 void moe_detok_init(struct moe_detok *d, const struct moe_tokenizer *tok, bool skip_special)
@@ -355,6 +364,14 @@ void moe_detok_init(struct moe_detok *d, const struct moe_tokenizer *tok, bool s
     d->skip_special = skip_special;
 }
 
+void moe_detok_keep(struct moe_detok *d, const char *const *tokens)
+{
+    for (int i = 0; tokens && tokens[i] && d->n_keep < MOE_DETOK_MAX_KEEP; i++) {
+        const int32_t id = moe_tokenizer_token_to_id(d->tok, tokens[i]);
+        if (id >= 0) d->keep[d->n_keep++] = id;
+    }
+}
+
 void moe_detok_free(struct moe_detok *d)
 {
     free(d->ids);
@@ -362,7 +379,12 @@ void moe_detok_free(struct moe_detok *d)
     free(d->text);
     const struct moe_tokenizer *tok = d->tok;
     bool skip = d->skip_special;
+    int32_t keep[MOE_DETOK_MAX_KEEP];
+    const int n_keep = d->n_keep;
+    memcpy(keep, d->keep, sizeof keep);
     moe_detok_init(d, tok, skip);
+    memcpy(d->keep, keep, sizeof keep);
+    d->n_keep = n_keep;
 }
 
 static bool ends_with_fffd(const char *s, size_t n)
@@ -376,7 +398,7 @@ static enum moe_status step(struct moe_detok *d, bool flush, const char **text)
 {
     char *s = NULL;
     *text = "";
-    MOE_TRY(moe_tokenizer_decode(d->tok, d->ids, d->n, d->skip_special, &s));
+    MOE_TRY(decode_keep(d->tok, d->ids, d->n, d->skip_special, d->keep, d->n_keep, &s));
     size_t len = strlen(s);
     if (len <= d->prefix_len || (!flush && ends_with_fffd(s, len))) {
         free(s);
@@ -394,8 +416,8 @@ static enum moe_status step(struct moe_detok *d, bool flush, const char **text)
          * dangling one).  Rust's DecodeStream fails here; we emit the new ids
          * decoded on their own. */
         free(s);
-        MOE_TRY(moe_tokenizer_decode(d->tok, d->ids + d->prefix_index, d->n - d->prefix_index,
-                                     d->skip_special, &d->text));
+        MOE_TRY(decode_keep(d->tok, d->ids + d->prefix_index, d->n - d->prefix_index, d->skip_special, d->keep,
+                            d->n_keep, &d->text));
     }
     *text = d->text;
     /* keep ids[prefix_index..] as context for the next step */
@@ -404,7 +426,7 @@ static enum moe_status step(struct moe_detok *d, bool flush, const char **text)
     d->n = keep;
     free(d->prefix);
     d->prefix = NULL;
-    MOE_TRY(moe_tokenizer_decode(d->tok, d->ids, d->n, d->skip_special, &d->prefix));
+    MOE_TRY(decode_keep(d->tok, d->ids, d->n, d->skip_special, d->keep, d->n_keep, &d->prefix));
     d->prefix_len = strlen(d->prefix);
     d->prefix_index = d->n;
     return MOE_OK;

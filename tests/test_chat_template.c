@@ -122,6 +122,10 @@ Test(chat_conformance, mistral_v3) { check_fixture("mistral-v3"); }
 Test(chat_conformance, olmoe) { check_fixture("olmoe"); }
 Test(chat_conformance, chatml) { check_fixture("chatml"); }
 Test(chat_conformance, gpt_oss) { check_fixture("gpt-oss"); }
+Test(chat_conformance, deepseek_r1) { check_fixture("deepseek-r1"); }
+Test(chat_conformance, deepseek_v3_1) { check_fixture("deepseek-v3.1"); }
+Test(chat_conformance, glm_4_6) { check_fixture("glm-4.6"); }
+Test(chat_conformance, kimi_k2) { check_fixture("kimi-k2"); }
 
 /* ---- interpreter snippets (tests/fixtures/chat/snippets.json) ---- */
 

@@ -7,7 +7,8 @@
  * is reasoning; the expected text is what the completions endpoint writes for
  * the same rendered prompt.  Tools: they reach the chat template (Qwen3's),
  * and requests the server cannot honour are refused; the parsing of calls
- * out of the text is tested in test_reasoning.c (the demo model writes none). */
+ * out of the text is tested in test_reasoning.c and test_toolcall.c (the demo
+ * model writes none). */
 #include "tests/server_test.h"
 
 static const char *const TEMPLATE =
@@ -200,4 +201,52 @@ Test(server_reasoning, tools_without_a_format_are_refused, .fini = fini, .timeou
     cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", " TOOLS "}", out, sizeof out), 400, "%s", out);
     cr_expect(strstr(out, "tool call format"), "%s", out);
     cr_assert_eq(server_stop(), 0);
+}
+
+/* The MoE families' templates select their tool formats, and a history
+ * with a call (its arguments a JSON string, as the API sends them) renders:
+ * DeepSeek's templates concatenate the arguments as text, so the messages
+ * go as sent when the object form fails; the others take the object. */
+Test(server_reasoning, tool_formats_of_the_families, .fini = fini, .timeout = 600)
+{
+    static const struct {
+        const char *file, *fmt, *id;
+    } cases[] = {
+        {"tests/fixtures/chat/mistral-v3.jinja", "mistral", "abcDEF123"},
+        {"tests/fixtures/chat/deepseek-r1.jinja", "deepseek_v3", "c1"},
+        {"tests/fixtures/chat/deepseek-v3.1.jinja", "deepseek_v3", "c1"},
+        {"tests/fixtures/chat/glm-4.6.jinja", "glm45", "c1"},
+        {"tests/fixtures/chat/kimi-k2.jinja", "kimi_k2", "functions.get_weather:0"},
+    };
+    static char out[65536], body[4096];
+    char cmd[2048];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        strcpy(dir, "/tmp/moerun-think-XXXXXX");
+        make_model_with(NULL, cases[i].file);
+        server_start_model(dir, "");
+        snprintf(cmd, sizeof cmd, "grep -c 'tool_calls (%s format)' %s/log", cases[i].fmt, sv.dir);
+        cr_expect_eq(sh(cmd, NULL, 0), 0, "%s selects %s", cases[i].file, cases[i].fmt);
+        const int plain = prompt_tokens("{" MSG ", " TOOLS "}");
+        snprintf(body, sizeof body,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"weather in Oslo?\"}, {\"role\": \"assistant\", "
+                 "\"content\": null, \"tool_calls\": [{\"id\": \"%s\", \"type\": \"function\", \"function\": "
+                 "{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Oslo\\\"}\"}}]}, {\"role\": "
+                 "\"tool\", \"tool_call_id\": \"%s\", \"content\": \"12 C\"}], \"max_tokens\": 4, " TOOLS "}",
+                 cases[i].id, cases[i].id);
+        cr_expect_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200, "%s: %s", cases[i].file, out);
+        json_t *j = parse(out);
+        const int with_call = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+        json_decref(j);
+        cr_expect_gt(with_call, plain, "%s: the call and its result are in the prompt", cases[i].file);
+        cr_assert_eq(server_stop(), 0);
+        remove_model();
+    }
+}
+
+Test(server_reasoning, unknown_tool_parser_is_refused)
+{
+    char cmd[512], out[1024];
+    snprintf(cmd, sizeof cmd, "%s serve %s --tool-call-parser glm4 2>&1", MOERUN_BINARY, MODEL);
+    cr_expect_neq(sh(cmd, out, sizeof out), 0);
+    cr_expect(strstr(out, "'glm4'") && strstr(out, "kimi_k2"), "%s", out);
 }

@@ -474,6 +474,39 @@ Test(tokenizer, config_files_give_bos_eos_and_template)
     moe_tokenizer_free(&tok);
 }
 
+/* A streaming decoder that skips special tokens keeps the ones it is told
+ * to (a tool-call format's markers), and only those: qwen2's <|im_start|>
+ * comes through, <|im_end|> and <|endoftext|> do not; texts that are no
+ * token are ignored. */
+Test(tokenizer, detok_keeps_the_named_special_tokens)
+{
+    struct moe_tokenizer tok;
+    load_fixture(&tok, "qwen2");
+    const char *text = "<|im_start|>a<|im_end|>b<|endoftext|>";
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(moe_tokenizer_encode(&tok, text, strlen(text), false, &ids, &n, NULL), MOE_OK);
+    for (int pass = 0; pass < 2; pass++) {
+        struct moe_detok d;
+        moe_detok_init(&d, &tok, true);
+        if (pass) moe_detok_keep(&d, (const char *const[]){"<|im_start|>", "not a token", NULL});
+        char out[128] = "";
+        const char *t;
+        for (size_t i = 0; i < n; i++) {
+            cr_assert_eq(moe_detok_push(&d, ids[i], &t), MOE_OK);
+            strcat(out, t);
+        }
+        cr_assert_eq(moe_detok_flush(&d, &t), MOE_OK);
+        strcat(out, t);
+        cr_expect_eq(d.n_keep, pass);
+        cr_expect_str_eq(out, pass ? "<|im_start|>ab" : "ab");
+        moe_detok_free(&d);
+        cr_expect_eq(d.n_keep, pass, "free keeps the kept tokens, as it keeps skip_special");
+    }
+    free(ids);
+    moe_tokenizer_free(&tok);
+}
+
 /* gpt-oss: bos/eos/pad as plain strings, three eos ids in generation_config,
  * no add_bos_token; DeepSeek-V3: tokens as {"__type": "AddedToken", ...}
  * objects, add_bos_token with a TemplateProcessing that prepends the BOS. */

@@ -122,3 +122,18 @@ put("fuzz_stats", "trace", json.dumps(trace).encode() + SEP + npy("<i2", (3, 2, 
 
 for i, s in enumerate(["8GiB", "512MiB", "0.25", "1e3 k", "12,3, 4", "0", "2147483647,1"]):
     put("fuzz_cli", "arg%d" % i, bytes([1 if i < 4 else 0]) + s.encode())
+
+# tool calls: byte 0 the format (hermes, mistral, deepseek_v3, glm45,
+# kimi_k2), byte 1 the piece size, then a model's answer
+for i, (fmt, text) in enumerate([
+        (0, 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+        (1, 'Sure.[TOOL_CALLS] [{"name": "a", "arguments": {"x": [1, "\u00e9"]}, "id": "abcDEF123"}] ok'),
+        (2, "Hi" + "<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>function"
+            "<\uff5ctool\u2581sep\uff5c>add\n```json\n{\"a\": 1}\n```<\uff5ctool\u2581call\u2581end\uff5c>"
+            "<\uff5ctool\u2581call\u2581begin\uff5c>f<\uff5ctool\u2581sep\uff5c>{}<\uff5ctool\u2581call\u2581end\uff5c>"
+            "<\uff5ctool\u2581calls\u2581end\uff5c>"),
+        (3, "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+            "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"),
+        (4, "x<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+            '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>y')]):
+    put("fuzz_toolcall", "calls%d" % i, bytes([fmt, i + 1]) + text.encode())

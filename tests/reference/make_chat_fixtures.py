@@ -51,6 +51,10 @@ SPECIAL = {
     "olmoe": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|padding|>"},
     "chatml": {"bos_token": "<s>", "eos_token": "<|im_end|>"},
     "gpt-oss": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"},
+    "deepseek-r1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+    "deepseek-v3.1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+    "glm-4.6": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+    "kimi-k2": {"bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[PAD]", "unk_token": "[UNK]"},
 }
 
 U = lambda c: {"role": "user", "content": c}
@@ -245,6 +249,67 @@ def cases_for(name):
             ("raise_starts_with_assistant", [A("a"), U("b")], True, {}),
             ("raise_tool_role", [U("a"), A("b"), {"role": "tool", "content": "c"}, A("d")], False, {}),
             ("raise_system_not_first", [U("a"), S("b")], True, {}),
+        ]
+    if name.startswith("deepseek"):
+        # DeepSeek's templates concatenate the arguments as a string (an
+        # object is Python's TypeError)
+        calls = [tool_call("get_weather", {"city": "Paris", "unit": "celsius"}, as_string=True),
+                 tool_call("add", {"a": 1, "b": 2.5}, as_string=True)]
+        cases += [
+            ("tools_gen", [U("What's the weather in Paris?")], True, {"tools": TOOLS}),
+            ("tool_call_null_content", [U("Weather?"), {"role": "assistant", "content": None, "tool_calls": calls[:1]}],
+             False, {}),
+            ("tool_round_trip", [S("Use tools."), U("Weather in Paris, and 1 + 2.5?"),
+                                 {"role": "assistant", "content": "Checking.", "tool_calls": calls},
+                                 {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "3.5"},
+                                 A("Sunny; 3.5."), U("Thanks")], True, {"tools": TOOLS}),
+            ("think_in_history", [U("2+2?"), A("<think>\nAdd.\n</think>\n\n4"), U("3+3?")], True, {}),
+            ("raise_object_arguments", [U("x"), {"role": "assistant", "content": None,
+                                                 "tool_calls": [tool_call("add", {"a": 1})]}], False, {}),
+        ]
+    if name == "deepseek-v3.1":
+        cases += [
+            ("thinking_gen", [U("Hi")], True, {"thinking": True}),
+            ("enable_thinking_gen", [U("Hi")], True, {"enable_thinking": True}),
+            ("prefix_thinking", [U("Hi"), {"role": "assistant", "content": "Well", "prefix": True}], False,
+             {"thinking": True}),
+        ]
+    if name == "glm-4.6":
+        cases += [
+            ("tools_gen", [S("Use tools wisely."), U("What's the weather in Paris?")], True, {"tools": TOOLS}),
+            ("tool_round_trip", TOOL_CONV, True, {"tools": TOOLS}),
+            ("two_tool_calls_two_results",
+             [U("Weather in Paris, and 1 + 2.5?"),
+              {"role": "assistant", "content": "Let me check.",
+               "tool_calls": [tool_call("get_weather", {"city": "Paris", "days": 2, "unit": None}),
+                              {"name": "add", "arguments": {"a": 1, "b": 2.5, "note": "x \"y\"", "list": [1, "é"]}}]},
+              {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "3.5"}], True, {"tools": TOOLS}),
+            ("tool_results_as_list", [U("Weather?"), {"role": "assistant", "content": "",
+                                                      "tool_calls": [tool_call("get_weather", {"city": "Rome"})]},
+                                      {"role": "tool", "content": [{"output": "rainy"}, "plain"]}], True, {}),
+            ("enable_thinking_false_gen", [U("Hi")], True, {"enable_thinking": False}),
+            ("reasoning_content_field", [U("2+2?"), {"role": "assistant", "content": "4",
+                                                      "reasoning_content": "Simple sum."}], False, {}),
+            ("think_in_content", [U("2+2?"), A("<think>\nAdd.\n</think>\n\n4")], False, {}),
+            ("list_content", [{"role": "user", "content": [{"type": "text", "text": "hi"}, "there"]}], True, {}),
+        ]
+    if name == "kimi-k2":
+        call = {"id": "functions.get_weather:0", "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}
+        call2 = {"id": "functions.add:1", "type": "function",
+                 "function": {"name": "add", "arguments": "{\"a\": 1, \"b\": 2.5}"}}
+        cases += [
+            ("tools_gen", [U("What's the weather in Paris?")], True, {"tools": TOOLS}),
+            ("tool_round_trip", [U("Weather in Paris, and 1 + 2.5?"),
+                                 {"role": "assistant", "content": "Checking.", "tool_calls": [call, call2]},
+                                 {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
+                                 {"role": "tool", "tool_call_id": "functions.add:1", "content": "3.5"},
+                                 A("Sunny; 3.5."), U("Thanks")], True, {"tools": TOOLS}),
+            ("tool_call_pending", [U("Weather?"), {"role": "assistant", "content": "", "tool_calls": [call],
+                                                   "reasoning_content": "Need the tool."},
+                                   {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"}],
+             True, {"tools": TOOLS}),
+            ("named_message", [{"role": "user", "name": "alice", "content": "Hi"}], True, {}),
         ]
     if name == "gpt-oss":
         think = {"role": "assistant", "content": "4", "thinking": "Two plus two."}
