@@ -34,7 +34,7 @@ void moe_scale_axpy_avx2(float *y, float s, float a, const float *x, int n);
  * subnormals 2^-128 and 2^-127; 255, NaN, never reaches a kernel): the MXFP4
  * kernels widen a block's nibbles to twice their E2M1 values and multiply
  * by this, broadcast straight from memory as Q8_0's f32 scale is. */
-#define MOE_E8M0_HALF(s) ((s) == 255 ? 0x7fc00000u : (s) >= 2 ? (uint32_t)((s) - 1) << 23 : 0x00200000u << (s))
+#define MOE_E8M0_HALF(s) ((s) == 255 ? 0x7fc00000u : (s) >= 2 ? (uint32_t)((s) - 1) << 23 : 0x00200000u << ((s) & 1))
 #define MOE_E8M0_HALF4(s) MOE_E8M0_HALF(s), MOE_E8M0_HALF(s + 1), MOE_E8M0_HALF(s + 2), MOE_E8M0_HALF(s + 3)
 #define MOE_E8M0_HALF16(s) MOE_E8M0_HALF4(s), MOE_E8M0_HALF4(s + 4), MOE_E8M0_HALF4(s + 8), MOE_E8M0_HALF4(s + 12)
 #define MOE_E8M0_HALF64(s) MOE_E8M0_HALF16(s), MOE_E8M0_HALF16(s + 16), MOE_E8M0_HALF16(s + 32), MOE_E8M0_HALF16(s + 48)
