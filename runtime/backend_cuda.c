@@ -335,13 +335,10 @@ static enum moe_status cuda_attention(struct moe_backend *be, float *out, const 
 static enum moe_status cuda_route(struct moe_backend *be, int32_t *ids, float *w,
                                   const float *logits, int T, const struct moe_route *r)
 {
+    /* groups (DeepSeek-V2's group_limited_greedy, the sigmoid routers') and
+     * routed_scaling_factor inside the kernels */
     if (r->sigmoid) return moe_router_topk_sigmoid_cuda(ctx_of(be)->stream, ids, w, logits, T, r);
-    if (r->n_group > 1)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: group-limited softmax routing "
-                        "(DeepSeek-V2) runs on the CPU backends only so far");
-    MOE_TRY(moe_router_topk_cuda(ctx_of(be)->stream, ids, w, logits, T, r->E, r->K, r->renorm));
-    if (r->scale == 1.0f || r->scale == 0.0f) return MOE_OK;
-    return cuda_scale(be, w, (size_t)T * r->K, r->scale); /* routed_scaling_factor */
+    return moe_router_topk_softmax_cuda(ctx_of(be)->stream, ids, w, logits, T, r);
 }
 
 static enum moe_status cuda_dispatch(struct moe_backend *be, struct moe_dispatch *plan,

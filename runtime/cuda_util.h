@@ -126,8 +126,10 @@ enum moe_status moe_attention_prefill_cuda(cudaStream_t st, float *out, const fl
                                            const struct moe_attn_params *p);
 
 /* ---- router/router_cuda.cu ---- */
-enum moe_status moe_router_topk_cuda(cudaStream_t st, int32_t *ids, float *w, const float *logits,
-                                     int T, int E, int K, bool renorm);
+/* The softmax router with r's groups (DeepSeek-V2's group_limited_greedy),
+ * renormalisation and scale (router.h). */
+enum moe_status moe_router_topk_softmax_cuda(cudaStream_t st, int32_t *ids, float *w,
+                                             const float *logits, int T, const struct moe_route *r);
 enum moe_status moe_router_topk_sigmoid_cuda(cudaStream_t st, int32_t *ids, float *w,
                                              const float *logits, int T, const struct moe_route *r);
 /* CUB temp bytes for dispatching up to n pairs over E experts. */

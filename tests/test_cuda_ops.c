@@ -205,7 +205,7 @@ Test(cuda_ops, sigmoid_route_matches_cpu)
 {
     /* T, E, K, n_group, topk_group */
     const int shapes[][5] = {{1, 8, 2, 1, 1}, {9, 64, 6, 8, 3}, {300, 128, 8, 1, 1},
-                             {33, 256, 8, 8, 4}, {5, 160, 6, 64, 32}, {17, 16, 4, 4, 2}};
+                             {33, 256, 8, 8, 4}, {5, 192, 6, 64, 32}, {17, 16, 4, 4, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int T = shapes[s][0], E = shapes[s][1], K = shapes[s][2];
         const size_t TE = (size_t)T * E, TK = (size_t)T * K;
@@ -254,6 +254,63 @@ Test(cuda_ops, sigmoid_route_matches_cpu)
         gpu.ops->dealloc(&gpu, dbias);
         free(lg);
         free(bias);
+    }
+}
+
+/* DeepSeek-V2's group_limited_greedy softmax router: only the topk_group
+ * groups whose best logit ranks highest are eligible; never renormalised
+ * in V2 (renorm tested too), times routed_scaling_factor (0 and 1: none).
+ * Ties, NaN, infinities, and a group of NaNs only (ranked last). */
+Test(cuda_ops, group_limited_softmax_route_matches_cpu)
+{
+    /* T, E, K, n_group, topk_group, scale x 10 */
+    const int shapes[][6] = {{1, 160, 6, 8, 3, 160}, {9, 64, 6, 8, 3, 15}, {70, 160, 6, 8, 3, 10},
+                             {17, 64, 6, 64, 10, 25}, {5, 16, 4, 4, 2, 0}, {33, 256, 8, 8, 4, 25}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int T = shapes[s][0], E = shapes[s][1], K = shapes[s][2], G = shapes[s][3];
+        const size_t TE = (size_t)T * E, TK = (size_t)T * K;
+        float *lg = rand_floats(TE, 91 + s, -4, 4);
+        for (int t = 0; t < T; t++) {
+            float *r = lg + (size_t)t * E;
+            if (t % 3 == 0) r[E - 1] = r[0] = r[E / 2] = 3.0f; /* ties across groups */
+            if (t % 4 == 1) r[1] = NAN;
+            if (t % 5 == 2) r[E - 2] = INFINITY;
+            if (t % 7 == 3)
+                for (int e = E / G; e < 2 * (E / G); e++) r[e] = NAN; /* group 1 all NaN */
+        }
+        float *dl = dev_copy(lg, TE * sizeof(float));
+        for (int renorm = 0; renorm < 2; renorm++) {
+            const struct moe_route rt = {E, K, renorm, false, NULL, G, shapes[s][4], shapes[s][5] / 10.0f};
+            int32_t *ids = malloc(TK * sizeof(int32_t)), *gids = malloc(TK * sizeof(int32_t));
+            float *w = malloc(TK * sizeof(float)), *gw = malloc(TK * sizeof(float));
+            cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
+            int32_t *dids = dev_poisoned(TK * sizeof(int32_t));
+            float *dw = dev_poisoned(TK * sizeof(float));
+            cr_assert_eq(gpu.ops->route(&gpu, dids, dw, dl, T, &rt), MOE_OK, "%s", moe_last_error());
+            to_host(gids, dids, TK * sizeof(int32_t));
+            to_host(gw, dw, TK * sizeof(float));
+            char shp[64];
+            snprintf(shp, sizeof shp, "T%d E%d K%d G%d/%d%s x%.1f", T, E, K, G, shapes[s][4],
+                     renorm ? " renorm" : "", rt.scale);
+            int differ = 0;
+            for (size_t i = 0; i < TK; i++) {
+                differ += gids[i] != ids[i];
+                cr_expect_eq(gids[i], ids[i], "%s: id %zu gpu %d cpu %d", shp, i, gids[i], ids[i]);
+                if (isnan(w[i])) { /* rows with +inf logits: NaN on both sides */
+                    cr_expect(isnan(gw[i]), "%s: weight %zu", shp, i);
+                    w[i] = gw[i] = 0.0f;
+                }
+            }
+            fprintf(stderr, "parity: %-12s %-5s %-22s %s\n", "route_group", "I32", shp,
+                    differ ? "DIFFERS" : "identical");
+            double e = report("route_group", "F32", shp, gw, w, TK);
+            cr_expect(e <= 1e-6, "route_group %s: %.3g", shp, e);
+            gpu.ops->dealloc(&gpu, dids);
+            gpu.ops->dealloc(&gpu, dw);
+            free(ids), free(gids), free(w), free(gw);
+        }
+        gpu.ops->dealloc(&gpu, dl);
+        free(lg);
     }
 }
 
