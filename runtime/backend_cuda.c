@@ -160,12 +160,28 @@ static void free_workspaces(struct cuda_ctx *c)
 
 static int imax(int a, int b) { return a > b ? a : b; }
 
+/* The widest input MLA rounds to half in xh (runtime/forward_mla.c):
+ * q_b_proj's (Rq), o_proj's (Hq x v), and per row of head_matmul Hq x nope
+ * (W_uk) and Hq x Rc (W_uv); 0 without MLA, -1 past INT_MAX. */
+static long long mla_din(const struct moe_config *cfg)
+{
+    if (cfg->kv_lora_rank <= 0) return 0;
+    const long long H = imax(cfg->n_heads, 1);
+    long long d = cfg->q_lora_rank;
+    const long long w[3] = {H * cfg->v_head_dim, H * cfg->qk_nope_dim, H * cfg->kv_lora_rank};
+    for (int i = 0; i < 3; i++) d = w[i] > d ? w[i] : d;
+    return d > INT32_MAX ? -1 : d;
+}
+
 static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_config *cfg,
                                     int max_rows)
 {
     struct cuda_ctx *c = ctx_of(be);
     const int Q = cfg->n_heads * cfg->head_dim;
     int din = imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
+    const long long mla = mla_din(cfg);
+    if (mla < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: MLA inputs past %d values", INT32_MAX);
+    din = imax(din, (int)mla);
     int K = imax(cfg->top_k, 1), E = imax(cfg->n_experts, 1), L = imax(moe_config_moe_layers(cfg), 1);
     const size_t head_floats = (size_t)imax(cfg->n_heads, 1) * (imax(cfg->head_dim, 1) + 2);
     if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
@@ -491,6 +507,63 @@ static enum moe_status cuda_gather_rows(struct moe_backend *be, float *dst, cons
     return moe_ops_gather_rows_cuda(ctx_of(be)->stream, dst, src, rows, n, D);
 }
 
+/* MLA's column gathers (runtime/forward_mla.c). */
+static enum moe_status cuda_gather_cols(struct moe_backend *be, float *dst, int ld_dst,
+                                        const float *src, int ld_src, int rows, const int32_t *idx,
+                                        int n)
+{
+    return moe_ops_gather_cols_cuda(ctx_of(be)->stream, dst, ld_dst, src, ld_src, rows, idx, n);
+}
+
+/* MLA's per-head products (backend.h): for each head h < H, the row-major
+ * (T, N) block of y at y + h*ldy (rows H*ldy apart) = the (T, K) block of x
+ * at x + h*ldx (rows H*ldx apart) times W[h]^T, W (H, N, K).  One
+ * cublasGemmStridedBatchedEx over the heads; per head, in cuBLAS's
+ * column-major terms, C (N x T, ldc H*ldy) = op_T(W[h] stored as K x N,
+ * lda K) . B (K x T, ldb H*ldx), heads N*K, ldx and ldy apart.  Precision
+ * as cuda_matmul: fp32 weights take a pure fp32 GEMM (no TF32); for half
+ * weights the (T*H, K) inputs are rounded to the weight type and packed
+ * into xh first (ldb H*K, heads K apart); fp32 accumulation and output. */
+static enum moe_status cuda_head_matmul(struct moe_backend *be, float *y, int ldy, const float *x,
+                                        int ldx, const struct moe_tensor *w, int T)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (w->ndim != 3 || w->shape[0] <= 0 || w->shape[1] <= 0 || w->shape[2] <= 0 ||
+        w->shape[0] > INT32_MAX || w->shape[1] > INT32_MAX || w->shape[2] > INT32_MAX)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: weight of %d dims is not (H, N, K)",
+                        w->ndim);
+    const int H = (int)w->shape[0], N = (int)w->shape[1], K = (int)w->shape[2];
+    if (T <= 0) return MOE_OK;
+    const long long ldb = (long long)H * ldx, ldc = (long long)H * ldy, ldh = (long long)H * K;
+    if (ldy < N || ldx < K || ldb > INT32_MAX || ldc > INT32_MAX || ldh > INT32_MAX)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: %d heads of (%d, %d) with row "
+                        "strides %d and %d", H, N, K, ldy, ldx);
+    const float one = 1.0f, zero = 0.0f;
+    const long long stride_w = (long long)N * K;
+    if (w->dtype == MOE_DTYPE_F32) {
+        MOE_CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one,
+                                                  w->data, CUDA_R_32F, K, stride_w, x, CUDA_R_32F,
+                                                  (int)ldb, ldx, &zero, y, CUDA_R_32F, (int)ldc,
+                                                  ldy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return MOE_OK;
+    }
+    if (w->dtype != MOE_DTYPE_BF16 && w->dtype != MOE_DTYPE_F16)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda head_matmul: weight dtype %s",
+                        moe_dtype_name(w->dtype));
+    /* (T*H, K) half inputs: T*H*K <= max_rows*max_din when T <= max_rows
+     * (reserve counts H*nope and H*Rc in max_din for MLA models) */
+    if (!c->xh || T > c->max_rows || (size_t)T * (size_t)ldh > (size_t)c->max_rows * c->max_din)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: %d x %d x %d inputs exceed the "
+                        "reserved %d x %d", T, H, K, c->max_rows, c->max_din);
+    MOE_TRY(moe_ops_to_half_rows_cuda(c->stream, c->xh, x, ldx, w->dtype, (size_t)T * H, K));
+    const cudaDataType_t ty = cuda_type(w->dtype);
+    MOE_CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one,
+                                              w->data, ty, K, stride_w, c->xh, ty, (int)ldh, K,
+                                              &zero, y, CUDA_R_32F, (int)ldc, ldy, H,
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MOE_OK;
+}
+
 static enum moe_status cuda_synth_fill(struct moe_backend *be, void *dst, enum moe_dtype dt,
                                        size_t n, uint64_t key, float std)
 {
@@ -621,6 +694,8 @@ static const struct moe_backend_ops cuda_ops = {
     .experts = cuda_experts,
     .sigmoid_scale = cuda_sigmoid_scale,
     .gather_rows = cuda_gather_rows,
+    .gather_cols = cuda_gather_cols,
+    .head_matmul = cuda_head_matmul,
     .reserve = cuda_reserve,
     .synth_fill = cuda_synth_fill,
     .argmax = cuda_argmax,

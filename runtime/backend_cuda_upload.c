@@ -236,7 +236,10 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     for (int l = 0; l < cfg->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
         struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq,
-                                     &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm};
+                                     &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm,
+                                     /* MLA (absent elsewhere) */
+                                     &w->wq_a, &w->q_a_norm, &w->wkv_a, &w->kv_a_norm,
+                                     &w->w_uk, &w->w_uv};
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) MOE_TRY(upload_view(be, m, attn[i], P_ATTN));
         MOE_TRY(upload_view(be, m, &w->attn_norm, P_NORM));
         MOE_TRY(upload_view(be, m, &w->ffn_norm, P_NORM));

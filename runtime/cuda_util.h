@@ -71,12 +71,20 @@ enum moe_status moe_ops_clamp_cuda(cudaStream_t st, float *x, size_t n, float li
 enum moe_status moe_ops_sigmoid_scale_cuda(cudaStream_t st, float *y, const float *g, int T, int D);
 enum moe_status moe_ops_gather_rows_cuda(cudaStream_t st, float *dst, const float *src,
                                          const int32_t *rows, int n, int D);
+/* dst[r*ld_dst + j] = src[r*ld_src + (idx ? idx[j] : j)], r < rows, j < n
+ * (the backend's gather_cols; idx device memory or NULL). */
+enum moe_status moe_ops_gather_cols_cuda(cudaStream_t st, float *dst, int ld_dst, const float *src,
+                                         int ld_src, int rows, const int32_t *idx, int n);
 /* y (T, N) += b (N) broadcast over rows; b in dtype dt. */
 enum moe_status moe_ops_bias_cuda(cudaStream_t st, float *y, const void *b, enum moe_dtype dt,
                                   int T, int N);
 /* dst = src converted to dt (F16 or BF16), n elements, round to nearest even. */
 enum moe_status moe_ops_to_half_cuda(cudaStream_t st, void *dst, const float *src,
                                      enum moe_dtype dt, size_t n);
+/* dst (rows, n) packed in dt (F16 or BF16) = the first n values of each
+ * row of src (rows, stride ld), round to nearest even. */
+enum moe_status moe_ops_to_half_rows_cuda(cudaStream_t st, void *dst, const float *src, int ld,
+                                          enum moe_dtype dt, size_t rows, int n);
 /* The synth.c generator on the device: n values of dt, uniform with
  * standard deviation std keyed by key, or ones when std < 0. */
 enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t n,

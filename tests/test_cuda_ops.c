@@ -197,6 +197,113 @@ Test(cuda_ops, argmax_matches_moe_argmax)
     free(x);
 }
 
+/* ---- MLA's column gathers and per-head products ---- */
+
+/* The gathers of runtime/forward_mla.c: rope columns through an index
+ * table (interleaved pairs read evens then odds) and 2-D copies between
+ * rows of different strides; the columns past n stay poisoned. */
+Test(cuda_ops, gather_cols_matches_cpu)
+{
+    /* rows, ld_src, ld_dst, n, first indexed column (-1: a plain copy) */
+    const int shapes[][5] = {{37, 576, 576, 64, 512}, {37 * 16, 192, 576, 64, 128},
+                             {300, 512, 576, 512, -1}, {5, 40, 40, 8, 32}, {1, 7, 9, 3, -1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int rows = shapes[s][0], lds = shapes[s][1], ldd = shapes[s][2], n = shapes[s][3];
+        const int first = shapes[s][4];
+        int32_t *idx = first >= 0 ? malloc((size_t)n * sizeof(int32_t)) : NULL;
+        for (int j = 0; idx && j < n; j++) idx[j] = first + (j < n / 2 ? 2 * j : 2 * (j - n / 2) + 1);
+        const size_t ns = (size_t)rows * lds, nd = (size_t)rows * ldd;
+        float *src = rand_floats(ns, 111 + s, -3, 3), *ref = malloc(nd * sizeof(float));
+        float *got = malloc(nd * sizeof(float));
+        memset(ref, 0xff, nd * sizeof(float));
+        cr_assert_eq(cpu.ops->gather_cols(&cpu, ref, ldd, src, lds, rows, idx, n), MOE_OK);
+        float *dsrc = dev_copy(src, ns * sizeof(float)), *ddst = dev_poisoned(nd * sizeof(float));
+        int32_t *didx = idx ? dev_copy(idx, (size_t)n * sizeof(int32_t)) : NULL;
+        cr_assert_eq(gpu.ops->gather_cols(&gpu, ddst, ldd, dsrc, lds, rows, didx, n), MOE_OK, "%s",
+                     moe_last_error());
+        to_host(got, ddst, nd * sizeof(float));
+        char shp[64];
+        snprintf(shp, sizeof shp, "%d rows %d of %d->%d%s", rows, n, lds, ldd, idx ? " idx" : "");
+        cr_expect(memcmp(got, ref, nd * sizeof(float)) == 0, "gather_cols %s differs", shp);
+        fprintf(stderr, "parity: %-12s %-5s %-22s %s\n", "gather_cols", "F32", shp,
+                memcmp(got, ref, nd * sizeof(float)) ? "DIFFERS" : "identical");
+        gpu.ops->dealloc(&gpu, dsrc);
+        gpu.ops->dealloc(&gpu, ddst);
+        gpu.ops->dealloc(&gpu, didx);
+        free(idx), free(src), free(ref), free(got);
+    }
+}
+
+/* y[(t*H + h)*ldy + i] = sum_k W[h][i][k] x[(t*H + h)*ldx + k] (backend.h),
+ * the shapes of runtime/forward_mla.c: W_uk^T q_nope into the absorbed
+ * query after its rope values (ldx nope + rope, ldy rope + Rc) and W_uv
+ * o'[rope:] out of the attention rows (ldx rope + Rc, ldy v), at
+ * DeepSeek-V2-Lite's 16 and V3's 128 heads.  The values between N and ldy
+ * of each row (the absorbed query's rope part) must stay untouched. */
+static void check_head_matmul(enum moe_dtype dt, int T, int H, int N, int K, int ldx, int ldy, int y_off)
+{
+    struct wpair w = make_weight(dt, (int64_t)H * N, K, 121 + T, 0.08f);
+    w.h.ndim = w.d.ndim = 3;
+    w.h.shape[0] = w.d.shape[0] = H;
+    w.h.shape[1] = w.d.shape[1] = N;
+    w.h.shape[2] = w.d.shape[2] = K;
+    const size_t nx = (size_t)T * H * ldx, ny = (size_t)T * H * ldy;
+    float *x = rand_floats(nx, 122 + T, -1, 1), *ref = malloc(ny * sizeof(float));
+    float *got = malloc(ny * sizeof(float));
+    memset(ref, 0xff, ny * sizeof(float));
+    /* the CPU op's loop (cpu_head_matmul) with scratch of our own: the
+     * CPU backend sizes its scratch in prepare_model */
+    const size_t mat = (size_t)N * moe_dtype_row_bytes(dt, (size_t)K);
+    float *sc = malloc((size_t)K * omp_get_max_threads() * sizeof(float));
+    for (int h = 0; h < H; h++)
+        moe_gemm_cpu(ref + y_off + (size_t)h * ldy, H * ldy, x + (size_t)h * ldx, H * ldx,
+                     (const char *)w.h.data + h * mat, dt, N, K, T, NULL, sc);
+    float *dx = dev_copy(x, nx * sizeof(float)), *dy = dev_poisoned(ny * sizeof(float));
+    cr_assert_eq(gpu.ops->head_matmul(&gpu, dy + y_off, ldy, dx, ldx, &w.d, T), MOE_OK, "%s",
+                 moe_last_error());
+    to_host(got, dy, ny * sizeof(float));
+    /* untouched values: poison (NaN) in both; compare those bytes exactly */
+    int clobbered = 0;
+    for (size_t i = 0; i < ny; i++) {
+        const size_t c = (i + ldy - (size_t)y_off % ldy) % ldy; /* column from y + y_off */
+        if (i < (size_t)y_off || c >= (size_t)N) {
+            clobbered += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+            got[i] = ref[i] = 0.0f;
+        }
+    }
+    char shp[64];
+    snprintf(shp, sizeof shp, "T%d H%d N%d K%d ld%d/%d", T, H, N, K, ldx, ldy);
+    cr_expect_eq(clobbered, 0, "head_matmul %s %s: %d values outside the products written",
+                 moe_dtype_name(dt), shp, clobbered);
+    double e = report("head_matmul", moe_dtype_name(dt), shp, got, ref, ny);
+    cr_expect(e <= gemm_tol(dt), "head_matmul %s %s: %.3g", moe_dtype_name(dt), shp, e);
+    gpu.ops->dealloc(&gpu, dx);
+    gpu.ops->dealloc(&gpu, dy);
+    free(x), free(ref), free(got), free(sc);
+    free_weight(&w);
+}
+
+Test(cuda_ops, head_matmul_matches_cpu)
+{
+    /* the workspace for half inputs: T x H x K values (reserve counts MLA's) */
+    struct moe_config c;
+    reserve_cfg(&c);
+    c.n_heads = 128, c.head_dim = 576, c.kv_lora_rank = 512, c.qk_nope_dim = 128, c.v_head_dim = 128;
+    c.rope_dim = 64, c.q_lora_rank = 1536;
+    cr_assert_eq(gpu.ops->reserve(&gpu, &c, 80), MOE_OK, "%s", moe_last_error());
+    for (size_t di = 0; di < 3; di++) {
+        const enum moe_dtype dt = wdts[di];
+        const int Ts[] = {1, 7, 70};
+        for (int i = 0; i < 3; i++) {
+            check_head_matmul(dt, Ts[i], 16, 512, 128, 192, 576, 64); /* W_uk^T q_nope */
+            check_head_matmul(dt, Ts[i], 16, 128, 512, 576, 128, 0);  /* W_uv o' (x at + 64) */
+        }
+        check_head_matmul(dt, 3, 128, 512, 128, 192, 576, 64);
+        check_head_matmul(dt, 3, 128, 128, 512, 576, 128, 0);
+        check_head_matmul(dt, 5, 4, 32, 16, 24, 40, 8); /* the deepseek fixtures' shape */
+    }
+}
+
 /* ---- routing ---- */
 
 /* The sigmoid router (GLM-4.5 / DeepSeek-V3): bias, groups, scale, with
