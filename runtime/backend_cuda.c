@@ -155,7 +155,7 @@ static void free_workspaces(struct cuda_ctx *c)
     c->g_ta = c->g_tb = NULL;
     c->max_rows = c->max_din = c->max_k = c->max_e = c->moe_layers = 0;
     c->sort_bytes = 0;
-    c->att_head_floats = 0;
+    c->att_ws_floats = 0;
 }
 
 static int imax(int a, int b) { return a > b ? a : b; }
@@ -173,6 +173,16 @@ static long long mla_din(const struct moe_config *cfg)
     return d > INT32_MAX ? -1 : d;
 }
 
+/* Floats of the attention split workspace for cfg's heads: the per-row
+ * kernel's (ATT_SPLIT_ROWS rows x Hq x ATT_MAX_SPLITS partials of Dh + 2
+ * floats), or the MLA kernel's (attention/attention_mla_cuda.cu). */
+static size_t attention_ws_floats(const struct moe_config *cfg)
+{
+    const int Hq = imax(cfg->n_heads, 1), Dh = imax(cfg->head_dim, 1);
+    if (cfg->kv_lora_rank > 0) return moe_attention_mla_split_floats(Dh);
+    return moe_attention_split_floats(ATT_SPLIT_ROWS, Hq, Dh, ATT_MAX_SPLITS);
+}
+
 static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_config *cfg,
                                     int max_rows)
 {
@@ -183,9 +193,9 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     if (mla < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: MLA inputs past %d values", INT32_MAX);
     din = imax(din, (int)mla);
     int K = imax(cfg->top_k, 1), E = imax(cfg->n_experts, 1), L = imax(moe_config_moe_layers(cfg), 1);
-    const size_t head_floats = (size_t)imax(cfg->n_heads, 1) * (imax(cfg->head_dim, 1) + 2);
+    const size_t att_floats = attention_ws_floats(cfg);
     if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
-        L <= c->moe_layers && head_floats <= c->att_head_floats)
+        L <= c->moe_layers && att_floats <= c->att_ws_floats)
         return MOE_OK;
     max_rows = imax(max_rows, c->max_rows);
     din = imax(din, c->max_din);
@@ -194,9 +204,9 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     L = imax(L, c->moe_layers);
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     free_workspaces(c);
-    const int Hq = imax(cfg->n_heads, 1), Dh = imax(cfg->head_dim, 1);
-    size_t xh = (size_t)max_rows * din * 2;
-    size_t att = moe_attention_split_floats(ATT_SPLIT_ROWS, Hq, Dh, ATT_MAX_SPLITS) * sizeof(float);
+    size_t xh = (size_t)max_rows * din * 2, att;
+    if (!moe_mul_size(att_floats, sizeof(float), &att))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: attention workspace size overflows");
     size_t n = (size_t)max_rows * K;
     if (n > INT32_MAX) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %zu routed rows", n);
     MOE_TRY(moe_router_dispatch_temp_bytes((int)n, E, &c->sort_bytes));
@@ -226,7 +236,7 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     c->g_beta = c->g_alpha + E;
     c->g_ta = (cublasOperation_t *)(c->g_beta + E);
     c->g_tb = c->g_ta + E;
-    c->att_head_floats = (size_t)Hq * (Dh + 2);
+    c->att_ws_floats = att_floats;
     c->max_rows = max_rows;
     c->max_din = din;
     c->max_k = K;
@@ -334,8 +344,17 @@ static enum moe_status cuda_attention(struct moe_backend *be, float *out, const 
                                       const struct moe_attn_params *p)
 {
     struct cuda_ctx *c = ctx_of(be);
+    if (kv->v == kv->k) { /* MLA: one row per token read as K and V, every step size */
+        struct moe_attn_params pp = *p;
+        if (c->capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
+        const bool split = b->n_tokens <= ATT_SPLIT_ROWS && c->att_ws;
+        return moe_attention_mla_cuda(c->stream, out, q, kv, b, &pp, c->mla_max_dh,
+                                      split ? c->att_ws : NULL, split ? c->att_ws_floats : 0,
+                                      ATT_MAX_SPLITS);
+    }
     /* the split space was sized for the reserved model's heads */
-    int ws_rows = c->att_ws && (size_t)p->n_heads * (p->head_dim + 2) <= c->att_head_floats
+    int ws_rows = c->att_ws && moe_attention_split_floats(ATT_SPLIT_ROWS, p->n_heads, p->head_dim,
+                                                          ATT_MAX_SPLITS) <= c->att_ws_floats
                       ? ATT_SPLIT_ROWS : 0;
     /* prefill-sized steps: the tiled kernel shares each K/V tile among 32
      * query rows (unless MOERUN_CUDA_PREFILL_ATTN=rows asked for the per-row
@@ -730,6 +749,8 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int
     c->prefill_rows = pa && !strcmp(pa, "rows");
     if (pa && *pa && strcmp(pa, "rows") && strcmp(pa, "tiled"))
         fprintf(stderr, "moerun: MOERUN_CUDA_PREFILL_ATTN=%s is neither rows nor tiled: tiled\n", pa);
+    /* MLA attention: the largest head dim this device's shared memory allows */
+    c->mla_max_dh = moe_attention_mla_setup_cuda();
     if (!c->prefill_rows && moe_attention_prefill_setup_cuda() != MOE_OK) {
         fprintf(stderr, "moerun: tiled prefill attention unavailable (%s): per-row kernel\n",
                 moe_last_error());

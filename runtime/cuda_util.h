@@ -121,6 +121,31 @@ enum moe_status moe_attention_paged_cuda(cudaStream_t st, float *out, const floa
                                          const struct moe_attn_params *p, float *ws, int ws_rows,
                                          int max_splits);
 
+/* out (T, Hq*Dh) = the merge, in split order, of the n_splits partials
+ * (acc (Dh), max, sum) of each (row, head) in ws (T, Hq, n_splits, Dh + 2),
+ * head h's sink folded in (sinks (Hq) or NULL).  Partials with sum 0 are
+ * empty. */
+enum moe_status moe_attention_split_reduce_cuda(cudaStream_t st, float *out, const float *ws,
+                                                const float *sinks, int T, int Hq, int Dh,
+                                                int n_splits);
+
+/* ---- attention/attention_mla_cuda.cu ---- */
+/* Raises the MLA attention kernels' dynamic shared memory limits (149 KiB
+ * at Dh = 576); once per device, at backend init.  Returns the largest head
+ * dim the device allows (576 on sm_80 and sm_90; 0: none). */
+int moe_attention_mla_setup_cuda(void);
+/* Floats of split workspace the MLA kernel can use to full effect at head
+ * dim Dh (what reserve allocates for an MLA model: 37.9 MB at 576). */
+size_t moe_attention_mla_split_floats(int Dh);
+/* The attention of moe_attention_paged_cuda over a cache whose V is its K
+ * (kv->v == kv->k: MLA's one row per token), Dh <= max_dh (from setup),
+ * any group size.  ws: split workspace of ws_floats floats for
+ * decode-sized steps (NULL: no key splits, as for prefill-sized steps). */
+enum moe_status moe_attention_mla_cuda(cudaStream_t st, float *out, const float *q,
+                                       const struct moe_kvcache *kv, const struct moe_batch *db,
+                                       const struct moe_attn_params *p, int max_dh, float *ws,
+                                       size_t ws_floats, int max_splits);
+
 /* ---- attention/attention_prefill_cuda.cu ---- */
 /* Raises the tiled prefill kernels' dynamic shared memory limit (up to
  * ~101 KiB at Dh = 256); once per device, at backend init. */
