@@ -319,9 +319,19 @@ extern "C" enum moe_status moe_attention_paged_cuda(cudaStream_t st, float *out,
     else if (dpl <= 4) s = launch_attention<4>(st, &a, T);
     else s = launch_attention<8>(st, &a, T);
     if (s != MOE_OK || a.n_splits == 1) return s;
-    dim3 grid((unsigned)T, (unsigned)a.Hq);
-    split_reduce_kernel<<<grid, Dh < 32 ? 32 : (Dh > 256 ? 256 : Dh), 0, st>>>(out, ws, a.sinks, T,
-                                                                              a.Hq, Dh, a.n_splits);
+    return moe_attention_split_reduce_cuda(st, out, ws, a.sinks, T, a.Hq, Dh, a.n_splits);
+}
+
+extern "C" enum moe_status moe_attention_split_reduce_cuda(cudaStream_t st, float *out,
+                                                           const float *ws, const float *sinks,
+                                                           int T, int Hq, int Dh, int n_splits)
+{
+    if (T <= 0) return MOE_OK;
+    if (Hq <= 0 || Hq > 65535 || Dh <= 0 || n_splits <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "split reduce: %d rows of %d heads of %d", T, Hq, Dh);
+    dim3 grid((unsigned)T, (unsigned)Hq);
+    split_reduce_kernel<<<grid, Dh < 32 ? 32 : (Dh > 256 ? 256 : Dh), 0, st>>>(out, ws, sinks, T,
+                                                                              Hq, Dh, n_splits);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }

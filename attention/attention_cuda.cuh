@@ -1,8 +1,10 @@
-/* attention_cuda.cuh - what the two paged attention kernels of the CUDA
- * backend share (attention_cuda.cu: per-row, split over keys, for decode;
- * attention_prefill_cuda.cu: tiled, for prefill): the view of one layer's
- * paged cache and of the step's batch, checked once on the host.  Each
- * kernel's argument struct derives from it (the .cu files are C++). */
+/* attention_cuda.cuh - what the paged attention kernels of the CUDA backend
+ * share (attention_cuda.cu: per-row, split over keys, for decode;
+ * attention_prefill_cuda.cu: tiled, for prefill; attention_mla_cuda.cu:
+ * one shared K/V row for many heads, DeepSeek's MLA): the view of one
+ * layer's paged cache and of the step's batch, checked once on the host,
+ * and the device helpers of the tiled kernels.  Each kernel's argument
+ * struct derives from the view (the .cu files are C++). */
 #pragma once
 
 #include "attention/attention.h"
@@ -31,6 +33,42 @@ static __device__ __forceinline__ float att_fold_sink(float sink, float m, float
     const float c = m == -INFINITY ? 0.0f : expf(m - M);
     *l = *l * c + expf(sink - M);
     return c;
+}
+
+static __device__ __forceinline__ int att_warp_min_int(int v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ int att_warp_max_int(int v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* The tiled kernels cut each sequence's rows (contiguous: batch.h) into
+ * tiles of tq consecutive rows, numbered sequence after sequence; grid.x is
+ * an upper bound on their number (ceil(T / tq) + n_seqs: each sequence
+ * wastes less than one tile), so a launch depends only on the step's
+ * shape.  Tile `tile`'s sequence, first row and row count (>= 1); false
+ * past the last tile.  Walks seq_start (n_seqs is small). */
+static __device__ __forceinline__ bool att_find_tile(const int32_t *seq_start, int n_seqs, int tq,
+                                                     int T, int tile, int *seq, int *t0, int *ntok)
+{
+    for (int s = 0; s < n_seqs; s++) {
+        const int r0 = seq_start[s], n = seq_start[s + 1] - r0;
+        const int tiles = n > 0 ? (n + tq - 1) / tq : 0;
+        if (tile < tiles) {
+            *seq = s;
+            *t0 = r0 + tile * tq;
+            if (*t0 < 0 || *t0 >= T) return false;
+            *ntok = min(min(tq, n - tile * tq), T - *t0);
+            return true;
+        }
+        tile -= tiles;
+    }
+    return false;
 }
 #endif
 

@@ -79,18 +79,6 @@ static __host__ __device__ size_t pf_smem_floats(int Dh)
     return PF_ROWS * dhp + PF_TK * (dhp + 4) + PF_TK * (size_t)Dh + PF_ROWS * PF_TK;
 }
 
-static __device__ __forceinline__ int warp_min_int(int v)
-{
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(FULL_MASK, v, o));
-    return v;
-}
-
-static __device__ __forceinline__ int warp_max_int(int v)
-{
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
-    return v;
-}
-
 static __device__ __forceinline__ float f4_get(float4 v, int i)
 {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -109,20 +97,9 @@ static __global__ void __launch_bounds__(PF_WARPS * 32) prefill_attention_kernel
     if (kh >= a.Hkv) return;
 
     /* this block's tile: the sequence and its first row (block-uniform) */
-    int tile = blockIdx.x, seq = -1, t0 = -1, ntok = 0;
-    for (int s = 0; s < a.n_seqs; s++) {
-        const int r0 = a.seq_start[s], n = a.seq_start[s + 1] - r0;
-        const int tiles = n > 0 ? (n + a.tq - 1) / a.tq : 0;
-        if (tile < tiles) {
-            seq = s;
-            t0 = r0 + tile * a.tq;
-            ntok = min(a.tq, n - tile * a.tq);
-            break;
-        }
-        tile -= tiles;
-    }
-    if (seq < 0 || t0 < 0 || t0 >= a.T) return; /* past the last tile */
-    ntok = min(ntok, a.T - t0);
+    int seq, t0, ntok;
+    if (!att_find_tile(a.seq_start, a.n_seqs, a.tq, a.T, blockIdx.x, &seq, &t0, &ntok))
+        return; /* past the last tile */
 
     /* lane i < ntok holds token i's key range [first, pos] */
     int my_first = INT_MAX, my_pos = -1;
@@ -130,7 +107,7 @@ static __global__ void __launch_bounds__(PF_WARPS * 32) prefill_attention_kernel
         my_pos = a.positions[t0 + lane];
         my_first = a.window > 0 && my_pos - a.window + 1 > 0 ? my_pos - a.window + 1 : 0;
     }
-    const int kfirst = warp_min_int(my_first), klast = warp_max_int(my_pos);
+    const int kfirst = att_warp_min_int(my_first), klast = att_warp_max_int(my_pos);
 
     const int Dh = a.Dh, dhp = pf_dhp(Dh);
     float *sq = (float *)pf_smem4;                 /* (PF_ROWS, dhp) */

@@ -6,10 +6,12 @@
  * yet chosen, ranking the logits with the CPU's comparator (larger first,
  * ties to the lower index, NaN below every number and among themselves by
  * index), so ids equal the CPU's for equal logits.  The K weights are
- * exp(x - max) / sum, renormalised by their sum taken in k order.  Only the
- * softmax sum's order differs from the CPU (rounding-level differences in
- * the weights).  The sigmoid router (GLM-4.5 / DeepSeek-V3) has its own
- * kernel of the same shape, with group-limited choice.
+ * exp(x - max) / sum, the sum taken in the CPU's order (one lane adds the
+ * terms the warp computed), renormalised by their sum taken in k order: the
+ * weights differ from the CPU's by expf's rounding only.  Both routers may limit the choice to the best groups of
+ * experts (eligible_groups: DeepSeek-V2's group_limited_greedy for the
+ * softmax router; GLM-4.5 / DeepSeek-V3 for the sigmoid router, which has
+ * its own kernel of the same shape).
  *
  * Dispatch: a stable CUB radix sort of the T*K expert ids with the pair ids
  * t*K+k as values gives perm (stable, so pairs of one expert stay in t*K+k
@@ -34,66 +36,6 @@ __device__ __forceinline__ bool ranks_before(float a, int ia, float b, int ib)
     return a > b || (a == b && ia < ib);
 }
 
-static __global__ void topk_kernel(int32_t *ids, float *w, const float *logits, int T, int E,
-                                   int K, bool renorm)
-{
-    const int lane = threadIdx.x & 31;
-    const int t = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
-    if (t >= T) return; /* whole warps exit together: t is uniform per warp */
-    const float *x = logits + (size_t)t * E;
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, x[e]); /* fmaxf ignores NaN, as `>` does */
-    mx = moe_warp_max(mx);
-    float sum = 0.0f;
-    for (int e = lane; e < E; e += 32) sum += expf(x[e] - mx);
-    sum = moe_warp_sum(sum);
-    uint32_t taken = 0; /* bit i: expert lane + 32*i chosen */
-    for (int k = 0; k < K; k++) {
-        float bv = 0.0f;
-        int bi = -1;
-        for (int i = 0, e = lane; e < E; i++, e += 32) {
-            if (taken & (1u << i)) continue;
-            if (bi < 0 || ranks_before(x[e], e, bv, bi)) {
-                bv = x[e];
-                bi = e;
-            }
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ranks_before(ov, oi, bv, bi))) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        /* every lane now holds the same winner; K <= E so bi >= 0 */
-        if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
-        if (lane == 0) {
-            ids[(size_t)t * K + k] = bi < 0 ? 0 : bi;
-            w[(size_t)t * K + k] = expf(bv - mx) / sum;
-        }
-    }
-    if (renorm && lane == 0) {
-        float s = 0.0f;
-        for (int k = 0; k < K; k++) s += w[(size_t)t * K + k];
-        for (int k = 0; k < K; k++) w[(size_t)t * K + k] /= s;
-    }
-}
-
-extern "C" enum moe_status moe_router_topk_cuda(cudaStream_t st, int32_t *ids, float *w,
-                                                const float *logits, int T, int E, int K,
-                                                bool renorm)
-{
-    if (T <= 0) return MOE_OK;
-    if (E <= 0 || E > 32 * MAX_E_PER_LANE || K <= 0 || K > E)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA router: top-%d of %d experts (E <= %d)", K, E,
-                        32 * MAX_E_PER_LANE);
-    unsigned blocks = (unsigned)((T + ROUTE_WARPS - 1) / ROUTE_WARPS);
-    topk_kernel<<<blocks, ROUTE_WARPS * 32, 0, st>>>(ids, w, logits, T, E, K, renorm);
-    MOE_CUDA_LAUNCHED();
-    return MOE_OK;
-}
-
 /* The warp's arg-best of (v, i) over its lanes, by ranks_before; i < 0 is
  * empty.  Every lane returns the winner. */
 __device__ __forceinline__ void warp_best(float *v, int *i)
@@ -108,17 +50,152 @@ __device__ __forceinline__ void warp_best(float *v, int *i)
     }
 }
 
-__device__ __forceinline__ float choice_score(const float *x, const float *bias, int e)
+/* Expert e's choice score, as router_cpu.c's: the logit for the softmax
+ * router (softmax is monotone, and logits stay ordered where probabilities
+ * would round to equal), sigmoid + choice bias for the sigmoid router. */
+__device__ __forceinline__ float choice_score(const float *x, const float *bias, bool sigmoid, int e)
 {
-    return 1.0f / (1.0f + expf(-x[e])) + (bias ? bias[e] : 0.0f);
+    return sigmoid ? 1.0f / (1.0f + expf(-x[e])) + (bias ? bias[e] : 0.0f) : x[e];
+}
+
+/* The eligible groups of one token as a mask (bit g: group g), every lane
+ * returning the same: all when G is 1; else router_cpu.c's eligible_groups,
+ * the topk_group groups of E/G experts ranked (ranks_before over (score,
+ * group)) by their best choice score (softmax: DeepSeek-V2's
+ * group_limited_greedy) or their two best summed (sigmoid: GLM-4.5,
+ * DeepSeek-V3).  Lane j scores groups j and j + 32 (G <= 64), then
+ * topk_group rounds of warp_best pick the groups. */
+__device__ unsigned long long eligible_groups(const float *x, const float *bias, bool sigmoid,
+                                              int E, int G, int topk_group, int lane)
+{
+    if (G == 1) return 1ull;
+    const int per = E / G;
+    float gs[2];
+    for (int j = 0; j < 2; j++) {
+        const int g = lane + 32 * j;
+        float b0 = 0.0f, b1 = 0.0f;
+        int i0 = -1, i1 = -1;
+        for (int e = g * per; g < G && e < (g + 1) * per; e++) {
+            float c = choice_score(x, bias, sigmoid, e);
+            if (i0 < 0 || ranks_before(c, e, b0, i0)) {
+                b1 = b0, i1 = i0;
+                b0 = c, i0 = e;
+            } else if (i1 < 0 || ranks_before(c, e, b1, i1)) {
+                b1 = c, i1 = e;
+            }
+        }
+        gs[j] = sigmoid ? b0 + b1 : b0;
+    }
+    unsigned long long ok = 0;
+    unsigned taken = 0; /* bit j: group lane + 32*j chosen */
+    for (int r = 0; r < topk_group; r++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int j = 0; j < 2; j++) {
+            const int g = lane + 32 * j;
+            if (g < G && !(taken & (1u << j)) && (bi < 0 || ranks_before(gs[j], g, bv, bi))) {
+                bv = gs[j];
+                bi = g;
+            }
+        }
+        warp_best(&bv, &bi);
+        if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (bi >= 0) ok |= 1ull << bi;
+    }
+    return ok;
+}
+
+/* The softmax router (router.h, moe_router_topk_softmax_cpu), one warp per
+ * token: softmax statistics over all E, the eligible groups (G > 1:
+ * DeepSeek-V2's group_limited_greedy), K rounds of warp_best over the
+ * eligible logits not taken, weights exp(x - max) / sum, renormalised in k
+ * order when asked, times scale unless it is 0 or 1 (as the CPU). */
+static __global__ void topk_kernel(int32_t *ids, float *w, const float *logits, int T, int E,
+                                   int K, int G, int topk_group, bool renorm, float scale)
+{
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+    if (t >= T) return; /* whole warps exit together: t is uniform per warp */
+    __shared__ float s_exp[ROUTE_WARPS][32 * MAX_E_PER_LANE];
+    const float *x = logits + (size_t)t * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, x[e]); /* fmaxf ignores NaN, as `>` does */
+    mx = moe_warp_max(mx);
+    /* the sum of exp in the CPU's order (e = 0, 1, ...): the terms in
+     * parallel, the E additions by one lane, so the weights differ from the
+     * CPU's by expf's rounding only */
+    float *ex = s_exp[threadIdx.x >> 5];
+    for (int e = lane; e < E; e += 32) ex[e] = expf(x[e] - mx);
+    __syncwarp();
+    float sum = 0.0f;
+    if (lane == 0)
+        for (int e = 0; e < E; e++) sum += ex[e];
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    const unsigned long long ok = eligible_groups(x, NULL, false, E, G, topk_group, lane);
+    const int per = E / G;
+    uint32_t taken = 0; /* bit i: expert lane + 32*i chosen */
+    for (int k = 0; k < K; k++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int i = 0, e = lane; e < E; i++, e += 32) {
+            if ((taken & (1u << i)) || !((ok >> (e / per)) & 1ull)) continue;
+            if (bi < 0 || ranks_before(x[e], e, bv, bi)) {
+                bv = x[e];
+                bi = e;
+            }
+        }
+        warp_best(&bv, &bi);
+        /* every lane now holds the same winner; K <= the eligible experts
+         * (checked by the launcher), so bi >= 0 */
+        if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == 0) {
+            ids[(size_t)t * K + k] = bi < 0 ? 0 : bi;
+            w[(size_t)t * K + k] = expf(bv - mx) / sum;
+        }
+    }
+    if (lane == 0) {
+        float *wt = w + (size_t)t * K;
+        if (renorm) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) s += wt[k];
+            for (int k = 0; k < K; k++) wt[k] /= s;
+        }
+        if (scale != 1.0f && scale != 0.0f)
+            for (int k = 0; k < K; k++) wt[k] *= scale;
+    }
+}
+
+/* The groups of r: G in [1, 64] dividing E <= 1024, topk_group in [1, G],
+ * K experts among the eligible ones. */
+static enum moe_status check_route(const struct moe_route *r, const char *what)
+{
+    const int E = r->E, K = r->K, G = r->n_group;
+    if (E <= 0 || E > 32 * MAX_E_PER_LANE || G < 1 || G > 64 || E % G || r->topk_group < 1 ||
+        r->topk_group > G || K <= 0 || K > r->topk_group * (E / G))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA %s router: top-%d of %d experts in %d groups, "
+                        "%d eligible (E <= %d, groups <= 64)", what, K, E, G, r->topk_group,
+                        32 * MAX_E_PER_LANE);
+    return MOE_OK;
+}
+
+extern "C" enum moe_status moe_router_topk_softmax_cuda(cudaStream_t st, int32_t *ids, float *w,
+                                                        const float *logits, int T,
+                                                        const struct moe_route *r)
+{
+    if (T <= 0) return MOE_OK;
+    MOE_TRY(check_route(r, "softmax"));
+    unsigned blocks = (unsigned)((T + ROUTE_WARPS - 1) / ROUTE_WARPS);
+    topk_kernel<<<blocks, ROUTE_WARPS * 32, 0, st>>>(ids, w, logits, T, r->E, r->K, r->n_group,
+                                                   r->topk_group, r->renorm, r->scale);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
 }
 
 /* The sigmoid router (router.h, moe_router_topk_sigmoid_cpu), one warp per
- * token.  Groups: lane j scores groups j and j + 32 (G <= 64) by their two
- * best choice scores, topk_group rounds of warp_best pick the eligible ones
- * into a 64-bit mask every lane holds; then K rounds of warp_best over the
- * eligible experts not taken, as topk_kernel does.  Choice scores are
- * recomputed from the logits (in L1) rather than held. */
+ * token: the eligible groups by their two best choice scores, then K
+ * rounds of warp_best over the eligible experts not taken, as topk_kernel
+ * does.  Choice scores are recomputed from the logits (in L1) rather than
+ * held. */
 static __global__ void topk_sigmoid_kernel(int32_t *ids, float *w, const float *logits,
                                            const float *bias, int T, int E, int K, int G,
                                            int topk_group, bool renorm, float scale)
@@ -128,40 +205,7 @@ static __global__ void topk_sigmoid_kernel(int32_t *ids, float *w, const float *
     if (t >= T) return; /* t is uniform per warp */
     const float *x = logits + (size_t)t * E;
     const int per = E / G;
-    unsigned long long ok = G == 1 ? 1ull : 0ull; /* bit g: group g eligible */
-    if (G > 1) {
-        float gs[2];
-        for (int j = 0; j < 2; j++) {
-            const int g = lane + 32 * j;
-            float b0 = 0.0f, b1 = 0.0f;
-            int i0 = -1, i1 = -1;
-            for (int e = g * per; g < G && e < (g + 1) * per; e++) {
-                float c = choice_score(x, bias, e);
-                if (i0 < 0 || ranks_before(c, e, b0, i0)) {
-                    b1 = b0, i1 = i0;
-                    b0 = c, i0 = e;
-                } else if (i1 < 0 || ranks_before(c, e, b1, i1)) {
-                    b1 = c, i1 = e;
-                }
-            }
-            gs[j] = b0 + b1;
-        }
-        unsigned taken = 0; /* bit j: group lane + 32*j chosen */
-        for (int r = 0; r < topk_group; r++) {
-            float bv = 0.0f;
-            int bi = -1;
-            for (int j = 0; j < 2; j++) {
-                const int g = lane + 32 * j;
-                if (g < G && !(taken & (1u << j)) && (bi < 0 || ranks_before(gs[j], g, bv, bi))) {
-                    bv = gs[j];
-                    bi = g;
-                }
-            }
-            warp_best(&bv, &bi);
-            if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
-            if (bi >= 0) ok |= 1ull << bi;
-        }
-    }
+    const unsigned long long ok = eligible_groups(x, bias, true, E, G, topk_group, lane);
     uint32_t taken = 0; /* bit i: expert lane + 32*i chosen */
     float sum = 0.0f;
     for (int k = 0; k < K; k++) {
@@ -169,7 +213,7 @@ static __global__ void topk_sigmoid_kernel(int32_t *ids, float *w, const float *
         int bi = -1;
         for (int i = 0, e = lane; e < E; i++, e += 32) {
             if ((taken & (1u << i)) || !((ok >> (e / per)) & 1ull)) continue;
-            float c = choice_score(x, bias, e);
+            float c = choice_score(x, bias, true, e);
             if (bi < 0 || ranks_before(c, e, bv, bi)) {
                 bv = c;
                 bi = e;
@@ -196,15 +240,11 @@ extern "C" enum moe_status moe_router_topk_sigmoid_cuda(cudaStream_t st, int32_t
                                                         const struct moe_route *r)
 {
     if (T <= 0) return MOE_OK;
-    const int E = r->E, K = r->K, G = r->n_group;
-    if (E <= 0 || E > 32 * MAX_E_PER_LANE || G < 1 || G > 64 || E % G || r->topk_group < 1 ||
-        r->topk_group > G || K <= 0 || K > r->topk_group * (E / G))
-        return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA router: top-%d of %d experts in %d groups, %d "
-                        "eligible (E <= %d, groups <= 64)", K, E, G, r->topk_group,
-                        32 * MAX_E_PER_LANE);
+    MOE_TRY(check_route(r, "sigmoid"));
     unsigned blocks = (unsigned)((T + ROUTE_WARPS - 1) / ROUTE_WARPS);
-    topk_sigmoid_kernel<<<blocks, ROUTE_WARPS * 32, 0, st>>>(ids, w, logits, r->bias, T, E, K, G,
-                                                           r->topk_group, r->renorm, r->scale);
+    topk_sigmoid_kernel<<<blocks, ROUTE_WARPS * 32, 0, st>>>(ids, w, logits, r->bias, T, r->E, r->K,
+                                                           r->n_group, r->topk_group, r->renorm,
+                                                           r->scale);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }

@@ -161,7 +161,7 @@ static void free_workspaces(struct cuda_ctx *c)
     c->g_ta = c->g_tb = NULL;
     c->max_rows = c->max_din = c->max_k = c->max_e = c->moe_layers = 0;
     c->sort_bytes = 0;
-    c->att_head_floats = 0;
+    c->att_ws_floats = 0;
     c->wide = NULL;
     c->wide_bytes = 0;
 }
@@ -179,14 +179,40 @@ static size_t widened_layer_bytes(int E, int D, int F)
 
 static int imax(int a, int b) { return a > b ? a : b; }
 
+/* The widest input MLA rounds to half in xh (runtime/forward_mla.c):
+ * q_b_proj's (Rq), o_proj's (Hq x v), and per row of head_matmul Hq x nope
+ * (W_uk) and Hq x Rc (W_uv); 0 without MLA, -1 past INT_MAX. */
+static long long mla_din(const struct moe_config *cfg)
+{
+    if (cfg->kv_lora_rank <= 0) return 0;
+    const long long H = imax(cfg->n_heads, 1);
+    long long d = cfg->q_lora_rank;
+    const long long w[3] = {H * cfg->v_head_dim, H * cfg->qk_nope_dim, H * cfg->kv_lora_rank};
+    for (int i = 0; i < 3; i++) d = w[i] > d ? w[i] : d;
+    return d > INT32_MAX ? -1 : d;
+}
+
+/* Floats of the attention split workspace for cfg's heads: the per-row
+ * kernel's (ATT_SPLIT_ROWS rows x Hq x ATT_MAX_SPLITS partials of Dh + 2
+ * floats), or the MLA kernel's (attention/attention_mla_cuda.cu). */
+static size_t attention_ws_floats(const struct moe_config *cfg)
+{
+    const int Hq = imax(cfg->n_heads, 1), Dh = imax(cfg->head_dim, 1);
+    if (cfg->kv_lora_rank > 0) return moe_attention_mla_split_floats(Dh);
+    return moe_attention_split_floats(ATT_SPLIT_ROWS, Hq, Dh, ATT_MAX_SPLITS);
+}
+
 static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_config *cfg,
                                     int max_rows)
 {
     struct cuda_ctx *c = ctx_of(be);
     const int Q = cfg->n_heads * cfg->head_dim;
     int din = imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
+    const long long mla = mla_din(cfg);
+    if (mla < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: MLA inputs past %d values", INT32_MAX);
+    din = imax(din, (int)mla);
     int K = imax(cfg->top_k, 1), E = imax(cfg->n_experts, 1), L = imax(moe_config_moe_layers(cfg), 1);
-    const size_t head_floats = (size_t)imax(cfg->n_heads, 1) * (imax(cfg->head_dim, 1) + 2);
+    const size_t att_floats = attention_ws_floats(cfg);
     /* MXFP4 / FP8 experts: the grouped path widens a layer's to bf16 here
      * (those prepare_model kept as planes; before any, as cfg says) */
     const bool planes = c->n_up ? c->mxfp4_experts || c->fp8_experts : cfg->experts_mxfp4 || cfg->weights_fp8;
@@ -195,11 +221,13 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d experts of %d x %d overflow",
                         cfg->n_experts, cfg->d_model, cfg->d_expert);
     /* FP8 projections kept as planes: the largest widened for steps of many
-     * rows (before prepare_model: as cfg says, din^2 bounding them) */
-    size_t dense = c->n_up ? c->planes_dense_max : cfg->weights_fp8 ? (size_t)din * (size_t)din : 0;
+     * rows (before prepare_model: as cfg says, bounded by the widest input
+     * squared) */
+    const size_t dmax = (size_t)imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
+    size_t dense = c->n_up ? c->planes_dense_max : cfg->weights_fp8 ? dmax * dmax : 0;
     if (!moe_mul_size(dense, 2, &dense)) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: FP8 matrix size");
     if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
-        L <= c->moe_layers && head_floats <= c->att_head_floats && wide <= c->wide_bytes &&
+        L <= c->moe_layers && att_floats <= c->att_ws_floats && wide <= c->wide_bytes &&
         dense <= c->wide_dense_bytes)
         return MOE_OK;
     if (c->wide_bytes > wide) wide = c->wide_bytes;
@@ -211,9 +239,9 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     L = imax(L, c->moe_layers);
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     free_workspaces(c);
-    const int Hq = imax(cfg->n_heads, 1), Dh = imax(cfg->head_dim, 1);
-    size_t xh = (size_t)max_rows * din * 2;
-    size_t att = moe_attention_split_floats(ATT_SPLIT_ROWS, Hq, Dh, ATT_MAX_SPLITS) * sizeof(float);
+    size_t xh = (size_t)max_rows * din * 2, att;
+    if (!moe_mul_size(att_floats, sizeof(float), &att))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: attention workspace size overflows");
     size_t n = (size_t)max_rows * K;
     if (n > INT32_MAX) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %zu routed rows", n);
     MOE_TRY(moe_router_dispatch_temp_bytes((int)n, E, &c->sort_bytes));
@@ -248,7 +276,7 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     c->g_beta = c->g_alpha + E;
     c->g_ta = (cublasOperation_t *)(c->g_beta + E);
     c->g_tb = c->g_ta + E;
-    c->att_head_floats = (size_t)Hq * (Dh + 2);
+    c->att_ws_floats = att_floats;
     c->max_rows = max_rows;
     c->max_din = din;
     c->max_k = K;
@@ -370,8 +398,17 @@ static enum moe_status cuda_attention(struct moe_backend *be, float *out, const 
                                       const struct moe_attn_params *p)
 {
     struct cuda_ctx *c = ctx_of(be);
+    if (kv->v == kv->k) { /* MLA: one row per token read as K and V, every step size */
+        struct moe_attn_params pp = *p;
+        if (c->capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
+        const bool split = b->n_tokens <= ATT_SPLIT_ROWS && c->att_ws;
+        return moe_attention_mla_cuda(c->stream, out, q, kv, b, &pp, c->mla_max_dh,
+                                      split ? c->att_ws : NULL, split ? c->att_ws_floats : 0,
+                                      ATT_MAX_SPLITS);
+    }
     /* the split space was sized for the reserved model's heads */
-    int ws_rows = c->att_ws && (size_t)p->n_heads * (p->head_dim + 2) <= c->att_head_floats
+    int ws_rows = c->att_ws && moe_attention_split_floats(ATT_SPLIT_ROWS, p->n_heads, p->head_dim,
+                                                          ATT_MAX_SPLITS) <= c->att_ws_floats
                       ? ATT_SPLIT_ROWS : 0;
     /* prefill-sized steps: the tiled kernel shares each K/V tile among 32
      * query rows (unless MOERUN_CUDA_PREFILL_ATTN=rows asked for the per-row
@@ -387,13 +424,10 @@ static enum moe_status cuda_attention(struct moe_backend *be, float *out, const 
 static enum moe_status cuda_route(struct moe_backend *be, int32_t *ids, float *w,
                                   const float *logits, int T, const struct moe_route *r)
 {
+    /* groups (DeepSeek-V2's group_limited_greedy, the sigmoid routers') and
+     * routed_scaling_factor inside the kernels */
     if (r->sigmoid) return moe_router_topk_sigmoid_cuda(ctx_of(be)->stream, ids, w, logits, T, r);
-    if (r->n_group > 1)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: group-limited softmax routing "
-                        "(DeepSeek-V2) runs on the CPU backends only so far");
-    MOE_TRY(moe_router_topk_cuda(ctx_of(be)->stream, ids, w, logits, T, r->E, r->K, r->renorm));
-    if (r->scale == 1.0f || r->scale == 0.0f) return MOE_OK;
-    return cuda_scale(be, w, (size_t)T * r->K, r->scale); /* routed_scaling_factor */
+    return moe_router_topk_softmax_cuda(ctx_of(be)->stream, ids, w, logits, T, r);
 }
 
 static enum moe_status cuda_dispatch(struct moe_backend *be, struct moe_dispatch *plan,
@@ -582,6 +616,63 @@ static enum moe_status cuda_gather_rows(struct moe_backend *be, float *dst, cons
     return moe_ops_gather_rows_cuda(ctx_of(be)->stream, dst, src, rows, n, D);
 }
 
+/* MLA's column gathers (runtime/forward_mla.c). */
+static enum moe_status cuda_gather_cols(struct moe_backend *be, float *dst, int ld_dst,
+                                        const float *src, int ld_src, int rows, const int32_t *idx,
+                                        int n)
+{
+    return moe_ops_gather_cols_cuda(ctx_of(be)->stream, dst, ld_dst, src, ld_src, rows, idx, n);
+}
+
+/* MLA's per-head products (backend.h): for each head h < H, the row-major
+ * (T, N) block of y at y + h*ldy (rows H*ldy apart) = the (T, K) block of x
+ * at x + h*ldx (rows H*ldx apart) times W[h]^T, W (H, N, K).  One
+ * cublasGemmStridedBatchedEx over the heads; per head, in cuBLAS's
+ * column-major terms, C (N x T, ldc H*ldy) = op_T(W[h] stored as K x N,
+ * lda K) . B (K x T, ldb H*ldx), heads N*K, ldx and ldy apart.  Precision
+ * as cuda_matmul: fp32 weights take a pure fp32 GEMM (no TF32); for half
+ * weights the (T*H, K) inputs are rounded to the weight type and packed
+ * into xh first (ldb H*K, heads K apart); fp32 accumulation and output. */
+static enum moe_status cuda_head_matmul(struct moe_backend *be, float *y, int ldy, const float *x,
+                                        int ldx, const struct moe_tensor *w, int T)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (w->ndim != 3 || w->shape[0] <= 0 || w->shape[1] <= 0 || w->shape[2] <= 0 ||
+        w->shape[0] > INT32_MAX || w->shape[1] > INT32_MAX || w->shape[2] > INT32_MAX)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: weight of %d dims is not (H, N, K)",
+                        w->ndim);
+    const int H = (int)w->shape[0], N = (int)w->shape[1], K = (int)w->shape[2];
+    if (T <= 0) return MOE_OK;
+    const long long ldb = (long long)H * ldx, ldc = (long long)H * ldy, ldh = (long long)H * K;
+    if (ldy < N || ldx < K || ldb > INT32_MAX || ldc > INT32_MAX || ldh > INT32_MAX)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: %d heads of (%d, %d) with row "
+                        "strides %d and %d", H, N, K, ldy, ldx);
+    const float one = 1.0f, zero = 0.0f;
+    const long long stride_w = (long long)N * K;
+    if (w->dtype == MOE_DTYPE_F32) {
+        MOE_CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one,
+                                                  w->data, CUDA_R_32F, K, stride_w, x, CUDA_R_32F,
+                                                  (int)ldb, ldx, &zero, y, CUDA_R_32F, (int)ldc,
+                                                  ldy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return MOE_OK;
+    }
+    if (w->dtype != MOE_DTYPE_BF16 && w->dtype != MOE_DTYPE_F16)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda head_matmul: weight dtype %s",
+                        moe_dtype_name(w->dtype));
+    /* (T*H, K) half inputs: T*H*K <= max_rows*max_din when T <= max_rows
+     * (reserve counts H*nope and H*Rc in max_din for MLA models) */
+    if (!c->xh || T > c->max_rows || (size_t)T * (size_t)ldh > (size_t)c->max_rows * c->max_din)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: %d x %d x %d inputs exceed the "
+                        "reserved %d x %d", T, H, K, c->max_rows, c->max_din);
+    MOE_TRY(moe_ops_to_half_rows_cuda(c->stream, c->xh, x, ldx, w->dtype, (size_t)T * H, K));
+    const cudaDataType_t ty = cuda_type(w->dtype);
+    MOE_CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one,
+                                              w->data, ty, K, stride_w, c->xh, ty, (int)ldh, K,
+                                              &zero, y, CUDA_R_32F, (int)ldc, ldy, H,
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MOE_OK;
+}
+
 static enum moe_status cuda_synth_fill(struct moe_backend *be, void *dst, enum moe_dtype dt,
                                        size_t n, uint64_t key, float std)
 {
@@ -715,6 +806,8 @@ static const struct moe_backend_ops cuda_ops = {
     .experts = cuda_experts,
     .sigmoid_scale = cuda_sigmoid_scale,
     .gather_rows = cuda_gather_rows,
+    .gather_cols = cuda_gather_cols,
+    .head_matmul = cuda_head_matmul,
     .reserve = cuda_reserve,
     .synth_fill = cuda_synth_fill,
     .argmax = cuda_argmax,
@@ -753,6 +846,8 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int
     c->prefill_rows = pa && !strcmp(pa, "rows");
     if (pa && *pa && strcmp(pa, "rows") && strcmp(pa, "tiled"))
         fprintf(stderr, "moerun: MOERUN_CUDA_PREFILL_ATTN=%s is neither rows nor tiled: tiled\n", pa);
+    /* MLA attention: the largest head dim this device's shared memory allows */
+    c->mla_max_dh = moe_attention_mla_setup_cuda();
     if (!c->prefill_rows && moe_attention_prefill_setup_cuda() != MOE_OK) {
         fprintf(stderr, "moerun: tiled prefill attention unavailable (%s): per-row kernel\n",
                 moe_last_error());

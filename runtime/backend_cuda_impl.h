@@ -40,7 +40,7 @@ struct cuda_ctx {
     size_t part_bytes[P_COUNT];
     /* workspaces sized by reserve */
     int max_rows, max_din, max_k, max_e, moe_layers;
-    size_t att_head_floats;  /* Hq * (Dh + 2) the split space was sized for */
+    size_t att_ws_floats;    /* floats of att_ws (split partials of the per-row or MLA kernel) */
     void *xh;                /* (max_rows, max_din) half GEMM inputs */
     float *att_ws;           /* split attention partials */
     void *sort_temp;         /* CUB radix sort space */
@@ -65,6 +65,7 @@ struct cuda_ctx {
     bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
     bool strict;             /* MOERUN_CUDA_STRICT=1: no fallback on an invalid value */
     bool prefill_rows;       /* MOERUN_CUDA_PREFILL_ATTN=rows: per-row kernel for prefill too */
+    int mla_max_dh;          /* largest head dim the MLA attention kernel may run (shared memory) */
     /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
      * once per (workspace, rows, logit rows) and replayed */
     bool graphs_on;

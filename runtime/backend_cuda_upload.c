@@ -292,13 +292,15 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
     for (int l = 0; l < cfg->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
-        /* the weights only matmul reads (FP8 ones kept as planes), then the rest */
-        struct moe_tensor *mm[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down,
-                                   &w->sh_gate, &w->sh_up, &w->sh_down};
-        const enum part mp[] = {P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_DENSE, P_DENSE, P_DENSE,
-                                P_SHARED, P_SHARED, P_SHARED};
+        /* the weights only matmul reads (FP8 ones kept as planes), then the
+         * rest; MLA's (absent elsewhere) among both */
+        struct moe_tensor *mm[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->wq_a, &w->wkv_a, &w->w_gate,
+                                   &w->w_up, &w->w_down, &w->sh_gate, &w->sh_up, &w->sh_down};
+        const enum part mp[] = {P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_DENSE, P_DENSE,
+                                P_DENSE, P_SHARED, P_SHARED, P_SHARED};
         for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) MOE_TRY(upload_matmul_view(be, m, mm[i], mp[i]));
-        struct moe_tensor *attn[] = {&w->bq, &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm};
+        struct moe_tensor *attn[] = {&w->bq, &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm,
+                                     &w->q_a_norm, &w->kv_a_norm, &w->w_uk, &w->w_uv};
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) MOE_TRY(upload_view(be, m, attn[i], P_ATTN));
         MOE_TRY(upload_view(be, m, &w->attn_norm, P_NORM));
         MOE_TRY(upload_view(be, m, &w->ffn_norm, P_NORM));

@@ -71,12 +71,20 @@ enum moe_status moe_ops_clamp_cuda(cudaStream_t st, float *x, size_t n, float li
 enum moe_status moe_ops_sigmoid_scale_cuda(cudaStream_t st, float *y, const float *g, int T, int D);
 enum moe_status moe_ops_gather_rows_cuda(cudaStream_t st, float *dst, const float *src,
                                          const int32_t *rows, int n, int D);
+/* dst[r*ld_dst + j] = src[r*ld_src + (idx ? idx[j] : j)], r < rows, j < n
+ * (the backend's gather_cols; idx device memory or NULL). */
+enum moe_status moe_ops_gather_cols_cuda(cudaStream_t st, float *dst, int ld_dst, const float *src,
+                                         int ld_src, int rows, const int32_t *idx, int n);
 /* y (T, N) += b (N) broadcast over rows; b in dtype dt. */
 enum moe_status moe_ops_bias_cuda(cudaStream_t st, float *y, const void *b, enum moe_dtype dt,
                                   int T, int N);
 /* dst = src converted to dt (F16 or BF16), n elements, round to nearest even. */
 enum moe_status moe_ops_to_half_cuda(cudaStream_t st, void *dst, const float *src,
                                      enum moe_dtype dt, size_t n);
+/* dst (rows, n) packed in dt (F16 or BF16) = the first n values of each
+ * row of src (rows, stride ld), round to nearest even. */
+enum moe_status moe_ops_to_half_rows_cuda(cudaStream_t st, void *dst, const float *src, int ld,
+                                          enum moe_dtype dt, size_t rows, int n);
 /* The synth.c generator on the device: n values of dt, uniform with
  * standard deviation std keyed by key, or ones when std < 0. */
 enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t n,
@@ -114,6 +122,31 @@ enum moe_status moe_attention_paged_cuda(cudaStream_t st, float *out, const floa
                                          const struct moe_attn_params *p, float *ws, int ws_rows,
                                          int max_splits);
 
+/* out (T, Hq*Dh) = the merge, in split order, of the n_splits partials
+ * (acc (Dh), max, sum) of each (row, head) in ws (T, Hq, n_splits, Dh + 2),
+ * head h's sink folded in (sinks (Hq) or NULL).  Partials with sum 0 are
+ * empty. */
+enum moe_status moe_attention_split_reduce_cuda(cudaStream_t st, float *out, const float *ws,
+                                                const float *sinks, int T, int Hq, int Dh,
+                                                int n_splits);
+
+/* ---- attention/attention_mla_cuda.cu ---- */
+/* Raises the MLA attention kernels' dynamic shared memory limits (149 KiB
+ * at Dh = 576); once per device, at backend init.  Returns the largest head
+ * dim the device allows (576 on sm_80 and sm_90; 0: none). */
+int moe_attention_mla_setup_cuda(void);
+/* Floats of split workspace the MLA kernel can use to full effect at head
+ * dim Dh (what reserve allocates for an MLA model: 37.9 MB at 576). */
+size_t moe_attention_mla_split_floats(int Dh);
+/* The attention of moe_attention_paged_cuda over a cache whose V is its K
+ * (kv->v == kv->k: MLA's one row per token), Dh <= max_dh (from setup),
+ * any group size.  ws: split workspace of ws_floats floats for
+ * decode-sized steps (NULL: no key splits, as for prefill-sized steps). */
+enum moe_status moe_attention_mla_cuda(cudaStream_t st, float *out, const float *q,
+                                       const struct moe_kvcache *kv, const struct moe_batch *db,
+                                       const struct moe_attn_params *p, int max_dh, float *ws,
+                                       size_t ws_floats, int max_splits);
+
 /* ---- attention/attention_prefill_cuda.cu ---- */
 /* Raises the tiled prefill kernels' dynamic shared memory limit (up to
  * ~101 KiB at Dh = 256); once per device, at backend init. */
@@ -127,8 +160,10 @@ enum moe_status moe_attention_prefill_cuda(cudaStream_t st, float *out, const fl
                                            const struct moe_attn_params *p);
 
 /* ---- router/router_cuda.cu ---- */
-enum moe_status moe_router_topk_cuda(cudaStream_t st, int32_t *ids, float *w, const float *logits,
-                                     int T, int E, int K, bool renorm);
+/* The softmax router with r's groups (DeepSeek-V2's group_limited_greedy),
+ * renormalisation and scale (router.h). */
+enum moe_status moe_router_topk_softmax_cuda(cudaStream_t st, int32_t *ids, float *w,
+                                             const float *logits, int T, const struct moe_route *r);
 enum moe_status moe_router_topk_sigmoid_cuda(cudaStream_t st, int32_t *ids, float *w,
                                              const float *logits, int T, const struct moe_route *r);
 /* CUB temp bytes for dispatching up to n pairs over E experts. */

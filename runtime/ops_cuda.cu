@@ -1,6 +1,7 @@
 /* ops_cuda.cu - elementwise and data-movement kernels of the CUDA backend:
- * embedding, residual add, clamp, sigmoid scale, row gather, bias, the
- * fp32 -> half conversion in front of cuBLAS, the synthetic weight
+ * embedding, residual add, clamp, sigmoid scale, row gather, column gather
+ * (MLA), bias, the fp32 -> half conversions in front of cuBLAS (contiguous,
+ * and strided rows for the per-head MLA products), the synthetic weight
  * generator and a row argmax.  Twins of the loops in runtime/backend_cpu.c
  * and runtime/synth.c.  All kernels use grid-stride loops, so any size is
  * covered by a capped grid. */
@@ -140,6 +141,36 @@ extern "C" enum moe_status moe_ops_gather_rows_cuda(cudaStream_t st, float *dst,
     return MOE_OK;
 }
 
+/* dst[r*ld_dst + j] = src[r*ld_src + (idx ? idx[j] : j)]: MLA's column
+ * gathers (runtime/forward_mla.c) that assemble cache rows and absorbed
+ * queries.  One thread per destination element; consecutive threads write
+ * consecutive columns of a row. */
+static __global__ void gather_cols_kernel(float *dst, int ld_dst, const float *src, int ld_src,
+                                          int rows, const int32_t *idx, int n)
+{
+    const size_t m = (size_t)rows * n;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / n;
+        const int j = (int)(i % n);
+        dst[r * ld_dst + j] = src[r * ld_src + (idx ? idx[j] : j)];
+    }
+}
+
+extern "C" enum moe_status moe_ops_gather_cols_cuda(cudaStream_t st, float *dst, int ld_dst,
+                                                    const float *src, int ld_src, int rows,
+                                                    const int32_t *idx, int n)
+{
+    if (rows <= 0 || n <= 0) return MOE_OK;
+    if (ld_dst < n || ld_src <= 0 || (!idx && ld_src < n))
+        return moe_fail(MOE_ERR_INVALID_ARG, "gather_cols: %d columns, strides %d and %d", n,
+                        ld_dst, ld_src);
+    gather_cols_kernel<<<moe_cuda_blocks((size_t)rows * n, THREADS), THREADS, 0, st>>>(
+        dst, ld_dst, src, ld_src, rows, idx, n);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
 static __global__ void bias_kernel(float *y, const void *b, enum moe_dtype dt, int T, int N)
 {
     const size_t n = (size_t)T * N;
@@ -171,6 +202,31 @@ extern "C" enum moe_status moe_ops_to_half_cuda(cudaStream_t st, void *dst, cons
         return moe_fail(MOE_ERR_INVALID_ARG, "to_half: dtype %s", moe_dtype_name(dt));
     if (n == 0) return MOE_OK;
     to_half_kernel<<<moe_cuda_blocks(n, THREADS), THREADS, 0, st>>>(dst, src, dt, n);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
+/* dst (rows, n) packed = the first n values of each row of src (rows,
+ * stride ld) in dt: the per-head inputs of the MLA products, which sit
+ * inside wider rows. */
+static __global__ void to_half_rows_kernel(void *dst, const float *src, int ld, enum moe_dtype dt,
+                                           size_t rows, int n)
+{
+    const size_t m = rows * n;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m;
+         i += (size_t)gridDim.x * blockDim.x)
+        moe_st(dst, dt, i, src[i / n * ld + i % n]);
+}
+
+extern "C" enum moe_status moe_ops_to_half_rows_cuda(cudaStream_t st, void *dst, const float *src,
+                                                     int ld, enum moe_dtype dt, size_t rows, int n)
+{
+    if (dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16)
+        return moe_fail(MOE_ERR_INVALID_ARG, "to_half_rows: dtype %s", moe_dtype_name(dt));
+    if (rows == 0 || n <= 0) return MOE_OK;
+    if (ld < n) return moe_fail(MOE_ERR_INVALID_ARG, "to_half_rows: %d values in rows of %d", n, ld);
+    to_half_rows_kernel<<<moe_cuda_blocks(rows * n, THREADS), THREADS, 0, st>>>(dst, src, ld, dt,
+                                                                                rows, n);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }

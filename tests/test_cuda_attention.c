@@ -1,7 +1,8 @@
 /* test_cuda_attention.c - the CUDA K/V store and paged attention kernels
- * (per-row decode, tiled prefill, and the per-row kernel for prefill steps
- * with MOERUN_CUDA_PREFILL_ATTN=rows) against the CPU reference, on
- * scrambled block tables, every KV dtype, windows and mixed batches.
+ * (per-row decode, tiled prefill, the per-row kernel for prefill steps with
+ * MOERUN_CUDA_PREFILL_ATTN=rows, and the MLA kernel over one shared K/V row
+ * for decode and prefill) against the CPU reference, on scrambled block
+ * tables, every KV dtype, windows and mixed batches.
  * Same conventions as test_cuda_ops.c (tests/cuda_test.h). */
 #include "tests/cuda_test.h"
 
@@ -18,9 +19,12 @@ static bool rows_backend;
 /* n_seqs sequences of ctx[s] tokens in a cache of blocks handed out in a
  * scrambled order; queries: the last rows[s] positions of each (the earlier
  * positions are context already cached, as for a later chunk of a chunked
- * prefill; one row is a decode step). */
+ * prefill; one row is a decode step).  mla: the cache of an MLA model, one
+ * row per token read as K and V (kv->v == kv->k); kv_store is given a V of
+ * other values, which it must not write. */
 static void check_attention_full(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
-                                 const int *ctx, const int *rows, int n_seqs, bool hint, bool sinks)
+                                 const int *ctx, const int *rows, int n_seqs, bool hint, bool sinks,
+                                 bool mla)
 {
     const int B = 16, L = 2, layer = 1;
     struct moe_config cfg;
@@ -28,6 +32,11 @@ static void check_attention_full(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, i
     cfg.n_layers = L;
     cfg.n_kv_heads = Hkv;
     cfg.head_dim = Dh;
+    if (mla) { /* rope + latent: 64 + 512 in DeepSeek-V2/V3 */
+        cr_assert(Hkv == 1 && Dh >= 2);
+        cfg.rope_dim = Dh > 64 ? 64 : Dh / 2;
+        cfg.kv_lora_rank = Dh - cfg.rope_dim;
+    }
     int max_ctx = 0, max_blocks = 0, total = 0, T = 0;
     for (int s = 0; s < n_seqs; s++) {
         max_ctx = ctx[s] > max_ctx ? ctx[s] : max_ctx;
@@ -39,6 +48,8 @@ static void check_attention_full(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, i
     struct moe_kvcache hkv, dkv;
     cr_assert_eq(moe_kvcache_init(&hkv, &cpu, &cfg, n_blocks, B, kvdt, false), MOE_OK);
     cr_assert_eq(moe_kvcache_init(&dkv, &gpu, &cfg, n_blocks, B, kvdt, false), MOE_OK);
+    cr_assert_eq(hkv.v == hkv.k, mla);
+    cr_assert_eq(dkv.v == dkv.k, mla);
     int32_t *table = calloc((size_t)n_seqs * max_blocks, sizeof(int32_t));
     for (int i = 0; i < n_seqs * max_blocks; i++) table[i] = (int32_t)((i * 7 + 2) % n_blocks);
     /* a permutation needs gcd(7, n_blocks) == 1; fall back to identity */
@@ -102,8 +113,10 @@ static void check_attention_full(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, i
     char shp[96];
     snprintf(shp, sizeof shp, "Hq%d Hkv%d Dh%d ctx%d%s T%d S%d%s%s", Hq, Hkv, Dh, max_ctx,
              window ? " win" : "", T, n_seqs, hint ? "" : " nohint", sinks ? " sinks" : "");
-    const char *op = T <= TILED_ABOVE_ROWS ? "attention" : rows_backend ? "prefill_rows"
-                                                                       : "prefill_tiled";
+    const char *op = mla ? (T <= TILED_ABOVE_ROWS ? "mla_decode" : "mla_prefill")
+                     : T <= TILED_ABOVE_ROWS ? "attention"
+                     : rows_backend          ? "prefill_rows"
+                                             : "prefill_tiled";
     double e = report(op, moe_dtype_name(kvdt), shp, got, ref, nq);
     cr_expect(e <= 1e-4, "%s %s %s: %.3g", op, moe_dtype_name(kvdt), shp, e);
     void *dbufs[] = {dk, dv, dslots, (void *)db.positions, (void *)db.seq_of, (void *)db.seq_start,
@@ -118,7 +131,7 @@ static void check_attention_full(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, i
 static void check_attention_rows(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int window,
                                  const int *ctx, const int *rows, int n_seqs, bool hint)
 {
-    check_attention_full(kvdt, Hq, Hkv, Dh, window, ctx, rows, n_seqs, hint, false);
+    check_attention_full(kvdt, Hq, Hkv, Dh, window, ctx, rows, n_seqs, hint, false, false);
 }
 
 /* The same number of query rows for every sequence. */
@@ -221,9 +234,73 @@ Test(cuda_ops, attention_sinks_match_cpu)
     const int ctx[] = {1, 17, 600, 1000, 257};
     const int one[] = {1, 1, 1, 1, 1}, many[] = {1, 17, 300, 64, 257};
     for (int hint = 0; hint < 2; hint++) {
-        check_attention_full(MOE_DTYPE_BF16, 64, 8, 64, 0, ctx, one, 5, hint, true);
-        check_attention_full(MOE_DTYPE_F32, 8, 2, 64, 128, ctx, one, 5, hint, true);
+        check_attention_full(MOE_DTYPE_BF16, 64, 8, 64, 0, ctx, one, 5, hint, true, false);
+        check_attention_full(MOE_DTYPE_F32, 8, 2, 64, 128, ctx, one, 5, hint, true, false);
     }
-    check_attention_full(MOE_DTYPE_BF16, 64, 8, 64, 0, ctx, many, 5, true, true);
-    check_attention_full(MOE_DTYPE_F32, 8, 2, 64, 128, ctx, many, 5, true, true);
+    check_attention_full(MOE_DTYPE_BF16, 64, 8, 64, 0, ctx, many, 5, true, true, false);
+    check_attention_full(MOE_DTYPE_F32, 8, 2, 64, 128, ctx, many, 5, true, true, false);
+}
+
+/* ---- MLA: one row per token, read as K and V (attention_mla_cuda.cu) ---- */
+
+/* The backend reserved for an MLA model (DeepSeek-V3's attention: 128
+ * heads over rows of 64 + 512), so the split workspace is the MLA
+ * kernel's (what a DeepSeek model gets). */
+static void reserve_mla(void)
+{
+    struct moe_config c;
+    reserve_cfg(&c);
+    c.n_heads = 128, c.head_dim = 576, c.kv_lora_rank = 512, c.rope_dim = 64;
+    c.qk_nope_dim = 128, c.v_head_dim = 128, c.q_lora_rank = 1536;
+    cr_assert_eq(gpu.ops->reserve(&gpu, &c, 512), MOE_OK, "%s", moe_last_error());
+}
+
+static void check_mla(enum moe_dtype kvdt, int Hq, int Dh, const int *ctx, const int *rows,
+                      int n_seqs, bool hint)
+{
+    check_attention_full(kvdt, Hq, 1, Dh, 0, ctx, rows, n_seqs, hint, false, true);
+}
+
+/* Decode-sized steps at DeepSeek-V2-Lite's 16 heads and V3's 128 (4 passes
+ * of 32) over rows of 576, every KV dtype: key splits from the max_ctx
+ * hint, from the block table's capacity (as while a graph is recorded),
+ * none (contexts of at most 128 keys), and a small step of several rows
+ * per sequence (tiles of 2 tokens x 16 heads); then the fixtures' shapes. */
+Test(cuda_ops, attention_mla_decode_matches_cpu)
+{
+    reserve_mla();
+    const int ctx[] = {1, 17, 600, 1000, 257}, one[] = {1, 1, 1, 1, 1};
+    const int shortc[] = {1, 17, 100, 128}, few[] = {1, 3, 1, 2};
+    const int chunk[] = {300, 40}, chunk_rows[] = {33, 31};
+    for (size_t i = 0; i < 3; i++) {
+        const enum moe_dtype dt = kv_dtypes[i];
+        for (int G = 16; G <= 128; G *= 8) {
+            check_mla(dt, G, 576, ctx, one, 5, true);
+            check_mla(dt, G, 576, ctx, one, 5, false);
+            check_mla(dt, G, 576, shortc, few, 4, true);
+        }
+        check_mla(dt, 16, 576, chunk, chunk_rows, 2, true);
+    }
+    check_mla(MOE_DTYPE_F32, 4, 40, ctx, one, 5, true);  /* deepseek_v2/v3 fixtures */
+    check_mla(MOE_DTYPE_F32, 4, 160, ctx, one, 5, true); /* deepseek_v3_fp8 */
+    check_mla(MOE_DTYPE_BF16, 40, 512, ctx, one, 5, true); /* 2 passes of 20 heads */
+}
+
+/* Prefill-sized steps (no key splits): a whole prompt from position 0, a
+ * later chunk after 500 cached tokens, and the mixed batch (chunks after
+ * cached context, decode rows between them) at 16 heads. */
+Test(cuda_ops, attention_mla_prefill_matches_cpu)
+{
+    reserve_mla();
+    const int ctx_a[] = {200}, rows_a[] = {200};
+    const int ctx_b[] = {700}, rows_b[] = {150};
+    for (size_t i = 0; i < 3; i++) {
+        const enum moe_dtype dt = kv_dtypes[i];
+        check_mla(dt, 16, 576, ctx_a, rows_a, 1, true);
+        check_mla(dt, 16, 576, ctx_b, rows_b, 1, true);
+        check_mla(dt, 16, 576, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+    }
+    check_mla(MOE_DTYPE_BF16, 128, 576, ctx_a, rows_a, 1, true);
+    check_mla(MOE_DTYPE_BF16, 128, 576, ctx_b, rows_b, 1, true);
+    check_mla(MOE_DTYPE_F32, 4, 40, mixed_ctx, mixed_rows, MIXED_SEQS, true);
 }

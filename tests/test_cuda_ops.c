@@ -197,6 +197,113 @@ Test(cuda_ops, argmax_matches_moe_argmax)
     free(x);
 }
 
+/* ---- MLA's column gathers and per-head products ---- */
+
+/* The gathers of runtime/forward_mla.c: rope columns through an index
+ * table (interleaved pairs read evens then odds) and 2-D copies between
+ * rows of different strides; the columns past n stay poisoned. */
+Test(cuda_ops, gather_cols_matches_cpu)
+{
+    /* rows, ld_src, ld_dst, n, first indexed column (-1: a plain copy) */
+    const int shapes[][5] = {{37, 576, 576, 64, 512}, {37 * 16, 192, 576, 64, 128},
+                             {300, 512, 576, 512, -1}, {5, 40, 40, 8, 32}, {1, 7, 9, 3, -1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int rows = shapes[s][0], lds = shapes[s][1], ldd = shapes[s][2], n = shapes[s][3];
+        const int first = shapes[s][4];
+        int32_t *idx = first >= 0 ? malloc((size_t)n * sizeof(int32_t)) : NULL;
+        for (int j = 0; idx && j < n; j++) idx[j] = first + (j < n / 2 ? 2 * j : 2 * (j - n / 2) + 1);
+        const size_t ns = (size_t)rows * lds, nd = (size_t)rows * ldd;
+        float *src = rand_floats(ns, 111 + s, -3, 3), *ref = malloc(nd * sizeof(float));
+        float *got = malloc(nd * sizeof(float));
+        memset(ref, 0xff, nd * sizeof(float));
+        cr_assert_eq(cpu.ops->gather_cols(&cpu, ref, ldd, src, lds, rows, idx, n), MOE_OK);
+        float *dsrc = dev_copy(src, ns * sizeof(float)), *ddst = dev_poisoned(nd * sizeof(float));
+        int32_t *didx = idx ? dev_copy(idx, (size_t)n * sizeof(int32_t)) : NULL;
+        cr_assert_eq(gpu.ops->gather_cols(&gpu, ddst, ldd, dsrc, lds, rows, didx, n), MOE_OK, "%s",
+                     moe_last_error());
+        to_host(got, ddst, nd * sizeof(float));
+        char shp[64];
+        snprintf(shp, sizeof shp, "%d rows %d of %d->%d%s", rows, n, lds, ldd, idx ? " idx" : "");
+        cr_expect(memcmp(got, ref, nd * sizeof(float)) == 0, "gather_cols %s differs", shp);
+        fprintf(stderr, "parity: %-12s %-5s %-22s %s\n", "gather_cols", "F32", shp,
+                memcmp(got, ref, nd * sizeof(float)) ? "DIFFERS" : "identical");
+        gpu.ops->dealloc(&gpu, dsrc);
+        gpu.ops->dealloc(&gpu, ddst);
+        gpu.ops->dealloc(&gpu, didx);
+        free(idx), free(src), free(ref), free(got);
+    }
+}
+
+/* y[(t*H + h)*ldy + i] = sum_k W[h][i][k] x[(t*H + h)*ldx + k] (backend.h),
+ * the shapes of runtime/forward_mla.c: W_uk^T q_nope into the absorbed
+ * query after its rope values (ldx nope + rope, ldy rope + Rc) and W_uv
+ * o'[rope:] out of the attention rows (ldx rope + Rc, ldy v), at
+ * DeepSeek-V2-Lite's 16 and V3's 128 heads.  The values between N and ldy
+ * of each row (the absorbed query's rope part) must stay untouched. */
+static void check_head_matmul(enum moe_dtype dt, int T, int H, int N, int K, int ldx, int ldy, int y_off)
+{
+    struct wpair w = make_weight(dt, (int64_t)H * N, K, 121 + T, 0.08f);
+    w.h.ndim = w.d.ndim = 3;
+    w.h.shape[0] = w.d.shape[0] = H;
+    w.h.shape[1] = w.d.shape[1] = N;
+    w.h.shape[2] = w.d.shape[2] = K;
+    const size_t nx = (size_t)T * H * ldx, ny = (size_t)T * H * ldy;
+    float *x = rand_floats(nx, 122 + T, -1, 1), *ref = malloc(ny * sizeof(float));
+    float *got = malloc(ny * sizeof(float));
+    memset(ref, 0xff, ny * sizeof(float));
+    /* the CPU op's loop (cpu_head_matmul) with scratch of our own: the
+     * CPU backend sizes its scratch in prepare_model */
+    const size_t mat = (size_t)N * moe_dtype_row_bytes(dt, (size_t)K);
+    float *sc = malloc((size_t)K * omp_get_max_threads() * sizeof(float));
+    for (int h = 0; h < H; h++)
+        moe_gemm_cpu(ref + y_off + (size_t)h * ldy, H * ldy, x + (size_t)h * ldx, H * ldx,
+                     (const char *)w.h.data + h * mat, dt, N, K, T, NULL, sc);
+    float *dx = dev_copy(x, nx * sizeof(float)), *dy = dev_poisoned(ny * sizeof(float));
+    cr_assert_eq(gpu.ops->head_matmul(&gpu, dy + y_off, ldy, dx, ldx, &w.d, T), MOE_OK, "%s",
+                 moe_last_error());
+    to_host(got, dy, ny * sizeof(float));
+    /* untouched values: poison (NaN) in both; compare those bytes exactly */
+    int clobbered = 0;
+    for (size_t i = 0; i < ny; i++) {
+        const size_t c = (i + ldy - (size_t)y_off % ldy) % ldy; /* column from y + y_off */
+        if (i < (size_t)y_off || c >= (size_t)N) {
+            clobbered += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+            got[i] = ref[i] = 0.0f;
+        }
+    }
+    char shp[64];
+    snprintf(shp, sizeof shp, "T%d H%d N%d K%d ld%d/%d", T, H, N, K, ldx, ldy);
+    cr_expect_eq(clobbered, 0, "head_matmul %s %s: %d values outside the products written",
+                 moe_dtype_name(dt), shp, clobbered);
+    double e = report("head_matmul", moe_dtype_name(dt), shp, got, ref, ny);
+    cr_expect(e <= gemm_tol(dt), "head_matmul %s %s: %.3g", moe_dtype_name(dt), shp, e);
+    gpu.ops->dealloc(&gpu, dx);
+    gpu.ops->dealloc(&gpu, dy);
+    free(x), free(ref), free(got), free(sc);
+    free_weight(&w);
+}
+
+Test(cuda_ops, head_matmul_matches_cpu)
+{
+    /* the workspace for half inputs: T x H x K values (reserve counts MLA's) */
+    struct moe_config c;
+    reserve_cfg(&c);
+    c.n_heads = 128, c.head_dim = 576, c.kv_lora_rank = 512, c.qk_nope_dim = 128, c.v_head_dim = 128;
+    c.rope_dim = 64, c.q_lora_rank = 1536;
+    cr_assert_eq(gpu.ops->reserve(&gpu, &c, 80), MOE_OK, "%s", moe_last_error());
+    for (size_t di = 0; di < 3; di++) {
+        const enum moe_dtype dt = wdts[di];
+        const int Ts[] = {1, 7, 70};
+        for (int i = 0; i < 3; i++) {
+            check_head_matmul(dt, Ts[i], 16, 512, 128, 192, 576, 64); /* W_uk^T q_nope */
+            check_head_matmul(dt, Ts[i], 16, 128, 512, 576, 128, 0);  /* W_uv o' (x at + 64) */
+        }
+        check_head_matmul(dt, 3, 128, 512, 128, 192, 576, 64);
+        check_head_matmul(dt, 3, 128, 128, 512, 576, 128, 0);
+        check_head_matmul(dt, 5, 4, 32, 16, 24, 40, 8); /* the deepseek fixtures' shape */
+    }
+}
+
 /* ---- routing ---- */
 
 /* The sigmoid router (GLM-4.5 / DeepSeek-V3): bias, groups, scale, with
@@ -205,7 +312,7 @@ Test(cuda_ops, sigmoid_route_matches_cpu)
 {
     /* T, E, K, n_group, topk_group */
     const int shapes[][5] = {{1, 8, 2, 1, 1}, {9, 64, 6, 8, 3}, {300, 128, 8, 1, 1},
-                             {33, 256, 8, 8, 4}, {5, 160, 6, 64, 32}, {17, 16, 4, 4, 2}};
+                             {33, 256, 8, 8, 4}, {5, 192, 6, 64, 32}, {17, 16, 4, 4, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int T = shapes[s][0], E = shapes[s][1], K = shapes[s][2];
         const size_t TE = (size_t)T * E, TK = (size_t)T * K;
@@ -254,6 +361,63 @@ Test(cuda_ops, sigmoid_route_matches_cpu)
         gpu.ops->dealloc(&gpu, dbias);
         free(lg);
         free(bias);
+    }
+}
+
+/* DeepSeek-V2's group_limited_greedy softmax router: only the topk_group
+ * groups whose best logit ranks highest are eligible; never renormalised
+ * in V2 (renorm tested too), times routed_scaling_factor (0 and 1: none).
+ * Ties, NaN, infinities, and a group of NaNs only (ranked last). */
+Test(cuda_ops, group_limited_softmax_route_matches_cpu)
+{
+    /* T, E, K, n_group, topk_group, scale x 10 */
+    const int shapes[][6] = {{1, 160, 6, 8, 3, 160}, {9, 64, 6, 8, 3, 15}, {70, 160, 6, 8, 3, 10},
+                             {17, 64, 6, 64, 10, 25}, {5, 16, 4, 4, 2, 0}, {33, 256, 8, 8, 4, 25}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int T = shapes[s][0], E = shapes[s][1], K = shapes[s][2], G = shapes[s][3];
+        const size_t TE = (size_t)T * E, TK = (size_t)T * K;
+        float *lg = rand_floats(TE, 91 + s, -4, 4);
+        for (int t = 0; t < T; t++) {
+            float *r = lg + (size_t)t * E;
+            if (t % 3 == 0) r[E - 1] = r[0] = r[E / 2] = 3.0f; /* ties across groups */
+            if (t % 4 == 1) r[1] = NAN;
+            if (t % 5 == 2) r[E - 2] = INFINITY;
+            if (t % 7 == 3)
+                for (int e = E / G; e < 2 * (E / G); e++) r[e] = NAN; /* group 1 all NaN */
+        }
+        float *dl = dev_copy(lg, TE * sizeof(float));
+        for (int renorm = 0; renorm < 2; renorm++) {
+            const struct moe_route rt = {E, K, renorm, false, NULL, G, shapes[s][4], shapes[s][5] / 10.0f};
+            int32_t *ids = malloc(TK * sizeof(int32_t)), *gids = malloc(TK * sizeof(int32_t));
+            float *w = malloc(TK * sizeof(float)), *gw = malloc(TK * sizeof(float));
+            cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
+            int32_t *dids = dev_poisoned(TK * sizeof(int32_t));
+            float *dw = dev_poisoned(TK * sizeof(float));
+            cr_assert_eq(gpu.ops->route(&gpu, dids, dw, dl, T, &rt), MOE_OK, "%s", moe_last_error());
+            to_host(gids, dids, TK * sizeof(int32_t));
+            to_host(gw, dw, TK * sizeof(float));
+            char shp[64];
+            snprintf(shp, sizeof shp, "T%d E%d K%d G%d/%d%s x%.1f", T, E, K, G, shapes[s][4],
+                     renorm ? " renorm" : "", rt.scale);
+            int differ = 0;
+            for (size_t i = 0; i < TK; i++) {
+                differ += gids[i] != ids[i];
+                cr_expect_eq(gids[i], ids[i], "%s: id %zu gpu %d cpu %d", shp, i, gids[i], ids[i]);
+                if (isnan(w[i])) { /* rows with +inf logits: NaN on both sides */
+                    cr_expect(isnan(gw[i]), "%s: weight %zu", shp, i);
+                    w[i] = gw[i] = 0.0f;
+                }
+            }
+            fprintf(stderr, "parity: %-12s %-5s %-22s %s\n", "route_group", "I32", shp,
+                    differ ? "DIFFERS" : "identical");
+            double e = report("route_group", "F32", shp, gw, w, TK);
+            cr_expect(e <= 1e-6, "route_group %s: %.3g", shp, e);
+            gpu.ops->dealloc(&gpu, dids);
+            gpu.ops->dealloc(&gpu, dw);
+            free(ids), free(gids), free(w), free(gw);
+        }
+        gpu.ops->dealloc(&gpu, dl);
+        free(lg);
     }
 }
 

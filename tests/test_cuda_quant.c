@@ -221,3 +221,45 @@ Test(cuda_quant, fp8_checkpoint_upload)
     moe_model_free(&d);
     moe_model_free(&h);
 }
+
+/* An fp8 DeepSeek-V3 checkpoint prepared on the GPU: MLA's FP8 projections
+ * (q_a_proj, q_b_proj, kv_a_proj_with_mqa, o_proj) kept as planes byte for
+ * byte; kv_b_proj's per-head halves (dequantized to F32 at load) and the
+ * norms uploaded as they are. */
+Test(cuda_quant, fp8_mla_weights_upload)
+{
+    struct moe_model h, d;
+    cr_assert_eq(moe_model_load(&h, FIXTURE_DIR "/deepseek_v3_fp8"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_model_load(&d, FIXTURE_DIR "/deepseek_v3_fp8"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(gpu.ops->prepare_model(&gpu, &d), MOE_OK, "%s", moe_last_error());
+    for (int l = 0; l < h.cfg.n_layers; l++) {
+        const struct moe_layer_weights *a = &h.layers[l], *b = &d.layers[l];
+        const struct moe_tensor *fp8[][2] = {{&a->wq_a, &b->wq_a}, {&a->wq, &b->wq},
+                                             {&a->wkv_a, &b->wkv_a}, {&a->wo, &b->wo}};
+        const char *names[] = {"q_a_proj", "q_b_proj", "kv_a_proj", "o_proj"};
+        for (int i = 0; i < 4; i++) {
+            const int R = (int)fp8[i][0]->shape[0], K = (int)fp8[i][0]->shape[1];
+            cr_assert_eq(fp8[i][0]->dtype, MOE_DTYPE_FP8_B128, "%s", names[i]);
+            cr_expect(fp8[i][1]->dtype == MOE_DTYPE_FP8_B128 && fp8[i][1]->device >= 0, "%s", names[i]);
+            expect_planes(names[i], fp8[i][0]->data, fp8[i][1]->data,
+                          (const char *)fp8[i][1]->data + moe_planes_values_bytes(MOE_DTYPE_FP8_B128, (size_t)R, (size_t)K),
+                          R, K);
+        }
+        const struct moe_tensor *same[][2] = {{&a->w_uk, &b->w_uk}, {&a->w_uv, &b->w_uv},
+                                              {&a->q_a_norm, &b->q_a_norm},
+                                              {&a->kv_a_norm, &b->kv_a_norm}};
+        for (int i = 0; i < 4; i++) {
+            const size_t bytes = (size_t)moe_tensor_numel(same[i][0]) * moe_dtype_size(same[i][0]->dtype);
+            cr_expect(same[i][1]->dtype == same[i][0]->dtype && same[i][1]->device >= 0);
+            void *back = malloc(bytes);
+            to_host(back, same[i][1]->data, bytes);
+            const bool ok = memcmp(back, same[i][0]->data, bytes) == 0;
+            cr_expect(ok, "layer %d: MLA tensor %d differs after upload", l, i);
+            fprintf(stderr, "parity: mla_upload  layer%d tensor%d (%s, %zu bytes) %s\n", l, i,
+                    moe_dtype_name(same[i][0]->dtype), bytes, ok ? "identical" : "DIFFERS");
+            free(back);
+        }
+    }
+    moe_model_free(&d);
+    moe_model_free(&h);
+}

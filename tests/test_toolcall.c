@@ -344,8 +344,8 @@ static void round_trip(const char *name, enum moe_tool_format fmt, const char *m
     /* the calls the message held */
     json_t *calls = json_object_get(json_array_get(msgs, json_array_size(msgs) - 1), "tool_calls");
     const int n = (int)json_array_size(calls);
-    struct want want[4];
-    char *args[4];
+    struct want want[4] = {{NULL, NULL, NULL}};
+    char *args[4] = {NULL};
     cr_assert(n > 0 && n <= 4);
     for (int i = 0; i < n; i++) {
         json_t *c = json_array_get(calls, i), *f = json_object_get(c, "function");

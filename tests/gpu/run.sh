@@ -119,7 +119,7 @@ tail -3 "$out/parity.txt" | tee -a "$log"
 say "3. fixture models end to end"
 if ! timeout 200 "$build/test_cuda_forward" --jobs=1 >"$out/e2e.txt" 2>&1; then fail "test_cuda_forward"; fi
 grep -E "^e2e:|^\[FAIL\]|Assertion" "$out/e2e.txt" | tee -a "$log"
-for fx in mixtral qwen3_moe olmoe; do
+for fx in mixtral qwen3_moe olmoe deepseek_v2; do
     a=$(timeout 60 "$build/moerun" run "tests/fixtures/$fx" --prompt-ids 1,2,3,4,5 -n 16 --backend cpu 2>/dev/null)
     b=$(timeout 60 "$build/moerun" run "tests/fixtures/$fx" --prompt-ids 1,2,3,4,5 -n 16 --backend cuda 2>>"$out/e2e.txt")
     echo "moerun run $fx: cpu [$a] cuda [$b] $([ "$a" = "$b" ] && echo same || echo DIFFERENT)" | tee -a "$out/e2e.txt" "$log"
