@@ -413,8 +413,11 @@ static enum moe_status cuda_attention(struct moe_backend *be, float *out, const 
     /* prefill-sized steps: the tiled kernel shares each K/V tile among 32
      * query rows (unless MOERUN_CUDA_PREFILL_ATTN=rows asked for the per-row
      * kernel, for comparison) */
-    if (b->n_tokens > ATT_SPLIT_ROWS && !c->prefill_rows)
+    if (b->n_tokens > ATT_SPLIT_ROWS && !c->prefill_rows) {
+        if (c->prefill_mma && moe_attention_mma_supported(kv, p))
+            return moe_attention_prefill_mma_cuda(c->stream, out, q, kv, b, p);
         return moe_attention_prefill_cuda(c->stream, out, q, kv, b, p);
+    }
     struct moe_attn_params pp = *p;
     if (c->capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
     return moe_attention_paged_cuda(c->stream, out, q, kv, b, &pp, c->att_ws, ws_rows,
@@ -841,11 +844,14 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int
     const char *strict = getenv("MOERUN_CUDA_STRICT");
     c->strict = strict && !strcmp(strict, "1");
     /* Prefill attention: the tiled kernel unless MOERUN_CUDA_PREFILL_ATTN=rows
-     * (the per-row decode kernel, kept to compare them on a device). */
+     * (the per-row decode kernel, kept to compare them on a device) or mma
+     * (tensor cores, for bf16/f16 caches of head dim 64 or 128; opt-in until
+     * it has run on a device). */
     const char *pa = getenv("MOERUN_CUDA_PREFILL_ATTN");
     c->prefill_rows = pa && !strcmp(pa, "rows");
-    if (pa && *pa && strcmp(pa, "rows") && strcmp(pa, "tiled"))
-        fprintf(stderr, "moerun: MOERUN_CUDA_PREFILL_ATTN=%s is neither rows nor tiled: tiled\n", pa);
+    c->prefill_mma = pa && !strcmp(pa, "mma");
+    if (pa && *pa && strcmp(pa, "rows") && strcmp(pa, "tiled") && strcmp(pa, "mma"))
+        fprintf(stderr, "moerun: MOERUN_CUDA_PREFILL_ATTN=%s is none of rows, tiled, mma: tiled\n", pa);
     /* MLA attention: the largest head dim this device's shared memory allows */
     c->mla_max_dh = moe_attention_mla_setup_cuda();
     if (!c->prefill_rows && moe_attention_prefill_setup_cuda() != MOE_OK) {

@@ -65,6 +65,7 @@ struct cuda_ctx {
     bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
     bool strict;             /* MOERUN_CUDA_STRICT=1: no fallback on an invalid value */
     bool prefill_rows;       /* MOERUN_CUDA_PREFILL_ATTN=rows: per-row kernel for prefill too */
+    bool prefill_mma;        /* MOERUN_CUDA_PREFILL_ATTN=mma: tensor cores where they apply */
     int mla_max_dh;          /* largest head dim the MLA attention kernel may run (shared memory) */
     /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
      * once per (workspace, rows, logit rows) and replayed */

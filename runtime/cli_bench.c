@@ -40,6 +40,7 @@ static void usage(FILE *f)
             "  --ctx N          context of each sequence before decode (default 128)\n"
             "  --steps N        decode steps per measurement (default 16)\n"
             "  --chunk N        prefill chunk size (default 512)\n"
+            "  --kv-dtype T     KV cache dtype: f32 (default), f16, bf16\n"
             "  --repeat N       runs per measurement, best reported (default 3)\n"
             "  --json           one JSON object on stdout instead of a table\n"
             "  --copy-bandwidth measure device copy bandwidth; report decode against the\n"
@@ -196,7 +197,7 @@ int moe_cli_bench(int argc, char **argv)
     const char *backend = "auto", *prefill_arg = "128,512", *decode_arg = "1,8,32";
     long ctx = 128, steps = 16, chunk = 512, repeat = 3, threads = 0, seed = 0;
     int json = 0, copy_bw = 0;
-    const char *gemm_arg = NULL, *expert_arg = NULL;
+    const char *gemm_arg = NULL, *expert_arg = NULL, *kv_arg = NULL;
     static const struct option opts[] = {
         {"prefill", required_argument, 0, 'p'}, {"decode", required_argument, 0, 'D'},
         {"ctx", required_argument, 0, 'x'},     {"steps", required_argument, 0, 'n'},
@@ -212,6 +213,7 @@ int moe_cli_bench(int argc, char **argv)
         {"max-batch-tokens", required_argument, 0, 0x208}, {"max-seqs", required_argument, 0, 0x209},
         {"no-prefix-cache", no_argument, 0, 0x20a}, {"moe-top-k", required_argument, 0, 0x20b},
         {"quantize", required_argument, 0, 0x20c}, {"expert-kernels", required_argument, 0, 0x20d},
+        {"kv-dtype", required_argument, 0, 0x20e},
         {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
         {0, 0, 0, 0}};
     struct moe_cli_stats so = {0};
@@ -268,6 +270,7 @@ int moe_cli_bench(int argc, char **argv)
             break;
         case 0x20a: eo.no_prefix_cache = true; break;
         case 0x20d: expert_arg = optarg; break;
+        case 0x20e: kv_arg = optarg; break;
         case 0x20b: dst = &mo.top_k; hi = 1 << 16; break;
         case 0x20c:
             if (!moe_cli_parse_quant(optarg, &quant))
@@ -334,6 +337,13 @@ int moe_cli_bench(int argc, char **argv)
     struct moe_runner_opts o = {
         .max_tokens = (int)(chunk > max_b ? chunk : max_b), .max_seqs = max_b, .max_logits = max_b,
         .block_size = block, .n_blocks = (int)(blocks_p > blocks_d ? blocks_p : blocks_d)};
+    if (kv_arg) {
+        if (!moe_cli_parse_dtype(kv_arg, &o.kv_dtype)) {
+            moe_cli_error("bench", "--kv-dtype '%s' (use f32, f16 or bf16)", kv_arg);
+            goto done;
+        }
+        o.kv_dtype_set = true;
+    }
     b.V = m.cfg.vocab;
     b.seqs = calloc((size_t)max_b, sizeof *b.seqs);
     b.tokens = malloc((size_t)(max_p > ctx ? max_p : ctx) * sizeof(int32_t) + (size_t)max_b * 4);

@@ -159,6 +159,16 @@ enum moe_status moe_attention_prefill_cuda(cudaStream_t st, float *out, const fl
                                            const struct moe_batch *db,
                                            const struct moe_attn_params *p);
 
+/* ---- attention/attention_mma_cuda.cu ---- */
+/* Whether the tensor-core prefill kernel takes this cache and layer: bf16
+ * or f16 cache, head dim 64 or 128. */
+bool moe_attention_mma_supported(const struct moe_kvcache *kv, const struct moe_attn_params *p);
+/* The same attention as moe_attention_prefill_cuda, on tensor cores
+ * (mma.sync, sm_80+): Q and P rounded to the cache's type, fp32 sums. */
+enum moe_status moe_attention_prefill_mma_cuda(cudaStream_t st, float *out, const float *q,
+                                               const struct moe_kvcache *kv, const struct moe_batch *db,
+                                               const struct moe_attn_params *p);
+
 /* ---- router/router_cuda.cu ---- */
 /* The softmax router with r's groups (DeepSeek-V2's group_limited_greedy),
  * renormalisation and scale (router.h). */

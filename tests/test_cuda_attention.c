@@ -14,7 +14,7 @@ TestSuite(cuda_ops, .init = setup, .fini = teardown);
  * (ATT_SPLIT_ROWS in runtime/backend_cuda_impl.h), unless the backend was
  * opened with MOERUN_CUDA_PREFILL_ATTN=rows (the cuda_prefill_rows suite). */
 #define TILED_ABOVE_ROWS 64
-static bool rows_backend;
+static bool rows_backend, mma_backend;
 
 /* n_seqs sequences of ctx[s] tokens in a cache of blocks handed out in a
  * scrambled order; queries: the last rows[s] positions of each (the earlier
@@ -113,12 +113,18 @@ static void check_attention_full(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, i
     char shp[96];
     snprintf(shp, sizeof shp, "Hq%d Hkv%d Dh%d ctx%d%s T%d S%d%s%s", Hq, Hkv, Dh, max_ctx,
              window ? " win" : "", T, n_seqs, hint ? "" : " nohint", sinks ? " sinks" : "");
+    /* the tensor-core kernel (MOERUN_CUDA_PREFILL_ATTN=mma) where it applies:
+     * Q and P rounded to the cache's half type, so that type's tolerance */
+    const bool mma = !mla && mma_backend && T > TILED_ABOVE_ROWS &&
+                     (kvdt == MOE_DTYPE_BF16 || kvdt == MOE_DTYPE_F16) && (Dh == 64 || Dh == 128);
     const char *op = mla ? (T <= TILED_ABOVE_ROWS ? "mla_decode" : "mla_prefill")
                      : T <= TILED_ABOVE_ROWS ? "attention"
                      : rows_backend          ? "prefill_rows"
+                     : mma                   ? "prefill_mma"
                                              : "prefill_tiled";
     double e = report(op, moe_dtype_name(kvdt), shp, got, ref, nq);
-    cr_expect(e <= 1e-4, "%s %s %s: %.3g", op, moe_dtype_name(kvdt), shp, e);
+    const double tol = !mma ? 1e-4 : kvdt == MOE_DTYPE_BF16 ? 3e-2 : 5e-3;
+    cr_expect(e <= tol, "%s %s %s: %.3g", op, moe_dtype_name(kvdt), shp, e);
     void *dbufs[] = {dk, dv, dslots, (void *)db.positions, (void *)db.seq_of, (void *)db.seq_start,
                      (void *)db.ctx_len, (void *)db.block_table, dq, dout, (void *)pd.sinks};
     for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
@@ -225,6 +231,39 @@ Test(cuda_prefill_rows, per_row_kernel_matches_cpu)
     check_attention_rows(MOE_DTYPE_F16, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
     check_attention_rows(MOE_DTYPE_BF16, 16, 2, 256, 100, mixed_ctx, mixed_rows, MIXED_SEQS, true);
     check_attention_rows(MOE_DTYPE_F32, 3, 1, 20, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+}
+
+/* MOERUN_CUDA_PREFILL_ATTN=mma: prefill steps of bf16/f16 caches with head
+ * dim 64 or 128 take the tensor-core kernel (attention_mma_cuda.cu); the
+ * rest (fp32 caches, other head dims) the tiled SIMT kernel still. */
+static void setup_mma(void)
+{
+    setenv("MOERUN_CUDA_PREFILL_ATTN", "mma", 1);
+    mma_backend = true;
+    setup();
+}
+
+TestSuite(cuda_prefill_mma, .init = setup_mma, .fini = teardown);
+
+Test(cuda_prefill_mma, tensor_core_kernel_matches_cpu)
+{
+    const enum moe_dtype half[] = {MOE_DTYPE_BF16, MOE_DTYPE_F16};
+    const int ctx_a[] = {700}, rows_a[] = {200}, ctx_b[] = {65}, rows_b[] = {65};
+    for (size_t i = 0; i < 2; i++) {
+        const enum moe_dtype dt = half[i];
+        /* G = 1, 4, 8, 12 (two passes); windows wider and narrower than a tile */
+        check_attention_rows(dt, 8, 8, 64, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 64, 8, 64, 128, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+        check_attention_rows(dt, 24, 2, 128, 33, mixed_ctx, mixed_rows, MIXED_SEQS, false);
+        check_attention_rows(dt, 32, 8, 128, 0, ctx_a, rows_a, 1, true); /* after 500 cached */
+        check_attention_rows(dt, 8, 8, 64, 0, ctx_b, rows_b, 1, true);  /* the smallest step */
+        /* gpt-oss's shape with sinks */
+        check_attention_full(dt, 64, 8, 64, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true, true, false);
+    }
+    /* not taken: an fp32 cache, a head dim of 80 (the tiled kernel, 1e-4) */
+    check_attention_rows(MOE_DTYPE_F32, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+    check_attention_rows(MOE_DTYPE_BF16, 24, 2, 80, 7, mixed_ctx, mixed_rows, MIXED_SEQS, true);
 }
 
 /* gpt-oss's attention sinks on every kernel: decode with and without key

@@ -163,6 +163,12 @@ say "   mixtral with graphs done"
 MOERUN_CUDA_PREFILL_ATTN=rows bench mixtral_pf_rows configs/mixtral-8x7b.json \
     --prefill 512,4096 --chunk 4096 --decode 1
 say "   mixtral prefill with per-row attention done"
+# prefill attention on tensor cores (opt-in), against the tiled SIMT kernel,
+# both over a bf16 cache (the mma kernel takes half caches only)
+bench mixtral_pf_bf16kv configs/mixtral-8x7b.json --prefill 512,4096 --chunk 4096 --decode 1 --kv-dtype bf16
+MOERUN_CUDA_PREFILL_ATTN=mma bench mixtral_pf_mma configs/mixtral-8x7b.json \
+    --prefill 512,4096 --chunk 4096 --decode 1 --kv-dtype bf16
+say "   mixtral prefill with tensor-core attention done"
 # the decode expert kernels alone with bf16, MXFP4 and FP8 weights, at the
 # expert shapes of gpt-oss-120b (128 x 2880 x 2880, top-4; FP8 does not
 # divide) and Qwen3-30B-A3B (128 x 2048 x 768, top-8): one-layer models
@@ -233,6 +239,17 @@ try:
         for n in (512, 4096)))
 except Exception as e:
     print("mixtral prefill attention: no result (%s)" % e)
+try:
+    pf = {}
+    for kind, name in (("tiled", "bench_mixtral_pf_bf16kv.json"), ("mma", "bench_mixtral_pf_mma.json")):
+        j = json.load(open(os.path.join(out, name)))
+        pf[kind] = {p["tokens"]: p["tokens_per_s"] for p in j["prefill"]}
+    print("mixtral prefill, bf16 KV: " + "; ".join(
+        "%d tokens tiled %.1f t/s, tensor cores %.1f t/s (%.2fx)" % (
+            n, pf["tiled"][n], pf["mma"][n], pf["mma"][n] / pf["tiled"][n])
+        for n in (512, 4096)))
+except Exception as e:
+    print("mixtral prefill, bf16 KV, tensor cores: no result (%s)" % e)
 print("decode expert kernels alone: us per call, GB/s of weights read, % of the copy bandwidth")
 for name in ("mixtral", "experts_gptoss120b", "experts_qwen3moe30b"):
     try:
