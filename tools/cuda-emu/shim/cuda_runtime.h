@@ -1,0 +1,5 @@
+#pragma once
+#include "emu_api.h"
+#ifdef __cplusplus
+#include "emu.h"
+#endif

@@ -1,0 +1,127 @@
+/* Host emulation of the CUDA features the moerun kernels use: each block's
+ * threads are OS threads, __syncthreads / __syncwarp are barriers, shuffles
+ * go through per-warp slots.  Blocks run one after another. */
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <cstdio>
+#include <functional>
+#include <thread>
+#include <vector>
+#include <memory>
+#include <math.h>
+#include "emu_api.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__
+
+struct uint3 { unsigned x, y, z; };
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+template <class T> static inline T __ldcs(const T *p) { return *p; }
+static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+
+extern thread_local uint3 threadIdx, blockIdx;
+extern dim3 blockDim, gridDim;
+
+struct emu_warp {
+    std::barrier<> bar;
+    uint64_t slots[32];
+    explicit emu_warp(int n) : bar(n) {}
+};
+struct emu_block_ctx {
+    std::unique_ptr<std::barrier<>> bar;
+    std::vector<std::unique_ptr<emu_warp>> warps;
+    std::vector<unsigned char> dyn;
+};
+extern thread_local emu_block_ctx *emu_ctx;
+
+static inline void __syncthreads() { emu_ctx->bar->arrive_and_wait(); }
+static inline void __syncwarp(unsigned m = 0xffffffffu) { emu_ctx->warps[threadIdx.x >> 5]->bar.arrive_and_wait(); }
+template <class T> static inline T emu_exchange(T v, int src)
+{
+    emu_warp &w = *emu_ctx->warps[threadIdx.x >> 5];
+    uint64_t u = 0;
+    memcpy(&u, &v, sizeof v);
+    w.slots[threadIdx.x & 31] = u;
+    w.bar.arrive_and_wait();
+    uint64_t r = w.slots[src & 31];
+    w.bar.arrive_and_wait();
+    T out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+template <class T> static inline T __shfl_xor_sync(unsigned m, T v, int o) { return emu_exchange(v, (threadIdx.x & 31) ^ o); }
+template <class T> static inline T __shfl_sync(unsigned m, T v, int s) { return emu_exchange(v, s); }
+
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline long long min(long long a, long long b) { return a < b ? a : b; }
+static inline long long max(long long a, long long b) { return a > b ? a : b; }
+static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+static inline size_t min(size_t a, size_t b) { return a < b ? a : b; }
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+using std::isnan;
+
+template <class F> static inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
+
+struct emu_cfg { dim3 grid, block; size_t smem; };
+static inline emu_cfg emu_mk(dim3 g, dim3 b, size_t s = 0, cudaStream_t = nullptr) { return emu_cfg{g, b, s}; }
+
+extern long emu_blocks_run;
+template <class... P, class... A>
+static void emu_launch(void (*k)(P...), emu_cfg c, A... args)
+{
+    gridDim = c.grid;
+    blockDim = c.block;
+    const unsigned nt = c.block.x * c.block.y * c.block.z;
+    for (unsigned bz = 0; bz < c.grid.z; bz++)
+        for (unsigned by = 0; by < c.grid.y; by++)
+            for (unsigned bx = 0; bx < c.grid.x; bx++) {
+                emu_block_ctx ctx;
+                ctx.bar.reset(new std::barrier<>(nt));
+                for (unsigned w = 0; w < (nt + 31) / 32; w++)
+                    ctx.warps.emplace_back(new emu_warp((int)(nt - 32 * w < 32 ? nt - 32 * w : 32)));
+                ctx.dyn.assign(c.smem + 16, 0xcd); /* garbage */
+                std::vector<std::thread> th;
+                for (unsigned t = 0; t < nt; t++)
+                    th.emplace_back([&, t]() {
+                        threadIdx = uint3{t, 0, 0};
+                        blockIdx = uint3{bx, by, bz};
+                        emu_ctx = &ctx;
+                        k(args...);
+                        ctx.warps[t >> 5]->bar.arrive_and_drop();
+                        ctx.bar->arrive_and_drop();
+                    });
+                for (auto &x : th) x.join();
+                emu_blocks_run++;
+            }
+}
+#define EMU_DYN_SMEM(T) ((T *)(((uintptr_t)emu_ctx->dyn.data() + 15) & ~(uintptr_t)15))
+/* additions for the planes and active-expert kernels */
+template <class T> static inline T __ldg(const T *p) { return *p; }
+static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+struct alignas(8) uint2 { unsigned x, y; };
+static inline unsigned __ballot_sync(unsigned m, bool pred)
+{
+    emu_warp &w = *emu_ctx->warps[threadIdx.x >> 5];
+    w.slots[threadIdx.x & 31] = pred ? 1 : 0;
+    w.bar.arrive_and_wait();
+    unsigned r = 0;
+    const unsigned n = blockDim.x - (threadIdx.x & ~31u) < 32 ? blockDim.x - (threadIdx.x & ~31u) : 32;
+    for (unsigned i = 0; i < n; i++) r |= (w.slots[i] ? 1u : 0u) << i;
+    w.bar.arrive_and_wait();
+    return r;
+}
