@@ -112,20 +112,8 @@ static __global__ void __launch_bounds__(MA_WARPS * 32) mma_attention_kernel(str
     if (kh >= a.Hkv) return;
 
     /* this block's tile: the sequence and its first row (block-uniform) */
-    int tile = blockIdx.x, seq = -1, t0 = -1, ntok = 0;
-    for (int s = 0; s < a.n_seqs; s++) {
-        const int r0 = a.seq_start[s], n = a.seq_start[s + 1] - r0;
-        const int tiles = n > 0 ? (n + a.tq - 1) / a.tq : 0;
-        if (tile < tiles) {
-            seq = s;
-            t0 = r0 + tile * a.tq;
-            ntok = min(a.tq, n - tile * a.tq);
-            break;
-        }
-        tile -= tiles;
-    }
-    if (seq < 0 || t0 < 0 || t0 >= a.T) return; /* past the last tile */
-    ntok = min(ntok, a.T - t0);
+    int seq, t0, ntok;
+    if (!att_find_tile(a.seq_start, a.n_seqs, a.tq, a.T, blockIdx.x, &seq, &t0, &ntok)) return;
 
     /* each row's key range [first, last] (empty when the row is unused) */
     for (int r = threadIdx.x; r < MA_ROWS; r += blockDim.x) {
