@@ -87,6 +87,21 @@ struct cuda_ctx {
 
 static inline struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
 
+static inline cudaDataType_t cuda_type(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_BF16 ? CUDA_R_16BF : t == MOE_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* Bytes of bf16 a layer's E experts of D x F widen to (3 matrices each),
+ * or 0 on overflow (backend_cuda_experts.c). */
+size_t moe_cuda_widened_layer_bytes(int E, int D, int F);
+/* The experts op (backend.h), backend_cuda_experts.c. */
+MOE_MUST_USE enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float *x,
+                                              const struct moe_dispatch *plan, const float *w,
+                                              const struct moe_expert_weights *ex,
+                                              const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                              int E);
+
 /* Records a device buffer the context frees at destroy. */
 MOE_MUST_USE enum moe_status moe_cuda_keep_owned(struct cuda_ctx *c, void *p);
 /* prepare_model: uploads every weight once (see backend.h). */
