@@ -18,20 +18,6 @@
 
 #define CHAT_DIR FIXTURE_DIR "/chat"
 
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = '\0';
-    fclose(f);
-    return s;
-}
 
 /* Prints where got and want first differ. */
 static void show_diff(const char *what, const char *got, const char *want)
@@ -90,7 +76,7 @@ static void check_fixture(const char *name)
     json_t *doc = json_load_file(path, 0, &jerr);
     cr_assert(doc, "%s: %s", path, jerr.text);
     snprintf(path, sizeof path, CHAT_DIR "/%s", json_string_value(json_object_get(doc, "template")));
-    char *src = read_text(path);
+    char *src = tu_read_text(path);
     struct moe_chat_template t;
     enum moe_status st = moe_chat_template_init(&t, src);
     cr_assert_eq(st, MOE_OK, "%s: %s", name, moe_last_error());
@@ -197,7 +183,7 @@ Test(chat_fuzz, matches_transformers_on_random_cases)
     json_array_foreach(json_object_get(doc, "cases"), i, c) {
         char tpath[512];
         snprintf(tpath, sizeof tpath, CHAT_DIR "/%s", json_string_value(json_object_get(c, "template_file")));
-        char *src = read_text(tpath);
+        char *src = tu_read_text(tpath);
         struct moe_chat_template t;
         cr_assert_eq(moe_chat_template_init(&t, src), MOE_OK, "%s: %s", tpath, moe_last_error());
         t.fixed_time = now;

@@ -303,20 +303,6 @@ Test(toolcall, streaming_gives_what_is_certain)
 
 /* ---- round trips through the real templates ---- */
 
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    const long n = ftell(f);
-    rewind(f);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = '\0';
-    fclose(f);
-    return s;
-}
 
 /* Renders messages with tests/fixtures/chat/<name>.jinja (no generation
  * prompt), checks the format the template implies, cuts out the last
@@ -328,7 +314,7 @@ static void round_trip(const char *name, enum moe_tool_format fmt, const char *m
 {
     char path[512];
     snprintf(path, sizeof path, CHAT_DIR "/%s.jinja", name);
-    char *src = read_text(path);
+    char *src = tu_read_text(path);
     cr_assert_eq(moe_tool_calls_detect(src), fmt, "%s: the template's format", name);
     struct moe_chat_template t;
     cr_assert_eq(moe_chat_template_init(&t, src), MOE_OK, "%s", moe_last_error());
@@ -445,7 +431,7 @@ Test(toolcall, detection_from_the_templates)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char path[512];
         snprintf(path, sizeof path, CHAT_DIR "/%s.jinja", cases[i].file);
-        char *src = read_text(path);
+        char *src = tu_read_text(path);
         cr_expect_eq(moe_tool_calls_detect(src), cases[i].fmt, "%s: %s", cases[i].file,
                      moe_tool_calls_name(moe_tool_calls_detect(src)));
         free(src);
@@ -487,7 +473,7 @@ Test(toolcall, ids_the_templates_take_back)
     for (int i = 0; i < 9; i++) cr_expect(isalnum((unsigned char)a[i]), "%s", a);
     cr_expect_str_neq(a, b);
     cr_expect_str_eq(a, again);
-    char *src = read_text(CHAT_DIR "/mistral-v3.jinja");
+    char *src = tu_read_text(CHAT_DIR "/mistral-v3.jinja");
     struct moe_chat_template t;
     cr_assert_eq(moe_chat_template_init(&t, src), MOE_OK);
     char msgs[1024];
@@ -517,7 +503,7 @@ Test(toolcall, ids_the_templates_take_back)
 
 Test(toolcall, special_markers_survive_decoding)
 {
-    char *text = read_text(FIXTURE_DIR "/tokenizers/deepseek3/tokenizer.json");
+    char *text = tu_read_text(FIXTURE_DIR "/tokenizers/deepseek3/tokenizer.json");
     json_t *j = parse_json(text);
     free(text);
     size_t i;

@@ -103,3 +103,18 @@ void tu_need_cuda_device(void)
     if (getenv("MOERUN_REQUIRE_GPU")) cr_assert_fail("no CUDA device, and MOERUN_REQUIRE_GPU is set: %s", why);
     cr_skip_test("no CUDA device: %s", why);
 }
+
+char *tu_read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    const long n = ftell(f);
+    rewind(f);
+    char *s = malloc((size_t)n + 1);
+    cr_assert(s);
+    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
+    s[n] = '\0';
+    fclose(f);
+    return s;
+}

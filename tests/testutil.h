@@ -23,6 +23,9 @@ static inline bool tu_same_bits(float a, float b)
     return x == y;
 }
 
+/* The whole of the file at path, NUL-terminated (malloc'd; the test fails
+ * when it cannot be read). */
+char *tu_read_text(const char *path);
 /* Skips the running test when there is no CUDA device, or fails it when
  * MOERUN_REQUIRE_GPU is set (tests/gpu/run.sh: a skipped GPU suite must
  * not pass for a run on a GPU).  Criterion suites' .init only. */
