@@ -14,12 +14,14 @@
  *             experts (order of first use); a miss copies one expert
  *             (3 * D * F * weight bytes) from the host; LRU and LFU (all-time
  *             use counts, ties to LRU) evict, preferring experts the step has
- *             not used.  Starts cold.
+ *             not used.  Starts cold.  The policy is experts/expert_cache.c, the one
+ *             the CUDA backend runs for --gpu-experts C.
  * --topk k    routing weight kept by the k largest of the K weights. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "experts/expert_cache.h"
 #include "runtime/stats_analyze.h"
 
 void moe_ep_contiguous(int E, int N, int32_t *place)
@@ -309,52 +311,27 @@ void moe_cache_simulate(const struct moe_sdata *d, int j, int C, bool lfu,
 {
     const int E = d->E, K = d->K, Lm = d->Lm;
     memset(r, 0, sizeof *r);
-    int64_t *last = calloc((size_t)E, sizeof(int64_t)), *freq = calloc((size_t)E, sizeof(int64_t)),
-            *seen = malloc((size_t)E * sizeof(int64_t)), clock = 1;
-    char *cached = calloc((size_t)E, 1);
-    int n_cached = 0;
-    if (!last || !freq || !seen || !cached) goto done;
-    for (int e = 0; e < E; e++) seen[e] = -1;
-    int64_t step = 0, t0 = 0;
+    struct moe_expert_cache c;
+    if (moe_expert_cache_init(&c, E, C, lfu) != MOE_OK) return;
+    int64_t t0 = 0;
     while (t0 < d->N) {
         int64_t t1 = t0 + 1;
         while (t1 < d->N && d->meta[t1 * 4] == d->meta[t0 * 4]) t1++;
+        moe_expert_cache_step(&c);
         for (int64_t t = t0; t < t1; t++)
             for (int k = 0; k < K; k++) {
-                int e = d->ids[((size_t)t * Lm + j) * K + k];
-                if (e < 0 || e >= E || seen[e] == step) continue;
-                seen[e] = step;
-                r->accesses++;
-                freq[e]++;
-                if (cached[e]) {
-                    r->hits++;
-                } else {
-                    if (n_cached == C) {
-                        int victim = -1;
-                        for (int pass = 0; pass < 2 && victim < 0; pass++)
-                            for (int v = 0; v < E; v++) {
-                                if (!cached[v] || (pass == 0 && seen[v] == step)) continue;
-                                bool by_freq = lfu && freq[v] != freq[victim < 0 ? v : victim];
-                                if (victim < 0 || (by_freq ? freq[v] < freq[victim]
-                                                           : last[v] < last[victim]))
-                                    victim = v;
-                            }
-                        cached[victim] = 0;
-                        n_cached--;
-                    }
-                    cached[e] = 1;
-                    n_cached++;
-                }
-                last[e] = clock++;
+                const int e = d->ids[((size_t)t * Lm + j) * K + k];
+                bool loaded;
+                int evicted;
+                /* one expert at a time: any slot may be taken */
+                moe_expert_cache_round(&c);
+                if (e >= 0 && e < E) (void)moe_expert_cache_use(&c, e, &loaded, &evicted);
             }
-        step++;
         t0 = t1;
     }
-done:
-    free(last);
-    free(freq);
-    free(seen);
-    free(cached);
+    r->accesses = c.accesses;
+    r->hits = c.hits;
+    moe_expert_cache_free(&c);
 }
 
 enum moe_status moe_whatif_cache(FILE *f, const struct moe_sdata *d, int C, int64_t expert_bytes)

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "experts/expert_cache.h"
 #include "runtime/stats_analyze.h"
 #include "tests/testutil.h"
 
@@ -204,4 +205,53 @@ Test(whatif, zipf_fit_on_exact_counts)
     cr_assert_float_eq(moe_sdata_zipf_fit(c, 64), 1.3, 1e-9);
     double one[3] = {5, 0, 0};
     cr_assert(isnan(moe_sdata_zipf_fit(one, 3)));
+}
+
+/* The runtime side of the same policy (experts/expert_cache.h): rounds
+ * never evict an expert of the current round, so a step needing more
+ * experts than slots runs in several rounds, each with every one of its
+ * experts resident at once. */
+Test(expert_cache, rounds_keep_their_experts)
+{
+    struct moe_expert_cache c;
+    cr_assert_eq(moe_expert_cache_init(&c, 8, 3, false), MOE_OK);
+    bool loaded;
+    int ev;
+    moe_expert_cache_step(&c);
+    const int need[] = {0, 2, 4, 6, 7};
+    int slots[5], done = 0, rounds = 0;
+    while (done < 5) {
+        if (rounds++) moe_expert_cache_round(&c);
+        int first = done;
+        while (done < 5) {
+            int s = moe_expert_cache_use(&c, need[done], &loaded, &ev);
+            if (s < 0) break;
+            cr_assert(loaded, "expert %d was not resident", need[done]);
+            slots[done++] = s;
+        }
+        cr_assert(done > first, "a round made no progress");
+        /* every expert of this round still in its slot, slots distinct */
+        for (int i = first; i < done; i++) {
+            cr_assert_eq(c.slot[need[i]], slots[i]);
+            cr_assert_eq(c.owner[slots[i]], need[i]);
+            for (int k = first; k < i; k++) cr_assert_neq(slots[k], slots[i]);
+        }
+    }
+    cr_assert_eq(rounds, 2);
+    cr_assert(c.accesses == 5 && c.hits == 0);
+    /* next step: 6 and 7 are resident (the last round's), 0 is not */
+    moe_expert_cache_step(&c);
+    cr_assert(moe_expert_cache_use(&c, 7, &loaded, &ev) >= 0 && !loaded && ev == -1);
+    cr_assert(moe_expert_cache_use(&c, 0, &loaded, &ev) >= 0 && loaded);
+    /* the victim is 4 (not used this step, least recent); 6 and 7 stay */
+    cr_assert_eq(ev, 4);
+    cr_assert(c.slot[6] >= 0 && c.slot[7] >= 0 && c.slot[4] == -1);
+    /* a third expert in the same round fits (6's slot: used last step, not this one) */
+    cr_assert(moe_expert_cache_use(&c, 1, &loaded, &ev) >= 0 && loaded && ev == 6);
+    /* the round is full: 0, 1, 7 all in use */
+    cr_assert_eq(moe_expert_cache_use(&c, 5, &loaded, &ev), -1);
+    cr_assert(c.accesses == 8 && c.hits == 1, "%lld %lld", (long long)c.accesses, (long long)c.hits);
+    moe_expert_cache_free(&c);
+    cr_assert_neq(moe_expert_cache_init(&c, 4, 5, false), MOE_OK);
+    cr_assert_neq(moe_expert_cache_init(&c, 4, 0, true), MOE_OK);
 }
