@@ -198,17 +198,19 @@ __device__ __forceinline__ void expert_dots(float (*acc)[RT], const void *w, con
 template <enum moe_dtype DT>
 static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
     expert_up_kernel(float *h, const float *x, const int32_t *active, const int32_t *counts,
-                     const int32_t *offsets, const int32_t *perm, const void *gu, const void *gus,
-                     struct expert_extra xb, int K, int D, int F, int E, int n_pairs, bool vec)
+                     const int32_t *offsets, const int32_t *perm, const int32_t *wmap,
+                     const void *gu, const void *gus, struct expert_extra xb, int K, int D, int F, int E, int n_pairs, bool vec)
 {
     if ((int)blockIdx.y >= active[0]) return;
     const int e = active[1 + blockIdx.y];
     if (e < 0 || e >= E) return;
     const int c = counts[e], r0 = offsets[e];
     if (c <= 0 || r0 < 0 || r0 + c > n_pairs) return;
+    const int s = wmap ? wmap[e] : e; /* its place in the weight stack */
+    if (s < 0) return;
     const int f = blockIdx.x * FFN_WARPS + (threadIdx.x >> 5);
     if (f >= F) return;
-    const size_t wo[2] = {((size_t)e * 2 * F + f) * D, ((size_t)e * 2 * F + F + f) * D};
+    const size_t wo[2] = {((size_t)s * 2 * F + f) * D, ((size_t)s * 2 * F + F + f) * D};
     for (int rt = 0; rt < c; rt += UP_RT) {
         const int nr = min(UP_RT, c - rt);
         gathered_rows<UP_RT> xs;
@@ -236,7 +238,8 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
 template <enum moe_dtype DT>
 static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
     expert_down_kernel(float *ye, const float *h, const int32_t *active, const int32_t *counts,
-                       const int32_t *offsets, const void *dn, const void *dns, const float *b_down,
+                       const int32_t *offsets, const int32_t *wmap, const void *dn, const void *dns,
+                       const float *b_down,
                        int D, int F, int E, int n_pairs, bool vec)
 {
     if ((int)blockIdx.y >= active[0]) return;
@@ -244,12 +247,14 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
     if (e < 0 || e >= E) return;
     const int c = counts[e], r0 = offsets[e];
     if (c <= 0 || r0 < 0 || r0 + c > n_pairs) return;
+    const int s = wmap ? wmap[e] : e;
+    if (s < 0) return;
     const int d0 = (blockIdx.x * FFN_WARPS + (threadIdx.x >> 5)) * DOWN_NW;
     if (d0 >= D) return;
     size_t wo[DOWN_NW];
 #pragma unroll
     for (int k = 0; k < DOWN_NW; k++) /* past D: repeat the last row, not stored */
-        wo[k] = ((size_t)e * D + min(d0 + k, D - 1)) * F;
+        wo[k] = ((size_t)s * D + min(d0 + k, D - 1)) * F;
     for (int rt = 0; rt < c; rt += DOWN_RT) {
         const int nr = min(DOWN_RT, c - rt);
         const strided_rows hs = {h + (size_t)(r0 + rt) * F, F};
@@ -300,17 +305,17 @@ static __global__ void active_experts_kernel(int32_t *active, const int32_t *cou
 template <enum moe_dtype DT>
 static enum moe_status launch_small(cudaStream_t st, dim3 g1, dim3 g2, float *h, float *ye,
                                    const float *x, const struct moe_dispatch *plan, int32_t *active,
-                                   const void *gu, const void *gus, const void *dn, const void *dns,
+                                   const int32_t *wmap, const void *gu, const void *gus, const void *dn, const void *dns,
                                    struct expert_extra xb, int K, int D, int F, int E, int n,
                                    bool vec)
 {
     active_experts_kernel<<<1, 256, 0, st>>>(active, plan->counts, E);
     MOE_CUDA_LAUNCHED();
     expert_up_kernel<DT><<<g1, FFN_WARPS * 32, 0, st>>>(h, x, active, plan->counts, plan->offsets,
-                                                        plan->perm, gu, gus, xb, K, D, F, E, n, vec);
+                                                        plan->perm, wmap, gu, gus, xb, K, D, F, E, n, vec);
     MOE_CUDA_LAUNCHED();
     expert_down_kernel<DT><<<g2, FFN_WARPS * 32, 0, st>>>(ye, h, active, plan->counts, plan->offsets,
-                                                          dn, dns, xb.b_down, D, F, E, n, vec);
+                                                          wmap, dn, dns, xb.b_down, D, F, E, n, vec);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
@@ -318,7 +323,8 @@ static enum moe_status launch_small(cudaStream_t st, dim3 g1, dim3 g2, float *h,
 extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye,
                                                       const float *x,
                                                       const struct moe_dispatch *plan, int32_t *active,
-                                                      const void *gu, const void *dn,
+                                                      const int32_t *wmap, int Ew, const void *gu,
+                                                      const void *dn,
                                                       const struct moe_expert_weights *ex,
                                                       enum moe_dtype dt, int T, int K, int D,
                                                       int F, int E)
@@ -336,18 +342,19 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
     dim3 g1((unsigned)((F + FFN_WARPS - 1) / FFN_WARPS), ny);
     const int dw = (D + DOWN_NW - 1) / DOWN_NW; /* warps per expert in the down kernel */
     dim3 g2((unsigned)((dw + FFN_WARPS - 1) / FFN_WARPS), ny);
-    /* planes (MXFP4, FP8_B128): the scales follow the values of all E experts */
+    /* planes (MXFP4, FP8_B128): the scales follow the values of all Ew
+     * experts of the stacks */
     const void *gus = NULL, *dns = NULL;
     if (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128) {
         const size_t blk = dt == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK;
         if (D % blk || F % blk)
             return moe_fail(MOE_ERR_INVALID_ARG, "CUDA experts: %s rows of %d and %d values",
                             moe_dtype_name(dt), D, F);
-        gus = (const char *)gu + moe_planes_values_bytes(dt, 2 * (size_t)F * E, (size_t)D);
-        dns = (const char *)dn + moe_planes_values_bytes(dt, (size_t)D * E, (size_t)F);
+        gus = (const char *)gu + moe_planes_values_bytes(dt, 2 * (size_t)F * Ew, (size_t)D);
+        dns = (const char *)dn + moe_planes_values_bytes(dt, (size_t)D * Ew, (size_t)F);
     }
     /* one instantiation per weight type: no dtype branch in the inner loop */
-#define SMALL(DT) launch_small<DT>(st, g1, g2, h, ye, x, plan, active, gu, gus, dn, dns, xb, K, D, F, E, n, vec)
+#define SMALL(DT) launch_small<DT>(st, g1, g2, h, ye, x, plan, active, wmap, gu, gus, dn, dns, xb, K, D, F, E, n, vec)
     switch (dt) {
     case MOE_DTYPE_F32: return SMALL(MOE_DTYPE_F32);
     case MOE_DTYPE_F16: return SMALL(MOE_DTYPE_F16);

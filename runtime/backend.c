@@ -13,6 +13,12 @@ int moe_cuda_device_count(char *why, size_t why_len)
 
 int64_t moe_cuda_graph_replays(const struct moe_backend *be) { return 0; }
 
+void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_stats *st)
+{
+    (void)be;
+    memset(st, 0, sizeof *st);
+}
+
 enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
 {
     memset(be, 0, sizeof *be);

@@ -210,7 +210,22 @@ struct moe_backend {
     void *ctx;        /* backend private state */
     int n_threads;
     enum moe_weight_quant quant; /* set before the first prepare_model */
+    /* CUDA, set before prepare_model: experts of each MoE layer kept in
+     * device slots, the rest in host memory and copied in when routed to
+     * (0, or at least the layer's experts: all resident) */
+    int gpu_experts;
 };
+
+/* Expert offload so far (moe_backend.gpu_experts): layers offloaded,
+ * expert uses (once per expert per layer step) and those that found the
+ * expert in a slot, bytes copied in, bytes held in host memory. */
+struct moe_offload_stats {
+    int layers;
+    int64_t accesses, hits;
+    uint64_t bytes_in, host_bytes;
+};
+/* Zeros unless be is a CUDA backend with offloaded layers. */
+void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_stats *st);
 
 /* The CPU reference backend ("cpu-ref"); n_threads 0 = all cores (OpenMP
  * default). */

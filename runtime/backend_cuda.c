@@ -537,8 +537,8 @@ static enum moe_status cuda_graph_begin(struct moe_backend *be, const void *key,
     *replay = false;
     c->replaying = 0;
     /* only steps without host synchronisation can be recorded: the grouped
-     * expert path (more rows) waits for the expert counts */
-    if (!c->graphs_on || rows > SMALL_EXPERT_ROWS) return MOE_OK;
+     * expert path (more rows) and offloaded experts wait for the counts */
+    if (!c->graphs_on || rows > SMALL_EXPERT_ROWS || c->n_off) return MOE_OK;
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].key == key && c->graphs[i].rows == rows &&
             c->graphs[i].n_logits == n_logits) {
@@ -601,6 +601,7 @@ static void cuda_destroy(struct moe_backend *be)
     if (c->stream) cudaStreamSynchronize(c->stream);
     drop_graphs(c);
     free_workspaces(c);
+    moe_cuda_offload_free(c);
     for (size_t i = 0; i < c->n_owned; i++) cudaFree(c->owned[i]);
     free(c->owned);
     free(c->up);
@@ -692,6 +693,20 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int
 int64_t moe_cuda_graph_replays(const struct moe_backend *be)
 {
     return be->ops && !strcmp(be->ops->name, "cuda") ? ((const struct cuda_ctx *)be->ctx)->replays : 0;
+}
+
+void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!be->ops || strcmp(be->ops->name, "cuda")) return;
+    const struct cuda_ctx *c = be->ctx;
+    st->layers = c->n_off;
+    st->bytes_in = c->off_bytes;
+    st->host_bytes = c->host_expert_bytes;
+    for (int i = 0; i < c->n_off; i++) {
+        st->accesses += c->off[i].cache.accesses;
+        st->hits += c->off[i].cache.hits;
+    }
 }
 
 enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)

@@ -35,35 +35,28 @@ static enum moe_status grouped_gemm(struct cuda_ctx *c, void **d, cudaDataType_t
     return MOE_OK;
 }
 
-/* The grouped (prefill) expert path: gather in half precision, one grouped
- * GEMM per projection over the experts that have rows. */
-static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const float *x,
-                                       const struct moe_dispatch *plan, const float *w,
-                                       const void *gu, const void *dn,
-                                       const struct moe_expert_weights *ex, enum moe_dtype dt,
-                                       const struct moe_expert_ws *ws, int T, int K, int D, int F,
-                                       int E)
+enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const int32_t *place, const void *gu,
+                                       const void *dn, enum moe_dtype dt,
+                                       const struct moe_dispatch *plan,
+                                       const struct moe_expert_weights *ex,
+                                       const struct moe_expert_ws *ws, int n, int D, int F, int E)
 {
-    const int n = T * K;
     const size_t es = moe_dtype_size(dt);
     /* the fp32 workspaces hold the half buffers: xe (n, D), gate_up (n, 2F)
      * in g (n*F floats = n*2F halves), h (n, F) in u, ye (n, D) in ye */
     void *xe = ws->xe, *gub = ws->g, *h = ws->u, *ye = ws->ye;
-    MOE_TRY(moe_experts_gather_half_cuda(c->stream, xe, x, plan->perm, n, K, D, dt));
-    MOE_CUDA_TRY(cudaMemcpyAsync(c->h_counts, plan->counts, (size_t)E * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, c->stream));
-    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     void **A1 = c->h_ptrs, **B1 = A1 + E, **C1 = B1 + E, **A2 = C1 + E, **B2 = A2 + E, **C2 = B2 + E;
     int g = 0, r0 = 0;
     for (int e = 0; e < E; e++) {
         const int cnt = c->h_counts[e];
         if (cnt < 0 || r0 + cnt > n)
             return moe_fail(MOE_ERR_DEVICE, "cuda experts: expert %d has %d rows (of %d)", e, cnt, n);
-        if (cnt > 0) {
-            A1[g] = (char *)gu + (size_t)e * 2 * F * D * es;
+        const int at = place ? place[e] : e;
+        if (cnt > 0 && at >= 0) {
+            A1[g] = (char *)gu + (size_t)at * 2 * F * D * es;
             B1[g] = (char *)xe + (size_t)r0 * D * es;
             C1[g] = (char *)gub + (size_t)r0 * 2 * F * es;
-            A2[g] = (char *)dn + (size_t)e * D * F * es;
+            A2[g] = (char *)dn + (size_t)at * D * F * es;
             B2[g] = (char *)h + (size_t)r0 * F * es;
             C2[g] = (char *)ye + (size_t)r0 * D * es;
             c->g_n[g] = cnt;
@@ -105,7 +98,25 @@ static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const flo
     }
     if (g > 0)
         MOE_TRY(grouped_gemm(c, d2, ty, E, g));
-    return moe_experts_combine_cuda(c->stream, out, ye, dt, w, plan->pos, T, K, D, plan->offsets, E,
+    return MOE_OK;
+}
+
+/* The grouped (prefill) expert path: gather in half precision, one grouped
+ * GEMM per projection over the experts that have rows. */
+static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const float *x,
+                                       const struct moe_dispatch *plan, const float *w,
+                                       const void *gu, const void *dn,
+                                       const struct moe_expert_weights *ex, enum moe_dtype dt,
+                                       const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                       int E)
+{
+    const int n = T * K;
+    MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, dt));
+    MOE_CUDA_TRY(cudaMemcpyAsync(c->h_counts, plan->counts, (size_t)E * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    MOE_TRY(moe_cuda_grouped_gemms(c, NULL, gu, dn, dt, plan, ex, ws, n, D, F, E));
+    return moe_experts_combine_cuda(c->stream, out, ws->ye, dt, w, plan->pos, T, K, D, plan->offsets, E,
                                     ex->b_down.data);
 }
 
@@ -135,6 +146,27 @@ static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const flo
     return experts_grouped(c, out, x, plan, w, wgu, wdn, ex, MOE_DTYPE_BF16, ws, T, K, D, F, E);
 }
 
+bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,
+                              int E)
+{
+    const bool half = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16;
+    /* planes: widening a layer costs about what reading its experts 4-5
+     * times does, so the device-driven kernels keep them up to 8 rows an
+     * expert on average (untuned: no GPU has run this yet) */
+    const bool planes = (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128) && c->wide &&
+                        moe_cuda_widened_layer_bytes(E, D, F) <= c->wide_bytes &&
+                        (int64_t)T * K > 8 * (int64_t)E;
+    return (half || planes) && T > SMALL_EXPERT_ROWS && E <= c->max_e && !c->no_grouped;
+}
+
+/* The grouped path could not run: say so once, use the other path. */
+void moe_cuda_no_grouped(struct cuda_ctx *c)
+{
+    fprintf(stderr, "moerun: cuda: grouped expert GEMM unavailable (%s); using the "
+            "device-driven expert kernels for every step\n", moe_last_error());
+    c->no_grouped = true;
+}
+
 enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float *x,
                                     const struct moe_dispatch *plan, const float *w,
                                     const struct moe_expert_weights *ex,
@@ -142,6 +174,8 @@ enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float
                                     int E)
 {
     struct cuda_ctx *c = ctx_of(be);
+    struct offload_layer *ol = moe_cuda_offloaded(c, ex);
+    if (ol) return moe_cuda_experts_offload(c, ol, out, x, plan, w, ex, ws, T, K, D, F, E);
     const size_t mat = expert_mat_bytes(ex->dtype, F, D);
     const char *gu = ex->gate[0], *dn = ex->down[0];
     for (int e = 0; e < E; e++)
@@ -151,28 +185,18 @@ enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: expert %d is not in the stacked "
                             "device layout (see prepare_model in backend.h)", e);
     if (T <= 0) return MOE_OK;
-    const bool half = ex->dtype == MOE_DTYPE_BF16 || ex->dtype == MOE_DTYPE_F16;
-    /* planes: widening a layer costs about what reading its experts 4-5
-     * times does, so the device-driven kernels keep them up to 8 rows an
-     * expert on average (untuned: no GPU has run this yet) */
-    const bool planes = (ex->dtype == MOE_DTYPE_MXFP4 || ex->dtype == MOE_DTYPE_FP8_B128) &&
-                        c->wide && moe_cuda_widened_layer_bytes(E, D, F) <= c->wide_bytes &&
-                        (int64_t)T * K > 8 * (int64_t)E;
-    if ((half || planes) && T > SMALL_EXPERT_ROWS && E <= c->max_e && !c->no_grouped) {
+    if (moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E)) {
+        const bool planes = ex->dtype == MOE_DTYPE_MXFP4 || ex->dtype == MOE_DTYPE_FP8_B128;
         enum moe_status s = planes ? experts_widened(c, out, x, plan, w, ex, ws, T, K, D, F, E)
                                    : experts_grouped(c, out, x, plan, w, gu, dn, ex, ex->dtype, ws,
                                                      T, K, D, F, E);
         if (s != MOE_ERR_UNSUPPORTED) return s;
-        /* this cuBLAS cannot do it: say so once, use the other path */
-        fprintf(stderr, "moerun: cuda: grouped expert GEMM unavailable (%s); using the "
-                "device-driven expert kernels for every step\n", moe_last_error());
-        c->no_grouped = true;
+        moe_cuda_no_grouped(c);
     }
     if (E > c->max_e)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d experts, %d reserved", E, c->max_e);
-    MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, c->active, gu, dn, ex, ex->dtype, T,
-                                       K, D, F, E));
+    MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, c->active, NULL, E, gu, dn, ex,
+                                       ex->dtype, T, K, D, F, E));
     return moe_experts_combine_cuda(c->stream, out, ws->ye, MOE_DTYPE_F32, w, plan->pos, T, K, D,
                                     plan->offsets, E, NULL);
 }
-

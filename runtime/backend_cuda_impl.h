@@ -4,6 +4,7 @@
  * CUDA runtime and cuBLAS headers; nothing outside the backend includes it. */
 #pragma once
 
+#include "experts/expert_cache.h"
 #include "runtime/cuda_util.h"
 
 #define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention; more: the tiled prefill kernel */
@@ -26,6 +27,22 @@ struct upload {
     const void *host;
     void *dev;
     enum moe_dtype dtype; /* on the device (FP8 widened to BF16, or kept as planes) */
+};
+
+/* A MoE layer whose experts live in pinned host memory, C of them in
+ * device slots at a time (moe_backend.gpu_experts; backend_cuda_offload.c).
+ * Host stacks and slots have the device layout of a layer's stacks
+ * (E experts, resp. C), each expert's share ge + gs bytes of the gate+up
+ * stack (values, scales: planes only) and de + ds of the down stack. */
+struct offload_layer {
+    const struct moe_expert_weights *ex; /* the model's table: the op's key */
+    void *host_gu, *host_dn;   /* pinned (E experts) */
+    void *gu, *dn;             /* device (C slots) */
+    size_t ge, gs, de, ds;
+    int32_t *d_map;            /* device (E): slot of each expert of the round, -1 */
+    int32_t *h_map;            /* host (E) */
+    int32_t *order;            /* host (E): the step's experts, resident ones first */
+    struct moe_expert_cache cache;
 };
 
 struct cuda_ctx {
@@ -81,6 +98,11 @@ struct cuda_ctx {
     bool mxfp4_experts, fp8_experts; /* ... kept such experts as planes */
     bool fp8_dense;          /* ... and FP8 matmul weights (cuda_matmul reads them in place) */
     size_t planes_dense_max; /* ... the most values of one (N x Din) */
+    /* expert offload: the layers whose experts are not all resident */
+    struct offload_layer *off;
+    int n_off, cap_off;
+    uint64_t off_bytes;      /* bytes of experts copied in so far */
+    size_t host_expert_bytes; /* their pinned host copies */
     void *wide_dense;        /* bf16: a planes matrix widened for a step of many rows */
     size_t wide_dense_bytes;
 };
@@ -101,6 +123,41 @@ MOE_MUST_USE enum moe_status moe_cuda_experts(struct moe_backend *be, float *out
                                               const struct moe_expert_weights *ex,
                                               const struct moe_expert_ws *ws, int T, int K, int D, int F,
                                               int E);
+
+/* The path the experts op takes for a step of T rows: the cuBLAS grouped
+ * GEMMs (true) or the device-driven kernels. */
+bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,
+                              int E);
+/* The grouped path could not run (cuBLAS refused): says so once on
+ * stderr; the device-driven kernels take every later step. */
+void moe_cuda_no_grouped(struct cuda_ctx *c);
+/* The grouped GEMMs of a step, its rows gathered in xe (ws->xe, half) and
+ * its counts in c->h_counts: the experts e with rows and place[e] >= 0
+ * (place NULL: every expert with rows, at place e) multiply their rows by
+ * their weights at that place of the stacks gu, dn (dt F16 or BF16), the
+ * results in ws->ye (half).  MOE_ERR_UNSUPPORTED: cuBLAS refused. */
+MOE_MUST_USE enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const int32_t *place,
+                                                    const void *gu, const void *dn, enum moe_dtype dt,
+                                                    const struct moe_dispatch *plan,
+                                                    const struct moe_expert_weights *ex,
+                                                    const struct moe_expert_ws *ws, int n, int D, int F,
+                                                    int E);
+/* The layer of ex when its experts are offloaded, else NULL. */
+struct offload_layer *moe_cuda_offloaded(struct cuda_ctx *c, const struct moe_expert_weights *ex);
+/* Moves a layer's stacks, built in the device buffers gu and dn for E
+ * experts with the shares ge, gs, de, ds of struct offload_layer, to
+ * pinned host memory, and gives the layer C < E device slots. */
+MOE_MUST_USE enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_weights *ex,
+                                                    int C, int E, const void *gu, const void *dn,
+                                                    size_t ge, size_t gs, size_t de, size_t ds);
+/* The experts op for an offloaded layer (see moe_cuda_experts). */
+MOE_MUST_USE enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_layer *ol,
+                                                      float *out, const float *x,
+                                                      const struct moe_dispatch *plan, const float *w,
+                                                      const struct moe_expert_weights *ex,
+                                                      const struct moe_expert_ws *ws, int T, int K,
+                                                      int D, int F, int E);
+void moe_cuda_offload_free(struct cuda_ctx *c);
 
 /* Records a device buffer the context frees at destroy. */
 MOE_MUST_USE enum moe_status moe_cuda_keep_owned(struct cuda_ctx *c, void *p);

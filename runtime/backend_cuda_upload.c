@@ -151,7 +151,7 @@ static enum moe_status upload_matmul_view(struct moe_backend *be, const struct m
  * rows split on the host into its values and scales, copied to their
  * places in the gate+up stack (2F*E rows of D) and the down stack (D*E
  * rows of F), the scales of a stack after all its values. */
-static enum moe_status planes_experts(struct moe_backend *be, struct moe_expert_weights *x, int E, int D,
+static enum moe_status planes_experts(struct moe_backend *be, const struct moe_expert_weights *x, int E, int D,
                                       int F, void *gu, void *dn)
 {
     const enum moe_dtype dt = x->dtype;
@@ -180,28 +180,69 @@ static enum moe_status planes_experts(struct moe_backend *be, struct moe_expert_
     return s;
 }
 
+static enum moe_status stack_experts(struct moe_backend *be, const struct moe_model *m,
+                                     const struct moe_expert_weights *x, int E, int D, int F, void *gu,
+                                     void *dn, size_t gu_bytes, size_t dn_bytes, size_t mat);
+
 /* Stacks a layer's experts into (E, 2F, D) gate+up and (E, D, F) down device
- * buffers and points the expert table into them. */
+ * buffers and points the expert table into them (offloaded: see
+ * backend_cuda_offload.c). */
 static enum moe_status upload_experts(struct moe_backend *be, const struct moe_model *m,
                                       struct moe_expert_weights *x, int E, int D, int F)
 {
     struct cuda_ctx *c = ctx_of(be);
     /* MXFP4 and FP8 experts stay as they are, in planes */
     const bool planes = x->dtype == MOE_DTYPE_MXFP4 || x->dtype == MOE_DTYPE_FP8_B128;
-    size_t mat = (size_t)F * D * moe_dtype_size(x->dtype), gu_bytes = 2 * mat * (size_t)E,
-           dn_bytes = mat * (size_t)E;
+    /* mat: one matrix's bytes (planes: its values), sb: its scales */
+    size_t mat = (size_t)F * D * moe_dtype_size(x->dtype), sb = 0, gu_bytes;
     if (planes) {
         const size_t blk = x->dtype == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK;
         if (D % blk || F % blk)
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %s experts of %d x %d", moe_dtype_name(x->dtype),
                             D, F);
         mat = moe_planes_values_bytes(x->dtype, (size_t)F, (size_t)D);
-        gu_bytes = 2 * (mat + moe_planes_scales_bytes(x->dtype, (size_t)F, (size_t)D)) * (size_t)E;
-        dn_bytes = gu_bytes / 2;
+        sb = moe_planes_scales_bytes(x->dtype, (size_t)F, (size_t)D);
     }
+    if (!moe_mul_size(2 * (mat + sb), (size_t)E, &gu_bytes))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %d experts of %d x %d overflow", E, D, F);
+    const size_t dn_bytes = gu_bytes / 2;
+    /* offload (be->gpu_experts below E): the stacks are built here, then
+     * moved to host memory */
+    const bool off = be->gpu_experts > 0 && be->gpu_experts < E;
     void *gu, *dn;
+    if (off) {
+        MOE_CUDA_TRY(cudaMalloc(&gu, gu_bytes));
+        cudaError_t ce = cudaMalloc(&dn, dn_bytes);
+        if (ce != cudaSuccess) {
+            cudaFree(gu);
+            return moe_fail(MOE_ERR_DEVICE, "cuda upload: a layer's experts: %s", cudaGetErrorString(ce));
+        }
+        enum moe_status s = stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat);
+        if (s == MOE_OK) s = moe_cuda_offload_layer(c, x, be->gpu_experts, E, gu, dn, 2 * mat, 2 * sb, mat, sb);
+        cudaFree(gu);
+        cudaFree(dn);
+        return s;
+    }
     MOE_TRY(dev_buffer(be, gu_bytes, &gu));
     MOE_TRY(dev_buffer(be, dn_bytes, &dn));
+    MOE_TRY(stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat));
+    for (int e = 0; e < E; e++) {
+        x->gate[e] = (const char *)gu + 2 * mat * e;
+        x->up[e] = (const char *)gu + 2 * mat * e + mat;
+        x->down[e] = (const char *)dn + mat * e;
+    }
+    c->part_bytes[P_EXPERTS] += gu_bytes + dn_bytes;
+    return MOE_OK;
+}
+
+/* Fills the device stacks gu (gu_bytes) and dn (dn_bytes) with a layer's
+ * E experts (each matrix mat bytes, planes: its values). */
+static enum moe_status stack_experts(struct moe_backend *be, const struct moe_model *m,
+                                     const struct moe_expert_weights *x, int E, int D, int F, void *gu,
+                                     void *dn, size_t gu_bytes, size_t dn_bytes, size_t mat)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const bool planes = x->dtype == MOE_DTYPE_MXFP4 || x->dtype == MOE_DTYPE_FP8_B128;
     /* one copy when the checkpoint is already stacked, else per matrix */
     bool stacked = !planes;
     for (int e = 0; e < E && stacked; e++)
@@ -239,12 +280,6 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
             MOE_CUDA_TRY(cudaMemcpy((char *)dn + mat * e, x->down[e], mat, cudaMemcpyHostToDevice));
         }
     }
-    for (int e = 0; e < E; e++) {
-        x->gate[e] = (const char *)gu + 2 * mat * e;
-        x->up[e] = (const char *)gu + 2 * mat * e + mat;
-        x->down[e] = (const char *)dn + mat * e;
-    }
-    c->part_bytes[P_EXPERTS] += gu_bytes + dn_bytes;
     return MOE_OK;
 }
 
@@ -331,6 +366,10 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     }
     fprintf(stderr, "moerun: cuda: weights resident %.2f GiB (%s ) free %.2f of %.2f GiB\n",
             all / 1073741824.0, line, fr / 1073741824.0, tot / 1073741824.0);
+    if (c->n_off)
+        fprintf(stderr, "moerun: cuda: experts offloaded: %d of %d per MoE layer in device slots, all of "
+                "them in %.2f GiB of pinned host memory, copied in when routed to (%d layers)\n",
+                be->gpu_experts, cfg->n_experts, c->host_expert_bytes / 1073741824.0, c->n_off);
     if (c->mxfp4_experts || c->fp8_experts || c->fp8_dense)
         fprintf(stderr, "moerun: cuda: %s%s%s%s resident as stored, read in place\n",
                 c->mxfp4_experts ? "MXFP4 experts" : "", c->mxfp4_experts && c->fp8_experts ? ", " : "",

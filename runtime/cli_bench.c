@@ -61,6 +61,9 @@ static void usage(FILE *f)
             "  --synthetic CONFIG, --dtype T, --synthetic-seed S  random weights\n"
             "  --moe-top-k K    route each token to K experts instead of the model's top-k\n"
             "  --quantize q8_0  quantize the weights at load (CPU backends)\n"
+            "  --gpu-experts N  CUDA: N experts of each MoE layer in GPU memory, the rest\n"
+            "                   copied in from host memory when routed to (reports the\n"
+            "                   share found on the GPU and the MB copied in per token)\n"
             MOE_CLI_STATS_USAGE
             "Statistics are recorded unless --no-stats (compare the two to see their cost).\n");
 }
@@ -87,13 +90,46 @@ struct bench_ctx {
     int32_t *tokens;
     int V, chunk, repeat;
     uint64_t rng;
+    /* expert offload (--gpu-experts) within the timed steps of a phase */
+    const struct moe_backend *be;
+    struct moe_offload_stats off;
+    double off_tokens;
 };
+
+/* Adds the offload counters' change over a timed region of `tokens`
+ * tokens (at is the value at its start). */
+static void offload_add(struct bench_ctx *b, const struct moe_offload_stats *at, double tokens)
+{
+    struct moe_offload_stats now;
+    moe_cuda_offload_stats(b->be, &now);
+    b->off.accesses += now.accesses - at->accesses;
+    b->off.hits += now.hits - at->hits;
+    b->off.bytes_in += now.bytes_in - at->bytes_in;
+    b->off_tokens += tokens;
+}
+
+/* Reports a phase's offload figures (when offloaded) and resets them. */
+static void offload_phase(struct bench_ctx *b, json_t *entry, bool json)
+{
+    struct moe_offload_stats now;
+    moe_cuda_offload_stats(b->be, &now);
+    if (now.layers > 0 && b->off_tokens > 0) {
+        const double hit = b->off.accesses ? (double)b->off.hits / (double)b->off.accesses : 1,
+                     mb = (double)b->off.bytes_in / b->off_tokens / 1e6;
+        json_object_set_new(entry, "offload", json_pack("{s:f, s:f}", "hit_rate", hit, "mb_in_per_token", mb));
+        if (!json) printf("%-10s %8s %11.1f%% %9.2f MB/token copied in\n", "  offload", "", 100 * hit, mb);
+    }
+    memset(&b->off, 0, sizeof b->off);
+    b->off_tokens = 0;
+}
 
 static enum moe_status time_prefill(struct bench_ctx *b, int P, double *best)
 {
     *best = 1e30;
     for (int i = 0; i < P; i++) b->tokens[i] = (int32_t)(rng_next(&b->rng) % (uint64_t)b->V);
     for (int rep = 0; rep <= b->repeat; rep++) { /* rep 0 warms up */
+        struct moe_offload_stats at;
+        moe_cuda_offload_stats(b->be, &at);
         double t0 = moe_cli_now();
         for (int off = 0; off < P; off += b->chunk) {
             int n = P - off < b->chunk ? P - off : b->chunk;
@@ -101,6 +137,7 @@ static enum moe_status time_prefill(struct bench_ctx *b, int P, double *best)
             MOE_TRY(moe_runner_step(&b->r, &c, 1, NULL, NULL, NULL, NULL));
         }
         double t = moe_cli_now() - t0;
+        if (rep > 0) offload_add(b, &at, P);
         moe_seq_reset(&b->r, &b->seqs[0]);
         if (rep > 0 && t < *best) *best = t;
     }
@@ -128,10 +165,13 @@ static enum moe_status time_decode(struct bench_ctx *b, int B, int ctx, int step
             b->tokens[q] = (int32_t)(rng_next(&b->rng) % (uint64_t)b->V);
             ch[q] = (struct moe_chunk){&b->seqs[q], &b->tokens[q], 1, false, true, 0};
         }
+        struct moe_offload_stats at;
+        moe_cuda_offload_stats(b->be, &at);
         double t0 = moe_cli_now();
         for (int st = 0; st < steps && s == MOE_OK; st++)
             s = moe_runner_step(&b->r, ch, B, NULL, b->tokens, NULL, NULL);
         double t = moe_cli_now() - t0;
+        if (rep > 0) offload_add(b, &at, (double)B * steps);
         for (int q = 0; q < B; q++) moe_seq_reset(&b->r, &b->seqs[q]);
         if (rep > 0 && t < *best) *best = t;
     }
@@ -213,14 +253,14 @@ int moe_cli_bench(int argc, char **argv)
         {"max-batch-tokens", required_argument, 0, 0x208}, {"max-seqs", required_argument, 0, 0x209},
         {"no-prefix-cache", no_argument, 0, 0x20a}, {"moe-top-k", required_argument, 0, 0x20b},
         {"quantize", required_argument, 0, 0x20c}, {"expert-kernels", required_argument, 0, 0x20d},
-        {"kv-dtype", required_argument, 0, 0x20e},
+        {"kv-dtype", required_argument, 0, 0x20e}, {"gpu-experts", required_argument, 0, 0x20f},
         {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
         {0, 0, 0, 0}};
     struct moe_cli_stats so = {0};
     struct moe_cli_engine eo;
     moe_cli_engine_defaults(&eo);
     struct moe_bench_serve_opts sv = {.n_requests = 64, .input_len = 128, .output_len = 64, .seed = 7};
-    long serve = 0, lv;
+    long serve = 0, lv, gpu_experts = 0;
     enum moe_weight_quant quant = MOE_QUANT_NONE;
     int c;
     optind = 1;
@@ -272,6 +312,7 @@ int moe_cli_bench(int argc, char **argv)
         case 0x20d: expert_arg = optarg; break;
         case 0x20e: kv_arg = optarg; break;
         case 0x20b: dst = &mo.top_k; hi = 1 << 16; break;
+        case 0x20f: dst = &gpu_experts; hi = 1 << 20; break;
         case 0x20c:
             if (!moe_cli_parse_quant(optarg, &quant))
                 return moe_cli_error("bench", "--quantize '%s' (use q8_0, or none)", optarg);
@@ -313,6 +354,7 @@ int moe_cli_bench(int argc, char **argv)
     if (moe_backend_init(&be, backend, (int)threads) == MOE_OK) {
         mo.device_weights = mo.synthetic && be.ops->synth_fill;
         be.quant = quant;
+        be.gpu_experts = (int)gpu_experts;
     }
     if (!be.ops || !dec || moe_cli_open_model(&m, &mo) != MOE_OK) {
         moe_cli_error("bench", "%s", moe_last_error());
@@ -322,8 +364,9 @@ int moe_cli_bench(int argc, char **argv)
         rc = bench_serve_mode(&m, &be, &mo, &eo, &sv, &so, json);
         goto done;
     }
-    if ((copy_bw || ng > 0 || ne > 0) && strcmp(be.ops->name, "cuda")) {
-        moe_cli_error("bench", "--copy-bandwidth, --gemm-compare and --expert-kernels need the CUDA backend");
+    if ((copy_bw || ng > 0 || ne > 0 || gpu_experts) && strcmp(be.ops->name, "cuda")) {
+        moe_cli_error("bench", "--copy-bandwidth, --gemm-compare, --expert-kernels and --gpu-experts need "
+                      "the CUDA backend");
         goto done;
     }
     for (int i = 0; i < np; i++) max_p = plens[i] > max_p ? plens[i] : max_p;
@@ -362,16 +405,17 @@ int moe_cli_bench(int argc, char **argv)
     if (!json)
         printf("%-10s %8s %12s %14s\n", "phase", "size", "tokens/s", "time");
     const double t_loop = moe_cli_now();
+    b.be = &be;
     for (int i = 0; i < np; i++) {
         double t;
         if (time_prefill(&b, plens[i], &t) != MOE_OK) {
             moe_cli_error("bench", "%s", moe_last_error());
             goto done;
         }
-        json_array_append_new(json_object_get(out, "prefill"),
-                              json_pack("{s:i, s:f, s:f}", "tokens", plens[i], "seconds", t,
-                                        "tokens_per_s", plens[i] / t));
+        json_t *e = json_pack("{s:i, s:f, s:f}", "tokens", plens[i], "seconds", t, "tokens_per_s", plens[i] / t);
+        json_array_append_new(json_object_get(out, "prefill"), e);
         if (!json) printf("%-10s %8d %12.1f %12.2f ms\n", "prefill", plens[i], plens[i] / t, t * 1e3);
+        offload_phase(&b, e, json);
     }
     for (int i = 0; i < nb; i++) {
         double t;
@@ -381,12 +425,12 @@ int moe_cli_bench(int argc, char **argv)
         }
         double tps = (double)bsizes[i] * (double)steps / t;
         dec[i] = (struct moe_bench_decode){bsizes[i], t / (double)steps, tps};
-        json_array_append_new(json_object_get(out, "decode"),
-                              json_pack("{s:i, s:i, s:i, s:f, s:f}", "batch", bsizes[i], "ctx",
-                                        (int)ctx, "steps", (int)steps, "step_ms", t / (double)steps * 1e3,
-                                        "tokens_per_s", tps));
+        json_t *e = json_pack("{s:i, s:i, s:i, s:f, s:f}", "batch", bsizes[i], "ctx", (int)ctx, "steps",
+                              (int)steps, "step_ms", t / (double)steps * 1e3, "tokens_per_s", tps);
+        json_array_append_new(json_object_get(out, "decode"), e);
         if (!json)
             printf("%-10s %8d %12.1f %9.2f ms/step\n", "decode", bsizes[i], tps, t / (double)steps * 1e3);
+        offload_phase(&b, e, json);
     }
     if (so.on) { /* the recorder times itself: its share of all forward steps run here */
         double loop = moe_cli_now() - t_loop, rec = so.st.busy_s;

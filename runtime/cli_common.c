@@ -175,6 +175,7 @@ int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, cons
     case MOE_OPT_SYNTHETIC: o->model.synthetic = arg; return 1;
     case MOE_OPT_DTYPE: o->model.dtype = arg; return 1;
     case MOE_OPT_MOE_TOP_K: dst = &o->model.top_k; hi = 1 << 16; break;
+    case MOE_OPT_GPU_EXPERTS: dst = &o->gpu_experts; lo = 1; hi = 1 << 20; break;
     case MOE_OPT_QUANTIZE: {
         enum moe_weight_quant q;
         if (!moe_cli_parse_quant(arg, &q)) {
@@ -276,6 +277,10 @@ enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_c
         return moe_fail(MOE_ERR_INVALID_ARG, "--quantize '%s' (use q8_0, or none)", o->quantize);
     MOE_TRY(moe_backend_init(be, o->backend, (int)o->threads));
     be->quant = q;
+    be->gpu_experts = (int)o->gpu_experts;
+    if (o->gpu_experts && strcmp(be->ops->name, "cuda"))
+        fprintf(stderr, "moerun: --gpu-experts applies to the CUDA backend; the %s backend keeps every "
+                "expert in host memory\n", be->ops->name);
     return MOE_OK;
 }
 

@@ -52,7 +52,7 @@ double moe_cli_read_bandwidth(void);
 enum {
     MOE_OPT_KV_BUDGET = 0x100, MOE_OPT_KV_BLOCK, MOE_OPT_KV_DTYPE, MOE_OPT_MAX_BATCH_TOKENS,
     MOE_OPT_MAX_SEQS, MOE_OPT_NO_PREFIX_CACHE, MOE_OPT_BACKEND, MOE_OPT_THREADS,
-    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_MOE_TOP_K, MOE_OPT_QUANTIZE, MOE_OPT_LAST
+    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_MOE_TOP_K, MOE_OPT_QUANTIZE, MOE_OPT_GPU_EXPERTS, MOE_OPT_LAST
 };
 
 #define MOE_CLI_ENGINE_LONGOPTS                                                          \
@@ -68,7 +68,8 @@ enum {
     {"dtype", required_argument, 0, MOE_OPT_DTYPE},                                      \
     {"synthetic-seed", required_argument, 0, MOE_OPT_SYNTHETIC_SEED},                    \
     {"moe-top-k", required_argument, 0, MOE_OPT_MOE_TOP_K},                              \
-    {"quantize", required_argument, 0, MOE_OPT_QUANTIZE}
+    {"quantize", required_argument, 0, MOE_OPT_QUANTIZE},                                \
+    {"gpu-experts", required_argument, 0, MOE_OPT_GPU_EXPERTS}
 
 #define MOE_CLI_ENGINE_HELP                                                              \
     "  --kv-budget SIZE     KV cache size: bytes with a unit (512MiB, 8GiB) or a\n"       \
@@ -85,7 +86,10 @@ enum {
     "  --synthetic-seed S   synthetic weight seed (default 0)\n"                         \
     "  --moe-top-k K        route each token to K experts instead of the model's top-k\n"   \
     "  --quantize q8_0      quantize the weights at load (CPU backends; routers and\n"    \
-    "                       the embedding stay as stored)\n"
+    "                       the embedding stay as stored)\n"                             \
+    "  --gpu-experts N      CUDA: keep N experts of each MoE layer in GPU memory, the\n" \
+    "                       rest in host memory, copied in when routed to (LRU;\n"     \
+    "                       default all resident)\n"
 
 struct moe_cli_engine {
     struct moe_cli_model_opts model;
@@ -97,6 +101,7 @@ struct moe_cli_engine {
     long max_batch_tokens, max_seqs;
     bool no_prefix_cache;
     const char *quantize;     /* --quantize: "q8_0", "none" or NULL */
+    long gpu_experts;         /* --gpu-experts: 0 = all resident */
 };
 
 void moe_cli_engine_defaults(struct moe_cli_engine *o);

@@ -9,7 +9,15 @@
  * Decode at batch B reads the non-expert weights once, the experts its B
  * tokens touch (expected E x (1 - (1 - K/E)^B) per MoE layer for uniform
  * routing) and every sequence's KV; prefill of a chunk of P tokens reads
- * all weights once and does P tokens' FLOPs. */
+ * all weights once and does P tokens' FLOPs.
+ *
+ * --gpu-experts C (the CUDA backend's expert offload): C experts of each
+ * MoE layer in device memory, the rest in host memory.  A routed expert is
+ * found on the device with the hit rate h (C/E for uniform routing, where
+ * any policy does as well as LRU; `moerun stats TRACE --cache C` measures
+ * it on a real trace); a step copies (1 - h) of its touched experts, and
+ * at least all but C of them, over PCIe, not yet overlapped with compute,
+ * so the copy time adds to the step's. */
 #include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
@@ -24,13 +32,16 @@
 struct device {
     const char *name;
     double mem_bytes, bw, flops; /* bytes, bytes/s, FLOP/s (bf16 dense) */
+    double h2d;                  /* host to device copies, bytes/s (PCIe) */
     const char *note;
 };
 
 static const struct device presets[] = {
-    {"h200", 141e9, 4.8e12, 989e12, "NVIDIA H200 SXM: 141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s bf16"},
-    {"h100", 80e9, 3.35e12, 989e12, "NVIDIA H100 SXM: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s bf16"},
-    {"a100", 80e9, 2.039e12, 312e12, "NVIDIA A100 SXM 80GB: 2.04 TB/s, 312 TFLOP/s bf16"},
+    /* h2d: PCIe 5.0 x16 (64 GB/s a direction) or 4.0 x16 (32), less what
+     * pinned copies typically lose */
+    {"h200", 141e9, 4.8e12, 989e12, 55e9, "NVIDIA H200 SXM: 141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s bf16"},
+    {"h100", 80e9, 3.35e12, 989e12, 55e9, "NVIDIA H100 SXM: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s bf16"},
+    {"a100", 80e9, 2.039e12, 312e12, 25e9, "NVIDIA A100 SXM 80GB: 2.04 TB/s, 312 TFLOP/s bf16"},
 };
 
 static void usage(FILE *f)
@@ -53,7 +64,12 @@ static void usage(FILE *f)
             "  --synthetic CONFIG, --dtype T   a configuration instead of a checkpoint\n"
             "  --moe-top-k K    predict with K experts per token instead of the model's top-k\n"
             "  --quantize q8_0  predict with the weights --quantize q8_0 makes (9 bits each,\n"
-            "                   routers, the embedding, FP8 and MXFP4 weights as stored)\n");
+            "                   routers, the embedding, FP8 and MXFP4 weights as stored)\n"
+            "  --gpu-experts C  predict the CUDA expert offload: C experts per MoE layer on\n"
+            "                   the device, the others copied in from host memory\n"
+            "  --hit-rate H     share of routed experts found on the device (default C/E,\n"
+            "                   uniform routing; `moerun stats TRACE --cache C` measures it)\n"
+            "  --pcie GB/s      host-to-device copy bandwidth (default 55, a100 25)\n");
 }
 
 static double cpu_peak_flops(void)
@@ -75,6 +91,24 @@ static double cpu_peak_flops(void)
     return (double)sysconf(_SC_NPROCESSORS_ONLN) * mhz * 1e6 * per_cycle;
 }
 
+/* Seconds a step of `tokens` tokens spends copying experts in: of the
+ * experts it touches per MoE layer (uniform routing), the share 1 - hit
+ * are not on the device, and at least all but C; t1 is the time to copy
+ * one expert of every MoE layer. */
+static double copy_seconds(double E, double K, double C, double hit, double tokens, double t1)
+{
+    if (E <= 0 || C >= E) return 0;
+    const double uniq = E * (1.0 - pow(1.0 - K / E, tokens));
+    return fmax(uniq * (1 - hit), uniq - C) * t1;
+}
+
+/* ", + X ms copying experts in at Y GB/s" for a time of `sec`. */
+static const char *copy_note(char *buf, size_t n, double sec, double h2d)
+{
+    snprintf(buf, n, " + %.3f ms copying experts in at %.0f GB/s", sec * 1e3, h2d / 1e9);
+    return buf;
+}
+
 int moe_cli_plan(int argc, char **argv)
 {
     struct moe_cli_model_opts mo = {0};
@@ -88,7 +122,11 @@ int moe_cli_plan(int argc, char **argv)
         {"kv-dtype", required_argument, 0, 'k'},  {"synthetic", required_argument, 0, 's'},
         {"dtype", required_argument, 0, 'd'},     {"help", no_argument, 0, 'h'},
         {"moe-top-k", required_argument, 0, 'K'}, {"quantize", required_argument, 0, 'Q'},
-        {0, 0, 0, 0}};
+        {"gpu-experts", required_argument, 0, 'G'}, {"hit-rate", required_argument, 0, 'H'},
+        {"pcie", required_argument, 0, 'P'},      {0, 0, 0, 0}};
+    long gpu_experts = 0;
+    double hit_arg = -1, pcie_arg = 0;
+    char *end;
     enum moe_weight_quant quant = MOE_QUANT_NONE;
     int c;
     optind = 1;
@@ -117,6 +155,20 @@ int moe_cli_plan(int argc, char **argv)
             if (!moe_cli_parse_quant(optarg, &quant))
                 return moe_cli_error("plan", "--quantize '%s' (use q8_0, or none)", optarg);
             break;
+        case 'G':
+            if (!moe_cli_parse_int(optarg, 1, 1 << 20, &gpu_experts))
+                return moe_cli_error("plan", "--gpu-experts '%s'", optarg);
+            break;
+        case 'H':
+            hit_arg = strtod(optarg, &end);
+            if (end == optarg || *end || !(hit_arg >= 0 && hit_arg <= 1))
+                return moe_cli_error("plan", "--hit-rate '%s' (a share from 0 to 1)", optarg);
+            break;
+        case 'P':
+            pcie_arg = strtod(optarg, &end) * 1e9;
+            if (end == optarg || *end || !(pcie_arg > 0 && pcie_arg < 1e15))
+                return moe_cli_error("plan", "--pcie '%s' (GB/s)", optarg);
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -140,6 +192,7 @@ int moe_cli_plan(int argc, char **argv)
         dev.mem_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
         dev.bw = moe_cli_copy_bandwidth();
         dev.flops = cpu_peak_flops();
+        if (gpu_experts) return moe_cli_error("plan", "--gpu-experts predicts a GPU's expert offload, not --device cpu");
         snprintf(note, sizeof note, "this machine: %ld cores, copy bandwidth measured, peak = cores x "
                  "clock x fp32 FMA lanes x 2 units x 2", sysconf(_SC_NPROCESSORS_ONLN));
         dev.note = note;
@@ -160,6 +213,7 @@ int moe_cli_plan(int argc, char **argv)
         snprintf(note, sizeof note, "custom memory size; bandwidth and compute of an H200 unless given");
         dev.note = note;
     }
+    if (pcie_arg > 0) dev.h2d = pcie_arg;
     if (bw_override > 0) dev.bw = bw_override;
     if (tflops_override > 0) dev.flops = tflops_override;
 
@@ -193,13 +247,18 @@ int moe_cli_plan(int argc, char **argv)
         z.bytes_total = z.bytes_embed + z.bytes_lm_head + z.bytes_attn + z.bytes_dense_ffn +
                         z.bytes_experts + z.bytes_shared + z.bytes_router + z.bytes_norm;
     }
-    char a[32], b[32], d[32];
+    char a[96], b[96], d[32];
     const double W = (double)z.bytes_total, E = cfg->n_experts, K = cfg->top_k;
     const int n_moe = moe_config_moe_layers(cfg);
     const double expert_bytes_layer = n_moe ? (double)z.bytes_experts / n_moe : 0; /* all E */
     const double one_expert = E > 0 ? expert_bytes_layer / E : 0;
     const double non_expert = W - (double)z.bytes_experts - (double)z.bytes_embed; /* embedding: rows only */
     const double touched = non_expert + n_moe * K * one_expert;
+    /* --gpu-experts: the experts of each MoE layer past C stay in host memory */
+    const bool off = gpu_experts > 0 && n_moe > 0 && gpu_experts < cfg->n_experts;
+    const double C = off ? (double)gpu_experts : E;
+    const double hit = !off ? 1 : hit_arg >= 0 ? hit_arg : C / E;
+    const double host_bytes = off ? n_moe * (E - C) * one_expert : 0, Wdev = W - host_bytes;
     printf("model        %s (%s)\n", mo.path ? mo.path : mo.synthetic, cfg->architecture);
     printf("device       %s: %s\n", dev.name, dev.note);
     if (dev.bw >= 1e12)
@@ -221,16 +280,20 @@ int moe_cli_plan(int argc, char **argv)
            moe_cli_bytes(a, sizeof a, touched), 100.0 * touched / W, n_moe ? "" : "dense, ",
            n_moe ? cfg->top_k : 0, cfg->n_experts);
 
+    if (off)
+        printf("offload      %ld of %d experts per MoE layer on the device: %s of weights there, %s in "
+               "host memory; hit rate %.3f%s\n", gpu_experts, cfg->n_experts, moe_cli_bytes(a, sizeof a, Wdev),
+               moe_cli_bytes(b, sizeof b, host_bytes), hit, hit_arg >= 0 ? "" : " (uniform routing: C/E)");
     const double kv_tok = (double)moe_config_kv_bytes_per_token(cfg, moe_dtype_size(kvt));
     const double kv_seq = kv_tok * (double)ctx;
     printf("\nkv cache     %s per token (%s), %s per sequence of %ld tokens\n",
            moe_cli_bytes(a, sizeof a, kv_tok), moe_dtype_name(kvt), moe_cli_bytes(b, sizeof b, kv_seq), ctx);
     const double usable = dev.mem_bytes * 0.9; /* leave room for activations and the runtime */
-    if (W >= usable) {
-        printf("fit          the weights (%s) do not fit in 90%% of %s\n", moe_cli_bytes(a, sizeof a, W),
+    if (Wdev >= usable) {
+        printf("fit          the weights (%s) do not fit in 90%% of %s\n", moe_cli_bytes(a, sizeof a, Wdev),
                moe_cli_bytes(b, sizeof b, dev.mem_bytes));
     } else {
-        double left = usable - W;
+        double left = usable - Wdev;
         printf("fit          %s left beside the weights (90%% of memory usable): %.0f sequences of %ld "
                "tokens (%s tokens in all)\n", moe_cli_bytes(a, sizeof a, left), floor(left / kv_seq), ctx,
                moe_cli_count(d, sizeof d, floor(left / kv_tok)));
@@ -245,20 +308,24 @@ int moe_cli_plan(int argc, char **argv)
     /* prefill: a chunk of P tokens at half context on average */
     const double f_attn_prefill = 4.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim * (double)chunk / 2;
     double p_compute = (double)chunk * (f_tok + f_attn_prefill) / dev.flops;
-    double p_memory = W / dev.bw;
+    double p_memory = Wdev / dev.bw;
     double p_time = p_compute > p_memory ? p_compute : p_memory;
-    printf("prefill      chunk of %ld: %.3f ms per token (%s-bound), %.0f tokens/s\n", chunk,
-           p_time / (double)chunk * 1e3, p_compute > p_memory ? "compute" : "memory", (double)chunk / p_time);
+    const double p_copy = copy_seconds(E, K, C, hit, (double)chunk, n_moe * one_expert / dev.h2d);
+    printf("prefill      chunk of %ld: %.3f ms per token (%s-bound%s), %.0f tokens/s\n", chunk,
+           (p_time + p_copy) / (double)chunk * 1e3, p_compute > p_memory ? "compute" : "memory",
+           off ? copy_note(a, sizeof a, p_copy / (double)chunk, dev.h2d) : "", (double)chunk / (p_time + p_copy));
     /* decode at batch B */
     double uniq = E > 0 ? E * (1.0 - pow(1.0 - K / E, (double)batch)) : 0;
     double d_bytes = non_expert + n_moe * uniq * one_expert + (double)batch * kv_seq;
     double d_compute = (double)batch * (f_tok + f_attn) / dev.flops;
     double d_memory = d_bytes / dev.bw;
     double d_time = d_compute > d_memory ? d_compute : d_memory;
+    const double d_copy = copy_seconds(E, K, C, hit, (double)batch, n_moe * one_expert / dev.h2d);
     printf("decode       batch %ld at context %ld: reads %s per step (%.1f of %d experts per MoE layer "
-           "touched), %.3f ms per step (%s-bound), %.0f tokens/s\n", batch, ctx,
-           moe_cli_bytes(a, sizeof a, d_bytes), uniq, cfg->n_experts, d_time * 1e3,
-           d_compute > d_memory ? "compute" : "memory", (double)batch / d_time);
+           "touched), %.3f ms per step (%s-bound%s), %.0f tokens/s\n", batch, ctx,
+           moe_cli_bytes(a, sizeof a, d_bytes), uniq, cfg->n_experts, (d_time + d_copy) * 1e3,
+           d_compute > d_memory ? "compute" : "memory", off ? copy_note(b, sizeof b, d_copy, dev.h2d) : "",
+           (double)batch / (d_time + d_copy));
     moe_model_free(&m);
     return 0;
 }

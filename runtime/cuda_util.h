@@ -189,12 +189,14 @@ enum moe_status moe_router_dispatch_cuda(cudaStream_t st, struct moe_dispatch *p
 enum moe_status moe_experts_swiglu_cuda(cudaStream_t st, float *g, const float *u, size_t n);
 /* Decode path: no host synchronisation.  h (T*K, F) fp32 scratch, ye (T*K, D)
  * fp32 scratch, active (E + 1) int32 scratch (the experts with rows);
- * gu (E, 2F, D), dn (E, D, F) stacked in dt (MXFP4 and FP8_B128: each
- * stack as planes, runtime/tensor.h); ex's biases and activation (model.h;
- * ex may be NULL: none). */
+ * gu (Ew, 2F, D), dn (Ew, D, F) stacked in dt (MXFP4 and FP8_B128: each
+ * stack as planes, runtime/tensor.h); expert e's weights are at place
+ * wmap[e] of the stacks (device (E); wmap NULL: e, Ew = E), and an expert
+ * with wmap[e] < 0 is skipped (its rows of h and ye are left as they are);
+ * ex's biases (by e) and activation (model.h; ex may be NULL: none). */
 enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye, const float *x,
                                            const struct moe_dispatch *plan, int32_t *active,
-                                           const void *gu,
+                                           const int32_t *wmap, int Ew, const void *gu,
                                            const void *dn, const struct moe_expert_weights *ex,
                                            enum moe_dtype dt, int T, int K, int D, int F, int E);
 /* Grouped path pieces: xe (T*K, D) in dt (F16/BF16) = x rows in perm order;

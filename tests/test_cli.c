@@ -123,6 +123,29 @@ Test(cli, bad_input_gives_one_clear_line)
     snprintf(args, sizeof args, "bench --synthetic %s/configs/tiny-moe.json --expert-kernels 1,0",
              MOERUN_SOURCE_DIR);
     tu_expect_one_line_error(args, "--expert-kernels: values must be positive");
+    snprintf(args, sizeof args, "bench --synthetic %s/configs/tiny-moe.json --backend cpu --gpu-experts 2",
+             MOERUN_SOURCE_DIR);
+    tu_expect_one_line_error(args, "need the CUDA backend");
+    snprintf(args, sizeof args, "run %s/mixtral --prompt-ids 1 --gpu-experts 0", FIXTURE_DIR);
+    tu_expect_one_line_error(args, "'0' must be an integer in [1, 1048576]");
+}
+
+/* --gpu-experts on a CPU backend: said once, the run unchanged. */
+Test(cli, gpu_experts_on_the_cpu_is_a_notice)
+{
+    char cmd[1024], a[4096], b[4096];
+    snprintf(cmd, sizeof cmd, "%s run %s/mixtral --prompt-ids 1,2,3 -n 6 --backend cpu 2>&1", MOERUN_BINARY,
+             FIXTURE_DIR);
+    cr_assert_eq(tu_run(cmd, a, sizeof a), 0, "%s", a);
+    snprintf(cmd, sizeof cmd, "%s run %s/mixtral --prompt-ids 1,2,3 -n 6 --backend cpu --gpu-experts 2 2>&1",
+             MOERUN_BINARY, FIXTURE_DIR);
+    cr_assert_eq(tu_run(cmd, b, sizeof b), 0, "%s", b);
+    const char *note = strstr(b, "--gpu-experts applies to the CUDA backend");
+    cr_assert(note, "%s", b);
+    const char *rest = strchr(note, '\n');
+    cr_assert(rest);
+    /* the generated text is the same (timings differ: compare the first line) */
+    cr_assert_eq(strncmp(rest + 1, a, strcspn(a, "\n")), 0, "with:\n%s\nwithout:\n%s", b, a);
 }
 
 Test(cli, help_on_every_command)
@@ -167,6 +190,26 @@ Test(cli, plan_mixtral_on_h200)
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "8.0 of 8 experts"), "%s", out);
     cr_assert(strstr(out, "do not fit"), "87 GiB do not fit in 90%% of 80 GB: %s", out);
+}
+
+/* plan --gpu-experts: Mixtral's experts are 84 GiB (32 layers x 8 x 3 x
+ * 4096 x 14336 bf16), so keeping 4 of 8 on the device leaves 42 GiB in
+ * host memory, and the 87 GiB model then fits an A100's 80 GB.  Batch 1
+ * touches 2 experts per layer; with the hit rate 0.5 one per layer (32 x
+ * 336 MiB = 11.27 GB) crosses PCIe at 25 GB/s: 451 ms. */
+Test(cli, plan_expert_offload)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --device a100 --gpu-experts 4",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "4 of 8 experts per MoE layer on the device: 44.99 GiB of weights there, 42.00 GiB "
+                          "in host memory; hit rate 0.500"), "%s", out);
+    cr_assert(!strstr(out, "do not fit"), "%s", out);
+    cr_assert(strstr(out, "+ 450.9"), "32 x 352321536 B / 25 GB/s = 450.97 ms: %s", out);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --gpu-experts 4 --hit-rate 1.5",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
 }
 
 /* bench --serve: every request completes and the JSON carries the metrics. */

@@ -29,7 +29,8 @@ struct side {
     struct moe_runner r;
 };
 
-static void side_open(struct side *s, const char *name, bool cuda)
+/* gpu_experts: moe_backend.gpu_experts (CUDA; 0: every expert resident) */
+static void side_open_with(struct side *s, const char *name, bool cuda, int gpu_experts)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
@@ -37,10 +38,13 @@ static void side_open(struct side *s, const char *name, bool cuda)
     cr_assert_eq(moe_model_load(&s->m, dir), MOE_OK, "load %s: %s", name, moe_last_error());
     if (cuda) cr_assert_eq(moe_backend_cuda_init(&s->be, 0), MOE_OK, "%s", moe_last_error());
     else cr_assert_eq(moe_backend_cpu_init(&s->be, 0), MOE_OK);
+    s->be.gpu_experts = gpu_experts;
     struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 4, .max_logits = 64,
                                 .block_size = 4, .n_blocks = 256};
     cr_assert_eq(moe_runner_init(&s->r, &s->m, &s->be, &o), MOE_OK, "%s", moe_last_error());
 }
+
+static void side_open(struct side *s, const char *name, bool cuda) { side_open_with(s, name, cuda, 0); }
 
 static void side_close(struct side *s)
 {
@@ -63,13 +67,15 @@ static float *prefill_all(struct side *s, const int32_t *prompt, int S, int32_t 
     return logits;
 }
 
+static void check_offload_stats(const struct side *gpu, int C);
+
 /* bf16: the bf16 tolerance (1e-2 unless tol > 0), expert ids and greedy
- * tokens reported, not required. */
-static void check_fixture_tol(const char *name, bool bf16, double tol)
+ * tokens reported, not required.  gpu_experts: as side_open_with. */
+static void check_fixture_opts(const char *name, bool bf16, double tol, int gpu_experts)
 {
     struct side cpu, gpu;
     side_open(&cpu, name, false);
-    side_open(&gpu, name, true);
+    side_open_with(&gpu, name, true, gpu_experts);
     char path[600];
     snprintf(path, sizeof path, "%s/%s/reference.safetensors", FIXTURE_DIR, name);
     struct moe_safetensors ref = {0};
@@ -104,20 +110,25 @@ static void check_fixture_tol(const char *name, bool bf16, double tol)
         int same = 0;
         while (same < 32 && oc[same] == og[same]) same++;
         if (!bf16) cr_expect_eq(same, 32, "%s prompt %d: greedy tokens differ from token %d", name, p, same);
-        fprintf(stderr, "e2e: %-10s %-4s prompt %d: logits max rel err %.3g, expert ids differing %d, "
-                "greedy tokens equal to the CPU %d/32\n", name, bf16 ? "bf16" : "fp32", p, worst,
-                id_diff, same);
+        fprintf(stderr, "e2e: %-10s %-4s prompt %d%s: logits max rel err %.3g, expert ids differing %d, "
+                "greedy tokens equal to the CPU %d/32\n", name, bf16 ? "bf16" : "fp32", p,
+                gpu_experts ? " (offload)" : "", worst, id_diff, same);
         moe_seq_free(&cpu.r, &qc);
         moe_seq_free(&gpu.r, &qg);
         free(tc), free(tg), free(lc), free(lg);
     }
     cr_assert_eq(moe_kvcache_available(&gpu.r.kv), gpu.r.kv.n_blocks, "every KV block returned");
+    if (gpu_experts) check_offload_stats(&gpu, gpu_experts);
     moe_safetensors_close(&ref);
     side_close(&gpu);
     side_close(&cpu);
 }
 
-static void check_fixture(const char *name, bool bf16) { check_fixture_tol(name, bf16, 0); }
+static void check_fixture_tol(const char *name, bool bf16, double tol)
+{
+    check_fixture_opts(name, bf16, tol, 0);
+}
+static void check_fixture(const char *name, bool bf16) { check_fixture_opts(name, bf16, 0, 0); }
 
 Test(cuda_forward, mixtral_matches_cpu) { check_fixture("mixtral", false); }
 Test(cuda_forward, qwen2_moe_matches_cpu) { check_fixture("qwen2_moe", false); }
@@ -148,6 +159,70 @@ Test(cuda_forward, deepseek_v3_matches_cpu) { check_fixture("deepseek_v3", false
 Test(cuda_forward, llama_matches_cpu) { check_fixture("llama", false); }
 Test(cuda_forward, qwen2_matches_cpu) { check_fixture("qwen2", false); }
 Test(cuda_forward, qwen3_matches_cpu) { check_fixture("qwen3", false); }
+
+/* ---- expert offload (moe_backend.gpu_experts) ----
+ * C of a layer's 8 experts in device slots, the rest copied in from host
+ * memory when routed to: the same numbers as the CPU (and as the resident
+ * experts).  The fixtures' prompts (5 to 21 rows) take the device-driven
+ * kernels, their prefill in several rounds (more than C experts a step);
+ * a 40-row prefill of a bf16 or MXFP4 model takes the grouped GEMMs. */
+
+/* Every MoE layer offloaded; misses and bytes copied agree; decode found
+ * experts in their slots. */
+static void check_offload_stats(const struct side *gpu, int C)
+{
+    const struct moe_config *c = &gpu->m.cfg;
+    int moe_layers = 0;
+    for (int l = 0; l < c->n_layers; l++) moe_layers += c->layer_moe[l] && c->n_experts > 0;
+    struct moe_offload_stats st;
+    moe_cuda_offload_stats(&gpu->be, &st);
+    cr_assert_eq(st.layers, moe_layers, "%d layers offloaded, %d MoE layers", st.layers, moe_layers);
+    const int64_t misses = st.accesses - st.hits;
+    cr_assert(st.hits > 0 && misses > 0, "expert uses %lld, found in a slot %lld", (long long)st.accesses,
+              (long long)st.hits);
+    cr_assert(st.bytes_in > 0 && st.bytes_in % (uint64_t)misses == 0,
+              "%llu bytes copied for %lld misses", (unsigned long long)st.bytes_in, (long long)misses);
+    if (gpu->m.layers[0].wq.dtype == MOE_DTYPE_F32) /* plain fp32 experts: 3 D x F matrices */
+        cr_assert_eq(st.bytes_in / (uint64_t)misses, 3ull * c->d_model * c->d_expert * 4);
+    fprintf(stderr, "offload: C=%d of %d, %d layers: %lld expert uses, %.1f%% in a slot, %.2f MB copied in\n",
+            C, c->n_experts, st.layers, (long long)st.accesses, 100.0 * st.hits / st.accesses,
+            st.bytes_in / 1e6);
+}
+
+Test(cuda_forward, offload_mixtral_matches_cpu) { check_fixture_opts("mixtral", false, 0, 3); }
+Test(cuda_forward, offload_one_slot_qwen3_moe_matches_cpu) { check_fixture_opts("qwen3_moe", false, 0, 1); }
+Test(cuda_forward, offload_gpt_oss_mxfp4_matches_cpu) { check_fixture_opts("gpt_oss_mxfp4", true, 0, 3); }
+
+/* A 40-row prefill (the grouped path for bf16 and MXFP4 experts) with C
+ * slots against the CPU. */
+static void check_offload_long(const char *name, bool bf16, int C)
+{
+    struct side cpu, gpu;
+    side_open(&cpu, name, false);
+    side_open_with(&gpu, name, true, C);
+    const int V = cpu.m.cfg.vocab, S = 40;
+    int32_t prompt[40];
+    for (int i = 0; i < S; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
+    float *lc = prefill_all(&cpu, prompt, S, NULL), *lg = prefill_all(&gpu, prompt, S, NULL);
+    double worst = 0, tol = bf16 ? 1e-2 : 1e-4;
+    for (int s = 0; s < S; s++) {
+        double e = tu_max_rel_err(lg + (size_t)s * V, lc + (size_t)s * V, (size_t)V);
+        worst = e > worst ? e : worst;
+    }
+    cr_expect(worst <= tol, "%s, %d rows, C=%d: logits relative error %.3g > %.1g", name, S, C, worst, tol);
+    struct moe_offload_stats st;
+    moe_cuda_offload_stats(&gpu.be, &st);
+    cr_assert(st.layers > 0 && st.accesses > 0 && st.bytes_in > 0, "%s: nothing offloaded", name);
+    fprintf(stderr, "e2e: %-10s %-4s %d-row prefill (offload C=%d): logits max rel err %.3g\n", name,
+            bf16 ? "bf16" : "fp32", S, C, worst);
+    free(lc), free(lg);
+    side_close(&gpu);
+    side_close(&cpu);
+}
+
+Test(cuda_forward, offload_long_prefill_olmoe) { check_offload_long("olmoe", true, 3); }
+Test(cuda_forward, offload_long_prefill_gpt_oss_mxfp4) { check_offload_long("gpt_oss_mxfp4", true, 2); }
+Test(cuda_forward, offload_long_prefill_mixtral) { check_offload_long("mixtral", false, 5); }
 
 /* Batched steps: three sequences prefilled and decoded together on the GPU
  * give the logits each gets alone (rows never mix within a step), to

@@ -186,6 +186,11 @@ PY
     bench "experts_$1" "$out/shape_$1.json" --prefill 16 --decode 1 --steps 2 --expert-kernels 1,8,64
 done
 say "   expert kernels done"
+# expert offload: 4 of Mixtral's 8 experts per layer on the device, the rest
+# copied in over PCIe when routed to (--gpu-experts)
+bench mixtral_offload4 configs/mixtral-8x7b.json --prefill 512 --chunk 512 --decode 1,8 --steps 8 \
+    --gpu-experts 4
+say "   mixtral with expert offload done"
 fi # bench
 
 # ---- 5. the table ----
@@ -259,6 +264,15 @@ for name in ("mixtral", "experts_gptoss120b", "experts_qwen3moe30b"):
                 name, r["batch"], r["dtype"], r["us"], r["GBps"], 100 * r["copy_bandwidth_fraction"]))
     except Exception as e:
         print("  %-20s no result (%s)" % (name, e))
+try:
+    j = json.load(open(os.path.join(out, "bench_mixtral_offload4.json")))
+    rows = [("pf%d" % p["tokens"], p) for p in j["prefill"]] + [("b%d" % d["batch"], d) for d in j["decode"]]
+    print("mixtral, 4 of 8 experts on the GPU: " + "; ".join(
+        "%s %.1f t/s, %.0f%% found, %.1f MB/token in" % (
+            n, r["tokens_per_s"], 100 * r.get("offload", {}).get("hit_rate", 0),
+            r.get("offload", {}).get("mb_in_per_token", 0)) for n, r in rows))
+except Exception as e:
+    print("mixtral with expert offload: no result (%s)" % e)
 for kv in ("f32", "bf16"):
     try:
         c = json.load(open(os.path.join(out, "ppl_cuda_%s.json" % kv)))

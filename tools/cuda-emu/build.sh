@@ -30,7 +30,7 @@ for f in "$B"/src/*.cc "$E/emu_api.cc" "$E/mma_stub.cc"; do
   nice -n 19 g++ $CXXF -c "$f" -o "$o"
   objs="$objs $o"
 done
-for f in runtime/backend_cuda.c runtime/backend_cuda_upload.c runtime/backend_cuda_experts.c runtime/backend.c tests/testutil.c; do
+for f in runtime/backend_cuda.c runtime/backend_cuda_upload.c runtime/backend_cuda_experts.c runtime/backend_cuda_offload.c runtime/backend.c tests/testutil.c; do
   o=$B/obj/$(basename "$f" .c).co
   nice -n 19 gcc $CF -c "$f" -o "$o"
   objs="$objs $o"
