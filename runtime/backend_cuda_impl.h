@@ -157,6 +157,9 @@ MOE_MUST_USE enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct
                                                       const struct moe_expert_weights *ex,
                                                       const struct moe_expert_ws *ws, int T, int K,
                                                       int D, int F, int E);
+/* Drops the offload state keyed by ex, if any: a layer of a model freed
+ * since, whose table address a new model reuses. */
+void moe_cuda_offload_forget(struct cuda_ctx *c, const struct moe_expert_weights *ex);
 void moe_cuda_offload_free(struct cuda_ctx *c);
 
 /* Records a device buffer the context frees at destroy. */

@@ -20,16 +20,29 @@ struct offload_layer *moe_cuda_offloaded(struct cuda_ctx *c, const struct moe_ex
     return NULL;
 }
 
+/* Releases a layer's host memory (its device slots are the context's). */
+static void layer_free(struct offload_layer *ol)
+{
+    cudaFreeHost(ol->host_gu);
+    cudaFreeHost(ol->host_dn);
+    free(ol->h_map);
+    free(ol->order);
+    moe_expert_cache_free(&ol->cache);
+    memset(ol, 0, sizeof *ol);
+}
+
+void moe_cuda_offload_forget(struct cuda_ctx *c, const struct moe_expert_weights *ex)
+{
+    struct offload_layer *ol = moe_cuda_offloaded(c, ex);
+    if (ol) {
+        layer_free(ol);
+        *ol = c->off[--c->n_off];
+    }
+}
+
 void moe_cuda_offload_free(struct cuda_ctx *c)
 {
-    for (int i = 0; i < c->n_off; i++) {
-        struct offload_layer *ol = &c->off[i];
-        cudaFreeHost(ol->host_gu);
-        cudaFreeHost(ol->host_dn);
-        free(ol->h_map);
-        free(ol->order);
-        moe_expert_cache_free(&ol->cache);
-    }
+    for (int i = 0; i < c->n_off; i++) layer_free(&c->off[i]);
     free(c->off);
     c->off = NULL;
     c->n_off = c->cap_off = 0;

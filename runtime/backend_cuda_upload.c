@@ -209,6 +209,7 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     /* offload (be->gpu_experts below E): the stacks are built here, then
      * moved to host memory */
     const bool off = be->gpu_experts > 0 && be->gpu_experts < E;
+    moe_cuda_offload_forget(c, x); /* a freed model's layer at this address */
     void *gu, *dn;
     if (off) {
         MOE_CUDA_TRY(cudaMalloc(&gu, gu_bytes));

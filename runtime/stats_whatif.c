@@ -362,7 +362,8 @@ enum moe_status moe_whatif_cache(FILE *f, const struct moe_sdata *d, int C, int6
                 d->N ? (double)(acc - hits) * expert_bytes / d->N / 1e6 : 0);
     }
     fprintf(f, "accesses: distinct experts each step needs per layer; a miss copies one expert "
-            "(3*D*F*weight bytes) from the host\n");
+            "(3*D*F*weight bytes) from the host.  The CUDA backend runs the LRU policy with "
+            "--gpu-experts %d\n", C);
     return MOE_OK;
 }
 

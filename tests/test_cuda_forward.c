@@ -194,29 +194,35 @@ Test(cuda_forward, offload_one_slot_qwen3_moe_matches_cpu) { check_fixture_opts(
 Test(cuda_forward, offload_gpt_oss_mxfp4_matches_cpu) { check_fixture_opts("gpt_oss_mxfp4", true, 0, 3); }
 
 /* A 40-row prefill (the grouped path for bf16 and MXFP4 experts) with C
- * slots against the CPU. */
+ * slots: the resident experts' logits to rounding (the same GEMMs, in
+ * other groups), and the CPU's within the path's tolerance (bf16
+ * activations for the grouped GEMMs: 2e-2). */
 static void check_offload_long(const char *name, bool bf16, int C)
 {
-    struct side cpu, gpu;
+    struct side cpu, res, gpu;
     side_open(&cpu, name, false);
+    side_open(&res, name, true);
     side_open_with(&gpu, name, true, C);
     const int V = cpu.m.cfg.vocab, S = 40;
     int32_t prompt[40];
     for (int i = 0; i < S; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
-    float *lc = prefill_all(&cpu, prompt, S, NULL), *lg = prefill_all(&gpu, prompt, S, NULL);
-    double worst = 0, tol = bf16 ? 1e-2 : 1e-4;
+    float *lc = prefill_all(&cpu, prompt, S, NULL), *lr = prefill_all(&res, prompt, S, NULL),
+          *lg = prefill_all(&gpu, prompt, S, NULL);
+    double vs_cpu = 0, vs_res = 0, tol = bf16 ? 2e-2 : 1e-4;
     for (int s = 0; s < S; s++) {
-        double e = tu_max_rel_err(lg + (size_t)s * V, lc + (size_t)s * V, (size_t)V);
-        worst = e > worst ? e : worst;
+        vs_cpu = fmax(vs_cpu, tu_max_rel_err(lg + (size_t)s * V, lc + (size_t)s * V, (size_t)V));
+        vs_res = fmax(vs_res, tu_max_rel_err(lg + (size_t)s * V, lr + (size_t)s * V, (size_t)V));
     }
-    cr_expect(worst <= tol, "%s, %d rows, C=%d: logits relative error %.3g > %.1g", name, S, C, worst, tol);
+    cr_expect(vs_res <= 1e-3, "%s, %d rows, C=%d: logits vs resident experts %.3g", name, S, C, vs_res);
+    cr_expect(vs_cpu <= tol, "%s, %d rows, C=%d: logits vs the CPU %.3g > %.1g", name, S, C, vs_cpu, tol);
     struct moe_offload_stats st;
     moe_cuda_offload_stats(&gpu.be, &st);
     cr_assert(st.layers > 0 && st.accesses > 0 && st.bytes_in > 0, "%s: nothing offloaded", name);
-    fprintf(stderr, "e2e: %-10s %-4s %d-row prefill (offload C=%d): logits max rel err %.3g\n", name,
-            bf16 ? "bf16" : "fp32", S, C, worst);
-    free(lc), free(lg);
+    fprintf(stderr, "e2e: %-10s %-4s %d-row prefill (offload C=%d): logits max rel err %.3g vs the CPU, "
+            "%.3g vs resident experts\n", name, bf16 ? "bf16" : "fp32", S, C, vs_cpu, vs_res);
+    free(lc), free(lr), free(lg);
     side_close(&gpu);
+    side_close(&res);
     side_close(&cpu);
 }
 
