@@ -182,7 +182,10 @@ static void check_offload_stats(const struct side *gpu, int C)
               (long long)st.hits);
     cr_assert(st.bytes_in > 0 && st.bytes_in % (uint64_t)misses == 0,
               "%llu bytes copied for %lld misses", (unsigned long long)st.bytes_in, (long long)misses);
-    if (gpu->m.layers[0].wq.dtype == MOE_DTYPE_F32) /* plain fp32 experts: 3 D x F matrices */
+    enum moe_dtype edt = MOE_DTYPE_F32;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_moe[l]) edt = gpu->m.layers[l].experts.dtype;
+    if (edt == MOE_DTYPE_F32) /* plain fp32 experts: 3 D x F matrices each */
         cr_assert_eq(st.bytes_in / (uint64_t)misses, 3ull * c->d_model * c->d_expert * 4);
     fprintf(stderr, "offload: C=%d of %d, %d layers: %lld expert uses, %.1f%% in a slot, %.2f MB copied in\n",
             C, c->n_experts, st.layers, (long long)st.accesses, 100.0 * st.hits / st.accesses,
