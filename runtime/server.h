@@ -140,6 +140,7 @@ struct srv_metrics {
     uint64_t prompt_tokens, generated_tokens, preemptions, aborted, finished;
     int waiting, running;
     int kv_used, kv_cached, kv_free, kv_total;
+    struct moe_offload_stats offload; /* --gpu-experts (CUDA) */
 };
 
 struct srv {

@@ -547,7 +547,10 @@ static void sweep(struct srv *s, bool abort_all)
 static void snapshot(struct srv *s)
 {
     const struct moe_kvcache *kv = &s->e.r.kv;
+    struct moe_offload_stats off;
+    moe_cuda_offload_stats(&s->be, &off);
     pthread_mutex_lock(&s->m_mu);
+    s->met.offload = off;
     s->met.prompt_tokens = s->e.n.prompt_tokens;
     s->met.generated_tokens = s->e.n.generated_tokens;
     s->met.preemptions = s->e.n.preemptions;

@@ -67,6 +67,17 @@ char *srv_metrics_text(struct srv *s)
          &m.ttft);
     hist(f, "moerun_inter_token_latency_seconds", "time between consecutive tokens of a request",
          &m.itl);
+    if (m.offload.layers > 0) {
+        one(f, "moerun_offload_uses_total", "counter",
+            "experts routed to in offloaded MoE layers (--gpu-experts), once per expert per layer step",
+            (unsigned long long)m.offload.accesses);
+        one(f, "moerun_offload_hits_total", "counter",
+            "of those, experts already in a device slot", (unsigned long long)m.offload.hits);
+        one(f, "moerun_offload_bytes_in_total", "counter",
+            "bytes of expert weights copied from host memory to the device", m.offload.bytes_in);
+        one(f, "moerun_offload_host_bytes", "gauge",
+            "bytes of expert weights held in pinned host memory", m.offload.host_bytes);
+    }
     if (s->so.on) {
         char *st = NULL;
         pthread_mutex_lock(&s->stats_mu);
