@@ -3,7 +3,8 @@
  * attention_prefill_cuda.cu: tiled, for prefill; attention_mla_cuda.cu:
  * one shared K/V row for many heads, DeepSeek's MLA): the view of one
  * layer's paged cache and of the step's batch, checked once on the host,
- * and the device helpers of the tiled kernels.  Each kernel's argument
+ * and the device helpers of the tiled kernels (finding a tile, one key
+ * tile's scores and online softmax).  Each kernel's argument
  * struct derives from the view (the .cu files are C++). */
 #pragma once
 
@@ -24,6 +25,10 @@ struct att_view {
 };
 
 #ifdef __CUDACC__
+#include <math.h>
+
+#include "runtime/cuda_dtype.cuh"
+
 /* Folds head h's sink logit into a finished online softmax of running max
  * m and sum *l: *l gains exp(sink) on the same scale, and the returned
  * factor rescales the accumulator (out = acc * factor / *l). */
@@ -69,6 +74,64 @@ static __device__ __forceinline__ bool att_find_tile(const int32_t *seq_start, i
         tile -= tiles;
     }
     return false;
+}
+
+static __device__ __forceinline__ float att_f4_get(float4 v, int i)
+{
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* One key tile of the tiled kernels (attention_prefill_cuda.cu,
+ * attention_mla_cuda.cu) for a warp's RPW query rows: the scores, then the
+ * online softmax.  The tile has 32 keys k0 + j, one per lane j: its row k4
+ * (n4 float4; rows padded to dhp + 4 floats, so the lanes' reads do not
+ * conflict), and tile_ok[j] nonzero when it is readable.  q4: the warp's
+ * query rows (RPW, n4) float4, read as broadcasts.  Row rr sees keys
+ * [first[rr], last[rr]] (an unused row has an empty range).  Per row: s =
+ * q.k * scale (-inf when masked), m' = max(m, warp max of s), the
+ * correction corr = exp(m - m') of the accumulator, p = exp(s - m') into
+ * pw (RPW, 32), l = l * corr + warp sum of p, m = m'.  A row that has seen
+ * no key keeps m = -inf, corr = 1 and p = 0 (the test is warp-uniform).
+ * SCORE_UNROLL is the score loop's unroll factor (each kernel's own). */
+template <int RPW, int SCORE_UNROLL>
+static __device__ __forceinline__ void att_tile_softmax(const float4 *k4, const float4 *q4, int n4,
+                                                        const int *first, const int *last,
+                                                        const int *tile_ok, int k0, float scale,
+                                                        float (&m)[RPW], float (&l)[RPW],
+                                                        float (&corr)[RPW], float *pw, int lane)
+{
+    float s[RPW];
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) s[rr] = 0.0f;
+#pragma unroll SCORE_UNROLL
+    for (int d4 = 0; d4 < n4; d4++) {
+        const float4 kv = k4[d4];
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            const float4 qv = q4[rr * n4 + d4];
+            s[rr] = fmaf(qv.x, kv.x, s[rr]);
+            s[rr] = fmaf(qv.y, kv.y, s[rr]);
+            s[rr] = fmaf(qv.z, kv.z, s[rr]);
+            s[rr] = fmaf(qv.w, kv.w, s[rr]);
+        }
+    }
+    const int key = k0 + lane;
+    const bool kok = tile_ok[lane] != 0;
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) {
+        const bool ok = kok && key >= first[rr] && key <= last[rr];
+        const float sc = ok ? s[rr] * scale : -INFINITY;
+        const float mn = fmaxf(m[rr], moe_warp_max(sc));
+        float c = 1.0f, p = 0.0f;
+        if (mn != -INFINITY) { /* warp-uniform */
+            c = expf(m[rr] - mn);
+            p = ok ? expf(sc - mn) : 0.0f;
+        }
+        l[rr] = l[rr] * c + moe_warp_sum(p);
+        m[rr] = mn;
+        corr[rr] = c;
+        pw[rr * 32 + lane] = p;
+    }
 }
 #endif
 

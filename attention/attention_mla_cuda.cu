@@ -71,6 +71,7 @@
 #define MLA_RPW 4                        /* query rows per warp */
 #define MLA_ROWS (MLA_WARPS * MLA_RPW)   /* (token, head) rows per block */
 #define MLA_TK 32                        /* keys per tile: one per lane */
+static_assert(MLA_TK == 32, "att_tile_softmax takes one key per lane");
 #define MLA_MAXG 32                      /* query heads per pass */
 #define MLA_MAXNV4 5                     /* float4 columns per lane: Dh <= 640 */
 #define MLA_MAXDH 576
@@ -97,11 +98,6 @@ static __host__ __device__ size_t mla_smem_floats(int Dh)
 {
     const size_t dhp = (size_t)mla_dhp(Dh);
     return MLA_ROWS * dhp + MLA_TK * (dhp + 4) + MLA_ROWS * MLA_TK;
-}
-
-static __device__ __forceinline__ float f4_get(float4 v, int i)
-{
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 static __device__ __forceinline__ void f4_fma(float4 *acc, float p, float4 v)
@@ -193,45 +189,12 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attention_kernel(st
         __syncthreads();
         if (k0 > whi || k0 + MLA_TK - 1 < wlo) continue; /* warp-uniform */
 
-        /* scores: lane = key, 4 rows */
-        float s[MLA_RPW];
-#pragma unroll
-        for (int rr = 0; rr < MLA_RPW; rr++) s[rr] = 0.0f;
-        const float4 *k4 = (const float4 *)(skv + lane * (dhp + 4));
-        const float4 *q4 = (const float4 *)(sq + warp * MLA_RPW * dhp);
-#pragma unroll 4
-        for (int d4 = 0; d4 < n4; d4++) {
-            const float4 kv = k4[d4];
-#pragma unroll
-            for (int rr = 0; rr < MLA_RPW; rr++) {
-                const float4 qv = q4[rr * n4 + d4];
-                s[rr] = fmaf(qv.x, kv.x, s[rr]);
-                s[rr] = fmaf(qv.y, kv.y, s[rr]);
-                s[rr] = fmaf(qv.z, kv.z, s[rr]);
-                s[rr] = fmaf(qv.w, kv.w, s[rr]);
-            }
-        }
-
-        /* online softmax over the tile, per row (keys past j1 are not kok) */
-        const int key = k0 + lane;
-        const bool kok = s_kok[lane] != 0;
+        /* scores and online softmax, lane = key, 4 rows (keys past j1 are not kok) */
         float corr[MLA_RPW];
-#pragma unroll
-        for (int rr = 0; rr < MLA_RPW; rr++) {
-            const int r = warp * MLA_RPW + rr;
-            const bool ok = kok && key >= s_first[r] && key <= s_last[r];
-            const float sc = ok ? s[rr] * a.scale : -INFINITY;
-            const float mn = fmaxf(m[rr], moe_warp_max(sc));
-            float c = 1.0f, p = 0.0f;
-            if (mn != -INFINITY) { /* warp-uniform */
-                c = expf(m[rr] - mn);
-                p = ok ? expf(sc - mn) : 0.0f;
-            }
-            l[rr] = l[rr] * c + moe_warp_sum(p);
-            m[rr] = mn;
-            corr[rr] = c;
-            pw[rr * MLA_TK + lane] = p;
-        }
+        att_tile_softmax<MLA_RPW, 4>((const float4 *)(skv + lane * (dhp + 4)),
+                                     (const float4 *)(sq + warp * MLA_RPW * dhp), n4,
+                                     s_first + warp * MLA_RPW, s_last + warp * MLA_RPW,
+                                     s_kok, k0, a.scale, m, l, corr, pw, lane);
         __syncwarp();
 
         /* acc = acc * corr + P.V, V the same tile rows */
@@ -259,7 +222,7 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attention_kernel(st
                     if (c4 >= n4) continue;
                     const float4 v = vr[c4];
 #pragma unroll
-                    for (int rr = 0; rr < MLA_RPW; rr++) f4_fma(&acc[rr][k], f4_get(pr[rr], jj), v);
+                    for (int rr = 0; rr < MLA_RPW; rr++) f4_fma(&acc[rr][k], att_f4_get(pr[rr], jj), v);
                 }
             }
         }
@@ -281,7 +244,7 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attention_kernel(st
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int d = 4 * (lane + 32 * k) + e;
-                    if (d < Dh) o[d] = f4_get(acc[rr][k], e) * c / L;
+                    if (d < Dh) o[d] = att_f4_get(acc[rr][k], e) * c / L;
                 }
         } else { /* partials, merged by split_reduce_kernel; empty splits have l = 0 */
             float *p = a.ws + ((t * a.Hq + head) * a.n_splits + split) * (size_t)(Dh + 2);
@@ -290,7 +253,7 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attention_kernel(st
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int d = 4 * (lane + 32 * k) + e;
-                    if (d < Dh) p[d] = f4_get(acc[rr][k], e);
+                    if (d < Dh) p[d] = att_f4_get(acc[rr][k], e);
                 }
             if (lane == 0) {
                 p[Dh] = m[rr];

@@ -58,6 +58,7 @@
 #define PF_RPW 8                        /* rows per warp */
 #define PF_ROWS (PF_WARPS * PF_RPW)     /* (token, head) rows per block */
 #define PF_TK 32                        /* keys per tile: one per lane */
+static_assert(PF_TK == 32, "att_tile_softmax takes one key per lane");
 #define PF_MAXG 8                       /* query heads per pass */
 #define PF_MAXDH 256
 #define FULL_MASK 0xffffffffu
@@ -77,11 +78,6 @@ static __host__ __device__ size_t pf_smem_floats(int Dh)
 {
     const size_t dhp = (size_t)pf_dhp(Dh);
     return PF_ROWS * dhp + PF_TK * (dhp + 4) + PF_TK * (size_t)Dh + PF_ROWS * PF_TK;
-}
-
-static __device__ __forceinline__ float f4_get(float4 v, int i)
-{
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 /* DPL: accumulator elements of a row per lane, ceil(Dh / 32) rounded up to
@@ -161,46 +157,12 @@ static __global__ void __launch_bounds__(PF_WARPS * 32) prefill_attention_kernel
         __syncthreads();
         if (k0 > whi || k0 + PF_TK - 1 < wlo) continue; /* warp-uniform */
 
-        /* scores: lane = key, 8 rows */
-        float s[PF_RPW];
-#pragma unroll
-        for (int rr = 0; rr < PF_RPW; rr++) s[rr] = 0.0f;
-        const float4 *k4 = (const float4 *)(sk + lane * (dhp + 4));
-        const float4 *q4 = (const float4 *)(sq + warp * PF_RPW * dhp);
-        const int n4 = dhp / 4;
-#pragma unroll 2
-        for (int d4 = 0; d4 < n4; d4++) {
-            const float4 kv = k4[d4];
-#pragma unroll
-            for (int rr = 0; rr < PF_RPW; rr++) {
-                const float4 qv = q4[rr * n4 + d4];
-                s[rr] = fmaf(qv.x, kv.x, s[rr]);
-                s[rr] = fmaf(qv.y, kv.y, s[rr]);
-                s[rr] = fmaf(qv.z, kv.z, s[rr]);
-                s[rr] = fmaf(qv.w, kv.w, s[rr]);
-            }
-        }
-
-        /* online softmax over the tile, per row */
-        const int key = k0 + lane;
-        const bool kok = s_kok[lane] != 0;
+        /* scores and online softmax, lane = key, 8 rows */
         float corr[PF_RPW];
-#pragma unroll
-        for (int rr = 0; rr < PF_RPW; rr++) {
-            const int r = warp * PF_RPW + rr;
-            const bool ok = kok && key >= s_first[r] && key <= s_last[r];
-            const float sc = ok ? s[rr] * a.scale : -INFINITY;
-            const float mn = fmaxf(m[rr], moe_warp_max(sc));
-            float c = 1.0f, p = 0.0f;
-            if (mn != -INFINITY) { /* warp-uniform */
-                c = expf(m[rr] - mn);
-                p = ok ? expf(sc - mn) : 0.0f;
-            }
-            l[rr] = l[rr] * c + moe_warp_sum(p);
-            m[rr] = mn;
-            corr[rr] = c;
-            pw[rr * PF_TK + lane] = p;
-        }
+        att_tile_softmax<PF_RPW, 2>((const float4 *)(sk + lane * (dhp + 4)),
+                                    (const float4 *)(sq + warp * PF_RPW * dhp), dhp / 4,
+                                    s_first + warp * PF_RPW, s_last + warp * PF_RPW,
+                                    s_kok, k0, a.scale, m, l, corr, pw, lane);
         __syncwarp();
 
         /* acc = acc * corr + P.V */
@@ -223,7 +185,7 @@ static __global__ void __launch_bounds__(PF_WARPS * 32) prefill_attention_kernel
                     const float v = d < Dh ? vr[d] : 0.0f;
 #pragma unroll
                     for (int rr = 0; rr < PF_RPW; rr++)
-                        acc[rr][k] = fmaf(f4_get(pr[rr], jj), v, acc[rr][k]);
+                        acc[rr][k] = fmaf(att_f4_get(pr[rr], jj), v, acc[rr][k]);
                 }
             }
         }

@@ -305,19 +305,21 @@ static __global__ void inverse_kernel(int32_t *pos, const int32_t *perm, int n)
 
 extern "C" enum moe_status moe_router_dispatch_cuda(cudaStream_t st, struct moe_dispatch *plan,
                                                     const int32_t *ids, int T, int K, int E,
-                                                    void *temp, size_t temp_bytes,
-                                                    int32_t *vals_in, int32_t *keys_out,
-                                                    uint64_t *load)
+                                                    void *temp, size_t temp_bytes, int temp_pairs,
+                                                    int temp_e, int32_t *vals_in,
+                                                    int32_t *keys_out, uint64_t *load)
 {
-    const int n = T * K;
     if (E <= 0) return moe_fail(MOE_ERR_INVALID_ARG, "dispatch over %d experts", E);
+    /* CUB's space grows with the item count and the key bits, so space
+     * sized for temp_pairs over temp_e covers every smaller call; no size
+     * query per call (and CUB's onesweep path does not check the size) */
+    if (T < 0 || K < 0 || (long long)T * K > temp_pairs || E > temp_e)
+        return moe_fail(MOE_ERR_INVALID_ARG,
+                        "dispatch: %d x %d pairs over %d experts; the sort space (%zu bytes) "
+                        "was sized for %d pairs over %d", T, K, E, temp_bytes, temp_pairs,
+                        temp_e);
+    const int n = T * K;
     if (n > 0) {
-        size_t need = 0;
-        MOE_TRY(moe_router_dispatch_temp_bytes(n, E, &need));
-        if (need > temp_bytes)
-            return moe_fail(MOE_ERR_INVALID_ARG,
-                            "dispatch: %d pairs need %zu bytes of sort space, %zu reserved", n,
-                            need, temp_bytes);
         iota_kernel<<<moe_cuda_blocks((size_t)n, 256), 256, 0, st>>>(vals_in, n);
         MOE_CUDA_LAUNCHED();
         MOE_CUDA_TRY(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids, keys_out, vals_in,

@@ -429,8 +429,10 @@ static enum moe_status cuda_dispatch(struct moe_backend *be, struct moe_dispatch
     if (c->d_load && c->dispatch_ordinal < c->moe_layers)
         load = c->d_load + (size_t)c->dispatch_ordinal * c->max_e;
     c->dispatch_ordinal++;
+    /* sort_bytes was asked for max_rows * max_k pairs over max_e at reserve */
     return moe_router_dispatch_cuda(c->stream, plan, ids, T, K, E, c->sort_temp, c->sort_bytes,
-                                    c->sort_vals, c->sort_keys, load);
+                                    c->max_rows * c->max_k, c->max_e, c->sort_vals, c->sort_keys,
+                                    load);
 }
 
 static enum moe_status cuda_sigmoid_scale(struct moe_backend *be, float *y, const float *g, int T,

@@ -499,6 +499,27 @@ Test(cuda_ops, route_and_dispatch_match_cpu)
     }
 }
 
+/* The sort space is sized once, at reserve (512 rows x 8 over 128
+ * experts here): a dispatch past it fails with a message, and the next
+ * one that fits still works. */
+Test(cuda_ops, dispatch_past_the_reserved_sort_space_fails)
+{
+    const int T = 513, K = 8, E = 128;
+    const size_t TK = (size_t)T * K;
+    int32_t *ids = malloc(TK * sizeof(int32_t));
+    for (size_t i = 0; i < TK; i++) ids[i] = (int32_t)(i * 7 % E);
+    int32_t *dids = dev_copy(ids, TK * sizeof(int32_t));
+    int32_t *dbuf = dev_poisoned((2 * (size_t)E + 3 + 2 * TK) * sizeof(int32_t));
+    struct moe_dispatch dp = {dbuf, dbuf + E + 1, dbuf + 2 * E + 3, dbuf + 2 * E + 3 + TK};
+    cr_expect_eq(gpu.ops->dispatch(&gpu, &dp, dids, T, K, E), MOE_ERR_INVALID_ARG);
+    cr_expect(strstr(moe_last_error(), "exceed") != NULL, "%s", moe_last_error());
+    cr_expect_eq(gpu.ops->dispatch(&gpu, &dp, dids, 4, K, E + 1), MOE_ERR_INVALID_ARG);
+    cr_expect_eq(gpu.ops->dispatch(&gpu, &dp, dids, T - 1, K, E), MOE_OK, "%s", moe_last_error());
+    gpu.ops->dealloc(&gpu, dids);
+    gpu.ops->dealloc(&gpu, dbuf);
+    free(ids);
+}
+
 /* ---- experts ---- */
 
 static void check_experts_full(enum moe_dtype dt, int T, int E, int K, int D, int F, bool gpt_oss)

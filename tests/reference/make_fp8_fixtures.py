@@ -18,7 +18,7 @@ For each spec below this script
     is the reference; its weights are checked against an independent
     dequantization (q.float() * scale over 128 x 128 blocks),
   * records logits, routed expert ids and 32 greedy tokens with
-    make_fixtures.reference_outputs, under the seed rules of make_fixtures.py.
+    fixture_common.reference_outputs, under the seed rules of make_fixtures.py.
 
 transformers' CPU dequantization divides N evenly by the scale grid (160
 rows in 2 groups: 80 + 80) where the format (DeepSeek's weight_dequant, and
@@ -37,7 +37,6 @@ Python is only a fixture-making tool.
 Usage: python tests/reference/make_fp8_fixtures.py [--only qwen3_moe_fp8,deepseek_v3_fp8]
 """
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -50,8 +49,10 @@ import transformers
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import (COMMON, FIXTURES, GREEDY_TOKENS, KV_TOL, MAX_SEED_TRIES, MLA_COMMON, MOE,  # noqa: E402
-                           check_stats, load, make_prompts, reference_outputs, tensor_sizes)
+from fixture_common import (COMMON, GREEDY_TOKENS, MAX_SEED_TRIES, MLA_COMMON, MOE,  # noqa: E402
+                            check_default_experts, check_stats, install_fixture, load,
+                            make_prompts, randomize_router_bias, reference_outputs, tensor_index,
+                            tensor_sizes, update_json, write_reference)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -144,15 +145,12 @@ def write_fp8(src, dst):
             out[k] = v.to(torch.bfloat16)
             values[k] = out[k].float()
     save_file(out, fn, metadata={"format": "pt"})
-    cfg_path = os.path.join(dst, "config.json")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
-    cfg["quantization_config"] = QUANT_CONFIG
-    cfg.pop("dtype", None)
-    cfg["torch_dtype"] = "bfloat16"
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
+
+    def fp8_config(cfg):
+        cfg["quantization_config"] = QUANT_CONFIG
+        cfg.pop("dtype", None)
+        cfg["torch_dtype"] = "bfloat16"
+    update_json(os.path.join(dst, "config.json"), fp8_config)
     return values
 
 
@@ -186,13 +184,7 @@ def make_fixture(name, spec, prompts):
         torch.manual_seed(seed)
         cfg = spec["config"]()
         model = spec["cls"](cfg).eval()
-        if "router_bias_range" in spec:
-            a = spec["router_bias_range"]
-            with torch.no_grad():
-                for layer in model.model.layers:
-                    b = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
-                    if b is not None:
-                        b.copy_((torch.rand(b.shape) * 2 - 1) * a)
+        randomize_router_bias(model, spec)
         tmp = tempfile.mkdtemp(prefix=f"fx_{name}_")
         try:
             src, dst = os.path.join(tmp, "src"), os.path.join(tmp, "fp8")
@@ -207,13 +199,7 @@ def make_fixture(name, spec, prompts):
                 last_err = bad
                 continue
             # transformers' default experts implementation agrees with the eager loop
-            dm = load(dst, torch.float32, experts=None)
-            with torch.no_grad():
-                for pi, p in enumerate(prompts):
-                    lg = dm(input_ids=p.view(1, -1), use_cache=False).logits[0]
-                    d = float((lg - tensors[f"logits.{pi}"]).abs().max())
-                    if d > KV_TOL * max(1.0, stats["logit_absmax"]):
-                        raise RuntimeError(f"{name}: experts implementations differ by {d}")
+            default_experts = check_default_experts(name, dst, prompts, tensors, stats)
             ref = {
                 "family": cfg.model_type,
                 "architecture": type(model).__name__,
@@ -230,22 +216,14 @@ def make_fixture(name, spec, prompts):
                 "kv_cache_max_rel_diff": stats["kv_rel"],
                 "attn_implementation": "eager",
                 "experts_implementation": "eager",
-                "default_experts_implementation_matches": dm.config._experts_implementation,
+                "default_experts_implementation_matches": default_experts,
                 "max_abs_logit": stats["logit_absmax"],
                 "transformers_version": transformers.__version__,
                 "torch_version": torch.__version__.split("+")[0],
-                "tensors": {k: dict(dtype=str(v.dtype).replace("torch.", ""), shape=list(v.shape))
-                            for k, v in sorted(tensors.items())},
+                "tensors": tensor_index(tensors),
             }
-            save_file({k: v.contiguous() for k, v in sorted(tensors.items())},
-                      os.path.join(dst, "reference.safetensors"))
-            with open(os.path.join(dst, "reference.json"), "w") as f:
-                json.dump(ref, f, indent=2, sort_keys=False)
-                f.write("\n")
-            out = os.path.join(FIXTURES, name)
-            if os.path.exists(out):
-                shutil.rmtree(out)
-            shutil.copytree(dst, out)
+            write_reference(dst, tensors, ref)
+            out = install_fixture(dst, name)
             print(f"{name}: seed {seed}, {n} weights as transformers dequantizes them, logit margin "
                   f"{stats['min_logit_margin']:.4g}, route margin {stats['min_route_margin']}, "
                   f"size {tensor_sizes(out)} B", flush=True)
