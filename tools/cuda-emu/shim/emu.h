@@ -20,6 +20,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __restrict__
+#define __align__(n) __attribute__((aligned(n)))
 
 struct uint3 { unsigned x, y, z; };
 struct dim3 {
@@ -31,6 +32,8 @@ struct alignas(8) float2 { float x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 template <class T> static inline T __ldcs(const T *p) { return *p; }
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return float2{a, b}; }
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 
 extern thread_local uint3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
@@ -38,6 +41,8 @@ extern dim3 blockDim, gridDim;
 struct emu_warp {
     std::barrier<> bar;
     uint64_t slots[32];
+    uint32_t frag[32][6];  /* mma operands, lane by lane (emu_mma.h) */
+    const void *rows[32];  /* ldmatrix row addresses */
     explicit emu_warp(int n) : bar(n) {}
 };
 struct emu_block_ctx {
@@ -125,3 +130,4 @@ static inline unsigned __ballot_sync(unsigned m, bool pred)
     w.bar.arrive_and_wait();
     return r;
 }
+#include "emu_mma.h"
