@@ -26,7 +26,7 @@ done
 CXXF="-std=c++20 -O2 -fno-strict-aliasing -g -I$E/shim -I$R -D__CUDACC__ -DMOERUN_CUDA_EMU -include $E/shim/emu.h -D_GNU_SOURCE -Wno-unknown-pragmas -fopenmp -pthread"
 CF="-std=c11 -O1 -g -I$E/shim -I$R -D_GNU_SOURCE -DMOERUN_HAVE_CUDA=1 -DMOERUN_SOURCE_DIR=\"$R\" -DMOERUN_BINARY=\"$R/build/moerun\" -fopenmp $(pkg-config --cflags criterion)"
 objs=""
-for f in "$B"/src/*.cc "$E/emu_api.cc"; do
+for f in "$B"/src/*.cc "$E/emu_api.cc" "$E/emu_stream.cc"; do
   o=$B/obj/$(basename "$f" .cc).o
   nice -n 19 g++ $CXXF -c "$f" -o "$o"
   objs="$objs $o"

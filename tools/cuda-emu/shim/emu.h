@@ -81,12 +81,20 @@ using std::isnan;
 
 template <class F> static inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
 
-struct emu_cfg { dim3 grid, block; size_t smem; };
-static inline emu_cfg emu_mk(dim3 g, dim3 b, size_t s = 0, cudaStream_t = nullptr) { return emu_cfg{g, b, s}; }
+struct emu_cfg { dim3 grid, block; size_t smem; cudaStream_t st; };
+static inline emu_cfg emu_mk(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = nullptr) { return emu_cfg{g, b, s, st}; }
+
+/* Work on stream st (emu_stream.cc): run now, or recorded when st is
+ * capturing; an error (a broken capture, legacy-stream work during one)
+ * is returned and kept for cudaGetLastError. */
+cudaError_t emu_submit(cudaStream_t st, const char *what, std::function<void()> work);
+/* A call no capture may see (cudaMalloc, cudaMemcpy, ...): invalidates any
+ * under way and returns the error; cudaSuccess when none is. */
+cudaError_t emu_capture_forbids(const char *what);
 
 extern long emu_blocks_run;
 template <class... P, class... A>
-static void emu_launch(void (*k)(P...), emu_cfg c, A... args)
+static void emu_run_grid(void (*k)(P...), const emu_cfg &c, const A &...args)
 {
     gridDim = c.grid;
     blockDim = c.block;
@@ -112,6 +120,13 @@ static void emu_launch(void (*k)(P...), emu_cfg c, A... args)
                 for (auto &x : th) x.join();
                 emu_blocks_run++;
             }
+}
+/* k<<<c>>>(args): the arguments are copied now, as a launch copies them
+ * (a recorded launch replays with these values). */
+template <class... P, class... A>
+static void emu_launch(void (*k)(P...), emu_cfg c, A... args)
+{
+    emu_submit(c.st, "kernel launch", [=]() { emu_run_grid(k, c, args...); });
 }
 #define EMU_DYN_SMEM(T) ((T *)(((uintptr_t)emu_ctx->dyn.data() + 15) & ~(uintptr_t)15))
 /* additions for the planes and active-expert kernels */
