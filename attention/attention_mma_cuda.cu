@@ -30,7 +30,8 @@
  * tolerances say so.  The grid and the tile walk are the SIMT kernel's, so
  * the launch depends only on the step's shape.  Static shared memory: 34 KB
  * at Dh 128.  Never run on a GPU yet (tests/test_cuda_attention.c,
- * cuda_prefill_mma). */
+ * cuda_prefill_mma); it passes under tools/cuda-emu, whose MOERUN_CUDA_EMU
+ * replaces the asm below by emulations written from the PTX ISA. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <limits.h>
@@ -65,10 +66,14 @@ template <> struct ma_type<__nv_bfloat16> {
     }
     static __device__ __forceinline__ void mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
     {
+#ifdef MOERUN_CUDA_EMU
+        emu_mma_m16n8k16_f32_bf16(d, a, b0, b1);
+#else
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
     }
 };
 template <> struct ma_type<__half> {
@@ -81,10 +86,14 @@ template <> struct ma_type<__half> {
     }
     static __device__ __forceinline__ void mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
     {
+#ifdef MOERUN_CUDA_EMU
+        emu_mma_m16n8k16_f32_f16(d, a, b0, b1);
+#else
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
                      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
     }
 };
 
@@ -92,10 +101,14 @@ template <> struct ma_type<__half> {
  * rows of the first, 8-15 those of the second. */
 static __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t *r, const void *row)
 {
+#ifdef MOERUN_CUDA_EMU
+    emu_ldmatrix_x2_trans(r, row);
+#else
     const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r[0]), "=r"(r[1])
                  : "r"(addr));
+#endif
 }
 
 template <class HT, int DH>

@@ -15,17 +15,18 @@ mkdir -p "$B/src" "$B/obj"
 rm -f "$B"/src/*.cc
 # the kernels' source, launches and shared memory rewritten for the host
 for f in attention/attention_mla_cuda.cu attention/attention_cuda.cu attention/attention_prefill_cuda.cu \
+         attention/attention_mma_cuda.cu \
          router/router_cuda.cu runtime/ops_cuda.cu experts/experts_cuda.cu runtime/device_cuda.cu \
          runtime/matmul_cuda.cu; do
   perl -0777 -pe 's/extern __shared__ (\w+) (\w+)\[\];/$1 *$2 = EMU_DYN_SMEM($1);/g;
                   s/__shared__/static/g;
-                  s/(\w+(?:<[\w ]*>)?)<<<(.*?)>>>\(/emu_launch($1, emu_mk($2), /gs' \
+                  s/(\w+(?:<[\w ,]*>)?)<<<(.*?)>>>\(/emu_launch($1, emu_mk($2), /gs' \
     "$f" >"$B/src/$(basename "$f" .cu).cc"
 done
-CXXF="-std=c++20 -O2 -fno-strict-aliasing -g -I$E/shim -I$R -D__CUDACC__ -include $E/shim/emu.h -D_GNU_SOURCE -Wno-unknown-pragmas -fopenmp -pthread"
+CXXF="-std=c++20 -O2 -fno-strict-aliasing -g -I$E/shim -I$R -D__CUDACC__ -DMOERUN_CUDA_EMU -include $E/shim/emu.h -D_GNU_SOURCE -Wno-unknown-pragmas -fopenmp -pthread"
 CF="-std=c11 -O1 -g -I$E/shim -I$R -D_GNU_SOURCE -DMOERUN_HAVE_CUDA=1 -DMOERUN_SOURCE_DIR=\"$R\" -DMOERUN_BINARY=\"$R/build/moerun\" -fopenmp $(pkg-config --cflags criterion)"
 objs=""
-for f in "$B"/src/*.cc "$E/emu_api.cc" "$E/mma_stub.cc"; do
+for f in "$B"/src/*.cc "$E/emu_api.cc" "$E/emu_stream.cc"; do
   o=$B/obj/$(basename "$f" .cc).o
   nice -n 19 g++ $CXXF -c "$f" -o "$o"
   objs="$objs $o"

@@ -20,6 +20,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __restrict__
+#define __align__(n) __attribute__((aligned(n)))
 
 struct uint3 { unsigned x, y, z; };
 struct dim3 {
@@ -31,6 +32,8 @@ struct alignas(8) float2 { float x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 template <class T> static inline T __ldcs(const T *p) { return *p; }
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return float2{a, b}; }
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 
 extern thread_local uint3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
@@ -38,6 +41,8 @@ extern dim3 blockDim, gridDim;
 struct emu_warp {
     std::barrier<> bar;
     uint64_t slots[32];
+    uint32_t frag[32][6];  /* mma operands, lane by lane (emu_mma.h) */
+    const void *rows[32];  /* ldmatrix row addresses */
     explicit emu_warp(int n) : bar(n) {}
 };
 struct emu_block_ctx {
@@ -76,12 +81,20 @@ using std::isnan;
 
 template <class F> static inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
 
-struct emu_cfg { dim3 grid, block; size_t smem; };
-static inline emu_cfg emu_mk(dim3 g, dim3 b, size_t s = 0, cudaStream_t = nullptr) { return emu_cfg{g, b, s}; }
+struct emu_cfg { dim3 grid, block; size_t smem; cudaStream_t st; };
+static inline emu_cfg emu_mk(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = nullptr) { return emu_cfg{g, b, s, st}; }
+
+/* Work on stream st (emu_stream.cc): run now, or recorded when st is
+ * capturing; an error (a broken capture, legacy-stream work during one)
+ * is returned and kept for cudaGetLastError. */
+cudaError_t emu_submit(cudaStream_t st, const char *what, std::function<void()> work);
+/* A call no capture may see (cudaMalloc, cudaMemcpy, ...): invalidates any
+ * under way and returns the error; cudaSuccess when none is. */
+cudaError_t emu_capture_forbids(const char *what);
 
 extern long emu_blocks_run;
 template <class... P, class... A>
-static void emu_launch(void (*k)(P...), emu_cfg c, A... args)
+static void emu_run_grid(void (*k)(P...), const emu_cfg &c, const A &...args)
 {
     gridDim = c.grid;
     blockDim = c.block;
@@ -108,6 +121,13 @@ static void emu_launch(void (*k)(P...), emu_cfg c, A... args)
                 emu_blocks_run++;
             }
 }
+/* k<<<c>>>(args): the arguments are copied now, as a launch copies them
+ * (a recorded launch replays with these values). */
+template <class... P, class... A>
+static void emu_launch(void (*k)(P...), emu_cfg c, A... args)
+{
+    emu_submit(c.st, "kernel launch", [=]() { emu_run_grid(k, c, args...); });
+}
 #define EMU_DYN_SMEM(T) ((T *)(((uintptr_t)emu_ctx->dyn.data() + 15) & ~(uintptr_t)15))
 /* additions for the planes and active-expert kernels */
 template <class T> static inline T __ldg(const T *p) { return *p; }
@@ -125,3 +145,4 @@ static inline unsigned __ballot_sync(unsigned m, bool pred)
     w.bar.arrive_and_wait();
     return r;
 }
+#include "emu_mma.h"

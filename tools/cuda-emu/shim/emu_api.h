@@ -6,7 +6,9 @@
 extern "C" {
 #endif
 typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
-                         cudaErrorNotSupported = 801 } cudaError_t;
+                         cudaErrorIllegalState = 401, cudaErrorNotSupported = 801,
+                         cudaErrorStreamCaptureUnsupported = 900, cudaErrorStreamCaptureInvalidated = 901,
+                         cudaErrorStreamCaptureImplicit = 906 } cudaError_t;
 typedef struct emu_stream *cudaStream_t;
 typedef struct emu_graph *cudaGraph_t;
 typedef struct emu_graph_exec *cudaGraphExec_t;
@@ -14,6 +16,8 @@ enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDe
                       cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
                              cudaStreamCaptureModeRelaxed };
+enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone, cudaStreamCaptureStatusActive,
+                               cudaStreamCaptureStatusInvalidated };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 #define cudaStreamNonBlocking 1
 cudaError_t cudaGetLastError(void);
@@ -35,6 +39,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode m);
 cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g);
+cudaError_t cudaStreamIsCapturing(cudaStream_t st, enum cudaStreamCaptureStatus *status);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t st);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);

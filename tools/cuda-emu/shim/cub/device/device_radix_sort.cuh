@@ -8,12 +8,14 @@ namespace cub { struct DeviceRadixSort {
                                int n, int b0 = 0, int b1 = 32, cudaStream_t st = nullptr)
   {
       if (!temp) { bytes = 16; return cudaSuccess; }
-      std::vector<int> idx(n);
-      std::iota(idx.begin(), idx.end(), 0);
-      std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return kin[a] < kin[b]; });
-      std::vector<K> ko(n); std::vector<V> vo(n);
-      for (int i = 0; i < n; i++) { ko[i] = kin[idx[i]]; vo[i] = vin[idx[i]]; }
-      std::copy(ko.begin(), ko.end(), kout); std::copy(vo.begin(), vo.end(), vout);
-      return cudaSuccess;
+      /* work on stream st: run now, or recorded in a capture */
+      return emu_submit(st, "cub::DeviceRadixSort::SortPairs", [=]() {
+          std::vector<int> idx(n);
+          std::iota(idx.begin(), idx.end(), 0);
+          std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return kin[a] < kin[b]; });
+          std::vector<K> ko(n); std::vector<V> vo(n);
+          for (int i = 0; i < n; i++) { ko[i] = kin[idx[i]]; vo[i] = vin[idx[i]]; }
+          std::copy(ko.begin(), ko.end(), kout); std::copy(vo.begin(), vo.end(), vout);
+      });
   }
 }; }
