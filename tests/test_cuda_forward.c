@@ -336,6 +336,37 @@ static void check_graphs(const char *name)
 }
 
 Test(cuda_forward, graphs_match_eager_qwen3_moe) { check_graphs("qwen3_moe"); }
+
+/* Graphs asked for while experts are offloaded: every step waits for the
+ * routing counts, so none is recorded (a recording would break on the
+ * synchronisation), and the steps match eager resident ones. */
+Test(cuda_forward, offload_records_no_graphs)
+{
+    struct side eager, off;
+    unsetenv("MOERUN_CUDA_GRAPHS");
+    side_open(&eager, "qwen3_moe", true);
+    setenv("MOERUN_CUDA_GRAPHS", "1", 1);
+    side_open_with(&off, "qwen3_moe", true, 2);
+    unsetenv("MOERUN_CUDA_GRAPHS");
+    const int V = eager.m.cfg.vocab;
+    int32_t prompt[7] = {3, 14, 15, 9, 2, 6, 5};
+    struct moe_seq se = {0}, so = {0};
+    float *le = malloc((size_t)V * sizeof(float)), *lo = malloc((size_t)V * sizeof(float));
+    step_both(&eager, &off, &se, &so, prompt, 7, false, le, lo);
+    for (int i = 0; i < 8; i++) {
+        int32_t te = moe_argmax(le, V), to = moe_argmax(lo, V);
+        double e = tu_max_rel_err(lo, le, (size_t)V);
+        cr_expect(e <= 1e-5, "step %d: offloaded vs resident logits %.3g", i, e);
+        cr_expect_eq(to, te, "step %d: token %d, resident %d", i, to, te);
+        step_both(&eager, &off, &se, &so, &te, 1, false, le, lo);
+    }
+    cr_expect_eq(moe_cuda_graph_replays(&off.be), 0);
+    moe_seq_free(&eager.r, &se);
+    moe_seq_free(&off.r, &so);
+    free(le), free(lo);
+    side_close(&off);
+    side_close(&eager);
+}
 Test(cuda_forward, graphs_match_eager_olmoe) { check_graphs("olmoe"); }
 /* MLA recorded: the attention's key splits from the block table's capacity */
 Test(cuda_forward, graphs_match_eager_deepseek_v2) { check_graphs("deepseek_v2"); }

@@ -1,7 +1,9 @@
 #!/bin/sh
 # build.sh TEST... - builds tests/TEST.c (test_cuda_ops, test_cuda_quant,
 # test_cuda_forward, ...) against an emulation of CUDA on the host, in
-# build-emu/emu_TEST, so the CUDA kernels' own source runs without a GPU.
+# build-emu/emu_TEST, so the CUDA kernels' own source runs without a GPU;
+# TEST "moerun" builds the program itself (build-emu/emu_moerun: `bench
+# --backend cuda` and the rest, as on a device, only slower).
 # Needs the CPU build (build/, for libmoerun_core.a) and g++ with C++20.
 # Never part of CI (slow: an OS thread per CUDA thread); README.md says
 # what it emulates and what not.
@@ -17,7 +19,7 @@ rm -f "$B"/src/*.cc
 for f in attention/attention_mla_cuda.cu attention/attention_cuda.cu attention/attention_prefill_cuda.cu \
          attention/attention_mma_cuda.cu \
          router/router_cuda.cu runtime/ops_cuda.cu experts/experts_cuda.cu runtime/device_cuda.cu \
-         runtime/matmul_cuda.cu; do
+         runtime/matmul_cuda.cu runtime/bench_cuda.cu; do
   perl -0777 -pe 's/extern __shared__ (\w+) (\w+)\[\];/$1 *$2 = EMU_DYN_SMEM($1);/g;
                   s/__shared__/static/g;
                   s/(\w+(?:<[\w ,]*>)?)<<<(.*?)>>>\(/emu_launch($1, emu_mk($2), /gs' \
@@ -38,7 +40,15 @@ for f in runtime/backend_cuda.c runtime/backend_cuda_upload.c runtime/backend_cu
 done
 LIBS="$(pkg-config --libs criterion jansson libpcre2-8 libutf8proc libmicrohttpd)"
 for t in "$@"; do
-  nice -n 19 gcc $CF -c "tests/$t.c" -o "$B/obj/$t.co"
-  nice -n 19 g++ -fopenmp -pthread $objs "$B/obj/$t.co" "$R/build/libmoerun_core.a" -lm -o "$B/emu_$t" $LIBS
+  if [ "$t" = moerun ]; then
+    # the CLI with the CUDA side of bench (bench_gpu.c) compiled in
+    main="$B/obj/main.co $B/obj/bench_gpu.co"
+    nice -n 19 gcc $CF -c runtime/main.c -o "$B/obj/main.co"
+    nice -n 19 gcc $CF -c runtime/bench_gpu.c -o "$B/obj/bench_gpu.co"
+  else
+    main="$B/obj/$t.co"
+    nice -n 19 gcc $CF -c "tests/$t.c" -o "$main"
+  fi
+  nice -n 19 g++ -fopenmp -pthread $objs $main "$R/build/libmoerun_core.a" -lm -o "$B/emu_$t" $LIBS
   echo "$B/emu_$t"
 done

@@ -1,6 +1,7 @@
 #include "emu.h"
 #include "runtime/tensor.h"
 #include <cstdlib>
+#include <ctime>
 thread_local uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 thread_local emu_block_ctx *emu_ctx;
@@ -152,4 +153,27 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperatio
         }
     });
 }
+}
+
+struct emu_event {
+    double t; /* seconds, CLOCK_MONOTONIC */
+};
+static double emu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    *e = new emu_event{0};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { e->t = emu_now(); return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    *ms = (float)((b->t - a->t) * 1e3);
+    return cudaSuccess;
 }
