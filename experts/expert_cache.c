@@ -64,6 +64,35 @@ static int victim_slot(const struct moe_expert_cache *c)
     return victim;
 }
 
+int moe_expert_cache_order(struct moe_expert_cache *c, const int32_t *counts, int32_t *order)
+{
+    moe_expert_cache_step(c);
+    c->round_uses = 0;
+    int m = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int e = 0; e < c->E; e++)
+            if (counts[e] > 0 && (c->slot[e] >= 0) == (pass == 0)) order[m++] = e;
+    return m;
+}
+
+int moe_expert_cache_fill(struct moe_expert_cache *c, const int32_t *order, int m, int *next,
+                          int32_t *slot, bool *loaded)
+{
+    if (c->round_uses) {
+        moe_expert_cache_round(c);
+        c->round_uses = 0;
+    }
+    int n = 0, evicted;
+    while (*next < m) {
+        const int s = moe_expert_cache_use(c, order[*next], &loaded[n], &evicted);
+        if (s < 0) break;
+        slot[n++] = s;
+        (*next)++;
+    }
+    c->round_uses = n;
+    return n;
+}
+
 int moe_expert_cache_use(struct moe_expert_cache *c, int e, bool *loaded, int *evicted)
 {
     *loaded = false;

@@ -30,6 +30,7 @@ struct moe_expert_cache {
     int64_t *step_of;      /* (E) step of the last use, -1: never */
     int64_t *round_of;     /* (E) round of the last use, -1: never */
     int64_t clock, step, round;
+    int round_uses;         /* experts moe_expert_cache_fill put in the current round */
     int64_t accesses, hits; /* uses (once per expert per step) and those already resident */
 };
 
@@ -45,6 +46,19 @@ void moe_expert_cache_round(struct moe_expert_cache *c);
  * *evicted to the expert that left the slot (-1: none).  Returns -1 when
  * every slot holds an expert of the current round (start another). */
 int moe_expert_cache_use(struct moe_expert_cache *c, int e, bool *loaded, int *evicted);
+
+/* A step as the CUDA backend runs it, written once for it and the what-if:
+ * moe_expert_cache_order starts the step and puts in order the experts with
+ * counts[e] > 0, those resident first, each group by id (so a round never
+ * evicts an expert a later round of the step would find resident); returns
+ * their number.  moe_expert_cache_fill then takes the next experts of the
+ * order into one round (a new round unless it is the step's first): their
+ * slots in slot[i] and whether each must be copied in in loaded[i], for
+ * the experts order[*next - n .. *next); returns n (at least 1 while
+ * experts remain). */
+int moe_expert_cache_order(struct moe_expert_cache *c, const int32_t *counts, int32_t *order);
+int moe_expert_cache_fill(struct moe_expert_cache *c, const int32_t *order, int m, int *next,
+                          int32_t *slot, bool *loaded);
 
 #ifdef __cplusplus
 }

@@ -218,10 +218,12 @@ struct moe_backend {
 
 /* Expert offload so far (moe_backend.gpu_experts): layers offloaded,
  * expert uses (once per expert per layer step) and those that found the
- * expert in a slot, bytes copied in, bytes held in host memory. */
+ * expert in a slot, bytes copied in, bytes held in host memory; layer
+ * steps, their rounds (more than one when a step routes to more than C
+ * experts) and the steps that took the grouped GEMMs. */
 struct moe_offload_stats {
     int layers;
-    int64_t accesses, hits;
+    int64_t accesses, hits, steps, rounds, grouped_steps;
     uint64_t bytes_in, host_bytes;
 };
 /* Zeros unless be is a CUDA backend with offloaded layers. */

@@ -203,9 +203,11 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     int K = imax(cfg->top_k, 1), E = imax(cfg->n_experts, 1), L = imax(moe_config_moe_layers(cfg), 1);
     const size_t att_floats = attention_ws_floats(cfg);
     /* MXFP4 / FP8 experts: the grouped path widens a layer's to bf16 here
-     * (those prepare_model kept as planes; before any, as cfg says) */
+     * (those prepare_model kept as planes; before any, as cfg says), or
+     * an offloaded layer's device slots */
     const bool planes = c->n_up ? c->mxfp4_experts || c->fp8_experts : cfg->experts_mxfp4 || cfg->weights_fp8;
-    size_t wide = planes ? moe_cuda_widened_layer_bytes(cfg->n_experts, cfg->d_model, cfg->d_expert) : 0;
+    const int Ew = be->gpu_experts > 0 && be->gpu_experts < cfg->n_experts ? be->gpu_experts : cfg->n_experts;
+    size_t wide = planes ? moe_cuda_widened_layer_bytes(Ew, cfg->d_model, cfg->d_expert) : 0;
     if (planes && cfg->n_experts > 0 && !wide)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d experts of %d x %d overflow",
                         cfg->n_experts, cfg->d_model, cfg->d_expert);
@@ -708,6 +710,9 @@ void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_sta
     for (int i = 0; i < c->n_off; i++) {
         st->accesses += c->off[i].cache.accesses;
         st->hits += c->off[i].cache.hits;
+        st->steps += c->off[i].steps;
+        st->rounds += c->off[i].rounds;
+        st->grouped_steps += c->off[i].grouped_steps;
     }
 }
 

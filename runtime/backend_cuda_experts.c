@@ -147,14 +147,14 @@ static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const flo
 }
 
 bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,
-                              int E)
+                              int E, int Ew)
 {
     const bool half = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16;
     /* planes: widening a layer costs about what reading its experts 4-5
      * times does, so the device-driven kernels keep them up to 8 rows an
      * expert on average (untuned: no GPU has run this yet) */
     const bool planes = (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128) && c->wide &&
-                        moe_cuda_widened_layer_bytes(E, D, F) <= c->wide_bytes &&
+                        moe_cuda_widened_layer_bytes(Ew, D, F) <= c->wide_bytes &&
                         (int64_t)T * K > 8 * (int64_t)E;
     return (half || planes) && T > SMALL_EXPERT_ROWS && E <= c->max_e && !c->no_grouped;
 }
@@ -185,7 +185,7 @@ enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: expert %d is not in the stacked "
                             "device layout (see prepare_model in backend.h)", e);
     if (T <= 0) return MOE_OK;
-    if (moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E)) {
+    if (moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E, E)) {
         const bool planes = ex->dtype == MOE_DTYPE_MXFP4 || ex->dtype == MOE_DTYPE_FP8_B128;
         enum moe_status s = planes ? experts_widened(c, out, x, plan, w, ex, ws, T, K, D, F, E)
                                    : experts_grouped(c, out, x, plan, w, gu, dn, ex, ex->dtype, ws,

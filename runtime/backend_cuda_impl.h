@@ -42,7 +42,10 @@ struct offload_layer {
     int32_t *d_map;            /* device (E): slot of each expert of the round, -1 */
     int32_t *h_map;            /* host (E) */
     int32_t *order;            /* host (E): the step's experts, resident ones first */
+    int32_t *slot;             /* host (E): a round's slots (moe_expert_cache_fill) */
+    bool *loaded;              /* host (E): ... and which must be copied in */
     struct moe_expert_cache cache;
+    int64_t steps, rounds, grouped_steps; /* steps with rows; rounds; steps on the grouped GEMMs */
 };
 
 struct cuda_ctx {
@@ -124,10 +127,11 @@ MOE_MUST_USE enum moe_status moe_cuda_experts(struct moe_backend *be, float *out
                                               const struct moe_expert_ws *ws, int T, int K, int D, int F,
                                               int E);
 
-/* The path the experts op takes for a step of T rows: the cuBLAS grouped
+/* The path the experts op takes for a step of T rows over E experts whose
+ * weights stack Ew (E, or an offloaded layer's slots): the cuBLAS grouped
  * GEMMs (true) or the device-driven kernels. */
 bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,
-                              int E);
+                              int E, int Ew);
 /* The grouped path could not run (cuBLAS refused): says so once on
  * stderr; the device-driven kernels take every later step. */
 void moe_cuda_no_grouped(struct cuda_ctx *c);

@@ -27,6 +27,8 @@ static void layer_free(struct offload_layer *ol)
     cudaFreeHost(ol->host_dn);
     free(ol->h_map);
     free(ol->order);
+    free(ol->slot);
+    free(ol->loaded);
     moe_expert_cache_free(&ol->cache);
     memset(ol, 0, sizeof *ol);
 }
@@ -90,7 +92,10 @@ enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_wei
     c->n_off++; /* from here moe_cuda_offload_free releases what the layer holds */
     ol->h_map = malloc((size_t)E * sizeof *ol->h_map);
     ol->order = malloc((size_t)E * sizeof *ol->order);
-    if (!ol->h_map || !ol->order) return moe_fail(MOE_ERR_NOMEM, "cuda offload: %d experts", E);
+    ol->slot = malloc((size_t)E * sizeof *ol->slot);
+    ol->loaded = malloc((size_t)E * sizeof *ol->loaded);
+    if (!ol->h_map || !ol->order || !ol->slot || !ol->loaded)
+        return moe_fail(MOE_ERR_NOMEM, "cuda offload: %d experts", E);
     cudaError_t ce = cudaMallocHost(&ol->host_gu, hg);
     if (ce == cudaSuccess) ce = cudaMallocHost(&ol->host_dn, hd);
     if (ce != cudaSuccess)
@@ -131,22 +136,16 @@ static enum moe_status load_expert(struct cuda_ctx *c, const struct offload_laye
     return MOE_OK;
 }
 
-/* The experts of the step with rows in ol->order, those already in a slot
- * first (so a round does not evict one the next round needs); *m their
- * number.  Checks the counts. */
-static enum moe_status step_experts(struct offload_layer *ol, const int32_t *counts, int n, int *m)
+/* Checks a step's counts: none negative, n in all. */
+static enum moe_status check_counts(const int32_t *counts, int E, int n)
 {
     int sum = 0;
-    for (int e = 0; e < ol->cache.E; e++) {
+    for (int e = 0; e < E; e++) {
         if (counts[e] < 0 || counts[e] > n - sum)
             return moe_fail(MOE_ERR_DEVICE, "cuda experts: expert %d has %d rows (of %d)", e, counts[e], n);
         sum += counts[e];
     }
     if (sum != n) return moe_fail(MOE_ERR_DEVICE, "cuda experts: counts sum to %d, not %d", sum, n);
-    *m = 0;
-    for (int pass = 0; pass < 2; pass++)
-        for (int e = 0; e < ol->cache.E; e++)
-            if (counts[e] > 0 && (ol->cache.slot[e] >= 0) == (pass == 0)) ol->order[(*m)++] = e;
     return MOE_OK;
 }
 
@@ -185,45 +184,40 @@ enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_laye
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d experts (layer of %d, %d reserved)", E,
                         ol->cache.E, c->max_e);
     if (T <= 0) return MOE_OK;
-    const int n = T * K;
-    bool grouped = moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E);
+    const int n = T * K, C = ol->cache.C;
+    const bool grouped = moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E, C);
     const enum moe_dtype ydt = grouped ? (ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16)
                                        : MOE_DTYPE_F32;
     if (grouped) MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt));
     MOE_CUDA_TRY(cudaMemcpyAsync(c->h_counts, plan->counts, (size_t)E * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
-    int m = 0;
-    MOE_TRY(step_experts(ol, c->h_counts, n, &m));
-    moe_expert_cache_step(&ol->cache);
-    for (int done = 0, round = 0; done < m; round++) {
-        if (round) {
-            /* the last round's host arrays may still be in flight */
-            MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
-            moe_expert_cache_round(&ol->cache);
-        }
+    MOE_TRY(check_counts(c->h_counts, E, n));
+    const int m = moe_expert_cache_order(&ol->cache, c->h_counts, ol->order);
+    ol->steps++;
+    ol->grouped_steps += grouped;
+    for (int next = 0, round = 0; next < m; round++) {
+        /* the last round's host arrays may still be in flight */
+        if (round) MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+        const int k = moe_expert_cache_fill(&ol->cache, ol->order, m, &next, ol->slot, ol->loaded);
+        if (k == 0) return moe_fail(MOE_ERR_DEVICE, "cuda offload: no slot for expert %d", ol->order[next]);
+        ol->rounds++;
         for (int e = 0; e < E; e++) ol->h_map[e] = -1;
-        const int first = done;
-        while (done < m) {
-            bool loaded;
-            int evicted, e = ol->order[done];
-            const int s = moe_expert_cache_use(&ol->cache, e, &loaded, &evicted);
-            if (s < 0) break;
-            if (loaded) MOE_TRY(load_expert(c, ol, e, s));
-            ol->h_map[e] = s;
-            done++;
+        for (int i = 0; i < k; i++) {
+            const int e = ol->order[next - k + i];
+            if (ol->loaded[i]) MOE_TRY(load_expert(c, ol, e, ol->slot[i]));
+            ol->h_map[e] = ol->slot[i];
         }
-        if (done == first) return moe_fail(MOE_ERR_DEVICE, "cuda offload: no slot for expert %d", ol->order[done]);
         enum moe_status s = run_round(c, ol, grouped, x, plan, ex, ws, T, K, D, F, E);
-        if (s == MOE_ERR_UNSUPPORTED && grouped && round == 0) {
-            /* cuBLAS refused the grouped GEMM: this step and the later
-             * ones take the device-driven kernels */
+        if (s == MOE_ERR_UNSUPPORTED && grouped) {
+            /* cuBLAS refused the grouped GEMM: the step again, and the
+             * later ones, on the device-driven kernels (this step's uses
+             * are counted twice) */
             moe_cuda_no_grouped(c);
-            grouped = false;
-            s = run_round(c, ol, false, x, plan, ex, ws, T, K, D, F, E);
+            return moe_cuda_experts_offload(c, ol, out, x, plan, w, ex, ws, T, K, D, F, E);
         }
         MOE_TRY(s);
     }
-    return moe_experts_combine_cuda(c->stream, out, ws->ye, grouped ? ydt : MOE_DTYPE_F32, w, plan->pos,
-                                    T, K, D, plan->offsets, E, grouped ? ex->b_down.data : NULL);
+    return moe_experts_combine_cuda(c->stream, out, ws->ye, ydt, w, plan->pos, T, K, D, plan->offsets, E,
+                                    grouped ? ex->b_down.data : NULL);
 }

@@ -17,7 +17,8 @@
  * any policy does as well as LRU; `moerun stats TRACE --cache C` measures
  * it on a real trace); a step copies (1 - h) of its touched experts, and
  * at least all but C of them, over PCIe, not yet overlapped with compute,
- * so the copy time adds to the step's. */
+ * so the copy time adds to the step's.  Every expert stays in pinned host
+ * memory (the checkpoint's own copy comes on top). */
 #include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
@@ -258,7 +259,9 @@ int moe_cli_plan(int argc, char **argv)
     const bool off = gpu_experts > 0 && n_moe > 0 && gpu_experts < cfg->n_experts;
     const double C = off ? (double)gpu_experts : E;
     const double hit = !off ? 1 : hit_arg >= 0 ? hit_arg : C / E;
-    const double host_bytes = off ? n_moe * (E - C) * one_expert : 0, Wdev = W - host_bytes;
+    /* every expert is pinned in host memory; the device holds C per layer */
+    const double host_bytes = off ? (double)z.bytes_experts : 0,
+                 Wdev = off ? W - n_moe * (E - C) * one_expert : W;
     printf("model        %s (%s)\n", mo.path ? mo.path : mo.synthetic, cfg->architecture);
     printf("device       %s: %s\n", dev.name, dev.note);
     if (dev.bw >= 1e12)
@@ -281,9 +284,10 @@ int moe_cli_plan(int argc, char **argv)
            n_moe ? cfg->top_k : 0, cfg->n_experts);
 
     if (off)
-        printf("offload      %ld of %d experts per MoE layer on the device: %s of weights there, %s in "
-               "host memory; hit rate %.3f%s\n", gpu_experts, cfg->n_experts, moe_cli_bytes(a, sizeof a, Wdev),
-               moe_cli_bytes(b, sizeof b, host_bytes), hit, hit_arg >= 0 ? "" : " (uniform routing: C/E)");
+        printf("offload      %ld of %d experts per MoE layer on the device: %s of weights there, every "
+               "expert (%s) in pinned host memory; hit rate %.3f%s\n", gpu_experts, cfg->n_experts,
+               moe_cli_bytes(a, sizeof a, Wdev), moe_cli_bytes(b, sizeof b, host_bytes), hit,
+               hit_arg >= 0 ? "" : " (uniform routing: C/E)");
     const double kv_tok = (double)moe_config_kv_bytes_per_token(cfg, moe_dtype_size(kvt));
     const double kv_seq = kv_tok * (double)ctx;
     printf("\nkv cache     %s per token (%s), %s per sequence of %ld tokens\n",

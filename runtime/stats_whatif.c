@@ -11,11 +11,12 @@
  *             balanced with the R hottest experts replicated on every device
  *             (their pairs stay on the token's device).
  * --cache C   C experts per layer resident; each step needs its distinct
- *             experts (order of first use); a miss copies one expert
- *             (3 * D * F * weight bytes) from the host; LRU and LFU (all-time
- *             use counts, ties to LRU) evict, preferring experts the step has
- *             not used.  Starts cold.  The policy is experts/expert_cache.c, the one
- *             the CUDA backend runs for --gpu-experts C.
+ *             experts, taken as the CUDA backend takes them with
+ *             --gpu-experts C (experts/expert_cache.c, the same code: those
+ *             resident first, by id, in rounds of at most C); a miss copies
+ *             one expert (3 * D * F * weight bytes) from the host; LRU and
+ *             LFU (all-time use counts, ties to LRU) evict, preferring experts
+ *             the step has not used.  Starts cold.
  * --topk k    routing weight kept by the k largest of the K weights. */
 #include <math.h>
 #include <stdlib.h>
@@ -313,25 +314,32 @@ void moe_cache_simulate(const struct moe_sdata *d, int j, int C, bool lfu,
     memset(r, 0, sizeof *r);
     struct moe_expert_cache c;
     if (moe_expert_cache_init(&c, E, C, lfu) != MOE_OK) return;
+    int32_t *counts = calloc((size_t)E, sizeof *counts), *order = malloc((size_t)E * sizeof *order),
+            *slot = malloc((size_t)E * sizeof *slot);
+    bool *loaded = malloc((size_t)E * sizeof *loaded);
     int64_t t0 = 0;
-    while (t0 < d->N) {
+    while (counts && order && slot && loaded && t0 < d->N) {
         int64_t t1 = t0 + 1;
         while (t1 < d->N && d->meta[t1 * 4] == d->meta[t0 * 4]) t1++;
-        moe_expert_cache_step(&c);
+        /* the step's rows of each expert, then the backend's rounds */
+        memset(counts, 0, (size_t)E * sizeof *counts);
         for (int64_t t = t0; t < t1; t++)
             for (int k = 0; k < K; k++) {
                 const int e = d->ids[((size_t)t * Lm + j) * K + k];
-                bool loaded;
-                int evicted;
-                /* one expert at a time: any slot may be taken */
-                moe_expert_cache_round(&c);
-                if (e >= 0 && e < E) (void)moe_expert_cache_use(&c, e, &loaded, &evicted);
+                if (e >= 0 && e < E) counts[e]++;
             }
+        const int m = moe_expert_cache_order(&c, counts, order);
+        for (int next = 0; next < m;)
+            if (moe_expert_cache_fill(&c, order, m, &next, slot, loaded) == 0) break;
         t0 = t1;
     }
     r->accesses = c.accesses;
     r->hits = c.hits;
     moe_expert_cache_free(&c);
+    free(counts);
+    free(order);
+    free(slot);
+    free(loaded);
 }
 
 enum moe_status moe_whatif_cache(FILE *f, const struct moe_sdata *d, int C, int64_t expert_bytes)

@@ -193,8 +193,9 @@ Test(cli, plan_mixtral_on_h200)
 }
 
 /* plan --gpu-experts: Mixtral's experts are 84 GiB (32 layers x 8 x 3 x
- * 4096 x 14336 bf16), so keeping 4 of 8 on the device leaves 42 GiB in
- * host memory, and the 87 GiB model then fits an A100's 80 GB.  Batch 1
+ * 4096 x 14336 bf16), all pinned in host memory; keeping 4 of 8 on the
+ * device puts 42 GiB fewer there, and the 87 GiB model then fits an A100's
+ * 80 GB.  Batch 1
  * touches 2 experts per layer; with the hit rate 0.5 one per layer (32 x
  * 336 MiB = 11.27 GB) crosses PCIe at 25 GB/s: 451 ms. */
 Test(cli, plan_expert_offload)
@@ -203,8 +204,8 @@ Test(cli, plan_expert_offload)
     snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --device a100 --gpu-experts 4",
              MOERUN_BINARY, MOERUN_SOURCE_DIR);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "4 of 8 experts per MoE layer on the device: 44.99 GiB of weights there, 42.00 GiB "
-                          "in host memory; hit rate 0.500"), "%s", out);
+    cr_assert(strstr(out, "4 of 8 experts per MoE layer on the device: 44.99 GiB of weights there, every "
+                          "expert (84.00 GiB) in pinned host memory; hit rate 0.500"), "%s", out);
     cr_assert(!strstr(out, "do not fit"), "%s", out);
     cr_assert(strstr(out, "+ 450.9"), "32 x 352321536 B / 25 GB/s = 450.97 ms: %s", out);
     snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --gpu-experts 4 --hit-rate 1.5",

@@ -19,6 +19,7 @@
 
 #include "router/stats.h"
 #include "runtime/runner.h"
+#include "runtime/tensor.h"
 #include "tests/testutil.h"
 
 TestSuite(cuda_forward, .init = tu_need_cuda_device);
@@ -185,8 +186,15 @@ static void check_offload_stats(const struct side *gpu, int C)
     enum moe_dtype edt = MOE_DTYPE_F32;
     for (int l = 0; l < c->n_layers; l++)
         if (c->layer_moe[l]) edt = gpu->m.layers[l].experts.dtype;
-    if (edt == MOE_DTYPE_F32) /* plain fp32 experts: 3 D x F matrices each */
-        cr_assert_eq(st.bytes_in / (uint64_t)misses, 3ull * c->d_model * c->d_expert * 4);
+    /* one expert: 3 D x F matrices (planes: their values and scales) */
+    uint64_t one = 3ull * c->d_model * c->d_expert * 4;
+    if (edt == MOE_DTYPE_MXFP4)
+        one = 3 * (moe_planes_values_bytes(edt, (size_t)c->d_expert, (size_t)c->d_model) +
+                   moe_planes_scales_bytes(edt, (size_t)c->d_expert, (size_t)c->d_model));
+    if (edt == MOE_DTYPE_F32 || edt == MOE_DTYPE_MXFP4)
+        cr_assert_eq(st.bytes_in / (uint64_t)misses, one, "%s bytes of an expert", moe_dtype_name(edt));
+    /* prefills route to more than C experts: some steps ran in rounds */
+    cr_assert(st.rounds > st.steps, "%lld rounds in %lld steps", (long long)st.rounds, (long long)st.steps);
     fprintf(stderr, "offload: C=%d of %d, %d layers: %lld expert uses, %.1f%% in a slot, %.2f MB copied in\n",
             C, c->n_experts, st.layers, (long long)st.accesses, 100.0 * st.hits / st.accesses,
             st.bytes_in / 1e6);
@@ -221,6 +229,12 @@ static void check_offload_long(const char *name, bool bf16, int C)
     struct moe_offload_stats st;
     moe_cuda_offload_stats(&gpu.be, &st);
     cr_assert(st.layers > 0 && st.accesses > 0 && st.bytes_in > 0, "%s: nothing offloaded", name);
+    /* the grouped GEMMs for bf16 and MXFP4 experts (fp32 ones: the
+     * device-driven kernels), in rounds: 40 rows route to more than C */
+    cr_assert_eq(st.grouped_steps, bf16 ? st.layers : 0, "%s: %lld steps on the grouped GEMMs", name,
+                 (long long)st.grouped_steps);
+    cr_assert(st.rounds > st.steps, "%s: %lld rounds in %lld steps", name, (long long)st.rounds,
+              (long long)st.steps);
     fprintf(stderr, "e2e: %-10s %-4s %d-row prefill (offload C=%d): logits max rel err %.3g vs the CPU, "
             "%.3g vs resident experts\n", name, bf16 ? "bf16" : "fp32", S, C, vs_cpu, vs_res);
     free(lc), free(lr), free(lg);

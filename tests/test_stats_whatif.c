@@ -139,12 +139,26 @@ Test(whatif, cache_hits_by_hand)
     moe_cache_simulate(&d, 0, 4, false, &r); /* everything fits: only cold misses */
     cr_assert(r.accesses == 8 && r.hits == 4, "%lld/%lld", (long long)r.hits, (long long)r.accesses);
     moe_cache_simulate(&d, 0, 2, false, &r);
-    /* LRU, 2 slots: 0 miss, 1 miss | 1 hit, 0 hit | 2 miss (evicts 1, least recent),
-     * 3 miss (evicts 0: 2 is in use) | 0 miss (evicts 2, used before 3), 2 miss */
-    cr_assert(r.accesses == 8 && r.hits == 2, "LRU %lld", (long long)r.hits);
+    /* LRU, 2 slots, each step's experts as the CUDA backend takes them
+     * (resident first, then by id): {0,1}: 0 miss, 1 miss | 0 hit, 1 hit |
+     * {2,3}: 2 miss (evicts 0, least recent), 3 miss (evicts 1: 2 is in the
+     * round) | {0,2}: 2 hit (resident first), 0 miss (evicts 3) */
+    cr_assert(r.accesses == 8 && r.hits == 3, "LRU %lld", (long long)r.hits);
     moe_cache_simulate(&d, 0, 2, true, &r);
-    /* LFU: the same here (ties of frequency go to LRU) */
-    cr_assert(r.accesses == 8 && r.hits == 2, "LFU %lld", (long long)r.hits);
+    /* LFU: the same here (0 and 1 are used equally: ties go to LRU) */
+    cr_assert(r.accesses == 8 && r.hits == 3, "LFU %lld", (long long)r.hits);
+    /* token order would miss where the backend hits: 2 slots,
+     * steps {0,1} | {2,0}.  Taken 2 then 0, 2 would evict 0 (the least
+     * recent) and 0 miss; the backend takes the resident 0 first (a hit),
+     * then 2 evicts 1 */
+    int32_t ids3[] = {0, 1, 2, 0};
+    float w3[4] = {0};
+    int step3[] = {0, 1};
+    struct moe_sdata d3;
+    make_trace(&d3, 2, ids3, w3, step3);
+    moe_cache_simulate(&d3, 0, 2, false, &r);
+    cr_assert(r.accesses == 4 && r.hits == 1, "backend order: %lld hits", (long long)r.hits);
+    moe_sdata_free(&d3);
     /* LFU keeps a frequent expert that LRU drops: one expert per step (both
      * slots), 0 | 0 | 1 | 2 | 0.  LRU evicts 0 for 2 and misses it again (1 hit);
      * LFU evicts 1 (used once) and hits 0 (2 hits) */
