@@ -93,6 +93,35 @@ static __device__ __forceinline__ float att_f4_get(float4 v, int i)
  * pw (RPW, 32), l = l * corr + warp sum of p, m = m'.  A row that has seen
  * no key keeps m = -inf, corr = 1 and p = 0 (the test is warp-uniform).
  * SCORE_UNROLL is the score loop's unroll factor (each kernel's own). */
+/* Row r of a tiled kernel's block (the prefill and MLA kernels; Args has
+ * their q, Hq, gp and G): token i = r / gp of the block's tokens from t0
+ * (ntok of them), head g = pass * gp + r % gp of KV head kh's group.
+ * Lane j < ntok holds token j's key range in my_first, my_pos.  Lane 0
+ * writes the row's range to s_first[r], s_last[r] (empty, 1 > 0, when the
+ * row is unused), the warp widens [wlo, whi] to it, and the row's query
+ * goes to sq[r * dhp ..] (zero past Dh or when unused). */
+template <class Args>
+static __device__ __forceinline__ void att_row_setup(const Args &a, int r, int pass, int kh, int t0, int ntok,
+                                                     int Dh, int dhp, int my_first, int my_pos,
+                                                     int *s_first, int *s_last, float *sq, int &wlo,
+                                                     int &whi)
+{
+    const int lane = threadIdx.x & 31, i = r / a.gp, g = pass * a.gp + r % a.gp;
+    const bool ok = i < ntok && g < a.G;
+    const int fi = __shfl_sync(0xffffffffu, my_first, i & 31);
+    const int po = __shfl_sync(0xffffffffu, my_pos, i & 31);
+    if (lane == 0) {
+        s_first[r] = ok ? fi : 1;
+        s_last[r] = ok ? po : 0;
+    }
+    if (ok && fi <= po) {
+        wlo = min(wlo, fi);
+        whi = max(whi, po);
+    }
+    const float *qr = ok ? a.q + (size_t)(t0 + i) * a.Hq * Dh + (size_t)(kh * a.G + g) * Dh : a.q;
+    for (int d = lane; d < dhp; d += 32) sq[r * dhp + d] = ok && d < Dh ? qr[d] : 0.0f;
+}
+
 template <int RPW, int SCORE_UNROLL>
 static __device__ __forceinline__ void att_tile_softmax(const float4 *k4, const float4 *q4, int n4,
                                                         const int *first, const int *last,

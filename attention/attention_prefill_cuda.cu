@@ -118,25 +118,12 @@ static __global__ void __launch_bounds__(PF_WARPS * 32) prefill_attention_kernel
     int wlo = INT_MAX, whi = -1; /* keys any of the warp's rows may see */
 #pragma unroll
     for (int rr = 0; rr < PF_RPW; rr++) {
-        const int r = warp * PF_RPW + rr, i = r / a.gp, g = pass * a.gp + r % a.gp;
-        const bool ok = i < ntok && g < a.G;
-        const int fi = __shfl_sync(FULL_MASK, my_first, i & 31);
-        const int po = __shfl_sync(FULL_MASK, my_pos, i & 31);
-        if (lane == 0) {
-            s_first[r] = ok ? fi : 1;
-            s_last[r] = ok ? po : 0;
-        }
-        if (ok && fi <= po) {
-            wlo = min(wlo, fi);
-            whi = max(whi, po);
-        }
+        att_row_setup(a, warp * PF_RPW + rr, pass, kh, t0, ntok, Dh, dhp, my_first, my_pos, s_first, s_last,
+                      sq, wlo, whi);
         m[rr] = -INFINITY;
         l[rr] = 0.0f;
 #pragma unroll
         for (int k = 0; k < DPL; k++) acc[rr][k] = 0.0f;
-        const float *qr = ok ? a.q + (size_t)(t0 + i) * a.Hq * Dh + (size_t)(kh * a.G + g) * Dh
-                             : a.q;
-        for (int d = lane; d < dhp; d += 32) sq[r * dhp + d] = ok && d < Dh ? qr[d] : 0.0f;
     }
 
     const size_t row = (size_t)a.Hkv * Dh;
