@@ -40,6 +40,7 @@
 
 #include "attention/attention.h"
 #include "attention/attention_cuda.cuh"
+#include "runtime/cuda_mma.cuh"
 #include "runtime/cuda_util.h"
 
 #define MA_WARPS 4
@@ -55,66 +56,10 @@ struct ma_args : att_view {
     int T, n_seqs, G, n_pass, gp, tq;
 };
 
-template <class HT> struct ma_type;
-template <> struct ma_type<__nv_bfloat16> {
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
-    {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-        uint32_t u;
-        memcpy(&u, &h, 4);
-        return u;
-    }
-    static __device__ __forceinline__ void mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
-    {
-#ifdef MOERUN_CUDA_EMU
-        emu_mma_m16n8k16_f32_bf16(d, a, b0, b1);
-#else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-    }
-};
-template <> struct ma_type<__half> {
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
-    {
-        const __half2 h = __floats2half2_rn(lo, hi);
-        uint32_t u;
-        memcpy(&u, &h, 4);
-        return u;
-    }
-    static __device__ __forceinline__ void mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
-    {
-#ifdef MOERUN_CUDA_EMU
-        emu_mma_m16n8k16_f32_f16(d, a, b0, b1);
-#else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-    }
-};
-
-/* Two 8x8 b16 matrices transposed from shared memory: lanes 0-7 name the
- * rows of the first, 8-15 those of the second. */
-static __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t *r, const void *row)
-{
-#ifdef MOERUN_CUDA_EMU
-    emu_ldmatrix_x2_trans(r, row);
-#else
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(addr));
-#endif
-}
-
 template <class HT, int DH>
 static __global__ void __launch_bounds__(MA_WARPS * 32) mma_attention_kernel(struct ma_args a)
 {
-    typedef ma_type<HT> M;
+    typedef mma_half<HT> M;
     constexpr int LD = DH + MA_PAD;      /* shared row stride, in values */
     constexpr int KS = DH / 16;          /* k-steps of Q K^T */
     constexpr int NT = DH / 8;           /* column tiles of O */

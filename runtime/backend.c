@@ -12,6 +12,7 @@ int moe_cuda_device_count(char *why, size_t why_len)
 }
 
 int64_t moe_cuda_graph_replays(const struct moe_backend *be) { return 0; }
+int64_t moe_cuda_mma_expert_calls(const struct moe_backend *be) { return 0; }
 
 void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_stats *st)
 {

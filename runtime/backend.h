@@ -256,6 +256,10 @@ int moe_cuda_device_count(char *why, size_t why_len);
 /* Steps the CUDA backend be has replayed from recorded graphs (0 for any
  * other backend, or without CUDA). */
 int64_t moe_cuda_graph_replays(const struct moe_backend *be);
+/* Times the CUDA backend be has run its tensor-core expert kernels
+ * (MOERUN_CUDA_EXPERTS=mma): once per experts call, or per round of an
+ * offloaded layer; 0 for any other backend, or without CUDA. */
+int64_t moe_cuda_mma_expert_calls(const struct moe_backend *be);
 
 #ifdef __cplusplus
 }

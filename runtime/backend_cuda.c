@@ -150,6 +150,9 @@ static void free_workspaces(struct cuda_ctx *c)
     c->wide_dense_bytes = 0;
     cudaFree(c->active);
     c->active = NULL;
+    cudaFree(c->mma_tiles);
+    c->mma_tiles = NULL;
+    c->mma_tile_ints = 0;
     cudaFreeHost(c->h_counts);
     cudaFreeHost(c->h_ptrs);
     cudaFreeHost(c->h_load);
@@ -205,7 +208,8 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     /* MXFP4 / FP8 experts: the grouped path widens a layer's to bf16 here
      * (those prepare_model kept as planes; before any, as cfg says), or
      * an offloaded layer's device slots */
-    const bool planes = c->n_up ? c->mxfp4_experts || c->fp8_experts : cfg->experts_mxfp4 || cfg->weights_fp8;
+    const bool planes = !c->experts_mma &&
+                        (c->n_up ? c->mxfp4_experts || c->fp8_experts : cfg->experts_mxfp4 || cfg->weights_fp8);
     const int Ew = be->gpu_experts > 0 && be->gpu_experts < cfg->n_experts ? be->gpu_experts : cfg->n_experts;
     size_t wide = planes ? moe_cuda_widened_layer_bytes(Ew, cfg->d_model, cfg->d_expert) : 0;
     if (planes && cfg->n_experts > 0 && !wide)
@@ -243,6 +247,8 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     MOE_CUDA_TRY(cudaMalloc((void **)&c->sort_keys, n * sizeof(int32_t)));
     MOE_CUDA_TRY(cudaMalloc((void **)&c->d_ptrs, 6 * (size_t)E * sizeof(void *)));
     MOE_CUDA_TRY(cudaMalloc((void **)&c->active, ((size_t)E + 1) * sizeof(int32_t)));
+    c->mma_tile_ints = moe_expert_mma_tile_ints((int)n, E);
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->mma_tiles, c->mma_tile_ints * sizeof(int32_t)));
     MOE_CUDA_TRY(cudaMalloc((void **)&c->d_load, (size_t)L * E * sizeof(uint64_t)));
     MOE_CUDA_TRY(cudaMemsetAsync(c->d_load, 0, (size_t)L * E * sizeof(uint64_t), c->stream));
     if (wide) MOE_CUDA_TRY(cudaMalloc(&c->wide, wide));
@@ -683,6 +689,13 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int
     c->prefill_mma = pa && !strcmp(pa, "mma");
     if (pa && *pa && strcmp(pa, "rows") && strcmp(pa, "tiled") && strcmp(pa, "mma"))
         fprintf(stderr, "moerun: MOERUN_CUDA_PREFILL_ATTN=%s is none of rows, tiled, mma: tiled\n", pa);
+    /* Experts: MOERUN_CUDA_EXPERTS=mma takes the tensor-core kernels for
+     * steps of many rows (opt-in until measured on a device); anything
+     * else the decode kernels and cuBLAS's grouped GEMMs */
+    const char *xp = getenv("MOERUN_CUDA_EXPERTS");
+    c->experts_mma = xp && !strcmp(xp, "mma");
+    if (xp && *xp && strcmp(xp, "mma") && strcmp(xp, "cublas"))
+        fprintf(stderr, "moerun: MOERUN_CUDA_EXPERTS=%s is neither mma nor cublas: cublas\n", xp);
     /* MLA attention: the largest head dim this device's shared memory allows */
     c->mla_max_dh = moe_attention_mla_setup_cuda();
     if (!c->prefill_rows && moe_attention_prefill_setup_cuda() != MOE_OK) {
@@ -697,6 +710,11 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int
 int64_t moe_cuda_graph_replays(const struct moe_backend *be)
 {
     return be->ops && !strcmp(be->ops->name, "cuda") ? ((const struct cuda_ctx *)be->ctx)->replays : 0;
+}
+
+int64_t moe_cuda_mma_expert_calls(const struct moe_backend *be)
+{
+    return be->ops && !strcmp(be->ops->name, "cuda") ? ((const struct cuda_ctx *)be->ctx)->mma_calls : 0;
 }
 
 void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_stats *st)

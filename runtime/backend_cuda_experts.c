@@ -1,7 +1,9 @@
 /* backend_cuda_experts.c - the CUDA backend's experts op: the stacked
  * layout check, the choice between the device-driven kernels (decode-sized
  * steps, experts/experts_cuda.cu) and the cuBLAS grouped GEMMs (prefill),
- * MXFP4 / FP8 experts widened to bf16 for the latter.  See docs/cuda.md. */
+ * MXFP4 / FP8 experts widened to bf16 for the latter, or (opt-in,
+ * MOERUN_CUDA_EXPERTS=mma) the tensor-core kernels of
+ * experts/experts_mma_cuda.cu for both.  See docs/cuda.md. */
 #include <stdio.h>
 
 #include "runtime/backend_cuda_impl.h"
@@ -146,6 +148,36 @@ static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const flo
     return experts_grouped(c, out, x, plan, w, wgu, wdn, ex, MOE_DTYPE_BF16, ws, T, K, D, F, E);
 }
 
+/* MOERUN_CUDA_EXPERTS=mma: the tensor-core kernels take the steps past
+ * the decode kernels' (T > 32) and those of 4 rows an expert on average
+ * or more, where the decode kernels read each weight once per tile of 4
+ * or 8 rows (untuned: no GPU has run this yet). */
+bool moe_cuda_experts_mma(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F, int E)
+{
+    const bool typed = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16 || dt == MOE_DTYPE_MXFP4 ||
+                       dt == MOE_DTYPE_FP8_B128;
+    return c->experts_mma && c->mma_tiles && typed && D % 8 == 0 && F % 8 == 0 && T > 1 &&
+           (T > SMALL_EXPERT_ROWS || (int64_t)T * K >= 4 * (int64_t)E);
+}
+
+enum moe_status moe_cuda_mma_gemms(struct cuda_ctx *c, const int32_t *wmap, const void *gu,
+                                   const void *dn, int Ew, const struct moe_dispatch *plan,
+                                   const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
+                                   int n, int D, int F, int E)
+{
+    const enum moe_dtype at = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
+    if (moe_expert_mma_tile_ints(n, E) > c->mma_tile_ints)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d rows over %d experts, tiles reserved "
+                        "for fewer", n, E);
+    /* the fp32 workspaces hold the half buffers, as on the grouped path */
+    MOE_TRY(moe_experts_mma_tiles_cuda(c->stream, c->mma_tiles, plan, wmap, n, E));
+    c->mma_calls++;
+    MOE_TRY(moe_experts_mma_cuda(c->stream, ws->g, ws->xe, at, gu, ex->dtype, Ew, 2 * F, D, c->mma_tiles,
+                                 n, E));
+    MOE_TRY(moe_experts_swiglu_half_cuda(c->stream, ws->u, ws->g, n, F, at, plan->offsets, E, ex));
+    return moe_experts_mma_cuda(c->stream, ws->ye, ws->u, at, dn, ex->dtype, Ew, D, F, c->mma_tiles, n, E);
+}
+
 bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,
                               int E, int Ew)
 {
@@ -185,6 +217,13 @@ enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: expert %d is not in the stacked "
                             "device layout (see prepare_model in backend.h)", e);
     if (T <= 0) return MOE_OK;
+    if (moe_cuda_experts_mma(c, ex->dtype, T, K, D, F, E)) {
+        const enum moe_dtype at = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
+        MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, T * K, K, D, at));
+        MOE_TRY(moe_cuda_mma_gemms(c, NULL, gu, dn, E, plan, ex, ws, T * K, D, F, E));
+        return moe_experts_combine_cuda(c->stream, out, ws->ye, at, w, plan->pos, T, K, D, plan->offsets,
+                                        E, ex->b_down.data);
+    }
     if (moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E, E)) {
         const bool planes = ex->dtype == MOE_DTYPE_MXFP4 || ex->dtype == MOE_DTYPE_FP8_B128;
         enum moe_status s = planes ? experts_widened(c, out, x, plan, w, ex, ws, T, K, D, F, E)

@@ -45,7 +45,7 @@ struct offload_layer {
     int32_t *slot;             /* host (E): a round's slots (moe_expert_cache_fill) */
     bool *loaded;              /* host (E): ... and which must be copied in */
     struct moe_expert_cache cache;
-    int64_t steps, rounds, grouped_steps; /* steps with rows; rounds; steps on the grouped GEMMs */
+    int64_t steps, rounds, grouped_steps; /* steps with rows; rounds; steps of half rows (cuBLAS or mma) */
 };
 
 struct cuda_ctx {
@@ -81,6 +81,12 @@ struct cuda_ctx {
      * for the grouped path (reserved for models with such experts) */
     void *wide;
     size_t wide_bytes;
+    /* MOERUN_CUDA_EXPERTS=mma: the tensor-core expert kernels, their tile
+     * list (moe_expert_mma_tile_ints(max_rows * max_k, max_e) int32s) */
+    bool experts_mma;
+    int32_t *mma_tiles;
+    size_t mma_tile_ints;
+    int64_t mma_calls;       /* runs of them (one per expert call, or per offload round) */
     int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
     bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
     bool strict;             /* MOERUN_CUDA_STRICT=1: no fallback on an invalid value */
@@ -132,6 +138,18 @@ MOE_MUST_USE enum moe_status moe_cuda_experts(struct moe_backend *be, float *out
  * GEMMs (true) or the device-driven kernels. */
 bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,
                               int E, int Ew);
+/* MOERUN_CUDA_EXPERTS=mma and a step the tensor-core kernels take. */
+bool moe_cuda_experts_mma(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F, int E);
+/* The tensor-core GEMMs and activation of a step, its n rows gathered in
+ * ws->xe (half): the experts e with rows and wmap[e] >= 0 (device; NULL:
+ * every expert, at place e) multiply their rows by their weights at that
+ * place of the stacks gu, dn of Ew experts; results in ws->ye (half: F16
+ * for F16 weights, else BF16). */
+MOE_MUST_USE enum moe_status moe_cuda_mma_gemms(struct cuda_ctx *c, const int32_t *wmap, const void *gu,
+                                                const void *dn, int Ew, const struct moe_dispatch *plan,
+                                                const struct moe_expert_weights *ex,
+                                                const struct moe_expert_ws *ws, int n, int D, int F,
+                                                int E);
 /* The grouped path could not run (cuBLAS refused): says so once on
  * stderr; the device-driven kernels take every later step. */
 void moe_cuda_no_grouped(struct cuda_ctx *c);

@@ -149,17 +149,23 @@ static enum moe_status check_counts(const int32_t *counts, int E, int n)
     return MOE_OK;
 }
 
-/* One round: the grouped GEMMs (planes widened first) or the
- * device-driven kernels over the experts ol->h_map places. */
-static enum moe_status run_round(struct cuda_ctx *c, struct offload_layer *ol, bool grouped,
+/* The three ways through a step's experts (see moe_cuda_experts). */
+enum expert_path { PATH_KERNELS, PATH_CUBLAS, PATH_MMA };
+
+/* One round over the experts ol->h_map places: the device-driven kernels,
+ * the tensor-core kernels, or cuBLAS's grouped GEMMs (planes widened
+ * first). */
+static enum moe_status run_round(struct cuda_ctx *c, struct offload_layer *ol, enum expert_path path,
                                  const float *x, const struct moe_dispatch *plan,
                                  const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
                                  int T, int K, int D, int F, int E)
 {
     const int C = ol->cache.C;
-    if (!grouped) {
+    if (path != PATH_CUBLAS) {
         MOE_CUDA_TRY(cudaMemcpyAsync(ol->d_map, ol->h_map, (size_t)E * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, c->stream));
+        if (path == PATH_MMA)
+            return moe_cuda_mma_gemms(c, ol->d_map, ol->gu, ol->dn, C, plan, ex, ws, T * K, D, F, E);
         return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, c->active, ol->d_map, C,
                                           ol->gu, ol->dn, ex, ex->dtype, T, K, D, F, E);
     }
@@ -185,7 +191,10 @@ enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_laye
                         ol->cache.E, c->max_e);
     if (T <= 0) return MOE_OK;
     const int n = T * K, C = ol->cache.C;
-    const bool grouped = moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E, C);
+    const enum expert_path path = moe_cuda_experts_mma(c, ex->dtype, T, K, D, F, E) ? PATH_MMA
+                                  : moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E, C) ? PATH_CUBLAS
+                                                                                           : PATH_KERNELS;
+    const bool grouped = path != PATH_KERNELS; /* half activations, rows gathered */
     const enum moe_dtype ydt = grouped ? (ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16)
                                        : MOE_DTYPE_F32;
     if (grouped) MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt));
@@ -208,8 +217,8 @@ enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_laye
             if (ol->loaded[i]) MOE_TRY(load_expert(c, ol, e, ol->slot[i]));
             ol->h_map[e] = ol->slot[i];
         }
-        enum moe_status s = run_round(c, ol, grouped, x, plan, ex, ws, T, K, D, F, E);
-        if (s == MOE_ERR_UNSUPPORTED && grouped) {
+        enum moe_status s = run_round(c, ol, path, x, plan, ex, ws, T, K, D, F, E);
+        if (s == MOE_ERR_UNSUPPORTED && path == PATH_CUBLAS) {
             /* cuBLAS refused the grouped GEMM: the step again, and the
              * later ones, on the device-driven kernels (this step's uses
              * are counted twice) */

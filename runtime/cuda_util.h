@@ -217,6 +217,28 @@ enum moe_status moe_experts_swiglu_half_cuda(cudaStream_t st, void *h, const voi
 enum moe_status moe_experts_widen_cuda(cudaStream_t st, void *dst, const void *src,
                                        enum moe_dtype dt, size_t rows, size_t K, int E,
                                        const int32_t *counts);
+/* Tensor-core grouped GEMMs driven from the device (experts/experts_mma_cuda.cu).
+ * tiles: the step's tile list, moe_expert_mma_tile_ints(n, E) int32s, made
+ * by moe_experts_mma_tiles_cuda from the plan's counts and offsets: each
+ * expert e with rows and wmap[e] >= 0 (wmap NULL: place e) cut into tiles
+ * of MOE_EXPERT_MMA_BM rows.  moe_experts_mma_cuda: out (n, N) in at =
+ * a (n, Kd) in at (rows in expert order) times the (N, Kd) matrix of each
+ * tile's place in the stack w of Ew matrices; at BF16 or F16, w in at or
+ * (at BF16) MXFP4 / FP8_B128 planes; rows of experts without a tile are
+ * left as they are.  N even, Kd a multiple of 8 (of the block for planes). */
+#define MOE_EXPERT_MMA_BM 64
+static inline size_t moe_expert_mma_tile_ints(int n, int E)
+{
+    if (n < 0 || E <= 0) return 0;
+    const size_t tiles = (size_t)n / MOE_EXPERT_MMA_BM + (size_t)(n < E ? n : E) + 1;
+    return 1 + 3 * tiles;
+}
+enum moe_status moe_experts_mma_tiles_cuda(cudaStream_t st, int32_t *tiles,
+                                           const struct moe_dispatch *plan, const int32_t *wmap,
+                                           int n, int E);
+enum moe_status moe_experts_mma_cuda(cudaStream_t st, void *out, const void *a, enum moe_dtype at,
+                                     const void *w, enum moe_dtype wt, int Ew, int N, int Kd,
+                                     const int32_t *tiles, int n, int E);
 /* out (T, D) = sum_k w[t,k] * (ye[pos[t*K+k]] (+ b_down of its expert)) in
  * k order; ye in ydt (F32, F16 or BF16); b_down (E, D) or NULL. */
 enum moe_status moe_experts_combine_cuda(cudaStream_t st, float *out, const void *ye,

@@ -162,7 +162,7 @@ static inline void gpt_oss_biases(struct moe_expert_weights *hx, struct moe_expe
  * line (op experts_grp when the backend's grouped path ran, per grouped),
  * and the worst relative error. */
 static inline double experts_parity(const struct moe_expert_weights *hx, const struct moe_expert_weights *dx,
-                                    int T, int E, int K, int D, int F, bool grouped, const char *shape)
+                                    int T, int E, int K, int D, int F, const char *what, const char *shape)
 {
     const size_t TK = (size_t)T * K;
     float *lg = rand_floats((size_t)T * E, 63, -2, 2);
@@ -190,7 +190,7 @@ static inline double experts_parity(const struct moe_expert_weights *hx, const s
     cr_assert_eq(gpu.ops->experts(&gpu, dout, dxin, &dp, dw, dx, &dws, T, K, D, F, E), MOE_OK, "%s",
                  moe_last_error());
     to_host(got, dout, (size_t)T * D * sizeof(float));
-    const double e = report(grouped ? "experts_grp" : "experts_dec", moe_dtype_name(hx->dtype), shape, got, ref,
+    const double e = report(what, moe_dtype_name(hx->dtype), shape, got, ref,
                             (size_t)T * D);
     void *dbufs[] = {dbuf, dws.xe, dws.g, dws.u, dws.ye, dxin, dw, dout};
     for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) gpu.ops->dealloc(&gpu, dbufs[i]);

@@ -522,6 +522,16 @@ Test(cuda_ops, dispatch_past_the_reserved_sort_space_fails)
 
 /* ---- experts ---- */
 
+/* Set by the cuda_experts_mma suite (MOERUN_CUDA_EXPERTS=mma). */
+static bool mma_backend;
+
+/* The backend's rule for the tensor-core expert kernels (backend_cuda_experts.c). */
+static bool expects_mma(enum moe_dtype dt, int T, int E, int K, int D, int F)
+{
+    return mma_backend && dt != MOE_DTYPE_F32 && D % 8 == 0 && F % 8 == 0 && T > 1 &&
+           (T > 32 || T * K >= 4 * E);
+}
+
 static void check_experts_full(enum moe_dtype dt, int T, int E, int K, int D, int F, bool gpt_oss)
 {
     const size_t es = moe_dtype_size(dt), mat = (size_t)F * D;
@@ -543,11 +553,16 @@ static void check_experts_full(enum moe_dtype dt, int T, int E, int K, int D, in
     if (gpt_oss) gpt_oss_biases(&hx, &dx, E, D, F, 0.3f, &bias, &dbias); /* a limit values cross often */
     char shp[64];
     snprintf(shp, sizeof shp, "T%d E%d K%d D%d F%d%s", T, E, K, D, F, gpt_oss ? " gpt-oss" : "");
-    /* the grouped path rounds activations to the weights' half type; the
-     * decode path keeps them in fp32 like the CPU, so only the summation
-     * order differs there */
-    const bool grouped = T > 32 && dt != MOE_DTYPE_F32;
-    const double e = experts_parity(&hx, &dx, T, E, K, D, F, grouped, shp);
+    /* the grouped path (cuBLAS, or the tensor-core kernels) rounds
+     * activations to the weights' half type; the decode path keeps them in
+     * fp32 like the CPU, so only the summation order differs there */
+    const bool mma = expects_mma(dt, T, E, K, D, F);
+    const bool grouped = mma || (T > 32 && dt != MOE_DTYPE_F32);
+    const int64_t calls = moe_cuda_mma_expert_calls(&gpu);
+    const double e = experts_parity(&hx, &dx, T, E, K, D, F,
+                                    mma ? "experts_mma" : grouped ? "experts_grp" : "experts_dec", shp);
+    cr_expect_eq(moe_cuda_mma_expert_calls(&gpu) - calls, mma ? 1 : 0, "experts %s %s: %s the tensor-core "
+                 "kernels", moe_dtype_name(dt), shp, mma ? "not on" : "on");
     cr_expect(e <= (grouped ? 3e-2 : dt == MOE_DTYPE_F32 ? 1e-5 : 1e-4), "experts %s %s: %.3g",
               moe_dtype_name(dt), shp, e);
     void *dbufs[] = {dgu, ddn, dbias};
@@ -588,6 +603,35 @@ Test(cuda_ops, experts_grouped_path_matches_cpu)
     check_experts(MOE_DTYPE_BF16, 64, 8, 2, 256, 128);
     check_experts(MOE_DTYPE_BF16, 300, 64, 8, 128, 64);
     check_experts(MOE_DTYPE_F16, 100, 16, 4, 128, 96);
+    check_experts(MOE_DTYPE_F32, 100, 16, 4, 128, 96); /* fp32 weights: decode kernels */
+}
+
+/* MOERUN_CUDA_EXPERTS=mma: steps of many rows, and decode-sized steps of
+ * 4 rows an expert or more, take the tensor-core kernels
+ * (experts/experts_mma_cuda.cu); the variable is set in the forked test
+ * process before the backend opens. */
+static void setup_mma(void)
+{
+    setenv("MOERUN_CUDA_EXPERTS", "mma", 1);
+    mma_backend = true;
+    setup();
+}
+
+TestSuite(cuda_experts_mma, .init = setup_mma, .fini = teardown);
+
+Test(cuda_experts_mma, tensor_core_experts_match_cpu)
+{
+    for (size_t di = 1; di < 3; di++) { /* bf16, f16 */
+        check_experts(wdts[di], 64, 8, 2, 256, 128);  /* 16 rows an expert */
+        check_experts(wdts[di], 300, 64, 8, 128, 64); /* 37 rows an expert on average */
+        check_experts(wdts[di], 200, 4, 2, 64, 96);   /* 100 rows an expert: two row tiles */
+        /* decode-sized, 4 rows an expert; D = 136: a half stage, 2F = 144
+         * and D: output tiles cut short */
+        check_experts(wdts[di], 16, 8, 2, 136, 72);
+    }
+    check_experts_full(MOE_DTYPE_BF16, 300, 32, 4, 128, 64, true); /* gpt-oss's biases */
+    check_experts(MOE_DTYPE_BF16, 100, 4, 2, 60, 36); /* D % 8: cuBLAS */
+    check_experts(MOE_DTYPE_BF16, 4, 8, 2, 64, 96);   /* 1 row an expert: decode kernels */
     check_experts(MOE_DTYPE_F32, 100, 16, 4, 128, 96); /* fp32 weights: decode kernels */
 }
 

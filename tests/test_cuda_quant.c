@@ -14,6 +14,9 @@
  * runtime in the forked test process). */
 #include "tests/cuda_test.h"
 
+/* Set by the cuda_quant_mma suite (MOERUN_CUDA_EXPERTS=mma). */
+static bool mma_backend;
+
 static void setup_quant(void)
 {
     setup();
@@ -25,6 +28,18 @@ static void setup_quant(void)
 }
 
 TestSuite(cuda_quant, .init = setup_quant, .fini = teardown);
+
+/* MOERUN_CUDA_EXPERTS=mma: MXFP4 / FP8 experts of steps of many rows read
+ * in place by the tensor-core kernels, never widened (nothing reserved
+ * for it). */
+static void setup_quant_mma(void)
+{
+    setenv("MOERUN_CUDA_EXPERTS", "mma", 1);
+    mma_backend = true;
+    setup_quant();
+}
+
+TestSuite(cuda_quant_mma, .init = setup_quant_mma, .fini = teardown);
 
 /* rows (R, K) of dt blocks with random codes and scales */
 static void *quant_rows(enum moe_dtype dt, size_t R, size_t K, uint64_t seed)
@@ -98,9 +113,16 @@ static void check_quant_experts(enum moe_dtype dt, int T, int E, int K, int D, i
     if (gpt_oss) gpt_oss_biases(&hx, &dx, E, D, F, 1.0f, &bias, &dbias); /* a limit values cross often */
     char shp[64];
     snprintf(shp, sizeof shp, "T%d E%d K%d D%d F%d%s", T, E, K, D, F, gpt_oss ? " gpt-oss" : "");
-    /* the backend's rule: widened (grouped) past 32 rows and 8 rows an expert */
-    const bool grouped = T > 32 && (size_t)T * K > 8 * (size_t)E;
-    const double e = experts_parity(&hx, &dx, T, E, K, D, F, grouped, shp);
+    /* the backend's rules: widened (grouped) past 32 rows and 8 rows an
+     * expert; with MOERUN_CUDA_EXPERTS=mma, the tensor-core kernels past 32
+     * rows or from 4 rows an expert */
+    const bool mma = mma_backend && T > 1 && (T > 32 || T * K >= 4 * E);
+    const bool grouped = mma || (!mma_backend && T > 32 && (size_t)T * K > 8 * (size_t)E);
+    const int64_t calls = moe_cuda_mma_expert_calls(&gpu);
+    const double e = experts_parity(&hx, &dx, T, E, K, D, F,
+                                    mma ? "experts_mma" : grouped ? "experts_grp" : "experts_dec", shp);
+    cr_expect_eq(moe_cuda_mma_expert_calls(&gpu) - calls, mma ? 1 : 0, "experts %s %s: %s the tensor-core "
+                 "kernels", moe_dtype_name(dt), shp, mma ? "not on" : "on");
     /* decode: fp32 activations, only the summation order differs; grouped:
      * bf16 activations and (FP8) weights rounded to bf16 */
     cr_expect(e <= (grouped ? 3e-2 : 1e-4), "experts %s %s: %.3g", moe_dtype_name(dt), shp, e);
@@ -169,6 +191,16 @@ Test(cuda_quant, fp8_experts_match_cpu)
     check_quant_experts(MOE_DTYPE_FP8_B128, 32, 16, 4, 1024, 256, false);
     check_quant_experts(MOE_DTYPE_FP8_B128, 300, 16, 4, 256, 128, false); /* widened, grouped */
     check_quant_experts(MOE_DTYPE_FP8_B128, 300, 16, 4, 256, 128, true);
+}
+
+Test(cuda_quant_mma, tensor_core_experts_match_cpu)
+{
+    check_quant_experts(MOE_DTYPE_MXFP4, 300, 16, 4, 256, 128, true); /* 75 rows an expert */
+    check_quant_experts(MOE_DTYPE_MXFP4, 64, 32, 2, 2880 / 10, 288, false); /* D: 9 stages */
+    check_quant_experts(MOE_DTYPE_MXFP4, 16, 8, 2, 64, 96, false); /* decode-sized, 4 rows an expert */
+    check_quant_experts(MOE_DTYPE_MXFP4, 4, 8, 2, 64, 96, false);  /* 1 row an expert: kernels */
+    check_quant_experts(MOE_DTYPE_FP8_B128, 300, 16, 4, 256, 128, false);
+    check_quant_experts(MOE_DTYPE_FP8_B128, 100, 4, 2, 128, 384, true); /* 50 rows an expert */
 }
 
 /* A matrix of R rows of K on the device, values at dv and scales at ds,

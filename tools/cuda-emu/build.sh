@@ -18,7 +18,7 @@ rm -f "$B"/src/*.cc
 # the kernels' source, launches and shared memory rewritten for the host
 for f in attention/attention_mla_cuda.cu attention/attention_cuda.cu attention/attention_prefill_cuda.cu \
          attention/attention_mma_cuda.cu \
-         router/router_cuda.cu runtime/ops_cuda.cu experts/experts_cuda.cu runtime/device_cuda.cu \
+         router/router_cuda.cu runtime/ops_cuda.cu experts/experts_cuda.cu experts/experts_mma_cuda.cu runtime/device_cuda.cu \
          runtime/matmul_cuda.cu runtime/bench_cuda.cu; do
   perl -0777 -pe 's/extern __shared__ (\w+) (\w+)\[\];/$1 *$2 = EMU_DYN_SMEM($1);/g;
                   s/__shared__/static/g;

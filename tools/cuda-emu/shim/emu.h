@@ -69,6 +69,11 @@ template <class T> static inline T emu_exchange(T v, int src)
 }
 template <class T> static inline T __shfl_xor_sync(unsigned m, T v, int o) { return emu_exchange(v, (threadIdx.x & 31) ^ o); }
 template <class T> static inline T __shfl_sync(unsigned m, T v, int s) { return emu_exchange(v, s); }
+template <class T> static inline T __shfl_up_sync(unsigned m, T v, unsigned d)
+{
+    const unsigned lane = threadIdx.x & 31;
+    return emu_exchange(v, (int)(lane >= d ? lane - d : lane));
+}
 
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }

@@ -1,0 +1,257 @@
+/* experts_mma_cuda.cu - the experts' grouped GEMMs on tensor cores, driven
+ * from the device: no host synchronisation, any number of rows, weights in
+ * bf16, f16, or MXFP4 / FP8_B128 read in place (dequantised to bf16 in
+ * shared memory, never widened in device memory).
+ *
+ * The rows of a step are in expert order (the dispatch plan's counts and
+ * offsets).  A first kernel cuts each expert's rows into tiles of XM_BM
+ * rows and lists them (expert's place in the weight stack, first row,
+ * expert's end row); the list's length is bounded by n / XM_BM plus one
+ * partial tile per expert, so the GEMM's grid depends on n and E alone and
+ * a step can be recorded in a graph.  The GEMM's block (4 warps) computes
+ * one tile of XM_BM rows x XM_BN outputs of out = A W_e^T: per stage of
+ * XM_BK inputs it copies A's rows and W_e's rows into shared memory (rows
+ * padded by 8 values, so the fragment reads are conflict-free; the next
+ * stage's global loads are issued before this stage's products), then each
+ * warp multiplies its 32 x 32 quarter with mma.sync m16n8k16 (fp32
+ * accumulators).  Blocks past the list's length return at once.
+ *
+ * MXFP4 and FP8_B128 weights become bf16 as the widening kernel makes them
+ * (experts_cuda.cu: code x 2^14 or 2^8 x the block's scale, rounded once),
+ * so this path and the widened cuBLAS path multiply the same numbers.
+ *
+ * Opt-in (MOERUN_CUDA_EXPERTS=mma, runtime/backend_cuda_experts.c) until it
+ * has run on a device; it passes under tools/cuda-emu, whose emulation of
+ * mma.sync comes from the PTX ISA, not from this kernel. */
+#include <string.h>
+
+#include "experts/experts.h"
+#include "runtime/cuda_dtype.cuh"
+#include "runtime/cuda_mma.cuh"
+#include "runtime/cuda_planes.cuh"
+#include "runtime/cuda_util.h"
+
+#define XM_BN 64           /* outputs of a tile */
+#define XM_BK 32           /* inputs per stage */
+#define XM_LD (XM_BK + 8)  /* shared row stride, in values */
+#define XM_THREADS 128
+#define FULL_MASK 0xffffffffu
+
+/* The tile list: tiles[0] = count, then per tile (place, first row, end
+ * row).  One block of 256 threads walks the experts 256 at a time: each
+ * thread counts its expert's tiles, a scan over the block places them. */
+static __global__ void mma_tiles_kernel(int32_t *tiles, const int32_t *counts, const int32_t *offsets,
+                                        const int32_t *wmap, int E, int n, int max_tiles)
+{
+    __shared__ int warp_n[8];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int base = 0; /* the same in every thread */
+    for (int e0 = 0; e0 < E; e0 += 256) {
+        const int e = e0 + (int)threadIdx.x;
+        int c = 0, r0 = 0, s = -1;
+        if (e < E) {
+            c = counts[e], r0 = offsets[e];
+            s = wmap ? wmap[e] : e;
+        }
+        const int nt = c > 0 && s >= 0 && r0 >= 0 && r0 <= n - c ? (c + MOE_EXPERT_MMA_BM - 1) / MOE_EXPERT_MMA_BM : 0;
+        int incl = nt;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(FULL_MASK, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (lane == 31) warp_n[w] = incl;
+        __syncthreads();
+        int before = 0, all = 0;
+        for (int i = 0; i < 8; i++) {
+            before += i < w ? warp_n[i] : 0;
+            all += warp_n[i];
+        }
+        for (int j = 0, at = base + before + incl - nt; j < nt && at < max_tiles; j++, at++) {
+            int32_t *p = tiles + 1 + 3 * (size_t)at;
+            p[0] = s, p[1] = r0 + j * MOE_EXPERT_MMA_BM, p[2] = r0 + c;
+        }
+        base += all;
+        __syncthreads(); /* warp_n is rewritten next round */
+    }
+    if (threadIdx.x == 0) tiles[0] = min(base, max_tiles);
+}
+
+/* 16 consecutive values of a half matrix row into r (zeros past Kd or for
+ * a row outside the tile: Kd % 8 == 0, so an 8-value load is all in or out). */
+template <class HT>
+__device__ __forceinline__ void load16(uint4 *r, const HT *row, bool ok, int k, int Kd)
+{
+#pragma unroll
+    for (int c = 0; c < 2; c++)
+        r[c] = ok && k + 8 * c < Kd ? __ldg((const uint4 *)(row + k + 8 * c)) : make_uint4(0, 0, 0, 0);
+}
+
+/* The loader's share of a weight stage: 16 values of one weight row from
+ * input k on (part: which 16 of the stage's 32).  Half weights: the values;
+ * planes: the 16-byte load holding them and their block's scale, decoded
+ * by store_w after this stage's products. */
+template <enum moe_dtype WT, class HT>
+__device__ __forceinline__ void load_w(uint4 *r, float *sc, const void *w, const void *ws, size_t wv,
+                                       int k, int part, int Kd)
+{
+    if (WT == MOE_DTYPE_MXFP4) { /* one 32-value block: both parts load it */
+        const size_t i = wv + (size_t)k;
+        r[0] = __ldg((const uint4 *)((const uint8_t *)w + i / 2));
+        *sc = qscale<WT>(ws, i);
+    } else if (WT == MOE_DTYPE_FP8_B128) {
+        const size_t i = wv + (size_t)k + 16 * (size_t)part;
+        r[0] = __ldg((const uint4 *)((const uint8_t *)w + i));
+        *sc = qscale<WT>(ws, i);
+    } else {
+        load16<HT>(r, (const HT *)w + wv, true, k + 16 * part, Kd);
+    }
+}
+
+template <enum moe_dtype WT, class HT>
+__device__ __forceinline__ void store_w(HT *dst, const uint4 *r, float sc, int part)
+{
+    if (WT != MOE_DTYPE_MXFP4 && WT != MOE_DTYPE_FP8_B128) {
+        ((uint4 *)dst)[0] = r[0], ((uint4 *)dst)[1] = r[1];
+        return;
+    }
+    typedef qtraits<WT> Q;
+    const uint32_t word[4] = {r[0].x, r[0].y, r[0].z, r[0].w};
+    uint32_t pk[8];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float v[8];
+        qword<WT>(v, word[j]);
+        /* MXFP4: v[0..3] are elements 4j.. (low nibbles, part 0), v[4..7]
+         * elements 16 + 4j.. (part 1); FP8: v[0..3] elements 4j.. of the load */
+        const float *q4 = v + (Q::fp4 ? 4 * part : 0);
+        pk[2 * j] = mma_half<HT>::pack(q4[0] * Q::unit * sc, q4[1] * Q::unit * sc);
+        pk[2 * j + 1] = mma_half<HT>::pack(q4[2] * Q::unit * sc, q4[3] * Q::unit * sc);
+    }
+    ((uint4 *)dst)[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+    ((uint4 *)dst)[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+}
+
+static __device__ __forceinline__ uint32_t ld32(const void *p) { return *(const uint32_t *)p; }
+
+/* out (rows in expert order, N) in HT = a (rows, Kd) in HT times W_s^T for
+ * the tiles of the list, W_s the (N, Kd) matrix at place s of the stack w
+ * (planes: values at w, scales at ws). */
+template <enum moe_dtype WT, class HT>
+static __global__ void __launch_bounds__(XM_THREADS)
+    expert_mma_kernel(HT *out, const HT *a, const void *w, const void *ws, const int32_t *tiles, int N, int Kd)
+{
+    typedef mma_half<HT> M;
+    __shared__ __align__(16) HT sa[2][MOE_EXPERT_MMA_BM * XM_LD], sb[2][XM_BN * XM_LD];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32; /* the warp's quarter */
+    const int lr = threadIdx.x >> 1, part = threadIdx.x & 1; /* the loader's row and half stage */
+    const int n0 = blockIdx.x * XM_BN, steps = (Kd + XM_BK - 1) / XM_BK, nt = tiles[0];
+    for (int ti = blockIdx.y; ti < nt; ti += gridDim.y) {
+        const int32_t *tp = tiles + 1 + 3 * (size_t)ti;
+        const int s = tp[0], r0 = tp[1], rend = tp[2];
+        const bool arow = r0 + lr < rend;
+        const HT *ap = a + (size_t)(arow ? r0 + lr : r0) * Kd;
+        const size_t wv = ((size_t)s * N + min(n0 + lr, N - 1)) * Kd; /* rows past N: not stored */
+        HT *da = nullptr, *db = nullptr;
+        uint4 ra[2], rb[2];
+        float sc = 0.0f;
+        load16<HT>(ra, ap, arow, 16 * part, Kd);
+        load_w<WT, HT>(rb, &sc, w, ws, wv, 0, part, Kd);
+        da = sa[0] + lr * XM_LD + 16 * part, db = sb[0] + lr * XM_LD + 16 * part;
+        ((uint4 *)da)[0] = ra[0], ((uint4 *)da)[1] = ra[1];
+        store_w<WT, HT>(db, rb, sc, part);
+        __syncthreads();
+        float acc[2][4][4] = {};
+        for (int st = 0; st < steps; st++) {
+            const int buf = st & 1;
+            const bool more = st + 1 < steps;
+            if (more) { /* the next stage's loads in flight during the products */
+                load16<HT>(ra, ap, arow, (st + 1) * XM_BK + 16 * part, Kd);
+                load_w<WT, HT>(rb, &sc, w, ws, wv, (st + 1) * XM_BK, part, Kd);
+            }
+            const HT *A = sa[buf], *B = sb[buf];
+#pragma unroll
+            for (int ks = 0; ks < XM_BK; ks += 16) {
+                uint32_t af[2][4], bf[4][2];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    const HT *p = A + (wm + mi * 16 + g) * XM_LD + ks + 2 * t;
+                    af[mi][0] = ld32(p), af[mi][1] = ld32(p + 8 * XM_LD);
+                    af[mi][2] = ld32(p + 8), af[mi][3] = ld32(p + 8 * XM_LD + 8);
+                }
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) {
+                    const HT *p = B + (wn + ni * 8 + g) * XM_LD + ks + 2 * t;
+                    bf[ni][0] = ld32(p), bf[ni][1] = ld32(p + 8);
+                }
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++) M::mma(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+            }
+            if (more) {
+                da = sa[buf ^ 1] + lr * XM_LD + 16 * part, db = sb[buf ^ 1] + lr * XM_LD + 16 * part;
+                ((uint4 *)da)[0] = ra[0], ((uint4 *)da)[1] = ra[1];
+                store_w<WT, HT>(db, rb, sc, part);
+            }
+            __syncthreads(); /* the stage read, the next one written */
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int col = n0 + wn + ni * 8 + 2 * t; /* N even: col + 1 < N too */
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = r0 + wm + mi * 16 + g + 8 * h;
+                    if (r < rend && col < N)
+                        *(uint32_t *)(out + (size_t)r * N + col) = M::pack(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                }
+            }
+    }
+}
+
+extern "C" enum moe_status moe_experts_mma_tiles_cuda(cudaStream_t st, int32_t *tiles,
+                                                      const struct moe_dispatch *plan,
+                                                      const int32_t *wmap, int n, int E)
+{
+    const size_t ints = moe_expert_mma_tile_ints(n, E);
+    if (!ints || (ints - 1) / 3 > INT32_MAX)
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert tiles: %d rows over %d experts", n, E);
+    mma_tiles_kernel<<<1, 256, 0, st>>>(tiles, plan->counts, plan->offsets, wmap, E, n,
+                                        (int)((ints - 1) / 3));
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
+extern "C" enum moe_status moe_experts_mma_cuda(cudaStream_t st, void *out, const void *a,
+                                                enum moe_dtype at, const void *w, enum moe_dtype wt,
+                                                int Ew, int N, int Kd, const int32_t *tiles, int n, int E)
+{
+    const bool planes = wt == MOE_DTYPE_MXFP4 || wt == MOE_DTYPE_FP8_B128;
+    if ((at != MOE_DTYPE_BF16 && at != MOE_DTYPE_F16) || (wt != at && !(planes && at == MOE_DTYPE_BF16)))
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert GEMM: %s weights with %s rows",
+                        moe_dtype_name(wt), moe_dtype_name(at));
+    const int blk = wt == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : wt == MOE_DTYPE_FP8_B128 ? MOE_FP8_BLOCK : 8;
+    if (N <= 0 || Kd <= 0 || Ew <= 0 || N % 2 || Kd % blk)
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert GEMM: %d x %d matrices of %s", N, Kd,
+                        moe_dtype_name(wt));
+    const size_t ints = moe_expert_mma_tile_ints(n, E);
+    if (!ints) return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert GEMM: %d rows over %d experts", n, E);
+    if (n == 0) return MOE_OK;
+    const size_t max_tiles = (ints - 1) / 3;
+    const dim3 grid((unsigned)((N + XM_BN - 1) / XM_BN), (unsigned)(max_tiles < 65535 ? max_tiles : 65535));
+    const void *ws = planes ? (const char *)w + moe_planes_values_bytes(wt, (size_t)N * Ew, (size_t)Kd) : NULL;
+#define XMMA(WT, HT) \
+    expert_mma_kernel<WT, HT><<<grid, XM_THREADS, 0, st>>>((HT *)out, (const HT *)a, w, ws, tiles, N, Kd)
+    switch (wt) {
+    case MOE_DTYPE_BF16: XMMA(MOE_DTYPE_BF16, __nv_bfloat16); break;
+    case MOE_DTYPE_F16: XMMA(MOE_DTYPE_F16, __half); break;
+    case MOE_DTYPE_MXFP4: XMMA(MOE_DTYPE_MXFP4, __nv_bfloat16); break;
+    case MOE_DTYPE_FP8_B128: XMMA(MOE_DTYPE_FP8_B128, __nv_bfloat16); break;
+    default: return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA expert GEMM: %s weights", moe_dtype_name(wt));
+    }
+#undef XMMA
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
