@@ -107,6 +107,17 @@ void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh, 
     }
 }
 
+/* fp8 caches: each KV head's Dh values of the token, one scaled row each
+ * (kvcache.h); scale index slot * Hkv + h within the layer's plane. */
+static void kv_store_fp8_token(uint8_t *dst, float *scales, const float *x, size_t slot, int Hkv,
+                               int Dh)
+{
+    for (int h = 0; h < Hkv; h++) {
+        const size_t r = slot * (size_t)Hkv + (size_t)h;
+        scales[r] = moe_kvcache_fp8_quantize_row(dst + r * (size_t)Dh, x + (size_t)h * Dh, (size_t)Dh);
+    }
+}
+
 void moe_attention_kv_store_cpu(struct moe_kvcache *kv, int layer, const float *k,
                                 const float *v, const int32_t *slots, int T)
 {
@@ -115,6 +126,15 @@ void moe_attention_kv_store_cpu(struct moe_kvcache *kv, int layer, const float *
     char *vl = (char *)kv->v + (size_t)layer * kv->layer_elems * es;
     for (int t = 0; t < T; t++) {
         MOE_ASSERT(slots[t] >= 0 && (size_t)slots[t] * row < kv->layer_elems);
+        if (kv->dtype == MOE_DTYPE_F8E4M3) {
+            const size_t so = (size_t)layer * kv->layer_rows;
+            kv_store_fp8_token((uint8_t *)kl, kv->ks + so, k + (size_t)t * row, (size_t)slots[t],
+                               kv->n_kv_heads, kv->head_dim);
+            if (vl != kl)
+                kv_store_fp8_token((uint8_t *)vl, kv->vs + so, v + (size_t)t * row, (size_t)slots[t],
+                                   kv->n_kv_heads, kv->head_dim);
+            continue;
+        }
         moe_convert_from_f32(kl + (size_t)slots[t] * row * es, k + (size_t)t * row, kv->dtype, row);
         if (vl != kl) /* MLA: one row serves as K and V (v == k) */
             moe_convert_from_f32(vl + (size_t)slots[t] * row * es, v + (size_t)t * row, kv->dtype, row);
@@ -131,6 +151,8 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
     const bool f32 = kv->dtype == MOE_DTYPE_F32;
     const char *kl = (const char *)kv->k + (size_t)p->layer * kv->layer_elems * es;
     const char *vl = (const char *)kv->v + (size_t)p->layer * kv->layer_elems * es;
+    const float *ksl = kv->ks ? kv->ks + (size_t)p->layer * kv->layer_rows : NULL;
+    const float *vsl = kv->vs ? kv->vs + (size_t)p->layer * kv->layer_rows : NULL;
     const size_t per_thread = moe_attention_scratch_floats(Hq, Hkv, Dh);
     const int T = b->n_tokens;
 
@@ -152,7 +174,13 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
                 size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
                 size_t off = (slot * row + (size_t)kh * Dh) * es;
                 const float *kj = (const float *)(kl + off), *vj = (const float *)(vl + off);
-                if (!f32) {
+                if (ksl) { /* fp8: row slot * Hkv + kh of the scale planes */
+                    const size_t r = slot * (size_t)Hkv + (size_t)kh;
+                    moe_kvcache_fp8_row_f32(kbuf, (const uint8_t *)kl + off, ksl[r], (size_t)Dh);
+                    moe_kvcache_fp8_row_f32(vbuf, (const uint8_t *)vl + off, vsl[r], (size_t)Dh);
+                    kj = kbuf;
+                    vj = vbuf;
+                } else if (!f32) {
                     moe_convert_row_f32(kbuf, kl + off, kv->dtype, (size_t)Dh);
                     moe_convert_row_f32(vbuf, vl + off, kv->dtype, (size_t)Dh);
                     kj = kbuf;

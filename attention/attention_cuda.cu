@@ -1,5 +1,6 @@
 /* attention_cuda.cu - CUDA twins of attention/attention_cpu.c: RMSNorm,
- * RoPE, the paged K/V store and paged grouped-query attention for
+ * RoPE, the paged K/V store (the fp8 cache's rows with their scales:
+ * kv_store_fp8_kernel) and paged grouped-query attention for
  * decode-sized steps.  Steps of more than ATT_SPLIT_ROWS rows take the tiled
  * prefill kernel of attention_prefill_cuda.cu instead (the backend chooses;
  * MOERUN_CUDA_PREFILL_ATTN=rows keeps them on this kernel, to compare).
@@ -115,6 +116,32 @@ static __global__ void kv_store_kernel(void *kl, void *vl, enum moe_dtype dt, co
     }
 }
 
+/* The fp8 cache's store (kvcache.h): one warp per (token, KV head, K or
+ * V) row of Dh values: the row's finite amax by a warp max (exact in any
+ * order), the scale amax / 448, each value's byte by moe_kv_fp8_encode:
+ * the CPU's moe_kvcache_fp8_quantize_row bit for bit.  Rows (T, Hkv, 2)
+ * in blockIdx.x * 4 + warp; MLA's one row (vl == kl) is written once. */
+#define FP8_STORE_WARPS 4
+static __global__ void __launch_bounds__(FP8_STORE_WARPS * 32)
+    kv_store_fp8_kernel(uint8_t *kl, uint8_t *vl, float *ksl, float *vsl, const float *k, const float *v,
+                        const int32_t *slots, int T, int Hkv, int Dh, size_t layer_rows)
+{
+    const int lane = threadIdx.x & 31;
+    const size_t r = (size_t)blockIdx.x * FP8_STORE_WARPS + (threadIdx.x >> 5);
+    const int which = (int)(r % 2), h = (int)(r / 2 % Hkv);
+    const size_t t = r / 2 / Hkv;
+    if (t >= (size_t)T || (which == 1 && vl == kl)) return;
+    const size_t dst = (size_t)slots[t] * Hkv + h;
+    if (slots[t] < 0 || dst >= layer_rows) return; /* validated on the host */
+    const float *x = (which ? v : k) + (t * Hkv + h) * Dh;
+    float amax = 0.0f;
+    for (int d = lane; d < Dh; d += 32) amax = fmaxf(amax, moe_kv_fp8_abs(x[d]));
+    const float s = moe_kv_fp8_scale(moe_warp_max(amax));
+    uint8_t *q = (which ? vl : kl) + dst * Dh;
+    for (int d = lane; d < Dh; d += 32) q[d] = moe_kv_fp8_encode(x[d], s);
+    if (lane == 0) (which ? vsl : ksl)[dst] = s;
+}
+
 extern "C" enum moe_status moe_attention_kv_store_cuda(cudaStream_t st, struct moe_kvcache *kv,
                                                        int layer, const float *k, const float *v,
                                                        const int32_t *slots, int T)
@@ -126,6 +153,17 @@ extern "C" enum moe_status moe_attention_kv_store_cuda(cudaStream_t st, struct m
     const size_t es = moe_dtype_size(kv->dtype);
     char *kl = (char *)kv->k + (size_t)layer * kv->layer_elems * es;
     char *vl = (char *)kv->v + (size_t)layer * kv->layer_elems * es;
+    if (kv->dtype == MOE_DTYPE_F8E4M3) {
+        const size_t rows = (size_t)T * kv->n_kv_heads * 2, so = (size_t)layer * kv->layer_rows;
+        const size_t blocks = (rows + FP8_STORE_WARPS - 1) / FP8_STORE_WARPS;
+        if (blocks > 2147483647u)
+            return moe_fail(MOE_ERR_INVALID_ARG, "kv_store: %d rows of %d KV heads", T, kv->n_kv_heads);
+        kv_store_fp8_kernel<<<(unsigned)blocks, FP8_STORE_WARPS * 32, 0, st>>>(
+            (uint8_t *)kl, (uint8_t *)vl, kv->ks + so, kv->vs + so, k, v, slots, T, kv->n_kv_heads,
+            kv->head_dim, kv->layer_rows);
+        MOE_CUDA_LAUNCHED();
+        return MOE_OK;
+    }
     kv_store_kernel<<<moe_cuda_blocks((size_t)T * row, 256), 256, 0, st>>>(
         kl, vl, kv->dtype, k, v, slots, T, row, kv->layer_elems);
     MOE_CUDA_LAUNCHED();
@@ -188,11 +226,12 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
             if (blk < 0 || blk >= a.n_blocks) continue; /* validated on the host */
             const size_t off = ((size_t)blk * a.B + key % a.B) * row + (size_t)kh * Dh;
             float kf[DPL], vf[DPL];
+            const float ks = att_row_scale(a.ksl, off, Dh), vs = att_row_scale(a.vsl, off, Dh);
 #pragma unroll
             for (int j = 0; j < DPL; j++) {
                 const int d = lane + 32 * j;
-                kf[j] = d < Dh ? moe_ld(a.kl, a.dt, off + d) : 0.0f;
-                vf[j] = d < Dh ? moe_ld(a.vl, a.dt, off + d) : 0.0f;
+                kf[j] = d < Dh ? moe_ld(a.kl, a.dt, off + d) * ks : 0.0f;
+                vf[j] = d < Dh ? moe_ld(a.vl, a.dt, off + d) * vs : 0.0f;
             }
 #pragma unroll
             for (int g = 0; g < MAXG; g++) {

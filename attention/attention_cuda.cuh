@@ -15,6 +15,8 @@ struct att_view {
     float *out;                          /* (T, Hq*Dh) */
     const float *q;                      /* (T, Hq*Dh) */
     const void *kl, *vl;                 /* the layer's (n_blocks, B, Hkv, Dh) K and V */
+    const float *ksl, *vsl;              /* fp8 caches: the layer's row scales (n_blocks, B, Hkv);
+                                          * else NULL */
     enum moe_dtype dt;                   /* the cache's */
     const int32_t *table, *positions;    /* (n_seqs, max_blocks), (T): device */
     int max_blocks, B, n_blocks;
@@ -28,6 +30,15 @@ struct att_view {
 #include <math.h>
 
 #include "runtime/cuda_dtype.cuh"
+
+/* The scale of the cache row at element offset off (a multiple of Dh) of
+ * a layer: its fp8 scale, or 1 (exact) for the other dtypes; a kernel
+ * reads value d of the row as moe_ld(row + d) * this, the CPU's e4m3 * s
+ * (kvcache.h) for fp8, the value itself otherwise. */
+static __device__ __forceinline__ float att_row_scale(const float *scales, size_t off, int Dh)
+{
+    return scales ? scales[off / (size_t)Dh] : 1.0f;
+}
 
 /* Folds head h's sink logit into a finished online softmax of running max
  * m and sum *l: *l gains exp(sink) on the same scale, and the returned
@@ -187,6 +198,8 @@ static inline enum moe_status att_view_init(struct att_view *v, float *out, cons
     v->q = q;
     v->kl = (const char *)kv->k + (size_t)p->layer * kv->layer_elems * es;
     v->vl = (const char *)kv->v + (size_t)p->layer * kv->layer_elems * es;
+    v->ksl = kv->ks ? kv->ks + (size_t)p->layer * kv->layer_rows : NULL;
+    v->vsl = kv->vs ? kv->vs + (size_t)p->layer * kv->layer_rows : NULL;
     v->dt = kv->dtype;
     v->table = db->block_table;
     v->positions = db->positions;

@@ -7,7 +7,14 @@
  * computes the scores of all G query heads of the group with vector dot
  * products, then updates the online softmax once per tile (one rescale of
  * the accumulators per tile instead of per key) and adds the tile's values.
- * Every key and value row is read once per item, for all G heads. */
+ * Every key and value row is read once per item, for all G heads.
+ *
+ * Caches: f32 rows are read in place; fp8 rows (kvcache.h) are widened
+ * into per-thread rows first (moe_kv_fp8_row_fast: the reference's values
+ * exactly), each key row once before its scores, the tile's value rows
+ * once before the accumulation, so a key costs Dh + 4 bytes of K and of V
+ * read instead of 4 Dh.  f16 and bf16 caches take the reference
+ * (runtime/backend_cpu.c). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -17,7 +24,7 @@
 
 enum { JT = 16 }; /* keys per softmax tile */
 
-size_t moe_attention_fast_scratch(int G, int Dh) { return (size_t)G * (2 + JT + Dh); }
+size_t moe_attention_fast_scratch(int G, int Dh) { return (size_t)G * (2 + JT + Dh) + (size_t)(JT + 1) * Dh; }
 
 void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcache *kv,
                               const struct moe_batch *b, const struct moe_attn_params *p,
@@ -25,10 +32,13 @@ void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcac
 {
     const int Hq = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, G = Hq / Hkv;
     const int B = kv->block_size;
-    const size_t row = (size_t)Hkv * Dh;
-    MOE_ASSERT(kv->dtype == MOE_DTYPE_F32); /* other KV dtypes take the reference path */
-    const float *kl = (const float *)kv->k + (size_t)p->layer * kv->layer_elems;
-    const float *vl = (const float *)kv->v + (size_t)p->layer * kv->layer_elems;
+    const bool fp8 = kv->dtype == MOE_DTYPE_F8E4M3;
+    MOE_ASSERT(fp8 || kv->dtype == MOE_DTYPE_F32); /* f16, bf16 take the reference */
+    const size_t es = moe_dtype_size(kv->dtype);
+    const char *kl = (const char *)kv->k + (size_t)p->layer * kv->layer_elems * es;
+    const char *vl = (const char *)kv->v + (size_t)p->layer * kv->layer_elems * es;
+    const float *ksl = fp8 ? kv->ks + (size_t)p->layer * kv->layer_rows : NULL;
+    const float *vsl = fp8 ? kv->vs + (size_t)p->layer * kv->layer_rows : NULL;
     const int T = b->n_tokens;
     MOE_ASSERT(moe_attention_fast_scratch(G, Dh) <= scratch_per_thread);
 
@@ -46,6 +56,7 @@ void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcac
         const int g0 = (int)(it % nc) * GC, gn = G - g0 < GC ? G - g0 : GC;
         float *m = scratch + (size_t)omp_get_thread_num() * scratch_per_thread;
         float *l = m + G, *sc = l + G, *acc = sc + (size_t)G * JT;
+        float *kbuf = acc + (size_t)G * Dh, *vbuf = kbuf + Dh; /* fp8: (Dh), (JT, Dh) */
         const int s = b->seq_of[t], pos = b->positions[t];
         const int32_t *table = b->block_table + (size_t)s * b->max_blocks;
         const float *qg = q + (size_t)t * Hq * Dh + (size_t)(kh * G + g0) * Dh;
@@ -61,8 +72,15 @@ void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcac
             for (int jj = 0; jj < nj; jj++) {
                 const int j = j0 + jj;
                 const size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
-                const float *kj = kl + slot * row + (size_t)kh * Dh;
-                vrow[jj] = vl + slot * row + (size_t)kh * Dh;
+                const size_t r = slot * (size_t)Hkv + (size_t)kh, off = r * (size_t)Dh * es;
+                const float *kj = (const float *)(kl + off);
+                vrow[jj] = (const float *)(vl + off);
+                if (fp8) {
+                    moe_kv_fp8_row_fast(kbuf, (const uint8_t *)kl + off, ksl[r], Dh);
+                    moe_kv_fp8_row_fast(vbuf + (size_t)jj * Dh, (const uint8_t *)vl + off, vsl[r], Dh);
+                    kj = kbuf;
+                    vrow[jj] = vbuf + (size_t)jj * Dh;
+                }
                 for (int g = 0; g < gn; g++)
                     sc[(size_t)g * JT + jj] = moe_dot_fast(qg + (size_t)g * Dh, kj, Dh) * p->scale;
             }

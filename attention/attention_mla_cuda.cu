@@ -170,7 +170,8 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attention_kernel(st
             const bool kok = blk >= 0 && blk < a.n_blocks; /* validated on the host */
             const size_t off = kok ? ((size_t)blk * a.B + key % a.B) * row + (size_t)kh * Dh : 0;
             float *kr = skv + j * (dhp + 4);
-            for (int d = lane; d < dhp; d += 32) kr[d] = kok && d < Dh ? moe_ld(a.kl, a.dt, off + d) : 0.0f;
+            const float ks = kok ? att_row_scale(a.ksl, off, Dh) : 0.0f; /* K's and V's: one row */
+            for (int d = lane; d < dhp; d += 32) kr[d] = kok && d < Dh ? moe_ld(a.kl, a.dt, off + d) * ks : 0.0f;
             if (lane == 0) s_kok[j] = kok;
         }
         __syncthreads();

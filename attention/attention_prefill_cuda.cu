@@ -137,8 +137,10 @@ static __global__ void __launch_bounds__(PF_WARPS * 32) prefill_attention_kernel
             const bool kok = blk >= 0 && blk < a.n_blocks; /* validated on the host */
             const size_t off = kok ? ((size_t)blk * a.B + key % a.B) * row + (size_t)kh * Dh : 0;
             float *kr = sk + j * (dhp + 4), *vr = sv + j * Dh;
-            for (int d = lane; d < dhp; d += 32) kr[d] = kok && d < Dh ? moe_ld(a.kl, a.dt, off + d) : 0.0f;
-            for (int d = lane; d < Dh; d += 32) vr[d] = kok ? moe_ld(a.vl, a.dt, off + d) : 0.0f;
+            const float ks = kok ? att_row_scale(a.ksl, off, Dh) : 0.0f;
+            const float vs = kok ? att_row_scale(a.vsl, off, Dh) : 0.0f;
+            for (int d = lane; d < dhp; d += 32) kr[d] = kok && d < Dh ? moe_ld(a.kl, a.dt, off + d) * ks : 0.0f;
+            for (int d = lane; d < Dh; d += 32) vr[d] = kok ? moe_ld(a.vl, a.dt, off + d) * vs : 0.0f;
             if (lane == 0) s_kok[j] = kok;
         }
         __syncthreads();

@@ -8,12 +8,31 @@
 
 size_t moe_kvcache_block_bytes(const struct moe_config *cfg, int block_size, enum moe_dtype dtype)
 {
-    size_t b = cfg->kv_lora_rank > 0 ? 1 : 2; /* MLA: one row read as K and V */
-    if (!moe_mul_size(b, (size_t)cfg->n_layers, &b) || !moe_mul_size(b, (size_t)cfg->n_kv_heads, &b) ||
-        !moe_mul_size(b, (size_t)cfg->head_dim, &b) || !moe_mul_size(b, (size_t)block_size, &b) ||
-        !moe_mul_size(b, moe_dtype_size(dtype), &b))
-        return SIZE_MAX;
+    size_t b = moe_config_kv_bytes_per_token(cfg, dtype);
+    if (b == SIZE_MAX || block_size < 0 || !moe_mul_size(b, (size_t)block_size, &b)) return SIZE_MAX;
     return b;
+}
+
+static bool is_kv_dtype(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_F32 || t == MOE_DTYPE_F16 || t == MOE_DTYPE_BF16 || t == MOE_DTYPE_F8E4M3;
+}
+
+float moe_kvcache_fp8_quantize_row(uint8_t *q, const float *x, size_t n)
+{
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        const float a = moe_kv_fp8_abs(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    const float s = moe_kv_fp8_scale(amax);
+    for (size_t i = 0; i < n; i++) q[i] = moe_kv_fp8_encode(x[i], s);
+    return s;
+}
+
+void moe_kvcache_fp8_row_f32(float *dst, const uint8_t *q, float s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) dst[i] = moe_fp8_e4m3_to_f32(q[i]) * s;
 }
 
 enum moe_status moe_kvcache_blocks_for_budget(const struct moe_config *cfg, int block_size,
@@ -37,15 +56,19 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
     if (n_blocks <= 0 || block_size <= 0)
         return moe_fail(MOE_ERR_INVALID_ARG, "kv cache: need at least one block of at least one "
                         "slot (got %d blocks of %d)", n_blocks, block_size);
-    if (dtype != MOE_DTYPE_F32 && dtype != MOE_DTYPE_F16 && dtype != MOE_DTYPE_BF16)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "kv cache: dtype %s (use F32, F16 or BF16)",
+    if (!is_kv_dtype(dtype))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "kv cache: dtype %s (use F32, F16, BF16 or F8_E4M3)",
                         moe_dtype_name(dtype));
-    size_t per_slot, slots, elems, bytes, total, ntok;
+    const bool fp8 = dtype == MOE_DTYPE_F8E4M3;
+    size_t per_slot, slots, elems, rows, bytes, total, stotal = 0, ntok;
     if (!moe_mul_size((size_t)cfg->n_kv_heads, (size_t)cfg->head_dim, &per_slot) ||
         !moe_mul_size((size_t)n_blocks, (size_t)block_size, &slots) ||
         !moe_mul_size(slots, per_slot, &elems) ||
+        !moe_mul_size(slots, (size_t)cfg->n_kv_heads, &rows) ||
         !moe_mul_size(elems, moe_dtype_size(dtype), &bytes) ||
         !moe_mul_size(bytes, (size_t)cfg->n_layers, &total) ||
+        (fp8 && (!moe_mul_size(rows, sizeof(float), &stotal) ||
+                 !moe_mul_size(stotal, (size_t)cfg->n_layers, &stotal))) ||
         !moe_mul_size(slots, sizeof(int32_t), &ntok))
         return moe_fail(MOE_ERR_NOMEM, "kv cache: %d blocks of %d slots overflow the address space",
                         n_blocks, block_size);
@@ -56,6 +79,7 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
     kv->n_blocks = n_blocks;
     kv->dtype = dtype;
     kv->layer_elems = elems;
+    kv->layer_rows = rows;
     kv->prefix_cache = prefix_cache;
     kv->lru_head = kv->lru_tail = -1;
     kv->be = be;
@@ -64,6 +88,11 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
     /* MLA: one latent row per token serves as K and V (runtime/config.h) */
     if (cfg->kv_lora_rank > 0) kv->v = kv->k;
     else if ((s = be->ops->alloc(be, total, &kv->v)) != MOE_OK) goto fail;
+    if (fp8) {
+        if ((s = be->ops->alloc(be, stotal, (void **)&kv->ks)) != MOE_OK) goto fail;
+        if (cfg->kv_lora_rank > 0) kv->vs = kv->ks;
+        else if ((s = be->ops->alloc(be, stotal, (void **)&kv->vs)) != MOE_OK) goto fail;
+    }
     kv->index_cap = 16;
     while (kv->index_cap < 2 * (size_t)n_blocks) kv->index_cap *= 2;
     kv->blocks = calloc((size_t)n_blocks, sizeof *kv->blocks);
@@ -86,6 +115,8 @@ fail:
 void moe_kvcache_free(struct moe_kvcache *kv)
 {
     if (kv->be) {
+        if (kv->vs != kv->ks) kv->be->ops->dealloc(kv->be, kv->vs);
+        kv->be->ops->dealloc(kv->be, kv->ks);
         if (kv->v != kv->k) kv->be->ops->dealloc(kv->be, kv->v);
         kv->be->ops->dealloc(kv->be, kv->k);
     }
@@ -248,6 +279,7 @@ int32_t moe_kvcache_lookup(struct moe_kvcache *kv, int32_t parent, const int32_t
 
 size_t moe_kvcache_bytes_per_slot(const struct moe_kvcache *kv)
 {
+    /* the sizes were checked at init */
     return (kv->v == kv->k ? 1 : 2) * (size_t)kv->n_layers * (size_t)kv->n_kv_heads *
-           (size_t)kv->head_dim * moe_dtype_size(kv->dtype);
+           moe_config_kv_row_bytes(kv->head_dim, kv->dtype);
 }

@@ -16,10 +16,29 @@
  * used cached block only when none is left.
  *
  * Storage per layer: K and V each (n_blocks, B, Hkv, Dh) in the KV dtype
- * (F32, F16 or BF16 on the CPU), contiguous, in backend memory.  The pool
- * bookkeeping (counts, free list, cache index, tokens) is on the host. */
+ * (F32, F16, BF16 or F8E4M3), contiguous, in backend memory.  The pool
+ * bookkeeping (counts, free list, cache index, tokens) is on the host.
+ *
+ * The fp8 cache (MOE_DTYPE_F8E4M3, `--kv-dtype fp8`) is a per-row scaled
+ * FP8: each row of Dh values (one token, one KV head, K or V; MLA: the
+ * latent row) is Dh OCP E4M3 ("fn") bytes plus one f32 scale s =
+ * amax / 448, amax the largest |value| among the row's finite values, and
+ * value i reads back as e4m3(q[i]) * s (one fp32 rounding).  The bytes are
+ * q[i] = moe_f32_to_e4m3(x[i] / s): round to nearest even, saturating at
+ * +-448 (runtime/tensor.h).  A row of zeros (or of values so small that s
+ * underflows) has s = 0 and zero bytes; a NaN or infinite value is stored
+ * as the NaN byte and reads back as NaN, so it propagates through the
+ * attention as it would from an f32 cache, and the rest of its row keeps
+ * a finite scale.  The scales are planes beside the bytes: ks and vs,
+ * (L, n_blocks, B, Hkv) f32 each, so a row's bytes keep the alignment of
+ * Dh.  Unlike vLLM's fp8 cache (one scale per tensor, 1.0 by default), a
+ * scale per row cannot overflow on a model with large K and uses E4M3's
+ * whole range on every row.  Rounding error of a value x: at most 2^-4 |x|
+ * (3 mantissa bits) where |x| >= 2^-6 s, at most 2^-10 s below (the
+ * subnormals), plus fp32's rounding of x / s and of e4m3 * s. */
 #pragma once
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,7 +74,10 @@ struct moe_kvcache {
     int n_blocks;
     enum moe_dtype dtype;      /* element type of K and V */
     size_t layer_elems;        /* elements per layer of K (and of V): n_blocks*B*Hkv*Dh */
+    size_t layer_rows;         /* rows (and scales) per layer of K (and of V): n_blocks*B*Hkv */
     void *k, *v;               /* (L, n_blocks, B, Hkv, Dh) each, backend memory */
+    float *ks, *vs;            /* F8E4M3 only (else NULL): the rows' scales, (L, n_blocks, B,
+                                * Hkv) each, backend memory; MLA: vs == ks */
     struct moe_kv_block *blocks; /* (n_blocks) */
     int32_t *free_list;        /* stack of never-cached free blocks */
     int n_free;
@@ -70,13 +92,15 @@ struct moe_kvcache {
 };
 
 /* Allocates n_blocks blocks of block_size slots for cfg's shape in dtype
- * (F32, F16 or BF16).  Sizes are overflow-checked; zero blocks are refused. */
+ * (F32, F16, BF16 or F8E4M3: bytes and scales, above).  Sizes are
+ * overflow-checked; zero blocks are refused. */
 MOE_MUST_USE enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
                                                const struct moe_config *cfg, int n_blocks,
                                                int block_size, enum moe_dtype dtype,
                                                bool prefix_cache);
 void moe_kvcache_free(struct moe_kvcache *kv);
-/* Bytes of one block (K and V, all layers; MLA: the one row both read). */
+/* Bytes of one block (K and V, all layers, fp8 scales included; MLA: the
+ * one row both read); SIZE_MAX on overflow. */
 size_t moe_kvcache_block_bytes(const struct moe_config *cfg, int block_size, enum moe_dtype dtype);
 /* Blocks that fit in budget bytes; MOE_ERR_INVALID_ARG (naming both sizes)
  * if not even one. */
@@ -103,8 +127,36 @@ void moe_kvcache_cache_block(struct moe_kvcache *kv, int32_t block, int32_t pare
  * reference and returns its id, else -1. */
 int32_t moe_kvcache_lookup(struct moe_kvcache *kv, int32_t parent, const int32_t *tokens);
 
-/* Bytes of K+V storage per token slot (MLA: K and V are one buffer, v == k). */
+/* Bytes of K+V storage per token slot, fp8 scales included (MLA: K and V
+ * are one buffer, v == k). */
 size_t moe_kvcache_bytes_per_slot(const struct moe_kvcache *kv);
+
+/* --- fp8 rows (MOE_DTYPE_F8E4M3 caches, see the top of this file) --- */
+
+/* The scale of a row whose largest finite |value| is amax (0 for none). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline float moe_kv_fp8_scale(float amax) { return amax / MOE_E4M3_MAX; }
+/* |x| where x is finite, else 0: what a row's amax is the maximum of. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline float moe_kv_fp8_abs(float x) { return x - x == 0.0f ? fabsf(x) : 0.0f; }
+/* The byte of value x in a row of scale s: e4m3(x / s); 0 for a finite x
+ * when s is 0; NaN (0x7F / 0xFF) for NaN or infinite x. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint8_t moe_kv_fp8_encode(float x, float s)
+{
+    if (s == 0.0f && x - x == 0.0f) return 0;
+    return moe_f32_to_e4m3(x / s);
+}
+/* Quantizes the row x (n values) into q (n bytes); returns its scale. */
+float moe_kvcache_fp8_quantize_row(uint8_t *q, const float *x, size_t n);
+/* dst (n) = e4m3(q[i]) * s, each the exact product rounded once. */
+void moe_kvcache_fp8_row_f32(float *dst, const uint8_t *q, float s, size_t n);
 
 #ifdef __cplusplus
 }

@@ -76,7 +76,7 @@ int moe_bench_gpu_extras(const struct moe_model *m, const struct moe_bench_gpu_o
         moe_model_sizes(m, &z);
         const int E = c->n_experts > 0 ? c->n_experts : 1, K = c->top_k;
         double experts_active = c->n_experts > 0 ? (double)z.bytes_experts * K / E : 0.0;
-        double kv = (double)o->ctx * (double)moe_config_kv_bytes_per_token(c, moe_dtype_size(o->kv_dtype));
+        double kv = (double)o->ctx * (double)moe_config_kv_bytes_per_token(c, o->kv_dtype);
         double head = c->tie_embeddings ? (double)z.bytes_embed : 0.0; /* the LM head reads it */
         double step_bytes = (double)z.bytes_total - (double)z.bytes_embed - (double)z.bytes_experts +
                             experts_active + head + kv;

@@ -40,7 +40,7 @@ static void usage(FILE *f)
             "  --ctx N          context of each sequence before decode (default 128)\n"
             "  --steps N        decode steps per measurement (default 16)\n"
             "  --chunk N        prefill chunk size (default 512)\n"
-            "  --kv-dtype T     KV cache dtype: f32 (default), f16, bf16\n"
+            "  --kv-dtype T     KV cache dtype: f32 (default), f16, bf16, fp8\n"
             "  --repeat N       runs per measurement, best reported (default 3)\n"
             "  --json           one JSON object on stdout instead of a table\n"
             "  --copy-bandwidth measure device copy bandwidth; report decode against the\n"
@@ -218,7 +218,7 @@ done:
 }
 
 /* Bytes a batch-1 decode token reads at context ctx. */
-static double decode_bytes(const struct moe_model *m, double ctx)
+static double decode_bytes(const struct moe_model *m, double ctx, enum moe_dtype kv_dtype)
 {
     const struct moe_config *c = &m->cfg;
     struct moe_model_sizes z;
@@ -226,7 +226,7 @@ static double decode_bytes(const struct moe_model *m, double ctx)
     double experts = c->n_experts > 0 ? (double)z.bytes_experts * c->top_k / c->n_experts : 0;
     double embed_row = (double)z.bytes_embed / (double)c->vocab;
     double head = c->tie_embeddings ? (double)z.bytes_embed : (double)z.bytes_lm_head;
-    double kv = ctx * (double)moe_config_kv_bytes_per_token(c, sizeof(float)); /* fp32 cache */
+    double kv = ctx * (double)moe_config_kv_bytes_per_token(c, kv_dtype);
     return (double)(z.bytes_attn + z.bytes_router + z.bytes_norm + z.bytes_dense_ffn +
                     z.bytes_shared) + experts + embed_row + head + kv;
 }
@@ -381,8 +381,8 @@ int moe_cli_bench(int argc, char **argv)
         .max_tokens = (int)(chunk > max_b ? chunk : max_b), .max_seqs = max_b, .max_logits = max_b,
         .block_size = block, .n_blocks = (int)(blocks_p > blocks_d ? blocks_p : blocks_d)};
     if (kv_arg) {
-        if (!moe_cli_parse_dtype(kv_arg, &o.kv_dtype)) {
-            moe_cli_error("bench", "--kv-dtype '%s' (use f32, f16 or bf16)", kv_arg);
+        if (!moe_cli_parse_kv_dtype(kv_arg, &o.kv_dtype)) {
+            moe_cli_error("bench", "--kv-dtype '%s' (use " MOE_CLI_KV_DTYPES ")", kv_arg);
             goto done;
         }
         o.kv_dtype_set = true;
@@ -445,7 +445,7 @@ int moe_cli_bench(int argc, char **argv)
         if (moe_bench_gpu_extras(&m, &go, dec, nb, out, json)) goto done;
     }
     if (nb > 0 && strcmp(be.ops->name, "cuda")) { /* host memory roofline */
-        const double bytes = decode_bytes(&m, (double)ctx + (double)steps / 2.0);
+        const double bytes = decode_bytes(&m, (double)ctx + (double)steps / 2.0, b.r.kv.dtype);
         const double bw = moe_cli_copy_bandwidth(), rbw = moe_cli_read_bandwidth();
         const double roof = bw > 0 ? bw / bytes : 0, rroof = rbw / bytes;
         json_object_set_new(out, "roofline",

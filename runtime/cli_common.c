@@ -21,6 +21,15 @@ bool moe_cli_parse_dtype(const char *s, enum moe_dtype *out)
     return true;
 }
 
+bool moe_cli_parse_kv_dtype(const char *s, enum moe_dtype *out)
+{
+    if (!strcasecmp(s, "fp8") || !strcasecmp(s, "f8") || !strcasecmp(s, "fp8_e4m3") || !strcasecmp(s, "e4m3")) {
+        *out = MOE_DTYPE_F8E4M3; /* E4M3 bytes and an f32 scale per row (kvcache.h) */
+        return true;
+    }
+    return moe_cli_parse_dtype(s, out);
+}
+
 static enum moe_status open_model_weights(struct moe_model *m, const struct moe_cli_model_opts *o)
 {
     if (o->synthetic) {
@@ -289,8 +298,8 @@ enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struc
                                      struct moe_engine *e)
 {
     enum moe_dtype kvt = MOE_DTYPE_F32;
-    if (o->kv_dtype && !moe_cli_parse_dtype(o->kv_dtype, &kvt))
-        return moe_fail(MOE_ERR_INVALID_ARG, "--kv-dtype '%s' (use f32, f16 or bf16)", o->kv_dtype);
+    if (o->kv_dtype && !moe_cli_parse_kv_dtype(o->kv_dtype, &kvt))
+        return moe_fail(MOE_ERR_INVALID_ARG, "--kv-dtype '%s' (use " MOE_CLI_KV_DTYPES ")", o->kv_dtype);
     int n_blocks;
     if (o->kv_budget) {
         size_t budget;

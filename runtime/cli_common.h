@@ -23,6 +23,11 @@ MOE_MUST_USE enum moe_status moe_cli_open_model(struct moe_model *m,
                                                  const struct moe_cli_model_opts *o);
 /* "f32"/"f16"/"bf16" (any case) -> dtype. */
 bool moe_cli_parse_dtype(const char *s, enum moe_dtype *out);
+/* A --kv-dtype: what moe_cli_parse_dtype takes, or "fp8" (also "f8",
+ * "fp8_e4m3", "e4m3"): MOE_DTYPE_F8E4M3, the per-row scaled fp8 cache of
+ * kvcache.h. */
+bool moe_cli_parse_kv_dtype(const char *s, enum moe_dtype *out);
+#define MOE_CLI_KV_DTYPES "f32, f16, bf16 or fp8" /* for messages */
 /* Comma-separated non-negative ids; *ids is malloc'd. */
 MOE_MUST_USE enum moe_status moe_cli_parse_ids(const char *s, int32_t **ids, int *n);
 /* A decimal integer in [lo, hi], whole string. */
@@ -75,7 +80,7 @@ enum {
     "  --kv-budget SIZE     KV cache size: bytes with a unit (512MiB, 8GiB) or a\n"       \
     "                       fraction of available memory (0.25)\n"                     \
     "  --kv-block N         KV block size in tokens (default 16)\n"                       \
-    "  --kv-dtype T         KV element type: f32, f16, bf16 (default f32 on the CPU)\n"   \
+    "  --kv-dtype T         KV element type: f32, f16, bf16, fp8 (default f32 on the CPU)\n"   \
     "  --max-batch-tokens N tokens per engine step (default 512)\n"                       \
     "  --max-seqs N         sequences per engine step (default 64)\n"                     \
     "  --no-prefix-cache    do not reuse cached prompt blocks\n"                          \

@@ -116,9 +116,11 @@ int moe_cli_inspect(int argc, char **argv)
         if (parts[i].v)
             printf("  %-11s %12s  %5.1f%%\n", parts[i].name, moe_cli_bytes(a, sizeof a, (double)parts[i].v),
                    100.0 * (double)parts[i].v / (double)z.bytes_total);
-    printf("kv cache     %s per token in fp32, %s in bf16/fp16\n",
-           moe_cli_bytes(a, sizeof a, (double)moe_config_kv_bytes_per_token(cfg, 4)),
-           moe_cli_bytes(b, sizeof b, (double)moe_config_kv_bytes_per_token(cfg, 2)));
+    char c8[32];
+    printf("kv cache     %s per token in fp32, %s in bf16/fp16, %s in fp8\n",
+           moe_cli_bytes(a, sizeof a, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_F32)),
+           moe_cli_bytes(b, sizeof b, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_BF16)),
+           moe_cli_bytes(c8, sizeof c8, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_F8E4M3)));
     moe_model_free(&m);
     return 0;
 }

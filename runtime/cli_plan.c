@@ -61,7 +61,7 @@ static void usage(FILE *f)
             "                     and copy bandwidth measured), or a memory size (80GB)\n"
             "  --bandwidth GB/s   override the memory bandwidth\n"
             "  --tflops T         override the peak compute\n"
-            "  --kv-dtype T       f32, f16, bf16 (default bf16)\n"
+            "  --kv-dtype T       f32, f16, bf16, fp8 (default bf16)\n"
             "  --synthetic CONFIG, --dtype T   a configuration instead of a checkpoint\n"
             "  --moe-top-k K    predict with K experts per token instead of the model's top-k\n"
             "  --quantize q8_0  predict with the weights --quantize q8_0 makes (9 bits each,\n"
@@ -177,7 +177,8 @@ int moe_cli_plan(int argc, char **argv)
     if (optind < argc) mo.path = argv[optind++];
     if (optind < argc) return moe_cli_error("plan", "unexpected argument '%s'", argv[optind]);
     enum moe_dtype kvt, wdt = MOE_DTYPE_BF16;
-    if (!moe_cli_parse_dtype(kv_dtype_arg, &kvt)) return moe_cli_error("plan", "--kv-dtype '%s'", kv_dtype_arg);
+    if (!moe_cli_parse_kv_dtype(kv_dtype_arg, &kvt))
+        return moe_cli_error("plan", "--kv-dtype '%s' (use " MOE_CLI_KV_DTYPES ")", kv_dtype_arg);
     if (mo.dtype && !moe_cli_parse_dtype(mo.dtype, &wdt)) return moe_cli_error("plan", "--dtype '%s'", mo.dtype);
 
     struct device dev = presets[0];
@@ -288,7 +289,7 @@ int moe_cli_plan(int argc, char **argv)
                "expert (%s) in pinned host memory; hit rate %.3f%s\n", gpu_experts, cfg->n_experts,
                moe_cli_bytes(a, sizeof a, Wdev), moe_cli_bytes(b, sizeof b, host_bytes), hit,
                hit_arg >= 0 ? "" : " (uniform routing: C/E)");
-    const double kv_tok = (double)moe_config_kv_bytes_per_token(cfg, moe_dtype_size(kvt));
+    const double kv_tok = (double)moe_config_kv_bytes_per_token(cfg, kvt);
     const double kv_seq = kv_tok * (double)ctx;
     printf("\nkv cache     %s per token (%s), %s per sequence of %ld tokens\n",
            moe_cli_bytes(a, sizeof a, kv_tok), moe_dtype_name(kvt), moe_cli_bytes(b, sizeof b, kv_seq), ctx);

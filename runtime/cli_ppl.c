@@ -216,8 +216,8 @@ int moe_cli_ppl(int argc, char **argv)
     if (eo.model.synthetic) return moe_cli_error("ppl", "a synthetic model has no tokenizer: give a model folder");
     if (moe_cli_stats_check(&so, "ppl")) return 1;
     enum moe_dtype kvt = MOE_DTYPE_F32;
-    if (eo.kv_dtype && !moe_cli_parse_dtype(eo.kv_dtype, &kvt))
-        return moe_cli_error("ppl", "--kv-dtype '%s' (use f32, f16 or bf16)", eo.kv_dtype);
+    if (eo.kv_dtype && !moe_cli_parse_kv_dtype(eo.kv_dtype, &kvt))
+        return moe_cli_error("ppl", "--kv-dtype '%s' (use " MOE_CLI_KV_DTYPES ")", eo.kv_dtype);
 
     int rc = 1, n_prefix = 0;
     struct moe_model m = {0};

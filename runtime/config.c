@@ -670,8 +670,25 @@ int moe_config_moe_layers(const struct moe_config *cfg)
     return n;
 }
 
-size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, size_t elem_size)
+size_t moe_config_kv_row_bytes(int head_dim, enum moe_dtype kv_dtype)
 {
-    const size_t kv = cfg->kv_lora_rank > 0 ? 1 : 2; /* MLA: one row read as K and V */
-    return kv * (size_t)cfg->n_layers * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * elem_size;
+    size_t b;
+    if (head_dim <= 0) return SIZE_MAX;
+    switch (kv_dtype) {
+    case MOE_DTYPE_F32: case MOE_DTYPE_F16: case MOE_DTYPE_BF16:
+        return moe_mul_size((size_t)head_dim, moe_dtype_size(kv_dtype), &b) ? b : SIZE_MAX;
+    case MOE_DTYPE_F8E4M3: return (size_t)head_dim + sizeof(float); /* the bytes, the row's scale */
+    default: return SIZE_MAX;
+    }
+}
+
+size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, enum moe_dtype kv_dtype)
+{
+    size_t b = cfg->kv_lora_rank > 0 ? 1 : 2; /* MLA: one row read as K and V */
+    const size_t row = moe_config_kv_row_bytes(cfg->head_dim, kv_dtype);
+    if (row == SIZE_MAX || cfg->n_layers < 0 || cfg->n_kv_heads < 0 ||
+        !moe_mul_size(b, (size_t)cfg->n_layers, &b) || !moe_mul_size(b, (size_t)cfg->n_kv_heads, &b) ||
+        !moe_mul_size(b, row, &b))
+        return SIZE_MAX;
+    return b;
 }

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "runtime/status.h"
+#include "runtime/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -145,8 +146,14 @@ MOE_MUST_USE enum moe_status moe_config_parse(struct moe_config *cfg, json_t *ro
 const char *moe_family_name(enum moe_family f);
 /* Number of MoE layers. */
 int moe_config_moe_layers(const struct moe_config *cfg);
-/* KV cache bytes per token at the given element size. */
-size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, size_t elem_size);
+/* Bytes of one cached K or V row of head_dim values in a KV cache of
+ * kv_dtype: head_dim elements (F32, F16, BF16), or head_dim E4M3 bytes and
+ * the row's f32 scale (F8E4M3, kvcache.h).  SIZE_MAX on overflow or for a
+ * dtype no cache holds. */
+size_t moe_config_kv_row_bytes(int head_dim, enum moe_dtype kv_dtype);
+/* KV cache bytes per token in a cache of kv_dtype (K and V rows of every
+ * layer and KV head; MLA: the one latent row).  SIZE_MAX on overflow. */
+size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, enum moe_dtype kv_dtype);
 
 #ifdef __cplusplus
 }

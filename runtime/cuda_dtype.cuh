@@ -1,6 +1,9 @@
 /* cuda_dtype.cuh - element loads and stores by runtime dtype, shared by the
- * kernels.  Weights and KV entries are F32, F16 or BF16; kernels compute in
- * fp32.  Narrowing rounds to nearest even (as moe_convert_from_f32 does). */
+ * kernels.  Weights and KV entries are F32, F16 or BF16, or (the fp8 KV
+ * cache, kvcache.h) E4M3 bytes loaded as their values, which the attention
+ * kernels multiply by the row's scale; kernels compute in fp32.  Narrowing
+ * rounds to nearest even (as moe_convert_from_f32 does); E4M3 rows are
+ * written by the K/V store's own kernel (attention_cuda.cu). */
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,6 +17,7 @@ __device__ __forceinline__ float moe_ld(const void *p, enum moe_dtype dt, size_t
 {
     if (dt == MOE_DTYPE_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
     if (dt == MOE_DTYPE_F16) return __half2float(((const __half *)p)[i]);
+    if (dt == MOE_DTYPE_F8E4M3) return moe_fp8_e4m3_to_f32(((const uint8_t *)p)[i]); /* unscaled */
     return ((const float *)p)[i];
 }
 

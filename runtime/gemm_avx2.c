@@ -8,6 +8,7 @@
  * step take 8 (one row) or 4 weight rows at a time.  bf16 weights take the
  * even/odd order in 32-byte blocks, decode tiles of 8, 4 or 2 weight rows. */
 #include <immintrin.h>
+#include <math.h>
 #include <stdbool.h>
 
 #include "runtime/gemm.h"
@@ -170,4 +171,24 @@ AVX2 void moe_scale_axpy_avx2(float *y, float s, float a, const float *x, int n)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),
                                                 _mm256_mul_ps(vs, _mm256_loadu_ps(y + i))));
     for (; i < n; i++) y[i] = y[i] * s + a * x[i];
+}
+
+/* The fp8 KV cache's rows (kvcache.h): 8 E4M3 bytes at a time made f16s of
+ * their values / 2^8 (as load_w8's FP8_B128), widened by F16C, times 2^8
+ * (exact) and the row's scale (the one rounding of the reference's
+ * e4m3 * s); NaN bytes (0x7F, 0xFF; the f16 trick would read them as
+ * 480) are blended back to NaN before the products. */
+AVX2 void moe_kv_fp8_row_avx2(float *dst, const uint8_t *q, float s, int n)
+{
+    const __m256 vs = _mm256_set1_ps(s), k256 = _mm256_set1_ps(256.0f), nan = _mm256_set1_ps(NAN);
+    const __m128i low7 = _mm_set1_epi16(0x7f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(q + i)));
+        const __m256 v = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(MOE_FP8_F16_MASK)));
+        const __m128i isnan = _mm_cmpeq_epi16(_mm_and_si128(b, low7), low7);
+        const __m256 w = _mm256_blendv_ps(v, nan, _mm256_castsi256_ps(_mm256_cvtepi16_epi32(isnan)));
+        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_mul_ps(w, k256), vs));
+    }
+    for (; i < n; i++) dst[i] = moe_fp8_e4m3_to_f32(q[i]) * s;
 }

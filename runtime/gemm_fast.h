@@ -95,6 +95,9 @@ uint64_t moe_read_sweep(const void *p, size_t n);
 float moe_dot_fast(const float *a, const float *b, int n);
 /* y = y * s + a * x over n floats. */
 void moe_scale_axpy_fast(float *y, float s, float a, const float *x, int n);
+/* dst (n) = e4m3(q[i]) * s, the fp8 KV cache's row (kvcache.h): the bits
+ * of moe_kvcache_fp8_row_f32 (a NaN byte: a NaN, its sign not kept). */
+void moe_kv_fp8_row_fast(float *dst, const uint8_t *q, float s, int n);
 
 #ifdef __cplusplus
 }

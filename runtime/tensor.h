@@ -239,7 +239,11 @@ void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K
 
 /* The value of an E4M3 ("fn") byte as fp32, exactly: normal values from
  * their bits, subnormals m * 2^-9, +-0, and a quiet NaN for 0x7F / 0xFF
- * (the format has no infinities). */
+ * (the format has no infinities).  Also the CUDA kernels' scalar decoding
+ * (runtime/cuda_dtype.cuh: the fp8 KV cache). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
 static inline float moe_fp8_e4m3_to_f32(uint8_t b)
 {
     const uint32_t e = (b >> 3) & 15u, m = b & 7u;
@@ -254,6 +258,42 @@ static inline float moe_fp8_e4m3_to_f32(uint8_t b)
         f = (float)m * 0x1p-9f;
     }
     return b & 0x80 ? -f : f;
+}
+#define MOE_E4M3_MAX 448.0f /* the largest finite E4M3 value (0x7E) */
+/* The E4M3 ("fn") byte nearest x, ties to even, as the fp8 KV cache
+ * stores its values (kvcache.h): finite values beyond +-448 saturate to
+ * +-448 (0x7E / 0xFE); NaN and +-infinity become NaN (0x7F / 0xFF, x's
+ * sign): the format has no infinities, and an infinity saturated to 448
+ * would read back as a plausible finite value.  Below 2^-6 the subnormals
+ * m * 2^-9 (m = 0..7; a value rounding up to 8 * 2^-9 is the smallest
+ * normal, byte 0x08).  Integer arithmetic on the bits only, one function
+ * for the host and the CUDA kernels, so both round every value alike; the
+ * rounding is torch's float32 -> float8_e4m3fn conversion wherever that
+ * does not overflow (tests/test_kv_fp8.c, its fixture). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint8_t moe_f32_to_e4m3(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return sign | 0x7f;  /* NaN, infinity */
+    if (a >= 0x3c800000u) {                    /* >= 2^-6: a normal E4M3 value */
+        uint32_t r = a >> 20;                  /* exponent and top 3 mantissa bits */
+        const uint32_t rem = a & 0xfffffu;
+        if (rem > 0x80000u || (rem == 0x80000u && (r & 1u))) r++;
+        r -= 120u << 3;                        /* rebias 127 -> 7 */
+        return sign | (uint8_t)(r > 0x7eu ? 0x7eu : r);
+    }
+    const uint32_t e = a >> 23;                /* a's value * 2^9 < 8: round to an integer */
+    if (e <= 116) return sign;                 /* < 2^-10 (2^-10 itself: a tie, to even 0) */
+    const uint32_t mant = (a & 0x7fffffu) | 0x800000u, sh = 141u - e; /* value * 2^9 = mant >> sh */
+    uint32_t r = mant >> sh;
+    const uint32_t rem = mant & ((1u << sh) - 1u), half = 1u << (sh - 1u);
+    if (rem > half || (rem == half && (r & 1u))) r++;
+    return sign | (uint8_t)r;
 }
 /* Whether s may be a block scale of MOE_DTYPE_FP8_B128: finite (NaN and
  * infinities would poison every product of the block). */

@@ -382,7 +382,7 @@ Test(config, deepseek_v3_mla_and_router)
     cr_assert_float_eq(c.attn_scale, m * m / sqrt(192.0), 1e-6);
     cr_assert_float_eq(c.rope_attn_factor, 1.0f, 1e-6);
     /* KV per token: 61 layers x 576 values, one row for K and V */
-    cr_assert_eq(moe_config_kv_bytes_per_token(&c, 2), (size_t)61 * 576 * 2);
+    cr_assert_eq(moe_config_kv_bytes_per_token(&c, MOE_DTYPE_BF16), (size_t)61 * 576 * 2);
 }
 
 Test(config, deepseek_refusals_are_named)

@@ -2,7 +2,8 @@
  * (per-row decode, tiled prefill, the per-row kernel for prefill steps with
  * MOERUN_CUDA_PREFILL_ATTN=rows, and the MLA kernel over one shared K/V row
  * for decode and prefill) against the CPU reference, on scrambled block
- * tables, every KV dtype, windows and mixed batches.
+ * tables, every KV dtype (fp8 with its row scales), windows and mixed
+ * batches.
  * Same conventions as test_cuda_ops.c (tests/cuda_test.h). */
 #include "tests/cuda_test.h"
 
@@ -73,6 +74,15 @@ static void check_attention_full(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, i
     cr_expect(memcmp(back, (char *)hkv.k + lbytes, lbytes) == 0, "kv_store %s: K differs", moe_dtype_name(kvdt));
     to_host(back, (char *)dkv.v + lbytes, lbytes);
     cr_expect(memcmp(back, (char *)hkv.v + lbytes, lbytes) == 0, "kv_store %s: V differs", moe_dtype_name(kvdt));
+    if (kvdt == MOE_DTYPE_F8E4M3) { /* and the rows' scales (MLA: vs == ks) */
+        const size_t sb = hkv.layer_rows * sizeof(float);
+        float *sback = malloc(sb);
+        to_host(sback, dkv.ks + hkv.layer_rows, sb);
+        cr_expect(memcmp(sback, hkv.ks + hkv.layer_rows, sb) == 0, "kv_store fp8: K scales differ");
+        to_host(sback, dkv.vs + hkv.layer_rows, sb);
+        cr_expect(memcmp(sback, hkv.vs + hkv.layer_rows, sb) == 0, "kv_store fp8: V scales differ");
+        free(sback);
+    }
     /* the query batch */
     int32_t *pos = malloc((size_t)T * sizeof(int32_t)), *seq_of = malloc((size_t)T * sizeof(int32_t));
     int32_t *seq_start = malloc(((size_t)n_seqs + 1) * sizeof(int32_t));
@@ -151,9 +161,9 @@ static void check_attention(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, int wi
 
 Test(cuda_ops, attention_decode_matches_cpu)
 {
-    const enum moe_dtype kvdts[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
+    const enum moe_dtype kvdts[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16, MOE_DTYPE_F8E4M3};
     const int ctx[] = {1, 17, 600, 1000, 257};
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < 4; i++) {
         check_attention(kvdts[i], 4, 2, 16, 0, ctx, 5, 1, true);
         check_attention(kvdts[i], 32, 8, 128, 0, ctx, 5, 1, true);
         check_attention(kvdts[i], 16, 1, 64, 0, ctx, 5, 1, false);
@@ -163,9 +173,9 @@ Test(cuda_ops, attention_decode_matches_cpu)
 
 Test(cuda_ops, attention_prefill_matches_cpu)
 {
-    const enum moe_dtype kvdts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16};
+    const enum moe_dtype kvdts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16, MOE_DTYPE_F8E4M3};
     const int ctx[] = {70, 300};
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < 3; i++) {
         check_attention(kvdts[i], 4, 2, 16, 0, ctx, 2, 70, true);
         check_attention(kvdts[i], 32, 8, 128, 0, ctx, 2, 64, true);
         check_attention(kvdts[i], 16, 4, 256, 33, ctx, 2, 50, true);
@@ -179,14 +189,15 @@ static const int mixed_ctx[] = {250, 41, 77, 1000, 40, 129};
 static const int mixed_rows[] = {250, 1, 20, 130, 1, 65};
 #define MIXED_SEQS 6
 
-static const enum moe_dtype kv_dtypes[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
+static const enum moe_dtype kv_dtypes[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16, MOE_DTYPE_F8E4M3};
+#define N_KV_DTYPES (sizeof kv_dtypes / sizeof kv_dtypes[0])
 
 /* The tiled prefill kernel over group sizes G = 1, 3, 4, 8, 12, 16, 40 (G > 8
  * in passes of at most 8 heads), head dims 16 to 256 (some not multiples of
  * 32 or 8), sliding windows wider and narrower than a tile, every KV dtype. */
 Test(cuda_ops, attention_prefill_tiled_mixed_batch_matches_cpu)
 {
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < N_KV_DTYPES; i++) {
         const enum moe_dtype dt = kv_dtypes[i];
         check_attention_rows(dt, 8, 8, 64, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
         check_attention_rows(dt, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
@@ -205,7 +216,7 @@ Test(cuda_ops, attention_prefill_tiled_single_sequence_matches_cpu)
     const int ctx_a[] = {700}, rows_a[] = {200};
     const int ctx_b[] = {65}, rows_b[] = {65};
     const int ctx_c[] = {333}, rows_c[] = {333};
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < N_KV_DTYPES; i++) {
         const enum moe_dtype dt = kv_dtypes[i];
         check_attention_rows(dt, 32, 8, 128, 0, ctx_a, rows_a, 1, true);
         check_attention_rows(dt, 32, 8, 128, 256, ctx_a, rows_a, 1, true);
@@ -231,6 +242,7 @@ Test(cuda_prefill_rows, per_row_kernel_matches_cpu)
     check_attention_rows(MOE_DTYPE_F16, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
     check_attention_rows(MOE_DTYPE_BF16, 16, 2, 256, 100, mixed_ctx, mixed_rows, MIXED_SEQS, true);
     check_attention_rows(MOE_DTYPE_F32, 3, 1, 20, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+    check_attention_rows(MOE_DTYPE_F8E4M3, 24, 2, 80, 7, mixed_ctx, mixed_rows, MIXED_SEQS, true);
 }
 
 /* MOERUN_CUDA_PREFILL_ATTN=mma: prefill steps of bf16/f16 caches with head
@@ -261,8 +273,9 @@ Test(cuda_prefill_mma, tensor_core_kernel_matches_cpu)
         /* gpt-oss's shape with sinks */
         check_attention_full(dt, 64, 8, 64, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true, true, false);
     }
-    /* not taken: an fp32 cache, a head dim of 80 (the tiled kernel, 1e-4) */
+    /* not taken: an fp32 or fp8 cache, a head dim of 80 (the tiled kernel, 1e-4) */
     check_attention_rows(MOE_DTYPE_F32, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+    check_attention_rows(MOE_DTYPE_F8E4M3, 32, 8, 128, 0, mixed_ctx, mixed_rows, MIXED_SEQS, true);
     check_attention_rows(MOE_DTYPE_BF16, 24, 2, 80, 7, mixed_ctx, mixed_rows, MIXED_SEQS, true);
 }
 
@@ -278,6 +291,56 @@ Test(cuda_ops, attention_sinks_match_cpu)
     }
     check_attention_full(MOE_DTYPE_BF16, 64, 8, 64, 0, ctx, many, 5, true, true, false);
     check_attention_full(MOE_DTYPE_F32, 8, 2, 64, 128, ctx, many, 5, true, true, false);
+}
+
+/* The fp8 store of special rows: zeros, a NaN, infinities, fp32
+ * subnormals (a scale that underflows to 0), 3e38, ties of E4M3: bytes
+ * and scales bit for bit the CPU's (moe_kvcache_fp8_quantize_row). */
+Test(cuda_ops, kv_store_fp8_special_rows_match_cpu)
+{
+    enum { T = 6, Hkv = 2, Dh = 40, B = 4, NB = 4, ROW = Hkv * Dh };
+    struct moe_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.n_layers = 1, cfg.n_kv_heads = Hkv, cfg.head_dim = Dh;
+    float *k = rand_floats((size_t)T * ROW, 81, -3, 3), *v = rand_floats((size_t)T * ROW, 82, -1, 1);
+    for (int i = 0; i < Dh; i++) {
+        k[i] = 0.0f;                                  /* token 0, head 0: zeros */
+        k[2 * ROW + i] = 1e-44f;                      /* token 2, head 0: the scale underflows */
+        v[3 * ROW + Dh + i] = (float)(i % 16) * 28.0f; /* token 3, head 1: exact E4M3 values and ties */
+    }
+    k[Dh + 5] = NAN, k[ROW + 3] = INFINITY, k[ROW + 4] = -INFINITY, v[4 * ROW + 7] = 3e38f;
+    int32_t slots[T] = {9, 2, 14, 0, 7, 11};
+    struct moe_kvcache hkv, dkv;
+    cr_assert_eq(moe_kvcache_init(&hkv, &cpu, &cfg, NB, B, MOE_DTYPE_F8E4M3, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&dkv, &gpu, &cfg, NB, B, MOE_DTYPE_F8E4M3, false), MOE_OK);
+    cr_assert_eq(cpu.ops->kv_store(&cpu, &hkv, 0, k, v, slots, T), MOE_OK);
+    float *dk = dev_copy(k, sizeof(float) * T * ROW), *dv = dev_copy(v, sizeof(float) * T * ROW);
+    int32_t *ds = dev_copy(slots, sizeof slots);
+    cr_assert_eq(gpu.ops->kv_store(&gpu, &dkv, 0, dk, dv, ds, T), MOE_OK, "%s", moe_last_error());
+    const size_t nb = hkv.layer_elems, ns = hkv.layer_rows * sizeof(float);
+    uint8_t *back = malloc(nb);
+    float *sback = malloc(ns);
+    for (int w = 0; w < 2; w++) {
+        const uint8_t *hq = (const uint8_t *)(w ? hkv.v : hkv.k);
+        const float *hs = w ? hkv.vs : hkv.ks;
+        to_host(back, w ? dkv.v : dkv.k, nb);
+        to_host(sback, w ? dkv.vs : dkv.ks, ns);
+        for (int t = 0; t < T; t++) /* only the written slots: the rest is unset memory */
+            for (int h = 0; h < Hkv; h++) {
+                const size_t r = (size_t)slots[t] * Hkv + h;
+                cr_expect(memcmp(back + r * Dh, hq + r * Dh, Dh) == 0, "%s token %d head %d: bytes differ",
+                          w ? "V" : "K", t, h);
+                cr_expect(memcmp(&sback[r], &hs[r], 4) == 0, "%s token %d head %d: scale %g, CPU %g",
+                          w ? "V" : "K", t, h, (double)sback[r], (double)hs[r]);
+            }
+    }
+    cr_expect_eq(hkv.ks[(size_t)slots[0] * Hkv], 0.0f);
+    cr_expect_eq(((const uint8_t *)hkv.k)[((size_t)slots[0] * Hkv + 1) * Dh + 5] & 0x7f, 0x7f, "NaN stays NaN");
+    void *dbufs[] = {dk, dv, ds};
+    for (size_t i = 0; i < 3; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
+    moe_kvcache_free(&hkv);
+    moe_kvcache_free(&dkv);
+    free(k), free(v), free(back), free(sback);
 }
 
 /* ---- MLA: one row per token, read as K and V (attention_mla_cuda.cu) ---- */
@@ -311,7 +374,7 @@ Test(cuda_ops, attention_mla_decode_matches_cpu)
     const int ctx[] = {1, 17, 600, 1000, 257}, one[] = {1, 1, 1, 1, 1};
     const int shortc[] = {1, 17, 100, 128}, few[] = {1, 3, 1, 2};
     const int chunk[] = {300, 40}, chunk_rows[] = {33, 31};
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < N_KV_DTYPES; i++) {
         const enum moe_dtype dt = kv_dtypes[i];
         for (int G = 16; G <= 128; G *= 8) {
             check_mla(dt, G, 576, ctx, one, 5, true);
@@ -333,7 +396,7 @@ Test(cuda_ops, attention_mla_prefill_matches_cpu)
     reserve_mla();
     const int ctx_a[] = {200}, rows_a[] = {200};
     const int ctx_b[] = {700}, rows_b[] = {150};
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < N_KV_DTYPES; i++) {
         const enum moe_dtype dt = kv_dtypes[i];
         check_mla(dt, 16, 576, ctx_a, rows_a, 1, true);
         check_mla(dt, 16, 576, ctx_b, rows_b, 1, true);
@@ -342,4 +405,21 @@ Test(cuda_ops, attention_mla_prefill_matches_cpu)
     check_mla(MOE_DTYPE_BF16, 128, 576, ctx_a, rows_a, 1, true);
     check_mla(MOE_DTYPE_BF16, 128, 576, ctx_b, rows_b, 1, true);
     check_mla(MOE_DTYPE_F32, 4, 40, mixed_ctx, mixed_rows, MIXED_SEQS, true);
+}
+
+/* The fp8 cache on every kernel at small shapes (the suites above run it
+ * at full size too; this one is quick enough for the host emulation,
+ * tools/cuda-emu): decode with key splits and without, the tiled prefill
+ * over a mixed step with a window, and MLA decode and prefill. */
+Test(cuda_ops, attention_fp8_small_shapes_match_cpu)
+{
+    reserve_mla();
+    const enum moe_dtype f8 = MOE_DTYPE_F8E4M3;
+    const int ctx[] = {1, 17, 600}, one[] = {1, 1, 1};
+    check_attention(f8, 4, 2, 16, 0, ctx, 3, 1, true);
+    check_attention(f8, 6, 2, 40, 0, ctx, 3, 1, false);
+    const int pctx[] = {90, 30}, prow[] = {70, 1};
+    check_attention_rows(f8, 6, 2, 40, 7, pctx, prow, 2, true);
+    check_mla(f8, 4, 40, ctx, one, 3, true);
+    check_mla(f8, 4, 40, pctx, prow, 2, true);
 }

@@ -1,6 +1,9 @@
 /* test_engine.c - continuous batching must not change any request's output:
  * mixed lengths and arrivals, preemption under a small KV budget, prefix
- * reuse, cancellation, thousands of requests without a leaked block. */
+ * reuse, cancellation, thousands of requests without a leaked block.  The
+ * suite engine_fp8 runs the batching, preemption and prefix tests again
+ * over an fp8 KV cache (kvcache.h): its rows quantize one token at a time,
+ * so it keeps every request's output independent of its neighbours too. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -11,6 +14,7 @@
 
 static struct moe_model model;
 static struct moe_backend be;
+static enum moe_dtype kv_dtype = MOE_DTYPE_F32;
 
 static void setup(void)
 {
@@ -28,6 +32,12 @@ static void setup(void)
     cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK);
 }
 
+static void setup_fp8(void)
+{
+    kv_dtype = MOE_DTYPE_F8E4M3;
+    setup();
+}
+
 static void teardown(void)
 {
     moe_backend_free(&be);
@@ -35,13 +45,14 @@ static void teardown(void)
 }
 
 TestSuite(engine, .init = setup, .fini = teardown);
+TestSuite(engine_fp8, .init = setup_fp8, .fini = teardown);
 
 static void engine_open(struct moe_engine *e, int n_blocks, int block, int batch_tokens,
                         bool prefix)
 {
     struct moe_engine_opts o = {.max_batch_tokens = batch_tokens, .max_seqs = 8,
                                 .block_size = block, .n_blocks = n_blocks,
-                                .kv_dtype = MOE_DTYPE_F32, .prefix_cache = prefix};
+                                .kv_dtype = kv_dtype, .prefix_cache = prefix};
     cr_assert_eq(moe_engine_init(e, &model, &be, &o), MOE_OK, "%s", moe_last_error());
 }
 
@@ -132,22 +143,26 @@ static struct moe_engine_counters serve(struct scenario *s, int n_blocks, int bl
     return n;
 }
 
-Test(engine, continuous_batching_matches_solo_greedy)
+static void continuous_batching_matches_solo_greedy(void)
 {
     struct scenario s;
     make_scenario(&s, 0.0f);
     struct moe_engine_counters n = serve(&s, 256, 4, 32, false);
     cr_assert_eq(n.preemptions, 0);
 }
+Test(engine, continuous_batching_matches_solo_greedy) { continuous_batching_matches_solo_greedy(); }
+Test(engine_fp8, continuous_batching_matches_solo_greedy) { continuous_batching_matches_solo_greedy(); }
 
-Test(engine, continuous_batching_matches_solo_sampled)
+static void continuous_batching_matches_solo_sampled(void)
 {
     struct scenario s;
     make_scenario(&s, 0.9f);
     serve(&s, 256, 4, 48, true);
 }
+Test(engine, continuous_batching_matches_solo_sampled) { continuous_batching_matches_solo_sampled(); }
+Test(engine_fp8, continuous_batching_matches_solo_sampled) { continuous_batching_matches_solo_sampled(); }
 
-Test(engine, preemption_keeps_outputs_identical)
+static void preemption_keeps_outputs_identical(void)
 {
     struct scenario s;
     make_scenario(&s, 0.0f);
@@ -157,8 +172,10 @@ Test(engine, preemption_keeps_outputs_identical)
     n = serve(&s, 24, 4, 64, true);
     cr_assert(n.preemptions > 0);
 }
+Test(engine, preemption_keeps_outputs_identical) { preemption_keeps_outputs_identical(); }
+Test(engine_fp8, preemption_keeps_outputs_identical) { preemption_keeps_outputs_identical(); }
 
-Test(engine, shared_prefix_reuses_blocks)
+static void shared_prefix_reuses_blocks(void)
 {
     struct moe_engine e;
     engine_open(&e, 64, 4, 64, true);
@@ -205,6 +222,8 @@ Test(engine, shared_prefix_reuses_blocks)
     moe_engine_release(&e, re);
     moe_engine_free(&e);
 }
+Test(engine, shared_prefix_reuses_blocks) { shared_prefix_reuses_blocks(); }
+Test(engine_fp8, shared_prefix_reuses_blocks) { shared_prefix_reuses_blocks(); }
 
 Test(engine, refuses_what_cannot_fit)
 {

@@ -15,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(cfg.n_layers > 0 && cfg.n_layers <= MOE_MAX_LAYERS, "n_layers %d", cfg.n_layers);
         (void)moe_family_name(cfg.family);
         (void)moe_config_moe_layers(&cfg);
-        (void)moe_config_kv_bytes_per_token(&cfg, 2);
+        (void)moe_config_kv_bytes_per_token(&cfg, MOE_DTYPE_BF16);
     }
     json_decref(root);
     return 0;

@@ -47,8 +47,30 @@ divides N evenly transformers' CPU loader (Fp8Dequantize) gives the same
 values; for N = 200 it would split the rows 100 / 100 instead (its bug: see
 docs/models.md), so that tensor is checked against the grid of 128 only.
 
+tests/fixtures/quant/kv_fp8.safetensors: the fp8 KV cache's rounding
+(kvcache.h, tests/test_kv_fp8.c), as torch converts float32 to
+float8_e4m3fn:
+
+  x             F32 (M)     every non-NaN E4M3 value, the exact midpoints
+                            between neighbours (ties) and the floats next to
+                            them, log-uniform values up to 478, E4M3's
+                            subnormal range, fp32 subnormals, 0, -0, and
+                            values in [448, 480) (torch rounds them to 448;
+                            from 480 on it gives NaN where the cache
+                            saturates: that rule is tested apart); each
+                            also negated
+  e4m3          U8 (M)      x.to(float8_e4m3fn), the bytes
+  e4m3_f32      F32 (M)     those bytes back to float32
+  rows          F32 (64, 96) rows over 2^-20 .. 2^20 of magnitude, a zero
+                            row, a constant row, a row with 3e38, a row of
+                            fp32 subnormals
+  rows_scale    F32 (64)    amax / 448 per row
+  rows_e4m3     U8 (64, 96) (rows / scale).to(float8_e4m3fn) (0 where the
+                            scale is 0)
+  rows_dequant  F32 (64, 96) the bytes' values times the scale
+
 Python is only a fixture-making tool.
-Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,mxfp4,fp8]
+Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,mxfp4,fp8,kv_fp8]
 """
 import argparse
 import importlib.metadata
@@ -63,6 +85,7 @@ OUT = os.path.join(REPO, "tests", "fixtures", "quant", "q8_0.safetensors")
 OUT_MXFP4 = os.path.join(REPO, "tests", "fixtures", "quant", "mxfp4.safetensors")
 MXFP4_SHAPES = {"a": (3, 64), "b": (5, 96), "c": (7, 256)}
 OUT_FP8 = os.path.join(REPO, "tests", "fixtures", "quant", "fp8.safetensors")
+OUT_KV_FP8 = os.path.join(REPO, "tests", "fixtures", "quant", "kv_fp8.safetensors")
 FP8_SHAPES = {"a": (5, 128, "F32"), "b": (200, 128, "F32"), "c": (130, 256, "BF16"), "d": (256, 128, "F32")}
 
 
@@ -172,11 +195,51 @@ def make_fp8():
     print(OUT_FP8, os.path.getsize(OUT_FP8), "bytes")
 
 
+def make_kv_fp8():
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    f8 = torch.float8_e4m3fn
+    g = torch.Generator().manual_seed(9)
+    allb = torch.arange(256, dtype=torch.uint8)
+    vals = allb.view(f8).to(torch.float32)
+    vals = torch.sort(vals[~torch.isnan(vals) & (vals >= 0)]).values  # 0 .. 448, 127 values
+    mid = (vals[:-1] + vals[1:]) / 2  # exact ties (a few extra bits fit in fp32)
+    up, dn = torch.nextafter(mid, torch.tensor(1e9)), torch.nextafter(mid, torch.tensor(-1e9))
+    logu = torch.exp2(torch.empty(2000).uniform_(-14, 8.9, generator=g))  # up to ~478
+    sub = torch.empty(300).uniform_(0, 2.0 ** -6, generator=g)            # E4M3's subnormal range
+    edge = torch.tensor([0.0, 2.0 ** -10, 2.0 ** -11, 3 * 2.0 ** -11, 2.0 ** -12, 1e-30, 1e-40, 1e-45,
+                         448.0, 455.9, 463.99, 464.0, 470.0, 479.9, 2.0 ** -6, 2.0 ** -7, 15 * 2.0 ** -10])
+    pos = torch.cat([vals, mid, up, dn, logu, sub, edge])
+    x = torch.cat([pos, -pos, torch.tensor([-0.0])]).to(torch.float32)
+    assert x.abs().max() < 480  # torch's conversion gives NaN from 480 on; saturation is tested by rule
+    q = x.to(f8)
+    # rows as the KV cache quantizes them: s = amax / 448, bytes of x / s
+    R, Dh = 64, 96
+    rows = torch.randn(R, Dh, generator=g) * torch.exp2(torch.empty(R, 1).uniform_(-20, 20, generator=g))
+    rows[3] = 0.0
+    rows[5, :] = 1e-3
+    rows[6, 7] = 3e38
+    rows[7] = torch.randn(Dh, generator=g) * 1e-39  # subnormal values, a subnormal scale
+    scale = rows.abs().amax(dim=1) / 448.0
+    qrows = torch.where(scale[:, None] > 0, rows / scale[:, None], torch.zeros(())).to(f8)
+    assert not torch.isnan(qrows.to(torch.float32)).any()
+    tensors = {"x": x.contiguous(), "e4m3": q.view(torch.uint8).contiguous(),
+               "e4m3_f32": q.to(torch.float32).contiguous(),
+               "rows": rows.contiguous(), "rows_scale": scale.contiguous(),
+               "rows_e4m3": qrows.view(torch.uint8).contiguous(),
+               "rows_dequant": (qrows.to(torch.float32) * scale[:, None]).contiguous()}
+    save_torch(tensors, OUT_KV_FP8, metadata={"made_by": "tests/reference/make_quant_fixtures.py",
+                                              "torch": torch.__version__})
+    print(OUT_KV_FP8, os.path.getsize(OUT_KV_FP8), "bytes")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="q8_0,mxfp4,fp8")
+    ap.add_argument("--only", default="q8_0,mxfp4,fp8,kv_fp8")
     only = ap.parse_args().only.split(",")
-    for name, make in (("q8_0", make_q8_0), ("mxfp4", make_mxfp4), ("fp8", make_fp8)):
+    for name, make in (("q8_0", make_q8_0), ("mxfp4", make_mxfp4), ("fp8", make_fp8),
+                       ("kv_fp8", make_kv_fp8)):
         if name in only:
             make()
 
