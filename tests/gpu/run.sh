@@ -186,6 +186,16 @@ PY
     bench "experts_$1" "$out/shape_$1.json" --prefill 16 --decode 1 --steps 2 --expert-kernels 1,8,64
 done
 say "   expert kernels done"
+# the experts' GEMMs on the tensor-core kernels driven from the device
+# (opt-in), against the default (cuBLAS grouped GEMMs; MXFP4 widened; the
+# decode kernels up to 32 rows) measured above: the steps where they differ
+MOERUN_CUDA_EXPERTS=mma bench mixtral_xmma configs/mixtral-8x7b.json --prefill 512,4096 --chunk 4096 \
+    --decode 8,64,256
+MOERUN_CUDA_EXPERTS=mma bench olmoe_xmma configs/olmoe-1b-7b.json --prefill 512,4096 --chunk 4096 \
+    --decode 8,64,256
+MOERUN_CUDA_EXPERTS=mma bench gptoss120b_xmma configs/gpt-oss-120b.json --prefill 512,4096 --chunk 4096 \
+    --decode 8,64
+say "   tensor-core expert kernels done"
 # expert offload: 4 of Mixtral's 8 experts per layer on the device, the rest
 # copied in over PCIe when routed to (--gpu-experts)
 bench mixtral_offload4 configs/mixtral-8x7b.json --prefill 512 --chunk 512 --decode 1,8 --steps 8 \
@@ -255,6 +265,20 @@ try:
         for n in (512, 4096)))
 except Exception as e:
     print("mixtral prefill, bf16 KV, tensor cores: no result (%s)" % e)
+print("tensor-core expert kernels (MOERUN_CUDA_EXPERTS=mma) against the default, tokens/s:")
+for name in ("mixtral", "olmoe", "gptoss120b"):
+    try:
+        a = json.load(open(os.path.join(out, "bench_%s.json" % name)))
+        b = json.load(open(os.path.join(out, "bench_%s_xmma.json" % name)))
+        pa = {p["tokens"]: p["tokens_per_s"] for p in a["prefill"]}
+        da = {d["batch"]: d["tokens_per_s"] for d in a["decode"]}
+        cells = ["pf%d %.0f vs %.0f (%.2fx)" % (p["tokens"], p["tokens_per_s"], pa[p["tokens"]],
+                                                 p["tokens_per_s"] / pa[p["tokens"]]) for p in b["prefill"]]
+        cells += ["b%d %.0f vs %.0f (%.2fx)" % (d["batch"], d["tokens_per_s"], da[d["batch"]],
+                                                 d["tokens_per_s"] / da[d["batch"]]) for d in b["decode"]]
+        print("  %-10s %s" % (name, "; ".join(cells)))
+    except Exception as e:
+        print("  %-10s no result (%s)" % (name, e))
 print("decode expert kernels alone: us per call, GB/s of weights read, % of the copy bandwidth")
 for name in ("mixtral", "experts_gptoss120b", "experts_qwen3moe30b"):
     try:
