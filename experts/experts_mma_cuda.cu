@@ -38,7 +38,7 @@
 #define FULL_MASK 0xffffffffu
 
 /* The tile list: tiles[0] = count, then per tile (place, first row, end
- * row).  One block of 256 threads walks the experts 256 at a time: each
+ * row, expert).  One block of 256 threads walks the experts 256 at a time: each
  * thread counts its expert's tiles, a scan over the block places them. */
 static __global__ void mma_tiles_kernel(int32_t *tiles, const int32_t *counts, const int32_t *offsets,
                                         const int32_t *wmap, int E, int n, int max_tiles)
@@ -67,8 +67,8 @@ static __global__ void mma_tiles_kernel(int32_t *tiles, const int32_t *counts, c
             all += warp_n[i];
         }
         for (int j = 0, at = base + before + incl - nt; j < nt && at < max_tiles; j++, at++) {
-            int32_t *p = tiles + 1 + 3 * (size_t)at;
-            p[0] = s, p[1] = r0 + j * MOE_EXPERT_MMA_BM, p[2] = r0 + c;
+            int32_t *p = tiles + 1 + 4 * (size_t)at;
+            p[0] = s, p[1] = r0 + j * MOE_EXPERT_MMA_BM, p[2] = r0 + c, p[3] = e;
         }
         base += all;
         __syncthreads(); /* warp_n is rewritten next round */
@@ -133,31 +133,53 @@ __device__ __forceinline__ void store_w(HT *dst, const uint4 *r, float sc, int p
 
 static __device__ __forceinline__ uint32_t ld32(const void *p) { return *(const uint32_t *)p; }
 
+template <class HT> __device__ __forceinline__ HT half_of(float v);
+template <> __device__ __forceinline__ __nv_bfloat16 half_of(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half half_of(float v) { return __float2half_rn(v); }
+
+/* The fused gate/up epilogue's biases (by expert; NULL: none) and
+ * activation (moe_experts_act). */
+struct glu_args {
+    const float *b_gate, *b_up;
+    float alpha, limit;
+};
+
+#define XM_SLD (XM_BN + 4) /* fp32 row stride of the epilogue's exchange */
+#define XM_SMEM (4 * (MOE_EXPERT_MMA_BM + XM_BN) * XM_LD) /* two stages of A and B, bytes */
+static_assert(MOE_EXPERT_MMA_BM * XM_SLD * 4 <= XM_SMEM, "the epilogue's exchange fits the stages");
+
 /* out (rows in expert order, N) in HT = a (rows, Kd) in HT times W_s^T for
  * the tiles of the list, W_s the (N, Kd) matrix at place s of the stack w
- * (planes: values at w, scales at ws). */
-template <enum moe_dtype WT, class HT>
+ * (planes: values at w, scales at ws).  GLU: w is the gate+up stack
+ * (2N rows a place), a block's 64 weight rows are the gate rows of 32
+ * features and their up rows, and out = act(gate (+ b_gate), up (+ b_up))
+ * (the warps' accumulators exchanged through shared memory). */
+template <enum moe_dtype WT, class HT, bool GLU>
 static __global__ void __launch_bounds__(XM_THREADS)
-    expert_mma_kernel(HT *out, const HT *a, const void *w, const void *ws, const int32_t *tiles, int N, int Kd)
+    expert_mma_kernel(HT *out, const HT *a, const void *w, const void *ws, const int32_t *tiles, int N,
+                      int Kd, struct glu_args glu)
 {
     typedef mma_half<HT> M;
-    __shared__ __align__(16) HT sa[2][MOE_EXPERT_MMA_BM * XM_LD], sb[2][XM_BN * XM_LD];
+    __shared__ __align__(16) unsigned char smem[XM_SMEM];
+    HT *const sa[2] = {(HT *)smem, (HT *)smem + MOE_EXPERT_MMA_BM * XM_LD};
+    HT *const sb[2] = {sa[1] + MOE_EXPERT_MMA_BM * XM_LD, sa[1] + (MOE_EXPERT_MMA_BM + XM_BN) * XM_LD};
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32; /* the warp's quarter */
     const int lr = threadIdx.x >> 1, part = threadIdx.x & 1; /* the loader's row and half stage */
-    const int n0 = blockIdx.x * XM_BN, steps = (Kd + XM_BK - 1) / XM_BK, nt = tiles[0];
+    const int n0 = blockIdx.x * (GLU ? XM_BN / 2 : XM_BN), steps = (Kd + XM_BK - 1) / XM_BK, nt = tiles[0];
     for (int ti = blockIdx.y; ti < nt; ti += gridDim.y) {
-        const int32_t *tp = tiles + 1 + 3 * (size_t)ti;
-        const int s = tp[0], r0 = tp[1], rend = tp[2];
+        const int32_t *tp = tiles + 1 + 4 * (size_t)ti;
+        const int s = tp[0], r0 = tp[1], rend = tp[2], e = tp[3];
         const bool arow = r0 + lr < rend;
         const HT *ap = a + (size_t)(arow ? r0 + lr : r0) * Kd;
-        const size_t wv = ((size_t)s * N + min(n0 + lr, N - 1)) * Kd; /* rows past N: not stored */
-        HT *da = nullptr, *db = nullptr;
+        /* the loader's weight row (past N: the last, not stored) */
+        const int f = min(n0 + (GLU ? lr & 31 : lr), N - 1);
+        const size_t wv = (GLU ? (size_t)s * 2 * N + (lr < 32 ? f : N + f) : (size_t)s * N + f) * Kd;
         uint4 ra[2], rb[2];
         float sc = 0.0f;
         load16<HT>(ra, ap, arow, 16 * part, Kd);
         load_w<WT, HT>(rb, &sc, w, ws, wv, 0, part, Kd);
-        da = sa[0] + lr * XM_LD + 16 * part, db = sb[0] + lr * XM_LD + 16 * part;
+        HT *da = sa[0] + lr * XM_LD + 16 * part, *db = sb[0] + lr * XM_LD + 16 * part;
         ((uint4 *)da)[0] = ra[0], ((uint4 *)da)[1] = ra[1];
         store_w<WT, HT>(db, rb, sc, part);
         __syncthreads();
@@ -196,18 +218,45 @@ static __global__ void __launch_bounds__(XM_THREADS)
             }
             __syncthreads(); /* the stage read, the next one written */
         }
+        if (!GLU) {
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) {
+                    const int col = n0 + wn + ni * 8 + 2 * t; /* N even: col + 1 < N too */
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int r = r0 + wm + mi * 16 + g + 8 * h;
+                        if (r < rend && col < N)
+                            *(uint32_t *)(out + (size_t)r * N + col) =
+                                M::pack(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                    }
+                }
+            continue;
+        }
+        /* GLU: gate (columns 0-31) and up (32-63) of a row meet in shared
+         * memory (free: the last stage ended with a barrier) */
+        float *S = (float *)smem;
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                const int col = n0 + wn + ni * 8 + 2 * t; /* N even: col + 1 < N too */
+            for (int ni = 0; ni < 4; ni++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int r = r0 + wm + mi * 16 + g + 8 * h;
-                    if (r < rend && col < N)
-                        *(uint32_t *)(out + (size_t)r * N + col) = M::pack(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-                }
+                for (int h = 0; h < 2; h++)
+                    *(float2 *)(S + (wm + mi * 16 + g + 8 * h) * XM_SLD + wn + ni * 8 + 2 * t) =
+                        make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        __syncthreads();
+        for (int i = threadIdx.x; i < MOE_EXPERT_MMA_BM * (XM_BN / 2); i += XM_THREADS) {
+            const int r = i / (XM_BN / 2), c = i % (XM_BN / 2), fo = n0 + c;
+            if (r0 + r >= rend || fo >= N) continue;
+            float gv = S[r * XM_SLD + c], uv = S[r * XM_SLD + XM_BN / 2 + c];
+            if (glu.b_gate) {
+                gv += glu.b_gate[(size_t)e * N + fo];
+                uv += glu.b_up[(size_t)e * N + fo];
             }
+            out[(size_t)(r0 + r) * N + fo] = half_of<HT>(moe_experts_act(gv, uv, glu.alpha, glu.limit));
+        }
+        __syncthreads(); /* S is the next tile's first stage */
     }
 }
 
@@ -216,17 +265,18 @@ extern "C" enum moe_status moe_experts_mma_tiles_cuda(cudaStream_t st, int32_t *
                                                       const int32_t *wmap, int n, int E)
 {
     const size_t ints = moe_expert_mma_tile_ints(n, E);
-    if (!ints || (ints - 1) / 3 > INT32_MAX)
+    if (!ints || (ints - 1) / 4 > INT32_MAX)
         return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert tiles: %d rows over %d experts", n, E);
     mma_tiles_kernel<<<1, 256, 0, st>>>(tiles, plan->counts, plan->offsets, wmap, E, n,
-                                        (int)((ints - 1) / 3));
+                                        (int)((ints - 1) / 4));
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
 
 extern "C" enum moe_status moe_experts_mma_cuda(cudaStream_t st, void *out, const void *a,
                                                 enum moe_dtype at, const void *w, enum moe_dtype wt,
-                                                int Ew, int N, int Kd, const int32_t *tiles, int n, int E)
+                                                int Ew, int N, int Kd, const int32_t *tiles, int n, int E,
+                                                const struct moe_expert_weights *glu)
 {
     const bool planes = wt == MOE_DTYPE_MXFP4 || wt == MOE_DTYPE_FP8_B128;
     if ((at != MOE_DTYPE_BF16 && at != MOE_DTYPE_F16) || (wt != at && !(planes && at == MOE_DTYPE_BF16)))
@@ -239,11 +289,27 @@ extern "C" enum moe_status moe_experts_mma_cuda(cudaStream_t st, void *out, cons
     const size_t ints = moe_expert_mma_tile_ints(n, E);
     if (!ints) return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert GEMM: %d rows over %d experts", n, E);
     if (n == 0) return MOE_OK;
-    const size_t max_tiles = (ints - 1) / 3;
-    const dim3 grid((unsigned)((N + XM_BN - 1) / XM_BN), (unsigned)(max_tiles < 65535 ? max_tiles : 65535));
-    const void *ws = planes ? (const char *)w + moe_planes_values_bytes(wt, (size_t)N * Ew, (size_t)Kd) : NULL;
-#define XMMA(WT, HT) \
-    expert_mma_kernel<WT, HT><<<grid, XM_THREADS, 0, st>>>((HT *)out, (const HT *)a, w, ws, tiles, N, Kd)
+    const size_t max_tiles = (ints - 1) / 4;
+    const int per_block = glu ? XM_BN / 2 : XM_BN; /* outputs */
+    const dim3 grid((unsigned)((N + per_block - 1) / per_block),
+                    (unsigned)(max_tiles < 65535 ? max_tiles : 65535));
+    const size_t rows = glu ? 2 * (size_t)N : (size_t)N; /* a place's rows in the stack */
+    const void *ws = planes ? (const char *)w + moe_planes_values_bytes(wt, rows * Ew, (size_t)Kd) : NULL;
+    struct glu_args ga = {NULL, NULL, 0.0f, 0.0f};
+    if (glu) {
+        ga.b_gate = (const float *)glu->b_gate.data;
+        ga.b_up = (const float *)glu->b_up.data;
+        ga.alpha = glu->alpha, ga.limit = glu->limit;
+    }
+#define XMMA(WT, HT)                                                                                 \
+    do {                                                                                             \
+        if (glu)                                                                                     \
+            expert_mma_kernel<WT, HT, true><<<grid, XM_THREADS, 0, st>>>((HT *)out, (const HT *)a, w, ws, \
+                                                                         tiles, N, Kd, ga);          \
+        else                                                                                         \
+            expert_mma_kernel<WT, HT, false><<<grid, XM_THREADS, 0, st>>>((HT *)out, (const HT *)a, w,   \
+                                                                          ws, tiles, N, Kd, ga);     \
+    } while (0)
     switch (wt) {
     case MOE_DTYPE_BF16: XMMA(MOE_DTYPE_BF16, __nv_bfloat16); break;
     case MOE_DTYPE_F16: XMMA(MOE_DTYPE_F16, __half); break;

@@ -169,13 +169,14 @@ enum moe_status moe_cuda_mma_gemms(struct cuda_ctx *c, const int32_t *wmap, cons
     if (moe_expert_mma_tile_ints(n, E) > c->mma_tile_ints)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d rows over %d experts, tiles reserved "
                         "for fewer", n, E);
-    /* the fp32 workspaces hold the half buffers, as on the grouped path */
+    /* the fp32 workspaces hold the half buffers, as on the grouped path:
+     * xe (n, D) rows, u (n, F) the activations (gate and up never stored) */
     MOE_TRY(moe_experts_mma_tiles_cuda(c->stream, c->mma_tiles, plan, wmap, n, E));
     c->mma_calls++;
-    MOE_TRY(moe_experts_mma_cuda(c->stream, ws->g, ws->xe, at, gu, ex->dtype, Ew, 2 * F, D, c->mma_tiles,
-                                 n, E));
-    MOE_TRY(moe_experts_swiglu_half_cuda(c->stream, ws->u, ws->g, n, F, at, plan->offsets, E, ex));
-    return moe_experts_mma_cuda(c->stream, ws->ye, ws->u, at, dn, ex->dtype, Ew, D, F, c->mma_tiles, n, E);
+    MOE_TRY(moe_experts_mma_cuda(c->stream, ws->u, ws->xe, at, gu, ex->dtype, Ew, F, D, c->mma_tiles, n, E,
+                                 ex));
+    return moe_experts_mma_cuda(c->stream, ws->ye, ws->u, at, dn, ex->dtype, Ew, D, F, c->mma_tiles, n, E,
+                                NULL);
 }
 
 bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,

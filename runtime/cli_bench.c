@@ -440,6 +440,14 @@ int moe_cli_bench(int argc, char **argv)
             printf("statistics recording: %.3f ms of %.3f s of steps (%.4f%%); --no-stats turns it "
                    "off\n", rec * 1e3, loop, loop > 0 ? 100 * rec / loop : 0);
     }
+    if (!strcmp(be.ops->name, "cuda")) { /* which paths the steps took */
+        const json_int_t gr = moe_cuda_graph_replays(&be), xm = moe_cuda_mma_expert_calls(&be);
+        json_object_set_new(out, "cuda_paths", json_pack("{s:I, s:I}", "graph_replays", gr,
+                                                         "mma_expert_calls", xm));
+        if (!json)
+            printf("cuda: %lld steps replayed from graphs, %lld expert calls on the tensor-core "
+                   "kernels\n", (long long)gr, (long long)xm);
+    }
     if (copy_bw || ng > 0 || ne > 0) {
         struct moe_bench_gpu_opts go = {copy_bw, gtoks, ng, (int)ctx, b.r.kv.dtype, ebs, ne};
         if (moe_bench_gpu_extras(&m, &go, dec, nb, out, json)) goto done;

@@ -225,20 +225,24 @@ enum moe_status moe_experts_widen_cuda(cudaStream_t st, void *dst, const void *s
  * a (n, Kd) in at (rows in expert order) times the (N, Kd) matrix of each
  * tile's place in the stack w of Ew matrices; at BF16 or F16, w in at or
  * (at BF16) MXFP4 / FP8_B128 planes; rows of experts without a tile are
- * left as they are.  N even, Kd a multiple of 8 (of the block for planes). */
+ * left as they are.  N even, Kd a multiple of 8 (of the block for planes).
+ * glu non-NULL: w is a gate+up stack (2N rows a place, gate rows first) and
+ * out = moe_experts_act(gate + b_gate, up + b_up) with glu's biases (by
+ * expert) and activation, from fp32 sums (the SwiGLU fused). */
 #define MOE_EXPERT_MMA_BM 64
 static inline size_t moe_expert_mma_tile_ints(int n, int E)
 {
     if (n < 0 || E <= 0) return 0;
     const size_t tiles = (size_t)n / MOE_EXPERT_MMA_BM + (size_t)(n < E ? n : E) + 1;
-    return 1 + 3 * tiles;
+    return 1 + 4 * tiles;
 }
 enum moe_status moe_experts_mma_tiles_cuda(cudaStream_t st, int32_t *tiles,
                                            const struct moe_dispatch *plan, const int32_t *wmap,
                                            int n, int E);
 enum moe_status moe_experts_mma_cuda(cudaStream_t st, void *out, const void *a, enum moe_dtype at,
                                      const void *w, enum moe_dtype wt, int Ew, int N, int Kd,
-                                     const int32_t *tiles, int n, int E);
+                                     const int32_t *tiles, int n, int E,
+                                     const struct moe_expert_weights *glu);
 /* out (T, D) = sum_k w[t,k] * (ye[pos[t*K+k]] (+ b_down of its expert)) in
  * k order; ye in ydt (F32, F16 or BF16); b_down (E, D) or NULL. */
 enum moe_status moe_experts_combine_cuda(cudaStream_t st, float *out, const void *ye,

@@ -209,8 +209,9 @@ Test(cuda_forward, offload_gpt_oss_mxfp4_matches_cpu) { check_fixture_opts("gpt_
  * cuBLAS's grouped GEMMs to rounding (the same GEMMs, in other groups),
  * and the CPU's within the path's tolerance (bf16 activations for the
  * grouped GEMMs: 2e-2).  mma: the side under test runs the tensor-core
- * expert kernels (MOERUN_CUDA_EXPERTS=mma): other GEMMs, whose bf16
- * outputs may round the other way (1e-2 from cuBLAS's). */
+ * expert kernels (MOERUN_CUDA_EXPERTS=mma), whose fused activation takes
+ * gate and up in fp32 where the cuBLAS path rounds them to bf16 first:
+ * the two paths differ by as much as each differs from the CPU (2e-2). */
 static void check_long_prefill(const char *name, bool bf16, int C, bool mma)
 {
     struct side cpu, res, gpu;
@@ -229,7 +230,7 @@ static void check_long_prefill(const char *name, bool bf16, int C, bool mma)
         vs_cpu = fmax(vs_cpu, tu_max_rel_err(lg + (size_t)s * V, lc + (size_t)s * V, (size_t)V));
         vs_res = fmax(vs_res, tu_max_rel_err(lg + (size_t)s * V, lr + (size_t)s * V, (size_t)V));
     }
-    cr_expect(vs_res <= (mma ? 1e-2 : 1e-3), "%s, %d rows, C=%d%s: logits vs resident experts %.3g", name,
+    cr_expect(vs_res <= (mma ? tol : 1e-3), "%s, %d rows, C=%d%s: logits vs resident experts %.3g", name,
               S, C, mma ? " (mma)" : "", vs_res);
     cr_expect(vs_cpu <= tol, "%s, %d rows, C=%d%s: logits vs the CPU %.3g > %.1g", name, S, C,
               mma ? " (mma)" : "", vs_cpu, tol);
