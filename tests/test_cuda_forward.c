@@ -370,6 +370,43 @@ static void check_graphs(const char *name)
 
 Test(cuda_forward, graphs_match_eager_qwen3_moe) { check_graphs("qwen3_moe"); }
 
+/* The tensor-core expert kernels (MOERUN_CUDA_EXPERTS=mma) wait for
+ * nothing: steps of 16 rows on olmoe (8 experts, top-2: 4 rows an expert)
+ * take them and are recorded and replayed like decode steps, to the
+ * logits of eager steps. */
+Test(cuda_forward, graphs_with_mma_experts_match_eager_olmoe)
+{
+    struct side eager, graph;
+    setenv("MOERUN_CUDA_EXPERTS", "mma", 1);
+    open_eager_and_graphs(&eager, &graph, "olmoe");
+    unsetenv("MOERUN_CUDA_EXPERTS");
+    const int V = eager.m.cfg.vocab;
+    int32_t chunk[16];
+    struct moe_seq se = {0}, sg = {0};
+    float *le = malloc((size_t)V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
+    double worst = 0;
+    for (int i = 0; i < 4; i++) { /* a 64-token prompt in chunks of 16 */
+        for (int j = 0; j < 16; j++) chunk[j] = (int32_t)((i * 16 + j) * 7919 % V);
+        step_both(&eager, &graph, &se, &sg, chunk, 16, false, le, lg);
+        const double e = tu_max_rel_err(lg, le, (size_t)V);
+        worst = e > worst ? e : worst;
+        cr_expect(e <= 5e-3, "chunk %d: graph vs eager logits %.3g", i, e);
+    }
+    /* the first chunk recorded, the three after it replayed */
+    cr_expect_eq(moe_cuda_graph_replays(&graph.be), 3, "%lld steps replayed",
+                 (long long)moe_cuda_graph_replays(&graph.be));
+    cr_expect(moe_cuda_mma_expert_calls(&eager.be) > 0 && moe_cuda_mma_expert_calls(&graph.be) > 0,
+              "tensor-core expert kernels: %lld eager, %lld recorded", (long long)moe_cuda_mma_expert_calls(&eager.be),
+              (long long)moe_cuda_mma_expert_calls(&graph.be));
+    fprintf(stderr, "e2e: olmoe      graphs with tensor-core experts: %lld steps replayed, logits max rel "
+            "err vs eager %.3g\n", (long long)moe_cuda_graph_replays(&graph.be), worst);
+    moe_seq_free(&eager.r, &se);
+    moe_seq_free(&graph.r, &sg);
+    free(le), free(lg);
+    side_close(&graph);
+    side_close(&eager);
+}
+
 /* Graphs asked for while experts are offloaded: every step waits for the
  * routing counts, so none is recorded (a recording would break on the
  * synchronisation), and the steps match eager resident ones. */
