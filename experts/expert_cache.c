@@ -28,6 +28,30 @@ enum moe_status moe_expert_cache_init(struct moe_expert_cache *c, int E, int C, 
     return MOE_OK;
 }
 
+/* A count from a statistics file as a use count: non-finite or negative
+ * counts are none, huge ones capped well below overflow. */
+static int64_t load_uses(double v)
+{
+    if (!(v > 0)) return 0;
+    return v < 1e18 ? (int64_t)v : (int64_t)1e18;
+}
+
+int moe_expert_cache_warm(struct moe_expert_cache *c, const double *load)
+{
+    int n = 0;
+    for (int e = 0; e < c->E; e++) c->freq[e] = load_uses(load[e]);
+    for (; n < c->C; n++) {
+        int best = -1;
+        for (int e = 0; e < c->E; e++)
+            if (c->slot[e] < 0 && c->freq[e] > 0 && (best < 0 || c->freq[e] > c->freq[best])) best = e;
+        if (best < 0) break;
+        c->slot[best] = n;
+        c->owner[n] = best;
+    }
+    if (!c->lfu) memset(c->freq, 0, (size_t)c->E * sizeof *c->freq);
+    return n;
+}
+
 void moe_expert_cache_free(struct moe_expert_cache *c)
 {
     free(c->slot);

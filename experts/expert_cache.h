@@ -36,6 +36,12 @@ struct moe_expert_cache {
 
 /* C slots for E experts (1 <= C <= E), starting empty. */
 MOE_MUST_USE enum moe_status moe_expert_cache_init(struct moe_expert_cache *c, int E, int C, bool lfu);
+/* Warm start, before the first step: load (E) holds each expert's routed
+ * count in earlier statistics (moerun's --stats-out); the C experts with
+ * the highest counts above 0 (ties to the lower id) take slots 0, 1, ...
+ * in that order, and under LFU the counts become the experts' use counts,
+ * so what was hot stays.  Returns the number of slots filled. */
+int moe_expert_cache_warm(struct moe_expert_cache *c, const double *load);
 void moe_expert_cache_free(struct moe_expert_cache *c);
 /* A new step (and its first round). */
 void moe_expert_cache_step(struct moe_expert_cache *c);

@@ -1,5 +1,6 @@
 /* backend.c - backend selection.  The choice is made here, once. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/backend.h"
@@ -55,5 +56,6 @@ enum moe_status moe_backend_init(struct moe_backend *be, const char *name, int n
 void moe_backend_free(struct moe_backend *be)
 {
     if (be->ops && be->ops->destroy) be->ops->destroy(be);
+    free(be->gpu_experts_warm);
     memset(be, 0, sizeof *be);
 }

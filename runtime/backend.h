@@ -214,6 +214,13 @@ struct moe_backend {
      * device slots, the rest in host memory and copied in when routed to
      * (0, or at least the layer's experts: all resident) */
     int gpu_experts;
+    /* ... their slot policy (false: LRU) and warm start: each MoE layer's
+     * routed counts from earlier statistics, (gpu_experts_warm_layers,
+     * gpu_experts_warm_e) doubles owned by the backend (moe_backend_free
+     * frees them), or NULL: slots start empty (experts/expert_cache.h) */
+    bool gpu_experts_lfu;
+    double *gpu_experts_warm;
+    int gpu_experts_warm_layers, gpu_experts_warm_e;
 };
 
 /* Expert offload so far (moe_backend.gpu_experts): layers offloaded,

@@ -168,10 +168,13 @@ MOE_MUST_USE enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const in
 struct offload_layer *moe_cuda_offloaded(struct cuda_ctx *c, const struct moe_expert_weights *ex);
 /* Moves a layer's stacks, built in the device buffers gu and dn for E
  * experts with the shares ge, gs, de, ds of struct offload_layer, to
- * pinned host memory, and gives the layer C < E device slots. */
+ * pinned host memory, and gives the layer C < E device slots (policy LFU
+ * or LRU; warm (E) or NULL: the layer's routed counts in earlier
+ * statistics, whose most loaded experts are copied in at once). */
 MOE_MUST_USE enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_weights *ex,
-                                                    int C, int E, const void *gu, const void *dn,
-                                                    size_t ge, size_t gs, size_t de, size_t ds);
+                                                    int C, bool lfu, const double *warm, int E,
+                                                    const void *gu, const void *dn, size_t ge, size_t gs,
+                                                    size_t de, size_t ds);
 /* The experts op for an offloaded layer (see moe_cuda_experts). */
 MOE_MUST_USE enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_layer *ol,
                                                       float *out, const float *x,

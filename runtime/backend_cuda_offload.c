@@ -62,6 +62,8 @@ static enum moe_status owned_buffer(struct cuda_ctx *c, size_t bytes, void **out
     return s;
 }
 
+static enum moe_status load_expert(struct cuda_ctx *c, const struct offload_layer *ol, int e, int s);
+
 /* Bytes of n experts' shares a and b, or 0 on overflow. */
 static size_t shares(size_t n, size_t a, size_t b)
 {
@@ -69,9 +71,9 @@ static size_t shares(size_t n, size_t a, size_t b)
     return a + b >= a && moe_mul_size(n, a + b, &r) ? r : 0;
 }
 
-enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_weights *ex, int C, int E,
-                                       const void *gu, const void *dn, size_t ge, size_t gs,
-                                       size_t de, size_t ds)
+enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_weights *ex, int C, bool lfu,
+                                       const double *warm, int E, const void *gu, const void *dn,
+                                       size_t ge, size_t gs, size_t de, size_t ds)
 {
     const size_t hg = shares((size_t)E, ge, gs), hd = shares((size_t)E, de, ds);
     if (C < 1 || C >= E || !hg || !hd)
@@ -87,7 +89,7 @@ enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_wei
     memset(ol, 0, sizeof *ol);
     ol->ex = ex;
     ol->ge = ge, ol->gs = gs, ol->de = de, ol->ds = ds;
-    enum moe_status s = moe_expert_cache_init(&ol->cache, E, C, false);
+    enum moe_status s = moe_expert_cache_init(&ol->cache, E, C, lfu);
     if (s != MOE_OK) return s;
     c->n_off++; /* from here moe_cuda_offload_free releases what the layer holds */
     ol->h_map = malloc((size_t)E * sizeof *ol->h_map);
@@ -115,6 +117,12 @@ enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_wei
     }
     c->part_bytes[P_EXPERTS] += shares((size_t)C, ge, gs) + shares((size_t)C, de, ds);
     c->host_expert_bytes += hg + hd;
+    if (warm) { /* the most loaded experts copied in now, not counted as step traffic */
+        const uint64_t before = c->off_bytes;
+        const int n = moe_expert_cache_warm(&ol->cache, warm);
+        for (int i = 0; i < n; i++) MOE_TRY(load_expert(c, ol, ol->cache.owner[i], i));
+        c->off_bytes = before;
+    }
     return MOE_OK;
 }
 

@@ -188,7 +188,7 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
  * buffers and points the expert table into them (offloaded: see
  * backend_cuda_offload.c). */
 static enum moe_status upload_experts(struct moe_backend *be, const struct moe_model *m,
-                                      struct moe_expert_weights *x, int E, int D, int F)
+                                      struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
 {
     struct cuda_ctx *c = ctx_of(be);
     /* MXFP4 and FP8 experts stay as they are, in planes */
@@ -219,7 +219,10 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
             return moe_fail(MOE_ERR_DEVICE, "cuda upload: a layer's experts: %s", cudaGetErrorString(ce));
         }
         enum moe_status s = stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat);
-        if (s == MOE_OK) s = moe_cuda_offload_layer(c, x, be->gpu_experts, E, gu, dn, 2 * mat, 2 * sb, mat, sb);
+        const double *warm = be->gpu_experts_warm ? be->gpu_experts_warm + (size_t)moe_layer * E : NULL;
+        if (s == MOE_OK)
+            s = moe_cuda_offload_layer(c, x, be->gpu_experts, be->gpu_experts_lfu, warm, E, gu, dn, 2 * mat,
+                                       2 * sb, mat, sb);
         cudaFree(gu);
         cudaFree(dn);
         return s;
@@ -317,6 +320,15 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
                                            m->layers[l].experts.dtype == MOE_DTYPE_BF16_PANEL)))
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda backend: the model's weights were repacked or "
                             "quantized for a CPU backend; load it again for this one");
+    /* --gpu-experts-warm: statistics of this model's MoE layers and experts */
+    const bool offload = be->gpu_experts > 0 && be->gpu_experts < cfg->n_experts;
+    const int n_moe = moe_config_moe_layers(cfg);
+    if (offload && be->gpu_experts_warm &&
+        (be->gpu_experts_warm_layers != n_moe || be->gpu_experts_warm_e != cfg->n_experts))
+        return moe_fail(MOE_ERR_INVALID_ARG, "--gpu-experts-warm: statistics of %d MoE layers x %d experts, "
+                        "the model has %d x %d", be->gpu_experts_warm_layers, be->gpu_experts_warm_e, n_moe,
+                        cfg->n_experts);
+    int moe_layer = 0;
     /* deduplicate within this model only: a later model's host data may
      * reuse an earlier one's (freed) addresses */
     c->n_up = 0;
@@ -350,7 +362,8 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         for (size_t i = 0; i < sizeof eb / sizeof eb[0]; i++) MOE_TRY(upload_view(be, m, eb[i], P_EXPERTS));
         MOE_TRY(upload_view(be, m, &w->sh_router, P_SHARED));
         if (cfg->layer_moe[l] && cfg->n_experts > 0)
-            MOE_TRY(upload_experts(be, m, &w->experts, cfg->n_experts, cfg->d_model, cfg->d_expert));
+            MOE_TRY(upload_experts(be, m, &w->experts, cfg->n_experts, cfg->d_model, cfg->d_expert,
+                                   moe_layer++));
     }
     /* the plain cudaMemcpy calls above ran on the legacy stream, which the
      * backend's non-blocking stream does not wait for */

@@ -64,6 +64,7 @@ static void usage(FILE *f)
             "  --gpu-experts N  CUDA: N experts of each MoE layer in GPU memory, the rest\n"
             "                   copied in from host memory when routed to (reports the\n"
             "                   share found on the GPU and the MB copied in per token)\n"
+            "  --gpu-experts-policy lru|lfu, --gpu-experts-warm FILE  as on run\n"
             MOE_CLI_STATS_USAGE
             "Statistics are recorded unless --no-stats (compare the two to see their cost).\n");
 }
@@ -254,6 +255,7 @@ int moe_cli_bench(int argc, char **argv)
         {"no-prefix-cache", no_argument, 0, 0x20a}, {"moe-top-k", required_argument, 0, 0x20b},
         {"quantize", required_argument, 0, 0x20c}, {"expert-kernels", required_argument, 0, 0x20d},
         {"kv-dtype", required_argument, 0, 0x20e}, {"gpu-experts", required_argument, 0, 0x20f},
+        {"gpu-experts-policy", required_argument, 0, 0x210}, {"gpu-experts-warm", required_argument, 0, 0x211},
         {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
         {0, 0, 0, 0}};
     struct moe_cli_stats so = {0};
@@ -261,6 +263,7 @@ int moe_cli_bench(int argc, char **argv)
     moe_cli_engine_defaults(&eo);
     struct moe_bench_serve_opts sv = {.n_requests = 64, .input_len = 128, .output_len = 64, .seed = 7};
     long serve = 0, lv, gpu_experts = 0;
+    const char *xpolicy = NULL, *xwarm = NULL; /* --gpu-experts-policy, --gpu-experts-warm */
     enum moe_weight_quant quant = MOE_QUANT_NONE;
     int c;
     optind = 1;
@@ -313,6 +316,8 @@ int moe_cli_bench(int argc, char **argv)
         case 0x20e: kv_arg = optarg; break;
         case 0x20b: dst = &mo.top_k; hi = 1 << 16; break;
         case 0x20f: dst = &gpu_experts; hi = 1 << 20; break;
+        case 0x210: xpolicy = optarg; break;
+        case 0x211: xwarm = optarg; break;
         case 0x20c:
             if (!moe_cli_parse_quant(optarg, &quant))
                 return moe_cli_error("bench", "--quantize '%s' (use q8_0, or none)", optarg);
@@ -356,7 +361,8 @@ int moe_cli_bench(int argc, char **argv)
         be.quant = quant;
         be.gpu_experts = (int)gpu_experts;
     }
-    if (!be.ops || !dec || moe_cli_open_model(&m, &mo) != MOE_OK) {
+    if (!be.ops || !dec || moe_cli_offload_setup(&be, xpolicy, xwarm) != MOE_OK ||
+        moe_cli_open_model(&m, &mo) != MOE_OK) {
         moe_cli_error("bench", "%s", moe_last_error());
         goto done;
     }

@@ -1,5 +1,6 @@
 /* cli_common.c - see cli_common.h. */
 #include "runtime/cli_common.h"
+#include "runtime/stats_analyze.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -185,6 +186,8 @@ int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, cons
     case MOE_OPT_DTYPE: o->model.dtype = arg; return 1;
     case MOE_OPT_MOE_TOP_K: dst = &o->model.top_k; hi = 1 << 16; break;
     case MOE_OPT_GPU_EXPERTS: dst = &o->gpu_experts; lo = 1; hi = 1 << 20; break;
+    case MOE_OPT_GPU_EXPERTS_POLICY: o->gpu_experts_policy = arg; return 1;
+    case MOE_OPT_GPU_EXPERTS_WARM: o->gpu_experts_warm = arg; return 1;
     case MOE_OPT_QUANTIZE: {
         enum moe_weight_quant q;
         if (!moe_cli_parse_quant(arg, &q)) {
@@ -279,6 +282,31 @@ bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out)
     return true;
 }
 
+enum moe_status moe_cli_offload_setup(struct moe_backend *be, const char *policy, const char *warm)
+{
+    if (policy && strcmp(policy, "lru") && strcmp(policy, "lfu"))
+        return moe_fail(MOE_ERR_INVALID_ARG, "--gpu-experts-policy '%s' (use lru or lfu)", policy);
+    be->gpu_experts_lfu = policy && !strcmp(policy, "lfu");
+    if (!warm) return MOE_OK;
+    struct moe_sdata d;
+    enum moe_status s = moe_sdata_load(&d, warm);
+    size_t n = 0;
+    if (s != MOE_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", moe_last_error());
+        s = moe_fail(s, "--gpu-experts-warm: %s", why);
+    } else if (!moe_mul_size((size_t)d.Lm, (size_t)d.E, &n) || !moe_mul_size(n, sizeof(double), &n) ||
+               !(be->gpu_experts_warm = malloc(n ? n : 1))) {
+        s = moe_fail(MOE_ERR_NOMEM, "--gpu-experts-warm %s: %d layers x %d experts", warm, d.Lm, d.E);
+    } else {
+        memcpy(be->gpu_experts_warm, d.load, n);
+        be->gpu_experts_warm_layers = d.Lm;
+        be->gpu_experts_warm_e = d.E;
+    }
+    moe_sdata_free(&d);
+    return s;
+}
+
 enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_cli_engine *o)
 {
     enum moe_weight_quant q = MOE_QUANT_NONE;
@@ -287,6 +315,7 @@ enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_c
     MOE_TRY(moe_backend_init(be, o->backend, (int)o->threads));
     be->quant = q;
     be->gpu_experts = (int)o->gpu_experts;
+    MOE_TRY(moe_cli_offload_setup(be, o->gpu_experts_policy, o->gpu_experts_warm));
     if (o->gpu_experts && strcmp(be->ops->name, "cuda"))
         fprintf(stderr, "moerun: --gpu-experts applies to the CUDA backend; the %s backend keeps every "
                 "expert in host memory\n", be->ops->name);

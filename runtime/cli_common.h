@@ -57,7 +57,8 @@ double moe_cli_read_bandwidth(void);
 enum {
     MOE_OPT_KV_BUDGET = 0x100, MOE_OPT_KV_BLOCK, MOE_OPT_KV_DTYPE, MOE_OPT_MAX_BATCH_TOKENS,
     MOE_OPT_MAX_SEQS, MOE_OPT_NO_PREFIX_CACHE, MOE_OPT_BACKEND, MOE_OPT_THREADS,
-    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_MOE_TOP_K, MOE_OPT_QUANTIZE, MOE_OPT_GPU_EXPERTS, MOE_OPT_LAST
+    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_MOE_TOP_K, MOE_OPT_QUANTIZE, MOE_OPT_GPU_EXPERTS,
+    MOE_OPT_GPU_EXPERTS_POLICY, MOE_OPT_GPU_EXPERTS_WARM, MOE_OPT_LAST
 };
 
 #define MOE_CLI_ENGINE_LONGOPTS                                                          \
@@ -74,7 +75,9 @@ enum {
     {"synthetic-seed", required_argument, 0, MOE_OPT_SYNTHETIC_SEED},                    \
     {"moe-top-k", required_argument, 0, MOE_OPT_MOE_TOP_K},                              \
     {"quantize", required_argument, 0, MOE_OPT_QUANTIZE},                                \
-    {"gpu-experts", required_argument, 0, MOE_OPT_GPU_EXPERTS}
+    {"gpu-experts", required_argument, 0, MOE_OPT_GPU_EXPERTS},                          \
+    {"gpu-experts-policy", required_argument, 0, MOE_OPT_GPU_EXPERTS_POLICY},            \
+    {"gpu-experts-warm", required_argument, 0, MOE_OPT_GPU_EXPERTS_WARM}
 
 #define MOE_CLI_ENGINE_HELP                                                              \
     "  --kv-budget SIZE     KV cache size: bytes with a unit (512MiB, 8GiB) or a\n"       \
@@ -93,8 +96,11 @@ enum {
     "  --quantize q8_0      quantize the weights at load (CPU backends; routers and\n"    \
     "                       the embedding stay as stored)\n"                             \
     "  --gpu-experts N      CUDA: keep N experts of each MoE layer in GPU memory, the\n" \
-    "                       rest in host memory, copied in when routed to (LRU;\n"     \
-    "                       default all resident)\n"
+    "                       rest in host memory, copied in when routed to (default\n" \
+    "                       all resident)\n"                                          \
+    "  --gpu-experts-policy P  lru (default) or lfu: which expert leaves a slot\n"     \
+    "  --gpu-experts-warm FILE start each layer's slots with its most loaded experts\n" \
+    "                       in FILE (statistics from --stats-out, or a trace)\n"
 
 struct moe_cli_engine {
     struct moe_cli_model_opts model;
@@ -107,7 +113,14 @@ struct moe_cli_engine {
     bool no_prefix_cache;
     const char *quantize;     /* --quantize: "q8_0", "none" or NULL */
     long gpu_experts;         /* --gpu-experts: 0 = all resident */
+    const char *gpu_experts_policy, *gpu_experts_warm; /* NULL: LRU, no warm start */
 };
+
+/* --gpu-experts-policy and --gpu-experts-warm onto be (after its init):
+ * the policy parsed, the statistics file loaded and its load copied into
+ * be (NULL: nothing to do).  Errors name the option and the file. */
+MOE_MUST_USE enum moe_status moe_cli_offload_setup(struct moe_backend *be, const char *policy,
+                                                   const char *warm);
 
 void moe_cli_engine_defaults(struct moe_cli_engine *o);
 /* Handles one of the shared options: 1 taken, 0 not one of them, -1 bad

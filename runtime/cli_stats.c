@@ -27,13 +27,14 @@ static void usage(FILE *f)
             "  --act-bytes B     bytes per activation element sent (default 2)\n"
             "  --hidden D        hidden size for the all-to-all bytes (default: the trace's)\n"
             "  --cache C         keep C experts per layer resident (LRU and LFU)\n"
+            "  --warm FILE       ... also starting from FILE's most loaded experts (statistics)\n"
             "  --expert-bytes B  bytes copied per expert miss (default 3*D*F*weight bytes)\n"
             "  --topk k          routing weight kept with k active experts\n");
 }
 
 int moe_cli_stats(int argc, char **argv)
 {
-    const char *svg = NULL;
+    const char *svg = NULL, *warm_path = NULL;
     long width = 100, pairs = 3, ep = 0, replicas = 0, act_bytes = 2, hidden = 0, cache = 0,
          expert_bytes = 0, topk = 0;
     int compare = 0, plot = 1;
@@ -44,6 +45,7 @@ int moe_cli_stats(int argc, char **argv)
         {"replicas", required_argument, 0, 'r'}, {"act-bytes", required_argument, 0, 'a'},
         {"hidden", required_argument, 0, 'D'},  {"cache", required_argument, 0, 'C'},
         {"expert-bytes", required_argument, 0, 'b'}, {"topk", required_argument, 0, 'k'},
+        {"warm", required_argument, 0, 'W'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -51,6 +53,7 @@ int moe_cli_stats(int argc, char **argv)
         long *dst = NULL, lo = 1, hi = 1 << 20;
         switch (c) {
         case 's': svg = optarg; break;
+        case 'W': warm_path = optarg; break;
         case 'P': plot = 0; break;
         case 'c': compare = 1; break;
         case 'w': dst = &width; lo = 8; hi = 4096; break;
@@ -75,9 +78,14 @@ int moe_cli_stats(int argc, char **argv)
     }
     if (compare && n != 2) return moe_cli_error("stats", "--compare takes exactly two files");
     if (replicas && !ep) return moe_cli_error("stats", "--replicas goes with --ep N");
-    struct moe_sdata *d = calloc((size_t)n, sizeof *d);
+    if (warm_path && !cache) return moe_cli_error("stats", "--warm goes with --cache C");
+    struct moe_sdata *d = calloc((size_t)n + 1, sizeof *d), *warm = d + n;
     if (!d) return moe_cli_error("stats", "out of memory");
     int rc = 1;
+    if (warm_path && moe_sdata_load(warm, warm_path) != MOE_OK) {
+        moe_cli_error("stats", "--warm: %s", moe_last_error());
+        goto done;
+    }
     for (int i = 0; i < n; i++)
         if (moe_sdata_load(&d[i], argv[optind + i]) != MOE_OK) {
             moe_cli_error("stats", "%s", moe_last_error());
@@ -103,7 +111,7 @@ int moe_cli_stats(int argc, char **argv)
         }
         if (s == MOE_OK && cache) {
             printf("\n");
-            s = moe_whatif_cache(stdout, &d[i], (int)cache, expert_bytes);
+            s = moe_whatif_cache(stdout, &d[i], (int)cache, expert_bytes, warm_path ? warm : NULL);
         }
         if (s == MOE_OK && topk) {
             printf("\n");
@@ -124,7 +132,7 @@ int moe_cli_stats(int argc, char **argv)
     }
     rc = 0;
 done:
-    for (int i = 0; i < n; i++) moe_sdata_free(&d[i]);
+    for (int i = 0; i <= n; i++) moe_sdata_free(&d[i]); /* d[n]: --warm's */
     free(d);
     return rc;
 }

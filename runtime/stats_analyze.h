@@ -89,9 +89,10 @@ struct moe_ep_opts {
 };
 MOE_MUST_USE enum moe_status moe_whatif_ep(FILE *f, const struct moe_sdata *d,
                                             const struct moe_ep_opts *o);
-/* Expert cache of C experts per layer (LRU and LFU). */
+/* Expert cache of C experts per layer (LRU and LFU; with warm, statistics
+ * of as many MoE layers and experts, also both started from its load). */
 MOE_MUST_USE enum moe_status moe_whatif_cache(FILE *f, const struct moe_sdata *d, int C,
-                                               int64_t expert_bytes);
+                                               int64_t expert_bytes, const struct moe_sdata *warm);
 /* Routing weight kept with k active experts (and every k' <= K). */
 MOE_MUST_USE enum moe_status moe_whatif_topk(FILE *f, const struct moe_sdata *d, int k);
 
@@ -99,9 +100,10 @@ MOE_MUST_USE enum moe_status moe_whatif_topk(FILE *f, const struct moe_sdata *d,
 struct moe_cache_result {
     int64_t accesses, hits;
 };
-/* Simulates one layer's cache: steps in trace order, each step's distinct
- * experts in order of first use; lfu false = LRU.  Capacity C >= 1. */
-void moe_cache_simulate(const struct moe_sdata *d, int layer_slot, int C, bool lfu,
+/* Simulates one layer's cache: steps in trace order, each step's experts
+ * in the backend's order; lfu false = LRU.  Capacity C >= 1.  warm (E) or
+ * NULL: the layer's load in earlier statistics (moe_expert_cache_warm). */
+void moe_cache_simulate(const struct moe_sdata *d, int layer_slot, int C, bool lfu, const double *warm,
                         struct moe_cache_result *r);
 
 #ifdef __cplusplus

@@ -307,13 +307,14 @@ done:
     return st;
 }
 
-void moe_cache_simulate(const struct moe_sdata *d, int j, int C, bool lfu,
+void moe_cache_simulate(const struct moe_sdata *d, int j, int C, bool lfu, const double *warm,
                         struct moe_cache_result *r)
 {
     const int E = d->E, K = d->K, Lm = d->Lm;
     memset(r, 0, sizeof *r);
     struct moe_expert_cache c;
     if (moe_expert_cache_init(&c, E, C, lfu) != MOE_OK) return;
+    if (warm) moe_expert_cache_warm(&c, warm);
     int32_t *counts = calloc((size_t)E, sizeof *counts), *order = malloc((size_t)E * sizeof *order),
             *slot = malloc((size_t)E * sizeof *slot);
     bool *loaded = malloc((size_t)E * sizeof *loaded);
@@ -342,36 +343,42 @@ void moe_cache_simulate(const struct moe_sdata *d, int j, int C, bool lfu,
     free(loaded);
 }
 
-enum moe_status moe_whatif_cache(FILE *f, const struct moe_sdata *d, int C, int64_t expert_bytes)
+enum moe_status moe_whatif_cache(FILE *f, const struct moe_sdata *d, int C, int64_t expert_bytes,
+                                 const struct moe_sdata *warm)
 {
     if (!d->ids) return moe_fail(MOE_ERR_INVALID_ARG, "%s: --cache needs a routing trace", d->path);
     if (C < 1 || C > d->E) return moe_fail(MOE_ERR_INVALID_ARG, "--cache %d with %d experts", C, d->E);
+    if (warm && (warm->Lm != d->Lm || warm->E != d->E))
+        return moe_fail(MOE_ERR_INVALID_ARG, "--warm %s: %d MoE layers of %d experts, the trace %s has %d of %d",
+                        warm->path, warm->Lm, warm->E, d->path, d->Lm, d->E);
     if (expert_bytes <= 0) expert_bytes = d->expert_bytes;
     if (expert_bytes <= 0)
         expert_bytes = 3ll * d->d_model * d->d_expert * (d->weight_bytes ? d->weight_bytes : 2);
     fprintf(f, "expert cache of %d of %d experts per layer, %lld tokens; one expert = %.3f MB\n", C,
             d->E, (long long)d->N, expert_bytes / 1e6);
-    fprintf(f, "%-6s %9s %10s %10s %16s\n", "policy", "hit rate", "worst layer", "best layer",
+    fprintf(f, "%-9s %9s %10s %10s %16s\n", "policy", "hit rate", "worst layer", "best layer",
             "H2D MB/token");
-    for (int lfu = 0; lfu < 2; lfu++) {
+    for (int run = 0; run < (warm ? 4 : 2); run++) {
+        const bool lfu = run & 1, w = run >= 2;
         int64_t acc = 0, hits = 0;
         double lo = 1, hi = 0;
         for (int j = 0; j < d->Lm; j++) {
             struct moe_cache_result r;
-            moe_cache_simulate(d, j, C, lfu, &r);
+            moe_cache_simulate(d, j, C, lfu, w ? warm->load + (size_t)j * d->E : NULL, &r);
             acc += r.accesses;
             hits += r.hits;
             double h = r.accesses ? (double)r.hits / r.accesses : 1;
             lo = fmin(lo, h);
             hi = fmax(hi, h);
         }
-        fprintf(f, "%-6s %9.4f %10.4f %10.4f %16.4f\n", lfu ? "LFU" : "LRU",
+        fprintf(f, "%-9s %9.4f %10.4f %10.4f %16.4f\n", w ? (lfu ? "LFU+warm" : "LRU+warm") : lfu ? "LFU" : "LRU",
                 acc ? (double)hits / acc : 1.0, lo, hi,
                 d->N ? (double)(acc - hits) * expert_bytes / d->N / 1e6 : 0);
     }
     fprintf(f, "accesses: distinct experts each step needs per layer; a miss copies one expert "
-            "(3*D*F*weight bytes) from the host.  The CUDA backend runs the LRU policy with "
-            "--gpu-experts %d\n", C);
+            "(3*D*F*weight bytes) from the host; +warm: the slots start with each layer's %d most "
+            "loaded experts of the --warm statistics.  The CUDA backend runs these with --gpu-experts %d "
+            "[--gpu-experts-policy lfu] [--gpu-experts-warm FILE]\n", C, C);
     return MOE_OK;
 }
 

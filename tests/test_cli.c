@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <jansson.h>
@@ -146,6 +147,36 @@ Test(cli, gpu_experts_on_the_cpu_is_a_notice)
     cr_assert(rest);
     /* the generated text is the same (timings differ: compare the first line) */
     cr_assert_eq(strncmp(rest + 1, a, strcspn(a, "\n")), 0, "with:\n%s\nwithout:\n%s", b, a);
+}
+
+/* The offload policy and warm start options: bad values and unreadable
+ * statistics are errors that name the option (on any backend: they are
+ * checked before the model loads). */
+Test(cli, gpu_experts_policy_and_warm_start_errors)
+{
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof cmd, "%s run %s/mixtral --prompt-ids 1,2,3 -n 2 --backend cpu --gpu-experts 2 "
+             "--gpu-experts-policy mru 2>&1", MOERUN_BINARY, FIXTURE_DIR);
+    cr_expect_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "--gpu-experts-policy 'mru' (use lru or lfu)"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s run %s/mixtral --prompt-ids 1,2,3 -n 2 --backend cpu --gpu-experts 2 "
+             "--gpu-experts-warm %s/mixtral/config.json 2>&1", MOERUN_BINARY, FIXTURE_DIR, FIXTURE_DIR);
+    cr_expect_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "--gpu-experts-warm: ") && strstr(out, "not moerun statistics"), "%s", out);
+    /* statistics the run itself wrote are taken (the CPU backend then says
+     * it keeps every expert) */
+    char stats[] = "/tmp/moerun_warm_XXXXXX";
+    const int fd = mkstemp(stats);
+    cr_assert(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s run %s/mixtral --prompt-ids 1,2,3 -n 2 --backend cpu --stats-out %s 2>&1",
+             MOERUN_BINARY, FIXTURE_DIR, stats);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "%s run %s/mixtral --prompt-ids 1,2,3 -n 2 --backend cpu --gpu-experts 2 "
+             "--gpu-experts-policy lfu --gpu-experts-warm %s 2>&1", MOERUN_BINARY, FIXTURE_DIR, stats);
+    cr_expect_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "--gpu-experts applies to the CUDA backend"), "%s", out);
+    unlink(stats);
 }
 
 Test(cli, help_on_every_command)

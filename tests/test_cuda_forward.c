@@ -266,6 +266,77 @@ Test(cuda_forward, mma_experts_long_prefill_gpt_oss_mxfp4) { check_long_prefill(
 Test(cuda_forward, offload_mma_long_prefill_olmoe) { check_long_prefill("olmoe", true, 3, true); }
 Test(cuda_forward, offload_mma_long_prefill_gpt_oss_mxfp4) { check_long_prefill("gpt_oss_mxfp4", true, 2, true); }
 
+/* --gpu-experts-warm: the slots start with the experts a CPU run of the
+ * same prompt routed to most (per MoE layer, from its route trace).  The
+ * warm side's first prefill finds some experts resident (the cold side
+ * none), copies in fewer bytes (the warm start itself is not counted), and
+ * its logits equal the cold side's.  Statistics of another shape are
+ * refused when the model is prepared. */
+Test(cuda_forward, offload_warm_start_from_statistics)
+{
+    const char *name = "qwen3_moe";
+    const int C = 3;
+    struct side cpu, cold, warm;
+    side_open(&cpu, name, false);
+    const struct moe_config *c = &cpu.m.cfg;
+    const int L = c->n_layers, K = c->top_k, E = c->n_experts, S = 24, Lm = moe_config_moe_layers(c);
+    int32_t prompt[24];
+    for (int i = 0; i < S; i++) prompt[i] = (int32_t)((i * 31 + 7) % c->vocab);
+    int32_t *tr = malloc((size_t)L * S * K * sizeof(int32_t));
+    float *lc = prefill_all(&cpu, prompt, S, tr);
+    double *load = calloc((size_t)Lm * E, sizeof(double));
+    for (int l = 0, j = 0; l < L; l++) {
+        if (tr[(size_t)l * S * K] < 0) continue; /* dense layer */
+        for (int i = 0; i < S * K; i++) load[(size_t)j * E + tr[(size_t)l * S * K + i]] += 1;
+        j++;
+    }
+    side_open_with(&cold, name, true, C);
+    /* the warm side: the backend gets the statistics before the runner prepares the model */
+    memset(&warm, 0, sizeof warm);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
+    cr_assert_eq(moe_model_load(&warm.m, dir), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_backend_cuda_init(&warm.be, 0), MOE_OK, "%s", moe_last_error());
+    warm.be.gpu_experts = C;
+    warm.be.gpu_experts_warm = load; /* the backend's now */
+    warm.be.gpu_experts_warm_layers = Lm, warm.be.gpu_experts_warm_e = E;
+    struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 4, .max_logits = 64, .block_size = 4,
+                                .n_blocks = 256};
+    cr_assert_eq(moe_runner_init(&warm.r, &warm.m, &warm.be, &o), MOE_OK, "%s", moe_last_error());
+    float *lw = prefill_all(&warm, prompt, S, NULL), *lo = prefill_all(&cold, prompt, S, NULL);
+    struct moe_offload_stats sw, so;
+    moe_cuda_offload_stats(&warm.be, &sw);
+    moe_cuda_offload_stats(&cold.be, &so);
+    double vs_cold = 0, vs_cpu = 0;
+    for (int i = 0; i < S; i++) {
+        vs_cold = fmax(vs_cold, tu_max_rel_err(lw + (size_t)i * c->vocab, lo + (size_t)i * c->vocab, (size_t)c->vocab));
+        vs_cpu = fmax(vs_cpu, tu_max_rel_err(lw + (size_t)i * c->vocab, lc + (size_t)i * c->vocab, (size_t)c->vocab));
+    }
+    cr_expect(vs_cold <= 1e-6 && vs_cpu <= 1e-4, "warm start logits: %.3g vs cold, %.3g vs the CPU", vs_cold, vs_cpu);
+    cr_expect(so.hits == 0 && sw.hits > 0, "hits: %lld warm, %lld cold", (long long)sw.hits, (long long)so.hits);
+    cr_expect(sw.accesses == so.accesses && sw.bytes_in < so.bytes_in, "bytes in: %llu warm, %llu cold",
+              (unsigned long long)sw.bytes_in, (unsigned long long)so.bytes_in);
+    fprintf(stderr, "e2e: %-10s offload C=%d warm start: %lld of %lld uses found on the device (cold: %lld), "
+            "logits %.3g from cold\n", name, C, (long long)sw.hits, (long long)sw.accesses, (long long)so.hits,
+            vs_cold);
+    free(lw), free(lo), free(lc), free(tr);
+    side_close(&warm);
+    side_close(&cold);
+    /* statistics of another shape: refused by name */
+    struct side bad;
+    memset(&bad, 0, sizeof bad);
+    cr_assert_eq(moe_model_load(&bad.m, dir), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_backend_cuda_init(&bad.be, 0), MOE_OK, "%s", moe_last_error());
+    bad.be.gpu_experts = C;
+    bad.be.gpu_experts_warm = calloc((size_t)Lm * (E + 1), sizeof(double));
+    bad.be.gpu_experts_warm_layers = Lm, bad.be.gpu_experts_warm_e = E + 1;
+    cr_expect_neq(moe_runner_init(&bad.r, &bad.m, &bad.be, &o), MOE_OK);
+    cr_expect(strstr(moe_last_error(), "--gpu-experts-warm") != NULL, "%s", moe_last_error());
+    moe_backend_free(&bad.be);
+    moe_model_free(&bad.m);
+    side_close(&cpu);
+}
+
 /* Batched steps: three sequences prefilled and decoded together on the GPU
  * give the logits each gets alone (rows never mix within a step), to
  * rounding: cuBLAS may pick another algorithm for another row count. */

@@ -136,15 +136,15 @@ Test(whatif, cache_hits_by_hand)
     struct moe_sdata d;
     make_trace(&d, 4, ids, w, step);
     struct moe_cache_result r;
-    moe_cache_simulate(&d, 0, 4, false, &r); /* everything fits: only cold misses */
+    moe_cache_simulate(&d, 0, 4, false, NULL, &r); /* everything fits: only cold misses */
     cr_assert(r.accesses == 8 && r.hits == 4, "%lld/%lld", (long long)r.hits, (long long)r.accesses);
-    moe_cache_simulate(&d, 0, 2, false, &r);
+    moe_cache_simulate(&d, 0, 2, false, NULL, &r);
     /* LRU, 2 slots, each step's experts as the CUDA backend takes them
      * (resident first, then by id): {0,1}: 0 miss, 1 miss | 0 hit, 1 hit |
      * {2,3}: 2 miss (evicts 0, least recent), 3 miss (evicts 1: 2 is in the
      * round) | {0,2}: 2 hit (resident first), 0 miss (evicts 3) */
     cr_assert(r.accesses == 8 && r.hits == 3, "LRU %lld", (long long)r.hits);
-    moe_cache_simulate(&d, 0, 2, true, &r);
+    moe_cache_simulate(&d, 0, 2, true, NULL, &r);
     /* LFU: the same here (0 and 1 are used equally: ties go to LRU) */
     cr_assert(r.accesses == 8 && r.hits == 3, "LFU %lld", (long long)r.hits);
     /* token order would miss where the backend hits: 2 slots,
@@ -156,7 +156,7 @@ Test(whatif, cache_hits_by_hand)
     int step3[] = {0, 1};
     struct moe_sdata d3;
     make_trace(&d3, 2, ids3, w3, step3);
-    moe_cache_simulate(&d3, 0, 2, false, &r);
+    moe_cache_simulate(&d3, 0, 2, false, NULL, &r);
     cr_assert(r.accesses == 4 && r.hits == 1, "backend order: %lld hits", (long long)r.hits);
     moe_sdata_free(&d3);
     /* LFU keeps a frequent expert that LRU drops: one expert per step (both
@@ -168,8 +168,8 @@ Test(whatif, cache_hits_by_hand)
     struct moe_sdata d2;
     make_trace(&d2, 5, ids2, w2, step2);
     struct moe_cache_result lru, lfu;
-    moe_cache_simulate(&d2, 0, 2, false, &lru);
-    moe_cache_simulate(&d2, 0, 2, true, &lfu);
+    moe_cache_simulate(&d2, 0, 2, false, NULL, &lru);
+    moe_cache_simulate(&d2, 0, 2, true, NULL, &lfu);
     cr_assert(lru.hits == 1 && lfu.hits == 2, "LFU %lld vs LRU %lld", (long long)lfu.hits,
               (long long)lru.hits);
     moe_sdata_free(&d2);
@@ -177,12 +177,52 @@ Test(whatif, cache_hits_by_hand)
     size_t len;
     FILE *f = open_memstream(&buf, &len);
     cr_assert_eq(moe_whatif_topk(f, &d, 1), MOE_OK);
-    cr_assert_eq(moe_whatif_cache(f, &d, 2, 0), MOE_OK);
+    cr_assert_eq(moe_whatif_cache(f, &d, 2, 0, NULL), MOE_OK);
     fclose(f);
     /* k = 1 keeps mean(.6, .5, .9, .7) = 0.675 */
     cr_assert(strstr(buf, "   1       0.6750"), "%s", buf);
     cr_assert(strstr(buf, "   2       1.0000"), "%s", buf);
     free(buf);
+    moe_sdata_free(&d);
+}
+
+/* Warm start: the slots begin with the statistics' most loaded experts.
+ * Trace steps {0,1}, {0,1}, {2,3}, {0,2}, 2 slots, load {10, 1, 5, 0}:
+ * slots start {0, 2}.  LRU: {0,1}: 0 hit, 1 miss (evicts 2) | 0, 1 hit |
+ * {2,3}: 2 miss (evicts 0, less recent), 3 miss (evicts 1) | {0,2}: 2 hit,
+ * 0 miss: 4 hits where the empty start gave 3.  LFU (uses 10, 1, 5, 0
+ * seeded): {0,1}: 0 hit, 1 miss (evicts 2, the only slot not in the
+ * round) | hits | {2,3}: 2 miss evicts 1 (3 uses against 0's 12), 3 miss
+ * evicts 0 | {0,2}: 2 hit, 0 miss: 4 hits.  A statistics file of other
+ * dimensions is refused by name. */
+Test(whatif, cache_warm_start_by_hand)
+{
+    int32_t ids[] = {0, 1, 1, 0, 2, 3, 0, 2};
+    float w[8] = {0};
+    int step[] = {0, 1, 2, 3};
+    struct moe_sdata d, warm;
+    make_trace(&d, 4, ids, w, step);
+    const double load[4] = {10, 1, 5, 0};
+    struct moe_cache_result r;
+    moe_cache_simulate(&d, 0, 2, false, load, &r);
+    cr_expect(r.accesses == 8 && r.hits == 4, "LRU + warm: %lld/%lld", (long long)r.hits, (long long)r.accesses);
+    moe_cache_simulate(&d, 0, 2, true, load, &r);
+    cr_expect(r.accesses == 8 && r.hits == 4, "LFU + warm: %lld/%lld", (long long)r.hits, (long long)r.accesses);
+    make_trace(&warm, 1, ids, w, step); /* load {1, 1, 0, 0}: slots {0, 1} */
+    char *buf;
+    size_t len;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(moe_whatif_cache(f, &d, 2, 0, &warm), MOE_OK);
+    fclose(f);
+    /* LRU + warm from {0, 1}: 0, 1 hit | hits | 2, 3 miss | 2 hit, 0 miss: 5 of 8 */
+    cr_expect(strstr(buf, "LRU+warm     0.6250"), "%s", buf);
+    cr_expect(strstr(buf, "LRU          0.3750"), "%s", buf);
+    free(buf);
+    warm.E = 5;
+    cr_expect_eq(moe_whatif_cache(stdout, &d, 2, 0, &warm), MOE_ERR_INVALID_ARG);
+    cr_expect(strstr(moe_last_error(), "5 experts") != NULL, "%s", moe_last_error());
+    warm.E = 4;
+    moe_sdata_free(&warm);
     moe_sdata_free(&d);
 }
 
@@ -268,4 +308,44 @@ Test(expert_cache, rounds_keep_their_experts)
     moe_expert_cache_free(&c);
     cr_assert_neq(moe_expert_cache_init(&c, 4, 5, false), MOE_OK);
     cr_assert_neq(moe_expert_cache_init(&c, 4, 0, true), MOE_OK);
+}
+
+/* Warm start of the runtime policy: the most loaded experts (ties to the
+ * lower id, none without load) take the slots in order; under LFU the
+ * counts stay as use counts, so a hot expert outlives a cold one that LRU
+ * would keep. */
+Test(expert_cache, warm_start_takes_the_most_loaded)
+{
+    struct moe_expert_cache c;
+    cr_assert_eq(moe_expert_cache_init(&c, 4, 2, false), MOE_OK);
+    const double tie[4] = {1, 5, 5, 0};
+    cr_expect_eq(moe_expert_cache_warm(&c, tie), 2);
+    cr_expect(c.owner[0] == 1 && c.owner[1] == 2, "slots %d %d", c.owner[0], c.owner[1]);
+    moe_expert_cache_free(&c);
+    cr_assert_eq(moe_expert_cache_init(&c, 4, 2, false), MOE_OK);
+    const double few[4] = {0, -3, 3, NAN};
+    cr_expect_eq(moe_expert_cache_warm(&c, few), 1);
+    cr_expect(c.owner[0] == 2 && c.owner[1] == -1 && c.slot[3] == -1, "slots %d %d", c.owner[0], c.owner[1]);
+    moe_expert_cache_free(&c);
+    /* slots {0, 1} from {100, 1, 0, 0}; steps {2} then {0} */
+    const double hot[4] = {100, 1, 0, 0};
+    const int32_t s2[4] = {0, 0, 1, 0}, s0[4] = {1, 0, 0, 0};
+    int64_t hits[2];
+    for (int lfu = 0; lfu < 2; lfu++) {
+        cr_assert_eq(moe_expert_cache_init(&c, 4, 2, lfu), MOE_OK);
+        cr_expect_eq(moe_expert_cache_warm(&c, hot), 2);
+        int32_t order[4], slot[4];
+        bool loaded[4];
+        const int32_t *steps[2] = {s2, s0};
+        for (int st = 0; st < 2; st++) {
+            const int m = moe_expert_cache_order(&c, steps[st], order);
+            int next = 0;
+            cr_assert_eq(moe_expert_cache_fill(&c, order, m, &next, slot, loaded), 1);
+        }
+        hits[lfu] = c.hits;
+        moe_expert_cache_free(&c);
+    }
+    /* LRU: 2 evicts 0 (equal clocks: the first slot), 0 misses; LFU: 2
+     * evicts 1 (1 use against 100), 0 hits */
+    cr_expect(hits[0] == 0 && hits[1] == 1, "hits LRU %lld, LFU %lld", (long long)hits[0], (long long)hits[1]);
 }
