@@ -107,9 +107,11 @@ AVX2 INLINE void scores_dt(float *sc, int ldsc, const float *q, int gn, int Dh, 
 }
 
 /* acc_h (Dh) = acc_h * corr[h] + sum over the tile's keys, in order, of
- * p[h * ldp + jj] * v_jj, for the nh heads acc_h = acc + h * Dh. */
+ * p[h * ldp + jj] * v_jj, for the nh heads acc_h = acc + h * Dh; s256[jj]:
+ * 2^8 times v_jj's scale (fp8 only). */
 AVX2 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr, const float *p, int ldp,
-                           const enum moe_dtype dt, const void *const *vrow, const float *vs, int nj)
+                           const enum moe_dtype dt, const void *const *vrow, const float *vs,
+                           const float *s256, int nj)
 {
     int d = 0;
     for (; d + 8 <= Dh; d += 8) {
@@ -117,7 +119,7 @@ AVX2 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr, 
 #pragma GCC unroll 4
         for (int h = 0; h < nh; h++) a[h] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * Dh + d), _mm256_set1_ps(corr[h]));
         for (int jj = 0; jj < nj; jj++) {
-            const __m256 v = load8(vrow[jj], dt, d, _mm256_set1_ps(256.0f * vs[jj]));
+            const __m256 v = load8(vrow[jj], dt, d, _mm256_broadcast_ss(s256 + jj));
 #pragma GCC unroll 4
             for (int h = 0; h < nh; h++) a[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[(size_t)h * ldp + jj]), v, a[h]);
         }
@@ -135,18 +137,19 @@ AVX2 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr, 
 AVX2 INLINE void accum_dt(float *acc, int gn, int Dh, const float *corr, const float *p, int ldp,
                           const enum moe_dtype dt, const void *const *vrow, const float *vs, int nj)
 {
-    float one[MOE_ATT_TILE]; /* non-fp8 rows have no scale; load8 ignores it */
-    if (dt != MOE_DTYPE_F8E4M3)
-        for (int jj = 0; jj < nj; jj++) one[jj] = 1.0f;
-    const float *s = dt == MOE_DTYPE_F8E4M3 ? vs : one;
+    float s[MOE_ATT_TILE], s256[MOE_ATT_TILE]; /* scales, 2^8 times them (non-fp8 rows: unused) */
+    for (int jj = 0; jj < nj; jj++) {
+        s[jj] = dt == MOE_DTYPE_F8E4M3 ? vs[jj] : 1.0f;
+        s256[jj] = 256.0f * s[jj];
+    }
     int g = 0;
     for (; g + 4 <= gn; g += 4)
-        acc_heads(acc + (size_t)g * Dh, 4, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, nj);
+        acc_heads(acc + (size_t)g * Dh, 4, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
     if (g + 2 <= gn) {
-        acc_heads(acc + (size_t)g * Dh, 2, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, nj);
+        acc_heads(acc + (size_t)g * Dh, 2, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
         g += 2;
     }
-    if (g < gn) acc_heads(acc + (size_t)g * Dh, 1, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, nj);
+    if (g < gn) acc_heads(acc + (size_t)g * Dh, 1, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
 }
 
 /* One instance per dtype, so the loaders' branches fold away. */
