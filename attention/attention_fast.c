@@ -3,28 +3,28 @@
  *
  * Work items are (row, KV head) as in the reference, or (row, KV head, chunk
  * of the group's heads) when those are too few for the threads.  Each item walks its
- * sequence's keys in tiles of up to JT positions: for each key of the tile it
- * computes the scores of all G query heads of the group with vector dot
- * products, then updates the online softmax once per tile (one rescale of
- * the accumulators per tile instead of per key) and adds the tile's values.
- * Every key and value row is read once per item, for all G heads.
+ * sequence's keys in tiles of up to MOE_ATT_TILE positions: the scores of
+ * the tile's keys for all of the item's query heads (vector dot products),
+ * then one online-softmax update per head and tile (one rescale of the
+ * accumulators per tile instead of per key), then the tile's values into
+ * the accumulators.  Every key and value row is read once per item and
+ * register block of heads (attention_avx2.c).
  *
- * Caches: f32 rows are read in place; fp8 rows (kvcache.h) are widened
- * into per-thread rows first (moe_kv_fp8_row_fast: the reference's values
- * exactly), each key row once before its scores, the tile's value rows
- * once before the accumulation, so a key costs Dh + 4 bytes of K and of V
- * read instead of 4 Dh.  f16 and bf16 caches take the reference
- * (runtime/backend_cpu.c). */
+ * Caches: every dtype (f32, f16, bf16, fp8 with its row scales) is read in
+ * place at its own width and widened in registers by the kernels, to the
+ * reference's values exactly, so an fp8 key costs Dh + 4 bytes of K and of
+ * V read instead of 4 Dh, a bf16 one 2 Dh. */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
 #include "attention/attention.h"
-#include "runtime/gemm_fast.h"
+#include "attention/attention_fast_impl.h"
 
-enum { JT = 16 }; /* keys per softmax tile */
+enum { JT = MOE_ATT_TILE };
 
-size_t moe_attention_fast_scratch(int G, int Dh) { return (size_t)G * (2 + JT + Dh) + (size_t)(JT + 1) * Dh; }
+/* Per thread: m, l, corr (G each), the scores / softmax weights (G, JT), the accumulators (G, Dh). */
+size_t moe_attention_fast_scratch(int G, int Dh) { return (size_t)G * (3 + JT + Dh); }
 
 void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcache *kv,
                               const struct moe_batch *b, const struct moe_attn_params *p,
@@ -32,9 +32,9 @@ void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcac
 {
     const int Hq = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, G = Hq / Hkv;
     const int B = kv->block_size;
-    const bool fp8 = kv->dtype == MOE_DTYPE_F8E4M3;
-    MOE_ASSERT(fp8 || kv->dtype == MOE_DTYPE_F32); /* f16, bf16 take the reference */
-    const size_t es = moe_dtype_size(kv->dtype);
+    const enum moe_dtype dt = kv->dtype;
+    const bool fp8 = dt == MOE_DTYPE_F8E4M3;
+    const size_t es = moe_dtype_size(dt);
     const char *kl = (const char *)kv->k + (size_t)p->layer * kv->layer_elems * es;
     const char *vl = (const char *)kv->v + (size_t)p->layer * kv->layer_elems * es;
     const float *ksl = fp8 ? kv->ks + (size_t)p->layer * kv->layer_rows : NULL;
@@ -55,8 +55,7 @@ void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcac
         const int t = (int)(it / ((size_t)Hkv * nc)), kh = (int)(it / nc % Hkv);
         const int g0 = (int)(it % nc) * GC, gn = G - g0 < GC ? G - g0 : GC;
         float *m = scratch + (size_t)omp_get_thread_num() * scratch_per_thread;
-        float *l = m + G, *sc = l + G, *acc = sc + (size_t)G * JT;
-        float *kbuf = acc + (size_t)G * Dh, *vbuf = kbuf + Dh; /* fp8: (Dh), (JT, Dh) */
+        float *l = m + G, *corr = l + G, *sc = corr + G, *acc = sc + (size_t)G * JT;
         const int s = b->seq_of[t], pos = b->positions[t];
         const int32_t *table = b->block_table + (size_t)s * b->max_blocks;
         const float *qg = q + (size_t)t * Hq * Dh + (size_t)(kh * G + g0) * Dh;
@@ -66,37 +65,34 @@ void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcac
             l[g] = p->sinks ? 1.0f : 0.0f;
         }
         memset(acc, 0, (size_t)gn * Dh * sizeof(float));
-        const float *vrow[JT];
+        const void *krow[JT], *vrow[JT];
+        float ks[JT], vs[JT]; /* fp8: the rows' scales */
         for (int j0 = first; j0 <= pos; j0 += JT) {
             const int nj = pos + 1 - j0 < JT ? pos + 1 - j0 : JT;
             for (int jj = 0; jj < nj; jj++) {
                 const int j = j0 + jj;
                 const size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
                 const size_t r = slot * (size_t)Hkv + (size_t)kh, off = r * (size_t)Dh * es;
-                const float *kj = (const float *)(kl + off);
-                vrow[jj] = (const float *)(vl + off);
+                krow[jj] = kl + off;
+                vrow[jj] = vl + off;
                 if (fp8) {
-                    moe_kv_fp8_row_fast(kbuf, (const uint8_t *)kl + off, ksl[r], Dh);
-                    moe_kv_fp8_row_fast(vbuf + (size_t)jj * Dh, (const uint8_t *)vl + off, vsl[r], Dh);
-                    kj = kbuf;
-                    vrow[jj] = vbuf + (size_t)jj * Dh;
+                    ks[jj] = ksl[r];
+                    vs[jj] = vsl[r];
                 }
-                for (int g = 0; g < gn; g++)
-                    sc[(size_t)g * JT + jj] = moe_dot_fast(qg + (size_t)g * Dh, kj, Dh) * p->scale;
             }
-            for (int g = 0; g < gn; g++) {
+            moe_attention_scores_avx2(sc, JT, qg, gn, Dh, dt, krow, ks, nj, p->scale);
+            for (int g = 0; g < gn; g++) { /* the scores become the softmax weights */
                 float *sg = sc + (size_t)g * JT, mn = m[g];
                 for (int jj = 0; jj < nj; jj++) mn = sg[jj] > mn ? sg[jj] : mn;
-                const float corr = expf(m[g] - mn);
-                float *a = acc + (size_t)g * Dh;
-                l[g] *= corr;
+                corr[g] = expf(m[g] - mn);
+                l[g] *= corr[g];
                 for (int jj = 0; jj < nj; jj++) {
-                    const float e = expf(sg[jj] - mn);
-                    l[g] += e;
-                    moe_scale_axpy_fast(a, jj == 0 ? corr : 1.0f, e, vrow[jj], Dh);
+                    sg[jj] = expf(sg[jj] - mn);
+                    l[g] += sg[jj];
                 }
                 m[g] = mn;
             }
+            moe_attention_accum_avx2(acc, gn, Dh, corr, sc, JT, dt, vrow, vs, nj);
         }
         for (int g = 0; g < gn; g++) {
             float *o = out + (size_t)t * Hq * Dh + ((size_t)kh * G + g0 + g) * Dh;

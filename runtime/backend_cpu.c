@@ -498,10 +498,7 @@ static enum moe_status fast_attention(struct moe_backend *be, float *out, const 
                                       const struct moe_attn_params *p)
 {
     struct cpu_ctx *c = ctx_of(be);
-    if (kv->dtype != MOE_DTYPE_F32 && kv->dtype != MOE_DTYPE_F8E4M3) /* f16/bf16: the reference converts rows */
-        moe_attention_paged_cpu(out, q, kv, b, p, c->scratch);
-    else
-        moe_attention_paged_fast(out, q, kv, b, p, c->scratch, c->scratch_per_thread);
+    moe_attention_paged_fast(out, q, kv, b, p, c->scratch, c->scratch_per_thread);
     return MOE_OK;
 }
 

@@ -1,7 +1,7 @@
 /* gemm_avx2.c - AVX2/FMA/F16C kernels of the fast matrix product (see
  * gemm_fast.h for the contract and the numeric policy): the templates
- * gemm_nat.h (f32, f16) and gemm_eo.h (bf16) at 8 lanes, plus the vector
- * helpers for attention.
+ * gemm_nat.h (f32, f16) and gemm_eo.h (bf16) at 8 lanes (the attention's
+ * kernels are attention/attention_avx2.c).
  *
  * 16 ymm registers: the batch tile is 4 input rows x 3 weight rows (12
  * accumulators + 3 weights, inputs as memory operands); rows of a decode
@@ -13,6 +13,7 @@
 
 #include "runtime/gemm.h"
 #include "runtime/gemm_fast_impl.h"
+#include "runtime/simd_avx2.h"
 #include "runtime/status.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -50,23 +51,13 @@ AVX2 INLINE __m256 load_w8(const char *row, const enum moe_dtype dt, int k)
         const char *blk = row + (size_t)(k / MOE_FP8_BLOCK) * MOE_FP8_BYTES;
         float s;
         memcpy(&s, blk, 4);
-        const __m128i q = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(blk + 4 + k % MOE_FP8_BLOCK)));
-        const __m256 v = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(q, 7), _mm_set1_epi16(MOE_FP8_F16_MASK)));
+        const __m256 v = _mm256_cvtph_ps(moe_e4m3x8_half(_mm_loadl_epi64((const __m128i *)(blk + 4 + k % MOE_FP8_BLOCK)), 0));
         return _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(256.0f)), _mm256_set1_ps(s));
     }
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + k));
     if (dt == MOE_DTYPE_BF16)
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     return _mm256_cvtph_ps(h);
-}
-
-/* Fixed order: (lo + hi) halves, then pairs, then the last two. */
-AVX2 INLINE float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* 16 inputs to 8 even then 8 odd. */
@@ -94,7 +85,7 @@ AVX2 INLINE void deinterleave16(float *d, const float *s)
 #define V_SLLI _mm256_slli_epi32
 #define V_AND _mm256_and_si256
 #define V_FMA _mm256_fmadd_ps
-#define V_HSUM hsum8
+#define V_HSUM moe_hsum8
 #define V_LOAD_W load_w8
 
 #define NAT_MAXC 8
@@ -147,48 +138,4 @@ AVX2 uint64_t moe_read_sweep_avx2(const void *p, size_t n)
                  (uint64_t)_mm256_extract_epi64(a0, 2) ^ (uint64_t)_mm256_extract_epi64(a0, 3);
     for (; i < n; i++) r ^= (uint64_t)(unsigned char)c[i] << (i % 8 * 8);
     return r;
-}
-
-AVX2 float moe_dot_avx2(const float *a, const float *b, int n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = hsum8(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-AVX2 void moe_scale_axpy_avx2(float *y, float s, float a, const float *x, int n)
-{
-    const __m256 vs = _mm256_set1_ps(s), va = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),
-                                                _mm256_mul_ps(vs, _mm256_loadu_ps(y + i))));
-    for (; i < n; i++) y[i] = y[i] * s + a * x[i];
-}
-
-/* The fp8 KV cache's rows (kvcache.h): 8 E4M3 bytes at a time made f16s of
- * their values / 2^8 (as load_w8's FP8_B128), widened by F16C, times 2^8
- * (exact) and the row's scale (the one rounding of the reference's
- * e4m3 * s); NaN bytes (0x7F, 0xFF; the f16 trick would read them as
- * 480) are blended back to NaN before the products. */
-AVX2 void moe_kv_fp8_row_avx2(float *dst, const uint8_t *q, float s, int n)
-{
-    const __m256 vs = _mm256_set1_ps(s), k256 = _mm256_set1_ps(256.0f), nan = _mm256_set1_ps(NAN);
-    const __m128i low7 = _mm_set1_epi16(0x7f);
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(q + i)));
-        const __m256 v = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(MOE_FP8_F16_MASK)));
-        const __m128i isnan = _mm_cmpeq_epi16(_mm_and_si128(b, low7), low7);
-        const __m256 w = _mm256_blendv_ps(v, nan, _mm256_castsi256_ps(_mm256_cvtepi16_epi32(isnan)));
-        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_mul_ps(w, k256), vs));
-    }
-    for (; i < n; i++) dst[i] = moe_fp8_e4m3_to_f32(q[i]) * s;
 }

@@ -172,12 +172,3 @@ uint64_t moe_read_sweep(const void *p, size_t n)
     for (size_t i = 0; i < n; i++) r ^= (uint64_t)c[i] << (i % 8 * 8);
     return r;
 }
-
-float moe_dot_fast(const float *a, const float *b, int n) { return moe_dot_avx2(a, b, n); }
-
-void moe_kv_fp8_row_fast(float *dst, const uint8_t *q, float s, int n) { moe_kv_fp8_row_avx2(dst, q, s, n); }
-
-void moe_scale_axpy_fast(float *y, float s, float a, const float *x, int n)
-{
-    moe_scale_axpy_avx2(y, s, a, x, n);
-}

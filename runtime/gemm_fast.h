@@ -91,14 +91,6 @@ void moe_gemm_pack_panels(void *dst, const void *w, int N, int K);
  * bandwidth); returns a value depending on every byte so the reads stay. */
 uint64_t moe_read_sweep(const void *p, size_t n);
 
-/* Vector helpers for attention (AVX2 kernels; isa >= MOE_CPU_ISA_AVX2). */
-float moe_dot_fast(const float *a, const float *b, int n);
-/* y = y * s + a * x over n floats. */
-void moe_scale_axpy_fast(float *y, float s, float a, const float *x, int n);
-/* dst (n) = e4m3(q[i]) * s, the fp8 KV cache's row (kvcache.h): the bits
- * of moe_kvcache_fp8_row_f32 (a NaN byte: a NaN, its sign not kept). */
-void moe_kv_fp8_row_fast(float *dst, const uint8_t *q, float s, int n);
-
 #ifdef __cplusplus
 }
 #endif

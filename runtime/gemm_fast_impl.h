@@ -27,9 +27,6 @@ int moe_gemm_panel_slice_unit(int T);
  * NULL when out of memory. */
 float *moe_gemm_thread_buffer(size_t n);
 uint64_t moe_read_sweep_avx2(const void *p, size_t n);
-float moe_dot_avx2(const float *a, const float *b, int n);
-void moe_scale_axpy_avx2(float *y, float s, float a, const float *x, int n);
-void moe_kv_fp8_row_avx2(float *dst, const uint8_t *q, float s, int n);
 
 /* Half of each E8M0 scale, 2^(s-128), as fp32 bits (s = 0 and 1 the
  * subnormals 2^-128 and 2^-127; 255, NaN, never reaches a kernel): the MXFP4

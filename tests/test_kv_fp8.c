@@ -7,7 +7,8 @@
  * tests/reference/make_quant_fixtures.py); saturation and NaN follow the
  * rule of runtime/tensor.h.  Attention over an fp8 cache equals, bit for
  * bit, attention over an f32 cache holding the rows' dequantized values
- * (reference and fast kernels), and stays within the error bound E4M3's
+ * (reference and fast kernels; the fast kernels widen the bytes in
+ * registers, and so read f16 and bf16 caches, with the same equality), and stays within the error bound E4M3's
  * rounding allows of the f32 cache's result on the original values.
  * Storing a token's rows does not depend on what else is stored with it,
  * so a cache filled at once, in chunks or token by token holds the same
@@ -164,14 +165,14 @@ Test(kv_fp8, non_finite_values_read_back_as_nan)
 
 /* ---- attention over an fp8 cache ---- */
 
-enum { L = 2, Hq = 6, Hkv = 2, Dh = 36, B = 5, S = 41, NB = 16, ROW = Hkv * Dh };
+enum { L = 2, Hq = 14, Hkv = 2, Dh = 36, B = 5, S = 41, NB = 16, ROW = Hkv * Dh };
 
 struct att_case {
     struct moe_backend be;
     struct moe_config cfg;
     int32_t table[NB], slots[S], pos[S], seq_of[S], seq_start[2], ctx;
     float q[S * Hq * Dh], k[S * ROW], v[S * ROW];
-    float scratch[1 << 17]; /* per thread: 774 floats (fast), 186 (reference) */
+    float scratch[1 << 17]; /* per thread: 385 floats (fast), 338 (reference) */
 };
 
 static void case_init(struct att_case *c)
@@ -227,25 +228,63 @@ static void dequantize_rows(float *dst, const float *x, int n_rows)
     }
 }
 
-static void check_exact(bool fast, int window)
+/* G = 7 heads per KV head: the fast kernels' register blocks of 4, 2 and
+ * 1 heads; Dh = 36: a block of 16, one of 8 and a tail of 4. */
+static void check_exact(bool fast, int window, enum moe_dtype dt)
 {
     if (fast && !fast_kernels()) cr_skip_test("this processor runs no fast kernel set");
     static struct att_case c;
     case_init(&c);
     static float kd[S * ROW], vd[S * ROW], o8[S * Hq * Dh], o32[S * Hq * Dh];
-    dequantize_rows(kd, c.k, S * Hkv);
-    dequantize_rows(vd, c.v, S * Hkv);
-    attend(&c, o8, MOE_DTYPE_F8E4M3, fast, c.k, c.v, window, S, NULL);
+    static uint16_t h[S * ROW];
+    if (dt == MOE_DTYPE_F8E4M3) {
+        dequantize_rows(kd, c.k, S * Hkv);
+        dequantize_rows(vd, c.v, S * Hkv);
+    } else { /* f16, bf16: the values rounded to dt */
+        moe_convert_from_f32(h, c.k, dt, S * ROW);
+        moe_convert_row_f32(kd, h, dt, S * ROW);
+        moe_convert_from_f32(h, c.v, dt, S * ROW);
+        moe_convert_row_f32(vd, h, dt, S * ROW);
+    }
+    attend(&c, o8, dt, fast, c.k, c.v, window, S, NULL);
     attend(&c, o32, MOE_DTYPE_F32, fast, kd, vd, window, S, NULL);
-    cr_expect(memcmp(o8, o32, sizeof o8) == 0, "%s, window %d: fp8 cache differs from an f32 cache of its "
-              "values (max rel err %.3g)", fast ? "fast" : "reference", window,
+    cr_expect(memcmp(o8, o32, sizeof o8) == 0, "%s, %s, window %d: the cache differs from an f32 cache of "
+              "its values (max rel err %.3g)", moe_dtype_name(dt), fast ? "fast" : "reference", window,
               tu_max_rel_err(o8, o32, (size_t)S * Hq * Dh));
     moe_backend_free(&c.be);
 }
 
-Test(kv_fp8, reference_attention_equals_f32_cache_of_its_values) { check_exact(false, 0); }
-Test(kv_fp8, fast_attention_equals_f32_cache_of_its_values) { check_exact(true, 0); }
-Test(kv_fp8, fast_sliding_attention_equals_f32_cache_of_its_values) { check_exact(true, 9); }
+Test(kv_fp8, reference_attention_equals_f32_cache_of_its_values) { check_exact(false, 0, MOE_DTYPE_F8E4M3); }
+Test(kv_fp8, fast_attention_equals_f32_cache_of_its_values) { check_exact(true, 0, MOE_DTYPE_F8E4M3); }
+Test(kv_fp8, fast_sliding_attention_equals_f32_cache_of_its_values) { check_exact(true, 9, MOE_DTYPE_F8E4M3); }
+Test(kv_fp8, fast_bf16_and_f16_attention_equal_f32_cache_of_their_values)
+{
+    check_exact(true, 0, MOE_DTYPE_BF16);
+    check_exact(true, 9, MOE_DTYPE_F16);
+}
+
+/* A NaN in one key and one value of the cache: the fast kernel's output is
+ * NaN exactly where the reference's is (every row that sees that token, in
+ * that KV head's query heads), and equal elsewhere within tolerance. */
+Test(kv_fp8, nan_in_cache_gives_nan_where_reference_does)
+{
+    if (!fast_kernels()) cr_skip_test("this processor runs no fast kernel set");
+    static struct att_case c;
+    case_init(&c);
+    static float ofast[S * Hq * Dh], oref[S * Hq * Dh];
+    c.k[7 * ROW + 3] = NAN;            /* token 7, KV head 0 */
+    c.v[20 * ROW + Dh + 33] = -NAN;    /* token 20, KV head 1, in the Dh tail */
+    attend(&c, ofast, MOE_DTYPE_F8E4M3, true, c.k, c.v, 0, S, NULL);
+    attend(&c, oref, MOE_DTYPE_F8E4M3, false, c.k, c.v, 0, S, NULL);
+    int nans = 0, bad = 0;
+    for (size_t i = 0; i < (size_t)S * Hq * Dh; i++) {
+        nans += isnan(oref[i]) != 0;
+        bad += (isnan(oref[i]) != 0) != (isnan(ofast[i]) != 0) ||
+               (!isnan(oref[i]) && fabsf(ofast[i] - oref[i]) > 1e-5f + 1e-5f * fabsf(oref[i]));
+    }
+    cr_expect(nans > 0 && bad == 0, "%d NaNs in the reference, %d elements differ", nans, bad);
+    moe_backend_free(&c.be);
+}
 
 /* The bound of E4M3's rounding.  Each stored value x is off by at most
  * e(x) = max(2^-4 |x|, 2^-10 s) (s its row's scale; kvcache.h).  A score

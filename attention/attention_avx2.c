@@ -1,0 +1,190 @@
+/* attention_avx2.c - the inner loops of the fast paged attention
+ * (attention_fast.c) with AVX2 + FMA + F16C: the scores of a tile of keys
+ * for a group's query heads, and the tile's values into those heads'
+ * accumulators.  K and V rows are read at the cache's own width (f32, f16,
+ * bf16, or fp8 bytes plus a row scale, kvcache.h) and widened 8 values at a
+ * time in registers, never into a buffer: an fp8 key costs its Dh + 4
+ * bytes of K and of V and nothing else.
+ *
+ * Values: each value is the reference's (attention_cpu.c) exactly: f16 by
+ * F16C, bf16 by a 16-bit shift, fp8 as the f16 of e4m3 / 2^8
+ * (moe_e4m3x8_half, NaN bytes kept NaN) widened by F16C and multiplied by
+ * 2^8 s, the row's scale times 2^8.  That product is e4m3 * s rounded once,
+ * as the reference's: e4m3 / 2^8 is exact, and 2^8 s is exact because
+ * s = amax / 448 <= FLT_MAX / 448 < 2^120 (a power-of-two multiple of a
+ * finite s that cannot overflow).  So a cache of any dtype gives, bit for
+ * bit, the output of an f32 cache holding its values (tests/test_kv_fp8.c).
+ * The multiply per value is kept rather than folding s into the score and
+ * into the softmax weight: folding would save one of the ~8 instructions
+ * per 8 values and lose that equality.
+ *
+ * Sums: a score is, per head, two 8-lane FMA chains over blocks of 16
+ * values (the odd block of 8 into the first), moe_hsum8 of their sum, the
+ * Dh % 8 tail in order, then times the softmax scale; an accumulator lane
+ * is acc * corr, then one FMA per key of the tile in key order.  Heads are
+ * taken in register blocks of 4, 2 or 1, each key row widened once per
+ * block; the block changes no head's arithmetic, so every output has one
+ * fixed order whatever G, the tile or the batch. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "attention/attention.h"
+#include "attention/attention_fast_impl.h"
+#include "runtime/simd_avx2.h"
+#include "runtime/status.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* 8 values of a row of dtype dt from element i; s256: 2^8 times the row's
+ * scale (fp8 only). */
+AVX2 INLINE __m256 load8(const void *row, const enum moe_dtype dt, int i, __m256 s256)
+{
+    if (dt == MOE_DTYPE_F32) return _mm256_loadu_ps((const float *)row + i);
+    if (dt == MOE_DTYPE_F8E4M3) {
+        const __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)row + i));
+        return _mm256_mul_ps(_mm256_cvtph_ps(moe_e4m3x8_half(b, 1)), s256);
+    }
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    if (dt == MOE_DTYPE_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+/* Value i of a row (the tails); s: the row's scale (fp8 only). */
+INLINE float load1(const void *row, const enum moe_dtype dt, int i, float s)
+{
+    if (dt == MOE_DTYPE_F32) return ((const float *)row)[i];
+    if (dt == MOE_DTYPE_F8E4M3) return moe_fp8_e4m3_to_f32(((const uint8_t *)row)[i]) * s;
+    if (dt == MOE_DTYPE_BF16) return moe_bf16_to_f32(((const uint16_t *)row)[i]);
+    return moe_f16_to_f32(((const uint16_t *)row)[i]);
+}
+
+/* sc[h * ldsc] = (q_h . k) * scale for the nh heads q_h = q + h * Dh. */
+AVX2 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, int Dh, const enum moe_dtype dt,
+                           const void *k, float ks, float scale)
+{
+    const __m256 s256 = _mm256_set1_ps(256.0f * ks);
+    __m256 s0[4], s1[4];
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++) s0[h] = s1[h] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= Dh; i += 16) {
+        const __m256 k0 = load8(k, dt, i, s256), k1 = load8(k, dt, i + 8, s256);
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) {
+            s0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * Dh + i), k0, s0[h]);
+            s1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * Dh + i + 8), k1, s1[h]);
+        }
+    }
+    if (i + 8 <= Dh) {
+        const __m256 k0 = load8(k, dt, i, s256);
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) s0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * Dh + i), k0, s0[h]);
+        i += 8;
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++) {
+        float s = moe_hsum8(_mm256_add_ps(s0[h], s1[h]));
+        for (int d = i; d < Dh; d++) s += q[(size_t)h * Dh + d] * load1(k, dt, d, ks);
+        sc[(size_t)h * ldsc] = s * scale;
+    }
+}
+
+AVX2 INLINE void scores_dt(float *sc, int ldsc, const float *q, int gn, int Dh, const enum moe_dtype dt,
+                           const void *const *krow, const float *ks, int nj, float scale)
+{
+    for (int jj = 0; jj < nj; jj++) {
+        const float s = dt == MOE_DTYPE_F8E4M3 ? ks[jj] : 0.0f;
+        int g = 0;
+        for (; g + 4 <= gn; g += 4)
+            dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 4, Dh, dt, krow[jj], s, scale);
+        if (g + 2 <= gn) {
+            dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 2, Dh, dt, krow[jj], s, scale);
+            g += 2;
+        }
+        if (g < gn) dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 1, Dh, dt, krow[jj], s, scale);
+    }
+}
+
+/* acc_h (Dh) = acc_h * corr[h] + sum over the tile's keys, in order, of
+ * p[h * ldp + jj] * v_jj, for the nh heads acc_h = acc + h * Dh; s256[jj]:
+ * 2^8 times v_jj's scale (fp8 only). */
+AVX2 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr, const float *p, int ldp,
+                           const enum moe_dtype dt, const void *const *vrow, const float *vs,
+                           const float *s256, int nj)
+{
+    int d = 0;
+    for (; d + 8 <= Dh; d += 8) {
+        __m256 a[4];
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) a[h] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * Dh + d), _mm256_set1_ps(corr[h]));
+        for (int jj = 0; jj < nj; jj++) {
+            const __m256 v = load8(vrow[jj], dt, d, _mm256_broadcast_ss(s256 + jj));
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) a[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[(size_t)h * ldp + jj]), v, a[h]);
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) _mm256_storeu_ps(acc + (size_t)h * Dh + d, a[h]);
+    }
+    for (; d < Dh; d++)
+        for (int h = 0; h < nh; h++) {
+            float a = acc[(size_t)h * Dh + d] * corr[h];
+            for (int jj = 0; jj < nj; jj++) a = fmaf(p[(size_t)h * ldp + jj], load1(vrow[jj], dt, d, vs[jj]), a);
+            acc[(size_t)h * Dh + d] = a;
+        }
+}
+
+AVX2 INLINE void accum_dt(float *acc, int gn, int Dh, const float *corr, const float *p, int ldp,
+                          const enum moe_dtype dt, const void *const *vrow, const float *vs, int nj)
+{
+    float s[MOE_ATT_TILE], s256[MOE_ATT_TILE]; /* scales, 2^8 times them (non-fp8 rows: unused) */
+    for (int jj = 0; jj < nj; jj++) {
+        s[jj] = dt == MOE_DTYPE_F8E4M3 ? vs[jj] : 1.0f;
+        s256[jj] = 256.0f * s[jj];
+    }
+    int g = 0;
+    for (; g + 4 <= gn; g += 4)
+        acc_heads(acc + (size_t)g * Dh, 4, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
+    if (g + 2 <= gn) {
+        acc_heads(acc + (size_t)g * Dh, 2, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
+        g += 2;
+    }
+    if (g < gn) acc_heads(acc + (size_t)g * Dh, 1, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
+}
+
+/* One instance per dtype, so the loaders' branches fold away. */
+#define KV_DTYPE_SWITCH(dt, CALL)                                                                            \
+    switch (dt) {                                                                                            \
+    case MOE_DTYPE_F32: CALL(MOE_DTYPE_F32); break;                                                          \
+    case MOE_DTYPE_F16: CALL(MOE_DTYPE_F16); break;                                                          \
+    case MOE_DTYPE_BF16: CALL(MOE_DTYPE_BF16); break;                                                        \
+    case MOE_DTYPE_F8E4M3: CALL(MOE_DTYPE_F8E4M3); break;                                                    \
+    default: MOE_ASSERT(!"attention_fast: the KV cache must be F32, F16, BF16 or F8E4M3");               \
+    }
+
+AVX2 void moe_attention_scores_avx2(float *sc, int ldsc, const float *q, int gn, int Dh, enum moe_dtype dt,
+                                    const void *const *krow, const float *ks, int nj, float scale)
+{
+    MOE_ASSERT(nj <= MOE_ATT_TILE);
+#define SCORES(t) scores_dt(sc, ldsc, q, gn, Dh, t, krow, ks, nj, scale)
+    KV_DTYPE_SWITCH(dt, SCORES)
+#undef SCORES
+}
+
+AVX2 void moe_attention_accum_avx2(float *acc, int gn, int Dh, const float *corr, const float *p, int ldp,
+                                   enum moe_dtype dt, const void *const *vrow, const float *vs, int nj)
+{
+    MOE_ASSERT(nj <= MOE_ATT_TILE);
+#define ACCUM(t) accum_dt(acc, gn, Dh, corr, p, ldp, t, vrow, vs, nj)
+    KV_DTYPE_SWITCH(dt, ACCUM)
+#undef ACCUM
+}
+
+/* The same widening as load8's, into memory (for the tests). */
+AVX2 void moe_kv_fp8_row_fast(float *dst, const uint8_t *q, float s, int n)
+{
+    const __m256 s256 = _mm256_set1_ps(256.0f * s);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(q, MOE_DTYPE_F8E4M3, i, s256));
+    for (; i < n; i++) dst[i] = load1(q, MOE_DTYPE_F8E4M3, i, s);
+}
