@@ -66,6 +66,34 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
                           const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
                           int T, int K, int D, int F, int E, int32_t *active);
 
+/* A layer's E experts as the CUDA backend stacks them, in host memory (an
+ * offloaded layer's pinned copy, runtime/backend_cuda_offload.c): gate+up
+ * (E, 2F, D), each expert's F gate rows then its F up rows, and down
+ * (E, D, F); F32, F16 or BF16 rows, or MXFP4 / FP8_B128 planes
+ * (runtime/tensor.h): the values of every matrix (gate 0, up 0, gate 1,
+ * ...; down 0, 1, ...), then their scales in the same order. */
+struct moe_expert_stacks {
+    enum moe_dtype dtype;
+    const void *gu, *dn;
+    int E, D, F;
+    const float *b_gate, *b_up, *b_down; /* host (E, F), (E, F), (E, D) f32, or NULL */
+    float alpha, limit;                  /* the activation's (moe_experts_act) */
+};
+/* Bytes of scratch moe_experts_ffn_stacks_cpu needs for up to `rows` rows
+ * on `threads` threads; 0 on overflow or a bad shape. */
+size_t moe_experts_stacks_scratch_bytes(const struct moe_expert_stacks *st, int rows, int threads);
+/* The FFN of the n experts list[0..n) of st on the CPU: y (rows, D), the
+ * rows of list[0] first (its counts[list[0]] rows in plan order:
+ * offsets[e] + j, token perm[offsets[e] + j] / K of x (T, D)), then those
+ * of list[1], ...; each down(act(gate x (+ b_gate), up x (+ b_up)))
+ * (+ b_down when down_bias).  The fast kernels' products (isa not REF;
+ * planes joined into rows 16 at a time) or the reference's; at most
+ * `threads` OpenMP threads, scratch of moe_experts_stacks_scratch_bytes. */
+void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *x, const int32_t *perm,
+                                const int32_t *offsets, const int32_t *counts, int K, const int32_t *list,
+                                int n, const struct moe_expert_stacks *st, bool down_bias, int threads,
+                                void *scratch);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,9 +14,16 @@
  * K experts are active (decode), so every core streams weights; each item
  * reads its weight slice once for all the expert's rows.  The sum order of
  * every output is the fast kernel's, independent of the slicing, so results
- * do not depend on the thread count or on other rows of the batch. */
+ * do not depend on the thread count or on other rows of the batch.
+ *
+ * moe_experts_ffn_stacks_cpu runs steps 2 and 3 over some experts of a
+ * layer held in the CUDA backend's stacked layout in host memory (an
+ * offloaded layer's missed experts, computed on the CPU): the same items
+ * and kernels, MXFP4 / FP8 planes joined back into rows 16 at a time in a
+ * thread's scratch (in cache) just before the kernel reads them. */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "experts/experts.h"
@@ -30,6 +37,92 @@ static int slice_size(int n, int items, int want)
     int size = (n + slices - 1) / slices;
     size = (size + 15) / 16 * 16;
     return size < 16 ? 16 : size;
+}
+
+/* The rows [n0, n1) of one weight matrix (N, Din) for a slice product:
+ * rows of dtype dt at w, or, when planes, values at w and scales at ws
+ * (MXFP4 / FP8_B128 planes of the whole matrix), joined into tmp first. */
+struct wsrc {
+    const void *w, *ws;
+    enum moe_dtype dt;
+    bool planes;
+};
+
+#define JOIN_ROWS 16 /* plane rows joined at a time */
+
+/* y[t*ldy + n] (n in [n0, n1), t < T) = x_t . W_n (+ b_n) by the calling
+ * thread (b NULL or absent: no bias); tmp: JOIN_ROWS joined rows of Din
+ * and Din floats (planes, or the reference), else unused. */
+static void slice_product(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx, int T,
+                          const struct wsrc *src, int Din, int n0, int n1, const struct moe_tensor *b,
+                          void *tmp)
+{
+    if (!src->planes && isa != MOE_CPU_ISA_REF) {
+        moe_gemm_fast_rows(isa, y, ldy, x, ldx, T, src->w, src->dt, Din, n0, n1, b);
+        return;
+    }
+    const size_t rb = moe_dtype_row_bytes(src->dt, (size_t)Din);
+    const bool has_b = b && b->data;
+    for (int c0 = n0; c0 < n1;) {
+        /* rows in place: the whole slice; planes: JOIN_ROWS joined in tmp */
+        const int c1 = src->planes && n1 - c0 > JOIN_ROWS ? c0 + JOIN_ROWS : n1;
+        const char *w = (const char *)src->w + (size_t)c0 * rb;
+        if (src->planes) {
+            moe_rows_from_planes(src->dt, (const char *)src->w + moe_planes_values_bytes(src->dt, c0, Din),
+                                 (const char *)src->ws + moe_planes_scales_bytes(src->dt, c0, Din),
+                                 (size_t)(c1 - c0), (size_t)Din, tmp);
+            w = tmp;
+        }
+        if (isa != MOE_CPU_ISA_REF) {
+            /* outputs c0.. as outputs 0.. of the joined rows */
+            const struct moe_tensor bv = {.dtype = has_b ? b->dtype : MOE_DTYPE_F32, .ndim = 1,
+                                          .shape = {c1 - c0},
+                                          .data = has_b ? (char *)b->data + (size_t)c0 * moe_dtype_size(b->dtype)
+                                                        : NULL,
+                                          .device = -1};
+            moe_gemm_fast_rows(isa, y + c0, ldy, x, ldx, T, w, src->dt, Din, 0, c1 - c0, &bv);
+        } else {
+            /* the reference's products: each weight row widened, then dotted in k order */
+            float *wf = (float *)((char *)tmp + (size_t)JOIN_ROWS * rb), bn = 0.0f;
+            for (int n = c0; n < c1; n++) {
+                moe_convert_row_f32(wf, w + (size_t)(n - c0) * rb, src->dt, (size_t)Din);
+                if (has_b) moe_convert_row_f32(&bn, (const char *)b->data + (size_t)n * moe_dtype_size(b->dtype),
+                                               b->dtype, 1);
+                for (int t = 0; t < T; t++) {
+                    const float *xt = x + (size_t)t * ldx;
+                    float acc = 0.0f;
+                    for (int k = 0; k < Din; k++) acc += xt[k] * wf[k];
+                    y[(size_t)t * ldy + n] = acc + bn;
+                }
+            }
+        }
+        c0 = c1;
+    }
+}
+
+/* Gate and up over rows [f0, f1) of an expert's c rows xe (ld D) into g
+ * and u (ld F), then the activation in place in g. */
+static void gate_up_slice(enum moe_cpu_isa isa, float *g, float *u, const float *xe, int c,
+                          const struct wsrc *gate, const struct wsrc *up, const struct moe_tensor *bg,
+                          const struct moe_tensor *bu, float alpha, float limit, int D, int F, int f0, int f1,
+                          void *tmp)
+{
+    slice_product(isa, g, (size_t)F, xe, (size_t)D, c, gate, D, f0, f1, bg, tmp);
+    slice_product(isa, u, (size_t)F, xe, (size_t)D, c, up, D, f0, f1, bu, tmp);
+    for (int r = 0; r < c; r++) {
+        float *gr = g + (size_t)r * F;
+        const float *ur = u + (size_t)r * F;
+        for (int f = f0; f < f1; f++) gr[f] = moe_experts_act(gr[f], ur[f], alpha, limit);
+    }
+}
+
+/* Expert e's row of a host (E, n) f32 bias, or NULL (absent). */
+static const struct moe_tensor *host_bias(const float *b, int e, int n, struct moe_tensor *view)
+{
+    if (!b) return NULL;
+    *view = (struct moe_tensor){.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {n},
+                                .data = (float *)b + (size_t)e * n, .device = -1};
+    return view;
 }
 
 void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
@@ -57,30 +150,117 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
         for (int i = 0; i < na * nf; i++) {
             const int e = active[i / nf], r0 = plan->offsets[e], c = plan->counts[e];
             const int f0 = (i % nf) * fs, f1 = f0 + fs < F ? f0 + fs : F;
-            const float *xe = ws->xe + (size_t)r0 * D;
-            float *g = ws->g + (size_t)r0 * F, *u = ws->u + (size_t)r0 * F;
+            const struct wsrc gate = {ex->gate[e], NULL, dt, false}, up = {ex->up[e], NULL, dt, false};
             struct moe_tensor vg, vu;
-            moe_gemm_fast_rows(isa, g, (size_t)F, xe, (size_t)D, c, ex->gate[e], dt, D, f0, f1,
-                               moe_experts_bias_row(&ex->b_gate, e, &vg));
-            moe_gemm_fast_rows(isa, u, (size_t)F, xe, (size_t)D, c, ex->up[e], dt, D, f0, f1,
-                               moe_experts_bias_row(&ex->b_up, e, &vu));
-            for (int r = 0; r < c; r++) {
-                float *gr = g + (size_t)r * F;
-                const float *ur = u + (size_t)r * F;
-                for (int f = f0; f < f1; f++) gr[f] = moe_experts_act(gr[f], ur[f], ex->alpha, ex->limit);
-            }
+            gate_up_slice(isa, ws->g + (size_t)r0 * F, ws->u + (size_t)r0 * F, ws->xe + (size_t)r0 * D, c,
+                          &gate, &up, moe_experts_bias_row(&ex->b_gate, e, &vg),
+                          moe_experts_bias_row(&ex->b_up, e, &vu), ex->alpha, ex->limit, D, F, f0, f1, NULL);
         }
 
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < na * nd; i++) {
             const int e = active[i / nd], r0 = plan->offsets[e], c = plan->counts[e];
             const int d0 = (i % nd) * ds, d1 = d0 + ds < D ? d0 + ds : D;
+            const struct wsrc down = {ex->down[e], NULL, dt, false};
             struct moe_tensor vd;
-            moe_gemm_fast_rows(isa, ws->ye + (size_t)r0 * D, (size_t)D, ws->g + (size_t)r0 * F,
-                               (size_t)F, c, ex->down[e], dt, F, d0, d1,
-                               moe_experts_bias_row(&ex->b_down, e, &vd));
+            slice_product(isa, ws->ye + (size_t)r0 * D, (size_t)D, ws->g + (size_t)r0 * F, (size_t)F, c,
+                          &down, F, d0, d1, moe_experts_bias_row(&ex->b_down, e, &vd), NULL);
         }
 
         moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);
+    }
+}
+
+/* Per-thread scratch of moe_experts_ffn_stacks_cpu: JOIN_ROWS joined rows
+ * of the longer input width and a widened row (the reference). */
+static size_t thread_scratch(const struct moe_expert_stacks *st)
+{
+    const int K = st->D > st->F ? st->D : st->F;
+    return ((size_t)JOIN_ROWS * moe_dtype_row_bytes(st->dtype, (size_t)K) + (size_t)K * sizeof(float) + 63) /
+           64 * 64;
+}
+
+size_t moe_experts_stacks_scratch_bytes(const struct moe_expert_stacks *st, int rows, int threads)
+{
+    size_t a, b, t;
+    if (rows < 0 || threads < 1 || st->E < 1 || st->D < 1 || st->F < 1 ||
+        !moe_mul_size((size_t)rows, (size_t)st->D + 2 * (size_t)st->F, &a) || !moe_mul_size(a, sizeof(float), &a) ||
+        !moe_mul_size((size_t)threads, thread_scratch(st), &b) || (t = a + b) < a ||
+        (t += ((size_t)st->E + 1) * sizeof(int32_t)) < a)
+        return 0;
+    return t;
+}
+
+/* The sources of expert e's gate, up and down matrices in the stacks. */
+static void stack_sources(const struct moe_expert_stacks *st, int e, struct wsrc *g, struct wsrc *u,
+                          struct wsrc *d)
+{
+    const enum moe_dtype dt = st->dtype;
+    const size_t D = (size_t)st->D, F = (size_t)st->F, E = (size_t)st->E;
+    const char *gu = st->gu, *dn = st->dn;
+    if (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128) {
+        /* values of gate 2e, up 2e + 1 and down e, then the scales alike */
+        const size_t vb = moe_planes_values_bytes(dt, F, D), sb = moe_planes_scales_bytes(dt, F, D);
+        *g = (struct wsrc){gu + 2 * e * vb, gu + 2 * E * vb + 2 * e * sb, dt, true};
+        *u = (struct wsrc){gu + (2 * e + 1) * vb, gu + 2 * E * vb + (2 * e + 1) * sb, dt, true};
+        *d = (struct wsrc){dn + e * vb, dn + E * vb + e * sb, dt, true};
+        return;
+    }
+    const size_t mat = F * D * moe_dtype_size(dt);
+    *g = (struct wsrc){gu + 2 * e * mat, NULL, dt, false};
+    *u = (struct wsrc){gu + (2 * e + 1) * mat, NULL, dt, false};
+    *d = (struct wsrc){dn + e * mat, NULL, dt, false};
+}
+
+void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *x, const int32_t *perm,
+                                const int32_t *offsets, const int32_t *counts, int K, const int32_t *list,
+                                int n, const struct moe_expert_stacks *st, bool down_bias, int threads,
+                                void *scratch)
+{
+    const int D = st->D, F = st->F;
+    int rows = 0;
+    for (int i = 0; i < n; i++) rows += counts[list[i]];
+    if (rows == 0) return;
+    /* scratch: xe (rows, D), g and u (rows, F), the threads' join space,
+     * then each listed expert's first row in the compact buffers */
+    float *xe = scratch, *g = xe + (size_t)rows * D, *u = g + (size_t)rows * F;
+    char *tmp0 = (char *)(u + (size_t)rows * F);
+    const size_t tstride = thread_scratch(st);
+    int32_t *at = (int32_t *)(tmp0 + (size_t)threads * tstride);
+    at[0] = 0;
+    for (int i = 0; i < n; i++) at[i + 1] = at[i] + counts[list[i]];
+    const int want = 16 * threads;
+    const int fs = slice_size(F, n, want), ds = slice_size(D, n, want);
+    const int nf = (F + fs - 1) / fs, nd = (D + ds - 1) / ds;
+
+#pragma omp parallel num_threads(threads) if ((size_t)rows * D * F > 32768)
+    {
+        void *tmp = tmp0 + (size_t)omp_get_thread_num() * tstride;
+#pragma omp for schedule(static)
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < counts[list[i]]; r++)
+                memcpy(xe + (size_t)(at[i] + r) * D, x + (size_t)(perm[offsets[list[i]] + r] / K) * D,
+                       (size_t)D * sizeof(float));
+
+#pragma omp for schedule(dynamic, 1)
+        for (int j = 0; j < n * nf; j++) {
+            const int i = j / nf, e = list[i], f0 = (j % nf) * fs, f1 = f0 + fs < F ? f0 + fs : F;
+            struct wsrc gate, up, down;
+            struct moe_tensor vg, vu;
+            stack_sources(st, e, &gate, &up, &down);
+            gate_up_slice(isa, g + (size_t)at[i] * F, u + (size_t)at[i] * F, xe + (size_t)at[i] * D,
+                          counts[e], &gate, &up, host_bias(st->b_gate, e, F, &vg), host_bias(st->b_up, e, F, &vu),
+                          st->alpha, st->limit, D, F, f0, f1, tmp);
+        }
+
+#pragma omp for schedule(dynamic, 1)
+        for (int j = 0; j < n * nd; j++) {
+            const int i = j / nd, e = list[i], d0 = (j % nd) * ds, d1 = d0 + ds < D ? d0 + ds : D;
+            struct wsrc gate, up, down;
+            struct moe_tensor vd;
+            stack_sources(st, e, &gate, &up, &down);
+            slice_product(isa, y + (size_t)at[i] * D, (size_t)D, g + (size_t)at[i] * F, (size_t)F, counts[e],
+                          &down, F, d0, d1, host_bias(down_bias ? st->b_down : NULL, e, D, &vd), tmp);
+        }
     }
 }

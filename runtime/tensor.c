@@ -208,20 +208,37 @@ size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K)
     return t == MOE_DTYPE_MXFP4 ? rows * (K / MOE_MXFP4_BLOCK) : rows * (K / MOE_FP8_BLOCK) * 4;
 }
 
-void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,
-                          void *scales)
+/* Moves R rows of K values between the row layout (rows) and planes
+ * (values, scales): to_planes splits, else joins. */
+static void planes_copy(enum moe_dtype t, unsigned char *rows, size_t R, size_t K, unsigned char *v,
+                        unsigned char *s, bool to_planes)
 {
     const bool fp4 = t == MOE_DTYPE_MXFP4;
     const size_t blk = fp4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK, bytes = fp4 ? MOE_MXFP4_BYTES : MOE_FP8_BYTES;
     const size_t vb = fp4 ? blk / 2 : blk, sb = fp4 ? 1 : 4; /* value and scale bytes per block */
     MOE_ASSERT((fp4 || t == MOE_DTYPE_FP8_B128) && K % blk == 0);
-    const unsigned char *src = rows;
-    unsigned char *v = values, *s = scales;
-    for (size_t b = 0; b < R * (K / blk); b++, src += bytes, v += vb, s += sb) {
-        /* MXFP4: the scale byte first; FP8: the f32 scale first */
-        memcpy(s, src, sb);
-        memcpy(v, src + sb, vb);
+    /* MXFP4: the scale byte first; FP8: the f32 scale first */
+    for (size_t b = 0; b < R * (K / blk); b++, rows += bytes, v += vb, s += sb) {
+        if (to_planes) {
+            memcpy(s, rows, sb);
+            memcpy(v, rows + sb, vb);
+        } else {
+            memcpy(rows, s, sb);
+            memcpy(rows + sb, v, vb);
+        }
     }
+}
+
+void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,
+                          void *scales)
+{
+    planes_copy(t, (unsigned char *)rows, R, K, values, scales, true);
+}
+
+void moe_rows_from_planes(enum moe_dtype t, const void *values, const void *scales, size_t R, size_t K,
+                          void *rows)
+{
+    planes_copy(t, rows, R, K, (unsigned char *)values, (unsigned char *)scales, false);
 }
 
 bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n)

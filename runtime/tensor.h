@@ -236,6 +236,10 @@ size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K);
  * `scales` (moe_planes_*_bytes each). */
 void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,
                           void *scales);
+/* The inverse: R rows of planes (row 0's values at `values`, its scales at
+ * `scales`) joined into rows of moe_dtype_row_bytes each. */
+void moe_rows_from_planes(enum moe_dtype t, const void *values, const void *scales, size_t R, size_t K,
+                          void *rows);
 
 /* The value of an E4M3 ("fn") byte as fp32, exactly: normal values from
  * their bits, subnormals m * 2^-9, +-0, and a quiet NaN for 0x7F / 0xFF
