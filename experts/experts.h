@@ -82,17 +82,15 @@ struct moe_expert_stacks {
 /* Bytes of scratch moe_experts_ffn_stacks_cpu needs for up to `rows` rows
  * on `threads` threads; 0 on overflow or a bad shape. */
 size_t moe_experts_stacks_scratch_bytes(const struct moe_expert_stacks *st, int rows, int threads);
-/* The FFN of the n experts list[0..n) of st on the CPU: y (rows, D), the
- * rows of list[0] first (its counts[list[0]] rows in plan order:
- * offsets[e] + j, token perm[offsets[e] + j] / K of x (T, D)), then those
- * of list[1], ...; each down(act(gate x (+ b_gate), up x (+ b_up)))
- * (+ b_down when down_bias).  The fast kernels' products (isa not REF;
- * planes joined into rows 16 at a time) or the reference's; at most
- * `threads` OpenMP threads, scratch of moe_experts_stacks_scratch_bytes. */
-void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *x, const int32_t *perm,
-                                const int32_t *offsets, const int32_t *counts, int K, const int32_t *list,
-                                int n, const struct moe_expert_stacks *st, bool down_bias, int threads,
-                                void *scratch);
+/* The FFN of the n experts list[0..n) of st on the CPU over their rows xe
+ * (rows, D), counts[list[0]] rows of list[0] first, then those of list[1],
+ * ...: y (rows, D) = down(act(gate x (+ b_gate), up x (+ b_up)))
+ * (+ b_down when down_bias), row for row.  The fast kernels' products (isa
+ * not REF; planes joined into rows 16 at a time) or the reference's; at
+ * most `threads` OpenMP threads, scratch of moe_experts_stacks_scratch_bytes. */
+void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *xe, const int32_t *counts,
+                                const int32_t *list, int n, const struct moe_expert_stacks *st, bool down_bias,
+                                int threads, void *scratch);
 
 #ifdef __cplusplus
 }

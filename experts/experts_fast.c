@@ -184,7 +184,7 @@ size_t moe_experts_stacks_scratch_bytes(const struct moe_expert_stacks *st, int 
 {
     size_t a, b, t;
     if (rows < 0 || threads < 1 || st->E < 1 || st->D < 1 || st->F < 1 ||
-        !moe_mul_size((size_t)rows, (size_t)st->D + 2 * (size_t)st->F, &a) || !moe_mul_size(a, sizeof(float), &a) ||
+        !moe_mul_size((size_t)rows, 2 * (size_t)st->F, &a) || !moe_mul_size(a, sizeof(float), &a) ||
         !moe_mul_size((size_t)threads, thread_scratch(st), &b) || (t = a + b) < a ||
         (t += ((size_t)st->E + 1) * sizeof(int32_t)) < a)
         return 0;
@@ -212,18 +212,17 @@ static void stack_sources(const struct moe_expert_stacks *st, int e, struct wsrc
     *d = (struct wsrc){dn + e * mat, NULL, dt, false};
 }
 
-void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *x, const int32_t *perm,
-                                const int32_t *offsets, const int32_t *counts, int K, const int32_t *list,
-                                int n, const struct moe_expert_stacks *st, bool down_bias, int threads,
-                                void *scratch)
+void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *xe, const int32_t *counts,
+                                const int32_t *list, int n, const struct moe_expert_stacks *st, bool down_bias,
+                                int threads, void *scratch)
 {
     const int D = st->D, F = st->F;
     int rows = 0;
     for (int i = 0; i < n; i++) rows += counts[list[i]];
     if (rows == 0) return;
-    /* scratch: xe (rows, D), g and u (rows, F), the threads' join space,
-     * then each listed expert's first row in the compact buffers */
-    float *xe = scratch, *g = xe + (size_t)rows * D, *u = g + (size_t)rows * F;
+    /* scratch: g and u (rows, F), the threads' join space, then each
+     * listed expert's first row */
+    float *g = scratch, *u = g + (size_t)rows * F;
     char *tmp0 = (char *)(u + (size_t)rows * F);
     const size_t tstride = thread_scratch(st);
     int32_t *at = (int32_t *)(tmp0 + (size_t)threads * tstride);
@@ -236,12 +235,6 @@ void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *x, 
 #pragma omp parallel num_threads(threads) if ((size_t)rows * D * F > 32768)
     {
         void *tmp = tmp0 + (size_t)omp_get_thread_num() * tstride;
-#pragma omp for schedule(static)
-        for (int i = 0; i < n; i++)
-            for (int r = 0; r < counts[list[i]]; r++)
-                memcpy(xe + (size_t)(at[i] + r) * D, x + (size_t)(perm[offsets[list[i]] + r] / K) * D,
-                       (size_t)D * sizeof(float));
-
 #pragma omp for schedule(dynamic, 1)
         for (int j = 0; j < n * nf; j++) {
             const int i = j / nf, e = list[i], f0 = (j % nf) * fs, f1 = f0 + fs < F ? f0 + fs : F;

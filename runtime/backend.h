@@ -221,16 +221,22 @@ struct moe_backend {
     bool gpu_experts_lfu;
     double *gpu_experts_warm;
     int gpu_experts_warm_layers, gpu_experts_warm_e;
+    /* ... and a step's missed experts with at most this many rows each
+     * computed on the CPU from the host copy instead of copied in (0:
+     * every miss copied in); see docs/cuda.md, "Expert offload" */
+    int gpu_experts_cpu_rows;
 };
 
 /* Expert offload so far (moe_backend.gpu_experts): layers offloaded,
  * expert uses (once per expert per layer step) and those that found the
  * expert in a slot, bytes copied in, bytes held in host memory; layer
  * steps, their rounds (more than one when a step routes to more than C
- * experts) and the steps that took the grouped GEMMs. */
+ * experts) and the steps that took the grouped GEMMs; expert uses computed
+ * on the CPU instead (gpu_experts_cpu_rows; not among the accesses) and
+ * their rows. */
 struct moe_offload_stats {
     int layers;
-    int64_t accesses, hits, steps, rounds, grouped_steps;
+    int64_t accesses, hits, steps, rounds, grouped_steps, cpu_uses, cpu_rows;
     uint64_t bytes_in, host_bytes;
 };
 /* Zeros unless be is a CUDA backend with offloaded layers. */

@@ -224,7 +224,7 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
         L <= c->moe_layers && att_floats <= c->att_ws_floats && wide <= c->wide_bytes &&
         dense <= c->wide_dense_bytes)
-        return MOE_OK;
+        return moe_cuda_offload_reserve(c, be->gpu_experts_cpu_rows, c->max_rows * c->max_k);
     if (c->wide_bytes > wide) wide = c->wide_bytes;
     if (c->wide_dense_bytes > dense) dense = c->wide_dense_bytes;
     max_rows = imax(max_rows, c->max_rows);
@@ -279,7 +279,7 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     c->max_k = K;
     c->max_e = E;
     c->moe_layers = L;
-    return MOE_OK;
+    return moe_cuda_offload_reserve(c, be->gpu_experts_cpu_rows, (int)n);
 }
 
 /* ---- ops ---- */
@@ -731,6 +731,8 @@ void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_sta
         st->steps += c->off[i].steps;
         st->rounds += c->off[i].rounds;
         st->grouped_steps += c->off[i].grouped_steps;
+        st->cpu_uses += c->off[i].cpu_uses;
+        st->cpu_rows += c->off[i].cpu_rows;
     }
 }
 

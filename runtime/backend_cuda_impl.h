@@ -5,6 +5,7 @@
 #pragma once
 
 #include "experts/expert_cache.h"
+#include "experts/experts.h"
 #include "runtime/cuda_util.h"
 
 #define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention; more: the tiled prefill kernel */
@@ -46,6 +47,27 @@ struct offload_layer {
     bool *loaded;              /* host (E): ... and which must be copied in */
     struct moe_expert_cache cache;
     int64_t steps, rounds, grouped_steps; /* steps with rows; rounds; steps of half rows (cuBLAS or mma) */
+    struct moe_expert_stacks host;   /* the host stacks and biases for the CPU (its b_* owned) */
+    int64_t cpu_uses, cpu_rows;      /* expert uses computed on the CPU, their rows */
+};
+
+/* Missed experts computed on the CPU (moe_backend.gpu_experts_cpu_rows =
+ * R > 0): their rows gathered on the device (d_x), copied to the host,
+ * multiplied there by moe_experts_ffn_stacks_cpu, the results copied into
+ * the step's ye.  Buffers sized by reserve for up to `rows` rows a step. */
+struct offload_cpu {
+    int R, rows, threads, width;     /* width: D of the buffers */
+    enum moe_cpu_isa isa;
+    int32_t *h_perm;                 /* pinned (n_perm): the step's permutation */
+    int n_perm;
+    int32_t *h_tok, *d_tok;          /* pinned, device (rows): each CPU row's token */
+    float *d_x, *h_x, *h_y;          /* device, pinned, pinned (rows, width) */
+    cudaEvent_t x_ready;             /* h_x holds the step's CPU rows */
+    uint16_t *h_yh;                  /* pinned (rows, width): results as halves */
+    int32_t *list, *gpu_counts, *off; /* host (E), (E), (E + 1) */
+    int max_e;
+    void *scratch;                   /* host, moe_experts_stacks_scratch_bytes */
+    size_t scratch_bytes;
 };
 
 struct cuda_ctx {
@@ -111,6 +133,7 @@ struct cuda_ctx {
     struct offload_layer *off;
     int n_off, cap_off;
     uint64_t off_bytes;      /* bytes of experts copied in so far */
+    struct offload_cpu cpu;
     size_t host_expert_bytes; /* their pinned host copies */
     void *wide_dense;        /* bf16: a planes matrix widened for a step of many rows */
     size_t wide_dense_bytes;
@@ -172,9 +195,12 @@ struct offload_layer *moe_cuda_offloaded(struct cuda_ctx *c, const struct moe_ex
  * or LRU; warm (E) or NULL: the layer's routed counts in earlier
  * statistics, whose most loaded experts are copied in at once). */
 MOE_MUST_USE enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_weights *ex,
-                                                    int C, bool lfu, const double *warm, int E,
-                                                    const void *gu, const void *dn, size_t ge, size_t gs,
-                                                    size_t de, size_t ds);
+                                                    int C, bool lfu, const double *warm, int E, int D,
+                                                    int F, const void *gu, const void *dn, size_t ge,
+                                                    size_t gs, size_t de, size_t ds);
+/* reserve's part for offloaded layers: the buffers of struct offload_cpu
+ * for steps of up to n routed rows, when R > 0 and a layer is offloaded. */
+MOE_MUST_USE enum moe_status moe_cuda_offload_reserve(struct cuda_ctx *c, int R, int n);
 /* The experts op for an offloaded layer (see moe_cuda_experts). */
 MOE_MUST_USE enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_layer *ol,
                                                       float *out, const float *x,

@@ -6,7 +6,12 @@
  * device) before they run; experts/expert_cache.h decides which slot each
  * takes (LRU).  A step that needs more than C experts runs in rounds of at
  * most C.  Every step synchronises with the host, so step graphs are off
- * while a layer is offloaded.  See docs/cuda.md, "Expert offload". */
+ * while a layer is offloaded.  With moe_backend.gpu_experts_cpu_rows = R,
+ * a missed expert with at most R rows in the step is not copied in: the
+ * CPU multiplies its rows by the host copy (moe_experts_ffn_stacks_cpu)
+ * while the device runs the resident experts, and the results join the
+ * device's before the combine.  See docs/cuda.md, "Expert offload". */
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +34,7 @@ static void layer_free(struct offload_layer *ol)
     free(ol->order);
     free(ol->slot);
     free(ol->loaded);
+    free((void *)ol->host.b_gate);
     moe_expert_cache_free(&ol->cache);
     memset(ol, 0, sizeof *ol);
 }
@@ -42,12 +48,77 @@ void moe_cuda_offload_forget(struct cuda_ctx *c, const struct moe_expert_weights
     }
 }
 
+static void cpu_free(struct offload_cpu *p)
+{
+    cudaFreeHost(p->h_perm);
+    cudaFreeHost(p->h_tok);
+    cudaFreeHost(p->h_x);
+    cudaFreeHost(p->h_y);
+    cudaFreeHost(p->h_yh);
+    cudaFree(p->d_tok);
+    cudaFree(p->d_x);
+    if (p->x_ready) cudaEventDestroy(p->x_ready);
+    free(p->list);
+    free(p->scratch);
+    memset(p, 0, sizeof *p);
+}
+
 void moe_cuda_offload_free(struct cuda_ctx *c)
 {
     for (int i = 0; i < c->n_off; i++) layer_free(&c->off[i]);
     free(c->off);
     c->off = NULL;
     c->n_off = c->cap_off = 0;
+    cpu_free(&c->cpu);
+}
+
+enum moe_status moe_cuda_offload_reserve(struct cuda_ctx *c, int R, int n)
+{
+    struct offload_cpu *p = &c->cpu;
+    if (R <= 0 || c->n_off == 0) return MOE_OK;
+    /* the largest layer: rows a step may send to the CPU (at most R for
+     * each of E experts, at most the n routed), the scratch for them */
+    int E = 0, D = 0, rows = 0;
+    size_t scratch = 0;
+    const int threads = omp_get_max_threads();
+    for (int i = 0; i < c->n_off; i++) {
+        const struct moe_expert_stacks *h = &c->off[i].host;
+        const long long r = (long long)h->E * R < n ? (long long)h->E * R : n;
+        E = h->E > E ? h->E : E;
+        D = h->D > D ? h->D : D;
+        rows = r > rows ? (int)r : rows;
+    }
+    for (int i = 0; i < c->n_off; i++) {
+        const size_t b = moe_experts_stacks_scratch_bytes(&c->off[i].host, rows, threads);
+        if (!b) return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: CPU scratch for %d rows overflows", rows);
+        scratch = b > scratch ? b : scratch;
+    }
+    if (p->R == R && rows <= p->rows && n <= p->n_perm && E <= p->max_e && D <= p->width &&
+        scratch <= p->scratch_bytes && threads <= p->threads)
+        return MOE_OK;
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    cpu_free(p);
+    size_t xb;
+    if (!moe_mul_size((size_t)rows, (size_t)D * sizeof(float), &xb))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: %d CPU rows of %d overflow", rows, D);
+    MOE_CUDA_TRY(cudaMallocHost((void **)&p->h_perm, (size_t)n * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&p->h_tok, (size_t)rows * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&p->h_x, xb));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&p->h_y, xb));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&p->h_yh, xb / 2));
+    MOE_CUDA_TRY(cudaMalloc((void **)&p->d_tok, (size_t)rows * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&p->d_x, xb));
+    MOE_CUDA_TRY(cudaEventCreateWithFlags(&p->x_ready, cudaEventDisableTiming));
+    p->list = malloc((3 * (size_t)E + 1) * sizeof(int32_t));
+    p->scratch = malloc(scratch);
+    if (!p->list || !p->scratch)
+        return moe_fail(MOE_ERR_NOMEM, "cuda offload: %.1f MB of CPU scratch", scratch / 1e6);
+    p->gpu_counts = p->list + E;
+    p->off = p->gpu_counts + E;
+    p->R = R, p->rows = rows, p->n_perm = n, p->max_e = E, p->width = D;
+    p->threads = threads, p->scratch_bytes = scratch;
+    p->isa = moe_cpu_isa_detect();
+    return MOE_OK;
 }
 
 /* A device buffer the context frees at destroy. */
@@ -71,9 +142,32 @@ static size_t shares(size_t n, size_t a, size_t b)
     return a + b >= a && moe_mul_size(n, a + b, &r) ? r : 0;
 }
 
+/* The layer's biases (device f32, or absent) in one host block for the
+ * CPU: b_gate (E, F), b_up (E, F), b_down (E, D). */
+static enum moe_status host_biases(struct offload_layer *ol, const struct moe_expert_weights *ex, int E,
+                                   int D, int F)
+{
+    const struct moe_tensor *b[3] = {&ex->b_gate, &ex->b_up, &ex->b_down};
+    const size_t n[3] = {(size_t)E * F, (size_t)E * F, (size_t)E * D};
+    if (!b[0]->data && !b[1]->data && !b[2]->data) return MOE_OK;
+    float *h = calloc(n[0] + n[1] + n[2], sizeof(float));
+    if (!h) return moe_fail(MOE_ERR_NOMEM, "cuda offload: a layer's biases");
+    ol->host.b_gate = h; /* owns the block */
+    ol->host.b_up = h + n[0];
+    ol->host.b_down = h + n[0] + n[1];
+    float *dst[3] = {h, h + n[0], h + n[0] + n[1]};
+    for (int i = 0; i < 3; i++) {
+        if (!b[i]->data) continue;
+        if (b[i]->dtype != MOE_DTYPE_F32)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "cuda offload: %s expert biases", moe_dtype_name(b[i]->dtype));
+        MOE_CUDA_TRY(cudaMemcpy(dst[i], b[i]->data, n[i] * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    return MOE_OK;
+}
+
 enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_weights *ex, int C, bool lfu,
-                                       const double *warm, int E, const void *gu, const void *dn,
-                                       size_t ge, size_t gs, size_t de, size_t ds)
+                                       const double *warm, int E, int D, int F, const void *gu,
+                                       const void *dn, size_t ge, size_t gs, size_t de, size_t ds)
 {
     const size_t hg = shares((size_t)E, ge, gs), hd = shares((size_t)E, de, ds);
     if (C < 1 || C >= E || !hg || !hd)
@@ -107,6 +201,9 @@ enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_wei
     MOE_CUDA_TRY(cudaDeviceSynchronize());
     MOE_CUDA_TRY(cudaMemcpy(ol->host_gu, gu, hg, cudaMemcpyDeviceToHost));
     MOE_CUDA_TRY(cudaMemcpy(ol->host_dn, dn, hd, cudaMemcpyDeviceToHost));
+    ol->host = (struct moe_expert_stacks){ex->dtype, ol->host_gu, ol->host_dn, E, D, F, NULL, NULL, NULL,
+                                          ex->alpha, ex->limit};
+    MOE_TRY(host_biases(ol, ex, E, D, F));
     MOE_TRY(owned_buffer(c, shares((size_t)C, ge, gs), &ol->gu));
     MOE_TRY(owned_buffer(c, shares((size_t)C, de, ds), &ol->dn));
     MOE_TRY(owned_buffer(c, (size_t)E * sizeof(int32_t), (void **)&ol->d_map));
@@ -188,6 +285,66 @@ static enum moe_status run_round(struct cuda_ctx *c, struct offload_layer *ol, e
     return moe_cuda_grouped_gemms(c, ol->h_map, wgu, wdn, MOE_DTYPE_BF16, plan, ex, ws, T * K, D, F, E);
 }
 
+/* The step's experts for the CPU (struct offload_cpu): those with rows,
+ * at most R of them, and not resident; their number.  Fills p->list,
+ * p->gpu_counts (the counts less theirs), p->off (every expert's first
+ * row), *rows, and queues their rows' gather into p->h_x (x_ready). */
+static enum moe_status cpu_split(struct cuda_ctx *c, const struct offload_layer *ol, const float *x, int K,
+                                 int D, int *n_cpu, int *rows)
+{
+    struct offload_cpu *p = &c->cpu;
+    const int32_t *counts = c->h_counts;
+    const int E = ol->cache.E;
+    int n = 0, r = 0;
+    p->off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        p->off[e + 1] = p->off[e] + counts[e];
+        const bool cpu = counts[e] > 0 && counts[e] <= p->R && ol->cache.slot[e] < 0;
+        p->gpu_counts[e] = cpu ? 0 : counts[e];
+        if (!cpu) continue;
+        p->list[n++] = e;
+        for (int j = 0; j < counts[e]; j++) p->h_tok[r + j] = p->h_perm[p->off[e] + j] / K;
+        r += counts[e];
+    }
+    *n_cpu = n, *rows = r;
+    if (n == 0) return MOE_OK;
+    if (r > p->rows || D > p->width)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: %d CPU rows of %d (reserved %d of %d)", r, D,
+                        p->rows, p->width);
+    MOE_CUDA_TRY(cudaMemcpyAsync(p->d_tok, p->h_tok, (size_t)r * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                 c->stream));
+    MOE_TRY(moe_ops_gather_rows_cuda(c->stream, p->d_x, x, p->d_tok, r, D));
+    MOE_CUDA_TRY(cudaMemcpyAsync(p->h_x, p->d_x, (size_t)r * D * sizeof(float), cudaMemcpyDeviceToHost,
+                                 c->stream));
+    MOE_CUDA_TRY(cudaEventRecord(p->x_ready, c->stream));
+    return MOE_OK;
+}
+
+/* The CPU's experts of the step (cpu_split's), while the device runs its
+ * rounds: their rows of ye (ydt: F32 with the down bias, as the kernels
+ * leave it, or half without, as the grouped GEMMs do) copied in after. */
+static enum moe_status cpu_experts(struct cuda_ctx *c, struct offload_layer *ol, const struct moe_expert_ws *ws,
+                                   enum moe_dtype ydt, int n_cpu, int rows, int D)
+{
+    struct offload_cpu *p = &c->cpu;
+    MOE_CUDA_TRY(cudaEventSynchronize(p->x_ready));
+    const bool half = ydt != MOE_DTYPE_F32;
+    moe_experts_ffn_stacks_cpu(p->isa, p->h_y, p->h_x, c->h_counts, p->list, n_cpu, &ol->host, !half,
+                               p->threads, p->scratch);
+    if (half) moe_convert_from_f32(p->h_yh, p->h_y, ydt, (size_t)rows * D);
+    const size_t es = moe_dtype_size(ydt), row = (size_t)D * es;
+    const char *src = half ? (const char *)p->h_yh : (const char *)p->h_y;
+    for (int i = 0, at = 0; i < n_cpu; i++) {
+        const int e = p->list[i];
+        MOE_CUDA_TRY(cudaMemcpyAsync((char *)ws->ye + (size_t)p->off[e] * row, src + (size_t)at * row,
+                                     (size_t)c->h_counts[e] * row, cudaMemcpyHostToDevice, c->stream));
+        at += c->h_counts[e];
+    }
+    ol->cpu_uses += n_cpu;
+    ol->cpu_rows += rows;
+    return MOE_OK;
+}
+
 enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_layer *ol, float *out,
                                          const float *x, const struct moe_dispatch *plan, const float *w,
                                          const struct moe_expert_weights *ex,
@@ -205,12 +362,21 @@ enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_laye
     const bool grouped = path != PATH_KERNELS; /* half activations, rows gathered */
     const enum moe_dtype ydt = grouped ? (ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16)
                                        : MOE_DTYPE_F32;
+    /* reserved: some misses may run on the CPU */
+    const bool hybrid = c->cpu.R > 0 && c->cpu.h_perm;
+    if (hybrid && n > c->cpu.n_perm)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: %d routed rows, %d reserved", n, c->cpu.n_perm);
     if (grouped) MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt));
     MOE_CUDA_TRY(cudaMemcpyAsync(c->h_counts, plan->counts, (size_t)E * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream));
+    if (hybrid)
+        MOE_CUDA_TRY(cudaMemcpyAsync(c->cpu.h_perm, plan->perm, (size_t)n * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     MOE_TRY(check_counts(c->h_counts, E, n));
-    const int m = moe_expert_cache_order(&ol->cache, c->h_counts, ol->order);
+    int n_cpu = 0, cpu_rows = 0;
+    if (hybrid) MOE_TRY(cpu_split(c, ol, x, K, D, &n_cpu, &cpu_rows));
+    const int m = moe_expert_cache_order(&ol->cache, n_cpu ? c->cpu.gpu_counts : c->h_counts, ol->order);
     ol->steps++;
     ol->grouped_steps += grouped;
     for (int next = 0, round = 0; next < m; round++) {
@@ -235,6 +401,8 @@ enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_laye
         }
         MOE_TRY(s);
     }
+    /* the device runs the last round meanwhile */
+    if (n_cpu) MOE_TRY(cpu_experts(c, ol, ws, ydt, n_cpu, cpu_rows, D));
     return moe_experts_combine_cuda(c->stream, out, ws->ye, ydt, w, plan->pos, T, K, D, plan->offsets, E,
                                     grouped ? ex->b_down.data : NULL);
 }

@@ -221,7 +221,7 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
         enum moe_status s = stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat);
         const double *warm = be->gpu_experts_warm ? be->gpu_experts_warm + (size_t)moe_layer * E : NULL;
         if (s == MOE_OK)
-            s = moe_cuda_offload_layer(c, x, be->gpu_experts, be->gpu_experts_lfu, warm, E, gu, dn, 2 * mat,
+            s = moe_cuda_offload_layer(c, x, be->gpu_experts, be->gpu_experts_lfu, warm, E, D, F, gu, dn, 2 * mat,
                                        2 * sb, mat, sb);
         cudaFree(gu);
         cudaFree(dn);
@@ -382,8 +382,9 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
             all / 1073741824.0, line, fr / 1073741824.0, tot / 1073741824.0);
     if (c->n_off)
         fprintf(stderr, "moerun: cuda: experts offloaded: %d of %d per MoE layer in device slots, all of "
-                "them in %.2f GiB of pinned host memory, copied in when routed to (%d layers)\n",
-                be->gpu_experts, cfg->n_experts, c->host_expert_bytes / 1073741824.0, c->n_off);
+                "them in %.2f GiB of pinned host memory, copied in when routed to (%d layers)%s\n",
+                be->gpu_experts, cfg->n_experts, c->host_expert_bytes / 1073741824.0, c->n_off,
+                be->gpu_experts_cpu_rows > 0 ? "; missed experts with few rows computed on the CPU" : "");
     if (c->mxfp4_experts || c->fp8_experts || c->fp8_dense)
         fprintf(stderr, "moerun: cuda: %s%s%s%s resident as stored, read in place\n",
                 c->mxfp4_experts ? "MXFP4 experts" : "", c->mxfp4_experts && c->fp8_experts ? ", " : "",

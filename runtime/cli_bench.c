@@ -64,7 +64,9 @@ static void usage(FILE *f)
             "  --gpu-experts N  CUDA: N experts of each MoE layer in GPU memory, the rest\n"
             "                   copied in from host memory when routed to (reports the\n"
             "                   share found on the GPU and the MB copied in per token)\n"
-            "  --gpu-experts-policy lru|lfu, --gpu-experts-warm FILE  as on run\n"
+            "  --gpu-experts-policy lru|lfu, --gpu-experts-warm FILE,\n"
+            "  --gpu-experts-cpu-rows R  as on run (reports the expert uses computed on\n"
+            "                   the CPU)\n"
             MOE_CLI_STATS_USAGE
             "Statistics are recorded unless --no-stats (compare the two to see their cost).\n");
 }
@@ -106,6 +108,7 @@ static void offload_add(struct bench_ctx *b, const struct moe_offload_stats *at,
     b->off.accesses += now.accesses - at->accesses;
     b->off.hits += now.hits - at->hits;
     b->off.bytes_in += now.bytes_in - at->bytes_in;
+    b->off.cpu_uses += now.cpu_uses - at->cpu_uses;
     b->off_tokens += tokens;
 }
 
@@ -116,9 +119,12 @@ static void offload_phase(struct bench_ctx *b, json_t *entry, bool json)
     moe_cuda_offload_stats(b->be, &now);
     if (now.layers > 0 && b->off_tokens > 0) {
         const double hit = b->off.accesses ? (double)b->off.hits / (double)b->off.accesses : 1,
-                     mb = (double)b->off.bytes_in / b->off_tokens / 1e6;
-        json_object_set_new(entry, "offload", json_pack("{s:f, s:f}", "hit_rate", hit, "mb_in_per_token", mb));
-        if (!json) printf("%-10s %8s %11.1f%% %9.2f MB/token copied in\n", "  offload", "", 100 * hit, mb);
+                     mb = (double)b->off.bytes_in / b->off_tokens / 1e6,
+                     cpu = (double)b->off.cpu_uses / b->off_tokens;
+        json_object_set_new(entry, "offload", json_pack("{s:f, s:f, s:f}", "hit_rate", hit, "mb_in_per_token", mb,
+                                                        "cpu_experts_per_token", cpu));
+        if (!json) printf("%-10s %8s %11.1f%% %9.2f MB/token copied in, %.2f expert uses/token on the CPU\n",
+                          "  offload", "", 100 * hit, mb, cpu);
     }
     memset(&b->off, 0, sizeof b->off);
     b->off_tokens = 0;
@@ -256,13 +262,14 @@ int moe_cli_bench(int argc, char **argv)
         {"quantize", required_argument, 0, 0x20c}, {"expert-kernels", required_argument, 0, 0x20d},
         {"kv-dtype", required_argument, 0, 0x20e}, {"gpu-experts", required_argument, 0, 0x20f},
         {"gpu-experts-policy", required_argument, 0, 0x210}, {"gpu-experts-warm", required_argument, 0, 0x211},
+        {"gpu-experts-cpu-rows", required_argument, 0, 0x212},
         {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
         {0, 0, 0, 0}};
     struct moe_cli_stats so = {0};
     struct moe_cli_engine eo;
     moe_cli_engine_defaults(&eo);
     struct moe_bench_serve_opts sv = {.n_requests = 64, .input_len = 128, .output_len = 64, .seed = 7};
-    long serve = 0, lv, gpu_experts = 0;
+    long serve = 0, lv, gpu_experts = 0, cpu_rows = 0;
     const char *xpolicy = NULL, *xwarm = NULL; /* --gpu-experts-policy, --gpu-experts-warm */
     enum moe_weight_quant quant = MOE_QUANT_NONE;
     int c;
@@ -318,6 +325,7 @@ int moe_cli_bench(int argc, char **argv)
         case 0x20f: dst = &gpu_experts; hi = 1 << 20; break;
         case 0x210: xpolicy = optarg; break;
         case 0x211: xwarm = optarg; break;
+        case 0x212: dst = &cpu_rows; lo = 0; hi = 1 << 20; break;
         case 0x20c:
             if (!moe_cli_parse_quant(optarg, &quant))
                 return moe_cli_error("bench", "--quantize '%s' (use q8_0, or none)", optarg);
@@ -361,7 +369,7 @@ int moe_cli_bench(int argc, char **argv)
         be.quant = quant;
         be.gpu_experts = (int)gpu_experts;
     }
-    if (!be.ops || !dec || moe_cli_offload_setup(&be, xpolicy, xwarm) != MOE_OK ||
+    if (!be.ops || !dec || moe_cli_offload_setup(&be, xpolicy, xwarm, cpu_rows) != MOE_OK ||
         moe_cli_open_model(&m, &mo) != MOE_OK) {
         moe_cli_error("bench", "%s", moe_last_error());
         goto done;

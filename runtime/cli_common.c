@@ -188,6 +188,7 @@ int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, cons
     case MOE_OPT_GPU_EXPERTS: dst = &o->gpu_experts; lo = 1; hi = 1 << 20; break;
     case MOE_OPT_GPU_EXPERTS_POLICY: o->gpu_experts_policy = arg; return 1;
     case MOE_OPT_GPU_EXPERTS_WARM: o->gpu_experts_warm = arg; return 1;
+    case MOE_OPT_GPU_EXPERTS_CPU_ROWS: dst = &o->gpu_experts_cpu_rows; lo = 0; hi = 1 << 20; break;
     case MOE_OPT_QUANTIZE: {
         enum moe_weight_quant q;
         if (!moe_cli_parse_quant(arg, &q)) {
@@ -282,8 +283,13 @@ bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out)
     return true;
 }
 
-enum moe_status moe_cli_offload_setup(struct moe_backend *be, const char *policy, const char *warm)
+enum moe_status moe_cli_offload_setup(struct moe_backend *be, const char *policy, const char *warm,
+                                      long cpu_rows)
 {
+    if (cpu_rows > 0 && be->gpu_experts <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "--gpu-experts-cpu-rows %ld needs --gpu-experts N (experts in "
+                        "host memory to compute)", cpu_rows);
+    be->gpu_experts_cpu_rows = (int)cpu_rows;
     if (policy && strcmp(policy, "lru") && strcmp(policy, "lfu"))
         return moe_fail(MOE_ERR_INVALID_ARG, "--gpu-experts-policy '%s' (use lru or lfu)", policy);
     be->gpu_experts_lfu = policy && !strcmp(policy, "lfu");
@@ -315,7 +321,7 @@ enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_c
     MOE_TRY(moe_backend_init(be, o->backend, (int)o->threads));
     be->quant = q;
     be->gpu_experts = (int)o->gpu_experts;
-    MOE_TRY(moe_cli_offload_setup(be, o->gpu_experts_policy, o->gpu_experts_warm));
+    MOE_TRY(moe_cli_offload_setup(be, o->gpu_experts_policy, o->gpu_experts_warm, o->gpu_experts_cpu_rows));
     if (o->gpu_experts && strcmp(be->ops->name, "cuda"))
         fprintf(stderr, "moerun: --gpu-experts applies to the CUDA backend; the %s backend keeps every "
                 "expert in host memory\n", be->ops->name);

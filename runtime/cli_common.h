@@ -58,7 +58,7 @@ enum {
     MOE_OPT_KV_BUDGET = 0x100, MOE_OPT_KV_BLOCK, MOE_OPT_KV_DTYPE, MOE_OPT_MAX_BATCH_TOKENS,
     MOE_OPT_MAX_SEQS, MOE_OPT_NO_PREFIX_CACHE, MOE_OPT_BACKEND, MOE_OPT_THREADS,
     MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_MOE_TOP_K, MOE_OPT_QUANTIZE, MOE_OPT_GPU_EXPERTS,
-    MOE_OPT_GPU_EXPERTS_POLICY, MOE_OPT_GPU_EXPERTS_WARM, MOE_OPT_LAST
+    MOE_OPT_GPU_EXPERTS_POLICY, MOE_OPT_GPU_EXPERTS_WARM, MOE_OPT_GPU_EXPERTS_CPU_ROWS, MOE_OPT_LAST
 };
 
 #define MOE_CLI_ENGINE_LONGOPTS                                                          \
@@ -77,7 +77,8 @@ enum {
     {"quantize", required_argument, 0, MOE_OPT_QUANTIZE},                                \
     {"gpu-experts", required_argument, 0, MOE_OPT_GPU_EXPERTS},                          \
     {"gpu-experts-policy", required_argument, 0, MOE_OPT_GPU_EXPERTS_POLICY},            \
-    {"gpu-experts-warm", required_argument, 0, MOE_OPT_GPU_EXPERTS_WARM}
+    {"gpu-experts-warm", required_argument, 0, MOE_OPT_GPU_EXPERTS_WARM},                \
+    {"gpu-experts-cpu-rows", required_argument, 0, MOE_OPT_GPU_EXPERTS_CPU_ROWS}
 
 #define MOE_CLI_ENGINE_HELP                                                              \
     "  --kv-budget SIZE     KV cache size: bytes with a unit (512MiB, 8GiB) or a\n"       \
@@ -100,7 +101,10 @@ enum {
     "                       all resident)\n"                                          \
     "  --gpu-experts-policy P  lru (default) or lfu: which expert leaves a slot\n"     \
     "  --gpu-experts-warm FILE start each layer's slots with its most loaded experts\n" \
-    "                       in FILE (statistics from --stats-out, or a trace)\n"
+    "                       in FILE (statistics from --stats-out, or a trace)\n"     \
+    "  --gpu-experts-cpu-rows R  a missed expert with at most R rows in a step runs\n"   \
+    "                       on the CPU from host memory instead of being copied in\n"  \
+    "                       (default 0: every miss copied in)\n"
 
 struct moe_cli_engine {
     struct moe_cli_model_opts model;
@@ -114,13 +118,15 @@ struct moe_cli_engine {
     const char *quantize;     /* --quantize: "q8_0", "none" or NULL */
     long gpu_experts;         /* --gpu-experts: 0 = all resident */
     const char *gpu_experts_policy, *gpu_experts_warm; /* NULL: LRU, no warm start */
+    long gpu_experts_cpu_rows; /* --gpu-experts-cpu-rows: 0 = every miss copied in */
 };
 
-/* --gpu-experts-policy and --gpu-experts-warm onto be (after its init):
- * the policy parsed, the statistics file loaded and its load copied into
- * be (NULL: nothing to do).  Errors name the option and the file. */
+/* --gpu-experts-policy, --gpu-experts-warm and --gpu-experts-cpu-rows onto
+ * be (after its init): the policy parsed, the statistics file loaded and
+ * its load copied into be (NULL: nothing to do), the rows set.  Errors name
+ * the option and the file. */
 MOE_MUST_USE enum moe_status moe_cli_offload_setup(struct moe_backend *be, const char *policy,
-                                                   const char *warm);
+                                                   const char *warm, long cpu_rows);
 
 void moe_cli_engine_defaults(struct moe_cli_engine *o);
 /* Handles one of the shared options: 1 taken, 0 not one of them, -1 bad

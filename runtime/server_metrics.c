@@ -73,6 +73,9 @@ char *srv_metrics_text(struct srv *s)
             (unsigned long long)m.offload.accesses);
         one(f, "moerun_offload_hits_total", "counter",
             "of those, experts already in a device slot", (unsigned long long)m.offload.hits);
+        one(f, "moerun_offload_cpu_uses_total", "counter",
+            "experts computed on the CPU instead of copied in (--gpu-experts-cpu-rows), not among the uses",
+            (unsigned long long)m.offload.cpu_uses);
         one(f, "moerun_offload_bytes_in_total", "counter",
             "bytes of expert weights copied from host memory to the device", m.offload.bytes_in);
         one(f, "moerun_offload_host_bytes", "gauge",

@@ -177,6 +177,19 @@ Test(cli, gpu_experts_policy_and_warm_start_errors)
     cr_expect_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_expect(strstr(out, "--gpu-experts applies to the CUDA backend"), "%s", out);
     unlink(stats);
+    /* --gpu-experts-cpu-rows: without an offload, or negative, refused by name */
+    snprintf(cmd, sizeof cmd, "%s run %s/mixtral --prompt-ids 1,2,3 -n 2 --backend cpu --gpu-experts-cpu-rows 2 "
+             "2>&1", MOERUN_BINARY, FIXTURE_DIR);
+    cr_expect_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "--gpu-experts-cpu-rows 2 needs --gpu-experts N"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s bench --synthetic %s/../../configs/tiny-moe.json --backend cpu --prefill 4 "
+             "--decode 1 --gpu-experts-cpu-rows 2 2>&1", MOERUN_BINARY, FIXTURE_DIR);
+    cr_expect_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "--gpu-experts-cpu-rows 2 needs --gpu-experts N"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s run %s/mixtral --prompt-ids 1,2,3 -n 2 --backend cpu --gpu-experts 2 "
+             "--gpu-experts-cpu-rows -1 2>&1", MOERUN_BINARY, FIXTURE_DIR);
+    cr_expect_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "-1"), "%s", out);
 }
 
 Test(cli, help_on_every_command)

@@ -30,8 +30,9 @@ struct side {
     struct moe_runner r;
 };
 
-/* gpu_experts: moe_backend.gpu_experts (CUDA; 0: every expert resident) */
-static void side_open_with(struct side *s, const char *name, bool cuda, int gpu_experts)
+/* gpu_experts: moe_backend.gpu_experts (CUDA; 0: every expert resident),
+ * cpu_rows: moe_backend.gpu_experts_cpu_rows */
+static void side_open_cpu_rows(struct side *s, const char *name, bool cuda, int gpu_experts, int cpu_rows)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
@@ -40,11 +41,16 @@ static void side_open_with(struct side *s, const char *name, bool cuda, int gpu_
     if (cuda) cr_assert_eq(moe_backend_cuda_init(&s->be, 0), MOE_OK, "%s", moe_last_error());
     else cr_assert_eq(moe_backend_cpu_init(&s->be, 0), MOE_OK);
     s->be.gpu_experts = gpu_experts;
+    s->be.gpu_experts_cpu_rows = cpu_rows;
     struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 4, .max_logits = 64,
                                 .block_size = 4, .n_blocks = 256};
     cr_assert_eq(moe_runner_init(&s->r, &s->m, &s->be, &o), MOE_OK, "%s", moe_last_error());
 }
 
+static void side_open_with(struct side *s, const char *name, bool cuda, int gpu_experts)
+{
+    side_open_cpu_rows(s, name, cuda, gpu_experts, 0);
+}
 static void side_open(struct side *s, const char *name, bool cuda) { side_open_with(s, name, cuda, 0); }
 
 static void side_close(struct side *s)
@@ -265,6 +271,68 @@ Test(cuda_forward, mma_experts_long_prefill_olmoe) { check_long_prefill("olmoe",
 Test(cuda_forward, mma_experts_long_prefill_gpt_oss_mxfp4) { check_long_prefill("gpt_oss_mxfp4", true, 0, true); }
 Test(cuda_forward, offload_mma_long_prefill_olmoe) { check_long_prefill("olmoe", true, 3, true); }
 Test(cuda_forward, offload_mma_long_prefill_gpt_oss_mxfp4) { check_long_prefill("gpt_oss_mxfp4", true, 2, true); }
+
+/* --gpu-experts-cpu-rows R: a miss of at most R rows is computed on the
+ * CPU from the host copy while the device runs the resident experts.  The
+ * logits stay the CPU's (fp32: 1e-4, and the same greedy tokens; bf16
+ * models their path's tolerance), some uses ran on the CPU, each with at
+ * most R rows.  S-row prefills and 8 decode steps; S = 12 takes the
+ * device-driven kernels (fp32 rows, the down bias in them), S = 40 the
+ * grouped GEMMs or, with mma, the tensor-core kernels (half rows, the down
+ * bias added by the combine). */
+static void check_cpu_misses(const char *name, bool bf16, int C, int R, int S, bool mma)
+{
+    struct side cpu, gpu;
+    side_open(&cpu, name, false);
+    if (mma) setenv("MOERUN_CUDA_EXPERTS", "mma", 1);
+    side_open_cpu_rows(&gpu, name, true, C, R);
+    unsetenv("MOERUN_CUDA_EXPERTS");
+    const int V = cpu.m.cfg.vocab;
+    int32_t prompt[40], oc[8], og[8];
+    cr_assert(S <= 40);
+    for (int i = 0; i < S; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
+    float *lc = prefill_all(&cpu, prompt, S, NULL), *lg = prefill_all(&gpu, prompt, S, NULL);
+    double worst = 0, tol = bf16 ? 2e-2 : 1e-4;
+    for (int s = 0; s < S; s++) worst = fmax(worst, tu_max_rel_err(lg + (size_t)s * V, lc + (size_t)s * V, (size_t)V));
+    struct moe_offload_stats st;
+    moe_cuda_offload_stats(&gpu.be, &st);
+    const int64_t prefill_cpu = st.cpu_uses;
+    struct moe_seq qc = {0}, qg = {0};
+    cr_assert_eq(moe_runner_greedy(&cpu.r, &qc, prompt, S, 8, 0, oc), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_runner_greedy(&gpu.r, &qg, prompt, S, 8, 0, og), MOE_OK, "%s", moe_last_error());
+    int same = 0;
+    while (same < 8 && oc[same] == og[same]) same++;
+    moe_cuda_offload_stats(&gpu.be, &st);
+    cr_expect(worst <= tol, "%s C=%d R=%d, %d rows%s: logits vs the CPU %.3g > %.1g", name, C, R, S,
+              mma ? " (mma)" : "", worst, tol);
+    if (!bf16) cr_expect_eq(same, 8, "%s: greedy tokens differ from token %d", name, same);
+    cr_expect(prefill_cpu > 0 && st.cpu_uses > prefill_cpu, "%s: %lld expert uses on the CPU in the prefill, "
+              "%lld in all", name, (long long)prefill_cpu, (long long)st.cpu_uses);
+    cr_expect(st.cpu_rows >= st.cpu_uses && st.cpu_rows <= st.cpu_uses * R, "%s: %lld CPU rows for %lld uses",
+              name, (long long)st.cpu_rows, (long long)st.cpu_uses);
+    const int64_t mma_calls = moe_cuda_mma_expert_calls(&gpu.be);
+    cr_expect_eq(mma_calls > 0, mma, "%s: %lld runs of the tensor-core expert kernels", name, (long long)mma_calls);
+    cr_expect(st.accesses > st.hits, "%s: no expert copied in (%lld uses on the device)", name, (long long)st.accesses);
+    fprintf(stderr, "e2e: %-10s %-4s offload C=%d, misses of <= %d rows on the CPU, %d-row prefill%s: logits "
+            "max rel err %.3g vs the CPU, greedy tokens equal %d/8; %lld uses (%lld rows) on the CPU, %lld of "
+            "%lld device uses in a slot, %.2f MB copied in\n", name, bf16 ? "bf16" : "fp32", C, R, S,
+            mma ? " (mma)" : "", worst, same, (long long)st.cpu_uses, (long long)st.cpu_rows, (long long)st.hits,
+            (long long)st.accesses, st.bytes_in / 1e6);
+    moe_seq_free(&cpu.r, &qc);
+    moe_seq_free(&gpu.r, &qg);
+    free(lc), free(lg);
+    side_close(&gpu);
+    side_close(&cpu);
+}
+
+Test(cuda_forward, offload_cpu_misses_mixtral) { check_cpu_misses("mixtral", false, 3, 1, 12, false); }
+Test(cuda_forward, offload_cpu_misses_gpt_oss_mxfp4) { check_cpu_misses("gpt_oss_mxfp4", true, 2, 3, 12, false); }
+Test(cuda_forward, offload_cpu_misses_long_prefill_olmoe) { check_cpu_misses("olmoe", true, 3, 6, 40, false); }
+Test(cuda_forward, offload_cpu_misses_long_prefill_gpt_oss_mxfp4)
+{
+    check_cpu_misses("gpt_oss_mxfp4", true, 2, 5, 40, false);
+}
+Test(cuda_forward, offload_cpu_misses_mma_gpt_oss_mxfp4) { check_cpu_misses("gpt_oss_mxfp4", true, 2, 5, 40, true); }
 
 /* --gpu-experts-warm: the slots start with the experts a CPU run of the
  * same prompt routed to most (per MoE layer, from its route trace).  The

@@ -47,6 +47,8 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
 /* events: host timestamps (every call is synchronous here) */
 typedef struct emu_event *cudaEvent_t;
 cudaError_t cudaEventCreate(cudaEvent_t *e);
+#define cudaEventDisableTiming 0x02u
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
