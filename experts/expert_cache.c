@@ -99,6 +99,18 @@ int moe_expert_cache_order(struct moe_expert_cache *c, const int32_t *counts, in
     return m;
 }
 
+int moe_expert_cache_split(const struct moe_expert_cache *c, const int32_t *counts, int R, int32_t *rest,
+                           int32_t *list)
+{
+    int n = 0;
+    for (int e = 0; e < c->E; e++) {
+        const bool cpu = counts[e] > 0 && counts[e] <= R && c->slot[e] < 0;
+        rest[e] = cpu ? 0 : counts[e];
+        if (cpu) list[n++] = e;
+    }
+    return n;
+}
+
 int moe_expert_cache_fill(struct moe_expert_cache *c, const int32_t *order, int m, int *next,
                           int32_t *slot, bool *loaded)
 {

@@ -63,6 +63,12 @@ int moe_expert_cache_use(struct moe_expert_cache *c, int e, bool *loaded, int *e
  * the experts order[*next - n .. *next); returns n (at least 1 while
  * experts remain). */
 int moe_expert_cache_order(struct moe_expert_cache *c, const int32_t *counts, int32_t *order);
+/* The experts a step computes on the CPU instead of copying them in
+ * (--gpu-experts-cpu-rows R): those with 1 to R rows that are not
+ * resident, by id into list; rest (E) gets counts less theirs, for
+ * moe_expert_cache_order.  Returns their number (0 when R <= 0). */
+int moe_expert_cache_split(const struct moe_expert_cache *c, const int32_t *counts, int R, int32_t *rest,
+                           int32_t *list);
 int moe_expert_cache_fill(struct moe_expert_cache *c, const int32_t *order, int m, int *next,
                           int32_t *slot, bool *loaded);
 

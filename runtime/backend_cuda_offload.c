@@ -294,15 +294,12 @@ static enum moe_status cpu_split(struct cuda_ctx *c, const struct offload_layer 
 {
     struct offload_cpu *p = &c->cpu;
     const int32_t *counts = c->h_counts;
-    const int E = ol->cache.E;
-    int n = 0, r = 0;
+    const int E = ol->cache.E, n = moe_expert_cache_split(&ol->cache, counts, p->R, p->gpu_counts, p->list);
+    int r = 0;
     p->off[0] = 0;
-    for (int e = 0; e < E; e++) {
-        p->off[e + 1] = p->off[e] + counts[e];
-        const bool cpu = counts[e] > 0 && counts[e] <= p->R && ol->cache.slot[e] < 0;
-        p->gpu_counts[e] = cpu ? 0 : counts[e];
-        if (!cpu) continue;
-        p->list[n++] = e;
+    for (int e = 0; e < E; e++) p->off[e + 1] = p->off[e] + counts[e];
+    for (int i = 0; i < n; i++) {
+        const int e = p->list[i];
         for (int j = 0; j < counts[e]; j++) p->h_tok[r + j] = p->h_perm[p->off[e] + j] / K;
         r += counts[e];
     }

@@ -28,6 +28,8 @@ static void usage(FILE *f)
             "  --hidden D        hidden size for the all-to-all bytes (default: the trace's)\n"
             "  --cache C         keep C experts per layer resident (LRU and LFU)\n"
             "  --warm FILE       ... also starting from FILE's most loaded experts (statistics)\n"
+            "  --cpu-rows R      ... misses of at most R rows a step computed on the CPU\n"
+            "                    (--gpu-experts-cpu-rows): CPU uses per token\n"
             "  --expert-bytes B  bytes copied per expert miss (default 3*D*F*weight bytes)\n"
             "  --topk k          routing weight kept with k active experts\n");
 }
@@ -36,7 +38,7 @@ int moe_cli_stats(int argc, char **argv)
 {
     const char *svg = NULL, *warm_path = NULL;
     long width = 100, pairs = 3, ep = 0, replicas = 0, act_bytes = 2, hidden = 0, cache = 0,
-         expert_bytes = 0, topk = 0;
+         expert_bytes = 0, topk = 0, cpu_rows = 0;
     int compare = 0, plot = 1;
     static const struct option opts[] = {
         {"svg", required_argument, 0, 's'},     {"no-plot", no_argument, 0, 'P'},
@@ -45,7 +47,7 @@ int moe_cli_stats(int argc, char **argv)
         {"replicas", required_argument, 0, 'r'}, {"act-bytes", required_argument, 0, 'a'},
         {"hidden", required_argument, 0, 'D'},  {"cache", required_argument, 0, 'C'},
         {"expert-bytes", required_argument, 0, 'b'}, {"topk", required_argument, 0, 'k'},
-        {"warm", required_argument, 0, 'W'},
+        {"warm", required_argument, 0, 'W'},    {"cpu-rows", required_argument, 0, 'R'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -65,6 +67,7 @@ int moe_cli_stats(int argc, char **argv)
         case 'C': dst = &cache; break;
         case 'b': dst = &expert_bytes; hi = __LONG_MAX__; break;
         case 'k': dst = &topk; break;
+        case 'R': dst = &cpu_rows; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -78,6 +81,7 @@ int moe_cli_stats(int argc, char **argv)
     }
     if (compare && n != 2) return moe_cli_error("stats", "--compare takes exactly two files");
     if (replicas && !ep) return moe_cli_error("stats", "--replicas goes with --ep N");
+    if (cpu_rows && !cache) return moe_cli_error("stats", "--cpu-rows goes with --cache C");
     if (warm_path && !cache) return moe_cli_error("stats", "--warm goes with --cache C");
     struct moe_sdata *d = calloc((size_t)n + 1, sizeof *d), *warm = d + n;
     if (!d) return moe_cli_error("stats", "out of memory");
@@ -111,7 +115,7 @@ int moe_cli_stats(int argc, char **argv)
         }
         if (s == MOE_OK && cache) {
             printf("\n");
-            s = moe_whatif_cache(stdout, &d[i], (int)cache, expert_bytes, warm_path ? warm : NULL);
+            s = moe_whatif_cache(stdout, &d[i], (int)cache, expert_bytes, warm_path ? warm : NULL, (int)cpu_rows);
         }
         if (s == MOE_OK && topk) {
             printf("\n");

@@ -90,21 +90,25 @@ struct moe_ep_opts {
 MOE_MUST_USE enum moe_status moe_whatif_ep(FILE *f, const struct moe_sdata *d,
                                             const struct moe_ep_opts *o);
 /* Expert cache of C experts per layer (LRU and LFU; with warm, statistics
- * of as many MoE layers and experts, also both started from its load). */
+ * of as many MoE layers and experts, also both started from its load;
+ * cpu_rows > 0: misses of at most that many rows a step computed on the
+ * CPU, as --gpu-experts-cpu-rows does). */
 MOE_MUST_USE enum moe_status moe_whatif_cache(FILE *f, const struct moe_sdata *d, int C,
-                                               int64_t expert_bytes, const struct moe_sdata *warm);
+                                               int64_t expert_bytes, const struct moe_sdata *warm,
+                                               int cpu_rows);
 /* Routing weight kept with k active experts (and every k' <= K). */
 MOE_MUST_USE enum moe_status moe_whatif_topk(FILE *f, const struct moe_sdata *d, int k);
 
 /* Result of one cache policy, for the tests. */
 struct moe_cache_result {
-    int64_t accesses, hits;
+    int64_t accesses, hits; /* uses on the device, and those found there */
+    int64_t cpu_uses, cpu_rows; /* uses computed on the CPU (cpu_rows > 0), their rows */
 };
 /* Simulates one layer's cache: steps in trace order, each step's experts
  * in the backend's order; lfu false = LRU.  Capacity C >= 1.  warm (E) or
  * NULL: the layer's load in earlier statistics (moe_expert_cache_warm). */
 void moe_cache_simulate(const struct moe_sdata *d, int layer_slot, int C, bool lfu, const double *warm,
-                        struct moe_cache_result *r);
+                        int cpu_rows, struct moe_cache_result *r);
 
 #ifdef __cplusplus
 }

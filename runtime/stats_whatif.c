@@ -308,15 +308,15 @@ done:
 }
 
 void moe_cache_simulate(const struct moe_sdata *d, int j, int C, bool lfu, const double *warm,
-                        struct moe_cache_result *r)
+                        int cpu_rows, struct moe_cache_result *r)
 {
     const int E = d->E, K = d->K, Lm = d->Lm;
     memset(r, 0, sizeof *r);
     struct moe_expert_cache c;
     if (moe_expert_cache_init(&c, E, C, lfu) != MOE_OK) return;
     if (warm) moe_expert_cache_warm(&c, warm);
-    int32_t *counts = calloc((size_t)E, sizeof *counts), *order = malloc((size_t)E * sizeof *order),
-            *slot = malloc((size_t)E * sizeof *slot);
+    int32_t *counts = calloc(2 * (size_t)E, sizeof *counts), *order = malloc((size_t)E * sizeof *order),
+            *slot = malloc((size_t)E * sizeof *slot), *rest = counts + E;
     bool *loaded = malloc((size_t)E * sizeof *loaded);
     int64_t t0 = 0;
     while (counts && order && slot && loaded && t0 < d->N) {
@@ -329,7 +329,11 @@ void moe_cache_simulate(const struct moe_sdata *d, int j, int C, bool lfu, const
                 const int e = d->ids[((size_t)t * Lm + j) * K + k];
                 if (e >= 0 && e < E) counts[e]++;
             }
-        const int m = moe_expert_cache_order(&c, counts, order);
+        /* misses of few rows to the CPU (order is free until the cache's own) */
+        const int n_cpu = moe_expert_cache_split(&c, counts, cpu_rows, rest, order);
+        r->cpu_uses += n_cpu;
+        for (int i = 0; i < n_cpu; i++) r->cpu_rows += counts[order[i]];
+        const int m = moe_expert_cache_order(&c, rest, order);
         for (int next = 0; next < m;)
             if (moe_expert_cache_fill(&c, order, m, &next, slot, loaded) == 0) break;
         t0 = t1;
@@ -344,7 +348,7 @@ void moe_cache_simulate(const struct moe_sdata *d, int j, int C, bool lfu, const
 }
 
 enum moe_status moe_whatif_cache(FILE *f, const struct moe_sdata *d, int C, int64_t expert_bytes,
-                                 const struct moe_sdata *warm)
+                                 const struct moe_sdata *warm, int cpu_rows)
 {
     if (!d->ids) return moe_fail(MOE_ERR_INVALID_ARG, "%s: --cache needs a routing trace", d->path);
     if (C < 1 || C > d->E) return moe_fail(MOE_ERR_INVALID_ARG, "--cache %d with %d experts", C, d->E);
@@ -356,29 +360,38 @@ enum moe_status moe_whatif_cache(FILE *f, const struct moe_sdata *d, int C, int6
         expert_bytes = 3ll * d->d_model * d->d_expert * (d->weight_bytes ? d->weight_bytes : 2);
     fprintf(f, "expert cache of %d of %d experts per layer, %lld tokens; one expert = %.3f MB\n", C,
             d->E, (long long)d->N, expert_bytes / 1e6);
-    fprintf(f, "%-9s %9s %10s %10s %16s\n", "policy", "hit rate", "worst layer", "best layer",
-            "H2D MB/token");
+    if (cpu_rows > 0)
+        fprintf(f, "misses of at most %d rows in a step computed on the CPU, not copied in\n", cpu_rows);
+    fprintf(f, "%-9s %9s %10s %10s %16s%s\n", "policy", "hit rate", "worst layer", "best layer",
+            "H2D MB/token", cpu_rows > 0 ? "  CPU uses/token  rows/use" : "");
     for (int run = 0; run < (warm ? 4 : 2); run++) {
         const bool lfu = run & 1, w = run >= 2;
-        int64_t acc = 0, hits = 0;
+        int64_t acc = 0, hits = 0, cpu = 0, cpu_r = 0;
         double lo = 1, hi = 0;
         for (int j = 0; j < d->Lm; j++) {
             struct moe_cache_result r;
-            moe_cache_simulate(d, j, C, lfu, w ? warm->load + (size_t)j * d->E : NULL, &r);
+            moe_cache_simulate(d, j, C, lfu, w ? warm->load + (size_t)j * d->E : NULL, cpu_rows, &r);
             acc += r.accesses;
             hits += r.hits;
+            cpu += r.cpu_uses;
+            cpu_r += r.cpu_rows;
             double h = r.accesses ? (double)r.hits / r.accesses : 1;
             lo = fmin(lo, h);
             hi = fmax(hi, h);
         }
-        fprintf(f, "%-9s %9.4f %10.4f %10.4f %16.4f\n", w ? (lfu ? "LFU+warm" : "LRU+warm") : lfu ? "LFU" : "LRU",
+        fprintf(f, "%-9s %9.4f %10.4f %10.4f %16.4f", w ? (lfu ? "LFU+warm" : "LRU+warm") : lfu ? "LFU" : "LRU",
                 acc ? (double)hits / acc : 1.0, lo, hi,
                 d->N ? (double)(acc - hits) * expert_bytes / d->N / 1e6 : 0);
+        if (cpu_rows > 0)
+            fprintf(f, "  %14.4f  %8.2f", d->N ? (double)cpu / d->N : 0, cpu ? (double)cpu_r / cpu : 0);
+        fputc('\n', f);
     }
     fprintf(f, "accesses: distinct experts each step needs per layer; a miss copies one expert "
             "(3*D*F*weight bytes) from the host; +warm: the slots start with each layer's %d most "
             "loaded experts of the --warm statistics.  The CUDA backend runs these with --gpu-experts %d "
-            "[--gpu-experts-policy lfu] [--gpu-experts-warm FILE]\n", C, C);
+            "[--gpu-experts-policy lfu] [--gpu-experts-warm FILE]", C, C);
+    if (cpu_rows > 0) fprintf(f, " --gpu-experts-cpu-rows %d (hit rate: of the uses on the device)", cpu_rows);
+    fputc('\n', f);
     return MOE_OK;
 }
 

@@ -136,15 +136,15 @@ Test(whatif, cache_hits_by_hand)
     struct moe_sdata d;
     make_trace(&d, 4, ids, w, step);
     struct moe_cache_result r;
-    moe_cache_simulate(&d, 0, 4, false, NULL, &r); /* everything fits: only cold misses */
+    moe_cache_simulate(&d, 0, 4, false, NULL, 0, &r); /* everything fits: only cold misses */
     cr_assert(r.accesses == 8 && r.hits == 4, "%lld/%lld", (long long)r.hits, (long long)r.accesses);
-    moe_cache_simulate(&d, 0, 2, false, NULL, &r);
+    moe_cache_simulate(&d, 0, 2, false, NULL, 0, &r);
     /* LRU, 2 slots, each step's experts as the CUDA backend takes them
      * (resident first, then by id): {0,1}: 0 miss, 1 miss | 0 hit, 1 hit |
      * {2,3}: 2 miss (evicts 0, least recent), 3 miss (evicts 1: 2 is in the
      * round) | {0,2}: 2 hit (resident first), 0 miss (evicts 3) */
     cr_assert(r.accesses == 8 && r.hits == 3, "LRU %lld", (long long)r.hits);
-    moe_cache_simulate(&d, 0, 2, true, NULL, &r);
+    moe_cache_simulate(&d, 0, 2, true, NULL, 0, &r);
     /* LFU: the same here (0 and 1 are used equally: ties go to LRU) */
     cr_assert(r.accesses == 8 && r.hits == 3, "LFU %lld", (long long)r.hits);
     /* token order would miss where the backend hits: 2 slots,
@@ -156,7 +156,7 @@ Test(whatif, cache_hits_by_hand)
     int step3[] = {0, 1};
     struct moe_sdata d3;
     make_trace(&d3, 2, ids3, w3, step3);
-    moe_cache_simulate(&d3, 0, 2, false, NULL, &r);
+    moe_cache_simulate(&d3, 0, 2, false, NULL, 0, &r);
     cr_assert(r.accesses == 4 && r.hits == 1, "backend order: %lld hits", (long long)r.hits);
     moe_sdata_free(&d3);
     /* LFU keeps a frequent expert that LRU drops: one expert per step (both
@@ -168,8 +168,8 @@ Test(whatif, cache_hits_by_hand)
     struct moe_sdata d2;
     make_trace(&d2, 5, ids2, w2, step2);
     struct moe_cache_result lru, lfu;
-    moe_cache_simulate(&d2, 0, 2, false, NULL, &lru);
-    moe_cache_simulate(&d2, 0, 2, true, NULL, &lfu);
+    moe_cache_simulate(&d2, 0, 2, false, NULL, 0, &lru);
+    moe_cache_simulate(&d2, 0, 2, true, NULL, 0, &lfu);
     cr_assert(lru.hits == 1 && lfu.hits == 2, "LFU %lld vs LRU %lld", (long long)lfu.hits,
               (long long)lru.hits);
     moe_sdata_free(&d2);
@@ -177,7 +177,7 @@ Test(whatif, cache_hits_by_hand)
     size_t len;
     FILE *f = open_memstream(&buf, &len);
     cr_assert_eq(moe_whatif_topk(f, &d, 1), MOE_OK);
-    cr_assert_eq(moe_whatif_cache(f, &d, 2, 0, NULL), MOE_OK);
+    cr_assert_eq(moe_whatif_cache(f, &d, 2, 0, NULL, 0), MOE_OK);
     fclose(f);
     /* k = 1 keeps mean(.6, .5, .9, .7) = 0.675 */
     cr_assert(strstr(buf, "   1       0.6750"), "%s", buf);
@@ -204,25 +204,60 @@ Test(whatif, cache_warm_start_by_hand)
     make_trace(&d, 4, ids, w, step);
     const double load[4] = {10, 1, 5, 0};
     struct moe_cache_result r;
-    moe_cache_simulate(&d, 0, 2, false, load, &r);
+    moe_cache_simulate(&d, 0, 2, false, load, 0, &r);
     cr_expect(r.accesses == 8 && r.hits == 4, "LRU + warm: %lld/%lld", (long long)r.hits, (long long)r.accesses);
-    moe_cache_simulate(&d, 0, 2, true, load, &r);
+    moe_cache_simulate(&d, 0, 2, true, load, 0, &r);
     cr_expect(r.accesses == 8 && r.hits == 4, "LFU + warm: %lld/%lld", (long long)r.hits, (long long)r.accesses);
     make_trace(&warm, 1, ids, w, step); /* load {1, 1, 0, 0}: slots {0, 1} */
     char *buf;
     size_t len;
     FILE *f = open_memstream(&buf, &len);
-    cr_assert_eq(moe_whatif_cache(f, &d, 2, 0, &warm), MOE_OK);
+    cr_assert_eq(moe_whatif_cache(f, &d, 2, 0, &warm, 0), MOE_OK);
     fclose(f);
     /* LRU + warm from {0, 1}: 0, 1 hit | hits | 2, 3 miss | 2 hit, 0 miss: 5 of 8 */
     cr_expect(strstr(buf, "LRU+warm     0.6250"), "%s", buf);
     cr_expect(strstr(buf, "LRU          0.3750"), "%s", buf);
     free(buf);
     warm.E = 5;
-    cr_expect_eq(moe_whatif_cache(stdout, &d, 2, 0, &warm), MOE_ERR_INVALID_ARG);
+    cr_expect_eq(moe_whatif_cache(stdout, &d, 2, 0, &warm, 0), MOE_ERR_INVALID_ARG);
     cr_expect(strstr(moe_last_error(), "5 experts") != NULL, "%s", moe_last_error());
     warm.E = 4;
     moe_sdata_free(&warm);
+    moe_sdata_free(&d);
+}
+
+/* --cpu-rows R (the backend's --gpu-experts-cpu-rows): a miss of at most R
+ * rows in the step runs on the CPU and never takes a slot.  Steps (2 slots,
+ * LRU, R = 1): {0,1},{0,2}: counts 0:2 1:1 2:1: 1 and 2 to the CPU, 0 miss
+ * | {1,3}: both one row, not resident: the CPU | {0,3},{3,2}: 0 (one row
+ * but resident) hit, 3 (two rows) miss, 2 to the CPU.  Device uses 3,
+ * hits 1; CPU uses 5 of 5 rows over 5 tokens. */
+Test(whatif, cache_cpu_rows_by_hand)
+{
+    int32_t ids[] = {0, 1, 0, 2, 1, 3, 0, 3, 3, 2};
+    float w[10] = {0};
+    int step[] = {0, 0, 1, 2, 2};
+    struct moe_sdata d;
+    make_trace(&d, 5, ids, w, step);
+    struct moe_cache_result r;
+    moe_cache_simulate(&d, 0, 2, false, NULL, 1, &r);
+    cr_expect(r.accesses == 3 && r.hits == 1 && r.cpu_uses == 5 && r.cpu_rows == 5,
+              "R = 1: %lld of %lld device uses hit, %lld CPU uses of %lld rows", (long long)r.hits,
+              (long long)r.accesses, (long long)r.cpu_uses, (long long)r.cpu_rows);
+    /* R = 2 takes every use (no step has more than 2 rows an expert), so
+     * nothing is ever resident: 3 + 2 + 3 uses, all 10 rows */
+    moe_cache_simulate(&d, 0, 2, false, NULL, 2, &r);
+    cr_expect(r.accesses == 0 && r.cpu_uses == 8 && r.cpu_rows == 10, "R = 2: %lld device, %lld CPU uses",
+              (long long)r.accesses, (long long)r.cpu_uses);
+    char *buf;
+    size_t len;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(moe_whatif_cache(f, &d, 2, 0, NULL, 1), MOE_OK);
+    fclose(f);
+    /* hit rate 1/3; 2 misses x 300 bytes / 5 tokens; 5 CPU uses / 5 tokens, 1 row each */
+    cr_expect(strstr(buf, "LRU          0.3333     0.3333     0.3333           0.0001          1.0000      1.00"),
+              "%s", buf);
+    free(buf);
     moe_sdata_free(&d);
 }
 

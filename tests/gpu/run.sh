@@ -201,6 +201,14 @@ say "   tensor-core expert kernels done"
 bench mixtral_offload4 configs/mixtral-8x7b.json --prefill 512 --chunk 512 --decode 1,8 --steps 8 \
     --gpu-experts 4
 say "   mixtral with expert offload done"
+# missed experts computed on the CPU from host memory (--gpu-experts-cpu-rows)
+# against copied in: OLMoE with 16 of its 64 experts per layer on the device
+# (decode misses have 1-2 rows: the CPU takes them; prefill's go over PCIe)
+bench olmoe_offload16 configs/olmoe-1b-7b.json --prefill 512 --chunk 512 --decode 1,8 --steps 8 \
+    --gpu-experts 16
+bench olmoe_offload16_cpu configs/olmoe-1b-7b.json --prefill 512 --chunk 512 --decode 1,8 --steps 8 \
+    --gpu-experts 16 --gpu-experts-cpu-rows 2
+say "   olmoe with expert offload, misses copied and on the CPU, done"
 fi # bench
 
 # ---- 5. the table ----
@@ -288,15 +296,19 @@ for name in ("mixtral", "experts_gptoss120b", "experts_qwen3moe30b"):
                 name, r["batch"], r["dtype"], r["us"], r["GBps"], 100 * r["copy_bandwidth_fraction"]))
     except Exception as e:
         print("  %-20s no result (%s)" % (name, e))
-try:
-    j = json.load(open(os.path.join(out, "bench_mixtral_offload4.json")))
-    rows = [("pf%d" % p["tokens"], p) for p in j["prefill"]] + [("b%d" % d["batch"], d) for d in j["decode"]]
-    print("mixtral, 4 of 8 experts on the GPU: " + "; ".join(
-        "%s %.1f t/s, %.0f%% found, %.1f MB/token in" % (
-            n, r["tokens_per_s"], 100 * r.get("offload", {}).get("hit_rate", 0),
-            r.get("offload", {}).get("mb_in_per_token", 0)) for n, r in rows))
-except Exception as e:
-    print("mixtral with expert offload: no result (%s)" % e)
+for name, what in (("mixtral_offload4", "mixtral, 4 of 8 experts on the GPU"),
+                   ("olmoe_offload16", "olmoe, 16 of 64 experts on the GPU, misses copied in"),
+                   ("olmoe_offload16_cpu", "olmoe, 16 of 64 on the GPU, misses of <= 2 rows on the CPU")):
+    try:
+        j = json.load(open(os.path.join(out, "bench_%s.json" % name)))
+        rows = [("pf%d" % p["tokens"], p) for p in j["prefill"]] + [("b%d" % d["batch"], d) for d in j["decode"]]
+        print(what + ": " + "; ".join(
+            "%s %.1f t/s, %.0f%% found, %.1f MB/token in, %.1f experts/token on the CPU" % (
+                n, r["tokens_per_s"], 100 * r.get("offload", {}).get("hit_rate", 0),
+                r.get("offload", {}).get("mb_in_per_token", 0),
+                r.get("offload", {}).get("cpu_experts_per_token", 0)) for n, r in rows))
+    except Exception as e:
+        print("%s: no result (%s)" % (name, e))
 for kv in ("f32", "bf16"):
     try:
         c = json.load(open(os.path.join(out, "ppl_cuda_%s.json" % kv)))
