@@ -18,7 +18,12 @@
  * it on a real trace); a step copies (1 - h) of its touched experts, and
  * at least all but C of them, over PCIe, not yet overlapped with compute,
  * so the copy time adds to the step's.  Every expert stays in pinned host
- * memory (the checkpoint's own copy comes on top). */
+ * memory (the checkpoint's own copy comes on top).  With
+ * --gpu-experts-cpu-rows R, a step whose touched experts get at most R
+ * rows on average (B*K / touched) computes its misses on the CPU instead:
+ * each missed expert's weights read once from host memory (--host-bw),
+ * overlapped with the device's part of the step, so the step takes the
+ * longer of the two. */
 #include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
@@ -70,7 +75,10 @@ static void usage(FILE *f)
             "                   the device, the others copied in from host memory\n"
             "  --hit-rate H     share of routed experts found on the device (default C/E,\n"
             "                   uniform routing; `moerun stats TRACE --cache C` measures it)\n"
-            "  --pcie GB/s      host-to-device copy bandwidth (default 55, a100 25)\n");
+            "  --pcie GB/s      host-to-device copy bandwidth (default 55, a100 25)\n"
+            "  --gpu-experts-cpu-rows R  misses of at most R rows a step computed on the CPU\n"
+            "  --host-bw GB/s   the CPU's read bandwidth from host memory for those\n"
+            "                   (default 100)\n");
 }
 
 static double cpu_peak_flops(void)
@@ -124,9 +132,11 @@ int moe_cli_plan(int argc, char **argv)
         {"dtype", required_argument, 0, 'd'},     {"help", no_argument, 0, 'h'},
         {"moe-top-k", required_argument, 0, 'K'}, {"quantize", required_argument, 0, 'Q'},
         {"gpu-experts", required_argument, 0, 'G'}, {"hit-rate", required_argument, 0, 'H'},
-        {"pcie", required_argument, 0, 'P'},      {0, 0, 0, 0}};
+        {"pcie", required_argument, 0, 'P'},      {"gpu-experts-cpu-rows", required_argument, 0, 'R'},
+        {"host-bw", required_argument, 0, 'B'},   {0, 0, 0, 0}};
     long gpu_experts = 0;
-    double hit_arg = -1, pcie_arg = 0;
+    double hit_arg = -1, pcie_arg = 0, host_bw = 100e9;
+    long cpu_rows = 0;
     char *end;
     enum moe_weight_quant quant = MOE_QUANT_NONE;
     int c;
@@ -170,6 +180,17 @@ int moe_cli_plan(int argc, char **argv)
             if (end == optarg || *end || !(pcie_arg > 0 && pcie_arg < 1e15))
                 return moe_cli_error("plan", "--pcie '%s' (GB/s)", optarg);
             break;
+        case 'R':
+            if (!moe_cli_parse_int(optarg, 0, 1 << 20, &cpu_rows))
+                return moe_cli_error("plan", "--gpu-experts-cpu-rows '%s'", optarg);
+            break;
+        case 'B': {
+            char *end;
+            host_bw = strtod(optarg, &end) * 1e9;
+            if (end == optarg || *end || !(host_bw > 0 && host_bw < 1e15))
+                return moe_cli_error("plan", "--host-bw '%s' (GB/s)", optarg);
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -325,12 +346,21 @@ int moe_cli_plan(int argc, char **argv)
     double d_compute = (double)batch * (f_tok + f_attn) / dev.flops;
     double d_memory = d_bytes / dev.bw;
     double d_time = d_compute > d_memory ? d_compute : d_memory;
-    const double d_copy = copy_seconds(E, K, C, hit, (double)batch, n_moe * one_expert / dev.h2d);
+    double d_copy = copy_seconds(E, K, C, hit, (double)batch, n_moe * one_expert / dev.h2d), d_step = d_time + d_copy;
+    /* --gpu-experts-cpu-rows: the same misses read by the CPU from host
+     * memory, beside the device's part of the step */
+    const bool on_cpu = off && cpu_rows > 0 && uniq > 0 && (double)batch * K / uniq <= (double)cpu_rows;
+    if (on_cpu) {
+        d_copy = copy_seconds(E, K, C, hit, (double)batch, n_moe * one_expert / host_bw);
+        d_step = fmax(d_time, d_copy);
+        snprintf(b, sizeof b, "; misses read by the CPU at %.0f GB/s: %.3f ms, overlapped", host_bw / 1e9,
+                 d_copy * 1e3);
+    }
     printf("decode       batch %ld at context %ld: reads %s per step (%.1f of %d experts per MoE layer "
            "touched), %.3f ms per step (%s-bound%s), %.0f tokens/s\n", batch, ctx,
-           moe_cli_bytes(a, sizeof a, d_bytes), uniq, cfg->n_experts, (d_time + d_copy) * 1e3,
-           d_compute > d_memory ? "compute" : "memory", off ? copy_note(b, sizeof b, d_copy, dev.h2d) : "",
-           (double)batch / (d_time + d_copy));
+           moe_cli_bytes(a, sizeof a, d_bytes), uniq, cfg->n_experts, d_step * 1e3,
+           d_compute > d_memory ? "compute" : "memory",
+           on_cpu ? b : off ? copy_note(b, sizeof b, d_copy, dev.h2d) : "", (double)batch / d_step);
     moe_model_free(&m);
     return 0;
 }

@@ -255,6 +255,18 @@ Test(cli, plan_expert_offload)
     snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --gpu-experts 4 --hit-rate 1.5",
              MOERUN_BINARY, MOERUN_SOURCE_DIR);
     cr_assert_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    /* the same misses read by the CPU at 40 GB/s: 11.27 GB / 40 GB/s =
+     * 281.86 ms, overlapped with the device's part (about 13 ms): the step */
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --device a100 --gpu-experts 4 "
+             "--gpu-experts-cpu-rows 1 --host-bw 40", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "281.857 ms per step (memory-bound; misses read by the CPU at 40 GB/s: 281.857 ms, "
+                          "overlapped)"), "%s", out);
+    /* batch 8: 9.5 rows per touched expert, more than 1: copied as before */
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --device a100 --gpu-experts 4 "
+             "--gpu-experts-cpu-rows 1 --batch 8", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "copying experts in at 25 GB/s") && !strstr(out, "read by the CPU"), "%s", out);
 }
 
 /* bench --serve: every request completes and the JSON carries the metrics. */
