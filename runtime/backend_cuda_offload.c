@@ -296,18 +296,19 @@ static enum moe_status cpu_split(struct cuda_ctx *c, const struct offload_layer 
     const int32_t *counts = c->h_counts;
     const int E = ol->cache.E, n = moe_expert_cache_split(&ol->cache, counts, p->R, p->gpu_counts, p->list);
     int r = 0;
-    p->off[0] = 0;
-    for (int e = 0; e < E; e++) p->off[e + 1] = p->off[e] + counts[e];
-    for (int i = 0; i < n; i++) {
-        const int e = p->list[i];
-        for (int j = 0; j < counts[e]; j++) p->h_tok[r + j] = p->h_perm[p->off[e] + j] / K;
-        r += counts[e];
-    }
+    for (int i = 0; i < n; i++) r += counts[p->list[i]];
     *n_cpu = n, *rows = r;
     if (n == 0) return MOE_OK;
     if (r > p->rows || D > p->width)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: %d CPU rows of %d (reserved %d of %d)", r, D,
                         p->rows, p->width);
+    p->off[0] = 0;
+    for (int e = 0; e < E; e++) p->off[e + 1] = p->off[e] + counts[e];
+    for (int i = 0, at = 0; i < n; i++) {
+        const int e = p->list[i];
+        for (int j = 0; j < counts[e]; j++) p->h_tok[at + j] = p->h_perm[p->off[e] + j] / K;
+        at += counts[e];
+    }
     MOE_CUDA_TRY(cudaMemcpyAsync(p->d_tok, p->h_tok, (size_t)r * sizeof(int32_t), cudaMemcpyHostToDevice,
                                  c->stream));
     MOE_TRY(moe_ops_gather_rows_cuda(c->stream, p->d_x, x, p->d_tok, r, D));
