@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "experts/experts.h"
+#include "experts/experts_cuda.cuh"
 #include "runtime/cuda_dtype.cuh"
 #include "runtime/cuda_mma.cuh"
 #include "runtime/cuda_planes.cuh"
@@ -137,13 +138,6 @@ template <class HT> __device__ __forceinline__ HT half_of(float v);
 template <> __device__ __forceinline__ __nv_bfloat16 half_of(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half half_of(float v) { return __float2half_rn(v); }
 
-/* The fused gate/up epilogue's biases (by expert; NULL: none) and
- * activation (moe_experts_act). */
-struct glu_args {
-    const float *b_gate, *b_up;
-    float alpha, limit;
-};
-
 #define XM_SLD (XM_BN + 4) /* fp32 row stride of the epilogue's exchange */
 #define XM_SMEM (4 * (MOE_EXPERT_MMA_BM + XM_BN) * XM_LD) /* two stages of A and B, bytes */
 static_assert(MOE_EXPERT_MMA_BM * XM_SLD * 4 <= XM_SMEM, "the epilogue's exchange fits the stages");
@@ -153,11 +147,12 @@ static_assert(MOE_EXPERT_MMA_BM * XM_SLD * 4 <= XM_SMEM, "the epilogue's exchang
  * (planes: values at w, scales at ws).  GLU: w is the gate+up stack
  * (2N rows a place), a block's 64 weight rows are the gate rows of 32
  * features and their up rows, and out = act(gate (+ b_gate), up (+ b_up))
- * (the warps' accumulators exchanged through shared memory). */
+ * with xb's biases and activation (the warps' accumulators exchanged
+ * through shared memory; xb.b_down is the combine's). */
 template <enum moe_dtype WT, class HT, bool GLU>
 static __global__ void __launch_bounds__(XM_THREADS)
     expert_mma_kernel(HT *out, const HT *a, const void *w, const void *ws, const int32_t *tiles, int N,
-                      int Kd, struct glu_args glu)
+                      int Kd, struct expert_extra xb)
 {
     typedef mma_half<HT> M;
     __shared__ __align__(16) unsigned char smem[XM_SMEM];
@@ -250,11 +245,11 @@ static __global__ void __launch_bounds__(XM_THREADS)
             const int r = i / (XM_BN / 2), c = i % (XM_BN / 2), fo = n0 + c;
             if (r0 + r >= rend || fo >= N) continue;
             float gv = S[r * XM_SLD + c], uv = S[r * XM_SLD + XM_BN / 2 + c];
-            if (glu.b_gate) {
-                gv += glu.b_gate[(size_t)e * N + fo];
-                uv += glu.b_up[(size_t)e * N + fo];
+            if (xb.b_gate) {
+                gv += xb.b_gate[(size_t)e * N + fo];
+                uv += xb.b_up[(size_t)e * N + fo];
             }
-            out[(size_t)(r0 + r) * N + fo] = half_of<HT>(moe_experts_act(gv, uv, glu.alpha, glu.limit));
+            out[(size_t)(r0 + r) * N + fo] = half_of<HT>(moe_experts_act(gv, uv, xb.alpha, xb.limit));
         }
         __syncthreads(); /* S is the next tile's first stage */
     }
@@ -295,20 +290,15 @@ extern "C" enum moe_status moe_experts_mma_cuda(cudaStream_t st, void *out, cons
                     (unsigned)(max_tiles < 65535 ? max_tiles : 65535));
     const size_t rows = glu ? 2 * (size_t)N : (size_t)N; /* a place's rows in the stack */
     const void *ws = planes ? (const char *)w + moe_planes_values_bytes(wt, rows * Ew, (size_t)Kd) : NULL;
-    struct glu_args ga = {NULL, NULL, 0.0f, 0.0f};
-    if (glu) {
-        ga.b_gate = (const float *)glu->b_gate.data;
-        ga.b_up = (const float *)glu->b_up.data;
-        ga.alpha = glu->alpha, ga.limit = glu->limit;
-    }
+    const struct expert_extra xb = extra_of(glu); /* b_down: added by the combine */
 #define XMMA(WT, HT)                                                                                 \
     do {                                                                                             \
         if (glu)                                                                                     \
             expert_mma_kernel<WT, HT, true><<<grid, XM_THREADS, 0, st>>>((HT *)out, (const HT *)a, w, ws, \
-                                                                         tiles, N, Kd, ga);          \
+                                                                         tiles, N, Kd, xb);          \
         else                                                                                         \
             expert_mma_kernel<WT, HT, false><<<grid, XM_THREADS, 0, st>>>((HT *)out, (const HT *)a, w,   \
-                                                                          ws, tiles, N, Kd, ga);     \
+                                                                          ws, tiles, N, Kd, xb);     \
     } while (0)
     switch (wt) {
     case MOE_DTYPE_BF16: XMMA(MOE_DTYPE_BF16, __nv_bfloat16); break;
