@@ -139,7 +139,9 @@ template <> __device__ __forceinline__ __nv_bfloat16 half_of(float v) { return _
 template <> __device__ __forceinline__ __half half_of(float v) { return __float2half_rn(v); }
 
 #define XM_SLD (XM_BN + 4) /* fp32 row stride of the epilogue's exchange */
-#define XM_SMEM (4 * (MOE_EXPERT_MMA_BM + XM_BN) * XM_LD) /* two stages of A and B, bytes */
+#define XM_SA (MOE_EXPERT_MMA_BM * XM_LD) /* a stage of A, values */
+#define XM_SB (XM_BN * XM_LD)             /* a stage of W, values */
+#define XM_SMEM (4 * (XM_SA + XM_SB))     /* two stages of A and W, bytes */
 static_assert(MOE_EXPERT_MMA_BM * XM_SLD * 4 <= XM_SMEM, "the epilogue's exchange fits the stages");
 
 /* out (rows in expert order, N) in HT = a (rows, Kd) in HT times W_s^T for
@@ -156,8 +158,9 @@ static __global__ void __launch_bounds__(XM_THREADS)
 {
     typedef mma_half<HT> M;
     __shared__ __align__(16) unsigned char smem[XM_SMEM];
-    HT *const sa[2] = {(HT *)smem, (HT *)smem + MOE_EXPERT_MMA_BM * XM_LD};
-    HT *const sb[2] = {sa[1] + MOE_EXPERT_MMA_BM * XM_LD, sa[1] + (MOE_EXPERT_MMA_BM + XM_BN) * XM_LD};
+    /* stage b of A at sa + b * XM_SA, of W at sb + b * XM_SB (offsets: an
+     * array of pointers indexed by the stage would live in local memory) */
+    HT *const sa = (HT *)smem, *const sb = sa + 2 * XM_SA;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32; /* the warp's quarter */
     const int lr = threadIdx.x >> 1, part = threadIdx.x & 1; /* the loader's row and half stage */
@@ -174,7 +177,7 @@ static __global__ void __launch_bounds__(XM_THREADS)
         float sc = 0.0f;
         load16<HT>(ra, ap, arow, 16 * part, Kd);
         load_w<WT, HT>(rb, &sc, w, ws, wv, 0, part, Kd);
-        HT *da = sa[0] + lr * XM_LD + 16 * part, *db = sb[0] + lr * XM_LD + 16 * part;
+        HT *da = sa + lr * XM_LD + 16 * part, *db = sb + lr * XM_LD + 16 * part;
         ((uint4 *)da)[0] = ra[0], ((uint4 *)da)[1] = ra[1];
         store_w<WT, HT>(db, rb, sc, part);
         __syncthreads();
@@ -186,7 +189,7 @@ static __global__ void __launch_bounds__(XM_THREADS)
                 load16<HT>(ra, ap, arow, (st + 1) * XM_BK + 16 * part, Kd);
                 load_w<WT, HT>(rb, &sc, w, ws, wv, (st + 1) * XM_BK, part, Kd);
             }
-            const HT *A = sa[buf], *B = sb[buf];
+            const HT *A = sa + buf * XM_SA, *B = sb + buf * XM_SB;
 #pragma unroll
             for (int ks = 0; ks < XM_BK; ks += 16) {
                 uint32_t af[2][4], bf[4][2];
@@ -207,7 +210,8 @@ static __global__ void __launch_bounds__(XM_THREADS)
                     for (int ni = 0; ni < 4; ni++) M::mma(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
             }
             if (more) {
-                da = sa[buf ^ 1] + lr * XM_LD + 16 * part, db = sb[buf ^ 1] + lr * XM_LD + 16 * part;
+                da = sa + (buf ^ 1) * XM_SA + lr * XM_LD + 16 * part;
+                db = sb + (buf ^ 1) * XM_SB + lr * XM_LD + 16 * part;
                 ((uint4 *)da)[0] = ra[0], ((uint4 *)da)[1] = ra[1];
                 store_w<WT, HT>(db, rb, sc, part);
             }
