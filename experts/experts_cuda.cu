@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "experts/experts.h"
+#include "experts/experts_cuda.cuh"
 #include "runtime/cuda_dtype.cuh"
 #include "runtime/cuda_planes.cuh"
 #include "runtime/cuda_util.h"
@@ -41,25 +42,6 @@
 #define DOWN_RT 8 /* rows per tile in the down kernel */
 #define DOWN_NW 2 /* output features per warp in the down kernel */
 #define DOWN_U 2
-
-/* gpt-oss's expert biases (F32, device; NULL elsewhere) and activation
- * (moe_experts_act), passed to the kernels by value. */
-struct expert_extra {
-    const float *b_gate, *b_up, *b_down; /* (E, F), (E, F), (E, D) */
-    float alpha, limit;
-};
-
-static struct expert_extra extra_of(const struct moe_expert_weights *ex)
-{
-    struct expert_extra xb = {NULL, NULL, NULL, 0.0f, 0.0f};
-    if (!ex) return xb;
-    xb.b_gate = (const float *)ex->b_gate.data;
-    xb.b_up = (const float *)ex->b_up.data;
-    xb.b_down = (const float *)ex->b_down.data;
-    xb.alpha = ex->alpha;
-    xb.limit = ex->limit;
-    return xb;
-}
 
 /* The expert whose rows (in expert order) hold row r: the e with
  * offsets[e] <= r < offsets[e + 1] (a binary search; empty experts skipped). */

@@ -16,6 +16,13 @@
  * warp multiplies its 32 x 32 quarter with mma.sync m16n8k16 (fp32
  * accumulators).  Blocks past the list's length return at once.
  *
+ * The gate+up GEMM reads its A rows straight from x (T, D) fp32 through
+ * the plan's perm (row r of the step is token perm[r] / K) and rounds them
+ * to the half type as it stores them into shared memory, as the cuBLAS
+ * path's gather rounds them: no gathered copy is written, and the numbers
+ * multiplied are the gathered rows'.  The down GEMM's A is the
+ * activations the gate+up GEMM wrote (half, in expert order).
+ *
  * MXFP4 and FP8_B128 weights become bf16 as the widening kernel makes them
  * (experts_cuda.cu: code x 2^14 or 2^8 x the block's scale, rounded once),
  * so this path and the widened cuBLAS path multiply the same numbers.
@@ -26,6 +33,7 @@
 #include <string.h>
 
 #include "experts/experts.h"
+#include "experts/experts_cuda.cuh"
 #include "runtime/cuda_dtype.cuh"
 #include "runtime/cuda_mma.cuh"
 #include "runtime/cuda_planes.cuh"
@@ -86,6 +94,55 @@ __device__ __forceinline__ void load16(uint4 *r, const HT *row, bool ok, int k, 
         r[c] = ok && k + 8 * c < Kd ? __ldg((const uint4 *)(row + k + 8 * c)) : make_uint4(0, 0, 0, 0);
 }
 
+/* v rounded to HT as the grouped path's gather (moe_st) rounds it. */
+template <class HT> __device__ __forceinline__ HT half_of(float v);
+template <> __device__ __forceinline__ __nv_bfloat16 half_of(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half half_of(float v) { return __float2half_rn(v); }
+
+/* The loader's share of an A stage, loaded into registers before the
+ * stage's products and stored into shared memory (row-major, stride XM_LD)
+ * after them; zeros past Kd or for a row outside the tile (ok false).
+ * Half rows (n, Kd) in expert order (the down GEMM's activations): 16
+ * consecutive values a part (half of the stage's 32), two 16-byte loads
+ * into ra.  fp32 rows of x (the gate+up GEMM: row r of the step is token
+ * perm[r] / K, no gathered copy), rounded to HT as they are stored: part
+ * p takes values 8c + 4p .. 8c + 4p + 3 (c = 0..3) of the stage, four
+ * 16-byte loads into rx, so a row's two loaders read whole 32-byte sectors
+ * with each load, and the 8-byte stores of a half warp (8 rows 80 bytes
+ * apart, both parts) fall in 32 distinct banks; Kd % 4 == 0, so a 4-value
+ * load is all in or out. */
+template <class HT, bool FROM_X>
+__device__ __forceinline__ void load_a(uint4 *ra, float4 *rx, const void *row, bool ok, int k, int part,
+                                       int Kd)
+{
+    if (FROM_X) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int i = k + 8 * c + 4 * part;
+            rx[c] = ok && i < Kd ? __ldg((const float4 *)((const float *)row + i)) : make_float4(0, 0, 0, 0);
+        }
+    } else {
+        load16<HT>(ra, (const HT *)row, ok, k + 16 * part, Kd);
+    }
+}
+
+template <class HT, bool FROM_X>
+__device__ __forceinline__ void store_a(HT *row, const uint4 *ra, const float4 *rx, int part)
+{
+    if (FROM_X) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const HT v[4] = {half_of<HT>(rx[c].x), half_of<HT>(rx[c].y), half_of<HT>(rx[c].z),
+                             half_of<HT>(rx[c].w)};
+            uint2 u;
+            memcpy(&u, v, 8);
+            *(uint2 *)(row + 8 * c + 4 * part) = u;
+        }
+    } else {
+        ((uint4 *)(row + 16 * part))[0] = ra[0], ((uint4 *)(row + 16 * part))[1] = ra[1];
+    }
+}
+
 /* The loader's share of a weight stage: 16 values of one weight row from
  * input k on (part: which 16 of the stage's 32).  Half weights: the values;
  * planes: the 16-byte load holding them and their block's scale, decoded
@@ -133,36 +190,30 @@ __device__ __forceinline__ void store_w(HT *dst, const uint4 *r, float sc, int p
 
 static __device__ __forceinline__ uint32_t ld32(const void *p) { return *(const uint32_t *)p; }
 
-template <class HT> __device__ __forceinline__ HT half_of(float v);
-template <> __device__ __forceinline__ __nv_bfloat16 half_of(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half half_of(float v) { return __float2half_rn(v); }
-
-/* The fused gate/up epilogue's biases (by expert; NULL: none) and
- * activation (moe_experts_act). */
-struct glu_args {
-    const float *b_gate, *b_up;
-    float alpha, limit;
-};
-
 #define XM_SLD (XM_BN + 4) /* fp32 row stride of the epilogue's exchange */
-#define XM_SMEM (4 * (MOE_EXPERT_MMA_BM + XM_BN) * XM_LD) /* two stages of A and B, bytes */
+#define XM_SA (MOE_EXPERT_MMA_BM * XM_LD) /* a stage of A, values */
+#define XM_SB (XM_BN * XM_LD)             /* a stage of W, values */
+#define XM_SMEM (4 * (XM_SA + XM_SB))     /* two stages of A and W, bytes */
 static_assert(MOE_EXPERT_MMA_BM * XM_SLD * 4 <= XM_SMEM, "the epilogue's exchange fits the stages");
 
-/* out (rows in expert order, N) in HT = a (rows, Kd) in HT times W_s^T for
- * the tiles of the list, W_s the (N, Kd) matrix at place s of the stack w
- * (planes: values at w, scales at ws).  GLU: w is the gate+up stack
+/* out (rows in expert order, N) in HT = A (rows, Kd) times W_s^T for the
+ * tiles of the list, W_s the (N, Kd) matrix at place s of the stack w
+ * (planes: values at w, scales at ws); A is a (rows, Kd) in HT, or for GLU
+ * x (T, Kd) fp32 read through perm (load_a).  GLU: w is the gate+up stack
  * (2N rows a place), a block's 64 weight rows are the gate rows of 32
  * features and their up rows, and out = act(gate (+ b_gate), up (+ b_up))
- * (the warps' accumulators exchanged through shared memory). */
+ * with xb's biases and activation (the warps' accumulators exchanged
+ * through shared memory; xb.b_down is the combine's). */
 template <enum moe_dtype WT, class HT, bool GLU>
 static __global__ void __launch_bounds__(XM_THREADS)
-    expert_mma_kernel(HT *out, const HT *a, const void *w, const void *ws, const int32_t *tiles, int N,
-                      int Kd, struct glu_args glu)
+    expert_mma_kernel(HT *out, const void *a, const int32_t *perm, int K, const void *w, const void *ws,
+                      const int32_t *tiles, int N, int Kd, struct expert_extra xb)
 {
     typedef mma_half<HT> M;
     __shared__ __align__(16) unsigned char smem[XM_SMEM];
-    HT *const sa[2] = {(HT *)smem, (HT *)smem + MOE_EXPERT_MMA_BM * XM_LD};
-    HT *const sb[2] = {sa[1] + MOE_EXPERT_MMA_BM * XM_LD, sa[1] + (MOE_EXPERT_MMA_BM + XM_BN) * XM_LD};
+    /* stage b of A at sa + b * XM_SA, of W at sb + b * XM_SB (offsets: an
+     * array of pointers indexed by the stage would live in local memory) */
+    HT *const sa = (HT *)smem, *const sb = sa + 2 * XM_SA;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32; /* the warp's quarter */
     const int lr = threadIdx.x >> 1, part = threadIdx.x & 1; /* the loader's row and half stage */
@@ -171,27 +222,29 @@ static __global__ void __launch_bounds__(XM_THREADS)
         const int32_t *tp = tiles + 1 + 4 * (size_t)ti;
         const int s = tp[0], r0 = tp[1], rend = tp[2], e = tp[3];
         const bool arow = r0 + lr < rend;
-        const HT *ap = a + (size_t)(arow ? r0 + lr : r0) * Kd;
+        /* the loader's A row: its token's row of x (GLU), or its row of a */
+        const void *ap = GLU ? (const void *)((const float *)a + (size_t)(arow ? perm[r0 + lr] / K : 0) * Kd)
+                             : (const void *)((const HT *)a + (size_t)(arow ? r0 + lr : r0) * Kd);
         /* the loader's weight row (past N: the last, not stored) */
         const int f = min(n0 + (GLU ? lr & 31 : lr), N - 1);
         const size_t wv = (GLU ? (size_t)s * 2 * N + (lr < 32 ? f : N + f) : (size_t)s * N + f) * Kd;
         uint4 ra[2], rb[2];
+        float4 rx[4];
         float sc = 0.0f;
-        load16<HT>(ra, ap, arow, 16 * part, Kd);
+        load_a<HT, GLU>(ra, rx, ap, arow, 0, part, Kd);
         load_w<WT, HT>(rb, &sc, w, ws, wv, 0, part, Kd);
-        HT *da = sa[0] + lr * XM_LD + 16 * part, *db = sb[0] + lr * XM_LD + 16 * part;
-        ((uint4 *)da)[0] = ra[0], ((uint4 *)da)[1] = ra[1];
-        store_w<WT, HT>(db, rb, sc, part);
+        store_a<HT, GLU>(sa + lr * XM_LD, ra, rx, part);
+        store_w<WT, HT>(sb + lr * XM_LD + 16 * part, rb, sc, part);
         __syncthreads();
         float acc[2][4][4] = {};
         for (int st = 0; st < steps; st++) {
             const int buf = st & 1;
             const bool more = st + 1 < steps;
             if (more) { /* the next stage's loads in flight during the products */
-                load16<HT>(ra, ap, arow, (st + 1) * XM_BK + 16 * part, Kd);
+                load_a<HT, GLU>(ra, rx, ap, arow, (st + 1) * XM_BK, part, Kd);
                 load_w<WT, HT>(rb, &sc, w, ws, wv, (st + 1) * XM_BK, part, Kd);
             }
-            const HT *A = sa[buf], *B = sb[buf];
+            const HT *A = sa + buf * XM_SA, *B = sb + buf * XM_SB;
 #pragma unroll
             for (int ks = 0; ks < XM_BK; ks += 16) {
                 uint32_t af[2][4], bf[4][2];
@@ -212,9 +265,8 @@ static __global__ void __launch_bounds__(XM_THREADS)
                     for (int ni = 0; ni < 4; ni++) M::mma(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
             }
             if (more) {
-                da = sa[buf ^ 1] + lr * XM_LD + 16 * part, db = sb[buf ^ 1] + lr * XM_LD + 16 * part;
-                ((uint4 *)da)[0] = ra[0], ((uint4 *)da)[1] = ra[1];
-                store_w<WT, HT>(db, rb, sc, part);
+                store_a<HT, GLU>(sa + (buf ^ 1) * XM_SA + lr * XM_LD, ra, rx, part);
+                store_w<WT, HT>(sb + (buf ^ 1) * XM_SB + lr * XM_LD + 16 * part, rb, sc, part);
             }
             __syncthreads(); /* the stage read, the next one written */
         }
@@ -250,11 +302,11 @@ static __global__ void __launch_bounds__(XM_THREADS)
             const int r = i / (XM_BN / 2), c = i % (XM_BN / 2), fo = n0 + c;
             if (r0 + r >= rend || fo >= N) continue;
             float gv = S[r * XM_SLD + c], uv = S[r * XM_SLD + XM_BN / 2 + c];
-            if (glu.b_gate) {
-                gv += glu.b_gate[(size_t)e * N + fo];
-                uv += glu.b_up[(size_t)e * N + fo];
+            if (xb.b_gate) {
+                gv += xb.b_gate[(size_t)e * N + fo];
+                uv += xb.b_up[(size_t)e * N + fo];
             }
-            out[(size_t)(r0 + r) * N + fo] = half_of<HT>(moe_experts_act(gv, uv, glu.alpha, glu.limit));
+            out[(size_t)(r0 + r) * N + fo] = half_of<HT>(moe_experts_act(gv, uv, xb.alpha, xb.limit));
         }
         __syncthreads(); /* S is the next tile's first stage */
     }
@@ -273,10 +325,12 @@ extern "C" enum moe_status moe_experts_mma_tiles_cuda(cudaStream_t st, int32_t *
     return MOE_OK;
 }
 
-extern "C" enum moe_status moe_experts_mma_cuda(cudaStream_t st, void *out, const void *a,
-                                                enum moe_dtype at, const void *w, enum moe_dtype wt,
-                                                int Ew, int N, int Kd, const int32_t *tiles, int n, int E,
-                                                const struct moe_expert_weights *glu)
+/* Either GEMM of the step: GLU (the gate+up stack, A = x through perm,
+ * biases and activation of ex) or the down GEMM (A = a in at). */
+template <bool GLU>
+static enum moe_status launch_mma(cudaStream_t st, void *out, const void *a, const int32_t *perm, int K,
+                                  enum moe_dtype at, const void *w, enum moe_dtype wt, int Ew, int N, int Kd,
+                                  const int32_t *tiles, int n, int E, const struct moe_expert_weights *ex)
 {
     const bool planes = wt == MOE_DTYPE_MXFP4 || wt == MOE_DTYPE_FP8_B128;
     if ((at != MOE_DTYPE_BF16 && at != MOE_DTYPE_F16) || (wt != at && !(planes && at == MOE_DTYPE_BF16)))
@@ -286,30 +340,22 @@ extern "C" enum moe_status moe_experts_mma_cuda(cudaStream_t st, void *out, cons
     if (N <= 0 || Kd <= 0 || Ew <= 0 || N % 2 || Kd % blk)
         return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert GEMM: %d x %d matrices of %s", N, Kd,
                         moe_dtype_name(wt));
+    if (GLU && K <= 0) return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert GEMM: %d experts a token", K);
+    if (GLU && (uintptr_t)a % 16) /* 16-byte loads of x's rows (Kd % 8 == 0) */
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert GEMM: x at %p, not 16-byte aligned", a);
     const size_t ints = moe_expert_mma_tile_ints(n, E);
     if (!ints) return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert GEMM: %d rows over %d experts", n, E);
     if (n == 0) return MOE_OK;
     const size_t max_tiles = (ints - 1) / 4;
-    const int per_block = glu ? XM_BN / 2 : XM_BN; /* outputs */
+    const int per_block = GLU ? XM_BN / 2 : XM_BN; /* outputs */
     const dim3 grid((unsigned)((N + per_block - 1) / per_block),
                     (unsigned)(max_tiles < 65535 ? max_tiles : 65535));
-    const size_t rows = glu ? 2 * (size_t)N : (size_t)N; /* a place's rows in the stack */
+    const size_t rows = GLU ? 2 * (size_t)N : (size_t)N; /* a place's rows in the stack */
     const void *ws = planes ? (const char *)w + moe_planes_values_bytes(wt, rows * Ew, (size_t)Kd) : NULL;
-    struct glu_args ga = {NULL, NULL, 0.0f, 0.0f};
-    if (glu) {
-        ga.b_gate = (const float *)glu->b_gate.data;
-        ga.b_up = (const float *)glu->b_up.data;
-        ga.alpha = glu->alpha, ga.limit = glu->limit;
-    }
+    const struct expert_extra xb = extra_of(ex); /* b_down: added by the combine */
 #define XMMA(WT, HT)                                                                                 \
-    do {                                                                                             \
-        if (glu)                                                                                     \
-            expert_mma_kernel<WT, HT, true><<<grid, XM_THREADS, 0, st>>>((HT *)out, (const HT *)a, w, ws, \
-                                                                         tiles, N, Kd, ga);          \
-        else                                                                                         \
-            expert_mma_kernel<WT, HT, false><<<grid, XM_THREADS, 0, st>>>((HT *)out, (const HT *)a, w,   \
-                                                                          ws, tiles, N, Kd, ga);     \
-    } while (0)
+    expert_mma_kernel<WT, HT, GLU><<<grid, XM_THREADS, 0, st>>>((HT *)out, a, perm, K, w, ws, tiles, N, Kd, \
+                                                                xb)
     switch (wt) {
     case MOE_DTYPE_BF16: XMMA(MOE_DTYPE_BF16, __nv_bfloat16); break;
     case MOE_DTYPE_F16: XMMA(MOE_DTYPE_F16, __half); break;
@@ -320,4 +366,20 @@ extern "C" enum moe_status moe_experts_mma_cuda(cudaStream_t st, void *out, cons
 #undef XMMA
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
+}
+
+extern "C" enum moe_status moe_experts_mma_gate_up_cuda(cudaStream_t st, void *h, const float *x,
+                                                        const int32_t *perm, int K, enum moe_dtype at,
+                                                        const void *gu, enum moe_dtype wt, int Ew, int F,
+                                                        int D, const int32_t *tiles, int n, int E,
+                                                        const struct moe_expert_weights *ex)
+{
+    return launch_mma<true>(st, h, x, perm, K, at, gu, wt, Ew, F, D, tiles, n, E, ex);
+}
+
+extern "C" enum moe_status moe_experts_mma_down_cuda(cudaStream_t st, void *ye, const void *h,
+                                                     enum moe_dtype at, const void *dn, enum moe_dtype wt,
+                                                     int Ew, int D, int F, const int32_t *tiles, int n, int E)
+{
+    return launch_mma<false>(st, ye, h, NULL, 1, at, dn, wt, Ew, D, F, tiles, n, E, NULL);
 }

@@ -161,22 +161,23 @@ bool moe_cuda_experts_mma(const struct cuda_ctx *c, enum moe_dtype dt, int T, in
 }
 
 enum moe_status moe_cuda_mma_gemms(struct cuda_ctx *c, const int32_t *wmap, const void *gu,
-                                   const void *dn, int Ew, const struct moe_dispatch *plan,
+                                   const void *dn, int Ew, const float *x, const struct moe_dispatch *plan,
                                    const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
-                                   int n, int D, int F, int E)
+                                   int T, int K, int D, int F, int E)
 {
     const enum moe_dtype at = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
+    const int n = T * K;
     if (moe_expert_mma_tile_ints(n, E) > c->mma_tile_ints)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d rows over %d experts, tiles reserved "
                         "for fewer", n, E);
     /* the fp32 workspaces hold the half buffers, as on the grouped path:
-     * xe (n, D) rows, u (n, F) the activations (gate and up never stored) */
+     * u (n, F) the activations (gate and up never stored), ye (n, D) */
     MOE_TRY(moe_experts_mma_tiles_cuda(c->stream, c->mma_tiles, plan, wmap, n, E));
     c->mma_calls++;
-    MOE_TRY(moe_experts_mma_cuda(c->stream, ws->u, ws->xe, at, gu, ex->dtype, Ew, F, D, c->mma_tiles, n, E,
-                                 ex));
-    return moe_experts_mma_cuda(c->stream, ws->ye, ws->u, at, dn, ex->dtype, Ew, D, F, c->mma_tiles, n, E,
-                                NULL);
+    MOE_TRY(moe_experts_mma_gate_up_cuda(c->stream, ws->u, x, plan->perm, K, at, gu, ex->dtype, Ew, F, D,
+                                         c->mma_tiles, n, E, ex));
+    return moe_experts_mma_down_cuda(c->stream, ws->ye, ws->u, at, dn, ex->dtype, Ew, D, F, c->mma_tiles, n,
+                                     E);
 }
 
 bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,
@@ -220,8 +221,7 @@ enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float
     if (T <= 0) return MOE_OK;
     if (moe_cuda_experts_mma(c, ex->dtype, T, K, D, F, E)) {
         const enum moe_dtype at = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
-        MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, T * K, K, D, at));
-        MOE_TRY(moe_cuda_mma_gemms(c, NULL, gu, dn, E, plan, ex, ws, T * K, D, F, E));
+        MOE_TRY(moe_cuda_mma_gemms(c, NULL, gu, dn, E, x, plan, ex, ws, T, K, D, F, E));
         return moe_experts_combine_cuda(c->stream, out, ws->ye, at, w, plan->pos, T, K, D, plan->offsets,
                                         E, ex->b_down.data);
     }

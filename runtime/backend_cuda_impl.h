@@ -163,15 +163,16 @@ bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T
                               int E, int Ew);
 /* MOERUN_CUDA_EXPERTS=mma and a step the tensor-core kernels take. */
 bool moe_cuda_experts_mma(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F, int E);
-/* The tensor-core GEMMs and activation of a step, its n rows gathered in
- * ws->xe (half): the experts e with rows and wmap[e] >= 0 (device; NULL:
- * every expert, at place e) multiply their rows by their weights at that
- * place of the stacks gu, dn of Ew experts; results in ws->ye (half: F16
- * for F16 weights, else BF16). */
+/* The tensor-core GEMMs and activation of a step of T tokens (x (T, D)
+ * fp32, its T*K rows read through plan->perm, not gathered): the experts e
+ * with rows and wmap[e] >= 0 (device; NULL: every expert, at place e)
+ * multiply their rows by their weights at that place of the stacks gu, dn
+ * of Ew experts; results in ws->ye (half: F16 for F16 weights, else BF16). */
 MOE_MUST_USE enum moe_status moe_cuda_mma_gemms(struct cuda_ctx *c, const int32_t *wmap, const void *gu,
-                                                const void *dn, int Ew, const struct moe_dispatch *plan,
+                                                const void *dn, int Ew, const float *x,
+                                                const struct moe_dispatch *plan,
                                                 const struct moe_expert_weights *ex,
-                                                const struct moe_expert_ws *ws, int n, int D, int F,
+                                                const struct moe_expert_ws *ws, int T, int K, int D, int F,
                                                 int E);
 /* The grouped path could not run (cuBLAS refused): says so once on
  * stderr; the device-driven kernels take every later step. */

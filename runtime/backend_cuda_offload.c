@@ -270,7 +270,7 @@ static enum moe_status run_round(struct cuda_ctx *c, struct offload_layer *ol, e
         MOE_CUDA_TRY(cudaMemcpyAsync(ol->d_map, ol->h_map, (size_t)E * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, c->stream));
         if (path == PATH_MMA)
-            return moe_cuda_mma_gemms(c, ol->d_map, ol->gu, ol->dn, C, plan, ex, ws, T * K, D, F, E);
+            return moe_cuda_mma_gemms(c, ol->d_map, ol->gu, ol->dn, C, x, plan, ex, ws, T, K, D, F, E);
         return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, c->active, ol->d_map, C,
                                           ol->gu, ol->dn, ex, ex->dtype, T, K, D, F, E);
     }
@@ -357,14 +357,15 @@ enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_laye
     const enum expert_path path = moe_cuda_experts_mma(c, ex->dtype, T, K, D, F, E) ? PATH_MMA
                                   : moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E, C) ? PATH_CUBLAS
                                                                                            : PATH_KERNELS;
-    const bool grouped = path != PATH_KERNELS; /* half activations, rows gathered */
+    const bool grouped = path != PATH_KERNELS; /* half activations */
     const enum moe_dtype ydt = grouped ? (ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16)
                                        : MOE_DTYPE_F32;
     /* reserved: some misses may run on the CPU */
     const bool hybrid = c->cpu.R > 0 && c->cpu.h_perm;
     if (hybrid && n > c->cpu.n_perm)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: %d routed rows, %d reserved", n, c->cpu.n_perm);
-    if (grouped) MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt));
+    if (path == PATH_CUBLAS) /* the tensor-core kernels read x through perm */
+        MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt));
     MOE_CUDA_TRY(cudaMemcpyAsync(c->h_counts, plan->counts, (size_t)E * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream));
     if (hybrid)

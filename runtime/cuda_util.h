@@ -221,14 +221,20 @@ enum moe_status moe_experts_widen_cuda(cudaStream_t st, void *dst, const void *s
  * tiles: the step's tile list, moe_expert_mma_tile_ints(n, E) int32s, made
  * by moe_experts_mma_tiles_cuda from the plan's counts and offsets: each
  * expert e with rows and wmap[e] >= 0 (wmap NULL: place e) cut into tiles
- * of MOE_EXPERT_MMA_BM rows.  moe_experts_mma_cuda: out (n, N) in at =
- * a (n, Kd) in at (rows in expert order) times the (N, Kd) matrix of each
- * tile's place in the stack w of Ew matrices; at BF16 or F16, w in at or
- * (at BF16) MXFP4 / FP8_B128 planes; rows of experts without a tile are
- * left as they are.  N even, Kd a multiple of 8 (of the block for planes).
- * glu non-NULL: w is a gate+up stack (2N rows a place, gate rows first) and
- * out = moe_experts_act(gate + b_gate, up + b_up) with glu's biases (by
- * expert) and activation, from fp32 sums (the SwiGLU fused). */
+ * of MOE_EXPERT_MMA_BM rows.  Rows are in expert order; each tile
+ * multiplies by the matrix of its place in a stack of Ew; at BF16 or F16,
+ * the weights in at or (at BF16) MXFP4 / FP8_B128 planes; rows of experts
+ * without a tile are left as they are.  fp32 sums.
+ * moe_experts_mma_gate_up_cuda: row r of the step is x row perm[r] / K,
+ * read from x (T, D) fp32 (16-byte aligned) through the plan's perm and
+ * rounded to at as the grouped path's gather rounds it (no gathered copy);
+ * h (n, F) in at = moe_experts_act(gate + b_gate, up + b_up) of its
+ * products with the gate+up stack gu ((2F, D) a place, gate rows first):
+ * the SwiGLU fused, with ex's biases (by expert) and activation (ex NULL:
+ * none).
+ * moe_experts_mma_down_cuda: ye (n, D) in at = h (n, F) in at times the
+ * (D, F) matrices of dn.  D and F multiples of 8 (of the block for
+ * planes), the output width (F, D) even. */
 #define MOE_EXPERT_MMA_BM 64
 static inline size_t moe_expert_mma_tile_ints(int n, int E)
 {
@@ -239,10 +245,13 @@ static inline size_t moe_expert_mma_tile_ints(int n, int E)
 enum moe_status moe_experts_mma_tiles_cuda(cudaStream_t st, int32_t *tiles,
                                            const struct moe_dispatch *plan, const int32_t *wmap,
                                            int n, int E);
-enum moe_status moe_experts_mma_cuda(cudaStream_t st, void *out, const void *a, enum moe_dtype at,
-                                     const void *w, enum moe_dtype wt, int Ew, int N, int Kd,
-                                     const int32_t *tiles, int n, int E,
-                                     const struct moe_expert_weights *glu);
+enum moe_status moe_experts_mma_gate_up_cuda(cudaStream_t st, void *h, const float *x, const int32_t *perm,
+                                             int K, enum moe_dtype at, const void *gu, enum moe_dtype wt,
+                                             int Ew, int F, int D, const int32_t *tiles, int n, int E,
+                                             const struct moe_expert_weights *ex);
+enum moe_status moe_experts_mma_down_cuda(cudaStream_t st, void *ye, const void *h, enum moe_dtype at,
+                                          const void *dn, enum moe_dtype wt, int Ew, int D, int F,
+                                          const int32_t *tiles, int n, int E);
 /* out (T, D) = sum_k w[t,k] * (ye[pos[t*K+k]] (+ b_down of its expert)) in
  * k order; ye in ydt (F32, F16 or BF16); b_down (E, D) or NULL. */
 enum moe_status moe_experts_combine_cuda(cudaStream_t st, float *out, const void *ye,
