@@ -104,17 +104,7 @@ static void check_stacks(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, i
     int32_t *ids = malloc((size_t)n * sizeof(int32_t)), counts[16], offsets[17];
     int32_t *perm = malloc((size_t)n * sizeof(int32_t)), *pos = malloc((size_t)n * sizeof(int32_t));
     uint64_t s = seed;
-    for (int r = 0; r < T; r++)
-        for (int k = 0; k < K; k++) {
-            int e;
-            bool dup;
-            do {
-                e = (int)(tu_rand_u64(&s) % (uint64_t)(E - 1));
-                dup = false;
-                for (int j = 0; j < k; j++) dup |= ids[r * K + j] == e;
-            } while (dup);
-            ids[r * K + k] = e;
-        }
+    tu_random_routing(ids, T, K, E - 1, -1, &s);
     struct moe_dispatch plan = {counts, offsets, perm, pos};
     moe_router_dispatch_cpu(&plan, ids, T, K, E);
     float *x = malloc((size_t)T * D * sizeof(float)), *w = malloc((size_t)n * sizeof(float));

@@ -200,19 +200,9 @@ static void check_experts(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, 
     int32_t *ids = malloc((size_t)T * K * sizeof(int32_t));
     float *w = malloc((size_t)T * K * sizeof(float));
     uint64_t s = seed;
-    for (int r = 0; r < T; r++)
-        for (int k = 0; k < K; k++) {
-            /* distinct experts per row; with hot, slot 0 always takes it */
-            int e;
-            bool dup;
-            do {
-                e = (hot >= 0 && k == 0) ? hot : (int)(tu_rand_u64(&s) % (uint64_t)(E - 1 > 0 ? E - 1 : 1));
-                dup = false;
-                for (int j = 0; j < k; j++) dup |= ids[r * K + j] == e;
-            } while (dup);
-            ids[r * K + k] = e;
-            w[r * K + k] = tu_rand_uniform(&s, 0.1f, 1.0f);
-        }
+    /* distinct experts per row, expert E - 1 never chosen unless hot */
+    tu_random_routing(ids, T, K, E - 1 > 0 ? E - 1 : 1, hot, &s);
+    for (int i = 0; i < T * K; i++) w[i] = tu_rand_uniform(&s, 0.1f, 1.0f);
     int32_t counts[16], offsets[17], *perm = malloc((size_t)T * K * sizeof(int32_t)),
                                      *pos = malloc((size_t)T * K * sizeof(int32_t));
     struct moe_dispatch plan = {counts, offsets, perm, pos};

@@ -20,6 +20,21 @@ uint64_t tu_rand_u64(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+void tu_random_routing(int32_t *ids, int T, int K, int E, int hot, uint64_t *state)
+{
+    for (int r = 0; r < T; r++)
+        for (int k = 0; k < K; k++) {
+            int e;
+            bool dup;
+            do {
+                e = hot >= 0 && k == 0 ? hot : (int)(tu_rand_u64(state) % (uint64_t)E);
+                dup = false;
+                for (int j = 0; j < k; j++) dup |= ids[r * K + j] == e;
+            } while (dup);
+            ids[r * K + k] = e;
+        }
+}
+
 float tu_rand_uniform(uint64_t *s, float lo, float hi)
 {
     return lo + (hi - lo) * (float)((tu_rand_u64(s) >> 40) * (1.0 / 16777216.0));
