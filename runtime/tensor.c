@@ -208,17 +208,14 @@ size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K)
     return t == MOE_DTYPE_MXFP4 ? rows * (K / MOE_MXFP4_BLOCK) : rows * (K / MOE_FP8_BLOCK) * 4;
 }
 
-/* Moves R rows of K values between the row layout (rows) and planes
- * (values, scales): to_planes splits, else joins. */
-static void planes_copy(enum moe_dtype t, unsigned char *rows, size_t R, size_t K, unsigned char *v,
-                        unsigned char *s, bool to_planes)
+/* Moves n blocks between the row layout (rows: each block's sb scale
+ * bytes, then its vb value bytes) and planes (v, s): to_planes splits,
+ * else joins.  Inlined with constant sizes, so the copies are moves, not
+ * calls (the CUDA offload joins planes on every CPU step). */
+static inline void blocks_copy(unsigned char *rows, size_t n, unsigned char *v, unsigned char *s, size_t vb,
+                               size_t sb, bool to_planes)
 {
-    const bool fp4 = t == MOE_DTYPE_MXFP4;
-    const size_t blk = fp4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK, bytes = fp4 ? MOE_MXFP4_BYTES : MOE_FP8_BYTES;
-    const size_t vb = fp4 ? blk / 2 : blk, sb = fp4 ? 1 : 4; /* value and scale bytes per block */
-    MOE_ASSERT((fp4 || t == MOE_DTYPE_FP8_B128) && K % blk == 0);
-    /* MXFP4: the scale byte first; FP8: the f32 scale first */
-    for (size_t b = 0; b < R * (K / blk); b++, rows += bytes, v += vb, s += sb) {
+    for (size_t b = 0; b < n; b++, rows += vb + sb, v += vb, s += sb) {
         if (to_planes) {
             memcpy(s, rows, sb);
             memcpy(v, rows + sb, vb);
@@ -227,6 +224,19 @@ static void planes_copy(enum moe_dtype t, unsigned char *rows, size_t R, size_t 
             memcpy(rows + sb, v, vb);
         }
     }
+}
+
+/* Moves R rows of K values between the row layout (rows) and planes
+ * (values, scales): to_planes splits, else joins.  MXFP4: the scale byte
+ * first, then 16 bytes of nibbles; FP8: the f32 scale, then 128 bytes. */
+static void planes_copy(enum moe_dtype t, unsigned char *rows, size_t R, size_t K, unsigned char *v,
+                        unsigned char *s, bool to_planes)
+{
+    const bool fp4 = t == MOE_DTYPE_MXFP4;
+    const size_t blk = fp4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK;
+    MOE_ASSERT((fp4 || t == MOE_DTYPE_FP8_B128) && K % blk == 0);
+    if (fp4) blocks_copy(rows, R * (K / blk), v, s, MOE_MXFP4_BLOCK / 2, 1, to_planes);
+    else blocks_copy(rows, R * (K / blk), v, s, MOE_FP8_BLOCK, 4, to_planes);
 }
 
 void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,
