@@ -76,7 +76,7 @@ struct moe_expert_stacks {
     enum moe_dtype dtype;
     const void *gu, *dn;
     int E, D, F;
-    const float *b_gate, *b_up, *b_down; /* host (E, F), (E, F), (E, D) f32, or NULL */
+    struct moe_tensor b_gate, b_up, b_down; /* host (E, F), (E, F), (E, D); data NULL: absent */
     float alpha, limit;                  /* the activation's (moe_experts_act) */
 };
 /* Bytes of scratch moe_experts_ffn_stacks_cpu needs for up to `rows` rows

@@ -116,15 +116,6 @@ static void gate_up_slice(enum moe_cpu_isa isa, float *g, float *u, const float 
     }
 }
 
-/* Expert e's row of a host (E, n) f32 bias, or NULL (absent). */
-static const struct moe_tensor *host_bias(const float *b, int e, int n, struct moe_tensor *view)
-{
-    if (!b) return NULL;
-    *view = (struct moe_tensor){.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {n},
-                                .data = (float *)b + (size_t)e * n, .device = -1};
-    return view;
-}
-
 void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
                           const struct moe_dispatch *plan, const float *w,
                           const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
@@ -242,7 +233,8 @@ void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *xe,
             struct moe_tensor vg, vu;
             stack_sources(st, e, &gate, &up, &down);
             gate_up_slice(isa, g + (size_t)at[i] * F, u + (size_t)at[i] * F, xe + (size_t)at[i] * D,
-                          counts[e], &gate, &up, host_bias(st->b_gate, e, F, &vg), host_bias(st->b_up, e, F, &vu),
+                          counts[e], &gate, &up, moe_experts_bias_row(&st->b_gate, e, &vg),
+                          moe_experts_bias_row(&st->b_up, e, &vu),
                           st->alpha, st->limit, D, F, f0, f1, tmp);
         }
 
@@ -253,7 +245,7 @@ void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *xe,
             struct moe_tensor vd;
             stack_sources(st, e, &gate, &up, &down);
             slice_product(isa, y + (size_t)at[i] * D, (size_t)D, g + (size_t)at[i] * F, (size_t)F, counts[e],
-                          &down, F, d0, d1, host_bias(down_bias ? st->b_down : NULL, e, D, &vd), tmp);
+                          &down, F, d0, d1, down_bias ? moe_experts_bias_row(&st->b_down, e, &vd) : NULL, tmp);
         }
     }
 }

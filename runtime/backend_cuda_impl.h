@@ -47,7 +47,8 @@ struct offload_layer {
     bool *loaded;              /* host (E): ... and which must be copied in */
     struct moe_expert_cache cache;
     int64_t steps, rounds, grouped_steps; /* steps with rows; rounds; steps of half rows (cuBLAS or mma) */
-    struct moe_expert_stacks host;   /* the host stacks and biases for the CPU (its b_* owned) */
+    struct moe_expert_stacks host;   /* the host stacks and biases for the CPU (views) */
+    float *h_bias;                   /* host: the biases host's views show (NULL: none) */
     int64_t cpu_uses, cpu_rows;      /* expert uses computed on the CPU, their rows */
 };
 

@@ -34,7 +34,7 @@ static void layer_free(struct offload_layer *ol)
     free(ol->order);
     free(ol->slot);
     free(ol->loaded);
-    free((void *)ol->host.b_gate);
+    free(ol->h_bias);
     moe_expert_cache_free(&ol->cache);
     memset(ol, 0, sizeof *ol);
 }
@@ -143,24 +143,25 @@ static size_t shares(size_t n, size_t a, size_t b)
 }
 
 /* The layer's biases (device f32, or absent) in one host block for the
- * CPU: b_gate (E, F), b_up (E, F), b_down (E, D). */
+ * CPU (ol->h_bias): b_gate (E, F), b_up (E, F), b_down (E, D), each
+ * ol->host's view of its part when present. */
 static enum moe_status host_biases(struct offload_layer *ol, const struct moe_expert_weights *ex, int E,
                                    int D, int F)
 {
     const struct moe_tensor *b[3] = {&ex->b_gate, &ex->b_up, &ex->b_down};
-    const size_t n[3] = {(size_t)E * F, (size_t)E * F, (size_t)E * D};
+    struct moe_tensor *h[3] = {&ol->host.b_gate, &ol->host.b_up, &ol->host.b_down};
+    const int N[3] = {F, F, D};
     if (!b[0]->data && !b[1]->data && !b[2]->data) return MOE_OK;
-    float *h = calloc(n[0] + n[1] + n[2], sizeof(float));
-    if (!h) return moe_fail(MOE_ERR_NOMEM, "cuda offload: a layer's biases");
-    ol->host.b_gate = h; /* owns the block */
-    ol->host.b_up = h + n[0];
-    ol->host.b_down = h + n[0] + n[1];
-    float *dst[3] = {h, h + n[0], h + n[0] + n[1]};
+    float *blk = calloc((size_t)E * (2 * (size_t)F + D), sizeof(float));
+    if (!blk) return moe_fail(MOE_ERR_NOMEM, "cuda offload: a layer's biases");
+    ol->h_bias = blk;
     for (int i = 0; i < 3; i++) {
+        float *at = blk + (i > 0 ? (size_t)E * F : 0) + (i > 1 ? (size_t)E * F : 0);
         if (!b[i]->data) continue;
         if (b[i]->dtype != MOE_DTYPE_F32)
             return moe_fail(MOE_ERR_UNSUPPORTED, "cuda offload: %s expert biases", moe_dtype_name(b[i]->dtype));
-        MOE_CUDA_TRY(cudaMemcpy(dst[i], b[i]->data, n[i] * sizeof(float), cudaMemcpyDeviceToHost));
+        MOE_CUDA_TRY(cudaMemcpy(at, b[i]->data, (size_t)E * N[i] * sizeof(float), cudaMemcpyDeviceToHost));
+        *h[i] = (struct moe_tensor){.dtype = MOE_DTYPE_F32, .ndim = 2, .shape = {E, N[i]}, .data = at, .device = -1};
     }
     return MOE_OK;
 }
@@ -201,8 +202,8 @@ enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_wei
     MOE_CUDA_TRY(cudaDeviceSynchronize());
     MOE_CUDA_TRY(cudaMemcpy(ol->host_gu, gu, hg, cudaMemcpyDeviceToHost));
     MOE_CUDA_TRY(cudaMemcpy(ol->host_dn, dn, hd, cudaMemcpyDeviceToHost));
-    ol->host = (struct moe_expert_stacks){ex->dtype, ol->host_gu, ol->host_dn, E, D, F, NULL, NULL, NULL,
-                                          ex->alpha, ex->limit};
+    ol->host = (struct moe_expert_stacks){.dtype = ex->dtype, .gu = ol->host_gu, .dn = ol->host_dn, .E = E,
+                                          .D = D, .F = F, .alpha = ex->alpha, .limit = ex->limit};
     MOE_TRY(host_biases(ol, ex, E, D, F));
     MOE_TRY(owned_buffer(c, shares((size_t)C, ge, gs), &ol->gu));
     MOE_TRY(owned_buffer(c, shares((size_t)C, de, ds), &ol->dn));

@@ -86,7 +86,7 @@ static void check_stacks(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, i
         place(dn, e, E, down[e], t, (size_t)D, (size_t)F);
     }
     struct moe_expert_weights ex = {t, gate, up, down, {0}, {0}, {0}, 0.0f, 0.0f};
-    struct moe_expert_stacks st = {t, gu, dn, E, D, F, NULL, NULL, NULL, 0.0f, 0.0f};
+    struct moe_expert_stacks st = {.dtype = t, .gu = gu, .dn = dn, .E = E, .D = D, .F = F};
     float *bias = malloc((size_t)E * (2 * F + D) * sizeof(float));
     tu_fill_uniform(bias, (size_t)E * (2 * F + D), seed + 7, -0.5f, 0.5f);
     if (gpt_oss) { /* per-expert biases, a limit crossed often */
@@ -97,7 +97,7 @@ static void check_stacks(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, i
         ex.b_down.shape[1] = D;
         ex.alpha = st.alpha = 1.702f;
         ex.limit = st.limit = 1.0f;
-        st.b_gate = bias, st.b_up = bias + (size_t)E * F, st.b_down = bias + 2 * (size_t)E * F;
+        st.b_gate = ex.b_gate, st.b_up = ex.b_up, st.b_down = ex.b_down;
     }
     /* routing: K distinct experts a row, expert E - 1 never chosen */
     const int n = T * K;
@@ -191,7 +191,7 @@ Test(expert_stacks, planes_match_the_reference_ffn)
 /* The scratch size refuses shapes whose bytes overflow. */
 Test(expert_stacks, scratch_size_overflow_is_zero)
 {
-    struct moe_expert_stacks st = {MOE_DTYPE_BF16, NULL, NULL, 8, 1 << 30, 1 << 30, NULL, NULL, NULL, 0, 0};
+    struct moe_expert_stacks st = {.dtype = MOE_DTYPE_BF16, .E = 8, .D = 1 << 30, .F = 1 << 30};
     cr_expect_eq(moe_experts_stacks_scratch_bytes(&st, INT32_MAX, 4), 0);
     st.D = st.F = 64;
     cr_expect_gt(moe_experts_stacks_scratch_bytes(&st, 4, 2), 0);
