@@ -19,7 +19,7 @@
  * moe_experts_ffn_stacks_cpu runs steps 2 and 3 over some experts of a
  * layer held in the CUDA backend's stacked layout in host memory (an
  * offloaded layer's missed experts, computed on the CPU): the same items
- * and kernels, MXFP4 / FP8 planes joined back into rows 16 at a time in a
+ * and kernels, MXFP4 / FP8 / Q8_0 planes joined back into rows 16 at a time in a
  * thread's scratch (in cache) just before the kernel reads them. */
 #include <math.h>
 #include <omp.h>
@@ -41,7 +41,7 @@ static int slice_size(int n, int items, int want)
 
 /* The rows [n0, n1) of one weight matrix (N, Din) for a slice product:
  * rows of dtype dt at w, or, when planes, values at w and scales at ws
- * (MXFP4 / FP8_B128 planes of the whole matrix), joined into tmp first. */
+ * (MXFP4 / FP8_B128 / Q8_0 planes of the whole matrix), joined into tmp first. */
 struct wsrc {
     const void *w, *ws;
     enum moe_dtype dt;
@@ -189,7 +189,7 @@ static void stack_sources(const struct moe_expert_stacks *st, int e, struct wsrc
     const enum moe_dtype dt = st->dtype;
     const size_t D = (size_t)st->D, F = (size_t)st->F, E = (size_t)st->E;
     const char *gu = st->gu, *dn = st->dn;
-    if (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128) {
+    if (moe_dtype_planes(dt)) {
         /* values of gate 2e, up 2e + 1 and down e, then the scales alike */
         const size_t vb = moe_planes_values_bytes(dt, F, D), sb = moe_planes_scales_bytes(dt, F, D);
         *g = (struct wsrc){gu + 2 * e * vb, gu + 2 * E * vb + 2 * e * sb, dt, true};

@@ -198,14 +198,15 @@ bool moe_mxfp4_pack_row(void *dst, const uint8_t *blocks, const uint8_t *scales,
 
 size_t moe_planes_values_bytes(enum moe_dtype t, size_t rows, size_t K)
 {
-    MOE_ASSERT(t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128);
+    MOE_ASSERT(moe_dtype_planes(t));
     return t == MOE_DTYPE_MXFP4 ? rows * (K / 2) : rows * K;
 }
 
 size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K)
 {
-    MOE_ASSERT(t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128);
-    return t == MOE_DTYPE_MXFP4 ? rows * (K / MOE_MXFP4_BLOCK) : rows * (K / MOE_FP8_BLOCK) * 4;
+    MOE_ASSERT(moe_dtype_planes(t));
+    /* MXFP4: one E8M0 byte a block; FP8_B128, Q8_0: an f32 */
+    return rows * (K / (size_t)moe_dtype_block(t)) * (t == MOE_DTYPE_MXFP4 ? 1 : 4);
 }
 
 /* Moves n blocks between the row layout (rows: each block's sb scale
@@ -228,15 +229,16 @@ static inline void blocks_copy(unsigned char *rows, size_t n, unsigned char *v, 
 
 /* Moves R rows of K values between the row layout (rows) and planes
  * (values, scales): to_planes splits, else joins.  MXFP4: the scale byte
- * first, then 16 bytes of nibbles; FP8: the f32 scale, then 128 bytes. */
+ * first, then 16 bytes of nibbles; FP8: the f32 scale, then 128 bytes;
+ * Q8_0: the f32 scale, then 32 bytes. */
 static void planes_copy(enum moe_dtype t, unsigned char *rows, size_t R, size_t K, unsigned char *v,
                         unsigned char *s, bool to_planes)
 {
-    const bool fp4 = t == MOE_DTYPE_MXFP4;
-    const size_t blk = fp4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK;
-    MOE_ASSERT((fp4 || t == MOE_DTYPE_FP8_B128) && K % blk == 0);
-    if (fp4) blocks_copy(rows, R * (K / blk), v, s, MOE_MXFP4_BLOCK / 2, 1, to_planes);
-    else blocks_copy(rows, R * (K / blk), v, s, MOE_FP8_BLOCK, 4, to_planes);
+    const size_t blk = (size_t)moe_dtype_block(t), n = R * (K / blk);
+    MOE_ASSERT(moe_dtype_planes(t) && K % blk == 0);
+    if (t == MOE_DTYPE_MXFP4) blocks_copy(rows, n, v, s, MOE_MXFP4_BLOCK / 2, 1, to_planes);
+    else if (t == MOE_DTYPE_FP8_B128) blocks_copy(rows, n, v, s, MOE_FP8_BLOCK, 4, to_planes);
+    else blocks_copy(rows, n, v, s, MOE_Q8_0_BLOCK, 4, to_planes);
 }
 
 void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,

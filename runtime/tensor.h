@@ -205,8 +205,8 @@ __attribute__((warn_unused_result)) bool moe_mxfp4_pack_row(void *dst, const uin
  * 16-byte load of values is aligned and one block's values or a part of
  * one.  MXFP4: R*K/2 bytes of nibbles, row r at r*K/2, each block's 16
  * bytes as in MOE_DTYPE_MXFP4 (element j low, j + 16 high), then R*K/32
- * E8M0 bytes; FP8_B128: R*K E4M3 bytes, then R*K/128 f32 scales.  The
- * bytes of each plane: */
+ * E8M0 bytes; FP8_B128: R*K E4M3 bytes, then R*K/128 f32 scales; Q8_0:
+ * R*K int8 codes, then R*K/32 f32 scales.  The bytes of each plane: */
 /* The GPU kernels' decoding of planes (experts/experts_cuda.cu): two codes
  * of a 32-bit word at once become the bits of two halves (low and high 16
  * bits), by placing their bits: E2M1 codes s e1 e0 m (nibbles at bits 0-3
@@ -229,9 +229,40 @@ static inline uint32_t moe_e4m3x2_half_bits(uint32_t t)
 {
     return (t & 0x007f007fu) << 7 | (t & 0x00800080u) << 8;
 }
+/* Q8_0 codes in planes (the CUDA backend's --quantize q8_0): byte j of
+ * a 32-bit word w, an int8 q, as a float's bits: 2^23 + (q + 128), from
+ * which the kernels subtract 2^23 + 128 (exact), with two integer
+ * operations and one add instead of a conversion. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint32_t moe_q8_f32_bits(uint32_t w, int j)
+{
+    return 0x4B000000u | (((w ^ 0x80808080u) >> (8 * j)) & 0xffu);
+}
+#define MOE_Q8_F32_BIAS 8388736.0f /* 2^23 + 128 */
+
+/* Whether the CUDA backend keeps a matrix of dtype t as planes: MXFP4 and
+ * FP8_B128 as checkpoints store them, Q8_0 as --quantize makes it. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline bool moe_dtype_planes(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128 || t == MOE_DTYPE_Q8_0;
+}
+/* Values per block of such a dtype (one scale each); 1 for the others. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int moe_dtype_block(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : t == MOE_DTYPE_FP8_B128 ? MOE_FP8_BLOCK
+           : t == MOE_DTYPE_Q8_0 ? MOE_Q8_0_BLOCK : 1;
+}
 size_t moe_planes_values_bytes(enum moe_dtype t, size_t rows, size_t K);
 size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K);
-/* Splits R rows of K values stored as t (MXFP4 or FP8_B128 blocks, rows of
+/* Splits R rows of K values stored as t (MXFP4, FP8_B128 or Q8_0 blocks, rows of
  * moe_dtype_row_bytes) into the value plane `values` and the scale plane
  * `scales` (moe_planes_*_bytes each). */
 void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,

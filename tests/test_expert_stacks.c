@@ -8,7 +8,7 @@
  * checks that the stacked FFN of a subset of the experts, listed out of
  * order, equals the reference FFN's rows for them (moe_experts_ffn_cpu's
  * per-row results before the combine), for the reference products and
- * every fast kernel set, f32/f16/bf16 rows and MXFP4/FP8 planes, with and
+ * every fast kernel set, f32/f16/bf16 rows and MXFP4/FP8/Q8_0 planes, with and
  * without gpt-oss's biases and clamp; and that the thread count does not
  * change a bit. */
 #include <criterion/criterion.h>
@@ -47,13 +47,17 @@ static void *random_rows(enum moe_dtype t, size_t rows, size_t K, uint64_t seed)
     } else {
         float *f = malloc(rows * K * sizeof(float));
         tu_fill_uniform(f, rows * K, seed, -1, 1);
-        moe_convert_from_f32(w, f, t, rows * K);
+        if (t == MOE_DTYPE_Q8_0) /* --quantize q8_0's rows */
+            for (size_t r = 0; r < rows; r++)
+                cr_assert(moe_quantize_row_q8_0(w + r * moe_dtype_row_bytes(t, K), f + r * K, K));
+        else
+            moe_convert_from_f32(w, f, t, rows * K);
         free(f);
     }
     return w;
 }
 
-static bool is_planes(enum moe_dtype t) { return t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128; }
+static bool is_planes(enum moe_dtype t) { return moe_dtype_planes(t); }
 
 /* Matrix i of a stack of n matrices of R rows of K, written into its place
  * (rows: consecutive; planes: values, then every matrix's scales). */
@@ -174,7 +178,7 @@ Test(expert_stacks, rows_match_the_reference_ffn)
         }
 }
 
-/* MXFP4 and FP8 planes joined back into rows 16 at a time: F and D longer
+/* MXFP4, FP8 and Q8_0 planes joined back into rows 16 at a time: F and D longer
  * than one join, so joins start mid-slice. */
 Test(expert_stacks, planes_match_the_reference_ffn)
 {
@@ -185,6 +189,8 @@ Test(expert_stacks, planes_match_the_reference_ffn)
         check_stacks(is[i], MOE_DTYPE_MXFP4, 7, 2, 5, 96, 64, true);
         check_stacks(is[i], MOE_DTYPE_FP8_B128, 1, 2, 6, 128, 256, false);
         check_stacks(is[i], MOE_DTYPE_FP8_B128, 5, 3, 7, 256, 128, true);
+        check_stacks(is[i], MOE_DTYPE_Q8_0, 2, 2, 6, 64, 96, false);
+        check_stacks(is[i], MOE_DTYPE_Q8_0, 6, 3, 5, 96, 160, true);
     }
 }
 

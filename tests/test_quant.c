@@ -359,6 +359,45 @@ Test(quant, mxfp4_planes_hold_each_value)
     free(v), free(sc), free(w), free(wf);
 }
 
+/* Q8_0 planes (the CUDA backend's --quantize q8_0): each value, read by
+ * the description in runtime/tensor.h (code byte times f32 scale), is the
+ * row's dequantized value; joining the planes gives the rows back; and
+ * the kernels' decoding (moe_q8_f32_bits) gives every code at every place
+ * of a word, whatever the other bytes hold. */
+Test(quant, q8_0_planes_hold_each_value)
+{
+    const int N = 3, K = 96;
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, K);
+    uint64_t st = 41;
+    float *x = malloc((size_t)N * K * sizeof(float)), *want = malloc((size_t)N * K * sizeof(float));
+    unsigned char *rows = malloc((size_t)N * rb), *back = malloc((size_t)N * rb);
+    for (int i = 0; i < N * K; i++) x[i] = tu_rand_uniform(&st, -3.0f, 3.0f);
+    for (int r = 0; r < N; r++) {
+        cr_assert(moe_quantize_row_q8_0(rows + (size_t)r * rb, x + (size_t)r * K, K));
+        moe_convert_row_f32(want + (size_t)r * K, rows + (size_t)r * rb, MOE_DTYPE_Q8_0, K);
+    }
+    const size_t vb = moe_planes_values_bytes(MOE_DTYPE_Q8_0, N, K), sb = moe_planes_scales_bytes(MOE_DTYPE_Q8_0, N, K);
+    cr_assert_eq(vb, (size_t)N * K);
+    cr_assert_eq(sb, (size_t)N * K / 32 * 4);
+    int8_t *v = malloc(vb);
+    float *sc = malloc(sb);
+    moe_planes_from_rows(MOE_DTYPE_Q8_0, rows, N, K, v, sc);
+    for (int i = 0; i < N * K; i++)
+        cr_assert(tu_same_bits((float)v[i] * sc[i / 32], want[i]), "value %d: %g, want %g", i,
+                  (float)v[i] * sc[i / 32], want[i]);
+    moe_rows_from_planes(MOE_DTYPE_Q8_0, v, sc, N, K, back);
+    cr_assert(memcmp(back, rows, (size_t)N * rb) == 0);
+    for (uint32_t b = 0; b < 256; b++)
+        for (int j = 0; j < 4; j++) {
+            const uint32_t w = (0x5aa5c33cu & ~(0xffu << (8 * j))) | b << (8 * j);
+            const uint32_t bits = moe_q8_f32_bits(w, j);
+            float f;
+            memcpy(&f, &bits, 4);
+            cr_assert_eq(f - MOE_Q8_F32_BIAS, (float)(int8_t)b, "byte %u at %d: %g", b, j, f - MOE_Q8_F32_BIAS);
+        }
+    free(x), free(want), free(rows), free(back), free(v), free(sc);
+}
+
 /* The GPU kernels' decoding (moe_e2m1x2_half_bits): each of the 16 codes in
  * either half, read as a half and times 2^14, is the code's value. */
 Test(quant, e2m1_codes_placed_in_halves_are_their_values)
