@@ -15,14 +15,15 @@
  *   down kernel writes ye in expert order.
  *   Every expert weight is read once per tile of RT rows, so at batch 1 the
  *   step reads each chosen expert's weights once.
- *   MXFP4 and FP8_B128 experts (gpt-oss, fp8 checkpoints) are read in
- *   place from their planes (runtime/tensor.h): a lane's 16-byte load is 32
- *   or 16 values, decoded in registers (warp_dots_q).
+ *   MXFP4, FP8_B128 and Q8_0 experts (gpt-oss, fp8 checkpoints,
+ *   --quantize q8_0) are read in place from their planes (runtime/tensor.h):
+ *   a lane's 16-byte load is 32 or 16 values, decoded in registers
+ *   (warp_dots_q).
  * - Grouped (prefill): the rows are gathered into a half-precision buffer
  *   in expert order, then cuBLAS grouped GEMMs do gate_up and down (launched
  *   from the backend); the pieces here are the gather, the SwiGLU over the
  *   (rows, 2F) gate_up output, and the combine, plus the kernel that widens
- *   a layer's MXFP4 or FP8 experts with rows to bf16 for those GEMMs.
+ *   a layer's MXFP4, FP8 or Q8_0 experts with rows to bf16 for those GEMMs.
  *
  * The combine is deterministic: out[t] = sum over k = 0..K-1 in order of
  * w[t,k] * ye[pos[t*K+k]], one thread per output element, no atomics. */
@@ -169,7 +170,7 @@ __device__ __forceinline__ void expert_dots(float (*acc)[RT], const void *w, con
                                             const size_t *wo, const Rows &xs, int nr, int n,
                                             bool vec, bool once)
 {
-    if (DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128)
+    if (planes_dt<DT>)
         warp_dots_q<DT, RT, NW, U>(acc, w, ws, wo, xs, nr, n, once);
     else
         warp_dots<DT, RT, NW, U>(acc, w, wo, xs, nr, n, vec, once);
@@ -242,7 +243,7 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
         const strided_rows hs = {h + (size_t)(r0 + rt) * F, F};
         float acc[DOWN_NW][DOWN_RT] = {};
         /* planes: one load per row in flight (registers: the block partials) */
-        constexpr int U = DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128 ? 1 : DOWN_U;
+        constexpr int U = planes_dt<DT> ? 1 : DOWN_U;
         expert_dots<DT, DOWN_RT, DOWN_NW, U>(acc, dn, dns, wo, hs, nr, F, vec, c <= DOWN_RT);
 #pragma unroll
         for (int k = 0; k < DOWN_NW; k++) {
@@ -324,11 +325,11 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
     dim3 g1((unsigned)((F + FFN_WARPS - 1) / FFN_WARPS), ny);
     const int dw = (D + DOWN_NW - 1) / DOWN_NW; /* warps per expert in the down kernel */
     dim3 g2((unsigned)((dw + FFN_WARPS - 1) / FFN_WARPS), ny);
-    /* planes (MXFP4, FP8_B128): the scales follow the values of all Ew
-     * experts of the stacks */
+    /* planes (MXFP4, FP8_B128, Q8_0): the scales follow the values of all
+     * Ew experts of the stacks */
     const void *gus = NULL, *dns = NULL;
-    if (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128) {
-        const size_t blk = dt == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK;
+    if (moe_dtype_planes(dt)) {
+        const int blk = moe_dtype_block(dt);
         if (D % blk || F % blk)
             return moe_fail(MOE_ERR_INVALID_ARG, "CUDA experts: %s rows of %d and %d values",
                             moe_dtype_name(dt), D, F);
@@ -343,12 +344,13 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
     case MOE_DTYPE_BF16: return SMALL(MOE_DTYPE_BF16);
     case MOE_DTYPE_MXFP4: return SMALL(MOE_DTYPE_MXFP4);
     case MOE_DTYPE_FP8_B128: return SMALL(MOE_DTYPE_FP8_B128);
+    case MOE_DTYPE_Q8_0: return SMALL(MOE_DTYPE_Q8_0);
     default: return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA experts: %s weights", moe_dtype_name(dt));
     }
 #undef SMALL
 }
 
-/* ---- MXFP4 / FP8_B128 planes widened to bf16 for the grouped path ----
+/* ---- MXFP4 / FP8_B128 / Q8_0 planes widened to bf16 for the grouped path ----
  * One thread per 16-byte load of values; experts without rows (counts[e]
  * == 0) are skipped.  Each value is the CPU's fp32 value (code x scale),
  * rounded once to bf16 (exact for MXFP4 within bf16's range). */
@@ -383,28 +385,40 @@ static __global__ void widen_planes_kernel(__nv_bfloat16 *dst, const void *src, 
     }
 }
 
+/* The widening of rows x K values in planes (values, scales) into dst. */
+static enum moe_status widen(cudaStream_t st, void *dst, const void *src, const void *scales, enum moe_dtype dt,
+                             size_t rows, size_t K, int E, const int32_t *counts)
+{
+    if (!moe_dtype_planes(dt))
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA widen: %s weights", moe_dtype_name(dt));
+    if (E <= 0 || rows % (size_t)E || K % (size_t)moe_dtype_block(dt))
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA widen: %zu rows of %zu over %d experts", rows, K, E);
+    if (rows == 0) return MOE_OK;
+    const size_t n = rows * K, per_load = dt == MOE_DTYPE_MXFP4 ? 32 : 16;
+    __nv_bfloat16 *d = (__nv_bfloat16 *)dst;
+    const size_t per_expert = n / (size_t)E, loads = n / per_load;
+    const unsigned grid = moe_cuda_blocks(loads, 256);
+#define WIDEN(DT) widen_planes_kernel<DT><<<grid, 256, 0, st>>>(d, src, scales, counts, per_expert, loads)
+    if (dt == MOE_DTYPE_MXFP4) WIDEN(MOE_DTYPE_MXFP4);
+    else if (dt == MOE_DTYPE_FP8_B128) WIDEN(MOE_DTYPE_FP8_B128);
+    else WIDEN(MOE_DTYPE_Q8_0);
+#undef WIDEN
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
 extern "C" enum moe_status moe_experts_widen_cuda(cudaStream_t st, void *dst, const void *src,
                                                   enum moe_dtype dt, size_t rows, size_t K, int E,
                                                   const int32_t *counts)
 {
-    const bool fp4 = dt == MOE_DTYPE_MXFP4;
-    if (!fp4 && dt != MOE_DTYPE_FP8_B128)
-        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA widen: %s weights", moe_dtype_name(dt));
-    if (E <= 0 || rows % (size_t)E || K % (fp4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK))
-        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA widen: %zu rows of %zu over %d experts", rows, K, E);
-    if (rows == 0) return MOE_OK;
-    const size_t n = rows * K, per_load = fp4 ? 32 : 16;
-    const void *scales = (const char *)src + moe_planes_values_bytes(dt, rows, K);
-    __nv_bfloat16 *d = (__nv_bfloat16 *)dst;
-    const size_t per_expert = n / (size_t)E, loads = n / per_load;
-    if (fp4)
-        widen_planes_kernel<MOE_DTYPE_MXFP4><<<moe_cuda_blocks(loads, 256), 256, 0, st>>>(
-            d, src, scales, counts, per_expert, loads);
-    else
-        widen_planes_kernel<MOE_DTYPE_FP8_B128><<<moe_cuda_blocks(loads, 256), 256, 0, st>>>(
-            d, src, scales, counts, per_expert, loads);
-    MOE_CUDA_LAUNCHED();
-    return MOE_OK;
+    const void *scales = moe_dtype_planes(dt) ? (const char *)src + moe_planes_values_bytes(dt, rows, K) : NULL;
+    return widen(st, dst, src, scales, dt, rows, K, E, counts);
+}
+
+extern "C" enum moe_status moe_planes_widen_cuda(cudaStream_t st, void *dst, const void *values,
+                                                 const void *scales, enum moe_dtype dt, size_t rows, size_t K)
+{
+    return widen(st, dst, values, scales, dt, rows, K, 1, NULL);
 }
 
 static __global__ void gather_half_kernel(void *xe, const float *x, const int32_t *perm, int n,

@@ -1,6 +1,6 @@
 /* experts_mma_cuda.cu - the experts' grouped GEMMs on tensor cores, driven
  * from the device: no host synchronisation, any number of rows, weights in
- * bf16, f16, or MXFP4 / FP8_B128 read in place (dequantised to bf16 in
+ * bf16, f16, or MXFP4 / FP8_B128 / Q8_0 read in place (dequantised to bf16 in
  * shared memory, never widened in device memory).
  *
  * The rows of a step are in expert order (the dispatch plan's counts and
@@ -23,7 +23,7 @@
  * multiplied are the gathered rows'.  The down GEMM's A is the
  * activations the gate+up GEMM wrote (half, in expert order).
  *
- * MXFP4 and FP8_B128 weights become bf16 as the widening kernel makes them
+ * MXFP4, FP8_B128 and Q8_0 weights become bf16 as the widening kernel makes them
  * (experts_cuda.cu: code x 2^14 or 2^8 x the block's scale, rounded once),
  * so this path and the widened cuBLAS path multiply the same numbers.
  *
@@ -155,7 +155,7 @@ __device__ __forceinline__ void load_w(uint4 *r, float *sc, const void *w, const
         const size_t i = wv + (size_t)k;
         r[0] = __ldg((const uint4 *)((const uint8_t *)w + i / 2));
         *sc = qscale<WT>(ws, i);
-    } else if (WT == MOE_DTYPE_FP8_B128) {
+    } else if (planes_dt<WT>) { /* FP8, Q8_0: 16 values of a block */
         const size_t i = wv + (size_t)k + 16 * (size_t)part;
         r[0] = __ldg((const uint4 *)((const uint8_t *)w + i));
         *sc = qscale<WT>(ws, i);
@@ -167,7 +167,7 @@ __device__ __forceinline__ void load_w(uint4 *r, float *sc, const void *w, const
 template <enum moe_dtype WT, class HT>
 __device__ __forceinline__ void store_w(HT *dst, const uint4 *r, float sc, int part)
 {
-    if (WT != MOE_DTYPE_MXFP4 && WT != MOE_DTYPE_FP8_B128) {
+    if (!planes_dt<WT>) {
         ((uint4 *)dst)[0] = r[0], ((uint4 *)dst)[1] = r[1];
         return;
     }
@@ -179,7 +179,7 @@ __device__ __forceinline__ void store_w(HT *dst, const uint4 *r, float sc, int p
         float v[8];
         qword<WT>(v, word[j]);
         /* MXFP4: v[0..3] are elements 4j.. (low nibbles, part 0), v[4..7]
-         * elements 16 + 4j.. (part 1); FP8: v[0..3] elements 4j.. of the load */
+         * elements 16 + 4j.. (part 1); FP8, Q8_0: v[0..3] elements 4j.. of the load */
         const float *q4 = v + (Q::fp4 ? 4 * part : 0);
         pk[2 * j] = mma_half<HT>::pack(q4[0] * Q::unit * sc, q4[1] * Q::unit * sc);
         pk[2 * j + 1] = mma_half<HT>::pack(q4[2] * Q::unit * sc, q4[3] * Q::unit * sc);
@@ -332,11 +332,11 @@ static enum moe_status launch_mma(cudaStream_t st, void *out, const void *a, con
                                   enum moe_dtype at, const void *w, enum moe_dtype wt, int Ew, int N, int Kd,
                                   const int32_t *tiles, int n, int E, const struct moe_expert_weights *ex)
 {
-    const bool planes = wt == MOE_DTYPE_MXFP4 || wt == MOE_DTYPE_FP8_B128;
+    const bool planes = moe_dtype_planes(wt);
     if ((at != MOE_DTYPE_BF16 && at != MOE_DTYPE_F16) || (wt != at && !(planes && at == MOE_DTYPE_BF16)))
         return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert GEMM: %s weights with %s rows",
                         moe_dtype_name(wt), moe_dtype_name(at));
-    const int blk = wt == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : wt == MOE_DTYPE_FP8_B128 ? MOE_FP8_BLOCK : 8;
+    const int blk = planes ? moe_dtype_block(wt) : 8;
     if (N <= 0 || Kd <= 0 || Ew <= 0 || N % 2 || Kd % blk)
         return moe_fail(MOE_ERR_INVALID_ARG, "CUDA expert GEMM: %d x %d matrices of %s", N, Kd,
                         moe_dtype_name(wt));
@@ -361,6 +361,7 @@ static enum moe_status launch_mma(cudaStream_t st, void *out, const void *a, con
     case MOE_DTYPE_F16: XMMA(MOE_DTYPE_F16, __half); break;
     case MOE_DTYPE_MXFP4: XMMA(MOE_DTYPE_MXFP4, __nv_bfloat16); break;
     case MOE_DTYPE_FP8_B128: XMMA(MOE_DTYPE_FP8_B128, __nv_bfloat16); break;
+    case MOE_DTYPE_Q8_0: XMMA(MOE_DTYPE_Q8_0, __nv_bfloat16); break;
     default: return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA expert GEMM: %s weights", moe_dtype_name(wt));
     }
 #undef XMMA

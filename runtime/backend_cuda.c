@@ -208,18 +208,20 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     /* MXFP4 / FP8 experts: the grouped path widens a layer's to bf16 here
      * (those prepare_model kept as planes; before any, as cfg says), or
      * an offloaded layer's device slots */
-    const bool planes = !c->experts_mma &&
-                        (c->n_up ? c->mxfp4_experts || c->fp8_experts : cfg->experts_mxfp4 || cfg->weights_fp8);
+    const bool q8 = be->quant == MOE_QUANT_Q8_0;
+    const bool planes = !c->experts_mma && (c->n_up ? c->mxfp4_experts || c->fp8_experts || c->q8_experts
+                                                    : cfg->experts_mxfp4 || cfg->weights_fp8 || q8);
     const int Ew = be->gpu_experts > 0 && be->gpu_experts < cfg->n_experts ? be->gpu_experts : cfg->n_experts;
     size_t wide = planes ? moe_cuda_widened_layer_bytes(Ew, cfg->d_model, cfg->d_expert) : 0;
     if (planes && cfg->n_experts > 0 && !wide)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d experts of %d x %d overflow",
                         cfg->n_experts, cfg->d_model, cfg->d_expert);
-    /* FP8 projections kept as planes: the largest widened for steps of many
-     * rows (before prepare_model: as cfg says, bounded by the widest input
-     * squared) */
+    /* FP8 or Q8_0 projections kept as planes: widened for steps of many
+     * rows, at most WIDE_DENSE_MAX values at a time (before prepare_model:
+     * as cfg says, bounded by the widest input squared) */
     const size_t dmax = (size_t)imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
-    size_t dense = c->n_up ? c->planes_dense_max : cfg->weights_fp8 ? dmax * dmax : 0;
+    size_t dense = c->n_up ? c->planes_dense_max : cfg->weights_fp8 || q8 ? dmax * dmax : 0;
+    if (dense > WIDE_DENSE_MAX) dense = WIDE_DENSE_MAX;
     if (!moe_mul_size(dense, 2, &dense)) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: FP8 matrix size");
     if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
         L <= c->moe_layers && att_floats <= c->att_ws_floats && wide <= c->wide_bytes &&
@@ -332,20 +334,30 @@ static enum moe_status cuda_matmul(struct moe_backend *be, float *y, const float
         MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, Din, &one, w->data, ty,
                                     Din, c->xh, ty, Din, &zero, y, CUDA_R_32F, N,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    } else if (w->dtype == MOE_DTYPE_FP8_B128 || w->dtype == MOE_DTYPE_MXFP4) {
+    } else if (moe_dtype_planes(w->dtype)) {
         if (T <= SMALL_EXPERT_ROWS) /* read in place, bias included */
             return moe_ops_matmul_planes_cuda(c->stream, y, x, w->data, w->dtype, N, Din, T,
                                               b && b->data ? b->data : NULL, b ? b->dtype : MOE_DTYPE_F32);
-        /* many rows: widened to bf16 once for the step's GEMM */
-        if ((size_t)N * Din * 2 > c->wide_dense_bytes)
-            return moe_fail(MOE_ERR_INVALID_ARG, "cuda matmul: %s matrix %d x %d exceeds the reserved "
-                            "%zu bytes", moe_dtype_name(w->dtype), N, Din, c->wide_dense_bytes);
-        MOE_TRY(moe_experts_widen_cuda(c->stream, c->wide_dense, w->data, w->dtype, (size_t)N, (size_t)Din, 1,
-                                       NULL));
-        struct moe_tensor wb = *w;
-        wb.dtype = MOE_DTYPE_BF16;
-        wb.data = c->wide_dense;
-        return cuda_matmul(be, y, x, &wb, b, T);
+        /* many rows: widened to bf16 for the step's GEMMs, as many rows of
+         * W at a time as the reserved buffer holds (outputs n0.. of y) */
+        const int at = (int)(c->wide_dense_bytes / ((size_t)Din * 2) < (size_t)N
+                                 ? c->wide_dense_bytes / ((size_t)Din * 2) : (size_t)N);
+        if (at < 1 || T > c->max_rows || Din > c->max_din)
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda matmul: %s matrix %d x %d, %d rows: past the reserved "
+                            "%zu bytes or %d x %d", moe_dtype_name(w->dtype), N, Din, T, c->wide_dense_bytes,
+                            c->max_rows, c->max_din);
+        MOE_TRY(moe_ops_to_half_cuda(c->stream, c->xh, x, MOE_DTYPE_BF16, (size_t)T * Din));
+        const char *scales = (const char *)w->data + moe_planes_values_bytes(w->dtype, (size_t)N, (size_t)Din);
+        for (int n0 = 0; n0 < N; n0 += at) {
+            const int nc = N - n0 < at ? N - n0 : at;
+            MOE_TRY(moe_planes_widen_cuda(c->stream, c->wide_dense,
+                                          (const char *)w->data + moe_planes_values_bytes(w->dtype, (size_t)n0, (size_t)Din),
+                                          scales + moe_planes_scales_bytes(w->dtype, (size_t)n0, (size_t)Din), w->dtype,
+                                          (size_t)nc, (size_t)Din));
+            MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nc, T, Din, &one, c->wide_dense,
+                                        CUDA_R_16BF, Din, c->xh, CUDA_R_16BF, Din, &zero, y + n0, CUDA_R_32F, N,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
     } else {
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda matmul: weight dtype %s",
                         moe_dtype_name(w->dtype));

@@ -1,7 +1,7 @@
 /* backend_cuda_experts.c - the CUDA backend's experts op: the stacked
  * layout check, the choice between the device-driven kernels (decode-sized
  * steps, experts/experts_cuda.cu) and the cuBLAS grouped GEMMs (prefill),
- * MXFP4 / FP8 experts widened to bf16 for the latter, or (opt-in,
+ * MXFP4 / FP8 / Q8_0 experts widened to bf16 for the latter, or (opt-in,
  * MOERUN_CUDA_EXPERTS=mma) the tensor-core kernels of
  * experts/experts_mma_cuda.cu for both.  See docs/cuda.md. */
 #include <stdio.h>
@@ -126,12 +126,12 @@ static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const flo
  * value plane's share; the scales follow all E experts' values). */
 static size_t expert_mat_bytes(enum moe_dtype dt, int F, int D)
 {
-    if (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128)
+    if (moe_dtype_planes(dt))
         return moe_planes_values_bytes(dt, (size_t)F, (size_t)D);
     return (size_t)F * D * moe_dtype_size(dt);
 }
 
-/* MXFP4 / FP8 experts on the grouped path: the layer's experts with rows
+/* MXFP4 / FP8 / Q8_0 experts on the grouped path: the layer's experts with rows
  * widened to bf16 in c->wide (planes: runtime/tensor.h), the GEMMs then
  * as for bf16 weights. */
 static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const float *x,
@@ -154,8 +154,7 @@ static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const flo
  * or 8 rows (untuned: no GPU has run this yet). */
 bool moe_cuda_experts_mma(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F, int E)
 {
-    const bool typed = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16 || dt == MOE_DTYPE_MXFP4 ||
-                       dt == MOE_DTYPE_FP8_B128;
+    const bool typed = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16 || moe_dtype_planes(dt);
     return c->experts_mma && c->mma_tiles && typed && D % 8 == 0 && F % 8 == 0 && T > 1 &&
            (T > SMALL_EXPERT_ROWS || (int64_t)T * K >= 4 * (int64_t)E);
 }
@@ -187,7 +186,7 @@ bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T
     /* planes: widening a layer costs about what reading its experts 4-5
      * times does, so the device-driven kernels keep them up to 8 rows an
      * expert on average (untuned: no GPU has run this yet) */
-    const bool planes = (dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128) && c->wide &&
+    const bool planes = moe_dtype_planes(dt) && c->wide &&
                         moe_cuda_widened_layer_bytes(Ew, D, F) <= c->wide_bytes &&
                         (int64_t)T * K > 8 * (int64_t)E;
     return (half || planes) && T > SMALL_EXPERT_ROWS && E <= c->max_e && !c->no_grouped;
@@ -226,8 +225,7 @@ enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float
                                         E, ex->b_down.data);
     }
     if (moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E, E)) {
-        const bool planes = ex->dtype == MOE_DTYPE_MXFP4 || ex->dtype == MOE_DTYPE_FP8_B128;
-        enum moe_status s = planes ? experts_widened(c, out, x, plan, w, ex, ws, T, K, D, F, E)
+        enum moe_status s = moe_dtype_planes(ex->dtype) ? experts_widened(c, out, x, plan, w, ex, ws, T, K, D, F, E)
                                    : experts_grouped(c, out, x, plan, w, gu, dn, ex, ex->dtype, ws,
                                                      T, K, D, F, E);
         if (s != MOE_ERR_UNSUPPORTED) return s;

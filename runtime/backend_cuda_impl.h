@@ -11,6 +11,7 @@
 #define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention; more: the tiled prefill kernel */
 #define ATT_MAX_SPLITS 32
 #define SMALL_EXPERT_ROWS MOE_SMALL_STEP_ROWS /* T at or below: device-driven expert kernels */
+#define WIDE_DENSE_MAX ((size_t)32 << 20) /* values of a planes matrix widened at a time (64 MiB of bf16) */
 #define MAX_GRAPHS 16        /* recorded step graphs kept */
 #define BLAS_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace when graphs are on */
 
@@ -129,6 +130,8 @@ struct cuda_ctx {
     bool widened_fp8;       /* prepare_model widened FP8_B128 weights (not experts) to bf16 */
     bool mxfp4_experts, fp8_experts; /* ... kept such experts as planes */
     bool fp8_dense;          /* ... and FP8 matmul weights (cuda_matmul reads them in place) */
+    bool q8_experts, q8_dense; /* ... quantized experts or matmul weights to Q8_0 planes */
+    int *q8_bad;             /* device int: the quantize kernel's flag (owned) */
     size_t planes_dense_max; /* ... the most values of one (N x Din) */
     /* expert offload: the layers whose experts are not all resident */
     struct offload_layer *off;

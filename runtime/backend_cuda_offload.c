@@ -278,7 +278,7 @@ static enum moe_status run_round(struct cuda_ctx *c, struct offload_layer *ol, e
     if (ex->dtype == MOE_DTYPE_BF16 || ex->dtype == MOE_DTYPE_F16)
         return moe_cuda_grouped_gemms(c, ol->h_map, ol->gu, ol->dn, ex->dtype, plan, ex, ws, T * K, D,
                                       F, E);
-    /* MXFP4 / FP8 planes: the C slots widened to bf16, at their slots */
+    /* MXFP4 / FP8 / Q8_0 planes: the C slots widened to bf16, at their slots */
     char *wgu = c->wide, *wdn = wgu + 2 * (size_t)F * D * 2 * C;
     MOE_TRY(moe_experts_widen_cuda(c->stream, wgu, ol->gu, ex->dtype, 2 * (size_t)F * C, (size_t)D, C,
                                    NULL));

@@ -88,16 +88,76 @@ static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_ten
     return s;
 }
 
+/* --quantize q8_0 on this backend: whether a matrix of dtype dt with rows
+ * of K values is quantized (the CPU backend's rule: float weights whose
+ * rows are whole blocks). */
+static bool q8_quantizable(const struct moe_backend *be, enum moe_dtype dt, int64_t K)
+{
+    return be->quant == MOE_QUANT_Q8_0 && K > 0 && K % MOE_Q8_0_BLOCK == 0 &&
+           (dt == MOE_DTYPE_F32 || dt == MOE_DTYPE_F16 || dt == MOE_DTYPE_BF16);
+}
+
+/* n values of dt in the device buffer stage quantized to Q8_0 planes at
+ * dst (moe_ops_quantize_q8_0_cuda), waited for; what names the matrix in
+ * the error when a value is not finite. */
+static enum moe_status q8_from_stage(struct moe_backend *be, void *dst, const void *stage, enum moe_dtype dt,
+                                     size_t n, const char *what)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c->q8_bad) MOE_TRY(dev_buffer(be, sizeof(int), (void **)&c->q8_bad));
+    int bad = 0;
+    MOE_CUDA_TRY(cudaMemsetAsync(c->q8_bad, 0, sizeof(int), c->stream));
+    MOE_TRY(moe_ops_quantize_q8_0_cuda(c->stream, dst, stage, dt, n, c->q8_bad));
+    MOE_CUDA_TRY(cudaMemcpyAsync(&bad, c->q8_bad, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    if (bad)
+        return moe_fail(MOE_ERR_FORMAT, "--quantize q8_0: %s holds a value that is not finite (or one "
+                        "whose block scale is past f16's range)", what);
+    return MOE_OK;
+}
+
+/* A float matrix t (n values, rows of K) quantized to Q8_0 planes on the
+ * device: its rows copied (a deferred synthetic model: made) into a
+ * staging buffer, quantized into *out (*bytes). */
+static enum moe_status upload_q8_view(struct moe_backend *be, const struct moe_model *m, const struct moe_tensor *t,
+                                      size_t n, int layer, size_t *bytes, void **out)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const size_t K = (size_t)t->shape[t->ndim - 1], N = n / K;
+    *bytes = moe_planes_values_bytes(MOE_DTYPE_Q8_0, N, K) + moe_planes_scales_bytes(MOE_DTYPE_Q8_0, N, K);
+    MOE_TRY(dev_buffer(be, *bytes, out));
+    void *stage;
+    MOE_CUDA_TRY(cudaMalloc(&stage, n * moe_dtype_size(t->dtype)));
+    enum moe_status s = MOE_OK;
+    if (m->weights_deferred) {
+        s = synth_view(be, m, stage, t->data, t->dtype, n);
+    } else {
+        const cudaError_t ce = cudaMemcpy(stage, t->data, n * moe_dtype_size(t->dtype), cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+    }
+    char what[96];
+    if (layer < 0) snprintf(what, sizeof what, "the LM head");
+    else snprintf(what, sizeof what, "a (%zu, %zu) weight of layer %d", N, K, layer);
+    if (s == MOE_OK) s = q8_from_stage(be, *out, stage, t->dtype, n, what);
+    cudaFree(stage);
+    c->q8_dense = true;
+    if (N * K > c->planes_dense_max) c->planes_dense_max = N * K;
+    return s;
+}
+
 /* Rewrites view t to a device copy of its data (shared with an earlier view
- * of the same host data, e.g. tied embeddings): in its dtype, an FP8 one
- * widened to bf16, or kept as planes when `planes` (a matmul weight). */
+ * of the same host data and form, e.g. tied embeddings): in its dtype, an
+ * FP8 one widened to bf16, or kept as planes when `planes` (a matmul
+ * weight), a float one then quantized to Q8_0 under --quantize q8_0
+ * (layer: for messages, -1 the LM head). */
 static enum moe_status upload_as(struct moe_backend *be, const struct moe_model *m, struct moe_tensor *t,
-                                 enum part part, bool planes)
+                                 enum part part, bool planes, int layer)
 {
     struct cuda_ctx *c = ctx_of(be);
     if (!t->data || t->device >= 0) return MOE_OK;
+    const bool q8 = planes && t->ndim == 2 && q8_quantizable(be, t->dtype, t->shape[1]);
     for (size_t i = 0; i < c->n_up; i++)
-        if (c->up[i].host == t->data) {
+        if (c->up[i].host == t->data && (c->up[i].dtype == MOE_DTYPE_Q8_0) == q8) {
             t->data = c->up[i].dev;
             t->device = c->device;
             t->dtype = c->up[i].dtype;
@@ -109,7 +169,10 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
     const bool fp8 = t->dtype == MOE_DTYPE_FP8_B128;
     size_t bytes = (size_t)n * (fp8 ? 2 : moe_dtype_size(t->dtype));
     void *d;
-    if (fp8 && planes && t->ndim == 2) {
+    if (q8) {
+        MOE_TRY(upload_q8_view(be, m, t, (size_t)n, layer, &bytes, &d));
+        t->dtype = MOE_DTYPE_Q8_0;
+    } else if (fp8 && planes && t->ndim == 2) {
         MOE_TRY(upload_planes_view(be, t, &bytes, &d));
     } else if (fp8) {
         MOE_TRY(upload_fp8_view(be, t, (size_t)n, &d));
@@ -136,14 +199,15 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
 static enum moe_status upload_view(struct moe_backend *be, const struct moe_model *m,
                                    struct moe_tensor *t, enum part part)
 {
-    return upload_as(be, m, t, part, false);
+    return upload_as(be, m, t, part, false, -1);
 }
 
-/* A weight only cuda_matmul reads: FP8 ones kept as planes. */
+/* A weight only cuda_matmul reads (of layer, -1 the LM head): FP8 ones
+ * kept as planes, float ones quantized under --quantize q8_0. */
 static enum moe_status upload_matmul_view(struct moe_backend *be, const struct moe_model *m,
-                                          struct moe_tensor *t, enum part part)
+                                          struct moe_tensor *t, enum part part, int layer)
 {
-    return upload_as(be, m, t, part, true);
+    return upload_as(be, m, t, part, true, layer);
 }
 
 /* MXFP4 experts (gpt-oss) or FP8_B128 ones (fp8 checkpoints) as planes
@@ -184,6 +248,41 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
                                      const struct moe_expert_weights *x, int E, int D, int F, void *gu,
                                      void *dn, size_t gu_bytes, size_t dn_bytes, size_t mat);
 
+/* A layer's float experts quantized to Q8_0 stacks (--quantize q8_0):
+ * stacked as stored into staging buffers, each stack then quantized as one
+ * (2FE, D) or (DE, F) matrix, which is the planes layout of the stacks
+ * (matrix i's values at i * values(F, D), the scales after all of them);
+ * the table's dtype becomes Q8_0. */
+static enum moe_status q8_experts(struct moe_backend *be, const struct moe_model *m, struct moe_expert_weights *x,
+                                  int E, int D, int F, void *gu, void *dn, int moe_layer)
+{
+    /* n: values of the down stack; mat: bytes of one matrix as stored; gb:
+     * of the gate+up stack */
+    size_t n, mat, gb;
+    if (!moe_mul_size((size_t)F * D, (size_t)E, &n) || !moe_mul_size((size_t)F * D, moe_dtype_size(x->dtype), &mat) ||
+        !moe_mul_size(mat, 2 * (size_t)E, &gb))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %d experts of %d x %d overflow", E, D, F);
+    void *sg, *sd;
+    MOE_CUDA_TRY(cudaMalloc(&sg, gb));
+    cudaError_t ce = cudaMalloc(&sd, gb / 2);
+    if (ce != cudaSuccess) {
+        cudaFree(sg);
+        return moe_fail(MOE_ERR_DEVICE, "cuda upload: a layer's experts: %s", cudaGetErrorString(ce));
+    }
+    enum moe_status s = stack_experts(be, m, x, E, D, F, sg, sd, gb, gb / 2, mat);
+    char what[96];
+    snprintf(what, sizeof what, "an expert of MoE layer %d", moe_layer);
+    if (s == MOE_OK) s = q8_from_stage(be, gu, sg, x->dtype, 2 * n, what);
+    if (s == MOE_OK) s = q8_from_stage(be, dn, sd, x->dtype, n, what);
+    cudaFree(sg);
+    cudaFree(sd);
+    if (s == MOE_OK) {
+        x->dtype = MOE_DTYPE_Q8_0;
+        ctx_of(be)->q8_experts = true;
+    }
+    return s;
+}
+
 /* Stacks a layer's experts into (E, 2F, D) gate+up and (E, D, F) down device
  * buffers and points the expert table into them (offloaded: see
  * backend_cuda_offload.c). */
@@ -191,17 +290,19 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
                                       struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
 {
     struct cuda_ctx *c = ctx_of(be);
-    /* MXFP4 and FP8 experts stay as they are, in planes */
-    const bool planes = x->dtype == MOE_DTYPE_MXFP4 || x->dtype == MOE_DTYPE_FP8_B128;
+    /* MXFP4 and FP8 experts stay as they are, in planes; float ones become
+     * Q8_0 planes under --quantize q8_0 */
+    const bool q8 = q8_quantizable(be, x->dtype, D) && F % MOE_Q8_0_BLOCK == 0;
+    const enum moe_dtype dt = q8 ? MOE_DTYPE_Q8_0 : x->dtype;
+    const bool planes = moe_dtype_planes(dt);
     /* mat: one matrix's bytes (planes: its values), sb: its scales */
-    size_t mat = (size_t)F * D * moe_dtype_size(x->dtype), sb = 0, gu_bytes;
+    size_t mat = (size_t)F * D * moe_dtype_size(dt), sb = 0, gu_bytes;
     if (planes) {
-        const size_t blk = x->dtype == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK;
+        const int blk = moe_dtype_block(dt);
         if (D % blk || F % blk)
-            return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %s experts of %d x %d", moe_dtype_name(x->dtype),
-                            D, F);
-        mat = moe_planes_values_bytes(x->dtype, (size_t)F, (size_t)D);
-        sb = moe_planes_scales_bytes(x->dtype, (size_t)F, (size_t)D);
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %s experts of %d x %d", moe_dtype_name(dt), D, F);
+        mat = moe_planes_values_bytes(dt, (size_t)F, (size_t)D);
+        sb = moe_planes_scales_bytes(dt, (size_t)F, (size_t)D);
     }
     if (!moe_mul_size(2 * (mat + sb), (size_t)E, &gu_bytes))
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %d experts of %d x %d overflow", E, D, F);
@@ -218,7 +319,8 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
             cudaFree(gu);
             return moe_fail(MOE_ERR_DEVICE, "cuda upload: a layer's experts: %s", cudaGetErrorString(ce));
         }
-        enum moe_status s = stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat);
+        enum moe_status s = q8 ? q8_experts(be, m, x, E, D, F, gu, dn, moe_layer)
+                               : stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat);
         const double *warm = be->gpu_experts_warm ? be->gpu_experts_warm + (size_t)moe_layer * E : NULL;
         if (s == MOE_OK)
             s = moe_cuda_offload_layer(c, x, be->gpu_experts, be->gpu_experts_lfu, warm, E, D, F, gu, dn, 2 * mat,
@@ -229,7 +331,8 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     }
     MOE_TRY(dev_buffer(be, gu_bytes, &gu));
     MOE_TRY(dev_buffer(be, dn_bytes, &dn));
-    MOE_TRY(stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat));
+    if (q8) MOE_TRY(q8_experts(be, m, x, E, D, F, gu, dn, moe_layer));
+    else MOE_TRY(stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat));
     for (int e = 0; e < E; e++) {
         x->gate[e] = (const char *)gu + 2 * mat * e;
         x->up[e] = (const char *)gu + 2 * mat * e + mat;
@@ -308,9 +411,6 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     struct cuda_ctx *c = ctx_of(be);
     const struct moe_config *cfg = &m->cfg;
     if (m->embed.device >= 0) return MOE_OK; /* already on the device */
-    if (be->quant != MOE_QUANT_NONE)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: quantized weights (--quantize) run on the "
-                        "CPU backends only so far");
     if (has_mxfp4(m))
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "
                         "supported");
@@ -332,11 +432,14 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     /* deduplicate within this model only: a later model's host data may
      * reuse an earlier one's (freed) addresses */
     c->n_up = 0;
-    c->widened_fp8 = c->mxfp4_experts = c->fp8_experts = c->fp8_dense = false;
+    c->widened_fp8 = c->mxfp4_experts = c->fp8_experts = c->fp8_dense = c->q8_experts = c->q8_dense = false;
     c->planes_dense_max = 0;
     memset(c->part_bytes, 0, sizeof c->part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
-    MOE_TRY(upload_view(be, m, &m->lm_head, cfg->tie_embeddings ? P_EMBED : P_HEAD));
+    /* the LM head: quantized under --quantize q8_0 (tied: a copy of its
+     * own, the embedding stays as stored) */
+    const bool q8_head = m->lm_head.ndim == 2 && q8_quantizable(be, m->lm_head.dtype, m->lm_head.shape[1]);
+    MOE_TRY(upload_matmul_view(be, m, &m->lm_head, cfg->tie_embeddings && !q8_head ? P_EMBED : P_HEAD, -1));
     MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
     for (int l = 0; l < cfg->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
@@ -346,7 +449,7 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
                                    &w->w_up, &w->w_down, &w->sh_gate, &w->sh_up, &w->sh_down};
         const enum part mp[] = {P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_DENSE, P_DENSE,
                                 P_DENSE, P_SHARED, P_SHARED, P_SHARED};
-        for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) MOE_TRY(upload_matmul_view(be, m, mm[i], mp[i]));
+        for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) MOE_TRY(upload_matmul_view(be, m, mm[i], mp[i], l));
         struct moe_tensor *attn[] = {&w->bq, &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm,
                                      &w->q_a_norm, &w->kv_a_norm, &w->w_uk, &w->w_uv};
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) MOE_TRY(upload_view(be, m, attn[i], P_ATTN));
@@ -390,6 +493,9 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
                 c->mxfp4_experts ? "MXFP4 experts" : "", c->mxfp4_experts && c->fp8_experts ? ", " : "",
                 c->fp8_experts ? "FP8 experts" : "",
                 c->fp8_dense ? (c->mxfp4_experts || c->fp8_experts ? ", FP8 projections" : "FP8 projections") : "");
+    if (c->q8_experts || c->q8_dense)
+        fprintf(stderr, "moerun: cuda: %s quantized to Q8_0 on the device (--quantize q8_0), read in place\n",
+                c->q8_experts && c->q8_dense ? "experts and projections" : c->q8_experts ? "experts" : "projections");
     if (c->widened_fp8)
         fprintf(stderr, "moerun: cuda: other FP8 weights widened to bf16 at upload (each rounded once: "
                 "1.9x their bytes)\n");

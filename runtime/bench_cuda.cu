@@ -166,16 +166,16 @@ extern "C" enum moe_status moe_bench_grouped_gemm(int tokens, int E, int K, int 
 
 /* batch tokens routed K ways, token t to experts (t*K + k) % E (distinct
  * within a token), over E experts of (2F, D) gate+up and (D, F) down
- * weights in dt (planes for MXFP4 / FP8, runtime/tensor.h) filled with
+ * weights in dt (planes for MXFP4 / FP8 / Q8_0, runtime/tensor.h) filled with
  * random codes: the time of one moe_experts_ffn_small_cuda call and the
  * weight bytes it must read (the experts with rows, each once). */
 static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, int batch, int E, int K,
                                       int D, int F, double *seconds, double *bytes)
 {
     MOE_TRY(res_init(r, false));
-    const bool planes = dt == MOE_DTYPE_MXFP4 || dt == MOE_DTYPE_FP8_B128;
+    const bool planes = moe_dtype_planes(dt);
     const size_t n = (size_t)batch * K, FD = (size_t)F * D;
-    const int blk = dt == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : dt == MOE_DTYPE_FP8_B128 ? MOE_FP8_BLOCK : 1;
+    const int blk = moe_dtype_block(dt);
     if (E <= 0 || K <= 0 || K > E || n > 2147483647 || D % blk || F % blk)
         return moe_fail(MOE_ERR_INVALID_ARG, "expert kernels: %s, %d experts of %d x %d, top-%d",
                         moe_dtype_name(dt), E, D, F, K);
@@ -185,7 +185,8 @@ static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, in
     const size_t gu_bytes = 2 * (vb + sb) * (size_t)E, dn_bytes = (vb + sb) * (size_t)E;
     MOE_CUDA_TRY(cudaMalloc(&r->bufs[0], gu_bytes));
     MOE_CUDA_TRY(cudaMalloc(&r->bufs[1], dn_bytes));
-    /* values: random bits (every E2M1 code; FP8 NaN codes cost the same) */
+    /* values: random bits (every E2M1 code; FP8 NaN codes cost the same;
+     * any byte is a Q8_0 code) */
     for (int i = 0; i < 2; i++) {
         const size_t v = (i ? 1 : 2) * vb * (size_t)E;
         MOE_TRY(moe_ops_synth_fill_cuda(r->st, r->bufs[i], planes ? MOE_DTYPE_BF16 : dt,
@@ -193,7 +194,8 @@ static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, in
         char *sc = (char *)r->bufs[i] + v;
         const size_t s = (i ? 1 : 2) * sb * (size_t)E;
         if (dt == MOE_DTYPE_MXFP4) MOE_CUDA_TRY(cudaMemsetAsync(sc, 120, s, r->st));
-        if (dt == MOE_DTYPE_FP8_B128) MOE_TRY(moe_ops_synth_fill_cuda(r->st, sc, MOE_DTYPE_F32, s / 4, 0, -1.0f));
+        if (dt == MOE_DTYPE_FP8_B128 || dt == MOE_DTYPE_Q8_0)
+            MOE_TRY(moe_ops_synth_fill_cuda(r->st, sc, MOE_DTYPE_F32, s / 4, 0, -1.0f));
     }
     /* the plan, made on the host: counts, offsets, perm (stable), pos */
     int32_t *h = (int32_t *)calloc(2 * (size_t)E + 1 + 2 * n, sizeof(int32_t));

@@ -94,8 +94,15 @@ enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dty
  * E4M3 byte and its block's scale (the CPU's weight), rounded to bf16 (as
  * transformers' dequantization to a bf16 model). */
 enum moe_status moe_ops_fp8_to_bf16_cuda(cudaStream_t st, void *dst, const void *src, size_t n_blocks);
+/* n values of dt (F32, F16 or BF16; n a multiple of 32) at src quantized
+ * to Q8_0 planes at dst (runtime/tensor.h: n int8 codes, then n/32 f32
+ * scales), bit for bit as moe_quantize_row_q8_0 and moe_planes_from_rows
+ * make them; a value that is not finite, or a scale past f16, sets the
+ * device int *bad (its block unwritten). */
+enum moe_status moe_ops_quantize_q8_0_cuda(cudaStream_t st, void *dst, const void *src, enum moe_dtype dt,
+                                           size_t n, int *bad);
 /* y (T, N) = x (T, Din) . W^T (+ b (N) in bdt, or NULL) with W (N, Din) as
- * MXFP4 or FP8_B128 planes (runtime/tensor.h) at w, read in place: for
+ * MXFP4, FP8_B128 or Q8_0 planes (runtime/tensor.h) at w, read in place: for
  * steps of few rows (each weight row is read once per 8 input rows). */
 enum moe_status moe_ops_matmul_planes_cuda(cudaStream_t st, float *y, const float *x, const void *w,
                                            enum moe_dtype dt, int N, int Din, int T, const void *b,
@@ -211,12 +218,16 @@ enum moe_status moe_experts_gather_half_cuda(cudaStream_t st, void *xe, const fl
 enum moe_status moe_experts_swiglu_half_cuda(cudaStream_t st, void *h, const void *gu, int n,
                                              int F, enum moe_dtype dt, const int32_t *offsets,
                                              int E, const struct moe_expert_weights *ex);
-/* dst (rows, K) bf16 = the planes src (rows of K values in dt: MXFP4 or
- * FP8_B128) widened, rows the stack of E experts' matrices; the experts
- * whose counts[e] is 0 are skipped (counts NULL: none). */
+/* dst (rows, K) bf16 = the planes src (rows of K values in dt: MXFP4,
+ * FP8_B128 or Q8_0) widened, rows the stack of E experts' matrices; the
+ * experts whose counts[e] is 0 are skipped (counts NULL: none). */
 enum moe_status moe_experts_widen_cuda(cudaStream_t st, void *dst, const void *src,
                                        enum moe_dtype dt, size_t rows, size_t K, int E,
                                        const int32_t *counts);
+/* dst (rows, K) bf16 = rows of planes whose values are at `values` and
+ * scales at `scales` (a slice of a matrix's rows) widened. */
+enum moe_status moe_planes_widen_cuda(cudaStream_t st, void *dst, const void *values, const void *scales,
+                                      enum moe_dtype dt, size_t rows, size_t K);
 /* Tensor-core grouped GEMMs driven from the device (experts/experts_mma_cuda.cu).
  * tiles: the step's tile list, moe_expert_mma_tile_ints(n, E) int32s, made
  * by moe_experts_mma_tiles_cuda from the plan's counts and offsets: each

@@ -1,4 +1,4 @@
-/* matmul_cuda.cu - dense products with MXFP4 or FP8_B128 weights read in
+/* matmul_cuda.cu - dense products with MXFP4, FP8_B128 or Q8_0 weights read in
  * place (planes, runtime/tensor.h), for steps of few rows: y (T, N) = x (T,
  * Din) . W^T (+ b).  A warp computes two output features for up to 8 rows
  * at a time, streaming the two weight rows once per 8 input rows with the
@@ -47,16 +47,16 @@ extern "C" enum moe_status moe_ops_matmul_planes_cuda(cudaStream_t st, float *y,
                                                       const void *w, enum moe_dtype dt, int N, int Din,
                                                       int T, const void *b, enum moe_dtype bdt)
 {
-    const int blk = dt == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK;
-    if ((dt != MOE_DTYPE_MXFP4 && dt != MOE_DTYPE_FP8_B128) || N <= 0 || Din <= 0 || Din % blk)
+    if (!moe_dtype_planes(dt) || N <= 0 || Din <= 0 || Din % moe_dtype_block(dt))
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda matmul: %s weights of %d x %d", moe_dtype_name(dt), N, Din);
     if (T <= 0) return MOE_OK;
     const void *ws = (const char *)w + moe_planes_values_bytes(dt, (size_t)N, (size_t)Din);
     const unsigned grid = (unsigned)((N + MV_WARPS * MV_NW - 1) / (MV_WARPS * MV_NW));
-    if (dt == MOE_DTYPE_MXFP4)
-        planes_matvec_kernel<MOE_DTYPE_MXFP4><<<grid, MV_WARPS * 32, 0, st>>>(y, x, w, ws, b, bdt, N, Din, T);
-    else
-        planes_matvec_kernel<MOE_DTYPE_FP8_B128><<<grid, MV_WARPS * 32, 0, st>>>(y, x, w, ws, b, bdt, N, Din, T);
+#define MATVEC(DT) planes_matvec_kernel<DT><<<grid, MV_WARPS * 32, 0, st>>>(y, x, w, ws, b, bdt, N, Din, T)
+    if (dt == MOE_DTYPE_MXFP4) MATVEC(MOE_DTYPE_MXFP4);
+    else if (dt == MOE_DTYPE_FP8_B128) MATVEC(MOE_DTYPE_FP8_B128);
+    else MATVEC(MOE_DTYPE_Q8_0);
+#undef MATVEC
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }

@@ -313,6 +313,48 @@ extern "C" enum moe_status moe_ops_fp8_to_bf16_cuda(cudaStream_t st, void *dst, 
     return MOE_OK;
 }
 
+/* ---- Q8_0 quantization at upload (--quantize q8_0) ---- */
+
+/* One warp per block of 32 values: moe_quantize_row_q8_0's d = max|x| /
+ * 127 and q = roundf(x * (1 / d)) with IEEE division and round-half-away
+ * rounding (no fast math in this build), d rounded to f16 as
+ * moe_f32_to_f16 rounds (to nearest even); the codes to q, the scale to
+ * s.  A block with a value that is not finite, or whose scale overflows
+ * f16, sets *bad. */
+static __global__ void quantize_q8_0_kernel(int8_t *q, float *s, const void *src, enum moe_dtype dt,
+                                            size_t n_blocks, int *bad)
+{
+    const int lane = threadIdx.x & 31;
+    const size_t warps = (size_t)gridDim.x * blockDim.x / 32;
+    for (size_t b = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32; b < n_blocks; b += warps) {
+        const float x = moe_ld(src, dt, b * MOE_Q8_0_BLOCK + lane);
+        const bool finite = __ballot_sync(0xffffffffu, !isfinite(x)) == 0;
+        const float d = moe_warp_max(fabsf(x)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float dh = __half2float(__float2half_rn(d));
+        if (!finite || isinf(dh)) {
+            if (lane == 0) *bad = 1;
+            continue;
+        }
+        q[b * MOE_Q8_0_BLOCK + lane] = (int8_t)roundf(x * id);
+        if (lane == 0) s[b] = dh;
+    }
+}
+
+extern "C" enum moe_status moe_ops_quantize_q8_0_cuda(cudaStream_t st, void *dst, const void *src,
+                                                      enum moe_dtype dt, size_t n, int *bad)
+{
+    if (n % MOE_Q8_0_BLOCK || (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16))
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA quantize: %zu %s values", n, moe_dtype_name(dt));
+    if (n == 0) return MOE_OK;
+    const size_t blocks = n / MOE_Q8_0_BLOCK;
+    /* a grid that fills a large GPU, each warp striding over the blocks */
+    unsigned grid = moe_cuda_blocks(n, 256);
+    if (grid > 1024) grid = 1024;
+    quantize_q8_0_kernel<<<grid, 256, 0, st>>>((int8_t *)dst, (float *)((char *)dst + n), src, dt, blocks, bad);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
 /* ---- argmax: one block per row ---- */
 
 __device__ __forceinline__ bool am_better(float a, int ia, float b, int ib)

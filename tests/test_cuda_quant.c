@@ -41,9 +41,18 @@ static void setup_quant_mma(void)
 
 TestSuite(cuda_quant_mma, .init = setup_quant_mma, .fini = teardown);
 
-/* rows (R, K) of dt blocks with random codes and scales */
+/* rows (R, K) of dt blocks with random codes and scales (Q8_0: random
+ * values quantized) */
 static void *quant_rows(enum moe_dtype dt, size_t R, size_t K, uint64_t seed)
 {
+    if (dt == MOE_DTYPE_Q8_0) {
+        const size_t rb = moe_dtype_row_bytes(dt, K);
+        unsigned char *out = malloc(R * rb);
+        float *x = rand_floats(R * K, seed, -0.1f, 0.1f);
+        for (size_t r = 0; r < R; r++) cr_assert(moe_quantize_row_q8_0(out + r * rb, x + r * K, K));
+        free(x);
+        return out;
+    }
     const bool fp4 = dt == MOE_DTYPE_MXFP4;
     const size_t blk = fp4 ? MOE_MXFP4_BLOCK : MOE_FP8_BLOCK, rb = moe_dtype_row_bytes(dt, K);
     unsigned char *out = malloc(R * rb), *codes = malloc(K);
@@ -166,13 +175,16 @@ static void check_planes_matmul(enum moe_dtype dt, int T, int N, int Din, bool b
 
 Test(cuda_quant, planes_matmul_matches_cpu)
 {
-    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4};
-    for (size_t i = 0; i < 2; i++) {
+    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4, MOE_DTYPE_Q8_0};
+    for (size_t i = 0; i < 3; i++) {
         check_planes_matmul(dts[i], 1, 256, 512, false);
         check_planes_matmul(dts[i], 5, 97, 1024, true);  /* odd N: the last warp's second row */
         check_planes_matmul(dts[i], 32, 300, 256, true); /* four row passes */
         check_planes_matmul(dts[i], 100, 200, 768, true); /* widened for cuBLAS */
     }
+    /* more values than the reserved widening buffer (1024 x 1024): widened
+     * and multiplied 2048 rows of W at a time */
+    check_planes_matmul(MOE_DTYPE_Q8_0, 40, 2100, 512, true);
 }
 
 Test(cuda_quant, mxfp4_experts_match_cpu)
@@ -193,8 +205,18 @@ Test(cuda_quant, fp8_experts_match_cpu)
     check_quant_experts(MOE_DTYPE_FP8_B128, 300, 16, 4, 256, 128, true);
 }
 
+Test(cuda_quant, q8_0_experts_match_cpu)
+{
+    check_quant_experts(MOE_DTYPE_Q8_0, 1, 8, 2, 96, 160, false);
+    check_quant_experts(MOE_DTYPE_Q8_0, 32, 16, 4, 1024, 256, false);  /* several row tiles */
+    check_quant_experts(MOE_DTYPE_Q8_0, 4, 8, 2, 64, 96, true);        /* biases, clamp */
+    check_quant_experts(MOE_DTYPE_Q8_0, 300, 16, 4, 256, 128, false); /* widened, grouped */
+}
+
 Test(cuda_quant_mma, tensor_core_experts_match_cpu)
 {
+    check_quant_experts(MOE_DTYPE_Q8_0, 300, 16, 4, 256, 128, false);
+    check_quant_experts(MOE_DTYPE_Q8_0, 16, 8, 2, 64, 96, true); /* decode-sized, 4 rows an expert */
     check_quant_experts(MOE_DTYPE_MXFP4, 300, 16, 4, 256, 128, true); /* 75 rows an expert */
     check_quant_experts(MOE_DTYPE_MXFP4, 64, 32, 2, 2880 / 10, 288, false); /* D: 9 stages */
     check_quant_experts(MOE_DTYPE_MXFP4, 16, 8, 2, 64, 96, false); /* decode-sized, 4 rows an expert */
@@ -295,3 +317,194 @@ Test(cuda_quant, fp8_mla_weights_upload)
     moe_model_free(&d);
     moe_model_free(&h);
 }
+
+/* ---- --quantize q8_0 on the GPU: weights quantized on the device ---- */
+
+/* tiny-moe's seeded weights in dt, with blocks at the quantizer's edges
+ * planted at the start of layer 0's q_proj: all zeros, values whose scale
+ * is an f16 subnormal, exact halves (d = 1: roundf rounds them away from
+ * zero, rint would not), the largest code at both signs. */
+static void q8_model(struct moe_model *m, enum moe_dtype dt)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    cr_assert_eq(moe_model_synthetic(m, &cfg, dt, 11), MOE_OK, "%s", moe_last_error());
+    float edge[4][32];
+    for (int j = 0; j < 32; j++) {
+        edge[0][j] = 0.0f;
+        edge[1][j] = (float)(j - 16) * 1e-7f;
+        edge[2][j] = j == 0 ? 127.0f : (float)(j - 16) + 0.5f;
+        edge[3][j] = j % 2 ? -3.0f : 3.0f;
+    }
+    for (int b = 0; b < 4; b++)
+        moe_convert_from_f32((char *)m->layers[0].wq.data + (size_t)b * 32 * moe_dtype_size(dt), edge[b], dt, 32);
+}
+
+/* The device planes (values at dv, scales at ds) of R rows of K host
+ * values of dt at h hold the host's Q8_0 quantization, byte for byte. */
+static void expect_q8_planes(const char *what, const void *h, enum moe_dtype dt, const void *dv, const void *ds,
+                             size_t R, size_t K)
+{
+    const enum moe_dtype t = MOE_DTYPE_Q8_0;
+    const size_t rb = moe_dtype_row_bytes(t, K), vb = moe_planes_values_bytes(t, R, K),
+                 sb = moe_planes_scales_bytes(t, R, K);
+    unsigned char *rows = malloc(R * rb), *want = malloc(vb + sb), *got = malloc(vb + sb);
+    float *f = malloc(K * sizeof(float));
+    for (size_t r = 0; r < R; r++) {
+        moe_convert_row_f32(f, (const char *)h + r * K * moe_dtype_size(dt), dt, K);
+        cr_assert(moe_quantize_row_q8_0(rows + r * rb, f, K));
+    }
+    moe_planes_from_rows(t, rows, R, K, want, want + vb);
+    to_host(got, dv, vb);
+    to_host(got + vb, ds, sb);
+    const bool same = memcmp(got, want, vb + sb) == 0;
+    fprintf(stderr, "parity: q8_0_upload %-16s %-5s (%zu,%zu) %s\n", what, moe_dtype_name(dt), R, K,
+            same ? "identical" : "DIFFERS");
+    cr_expect(same, "%s (%s): device Q8_0 planes differ from the host's quantization", what, moe_dtype_name(dt));
+    free(rows), free(want), free(got), free(f);
+}
+
+static const char *q8_scales(const struct moe_tensor *t)
+{
+    return (const char *)t->data + moe_planes_values_bytes(MOE_DTYPE_Q8_0, (size_t)t->shape[0], (size_t)t->shape[1]);
+}
+
+/* The device twin d of the host model h, prepared with --quantize q8_0,
+ * holds in its projections, experts and LM head the host's quantization
+ * of h's weights (of dtype dt), byte for byte; its router and embedding
+ * keep their dtype. */
+static void expect_q8_model(const struct moe_model *h, const struct moe_model *d, enum moe_dtype dt)
+{
+    const struct moe_config *c = &h->cfg;
+    const int D = c->d_model, F = c->d_expert, E = c->n_experts;
+    cr_expect_eq(d->layers[0].router.dtype, dt, "the router keeps its dtype");
+    cr_expect_eq(d->embed.dtype, dt, "the embedding keeps its dtype");
+    const struct { const char *what; const struct moe_tensor *h, *d; } mats[] = {
+        {"q_proj 0", &h->layers[0].wq, &d->layers[0].wq}, {"o_proj 0", &h->layers[0].wo, &d->layers[0].wo},
+        {"k_proj 3", &h->layers[3].wk, &d->layers[3].wk}, {"lm_head", &h->lm_head, &d->lm_head}};
+    for (size_t j = 0; j < sizeof mats / sizeof *mats; j++) {
+        cr_expect(mats[j].d->dtype == MOE_DTYPE_Q8_0 && mats[j].d->device >= 0, "%s", mats[j].what);
+        expect_q8_planes(mats[j].what, mats[j].h->data, dt, mats[j].d->data, q8_scales(mats[j].d),
+                         (size_t)mats[j].h->shape[0], (size_t)mats[j].h->shape[1]);
+    }
+    const struct moe_expert_weights *a = &h->layers[1].experts, *b = &d->layers[1].experts;
+    cr_expect_eq(b->dtype, MOE_DTYPE_Q8_0);
+    const size_t S = moe_planes_scales_bytes(MOE_DTYPE_Q8_0, (size_t)F, (size_t)D);
+    const char *gus = (const char *)b->gate[0] + moe_planes_values_bytes(MOE_DTYPE_Q8_0, 2 * (size_t)F * E, (size_t)D);
+    const char *dns = (const char *)b->down[0] + moe_planes_values_bytes(MOE_DTYPE_Q8_0, (size_t)D * E, (size_t)F);
+    for (int e = 0; e < E; e += 7) {
+        expect_q8_planes("expert gate", a->gate[e], dt, b->gate[e], gus + 2 * e * S, (size_t)F, (size_t)D);
+        expect_q8_planes("expert up", a->up[e], dt, b->up[e], gus + (2 * e + 1) * S, (size_t)F, (size_t)D);
+        expect_q8_planes("expert down", a->down[e], dt, b->down[e], dns + e * S, (size_t)D, (size_t)F);
+    }
+}
+
+/* prepare_model with --quantize q8_0 quantizes on the device what the CPU
+ * backends quantize (projections, experts, the LM head; not the routers
+ * or the embedding), to the host's bytes, from f32 and bf16 weights. */
+Test(cuda_quant, q8_0_upload_equals_host_quantization)
+{
+    const enum moe_dtype dts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16};
+    gpu.quant = MOE_QUANT_Q8_0;
+    for (int i = 0; i < 2; i++) {
+        struct moe_model h, d;
+        q8_model(&h, dts[i]);
+        q8_model(&d, dts[i]);
+        cr_assert_eq(gpu.ops->prepare_model(&gpu, &d), MOE_OK, "%s", moe_last_error());
+        expect_q8_model(&h, &d, dts[i]);
+        moe_model_free(&d);
+        moe_model_free(&h);
+    }
+}
+
+/* A deferred synthetic model (moerun bench --synthetic: weights made on
+ * the device, then quantized there) holds the quantization of the host
+ * generator's weights. */
+Test(cuda_quant, q8_0_upload_of_weights_made_on_the_device)
+{
+    gpu.quant = MOE_QUANT_Q8_0;
+    struct moe_config cfg;
+    struct moe_model h, d;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    cr_assert_eq(moe_model_synthetic(&h, &cfg, MOE_DTYPE_BF16, 12), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_model_synthetic_deferred(&d, &cfg, MOE_DTYPE_BF16, 12), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(gpu.ops->prepare_model(&gpu, &d), MOE_OK, "%s", moe_last_error());
+    expect_q8_model(&h, &d, MOE_DTYPE_BF16);
+    moe_model_free(&d);
+    moe_model_free(&h);
+}
+
+/* A weight that is not finite fails prepare_model with the weight named. */
+Test(cuda_quant, q8_0_refuses_weights_that_are_not_finite)
+{
+    gpu.quant = MOE_QUANT_Q8_0;
+    struct moe_model m;
+    q8_model(&m, MOE_DTYPE_F32);
+    ((float *)m.layers[1].wv.data)[77] = NAN;
+    cr_expect_neq(gpu.ops->prepare_model(&gpu, &m), MOE_OK);
+    cr_expect(strstr(moe_last_error(), "weight of layer 1 holds a value that is not finite"), "%s",
+              moe_last_error());
+    moe_model_free(&m);
+    q8_model(&m, MOE_DTYPE_F32);
+    ((float *)m.layers[2].experts.down[5])[3] = INFINITY;
+    cr_expect_neq(gpu.ops->prepare_model(&gpu, &m), MOE_OK);
+    cr_expect(strstr(moe_last_error(), "an expert of MoE layer 2 holds a value that is not finite"), "%s",
+              moe_last_error());
+    moe_model_free(&m);
+}
+
+/* Logits for every row of an S-token prompt of m on backend `name` with
+ * Q8_0 weights (gpu_experts, cpu_rows: the CUDA offload's). */
+static void q8_logits(struct moe_model *m, const char *name, int S, int gpu_experts, int cpu_rows, float *logits)
+{
+    struct moe_backend be;
+    cr_assert_eq(moe_backend_init(&be, name, 0), MOE_OK, "%s", moe_last_error());
+    be.quant = MOE_QUANT_Q8_0;
+    be.gpu_experts = gpu_experts;
+    be.gpu_experts_cpu_rows = cpu_rows;
+    struct moe_runner r;
+    struct moe_runner_opts o = {.max_tokens = S, .max_seqs = 1, .max_logits = S, .block_size = 8, .n_blocks = 32};
+    cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
+    int32_t prompt[128];
+    for (int i = 0; i < S; i++) prompt[i] = (i * 37 + 5) % m->cfg.vocab;
+    struct moe_seq seq = {0};
+    struct moe_chunk ch = {&seq, prompt, S, true, false, 0};
+    cr_assert_eq(moe_runner_step(&r, &ch, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    moe_seq_free(&r, &seq);
+    moe_runner_free(&r);
+    moe_backend_free(&be);
+}
+
+/* The logits of tiny-moe (f32 weights, edges planted) quantized on the
+ * CPU reference and on the GPU with the given offload, S tokens; the worst
+ * relative error must be at most tol. */
+static void check_q8_model(int S, int C, int R, double tol, const char *what)
+{
+    const int V = 1024;
+    float *ref = malloc((size_t)S * V * 4), *got = malloc((size_t)S * V * 4);
+    struct moe_model m;
+    q8_model(&m, MOE_DTYPE_F32);
+    q8_logits(&m, "cpu-ref", S, 0, 0, ref);
+    moe_model_free(&m);
+    q8_model(&m, MOE_DTYPE_F32);
+    q8_logits(&m, "cuda", S, C, R, got);
+    moe_model_free(&m);
+    char shp[64];
+    snprintf(shp, sizeof shp, "tiny-moe S%d %s", S, what);
+    const double e = report("q8_0_model", "F32", shp, got, ref, (size_t)S * V);
+    cr_expect(e <= tol, "%s: %.3g", shp, e);
+    free(ref), free(got);
+}
+
+/* A model quantized on the GPU computes what the CPU's quantized model
+ * does: a 20-token prompt on the device-driven kernels, fp32 throughout,
+ * resident or offloaded with misses on the CPU. */
+Test(cuda_quant, q8_0_model_matches_cpu)
+{
+    check_q8_model(20, 0, 0, 1e-4, "decode kernels");
+    check_q8_model(20, 8, 1, 1e-4, "offload 8, CPU rows 1");
+}
+
+/* ... and a 72-token one (9 rows an expert) on the widened grouped GEMMs,
+ * bf16 activations. */
+Test(cuda_quant, q8_0_model_grouped_matches_cpu) { check_q8_model(72, 0, 0, 3e-2, "grouped (widened)"); }

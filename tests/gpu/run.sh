@@ -18,8 +18,9 @@
 #     512 and 4096 tokens, grouped expert GEMM against dense cuBLAS, decode
 #     step time at batch 1, 8, 64 and 256; Mixtral prefill again with the
 #     per-row attention kernel (MOERUN_CUDA_PREFILL_ATTN=rows) beside the
-#     tiled one; the decode expert kernels alone with bf16, MXFP4 and FP8
-#     weights (moerun bench --expert-kernels);
+#     tiled one; the decode expert kernels alone with bf16, MXFP4, FP8, Q8_0
+#     weights (moerun bench --expert-kernels); Mixtral with its weights
+#     quantized to Q8_0 on the device (--quantize q8_0) against bf16;
 #  5. prints a short table last; everything is written under $OUT.
 #
 # Environment: OUT (default gpu-out/), MOERUN_GPU_ARCHS (CUDA architectures,
@@ -169,7 +170,7 @@ bench mixtral_pf_bf16kv configs/mixtral-8x7b.json --prefill 512,4096 --chunk 409
 MOERUN_CUDA_PREFILL_ATTN=mma bench mixtral_pf_mma configs/mixtral-8x7b.json \
     --prefill 512,4096 --chunk 4096 --decode 1 --kv-dtype bf16
 say "   mixtral prefill with tensor-core attention done"
-# the decode expert kernels alone with bf16, MXFP4 and FP8 weights, at the
+# the decode expert kernels alone with bf16, MXFP4, FP8 and Q8_0 weights, at the
 # expert shapes of gpt-oss-120b (128 x 2880 x 2880, top-4; FP8 does not
 # divide) and Qwen3-30B-A3B (128 x 2048 x 768, top-8): one-layer models
 for shape in "gptoss120b 2880 2880 4" "qwen3moe30b 2048 768 8"; do
@@ -209,6 +210,10 @@ bench olmoe_offload16 configs/olmoe-1b-7b.json --prefill 512 --chunk 512 --decod
 bench olmoe_offload16_cpu configs/olmoe-1b-7b.json --prefill 512 --chunk 512 --decode 1,8 --steps 8 \
     --gpu-experts 16 --gpu-experts-cpu-rows 2
 say "   olmoe with expert offload, misses copied and on the CPU, done"
+# --quantize q8_0: Mixtral's weights quantized on the device (53 GB instead
+# of 93), read in place at 1.125 bytes a weight
+bench mixtral_q8 configs/mixtral-8x7b.json --prefill 512 --chunk 512 --decode 1,8,64 --quantize q8_0
+say "   mixtral with Q8_0 weights done"
 fi # bench
 
 # ---- 5. the table ----
@@ -309,6 +314,20 @@ for name, what in (("mixtral_offload4", "mixtral, 4 of 8 experts on the GPU"),
                 r.get("offload", {}).get("cpu_experts_per_token", 0)) for n, r in rows))
     except Exception as e:
         print("%s: no result (%s)" % (name, e))
+try:
+    a = json.load(open(os.path.join(out, "bench_mixtral.json")))
+    q = json.load(open(os.path.join(out, "bench_mixtral_q8.json")))
+    da = {d["batch"]: d["tokens_per_s"] for d in a["decode"]}
+    pa = {p["tokens"]: p["tokens_per_s"] for p in a["prefill"]}
+    roof = {d["batch"]: d.get("roofline_fraction", 0) for d in q.get("gpu", {}).get("decode", [])}
+    print("mixtral Q8_0 against bf16, tokens/s: " + "; ".join(
+        ["pf%d %.0f vs %.0f (%.2fx)" % (p["tokens"], p["tokens_per_s"], pa[p["tokens"]],
+                                         p["tokens_per_s"] / pa[p["tokens"]]) for p in q["prefill"]] +
+        ["b%d %.1f vs %.1f (%.2fx)" % (d["batch"], d["tokens_per_s"], da[d["batch"]],
+                                        d["tokens_per_s"] / da[d["batch"]]) for d in q["decode"]])
+        + "; b1 %.1f%% of its roofline" % (100 * roof.get(1, 0)))
+except Exception as e:
+    print("mixtral Q8_0: no result (%s)" % e)
 for kv in ("f32", "bf16"):
     try:
         c = json.load(open(os.path.join(out, "ppl_cuda_%s.json" % kv)))
