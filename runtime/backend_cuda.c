@@ -205,7 +205,7 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     din = imax(din, (int)mla);
     int K = imax(cfg->top_k, 1), E = imax(cfg->n_experts, 1), L = imax(moe_config_moe_layers(cfg), 1);
     const size_t att_floats = attention_ws_floats(cfg);
-    /* MXFP4 / FP8 experts: the grouped path widens a layer's to bf16 here
+    /* MXFP4 / FP8 / Q8_0 experts: the grouped path widens a layer's to bf16 here
      * (those prepare_model kept as planes; before any, as cfg says), or
      * an offloaded layer's device slots */
     const bool q8 = be->quant == MOE_QUANT_Q8_0;

@@ -101,7 +101,7 @@ struct cuda_ctx {
     int32_t *active;         /* device (E + 1): the experts with rows (decode path) */
     /* expert load counters, (moe_layers, E) uint64 */
     uint64_t *d_load, *h_load;
-    /* bf16 (E, 2F, D) + (E, D, F): a layer's MXFP4 / FP8 experts widened
+    /* bf16 (E, 2F, D) + (E, D, F): a layer's MXFP4 / FP8 / Q8_0 experts widened
      * for the grouped path (reserved for models with such experts) */
     void *wide;
     size_t wide_bytes;
