@@ -19,8 +19,7 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* 8 weights of dtype dt from element k, widened to fp32 (Q8_0: q * d, the
- * reference's products; MXFP4: the E2M1 values doubled to integers by a
+/* 8 weights of dtype dt from element k, widened to fp32 (MXFP4: the E2M1 values doubled to integers by a
  * byte shuffle, times half the block's scale, exact; FP8_B128: each E4M3
  * byte made the f16 of its value / 2^8 (gemm_fast_impl.h), widened by
  * F16C, times 2^8 (exact: the E4M3 value), times the block's scale: the
@@ -28,13 +27,6 @@
 AVX2 INLINE __m256 load_w8(const char *row, const enum moe_dtype dt, int k)
 {
     if (dt == MOE_DTYPE_F32) return _mm256_loadu_ps((const float *)row + k);
-    if (dt == MOE_DTYPE_Q8_0) {
-        const char *blk = row + (size_t)(k / MOE_Q8_0_BLOCK) * MOE_Q8_0_BYTES;
-        float d;
-        memcpy(&d, blk, 4);
-        const __m128i q = _mm_loadl_epi64((const __m128i *)(blk + 4 + k % MOE_Q8_0_BLOCK));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(d));
-    }
     if (dt == MOE_DTYPE_MXFP4) {
         const unsigned char *blk = (const unsigned char *)row + (size_t)(k / MOE_MXFP4_BLOCK) * MOE_MXFP4_BYTES;
         const int j = k % MOE_MXFP4_BLOCK; /* 0, 8: low nibbles of qs[j..]; 16, 24: high of qs[j-16..] */
@@ -114,10 +106,9 @@ AVX2 void moe_gemm_rows_avx2(float *y, size_t ldy, const float *x, size_t ldx, i
     case MOE_DTYPE_F32: rows_dt(MOE_DTYPE_F32, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_BF16: rows_bf16_256(y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_F16: rows_dt(MOE_DTYPE_F16, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
-    case MOE_DTYPE_Q8_0: rows_dt(MOE_DTYPE_Q8_0, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_MXFP4: rows_dt(MOE_DTYPE_MXFP4, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_FP8_B128: rows_dt(MOE_DTYPE_FP8_B128, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
-    default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16, BF16, Q8_0, MXFP4 or FP8_B128");
+    default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16, BF16, MXFP4 or FP8_B128 (Q8_0: gemm_q8.c)");
     }
 }
 

@@ -16,8 +16,7 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* 16 weights of dtype dt from element k, widened to fp32 (Q8_0: q * d, the
- * reference's products; MXFP4: each nibble, zero-extended to a 32-bit lane,
+/* 16 weights of dtype dt from element k, widened to fp32 (MXFP4: each nibble, zero-extended to a 32-bit lane,
  * indexes a 16-float table of the doubled E2M1 values (vpermps reads the
  * low 4 bits, so no mask) and is multiplied by half the block's scale,
  * exact; FP8_B128: as gemm_avx2.c, 16 bytes at a time; k is a multiple of
@@ -27,13 +26,6 @@
 AVX512 INLINE __m512 load_w16(const char *row, const enum moe_dtype dt, int k)
 {
     if (dt == MOE_DTYPE_F32) return _mm512_loadu_ps((const float *)row + k);
-    if (dt == MOE_DTYPE_Q8_0) {
-        const char *blk = row + (size_t)(k / MOE_Q8_0_BLOCK) * MOE_Q8_0_BYTES;
-        float d;
-        memcpy(&d, blk, 4);
-        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 4 + k % MOE_Q8_0_BLOCK));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(d));
-    }
     if (dt == MOE_DTYPE_MXFP4) {
         const unsigned char *blk = (const unsigned char *)row + (size_t)(k / MOE_MXFP4_BLOCK) * MOE_MXFP4_BYTES;
         /* k % 32 == 0: the low nibbles of qs, 16: the high ones (a predictable
@@ -124,9 +116,8 @@ AVX512 void moe_gemm_rows_avx512(float *y, size_t ldy, const float *x, size_t ld
     case MOE_DTYPE_F32: rows_dt(MOE_DTYPE_F32, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_BF16: rows_bf16_512(y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_F16: rows_dt(MOE_DTYPE_F16, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
-    case MOE_DTYPE_Q8_0: rows_dt(MOE_DTYPE_Q8_0, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_MXFP4: rows_dt(MOE_DTYPE_MXFP4, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_FP8_B128: rows_dt(MOE_DTYPE_FP8_B128, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
-    default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16, BF16, Q8_0, MXFP4 or FP8_B128");
+    default: MOE_ASSERT(!"gemm_fast: weights must be F32, F16, BF16, MXFP4 or FP8_B128 (Q8_0: gemm_q8.c)");
     }
 }

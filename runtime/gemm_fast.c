@@ -59,7 +59,9 @@ void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float 
             moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
         else
             moe_gemm_rows_panel_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
-    } else if (isa == MOE_CPU_ISA_AVX512)
+    } else if (wt == MOE_DTYPE_Q8_0)
+        moe_gemm_rows_q8_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    else if (isa == MOE_CPU_ISA_AVX512)
         moe_gemm_rows_avx512(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
     else
         moe_gemm_rows_avx2(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);

@@ -3,10 +3,9 @@
  * Same contract as moe_gemm_cpu: y (T, N) = x (T, Din) . W^T (+ b), W (N, Din)
  * row-major in F32, F16, BF16, Q8_0, MXFP4 or FP8_B128 read in place.  The
  * fast kernels convert weights to fp32 in registers (bf16: u16 -> u32
- * shifted left by 16; f16: F16C; Q8_0: int8 times the block's scale;
- * MXFP4: a nibble through a table, times the block's scale; FP8_B128: an
- * E4M3 byte made an f16 by a shift and a mask, F16C, times the block's
- * scale) and never into memory, and compute a register-blocked tile of up to
+ * shifted left by 16; f16: F16C; MXFP4: a nibble through a table, times
+ * the block's scale; FP8_B128: an E4M3 byte made an f16 by a shift and a
+ * mask, F16C, times the block's scale) and never into memory, and compute a register-blocked tile of up to
  * 4 input rows x several weight rows (up to 16 when there is one input row,
  * as in decode), so one pass over a weight row serves every input row of
  * the tile.
@@ -29,6 +28,15 @@
  * batch (though not the bits of the natural-layout kernels).  The fast
  * backend packs a model's bf16 matrices at prepare_model
  * (runtime/backend_cpu.c); every entry below takes them as wt.
+ *
+ * Q8_0: the inputs are quantized to Q8_0 blocks too, as llama.cpp's CPU
+ * backend does, and each block of 32 products is an exact integer sum
+ * (gemm_q8.c, one kernel set for both, giving the same bits).  This is
+ * the one place the fast kernels round more than fp32 does: each input by
+ * up to 1/254 of its block's largest magnitude, about what the weights'
+ * own quantization moves them (docs/performance.md measures the effect on
+ * a trained model's outputs).  A row still gives the same bits alone or
+ * in any batch.
  *
  * Kernels are compiled with __attribute__((target(...))) and chosen at run
  * time by what the processor supports, so the build stays portable; where

@@ -11,6 +11,10 @@ void moe_gemm_rows_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T,
                         enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
 void moe_gemm_rows_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
                           enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
+/* All T rows against outputs [n0, n1) of Q8_0 weights, the inputs
+ * quantized to Q8_0 too (gemm_q8.c; both kernel sets run it). */
+void moe_gemm_rows_q8_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
+                           int Din, int n0, int n1, const struct moe_tensor *b);
 /* All T rows against outputs [n0, n1) of bf16 weights in panels
  * (MOE_DTYPE_BF16_PANEL; gemm_panel.c). */
 void moe_gemm_rows_panel_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T,

@@ -30,29 +30,23 @@
  * per tile for 1-3 input rows), NAT_C4 (for 4 input rows), NAT_PF
  * (prefetch distance in bytes).
  *
- * It provides load_w1, TB and rows_dt (all T rows against f32, f16, Q8_0,
+ * It provides load_w1, TB and rows_dt (all T rows against f32, f16,
  * MXFP4 or FP8_B128 weight rows [n0, n1), inlined into the includer's
- * entry point).  Q8_0, MXFP4 and FP8_B128 rows are whole blocks (Din a
- * multiple of 32 or 128, so no tail) and V_LOAD_W gives the reference's
- * dequantized values exactly (Q8_0: q * d; MXFP4: twice the E2M1 value, an
- * integer, times half the scale; FP8_B128: the E4M3 value / 2^8 as an f16,
+ * entry point; Q8_0 has kernels of its own, gemm_q8.c).  MXFP4 and
+ * FP8_B128 rows are whole blocks (Din a multiple of 32 or 128, so no tail)
+ * and V_LOAD_W gives the reference's dequantized values exactly (MXFP4:
+ * twice the E2M1 value, an integer, times half the scale; FP8_B128: the E4M3 value / 2^8 as an f16,
  * times 2^8 times the scale), so the order and the batch-independence
  * above hold for them too. */
 
 enum { TB = 64 }; /* input rows per cache block */
 
 /* Weight k of a row of dtype dt, as fp32 (the tails past the last vector;
- * never reached over Q8_0, MXFP4 or FP8_B128, whose rows are whole blocks
- * of 32 or 128). */
+ * never reached over MXFP4 or FP8_B128, whose rows are whole blocks of 32
+ * or 128). */
 INLINE float load_w1(const char *row, const enum moe_dtype dt, int k)
 {
     if (dt == MOE_DTYPE_F32) return ((const float *)row)[k];
-    if (dt == MOE_DTYPE_Q8_0) {
-        const char *blk = row + (size_t)(k / MOE_Q8_0_BLOCK) * MOE_Q8_0_BYTES;
-        float d;
-        memcpy(&d, blk, 4);
-        return (float)(int8_t)blk[4 + k % MOE_Q8_0_BLOCK] * d;
-    }
     if (dt == MOE_DTYPE_MXFP4) return moe_mxfp4_get(row, (size_t)k);
     if (dt == MOE_DTYPE_FP8_B128) return moe_fp8_get(row, (size_t)k);
     uint16_t h = ((const uint16_t *)row)[k];
@@ -62,7 +56,6 @@ INLINE float load_w1(const char *row, const enum moe_dtype dt, int k)
 /* Byte offset of element k in a row of dtype dt (for prefetching). */
 INLINE size_t w_offset(const enum moe_dtype dt, int k)
 {
-    if (dt == MOE_DTYPE_Q8_0) return (size_t)(k / MOE_Q8_0_BLOCK) * MOE_Q8_0_BYTES + k % MOE_Q8_0_BLOCK;
     if (dt == MOE_DTYPE_MXFP4)
         return (size_t)(k / MOE_MXFP4_BLOCK) * MOE_MXFP4_BYTES + 1 + k % 16;
     if (dt == MOE_DTYPE_FP8_B128)

@@ -7,7 +7,8 @@
  * together; MXFP4 / FP8 split into planes by moe_planes_from_rows), and
  * checks that the stacked FFN of a subset of the experts, listed out of
  * order, equals the reference FFN's rows for them (moe_experts_ffn_cpu's
- * per-row results before the combine), for the reference products and
+ * per-row results before the combine; over Q8_0 with a fast kernel set,
+ * which quantizes the inputs too, moe_experts_ffn_fast's), for the reference products and
  * every fast kernel set, f32/f16/bf16 rows and MXFP4/FP8/Q8_0 planes, with and
  * without gpt-oss's biases and clamp; and that the thread count does not
  * change a bit. */
@@ -118,7 +119,12 @@ static void check_stacks(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, i
                                malloc((size_t)n * D * 4)};
     float *out = malloc((size_t)T * D * sizeof(float));
     float *scratch = malloc((size_t)(D > F ? D : F) * 64 * sizeof(float));
-    moe_experts_ffn_cpu(out, x, &plan, w, &ex, &ws, T, K, D, F, E, scratch);
+    int32_t active[16];
+    if (t == MOE_DTYPE_Q8_0 && isa != MOE_CPU_ISA_REF) /* the fast kernels quantize the inputs over
+                                                        * Q8_0 (gemm_q8.c): the fast FFN over rows */
+        moe_experts_ffn_fast(isa, out, x, &plan, w, &ex, &ws, T, K, D, F, E, active);
+    else
+        moe_experts_ffn_cpu(out, x, &plan, w, &ex, &ws, T, K, D, F, E, scratch);
     /* the list: every other expert from the top down, E - 1 (no rows) included */
     int32_t list[16];
     int nl = 0, rows = 0;

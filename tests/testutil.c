@@ -80,6 +80,13 @@ double tu_max_rel_err(const float *x, const float *ref, size_t n)
     return mr > 0 ? md / mr : md;
 }
 
+double tu_mean_abs_diff(const float *x, const float *ref, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += fabs((double)x[i] - (ref ? (double)ref[i] : 0.0));
+    return n ? s / (double)n : 0.0;
+}
+
 int tu_run(const char *cmd, char *out, size_t n)
 {
     out[0] = '\0';

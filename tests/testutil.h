@@ -50,3 +50,6 @@ struct moe_runner;
 void tu_prompt_logits(struct moe_runner *r, int vocab, int32_t *prompt, float *logits);
 /* max |x - ref| / max |ref|. */
 double tu_max_rel_err(const float *x, const float *ref, size_t n);
+/* The mean of |x - ref| over n values (of |x| when ref is NULL); NaN
+ * anywhere gives NaN. */
+double tu_mean_abs_diff(const float *x, const float *ref, size_t n);
