@@ -505,6 +505,25 @@ Test(cuda_quant, q8_0_model_matches_cpu)
     check_q8_model(20, 8, 0, 1e-4, "offload 8");
 }
 
+/* The worst relative error of the OLMoE fixture's logits for an S-token
+ * prompt quantized on the GPU with the given offload, against backend
+ * ref_name resident. */
+static double olmoe_q8_error(int S, const char *ref_name, int gpu_experts, int cpu_rows, const char *what)
+{
+    struct moe_model m;
+    cr_assert_eq(moe_model_load(&m, FIXTURE_DIR "/olmoe"), MOE_OK, "%s", moe_last_error());
+    const int V = m.cfg.vocab;
+    float *ref = malloc((size_t)S * V * 4), *got = malloc((size_t)S * V * 4);
+    q8_logits(&m, ref_name, S, 0, 0, ref);
+    moe_model_free(&m);
+    cr_assert_eq(moe_model_load(&m, FIXTURE_DIR "/olmoe"), MOE_OK, "%s", moe_last_error());
+    q8_logits(&m, "cuda", S, gpu_experts, cpu_rows, got);
+    moe_model_free(&m);
+    const double e = report("q8_0_model", "BF16", what, got, ref, (size_t)S * V);
+    free(ref), free(got);
+    return e;
+}
+
 /* Offloaded with misses computed on the CPU: those take the fast CPU
  * kernels, which quantize their inputs over Q8_0 (runtime/gemm_q8.c), so
  * the OLMoE fixture (trained routers, no near-ties moved by such rounding
@@ -514,38 +533,18 @@ Test(cuda_quant, q8_0_model_matches_cpu)
  * prompt flips an expert at a near-tie, resident or not). */
 Test(cuda_quant, q8_0_offload_cpu_misses_match_resident)
 {
-    struct moe_model m;
-    cr_assert_eq(moe_model_load(&m, FIXTURE_DIR "/olmoe"), MOE_OK, "%s", moe_last_error());
-    const int S = 20, V = m.cfg.vocab;
-    float *ref = malloc((size_t)S * V * 4), *got = malloc((size_t)S * V * 4);
-    q8_logits(&m, "cuda", S, 0, 0, ref);
-    moe_model_free(&m);
-    cr_assert_eq(moe_model_load(&m, FIXTURE_DIR "/olmoe"), MOE_OK, "%s", moe_last_error());
-    q8_logits(&m, "cuda", S, 4, 2, got);
-    moe_model_free(&m);
-    const double e = report("q8_0_model", "BF16", "olmoe S20 offload 4, CPU rows 2", got, ref, (size_t)S * V);
+    const double e = olmoe_q8_error(20, "cuda", 4, 2, "olmoe S20 offload 4, CPU rows 2");
     cr_expect(e <= 2e-2, "olmoe S20 offload 4, CPU rows 2 against resident: %.3g", e);
-    free(ref), free(got);
 }
 
-/* ... and the OLMoE fixture's 40-token prompt (10 rows an expert) on the
- * widened grouped GEMMs and projections: bf16 activations, as for the bf16
- * model (9.8e-3 of the CPU), and weights rounded to bf16 when widened
+/* The OLMoE fixture's 40-token prompt (10 rows an expert) quantized on the
+ * GPU, on the widened grouped GEMMs and projections: bf16 activations, as
+ * for the bf16 model (9.8e-3 of the CPU), and weights rounded to bf16 when widened
  * (q x d has up to 18 significant bits), so 2e-2 (tiny-moe's random
  * routers flip experts on such rounding: its logits move too far to
  * compare). */
 Test(cuda_quant, q8_0_model_grouped_matches_cpu)
 {
-    struct moe_model m;
-    cr_assert_eq(moe_model_load(&m, FIXTURE_DIR "/olmoe"), MOE_OK, "%s", moe_last_error());
-    const int S = 40, V = m.cfg.vocab;
-    float *ref = malloc((size_t)S * V * 4), *got = malloc((size_t)S * V * 4);
-    q8_logits(&m, "cpu-ref", S, 0, 0, ref);
-    moe_model_free(&m);
-    cr_assert_eq(moe_model_load(&m, FIXTURE_DIR "/olmoe"), MOE_OK, "%s", moe_last_error());
-    q8_logits(&m, "cuda", S, 0, 0, got);
-    moe_model_free(&m);
-    const double e = report("q8_0_model", "BF16", "olmoe S40 grouped (widened)", got, ref, (size_t)S * V);
+    const double e = olmoe_q8_error(40, "cpu-ref", 0, 0, "olmoe S40 grouped (widened)");
     cr_expect(e <= 2e-2, "olmoe S40 grouped: %.3g", e);
-    free(ref), free(got);
 }
