@@ -85,7 +85,6 @@ AVX2 INLINE void deinterleave16(float *d, const float *s)
 #define NAT_C2 4
 #define NAT_C3 4
 #define NAT_C4 3
-#define NAT_PF 512
 #include "runtime/gemm_nat.h"
 
 #define EO_FN(name) name##_256

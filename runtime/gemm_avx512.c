@@ -95,7 +95,6 @@ AVX512 INLINE void deinterleave32(float *d, const float *s)
 #define NAT_C2 8
 #define NAT_C3 6
 #define NAT_C4 6
-#define NAT_PF 512
 #include "runtime/gemm_nat.h"
 
 #define EO_FN(name) name##_512

@@ -10,8 +10,9 @@
  * with NAT_C4 weight rows (the accumulators and weights fill the vector
  * registers, inputs are memory operands); R <= 3 rows (decode) take wider
  * tiles (NAT_C1..NAT_C3) so enough independent FMA chains stay in flight to
- * stream weights at memory speed, with software prefetch NAT_PF bytes
- * ahead on each weight row.  Input rows are walked in blocks of TB so a
+ * stream weights at memory speed, each weight row prefetched into L2 one
+ * tile ahead (the same element of the row C rows on, which the next tile
+ * reads).  Input rows are walked in blocks of TB so a
  * block stays in L2 while the weight rows of the thread's range pass over
  * it.
  *
@@ -27,8 +28,7 @@
  * intrinsics of that width), V_HSUM (horizontal sum in a fixed order),
  * V_LOAD_W(row, dt, k) (V_W weights of dtype dt from element k, as fp32);
  * and for this file: NAT_MAXC (widest tile), NAT_C1..NAT_C3 (weight rows
- * per tile for 1-3 input rows), NAT_C4 (for 4 input rows), NAT_PF
- * (prefetch distance in bytes).
+ * per tile for 1-3 input rows), NAT_C4 (for 4 input rows).
  *
  * It provides load_w1, TB and rows_dt (all T rows against f32, f16,
  * MXFP4 or FP8_B128 weight rows [n0, n1), inlined into the includer's
@@ -78,9 +78,12 @@ V_ATTR INLINE void tile(const int R, const int C, const enum moe_dtype dt, float
         V_F wv[NAT_MAXC];
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
-            /* decode streams weights once from memory: keep loads in flight */
+            /* decode streams weights once from memory: keep loads in
+             * flight a tile ahead (a fixed 512 bytes into the row left
+             * each tile start waiting on memory: MXFP4 and FP8 decode
+             * 1.3-1.5x slower, docs/performance.md) */
             if (R < 4)
-                _mm_prefetch(w + (size_t)c * wld + w_offset(dt, k) + NAT_PF, _MM_HINT_T0);
+                _mm_prefetch(w + (size_t)c * wld + w_offset(dt, k) + (size_t)C * wld, _MM_HINT_T1);
             wv[c] = V_LOAD_W(w + (size_t)c * wld, dt, k);
         }
 #pragma GCC unroll 4
