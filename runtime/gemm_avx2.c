@@ -19,8 +19,9 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* 8 weights of dtype dt from element k, widened to fp32 (MXFP4: the E2M1 values doubled to integers by a
- * byte shuffle, times half the block's scale, exact; FP8_B128: each E4M3
+/* 8 weights of dtype dt from element k, widened to fp32 (MXFP4: the E2M1
+ * values doubled to integers by a byte shuffle, times half the block's
+ * scale, exact; FP8_B128: each E4M3
  * byte made the f16 of its value / 2^8 (gemm_fast_impl.h), widened by
  * F16C, times 2^8 (exact: the E4M3 value), times the block's scale: the
  * reference's product; k is a multiple of 8, so within one block). */

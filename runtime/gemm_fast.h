@@ -5,10 +5,10 @@
  * fast kernels convert weights to fp32 in registers (bf16: u16 -> u32
  * shifted left by 16; f16: F16C; MXFP4: a nibble through a table, times
  * the block's scale; FP8_B128: an E4M3 byte made an f16 by a shift and a
- * mask, F16C, times the block's scale) and never into memory, and compute a register-blocked tile of up to
- * 4 input rows x several weight rows (up to 16 when there is one input row,
- * as in decode), so one pass over a weight row serves every input row of
- * the tile.
+ * mask, F16C, times the block's scale) and never into memory, and compute
+ * a register-blocked tile of up to 4 input rows x several weight rows (up
+ * to 16 when there is one input row, as in decode), so one pass over a
+ * weight row serves every input row of the tile.
  *
  * Numerics: each output is an 8-lane (AVX2) or 16-lane (AVX-512) FMA
  * accumulation over k in order, a fixed horizontal sum, then the Din tail

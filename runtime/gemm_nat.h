@@ -12,9 +12,8 @@
  * tiles (NAT_C1..NAT_C3) so enough independent FMA chains stay in flight to
  * stream weights at memory speed, each weight row prefetched into L2 one
  * tile ahead (the same element of the row C rows on, which the next tile
- * reads).  Input rows are walked in blocks of TB so a
- * block stays in L2 while the weight rows of the thread's range pass over
- * it.
+ * reads).  Input rows are walked in blocks of TB so a block stays in L2
+ * while the weight rows of the thread's range pass over it.
  *
  * Order: lane j of every accumulator sums elements V_W*s + j over the
  * steps s in order, then a fixed horizontal sum (V_HSUM), the Din tail in
@@ -35,9 +34,9 @@
  * entry point; Q8_0 has kernels of its own, gemm_q8.c).  MXFP4 and
  * FP8_B128 rows are whole blocks (Din a multiple of 32 or 128, so no tail)
  * and V_LOAD_W gives the reference's dequantized values exactly (MXFP4:
- * twice the E2M1 value, an integer, times half the scale; FP8_B128: the E4M3 value / 2^8 as an f16,
- * times 2^8 times the scale), so the order and the batch-independence
- * above hold for them too. */
+ * twice the E2M1 value, an integer, times half the scale; FP8_B128: the
+ * E4M3 value / 2^8 as an f16, times 2^8 times the scale), so the order and
+ * the batch-independence above hold for them too. */
 
 enum { TB = 64 }; /* input rows per cache block */
 

@@ -33,6 +33,7 @@
  * bits. */
 #include <immintrin.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "runtime/gemm.h"
@@ -148,13 +149,14 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const int8
             y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
 }
 
-/* R rows (1..4) against weight rows [n0, n1), C at a time then one by one;
+/* R rows (1..3) against weight rows [n0, n1), C at a time then one by one;
  * w points at row n0. */
 AVX2 INLINE void row_tiles(const int R, const int C, float *y, size_t ldy, const int8_t *q, const float *d,
                            int Din, const char *w, size_t wld, int n0, int n1, const struct moe_tensor *b)
 {
     int n = n0;
-    for (; n + C <= n1; n += C) tile(R, C, y + n, ldy, q, d, Din, w + (size_t)(n - n0) * wld, wld, b, n, true);
+    for (; n + C <= n1; n += C)
+        tile(R, C, y + n, ldy, q, d, Din, w + (size_t)(n - n0) * wld, wld, b, n, true);
     for (; n < n1; n++) tile(R, 1, y + n, ldy, q, d, Din, w + (size_t)(n - n0) * wld, wld, b, n, true);
 }
 
