@@ -21,10 +21,10 @@
 
 /* 8 weights of dtype dt from element k, widened to fp32 (MXFP4: the E2M1
  * values doubled to integers by a byte shuffle, times half the block's
- * scale, exact; FP8_B128: each E4M3
- * byte made the f16 of its value / 2^8 (gemm_fast_impl.h), widened by
- * F16C, times 2^8 (exact: the E4M3 value), times the block's scale: the
- * reference's product; k is a multiple of 8, so within one block). */
+ * scale, exact; FP8_B128: each E4M3 byte made the f16 of its value / 2^8
+ * (gemm_fast_impl.h), widened by F16C, times 2^8 (exact: the E4M3 value),
+ * times the block's scale: the reference's product; k is a multiple of 8,
+ * so within one block). */
 AVX2 INLINE __m256 load_w8(const char *row, const enum moe_dtype dt, int k)
 {
     if (dt == MOE_DTYPE_F32) return _mm256_loadu_ps((const float *)row + k);
