@@ -9,14 +9,24 @@
 #pragma once
 
 #include "kvcache/kvcache.h"
-#include "runtime/backend.h"
-#include "runtime/batch.h"
-#include "runtime/config.h"
-#include "runtime/tensor.h"
+#include "runtime/core/batch.h"
+#include "runtime/model/config.h"
+#include "runtime/core/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* One attention layer's shape and options, for the attention ops. */
+struct moe_attn_params {
+    int layer;
+    int n_heads, n_kv_heads, head_dim;
+    float scale;       /* 1/sqrt(Dh) */
+    int window;        /* 0: full causal; else keys pos-window+1 .. pos */
+    int max_ctx;       /* longest ctx_len of the batch (a launch hint; 0: unknown) */
+    const float *sinks; /* (Hq) backend memory, or NULL: head h's softmax denominator
+                           also holds exp(sinks[h]) (gpt-oss), as a key whose value is 0 */
+};
 
 /* y (rows, dim) = rmsnorm(x) * w; w has dim elements. y may equal x. */
 void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor *w, int rows,

@@ -30,8 +30,8 @@
 
 #include "attention/attention.h"
 #include "attention/attention_fast_impl.h"
-#include "runtime/simd_avx2.h"
-#include "runtime/status.h"
+#include "runtime/cpu/simd_avx2.h"
+#include "runtime/core/status.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))

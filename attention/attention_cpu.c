@@ -10,7 +10,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "runtime/gemm.h"
+#include "runtime/cpu/gemm.h"
 
 void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor *w, int rows,
                                int dim, float eps)

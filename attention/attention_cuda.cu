@@ -25,9 +25,10 @@
 #include <math.h>
 
 #include "attention/attention.h"
+#include "attention/attention_cuda.h"
 #include "attention/attention_cuda.cuh"
-#include "runtime/cuda_dtype.cuh"
-#include "runtime/cuda_util.h"
+#include "runtime/cuda/cuda_dtype.cuh"
+#include "runtime/cuda/cuda_util.h"
 
 #define NORM_THREADS 256
 #define ATT_WARPS 4

@@ -9,7 +9,7 @@
 #pragma once
 
 #include "attention/attention.h"
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 struct att_view {
     float *out;                          /* (T, Hq*Dh) */
@@ -29,7 +29,7 @@ struct att_view {
 #ifdef __CUDACC__
 #include <math.h>
 
-#include "runtime/cuda_dtype.cuh"
+#include "runtime/cuda/cuda_dtype.cuh"
 
 /* The scale of the cache row at element offset off (a multiple of Dh) of
  * a layer: its fp8 scale, or 1 (exact) for the other dtypes; a kernel

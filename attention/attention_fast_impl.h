@@ -2,7 +2,7 @@
  * private to attention_fast.c; the numbers they keep are described there. */
 #pragma once
 
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 enum { MOE_ATT_TILE = 16 }; /* keys per softmax tile */
 

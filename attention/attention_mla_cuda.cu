@@ -1,8 +1,8 @@
 /* attention_mla_cuda.cu - paged attention over one shared K/V row per token:
  * DeepSeek's multi-head latent attention in its absorbed form
- * (runtime/forward_mla.c), the CUDA twin of moe_attention_paged_cpu for
+ * (runtime/engine/forward_mla.c), the CUDA twin of moe_attention_paged_cpu for
  * caches whose V is their K (kv->v == kv->k), for decode-sized and
- * prefill-sized steps alike (runtime/backend_cuda.c chooses it for every
+ * prefill-sized steps alike (runtime/backend/backend_cuda.c chooses it for every
  * such cache).
  *
  * The shape: every query head attends over the same cache rows
@@ -63,9 +63,10 @@
 #include <math.h>
 
 #include "attention/attention.h"
+#include "attention/attention_cuda.h"
 #include "attention/attention_cuda.cuh"
-#include "runtime/cuda_dtype.cuh"
-#include "runtime/cuda_util.h"
+#include "runtime/cuda/cuda_dtype.cuh"
+#include "runtime/cuda/cuda_util.h"
 
 #define MLA_WARPS 8
 #define MLA_RPW 4                        /* query rows per warp */

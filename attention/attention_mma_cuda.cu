@@ -39,9 +39,10 @@
 #include <string.h>
 
 #include "attention/attention.h"
+#include "attention/attention_cuda.h"
 #include "attention/attention_cuda.cuh"
-#include "runtime/cuda_mma.cuh"
-#include "runtime/cuda_util.h"
+#include "runtime/cuda/cuda_mma.cuh"
+#include "runtime/cuda/cuda_util.h"
 
 #define MA_WARPS 4
 #define MA_RPW 16                    /* rows per warp: one MMA tile */

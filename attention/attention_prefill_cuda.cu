@@ -1,6 +1,6 @@
 /* attention_prefill_cuda.cu - tiled causal paged attention for prefill-sized
  * steps: the CUDA twin of moe_attention_paged_cpu for steps of more than
- * ATT_SPLIT_ROWS rows (runtime/backend_cuda.c chooses; decode-sized steps
+ * ATT_SPLIT_ROWS rows (runtime/backend/backend_cuda.c chooses; decode-sized steps
  * keep paged_attention_kernel of attention_cuda.cu).
  *
  * FlashAttention-2 (Dao, 2023) in plain fp32 SIMT: a block of 4 warps owns
@@ -50,9 +50,10 @@
 #include <math.h>
 
 #include "attention/attention.h"
+#include "attention/attention_cuda.h"
 #include "attention/attention_cuda.cuh"
-#include "runtime/cuda_dtype.cuh"
-#include "runtime/cuda_util.h"
+#include "runtime/cuda/cuda_dtype.cuh"
+#include "runtime/cuda/cuda_util.h"
 
 #define PF_WARPS 4
 #define PF_RPW 8                        /* rows per warp */

@@ -15,7 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "runtime/status.h"
+#include "runtime/core/status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -10,17 +10,26 @@
 
 #include <math.h>
 
-#include "runtime/backend.h"
-#include "runtime/gemm_fast.h"
+#include "router/router.h"
+#include "runtime/model/model.h"
+#include "runtime/cpu/gemm_fast.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* Scratch for the expert FFN of one layer (backend memory), sized for
+ * T*K rows. */
+struct moe_expert_ws {
+    float *xe;         /* (T*K, D) gathered inputs in expert order */
+    float *g, *u;      /* (T*K, F) gate and up projections, then g = SwiGLU */
+    float *ye;         /* (T*K, D) expert outputs in expert order */
+};
+
 /* silu(x) * u, elementwise into g. */
 void moe_experts_swiglu_cpu(float *g, const float *u, size_t n);
 /* The expert activation of one gate value g and up value u: silu(g) * u,
- * or with limit > 0 gpt-oss's clamped form (runtime/config.h):
+ * or with limit > 0 gpt-oss's clamped form (runtime/model/config.h):
  * g' = min(g, limit), u' = clamp(u, -limit, limit),
  * g' * sigmoid(alpha * g') * (u' + 1).  A NaN stays NaN (as torch.clamp). */
 #ifdef __CUDACC__
@@ -67,10 +76,10 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
                           int T, int K, int D, int F, int E, int32_t *active);
 
 /* A layer's E experts as the CUDA backend stacks them, in host memory (an
- * offloaded layer's pinned copy, runtime/backend_cuda_offload.c): gate+up
+ * offloaded layer's pinned copy, runtime/backend/backend_cuda_offload.c): gate+up
  * (E, 2F, D), each expert's F gate rows then its F up rows, and down
  * (E, D, F); F32, F16 or BF16 rows, or MXFP4 / FP8_B128 planes
- * (runtime/tensor.h): the values of every matrix (gate 0, up 0, gate 1,
+ * (runtime/core/tensor.h): the values of every matrix (gate 0, up 0, gate 1,
  * ...; down 0, 1, ...), then their scales in the same order. */
 struct moe_expert_stacks {
     enum moe_dtype dtype;

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "runtime/gemm.h"
+#include "runtime/cpu/gemm.h"
 
 void moe_experts_swiglu_cpu(float *g, const float *u, size_t n)
 {

@@ -2,7 +2,7 @@
  *
  * Two paths compute the grouped expert FFN over the dispatch plan (pairs in
  * expert order, counts/offsets per expert), chosen by the backend
- * (runtime/backend_cuda.c) from the number of rows:
+ * (runtime/backend/backend_cuda.c) from the number of rows:
  *
  * - Small (decode): two kernels that read counts and offsets on the device,
  *   so a decode step never waits for the host.  Grid (feature tiles, E): a
@@ -16,7 +16,7 @@
  *   Every expert weight is read once per tile of RT rows, so at batch 1 the
  *   step reads each chosen expert's weights once.
  *   MXFP4, FP8_B128 and Q8_0 experts (gpt-oss, fp8 checkpoints,
- *   --quantize q8_0) are read in place from their planes (runtime/tensor.h):
+ *   --quantize q8_0) are read in place from their planes (runtime/core/tensor.h):
  *   a lane's 16-byte load is 32 or 16 values, decoded in registers
  *   (warp_dots_q).
  * - Grouped (prefill): the rows are gathered into a half-precision buffer
@@ -31,10 +31,11 @@
 #include <string.h>
 
 #include "experts/experts.h"
+#include "experts/experts_cuda.h"
 #include "experts/experts_cuda.cuh"
-#include "runtime/cuda_dtype.cuh"
-#include "runtime/cuda_planes.cuh"
-#include "runtime/cuda_util.h"
+#include "runtime/cuda/cuda_dtype.cuh"
+#include "runtime/cuda/cuda_planes.cuh"
+#include "runtime/cuda/cuda_util.h"
 
 #define FFN_WARPS 8
 #define FFN_MIN_BLOCKS 3 /* resident blocks per SM the register use must allow */
@@ -104,7 +105,7 @@ __device__ __forceinline__ void ld8(float *o, const void *w, size_t i, bool once
 /* The input rows of a tile: gathered through perm (up kernel), or
  * consecutive rows of the expert-ordered hidden buffer (down kernel, which
  * keeps no pointer per row: fewer registers; strided_rows in
- * runtime/cuda_planes.cuh). */
+ * runtime/cuda/cuda_planes.cuh). */
 template <int RT> struct gathered_rows {
     const float *p[RT];
     __device__ const float *row(int r) const { return p[r]; }

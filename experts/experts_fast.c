@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "experts/experts.h"
-#include "runtime/gemm_fast.h"
+#include "runtime/cpu/gemm_fast.h"
 
 /* Slices of n outputs so that items * slices >= want, each a multiple of
  * 16 outputs (at least 16). */

@@ -27,17 +27,18 @@
  * (experts_cuda.cu: code x 2^14 or 2^8 x the block's scale, rounded once),
  * so this path and the widened cuBLAS path multiply the same numbers.
  *
- * Opt-in (MOERUN_CUDA_EXPERTS=mma, runtime/backend_cuda_experts.c) until it
+ * Opt-in (MOERUN_CUDA_EXPERTS=mma, runtime/backend/backend_cuda_experts.c) until it
  * has run on a device; it passes under tools/cuda-emu, whose emulation of
  * mma.sync comes from the PTX ISA, not from this kernel. */
 #include <string.h>
 
 #include "experts/experts.h"
+#include "experts/experts_cuda.h"
 #include "experts/experts_cuda.cuh"
-#include "runtime/cuda_dtype.cuh"
-#include "runtime/cuda_mma.cuh"
-#include "runtime/cuda_planes.cuh"
-#include "runtime/cuda_util.h"
+#include "runtime/cuda/cuda_dtype.cuh"
+#include "runtime/cuda/cuda_mma.cuh"
+#include "runtime/cuda/cuda_planes.cuh"
+#include "runtime/cuda/cuda_util.h"
 
 #define XM_BN 64           /* outputs of a tile */
 #define XM_BK 32           /* inputs per stage */

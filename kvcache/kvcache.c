@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/backend.h"
 
 size_t moe_kvcache_block_bytes(const struct moe_config *cfg, int block_size, enum moe_dtype dtype)
 {
@@ -48,7 +47,7 @@ enum moe_status moe_kvcache_blocks_for_budget(const struct moe_config *cfg, int 
     return MOE_OK;
 }
 
-enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
+enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator mem,
                                  const struct moe_config *cfg, int n_blocks, int block_size,
                                  enum moe_dtype dtype, bool prefix_cache)
 {
@@ -82,16 +81,16 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
     kv->layer_rows = rows;
     kv->prefix_cache = prefix_cache;
     kv->lru_head = kv->lru_tail = -1;
-    kv->be = be;
+    kv->mem = mem;
     enum moe_status s;
-    if ((s = be->ops->alloc(be, total, &kv->k)) != MOE_OK) goto fail;
-    /* MLA: one latent row per token serves as K and V (runtime/config.h) */
+    if ((s = mem.alloc(mem.ctx, total, &kv->k)) != MOE_OK) goto fail;
+    /* MLA: one latent row per token serves as K and V (runtime/model/config.h) */
     if (cfg->kv_lora_rank > 0) kv->v = kv->k;
-    else if ((s = be->ops->alloc(be, total, &kv->v)) != MOE_OK) goto fail;
+    else if ((s = mem.alloc(mem.ctx, total, &kv->v)) != MOE_OK) goto fail;
     if (fp8) {
-        if ((s = be->ops->alloc(be, stotal, (void **)&kv->ks)) != MOE_OK) goto fail;
+        if ((s = mem.alloc(mem.ctx, stotal, (void **)&kv->ks)) != MOE_OK) goto fail;
         if (cfg->kv_lora_rank > 0) kv->vs = kv->ks;
-        else if ((s = be->ops->alloc(be, stotal, (void **)&kv->vs)) != MOE_OK) goto fail;
+        else if ((s = mem.alloc(mem.ctx, stotal, (void **)&kv->vs)) != MOE_OK) goto fail;
     }
     kv->index_cap = 16;
     while (kv->index_cap < 2 * (size_t)n_blocks) kv->index_cap *= 2;
@@ -114,11 +113,11 @@ fail:
 
 void moe_kvcache_free(struct moe_kvcache *kv)
 {
-    if (kv->be) {
-        if (kv->vs != kv->ks) kv->be->ops->dealloc(kv->be, kv->vs);
-        kv->be->ops->dealloc(kv->be, kv->ks);
-        if (kv->v != kv->k) kv->be->ops->dealloc(kv->be, kv->v);
-        kv->be->ops->dealloc(kv->be, kv->k);
+    if (kv->mem.dealloc) {
+        if (kv->vs != kv->ks) kv->mem.dealloc(kv->mem.ctx, kv->vs);
+        kv->mem.dealloc(kv->mem.ctx, kv->ks);
+        if (kv->v != kv->k) kv->mem.dealloc(kv->mem.ctx, kv->v);
+        kv->mem.dealloc(kv->mem.ctx, kv->k);
     }
     free(kv->blocks);
     free(kv->free_list);

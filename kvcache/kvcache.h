@@ -25,7 +25,7 @@
  * amax / 448, amax the largest |value| among the row's finite values, and
  * value i reads back as e4m3(q[i]) * s (one fp32 rounding).  The bytes are
  * q[i] = moe_f32_to_e4m3(x[i] / s): round to nearest even, saturating at
- * +-448 (runtime/tensor.h).  A row of zeros (or of values so small that s
+ * +-448 (runtime/core/tensor.h).  A row of zeros (or of values so small that s
  * underflows) has s = 0 and zero bytes; a NaN or infinite value is stored
  * as the NaN byte and reads back as NaN, so it propagates through the
  * attention as it would from an f32 cache, and the rest of its row keeps
@@ -43,15 +43,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/config.h"
-#include "runtime/status.h"
-#include "runtime/tensor.h"
+#include "runtime/core/alloc.h"
+#include "runtime/model/config.h"
+#include "runtime/core/status.h"
+#include "runtime/core/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-struct moe_backend;
 
 struct moe_kv_block {
     int32_t refcount;
@@ -88,13 +87,13 @@ struct moe_kvcache {
     int32_t *index;            /* open addressing: block id + 1, 0 empty */
     size_t index_cap;          /* power of two >= 2 * n_blocks */
     struct moe_kv_stats stats;
-    struct moe_backend *be;    /* borrowed */
+    struct moe_allocator mem;  /* where k, v, ks and vs live (a backend's memory) */
 };
 
 /* Allocates n_blocks blocks of block_size slots for cfg's shape in dtype
  * (F32, F16, BF16 or F8E4M3: bytes and scales, above).  Sizes are
  * overflow-checked; zero blocks are refused. */
-MOE_MUST_USE enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_backend *be,
+MOE_MUST_USE enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator mem,
                                                const struct moe_config *cfg, int n_blocks,
                                                int block_size, enum moe_dtype dtype,
                                                bool prefix_cache);

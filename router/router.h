@@ -1,7 +1,7 @@
 /* router.h - MoE routing: router probabilities, top-K choice and the
  * dispatch plan that groups (token, slot) pairs by expert.
  *
- * Policies (pinned for every backend in runtime/backend.h): softmax in fp32;
+ * Policies (pinned for every backend in runtime/backend/backend.h): softmax in fp32;
  * top-K by descending router logit (the order of the probabilities, kept
  * where they would round to equal or NaN) with ties to the lower index; NaN ranks
  * below every number, so expert ids stay in [0, E) whatever the scores;
@@ -13,11 +13,30 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "runtime/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* How router logits become K experts and their weights. */
+struct moe_route {
+    int E, K;
+    bool renorm;         /* the K weights divided by their sum */
+    bool sigmoid;        /* scores sigmoid(logits), else softmax over E */
+    const float *bias;   /* (E) backend memory, added to the scores for the choice only; or NULL */
+    int n_group, topk_group; /* choose among the topk_group groups of E/n_group experts
+                                whose two best biased scores sum highest (sigmoid) or whose
+                                best expert ranks highest (softmax); 1, 1 = all */
+    float scale;         /* weights times it (routed_scaling_factor) */
+};
+
+/* The dispatch plan of one MoE layer (backend memory). */
+struct moe_dispatch {
+    int32_t *counts;   /* (E) pairs routed to each expert */
+    int32_t *offsets;  /* (E+1) exclusive prefix sum of counts */
+    int32_t *perm;     /* (T*K) pair ids t*K+k sorted by expert */
+    int32_t *pos;      /* (T*K) inverse: row of pair t*K+k in perm order */
+};
 
 /* ids (T, K), w (T, K) from logits (T, E). */
 void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int E, int K,

@@ -1,5 +1,7 @@
 /* router_cpu.c - CPU reference of routing and dispatch (see router.h). */
 #include "router/router.h"
+#include "runtime/core/status.h"
+#include "runtime/model/config.h"
 
 #include <math.h>
 #include <string.h>

@@ -23,8 +23,9 @@
 #include <math.h>
 
 #include "router/router.h"
-#include "runtime/cuda_dtype.cuh"
-#include "runtime/cuda_util.h"
+#include "router/router_cuda.h"
+#include "runtime/cuda/cuda_dtype.cuh"
+#include "runtime/cuda/cuda_util.h"
 
 #define ROUTE_WARPS 4
 #define MAX_E_PER_LANE 32 /* E <= 1024 */

@@ -43,9 +43,9 @@
 
 #include <jansson.h>
 
-#include "runtime/batch.h"
-#include "runtime/config.h"
-#include "runtime/status.h"
+#include "runtime/core/batch.h"
+#include "runtime/model/config.h"
+#include "runtime/core/status.h"
 
 #ifdef __cplusplus
 extern "C" {

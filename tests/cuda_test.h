@@ -15,10 +15,10 @@
 
 #include "attention/attention.h"
 #include "experts/experts.h"
-#include "runtime/backend.h"
-#include "runtime/gemm.h"
-#include "runtime/runner.h"
-#include "runtime/synth.h"
+#include "runtime/backend/backend.h"
+#include "runtime/cpu/gemm.h"
+#include "runtime/engine/runner.h"
+#include "runtime/model/synth.h"
 #include "tests/testutil.h"
 
 static struct moe_backend cpu, gpu;

@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/backend.h"
-#include "runtime/gemm.h"
-#include "runtime/gemm_fast.h"
-#include "runtime/runner.h"
+#include "runtime/backend/backend.h"
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast.h"
+#include "runtime/engine/runner.h"
 #include "tests/testutil.h"
 
 /* y = x . W^T (W (N, D) of dtype wt) through the reference (isa REF) or a

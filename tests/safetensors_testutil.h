@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/safetensors.h"
+#include "runtime/model/safetensors.h"
 
 static char tmpdir[64];
 

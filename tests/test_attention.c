@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
-#include "runtime/backend.h"
+#include "runtime/backend/backend.h"
 #include "tests/testutil.h"
 
 Test(attention, rmsnorm_matches_definition)
@@ -104,7 +104,7 @@ static void check_paged_sinks(int window, enum moe_dtype dt, bool sinks)
     struct moe_backend be;
     cr_assert_eq(moe_backend_cpu_init(&be, 0), MOE_OK);
     struct moe_kvcache kv;
-    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, NB, B, dt, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, NB, B, dt, false), MOE_OK);
     float q[S * Hq * Dh], k[S * Hkv * Dh], v[S * Hkv * Dh], out[S * Hq * Dh];
     tu_fill_uniform(q, sizeof q / 4, 11, -1, 1);
     tu_fill_uniform(k, sizeof k / 4, 12, -1, 1);

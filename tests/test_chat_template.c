@@ -12,8 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/chat.h"
-#include "runtime/tokenizer.h"
+#include "runtime/chat/chat.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/testutil.h"
 
 #define CHAT_DIR FIXTURE_DIR "/chat"

@@ -10,7 +10,7 @@
 
 #include <jansson.h>
 
-#include "runtime/safetensors.h"
+#include "runtime/model/safetensors.h"
 #include "tests/testutil.h"
 
 Test(cli, run_greedy_matches_transformers_generate)

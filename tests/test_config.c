@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
-#include "runtime/config.h"
+#include "runtime/model/config.h"
 
 static enum moe_status parse(const char *text, struct moe_config *c)
 {

@@ -12,7 +12,7 @@ TestSuite(cuda_ops, .init = setup, .fini = teardown);
 /* ---- K/V store and paged attention ---- */
 
 /* Steps of more rows than this take the tiled prefill kernel
- * (ATT_SPLIT_ROWS in runtime/backend_cuda_impl.h), unless the backend was
+ * (ATT_SPLIT_ROWS in runtime/backend/backend_cuda_impl.h), unless the backend was
  * opened with MOERUN_CUDA_PREFILL_ATTN=rows (the cuda_prefill_rows suite). */
 #define TILED_ABOVE_ROWS 64
 static bool rows_backend, mma_backend;
@@ -47,8 +47,8 @@ static void check_attention_full(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, i
     max_blocks = (max_ctx + B - 1) / B;
     const int n_blocks = n_seqs * max_blocks + 3;
     struct moe_kvcache hkv, dkv;
-    cr_assert_eq(moe_kvcache_init(&hkv, &cpu, &cfg, n_blocks, B, kvdt, false), MOE_OK);
-    cr_assert_eq(moe_kvcache_init(&dkv, &gpu, &cfg, n_blocks, B, kvdt, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&hkv, moe_backend_allocator(&cpu), &cfg, n_blocks, B, kvdt, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&dkv, moe_backend_allocator(&gpu), &cfg, n_blocks, B, kvdt, false), MOE_OK);
     cr_assert_eq(hkv.v == hkv.k, mla);
     cr_assert_eq(dkv.v == dkv.k, mla);
     int32_t *table = calloc((size_t)n_seqs * max_blocks, sizeof(int32_t));
@@ -311,8 +311,8 @@ Test(cuda_ops, kv_store_fp8_special_rows_match_cpu)
     k[Dh + 5] = NAN, k[ROW + 3] = INFINITY, k[ROW + 4] = -INFINITY, v[4 * ROW + 7] = 3e38f;
     int32_t slots[T] = {9, 2, 14, 0, 7, 11};
     struct moe_kvcache hkv, dkv;
-    cr_assert_eq(moe_kvcache_init(&hkv, &cpu, &cfg, NB, B, MOE_DTYPE_F8E4M3, false), MOE_OK);
-    cr_assert_eq(moe_kvcache_init(&dkv, &gpu, &cfg, NB, B, MOE_DTYPE_F8E4M3, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&hkv, moe_backend_allocator(&cpu), &cfg, NB, B, MOE_DTYPE_F8E4M3, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&dkv, moe_backend_allocator(&gpu), &cfg, NB, B, MOE_DTYPE_F8E4M3, false), MOE_OK);
     cr_assert_eq(cpu.ops->kv_store(&cpu, &hkv, 0, k, v, slots, T), MOE_OK);
     float *dk = dev_copy(k, sizeof(float) * T * ROW), *dv = dev_copy(v, sizeof(float) * T * ROW);
     int32_t *ds = dev_copy(slots, sizeof slots);

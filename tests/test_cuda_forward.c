@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "router/stats.h"
-#include "runtime/runner.h"
-#include "runtime/tensor.h"
+#include "runtime/engine/runner.h"
+#include "runtime/core/tensor.h"
 #include "tests/testutil.h"
 
 TestSuite(cuda_forward, .init = tu_need_cuda_device);

@@ -199,7 +199,7 @@ Test(cuda_ops, argmax_matches_moe_argmax)
 
 /* ---- MLA's column gathers and per-head products ---- */
 
-/* The gathers of runtime/forward_mla.c: rope columns through an index
+/* The gathers of runtime/engine/forward_mla.c: rope columns through an index
  * table (interleaved pairs read evens then odds) and 2-D copies between
  * rows of different strides; the columns past n stay poisoned. */
 Test(cuda_ops, gather_cols_matches_cpu)
@@ -235,7 +235,7 @@ Test(cuda_ops, gather_cols_matches_cpu)
 }
 
 /* y[(t*H + h)*ldy + i] = sum_k W[h][i][k] x[(t*H + h)*ldx + k] (backend.h),
- * the shapes of runtime/forward_mla.c: W_uk^T q_nope into the absorbed
+ * the shapes of runtime/engine/forward_mla.c: W_uk^T q_nope into the absorbed
  * query after its rope values (ldx nope + rope, ldy rope + Rc) and W_uv
  * o'[rope:] out of the attention rows (ldx rope + Rc, ldy v), at
  * DeepSeek-V2-Lite's 16 and V3's 128 heads.  The values between N and ldy
@@ -635,7 +635,7 @@ Test(cuda_experts_mma, tensor_core_experts_match_cpu)
     check_experts(MOE_DTYPE_F32, 100, 16, 4, 128, 96); /* fp32 weights: decode kernels */
 }
 
-/* ---- synthetic weights on the device equal runtime/synth.c ---- */
+/* ---- synthetic weights on the device equal runtime/model/synth.c ---- */
 
 Test(cuda_ops, synth_fill_matches_host_generator)
 {

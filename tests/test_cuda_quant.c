@@ -1,7 +1,7 @@
 /* test_cuda_quant.c - MXFP4 and FP8_B128 experts read in place on the GPU
  * against the CPU experts op reading the same weights.
  *
- * The CPU keeps such experts as rows of blocks (runtime/tensor.h); the CUDA
+ * The CPU keeps such experts as rows of blocks (runtime/core/tensor.h); the CUDA
  * backend keeps them as planes (values, then scales; moe_planes_from_rows).
  * Each case builds random checkpoint-like weights (every E2M1 code and E4M3
  * byte but NaN, scales spread over a few octaves), lays them out as
@@ -525,7 +525,7 @@ static double olmoe_q8_error(int S, const char *ref_name, int gpu_experts, int c
 
 /* Offloaded, misses of more than 2 rows copied to the device and the
  * others computed on the CPU: those take the fast CPU kernels, which
- * quantize their inputs over Q8_0 (runtime/gemm_q8.c), so the OLMoE
+ * quantize their inputs over Q8_0 (runtime/cpu/gemm_q8.c), so the OLMoE
  * fixture (trained routers, no near-ties moved by such rounding in this
  * prompt), 4 of its 8 experts resident, against the same model all
  * resident (both route with the device's bf16 router inputs: against the

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 #include "tests/testutil.h"
 
 static struct moe_model model;

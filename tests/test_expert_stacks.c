@@ -20,7 +20,7 @@
 
 #include "experts/experts.h"
 #include "router/router.h"
-#include "runtime/gemm_fast.h"
+#include "runtime/cpu/gemm_fast.h"
 #include "tests/testutil.h"
 
 /* n values of dtype t in row layout, rows of K (new memory): f32/f16/bf16

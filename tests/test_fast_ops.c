@@ -18,9 +18,9 @@
 #include "attention/attention.h"
 #include "experts/experts.h"
 #include "router/router.h"
-#include "runtime/gemm.h"
-#include "runtime/gemm_fast.h"
-#include "runtime/runner.h"
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast.h"
+#include "runtime/engine/runner.h"
 #include "tests/testutil.h"
 
 static const enum moe_dtype dtypes[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
@@ -285,7 +285,7 @@ static void check_attention(int window, bool sinks)
     struct moe_backend be;
     cr_assert_eq(moe_backend_cpu_init(&be, 0), MOE_OK);
     struct moe_kvcache kv;
-    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, NB, B, MOE_DTYPE_F32, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, NB, B, MOE_DTYPE_F32, false), MOE_OK);
     const int S = S0 + S1;
     float *q = malloc((size_t)S * Hq * Dh * 4), *k = malloc((size_t)S * Hkv * Dh * 4),
           *v = malloc((size_t)S * Hkv * Dh * 4), *ref = malloc((size_t)S * Hq * Dh * 4),

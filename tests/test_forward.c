@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/runner.h"
+#include "runtime/engine/runner.h"
 #include "tests/testutil.h"
 
 /* test_forward_fast.c includes this file with the fast backend. */
@@ -150,7 +150,7 @@ Test(FORWARD_SUITE, granite_matches_transformers) { check_model("granite", 1e-4)
  * (as transformers saves them) and as MXFP4 blocks (as released) */
 Test(FORWARD_SUITE, gpt_oss_matches_transformers) { check_model("gpt_oss", 1e-4); }
 Test(FORWARD_SUITE, gpt_oss_mxfp4_matches_transformers) { check_model("gpt_oss_mxfp4", 1e-4); }
-/* DeepSeek multi-head latent attention, absorbed (runtime/forward_mla.c):
+/* DeepSeek multi-head latent attention, absorbed (runtime/engine/forward_mla.c):
  * V2 with q_proj, interleaved rope, greedy softmax routing scaled, yarn's
  * mscale in the score scale; V3 with the q LoRA and the sigmoid router */
 Test(FORWARD_SUITE, deepseek_v2_matches_transformers) { check_model("deepseek_v2", 1e-4); }

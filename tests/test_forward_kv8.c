@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/runner.h"
-#include "runtime/tokenizer.h"
+#include "runtime/engine/runner.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/testutil.h"
 
 struct kv8_fixture {

@@ -5,7 +5,7 @@
  * torch's amax / 448 and (x / scale).to(float8_e4m3fn)
  * (tests/fixtures/quant/kv_fp8.safetensors, made by
  * tests/reference/make_quant_fixtures.py); saturation and NaN follow the
- * rule of runtime/tensor.h.  Attention over an fp8 cache equals, bit for
+ * rule of runtime/core/tensor.h.  Attention over an fp8 cache equals, bit for
  * bit, attention over an f32 cache holding the rows' dequantized values
  * (reference and fast kernels; the fast kernels widen the bytes in
  * registers, and so read f16 and bf16 caches, with the same equality), and stays within the error bound E4M3's
@@ -21,9 +21,9 @@
 #include <string.h>
 
 #include "attention/attention.h"
-#include "runtime/backend.h"
-#include "runtime/gemm_fast.h"
-#include "runtime/safetensors.h"
+#include "runtime/backend/backend.h"
+#include "runtime/cpu/gemm_fast.h"
+#include "runtime/model/safetensors.h"
 #include "tests/testutil.h"
 
 static uint32_t bits(float f)
@@ -200,7 +200,7 @@ static void attend(struct att_case *c, float *out, enum moe_dtype dt, bool fast,
                    const float *v, int window, int chunk, struct moe_kvcache *keep)
 {
     struct moe_kvcache kv;
-    cr_assert_eq(moe_kvcache_init(&kv, &c->be, &c->cfg, NB, B, dt, false), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&c->be), &c->cfg, NB, B, dt, false), MOE_OK, "%s", moe_last_error());
     for (int t0 = 0; t0 < S; t0 += chunk) {
         const int n = S - t0 < chunk ? S - t0 : chunk;
         moe_attention_kv_store_cpu(&kv, 1, k + (size_t)t0 * ROW, v + (size_t)t0 * ROW, c->slots + t0, n);
@@ -383,16 +383,16 @@ Test(kv_fp8, sizes_count_the_scales)
     struct moe_backend be;
     cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK);
     struct moe_kvcache kv;
-    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 8, 16, MOE_DTYPE_F8E4M3, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, 8, 16, MOE_DTYPE_F8E4M3, false), MOE_OK);
     cr_expect(kv.ks && kv.vs && kv.ks != kv.vs);
     cr_expect_eq(kv.layer_rows, (size_t)8 * 16 * 2);
     cr_expect_eq(moe_kvcache_bytes_per_slot(&kv), (size_t)2 * 3 * 2 * 44);
     moe_kvcache_free(&kv);
     cfg.kv_lora_rank = 32, cfg.n_kv_heads = 1;
-    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 8, 16, MOE_DTYPE_F8E4M3, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, 8, 16, MOE_DTYPE_F8E4M3, false), MOE_OK);
     cr_expect(kv.v == kv.k && kv.vs == kv.ks, "MLA: one row, one scale");
     cr_expect_eq(moe_kvcache_bytes_per_slot(&kv), (size_t)3 * 44);
     moe_kvcache_free(&kv);
-    cr_expect_eq(moe_kvcache_init(&kv, &be, &cfg, 8, 16, MOE_DTYPE_F8E5M2, false), MOE_ERR_UNSUPPORTED);
+    cr_expect_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, 8, 16, MOE_DTYPE_F8E5M2, false), MOE_ERR_UNSUPPORTED);
     moe_backend_free(&be);
 }

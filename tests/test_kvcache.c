@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "kvcache/kvcache.h"
-#include "runtime/backend.h"
+#include "runtime/backend/backend.h"
 #include "tests/testutil.h"
 
 static struct moe_backend be;
@@ -25,14 +25,14 @@ Test(kvcache, budget_sizes_pool_and_refuses_less_than_a_block)
     cr_assert_eq(moe_kvcache_blocks_for_budget(&cfg, 16, MOE_DTYPE_BF16, 1023, &n), MOE_ERR_INVALID_ARG);
     cr_assert(strstr(moe_last_error(), "1023 bytes"), "%s", moe_last_error());
     struct moe_kvcache kv;
-    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 0, 16, MOE_DTYPE_F32, false), MOE_ERR_INVALID_ARG);
-    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 1 << 30, 1 << 30, MOE_DTYPE_F32, false), MOE_ERR_NOMEM);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, 0, 16, MOE_DTYPE_F32, false), MOE_ERR_INVALID_ARG);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, 1 << 30, 1 << 30, MOE_DTYPE_F32, false), MOE_ERR_NOMEM);
 }
 
 Test(kvcache, alloc_release_refcount)
 {
     struct moe_kvcache kv;
-    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 3, 4, MOE_DTYPE_F32, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, 3, 4, MOE_DTYPE_F32, false), MOE_OK);
     int32_t a, b, c, d;
     cr_assert_eq(moe_kvcache_alloc_block(&kv, &a), MOE_OK);
     cr_assert_eq(moe_kvcache_alloc_block(&kv, &b), MOE_OK);
@@ -53,7 +53,7 @@ Test(kvcache, alloc_release_refcount)
 Test(kvcache, prefix_chain_lookup_and_lru_eviction)
 {
     struct moe_kvcache kv;
-    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 4, 2, MOE_DTYPE_F32, true), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, 4, 2, MOE_DTYPE_F32, true), MOE_OK);
     const int32_t t1[2] = {1, 2}, t2[2] = {3, 4}, t3[2] = {5, 6};
     int32_t a, b;
     cr_assert_eq(moe_kvcache_alloc_block(&kv, &a), MOE_OK);
@@ -101,7 +101,7 @@ Test(kvcache, index_survives_random_churn)
 {
     enum { NB = 64, B = 3 };
     struct moe_kvcache kv;
-    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, NB, B, MOE_DTYPE_F32, true), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, NB, B, MOE_DTYPE_F32, true), MOE_OK);
     uint64_t s = 99;
     int32_t toks[NB][B];
     bool live[NB] = {0};
@@ -138,7 +138,7 @@ Test(kvcache, mla_rows_serve_as_k_and_v)
     struct moe_backend be;
     cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK);
     struct moe_kvcache kv;
-    cr_assert_eq(moe_kvcache_init(&kv, &be, &cfg, 8, 16, MOE_DTYPE_BF16, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, 8, 16, MOE_DTYPE_BF16, false), MOE_OK);
     cr_assert(kv.v == kv.k, "one buffer for both");
     cr_assert_eq(moe_kvcache_bytes_per_slot(&kv), (size_t)3 * 40 * 2);
     moe_kvcache_free(&kv);

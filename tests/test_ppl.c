@@ -1,4 +1,4 @@
-/* test_ppl.c - perplexity and divergence (runtime/ppl.c, `moerun ppl`)
+/* test_ppl.c - perplexity and divergence (runtime/engine/ppl.c, `moerun ppl`)
  * against transformers: per-token NLL, argmax and KL from
  * tests/fixtures/ppl/reference.json (tests/reference/make_ppl_fixtures.py),
  * for the trained demo model at its top-4 and with --moe-top-k 2, and for a
@@ -11,9 +11,9 @@
 
 #include <jansson.h>
 
-#include "runtime/cli_common.h"
-#include "runtime/ppl.h"
-#include "runtime/tokenizer.h"
+#include "runtime/cli/cli_common.h"
+#include "runtime/engine/ppl.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/testutil.h"
 
 #define PPL_DIR FIXTURE_DIR "/ppl"

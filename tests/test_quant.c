@@ -15,10 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/gemm.h"
-#include "runtime/gemm_fast.h"
-#include "runtime/runner.h"
-#include "runtime/safetensors.h"
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast.h"
+#include "runtime/engine/runner.h"
+#include "runtime/model/safetensors.h"
 #include "tests/quant_test.h"
 #include "tests/testutil.h"
 
@@ -79,7 +79,7 @@ static void *q8_weights(int N, int Din, uint64_t seed)
     return w;
 }
 
-/* What the fast kernels compute over Q8_0 (runtime/gemm_q8.c says it):
+/* What the fast kernels compute over Q8_0 (runtime/cpu/gemm_q8.c says it):
  * the input row quantized per block of 32 (dx = amax / 127, q = x * (127 /
  * amax) rounded to nearest even), each block's integer sum exact, times
  * dw * dx (an fp32 product); summed here in double.  abs: the sum of the
@@ -453,7 +453,7 @@ static void *mxfp4_weights(int N, int Din, uint64_t seed, int smin, int smax, bo
 }
 
 /* The GPU's planes (moe_planes_from_rows) hold each row's nibbles and
- * scales where runtime/tensor.h says: read back by that description, every
+ * scales where runtime/core/tensor.h says: read back by that description, every
  * value is the row's dequantized value, bit for bit. */
 Test(quant, mxfp4_planes_hold_each_value)
 {
@@ -478,7 +478,7 @@ Test(quant, mxfp4_planes_hold_each_value)
 }
 
 /* Q8_0 planes (the CUDA backend's --quantize q8_0): each value, read by
- * the description in runtime/tensor.h (code byte times f32 scale), is the
+ * the description in runtime/core/tensor.h (code byte times f32 scale), is the
  * row's dequantized value; joining the planes gives the rows back; and
  * the kernels' decoding (moe_q8_f32_bits) gives every code at every place
  * of a word, whatever the other bytes hold. */

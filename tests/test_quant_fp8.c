@@ -5,7 +5,7 @@
  * (tests/fixtures/quant/fp8.safetensors, made by
  * tests/reference/make_quant_fixtures.py), every kernel set multiplies them
  * as those values, a row's outputs do not depend on the batch, and NaN
- * bytes and bad scales are refused.  The loader (runtime/model_fp8.c) binds
+ * bytes and bad scales are refused.  The loader (runtime/model/model_fp8.c) binds
  * the fixtures' checkpoints per expert and stacked alike, refuses what is
  * not the format by name, and the CPU backends read the rows in place
  * (tests/test_forward.c compares the fp8 fixtures with transformers). */
@@ -15,11 +15,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/gemm.h"
-#include "runtime/gemm_fast.h"
-#include "runtime/model_impl.h"
-#include "runtime/runner.h"
-#include "runtime/safetensors.h"
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast.h"
+#include "runtime/model/model_impl.h"
+#include "runtime/engine/runner.h"
+#include "runtime/model/safetensors.h"
 #include "tests/quant_test.h"
 #include "tests/testutil.h"
 
@@ -176,7 +176,7 @@ static void *fp8_weights(int N, int Din, uint64_t seed, int emin, int emax, bool
 }
 
 /* The GPU's planes (moe_planes_from_rows) hold each row's bytes and f32
- * scales where runtime/tensor.h says: read back by that description (and
+ * scales where runtime/core/tensor.h says: read back by that description (and
  * by the kernels' decoding, moe_e4m3x2_half_bits: the byte as a half times
  * 2^8), every value is the row's dequantized value, bit for bit. */
 Test(quant_fp8, planes_hold_each_value)
@@ -261,7 +261,7 @@ Test(quant_fp8, is_not_written_to_safetensors)
     unlink(path);
 }
 
-/* ---- loading (runtime/model_fp8.c) ---- */
+/* ---- loading (runtime/model/model_fp8.c) ---- */
 
 /* A copy of fixture `name`'s tensors in memory (in *h, configured as the
  * fixture; not bound), but those whose names start with `skip`. */

@@ -1,10 +1,10 @@
-/* test_reasoning.c - reasoning/answer splitting (runtime/reasoning.h): the
+/* test_reasoning.c - reasoning/answer splitting (runtime/chat/reasoning.h): the
  * think and harmony formats, every way of cutting the text into pieces. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/reasoning.h"
+#include "runtime/chat/reasoning.h"
 
 /* Feeds text in pieces of `step` bytes (0: all at once) and checks both parts. */
 static void check_split(enum moe_reasoning_format fmt, bool in_think, const char *text, size_t step,
@@ -98,7 +98,7 @@ Test(reasoning, names_detection_and_open_prompts)
     cr_assert(!moe_reasoning_prompt_opens_think(""));
 }
 
-/* ---- tool calls (runtime/toolcall.h) ---- */
+/* ---- tool calls (runtime/chat/toolcall.h) ---- */
 
 /* Hermes blocks out of the answer, fed in pieces of every size. */
 static void check_hermes(const char *text, const char *want_content, int want_calls, const char *name0,

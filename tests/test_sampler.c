@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "runtime/sampler.h"
+#include "runtime/engine/sampler.h"
 
 static struct moe_sampler_scratch sc;
 static void setup(void) { cr_assert_eq(moe_sampler_scratch_init(&sc, 64), MOE_OK); }

@@ -1,7 +1,7 @@
 /* test_server_reasoning.c - chat completions of reasoning and tool-calling
  * models.  Reasoning: the text of a think block goes to
  * message.reasoning_content (and streamed delta.reasoning_content), the rest
- * to content (runtime/reasoning.h; the parser's cases are in
+ * to content (runtime/chat/reasoning.h; the parser's cases are in
  * test_reasoning.c).  The demo model is given a chat template that opens the
  * think block in the prompt, as DeepSeek-R1's does, so everything it writes
  * is reasoning; the expected text is what the completions endpoint writes for

@@ -11,7 +11,7 @@
 
 #include "router/router.h"
 #include "router/stats.h"
-#include "runtime/runner.h"
+#include "runtime/engine/runner.h"
 #include "tests/testutil.h"
 
 #define E_ 8

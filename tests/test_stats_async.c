@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "router/stats.h"
-#include "runtime/runner.h"
+#include "runtime/engine/runner.h"
 #include "tests/testutil.h"
 
 struct side {

@@ -1,4 +1,4 @@
-/* test_stats_skew.c - synthetic router skew (runtime/synth_skew.h) and its
+/* test_stats_skew.c - synthetic router skew (runtime/model/synth_skew.h) and its
  * recovery by the statistics.
  *
  * "Recover within sampling error": every token id of the vocabulary is run
@@ -15,9 +15,9 @@
 #include <string.h>
 
 #include "router/stats.h"
-#include "runtime/runner.h"
-#include "runtime/stats_analyze.h"
-#include "runtime/synth_skew.h"
+#include "runtime/engine/runner.h"
+#include "runtime/stats/stats_analyze.h"
+#include "runtime/model/synth_skew.h"
 #include "tests/testutil.h"
 
 static const char *cfg_json =

@@ -11,7 +11,7 @@
 
 #include "router/router.h"
 #include "router/stats.h"
-#include "runtime/stats_analyze.h"
+#include "runtime/stats/stats_analyze.h"
 #include "tests/testutil.h"
 
 static char dir[64];

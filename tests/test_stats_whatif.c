@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "experts/expert_cache.h"
-#include "runtime/stats_analyze.h"
+#include "runtime/stats/stats_analyze.h"
 #include "tests/testutil.h"
 
 /* Smallest max device load over every assignment with at most ceil(E/N)

@@ -2,7 +2,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 Test(tensor, dtype_names_round_trip)
 {

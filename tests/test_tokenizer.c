@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 #include "testutil.h"
 
 int moe_cli_tokenize(int argc, char **argv);

@@ -1,4 +1,4 @@
-/* test_toolcall.c - tool calls out of a model's answer (runtime/toolcall.h):
+/* test_toolcall.c - tool calls out of a model's answer (runtime/chat/toolcall.h):
  * the mistral, deepseek_v3, glm45 and kimi_k2 formats (hermes and harmony
  * are also in test_reasoning.c).  Every text is fed in pieces of every size
  * (1: byte by byte) and cut in two at every point.  The expected calls are
@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/chat.h"
-#include "runtime/tokenizer.h"
-#include "runtime/toolcall.h"
+#include "runtime/chat/chat.h"
+#include "runtime/text/tokenizer.h"
+#include "runtime/chat/toolcall.h"
 #include "tests/testutil.h"
 
 #define CHAT_DIR FIXTURE_DIR "/chat"

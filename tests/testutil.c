@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
-#include "runtime/backend.h"
-#include "runtime/runner.h"
+#include "runtime/backend/backend.h"
+#include "runtime/engine/runner.h"
 
 uint64_t tu_rand_u64(uint64_t *s)
 {

@@ -4,7 +4,7 @@
  * extras (tools, enable_thinking, ...).  render takes an array (chat.h), so
  * other JSON is skipped. */
 #include <jansson.h>
-#include "runtime/chat.h"
+#include "runtime/chat/chat.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static struct moe_chat_template tmpl;

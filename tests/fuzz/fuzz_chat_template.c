@@ -2,7 +2,7 @@
  * render a small fixed conversation.  Runaway templates must stop at the
  * interpreter's documented limits (output size, recursion), not hang. */
 #include <jansson.h>
-#include "runtime/chat.h"
+#include "runtime/chat/chat.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static json_t *messages, *extra;

@@ -1,7 +1,7 @@
 /* fuzz_cli.c - the small CLI parsers: the first byte picks
  * moe_cli_parse_budget (--kv-budget) or moe_cli_parse_ids (--ids); the rest
  * is the argument string. */
-#include "runtime/cli_common.h"
+#include "runtime/cli/cli_common.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

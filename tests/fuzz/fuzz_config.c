@@ -2,7 +2,7 @@
  * to moe_config_parse; accepted configs must be self-consistent enough for
  * the helpers that read them. */
 #include <jansson.h>
-#include "runtime/config.h"
+#include "runtime/model/config.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

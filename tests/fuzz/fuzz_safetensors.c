@@ -1,7 +1,7 @@
 /* fuzz_safetensors.c - the whole input is a .safetensors file in memory:
  * parse it, look every tensor up by name and check what the parser promises
  * (data inside the buffer, nbytes = numel x dtype size), then close. */
-#include "runtime/safetensors.h"
+#include "runtime/model/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

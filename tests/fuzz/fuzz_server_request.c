@@ -6,7 +6,7 @@
  * waiting for an engine thread.  That is the whole HTTP-side parsing path
  * (JSON, sampling fields, stop strings, prompt tokenization, the chat
  * template); only the engine's own acceptance is left out. */
-#include "runtime/server.h"
+#include "runtime/server/server.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static struct srv s;

@@ -4,7 +4,7 @@
  * PREFIX.weights.npy and PREFIX.tokens.npy, written to a private temporary
  * folder because the loader reads files by path. */
 #include <unistd.h>
-#include "runtime/stats_analyze.h"
+#include "runtime/stats/stats_analyze.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static char dir[64];

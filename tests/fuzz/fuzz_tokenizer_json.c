@@ -1,7 +1,7 @@
 /* fuzz_tokenizer_json.c - the input is a tokenizer.json, optionally followed
  * by a NUL byte and a text: load it, encode the text (or a few fixed strings)
  * and decode the ids back. */
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static void roundtrip(struct moe_tokenizer *tok, const char *text, size_t len)

@@ -4,7 +4,7 @@
  * incremental detokenizer.  Invariants from tokenizer.h: encoded ids are in
  * [0, n_vocab); out-of-range ids are an error; the streamed pieces
  * concatenate to moe_tokenizer_decode of the same ids. */
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static struct moe_tokenizer tok;

@@ -1,4 +1,4 @@
-/* fuzz_toolcall.c - the tool-call parsers (runtime/toolcall.h) on arbitrary
+/* fuzz_toolcall.c - the tool-call parsers (runtime/chat/toolcall.h) on arbitrary
  * model output.  Byte 0 picks the format (hermes, mistral, deepseek_v3,
  * glm45, kimi_k2), byte 1 the size of the pieces; the rest (to the first
  * NUL) is the text.  Invariants: the outcome does not depend on how the
@@ -6,7 +6,7 @@
  * never longer than the text, and every call's arguments are a compact
  * JSON object. */
 #include <jansson.h>
-#include "runtime/toolcall.h"
+#include "runtime/chat/toolcall.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static const enum moe_tool_format FMTS[] = {MOE_TOOLS_HERMES, MOE_TOOLS_MISTRAL, MOE_TOOLS_DEEPSEEK_V3,

@@ -4,7 +4,7 @@
 # build-emu/emu_TEST, so the CUDA kernels' own source runs without a GPU;
 # TEST "moerun" builds the program itself (build-emu/emu_moerun: `bench
 # --backend cuda` and the rest, as on a device, only slower).
-# Needs the CPU build (build/, for libmoerun_core.a) and g++ with C++20.
+# Needs the CPU build (build/, for the rooms' libmoerun_*.a) and g++ with C++20.
 # Never part of CI (slow: an OS thread per CUDA thread); README.md says
 # what it emulates and what not.
 set -e
@@ -12,14 +12,14 @@ cd "$(dirname "$0")/../.."
 R=$(pwd)
 E=$R/tools/cuda-emu
 B=$R/build-emu
-[ -f "$R/build/libmoerun_core.a" ] || { echo "build/libmoerun_core.a missing: build the CPU tree first" >&2; exit 1; }
+[ -f "$R/build/libmoerun_cli.a" ] || { echo "build/libmoerun_cli.a missing: build the CPU tree first" >&2; exit 1; }
 mkdir -p "$B/src" "$B/obj"
 rm -f "$B"/src/*.cc
 # the kernels' source, launches and shared memory rewritten for the host
 for f in attention/attention_mla_cuda.cu attention/attention_cuda.cu attention/attention_prefill_cuda.cu \
          attention/attention_mma_cuda.cu \
-         router/router_cuda.cu runtime/ops_cuda.cu experts/experts_cuda.cu experts/experts_mma_cuda.cu runtime/device_cuda.cu \
-         runtime/matmul_cuda.cu runtime/bench_cuda.cu; do
+         router/router_cuda.cu runtime/cuda/ops_cuda.cu experts/experts_cuda.cu experts/experts_mma_cuda.cu runtime/backend/device_cuda.cu \
+         runtime/cuda/matmul_cuda.cu runtime/cli/bench_cuda.cu; do
   perl -0777 -pe 's/extern __shared__ (\w+) (\w+)\[\];/$1 *$2 = EMU_DYN_SMEM($1);/g;
                   s/__shared__/static/g;
                   s/(\w+(?:<[\w ,]*>)?)<<<(.*?)>>>\(/emu_launch($1, emu_mk($2), /gs' \
@@ -33,7 +33,7 @@ for f in "$B"/src/*.cc "$E/emu_api.cc" "$E/emu_stream.cc"; do
   nice -n 19 g++ $CXXF -c "$f" -o "$o"
   objs="$objs $o"
 done
-for f in runtime/backend_cuda.c runtime/backend_cuda_upload.c runtime/backend_cuda_experts.c runtime/backend_cuda_offload.c runtime/backend.c tests/testutil.c; do
+for f in runtime/backend/backend_cuda.c runtime/backend/backend_cuda_upload.c runtime/backend/backend_cuda_experts.c runtime/backend/backend_cuda_offload.c runtime/backend/backend.c tests/testutil.c; do
   o=$B/obj/$(basename "$f" .c).co
   nice -n 19 gcc $CF -c "$f" -o "$o"
   objs="$objs $o"
@@ -43,12 +43,12 @@ for t in "$@"; do
   if [ "$t" = moerun ]; then
     # the CLI with the CUDA side of bench (bench_gpu.c) compiled in
     main="$B/obj/main.co $B/obj/bench_gpu.co"
-    nice -n 19 gcc $CF -c runtime/main.c -o "$B/obj/main.co"
-    nice -n 19 gcc $CF -c runtime/bench_gpu.c -o "$B/obj/bench_gpu.co"
+    nice -n 19 gcc $CF -c runtime/cli/main.c -o "$B/obj/main.co"
+    nice -n 19 gcc $CF -c runtime/cli/bench_gpu.c -o "$B/obj/bench_gpu.co"
   else
     main="$B/obj/$t.co"
     nice -n 19 gcc $CF -c "tests/$t.c" -o "$main"
   fi
-  nice -n 19 g++ -fopenmp -pthread $objs $main "$R/build/libmoerun_core.a" -lm -o "$B/emu_$t" $LIBS
+  nice -n 19 g++ -fopenmp -pthread $objs $main -Wl,--start-group "$R"/build/libmoerun_*.a -Wl,--end-group -lm -o "$B/emu_$t" $LIBS
   echo "$B/emu_$t"
 done

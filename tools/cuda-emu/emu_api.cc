@@ -1,5 +1,5 @@
 #include "emu.h"
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 #include <cstdlib>
 #include <ctime>
 thread_local uint3 threadIdx, blockIdx;

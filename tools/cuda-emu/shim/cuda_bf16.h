@@ -1,6 +1,6 @@
 #pragma once
 #include "emu.h"
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 struct __nv_bfloat16 { uint16_t u; };
 struct __nv_bfloat162 { __nv_bfloat16 x, y; };
 static inline float __bfloat162float(__nv_bfloat16 h) { return moe_bf16_to_f32(h.u); }

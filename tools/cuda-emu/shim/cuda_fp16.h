@@ -1,6 +1,6 @@
 #pragma once
 #include "emu.h"
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 struct __half { uint16_t u; };
 struct __half2 { __half x, y; };
 static inline float __half2float(__half h) { return moe_f16_to_f32(h.u); }

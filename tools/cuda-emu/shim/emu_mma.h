@@ -37,7 +37,7 @@
 #pragma once
 #include <cstdio>
 #include <cstdlib>
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 static inline void emu_need_full_warp(const char *what)
 {

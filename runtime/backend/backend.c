@@ -1,0 +1,78 @@
+/* backend.c - backend selection.  The choice is made here, once. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/backend/backend.h"
+
+#ifndef MOERUN_HAVE_CUDA
+int moe_cuda_device_count(char *why, size_t why_len)
+{
+    if (why) snprintf(why, why_len, "moerun was built without CUDA");
+    return 0;
+}
+
+int64_t moe_cuda_graph_replays(const struct moe_backend *be) { return 0; }
+int64_t moe_cuda_mma_expert_calls(const struct moe_backend *be) { return 0; }
+
+void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_stats *st)
+{
+    (void)be;
+    memset(st, 0, sizeof *st);
+}
+
+enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
+{
+    memset(be, 0, sizeof *be);
+    return moe_fail(MOE_ERR_UNSUPPORTED, "moerun was built without CUDA");
+}
+#endif
+
+enum moe_status moe_backend_init(struct moe_backend *be, const char *name, int n_threads)
+{
+    memset(be, 0, sizeof *be);
+    if (!strcmp(name, "cpu")) return moe_backend_cpu_fast_init(be, n_threads);
+    if (!strcmp(name, "cpu-ref")) return moe_backend_cpu_init(be, n_threads);
+    if (!strcmp(name, "cuda") || !strcmp(name, "auto")) {
+        char why[256] = "";
+        int n = moe_cuda_device_count(why, sizeof why);
+        if (!strcmp(name, "cuda")) {
+            if (n == 0) return moe_fail(MOE_ERR_DEVICE, "no CUDA device: %s", why);
+            return moe_backend_cuda_init(be, 0);
+        }
+        if (n == 0) {
+            fprintf(stderr, "moerun: no CUDA device (%s); using the CPU backend\n", why);
+            return moe_backend_cpu_fast_init(be, n_threads);
+        }
+        if (moe_backend_cuda_init(be, 0) == MOE_OK) return MOE_OK;
+        fprintf(stderr, "moerun: the CUDA device could not be used (%s); using the CPU backend\n",
+                moe_last_error());
+        return moe_backend_cpu_fast_init(be, n_threads);
+    }
+    return moe_fail(MOE_ERR_INVALID_ARG,
+                    "unknown backend '%s' (choose cpu, cpu-ref, cuda or auto)", name);
+}
+
+void moe_backend_free(struct moe_backend *be)
+{
+    if (be->ops && be->ops->destroy) be->ops->destroy(be);
+    free(be->gpu_experts_warm);
+    memset(be, 0, sizeof *be);
+}
+
+static enum moe_status allocator_alloc(void *ctx, size_t bytes, void **out)
+{
+    struct moe_backend *be = ctx;
+    return be->ops->alloc(be, bytes, out);
+}
+
+static void allocator_dealloc(void *ctx, void *p)
+{
+    struct moe_backend *be = ctx;
+    be->ops->dealloc(be, p);
+}
+
+struct moe_allocator moe_backend_allocator(struct moe_backend *be)
+{
+    return (struct moe_allocator){be, allocator_alloc, allocator_dealloc};
+}

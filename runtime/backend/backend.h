@@ -1,0 +1,247 @@
+/* backend.h - the compute backend interface.
+ *
+ * The forward pass (runtime/engine/forward.c) is written once against this table;
+ * a backend says how each op is computed and where memory lives.  The CPU
+ * backend is the reference; the CUDA backend implements the same ops on the
+ * device.  Every pointer an op receives is backend memory (for the CPU,
+ * ordinary host memory); weights are struct moe_tensor views prepared by
+ * prepare_model.  Activations are fp32 throughout.
+ *
+ * Numeric policies are pinned here, once, for every backend:
+ * - RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, in fp32.
+ * - RoPE: rotate-half pairing (i, i + Dh/2), angle = pos * inv_freq[i] in fp32.
+ * - Routing: softmax over E in fp32; top-K by descending logit (the order of
+ *   the probabilities), ties to the lower expert index; NaN ranks below every number (and NaNs among
+ *   themselves by index), so ids are always in [0, E); renormalised weights
+ *   divide by the sum of the K chosen.
+ * - Dispatch: pairs (t, k) sorted by expert, stable in t*K+k order.
+ * - Combine: out[t] = sum over k = 0..K-1 in order of w[t,k] * y[t,k].
+ *
+ * prepare_model on the CUDA backend uploads every weight once, in its
+ * stored dtype, and rewrites the model's tensor views in place to device
+ * pointers (device = 0); after it the model serves only that backend.  The
+ * experts of a MoE layer become two stacked device buffers, (E, 2F, D)
+ * gate+up (gate rows first) and (E, D, F) down, whatever the checkpoint
+ * layout, and the expert table is rewritten to point into them:
+ * gate[e] = gate[0] + e*2F*D elements, up[e] = gate[e] + F*D,
+ * down[e] = down[0] + e*D*F.  MXFP4 and FP8_B128 experts keep their dtype
+ * and each stack is planes (runtime/core/tensor.h: the values of all its
+ * matrices, then their scales), the table pointing at each matrix's values:
+ * gate[e] = gate[0] + 2e*V bytes, up[e] = gate[e] + V, down[e] = down[0] +
+ * e*V, V = moe_planes_values_bytes(dtype, F, D).  The CUDA experts op
+ * requires that layout.
+ * The fast CPU backend (AVX2 or AVX-512 kernels) likewise rewrites the views
+ * of the model's bf16 matrices (attention, dense and shared FFN, routers,
+ * LM head, every expert's gate/up/down; 2-D with an even inner size) to
+ * copies in 16-output panels (MOE_DTYPE_BF16_PANEL) that it owns and frees
+ * in destroy, and drops the process's pages of the file-mapped originals;
+ * after it, too, the model serves only that backend (any other refuses it
+ * at prepare_model) and is not run after that backend is freed.
+ * MOERUN_CPU_PANELS=0 keeps the natural layout and the model untouched.
+ * Calling prepare_model again with the same model does nothing; one that
+ * failed leaves the model part on the device and is final (load it again). */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attention/attention.h"
+#include "experts/experts.h"
+#include "kvcache/kvcache.h"
+#include "router/router.h"
+#include "runtime/core/batch.h"
+#include "runtime/model/model.h"
+#include "runtime/core/status.h"
+#include "runtime/core/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moe_backend;
+
+/* Steps of at most this many rows are decode-sized: the CUDA backend runs
+ * them without any host synchronisation (device-driven expert kernels) and
+ * may record them as graphs, and forward.c copies their routing for the
+ * statistics recorder asynchronously (to_host_async). */
+#define MOE_SMALL_STEP_ROWS 32
+
+#define MOE_OP(name, ...) MOE_MUST_USE enum moe_status (*name)(struct moe_backend * be, __VA_ARGS__)
+
+struct moe_backend_ops {
+    const char *name;
+    void (*destroy)(struct moe_backend *be);
+    /* memory */
+    MOE_OP(alloc, size_t bytes, void **out);        /* zero-filled */
+    void (*dealloc)(struct moe_backend *be, void *p); /* NULL is fine */
+    MOE_OP(to_device, void *dst, const void *src, size_t bytes);
+    MOE_OP(to_host, void *dst, const void *src, size_t bytes);
+    MOE_OP(prepare_model, struct moe_model *m);     /* weights into backend memory */
+    MOE_MUST_USE enum moe_status (*sync)(struct moe_backend *be);
+
+    /* ops */
+    MOE_OP(embed, float *x, const int32_t *tokens, int T, const struct moe_tensor *emb);
+    MOE_OP(rmsnorm, float *y, const float *x, const struct moe_tensor *w, int rows, int dim,
+           float eps);
+    /* y (T, N) = x (T, Din) . W^T (+ b), W (N, Din) in its stored dtype. */
+    MOE_OP(matmul, float *y, const float *x, const struct moe_tensor *w,
+           const struct moe_tensor *b, int T);
+    /* Optional (NULL: the forward pass calls matmul n times): n <= 4
+     * products y[i] (T, N_i) = x . W_i^T (+ b_i) of one input, computed
+     * together (one parallel region, the input read once per tile). */
+    MOE_OP(matmul_multi, int n, float *const *y, const float *x,
+           const struct moe_tensor *const *w, const struct moe_tensor *const *b, int T);
+    MOE_OP(add, float *y, const float *x, size_t n);            /* y += x */
+    MOE_OP(scale, float *x, size_t n, float s);                 /* x *= s (Granite multipliers) */
+    MOE_OP(clamp, float *x, size_t n, float limit);             /* x in [-limit, limit] */
+    MOE_OP(swiglu, float *g, const float *u, size_t n);         /* g = silu(g) * u */
+    /* x (T, H, Dh) rotated in place at positions pos (T): the first rot
+     * values of each head, in halves (attention.h); inv_freq (rot/2). */
+    MOE_OP(rope, float *x, const int32_t *pos, int T, int H, int Dh, int rot, const float *inv_freq);
+    MOE_OP(kv_store, struct moe_kvcache *kv, int layer, const float *k, const float *v,
+           const int32_t *slots, int T);
+    /* out (T, Hq*Dh) from q (T, Hq*Dh) over the cache. */
+    MOE_OP(attention, float *out, const float *q, const struct moe_kvcache *kv,
+           const struct moe_batch *b, const struct moe_attn_params *p);
+    /* ids (T, K), w (T, K) from router logits (T, E). */
+    MOE_OP(route, int32_t *ids, float *w, const float *logits, int T, const struct moe_route *r);
+    MOE_OP(dispatch, struct moe_dispatch *plan, const int32_t *ids, int T, int K, int E);
+    /* out (T, D) = combine of the K experts' SwiGLU FFN of x (T, D), with
+     * ex's biases and activation (model.h) when it has them. */
+    MOE_OP(experts, float *out, const float *x, const struct moe_dispatch *plan, const float *w,
+           const struct moe_expert_weights *ex, const struct moe_expert_ws *ws, int T, int K, int D,
+           int F, int E);
+    /* y (T, D) *= sigmoid(g (T)) */
+    MOE_OP(sigmoid_scale, float *y, const float *g, int T, int D);
+    /* dst (n, D) = src rows[i] */
+    MOE_OP(gather_rows, float *dst, const float *src, const int32_t *rows, int n, int D);
+    /* dst[r*ld_dst + j] = src[r*ld_src + (idx ? idx[j] : j)] for r < rows,
+     * j < n: a column gather (idx (n) backend memory, or NULL: a 2-D copy).
+     * Optional, with head_matmul: MLA needs both. */
+    MOE_OP(gather_cols, float *dst, int ld_dst, const float *src, int ld_src, int rows,
+           const int32_t *idx, int n);
+    /* Per-head products of MLA's absorbed attention: for each head h < H and
+     * row t < T, y[(t*H + h)*ldy + i] = sum_k W[h][i][k] * x[(t*H + h)*ldx + k]
+     * for i < N, k < K; W (H, N, K) in its stored dtype.  Optional (NULL: the
+     * backend does not run MLA models). */
+    MOE_OP(head_matmul, float *y, int ldy, const float *x, int ldx, const struct moe_tensor *w,
+           int T);
+    /* ids (rows) = argmax of each row of x (rows, n), as moe_argmax
+     * (runtime/core/argmax.h): ties to the lower index, NaN never wins. */
+    MOE_OP(argmax, int32_t *ids, const float *x, int rows, int n);
+
+    /* Optional entries (NULL when a backend has no use for them). */
+    /* Sizes the backend's own workspaces for steps of at most max_rows rows
+     * of cfg's model; called by moe_forward_init, so no op allocates. */
+    MOE_OP(reserve, const struct moe_config *cfg, int max_rows);
+    /* dst (n elements of dt, backend memory) = the runtime/model/synth.c generator
+     * keyed by key with standard deviation std, or ones when std < 0. */
+    MOE_OP(synth_fill, void *dst, enum moe_dtype dt, size_t n, uint64_t key, float std);
+    /* out (n_moe_layers, E) host = tokens routed to each expert so far, by
+     * MoE layer in forward order (dispatch calls since the step's embed). */
+    MOE_OP(expert_load, uint64_t *out, int n_moe_layers, int E);
+    /* Step graphs.  forward.c brackets the ops of a step (after the batch
+     * upload, before the logits copy) with graph_begin / graph_end.  key
+     * names the forward workspace (its buffers, cache and block-table width
+     * are fixed) and what the step copies to the host (a step with
+     * statistics copies has a key of its own); a backend that has a recorded step for (key, rows,
+     * n_logits) sets *replay and forward.c skips the ops; otherwise it may
+     * start recording.  graph_end(ok) finishes: replays, or ends the
+     * recording and runs it (ok false: discards it). */
+    MOE_OP(graph_begin, const void *key, int rows, int n_logits, bool *replay);
+    MOE_OP(graph_end, bool ok);
+    /* Host buffers for to_host_async (zero-filled; CPU: calloc/free, CUDA:
+     * pinned memory).  host_free(NULL) is fine.  A backend has all three of
+     * host_alloc, host_free and to_host_async, or none. */
+    MOE_OP(host_alloc, size_t bytes, void **out);
+    void (*host_free)(struct moe_backend *be, void *p);
+    /* Device-to-host copy in stream order that does not wait: dst (a
+     * host_alloc buffer) holds the bytes once the next sync returns, and may
+     * not be read before.  Allowed between graph_begin and graph_end (a
+     * recorded step replays the copy into the same dst).  CPU: a memcpy. */
+    MOE_OP(to_host_async, void *dst, const void *src, size_t bytes);
+};
+
+/* Weights quantized at prepare_model (a memory-vs-compute knob). */
+enum moe_weight_quant {
+    MOE_QUANT_NONE,
+    MOE_QUANT_Q8_0, /* every 2-D weight but the routers and the embedding, K % 32 == 0,
+                       to ggml's Q8_0 (runtime/core/tensor.h); CPU backends only */
+};
+
+struct moe_backend {
+    const struct moe_backend_ops *ops;
+    void *ctx;        /* backend private state */
+    int n_threads;
+    enum moe_weight_quant quant; /* set before the first prepare_model */
+    /* CUDA, set before prepare_model: experts of each MoE layer kept in
+     * device slots, the rest in host memory and copied in when routed to
+     * (0, or at least the layer's experts: all resident) */
+    int gpu_experts;
+    /* ... their slot policy (false: LRU) and warm start: each MoE layer's
+     * routed counts from earlier statistics, (gpu_experts_warm_layers,
+     * gpu_experts_warm_e) doubles owned by the backend (moe_backend_free
+     * frees them), or NULL: slots start empty (experts/expert_cache.h) */
+    bool gpu_experts_lfu;
+    double *gpu_experts_warm;
+    int gpu_experts_warm_layers, gpu_experts_warm_e;
+    /* ... and a step's missed experts with at most this many rows each
+     * computed on the CPU from the host copy instead of copied in (0:
+     * every miss copied in); see docs/cuda.md, "Expert offload" */
+    int gpu_experts_cpu_rows;
+};
+
+/* Expert offload so far (moe_backend.gpu_experts): layers offloaded,
+ * expert uses (once per expert per layer step) and those that found the
+ * expert in a slot, bytes copied in, bytes held in host memory; layer
+ * steps, their rounds (more than one when a step routes to more than C
+ * experts) and the steps that took the grouped GEMMs; expert uses computed
+ * on the CPU instead (gpu_experts_cpu_rows; not among the accesses) and
+ * their rows. */
+struct moe_offload_stats {
+    int layers;
+    int64_t accesses, hits, steps, rounds, grouped_steps, cpu_uses, cpu_rows;
+    uint64_t bytes_in, host_bytes;
+};
+/* Zeros unless be is a CUDA backend with offloaded layers. */
+void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_stats *st);
+
+/* The CPU reference backend ("cpu-ref"); n_threads 0 = all cores (OpenMP
+ * default). */
+MOE_MUST_USE enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads);
+/* The CUDA backend on device ordinal `device`; MOE_ERR_DEVICE when the
+ * device cannot be used, MOE_ERR_UNSUPPORTED when built without CUDA. */
+MOE_MUST_USE enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device);
+/* The fast CPU backend ("cpu"): the reference with matmul, experts and
+ * attention replaced by AVX2 or AVX-512 kernels, whichever is the best this
+ * processor runs (runtime/cpu/gemm_fast.h); the reference where it runs neither.
+ * MOERUN_CPU_ISA=ref|avx2|avx512 in the environment caps the choice. */
+MOE_MUST_USE enum moe_status moe_backend_cpu_fast_init(struct moe_backend *be, int n_threads);
+/* Kernel set a CPU backend uses: 0 (MOE_CPU_ISA_REF) for the reference,
+ * see enum moe_cpu_isa in runtime/cpu/gemm_fast.h. */
+int moe_backend_cpu_isa(const struct moe_backend *be);
+/* Chooses a backend by name: "cpu" (fast), "cpu-ref" (reference), "cuda",
+ * or "auto" (CUDA when a device is present, else "cpu" with a one-line
+ * notice on stderr). */
+MOE_MUST_USE enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
+                                               int n_threads);
+void moe_backend_free(struct moe_backend *be);
+/* be's alloc and dealloc as an allocator for a module that owns buffers in
+ * backend memory (the KV cache); be is borrowed and outlives those buffers. */
+struct moe_allocator moe_backend_allocator(struct moe_backend *be);
+
+/* Number of usable CUDA devices; 0 when built without CUDA, with no driver
+ * or no device (why is written to `why` when non-NULL). */
+int moe_cuda_device_count(char *why, size_t why_len);
+/* Steps the CUDA backend be has replayed from recorded graphs (0 for any
+ * other backend, or without CUDA). */
+int64_t moe_cuda_graph_replays(const struct moe_backend *be);
+/* Times the CUDA backend be has run its tensor-core expert kernels
+ * (MOERUN_CUDA_EXPERTS=mma): once per experts call, or per round of an
+ * offloaded layer; 0 for any other backend, or without CUDA. */
+int64_t moe_cuda_mma_expert_calls(const struct moe_backend *be);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,659 @@
+/* backend_cpu.c - the CPU backends: host memory, OpenMP threads, each op a
+ * call into its module's *_cpu function (the reference, "cpu-ref") or, for
+ * the heavy ops, its *_fast twin ("cpu": matmul, experts and attention with
+ * AVX2/AVX-512 kernels, chosen at init by what the processor supports, plus
+ * the optional matmul_multi; the reference table where it supports neither).
+ * The two tables differ only in those entries.  Scratch for weight-row conversion, attention
+ * accumulators and the expert list is sized in prepare_model, so no op
+ * allocates; the OpenMP team is created once and reused by every op.
+ *
+ * With the AVX2 or AVX-512 kernels, prepare_model also repacks the model's bf16
+ * matrices (every weight that goes through matmul or the expert phase) into
+ * 16-output panels (MOE_DTYPE_BF16_PANEL, runtime/cpu/gemm_fast.h) in one
+ * arena per model that the backend owns, rewrites the model's views to
+ * point there, and drops the process's pages of each source matrix (from a
+ * file mapping, or the set's own in-memory synthetic tensors), so the
+ * process holds about one copy of the weights.
+ * MOERUN_CPU_PANELS=0 in the environment (read at init) keeps the natural
+ * layout. */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "attention/attention.h"
+#include "experts/experts.h"
+#include "router/router.h"
+#include "runtime/backend/backend.h"
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast.h"
+#include "runtime/core/argmax.h"
+
+struct cpu_arena {
+    char *p;     /* owned: the packed matrices of one model */
+    size_t size;
+};
+
+struct cpu_ctx {
+    float *scratch;       /* (threads, scratch_per_thread) */
+    size_t scratch_per_thread;
+    int32_t *active;      /* (E) experts with rows, for the fast expert phase */
+    int n_active_cap;
+    int threads;
+    enum moe_cpu_isa isa; /* MOE_CPU_ISA_REF for the reference table */
+    bool panels;          /* bf16 matrices repacked into panels at prepare_model */
+    struct cpu_arena *arenas; /* (n_arenas) packed weights, one per prepared model; owned */
+    int n_arenas;
+};
+
+/* The backend's context.  Scratch is sized for c->threads, and OpenMP's
+ * thread count is a per-thread setting, so every op pins it for the calling
+ * thread (a server's engine thread is not the one that created the
+ * backend). */
+static struct cpu_ctx *ctx_of(struct moe_backend *be)
+{
+    struct cpu_ctx *c = be->ctx;
+    if (c && omp_get_max_threads() != c->threads) omp_set_num_threads(c->threads);
+    return c;
+}
+
+static enum moe_status cpu_alloc(struct moe_backend *be, size_t bytes, void **out)
+{
+    *out = calloc(1, bytes ? bytes : 1);
+    if (!*out) return moe_fail(MOE_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
+    return MOE_OK;
+}
+
+static void cpu_dealloc(struct moe_backend *be, void *p) { free(p); }
+
+static enum moe_status cpu_copy(struct moe_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memmove(dst, src, bytes);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_sync(struct moe_backend *be) { return MOE_OK; }
+
+/* ---- the matrices of a model repacked at prepare_model: bf16 panels
+ * (fast kernels), or Q8_0 quantization (--quantize q8_0, either backend) ---- */
+
+/* PACK_Q8_0 runs first (when asked), then PACK_PANELS over what is still
+ * bf16 (the routers).  Each writes its own arena. */
+enum pack_kind { PACK_Q8_0, PACK_PANELS };
+
+/* One matrix to repack: a tensor view, or one entry of a layer's expert
+ * table (whose dtype is the table's). */
+struct pack_item {
+    struct moe_tensor *t;              /* NULL for an expert entry */
+    struct moe_expert_weights *table;  /* the expert entry's table */
+    const void **slot;                 /* the expert entry */
+    const void *src;                   /* (N, K) row-major, of dtype dt */
+    enum moe_dtype dt;
+    int N, K;
+    int layer;                         /* for messages; -1 for the LM head */
+    size_t off;                        /* into the arena */
+    bool keep_source;                  /* another view still reads the source rows */
+};
+
+/* Only float matrices are repacked: Q8_0 and BF16_PANEL are already
+ * packed, and MXFP4 and FP8_B128 (checkpoints' own 4.25- and 8.25-bit
+ * formats: gpt-oss experts, fp8 checkpoints' Linear weights) are read in
+ * place by both backends, never widened to panels or requantized to 9-bit
+ * Q8_0 by --quantize. */
+static bool packable(enum pack_kind kind, enum moe_dtype dt, int64_t N, int64_t K)
+{
+    if (N <= 0 || N > INT32_MAX || K <= 0 || K > INT32_MAX) return false;
+    if (kind == PACK_PANELS) return dt == MOE_DTYPE_BF16 && K % 2 == 0;
+    return (dt == MOE_DTYPE_F32 || dt == MOE_DTYPE_F16 || dt == MOE_DTYPE_BF16) &&
+           K % MOE_Q8_0_BLOCK == 0;
+}
+
+/* A layer's 2-D weights other than the experts: attention (MLA's down
+ * projections too; its per-head 3-D matrices stay as loaded), dense FFN,
+ * router, shared expert and its gate. */
+enum { LAYER_MATRICES = 14 };
+static void layer_matrices(struct moe_layer_weights *w, struct moe_tensor *ts[LAYER_MATRICES])
+{
+    struct moe_tensor *all[LAYER_MATRICES] = {&w->wq,      &w->wk,     &w->wv,      &w->wo,
+                                              &w->wq_a,    &w->wkv_a,
+                                              &w->w_gate,  &w->w_up,   &w->w_down,  &w->router,
+                                              &w->sh_gate, &w->sh_up,  &w->sh_down, &w->sh_router};
+    memcpy(ts, all, sizeof all);
+}
+
+static void add_tensor(enum pack_kind kind, struct pack_item *items, size_t *n, struct moe_tensor *t,
+                       int layer)
+{
+    if (!t->data || t->ndim != 2 || !packable(kind, t->dtype, t->shape[0], t->shape[1])) return;
+    if (items) items[*n] = (struct pack_item){.t = t, .src = t->data, .dt = t->dtype,
+                                              .N = (int)t->shape[0], .K = (int)t->shape[1],
+                                              .layer = layer};
+    ++*n;
+}
+
+/* The repackable matrices of m in a fixed order: the LM head, then per
+ * layer attention, dense FFN, router (panels only: quantization keeps the
+ * routers, as llama.cpp's quantize does), shared expert and the experts
+ * (gate, up, down of each in turn: all of a layer's or none, its table has
+ * one dtype).  items NULL: count only. */
+static size_t pack_items(enum pack_kind kind, struct moe_model *m, struct pack_item *items)
+{
+    const struct moe_config *c = &m->cfg;
+    const int E = c->n_experts, D = c->d_model, F = c->d_expert;
+    size_t n = 0;
+    add_tensor(kind, items, &n, &m->lm_head, -1); /* first: the largest, so the team ends together */
+    if (items && n == 1 && m->lm_head.data == m->embed.data)
+        items[0].keep_source = true; /* tied: the embedding reads the same rows */
+    for (int l = 0; l < c->n_layers; l++) {
+        struct moe_layer_weights *w = &m->layers[l];
+        struct moe_tensor *ts[LAYER_MATRICES];
+        layer_matrices(w, ts);
+        for (int i = 0; i < LAYER_MATRICES; i++)
+            if (kind == PACK_PANELS || (ts[i] != &w->router && ts[i] != &w->sh_router))
+                add_tensor(kind, items, &n, ts[i], l);
+        struct moe_expert_weights *x = &w->experts;
+        if (E <= 0 || !x->gate || !packable(kind, x->dtype, F, D) || !packable(kind, x->dtype, D, F))
+            continue;
+        for (int e = 0; e < E; e++) {
+            const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
+            for (int i = 0; i < 3; i++, n++)
+                if (items)
+                    items[n] = (struct pack_item){.table = x, .slot = slots[i], .src = *slots[i],
+                                                  .dt = x->dtype, .N = i < 2 ? F : D,
+                                                  .K = i < 2 ? D : F, .layer = l};
+        }
+    }
+    return n;
+}
+
+/* The dtypes only this backend's prepare_model makes (MXFP4 and FP8_B128
+ * are not: the loader makes them, in memory the model owns). */
+static bool packed_dtype(enum moe_dtype dt) { return dt == MOE_DTYPE_BF16_PANEL || dt == MOE_DTYPE_Q8_0; }
+
+/* A weight of m in panels or quantized, or NULL when it has none. */
+static const void *some_packed(struct moe_model *m)
+{
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        struct moe_layer_weights *w = &m->layers[l];
+        if (w->experts.gate && packed_dtype(w->experts.dtype)) return w->experts.gate[0];
+        struct moe_tensor *ts[LAYER_MATRICES];
+        layer_matrices(w, ts);
+        for (int i = 0; i < LAYER_MATRICES; i++)
+            if (packed_dtype(ts[i]->dtype)) return ts[i]->data;
+    }
+    return packed_dtype(m->lm_head.dtype) ? m->lm_head.data : NULL;
+}
+
+/* Bytes of item it in the arena, as a multiple of 64. */
+static bool packed_bytes(enum pack_kind kind, const struct pack_item *it, size_t *out)
+{
+    if (kind == PACK_PANELS) return moe_gemm_panel_bytes(it->N, it->K, out);
+    size_t b;
+    if (__builtin_mul_overflow((size_t)it->N, moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)it->K), &b) ||
+        b > SIZE_MAX - 63)
+        return false;
+    *out = (b + 63) / 64 * 64;
+    return true;
+}
+
+/* Quantizes item it into dst; false when a value is not finite. */
+static bool quantize_item(char *dst, const struct pack_item *it)
+{
+    float *row = malloc((size_t)it->K * sizeof(float));
+    if (!row) return false;
+    const size_t src_row = moe_dtype_row_bytes(it->dt, (size_t)it->K),
+                 dst_row = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)it->K);
+    bool ok = true;
+    for (int n = 0; n < it->N && ok; n++) {
+        moe_convert_row_f32(row, (const char *)it->src + (size_t)n * src_row, it->dt, (size_t)it->K);
+        ok = moe_quantize_row_q8_0(dst + (size_t)n * dst_row, row, (size_t)it->K);
+    }
+    free(row);
+    return ok;
+}
+
+/* Repacks m's matrices of this kind into a new arena owned by c and points
+ * m's views at it (nothing to do when it has none); on failure m is
+ * unchanged.  Each source's pages go back as soon as it is packed, except,
+ * when quantizing, those of in-memory tensors: quantization can fail (a
+ * value that is not finite) and such a source would not come back, so they
+ * go once every matrix is done (a file's pages are read again if needed). */
+static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum pack_kind kind)
+{
+    const size_t n = pack_items(kind, m, NULL);
+    if (n == 0) return MOE_OK;
+    enum moe_status s = MOE_OK;
+    char *arena = NULL;
+    struct pack_item *items = calloc(n, sizeof *items);
+    struct cpu_arena *arenas = realloc(c->arenas, ((size_t)c->n_arenas + 1) * sizeof *arenas);
+    if (arenas) c->arenas = arenas;
+    if (!items || !arenas) {
+        s = moe_fail(MOE_ERR_NOMEM, "cpu backend: panel list of %zu matrices", n);
+        goto fail;
+    }
+    pack_items(kind, m, items);
+    const size_t huge = (size_t)2 << 20;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t bytes;
+        if (!packed_bytes(kind, &items[i], &bytes) || total > SIZE_MAX - bytes - huge) {
+            s = moe_fail(MOE_ERR_NOMEM, "cpu backend: repacked weight sizes overflow");
+            goto fail;
+        }
+        items[i].off = total;
+        total += bytes; /* a multiple of 64 */
+    }
+    /* whole 2 MiB pages, so the kernel may back the arena with huge pages
+     * (fewer TLB misses while decode streams it) */
+    const size_t cap = (total + huge - 1) / huge * huge;
+    if (!(arena = aligned_alloc(huge, cap))) {
+        s = moe_fail(MOE_ERR_NOMEM, kind == PACK_PANELS
+                     ? "cpu backend: cannot allocate %zu bytes for the weight panels "
+                       "(MOERUN_CPU_PANELS=0 keeps the natural layout)"
+                     : "cpu backend: cannot allocate %zu bytes for the quantized weights", cap);
+        goto fail;
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(arena, cap, MADV_HUGEPAGE);
+#endif
+    /* one matrix per item across the team */
+    int64_t bad = -1; /* the first item that could not be quantized */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < n; i++) {
+        const struct pack_item *it = &items[i];
+        if (kind == PACK_PANELS) {
+            moe_gemm_pack_panels(arena + it->off, it->src, it->N, it->K);
+            if (!it->keep_source) moe_safetensors_release(&m->st, it->src, (size_t)it->N * (size_t)it->K * 2, false);
+        } else if (!quantize_item(arena + it->off, it)) {
+#pragma omp critical(moe_cpu_quant_bad)
+            if (bad < 0 || (int64_t)i < bad) bad = (int64_t)i;
+        } else if (!it->keep_source) {
+            moe_safetensors_release(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N, true);
+        }
+    }
+    if (bad >= 0) {
+        const struct pack_item *it = &items[bad];
+        s = it->layer < 0 ? moe_fail(MOE_ERR_FORMAT, "--quantize q8_0: the LM head holds a value that "
+                                     "is not finite (or cannot be allocated)")
+                          : moe_fail(MOE_ERR_FORMAT, "--quantize q8_0: a (%d, %d) weight of layer %d holds "
+                                     "a value that is not finite (or cannot be allocated)", it->N,
+                                     it->K, it->layer);
+        goto fail;
+    }
+    const enum moe_dtype to = kind == PACK_PANELS ? MOE_DTYPE_BF16_PANEL : MOE_DTYPE_Q8_0;
+    for (size_t i = 0; i < n; i++) {
+        const struct pack_item *it = &items[i];
+        if (kind == PACK_Q8_0 && !it->keep_source)
+            moe_safetensors_release(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N,
+                           false);
+        if (it->t) {
+            it->t->data = arena + it->off;
+            it->t->dtype = to;
+        } else {
+            *it->slot = arena + it->off;
+            it->table->dtype = to;
+        }
+    }
+    c->arenas[c->n_arenas++] = (struct cpu_arena){arena, cap};
+    free(items);
+    return MOE_OK;
+fail:
+    free(arena);
+    free(items);
+    return s;
+}
+
+static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_model *m)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    const struct moe_config *cfg = &m->cfg;
+    if (m->weights_deferred)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cpu backend: the model's synthetic weights were "
+                        "deferred to a device backend");
+    const char *packed = some_packed(m);
+    if (packed) { /* prepared before: by this backend (then nothing to do) or another */
+        bool ours = false;
+        for (int i = 0; i < c->n_arenas && !ours; i++)
+            ours = packed >= c->arenas[i].p && packed < c->arenas[i].p + c->arenas[i].size;
+        if (!ours)
+            return moe_fail(MOE_ERR_INVALID_ARG, "cpu backend: the model's weights were "
+                            "repacked or quantized for another backend; load it again for this one");
+    } else {
+        if (be->quant == MOE_QUANT_Q8_0) MOE_TRY(pack_model(c, m, PACK_Q8_0));
+        if (c->panels) MOE_TRY(pack_model(c, m, PACK_PANELS));
+    }
+    size_t need = (size_t)cfg->d_model;
+    size_t dims[] = {(size_t)cfg->n_heads * cfg->head_dim, (size_t)cfg->d_ff,
+                     (size_t)cfg->d_expert, (size_t)cfg->d_shared, (size_t)cfg->kv_lora_rank,
+                     (size_t)cfg->q_lora_rank, (size_t)cfg->n_heads * cfg->v_head_dim,
+                     moe_attention_scratch_floats(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim)};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i] > need) need = dims[i];
+    size_t att = moe_attention_fast_scratch(cfg->n_heads / cfg->n_kv_heads, cfg->head_dim);
+    if (att > need) need = att;
+    if (cfg->n_experts > c->n_active_cap) {
+        int32_t *a = realloc(c->active, (size_t)cfg->n_experts * sizeof(int32_t));
+        if (!a) return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert list");
+        c->active = a;
+        c->n_active_cap = cfg->n_experts;
+    }
+    if (need <= c->scratch_per_thread) return MOE_OK;
+    size_t total;
+    if (!moe_mul_size(need, (size_t)c->threads, &total) || !moe_mul_size(total, sizeof(float), &total))
+        return moe_fail(MOE_ERR_NOMEM, "cpu backend: scratch size overflows");
+    float *s = realloc(c->scratch, total);
+    if (!s) return moe_fail(MOE_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes of scratch", total);
+    c->scratch = s;
+    c->scratch_per_thread = need;
+    return MOE_OK;
+}
+
+static enum moe_status cpu_embed(struct moe_backend *be, float *x, const int32_t *tokens, int T,
+                                 const struct moe_tensor *emb)
+{
+    const int64_t V = emb->shape[0], D = emb->shape[1];
+    const size_t row = moe_dtype_row_bytes(emb->dtype, (size_t)D);
+    for (int t = 0; t < T; t++) {
+        if (tokens[t] < 0 || tokens[t] >= V)
+            return moe_fail(MOE_ERR_INVALID_ARG, "token id %d at row %d is outside the vocabulary "
+                            "(size %lld)", tokens[t], t, (long long)V);
+        moe_convert_row_f32(x + (size_t)t * D, (const char *)emb->data + (size_t)tokens[t] * row,
+                            emb->dtype, (size_t)D);
+    }
+    return MOE_OK;
+}
+
+static enum moe_status cpu_rmsnorm(struct moe_backend *be, float *y, const float *x,
+                                   const struct moe_tensor *w, int rows, int dim, float eps)
+{
+    moe_attention_rmsnorm_cpu(y, x, w, rows, dim, eps);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_matmul(struct moe_backend *be, float *y, const float *x,
+                                  const struct moe_tensor *w, const struct moe_tensor *b, int T)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    const int N = (int)w->shape[0], Din = (int)w->shape[1];
+    MOE_ASSERT((size_t)Din <= c->scratch_per_thread);
+    moe_gemm_cpu(y, N, x, Din, w->data, w->dtype, N, Din, T, b, c->scratch);
+    return MOE_OK;
+}
+
+static enum moe_status fast_matmul(struct moe_backend *be, float *y, const float *x,
+                                   const struct moe_tensor *w, const struct moe_tensor *b, int T)
+{
+    const int N = (int)w->shape[0], Din = (int)w->shape[1];
+    moe_gemm_fast(ctx_of(be)->isa, y, N, x, Din, w->data, w->dtype, N, Din, T, b);
+    return MOE_OK;
+}
+
+static enum moe_status fast_matmul_multi(struct moe_backend *be, int n, float *const *y,
+                                         const float *x, const struct moe_tensor *const *w,
+                                         const struct moe_tensor *const *b, int T)
+{
+    const void *wd[4];
+    enum moe_dtype wt[4];
+    int N[4];
+    const int Din = (int)w[0]->shape[1];
+    MOE_ASSERT(n >= 1 && n <= 4);
+    for (int i = 0; i < n; i++) {
+        MOE_ASSERT(w[i]->shape[1] == Din);
+        wd[i] = w[i]->data;
+        wt[i] = w[i]->dtype;
+        N[i] = (int)w[i]->shape[0];
+    }
+    moe_gemm_fast_multi(ctx_of(be)->isa, n, y, x, Din, wd, wt, N, T, b);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_head_matmul(struct moe_backend *be, float *y, int ldy, const float *x,
+                                       int ldx, const struct moe_tensor *w, int T)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    const int H = (int)w->shape[0], N = (int)w->shape[1], K = (int)w->shape[2];
+    const size_t mat = (size_t)N * moe_dtype_row_bytes(w->dtype, (size_t)K);
+    MOE_ASSERT((size_t)K <= c->scratch_per_thread);
+    for (int h = 0; h < H; h++)
+        moe_gemm_cpu(y + (size_t)h * ldy, H * ldy, x + (size_t)h * ldx, H * ldx,
+                     (const char *)w->data + h * mat, w->dtype, N, K, T, NULL, c->scratch);
+    return MOE_OK;
+}
+
+static enum moe_status fast_head_matmul(struct moe_backend *be, float *y, int ldy, const float *x,
+                                        int ldx, const struct moe_tensor *w, int T)
+{
+    const int H = (int)w->shape[0], N = (int)w->shape[1], K = (int)w->shape[2];
+    const size_t mat = (size_t)N * moe_dtype_row_bytes(w->dtype, (size_t)K);
+    for (int h = 0; h < H; h++)
+        moe_gemm_fast(ctx_of(be)->isa, y + (size_t)h * ldy, H * ldy, x + (size_t)h * ldx, H * ldx,
+                      (const char *)w->data + h * mat, w->dtype, N, K, T, NULL);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_gather_cols(struct moe_backend *be, float *dst, int ld_dst, const float *src,
+                                       int ld_src, int rows, const int32_t *idx, int n)
+{
+    for (int r = 0; r < rows; r++) {
+        float *d = dst + (size_t)r * ld_dst;
+        const float *s = src + (size_t)r * ld_src;
+        if (!idx) memcpy(d, s, (size_t)n * sizeof(float));
+        else
+            for (int j = 0; j < n; j++) d[j] = s[idx[j]];
+    }
+    return MOE_OK;
+}
+
+static enum moe_status cpu_add(struct moe_backend *be, float *y, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    return MOE_OK;
+}
+
+static enum moe_status cpu_scale(struct moe_backend *be, float *x, size_t n, float s)
+{
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+    return MOE_OK;
+}
+
+static enum moe_status cpu_clamp(struct moe_backend *be, float *x, size_t n, float limit)
+{
+    for (size_t i = 0; i < n; i++) x[i] = x[i] < -limit ? -limit : (x[i] > limit ? limit : x[i]);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_swiglu(struct moe_backend *be, float *g, const float *u, size_t n)
+{
+    moe_experts_swiglu_cpu(g, u, n);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_rope(struct moe_backend *be, float *x, const int32_t *pos, int T, int H,
+                                int Dh, int rot, const float *inv_freq)
+{
+    moe_attention_rope_cpu(x, pos, T, H, Dh, rot, inv_freq);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_kv_store(struct moe_backend *be, struct moe_kvcache *kv, int layer,
+                                    const float *k, const float *v, const int32_t *slots, int T)
+{
+    moe_attention_kv_store_cpu(kv, layer, k, v, slots, T);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_attention(struct moe_backend *be, float *out, const float *q,
+                                     const struct moe_kvcache *kv, const struct moe_batch *b,
+                                     const struct moe_attn_params *p)
+{
+    moe_attention_paged_cpu(out, q, kv, b, p, ctx_of(be)->scratch);
+    return MOE_OK;
+}
+
+static enum moe_status fast_attention(struct moe_backend *be, float *out, const float *q,
+                                      const struct moe_kvcache *kv, const struct moe_batch *b,
+                                      const struct moe_attn_params *p)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    moe_attention_paged_fast(out, q, kv, b, p, c->scratch, c->scratch_per_thread);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_route(struct moe_backend *be, int32_t *ids, float *w,
+                                 const float *logits, int T, const struct moe_route *r)
+{
+    if (r->sigmoid) moe_router_topk_sigmoid_cpu(ids, w, logits, T, r);
+    else moe_router_topk_softmax_cpu(ids, w, logits, T, r);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_dispatch(struct moe_backend *be, struct moe_dispatch *plan,
+                                    const int32_t *ids, int T, int K, int E)
+{
+    moe_router_dispatch_cpu(plan, ids, T, K, E);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_experts(struct moe_backend *be, float *out, const float *x,
+                                   const struct moe_dispatch *plan, const float *w,
+                                   const struct moe_expert_weights *ex,
+                                   const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                   int E)
+{
+    moe_experts_ffn_cpu(out, x, plan, w, ex, ws, T, K, D, F, E, ctx_of(be)->scratch);
+    return MOE_OK;
+}
+
+static enum moe_status fast_experts(struct moe_backend *be, float *out, const float *x,
+                                    const struct moe_dispatch *plan, const float *w,
+                                    const struct moe_expert_weights *ex,
+                                    const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                    int E)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    MOE_ASSERT(E <= c->n_active_cap);
+    moe_experts_ffn_fast(c->isa, out, x, plan, w, ex, ws, T, K, D, F, E, c->active);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_sigmoid_scale(struct moe_backend *be, float *y, const float *g, int T,
+                                         int D)
+{
+    for (int t = 0; t < T; t++) {
+        float s = 1.0f / (1.0f + expf(-g[t]));
+        for (int d = 0; d < D; d++) y[(size_t)t * D + d] *= s;
+    }
+    return MOE_OK;
+}
+
+static enum moe_status cpu_gather_rows(struct moe_backend *be, float *dst, const float *src,
+                                       const int32_t *rows, int n, int D)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * D, src + (size_t)rows[i] * D, (size_t)D * sizeof(float));
+    return MOE_OK;
+}
+
+static enum moe_status cpu_argmax(struct moe_backend *be, int32_t *ids, const float *x, int rows,
+                                  int n)
+{
+    (void)be;
+    for (int r = 0; r < rows; r++) ids[r] = moe_argmax(x + (size_t)r * n, n);
+    return MOE_OK;
+}
+
+static void cpu_destroy(struct moe_backend *be)
+{
+    struct cpu_ctx *c = ctx_of(be);
+    if (c) {
+        free(c->scratch);
+        free(c->active);
+        for (int i = 0; i < c->n_arenas; i++) free(c->arenas[i].p);
+        free(c->arenas);
+    }
+    free(c);
+    be->ctx = NULL;
+}
+
+/* The entries both tables share: everything but the name and the heavy
+ * ops (matmul, attention, experts, the optional matmul_multi). */
+#define CPU_SHARED_OPS                   \
+    .destroy = cpu_destroy,              \
+    .alloc = cpu_alloc,                  \
+    .dealloc = cpu_dealloc,              \
+    .to_device = cpu_copy,               \
+    .to_host = cpu_copy,                 \
+    .prepare_model = cpu_prepare_model,  \
+    .sync = cpu_sync,                    \
+    .embed = cpu_embed,                  \
+    .rmsnorm = cpu_rmsnorm,              \
+    .add = cpu_add,                      \
+    .scale = cpu_scale,                  \
+    .clamp = cpu_clamp,                  \
+    .swiglu = cpu_swiglu,                \
+    .rope = cpu_rope,                    \
+    .kv_store = cpu_kv_store,            \
+    .route = cpu_route,                  \
+    .dispatch = cpu_dispatch,            \
+    .sigmoid_scale = cpu_sigmoid_scale,  \
+    .gather_rows = cpu_gather_rows,      \
+    .gather_cols = cpu_gather_cols,      \
+    .argmax = cpu_argmax,                \
+    .host_alloc = cpu_alloc,             \
+    .host_free = cpu_dealloc,            \
+    .to_host_async = cpu_copy
+
+static const struct moe_backend_ops cpu_ops = {
+    .name = "cpu-ref",
+    CPU_SHARED_OPS,
+    .matmul = cpu_matmul,
+    .head_matmul = cpu_head_matmul,
+    .attention = cpu_attention,
+    .experts = cpu_experts,
+};
+
+/* The reference table with the three heavy ops replaced by their fast
+ * twins: the selection table of the fast path. */
+static const struct moe_backend_ops cpu_fast_ops = {
+    .name = "cpu",
+    CPU_SHARED_OPS,
+    .matmul = fast_matmul,
+    .matmul_multi = fast_matmul_multi,
+    .head_matmul = fast_head_matmul,
+    .attention = fast_attention,
+    .experts = fast_experts,
+};
+
+static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_cpu_isa isa)
+{
+    memset(be, 0, sizeof *be);
+    struct cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) return moe_fail(MOE_ERR_NOMEM, "cpu backend");
+    if (n_threads > 0) omp_set_num_threads(n_threads);
+    c->threads = omp_get_max_threads();
+    c->isa = isa;
+    const char *pan = getenv("MOERUN_CPU_PANELS");
+    c->panels = isa >= MOE_CPU_ISA_AVX2 && !(pan && !strcmp(pan, "0"));
+    be->ops = isa == MOE_CPU_ISA_REF ? &cpu_ops : &cpu_fast_ops;
+    be->ctx = c;
+    be->n_threads = c->threads;
+    return MOE_OK;
+}
+
+enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads)
+{
+    return cpu_init(be, n_threads, MOE_CPU_ISA_REF);
+}
+
+enum moe_status moe_backend_cpu_fast_init(struct moe_backend *be, int n_threads)
+{
+    return cpu_init(be, n_threads, moe_cpu_isa_detect());
+}
+
+int moe_backend_cpu_isa(const struct moe_backend *be)
+{
+    return be->ops == &cpu_fast_ops ? ((const struct cpu_ctx *)be->ctx)->isa : MOE_CPU_ISA_REF;
+}

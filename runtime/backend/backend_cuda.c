@@ -1,0 +1,765 @@
+/* backend_cuda.c - the CUDA backend: device memory, one stream, cuBLAS for
+ * the dense projections and the grouped expert GEMMs, and the kernels of
+ * runtime/cuda/ops_cuda.cu, attention/attention_cuda.cu,
+ * attention/attention_prefill_cuda.cu, router/router_cuda.cu and
+ * experts/experts_cuda.cu.  The design is described in docs/cuda.md.
+ *
+ * Everything runs in order on one non-blocking stream.  The host waits for
+ * the device only in to_host and sync, in expert_load, and once per MoE
+ * layer on the grouped (prefill) expert path, which needs the per-expert
+ * row counts to size the cuBLAS grouped GEMM.  Decode-sized steps take the
+ * small expert path and never wait inside the step (to_host_async, which
+ * forward.c uses for statistics, does not wait).
+ *
+ * Memory: weights are uploaded once by prepare_model (see backend.h);
+ * activations are allocated by moe_forward_init through alloc; the
+ * backend's own workspaces (half-precision GEMM inputs, attention split
+ * partials, CUB sort space, grouped GEMM pointer arrays, expert load
+ * counters) by reserve.  No op allocates. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/model/synth.h"
+
+#include "runtime/backend/backend_cuda_impl.h"
+
+const char *const moe_cuda_part_names[P_COUNT] = {"embed", "lm_head", "attention", "norms",
+                                                "dense_ffn", "router", "experts", "shared"};
+
+/* ---- memory ---- */
+
+static enum moe_status cuda_alloc(struct moe_backend *be, size_t bytes, void **out)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    *out = NULL;
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        size_t fr = 0, tot = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&fr, &tot);
+        return moe_fail(MOE_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes (%s; %zu free)",
+                        bytes, cudaGetErrorString(e), fr);
+    }
+    MOE_CUDA_TRY(cudaMemsetAsync(*out, 0, bytes ? bytes : 1, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    return MOE_OK;
+}
+
+static void drop_graphs(struct cuda_ctx *c)
+{
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+    c->next_evict = 0;
+}
+
+static void cuda_dealloc(struct moe_backend *be, void *p)
+{
+    if (!p) return;
+    /* recorded steps hold buffer addresses: freeing any buffer (a workspace
+     * or cache going away, never inside a step) retires them all */
+    drop_graphs(ctx_of(be));
+    cudaFree(p);
+}
+
+static enum moe_status cuda_to_device(struct moe_backend *be, void *dst, const void *src,
+                                      size_t bytes)
+{
+    /* From pageable memory the call returns once src has been staged, so
+     * the caller may reuse src at once. */
+    if (bytes) MOE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx_of(be)->stream));
+    return MOE_OK;
+}
+
+static enum moe_status cuda_to_host(struct moe_backend *be, void *dst, const void *src,
+                                    size_t bytes)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!bytes) return MOE_OK;
+    MOE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    return MOE_OK;
+}
+
+/* Host buffers for to_host_async: pinned, so the copy is a true async
+ * DMA and a capturable graph node (pageable memory would break capture). */
+static enum moe_status cuda_host_alloc(struct moe_backend *be, size_t bytes, void **out)
+{
+    *out = NULL;
+    cudaError_t e = cudaMallocHost(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        cudaGetLastError();
+        return moe_fail(MOE_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes of pinned host "
+                        "memory (%s)", bytes, cudaGetErrorString(e));
+    }
+    memset(*out, 0, bytes ? bytes : 1);
+    return MOE_OK;
+}
+
+static void cuda_host_free(struct moe_backend *be, void *p)
+{
+    if (!p) return;
+    /* recorded steps may copy into it (see cuda_dealloc) */
+    drop_graphs(ctx_of(be));
+    cudaFreeHost(p);
+}
+
+static enum moe_status cuda_to_host_async(struct moe_backend *be, void *dst, const void *src,
+                                          size_t bytes)
+{
+    if (bytes) MOE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx_of(be)->stream));
+    return MOE_OK;
+}
+
+static enum moe_status cuda_sync(struct moe_backend *be)
+{
+    MOE_CUDA_TRY(cudaStreamSynchronize(ctx_of(be)->stream));
+    return MOE_OK;
+}
+enum moe_status moe_cuda_keep_owned(struct cuda_ctx *c, void *p)
+{
+    if (c->n_owned == c->cap_owned) {
+        size_t n = c->cap_owned ? 2 * c->cap_owned : 64;
+        void **q = realloc(c->owned, n * sizeof *q);
+        if (!q) return moe_fail(MOE_ERR_NOMEM, "cuda backend: buffer list");
+        c->owned = q;
+        c->cap_owned = n;
+    }
+    c->owned[c->n_owned++] = p;
+    return MOE_OK;
+}
+
+/* ---- reserve: the backend's own workspaces ---- */
+
+static void free_workspaces(struct cuda_ctx *c)
+{
+    drop_graphs(c); /* recorded steps use these buffers */
+    cudaFree(c->xh);
+    cudaFree(c->att_ws);
+    cudaFree(c->sort_temp);
+    cudaFree(c->sort_vals);
+    cudaFree(c->sort_keys);
+    cudaFree(c->d_ptrs);
+    cudaFree(c->d_load);
+    cudaFree(c->wide);
+    cudaFree(c->wide_dense);
+    c->wide_dense = NULL;
+    c->wide_dense_bytes = 0;
+    cudaFree(c->active);
+    c->active = NULL;
+    cudaFree(c->mma_tiles);
+    c->mma_tiles = NULL;
+    c->mma_tile_ints = 0;
+    cudaFreeHost(c->h_counts);
+    cudaFreeHost(c->h_ptrs);
+    cudaFreeHost(c->h_load);
+    free(c->g_m);
+    c->xh = NULL, c->att_ws = NULL, c->sort_temp = NULL, c->sort_vals = c->sort_keys = NULL;
+    c->d_ptrs = NULL, c->d_load = NULL, c->h_counts = NULL, c->h_ptrs = NULL, c->h_load = NULL;
+    c->g_m = c->g_n = c->g_k = c->g_lda = c->g_ldb = c->g_ldc = c->g_size = NULL;
+    c->g_alpha = c->g_beta = NULL;
+    c->g_ta = c->g_tb = NULL;
+    c->max_rows = c->max_din = c->max_k = c->max_e = c->moe_layers = 0;
+    c->sort_bytes = 0;
+    c->att_ws_floats = 0;
+    c->wide = NULL;
+    c->wide_bytes = 0;
+}
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+/* The widest input MLA rounds to half in xh (runtime/engine/forward_mla.c):
+ * q_b_proj's (Rq), o_proj's (Hq x v), and per row of head_matmul Hq x nope
+ * (W_uk) and Hq x Rc (W_uv); 0 without MLA, -1 past INT_MAX. */
+static long long mla_din(const struct moe_config *cfg)
+{
+    if (cfg->kv_lora_rank <= 0) return 0;
+    const long long H = imax(cfg->n_heads, 1);
+    long long d = cfg->q_lora_rank;
+    const long long w[3] = {H * cfg->v_head_dim, H * cfg->qk_nope_dim, H * cfg->kv_lora_rank};
+    for (int i = 0; i < 3; i++) d = w[i] > d ? w[i] : d;
+    return d > INT32_MAX ? -1 : d;
+}
+
+/* Floats of the attention split workspace for cfg's heads: the per-row
+ * kernel's (ATT_SPLIT_ROWS rows x Hq x ATT_MAX_SPLITS partials of Dh + 2
+ * floats), or the MLA kernel's (attention/attention_mla_cuda.cu). */
+static size_t attention_ws_floats(const struct moe_config *cfg)
+{
+    const int Hq = imax(cfg->n_heads, 1), Dh = imax(cfg->head_dim, 1);
+    if (cfg->kv_lora_rank > 0) return moe_attention_mla_split_floats(Dh);
+    return moe_attention_split_floats(ATT_SPLIT_ROWS, Hq, Dh, ATT_MAX_SPLITS);
+}
+
+static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_config *cfg,
+                                    int max_rows)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const int Q = cfg->n_heads * cfg->head_dim;
+    int din = imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
+    const long long mla = mla_din(cfg);
+    if (mla < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: MLA inputs past %d values", INT32_MAX);
+    din = imax(din, (int)mla);
+    int K = imax(cfg->top_k, 1), E = imax(cfg->n_experts, 1), L = imax(moe_config_moe_layers(cfg), 1);
+    const size_t att_floats = attention_ws_floats(cfg);
+    /* MXFP4 / FP8 / Q8_0 experts: the grouped path widens a layer's to bf16 here
+     * (those prepare_model kept as planes; before any, as cfg says), or
+     * an offloaded layer's device slots */
+    const bool q8 = be->quant == MOE_QUANT_Q8_0;
+    const bool planes = !c->experts_mma && (c->n_up ? c->mxfp4_experts || c->fp8_experts || c->q8_experts
+                                                    : cfg->experts_mxfp4 || cfg->weights_fp8 || q8);
+    const int Ew = be->gpu_experts > 0 && be->gpu_experts < cfg->n_experts ? be->gpu_experts : cfg->n_experts;
+    size_t wide = planes ? moe_cuda_widened_layer_bytes(Ew, cfg->d_model, cfg->d_expert) : 0;
+    if (planes && cfg->n_experts > 0 && !wide)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d experts of %d x %d overflow",
+                        cfg->n_experts, cfg->d_model, cfg->d_expert);
+    /* FP8 or Q8_0 projections kept as planes: widened for steps of many
+     * rows, at most WIDE_DENSE_MAX values at a time (before prepare_model:
+     * as cfg says, bounded by the widest input squared) */
+    const size_t dmax = (size_t)imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
+    size_t dense = c->n_up ? c->planes_dense_max : cfg->weights_fp8 || q8 ? dmax * dmax : 0;
+    if (dense > WIDE_DENSE_MAX) dense = WIDE_DENSE_MAX;
+    if (!moe_mul_size(dense, 2, &dense)) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: FP8 matrix size");
+    if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
+        L <= c->moe_layers && att_floats <= c->att_ws_floats && wide <= c->wide_bytes &&
+        dense <= c->wide_dense_bytes)
+        return moe_cuda_offload_reserve(c, be->gpu_experts_cpu_rows, c->max_rows * c->max_k);
+    if (c->wide_bytes > wide) wide = c->wide_bytes;
+    if (c->wide_dense_bytes > dense) dense = c->wide_dense_bytes;
+    max_rows = imax(max_rows, c->max_rows);
+    din = imax(din, c->max_din);
+    K = imax(K, c->max_k);
+    E = imax(E, c->max_e);
+    L = imax(L, c->moe_layers);
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    free_workspaces(c);
+    size_t xh = (size_t)max_rows * din * 2, att;
+    if (!moe_mul_size(att_floats, sizeof(float), &att))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: attention workspace size overflows");
+    size_t n = (size_t)max_rows * K;
+    if (n > INT32_MAX) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %zu routed rows", n);
+    MOE_TRY(moe_router_dispatch_temp_bytes((int)n, E, &c->sort_bytes));
+    MOE_CUDA_TRY(cudaMalloc(&c->xh, xh ? xh : 1));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->att_ws, att));
+    MOE_CUDA_TRY(cudaMalloc(&c->sort_temp, c->sort_bytes ? c->sort_bytes : 1));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->sort_vals, n * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->sort_keys, n * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->d_ptrs, 6 * (size_t)E * sizeof(void *)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->active, ((size_t)E + 1) * sizeof(int32_t)));
+    c->mma_tile_ints = moe_expert_mma_tile_ints((int)n, E);
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->mma_tiles, c->mma_tile_ints * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&c->d_load, (size_t)L * E * sizeof(uint64_t)));
+    MOE_CUDA_TRY(cudaMemsetAsync(c->d_load, 0, (size_t)L * E * sizeof(uint64_t), c->stream));
+    if (wide) MOE_CUDA_TRY(cudaMalloc(&c->wide, wide));
+    c->wide_bytes = wide;
+    if (dense) MOE_CUDA_TRY(cudaMalloc(&c->wide_dense, dense));
+    c->wide_dense_bytes = dense;
+    MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_counts, (size_t)E * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_ptrs, 6 * (size_t)E * sizeof(void *)));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_load, (size_t)L * E * sizeof(uint64_t)));
+    /* one host block for the grouped GEMM parameter arrays */
+    size_t per = 7 * sizeof(int) + 2 * sizeof(float) + 2 * sizeof(cublasOperation_t);
+    char *blk = malloc(per * (size_t)E);
+    if (!blk) return moe_fail(MOE_ERR_NOMEM, "cuda reserve: grouped GEMM arrays");
+    c->g_m = (int *)blk;
+    c->g_n = c->g_m + E;
+    c->g_k = c->g_n + E;
+    c->g_lda = c->g_k + E;
+    c->g_ldb = c->g_lda + E;
+    c->g_ldc = c->g_ldb + E;
+    c->g_size = c->g_ldc + E;
+    c->g_alpha = (float *)(c->g_size + E);
+    c->g_beta = c->g_alpha + E;
+    c->g_ta = (cublasOperation_t *)(c->g_beta + E);
+    c->g_tb = c->g_ta + E;
+    c->att_ws_floats = att_floats;
+    c->max_rows = max_rows;
+    c->max_din = din;
+    c->max_k = K;
+    c->max_e = E;
+    c->moe_layers = L;
+    return moe_cuda_offload_reserve(c, be->gpu_experts_cpu_rows, (int)n);
+}
+
+/* ---- ops ---- */
+
+static enum moe_status cuda_embed(struct moe_backend *be, float *x, const int32_t *tokens, int T,
+                                  const struct moe_tensor *emb)
+{
+    ctx_of(be)->dispatch_ordinal = 0; /* a step starts here */
+    return moe_ops_embed_cuda(ctx_of(be)->stream, x, tokens, T, emb->data, emb->dtype,
+                              emb->shape[0], (int)emb->shape[1]);
+}
+
+static enum moe_status cuda_rmsnorm(struct moe_backend *be, float *y, const float *x,
+                                    const struct moe_tensor *w, int rows, int dim, float eps)
+{
+    return moe_attention_rmsnorm_cuda(ctx_of(be)->stream, y, x, w->data, w->dtype, rows, dim, eps);
+}
+
+
+/* y (T, N) = x (T, Din) . W^T (+ b).  cuBLAS is column-major: the row-major
+ * y is the column-major (N, T) product W^T(as stored, (Din, N) col-major)^T
+ * times x ((Din, T) col-major).
+ *
+ * Precision: cuBLAS needs A and B of one type, so for bf16/f16 weights the
+ * fp32 activations are rounded to the weight's type by a pre-pass (one
+ * extra read+write of T*Din activations, tiny next to the weights), and the
+ * GEMM accumulates in fp32 and writes fp32.  The alternative, upconverting
+ * weights to fp32, would double the bytes streamed at decode.  Rounding the
+ * activations to bf16 costs ~2^-9 relative per input, which the parity
+ * tolerances for bf16 models (1e-2) cover; fp32 weights use a pure fp32
+ * GEMM (no TF32), so fp32 models stay at fp32 accuracy. */
+static enum moe_status cuda_matmul(struct moe_backend *be, float *y, const float *x,
+                                   const struct moe_tensor *w, const struct moe_tensor *b, int T)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const int N = (int)w->shape[0], Din = (int)w->shape[1];
+    const float one = 1.0f, zero = 0.0f;
+    if (T <= 0) return MOE_OK;
+    if (w->dtype == MOE_DTYPE_F32) {
+        MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, Din, &one, w->data,
+                                    CUDA_R_32F, Din, x, CUDA_R_32F, Din, &zero, y, CUDA_R_32F, N,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else if (w->dtype == MOE_DTYPE_BF16 || w->dtype == MOE_DTYPE_F16) {
+        if (T > c->max_rows || Din > c->max_din)
+            return moe_fail(MOE_ERR_INVALID_ARG,
+                            "cuda matmul: %d x %d input exceeds the reserved %d x %d", T, Din,
+                            c->max_rows, c->max_din);
+        MOE_TRY(moe_ops_to_half_cuda(c->stream, c->xh, x, w->dtype, (size_t)T * Din));
+        cudaDataType_t ty = cuda_type(w->dtype);
+        MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, Din, &one, w->data, ty,
+                                    Din, c->xh, ty, Din, &zero, y, CUDA_R_32F, N,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else if (moe_dtype_planes(w->dtype)) {
+        if (T <= SMALL_EXPERT_ROWS) /* read in place, bias included */
+            return moe_ops_matmul_planes_cuda(c->stream, y, x, w->data, w->dtype, N, Din, T,
+                                              b && b->data ? b->data : NULL, b ? b->dtype : MOE_DTYPE_F32);
+        /* many rows: widened to bf16 for the step's GEMMs, as many rows of
+         * W at a time as the reserved buffer holds (outputs n0.. of y) */
+        const int at = (int)(c->wide_dense_bytes / ((size_t)Din * 2) < (size_t)N
+                                 ? c->wide_dense_bytes / ((size_t)Din * 2) : (size_t)N);
+        if (at < 1 || T > c->max_rows || Din > c->max_din)
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda matmul: %s matrix %d x %d, %d rows: past the reserved "
+                            "%zu bytes or %d x %d", moe_dtype_name(w->dtype), N, Din, T, c->wide_dense_bytes,
+                            c->max_rows, c->max_din);
+        MOE_TRY(moe_ops_to_half_cuda(c->stream, c->xh, x, MOE_DTYPE_BF16, (size_t)T * Din));
+        const char *scales = (const char *)w->data + moe_planes_values_bytes(w->dtype, (size_t)N, (size_t)Din);
+        for (int n0 = 0; n0 < N; n0 += at) {
+            const int nc = N - n0 < at ? N - n0 : at;
+            MOE_TRY(moe_planes_widen_cuda(c->stream, c->wide_dense,
+                                          (const char *)w->data + moe_planes_values_bytes(w->dtype, (size_t)n0, (size_t)Din),
+                                          scales + moe_planes_scales_bytes(w->dtype, (size_t)n0, (size_t)Din), w->dtype,
+                                          (size_t)nc, (size_t)Din));
+            MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nc, T, Din, &one, c->wide_dense,
+                                        CUDA_R_16BF, Din, c->xh, CUDA_R_16BF, Din, &zero, y + n0, CUDA_R_32F, N,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
+    } else {
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda matmul: weight dtype %s",
+                        moe_dtype_name(w->dtype));
+    }
+    if (b && b->data) MOE_TRY(moe_ops_bias_cuda(c->stream, y, b->data, b->dtype, T, N));
+    return MOE_OK;
+}
+
+static enum moe_status cuda_add(struct moe_backend *be, float *y, const float *x, size_t n)
+{
+    return moe_ops_add_cuda(ctx_of(be)->stream, y, x, n);
+}
+
+static enum moe_status cuda_scale(struct moe_backend *be, float *x, size_t n, float s)
+{
+    return moe_ops_scale_cuda(ctx_of(be)->stream, x, n, s);
+}
+
+static enum moe_status cuda_clamp(struct moe_backend *be, float *x, size_t n, float limit)
+{
+    return moe_ops_clamp_cuda(ctx_of(be)->stream, x, n, limit);
+}
+
+static enum moe_status cuda_swiglu(struct moe_backend *be, float *g, const float *u, size_t n)
+{
+    return moe_experts_swiglu_cuda(ctx_of(be)->stream, g, u, n);
+}
+
+static enum moe_status cuda_rope(struct moe_backend *be, float *x, const int32_t *pos, int T,
+                                 int H, int Dh, int rot, const float *inv_freq)
+{
+    return moe_attention_rope_cuda(ctx_of(be)->stream, x, pos, T, H, Dh, rot, inv_freq);
+}
+
+static enum moe_status cuda_kv_store(struct moe_backend *be, struct moe_kvcache *kv, int layer,
+                                     const float *k, const float *v, const int32_t *slots, int T)
+{
+    return moe_attention_kv_store_cuda(ctx_of(be)->stream, kv, layer, k, v, slots, T);
+}
+
+static enum moe_status cuda_attention(struct moe_backend *be, float *out, const float *q,
+                                      const struct moe_kvcache *kv, const struct moe_batch *b,
+                                      const struct moe_attn_params *p)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (kv->v == kv->k) { /* MLA: one row per token read as K and V, every step size */
+        struct moe_attn_params pp = *p;
+        if (c->capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
+        const bool split = b->n_tokens <= ATT_SPLIT_ROWS && c->att_ws;
+        return moe_attention_mla_cuda(c->stream, out, q, kv, b, &pp, c->mla_max_dh,
+                                      split ? c->att_ws : NULL, split ? c->att_ws_floats : 0,
+                                      ATT_MAX_SPLITS);
+    }
+    /* the split space was sized for the reserved model's heads */
+    int ws_rows = c->att_ws && moe_attention_split_floats(ATT_SPLIT_ROWS, p->n_heads, p->head_dim,
+                                                          ATT_MAX_SPLITS) <= c->att_ws_floats
+                      ? ATT_SPLIT_ROWS : 0;
+    /* prefill-sized steps: the tiled kernel shares each K/V tile among 32
+     * query rows (unless MOERUN_CUDA_PREFILL_ATTN=rows asked for the per-row
+     * kernel, for comparison) */
+    if (b->n_tokens > ATT_SPLIT_ROWS && !c->prefill_rows) {
+        if (c->prefill_mma && moe_attention_mma_supported(kv, p))
+            return moe_attention_prefill_mma_cuda(c->stream, out, q, kv, b, p);
+        return moe_attention_prefill_cuda(c->stream, out, q, kv, b, p);
+    }
+    struct moe_attn_params pp = *p;
+    if (c->capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
+    return moe_attention_paged_cuda(c->stream, out, q, kv, b, &pp, c->att_ws, ws_rows,
+                                    ATT_MAX_SPLITS);
+}
+
+static enum moe_status cuda_route(struct moe_backend *be, int32_t *ids, float *w,
+                                  const float *logits, int T, const struct moe_route *r)
+{
+    /* groups (DeepSeek-V2's group_limited_greedy, the sigmoid routers') and
+     * routed_scaling_factor inside the kernels */
+    if (r->sigmoid) return moe_router_topk_sigmoid_cuda(ctx_of(be)->stream, ids, w, logits, T, r);
+    return moe_router_topk_softmax_cuda(ctx_of(be)->stream, ids, w, logits, T, r);
+}
+
+static enum moe_status cuda_dispatch(struct moe_backend *be, struct moe_dispatch *plan,
+                                     const int32_t *ids, int T, int K, int E)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if ((size_t)T * K > (size_t)c->max_rows * c->max_k || E > c->max_e)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda dispatch: %d x %d pairs over %d experts exceed "
+                        "the reserved %d x %d over %d", T, K, E, c->max_rows, c->max_k, c->max_e);
+    uint64_t *load = NULL;
+    if (c->d_load && c->dispatch_ordinal < c->moe_layers)
+        load = c->d_load + (size_t)c->dispatch_ordinal * c->max_e;
+    c->dispatch_ordinal++;
+    /* sort_bytes was asked for max_rows * max_k pairs over max_e at reserve */
+    return moe_router_dispatch_cuda(c->stream, plan, ids, T, K, E, c->sort_temp, c->sort_bytes,
+                                    c->max_rows * c->max_k, c->max_e, c->sort_vals, c->sort_keys,
+                                    load);
+}
+
+static enum moe_status cuda_sigmoid_scale(struct moe_backend *be, float *y, const float *g, int T,
+                                          int D)
+{
+    return moe_ops_sigmoid_scale_cuda(ctx_of(be)->stream, y, g, T, D);
+}
+
+static enum moe_status cuda_gather_rows(struct moe_backend *be, float *dst, const float *src,
+                                        const int32_t *rows, int n, int D)
+{
+    return moe_ops_gather_rows_cuda(ctx_of(be)->stream, dst, src, rows, n, D);
+}
+
+/* MLA's column gathers (runtime/engine/forward_mla.c). */
+static enum moe_status cuda_gather_cols(struct moe_backend *be, float *dst, int ld_dst,
+                                        const float *src, int ld_src, int rows, const int32_t *idx,
+                                        int n)
+{
+    return moe_ops_gather_cols_cuda(ctx_of(be)->stream, dst, ld_dst, src, ld_src, rows, idx, n);
+}
+
+/* MLA's per-head products (backend.h): for each head h < H, the row-major
+ * (T, N) block of y at y + h*ldy (rows H*ldy apart) = the (T, K) block of x
+ * at x + h*ldx (rows H*ldx apart) times W[h]^T, W (H, N, K).  One
+ * cublasGemmStridedBatchedEx over the heads; per head, in cuBLAS's
+ * column-major terms, C (N x T, ldc H*ldy) = op_T(W[h] stored as K x N,
+ * lda K) . B (K x T, ldb H*ldx), heads N*K, ldx and ldy apart.  Precision
+ * as cuda_matmul: fp32 weights take a pure fp32 GEMM (no TF32); for half
+ * weights the (T*H, K) inputs are rounded to the weight type and packed
+ * into xh first (ldb H*K, heads K apart); fp32 accumulation and output. */
+static enum moe_status cuda_head_matmul(struct moe_backend *be, float *y, int ldy, const float *x,
+                                        int ldx, const struct moe_tensor *w, int T)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (w->ndim != 3 || w->shape[0] <= 0 || w->shape[1] <= 0 || w->shape[2] <= 0 ||
+        w->shape[0] > INT32_MAX || w->shape[1] > INT32_MAX || w->shape[2] > INT32_MAX)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: weight of %d dims is not (H, N, K)",
+                        w->ndim);
+    const int H = (int)w->shape[0], N = (int)w->shape[1], K = (int)w->shape[2];
+    if (T <= 0) return MOE_OK;
+    const long long ldb = (long long)H * ldx, ldc = (long long)H * ldy, ldh = (long long)H * K;
+    if (ldy < N || ldx < K || ldb > INT32_MAX || ldc > INT32_MAX || ldh > INT32_MAX)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: %d heads of (%d, %d) with row "
+                        "strides %d and %d", H, N, K, ldy, ldx);
+    const float one = 1.0f, zero = 0.0f;
+    const long long stride_w = (long long)N * K;
+    if (w->dtype == MOE_DTYPE_F32) {
+        MOE_CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one,
+                                                  w->data, CUDA_R_32F, K, stride_w, x, CUDA_R_32F,
+                                                  (int)ldb, ldx, &zero, y, CUDA_R_32F, (int)ldc,
+                                                  ldy, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return MOE_OK;
+    }
+    if (w->dtype != MOE_DTYPE_BF16 && w->dtype != MOE_DTYPE_F16)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda head_matmul: weight dtype %s",
+                        moe_dtype_name(w->dtype));
+    /* (T*H, K) half inputs: T*H*K <= max_rows*max_din when T <= max_rows
+     * (reserve counts H*nope and H*Rc in max_din for MLA models) */
+    if (!c->xh || T > c->max_rows || (size_t)T * (size_t)ldh > (size_t)c->max_rows * c->max_din)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: %d x %d x %d inputs exceed the "
+                        "reserved %d x %d", T, H, K, c->max_rows, c->max_din);
+    MOE_TRY(moe_ops_to_half_rows_cuda(c->stream, c->xh, x, ldx, w->dtype, (size_t)T * H, K));
+    const cudaDataType_t ty = cuda_type(w->dtype);
+    MOE_CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one,
+                                              w->data, ty, K, stride_w, c->xh, ty, (int)ldh, K,
+                                              &zero, y, CUDA_R_32F, (int)ldc, ldy, H,
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MOE_OK;
+}
+
+static enum moe_status cuda_synth_fill(struct moe_backend *be, void *dst, enum moe_dtype dt,
+                                       size_t n, uint64_t key, float std)
+{
+    return moe_ops_synth_fill_cuda(ctx_of(be)->stream, dst, dt, n, key, std);
+}
+
+static enum moe_status cuda_argmax(struct moe_backend *be, int32_t *ids, const float *x, int rows,
+                                   int n)
+{
+    return moe_ops_argmax_cuda(ctx_of(be)->stream, ids, x, rows, n);
+}
+
+static enum moe_status cuda_expert_load(struct moe_backend *be, uint64_t *out, int n_moe_layers,
+                                        int E)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c->d_load || n_moe_layers > c->moe_layers || E != c->max_e)
+        return moe_fail(MOE_ERR_INVALID_ARG, "expert_load: %d x %d counters asked, %d x %d kept",
+                        n_moe_layers, E, c->moe_layers, c->max_e);
+    const size_t bytes = (size_t)n_moe_layers * E * sizeof(uint64_t);
+    MOE_CUDA_TRY(cudaMemcpyAsync(c->h_load, c->d_load, bytes, cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    memcpy(out, c->h_load, bytes);
+    return MOE_OK;
+}
+
+/* ---- step graphs ---- */
+
+static enum moe_status cuda_graph_begin(struct moe_backend *be, const void *key, int rows,
+                                        int n_logits, bool *replay)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    *replay = false;
+    c->replaying = 0;
+    /* only steps without host synchronisation can be recorded: the grouped
+     * expert path (more rows) and offloaded experts wait for the counts */
+    if (!c->graphs_on || rows > SMALL_EXPERT_ROWS || c->n_off) return MOE_OK;
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].key == key && c->graphs[i].rows == rows &&
+            c->graphs[i].n_logits == n_logits) {
+            *replay = true;
+            c->replaying = i + 1;
+            return MOE_OK;
+        }
+    MOE_CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed));
+    c->capturing = 1;
+    c->pending = (struct step_graph){key, rows, n_logits, NULL};
+    return MOE_OK;
+}
+
+static enum moe_status cuda_graph_end(struct moe_backend *be, bool ok)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (c->replaying) {
+        int i = c->replaying - 1;
+        c->replaying = 0;
+        if (ok) {
+            MOE_CUDA_TRY(cudaGraphLaunch(c->graphs[i].exec, c->stream));
+            c->replays++;
+        }
+        return MOE_OK;
+    }
+    if (!c->capturing) return MOE_OK;
+    c->capturing = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (!ok || e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        if (!ok) return MOE_OK; /* the caller reports its own error */
+        return moe_fail(MOE_ERR_DEVICE, "cuda graph: recording a step failed: %s",
+                        cudaGetErrorString(e));
+    }
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess)
+        return moe_fail(MOE_ERR_DEVICE, "cuda graph: instantiate: %s", cudaGetErrorString(e));
+    struct step_graph *sg;
+    if (c->n_graphs < MAX_GRAPHS) {
+        sg = &c->graphs[c->n_graphs++];
+    } else { /* full: replace the oldest */
+        sg = &c->graphs[c->next_evict];
+        c->next_evict = (c->next_evict + 1) % MAX_GRAPHS;
+        cudaGraphExecDestroy(sg->exec);
+    }
+    *sg = c->pending;
+    sg->exec = exec;
+    MOE_CUDA_TRY(cudaGraphLaunch(exec, c->stream));
+    return MOE_OK;
+}
+
+static void cuda_destroy(struct moe_backend *be)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c) return;
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    drop_graphs(c);
+    free_workspaces(c);
+    moe_cuda_offload_free(c);
+    for (size_t i = 0; i < c->n_owned; i++) cudaFree(c->owned[i]);
+    free(c->owned);
+    free(c->up);
+    if (c->blas) cublasDestroy(c->blas);
+    cudaFree(c->blas_ws); /* after the handle that used it */
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+    be->ctx = NULL;
+}
+
+static const struct moe_backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .alloc = cuda_alloc,
+    .dealloc = cuda_dealloc,
+    .to_device = cuda_to_device,
+    .to_host = cuda_to_host,
+    .prepare_model = moe_cuda_prepare_model,
+    .sync = cuda_sync,
+    .embed = cuda_embed,
+    .rmsnorm = cuda_rmsnorm,
+    .matmul = cuda_matmul,
+    .add = cuda_add,
+    .scale = cuda_scale,
+    .clamp = cuda_clamp,
+    .swiglu = cuda_swiglu,
+    .rope = cuda_rope,
+    .kv_store = cuda_kv_store,
+    .attention = cuda_attention,
+    .route = cuda_route,
+    .dispatch = cuda_dispatch,
+    .experts = moe_cuda_experts,
+    .sigmoid_scale = cuda_sigmoid_scale,
+    .gather_rows = cuda_gather_rows,
+    .gather_cols = cuda_gather_cols,
+    .head_matmul = cuda_head_matmul,
+    .reserve = cuda_reserve,
+    .synth_fill = cuda_synth_fill,
+    .argmax = cuda_argmax,
+    .expert_load = cuda_expert_load,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .to_host_async = cuda_to_host_async,
+};
+
+static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int device)
+{
+    c->device = device;
+    MOE_CUDA_TRY(cudaSetDevice(device));
+    MOE_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    MOE_CUBLAS_TRY(cublasCreate(&c->blas));
+    MOE_CUBLAS_TRY(cublasSetStream(c->blas, c->stream));
+    /* plain fp32 GEMMs for fp32 weights: no TF32 */
+    MOE_CUBLAS_TRY(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    /* Step graphs are opt-in until measured on a device: the recorded
+     * cuBLAS calls need a workspace of their own. */
+    const char *g = getenv("MOERUN_CUDA_GRAPHS");
+    c->graphs_on = g && !strcmp(g, "1");
+    if (c->graphs_on) {
+        MOE_CUDA_TRY(cudaMalloc(&c->blas_ws, BLAS_WS_BYTES));
+        MOE_CUBLAS_TRY(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES));
+    }
+    /* MOERUN_CUDA_STRICT=1 (tests/gpu/run.sh): a grouped GEMM cuBLAS calls
+     * an invalid value is an error, not a reason to take the other path */
+    const char *strict = getenv("MOERUN_CUDA_STRICT");
+    c->strict = strict && !strcmp(strict, "1");
+    /* Prefill attention: the tiled kernel unless MOERUN_CUDA_PREFILL_ATTN=rows
+     * (the per-row decode kernel, kept to compare them on a device) or mma
+     * (tensor cores, for bf16/f16 caches of head dim 64 or 128; opt-in until
+     * it has run on a device). */
+    const char *pa = getenv("MOERUN_CUDA_PREFILL_ATTN");
+    c->prefill_rows = pa && !strcmp(pa, "rows");
+    c->prefill_mma = pa && !strcmp(pa, "mma");
+    if (pa && *pa && strcmp(pa, "rows") && strcmp(pa, "tiled") && strcmp(pa, "mma"))
+        fprintf(stderr, "moerun: MOERUN_CUDA_PREFILL_ATTN=%s is none of rows, tiled, mma: tiled\n", pa);
+    /* Experts: MOERUN_CUDA_EXPERTS=mma takes the tensor-core kernels for
+     * steps of many rows (opt-in until measured on a device); anything
+     * else the decode kernels and cuBLAS's grouped GEMMs */
+    const char *xp = getenv("MOERUN_CUDA_EXPERTS");
+    c->experts_mma = xp && !strcmp(xp, "mma");
+    if (xp && *xp && strcmp(xp, "mma") && strcmp(xp, "cublas"))
+        fprintf(stderr, "moerun: MOERUN_CUDA_EXPERTS=%s is neither mma nor cublas: cublas\n", xp);
+    /* MLA attention: the largest head dim this device's shared memory allows */
+    c->mla_max_dh = moe_attention_mla_setup_cuda();
+    if (!c->prefill_rows && moe_attention_prefill_setup_cuda() != MOE_OK) {
+        fprintf(stderr, "moerun: tiled prefill attention unavailable (%s): per-row kernel\n",
+                moe_last_error());
+        cudaGetLastError();
+        c->prefill_rows = true;
+    }
+    return MOE_OK;
+}
+
+int64_t moe_cuda_graph_replays(const struct moe_backend *be)
+{
+    return be->ops && !strcmp(be->ops->name, "cuda") ? ((const struct cuda_ctx *)be->ctx)->replays : 0;
+}
+
+int64_t moe_cuda_mma_expert_calls(const struct moe_backend *be)
+{
+    return be->ops && !strcmp(be->ops->name, "cuda") ? ((const struct cuda_ctx *)be->ctx)->mma_calls : 0;
+}
+
+void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!be->ops || strcmp(be->ops->name, "cuda")) return;
+    const struct cuda_ctx *c = be->ctx;
+    st->layers = c->n_off;
+    st->bytes_in = c->off_bytes;
+    st->host_bytes = c->host_expert_bytes;
+    for (int i = 0; i < c->n_off; i++) {
+        st->accesses += c->off[i].cache.accesses;
+        st->hits += c->off[i].cache.hits;
+        st->steps += c->off[i].steps;
+        st->rounds += c->off[i].rounds;
+        st->grouped_steps += c->off[i].grouped_steps;
+        st->cpu_uses += c->off[i].cpu_uses;
+        st->cpu_rows += c->off[i].cpu_rows;
+    }
+}
+
+enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
+{
+    memset(be, 0, sizeof *be);
+    struct cuda_ctx *c = calloc(1, sizeof *c);
+    if (!c) return moe_fail(MOE_ERR_NOMEM, "cuda backend");
+    be->ops = &cuda_ops;
+    be->ctx = c;
+    be->n_threads = 1;
+    enum moe_status s = cuda_init(be, c, device);
+    if (s != MOE_OK) {
+        cuda_destroy(be);
+        memset(be, 0, sizeof *be);
+    }
+    return s;
+}

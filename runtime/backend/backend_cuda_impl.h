@@ -1,0 +1,228 @@
+/* backend_cuda_impl.h - the CUDA backend's private state, shared by
+ * runtime/backend/backend_cuda.c (memory, workspaces, ops, graphs) and
+ * runtime/backend/backend_cuda_upload.c (weights to the device).  Host C with the
+ * CUDA runtime and cuBLAS headers; nothing outside the backend includes it. */
+#pragma once
+
+#include "attention/attention_cuda.h"
+#include "experts/expert_cache.h"
+#include "experts/experts.h"
+#include "experts/experts_cuda.h"
+#include "router/router_cuda.h"
+#include "runtime/backend/backend.h"
+#include "runtime/cuda/cuda_util.h"
+
+#define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention; more: the tiled prefill kernel */
+#define ATT_MAX_SPLITS 32
+#define SMALL_EXPERT_ROWS MOE_SMALL_STEP_ROWS /* T at or below: device-driven expert kernels */
+#define WIDE_DENSE_MAX ((size_t)32 << 20) /* values of a planes matrix widened at a time (64 MiB of bf16) */
+#define MAX_GRAPHS 16        /* recorded step graphs kept */
+#define BLAS_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace when graphs are on */
+
+/* A recorded step: the ops of one forward workspace for a step shape. */
+struct step_graph {
+    const void *key;
+    int rows, n_logits;
+    cudaGraphExec_t exec;
+};
+
+enum part { P_EMBED, P_HEAD, P_ATTN, P_NORM, P_DENSE, P_ROUTER, P_EXPERTS, P_SHARED, P_COUNT };
+extern const char *const moe_cuda_part_names[P_COUNT];
+
+struct upload {
+    const void *host;
+    void *dev;
+    enum moe_dtype dtype; /* on the device (FP8 widened to BF16, or kept as planes) */
+};
+
+/* A MoE layer whose experts live in pinned host memory, C of them in
+ * device slots at a time (moe_backend.gpu_experts; backend_cuda_offload.c).
+ * Host stacks and slots have the device layout of a layer's stacks
+ * (E experts, resp. C), each expert's share ge + gs bytes of the gate+up
+ * stack (values, scales: planes only) and de + ds of the down stack. */
+struct offload_layer {
+    const struct moe_expert_weights *ex; /* the model's table: the op's key */
+    void *host_gu, *host_dn;   /* pinned (E experts) */
+    void *gu, *dn;             /* device (C slots) */
+    size_t ge, gs, de, ds;
+    int32_t *d_map;            /* device (E): slot of each expert of the round, -1 */
+    int32_t *h_map;            /* host (E) */
+    int32_t *order;            /* host (E): the step's experts, resident ones first */
+    int32_t *slot;             /* host (E): a round's slots (moe_expert_cache_fill) */
+    bool *loaded;              /* host (E): ... and which must be copied in */
+    struct moe_expert_cache cache;
+    int64_t steps, rounds, grouped_steps; /* steps with rows; rounds; steps of half rows (cuBLAS or mma) */
+    struct moe_expert_stacks host;   /* the host stacks and biases for the CPU (views) */
+    float *h_bias;                   /* host: the biases host's views show (NULL: none) */
+    int64_t cpu_uses, cpu_rows;      /* expert uses computed on the CPU, their rows */
+};
+
+/* Missed experts computed on the CPU (moe_backend.gpu_experts_cpu_rows =
+ * R > 0): their rows gathered on the device (d_x), copied to the host,
+ * multiplied there by moe_experts_ffn_stacks_cpu, the results copied into
+ * the step's ye.  Buffers sized by reserve for up to `rows` rows a step. */
+struct offload_cpu {
+    int R, rows, threads, width;     /* width: D of the buffers */
+    enum moe_cpu_isa isa;
+    int32_t *h_perm;                 /* pinned (n_perm): the step's permutation */
+    int n_perm;
+    int32_t *h_tok, *d_tok;          /* pinned, device (rows): each CPU row's token */
+    float *d_x, *h_x, *h_y;          /* device, pinned, pinned (rows, width) */
+    cudaEvent_t x_ready;             /* h_x holds the step's CPU rows */
+    uint16_t *h_yh;                  /* pinned (rows, width): results as halves */
+    int32_t *list, *gpu_counts, *off; /* host (E), (E), (E + 1) */
+    int max_e;
+    void *scratch;                   /* host, moe_experts_stacks_scratch_bytes */
+    size_t scratch_bytes;
+};
+
+struct cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    /* weight uploads (owned device buffers), deduplicated by host pointer */
+    struct upload *up;
+    size_t n_up, cap_up;
+    void **owned;            /* further owned device buffers (stacked experts) */
+    size_t n_owned, cap_owned;
+    size_t part_bytes[P_COUNT];
+    /* workspaces sized by reserve */
+    int max_rows, max_din, max_k, max_e, moe_layers;
+    size_t att_ws_floats;    /* floats of att_ws (split partials of the per-row or MLA kernel) */
+    void *xh;                /* (max_rows, max_din) half GEMM inputs */
+    float *att_ws;           /* split attention partials */
+    void *sort_temp;         /* CUB radix sort space */
+    size_t sort_bytes;
+    int32_t *sort_vals, *sort_keys; /* (max_rows * max_k) */
+    /* grouped expert GEMM: host parameter arrays (E each), pinned pointer
+     * arrays (6E: A, B, C of gate_up then of down) and their device copy */
+    int *g_m, *g_n, *g_k, *g_lda, *g_ldb, *g_ldc, *g_size;
+    float *g_alpha, *g_beta;
+    cublasOperation_t *g_ta, *g_tb;
+    int32_t *h_counts;       /* pinned (E) */
+    void **h_ptrs;           /* pinned (6E) */
+    void **d_ptrs;           /* device (6E) */
+    int32_t *active;         /* device (E + 1): the experts with rows (decode path) */
+    /* expert load counters, (moe_layers, E) uint64 */
+    uint64_t *d_load, *h_load;
+    /* bf16 (E, 2F, D) + (E, D, F): a layer's MXFP4 / FP8 / Q8_0 experts widened
+     * for the grouped path (reserved for models with such experts) */
+    void *wide;
+    size_t wide_bytes;
+    /* MOERUN_CUDA_EXPERTS=mma: the tensor-core expert kernels, their tile
+     * list (moe_expert_mma_tile_ints(max_rows * max_k, max_e) int32s) */
+    bool experts_mma;
+    int32_t *mma_tiles;
+    size_t mma_tile_ints;
+    int64_t mma_calls;       /* runs of them (one per expert call, or per offload round) */
+    int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
+    bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
+    bool strict;             /* MOERUN_CUDA_STRICT=1: no fallback on an invalid value */
+    bool prefill_rows;       /* MOERUN_CUDA_PREFILL_ATTN=rows: per-row kernel for prefill too */
+    bool prefill_mma;        /* MOERUN_CUDA_PREFILL_ATTN=mma: tensor cores where they apply */
+    int mla_max_dh;          /* largest head dim the MLA attention kernel may run (shared memory) */
+    /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
+     * once per (workspace, rows, logit rows) and replayed */
+    bool graphs_on;
+    void *blas_ws;
+    struct step_graph graphs[MAX_GRAPHS];
+    int n_graphs, next_evict;
+    struct step_graph pending; /* the step being recorded */
+    int capturing;           /* 1 while recording */
+    int replaying;           /* index + 1 of the graph graph_end launches */
+    int64_t replays;         /* recorded steps replayed so far */
+    bool widened_fp8;       /* prepare_model widened FP8_B128 weights (not experts) to bf16 */
+    bool mxfp4_experts, fp8_experts; /* ... kept such experts as planes */
+    bool fp8_dense;          /* ... and FP8 matmul weights (cuda_matmul reads them in place) */
+    bool q8_experts, q8_dense; /* ... quantized experts or matmul weights to Q8_0 planes */
+    int *q8_bad;             /* device int: the quantize kernel's flag (owned) */
+    size_t planes_dense_max; /* ... the most values of one (N x Din) */
+    /* expert offload: the layers whose experts are not all resident */
+    struct offload_layer *off;
+    int n_off, cap_off;
+    uint64_t off_bytes;      /* bytes of experts copied in so far */
+    struct offload_cpu cpu;
+    size_t host_expert_bytes; /* their pinned host copies */
+    void *wide_dense;        /* bf16: a planes matrix widened for a step of many rows */
+    size_t wide_dense_bytes;
+};
+
+static inline struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
+
+static inline cudaDataType_t cuda_type(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_BF16 ? CUDA_R_16BF : t == MOE_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* Bytes of bf16 a layer's E experts of D x F widen to (3 matrices each),
+ * or 0 on overflow (backend_cuda_experts.c). */
+size_t moe_cuda_widened_layer_bytes(int E, int D, int F);
+/* The experts op (backend.h), backend_cuda_experts.c. */
+MOE_MUST_USE enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float *x,
+                                              const struct moe_dispatch *plan, const float *w,
+                                              const struct moe_expert_weights *ex,
+                                              const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                              int E);
+
+/* The path the experts op takes for a step of T rows over E experts whose
+ * weights stack Ew (E, or an offloaded layer's slots): the cuBLAS grouped
+ * GEMMs (true) or the device-driven kernels. */
+bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,
+                              int E, int Ew);
+/* MOERUN_CUDA_EXPERTS=mma and a step the tensor-core kernels take. */
+bool moe_cuda_experts_mma(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F, int E);
+/* The tensor-core GEMMs and activation of a step of T tokens (x (T, D)
+ * fp32, its T*K rows read through plan->perm, not gathered): the experts e
+ * with rows and wmap[e] >= 0 (device; NULL: every expert, at place e)
+ * multiply their rows by their weights at that place of the stacks gu, dn
+ * of Ew experts; results in ws->ye (half: F16 for F16 weights, else BF16). */
+MOE_MUST_USE enum moe_status moe_cuda_mma_gemms(struct cuda_ctx *c, const int32_t *wmap, const void *gu,
+                                                const void *dn, int Ew, const float *x,
+                                                const struct moe_dispatch *plan,
+                                                const struct moe_expert_weights *ex,
+                                                const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                                int E);
+/* The grouped path could not run (cuBLAS refused): says so once on
+ * stderr; the device-driven kernels take every later step. */
+void moe_cuda_no_grouped(struct cuda_ctx *c);
+/* The grouped GEMMs of a step, its rows gathered in xe (ws->xe, half) and
+ * its counts in c->h_counts: the experts e with rows and place[e] >= 0
+ * (place NULL: every expert with rows, at place e) multiply their rows by
+ * their weights at that place of the stacks gu, dn (dt F16 or BF16), the
+ * results in ws->ye (half).  MOE_ERR_UNSUPPORTED: cuBLAS refused. */
+MOE_MUST_USE enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const int32_t *place,
+                                                    const void *gu, const void *dn, enum moe_dtype dt,
+                                                    const struct moe_dispatch *plan,
+                                                    const struct moe_expert_weights *ex,
+                                                    const struct moe_expert_ws *ws, int n, int D, int F,
+                                                    int E);
+/* The layer of ex when its experts are offloaded, else NULL. */
+struct offload_layer *moe_cuda_offloaded(struct cuda_ctx *c, const struct moe_expert_weights *ex);
+/* Moves a layer's stacks, built in the device buffers gu and dn for E
+ * experts with the shares ge, gs, de, ds of struct offload_layer, to
+ * pinned host memory, and gives the layer C < E device slots (policy LFU
+ * or LRU; warm (E) or NULL: the layer's routed counts in earlier
+ * statistics, whose most loaded experts are copied in at once). */
+MOE_MUST_USE enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_weights *ex,
+                                                    int C, bool lfu, const double *warm, int E, int D,
+                                                    int F, const void *gu, const void *dn, size_t ge,
+                                                    size_t gs, size_t de, size_t ds);
+/* reserve's part for offloaded layers: the buffers of struct offload_cpu
+ * for steps of up to n routed rows, when R > 0 and a layer is offloaded. */
+MOE_MUST_USE enum moe_status moe_cuda_offload_reserve(struct cuda_ctx *c, int R, int n);
+/* The experts op for an offloaded layer (see moe_cuda_experts). */
+MOE_MUST_USE enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_layer *ol,
+                                                      float *out, const float *x,
+                                                      const struct moe_dispatch *plan, const float *w,
+                                                      const struct moe_expert_weights *ex,
+                                                      const struct moe_expert_ws *ws, int T, int K,
+                                                      int D, int F, int E);
+/* Drops the offload state keyed by ex, if any: a layer of a model freed
+ * since, whose table address a new model reuses. */
+void moe_cuda_offload_forget(struct cuda_ctx *c, const struct moe_expert_weights *ex);
+void moe_cuda_offload_free(struct cuda_ctx *c);
+
+/* Records a device buffer the context frees at destroy. */
+MOE_MUST_USE enum moe_status moe_cuda_keep_owned(struct cuda_ctx *c, void *p);
+/* prepare_model: uploads every weight once (see backend.h). */
+MOE_MUST_USE enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model *m);

@@ -1,0 +1,503 @@
+/* backend_cuda_upload.c - the CUDA backend's prepare_model: every weight
+ * uploaded once in its stored dtype (or generated on the device for a
+ * deferred synthetic model; FP8 weights other than experts widened to
+ * bf16), experts stacked per layer into (E, 2F, D) and (E, D, F) buffers
+ * (MXFP4 and FP8 ones as planes, runtime/core/tensor.h), and the model's views
+ * rewritten to device pointers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/backend/backend_cuda_impl.h"
+#include "runtime/model/synth.h"
+
+/* ---- prepare_model: weights to the device ---- */
+
+static enum moe_status dev_buffer(struct moe_backend *be, size_t bytes, void **out)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    MOE_CUDA_TRY(cudaMalloc(out, bytes ? bytes : 1));
+    enum moe_status s = moe_cuda_keep_owned(c, *out);
+    if (s != MOE_OK) {
+        cudaFree(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+/* Index of the checkpoint tensor whose data is p (deferred synthetic
+ * models: the generator key is the tensor's index), or -1. */
+static int tensor_index(const struct moe_model *m, const void *p)
+{
+    for (size_t i = 0; i < m->st.n_tensors; i++)
+        if (m->st.tensors[i].data == p) return (int)i;
+    return -1;
+}
+
+/* Fills a device buffer of n elements from the deferred placeholder ph. */
+static enum moe_status synth_view(struct moe_backend *be, const struct moe_model *m, void *d,
+                                  const void *ph, enum moe_dtype dt, size_t n)
+{
+    int i = tensor_index(m, ph);
+    if (i < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: deferred weight not in the set");
+    bool ones = *(const unsigned char *)ph != 0;
+    return moe_ops_synth_fill_cuda(ctx_of(be)->stream, d, dt, n, moe_synth_key(m->synth_seed, i),
+                                   ones ? -1.0f : m->synth_std);
+}
+
+/* An FP8_B128 view (an fp8 checkpoint's attention, dense or shared FFN
+ * weight) widened to a bf16 device copy: the fp32 value of each weight,
+ * rounded once. */
+static enum moe_status upload_fp8_view(struct moe_backend *be, struct moe_tensor *t, size_t n, void **out)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const size_t K = (size_t)t->shape[t->ndim - 1], src = n / K * moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, K);
+    void *stage;
+    MOE_TRY(dev_buffer(be, n * 2, out));
+    MOE_CUDA_TRY(cudaMalloc(&stage, src));
+    enum moe_status s = MOE_OK;
+    cudaError_t ce = cudaMemcpyAsync(stage, t->data, src, cudaMemcpyHostToDevice, c->stream);
+    if (ce == cudaSuccess) s = moe_ops_fp8_to_bf16_cuda(c->stream, *out, stage, src / MOE_FP8_BYTES);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(c->stream);
+    cudaFree(stage);
+    if (s == MOE_OK && ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+    c->widened_fp8 = true;
+    return s;
+}
+
+/* An FP8_B128 matrix (N, K) as planes (runtime/core/tensor.h), which
+ * cuda_matmul reads in place. */
+static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_tensor *t, size_t *bytes,
+                                          void **out)
+{
+    const size_t K = (size_t)t->shape[t->ndim - 1], N = (size_t)moe_tensor_numel(t) / K;
+    const size_t vb = moe_planes_values_bytes(t->dtype, N, K);
+    *bytes = vb + moe_planes_scales_bytes(t->dtype, N, K);
+    unsigned char *h = malloc(*bytes);
+    if (!h) return moe_fail(MOE_ERR_NOMEM, "cuda upload: %zu bytes of staging", *bytes);
+    moe_planes_from_rows(t->dtype, t->data, N, K, h, h + vb);
+    enum moe_status s = dev_buffer(be, *bytes, out);
+    if (s == MOE_OK) {
+        const cudaError_t ce = cudaMemcpy(*out, h, *bytes, cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+    }
+    free(h);
+    struct cuda_ctx *c = ctx_of(be);
+    c->fp8_dense = true;
+    if (N * K > c->planes_dense_max) c->planes_dense_max = N * K;
+    return s;
+}
+
+/* --quantize q8_0 on this backend: whether a matrix of dtype dt with rows
+ * of K values is quantized (the CPU backend's rule: float weights whose
+ * rows are whole blocks). */
+static bool q8_quantizable(const struct moe_backend *be, enum moe_dtype dt, int64_t K)
+{
+    return be->quant == MOE_QUANT_Q8_0 && K > 0 && K % MOE_Q8_0_BLOCK == 0 &&
+           (dt == MOE_DTYPE_F32 || dt == MOE_DTYPE_F16 || dt == MOE_DTYPE_BF16);
+}
+
+/* n values of dt in the device buffer stage quantized to Q8_0 planes at
+ * dst (moe_ops_quantize_q8_0_cuda), waited for; what names the matrix in
+ * the error when a value is not finite. */
+static enum moe_status q8_from_stage(struct moe_backend *be, void *dst, const void *stage, enum moe_dtype dt,
+                                     size_t n, const char *what)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c->q8_bad) MOE_TRY(dev_buffer(be, sizeof(int), (void **)&c->q8_bad));
+    int bad = 0;
+    MOE_CUDA_TRY(cudaMemsetAsync(c->q8_bad, 0, sizeof(int), c->stream));
+    MOE_TRY(moe_ops_quantize_q8_0_cuda(c->stream, dst, stage, dt, n, c->q8_bad));
+    MOE_CUDA_TRY(cudaMemcpyAsync(&bad, c->q8_bad, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    if (bad)
+        return moe_fail(MOE_ERR_FORMAT, "--quantize q8_0: %s holds a value that is not finite (or one "
+                        "whose block scale is past f16's range)", what);
+    return MOE_OK;
+}
+
+/* A float matrix t (n values, rows of K) quantized to Q8_0 planes on the
+ * device: its rows copied (a deferred synthetic model: made) into a
+ * staging buffer, quantized into *out (*bytes). */
+static enum moe_status upload_q8_view(struct moe_backend *be, const struct moe_model *m, const struct moe_tensor *t,
+                                      size_t n, int layer, size_t *bytes, void **out)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const size_t K = (size_t)t->shape[t->ndim - 1], N = n / K;
+    *bytes = moe_planes_values_bytes(MOE_DTYPE_Q8_0, N, K) + moe_planes_scales_bytes(MOE_DTYPE_Q8_0, N, K);
+    MOE_TRY(dev_buffer(be, *bytes, out));
+    void *stage;
+    MOE_CUDA_TRY(cudaMalloc(&stage, n * moe_dtype_size(t->dtype)));
+    enum moe_status s = MOE_OK;
+    if (m->weights_deferred) {
+        s = synth_view(be, m, stage, t->data, t->dtype, n);
+    } else {
+        const cudaError_t ce = cudaMemcpy(stage, t->data, n * moe_dtype_size(t->dtype), cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+    }
+    char what[96];
+    if (layer < 0) snprintf(what, sizeof what, "the LM head");
+    else snprintf(what, sizeof what, "a (%zu, %zu) weight of layer %d", N, K, layer);
+    if (s == MOE_OK) s = q8_from_stage(be, *out, stage, t->dtype, n, what);
+    cudaFree(stage);
+    c->q8_dense = true;
+    if (N * K > c->planes_dense_max) c->planes_dense_max = N * K;
+    return s;
+}
+
+/* Rewrites view t to a device copy of its data (shared with an earlier view
+ * of the same host data and form, e.g. tied embeddings): in its dtype, an
+ * FP8 one widened to bf16, or kept as planes when `planes` (a matmul
+ * weight), a float one then quantized to Q8_0 under --quantize q8_0
+ * (layer: for messages, -1 the LM head). */
+static enum moe_status upload_as(struct moe_backend *be, const struct moe_model *m, struct moe_tensor *t,
+                                 enum part part, bool planes, int layer)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!t->data || t->device >= 0) return MOE_OK;
+    const bool q8 = planes && t->ndim == 2 && q8_quantizable(be, t->dtype, t->shape[1]);
+    for (size_t i = 0; i < c->n_up; i++)
+        if (c->up[i].host == t->data && (c->up[i].dtype == MOE_DTYPE_Q8_0) == q8) {
+            t->data = c->up[i].dev;
+            t->device = c->device;
+            t->dtype = c->up[i].dtype;
+            return MOE_OK;
+        }
+    int64_t n = moe_tensor_numel(t);
+    if (n < 0 || t->ndim < 1 || (n > 0 && t->shape[t->ndim - 1] <= 0))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: bad tensor shape");
+    const bool fp8 = t->dtype == MOE_DTYPE_FP8_B128;
+    size_t bytes = (size_t)n * (fp8 ? 2 : moe_dtype_size(t->dtype));
+    void *d;
+    if (q8) {
+        MOE_TRY(upload_q8_view(be, m, t, (size_t)n, layer, &bytes, &d));
+        t->dtype = MOE_DTYPE_Q8_0;
+    } else if (fp8 && planes && t->ndim == 2) {
+        MOE_TRY(upload_planes_view(be, t, &bytes, &d));
+    } else if (fp8) {
+        MOE_TRY(upload_fp8_view(be, t, (size_t)n, &d));
+        t->dtype = MOE_DTYPE_BF16;
+    } else {
+        MOE_TRY(dev_buffer(be, bytes, &d));
+        if (m->weights_deferred) MOE_TRY(synth_view(be, m, d, t->data, t->dtype, (size_t)n));
+        else MOE_CUDA_TRY(cudaMemcpy(d, t->data, bytes, cudaMemcpyHostToDevice));
+    }
+    if (c->n_up == c->cap_up) {
+        size_t m = c->cap_up ? 2 * c->cap_up : 256;
+        struct upload *u = realloc(c->up, m * sizeof *u);
+        if (!u) return moe_fail(MOE_ERR_NOMEM, "cuda backend: upload table");
+        c->up = u;
+        c->cap_up = m;
+    }
+    c->up[c->n_up++] = (struct upload){t->data, d, t->dtype};
+    c->part_bytes[part] += bytes;
+    t->data = d;
+    t->device = c->device;
+    return MOE_OK;
+}
+
+static enum moe_status upload_view(struct moe_backend *be, const struct moe_model *m,
+                                   struct moe_tensor *t, enum part part)
+{
+    return upload_as(be, m, t, part, false, -1);
+}
+
+/* A weight only cuda_matmul reads (of layer, -1 the LM head): FP8 ones
+ * kept as planes, float ones quantized under --quantize q8_0. */
+static enum moe_status upload_matmul_view(struct moe_backend *be, const struct moe_model *m,
+                                          struct moe_tensor *t, enum part part, int layer)
+{
+    return upload_as(be, m, t, part, true, layer);
+}
+
+/* MXFP4 experts (gpt-oss) or FP8_B128 ones (fp8 checkpoints) as planes
+ * (runtime/core/tensor.h), read in place by the expert kernels: each matrix's
+ * rows split on the host into its values and scales, copied to their
+ * places in the gate+up stack (2F*E rows of D) and the down stack (D*E
+ * rows of F), the scales of a stack after all its values. */
+static enum moe_status planes_experts(struct moe_backend *be, const struct moe_expert_weights *x, int E, int D,
+                                      int F, void *gu, void *dn)
+{
+    const enum moe_dtype dt = x->dtype;
+    const size_t FD = (size_t)F * D;
+    const size_t vb = moe_planes_values_bytes(dt, (size_t)F, (size_t)D);
+    const size_t sb = moe_planes_scales_bytes(dt, (size_t)F, (size_t)D); /* per matrix (D, F alike) */
+    unsigned char *hv = malloc(vb + sb);
+    if (!hv) return moe_fail(MOE_ERR_NOMEM, "cuda upload: %zu bytes of expert staging", vb + sb);
+    char *gus = (char *)gu + moe_planes_values_bytes(dt, 2 * (size_t)F * E, (size_t)D);
+    char *dns = (char *)dn + moe_planes_values_bytes(dt, (size_t)D * E, (size_t)F);
+    enum moe_status s = MOE_OK;
+    for (int e = 0; e < E && s == MOE_OK; e++) {
+        const void *src[3] = {x->gate[e], x->up[e], x->down[e]};
+        /* matrix index within its stack: gate 2e, up 2e + 1, down e */
+        const size_t at[3] = {2 * (size_t)e, 2 * (size_t)e + 1, (size_t)e};
+        for (int i = 0; i < 3 && s == MOE_OK; i++) {
+            const size_t rows = i < 2 ? (size_t)F : (size_t)D, K = FD / rows;
+            moe_planes_from_rows(dt, src[i], rows, K, hv, hv + vb);
+            char *v = (char *)(i < 2 ? gu : dn) + at[i] * vb, *sc = (i < 2 ? gus : dns) + at[i] * sb;
+            cudaError_t ce = cudaMemcpy(v, hv, vb, cudaMemcpyHostToDevice);
+            if (ce == cudaSuccess) ce = cudaMemcpy(sc, hv + vb, sb, cudaMemcpyHostToDevice);
+            if (ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+        }
+    }
+    free(hv);
+    return s;
+}
+
+static enum moe_status stack_experts(struct moe_backend *be, const struct moe_model *m,
+                                     const struct moe_expert_weights *x, int E, int D, int F, void *gu,
+                                     void *dn, size_t gu_bytes, size_t dn_bytes, size_t mat);
+
+/* A layer's float experts quantized to Q8_0 stacks (--quantize q8_0):
+ * stacked as stored into staging buffers, each stack then quantized as one
+ * (2FE, D) or (DE, F) matrix, which is the planes layout of the stacks
+ * (matrix i's values at i * values(F, D), the scales after all of them);
+ * the table's dtype becomes Q8_0. */
+static enum moe_status q8_experts(struct moe_backend *be, const struct moe_model *m, struct moe_expert_weights *x,
+                                  int E, int D, int F, void *gu, void *dn, int moe_layer)
+{
+    /* n: values of the down stack; mat: bytes of one matrix as stored; gb:
+     * of the gate+up stack */
+    size_t n, mat, gb;
+    if (!moe_mul_size((size_t)F * D, (size_t)E, &n) || !moe_mul_size((size_t)F * D, moe_dtype_size(x->dtype), &mat) ||
+        !moe_mul_size(mat, 2 * (size_t)E, &gb))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %d experts of %d x %d overflow", E, D, F);
+    void *sg, *sd;
+    MOE_CUDA_TRY(cudaMalloc(&sg, gb));
+    cudaError_t ce = cudaMalloc(&sd, gb / 2);
+    if (ce != cudaSuccess) {
+        cudaFree(sg);
+        return moe_fail(MOE_ERR_DEVICE, "cuda upload: a layer's experts: %s", cudaGetErrorString(ce));
+    }
+    enum moe_status s = stack_experts(be, m, x, E, D, F, sg, sd, gb, gb / 2, mat);
+    char what[96];
+    snprintf(what, sizeof what, "an expert of MoE layer %d", moe_layer);
+    if (s == MOE_OK) s = q8_from_stage(be, gu, sg, x->dtype, 2 * n, what);
+    if (s == MOE_OK) s = q8_from_stage(be, dn, sd, x->dtype, n, what);
+    cudaFree(sg);
+    cudaFree(sd);
+    if (s == MOE_OK) {
+        x->dtype = MOE_DTYPE_Q8_0;
+        ctx_of(be)->q8_experts = true;
+    }
+    return s;
+}
+
+/* Stacks a layer's experts into (E, 2F, D) gate+up and (E, D, F) down device
+ * buffers and points the expert table into them (offloaded: see
+ * backend_cuda_offload.c). */
+static enum moe_status upload_experts(struct moe_backend *be, const struct moe_model *m,
+                                      struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    /* MXFP4 and FP8 experts stay as they are, in planes; float ones become
+     * Q8_0 planes under --quantize q8_0 */
+    const bool q8 = q8_quantizable(be, x->dtype, D) && F % MOE_Q8_0_BLOCK == 0;
+    const enum moe_dtype dt = q8 ? MOE_DTYPE_Q8_0 : x->dtype;
+    const bool planes = moe_dtype_planes(dt);
+    /* mat: one matrix's bytes (planes: its values), sb: its scales */
+    size_t mat = (size_t)F * D * moe_dtype_size(dt), sb = 0, gu_bytes;
+    if (planes) {
+        const int blk = moe_dtype_block(dt);
+        if (D % blk || F % blk)
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %s experts of %d x %d", moe_dtype_name(dt), D, F);
+        mat = moe_planes_values_bytes(dt, (size_t)F, (size_t)D);
+        sb = moe_planes_scales_bytes(dt, (size_t)F, (size_t)D);
+    }
+    if (!moe_mul_size(2 * (mat + sb), (size_t)E, &gu_bytes))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %d experts of %d x %d overflow", E, D, F);
+    const size_t dn_bytes = gu_bytes / 2;
+    /* offload (be->gpu_experts below E): the stacks are built here, then
+     * moved to host memory */
+    const bool off = be->gpu_experts > 0 && be->gpu_experts < E;
+    moe_cuda_offload_forget(c, x); /* a freed model's layer at this address */
+    void *gu, *dn;
+    if (off) {
+        MOE_CUDA_TRY(cudaMalloc(&gu, gu_bytes));
+        cudaError_t ce = cudaMalloc(&dn, dn_bytes);
+        if (ce != cudaSuccess) {
+            cudaFree(gu);
+            return moe_fail(MOE_ERR_DEVICE, "cuda upload: a layer's experts: %s", cudaGetErrorString(ce));
+        }
+        enum moe_status s = q8 ? q8_experts(be, m, x, E, D, F, gu, dn, moe_layer)
+                               : stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat);
+        const double *warm = be->gpu_experts_warm ? be->gpu_experts_warm + (size_t)moe_layer * E : NULL;
+        if (s == MOE_OK)
+            s = moe_cuda_offload_layer(c, x, be->gpu_experts, be->gpu_experts_lfu, warm, E, D, F, gu, dn, 2 * mat,
+                                       2 * sb, mat, sb);
+        cudaFree(gu);
+        cudaFree(dn);
+        return s;
+    }
+    MOE_TRY(dev_buffer(be, gu_bytes, &gu));
+    MOE_TRY(dev_buffer(be, dn_bytes, &dn));
+    if (q8) MOE_TRY(q8_experts(be, m, x, E, D, F, gu, dn, moe_layer));
+    else MOE_TRY(stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat));
+    for (int e = 0; e < E; e++) {
+        x->gate[e] = (const char *)gu + 2 * mat * e;
+        x->up[e] = (const char *)gu + 2 * mat * e + mat;
+        x->down[e] = (const char *)dn + mat * e;
+    }
+    c->part_bytes[P_EXPERTS] += gu_bytes + dn_bytes;
+    return MOE_OK;
+}
+
+/* Fills the device stacks gu (gu_bytes) and dn (dn_bytes) with a layer's
+ * E experts (each matrix mat bytes, planes: its values). */
+static enum moe_status stack_experts(struct moe_backend *be, const struct moe_model *m,
+                                     const struct moe_expert_weights *x, int E, int D, int F, void *gu,
+                                     void *dn, size_t gu_bytes, size_t dn_bytes, size_t mat)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const bool planes = x->dtype == MOE_DTYPE_MXFP4 || x->dtype == MOE_DTYPE_FP8_B128;
+    /* one copy when the checkpoint is already stacked, else per matrix */
+    bool stacked = !planes;
+    for (int e = 0; e < E && stacked; e++)
+        stacked = (const char *)x->gate[e] == (const char *)x->gate[0] + 2 * mat * e &&
+                  (const char *)x->up[e] == (const char *)x->gate[e] + mat &&
+                  (const char *)x->down[e] == (const char *)x->down[0] + mat * e;
+    if (planes && m->weights_deferred) {
+        /* random codes from the blocks' keys, every scale the synthetic one */
+        if (x->dtype != MOE_DTYPE_MXFP4)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "cuda upload: deferred %s experts", moe_dtype_name(x->dtype));
+        const size_t gv = 2 * mat * (size_t)E, dv = mat * (size_t)E;
+        MOE_TRY(synth_view(be, m, gu, x->gate[0], MOE_DTYPE_BF16, gv / 2));
+        MOE_TRY(synth_view(be, m, dn, x->down[0], MOE_DTYPE_BF16, dv / 2));
+        const int sc = moe_synth_mxfp4_scale(m->synth_std);
+        MOE_CUDA_TRY(cudaMemsetAsync((char *)gu + gv, sc, gu_bytes - gv, c->stream));
+        MOE_CUDA_TRY(cudaMemsetAsync((char *)dn + dv, sc, dn_bytes - dv, c->stream));
+        c->mxfp4_experts = true;
+    } else if (planes) {
+        MOE_TRY(planes_experts(be, x, E, D, F, gu, dn));
+        if (x->dtype == MOE_DTYPE_MXFP4) c->mxfp4_experts = true;
+        else c->fp8_experts = true;
+    } else if (m->weights_deferred) {
+        /* synth.c makes gate_up_proj (E, 2F, D) and down_proj (E, D, F)
+         * tensors: the device layout, value for value */
+        if (!stacked) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: deferred experts not stacked");
+        MOE_TRY(synth_view(be, m, gu, x->gate[0], x->dtype, 2 * (size_t)F * D * E));
+        MOE_TRY(synth_view(be, m, dn, x->down[0], x->dtype, (size_t)F * D * E));
+    } else if (stacked) {
+        MOE_CUDA_TRY(cudaMemcpy(gu, x->gate[0], 2 * mat * E, cudaMemcpyHostToDevice));
+        MOE_CUDA_TRY(cudaMemcpy(dn, x->down[0], mat * E, cudaMemcpyHostToDevice));
+    } else {
+        for (int e = 0; e < E; e++) {
+            MOE_CUDA_TRY(cudaMemcpy((char *)gu + 2 * mat * e, x->gate[e], mat, cudaMemcpyHostToDevice));
+            MOE_CUDA_TRY(cudaMemcpy((char *)gu + 2 * mat * e + mat, x->up[e], mat, cudaMemcpyHostToDevice));
+            MOE_CUDA_TRY(cudaMemcpy((char *)dn + mat * e, x->down[e], mat, cudaMemcpyHostToDevice));
+        }
+    }
+    return MOE_OK;
+}
+
+/* Whether a weight of m other than the experts is MXFP4 (no loader makes
+ * one; MXFP4 experts are kept as planes). */
+static bool has_mxfp4(const struct moe_model *m)
+{
+    if (m->lm_head.dtype == MOE_DTYPE_MXFP4 || m->embed.dtype == MOE_DTYPE_MXFP4) return true;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct moe_layer_weights *w = &m->layers[l];
+        const struct moe_tensor *ts[] = {&w->wq,     &w->wk,    &w->wv,      &w->wo,
+                                         &w->w_gate, &w->w_up,  &w->w_down,  &w->router,
+                                         &w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
+        for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
+            if (ts[i]->dtype == MOE_DTYPE_MXFP4) return true;
+    }
+    return false;
+}
+
+enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model *m)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const struct moe_config *cfg = &m->cfg;
+    if (m->embed.device >= 0) return MOE_OK; /* already on the device */
+    if (has_mxfp4(m))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "
+                        "supported");
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (m->layers[l].wq.dtype == MOE_DTYPE_Q8_0 || m->layers[l].wq.dtype == MOE_DTYPE_BF16_PANEL ||
+            (m->layers[l].experts.gate && (m->layers[l].experts.dtype == MOE_DTYPE_Q8_0 ||
+                                           m->layers[l].experts.dtype == MOE_DTYPE_BF16_PANEL)))
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda backend: the model's weights were repacked or "
+                            "quantized for a CPU backend; load it again for this one");
+    /* --gpu-experts-warm: statistics of this model's MoE layers and experts */
+    const bool offload = be->gpu_experts > 0 && be->gpu_experts < cfg->n_experts;
+    const int n_moe = moe_config_moe_layers(cfg);
+    if (offload && be->gpu_experts_warm &&
+        (be->gpu_experts_warm_layers != n_moe || be->gpu_experts_warm_e != cfg->n_experts))
+        return moe_fail(MOE_ERR_INVALID_ARG, "--gpu-experts-warm: statistics of %d MoE layers x %d experts, "
+                        "the model has %d x %d", be->gpu_experts_warm_layers, be->gpu_experts_warm_e, n_moe,
+                        cfg->n_experts);
+    int moe_layer = 0;
+    /* deduplicate within this model only: a later model's host data may
+     * reuse an earlier one's (freed) addresses */
+    c->n_up = 0;
+    c->widened_fp8 = c->mxfp4_experts = c->fp8_experts = c->fp8_dense = c->q8_experts = c->q8_dense = false;
+    c->planes_dense_max = 0;
+    memset(c->part_bytes, 0, sizeof c->part_bytes);
+    MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
+    /* the LM head: quantized under --quantize q8_0 (tied: a copy of its
+     * own, the embedding stays as stored) */
+    const bool q8_head = m->lm_head.ndim == 2 && q8_quantizable(be, m->lm_head.dtype, m->lm_head.shape[1]);
+    MOE_TRY(upload_matmul_view(be, m, &m->lm_head, cfg->tie_embeddings && !q8_head ? P_EMBED : P_HEAD, -1));
+    MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
+    for (int l = 0; l < cfg->n_layers; l++) {
+        struct moe_layer_weights *w = &m->layers[l];
+        /* the weights only matmul reads (FP8 ones kept as planes), then the
+         * rest; MLA's (absent elsewhere) among both */
+        struct moe_tensor *mm[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->wq_a, &w->wkv_a, &w->w_gate,
+                                   &w->w_up, &w->w_down, &w->sh_gate, &w->sh_up, &w->sh_down};
+        const enum part mp[] = {P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_DENSE, P_DENSE,
+                                P_DENSE, P_SHARED, P_SHARED, P_SHARED};
+        for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) MOE_TRY(upload_matmul_view(be, m, mm[i], mp[i], l));
+        struct moe_tensor *attn[] = {&w->bq, &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm,
+                                     &w->q_a_norm, &w->kv_a_norm, &w->w_uk, &w->w_uv};
+        for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) MOE_TRY(upload_view(be, m, attn[i], P_ATTN));
+        MOE_TRY(upload_view(be, m, &w->attn_norm, P_NORM));
+        MOE_TRY(upload_view(be, m, &w->ffn_norm, P_NORM));
+        struct moe_tensor *dense[] = {&w->b_gate, &w->b_up, &w->b_down};
+        for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) MOE_TRY(upload_view(be, m, dense[i], P_DENSE));
+        MOE_TRY(upload_view(be, m, &w->router, P_ROUTER));
+        MOE_TRY(upload_view(be, m, &w->router_bias, P_ROUTER));
+        MOE_TRY(upload_view(be, m, &w->router_b, P_ROUTER));
+        MOE_TRY(upload_view(be, m, &w->sinks, P_ATTN));
+        struct moe_tensor *eb[] = {&w->experts.b_gate, &w->experts.b_up, &w->experts.b_down};
+        for (size_t i = 0; i < sizeof eb / sizeof eb[0]; i++) MOE_TRY(upload_view(be, m, eb[i], P_EXPERTS));
+        MOE_TRY(upload_view(be, m, &w->sh_router, P_SHARED));
+        if (cfg->layer_moe[l] && cfg->n_experts > 0)
+            MOE_TRY(upload_experts(be, m, &w->experts, cfg->n_experts, cfg->d_model, cfg->d_expert,
+                                   moe_layer++));
+    }
+    /* the plain cudaMemcpy calls above ran on the legacy stream, which the
+     * backend's non-blocking stream does not wait for */
+    MOE_CUDA_TRY(cudaDeviceSynchronize());
+    size_t fr = 0, tot = 0, all = 0;
+    MOE_CUDA_TRY(cudaMemGetInfo(&fr, &tot));
+    char line[512];
+    int off = 0;
+    for (int p = 0; p < P_COUNT; p++) {
+        all += c->part_bytes[p];
+        if (c->part_bytes[p] && off < (int)sizeof line)
+            off += snprintf(line + off, sizeof line - (size_t)off, " %s %.2f", moe_cuda_part_names[p],
+                            c->part_bytes[p] / 1073741824.0);
+    }
+    fprintf(stderr, "moerun: cuda: weights resident %.2f GiB (%s ) free %.2f of %.2f GiB\n",
+            all / 1073741824.0, line, fr / 1073741824.0, tot / 1073741824.0);
+    if (c->n_off)
+        fprintf(stderr, "moerun: cuda: experts offloaded: %d of %d per MoE layer in device slots, all of "
+                "them in %.2f GiB of pinned host memory, copied in when routed to (%d layers)%s\n",
+                be->gpu_experts, cfg->n_experts, c->host_expert_bytes / 1073741824.0, c->n_off,
+                be->gpu_experts_cpu_rows > 0 ? "; missed experts with few rows computed on the CPU" : "");
+    if (c->mxfp4_experts || c->fp8_experts || c->fp8_dense)
+        fprintf(stderr, "moerun: cuda: %s%s%s%s resident as stored, read in place\n",
+                c->mxfp4_experts ? "MXFP4 experts" : "", c->mxfp4_experts && c->fp8_experts ? ", " : "",
+                c->fp8_experts ? "FP8 experts" : "",
+                c->fp8_dense ? (c->mxfp4_experts || c->fp8_experts ? ", FP8 projections" : "FP8 projections") : "");
+    if (c->q8_experts || c->q8_dense)
+        fprintf(stderr, "moerun: cuda: %s quantized to Q8_0 on the device (--quantize q8_0), read in place\n",
+                c->q8_experts && c->q8_dense ? "experts and projections" : c->q8_experts ? "experts" : "projections");
+    if (c->widened_fp8)
+        fprintf(stderr, "moerun: cuda: other FP8 weights widened to bf16 at upload (each rounded once: "
+                "1.9x their bytes)\n");
+    return MOE_OK;
+}

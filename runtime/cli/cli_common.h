@@ -1,0 +1,157 @@
+/* cli_common.h - pieces shared by the commands: opening a model (a folder
+ * or --synthetic CONFIG.json), parsing id lists and sizes, human units. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "runtime/model/model.h"
+
+struct moe_cli_model_opts {
+    const char *path;       /* model folder, or NULL */
+    const char *synthetic;  /* config.json for in-memory random weights, or NULL */
+    const char *dtype;      /* synthetic weight dtype: f32, f16, bf16 */
+    uint64_t seed;
+    const char *router_skew; /* synthetic router skew spec (runtime/model/synth_skew.h), or NULL */
+    bool device_weights;    /* synthetic weights made by the backend (moe_model_synthetic_deferred) */
+    long top_k;             /* --moe-top-k: experts per token instead of the config's; 0 = as configured */
+};
+
+/* Opens the model the options name; prints nothing. */
+MOE_MUST_USE enum moe_status moe_cli_open_model(struct moe_model *m,
+                                                 const struct moe_cli_model_opts *o);
+/* "f32"/"f16"/"bf16" (any case) -> dtype. */
+bool moe_cli_parse_dtype(const char *s, enum moe_dtype *out);
+/* A --kv-dtype: what moe_cli_parse_dtype takes, or "fp8" (also "f8",
+ * "fp8_e4m3", "e4m3"): MOE_DTYPE_F8E4M3, the per-row scaled fp8 cache of
+ * kvcache.h. */
+bool moe_cli_parse_kv_dtype(const char *s, enum moe_dtype *out);
+#define MOE_CLI_KV_DTYPES "f32, f16, bf16 or fp8" /* for messages */
+/* Comma-separated non-negative ids; *ids is malloc'd. */
+MOE_MUST_USE enum moe_status moe_cli_parse_ids(const char *s, int32_t **ids, int *n);
+/* A decimal integer in [lo, hi], whole string. */
+bool moe_cli_parse_int(const char *s, long lo, long hi, long *out);
+/* 1536 -> "1.50 KiB" */
+const char *moe_cli_bytes(char *buf, size_t n, double bytes);
+/* 1234567 -> "1.23M" */
+const char *moe_cli_count(char *buf, size_t n, double x);
+/* Prints "moerun CMD: message" to stderr and returns 1. */
+int moe_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+double moe_cli_now(void);
+/* Reads all of f (byte for byte); new memory, NUL-terminated, its length in
+ * *len; NULL on a read error or no memory. */
+char *moe_cli_read_all(FILE *f, size_t *len);
+/* This machine's copy bandwidth in bytes/s (read + written, as STREAM's
+ * Copy): a 256 MiB memcpy split over the OpenMP threads, best of 5 after a
+ * warm-up; 0 when the buffers cannot be had. */
+double moe_cli_copy_bandwidth(void);
+/* Bytes per second one pass of reads over 256 MiB reaches with the OpenMP
+ * team (best of 5): the ceiling of a decode step, which only reads. */
+double moe_cli_read_bandwidth(void);
+
+/* --- options shared by the commands that run the engine --- */
+
+#include "runtime/engine/engine.h"
+
+enum {
+    MOE_OPT_KV_BUDGET = 0x100, MOE_OPT_KV_BLOCK, MOE_OPT_KV_DTYPE, MOE_OPT_MAX_BATCH_TOKENS,
+    MOE_OPT_MAX_SEQS, MOE_OPT_NO_PREFIX_CACHE, MOE_OPT_BACKEND, MOE_OPT_THREADS,
+    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_MOE_TOP_K, MOE_OPT_QUANTIZE, MOE_OPT_GPU_EXPERTS,
+    MOE_OPT_GPU_EXPERTS_POLICY, MOE_OPT_GPU_EXPERTS_WARM, MOE_OPT_GPU_EXPERTS_CPU_ROWS, MOE_OPT_LAST
+};
+
+#define MOE_CLI_ENGINE_LONGOPTS                                                          \
+    {"kv-budget", required_argument, 0, MOE_OPT_KV_BUDGET},                              \
+    {"kv-block", required_argument, 0, MOE_OPT_KV_BLOCK},                                \
+    {"kv-dtype", required_argument, 0, MOE_OPT_KV_DTYPE},                                \
+    {"max-batch-tokens", required_argument, 0, MOE_OPT_MAX_BATCH_TOKENS},                \
+    {"max-seqs", required_argument, 0, MOE_OPT_MAX_SEQS},                                \
+    {"no-prefix-cache", no_argument, 0, MOE_OPT_NO_PREFIX_CACHE},                        \
+    {"backend", required_argument, 0, MOE_OPT_BACKEND},                                  \
+    {"threads", required_argument, 0, MOE_OPT_THREADS},                                  \
+    {"synthetic", required_argument, 0, MOE_OPT_SYNTHETIC},                              \
+    {"dtype", required_argument, 0, MOE_OPT_DTYPE},                                      \
+    {"synthetic-seed", required_argument, 0, MOE_OPT_SYNTHETIC_SEED},                    \
+    {"moe-top-k", required_argument, 0, MOE_OPT_MOE_TOP_K},                              \
+    {"quantize", required_argument, 0, MOE_OPT_QUANTIZE},                                \
+    {"gpu-experts", required_argument, 0, MOE_OPT_GPU_EXPERTS},                          \
+    {"gpu-experts-policy", required_argument, 0, MOE_OPT_GPU_EXPERTS_POLICY},            \
+    {"gpu-experts-warm", required_argument, 0, MOE_OPT_GPU_EXPERTS_WARM},                \
+    {"gpu-experts-cpu-rows", required_argument, 0, MOE_OPT_GPU_EXPERTS_CPU_ROWS}
+
+#define MOE_CLI_ENGINE_HELP                                                              \
+    "  --kv-budget SIZE     KV cache size: bytes with a unit (512MiB, 8GiB) or a\n"       \
+    "                       fraction of available memory (0.25)\n"                     \
+    "  --kv-block N         KV block size in tokens (default 16)\n"                       \
+    "  --kv-dtype T         KV element type: f32, f16, bf16, fp8 (default f32 on the CPU)\n"   \
+    "  --max-batch-tokens N tokens per engine step (default 512)\n"                       \
+    "  --max-seqs N         sequences per engine step (default 64)\n"                     \
+    "  --no-prefix-cache    do not reuse cached prompt blocks\n"                          \
+    "  --backend NAME       auto, cpu (fast kernels), cpu-ref (reference), cuda\n"                           \
+    "  --threads N          CPU threads (default: all cores)\n"                           \
+    "  --synthetic CONFIG   random weights for CONFIG.json instead of a model folder\n"   \
+    "  --dtype T            synthetic weight dtype: f32, f16, bf16 (default bf16)\n"      \
+    "  --synthetic-seed S   synthetic weight seed (default 0)\n"                         \
+    "  --moe-top-k K        route each token to K experts instead of the model's top-k\n"   \
+    "  --quantize q8_0      quantize the weights at load (CPU backends; routers and\n"    \
+    "                       the embedding stay as stored)\n"                             \
+    "  --gpu-experts N      CUDA: keep N experts of each MoE layer in GPU memory, the\n" \
+    "                       rest in host memory, copied in when routed to (default\n" \
+    "                       all resident)\n"                                          \
+    "  --gpu-experts-policy P  lru (default) or lfu: which expert leaves a slot\n"     \
+    "  --gpu-experts-warm FILE start each layer's slots with its most loaded experts\n" \
+    "                       in FILE (statistics from --stats-out, or a trace)\n"     \
+    "  --gpu-experts-cpu-rows R  a missed expert with at most R rows in a step runs\n"   \
+    "                       on the CPU from host memory instead of being copied in\n"  \
+    "                       (default 0: every miss copied in)\n"
+
+struct moe_cli_engine {
+    struct moe_cli_model_opts model;
+    const char *backend;
+    long threads;
+    const char *kv_budget;    /* NULL: the command's default */
+    long kv_block;
+    const char *kv_dtype;
+    long max_batch_tokens, max_seqs;
+    bool no_prefix_cache;
+    const char *quantize;     /* --quantize: "q8_0", "none" or NULL */
+    long gpu_experts;         /* --gpu-experts: 0 = all resident */
+    const char *gpu_experts_policy, *gpu_experts_warm; /* NULL: LRU, no warm start */
+    long gpu_experts_cpu_rows; /* --gpu-experts-cpu-rows: 0 = every miss copied in */
+};
+
+/* --gpu-experts-policy, --gpu-experts-warm and --gpu-experts-cpu-rows onto
+ * be (after its init): the policy parsed, the statistics file loaded and
+ * its load copied into be (NULL: nothing to do), the rows set.  Errors name
+ * the option and the file. */
+MOE_MUST_USE enum moe_status moe_cli_offload_setup(struct moe_backend *be, const char *policy,
+                                                   const char *warm, long cpu_rows);
+
+void moe_cli_engine_defaults(struct moe_cli_engine *o);
+/* Handles one of the shared options: 1 taken, 0 not one of them, -1 bad
+ * value (message printed as "moerun CMD: ..."). */
+int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, const char *arg);
+/* Parses "8GiB", "512MiB", "1.5G", "123456" (bytes) or "0.25" (fraction of
+ * available memory). */
+MOE_MUST_USE enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes);
+/* Builds the engine for a loaded model: the KV pool comes from --kv-budget,
+ * or, without it, holds default_tokens tokens. */
+MOE_MUST_USE enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o,
+                                                   const struct moe_model *m,
+                                                   struct moe_backend *be, long default_tokens,
+                                                   struct moe_engine *e);
+/* "q8_0" (any case) or "none" -> the quantization; false otherwise. */
+bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out);
+/* moe_backend_init for the options' --backend and --threads, with their
+ * --quantize. */
+MOE_MUST_USE enum moe_status moe_cli_backend_start(struct moe_backend *be,
+                                                    const struct moe_cli_engine *o);
+/* Overlays on s the sampling values MODEL/generation_config.json sets
+ * (temperature, top_p, top_k, min_p, repetition_penalty), as vLLM's
+ * server does, ignoring do_sample; fields it does not set are untouched.
+ * Returns how many it set. */
+int moe_cli_generation_overlay(const char *model_dir, struct moe_sampling *s);
+/* Sampling defaults from MODEL/generation_config.json (do_sample,
+ * temperature, top_p, top_k, min_p, repetition_penalty); greedy otherwise. */
+void moe_cli_generation_defaults(const char *model_dir, struct moe_sampling *s);

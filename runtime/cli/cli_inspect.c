@@ -1,0 +1,126 @@
+/* cli_inspect.c - `moerun inspect MODEL`: what a checkpoint is. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cli/cli.h"
+#include "runtime/cli/cli_common.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moerun inspect MODEL_DIR\n"
+            "       moerun inspect --synthetic CONFIG.json [--dtype bf16]\n\n"
+            "Prints the family, layer and expert structure, parameters in total and active\n"
+            "per token, bytes by part, and KV cache bytes per token.\n");
+}
+
+int moe_cli_inspect(int argc, char **argv)
+{
+    struct moe_cli_model_opts mo = {0};
+    static const struct option opts[] = {{"synthetic", required_argument, 0, 's'},
+                                         {"dtype", required_argument, 0, 'd'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': mo.synthetic = optarg; break;
+        case 'd': mo.dtype = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) mo.path = argv[optind++];
+    if (optind < argc) return moe_cli_error("inspect", "unexpected argument '%s'", argv[optind]);
+    /* A synthetic shape is described from its configuration alone, so
+     * Mixtral-8x7B-sized configurations need no memory for weights. */
+    struct moe_model m = {0};
+    struct moe_model_sizes z;
+    enum moe_dtype dt = MOE_DTYPE_BF16;
+    if (mo.synthetic && !mo.path) {
+        if (mo.dtype && !moe_cli_parse_dtype(mo.dtype, &dt))
+            return moe_cli_error("inspect", "--dtype '%s' (use f32, f16 or bf16)", mo.dtype);
+        if (moe_config_load(&m.cfg, mo.synthetic) != MOE_OK)
+            return moe_cli_error("inspect", "%s", moe_last_error());
+        moe_config_sizes(&m.cfg, moe_dtype_size(dt), &z);
+    } else {
+        if (moe_cli_open_model(&m, &mo) != MOE_OK)
+            return moe_cli_error("inspect", "%s", moe_last_error());
+        moe_model_sizes(&m, &z);
+    }
+    const struct moe_config *cfg = &m.cfg;
+    char a[32], b[32];
+    int n_moe = moe_config_moe_layers(cfg);
+    printf("model        %s\n", mo.path ? mo.path : mo.synthetic);
+    printf("family       %s\n", cfg->architecture);
+    printf("layers       %d (%d MoE, %d dense)\n", cfg->n_layers, n_moe, cfg->n_layers - n_moe);
+    printf("hidden       %d; attention %d query / %d KV heads x %d", cfg->d_model, cfg->n_heads,
+           cfg->n_kv_heads, cfg->head_dim);
+    if (cfg->qk_norm != MOE_QK_NORM_NONE)
+        printf(", q/k norm %s", cfg->qk_norm == MOE_QK_NORM_HEAD ? "per head" : "full");
+    printf("\nvocabulary   %d; context %d; rope theta %g%s", cfg->vocab, cfg->max_pos,
+           cfg->rope_theta,
+           cfg->rope_type == MOE_ROPE_LLAMA3 ? " (llama3 scaling)"
+           : cfg->rope_type == MOE_ROPE_LINEAR ? " (linear scaling)"
+           : cfg->rope_type == MOE_ROPE_YARN ? " (yarn scaling)" : "");
+    if (cfg->rope_type == MOE_ROPE_YARN)
+        printf(" x%g over %d, attention factor %.4g", cfg->rope_factor, cfg->rope_original_max_pos,
+               cfg->rope_attn_factor);
+    if (cfg->rope_dim < cfg->head_dim) printf(", over %d of %d values per head", cfg->rope_dim, cfg->head_dim);
+    printf("\n");
+    if (n_moe)
+        printf("experts      %d per MoE layer, top-%d, width %d, weights %s\n", cfg->n_experts,
+               cfg->top_k, cfg->d_expert, cfg->norm_topk ? "renormalised" : "not renormalised");
+    if (n_moe && cfg->router_sigmoid)
+        printf("router       sigmoid scores%s; chosen in the best %d of %d groups; weights x %g\n",
+               cfg->router_bias ? " + a per-expert choice bias" : "", cfg->topk_group, cfg->n_group,
+               cfg->routed_scale);
+    if (cfg->family == MOE_FAMILY_GRANITE_MOE || cfg->family == MOE_FAMILY_GRANITE)
+        printf("multipliers  embedding x %g, residual x %g, attention scale %g, logits / %g\n",
+               cfg->embed_scale, cfg->residual_scale, cfg->attn_scale, 1.0 / cfg->logit_scale);
+    if (cfg->kv_lora_rank > 0)
+        printf("latent       multi-head latent attention: kv_lora_rank %d, q_lora_rank %d; per head %d "
+               "+ %d (rope) key values, %d value; the cache holds one row of %d per token, read "
+               "as K and V\n", cfg->kv_lora_rank, cfg->q_lora_rank, cfg->qk_nope_dim, cfg->rope_dim,
+               cfg->v_head_dim, cfg->head_dim);
+    if (cfg->family == MOE_FAMILY_GPT_OSS)
+        printf("gpt-oss      attention sinks; router and expert biases; clamped SwiGLU (alpha %g, "
+               "limit %g); experts stored as %s\n", cfg->swiglu_alpha, cfg->swiglu_limit,
+               m.layers && n_moe ? moe_dtype_name(m.layers[cfg->n_layers - 1].experts.dtype)
+               : cfg->experts_mxfp4 ? "MXFP4" : "the weights' dtype");
+    if (cfg->weights_fp8)
+        printf("fp8          Linear weights in E4M3 with a scale per 128 x 128 block (1 + 4/128 bytes a "
+               "weight as loaded); routers, norms and embeddings as stored\n");
+    if (cfg->sliding_window > 0) {
+        int n = 0;
+        for (int l = 0; l < cfg->n_layers; l++) n += cfg->layer_sliding[l];
+        printf("attention    sliding window of %d in %d of %d layers\n", cfg->sliding_window, n,
+               cfg->n_layers);
+    }
+    if (cfg->d_shared)
+        printf("shared       1 shared expert of width %d%s\n", cfg->d_shared,
+               cfg->shared_gate ? ", sigmoid gate" : "");
+    if (n_moe < cfg->n_layers) printf("dense FFN    width %d\n", cfg->d_ff);
+    printf("parameters   %s total, %s active per token (%.1f%%)\n",
+           moe_cli_count(a, sizeof a, (double)z.params_total),
+           moe_cli_count(b, sizeof b, (double)z.params_active),
+           100.0 * (double)z.params_active / (double)(z.params_total ? z.params_total : 1));
+    printf("bytes        %s total\n", moe_cli_bytes(a, sizeof a, (double)z.bytes_total));
+    const struct { const char *name; int64_t v; } parts[] = {
+        {"embeddings", z.bytes_embed}, {"lm head", z.bytes_lm_head}, {"attention", z.bytes_attn},
+        {"experts", z.bytes_experts},  {"shared", z.bytes_shared},   {"router", z.bytes_router},
+        {"dense FFN", z.bytes_dense_ffn}, {"norms", z.bytes_norm}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (parts[i].v)
+            printf("  %-11s %12s  %5.1f%%\n", parts[i].name, moe_cli_bytes(a, sizeof a, (double)parts[i].v),
+                   100.0 * (double)parts[i].v / (double)z.bytes_total);
+    char c8[32];
+    printf("kv cache     %s per token in fp32, %s in bf16/fp16, %s in fp8\n",
+           moe_cli_bytes(a, sizeof a, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_F32)),
+           moe_cli_bytes(b, sizeof b, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_BF16)),
+           moe_cli_bytes(c8, sizeof c8, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_F8E4M3)));
+    moe_model_free(&m);
+    return 0;
+}

@@ -1,0 +1,131 @@
+/* cli_synth.c - `moerun synth CONFIG.json OUTDIR`: writes a checkpoint of
+ * any configuration with seeded random weights (config.json +
+ * model.safetensors) that moerun and transformers both load. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "runtime/cli/cli.h"
+#include "runtime/cli/cli_common.h"
+#include "runtime/model/synth.h"
+#include "runtime/model/synth_skew.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moerun synth CONFIG.json OUTDIR [--dtype bf16] [--seed S] [--router-skew SPEC]\n"
+            "                    [--layout stacked|per-expert]\n\n"
+            "Writes OUTDIR/config.json and OUTDIR/model.safetensors with random weights\n"
+            "(uniform, std = initializer_range; norms 1) for any supported configuration.\n"
+            "--router-skew zipf:S or hot:H:F makes every router choose its top-1 expert with\n"
+            "known probabilities, written to config.json as moerun_router_skew\n"
+            "(docs/stats-format.md).\n"
+            "--layout per-expert writes one tensor per expert (legacy names, e.g.\n"
+            "block_sparse_moe.experts.0.w1.weight for Mixtral) instead of the stacked\n"
+            "transformers 5 mlp.experts.gate_up_proj; moerun loads both.\n");
+}
+
+static const char *torch_dtype(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_F32 ? "float32" : t == MOE_DTYPE_F16 ? "float16" : "bfloat16";
+}
+
+int moe_cli_synth(int argc, char **argv)
+{
+    const char *dtype_arg = "bf16", *skew_arg = NULL, *layout_arg = "stacked";
+    long seed = 0;
+    static const struct option opts[] = {{"dtype", required_argument, 0, 'd'},
+                                         {"seed", required_argument, 0, 'S'},
+                                         {"router-skew", required_argument, 0, 'K'},
+                                         {"layout", required_argument, 0, 'l'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'd': dtype_arg = optarg; break;
+        case 'l': layout_arg = optarg; break;
+        case 'S':
+            if (!moe_cli_parse_int(optarg, 0, __LONG_MAX__, &seed))
+                return moe_cli_error("synth", "--seed '%s' is not a non-negative integer", optarg);
+            break;
+        case 'K': skew_arg = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (argc - optind != 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cfg_path = argv[optind], *out = argv[optind + 1];
+    enum moe_dtype dt;
+    if (!moe_cli_parse_dtype(dtype_arg, &dt))
+        return moe_cli_error("synth", "--dtype '%s' (use f32, f16 or bf16)", dtype_arg);
+    enum moe_synth_layout layout;
+    if (!strcmp(layout_arg, "stacked")) layout = MOE_SYNTH_STACKED;
+    else if (!strcmp(layout_arg, "per-expert")) layout = MOE_SYNTH_PER_EXPERT;
+    else return moe_cli_error("synth", "--layout '%s' (use stacked or per-expert)", layout_arg);
+    if (skew_arg && layout != MOE_SYNTH_STACKED)
+        return moe_cli_error("synth", "--router-skew needs the stacked layout");
+    json_error_t jerr;
+    json_t *root = json_load_file(cfg_path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) return moe_cli_error("synth", "%s: %s (line %d)", cfg_path, jerr.text, jerr.line);
+    struct moe_config cfg;
+    struct moe_router_skew skew = {0};
+    struct moe_safetensors st = {0};
+    const struct moe_st_tensor **list = NULL;
+    int rc = 1;
+    char path[4096];
+    if (moe_config_parse(&cfg, root, cfg_path) != MOE_OK) {
+        moe_cli_error("synth", "%s", moe_last_error());
+        goto done;
+    }
+    if (skew_arg && moe_router_skew_parse(skew_arg, &skew) != MOE_OK) {
+        moe_cli_error("synth", "%s", moe_last_error());
+        goto done;
+    }
+    if (mkdir(out, 0777) != 0 && errno != EEXIST) {
+        moe_cli_error("synth", "cannot create %s: %s", out, strerror(errno));
+        goto done;
+    }
+    if (moe_synth_tensors(&st, &cfg, dt, (uint64_t)seed, layout) != MOE_OK ||
+        moe_synth_apply_skew(&st, &cfg, &skew, (uint64_t)seed) != MOE_OK) {
+        moe_cli_error("synth", "%s", moe_last_error());
+        goto done;
+    }
+    list = malloc(st.n_tensors * sizeof *list);
+    if (!list) {
+        moe_cli_error("synth", "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < st.n_tensors; i++) list[i] = &st.tensors[i];
+    json_t *meta = json_pack("{s:s}", "format", "pt");
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    enum moe_status s = moe_safetensors_write(path, list, st.n_tensors, meta);
+    json_decref(meta);
+    if (s != MOE_OK) {
+        moe_cli_error("synth", "%s", moe_last_error());
+        goto done;
+    }
+    json_object_set_new(root, "dtype", json_string(torch_dtype(dt)));
+    json_object_set_new(root, "torch_dtype", json_string(torch_dtype(dt)));
+    if (skew.kind != MOE_SKEW_NONE)
+        json_object_set_new(root, "moerun_router_skew",
+                            moe_router_skew_json(&skew, &cfg, (uint64_t)seed));
+    snprintf(path, sizeof path, "%s/config.json", out);
+    if (json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
+        moe_cli_error("synth", "cannot write %s", path);
+        goto done;
+    }
+    fprintf(stderr, "moerun synth: wrote %zu tensors to %s\n", st.n_tensors, out);
+    rc = 0;
+done:
+    free(list);
+    moe_safetensors_close(&st);
+    json_decref(root);
+    return rc;
+}

@@ -1,0 +1,47 @@
+/* main.c - the moerun command line: dispatches to one function per command. */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/cli/cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"inspect", moe_cli_inspect, "describe a checkpoint: family, parameters, bytes by part"},
+    {"run", moe_cli_run, "generate from a prompt"},
+    {"chat", moe_cli_chat, "interactive chat with the model's chat format"},
+    {"serve", moe_cli_serve, "OpenAI-compatible HTTP server (streaming, /metrics, expert load)"},
+    {"batch", moe_cli_batch, "serve a JSONL file of requests with continuous batching"},
+    {"plan", moe_cli_plan, "memory planner and roofline predictions"},
+    {"bench", moe_cli_bench, "prefill and decode throughput"},
+    {"ppl", moe_cli_ppl, "perplexity over a text, and divergence from a saved base run"},
+    {"tokenize", moe_cli_tokenize, "text to token ids, or ids to text (--decode)"},
+    {"stats", moe_cli_stats, "expert-load analysis of statistics or traces: tables, plots, what-ifs"},
+    {"synth", moe_cli_synth, "write a checkpoint of any configuration with random weights"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: moerun COMMAND [ARGS...]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n'moerun COMMAND --help' describes each command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "moerun: unknown command '%s' (try 'moerun --help')\n", argv[1]);
+    return 2;
+}

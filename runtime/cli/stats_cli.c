@@ -1,0 +1,104 @@
+/* stats_cli.c - see stats_cli.h. */
+#include "runtime/cli/stats_cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int moe_cli_stats_option(struct moe_cli_stats *s, struct moe_cli_model_opts *mo, int code,
+                         const char *arg, const char *cmd)
+{
+    long v;
+    switch (code - MOE_CLI_OPT_STATS) {
+    case 0: s->json_path = arg; return 1;
+    case 1: s->csv_path = arg; return 1;
+    case 2: s->trace_prefix = arg; return 1;
+    case 3: {
+        char buf[64], *colon;
+        snprintf(buf, sizeof buf, "%s", arg);
+        long a, b = 0;
+        if (!(colon = strchr(buf, ':'))) goto bad;
+        *colon = '\0';
+        if (!moe_cli_parse_int(buf, 0, __LONG_MAX__, &a) ||
+            (colon[1] && !moe_cli_parse_int(colon + 1, 1, __LONG_MAX__, &b)) || (b && b <= a))
+            goto bad;
+        s->o.step_from = a;
+        s->o.step_to = b;
+        return 1;
+    }
+    case 4:
+        if (!moe_cli_parse_int(arg, 1, 1 << 20, &v)) goto bad;
+        s->o.ring_steps = (int)v;
+        return 1;
+    case 5: s->off = true; return 1;
+    case 6: mo->router_skew = arg; return 1;
+    default: return 0;
+    }
+bad:
+    moe_cli_error(cmd, "statistics option value '%s' is not valid", arg);
+    return -1;
+}
+
+int moe_cli_stats_check(const struct moe_cli_stats *s, const char *cmd)
+{
+    if (s->off && (s->json_path || s->csv_path || s->trace_prefix))
+        return moe_cli_error(cmd, "--no-stats contradicts --stats-out, --stats-csv and --trace-out");
+    char tj[4096];
+    if (s->trace_prefix) {
+        snprintf(tj, sizeof tj, "%s.trace.json", s->trace_prefix);
+        if ((s->json_path && !strcmp(s->json_path, tj)) || (s->csv_path && !strcmp(s->csv_path, tj)))
+            return moe_cli_error(cmd, "%s would be both the statistics and the trace description", tj);
+    }
+    if (s->json_path && s->csv_path && !strcmp(s->json_path, s->csv_path))
+        return moe_cli_error(cmd, "--stats-out and --stats-csv name the same file");
+    return 0;
+}
+
+int moe_cli_stats_start(struct moe_cli_stats *s, const struct moe_model *m, const char *cmd)
+{
+    if (moe_cli_stats_check(s, cmd)) return 1;
+    if (s->off) return 0;
+    s->o.trace = s->trace_prefix != NULL;
+    if (moe_stats_init(&s->st, &m->cfg, &s->o) != MOE_OK)
+        return moe_cli_error(cmd, "%s", moe_last_error());
+    s->on = true;
+    return 0;
+}
+
+struct moe_stats *moe_cli_stats_recorder(struct moe_cli_stats *s) { return s->on ? &s->st : NULL; }
+
+int moe_cli_stats_finish(struct moe_cli_stats *s, const struct moe_model *m,
+                         const struct moe_cli_model_opts *mo, const struct moe_backend *be,
+                         const char *cmd)
+{
+    if (!s->on) return 0;
+    const struct moe_config *c = &m->cfg;
+    int wb;
+    const int64_t eb = moe_model_expert_bytes(m, &wb);
+    struct moe_stats_meta meta = {
+        .model = mo->path ? mo->path : mo->synthetic,
+        .architecture = c->architecture,
+        .command = cmd,
+        .backend = be->ops ? be->ops->name : NULL,
+        .threads = be->n_threads,
+        .dtype = mo->synthetic ? (mo->dtype ? mo->dtype : "bf16") : NULL,
+        .router_skew = mo->router_skew,
+        .trace_prefix = s->trace_prefix,
+        .d_model = c->d_model,
+        .d_expert = c->d_expert,
+        .weight_bytes = wb,
+        .expert_bytes = eb,
+    };
+    if (s->json_path && moe_stats_write_json(&s->st, &meta, s->json_path) != MOE_OK)
+        return moe_cli_error(cmd, "%s", moe_last_error());
+    if (s->csv_path && moe_stats_write_csv(&s->st, s->csv_path) != MOE_OK)
+        return moe_cli_error(cmd, "%s", moe_last_error());
+    if (s->trace_prefix && moe_stats_write_trace(&s->st, &meta, s->trace_prefix) != MOE_OK)
+        return moe_cli_error(cmd, "%s", moe_last_error());
+    return 0;
+}
+
+void moe_cli_stats_free(struct moe_cli_stats *s)
+{
+    moe_stats_free(&s->st);
+    s->on = false;
+}

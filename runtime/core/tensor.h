@@ -1,0 +1,355 @@
+/* tensor.h - element types and tensor views.
+ *
+ * A struct moe_tensor is a view: it never owns its data.  Weights point into
+ * the memory-mapped checkpoint (or into buffers the model owns); activations
+ * point into workspaces the backend owns.  Layout is always row-major and
+ * contiguous: shape[0] is the slowest dimension.
+ *
+ * The dtype list is the safetensors list (every dtype string the reference
+ * implementation knows, except the sub-byte ones), then the runtime's own
+ * storage formats (MOE_DTYPE_BF16_PANEL: bf16 weights repacked for the fast
+ * CPU kernels, which changes how a matrix's bytes are ordered, so it is a
+ * dtype: every (data, dtype) pair that reaches a kernel says how to read the
+ * bytes, and code that does not know the format stops at its "not a float
+ * weight type" check instead of reading panels as rows; Q8_0 and MXFP4
+ * blocks, MXFP4 and block-scaled FP8 rows); the CPU backend computes in
+ * fp32 and reads F32, F16, BF16, Q8_0, MXFP4 and FP8_B128 weights in
+ * place. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOE_MAX_DIMS 8
+
+enum moe_dtype {
+    MOE_DTYPE_F32,
+    MOE_DTYPE_F16,
+    MOE_DTYPE_BF16,
+    MOE_DTYPE_F8E4M3,
+    MOE_DTYPE_F8E5M2,
+    MOE_DTYPE_F64,
+    MOE_DTYPE_I8,
+    MOE_DTYPE_I16,
+    MOE_DTYPE_I32,
+    MOE_DTYPE_I64,
+    MOE_DTYPE_U8,
+    MOE_DTYPE_U16,
+    MOE_DTYPE_U32,
+    MOE_DTYPE_U64,
+    MOE_DTYPE_BOOL,
+    MOE_DTYPE_COUNT, /* the safetensors dtypes above; storage formats of the runtime below */
+    /* bf16 weights of a 2-D (N, K) matrix, K even, repacked by the fast CPU
+     * backend (runtime/cpu/gemm_fast.h, moe_gemm_pack_panels) into panels of 16
+     * outputs: panel p (outputs 16p .. 16p+15, N padded up to a multiple of
+     * 16 with zero rows) is K/2 64-byte lines, line i holding 16 32-bit
+     * lanes, lane j = w[16p+j][2i] | w[16p+j][2i+1] << 16.  Panel p starts
+     * at byte p*32*K.  The tensor keeps its logical shape (N, K); only the
+     * fast AVX2 and AVX-512 kernels read it (same bits with either;
+     * moe_dtype_name says "BF16_PANEL"; it is never parsed, written to a
+     * file or converted by moe_convert_row_f32). */
+    MOE_DTYPE_BF16_PANEL,
+    /* Weights quantized at load (--quantize q8_0) as ggml's Q8_0 quantizes
+     * them: per block of 32 values a scale d (an f16 value) and 32 int8 q,
+     * the value (float)q * d.  Stored per row of K values (K a multiple of
+     * 32) as K/32 blocks of 36 bytes: d widened to f32 (exactly), then the
+     * 32 q; ggml stores d as f16 (34 bytes), but an f32 scale is one
+     * broadcast from memory in the kernels where an f16 one costs three
+     * shuffle-port instructions per block and row.  Made by
+     * moe_quantize_row_q8_0 (the q and d of ggml-quants.c and gguf-py, bit
+     * for bit); read by the CPU kernels (fast and reference), refused by
+     * CUDA.  moe_dtype_size says 1 (the int8 part); rows take
+     * moe_dtype_row_bytes. */
+    MOE_DTYPE_Q8_0,
+    /* OCP microscaling FP4 (MXFP4), as gpt-oss checkpoints store their
+     * expert weights: per block of 32 values one E8M0 scale byte s (the
+     * power of two 2^(s-127); s = 255 is NaN and refused) and 32 E2M1
+     * nibbles, each an index into {+0, +0.5, +1, +1.5, +2, +3, +4, +6,
+     * -0, -0.5, -1, -1.5, -2, -3, -4, -6}; the value is lut[nibble] *
+     * 2^(s-127), exact in fp32 (s = 0 gives the subnormal 2^-127; a value
+     * past fp32's range, |lut| >= 4 at s = 253 or >= 2 at s = 254, is inf,
+     * as in transformers).  Stored per row of K values (K a multiple of 32) as
+     * K/32 blocks of 17 bytes: s, then 16 bytes qs, qs[j] holding element
+     * j of the block in its low nibble and element j + 16 in its high
+     * nibble (ggml's block_mxfp4), so 8 or 16 consecutive elements are
+     * one load, one shift and a table lookup.  The checkpoint's own
+     * layout (`*_blocks` (N, K/32, 16): byte b of group g holds elements
+     * 32g + 2b (low nibble) and 32g + 2b + 1 (high); `*_scales` (N, K/32))
+     * is repacked row by row at load by moe_mxfp4_pack_row.  Read by the
+     * CPU kernels (fast and reference) and, as experts, by CUDA's expert
+     * kernels (in planes: moe_planes_from_rows); refused by the
+     * safetensors writer; never parsed from a file's dtype string, never
+     * repacked to panels or requantized by --quantize.  moe_dtype_size
+     * says 1 (as Q8_0: rows take moe_dtype_row_bytes). */
+    MOE_DTYPE_MXFP4,
+    /* Block-scaled FP8, as the official DeepSeek-V3/R1, Kimi-K2 and Qwen3
+     * "-FP8" checkpoints store their Linear weights (quantization_config
+     * quant_method "fp8", weight_block_size [128, 128]): a weight W (N, K)
+     * is `*.weight` F8_E4M3 (N, K) plus `*.weight_scale_inv` (ceil(N/128),
+     * ceil(K/128)) F32 or BF16, and W[n][k] = e4m3(q[n][k]) *
+     * scale_inv[n/128][k/128], computed in fp32 (transformers'
+     * Fp8Dequantize: q.to(float32) * scale; one rounding).  E4M3 is the
+     * "fn" variant: 1 sign bit, 4 exponent bits of bias 7, 3 mantissa
+     * bits, subnormals (exponent 0: m * 2^-9), no infinities, 0x7F and
+     * 0xFF NaN (refused at load); the largest value is 448.  Stored per
+     * row of K values (K a multiple of 128) as K/128 blocks of 132 bytes:
+     * the block's scale as f32 (the scale of the row's 128-row group and
+     * that column block, copied into each of the group's rows: 4 bytes
+     * per 128 weights, 3% over the checkpoint's byte a weight, so that
+     * any row is read alone and a matrix can be cut at any row), then the
+     * block's 128 E4M3 bytes as stored.  Made by moe_fp8_pack_row from a
+     * checkpoint row and its scale row (runtime/model/model_fp8.c); read by the
+     * CPU kernels (fast and reference); by CUDA's expert and matmul
+     * kernels as planes (moe_planes_from_rows), other matrices widened to
+     * bf16 at upload;
+     * refused by the safetensors writer; never parsed from a file's dtype
+     * string (the checkpoint's own bytes are MOE_DTYPE_F8E4M3), never
+     * repacked to panels or requantized by --quantize.  moe_dtype_size
+     * says 1 (rows take moe_dtype_row_bytes). */
+    MOE_DTYPE_FP8_B128,
+};
+
+#define MOE_Q8_0_BLOCK 32 /* values per block */
+#define MOE_Q8_0_BYTES 36 /* bytes per block: f32 scale, 32 int8 */
+#define MOE_MXFP4_BLOCK 32 /* values per block */
+#define MOE_MXFP4_BYTES 17 /* bytes per block: E8M0 scale, 16 bytes of nibbles */
+#define MOE_FP8_BLOCK 128  /* values per block (and rows per scale group in a checkpoint) */
+#define MOE_FP8_BYTES 132  /* bytes per block: f32 scale, 128 E4M3 bytes */
+
+struct moe_tensor {
+    enum moe_dtype dtype;
+    int ndim;
+    int64_t shape[MOE_MAX_DIMS];
+    void *data; /* borrowed; NULL for an absent optional tensor */
+    int device; /* -1 host, >= 0 device ordinal */
+};
+
+/* Bytes per element. */
+size_t moe_dtype_size(enum moe_dtype t);
+/* Bytes of a row of n elements (block formats: n a multiple of the block). */
+size_t moe_dtype_row_bytes(enum moe_dtype t, size_t n);
+/* safetensors name ("F32", "BF16", ...). */
+const char *moe_dtype_name(enum moe_dtype t);
+/* Parses a safetensors dtype string; false if unknown. */
+bool moe_dtype_parse(const char *s, enum moe_dtype *out);
+
+/* Number of elements; -1 on overflow or a negative dimension. */
+int64_t moe_tensor_numel(const struct moe_tensor *t);
+static inline bool moe_tensor_present(const struct moe_tensor *t) { return t && t->data; }
+
+/* Scalar conversions (round-to-nearest-even on narrowing). */
+static inline float moe_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t moe_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+float moe_f16_to_f32(uint16_t h);
+uint16_t moe_f32_to_f16(float f);
+
+/* Converts n elements of row `src` (dtype t) to fp32. */
+void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n);
+/* Converts n fp32 values to dtype t (F32, F16 or BF16). */
+void moe_convert_from_f32(void *dst, const float *src, enum moe_dtype t, size_t n);
+/* Quantizes n values (a multiple of 32) to Q8_0 blocks as ggml does: per
+ * block d = max|x| / 127, q = roundf(x * (1/d)) (0 when d is 0), d rounded
+ * to f16 (and stored widened, see MOE_DTYPE_Q8_0).  False, dst unspecified,
+ * when a value is not finite or d overflows f16. */
+bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n);
+
+/* 2^(s-127), the value of an E8M0 scale byte s, built from its bits: s in
+ * 1..254 is the normal float with exponent field s, s == 0 the subnormal
+ * 2^-127 (0x00400000); 255 (NaN in the OCP MX spec) gives a quiet NaN. */
+static inline float moe_e8m0_to_f32(uint8_t s)
+{
+    const uint32_t u = s == 255 ? 0x7fc00000u : s ? (uint32_t)s << 23 : 0x00400000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* Element k of a row of MXFP4 blocks (see MOE_DTYPE_MXFP4), as fp32. */
+static inline float moe_mxfp4_get(const void *row, size_t k)
+{
+    static const float lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    const unsigned char *blk = (const unsigned char *)row + k / MOE_MXFP4_BLOCK * MOE_MXFP4_BYTES;
+    const size_t j = k % MOE_MXFP4_BLOCK;
+    return lut[(blk[1 + j % 16] >> (j / 16 * 4)) & 15] * moe_e8m0_to_f32(blk[0]);
+}
+/* Repacks one row of K values (K a multiple of 32) from a gpt-oss
+ * checkpoint's layout to MOE_DTYPE_MXFP4: blocks is the row's K/32 groups
+ * of 16 bytes (`*_blocks` (N, K/32, 16), row n at n*K/2), scales its K/32
+ * E8M0 bytes (`*_scales` (N, K/32), row n at n*K/32); dst takes
+ * moe_dtype_row_bytes(MOE_DTYPE_MXFP4, K) bytes.  False, dst unspecified,
+ * when a scale is 255 (NaN): the loader must refuse such a weight. */
+__attribute__((warn_unused_result)) bool moe_mxfp4_pack_row(void *dst, const uint8_t *blocks,
+                                                            const uint8_t *scales, size_t K);
+
+/* The GPU's layout of MXFP4 and FP8_B128 matrices ("planes"): R rows of K
+ * values as one plane of value bytes, then one of scales, so that every
+ * 16-byte load of values is aligned and one block's values or a part of
+ * one.  MXFP4: R*K/2 bytes of nibbles, row r at r*K/2, each block's 16
+ * bytes as in MOE_DTYPE_MXFP4 (element j low, j + 16 high), then R*K/32
+ * E8M0 bytes; FP8_B128: R*K E4M3 bytes, then R*K/128 f32 scales; Q8_0:
+ * R*K int8 codes, then R*K/32 f32 scales.  The bytes of each plane: */
+/* The GPU kernels' decoding of planes (experts/experts_cuda.cu): two codes
+ * of a 32-bit word at once become the bits of two halves (low and high 16
+ * bits), by placing their bits: E2M1 codes s e1 e0 m (nibbles at bits 0-3
+ * and 16-19 of t) as s << 15 | e1 e0 m << 9, each the code's value times
+ * 2^-14 (e = 0 lands on the half subnormal m * 2^-15, as E2M1's m * 0.5 at
+ * the same ratio); E4M3 bytes s eeee mmm (bits 0-7 and 16-23) as s << 15 |
+ * eeeemmm << 7, each the byte's value times 2^-8 (subnormals alike).  The
+ * kernels fold 2^14 or 2^8 into the block's scale. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint32_t moe_e2m1x2_half_bits(uint32_t t)
+{
+    return (t & 0x00070007u) << 9 | (t & 0x00080008u) << 12;
+}
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint32_t moe_e4m3x2_half_bits(uint32_t t)
+{
+    return (t & 0x007f007fu) << 7 | (t & 0x00800080u) << 8;
+}
+/* Q8_0 codes in planes (the CUDA backend's --quantize q8_0): byte j of
+ * a 32-bit word w, an int8 q, as a float's bits: 2^23 + (q + 128), from
+ * which the kernels subtract 2^23 + 128 (exact), with two integer
+ * operations and one add instead of a conversion. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint32_t moe_q8_f32_bits(uint32_t w, int j)
+{
+    return 0x4B000000u | (((w ^ 0x80808080u) >> (8 * j)) & 0xffu);
+}
+#define MOE_Q8_F32_BIAS 8388736.0f /* 2^23 + 128 */
+
+/* Whether the CUDA backend keeps a matrix of dtype t as planes: MXFP4 and
+ * FP8_B128 as checkpoints store them, Q8_0 as --quantize makes it. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline bool moe_dtype_planes(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128 || t == MOE_DTYPE_Q8_0;
+}
+/* Values per block of such a dtype (one scale each); 1 for the others. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int moe_dtype_block(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : t == MOE_DTYPE_FP8_B128 ? MOE_FP8_BLOCK
+           : t == MOE_DTYPE_Q8_0 ? MOE_Q8_0_BLOCK : 1;
+}
+size_t moe_planes_values_bytes(enum moe_dtype t, size_t rows, size_t K);
+size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K);
+/* Splits R rows of K values stored as t (MXFP4, FP8_B128 or Q8_0 blocks, rows of
+ * moe_dtype_row_bytes) into the value plane `values` and the scale plane
+ * `scales` (moe_planes_*_bytes each). */
+void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,
+                          void *scales);
+/* The inverse: R rows of planes (row 0's values at `values`, its scales at
+ * `scales`) joined into rows of moe_dtype_row_bytes each. */
+void moe_rows_from_planes(enum moe_dtype t, const void *values, const void *scales, size_t R, size_t K,
+                          void *rows);
+
+/* The value of an E4M3 ("fn") byte as fp32, exactly: normal values from
+ * their bits, subnormals m * 2^-9, +-0, and a quiet NaN for 0x7F / 0xFF
+ * (the format has no infinities).  Also the CUDA kernels' scalar decoding
+ * (runtime/cuda/cuda_dtype.cuh: the fp8 KV cache). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline float moe_fp8_e4m3_to_f32(uint8_t b)
+{
+    const uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    float f;
+    if (e == 15 && m == 7) {
+        const uint32_t u = 0x7fc00000u;
+        memcpy(&f, &u, 4);
+    } else if (e) {
+        const uint32_t u = (e + 120) << 23 | m << 20;
+        memcpy(&f, &u, 4);
+    } else {
+        f = (float)m * 0x1p-9f;
+    }
+    return b & 0x80 ? -f : f;
+}
+#define MOE_E4M3_MAX 448.0f /* the largest finite E4M3 value (0x7E) */
+/* The E4M3 ("fn") byte nearest x, ties to even, as the fp8 KV cache
+ * stores its values (kvcache.h): finite values beyond +-448 saturate to
+ * +-448 (0x7E / 0xFE); NaN and +-infinity become NaN (0x7F / 0xFF, x's
+ * sign): the format has no infinities, and an infinity saturated to 448
+ * would read back as a plausible finite value.  Below 2^-6 the subnormals
+ * m * 2^-9 (m = 0..7; a value rounding up to 8 * 2^-9 is the smallest
+ * normal, byte 0x08).  Integer arithmetic on the bits only, one function
+ * for the host and the CUDA kernels, so both round every value alike; the
+ * rounding is torch's float32 -> float8_e4m3fn conversion wherever that
+ * does not overflow (tests/test_kv_fp8.c, its fixture). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint8_t moe_f32_to_e4m3(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return sign | 0x7f;  /* NaN, infinity */
+    if (a >= 0x3c800000u) {                    /* >= 2^-6: a normal E4M3 value */
+        uint32_t r = a >> 20;                  /* exponent and top 3 mantissa bits */
+        const uint32_t rem = a & 0xfffffu;
+        if (rem > 0x80000u || (rem == 0x80000u && (r & 1u))) r++;
+        r -= 120u << 3;                        /* rebias 127 -> 7 */
+        return sign | (uint8_t)(r > 0x7eu ? 0x7eu : r);
+    }
+    const uint32_t e = a >> 23;                /* a's value * 2^9 < 8: round to an integer */
+    if (e <= 116) return sign;                 /* < 2^-10 (2^-10 itself: a tie, to even 0) */
+    const uint32_t mant = (a & 0x7fffffu) | 0x800000u, sh = 141u - e; /* value * 2^9 = mant >> sh */
+    uint32_t r = mant >> sh;
+    const uint32_t rem = mant & ((1u << sh) - 1u), half = 1u << (sh - 1u);
+    if (rem > half || (rem == half && (r & 1u))) r++;
+    return sign | (uint8_t)r;
+}
+/* Whether s may be a block scale of MOE_DTYPE_FP8_B128: finite (NaN and
+ * infinities would poison every product of the block). */
+static inline bool moe_fp8_scale_ok(float s) { return s - s == 0.0f; }
+/* Element k of a row of MOE_DTYPE_FP8_B128 blocks, as fp32. */
+static inline float moe_fp8_get(const void *row, size_t k)
+{
+    const unsigned char *blk = (const unsigned char *)row + k / MOE_FP8_BLOCK * MOE_FP8_BYTES;
+    float s;
+    memcpy(&s, blk, 4);
+    return moe_fp8_e4m3_to_f32(blk[4 + k % MOE_FP8_BLOCK]) * s;
+}
+/* Packs one row of K values (K a multiple of 128) to MOE_DTYPE_FP8_B128: q
+ * is the row's K E4M3 bytes (row n of a checkpoint's F8_E4M3 `*.weight`),
+ * scales its K/128 block scales (row n/128 of `*.weight_scale_inv`, as
+ * f32); dst takes moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, K) bytes.  False,
+ * dst unspecified, when a byte is NaN (0x7F, 0xFF) or a scale fails
+ * moe_fp8_scale_ok: the loader must refuse such a weight. */
+__attribute__((warn_unused_result)) bool moe_fp8_pack_row(void *dst, const uint8_t *q, const float *scales,
+                                                          size_t K);
+
+#ifdef __cplusplus
+}
+#endif

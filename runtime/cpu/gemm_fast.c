@@ -1,0 +1,176 @@
+/* gemm_fast.c - choice of the fast kernel set and the parallel driver (see
+ * gemm_fast.h); the kernels are in gemm_avx2.c and gemm_avx512.c, those over
+ * weights in panels in gemm_panel_avx2.c and gemm_panel.c. */
+#include "runtime/cpu/gemm_fast.h"
+
+#include <cpuid.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/core/status.h"
+
+static bool cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (c & bit_F16C) != 0;
+}
+
+enum moe_cpu_isa moe_cpu_isa_detect(void)
+{
+    __builtin_cpu_init();
+    enum moe_cpu_isa isa = MOE_CPU_ISA_REF;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
+        isa = MOE_CPU_ISA_AVX2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl"))
+            isa = MOE_CPU_ISA_AVX512;
+    }
+    const char *cap = getenv("MOERUN_CPU_ISA");
+    if (cap) {
+        enum moe_cpu_isa want = !strcmp(cap, "ref") ? MOE_CPU_ISA_REF
+                                : !strcmp(cap, "avx2") ? MOE_CPU_ISA_AVX2
+                                                       : MOE_CPU_ISA_AVX512;
+        if (want < isa) isa = want;
+    }
+    return isa;
+}
+
+const char *moe_cpu_isa_name(enum moe_cpu_isa isa)
+{
+    switch (isa) {
+    case MOE_CPU_ISA_AVX2: return "avx2";
+    case MOE_CPU_ISA_AVX512: return "avx512";
+    default: return "ref";
+    }
+}
+
+void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx,
+                        int T, const void *w, enum moe_dtype wt, int Din, int n0, int n1,
+                        const struct moe_tensor *b)
+{
+    if (n0 >= n1 || T <= 0) return;
+    if (wt == MOE_DTYPE_BF16_PANEL) {
+        if (isa == MOE_CPU_ISA_AVX512)
+            moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+        else
+            moe_gemm_rows_panel_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    } else if (wt == MOE_DTYPE_Q8_0)
+        moe_gemm_rows_q8_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    else if (isa == MOE_CPU_ISA_AVX512)
+        moe_gemm_rows_avx512(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
+    else
+        moe_gemm_rows_avx2(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
+}
+
+/* Output rows per slice for N rows of weights wt against T input rows:
+ * about 8 slices per thread, taken dynamically, so a thread the scheduler
+ * delays (the machine may be shared) holds up little.  A multiple of 48
+ * (whole tiles of either natural kernel set) or, for panels, of the
+ * outputs of the widest tile for T rows (only the last slice has an edge
+ * tile), yet never fewer slices than threads while there are panels to
+ * share. */
+static int slice_rows(int N, int nth, enum moe_dtype wt, int T)
+{
+    int cs = (N + 8 * nth - 1) / (8 * nth);
+    if (wt != MOE_DTYPE_BF16_PANEL) return (cs + 47) / 48 * 48;
+    const int unit = moe_gemm_panel_slice_unit(T);
+    cs = (cs + unit - 1) / unit * unit;
+    if ((N + cs - 1) / cs < nth) cs = ((N + nth - 1) / nth + 15) / 16 * 16;
+    return cs;
+}
+
+void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int ldx,
+                   const void *w, enum moe_dtype wt, int N, int Din, int T,
+                   const struct moe_tensor *b)
+{
+    MOE_ASSERT(isa != MOE_CPU_ISA_REF);
+    if ((size_t)N * Din * (size_t)T <= 32768) {
+        moe_gemm_fast_rows(isa, y, (size_t)ldy, x, (size_t)ldx, T, w, wt, Din, 0, N, b);
+        return;
+    }
+    const int cs = slice_rows(N, omp_get_max_threads(), wt, T);
+    const int ns = (N + cs - 1) / cs;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < ns; i++) {
+        const int n0 = i * cs, n1 = n0 + cs < N ? n0 + cs : N;
+        moe_gemm_fast_rows(isa, y, (size_t)ldy, x, (size_t)ldx, T, w, wt, Din, n0, n1, b);
+    }
+}
+
+void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const float *x, int Din,
+                         const void *const *w, const enum moe_dtype *wt, const int *N, int T,
+                         const struct moe_tensor *const *b)
+{
+    MOE_ASSERT(isa != MOE_CPU_ISA_REF && n >= 1 && n <= 4);
+    const int nth = omp_get_max_threads();
+    int cs[4], first[5] = {0};
+    size_t work = 0;
+    for (int j = 0; j < n; j++) {
+        cs[j] = slice_rows(N[j], nth, wt[j], T);
+        first[j + 1] = first[j] + (N[j] + cs[j] - 1) / cs[j];
+        work += (size_t)N[j] * Din * (size_t)T;
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (work > 32768)
+    for (int i = 0; i < first[n]; i++) {
+        int j = 0;
+        while (i >= first[j + 1]) j++;
+        const int n0 = (i - first[j]) * cs[j], n1 = n0 + cs[j] < N[j] ? n0 + cs[j] : N[j];
+        moe_gemm_fast_rows(isa, y[j], (size_t)N[j], x, (size_t)Din, T, w[j], wt[j], Din, n0, n1,
+                           b ? b[j] : NULL);
+    }
+}
+
+/* Each thread's buffer for deinterleaved input rows: grown when a call
+ * needs more, freed by the key's destructor when the thread exits (engine
+ * threads and their OpenMP teams come and go in a server). */
+struct xs_buf {
+    float *p;
+    size_t cap; /* floats */
+};
+static pthread_key_t xs_key;
+static pthread_once_t xs_once = PTHREAD_ONCE_INIT;
+static bool xs_key_ok;
+
+static void xs_free(void *v)
+{
+    struct xs_buf *b = v;
+    free(b->p);
+    free(b);
+}
+
+static void xs_key_init(void) { xs_key_ok = pthread_key_create(&xs_key, xs_free) == 0; }
+
+float *moe_gemm_thread_buffer(size_t n)
+{
+    pthread_once(&xs_once, xs_key_init);
+    if (!xs_key_ok) return NULL;
+    struct xs_buf *b = pthread_getspecific(xs_key);
+    if (!b) {
+        if (!(b = calloc(1, sizeof *b))) return NULL;
+        if (pthread_setspecific(xs_key, b)) {
+            free(b);
+            return NULL;
+        }
+    }
+    if (n > b->cap) {
+        free(b->p);
+        b->cap = (n + 1023) / 1024 * 1024;
+        b->p = aligned_alloc(64, b->cap * sizeof(float));
+        if (!b->p) b->cap = 0;
+    }
+    return b->p;
+}
+
+uint64_t moe_read_sweep(const void *p, size_t n)
+{
+    if (moe_cpu_isa_detect() >= MOE_CPU_ISA_AVX2) return moe_read_sweep_avx2(p, n);
+    const unsigned char *c = p;
+    uint64_t r = 0;
+    for (size_t i = 0; i < n; i++) r ^= (uint64_t)c[i] << (i % 8 * 8);
+    return r;
+}

@@ -1,0 +1,104 @@
+/* gemm_fast.h - the fast CPU kernels beside the reference (runtime/cpu/gemm.h).
+ *
+ * Same contract as moe_gemm_cpu: y (T, N) = x (T, Din) . W^T (+ b), W (N, Din)
+ * row-major in F32, F16, BF16, Q8_0, MXFP4 or FP8_B128 read in place.  The
+ * fast kernels convert weights to fp32 in registers (bf16: u16 -> u32
+ * shifted left by 16; f16: F16C; MXFP4: a nibble through a table, times
+ * the block's scale; FP8_B128: an E4M3 byte made an f16 by a shift and a
+ * mask, F16C, times the block's scale) and never into memory, and compute
+ * a register-blocked tile of up to 4 input rows x several weight rows (up
+ * to 16 when there is one input row, as in decode), so one pass over a
+ * weight row serves every input row of the tile.
+ *
+ * Numerics: each output is an 8-lane (AVX2) or 16-lane (AVX-512) FMA
+ * accumulation over k in order, a fixed horizontal sum, then the Din tail
+ * in order, then the bias; over bf16 weights each block of 2W inputs (W
+ * lanes) is taken as its W even then its W odd elements (gemm_eo.h
+ * explains why).  The sum order differs from the reference (within
+ * fp32 tolerance of it) but is the same for every output whatever the tile,
+ * the batch composition or the thread count: rows stay independent and
+ * results are bit-identical across batchings, as with the reference.
+ *
+ * Panels: bf16 weights repacked by moe_gemm_pack_panels into 16-output
+ * k-pair panels (MOE_DTYPE_BF16_PANEL, runtime/core/tensor.h) take kernels that
+ * broadcast inputs over a tile of panels (gemm_panel.c for AVX-512,
+ * gemm_panel_avx2.c for AVX2, giving the same bits):
+ * each output is one FMA chain in k order in its own vector lane, no
+ * horizontal sum, so these too give a row the same bits alone or in any
+ * batch (though not the bits of the natural-layout kernels).  The fast
+ * backend packs a model's bf16 matrices at prepare_model
+ * (runtime/backend/backend_cpu.c); every entry below takes them as wt.
+ *
+ * Q8_0: the inputs are quantized to Q8_0 blocks too, as llama.cpp's CPU
+ * backend does, and each block of 32 products is an exact integer sum
+ * (gemm_q8.c, one kernel set for both, giving the same bits).  This is
+ * the one place the fast kernels round more than fp32 does: each input by
+ * up to 1/254 of its block's largest magnitude, about what the weights'
+ * own quantization moves them (docs/performance.md measures the effect on
+ * a trained model's outputs).  A row still gives the same bits alone or
+ * in any batch.
+ *
+ * Kernels are compiled with __attribute__((target(...))) and chosen at run
+ * time by what the processor supports, so the build stays portable; where
+ * neither kernel set runs, the backend uses the reference. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/core/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum moe_cpu_isa {
+    MOE_CPU_ISA_REF,     /* no fast kernels: plain C reference */
+    MOE_CPU_ISA_AVX2,    /* AVX2 + FMA + F16C */
+    MOE_CPU_ISA_AVX512,  /* AVX-512 F/BW/VL + the above */
+};
+
+/* The best kernel set this processor runs.  MOERUN_CPU_ISA=ref|avx2|avx512
+ * in the environment caps it (for testing the narrower kernels). */
+enum moe_cpu_isa moe_cpu_isa_detect(void);
+const char *moe_cpu_isa_name(enum moe_cpu_isa isa);
+
+/* y[t*ldy + n] for t in [0, T), n in [n0, n1), computed by the calling
+ * thread alone (for use inside a parallel region).  b may be NULL/absent.
+ * isa must not be MOE_CPU_ISA_REF; over MOE_DTYPE_BF16_PANEL weights both
+ * kernel sets give the same bits, and slices that start and end on multiples of 16
+ * (panel boundaries, or n1 = N) share no work. */
+void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx,
+                        int T, const void *w, enum moe_dtype wt, int Din, int n0, int n1,
+                        const struct moe_tensor *b);
+
+/* The whole product, output rows split over the OpenMP team (serial when
+ * small).  No scratch, no allocation. */
+void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int ldx,
+                   const void *w, enum moe_dtype wt, int N, int Din, int T,
+                   const struct moe_tensor *b);
+
+/* n <= 4 products of one input x (T, Din) in one parallel region:
+ * y[i] (T, N[i]) [row stride N[i]] = x . W_i^T (+ b[i]); b may be NULL. */
+void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const float *x, int Din,
+                         const void *const *w, const enum moe_dtype *wt, const int *N, int T,
+                         const struct moe_tensor *const *b);
+
+/* Bytes of an (N, K) matrix in panels (N rounded up to a multiple of 16,
+ * 32*K bytes per panel); false when K is odd, a size is not positive or
+ * larger than INT32_MAX, or the product overflows. */
+bool moe_gemm_panel_bytes(int64_t N, int64_t K, size_t *out);
+/* dst (moe_gemm_panel_bytes(N, K) bytes, 64-byte aligned; new contents) =
+ * the bf16 matrix w (N, K) row-major, K even, in panels, the rows past N
+ * zero.  Runs over the OpenMP team for large matrices; AVX-512 transposes
+ * where the processor has them, else scalar (same bytes). */
+void moe_gemm_pack_panels(void *dst, const void *w, int N, int K);
+
+/* Reads the n bytes at p once (a pure read stream, for measuring memory
+ * bandwidth); returns a value depending on every byte so the reads stay. */
+uint64_t moe_read_sweep(const void *p, size_t n);
+
+#ifdef __cplusplus
+}
+#endif

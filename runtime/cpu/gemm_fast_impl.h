@@ -1,0 +1,56 @@
+/* gemm_fast_impl.h - kernel entry points of each instruction set, private to
+ * the fast ops (runtime/cpu/gemm_fast.c chooses among them). */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/core/tensor.h"
+
+void moe_gemm_rows_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
+                        enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
+void moe_gemm_rows_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
+                          enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
+/* All T rows against outputs [n0, n1) of Q8_0 weights, the inputs
+ * quantized to Q8_0 too (gemm_q8.c; both kernel sets run it). */
+void moe_gemm_rows_q8_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
+                           int Din, int n0, int n1, const struct moe_tensor *b);
+/* All T rows against outputs [n0, n1) of bf16 weights in panels
+ * (MOE_DTYPE_BF16_PANEL; gemm_panel.c). */
+void moe_gemm_rows_panel_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T,
+                                const void *w, int K, int n0, int n1, const struct moe_tensor *b);
+/* The same with AVX2 + FMA, same bits (gemm_panel_avx2.c). */
+void moe_gemm_rows_panel_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T,
+                              const void *w, int K, int n0, int n1, const struct moe_tensor *b);
+/* Outputs of the widest AVX-512 panel tile for T input rows (a multiple of
+ * the AVX2 one): slices of panel products are multiples of it. */
+int moe_gemm_panel_slice_unit(int T);
+/* The calling thread's buffer of at least n floats, 64-byte aligned (input
+ * rows for the even/odd kernels, gemm_eo.h, or widened weight panels,
+ * gemm_panel.c; one call's use at a time), kept until the thread exits;
+ * NULL when out of memory. */
+float *moe_gemm_thread_buffer(size_t n);
+uint64_t moe_read_sweep_avx2(const void *p, size_t n);
+
+/* Half of each E8M0 scale, 2^(s-128), as fp32 bits (s = 0 and 1 the
+ * subnormals 2^-128 and 2^-127; 255, NaN, never reaches a kernel): the MXFP4
+ * kernels widen a block's nibbles to twice their E2M1 values and multiply
+ * by this, broadcast straight from memory as Q8_0's f32 scale is. */
+#define MOE_E8M0_HALF(s) ((s) == 255 ? 0x7fc00000u : (s) >= 2 ? (uint32_t)((s) - 1) << 23 : 0x00200000u << ((s) & 1))
+#define MOE_E8M0_HALF4(s) MOE_E8M0_HALF(s), MOE_E8M0_HALF(s + 1), MOE_E8M0_HALF(s + 2), MOE_E8M0_HALF(s + 3)
+#define MOE_E8M0_HALF16(s) MOE_E8M0_HALF4(s), MOE_E8M0_HALF4(s + 4), MOE_E8M0_HALF4(s + 8), MOE_E8M0_HALF4(s + 12)
+#define MOE_E8M0_HALF64(s) MOE_E8M0_HALF16(s), MOE_E8M0_HALF16(s + 16), MOE_E8M0_HALF16(s + 32), MOE_E8M0_HALF16(s + 48)
+static const uint32_t moe_e8m0_half_bits[256] = {MOE_E8M0_HALF64(0), MOE_E8M0_HALF64(64), MOE_E8M0_HALF64(128),
+                                                 MOE_E8M0_HALF64(192)};
+
+/* E4M3 to f16, exactly, for F16C to widen: the byte sign-extended to 16
+ * bits and shifted left by 7 puts the sign in bit 15, the exponent in bits
+ * 10-13 and the mantissa in bits 7-9; clearing bit 14 (a copy of the sign)
+ * leaves the f16 whose value is the E4M3 value / 2^8, normal or subnormal
+ * alike (f16's exponent bias is 15, E4M3's 7; a subnormal E4M3 m * 2^-9 is
+ * the f16 subnormal m * 2^-17).  The kernels multiply by 2^8 (exact: the
+ * E4M3 value, at most 448) then by the block's scale: one rounding of the
+ * exact product, the reference's.  (Folding 2^8 into the scale instead
+ * saves a multiply but overflows past |scale| 2^120; measured 5-10% faster
+ * only, docs/performance.md.) */
+#define MOE_FP8_F16_MASK ((short)0xbf80)

@@ -1,0 +1,210 @@
+/* gemm_q8.c - the fast matrix product over Q8_0 weights, for both kernel
+ * sets (AVX2 instructions, which AVX-512 processors run too): each input
+ * row is quantized to Q8_0 blocks of its own, as llama.cpp's CPU backend
+ * does, and each block of 32 products is an exact integer sum.
+ *
+ * Why: widening the int8 weights to fp32 costs 4 instructions per 8
+ * weights (extend, convert, scale, FMA), which made Q8_0 decode compute
+ * bound at about half the speed of bf16 although it reads about half the
+ * bytes (docs/performance.md).  Here a block of 32 weights against one
+ * input row takes 8: vpsignb (the input signed by the weight), vpmaddubsw
+ * (|w| times that, pairs summed to int16: at most 2 x 128 x 127, no
+ * saturation), vpmaddwd by ones (lane j: elements 4j..4j+3 as int32),
+ * convert, the product of the two blocks' scales, and one FMA.
+ *
+ * Input rows: per block of 32, amax = max |x|, scale d = amax / 127 and
+ * codes q = x * (127 / amax) rounded to nearest even (all zero, d = 0, when
+ * amax is 0), so q is in [-127, 127] and |x - q d| <= d / 2 (plus an ulp).
+ * A block holding a NaN or an infinity gets d = NaN, so every output of
+ * that row is NaN, as it is in the float product and the forward pass
+ * reports it.  The rows of up to TBQ inputs are quantized into the calling
+ * thread's buffer (moe_gemm_thread_buffer) on each call, once for all the
+ * weight rows of the call.
+ *
+ * Numerics: output n of row t is sum over blocks k in order of
+ * float(isum_k) x (dw_k x dx_k) by one FMA per lane (lane j accumulating
+ * its 4-element integer sums), then the fixed horizontal sum moe_hsum8,
+ * then the bias.  The integer sums are exact, so the only differences from
+ * the reference (which multiplies the dequantized weights with the fp32
+ * inputs) are the input rounding, at most d_x / 2 per element (relative
+ * error of an output about 1e-3, that of the weights' own quantization),
+ * and fp32 rounding.  Every tile computes that same expression, so a row
+ * gives the same bits alone or in any batch, and both kernel sets the same
+ * bits. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/cpu/simd_avx2.h"
+#include "runtime/core/status.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+enum {
+    QB = MOE_Q8_0_BLOCK,  /* values per block */
+    QBYTES = MOE_Q8_0_BYTES, /* f32 scale + 32 codes */
+    TBQ = 64,             /* input rows quantized at a time */
+    MAXC = 8,             /* widest tile: weight rows for one input row */
+};
+
+/* The row x (nb blocks of 32) as codes q (nb * 32) and scales d (nb). */
+AVX2 static void quantize_row(int8_t *q, float *d, const float *x, int nb)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 inf = _mm256_set1_ps(INFINITY);
+    /* packs work within 128-bit halves: this puts the 4-byte groups back
+     * in element order */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + (size_t)b * QB;
+        __m256 v[4], m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            const __m256 a = _mm256_and_ps(v[i], absmask);
+            m = _mm256_max_ps(m, a);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ)); /* NaN or inf */
+        }
+        int8_t *qb = q + (size_t)b * QB;
+        if (!_mm256_testz_ps(bad, bad)) {
+            d[b] = NAN;
+            memset(qb, 0, QB);
+            continue;
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        d[b] = amax / 127.0f;
+        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        __m256i i[4];
+        for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(p, order));
+    }
+}
+
+/* acc + (the integer dot of the weight block wq (|wq| = wa, scale wd
+ * broadcast) with the input block xq) x (wd x xd): one block's term. */
+AVX2 INLINE __m256 block_fma(__m256 acc, __m256i wq, __m256i wa, __m256 wd, const int8_t *xq, const float *xd)
+{
+    const __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, wq));
+    const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    return _mm256_fmadd_ps(s, _mm256_mul_ps(wd, _mm256_broadcast_ss(xd)), acc);
+}
+
+/* y[r*ldy + c] = input row r . weight row c (+ bias n + c) for r < R,
+ * c < C: q, d the quantized input rows (row strides Din and nb), w the
+ * first weight row (stride wld); pf: the first pass over these weight
+ * rows, which prefetches the next tile's. */
+AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const int8_t *q, const float *d,
+                      int Din, const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
+{
+    const int nb = Din / QB;
+    __m256 acc[4][MAXC];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int k = 0; k < nb; k++) {
+        __m256i wq[MAXC], wa[MAXC];
+        __m256 wd[MAXC];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            const char *blk = w + (size_t)c * wld + (size_t)k * QBYTES;
+            /* weights stream once from memory: the same block of the next
+             * tile's row (C rows on), so a tile starts with its rows in L2
+             * (a fixed distance into each row left every tile start
+             * waiting on memory: 72 against 90 tokens/s on bench-olmoe;
+             * none on 4-row tiles: 1.25-1.6x slower at 4-16 rows) */
+            if (pf) _mm_prefetch(blk + (size_t)C * wld, _MM_HINT_T1);
+            wq[c] = _mm256_loadu_si256((const __m256i *)(blk + 4));
+            wa[c] = _mm256_sign_epi8(wq[c], wq[c]);
+            wd[c] = _mm256_broadcast_ss((const float *)blk);
+            if (R == 4) continue;
+            /* few rows, many weight rows: each weight block against the
+             * rows at once, so the registers hold R*C sums and a few
+             * temporaries (loading all C blocks first would spill) */
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = block_fma(acc[r][c], wq[c], wa[c], wd[c], q + (size_t)r * Din + (size_t)k * QB,
+                                      d + (size_t)r * nb + k);
+        }
+        if (R < 4) continue;
+        /* 4 rows x C (2) weight rows: the C blocks loaded once, each input
+         * block once */
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++)
+                acc[r][c] = block_fma(acc[r][c], wq[c], wa[c], wd[c], q + (size_t)r * Din + (size_t)k * QB,
+                                      d + (size_t)r * nb + k);
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
+}
+
+/* R rows (1..3) against weight rows [n0, n1), C at a time then one by one;
+ * w points at row n0. */
+AVX2 INLINE void row_tiles(const int R, const int C, float *y, size_t ldy, const int8_t *q, const float *d,
+                           int Din, const char *w, size_t wld, int n0, int n1, const struct moe_tensor *b)
+{
+    int n = n0;
+    for (; n + C <= n1; n += C)
+        tile(R, C, y + n, ldy, q, d, Din, w + (size_t)(n - n0) * wld, wld, b, n, true);
+    for (; n < n1; n++) tile(R, 1, y + n, ldy, q, d, Din, w + (size_t)(n - n0) * wld, wld, b, n, true);
+}
+
+AVX2 void moe_gemm_rows_q8_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *wv,
+                                int Din, int n0, int n1, const struct moe_tensor *b)
+{
+    enum { C4 = 2 }; /* weight rows of a 4-input tile: 8 accumulators */
+    MOE_ASSERT(Din % QB == 0);
+    const int nb = Din / QB;
+    const size_t wld = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)Din);
+    const int rows = T < TBQ ? T : TBQ;
+    /* codes first (32-byte multiples per row), then the scales */
+    float *buf = moe_gemm_thread_buffer((size_t)rows * (size_t)(Din / 4 + nb));
+    MOE_ASSERT(buf && "gemm_fast: out of memory for the quantized input rows");
+    int8_t *q = (int8_t *)buf;
+    float *d = buf + (size_t)rows * Din / 4;
+    const char *w = (const char *)wv + (size_t)n0 * wld;
+    if (b && !b->data) b = NULL;
+    for (int t0 = 0; t0 < T; t0 += TBQ) {
+        const int tn = T - t0 < TBQ ? T - t0 : TBQ;
+        for (int t = 0; t < tn; t++)
+            quantize_row(q + (size_t)t * Din, d + (size_t)t * nb, x + (size_t)(t0 + t) * ldx, nb);
+        float *yb = y + (size_t)t0 * ldy;
+        switch (tn) {
+        case 1: row_tiles(1, 8, yb, ldy, q, d, Din, w, wld, n0, n1, b); continue;
+        case 2: row_tiles(2, 4, yb, ldy, q, d, Din, w, wld, n0, n1, b); continue;
+        case 3: row_tiles(3, 3, yb, ldy, q, d, Din, w, wld, n0, n1, b); continue;
+        default: break;
+        }
+        /* each group of C4 weight rows (in L1) against every 4-row tile,
+         * then the last 1-3 rows one at a time */
+        const int t4 = tn & ~3;
+        for (int n = n0; n < n1; n += C4) {
+            const bool full = n + C4 <= n1;
+            const char *wn = w + (size_t)(n - n0) * wld;
+            for (int t = 0; t < tn; t += t < t4 ? 4 : 1) {
+                float *yt = yb + (size_t)t * ldy + n;
+                const int8_t *qt = q + (size_t)t * Din;
+                const float *dt = d + (size_t)t * nb;
+                if (t < t4 && full)
+                    tile(4, C4, yt, ldy, qt, dt, Din, wn, wld, b, n, t == 0);
+                else if (t < t4)
+                    tile(4, 1, yt, ldy, qt, dt, Din, wn, wld, b, n, t == 0);
+                else if (full)
+                    tile(1, C4, yt, ldy, qt, dt, Din, wn, wld, b, n, t == 0);
+                else
+                    tile(1, 1, yt, ldy, qt, dt, Din, wn, wld, b, n, t == 0);
+            }
+        }
+    }
+}

@@ -1,0 +1,161 @@
+/* cuda_planes.cuh - reading MXFP4, FP8_B128 and Q8_0 weights in place on the GPU,
+ * from their planes (runtime/core/tensor.h, moe_planes_from_rows): the warp dot
+ * products the decode expert kernels (experts/experts_cuda.cu) and the
+ * small-batch dense matmul (runtime/cuda/matmul_cuda.cu) share. */
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "runtime/core/tensor.h"
+
+/* A 16-byte weight load: evict-first (__ldcs) when the weights are read
+ * once in the call, so they do not push the activations out of L1 and L2;
+ * through the read-only cache (__ldg) when they will be read again (an
+ * expert with more rows than one tile), so the second read hits L2. */
+template <class V> __device__ __forceinline__ V ld_weights(const V *p, bool once)
+{
+    return once ? __ldcs(p) : __ldg(p);
+}
+
+/* Consecutive input rows of one buffer: row r at base + r * stride. */
+struct strided_rows {
+    const float *base;
+    int stride;
+    __device__ const float *row(int r) const { return base + (size_t)r * stride; }
+};
+
+/* ---- MXFP4, FP8_B128 and Q8_0 weights, read in place (the planes layout
+ * of runtime/core/tensor.h: a 16-byte load is one MXFP4 block of 32 values, or
+ * 16 FP8 values of one 128-value block, or 16 Q8_0 codes of one 32-value
+ * block) ----
+ * Two codes become a half2 by placing their bits (moe_e2m1x2_half_bits,
+ * moe_e4m3x2_half_bits: the code's value times 2^-14 or 2^-8, exactly),
+ * the half2 two floats exactly, and the 2^14 or 2^8 is folded into the
+ * block's scale, which multiplies each block's partial dot product once. */
+__device__ __forceinline__ float2 half2_bits(uint32_t u)
+{
+    __half2 h;
+    memcpy(&h, &u, 4);
+    return __half22float2(h);
+}
+
+/* Nibbles 0-3 (x) and 16-19 (y) of t: two E2M1 codes. */
+__device__ __forceinline__ float2 e2m1x2(uint32_t t) { return half2_bits(moe_e2m1x2_half_bits(t)); }
+
+/* Bytes 0 (x) and 2 (y) of t: two E4M3 codes. */
+__device__ __forceinline__ float2 e4m3x2(uint32_t t) { return half2_bits(moe_e4m3x2_half_bits(t)); }
+
+/* Byte j of t, an int8 Q8_0 code, as its value (moe_q8_f32_bits). */
+__device__ __forceinline__ float q8(uint32_t t, int j)
+{
+    return __uint_as_float(moe_q8_f32_bits(t, j)) - MOE_Q8_F32_BIAS;
+}
+
+/* Whether DT is read from planes (moe_dtype_planes, at compile time). */
+template <enum moe_dtype DT>
+constexpr bool planes_dt = DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128 || DT == MOE_DTYPE_Q8_0;
+
+template <enum moe_dtype DT> struct qtraits {
+    static constexpr bool fp4 = DT == MOE_DTYPE_MXFP4;
+    static constexpr bool q8 = DT == MOE_DTYPE_Q8_0;
+    static constexpr int per_load = fp4 ? 32 : 16;   /* values in a 16-byte load */
+    static constexpr int block = fp4 ? MOE_MXFP4_BLOCK : q8 ? MOE_Q8_0_BLOCK : MOE_FP8_BLOCK;
+    static constexpr float unit = fp4 ? 16384.0f : q8 ? 1.0f : 256.0f; /* qword's values times this */
+};
+
+/* The 8 (MXFP4) or 4 (FP8, Q8_0) values of word j of a 16-byte load, times
+ * 2^14, 2^8 or 1, at their offsets o[] in the load: MXFP4 bytes 4j..4j+3
+ * hold elements 4j..4j+3 (low nibbles) and 4j+16..4j+19 (high nibbles). */
+template <enum moe_dtype DT>
+__device__ __forceinline__ void qword(float *v, uint32_t w)
+{
+    if (qtraits<DT>::fp4) {
+        const float2 a = e2m1x2(w), b = e2m1x2(w >> 8), c = e2m1x2(w >> 4), d = e2m1x2(w >> 12);
+        v[0] = a.x, v[1] = b.x, v[2] = a.y, v[3] = b.y; /* elements 4j .. 4j+3 */
+        v[4] = c.x, v[5] = d.x, v[6] = c.y, v[7] = d.y; /* elements 4j+16 .. 4j+19 */
+    } else if (qtraits<DT>::q8) {
+        v[0] = q8(w, 0), v[1] = q8(w, 1), v[2] = q8(w, 2), v[3] = q8(w, 3);
+    } else {
+        const float2 a = e4m3x2(w), b = e4m3x2(w >> 8);
+        v[0] = a.x, v[1] = b.x, v[2] = a.y, v[3] = b.y;
+    }
+}
+
+/* The scale of the block holding value i of the planes at ws. */
+template <enum moe_dtype DT>
+__device__ __forceinline__ float qscale(const void *ws, size_t i)
+{
+    if (qtraits<DT>::fp4) {
+        const uint32_t s = ((const uint8_t *)ws)[i / MOE_MXFP4_BLOCK]; /* 255 refused at load */
+        return s ? __uint_as_float(s << 23) : __uint_as_float(0x00400000u);
+    }
+    return ((const float *)ws)[i / qtraits<DT>::block];
+}
+
+/* warp_dots for MXFP4, FP8_B128 or Q8_0 weights in planes: values at w, scales at
+ * ws, rows starting at value index wo[k]; n a multiple of the block.  Each
+ * lane keeps NW x U 16-byte loads in flight, decodes one word of each at a
+ * time and sums a block's products before its scale multiplies them. */
+template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
+__device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, const void *ws,
+                                            const size_t *wo, const Rows &xs, int nr, int n, bool once)
+{
+    typedef qtraits<DT> Q;
+    const int lane = threadIdx.x & 31;
+    const uint8_t *q = (const uint8_t *)w;
+    for (int i0 = lane * Q::per_load; i0 < n; i0 += 32 * Q::per_load * U) {
+        uint4 wq[U][NW];
+        float sc[U][NW];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int k = 0; k < NW; k++) {
+                const int i = i0 + u * 32 * Q::per_load;
+                if (i < n) {
+                    const size_t e = wo[k] + i;
+                    wq[u][k] = ld_weights((const uint4 *)(q + (Q::fp4 ? e / 2 : e)), once);
+                    sc[u][k] = qscale<DT>(ws, e);
+                }
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * 32 * Q::per_load;
+            if (i >= n) break;
+            float part[NW][RT];
+#pragma unroll
+            for (int k = 0; k < NW; k++)
+#pragma unroll
+                for (int r = 0; r < RT; r++) part[k][r] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float v[NW][8];
+#pragma unroll
+                for (int k = 0; k < NW; k++) {
+                    const uint32_t word[4] = {wq[u][k].x, wq[u][k].y, wq[u][k].z, wq[u][k].w};
+                    qword<DT>(v[k], word[j]);
+                }
+#pragma unroll
+                for (int r = 0; r < RT; r++) {
+                    if (r >= nr) break;
+                    const float *xr = xs.row(r) + i;
+                    const float4 a = *(const float4 *)(xr + 4 * j); /* both: elements 4j..4j+3 */
+#pragma unroll
+                    for (int k = 0; k < NW; k++)
+                        part[k][r] += v[k][0] * a.x + v[k][1] * a.y + v[k][2] * a.z + v[k][3] * a.w;
+                    if (Q::fp4) {
+                        const float4 b = *(const float4 *)(xr + 16 + 4 * j);
+#pragma unroll
+                        for (int k = 0; k < NW; k++)
+                            part[k][r] += v[k][4] * b.x + v[k][5] * b.y + v[k][6] * b.z + v[k][7] * b.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < NW; k++)
+#pragma unroll
+                for (int r = 0; r < RT; r++) acc[k][r] += part[k][r] * Q::unit * sc[u][k];
+        }
+    }
+}

@@ -1,0 +1,62 @@
+/* matmul_cuda.cu - dense products with MXFP4, FP8_B128 or Q8_0 weights read in
+ * place (planes, runtime/core/tensor.h), for steps of few rows: y (T, N) = x (T,
+ * Din) . W^T (+ b).  A warp computes two output features for up to 8 rows
+ * at a time, streaming the two weight rows once per 8 input rows with the
+ * decode expert kernels' dot products (runtime/cuda/cuda_planes.cuh); blocks of
+ * 8 warps.  Larger steps widen the matrix to bf16 for cuBLAS instead
+ * (runtime/backend/backend_cuda.c). */
+#include "runtime/cuda/cuda_dtype.cuh"
+#include "runtime/cuda/cuda_planes.cuh"
+#include "runtime/cuda/cuda_util.h"
+
+#define MV_WARPS 8
+#define MV_NW 2 /* output features per warp */
+#define MV_RT 8 /* input rows per pass */
+
+template <enum moe_dtype DT>
+static __global__ void __launch_bounds__(MV_WARPS * 32)
+    planes_matvec_kernel(float *y, const float *x, const void *w, const void *ws, const void *b,
+                         enum moe_dtype bdt, int N, int Din, int T)
+{
+    const int n0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * MV_NW;
+    if (n0 >= N) return; /* the whole warp */
+    size_t wo[MV_NW];
+#pragma unroll
+    for (int k = 0; k < MV_NW; k++) /* past N: repeat the last row, not stored */
+        wo[k] = (size_t)min(n0 + k, N - 1) * Din;
+    for (int t0 = 0; t0 < T; t0 += MV_RT) {
+        const int nr = min(MV_RT, T - t0);
+        const strided_rows xs = {x + (size_t)t0 * Din, Din};
+        float acc[MV_NW][MV_RT] = {};
+        warp_dots_q<DT, MV_RT, MV_NW, 1>(acc, w, ws, wo, xs, nr, Din, T <= MV_RT);
+#pragma unroll
+        for (int k = 0; k < MV_NW; k++) {
+            if (n0 + k >= N) break;
+#pragma unroll
+            for (int r = 0; r < MV_RT; r++) {
+                if (r >= nr) break;
+                float s = moe_warp_sum(acc[k][r]);
+                if (b) s += moe_ld(b, bdt, (size_t)n0 + k);
+                if ((threadIdx.x & 31) == 0) y[(size_t)(t0 + r) * N + n0 + k] = s;
+            }
+        }
+    }
+}
+
+extern "C" enum moe_status moe_ops_matmul_planes_cuda(cudaStream_t st, float *y, const float *x,
+                                                      const void *w, enum moe_dtype dt, int N, int Din,
+                                                      int T, const void *b, enum moe_dtype bdt)
+{
+    if (!moe_dtype_planes(dt) || N <= 0 || Din <= 0 || Din % moe_dtype_block(dt))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda matmul: %s weights of %d x %d", moe_dtype_name(dt), N, Din);
+    if (T <= 0) return MOE_OK;
+    const void *ws = (const char *)w + moe_planes_values_bytes(dt, (size_t)N, (size_t)Din);
+    const unsigned grid = (unsigned)((N + MV_WARPS * MV_NW - 1) / (MV_WARPS * MV_NW));
+#define MATVEC(DT) planes_matvec_kernel<DT><<<grid, MV_WARPS * 32, 0, st>>>(y, x, w, ws, b, bdt, N, Din, T)
+    if (dt == MOE_DTYPE_MXFP4) MATVEC(MOE_DTYPE_MXFP4);
+    else if (dt == MOE_DTYPE_FP8_B128) MATVEC(MOE_DTYPE_FP8_B128);
+    else MATVEC(MOE_DTYPE_Q8_0);
+#undef MATVEC
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}

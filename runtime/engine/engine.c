@@ -1,0 +1,394 @@
+/* engine.c - continuous batching (see engine.h). */
+#include "runtime/engine/engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *moe_finish_name(enum moe_finish f)
+{
+    switch (f) {
+    case MOE_FINISH_STOP: return "stop";
+    case MOE_FINISH_LENGTH: return "length";
+    case MOE_FINISH_ABORT: return "abort";
+    default: return "none";
+    }
+}
+
+static double mono_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --- queues: doubly linked through the requests --- */
+
+static void unlink_req(struct moe_request **head, struct moe_request **tail, struct moe_request *r)
+{
+    if (r->prev) r->prev->next = r->next;
+    else *head = r->next;
+    if (r->next) r->next->prev = r->prev;
+    else *tail = r->prev;
+    r->prev = r->next = NULL;
+}
+
+static void push_back(struct moe_request **head, struct moe_request **tail, struct moe_request *r)
+{
+    r->prev = *tail;
+    r->next = NULL;
+    if (*tail) (*tail)->next = r;
+    else *head = r;
+    *tail = r;
+}
+
+static void push_front(struct moe_request **head, struct moe_request **tail, struct moe_request *r)
+{
+    r->next = *head;
+    r->prev = NULL;
+    if (*head) (*head)->prev = r;
+    else *tail = r;
+    *head = r;
+}
+
+enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
+                                struct moe_backend *be, const struct moe_engine_opts *o)
+{
+    memset(e, 0, sizeof *e);
+    if (o->max_batch_tokens <= 0 || o->max_seqs <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "engine: max batch tokens and sequences must be positive");
+    e->m = m;
+    e->o = *o;
+    e->clock = mono_clock;
+    e->next_id = 1;
+    struct moe_runner_opts ro = {
+        .max_tokens = o->max_batch_tokens, .max_seqs = o->max_seqs, .max_logits = o->max_seqs,
+        .block_size = o->block_size, .n_blocks = o->n_blocks, .kv_dtype = o->kv_dtype,
+        .kv_dtype_set = true, .prefix_cache = o->prefix_cache};
+    enum moe_status s;
+    if ((s = moe_runner_init(&e->r, m, be, &ro)) != MOE_OK) goto fail;
+    if ((s = moe_sampler_scratch_init(&e->scratch, m->cfg.vocab)) != MOE_OK) goto fail;
+    e->chunks = calloc((size_t)o->max_seqs, sizeof *e->chunks);
+    e->sched = calloc((size_t)o->max_seqs, sizeof *e->sched);
+    e->logits = malloc((size_t)o->max_seqs * (size_t)m->cfg.vocab * sizeof(float));
+    e->ids = malloc((size_t)o->max_seqs * sizeof *e->ids);
+    if (!e->chunks || !e->sched || !e->logits || !e->ids) {
+        s = moe_fail(MOE_ERR_NOMEM, "engine: step buffers");
+        goto fail;
+    }
+    return MOE_OK;
+fail:
+    moe_engine_free(e);
+    return s;
+}
+
+static void free_request(struct moe_engine *e, struct moe_request *r)
+{
+    moe_seq_free(&e->r, &r->seq);
+    free(r->tokens);
+    free(r->samples);
+    free(r->t_token);
+    free(r);
+}
+
+void moe_engine_free(struct moe_engine *e)
+{
+    struct moe_request *r, *n;
+    for (r = e->run_head; r; r = n) {
+        n = r->next;
+        free_request(e, r);
+    }
+    for (r = e->wait_head; r; r = n) {
+        n = r->next;
+        free_request(e, r);
+    }
+    moe_runner_free(&e->r);
+    moe_sampler_scratch_free(&e->scratch);
+    free(e->chunks);
+    free(e->sched);
+    free(e->logits);
+    free(e->ids);
+    memset(e, 0, sizeof *e);
+}
+
+static int blocks_for(const struct moe_engine *e, int tokens)
+{
+    return (tokens + e->o.block_size - 1) / e->o.block_size;
+}
+
+enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, int n_prompt,
+                                  const struct moe_request_params *p, void *user,
+                                  struct moe_request **out)
+{
+    const struct moe_config *c = &e->m->cfg;
+    *out = NULL;
+    if (n_prompt <= 0) return moe_fail(MOE_ERR_INVALID_ARG, "request: the prompt is empty");
+    if (p->max_tokens <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "request: max_tokens %d must be at least 1", p->max_tokens);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= c->vocab)
+            return moe_fail(MOE_ERR_INVALID_ARG,
+                            "request: prompt token %d at position %d is outside the vocabulary of %d",
+                            prompt[i], i, c->vocab);
+    if ((int64_t)n_prompt + p->max_tokens > c->max_pos)
+        return moe_fail(MOE_ERR_INVALID_ARG,
+                        "request: %d prompt tokens + max_tokens %d = %lld exceeds the model's "
+                        "context of %d", n_prompt, p->max_tokens,
+                        (long long)n_prompt + p->max_tokens, c->max_pos);
+    /* the last sampled token is never written to the cache */
+    int need = blocks_for(e, n_prompt + p->max_tokens - 1);
+    if (need > e->r.kv.n_blocks)
+        return moe_fail(MOE_ERR_INVALID_ARG,
+                        "request: %d prompt + %d new tokens need %d KV blocks of %d tokens, but the "
+                        "cache holds only %d blocks; raise --kv-budget or lower max_tokens",
+                        n_prompt, p->max_tokens, need, e->o.block_size, e->r.kv.n_blocks);
+    if (p->n_stop_ids < 0 || p->n_stop_ids > MOE_MAX_STOP_IDS)
+        return moe_fail(MOE_ERR_INVALID_ARG, "request: %d stop ids (at most %d)", p->n_stop_ids,
+                        MOE_MAX_STOP_IDS);
+    MOE_TRY(moe_sampling_validate(&p->sampling));
+    for (int i = 0; i < p->sampling.n_bias; i++)
+        if (p->sampling.bias_ids[i] >= e->r.m->cfg.vocab)
+            return moe_fail(MOE_ERR_INVALID_ARG, "logit_bias: token id %d is outside the vocabulary of %d",
+                            p->sampling.bias_ids[i], e->r.m->cfg.vocab);
+    struct moe_request *r = calloc(1, sizeof *r);
+    if (!r) return moe_fail(MOE_ERR_NOMEM, "request");
+    r->cap = n_prompt + p->max_tokens;
+    r->tokens = malloc((size_t)r->cap * sizeof *r->tokens);
+    r->samples = malloc((size_t)p->max_tokens * sizeof *r->samples);
+    r->t_token = malloc((size_t)p->max_tokens * sizeof *r->t_token);
+    if (!r->tokens || !r->samples || !r->t_token) {
+        int cap = r->cap;
+        free_request(e, r);
+        return moe_fail(MOE_ERR_NOMEM, "request of %d tokens", cap);
+    }
+    memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
+    r->n_prompt = r->n_tokens = n_prompt;
+    r->params = *p;
+    r->id = e->next_id++;
+    r->user = user;
+    r->state = MOE_REQ_WAITING;
+    r->t_arrival = e->clock();
+    moe_rng_seed(&r->rng, p->sampling.seed);
+    push_back(&e->wait_head, &e->wait_tail, r);
+    e->n_waiting++;
+    e->n.prompt_tokens += (uint64_t)n_prompt;
+    *out = r;
+    return MOE_OK;
+}
+
+/* Returns r's blocks and forgets what it had computed. */
+static void drop_cache(struct moe_engine *e, struct moe_request *r)
+{
+    moe_seq_reset(&e->r, &r->seq);
+    r->n_computed = 0;
+    r->n_cached_blocks = 0;
+}
+
+static void finish(struct moe_engine *e, struct moe_request *r, enum moe_finish why)
+{
+    if (r->state == MOE_REQ_RUNNING) {
+        unlink_req(&e->run_head, &e->run_tail, r);
+        e->n_running--;
+    } else if (r->state == MOE_REQ_WAITING) {
+        unlink_req(&e->wait_head, &e->wait_tail, r);
+        e->n_waiting--;
+    }
+    drop_cache(e, r);
+    r->state = MOE_REQ_FINISHED;
+    r->finish = why;
+    r->t_finish = e->clock();
+    if (why == MOE_FINISH_ABORT) e->n.requests_aborted++;
+    else e->n.requests_finished++;
+}
+
+void moe_engine_cancel(struct moe_engine *e, struct moe_request *r)
+{
+    if (r->state == MOE_REQ_FINISHED) return;
+    finish(e, r, MOE_FINISH_ABORT);
+    if (e->on_token) e->on_token(r->user, r, -1, true);
+}
+
+void moe_engine_stop(struct moe_engine *e, struct moe_request *r)
+{
+    if (r->state != MOE_REQ_FINISHED) finish(e, r, MOE_FINISH_STOP);
+}
+
+void moe_engine_release(struct moe_engine *e, struct moe_request *r)
+{
+    if (!r) return;
+    if (r->state != MOE_REQ_FINISHED) finish(e, r, MOE_FINISH_ABORT);
+    free_request(e, r);
+}
+
+bool moe_engine_idle(const struct moe_engine *e) { return !e->run_head && !e->wait_head; }
+
+static void preempt(struct moe_engine *e, struct moe_request *r)
+{
+    unlink_req(&e->run_head, &e->run_tail, r);
+    e->n_running--;
+    drop_cache(e, r);
+    r->state = MOE_REQ_WAITING;
+    r->n_preempted++;
+    push_front(&e->wait_head, &e->wait_tail, r);
+    e->n_waiting++;
+    e->n.preemptions++;
+}
+
+/* Shares the longest chain of cached blocks that matches r's tokens,
+ * leaving at least one token to compute. */
+static enum moe_status match_prefix(struct moe_engine *e, struct moe_request *r)
+{
+    const int B = e->o.block_size;
+    if (!e->o.prefix_cache) return MOE_OK;
+    int32_t parent = -1;
+    for (int i = 0; (i + 1) * B <= r->n_tokens - 1; i++) {
+        int32_t b = moe_kvcache_lookup(&e->r.kv, parent, r->tokens + (size_t)i * B);
+        if (b < 0) break;
+        enum moe_status s = moe_seq_push_block(&e->r, &r->seq, b);
+        if (s != MOE_OK) {
+            moe_kvcache_release_block(&e->r.kv, b);
+            return s;
+        }
+        parent = b;
+    }
+    r->n_computed = r->seq.n_blocks * B;
+    r->seq.len = r->n_computed;
+    r->n_cached_blocks = r->seq.n_blocks;
+    r->n_prefix_hit += r->n_computed;
+    e->n.prefix_hit_tokens += (uint64_t)r->n_computed;
+    return MOE_OK;
+}
+
+static void add_chunk(struct moe_engine *e, int *nc, struct moe_request *r, int n)
+{
+    bool decode = n == 1 && r->n_computed == r->n_tokens - 1 && r->n_tokens > r->n_prompt;
+    e->chunks[*nc] = (struct moe_chunk){&r->seq, r->tokens + r->n_computed, n, false, decode, r->id};
+    e->sched[(*nc)++] = r;
+}
+
+/* Registers the blocks r has completely computed in the prefix cache. */
+static void cache_full_blocks(struct moe_engine *e, struct moe_request *r)
+{
+    const int B = e->o.block_size;
+    while ((r->n_cached_blocks + 1) * B <= r->n_computed) {
+        int k = r->n_cached_blocks++;
+        moe_kvcache_cache_block(&e->r.kv, r->seq.blocks[k], k ? r->seq.blocks[k - 1] : -1,
+                                r->tokens + (size_t)k * B);
+    }
+}
+
+static bool is_stop(const struct moe_request *r, int32_t t)
+{
+    for (int i = 0; i < r->params.n_stop_ids; i++)
+        if (r->params.stop_ids[i] == t) return true;
+    return false;
+}
+
+/* Samples r's next token from its logits row c of the step: the backend's
+ * argmax for plain greedy requests, the sampler on the host otherwise. */
+static void sample(struct moe_engine *e, struct moe_request *r, int c)
+{
+    const int V = e->m->cfg.vocab;
+    int g = r->n_tokens - r->n_prompt;
+    struct moe_sample *s = &r->samples[g];
+    if (moe_sampling_is_argmax(&r->params.sampling)) {
+        memset(s, 0, sizeof *s);
+        s->token = e->ids[c];
+        s->logprob = NAN; /* not asked for, not computed */
+    } else {
+        moe_sampler_sample(&r->params.sampling, &r->rng, e->logits + (size_t)c * V, V, r->tokens,
+                           r->n_prompt, r->n_tokens, &e->scratch, s);
+    }
+    double now = e->clock();
+    if (g == 0) r->t_first = now;
+    r->t_token[g] = now;
+    r->tokens[r->n_tokens++] = s->token;
+    e->n.generated_tokens++;
+    enum moe_finish why = MOE_FINISH_NONE;
+    if (is_stop(r, s->token)) why = MOE_FINISH_STOP;
+    else if (r->n_tokens - r->n_prompt >= r->params.max_tokens) why = MOE_FINISH_LENGTH;
+    if (why != MOE_FINISH_NONE) finish(e, r, why);
+    if (e->on_token) e->on_token(r->user, r, s->token, why != MOE_FINISH_NONE);
+}
+
+enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
+{
+    struct moe_kvcache *kv = &e->r.kv;
+    int budget = e->o.max_batch_tokens, nc = 0, rows = 0;
+    *n_scheduled = 0;
+    e->n_sched = 0;
+    /* 1. running requests, oldest first: a decode token or a prefill chunk */
+    struct moe_request *r = e->run_head;
+    bool preempted = false;
+    while (r && budget > 0 && nc < e->o.max_seqs) {
+        int n = r->n_tokens - r->n_computed;
+        if (n > budget) n = budget;
+        bool self_preempted = false;
+        while (blocks_for(e, r->n_computed + n) - r->seq.n_blocks > moe_kvcache_available(kv)) {
+            struct moe_request *victim = e->run_tail;
+            preempt(e, victim);
+            preempted = true;
+            if (victim == r) {
+                self_preempted = true;
+                break;
+            }
+        }
+        if (self_preempted) break;
+        MOE_TRY(moe_runner_reserve(&e->r, &r->seq, r->n_computed + n));
+        add_chunk(e, &nc, r, n);
+        budget -= n;
+        r = r->next;
+    }
+    /* 2. admit waiting requests into what is left (not in a step that had
+     * to preempt: memory is short, and the victim would only thrash) */
+    while (!preempted && e->wait_head && budget > 0 && nc < e->o.max_seqs) {
+        r = e->wait_head;
+        if (r->seq.n_blocks == 0) MOE_TRY(match_prefix(e, r));
+        int n = r->n_tokens - r->n_computed;
+        if (n > budget) n = budget;
+        /* shrink the chunk to the blocks that are free */
+        int fit = (r->seq.n_blocks + moe_kvcache_available(kv)) * e->o.block_size - r->n_computed;
+        if (n > fit) n = fit;
+        if (n <= 0) {
+            drop_cache(e, r); /* give back prefix hits; they stay cached */
+            break;
+        }
+        MOE_TRY(moe_runner_reserve(&e->r, &r->seq, r->n_computed + n));
+        unlink_req(&e->wait_head, &e->wait_tail, r);
+        e->n_waiting--;
+        push_back(&e->run_head, &e->run_tail, r);
+        e->n_running++;
+        r->state = MOE_REQ_RUNNING;
+        add_chunk(e, &nc, r, n);
+        budget -= n;
+    }
+    if (nc == 0) return MOE_OK;
+    /* logits rows cross to the host only when a request that samples now
+     * needs more than the argmax */
+    bool host_logits = false;
+    for (int c = 0; c < nc; c++) {
+        r = e->sched[c];
+        if (r->n_computed + e->chunks[c].n == r->n_tokens &&
+            !moe_sampling_is_argmax(&r->params.sampling))
+            host_logits = true;
+    }
+    MOE_TRY(moe_runner_step(&e->r, e->chunks, nc, host_logits ? e->logits : NULL, e->ids, &rows,
+                            e->trace));
+    e->n.steps++;
+    e->n_sched = nc;
+    for (int c = 0; c < nc; c++) {
+        r = e->sched[c];
+        int n = e->chunks[c].n;
+        bool decode = n == 1 && r->n_computed == r->n_tokens - 1 && r->n_tokens > r->n_prompt;
+        if (!decode) {
+            r->n_prefilled += n;
+            e->n.prefill_tokens += (uint64_t)n;
+        }
+        r->n_computed += n;
+        cache_full_blocks(e, r);
+        if (r->n_computed == r->n_tokens) sample(e, r, c);
+        *n_scheduled += n;
+    }
+    return MOE_OK;
+}

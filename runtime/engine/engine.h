@@ -1,0 +1,149 @@
+/* engine.h - the serving engine: requests, continuous batching with chunked
+ * prefill, KV block admission, preemption by recomputation, prefix reuse.
+ *
+ * Each step (moe_engine_step) schedules, oldest request first, one decode
+ * token for every running request that has caught up and a prefill chunk
+ * for every one that has not, then admits waiting requests into what is
+ * left of the token budget (max_batch_tokens).  A request's tokens are its
+ * prompt followed by what it has generated; it samples a token whenever a
+ * step brings its cache up to the last of them.
+ *
+ * Memory: a request is admitted only when blocks for its next chunk are
+ * available.  When a running request cannot get its next block, the most
+ * recently arrived running request is preempted: its blocks are returned,
+ * it goes back to the front of the waiting queue and is recomputed later
+ * (prompt and generated tokens; sampling continues from its own generator,
+ * so its output is exactly what it would have been).  A request that could
+ * not fit even alone is refused at submission.
+ *
+ * Full blocks are registered in the prefix cache as they fill; a new (or
+ * recomputed) request reuses the longest chain of cached blocks matching its
+ * tokens, always leaving at least one token to compute (the logits of the
+ * last token are needed).
+ *
+ * Not thread-safe: one thread drives the engine (the server hands requests
+ * to that thread). */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/engine/runner.h"
+#include "runtime/engine/sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum moe_req_state { MOE_REQ_WAITING, MOE_REQ_RUNNING, MOE_REQ_FINISHED };
+enum moe_finish { MOE_FINISH_NONE, MOE_FINISH_STOP, MOE_FINISH_LENGTH, MOE_FINISH_ABORT };
+
+const char *moe_finish_name(enum moe_finish f); /* "stop", "length", "abort" */
+
+#define MOE_MAX_STOP_IDS 16
+
+struct moe_request_params {
+    struct moe_sampling sampling;
+    int max_tokens;                       /* >= 1 */
+    int32_t stop_ids[MOE_MAX_STOP_IDS];   /* e.g. EOS ids: finish with "stop" */
+    int n_stop_ids;
+};
+
+struct moe_request {
+    int64_t id;
+    enum moe_req_state state;
+    enum moe_finish finish;
+    int32_t *tokens;        /* (cap) prompt then generated, owned */
+    int n_prompt, n_tokens, cap;
+    int n_computed;         /* tokens whose K/V are in the cache */
+    int n_cached_blocks;    /* leading blocks registered in the prefix cache */
+    struct moe_seq seq;
+    struct moe_request_params params;
+    struct moe_rng rng;
+    struct moe_sample *samples;    /* (max_tokens) per generated token, owned */
+    /* timing (seconds, engine clock) */
+    double t_arrival, t_first, t_finish;
+    double *t_token;        /* (max_tokens) time each generated token was sampled */
+    /* accounting */
+    int n_prefix_hit;       /* prompt tokens taken from the prefix cache */
+    int n_prefilled;        /* tokens computed as prefill (including recomputation) */
+    int n_preempted;
+    void *user;
+    struct moe_request *prev, *next; /* queue links */
+};
+
+struct moe_engine_opts {
+    int max_batch_tokens;   /* tokens per step (prefill chunks + decodes) */
+    int max_seqs;           /* sequences per step */
+    int block_size;         /* B */
+    int n_blocks;           /* KV pool size (see moe_kvcache_blocks_for_budget) */
+    enum moe_dtype kv_dtype;
+    bool prefix_cache;
+};
+
+struct moe_engine_counters {
+    uint64_t steps, preemptions, requests_finished, requests_aborted;
+    uint64_t prompt_tokens, generated_tokens, prefill_tokens, prefix_hit_tokens;
+};
+
+struct moe_engine;
+/* Called for each sampled token (finished set on the last one), and once
+ * with token -1 when a request is cancelled before finishing. */
+typedef void (*moe_token_fn)(void *user, struct moe_request *r, int32_t token, bool finished);
+
+struct moe_engine {
+    const struct moe_model *m;
+    struct moe_runner r;
+    struct moe_engine_opts o;
+    struct moe_request *run_head, *run_tail;   /* running, oldest first */
+    struct moe_request *wait_head, *wait_tail; /* waiting, FIFO (preempted at the front) */
+    int n_running, n_waiting;
+    int64_t next_id;
+    struct moe_chunk *chunks;     /* (max_seqs) */
+    struct moe_request **sched;   /* (max_seqs) request of each chunk */
+    float *logits;                /* (max_seqs, V), filled when a request needs them */
+    int32_t *ids;                 /* (max_seqs) argmax of each row, from the backend */
+    struct moe_sampler_scratch scratch;
+    struct moe_engine_counters n;
+    moe_token_fn on_token;
+    double (*clock)(void);        /* seconds; monotonic by default */
+    /* Optional routing record of each step (borrowed, NULL = none; ids sized
+     * (L, max_batch_tokens, K)).  After a step, chunks[0..n_sched) and
+     * sched[0..n_sched) say which rows belonged to which request, in row
+     * order: the server's per-request expert load reads them. */
+    struct moe_route_trace *trace;
+    int n_sched;
+};
+
+MOE_MUST_USE enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
+                                              struct moe_backend *be,
+                                              const struct moe_engine_opts *o);
+void moe_engine_free(struct moe_engine *e);
+/* Queues a request (prompt copied).  Refused, with a message giving the
+ * numbers, when the prompt is empty, an id is outside the vocabulary, prompt
+ * + max_tokens exceeds the model's context, or it would not fit in the KV
+ * pool even alone.  *out stays owned by the engine until moe_engine_release. */
+MOE_MUST_USE enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt,
+                                                int n_prompt,
+                                                const struct moe_request_params *params,
+                                                void *user, struct moe_request **out);
+/* Aborts a waiting or running request at once; its blocks are freed. */
+void moe_engine_cancel(struct moe_engine *e, struct moe_request *r);
+/* Finishes a running or waiting request with reason "stop" (a stop string
+ * seen by the caller); its blocks are freed.  No callback. */
+void moe_engine_stop(struct moe_engine *e, struct moe_request *r);
+/* Frees a finished request. */
+void moe_engine_release(struct moe_engine *e, struct moe_request *r);
+/* One scheduling step; *n_scheduled receives the rows computed (0 when idle). */
+MOE_MUST_USE enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled);
+bool moe_engine_idle(const struct moe_engine *e);
+/* Generated tokens of r. */
+static inline const int32_t *moe_request_output(const struct moe_request *r, int *n)
+{
+    *n = r->n_tokens - r->n_prompt;
+    return r->tokens + r->n_prompt;
+}
+
+#ifdef __cplusplus
+}
+#endif

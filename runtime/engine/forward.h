@@ -1,0 +1,128 @@
+/* forward.h - the model's forward pass over one batch, written once against
+ * the backend interface.
+ *
+ * Per layer: RMSNorm -> Q,K,V projections -> (q/k norm) (clip) -> RoPE ->
+ * K,V into the paged cache -> paged attention -> O projection -> residual;
+ * RMSNorm -> dense SwiGLU FFN, or router -> top-K -> dispatch plan -> grouped
+ * expert FFN -> combine (+ shared expert) -> residual.  Then the final norm
+ * and the LM head for the rows that need logits only.
+ *
+ * All workspaces are allocated by moe_forward_init for at most max_tokens
+ * rows, max_seqs sequences of at most max_blocks blocks and max_logits logit
+ * rows; moe_forward_run allocates nothing (except, once, the host buffers of
+ * the asynchronous statistics copies, see moe_forward_run). */
+#pragma once
+
+#include "kvcache/kvcache.h"
+#include "runtime/backend/backend.h"
+#include "runtime/core/batch.h"
+#include "runtime/model/model.h"
+
+struct moe_stats;
+
+/* Host buffers for the routing of every step's statistics, at most (beyond
+ * it, only steps of up to MOE_SMALL_STEP_ROWS rows copy asynchronously). */
+#define MOE_STATS_HOST_BYTES ((size_t)256 << 20)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moe_forward_limits {
+    int max_tokens, max_seqs, max_blocks, max_logits;
+};
+
+/* Routing record of one step, filled when passed to moe_forward_run (host). */
+struct moe_route_trace {
+    int32_t *ids;   /* (L, T, K) chosen experts, -1 on dense layers */
+    float *weights; /* (L, T, K) combine weights, or NULL */
+};
+
+struct moe_forward {
+    const struct moe_model *m;  /* borrowed */
+    struct moe_backend *be;     /* borrowed */
+    struct moe_forward_limits lim;
+    /* activations, backend memory */
+    float *x;        /* (T, D) residual stream */
+    float *xn;       /* (T, D) normed input of a block */
+    float *q, *att;  /* (T, Hq*Dh) */
+    float *k, *v;    /* (T, Hkv*Dh) */
+    float *out;      /* (T, D) block output */
+    float *h1, *h2;  /* (T, max(Fd, Fs)) dense / shared FFN hidden */
+    float *sh;       /* (T, D) shared expert output */
+    float *shg;      /* (T) shared expert gate logit */
+    float *rlogits;  /* (T, E) router logits */
+    int32_t *ids;    /* (T, K) */
+    float *rw;       /* (T, K) */
+    struct moe_dispatch plan;
+    struct moe_expert_ws ews;
+    float *inv_freq; /* (Dh/2) */
+    float *lrows;    /* (max_logits, D) */
+    float *logits;   /* (max_logits, V) */
+    int32_t *amax;   /* (max_logits) argmax of each logits row */
+    /* MLA (runtime/engine/forward_mla.c), allocated when the model has it */
+    struct moe_forward_mla {
+        float *qa;       /* (T, Rq) */
+        float *qr;       /* (T, Hq, nope + rope) the query as projected */
+        float *kva;      /* (T, Rc + rope) the latent and rope key as projected */
+        float *c;        /* (T, Rc) the latent, normalised */
+        float *o;        /* (T, Hq, v) each head's values */
+        int32_t *q_rope; /* (rope) columns of a head's rope values in qr, rotate-half order */
+        int32_t *k_rope; /* (rope) the same in kva */
+    } mla;
+    /* batch arrays, backend memory */
+    int32_t *b_tokens, *b_pos, *b_seq_of, *b_seq_start, *b_ctx_len, *b_table, *b_slot, *b_rows;
+    int max_ctx;     /* longest context of the current step */
+    int32_t *h_ids;  /* (T, K) host copy for traces */
+    float *h_w;      /* (T, K) */
+    float *h_logits; /* (T, E) host copy of router logits for statistics */
+    struct moe_stats *stats; /* borrowed expert-load recorder (router/stats.h), NULL = off */
+    /* Statistics: per layer l a slice of hs_layer 4-byte words at hs_buf
+     * (host_alloc memory) holding ids (R, K), weights (R, K) and router
+     * logits (R, E), R = hs_rows; filled by to_host_async during the step,
+     * recorded after its final sync.  Allocated by the first step with
+     * statistics on (n_layers x R x (2K + E) words). */
+    void *hs_buf;
+    size_t hs_layer;      /* words per layer slice */
+    int hs_rows;          /* R: max_tokens when that fits MOE_STATS_HOST_BYTES, else
+                             min(MOE_SMALL_STEP_ROWS, max_tokens) */
+    bool hs_failed;       /* the buffers could not be allocated: synchronous copies */
+    bool stats_async;     /* the current step copies routing into hs_buf */
+    /* Steps of at most this many rows (and at most hs_rows) take the
+     * asynchronous statistics path; init sets hs_rows, 0 forces the
+     * synchronous per-layer copies (tests compare the two). */
+    int stats_async_rows;
+};
+
+MOE_MUST_USE enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model *m,
+                                               struct moe_backend *be,
+                                               const struct moe_forward_limits *lim);
+void moe_forward_free(struct moe_forward *fw);
+/* MLA (runtime/engine/forward_mla.c): buffers (nothing without kv_lora_rank), and
+ * the attention block from fw->xn to fw->out. */
+MOE_MUST_USE enum moe_status moe_forward_mla_init(struct moe_forward *fw);
+void moe_forward_mla_free(struct moe_forward *fw);
+MOE_MUST_USE enum moe_status moe_forward_mla_attention(struct moe_forward *fw, struct moe_kvcache *kv,
+                                                        const struct moe_batch *db, int l,
+                                                        const struct moe_attn_params *p);
+/* Runs one step.  logits (n_logits, V) host, may be NULL; ids (n_logits)
+ * host, may be NULL, receives the argmax of each logits row (moe_argmax's
+ * rule), computed by the backend: a greedy caller asks for ids alone, and
+ * then no logits row crosses to the host.  trace may be NULL.
+ * The batch is validated first (sizes, ids, positions, slots).
+ *
+ * With stats set, every MoE layer's routing is recorded.  Steps of at most
+ * stats_async_rows rows (every step, unless a full step's routing would
+ * take more than MOE_STATS_HOST_BYTES) enqueue asynchronous copies into
+ * hs_buf and record every MoE layer, in layer order and with the same
+ * arguments, after the step's final sync: no host wait inside the step,
+ * and the step may be a recorded graph.  Larger steps copy it to the host
+ * and record it layer by layer, synchronously: the same statistics.  A
+ * step that fails records no layer on the asynchronous path. */
+MOE_MUST_USE enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
+                                              const struct moe_batch *b, float *logits,
+                                              int32_t *ids, struct moe_route_trace *trace);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,197 @@
+/* runner.c - see runner.h. */
+#include "runtime/engine/runner.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
+                                struct moe_backend *be, const struct moe_runner_opts *o)
+{
+    memset(r, 0, sizeof *r);
+    r->m = m;
+    r->be = be;
+    r->o = *o;
+    if (o->max_tokens <= 0 || o->max_seqs <= 0 || o->max_logits <= 0 || o->block_size <= 0 ||
+        o->n_blocks <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "runner: every limit must be positive");
+    r->max_blocks = (m->cfg.max_pos + o->block_size - 1) / o->block_size;
+    enum moe_status s;
+    if ((s = be->ops->prepare_model(be, (struct moe_model *)m)) != MOE_OK) goto fail;
+    if ((s = moe_kvcache_init(&r->kv, moe_backend_allocator(be), &m->cfg, o->n_blocks, o->block_size,
+                                 o->kv_dtype_set ? o->kv_dtype : MOE_DTYPE_F32, o->prefix_cache)) != MOE_OK) goto fail;
+    struct moe_forward_limits lim = {o->max_tokens, o->max_seqs, r->max_blocks, o->max_logits};
+    if ((s = moe_forward_init(&r->fw, m, be, &lim)) != MOE_OK) goto fail;
+    size_t T = (size_t)o->max_tokens, S = (size_t)o->max_seqs + 1, tab;
+    if (!moe_mul_size(S, (size_t)r->max_blocks, &tab)) {
+        s = moe_fail(MOE_ERR_NOMEM, "runner: block table size overflows");
+        goto fail;
+    }
+    r->tokens = malloc(T * sizeof(int32_t));
+    r->pos = malloc(T * sizeof(int32_t));
+    r->seq_of = malloc(T * sizeof(int32_t));
+    r->slot = malloc(T * sizeof(int32_t));
+    r->rows = malloc(((size_t)o->max_logits > T ? (size_t)o->max_logits : T) * sizeof(int32_t));
+    r->seq_start = malloc(S * sizeof(int32_t));
+    r->ctx_len = malloc(S * sizeof(int32_t));
+    r->table = malloc(tab * sizeof(int32_t));
+    if (!r->tokens || !r->pos || !r->seq_of || !r->slot || !r->rows || !r->seq_start ||
+        !r->ctx_len || !r->table) {
+        s = moe_fail(MOE_ERR_NOMEM, "runner: batch arrays");
+        goto fail;
+    }
+    return MOE_OK;
+fail:
+    moe_runner_free(r);
+    return s;
+}
+
+void moe_runner_free(struct moe_runner *r)
+{
+    moe_forward_free(&r->fw);
+    moe_kvcache_free(&r->kv);
+    free(r->tokens);
+    free(r->pos);
+    free(r->seq_of);
+    free(r->slot);
+    free(r->rows);
+    free(r->seq_start);
+    free(r->ctx_len);
+    free(r->table);
+    memset(r, 0, sizeof *r);
+}
+
+void moe_seq_reset(struct moe_runner *r, struct moe_seq *s)
+{
+    for (int i = 0; i < s->n_blocks; i++) moe_kvcache_release_block(&r->kv, s->blocks[i]);
+    s->n_blocks = 0;
+    s->len = 0;
+}
+
+void moe_seq_free(struct moe_runner *r, struct moe_seq *s)
+{
+    if (r->kv.blocks) moe_seq_reset(r, s);
+    free(s->blocks);
+    memset(s, 0, sizeof *s);
+}
+
+static enum moe_status seq_grow(struct moe_runner *r, struct moe_seq *s)
+{
+    if (s->cap >= r->max_blocks) return MOE_OK;
+    int32_t *nb = realloc(s->blocks, (size_t)r->max_blocks * sizeof(int32_t));
+    if (!nb) return moe_fail(MOE_ERR_NOMEM, "sequence block table");
+    s->blocks = nb;
+    s->cap = r->max_blocks;
+    return MOE_OK;
+}
+
+enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int len)
+{
+    const int B = r->o.block_size;
+    int need = (len + B - 1) / B;
+    if (need > r->max_blocks)
+        return moe_fail(MOE_ERR_INVALID_ARG, "sequence of %d tokens exceeds the model's context "
+                        "of %d", len, r->m->cfg.max_pos);
+    MOE_TRY(seq_grow(r, s));
+    while (s->n_blocks < need) {
+        MOE_TRY(moe_kvcache_alloc_block(&r->kv, &s->blocks[s->n_blocks]));
+        s->n_blocks++;
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_seq_push_block(struct moe_runner *r, struct moe_seq *s, int32_t block)
+{
+    MOE_TRY(seq_grow(r, s));
+    MOE_ASSERT(s->n_blocks < s->cap);
+    s->blocks[s->n_blocks++] = block;
+    return MOE_OK;
+}
+
+enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *chunks,
+                                int n_chunks, float *logits, int32_t *ids, int *n_rows,
+                                struct moe_route_trace *trace)
+{
+    const int B = r->o.block_size;
+    int T = 0, n_logits = 0;
+    if (n_chunks <= 0 || n_chunks > r->o.max_seqs)
+        return moe_fail(MOE_ERR_INVALID_ARG, "runner: %d chunks (limit %d)", n_chunks, r->o.max_seqs);
+    for (int c = 0; c < n_chunks; c++) {
+        if (chunks[c].n <= 0) return moe_fail(MOE_ERR_INVALID_ARG, "runner: empty chunk %d", c);
+        for (int d = 0; d < c; d++)
+            if (chunks[d].seq == chunks[c].seq)
+                return moe_fail(MOE_ERR_INVALID_ARG, "runner: a sequence appears twice in one step");
+        T += chunks[c].n;
+        n_logits += chunks[c].all_logits ? chunks[c].n : 1;
+        if (T > r->o.max_tokens)
+            return moe_fail(MOE_ERR_INVALID_ARG, "runner: %d tokens exceed the step limit of %d", T,
+                            r->o.max_tokens);
+    }
+    if (n_logits > r->o.max_logits)
+        return moe_fail(MOE_ERR_INVALID_ARG, "runner: %d logit rows exceed the limit of %d",
+                        n_logits, r->o.max_logits);
+    /* reserve blocks; on failure give back what this step took */
+    int saved_blocks[n_chunks];
+    uint8_t decode[n_chunks];     /* per chunk, for the batch's statistics fields */
+    int64_t request_ids[n_chunks];
+    enum moe_status s = MOE_OK;
+    for (int c = 0; c < n_chunks; c++) saved_blocks[c] = chunks[c].seq->n_blocks;
+    for (int c = 0; c < n_chunks && s == MOE_OK; c++)
+        s = moe_runner_reserve(r, chunks[c].seq, chunks[c].seq->len + chunks[c].n);
+    if (s != MOE_OK) goto undo;
+
+    int row = 0, lrow = 0;
+    r->seq_start[0] = 0;
+    for (int c = 0; c < n_chunks; c++) {
+        struct moe_seq *q = chunks[c].seq;
+        for (int i = 0; i < chunks[c].n; i++, row++) {
+            int p = q->len + i;
+            r->tokens[row] = chunks[c].tokens[i];
+            r->pos[row] = p;
+            r->seq_of[row] = c;
+            r->slot[row] = q->blocks[p / B] * B + p % B;
+            if (chunks[c].all_logits || i == chunks[c].n - 1) r->rows[lrow++] = row;
+        }
+        r->seq_start[c + 1] = row;
+        r->ctx_len[c] = q->len + chunks[c].n;
+        decode[c] = chunks[c].decode;
+        request_ids[c] = chunks[c].request_id ? chunks[c].request_id : c;
+        memcpy(r->table + (size_t)c * r->max_blocks, q->blocks, (size_t)q->n_blocks * sizeof(int32_t));
+    }
+    struct moe_batch b = {
+        .n_tokens = T, .n_seqs = n_chunks, .tokens = r->tokens, .positions = r->pos,
+        .seq_of = r->seq_of, .seq_start = r->seq_start, .ctx_len = r->ctx_len,
+        .block_table = r->table, .max_blocks = r->max_blocks, .slot = r->slot,
+        .logit_rows = r->rows, .n_logits = n_logits, .decode = decode,
+        .request_ids = request_ids,
+    };
+    if ((s = moe_forward_run(&r->fw, &r->kv, &b, logits, ids, trace)) != MOE_OK) goto undo;
+    for (int c = 0; c < n_chunks; c++) chunks[c].seq->len += chunks[c].n;
+    if (n_rows) *n_rows = n_logits;
+    return MOE_OK;
+undo:
+    for (int c = 0; c < n_chunks; c++) {
+        struct moe_seq *q = chunks[c].seq;
+        while (q->n_blocks > saved_blocks[c]) moe_kvcache_release_block(&r->kv, q->blocks[--q->n_blocks]);
+    }
+    return s;
+}
+
+enum moe_status moe_runner_greedy(struct moe_runner *r, struct moe_seq *s, const int32_t *prompt,
+                                  int n_prompt, int n_new, int chunk, int32_t *out)
+{
+    if (chunk <= 0 || chunk > r->o.max_tokens) chunk = r->o.max_tokens;
+    if (n_new <= 0) return MOE_OK;
+    /* the backend's argmax: only token ids come back to the host */
+    enum moe_status st = MOE_OK;
+    for (int off = 0; off < n_prompt && st == MOE_OK; off += chunk) {
+        int n = n_prompt - off < chunk ? n_prompt - off : chunk;
+        struct moe_chunk c = {s, prompt + off, n, false, false, 0};
+        st = moe_runner_step(r, &c, 1, NULL, &out[0], NULL, NULL);
+    }
+    for (int i = 1; i < n_new && st == MOE_OK; i++) {
+        struct moe_chunk c = {s, &out[i - 1], 1, false, true, 0};
+        st = moe_runner_step(r, &c, 1, NULL, &out[i], NULL, NULL);
+    }
+    return st;
+}

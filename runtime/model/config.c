@@ -1,0 +1,694 @@
+/* config.c - config.json -> struct moe_config.
+ *
+ * Mirrors the transformers configuration classes of each family, including
+ * their defaults for absent keys (transformers 5 values).  Both the
+ * transformers 5 spelling of RoPE settings ("rope_parameters") and the older
+ * one ("rope_theta" + "rope_scaling") are read.  Anything that would change
+ * the math and that we do not implement is refused by name. */
+#include "runtime/model/config.h"
+#include "runtime/core/tensor.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+static const struct {
+    const char *arch;
+    enum moe_family family;
+    float eps;            /* rms_norm_eps default */
+    int head_dim;         /* head_dim default (0: hidden / heads) */
+    bool qkv_bias_always; /* Qwen2 families: q/k/v biases regardless of config */
+    enum moe_qk_norm qk_norm;
+    bool moe;
+} families[] = {
+    {"MixtralForCausalLM", MOE_FAMILY_MIXTRAL, 1e-5f, 0, false, MOE_QK_NORM_NONE, true},
+    {"Qwen2MoeForCausalLM", MOE_FAMILY_QWEN2_MOE, 1e-6f, 0, true, MOE_QK_NORM_NONE, true},
+    {"Qwen3MoeForCausalLM", MOE_FAMILY_QWEN3_MOE, 1e-6f, 0, false, MOE_QK_NORM_HEAD, true},
+    {"OlmoeForCausalLM", MOE_FAMILY_OLMOE, 1e-5f, 0, false, MOE_QK_NORM_FULL, true},
+    {"LlamaForCausalLM", MOE_FAMILY_LLAMA, 1e-6f, 0, false, MOE_QK_NORM_NONE, false},
+    {"Qwen2ForCausalLM", MOE_FAMILY_QWEN2, 1e-6f, 0, true, MOE_QK_NORM_NONE, false},
+    {"Qwen3ForCausalLM", MOE_FAMILY_QWEN3, 1e-6f, 128, false, MOE_QK_NORM_HEAD, false},
+    {"Glm4MoeForCausalLM", MOE_FAMILY_GLM4_MOE, 1e-5f, 0, false, MOE_QK_NORM_NONE, true},
+    {"GraniteMoeForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
+    {"GraniteMoeSharedForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
+    {"GraniteForCausalLM", MOE_FAMILY_GRANITE, 1e-6f, 0, false, MOE_QK_NORM_NONE, false},
+    {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true},
+    {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
+    {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
+};
+
+const char *moe_family_name(enum moe_family f)
+{
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (families[i].family == f) return families[i].arch;
+    return "?";
+}
+
+/* --- typed field access: absent -> default; wrong type -> error --- */
+
+static enum moe_status get_int(json_t *root, const char *what, const char *key, long long lo,
+                               long long hi, int def, bool required, int *out)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        if (required) return moe_fail(MOE_ERR_FORMAT, "%s: missing required field '%s'", what, key);
+        *out = def;
+        return MOE_OK;
+    }
+    if (!json_is_integer(v))
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' must be an integer", what, key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' = %lld is out of range [%lld, %lld]", what,
+                        key, (long long)x, lo, hi);
+    *out = (int)x;
+    return MOE_OK;
+}
+
+static enum moe_status get_num(json_t *root, const char *what, const char *key, double def,
+                               double *out)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return MOE_OK;
+    }
+    if (!json_is_number(v))
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' must be a number", what, key);
+    *out = json_number_value(v);
+    if (!isfinite(*out))
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' is not finite", what, key);
+    return MOE_OK;
+}
+
+static enum moe_status get_bool(json_t *root, const char *what, const char *key, bool def,
+                                bool *out)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return MOE_OK;
+    }
+    if (!json_is_boolean(v))
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' must be true or false", what, key);
+    *out = json_is_true(v);
+    return MOE_OK;
+}
+
+/* eos_token_id may be an int or a list (the first is kept here; the
+ * tokenizer/generation config carries the full list). */
+static enum moe_status get_token_id(json_t *root, const char *what, const char *key, int *out)
+{
+    json_t *v = json_object_get(root, key);
+    *out = -1;
+    if (v && json_is_array(v)) v = json_array_get(v, 0);
+    if (!v || json_is_null(v)) return MOE_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+        return moe_fail(MOE_ERR_FORMAT, "%s: field '%s' must be a token id", what, key);
+    *out = (int)json_integer_value(v);
+    return MOE_OK;
+}
+
+/* YaRN as transformers' _compute_yarn_parameters reads it: factor (absent:
+ * max_position_embeddings / original_max_position_embeddings, DeepSeek-V3's
+ * convention), beta_fast 32, beta_slow 1, truncate true, and an attention
+ * factor given or made from factor, mscale and mscale_all_dim. */
+static double yarn_mscale(double scale, double mscale)
+{
+    return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+static enum moe_status parse_yarn(struct moe_config *c, json_t *params, const char *what)
+{
+    int orig;
+    double factor = 0, af = 0, ms = 0, ms_all = 0, fast = 0, slow = 0;
+    MOE_TRY(get_int(params, what, "original_max_position_embeddings", 1, INT32_MAX, 0, true, &orig));
+    MOE_TRY(get_num(params, what, "factor", (double)c->max_pos / orig, &factor));
+    MOE_TRY(get_num(params, what, "attention_factor", 0.0, &af));
+    MOE_TRY(get_num(params, what, "mscale", 0.0, &ms));
+    MOE_TRY(get_num(params, what, "mscale_all_dim", 0.0, &ms_all));
+    MOE_TRY(get_num(params, what, "beta_fast", 32.0, &fast));
+    MOE_TRY(get_num(params, what, "beta_slow", 1.0, &slow));
+    MOE_TRY(get_bool(params, what, "truncate", true, &c->rope_truncate));
+    if (!(factor > 0) || !(fast > 0) || !(slow > 0) || af < 0)
+        return moe_fail(MOE_ERR_FORMAT, "%s: yarn rope needs factor, beta_fast and beta_slow > 0 "
+                        "and attention_factor >= 0 (got %g, %g, %g, %g)", what, factor, fast, slow, af);
+    if (json_object_get(params, "attention_factor") && af == 0)
+        return moe_fail(MOE_ERR_FORMAT, "%s: yarn attention_factor must be > 0", what);
+    if (af == 0) af = ms != 0 && ms_all != 0 ? yarn_mscale(factor, ms) / yarn_mscale(factor, ms_all)
+                                             : yarn_mscale(factor, 1.0);
+    c->rope_type = MOE_ROPE_YARN;
+    c->rope_factor = (float)factor;
+    c->rope_original_max_pos = orig;
+    c->rope_beta_fast = (float)fast;
+    c->rope_beta_slow = (float)slow;
+    c->rope_attn_factor = (float)af;
+    c->rope_mscale_all_dim = (float)ms_all;
+    return MOE_OK;
+}
+
+static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char *what)
+{
+    /* transformers 5: rope_parameters {rope_type, rope_theta, ...};
+     * earlier: rope_theta at the top and rope_scaling {type|rope_type, ...}. */
+    json_t *rp = json_object_get(root, "rope_parameters");
+    json_t *scaling = json_object_get(root, "rope_scaling");
+    if (rp && !json_is_null(rp) && !json_is_object(rp))
+        return moe_fail(MOE_ERR_FORMAT, "%s: 'rope_parameters' must be an object", what);
+    if (scaling && !json_is_null(scaling) && !json_is_object(scaling))
+        return moe_fail(MOE_ERR_FORMAT, "%s: 'rope_scaling' must be an object or null", what);
+    json_t *params = (rp && json_is_object(rp)) ? rp : (json_is_object(scaling) ? scaling : NULL);
+    const bool gpt_oss = c->family == MOE_FAMILY_GPT_OSS;
+    double theta = 0;
+    MOE_TRY(get_num(root, what, "rope_theta", gpt_oss ? 150000.0 : 10000.0, &theta));
+    if (rp && json_is_object(rp)) MOE_TRY(get_num(rp, what, "rope_theta", theta, &theta));
+    if (!(theta > 1.0)) return moe_fail(MOE_ERR_FORMAT, "%s: rope_theta = %g must be > 1", what, theta);
+    c->rope_theta = (float)theta;
+    c->rope_type = MOE_ROPE_DEFAULT;
+    c->rope_factor = 1.0f;
+    c->rope_attn_factor = 1.0f;
+    if (!params && gpt_oss) { /* GptOssConfig's default: YaRN, factor 32 over 4096 */
+        c->rope_type = MOE_ROPE_YARN;
+        c->rope_factor = 32.0f;
+        c->rope_beta_fast = 32.0f;
+        c->rope_beta_slow = 1.0f;
+        c->rope_original_max_pos = 4096;
+        c->rope_attn_factor = (float)(0.1 * log(32.0) + 1.0);
+        return MOE_OK;
+    }
+    if (!params) return MOE_OK;
+
+    json_t *t = json_object_get(params, "rope_type");
+    if (!t) t = json_object_get(params, "type");
+    const char *type = "default";
+    if (t) {
+        if (!json_is_string(t)) return moe_fail(MOE_ERR_FORMAT, "%s: rope type must be a string", what);
+        type = json_string_value(t);
+    }
+    double factor = 0, lo = 0, hi = 0;
+    int orig;
+    if (!strcmp(type, "default")) return MOE_OK;
+    if (!strcmp(type, "linear")) {
+        MOE_TRY(get_num(params, what, "factor", 1.0, &factor));
+        if (!(factor > 0)) return moe_fail(MOE_ERR_FORMAT, "%s: rope factor %g must be > 0", what, factor);
+        c->rope_type = MOE_ROPE_LINEAR;
+        c->rope_factor = (float)factor;
+        return MOE_OK;
+    }
+    if (!strcmp(type, "llama3")) {
+        MOE_TRY(get_num(params, what, "factor", 8.0, &factor));
+        MOE_TRY(get_num(params, what, "low_freq_factor", 1.0, &lo));
+        MOE_TRY(get_num(params, what, "high_freq_factor", 4.0, &hi));
+        MOE_TRY(get_int(params, what, "original_max_position_embeddings", 1, INT32_MAX,
+                        c->max_pos, false, &orig));
+        if (!(factor > 0) || !(lo > 0) || !(hi > lo))
+            return moe_fail(MOE_ERR_FORMAT,
+                            "%s: llama3 rope needs factor > 0 and high_freq_factor > "
+                            "low_freq_factor > 0 (got %g, %g, %g)", what, factor, hi, lo);
+        c->rope_type = MOE_ROPE_LLAMA3;
+        c->rope_factor = (float)factor;
+        c->rope_low_freq_factor = (float)lo;
+        c->rope_high_freq_factor = (float)hi;
+        c->rope_original_max_pos = orig;
+        return MOE_OK;
+    }
+    if (!strcmp(type, "yarn")) return parse_yarn(c, params, what);
+    return moe_fail(MOE_ERR_UNSUPPORTED,
+                    "%s: rope type '%s' is not supported (supported: default, linear, llama3, yarn)",
+                    what, type);
+}
+
+/* DeepSeek's multi-head latent attention (config.h).  transformers' score
+ * scale is 1/sqrt(qk_nope + qk_rope) times yarn's mscale(factor,
+ * mscale_all_dim) squared. */
+static enum moe_status parse_mla(struct moe_config *c, json_t *root, const char *what)
+{
+    const int BIG = 1 << 20;
+    int rope;
+    MOE_TRY(get_int(root, what, "kv_lora_rank", 1, BIG, 512, false, &c->kv_lora_rank));
+    MOE_TRY(get_int(root, what, "q_lora_rank", 0, BIG, 0, false, &c->q_lora_rank));
+    MOE_TRY(get_int(root, what, "qk_nope_head_dim", 1, BIG, 128, false, &c->qk_nope_dim));
+    MOE_TRY(get_int(root, what, "qk_rope_head_dim", 2, BIG, 64, false, &rope));
+    MOE_TRY(get_int(root, what, "v_head_dim", 1, BIG, 128, false, &c->v_head_dim));
+    MOE_TRY(get_bool(root, what, "rope_interleave", true, &c->rope_interleave));
+    if (c->family == MOE_FAMILY_DEEPSEEK_V2) c->rope_interleave = true; /* always, as complex pairs */
+    if (rope % 2)
+        return moe_fail(MOE_ERR_FORMAT, "%s: qk_rope_head_dim = %d must be even", what, rope);
+    c->rope_dim = rope;
+    c->head_dim = rope + c->kv_lora_rank;
+    c->n_kv_heads = 1;
+    double scale = 1.0 / sqrt((double)(c->qk_nope_dim + rope));
+    if (c->rope_type != MOE_ROPE_DEFAULT && c->rope_mscale_all_dim != 0) {
+        const double m = yarn_mscale(c->rope_factor, c->rope_mscale_all_dim);
+        scale *= m * m;
+    }
+    c->attn_scale = (float)scale;
+    return MOE_OK;
+}
+
+/* A string field of quantization_config q that must be absent or one of
+ * the allowed values (compared ignoring case, as transformers lowercases
+ * activation_scheme). */
+static enum moe_status quant_string(json_t *q, const char *what, const char *key, const char *allowed,
+                                    const char *why)
+{
+    json_t *v = json_object_get(q, key);
+    if (!v || json_is_null(v)) return MOE_OK;
+    const char *str = json_string_value(v);
+    if (!str) return moe_fail(MOE_ERR_FORMAT, "%s: quantization_config.%s must be a string", what, key);
+    for (const char *a = allowed; *a; a += strlen(a) + 1)
+        if (!strcasecmp(str, a)) return MOE_OK;
+    return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.%s '%s' is not supported (%s)", what, key,
+                    str, why);
+}
+
+/* fp8 (transformers' FineGrainedFP8Config): weight_block_size [128, 128]
+ * (its default when absent; null, per-tensor scales, and other sizes are
+ * refused), dynamic activation scaling, E4M3 weights, fp8 experts, float
+ * scales (ue8m0 ones too while stored as F32 or BF16: powers of two read
+ * as values), no FP8 embeddings.  Which weights are quantized is read from
+ * each tensor's dtype (runtime/model/model_fp8.c), so modules_to_not_convert /
+ * ignored_layers are not needed. */
+static enum moe_status parse_fp8(struct moe_config *c, json_t *q, const char *what)
+{
+    json_t *bs = json_object_get(q, "weight_block_size");
+    if (bs) {
+        json_t *b0 = json_array_get(bs, 0), *b1 = json_array_get(bs, 1);
+        if (json_is_null(bs))
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.weight_block_size null "
+                            "(per-tensor FP8 scales) is not supported (supported: [128, 128])", what);
+        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(b0) || !json_is_integer(b1))
+            return moe_fail(MOE_ERR_FORMAT, "%s: quantization_config.weight_block_size must be two "
+                            "integers", what);
+        if (json_integer_value(b0) != MOE_FP8_BLOCK || json_integer_value(b1) != MOE_FP8_BLOCK)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.weight_block_size [%lld, %lld] is "
+                            "not supported (supported: [128, 128])", what, (long long)json_integer_value(b0),
+                            (long long)json_integer_value(b1));
+    }
+    MOE_TRY(quant_string(q, what, "activation_scheme", "dynamic\0", "supported: dynamic; static "
+                         "activation scales are not read"));
+    MOE_TRY(quant_string(q, what, "fmt", "e4m3\0", "supported: e4m3"));
+    MOE_TRY(quant_string(q, what, "expert_dtype", "fp8\0", "supported: fp8"));
+    MOE_TRY(quant_string(q, what, "scale_fmt", "float\0ue8m0\0", "supported: float, ue8m0"));
+    json_t *conv = json_object_get(q, "modules_to_convert");
+    if (json_array_size(conv) > 0)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.modules_to_convert (FP8 embeddings) is "
+                        "not supported", what);
+    if (c->family == MOE_FAMILY_GPT_OSS)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.quant_method 'fp8' is not supported "
+                        "for gpt-oss (its experts: mxfp4 or float)", what);
+    c->weights_fp8 = true;
+    return MOE_OK;
+}
+
+/* quantization_config: gpt-oss's MXFP4 experts and the fp8 [128, 128]
+ * checkpoints (DeepSeek-V3, Qwen3-FP8; read as stored, see
+ * runtime/core/tensor.h) are the schemes supported; any other would be read as
+ * if its tensors were plain weights, so it is refused by name. */
+static enum moe_status parse_quantization(struct moe_config *c, json_t *root, const char *what)
+{
+    json_t *q = json_object_get(root, "quantization_config");
+    if (!q || json_is_null(q)) return MOE_OK;
+    const char *method = json_string_value(json_object_get(q, "quant_method"));
+    if (!json_is_object(q) || !method)
+        return moe_fail(MOE_ERR_FORMAT, "%s: quantization_config must be an object with a "
+                        "quant_method", what);
+    if (!strcmp(method, "fp8")) return parse_fp8(c, q, what);
+    if (strcmp(method, "mxfp4") || c->family != MOE_FAMILY_GPT_OSS)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config.quant_method '%s' is not "
+                        "supported (supported: mxfp4 experts of gpt-oss, fp8 with [128, 128] blocks)",
+                        what, method);
+    c->experts_mxfp4 = true;
+    return MOE_OK;
+}
+
+/* Granite's embedding_multiplier, residual_multiplier, attention_multiplier
+ * and logits_scaling (refused elsewhere: they change the math). */
+static enum moe_status parse_multipliers(struct moe_config *c, json_t *root, const char *what)
+{
+    const bool granite = c->family == MOE_FAMILY_GRANITE_MOE || c->family == MOE_FAMILY_GRANITE;
+    static const char *keys[] = {"embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                                 "logits_scaling"};
+    double v[4];
+    for (int i = 0; i < 4; i++) {
+        MOE_TRY(get_num(root, what, keys[i], 1.0, &v[i]));
+        if (!(v[i] > 0))
+            return moe_fail(MOE_ERR_FORMAT, "%s: %s = %g must be > 0", what, keys[i], v[i]);
+        if (!granite && v[i] != 1.0 && json_object_get(root, keys[i]))
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s: %s is only supported for Granite", what, keys[i]);
+    }
+    c->embed_scale = (float)v[0];
+    c->residual_scale = (float)v[1];
+    if (granite) c->attn_scale = (float)v[2]; /* Granite's default is 1, not 1/sqrt(Dh); MLA set its own */
+    c->logit_scale = (float)(1.0 / v[3]);
+    return MOE_OK;
+}
+
+static enum moe_status parse_layers(struct moe_config *c, json_t *root, const char *what,
+                                    bool moe)
+{
+    for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = moe;
+    if (!moe) return MOE_OK;
+    if (c->family == MOE_FAMILY_GLM4_MOE || c->family == MOE_FAMILY_DEEPSEEK_V2 ||
+        c->family == MOE_FAMILY_DEEPSEEK_V3) {
+        int k;
+        MOE_TRY(get_int(root, what, "first_k_dense_replace", 0, c->n_layers,
+                        c->family == MOE_FAMILY_DEEPSEEK_V2 ? 0 : c->family == MOE_FAMILY_DEEPSEEK_V3 ? 3 : 1,
+                        false, &k));
+        int freq;
+        MOE_TRY(get_int(root, what, "moe_layer_freq", 1, 1, 1, false, &freq)); /* others: refused */
+        for (int l = 0; l < k; l++) c->layer_moe[l] = false;
+    }
+    if (c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_MOE) {
+        int step;
+        MOE_TRY(get_int(root, what, "decoder_sparse_step", 1, 1 << 20, 1, false, &step));
+        json_t *only = json_object_get(root, "mlp_only_layers");
+        if (only && !json_is_null(only) && !json_is_array(only))
+            return moe_fail(MOE_ERR_FORMAT, "%s: 'mlp_only_layers' must be a list", what);
+        for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = (l + 1) % step == 0;
+        size_t i;
+        json_t *v;
+        json_array_foreach(only, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) >= c->n_layers)
+                return moe_fail(MOE_ERR_FORMAT,
+                                "%s: mlp_only_layers[%zu] is not a layer index below %d", what, i,
+                                c->n_layers);
+            c->layer_moe[json_integer_value(v)] = false;
+        }
+    }
+    return MOE_OK;
+}
+
+static enum moe_status parse_sliding(struct moe_config *c, json_t *root, const char *what)
+{
+    int window = 0;
+    bool use = true;
+    MOE_TRY(get_int(root, what, "sliding_window", 0, INT32_MAX,
+                    c->family == MOE_FAMILY_GPT_OSS ? 128 : 0, false, &window));
+    if (json_object_get(root, "use_sliding_window")) MOE_TRY(get_bool(root, what, "use_sliding_window", false, &use));
+    json_t *types = json_object_get(root, "layer_types");
+    for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = false;
+    if (!use || window == 0) return MOE_OK;
+    if (types && json_is_array(types)) {
+        if ((int)json_array_size(types) != c->n_layers)
+            return moe_fail(MOE_ERR_FORMAT, "%s: layer_types has %zu entries for %d layers", what,
+                            json_array_size(types), c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            const char *s = json_string_value(json_array_get(types, l));
+            if (!s) return moe_fail(MOE_ERR_FORMAT, "%s: layer_types[%d] is not a string", what, l);
+            if (!strcmp(s, "sliding_attention")) c->layer_sliding[l] = true;
+            else if (strcmp(s, "full_attention"))
+                return moe_fail(MOE_ERR_UNSUPPORTED, "%s: layer_types[%d] = '%s' is not supported",
+                                what, l, s);
+        }
+    } else if (c->family == MOE_FAMILY_GPT_OSS) { /* GptOssConfig: sliding, full, sliding, ... */
+        for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = l % 2 == 0;
+    } else if (c->family == MOE_FAMILY_QWEN2 || c->family == MOE_FAMILY_QWEN2_MOE) {
+        int max_window_layers;
+        MOE_TRY(get_int(root, what, "max_window_layers", 0, INT32_MAX, 28, false, &max_window_layers));
+        for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = l >= max_window_layers;
+    } else {
+        for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = true;
+    }
+    c->sliding_window = window;
+    return MOE_OK;
+}
+
+enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char *what)
+{
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(root)) return moe_fail(MOE_ERR_FORMAT, "%s: not a JSON object", what);
+    json_t *archs = json_object_get(root, "architectures");
+    const char *arch = json_string_value(json_array_get(archs, 0));
+    if (!arch) return moe_fail(MOE_ERR_FORMAT, "%s: missing 'architectures' (a list of one name)", what);
+    int fi = -1;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (!strcmp(arch, families[i].arch)) fi = (int)i;
+    if (fi < 0)
+        return moe_fail(MOE_ERR_UNSUPPORTED,
+                        "%s: architecture '%s' is not supported (supported: MixtralForCausalLM, "
+                        "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
+                        "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Glm4MoeForCausalLM, "
+                        "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM, "
+                        "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
+                        what, arch);
+    c->family = families[fi].family;
+    snprintf(c->architecture, sizeof c->architecture, "%s", arch);
+
+    const int BIG = 1 << 24;
+    MOE_TRY(get_int(root, what, "num_hidden_layers", 1, MOE_MAX_LAYERS, 0, true, &c->n_layers));
+    MOE_TRY(get_int(root, what, "hidden_size", 1, BIG, 0, true, &c->d_model));
+    MOE_TRY(get_int(root, what, "vocab_size", 1, 1 << 28, 0, true, &c->vocab));
+    MOE_TRY(get_int(root, what, "num_attention_heads", 1, 1 << 16, 0, true, &c->n_heads));
+    MOE_TRY(get_int(root, what, "num_key_value_heads", 1, 1 << 16, c->n_heads, false, &c->n_kv_heads));
+    int hd_def = families[fi].head_dim ? families[fi].head_dim : c->d_model / c->n_heads;
+    MOE_TRY(get_int(root, what, "head_dim", 1, 1 << 16, hd_def, false, &c->head_dim));
+    MOE_TRY(get_int(root, what, "max_position_embeddings", 1, INT32_MAX, 4096, false, &c->max_pos));
+    if (c->n_heads % c->n_kv_heads)
+        return moe_fail(MOE_ERR_FORMAT,
+                        "%s: num_attention_heads = %d is not a multiple of num_key_value_heads = %d",
+                        what, c->n_heads, c->n_kv_heads);
+    double eps = 0;
+    MOE_TRY(get_num(root, what, "rms_norm_eps", families[fi].eps, &eps));
+    if (!(eps > 0)) return moe_fail(MOE_ERR_FORMAT, "%s: rms_norm_eps = %g must be > 0", what, eps);
+    c->rms_eps = (float)eps;
+    MOE_TRY(get_bool(root, what, "tie_word_embeddings", false, &c->tie_embeddings));
+
+    bool attn_bias = false;
+    MOE_TRY(get_bool(root, what, "attention_bias", c->family == MOE_FAMILY_GPT_OSS, &attn_bias));
+    c->qkv_bias = families[fi].qkv_bias_always || attn_bias;
+    c->o_bias = !families[fi].qkv_bias_always && attn_bias;
+    if (c->family == MOE_FAMILY_MIXTRAL) c->qkv_bias = c->o_bias = false;
+    if (c->family == MOE_FAMILY_GLM4_MOE) c->o_bias = false; /* attention_bias: q, k, v only */
+    if ((c->family == MOE_FAMILY_DEEPSEEK_V2 || c->family == MOE_FAMILY_DEEPSEEK_V3) && attn_bias)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: attention_bias = true is not supported with "
+                        "multi-head latent attention", what);
+    MOE_TRY(get_bool(root, what, "mlp_bias", false, &c->mlp_bias));
+    if (c->mlp_bias && c->family != MOE_FAMILY_LLAMA)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: mlp_bias = true is only supported for Llama", what);
+    c->qk_norm = families[fi].qk_norm;
+    if (c->family == MOE_FAMILY_GLM4_MOE) {
+        bool qk;
+        MOE_TRY(get_bool(root, what, "use_qk_norm", false, &qk));
+        if (qk) c->qk_norm = MOE_QK_NORM_HEAD;
+    }
+    double clip;
+    MOE_TRY(get_num(root, what, "clip_qkv", 0.0, &clip));
+    if (clip < 0) return moe_fail(MOE_ERR_FORMAT, "%s: clip_qkv = %g must be positive", what, clip);
+    if (clip > 0 && c->family != MOE_FAMILY_OLMOE)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: clip_qkv is only supported for OLMoE", what);
+    c->clip_qkv = (float)clip;
+
+    json_t *act = json_object_get(root, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (only silu)",
+                        what, json_is_string(act) ? json_string_value(act) : "(not a string)");
+    MOE_TRY(parse_rope(c, root, what));
+    /* partial_rotary_factor: at the top (older files) or in rope_parameters
+     * (transformers 5); GLM-4.5 defaults to 0.5.  transformers rotates
+     * int(head_dim * factor) values of each head. */
+    double prf;
+    MOE_TRY(get_num(root, what, "partial_rotary_factor", c->family == MOE_FAMILY_GLM4_MOE ? 0.5 : 1.0,
+                    &prf));
+    json_t *rp = json_object_get(root, "rope_parameters");
+    if (json_is_object(rp)) MOE_TRY(get_num(rp, what, "partial_rotary_factor", prf, &prf));
+    if (!(prf > 0 && prf <= 1))
+        return moe_fail(MOE_ERR_FORMAT, "%s: partial_rotary_factor = %g must be in (0, 1]", what, prf);
+    c->rope_dim = (int)(c->head_dim * prf);
+    if (c->rope_dim < 2 || c->rope_dim % 2)
+        return moe_fail(MOE_ERR_FORMAT, "%s: RoPE over %d of head_dim %d values (partial_rotary_factor "
+                        "%g): it must be even and at least 2", what, c->rope_dim, c->head_dim, prf);
+    if (c->family == MOE_FAMILY_DEEPSEEK_V2 || c->family == MOE_FAMILY_DEEPSEEK_V3)
+        MOE_TRY(parse_mla(c, root, what));
+    if (c->rope_attn_factor != 1.0f && c->rope_dim != c->head_dim)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: yarn's attention factor (%g) on part of each head "
+                        "is not supported", what, c->rope_attn_factor);
+    MOE_TRY(parse_sliding(c, root, what));
+    MOE_TRY(parse_quantization(c, root, what));
+
+    bool moe = families[fi].moe;
+    c->n_group = c->topk_group = 1;
+    c->routed_scale = 1.0f;
+    MOE_TRY(parse_multipliers(c, root, what));
+    switch (c->family) {
+    case MOE_FAMILY_MIXTRAL:
+        MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 8, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        c->norm_topk = true;
+        break;
+    case MOE_FAMILY_OLMOE:
+        MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, 64, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_bool(root, what, "norm_topk_prob", false, &c->norm_topk));
+        break;
+    case MOE_FAMILY_QWEN2_MOE:
+    case MOE_FAMILY_QWEN3_MOE:
+        /* transformers 5 writes num_local_experts for Qwen3-MoE, earlier
+         * versions num_experts */
+        MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 60, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, c->n_experts, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, 0, false, &c->d_ff));
+        MOE_TRY(get_bool(root, what, "norm_topk_prob", false, &c->norm_topk));
+        if (c->family == MOE_FAMILY_QWEN2_MOE) {
+            MOE_TRY(get_int(root, what, "shared_expert_intermediate_size", 0, BIG, 0, false,
+                            &c->d_shared));
+            c->shared_gate = c->d_shared > 0;
+        }
+        break;
+    case MOE_FAMILY_GRANITE_MOE:
+        /* the router takes the softmax of the top-K logits: the softmax over
+         * all E renormalised over the K */
+        MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 8, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "shared_intermediate_size", 0, BIG, 0, false, &c->d_shared));
+        c->norm_topk = true;
+        break;
+    case MOE_FAMILY_GLM4_MOE: {
+        int n_shared;
+        double scale;
+        MOE_TRY(get_int(root, what, "n_routed_experts", 1, 1 << 16, 128, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, 0, false, &c->d_ff));
+        MOE_TRY(get_int(root, what, "n_shared_experts", 0, 1 << 10, 1, false, &n_shared));
+        c->d_shared = n_shared * c->d_expert; /* one MLP of n_shared experts' width, no gate */
+        MOE_TRY(get_bool(root, what, "norm_topk_prob", true, &c->norm_topk));
+        MOE_TRY(get_num(root, what, "routed_scaling_factor", 1.0, &scale));
+        if (!(scale > 0))
+            return moe_fail(MOE_ERR_FORMAT, "%s: routed_scaling_factor = %g must be > 0", what, scale);
+        c->routed_scale = (float)scale;
+        MOE_TRY(get_int(root, what, "n_group", 1, MOE_MAX_EXPERT_GROUPS, 1, false, &c->n_group));
+        MOE_TRY(get_int(root, what, "topk_group", 1, c->n_group, 1, false, &c->topk_group));
+        if (c->n_experts % c->n_group || c->n_experts / c->n_group < 2)
+            return moe_fail(MOE_ERR_FORMAT, "%s: %d experts do not split into n_group = %d groups of "
+                            "at least 2", what, c->n_experts, c->n_group);
+        c->router_sigmoid = c->router_bias = true;
+        break;
+    }
+    case MOE_FAMILY_DEEPSEEK_V2:
+    case MOE_FAMILY_DEEPSEEK_V3: {
+        const bool v3 = c->family == MOE_FAMILY_DEEPSEEK_V3;
+        int n_shared;
+        double scale;
+        MOE_TRY(get_int(root, what, "n_routed_experts", 1, 1 << 16, v3 ? 256 : 64, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, 0, false, &c->d_ff));
+        MOE_TRY(get_int(root, what, "n_shared_experts", 0, 1 << 10, v3 ? 1 : 2, false, &n_shared));
+        c->d_shared = n_shared * c->d_expert; /* one MLP of n_shared experts' width, no gate */
+        MOE_TRY(get_num(root, what, "routed_scaling_factor", v3 ? 2.5 : 1.0, &scale));
+        if (!(scale > 0))
+            return moe_fail(MOE_ERR_FORMAT, "%s: routed_scaling_factor = %g must be > 0", what, scale);
+        c->routed_scale = (float)scale;
+        const char *method = json_string_value(json_object_get(root, "topk_method"));
+        if (v3) { /* noaux_tc: the sigmoid router of GLM-4.5 */
+            const char *fn = json_string_value(json_object_get(root, "scoring_func"));
+            if ((method && strcmp(method, "noaux_tc")) || (fn && strcmp(fn, "sigmoid")))
+                return moe_fail(MOE_ERR_UNSUPPORTED, "%s: DeepSeek-V3 routing '%s' / '%s' is not "
+                                "supported (noaux_tc, sigmoid)", what, method ? method : "-",
+                                fn ? fn : "-");
+            MOE_TRY(get_bool(root, what, "norm_topk_prob", true, &c->norm_topk));
+            MOE_TRY(get_int(root, what, "n_group", 1, MOE_MAX_EXPERT_GROUPS, 8, false, &c->n_group));
+            MOE_TRY(get_int(root, what, "topk_group", 1, c->n_group, 4 < c->n_group ? 4 : c->n_group,
+                            false, &c->topk_group));
+            c->router_sigmoid = c->router_bias = true;
+        } else if (!method || !strcmp(method, "greedy")) {
+            c->norm_topk = false; /* transformers' DeepseekV2TopkRouter never renormalises */
+        } else if (!strcmp(method, "group_limited_greedy")) {
+            MOE_TRY(get_int(root, what, "n_group", 1, MOE_MAX_EXPERT_GROUPS, 1, true, &c->n_group));
+            MOE_TRY(get_int(root, what, "topk_group", 1, c->n_group, 1, true, &c->topk_group));
+        } else {
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s: topk_method '%s' is not supported (greedy, "
+                            "group_limited_greedy)", what, method);
+        }
+        if (c->n_experts % c->n_group || c->n_experts / c->n_group < 2)
+            return moe_fail(MOE_ERR_FORMAT, "%s: %d experts do not split into n_group = %d groups of "
+                            "at least 2", what, c->n_experts, c->n_group);
+        break;
+    }
+    case MOE_FAMILY_GPT_OSS: {
+        /* router: a Linear with a bias, softmax over the top-K logits (=
+         * softmax, top-K, renormalised); experts with biases and the clamped
+         * SwiGLU (config.h) */
+        double alpha, limit;
+        MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 128, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 2880, false, &c->d_expert));
+        MOE_TRY(get_num(root, what, "swiglu_alpha", 1.702, &alpha));
+        MOE_TRY(get_num(root, what, "swiglu_limit", 7.0, &limit));
+        if (!(alpha > 0) || !(limit > 0))
+            return moe_fail(MOE_ERR_FORMAT, "%s: swiglu_alpha = %g and swiglu_limit = %g must be > 0",
+                            what, alpha, limit);
+        c->swiglu_alpha = (float)alpha;
+        c->swiglu_limit = (float)limit;
+        c->norm_topk = c->router_logit_bias = c->expert_bias = c->attn_sinks = true;
+        break;
+    }
+    default:
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_ff));
+        break;
+    }
+    if (moe) {
+        MOE_TRY(get_int(root, what, "num_experts_per_tok", 1, c->n_experts,
+                        c->family == MOE_FAMILY_GPT_OSS ? 4 : 2, false, &c->top_k));
+        if (c->top_k > c->topk_group * (c->n_experts / c->n_group))
+            return moe_fail(MOE_ERR_FORMAT, "%s: num_experts_per_tok = %d exceeds the %d experts of "
+                            "topk_group = %d groups", what, c->top_k,
+                            c->topk_group * (c->n_experts / c->n_group), c->topk_group);
+    }
+    MOE_TRY(parse_layers(c, root, what, moe));
+    for (int l = 0; l < c->n_layers; l++)
+        if (!c->layer_moe[l] && c->d_ff <= 0)
+            return moe_fail(MOE_ERR_FORMAT, "%s: layer %d is dense but intermediate_size is not set",
+                            what, l);
+    double std;
+    MOE_TRY(get_num(root, what, "initializer_range", 0.02, &std));
+    if (!(std > 0)) return moe_fail(MOE_ERR_FORMAT, "%s: initializer_range = %g must be > 0", what, std);
+    c->init_std = (float)std;
+    MOE_TRY(get_token_id(root, what, "bos_token_id", &c->bos_id));
+    MOE_TRY(get_token_id(root, what, "eos_token_id", &c->eos_id));
+    return MOE_OK;
+}
+
+enum moe_status moe_config_load(struct moe_config *cfg, const char *path)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && jerr.line < 0) return moe_fail(MOE_ERR_IO, "%s: %s", path, jerr.text);
+    if (!root)
+        return moe_fail(MOE_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", path,
+                        jerr.line, jerr.column, jerr.text);
+    enum moe_status s = moe_config_parse(cfg, root, path);
+    json_decref(root);
+    return s;
+}
+
+int moe_config_moe_layers(const struct moe_config *cfg)
+{
+    int n = 0;
+    for (int l = 0; l < cfg->n_layers; l++) n += cfg->layer_moe[l];
+    return n;
+}
+
+size_t moe_config_kv_row_bytes(int head_dim, enum moe_dtype kv_dtype)
+{
+    size_t b;
+    if (head_dim <= 0) return SIZE_MAX;
+    switch (kv_dtype) {
+    case MOE_DTYPE_F32: case MOE_DTYPE_F16: case MOE_DTYPE_BF16:
+        return moe_mul_size((size_t)head_dim, moe_dtype_size(kv_dtype), &b) ? b : SIZE_MAX;
+    case MOE_DTYPE_F8E4M3: return (size_t)head_dim + sizeof(float); /* the bytes, the row's scale */
+    default: return SIZE_MAX;
+    }
+}
+
+size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, enum moe_dtype kv_dtype)
+{
+    size_t b = cfg->kv_lora_rank > 0 ? 1 : 2; /* MLA: one row read as K and V */
+    const size_t row = moe_config_kv_row_bytes(cfg->head_dim, kv_dtype);
+    if (row == SIZE_MAX || cfg->n_layers < 0 || cfg->n_kv_heads < 0 ||
+        !moe_mul_size(b, (size_t)cfg->n_layers, &b) || !moe_mul_size(b, (size_t)cfg->n_kv_heads, &b) ||
+        !moe_mul_size(b, row, &b))
+        return SIZE_MAX;
+    return b;
+}

@@ -1,0 +1,132 @@
+/* model.h - a loaded checkpoint: configuration plus weight views bound by
+ * name for each family.
+ *
+ * Weights are read in place: every struct moe_tensor here borrows from the
+ * safetensors set (a memory map, or in-memory synthetic buffers), which the
+ * model owns.  Experts of a MoE layer are presented in one stacked layout,
+ * an expert-indexed table of (F, D) gate, (F, D) up and (D, F) down matrices,
+ * whether the checkpoint stores one tensor per expert or 3-D stacked tensors
+ * (transformers 5 `gate_up_proj` (E, 2F, D) and `down_proj` (E, D, F)).
+ * gpt-oss's experts (runtime/model/model_gptoss.c) are an exception: stored
+ * transposed with gate and up interleaved, or as MXFP4 blocks, they are
+ * rewritten at load into memory the model owns; so are the FP8 Linear
+ * weights of fp8 checkpoints (runtime/model/model_fp8.c), packed with their
+ * block scales into MOE_DTYPE_FP8_B128 rows. */
+#pragma once
+
+#include "runtime/model/config.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/core/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moe_expert_weights {
+    enum moe_dtype dtype;  /* all experts of a layer share it */
+    const void **gate;     /* (E) -> (F, D) row-major */
+    const void **up;       /* (E) -> (F, D) */
+    const void **down;     /* (E) -> (D, F) */
+    /* gpt-oss: F32 biases, or absent */
+    struct moe_tensor b_gate, b_up; /* (E, F) */
+    struct moe_tensor b_down;       /* (E, D) */
+    /* The activation, from the configuration (swiglu_alpha, swiglu_limit):
+     * 0, 0 for silu(g) * u, else the clamped gpt-oss form (config.h). */
+    float alpha, limit;
+};
+
+struct moe_layer_weights {
+    struct moe_tensor attn_norm;         /* (D) */
+    struct moe_tensor wq, wk, wv, wo;    /* (Hq*Dh, D) (Hkv*Dh, D) (Hkv*Dh, D) (D, Hq*Dh) */
+    struct moe_tensor bq, bk, bv, bo;    /* optional biases */
+    struct moe_tensor q_norm, k_norm;    /* (Dh) per head, or (Hq*Dh)/(Hkv*Dh) full */
+    struct moe_tensor sinks;             /* (Hq) f32 attention sink logits (gpt-oss), or absent */
+    /* MLA (DeepSeek; config.h): wq is q_proj (Hq*(nope+rope), D), or q_b_proj
+     * (Hq*(nope+rope), Rq) after wq_a (Rq, D) and q_a_norm (Rq); wo (D, Hq*v) */
+    struct moe_tensor wq_a, q_a_norm;
+    struct moe_tensor wkv_a;             /* (Rc + rope, D): latent rows, then the rope rows */
+    struct moe_tensor kv_a_norm;         /* (Rc) */
+    struct moe_tensor w_uk;              /* (Hq, Rc, nope): kv_b_proj's key rows of each head,
+                                            transposed (owned), to absorb into the query */
+    struct moe_tensor w_uv;              /* (Hq, v, Rc): kv_b_proj's value rows of each head (owned) */
+    struct moe_tensor ffn_norm;          /* (D) */
+    /* dense FFN (layer_moe false) */
+    struct moe_tensor w_gate, w_up, w_down;  /* (Fd, D) (Fd, D) (D, Fd) */
+    struct moe_tensor b_gate, b_up, b_down;  /* optional (Llama mlp_bias) */
+    /* MoE (layer_moe true) */
+    struct moe_tensor router;            /* (E, D) */
+    struct moe_tensor router_bias;       /* (E) f32, the sigmoid router's choice bias, or absent */
+    struct moe_tensor router_b;          /* (E) f32, the router Linear's bias (gpt-oss), or absent */
+    struct moe_expert_weights experts;
+    struct moe_tensor sh_gate, sh_up, sh_down; /* shared expert (Fs, D) (Fs, D) (D, Fs) */
+    struct moe_tensor sh_router;         /* (1, D): sigmoid gate of the shared expert */
+};
+
+struct moe_model {
+    struct moe_config cfg;
+    struct moe_safetensors st;           /* owns the weight memory */
+    struct moe_tensor embed;             /* (V, D) */
+    struct moe_tensor final_norm;        /* (D) */
+    struct moe_tensor lm_head;           /* (V, D); the embedding when tied */
+    struct moe_layer_weights *layers;    /* (L) */
+    char *dir;                           /* model folder, or NULL for synthetic */
+    void **owned;                        /* weights converted at load (transposed, unpacked,
+                                            widened to f32), freed with the model */
+    size_t n_owned;
+    /* Synthetic weights not generated yet (moe_model_synthetic_deferred):
+     * every view's data is a 1-byte host placeholder (1: ones, 0: random;
+     * expert views are offsets from their stacked tensor's placeholder, never
+     * dereferenced).  A backend with synth_fill generates the weights in its
+     * own memory at prepare_model, with the same values runtime/model/synth.c
+     * would make on the host; other backends refuse such a model. */
+    bool weights_deferred;
+    uint64_t synth_seed;
+    float synth_std;
+};
+
+/* Loads config.json and the safetensors of a model folder. */
+MOE_MUST_USE enum moe_status moe_model_load(struct moe_model *m, const char *dir);
+/* Builds a model with seeded random weights in memory (no file). dtype is
+ * the weight dtype (F32, F16 or BF16). */
+MOE_MUST_USE enum moe_status moe_model_synthetic(struct moe_model *m, const struct moe_config *cfg,
+                                                  enum moe_dtype dtype, uint64_t seed);
+/* Binds every weight of m->cfg's family from m->st (used by both above). */
+MOE_MUST_USE enum moe_status moe_model_bind(struct moe_model *m);
+/* As moe_model_synthetic, but no weight memory is allocated or filled: the
+ * backend makes the weights on the device (see weights_deferred), so a
+ * model larger than host memory can be benchmarked. */
+MOE_MUST_USE enum moe_status moe_model_synthetic_deferred(struct moe_model *m,
+                                                           const struct moe_config *cfg,
+                                                           enum moe_dtype dtype, uint64_t seed);
+void moe_model_free(struct moe_model *m);
+/* Routes every token of every MoE layer to k experts instead of the
+ * checkpoint's num_experts_per_tok (a memory-vs-compute knob: fewer experts
+ * read per token; `moerun ppl` measures what it costs).  The renormalisation
+ * rule of the family (norm_topk_prob) applies to the k chosen.  Call before
+ * anything is sized from the model (runner, statistics).  Errors: a model
+ * without experts, k outside [1, E]. */
+MOE_MUST_USE enum moe_status moe_model_set_top_k(struct moe_model *m, int k);
+
+/* Parameter and byte counts by part. */
+struct moe_model_sizes {
+    int64_t params_total, params_active;  /* active: touched per token */
+    int64_t bytes_embed, bytes_attn, bytes_dense_ffn, bytes_experts, bytes_shared, bytes_router,
+        bytes_norm, bytes_lm_head;
+    int64_t bytes_total;
+};
+/* From the loaded tensors (each part at its stored dtype). */
+void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *out);
+/* Bytes of one expert of the first MoE layer (gate, up, down as stored; 0
+ * for a dense model), and the bytes per weight of its dtype, 0 for a block
+ * format (MXFP4, FP8, Q8_0): what the statistics files record. */
+int64_t moe_model_expert_bytes(const struct moe_model *m, int *weight_bytes);
+/* From the configuration alone, every weight elem_size bytes but those the
+ * configuration stores otherwise (quantization_config: FP8 Linear weights
+ * at 1 + 4/128 bytes, MLA's kv_b_proj then F32 as loaded; MXFP4 experts at
+ * 17/32; the sigmoid router's choice bias in F32): what a checkpoint of
+ * this shape holds once loaded, without building it. */
+void moe_config_sizes(const struct moe_config *cfg, size_t elem_size, struct moe_model_sizes *out);
+
+#ifdef __cplusplus
+}
+#endif

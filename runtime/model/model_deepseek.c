@@ -1,0 +1,85 @@
+/* model_deepseek.c - DeepSeek-V2/V3 multi-head latent attention weights.
+ *
+ *   self_attn.q_proj (H*(nope+rope), D), or q_a_proj (Rq, D),
+ *     q_a_layernorm (Rq) and q_b_proj (H*(nope+rope), Rq)
+ *   self_attn.kv_a_proj_with_mqa (Rc + rope, D), kv_a_layernorm (Rc)
+ *   self_attn.kv_b_proj (H*(nope+v), Rc): per head, nope key rows then v
+ *     value rows
+ *   self_attn.o_proj (D, H*v)
+ * The query's and the key's rope values may be stored in interleaved pairs
+ * (2i, 2i+1) (rope_interleave; always in V2); the forward pass reads them in
+ * the rotate-half order through index tables (runtime/engine/forward_mla.c), so the
+ * projections are bound in place (fp8 checkpoints: packed, model_fp8.c).
+ * kv_b_proj is split at load into the two per-head matrices the absorbed
+ * form needs, in memory the model owns: w_uk (H, Rc, nope), each head's key
+ * rows transposed, and w_uv (H, v, Rc), in its dtype (fp8: F32, the exact
+ * dequantized values). */
+#include <string.h>
+
+#include "runtime/model/model_impl.h"
+
+#define NAMEF(buf, ...) snprintf(buf, sizeof buf, __VA_ARGS__)
+
+static enum moe_status split_kv_b(struct moe_model *m, const struct moe_tensor *kvb,
+                                  struct moe_layer_weights *w)
+{
+    const struct moe_config *c = &m->cfg;
+    const int64_t H = c->n_heads, Rc = c->kv_lora_rank, nope = c->qk_nope_dim, V = c->v_head_dim;
+    const size_t es = moe_dtype_size(kvb->dtype);
+    char *uk, *uv;
+    MOE_TRY(moe_model_own(m, (size_t)(H * Rc * nope) * es, (void **)&uk));
+    MOE_TRY(moe_model_own(m, (size_t)(H * V * Rc) * es, (void **)&uv));
+    for (int64_t h = 0; h < H; h++) {
+        const char *keys = (const char *)kvb->data + (size_t)(h * (nope + V) * Rc) * es;
+        for (int64_t i = 0; i < nope; i++) /* key row i of head h -> column i of w_uk[h] */
+            for (int64_t r = 0; r < Rc; r++)
+                memcpy(uk + (size_t)((h * Rc + r) * nope + i) * es, keys + (size_t)(i * Rc + r) * es, es);
+        memcpy(uv + (size_t)(h * V * Rc) * es, keys + (size_t)(nope * Rc) * es, (size_t)(V * Rc) * es);
+    }
+    w->w_uk = (struct moe_tensor){.dtype = kvb->dtype, .ndim = 3, .shape = {H, Rc, nope}, .data = uk,
+                                  .device = -1};
+    w->w_uv = (struct moe_tensor){.dtype = kvb->dtype, .ndim = 3, .shape = {H, V, Rc}, .data = uv,
+                                  .device = -1};
+    return MOE_OK;
+}
+
+enum moe_status moe_model_bind_mla(struct moe_model *m, int l, struct moe_layer_weights *w)
+{
+    const struct moe_config *c = &m->cfg;
+    const int64_t D = c->d_model, H = c->n_heads, Rc = c->kv_lora_rank, Rq = c->q_lora_rank,
+                  R = c->rope_dim, QK = c->qk_nope_dim + c->rope_dim, V = c->v_head_dim;
+    char n[MOE_NAME_MAX];
+    NAMEF(n, "model.layers.%d.input_layernorm.weight", l);
+    MOE_TRY(moe_model_bind_tensor(m, &w->attn_norm, true, n, 1, D, 0, 0));
+    NAMEF(n, "model.layers.%d.post_attention_layernorm.weight", l);
+    MOE_TRY(moe_model_bind_tensor(m, &w->ffn_norm, true, n, 1, D, 0, 0));
+    if (Rq > 0) {
+        NAMEF(n, "model.layers.%d.self_attn.q_a_proj.weight", l);
+        MOE_TRY(moe_model_bind_linear(m, &w->wq_a, true, false, n, 2, Rq, D, 0));
+        NAMEF(n, "model.layers.%d.self_attn.q_a_layernorm.weight", l);
+        MOE_TRY(moe_model_bind_tensor(m, &w->q_a_norm, true, n, 1, Rq, 0, 0));
+        NAMEF(n, "model.layers.%d.self_attn.q_b_proj.weight", l);
+        MOE_TRY(moe_model_bind_linear(m, &w->wq, true, false, n, 2, H * QK, Rq, 0));
+    } else {
+        NAMEF(n, "model.layers.%d.self_attn.q_proj.weight", l);
+        MOE_TRY(moe_model_bind_linear(m, &w->wq, true, false, n, 2, H * QK, D, 0));
+    }
+    NAMEF(n, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
+    MOE_TRY(moe_model_bind_linear(m, &w->wkv_a, true, false, n, 2, Rc + R, D, 0));
+    NAMEF(n, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
+    MOE_TRY(moe_model_bind_tensor(m, &w->kv_a_norm, true, n, 1, Rc, 0, 0));
+    NAMEF(n, "model.layers.%d.self_attn.o_proj.weight", l);
+    MOE_TRY(moe_model_bind_linear(m, &w->wo, true, false, n, 2, D, H * V, 0));
+    struct moe_tensor kvb;
+    NAMEF(n, "model.layers.%d.self_attn.kv_b_proj.weight", l);
+    const struct moe_st_tensor *src = moe_safetensors_find(&m->st, n);
+    /* FP8: dequantized to F32 (an exact copy, split below, then freed) */
+    MOE_TRY(moe_model_bind_linear(m, &kvb, true, true, n, 2, H * (c->qk_nope_dim + V), Rc, 0));
+    MOE_TRY(split_kv_b(m, &kvb, w));
+    if (src->dtype == MOE_DTYPE_F8E4M3)
+        moe_model_disown(m, kvb.data);
+    else
+        moe_safetensors_release(&m->st, kvb.data,
+                                (size_t)(H * (c->qk_nope_dim + V) * Rc) * moe_dtype_size(kvb.dtype), true);
+    return MOE_OK;
+}

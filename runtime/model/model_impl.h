@@ -1,0 +1,43 @@
+/* model_impl.h - what model.c shares with the family binders beside it
+ * (model_gptoss.c, model_deepseek.c) and the fp8 weights (model_fp8.c). */
+#pragma once
+
+#include "runtime/model/model.h"
+
+#define MOE_NAME_MAX 256
+
+/* Binds `name` to *out, checking a float dtype (F32, F16, BF16) and the
+ * shape (ndim dims of d0, d1, d2).  An absent optional tensor leaves *out
+ * zeroed. */
+MOE_MUST_USE enum moe_status moe_model_bind_tensor(struct moe_model *m, struct moe_tensor *out,
+                                                    bool required, const char *name, int ndim,
+                                                    int64_t d0, int64_t d1, int64_t d2);
+/* As moe_model_bind_tensor, for a Linear weight (attention and MLA
+ * projections, dense FFN, shared and routed experts; ndim 2 or 3): one
+ * stored as F8_E4M3 in a quantization_config fp8 checkpoint is packed with
+ * its scales into MOE_DTYPE_FP8_B128 rows the model owns, or, with to_f32
+ * (a weight the loader rewrites: MLA's kv_b_proj), dequantized to F32.
+ * moe_model_bind_tensor refuses F8_E4M3. */
+MOE_MUST_USE enum moe_status moe_model_bind_linear(struct moe_model *m, struct moe_tensor *out, bool required,
+                                                    bool to_f32, const char *name, int ndim, int64_t d0,
+                                                    int64_t d1, int64_t d2);
+/* The FP8 path of moe_model_bind_linear (model_fp8.c): t (F8_E4M3, of the
+ * checked shape) and its `weight_scale_inv` into *out. */
+MOE_MUST_USE enum moe_status moe_model_fp8_bind(struct moe_model *m, const struct moe_st_tensor *t,
+                                                 const char *name, bool to_f32, struct moe_tensor *out);
+/* bytes of zeroed memory the model owns (freed by moe_model_free). */
+MOE_MUST_USE enum moe_status moe_model_own(struct moe_model *m, size_t bytes, void **out);
+/* Frees p (from moe_model_own) at once: memory only the loading needed. */
+void moe_model_disown(struct moe_model *m, void *p);
+/* Rewrites float view t to an F32 copy the model owns. */
+MOE_MUST_USE enum moe_status moe_model_widen_f32(struct moe_model *m, struct moe_tensor *t);
+
+/* gpt-oss (model_gptoss.c): layer l's attention sinks, and its MoE block
+ * (router with bias, experts with biases in either checkpoint layout). */
+MOE_MUST_USE enum moe_status moe_model_bind_gpt_oss_sinks(struct moe_model *m, int l,
+                                                           struct moe_layer_weights *w);
+MOE_MUST_USE enum moe_status moe_model_bind_gpt_oss_moe(struct moe_model *m, int l,
+                                                         struct moe_layer_weights *w);
+
+/* MLA (model_deepseek.c): layer l's attention weights (model.h). */
+MOE_MUST_USE enum moe_status moe_model_bind_mla(struct moe_model *m, int l, struct moe_layer_weights *w);

@@ -1,0 +1,97 @@
+/* server_metrics.c - GET /metrics: the server's counters, gauges and latency
+ * histograms in the Prometheus text format (0.0.4), followed by the expert
+ * load counters of the statistics recorder (router/stats_export.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/server/server.h"
+
+static void hist(FILE *f, const char *name, const char *help, const struct srv_hist *h)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < SRV_HIST_N; i++) {
+        cum += h->b[i];
+        fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, srv_hist_le[i], (unsigned long long)cum);
+    }
+    cum += h->b[SRV_HIST_N];
+    fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name,
+            (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->n);
+}
+
+static void one(FILE *f, const char *name, const char *type, const char *help, unsigned long long v)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, v);
+}
+
+char *srv_metrics_text(struct srv *s)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) return NULL;
+    pthread_mutex_lock(&s->m_mu);
+    struct srv_metrics m = s->met;
+    pthread_mutex_unlock(&s->m_mu);
+    pthread_mutex_lock(&s->q_mu);
+    int queued = s->q_len;
+    pthread_mutex_unlock(&s->q_mu);
+    static const char *codes[6] = {"200", "400", "404_405", "413", "429", "5xx"};
+    fprintf(f, "# HELP moerun_http_requests_total HTTP requests answered, by status\n"
+               "# TYPE moerun_http_requests_total counter\n");
+    for (int i = 0; i < 6; i++)
+        fprintf(f, "moerun_http_requests_total{status=\"%s\"} %llu\n", codes[i],
+                (unsigned long long)m.by_status[i]);
+    one(f, "moerun_prompt_tokens_total", "counter", "prompt tokens submitted to the engine",
+        m.prompt_tokens);
+    one(f, "moerun_generation_tokens_total", "counter", "tokens generated", m.generated_tokens);
+    one(f, "moerun_requests_finished_total", "counter", "engine requests finished (stop or length)",
+        m.finished);
+    one(f, "moerun_requests_aborted_total", "counter",
+        "engine requests cancelled (client gone or shutdown)", m.aborted);
+    one(f, "moerun_preemptions_total", "counter", "requests preempted for KV blocks", m.preemptions);
+    one(f, "moerun_requests_waiting", "gauge", "requests queued or waiting in the engine",
+        (unsigned long long)(queued + atomic_load(&s->eng_waiting)));
+    one(f, "moerun_requests_running", "gauge", "sequences running in the engine",
+        (unsigned long long)m.running);
+    fprintf(f, "# HELP moerun_kv_blocks KV cache blocks by state (used: referenced by a sequence; "
+               "cached: prefix blocks nobody references, evictable; free)\n"
+               "# TYPE moerun_kv_blocks gauge\n"
+               "moerun_kv_blocks{state=\"used\"} %d\nmoerun_kv_blocks{state=\"cached\"} %d\n"
+               "moerun_kv_blocks{state=\"free\"} %d\n",
+            m.kv_used, m.kv_cached, m.kv_free);
+    one(f, "moerun_kv_blocks_total", "gauge", "KV cache blocks in the pool",
+        (unsigned long long)m.kv_total);
+    hist(f, "moerun_time_to_first_token_seconds", "time from request arrival to its first token",
+         &m.ttft);
+    hist(f, "moerun_inter_token_latency_seconds", "time between consecutive tokens of a request",
+         &m.itl);
+    if (m.offload.layers > 0) {
+        one(f, "moerun_offload_uses_total", "counter",
+            "experts routed to in offloaded MoE layers (--gpu-experts), once per expert per layer step",
+            (unsigned long long)m.offload.accesses);
+        one(f, "moerun_offload_hits_total", "counter",
+            "of those, experts already in a device slot", (unsigned long long)m.offload.hits);
+        one(f, "moerun_offload_cpu_uses_total", "counter",
+            "experts computed on the CPU instead of copied in (--gpu-experts-cpu-rows), not among the uses",
+            (unsigned long long)m.offload.cpu_uses);
+        one(f, "moerun_offload_bytes_in_total", "counter",
+            "bytes of expert weights copied from host memory to the device", m.offload.bytes_in);
+        one(f, "moerun_offload_host_bytes", "gauge",
+            "bytes of expert weights held in pinned host memory", m.offload.host_bytes);
+    }
+    if (s->stats) {
+        char *st = NULL;
+        pthread_mutex_lock(&s->stats_mu);
+        enum moe_status rc = moe_stats_prometheus_string(s->stats, &st);
+        pthread_mutex_unlock(&s->stats_mu);
+        if (rc == MOE_OK && st) fputs(st, f);
+        free(st);
+    }
+    if (fclose(f)) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
