@@ -13,6 +13,8 @@ if [ "$1" = "--sanitize" ]; then
 fi
 cmake -S . -B "$BUILD" $EXTRA >/dev/null
 cmake --build "$BUILD" -j"$(nproc)"
+# the layering of runtime/rooms.txt: includes and calls go downward only
+tools/check-rooms.sh "$BUILD"
 if [ "$1" = "--sanitize" ]; then
   # Criterion reports a test that leaks as passed, so sanitizer reports go
   # to files and any report fails the run.
