@@ -44,7 +44,7 @@ static inline void setup(void)
 {
     tu_need_cuda_device();
     cr_assert_eq(moe_backend_cpu_init(&cpu, 0), MOE_OK);
-    cr_assert_eq(moe_backend_cuda_init(&gpu, 0), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init(&gpu, "cuda"), MOE_OK, "%s", moe_last_error());
     struct moe_config c;
     reserve_cfg(&c);
     cr_assert_eq(gpu.ops->reserve(&gpu, &c, 512), MOE_OK, "%s", moe_last_error());

@@ -38,7 +38,7 @@ static void side_open_cpu_rows(struct side *s, const char *name, bool cuda, int 
     snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
     memset(s, 0, sizeof *s);
     cr_assert_eq(moe_model_load(&s->m, dir), MOE_OK, "load %s: %s", name, moe_last_error());
-    if (cuda) cr_assert_eq(moe_backend_cuda_init(&s->be, 0), MOE_OK, "%s", moe_last_error());
+    if (cuda) cr_assert_eq(tu_backend_init(&s->be, "cuda"), MOE_OK, "%s", moe_last_error());
     else cr_assert_eq(moe_backend_cpu_init(&s->be, 0), MOE_OK);
     s->be.gpu_experts = gpu_experts;
     s->be.gpu_experts_cpu_rows = cpu_rows;
@@ -364,7 +364,7 @@ Test(cuda_forward, offload_warm_start_from_statistics)
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
     cr_assert_eq(moe_model_load(&warm.m, dir), MOE_OK, "%s", moe_last_error());
-    cr_assert_eq(moe_backend_cuda_init(&warm.be, 0), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init(&warm.be, "cuda"), MOE_OK, "%s", moe_last_error());
     warm.be.gpu_experts = C;
     warm.be.gpu_experts_warm = load; /* the backend's now */
     warm.be.gpu_experts_warm_layers = Lm, warm.be.gpu_experts_warm_e = E;
@@ -394,7 +394,7 @@ Test(cuda_forward, offload_warm_start_from_statistics)
     struct side bad;
     memset(&bad, 0, sizeof bad);
     cr_assert_eq(moe_model_load(&bad.m, dir), MOE_OK, "%s", moe_last_error());
-    cr_assert_eq(moe_backend_cuda_init(&bad.be, 0), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init(&bad.be, "cuda"), MOE_OK, "%s", moe_last_error());
     bad.be.gpu_experts = C;
     bad.be.gpu_experts_warm = calloc((size_t)Lm * (E + 1), sizeof(double));
     bad.be.gpu_experts_warm_layers = Lm, bad.be.gpu_experts_warm_e = E + 1;
@@ -664,7 +664,7 @@ Test(cuda_backend, selection_follows_the_device)
     char why[256] = "";
     int n = moe_cuda_device_count(why, sizeof why);
     struct moe_backend be;
-    enum moe_status s = moe_backend_init(&be, "cuda", 0);
+    enum moe_status s = moe_backend_init(&be, "cuda", NULL);
     if (n == 0) {
         cr_expect_eq(s, MOE_ERR_DEVICE, "--backend cuda without a device: %s", moe_last_error());
         cr_expect(strstr(moe_last_error(), "no CUDA device") != NULL, "%s", moe_last_error());
@@ -673,7 +673,10 @@ Test(cuda_backend, selection_follows_the_device)
         cr_expect_str_eq(be.ops->name, "cuda");
         moe_backend_free(&be);
     }
-    cr_assert_eq(moe_backend_init(&be, "auto", 1), MOE_OK, "%s", moe_last_error());
+    struct moe_backend_opts o;
+    moe_backend_opts_defaults(&o);
+    o.n_threads = 1;
+    cr_assert_eq(moe_backend_init(&be, "auto", &o), MOE_OK, "%s", moe_last_error());
     cr_expect_str_eq(be.ops->name, n == 0 ? "cpu" : "cuda");
     moe_backend_free(&be);
 }

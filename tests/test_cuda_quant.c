@@ -458,7 +458,7 @@ Test(cuda_quant, q8_0_refuses_weights_that_are_not_finite)
 static void q8_logits(struct moe_model *m, const char *name, int S, int gpu_experts, int cpu_rows, float *logits)
 {
     struct moe_backend be;
-    cr_assert_eq(moe_backend_init(&be, name, 0), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init(&be, name), MOE_OK, "%s", moe_last_error());
     be.quant = MOE_QUANT_Q8_0;
     be.gpu_experts = gpu_experts;
     be.gpu_experts_cpu_rows = cpu_rows;

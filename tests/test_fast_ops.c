@@ -360,11 +360,11 @@ Test(fast_ops, attention_sinks_match_reference)
 Test(fast_ops, backend_names_and_selection)
 {
     struct moe_backend be;
-    cr_assert_eq(moe_backend_init(&be, "cpu-ref", 0), MOE_OK);
+    cr_assert_eq(moe_backend_init(&be, "cpu-ref", NULL), MOE_OK);
     cr_expect_str_eq(be.ops->name, "cpu-ref");
     cr_expect_eq(moe_backend_cpu_isa(&be), MOE_CPU_ISA_REF);
     moe_backend_free(&be);
-    cr_assert_eq(moe_backend_init(&be, "cpu", 0), MOE_OK);
+    cr_assert_eq(moe_backend_init(&be, "cpu", NULL), MOE_OK);
     cr_expect_eq(moe_backend_cpu_isa(&be), (int)moe_cpu_isa_detect());
     cr_expect_str_eq(be.ops->name, moe_cpu_isa_detect() == MOE_CPU_ISA_REF ? "cpu-ref" : "cpu");
     moe_backend_free(&be);
@@ -618,23 +618,24 @@ Test(fast_ops, gemm_multi_with_panels_equals_separate_products)
     }
 }
 
-/* The fast backend (each kernel set, by MOERUN_CPU_ISA) repacks a bf16
- * model's matrices at prepare_model unless MOERUN_CPU_PANELS=0; both give the same greedy tokens and logits within
- * fp32 tolerance, preparing again does nothing, and a backend that did not
- * pack the model refuses it. */
-static void run_synthetic(bool panels, int32_t *out, float *logits, bool *packed)
+/* The fast backend (each kernel set, by cpu_isa_max) repacks a bf16 model's
+ * matrices at prepare_model unless cpu_panels is off; both give the same
+ * greedy tokens and logits within fp32 tolerance, preparing again does
+ * nothing, and a backend that did not pack the model refuses it. */
+static void run_synthetic(enum moe_cpu_isa isa, bool panels, int32_t *out, float *logits, bool *packed)
 {
-    if (panels)
-        unsetenv("MOERUN_CPU_PANELS");
-    else
-        setenv("MOERUN_CPU_PANELS", "0", 1);
+    struct moe_backend_opts bo;
+    moe_backend_opts_defaults(&bo);
+    bo.cpu_isa_max = isa;
+    bo.cpu_panels = panels;
     struct moe_config cfg;
     cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK, "%s",
                  moe_last_error());
     struct moe_model m;
     cr_assert_eq(moe_model_synthetic(&m, &cfg, MOE_DTYPE_BF16, 11), MOE_OK, "%s", moe_last_error());
     struct moe_backend be;
-    cr_assert_eq(moe_backend_cpu_fast_init(&be, 0), MOE_OK);
+    cr_assert_eq(moe_backend_init(&be, "cpu", &bo), MOE_OK);
+    cr_assert_eq(moe_backend_cpu_isa(&be), (int)isa);
     struct moe_runner r;
     struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 1, .max_logits = 64, .block_size = 8,
                                 .n_blocks = 32};
@@ -667,27 +668,41 @@ Test(fast_ops, backend_packs_panels_unless_disabled)
     enum moe_cpu_isa is[4];
     const int ni = panel_isas(is);
     if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
-    const char *cap = getenv("MOERUN_CPU_ISA");
-    char *saved = cap ? strdup(cap) : NULL;
     const int V = 1024;
     float *lon = malloc((size_t)20 * V * sizeof(float)), *loff = malloc((size_t)20 * V * sizeof(float));
     for (int i = 0; i < ni; i++) {
-        setenv("MOERUN_CPU_ISA", moe_cpu_isa_name(is[i]), 1);
         int32_t on[12], off[12];
         bool packed_on, packed_off;
-        run_synthetic(true, on, lon, &packed_on);
-        run_synthetic(false, off, loff, &packed_off);
+        run_synthetic(is[i], true, on, lon, &packed_on);
+        run_synthetic(is[i], false, off, loff, &packed_off);
         const char *n = moe_cpu_isa_name(is[i]);
         cr_expect(packed_on, "%s: bf16 matrices must be in panels", n);
-        cr_expect_not(packed_off, "%s: MOERUN_CPU_PANELS=0 must keep the natural layout", n);
+        cr_expect_not(packed_off, "%s: cpu_panels off must keep the natural layout", n);
         cr_expect(tu_allclose("logits panels vs natural", lon, loff, (size_t)20 * V, 1e-4f, 1e-3f));
         cr_expect(memcmp(on, off, sizeof on) == 0, "%s: greedy tokens differ between the layouts", n);
     }
-    if (saved)
-        setenv("MOERUN_CPU_ISA", saved, 1);
-    else
-        unsetenv("MOERUN_CPU_ISA");
-    free(saved);
     free(lon);
     free(loff);
+}
+
+/* The library reads no environment: the kernel set comes from the options
+ * alone, and MOERUN_CPU_ISA reaches a backend only through the CLI's
+ * mapping (moe_cli_backend_opts, checked in the cli suite). */
+Test(fast_ops, backend_options_not_the_environment)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("no fast kernel set");
+    setenv("MOERUN_CPU_ISA", "ref", 1);
+    cr_expect_eq(moe_cpu_isa_detect(), best, "the environment changed the detected kernel set");
+    struct moe_backend be;
+    cr_assert_eq(moe_backend_cpu_fast_init(&be, 1), MOE_OK);
+    cr_expect_eq(moe_backend_cpu_isa(&be), (int)best, "the environment chose the kernels");
+    moe_backend_free(&be);
+    struct moe_backend_opts o;
+    moe_backend_opts_defaults(&o);
+    o.cpu_isa_max = MOE_CPU_ISA_REF;
+    cr_assert_eq(moe_backend_init(&be, "cpu", &o), MOE_OK);
+    cr_expect_eq(moe_backend_cpu_isa(&be), MOE_CPU_ISA_REF, "cpu_isa_max ref must give the reference kernels");
+    moe_backend_free(&be);
+    unsetenv("MOERUN_CPU_ISA");
 }

@@ -81,7 +81,7 @@ static void setup_case_quant(struct setup *s, json_t *c, const char *backend, in
     cr_assert_eq(s->plan.n_scored, json_integer_value(json_object_get(c, "scored")));
     struct moe_runner_opts o;
     moe_ppl_runner_opts(&s->plan, max_tokens, 64, 16, MOE_DTYPE_F32, &o);
-    cr_assert_eq(moe_backend_init(&s->be, backend, 0), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_backend_init(&s->be, backend, NULL), MOE_OK, "%s", moe_last_error());
     s->be.quant = quant;
     cr_assert_eq(moe_runner_init(&s->r, &s->m, &s->be, &o), MOE_OK, "%s", moe_last_error());
     free(body);
@@ -331,7 +331,7 @@ Test(ppl, nan_logits_are_an_error)
     cr_assert_eq(moe_ppl_plan_init(&p, NULL, 0, body, 40, 16, 8, 0), MOE_OK);
     struct moe_runner_opts o;
     moe_ppl_runner_opts(&p, 512, 64, 16, MOE_DTYPE_F32, &o);
-    cr_assert_eq(moe_backend_init(&be, "cpu", 0), MOE_OK);
+    cr_assert_eq(moe_backend_init(&be, "cpu", NULL), MOE_OK);
     cr_assert_eq(moe_runner_init(&r, &m, &be, &o), MOE_OK);
     struct moe_ppl_result res;
     cr_assert_eq(moe_ppl_run(&r, &p, NULL, NULL, &res, NULL, NULL), MOE_OK, "%s", moe_last_error());

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include "runtime/backend/backend.h"
+#include "runtime/cli/cli_common.h"
 #include "runtime/engine/runner.h"
 
 uint64_t tu_rand_u64(uint64_t *s)
@@ -116,6 +117,13 @@ void tu_prompt_logits(struct moe_runner *r, int vocab, int32_t *prompt, float *l
     struct moe_chunk c = {&seq, prompt, 20, true, false, 0};
     cr_assert_eq(moe_runner_step(r, &c, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
     moe_seq_free(r, &seq);
+}
+
+enum moe_status tu_backend_init(struct moe_backend *be, const char *name)
+{
+    struct moe_backend_opts o;
+    moe_cli_backend_opts(&o, 0);
+    return moe_backend_init(be, name, &o);
 }
 
 void tu_need_cuda_device(void)

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "runtime/core/status.h"
+
 #define FIXTURE_DIR MOERUN_SOURCE_DIR "/tests/fixtures"
 
 /* splitmix64 stream: deterministic across platforms. */
@@ -33,6 +35,12 @@ char *tu_read_text(const char *path);
  * MOERUN_REQUIRE_GPU is set (tests/gpu/run.sh: a skipped GPU suite must
  * not pass for a run on a GPU).  Criterion suites' .init only. */
 void tu_need_cuda_device(void);
+/* moe_backend_init(be, name) with the options the program would take from
+ * this environment (moe_cli_backend_opts: MOERUN_CUDA_EXPERTS, _GRAPHS,
+ * _STRICT, _PREFILL_ATTN, MOERUN_CPU_ISA, _PANELS), so a suite picks its
+ * kernels as a user does and tests/gpu/run.sh's MOERUN_CUDA_STRICT=1 holds. */
+struct moe_backend;
+enum moe_status tu_backend_init(struct moe_backend *be, const char *name);
 /* Checks |x - ref| <= atol + rtol*|ref| elementwise; on failure prints the
  * worst element with `what` and returns 0. */
 int tu_allclose(const char *what, const float *x, const float *ref, size_t n, float atol,

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "runtime/backend/backend.h"
+#include "runtime/backend/backend_impl.h"
 
 #ifndef MOERUN_HAVE_CUDA
 int moe_cuda_device_count(char *why, size_t why_len)
@@ -21,33 +22,51 @@ void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_sta
     memset(st, 0, sizeof *st);
 }
 
-enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
+enum moe_status moe_backend_cuda_open(struct moe_backend *be, const struct moe_backend_opts *o)
 {
     memset(be, 0, sizeof *be);
     return moe_fail(MOE_ERR_UNSUPPORTED, "moerun was built without CUDA");
 }
 #endif
 
-enum moe_status moe_backend_init(struct moe_backend *be, const char *name, int n_threads)
+void moe_backend_opts_defaults(struct moe_backend_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->cpu_isa_max = MOE_CPU_ISA_AVX512;
+    o->cpu_panels = true;
+    o->prefill_attn = MOE_PREFILL_ATTN_TILED;
+    o->expert_kernels = MOE_EXPERT_KERNELS_CUBLAS;
+}
+
+enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
+{
+    struct moe_backend_opts o;
+    moe_backend_opts_defaults(&o);
+    o.device = device;
+    return moe_backend_cuda_open(be, &o);
+}
+
+enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
+                                 const struct moe_backend_opts *o)
 {
     memset(be, 0, sizeof *be);
-    if (!strcmp(name, "cpu")) return moe_backend_cpu_fast_init(be, n_threads);
-    if (!strcmp(name, "cpu-ref")) return moe_backend_cpu_init(be, n_threads);
+    if (!strcmp(name, "cpu")) return moe_backend_cpu_open(be, true, o);
+    if (!strcmp(name, "cpu-ref")) return moe_backend_cpu_open(be, false, o);
     if (!strcmp(name, "cuda") || !strcmp(name, "auto")) {
         char why[256] = "";
         int n = moe_cuda_device_count(why, sizeof why);
         if (!strcmp(name, "cuda")) {
             if (n == 0) return moe_fail(MOE_ERR_DEVICE, "no CUDA device: %s", why);
-            return moe_backend_cuda_init(be, 0);
+            return moe_backend_cuda_open(be, o);
         }
         if (n == 0) {
             fprintf(stderr, "moerun: no CUDA device (%s); using the CPU backend\n", why);
-            return moe_backend_cpu_fast_init(be, n_threads);
+            return moe_backend_cpu_open(be, true, o);
         }
-        if (moe_backend_cuda_init(be, 0) == MOE_OK) return MOE_OK;
+        if (moe_backend_cuda_open(be, o) == MOE_OK) return MOE_OK;
         fprintf(stderr, "moerun: the CUDA device could not be used (%s); using the CPU backend\n",
                 moe_last_error());
-        return moe_backend_cpu_fast_init(be, n_threads);
+        return moe_backend_cpu_open(be, true, o);
     }
     return moe_fail(MOE_ERR_INVALID_ARG,
                     "unknown backend '%s' (choose cpu, cpu-ref, cuda or auto)", name);

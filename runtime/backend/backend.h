@@ -37,7 +37,8 @@
  * in destroy, and drops the process's pages of the file-mapped originals;
  * after it, too, the model serves only that backend (any other refuses it
  * at prepare_model) and is not run after that backend is freed.
- * MOERUN_CPU_PANELS=0 keeps the natural layout and the model untouched.
+ * moe_backend_opts.cpu_panels false keeps the natural layout and the model
+ * untouched.
  * Calling prepare_model again with the same model does nothing; one that
  * failed leaves the model part on the device and is final (load it again). */
 #pragma once
@@ -54,6 +55,7 @@
 #include "runtime/model/model.h"
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
+#include "runtime/cpu/gemm_fast.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -207,25 +209,60 @@ struct moe_offload_stats {
 /* Zeros unless be is a CUDA backend with offloaded layers. */
 void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_stats *st);
 
+/* The kernel of the CUDA backend's prefill-sized attention steps. */
+enum moe_prefill_attn {
+    MOE_PREFILL_ATTN_TILED, /* tiled causal kernel (the default) */
+    MOE_PREFILL_ATTN_ROWS,  /* the per-row decode kernel (to compare the two) */
+    MOE_PREFILL_ATTN_MMA,   /* tensor cores, bf16/f16 caches of head dim 64 or 128 (opt-in) */
+};
+
+/* The kernels of the CUDA backend's expert steps of many rows. */
+enum moe_expert_kernels {
+    MOE_EXPERT_KERNELS_CUBLAS, /* widened weights, cuBLAS grouped GEMMs (the default) */
+    MOE_EXPERT_KERNELS_MMA,    /* tensor-core grouped GEMMs driven from the device (opt-in) */
+};
+
+/* How a backend is set up.  The library reads no environment: the CLI maps
+ * its options and the documented MOERUN_* variables onto this struct
+ * (runtime/cli/cli_common.c, docs/cli.md).  Start from
+ * moe_backend_opts_defaults; a NULL opts means those defaults. */
+struct moe_backend_opts {
+    int n_threads;                /* CPU threads; 0: all cores (OpenMP's default) */
+    int device;                   /* CUDA device ordinal */
+    enum moe_cpu_isa cpu_isa_max; /* fast CPU: the widest kernel set it may use */
+    bool cpu_panels;              /* fast CPU: bf16 matrices repacked into panels at
+                                     prepare_model (false: the stored layout) */
+    bool cuda_graphs;             /* CUDA: decode steps recorded as graphs and replayed */
+    bool cuda_strict;             /* CUDA: a grouped GEMM cuBLAS refuses is an error, not
+                                     a reason to take the other path (tests/gpu/run.sh) */
+    enum moe_prefill_attn prefill_attn;
+    enum moe_expert_kernels expert_kernels;
+};
+
+/* n_threads 0, device 0, every kernel set, panels on, graphs off, strict
+ * off, tiled prefill attention, cuBLAS experts. */
+void moe_backend_opts_defaults(struct moe_backend_opts *o);
+
 /* The CPU reference backend ("cpu-ref"); n_threads 0 = all cores (OpenMP
  * default). */
 MOE_MUST_USE enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads);
-/* The CUDA backend on device ordinal `device`; MOE_ERR_DEVICE when the
- * device cannot be used, MOE_ERR_UNSUPPORTED when built without CUDA. */
+/* The CUDA backend on device ordinal `device`, default options; MOE_ERR_DEVICE
+ * when the device cannot be used, MOE_ERR_UNSUPPORTED when built without
+ * CUDA. */
 MOE_MUST_USE enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device);
-/* The fast CPU backend ("cpu"): the reference with matmul, experts and
- * attention replaced by AVX2 or AVX-512 kernels, whichever is the best this
- * processor runs (runtime/cpu/gemm_fast.h); the reference where it runs neither.
- * MOERUN_CPU_ISA=ref|avx2|avx512 in the environment caps the choice. */
+/* The fast CPU backend ("cpu"), default options: the reference with matmul,
+ * experts and attention replaced by AVX2 or AVX-512 kernels, whichever is the
+ * best this processor runs (runtime/cpu/gemm_fast.h); the reference where it
+ * runs neither. */
 MOE_MUST_USE enum moe_status moe_backend_cpu_fast_init(struct moe_backend *be, int n_threads);
 /* Kernel set a CPU backend uses: 0 (MOE_CPU_ISA_REF) for the reference,
  * see enum moe_cpu_isa in runtime/cpu/gemm_fast.h. */
 int moe_backend_cpu_isa(const struct moe_backend *be);
 /* Chooses a backend by name: "cpu" (fast), "cpu-ref" (reference), "cuda",
  * or "auto" (CUDA when a device is present, else "cpu" with a one-line
- * notice on stderr). */
+ * notice on stderr), set up with o (NULL: the defaults). */
 MOE_MUST_USE enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
-                                               int n_threads);
+                                               const struct moe_backend_opts *o);
 void moe_backend_free(struct moe_backend *be);
 /* be's alloc and dealloc as an allocator for a module that owns buffers in
  * backend memory (the KV cache); be is borrowed and outlives those buffers. */

@@ -14,8 +14,7 @@
  * point there, and drops the process's pages of each source matrix (from a
  * file mapping, or the set's own in-memory synthetic tensors), so the
  * process holds about one copy of the weights.
- * MOERUN_CPU_PANELS=0 in the environment (read at init) keeps the natural
- * layout. */
+ * moe_backend_opts.cpu_panels false keeps the natural layout. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -28,6 +27,7 @@
 #include "experts/experts.h"
 #include "router/router.h"
 #include "runtime/backend/backend.h"
+#include "runtime/backend/backend_impl.h"
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_fast.h"
 #include "runtime/core/argmax.h"
@@ -627,7 +627,8 @@ static const struct moe_backend_ops cpu_fast_ops = {
     .experts = fast_experts,
 };
 
-static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_cpu_isa isa)
+static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_cpu_isa isa,
+                                bool panels)
 {
     memset(be, 0, sizeof *be);
     struct cpu_ctx *c = calloc(1, sizeof *c);
@@ -635,22 +636,39 @@ static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_
     if (n_threads > 0) omp_set_num_threads(n_threads);
     c->threads = omp_get_max_threads();
     c->isa = isa;
-    const char *pan = getenv("MOERUN_CPU_PANELS");
-    c->panels = isa >= MOE_CPU_ISA_AVX2 && !(pan && !strcmp(pan, "0"));
+    c->panels = isa >= MOE_CPU_ISA_AVX2 && panels;
     be->ops = isa == MOE_CPU_ISA_REF ? &cpu_ops : &cpu_fast_ops;
     be->ctx = c;
     be->n_threads = c->threads;
     return MOE_OK;
 }
 
+enum moe_status moe_backend_cpu_open(struct moe_backend *be, bool fast, const struct moe_backend_opts *o)
+{
+    struct moe_backend_opts def;
+    if (!o) {
+        moe_backend_opts_defaults(&def);
+        o = &def;
+    }
+    enum moe_cpu_isa isa = MOE_CPU_ISA_REF;
+    if (fast) isa = moe_cpu_isa_detect() < o->cpu_isa_max ? moe_cpu_isa_detect() : o->cpu_isa_max;
+    return cpu_init(be, o->n_threads, isa, o->cpu_panels);
+}
+
 enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads)
 {
-    return cpu_init(be, n_threads, MOE_CPU_ISA_REF);
+    struct moe_backend_opts o;
+    moe_backend_opts_defaults(&o);
+    o.n_threads = n_threads;
+    return moe_backend_cpu_open(be, false, &o);
 }
 
 enum moe_status moe_backend_cpu_fast_init(struct moe_backend *be, int n_threads)
 {
-    return cpu_init(be, n_threads, moe_cpu_isa_detect());
+    struct moe_backend_opts o;
+    moe_backend_opts_defaults(&o);
+    o.n_threads = n_threads;
+    return moe_backend_cpu_open(be, true, &o);
 }
 
 int moe_backend_cpu_isa(const struct moe_backend *be)

@@ -671,9 +671,12 @@ static const struct moe_backend_ops cuda_ops = {
     .to_host_async = cuda_to_host_async,
 };
 
-static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int device)
+static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,
+                                 const struct moe_backend_opts *o)
 {
+    const int device = o->device;
     c->device = device;
+    c->cpu_isa = moe_cpu_isa_detect() < o->cpu_isa_max ? moe_cpu_isa_detect() : o->cpu_isa_max;
     MOE_CUDA_TRY(cudaSetDevice(device));
     MOE_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     MOE_CUBLAS_TRY(cublasCreate(&c->blas));
@@ -682,32 +685,15 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c, int
     MOE_CUBLAS_TRY(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     /* Step graphs are opt-in until measured on a device: the recorded
      * cuBLAS calls need a workspace of their own. */
-    const char *g = getenv("MOERUN_CUDA_GRAPHS");
-    c->graphs_on = g && !strcmp(g, "1");
+    c->graphs_on = o->cuda_graphs;
     if (c->graphs_on) {
         MOE_CUDA_TRY(cudaMalloc(&c->blas_ws, BLAS_WS_BYTES));
         MOE_CUBLAS_TRY(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES));
     }
-    /* MOERUN_CUDA_STRICT=1 (tests/gpu/run.sh): a grouped GEMM cuBLAS calls
-     * an invalid value is an error, not a reason to take the other path */
-    const char *strict = getenv("MOERUN_CUDA_STRICT");
-    c->strict = strict && !strcmp(strict, "1");
-    /* Prefill attention: the tiled kernel unless MOERUN_CUDA_PREFILL_ATTN=rows
-     * (the per-row decode kernel, kept to compare them on a device) or mma
-     * (tensor cores, for bf16/f16 caches of head dim 64 or 128; opt-in until
-     * it has run on a device). */
-    const char *pa = getenv("MOERUN_CUDA_PREFILL_ATTN");
-    c->prefill_rows = pa && !strcmp(pa, "rows");
-    c->prefill_mma = pa && !strcmp(pa, "mma");
-    if (pa && *pa && strcmp(pa, "rows") && strcmp(pa, "tiled") && strcmp(pa, "mma"))
-        fprintf(stderr, "moerun: MOERUN_CUDA_PREFILL_ATTN=%s is none of rows, tiled, mma: tiled\n", pa);
-    /* Experts: MOERUN_CUDA_EXPERTS=mma takes the tensor-core kernels for
-     * steps of many rows (opt-in until measured on a device); anything
-     * else the decode kernels and cuBLAS's grouped GEMMs */
-    const char *xp = getenv("MOERUN_CUDA_EXPERTS");
-    c->experts_mma = xp && !strcmp(xp, "mma");
-    if (xp && *xp && strcmp(xp, "mma") && strcmp(xp, "cublas"))
-        fprintf(stderr, "moerun: MOERUN_CUDA_EXPERTS=%s is neither mma nor cublas: cublas\n", xp);
+    c->strict = o->cuda_strict;
+    c->prefill_rows = o->prefill_attn == MOE_PREFILL_ATTN_ROWS;
+    c->prefill_mma = o->prefill_attn == MOE_PREFILL_ATTN_MMA;
+    c->experts_mma = o->expert_kernels == MOE_EXPERT_KERNELS_MMA;
     /* MLA attention: the largest head dim this device's shared memory allows */
     c->mla_max_dh = moe_attention_mla_setup_cuda();
     if (!c->prefill_rows && moe_attention_prefill_setup_cuda() != MOE_OK) {
@@ -748,15 +734,20 @@ void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_sta
     }
 }
 
-enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
+enum moe_status moe_backend_cuda_open(struct moe_backend *be, const struct moe_backend_opts *o)
 {
+    struct moe_backend_opts def;
+    if (!o) {
+        moe_backend_opts_defaults(&def);
+        o = &def;
+    }
     memset(be, 0, sizeof *be);
     struct cuda_ctx *c = calloc(1, sizeof *c);
     if (!c) return moe_fail(MOE_ERR_NOMEM, "cuda backend");
     be->ops = &cuda_ops;
     be->ctx = c;
     be->n_threads = 1;
-    enum moe_status s = cuda_init(be, c, device);
+    enum moe_status s = cuda_init(be, c, o);
     if (s != MOE_OK) {
         cuda_destroy(be);
         memset(be, 0, sizeof *be);

@@ -10,6 +10,7 @@
 #include "experts/experts_cuda.h"
 #include "router/router_cuda.h"
 #include "runtime/backend/backend.h"
+#include "runtime/backend/backend_impl.h"
 #include "runtime/cuda/cuda_util.h"
 
 #define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention; more: the tiled prefill kernel */
@@ -109,7 +110,7 @@ struct cuda_ctx {
      * for the grouped path (reserved for models with such experts) */
     void *wide;
     size_t wide_bytes;
-    /* MOERUN_CUDA_EXPERTS=mma: the tensor-core expert kernels, their tile
+    /* MOE_EXPERT_KERNELS_MMA: the tensor-core expert kernels, their tile
      * list (moe_expert_mma_tile_ints(max_rows * max_k, max_e) int32s) */
     bool experts_mma;
     int32_t *mma_tiles;
@@ -117,11 +118,12 @@ struct cuda_ctx {
     int64_t mma_calls;       /* runs of them (one per expert call, or per offload round) */
     int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
     bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
-    bool strict;             /* MOERUN_CUDA_STRICT=1: no fallback on an invalid value */
-    bool prefill_rows;       /* MOERUN_CUDA_PREFILL_ATTN=rows: per-row kernel for prefill too */
-    bool prefill_mma;        /* MOERUN_CUDA_PREFILL_ATTN=mma: tensor cores where they apply */
+    bool strict;             /* no fallback on an invalid value (moe_backend_opts.cuda_strict) */
+    bool prefill_rows;       /* per-row kernel for prefill too (MOE_PREFILL_ATTN_ROWS) */
+    bool prefill_mma;        /* tensor cores where they apply (MOE_PREFILL_ATTN_MMA) */
+    enum moe_cpu_isa cpu_isa; /* kernel set of experts computed on the CPU (offload) */
     int mla_max_dh;          /* largest head dim the MLA attention kernel may run (shared memory) */
-    /* step graphs (MOERUN_CUDA_GRAPHS=1): decode-sized steps are recorded
+    /* step graphs (moe_backend_opts.cuda_graphs): decode-sized steps are recorded
      * once per (workspace, rows, logit rows) and replayed */
     bool graphs_on;
     void *blas_ws;

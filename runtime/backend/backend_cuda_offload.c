@@ -117,7 +117,7 @@ enum moe_status moe_cuda_offload_reserve(struct cuda_ctx *c, int R, int n)
     p->off = p->gpu_counts + E;
     p->R = R, p->rows = rows, p->n_perm = n, p->max_e = E, p->width = D;
     p->threads = threads, p->scratch_bytes = scratch;
-    p->isa = moe_cpu_isa_detect();
+    p->isa = c->cpu_isa;
     return MOE_OK;
 }
 

@@ -364,7 +364,9 @@ int moe_cli_bench(int argc, char **argv)
     json_t *out = NULL;
     /* the backend first: one that can make synthetic weights itself gets
      * them deferred, so no host copy of a large model is ever built */
-    if (moe_backend_init(&be, backend, (int)threads) == MOE_OK) {
+    struct moe_backend_opts bo;
+    moe_cli_backend_opts(&bo, threads);
+    if (moe_backend_init(&be, backend, &bo) == MOE_OK) {
         mo.device_weights = mo.synthetic && be.ops->synth_fill;
         be.quant = quant;
         be.gpu_experts = (int)gpu_experts;

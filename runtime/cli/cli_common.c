@@ -288,12 +288,46 @@ enum moe_status moe_cli_offload_setup(struct moe_backend *be, const char *policy
     return s;
 }
 
+/* An environment variable's value among names (NULL-terminated), as its
+ * index; unset or empty: dflt; anything else: dflt with a one-line notice. */
+static int env_choice(const char *var, const char *const *names, int dflt)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) return dflt;
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(v, names[i])) return i;
+    fprintf(stderr, "moerun: %s=%s is not one of", var, v);
+    for (int i = 0; names[i]; i++) fprintf(stderr, "%s %s", i ? "," : "", names[i]);
+    fprintf(stderr, ": %s\n", names[dflt]);
+    return dflt;
+}
+
+void moe_cli_backend_opts(struct moe_backend_opts *o, long threads)
+{
+    static const char *const isa[] = {"ref", "avx2", "avx512", NULL};
+    static const char *const off_on[] = {"0", "1", NULL};
+    static const char *const attn[] = {"tiled", "rows", "mma", NULL};
+    static const char *const experts[] = {"cublas", "mma", NULL};
+    moe_backend_opts_defaults(o);
+    o->n_threads = (int)threads;
+    o->cpu_isa_max = (enum moe_cpu_isa)env_choice("MOERUN_CPU_ISA", isa, MOE_CPU_ISA_AVX512);
+    o->cpu_panels = env_choice("MOERUN_CPU_PANELS", off_on, 1);
+    o->cuda_graphs = env_choice("MOERUN_CUDA_GRAPHS", off_on, 0);
+    o->cuda_strict = env_choice("MOERUN_CUDA_STRICT", off_on, 0);
+    o->prefill_attn = (enum moe_prefill_attn)env_choice("MOERUN_CUDA_PREFILL_ATTN", attn,
+                                                        MOE_PREFILL_ATTN_TILED);
+    o->expert_kernels = (enum moe_expert_kernels)env_choice("MOERUN_CUDA_EXPERTS", experts,
+                                                            MOE_EXPERT_KERNELS_CUBLAS);
+}
+
 enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_cli_engine *o)
 {
+    struct moe_backend_opts bo;
+    moe_cli_backend_opts(&bo, o->threads);
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->quantize && !moe_cli_parse_quant(o->quantize, &q))
         return moe_fail(MOE_ERR_INVALID_ARG, "--quantize '%s' (use q8_0, or none)", o->quantize);
-    MOE_TRY(moe_backend_init(be, o->backend, (int)o->threads));
+    MOE_TRY(moe_backend_init(be, o->backend, &bo));
     be->quant = q;
     be->gpu_experts = (int)o->gpu_experts;
     MOE_TRY(moe_cli_offload_setup(be, o->gpu_experts_policy, o->gpu_experts_warm, o->gpu_experts_cpu_rows));

@@ -143,6 +143,13 @@ MOE_MUST_USE enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o
                                                    struct moe_engine *e);
 /* "q8_0" (any case) or "none" -> the quantization; false otherwise. */
 bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out);
+/* The backend options of --threads and of the environment, in the one place
+ * the program reads them: MOERUN_CPU_ISA=ref|avx2|avx512 (the widest CPU
+ * kernel set), MOERUN_CPU_PANELS=0|1, MOERUN_CUDA_GRAPHS=0|1,
+ * MOERUN_CUDA_STRICT=0|1, MOERUN_CUDA_PREFILL_ATTN=tiled|rows|mma,
+ * MOERUN_CUDA_EXPERTS=cublas|mma (docs/cli.md).  A value that is none of
+ * these keeps the default with a one-line notice. */
+void moe_cli_backend_opts(struct moe_backend_opts *o, long threads);
 /* moe_backend_init for the options' --backend and --threads, with their
  * --quantize. */
 MOE_MUST_USE enum moe_status moe_cli_backend_start(struct moe_backend *be,

@@ -30,13 +30,6 @@ enum moe_cpu_isa moe_cpu_isa_detect(void)
             __builtin_cpu_supports("avx512vl"))
             isa = MOE_CPU_ISA_AVX512;
     }
-    const char *cap = getenv("MOERUN_CPU_ISA");
-    if (cap) {
-        enum moe_cpu_isa want = !strcmp(cap, "ref") ? MOE_CPU_ISA_REF
-                                : !strcmp(cap, "avx2") ? MOE_CPU_ISA_AVX2
-                                                       : MOE_CPU_ISA_AVX512;
-        if (want < isa) isa = want;
-    }
     return isa;
 }
 

@@ -59,8 +59,8 @@ enum moe_cpu_isa {
     MOE_CPU_ISA_AVX512,  /* AVX-512 F/BW/VL + the above */
 };
 
-/* The best kernel set this processor runs.  MOERUN_CPU_ISA=ref|avx2|avx512
- * in the environment caps it (for testing the narrower kernels). */
+/* The best kernel set this processor runs (a backend may be told to use a
+ * narrower one: moe_backend_opts.cpu_isa_max). */
 enum moe_cpu_isa moe_cpu_isa_detect(void);
 const char *moe_cpu_isa_name(enum moe_cpu_isa isa);
 
