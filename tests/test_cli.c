@@ -402,3 +402,35 @@ Test(cli, environment_sets_backend_options)
     cr_expect(strstr(out, "moerun: MOERUN_CUDA_EXPERTS=fast is not one of cublas, mma: cublas\n") != NULL,
               "%s", out);
 }
+
+Test(cli, version_names_the_build)
+{
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof cmd, "%s --version", MOERUN_BINARY);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(!strncmp(out, "moerun 0.", 9), "%s", out);
+    cr_expect(strstr(out, "CUDA backend: ") && strstr(out, "CPU kernels: "), "%s", out);
+}
+
+/* A bad option is one line that names it and points to the command's help,
+ * not the whole help text. */
+Test(cli, bad_option_is_one_line_pointing_to_help)
+{
+    const char *cmds[] = {"inspect", "run", "chat", "serve", "batch", "plan", "bench", "ppl", "stats", "synth"};
+    char args[256], needle[256];
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        snprintf(args, sizeof args, "%s --no-such-option", cmds[i]);
+        snprintf(needle, sizeof needle, "moerun %s: unknown option '--no-such-option'; see 'moerun %s --help'",
+                 cmds[i], cmds[i]);
+        tu_expect_one_line_error(args, needle);
+    }
+    tu_expect_one_line_error("run x -n", "moerun run: option '-n' needs a value; see 'moerun run --help'");
+    tu_expect_one_line_error("bench --prefill", "option '--prefill' needs a value");
+    tu_expect_one_line_error("plan --help=1", "option '--help' takes no value");
+}
+
+Test(cli, stats_names_the_missing_file)
+{
+    tu_expect_one_line_error("stats /nonexistent/s.json",
+                             "/nonexistent/s.json: no such file (nor a trace /nonexistent/s.json.trace.json)");
+}

@@ -227,7 +227,8 @@ Test(cuda_ops, attention_prefill_tiled_single_sequence_matches_cpu)
 
 /* MOERUN_CUDA_PREFILL_ATTN=rows: prefill steps take the per-row kernel.
  * The variable is set in the forked test process before the backend
- * opens (it is read once, at init). */
+ * opens (tu_backend_init maps it onto the backend's options, as the CLI
+ * does). */
 static void setup_rows(void)
 {
     setenv("MOERUN_CUDA_PREFILL_ATTN", "rows", 1);

@@ -396,7 +396,7 @@ int moe_cli_batch(int argc, char **argv)
     struct moe_cli_stats so = {0};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+    while ((c = moe_cli_getopt(argc, argv, "o:h", opts, "batch")) != -1) {
         int k = moe_cli_engine_option(&eo, "batch", c, optarg);
         if (k == 0) k = moe_cli_stats_option(&so, &eo.model, c, optarg, "batch");
         if (k < 0) return 1;
@@ -404,7 +404,7 @@ int moe_cli_batch(int argc, char **argv)
         switch (c) {
         case 'o': out_path = optarg; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2;
         }
     }
     const char *in_path = NULL;

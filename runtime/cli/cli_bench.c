@@ -274,7 +274,7 @@ int moe_cli_bench(int argc, char **argv)
     enum moe_weight_quant quant = MOE_QUANT_NONE;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = moe_cli_getopt(argc, argv, "h", opts, "bench")) != -1) {
         long *dst = NULL, lo = 1, hi = 1 << 24;
         switch (c) {
         case 'p': prefill_arg = optarg; break;
@@ -333,10 +333,7 @@ int moe_cli_bench(int argc, char **argv)
         default: {
             int k = moe_cli_stats_option(&so, &mo, c, optarg, "bench");
             if (k < 0) return 1;
-            if (k == 0) {
-                usage(stderr);
-                return 2;
-            }
+            if (k == 0) return 2; /* moe_cli_getopt said why */
         }
         }
         if (dst && !moe_cli_parse_int(optarg, lo, hi, dst))

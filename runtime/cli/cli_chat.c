@@ -115,7 +115,7 @@ int moe_cli_chat(int argc, char **argv)
         MOE_CLI_ENGINE_LONGOPTS, {0, 0, 0, 0}};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "n:vh", opts, NULL)) != -1) {
+    while ((c = moe_cli_getopt(argc, argv, "n:vh", opts, "chat")) != -1) {
         int k = moe_cli_engine_option(&eo, "chat", c, optarg);
         if (k < 0) return 1;
         if (k > 0) continue;
@@ -141,7 +141,7 @@ int moe_cli_chat(int argc, char **argv)
         case 'v': verbose = true; break;
         case O_HIDE: hide = true; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2;
         }
     }
     if (optind < argc) eo.model.path = argv[optind++];

@@ -137,6 +137,31 @@ const char *moe_cli_count(char *buf, size_t n, double x)
     return buf;
 }
 
+int moe_cli_getopt(int argc, char **argv, const char *shortopts, const struct option *longopts,
+                   const char *cmd)
+{
+    opterr = 0;
+    const int c = getopt_long(argc, argv, shortopts, longopts, NULL);
+    if (c != '?' && c != ':') return c;
+    const char *arg = optind - 1 < argc ? argv[optind - 1] : "";
+    char what[160];
+    if (!strncmp(arg, "--", 2)) {
+        const size_t n = strcspn(arg + 2, "=");
+        if (optopt == 0)
+            snprintf(what, sizeof what, "unknown option '--%.*s'", (int)n, arg + 2);
+        else if (arg[2 + n] == '=')
+            snprintf(what, sizeof what, "option '--%.*s' takes no value", (int)n, arg + 2);
+        else
+            snprintf(what, sizeof what, "option '--%.*s' needs a value", (int)n, arg + 2);
+    } else if (optopt > 0 && optopt < 128 && optopt != ':' && strchr(shortopts, optopt)) {
+        snprintf(what, sizeof what, "option '-%c' needs a value", optopt);
+    } else {
+        snprintf(what, sizeof what, "unknown option '-%c'", optopt > 0 && optopt < 128 ? optopt : '?');
+    }
+    fprintf(stderr, "moerun %s: %s; see 'moerun %s --help'\n", cmd, what, cmd);
+    return '?';
+}
+
 int moe_cli_error(const char *cmd, const char *fmt, ...)
 {
     va_list ap;

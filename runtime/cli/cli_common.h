@@ -2,6 +2,7 @@
  * or --synthetic CONFIG.json), parsing id lists and sizes, human units. */
 #pragma once
 
+#include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,6 +37,11 @@ bool moe_cli_parse_int(const char *s, long lo, long hi, long *out);
 const char *moe_cli_bytes(char *buf, size_t n, double bytes);
 /* 1234567 -> "1.23M" */
 const char *moe_cli_count(char *buf, size_t n, double x);
+/* getopt_long for command cmd; an unknown option, a missing value or a value
+ * given to an option that takes none is reported in one line that ends
+ * with "see 'moerun CMD --help'", and '?' returned. */
+int moe_cli_getopt(int argc, char **argv, const char *shortopts, const struct option *longopts,
+                   const char *cmd);
 /* Prints "moerun CMD: message" to stderr and returns 1. */
 int moe_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 double moe_cli_now(void);

@@ -24,12 +24,12 @@ int moe_cli_inspect(int argc, char **argv)
                                          {0, 0, 0, 0}};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = moe_cli_getopt(argc, argv, "h", opts, "inspect")) != -1) {
         switch (c) {
         case 's': mo.synthetic = optarg; break;
         case 'd': mo.dtype = optarg; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2;
         }
     }
     if (optind < argc) mo.path = argv[optind++];

@@ -141,7 +141,7 @@ int moe_cli_plan(int argc, char **argv)
     enum moe_weight_quant quant = MOE_QUANT_NONE;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = moe_cli_getopt(argc, argv, "h", opts, "plan")) != -1) {
         switch (c) {
         case 'c':
             if (!moe_cli_parse_int(optarg, 1, 1 << 30, &ctx)) return moe_cli_error("plan", "--ctx '%s'", optarg);
@@ -192,7 +192,7 @@ int moe_cli_plan(int argc, char **argv)
             break;
         }
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2;
         }
     }
     if (optind < argc) mo.path = argv[optind++];

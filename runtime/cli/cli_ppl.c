@@ -186,7 +186,7 @@ int moe_cli_ppl(int argc, char **argv)
     struct moe_cli_stats so = {0};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = moe_cli_getopt(argc, argv, "h", opts, "ppl")) != -1) {
         int k = moe_cli_engine_option(&eo, "ppl", c, optarg);
         if (k == 0) k = moe_cli_stats_option(&so, &eo.model, c, optarg, "ppl");
         if (k < 0) return 1;
@@ -201,7 +201,7 @@ int moe_cli_ppl(int argc, char **argv)
         case O_BASE: base_path = optarg; break;
         case O_JSON: json = true; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2;
         }
         if (dst && !moe_cli_parse_int(optarg, lo, 1 << 24, dst))
             return moe_cli_error("ppl", "option value '%s' must be an integer in [%ld, %d]", optarg, lo,

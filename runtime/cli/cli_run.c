@@ -88,7 +88,7 @@ int moe_cli_run(int argc, char **argv)
     struct moe_cli_stats so = {0};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "p:n:h", opts, NULL)) != -1) {
+    while ((c = moe_cli_getopt(argc, argv, "p:n:h", opts, "run")) != -1) {
         int k = moe_cli_engine_option(&eo, "run", c, optarg);
         if (k == 0) k = moe_cli_stats_option(&so, &eo.model, c, optarg, "run");
         if (k < 0) return 1;
@@ -133,7 +133,7 @@ int moe_cli_run(int argc, char **argv)
             break;
         case O_IGNORE_EOS: ignore_eos = true; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2;
         }
     }
     if (optind < argc) eo.model.path = argv[optind++];

@@ -148,7 +148,7 @@ int moe_cli_serve(int argc, char **argv)
     int c, rc = 1;
     long v;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = moe_cli_getopt(argc, argv, "h", opts, "serve")) != -1) {
         int k = moe_cli_engine_option(&cmd->eo, "serve", c, optarg);
         if (k == 0) k = moe_cli_stats_option(&cmd->so, &cmd->eo.model, c, optarg, "serve");
         if (k < 0) goto out;
@@ -216,7 +216,7 @@ int moe_cli_serve(int argc, char **argv)
             break;
         }
         case 'h': usage(stdout); rc = 0; goto out;
-        default: usage(stderr); rc = 2; goto out;
+        default: rc = 2; goto out;
         }
     }
     if (!s->o.api_key && getenv("MOERUN_API_KEY") && *getenv("MOERUN_API_KEY"))

@@ -51,7 +51,7 @@ int moe_cli_stats(int argc, char **argv)
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = moe_cli_getopt(argc, argv, "h", opts, "stats")) != -1) {
         long *dst = NULL, lo = 1, hi = 1 << 20;
         switch (c) {
         case 's': svg = optarg; break;
@@ -69,7 +69,7 @@ int moe_cli_stats(int argc, char **argv)
         case 'k': dst = &topk; break;
         case 'R': dst = &cpu_rows; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2;
         }
         if (dst && !moe_cli_parse_int(optarg, lo, hi, dst))
             return moe_cli_error("stats", "option value '%s' is out of range", optarg);

@@ -44,7 +44,7 @@ int moe_cli_synth(int argc, char **argv)
                                          {0, 0, 0, 0}};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = moe_cli_getopt(argc, argv, "h", opts, "synth")) != -1) {
         switch (c) {
         case 'd': dtype_arg = optarg; break;
         case 'l': layout_arg = optarg; break;
@@ -54,7 +54,7 @@ int moe_cli_synth(int argc, char **argv)
             break;
         case 'K': skew_arg = optarg; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2;
         }
     }
     if (argc - optind != 2) {

@@ -2,7 +2,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "runtime/backend/backend.h"
 #include "runtime/cli/cli.h"
+#include "runtime/cpu/gemm_fast.h"
 
 static const struct {
     const char *name;
@@ -38,6 +40,18 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
+        printf("moerun %s\n", MOERUN_VERSION);
+#ifdef MOERUN_HAVE_CUDA
+        char why[256] = "";
+        const int n = moe_cuda_device_count(why, sizeof why);
+        printf("CUDA backend: built in; %d device(s)%s%s\n", n, n ? "" : ": ", n ? "" : why);
+#else
+        printf("CUDA backend: not built\n");
+#endif
+        printf("CPU kernels: %s\n", moe_cpu_isa_name(moe_cpu_isa_detect()));
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -215,7 +215,11 @@ enum moe_status moe_sdata_load(struct moe_sdata *d, const char *path)
     size_t n = strlen(path);
     if (n + 6 > sizeof buf) return moe_fail(MOE_ERR_INVALID_ARG, "path too long");
     snprintf(buf, sizeof buf, "%s", path);
-    if (stat(buf, &sb) != 0) snprintf(buf, sizeof buf, "%s.trace.json", path); /* bare prefix */
+    if (stat(buf, &sb) != 0) {
+        snprintf(buf, sizeof buf, "%s.trace.json", path); /* bare prefix */
+        if (stat(buf, &sb) != 0)
+            return moe_fail(MOE_ERR_IO, "%s: no such file (nor a trace %s.trace.json)", path, path);
+    }
     d->path = strdup(path);
     if (!d->path) return moe_fail(MOE_ERR_NOMEM, "path");
     json_error_t err;

@@ -43,7 +43,7 @@ for t in "$@"; do
   if [ "$t" = moerun ]; then
     # the CLI with the CUDA side of bench (bench_gpu.c) compiled in
     main="$B/obj/main.co $B/obj/bench_gpu.co"
-    nice -n 19 gcc $CF -c runtime/cli/main.c -o "$B/obj/main.co"
+    nice -n 19 gcc $CF -DMOERUN_VERSION=\"emu\" -c runtime/cli/main.c -o "$B/obj/main.co"
     nice -n 19 gcc $CF -c runtime/cli/bench_gpu.c -o "$B/obj/bench_gpu.co"
   else
     main="$B/obj/$t.co"
