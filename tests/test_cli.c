@@ -434,3 +434,29 @@ Test(cli, stats_names_the_missing_file)
     tu_expect_one_line_error("stats /nonexistent/s.json",
                              "/nonexistent/s.json: no such file (nor a trace /nonexistent/s.json.trace.json)");
 }
+
+/* serve checks what it can before it opens the port or says "listening";
+ * output files are checked writable before anything is loaded or
+ * generated.  Each is one line naming what was wrong. */
+Test(cli, serve_and_outputs_checked_before_work)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "serve --port 0 --synthetic /nonexistent/c.json");
+    tu_expect_one_line_error(args, "/nonexistent/c.json");
+    snprintf(args, sizeof args, "serve --port 0 %s/olmoe --kv-dtype f7", FIXTURE_DIR);
+    tu_expect_one_line_error(args, "moerun serve: --kv-dtype 'f7'");
+    snprintf(args, sizeof args, "serve --port 0 %s/olmoe --backend gpu", FIXTURE_DIR);
+    tu_expect_one_line_error(args, "moerun serve: unknown backend 'gpu'");
+    snprintf(args, sizeof args, "serve --port 0 %s/olmoe --kv-budget lots", FIXTURE_DIR);
+    tu_expect_one_line_error(args, "KV budget 'lots' is not a size");
+    snprintf(args, sizeof args, "serve --port 0 %s/olmoe --port-file /nonexistent/p", FIXTURE_DIR);
+    tu_expect_one_line_error(args, "--port-file /nonexistent/p cannot be written");
+    snprintf(args, sizeof args, "serve --port 0 %s", FIXTURE_DIR);
+    tu_expect_one_line_error(args, "config.json");
+    snprintf(args, sizeof args, "run %s/olmoe --prompt-ids 1,2 -n 1 --stats-out /nonexistent/s.json", FIXTURE_DIR);
+    tu_expect_one_line_error(args, "moerun run: --stats-out /nonexistent/s.json cannot be written");
+    snprintf(args, sizeof args, "run %s/olmoe --prompt-ids 1,2 -n 1 --trace-out /nonexistent/t", FIXTURE_DIR);
+    tu_expect_one_line_error(args, "--trace-out /nonexistent/t.trace.json cannot be written");
+    snprintf(args, sizeof args, "batch %s/olmoe /dev/null -o /nonexistent/o.jsonl", FIXTURE_DIR);
+    tu_expect_one_line_error(args, "moerun batch: -o /nonexistent/o.jsonl cannot be written");
+}

@@ -415,7 +415,7 @@ int moe_cli_batch(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (moe_cli_stats_check(&so, "batch")) return 1;
+    if (moe_cli_stats_check(&so, "batch") || moe_cli_check_writable("batch", "-o", out_path)) return 1;
     struct moe_model m = {0};
     struct moe_backend be = {0};
     struct batch b = {0};

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -66,6 +68,44 @@ enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_mod
         moe_model_free(m);
     }
     return s;
+}
+
+int moe_cli_check_writable(const char *cmd, const char *opt, const char *path)
+{
+    struct stat sb;
+    const bool existed = stat(path, &sb) == 0;
+    if (existed && S_ISDIR(sb.st_mode)) return moe_cli_error(cmd, "%s %s is a directory", opt, path);
+    FILE *f = fopen(path, "a");
+    if (!f) return moe_cli_error(cmd, "%s %s cannot be written: %s", opt, path, strerror(errno));
+    fclose(f);
+    if (!existed) unlink(path);
+    return 0;
+}
+
+int moe_cli_check_engine(const struct moe_cli_engine *o, const char *cmd)
+{
+    enum moe_dtype kvt;
+    size_t budget;
+    enum moe_weight_quant q;
+    if (o->kv_dtype && !moe_cli_parse_kv_dtype(o->kv_dtype, &kvt))
+        return moe_cli_error(cmd, "--kv-dtype '%s' (use " MOE_CLI_KV_DTYPES ")", o->kv_dtype);
+    if (o->kv_budget && moe_cli_parse_budget(o->kv_budget, &budget) != MOE_OK)
+        return moe_cli_error(cmd, "%s", moe_last_error());
+    if (o->quantize && !moe_cli_parse_quant(o->quantize, &q))
+        return moe_cli_error(cmd, "--quantize '%s' (use q8_0, or none)", o->quantize);
+    static const char *const backends[] = {"auto", "cpu", "cpu-ref", "cuda"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) known |= !strcmp(o->backend, backends[i]);
+    if (!known) return moe_cli_error(cmd, "unknown backend '%s' (choose cpu, cpu-ref, cuda or auto)", o->backend);
+    const struct moe_cli_model_opts *mo = &o->model;
+    char path[4096];
+    if (mo->synthetic || mo->path) {
+        if (mo->synthetic) snprintf(path, sizeof path, "%s", mo->synthetic);
+        else snprintf(path, sizeof path, "%s/config.json", mo->path);
+        struct moe_config cfg;
+        if (moe_config_load(&cfg, path) != MOE_OK) return moe_cli_error(cmd, "%s", moe_last_error());
+    }
+    return 0;
 }
 
 bool moe_cli_parse_int(const char *s, long lo, long hi, long *out)
@@ -184,7 +224,6 @@ double moe_cli_now(void)
 
 #include <math.h>
 #include <omp.h>
-#include <unistd.h>
 
 void moe_cli_engine_defaults(struct moe_cli_engine *o)
 {

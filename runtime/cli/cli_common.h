@@ -42,6 +42,10 @@ const char *moe_cli_count(char *buf, size_t n, double x);
  * with "see 'moerun CMD --help'", and '?' returned. */
 int moe_cli_getopt(int argc, char **argv, const char *shortopts, const struct option *longopts,
                    const char *cmd);
+/* 0 when path can be written (created or appended to; a file made only to
+ * find out is removed again), else 1 with "moerun CMD: OPT PATH cannot be
+ * written: why".  Called before any model is loaded. */
+int moe_cli_check_writable(const char *cmd, const char *opt, const char *path);
 /* Prints "moerun CMD: message" to stderr and returns 1. */
 int moe_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 double moe_cli_now(void);
@@ -135,6 +139,10 @@ MOE_MUST_USE enum moe_status moe_cli_offload_setup(struct moe_backend *be, const
                                                    const char *warm, long cpu_rows);
 
 void moe_cli_engine_defaults(struct moe_cli_engine *o);
+/* Checks what can be checked before anything is loaded: --kv-dtype,
+ * --kv-budget, --quantize, --backend's name, and the model's config.json
+ * (or --synthetic's); 0, or 1 with the one-line error printed. */
+int moe_cli_check_engine(const struct moe_cli_engine *o, const char *cmd);
 /* Handles one of the shared options: 1 taken, 0 not one of them, -1 bad
  * value (message printed as "moerun CMD: ..."). */
 int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, const char *arg);

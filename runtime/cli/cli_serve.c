@@ -231,7 +231,10 @@ int moe_cli_serve(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if (moe_cli_stats_check(&cmd->so, "serve")) goto out;
+    /* everything that can be wrong before the port opens or "listening" is said */
+    if (moe_cli_stats_check(&cmd->so, "serve") || moe_cli_check_engine(&cmd->eo, "serve") ||
+        (s->o.port_file && moe_cli_check_writable("serve", "--port-file", s->o.port_file)))
+        goto out;
     s->model_dir = cmd->eo.model.path;
     if (s->o.served_name) {
         s->model_name = strdup(s->o.served_name);

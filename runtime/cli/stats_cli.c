@@ -50,6 +50,9 @@ int moe_cli_stats_check(const struct moe_cli_stats *s, const char *cmd)
     }
     if (s->json_path && s->csv_path && !strcmp(s->json_path, s->csv_path))
         return moe_cli_error(cmd, "--stats-out and --stats-csv name the same file");
+    if (s->json_path && moe_cli_check_writable(cmd, "--stats-out", s->json_path)) return 1;
+    if (s->csv_path && moe_cli_check_writable(cmd, "--stats-csv", s->csv_path)) return 1;
+    if (s->trace_prefix && moe_cli_check_writable(cmd, "--trace-out", tj)) return 1;
     return 0;
 }
 
