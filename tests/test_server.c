@@ -403,19 +403,27 @@ Test(server_queue, full_queue_gets_429, .fini = fini, .timeout = 600)
     cr_assert_eq(server_stop(), 0);
 }
 
-/* /health and the API answer 503 while the model loads (held by a test hook). */
+/* /health and the API answer 503 while the model loads, then 200.  The test
+ * holds the loading state itself: the model folder's tokenizer.json is a
+ * FIFO, so the server waits in its tokenizer load until the test writes the
+ * real file into it (twice: the HTTP side and the engine each load one). */
 Test(server_queue, loading_answers_503_then_ready, .fini = fini, .timeout = 600)
 {
     strcpy(sv.dir, "/tmp/moerun-serve-XXXXXX");
     cr_assert(mkdtemp(sv.dir));
-    char cmd[2048], out[4096];
+    char cmd[4096], out[4096];
     snprintf(cmd, sizeof cmd,
-             "MOERUN_SERVE_TEST_LOAD_DELAY_MS=4000 exec %s serve %s --port 0 --backend cpu "
-             "--threads 1 --kv-budget 16MiB 2>%s/log", MOERUN_BINARY, MODEL, sv.dir);
+             "mkdir %1$s/m && for f in config.json generation_config.json model.safetensors "
+             "tokenizer_config.json; do ln -s %2$s/$f %1$s/m/$f; done && mkfifo %1$s/m/tokenizer.json",
+             sv.dir, MODEL);
+    cr_assert_eq(sh(cmd, NULL, 0), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd,
+             "exec %s serve %s/m --port 0 --backend cpu --threads 1 --kv-budget 16MiB 2>%s/log",
+             MOERUN_BINARY, sv.dir, sv.dir);
     sv.pid = spawn_shell(cmd);
     snprintf(cmd, sizeof cmd, "sed -n 's/.*listening on http:\\/\\/127.0.0.1:\\([0-9]*\\).*/\\1/p' %s/log",
              sv.dir);
-    for (int i = 0; i < 100 && !sv.port; i++) {
+    for (int i = 0; i < 600 && !sv.port; i++) {
         sh(cmd, out, sizeof out);
         sv.port = atoi(out);
         if (!sv.port) sleep_ms(20);
@@ -425,8 +433,15 @@ Test(server_queue, loading_answers_503_then_ready, .fini = fini, .timeout = 600)
     cr_assert_eq(http("GET", "/health", NULL, out, sizeof out), 503, "%s", out);
     cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\"}", out, sizeof out), 503);
     cr_assert(strstr(out, "\"error\"") && strstr(out, "loading"), "%s", out);
+    /* release the load: each cat waits for the server to open the FIFO; the
+     * second starts once the server has closed it after the first (else
+     * the two writes would reach the first reader as one stream) */
+    snprintf(cmd, sizeof cmd, "timeout 120 sh -c 'cat %1$s/tokenizer.json > %2$s/m/tokenizer.json && "
+             "while ls -l /proc/%3$d/fd | grep -q m/tokenizer.json; do sleep 0.01; done && "
+             "cat %1$s/tokenizer.json > %2$s/m/tokenizer.json'", MODEL, sv.dir, (int)sv.pid);
+    cr_assert_eq(sh(cmd, NULL, 0), 0, "the server did not read its tokenizer twice");
     int st = 0;
-    for (int i = 0; i < 300 && st != 200; i++) {
+    for (int i = 0; i < 600 && st != 200; i++) {
         st = http("GET", "/health", NULL, out, sizeof out);
         if (st != 200) sleep_ms(100);
     }

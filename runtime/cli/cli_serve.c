@@ -266,12 +266,6 @@ int moe_cli_serve(int argc, char **argv)
     }
     fprintf(stderr, "moerun serve: listening on http://%s:%d, loading %s\n", s->o.host, s->o.port,
             s->model_name);
-    /* test hook: hold the loading state (tests/test_server.c checks the 503s) */
-    const char *delay = getenv("MOERUN_SERVE_TEST_LOAD_DELAY_MS");
-    if (delay && atoi(delay) > 0) {
-        struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
-    }
     if (load(cmd)) goto stop;
     atomic_store(&s->ready, 1);
     if (s->o.port_file) {
