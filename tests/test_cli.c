@@ -440,23 +440,26 @@ Test(cli, stats_names_the_missing_file)
  * generated.  Each is one line naming what was wrong. */
 Test(cli, serve_and_outputs_checked_before_work)
 {
+    /* command, model folder under the fixtures ("" the fixtures folder
+     * itself, NULL none), the rest, the expected message */
+    static const struct { const char *cmd, *model, *rest, *needle; } cases[] = {
+        {"serve --port 0", NULL, "--synthetic /nonexistent/c.json", "/nonexistent/c.json"},
+        {"serve --port 0", "/olmoe", "--kv-dtype f7", "moerun serve: --kv-dtype 'f7'"},
+        {"serve --port 0", "/olmoe", "--backend gpu", "moerun serve: unknown backend 'gpu'"},
+        {"serve --port 0", "/olmoe", "--kv-budget lots", "KV budget 'lots' is not a size"},
+        {"serve --port 0", "/olmoe", "--port-file /nonexistent/p", "--port-file /nonexistent/p cannot be written"},
+        {"serve --port 0", "", "", "config.json"},
+        {"run", "/olmoe", "--prompt-ids 1,2 -n 1 --stats-out /nonexistent/s.json",
+         "moerun run: --stats-out /nonexistent/s.json cannot be written"},
+        {"run", "/olmoe", "--prompt-ids 1,2 -n 1 --trace-out /nonexistent/t",
+         "--trace-out /nonexistent/t.trace.json cannot be written"},
+        {"batch", "/olmoe", "/dev/null -o /nonexistent/o.jsonl",
+         "moerun batch: -o /nonexistent/o.jsonl cannot be written"},
+    };
     char args[1024];
-    snprintf(args, sizeof args, "serve --port 0 --synthetic /nonexistent/c.json");
-    tu_expect_one_line_error(args, "/nonexistent/c.json");
-    snprintf(args, sizeof args, "serve --port 0 %s/olmoe --kv-dtype f7", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "moerun serve: --kv-dtype 'f7'");
-    snprintf(args, sizeof args, "serve --port 0 %s/olmoe --backend gpu", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "moerun serve: unknown backend 'gpu'");
-    snprintf(args, sizeof args, "serve --port 0 %s/olmoe --kv-budget lots", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "KV budget 'lots' is not a size");
-    snprintf(args, sizeof args, "serve --port 0 %s/olmoe --port-file /nonexistent/p", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "--port-file /nonexistent/p cannot be written");
-    snprintf(args, sizeof args, "serve --port 0 %s", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "config.json");
-    snprintf(args, sizeof args, "run %s/olmoe --prompt-ids 1,2 -n 1 --stats-out /nonexistent/s.json", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "moerun run: --stats-out /nonexistent/s.json cannot be written");
-    snprintf(args, sizeof args, "run %s/olmoe --prompt-ids 1,2 -n 1 --trace-out /nonexistent/t", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "--trace-out /nonexistent/t.trace.json cannot be written");
-    snprintf(args, sizeof args, "batch %s/olmoe /dev/null -o /nonexistent/o.jsonl", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "moerun batch: -o /nonexistent/o.jsonl cannot be written");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "%s %s%s %s", cases[i].cmd, cases[i].model ? FIXTURE_DIR : "",
+                 cases[i].model ? cases[i].model : "", cases[i].rest);
+        tu_expect_one_line_error(args, cases[i].needle);
+    }
 }
