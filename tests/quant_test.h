@@ -32,8 +32,7 @@ static inline void qt_prompt_logits(struct moe_model *m, const char *name, enum 
                                     float *logits)
 {
     struct moe_backend be;
-    cr_assert_eq(moe_backend_init(&be, name, NULL), MOE_OK, "%s", moe_last_error());
-    be.quant = q;
+    cr_assert_eq(tu_backend_init_with(&be, name, q, 0, 0), MOE_OK, "%s", moe_last_error());
     struct moe_runner r;
     struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 1, .max_logits = 64, .block_size = 8,
                                 .n_blocks = 32};

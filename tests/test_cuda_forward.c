@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "router/stats.h"
+#include "runtime/cli/cli_common.h"
 #include "runtime/engine/runner.h"
 #include "runtime/core/tensor.h"
 #include "tests/testutil.h"
@@ -30,18 +31,18 @@ struct side {
     struct moe_runner r;
 };
 
-/* gpu_experts: moe_backend.gpu_experts (CUDA; 0: every expert resident),
- * cpu_rows: moe_backend.gpu_experts_cpu_rows */
+/* gpu_experts: moe_offload_opts.gpu_experts (CUDA; 0: every expert
+ * resident), cpu_rows: moe_offload_opts.cpu_rows */
 static void side_open_cpu_rows(struct side *s, const char *name, bool cuda, int gpu_experts, int cpu_rows)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
     memset(s, 0, sizeof *s);
     cr_assert_eq(moe_model_load(&s->m, dir), MOE_OK, "load %s: %s", name, moe_last_error());
-    if (cuda) cr_assert_eq(tu_backend_init(&s->be, "cuda"), MOE_OK, "%s", moe_last_error());
+    if (cuda)
+        cr_assert_eq(tu_backend_init_with(&s->be, "cuda", MOE_QUANT_NONE, gpu_experts, cpu_rows), MOE_OK, "%s",
+                     moe_last_error());
     else cr_assert_eq(moe_backend_cpu_init(&s->be, 0), MOE_OK);
-    s->be.gpu_experts = gpu_experts;
-    s->be.gpu_experts_cpu_rows = cpu_rows;
     struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 4, .max_logits = 64,
                                 .block_size = 4, .n_blocks = 256};
     cr_assert_eq(moe_runner_init(&s->r, &s->m, &s->be, &o), MOE_OK, "%s", moe_last_error());
@@ -364,10 +365,11 @@ Test(cuda_forward, offload_warm_start_from_statistics)
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
     cr_assert_eq(moe_model_load(&warm.m, dir), MOE_OK, "%s", moe_last_error());
-    cr_assert_eq(tu_backend_init(&warm.be, "cuda"), MOE_OK, "%s", moe_last_error());
-    warm.be.gpu_experts = C;
-    warm.be.gpu_experts_warm = load; /* the backend's now */
-    warm.be.gpu_experts_warm_layers = Lm, warm.be.gpu_experts_warm_e = E;
+    struct moe_backend_opts bo;
+    moe_cli_backend_opts(&bo, 0);
+    bo.offload = (struct moe_offload_opts){.gpu_experts = C, .warm = load, .warm_layers = Lm, .warm_e = E};
+    cr_assert_eq(moe_backend_init(&warm.be, "cuda", &bo), MOE_OK, "%s", moe_last_error());
+    free(load); /* the backend keeps a copy */
     struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 4, .max_logits = 64, .block_size = 4,
                                 .n_blocks = 256};
     cr_assert_eq(moe_runner_init(&warm.r, &warm.m, &warm.be, &o), MOE_OK, "%s", moe_last_error());
@@ -394,10 +396,10 @@ Test(cuda_forward, offload_warm_start_from_statistics)
     struct side bad;
     memset(&bad, 0, sizeof bad);
     cr_assert_eq(moe_model_load(&bad.m, dir), MOE_OK, "%s", moe_last_error());
-    cr_assert_eq(tu_backend_init(&bad.be, "cuda"), MOE_OK, "%s", moe_last_error());
-    bad.be.gpu_experts = C;
-    bad.be.gpu_experts_warm = calloc((size_t)Lm * (E + 1), sizeof(double));
-    bad.be.gpu_experts_warm_layers = Lm, bad.be.gpu_experts_warm_e = E + 1;
+    double *wide = calloc((size_t)Lm * (E + 1), sizeof(double));
+    bo.offload = (struct moe_offload_opts){.gpu_experts = C, .warm = wide, .warm_layers = Lm, .warm_e = E + 1};
+    cr_assert_eq(moe_backend_init(&bad.be, "cuda", &bo), MOE_OK, "%s", moe_last_error());
+    free(wide);
     cr_expect_neq(moe_runner_init(&bad.r, &bad.m, &bad.be, &o), MOE_OK);
     cr_expect(strstr(moe_last_error(), "--gpu-experts-warm") != NULL, "%s", moe_last_error());
     moe_backend_free(&bad.be);

@@ -29,6 +29,13 @@ static void setup_quant(void)
 
 TestSuite(cuda_quant, .init = setup_quant, .fini = teardown);
 
+/* The suite's GPU backend opened again with --quantize q8_0, unreserved. */
+static void reopen_gpu_q8(void)
+{
+    moe_backend_free(&gpu);
+    cr_assert_eq(tu_backend_init_with(&gpu, "cuda", MOE_QUANT_Q8_0, 0, 0), MOE_OK, "%s", moe_last_error());
+}
+
 /* MOERUN_CUDA_EXPERTS=mma: MXFP4 / FP8 experts of steps of many rows read
  * in place by the tensor-core kernels, never widened (nothing reserved
  * for it). */
@@ -405,7 +412,7 @@ static void expect_q8_model(const struct moe_model *h, const struct moe_model *d
 Test(cuda_quant, q8_0_upload_equals_host_quantization)
 {
     const enum moe_dtype dts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16};
-    gpu.quant = MOE_QUANT_Q8_0;
+    reopen_gpu_q8();
     for (int i = 0; i < 2; i++) {
         struct moe_model h, d;
         q8_model(&h, dts[i]);
@@ -422,7 +429,7 @@ Test(cuda_quant, q8_0_upload_equals_host_quantization)
  * generator's weights. */
 Test(cuda_quant, q8_0_upload_of_weights_made_on_the_device)
 {
-    gpu.quant = MOE_QUANT_Q8_0;
+    reopen_gpu_q8();
     struct moe_config cfg;
     struct moe_model h, d;
     cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
@@ -437,7 +444,7 @@ Test(cuda_quant, q8_0_upload_of_weights_made_on_the_device)
 /* A weight that is not finite fails prepare_model with the weight named. */
 Test(cuda_quant, q8_0_refuses_weights_that_are_not_finite)
 {
-    gpu.quant = MOE_QUANT_Q8_0;
+    reopen_gpu_q8();
     struct moe_model m;
     q8_model(&m, MOE_DTYPE_F32);
     ((float *)m.layers[1].wv.data)[77] = NAN;
@@ -458,10 +465,8 @@ Test(cuda_quant, q8_0_refuses_weights_that_are_not_finite)
 static void q8_logits(struct moe_model *m, const char *name, int S, int gpu_experts, int cpu_rows, float *logits)
 {
     struct moe_backend be;
-    cr_assert_eq(tu_backend_init(&be, name), MOE_OK, "%s", moe_last_error());
-    be.quant = MOE_QUANT_Q8_0;
-    be.gpu_experts = gpu_experts;
-    be.gpu_experts_cpu_rows = cpu_rows;
+    cr_assert_eq(tu_backend_init_with(&be, name, MOE_QUANT_Q8_0, gpu_experts, cpu_rows), MOE_OK, "%s",
+                 moe_last_error());
     struct moe_runner r;
     struct moe_runner_opts o = {.max_tokens = S, .max_seqs = 1, .max_logits = S, .block_size = 8, .n_blocks = 32};
     cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());

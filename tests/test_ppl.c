@@ -81,8 +81,7 @@ static void setup_case_quant(struct setup *s, json_t *c, const char *backend, in
     cr_assert_eq(s->plan.n_scored, json_integer_value(json_object_get(c, "scored")));
     struct moe_runner_opts o;
     moe_ppl_runner_opts(&s->plan, max_tokens, 64, 16, MOE_DTYPE_F32, &o);
-    cr_assert_eq(moe_backend_init(&s->be, backend, NULL), MOE_OK, "%s", moe_last_error());
-    s->be.quant = quant;
+    cr_assert_eq(tu_backend_init_with(&s->be, backend, quant, 0, 0), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(moe_runner_init(&s->r, &s->m, &s->be, &o), MOE_OK, "%s", moe_last_error());
     free(body);
     free(prefix);

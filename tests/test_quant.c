@@ -217,8 +217,8 @@ static void check_same_q8_bytes(void)
     const char *names[2] = {"cpu-ref", "cpu"};
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(moe_model_synthetic(&m[i], &cfg, MOE_DTYPE_BF16, 11), MOE_OK, "%s", moe_last_error());
-        cr_assert_eq(moe_backend_init(&be[i], names[i], NULL), MOE_OK, "%s", moe_last_error());
-        be[i].quant = MOE_QUANT_Q8_0;
+        cr_assert_eq(tu_backend_init_with(&be[i], names[i], MOE_QUANT_Q8_0, 0, 0), MOE_OK, "%s",
+                     moe_last_error());
         cr_assert_eq(be[i].ops->prepare_model(&be[i], &m[i]), MOE_OK, "%s", moe_last_error());
     }
     const int D = cfg.d_model, Hq = cfg.n_heads * cfg.head_dim;
@@ -294,8 +294,7 @@ Test(quant, weights_that_are_not_finite_are_refused)
     cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
     cr_assert_eq(moe_model_synthetic(&m, &cfg, MOE_DTYPE_F32, 3), MOE_OK);
     ((float *)m.layers[1].wv.data)[77] = NAN;
-    cr_assert_eq(moe_backend_init(&be, "cpu", NULL), MOE_OK);
-    be.quant = MOE_QUANT_Q8_0;
+    cr_assert_eq(tu_backend_init_with(&be, "cpu", MOE_QUANT_Q8_0, 0, 0), MOE_OK);
     const float *wq = m.layers[0].wq.data;
     struct moe_runner_opts o = {.max_tokens = 8, .max_seqs = 1, .max_logits = 8, .block_size = 8, .n_blocks = 4};
     cr_assert_neq(moe_runner_init(&r, &m, &be, &o), MOE_OK);

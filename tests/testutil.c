@@ -126,6 +126,17 @@ enum moe_status tu_backend_init(struct moe_backend *be, const char *name)
     return moe_backend_init(be, name, &o);
 }
 
+enum moe_status tu_backend_init_with(struct moe_backend *be, const char *name, int quant, int gpu_experts,
+                                     int cpu_rows)
+{
+    struct moe_backend_opts o;
+    moe_cli_backend_opts(&o, 0);
+    o.quant = (enum moe_weight_quant)quant;
+    o.offload.gpu_experts = gpu_experts;
+    o.offload.cpu_rows = cpu_rows;
+    return moe_backend_init(be, name, &o);
+}
+
 void tu_need_cuda_device(void)
 {
     char why[256] = "";

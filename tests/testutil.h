@@ -41,6 +41,11 @@ void tu_need_cuda_device(void);
  * kernels as a user does and tests/gpu/run.sh's MOERUN_CUDA_STRICT=1 holds. */
 struct moe_backend;
 enum moe_status tu_backend_init(struct moe_backend *be, const char *name);
+/* ... with weight quantization quant (enum moe_weight_quant) and, for
+ * CUDA, gpu_experts device slots per MoE layer (0: all resident) of which
+ * misses of at most cpu_rows rows run on the CPU. */
+enum moe_status tu_backend_init_with(struct moe_backend *be, const char *name, int quant, int gpu_experts,
+                                     int cpu_rows);
 /* Checks |x - ref| <= atol + rtol*|ref| elementwise; on failure prints the
  * worst element with `what` and returns 0. */
 int tu_allclose(const char *what, const float *x, const float *ref, size_t n, float atol,

@@ -46,10 +46,9 @@ enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
     return moe_backend_cuda_open(be, &o);
 }
 
-enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
-                                 const struct moe_backend_opts *o)
+static enum moe_status open_named(struct moe_backend *be, const char *name,
+                                   const struct moe_backend_opts *o)
 {
-    memset(be, 0, sizeof *be);
     if (!strcmp(name, "cpu")) return moe_backend_cpu_open(be, true, o);
     if (!strcmp(name, "cpu-ref")) return moe_backend_cpu_open(be, false, o);
     if (!strcmp(name, "cuda") || !strcmp(name, "auto")) {
@@ -72,10 +71,23 @@ enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
                     "unknown backend '%s' (choose cpu, cpu-ref, cuda or auto)", name);
 }
 
+enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
+                                 const struct moe_backend_opts *o)
+{
+    struct moe_backend_opts def;
+    if (!o) {
+        moe_backend_opts_defaults(&def);
+        o = &def;
+    }
+    memset(be, 0, sizeof *be);
+    MOE_TRY(open_named(be, name, o));
+    be->quant = o->quant;
+    return MOE_OK;
+}
+
 void moe_backend_free(struct moe_backend *be)
 {
     if (be->ops && be->ops->destroy) be->ops->destroy(be);
-    free(be->gpu_experts_warm);
     memset(be, 0, sizeof *be);
 }
 

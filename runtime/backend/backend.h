@@ -165,7 +165,8 @@ struct moe_backend_ops {
     MOE_OP(to_host_async, void *dst, const void *src, size_t bytes);
 };
 
-/* Weights quantized at prepare_model (a memory-vs-compute knob). */
+/* Weights quantized at prepare_model (a memory-vs-compute knob;
+ * moe_backend_opts.quant). */
 enum moe_weight_quant {
     MOE_QUANT_NONE,
     MOE_QUANT_Q8_0, /* every 2-D weight but the routers and the embedding, K % 32 == 0,
@@ -174,32 +175,17 @@ enum moe_weight_quant {
 
 struct moe_backend {
     const struct moe_backend_ops *ops;
-    void *ctx;        /* backend private state */
+    void *ctx;                   /* backend private state */
     int n_threads;
-    enum moe_weight_quant quant; /* set before the first prepare_model */
-    /* CUDA, set before prepare_model: experts of each MoE layer kept in
-     * device slots, the rest in host memory and copied in when routed to
-     * (0, or at least the layer's experts: all resident) */
-    int gpu_experts;
-    /* ... their slot policy (false: LRU) and warm start: each MoE layer's
-     * routed counts from earlier statistics, (gpu_experts_warm_layers,
-     * gpu_experts_warm_e) doubles owned by the backend (moe_backend_free
-     * frees them), or NULL: slots start empty (experts/expert_cache.h) */
-    bool gpu_experts_lfu;
-    double *gpu_experts_warm;
-    int gpu_experts_warm_layers, gpu_experts_warm_e;
-    /* ... and a step's missed experts with at most this many rows each
-     * computed on the CPU from the host copy instead of copied in (0:
-     * every miss copied in); see docs/cuda.md, "Expert offload" */
-    int gpu_experts_cpu_rows;
+    enum moe_weight_quant quant; /* moe_backend_opts.quant, read-only */
 };
 
-/* Expert offload so far (moe_backend.gpu_experts): layers offloaded,
+/* Expert offload so far (moe_offload_opts.gpu_experts): layers offloaded,
  * expert uses (once per expert per layer step) and those that found the
  * expert in a slot, bytes copied in, bytes held in host memory; layer
  * steps, their rounds (more than one when a step routes to more than C
  * experts) and the steps that took the grouped GEMMs; expert uses computed
- * on the CPU instead (gpu_experts_cpu_rows; not among the accesses) and
+ * on the CPU instead (moe_offload_opts.cpu_rows; not among the accesses) and
  * their rows. */
 struct moe_offload_stats {
     int layers;
@@ -222,6 +208,23 @@ enum moe_expert_kernels {
     MOE_EXPERT_KERNELS_MMA,    /* tensor-core grouped GEMMs driven from the device (opt-in) */
 };
 
+/* CUDA expert offload: each MoE layer keeps gpu_experts of its experts in
+ * device slots and the rest in pinned host memory, copied in when routed
+ * to (docs/cuda.md, "Expert offload").  Ignored by the CPU backends. */
+struct moe_offload_opts {
+    int gpu_experts; /* slots per MoE layer; 0 or at least the layer's experts: all resident */
+    bool lfu;        /* slot policy LFU (false: LRU) */
+    /* warm start: each MoE layer's routed counts from earlier statistics,
+     * (warm_layers, warm_e) doubles, borrowed (init copies them), or NULL:
+     * slots start empty (experts/expert_cache.h); prepare_model refuses a
+     * shape other than the model's */
+    const double *warm;
+    int warm_layers, warm_e;
+    /* a step's missed experts with at most this many rows each computed on
+     * the CPU from the host copy instead of copied in (0: every miss copied in) */
+    int cpu_rows;
+};
+
 /* How a backend is set up.  The library reads no environment: the CLI maps
  * its options and the documented MOERUN_* variables onto this struct
  * (runtime/cli/cli_common.c, docs/cli.md).  Start from
@@ -237,10 +240,13 @@ struct moe_backend_opts {
                                      a reason to take the other path (tests/gpu/run.sh) */
     enum moe_prefill_attn prefill_attn;
     enum moe_expert_kernels expert_kernels;
+    enum moe_weight_quant quant;  /* weights quantized at prepare_model */
+    struct moe_offload_opts offload;
 };
 
 /* n_threads 0, device 0, every kernel set, panels on, graphs off, strict
- * off, tiled prefill attention, cuBLAS experts. */
+ * off, tiled prefill attention, cuBLAS experts, no quantization, every
+ * expert resident. */
 void moe_backend_opts_defaults(struct moe_backend_opts *o);
 
 /* The CPU reference backend ("cpu-ref"); n_threads 0 = all cores (OpenMP

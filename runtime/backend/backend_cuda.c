@@ -211,7 +211,8 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     const bool q8 = be->quant == MOE_QUANT_Q8_0;
     const bool planes = !c->experts_mma && (c->n_up ? c->mxfp4_experts || c->fp8_experts || c->q8_experts
                                                     : cfg->experts_mxfp4 || cfg->weights_fp8 || q8);
-    const int Ew = be->gpu_experts > 0 && be->gpu_experts < cfg->n_experts ? be->gpu_experts : cfg->n_experts;
+    const int C = c->offload.gpu_experts;
+    const int Ew = C > 0 && C < cfg->n_experts ? C : cfg->n_experts;
     size_t wide = planes ? moe_cuda_widened_layer_bytes(Ew, cfg->d_model, cfg->d_expert) : 0;
     if (planes && cfg->n_experts > 0 && !wide)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d experts of %d x %d overflow",
@@ -226,7 +227,7 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
         L <= c->moe_layers && att_floats <= c->att_ws_floats && wide <= c->wide_bytes &&
         dense <= c->wide_dense_bytes)
-        return moe_cuda_offload_reserve(c, be->gpu_experts_cpu_rows, c->max_rows * c->max_k);
+        return moe_cuda_offload_reserve(c, c->offload.cpu_rows, c->max_rows * c->max_k);
     if (c->wide_bytes > wide) wide = c->wide_bytes;
     if (c->wide_dense_bytes > dense) dense = c->wide_dense_bytes;
     max_rows = imax(max_rows, c->max_rows);
@@ -281,7 +282,7 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     c->max_k = K;
     c->max_e = E;
     c->moe_layers = L;
-    return moe_cuda_offload_reserve(c, be->gpu_experts_cpu_rows, (int)n);
+    return moe_cuda_offload_reserve(c, c->offload.cpu_rows, (int)n);
 }
 
 /* ---- ops ---- */
@@ -624,6 +625,7 @@ static void cuda_destroy(struct moe_backend *be)
     drop_graphs(c);
     free_workspaces(c);
     moe_cuda_offload_free(c);
+    free((double *)c->offload.warm);
     for (size_t i = 0; i < c->n_owned; i++) cudaFree(c->owned[i]);
     free(c->owned);
     free(c->up);
@@ -694,6 +696,19 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,
     c->prefill_rows = o->prefill_attn == MOE_PREFILL_ATTN_ROWS;
     c->prefill_mma = o->prefill_attn == MOE_PREFILL_ATTN_MMA;
     c->experts_mma = o->expert_kernels == MOE_EXPERT_KERNELS_MMA;
+    c->offload = o->offload;
+    c->offload.warm = NULL;
+    if (o->offload.warm) {
+        size_t n;
+        double *warm;
+        if (o->offload.warm_layers < 0 || o->offload.warm_e < 0 ||
+            !moe_mul_size((size_t)o->offload.warm_layers, (size_t)o->offload.warm_e, &n) ||
+            !moe_mul_size(n, sizeof(double), &n) || !(warm = malloc(n ? n : 1)))
+            return moe_fail(MOE_ERR_NOMEM, "cuda backend: warm start of %d x %d experts",
+                            o->offload.warm_layers, o->offload.warm_e);
+        memcpy(warm, o->offload.warm, n);
+        c->offload.warm = warm;
+    }
     /* MLA attention: the largest head dim this device's shared memory allows */
     c->mla_max_dh = moe_attention_mla_setup_cuda();
     if (!c->prefill_rows && moe_attention_prefill_setup_cuda() != MOE_OK) {

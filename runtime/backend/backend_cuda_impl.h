@@ -37,7 +37,7 @@ struct upload {
 };
 
 /* A MoE layer whose experts live in pinned host memory, C of them in
- * device slots at a time (moe_backend.gpu_experts; backend_cuda_offload.c).
+ * device slots at a time (moe_offload_opts.gpu_experts; backend_cuda_offload.c).
  * Host stacks and slots have the device layout of a layer's stacks
  * (E experts, resp. C), each expert's share ge + gs bytes of the gate+up
  * stack (values, scales: planes only) and de + ds of the down stack. */
@@ -58,7 +58,7 @@ struct offload_layer {
     int64_t cpu_uses, cpu_rows;      /* expert uses computed on the CPU, their rows */
 };
 
-/* Missed experts computed on the CPU (moe_backend.gpu_experts_cpu_rows =
+/* Missed experts computed on the CPU (moe_offload_opts.cpu_rows =
  * R > 0): their rows gathered on the device (d_x), copied to the host,
  * multiplied there by moe_experts_ffn_stacks_cpu, the results copied into
  * the step's ye.  Buffers sized by reserve for up to `rows` rows a step. */
@@ -139,7 +139,9 @@ struct cuda_ctx {
     bool q8_experts, q8_dense; /* ... quantized experts or matmul weights to Q8_0 planes */
     int *q8_bad;             /* device int: the quantize kernel's flag (owned) */
     size_t planes_dense_max; /* ... the most values of one (N x Din) */
-    /* expert offload: the layers whose experts are not all resident */
+    /* expert offload (moe_backend_opts.offload; its warm counts owned here)
+     * and the layers whose experts are not all resident */
+    struct moe_offload_opts offload;
     struct offload_layer *off;
     int n_off, cap_off;
     uint64_t off_bytes;      /* bytes of experts copied in so far */

@@ -1,4 +1,4 @@
-/* backend_cuda_offload.c - expert offload: with moe_backend.gpu_experts = C
+/* backend_cuda_offload.c - expert offload: with moe_offload_opts.gpu_experts = C
  * below a layer's E experts, prepare_model keeps the layer's experts in
  * pinned host memory (in the device layout) and gives it C device slots.
  * Each step of the layer copies the routing counts to the host, and the
@@ -6,7 +6,7 @@
  * device) before they run; experts/expert_cache.h decides which slot each
  * takes (LRU).  A step that needs more than C experts runs in rounds of at
  * most C.  Every step synchronises with the host, so step graphs are off
- * while a layer is offloaded.  With moe_backend.gpu_experts_cpu_rows = R,
+ * while a layer is offloaded.  With moe_offload_opts.cpu_rows = R,
  * a missed expert with at most R rows in the step is not copied in: the
  * CPU multiplies its rows by the host copy (moe_experts_ffn_stacks_cpu)
  * while the device runs the resident experts, and the results join the

@@ -307,9 +307,10 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     if (!moe_mul_size(2 * (mat + sb), (size_t)E, &gu_bytes))
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %d experts of %d x %d overflow", E, D, F);
     const size_t dn_bytes = gu_bytes / 2;
-    /* offload (be->gpu_experts below E): the stacks are built here, then
+    /* offload (moe_offload_opts.gpu_experts below E): the stacks are built here, then
      * moved to host memory */
-    const bool off = be->gpu_experts > 0 && be->gpu_experts < E;
+    const struct moe_offload_opts *oo = &c->offload;
+    const bool off = oo->gpu_experts > 0 && oo->gpu_experts < E;
     moe_cuda_offload_forget(c, x); /* a freed model's layer at this address */
     void *gu, *dn;
     if (off) {
@@ -321,9 +322,9 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
         }
         enum moe_status s = q8 ? q8_experts(be, m, x, E, D, F, gu, dn, moe_layer)
                                : stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat);
-        const double *warm = be->gpu_experts_warm ? be->gpu_experts_warm + (size_t)moe_layer * E : NULL;
+        const double *warm = oo->warm ? oo->warm + (size_t)moe_layer * E : NULL;
         if (s == MOE_OK)
-            s = moe_cuda_offload_layer(c, x, be->gpu_experts, be->gpu_experts_lfu, warm, E, D, F, gu, dn, 2 * mat,
+            s = moe_cuda_offload_layer(c, x, oo->gpu_experts, oo->lfu, warm, E, D, F, gu, dn, 2 * mat,
                                        2 * sb, mat, sb);
         cudaFree(gu);
         cudaFree(dn);
@@ -421,12 +422,12 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda backend: the model's weights were repacked or "
                             "quantized for a CPU backend; load it again for this one");
     /* --gpu-experts-warm: statistics of this model's MoE layers and experts */
-    const bool offload = be->gpu_experts > 0 && be->gpu_experts < cfg->n_experts;
+    const struct moe_offload_opts *oo = &c->offload;
+    const bool offload = oo->gpu_experts > 0 && oo->gpu_experts < cfg->n_experts;
     const int n_moe = moe_config_moe_layers(cfg);
-    if (offload && be->gpu_experts_warm &&
-        (be->gpu_experts_warm_layers != n_moe || be->gpu_experts_warm_e != cfg->n_experts))
+    if (offload && oo->warm && (oo->warm_layers != n_moe || oo->warm_e != cfg->n_experts))
         return moe_fail(MOE_ERR_INVALID_ARG, "--gpu-experts-warm: statistics of %d MoE layers x %d experts, "
-                        "the model has %d x %d", be->gpu_experts_warm_layers, be->gpu_experts_warm_e, n_moe,
+                        "the model has %d x %d", oo->warm_layers, oo->warm_e, n_moe,
                         cfg->n_experts);
     int moe_layer = 0;
     /* deduplicate within this model only: a later model's host data may
@@ -486,8 +487,8 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     if (c->n_off)
         fprintf(stderr, "moerun: cuda: experts offloaded: %d of %d per MoE layer in device slots, all of "
                 "them in %.2f GiB of pinned host memory, copied in when routed to (%d layers)%s\n",
-                be->gpu_experts, cfg->n_experts, c->host_expert_bytes / 1073741824.0, c->n_off,
-                be->gpu_experts_cpu_rows > 0 ? "; missed experts with few rows computed on the CPU" : "");
+                oo->gpu_experts, cfg->n_experts, c->host_expert_bytes / 1073741824.0, c->n_off,
+                oo->cpu_rows > 0 ? "; missed experts with few rows computed on the CPU" : "");
     if (c->mxfp4_experts || c->fp8_experts || c->fp8_dense)
         fprintf(stderr, "moerun: cuda: %s%s%s%s resident as stored, read in place\n",
                 c->mxfp4_experts ? "MXFP4 experts" : "", c->mxfp4_experts && c->fp8_experts ? ", " : "",

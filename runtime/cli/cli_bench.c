@@ -363,13 +363,13 @@ int moe_cli_bench(int argc, char **argv)
      * them deferred, so no host copy of a large model is ever built */
     struct moe_backend_opts bo;
     moe_cli_backend_opts(&bo, threads);
-    if (moe_backend_init(&be, backend, &bo) == MOE_OK) {
+    bo.quant = quant;
+    double *warm = NULL;
+    if (moe_cli_offload_opts(&bo, gpu_experts, xpolicy, xwarm, cpu_rows, &warm) == MOE_OK &&
+        moe_backend_init(&be, backend, &bo) == MOE_OK)
         mo.device_weights = mo.synthetic && be.ops->synth_fill;
-        be.quant = quant;
-        be.gpu_experts = (int)gpu_experts;
-    }
-    if (!be.ops || !dec || moe_cli_offload_setup(&be, xpolicy, xwarm, cpu_rows) != MOE_OK ||
-        moe_cli_open_model(&m, &mo) != MOE_OK) {
+    free(warm);
+    if (!be.ops || !dec || moe_cli_open_model(&m, &mo) != MOE_OK) {
         moe_cli_error("bench", "%s", moe_last_error());
         goto done;
     }

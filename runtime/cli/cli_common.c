@@ -322,16 +322,18 @@ bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out)
     return true;
 }
 
-enum moe_status moe_cli_offload_setup(struct moe_backend *be, const char *policy, const char *warm,
-                                      long cpu_rows)
+enum moe_status moe_cli_offload_opts(struct moe_backend_opts *o, long gpu_experts, const char *policy,
+                                     const char *warm, long cpu_rows, double **warm_counts)
 {
-    if (cpu_rows > 0 && be->gpu_experts <= 0)
+    *warm_counts = NULL;
+    if (cpu_rows > 0 && gpu_experts <= 0)
         return moe_fail(MOE_ERR_INVALID_ARG, "--gpu-experts-cpu-rows %ld needs --gpu-experts N (experts in "
                         "host memory to compute)", cpu_rows);
-    be->gpu_experts_cpu_rows = (int)cpu_rows;
     if (policy && strcmp(policy, "lru") && strcmp(policy, "lfu"))
         return moe_fail(MOE_ERR_INVALID_ARG, "--gpu-experts-policy '%s' (use lru or lfu)", policy);
-    be->gpu_experts_lfu = policy && !strcmp(policy, "lfu");
+    o->offload.gpu_experts = (int)gpu_experts;
+    o->offload.cpu_rows = (int)cpu_rows;
+    o->offload.lfu = policy && !strcmp(policy, "lfu");
     if (!warm) return MOE_OK;
     struct moe_sdata d;
     enum moe_status s = moe_sdata_load(&d, warm);
@@ -341,12 +343,13 @@ enum moe_status moe_cli_offload_setup(struct moe_backend *be, const char *policy
         snprintf(why, sizeof why, "%s", moe_last_error());
         s = moe_fail(s, "--gpu-experts-warm: %s", why);
     } else if (!moe_mul_size((size_t)d.Lm, (size_t)d.E, &n) || !moe_mul_size(n, sizeof(double), &n) ||
-               !(be->gpu_experts_warm = malloc(n ? n : 1))) {
+               !(*warm_counts = malloc(n ? n : 1))) {
         s = moe_fail(MOE_ERR_NOMEM, "--gpu-experts-warm %s: %d layers x %d experts", warm, d.Lm, d.E);
     } else {
-        memcpy(be->gpu_experts_warm, d.load, n);
-        be->gpu_experts_warm_layers = d.Lm;
-        be->gpu_experts_warm_e = d.E;
+        memcpy(*warm_counts, d.load, n);
+        o->offload.warm = *warm_counts;
+        o->offload.warm_layers = d.Lm;
+        o->offload.warm_e = d.E;
     }
     moe_sdata_free(&d);
     return s;
@@ -391,10 +394,13 @@ enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_c
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->quantize && !moe_cli_parse_quant(o->quantize, &q))
         return moe_fail(MOE_ERR_INVALID_ARG, "--quantize '%s' (use q8_0, or none)", o->quantize);
-    MOE_TRY(moe_backend_init(be, o->backend, &bo));
-    be->quant = q;
-    be->gpu_experts = (int)o->gpu_experts;
-    MOE_TRY(moe_cli_offload_setup(be, o->gpu_experts_policy, o->gpu_experts_warm, o->gpu_experts_cpu_rows));
+    bo.quant = q;
+    double *warm;
+    enum moe_status s = moe_cli_offload_opts(&bo, o->gpu_experts, o->gpu_experts_policy, o->gpu_experts_warm,
+                                             o->gpu_experts_cpu_rows, &warm);
+    if (s == MOE_OK) s = moe_backend_init(be, o->backend, &bo);
+    free(warm);
+    MOE_TRY(s);
     if (o->gpu_experts && strcmp(be->ops->name, "cuda"))
         fprintf(stderr, "moerun: --gpu-experts applies to the CUDA backend; the %s backend keeps every "
                 "expert in host memory\n", be->ops->name);

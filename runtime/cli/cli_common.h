@@ -131,12 +131,14 @@ struct moe_cli_engine {
     long gpu_experts_cpu_rows; /* --gpu-experts-cpu-rows: 0 = every miss copied in */
 };
 
-/* --gpu-experts-policy, --gpu-experts-warm and --gpu-experts-cpu-rows onto
- * be (after its init): the policy parsed, the statistics file loaded and
- * its load copied into be (NULL: nothing to do), the rows set.  Errors name
- * the option and the file. */
-MOE_MUST_USE enum moe_status moe_cli_offload_setup(struct moe_backend *be, const char *policy,
-                                                   const char *warm, long cpu_rows);
+/* --gpu-experts, --gpu-experts-policy, --gpu-experts-warm and
+ * --gpu-experts-cpu-rows into o->offload (before the backend's init): the
+ * policy parsed, the statistics file loaded into *warm (new; the caller
+ * frees it once the backend is initialised; NULL without the option), the
+ * slots and rows set.  Errors name the option and the file. */
+MOE_MUST_USE enum moe_status moe_cli_offload_opts(struct moe_backend_opts *o, long gpu_experts,
+                                                  const char *policy, const char *warm, long cpu_rows,
+                                                  double **warm_counts);
 
 void moe_cli_engine_defaults(struct moe_cli_engine *o);
 /* Checks what can be checked before anything is loaded: --kv-dtype,
@@ -165,7 +167,7 @@ bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out);
  * these keeps the default with a one-line notice. */
 void moe_cli_backend_opts(struct moe_backend_opts *o, long threads);
 /* moe_backend_init for the options' --backend and --threads, with their
- * --quantize. */
+ * --quantize and expert offload. */
 MOE_MUST_USE enum moe_status moe_cli_backend_start(struct moe_backend *be,
                                                     const struct moe_cli_engine *o);
 /* Overlays on s the sampling values MODEL/generation_config.json sets
