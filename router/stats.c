@@ -284,7 +284,7 @@ static void record_layer(struct moe_stats *st, int layer, int T, const int32_t *
     st->bad_weights[j] += bad;
     if (logits) {
         /* single-threaded on purpose: an OpenMP region here costs more than
-         * the loop on a busy machine (measured, docs/performance-stats.md) */
+         * the loop (docs/stats-format.md, "Cost") */
         double hs = 0.0;
         int64_t hn = 0;
         for (int t = 0; t < T; t++) {

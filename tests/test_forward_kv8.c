@@ -5,14 +5,13 @@
  * 2^-9), so the logits move.  On the trained demo model (models/demo-moe,
  * prompts from tests/fixtures/ppl/stories.txt) they move little: greedy
  * continuations equal the f32 cache's and logits stay within 8% (max
- * |diff| / max |ref| per position; measured 4.9%, a bf16 cache 2.3%).  The transformers fixtures
+ * |diff| / max |ref| per position).  The transformers fixtures
  * (tests/fixtures) are random tiny models whose logits react strongly to
  * any change of K and V: with a bf16 cache their logits already move by
  * 0.1-5% and greedy tokens part after a few; with fp8 by 10-50%, and the
  * first tokens often differ.  There the test pins the ratio instead: to
  * first order the error scales with the cache's unit roundoff, 2^5 times
- * bf16's, so fp8's logits error stays within 2 x 32 times bf16's (measured
- * 6-43 times).  And the row independence of the CPU backends holds with
+ * bf16's, so fp8's logits error stays within 2 x 32 times bf16's.  And the row independence of the CPU backends holds with
  * the fp8 cache: one prefill, chunks of 5 and token by token give
  * bit-identical logits. */
 #include <criterion/criterion.h>

@@ -127,10 +127,10 @@ Test(npy, malformed_files_are_refused)
     cr_assert(a.data == NULL);
 }
 
-/* Found by tests/fuzz/fuzz_stats: a 128-byte file whose header declared
- * shape (1099511627776,) made the reader allocate 2 TiB (an out-of-memory
- * report under the fuzzer; MOE_ERR_NOMEM at best) before noticing the data
- * was missing.  The declared size is now checked against the file first. */
+/* A 128-byte file whose header declares shape (1099511627776,) is refused
+ * before anything is allocated: the declared size is checked against the
+ * file first, or the reader would allocate 2 TiB for data that is not
+ * there (an input found by tests/fuzz/fuzz_stats; docs/fuzzing.md). */
 Test(npy, declared_shape_must_match_the_file_size)
 {
     char path[128];

@@ -63,8 +63,8 @@ enum moe_dtype {
      * broadcast from memory in the kernels where an f16 one costs three
      * shuffle-port instructions per block and row.  Made by
      * moe_quantize_row_q8_0 (the q and d of ggml-quants.c and gguf-py, bit
-     * for bit); read by the CPU kernels (fast and reference), refused by
-     * CUDA.  moe_dtype_size says 1 (the int8 part); rows take
+     * for bit); read by the CPU kernels (fast and reference) and, as
+     * planes (moe_planes_from_rows), by the CUDA kernels.  moe_dtype_size says 1 (the int8 part); rows take
      * moe_dtype_row_bytes. */
     MOE_DTYPE_Q8_0,
     /* OCP microscaling FP4 (MXFP4), as gpt-oss checkpoints store their

@@ -31,8 +31,8 @@ AVX2 INLINE __m256 load_w8(const char *row, const enum moe_dtype dt, int k)
     if (dt == MOE_DTYPE_MXFP4) {
         const unsigned char *blk = (const unsigned char *)row + (size_t)(k / MOE_MXFP4_BLOCK) * MOE_MXFP4_BYTES;
         const int j = k % MOE_MXFP4_BLOCK; /* 0, 8: low nibbles of qs[j..]; 16, 24: high of qs[j-16..] */
-        /* a byte shuffle: vpermps (AVX-512's way) indexes only 8 floats here,
-         * and adding the sign bit back measured about 5% slower */
+        /* a byte shuffle: vpermps (AVX-512's way) indexes only 8 floats
+         * here, and a 3-bit table would need the sign bit added back */
         __m128i q = _mm_loadl_epi64((const __m128i *)(blk + 1 + (j & 15)));
         if (j & 16) q = _mm_srli_epi16(q, 4);
         q = _mm_and_si128(q, _mm_set1_epi8(15));

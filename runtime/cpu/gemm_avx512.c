@@ -21,8 +21,8 @@
  * doubled E2M1 values (vpermps reads the low 4 bits, so no mask) and is
  * multiplied by half the block's scale, exact; FP8_B128: as gemm_avx2.c,
  * 16 bytes at a time; k is a multiple of 16, so within one block).  For
- * MXFP4 the float table beats a byte shuffle then int -> float conversion
- * by about 1.7x (docs/performance.md). */
+ * MXFP4 the float table saves the byte shuffle's int -> float conversion
+ * and the scale's computation per block. */
 AVX512 INLINE __m512 load_w16(const char *row, const enum moe_dtype dt, int k)
 {
     if (dt == MOE_DTYPE_F32) return _mm512_loadu_ps((const float *)row + k);

@@ -34,8 +34,8 @@
  * (gemm_q8.c, one kernel set for both, giving the same bits).  This is
  * the one place the fast kernels round more than fp32 does: each input by
  * up to 1/254 of its block's largest magnitude, about what the weights'
- * own quantization moves them (docs/performance.md measures the effect on
- * a trained model's outputs).  A row still gives the same bits alone or
+ * own quantization moves them (docs/quality.md has the effect on a
+ * trained model's outputs).  A row still gives the same bits alone or
  * in any batch.
  *
  * Kernels are compiled with __attribute__((target(...))) and chosen at run

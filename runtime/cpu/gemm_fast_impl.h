@@ -51,6 +51,5 @@ static const uint32_t moe_e8m0_half_bits[256] = {MOE_E8M0_HALF64(0), MOE_E8M0_HA
  * the f16 subnormal m * 2^-17).  The kernels multiply by 2^8 (exact: the
  * E4M3 value, at most 448) then by the block's scale: one rounding of the
  * exact product, the reference's.  (Folding 2^8 into the scale instead
- * saves a multiply but overflows past |scale| 2^120; measured 5-10% faster
- * only, docs/performance.md.) */
+ * would save a multiply but overflow past |scale| 2^120.) */
 #define MOE_FP8_F16_MASK ((short)0xbf80)

@@ -78,9 +78,8 @@ V_ATTR INLINE void tile(const int R, const int C, const enum moe_dtype dt, float
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             /* decode streams weights once from memory: keep loads in
-             * flight a tile ahead (a fixed 512 bytes into the row left
-             * each tile start waiting on memory: MXFP4 and FP8 decode
-             * 1.3-1.5x slower, docs/performance.md) */
+             * flight a tile ahead, so a tile does not start by waiting on
+             * memory */
             if (R < 4)
                 _mm_prefetch(w + (size_t)c * wld + w_offset(dt, k) + (size_t)C * wld, _MM_HINT_T1);
             wv[c] = V_LOAD_W(w + (size_t)c * wld, dt, k);

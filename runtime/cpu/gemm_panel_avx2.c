@@ -17,9 +17,9 @@
  *     prefetch PF_DECODE bytes ahead on each panel;
  *   - variant a (T < B_MIN_ROWS): 1 panel x up to 4 rows (8), both halves
  *     of each line converted first (4 registers), then 2 broadcasts and 4
- *     FMAs per row (measured on one core: 4 rows about as fast as 5 or 6,
- *     which have no registers to spare; converting per half as the decode
- *     tiles do was about 20% slower here);
+ *     FMAs per row (5 or 6 rows leave no registers to spare; converting
+ *     once per line, not per half as the decode tiles do, saves work
+ *     across the rows);
  *   - variant b (blocks of B_MIN_ROWS rows or more): the tile's panel is
  *     widened to fp32 once per block of up to ROW_BLOCK rows (into the
  *     thread's buffer, k-blocked by K_BLOCK), then 1 panel x 6 rows of pure

@@ -4,9 +4,8 @@
  * does, and each block of 32 products is an exact integer sum.
  *
  * Why: widening the int8 weights to fp32 costs 4 instructions per 8
- * weights (extend, convert, scale, FMA), which made Q8_0 decode compute
- * bound at about half the speed of bf16 although it reads about half the
- * bytes (docs/performance.md).  Here a block of 32 weights against one
+ * weights (extend, convert, scale, FMA), which leaves Q8_0 decode compute
+ * bound although it reads about half the bytes of bf16.  Here a block of 32 weights against one
  * input row takes 8: vpsignb (the input signed by the weight), vpmaddubsw
  * (|w| times that, pairs summed to int16: at most 2 x 128 x 127, no
  * saturation), vpmaddwd by ones (lane j: elements 4j..4j+3 as int32),
@@ -118,9 +117,8 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const int8
             const char *blk = w + (size_t)c * wld + (size_t)k * QBYTES;
             /* weights stream once from memory: the same block of the next
              * tile's row (C rows on), so a tile starts with its rows in L2
-             * (a fixed distance into each row left every tile start
-             * waiting on memory: 72 against 90 tokens/s on bench-olmoe;
-             * none on 4-row tiles: 1.25-1.6x slower at 4-16 rows) */
+             * rather than waiting on memory, as it would with a fixed
+             * distance into each row or with no prefetch on 4-row tiles */
             if (pf) _mm_prefetch(blk + (size_t)C * wld, _MM_HINT_T1);
             wq[c] = _mm256_loadu_si256((const __m256i *)(blk + 4));
             wa[c] = _mm256_sign_epi8(wq[c], wq[c]);
