@@ -546,7 +546,7 @@ static void check_experts_full(enum moe_dtype dt, int T, int E, int K, int D, in
         hg[e] = hgu + 2 * mat * e * es, hu[e] = hgu + (2 * mat * e + mat) * es, hd[e] = hdn + mat * e * es;
         dg[e] = dgu + 2 * mat * e * es, du[e] = dgu + (2 * mat * e + mat) * es, dd[e] = ddn + mat * e * es;
     }
-    struct moe_expert_weights hx = {dt, hg, hu, hd, {0}, {0}, {0}, 0.0f, 0.0f}, dx = hx;
+    struct moe_expert_weights hx = {.dtype = dt, .gate = hg, .up = hu, .down = hd}, dx = hx;
     dx.gate = dg, dx.up = du, dx.down = dd;
     /* gpt-oss: biases, and a limit the values cross often */
     float *bias = NULL, *dbias = NULL;

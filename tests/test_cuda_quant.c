@@ -123,7 +123,7 @@ static void check_quant_experts(enum moe_dtype dt, int T, int E, int K, int D, i
         cg[e] = hg[e], cu[e] = hu[e], cd[e] = hd[e];
         dg[e] = dgu + 2 * mat * e, du[e] = dgu + 2 * mat * e + mat, dd[e] = ddn + mat * e;
     }
-    struct moe_expert_weights hx = {dt, cg, cu, cd, {0}, {0}, {0}, 0.0f, 0.0f}, dx = hx;
+    struct moe_expert_weights hx = {.dtype = dt, .gate = cg, .up = cu, .down = cd}, dx = hx;
     dx.gate = dg, dx.up = du, dx.down = dd;
     float *bias = NULL, *dbias = NULL;
     if (gpt_oss) gpt_oss_biases(&hx, &dx, E, D, F, 1.0f, &bias, &dbias); /* a limit values cross often */

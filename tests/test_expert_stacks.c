@@ -90,7 +90,7 @@ static void check_stacks(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, i
         place(gu, 2 * e + 1, 2 * E, up[e], t, (size_t)F, (size_t)D);
         place(dn, e, E, down[e], t, (size_t)D, (size_t)F);
     }
-    struct moe_expert_weights ex = {t, gate, up, down, {0}, {0}, {0}, 0.0f, 0.0f};
+    struct moe_expert_weights ex = {.dtype = t, .gate = gate, .up = up, .down = down};
     struct moe_expert_stacks st = {.dtype = t, .gu = gu, .dn = dn, .E = E, .D = D, .F = F};
     float *bias = malloc((size_t)E * (2 * F + D) * sizeof(float));
     tu_fill_uniform(bias, (size_t)E * (2 * F + D), seed + 7, -0.5f, 0.5f);

@@ -172,7 +172,7 @@ static void check_experts(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, 
         up[e] = random_weights((size_t)F * D, t, seed + 10 * e + 1);
         down[e] = random_weights((size_t)D * F, t, seed + 10 * e + 2);
     }
-    struct moe_expert_weights ex = {t, gate, up, down, {0}, {0}, {0}, 0.0f, 0.0f};
+    struct moe_expert_weights ex = {.dtype = t, .gate = gate, .up = up, .down = down};
     float bias[16 * (2 * 128 + 256)];
     if (flags & EXP_GPT_OSS) { /* per-expert biases, a limit crossed often */
         cr_assert(E * (2 * F + D) <= (int)(sizeof bias / sizeof bias[0]));

@@ -5,11 +5,15 @@
 #  - every #include "..." of a room's file names a header of the same room
 #    or of a room it may use (those it names, and theirs, downward);
 #  - with BUILD_DIR: no room's library calls a function defined in a room it
-#    may not use (nm over BUILD_DIR/libmoerun_ROOM.a).
+#    may not use (nm over BUILD_DIR/libmoerun_ROOM.a), and in the rooms of
+#    FILE_ORDER_ROOMS the files call each other in one direction only (no
+#    cycle among the objects of the room's library).
 # Prints each offence as FILE:LINE: what, and exits 1 when there is one.
 set -u
 cd "$(dirname "$0")/.."
 TABLE=runtime/rooms.txt
+# rooms whose files must call each other without a cycle
+FILE_ORDER_ROOMS="backend"
 fail=0
 declare -A dir_of room_of_dir may
 rooms=()
@@ -76,9 +80,25 @@ if [ $# -ge 1 ]; then
     done
   done
   [ -s "$tmp/calls" ] && fail=1
+  for room in $FILE_ORDER_ROOMS; do
+    a=$PWD/$B/libmoerun_$room.a
+    [ -f "$a" ] || continue
+    mkdir -p "$tmp/x.$room" && (cd "$tmp/x.$room" && ar x "$a")
+    for o in "$tmp/x.$room"/*.o; do
+      nm -g --defined-only "$o" | awk -v f="$(basename "$o" .o)" 'NF >= 3 {print $3, f}'
+    done | sort >"$tmp/fdef.$room"
+    for o in "$tmp/x.$room"/*.o; do
+      nm -u "$o" | awk -v f="$(basename "$o" .o)" '{print $NF, f}'
+    done | sort | join - "$tmp/fdef.$room" | awk '$2 != $3 {print $2, $3}' | sort -u >"$tmp/fedges.$room"
+    loop=$(tsort "$tmp/fedges.$room" 2>&1 >/dev/null | sed -n 's/^tsort: \([^ :]*\)$/\1/p' | tr '\n' ' ')
+    if [ -n "$loop" ]; then
+      echo "$B/libmoerun_$room.a: the files of room $room call each other in a cycle: $loop"
+      fail=1
+    fi
+  done
 fi
 
 if [ $fail -eq 0 ]; then
-  echo "rooms: ${#rooms[@]} rooms, includes${1:+ and calls} go downward only"
+  echo "rooms: ${#rooms[@]} rooms, includes${1:+ and calls} go downward only${1:+; the files of $FILE_ORDER_ROOMS call in one direction}"
 fi
 exit $fail

@@ -46,6 +46,22 @@ enum moe_status moe_backend_cuda_init(struct moe_backend *be, int device)
     return moe_backend_cuda_open(be, &o);
 }
 
+enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads)
+{
+    struct moe_backend_opts o;
+    moe_backend_opts_defaults(&o);
+    o.n_threads = n_threads;
+    return moe_backend_init(be, "cpu-ref", &o);
+}
+
+enum moe_status moe_backend_cpu_fast_init(struct moe_backend *be, int n_threads)
+{
+    struct moe_backend_opts o;
+    moe_backend_opts_defaults(&o);
+    o.n_threads = n_threads;
+    return moe_backend_init(be, "cpu", &o);
+}
+
 static enum moe_status open_named(struct moe_backend *be, const char *name,
                                    const struct moe_backend_opts *o)
 {

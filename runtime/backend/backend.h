@@ -2,10 +2,15 @@
  *
  * The forward pass (runtime/engine/forward.c) is written once against this table;
  * a backend says how each op is computed and where memory lives.  The CPU
- * backend is the reference; the CUDA backend implements the same ops on the
- * device.  Every pointer an op receives is backend memory (for the CPU,
- * ordinary host memory); weights are struct moe_tensor views prepared by
- * prepare_model.  Activations are fp32 throughout.
+ * backend is the reference; the fast CPU and the CUDA backends implement
+ * the same ops.  Every pointer an op receives is backend memory (for the
+ * CPU, ordinary host memory); weights are struct moe_tensor views that
+ * prepare_model may rewrite in place (a repacked or uploaded copy the
+ * backend owns), after which the model serves only that backend and is not
+ * run after the backend is freed.  How each backend lays its weights out:
+ * runtime/backend/backend_cpu.c and backend_cuda_impl.h.  Calling
+ * prepare_model again with the same model does nothing; one that failed is
+ * final (load the model again).  Activations are fp32 throughout.
  *
  * Numeric policies are pinned here, once, for every backend:
  * - RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, in fp32.
@@ -17,30 +22,15 @@
  * - Dispatch: pairs (t, k) sorted by expert, stable in t*K+k order.
  * - Combine: out[t] = sum over k = 0..K-1 in order of w[t,k] * y[t,k].
  *
- * prepare_model on the CUDA backend uploads every weight once, in its
- * stored dtype, and rewrites the model's tensor views in place to device
- * pointers (device = 0); after it the model serves only that backend.  The
- * experts of a MoE layer become two stacked device buffers, (E, 2F, D)
- * gate+up (gate rows first) and (E, D, F) down, whatever the checkpoint
- * layout, and the expert table is rewritten to point into them:
- * gate[e] = gate[0] + e*2F*D elements, up[e] = gate[e] + F*D,
- * down[e] = down[0] + e*D*F.  MXFP4 and FP8_B128 experts keep their dtype
- * and each stack is planes (runtime/core/tensor.h: the values of all its
- * matrices, then their scales), the table pointing at each matrix's values:
- * gate[e] = gate[0] + 2e*V bytes, up[e] = gate[e] + V, down[e] = down[0] +
- * e*V, V = moe_planes_values_bytes(dtype, F, D).  The CUDA experts op
- * requires that layout.
- * The fast CPU backend (AVX2 or AVX-512 kernels) likewise rewrites the views
- * of the model's bf16 matrices (attention, dense and shared FFN, routers,
- * LM head, every expert's gate/up/down; 2-D with an even inner size) to
- * copies in 16-output panels (MOE_DTYPE_BF16_PANEL) that it owns and frees
- * in destroy, and drops the process's pages of the file-mapped originals;
- * after it, too, the model serves only that backend (any other refuses it
- * at prepare_model) and is not run after that backend is freed.
- * moe_backend_opts.cpu_panels false keeps the natural layout and the model
- * untouched.
- * Calling prepare_model again with the same model does nothing; one that
- * failed leaves the model part on the device and is final (load it again). */
+ * Threads: a backend and everything it owns are used by one thread at a
+ * time (the engine's), which calls every op; a backend takes no lock, and
+ * its ops may use a team of threads of their own (the CPU's OpenMP team).
+ * Order: ops run in call order.  On the CPU every op is done when it
+ * returns.  On CUDA an op queues its work on the backend's stream and
+ * returns at once, unless it is marked [waits] below: it returns once the
+ * device has finished everything queued before it (or, for experts, may
+ * wait inside: see the op).  Host memory given to a queued op must stay
+ * valid until the next [waits] op, except the source of to_device. */
 #pragma once
 
 #include <stdbool.h>
@@ -75,12 +65,14 @@ struct moe_backend_ops {
     const char *name;
     void (*destroy)(struct moe_backend *be);
     /* memory */
-    MOE_OP(alloc, size_t bytes, void **out);        /* zero-filled */
-    void (*dealloc)(struct moe_backend *be, void *p); /* NULL is fine */
+    MOE_OP(alloc, size_t bytes, void **out);        /* zero-filled [waits] */
+    /* NULL is fine; never inside a step (CUDA: retires recorded steps) [waits] */
+    void (*dealloc)(struct moe_backend *be, void *p);
+    /* returns once src may be reused (staged), not once dst holds it */
     MOE_OP(to_device, void *dst, const void *src, size_t bytes);
-    MOE_OP(to_host, void *dst, const void *src, size_t bytes);
-    MOE_OP(prepare_model, struct moe_model *m);     /* weights into backend memory */
-    MOE_MUST_USE enum moe_status (*sync)(struct moe_backend *be);
+    MOE_OP(to_host, void *dst, const void *src, size_t bytes); /* [waits] */
+    MOE_OP(prepare_model, struct moe_model *m);     /* weights into backend memory [waits] */
+    MOE_MUST_USE enum moe_status (*sync)(struct moe_backend *be); /* [waits] */
 
     /* ops */
     MOE_OP(embed, float *x, const int32_t *tokens, int T, const struct moe_tensor *emb);
@@ -110,7 +102,10 @@ struct moe_backend_ops {
     MOE_OP(route, int32_t *ids, float *w, const float *logits, int T, const struct moe_route *r);
     MOE_OP(dispatch, struct moe_dispatch *plan, const int32_t *ids, int T, int K, int E);
     /* out (T, D) = combine of the K experts' SwiGLU FFN of x (T, D), with
-     * ex's biases and activation (model.h) when it has them. */
+     * ex's biases and activation (model.h) when it has them.  CUDA waits
+     * inside for the step's per-expert counts on steps of more than
+     * MOE_SMALL_STEP_ROWS rows and on every step of an offloaded layer;
+     * decode-sized steps of resident layers never wait. */
     MOE_OP(experts, float *out, const float *x, const struct moe_dispatch *plan, const float *w,
            const struct moe_expert_weights *ex, const struct moe_expert_ws *ws, int T, int K, int D,
            int F, int E);
@@ -135,13 +130,15 @@ struct moe_backend_ops {
 
     /* Optional entries (NULL when a backend has no use for them). */
     /* Sizes the backend's own workspaces for steps of at most max_rows rows
-     * of cfg's model; called by moe_forward_init, so no op allocates. */
+     * of cfg's model; called by moe_forward_init, so no op allocates.
+     * [waits] when it grows them. */
     MOE_OP(reserve, const struct moe_config *cfg, int max_rows);
     /* dst (n elements of dt, backend memory) = the runtime/model/synth.c generator
      * keyed by key with standard deviation std, or ones when std < 0. */
     MOE_OP(synth_fill, void *dst, enum moe_dtype dt, size_t n, uint64_t key, float std);
     /* out (n_moe_layers, E) host = tokens routed to each expert so far, by
-     * MoE layer in forward order (dispatch calls since the step's embed). */
+     * MoE layer in forward order (dispatch calls since the step's embed).
+     * [waits] */
     MOE_OP(expert_load, uint64_t *out, int n_moe_layers, int E);
     /* Step graphs.  forward.c brackets the ops of a step (after the batch
      * upload, before the logits copy) with graph_begin / graph_end.  key

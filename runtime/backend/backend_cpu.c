@@ -13,8 +13,13 @@
  * arena per model that the backend owns, rewrites the model's views to
  * point there, and drops the process's pages of each source matrix (from a
  * file mapping, or the set's own in-memory synthetic tensors), so the
- * process holds about one copy of the weights.
- * moe_backend_opts.cpu_panels false keeps the natural layout. */
+ * process holds about one copy of the weights.  The matrices repacked are
+ * the 2-D bf16 ones with an even inner size: attention, dense and shared
+ * FFN, routers, LM head, every expert's gate/up/down.  After it the model
+ * serves only this backend (any other refuses it at prepare_model).
+ * moe_backend_opts.cpu_panels false keeps the natural layout and the model
+ * untouched; moe_backend_opts.quant Q8_0 quantizes instead (see
+ * enum moe_weight_quant). */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -645,30 +650,9 @@ static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_
 
 enum moe_status moe_backend_cpu_open(struct moe_backend *be, bool fast, const struct moe_backend_opts *o)
 {
-    struct moe_backend_opts def;
-    if (!o) {
-        moe_backend_opts_defaults(&def);
-        o = &def;
-    }
     enum moe_cpu_isa isa = MOE_CPU_ISA_REF;
     if (fast) isa = moe_cpu_isa_detect() < o->cpu_isa_max ? moe_cpu_isa_detect() : o->cpu_isa_max;
     return cpu_init(be, o->n_threads, isa, o->cpu_panels);
-}
-
-enum moe_status moe_backend_cpu_init(struct moe_backend *be, int n_threads)
-{
-    struct moe_backend_opts o;
-    moe_backend_opts_defaults(&o);
-    o.n_threads = n_threads;
-    return moe_backend_cpu_open(be, false, &o);
-}
-
-enum moe_status moe_backend_cpu_fast_init(struct moe_backend *be, int n_threads)
-{
-    struct moe_backend_opts o;
-    moe_backend_opts_defaults(&o);
-    o.n_threads = n_threads;
-    return moe_backend_cpu_open(be, true, &o);
 }
 
 int moe_backend_cpu_isa(const struct moe_backend *be)

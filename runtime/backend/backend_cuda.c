@@ -11,7 +11,7 @@
  * small expert path and never wait inside the step (to_host_async, which
  * forward.c uses for statistics, does not wait).
  *
- * Memory: weights are uploaded once by prepare_model (see backend.h);
+ * Memory: weights are uploaded once by prepare_model (see backend_cuda_impl.h);
  * activations are allocated by moe_forward_init through alloc; the
  * backend's own workspaces (half-precision GEMM inputs, attention split
  * partials, CUB sort space, grouped GEMM pointer arrays, expert load
@@ -23,9 +23,6 @@
 #include "runtime/model/synth.h"
 
 #include "runtime/backend/backend_cuda_impl.h"
-
-const char *const moe_cuda_part_names[P_COUNT] = {"embed", "lm_head", "attention", "norms",
-                                                "dense_ffn", "router", "experts", "shared"};
 
 /* ---- memory ---- */
 
@@ -47,20 +44,12 @@ static enum moe_status cuda_alloc(struct moe_backend *be, size_t bytes, void **o
     return MOE_OK;
 }
 
-static void drop_graphs(struct cuda_ctx *c)
-{
-    for (int i = 0; i < c->n_graphs; i++)
-        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
-    c->n_graphs = 0;
-    c->next_evict = 0;
-}
-
 static void cuda_dealloc(struct moe_backend *be, void *p)
 {
     if (!p) return;
     /* recorded steps hold buffer addresses: freeing any buffer (a workspace
      * or cache going away, never inside a step) retires them all */
-    drop_graphs(ctx_of(be));
+    moe_cuda_graphs_drop(&ctx_of(be)->graphs);
     cudaFree(p);
 }
 
@@ -103,7 +92,7 @@ static void cuda_host_free(struct moe_backend *be, void *p)
 {
     if (!p) return;
     /* recorded steps may copy into it (see cuda_dealloc) */
-    drop_graphs(ctx_of(be));
+    moe_cuda_graphs_drop(&ctx_of(be)->graphs);
     cudaFreeHost(p);
 }
 
@@ -119,54 +108,22 @@ static enum moe_status cuda_sync(struct moe_backend *be)
     MOE_CUDA_TRY(cudaStreamSynchronize(ctx_of(be)->stream));
     return MOE_OK;
 }
-enum moe_status moe_cuda_keep_owned(struct cuda_ctx *c, void *p)
-{
-    if (c->n_owned == c->cap_owned) {
-        size_t n = c->cap_owned ? 2 * c->cap_owned : 64;
-        void **q = realloc(c->owned, n * sizeof *q);
-        if (!q) return moe_fail(MOE_ERR_NOMEM, "cuda backend: buffer list");
-        c->owned = q;
-        c->cap_owned = n;
-    }
-    c->owned[c->n_owned++] = p;
-    return MOE_OK;
-}
-
 /* ---- reserve: the backend's own workspaces ---- */
 
 static void free_workspaces(struct cuda_ctx *c)
 {
-    drop_graphs(c); /* recorded steps use these buffers */
-    cudaFree(c->xh);
-    cudaFree(c->att_ws);
-    cudaFree(c->sort_temp);
-    cudaFree(c->sort_vals);
-    cudaFree(c->sort_keys);
-    cudaFree(c->d_ptrs);
-    cudaFree(c->d_load);
-    cudaFree(c->wide);
-    cudaFree(c->wide_dense);
-    c->wide_dense = NULL;
-    c->wide_dense_bytes = 0;
-    cudaFree(c->active);
-    c->active = NULL;
-    cudaFree(c->mma_tiles);
-    c->mma_tiles = NULL;
-    c->mma_tile_ints = 0;
-    cudaFreeHost(c->h_counts);
-    cudaFreeHost(c->h_ptrs);
-    cudaFreeHost(c->h_load);
-    free(c->g_m);
-    c->xh = NULL, c->att_ws = NULL, c->sort_temp = NULL, c->sort_vals = c->sort_keys = NULL;
-    c->d_ptrs = NULL, c->d_load = NULL, c->h_counts = NULL, c->h_ptrs = NULL, c->h_load = NULL;
-    c->g_m = c->g_n = c->g_k = c->g_lda = c->g_ldb = c->g_ldc = c->g_size = NULL;
-    c->g_alpha = c->g_beta = NULL;
-    c->g_ta = c->g_tb = NULL;
-    c->max_rows = c->max_din = c->max_k = c->max_e = c->moe_layers = 0;
-    c->sort_bytes = 0;
-    c->att_ws_floats = 0;
-    c->wide = NULL;
-    c->wide_bytes = 0;
+    moe_cuda_graphs_drop(&c->graphs); /* recorded steps use these buffers */
+    struct cuda_work *w = &c->work;
+    cudaFree(w->xh);
+    cudaFree(w->att_ws);
+    cudaFree(w->sort_temp);
+    cudaFree(w->sort_vals);
+    cudaFree(w->sort_keys);
+    cudaFree(w->d_load);
+    cudaFreeHost(w->h_load);
+    cudaFree(w->wide_dense);
+    memset(w, 0, sizeof *w);
+    moe_cuda_experts_free(&c->experts);
 }
 
 static int imax(int a, int b) { return a > b ? a : b; }
@@ -194,95 +151,95 @@ static size_t attention_ws_floats(const struct moe_config *cfg)
     return moe_attention_split_floats(ATT_SPLIT_ROWS, Hq, Dh, ATT_MAX_SPLITS);
 }
 
-static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_config *cfg,
-                                    int max_rows)
+/* What reserve sizes for steps of max_rows rows of a model configured as
+ * cfg: the limits of struct cuda_work, and the bytes MXFP4 / FP8 / Q8_0
+ * experts widen into (wide) and planes projections (dense). */
+struct work_need {
+    int rows, din, K, E, L;
+    size_t att_floats, wide, dense;
+};
+
+static enum moe_status work_need(const struct cuda_ctx *c, bool q8, const struct moe_config *cfg, int max_rows,
+                                 struct work_need *n)
 {
-    struct cuda_ctx *c = ctx_of(be);
     const int Q = cfg->n_heads * cfg->head_dim;
-    int din = imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
+    const int dmax = imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
     const long long mla = mla_din(cfg);
     if (mla < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: MLA inputs past %d values", INT32_MAX);
-    din = imax(din, (int)mla);
-    int K = imax(cfg->top_k, 1), E = imax(cfg->n_experts, 1), L = imax(moe_config_moe_layers(cfg), 1);
-    const size_t att_floats = attention_ws_floats(cfg);
-    /* MXFP4 / FP8 / Q8_0 experts: the grouped path widens a layer's to bf16 here
-     * (those prepare_model kept as planes; before any, as cfg says), or
-     * an offloaded layer's device slots */
-    const bool q8 = be->quant == MOE_QUANT_Q8_0;
-    const bool planes = !c->experts_mma && (c->n_up ? c->mxfp4_experts || c->fp8_experts || c->q8_experts
-                                                    : cfg->experts_mxfp4 || cfg->weights_fp8 || q8);
-    const int C = c->offload.gpu_experts;
+    *n = (struct work_need){.rows = max_rows, .din = imax(dmax, (int)mla), .K = imax(cfg->top_k, 1),
+                            .E = imax(cfg->n_experts, 1), .L = imax(moe_config_moe_layers(cfg), 1),
+                            .att_floats = attention_ws_floats(cfg)};
+    /* MXFP4 / FP8 / Q8_0 experts: the grouped path widens a layer's to bf16
+     * (those prepare_model kept as planes; before any, as cfg says), or an
+     * offloaded layer's device slots */
+    const bool planes = !c->experts.mma && (c->mem.n_up ? c->weights.mxfp4_experts || c->weights.fp8_experts ||
+                                                              c->weights.q8_experts
+                                                        : cfg->experts_mxfp4 || cfg->weights_fp8 || q8);
+    const int C = c->off.opts.gpu_experts;
     const int Ew = C > 0 && C < cfg->n_experts ? C : cfg->n_experts;
-    size_t wide = planes ? moe_cuda_widened_layer_bytes(Ew, cfg->d_model, cfg->d_expert) : 0;
-    if (planes && cfg->n_experts > 0 && !wide)
-        return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d experts of %d x %d overflow",
-                        cfg->n_experts, cfg->d_model, cfg->d_expert);
+    n->wide = planes ? moe_cuda_widened_layer_bytes(Ew, cfg->d_model, cfg->d_expert) : 0;
+    if (planes && cfg->n_experts > 0 && !n->wide)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d experts of %d x %d overflow", cfg->n_experts,
+                        cfg->d_model, cfg->d_expert);
     /* FP8 or Q8_0 projections kept as planes: widened for steps of many
      * rows, at most WIDE_DENSE_MAX values at a time (before prepare_model:
      * as cfg says, bounded by the widest input squared) */
-    const size_t dmax = (size_t)imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
-    size_t dense = c->n_up ? c->planes_dense_max : cfg->weights_fp8 || q8 ? dmax * dmax : 0;
+    size_t dense = c->mem.n_up ? c->weights.planes_dense_max : cfg->weights_fp8 || q8 ? (size_t)dmax * dmax : 0;
     if (dense > WIDE_DENSE_MAX) dense = WIDE_DENSE_MAX;
-    if (!moe_mul_size(dense, 2, &dense)) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: FP8 matrix size");
-    if (max_rows <= c->max_rows && din <= c->max_din && K <= c->max_k && E <= c->max_e &&
-        L <= c->moe_layers && att_floats <= c->att_ws_floats && wide <= c->wide_bytes &&
-        dense <= c->wide_dense_bytes)
-        return moe_cuda_offload_reserve(c, c->offload.cpu_rows, c->max_rows * c->max_k);
-    if (c->wide_bytes > wide) wide = c->wide_bytes;
-    if (c->wide_dense_bytes > dense) dense = c->wide_dense_bytes;
-    max_rows = imax(max_rows, c->max_rows);
-    din = imax(din, c->max_din);
-    K = imax(K, c->max_k);
-    E = imax(E, c->max_e);
-    L = imax(L, c->moe_layers);
+    if (!moe_mul_size(dense, 2, &n->dense)) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: FP8 matrix size");
+    return MOE_OK;
+}
+
+/* Frees the workspaces and allocates them for n (grown to at least what
+ * they were). */
+static enum moe_status alloc_work(struct cuda_ctx *c, struct work_need n)
+{
+    struct cuda_work *w = &c->work;
+    n.rows = imax(n.rows, w->max_rows);
+    n.din = imax(n.din, w->max_din);
+    n.K = imax(n.K, w->max_k);
+    n.E = imax(n.E, w->max_e);
+    n.L = imax(n.L, w->moe_layers);
+    if (c->experts.wide_bytes > n.wide) n.wide = c->experts.wide_bytes;
+    if (w->wide_dense_bytes > n.dense) n.dense = w->wide_dense_bytes;
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     free_workspaces(c);
-    size_t xh = (size_t)max_rows * din * 2, att;
-    if (!moe_mul_size(att_floats, sizeof(float), &att))
+    size_t xh = (size_t)n.rows * n.din * 2, att, load = (size_t)n.L * n.E * sizeof(uint64_t);
+    if (!moe_mul_size(n.att_floats, sizeof(float), &att))
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: attention workspace size overflows");
-    size_t n = (size_t)max_rows * K;
-    if (n > INT32_MAX) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %zu routed rows", n);
-    MOE_TRY(moe_router_dispatch_temp_bytes((int)n, E, &c->sort_bytes));
-    MOE_CUDA_TRY(cudaMalloc(&c->xh, xh ? xh : 1));
-    MOE_CUDA_TRY(cudaMalloc((void **)&c->att_ws, att));
-    MOE_CUDA_TRY(cudaMalloc(&c->sort_temp, c->sort_bytes ? c->sort_bytes : 1));
-    MOE_CUDA_TRY(cudaMalloc((void **)&c->sort_vals, n * sizeof(int32_t)));
-    MOE_CUDA_TRY(cudaMalloc((void **)&c->sort_keys, n * sizeof(int32_t)));
-    MOE_CUDA_TRY(cudaMalloc((void **)&c->d_ptrs, 6 * (size_t)E * sizeof(void *)));
-    MOE_CUDA_TRY(cudaMalloc((void **)&c->active, ((size_t)E + 1) * sizeof(int32_t)));
-    c->mma_tile_ints = moe_expert_mma_tile_ints((int)n, E);
-    MOE_CUDA_TRY(cudaMalloc((void **)&c->mma_tiles, c->mma_tile_ints * sizeof(int32_t)));
-    MOE_CUDA_TRY(cudaMalloc((void **)&c->d_load, (size_t)L * E * sizeof(uint64_t)));
-    MOE_CUDA_TRY(cudaMemsetAsync(c->d_load, 0, (size_t)L * E * sizeof(uint64_t), c->stream));
-    if (wide) MOE_CUDA_TRY(cudaMalloc(&c->wide, wide));
-    c->wide_bytes = wide;
-    if (dense) MOE_CUDA_TRY(cudaMalloc(&c->wide_dense, dense));
-    c->wide_dense_bytes = dense;
-    MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_counts, (size_t)E * sizeof(int32_t)));
-    MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_ptrs, 6 * (size_t)E * sizeof(void *)));
-    MOE_CUDA_TRY(cudaMallocHost((void **)&c->h_load, (size_t)L * E * sizeof(uint64_t)));
-    /* one host block for the grouped GEMM parameter arrays */
-    size_t per = 7 * sizeof(int) + 2 * sizeof(float) + 2 * sizeof(cublasOperation_t);
-    char *blk = malloc(per * (size_t)E);
-    if (!blk) return moe_fail(MOE_ERR_NOMEM, "cuda reserve: grouped GEMM arrays");
-    c->g_m = (int *)blk;
-    c->g_n = c->g_m + E;
-    c->g_k = c->g_n + E;
-    c->g_lda = c->g_k + E;
-    c->g_ldb = c->g_lda + E;
-    c->g_ldc = c->g_ldb + E;
-    c->g_size = c->g_ldc + E;
-    c->g_alpha = (float *)(c->g_size + E);
-    c->g_beta = c->g_alpha + E;
-    c->g_ta = (cublasOperation_t *)(c->g_beta + E);
-    c->g_tb = c->g_ta + E;
-    c->att_ws_floats = att_floats;
-    c->max_rows = max_rows;
-    c->max_din = din;
-    c->max_k = K;
-    c->max_e = E;
-    c->moe_layers = L;
-    return moe_cuda_offload_reserve(c, c->offload.cpu_rows, (int)n);
+    const size_t pairs = (size_t)n.rows * n.K;
+    if (pairs > INT32_MAX) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %zu routed rows", pairs);
+    MOE_TRY(moe_router_dispatch_temp_bytes((int)pairs, n.E, &w->sort_bytes));
+    MOE_CUDA_TRY(cudaMalloc(&w->xh, xh ? xh : 1));
+    MOE_CUDA_TRY(cudaMalloc((void **)&w->att_ws, att));
+    MOE_CUDA_TRY(cudaMalloc(&w->sort_temp, w->sort_bytes ? w->sort_bytes : 1));
+    MOE_CUDA_TRY(cudaMalloc((void **)&w->sort_vals, pairs * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&w->sort_keys, pairs * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&w->d_load, load));
+    MOE_CUDA_TRY(cudaMemsetAsync(w->d_load, 0, load, c->stream));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&w->h_load, load));
+    if (n.dense) MOE_CUDA_TRY(cudaMalloc(&w->wide_dense, n.dense));
+    w->wide_dense_bytes = n.dense;
+    MOE_TRY(moe_cuda_experts_reserve(c, n.E, (int)pairs, n.wide));
+    w->att_ws_floats = n.att_floats;
+    w->max_rows = n.rows;
+    w->max_din = n.din;
+    w->max_k = n.K;
+    w->max_e = n.E;
+    w->moe_layers = n.L;
+    return MOE_OK;
+}
+
+static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_config *cfg, int max_rows)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    const struct cuda_work *w = &c->work;
+    struct work_need n = {0};
+    MOE_TRY(work_need(c, be->quant == MOE_QUANT_Q8_0, cfg, max_rows, &n));
+    if (n.rows > w->max_rows || n.din > w->max_din || n.K > w->max_k || n.E > w->max_e || n.L > w->moe_layers ||
+        n.att_floats > w->att_ws_floats || n.wide > c->experts.wide_bytes || n.dense > w->wide_dense_bytes)
+        MOE_TRY(alloc_work(c, n));
+    return moe_cuda_offload_reserve(c, w->max_rows * w->max_k);
 }
 
 /* ---- ops ---- */
@@ -290,7 +247,7 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
 static enum moe_status cuda_embed(struct moe_backend *be, float *x, const int32_t *tokens, int T,
                                   const struct moe_tensor *emb)
 {
-    ctx_of(be)->dispatch_ordinal = 0; /* a step starts here */
+    ctx_of(be)->work.dispatch_ordinal = 0; /* a step starts here */
     return moe_ops_embed_cuda(ctx_of(be)->stream, x, tokens, T, emb->data, emb->dtype,
                               emb->shape[0], (int)emb->shape[1]);
 }
@@ -326,14 +283,14 @@ static enum moe_status cuda_matmul(struct moe_backend *be, float *y, const float
                                     CUDA_R_32F, Din, x, CUDA_R_32F, Din, &zero, y, CUDA_R_32F, N,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     } else if (w->dtype == MOE_DTYPE_BF16 || w->dtype == MOE_DTYPE_F16) {
-        if (T > c->max_rows || Din > c->max_din)
+        if (T > c->work.max_rows || Din > c->work.max_din)
             return moe_fail(MOE_ERR_INVALID_ARG,
                             "cuda matmul: %d x %d input exceeds the reserved %d x %d", T, Din,
-                            c->max_rows, c->max_din);
-        MOE_TRY(moe_ops_to_half_cuda(c->stream, c->xh, x, w->dtype, (size_t)T * Din));
+                            c->work.max_rows, c->work.max_din);
+        MOE_TRY(moe_ops_to_half_cuda(c->stream, c->work.xh, x, w->dtype, (size_t)T * Din));
         cudaDataType_t ty = cuda_type(w->dtype);
         MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, Din, &one, w->data, ty,
-                                    Din, c->xh, ty, Din, &zero, y, CUDA_R_32F, N,
+                                    Din, c->work.xh, ty, Din, &zero, y, CUDA_R_32F, N,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     } else if (moe_dtype_planes(w->dtype)) {
         if (T <= SMALL_EXPERT_ROWS) /* read in place, bias included */
@@ -341,22 +298,22 @@ static enum moe_status cuda_matmul(struct moe_backend *be, float *y, const float
                                               b && b->data ? b->data : NULL, b ? b->dtype : MOE_DTYPE_F32);
         /* many rows: widened to bf16 for the step's GEMMs, as many rows of
          * W at a time as the reserved buffer holds (outputs n0.. of y) */
-        const int at = (int)(c->wide_dense_bytes / ((size_t)Din * 2) < (size_t)N
-                                 ? c->wide_dense_bytes / ((size_t)Din * 2) : (size_t)N);
-        if (at < 1 || T > c->max_rows || Din > c->max_din)
+        const int at = (int)(c->work.wide_dense_bytes / ((size_t)Din * 2) < (size_t)N
+                                 ? c->work.wide_dense_bytes / ((size_t)Din * 2) : (size_t)N);
+        if (at < 1 || T > c->work.max_rows || Din > c->work.max_din)
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda matmul: %s matrix %d x %d, %d rows: past the reserved "
-                            "%zu bytes or %d x %d", moe_dtype_name(w->dtype), N, Din, T, c->wide_dense_bytes,
-                            c->max_rows, c->max_din);
-        MOE_TRY(moe_ops_to_half_cuda(c->stream, c->xh, x, MOE_DTYPE_BF16, (size_t)T * Din));
+                            "%zu bytes or %d x %d", moe_dtype_name(w->dtype), N, Din, T, c->work.wide_dense_bytes,
+                            c->work.max_rows, c->work.max_din);
+        MOE_TRY(moe_ops_to_half_cuda(c->stream, c->work.xh, x, MOE_DTYPE_BF16, (size_t)T * Din));
         const char *scales = (const char *)w->data + moe_planes_values_bytes(w->dtype, (size_t)N, (size_t)Din);
         for (int n0 = 0; n0 < N; n0 += at) {
             const int nc = N - n0 < at ? N - n0 : at;
-            MOE_TRY(moe_planes_widen_cuda(c->stream, c->wide_dense,
+            MOE_TRY(moe_planes_widen_cuda(c->stream, c->work.wide_dense,
                                           (const char *)w->data + moe_planes_values_bytes(w->dtype, (size_t)n0, (size_t)Din),
                                           scales + moe_planes_scales_bytes(w->dtype, (size_t)n0, (size_t)Din), w->dtype,
                                           (size_t)nc, (size_t)Din));
-            MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nc, T, Din, &one, c->wide_dense,
-                                        CUDA_R_16BF, Din, c->xh, CUDA_R_16BF, Din, &zero, y + n0, CUDA_R_32F, N,
+            MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, nc, T, Din, &one, c->work.wide_dense,
+                                        CUDA_R_16BF, Din, c->work.xh, CUDA_R_16BF, Din, &zero, y + n0, CUDA_R_32F, N,
                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         }
     } else {
@@ -406,15 +363,15 @@ static enum moe_status cuda_attention(struct moe_backend *be, float *out, const 
     struct cuda_ctx *c = ctx_of(be);
     if (kv->v == kv->k) { /* MLA: one row per token read as K and V, every step size */
         struct moe_attn_params pp = *p;
-        if (c->capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
-        const bool split = b->n_tokens <= ATT_SPLIT_ROWS && c->att_ws;
+        if (c->graphs.capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
+        const bool split = b->n_tokens <= ATT_SPLIT_ROWS && c->work.att_ws;
         return moe_attention_mla_cuda(c->stream, out, q, kv, b, &pp, c->mla_max_dh,
-                                      split ? c->att_ws : NULL, split ? c->att_ws_floats : 0,
+                                      split ? c->work.att_ws : NULL, split ? c->work.att_ws_floats : 0,
                                       ATT_MAX_SPLITS);
     }
     /* the split space was sized for the reserved model's heads */
-    int ws_rows = c->att_ws && moe_attention_split_floats(ATT_SPLIT_ROWS, p->n_heads, p->head_dim,
-                                                          ATT_MAX_SPLITS) <= c->att_ws_floats
+    int ws_rows = c->work.att_ws && moe_attention_split_floats(ATT_SPLIT_ROWS, p->n_heads, p->head_dim,
+                                                          ATT_MAX_SPLITS) <= c->work.att_ws_floats
                       ? ATT_SPLIT_ROWS : 0;
     /* prefill-sized steps: the tiled kernel shares each K/V tile among 32
      * query rows (unless MOERUN_CUDA_PREFILL_ATTN=rows asked for the per-row
@@ -425,8 +382,8 @@ static enum moe_status cuda_attention(struct moe_backend *be, float *out, const 
         return moe_attention_prefill_cuda(c->stream, out, q, kv, b, p);
     }
     struct moe_attn_params pp = *p;
-    if (c->capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
-    return moe_attention_paged_cuda(c->stream, out, q, kv, b, &pp, c->att_ws, ws_rows,
+    if (c->graphs.capturing) pp.max_ctx = 0; /* a recorded launch must not depend on lengths */
+    return moe_attention_paged_cuda(c->stream, out, q, kv, b, &pp, c->work.att_ws, ws_rows,
                                     ATT_MAX_SPLITS);
 }
 
@@ -443,16 +400,16 @@ static enum moe_status cuda_dispatch(struct moe_backend *be, struct moe_dispatch
                                      const int32_t *ids, int T, int K, int E)
 {
     struct cuda_ctx *c = ctx_of(be);
-    if ((size_t)T * K > (size_t)c->max_rows * c->max_k || E > c->max_e)
+    if ((size_t)T * K > (size_t)c->work.max_rows * c->work.max_k || E > c->work.max_e)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda dispatch: %d x %d pairs over %d experts exceed "
-                        "the reserved %d x %d over %d", T, K, E, c->max_rows, c->max_k, c->max_e);
+                        "the reserved %d x %d over %d", T, K, E, c->work.max_rows, c->work.max_k, c->work.max_e);
     uint64_t *load = NULL;
-    if (c->d_load && c->dispatch_ordinal < c->moe_layers)
-        load = c->d_load + (size_t)c->dispatch_ordinal * c->max_e;
-    c->dispatch_ordinal++;
+    if (c->work.d_load && c->work.dispatch_ordinal < c->work.moe_layers)
+        load = c->work.d_load + (size_t)c->work.dispatch_ordinal * c->work.max_e;
+    c->work.dispatch_ordinal++;
     /* sort_bytes was asked for max_rows * max_k pairs over max_e at reserve */
-    return moe_router_dispatch_cuda(c->stream, plan, ids, T, K, E, c->sort_temp, c->sort_bytes,
-                                    c->max_rows * c->max_k, c->max_e, c->sort_vals, c->sort_keys,
+    return moe_router_dispatch_cuda(c->stream, plan, ids, T, K, E, c->work.sort_temp, c->work.sort_bytes,
+                                    c->work.max_rows * c->work.max_k, c->work.max_e, c->work.sort_vals, c->work.sort_keys,
                                     load);
 }
 
@@ -513,13 +470,13 @@ static enum moe_status cuda_head_matmul(struct moe_backend *be, float *y, int ld
                         moe_dtype_name(w->dtype));
     /* (T*H, K) half inputs: T*H*K <= max_rows*max_din when T <= max_rows
      * (reserve counts H*nope and H*Rc in max_din for MLA models) */
-    if (!c->xh || T > c->max_rows || (size_t)T * (size_t)ldh > (size_t)c->max_rows * c->max_din)
+    if (!c->work.xh || T > c->work.max_rows || (size_t)T * (size_t)ldh > (size_t)c->work.max_rows * c->work.max_din)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: %d x %d x %d inputs exceed the "
-                        "reserved %d x %d", T, H, K, c->max_rows, c->max_din);
-    MOE_TRY(moe_ops_to_half_rows_cuda(c->stream, c->xh, x, ldx, w->dtype, (size_t)T * H, K));
+                        "reserved %d x %d", T, H, K, c->work.max_rows, c->work.max_din);
+    MOE_TRY(moe_ops_to_half_rows_cuda(c->stream, c->work.xh, x, ldx, w->dtype, (size_t)T * H, K));
     const cudaDataType_t ty = cuda_type(w->dtype);
     MOE_CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one,
-                                              w->data, ty, K, stride_w, c->xh, ty, (int)ldh, K,
+                                              w->data, ty, K, stride_w, c->work.xh, ty, (int)ldh, K,
                                               &zero, y, CUDA_R_32F, (int)ldc, ldy, H,
                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return MOE_OK;
@@ -541,14 +498,27 @@ static enum moe_status cuda_expert_load(struct moe_backend *be, uint64_t *out, i
                                         int E)
 {
     struct cuda_ctx *c = ctx_of(be);
-    if (!c->d_load || n_moe_layers > c->moe_layers || E != c->max_e)
+    if (!c->work.d_load || n_moe_layers > c->work.moe_layers || E != c->work.max_e)
         return moe_fail(MOE_ERR_INVALID_ARG, "expert_load: %d x %d counters asked, %d x %d kept",
-                        n_moe_layers, E, c->moe_layers, c->max_e);
+                        n_moe_layers, E, c->work.moe_layers, c->work.max_e);
     const size_t bytes = (size_t)n_moe_layers * E * sizeof(uint64_t);
-    MOE_CUDA_TRY(cudaMemcpyAsync(c->h_load, c->d_load, bytes, cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaMemcpyAsync(c->work.h_load, c->work.d_load, bytes, cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
-    memcpy(out, c->h_load, bytes);
+    memcpy(out, c->work.h_load, bytes);
     return MOE_OK;
+}
+
+/* ---- experts: resident, or offloaded (the layer's handle says which) ---- */
+
+static enum moe_status cuda_experts(struct moe_backend *be, float *out, const float *x,
+                                    const struct moe_dispatch *plan, const float *w,
+                                    const struct moe_expert_weights *ex, const struct moe_expert_ws *ws, int T,
+                                    int K, int D, int F, int E)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (ex->backend_layer)
+        return moe_cuda_offload_experts(c, ex->backend_layer, out, x, plan, w, ex, ws, T, K, D, F, E);
+    return moe_cuda_experts_resident(c, out, x, plan, w, ex, ws, T, K, D, F, E);
 }
 
 /* ---- step graphs ---- */
@@ -557,64 +527,20 @@ static enum moe_status cuda_graph_begin(struct moe_backend *be, const void *key,
                                         int n_logits, bool *replay)
 {
     struct cuda_ctx *c = ctx_of(be);
-    *replay = false;
-    c->replaying = 0;
     /* only steps without host synchronisation can be recorded: the grouped
      * expert path (more rows) and offloaded experts wait for the counts */
-    if (!c->graphs_on || rows > SMALL_EXPERT_ROWS || c->n_off) return MOE_OK;
-    for (int i = 0; i < c->n_graphs; i++)
-        if (c->graphs[i].key == key && c->graphs[i].rows == rows &&
-            c->graphs[i].n_logits == n_logits) {
-            *replay = true;
-            c->replaying = i + 1;
-            return MOE_OK;
-        }
-    MOE_CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed));
-    c->capturing = 1;
-    c->pending = (struct step_graph){key, rows, n_logits, NULL};
-    return MOE_OK;
+    if (rows > SMALL_EXPERT_ROWS || c->off.n) {
+        *replay = false;
+        c->graphs.replaying = 0;
+        return MOE_OK;
+    }
+    return moe_cuda_graphs_begin(&c->graphs, c->stream, key, rows, n_logits, replay);
 }
 
 static enum moe_status cuda_graph_end(struct moe_backend *be, bool ok)
 {
     struct cuda_ctx *c = ctx_of(be);
-    if (c->replaying) {
-        int i = c->replaying - 1;
-        c->replaying = 0;
-        if (ok) {
-            MOE_CUDA_TRY(cudaGraphLaunch(c->graphs[i].exec, c->stream));
-            c->replays++;
-        }
-        return MOE_OK;
-    }
-    if (!c->capturing) return MOE_OK;
-    c->capturing = 0;
-    cudaGraph_t g = NULL;
-    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
-    if (!ok || e != cudaSuccess) {
-        if (g) cudaGraphDestroy(g);
-        cudaGetLastError();
-        if (!ok) return MOE_OK; /* the caller reports its own error */
-        return moe_fail(MOE_ERR_DEVICE, "cuda graph: recording a step failed: %s",
-                        cudaGetErrorString(e));
-    }
-    cudaGraphExec_t exec = NULL;
-    e = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    if (e != cudaSuccess)
-        return moe_fail(MOE_ERR_DEVICE, "cuda graph: instantiate: %s", cudaGetErrorString(e));
-    struct step_graph *sg;
-    if (c->n_graphs < MAX_GRAPHS) {
-        sg = &c->graphs[c->n_graphs++];
-    } else { /* full: replace the oldest */
-        sg = &c->graphs[c->next_evict];
-        c->next_evict = (c->next_evict + 1) % MAX_GRAPHS;
-        cudaGraphExecDestroy(sg->exec);
-    }
-    *sg = c->pending;
-    sg->exec = exec;
-    MOE_CUDA_TRY(cudaGraphLaunch(exec, c->stream));
-    return MOE_OK;
+    return moe_cuda_graphs_end(&c->graphs, c->stream, ok);
 }
 
 static void cuda_destroy(struct moe_backend *be)
@@ -622,15 +548,12 @@ static void cuda_destroy(struct moe_backend *be)
     struct cuda_ctx *c = ctx_of(be);
     if (!c) return;
     if (c->stream) cudaStreamSynchronize(c->stream);
-    drop_graphs(c);
     free_workspaces(c);
-    moe_cuda_offload_free(c);
-    free((double *)c->offload.warm);
-    for (size_t i = 0; i < c->n_owned; i++) cudaFree(c->owned[i]);
-    free(c->owned);
-    free(c->up);
+    moe_cuda_offload_free(&c->off);
+    moe_cuda_mem_free(&c->mem);
+    moe_cuda_graphs_drop(&c->graphs);
     if (c->blas) cublasDestroy(c->blas);
-    cudaFree(c->blas_ws); /* after the handle that used it */
+    moe_cuda_graphs_free(&c->graphs); /* its workspace after the handle that used it */
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     be->ctx = NULL;
@@ -657,7 +580,7 @@ static const struct moe_backend_ops cuda_ops = {
     .attention = cuda_attention,
     .route = cuda_route,
     .dispatch = cuda_dispatch,
-    .experts = moe_cuda_experts,
+    .experts = cuda_experts,
     .sigmoid_scale = cuda_sigmoid_scale,
     .gather_rows = cuda_gather_rows,
     .gather_cols = cuda_gather_cols,
@@ -685,19 +608,13 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,
     MOE_CUBLAS_TRY(cublasSetStream(c->blas, c->stream));
     /* plain fp32 GEMMs for fp32 weights: no TF32 */
     MOE_CUBLAS_TRY(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
-    /* Step graphs are opt-in until measured on a device: the recorded
-     * cuBLAS calls need a workspace of their own. */
-    c->graphs_on = o->cuda_graphs;
-    if (c->graphs_on) {
-        MOE_CUDA_TRY(cudaMalloc(&c->blas_ws, BLAS_WS_BYTES));
-        MOE_CUBLAS_TRY(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES));
-    }
+    MOE_TRY(moe_cuda_graphs_init(&c->graphs, c->blas, o->cuda_graphs));
     c->strict = o->cuda_strict;
     c->prefill_rows = o->prefill_attn == MOE_PREFILL_ATTN_ROWS;
     c->prefill_mma = o->prefill_attn == MOE_PREFILL_ATTN_MMA;
-    c->experts_mma = o->expert_kernels == MOE_EXPERT_KERNELS_MMA;
-    c->offload = o->offload;
-    c->offload.warm = NULL;
+    c->experts.mma = o->expert_kernels == MOE_EXPERT_KERNELS_MMA;
+    c->off.opts = o->offload;
+    c->off.opts.warm = NULL; /* a copy of its own, below */
     if (o->offload.warm) {
         size_t n;
         double *warm;
@@ -707,7 +624,7 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,
             return moe_fail(MOE_ERR_NOMEM, "cuda backend: warm start of %d x %d experts",
                             o->offload.warm_layers, o->offload.warm_e);
         memcpy(warm, o->offload.warm, n);
-        c->offload.warm = warm;
+        c->off.opts.warm = warm;
     }
     /* MLA attention: the largest head dim this device's shared memory allows */
     c->mla_max_dh = moe_attention_mla_setup_cuda();
@@ -722,12 +639,12 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,
 
 int64_t moe_cuda_graph_replays(const struct moe_backend *be)
 {
-    return be->ops && !strcmp(be->ops->name, "cuda") ? ((const struct cuda_ctx *)be->ctx)->replays : 0;
+    return be->ops && !strcmp(be->ops->name, "cuda") ? ((const struct cuda_ctx *)be->ctx)->graphs.replays : 0;
 }
 
 int64_t moe_cuda_mma_expert_calls(const struct moe_backend *be)
 {
-    return be->ops && !strcmp(be->ops->name, "cuda") ? ((const struct cuda_ctx *)be->ctx)->mma_calls : 0;
+    return be->ops && !strcmp(be->ops->name, "cuda") ? ((const struct cuda_ctx *)be->ctx)->experts.mma_calls : 0;
 }
 
 void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_stats *st)
@@ -735,27 +652,22 @@ void moe_cuda_offload_stats(const struct moe_backend *be, struct moe_offload_sta
     memset(st, 0, sizeof *st);
     if (!be->ops || strcmp(be->ops->name, "cuda")) return;
     const struct cuda_ctx *c = be->ctx;
-    st->layers = c->n_off;
-    st->bytes_in = c->off_bytes;
-    st->host_bytes = c->host_expert_bytes;
-    for (int i = 0; i < c->n_off; i++) {
-        st->accesses += c->off[i].cache.accesses;
-        st->hits += c->off[i].cache.hits;
-        st->steps += c->off[i].steps;
-        st->rounds += c->off[i].rounds;
-        st->grouped_steps += c->off[i].grouped_steps;
-        st->cpu_uses += c->off[i].cpu_uses;
-        st->cpu_rows += c->off[i].cpu_rows;
+    st->layers = c->off.n;
+    st->bytes_in = c->off.bytes_in;
+    st->host_bytes = c->off.host_bytes;
+    for (int i = 0; i < c->off.n; i++) {
+        st->accesses += c->off.layers[i]->cache.accesses;
+        st->hits += c->off.layers[i]->cache.hits;
+        st->steps += c->off.layers[i]->steps;
+        st->rounds += c->off.layers[i]->rounds;
+        st->grouped_steps += c->off.layers[i]->grouped_steps;
+        st->cpu_uses += c->off.layers[i]->cpu_uses;
+        st->cpu_rows += c->off.layers[i]->cpu_rows;
     }
 }
 
 enum moe_status moe_backend_cuda_open(struct moe_backend *be, const struct moe_backend_opts *o)
 {
-    struct moe_backend_opts def;
-    if (!o) {
-        moe_backend_opts_defaults(&def);
-        o = &def;
-    }
     memset(be, 0, sizeof *be);
     struct cuda_ctx *c = calloc(1, sizeof *c);
     if (!c) return moe_fail(MOE_ERR_NOMEM, "cuda backend");

@@ -1,15 +1,17 @@
-/* backend_cuda_experts.c - the CUDA backend's experts op: the stacked
+/* backend_cuda_experts.c - the CUDA backend's experts op for resident
+ * layers and the expert kernels' state (struct cuda_experts): the stacked
  * layout check, the choice between the device-driven kernels (decode-sized
  * steps, experts/experts_cuda.cu) and the cuBLAS grouped GEMMs (prefill),
  * MXFP4 / FP8 / Q8_0 experts widened to bf16 for the latter, or (opt-in,
  * MOERUN_CUDA_EXPERTS=mma) the tensor-core kernels of
- * experts/experts_mma_cuda.cu for both.  See docs/cuda.md. */
+ * experts/experts_mma_cuda.cu for both.  Offloaded layers
+ * (backend_cuda_offload.c) run their rounds through the same kernels.
+ * Calls backend_cuda_mem.c only.  See docs/cuda.md. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "runtime/backend/backend_cuda_impl.h"
 
-/* Bytes of bf16 a layer's E experts of D x F widen to (3 matrices each),
- * or 0 on overflow. */
 size_t moe_cuda_widened_layer_bytes(int E, int D, int F)
 {
     size_t n;
@@ -19,6 +21,54 @@ size_t moe_cuda_widened_layer_bytes(int E, int D, int F)
     return n;
 }
 
+void moe_cuda_experts_free(struct cuda_experts *x)
+{
+    cudaFree(x->d_ptrs);
+    cudaFree(x->active);
+    cudaFree(x->mma_tiles);
+    cudaFree(x->wide);
+    cudaFreeHost(x->h_counts);
+    cudaFreeHost(x->h_ptrs);
+    free(x->g_m); /* one block with the other parameter arrays */
+    x->d_ptrs = x->h_ptrs = NULL;
+    x->active = x->mma_tiles = x->h_counts = NULL;
+    x->wide = NULL;
+    x->wide_bytes = x->mma_tile_ints = 0;
+    x->g_m = x->g_n = x->g_k = x->g_lda = x->g_ldb = x->g_ldc = x->g_size = NULL;
+    x->g_alpha = x->g_beta = NULL;
+    x->g_ta = x->g_tb = NULL;
+}
+
+enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_t wide)
+{
+    struct cuda_experts *x = &c->experts;
+    moe_cuda_experts_free(x);
+    MOE_CUDA_TRY(cudaMalloc((void **)&x->d_ptrs, 6 * (size_t)E * sizeof(void *)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&x->active, ((size_t)E + 1) * sizeof(int32_t)));
+    x->mma_tile_ints = moe_expert_mma_tile_ints(n, E);
+    MOE_CUDA_TRY(cudaMalloc((void **)&x->mma_tiles, x->mma_tile_ints * sizeof(int32_t)));
+    if (wide) MOE_CUDA_TRY(cudaMalloc(&x->wide, wide));
+    x->wide_bytes = wide;
+    MOE_CUDA_TRY(cudaMallocHost((void **)&x->h_counts, (size_t)E * sizeof(int32_t)));
+    MOE_CUDA_TRY(cudaMallocHost((void **)&x->h_ptrs, 6 * (size_t)E * sizeof(void *)));
+    /* one host block for the grouped GEMM parameter arrays */
+    const size_t per = 7 * sizeof(int) + 2 * sizeof(float) + 2 * sizeof(cublasOperation_t);
+    char *blk = malloc(per * (size_t)E);
+    if (!blk) return moe_fail(MOE_ERR_NOMEM, "cuda reserve: grouped GEMM arrays");
+    x->g_m = (int *)blk;
+    x->g_n = x->g_m + E;
+    x->g_k = x->g_n + E;
+    x->g_lda = x->g_k + E;
+    x->g_ldb = x->g_lda + E;
+    x->g_ldc = x->g_ldb + E;
+    x->g_size = x->g_ldc + E;
+    x->g_alpha = (float *)(x->g_size + E);
+    x->g_beta = x->g_alpha + E;
+    x->g_ta = (cublasOperation_t *)(x->g_beta + E);
+    x->g_tb = x->g_ta + E;
+    return MOE_OK;
+}
+
 /* One cublasGemmGroupedBatchedEx over g groups with the parameter arrays
  * in c->g_* and the A, B, C pointer arrays at d, d + E, d + 2E.  A cuBLAS
  * that refuses the call (not supported, invalid value) gives
@@ -26,9 +76,9 @@ size_t moe_cuda_widened_layer_bytes(int E, int D, int F)
 static enum moe_status grouped_gemm(struct cuda_ctx *c, void **d, cudaDataType_t ty, int E, int g)
 {
     cublasStatus_t b = cublasGemmGroupedBatchedEx(
-        c->blas, c->g_ta, c->g_tb, c->g_m, c->g_n, c->g_k, c->g_alpha, (const void *const *)d, ty,
-        c->g_lda, (const void *const *)(d + E), ty, c->g_ldb, c->g_beta, d + 2 * E, ty, c->g_ldc,
-        g, c->g_size, CUBLAS_COMPUTE_32F);
+        c->blas, c->experts.g_ta, c->experts.g_tb, c->experts.g_m, c->experts.g_n, c->experts.g_k, c->experts.g_alpha, (const void *const *)d, ty,
+        c->experts.g_lda, (const void *const *)(d + E), ty, c->experts.g_ldb, c->experts.g_beta, d + 2 * E, ty, c->experts.g_ldc,
+        g, c->experts.g_size, CUBLAS_COMPUTE_32F);
     if (b == CUBLAS_STATUS_NOT_SUPPORTED || (b == CUBLAS_STATUS_INVALID_VALUE && !c->strict))
         return moe_fail(MOE_ERR_UNSUPPORTED, "cublasGemmGroupedBatchedEx: %s",
                         moe_cublas_status_str(b));
@@ -47,10 +97,10 @@ enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const int32_t *place,
     /* the fp32 workspaces hold the half buffers: xe (n, D), gate_up (n, 2F)
      * in g (n*F floats = n*2F halves), h (n, F) in u, ye (n, D) in ye */
     void *xe = ws->xe, *gub = ws->g, *h = ws->u, *ye = ws->ye;
-    void **A1 = c->h_ptrs, **B1 = A1 + E, **C1 = B1 + E, **A2 = C1 + E, **B2 = A2 + E, **C2 = B2 + E;
+    void **A1 = c->experts.h_ptrs, **B1 = A1 + E, **C1 = B1 + E, **A2 = C1 + E, **B2 = A2 + E, **C2 = B2 + E;
     int g = 0, r0 = 0;
     for (int e = 0; e < E; e++) {
-        const int cnt = c->h_counts[e];
+        const int cnt = c->experts.h_counts[e];
         if (cnt < 0 || r0 + cnt > n)
             return moe_fail(MOE_ERR_DEVICE, "cuda experts: expert %d has %d rows (of %d)", e, cnt, n);
         const int at = place ? place[e] : e;
@@ -61,14 +111,14 @@ enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const int32_t *place,
             A2[g] = (char *)dn + (size_t)at * D * F * es;
             B2[g] = (char *)h + (size_t)r0 * F * es;
             C2[g] = (char *)ye + (size_t)r0 * D * es;
-            c->g_n[g] = cnt;
+            c->experts.g_n[g] = cnt;
             g++;
         }
         r0 += cnt;
     }
     if (r0 != n) return moe_fail(MOE_ERR_DEVICE, "cuda experts: counts sum to %d, not %d", r0, n);
     /* compact the pointer arrays so each projection's A, B, C are adjacent */
-    void **d1 = c->d_ptrs, **d2 = c->d_ptrs + 3 * (size_t)E;
+    void **d1 = c->experts.d_ptrs, **d2 = c->experts.d_ptrs + 3 * (size_t)E;
     MOE_CUDA_TRY(cudaMemcpyAsync(d1, A1, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
     MOE_CUDA_TRY(cudaMemcpyAsync(d1 + E, B1, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
     MOE_CUDA_TRY(cudaMemcpyAsync(d1 + 2 * E, C1, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
@@ -77,26 +127,26 @@ enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const int32_t *place,
     MOE_CUDA_TRY(cudaMemcpyAsync(d2 + 2 * E, C2, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
     const cudaDataType_t ty = cuda_type(dt);
     for (int i = 0; i < g; i++) {
-        c->g_ta[i] = CUBLAS_OP_T;
-        c->g_tb[i] = CUBLAS_OP_N;
-        c->g_m[i] = 2 * F;
-        c->g_k[i] = D;
-        c->g_lda[i] = D;
-        c->g_ldb[i] = D;
-        c->g_ldc[i] = 2 * F;
-        c->g_size[i] = 1;
-        c->g_alpha[i] = 1.0f;
-        c->g_beta[i] = 0.0f;
+        c->experts.g_ta[i] = CUBLAS_OP_T;
+        c->experts.g_tb[i] = CUBLAS_OP_N;
+        c->experts.g_m[i] = 2 * F;
+        c->experts.g_k[i] = D;
+        c->experts.g_lda[i] = D;
+        c->experts.g_ldb[i] = D;
+        c->experts.g_ldc[i] = 2 * F;
+        c->experts.g_size[i] = 1;
+        c->experts.g_alpha[i] = 1.0f;
+        c->experts.g_beta[i] = 0.0f;
     }
     if (g > 0)
         MOE_TRY(grouped_gemm(c, d1, ty, E, g));
     MOE_TRY(moe_experts_swiglu_half_cuda(c->stream, h, gub, n, F, dt, plan->offsets, E, ex));
     for (int i = 0; i < g; i++) {
-        c->g_m[i] = D;
-        c->g_k[i] = F;
-        c->g_lda[i] = F;
-        c->g_ldb[i] = F;
-        c->g_ldc[i] = D;
+        c->experts.g_m[i] = D;
+        c->experts.g_k[i] = F;
+        c->experts.g_lda[i] = F;
+        c->experts.g_ldb[i] = F;
+        c->experts.g_ldc[i] = D;
     }
     if (g > 0)
         MOE_TRY(grouped_gemm(c, d2, ty, E, g));
@@ -114,7 +164,7 @@ static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const flo
 {
     const int n = T * K;
     MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, dt));
-    MOE_CUDA_TRY(cudaMemcpyAsync(c->h_counts, plan->counts, (size_t)E * sizeof(int32_t),
+    MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     MOE_TRY(moe_cuda_grouped_gemms(c, NULL, gu, dn, dt, plan, ex, ws, n, D, F, E));
@@ -140,7 +190,7 @@ static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const flo
                                        const struct moe_expert_ws *ws, int T, int K, int D, int F,
                                        int E)
 {
-    char *wgu = c->wide, *wdn = wgu + 2 * (size_t)F * D * 2 * E;
+    char *wgu = c->experts.wide, *wdn = wgu + 2 * (size_t)F * D * 2 * E;
     MOE_TRY(moe_experts_widen_cuda(c->stream, wgu, ex->gate[0], ex->dtype, 2 * (size_t)F * E,
                                    (size_t)D, E, plan->counts));
     MOE_TRY(moe_experts_widen_cuda(c->stream, wdn, ex->down[0], ex->dtype, (size_t)D * E, (size_t)F,
@@ -151,11 +201,11 @@ static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const flo
 /* MOERUN_CUDA_EXPERTS=mma: the tensor-core kernels take the steps past
  * the decode kernels' (T > 32) and those of 4 rows an expert on average
  * or more, where the decode kernels read each weight once per tile of 4
- * or 8 rows (untuned: no GPU has run this yet). */
+ * or 8 rows (thresholds not yet measured on a device). */
 bool moe_cuda_experts_mma(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F, int E)
 {
     const bool typed = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16 || moe_dtype_planes(dt);
-    return c->experts_mma && c->mma_tiles && typed && D % 8 == 0 && F % 8 == 0 && T > 1 &&
+    return c->experts.mma && c->experts.mma_tiles && typed && D % 8 == 0 && F % 8 == 0 && T > 1 &&
            (T > SMALL_EXPERT_ROWS || (int64_t)T * K >= 4 * (int64_t)E);
 }
 
@@ -166,16 +216,16 @@ enum moe_status moe_cuda_mma_gemms(struct cuda_ctx *c, const int32_t *wmap, cons
 {
     const enum moe_dtype at = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
     const int n = T * K;
-    if (moe_expert_mma_tile_ints(n, E) > c->mma_tile_ints)
+    if (moe_expert_mma_tile_ints(n, E) > c->experts.mma_tile_ints)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d rows over %d experts, tiles reserved "
                         "for fewer", n, E);
     /* the fp32 workspaces hold the half buffers, as on the grouped path:
      * u (n, F) the activations (gate and up never stored), ye (n, D) */
-    MOE_TRY(moe_experts_mma_tiles_cuda(c->stream, c->mma_tiles, plan, wmap, n, E));
-    c->mma_calls++;
+    MOE_TRY(moe_experts_mma_tiles_cuda(c->stream, c->experts.mma_tiles, plan, wmap, n, E));
+    c->experts.mma_calls++;
     MOE_TRY(moe_experts_mma_gate_up_cuda(c->stream, ws->u, x, plan->perm, K, at, gu, ex->dtype, Ew, F, D,
-                                         c->mma_tiles, n, E, ex));
-    return moe_experts_mma_down_cuda(c->stream, ws->ye, ws->u, at, dn, ex->dtype, Ew, D, F, c->mma_tiles, n,
+                                         c->experts.mma_tiles, n, E, ex));
+    return moe_experts_mma_down_cuda(c->stream, ws->ye, ws->u, at, dn, ex->dtype, Ew, D, F, c->experts.mma_tiles, n,
                                      E);
 }
 
@@ -185,11 +235,11 @@ bool moe_cuda_experts_grouped(const struct cuda_ctx *c, enum moe_dtype dt, int T
     const bool half = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16;
     /* planes: widening a layer costs about what reading its experts 4-5
      * times does, so the device-driven kernels keep them up to 8 rows an
-     * expert on average (untuned: no GPU has run this yet) */
-    const bool planes = moe_dtype_planes(dt) && c->wide &&
-                        moe_cuda_widened_layer_bytes(Ew, D, F) <= c->wide_bytes &&
+     * expert on average (not yet measured on a device) */
+    const bool planes = moe_dtype_planes(dt) && c->experts.wide &&
+                        moe_cuda_widened_layer_bytes(Ew, D, F) <= c->experts.wide_bytes &&
                         (int64_t)T * K > 8 * (int64_t)E;
-    return (half || planes) && T > SMALL_EXPERT_ROWS && E <= c->max_e && !c->no_grouped;
+    return (half || planes) && T > SMALL_EXPERT_ROWS && E <= c->work.max_e && !c->experts.no_grouped;
 }
 
 /* The grouped path could not run: say so once, use the other path. */
@@ -197,18 +247,14 @@ void moe_cuda_no_grouped(struct cuda_ctx *c)
 {
     fprintf(stderr, "moerun: cuda: grouped expert GEMM unavailable (%s); using the "
             "device-driven expert kernels for every step\n", moe_last_error());
-    c->no_grouped = true;
+    c->experts.no_grouped = true;
 }
 
-enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float *x,
-                                    const struct moe_dispatch *plan, const float *w,
-                                    const struct moe_expert_weights *ex,
-                                    const struct moe_expert_ws *ws, int T, int K, int D, int F,
-                                    int E)
+enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float *out, const float *x,
+                                          const struct moe_dispatch *plan, const float *w,
+                                          const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
+                                          int T, int K, int D, int F, int E)
 {
-    struct cuda_ctx *c = ctx_of(be);
-    struct offload_layer *ol = moe_cuda_offloaded(c, ex);
-    if (ol) return moe_cuda_experts_offload(c, ol, out, x, plan, w, ex, ws, T, K, D, F, E);
     const size_t mat = expert_mat_bytes(ex->dtype, F, D);
     const char *gu = ex->gate[0], *dn = ex->down[0];
     for (int e = 0; e < E; e++)
@@ -216,7 +262,7 @@ enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float
             (const char *)ex->up[e] != gu + 2 * mat * e + mat ||
             (const char *)ex->down[e] != dn + mat * e)
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: expert %d is not in the stacked "
-                            "device layout (see prepare_model in backend.h)", e);
+                            "device layout (see backend_cuda_impl.h)", e);
     if (T <= 0) return MOE_OK;
     if (moe_cuda_experts_mma(c, ex->dtype, T, K, D, F, E)) {
         const enum moe_dtype at = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
@@ -231,9 +277,9 @@ enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float
         if (s != MOE_ERR_UNSUPPORTED) return s;
         moe_cuda_no_grouped(c);
     }
-    if (E > c->max_e)
-        return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d experts, %d reserved", E, c->max_e);
-    MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, c->active, NULL, E, gu, dn, ex,
+    if (E > c->work.max_e)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d experts, %d reserved", E, c->work.max_e);
+    MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, c->experts.active, NULL, E, gu, dn, ex,
                                        ex->dtype, T, K, D, F, E));
     return moe_experts_combine_cuda(c->stream, out, ws->ye, MOE_DTYPE_F32, w, plan->pos, T, K, D,
                                     plan->offsets, E, NULL);

@@ -1,7 +1,22 @@
-/* backend_cuda_impl.h - the CUDA backend's private state, shared by
- * runtime/backend/backend_cuda.c (memory, workspaces, ops, graphs) and
- * runtime/backend/backend_cuda_upload.c (weights to the device).  Host C with the
- * CUDA runtime and cuBLAS headers; nothing outside the backend includes it. */
+/* backend_cuda_impl.h - the CUDA backend's private state, in named parts,
+ * and the functions its files share (struct cuda_ctx says which calls
+ * which).  Host C with the CUDA runtime and cuBLAS headers; nothing
+ * outside the backend includes it.
+ *
+ * The weights on the device: prepare_model (backend_cuda_upload.c) uploads
+ * every weight once, in its stored dtype, and rewrites the model's tensor
+ * views in place to device pointers (device = 0).  The experts of a MoE
+ * layer become two stacked device buffers, (E, 2F, D) gate+up (gate rows
+ * first) and (E, D, F) down, whatever the checkpoint layout, and the
+ * expert table is rewritten to point into them: gate[e] = gate[0] +
+ * e*2F*D elements, up[e] = gate[e] + F*D, down[e] = down[0] + e*D*F.
+ * MXFP4 and FP8_B128 experts keep their dtype and each stack is planes
+ * (runtime/core/tensor.h: the values of all its matrices, then their
+ * scales), the table pointing at each matrix's values: gate[e] = gate[0] +
+ * 2e*V bytes, up[e] = gate[e] + V, down[e] = down[0] + e*V, V =
+ * moe_planes_values_bytes(dtype, F, D).  The experts op requires that
+ * layout.  An offloaded layer (struct offload_layer) keeps the same layout
+ * in pinned host memory and in its device slots. */
 #pragma once
 
 #include "attention/attention_cuda.h"
@@ -20,13 +35,6 @@
 #define MAX_GRAPHS 16        /* recorded step graphs kept */
 #define BLAS_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace when graphs are on */
 
-/* A recorded step: the ops of one forward workspace for a step shape. */
-struct step_graph {
-    const void *key;
-    int rows, n_logits;
-    cudaGraphExec_t exec;
-};
-
 enum part { P_EMBED, P_HEAD, P_ATTN, P_NORM, P_DENSE, P_ROUTER, P_EXPERTS, P_SHARED, P_COUNT };
 extern const char *const moe_cuda_part_names[P_COUNT];
 
@@ -36,15 +44,100 @@ struct upload {
     enum moe_dtype dtype; /* on the device (FP8 widened to BF16, or kept as planes) */
 };
 
+/* Device memory the context owns: weight uploads, deduplicated by host
+ * pointer, and further buffers (stacked experts, offload slots), all freed
+ * at destroy; bytes of weights by part of the model. */
+struct cuda_mem {
+    struct upload *up;
+    size_t n_up, cap_up;
+    void **owned;
+    size_t n_owned, cap_owned;
+    size_t part_bytes[P_COUNT];
+};
+
+/* What prepare_model made of the model's weights. */
+struct cuda_weights {
+    bool widened_fp8;        /* FP8_B128 weights (not experts) widened to bf16 */
+    bool mxfp4_experts, fp8_experts; /* such experts kept as planes */
+    bool fp8_dense;          /* FP8 matmul weights kept as planes (cuda_matmul reads them in place) */
+    bool q8_experts, q8_dense; /* experts or matmul weights quantized to Q8_0 planes */
+    int *q8_bad;             /* device int: the quantize kernel's flag (owned) */
+    size_t planes_dense_max; /* the most values of one planes matrix (N x Din) */
+};
+
+/* Workspaces reserve sizes for steps of max_rows rows. */
+struct cuda_work {
+    int max_rows, max_din, max_k, max_e, moe_layers;
+    void *xh;                /* (max_rows, max_din) half GEMM inputs */
+    float *att_ws;           /* split attention partials ... */
+    size_t att_ws_floats;    /* ... of the per-row or MLA kernel, in floats */
+    void *sort_temp;         /* CUB radix sort space */
+    size_t sort_bytes;
+    int32_t *sort_vals, *sort_keys; /* (max_rows * max_k) */
+    uint64_t *d_load, *h_load; /* expert load counters, (moe_layers, max_e), device and pinned */
+    int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
+    void *wide_dense;        /* bf16: a planes matrix widened for a step of many rows */
+    size_t wide_dense_bytes;
+};
+
+/* The expert kernels' state (backend_cuda_experts.c): the cuBLAS grouped
+ * GEMM's parameter arrays, the device-driven kernels' active list, the
+ * tensor-core kernels' tiles and the bf16 buffer planes experts widen into. */
+struct cuda_experts {
+    /* host parameter arrays (max_e each), pinned pointer arrays (6 max_e:
+     * A, B, C of gate_up then of down) and their device copy */
+    int *g_m, *g_n, *g_k, *g_lda, *g_ldb, *g_ldc, *g_size;
+    float *g_alpha, *g_beta;
+    cublasOperation_t *g_ta, *g_tb;
+    int32_t *h_counts;       /* pinned (max_e): a step's rows per expert */
+    void **h_ptrs;           /* pinned (6 max_e) */
+    void **d_ptrs;           /* device (6 max_e) */
+    int32_t *active;         /* device (max_e + 1): the experts with rows (decode path) */
+    /* bf16 (E, 2F, D) + (E, D, F): a layer's MXFP4 / FP8 / Q8_0 experts
+     * widened for the grouped path (reserved for models with such experts) */
+    void *wide;
+    size_t wide_bytes;
+    /* MOE_EXPERT_KERNELS_MMA: the tensor-core expert kernels, their tile
+     * list (moe_expert_mma_tile_ints(max_rows * max_k, max_e) int32s) */
+    bool mma;
+    int32_t *mma_tiles;
+    size_t mma_tile_ints;
+    int64_t mma_calls;       /* runs of them (one per expert call, or per offload round) */
+    bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
+};
+
+/* A recorded step: the ops of one forward workspace for a step shape. */
+struct step_graph {
+    const void *key;
+    int rows, n_logits;
+    cudaGraphExec_t exec;
+};
+
+/* Step graphs (moe_backend_opts.cuda_graphs; backend_cuda_graphs.c):
+ * decode-sized steps recorded once per (workspace, rows, logit rows) and
+ * replayed. */
+struct cuda_graphs {
+    bool on;
+    void *blas_ws;           /* the cuBLAS workspace recorded calls use */
+    struct step_graph list[MAX_GRAPHS];
+    int n, next_evict;
+    struct step_graph pending; /* the step being recorded */
+    int capturing;           /* 1 while recording */
+    int replaying;           /* index + 1 of the graph graph_end launches */
+    int64_t replays;         /* recorded steps replayed so far */
+};
+
 /* A MoE layer whose experts live in pinned host memory, C of them in
- * device slots at a time (moe_offload_opts.gpu_experts; backend_cuda_offload.c).
- * Host stacks and slots have the device layout of a layer's stacks
- * (E experts, resp. C), each expert's share ge + gs bytes of the gate+up
- * stack (values, scales: planes only) and de + ds of the down stack. */
+ * device slots at a time (moe_offload_opts.gpu_experts;
+ * backend_cuda_offload.c).  The layer's expert table holds it as its
+ * backend_layer (model.h), so the experts op knows the layer is offloaded
+ * without a lookup.  Host stacks and slots have the device layout of a
+ * layer's stacks (E experts, resp. C), each expert's share ge + gs bytes
+ * of the gate+up stack (values, scales: planes only) and de + ds of the
+ * down stack. */
 struct offload_layer {
-    const struct moe_expert_weights *ex; /* the model's table: the op's key */
     void *host_gu, *host_dn;   /* pinned (E experts) */
-    void *gu, *dn;             /* device (C slots) */
+    void *gu, *dn;             /* device (C slots; struct cuda_mem's) */
     size_t ge, gs, de, ds;
     int32_t *d_map;            /* device (E): slot of each expert of the round, -1 */
     int32_t *h_map;            /* host (E) */
@@ -77,78 +170,37 @@ struct offload_cpu {
     size_t scratch_bytes;
 };
 
+/* Expert offload (backend_cuda_offload.c). */
+struct cuda_offload {
+    struct moe_offload_opts opts;    /* its warm counts owned here */
+    struct offload_layer **layers;   /* each allocated alone (the tables point at them) */
+    int n, cap;
+    uint64_t bytes_in;               /* bytes of experts copied in so far */
+    size_t host_bytes;               /* the layers' pinned host copies */
+    struct offload_cpu cpu;
+};
+
+/* The CUDA backend's context: one device, one stream, one cuBLAS handle,
+ * and a part per job.  The files that use the parts call each other in one
+ * direction only: backend_cuda.c (the op table, reserve, init and destroy)
+ * calls backend_cuda_upload.c (prepare_model), which calls
+ * backend_cuda_offload.c, which calls backend_cuda_experts.c; each of them
+ * may call backend_cuda_mem.c and backend_cuda_graphs.c, which call none. */
 struct cuda_ctx {
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
-    /* weight uploads (owned device buffers), deduplicated by host pointer */
-    struct upload *up;
-    size_t n_up, cap_up;
-    void **owned;            /* further owned device buffers (stacked experts) */
-    size_t n_owned, cap_owned;
-    size_t part_bytes[P_COUNT];
-    /* workspaces sized by reserve */
-    int max_rows, max_din, max_k, max_e, moe_layers;
-    size_t att_ws_floats;    /* floats of att_ws (split partials of the per-row or MLA kernel) */
-    void *xh;                /* (max_rows, max_din) half GEMM inputs */
-    float *att_ws;           /* split attention partials */
-    void *sort_temp;         /* CUB radix sort space */
-    size_t sort_bytes;
-    int32_t *sort_vals, *sort_keys; /* (max_rows * max_k) */
-    /* grouped expert GEMM: host parameter arrays (E each), pinned pointer
-     * arrays (6E: A, B, C of gate_up then of down) and their device copy */
-    int *g_m, *g_n, *g_k, *g_lda, *g_ldb, *g_ldc, *g_size;
-    float *g_alpha, *g_beta;
-    cublasOperation_t *g_ta, *g_tb;
-    int32_t *h_counts;       /* pinned (E) */
-    void **h_ptrs;           /* pinned (6E) */
-    void **d_ptrs;           /* device (6E) */
-    int32_t *active;         /* device (E + 1): the experts with rows (decode path) */
-    /* expert load counters, (moe_layers, E) uint64 */
-    uint64_t *d_load, *h_load;
-    /* bf16 (E, 2F, D) + (E, D, F): a layer's MXFP4 / FP8 / Q8_0 experts widened
-     * for the grouped path (reserved for models with such experts) */
-    void *wide;
-    size_t wide_bytes;
-    /* MOE_EXPERT_KERNELS_MMA: the tensor-core expert kernels, their tile
-     * list (moe_expert_mma_tile_ints(max_rows * max_k, max_e) int32s) */
-    bool experts_mma;
-    int32_t *mma_tiles;
-    size_t mma_tile_ints;
-    int64_t mma_calls;       /* runs of them (one per expert call, or per offload round) */
-    int dispatch_ordinal;    /* MoE layer of the next dispatch in this step */
-    bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
     bool strict;             /* no fallback on an invalid value (moe_backend_opts.cuda_strict) */
     bool prefill_rows;       /* per-row kernel for prefill too (MOE_PREFILL_ATTN_ROWS) */
     bool prefill_mma;        /* tensor cores where they apply (MOE_PREFILL_ATTN_MMA) */
     enum moe_cpu_isa cpu_isa; /* kernel set of experts computed on the CPU (offload) */
     int mla_max_dh;          /* largest head dim the MLA attention kernel may run (shared memory) */
-    /* step graphs (moe_backend_opts.cuda_graphs): decode-sized steps are recorded
-     * once per (workspace, rows, logit rows) and replayed */
-    bool graphs_on;
-    void *blas_ws;
-    struct step_graph graphs[MAX_GRAPHS];
-    int n_graphs, next_evict;
-    struct step_graph pending; /* the step being recorded */
-    int capturing;           /* 1 while recording */
-    int replaying;           /* index + 1 of the graph graph_end launches */
-    int64_t replays;         /* recorded steps replayed so far */
-    bool widened_fp8;       /* prepare_model widened FP8_B128 weights (not experts) to bf16 */
-    bool mxfp4_experts, fp8_experts; /* ... kept such experts as planes */
-    bool fp8_dense;          /* ... and FP8 matmul weights (cuda_matmul reads them in place) */
-    bool q8_experts, q8_dense; /* ... quantized experts or matmul weights to Q8_0 planes */
-    int *q8_bad;             /* device int: the quantize kernel's flag (owned) */
-    size_t planes_dense_max; /* ... the most values of one (N x Din) */
-    /* expert offload (moe_backend_opts.offload; its warm counts owned here)
-     * and the layers whose experts are not all resident */
-    struct moe_offload_opts offload;
-    struct offload_layer *off;
-    int n_off, cap_off;
-    uint64_t off_bytes;      /* bytes of experts copied in so far */
-    struct offload_cpu cpu;
-    size_t host_expert_bytes; /* their pinned host copies */
-    void *wide_dense;        /* bf16: a planes matrix widened for a step of many rows */
-    size_t wide_dense_bytes;
+    struct cuda_mem mem;
+    struct cuda_weights weights;
+    struct cuda_work work;
+    struct cuda_experts experts;
+    struct cuda_graphs graphs;
+    struct cuda_offload off;
 };
 
 static inline struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
@@ -158,16 +210,45 @@ static inline cudaDataType_t cuda_type(enum moe_dtype t)
     return t == MOE_DTYPE_BF16 ? CUDA_R_16BF : t == MOE_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-/* Bytes of bf16 a layer's E experts of D x F widen to (3 matrices each),
- * or 0 on overflow (backend_cuda_experts.c). */
-size_t moe_cuda_widened_layer_bytes(int E, int D, int F);
-/* The experts op (backend.h), backend_cuda_experts.c. */
-MOE_MUST_USE enum moe_status moe_cuda_experts(struct moe_backend *be, float *out, const float *x,
-                                              const struct moe_dispatch *plan, const float *w,
-                                              const struct moe_expert_weights *ex,
-                                              const struct moe_expert_ws *ws, int T, int K, int D, int F,
-                                              int E);
+/* ---- backend_cuda_mem.c: device memory the context owns ---- */
 
+/* Records a device buffer freed at destroy. */
+MOE_MUST_USE enum moe_status moe_cuda_mem_keep(struct cuda_mem *m, void *p);
+/* A new device buffer of bytes (at least 1), freed at destroy. */
+MOE_MUST_USE enum moe_status moe_cuda_mem_buffer(struct cuda_mem *m, size_t bytes, void **out);
+void moe_cuda_mem_free(struct cuda_mem *m);
+
+/* ---- backend_cuda_graphs.c: step graphs ---- */
+
+/* on: step graphs wanted; their cuBLAS calls get a workspace of their own. */
+MOE_MUST_USE enum moe_status moe_cuda_graphs_init(struct cuda_graphs *g, cublasHandle_t blas, bool on);
+/* The graph_begin and graph_end ops (backend.h) on stream s, for a step
+ * the caller found recordable. */
+MOE_MUST_USE enum moe_status moe_cuda_graphs_begin(struct cuda_graphs *g, cudaStream_t s, const void *key,
+                                                   int rows, int n_logits, bool *replay);
+MOE_MUST_USE enum moe_status moe_cuda_graphs_end(struct cuda_graphs *g, cudaStream_t s, bool ok);
+/* Retires every recorded step (they hold buffer addresses: called when any
+ * buffer is freed). */
+void moe_cuda_graphs_drop(struct cuda_graphs *g);
+/* Drops them and frees the workspace: after the cuBLAS handle is gone. */
+void moe_cuda_graphs_free(struct cuda_graphs *g);
+
+/* ---- backend_cuda_experts.c: the resident experts and the expert kernels ---- */
+
+/* Bytes of bf16 a layer's E experts of D x F widen to (3 matrices each),
+ * or 0 on overflow. */
+size_t moe_cuda_widened_layer_bytes(int E, int D, int F);
+/* The expert kernels' buffers for steps of up to n routed rows over E
+ * experts, with wide bytes to widen planes experts into (0: none). */
+MOE_MUST_USE enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_t wide);
+void moe_cuda_experts_free(struct cuda_experts *x);
+/* The experts op (backend.h) for a layer whose experts are all resident,
+ * stacked as prepare_model lays them out. */
+MOE_MUST_USE enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float *out, const float *x,
+                                                       const struct moe_dispatch *plan, const float *w,
+                                                       const struct moe_expert_weights *ex,
+                                                       const struct moe_expert_ws *ws, int T, int K, int D,
+                                                       int F, int E);
 /* The path the experts op takes for a step of T rows over E experts whose
  * weights stack Ew (E, or an offloaded layer's slots): the cuBLAS grouped
  * GEMMs (true) or the device-driven kernels. */
@@ -190,43 +271,44 @@ MOE_MUST_USE enum moe_status moe_cuda_mma_gemms(struct cuda_ctx *c, const int32_
  * stderr; the device-driven kernels take every later step. */
 void moe_cuda_no_grouped(struct cuda_ctx *c);
 /* The grouped GEMMs of a step, its rows gathered in xe (ws->xe, half) and
- * its counts in c->h_counts: the experts e with rows and place[e] >= 0
- * (place NULL: every expert with rows, at place e) multiply their rows by
- * their weights at that place of the stacks gu, dn (dt F16 or BF16), the
- * results in ws->ye (half).  MOE_ERR_UNSUPPORTED: cuBLAS refused. */
+ * its counts in c->experts.h_counts: the experts e with rows and place[e]
+ * >= 0 (place NULL: every expert with rows, at place e) multiply their
+ * rows by their weights at that place of the stacks gu, dn (dt F16 or
+ * BF16), the results in ws->ye (half).  MOE_ERR_UNSUPPORTED: cuBLAS
+ * refused. */
 MOE_MUST_USE enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const int32_t *place,
                                                     const void *gu, const void *dn, enum moe_dtype dt,
                                                     const struct moe_dispatch *plan,
                                                     const struct moe_expert_weights *ex,
                                                     const struct moe_expert_ws *ws, int n, int D, int F,
                                                     int E);
-/* The layer of ex when its experts are offloaded, else NULL. */
-struct offload_layer *moe_cuda_offloaded(struct cuda_ctx *c, const struct moe_expert_weights *ex);
+
+/* ---- backend_cuda_offload.c: expert offload ---- */
+
 /* Moves a layer's stacks, built in the device buffers gu and dn for E
  * experts with the shares ge, gs, de, ds of struct offload_layer, to
- * pinned host memory, and gives the layer C < E device slots (policy LFU
- * or LRU; warm (E) or NULL: the layer's routed counts in earlier
- * statistics, whose most loaded experts are copied in at once). */
+ * pinned host memory, gives the layer C < E device slots (policy LFU or
+ * LRU; warm (E) or NULL: the layer's routed counts in earlier statistics,
+ * whose most loaded experts are copied in at once), and makes it ex's
+ * backend_layer. */
 MOE_MUST_USE enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_weights *ex,
                                                     int C, bool lfu, const double *warm, int E, int D,
                                                     int F, const void *gu, const void *dn, size_t ge,
                                                     size_t gs, size_t de, size_t ds);
 /* reserve's part for offloaded layers: the buffers of struct offload_cpu
- * for steps of up to n routed rows, when R > 0 and a layer is offloaded. */
-MOE_MUST_USE enum moe_status moe_cuda_offload_reserve(struct cuda_ctx *c, int R, int n);
-/* The experts op for an offloaded layer (see moe_cuda_experts). */
-MOE_MUST_USE enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_layer *ol,
+ * for steps of up to n routed rows, when opts.cpu_rows > 0 and a layer is
+ * offloaded. */
+MOE_MUST_USE enum moe_status moe_cuda_offload_reserve(struct cuda_ctx *c, int n);
+/* The experts op (backend.h) for the offloaded layer ol. */
+MOE_MUST_USE enum moe_status moe_cuda_offload_experts(struct cuda_ctx *c, struct offload_layer *ol,
                                                       float *out, const float *x,
                                                       const struct moe_dispatch *plan, const float *w,
                                                       const struct moe_expert_weights *ex,
                                                       const struct moe_expert_ws *ws, int T, int K,
                                                       int D, int F, int E);
-/* Drops the offload state keyed by ex, if any: a layer of a model freed
- * since, whose table address a new model reuses. */
-void moe_cuda_offload_forget(struct cuda_ctx *c, const struct moe_expert_weights *ex);
-void moe_cuda_offload_free(struct cuda_ctx *c);
+void moe_cuda_offload_free(struct cuda_offload *o);
 
-/* Records a device buffer the context frees at destroy. */
-MOE_MUST_USE enum moe_status moe_cuda_keep_owned(struct cuda_ctx *c, void *p);
-/* prepare_model: uploads every weight once (see backend.h). */
+/* ---- backend_cuda_upload.c ---- */
+
+/* prepare_model: uploads every weight once (see the top of this file). */
 MOE_MUST_USE enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model *m);

@@ -10,7 +10,11 @@
  * a missed expert with at most R rows in the step is not copied in: the
  * CPU multiplies its rows by the host copy (moe_experts_ffn_stacks_cpu)
  * while the device runs the resident experts, and the results join the
- * device's before the combine.  See docs/cuda.md, "Expert offload". */
+ * device's before the combine.  The layer's expert table holds its
+ * struct offload_layer (backend_layer); layers live until the backend is
+ * freed, those of a model freed before it too.  Calls
+ * backend_cuda_experts.c and backend_cuda_mem.c.  See docs/cuda.md,
+ * "Expert offload". */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,16 +22,11 @@
 
 #include "runtime/backend/backend_cuda_impl.h"
 
-struct offload_layer *moe_cuda_offloaded(struct cuda_ctx *c, const struct moe_expert_weights *ex)
-{
-    for (int i = 0; i < c->n_off; i++)
-        if (c->off[i].ex == ex) return &c->off[i];
-    return NULL;
-}
-
-/* Releases a layer's host memory (its device slots are the context's). */
+/* Releases a layer and its host memory (its device slots are struct
+ * cuda_mem's). */
 static void layer_free(struct offload_layer *ol)
 {
+    if (!ol) return;
     cudaFreeHost(ol->host_gu);
     cudaFreeHost(ol->host_dn);
     free(ol->h_map);
@@ -36,16 +35,7 @@ static void layer_free(struct offload_layer *ol)
     free(ol->loaded);
     free(ol->h_bias);
     moe_expert_cache_free(&ol->cache);
-    memset(ol, 0, sizeof *ol);
-}
-
-void moe_cuda_offload_forget(struct cuda_ctx *c, const struct moe_expert_weights *ex)
-{
-    struct offload_layer *ol = moe_cuda_offloaded(c, ex);
-    if (ol) {
-        layer_free(ol);
-        *ol = c->off[--c->n_off];
-    }
+    free(ol);
 }
 
 static void cpu_free(struct offload_cpu *p)
@@ -63,33 +53,34 @@ static void cpu_free(struct offload_cpu *p)
     memset(p, 0, sizeof *p);
 }
 
-void moe_cuda_offload_free(struct cuda_ctx *c)
+void moe_cuda_offload_free(struct cuda_offload *o)
 {
-    for (int i = 0; i < c->n_off; i++) layer_free(&c->off[i]);
-    free(c->off);
-    c->off = NULL;
-    c->n_off = c->cap_off = 0;
-    cpu_free(&c->cpu);
+    for (int i = 0; i < o->n; i++) layer_free(o->layers[i]);
+    free(o->layers);
+    free((double *)o->opts.warm);
+    cpu_free(&o->cpu);
+    memset(o, 0, sizeof *o);
 }
 
-enum moe_status moe_cuda_offload_reserve(struct cuda_ctx *c, int R, int n)
+enum moe_status moe_cuda_offload_reserve(struct cuda_ctx *c, int n)
 {
-    struct offload_cpu *p = &c->cpu;
-    if (R <= 0 || c->n_off == 0) return MOE_OK;
+    struct offload_cpu *p = &c->off.cpu;
+    const int R = c->off.opts.cpu_rows;
+    if (R <= 0 || c->off.n == 0) return MOE_OK;
     /* the largest layer: rows a step may send to the CPU (at most R for
      * each of E experts, at most the n routed), the scratch for them */
     int E = 0, D = 0, rows = 0;
     size_t scratch = 0;
     const int threads = omp_get_max_threads();
-    for (int i = 0; i < c->n_off; i++) {
-        const struct moe_expert_stacks *h = &c->off[i].host;
+    for (int i = 0; i < c->off.n; i++) {
+        const struct moe_expert_stacks *h = &c->off.layers[i]->host;
         const long long r = (long long)h->E * R < n ? (long long)h->E * R : n;
         E = h->E > E ? h->E : E;
         D = h->D > D ? h->D : D;
         rows = r > rows ? (int)r : rows;
     }
-    for (int i = 0; i < c->n_off; i++) {
-        const size_t b = moe_experts_stacks_scratch_bytes(&c->off[i].host, rows, threads);
+    for (int i = 0; i < c->off.n; i++) {
+        const size_t b = moe_experts_stacks_scratch_bytes(&c->off.layers[i]->host, rows, threads);
         if (!b) return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: CPU scratch for %d rows overflows", rows);
         scratch = b > scratch ? b : scratch;
     }
@@ -119,18 +110,6 @@ enum moe_status moe_cuda_offload_reserve(struct cuda_ctx *c, int R, int n)
     p->threads = threads, p->scratch_bytes = scratch;
     p->isa = c->cpu_isa;
     return MOE_OK;
-}
-
-/* A device buffer the context frees at destroy. */
-static enum moe_status owned_buffer(struct cuda_ctx *c, size_t bytes, void **out)
-{
-    MOE_CUDA_TRY(cudaMalloc(out, bytes ? bytes : 1));
-    enum moe_status s = moe_cuda_keep_owned(c, *out);
-    if (s != MOE_OK) {
-        cudaFree(*out);
-        *out = NULL;
-    }
-    return s;
 }
 
 static enum moe_status load_expert(struct cuda_ctx *c, const struct offload_layer *ol, int e, int s);
@@ -173,20 +152,23 @@ enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_wei
     const size_t hg = shares((size_t)E, ge, gs), hd = shares((size_t)E, de, ds);
     if (C < 1 || C >= E || !hg || !hd)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: %d slots for %d experts", C, E);
-    if (c->n_off == c->cap_off) {
-        int n = c->cap_off ? 2 * c->cap_off : 16;
-        struct offload_layer *p = realloc(c->off, (size_t)n * sizeof *p);
+    struct cuda_offload *o = &c->off;
+    if (o->n == o->cap) {
+        int n = o->cap ? 2 * o->cap : 16;
+        struct offload_layer **p = realloc(o->layers, (size_t)n * sizeof *p);
         if (!p) return moe_fail(MOE_ERR_NOMEM, "cuda offload: layer table");
-        c->off = p;
-        c->cap_off = n;
+        o->layers = p;
+        o->cap = n;
     }
-    struct offload_layer *ol = &c->off[c->n_off];
-    memset(ol, 0, sizeof *ol);
-    ol->ex = ex;
+    struct offload_layer *ol = calloc(1, sizeof *ol);
+    if (!ol) return moe_fail(MOE_ERR_NOMEM, "cuda offload: a layer");
     ol->ge = ge, ol->gs = gs, ol->de = de, ol->ds = ds;
     enum moe_status s = moe_expert_cache_init(&ol->cache, E, C, lfu);
-    if (s != MOE_OK) return s;
-    c->n_off++; /* from here moe_cuda_offload_free releases what the layer holds */
+    if (s != MOE_OK) {
+        free(ol);
+        return s;
+    }
+    o->layers[o->n++] = ol; /* from here moe_cuda_offload_free releases what the layer holds */
     ol->h_map = malloc((size_t)E * sizeof *ol->h_map);
     ol->order = malloc((size_t)E * sizeof *ol->order);
     ol->slot = malloc((size_t)E * sizeof *ol->slot);
@@ -205,21 +187,23 @@ enum moe_status moe_cuda_offload_layer(struct cuda_ctx *c, struct moe_expert_wei
     ol->host = (struct moe_expert_stacks){.dtype = ex->dtype, .gu = ol->host_gu, .dn = ol->host_dn, .E = E,
                                           .D = D, .F = F, .alpha = ex->alpha, .limit = ex->limit};
     MOE_TRY(host_biases(ol, ex, E, D, F));
-    MOE_TRY(owned_buffer(c, shares((size_t)C, ge, gs), &ol->gu));
-    MOE_TRY(owned_buffer(c, shares((size_t)C, de, ds), &ol->dn));
-    MOE_TRY(owned_buffer(c, (size_t)E * sizeof(int32_t), (void **)&ol->d_map));
-    /* the table points at the slots; only this file reads them */
+    MOE_TRY(moe_cuda_mem_buffer(&c->mem, shares((size_t)C, ge, gs), &ol->gu));
+    MOE_TRY(moe_cuda_mem_buffer(&c->mem, shares((size_t)C, de, ds), &ol->dn));
+    MOE_TRY(moe_cuda_mem_buffer(&c->mem, (size_t)E * sizeof(int32_t), (void **)&ol->d_map));
+    /* the table points at the slots and holds the layer; only this file
+     * reads either */
     for (int e = 0; e < E; e++) {
         ex->gate[e] = ex->up[e] = ol->gu;
         ex->down[e] = ol->dn;
     }
-    c->part_bytes[P_EXPERTS] += shares((size_t)C, ge, gs) + shares((size_t)C, de, ds);
-    c->host_expert_bytes += hg + hd;
+    ex->backend_layer = ol;
+    c->mem.part_bytes[P_EXPERTS] += shares((size_t)C, ge, gs) + shares((size_t)C, de, ds);
+    c->off.host_bytes += hg + hd;
     if (warm) { /* the most loaded experts copied in now, not counted as step traffic */
-        const uint64_t before = c->off_bytes;
+        const uint64_t before = c->off.bytes_in;
         const int n = moe_expert_cache_warm(&ol->cache, warm);
         for (int i = 0; i < n; i++) MOE_TRY(load_expert(c, ol, ol->cache.owner[i], i));
-        c->off_bytes = before;
+        c->off.bytes_in = before;
     }
     return MOE_OK;
 }
@@ -238,7 +222,7 @@ static enum moe_status load_expert(struct cuda_ctx *c, const struct offload_laye
     if (ol->ds)
         MOE_CUDA_TRY(cudaMemcpyAsync(d + C * ol->de + s * ol->ds, hd + E * ol->de + e * ol->ds, ol->ds,
                                      cudaMemcpyHostToDevice, c->stream));
-    c->off_bytes += ol->ge + ol->gs + ol->de + ol->ds;
+    c->off.bytes_in += ol->ge + ol->gs + ol->de + ol->ds;
     return MOE_OK;
 }
 
@@ -255,7 +239,7 @@ static enum moe_status check_counts(const int32_t *counts, int E, int n)
     return MOE_OK;
 }
 
-/* The three ways through a step's experts (see moe_cuda_experts). */
+/* The three ways through a step's experts (see moe_cuda_experts_resident). */
 enum expert_path { PATH_KERNELS, PATH_CUBLAS, PATH_MMA };
 
 /* One round over the experts ol->h_map places: the device-driven kernels,
@@ -272,14 +256,14 @@ static enum moe_status run_round(struct cuda_ctx *c, struct offload_layer *ol, e
                                      cudaMemcpyHostToDevice, c->stream));
         if (path == PATH_MMA)
             return moe_cuda_mma_gemms(c, ol->d_map, ol->gu, ol->dn, C, x, plan, ex, ws, T, K, D, F, E);
-        return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, c->active, ol->d_map, C,
+        return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, c->experts.active, ol->d_map, C,
                                           ol->gu, ol->dn, ex, ex->dtype, T, K, D, F, E);
     }
     if (ex->dtype == MOE_DTYPE_BF16 || ex->dtype == MOE_DTYPE_F16)
         return moe_cuda_grouped_gemms(c, ol->h_map, ol->gu, ol->dn, ex->dtype, plan, ex, ws, T * K, D,
                                       F, E);
     /* MXFP4 / FP8 / Q8_0 planes: the C slots widened to bf16, at their slots */
-    char *wgu = c->wide, *wdn = wgu + 2 * (size_t)F * D * 2 * C;
+    char *wgu = c->experts.wide, *wdn = wgu + 2 * (size_t)F * D * 2 * C;
     MOE_TRY(moe_experts_widen_cuda(c->stream, wgu, ol->gu, ex->dtype, 2 * (size_t)F * C, (size_t)D, C,
                                    NULL));
     MOE_TRY(moe_experts_widen_cuda(c->stream, wdn, ol->dn, ex->dtype, (size_t)D * C, (size_t)F, C, NULL));
@@ -293,8 +277,8 @@ static enum moe_status run_round(struct cuda_ctx *c, struct offload_layer *ol, e
 static enum moe_status cpu_split(struct cuda_ctx *c, const struct offload_layer *ol, const float *x, int K,
                                  int D, int *n_cpu, int *rows)
 {
-    struct offload_cpu *p = &c->cpu;
-    const int32_t *counts = c->h_counts;
+    struct offload_cpu *p = &c->off.cpu;
+    const int32_t *counts = c->experts.h_counts;
     const int E = ol->cache.E, n = moe_expert_cache_split(&ol->cache, counts, p->R, p->gpu_counts, p->list);
     int r = 0;
     for (int i = 0; i < n; i++) r += counts[p->list[i]];
@@ -325,10 +309,10 @@ static enum moe_status cpu_split(struct cuda_ctx *c, const struct offload_layer 
 static enum moe_status cpu_experts(struct cuda_ctx *c, struct offload_layer *ol, const struct moe_expert_ws *ws,
                                    enum moe_dtype ydt, int n_cpu, int rows, int D)
 {
-    struct offload_cpu *p = &c->cpu;
+    struct offload_cpu *p = &c->off.cpu;
     MOE_CUDA_TRY(cudaEventSynchronize(p->x_ready));
     const bool half = ydt != MOE_DTYPE_F32;
-    moe_experts_ffn_stacks_cpu(p->isa, p->h_y, p->h_x, c->h_counts, p->list, n_cpu, &ol->host, !half,
+    moe_experts_ffn_stacks_cpu(p->isa, p->h_y, p->h_x, c->experts.h_counts, p->list, n_cpu, &ol->host, !half,
                                p->threads, p->scratch);
     if (half) moe_convert_from_f32(p->h_yh, p->h_y, ydt, (size_t)rows * D);
     const size_t es = moe_dtype_size(ydt), row = (size_t)D * es;
@@ -336,23 +320,23 @@ static enum moe_status cpu_experts(struct cuda_ctx *c, struct offload_layer *ol,
     for (int i = 0, at = 0; i < n_cpu; i++) {
         const int e = p->list[i];
         MOE_CUDA_TRY(cudaMemcpyAsync((char *)ws->ye + (size_t)p->off[e] * row, src + (size_t)at * row,
-                                     (size_t)c->h_counts[e] * row, cudaMemcpyHostToDevice, c->stream));
-        at += c->h_counts[e];
+                                     (size_t)c->experts.h_counts[e] * row, cudaMemcpyHostToDevice, c->stream));
+        at += c->experts.h_counts[e];
     }
     ol->cpu_uses += n_cpu;
     ol->cpu_rows += rows;
     return MOE_OK;
 }
 
-enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_layer *ol, float *out,
+enum moe_status moe_cuda_offload_experts(struct cuda_ctx *c, struct offload_layer *ol, float *out,
                                          const float *x, const struct moe_dispatch *plan, const float *w,
                                          const struct moe_expert_weights *ex,
                                          const struct moe_expert_ws *ws, int T, int K, int D, int F,
                                          int E)
 {
-    if (E != ol->cache.E || E > c->max_e)
+    if (E != ol->cache.E || E > c->work.max_e)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d experts (layer of %d, %d reserved)", E,
-                        ol->cache.E, c->max_e);
+                        ol->cache.E, c->work.max_e);
     if (T <= 0) return MOE_OK;
     const int n = T * K, C = ol->cache.C;
     const enum expert_path path = moe_cuda_experts_mma(c, ex->dtype, T, K, D, F, E) ? PATH_MMA
@@ -362,21 +346,21 @@ enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_laye
     const enum moe_dtype ydt = grouped ? (ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16)
                                        : MOE_DTYPE_F32;
     /* reserved: some misses may run on the CPU */
-    const bool hybrid = c->cpu.R > 0 && c->cpu.h_perm;
-    if (hybrid && n > c->cpu.n_perm)
-        return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: %d routed rows, %d reserved", n, c->cpu.n_perm);
+    const bool hybrid = c->off.cpu.R > 0 && c->off.cpu.h_perm;
+    if (hybrid && n > c->off.cpu.n_perm)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: %d routed rows, %d reserved", n, c->off.cpu.n_perm);
     if (path == PATH_CUBLAS) /* the tensor-core kernels read x through perm */
         MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt));
-    MOE_CUDA_TRY(cudaMemcpyAsync(c->h_counts, plan->counts, (size_t)E * sizeof(int32_t),
+    MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream));
     if (hybrid)
-        MOE_CUDA_TRY(cudaMemcpyAsync(c->cpu.h_perm, plan->perm, (size_t)n * sizeof(int32_t),
+        MOE_CUDA_TRY(cudaMemcpyAsync(c->off.cpu.h_perm, plan->perm, (size_t)n * sizeof(int32_t),
                                      cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
-    MOE_TRY(check_counts(c->h_counts, E, n));
+    MOE_TRY(check_counts(c->experts.h_counts, E, n));
     int n_cpu = 0, cpu_rows = 0;
     if (hybrid) MOE_TRY(cpu_split(c, ol, x, K, D, &n_cpu, &cpu_rows));
-    const int m = moe_expert_cache_order(&ol->cache, n_cpu ? c->cpu.gpu_counts : c->h_counts, ol->order);
+    const int m = moe_expert_cache_order(&ol->cache, n_cpu ? c->off.cpu.gpu_counts : c->experts.h_counts, ol->order);
     ol->steps++;
     ol->grouped_steps += grouped;
     for (int next = 0, round = 0; next < m; round++) {
@@ -397,7 +381,7 @@ enum moe_status moe_cuda_experts_offload(struct cuda_ctx *c, struct offload_laye
              * later ones, on the device-driven kernels (this step's uses
              * are counted twice) */
             moe_cuda_no_grouped(c);
-            return moe_cuda_experts_offload(c, ol, out, x, plan, w, ex, ws, T, K, D, F, E);
+            return moe_cuda_offload_experts(c, ol, out, x, plan, w, ex, ws, T, K, D, F, E);
         }
         MOE_TRY(s);
     }

@@ -15,14 +15,7 @@
 
 static enum moe_status dev_buffer(struct moe_backend *be, size_t bytes, void **out)
 {
-    struct cuda_ctx *c = ctx_of(be);
-    MOE_CUDA_TRY(cudaMalloc(out, bytes ? bytes : 1));
-    enum moe_status s = moe_cuda_keep_owned(c, *out);
-    if (s != MOE_OK) {
-        cudaFree(*out);
-        *out = NULL;
-    }
-    return s;
+    return moe_cuda_mem_buffer(&ctx_of(be)->mem, bytes, out);
 }
 
 /* Index of the checkpoint tensor whose data is p (deferred synthetic
@@ -61,7 +54,7 @@ static enum moe_status upload_fp8_view(struct moe_backend *be, struct moe_tensor
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(c->stream);
     cudaFree(stage);
     if (s == MOE_OK && ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
-    c->widened_fp8 = true;
+    c->weights.widened_fp8 = true;
     return s;
 }
 
@@ -83,8 +76,8 @@ static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_ten
     }
     free(h);
     struct cuda_ctx *c = ctx_of(be);
-    c->fp8_dense = true;
-    if (N * K > c->planes_dense_max) c->planes_dense_max = N * K;
+    c->weights.fp8_dense = true;
+    if (N * K > c->weights.planes_dense_max) c->weights.planes_dense_max = N * K;
     return s;
 }
 
@@ -104,11 +97,11 @@ static enum moe_status q8_from_stage(struct moe_backend *be, void *dst, const vo
                                      size_t n, const char *what)
 {
     struct cuda_ctx *c = ctx_of(be);
-    if (!c->q8_bad) MOE_TRY(dev_buffer(be, sizeof(int), (void **)&c->q8_bad));
+    if (!c->weights.q8_bad) MOE_TRY(dev_buffer(be, sizeof(int), (void **)&c->weights.q8_bad));
     int bad = 0;
-    MOE_CUDA_TRY(cudaMemsetAsync(c->q8_bad, 0, sizeof(int), c->stream));
-    MOE_TRY(moe_ops_quantize_q8_0_cuda(c->stream, dst, stage, dt, n, c->q8_bad));
-    MOE_CUDA_TRY(cudaMemcpyAsync(&bad, c->q8_bad, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaMemsetAsync(c->weights.q8_bad, 0, sizeof(int), c->stream));
+    MOE_TRY(moe_ops_quantize_q8_0_cuda(c->stream, dst, stage, dt, n, c->weights.q8_bad));
+    MOE_CUDA_TRY(cudaMemcpyAsync(&bad, c->weights.q8_bad, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     if (bad)
         return moe_fail(MOE_ERR_FORMAT, "--quantize q8_0: %s holds a value that is not finite (or one "
@@ -140,8 +133,8 @@ static enum moe_status upload_q8_view(struct moe_backend *be, const struct moe_m
     else snprintf(what, sizeof what, "a (%zu, %zu) weight of layer %d", N, K, layer);
     if (s == MOE_OK) s = q8_from_stage(be, *out, stage, t->dtype, n, what);
     cudaFree(stage);
-    c->q8_dense = true;
-    if (N * K > c->planes_dense_max) c->planes_dense_max = N * K;
+    c->weights.q8_dense = true;
+    if (N * K > c->weights.planes_dense_max) c->weights.planes_dense_max = N * K;
     return s;
 }
 
@@ -156,11 +149,11 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
     struct cuda_ctx *c = ctx_of(be);
     if (!t->data || t->device >= 0) return MOE_OK;
     const bool q8 = planes && t->ndim == 2 && q8_quantizable(be, t->dtype, t->shape[1]);
-    for (size_t i = 0; i < c->n_up; i++)
-        if (c->up[i].host == t->data && (c->up[i].dtype == MOE_DTYPE_Q8_0) == q8) {
-            t->data = c->up[i].dev;
+    for (size_t i = 0; i < c->mem.n_up; i++)
+        if (c->mem.up[i].host == t->data && (c->mem.up[i].dtype == MOE_DTYPE_Q8_0) == q8) {
+            t->data = c->mem.up[i].dev;
             t->device = c->device;
-            t->dtype = c->up[i].dtype;
+            t->dtype = c->mem.up[i].dtype;
             return MOE_OK;
         }
     int64_t n = moe_tensor_numel(t);
@@ -182,15 +175,15 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
         if (m->weights_deferred) MOE_TRY(synth_view(be, m, d, t->data, t->dtype, (size_t)n));
         else MOE_CUDA_TRY(cudaMemcpy(d, t->data, bytes, cudaMemcpyHostToDevice));
     }
-    if (c->n_up == c->cap_up) {
-        size_t m = c->cap_up ? 2 * c->cap_up : 256;
-        struct upload *u = realloc(c->up, m * sizeof *u);
+    if (c->mem.n_up == c->mem.cap_up) {
+        size_t m = c->mem.cap_up ? 2 * c->mem.cap_up : 256;
+        struct upload *u = realloc(c->mem.up, m * sizeof *u);
         if (!u) return moe_fail(MOE_ERR_NOMEM, "cuda backend: upload table");
-        c->up = u;
-        c->cap_up = m;
+        c->mem.up = u;
+        c->mem.cap_up = m;
     }
-    c->up[c->n_up++] = (struct upload){t->data, d, t->dtype};
-    c->part_bytes[part] += bytes;
+    c->mem.up[c->mem.n_up++] = (struct upload){t->data, d, t->dtype};
+    c->mem.part_bytes[part] += bytes;
     t->data = d;
     t->device = c->device;
     return MOE_OK;
@@ -278,7 +271,7 @@ static enum moe_status q8_experts(struct moe_backend *be, const struct moe_model
     cudaFree(sd);
     if (s == MOE_OK) {
         x->dtype = MOE_DTYPE_Q8_0;
-        ctx_of(be)->q8_experts = true;
+        ctx_of(be)->weights.q8_experts = true;
     }
     return s;
 }
@@ -309,9 +302,8 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     const size_t dn_bytes = gu_bytes / 2;
     /* offload (moe_offload_opts.gpu_experts below E): the stacks are built here, then
      * moved to host memory */
-    const struct moe_offload_opts *oo = &c->offload;
+    const struct moe_offload_opts *oo = &c->off.opts;
     const bool off = oo->gpu_experts > 0 && oo->gpu_experts < E;
-    moe_cuda_offload_forget(c, x); /* a freed model's layer at this address */
     void *gu, *dn;
     if (off) {
         MOE_CUDA_TRY(cudaMalloc(&gu, gu_bytes));
@@ -339,7 +331,7 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
         x->up[e] = (const char *)gu + 2 * mat * e + mat;
         x->down[e] = (const char *)dn + mat * e;
     }
-    c->part_bytes[P_EXPERTS] += gu_bytes + dn_bytes;
+    c->mem.part_bytes[P_EXPERTS] += gu_bytes + dn_bytes;
     return MOE_OK;
 }
 
@@ -367,11 +359,11 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
         const int sc = moe_synth_mxfp4_scale(m->synth_std);
         MOE_CUDA_TRY(cudaMemsetAsync((char *)gu + gv, sc, gu_bytes - gv, c->stream));
         MOE_CUDA_TRY(cudaMemsetAsync((char *)dn + dv, sc, dn_bytes - dv, c->stream));
-        c->mxfp4_experts = true;
+        c->weights.mxfp4_experts = true;
     } else if (planes) {
         MOE_TRY(planes_experts(be, x, E, D, F, gu, dn));
-        if (x->dtype == MOE_DTYPE_MXFP4) c->mxfp4_experts = true;
-        else c->fp8_experts = true;
+        if (x->dtype == MOE_DTYPE_MXFP4) c->weights.mxfp4_experts = true;
+        else c->weights.fp8_experts = true;
     } else if (m->weights_deferred) {
         /* synth.c makes gate_up_proj (E, 2F, D) and down_proj (E, D, F)
          * tensors: the device layout, value for value */
@@ -422,7 +414,7 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda backend: the model's weights were repacked or "
                             "quantized for a CPU backend; load it again for this one");
     /* --gpu-experts-warm: statistics of this model's MoE layers and experts */
-    const struct moe_offload_opts *oo = &c->offload;
+    const struct moe_offload_opts *oo = &c->off.opts;
     const bool offload = oo->gpu_experts > 0 && oo->gpu_experts < cfg->n_experts;
     const int n_moe = moe_config_moe_layers(cfg);
     if (offload && oo->warm && (oo->warm_layers != n_moe || oo->warm_e != cfg->n_experts))
@@ -432,10 +424,10 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     int moe_layer = 0;
     /* deduplicate within this model only: a later model's host data may
      * reuse an earlier one's (freed) addresses */
-    c->n_up = 0;
-    c->widened_fp8 = c->mxfp4_experts = c->fp8_experts = c->fp8_dense = c->q8_experts = c->q8_dense = false;
-    c->planes_dense_max = 0;
-    memset(c->part_bytes, 0, sizeof c->part_bytes);
+    c->mem.n_up = 0;
+    c->weights.widened_fp8 = c->weights.mxfp4_experts = c->weights.fp8_experts = c->weights.fp8_dense = c->weights.q8_experts = c->weights.q8_dense = false;
+    c->weights.planes_dense_max = 0;
+    memset(c->mem.part_bytes, 0, sizeof c->mem.part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
     /* the LM head: quantized under --quantize q8_0 (tied: a copy of its
      * own, the embedding stays as stored) */
@@ -477,27 +469,27 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     char line[512];
     int off = 0;
     for (int p = 0; p < P_COUNT; p++) {
-        all += c->part_bytes[p];
-        if (c->part_bytes[p] && off < (int)sizeof line)
+        all += c->mem.part_bytes[p];
+        if (c->mem.part_bytes[p] && off < (int)sizeof line)
             off += snprintf(line + off, sizeof line - (size_t)off, " %s %.2f", moe_cuda_part_names[p],
-                            c->part_bytes[p] / 1073741824.0);
+                            c->mem.part_bytes[p] / 1073741824.0);
     }
     fprintf(stderr, "moerun: cuda: weights resident %.2f GiB (%s ) free %.2f of %.2f GiB\n",
             all / 1073741824.0, line, fr / 1073741824.0, tot / 1073741824.0);
-    if (c->n_off)
+    if (c->off.n)
         fprintf(stderr, "moerun: cuda: experts offloaded: %d of %d per MoE layer in device slots, all of "
                 "them in %.2f GiB of pinned host memory, copied in when routed to (%d layers)%s\n",
-                oo->gpu_experts, cfg->n_experts, c->host_expert_bytes / 1073741824.0, c->n_off,
+                oo->gpu_experts, cfg->n_experts, c->off.host_bytes / 1073741824.0, c->off.n,
                 oo->cpu_rows > 0 ? "; missed experts with few rows computed on the CPU" : "");
-    if (c->mxfp4_experts || c->fp8_experts || c->fp8_dense)
+    if (c->weights.mxfp4_experts || c->weights.fp8_experts || c->weights.fp8_dense)
         fprintf(stderr, "moerun: cuda: %s%s%s%s resident as stored, read in place\n",
-                c->mxfp4_experts ? "MXFP4 experts" : "", c->mxfp4_experts && c->fp8_experts ? ", " : "",
-                c->fp8_experts ? "FP8 experts" : "",
-                c->fp8_dense ? (c->mxfp4_experts || c->fp8_experts ? ", FP8 projections" : "FP8 projections") : "");
-    if (c->q8_experts || c->q8_dense)
+                c->weights.mxfp4_experts ? "MXFP4 experts" : "", c->weights.mxfp4_experts && c->weights.fp8_experts ? ", " : "",
+                c->weights.fp8_experts ? "FP8 experts" : "",
+                c->weights.fp8_dense ? (c->weights.mxfp4_experts || c->weights.fp8_experts ? ", FP8 projections" : "FP8 projections") : "");
+    if (c->weights.q8_experts || c->weights.q8_dense)
         fprintf(stderr, "moerun: cuda: %s quantized to Q8_0 on the device (--quantize q8_0), read in place\n",
-                c->q8_experts && c->q8_dense ? "experts and projections" : c->q8_experts ? "experts" : "projections");
-    if (c->widened_fp8)
+                c->weights.q8_experts && c->weights.q8_dense ? "experts and projections" : c->weights.q8_experts ? "experts" : "projections");
+    if (c->weights.widened_fp8)
         fprintf(stderr, "moerun: cuda: other FP8 weights widened to bf16 at upload (each rounded once: "
                 "1.9x their bytes)\n");
     return MOE_OK;

@@ -1,5 +1,6 @@
-/* backend_impl.h - the backends' constructors behind moe_backend_init and
- * the shorthands of backend.h (o NULL: the defaults). */
+/* backend_impl.h - the backends' constructors behind moe_backend_init
+ * (backend.c, which calls them with options, never NULL; they call nothing
+ * of backend.c back). */
 #pragma once
 
 #include <stdbool.h>

@@ -33,6 +33,11 @@ struct moe_expert_weights {
     /* The activation, from the configuration (swiglu_alpha, swiglu_limit):
      * 0, 0 for silu(g) * u, else the clamped gpt-oss form (config.h). */
     float alpha, limit;
+    /* The layer's state in the backend that prepared the model (set by its
+     * prepare_model, owned by that backend; NULL: none).  The CUDA backend
+     * puts an offloaded layer's slots here, so its experts op knows where
+     * the layer's experts are without a lookup. */
+    void *backend_layer;
 };
 
 struct moe_layer_weights {
