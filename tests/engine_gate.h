@@ -67,7 +67,11 @@ static inline void gate_set_pc(uintptr_t pc)
     cr_assert_eq(ptrace(PTRACE_SETREGSET, gate.tid, (void *)NT_PRSTATUS, &io), 0);
 }
 #else
-#define GATE_UNSUPPORTED 1
+#define GATE_UNSUPPORTED 1 /* gate_arm skips the test */
+#define GATE_PC_AFTER_TRAP 0
+static inline long gate_patched(long w) { return w; }
+static inline uintptr_t gate_pc(void) { return 0; }
+static inline void gate_set_pc(uintptr_t pc) { (void)pc; }
 #endif
 
 /* The next stop of the traced thread (waits up to 120 s); its status. */
