@@ -3,11 +3,11 @@
  *
  * Threads.  libmicrohttpd runs one thread per connection; those threads only
  * parse, validate, tokenize and enqueue (server_api.c).  One engine thread
- * (server_engine.c) owns the engine: it drains the submission queue, steps,
- * turns tokens into text (stop strings included) and writes each job's
- * response bytes - SSE events or the final JSON body - into the job's
- * buffer.  The connection thread's content reader (server.c) copies those
- * bytes out, waiting on the job's condition variable; while it waits it
+ * (server_engine.c, named "moerun-engine") owns the engine: it drains the
+ * submission queue, steps, turns tokens into text (stop strings included) and
+ * writes each job's response bytes - SSE events or the final JSON body - into
+ * the job's buffer.  The connection thread's content reader (server.c) copies
+ * those bytes out, waiting on the job's condition variable; while it waits it
  * sends keep-alive bytes (an SSE comment, or JSON whitespace) so that a
  * client that hung up is noticed, and when the response is destroyed before
  * the job is done the job is marked abandoned and the engine thread cancels

@@ -573,6 +573,7 @@ static bool any_expert_load(const struct srv *s)
 static void *engine_main(void *arg)
 {
     struct srv *s = arg;
+    pthread_setname_np(pthread_self(), "moerun-engine"); /* ps -L, top -H, gdb, /proc/PID/task */
 #ifdef _OPENMP
     /* OpenMP's thread count is per thread: the backend sized its per-thread
      * scratch for the count set in the thread that created it */
