@@ -790,6 +790,12 @@ static const struct op_case cases[] = {
     /* kv_store + attention: every cache dtype, GQA and MQA, windows, sinks, MLA */
     {"attention", run_attention, F32, .H = 6, .Hkv = 2, .Dh = 20, .n_seqs = 3, .ctx = {1, 17, 41}, .rows = {1, 1, 1}},
     {"attention", run_attention, F32, .H = 6, .Hkv = 2, .Dh = 20, .n_seqs = 2, .ctx = {17, 70}, .rows = {17, 48}},
+    {"attention", run_attention, F32, .H = 6, .Hkv = 2, .Dh = 20, .window = 7, .n_seqs = 2, .ctx = {41, 3},
+     .rows = {41, 3}, .flags = WINDOW},
+    {"attention", run_attention, F32, .H = 6, .Hkv = 2, .Dh = 20, .window = 7, .n_seqs = 2, .ctx = {41, 3},
+     .rows = {41, 3}, .flags = WINDOW | SINKS},
+    {"attention", run_attention, F32, .H = 6, .Hkv = 2, .Dh = 20, .n_seqs = 2, .ctx = {41, 3}, .rows = {41, 3},
+     .flags = SINKS},
     {"attention", run_attention, BF16, .H = 5, .Hkv = 1, .Dh = 36, .window = 7, .n_seqs = 1, .ctx = {65},
      .rows = {65}, .flags = WINDOW | SINKS},
     {"attention", run_attention, F16, .H = 8, .Hkv = 2, .Dh = 64, .n_seqs = 2, .ctx = {3, 100}, .rows = {3, 1}},
@@ -822,6 +828,13 @@ static const struct op_case cases[] = {
     {"experts", run_experts, BF16, .T = 17, .K = 1, .E = 5, .D = 37, .F = 21, .flags = HOT},
     {"experts", run_experts, BF16, .T = 17, .K = 3, .E = 7, .D = 64, .F = 32, .flags = GPT_OSS},
     {"experts", run_experts, F32, .T = 1, .K = 2, .E = 8, .D = 64, .F = 32, .flags = GPT_OSS},
+    {"experts", run_experts, F32, .T = 65, .K = 3, .E = 11, .D = 19, .F = 45}, /* many rows, idle experts */
+    {"experts", run_experts, F32, .T = 17, .K = 1, .E = 5, .D = 40, .F = 33, .flags = HOT},
+    {"experts", run_experts, F16, .T = 5, .K = 4, .E = 16, .D = 64, .F = 100, .flags = HOT},
+    {"experts", run_experts, F16, .T = 65, .K = 3, .E = 11, .D = 40, .F = 48, .flags = GPT_OSS},
+    {"experts", run_experts, BF16, .T = 1, .K = 2, .E = 8, .D = 38, .F = 22},
+    {"experts", run_experts, BF16, .T = 5, .K = 4, .E = 16, .D = 64, .F = 100},
+    {"experts", run_experts, BF16, .T = 130, .K = 2, .E = 3, .D = 256, .F = 96}, /* ~87 rows an expert */
     {"experts", run_experts, MXFP4, .T = 17, .K = 3, .E = 7, .D = 64, .F = 96, .flags = GPT_OSS},
     {"experts", run_experts, MXFP4, .T = 1, .K = 3, .E = 5, .D = 96, .F = 32},
     {"experts", run_experts, FP8, .T = 17, .K = 2, .E = 5, .D = 128, .F = 128},
