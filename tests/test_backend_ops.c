@@ -834,6 +834,7 @@ static const struct op_case cases[] = {
     {"experts", run_experts, F16, .T = 65, .K = 3, .E = 11, .D = 40, .F = 48, .flags = GPT_OSS},
     {"experts", run_experts, BF16, .T = 1, .K = 2, .E = 8, .D = 38, .F = 22},
     {"experts", run_experts, BF16, .T = 5, .K = 4, .E = 16, .D = 64, .F = 100},
+    {"experts", run_experts, BF16, .T = 9, .K = 1, .E = 5, .D = 40, .F = 34, .flags = HOT},
     {"experts", run_experts, BF16, .T = 130, .K = 2, .E = 3, .D = 256, .F = 96}, /* ~87 rows an expert */
     {"experts", run_experts, MXFP4, .T = 17, .K = 3, .E = 7, .D = 64, .F = 96, .flags = GPT_OSS},
     {"experts", run_experts, MXFP4, .T = 1, .K = 3, .E = 5, .D = 96, .F = 32},
