@@ -43,10 +43,11 @@ struct tol {
 static const struct tol EXACT = {0, 0};
 
 /* Weights the cases hand over in Q8_0 are quantized weights as --quantize
- * q8_0 makes them, so every backend is told so before it sizes its
- * workspaces (CUDA reserves its Q8_0 widening buffers by it).  The one
- * place the test sets the quantization knob. */
-static void use_q8_0_weights(struct moe_backend *be) { be->quant = MOE_QUANT_Q8_0; }
+ * q8_0 makes them, so each backend under test is opened with that option
+ * (CUDA's reserve sizes its Q8_0 widening buffers by it; a CPU backend
+ * reads it only at prepare_model, of a model with no weights here).  The
+ * one place the test sets the quantization knob. */
+static void use_q8_0_weights(struct moe_backend_opts *o) { o->quant = MOE_QUANT_Q8_0; }
 
 /* ---- memory of one case ---- */
 

@@ -28,6 +28,7 @@
 
 #include "attention/attention.h"
 #include "router/router.h"
+#include "runtime/cli/cli_common.h"
 #include "runtime/core/argmax.h"
 #include "runtime/model/synth.h"
 
@@ -893,7 +894,6 @@ static void open_ref(struct side *s)
 {
     *s = (struct side){.label = "cpu-ref"};
     cr_assert_eq(moe_backend_cpu_init(&s->be, 0), MOE_OK, "%s", moe_last_error());
-    use_q8_0_weights(&s->be);
     side_reserve(s);
 }
 
@@ -920,9 +920,9 @@ static void check_cpu(enum moe_cpu_isa isa, bool panels)
     moe_backend_opts_defaults(&o);
     o.cpu_isa_max = isa;
     o.cpu_panels = panels;
+    use_q8_0_weights(&o);
     cr_assert_eq(moe_backend_init(&tg.be, "cpu", &o), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(moe_backend_cpu_isa(&tg.be), (int)isa);
-    use_q8_0_weights(&tg.be);
     snprintf(tg.label, sizeof tg.label, "cpu %s%s", moe_cpu_isa_name(isa), panels ? " panels" : "");
     tg.panels = panels && isa != MOE_CPU_ISA_REF;
     side_reserve(&tg);
@@ -938,15 +938,18 @@ Test(backend_ops, cpu_avx512) { check_cpu(MOE_CPU_ISA_AVX512, false); }
 Test(backend_ops, cpu_avx512_panels) { check_cpu(MOE_CPU_ISA_AVX512, true); }
 
 /* CUDA, opened in the forked test (never in Criterion's parent) with the
- * options the environment gives the program (tu_backend_init). */
+ * options the environment gives the program (moe_cli_backend_opts, as
+ * tu_backend_init). */
 TestSuite(backend_ops_cuda, .init = tu_need_cuda_device);
 
 Test(backend_ops_cuda, cuda)
 {
     struct side ref, tg = {.label = "cuda", .cuda = true};
     open_ref(&ref);
-    cr_assert_eq(tu_backend_init(&tg.be, "cuda"), MOE_OK, "%s", moe_last_error());
-    use_q8_0_weights(&tg.be);
+    struct moe_backend_opts o;
+    moe_cli_backend_opts(&o, 0);
+    use_q8_0_weights(&o);
+    cr_assert_eq(moe_backend_init(&tg.be, "cuda", &o), MOE_OK, "%s", moe_last_error());
     side_reserve(&tg);
     walk_cases(&ref, &tg);
     moe_backend_free(&tg.be);
