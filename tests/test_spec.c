@@ -4,7 +4,8 @@
  * speculation on and off, for K = 1, 2, 4, 8, on the synthetic model, every
  * fixture family and the demo model; batched with sampled requests, under
  * preemption, with prefix sharing, with stop ids and stops from the
- * caller.  The CPU backends are row-independent (docs/ARCHITECTURE.md), so
+ * caller; the suite spec_fp8 runs the synthetic tests over an fp8 KV
+ * cache.  The CPU backends are row-independent (docs/ARCHITECTURE.md), so
  * a verification row's logits are a decode row's, bit for bit: equality is
  * exact, no tolerance.  Prompts repeat text, so the n-gram proposer's
  * drafts are accepted; every run ends with every KV block free and only
@@ -20,13 +21,20 @@
 #include "tests/testutil.h"
 
 static struct moe_backend be;
+static enum moe_dtype kv_dtype = MOE_DTYPE_F32;
 
 static void setup_ref(void) { cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK); }
 static void setup_fast(void) { cr_assert_eq(moe_backend_cpu_fast_init(&be, 1), MOE_OK); }
+static void setup_fp8(void)
+{
+    kv_dtype = MOE_DTYPE_F8E4M3; /* rows quantize one token at a time */
+    setup_ref();
+}
 static void teardown(void) { moe_backend_free(&be); }
 
 TestSuite(spec, .init = setup_ref, .fini = teardown);
 TestSuite(spec_fast, .init = setup_fast, .fini = teardown);
+TestSuite(spec_fp8, .init = setup_fp8, .fini = teardown);
 
 static void synthetic_model(struct moe_model *m)
 {
@@ -50,13 +58,15 @@ static void synthetic_model(struct moe_model *m)
 struct job {
     int32_t prompt[MAXP];
     int n, arrive;
-    int32_t stop_token; /* >= 0: the caller stops the request when it sees it (a stop string) */
+    int stop_at; /* >= 0: the caller stops the request at this output token (a stop string) */
+    bool cuts_run; /* stop_at is a token a speculative run emitted with the next one */
     struct moe_request_params p;
 };
 
 struct result {
     int32_t out[MAXO];
     struct moe_sample s[MAXO];
+    uint64_t step[MAXO]; /* the engine step that emitted each token */
     int n, last_step_tokens;
     uint64_t step_of_last;
     enum moe_finish finish;
@@ -79,7 +89,8 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     if (cur->e.n.steps == res->step_of_last) res->last_step_tokens++;
     else res->last_step_tokens = 1;
     res->step_of_last = cur->e.n.steps;
-    if (!finished && token == j->stop_token) moe_engine_stop(&cur->e, r);
+    res->step[r->n_tokens - r->n_prompt - 1] = cur->e.n.steps;
+    if (!finished && r->n_tokens - r->n_prompt - 1 == j->stop_at) moe_engine_stop(&cur->e, r);
 }
 
 /* Every cached block holds B tokens of some request's verified tokens (those
@@ -202,7 +213,7 @@ static void make_jobs(struct job *jobs, int nj, int vocab, uint64_t seed)
         }
         j->n = n;
         j->arrive = (int)(tu_rand_u64(&seed) % 6);
-        j->stop_token = -1;
+        j->stop_at = -1;
         j->p.max_tokens = 8 + (int)(tu_rand_u64(&seed) % (MAXO - 8));
         moe_sampling_defaults(&j->p.sampling);
         j->p.sampling.seed = 1000 + (uint64_t)i;
@@ -218,18 +229,39 @@ static void make_jobs(struct job *jobs, int nj, int vocab, uint64_t seed)
     }
 }
 
-/* Stops inside the outputs of a run without them: job 3i ends at an id it
- * emits halfway (an EOS), job 3i + 1 is stopped by the caller a third of
- * the way (a stop string). */
+/* The first output token that came as an accepted draft (emitted in the
+ * same step as the next one), or -1. */
+static int first_accepted_draft(const struct result *res)
+{
+    for (int k = 0; k + 1 < res->n; k++)
+        if (res->step[k] == res->step[k + 1]) return k;
+    return -1;
+}
+
+/* Stops inside the outputs of a speculative run without them.  A job
+ * with an accepted draft stops there: even jobs at its id (an EOS; it
+ * fires where the id first appears), odd ones by the caller at that token
+ * (a stop string seen there, inside an accepted run: in a run whose drafts
+ * no budget or pool limit shortens, a request's verification runs depend
+ * on its tokens alone, so the same run is cut).  Of the others, job
+ * 3i ends at the id it emits halfway, job 3i + 1 is stopped by the caller
+ * a third of the way. */
 static void add_stops(struct job *jobs, int nj, const struct result *res)
 {
     for (int i = 0; i < nj; i++) {
         if (res[i].n < 3) continue;
-        if (i % 3 == 0) {
+        int k = first_accepted_draft(&res[i]);
+        if (k >= 0 && i % 2 == 0) {
+            jobs[i].p.stop_ids[0] = res[i].out[k];
+            jobs[i].p.n_stop_ids = 1;
+        } else if (k >= 0) {
+            jobs[i].stop_at = k;
+            jobs[i].cuts_run = true;
+        } else if (i % 3 == 0) {
             jobs[i].p.stop_ids[0] = res[i].out[res[i].n / 2];
             jobs[i].p.n_stop_ids = 1;
         } else if (i % 3 == 1) {
-            jobs[i].stop_token = res[i].out[res[i].n / 3];
+            jobs[i].stop_at = res[i].n / 3;
         }
     }
 }
@@ -238,12 +270,12 @@ static struct moe_engine_opts opts(int n_blocks, int batch_tokens, bool prefix)
 {
     return (struct moe_engine_opts){.max_batch_tokens = batch_tokens, .max_seqs = 8,
                                     .block_size = 4, .n_blocks = n_blocks,
-                                    .kv_dtype = MOE_DTYPE_F32, .prefix_cache = prefix};
+                                    .kv_dtype = kv_dtype, .prefix_cache = prefix};
 }
 
 struct totals {
     uint64_t accepted, drafted, preemptions, prefix_hits;
-    int stops_in_accepted_run; /* requests whose stop id came with an accepted draft */
+    int stops_in_accepted_run; /* caller stops that cut a verification run */
 };
 
 /* Serves the jobs without speculation, then with it for K = 1, 2, 4, 8:
@@ -277,36 +309,40 @@ static struct totals spec_matches_plain(const struct moe_model *m, struct job *j
         t.preemptions += n.preemptions;
         t.prefix_hits += n.prefix_hit_tokens;
         for (int j = 0; j < nj; j++)
-            if (spec[j].finish == MOE_FINISH_STOP && jobs[j].p.n_stop_ids > 0 &&
-                spec[j].last_step_tokens > 1)
+            if (jobs[j].cuts_run && spec[j].finish == MOE_FINISH_STOP &&
+                spec[j].n == jobs[j].stop_at + 1)
                 t.stops_in_accepted_run++;
     }
     return t;
 }
 
 /* The synthetic model, batched requests of every kind, then again with
- * stop ids and caller stops inside their outputs. */
+ * stop ids (among them accepted drafts) and caller stops inside their
+ * outputs. */
 static void synthetic_matches_plain(void)
 {
     struct moe_model m;
     synthetic_model(&m);
     static struct job jobs[12];
-    static struct result plain[12];
+    static struct result spec[12];
     make_jobs(jobs, 12, 97, 5);
-    struct moe_engine_opts o = opts(256, 64, false);
+    struct moe_engine_opts o = opts(256, 1024, false);
     struct totals t = spec_matches_plain(&m, jobs, 12, o, "synthetic");
     cr_assert(t.accepted > 0, "repeated text gets drafts accepted");
-    serve(&m, jobs, 12, &o, plain);
-    add_stops(jobs, 12, plain);
+    struct moe_engine_opts so = o;
+    so.spec = (struct moe_spec_opts){.kind = MOE_SPEC_NGRAM, .tokens = 4};
+    serve(&m, jobs, 12, &so, spec);
+    add_stops(jobs, 12, spec);
     t = spec_matches_plain(&m, jobs, 12, o, "synthetic, stops");
-    cr_assert(t.stops_in_accepted_run > 0, "a stop id came inside an accepted run");
+    cr_assert(t.stops_in_accepted_run > 0, "a stop cut an accepted run");
     moe_model_free(&m);
 }
 Test(spec, synthetic_greedy_matches_plain) { synthetic_matches_plain(); }
 Test(spec_fast, synthetic_greedy_matches_plain) { synthetic_matches_plain(); }
+Test(spec_fp8, synthetic_greedy_matches_plain) { synthetic_matches_plain(); }
 
 /* A 24-block pool: requests are preempted and recomputed. */
-Test(spec, preemption_matches_plain)
+static void preemption_matches_plain(void)
 {
     struct moe_model m;
     synthetic_model(&m);
@@ -317,10 +353,25 @@ Test(spec, preemption_matches_plain)
     cr_assert(t.accepted > 0);
     moe_model_free(&m);
 }
+Test(spec, preemption_matches_plain) { preemption_matches_plain(); }
+Test(spec_fp8, preemption_matches_plain) { preemption_matches_plain(); }
+
+/* A step budget of 6 rows for 8 sequences: drafts are cut to what is left
+ * of it, and prefill chunks share steps with verification chunks. */
+Test(spec, tight_budget_matches_plain)
+{
+    struct moe_model m;
+    synthetic_model(&m);
+    static struct job jobs[12];
+    make_jobs(jobs, 12, 97, 11);
+    struct totals t = spec_matches_plain(&m, jobs, 12, opts(256, 6, false), "budget 6");
+    cr_assert(t.accepted > 0);
+    moe_model_free(&m);
+}
 
 /* Pairs of requests share their prompts' first half; the prefix cache is
  * on, and the serve() check finds only verified tokens in it. */
-Test(spec, prefix_sharing_matches_plain)
+static void prefix_sharing_matches_plain(void)
 {
     struct moe_model m;
     synthetic_model(&m);
@@ -336,6 +387,8 @@ Test(spec, prefix_sharing_matches_plain)
     cr_assert(t.accepted > 0);
     moe_model_free(&m);
 }
+Test(spec, prefix_sharing_matches_plain) { prefix_sharing_matches_plain(); }
+Test(spec_fp8, prefix_sharing_matches_plain) { prefix_sharing_matches_plain(); }
 
 static void families_match_plain(void)
 {
