@@ -230,8 +230,15 @@ void moe_kvcache_release_block(struct moe_kvcache *kv, int32_t block)
 {
     MOE_ASSERT(block >= 0 && block < kv->n_blocks && kv->blocks[block].refcount > 0);
     if (--kv->blocks[block].refcount > 0) return;
-    if (kv->blocks[block].cached) lru_push(kv, block);
-    else kv->free_list[kv->n_free++] = block;
+    if (kv->blocks[block].cached) {
+        lru_push(kv, block);
+    } else {
+        /* an uncached block may still be the parent of cached children (it
+         * duplicated a chain block already cached, so cache_block kept it
+         * out); a new generation keeps them from matching its next content */
+        kv->blocks[block].gen++;
+        kv->free_list[kv->n_free++] = block;
+    }
 }
 
 int moe_kvcache_available(const struct moe_kvcache *kv) { return kv->n_free + kv->n_evictable; }

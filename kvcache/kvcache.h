@@ -10,8 +10,8 @@
  * the chain of blocks block by block and shares them instead of recomputing.
  * Lookups compare the parent and all B tokens exactly, so no hash collision
  * can hand one request another's cache; a block's generation changes when it
- * is evicted, so children registered under an evicted parent never match
- * again.  A cached block whose count drops to zero is kept, evictable, on an
+ * is evicted or freed, so children registered under an evicted parent, or
+ * under a block that was never cached itself, never match again.  A cached block whose count drops to zero is kept, evictable, on an
  * LRU list; allocation takes free blocks first and evicts the least recently
  * used cached block only when none is left.
  *
@@ -54,7 +54,7 @@ extern "C" {
 
 struct moe_kv_block {
     int32_t refcount;
-    uint32_t gen;          /* changes at each eviction */
+    uint32_t gen;          /* changes at each eviction and each return to the free list */
     bool cached;           /* registered in the prefix index */
     int32_t parent;        /* key: previous block of the chain, -1 for the first */
     uint32_t parent_gen;

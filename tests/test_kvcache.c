@@ -95,6 +95,32 @@ Test(kvcache, prefix_chain_lookup_and_lru_eviction)
     moe_kvcache_free(&kv);
 }
 
+/* A block that duplicates a cached chain block is not cached itself, but a
+ * sequence still registers its next block under it.  Once it is freed and
+ * reused for other tokens, that child must not match under it. */
+Test(kvcache, child_of_a_freed_uncached_block_never_matches)
+{
+    struct moe_kvcache kv;
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, 4, 2, MOE_DTYPE_F32, true), MOE_OK);
+    const int32_t t1[2] = {1, 2}, t2[2] = {3, 4}, t3[2] = {5, 6};
+    int32_t a, dup, child, again;
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &a), MOE_OK);
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &dup), MOE_OK);
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &child), MOE_OK);
+    moe_kvcache_cache_block(&kv, a, -1, t1);
+    moe_kvcache_cache_block(&kv, dup, -1, t1); /* the same chain block: dup stays uncached */
+    cr_assert(!kv.blocks[dup].cached);
+    moe_kvcache_cache_block(&kv, child, dup, t2);
+    cr_assert(kv.blocks[child].cached);
+    moe_kvcache_release_block(&kv, dup);
+    cr_assert_eq(moe_kvcache_alloc_block(&kv, &again), MOE_OK);
+    cr_assert_eq(again, dup, "the freed block is reused");
+    moe_kvcache_cache_block(&kv, again, -1, t3);
+    cr_assert_eq(moe_kvcache_lookup(&kv, again, t2), -1,
+                 "a child of the block's earlier content is not found under its new content");
+    moe_kvcache_free(&kv);
+}
+
 /* Many random cache/evict cycles: every block the index holds is found by
  * its key, and nothing else is (checks backward-shift deletion). */
 Test(kvcache, index_survives_random_churn)

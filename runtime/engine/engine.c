@@ -6,6 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/engine/spec_ngram.h"
+
 const char *moe_finish_name(enum moe_finish f)
 {
     switch (f) {
@@ -52,6 +54,27 @@ static void push_front(struct moe_request **head, struct moe_request **tail, str
     *head = r;
 }
 
+/* Fills the defaults of the speculation settings and checks them. */
+static enum moe_status spec_resolve(struct moe_spec_opts *p)
+{
+    if (p->kind == MOE_SPEC_NONE) return MOE_OK;
+    if (p->kind != MOE_SPEC_NGRAM)
+        return moe_fail(MOE_ERR_INVALID_ARG, "engine: unknown speculation proposer %d", (int)p->kind);
+    if (p->tokens == 0) p->tokens = 4;
+    if (p->ngram_max == 0) p->ngram_max = 3;
+    if (p->ngram_min == 0) p->ngram_min = 1;
+    if (p->tokens < 1 || p->tokens > MOE_SPEC_MAX_TOKENS)
+        return moe_fail(MOE_ERR_INVALID_ARG, "engine: %d speculative tokens (1 to %d)", p->tokens,
+                        MOE_SPEC_MAX_TOKENS);
+    if (p->ngram_min < 1 || p->ngram_max < p->ngram_min)
+        return moe_fail(MOE_ERR_INVALID_ARG, "engine: n-gram sizes %d..%d (need 1 <= min <= max)",
+                        p->ngram_min, p->ngram_max);
+    if (p->max_batch < 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "engine: speculation max batch %d is negative",
+                        p->max_batch);
+    return MOE_OK;
+}
+
 enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
                                 struct moe_backend *be, const struct moe_engine_opts *o)
 {
@@ -60,10 +83,19 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
         return moe_fail(MOE_ERR_INVALID_ARG, "engine: max batch tokens and sequences must be positive");
     e->m = m;
     e->o = *o;
+    MOE_TRY(spec_resolve(&e->o.spec));
     e->clock = mono_clock;
     e->next_id = 1;
+    /* a verification chunk has a logits row per token: at most every row
+     * of a step, and K + 1 per sequence */
+    int max_logits = o->max_seqs;
+    if (e->o.spec.kind != MOE_SPEC_NONE) {
+        int64_t all = (int64_t)o->max_seqs * (e->o.spec.tokens + 1);
+        max_logits = (int)(all < o->max_batch_tokens ? all : o->max_batch_tokens);
+        if (max_logits < o->max_seqs) max_logits = o->max_seqs;
+    }
     struct moe_runner_opts ro = {
-        .max_tokens = o->max_batch_tokens, .max_seqs = o->max_seqs, .max_logits = o->max_seqs,
+        .max_tokens = o->max_batch_tokens, .max_seqs = o->max_seqs, .max_logits = max_logits,
         .block_size = o->block_size, .n_blocks = o->n_blocks, .kv_dtype = o->kv_dtype,
         .kv_dtype_set = true, .prefix_cache = o->prefix_cache};
     enum moe_status s;
@@ -71,9 +103,10 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
     if ((s = moe_sampler_scratch_init(&e->scratch, m->cfg.vocab)) != MOE_OK) goto fail;
     e->chunks = calloc((size_t)o->max_seqs, sizeof *e->chunks);
     e->sched = calloc((size_t)o->max_seqs, sizeof *e->sched);
-    e->logits = malloc((size_t)o->max_seqs * (size_t)m->cfg.vocab * sizeof(float));
-    e->ids = malloc((size_t)o->max_seqs * sizeof *e->ids);
-    if (!e->chunks || !e->sched || !e->logits || !e->ids) {
+    e->drafted = calloc((size_t)o->max_seqs, sizeof *e->drafted);
+    e->logits = malloc((size_t)max_logits * (size_t)m->cfg.vocab * sizeof(float));
+    e->ids = malloc((size_t)max_logits * sizeof *e->ids);
+    if (!e->chunks || !e->sched || !e->drafted || !e->logits || !e->ids) {
         s = moe_fail(MOE_ERR_NOMEM, "engine: step buffers");
         goto fail;
     }
@@ -107,6 +140,7 @@ void moe_engine_free(struct moe_engine *e)
     moe_sampler_scratch_free(&e->scratch);
     free(e->chunks);
     free(e->sched);
+    free(e->drafted);
     free(e->logits);
     free(e->ids);
     memset(e, 0, sizeof *e);
@@ -285,19 +319,19 @@ static bool is_stop(const struct moe_request *r, int32_t t)
     return false;
 }
 
-/* Samples r's next token from its logits row c of the step: the backend's
+/* Samples r's next token from logits row `row` of the step: the backend's
  * argmax for plain greedy requests, the sampler on the host otherwise. */
-static void sample(struct moe_engine *e, struct moe_request *r, int c)
+static void sample(struct moe_engine *e, struct moe_request *r, int row)
 {
     const int V = e->m->cfg.vocab;
     int g = r->n_tokens - r->n_prompt;
     struct moe_sample *s = &r->samples[g];
     if (moe_sampling_is_argmax(&r->params.sampling)) {
         memset(s, 0, sizeof *s);
-        s->token = e->ids[c];
+        s->token = e->ids[row];
         s->logprob = NAN; /* not asked for, not computed */
     } else {
-        moe_sampler_sample(&r->params.sampling, &r->rng, e->logits + (size_t)c * V, V, r->tokens,
+        moe_sampler_sample(&r->params.sampling, &r->rng, e->logits + (size_t)row * V, V, r->tokens,
                            r->n_prompt, r->n_tokens, &e->scratch, s);
     }
     double now = e->clock();
@@ -312,23 +346,53 @@ static void sample(struct moe_engine *e, struct moe_request *r, int c)
     if (e->on_token) e->on_token(r->user, r, s->token, why != MOE_FINISH_NONE);
 }
 
-enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
+/* Checks the d tokens drafted after r's last token against the target's
+ * tokens of rows row .. row + d of the step: each drafted token is kept
+ * while it equals the target's token of the row before it, then the
+ * target's own token is emitted.  Each emitted token goes through sample()
+ * (timing, samples, stop ids, max_tokens, callback) exactly as one decode
+ * step's would.  Then the cache is rolled back to the verified tokens. */
+static void verify(struct moe_engine *e, struct moe_request *r, int row, int d)
+{
+    int accepted = 0;
+    for (int i = 0; i <= d; i++) {
+        /* sample() overwrites the drafted token with the emitted one */
+        int32_t drafted = i < d ? r->tokens[r->n_tokens] : -1;
+        sample(e, r, row + i);
+        bool kept = i < d && r->tokens[r->n_tokens - 1] == drafted;
+        if (kept) {
+            accepted++;
+            e->n.spec_accepted_at[i]++;
+        }
+        if (!kept || r->state != MOE_REQ_RUNNING) break;
+    }
+    r->n_drafted += d;
+    r->n_accepted += accepted;
+    e->n.spec_drafts++;
+    e->n.spec_draft_tokens += (uint64_t)d;
+    e->n.spec_accepted += (uint64_t)accepted;
+    if (r->state != MOE_REQ_RUNNING) return; /* finished: its cache is gone */
+    /* the cache holds every token but the last emitted one; the K/V of
+     * rejected drafts goes, and only verified blocks reach the prefix cache */
+    r->n_computed = r->n_tokens - 1;
+    moe_seq_truncate(&e->r, &r->seq, r->n_computed);
+    cache_full_blocks(e, r);
+}
+
+/* Running requests, oldest first: a decode token or the next prefill
+ * chunk each, preempting the newest when blocks run short. */
+static enum moe_status schedule_running(struct moe_engine *e, int *nc, int *budget, bool *preempted)
 {
     struct moe_kvcache *kv = &e->r.kv;
-    int budget = e->o.max_batch_tokens, nc = 0, rows = 0;
-    *n_scheduled = 0;
-    e->n_sched = 0;
-    /* 1. running requests, oldest first: a decode token or a prefill chunk */
     struct moe_request *r = e->run_head;
-    bool preempted = false;
-    while (r && budget > 0 && nc < e->o.max_seqs) {
+    while (r && *budget > 0 && *nc < e->o.max_seqs) {
         int n = r->n_tokens - r->n_computed;
-        if (n > budget) n = budget;
+        if (n > *budget) n = *budget;
         bool self_preempted = false;
         while (blocks_for(e, r->n_computed + n) - r->seq.n_blocks > moe_kvcache_available(kv)) {
             struct moe_request *victim = e->run_tail;
             preempt(e, victim);
-            preempted = true;
+            *preempted = true;
             if (victim == r) {
                 self_preempted = true;
                 break;
@@ -336,17 +400,56 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
         }
         if (self_preempted) break;
         MOE_TRY(moe_runner_reserve(&e->r, &r->seq, r->n_computed + n));
-        add_chunk(e, &nc, r, n);
-        budget -= n;
+        add_chunk(e, nc, r, n);
+        *budget -= n;
         r = r->next;
     }
-    /* 2. admit waiting requests into what is left (not in a step that had
-     * to preempt: memory is short, and the victim would only thrash) */
-    while (!preempted && e->wait_head && budget > 0 && nc < e->o.max_seqs) {
-        r = e->wait_head;
+    return MOE_OK;
+}
+
+/* Speculation: each scheduled decode of a greedy request gets the tokens
+ * its proposer drafts, at most K, the tokens it may still emit less one,
+ * what is left of the budget, and what free blocks hold (no preemption).
+ * The drafts are written after its tokens (its buffer holds prompt +
+ * max_tokens), so the chunk is its last token followed by them. */
+static enum moe_status add_drafts(struct moe_engine *e, int nc, int *budget)
+{
+    const struct moe_spec_opts *sp = &e->o.spec;
+    if (sp->kind == MOE_SPEC_NONE || (sp->max_batch > 0 && e->n_running > sp->max_batch))
+        return MOE_OK;
+    for (int c = 0; c < nc && *budget > 0; c++) {
+        struct moe_request *r = e->sched[c];
+        struct moe_chunk *ch = &e->chunks[c];
+        if (!ch->decode || !moe_sampling_is_greedy(&r->params.sampling)) continue;
+        int k = sp->tokens, left = r->params.max_tokens - (r->n_tokens - r->n_prompt) - 1;
+        int room = (r->seq.n_blocks + moe_kvcache_available(&e->r.kv)) * e->o.block_size -
+                   r->n_tokens;
+        if (k > left) k = left;
+        if (k > *budget) k = *budget;
+        if (k > room) k = room;
+        if (k <= 0) continue;
+        int d = moe_spec_ngram_propose(r->tokens, r->n_tokens, sp->ngram_min, sp->ngram_max, k,
+                                       r->tokens + r->n_tokens);
+        if (d == 0) continue;
+        MOE_TRY(moe_runner_reserve(&e->r, &r->seq, r->n_tokens + d));
+        ch->n = 1 + d;
+        ch->all_logits = true;
+        e->drafted[c] = d;
+        *budget -= d;
+    }
+    return MOE_OK;
+}
+
+/* Waiting requests, in order, into what is left of the budget and the
+ * free blocks. */
+static enum moe_status admit_waiting(struct moe_engine *e, int *nc, int *budget)
+{
+    struct moe_kvcache *kv = &e->r.kv;
+    while (e->wait_head && *budget > 0 && *nc < e->o.max_seqs) {
+        struct moe_request *r = e->wait_head;
         if (r->seq.n_blocks == 0) MOE_TRY(match_prefix(e, r));
         int n = r->n_tokens - r->n_computed;
-        if (n > budget) n = budget;
+        if (n > *budget) n = *budget;
         /* shrink the chunk to the blocks that are free */
         int fit = (r->seq.n_blocks + moe_kvcache_available(kv)) * e->o.block_size - r->n_computed;
         if (n > fit) n = fit;
@@ -360,16 +463,31 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
         push_back(&e->run_head, &e->run_tail, r);
         e->n_running++;
         r->state = MOE_REQ_RUNNING;
-        add_chunk(e, &nc, r, n);
-        budget -= n;
+        add_chunk(e, nc, r, n);
+        *budget -= n;
     }
+    return MOE_OK;
+}
+
+enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
+{
+    int budget = e->o.max_batch_tokens, nc = 0, rows = 0;
+    bool preempted = false;
+    *n_scheduled = 0;
+    e->n_sched = 0;
+    memset(e->drafted, 0, (size_t)e->o.max_seqs * sizeof *e->drafted);
+    MOE_TRY(schedule_running(e, &nc, &budget, &preempted));
+    MOE_TRY(add_drafts(e, nc, &budget));
+    /* not in a step that had to preempt: memory is short, and the victim
+     * would only thrash */
+    if (!preempted) MOE_TRY(admit_waiting(e, &nc, &budget));
     if (nc == 0) return MOE_OK;
     /* logits rows cross to the host only when a request that samples now
      * needs more than the argmax */
     bool host_logits = false;
     for (int c = 0; c < nc; c++) {
-        r = e->sched[c];
-        if (r->n_computed + e->chunks[c].n == r->n_tokens &&
+        struct moe_request *r = e->sched[c];
+        if (r->n_computed + e->chunks[c].n >= r->n_tokens &&
             !moe_sampling_is_argmax(&r->params.sampling))
             host_logits = true;
     }
@@ -377,18 +495,24 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
                             e->trace));
     e->n.steps++;
     e->n_sched = nc;
-    for (int c = 0; c < nc; c++) {
-        r = e->sched[c];
-        int n = e->chunks[c].n;
-        bool decode = n == 1 && r->n_computed == r->n_tokens - 1 && r->n_tokens > r->n_prompt;
-        if (!decode) {
+    for (int c = 0, row = 0; c < nc; c++) {
+        struct moe_request *r = e->sched[c];
+        const struct moe_chunk *ch = &e->chunks[c];
+        int n = ch->n, first = row;
+        row += ch->all_logits ? n : 1;
+        *n_scheduled += n;
+        if (r->state != MOE_REQ_RUNNING) continue; /* ended by a callback this step */
+        if (!ch->decode) {
             r->n_prefilled += n;
             e->n.prefill_tokens += (uint64_t)n;
         }
         r->n_computed += n;
+        if (e->drafted[c] > 0) {
+            verify(e, r, first, e->drafted[c]);
+            continue;
+        }
         cache_full_blocks(e, r);
-        if (r->n_computed == r->n_tokens) sample(e, r, c);
-        *n_scheduled += n;
+        if (r->n_computed == r->n_tokens) sample(e, r, first);
     }
     return MOE_OK;
 }

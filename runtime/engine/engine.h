@@ -21,6 +21,14 @@
  * tokens, always leaving at least one token to compute (the logits of the
  * last token are needed).
  *
+ * Speculative decoding (opts.spec): a caught-up greedy request's decode
+ * token is followed by up to K tokens a proposer drafts, computed as one
+ * chunk with logits for every row.  Drafted tokens are kept while each
+ * equals the target's token of the row before it, then the target's own
+ * token follows; the K/V of rejected tokens is rolled back (the block
+ * table truncated) and never reaches the prefix cache.  The output is the
+ * target's, token for token (docs/engine.md, "Speculative decoding").
+ *
  * Not thread-safe: one thread drives the engine (the server hands requests
  * to that thread). */
 #pragma once
@@ -49,6 +57,23 @@ struct moe_request_params {
     int n_stop_ids;
 };
 
+/* Proposers of speculative decoding. */
+enum moe_spec_kind {
+    MOE_SPEC_NONE,   /* plain decoding */
+    MOE_SPEC_NGRAM,  /* prompt lookup (spec_ngram.h) */
+};
+
+#define MOE_SPEC_MAX_TOKENS 16 /* K at most */
+
+struct moe_spec_opts {
+    enum moe_spec_kind kind;
+    int tokens;      /* K: tokens drafted per step, 1..MOE_SPEC_MAX_TOKENS; 0: 4 */
+    int ngram_max;   /* N: the longest n-gram looked up; 0: 3 */
+    int ngram_min;   /* the shortest, 1..N; 0: 1 */
+    int max_batch;   /* speculate only in steps that start with at most this
+                        many running requests; 0: no limit */
+};
+
 struct moe_request {
     int64_t id;
     enum moe_req_state state;
@@ -68,6 +93,8 @@ struct moe_request {
     int n_prefix_hit;       /* prompt tokens taken from the prefix cache */
     int n_prefilled;        /* tokens computed as prefill (including recomputation) */
     int n_preempted;
+    int n_drafted;          /* tokens drafted for it (speculative decoding) */
+    int n_accepted;         /* of those, tokens the target confirmed and emitted */
     void *user;
     struct moe_request *prev, *next; /* queue links */
 };
@@ -79,11 +106,18 @@ struct moe_engine_opts {
     int n_blocks;           /* KV pool size (see moe_kvcache_blocks_for_budget) */
     enum moe_dtype kv_dtype;
     bool prefix_cache;
+    struct moe_spec_opts spec;  /* zero: no speculation */
 };
 
 struct moe_engine_counters {
     uint64_t steps, preemptions, requests_finished, requests_aborted;
     uint64_t prompt_tokens, generated_tokens, prefill_tokens, prefix_hit_tokens;
+    /* speculative decoding, as vLLM counts it: verification chunks with at
+     * least one drafted token, tokens drafted, drafted tokens the target
+     * confirmed and emitted, and per draft position i how often the token
+     * there was (mean accepted length = spec_accepted / spec_drafts) */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
+    uint64_t spec_accepted_at[MOE_SPEC_MAX_TOKENS];
 };
 
 struct moe_engine;
@@ -101,8 +135,9 @@ struct moe_engine {
     int64_t next_id;
     struct moe_chunk *chunks;     /* (max_seqs) */
     struct moe_request **sched;   /* (max_seqs) request of each chunk */
-    float *logits;                /* (max_seqs, V), filled when a request needs them */
-    int32_t *ids;                 /* (max_seqs) argmax of each row, from the backend */
+    int *drafted;                 /* (max_seqs) drafted tokens at the end of each chunk */
+    float *logits;                /* (r.o.max_logits, V), filled when a request needs them */
+    int32_t *ids;                 /* (r.o.max_logits) argmax of each logits row, from the backend */
     struct moe_sampler_scratch scratch;
     struct moe_engine_counters n;
     moe_token_fn on_token;

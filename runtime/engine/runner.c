@@ -68,6 +68,14 @@ void moe_seq_reset(struct moe_runner *r, struct moe_seq *s)
     s->len = 0;
 }
 
+void moe_seq_truncate(struct moe_runner *r, struct moe_seq *s, int len)
+{
+    MOE_ASSERT(len >= 0 && len <= s->len);
+    const int keep = (len + r->o.block_size - 1) / r->o.block_size;
+    while (s->n_blocks > keep) moe_kvcache_release_block(&r->kv, s->blocks[--s->n_blocks]);
+    s->len = len;
+}
+
 void moe_seq_free(struct moe_runner *r, struct moe_seq *s)
 {
     if (r->kv.blocks) moe_seq_reset(r, s);

@@ -65,6 +65,12 @@ void moe_runner_free(struct moe_runner *r);
 /* Returns a sequence's blocks to the pool and empties it. */
 void moe_seq_reset(struct moe_runner *r, struct moe_seq *s);
 void moe_seq_free(struct moe_runner *r, struct moe_seq *s);
+/* Forgets the cache of s beyond its first len tokens (len <= s->len):
+ * blocks past the one holding token len - 1 go back to the pool.  Slots
+ * of the kept last block beyond len keep stale K/V that no step reads
+ * (attention stops at the context length) and the next tokens overwrite.
+ * The caller keeps dropped blocks out of the prefix cache. */
+void moe_seq_truncate(struct moe_runner *r, struct moe_seq *s, int len);
 /* Makes room in the pool for s to hold len tokens (allocates blocks). */
 MOE_MUST_USE enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int len);
 /* Appends an already-referenced block (a prefix cache hit) to s. */

@@ -20,6 +20,11 @@ bool moe_sampling_is_argmax(const struct moe_sampling *p)
            !p->logprob;
 }
 
+bool moe_sampling_is_greedy(const struct moe_sampling *p)
+{
+    return p->temperature == 0.0f || p->top_k == 1;
+}
+
 enum moe_status moe_sampling_validate(const struct moe_sampling *p)
 {
     if (!(p->temperature >= 0.0f && p->temperature <= 100.0f))

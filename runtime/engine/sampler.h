@@ -64,6 +64,10 @@ bool moe_sampling_is_argmax(const struct moe_sampling *p);
 /* OpenAI's logit_bias ({"token id": bias in [-100, 100]}, up to 300; null:
  * none) into sp; the message names no part of the request. */
 MOE_MUST_USE enum moe_status moe_sampling_logit_bias_from_json(json_t *lb, int vocab, struct moe_sampling *sp);
+/* True when the token is a function of the logits alone: temperature 0 or
+ * top_k 1 (penalties, bias and log-probabilities allowed), so no draw from
+ * the generator.  Speculative decoding verifies such requests by matching. */
+bool moe_sampling_is_greedy(const struct moe_sampling *p);
 /* Checks ranges; the message names the field and the value. */
 MOE_MUST_USE enum moe_status moe_sampling_validate(const struct moe_sampling *p);
 void moe_rng_seed(struct moe_rng *r, uint64_t seed);
