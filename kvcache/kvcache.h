@@ -11,9 +11,10 @@
  * Lookups compare the parent and all B tokens exactly, so no hash collision
  * can hand one request another's cache; a block's generation changes when it
  * is evicted or freed, so children registered under an evicted parent, or
- * under a block that was never cached itself, never match again.  A cached block whose count drops to zero is kept, evictable, on an
- * LRU list; allocation takes free blocks first and evicts the least recently
- * used cached block only when none is left.
+ * under a block that was never cached itself, never match again.  A cached
+ * block whose count drops to zero is kept, evictable, on an LRU list;
+ * allocation takes free blocks first and evicts the least recently used
+ * cached block only when none is left.
  *
  * Storage per layer: K and V each (n_blocks, B, Hkv, Dh) in the KV dtype
  * (F32, F16, BF16 or F8E4M3), contiguous, in backend memory.  The pool
