@@ -5,7 +5,7 @@
 # and an image with nvcc, CMake and python3.
 #
 #  1. unpacks the .debs into a private prefix and builds (Release, CUDA on);
-#  2. runs every CUDA op against the CPU op (tests/test_cuda_ops.c,
+#  2. runs every CUDA op against the CPU op (tests/test_backend_ops.c, tests/test_cuda_ops.c,
 #     tests/test_cuda_attention.c, tests/test_cuda_quant.c) and
 #     tabulates the worst relative error per op and dtype;
 #  3. runs every fixture model end to end on both backends
@@ -92,8 +92,8 @@ if phase build && ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMO
     tail -30 "$log"
     exit 1
 fi
-if phase build && ! cmake --build "$build" -j "$jobs" --target moerun test_cuda_ops test_cuda_attention \
-        test_cuda_quant test_cuda_forward >>"$log" 2>&1; then
+if phase build && ! cmake --build "$build" -j "$jobs" --target moerun test_backend_ops test_cuda_ops \
+        test_cuda_attention test_cuda_quant test_cuda_forward >>"$log" 2>&1; then
     fail "build"
     grep -E "error|Error" "$log" | head -30
     exit 1
@@ -105,13 +105,17 @@ cd "$root"
 if phase tests; then
 # ---- 2. every CUDA op against the CPU op ----
 say "2. op parity"
-if ! timeout 150 "$build/test_cuda_ops" --jobs=1 >"$out/parity.txt" 2>&1; then fail "test_cuda_ops"; fi
+if ! timeout 150 "$build/test_backend_ops" --jobs=1 --filter='backend_ops_cuda/*' >"$out/parity.txt" 2>&1; then
+    fail "test_backend_ops"; fi
+if ! timeout 150 "$build/test_cuda_ops" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_ops"; fi
 if ! timeout 150 "$build/test_cuda_attention" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_attention"; fi
 if ! timeout 150 "$build/test_cuda_quant" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_quant"; fi
 grep -q "^parity:" "$out/parity.txt" || fail "no parity lines: the CUDA op tests did not run"
-grep -E "^\[FAIL\]|^\[SKIP\]|Assertion|mismatch|DIFFERS" "$out/parity.txt" | head -20 | tee -a "$log"
+grep -E "^\[FAIL\]|^\[SKIP\]|Assertion|mismatch|DIFFERS| FAIL$" "$out/parity.txt" | head -20 | tee -a "$log"
 # worst error per op and dtype
 awk '/^parity:/ { k = $2 " " $3; if ($NF == "identical" || $NF == "DIFFERS") v = ($NF == "DIFFERS"); else v = $NF + 0;
+                  if (!(k in w) || v > w[k]) w[k] = v }
+     /^backend-ops: cuda / { k = $3 " " $4; v = 0; for (i = 5; i < NF; i++) if ($i == "err") v = $(i + 1) + 0;
                   if (!(k in w) || v > w[k]) w[k] = v }
      END { for (k in w) printf "  %-24s %.3g\n", k, w[k] }' "$out/parity.txt" | sort >"$out/parity_worst.txt"
 tail -3 "$out/parity.txt" | tee -a "$log"
