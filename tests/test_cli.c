@@ -117,7 +117,7 @@ Test(cli, bad_input_gives_one_clear_line)
     tu_expect_one_line_error("inspect --synthetic /nonexistent.json", "nonexistent.json");
     tu_expect_one_line_error("frobnicate", "unknown command");
     snprintf(args, sizeof args, "run %s/llama --prompt-ids 1 --backend tpu", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "unknown backend 'tpu'");
+    tu_expect_one_line_error(args, "moerun run: --backend 'tpu' (use auto, cpu, cpu-ref or cuda)");
     snprintf(args, sizeof args, "bench --synthetic %s/configs/tiny-moe.json --backend cpu --expert-kernels 1",
              MOERUN_SOURCE_DIR);
     tu_expect_one_line_error(args, "need the CUDA backend");
@@ -128,7 +128,7 @@ Test(cli, bad_input_gives_one_clear_line)
              MOERUN_SOURCE_DIR);
     tu_expect_one_line_error(args, "need the CUDA backend");
     snprintf(args, sizeof args, "run %s/mixtral --prompt-ids 1 --gpu-experts 0", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "'0' must be an integer in [1, 1048576]");
+    tu_expect_one_line_error(args, "moerun run: --gpu-experts '0' (an integer from 1 to 1048576)");
 }
 
 /* --gpu-experts on a CPU backend: said once, the run unchanged. */
@@ -445,8 +445,8 @@ Test(cli, serve_and_outputs_checked_before_work)
     static const struct { const char *cmd, *model, *rest, *needle; } cases[] = {
         {"serve --port 0", NULL, "--synthetic /nonexistent/c.json", "/nonexistent/c.json"},
         {"serve --port 0", "/olmoe", "--kv-dtype f7", "moerun serve: --kv-dtype 'f7'"},
-        {"serve --port 0", "/olmoe", "--backend gpu", "moerun serve: unknown backend 'gpu'"},
-        {"serve --port 0", "/olmoe", "--kv-budget lots", "KV budget 'lots' is not a size"},
+        {"serve --port 0", "/olmoe", "--backend gpu", "moerun serve: --backend 'gpu' (use auto, cpu, cpu-ref or cuda)"},
+        {"serve --port 0", "/olmoe", "--kv-budget lots", "moerun serve: --kv-budget 'lots' (a size"},
         {"serve --port 0", "/olmoe", "--port-file /nonexistent/p", "--port-file /nonexistent/p cannot be written"},
         {"serve --port 0", "", "", "config.json"},
         {"run", "/olmoe", "--prompt-ids 1,2 -n 1 --stats-out /nonexistent/s.json",

@@ -11,6 +11,7 @@
 
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/stats_cli.h"
+#include "runtime/engine/sampler.h"
 
 /* --- checks of the shared options that are not a plain kind --- */
 
@@ -67,6 +68,7 @@ static const char *const policies[] = {"lru", "lfu", NULL};
 
 #define ENG(member) .at = MOE_CLI_AT_ENGINE, MOE_CLI_FIELD(struct moe_cli_engine, member)
 #define STA(member) .at = MOE_CLI_AT_STATS, MOE_CLI_FIELD(struct moe_cli_stats, member)
+#define SAM(member) .at = MOE_CLI_AT_SAMPLING, MOE_CLI_FIELD(struct moe_cli_sampling, member)
 
 /* The groups are the runs of rows between the group markers (a row with
  * only a name starting with '@'). */
@@ -103,7 +105,7 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
     {.name = "threads", .arg = "N", .kind = MOE_CLI_INT, ENG(threads), .lo = 1, .hi = 4096,
      .help = "CPU threads (default: all cores)"},
     {.name = "quantize", .arg = "q8_0", .kind = MOE_CLI_CUSTOM, ENG(quantize), .parse = parse_quant,
-     .what = "use q8_0 or none",
+     .what = "use q8_0, or none",
      .help = "quantize the weights at load, 9 bits a weight (CPU and\n"
              "CUDA backends; routers and the embedding stay as stored)"},
     {.name = "@offload"},
@@ -136,6 +138,30 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
      .help = "do not record statistics"},
     {.name = "router-skew", .arg = "SPEC", .kind = MOE_CLI_STRING, ENG(model.router_skew),
      .help = "synthetic router skew: zipf:S or hot:H:F (with --synthetic)"},
+    {.name = "@sampling"},
+    {.name = "max-tokens", .letter = 'n', .arg = "N", .kind = MOE_CLI_INT, SAM(max_tokens), .lo = 1, .hi = 1 << 24,
+     .help = "tokens to generate (default 64; chat: 512 per reply)"},
+    {.name = "temp", .arg = "T", .kind = MOE_CLI_DOUBLE, SAM(temperature), .lo = 0, .hi = INFINITY,
+     .help = "temperature (0: greedy)"},
+    {.name = "temperature", .arg = "T", .kind = MOE_CLI_DOUBLE, SAM(temperature), .lo = 0, .hi = INFINITY,
+     .help = "the same as --temp"},
+    {.name = "top-k", .arg = "K", .kind = MOE_CLI_INT, SAM(top_k), .lo = 0, .hi = 1 << 24,
+     .help = "keep the K most likely tokens (0: all)"},
+    {.name = "top-p", .arg = "P", .kind = MOE_CLI_DOUBLE, SAM(top_p), .lo = 0, .hi = 1, .open = MOE_CLI_LO_OPEN,
+     .help = "keep the most likely tokens up to probability P"},
+    {.name = "min-p", .arg = "M", .kind = MOE_CLI_DOUBLE, SAM(min_p), .lo = 0, .hi = 1,
+     .help = "drop tokens less likely than M times the most likely"},
+    {.name = "repeat-penalty", .arg = "R", .kind = MOE_CLI_DOUBLE, SAM(repetition_penalty), .lo = 0, .hi = INFINITY,
+     .open = MOE_CLI_LO_OPEN,
+     .help = "repetition penalty (1: none)"},
+    {.name = "frequency-penalty", .arg = "F", .kind = MOE_CLI_DOUBLE, SAM(frequency_penalty), .lo = -INFINITY,
+     .hi = INFINITY,
+     .help = "frequency penalty (0: none)"},
+    {.name = "presence-penalty", .arg = "P", .kind = MOE_CLI_DOUBLE, SAM(presence_penalty), .lo = -INFINITY,
+     .hi = INFINITY,
+     .help = "presence penalty (0: none)"},
+    {.name = "seed", .arg = "S", .kind = MOE_CLI_INT, SAM(seed), .lo = 0, .hi = (double)LONG_MAX,
+     .help = "sampling seed (default 0)"},
 };
 const int moe_cli_n_shared_opts = sizeof moe_cli_shared_opts / sizeof moe_cli_shared_opts[0];
 
@@ -146,7 +172,8 @@ static const struct moe_cli_opt help_row = {.name = "help", .letter = 'h', .help
 static void add_row(struct moe_cli_args *a, const struct moe_cli_opt *o)
 {
     MOE_ASSERT(a->n_rows < MOE_CLI_MAX_OPTS);
-    for (int i = 0; i < a->n_rows; i++) MOE_ASSERT(strcmp(a->rows[i]->name, o->name)); /* declared once */
+    for (int i = 0; i < a->n_rows && o->name; i++) /* declared once */
+        MOE_ASSERT(!a->rows[i]->name || strcmp(a->rows[i]->name, o->name));
     a->rows[a->n_rows++] = o;
 }
 
@@ -181,6 +208,10 @@ static void collect(const struct moe_cli_command *cmd, struct moe_cli_args *a)
 
 static void print_row(FILE *f, const struct moe_cli_opt *o)
 {
+    if (!o->name) { /* a heading */
+        fprintf(f, "%s\n", o->help);
+        return;
+    }
     char head[96];
     const char *sp = o->arg ? " " : "", *arg = o->arg ? o->arg : "";
     const int n = o->letter ? snprintf(head, sizeof head, "  -%c, --%s%s%s", o->letter, o->name, sp, arg)
@@ -284,7 +315,10 @@ static bool store(const struct moe_cli_opt *o, const char *arg, void *field)
 
 static void *field_of(const struct moe_cli_command *cmd, const struct moe_cli_opt *o, void *opts)
 {
-    const size_t base = o->at == MOE_CLI_AT_ENGINE ? cmd->engine_at : o->at == MOE_CLI_AT_STATS ? cmd->stats_at : 0;
+    const size_t base = o->at == MOE_CLI_AT_ENGINE     ? cmd->engine_at
+                        : o->at == MOE_CLI_AT_STATS    ? cmd->stats_at
+                        : o->at == MOE_CLI_AT_SAMPLING ? cmd->sampling_at
+                                                       : 0;
     return (char *)opts + base + o->off;
 }
 
@@ -295,17 +329,18 @@ int moe_cli_parse(const struct moe_cli_command *cmd, int argc, char **argv, void
     collect(cmd, a);
     struct option lopts[MOE_CLI_MAX_OPTS + 1];
     char shortopts[2 * MOE_CLI_MAX_OPTS + 1];
-    int ns = 0;
+    int ns = 0, nl = 0;
     for (int i = 0; i < a->n_rows; i++) {
         const struct moe_cli_opt *o = a->rows[i];
-        lopts[i] = (struct option){o->name, o->kind == MOE_CLI_FLAG ? no_argument : required_argument, NULL,
-                                   0x1000 + i};
+        if (!o->name) continue;
+        lopts[nl++] = (struct option){o->name, o->kind == MOE_CLI_FLAG ? no_argument : required_argument, NULL,
+                                      0x1000 + i};
         if (o->letter) {
             shortopts[ns++] = o->letter;
             if (o->kind != MOE_CLI_FLAG) shortopts[ns++] = ':';
         }
     }
-    lopts[a->n_rows] = (struct option){0, 0, 0, 0};
+    lopts[nl] = (struct option){0, 0, 0, 0};
     shortopts[ns] = '\0';
     int c;
     optind = 1;
@@ -337,9 +372,21 @@ bool moe_cli_given(const struct moe_cli_args *a, const char *name)
 {
     const struct moe_cli_opt *named = NULL;
     for (int i = 0; i < a->n_rows && !named; i++)
-        if (!strcmp(a->rows[i]->name, name)) named = a->rows[i];
-    MOE_ASSERT(named);
+        if (a->rows[i]->name && !strcmp(a->rows[i]->name, name)) named = a->rows[i];
+    if (!named) return false;
     for (int i = 0; i < a->n_rows; i++)
         if (a->given[i] && a->rows[i]->at == named->at && a->rows[i]->off == named->off) return true;
     return false;
+}
+
+void moe_cli_sampling_apply(const struct moe_cli_args *a, const struct moe_cli_sampling *o, struct moe_sampling *s)
+{
+    if (moe_cli_given(a, "temp")) s->temperature = o->temperature;
+    if (moe_cli_given(a, "top-k")) s->top_k = o->top_k;
+    if (moe_cli_given(a, "top-p")) s->top_p = o->top_p;
+    if (moe_cli_given(a, "min-p")) s->min_p = o->min_p;
+    if (moe_cli_given(a, "repeat-penalty")) s->repetition_penalty = o->repetition_penalty;
+    if (moe_cli_given(a, "frequency-penalty")) s->frequency_penalty = o->frequency_penalty;
+    if (moe_cli_given(a, "presence-penalty")) s->presence_penalty = o->presence_penalty;
+    if (moe_cli_given(a, "seed")) s->seed = (uint64_t)o->seed;
 }

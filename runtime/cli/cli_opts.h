@@ -11,9 +11,10 @@
  *
  *     moerun CMD: --kv-block '0' (an integer from 1 to 4096)
  *
- * Targets are byte offsets into one of three structs: the command's own
- * options struct, the struct moe_cli_engine it holds, or its struct
- * moe_cli_stats.  A field holds its default before parsing. */
+ * Targets are byte offsets into one of four structs: the command's own
+ * options struct, or the struct moe_cli_engine, moe_cli_stats or
+ * moe_cli_sampling it holds.  A field holds its default before parsing.
+ * A row without a name is a heading in the help. */
 #pragma once
 
 #include <stdbool.h>
@@ -31,7 +32,7 @@ enum moe_cli_opt_kind {
     MOE_CLI_CUSTOM, /* parse(arg, field) checks and stores; `what` says what it takes */
 };
 
-enum moe_cli_opt_at { MOE_CLI_AT_CMD, MOE_CLI_AT_ENGINE, MOE_CLI_AT_STATS };
+enum moe_cli_opt_at { MOE_CLI_AT_CMD, MOE_CLI_AT_ENGINE, MOE_CLI_AT_STATS, MOE_CLI_AT_SAMPLING };
 
 enum { MOE_CLI_LO_OPEN = 1, MOE_CLI_HI_OPEN = 2 };
 
@@ -59,9 +60,9 @@ struct moe_cli_opt {
 
 /* A command: its name, its usage text (the lines before the options), its
  * own rows, the shared options it takes (names, or a group: "@model",
- * "@engine", "@offload", "@stats"; NULL-terminated) and the text after the
- * options (or NULL).  Where the engine and statistics structs sit in the
- * command's options struct: engine_at, stats_at. */
+ * "@engine", "@offload", "@stats", "@sampling"; NULL-terminated) and the
+ * text after the options (or NULL).  Where the shared structs sit in the
+ * command's options struct: engine_at, stats_at, sampling_at. */
 struct moe_cli_command {
     const char *name;
     const char *usage;
@@ -69,7 +70,7 @@ struct moe_cli_command {
     int n_rows;
     const char *const *shared;
     const char *footer;
-    size_t engine_at, stats_at;
+    size_t engine_at, stats_at, sampling_at;
 };
 
 #define MOE_CLI_MAX_OPTS 96
@@ -85,6 +86,18 @@ struct moe_cli_args {
     int n_pos;
 };
 
+/* The sampling options of run and chat: the values given (moe_cli_given
+ * says which) and the tokens to generate. */
+struct moe_cli_sampling {
+    float temperature, top_p, min_p, repetition_penalty, frequency_penalty, presence_penalty;
+    int top_k;
+    long seed;
+    long max_tokens;
+};
+struct moe_sampling;
+/* Overlays on s the sampling options a gave. */
+void moe_cli_sampling_apply(const struct moe_cli_args *a, const struct moe_cli_sampling *o, struct moe_sampling *s);
+
 /* The rows shared by the commands, and how many (for the tests). */
 extern const struct moe_cli_opt moe_cli_shared_opts[];
 extern const int moe_cli_n_shared_opts;
@@ -95,7 +108,8 @@ extern const int moe_cli_n_shared_opts;
  * option or a missing value (one line, moe_cli_getopt). */
 int moe_cli_parse(const struct moe_cli_command *cmd, int argc, char **argv, void *opts,
                   struct moe_cli_args *a);
-/* Whether the option name, or another that sets the same field, was given. */
+/* Whether the option name, or another that sets the same field, was given
+ * (false when the command does not take it). */
 bool moe_cli_given(const struct moe_cli_args *a, const char *name);
 /* The command's help: usage, one line (or more) per option, footer. */
 void moe_cli_help(const struct moe_cli_command *cmd, FILE *f);
