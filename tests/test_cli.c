@@ -117,7 +117,7 @@ Test(cli, bad_input_gives_one_clear_line)
     tu_expect_one_line_error("inspect --synthetic /nonexistent.json", "nonexistent.json");
     tu_expect_one_line_error("frobnicate", "unknown command");
     snprintf(args, sizeof args, "run %s/llama --prompt-ids 1 --backend tpu", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "unknown backend 'tpu'");
+    tu_expect_one_line_error(args, "moerun run: --backend 'tpu' (use auto, cpu, cpu-ref or cuda)");
     snprintf(args, sizeof args, "bench --synthetic %s/configs/tiny-moe.json --backend cpu --expert-kernels 1",
              MOERUN_SOURCE_DIR);
     tu_expect_one_line_error(args, "need the CUDA backend");
@@ -128,7 +128,7 @@ Test(cli, bad_input_gives_one_clear_line)
              MOERUN_SOURCE_DIR);
     tu_expect_one_line_error(args, "need the CUDA backend");
     snprintf(args, sizeof args, "run %s/mixtral --prompt-ids 1 --gpu-experts 0", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "'0' must be an integer in [1, 1048576]");
+    tu_expect_one_line_error(args, "moerun run: --gpu-experts '0' (an integer from 1 to 1048576)");
 }
 
 /* --gpu-experts on a CPU backend: said once, the run unchanged. */
@@ -445,8 +445,8 @@ Test(cli, serve_and_outputs_checked_before_work)
     static const struct { const char *cmd, *model, *rest, *needle; } cases[] = {
         {"serve --port 0", NULL, "--synthetic /nonexistent/c.json", "/nonexistent/c.json"},
         {"serve --port 0", "/olmoe", "--kv-dtype f7", "moerun serve: --kv-dtype 'f7'"},
-        {"serve --port 0", "/olmoe", "--backend gpu", "moerun serve: unknown backend 'gpu'"},
-        {"serve --port 0", "/olmoe", "--kv-budget lots", "KV budget 'lots' is not a size"},
+        {"serve --port 0", "/olmoe", "--backend gpu", "moerun serve: --backend 'gpu' (use auto, cpu, cpu-ref or cuda)"},
+        {"serve --port 0", "/olmoe", "--kv-budget lots", "moerun serve: --kv-budget 'lots' (a size"},
         {"serve --port 0", "/olmoe", "--port-file /nonexistent/p", "--port-file /nonexistent/p cannot be written"},
         {"serve --port 0", "", "", "config.json"},
         {"run", "/olmoe", "--prompt-ids 1,2 -n 1 --stats-out /nonexistent/s.json",
@@ -461,5 +461,107 @@ Test(cli, serve_and_outputs_checked_before_work)
         snprintf(args, sizeof args, "%s %s%s %s", cases[i].cmd, cases[i].model ? FIXTURE_DIR : "",
                  cases[i].model ? cases[i].model : "", cases[i].rest);
         tu_expect_one_line_error(args, cases[i].needle);
+    }
+}
+
+/* --- the option table (runtime/cli/cli_opts.c) --- */
+
+static const char *const all_cmds[] = {"inspect", "run", "chat", "serve", "batch", "plan",
+                                       "bench", "ppl", "tokenize", "stats", "synth"};
+
+/* Every option a command's --help lists, the parser takes: given with a
+ * value and followed by an option no command has, the error is about the
+ * value or the later option, never that the listed one is unknown. */
+Test(cli, help_lists_only_options_the_parser_takes)
+{
+    for (size_t c = 0; c < sizeof all_cmds / sizeof all_cmds[0]; c++) {
+        char cmd[1024], help[16384], out[4096], unknown[160];
+        snprintf(cmd, sizeof cmd, "%s %s --help", MOERUN_BINARY, all_cmds[c]);
+        cr_assert_eq(tu_run(cmd, help, sizeof help), 0, "%s --help", all_cmds[c]);
+        cr_assert(!strncmp(help, "usage: moerun ", 14), "%s", help);
+        int listed = 0;
+        for (char *line = help; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+            if (strncmp(line, "  -", 3)) continue;
+            char name[64] = "", letter = 0;
+            if (line[3] != '-') { /* "  -n, --max-tokens N" */
+                letter = line[3];
+                cr_assert(!strncmp(line + 4, ", --", 4), "%s: %.60s", all_cmds[c], line);
+                sscanf(line + 8, "%63[a-z0-9-]", name);
+            } else {
+                sscanf(line + 4, "%63[a-z0-9-]", name);
+            }
+            cr_assert(name[0], "%s: %.60s", all_cmds[c], line);
+            if (!strcmp(name, "help")) continue;
+            listed++;
+            snprintf(cmd, sizeof cmd, "%s %s --%s=1 --zz-no-such-option 2>&1", MOERUN_BINARY, all_cmds[c], name);
+            cr_expect_neq(tu_run(cmd, out, sizeof out), 0, "%s --%s", all_cmds[c], name);
+            snprintf(unknown, sizeof unknown, "unknown option '--%s'", name);
+            cr_expect(!strstr(out, unknown), "%s --help lists --%s, which the parser refuses: %s", all_cmds[c],
+                      name, out);
+            cr_expect(strstr(out, "moerun ") && !strchr(strchr(out, '\n') + 1, '\n'), "%s --%s: %s", all_cmds[c],
+                      name, out);
+            if (!letter) continue;
+            snprintf(cmd, sizeof cmd, "%s %s -%c 1 --zz-no-such-option 2>&1", MOERUN_BINARY, all_cmds[c], letter);
+            tu_run(cmd, out, sizeof out);
+            snprintf(unknown, sizeof unknown, "unknown option '-%c'", letter);
+            cr_expect(!strstr(out, unknown), "%s: -%c listed, refused: %s", all_cmds[c], letter, out);
+        }
+        cr_expect(listed > 0 || !strcmp(all_cmds[c], "nothing"), "%s --help lists no option", all_cmds[c]);
+        /* and what it does not list, it refuses */
+        snprintf(cmd, sizeof cmd, "%s --zz-no-such-option", all_cmds[c]);
+        tu_expect_one_line_error(cmd, "unknown option '--zz-no-such-option'");
+    }
+}
+
+/* A value out of range is one line naming the option, the value and what
+ * it takes, generated from the option's row. */
+Test(cli, range_error_names_option_value_and_range)
+{
+    tu_expect_one_line_error("bench --kv-block 0", "moerun bench: --kv-block '0' (an integer from 1 to 4096)");
+    tu_expect_one_line_error("run -n 0", "moerun run: --max-tokens '0' (an integer from 1 to 16777216)");
+    tu_expect_one_line_error("plan --hit-rate 1.5", "moerun plan: --hit-rate '1.5' (a number x with 0 <= x <= 1)");
+    tu_expect_one_line_error("bench --range-ratio 1", "moerun bench: --range-ratio '1' (a number x with 0 <= x < 1)");
+    tu_expect_one_line_error("serve --port 70000", "moerun serve: --port '70000' (an integer from 0 to 65535)");
+    tu_expect_one_line_error("stats --width x", "moerun stats: --width 'x' (an integer from 8 to 4096)");
+    tu_expect_one_line_error("synth --layout flat", "moerun synth: --layout 'flat' (use stacked or per-expert)");
+    tu_expect_one_line_error("tokenize --repeat 0", "moerun tokenize: --repeat '0' (an integer from 1 to 1048576)");
+}
+
+/* A shared option is one row: the same check, message and help line in
+ * every command that takes it. */
+Test(cli, shared_option_behaves_the_same_everywhere)
+{
+    static const struct { const char *opt, *cmds[5]; } cases[] = {
+        {"--kv-block 0", {"run", "bench", "batch", "ppl", "serve"}},
+        {"--moe-top-k 0", {"plan", "bench", "run", "inspect" /* not taken */, NULL}},
+        {"--quantize q4", {"plan", "bench", "chat", "ppl", NULL}},
+        {"--kv-dtype f7", {"plan", "bench", "run", "serve", NULL}},
+        {"--gpu-experts-cpu-rows -1", {"plan", "bench", "run", NULL}},
+        {"--seed -1", {"run", "chat", NULL}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char first[512] = "", cmd[1024], out[4096], help0[512] = "";
+        for (int k = 0; k < 5 && cases[i].cmds[k]; k++) {
+            const char *c = cases[i].cmds[k];
+            snprintf(cmd, sizeof cmd, "%s %s %s 2>&1", MOERUN_BINARY, c, cases[i].opt);
+            cr_expect_neq(tu_run(cmd, out, sizeof out), 0, "%s %s", c, cases[i].opt);
+            if (!strcmp(c, "inspect")) { /* a command without it refuses it by name */
+                cr_expect(strstr(out, "unknown option '--moe-top-k'"), "%s", out);
+                continue;
+            }
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "moerun %s: ", c);
+            cr_assert(!strncmp(out, prefix, strlen(prefix)), "%s", out);
+            if (!first[0]) snprintf(first, sizeof first, "%.500s", out + strlen(prefix));
+            cr_expect_str_eq(out + strlen(prefix), first, "%s %s differs", c, cases[i].opt);
+            /* its help line is the same too */
+            char name[64], *line;
+            sscanf(cases[i].opt, "%63s", name);
+            snprintf(cmd, sizeof cmd, "%s %s --help | grep -- '^  %s '", MOERUN_BINARY, c, name);
+            cr_expect_eq(tu_run(cmd, out, sizeof out), 0, "%s --help has no %s", c, name);
+            line = out;
+            if (!help0[0]) snprintf(help0, sizeof help0, "%.500s", line);
+            cr_expect_str_eq(line, help0, "%s --help: %s", c, name);
+        }
     }
 }

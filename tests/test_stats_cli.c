@@ -134,7 +134,7 @@ Test(stats_cli, misuse_gives_one_clear_line)
     snprintf(args, sizeof args, "run --synthetic %s --prompt-ids 1 --router-skew zipf:x", TINY);
     tu_expect_one_line_error(args, "router skew 'zipf:x'");
     snprintf(args, sizeof args, "run --synthetic %s --prompt-ids 1 --stats-steps 5:2", TINY);
-    tu_expect_one_line_error(args, "'5:2' is not valid");
+    tu_expect_one_line_error(args, "moerun run: --stats-steps '5:2' (A:B with A < B");
     /* what-ifs need a trace */
     char cmd[2048], out[4096];
     snprintf(cmd, sizeof cmd, "%s run --synthetic %s --prompt-ids 1,2 -n 2 --backend cpu --stats-out "

@@ -58,37 +58,16 @@ static void sleep_until(double t, double (*clock)(void))
     nanosleep(&ts, NULL);
 }
 
-enum moe_status moe_bench_serve(struct moe_engine *e, const struct moe_bench_serve_opts *o,
-                                bool quiet, json_t **result)
+/* Submits each request at its arrival time and steps the engine until all
+ * are finished; req[i] gets request i. */
+static enum moe_status drive(struct moe_engine *e, int N, const double *arrive, const int *in_len,
+                             const int *out_len, int max_in, uint64_t *rngp, double start, struct moe_request **req)
 {
-    const int N = o->n_requests, V = e->m->cfg.vocab;
-    *result = NULL;
-    if (N <= 0 || o->input_len <= 0 || o->output_len <= 0)
-        return moe_fail(MOE_ERR_INVALID_ARG, "bench serve: requests, input and output lengths must be positive");
-    struct moe_request **req = calloc((size_t)N, sizeof *req);
-    double *arrive = malloc((size_t)N * sizeof *arrive);
-    int *in_len = malloc((size_t)N * sizeof *in_len), *out_len = malloc((size_t)N * sizeof *out_len);
-    int max_in = 1;
-    uint64_t rng = o->seed ? o->seed : 1;
+    const int V = e->m->cfg.vocab;
+    uint64_t rng = *rngp;
     enum moe_status s = MOE_OK;
-    if (!req || !arrive || !in_len || !out_len) {
-        s = moe_fail(MOE_ERR_NOMEM, "bench serve");
-        goto out;
-    }
-    double t = 0;
-    for (int i = 0; i < N; i++) {
-        if (o->rate > 0) t += -log(1.0 - unit(&rng)) / o->rate; /* exponential gaps */
-        arrive[i] = t;
-        in_len[i] = draw_len(&rng, o->input_len, o->range_ratio);
-        out_len[i] = draw_len(&rng, o->output_len, o->range_ratio);
-        if (in_len[i] > max_in) max_in = in_len[i];
-    }
     int32_t *prompt = malloc((size_t)max_in * sizeof *prompt);
-    if (!prompt) {
-        s = moe_fail(MOE_ERR_NOMEM, "bench serve prompt");
-        goto out;
-    }
-    const double start = e->clock();
+    if (!prompt) return moe_fail(MOE_ERR_NOMEM, "bench serve prompt");
     int next = 0, done = 0, rows;
     while (done < N) {
         double now = e->clock() - start;
@@ -111,6 +90,60 @@ enum moe_status moe_bench_serve(struct moe_engine *e, const struct moe_bench_ser
         done += (int)(e->n.requests_finished - before);
     }
     free(prompt);
+    *rngp = rng;
+    return s;
+}
+
+/* The table of a result (the JSON object moe_bench_serve returns). */
+static void print_serve(const json_t *res, const struct moe_bench_serve_opts *o, long in_tokens)
+{
+    const double dur = json_real_value(json_object_get(res, "duration_s"));
+    const int N = (int)json_integer_value(json_object_get(res, "requests"));
+    char rate[64];
+    if (o->rate > 0) snprintf(rate, sizeof rate, "Poisson arrivals at %.2f requests/s", o->rate);
+    else snprintf(rate, sizeof rate, "all at once");
+    printf("serving: %d requests, input %d, output %d tokens, %s: %.2f s\n", N, o->input_len, o->output_len, rate,
+           dur);
+    printf("  requests/s %.2f   output tokens/s %.1f   input tokens %ld   preemptions %llu\n",
+           json_real_value(json_object_get(res, "requests_per_s")),
+           json_real_value(json_object_get(res, "output_tokens_per_s")), in_tokens,
+           (unsigned long long)json_integer_value(json_object_get(res, "preemptions")));
+    const char *names[3] = {"TTFT", "TPOT", "ITL"};
+    for (int k = 0; k < 3; k++) {
+        json_t *m = json_object_get(res, k == 0 ? "ttft" : k == 1 ? "tpot" : "itl");
+        printf("  %-5s mean %9.2f ms   median %9.2f ms   p99 %9.2f ms\n", names[k],
+               json_real_value(json_object_get(m, "mean_ms")), json_real_value(json_object_get(m, "median_ms")),
+               json_real_value(json_object_get(m, "p99_ms")));
+    }
+}
+
+enum moe_status moe_bench_serve(struct moe_engine *e, const struct moe_bench_serve_opts *o,
+                                bool quiet, json_t **result)
+{
+    const int N = o->n_requests;
+    *result = NULL;
+    if (N <= 0 || o->input_len <= 0 || o->output_len <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "bench serve: requests, input and output lengths must be positive");
+    struct moe_request **req = calloc((size_t)N, sizeof *req);
+    double *arrive = malloc((size_t)N * sizeof *arrive);
+    int *in_len = malloc((size_t)N * sizeof *in_len), *out_len = malloc((size_t)N * sizeof *out_len);
+    int max_in = 1;
+    uint64_t rng = o->seed ? o->seed : 1;
+    enum moe_status s = MOE_OK;
+    if (!req || !arrive || !in_len || !out_len) {
+        s = moe_fail(MOE_ERR_NOMEM, "bench serve");
+        goto out;
+    }
+    double t = 0;
+    for (int i = 0; i < N; i++) {
+        if (o->rate > 0) t += -log(1.0 - unit(&rng)) / o->rate; /* exponential gaps */
+        arrive[i] = t;
+        in_len[i] = draw_len(&rng, o->input_len, o->range_ratio);
+        out_len[i] = draw_len(&rng, o->output_len, o->range_ratio);
+        if (in_len[i] > max_in) max_in = in_len[i];
+    }
+    const double start = e->clock();
+    s = drive(e, N, arrive, in_len, out_len, max_in, &rng, start, req);
     if (s != MOE_OK) goto out;
     const double dur = e->clock() - start;
     double *ttft = malloc((size_t)N * sizeof *ttft), *tpot = malloc((size_t)N * sizeof *tpot);
@@ -149,23 +182,7 @@ enum moe_status moe_bench_serve(struct moe_engine *e, const struct moe_bench_ser
     } else if (o->rate <= 0) {
         json_object_set_new(*result, "rate", json_string("inf"));
     }
-    if (!quiet && *result) {
-        char rate[64];
-        if (o->rate > 0) snprintf(rate, sizeof rate, "Poisson arrivals at %.2f requests/s", o->rate);
-        else snprintf(rate, sizeof rate, "all at once");
-        printf("serving: %d requests, input %d, output %d tokens, %s: %.2f s\n", N, o->input_len,
-               o->output_len, rate, dur);
-        printf("  requests/s %.2f   output tokens/s %.1f   input tokens %ld   preemptions %llu\n",
-               N / dur, (double)out_tokens / dur, in_tokens, (unsigned long long)e->n.preemptions);
-        const char *names[3] = {"TTFT", "TPOT", "ITL"};
-        for (int k = 0; k < 3; k++) {
-            json_t *m = json_object_get(*result, k == 0 ? "ttft" : k == 1 ? "tpot" : "itl");
-            printf("  %-5s mean %9.2f ms   median %9.2f ms   p99 %9.2f ms\n", names[k],
-                   json_real_value(json_object_get(m, "mean_ms")),
-                   json_real_value(json_object_get(m, "median_ms")),
-                   json_real_value(json_object_get(m, "p99_ms")));
-        }
-    }
+    if (!quiet && *result) print_serve(*result, o, in_tokens);
     free(ttft);
     free(tpot);
     free(itl);

@@ -9,7 +9,6 @@
  * object naming the line and the problem.  Results are written in input
  * order as soon as every earlier line is done, so an interrupted run keeps
  * what it finished. */
-#include <getopt.h>
 #include <stdarg.h>
 #include <math.h>
 #include <stdlib.h>
@@ -19,28 +18,44 @@
 #include "runtime/chat/chat.h"
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_opts.h"
 #include "runtime/cli/stats_cli.h"
 #include "runtime/core/strbuf.h"
 #include "runtime/chat/reasoning.h"
 #include "runtime/text/textgen.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moerun batch MODEL_DIR requests.jsonl -o out.jsonl [options]\n\n"
-            "One request per line: {\"prompt\": \"text\" | [ids], \"max_tokens\": 16,\n"
-            "\"temperature\": 1, \"top_p\": 1, \"top_k\": 0, \"min_p\": 0, \"stop\": \"..\" | [..],\n"
-            "\"seed\": 0, \"frequency_penalty\": 0, \"presence_penalty\": 0,\n"
-            "\"repetition_penalty\": 1, \"logprobs\": 0, \"logit_bias\": {\"id\": bias},\n"
-            "\"ignore_eos\": false, \"custom_id\": ..}, or \"messages\": [..] in place of \"prompt\"\n"
-            "(chat: the model's chat template, optional \"chat_template_kwargs\"; max_tokens\n"
-            "defaults to what the context leaves; reasoning_content as in moerun serve)\n"
-            "Defaults are the OpenAI API's.  A progress line goes to stderr.\n\n"
-            "  -o, --output FILE    results, one JSON line per request, in input order\n"
-            MOE_CLI_ENGINE_HELP
-            "  (the default KV budget here is 0.25 of available memory, at most 4GiB)\n"
-            MOE_CLI_STATS_USAGE);
-}
+struct batch_opts {
+    struct moe_cli_engine eng;
+    struct moe_cli_stats st;
+    const char *out_path;
+};
+
+static const struct moe_cli_opt rows[] = {
+    {.name = "output", .letter = 'o', .arg = "FILE", .kind = MOE_CLI_STRING, .at = MOE_CLI_AT_CMD,
+     MOE_CLI_FIELD(struct batch_opts, out_path),
+     .help = "results, one JSON line per request, in input order"},
+};
+
+static const char *const shared[] = {"@model", "@engine", "@offload", "@stats", NULL};
+
+static const struct moe_cli_command batch_cmd = {
+    .name = "batch",
+    .usage = "usage: moerun batch MODEL_DIR requests.jsonl -o out.jsonl [options]\n\n"
+             "One request per line: {\"prompt\": \"text\" | [ids], \"max_tokens\": 16,\n"
+             "\"temperature\": 1, \"top_p\": 1, \"top_k\": 0, \"min_p\": 0, \"stop\": \"..\" | [..],\n"
+             "\"seed\": 0, \"frequency_penalty\": 0, \"presence_penalty\": 0,\n"
+             "\"repetition_penalty\": 1, \"logprobs\": 0, \"logit_bias\": {\"id\": bias},\n"
+             "\"ignore_eos\": false, \"custom_id\": ..}, or \"messages\": [..] in place of \"prompt\"\n"
+             "(chat: the model's chat template, optional \"chat_template_kwargs\"; max_tokens\n"
+             "defaults to what the context leaves; reasoning_content as in moerun serve)\n"
+             "Defaults are the OpenAI API's.  A progress line goes to stderr.\n\n",
+    .rows = rows,
+    .n_rows = sizeof rows / sizeof rows[0],
+    .shared = shared,
+    .footer = "The default KV budget here is 0.25 of available memory, at most 4GiB.\n",
+    .engine_at = offsetof(struct batch_opts, eng),
+    .stats_at = offsetof(struct batch_opts, st),
+};
 
 struct item {
     int line;                 /* 1-based line of the input file */
@@ -165,6 +180,97 @@ static int num_field(json_t *req, const char *key, double lo, double hi, double 
     return 1;
 }
 
+/* The prompt of a line as ids (new memory): its "messages" rendered, its
+ * text encoded or its ids checked; a chat line's max_tokens is what the
+ * context leaves.  NULL and *err on a bad line. */
+static int32_t *line_prompt(struct batch *b, struct item *it, json_t *req, size_t *n_ids, int *max_tokens,
+                            char **err)
+{
+    int32_t *ids = NULL;
+    json_t *p = json_object_get(req, "prompt");
+    if (json_object_get(req, "messages") && p) {
+        *err = fmt_error("a line has 'prompt' or 'messages', not both");
+        goto fail;
+    }
+    if (json_object_get(req, "messages")) {
+        if (!(ids = chat_prompt(b, it, req, n_ids, err))) return NULL;
+        it->text = true;
+        /* max_tokens: what the context leaves, as a chat completion */
+        *max_tokens = b->e.m->cfg.max_pos - (int)*n_ids;
+        if (*max_tokens < 1) {
+            *err = fmt_error("the messages take %zu tokens: no room in the model's context of %d", *n_ids,
+                            b->e.m->cfg.max_pos);
+            goto fail;
+        }
+    } else if (json_is_string(p)) {
+        if (!b->have_tok) {
+            *err = fmt_error("a text prompt needs the model's tokenizer, which did not load");
+            goto fail;
+        }
+        bool bad = false;
+        if (moe_tokenizer_encode(&b->tok, json_string_value(p), json_string_length(p), true, &ids,
+                                 n_ids, &bad) != MOE_OK) {
+            *err = fmt_error("prompt: %s", moe_last_error());
+            goto fail;
+        }
+        it->text = true;
+    } else if (json_is_array(p)) {
+        *n_ids = json_array_size(p);
+        ids = malloc((*n_ids ? *n_ids : 1) * sizeof *ids);
+        size_t i;
+        json_t *v;
+        json_array_foreach(p, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+                *err = fmt_error("prompt[%zu] is not a token id", i);
+                goto fail;
+            }
+            ids[i] = (int32_t)json_integer_value(v);
+        }
+        it->text = b->have_tok;
+    } else {
+        *err = fmt_error("field 'prompt' must be a string or an array of token ids (or give 'messages')");
+        goto fail;
+    }
+    return ids;
+fail:
+    free(ids);
+    return NULL;
+}
+
+/* The sampling fields of a line, checked, into rp; false and *err on a bad value. */
+static bool line_sampling(struct batch *b, const struct item *it, json_t *req, struct moe_request_params *rp,
+                          char **err)
+{
+    double v;
+    int k;
+    if ((k = num_field(req, "max_tokens", 1, 1 << 24, &v, err)) < 0) return false;
+    if (k) rp->max_tokens = (int)v;
+    if ((k = num_field(req, "temperature", 0, 2, &v, err)) < 0) return false;
+    if (k) rp->sampling.temperature = (float)v;
+    if ((k = num_field(req, "top_p", 1e-9, 1, &v, err)) < 0) return false;
+    if (k) rp->sampling.top_p = (float)v;
+    if ((k = num_field(req, "top_k", -1, 1 << 24, &v, err)) < 0) return false;
+    if (k) rp->sampling.top_k = v < 0 ? 0 : (int)v;
+    if ((k = num_field(req, "min_p", 0, 1, &v, err)) < 0) return false;
+    if (k) rp->sampling.min_p = (float)v;
+    if ((k = num_field(req, "frequency_penalty", -2, 2, &v, err)) < 0) return false;
+    if (k) rp->sampling.frequency_penalty = (float)v;
+    if ((k = num_field(req, "presence_penalty", -2, 2, &v, err)) < 0) return false;
+    if (k) rp->sampling.presence_penalty = (float)v;
+    if ((k = num_field(req, "repetition_penalty", 1e-6, 100, &v, err)) < 0) return false;
+    if (k) rp->sampling.repetition_penalty = (float)v;
+    if ((k = num_field(req, "logprobs", 0, MOE_MAX_LOGPROBS, &v, err)) < 0) return false;
+    if (k) rp->sampling.n_logprobs = (int)v;
+    if ((k = num_field(req, "seed", 0, 9007199254740992.0, &v, err)) < 0) return false;
+    rp->sampling.seed = k ? (uint64_t)v : (uint64_t)it->line * 0x9e3779b97f4a7c15ull;
+    if ((k = num_field(req, "n", 1, 1, &v, err)) < 0) return false;
+    if (moe_sampling_logit_bias_from_json(json_object_get(req, "logit_bias"), b->e.r.m->cfg.vocab, &rp->sampling) != MOE_OK) {
+        *err = fmt_error("%s", moe_last_error());
+        return false;
+    }
+    return true;
+}
+
 /* Builds the engine request of one line; on a bad line sets it->error. */
 static void submit_line(struct batch *b, struct item *it, const struct moe_cli_engine *eo)
 {
@@ -182,77 +288,8 @@ static void submit_line(struct batch *b, struct item *it, const struct moe_cli_e
         goto out;
     }
     it->custom_id = json_incref(json_object_get(req, "custom_id"));
-    json_t *p = json_object_get(req, "prompt");
-    if (json_object_get(req, "messages") && p) {
-        err = fmt_error("a line has 'prompt' or 'messages', not both");
+    if (!(ids = line_prompt(b, it, req, &n_ids, &rp.max_tokens, &err)) || !line_sampling(b, it, req, &rp, &err))
         goto out;
-    }
-    if (json_object_get(req, "messages")) {
-        if (!(ids = chat_prompt(b, it, req, &n_ids, &err))) goto out;
-        it->text = true;
-        /* max_tokens: what the context leaves, as a chat completion */
-        rp.max_tokens = b->e.m->cfg.max_pos - (int)n_ids;
-        if (rp.max_tokens < 1) {
-            err = fmt_error("the messages take %zu tokens: no room in the model's context of %d", n_ids,
-                            b->e.m->cfg.max_pos);
-            goto out;
-        }
-    } else if (json_is_string(p)) {
-        if (!b->have_tok) {
-            err = fmt_error("a text prompt needs the model's tokenizer, which did not load");
-            goto out;
-        }
-        bool bad = false;
-        if (moe_tokenizer_encode(&b->tok, json_string_value(p), json_string_length(p), true, &ids,
-                                 &n_ids, &bad) != MOE_OK) {
-            err = fmt_error("prompt: %s", moe_last_error());
-            goto out;
-        }
-        it->text = true;
-    } else if (json_is_array(p)) {
-        n_ids = json_array_size(p);
-        ids = malloc((n_ids ? n_ids : 1) * sizeof *ids);
-        size_t i;
-        json_t *v;
-        json_array_foreach(p, i, v) {
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
-                err = fmt_error("prompt[%zu] is not a token id", i);
-                goto out;
-            }
-            ids[i] = (int32_t)json_integer_value(v);
-        }
-        it->text = b->have_tok;
-    } else {
-        err = fmt_error("field 'prompt' must be a string or an array of token ids (or give 'messages')");
-        goto out;
-    }
-    double v;
-    int k;
-    if ((k = num_field(req, "max_tokens", 1, 1 << 24, &v, &err)) < 0) goto out;
-    if (k) rp.max_tokens = (int)v;
-    if ((k = num_field(req, "temperature", 0, 2, &v, &err)) < 0) goto out;
-    if (k) rp.sampling.temperature = (float)v;
-    if ((k = num_field(req, "top_p", 1e-9, 1, &v, &err)) < 0) goto out;
-    if (k) rp.sampling.top_p = (float)v;
-    if ((k = num_field(req, "top_k", -1, 1 << 24, &v, &err)) < 0) goto out;
-    if (k) rp.sampling.top_k = v < 0 ? 0 : (int)v;
-    if ((k = num_field(req, "min_p", 0, 1, &v, &err)) < 0) goto out;
-    if (k) rp.sampling.min_p = (float)v;
-    if ((k = num_field(req, "frequency_penalty", -2, 2, &v, &err)) < 0) goto out;
-    if (k) rp.sampling.frequency_penalty = (float)v;
-    if ((k = num_field(req, "presence_penalty", -2, 2, &v, &err)) < 0) goto out;
-    if (k) rp.sampling.presence_penalty = (float)v;
-    if ((k = num_field(req, "repetition_penalty", 1e-6, 100, &v, &err)) < 0) goto out;
-    if (k) rp.sampling.repetition_penalty = (float)v;
-    if ((k = num_field(req, "logprobs", 0, MOE_MAX_LOGPROBS, &v, &err)) < 0) goto out;
-    if (k) rp.sampling.n_logprobs = (int)v;
-    if ((k = num_field(req, "seed", 0, 9007199254740992.0, &v, &err)) < 0) goto out;
-    rp.sampling.seed = k ? (uint64_t)v : (uint64_t)it->line * 0x9e3779b97f4a7c15ull;
-    if ((k = num_field(req, "n", 1, 1, &v, &err)) < 0) goto out;
-    if (moe_sampling_logit_bias_from_json(json_object_get(req, "logit_bias"), b->e.r.m->cfg.vocab, &rp.sampling) != MOE_OK) {
-        err = fmt_error("%s", moe_last_error());
-        goto out;
-    }
     json_t *stop = json_object_get(req, "stop");
     if (json_is_string(stop)) {
         stops[n_stops++] = json_string_value(stop);
@@ -383,161 +420,134 @@ static void progress(struct batch *b, double t0, double *shown, bool last)
             100.0 * used / kv->n_blocks, el, tty && !last ? "" : "\n");
 }
 
-int moe_cli_batch(int argc, char **argv)
+/* Every line of in_path as an item: a line that is not JSON is an error
+ * record, not a stop. */
+static int batch_read(struct batch *b, const char *in_path)
 {
-    struct moe_cli_engine eo;
-    moe_cli_engine_defaults(&eo);
-    const char *out_path = NULL;
-    static const struct option opts[] = {{"output", required_argument, 0, 'o'},
-                                         {"help", no_argument, 0, 'h'},
-                                         MOE_CLI_ENGINE_LONGOPTS,
-                                         MOE_CLI_STATS_OPTIONS,
-                                         {0, 0, 0, 0}};
-    struct moe_cli_stats so = {0};
-    int c;
-    optind = 1;
-    while ((c = moe_cli_getopt(argc, argv, "o:h", opts, "batch")) != -1) {
-        int k = moe_cli_engine_option(&eo, "batch", c, optarg);
-        if (k == 0) k = moe_cli_stats_option(&so, &eo.model, c, optarg, "batch");
-        if (k < 0) return 1;
-        if (k > 0) continue;
-        switch (c) {
-        case 'o': out_path = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: return 2;
-        }
-    }
-    const char *in_path = NULL;
-    if (!eo.model.synthetic && optind < argc) eo.model.path = argv[optind++];
-    if (optind < argc) in_path = argv[optind++];
-    if (optind < argc) return moe_cli_error("batch", "unexpected argument '%s'", argv[optind]);
-    if (!in_path || !out_path) {
-        usage(stderr);
-        return 2;
-    }
-    if (moe_cli_stats_check(&so, "batch") || moe_cli_check_writable("batch", "-o", out_path)) return 1;
-    struct moe_model m = {0};
-    struct moe_backend be = {0};
-    struct batch b = {0};
-    int rc = 1;
     FILE *in = fopen(in_path, "r");
     if (!in) return moe_cli_error("batch", "cannot open %s", in_path);
-    /* read every line first: a bad line is an error record, not a stop */
     char *line = NULL;
     size_t lcap = 0;
     ssize_t len;
-    int cap = 0, lineno = 0;
-    while ((len = getline(&line, &lcap, in)) >= 0) {
+    int cap = 0, lineno = 0, rc = 0;
+    while (!rc && (len = getline(&line, &lcap, in)) >= 0) {
         bool blank = true;
         for (ssize_t i = 0; i < len; i++)
             if (line[i] != ' ' && line[i] != '\t' && line[i] != '\n' && line[i] != '\r') blank = false;
         lineno++;
         if (blank) continue;
-        if (b.n_items == cap) {
+        if (b->n_items == cap) {
             cap = cap ? cap * 2 : 64;
-            struct item *ni = realloc(b.items, (size_t)cap * sizeof *ni);
+            struct item *ni = realloc(b->items, (size_t)cap * sizeof *ni);
             if (!ni) {
-                moe_cli_error("batch", "out of memory reading %s", in_path);
-                goto done;
+                rc = moe_cli_error("batch", "out of memory reading %s", in_path);
+                break;
             }
-            b.items = ni;
+            b->items = ni;
         }
-        struct item *it = &b.items[b.n_items++];
+        struct item *it = &b->items[b->n_items++];
         memset(it, 0, sizeof *it);
         it->line = lineno;
-        it->index = b.n_items - 1;
+        it->index = b->n_items - 1;
         json_error_t jerr;
         it->req = json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &jerr);
         if (!it->req) it->error = fmt_error("line %d: invalid JSON at column %d: %s", lineno, jerr.column, jerr.text);
     }
     free(line);
-    line = NULL;
     fclose(in);
-    in = NULL;
-    if (b.n_items == 0) {
-        moe_cli_error("batch", "%s holds no request", in_path);
-        goto done;
+    if (!rc && b->n_items == 0) rc = moe_cli_error("batch", "%s holds no request", in_path);
+    return rc;
+}
+
+/* The model, its tokenizer and chat template (chat lines need them,
+ * completions lines do not), the engine and the output file. */
+static int batch_load(struct batch_opts *o, struct batch *b, struct moe_model *m, struct moe_backend *be,
+                      struct moe_cli_stats *so)
+{
+    if (moe_cli_open_model(m, &o->eng.model) != MOE_OK) return moe_cli_error("batch", "%s", moe_last_error());
+    if (o->eng.model.path) b->have_tok = moe_tokenizer_load(&b->tok, o->eng.model.path) == MOE_OK;
+    if (b->have_tok) {
+        b->have_chat = moe_chat_template_load(&b->tmpl, o->eng.model.path, b->tok.chat_template) == MOE_OK;
+        b->special = moe_chat_special_tokens(&b->tok);
+        b->rfmt = b->have_chat ? moe_reasoning_detect(b->tmpl.source) : MOE_REASONING_NONE;
     }
-    if (moe_cli_open_model(&m, &eo.model) != MOE_OK) {
-        moe_cli_error("batch", "%s", moe_last_error());
-        goto done;
-    }
-    if (eo.model.path) b.have_tok = moe_tokenizer_load(&b.tok, eo.model.path) == MOE_OK;
-    if (b.have_tok) { /* chat lines need it; completions lines do not */
-        b.have_chat = moe_chat_template_load(&b.tmpl, eo.model.path, b.tok.chat_template) == MOE_OK;
-        b.special = moe_chat_special_tokens(&b.tok);
-        b.rfmt = b.have_chat ? moe_reasoning_detect(b.tmpl.source) : MOE_REASONING_NONE;
-    }
-    if (!eo.kv_budget) eo.kv_budget = "0.25";
+    if (!o->eng.kv_budget) o->eng.kv_budget = "0.25";
     size_t budget;
-    if (moe_cli_parse_budget(eo.kv_budget, &budget) == MOE_OK && budget > ((size_t)4 << 30) &&
-        !strchr(eo.kv_budget, 'i') && !strchr(eo.kv_budget, 'B'))
-        eo.kv_budget = "4GiB";
-    if (moe_cli_backend_start(&be, &eo) != MOE_OK ||
-        moe_cli_engine_start(&eo, &m, &be, 0, &b.e) != MOE_OK) {
-        moe_cli_error("batch", "%s", moe_last_error());
-        goto done;
-    }
-    b.e.on_token = on_token;
-    if (moe_cli_stats_start(&so, &m, "batch")) goto done;
-    b.e.r.fw.stats = moe_cli_stats_recorder(&so);
-    b.out = fopen(out_path, "w");
-    if (!b.out) {
-        moe_cli_error("batch", "cannot write %s", out_path);
-        goto done;
-    }
+    if (moe_cli_parse_budget(o->eng.kv_budget, &budget) == MOE_OK && budget > ((size_t)4 << 30) &&
+        !strchr(o->eng.kv_budget, 'i') && !strchr(o->eng.kv_budget, 'B'))
+        o->eng.kv_budget = "4GiB";
+    if (moe_cli_backend_start(be, &o->eng) != MOE_OK || moe_cli_engine_start(&o->eng, m, be, 0, &b->e) != MOE_OK)
+        return moe_cli_error("batch", "%s", moe_last_error());
+    b->e.on_token = on_token;
+    if (moe_cli_stats_start(so, m, "batch")) return 1;
+    b->e.r.fw.stats = moe_cli_stats_recorder(so);
+    if (!(b->out = fopen(o->out_path, "w"))) return moe_cli_error("batch", "cannot write %s", o->out_path);
+    return 0;
+}
+
+/* What the run did: the summary line on stderr. */
+struct batch_result {
+    int requests, refused;
+    double seconds;
+    struct moe_engine_counters n;
+};
+
+static void print_result(const struct batch_result *r)
+{
+    const double el = r->seconds;
+    fprintf(stderr,
+            "[batch] %d requests (%d refused) in %.2f s: %llu prompt tokens (%llu from the prefix "
+            "cache), %llu generated, %.1f generated tokens/s, %.2f requests/s, %llu preemptions\n",
+            r->requests, r->refused, el, (unsigned long long)r->n.prompt_tokens,
+            (unsigned long long)r->n.prefix_hit_tokens, (unsigned long long)r->n.generated_tokens,
+            el > 0 ? (double)r->n.generated_tokens / el : 0.0, el > 0 ? r->requests / el : 0.0,
+            (unsigned long long)r->n.preemptions);
+}
+
+/* Submits every line and steps the engine until all are written. */
+static int batch_run(struct batch *b, const struct moe_cli_engine *eo, struct batch_result *r)
+{
     double t0 = moe_cli_now(), shown = 0;
-    for (int i = 0; i < b.n_items; i++) {
-        struct item *it = &b.items[i];
+    for (int i = 0; i < b->n_items; i++) {
+        struct item *it = &b->items[i];
         if (it->error) {
-            b.done++;
+            b->done++;
             continue;
         }
-        submit_line(&b, it, &eo);
+        submit_line(b, it, eo);
         if (it->error) {
             char *e2 = fmt_error("line %d: %s", it->line, it->error);
             free(it->error);
             it->error = e2;
         }
     }
-    write_ready(&b);
+    write_ready(b);
     int rows;
-    while (!moe_engine_idle(&b.e)) {
-        uint64_t before = b.e.n.requests_finished;
-        if (moe_engine_step(&b.e, &rows) != MOE_OK) {
-            moe_cli_error("batch", "%s", moe_last_error());
-            goto done;
-        }
+    while (!moe_engine_idle(&b->e)) {
+        uint64_t before = b->e.n.requests_finished;
+        if (moe_engine_step(&b->e, &rows) != MOE_OK) return moe_cli_error("batch", "%s", moe_last_error());
         /* stop strings finish requests from the text side */
-        for (int i = b.next_write; i < b.n_items; i++) {
-            struct item *it = &b.items[i];
+        for (int i = b->next_write; i < b->n_items; i++) {
+            struct item *it = &b->items[i];
             if (it->r && it->tg_on && it->tg.stopped && it->r->state != MOE_REQ_FINISHED)
-                moe_engine_stop(&b.e, it->r);
+                moe_engine_stop(&b->e, it->r);
         }
-        b.done += (int)(b.e.n.requests_finished - before);
-        write_ready(&b);
-        progress(&b, t0, &shown, false);
+        b->done += (int)(b->e.n.requests_finished - before);
+        write_ready(b);
+        progress(b, t0, &shown, false);
     }
-    b.done = b.n_items;
-    write_ready(&b);
-    progress(&b, t0, &shown, true);
-    double el = moe_cli_now() - t0;
-    int failed = 0;
-    for (int i = 0; i < b.n_items; i++) failed += b.items[i].error != NULL;
-    fprintf(stderr,
-            "[batch] %d requests (%d refused) in %.2f s: %llu prompt tokens (%llu from the prefix "
-            "cache), %llu generated, %.1f generated tokens/s, %.2f requests/s, %llu preemptions\n",
-            b.n_items, failed, el, (unsigned long long)b.e.n.prompt_tokens,
-            (unsigned long long)b.e.n.prefix_hit_tokens, (unsigned long long)b.e.n.generated_tokens,
-            el > 0 ? (double)b.e.n.generated_tokens / el : 0.0, el > 0 ? b.n_items / el : 0.0,
-            (unsigned long long)b.e.n.preemptions);
-    rc = moe_cli_stats_finish(&so, &m, &eo.model, &be, "batch");
-done:
-    moe_cli_stats_free(&so);
-    if (in) fclose(in);
-    free(line);
-    for (int i = 0; i < b.n_items; i++) {
-        struct item *it = &b.items[i];
+    b->done = b->n_items;
+    write_ready(b);
+    progress(b, t0, &shown, true);
+    *r = (struct batch_result){.requests = b->n_items, .seconds = moe_cli_now() - t0, .n = b->e.n};
+    for (int i = 0; i < b->n_items; i++) r->refused += b->items[i].error != NULL;
+    return 0;
+}
+
+static void batch_free(struct batch *b)
+{
+    for (int i = 0; i < b->n_items; i++) {
+        struct item *it = &b->items[i];
         json_decref(it->req);
         json_decref(it->custom_id);
         free(it->error);
@@ -546,13 +556,45 @@ done:
         moe_textgen_free(&it->tg);
         moe_reasoning_free(&it->rs);
     }
-    free(b.items);
-    if (b.out) fclose(b.out);
-    moe_engine_free(&b.e);
+    free(b->items);
+    if (b->out) fclose(b->out);
+    moe_engine_free(&b->e);
+    moe_tokenizer_free(&b->tok);
+    moe_chat_template_free(&b->tmpl);
+    json_decref(b->special);
+}
+
+int moe_cli_batch(int argc, char **argv)
+{
+    struct batch_opts o = {0};
+    moe_cli_engine_defaults(&o.eng);
+    struct moe_cli_args a;
+    int rc = moe_cli_parse(&batch_cmd, argc, argv, &o, &a);
+    if (rc >= 0) return rc;
+    const char *in_path = NULL;
+    int k = 0;
+    if (!o.eng.model.synthetic && k < a.n_pos) o.eng.model.path = a.pos[k++];
+    if (k < a.n_pos) in_path = a.pos[k++];
+    if (k < a.n_pos) return moe_cli_error("batch", "unexpected argument '%s'", a.pos[k]);
+    if (!in_path || !o.out_path) {
+        moe_cli_help(&batch_cmd, stderr);
+        return 2;
+    }
+    if (moe_cli_stats_check(&o.st, "batch") || moe_cli_check_writable("batch", "-o", o.out_path)) return 1;
+    struct moe_model m = {0};
+    struct moe_backend be = {0};
+    struct batch b = {0};
+    struct batch_result r = {0};
+    rc = batch_read(&b, in_path);
+    if (!rc) rc = batch_load(&o, &b, &m, &be, &o.st);
+    if (!rc) rc = batch_run(&b, &o.eng, &r);
+    if (!rc) {
+        print_result(&r);
+        rc = moe_cli_stats_finish(&o.st, &m, &o.eng.model, &be, "batch");
+    }
+    moe_cli_stats_free(&o.st);
+    batch_free(&b);
     moe_backend_free(&be);
-    moe_tokenizer_free(&b.tok);
-    moe_chat_template_free(&b.tmpl);
-    json_decref(b.special);
     moe_model_free(&m);
     return rc;
 }

@@ -17,7 +17,7 @@
  * the same way (one pass of reads over 256 MiB): a decode step only reads,
  * and on a machine whose cores cannot keep enough reads in flight the read
  * figure is well below the copy figure (docs/performance.md). */
-#include <getopt.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,51 +25,79 @@
 #include "runtime/cli/bench_gpu.h"
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_opts.h"
 #include "runtime/cpu/gemm_fast.h"
 #include "runtime/engine/runner.h"
 #include "runtime/cli/bench_serve.h"
 #include "runtime/cli/stats_cli.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moerun bench MODEL_DIR [options]\n"
-            "       moerun bench --synthetic CONFIG.json [options]\n\n"
-            "  --prefill LIST   prompt lengths to time (default 128,512)\n"
-            "  --decode LIST    decode batch sizes to time (default 1,8,32)\n"
-            "  --ctx N          context of each sequence before decode (default 128)\n"
-            "  --steps N        decode steps per measurement (default 16)\n"
-            "  --chunk N        prefill chunk size (default 512)\n"
-            "  --kv-dtype T     KV cache dtype: f32 (default), f16, bf16, fp8\n"
-            "  --repeat N       runs per measurement, best reported (default 3)\n"
-            "  --json           one JSON object on stdout instead of a table\n"
-            "  --copy-bandwidth measure device copy bandwidth; report decode against the\n"
-            "                   HBM roofline (CUDA)\n"
-            "  --gemm-compare LIST  grouped expert GEMM vs dense cuBLAS at LIST tokens (CUDA)\n"
-            "  --expert-kernels LIST  the decode expert kernels alone at LIST batch sizes, with\n"
-            "                   bf16, MXFP4, FP8 and Q8_0 weights of the model's shape (CUDA)\n"
-            "  --serve          the serving benchmark instead (vLLM bench serve style):\n"
-            "    --requests N       requests (default 64)\n"
-            "    --rate R           Poisson arrivals at R requests/s (default: all at once)\n"
-            "    --input-len I, --output-len O  tokens per request (default 128, 64)\n"
-            "    --range-ratio F    lengths uniform in [len*(1-F), len*(1+F)] (default 0)\n"
-            "    --kv-budget SIZE, --kv-block N, --max-batch-tokens N, --max-seqs N,\n"
-            "    --no-prefix-cache  engine settings (see moerun batch --help)\n"
-            "  --backend NAME   auto, cpu (fast kernels), cpu-ref (reference) or cuda\n"
-            "                   (default auto)\n"
-            "  --threads N      CPU threads\n"
-            "  --synthetic CONFIG, --dtype T, --synthetic-seed S  random weights\n"
-            "  --moe-top-k K    route each token to K experts instead of the model's top-k\n"
-            "  --quantize q8_0  quantize the weights at load (9 bits a weight)\n"
-            "  --gpu-experts N  CUDA: N experts of each MoE layer in GPU memory, the rest\n"
-            "                   copied in from host memory when routed to (reports the\n"
-            "                   share found on the GPU and the MB copied in per token)\n"
-            "  --gpu-experts-policy lru|lfu, --gpu-experts-warm FILE,\n"
-            "  --gpu-experts-cpu-rows R  as on run (reports the expert uses computed on\n"
-            "                   the CPU)\n"
-            MOE_CLI_STATS_USAGE
-            "Statistics are recorded unless --no-stats (compare the two to see their cost).\n");
-}
+struct bench_opts {
+    struct moe_cli_engine eng;
+    struct moe_cli_stats st;
+    const char *prefill, *decode, *gemm_compare, *expert_kernels; /* comma-separated sizes */
+    long ctx, steps, chunk, repeat;
+    bool json, copy_bandwidth, serve;
+    long requests, input_len, output_len; /* --serve */
+    double rate, range_ratio;
+};
+
+#define CMD(member) .at = MOE_CLI_AT_CMD, MOE_CLI_FIELD(struct bench_opts, member)
+static const struct moe_cli_opt rows[] = {
+    {.name = "prefill", .arg = "LIST", .kind = MOE_CLI_STRING, CMD(prefill),
+     .help = "prompt lengths to time (default 128,512)"},
+    {.name = "decode", .arg = "LIST", .kind = MOE_CLI_STRING, CMD(decode),
+     .help = "decode batch sizes to time (default 1,8,32)"},
+    {.name = "ctx", .arg = "N", .kind = MOE_CLI_INT, CMD(ctx), .lo = 1, .hi = 1 << 24,
+     .help = "context of each sequence before decode (default 128)"},
+    {.name = "steps", .arg = "N", .kind = MOE_CLI_INT, CMD(steps), .lo = 1, .hi = 1 << 24,
+     .help = "decode steps per measurement (default 16)"},
+    {.name = "chunk", .arg = "N", .kind = MOE_CLI_INT, CMD(chunk), .lo = 1, .hi = 1 << 24,
+     .help = "prefill chunk size (default 512)"},
+    {.name = "repeat", .arg = "N", .kind = MOE_CLI_INT, CMD(repeat), .lo = 1, .hi = 1 << 24,
+     .help = "runs per measurement, best reported (default 3)"},
+    {.name = "json", .kind = MOE_CLI_FLAG, CMD(json),
+     .help = "one JSON object on stdout instead of a table"},
+    {.name = "copy-bandwidth", .kind = MOE_CLI_FLAG, CMD(copy_bandwidth),
+     .help = "measure device copy bandwidth; report decode against the\n"
+             "HBM roofline (CUDA)"},
+    {.name = "gemm-compare", .arg = "LIST", .kind = MOE_CLI_STRING, CMD(gemm_compare),
+     .help = "grouped expert GEMM vs dense cuBLAS at LIST tokens (CUDA)"},
+    {.name = "expert-kernels", .arg = "LIST", .kind = MOE_CLI_STRING, CMD(expert_kernels),
+     .help = "the decode expert kernels alone at LIST batch sizes, with\n"
+             "bf16, MXFP4, FP8 and Q8_0 weights of the model's shape (CUDA)"},
+    {.name = "serve", .kind = MOE_CLI_FLAG, CMD(serve),
+     .help = "the serving benchmark instead (vLLM bench serve style)"},
+    {.name = "requests", .arg = "N", .kind = MOE_CLI_INT, CMD(requests), .lo = 1, .hi = 1 << 24,
+     .help = "--serve: requests (default 64)"},
+    {.name = "rate", .arg = "R", .kind = MOE_CLI_DOUBLE, CMD(rate), .lo = 0, .hi = INFINITY,
+     .help = "--serve: Poisson arrivals at R requests/s (default: all\nat once)"},
+    {.name = "input-len", .arg = "I", .kind = MOE_CLI_INT, CMD(input_len), .lo = 1, .hi = 1 << 24,
+     .help = "--serve: prompt tokens per request (default 128)"},
+    {.name = "output-len", .arg = "O", .kind = MOE_CLI_INT, CMD(output_len), .lo = 1, .hi = 1 << 24,
+     .help = "--serve: tokens generated per request (default 64)"},
+    {.name = "range-ratio", .arg = "F", .kind = MOE_CLI_DOUBLE, CMD(range_ratio), .lo = 0, .hi = 1,
+     .open = MOE_CLI_HI_OPEN,
+     .help = "--serve: lengths uniform in [len*(1-F), len*(1+F)]\n(default 0)"},
+};
+#undef CMD
+
+static const char *const shared[] = {"@model", "@engine", "@offload", "@stats", NULL};
+
+static const struct moe_cli_command bench_cmd = {
+    .name = "bench",
+    .usage = "usage: moerun bench MODEL_DIR [options]\n"
+             "       moerun bench --synthetic CONFIG.json [options]\n\n",
+    .rows = rows,
+    .n_rows = sizeof rows / sizeof rows[0],
+    .shared = shared,
+    .footer = "The engine options (--kv-budget, --kv-block, --max-batch-tokens, --max-seqs,\n"
+             "--no-prefix-cache) set the engine of --serve.  With --gpu-experts, bench\n"
+             "reports the share of routed experts found on the GPU and the MB copied in per\n"
+             "token, and with --gpu-experts-cpu-rows the expert uses computed on the CPU.\n"
+             "Statistics are recorded unless --no-stats (compare the two to see their cost).\n",
+    .engine_at = offsetof(struct bench_opts, eng),
+    .stats_at = offsetof(struct bench_opts, st),
+};
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -79,14 +107,6 @@ static uint64_t rng_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static int parse_list(const char *s, int32_t **v, int *n, const char *what)
-{
-    if (moe_cli_parse_ids(s, v, n) != MOE_OK) return moe_cli_error("bench", "%s: %s", what, moe_last_error());
-    for (int i = 0; i < *n; i++)
-        if ((*v)[i] <= 0) return moe_cli_error("bench", "%s: values must be positive", what);
-    return 0;
-}
-
 struct bench_ctx {
     struct moe_runner r;
     struct moe_seq *seqs;
@@ -94,6 +114,7 @@ struct bench_ctx {
     int V, chunk, repeat;
     uint64_t rng;
     /* expert offload (--gpu-experts) within the timed steps of a phase */
+    int n_seqs;
     const struct moe_backend *be;
     struct moe_offload_stats off;
     double off_tokens;
@@ -112,19 +133,24 @@ static void offload_add(struct bench_ctx *b, const struct moe_offload_stats *at,
     b->off_tokens += tokens;
 }
 
-/* Reports a phase's offload figures (when offloaded) and resets them. */
-static void offload_phase(struct bench_ctx *b, json_t *entry, bool json)
+/* One measurement: a prefill of `size` tokens or decode steps at batch `size`. */
+struct bench_phase {
+    int size;
+    double seconds;          /* best of --repeat: the whole prefill, or all --steps decode steps */
+    bool offload;            /* --gpu-experts: the figures below were measured */
+    double hit_rate, mb_in_per_token, cpu_per_token;
+};
+
+/* The phase's offload figures over its timed steps (when offloaded); resets them. */
+static void offload_phase(struct bench_ctx *b, struct bench_phase *ph)
 {
     struct moe_offload_stats now;
     moe_cuda_offload_stats(b->be, &now);
     if (now.layers > 0 && b->off_tokens > 0) {
-        const double hit = b->off.accesses ? (double)b->off.hits / (double)b->off.accesses : 1,
-                     mb = (double)b->off.bytes_in / b->off_tokens / 1e6,
-                     cpu = (double)b->off.cpu_uses / b->off_tokens;
-        json_object_set_new(entry, "offload", json_pack("{s:f, s:f, s:f}", "hit_rate", hit, "mb_in_per_token", mb,
-                                                        "cpu_experts_per_token", cpu));
-        if (!json) printf("%-10s %8s %11.1f%% %9.2f MB/token copied in, %.2f expert uses/token on the CPU\n",
-                          "  offload", "", 100 * hit, mb, cpu);
+        ph->offload = true;
+        ph->hit_rate = b->off.accesses ? (double)b->off.hits / (double)b->off.accesses : 1;
+        ph->mb_in_per_token = (double)b->off.bytes_in / b->off_tokens / 1e6;
+        ph->cpu_per_token = (double)b->off.cpu_uses / b->off_tokens;
     }
     memset(&b->off, 0, sizeof b->off);
     b->off_tokens = 0;
@@ -187,29 +213,26 @@ static enum moe_status time_decode(struct bench_ctx *b, int B, int ctx, int step
 }
 
 /* --serve: the engine under a stream of requests (runtime/cli/bench_serve.c). */
-static int bench_serve_mode(const struct moe_model *m, struct moe_backend *be,
-                            const struct moe_cli_model_opts *mo, struct moe_cli_engine *eo,
-                            const struct moe_bench_serve_opts *sv, struct moe_cli_stats *so, int json)
+static int bench_serve_mode(const struct moe_model *m, struct moe_backend *be, struct bench_opts *o)
 {
+    const struct moe_bench_serve_opts sv = {.n_requests = (int)o->requests, .rate = o->rate,
+                                            .input_len = (int)o->input_len, .output_len = (int)o->output_len,
+                                            .range_ratio = o->range_ratio, .seed = 7};
+    const struct moe_cli_model_opts *mo = &o->eng.model;
     struct moe_engine e = {0};
     json_t *res = NULL;
     int rc = 1;
-    if (!eo->kv_budget) eo->kv_budget = "0.25";
-    if ((long)sv->input_len * 2 + sv->output_len * 2 > m->cfg.max_pos) {
-        moe_cli_error("bench", "input and output lengths exceed the model's context of %d", m->cfg.max_pos);
-        return 1;
-    }
-    if (moe_cli_engine_start(eo, m, be, 0, &e) != MOE_OK) {
-        moe_cli_error("bench", "%s", moe_last_error());
-        return 1;
-    }
-    if (moe_cli_stats_start(so, m, "bench")) goto done;
-    e.r.fw.stats = moe_cli_stats_recorder(so);
-    if (moe_bench_serve(&e, sv, json, &res) != MOE_OK) {
+    if (!o->eng.kv_budget) o->eng.kv_budget = "0.25";
+    if ((long)sv.input_len * 2 + sv.output_len * 2 > m->cfg.max_pos)
+        return moe_cli_error("bench", "input and output lengths exceed the model's context of %d", m->cfg.max_pos);
+    if (moe_cli_engine_start(&o->eng, m, be, 0, &e) != MOE_OK) return moe_cli_error("bench", "%s", moe_last_error());
+    if (moe_cli_stats_start(&o->st, m, "bench")) goto done;
+    e.r.fw.stats = moe_cli_stats_recorder(&o->st);
+    if (moe_bench_serve(&e, &sv, o->json, &res) != MOE_OK) {
         moe_cli_error("bench", "%s", moe_last_error());
         goto done;
     }
-    if (json) {
+    if (o->json) {
         json_t *out = json_pack("{s:s, s:s, s:i, s:O}", "model", mo->path ? mo->path : mo->synthetic,
                                 "backend", be->ops->name, "threads", be->n_threads, "serve", res);
         char *s = out ? json_dumps(out, JSON_COMPACT) : NULL;
@@ -217,7 +240,7 @@ static int bench_serve_mode(const struct moe_model *m, struct moe_backend *be,
         free(s);
         json_decref(out);
     }
-    rc = moe_cli_stats_finish(so, m, mo, be, "bench");
+    rc = moe_cli_stats_finish(&o->st, m, mo, be, "bench");
 done:
     json_decref(res);
     moe_engine_free(&e);
@@ -238,266 +261,303 @@ static double decode_bytes(const struct moe_model *m, double ctx, enum moe_dtype
                     z.bytes_shared) + experts + embed_row + head + kv;
 }
 
+/* The sizes of the list options, each a comma-separated list of positive integers. */
+struct bench_lists {
+    int32_t *prefill, *decode, *gemm, *experts;
+    int n_prefill, n_decode, n_gemm, n_experts;
+};
+
+static void lists_free(struct bench_lists *l)
+{
+    free(l->prefill);
+    free(l->decode);
+    free(l->gemm);
+    free(l->experts);
+}
+
+static int parse_list(const char *s, int32_t **v, int *n, const char *what)
+{
+    if (!s) return 0;
+    if (moe_cli_parse_ids(s, v, n) != MOE_OK) return moe_cli_error("bench", "%s: %s", what, moe_last_error());
+    for (int i = 0; i < *n; i++)
+        if ((*v)[i] <= 0) return moe_cli_error("bench", "%s: values must be positive", what);
+    return 0;
+}
+
+/* Parses the command line into o and l; -1 to go on, else the exit code. */
+static int bench_parse(int argc, char **argv, struct bench_opts *o, struct bench_lists *l)
+{
+    *o = (struct bench_opts){.prefill = "128,512", .decode = "1,8,32", .ctx = 128, .steps = 16, .chunk = 512,
+                             .repeat = 3, .requests = 64, .input_len = 128, .output_len = 64};
+    moe_cli_engine_defaults(&o->eng);
+    struct moe_cli_args a;
+    int rc = moe_cli_parse(&bench_cmd, argc, argv, o, &a);
+    if (rc >= 0) return rc;
+    if (moe_cli_stats_check(&o->st, "bench")) return 1;
+    if (a.n_pos > 0) o->eng.model.path = a.pos[0];
+    if (a.n_pos > 1) return moe_cli_error("bench", "unexpected argument '%s'", a.pos[1]);
+    if (parse_list(o->prefill, &l->prefill, &l->n_prefill, "--prefill") ||
+        parse_list(o->decode, &l->decode, &l->n_decode, "--decode") ||
+        parse_list(o->gemm_compare, &l->gemm, &l->n_gemm, "--gemm-compare") ||
+        parse_list(o->expert_kernels, &l->experts, &l->n_experts, "--expert-kernels"))
+        return 1;
+    return -1;
+}
+
+/* The backend first: one that can make synthetic weights itself gets them
+ * deferred, so no host copy of a large model is ever built.  Then the model. */
+static int bench_open(struct bench_opts *o, struct moe_backend *be, struct moe_model *m)
+{
+    struct moe_backend_opts bo;
+    moe_cli_backend_opts(&bo, o->eng.threads);
+    enum moe_weight_quant q = MOE_QUANT_NONE;
+    if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q); /* checked when parsed */
+    bo.quant = q;
+    double *warm = NULL;
+    if (moe_cli_offload_opts(&bo, o->eng.gpu_experts, o->eng.gpu_experts_policy, o->eng.gpu_experts_warm,
+                             o->eng.gpu_experts_cpu_rows, &warm) == MOE_OK &&
+        moe_backend_init(be, o->eng.backend, &bo) == MOE_OK)
+        o->eng.model.device_weights = o->eng.model.synthetic && be->ops->synth_fill;
+    free(warm);
+    if (!be->ops || moe_cli_open_model(m, &o->eng.model) != MOE_OK) return moe_cli_error("bench", "%s", moe_last_error());
+    return 0;
+}
+
+/* What bench measured: the text table and the JSON object both come from it. */
+struct bench_result {
+    const char *model, *backend, *kernels, *quantize;
+    int threads, top_k, ctx, steps;
+    bool stats;                       /* the recorder was on */
+    struct bench_phase *prefill, *decode;
+    int n_prefill, n_decode;
+    double stats_s, loop_s;           /* stats: the recorder's time, all timed steps' time */
+    bool cuda;                        /* the CUDA backend: which paths the steps took */
+    long long graph_replays, mma_expert_calls;
+    json_t *gpu;                      /* the GPU measurements (bench_gpu.c), or NULL */
+    bool roofline;                    /* the host memory roofline of batch-1 decode */
+    double decode_bytes, copy_bw, read_bw;
+};
+
+static void result_free(struct bench_result *r)
+{
+    free(r->prefill);
+    free(r->decode);
+    json_decref(r->gpu);
+}
+
+/* --- the text report: a row as each measurement ends, then the lines after them --- */
+
+static void print_phase(const char *phase, const struct bench_result *r, const struct bench_phase *ph)
+{
+    if (phase[0] == 'p')
+        printf("%-10s %8d %12.1f %12.2f ms\n", phase, ph->size, ph->size / ph->seconds, ph->seconds * 1e3);
+    else
+        printf("%-10s %8d %12.1f %9.2f ms/step\n", phase, ph->size, (double)ph->size * r->steps / ph->seconds,
+               ph->seconds / r->steps * 1e3);
+    if (ph->offload)
+        printf("%-10s %8s %11.1f%% %9.2f MB/token copied in, %.2f expert uses/token on the CPU\n", "  offload", "",
+               100 * ph->hit_rate, ph->mb_in_per_token, ph->cpu_per_token);
+}
+
+static void print_paths(const struct bench_result *r)
+{
+    if (r->stats)
+        printf("statistics recording: %.3f ms of %.3f s of steps (%.4f%%); --no-stats turns it off\n",
+               r->stats_s * 1e3, r->loop_s, r->loop_s > 0 ? 100 * r->stats_s / r->loop_s : 0);
+    if (r->cuda)
+        printf("cuda: %lld steps replayed from graphs, %lld expert calls on the tensor-core kernels\n",
+               r->graph_replays, r->mma_expert_calls);
+}
+
+static void print_roofline(const struct bench_result *r)
+{
+    if (r->roofline)
+        printf("roofline: %.1f MB read per decode token; copy bandwidth %.2f GB/s (read + written) -> %.1f "
+               "tokens/s, read bandwidth %.2f GB/s -> %.1f tokens/s at batch 1\n", r->decode_bytes / 1e6,
+               r->copy_bw / 1e9, r->copy_bw / r->decode_bytes, r->read_bw / 1e9, r->read_bw / r->decode_bytes);
+}
+
+/* --- the JSON report --- */
+
+static json_t *phase_json(const struct bench_result *r, const struct bench_phase *ph, bool decode)
+{
+    json_t *e = decode ? json_pack("{s:i, s:i, s:i, s:f, s:f}", "batch", ph->size, "ctx", r->ctx, "steps", r->steps,
+                                   "step_ms", ph->seconds / r->steps * 1e3, "tokens_per_s",
+                                   (double)ph->size * r->steps / ph->seconds)
+                       : json_pack("{s:i, s:f, s:f}", "tokens", ph->size, "seconds", ph->seconds, "tokens_per_s",
+                                   ph->size / ph->seconds);
+    if (e && ph->offload)
+        json_object_set_new(e, "offload", json_pack("{s:f, s:f, s:f}", "hit_rate", ph->hit_rate, "mb_in_per_token",
+                                                    ph->mb_in_per_token, "cpu_experts_per_token", ph->cpu_per_token));
+    return e;
+}
+
+static void print_json(const struct bench_result *r)
+{
+    json_t *out = json_pack("{s:s, s:s, s:s, s:i, s:b, s:s, s:i, s:[], s:[]}", "model", r->model, "backend",
+                            r->backend, "kernels", r->kernels, "threads", r->threads, "stats", r->stats,
+                            "quantize", r->quantize, "top_k", r->top_k, "prefill", "decode");
+    if (!out) return;
+    for (int i = 0; i < r->n_prefill; i++)
+        json_array_append_new(json_object_get(out, "prefill"), phase_json(r, &r->prefill[i], false));
+    for (int i = 0; i < r->n_decode; i++)
+        json_array_append_new(json_object_get(out, "decode"), phase_json(r, &r->decode[i], true));
+    if (r->stats) {
+        json_object_set_new(out, "stats_seconds", json_real(r->stats_s));
+        json_object_set_new(out, "loop_seconds", json_real(r->loop_s));
+    }
+    if (r->cuda)
+        json_object_set_new(out, "cuda_paths", json_pack("{s:I, s:I}", "graph_replays", (json_int_t)r->graph_replays,
+                                                         "mma_expert_calls", (json_int_t)r->mma_expert_calls));
+    if (r->gpu) json_object_set(out, "gpu", r->gpu);
+    if (r->roofline)
+        json_object_set_new(out, "roofline",
+                            json_pack("{s:f, s:f, s:f, s:f, s:f}", "decode_bytes_per_token", r->decode_bytes,
+                                      "copy_bytes_per_s", r->copy_bw, "decode_tokens_per_s",
+                                      r->copy_bw > 0 ? r->copy_bw / r->decode_bytes : 0, "read_bytes_per_s",
+                                      r->read_bw, "read_decode_tokens_per_s", r->read_bw / r->decode_bytes));
+    char *s = json_dumps(out, JSON_COMPACT);
+    if (s) puts(s);
+    free(s);
+    json_decref(out);
+}
+
+/* --- the measurements --- */
+
+/* The runner for the largest sizes asked, and the bench's buffers. */
+static int bench_prepare(struct bench_ctx *b, const struct bench_opts *o, const struct bench_lists *l,
+                         const struct moe_model *m, struct moe_backend *be)
+{
+    int max_p = 0, max_b = 1;
+    for (int i = 0; i < l->n_prefill; i++) max_p = l->prefill[i] > max_p ? l->prefill[i] : max_p;
+    for (int i = 0; i < l->n_decode; i++) max_b = l->decode[i] > max_b ? l->decode[i] : max_b;
+    if (max_p > m->cfg.max_pos || o->ctx + o->steps > m->cfg.max_pos)
+        return moe_cli_error("bench", "lengths exceed the model's context of %d", m->cfg.max_pos);
+    const int block = 16;
+    const long blocks_p = (max_p + block - 1) / block,
+               blocks_d = (long)max_b * ((o->ctx + o->steps + block - 1) / block);
+    struct moe_runner_opts ro = {
+        .max_tokens = (int)(o->chunk > max_b ? o->chunk : max_b), .max_seqs = max_b, .max_logits = max_b,
+        .block_size = block, .n_blocks = (int)(blocks_p > blocks_d ? blocks_p : blocks_d)};
+    if (o->eng.kv_dtype) ro.kv_dtype_set = moe_cli_parse_kv_dtype(o->eng.kv_dtype, &ro.kv_dtype);
+    *b = (struct bench_ctx){.chunk = (int)o->chunk, .repeat = (int)o->repeat, .rng = 12345, .V = m->cfg.vocab,
+                            .be = be, .n_seqs = max_b};
+    b->seqs = calloc((size_t)max_b, sizeof *b->seqs);
+    b->tokens = malloc((size_t)(max_p > o->ctx ? max_p : o->ctx) * sizeof(int32_t) + (size_t)max_b * 4);
+    if (!b->seqs || !b->tokens || moe_runner_init(&b->r, m, be, &ro) != MOE_OK)
+        return moe_cli_error("bench", "%s", moe_last_error());
+    return 0;
+}
+
+static void bench_ctx_free(struct bench_ctx *b)
+{
+    if (b->seqs)
+        for (int q = 0; q < b->n_seqs; q++) moe_seq_free(&b->r, &b->seqs[q]);
+    free(b->seqs);
+    free(b->tokens);
+    moe_runner_free(&b->r);
+}
+
+/* Times every --prefill and --decode size into r, printing each row as it ends. */
+static int bench_measure(struct bench_ctx *b, const struct bench_opts *o, const struct bench_lists *l,
+                         struct bench_result *r)
+{
+    r->prefill = calloc((size_t)l->n_prefill + 1, sizeof *r->prefill);
+    r->decode = calloc((size_t)l->n_decode + 1, sizeof *r->decode);
+    if (!r->prefill || !r->decode) return moe_cli_error("bench", "out of memory");
+    if (!o->json) printf("%-10s %8s %12s %14s\n", "phase", "size", "tokens/s", "time");
+    const double t_loop = moe_cli_now();
+    for (int i = 0; i < l->n_prefill; i++, r->n_prefill++) {
+        struct bench_phase *ph = &r->prefill[i];
+        ph->size = l->prefill[i];
+        if (time_prefill(b, ph->size, &ph->seconds) != MOE_OK) return moe_cli_error("bench", "%s", moe_last_error());
+        offload_phase(b, ph);
+        if (!o->json) print_phase("prefill", r, ph);
+    }
+    for (int i = 0; i < l->n_decode; i++, r->n_decode++) {
+        struct bench_phase *ph = &r->decode[i];
+        ph->size = l->decode[i];
+        if (time_decode(b, ph->size, (int)o->ctx, (int)o->steps, &ph->seconds) != MOE_OK)
+            return moe_cli_error("bench", "%s", moe_last_error());
+        offload_phase(b, ph);
+        if (!o->json) print_phase("decode", r, ph);
+    }
+    r->loop_s = moe_cli_now() - t_loop;
+    r->stats_s = o->st.on ? o->st.st.busy_s : 0; /* the recorder times itself */
+    return 0;
+}
+
+/* The CUDA measurements of --copy-bandwidth, --gemm-compare and --expert-kernels. */
+static int bench_gpu(const struct bench_opts *o, const struct bench_lists *l, const struct moe_model *m,
+                     const struct bench_ctx *b, struct bench_result *r)
+{
+    if (!o->copy_bandwidth && l->n_gemm == 0 && l->n_experts == 0) return 0;
+    struct moe_bench_decode *dec = calloc((size_t)r->n_decode + 1, sizeof *dec);
+    json_t *holder = json_object();
+    int rc = 1;
+    if (dec && holder) {
+        for (int i = 0; i < r->n_decode; i++)
+            dec[i] = (struct moe_bench_decode){r->decode[i].size, r->decode[i].seconds / r->steps,
+                                               (double)r->decode[i].size * r->steps / r->decode[i].seconds};
+        const struct moe_bench_gpu_opts go = {o->copy_bandwidth, l->gemm, l->n_gemm, (int)o->ctx, b->r.kv.dtype,
+                                              l->experts, l->n_experts};
+        rc = moe_bench_gpu_extras(m, &go, dec, r->n_decode, holder, o->json);
+        r->gpu = json_incref(json_object_get(holder, "gpu"));
+    }
+    free(dec);
+    json_decref(holder);
+    return rc;
+}
+
 int moe_cli_bench(int argc, char **argv)
 {
-    struct moe_cli_model_opts mo = {0};
-    const char *backend = "auto", *prefill_arg = "128,512", *decode_arg = "1,8,32";
-    long ctx = 128, steps = 16, chunk = 512, repeat = 3, threads = 0, seed = 0;
-    int json = 0, copy_bw = 0;
-    const char *gemm_arg = NULL, *expert_arg = NULL, *kv_arg = NULL;
-    static const struct option opts[] = {
-        {"prefill", required_argument, 0, 'p'}, {"decode", required_argument, 0, 'D'},
-        {"ctx", required_argument, 0, 'x'},     {"steps", required_argument, 0, 'n'},
-        {"chunk", required_argument, 0, 'c'},   {"repeat", required_argument, 0, 'r'},
-        {"json", no_argument, 0, 'j'},          {"backend", required_argument, 0, 'B'},
-        {"threads", required_argument, 0, 't'}, {"synthetic", required_argument, 0, 's'},
-        {"dtype", required_argument, 0, 'd'},   {"synthetic-seed", required_argument, 0, 'S'},
-        {"copy-bandwidth", no_argument, 0, 'W'}, {"gemm-compare", required_argument, 0, 'G'},
-        {"serve", no_argument, 0, 0x200},        {"requests", required_argument, 0, 0x201},
-        {"rate", required_argument, 0, 0x202},   {"input-len", required_argument, 0, 0x203},
-        {"output-len", required_argument, 0, 0x204}, {"range-ratio", required_argument, 0, 0x205},
-        {"kv-budget", required_argument, 0, 0x206}, {"kv-block", required_argument, 0, 0x207},
-        {"max-batch-tokens", required_argument, 0, 0x208}, {"max-seqs", required_argument, 0, 0x209},
-        {"no-prefix-cache", no_argument, 0, 0x20a}, {"moe-top-k", required_argument, 0, 0x20b},
-        {"quantize", required_argument, 0, 0x20c}, {"expert-kernels", required_argument, 0, 0x20d},
-        {"kv-dtype", required_argument, 0, 0x20e}, {"gpu-experts", required_argument, 0, 0x20f},
-        {"gpu-experts-policy", required_argument, 0, 0x210}, {"gpu-experts-warm", required_argument, 0, 0x211},
-        {"gpu-experts-cpu-rows", required_argument, 0, 0x212},
-        {"help", no_argument, 0, 'h'},          MOE_CLI_STATS_OPTIONS,
-        {0, 0, 0, 0}};
-    struct moe_cli_stats so = {0};
-    struct moe_cli_engine eo;
-    moe_cli_engine_defaults(&eo);
-    struct moe_bench_serve_opts sv = {.n_requests = 64, .input_len = 128, .output_len = 64, .seed = 7};
-    long serve = 0, lv, gpu_experts = 0, cpu_rows = 0;
-    const char *xpolicy = NULL, *xwarm = NULL; /* --gpu-experts-policy, --gpu-experts-warm */
-    enum moe_weight_quant quant = MOE_QUANT_NONE;
-    int c;
-    optind = 1;
-    while ((c = moe_cli_getopt(argc, argv, "h", opts, "bench")) != -1) {
-        long *dst = NULL, lo = 1, hi = 1 << 24;
-        switch (c) {
-        case 'p': prefill_arg = optarg; break;
-        case 'D': decode_arg = optarg; break;
-        case 'x': dst = &ctx; break;
-        case 'n': dst = &steps; break;
-        case 'c': dst = &chunk; break;
-        case 'r': dst = &repeat; break;
-        case 't': dst = &threads; hi = 4096; break;
-        case 'S': dst = &seed; lo = 0; hi = __LONG_MAX__; break;
-        case 'j': json = 1; break;
-        case 'W': copy_bw = 1; break;
-        case 'G': gemm_arg = optarg; break;
-        case 'B': backend = optarg; break;
-        case 's': mo.synthetic = optarg; break;
-        case 'd': mo.dtype = optarg; break;
-        case 'h': usage(stdout); return 0;
-        case 0x200: serve = 1; break;
-        case 0x201: case 0x203: case 0x204:
-            if (!moe_cli_parse_int(optarg, 1, 1 << 24, &lv))
-                return moe_cli_error("bench", "'%s' must be a positive count", optarg);
-            if (c == 0x201) sv.n_requests = (int)lv;
-            if (c == 0x203) sv.input_len = (int)lv;
-            if (c == 0x204) sv.output_len = (int)lv;
-            break;
-        case 0x202: case 0x205: {
-            char *end;
-            double v = strtod(optarg, &end);
-            if (end == optarg || *end || !(v >= 0) || (c == 0x205 && v >= 1))
-                return moe_cli_error("bench", "'%s' is not a valid %s", optarg,
-                                     c == 0x202 ? "rate" : "range ratio (0 <= r < 1)");
-            if (c == 0x202) sv.rate = v;
-            else sv.range_ratio = v;
-            break;
-        }
-        case 0x206: eo.kv_budget = optarg; break;
-        case 0x207: case 0x208: case 0x209:
-            if (!moe_cli_parse_int(optarg, 1, 1 << 24, &lv))
-                return moe_cli_error("bench", "'%s' must be a positive count", optarg);
-            if (c == 0x207) eo.kv_block = lv;
-            if (c == 0x208) eo.max_batch_tokens = lv;
-            if (c == 0x209) eo.max_seqs = lv;
-            break;
-        case 0x20a: eo.no_prefix_cache = true; break;
-        case 0x20d: expert_arg = optarg; break;
-        case 0x20e: kv_arg = optarg; break;
-        case 0x20b: dst = &mo.top_k; hi = 1 << 16; break;
-        case 0x20f: dst = &gpu_experts; hi = 1 << 20; break;
-        case 0x210: xpolicy = optarg; break;
-        case 0x211: xwarm = optarg; break;
-        case 0x212: dst = &cpu_rows; lo = 0; hi = 1 << 20; break;
-        case 0x20c:
-            if (!moe_cli_parse_quant(optarg, &quant))
-                return moe_cli_error("bench", "--quantize '%s' (use q8_0, or none)", optarg);
-            break;
-        default: {
-            int k = moe_cli_stats_option(&so, &mo, c, optarg, "bench");
-            if (k < 0) return 1;
-            if (k == 0) return 2; /* moe_cli_getopt said why */
-        }
-        }
-        if (dst && !moe_cli_parse_int(optarg, lo, hi, dst))
-            return moe_cli_error("bench", "option value '%s' is out of range", optarg);
-    }
-    mo.seed = (uint64_t)seed;
-    if (moe_cli_stats_check(&so, "bench")) return 1;
-    if (optind < argc) mo.path = argv[optind++];
-    if (optind < argc) return moe_cli_error("bench", "unexpected argument '%s'", argv[optind]);
-    int32_t *plens = NULL, *bsizes = NULL, *gtoks = NULL, *ebs = NULL;
-    int np = 0, nb = 0, ng = 0, ne = 0, rc = 1, max_p = 0, max_b = 1;
-    if (parse_list(prefill_arg, &plens, &np, "--prefill") || parse_list(decode_arg, &bsizes, &nb, "--decode") ||
-        (gemm_arg && parse_list(gemm_arg, &gtoks, &ng, "--gemm-compare")) ||
-        (expert_arg && parse_list(expert_arg, &ebs, &ne, "--expert-kernels"))) {
-        free(plens);
-        free(bsizes);
-        free(gtoks);
-        free(ebs);
-        return 1;
-    }
-    struct moe_bench_decode *dec = calloc((size_t)nb, sizeof *dec);
+    struct bench_opts o;
+    struct bench_lists l = {0};
     struct moe_model m = {0};
     struct moe_backend be = {0};
-    struct bench_ctx b = {.chunk = (int)chunk, .repeat = (int)repeat, .rng = 12345};
-    json_t *out = NULL;
-    /* the backend first: one that can make synthetic weights itself gets
-     * them deferred, so no host copy of a large model is ever built */
-    struct moe_backend_opts bo;
-    moe_cli_backend_opts(&bo, threads);
-    bo.quant = quant;
-    double *warm = NULL;
-    if (moe_cli_offload_opts(&bo, gpu_experts, xpolicy, xwarm, cpu_rows, &warm) == MOE_OK &&
-        moe_backend_init(&be, backend, &bo) == MOE_OK)
-        mo.device_weights = mo.synthetic && be.ops->synth_fill;
-    free(warm);
-    if (!be.ops || !dec || moe_cli_open_model(&m, &mo) != MOE_OK) {
-        moe_cli_error("bench", "%s", moe_last_error());
+    struct bench_ctx b = {0};
+    struct bench_result r = {0};
+    int rc = bench_parse(argc, argv, &o, &l);
+    if (rc >= 0 || (rc = bench_open(&o, &be, &m))) goto done;
+    rc = 1;
+    if (o.serve) {
+        rc = bench_serve_mode(&m, &be, &o);
         goto done;
     }
-    if (serve) {
-        rc = bench_serve_mode(&m, &be, &mo, &eo, &sv, &so, json);
-        goto done;
-    }
-    if ((copy_bw || ng > 0 || ne > 0 || gpu_experts) && strcmp(be.ops->name, "cuda")) {
+    if ((o.copy_bandwidth || l.n_gemm > 0 || l.n_experts > 0 || o.eng.gpu_experts) && strcmp(be.ops->name, "cuda")) {
         moe_cli_error("bench", "--copy-bandwidth, --gemm-compare, --expert-kernels and --gpu-experts need "
                       "the CUDA backend");
         goto done;
     }
-    for (int i = 0; i < np; i++) max_p = plens[i] > max_p ? plens[i] : max_p;
-    for (int i = 0; i < nb; i++) max_b = bsizes[i] > max_b ? bsizes[i] : max_b;
-    if (max_p > m.cfg.max_pos || ctx + steps > m.cfg.max_pos) {
-        moe_cli_error("bench", "lengths exceed the model's context of %d", m.cfg.max_pos);
-        goto done;
+    if (bench_prepare(&b, &o, &l, &m, &be) || moe_cli_stats_start(&o.st, &m, "bench")) goto done;
+    b.r.fw.stats = moe_cli_stats_recorder(&o.st);
+    r = (struct bench_result){
+        .model = o.eng.model.path ? o.eng.model.path : o.eng.model.synthetic, .backend = be.ops->name,
+        .kernels = moe_cpu_isa_name((enum moe_cpu_isa)moe_backend_cpu_isa(&be)), .threads = be.n_threads,
+        .stats = o.st.on, .quantize = be.quant == MOE_QUANT_Q8_0 ? "q8_0" : "none", .top_k = m.cfg.top_k,
+        .ctx = (int)o.ctx, .steps = (int)o.steps, .cuda = !strcmp(be.ops->name, "cuda")};
+    if (bench_measure(&b, &o, &l, &r)) goto done;
+    if (r.cuda) {
+        r.graph_replays = (long long)moe_cuda_graph_replays(&be);
+        r.mma_expert_calls = (long long)moe_cuda_mma_expert_calls(&be);
     }
-    const int block = 16;
-    long blocks_p = (max_p + block - 1) / block, blocks_d = (long)max_b * ((ctx + steps + block - 1) / block);
-    struct moe_runner_opts o = {
-        .max_tokens = (int)(chunk > max_b ? chunk : max_b), .max_seqs = max_b, .max_logits = max_b,
-        .block_size = block, .n_blocks = (int)(blocks_p > blocks_d ? blocks_p : blocks_d)};
-    if (kv_arg) {
-        if (!moe_cli_parse_kv_dtype(kv_arg, &o.kv_dtype)) {
-            moe_cli_error("bench", "--kv-dtype '%s' (use " MOE_CLI_KV_DTYPES ")", kv_arg);
-            goto done;
-        }
-        o.kv_dtype_set = true;
+    if (!o.json) print_paths(&r);
+    if (bench_gpu(&o, &l, &m, &b, &r)) goto done;
+    if (r.n_decode > 0 && !r.cuda) { /* the host memory roofline */
+        r.roofline = true;
+        r.decode_bytes = decode_bytes(&m, (double)o.ctx + (double)o.steps / 2.0, b.r.kv.dtype);
+        r.copy_bw = moe_cli_copy_bandwidth();
+        r.read_bw = moe_cli_read_bandwidth();
     }
-    b.V = m.cfg.vocab;
-    b.seqs = calloc((size_t)max_b, sizeof *b.seqs);
-    b.tokens = malloc((size_t)(max_p > ctx ? max_p : ctx) * sizeof(int32_t) + (size_t)max_b * 4);
-    if (!b.seqs || !b.tokens || moe_runner_init(&b.r, &m, &be, &o) != MOE_OK) {
-        moe_cli_error("bench", "%s", moe_last_error());
-        goto done;
-    }
-    if (moe_cli_stats_start(&so, &m, "bench")) goto done;
-    b.r.fw.stats = moe_cli_stats_recorder(&so);
-    out = json_pack("{s:s, s:s, s:s, s:i, s:b, s:s, s:i, s:[], s:[]}", "model",
-                    mo.path ? mo.path : mo.synthetic, "backend", be.ops->name, "kernels",
-                    moe_cpu_isa_name((enum moe_cpu_isa)moe_backend_cpu_isa(&be)), "threads",
-                    be.n_threads, "stats", !so.off, "quantize",
-                    be.quant == MOE_QUANT_Q8_0 ? "q8_0" : "none", "top_k", m.cfg.top_k, "prefill",
-                    "decode");
-    if (!json)
-        printf("%-10s %8s %12s %14s\n", "phase", "size", "tokens/s", "time");
-    const double t_loop = moe_cli_now();
-    b.be = &be;
-    for (int i = 0; i < np; i++) {
-        double t;
-        if (time_prefill(&b, plens[i], &t) != MOE_OK) {
-            moe_cli_error("bench", "%s", moe_last_error());
-            goto done;
-        }
-        json_t *e = json_pack("{s:i, s:f, s:f}", "tokens", plens[i], "seconds", t, "tokens_per_s", plens[i] / t);
-        json_array_append_new(json_object_get(out, "prefill"), e);
-        if (!json) printf("%-10s %8d %12.1f %12.2f ms\n", "prefill", plens[i], plens[i] / t, t * 1e3);
-        offload_phase(&b, e, json);
-    }
-    for (int i = 0; i < nb; i++) {
-        double t;
-        if (time_decode(&b, bsizes[i], (int)ctx, (int)steps, &t) != MOE_OK) {
-            moe_cli_error("bench", "%s", moe_last_error());
-            goto done;
-        }
-        double tps = (double)bsizes[i] * (double)steps / t;
-        dec[i] = (struct moe_bench_decode){bsizes[i], t / (double)steps, tps};
-        json_t *e = json_pack("{s:i, s:i, s:i, s:f, s:f}", "batch", bsizes[i], "ctx", (int)ctx, "steps",
-                              (int)steps, "step_ms", t / (double)steps * 1e3, "tokens_per_s", tps);
-        json_array_append_new(json_object_get(out, "decode"), e);
-        if (!json)
-            printf("%-10s %8d %12.1f %9.2f ms/step\n", "decode", bsizes[i], tps, t / (double)steps * 1e3);
-        offload_phase(&b, e, json);
-    }
-    if (so.on) { /* the recorder times itself: its share of all forward steps run here */
-        double loop = moe_cli_now() - t_loop, rec = so.st.busy_s;
-        json_object_set_new(out, "stats_seconds", json_real(rec));
-        json_object_set_new(out, "loop_seconds", json_real(loop));
-        if (!json)
-            printf("statistics recording: %.3f ms of %.3f s of steps (%.4f%%); --no-stats turns it "
-                   "off\n", rec * 1e3, loop, loop > 0 ? 100 * rec / loop : 0);
-    }
-    if (!strcmp(be.ops->name, "cuda")) { /* which paths the steps took */
-        const json_int_t gr = moe_cuda_graph_replays(&be), xm = moe_cuda_mma_expert_calls(&be);
-        json_object_set_new(out, "cuda_paths", json_pack("{s:I, s:I}", "graph_replays", gr,
-                                                         "mma_expert_calls", xm));
-        if (!json)
-            printf("cuda: %lld steps replayed from graphs, %lld expert calls on the tensor-core "
-                   "kernels\n", (long long)gr, (long long)xm);
-    }
-    if (copy_bw || ng > 0 || ne > 0) {
-        struct moe_bench_gpu_opts go = {copy_bw, gtoks, ng, (int)ctx, b.r.kv.dtype, ebs, ne};
-        if (moe_bench_gpu_extras(&m, &go, dec, nb, out, json)) goto done;
-    }
-    if (nb > 0 && strcmp(be.ops->name, "cuda")) { /* host memory roofline */
-        const double bytes = decode_bytes(&m, (double)ctx + (double)steps / 2.0, b.r.kv.dtype);
-        const double bw = moe_cli_copy_bandwidth(), rbw = moe_cli_read_bandwidth();
-        const double roof = bw > 0 ? bw / bytes : 0, rroof = rbw / bytes;
-        json_object_set_new(out, "roofline",
-                            json_pack("{s:f, s:f, s:f, s:f, s:f}", "decode_bytes_per_token", bytes,
-                                      "copy_bytes_per_s", bw, "decode_tokens_per_s", roof,
-                                      "read_bytes_per_s", rbw, "read_decode_tokens_per_s", rroof));
-        if (!json)
-            printf("roofline: %.1f MB read per decode token; copy bandwidth %.2f GB/s (read + "
-                   "written) -> %.1f tokens/s, read bandwidth %.2f GB/s -> %.1f tokens/s at "
-                   "batch 1\n", bytes / 1e6, bw / 1e9, roof, rbw / 1e9, rroof);
-    }
-    if (json) {
-        char *s = json_dumps(out, JSON_COMPACT);
-        if (s) puts(s);
-        free(s);
-    }
-    rc = moe_cli_stats_finish(&so, &m, &mo, &be, "bench");
+    if (o.json) print_json(&r);
+    else print_roofline(&r);
+    rc = moe_cli_stats_finish(&o.st, &m, &o.eng.model, &be, "bench");
 done:
-    moe_cli_stats_free(&so);
-    if (b.seqs)
-        for (int q = 0; q < max_b; q++) moe_seq_free(&b.r, &b.seqs[q]);
-    free(b.seqs);
-    free(b.tokens);
-    moe_runner_free(&b.r);
-    json_decref(out);
+    moe_cli_stats_free(&o.st);
+    bench_ctx_free(&b);
+    result_free(&r);
     moe_backend_free(&be);
     moe_model_free(&m);
-    free(plens);
-    free(bsizes);
-    free(gtoks);
-    free(ebs);
-    free(dec);
+    lists_free(&l);
     return rc;
 }

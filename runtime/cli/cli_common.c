@@ -234,52 +234,6 @@ void moe_cli_engine_defaults(struct moe_cli_engine *o)
     o->max_seqs = 64;
 }
 
-int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, const char *arg)
-{
-    long *dst = NULL, lo = 1, hi = 1 << 24;
-    switch (c) {
-    case MOE_OPT_KV_BUDGET: o->kv_budget = arg; return 1;
-    case MOE_OPT_KV_BLOCK: dst = &o->kv_block; hi = 4096; break;
-    case MOE_OPT_KV_DTYPE: o->kv_dtype = arg; return 1;
-    case MOE_OPT_MAX_BATCH_TOKENS: dst = &o->max_batch_tokens; break;
-    case MOE_OPT_MAX_SEQS: dst = &o->max_seqs; hi = 1 << 16; break;
-    case MOE_OPT_NO_PREFIX_CACHE: o->no_prefix_cache = true; return 1;
-    case MOE_OPT_BACKEND: o->backend = arg; return 1;
-    case MOE_OPT_THREADS: dst = &o->threads; hi = 4096; break;
-    case MOE_OPT_SYNTHETIC: o->model.synthetic = arg; return 1;
-    case MOE_OPT_DTYPE: o->model.dtype = arg; return 1;
-    case MOE_OPT_MOE_TOP_K: dst = &o->model.top_k; hi = 1 << 16; break;
-    case MOE_OPT_GPU_EXPERTS: dst = &o->gpu_experts; lo = 1; hi = 1 << 20; break;
-    case MOE_OPT_GPU_EXPERTS_POLICY: o->gpu_experts_policy = arg; return 1;
-    case MOE_OPT_GPU_EXPERTS_WARM: o->gpu_experts_warm = arg; return 1;
-    case MOE_OPT_GPU_EXPERTS_CPU_ROWS: dst = &o->gpu_experts_cpu_rows; lo = 0; hi = 1 << 20; break;
-    case MOE_OPT_QUANTIZE: {
-        enum moe_weight_quant q;
-        if (!moe_cli_parse_quant(arg, &q)) {
-            moe_cli_error(cmd, "--quantize '%s' (use q8_0, or none)", arg);
-            return -1;
-        }
-        o->quantize = arg;
-        return 1;
-    }
-    case MOE_OPT_SYNTHETIC_SEED: {
-        long v;
-        if (!moe_cli_parse_int(arg, 0, __LONG_MAX__, &v)) {
-            moe_cli_error(cmd, "--synthetic-seed '%s' is not a non-negative integer", arg);
-            return -1;
-        }
-        o->model.seed = (uint64_t)v;
-        return 1;
-    }
-    default: return 0;
-    }
-    if (!moe_cli_parse_int(arg, lo, hi, dst)) {
-        moe_cli_error(cmd, "option value '%s' must be an integer in [%ld, %ld]", arg, lo, hi);
-        return -1;
-    }
-    return 1;
-}
-
 enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes)
 {
     char *end;

@@ -60,61 +60,10 @@ double moe_cli_copy_bandwidth(void);
  * team (best of 5): the ceiling of a decode step, which only reads. */
 double moe_cli_read_bandwidth(void);
 
-/* --- options shared by the commands that run the engine --- */
+/* --- the engine options shared by the commands that run it (their rows:
+ * cli_opts.c) --- */
 
 #include "runtime/engine/engine.h"
-
-enum {
-    MOE_OPT_KV_BUDGET = 0x100, MOE_OPT_KV_BLOCK, MOE_OPT_KV_DTYPE, MOE_OPT_MAX_BATCH_TOKENS,
-    MOE_OPT_MAX_SEQS, MOE_OPT_NO_PREFIX_CACHE, MOE_OPT_BACKEND, MOE_OPT_THREADS,
-    MOE_OPT_SYNTHETIC, MOE_OPT_DTYPE, MOE_OPT_SYNTHETIC_SEED, MOE_OPT_MOE_TOP_K, MOE_OPT_QUANTIZE, MOE_OPT_GPU_EXPERTS,
-    MOE_OPT_GPU_EXPERTS_POLICY, MOE_OPT_GPU_EXPERTS_WARM, MOE_OPT_GPU_EXPERTS_CPU_ROWS, MOE_OPT_LAST
-};
-
-#define MOE_CLI_ENGINE_LONGOPTS                                                          \
-    {"kv-budget", required_argument, 0, MOE_OPT_KV_BUDGET},                              \
-    {"kv-block", required_argument, 0, MOE_OPT_KV_BLOCK},                                \
-    {"kv-dtype", required_argument, 0, MOE_OPT_KV_DTYPE},                                \
-    {"max-batch-tokens", required_argument, 0, MOE_OPT_MAX_BATCH_TOKENS},                \
-    {"max-seqs", required_argument, 0, MOE_OPT_MAX_SEQS},                                \
-    {"no-prefix-cache", no_argument, 0, MOE_OPT_NO_PREFIX_CACHE},                        \
-    {"backend", required_argument, 0, MOE_OPT_BACKEND},                                  \
-    {"threads", required_argument, 0, MOE_OPT_THREADS},                                  \
-    {"synthetic", required_argument, 0, MOE_OPT_SYNTHETIC},                              \
-    {"dtype", required_argument, 0, MOE_OPT_DTYPE},                                      \
-    {"synthetic-seed", required_argument, 0, MOE_OPT_SYNTHETIC_SEED},                    \
-    {"moe-top-k", required_argument, 0, MOE_OPT_MOE_TOP_K},                              \
-    {"quantize", required_argument, 0, MOE_OPT_QUANTIZE},                                \
-    {"gpu-experts", required_argument, 0, MOE_OPT_GPU_EXPERTS},                          \
-    {"gpu-experts-policy", required_argument, 0, MOE_OPT_GPU_EXPERTS_POLICY},            \
-    {"gpu-experts-warm", required_argument, 0, MOE_OPT_GPU_EXPERTS_WARM},                \
-    {"gpu-experts-cpu-rows", required_argument, 0, MOE_OPT_GPU_EXPERTS_CPU_ROWS}
-
-#define MOE_CLI_ENGINE_HELP                                                              \
-    "  --kv-budget SIZE     KV cache size: bytes with a unit (512MiB, 8GiB) or a\n"       \
-    "                       fraction of available memory (0.25)\n"                     \
-    "  --kv-block N         KV block size in tokens (default 16)\n"                       \
-    "  --kv-dtype T         KV element type: f32, f16, bf16, fp8 (default f32 on the CPU)\n"   \
-    "  --max-batch-tokens N tokens per engine step (default 512)\n"                       \
-    "  --max-seqs N         sequences per engine step (default 64)\n"                     \
-    "  --no-prefix-cache    do not reuse cached prompt blocks\n"                          \
-    "  --backend NAME       auto, cpu (fast kernels), cpu-ref (reference), cuda\n"                           \
-    "  --threads N          CPU threads (default: all cores)\n"                           \
-    "  --synthetic CONFIG   random weights for CONFIG.json instead of a model folder\n"   \
-    "  --dtype T            synthetic weight dtype: f32, f16, bf16 (default bf16)\n"      \
-    "  --synthetic-seed S   synthetic weight seed (default 0)\n"                         \
-    "  --moe-top-k K        route each token to K experts instead of the model's top-k\n"   \
-    "  --quantize q8_0      quantize the weights at load (CPU backends; routers and\n"    \
-    "                       the embedding stay as stored)\n"                             \
-    "  --gpu-experts N      CUDA: keep N experts of each MoE layer in GPU memory, the\n" \
-    "                       rest in host memory, copied in when routed to (default\n" \
-    "                       all resident)\n"                                          \
-    "  --gpu-experts-policy P  lru (default) or lfu: which expert leaves a slot\n"     \
-    "  --gpu-experts-warm FILE start each layer's slots with its most loaded experts\n" \
-    "                       in FILE (statistics from --stats-out, or a trace)\n"     \
-    "  --gpu-experts-cpu-rows R  a missed expert with at most R rows in a step runs\n"   \
-    "                       on the CPU from host memory instead of being copied in\n"  \
-    "                       (default 0: every miss copied in)\n"
 
 struct moe_cli_engine {
     struct moe_cli_model_opts model;
@@ -145,9 +94,6 @@ void moe_cli_engine_defaults(struct moe_cli_engine *o);
  * --kv-budget, --quantize, --backend's name, and the model's config.json
  * (or --synthetic's); 0, or 1 with the one-line error printed. */
 int moe_cli_check_engine(const struct moe_cli_engine *o, const char *cmd);
-/* Handles one of the shared options: 1 taken, 0 not one of them, -1 bad
- * value (message printed as "moerun CMD: ..."). */
-int moe_cli_engine_option(struct moe_cli_engine *o, const char *cmd, int c, const char *arg);
 /* Parses "8GiB", "512MiB", "1.5G", "123456" (bytes) or "0.25" (fraction of
  * available memory). */
 MOE_MUST_USE enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes);

@@ -1,59 +1,33 @@
 /* cli_inspect.c - `moerun inspect MODEL`: what a checkpoint is. */
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_opts.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moerun inspect MODEL_DIR\n"
-            "       moerun inspect --synthetic CONFIG.json [--dtype bf16]\n\n"
-            "Prints the family, layer and expert structure, parameters in total and active\n"
-            "per token, bytes by part, and KV cache bytes per token.\n");
-}
+struct inspect_opts {
+    struct moe_cli_engine eng; /* the model options */
+};
 
-int moe_cli_inspect(int argc, char **argv)
+static const char *const shared[] = {"synthetic", "dtype", NULL};
+
+static const struct moe_cli_command inspect_cmd = {
+    .name = "inspect",
+    .usage = "usage: moerun inspect MODEL_DIR\n"
+             "       moerun inspect --synthetic CONFIG.json [--dtype bf16]\n\n"
+             "Prints the family, layer and expert structure, parameters in total and active\n"
+             "per token, bytes by part, and KV cache bytes per token.\n\n",
+    .shared = shared,
+    .engine_at = offsetof(struct inspect_opts, eng),
+};
+
+/* The configuration: family, layers, attention, experts, what is special. */
+static void print_structure(const struct moe_model *m, const char *name)
 {
-    struct moe_cli_model_opts mo = {0};
-    static const struct option opts[] = {{"synthetic", required_argument, 0, 's'},
-                                         {"dtype", required_argument, 0, 'd'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    while ((c = moe_cli_getopt(argc, argv, "h", opts, "inspect")) != -1) {
-        switch (c) {
-        case 's': mo.synthetic = optarg; break;
-        case 'd': mo.dtype = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: return 2;
-        }
-    }
-    if (optind < argc) mo.path = argv[optind++];
-    if (optind < argc) return moe_cli_error("inspect", "unexpected argument '%s'", argv[optind]);
-    /* A synthetic shape is described from its configuration alone, so
-     * Mixtral-8x7B-sized configurations need no memory for weights. */
-    struct moe_model m = {0};
-    struct moe_model_sizes z;
-    enum moe_dtype dt = MOE_DTYPE_BF16;
-    if (mo.synthetic && !mo.path) {
-        if (mo.dtype && !moe_cli_parse_dtype(mo.dtype, &dt))
-            return moe_cli_error("inspect", "--dtype '%s' (use f32, f16 or bf16)", mo.dtype);
-        if (moe_config_load(&m.cfg, mo.synthetic) != MOE_OK)
-            return moe_cli_error("inspect", "%s", moe_last_error());
-        moe_config_sizes(&m.cfg, moe_dtype_size(dt), &z);
-    } else {
-        if (moe_cli_open_model(&m, &mo) != MOE_OK)
-            return moe_cli_error("inspect", "%s", moe_last_error());
-        moe_model_sizes(&m, &z);
-    }
-    const struct moe_config *cfg = &m.cfg;
-    char a[32], b[32];
+    const struct moe_config *cfg = &m->cfg;
     int n_moe = moe_config_moe_layers(cfg);
-    printf("model        %s\n", mo.path ? mo.path : mo.synthetic);
+    printf("model        %s\n", name);
     printf("family       %s\n", cfg->architecture);
     printf("layers       %d (%d MoE, %d dense)\n", cfg->n_layers, n_moe, cfg->n_layers - n_moe);
     printf("hidden       %d; attention %d query / %d KV heads x %d", cfg->d_model, cfg->n_heads,
@@ -88,7 +62,7 @@ int moe_cli_inspect(int argc, char **argv)
     if (cfg->family == MOE_FAMILY_GPT_OSS)
         printf("gpt-oss      attention sinks; router and expert biases; clamped SwiGLU (alpha %g, "
                "limit %g); experts stored as %s\n", cfg->swiglu_alpha, cfg->swiglu_limit,
-               m.layers && n_moe ? moe_dtype_name(m.layers[cfg->n_layers - 1].experts.dtype)
+               m->layers && n_moe ? moe_dtype_name(m->layers[cfg->n_layers - 1].experts.dtype)
                : cfg->experts_mxfp4 ? "MXFP4" : "the weights' dtype");
     if (cfg->weights_fp8)
         printf("fp8          Linear weights in E4M3 with a scale per 128 x 128 block (1 + 4/128 bytes a "
@@ -103,24 +77,60 @@ int moe_cli_inspect(int argc, char **argv)
         printf("shared       1 shared expert of width %d%s\n", cfg->d_shared,
                cfg->shared_gate ? ", sigmoid gate" : "");
     if (n_moe < cfg->n_layers) printf("dense FFN    width %d\n", cfg->d_ff);
+}
+
+/* Parameters and bytes by part (the model's sizes z), KV bytes per token. */
+static void print_sizes(const struct moe_config *cfg, const struct moe_model_sizes *z)
+{
+    char a[32], b[32];
     printf("parameters   %s total, %s active per token (%.1f%%)\n",
-           moe_cli_count(a, sizeof a, (double)z.params_total),
-           moe_cli_count(b, sizeof b, (double)z.params_active),
-           100.0 * (double)z.params_active / (double)(z.params_total ? z.params_total : 1));
-    printf("bytes        %s total\n", moe_cli_bytes(a, sizeof a, (double)z.bytes_total));
+           moe_cli_count(a, sizeof a, (double)z->params_total),
+           moe_cli_count(b, sizeof b, (double)z->params_active),
+           100.0 * (double)z->params_active / (double)(z->params_total ? z->params_total : 1));
+    printf("bytes        %s total\n", moe_cli_bytes(a, sizeof a, (double)z->bytes_total));
     const struct { const char *name; int64_t v; } parts[] = {
-        {"embeddings", z.bytes_embed}, {"lm head", z.bytes_lm_head}, {"attention", z.bytes_attn},
-        {"experts", z.bytes_experts},  {"shared", z.bytes_shared},   {"router", z.bytes_router},
-        {"dense FFN", z.bytes_dense_ffn}, {"norms", z.bytes_norm}};
+        {"embeddings", z->bytes_embed}, {"lm head", z->bytes_lm_head}, {"attention", z->bytes_attn},
+        {"experts", z->bytes_experts},  {"shared", z->bytes_shared},   {"router", z->bytes_router},
+        {"dense FFN", z->bytes_dense_ffn}, {"norms", z->bytes_norm}};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         if (parts[i].v)
             printf("  %-11s %12s  %5.1f%%\n", parts[i].name, moe_cli_bytes(a, sizeof a, (double)parts[i].v),
-                   100.0 * (double)parts[i].v / (double)z.bytes_total);
+                   100.0 * (double)parts[i].v / (double)z->bytes_total);
     char c8[32];
     printf("kv cache     %s per token in fp32, %s in bf16/fp16, %s in fp8\n",
            moe_cli_bytes(a, sizeof a, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_F32)),
            moe_cli_bytes(b, sizeof b, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_BF16)),
            moe_cli_bytes(c8, sizeof c8, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_F8E4M3)));
+}
+
+int moe_cli_inspect(int argc, char **argv)
+{
+    struct inspect_opts o;
+    moe_cli_engine_defaults(&o.eng);
+    struct moe_cli_args args;
+    const int rc = moe_cli_parse(&inspect_cmd, argc, argv, &o, &args);
+    if (rc >= 0) return rc;
+    struct moe_cli_model_opts mo = o.eng.model;
+    if (args.n_pos > 0) mo.path = args.pos[0];
+    if (args.n_pos > 1) return moe_cli_error("inspect", "unexpected argument '%s'", args.pos[1]);
+    /* A synthetic shape is described from its configuration alone, so
+     * Mixtral-8x7B-sized configurations need no memory for weights. */
+    struct moe_model m = {0};
+    struct moe_model_sizes z;
+    enum moe_dtype dt = MOE_DTYPE_BF16;
+    if (mo.synthetic && !mo.path) {
+        if (mo.dtype && !moe_cli_parse_dtype(mo.dtype, &dt))
+            return moe_cli_error("inspect", "--dtype '%s' (use f32, f16 or bf16)", mo.dtype);
+        if (moe_config_load(&m.cfg, mo.synthetic) != MOE_OK)
+            return moe_cli_error("inspect", "%s", moe_last_error());
+        moe_config_sizes(&m.cfg, moe_dtype_size(dt), &z);
+    } else {
+        if (moe_cli_open_model(&m, &mo) != MOE_OK)
+            return moe_cli_error("inspect", "%s", moe_last_error());
+        moe_model_sizes(&m, &z);
+    }
+    print_structure(&m, mo.path ? mo.path : mo.synthetic);
+    print_sizes(&m.cfg, &z);
     moe_model_free(&m);
     return 0;
 }

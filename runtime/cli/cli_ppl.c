@@ -7,7 +7,6 @@
  * of every scored row; "targets" I32 (N); "nll" F32 (N) and "argmax" I32
  * (N) as that run computed them; metadata naming the window settings.  A run
  * against it must score the same targets. */
-#include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,35 +16,58 @@
 
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_opts.h"
 #include "runtime/engine/ppl.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/cli/stats_cli.h"
 #include "runtime/text/tokenizer.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moerun ppl MODEL_DIR FILE [options]\n\n"
-            "Perplexity of the model over FILE (a text; '-' reads stdin), in windows that\n"
-            "do not overlap; each window starts with the tokenizer's prefix (BOS) and only\n"
-            "its second half is scored, as llama.cpp's perplexity does.\n\n"
-            "  --ctx N            tokens per window, prefix included (default 512, at most\n"
-            "                     the model's context)\n"
-            "  --score-from N     first scored row of a window (default ctx/2; 0 scores\n"
-            "                     every token)\n"
-            "  --chunks N         evaluate the first N windows only\n"
-            "  --no-prefix        no special tokens (BOS) before each window\n"
-            "  --save-base FILE   keep this run's log-probabilities (f16, N x V: V*2 bytes\n"
-            "                     per scored token) for a later --kl-base\n"
-            "  --kl-base FILE     compare with a saved run: KL divergence, same top-1,\n"
-            "                     ln(PPL/PPL_base), RMS of the change in p(target)\n"
-            "  --json             one JSON object on stdout instead of the table\n"
-            MOE_CLI_ENGINE_HELP
-            "  (the KV cache holds the windows of one step; --kv-budget and the prefix\n"
-            "  cache do not apply)\n" MOE_CLI_STATS_USAGE);
-}
+struct ppl_opts {
+    struct moe_cli_engine eng;
+    struct moe_cli_stats st;
+    long ctx, score_from, chunks;  /* ctx 0: min(512, the model's); score_from -1: ctx/2 */
+    bool no_prefix, json;
+    const char *save_path, *base_path;
+};
 
-enum { O_CTX = MOE_OPT_LAST, O_SCORE_FROM, O_CHUNKS, O_NO_PREFIX, O_SAVE, O_BASE, O_JSON };
+#define CMD(member) .at = MOE_CLI_AT_CMD, MOE_CLI_FIELD(struct ppl_opts, member)
+static const struct moe_cli_opt rows[] = {
+    {.name = "ctx", .arg = "N", .kind = MOE_CLI_INT, CMD(ctx), .lo = 3, .hi = 1 << 24,
+     .help = "tokens per window, prefix included (default 512, at most\n"
+             "the model's context)"},
+    {.name = "score-from", .arg = "N", .kind = MOE_CLI_INT, CMD(score_from), .lo = 0, .hi = 1 << 24,
+     .help = "first scored row of a window (default ctx/2; 0 scores\n"
+             "every token)"},
+    {.name = "chunks", .arg = "N", .kind = MOE_CLI_INT, CMD(chunks), .lo = 1, .hi = 1 << 24,
+     .help = "evaluate the first N windows only"},
+    {.name = "no-prefix", .kind = MOE_CLI_FLAG, CMD(no_prefix),
+     .help = "no special tokens (BOS) before each window"},
+    {.name = "save-base", .arg = "FILE", .kind = MOE_CLI_STRING, CMD(save_path),
+     .help = "keep this run's log-probabilities (f16, N x V: V*2 bytes\n"
+             "per scored token) for a later --kl-base"},
+    {.name = "kl-base", .arg = "FILE", .kind = MOE_CLI_STRING, CMD(base_path),
+     .help = "compare with a saved run: KL divergence, same top-1,\n"
+             "ln(PPL/PPL_base), RMS of the change in p(target)"},
+    {.name = "json", .kind = MOE_CLI_FLAG, CMD(json), .help = "one JSON object on stdout instead of the table"},
+};
+#undef CMD
+
+static const char *const shared[] = {"@model", "@engine", "@offload", "@stats", NULL};
+
+static const struct moe_cli_command ppl_cmd = {
+    .name = "ppl",
+    .usage = "usage: moerun ppl MODEL_DIR FILE [options]\n\n"
+             "Perplexity of the model over FILE (a text; '-' reads stdin), in windows that\n"
+             "do not overlap; each window starts with the tokenizer's prefix (BOS) and only\n"
+             "its second half is scored, as llama.cpp's perplexity does.\n\n",
+    .rows = rows,
+    .n_rows = sizeof rows / sizeof rows[0],
+    .shared = shared,
+    .footer = "The KV cache holds the windows of one step; --kv-budget and the prefix cache\n"
+              "do not apply.\n",
+    .engine_at = offsetof(struct ppl_opts, eng),
+    .stats_at = offsetof(struct ppl_opts, st),
+};
 
 /* The base run of --kl-base, checked against this run's plan and model. */
 static MOE_MUST_USE enum moe_status open_base(struct moe_safetensors *st, const char *path,
@@ -127,10 +149,20 @@ static void progress(void *arg, int done, int total)
     if (done == total) fputc('\n', stderr);
 }
 
-static void print_summary(const struct moe_ppl_summary *s, const struct moe_ppl_plan *p, int n_prefix)
+/* What one ppl run measured: the table and the JSON object come from it. */
+struct ppl_report {
+    struct moe_ppl_summary sum;
+    int windows, ctx, score_from, n_prefix, top_k;
+    const char *backend, *quantize, *kv_dtype;
+    double seconds;
+    long long window_tokens;
+};
+
+static void print_summary(const struct ppl_report *r)
 {
-    printf("windows          %d of %d tokens (%d prefix), scored from row %d\n", p->n_windows,
-           p->ctx, n_prefix, p->score_from);
+    const struct moe_ppl_summary *s = &r->sum;
+    printf("windows          %d of %d tokens (%d prefix), scored from row %d\n", r->windows, r->ctx, r->n_prefix,
+           r->score_from);
     printf("tokens scored    %lld\n", (long long)s->n);
     printf("perplexity       %.4f +/- %.4f\n", s->ppl, s->se_ppl);
     printf("mean NLL         %.6f +/- %.6f nats\n", s->mean_nll, s->se_nll);
@@ -138,196 +170,151 @@ static void print_summary(const struct moe_ppl_summary *s, const struct moe_ppl_
     if (!s->has_base) return;
     printf("base perplexity  %.4f\n", s->base_ppl);
     printf("ln(PPL/base)     %.6f +/- %.6f\n", s->mean_dnll, s->se_dnll);
-    printf("KL divergence    mean %.6f +/- %.6f; median %.6f, 90%% %.6f, 99%% %.6f, max %.6f\n",
-           s->mean_kl, s->se_kl, s->kl_median, s->kl_p90, s->kl_p99, s->kl_max);
+    printf("KL divergence    mean %.6f +/- %.6f; median %.6f, 90%% %.6f, 99%% %.6f, max %.6f\n", s->mean_kl,
+           s->se_kl, s->kl_median, s->kl_p90, s->kl_p99, s->kl_max);
     printf("same top-1       %.2f%% +/- %.2f%%\n", 100 * s->same_top1, 100 * s->se_same_top1);
     printf("RMS dp(target)   %.4f%%\n", 100 * s->rms_dp);
 }
 
-static json_t *summary_json(const struct moe_ppl_summary *s, const struct moe_ppl_plan *p,
-                            int n_prefix, const char *backend, int top_k, double seconds,
-                            enum moe_weight_quant quant, enum moe_dtype kv)
+static void print_json(const struct ppl_report *r)
 {
-    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:i, s:f}",
-                          "windows", p->n_windows, "ctx", p->ctx, "prefix_tokens", n_prefix,
-                          "score_from", p->score_from, "scored", (json_int_t)s->n, "ppl", s->ppl,
-                          "ppl_se", s->se_ppl, "mean_nll", s->mean_nll, "mean_nll_se", s->se_nll,
-                          "top1_accuracy", s->top1, "backend", backend, "top_k", top_k, "seconds",
-                          seconds);
-    if (o) {
-        json_object_set_new(o, "quantize", json_string(quant == MOE_QUANT_Q8_0 ? "q8_0" : "none"));
-        json_object_set_new(o, "kv_dtype", json_string(moe_dtype_name(kv)));
-    }
+    const struct moe_ppl_summary *s = &r->sum;
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:i, s:f, s:s, s:s}", "windows",
+                          r->windows, "ctx", r->ctx, "prefix_tokens", r->n_prefix, "score_from", r->score_from,
+                          "scored", (json_int_t)s->n, "ppl", s->ppl, "ppl_se", s->se_ppl, "mean_nll", s->mean_nll,
+                          "mean_nll_se", s->se_nll, "top1_accuracy", s->top1, "backend", r->backend, "top_k",
+                          r->top_k, "seconds", r->seconds, "quantize", r->quantize, "kv_dtype", r->kv_dtype);
     if (o && s->has_base)
         json_object_set_new(o, "base",
-                            json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
-                                      "ppl", s->base_ppl, "ln_ppl_ratio", s->mean_dnll,
-                                      "ln_ppl_ratio_se", s->se_dnll, "kl_mean", s->mean_kl,
-                                      "kl_se", s->se_kl, "kl_median", s->kl_median, "kl_p90",
-                                      s->kl_p90, "kl_p99", s->kl_p99, "kl_max", s->kl_max,
-                                      "same_top1", s->same_top1, "same_top1_se", s->se_same_top1,
-                                      "rms_dp", s->rms_dp));
-    return o;
+                            json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "ppl",
+                                      s->base_ppl, "ln_ppl_ratio", s->mean_dnll, "ln_ppl_ratio_se", s->se_dnll,
+                                      "kl_mean", s->mean_kl, "kl_se", s->se_kl, "kl_median", s->kl_median, "kl_p90",
+                                      s->kl_p90, "kl_p99", s->kl_p99, "kl_max", s->kl_max, "same_top1",
+                                      s->same_top1, "same_top1_se", s->se_same_top1, "rms_dp", s->rms_dp));
+    char *str = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (str) puts(str);
+    free(str);
+    json_decref(o);
+}
+
+/* What ppl loads and computes; ppl_free releases it. */
+struct ppl_ctx {
+    struct moe_model m;
+    struct moe_backend be;
+    struct moe_tokenizer tok;
+    struct moe_runner r;
+    struct moe_ppl_plan plan;
+    struct moe_ppl_result res;
+    struct moe_safetensors base_st;
+    struct moe_ppl_base base;
+    int32_t *body, *prefix;
+    int n_prefix;
+    uint16_t *save;
+    char *text;
+};
+
+static void ppl_free(struct ppl_ctx *c)
+{
+    moe_ppl_result_free(&c->res);
+    moe_safetensors_close(&c->base_st);
+    moe_ppl_plan_free(&c->plan);
+    moe_runner_free(&c->r);
+    moe_backend_free(&c->be);
+    moe_tokenizer_free(&c->tok);
+    moe_model_free(&c->m);
+    free(c->save);
+    free(c->body);
+    free(c->prefix);
+    free(c->text);
+}
+
+/* The text, the model and its tokenizer, the windows (and the base run to compare with). */
+static int ppl_windows(struct ppl_opts *o, const char *text_path, struct ppl_ctx *c)
+{
+    size_t text_len = 0, n_body = 0;
+    bool bad_utf8 = false;
+    FILE *f = strcmp(text_path, "-") ? fopen(text_path, "rb") : stdin;
+    if (!f) return moe_cli_error("ppl", "%s: cannot open", text_path);
+    c->text = moe_cli_read_all(f, &text_len);
+    if (f != stdin) fclose(f);
+    if (!c->text) return moe_cli_error("ppl", "%s: read error", text_path);
+    if (moe_cli_open_model(&c->m, &o->eng.model) != MOE_OK || moe_tokenizer_load(&c->tok, o->eng.model.path) != MOE_OK ||
+        moe_tokenizer_encode(&c->tok, c->text, text_len, false, &c->body, &n_body, &bad_utf8) != MOE_OK ||
+        (!o->no_prefix && moe_ppl_text_prefix(&c->tok, &c->prefix, &c->n_prefix) != MOE_OK))
+        return moe_cli_error("ppl", "%s", moe_last_error());
+    if (bad_utf8)
+        fprintf(stderr, "moerun ppl: %s is not valid UTF-8; invalid bytes were replaced with U+FFFD\n", text_path);
+    const int max_pos = c->m.cfg.max_pos, V = c->m.cfg.vocab;
+    if (o->ctx == 0) o->ctx = max_pos < 512 ? max_pos : 512;
+    if (o->ctx > max_pos) return moe_cli_error("ppl", "--ctx %ld exceeds the model's context of %d", o->ctx, max_pos);
+    if (o->score_from < 0) o->score_from = o->ctx / 2;
+    for (size_t i = 0; i < n_body; i++)
+        if (c->body[i] < 0 || c->body[i] >= V)
+            return moe_cli_error("ppl", "token %d of the text is outside the model's vocabulary of %d", c->body[i], V);
+    if (moe_ppl_plan_init(&c->plan, c->prefix, c->n_prefix, c->body, (int64_t)n_body, (int)o->ctx, (int)o->score_from,
+                          (int)o->chunks) != MOE_OK ||
+        (o->base_path && open_base(&c->base_st, o->base_path, &c->plan, V, &c->base) != MOE_OK))
+        return moe_cli_error("ppl", "%s", moe_last_error());
+    size_t bytes;
+    if (o->save_path && (__builtin_mul_overflow((size_t)c->plan.n_scored, (size_t)V * 2, &bytes) ||
+                         !(c->save = malloc(bytes))))
+        return moe_cli_error("ppl", "--save-base: %lld tokens x %d vocabulary x 2 bytes do not fit in memory (use "
+                             "--chunks)", (long long)c->plan.n_scored, V);
+    return 0;
+}
+
+/* Runs every window and summarizes into r (and --save-base). */
+static int ppl_eval(struct ppl_opts *o, struct ppl_ctx *c, struct ppl_report *r)
+{
+    enum moe_dtype kvt = MOE_DTYPE_F32;
+    if (o->eng.kv_dtype) (void)moe_cli_parse_kv_dtype(o->eng.kv_dtype, &kvt); /* checked when parsed */
+    struct moe_runner_opts ro;
+    moe_ppl_runner_opts(&c->plan, (int)o->eng.max_batch_tokens, (int)o->eng.max_seqs, (int)o->eng.kv_block, kvt, &ro);
+    if (moe_cli_backend_start(&c->be, &o->eng) != MOE_OK || moe_runner_init(&c->r, &c->m, &c->be, &ro) != MOE_OK)
+        return moe_cli_error("ppl", "%s", moe_last_error());
+    if (moe_cli_stats_start(&o->st, &c->m, "ppl")) return 1;
+    c->r.fw.stats = moe_cli_stats_recorder(&o->st);
+    const double t0 = moe_cli_now();
+    if (moe_ppl_run(&c->r, &c->plan, o->base_path ? &c->base : NULL, c->save, &c->res, isatty(2) ? progress : NULL,
+                    NULL) != MOE_OK)
+        return moe_cli_error("ppl", "%s", moe_last_error());
+    *r = (struct ppl_report){.windows = c->plan.n_windows, .ctx = c->plan.ctx, .score_from = c->plan.score_from,
+                             .n_prefix = c->n_prefix, .top_k = c->m.cfg.top_k, .backend = c->be.ops->name,
+                             .quantize = c->be.quant == MOE_QUANT_Q8_0 ? "q8_0" : "none",
+                             .kv_dtype = moe_dtype_name(c->r.kv.dtype), .seconds = moe_cli_now() - t0,
+                             .window_tokens = (long long)c->plan.win_start[c->plan.n_windows]};
+    if (moe_ppl_summarize(&c->res, &r->sum) != MOE_OK ||
+        (o->save_path && save_base(o->save_path, &c->plan, &c->res, c->save, c->m.cfg.vocab, o->eng.model.path) != MOE_OK))
+        return moe_cli_error("ppl", "%s", moe_last_error());
+    return 0;
 }
 
 int moe_cli_ppl(int argc, char **argv)
 {
-    struct moe_cli_engine eo;
-    moe_cli_engine_defaults(&eo);
-    long ctx = 0, score_from = -1, chunks = 0;
-    bool no_prefix = false, json = false;
-    const char *save_path = NULL, *base_path = NULL;
-    static const struct option opts[] = {
-        {"ctx", required_argument, 0, O_CTX}, {"score-from", required_argument, 0, O_SCORE_FROM},
-        {"chunks", required_argument, 0, O_CHUNKS}, {"no-prefix", no_argument, 0, O_NO_PREFIX},
-        {"save-base", required_argument, 0, O_SAVE}, {"kl-base", required_argument, 0, O_BASE},
-        {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, 'h'},
-        MOE_CLI_ENGINE_LONGOPTS, MOE_CLI_STATS_OPTIONS, {0, 0, 0, 0}};
-    struct moe_cli_stats so = {0};
-    int c;
-    optind = 1;
-    while ((c = moe_cli_getopt(argc, argv, "h", opts, "ppl")) != -1) {
-        int k = moe_cli_engine_option(&eo, "ppl", c, optarg);
-        if (k == 0) k = moe_cli_stats_option(&so, &eo.model, c, optarg, "ppl");
-        if (k < 0) return 1;
-        if (k > 0) continue;
-        long *dst = NULL, lo = 1;
-        switch (c) {
-        case O_CTX: dst = &ctx; lo = 3; break;
-        case O_SCORE_FROM: dst = &score_from; lo = 0; break;
-        case O_CHUNKS: dst = &chunks; break;
-        case O_NO_PREFIX: no_prefix = true; break;
-        case O_SAVE: save_path = optarg; break;
-        case O_BASE: base_path = optarg; break;
-        case O_JSON: json = true; break;
-        case 'h': usage(stdout); return 0;
-        default: return 2;
-        }
-        if (dst && !moe_cli_parse_int(optarg, lo, 1 << 24, dst))
-            return moe_cli_error("ppl", "option value '%s' must be an integer in [%ld, %d]", optarg, lo,
-                                 1 << 24);
-    }
-    if (optind + 2 != argc) {
-        usage(stderr);
+    struct ppl_opts o = {.score_from = -1};
+    moe_cli_engine_defaults(&o.eng);
+    struct moe_cli_args a;
+    int rc = moe_cli_parse(&ppl_cmd, argc, argv, &o, &a);
+    if (rc >= 0) return rc;
+    if (a.n_pos != 2) {
+        moe_cli_help(&ppl_cmd, stderr);
         return 2;
     }
-    eo.model.path = argv[optind];
-    const char *text_path = argv[optind + 1];
-    if (eo.model.synthetic) return moe_cli_error("ppl", "a synthetic model has no tokenizer: give a model folder");
-    if (moe_cli_stats_check(&so, "ppl")) return 1;
-    enum moe_dtype kvt = MOE_DTYPE_F32;
-    if (eo.kv_dtype && !moe_cli_parse_kv_dtype(eo.kv_dtype, &kvt))
-        return moe_cli_error("ppl", "--kv-dtype '%s' (use " MOE_CLI_KV_DTYPES ")", eo.kv_dtype);
-
-    int rc = 1, n_prefix = 0;
-    struct moe_model m = {0};
-    struct moe_backend be = {0};
-    struct moe_tokenizer tok = {0};
-    struct moe_runner r = {0};
-    struct moe_ppl_plan plan = {0};
-    struct moe_ppl_result res = {0};
-    struct moe_safetensors base_st = {0};
-    struct moe_ppl_base base;
-    int32_t *body = NULL, *prefix = NULL;
-    uint16_t *save = NULL;
-    char *text = NULL;
-    size_t text_len = 0, n_body = 0;
-    bool bad_utf8 = false;
-    FILE *f = strcmp(text_path, "-") ? fopen(text_path, "rb") : stdin;
-    if (!f) {
-        moe_cli_error("ppl", "%s: cannot open", text_path);
-        goto done;
+    o.eng.model.path = a.pos[0];
+    if (o.eng.model.synthetic) return moe_cli_error("ppl", "a synthetic model has no tokenizer: give a model folder");
+    if (moe_cli_stats_check(&o.st, "ppl")) return 1;
+    struct ppl_ctx c = {0};
+    struct ppl_report r;
+    rc = ppl_windows(&o, a.pos[1], &c);
+    if (!rc) rc = ppl_eval(&o, &c, &r);
+    if (!rc) {
+        if (o.json) print_json(&r);
+        else print_summary(&r);
+        fprintf(stderr, "moerun ppl: %lld window tokens in %.2f s (%.1f tokens/s, backend %s)\n", r.window_tokens,
+                r.seconds, r.seconds > 0 ? (double)r.window_tokens / r.seconds : 0.0, r.backend);
+        rc = moe_cli_stats_finish(&o.st, &c.m, &o.eng.model, &c.be, "ppl");
     }
-    text = moe_cli_read_all(f, &text_len);
-    if (f != stdin) fclose(f);
-    if (!text) {
-        moe_cli_error("ppl", "%s: read error", text_path);
-        goto done;
-    }
-    if (moe_cli_open_model(&m, &eo.model) != MOE_OK || moe_tokenizer_load(&tok, eo.model.path) != MOE_OK ||
-        moe_tokenizer_encode(&tok, text, text_len, false, &body, &n_body, &bad_utf8) != MOE_OK ||
-        (!no_prefix && moe_ppl_text_prefix(&tok, &prefix, &n_prefix) != MOE_OK)) {
-        moe_cli_error("ppl", "%s", moe_last_error());
-        goto done;
-    }
-    if (bad_utf8)
-        fprintf(stderr, "moerun ppl: %s is not valid UTF-8; invalid bytes were replaced with U+FFFD\n",
-                text_path);
-    if (ctx == 0) ctx = m.cfg.max_pos < 512 ? m.cfg.max_pos : 512;
-    if (ctx > m.cfg.max_pos) {
-        moe_cli_error("ppl", "--ctx %ld exceeds the model's context of %d", ctx, m.cfg.max_pos);
-        goto done;
-    }
-    if (score_from < 0) score_from = ctx / 2;
-    for (size_t i = 0; i < n_body; i++)
-        if (body[i] < 0 || body[i] >= m.cfg.vocab) {
-            moe_cli_error("ppl", "token %d of the text is outside the model's vocabulary of %d", body[i],
-                          m.cfg.vocab);
-            goto done;
-        }
-    if (moe_ppl_plan_init(&plan, prefix, n_prefix, body, (int64_t)n_body, (int)ctx, (int)score_from,
-                          (int)chunks) != MOE_OK ||
-        (base_path && open_base(&base_st, base_path, &plan, m.cfg.vocab, &base) != MOE_OK)) {
-        moe_cli_error("ppl", "%s", moe_last_error());
-        goto done;
-    }
-    if (save_path) {
-        size_t bytes;
-        if (__builtin_mul_overflow((size_t)plan.n_scored, (size_t)m.cfg.vocab * 2, &bytes) ||
-            !(save = malloc(bytes))) {
-            moe_cli_error("ppl", "--save-base: %lld tokens x %d vocabulary x 2 bytes do not fit in memory "
-                          "(use --chunks)", (long long)plan.n_scored, m.cfg.vocab);
-            goto done;
-        }
-    }
-    struct moe_runner_opts ro;
-    moe_ppl_runner_opts(&plan, (int)eo.max_batch_tokens, (int)eo.max_seqs, (int)eo.kv_block, kvt, &ro);
-    if (moe_cli_backend_start(&be, &eo) != MOE_OK ||
-        moe_runner_init(&r, &m, &be, &ro) != MOE_OK) {
-        moe_cli_error("ppl", "%s", moe_last_error());
-        goto done;
-    }
-    if (moe_cli_stats_start(&so, &m, "ppl")) goto done;
-    r.fw.stats = moe_cli_stats_recorder(&so);
-    const double t0 = moe_cli_now();
-    if (moe_ppl_run(&r, &plan, base_path ? &base : NULL, save, &res, isatty(2) ? progress : NULL, NULL) !=
-        MOE_OK) {
-        moe_cli_error("ppl", "%s", moe_last_error());
-        goto done;
-    }
-    const double secs = moe_cli_now() - t0;
-    struct moe_ppl_summary sum;
-    if (moe_ppl_summarize(&res, &sum) != MOE_OK ||
-        (save_path && save_base(save_path, &plan, &res, save, m.cfg.vocab, eo.model.path) != MOE_OK)) {
-        moe_cli_error("ppl", "%s", moe_last_error());
-        goto done;
-    }
-    if (json) {
-        json_t *o = summary_json(&sum, &plan, n_prefix, be.ops->name, m.cfg.top_k, secs, be.quant,
-                                 r.kv.dtype);
-        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-        if (s) puts(s);
-        free(s);
-        json_decref(o);
-    } else {
-        print_summary(&sum, &plan, n_prefix);
-    }
-    fprintf(stderr, "moerun ppl: %lld window tokens in %.2f s (%.1f tokens/s, backend %s)\n",
-            (long long)plan.win_start[plan.n_windows], secs,
-            secs > 0 ? (double)plan.win_start[plan.n_windows] / secs : 0.0, be.ops->name);
-    rc = moe_cli_stats_finish(&so, &m, &eo.model, &be, "ppl");
-done:
-    moe_cli_stats_free(&so);
-    moe_ppl_result_free(&res);
-    moe_safetensors_close(&base_st);
-    moe_ppl_plan_free(&plan);
-    moe_runner_free(&r);
-    moe_backend_free(&be);
-    moe_tokenizer_free(&tok);
-    moe_model_free(&m);
-    free(save);
-    free(body);
-    free(prefix);
-    free(text);
+    moe_cli_stats_free(&o.st);
+    ppl_free(&c);
     return rc;
 }

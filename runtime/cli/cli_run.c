@@ -5,37 +5,56 @@
  * directly and the generated ids are printed, comma-separated.  Timings go
  * to stderr.  Sampling defaults come from generation_config.json; any
  * option given overrides them. */
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_opts.h"
 #include "runtime/cli/stats_cli.h"
 #include "runtime/text/textgen.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moerun run MODEL_DIR -p TEXT [-n N] [options]\n"
-            "       moerun run MODEL_DIR --prompt-ids 1,2,3 [-n N] [options]\n\n"
-            "Generates from a prompt and streams the text to stdout (or prints the\n"
-            "generated ids with --prompt-ids).  Timings go to stderr.\n\n"
-            "  -p, --prompt TEXT    prompt text ('-' reads stdin)\n"
-            "  --prompt-ids LIST    prompt token ids, comma-separated\n"
-            "  -n, --max-tokens N   tokens to generate (default 64)\n"
-            "  --temp T             temperature (0: greedy)\n"
-            "  --top-k K, --top-p P, --min-p M     sampling filters\n"
-            "  --repeat-penalty R, --frequency-penalty F, --presence-penalty P\n"
-            "  --seed S             sampling seed (default 0)\n"
-            "  --stop STR           stop string (repeatable)\n"
-            "  --ignore-eos         keep generating past the end-of-sequence token\n"
-            "  --chunk N            prefill chunk size (sets --max-batch-tokens)\n"
-            MOE_CLI_ENGINE_HELP MOE_CLI_STATS_USAGE);
-}
+struct run_opts {
+    struct moe_cli_engine eng;
+    struct moe_cli_stats st;
+    struct moe_cli_sampling sam;
+    const char *prompt, *prompt_ids;
+    struct moe_cli_list stops;
+    bool ignore_eos;
+};
 
-enum { O_PROMPT_IDS = MOE_OPT_LAST, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_FREQ, O_PRES,
-       O_SEED, O_STOP, O_IGNORE_EOS, O_CHUNK };
+#define CMD(member) .at = MOE_CLI_AT_CMD, MOE_CLI_FIELD(struct run_opts, member)
+static const struct moe_cli_opt rows[] = {
+    {.name = "prompt", .letter = 'p', .arg = "TEXT", .kind = MOE_CLI_STRING, CMD(prompt),
+     .help = "prompt text ('-' reads stdin)"},
+    {.name = "prompt-ids", .arg = "LIST", .kind = MOE_CLI_STRING, CMD(prompt_ids),
+     .help = "prompt token ids, comma-separated"},
+    {.name = "stop", .arg = "STR", .kind = MOE_CLI_LIST, CMD(stops), .hi = MOE_MAX_STOP_STRINGS,
+     .help = "stop string (repeatable)"},
+    {.name = "ignore-eos", .kind = MOE_CLI_FLAG, CMD(ignore_eos),
+     .help = "keep generating past the end-of-sequence token"},
+    {.name = "chunk", .arg = "N", .kind = MOE_CLI_INT, .at = MOE_CLI_AT_ENGINE,
+     MOE_CLI_FIELD(struct moe_cli_engine, max_batch_tokens), .lo = 1, .hi = 1 << 20,
+     .help = "prefill chunk size (sets --max-batch-tokens)"},
+};
+#undef CMD
+
+static const char *const shared[] = {"@sampling", "@model", "@engine", "@offload", "@stats", NULL};
+
+static const struct moe_cli_command run_cmd = {
+    .name = "run",
+    .usage = "usage: moerun run MODEL_DIR -p TEXT [-n N] [options]\n"
+             "       moerun run MODEL_DIR --prompt-ids 1,2,3 [-n N] [options]\n\n"
+             "Generates from a prompt and streams the text to stdout (or prints the\n"
+             "generated ids with --prompt-ids).  Timings go to stderr.  Sampling defaults\n"
+             "come from generation_config.json; the options given override them.\n\n",
+    .rows = rows,
+    .n_rows = sizeof rows / sizeof rows[0],
+    .shared = shared,
+    .engine_at = offsetof(struct run_opts, eng),
+    .stats_at = offsetof(struct run_opts, st),
+    .sampling_at = offsetof(struct run_opts, sam),
+};
 
 struct run_state {
     struct moe_textgen tg;
@@ -63,208 +82,166 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     fflush(stdout);
 }
 
-int moe_cli_run(int argc, char **argv)
+/* What run loads and runs; run_free releases it. */
+struct run_ctx {
+    struct moe_model m;
+    struct moe_backend be;
+    struct moe_tokenizer tok;
+    bool have_tok;
+    struct moe_engine e;
+    struct run_state st;
+    int32_t *prompt;
+    int n_prompt;
+    char *stdin_text;
+};
+
+static void run_free(struct run_ctx *c)
 {
-    struct moe_cli_engine eo;
-    moe_cli_engine_defaults(&eo);
-    const char *prompt_text = NULL, *ids_arg = NULL, *stops[MOE_MAX_STOP_STRINGS];
-    int n_stops = 0;
-    long n_new = 64;
-    bool ignore_eos = false;
-    struct moe_sampling over;            /* explicit options */
-    bool set[16] = {0};
-    memset(&over, 0, sizeof over);
-    static const struct option opts[] = {
-        {"prompt", required_argument, 0, 'p'},   {"prompt-ids", required_argument, 0, O_PROMPT_IDS},
-        {"max-tokens", required_argument, 0, 'n'}, {"temp", required_argument, 0, O_TEMP},
-        {"temperature", required_argument, 0, O_TEMP}, {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP}, {"min-p", required_argument, 0, O_MINP},
-        {"repeat-penalty", required_argument, 0, O_REP},
-        {"frequency-penalty", required_argument, 0, O_FREQ},
-        {"presence-penalty", required_argument, 0, O_PRES}, {"seed", required_argument, 0, O_SEED},
-        {"stop", required_argument, 0, O_STOP},  {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
-        {"chunk", required_argument, 0, O_CHUNK}, {"help", no_argument, 0, 'h'},
-        MOE_CLI_ENGINE_LONGOPTS, MOE_CLI_STATS_OPTIONS, {0, 0, 0, 0}};
-    struct moe_cli_stats so = {0};
-    int c;
-    optind = 1;
-    while ((c = moe_cli_getopt(argc, argv, "p:n:h", opts, "run")) != -1) {
-        int k = moe_cli_engine_option(&eo, "run", c, optarg);
-        if (k == 0) k = moe_cli_stats_option(&so, &eo.model, c, optarg, "run");
-        if (k < 0) return 1;
-        if (k > 0) continue;
-        char *end = NULL;
-        double v = optarg ? strtod(optarg, &end) : 0;
-        bool num_ok = optarg && end != optarg && !*end;
-        long iv;
-        switch (c) {
-        case 'p': prompt_text = optarg; break;
-        case O_PROMPT_IDS: ids_arg = optarg; break;
-        case 'n':
-            if (!moe_cli_parse_int(optarg, 1, 1 << 24, &n_new))
-                return moe_cli_error("run", "-n '%s' must be a positive count", optarg);
-            break;
-        case O_CHUNK:
-            if (!moe_cli_parse_int(optarg, 1, 1 << 20, &eo.max_batch_tokens))
-                return moe_cli_error("run", "--chunk '%s' must be a positive count", optarg);
-            break;
-        case O_TOPK:
-        case O_SEED:
-            if (!moe_cli_parse_int(optarg, 0, __LONG_MAX__, &iv))
-                return moe_cli_error("run", "'%s' is not a non-negative integer", optarg);
-            if (c == O_TOPK) over.top_k = (int)iv;
-            else over.seed = (uint64_t)iv;
-            set[c - MOE_OPT_LAST] = true;
-            break;
-        case O_TEMP: case O_TOPP: case O_MINP: case O_REP: case O_FREQ: case O_PRES:
-            if (!num_ok) return moe_cli_error("run", "'%s' is not a number", optarg);
-            if (c == O_TEMP) over.temperature = (float)v;
-            if (c == O_TOPP) over.top_p = (float)v;
-            if (c == O_MINP) over.min_p = (float)v;
-            if (c == O_REP) over.repetition_penalty = (float)v;
-            if (c == O_FREQ) over.frequency_penalty = (float)v;
-            if (c == O_PRES) over.presence_penalty = (float)v;
-            set[c - MOE_OPT_LAST] = true;
-            break;
-        case O_STOP:
-            if (n_stops == MOE_MAX_STOP_STRINGS)
-                return moe_cli_error("run", "at most %d --stop strings", MOE_MAX_STOP_STRINGS);
-            stops[n_stops++] = optarg;
-            break;
-        case O_IGNORE_EOS: ignore_eos = true; break;
-        case 'h': usage(stdout); return 0;
-        default: return 2;
-        }
-    }
-    if (optind < argc) eo.model.path = argv[optind++];
-    if (optind < argc) return moe_cli_error("run", "unexpected argument '%s'", argv[optind]);
-    if (!prompt_text == !ids_arg)
+    moe_textgen_free(&c->st.tg);
+    moe_engine_free(&c->e);
+    moe_backend_free(&c->be);
+    moe_tokenizer_free(&c->tok);
+    moe_model_free(&c->m);
+    free(c->prompt);
+    free(c->stdin_text);
+}
+
+/* What one run measured: the timings line on stderr. */
+struct run_result {
+    int n_prompt, n_gen;
+    enum moe_finish finish;
+    double load_s, ttft_s, decode_s;
+};
+
+static void print_result(const struct run_result *r)
+{
+    fprintf(stderr,
+            "moerun run: %d prompt tokens, %d generated (%s); load %.2f s; TTFT %.1f ms; "
+            "prefill %.1f tokens/s; decode %.1f tokens/s\n",
+            r->n_prompt, r->n_gen, moe_finish_name(r->finish), r->load_s, r->ttft_s * 1e3,
+            r->ttft_s > 0 ? r->n_prompt / r->ttft_s : 0.0, r->decode_s > 0 ? (r->n_gen - 1) / r->decode_s : 0.0);
+}
+
+static int run_parse(int argc, char **argv, struct run_opts *o, struct moe_cli_args *a)
+{
+    *o = (struct run_opts){.sam.max_tokens = 64};
+    moe_cli_engine_defaults(&o->eng);
+    const int rc = moe_cli_parse(&run_cmd, argc, argv, o, a);
+    if (rc >= 0) return rc;
+    if (a->n_pos > 0) o->eng.model.path = a->pos[0];
+    if (a->n_pos > 1) return moe_cli_error("run", "unexpected argument '%s'", a->pos[1]);
+    if (!o->prompt == !o->prompt_ids)
         return moe_cli_error("run", "give exactly one prompt: -p TEXT or --prompt-ids 1,2,3");
-    if (moe_cli_stats_check(&so, "run")) return 1;
+    if (moe_cli_stats_check(&o->st, "run")) return 1;
+    return -1;
+}
 
-    int rc = 1;
-    struct moe_model m = {0};
-    struct moe_backend be = {0};
-    struct moe_tokenizer tok = {0};
-    struct moe_engine e = {0};
-    struct run_state st = {.text = prompt_text != NULL, .first_id = true, .e = &e};
-    int32_t *prompt = NULL;
-    int n_prompt = 0;
-    char *stdin_text = NULL;
-    size_t stdin_len = 0;
-    bool have_tok = false;
-
-    double t0 = moe_cli_now();
-    if (moe_cli_open_model(&m, &eo.model) != MOE_OK) {
-        moe_cli_error("run", "%s", moe_last_error());
-        goto done;
+/* The model, its tokenizer, and the prompt as ids, checked against the model. */
+static int run_prompt(const struct run_opts *o, struct run_ctx *c)
+{
+    const char *text = o->prompt;
+    if (moe_cli_open_model(&c->m, &o->eng.model) != MOE_OK) return moe_cli_error("run", "%s", moe_last_error());
+    if (o->eng.model.path) {
+        c->have_tok = moe_tokenizer_load(&c->tok, o->eng.model.path) == MOE_OK;
+        if (!c->have_tok && text)
+            return moe_cli_error("run", "%s (use --prompt-ids to run without a tokenizer)", moe_last_error());
+    } else if (text) {
+        return moe_cli_error("run", "a synthetic model has no tokenizer: use --prompt-ids");
     }
-    if (eo.model.path) {
-        have_tok = moe_tokenizer_load(&tok, eo.model.path) == MOE_OK;
-        if (!have_tok && prompt_text) {
-            moe_cli_error("run", "%s (use --prompt-ids to run without a tokenizer)", moe_last_error());
-            goto done;
-        }
-    } else if (prompt_text) {
-        moe_cli_error("run", "a synthetic model has no tokenizer: use --prompt-ids");
-        goto done;
-    }
-    if (prompt_text) {
-        if (!strcmp(prompt_text, "-") && !(prompt_text = stdin_text = moe_cli_read_all(stdin, &stdin_len))) {
-            moe_cli_error("run", "cannot read the prompt from stdin");
-            goto done;
-        }
-        size_t n;
+    if (text) {
+        size_t len, n;
         bool bad_utf8 = false;
-        if (moe_tokenizer_encode(&tok, prompt_text, strlen(prompt_text), true, &prompt, &n, &bad_utf8) != MOE_OK) {
-            moe_cli_error("run", "%s", moe_last_error());
-            goto done;
-        }
+        if (!strcmp(text, "-") && !(text = c->stdin_text = moe_cli_read_all(stdin, &len)))
+            return moe_cli_error("run", "cannot read the prompt from stdin");
+        if (moe_tokenizer_encode(&c->tok, text, strlen(text), true, &c->prompt, &n, &bad_utf8) != MOE_OK)
+            return moe_cli_error("run", "%s", moe_last_error());
         if (bad_utf8)
-            fprintf(stderr, "moerun run: the prompt is not valid UTF-8; invalid bytes were replaced "
-                    "with U+FFFD\n");
-        n_prompt = (int)n;
-    } else if (moe_cli_parse_ids(ids_arg, &prompt, &n_prompt) != MOE_OK) {
-        moe_cli_error("run", "%s", moe_last_error());
-        goto done;
+            fprintf(stderr, "moerun run: the prompt is not valid UTF-8; invalid bytes were replaced with U+FFFD\n");
+        c->n_prompt = (int)n;
+    } else if (moe_cli_parse_ids(o->prompt_ids, &c->prompt, &c->n_prompt) != MOE_OK) {
+        return moe_cli_error("run", "%s", moe_last_error());
     }
     /* sizes are checked before anything is allocated for the request */
-    if ((long)n_prompt + n_new > m.cfg.max_pos) {
-        moe_cli_error("run", "prompt of %d tokens + %ld new tokens exceeds the model's context of %d",
-                      n_prompt, n_new, m.cfg.max_pos);
-        goto done;
-    }
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] >= m.cfg.vocab) {
-            moe_cli_error("run", "prompt token %d (item %d) is outside the vocabulary of %d",
-                          prompt[i], i + 1, m.cfg.vocab);
-            goto done;
-        }
-    struct moe_request_params rp = {.max_tokens = (int)n_new};
-    moe_cli_generation_defaults(eo.model.path, &rp.sampling);
-    const int S = MOE_OPT_LAST;
-    if (set[O_TEMP - S]) rp.sampling.temperature = over.temperature;
-    if (set[O_TOPK - S]) rp.sampling.top_k = over.top_k;
-    if (set[O_TOPP - S]) rp.sampling.top_p = over.top_p;
-    if (set[O_MINP - S]) rp.sampling.min_p = over.min_p;
-    if (set[O_REP - S]) rp.sampling.repetition_penalty = over.repetition_penalty;
-    if (set[O_FREQ - S]) rp.sampling.frequency_penalty = over.frequency_penalty;
-    if (set[O_PRES - S]) rp.sampling.presence_penalty = over.presence_penalty;
-    if (set[O_SEED - S]) rp.sampling.seed = over.seed;
-    if (!ignore_eos) {
-        if (have_tok)
-            for (size_t i = 0; i < tok.n_eos && rp.n_stop_ids < MOE_MAX_STOP_IDS; i++)
-                rp.stop_ids[rp.n_stop_ids++] = tok.eos_ids[i];
-        else if (m.cfg.eos_id >= 0)
-            rp.stop_ids[rp.n_stop_ids++] = m.cfg.eos_id;
-    }
-    if (st.text && moe_textgen_init(&st.tg, &tok, stops, n_stops, true) != MOE_OK) {
-        moe_cli_error("run", "%s", moe_last_error());
-        goto done;
-    }
-    if (moe_cli_backend_start(&be, &eo) != MOE_OK ||
-        moe_cli_engine_start(&eo, &m, &be, n_prompt + n_new, &e) != MOE_OK) {
-        moe_cli_error("run", "%s", moe_last_error());
-        goto done;
-    }
-    e.on_token = on_token;
-    if (moe_cli_stats_start(&so, &m, "run")) goto done;
-    e.r.fw.stats = moe_cli_stats_recorder(&so);
-    struct moe_request *r;
-    if (moe_engine_submit(&e, prompt, n_prompt, &rp, &st, &r) != MOE_OK) {
-        moe_cli_error("run", "%s", moe_last_error());
-        goto done;
-    }
-    double t1 = moe_cli_now();
+    if ((long)c->n_prompt + o->sam.max_tokens > c->m.cfg.max_pos)
+        return moe_cli_error("run", "prompt of %d tokens + %ld new tokens exceeds the model's context of %d",
+                             c->n_prompt, o->sam.max_tokens, c->m.cfg.max_pos);
+    for (int i = 0; i < c->n_prompt; i++)
+        if (c->prompt[i] >= c->m.cfg.vocab)
+            return moe_cli_error("run", "prompt token %d (item %d) is outside the vocabulary of %d", c->prompt[i],
+                                 i + 1, c->m.cfg.vocab);
+    return 0;
+}
+
+/* The request: generation_config.json's sampling under the options given, the stop ids. */
+static void run_params(const struct run_opts *o, const struct moe_cli_args *a, const struct run_ctx *c,
+                       struct moe_request_params *rp)
+{
+    *rp = (struct moe_request_params){.max_tokens = (int)o->sam.max_tokens};
+    moe_cli_generation_defaults(o->eng.model.path, &rp->sampling);
+    moe_cli_sampling_apply(a, &o->sam, &rp->sampling);
+    if (o->ignore_eos) return;
+    if (c->have_tok)
+        for (size_t i = 0; i < c->tok.n_eos && rp->n_stop_ids < MOE_MAX_STOP_IDS; i++)
+            rp->stop_ids[rp->n_stop_ids++] = c->tok.eos_ids[i];
+    else if (c->m.cfg.eos_id >= 0)
+        rp->stop_ids[rp->n_stop_ids++] = c->m.cfg.eos_id;
+}
+
+/* Starts the engine, runs the request to its end and fills r. */
+static int run_generate(struct run_opts *o, const struct moe_request_params *rp, struct run_ctx *c,
+                        struct run_result *r)
+{
+    c->st = (struct run_state){.text = o->prompt != NULL, .first_id = true, .e = &c->e};
+    if (c->st.text && moe_textgen_init(&c->st.tg, &c->tok, o->stops.v, o->stops.n, true) != MOE_OK)
+        return moe_cli_error("run", "%s", moe_last_error());
+    if (moe_cli_backend_start(&c->be, &o->eng) != MOE_OK ||
+        moe_cli_engine_start(&o->eng, &c->m, &c->be, c->n_prompt + o->sam.max_tokens, &c->e) != MOE_OK)
+        return moe_cli_error("run", "%s", moe_last_error());
+    c->e.on_token = on_token;
+    if (moe_cli_stats_start(&o->st, &c->m, "run")) return 1;
+    c->e.r.fw.stats = moe_cli_stats_recorder(&o->st);
+    struct moe_request *req;
+    if (moe_engine_submit(&c->e, c->prompt, c->n_prompt, rp, &c->st, &req) != MOE_OK)
+        return moe_cli_error("run", "%s", moe_last_error());
+    const double t1 = moe_cli_now();
+    r->load_s = t1 - r->load_s;
     int rows;
-    while (!moe_engine_idle(&e)) {
-        if (moe_engine_step(&e, &rows) != MOE_OK || st.err != MOE_OK) {
+    while (!moe_engine_idle(&c->e)) {
+        if (moe_engine_step(&c->e, &rows) != MOE_OK || c->st.err != MOE_OK) {
             fputc('\n', stdout);
-            moe_cli_error("run", "%s", moe_last_error());
-            goto done;
+            return moe_cli_error("run", "%s", moe_last_error());
         }
     }
     fputc('\n', stdout);
     fflush(stdout);
-    int n_gen;
-    moe_request_output(r, &n_gen);
-    double ttft = r->t_first - r->t_arrival;
-    double dec = n_gen > 1 ? r->t_token[n_gen - 1] - r->t_first : 0;
-    fprintf(stderr,
-            "moerun run: %d prompt tokens, %d generated (%s); load %.2f s; TTFT %.1f ms; "
-            "prefill %.1f tokens/s; decode %.1f tokens/s\n",
-            n_prompt, n_gen, moe_finish_name(r->finish), t1 - t0, ttft * 1e3,
-            ttft > 0 ? n_prompt / ttft : 0.0, dec > 0 ? (n_gen - 1) / dec : 0.0);
-    moe_engine_release(&e, r);
-    rc = moe_cli_stats_finish(&so, &m, &eo.model, &be, "run");
-done:
-    moe_cli_stats_free(&so);
-    moe_textgen_free(&st.tg);
-    moe_engine_free(&e);
-    moe_backend_free(&be);
-    moe_tokenizer_free(&tok);
-    moe_model_free(&m);
-    free(prompt);
-    free(stdin_text);
+    moe_request_output(req, &r->n_gen);
+    r->n_prompt = c->n_prompt;
+    r->finish = req->finish;
+    r->ttft_s = req->t_first - req->t_arrival;
+    r->decode_s = r->n_gen > 1 ? req->t_token[r->n_gen - 1] - req->t_first : 0;
+    moe_engine_release(&c->e, req);
+    return 0;
+}
+
+int moe_cli_run(int argc, char **argv)
+{
+    struct run_opts o;
+    struct moe_cli_args a;
+    int rc = run_parse(argc, argv, &o, &a);
+    if (rc >= 0) return rc;
+    struct run_ctx c = {0};
+    struct run_result r = {.load_s = moe_cli_now()}; /* the start, until the request is in */
+    struct moe_request_params rp;
+    rc = run_prompt(&o, &c);
+    if (!rc) {
+        run_params(&o, &a, &c, &rp);
+        rc = run_generate(&o, &rp, &c, &r);
+    }
+    if (!rc) {
+        print_result(&r);
+        rc = moe_cli_stats_finish(&o.st, &c.m, &o.eng.model, &c.be, "run");
+    }
+    moe_cli_stats_free(&o.st);
+    run_free(&c);
     return rc;
 }

@@ -5,7 +5,6 @@
  * recorder load, the engine thread starts and /health flips to 200.
  * SIGINT/SIGTERM: new requests are refused, running ones aborted (their
  * streams end), the daemon stops and everything is freed. */
-#include <getopt.h>
 #include <libgen.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -14,51 +13,88 @@
 
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_opts.h"
 #include "runtime/cli/stats_cli.h"
 #include "runtime/server/server.h"
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moerun serve MODEL_DIR [--host 127.0.0.1] [--port 8080] [options]\n\n"
-            "OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
-            "(streaming with \"stream\": true), GET /v1/models, /health, /metrics,\n"
-            "/v1/expert-stats, POST /v1/expert-stats/reset (docs/server.md).\n\n"
-            "  --host ADDR          IPv4 address to listen on (default 127.0.0.1)\n"
-            "  --port N             port (default 8080; 0: any free port)\n"
-            "  --port-file FILE     write the port listened on to FILE once ready\n"
-            "  --served-model-name NAME  model name in the API (default: the folder's name)\n"
-            "  --max-body SIZE      largest request body in bytes (default 4MiB)\n"
-            "  --max-queue N        waiting requests before 429 (default 256)\n"
-            "  --max-conns N        simultaneous connections (default 256)\n"
-            "  --timeout S          idle connection timeout in seconds (default 60)\n"
-            "  --api-key KEY        /v1/ endpoints want 'Authorization: Bearer KEY' (also\n"
-            "                       MOERUN_API_KEY); /health and /metrics stay open\n"
-            "  --generation-config auto|none  sampling defaults from the model's\n"
-            "                       generation_config.json (auto, the default) or the API's\n"
-            "  --reasoning-parser auto|none|think|harmony  chat completions put a reasoning\n"
-            "                       model's thinking in reasoning_content (think: <think>..</think>,\n"
-            "                       DeepSeek-R1, Qwen3, GLM-4.5; harmony: gpt-oss's analysis\n"
-            "                       channel); auto (the default) reads the chat template\n"
-            "  --tool-call-parser auto|none|hermes|harmony|mistral|deepseek_v3|glm45|kimi_k2\n"
-            "                       chat completions with tools return the calls the model writes\n"
-            "                       as tool_calls (hermes: <tool_call> JSON blocks, Qwen; harmony:\n"
-            "                       gpt-oss; mistral: [TOOL_CALLS] lists, Mixtral-8x22B; deepseek_v3:\n"
-            "                       DeepSeek-V3, R1 and V3.1; glm45: GLM-4.5/4.6 <arg_key> blocks;\n"
-            "                       kimi_k2: Kimi-K2 sections); auto reads the template\n"
-            "  (the default KV budget here is 0.25 of available memory, at most 4GiB)\n"
-            MOE_CLI_ENGINE_HELP MOE_CLI_STATS_USAGE);
-}
 
 /* The command's state: the server and the options it is built from. */
 struct serve_cmd {
     struct srv s;
     struct moe_cli_engine eo;
     struct moe_cli_stats so;
+    const char *gen_config;   /* --generation-config auto|none */
 };
 
-enum { O_HOST = MOE_OPT_LAST, O_PORT, O_PORT_FILE, O_NAME, O_MAX_BODY, O_MAX_QUEUE, O_MAX_CONNS,
-       O_TIMEOUT, O_API_KEY, O_GEN_CONFIG, O_REASONING, O_TOOLS };
+static bool parse_key(const char *arg, void *field)
+{
+    if (!*arg) return false;
+    *(const char **)field = arg;
+    return true;
+}
+
+static const char *const gen_configs[] = {"auto", "none", NULL};
+static const char *const reasoning_parsers[] = {"auto", "none", "think", "harmony", NULL};
+static const char *const tool_parsers[] = {"auto", "none", "hermes", "harmony", "mistral", "deepseek_v3", "glm45",
+                                           "kimi_k2", NULL};
+
+#define CMD(member) .at = MOE_CLI_AT_CMD, MOE_CLI_FIELD(struct serve_cmd, member)
+static const struct moe_cli_opt rows[] = {
+    {.name = "host", .arg = "ADDR", .kind = MOE_CLI_STRING, CMD(s.o.host),
+     .help = "IPv4 address to listen on (default 127.0.0.1)"},
+    {.name = "port", .arg = "N", .kind = MOE_CLI_INT, CMD(s.o.port), .lo = 0, .hi = 65535,
+     .help = "port (default 8080; 0: any free port)"},
+    {.name = "port-file", .arg = "FILE", .kind = MOE_CLI_STRING, CMD(s.o.port_file),
+     .help = "write the port listened on to FILE once ready"},
+    {.name = "served-model-name", .arg = "NAME", .kind = MOE_CLI_STRING, CMD(s.o.served_name),
+     .help = "model name in the API (default: the folder's name)"},
+    {.name = "max-body", .arg = "SIZE", .kind = MOE_CLI_SIZE, CMD(s.o.max_body), .lo = 64,
+     .help = "largest request body in bytes (default 4MiB)"},
+    {.name = "max-queue", .arg = "N", .kind = MOE_CLI_INT, CMD(s.o.max_queue), .lo = 1, .hi = 1 << 20,
+     .help = "waiting requests before 429 (default 256)"},
+    {.name = "max-conns", .arg = "N", .kind = MOE_CLI_INT, CMD(s.o.max_conns), .lo = 1, .hi = 1 << 20,
+     .help = "simultaneous connections (default 256)"},
+    {.name = "timeout", .arg = "S", .kind = MOE_CLI_INT, CMD(s.o.timeout_s), .lo = 1, .hi = 1 << 20,
+     .help = "idle connection timeout in seconds (default 60)"},
+    {.name = "api-key", .arg = "KEY", .kind = MOE_CLI_CUSTOM, CMD(s.o.api_key), .parse = parse_key,
+     .what = "a key that is not empty",
+     .help = "/v1/ endpoints want 'Authorization: Bearer KEY' (also\n"
+             "MOERUN_API_KEY); /health and /metrics stay open"},
+    {.name = "generation-config", .arg = "auto|none", .kind = MOE_CLI_CHOICE, CMD(gen_config),
+     .choices = gen_configs,
+     .help = "sampling defaults from the model's\n"
+             "generation_config.json (auto, the default) or the API's"},
+    {.name = "reasoning-parser", .arg = "auto|none|think|harmony", .kind = MOE_CLI_CHOICE, CMD(s.o.reasoning),
+     .choices = reasoning_parsers,
+     .help = "chat completions put a reasoning\n"
+             "model's thinking in reasoning_content (think: <think>..</think>,\n"
+             "DeepSeek-R1, Qwen3, GLM-4.5; harmony: gpt-oss's analysis\n"
+             "channel); auto (the default) reads the chat template"},
+    {.name = "tool-call-parser", .arg = "auto|none|hermes|harmony|mistral|deepseek_v3|glm45|kimi_k2",
+     .kind = MOE_CLI_CHOICE, CMD(s.o.tool_parser), .choices = tool_parsers,
+     .help = "\n"
+             "chat completions with tools return the calls the model writes\n"
+             "as tool_calls (hermes: <tool_call> JSON blocks, Qwen; harmony:\n"
+             "gpt-oss; mistral: [TOOL_CALLS] lists, Mixtral-8x22B; deepseek_v3:\n"
+             "DeepSeek-V3, R1 and V3.1; glm45: GLM-4.5/4.6 <arg_key> blocks;\n"
+             "kimi_k2: Kimi-K2 sections); auto reads the template"},
+};
+#undef CMD
+
+static const char *const shared[] = {"@model", "@engine", "@offload", "@stats", NULL};
+
+static const struct moe_cli_command serve_cmd_spec = {
+    .name = "serve",
+    .usage = "usage: moerun serve MODEL_DIR [--host 127.0.0.1] [--port 8080] [options]\n\n"
+             "OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
+             "(streaming with \"stream\": true), GET /v1/models, /health, /metrics,\n"
+             "/v1/expert-stats, POST /v1/expert-stats/reset (docs/server.md).\n\n",
+    .rows = rows,
+    .n_rows = sizeof rows / sizeof rows[0],
+    .shared = shared,
+    .footer = "The default KV budget here is 0.25 of available memory, at most 4GiB.\n",
+    .engine_at = offsetof(struct serve_cmd, eo),
+    .stats_at = offsetof(struct serve_cmd, so),
+};
 
 static int load(struct serve_cmd *cmd)
 {
@@ -123,174 +159,82 @@ static int load(struct serve_cmd *cmd)
     return 0;
 }
 
-int moe_cli_serve(int argc, char **argv)
+/* Parses the command line into cmd and checks what can be wrong before
+ * the port opens or "listening" is said; -1 to go on, else the exit code. */
+static int serve_parse(int argc, char **argv, struct serve_cmd *cmd)
 {
-    struct serve_cmd *cmd = calloc(1, sizeof *cmd);
-    if (!cmd) return moe_cli_error("serve", "out of memory");
     struct srv *s = &cmd->s;
     moe_cli_engine_defaults(&cmd->eo);
-    s->o = (struct srv_opts){.host = "127.0.0.1", .port = 8080, .max_body = 4u << 20,
-                             .max_queue = 256, .max_conns = 256, .timeout_s = 60,
-                             .keepalive_s = 0.5};
-    static const struct option opts[] = {
-        {"host", required_argument, 0, O_HOST}, {"port", required_argument, 0, O_PORT},
-        {"port-file", required_argument, 0, O_PORT_FILE},
-        {"served-model-name", required_argument, 0, O_NAME},
-        {"max-body", required_argument, 0, O_MAX_BODY},
-        {"max-queue", required_argument, 0, O_MAX_QUEUE},
-        {"max-conns", required_argument, 0, O_MAX_CONNS},
-        {"timeout", required_argument, 0, O_TIMEOUT}, {"help", no_argument, 0, 'h'},
-        {"api-key", required_argument, 0, O_API_KEY},
-        {"generation-config", required_argument, 0, O_GEN_CONFIG},
-        {"reasoning-parser", required_argument, 0, O_REASONING},
-        {"tool-call-parser", required_argument, 0, O_TOOLS},
-        MOE_CLI_ENGINE_LONGOPTS, MOE_CLI_STATS_OPTIONS, {0, 0, 0, 0}};
-    int c, rc = 1;
-    long v;
-    optind = 1;
-    while ((c = moe_cli_getopt(argc, argv, "h", opts, "serve")) != -1) {
-        int k = moe_cli_engine_option(&cmd->eo, "serve", c, optarg);
-        if (k == 0) k = moe_cli_stats_option(&cmd->so, &cmd->eo.model, c, optarg, "serve");
-        if (k < 0) goto out;
-        if (k > 0) continue;
-        switch (c) {
-        case O_HOST: s->o.host = optarg; break;
-        case O_PORT:
-            if (!moe_cli_parse_int(optarg, 0, 65535, &v)) {
-                moe_cli_error("serve", "--port '%s' must be in [0, 65535]", optarg);
-                goto out;
-            }
-            s->o.port = (int)v;
-            break;
-        case O_PORT_FILE: s->o.port_file = optarg; break;
-        case O_NAME: s->o.served_name = optarg; break;
-        case O_MAX_BODY: {
-            size_t b;
-            if (moe_cli_parse_budget(optarg, &b) != MOE_OK || b < 64) {
-                moe_cli_error("serve", "--max-body '%s' is not a size of at least 64 bytes", optarg);
-                goto out;
-            }
-            s->o.max_body = b;
-            break;
-        }
-        case O_MAX_QUEUE: case O_MAX_CONNS: case O_TIMEOUT:
-            if (!moe_cli_parse_int(optarg, 1, 1 << 20, &v)) {
-                moe_cli_error("serve", "option value '%s' must be a positive count", optarg);
-                goto out;
-            }
-            if (c == O_MAX_QUEUE) s->o.max_queue = (int)v;
-            else if (c == O_MAX_CONNS) s->o.max_conns = (int)v;
-            else s->o.timeout_s = (int)v;
-            break;
-        case O_API_KEY:
-            if (!*optarg) {
-                moe_cli_error("serve", "--api-key must not be empty");
-                goto out;
-            }
-            s->o.api_key = optarg;
-            break;
-        case O_GEN_CONFIG:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "none")) {
-                moe_cli_error("serve", "--generation-config '%s' (use auto or none)", optarg);
-                goto out;
-            }
-            s->o.no_gen_defaults = !strcmp(optarg, "none");
-            break;
-        case O_REASONING: {
-            enum moe_reasoning_format f;
-            if (strcmp(optarg, "auto") && !moe_reasoning_parse_name(optarg, &f)) {
-                moe_cli_error("serve", "--reasoning-parser '%s' (use auto, none, think or harmony)", optarg);
-                goto out;
-            }
-            s->o.reasoning = optarg;
-            break;
-        }
-        case O_TOOLS: {
-            enum moe_tool_format f;
-            if (strcmp(optarg, "auto") && !moe_tool_calls_parse_name(optarg, &f)) {
-                moe_cli_error("serve", "--tool-call-parser '%s' (use auto, none, hermes, harmony, mistral, "
-                              "deepseek_v3, glm45 or kimi_k2)", optarg);
-                goto out;
-            }
-            s->o.tool_parser = optarg;
-            break;
-        }
-        case 'h': usage(stdout); rc = 0; goto out;
-        default: rc = 2; goto out;
-        }
-    }
-    if (!s->o.api_key && getenv("MOERUN_API_KEY") && *getenv("MOERUN_API_KEY"))
-        s->o.api_key = getenv("MOERUN_API_KEY");
-    if (!cmd->eo.model.synthetic && optind < argc) cmd->eo.model.path = argv[optind++];
-    if (optind < argc) {
-        moe_cli_error("serve", "unexpected argument '%s'", argv[optind]);
-        goto out;
-    }
+    s->o = (struct srv_opts){.host = "127.0.0.1", .port = 8080, .max_body = 4u << 20, .max_queue = 256,
+                             .max_conns = 256, .timeout_s = 60, .keepalive_s = 0.5};
+    struct moe_cli_args a;
+    const int rc = moe_cli_parse(&serve_cmd_spec, argc, argv, cmd, &a);
+    if (rc >= 0) return rc;
+    s->o.no_gen_defaults = cmd->gen_config && !strcmp(cmd->gen_config, "none");
+    if (!s->o.api_key && getenv("MOERUN_API_KEY") && *getenv("MOERUN_API_KEY")) s->o.api_key = getenv("MOERUN_API_KEY");
+    int k = 0;
+    if (!cmd->eo.model.synthetic && k < a.n_pos) cmd->eo.model.path = a.pos[k++];
+    if (k < a.n_pos) return moe_cli_error("serve", "unexpected argument '%s'", a.pos[k]);
     if (!cmd->eo.model.path && !cmd->eo.model.synthetic) {
-        usage(stderr);
-        rc = 2;
-        goto out;
+        moe_cli_help(&serve_cmd_spec, stderr);
+        return 2;
     }
-    /* everything that can be wrong before the port opens or "listening" is said */
     if (moe_cli_stats_check(&cmd->so, "serve") || moe_cli_check_engine(&cmd->eo, "serve") ||
         (s->o.port_file && moe_cli_check_writable("serve", "--port-file", s->o.port_file)))
-        goto out;
-    s->model_dir = cmd->eo.model.path;
-    if (s->o.served_name) {
-        s->model_name = strdup(s->o.served_name);
-    } else {
-        char *tmp = strdup(s->model_dir ? s->model_dir : cmd->eo.model.synthetic);
-        if (tmp) {
-            size_t n = strlen(tmp);
-            while (n > 1 && tmp[n - 1] == '/') tmp[--n] = '\0';
-            s->model_name = strdup(basename(tmp));
-        }
-        free(tmp);
+        return 1;
+    return -1;
+}
+
+/* The API's model name: --served-model-name, or the folder's (or config's) base name. */
+static char *serve_name(const struct serve_cmd *cmd)
+{
+    if (cmd->s.o.served_name) return strdup(cmd->s.o.served_name);
+    char *tmp = strdup(cmd->s.model_dir ? cmd->s.model_dir : cmd->eo.model.synthetic), *name = NULL;
+    if (tmp) {
+        size_t n = strlen(tmp);
+        while (n > 1 && tmp[n - 1] == '/') tmp[--n] = '\0';
+        name = strdup(basename(tmp));
     }
-    pthread_mutex_init(&s->tok_mu, NULL);
-    pthread_mutex_init(&s->q_mu, NULL);
-    pthread_cond_init(&s->q_cv, NULL);
-    pthread_mutex_init(&s->stats_mu, NULL);
-    pthread_mutex_init(&s->m_mu, NULL);
-    atomic_init(&s->next_id, 1);
-    /* signals are taken by sigwait in this thread; every thread blocks them */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    if (!s->model_name || srv_http_start(s) != MOE_OK) {
-        moe_cli_error("serve", "%s", s->model_name ? moe_last_error() : "out of memory");
-        goto out;
+    free(tmp);
+    return name;
+}
+
+static void serve_locks(struct srv *s, bool init)
+{
+    pthread_mutex_t *mu[] = {&s->tok_mu, &s->q_mu, &s->stats_mu, &s->m_mu};
+    for (size_t i = 0; i < sizeof mu / sizeof mu[0]; i++) {
+        if (init) pthread_mutex_init(mu[i], NULL);
+        else pthread_mutex_destroy(mu[i]);
     }
-    fprintf(stderr, "moerun serve: listening on http://%s:%d, loading %s\n", s->o.host, s->o.port,
-            s->model_name);
-    if (load(cmd)) goto stop;
+    if (init) pthread_cond_init(&s->q_cv, NULL);
+    else pthread_cond_destroy(&s->q_cv);
+}
+
+/* Opens the port, loads, says "ready" and waits for SIGINT or SIGTERM;
+ * 0 after a signal, 1 when something failed (printed). */
+static int serve_run(struct serve_cmd *cmd, sigset_t *sigs)
+{
+    struct srv *s = &cmd->s;
+    if (!s->model_name || srv_http_start(s) != MOE_OK)
+        return moe_cli_error("serve", "%s", s->model_name ? moe_last_error() : "out of memory");
+    fprintf(stderr, "moerun serve: listening on http://%s:%d, loading %s\n", s->o.host, s->o.port, s->model_name);
+    if (load(cmd)) return 1;
     atomic_store(&s->ready, 1);
     if (s->o.port_file) {
         FILE *f = fopen(s->o.port_file, "w");
-        if (!f || fprintf(f, "%d\n", s->o.port) < 0 || fclose(f)) {
-            moe_cli_error("serve", "cannot write %s", s->o.port_file);
-            goto stop;
-        }
+        if (!f || fprintf(f, "%d\n", s->o.port) < 0 || fclose(f))
+            return moe_cli_error("serve", "cannot write %s", s->o.port_file);
     }
     fprintf(stderr, "moerun serve: ready (%d KV blocks of %d tokens)\n", s->kv_blocks, s->kv_block);
     int sig = 0;
-    sigwait(&sigs, &sig);
+    sigwait(sigs, &sig);
     fprintf(stderr, "moerun serve: signal %d, shutting down\n", sig);
-    rc = 0;
-stop:
-    atomic_store(&s->ready, 2);
-    srv_engine_stop(s);
-    srv_http_stop(s);
-    if (rc == 0) rc = moe_cli_stats_finish(&cmd->so, &s->m, &cmd->eo.model, &s->be, "serve");
-    pthread_mutex_destroy(&s->tok_mu);
-    pthread_mutex_destroy(&s->q_mu);
-    pthread_cond_destroy(&s->q_cv);
-    pthread_mutex_destroy(&s->stats_mu);
-    pthread_mutex_destroy(&s->m_mu);
-out:
+    return 0;
+}
+
+static void serve_free(struct serve_cmd *cmd)
+{
+    struct srv *s = &cmd->s;
     moe_cli_stats_free(&cmd->so);
     moe_engine_free(&s->e);
     moe_backend_free(&s->be);
@@ -301,5 +245,35 @@ out:
     moe_model_free(&s->m);
     free(s->model_name);
     free(cmd);
+}
+
+int moe_cli_serve(int argc, char **argv)
+{
+    struct serve_cmd *cmd = calloc(1, sizeof *cmd);
+    if (!cmd) return moe_cli_error("serve", "out of memory");
+    struct srv *s = &cmd->s;
+    int rc = serve_parse(argc, argv, cmd);
+    if (rc >= 0) {
+        serve_free(cmd);
+        return rc;
+    }
+    s->model_dir = cmd->eo.model.path;
+    s->model_name = serve_name(cmd);
+    serve_locks(s, true);
+    atomic_init(&s->next_id, 1);
+    /* signals are taken by sigwait in this thread; every thread blocks them */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    rc = serve_run(cmd, &sigs);
+    atomic_store(&s->ready, 2);
+    srv_engine_stop(s);
+    srv_http_stop(s);
+    if (rc == 0) rc = moe_cli_stats_finish(&cmd->so, &s->m, &cmd->eo.model, &s->be, "serve");
+    serve_locks(s, false);
+    serve_free(cmd);
     return rc;
 }

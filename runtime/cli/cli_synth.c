@@ -2,30 +2,53 @@
  * any configuration with seeded random weights (config.json +
  * model.safetensors) that moerun and transformers both load. */
 #include <errno.h>
-#include <getopt.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_opts.h"
 #include "runtime/model/synth.h"
 #include "runtime/model/synth_skew.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moerun synth CONFIG.json OUTDIR [--dtype bf16] [--seed S] [--router-skew SPEC]\n"
-            "                    [--layout stacked|per-expert]\n\n"
-            "Writes OUTDIR/config.json and OUTDIR/model.safetensors with random weights\n"
-            "(uniform, std = initializer_range; norms 1) for any supported configuration.\n"
-            "--router-skew zipf:S or hot:H:F makes every router choose its top-1 expert with\n"
-            "known probabilities, written to config.json as moerun_router_skew\n"
-            "(docs/stats-format.md).\n"
-            "--layout per-expert writes one tensor per expert (legacy names, e.g.\n"
-            "block_sparse_moe.experts.0.w1.weight for Mixtral) instead of the stacked\n"
-            "transformers 5 mlp.experts.gate_up_proj; moerun loads both.\n");
-}
+struct synth_opts {
+    struct moe_cli_engine eng; /* --dtype, --router-skew */
+    long seed;
+    const char *layout;
+};
+
+static const char *const layouts[] = {"stacked", "per-expert", NULL};
+
+static const struct moe_cli_opt rows[] = {
+    {.name = "seed", .arg = "S", .kind = MOE_CLI_INT, .at = MOE_CLI_AT_CMD, MOE_CLI_FIELD(struct synth_opts, seed),
+     .lo = 0, .hi = (double)LONG_MAX,
+     .help = "weight seed (default 0)"},
+    {.name = "layout", .arg = "stacked|per-expert", .kind = MOE_CLI_CHOICE, .at = MOE_CLI_AT_CMD,
+     MOE_CLI_FIELD(struct synth_opts, layout), .choices = layouts,
+     .help = "expert tensors stacked (default) or one per expert"},
+};
+
+static const char *const shared[] = {"dtype", "router-skew", NULL};
+
+static const struct moe_cli_command synth_cmd = {
+    .name = "synth",
+    .usage = "usage: moerun synth CONFIG.json OUTDIR [--dtype bf16] [--seed S] [--router-skew SPEC]\n"
+             "                    [--layout stacked|per-expert]\n\n"
+             "Writes OUTDIR/config.json and OUTDIR/model.safetensors with random weights\n"
+             "(uniform, std = initializer_range; norms 1) for any supported configuration.\n\n",
+    .rows = rows,
+    .n_rows = sizeof rows / sizeof rows[0],
+    .shared = shared,
+    .footer = "--router-skew zipf:S or hot:H:F makes every router choose its top-1 expert with\n"
+              "known probabilities, written to config.json as moerun_router_skew\n"
+              "(docs/stats-format.md).\n"
+              "--layout per-expert writes one tensor per expert (legacy names, e.g.\n"
+              "block_sparse_moe.experts.0.w1.weight for Mixtral) instead of the stacked\n"
+              "transformers 5 mlp.experts.gate_up_proj; moerun loads both.\n",
+    .engine_at = offsetof(struct synth_opts, eng),
+};
 
 static const char *torch_dtype(enum moe_dtype t)
 {
@@ -34,41 +57,20 @@ static const char *torch_dtype(enum moe_dtype t)
 
 int moe_cli_synth(int argc, char **argv)
 {
-    const char *dtype_arg = "bf16", *skew_arg = NULL, *layout_arg = "stacked";
-    long seed = 0;
-    static const struct option opts[] = {{"dtype", required_argument, 0, 'd'},
-                                         {"seed", required_argument, 0, 'S'},
-                                         {"router-skew", required_argument, 0, 'K'},
-                                         {"layout", required_argument, 0, 'l'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    while ((c = moe_cli_getopt(argc, argv, "h", opts, "synth")) != -1) {
-        switch (c) {
-        case 'd': dtype_arg = optarg; break;
-        case 'l': layout_arg = optarg; break;
-        case 'S':
-            if (!moe_cli_parse_int(optarg, 0, __LONG_MAX__, &seed))
-                return moe_cli_error("synth", "--seed '%s' is not a non-negative integer", optarg);
-            break;
-        case 'K': skew_arg = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: return 2;
-        }
-    }
-    if (argc - optind != 2) {
-        usage(stderr);
+    struct synth_opts o = {.layout = "stacked"};
+    moe_cli_engine_defaults(&o.eng);
+    struct moe_cli_args a;
+    const int prc = moe_cli_parse(&synth_cmd, argc, argv, &o, &a);
+    if (prc >= 0) return prc;
+    if (a.n_pos != 2) {
+        moe_cli_help(&synth_cmd, stderr);
         return 2;
     }
-    const char *cfg_path = argv[optind], *out = argv[optind + 1];
-    enum moe_dtype dt;
-    if (!moe_cli_parse_dtype(dtype_arg, &dt))
-        return moe_cli_error("synth", "--dtype '%s' (use f32, f16 or bf16)", dtype_arg);
-    enum moe_synth_layout layout;
-    if (!strcmp(layout_arg, "stacked")) layout = MOE_SYNTH_STACKED;
-    else if (!strcmp(layout_arg, "per-expert")) layout = MOE_SYNTH_PER_EXPERT;
-    else return moe_cli_error("synth", "--layout '%s' (use stacked or per-expert)", layout_arg);
+    const char *cfg_path = a.pos[0], *out = a.pos[1], *skew_arg = o.eng.model.router_skew;
+    const uint64_t seed = (uint64_t)o.seed;
+    enum moe_dtype dt = MOE_DTYPE_BF16;
+    if (o.eng.model.dtype) (void)moe_cli_parse_dtype(o.eng.model.dtype, &dt); /* checked when parsed */
+    const enum moe_synth_layout layout = !strcmp(o.layout, "stacked") ? MOE_SYNTH_STACKED : MOE_SYNTH_PER_EXPERT;
     if (skew_arg && layout != MOE_SYNTH_STACKED)
         return moe_cli_error("synth", "--router-skew needs the stacked layout");
     json_error_t jerr;
@@ -92,8 +94,8 @@ int moe_cli_synth(int argc, char **argv)
         moe_cli_error("synth", "cannot create %s: %s", out, strerror(errno));
         goto done;
     }
-    if (moe_synth_tensors(&st, &cfg, dt, (uint64_t)seed, layout) != MOE_OK ||
-        moe_synth_apply_skew(&st, &cfg, &skew, (uint64_t)seed) != MOE_OK) {
+    if (moe_synth_tensors(&st, &cfg, dt, seed, layout) != MOE_OK ||
+        moe_synth_apply_skew(&st, &cfg, &skew, seed) != MOE_OK) {
         moe_cli_error("synth", "%s", moe_last_error());
         goto done;
     }
@@ -115,7 +117,7 @@ int moe_cli_synth(int argc, char **argv)
     json_object_set_new(root, "torch_dtype", json_string(torch_dtype(dt)));
     if (skew.kind != MOE_SKEW_NONE)
         json_object_set_new(root, "moerun_router_skew",
-                            moe_router_skew_json(&skew, &cfg, (uint64_t)seed));
+                            moe_router_skew_json(&skew, &cfg, seed));
     snprintf(path, sizeof path, "%s/config.json", out);
     if (json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
         moe_cli_error("synth", "cannot write %s", path);

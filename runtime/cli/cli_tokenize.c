@@ -12,28 +12,42 @@
 #include "runtime/cli/cli_common.h"
 #include "runtime/text/tokenizer.h"
 
-int moe_cli_tokenize(int argc, char **argv); /* declared with the others in cli.h */
+#include "runtime/cli/cli.h"
+#include "runtime/cli/cli_opts.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: moerun tokenize MODEL_DIR TEXT\n"
-            "       moerun tokenize MODEL_DIR --decode IDS\n"
-            "\n"
-            "Encodes TEXT with MODEL_DIR/tokenizer.json and prints the ids, comma-separated,\n"
-            "or decodes IDS (comma- or space-separated) and prints the text.  TEXT or IDS\n"
-            "may be '-' to read standard input (taken byte for byte, newline included).\n"
-            "\n"
-            "options:\n"
-            "  --decode IDS    decode instead of encode\n"
-            "  --bench CORPUS  encode every string of CORPUS (a JSON array of strings) --repeat\n"
-            "                  times after one warm-up pass; print bytes/s and tokens/s\n"
-            "  --repeat N      passes for --bench (default 3)\n"
-            "  --no-special    encode without the post-processor's special tokens (BOS);\n"
-            "                  decode skipping special tokens\n"
-            "  --              end of options (for a TEXT that starts with --)\n"
-            "  -h, --help      this text\n");
-}
+struct tokenize_opts {
+    const char *decode, *bench;
+    long repeat;
+    bool no_special;
+};
+
+#define CMD(member) .at = MOE_CLI_AT_CMD, MOE_CLI_FIELD(struct tokenize_opts, member)
+static const struct moe_cli_opt rows[] = {
+    {.name = "decode", .arg = "IDS", .kind = MOE_CLI_STRING, CMD(decode), .help = "decode instead of encode"},
+    {.name = "bench", .arg = "CORPUS", .kind = MOE_CLI_STRING, CMD(bench),
+     .help = "encode every string of CORPUS (a JSON array of strings) --repeat\n"
+             "times after one warm-up pass; print bytes/s and tokens/s"},
+    {.name = "repeat", .arg = "N", .kind = MOE_CLI_INT, CMD(repeat), .lo = 1, .hi = 1 << 20,
+     .help = "passes for --bench (default 3)"},
+    {.name = "no-special", .kind = MOE_CLI_FLAG, CMD(no_special),
+     .help = "encode without the post-processor's special tokens (BOS);\n"
+             "decode skipping special tokens"},
+};
+#undef CMD
+
+static const struct moe_cli_command tokenize_cmd = {
+    .name = "tokenize",
+    .usage = "usage: moerun tokenize MODEL_DIR TEXT\n"
+             "       moerun tokenize MODEL_DIR --decode IDS\n"
+             "\n"
+             "Encodes TEXT with MODEL_DIR/tokenizer.json and prints the ids, comma-separated,\n"
+             "or decodes IDS (comma- or space-separated) and prints the text.  TEXT or IDS\n"
+             "may be '-' to read standard input (taken byte for byte, newline included).\n"
+             "A TEXT that starts with '-' goes after '--', the end of the options.\n"
+             "\n",
+    .rows = rows,
+    .n_rows = sizeof rows / sizeof rows[0],
+};
 
 static int fail(const char *msg)
 {
@@ -127,43 +141,15 @@ static int bench(struct moe_tokenizer *tok, const char *corpus_path, int repeat,
 
 int moe_cli_tokenize(int argc, char **argv)
 {
-    const char *dir = NULL, *text = NULL, *decode = NULL, *bench_path = NULL;
-    int repeat = 3;
-    bool special = true, options = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (options && !strcmp(a, "--")) {
-            options = false; /* the rest is positional, e.g. a TEXT starting with -- */
-        } else if (!options) {
-            if (!dir) dir = a;
-            else if (!text) text = a;
-            else return fail("too many arguments (try --help)");
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--no-special")) {
-            special = false;
-        } else if (!strcmp(a, "--bench")) {
-            if (i + 1 >= argc) return fail("--bench needs a corpus file");
-            bench_path = argv[++i];
-        } else if (!strcmp(a, "--repeat")) {
-            if (i + 1 >= argc || (repeat = atoi(argv[i + 1])) < 1) return fail("--repeat needs a positive count");
-            i++;
-        } else if (!strcmp(a, "--decode")) {
-            if (i + 1 >= argc) return fail("--decode needs a list of ids (or '-')");
-            decode = argv[++i];
-        } else if (a[0] == '-' && a[1] == '-') {
-            char msg[160];
-            snprintf(msg, sizeof msg, "unknown option '%.100s' (try --help)", a);
-            return fail(msg);
-        } else if (!dir) {
-            dir = a;
-        } else if (!text) {
-            text = a;
-        } else {
-            return fail("too many arguments (try --help)");
-        }
-    }
+    struct tokenize_opts o = {.repeat = 3};
+    struct moe_cli_args a;
+    const int prc = moe_cli_parse(&tokenize_cmd, argc, argv, &o, &a);
+    if (prc >= 0) return prc;
+    if (a.n_pos > 2) return fail("too many arguments (try --help)");
+    const char *dir = a.n_pos > 0 ? a.pos[0] : NULL, *text = a.n_pos > 1 ? a.pos[1] : NULL, *decode = o.decode,
+               *bench_path = o.bench;
+    const int repeat = (int)o.repeat;
+    const bool special = !o.no_special;
     if (!dir) return fail("missing MODEL_DIR (try --help)");
     if (bench_path) {
         struct moe_tokenizer bt;

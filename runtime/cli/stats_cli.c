@@ -4,40 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int moe_cli_stats_option(struct moe_cli_stats *s, struct moe_cli_model_opts *mo, int code,
-                         const char *arg, const char *cmd)
-{
-    long v;
-    switch (code - MOE_CLI_OPT_STATS) {
-    case 0: s->json_path = arg; return 1;
-    case 1: s->csv_path = arg; return 1;
-    case 2: s->trace_prefix = arg; return 1;
-    case 3: {
-        char buf[64], *colon;
-        snprintf(buf, sizeof buf, "%s", arg);
-        long a, b = 0;
-        if (!(colon = strchr(buf, ':'))) goto bad;
-        *colon = '\0';
-        if (!moe_cli_parse_int(buf, 0, __LONG_MAX__, &a) ||
-            (colon[1] && !moe_cli_parse_int(colon + 1, 1, __LONG_MAX__, &b)) || (b && b <= a))
-            goto bad;
-        s->o.step_from = a;
-        s->o.step_to = b;
-        return 1;
-    }
-    case 4:
-        if (!moe_cli_parse_int(arg, 1, 1 << 20, &v)) goto bad;
-        s->o.ring_steps = (int)v;
-        return 1;
-    case 5: s->off = true; return 1;
-    case 6: mo->router_skew = arg; return 1;
-    default: return 0;
-    }
-bad:
-    moe_cli_error(cmd, "statistics option value '%s' is not valid", arg);
-    return -1;
-}
-
 int moe_cli_stats_check(const struct moe_cli_stats *s, const char *cmd)
 {
     if (s->off && (s->json_path || s->csv_path || s->trace_prefix))
