@@ -55,12 +55,14 @@ struct moe_request_params {
     int max_tokens;                       /* >= 1 */
     int32_t stop_ids[MOE_MAX_STOP_IDS];   /* e.g. EOS ids: finish with "stop" */
     int n_stop_ids;
+    bool no_spec;                         /* never speculate ("speculative": false) */
 };
 
 /* Proposers of speculative decoding. */
 enum moe_spec_kind {
     MOE_SPEC_NONE,   /* plain decoding */
     MOE_SPEC_NGRAM,  /* prompt lookup (spec_ngram.h) */
+    MOE_SPEC_DRAFT,  /* a smaller model of the same vocabulary (spec_draft.h) */
 };
 
 #define MOE_SPEC_MAX_TOKENS 16 /* K at most */
@@ -72,6 +74,14 @@ struct moe_spec_opts {
     int ngram_min;   /* the shortest, 1..N; 0: 1 */
     int max_batch;   /* speculate only in steps that start with at most this
                         many running requests; 0: no limit */
+    bool adaptive;   /* each sequence's K follows its recent acceptance, at most tokens */
+    /* MOE_SPEC_DRAFT: the draft model (borrowed; its vocabulary is the
+     * target's, which the caller checked), the backend that runs it (NULL:
+     * the target's) and its KV pool in blocks of block_size (0: as many
+     * tokens as the target's pool) */
+    const struct moe_model *draft;
+    struct moe_backend *draft_be;
+    int draft_blocks;
 };
 
 struct moe_request {
