@@ -2,7 +2,8 @@
  * must not change any request's output: greedy requests give the same
  * tokens, finish reasons and samples (log-probabilities bit for bit) with
  * speculation on and off, for K = 1, 2, 4, 8, on the synthetic model, every
- * fixture family and the demo model; batched with sampled requests, under
+ * fixture family and the demo model; seeded sampled requests give the
+ * same tokens too; batched, under
  * preemption, with prefix sharing, with stop ids and stops from the
  * caller; the suite spec_fp8 runs the synthetic tests over an fp8 KV
  * cache.  The CPU backends are row-independent (docs/ARCHITECTURE.md), so
@@ -70,6 +71,7 @@ struct result {
     int n, last_step_tokens;
     uint64_t step_of_last;
     enum moe_finish finish;
+    int drafted; /* tokens drafted for it */
 };
 
 struct run {
@@ -149,6 +151,7 @@ static struct moe_engine_counters serve(const struct moe_model *m, struct job *j
         memcpy(res[i].out, out, (size_t)res[i].n * sizeof *out);
         memcpy(res[i].s, req[i]->samples, (size_t)res[i].n * sizeof *res[i].s);
         res[i].finish = req[i]->finish;
+        res[i].drafted = req[i]->n_drafted;
         for (int k = 1; k < res[i].n; k++)
             cr_assert(req[i]->t_token[k] >= req[i]->t_token[k - 1], "token times in order");
         cr_assert(res[i].n == 0 || req[i]->t_first == req[i]->t_token[0]);
@@ -187,7 +190,8 @@ static void expect_same(const struct result *a, const struct result *b, int nj, 
 /* Prompts that repeat text (a random phrase said two to four times, a
  * random token between), so the n-gram proposer finds matches; every
  * fourth job has a random prompt.  Parameters cycle: plain greedy (the
- * backend's argmax), sampled at temperature 0.8 (never speculates),
+ * backend's argmax), sampled at temperature 0.8 (seeded: the same draws
+ * with speculation, which keeps a draft when the draw equals it),
  * greedy with log-probabilities, greedy with a repetition penalty and a
  * log-probability (both through the host sampler). */
 static void make_jobs(struct job *jobs, int nj, int vocab, uint64_t seed)
@@ -275,6 +279,7 @@ static struct moe_engine_opts opts(int n_blocks, int batch_tokens, bool prefix)
 
 struct totals {
     uint64_t accepted, drafted, preemptions, prefix_hits;
+    uint64_t sampled_drafted; /* tokens drafted for sampled requests */
     int stops_in_accepted_run; /* caller stops that cut a verification run */
 };
 
@@ -286,13 +291,14 @@ static struct totals spec_matches_plain(const struct moe_model *m, struct job *j
     static struct result plain[MAXJ], spec[MAXJ];
     struct totals t = {0};
     struct moe_engine_counters np = serve(m, jobs, nj, &o, plain);
-    static const int ks[] = {1, 2, 4, 8};
-    for (int i = 0; i < 4; i++) {
+    /* K = 1, 2, 4, 8, then adaptive K up to 8 */
+    static const int ks[] = {1, 2, 4, 8, 8};
+    for (int i = 0; i < 5; i++) {
         struct moe_engine_opts so = o;
-        so.spec = (struct moe_spec_opts){.kind = MOE_SPEC_NGRAM, .tokens = ks[i]};
+        so.spec = (struct moe_spec_opts){.kind = MOE_SPEC_NGRAM, .tokens = ks[i], .adaptive = i == 4};
         struct moe_engine_counters n = serve(m, jobs, nj, &so, spec);
         char label[96];
-        snprintf(label, sizeof label, "%s, K = %d", what, ks[i]);
+        snprintf(label, sizeof label, "%s, K = %d%s", what, ks[i], i == 4 ? " adaptive" : "");
         expect_same(spec, plain, nj, label);
         cr_assert_eq(n.generated_tokens, np.generated_tokens, "%s", label);
         cr_assert(n.spec_draft_tokens > 0, "%s: nothing drafted", label);
@@ -308,6 +314,8 @@ static struct totals spec_matches_plain(const struct moe_model *m, struct job *j
         t.drafted += n.spec_draft_tokens;
         t.preemptions += n.preemptions;
         t.prefix_hits += n.prefix_hit_tokens;
+        for (int j = 0; j < nj; j++)
+            if (!moe_sampling_is_greedy(&jobs[j].p.sampling)) t.sampled_drafted += spec[j].drafted;
         for (int j = 0; j < nj; j++)
             if (jobs[j].cuts_run && spec[j].finish == MOE_FINISH_STOP &&
                 spec[j].n == jobs[j].stop_at + 1)
@@ -329,6 +337,7 @@ static void synthetic_matches_plain(void)
     struct moe_engine_opts o = opts(256, 1024, false);
     struct totals t = spec_matches_plain(&m, jobs, 12, o, "synthetic");
     cr_assert(t.accepted > 0, "repeated text gets drafts accepted");
+    cr_assert(t.sampled_drafted > 0, "sampled requests speculate");
     struct moe_engine_opts so = o;
     so.spec = (struct moe_spec_opts){.kind = MOE_SPEC_NGRAM, .tokens = 4};
     serve(&m, jobs, 12, &so, spec);
@@ -543,5 +552,63 @@ Test(spec, refuses_bad_settings)
     cr_assert(e.o.spec.tokens == 4 && e.o.spec.ngram_max == 3 && e.o.spec.ngram_min == 1,
               "the defaults");
     moe_engine_free(&e);
+    moe_model_free(&m);
+}
+
+/* Adaptive K: a request whose drafts are all accepted (greedy, with a
+ * logit bias that makes token 5 the target's every choice, after a prompt
+ * of 5s) drafts 2 tokens first (no history: acceptance 1/2) and then the
+ * full 8; one whose drafts are rarely accepted (sampled at temperature 4
+ * among four tokens a bias makes the only candidates, after a prompt that
+ * cycles through them, so the proposer always drafts) drafts a single
+ * token once its history shows it. */
+static void adaptive_drafts(const struct moe_model *m, const int32_t *prompt,
+                            const struct moe_sampling *sp, int *drafted, int max_steps)
+{
+    struct moe_engine e;
+    struct moe_engine_opts o = opts(256, 256, false);
+    o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_NGRAM, .tokens = 8, .adaptive = true};
+    cr_assert_eq(moe_engine_init(&e, m, &be, &o), MOE_OK, "%s", moe_last_error());
+    struct moe_request *r;
+    struct moe_request_params p = {.max_tokens = 120, .sampling = *sp};
+    cr_assert_eq(moe_engine_submit(&e, prompt, 8, &p, NULL, &r), MOE_OK, "%s", moe_last_error());
+    int rows;
+    for (int s = 0; s < max_steps; s++) {
+        drafted[s] = 0;
+        if (r->state == MOE_REQ_FINISHED) continue;
+        cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
+        drafted[s] = e.drafted[0];
+    }
+    moe_engine_release(&e, r);
+    moe_engine_free(&e);
+}
+
+Test(spec, adaptive_k_follows_acceptance)
+{
+    struct moe_model m;
+    synthetic_model(&m);
+    struct moe_sampling sp;
+    moe_sampling_defaults(&sp);
+    sp.n_bias = 1;
+    sp.bias_ids[0] = 5;
+    sp.bias[0] = 100.0f;
+    int d[16];
+    const int32_t fives[8] = {5, 5, 5, 5, 5, 5, 5, 5}, four[8] = {5, 6, 7, 8, 5, 6, 7, 8};
+    adaptive_drafts(&m, fives, &sp, d, 12);
+    cr_assert_eq(d[0], 0, "the prefill step drafts nothing");
+    cr_assert_eq(d[1], 2, "the first verification drafts 2, not %d", d[1]);
+    for (int s = 2; s < 8; s++) cr_assert_eq(d[s], 8, "step %d drafts %d, not 8", s, d[s]);
+    moe_sampling_defaults(&sp);
+    sp.temperature = 4.0f;
+    sp.seed = 3;
+    sp.n_bias = 4;
+    for (int i = 0; i < 4; i++) {
+        sp.bias_ids[i] = 5 + i;
+        sp.bias[i] = 100.0f;
+    }
+    adaptive_drafts(&m, four, &sp, d, 16);
+    int ones = 0;
+    for (int s = 8; s < 16; s++) ones += d[s] == 1;
+    cr_assert(ones >= 6, "rarely accepted drafts shrink to one token: %d of 8 steps", ones);
     moe_model_free(&m);
 }

@@ -351,10 +351,20 @@ static void sample(struct moe_engine *e, struct moe_request *r, int row)
  * while it equals the target's token of the row before it, then the
  * target's own token is emitted.  Each emitted token goes through sample()
  * (timing, samples, stop ids, max_tokens, callback) exactly as one decode
- * step's would.  Then the cache is rolled back to the verified tokens. */
+ * step's would.  Then the cache is rolled back to the verified tokens.
+ *
+ * A sampled request's token of a row is drawn by the sampler with its own
+ * generator, as a decode step would draw it.  The proposers draft a token
+ * for sure (q one-hot), and for such a q keeping the draft x when the draw
+ * equals it is Leviathan et al.'s modified rejection sampling: x is kept
+ * with probability p(x) = min(1, p(x)/q(x)), and a draw that differs is
+ * distributed as norm(max(0, p - q)), p without x.  The generator is used
+ * once per emitted token, as without speculation, so a seeded request's
+ * output is the same token for token. */
 static void verify(struct moe_engine *e, struct moe_request *r, int row, int d)
 {
     int accepted = 0;
+    bool rejected = false;
     for (int i = 0; i <= d; i++) {
         /* sample() overwrites the drafted token with the emitted one */
         int32_t drafted = i < d ? r->tokens[r->n_tokens] : -1;
@@ -364,10 +374,18 @@ static void verify(struct moe_engine *e, struct moe_request *r, int row, int d)
             accepted++;
             e->n.spec_accepted_at[i]++;
         }
+        rejected = i < d && !kept;
         if (!kept || r->state != MOE_REQ_RUNNING) break;
     }
     r->n_drafted += d;
     r->n_accepted += accepted;
+    /* the per-token acceptance this verification shows (accepted drafts
+     * over accepted plus the one rejected, if any: a run stops at its
+     * first rejection) into the request's moving average, weight 1/4 */
+    if (accepted + rejected > 0) {
+        double rate = (double)accepted / (accepted + rejected);
+        r->spec_accept = r->n_spec_steps++ ? 0.75 * r->spec_accept + 0.25 * rate : rate;
+    }
     e->n.spec_drafts++;
     e->n.spec_draft_tokens += (uint64_t)d;
     e->n.spec_accepted += (uint64_t)accepted;
@@ -407,7 +425,18 @@ static enum moe_status schedule_running(struct moe_engine *e, int *nc, int *budg
     return MOE_OK;
 }
 
-/* Speculation: each scheduled decode of a greedy request gets the tokens
+/* Adaptive K: the longest draft whose last token still has a fair chance,
+ * a^K >= 1/4 for the request's recent acceptance rate a (a moving average
+ * over its verifications, starting at 0.5), within 1..K_max.  At a = 0.5
+ * that is 2, at 0.8 it is 6, at 0.9 it is 13. */
+static int spec_k(const struct moe_request *r, int k_max)
+{
+    double a = r->n_spec_steps ? r->spec_accept : 0.5;
+    int k = a <= 0.0 ? 1 : a >= 1.0 ? k_max : (int)floor(log(0.25) / log(a));
+    return k < 1 ? 1 : k > k_max ? k_max : k;
+}
+
+/* Speculation: each scheduled decode of a request gets the tokens
  * its proposer drafts, at most K, the tokens it may still emit less one,
  * what is left of the budget, and what free blocks hold (no preemption).
  * The drafts are written after its tokens (its buffer holds prompt +
@@ -420,8 +449,8 @@ static enum moe_status add_drafts(struct moe_engine *e, int nc, int *budget)
     for (int c = 0; c < nc && *budget > 0; c++) {
         struct moe_request *r = e->sched[c];
         struct moe_chunk *ch = &e->chunks[c];
-        if (!ch->decode || !moe_sampling_is_greedy(&r->params.sampling)) continue;
-        int k = sp->tokens, left = r->params.max_tokens - (r->n_tokens - r->n_prompt) - 1;
+        if (!ch->decode || r->params.no_spec) continue;
+        int k = sp->adaptive ? spec_k(r, sp->tokens) : sp->tokens, left = r->params.max_tokens - (r->n_tokens - r->n_prompt) - 1;
         int room = (r->seq.n_blocks + moe_kvcache_available(&e->r.kv)) * e->o.block_size -
                    r->n_tokens;
         if (k > left) k = left;

@@ -105,6 +105,8 @@ struct moe_request {
     int n_preempted;
     int n_drafted;          /* tokens drafted for it (speculative decoding) */
     int n_accepted;         /* of those, tokens the target confirmed and emitted */
+    int n_spec_steps;       /* its verifications */
+    double spec_accept;     /* moving average of their acceptance rates (adaptive K) */
     void *user;
     struct moe_request *prev, *next; /* queue links */
 };

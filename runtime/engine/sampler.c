@@ -169,19 +169,16 @@ static void apply_penalties(const struct moe_sampling *p, float *logits, int V,
     }
 }
 
-void moe_sampler_sample(const struct moe_sampling *p, struct moe_rng *rng, float *logits, int V,
-                        const int32_t *history, int n_prompt, int n_history,
-                        struct moe_sampler_scratch *sc, struct moe_sample *out)
+/* Logit bias and penalties into logits, NaN to -inf; returns the largest. */
+static float prepare_logits(const struct moe_sampling *p, float *logits, int V,
+                            const int32_t *history, int n_prompt, int n_history, int32_t *counts)
 {
-    float *prob = sc->p;
-    int32_t *idx = sc->idx;
-    memset(out, 0, sizeof *out);
     for (int i = 0; i < p->n_bias; i++) /* ids checked in range by moe_sampling_validate's caller */
         if (p->bias_ids[i] >= 0 && p->bias_ids[i] < V) logits[p->bias_ids[i]] += p->bias[i];
-    /* counts live in idx (zeroed) until the penalties are applied */
+    /* counts live in the scratch (zeroed) until the penalties are applied */
     if (p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) {
-        memset(idx, 0, (size_t)V * sizeof *idx);
-        apply_penalties(p, logits, V, history, n_prompt, n_history, idx);
+        memset(counts, 0, (size_t)V * sizeof *counts);
+        apply_penalties(p, logits, V, history, n_prompt, n_history, counts);
     }
     /* NaN logits can never be chosen */
     float mx = -INFINITY;
@@ -189,40 +186,70 @@ void moe_sampler_sample(const struct moe_sampling *p, struct moe_rng *rng, float
         if (isnan(logits[i])) logits[i] = -INFINITY;
         if (logits[i] > mx) mx = logits[i];
     }
+    return mx;
+}
+
+/* Greedy: temperature 0 or top-k 1, or nothing but -inf left. */
+static bool draws_greedy(const struct moe_sampling *p, float mx)
+{
+    return p->temperature == 0.0f || p->top_k == 1 || mx == -INFINITY;
+}
+
+static int32_t argmax(const float *logits, int V)
+{
     int32_t tok = 0;
     for (int i = 1; i < V; i++)
         if (logits[i] > logits[tok]) tok = i;
-    const bool greedy = p->temperature == 0.0f || p->top_k == 1 || mx == -INFINITY;
-    if (!greedy) {
-        const float inv_t = 1.0f / p->temperature;
-        double z = 0;
-        for (int i = 0; i < V; i++) {
-            prob[i] = expf((logits[i] - mx) * inv_t);
-            z += prob[i];
-            idx[i] = i;
+    return tok;
+}
+
+/* The set a non-greedy draw is made from: prob[i] = exp((logit - mx) / T)
+ * unnormalised, the kept ids in idx[0..n) by descending probability after
+ * top-k, top-p and min-p; returns n, their sum in *zn. */
+static int kept_set(const struct moe_sampling *p, const float *logits, int V, float mx,
+                    float *prob, int32_t *idx, double *zn)
+{
+    const float inv_t = 1.0f / p->temperature;
+    for (int i = 0; i < V; i++) {
+        prob[i] = expf((logits[i] - mx) * inv_t);
+        idx[i] = i;
+    }
+    int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
+    top_sorted(idx, V, k, prob);
+    int n = k;
+    if (p->top_p < 1.0f) {
+        double zk = 0, acc = 0;
+        for (int i = 0; i < n; i++) zk += prob[idx[i]];
+        int m = 0;
+        while (m < n) {
+            acc += prob[idx[m++]];
+            if (acc >= p->top_p * zk) break;
         }
-        int n = V;
-        int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
-        top_sorted(idx, V, k, prob);
-        n = k;
-        if (p->top_p < 1.0f) {
-            double zk = 0, acc = 0;
-            for (int i = 0; i < n; i++) zk += prob[idx[i]];
-            int m = 0;
-            while (m < n) {
-                acc += prob[idx[m++]];
-                if (acc >= p->top_p * zk) break;
-            }
-            n = m;
-        }
-        if (p->min_p > 0.0f) {
-            float floor_p = p->min_p * prob[idx[0]];
-            int m = 1;
-            while (m < n && prob[idx[m]] >= floor_p) m++;
-            n = m;
-        }
-        double zn = 0;
-        for (int i = 0; i < n; i++) zn += prob[idx[i]];
+        n = m;
+    }
+    if (p->min_p > 0.0f) {
+        float floor_p = p->min_p * prob[idx[0]];
+        int m = 1;
+        while (m < n && prob[idx[m]] >= floor_p) m++;
+        n = m;
+    }
+    *zn = 0;
+    for (int i = 0; i < n; i++) *zn += prob[idx[i]];
+    return n;
+}
+
+void moe_sampler_sample(const struct moe_sampling *p, struct moe_rng *rng, float *logits, int V,
+                        const int32_t *history, int n_prompt, int n_history,
+                        struct moe_sampler_scratch *sc, struct moe_sample *out)
+{
+    float *prob = sc->p;
+    int32_t *idx = sc->idx;
+    memset(out, 0, sizeof *out);
+    const float mx = prepare_logits(p, logits, V, history, n_prompt, n_history, idx);
+    int32_t tok = argmax(logits, V);
+    if (!draws_greedy(p, mx)) {
+        double zn;
+        int n = kept_set(p, logits, V, mx, prob, idx, &zn);
         double u = moe_rng_uniform(rng) * zn, acc = 0;
         tok = idx[n - 1];
         for (int i = 0; i < n; i++) {
@@ -232,7 +259,6 @@ void moe_sampler_sample(const struct moe_sampling *p, struct moe_rng *rng, float
                 break;
             }
         }
-        (void)z;
     }
     out->token = tok;
     /* log-probabilities of the penalised distribution at temperature 1 */
@@ -253,6 +279,20 @@ void moe_sampler_sample(const struct moe_sampling *p, struct moe_rng *rng, float
             out->top_logprobs[i] = (float)(logits[idx[i]] - lz);
         }
     }
+}
+
+void moe_sampler_probs(const struct moe_sampling *p, float *logits, int V, const int32_t *history,
+                       int n_prompt, int n_history, struct moe_sampler_scratch *sc, double *probs)
+{
+    const float mx = prepare_logits(p, logits, V, history, n_prompt, n_history, sc->idx);
+    for (int i = 0; i < V; i++) probs[i] = 0;
+    if (draws_greedy(p, mx)) {
+        probs[argmax(logits, V)] = 1;
+        return;
+    }
+    double zn;
+    int n = kept_set(p, logits, V, mx, sc->p, sc->idx, &zn);
+    for (int i = 0; i < n; i++) probs[sc->idx[i]] = sc->p[sc->idx[i]] / zn;
 }
 
 enum moe_status moe_sampling_logit_bias_from_json(json_t *lb, int vocab, struct moe_sampling *sp)

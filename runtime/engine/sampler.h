@@ -93,6 +93,15 @@ void moe_sampler_sample(const struct moe_sampling *p, struct moe_rng *rng, float
                         const int32_t *history, int n_prompt, int n_history,
                         struct moe_sampler_scratch *scratch, struct moe_sample *out);
 
+/* The distribution moe_sampler_sample draws from, into probs (V): zero
+ * outside the set top-k, top-p and min-p keep, one-hot at the argmax for
+ * a greedy request.  Modifies logits as moe_sampler_sample does.  The
+ * reference of the tests that check sampling's distribution (speculative
+ * verification among them). */
+void moe_sampler_probs(const struct moe_sampling *p, float *logits, int V, const int32_t *history,
+                       int n_prompt, int n_history, struct moe_sampler_scratch *scratch,
+                       double *probs);
+
 #ifdef __cplusplus
 }
 #endif
