@@ -65,6 +65,9 @@ enum moe_status moe_stats_init(struct moe_stats *st, const struct moe_config *cf
     st->ring_tokens = zalloc((size_t)st->ring_cap, sizeof(int32_t), &ok);
     st->ring_decode = zalloc((size_t)st->ring_cap, sizeof(int32_t), &ok);
     st->ring_counts = zalloc(RLE, sizeof(int32_t), &ok);
+    st->verify = zalloc(LE, sizeof(int64_t), &ok);
+    st->spec_rejected = zalloc(LE, sizeof(int64_t), &ok);
+    st->seen = zalloc(E, 1, &ok);
     if (!ok) {
         moe_stats_free(st);
         return moe_fail(MOE_ERR_NOMEM, "stats: cannot allocate counters for %d layers x %d experts",
@@ -86,7 +89,8 @@ void moe_stats_free(struct moe_stats *st)
     void *p[] = {st->layers, st->slot, st->prefill, st->decode, st->wsum, st->top1, st->ent_sum,
                  st->ent_n, st->coact, st->rejected, st->bad_weights, st->ring_step,
                  st->ring_tokens, st->ring_decode, st->ring_counts, st->tr.ids, st->tr.w,
-                 st->tr.meta, st->row_decode};
+                 st->tr.meta, st->row_decode, st->verify, st->spec_rejected, st->row_vrow,
+                 st->vchunk, st->vids, st->seen};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     memset(st, 0, sizeof *st);
 }
@@ -96,6 +100,11 @@ void moe_stats_reset(struct moe_stats *st)
     const size_t LE = (size_t)st->Lm * (size_t)(st->E > 0 ? st->E : 1);
     memset(st->prefill, 0, LE * sizeof(int64_t));
     memset(st->decode, 0, LE * sizeof(int64_t));
+    memset(st->verify, 0, LE * sizeof(int64_t));
+    memset(st->spec_rejected, 0, LE * sizeof(int64_t));
+    memset(st->spec_chunks, 0, sizeof st->spec_chunks);
+    memset(st->spec_distinct, 0, sizeof st->spec_distinct);
+    st->tokens_verify = st->tokens_spec_rejected = 0;
     memset(st->wsum, 0, LE * sizeof(double));
     memset(st->top1, 0, LE * sizeof(int64_t));
     memset(st->coact, 0, LE * (size_t)(st->E > 0 ? st->E : 1) * sizeof(int64_t));
@@ -153,15 +162,20 @@ static enum moe_status step_begin(struct moe_stats *st, const struct moe_batch *
     st->active = step >= st->o.step_from && (st->o.step_to == 0 || step < st->o.step_to) &&
                  st->Lm > 0;
     st->cur_tok0 = -1;
+    st->cur_nv = st->cur_nvchunks = 0;
     if (!st->active) return MOE_OK;
     const int T = b->n_tokens;
     if (T > st->row_cap) {
         uint8_t *r = realloc(st->row_decode, (size_t)T);
-        if (!r) {
+        if (r) st->row_decode = r;
+        int32_t *v = r ? realloc(st->row_vrow, (size_t)T * sizeof *v) : NULL;
+        if (v) st->row_vrow = v;
+        int32_t *c = v ? realloc(st->vchunk, (size_t)T * 2 * sizeof *c) : NULL;
+        if (!c) {
             st->active = false; /* the step's layers record nothing */
             return moe_fail(MOE_ERR_NOMEM, "stats: row flags for %d tokens", T);
         }
-        st->row_decode = r;
+        st->vchunk = c;
         st->row_cap = T;
     }
     int n_dec = 0;
@@ -169,7 +183,31 @@ static enum moe_status step_begin(struct moe_stats *st, const struct moe_batch *
         int s = b->seq_of[t];
         st->row_decode[t] = b->decode && b->decode[s] ? 1 : 0;
         n_dec += st->row_decode[t];
+        st->row_vrow[t] = -1;
     }
+    /* verification chunks: their rows numbered, their ids kept */
+    for (int s = 0; b->verify && s < b->n_seqs; s++) {
+        if (!b->verify[s]) continue;
+        int first = b->seq_start[s], n = b->seq_start[s + 1] - first;
+        st->vchunk[2 * st->cur_nvchunks] = first;
+        st->vchunk[2 * st->cur_nvchunks++ + 1] = n;
+        for (int i = 0; i < n; i++) st->row_vrow[first + i] = st->cur_nv++;
+        st->spec_chunks[n < MOE_STATS_SPEC_ROWS ? n : MOE_STATS_SPEC_ROWS]++;
+    }
+    if (st->cur_nv > st->vcap) {
+        size_t cnt, bytes;
+        int32_t *v = NULL;
+        if (moe_mul_size((size_t)st->cur_nv, (size_t)st->Lm * (size_t)st->K, &cnt) &&
+            moe_mul_size(cnt, sizeof *v, &bytes))
+            v = realloc(st->vids, bytes);
+        if (!v) {
+            st->active = false;
+            return moe_fail(MOE_ERR_NOMEM, "stats: ids of %d verification rows", st->cur_nv);
+        }
+        st->vids = v;
+        st->vcap = st->cur_nv;
+    }
+    st->tokens_verify += st->cur_nv;
     st->cur_decode = st->row_decode;
     st->cur_T = T;
     st->tokens_decode += n_dec;
@@ -239,6 +277,46 @@ static bool row_entropy(const float *z, int E, double *h)
 static void record_layer(struct moe_stats *st, int layer, int T, const int32_t *ids,
                          const float *w, const float *logits);
 
+/* MoE layer j's routing of the step's verification rows: their pairs, their
+ * ids kept, and the distinct experts each chunk touched. */
+static void record_verify(struct moe_stats *st, int j, const int32_t *ids)
+{
+    const int E = st->E, K = st->K;
+    int64_t *ver = st->verify + (size_t)j * E;
+    for (int c = 0; c < st->cur_nvchunks; c++) {
+        int first = st->vchunk[2 * c], n = st->vchunk[2 * c + 1], distinct = 0;
+        memset(st->seen, 0, (size_t)E);
+        for (int t = first; t < first + n; t++) {
+            const int32_t *id = ids + (size_t)t * K;
+            memcpy(st->vids + ((size_t)st->row_vrow[t] * st->Lm + j) * K, id, (size_t)K * sizeof *id);
+            for (int k = 0; k < K; k++) {
+                if (id[k] < 0 || id[k] >= E) continue;
+                ver[id[k]]++;
+                distinct += !st->seen[id[k]];
+                st->seen[id[k]] = 1;
+            }
+        }
+        st->spec_distinct[n < MOE_STATS_SPEC_ROWS ? n : MOE_STATS_SPEC_ROWS] += distinct;
+    }
+}
+
+void moe_stats_spec_rejected(struct moe_stats *st, int first, int n)
+{
+    if (!st->active || first < 0 || n <= 0 || first > st->cur_T - n) return;
+    const int E = st->E, K = st->K, Lm = st->Lm;
+    for (int t = first; t < first + n; t++) {
+        int v = st->row_vrow[t];
+        if (v < 0) continue;
+        st->tokens_spec_rejected++;
+        for (int j = 0; j < Lm; j++) {
+            const int32_t *id = st->vids + ((size_t)v * Lm + j) * K;
+            for (int k = 0; k < K; k++)
+                if (id[k] >= 0 && id[k] < E) st->spec_rejected[(size_t)j * E + id[k]]++;
+        }
+        if (st->cur_tok0 >= 0) st->tr.meta[(size_t)(st->cur_tok0 + t) * 4 + 3] = 2;
+    }
+}
+
 void moe_stats_record_layer(struct moe_stats *st, int layer, int T, const int32_t *ids,
                             const float *w, const float *logits)
 {
@@ -282,6 +360,7 @@ static void record_layer(struct moe_stats *st, int layer, int T, const int32_t *
     }
     st->rejected[j] += rejected;
     st->bad_weights[j] += bad;
+    record_verify(st, j, ids);
     if (logits) {
         /* single-threaded on purpose: an OpenMP region here costs more than
          * the loop (docs/stats-format.md, "Cost") */

@@ -16,6 +16,13 @@
  *   on request               the routing trace: for every token and MoE layer
  *                            the K expert ids and weights, with the token's
  *                            step, request id, position and phase
+ *   speculative decoding     per MoE layer x expert, the pairs of verification
+ *                            rows (a decode followed by drafted tokens; also
+ *                            counted in decode) and of those the engine then
+ *                            rejected (moe_stats_spec_rejected), so a study
+ *                            takes all computed rows or the accepted only;
+ *                            distinct experts a verification chunk of n rows
+ *                            touches per layer
  *
  * Invariants: per layer, sum over experts of prefill + decode = (tokens in
  * the window) * K, less the pairs counted in `rejected` (an id outside
@@ -55,6 +62,7 @@ extern "C" {
 #define MOE_STATS_VERSION 1
 #define MOE_TRACE_FORMAT "moerun-routing-trace"
 #define MOE_TRACE_VERSION 1
+#define MOE_STATS_SPEC_ROWS 17 /* verification chunks of up to K + 1 rows */
 
 struct moe_stats_opts {
     int ring_steps;            /* per-step ring capacity; 0 = 64 */
@@ -101,6 +109,13 @@ struct moe_stats {
     int32_t *ring_decode;      /* (cap) decode rows of the step */
     int32_t *ring_counts;      /* (cap, Lm, E) pairs per expert */
     int64_t ring_dropped;      /* steps overwritten */
+    /* speculative decoding */
+    int64_t *verify;           /* (Lm, E) pairs of verification rows */
+    int64_t *spec_rejected;    /* (Lm, E) of those, pairs of rows of rejected drafts */
+    int64_t tokens_verify, tokens_spec_rejected;
+    int64_t spec_chunks[MOE_STATS_SPEC_ROWS + 1];   /* [n]: verification chunks of n rows */
+    int64_t spec_distinct[MOE_STATS_SPEC_ROWS + 1]; /* [n]: distinct experts they touched,
+                                                       summed over chunks and MoE layers */
     struct moe_stats_trace tr;
     double busy_s;             /* time spent in step_begin + record_layer (self-timed) */
     /* the step being recorded */
@@ -110,6 +125,14 @@ struct moe_stats {
     const uint8_t *cur_decode; /* (T) 1 for decode rows; borrowed for the step */
     uint8_t *row_decode;       /* (row_cap) */
     int row_cap;
+    int32_t *row_vrow;         /* (row_cap) a row's index among the step's verification
+                                  rows, -1 for others */
+    int32_t *vchunk;           /* (row_cap, 2) first row and rows of each verification chunk */
+    int cur_nv, cur_nvchunks;  /* the step's verification rows and chunks */
+    int32_t *vids;             /* (vcap, Lm, K) their expert ids, kept for
+                                  moe_stats_spec_rejected */
+    int vcap;
+    uint8_t *seen;             /* (E) scratch: experts a chunk touched */
 };
 
 /* Allocates a recorder for cfg's MoE layers. */
@@ -127,6 +150,13 @@ MOE_MUST_USE enum moe_status moe_stats_step_begin(struct moe_stats *st, const st
  * w (T, K), logits (T, E) or NULL (then no entropy).  Host memory. */
 void moe_stats_record_layer(struct moe_stats *st, int layer, int T, const int32_t *ids,
                             const float *w, const float *logits);
+
+/* Rows first .. first + n - 1 of the last step recorded were verification
+ * rows of drafts the engine rejected (their K/V discarded, their tokens not
+ * emitted): their pairs go to spec_rejected, and in the trace their phase
+ * becomes 2.  Rows that were not verification rows are ignored.  Call after
+ * the step, before the next moe_stats_step_begin. */
+void moe_stats_spec_rejected(struct moe_stats *st, int first, int n);
 
 /* Balance of one layer's load (any non-negative counts over E experts). */
 struct moe_load_summary {

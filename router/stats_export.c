@@ -45,6 +45,8 @@ static json_t *layer_json(const struct moe_stats *st, int j, double *load)
     json_object_set_new(L, "tokens", tot);
     json_object_set_new(L, "tokens_prefill", i64_array(st->prefill + o, E));
     json_object_set_new(L, "tokens_decode", i64_array(st->decode + o, E));
+    json_object_set_new(L, "tokens_verify", i64_array(st->verify + o, E));
+    json_object_set_new(L, "tokens_spec_rejected", i64_array(st->spec_rejected + o, E));
     json_t *ws = json_array();
     for (int e = 0; e < E; e++) json_array_append_new(ws, json_real(st->wsum[o + e]));
     json_object_set_new(L, "weight_sum", ws);
@@ -71,6 +73,26 @@ static json_t *layer_json(const struct moe_stats *st, int j, double *load)
                                   "cv", s.cv, "load_entropy_norm", s.entropy_norm, "hottest",
                                   s.hottest, "coldest", s.coldest, "dead", dead));
     return L;
+}
+
+/* Verification rows and what they touched: {"verify_tokens",
+ * "rejected_tokens", "chunks": [{"rows", "count", "distinct_experts_mean",
+ * "distinct_experts_uniform"}]}, the last the expectation E (1 - (1 -
+ * K/E)^rows) under uniform independent routing. */
+static json_t *spec_json(const struct moe_stats *st)
+{
+    json_t *chunks = json_array();
+    for (int n = 1; n <= MOE_STATS_SPEC_ROWS; n++) {
+        if (!st->spec_chunks[n]) continue;
+        double mean = (double)st->spec_distinct[n] / ((double)st->spec_chunks[n] * st->Lm);
+        double uni = st->E > 0 ? st->E * (1.0 - pow(1.0 - (double)st->K / st->E, n)) : 0.0;
+        json_array_append_new(chunks, json_pack("{s:i, s:I, s:f, s:f}", "rows", n, "count",
+                                                (json_int_t)st->spec_chunks[n],
+                                                "distinct_experts_mean", mean,
+                                                "distinct_experts_uniform", uni));
+    }
+    return json_pack("{s:I, s:I, s:o}", "verify_tokens", (json_int_t)st->tokens_verify,
+                     "rejected_tokens", (json_int_t)st->tokens_spec_rejected, "chunks", chunks);
 }
 
 json_t *moe_stats_to_json(const struct moe_stats *st, const struct moe_stats_meta *mt)
@@ -108,6 +130,7 @@ json_t *moe_stats_to_json(const struct moe_stats *st, const struct moe_stats_met
                         json_pack("{s:I, s:I, s:I}", "prefill", (json_int_t)st->tokens_prefill,
                                   "decode", (json_int_t)st->tokens_decode, "total",
                                   (json_int_t)(st->tokens_prefill + st->tokens_decode)));
+    json_object_set_new(root, "speculation", spec_json(st));
     double *load = malloc((size_t)(st->E > 0 ? st->E : 1) * sizeof(double));
     json_t *layers = json_array();
     for (int j = 0; load && j < st->Lm; j++) json_array_append_new(layers, layer_json(st, j, load));
@@ -154,7 +177,7 @@ enum moe_status moe_stats_write_csv(const struct moe_stats *st, const char *path
     FILE *f = fopen(path, "w");
     if (!f) return moe_fail(MOE_ERR_IO, "%s: %s", path, strerror(errno));
     fprintf(f, "layer,expert,tokens,tokens_prefill,tokens_decode,weight_sum,mean_weight,top1,"
-               "load_share,load_ratio\n");
+               "load_share,load_ratio,tokens_verify,tokens_spec_rejected\n");
     for (int j = 0; j < st->Lm; j++) {
         double tot = 0;
         for (int e = 0; e < st->E; e++)
@@ -163,10 +186,10 @@ enum moe_status moe_stats_write_csv(const struct moe_stats *st, const char *path
             size_t o = (size_t)j * st->E + e;
             int64_t n = st->prefill[o] + st->decode[o];
             double share = tot > 0 ? (double)n / tot : 0.0;
-            fprintf(f, "%d,%d,%lld,%lld,%lld,%.9g,%.9g,%lld,%.9g,%.9g\n", st->layers[j], e,
-                    (long long)n, (long long)st->prefill[o], (long long)st->decode[o], st->wsum[o],
-                    n ? st->wsum[o] / (double)n : 0.0, (long long)st->top1[o], share,
-                    share * st->E);
+            fprintf(f, "%d,%d,%lld,%lld,%lld,%.9g,%.9g,%lld,%.9g,%.9g,%lld,%lld\n", st->layers[j],
+                    e, (long long)n, (long long)st->prefill[o], (long long)st->decode[o],
+                    st->wsum[o], n ? st->wsum[o] / (double)n : 0.0, (long long)st->top1[o], share,
+                    share * st->E, (long long)st->verify[o], (long long)st->spec_rejected[o]);
         }
     }
     if (fclose(f) != 0) return moe_fail(MOE_ERR_IO, "%s: write failed", path);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "router/stats.h"
 #include "runtime/engine/engine.h"
 #include "runtime/text/tokenizer.h"
 #include "tests/testutil.h"
@@ -82,6 +83,7 @@ struct run {
 };
 
 static struct run *cur; /* Criterion forks each test: one run at a time */
+static struct moe_stats *serve_stats; /* attached to the engines serve() builds, or NULL */
 
 static void on_token(void *user, struct moe_request *r, int32_t token, bool finished)
 {
@@ -133,6 +135,7 @@ static struct moe_engine_counters serve(const struct moe_model *m, struct job *j
     memset(res, 0, (size_t)nj * sizeof *res);
     cr_assert_eq(moe_engine_init(&run.e, m, &be, o), MOE_OK, "%s", moe_last_error());
     run.e.on_token = on_token;
+    run.e.r.fw.stats = serve_stats;
     struct moe_request *req[MAXJ] = {0};
     int step = 0, rows, submitted = 0;
     while (submitted < nj || !moe_engine_idle(&run.e)) {
@@ -610,5 +613,62 @@ Test(spec, adaptive_k_follows_acceptance)
     int ones = 0;
     for (int s = 8; s < 16; s++) ones += d[s] == 1;
     cr_assert(ones >= 6, "rarely accepted drafts shrink to one token: %d of 8 steps", ones);
+    moe_model_free(&m);
+}
+
+/* Expert-load statistics under speculation: every computed row counts,
+ * verification rows apart, and once the rows of rejected drafts are taken
+ * out (tokens_spec_rejected), what is left is, expert by expert, what the
+ * same requests routed without speculation (no preemption here, so both
+ * runs compute each kept token once).  Each verification chunk of n rows
+ * reports the distinct experts it touched per layer, between K (top-k of
+ * one row) and min(E, n K). */
+Test(spec, stats_accepted_rows_are_the_plain_runs)
+{
+    struct moe_model m;
+    synthetic_model(&m);
+    static struct job jobs[12];
+    static struct result res[12];
+    make_jobs(jobs, 12, 97, 9);
+    struct moe_stats plain, spec;
+    cr_assert_eq(moe_stats_init(&plain, &m.cfg, NULL), MOE_OK);
+    cr_assert_eq(moe_stats_init(&spec, &m.cfg, NULL), MOE_OK);
+    struct moe_engine_opts o = opts(256, 1024, false);
+    serve_stats = &plain;
+    serve(&m, jobs, 12, &o, res);
+    o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_NGRAM, .tokens = 4};
+    serve_stats = &spec;
+    struct moe_engine_counters n = serve(&m, jobs, 12, &o, res);
+    serve_stats = NULL;
+    const int E = spec.E, K = spec.K;
+    cr_assert(n.spec_accepted > 0 && n.spec_accepted < n.spec_draft_tokens);
+    cr_assert_eq(spec.tokens_verify, (int64_t)(n.spec_drafts + n.spec_draft_tokens),
+                 "every row of every verification chunk");
+    cr_assert(spec.tokens_spec_rejected > 0 &&
+              spec.tokens_spec_rejected <= (int64_t)(n.spec_draft_tokens - n.spec_accepted));
+    cr_assert_eq(spec.tokens_prefill + spec.tokens_decode - spec.tokens_spec_rejected,
+                 plain.tokens_prefill + plain.tokens_decode);
+    for (int j = 0; j < spec.Lm; j++)
+        for (int e = 0; e < E; e++) {
+            size_t o2 = (size_t)j * E + e;
+            int64_t kept = spec.prefill[o2] + spec.decode[o2] - spec.spec_rejected[o2];
+            cr_assert_eq(kept, plain.prefill[o2] + plain.decode[o2],
+                         "layer %d expert %d: %lld accepted pairs, %lld without speculation", j, e,
+                         (long long)kept, (long long)(plain.prefill[o2] + plain.decode[o2]));
+            cr_assert(spec.verify[o2] <= spec.decode[o2] && spec.spec_rejected[o2] <= spec.verify[o2]);
+            cr_assert_eq(plain.verify[o2], 0);
+        }
+    int64_t chunks = 0;
+    for (int r = 1; r <= MOE_STATS_SPEC_ROWS; r++) {
+        chunks += spec.spec_chunks[r];
+        if (!spec.spec_chunks[r]) continue;
+        double mean = (double)spec.spec_distinct[r] / ((double)spec.spec_chunks[r] * spec.Lm);
+        cr_assert(r >= 2 && r <= 5, "chunks of %d rows with K = 4", r);
+        cr_assert(mean >= K && mean <= (r * K < E ? r * K : E), "%d rows: %.2f distinct experts", r,
+                  mean);
+    }
+    cr_assert_eq(chunks, (int64_t)n.spec_drafts);
+    moe_stats_free(&plain);
+    moe_stats_free(&spec);
     moe_model_free(&m);
 }

@@ -326,7 +326,7 @@ Test(stats, csv_and_prometheus_agree_with_the_counters)
     int rows = 0;
     cr_assert(fgets(line, sizeof line, f));
     cr_assert_str_eq(line, "layer,expert,tokens,tokens_prefill,tokens_decode,weight_sum,mean_weight,"
-                           "top1,load_share,load_ratio\n");
+                           "top1,load_share,load_ratio,tokens_verify,tokens_spec_rejected\n");
     while (fgets(line, sizeof line, f)) {
         int layer, e;
         long long n, pre, dec;

@@ -28,6 +28,8 @@ struct moe_batch {
     /* optional, for statistics and traces (NULL = none) */
     const uint8_t *decode;        /* (n_seqs) 1 if the sequence's chunk is a decode step */
     const int64_t *request_ids;   /* (n_seqs) request id of each sequence */
+    const uint8_t *verify;        /* (n_seqs) 1 if the chunk verifies drafted tokens
+                                     (speculative decoding; a decode too) */
 };
 
 #ifdef __cplusplus

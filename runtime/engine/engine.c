@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "router/stats.h"
 #include "runtime/engine/spec_ngram.h"
 
 const char *moe_finish_name(enum moe_finish f)
@@ -361,8 +362,9 @@ static void sample(struct moe_engine *e, struct moe_request *r, int row)
  * distributed as norm(max(0, p - q)), p without x.  The generator is used
  * once per emitted token, as without speculation, so a seeded request's
  * output is the same token for token. */
-static void verify(struct moe_engine *e, struct moe_request *r, int row, int d)
+static void verify(struct moe_engine *e, struct moe_request *r, int row, int d, int batch_row)
 {
+    const int n_before = r->n_tokens;
     int accepted = 0;
     bool rejected = false;
     for (int i = 0; i <= d; i++) {
@@ -389,6 +391,13 @@ static void verify(struct moe_engine *e, struct moe_request *r, int row, int d)
     e->n.spec_drafts++;
     e->n.spec_draft_tokens += (uint64_t)d;
     e->n.spec_accepted += (uint64_t)accepted;
+    /* the e tokens emitted are what decoding alone would have computed as
+     * rows 0 .. e - 1 (the last token, then all but the last emitted); the
+     * rows after them computed drafts that were rejected (or came after a
+     * stop) */
+    int emitted = r->n_tokens - n_before;
+    if (e->r.fw.stats && emitted <= d)
+        moe_stats_spec_rejected(e->r.fw.stats, batch_row + emitted, d + 1 - emitted);
     if (r->state != MOE_REQ_RUNNING) return; /* finished: its cache is gone */
     /* the cache holds every token but the last emitted one; the K/V of
      * rejected drafts goes, and only verified blocks reach the prefix cache */
@@ -524,11 +533,12 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
                             e->trace));
     e->n.steps++;
     e->n_sched = nc;
-    for (int c = 0, row = 0; c < nc; c++) {
+    for (int c = 0, row = 0, batch_row = 0; c < nc; c++) {
         struct moe_request *r = e->sched[c];
         const struct moe_chunk *ch = &e->chunks[c];
-        int n = ch->n, first = row;
+        int n = ch->n, first = row, first_batch_row = batch_row;
         row += ch->all_logits ? n : 1;
+        batch_row += n;
         *n_scheduled += n;
         if (r->state != MOE_REQ_RUNNING) continue; /* ended by a callback this step */
         if (!ch->decode) {
@@ -537,7 +547,7 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
         }
         r->n_computed += n;
         if (e->drafted[c] > 0) {
-            verify(e, r, first, e->drafted[c]);
+            verify(e, r, first, e->drafted[c], first_batch_row);
             continue;
         }
         cache_full_blocks(e, r);

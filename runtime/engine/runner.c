@@ -140,7 +140,7 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
                         n_logits, r->o.max_logits);
     /* reserve blocks; on failure give back what this step took */
     int saved_blocks[n_chunks];
-    uint8_t decode[n_chunks];     /* per chunk, for the batch's statistics fields */
+    uint8_t decode[n_chunks], verify[n_chunks]; /* per chunk, for the batch's statistics fields */
     int64_t request_ids[n_chunks];
     enum moe_status s = MOE_OK;
     for (int c = 0; c < n_chunks; c++) saved_blocks[c] = chunks[c].seq->n_blocks;
@@ -163,6 +163,7 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
         r->seq_start[c + 1] = row;
         r->ctx_len[c] = q->len + chunks[c].n;
         decode[c] = chunks[c].decode;
+        verify[c] = chunks[c].decode && chunks[c].n > 1;
         request_ids[c] = chunks[c].request_id ? chunks[c].request_id : c;
         memcpy(r->table + (size_t)c * r->max_blocks, q->blocks, (size_t)q->n_blocks * sizeof(int32_t));
     }
@@ -171,7 +172,7 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
         .seq_of = r->seq_of, .seq_start = r->seq_start, .ctx_len = r->ctx_len,
         .block_table = r->table, .max_blocks = r->max_blocks, .slot = r->slot,
         .logit_rows = r->rows, .n_logits = n_logits, .decode = decode,
-        .request_ids = request_ids,
+        .request_ids = request_ids, .verify = verify,
     };
     if ((s = moe_forward_run(&r->fw, &r->kv, &b, logits, ids, trace)) != MOE_OK) goto undo;
     for (int c = 0; c < n_chunks; c++) chunks[c].seq->len += chunks[c].n;

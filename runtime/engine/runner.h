@@ -30,7 +30,9 @@ struct moe_chunk {
     const int32_t *tokens;
     int n;
     bool all_logits;   /* logits for every row, else for the last one */
-    bool decode;       /* a decode step (for statistics: prefill and decode apart) */
+    bool decode;       /* a decode step (for statistics: prefill and decode apart);
+                          with n > 1, a decode followed by drafted tokens, which
+                          speculative decoding verifies */
     int64_t request_id; /* for traces; 0 = none: the chunk's index in the step */
 };
 
