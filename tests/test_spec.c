@@ -6,7 +6,8 @@
  * same tokens too; batched, under
  * preemption, with prefix sharing, with stop ids and stops from the
  * caller; the suite spec_fp8 runs the synthetic tests over an fp8 KV
- * cache.  The CPU backends are row-independent (docs/ARCHITECTURE.md), so
+ * cache, spec_cuda the synthetic and fixture ones on a GPU (skipped
+ * without one).  The CPU backends are row-independent (docs/ARCHITECTURE.md), so
  * a verification row's logits are a decode row's, bit for bit: equality is
  * exact, no tolerance.  Prompts repeat text, so the n-gram proposer's
  * drafts are accepted; every run ends with every KV block free and only
@@ -32,11 +33,20 @@ static void setup_fp8(void)
     kv_dtype = MOE_DTYPE_F8E4M3; /* rows quantize one token at a time */
     setup_ref();
 }
+static void setup_cuda(void)
+{
+    tu_need_cuda_device();
+    cr_assert_eq(tu_backend_init(&be, "cuda"), MOE_OK, "%s", moe_last_error());
+}
 static void teardown(void) { moe_backend_free(&be); }
 
 TestSuite(spec, .init = setup_ref, .fini = teardown);
 TestSuite(spec_fast, .init = setup_fast, .fini = teardown);
 TestSuite(spec_fp8, .init = setup_fp8, .fini = teardown);
+/* On a GPU (tests/gpu/run.sh): a verification chunk's rows go through the
+ * multi-row kernels, a decode row through the one-row ones; whether their
+ * fp32 results agree bit for bit there is what this suite finds out. */
+TestSuite(spec_cuda, .init = setup_cuda, .fini = teardown);
 
 static void synthetic_model(struct moe_model *m)
 {
@@ -352,6 +362,7 @@ static void synthetic_matches_plain(void)
 Test(spec, synthetic_greedy_matches_plain) { synthetic_matches_plain(); }
 Test(spec_fast, synthetic_greedy_matches_plain) { synthetic_matches_plain(); }
 Test(spec_fp8, synthetic_greedy_matches_plain) { synthetic_matches_plain(); }
+Test(spec_cuda, synthetic_greedy_matches_plain) { synthetic_matches_plain(); }
 
 /* A 24-block pool: requests are preempted and recomputed. */
 static void preemption_matches_plain(void)
@@ -428,6 +439,7 @@ static void families_match_plain(void)
 }
 Test(spec, fixture_families_match_plain, .timeout = 600) { families_match_plain(); }
 Test(spec_fast, fixture_families_match_plain, .timeout = 600) { families_match_plain(); }
+Test(spec_cuda, fixture_families_match_plain, .timeout = 600) { families_match_plain(); }
 
 /* The demo model (trained on a story grammar): prompts that quote a story
  * and start it again, so the proposer's copies are what the model says. */

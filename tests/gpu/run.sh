@@ -11,6 +11,8 @@
 #  3. runs every fixture model end to end on both backends
 #     (tests/test_cuda_forward.c: fp32 greedy tokens identical, bf16 logits
 #     within 1e-2) and `moerun run --backend cuda` against the CPU;
+#     speculative decoding's greedy output against plain decoding on the
+#     device (tests/test_spec.c, suite spec_cuda);
 #  4. benchmarks `moerun bench --synthetic --backend cuda` on the Mixtral
 #     8x7B, OLMoE and gpt-oss-120b (MXFP4 experts) shapes (random weights
 #     made on the device): batch-1
@@ -93,7 +95,7 @@ if phase build && ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMO
     exit 1
 fi
 if phase build && ! cmake --build "$build" -j "$jobs" --target moerun test_backend_ops test_cuda_ops \
-        test_cuda_attention test_cuda_quant test_cuda_forward >>"$log" 2>&1; then
+        test_cuda_attention test_cuda_quant test_cuda_forward test_spec >>"$log" 2>&1; then
     fail "build"
     grep -E "error|Error" "$log" | head -30
     exit 1
@@ -129,6 +131,11 @@ for fx in mixtral qwen3_moe olmoe deepseek_v2; do
     b=$(timeout 60 "$build/moerun" run "tests/fixtures/$fx" --prompt-ids 1,2,3,4,5 -n 16 --backend cuda 2>>"$out/e2e.txt")
     echo "moerun run $fx: cpu [$a] cuda [$b] $([ "$a" = "$b" ] && echo same || echo DIFFERENT)" | tee -a "$out/e2e.txt" "$log"
 done
+# speculative decoding on the device: greedy output with verification
+# chunks (multi-row kernels) against plain decoding (one-row kernels)
+if ! timeout 200 "$build/test_spec" --jobs=1 --verbose --filter='spec_cuda/*' >"$out/spec.txt" 2>&1; then
+    fail "test_spec (cuda)"; fi
+grep -E "accepted|^\[FAIL\]|Assertion|Synthesis" "$out/spec.txt" | head -30 | tee -a "$log"
 # the whole model's output distribution: perplexity of the demo model on
 # the CPU as the base, then CUDA against it (KL, same top-1)
 ppl="models/demo-moe tests/fixtures/ppl/stories.txt --ctx 128"
