@@ -193,3 +193,71 @@ Test(sampler, logit_bias_moves_greedy_and_logprobs)
     p.bias_ids[1] = -3;
     cr_assert_neq(moe_sampling_validate(&p), MOE_OK);
 }
+
+/* moe_sampler_accept, the modified rejection sampling of speculative
+ * decoding: whatever the draft's distribution q, the emitted token is
+ * distributed as the target's p (moe_sampler_probs), and x is accepted
+ * with probability sum_x min(p(x), q(x)).  200,000 draws per setting over
+ * 6 tokens, chi-square against p at p = 0.001 (critical value for 5
+ * degrees of freedom: 20.52).  A residual drawn from p instead of
+ * norm(max(0, p - q)) puts too much on the tokens q favours and fails. */
+Test(sampler, rejection_sampling_keeps_the_targets_distribution)
+{
+    enum { V = 6, N = 200000 };
+    const float base[V] = {1.2f, 0.3f, -0.5f, 2.0f, 0.9f, -1.5f};
+    const double qs[3][V] = {{0.05, 0.05, 0.6, 0.1, 0.1, 0.1},  /* far from p */
+                             {0.1, 0.05, 0.02, 0.6, 0.2, 0.03}, /* close to p */
+                             {0, 0, 0, 0, 1, 0}};               /* one-hot */
+    struct moe_sampling sets[3];
+    for (int s = 0; s < 3; s++) moe_sampling_defaults(&sets[s]);
+    sets[0].temperature = 1.0f;
+    sets[1].temperature = 0.8f;
+    sets[1].top_k = 4;
+    sets[2].temperature = 1.3f;
+    sets[2].top_p = 0.9f;
+    for (int s = 0; s < 3; s++)
+        for (int qi = 0; qi < 3; qi++) {
+            float logits[V];
+            double p[V], expect_acc = 0;
+            memcpy(logits, base, sizeof logits);
+            moe_sampler_probs(&sets[s], logits, V, NULL, 0, 0, &sc, p);
+            for (int i = 0; i < V; i++) expect_acc += fmin(p[i], qs[qi][i]);
+            struct moe_rng rng, draft;
+            moe_rng_seed(&rng, 11 + (uint64_t)s);
+            moe_rng_seed(&draft, 99 + (uint64_t)qi);
+            int counts[V] = {0}, accepted = 0;
+            for (int n = 0; n < N; n++) {
+                double u = moe_rng_uniform(&draft), c = 0;
+                int32_t x = V - 1;
+                for (int i = 0; i < V; i++)
+                    if (u < (c += qs[qi][i])) {
+                        x = i;
+                        break;
+                    }
+                struct moe_sample out;
+                memcpy(logits, base, sizeof logits);
+                bool acc = moe_sampler_accept(&sets[s], &rng, logits, V, NULL, 0, 0, &sc, qs[qi], x,
+                                              &out);
+                cr_assert(out.token >= 0 && out.token < V);
+                cr_assert(!acc || out.token == x);
+                accepted += acc;
+                counts[out.token]++;
+            }
+            double chi = 0;
+            int df = -1;
+            for (int i = 0; i < V; i++) {
+                if (p[i] == 0) {
+                    cr_assert_eq(counts[i], 0, "setting %d, q %d: token %d has p = 0", s, qi, i);
+                    continue;
+                }
+                chi += (counts[i] - N * p[i]) * (counts[i] - N * p[i]) / (N * p[i]);
+                df++;
+            }
+            static const double crit[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52}; /* p = 0.001 */
+            cr_assert(chi < crit[df], "setting %d, q %d: chi-square %.1f, %d degrees of freedom", s,
+                      qi, chi, df);
+            double rate = (double)accepted / N;
+            cr_assert(fabs(rate - expect_acc) < 0.01, "setting %d, q %d: acceptance %.4f, expected %.4f",
+                      s, qi, rate, expect_acc);
+        }
+}

@@ -238,6 +238,33 @@ static int kept_set(const struct moe_sampling *p, const float *logits, int V, fl
     return n;
 }
 
+/* out->logprob of out->token and the n most likely, of the penalised
+ * distribution at temperature 1. */
+static void logprobs(const struct moe_sampling *p, const float *logits, int V, float mx,
+                     struct moe_sampler_scratch *sc, struct moe_sample *out)
+{
+    float *prob = sc->p;
+    int32_t *idx = sc->idx;
+    double z1 = 0;
+    for (int i = 0; i < V; i++) z1 += exp((double)logits[i] - mx);
+    const double lz = mx + log(z1);
+    out->logprob = (float)(logits[out->token] - lz);
+    out->n_top = 0;
+    if (p->n_logprobs > 0) {
+        for (int i = 0; i < V; i++) {
+            prob[i] = logits[i];
+            idx[i] = i;
+        }
+        int k = p->n_logprobs < V ? p->n_logprobs : V;
+        top_sorted(idx, V, k, prob);
+        out->n_top = k;
+        for (int i = 0; i < k; i++) {
+            out->top_ids[i] = idx[i];
+            out->top_logprobs[i] = (float)(logits[idx[i]] - lz);
+        }
+    }
+}
+
 void moe_sampler_sample(const struct moe_sampling *p, struct moe_rng *rng, float *logits, int V,
                         const int32_t *history, int n_prompt, int n_history,
                         struct moe_sampler_scratch *sc, struct moe_sample *out)
@@ -261,24 +288,7 @@ void moe_sampler_sample(const struct moe_sampling *p, struct moe_rng *rng, float
         }
     }
     out->token = tok;
-    /* log-probabilities of the penalised distribution at temperature 1 */
-    double z1 = 0;
-    for (int i = 0; i < V; i++) z1 += exp((double)logits[i] - mx);
-    const double lz = mx + log(z1);
-    out->logprob = (float)(logits[tok] - lz);
-    if (p->n_logprobs > 0) {
-        for (int i = 0; i < V; i++) {
-            prob[i] = logits[i];
-            idx[i] = i;
-        }
-        int k = p->n_logprobs < V ? p->n_logprobs : V;
-        top_sorted(idx, V, k, prob);
-        out->n_top = k;
-        for (int i = 0; i < k; i++) {
-            out->top_ids[i] = idx[i];
-            out->top_logprobs[i] = (float)(logits[idx[i]] - lz);
-        }
-    }
+    logprobs(p, logits, V, mx, sc, out);
 }
 
 void moe_sampler_probs(const struct moe_sampling *p, float *logits, int V, const int32_t *history,
@@ -318,4 +328,50 @@ enum moe_status moe_sampling_logit_bias_from_json(json_t *lb, int vocab, struct 
         sp->bias[sp->n_bias++] = (float)json_number_value(val);
     }
     return MOE_OK;
+}
+
+bool moe_sampler_accept(const struct moe_sampling *p, struct moe_rng *rng, float *logits, int V,
+                        const int32_t *history, int n_prompt, int n_history,
+                        struct moe_sampler_scratch *sc, const double *q, int32_t x,
+                        struct moe_sample *out)
+{
+    memset(out, 0, sizeof *out);
+    const float mx = prepare_logits(p, logits, V, history, n_prompt, n_history, sc->idx);
+    /* p over the kept set: prob[idx[0..n)] / zn, zero elsewhere */
+    float *prob = sc->p;
+    int32_t *idx = sc->idx;
+    int n = 1;
+    double zn = 1;
+    if (draws_greedy(p, mx)) {
+        idx[0] = argmax(logits, V);
+        prob[idx[0]] = 1;
+    } else {
+        n = kept_set(p, logits, V, mx, prob, idx, &zn);
+    }
+    double px = 0;
+    for (int i = 0; i < n; i++)
+        if (idx[i] == x) px = prob[x] / zn;
+    double qx = x >= 0 && x < V ? q[x] : 0;
+    bool accepted = px > 0 && (qx <= px || moe_rng_uniform(rng) * qx < px);
+    if (accepted) {
+        out->token = x;
+    } else {
+        /* the residual max(0, p - q), over the kept set (p is 0 elsewhere) */
+        double z = 0;
+        for (int i = 0; i < n; i++) {
+            double r = prob[idx[i]] / zn - q[idx[i]];
+            z += r > 0 ? r : 0;
+        }
+        double u = moe_rng_uniform(rng) * z, acc = 0;
+        out->token = idx[0];
+        for (int i = 0; i < n && z > 0; i++) {
+            double r = prob[idx[i]] / zn - q[idx[i]];
+            if (r <= 0) continue;
+            out->token = idx[i];
+            acc += r;
+            if (u < acc) break;
+        }
+    }
+    logprobs(p, logits, V, mx, sc, out);
+    return accepted;
 }

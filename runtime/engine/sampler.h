@@ -102,6 +102,19 @@ void moe_sampler_probs(const struct moe_sampling *p, float *logits, int V, const
                        int n_prompt, int n_history, struct moe_sampler_scratch *scratch,
                        double *probs);
 
+/* Speculative verification of a token x drafted from the distribution q
+ * (V; a draft model's, moe_sampler_probs of its logits): the modified
+ * rejection sampling of Leviathan et al. (2023).  With p the distribution
+ * moe_sampler_sample would draw from these logits, x is accepted with
+ * probability min(1, p(x) / q(x)); otherwise a token is drawn from
+ * norm(max(0, p - q)).  Either way out->token is distributed as p.  out's
+ * log-probabilities are moe_sampler_sample's.  Returns whether x was
+ * accepted.  Two draws from rng at most.  Modifies logits. */
+bool moe_sampler_accept(const struct moe_sampling *p, struct moe_rng *rng, float *logits, int V,
+                        const int32_t *history, int n_prompt, int n_history,
+                        struct moe_sampler_scratch *scratch, const double *q, int32_t x,
+                        struct moe_sample *out);
+
 #ifdef __cplusplus
 }
 #endif
