@@ -318,7 +318,11 @@ Test(spec_draft, small_draft_pool_matches_plain)
     make_jobs(jobs, MAXJ, 97, 15);
     struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 20, true,
                                           "20-block draft pool");
+    struct totals roomy = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 0, true,
+                                              "a roomy draft pool");
     cr_assert(t.accepted > 0);
+    cr_assert(t.drafted < roomy.drafted, "the small pool drafts less (%llu, roomy %llu)",
+              (unsigned long long)t.drafted, (unsigned long long)roomy.drafted);
     moe_model_free(&d);
     moe_model_free(&m);
 }
