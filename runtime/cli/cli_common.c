@@ -1,5 +1,6 @@
 /* cli_common.c - see cli_common.h. */
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_draft.h"
 #include "runtime/stats/stats_analyze.h"
 
 #include <errno.h>
@@ -60,6 +61,7 @@ static enum moe_status open_model_weights(struct moe_model *m, const struct moe_
 
 enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_model_opts *o)
 {
+    MOE_TRY(moe_cli_draft_check(o));
     MOE_TRY(open_model_weights(m, o));
     if (o->top_k == 0) return MOE_OK;
     enum moe_status s = moe_model_set_top_k(m, (int)o->top_k);
@@ -381,7 +383,10 @@ enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struc
         .max_batch_tokens = (int)o->max_batch_tokens, .max_seqs = (int)o->max_seqs,
         .block_size = (int)o->kv_block, .n_blocks = n_blocks, .kv_dtype = kvt,
         .prefix_cache = !o->no_prefix_cache};
-    return moe_engine_init(e, m, be, &eo);
+    MOE_TRY(moe_cli_draft_attach(o, m, be, &eo));
+    enum moe_status s = moe_engine_init(e, m, be, &eo);
+    if (s != MOE_OK && eo.spec.draft_release) eo.spec.draft_release(eo.spec.draft_ctx);
+    return s;
 }
 
 void moe_cli_generation_defaults(const char *model_dir, struct moe_sampling *s)

@@ -17,9 +17,12 @@ struct moe_cli_model_opts {
     const char *router_skew; /* synthetic router skew spec (runtime/model/synth_skew.h), or NULL */
     bool device_weights;    /* synthetic weights made by the backend (moe_model_synthetic_deferred) */
     long top_k;             /* --moe-top-k: experts per token instead of the config's; 0 = as configured */
+    const char *draft;      /* --draft: the draft model's folder (cli_draft.h), or NULL */
 };
 
-/* Opens the model the options name; prints nothing. */
+/* Opens the model the options name; prints nothing.  With --draft, the
+ * draft's tokenizer is first checked against the model's (cli_draft.h),
+ * before any weights are read. */
 MOE_MUST_USE enum moe_status moe_cli_open_model(struct moe_model *m,
                                                  const struct moe_cli_model_opts *o);
 /* "f32"/"f16"/"bf16" (any case) -> dtype. */

@@ -108,6 +108,9 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
      .what = "use q8_0, or none",
      .help = "quantize the weights at load, 9 bits a weight (CPU and\n"
              "CUDA backends; routers and the embedding stay as stored)"},
+    {.name = "draft", .arg = "DIR", .kind = MOE_CLI_STRING, ENG(model.draft),
+     .help = "speculative decoding: the model in DIR (same tokenizer)\n"
+             "drafts tokens that the model verifies (docs/engine.md)"},
     {.name = "@offload"},
     {.name = "gpu-experts", .arg = "N", .kind = MOE_CLI_INT, ENG(gpu_experts), .lo = 1, .hi = 1 << 20,
      .help = "CUDA: keep N experts of each MoE layer in GPU memory, the\n"

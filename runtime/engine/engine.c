@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "router/stats.h"
+#include "runtime/engine/spec_draft.h"
 #include "runtime/engine/spec_ngram.h"
 
 const char *moe_finish_name(enum moe_finish f)
@@ -59,7 +60,7 @@ static void push_front(struct moe_request **head, struct moe_request **tail, str
 static enum moe_status spec_resolve(struct moe_spec_opts *p)
 {
     if (p->kind == MOE_SPEC_NONE) return MOE_OK;
-    if (p->kind != MOE_SPEC_NGRAM)
+    if (p->kind != MOE_SPEC_NGRAM && p->kind != MOE_SPEC_DRAFT)
         return moe_fail(MOE_ERR_INVALID_ARG, "engine: unknown speculation proposer %d", (int)p->kind);
     if (p->tokens == 0) p->tokens = 4;
     if (p->ngram_max == 0) p->ngram_max = 3;
@@ -100,6 +101,16 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
         .block_size = o->block_size, .n_blocks = o->n_blocks, .kv_dtype = o->kv_dtype,
         .kv_dtype_set = true, .prefix_cache = o->prefix_cache};
     enum moe_status s;
+    if (e->o.spec.kind == MOE_SPEC_DRAFT) {
+        /* the draft's pool: as many tokens as the target's unless told */
+        struct moe_spec_draft_opts dop = {
+            .max_tokens = o->max_batch_tokens, .max_seqs = o->max_seqs,
+            .block_size = o->block_size, .kv_dtype = o->kv_dtype,
+            .n_blocks = e->o.spec.draft_blocks > 0 ? e->o.spec.draft_blocks : o->n_blocks};
+        struct moe_backend *dbe = e->o.spec.draft_be ? e->o.spec.draft_be : be;
+        if ((s = moe_spec_draft_init(&e->draft, e->o.spec.draft, dbe, m->cfg.vocab, &dop)) != MOE_OK)
+            goto fail;
+    }
     if ((s = moe_runner_init(&e->r, m, be, &ro)) != MOE_OK) goto fail;
     if ((s = moe_sampler_scratch_init(&e->scratch, m->cfg.vocab)) != MOE_OK) goto fail;
     e->chunks = calloc((size_t)o->max_seqs, sizeof *e->chunks);
@@ -113,6 +124,7 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
     }
     return MOE_OK;
 fail:
+    e->o.spec.draft_release = NULL; /* the caller keeps the draft */
     moe_engine_free(e);
     return s;
 }
@@ -120,6 +132,7 @@ fail:
 static void free_request(struct moe_engine *e, struct moe_request *r)
 {
     moe_seq_free(&e->r, &r->seq);
+    moe_spec_draft_seq_free(&e->draft, &r->draft_seq);
     free(r->tokens);
     free(r->samples);
     free(r->t_token);
@@ -138,6 +151,8 @@ void moe_engine_free(struct moe_engine *e)
         free_request(e, r);
     }
     moe_runner_free(&e->r);
+    moe_spec_draft_free(&e->draft);
+    if (e->o.spec.draft_release) e->o.spec.draft_release(e->o.spec.draft_ctx);
     moe_sampler_scratch_free(&e->scratch);
     free(e->chunks);
     free(e->sched);
@@ -216,6 +231,7 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
 static void drop_cache(struct moe_engine *e, struct moe_request *r)
 {
     moe_seq_reset(&e->r, &r->seq);
+    moe_spec_draft_reset(&e->draft, &r->draft_seq);
     r->n_computed = 0;
     r->n_cached_blocks = 0;
 }
@@ -403,6 +419,7 @@ static void verify(struct moe_engine *e, struct moe_request *r, int row, int d, 
      * rejected drafts goes, and only verified blocks reach the prefix cache */
     r->n_computed = r->n_tokens - 1;
     moe_seq_truncate(&e->r, &r->seq, r->n_computed);
+    moe_spec_draft_rollback(&e->draft, &r->draft_seq, r->n_computed);
     cache_full_blocks(e, r);
 }
 
@@ -445,6 +462,47 @@ static int spec_k(const struct moe_request *r, int k_max)
     return k < 1 ? 1 : k > k_max ? k_max : k;
 }
 
+/* The draft proposer: chunk c's request will verify up to k drafted
+ * tokens.  Its blocks for them are taken now (so the next request's room
+ * is right) and given back in propose_drafts for what is not drafted. */
+static enum moe_status queue_draft(struct moe_engine *e, int c, int k)
+{
+    struct moe_request *r = e->sched[c];
+    MOE_TRY(moe_runner_reserve(&e->r, &r->seq, r->n_tokens + k));
+    e->drafted[c] = -k; /* asked; propose_drafts sets what was drafted */
+    return MOE_OK;
+}
+
+/* One call to the draft proposer for every queued chunk; each becomes its
+ * last token followed by the tokens drafted, and returns the budget and
+ * the blocks of the tokens not drafted. */
+static enum moe_status propose_drafts(struct moe_engine *e, int nc, int *budget)
+{
+    struct moe_spec_draft *d = &e->draft;
+    int n = 0;
+    for (int c = 0; c < nc; c++) {
+        if (e->drafted[c] >= 0) continue;
+        struct moe_request *r = e->sched[c];
+        d->jobs[n++] = (struct moe_spec_draft_job){&r->draft_seq, r->tokens, r->n_tokens,
+                                                   -e->drafted[c], r->tokens + r->n_tokens};
+    }
+    if (n == 0) return MOE_OK;
+    MOE_TRY(moe_spec_draft_propose(d, n));
+    for (int c = 0, j = 0; j < n; c++) {
+        if (e->drafted[c] >= 0) continue;
+        struct moe_request *r = e->sched[c];
+        int asked = -e->drafted[c], got = d->jobs[j++].k;
+        *budget += asked - got;
+        while (r->seq.n_blocks > blocks_for(e, r->n_tokens + got))
+            moe_kvcache_release_block(&e->r.kv, r->seq.blocks[--r->seq.n_blocks]);
+        e->drafted[c] = got;
+        if (got == 0) continue;
+        e->chunks[c].n = 1 + got;
+        e->chunks[c].all_logits = true;
+    }
+    return MOE_OK;
+}
+
 /* Speculation: each scheduled decode of a request gets the tokens
  * its proposer drafts, at most K, the tokens it may still emit less one,
  * what is left of the budget, and what free blocks hold (no preemption).
@@ -466,6 +524,11 @@ static enum moe_status add_drafts(struct moe_engine *e, int nc, int *budget)
         if (k > *budget) k = *budget;
         if (k > room) k = room;
         if (k <= 0) continue;
+        if (sp->kind == MOE_SPEC_DRAFT) {
+            MOE_TRY(queue_draft(e, c, k));
+            *budget -= k;
+            continue;
+        }
         int d = moe_spec_ngram_propose(r->tokens, r->n_tokens, sp->ngram_min, sp->ngram_max, k,
                                        r->tokens + r->n_tokens);
         if (d == 0) continue;
@@ -475,6 +538,7 @@ static enum moe_status add_drafts(struct moe_engine *e, int nc, int *budget)
         e->drafted[c] = d;
         *budget -= d;
     }
+    if (sp->kind == MOE_SPEC_DRAFT) MOE_TRY(propose_drafts(e, nc, budget));
     return MOE_OK;
 }
 

@@ -38,6 +38,7 @@
 
 #include "runtime/engine/runner.h"
 #include "runtime/engine/sampler.h"
+#include "runtime/engine/spec_draft.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,6 +83,11 @@ struct moe_spec_opts {
     const struct moe_model *draft;
     struct moe_backend *draft_be;
     int draft_blocks;
+    /* Optional: moe_engine_free calls draft_release(draft_ctx) after its
+     * draft runner is gone, so whoever loaded the draft may hand it over
+     * (the CLI does); taken over only when moe_engine_init succeeds. */
+    void (*draft_release)(void *ctx);
+    void *draft_ctx;
 };
 
 struct moe_request {
@@ -93,6 +99,8 @@ struct moe_request {
     int n_computed;         /* tokens whose K/V are in the cache */
     int n_cached_blocks;    /* leading blocks registered in the prefix cache */
     struct moe_seq seq;
+    struct moe_seq draft_seq; /* MOE_SPEC_DRAFT: its cache in the draft's pool; len:
+                                 its tokens the draft has computed (spec_draft.h) */
     struct moe_request_params params;
     struct moe_rng rng;
     struct moe_sample *samples;    /* (max_tokens) per generated token, owned */
@@ -140,6 +148,7 @@ typedef void (*moe_token_fn)(void *user, struct moe_request *r, int32_t token, b
 struct moe_engine {
     const struct moe_model *m;
     struct moe_runner r;
+    struct moe_spec_draft draft;  /* MOE_SPEC_DRAFT's proposer, else zero */
     struct moe_engine_opts o;
     struct moe_request *run_head, *run_tail;   /* running, oldest first */
     struct moe_request *wait_head, *wait_tail; /* waiting, FIFO (preempted at the front) */

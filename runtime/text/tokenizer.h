@@ -83,6 +83,15 @@ const char *moe_tokenizer_id_to_token(const struct moe_tokenizer *tok, int32_t i
 /* Id of an exact token string (model vocab or added token), -1 if none. */
 int32_t moe_tokenizer_token_to_id(const struct moe_tokenizer *tok, const char *token);
 
+/* Whether b maps text to ids as a does: the same token of every id in the
+ * model vocabulary, and the same added tokens (content, id, special or
+ * not).  MOE_OK when so; else MOE_ERR_INVALID_ARG with one line naming the
+ * first difference (the id and both tokens), the tokenizers called name_a
+ * and name_b (e.g. "target", "draft"). */
+MOE_MUST_USE enum moe_status moe_tokenizer_same(const struct moe_tokenizer *a,
+                                                 const struct moe_tokenizer *b, const char *name_a,
+                                                 const char *name_b);
+
 /* Streaming decoder: feed ids one at a time, get the text they complete.
  * Text that ends in an incomplete UTF-8 character or byte-fallback sequence
  * is held back until a later id completes it (or until flush).  The

@@ -1,0 +1,141 @@
+/* spec_draft.c - the draft-model proposer (see spec_draft.h). */
+#include "runtime/engine/spec_draft.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum moe_status moe_spec_draft_init(struct moe_spec_draft *d, const struct moe_model *draft,
+                                    struct moe_backend *be, int vocab,
+                                    const struct moe_spec_draft_opts *o)
+{
+    memset(d, 0, sizeof *d);
+    if (!draft) return moe_fail(MOE_ERR_INVALID_ARG, "speculation: a draft proposer without a draft model");
+    if (draft->cfg.vocab != vocab)
+        return moe_fail(MOE_ERR_INVALID_ARG, "draft model: a vocabulary of %d tokens, the target's "
+                        "has %d", draft->cfg.vocab, vocab);
+    if (o->max_seqs <= 0 || o->max_tokens <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "draft model: rows and sequences per step must be positive");
+    d->vocab = vocab;
+    struct moe_runner_opts ro = {
+        .max_tokens = o->max_tokens, .max_seqs = o->max_seqs, .max_logits = o->max_seqs,
+        .block_size = o->block_size, .n_blocks = o->n_blocks, .kv_dtype = o->kv_dtype,
+        .kv_dtype_set = true, .prefix_cache = false};
+    enum moe_status s = moe_runner_init(&d->r, draft, be, &ro);
+    if (s != MOE_OK) goto fail;
+    const size_t S = (size_t)o->max_seqs;
+    d->jobs = calloc(S, sizeof *d->jobs);
+    d->chunks = calloc(S, sizeof *d->chunks);
+    d->job_of = calloc(S, sizeof *d->job_of);
+    d->ids = calloc(S, sizeof *d->ids);
+    if (!d->jobs || !d->chunks || !d->job_of || !d->ids) {
+        s = moe_fail(MOE_ERR_NOMEM, "draft model: step buffers");
+        goto fail;
+    }
+    return MOE_OK;
+fail:
+    moe_spec_draft_free(d);
+    return s;
+}
+
+void moe_spec_draft_free(struct moe_spec_draft *d)
+{
+    moe_runner_free(&d->r);
+    free(d->jobs);
+    free(d->chunks);
+    free(d->job_of);
+    free(d->ids);
+    memset(d, 0, sizeof *d);
+}
+
+static int blocks_for(const struct moe_spec_draft *d, int tokens)
+{
+    return (tokens + d->r.o.block_size - 1) / d->r.o.block_size;
+}
+
+/* The backend's argmax, kept inside the vocabulary whatever it returned. */
+static int32_t draft_token(const struct moe_spec_draft *d, int32_t id)
+{
+    return id >= 0 && id < d->vocab ? id : 0;
+}
+
+/* Fits each job's k to the draft model's context and to the free draft
+ * blocks, in job order: a job needs its tokens and its first k - 1
+ * guesses in the cache.  A job that cannot fit even its tokens gets k = 0.
+ * Its cache first loses anything past its last token but one (the last
+ * token's row gives draft token 1, so at least one is computed). */
+static void fit_jobs(struct moe_spec_draft *d, int n)
+{
+    int avail = moe_kvcache_available(&d->r.kv);
+    const int ctx = d->r.m->cfg.max_pos;
+    for (int j = 0; j < n; j++) {
+        struct moe_spec_draft_job *jb = &d->jobs[j];
+        MOE_ASSERT(jb->n_tokens >= 1);
+        if (jb->seq->len > jb->n_tokens - 1) moe_seq_truncate(&d->r, jb->seq, jb->n_tokens - 1);
+        if (jb->k > ctx - jb->n_tokens + 1) jb->k = ctx - jb->n_tokens + 1;
+        int need = 0;
+        while (jb->k > 0 &&
+               (need = blocks_for(d, jb->n_tokens + jb->k - 1) - jb->seq->n_blocks) > avail)
+            jb->k--;
+        if (jb->k <= 0) {
+            jb->k = 0;
+            continue;
+        }
+        avail -= need;
+    }
+}
+
+enum moe_status moe_spec_draft_propose(struct moe_spec_draft *d, int n)
+{
+    MOE_ASSERT(n >= 0 && n <= d->r.o.max_seqs);
+    fit_jobs(d, n);
+    /* catch-up: each job's uncomputed tokens, chunked to the step's rows;
+     * the chunk that completes a job gives its first guess */
+    for (;;) {
+        int nc = 0, budget = d->r.o.max_tokens;
+        for (int j = 0; j < n && budget > 0; j++) {
+            struct moe_spec_draft_job *jb = &d->jobs[j];
+            int left = jb->n_tokens - jb->seq->len;
+            if (jb->k == 0 || left <= 0) continue;
+            int c = left < budget ? left : budget;
+            d->chunks[nc] = (struct moe_chunk){jb->seq, jb->tokens + jb->seq->len, c, false, false, 0};
+            d->job_of[nc++] = j;
+            budget -= c;
+        }
+        if (nc == 0) break;
+        MOE_TRY(moe_runner_step(&d->r, d->chunks, nc, NULL, d->ids, NULL, NULL));
+        for (int c = 0; c < nc; c++) {
+            struct moe_spec_draft_job *jb = &d->jobs[d->job_of[c]];
+            if (jb->seq->len == jb->n_tokens) jb->out[0] = draft_token(d, d->ids[c]);
+        }
+    }
+    /* then one row per sequence and step, feeding the guess before */
+    for (int i = 1;; i++) {
+        int nc = 0;
+        for (int j = 0; j < n; j++) {
+            struct moe_spec_draft_job *jb = &d->jobs[j];
+            if (jb->k <= i) continue;
+            d->chunks[nc] = (struct moe_chunk){jb->seq, &jb->out[i - 1], 1, false, true, 0};
+            d->job_of[nc++] = j;
+        }
+        if (nc == 0) break;
+        MOE_TRY(moe_runner_step(&d->r, d->chunks, nc, NULL, d->ids, NULL, NULL));
+        for (int c = 0; c < nc; c++) d->jobs[d->job_of[c]].out[i] = draft_token(d, d->ids[c]);
+    }
+    return MOE_OK;
+}
+
+void moe_spec_draft_rollback(struct moe_spec_draft *d, struct moe_seq *s, int n_valid)
+{
+    if (n_valid < 0) n_valid = 0;
+    if (s->len > n_valid) moe_seq_truncate(&d->r, s, n_valid);
+}
+
+void moe_spec_draft_reset(struct moe_spec_draft *d, struct moe_seq *s)
+{
+    if (d->r.kv.blocks) moe_seq_reset(&d->r, s);
+}
+
+void moe_spec_draft_seq_free(struct moe_spec_draft *d, struct moe_seq *s)
+{
+    moe_seq_free(&d->r, s);
+}

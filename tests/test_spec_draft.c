@@ -1,0 +1,561 @@
+/* test_spec_draft.c - the draft-model proposer of speculative decoding
+ * (spec_draft.h, MOE_SPEC_DRAFT) never changes a request's output: greedy
+ * requests give the same tokens, finish reasons and log-probabilities with
+ * it and without speculation, for K = 1, 2, 4, 8, batched with sampled
+ * (never speculated) requests, under preemption, with a draft pool too
+ * small for every request, with prefix sharing, for several fixture
+ * families, each paired with itself (every drafted token of a request
+ * without penalties is then accepted: the CPU backends are
+ * row-independent, so the draft's rows are the target's bit for bit), with
+ * itself cut to fewer layers and with another family of the same
+ * vocabulary.  A draft of NaN weights changes nothing; a draft of another
+ * vocabulary is refused.  After every run each block of both pools is
+ * free. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/engine/engine.h"
+#include "tests/testutil.h"
+
+static struct moe_backend be;
+
+static void setup_ref(void) { cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK); }
+static void setup_fast(void) { cr_assert_eq(moe_backend_cpu_fast_init(&be, 1), MOE_OK); }
+static void teardown(void) { moe_backend_free(&be); }
+
+TestSuite(spec_draft, .init = setup_ref, .fini = teardown);
+TestSuite(spec_draft_fast, .init = setup_fast, .fini = teardown);
+
+/* A synthetic Qwen3-MoE of `layers` layers and vocabulary `vocab`. */
+static void synthetic_model(struct moe_model *m, int layers, int vocab, uint64_t seed)
+{
+    char cfg_text[640];
+    snprintf(cfg_text, sizeof cfg_text,
+             "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 32, "
+             "\"num_hidden_layers\": %d, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+             "\"head_dim\": 8, \"vocab_size\": %d, \"max_position_embeddings\": 256, "
+             "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
+             "\"norm_topk_prob\": true, \"initializer_range\": 0.5}", layers, vocab);
+    json_t *j = json_loads(cfg_text, 0, NULL);
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_parse(&cfg, j, "test config"), MOE_OK, "%s", moe_last_error());
+    json_decref(j);
+    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_F32, seed), MOE_OK, "%s", moe_last_error());
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    cr_assert(in && out, "%s -> %s", from, to);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) cr_assert_eq(fwrite(buf, 1, n, out), n, "%s", to);
+    fclose(in);
+    cr_assert_eq(fclose(out), 0, "%s", to);
+}
+
+/* A copy of fixture `name` cut to its first `layers` layers: its config
+ * with num_hidden_layers changed, its other files copied (the loader reads
+ * the tensors of the layers it has; shards must lie in the model's
+ * folder).  dir receives the copy's path. */
+static void truncated_fixture(const char *name, int layers, char *dir, size_t n)
+{
+    char src[512], path[1024], target[1024];
+    snprintf(src, sizeof src, "%s/%s", FIXTURE_DIR, name);
+    snprintf(dir, n, "/tmp/moerun-draft-XXXXXX");
+    cr_assert(mkdtemp(dir), "mkdtemp");
+    DIR *d = opendir(src);
+    cr_assert(d, "%s", src);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.' || !strcmp(de->d_name, "config.json")) continue;
+        snprintf(target, sizeof target, "%s/%s", src, de->d_name);
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        copy_file(target, path);
+    }
+    closedir(d);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    cr_assert(cfg, "%s", path);
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(layers));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cr_assert_eq(json_dump_file(cfg, path, 0), 0, "%s", path);
+    json_decref(cfg);
+}
+
+static void remove_dir(const char *dir)
+{
+    char cmd[600], out[8];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+}
+
+#define MAXJ 12
+#define MAXP 64
+#define MAXO 40
+
+struct job {
+    int32_t prompt[MAXP];
+    int n, arrive;
+    struct moe_request_params p;
+};
+
+struct result {
+    int32_t out[MAXO];
+    struct moe_sample s[MAXO];
+    int n, drafted, accepted;
+    enum moe_finish finish;
+};
+
+static void check_pools_free(const struct moe_engine *e)
+{
+    cr_assert_eq(moe_kvcache_available(&e->r.kv), e->r.kv.n_blocks, "every target block back");
+    for (int b = 0; b < e->r.kv.n_blocks; b++)
+        cr_assert_eq(e->r.kv.blocks[b].refcount, 0, "target block %d still referenced", b);
+    if (e->o.spec.kind != MOE_SPEC_DRAFT) return;
+    cr_assert_eq(moe_kvcache_available(&e->draft.r.kv), e->draft.r.kv.n_blocks,
+                 "every draft block back");
+    for (int b = 0; b < e->draft.r.kv.n_blocks; b++)
+        cr_assert_eq(e->draft.r.kv.blocks[b].refcount, 0, "draft block %d still referenced", b);
+}
+
+/* Serves the jobs (job i submitted at step jobs[i].arrive) with options o
+ * on target m; fills res and checks that every block of both pools is
+ * free after. */
+static struct moe_engine_counters serve(const struct moe_model *m, const struct job *jobs, int nj,
+                                        const struct moe_engine_opts *o, struct result *res)
+{
+    struct moe_engine e;
+    memset(res, 0, (size_t)nj * sizeof *res);
+    cr_assert_eq(moe_engine_init(&e, m, &be, o), MOE_OK, "%s", moe_last_error());
+    struct moe_request *req[MAXJ] = {0};
+    int step = 0, rows, submitted = 0;
+    while (submitted < nj || !moe_engine_idle(&e)) {
+        for (int i = 0; i < nj; i++)
+            if (!req[i] && jobs[i].arrive <= step) {
+                cr_assert_eq(moe_engine_submit(&e, jobs[i].prompt, jobs[i].n, &jobs[i].p, NULL,
+                                               &req[i]), MOE_OK, "%s", moe_last_error());
+                submitted++;
+            }
+        cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
+        cr_assert(++step < 20000, "the engine does not finish");
+    }
+    for (int i = 0; i < nj; i++) {
+        const int32_t *out = moe_request_output(req[i], &res[i].n);
+        memcpy(res[i].out, out, (size_t)res[i].n * sizeof *out);
+        memcpy(res[i].s, req[i]->samples, (size_t)res[i].n * sizeof *res[i].s);
+        res[i].finish = req[i]->finish;
+        res[i].drafted = req[i]->n_drafted;
+        res[i].accepted = req[i]->n_accepted;
+        moe_engine_release(&e, req[i]);
+    }
+    check_pools_free(&e);
+    struct moe_engine_counters n = e.n;
+    moe_engine_free(&e);
+    return n;
+}
+
+static void expect_same(const struct result *a, const struct result *b, int nj, const char *what)
+{
+    for (int i = 0; i < nj; i++) {
+        cr_assert_eq(a[i].n, b[i].n, "%s: request %d: %d tokens, without speculation %d", what, i,
+                     a[i].n, b[i].n);
+        cr_assert_eq(a[i].finish, b[i].finish, "%s: request %d finish", what, i);
+        for (int k = 0; k < a[i].n; k++) {
+            cr_assert_eq(a[i].out[k], b[i].out[k], "%s: request %d token %d: %d, without "
+                         "speculation %d", what, i, k, a[i].out[k], b[i].out[k]);
+            cr_assert(tu_same_bits(a[i].s[k].logprob, b[i].s[k].logprob),
+                      "%s: request %d token %d: logprob %.9g, without speculation %.9g", what, i,
+                      k, a[i].s[k].logprob, b[i].s[k].logprob);
+        }
+    }
+}
+
+/* Random prompts; parameters cycle: plain greedy (the backend's argmax),
+ * sampled at temperature 0.8 (not speculated: no_spec), greedy with
+ * log-probabilities (the host sampler), greedy with a repetition penalty
+ * (the target's token may differ from the draft's argmax). */
+static void make_jobs(struct job *jobs, int nj, int vocab, uint64_t seed)
+{
+    for (int i = 0; i < nj; i++) {
+        struct job *j = &jobs[i];
+        memset(j, 0, sizeof *j);
+        j->n = 3 + (int)(tu_rand_u64(&seed) % (MAXP - 3));
+        for (int k = 0; k < j->n; k++) j->prompt[k] = (int32_t)(tu_rand_u64(&seed) % (uint64_t)vocab);
+        j->arrive = (int)(tu_rand_u64(&seed) % 6);
+        j->p.max_tokens = 8 + (int)(tu_rand_u64(&seed) % (MAXO - 8));
+        moe_sampling_defaults(&j->p.sampling);
+        j->p.sampling.seed = 1000 + (uint64_t)i;
+        if (i % 4 == 1) {
+            j->p.sampling.temperature = 0.8f;
+            j->p.no_spec = true; /* rejection sampling keeps the distribution, not the tokens */
+        }
+        if (i % 4 == 2) {
+            j->p.sampling.logprob = true;
+            j->p.sampling.n_logprobs = 3;
+        }
+        if (i % 4 == 3) j->p.sampling.repetition_penalty = 1.3f;
+    }
+}
+
+static struct moe_engine_opts opts(int n_blocks, int batch_tokens, bool prefix)
+{
+    return (struct moe_engine_opts){.max_batch_tokens = batch_tokens, .max_seqs = 8,
+                                    .block_size = 4, .n_blocks = n_blocks,
+                                    .kv_dtype = MOE_DTYPE_F32, .prefix_cache = prefix};
+}
+
+struct totals {
+    uint64_t drafted, accepted, preemptions, prefix_hits;
+};
+
+/* Serves the jobs without speculation, then with draft for K = 1, 2, 4,
+ * 8 (draft_blocks as given): the same outputs each time.  With
+ * self_draft (the draft is the target's weights) every token drafted for
+ * a request without penalties is accepted. */
+static struct totals draft_matches_plain(const struct moe_model *m, const struct moe_model *draft,
+                                         const struct job *jobs, int nj, struct moe_engine_opts o,
+                                         int draft_blocks, bool self_draft, const char *what)
+{
+    static struct result plain[MAXJ], spec[MAXJ];
+    struct totals t = {0};
+    struct moe_engine_counters np = serve(m, jobs, nj, &o, plain);
+    static const int ks[] = {1, 2, 4, 8};
+    for (int i = 0; i < 4; i++) {
+        struct moe_engine_opts so = o;
+        so.spec = (struct moe_spec_opts){.kind = MOE_SPEC_DRAFT, .tokens = ks[i], .draft = draft,
+                                         .draft_blocks = draft_blocks};
+        struct moe_engine_counters n = serve(m, jobs, nj, &so, spec);
+        char label[128];
+        snprintf(label, sizeof label, "%s, K = %d", what, ks[i]);
+        expect_same(spec, plain, nj, label);
+        cr_assert_eq(n.generated_tokens, np.generated_tokens, "%s", label);
+        cr_assert(n.spec_draft_tokens > 0, "%s: nothing drafted", label);
+        cr_assert(n.spec_accepted <= n.spec_draft_tokens);
+        for (int j = 0; j < nj; j++) {
+            if (jobs[j].p.no_spec)
+                cr_assert_eq(spec[j].drafted, 0, "%s: a sampled request speculated", label);
+            if (self_draft && jobs[j].p.sampling.repetition_penalty == 1.0f)
+                cr_assert_eq(spec[j].accepted, spec[j].drafted,
+                             "%s: request %d: %d of %d tokens the target itself drafted accepted",
+                             label, j, spec[j].accepted, spec[j].drafted);
+        }
+        t.drafted += n.spec_draft_tokens;
+        t.accepted += n.spec_accepted;
+        t.preemptions += n.preemptions;
+        t.prefix_hits += n.prefix_hit_tokens;
+    }
+    return t;
+}
+
+/* The synthetic target drafted by itself (a second copy of the same
+ * weights): every draft of a request without penalties is accepted. */
+static void self_draft_all_accepted(void)
+{
+    struct moe_model m, d;
+    synthetic_model(&m, 2, 97, 11);
+    synthetic_model(&d, 2, 97, 11);
+    static struct job jobs[MAXJ];
+    make_jobs(jobs, MAXJ, 97, 5);
+    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 0, true,
+                                          "self draft");
+    cr_assert(t.accepted > 0 && t.accepted <= t.drafted);
+    moe_model_free(&d);
+    moe_model_free(&m);
+}
+Test(spec_draft, self_draft_all_accepted) { self_draft_all_accepted(); }
+Test(spec_draft_fast, self_draft_all_accepted) { self_draft_all_accepted(); }
+
+/* A one-layer draft of other weights: its guesses are often wrong, the
+ * output is still the target's. */
+Test(spec_draft, small_draft_matches_plain)
+{
+    struct moe_model m, d;
+    synthetic_model(&m, 2, 97, 11);
+    synthetic_model(&d, 1, 97, 23);
+    static struct job jobs[MAXJ];
+    make_jobs(jobs, MAXJ, 97, 7);
+    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 0, false,
+                                          "one-layer draft");
+    cr_assert(t.accepted < t.drafted, "another model's guesses are not all right");
+    moe_model_free(&d);
+    moe_model_free(&m);
+}
+
+/* A 24-block pool: requests are preempted and recomputed, their draft
+ * state dropped and rebuilt; a step budget of 6 rows cuts drafts and
+ * chunks the draft's catch-up. */
+Test(spec_draft, preemption_and_tight_budget_match_plain)
+{
+    struct moe_model m, d;
+    synthetic_model(&m, 2, 97, 11);
+    synthetic_model(&d, 2, 97, 11);
+    static struct job jobs[MAXJ];
+    make_jobs(jobs, MAXJ, 97, 9);
+    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(24, 64, false), 0, true,
+                                          "preemption");
+    cr_assert(t.preemptions > 0, "a 24-block pool must preempt");
+    t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 6, false), 0, true, "budget 6");
+    cr_assert(t.accepted > 0);
+    moe_model_free(&d);
+    moe_model_free(&m);
+}
+
+/* A draft pool of 20 blocks (80 tokens) for eight requests of up to 100:
+ * some are not speculated in some steps; nothing else changes. */
+Test(spec_draft, small_draft_pool_matches_plain)
+{
+    struct moe_model m, d;
+    synthetic_model(&m, 2, 97, 11);
+    synthetic_model(&d, 2, 97, 11);
+    static struct job jobs[MAXJ];
+    make_jobs(jobs, MAXJ, 97, 15);
+    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 20, true,
+                                          "20-block draft pool");
+    struct totals roomy = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 0, true,
+                                              "a roomy draft pool");
+    cr_assert(t.accepted > 0);
+    cr_assert(t.drafted < roomy.drafted, "the small pool drafts less (%llu, roomy %llu)",
+              (unsigned long long)t.drafted, (unsigned long long)roomy.drafted);
+    moe_model_free(&d);
+    moe_model_free(&m);
+}
+
+/* Pairs of requests share their prompts' first half; the target's prefix
+ * cache is on (the draft's pool shares nothing). */
+Test(spec_draft, prefix_sharing_matches_plain)
+{
+    struct moe_model m, d;
+    synthetic_model(&m, 2, 97, 11);
+    synthetic_model(&d, 1, 97, 11);
+    static struct job jobs[MAXJ];
+    make_jobs(jobs, MAXJ, 97, 13);
+    for (int i = 1; i < MAXJ; i += 2) {
+        int n = jobs[i - 1].n / 2 < jobs[i].n ? jobs[i - 1].n / 2 : jobs[i].n;
+        memcpy(jobs[i].prompt, jobs[i - 1].prompt, (size_t)n * sizeof *jobs[i].prompt);
+        jobs[i].arrive = jobs[i - 1].arrive + 3;
+    }
+    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 64, true), 0, false,
+                                          "prefix sharing");
+    cr_assert(t.prefix_hits > 0, "prompts share cached blocks");
+    moe_model_free(&d);
+    moe_model_free(&m);
+}
+
+/* Fixture families: each drafted by a second copy of itself (all
+ * accepted), by itself cut to one layer, and by another family of the
+ * same vocabulary. */
+static void families_match_plain(void)
+{
+    static const struct {
+        const char *target, *other;
+    } pairs[] = {{"qwen3_moe", "mixtral"}, {"mixtral", "olmoe"}, {"deepseek_v2", "qwen3_moe"}};
+    for (size_t f = 0; f < sizeof pairs / sizeof *pairs; f++) {
+        char dir[512], cut[64];
+        snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, pairs[f].target);
+        struct moe_model m, self, small, other;
+        cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s: %s", dir, moe_last_error());
+        cr_assert_eq(moe_model_load(&self, dir), MOE_OK, "%s: %s", dir, moe_last_error());
+        truncated_fixture(pairs[f].target, 1, cut, sizeof cut);
+        cr_assert_eq(moe_model_load(&small, cut), MOE_OK, "%s: %s", cut, moe_last_error());
+        cr_assert_eq(small.cfg.n_layers, 1);
+        snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, pairs[f].other);
+        cr_assert_eq(moe_model_load(&other, dir), MOE_OK, "%s: %s", dir, moe_last_error());
+        static struct job jobs[8];
+        make_jobs(jobs, 8, m.cfg.vocab, 17 + f);
+        char what[128];
+        snprintf(what, sizeof what, "%s drafted by itself", pairs[f].target);
+        draft_matches_plain(&m, &self, jobs, 8, opts(256, 64, true), 0, true, what);
+        snprintf(what, sizeof what, "%s drafted by its first layer", pairs[f].target);
+        struct totals t = draft_matches_plain(&m, &small, jobs, 8, opts(256, 64, true), 0, false, what);
+        cr_log_info("%s: %llu of %llu tokens its first layer drafted accepted", pairs[f].target,
+                    (unsigned long long)t.accepted, (unsigned long long)t.drafted);
+        snprintf(what, sizeof what, "%s drafted by %s", pairs[f].target, pairs[f].other);
+        draft_matches_plain(&m, &other, jobs, 8, opts(256, 64, true), 0, false, what);
+        moe_model_free(&other);
+        moe_model_free(&small);
+        moe_model_free(&self);
+        moe_model_free(&m);
+        remove_dir(cut);
+    }
+}
+Test(spec_draft, fixture_families_match_plain, .timeout = 600) { families_match_plain(); }
+Test(spec_draft_fast, fixture_families_match_plain, .timeout = 600) { families_match_plain(); }
+
+/* A draft whose embedding is NaN: every logit it computes is NaN, its
+ * guesses are token 0 (the argmax policy), and the output is the
+ * target's. */
+Test(spec_draft, nan_draft_changes_nothing)
+{
+    struct moe_model m, d;
+    synthetic_model(&m, 2, 97, 11);
+    synthetic_model(&d, 1, 97, 11);
+    cr_assert_eq(d.embed.dtype, MOE_DTYPE_F32);
+    float *emb = d.embed.data;
+    for (int64_t i = 0; i < d.embed.shape[0] * d.embed.shape[1]; i++) emb[i] = NAN;
+    static struct job jobs[MAXJ];
+    make_jobs(jobs, MAXJ, 97, 19);
+    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 0, false,
+                                          "NaN draft");
+    cr_assert(t.drafted > 0);
+    moe_model_free(&d);
+    moe_model_free(&m);
+}
+
+/* 1,000 speculative requests in a 40-block pool (and a draft pool of 40),
+ * a ninth of the live ones cancelled at random moments each step: a
+ * request holds no block of either pool once it is finished, and
+ * afterwards no block is referenced. */
+Test(spec_draft, cancellation_leaks_no_block)
+{
+    struct moe_model m, d;
+    synthetic_model(&m, 2, 97, 11);
+    synthetic_model(&d, 1, 97, 11);
+    struct moe_engine_opts o = opts(40, 48, true);
+    o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_DRAFT, .tokens = 4, .draft = &d};
+    struct moe_engine e;
+    cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_OK, "%s", moe_last_error());
+    static struct job kinds[7];
+    make_jobs(kinds, 7, 97, 31);
+    for (int i = 0; i < 7; i++) kinds[i].n = kinds[i].n < 24 ? kinds[i].n : 24;
+    uint64_t seed = 77;
+    struct moe_request *live[64] = {0};
+    int n_live = 0, submitted = 0, rows, steps = 0;
+    while (submitted < 1000 || n_live > 0) {
+        cr_assert(++steps < 100000, "the engine stopped making progress");
+        while (submitted < 1000 && n_live < 24) {
+            struct job *j = &kinds[tu_rand_u64(&seed) % 7];
+            struct moe_request_params p = j->p;
+            p.max_tokens = 1 + (int)(tu_rand_u64(&seed) % 24);
+            cr_assert_eq(moe_engine_submit(&e, j->prompt, j->n, &p, NULL, &live[n_live++]), MOE_OK,
+                         "%s", moe_last_error());
+            submitted++;
+        }
+        cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
+        for (int i = 0; i < n_live; i++) {
+            struct moe_request *r = live[i];
+            if (r->state != MOE_REQ_FINISHED && tu_rand_u64(&seed) % 9 == 0) moe_engine_cancel(&e, r);
+            if (r->state == MOE_REQ_FINISHED) {
+                /* finished or cancelled: its blocks in both pools are back at once */
+                cr_assert(r->seq.n_blocks == 0 && r->draft_seq.n_blocks == 0,
+                          "a finished request holds %d target and %d draft blocks",
+                          r->seq.n_blocks, r->draft_seq.n_blocks);
+                moe_engine_release(&e, r);
+                live[i--] = live[--n_live];
+            }
+        }
+    }
+    cr_assert(moe_engine_idle(&e));
+    cr_assert(e.n.requests_aborted > 50, "cancellations happened (%llu)",
+              (unsigned long long)e.n.requests_aborted);
+    cr_assert(e.n.spec_draft_tokens > 0 && e.n.prefix_hit_tokens > 0);
+    check_pools_free(&e);
+    moe_engine_free(&e);
+    moe_model_free(&d);
+    moe_model_free(&m);
+}
+
+/* A draft of another vocabulary, and the draft proposer without a draft:
+ * each refused with one line that says why. */
+Test(spec_draft, refuses_bad_drafts)
+{
+    struct moe_model m, d;
+    synthetic_model(&m, 2, 97, 11);
+    synthetic_model(&d, 1, 101, 11);
+    struct moe_engine e;
+    struct moe_engine_opts o = opts(64, 64, false);
+    o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_DRAFT, .draft = &d};
+    cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_ERR_INVALID_ARG);
+    const char *msg = moe_last_error();
+    cr_assert(strstr(msg, "vocabulary of 101 tokens, the target's has 97") && !strchr(msg, '\n'),
+              "%s", msg);
+    o.spec.draft = NULL;
+    cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_ERR_INVALID_ARG);
+    msg = moe_last_error();
+    cr_assert(strstr(msg, "without a draft model") && !strchr(msg, '\n'), "%s", msg);
+    moe_model_free(&d);
+    moe_model_free(&m);
+}
+
+/* The proposer alone, against the draft model's own greedy decoding: three
+ * sequences, over rounds in which each either gets a proposal (k of 1 to
+ * 8, verified with a random number accepted and a token of its own after,
+ * then rolled back as the engine does) or a plain decode token (no call).
+ * Every proposal equals the greedy continuation a fresh runner computes
+ * from the sequence's tokens, so no rejected guess's K/V survives; a
+ * catch-up longer than the 16 rows of a draft step is chunked. */
+Test(spec_draft, proposals_are_the_drafts_greedy_continuation)
+{
+    struct moe_model dm;
+    synthetic_model(&dm, 1, 97, 29);
+    struct moe_spec_draft d;
+    struct moe_spec_draft_opts dop = {.max_tokens = 16, .max_seqs = 4, .block_size = 4,
+                                      .n_blocks = 128, .kv_dtype = MOE_DTYPE_F32};
+    cr_assert_eq(moe_spec_draft_init(&d, &dm, &be, 97, &dop), MOE_OK, "%s", moe_last_error());
+    struct moe_runner ref;
+    struct moe_runner_opts ro = {.max_tokens = 256, .max_seqs = 1, .max_logits = 1,
+                                 .block_size = 4, .n_blocks = 64};
+    cr_assert_eq(moe_runner_init(&ref, &dm, &be, &ro), MOE_OK, "%s", moe_last_error());
+    enum { NS = 3, CAP = 200 };
+    static int32_t tok[NS][CAP];
+    int n[NS];
+    struct moe_seq seq[NS];
+    memset(seq, 0, sizeof seq);
+    uint64_t seed = 3;
+    for (int s = 0; s < NS; s++) {
+        n[s] = 5 + (int)(tu_rand_u64(&seed) % 36);
+        for (int i = 0; i < n[s]; i++) tok[s][i] = (int32_t)(tu_rand_u64(&seed) % 97);
+    }
+    int proposals = 0, rejections = 0, plain = 0;
+    for (int round = 0; round < 30; round++) {
+        int nj = 0, who[NS];
+        for (int s = 0; s < NS; s++) {
+            if (n[s] + 10 > CAP) continue;
+            if (tu_rand_u64(&seed) % 3 == 0) { /* a plain decode token */
+                tok[s][n[s]++] = (int32_t)(tu_rand_u64(&seed) % 97);
+                plain++;
+                continue;
+            }
+            int k = 1 + (int)(tu_rand_u64(&seed) % 8);
+            d.jobs[nj] = (struct moe_spec_draft_job){&seq[s], tok[s], n[s], k, tok[s] + n[s]};
+            who[nj++] = s;
+        }
+        if (nj == 0) continue;
+        cr_assert_eq(moe_spec_draft_propose(&d, nj), MOE_OK, "%s", moe_last_error());
+        for (int j = 0; j < nj; j++) {
+            int s = who[j], k = d.jobs[j].k;
+            cr_assert(k >= 1, "a roomy pool proposes");
+            int32_t want[8];
+            struct moe_seq fresh = {0};
+            cr_assert_eq(moe_runner_greedy(&ref, &fresh, tok[s], n[s], k, 0, want), MOE_OK, "%s",
+                         moe_last_error());
+            moe_seq_free(&ref, &fresh);
+            for (int i = 0; i < k; i++)
+                cr_assert_eq(tok[s][n[s] + i], want[i], "round %d sequence %d guess %d: %d, the "
+                             "draft's greedy token %d", round, s, i, tok[s][n[s] + i], want[i]);
+            proposals++;
+            /* verification: a accepted, then a token of the target's */
+            int a = (int)(tu_rand_u64(&seed) % (uint64_t)(k + 1));
+            int32_t t = (int32_t)(tu_rand_u64(&seed) % 97);
+            if (a < k && t == tok[s][n[s] + a]) t = (t + 1) % 97;
+            if (a < k) rejections++;
+            n[s] += a;
+            tok[s][n[s]++] = t;
+            moe_spec_draft_rollback(&d, &seq[s], n[s] - 1);
+            cr_assert(seq[s].len <= n[s] - 1);
+        }
+    }
+    cr_assert(proposals > 20 && rejections > 5 && plain > 5, "%d proposals, %d rejections, %d plain",
+              proposals, rejections, plain);
+    for (int s = 0; s < NS; s++) moe_spec_draft_seq_free(&d, &seq[s]);
+    cr_assert_eq(moe_kvcache_available(&d.r.kv), d.r.kv.n_blocks, "every draft block back");
+    moe_runner_free(&ref);
+    moe_spec_draft_free(&d);
+    moe_model_free(&dm);
+}
