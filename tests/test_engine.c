@@ -247,43 +247,30 @@ Test(engine, refuses_what_cannot_fit)
     moe_engine_free(&e);
 }
 
+/* A request of the churn: 1..12 tokens of one of seven prompts (so
+ * prefixes are shared), 1..6 new tokens sampled at temperature 0.5. */
+static void churn_request(void *ctx, uint64_t *seed, const int32_t **prompt, int *n,
+                          struct moe_request_params *p)
+{
+    static int32_t buf[12];
+    (void)ctx;
+    *n = 1 + (int)(tu_rand_u64(seed) % 12);
+    make_prompt(buf, *n, tu_rand_u64(seed) % 7);
+    *prompt = buf;
+    *p = params(1 + (int)(tu_rand_u64(seed) % 6), 0.5f, *seed);
+}
+
 /* 3000 short requests, a third cancelled at random moments: afterwards no
  * block is referenced. */
 Test(engine, thousands_of_requests_leak_no_block)
 {
     struct moe_engine e;
     engine_open(&e, 40, 4, 48, true);
-    uint64_t seed = 77;
-    struct moe_request *live[64] = {0};
-    int n_live = 0, submitted = 0, rows, steps = 0;
-    while (submitted < 3000 || n_live > 0) {
-        cr_assert(++steps < 100000, "engine stopped making progress");
-        while (submitted < 3000 && n_live < 64) {
-            int32_t p[12];
-            int n = 1 + (int)(tu_rand_u64(&seed) % 12);
-            /* few distinct prompts, so prefixes are shared */
-            make_prompt(p, n, tu_rand_u64(&seed) % 7);
-            struct moe_request_params rp = params(1 + (int)(tu_rand_u64(&seed) % 6), 0.5f, seed);
-            cr_assert_eq(moe_engine_submit(&e, p, n, &rp, NULL, &live[n_live++]), MOE_OK, "%s",
-                         moe_last_error());
-            submitted++;
-        }
-        cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
-        for (int i = 0; i < n_live; i++) {
-            struct moe_request *r = live[i];
-            if (r->state != MOE_REQ_FINISHED && tu_rand_u64(&seed) % 9 == 0) moe_engine_cancel(&e, r);
-            if (r->state == MOE_REQ_FINISHED) {
-                moe_engine_release(&e, r);
-                live[i--] = live[--n_live];
-            }
-        }
-    }
-    cr_assert(moe_engine_idle(&e));
+    tu_engine_churn(&e, 3000, 64, 77, churn_request, NULL, NULL);
     cr_assert(e.n.requests_aborted > 100, "cancellations happened (%llu)",
               (unsigned long long)e.n.requests_aborted);
     cr_assert(e.n.prefix_hit_tokens > 0);
-    for (int b = 0; b < e.r.kv.n_blocks; b++) cr_assert_eq(e.r.kv.blocks[b].refcount, 0, "block %d", b);
-    cr_assert_eq(moe_kvcache_available(&e.r.kv), e.r.kv.n_blocks);
+    tu_expect_pools_free(&e);
     moe_engine_free(&e);
 }
 

@@ -484,6 +484,17 @@ Test(spec, demo_model_matches_plain, .timeout = 600)
 /* 1,000 speculative requests (few distinct prompts, so prefixes are shared
  * and drafts accepted) in a 40-block pool, a ninth of the live ones
  * cancelled at random moments each step: afterwards no block is referenced. */
+/* A request of the churn: one of seven jobs, max_tokens 1..24. */
+static void churn_request(void *ctx, uint64_t *seed, const int32_t **prompt, int *n,
+                          struct moe_request_params *p)
+{
+    const struct job *j = (const struct job *)ctx + tu_rand_u64(seed) % 7;
+    *prompt = j->prompt;
+    *n = j->n;
+    *p = j->p;
+    p->max_tokens = 1 + (int)(tu_rand_u64(seed) % 24);
+}
+
 Test(spec, cancellation_leaks_no_block)
 {
     struct moe_model m;
@@ -494,35 +505,11 @@ Test(spec, cancellation_leaks_no_block)
     cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_OK, "%s", moe_last_error());
     static struct job kinds[7];
     make_jobs(kinds, 7, 97, 31);
-    uint64_t seed = 77;
-    struct moe_request *live[64] = {0};
-    int n_live = 0, submitted = 0, rows, steps = 0;
-    while (submitted < 1000 || n_live > 0) {
-        cr_assert(++steps < 100000, "the engine stopped making progress");
-        while (submitted < 1000 && n_live < 24) {
-            struct job *j = &kinds[tu_rand_u64(&seed) % 7];
-            struct moe_request_params p = j->p;
-            p.max_tokens = 1 + (int)(tu_rand_u64(&seed) % 24);
-            cr_assert_eq(moe_engine_submit(&e, j->prompt, j->n, &p, NULL, &live[n_live++]), MOE_OK,
-                         "%s", moe_last_error());
-            submitted++;
-        }
-        cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
-        for (int i = 0; i < n_live; i++) {
-            struct moe_request *r = live[i];
-            if (r->state != MOE_REQ_FINISHED && tu_rand_u64(&seed) % 9 == 0) moe_engine_cancel(&e, r);
-            if (r->state == MOE_REQ_FINISHED) {
-                moe_engine_release(&e, r);
-                live[i--] = live[--n_live];
-            }
-        }
-    }
-    cr_assert(moe_engine_idle(&e));
+    tu_engine_churn(&e, 1000, 24, 77, churn_request, NULL, kinds);
     cr_assert(e.n.requests_aborted > 50, "cancellations happened (%llu)",
               (unsigned long long)e.n.requests_aborted);
     cr_assert(e.n.spec_accepted > 0 && e.n.prefix_hit_tokens > 0);
-    for (int b = 0; b < e.r.kv.n_blocks; b++) cr_assert_eq(e.r.kv.blocks[b].refcount, 0, "block %d", b);
-    cr_assert_eq(moe_kvcache_available(&e.r.kv), e.r.kv.n_blocks);
+    tu_expect_pools_free(&e);
     moe_engine_free(&e);
     moe_model_free(&m);
 }

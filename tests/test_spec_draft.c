@@ -113,18 +113,6 @@ struct result {
     enum moe_finish finish;
 };
 
-static void check_pools_free(const struct moe_engine *e)
-{
-    cr_assert_eq(moe_kvcache_available(&e->r.kv), e->r.kv.n_blocks, "every target block back");
-    for (int b = 0; b < e->r.kv.n_blocks; b++)
-        cr_assert_eq(e->r.kv.blocks[b].refcount, 0, "target block %d still referenced", b);
-    if (e->o.spec.kind != MOE_SPEC_DRAFT) return;
-    cr_assert_eq(moe_kvcache_available(&e->draft.r.kv), e->draft.r.kv.n_blocks,
-                 "every draft block back");
-    for (int b = 0; b < e->draft.r.kv.n_blocks; b++)
-        cr_assert_eq(e->draft.r.kv.blocks[b].refcount, 0, "draft block %d still referenced", b);
-}
-
 /* Serves the jobs (job i submitted at step jobs[i].arrive) with options o
  * on target m; fills res and checks that every block of both pools is
  * free after. */
@@ -155,7 +143,7 @@ static struct moe_engine_counters serve(const struct moe_model *m, const struct 
         res[i].accepted = req[i]->n_accepted;
         moe_engine_release(&e, req[i]);
     }
-    check_pools_free(&e);
+    tu_expect_pools_free(&e);
     struct moe_engine_counters n = e.n;
     moe_engine_free(&e);
     return n;
@@ -410,6 +398,26 @@ Test(spec_draft, nan_draft_changes_nothing)
     moe_model_free(&m);
 }
 
+/* A request of the churn: one of seven jobs, max_tokens 1..24. */
+static void churn_request(void *ctx, uint64_t *seed, const int32_t **prompt, int *n,
+                          struct moe_request_params *p)
+{
+    const struct job *j = (const struct job *)ctx + tu_rand_u64(seed) % 7;
+    *prompt = j->prompt;
+    *n = j->n;
+    *p = j->p;
+    p->max_tokens = 1 + (int)(tu_rand_u64(seed) % 24);
+}
+
+/* Finished or cancelled: its blocks in both pools are back at once. */
+static void both_pools_returned(void *ctx, struct moe_request *r)
+{
+    (void)ctx;
+    cr_assert(r->seq.n_blocks == 0 && r->draft_seq.n_blocks == 0,
+              "a finished request holds %d target and %d draft blocks", r->seq.n_blocks,
+              r->draft_seq.n_blocks);
+}
+
 /* 1,000 speculative requests in a 40-block pool (and a draft pool of 40),
  * a ninth of the live ones cancelled at random moments each step: a
  * request holds no block of either pool once it is finished, and
@@ -426,38 +434,11 @@ Test(spec_draft, cancellation_leaks_no_block)
     static struct job kinds[7];
     make_jobs(kinds, 7, 97, 31);
     for (int i = 0; i < 7; i++) kinds[i].n = kinds[i].n < 24 ? kinds[i].n : 24;
-    uint64_t seed = 77;
-    struct moe_request *live[64] = {0};
-    int n_live = 0, submitted = 0, rows, steps = 0;
-    while (submitted < 1000 || n_live > 0) {
-        cr_assert(++steps < 100000, "the engine stopped making progress");
-        while (submitted < 1000 && n_live < 24) {
-            struct job *j = &kinds[tu_rand_u64(&seed) % 7];
-            struct moe_request_params p = j->p;
-            p.max_tokens = 1 + (int)(tu_rand_u64(&seed) % 24);
-            cr_assert_eq(moe_engine_submit(&e, j->prompt, j->n, &p, NULL, &live[n_live++]), MOE_OK,
-                         "%s", moe_last_error());
-            submitted++;
-        }
-        cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
-        for (int i = 0; i < n_live; i++) {
-            struct moe_request *r = live[i];
-            if (r->state != MOE_REQ_FINISHED && tu_rand_u64(&seed) % 9 == 0) moe_engine_cancel(&e, r);
-            if (r->state == MOE_REQ_FINISHED) {
-                /* finished or cancelled: its blocks in both pools are back at once */
-                cr_assert(r->seq.n_blocks == 0 && r->draft_seq.n_blocks == 0,
-                          "a finished request holds %d target and %d draft blocks",
-                          r->seq.n_blocks, r->draft_seq.n_blocks);
-                moe_engine_release(&e, r);
-                live[i--] = live[--n_live];
-            }
-        }
-    }
-    cr_assert(moe_engine_idle(&e));
+    tu_engine_churn(&e, 1000, 24, 77, churn_request, both_pools_returned, kinds);
     cr_assert(e.n.requests_aborted > 50, "cancellations happened (%llu)",
               (unsigned long long)e.n.requests_aborted);
     cr_assert(e.n.spec_draft_tokens > 0 && e.n.prefix_hit_tokens > 0);
-    check_pools_free(&e);
+    tu_expect_pools_free(&e);
     moe_engine_free(&e);
     moe_model_free(&d);
     moe_model_free(&m);

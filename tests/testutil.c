@@ -11,6 +11,7 @@
 
 #include "runtime/backend/backend.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/engine/engine.h"
 #include "runtime/engine/runner.h"
 
 uint64_t tu_rand_u64(uint64_t *s)
@@ -158,4 +159,50 @@ char *tu_read_text(const char *path)
     s[n] = '\0';
     fclose(f);
     return s;
+}
+
+void tu_engine_churn(struct moe_engine *e, int n_requests, int live_max, uint64_t seed,
+                     tu_churn_make_fn make, void (*done)(void *ctx, struct moe_request *r),
+                     void *ctx)
+{
+    struct moe_request **live = calloc((size_t)live_max, sizeof *live);
+    cr_assert(live);
+    int n_live = 0, submitted = 0, rows, steps = 0;
+    while (submitted < n_requests || n_live > 0) {
+        cr_assert(++steps < 100000, "the engine stopped making progress");
+        while (submitted < n_requests && n_live < live_max) {
+            const int32_t *prompt;
+            int n;
+            struct moe_request_params p;
+            make(ctx, &seed, &prompt, &n, &p);
+            cr_assert_eq(moe_engine_submit(e, prompt, n, &p, NULL, &live[n_live++]), MOE_OK, "%s",
+                         moe_last_error());
+            submitted++;
+        }
+        cr_assert_eq(moe_engine_step(e, &rows), MOE_OK, "%s", moe_last_error());
+        for (int i = 0; i < n_live; i++) {
+            struct moe_request *r = live[i];
+            if (r->state != MOE_REQ_FINISHED && tu_rand_u64(&seed) % 9 == 0) moe_engine_cancel(e, r);
+            if (r->state == MOE_REQ_FINISHED) {
+                if (done) done(ctx, r);
+                moe_engine_release(e, r);
+                live[i--] = live[--n_live];
+            }
+        }
+    }
+    free(live);
+    cr_assert(moe_engine_idle(e));
+}
+
+static void expect_pool_free(const struct moe_kvcache *kv, const char *what)
+{
+    cr_assert_eq(moe_kvcache_available(kv), kv->n_blocks, "every %s block back", what);
+    for (int b = 0; b < kv->n_blocks; b++)
+        cr_assert_eq(kv->blocks[b].refcount, 0, "%s block %d still referenced", what, b);
+}
+
+void tu_expect_pools_free(const struct moe_engine *e)
+{
+    expect_pool_free(&e->r.kv, "target");
+    if (e->o.spec.kind == MOE_SPEC_DRAFT) expect_pool_free(&e->draft.r.kv, "draft");
 }

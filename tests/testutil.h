@@ -66,3 +66,21 @@ double tu_max_rel_err(const float *x, const float *ref, size_t n);
 /* The mean of |x - ref| over n values (of |x| when ref is NULL); NaN
  * anywhere gives NaN. */
 double tu_mean_abs_diff(const float *x, const float *ref, size_t n);
+
+struct moe_engine;
+struct moe_request;
+struct moe_request_params;
+/* One request of a churn: its prompt (borrowed until submitted) and
+ * parameters, drawn from *seed. */
+typedef void (*tu_churn_make_fn)(void *ctx, uint64_t *seed, const int32_t **prompt, int *n,
+                                 struct moe_request_params *p);
+/* Serves n_requests through e, at most live_max at a time, cancelling a
+ * ninth of the live ones at random after every step; each finished (or
+ * cancelled) request is passed to done (may be NULL) and released.  Fails
+ * the test if the engine stops making progress or is not idle at the end. */
+void tu_engine_churn(struct moe_engine *e, int n_requests, int live_max, uint64_t seed,
+                     tu_churn_make_fn make, void (*done)(void *ctx, struct moe_request *r),
+                     void *ctx);
+/* Every block of e's KV pool (and of its draft's, with a draft proposer)
+ * free and unreferenced. */
+void tu_expect_pools_free(const struct moe_engine *e);
