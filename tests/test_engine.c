@@ -18,17 +18,7 @@ static enum moe_dtype kv_dtype = MOE_DTYPE_F32;
 
 static void setup(void)
 {
-    const char *cfg_text =
-        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 32, "
-        "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
-        "\"head_dim\": 8, \"vocab_size\": 97, \"max_position_embeddings\": 256, "
-        "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
-        "\"norm_topk_prob\": true, \"initializer_range\": 0.5}";
-    json_t *j = json_loads(cfg_text, 0, NULL);
-    struct moe_config cfg;
-    cr_assert_eq(moe_config_parse(&cfg, j, "test config"), MOE_OK, "%s", moe_last_error());
-    json_decref(j);
-    cr_assert_eq(moe_model_synthetic(&model, &cfg, MOE_DTYPE_F32, 11), MOE_OK, "%s", moe_last_error());
+    tu_tiny_qwen3_moe(&model, 2, 97, 11);
     cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK);
 }
 

@@ -48,20 +48,7 @@ TestSuite(spec_fp8, .init = setup_fp8, .fini = teardown);
  * fp32 results agree bit for bit there is what this suite finds out. */
 TestSuite(spec_cuda, .init = setup_cuda, .fini = teardown);
 
-static void synthetic_model(struct moe_model *m)
-{
-    const char *cfg_text =
-        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 32, "
-        "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
-        "\"head_dim\": 8, \"vocab_size\": 97, \"max_position_embeddings\": 256, "
-        "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
-        "\"norm_topk_prob\": true, \"initializer_range\": 0.5}";
-    json_t *j = json_loads(cfg_text, 0, NULL);
-    struct moe_config cfg;
-    cr_assert_eq(moe_config_parse(&cfg, j, "test config"), MOE_OK, "%s", moe_last_error());
-    json_decref(j);
-    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_F32, 11), MOE_OK, "%s", moe_last_error());
-}
+static void synthetic_model(struct moe_model *m) { tu_tiny_qwen3_moe(m, 2, 97, 11); }
 
 #define MAXJ 16
 #define MAXP 256

@@ -35,18 +35,7 @@ TestSuite(spec_draft_fast, .init = setup_fast, .fini = teardown);
 /* A synthetic Qwen3-MoE of `layers` layers and vocabulary `vocab`. */
 static void synthetic_model(struct moe_model *m, int layers, int vocab, uint64_t seed)
 {
-    char cfg_text[640];
-    snprintf(cfg_text, sizeof cfg_text,
-             "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 32, "
-             "\"num_hidden_layers\": %d, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
-             "\"head_dim\": 8, \"vocab_size\": %d, \"max_position_embeddings\": 256, "
-             "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
-             "\"norm_topk_prob\": true, \"initializer_range\": 0.5}", layers, vocab);
-    json_t *j = json_loads(cfg_text, 0, NULL);
-    struct moe_config cfg;
-    cr_assert_eq(moe_config_parse(&cfg, j, "test config"), MOE_OK, "%s", moe_last_error());
-    json_decref(j);
-    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_F32, seed), MOE_OK, "%s", moe_last_error());
+    tu_tiny_qwen3_moe(m, layers, vocab, seed);
 }
 
 static void copy_file(const char *from, const char *to)

@@ -30,17 +30,14 @@ TestSuite(spec_sampling, .init = setup, .fini = teardown);
 
 static void small_model(struct moe_model *m)
 {
-    const char *cfg_text =
-        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 32, "
-        "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
-        "\"head_dim\": 8, \"vocab_size\": 8, \"max_position_embeddings\": 64, "
-        "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
-        "\"norm_topk_prob\": true, \"initializer_range\": 0.3}";
-    json_t *j = json_loads(cfg_text, 0, NULL);
-    struct moe_config cfg;
-    cr_assert_eq(moe_config_parse(&cfg, j, "test config"), MOE_OK, "%s", moe_last_error());
-    json_decref(j);
-    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_F32, 3), MOE_OK, "%s", moe_last_error());
+    tu_synthetic_model(m,
+                       "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 32, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                       "\"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 8, "
+                       "\"max_position_embeddings\": 64, \"num_experts\": 4, "
+                       "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
+                       "\"norm_topk_prob\": true, \"initializer_range\": 0.3}",
+                       3);
 }
 
 /* The prompt: token 1, then the model's greedy continuation, which on

@@ -206,3 +206,27 @@ void tu_expect_pools_free(const struct moe_engine *e)
     expect_pool_free(&e->r.kv, "target");
     if (e->o.spec.kind == MOE_SPEC_DRAFT) expect_pool_free(&e->draft.r.kv, "draft");
 }
+
+void tu_synthetic_model(struct moe_model *m, const char *cfg_json, uint64_t seed)
+{
+    json_error_t err;
+    json_t *j = json_loads(cfg_json, 0, &err);
+    cr_assert(j, "test config: %s", err.text);
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_parse(&cfg, j, "test config"), MOE_OK, "%s", moe_last_error());
+    json_decref(j);
+    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_F32, seed), MOE_OK, "%s", moe_last_error());
+}
+
+void tu_tiny_qwen3_moe(struct moe_model *m, int layers, int vocab, uint64_t seed)
+{
+    char cfg[640];
+    snprintf(cfg, sizeof cfg,
+             "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 32, "
+             "\"num_hidden_layers\": %d, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+             "\"head_dim\": 8, \"vocab_size\": %d, \"max_position_embeddings\": 256, "
+             "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
+             "\"norm_topk_prob\": true, \"initializer_range\": 0.5}",
+             layers, vocab);
+    tu_synthetic_model(m, cfg, seed);
+}

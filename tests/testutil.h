@@ -84,3 +84,12 @@ void tu_engine_churn(struct moe_engine *e, int n_requests, int live_max, uint64_
 /* Every block of e's KV pool (and of its draft's, with a draft proposer)
  * free and unreferenced. */
 void tu_expect_pools_free(const struct moe_engine *e);
+
+struct moe_model;
+/* A synthetic f32 model of config.json text cfg_json (random weights from
+ * seed); fails the test on a bad config. */
+void tu_synthetic_model(struct moe_model *m, const char *cfg_json, uint64_t seed);
+/* The engine suites' tiny Qwen3-MoE: hidden 32, `layers` layers, 4 heads
+ * (2 KV) of 8, vocabulary `vocab`, 256 positions, 8 experts top-2 of 16,
+ * initializer range 0.5. */
+void tu_tiny_qwen3_moe(struct moe_model *m, int layers, int vocab, uint64_t seed);
