@@ -196,7 +196,7 @@ Test(cli, help_on_every_command)
 {
     const char *cmds[] = {"inspect", "run", "synth"};
     for (size_t i = 0; i < 3; i++) {
-        char cmd[1024], out[4096];
+        char cmd[1024], out[16384];
         snprintf(cmd, sizeof cmd, "%s %s --help", MOERUN_BINARY, cmds[i]);
         cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s --help", cmds[i]);
         cr_assert(strstr(out, "usage: moerun"), "%s", out);
@@ -564,4 +564,140 @@ Test(cli, shared_option_behaves_the_same_everywhere)
             cr_expect_str_eq(line, help0, "%s --help: %s", c, name);
         }
     }
+}
+
+/* --- speculative decoding's options --- */
+
+/* The --spec options are rows of the one table: every command that
+ * generates takes them with the same one-line errors; ppl, which does not
+ * generate, refuses them by name. */
+Test(cli, spec_options_refuse_bad_values_in_one_line)
+{
+    static const struct { const char *opt, *msg; } cases[] = {
+        {"--spec foo", "--spec 'foo' (use none, ngram, or ngram:N with N from 1 to 64)"},
+        {"--spec ngram:0", "--spec 'ngram:0' (use none, ngram, or ngram:N with N from 1 to 64)"},
+        {"--spec ngram:65", "--spec 'ngram:65' (use none, ngram, or ngram:N with N from 1 to 64)"},
+        {"--spec ngram:", "--spec 'ngram:' (use none, ngram, or ngram:N with N from 1 to 64)"},
+        {"--spec none:3", "--spec 'none:3' (use none, ngram, or ngram:N with N from 1 to 64)"},
+        {"--spec ngramx", "--spec 'ngramx' (use none, ngram, or ngram:N with N from 1 to 64)"},
+        {"--spec-tokens 0", "--spec-tokens '0' (an integer from 1 to 16)"},
+        {"--spec-tokens 17", "--spec-tokens '17' (an integer from 1 to 16)"},
+        {"--spec-max-batch -1", "--spec-max-batch '-1' (an integer from 0 to 65536)"},
+    };
+    static const char *const cmds[] = {"run", "chat", "batch", "bench", "serve"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
+            char args[256], msg[256];
+            snprintf(args, sizeof args, "%s %s", cmds[c], cases[i].opt);
+            snprintf(msg, sizeof msg, "moerun %s: %s", cmds[c], cases[i].msg);
+            tu_expect_one_line_error(args, msg);
+        }
+    tu_expect_one_line_error("ppl --spec ngram", "unknown option '--spec'");
+}
+
+/* A story prompt of the demo model that quotes itself, so n-grams match. */
+#define SPEC_PROMPT                                                                                            \
+    "Once upon a time, there was a little cat named Lily. Lily liked to play in the park. One day, Lily "   \
+    "found a ball near the river. Lily felt happy. Then Lily met a kind dog. They decided to run together. " \
+    "The end. Once upon a time, there was a little cat named Lily. Lily liked to"
+
+/* run --spec ngram: the text is the text without (greedy), token for token,
+ * for each K and n-gram size; the summary gives the mean accepted length
+ * and the acceptance, and the valid values are taken. */
+Test(cli, run_spec_ngram_same_text_and_summary)
+{
+    char cmd[2048], plain[8192], out[8192], err[4096], errf[64];
+    snprintf(errf, sizeof errf, "/tmp/moerun-spec-%d.err", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s run %s/models/demo-moe -p '%s' -n 48 --ignore-eos --backend cpu --threads 1 "
+             "2>/dev/null", MOERUN_BINARY, MOERUN_SOURCE_DIR, SPEC_PROMPT);
+    cr_assert_eq(tu_run(cmd, plain, sizeof plain), 0);
+    cr_assert(strlen(plain) > 40, "%s", plain);
+    static const char *const specs[] = {"--spec ngram", "--spec ngram:2 --spec-tokens 1",
+                                        "--spec ngram:5 --spec-tokens 8",
+                                        "--spec ngram --spec-tokens 16 --spec-max-batch 1 --spec-adaptive"};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s run %s/models/demo-moe -p '%s' -n 48 --ignore-eos --backend cpu --threads 1 %s "
+                 "2>%s", MOERUN_BINARY, MOERUN_SOURCE_DIR, SPEC_PROMPT, specs[i], errf);
+        cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", specs[i]);
+        cr_expect_str_eq(out, plain, "%s", specs[i]);
+        snprintf(cmd, sizeof cmd, "grep -c '^moerun run: speculation: mean accepted length [0-9.]* "
+                 "([1-9][0-9]* drafts, [1-9][0-9]* drafted tokens, acceptance [0-9.]*%%)$' %s", errf);
+        cr_expect_eq(tu_run(cmd, err, sizeof err), 0, "%s: no summary line", specs[i]);
+    }
+    unlink(errf);
+    /* without --spec, no speculation line */
+    snprintf(cmd, sizeof cmd, "%s run %s/models/demo-moe -p '%s' -n 8 --backend cpu --threads 1 2>&1 >/dev/null",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR, SPEC_PROMPT);
+    cr_assert_eq(tu_run(cmd, err, sizeof err), 0);
+    cr_expect(!strstr(err, "speculation"), "%s", err);
+}
+
+/* batch takes the options: the same completions, and its summary says
+ * what speculation did. */
+Test(cli, batch_spec_same_output)
+{
+    char dir[] = "/tmp/moerun-bspec-XXXXXX", cmd[4096], a[8192], b[8192], err[4096];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "%s/in.jsonl", dir);
+    FILE *f = fopen(cmd, "w");
+    cr_assert(f);
+    fprintf(f, "{\"prompt\": \"%s\", \"max_tokens\": 32, \"temperature\": 0}\n"
+               "{\"prompt\": \"Once upon a time,\", \"max_tokens\": 24, \"temperature\": 0}\n", SPEC_PROMPT);
+    fclose(f);
+    for (int s = 0; s < 2; s++) {
+        snprintf(cmd, sizeof cmd, "%s batch %s/models/demo-moe %s/in.jsonl -o %s/out%d.jsonl --backend cpu "
+                 "--threads 1 %s 2>%s/err && cut -d, -f3- %s/out%d.jsonl | sed 's/,\"metrics\":{[^}]*}//'",
+                 MOERUN_BINARY, MOERUN_SOURCE_DIR, dir, dir, s, s ? "--spec ngram" : "", dir, dir, s);
+        cr_assert_eq(tu_run(cmd, s ? b : a, sizeof a), 0);
+    }
+    cr_expect(strstr(a, "token_ids"), "%s", a);
+    cr_expect_str_eq(b, a);
+    snprintf(cmd, sizeof cmd, "grep '^\\[batch\\] speculation: mean accepted length' %s/err", dir);
+    cr_expect_eq(tu_run(cmd, err, sizeof err), 0, "no speculation summary");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(tu_run(cmd, a, sizeof a), 0);
+}
+
+/* bench --spec: both configurations on the same requests (an output that
+ * differs would be an error), tokens/s of each, the speedup and the
+ * acceptance. */
+Test(cli, bench_spec_reports_both_and_acceptance)
+{
+    char cmd[2048], out[16384];
+    snprintf(cmd, sizeof cmd, "%s bench %s/models/demo-moe --backend cpu --threads 1 --spec ngram --prompts "
+             "%s/bench/spec-prompts.txt --decode 1,3 --repeat 2 --output-len 16 --spec-max-batch 2 --json "
+             "--no-stats 2>&1", MOERUN_BINARY, MOERUN_SOURCE_DIR, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    json_error_t e;
+    json_t *j = json_loads(out, 0, &e), *sp = json_object_get(j, "spec"), *rows = json_object_get(sp, "rows");
+    cr_assert(j, "%s: %s", e.text, out);
+    cr_expect_str_eq(json_string_value(json_object_get(sp, "proposer")), "ngram");
+    cr_expect_eq(json_integer_value(json_object_get(sp, "tokens")), 4);
+    cr_assert_eq(json_array_size(rows), 2);
+    for (size_t i = 0; i < 2; i++) {
+        json_t *r = json_array_get(rows, i);
+        cr_expect(json_real_value(json_object_get(r, "plain_tokens_per_s")) > 0);
+        cr_expect(json_real_value(json_object_get(r, "spec_tokens_per_s")) > 0);
+        cr_expect(json_real_value(json_object_get(r, "speedup")) > 0);
+        const json_int_t drafts = json_integer_value(json_object_get(r, "drafts")),
+                         drafted = json_integer_value(json_object_get(r, "draft_tokens")),
+                         accepted = json_integer_value(json_object_get(r, "accepted_tokens"));
+        if (i == 0) { /* batch 1 speculates; batch 3 is above --spec-max-batch 2 */
+            cr_expect(drafts > 0 && drafted >= drafts && accepted <= drafted, "%s", out);
+            cr_expect_float_eq(json_real_value(json_object_get(r, "mean_accepted_length")),
+                               (double)accepted / (double)drafts, 1e-9);
+        } else {
+            cr_expect_eq(drafts, 0, "%s", out);
+        }
+    }
+    json_decref(j);
+    /* the text table */
+    snprintf(cmd, sizeof cmd, "%s bench %s/models/demo-moe --backend cpu --threads 1 --spec ngram --prompts "
+             "%s/bench/spec-prompts.txt --decode 1 --repeat 1 --output-len 8 --no-stats 2>&1",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "plain tok/s") && strstr(out, "spec tok/s") && strstr(out, "acceptance"), "%s", out);
+    snprintf(cmd, sizeof cmd, "bench %s/models/demo-moe --backend cpu --spec ngram --prompts /nonexistent/p.txt",
+             MOERUN_SOURCE_DIR);
+    tu_expect_one_line_error(cmd, "--prompts /nonexistent/p.txt cannot be read");
 }

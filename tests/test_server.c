@@ -649,3 +649,91 @@ Test(server, several_prompts_in_one_request)
     cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": [\"a\", [1, 99999]]}", out, sizeof out), 400);
     cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": [\"a\", []]}", out, sizeof out), 400);
 }
+
+/* --- speculative decoding (serve --spec) --- */
+
+/* A story prompt of the demo model that quotes itself, so n-grams match. */
+#define SPEC_PROMPT                                                                                            \
+    "Once upon a time, there was a little cat named Lily. Lily liked to play in the park. One day, Lily "   \
+    "found a ball near the river. Lily felt happy. Then Lily met a kind dog. They decided to run together. " \
+    "The end. Once upon a time, there was a little cat named Lily. Lily liked to"
+
+/* The value of the /metrics sample that starts with `sample ` (-1: none). */
+static long long metric(const char *text, const char *sample)
+{
+    char key[256];
+    snprintf(key, sizeof key, "\n%s ", sample);
+    const char *p = strstr(text, key);
+    return p ? atoll(p + strlen(key)) : -1;
+}
+
+static void spec_start(void) { server_start("--spec ngram --spec-tokens 4"); }
+
+/* A speculative server: a greedy request's text equals the plain one's
+ * (moerun run without --spec), with "speculative": false too; a
+ * "speculative" that is not a boolean is refused by name; /metrics counts
+ * drafts, drafted and accepted tokens (per position up to K) that add up. */
+Test(server_spec, greedy_output_field_and_metrics, .init = spec_start, .fini = fini, .timeout = 600)
+{
+    static char out[65536], want[8192], body[2048];
+    run_text(SPEC_PROMPT, 40, want, sizeof want);
+    cr_assert_eq(http("GET", "/metrics", NULL, out, sizeof out), 200);
+    cr_expect_eq(metric(out, "moerun_spec_decode_num_drafts_total"), 0, "%s", out);
+    const char *fields[] = {"", ", \"speculative\": true", ", \"speculative\": false", ", \"speculative\": null"};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 40, \"temperature\": 0%s}", SPEC_PROMPT,
+                 fields[i]);
+        cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 200, "%s: %s", fields[i], out);
+        json_t *j = parse(out);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+        cr_expect_str_eq(json_string_value(json_object_get(ch, "text")), want, "%s", fields[i]);
+        json_decref(j);
+    }
+    const char *bad[] = {"\"no\"", "0", "1", "{}", "[false]"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\": \"x\", \"max_tokens\": 4, \"speculative\": %s}", bad[i]);
+        cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 400, "%s: %s", bad[i], out);
+        json_t *j = parse(out), *e = json_object_get(j, "error");
+        cr_expect_str_eq(json_string_value(json_object_get(e, "param")), "speculative", "%s", out);
+        cr_expect(strstr(json_string_value(json_object_get(e, "message")), "'speculative' must be true or false"),
+                  "%s", out);
+        json_decref(j);
+    }
+    cr_assert_eq(http("GET", "/metrics", NULL, out, sizeof out), 200);
+    const long long drafts = metric(out, "moerun_spec_decode_num_drafts_total"),
+                    drafted = metric(out, "moerun_spec_decode_num_draft_tokens_total"),
+                    accepted = metric(out, "moerun_spec_decode_num_accepted_tokens_total");
+    cr_expect(drafts > 0, "%s", out);
+    cr_expect(drafted >= drafts && drafted <= 4 * drafts, "%lld drafts, %lld drafted", drafts, drafted);
+    cr_expect(accepted >= 0 && accepted <= drafted, "%lld accepted of %lld", accepted, drafted);
+    long long sum = 0, prev = -1;
+    for (int i = 0; i < 4; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "moerun_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"}", i);
+        const long long v = metric(out, name);
+        cr_expect(v >= 0, "no %s", name);
+        cr_expect(prev < 0 || v <= prev, "position %d accepted more often than %d", i, i - 1);
+        sum += v;
+        prev = v;
+    }
+    cr_expect_eq(sum, accepted, "the positions' counts add up to the accepted tokens");
+    cr_expect(!strstr(out, "position=\"4\""), "positions past K");
+    /* the HELP and TYPE lines */
+    cr_expect(strstr(out, "# TYPE moerun_spec_decode_num_drafts_total counter\n"), "%s", out);
+    cr_expect(strstr(out, "# HELP moerun_spec_decode_num_accepted_tokens_per_pos_total "), "%s", out);
+    cr_expect(strstr(out, "# TYPE moerun_spec_decode_num_accepted_tokens_per_pos_total counter\n"), "%s", out);
+    cr_expect(strstr(out, "# TYPE moerun_spec_decode_num_draft_tokens_total counter\n"), "%s", out);
+    cr_expect(strstr(out, "# TYPE moerun_spec_decode_num_accepted_tokens_total counter\n"), "%s", out);
+    cr_assert_eq(server_stop(), 0, "the server did not exit cleanly");
+}
+
+/* A plain server shows no speculation metrics, and takes the field. */
+Test(server_spec, plain_server_has_no_spec_metrics, .init = start_default, .fini = fini, .timeout = 600)
+{
+    static char out[65536];
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2, \"speculative\": false}",
+                      out, sizeof out), 200, "%s", out);
+    cr_assert_eq(http("GET", "/metrics", NULL, out, sizeof out), 200);
+    cr_expect(!strstr(out, "spec_decode"), "%s", out);
+    cr_assert_eq(server_stop(), 0, "the server did not exit cleanly");
+}

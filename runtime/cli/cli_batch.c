@@ -36,7 +36,7 @@ static const struct moe_cli_opt rows[] = {
      .help = "results, one JSON line per request, in input order"},
 };
 
-static const char *const shared[] = {"@model", "@engine", "@offload", "@stats", NULL};
+static const char *const shared[] = {"@model", "@engine", "@spec", "@offload", "@stats", NULL};
 
 static const struct moe_cli_command batch_cmd = {
     .name = "batch",
@@ -502,6 +502,8 @@ static void print_result(const struct batch_result *r)
             (unsigned long long)r->n.prefix_hit_tokens, (unsigned long long)r->n.generated_tokens,
             el > 0 ? (double)r->n.generated_tokens / el : 0.0, el > 0 ? r->requests / el : 0.0,
             (unsigned long long)r->n.preemptions);
+    char spec[256];
+    if (moe_cli_spec_summary(&r->n, spec, sizeof spec)) fprintf(stderr, "[batch] speculation: %s\n", spec);
 }
 
 /* Submits every line and steps the engine until all are written. */

@@ -16,7 +16,12 @@
  * read + written as STREAM's Copy does), and by a read bandwidth measured
  * the same way (one pass of reads over 256 MiB): a decode step only reads,
  * and on a machine whose cores cannot keep enough reads in flight the read
- * figure is well below the copy figure (docs/performance.md). */
+ * figure is well below the copy figure (docs/performance.md).
+ *
+ * With --spec P, bench instead compares decoding with and without
+ * speculation on the same requests (runtime/cli/bench_spec.h); with
+ * --serve, the serving benchmark (bench_serve.h) runs on an engine with
+ * the --spec options given. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -29,6 +34,8 @@
 #include "runtime/cpu/gemm_fast.h"
 #include "runtime/engine/runner.h"
 #include "runtime/cli/bench_serve.h"
+#include "runtime/cli/bench_spec.h"
+#include "runtime/text/tokenizer.h"
 #include "runtime/cli/stats_cli.h"
 
 struct bench_opts {
@@ -37,8 +44,9 @@ struct bench_opts {
     const char *prefill, *decode, *gemm_compare, *expert_kernels; /* comma-separated sizes */
     long ctx, steps, chunk, repeat;
     bool json, copy_bandwidth, serve;
-    long requests, input_len, output_len; /* --serve */
+    long requests, input_len, output_len; /* --serve; output_len also --spec */
     double rate, range_ratio;
+    const char *prompts;                  /* --spec: a prompt file, one per line */
 };
 
 #define CMD(member) .at = MOE_CLI_AT_CMD, MOE_CLI_FIELD(struct bench_opts, member)
@@ -74,14 +82,17 @@ static const struct moe_cli_opt rows[] = {
     {.name = "input-len", .arg = "I", .kind = MOE_CLI_INT, CMD(input_len), .lo = 1, .hi = 1 << 24,
      .help = "--serve: prompt tokens per request (default 128)"},
     {.name = "output-len", .arg = "O", .kind = MOE_CLI_INT, CMD(output_len), .lo = 1, .hi = 1 << 24,
-     .help = "--serve: tokens generated per request (default 64)"},
+     .help = "--serve, --spec: tokens generated per request (default 64)"},
+    {.name = "prompts", .arg = "FILE", .kind = MOE_CLI_STRING, CMD(prompts),
+     .help = "--spec: prompts, one a line, through the tokenizer\n"
+             "(default: --ctx random ids)"},
     {.name = "range-ratio", .arg = "F", .kind = MOE_CLI_DOUBLE, CMD(range_ratio), .lo = 0, .hi = 1,
      .open = MOE_CLI_HI_OPEN,
      .help = "--serve: lengths uniform in [len*(1-F), len*(1+F)]\n(default 0)"},
 };
 #undef CMD
 
-static const char *const shared[] = {"@model", "@engine", "@offload", "@stats", NULL};
+static const char *const shared[] = {"@model", "@engine", "@spec", "@offload", "@stats", NULL};
 
 static const struct moe_cli_command bench_cmd = {
     .name = "bench",
@@ -94,7 +105,11 @@ static const struct moe_cli_command bench_cmd = {
              "--no-prefix-cache) set the engine of --serve.  With --gpu-experts, bench\n"
              "reports the share of routed experts found on the GPU and the MB copied in per\n"
              "token, and with --gpu-experts-cpu-rows the expert uses computed on the CPU.\n"
-             "Statistics are recorded unless --no-stats (compare the two to see their cost).\n",
+             "Statistics are recorded unless --no-stats (compare the two to see their cost).\n"
+             "With --spec P, bench times greedy decoding at each --decode batch size with\n"
+             "and without speculation, alternating the two --repeat times, and reports\n"
+             "tokens/s, the speedup and the acceptance (--output-len tokens a request;\n"
+             "request i takes line i of --prompts, cycling).\n",
     .engine_at = offsetof(struct bench_opts, eng),
     .stats_at = offsetof(struct bench_opts, st),
 };
@@ -247,6 +262,119 @@ done:
     return rc;
 }
 
+/* The sizes of the list options, each a comma-separated list of positive integers. */
+struct bench_lists {
+    int32_t *prefill, *decode, *gemm, *experts;
+    int n_prefill, n_decode, n_gemm, n_experts;
+};
+
+/* --spec: the prompts, one a line of --prompts through the model's
+ * tokenizer, or one of --ctx seeded random ids. */
+struct spec_prompts {
+    int32_t **ids;
+    int *len;
+    int n;
+};
+
+static void spec_prompts_free(struct spec_prompts *p)
+{
+    for (int i = 0; i < p->n; i++) free(p->ids[i]);
+    free(p->ids);
+    free(p->len);
+}
+
+static int spec_prompts_read(const struct bench_opts *o, const struct moe_model *m, struct spec_prompts *p)
+{
+    *p = (struct spec_prompts){0};
+    if (!o->prompts) {
+        uint64_t rng = 12345;
+        p->ids = malloc(sizeof *p->ids);
+        p->len = malloc(sizeof *p->len);
+        if (!p->ids || !p->len || !(p->ids[0] = malloc((size_t)o->ctx * sizeof(int32_t))))
+            return moe_cli_error("bench", "out of memory");
+        p->n = 1;
+        p->len[0] = (int)o->ctx;
+        for (int i = 0; i < o->ctx; i++) p->ids[0][i] = (int32_t)(rng_next(&rng) % (uint64_t)m->cfg.vocab);
+        return 0;
+    }
+    struct moe_tokenizer tok = {0};
+    FILE *f = fopen(o->prompts, "rb");
+    size_t len = 0;
+    char *text = f ? moe_cli_read_all(f, &len) : NULL;
+    if (f) fclose(f);
+    int rc = 0;
+    if (!text) rc = moe_cli_error("bench", "--prompts %s cannot be read", o->prompts);
+    else if (!o->eng.model.path || moe_tokenizer_load(&tok, o->eng.model.path) != MOE_OK)
+        rc = moe_cli_error("bench", "--prompts needs the model's tokenizer%s%s", o->eng.model.path ? ": " : "",
+                           o->eng.model.path ? moe_last_error() : " (a model folder, not --synthetic)");
+    int cap = 1;
+    for (size_t i = 0; !rc && i < len; i++) cap += text[i] == '\n';
+    if (!rc && (!(p->ids = calloc((size_t)cap, sizeof *p->ids)) || !(p->len = calloc((size_t)cap, sizeof *p->len))))
+        rc = moe_cli_error("bench", "out of memory");
+    for (char *line = text, *end; !rc && line && *line; line = end ? end + 1 : NULL) {
+        end = strchr(line, '\n');
+        const size_t n = end ? (size_t)(end - line) : strlen(line);
+        size_t k;
+        bool bad = false;
+        if (n == 0) continue;
+        if (moe_tokenizer_encode(&tok, line, n, true, &p->ids[p->n], &k, &bad) != MOE_OK)
+            rc = moe_cli_error("bench", "--prompts %s: %s", o->prompts, moe_last_error());
+        else if ((long)k + o->output_len > m->cfg.max_pos)
+            rc = moe_cli_error("bench", "--prompts %s: a prompt of %zu tokens + --output-len %ld exceeds the "
+                               "model's context of %d", o->prompts, k, o->output_len, m->cfg.max_pos);
+        else p->len[p->n++] = (int)k;
+    }
+    if (!rc && p->n == 0) rc = moe_cli_error("bench", "--prompts %s holds no prompt", o->prompts);
+    free(text);
+    moe_tokenizer_free(&tok);
+    return rc;
+}
+
+/* --spec: the same requests on an engine with speculation and one without
+ * (runtime/cli/bench_spec.c). */
+static int bench_spec_mode(const struct moe_model *m, struct moe_backend *be, struct bench_opts *o,
+                           const struct bench_lists *l)
+{
+    struct spec_prompts p;
+    struct moe_engine plain = {0}, spec = {0};
+    json_t *res = NULL;
+    int rc = spec_prompts_read(o, m, &p);
+    long max_b = 1, max_len = 0;
+    for (int i = 0; i < l->n_decode; i++) max_b = l->decode[i] > max_b ? l->decode[i] : max_b;
+    for (int i = 0; i < p.n; i++) max_len = p.len[i] > max_len ? p.len[i] : max_len;
+    /* every request at once, with room for its drafts */
+    const long tokens = max_b * (max_len + o->output_len + MOE_SPEC_MAX_TOKENS + o->eng.kv_block);
+    struct moe_cli_engine plain_eo = o->eng;
+    plain_eo.spec.kind = MOE_SPEC_NONE;
+    if (!rc && (moe_cli_engine_start(&plain_eo, m, be, tokens, &plain) != MOE_OK ||
+                moe_cli_engine_start(&o->eng, m, be, tokens, &spec) != MOE_OK))
+        rc = moe_cli_error("bench", "%s", moe_last_error());
+    if (!rc) rc = moe_cli_stats_start(&o->st, m, "bench");
+    const struct moe_bench_spec_opts so = {(const int32_t *const *)p.ids, p.len, p.n, l->decode, l->n_decode,
+                                           (int)o->output_len, (int)o->repeat};
+    if (!rc) {
+        plain.r.fw.stats = spec.r.fw.stats = moe_cli_stats_recorder(&o->st);
+        if (moe_bench_spec(&plain, &spec, &so, o->json, &res) != MOE_OK)
+            rc = moe_cli_error("bench", "%s", moe_last_error());
+    }
+    if (!rc && o->json) {
+        const struct moe_cli_model_opts *mo = &o->eng.model;
+        json_t *out = json_pack("{s:s, s:s, s:i, s:s, s:O}", "model", mo->path ? mo->path : mo->synthetic, "backend",
+                                be->ops->name, "threads", be->n_threads, "prompts",
+                                o->prompts ? o->prompts : "random", "spec", res);
+        char *txt = out ? json_dumps(out, JSON_COMPACT) : NULL;
+        if (txt) puts(txt);
+        free(txt);
+        json_decref(out);
+    }
+    if (!rc) rc = moe_cli_stats_finish(&o->st, m, &o->eng.model, be, "bench");
+    json_decref(res);
+    moe_engine_free(&spec);
+    moe_engine_free(&plain);
+    spec_prompts_free(&p);
+    return rc;
+}
+
 /* Bytes a batch-1 decode token reads at context ctx. */
 static double decode_bytes(const struct moe_model *m, double ctx, enum moe_dtype kv_dtype)
 {
@@ -260,12 +388,6 @@ static double decode_bytes(const struct moe_model *m, double ctx, enum moe_dtype
     return (double)(z.bytes_attn + z.bytes_router + z.bytes_norm + z.bytes_dense_ffn +
                     z.bytes_shared) + experts + embed_row + head + kv;
 }
-
-/* The sizes of the list options, each a comma-separated list of positive integers. */
-struct bench_lists {
-    int32_t *prefill, *decode, *gemm, *experts;
-    int n_prefill, n_decode, n_gemm, n_experts;
-};
 
 static void lists_free(struct bench_lists *l)
 {
@@ -522,6 +644,10 @@ int moe_cli_bench(int argc, char **argv)
     rc = 1;
     if (o.serve) {
         rc = bench_serve_mode(&m, &be, &o);
+        goto done;
+    }
+    if (o.eng.spec.kind != MOE_SPEC_NONE) {
+        rc = bench_spec_mode(&m, &be, &o, &l);
         goto done;
     }
     if ((o.copy_bandwidth || l.n_gemm > 0 || l.n_experts > 0 || o.eng.gpu_experts) && strcmp(be.ops->name, "cuda")) {

@@ -40,7 +40,7 @@ static const struct moe_cli_opt rows[] = {
 #undef CMD
 
 static const char *const shared[] = {"max-tokens", "temp", "top-p", "top-k", "seed", "@model", "@engine",
-                                     "@offload", NULL};
+                                     "@spec", "@offload", NULL};
 
 static const struct moe_cli_command chat_cmd = {
     .name = "chat",

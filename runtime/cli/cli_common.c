@@ -99,6 +99,8 @@ int moe_cli_check_engine(const struct moe_cli_engine *o, const char *cmd)
     bool known = false;
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) known |= !strcmp(o->backend, backends[i]);
     if (!known) return moe_cli_error(cmd, "unknown backend '%s' (choose cpu, cpu-ref, cuda or auto)", o->backend);
+    if (o->model.draft && o->spec.kind == MOE_SPEC_NGRAM)
+        return moe_cli_error(cmd, "--draft and --spec ngram are two proposers; give one");
     const struct moe_cli_model_opts *mo = &o->model;
     char path[4096];
     if (mo->synthetic || mo->path) {
@@ -234,6 +236,48 @@ void moe_cli_engine_defaults(struct moe_cli_engine *o)
     o->kv_block = 16;
     o->max_batch_tokens = 512;
     o->max_seqs = 64;
+    o->spec.tokens = 4;
+    o->spec.max_batch = MOE_CLI_SPEC_MAX_BATCH;
+}
+
+/* --- speculative decoding --- */
+
+/* The proposers --spec names; a row per proposer, takes_n when ":N" sets
+ * its n-gram size. */
+static const struct {
+    const char *name;
+    enum moe_spec_kind kind;
+    bool takes_n;
+} spec_kinds[] = {
+    {"none", MOE_SPEC_NONE, false},
+    {"ngram", MOE_SPEC_NGRAM, true},
+};
+
+bool moe_cli_parse_spec(const char *s, struct moe_spec_opts *o)
+{
+    const size_t name_len = strcspn(s, ":");
+    for (size_t i = 0; i < sizeof spec_kinds / sizeof spec_kinds[0]; i++) {
+        if (strlen(spec_kinds[i].name) != name_len || strncmp(s, spec_kinds[i].name, name_len)) continue;
+        long n = 0;
+        if (s[name_len] && (!spec_kinds[i].takes_n ||
+                            !moe_cli_parse_int(s + name_len + 1, 1, MOE_CLI_SPEC_NGRAM_MAX, &n)))
+            return false;
+        o->kind = spec_kinds[i].kind;
+        if (spec_kinds[i].takes_n) o->ngram_max = (int)n; /* 0: the engine's default */
+        return true;
+    }
+    return false;
+}
+
+bool moe_cli_spec_summary(const struct moe_engine_counters *n, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (n->spec_drafts == 0) return false;
+    snprintf(buf, len, "mean accepted length %.2f (%llu drafts, %llu drafted tokens, acceptance %.1f%%)",
+             (double)n->spec_accepted / (double)n->spec_drafts, (unsigned long long)n->spec_drafts,
+             (unsigned long long)n->spec_draft_tokens,
+             100.0 * (double)n->spec_accepted / (double)n->spec_draft_tokens);
+    return true;
 }
 
 enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes)
@@ -382,7 +426,7 @@ enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struc
     struct moe_engine_opts eo = {
         .max_batch_tokens = (int)o->max_batch_tokens, .max_seqs = (int)o->max_seqs,
         .block_size = (int)o->kv_block, .n_blocks = n_blocks, .kv_dtype = kvt,
-        .prefix_cache = !o->no_prefix_cache};
+        .prefix_cache = !o->no_prefix_cache, .spec = o->spec};
     MOE_TRY(moe_cli_draft_attach(o, m, be, &eo));
     enum moe_status s = moe_engine_init(e, m, be, &eo);
     if (s != MOE_OK && eo.spec.draft_release) eo.spec.draft_release(eo.spec.draft_ctx);

@@ -81,7 +81,23 @@ struct moe_cli_engine {
     long gpu_experts;         /* --gpu-experts: 0 = all resident */
     const char *gpu_experts_policy, *gpu_experts_warm; /* NULL: LRU, no warm start */
     long gpu_experts_cpu_rows; /* --gpu-experts-cpu-rows: 0 = every miss copied in */
+    /* speculative decoding: --spec (kind, ngram_max), --spec-tokens,
+     * --spec-max-batch, --spec-adaptive; moe_cli_engine_start hands it to
+     * the engine as it is */
+    struct moe_spec_opts spec;
 };
+
+/* --spec-max-batch's default: speculate only while at most this many
+ * requests run (the measurement: docs/cli.md, "Speculative decoding"). */
+#define MOE_CLI_SPEC_MAX_BATCH 1
+/* "none", "ngram" or "ngram:N" (N the longest n-gram, 1..MOE_CLI_SPEC_NGRAM_MAX)
+ * into o's kind and ngram_max; false, o untouched, for anything else. */
+#define MOE_CLI_SPEC_NGRAM_MAX 64
+bool moe_cli_parse_spec(const char *s, struct moe_spec_opts *o);
+/* The speculation figures of an engine's counters, for a summary: "mean
+ * accepted length 2.31 (1234 drafts, 4936 drafted tokens, acceptance
+ * 46.8%)"; false (buf empty) when nothing was drafted. */
+bool moe_cli_spec_summary(const struct moe_engine_counters *n, char *buf, size_t len);
 
 /* --gpu-experts, --gpu-experts-policy, --gpu-experts-warm and
  * --gpu-experts-cpu-rows into o->offload (before the backend's init): the

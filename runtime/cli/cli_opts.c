@@ -63,6 +63,11 @@ static bool parse_steps(const char *arg, void *field)
     return true;
 }
 
+/* --spec into struct moe_spec_opts (cli_common.c has the proposers' names). */
+static bool parse_spec(const char *arg, void *field) { return moe_cli_parse_spec(arg, field); }
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a number macro as text, for the help */
+
 static const char *const backends[] = {"auto", "cpu", "cpu-ref", "cuda", NULL};
 static const char *const policies[] = {"lru", "lfu", NULL};
 
@@ -108,9 +113,22 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
      .what = "use q8_0, or none",
      .help = "quantize the weights at load, 9 bits a weight (CPU and\n"
              "CUDA backends; routers and the embedding stay as stored)"},
+    {.name = "@spec"}, /* speculative decoding: the commands that generate */
+    {.name = "spec", .arg = "P", .kind = MOE_CLI_CUSTOM, ENG(spec), .parse = parse_spec,
+     .what = "use none, ngram, or ngram:N with N from 1 to " STR(MOE_CLI_SPEC_NGRAM_MAX),
+     .help = "speculative decoding's proposer: none (the default), or\n"
+             "ngram[:N], prompt lookup of the last N tokens (default 3);\n"
+             "same output as without"},
     {.name = "draft", .arg = "DIR", .kind = MOE_CLI_STRING, ENG(model.draft),
      .help = "speculative decoding: the model in DIR (same tokenizer)\n"
              "drafts tokens that the model verifies (docs/engine.md)"},
+    {.name = "spec-tokens", .arg = "K", .kind = MOE_CLI_INT, ENG(spec.tokens), .lo = 1, .hi = MOE_SPEC_MAX_TOKENS,
+     .help = "tokens drafted per step (default 4)"},
+    {.name = "spec-max-batch", .arg = "N", .kind = MOE_CLI_INT, ENG(spec.max_batch), .lo = 0, .hi = 1 << 16,
+     .help = "speculate only while at most N requests run (default "
+             STR(MOE_CLI_SPEC_MAX_BATCH) ";\n0: always)"},
+    {.name = "spec-adaptive", .kind = MOE_CLI_FLAG, ENG(spec.adaptive),
+     .help = "each request's K follows its recent acceptance, at most\n--spec-tokens"},
     {.name = "@offload"},
     {.name = "gpu-experts", .arg = "N", .kind = MOE_CLI_INT, ENG(gpu_experts), .lo = 1, .hi = 1 << 20,
      .help = "CUDA: keep N experts of each MoE layer in GPU memory, the\n"

@@ -3,7 +3,7 @@
  * Every option is one row: its long name, short letter, argument name,
  * help text, kind, target field and range (or choices).  The options more
  * than one command takes are rows of one shared table (cli_opts.c, grouped
- * as model, engine, offload and stats); each command adds its own rows and
+ * as model, engine, spec, offload and stats); each command adds its own rows and
  * names the shared ones it takes.  From those rows the parser builds
  * getopt_long's table, prints --help, checks every value and writes it to
  * its field, so an option means the same wherever it is taken and a bad
@@ -60,7 +60,7 @@ struct moe_cli_opt {
 
 /* A command: its name, its usage text (the lines before the options), its
  * own rows, the shared options it takes (names, or a group: "@model",
- * "@engine", "@offload", "@stats", "@sampling"; NULL-terminated) and the
+ * "@engine", "@spec", "@offload", "@stats", "@sampling"; NULL-terminated) and the
  * text after the options (or NULL).  Where the shared structs sit in the
  * command's options struct: engine_at, stats_at, sampling_at. */
 struct moe_cli_command {

@@ -39,7 +39,7 @@ static const struct moe_cli_opt rows[] = {
 };
 #undef CMD
 
-static const char *const shared[] = {"@sampling", "@model", "@engine", "@offload", "@stats", NULL};
+static const char *const shared[] = {"@sampling", "@model", "@engine", "@spec", "@offload", "@stats", NULL};
 
 static const struct moe_cli_command run_cmd = {
     .name = "run",
@@ -111,6 +111,8 @@ struct run_result {
     int n_prompt, n_gen;
     enum moe_finish finish;
     double load_s, ttft_s, decode_s;
+    bool spec;                         /* speculation was on */
+    struct moe_engine_counters n;      /* the engine's, at the end */
 };
 
 static void print_result(const struct run_result *r)
@@ -120,6 +122,12 @@ static void print_result(const struct run_result *r)
             "prefill %.1f tokens/s; decode %.1f tokens/s\n",
             r->n_prompt, r->n_gen, moe_finish_name(r->finish), r->load_s, r->ttft_s * 1e3,
             r->ttft_s > 0 ? r->n_prompt / r->ttft_s : 0.0, r->decode_s > 0 ? (r->n_gen - 1) / r->decode_s : 0.0);
+    char spec[256];
+    if (moe_cli_spec_summary(&r->n, spec, sizeof spec))
+        fprintf(stderr, "moerun run: speculation: %s\n", spec);
+    else if (r->spec)
+        fprintf(stderr, "moerun run: speculation: nothing drafted (only greedy requests speculate, where the "
+                "proposer finds a match)\n");
 }
 
 static int run_parse(int argc, char **argv, struct run_opts *o, struct moe_cli_args *a)
@@ -219,6 +227,8 @@ static int run_generate(struct run_opts *o, const struct moe_request_params *rp,
     r->finish = req->finish;
     r->ttft_s = req->t_first - req->t_arrival;
     r->decode_s = r->n_gen > 1 ? req->t_token[r->n_gen - 1] - req->t_first : 0;
+    r->spec = c->e.o.spec.kind != MOE_SPEC_NONE;
+    r->n = c->e.n;
     moe_engine_release(&c->e, req);
     return 0;
 }

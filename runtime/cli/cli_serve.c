@@ -80,7 +80,7 @@ static const struct moe_cli_opt rows[] = {
 };
 #undef CMD
 
-static const char *const shared[] = {"@model", "@engine", "@offload", "@stats", NULL};
+static const char *const shared[] = {"@model", "@engine", "@spec", "@offload", "@stats", NULL};
 
 static const struct moe_cli_command serve_cmd_spec = {
     .name = "serve",

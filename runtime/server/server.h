@@ -140,6 +140,10 @@ struct srv_metrics {
     int waiting, running;
     int kv_used, kv_cached, kv_free, kv_total;
     struct moe_offload_stats offload; /* --gpu-experts (CUDA) */
+    /* speculative decoding (--spec): the engine's counters; spec_k = 0 when off */
+    int spec_k;
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
+    uint64_t spec_accepted_at[MOE_SPEC_MAX_TOKENS];
 };
 
 struct srv {

@@ -397,8 +397,10 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
         if (r) j->logprobs = sp->n_logprobs = (int)k;
         sp->logprob = r != 0; /* "logprobs": 0 still asks for the chosen token's */
     }
-    bool ignore_eos = false;
+    bool ignore_eos = false, speculative = true;
     if (get_bool(req, "ignore_eos", &ignore_eos, v) < 0) return -1;
+    if (get_bool(req, "speculative", &speculative, v) < 0) return -1;
+    j->rp.no_spec = !speculative; /* the server's --spec decides otherwise */
     if (read_stop(req, j, v) < 0) return -1;
     if (j->n_stops && !s->have_tok) return bad(v, "stop", "stop strings need the model's tokenizer");
 

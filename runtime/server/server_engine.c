@@ -559,6 +559,11 @@ static void snapshot(struct srv *s)
     s->met.kv_free = kv->n_free;
     s->met.kv_cached = kv->n_evictable;
     s->met.kv_used = kv->n_blocks - kv->n_free - kv->n_evictable;
+    s->met.spec_k = s->e.o.spec.kind != MOE_SPEC_NONE ? s->e.o.spec.tokens : 0;
+    s->met.spec_drafts = s->e.n.spec_drafts;
+    s->met.spec_draft_tokens = s->e.n.spec_draft_tokens;
+    s->met.spec_accepted = s->e.n.spec_accepted;
+    memcpy(s->met.spec_accepted_at, s->e.n.spec_accepted_at, sizeof s->met.spec_accepted_at);
     pthread_mutex_unlock(&s->m_mu);
     atomic_store(&s->eng_waiting, s->e.n_waiting);
 }

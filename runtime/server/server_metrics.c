@@ -25,6 +25,26 @@ static void one(FILE *f, const char *name, const char *type, const char *help, u
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, v);
 }
 
+/* Speculative decoding, by vLLM's names (spec_decode_*) with our prefix:
+ * drafts (verification steps with at least one drafted token), drafted
+ * tokens, accepted tokens, and accepted tokens per draft position. */
+static void spec(FILE *f, const struct srv_metrics *m)
+{
+    if (m->spec_k == 0) return;
+    one(f, "moerun_spec_decode_num_drafts_total", "counter",
+        "speculative verification steps with at least one drafted token", m->spec_drafts);
+    one(f, "moerun_spec_decode_num_draft_tokens_total", "counter", "tokens drafted by the proposer",
+        m->spec_draft_tokens);
+    one(f, "moerun_spec_decode_num_accepted_tokens_total", "counter",
+        "drafted tokens the target confirmed and emitted", m->spec_accepted);
+    fprintf(f, "# HELP moerun_spec_decode_num_accepted_tokens_per_pos_total drafted tokens accepted, by "
+               "position in the draft (0: the first)\n"
+               "# TYPE moerun_spec_decode_num_accepted_tokens_per_pos_total counter\n");
+    for (int i = 0; i < m->spec_k && i < MOE_SPEC_MAX_TOKENS; i++)
+        fprintf(f, "moerun_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"} %llu\n", i,
+                (unsigned long long)m->spec_accepted_at[i]);
+}
+
 char *srv_metrics_text(struct srv *s)
 {
     char *buf = NULL;
@@ -67,6 +87,7 @@ char *srv_metrics_text(struct srv *s)
          &m.ttft);
     hist(f, "moerun_inter_token_latency_seconds", "time between consecutive tokens of a request",
          &m.itl);
+    spec(f, &m);
     if (m.offload.layers > 0) {
         one(f, "moerun_offload_uses_total", "counter",
             "experts routed to in offloaded MoE layers (--gpu-experts), once per expert per layer step",
