@@ -78,6 +78,10 @@ struct moe_cli_engine {
     long gpu_experts;         /* --gpu-experts: 0 = all resident */
     const char *gpu_experts_policy, *gpu_experts_warm; /* NULL: LRU, no warm start */
     long gpu_experts_cpu_rows; /* --gpu-experts-cpu-rows: 0 = every miss copied in */
+    /* speculative decoding (the "@spec" rows; plan reads them) */
+    const char *spec;         /* --spec: "ngram" or "ngram:N", or NULL */
+    long spec_tokens;         /* --spec-tokens K: 0 = not given */
+    const char *draft;        /* --draft DIR: the draft model's folder (or, for plan, its config.json) */
 };
 
 /* --gpu-experts, --gpu-experts-policy, --gpu-experts-warm and

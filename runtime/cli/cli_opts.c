@@ -11,6 +11,7 @@
 
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/stats_cli.h"
+#include "runtime/engine/engine.h"
 #include "runtime/engine/sampler.h"
 
 /* --- checks of the shared options that are not a plain kind --- */
@@ -43,6 +44,16 @@ static bool parse_budget(const char *arg, void *field)
 {
     size_t b;
     if (moe_cli_parse_budget(arg, &b) != MOE_OK) return false;
+    *(const char **)field = arg;
+    return true;
+}
+
+/* --spec: "ngram" or "ngram:N", N the longest n-gram looked up, 1..16. */
+static bool parse_spec(const char *arg, void *field)
+{
+    long n;
+    if (strcmp(arg, "ngram") && (strncmp(arg, "ngram:", 6) || !moe_cli_parse_int(arg + 6, 1, 16, &n)))
+        return false;
     *(const char **)field = arg;
     return true;
 }
@@ -122,6 +133,17 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
      .hi = 1 << 20,
      .help = "a missed expert with at most R rows in a step runs\n"
              "on the CPU from host memory instead of being copied in\n(default 0: every miss copied in)"},
+    /* Speculative decoding, added for plan; the engine group's --spec,
+     * --spec-tokens and --draft rows (run, bench, serve) are the same
+     * options: merge them into one place. */
+    {.name = "@spec"},
+    {.name = "spec", .arg = "ngram[:N]", .kind = MOE_CLI_CUSTOM, ENG(spec), .parse = parse_spec,
+     .what = "use ngram, or ngram:N with N from 1 to 16",
+     .help = "speculative decoding with prompt lookup (n-grams of at\nmost N tokens, default 3)"},
+    {.name = "spec-tokens", .arg = "K", .kind = MOE_CLI_INT, ENG(spec_tokens), .lo = 1, .hi = MOE_SPEC_MAX_TOKENS,
+     .help = "tokens drafted per speculative step (default 4)"},
+    {.name = "draft", .arg = "DIR", .kind = MOE_CLI_STRING, ENG(draft),
+     .help = "speculative decoding with the draft model in DIR (the\ntarget's vocabulary)"},
     {.name = "@stats"},
     {.name = "stats-out", .arg = "FILE", .kind = MOE_CLI_STRING, STA(json_path),
      .help = "expert-load statistics as JSON (docs/stats-format.md)"},
