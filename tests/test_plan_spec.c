@@ -127,3 +127,27 @@ Test(plan_spec, bad_options_are_one_line_errors)
     tu_expect_one_line_error(args, "a vocabulary of 50304 tokens, the target's has 32000");
 #undef MIX
 }
+
+/* bench verify on the OLMoe fixture (8 experts, top-2): a decode row
+ * touches exactly its 2 experts per layer; K + 1 rows touch at least 2 and
+ * at most min(8, 2 (K + 1)); each row's time is reported. */
+Test(plan_spec, bench_verify_counts_distinct_experts)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s bench verify %s/olmoe --ctx 16 --max-k 5 --steps 3 --repeat 1 --backend cpu "
+             "2>/dev/null", MOERUN_BINARY, FIXTURE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    const char *p = strstr(out, "expected\n");
+    cr_assert(p, "%s", out);
+    p += strlen("expected\n");
+    for (int k = 0; k <= 5; k++) {
+        int kk, rows;
+        double ms, ratio, got, want;
+        cr_assert_eq(sscanf(p, "%d %d %lf %lf %lf %lf", &kk, &rows, &ms, &ratio, &got, &want), 6, "%s", p);
+        cr_expect(kk == k && rows == k + 1 && ms > 0, "%s", out);
+        cr_expect(fabs(want - moe_plan_distinct_experts(8, 2, k + 1)) < 0.006, "%s", out);
+        if (k == 0) cr_expect(fabs(got - 2) < 1e-9, "a decode row: its own 2 experts\n%s", out);
+        cr_expect(got >= 2 - 1e-9 && got <= fmin(8, 2.0 * (k + 1)) + 1e-9, "K = %d: %g\n%s", k, got, out);
+        p = strchr(p, '\n') + 1;
+    }
+}
