@@ -7,6 +7,8 @@ int moe_cli_inspect(int argc, char **argv);
 int moe_cli_run(int argc, char **argv);
 int moe_cli_synth(int argc, char **argv);
 int moe_cli_bench(int argc, char **argv);
+/* `moerun bench verify`: a verification step's cost (bench_verify.c). */
+int moe_cli_bench_verify(int argc, char **argv);
 int moe_cli_tokenize(int argc, char **argv);
 int moe_cli_batch(int argc, char **argv);
 int moe_cli_plan(int argc, char **argv);

@@ -639,6 +639,7 @@ int moe_cli_bench(int argc, char **argv)
     struct moe_backend be = {0};
     struct bench_ctx b = {0};
     struct bench_result r = {0};
+    if (argc > 1 && !strcmp(argv[1], "verify")) return moe_cli_bench_verify(argc - 1, argv + 1);
     int rc = bench_parse(argc, argv, &o, &l);
     if (rc >= 0 || (rc = bench_open(&o, &be, &m))) goto done;
     rc = 1;

@@ -236,7 +236,6 @@ void moe_cli_engine_defaults(struct moe_cli_engine *o)
     o->kv_block = 16;
     o->max_batch_tokens = 512;
     o->max_seqs = 64;
-    o->spec.tokens = 4;
     o->spec.max_batch = MOE_CLI_SPEC_MAX_BATCH;
 }
 

@@ -11,6 +11,7 @@
 
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/stats_cli.h"
+#include "runtime/engine/engine.h"
 #include "runtime/engine/sampler.h"
 
 /* --- checks of the shared options that are not a plain kind --- */

@@ -23,7 +23,14 @@
  * rows on average (B*K / touched) computes its misses on the CPU instead:
  * each missed expert's weights read once from host memory (--host-bw),
  * overlapped with the device's part of the step, so the step takes the
- * longer of the two. */
+ * longer of the two.
+ *
+ * --spec ngram or --draft DIR with --accept A (docs/plan.md, "Speculative
+ * decoding"): each of the B sequences drafts K tokens (K draft decode
+ * steps at batch B on the device, nothing for n-gram lookup), then one
+ * target step verifies B (K + 1) rows, reading the experts their union
+ * touches, the other weights and the KV once; a step emits
+ * (1 - A^(K+1)) / (1 - A) tokens per sequence (plan_spec.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +41,8 @@
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_opts.h"
 #include "kvcache/kvcache.h"
+#include "runtime/cli/plan_spec.h"
+#include "runtime/engine/engine.h"
 
 struct device {
     const char *name;
@@ -57,6 +66,7 @@ struct plan_opts {
     double bandwidth, tflops;  /* GB/s, TFLOP/s; 0: the device's */
     double hit_rate;           /* -1: C/E */
     double pcie, host_bw;      /* GB/s; pcie 0: the device's */
+    double accept;             /* --accept: -1 not given */
 };
 
 #define CMD(member) .at = MOE_CLI_AT_CMD, MOE_CLI_FIELD(struct plan_opts, member)
@@ -86,11 +96,14 @@ static const struct moe_cli_opt rows[] = {
      .open = MOE_CLI_LO_OPEN,
      .help = "the CPU's read bandwidth from host memory for the misses\n"
              "of --gpu-experts-cpu-rows (default 100)"},
+    {.name = "accept", .arg = "A", .kind = MOE_CLI_DOUBLE, CMD(accept), .lo = 0, .hi = 1, .open = MOE_CLI_HI_OPEN,
+     .help = "speculation: the chance that a drafted token is kept\n"
+             "(default: speedups at 0.5 to 0.9)"},
 };
 #undef CMD
 
 static const char *const shared[] = {"synthetic", "dtype", "moe-top-k", "kv-dtype", "quantize", "gpu-experts",
-                                     "gpu-experts-cpu-rows", NULL};
+                                     "gpu-experts-cpu-rows", "@spec", NULL};
 
 static const struct moe_cli_command plan_cmd = {
     .name = "plan",
@@ -108,7 +121,9 @@ static const struct moe_cli_command plan_cmd = {
              "MXFP4 weights as stored); --gpu-experts C experts of each MoE layer on the\n"
              "device, the others copied in from host memory; --gpu-experts-cpu-rows R:\n"
              "misses of at most R rows a step computed on the CPU.  --kv-dtype defaults to\n"
-             "bf16 here.\n",
+             "bf16 here.  With --spec ngram or --draft DIR (a model folder, or a config.json\n"
+             "for its shape alone), plan predicts speculative decoding's speedup for\n"
+             "K = 1..8 drafted tokens, or the --spec-tokens K given.\n",
     .engine_at = offsetof(struct plan_opts, eng),
 };
 
@@ -153,7 +168,7 @@ static const char *copy_note(char *buf, size_t n, double sec, double h2d)
 static int plan_parse(int argc, char **argv, struct plan_opts *o)
 {
     *o = (struct plan_opts){.ctx = 4096, .batch = 1, .chunk = 512, .device = "h200", .hit_rate = -1,
-                            .host_bw = 100};
+                            .host_bw = 100, .accept = -1};
     moe_cli_engine_defaults(&o->eng);
     o->eng.kv_dtype = "bf16";
     struct moe_cli_args a;
@@ -161,6 +176,11 @@ static int plan_parse(int argc, char **argv, struct plan_opts *o)
     if (rc >= 0) return rc;
     if (a.n_pos > 0) o->eng.model.path = a.pos[0];
     if (a.n_pos > 1) return moe_cli_error("plan", "unexpected argument '%s'", a.pos[1]);
+    const bool ngram = o->eng.spec.kind == MOE_SPEC_NGRAM, draft = o->eng.model.draft != NULL;
+    if (ngram && draft) return moe_cli_error("plan", "--spec and --draft are two proposers: give one");
+    if (!ngram && !draft && (o->accept >= 0 || o->eng.spec.tokens))
+        return moe_cli_error("plan", "--%s needs a proposer: --spec ngram or --draft DIR",
+                             o->accept >= 0 ? "accept" : "spec-tokens");
     return -1;
 }
 
@@ -239,7 +259,9 @@ static int plan_model(const struct plan_opts *o, struct moe_model *m, struct moe
             return moe_cli_error("plan", "%s", moe_last_error());
         moe_config_sizes(&m->cfg, moe_dtype_size(wdt), z);
     } else {
-        if (moe_cli_open_model(m, mo) != MOE_OK) return moe_cli_error("plan", "%s", moe_last_error());
+        struct moe_cli_model_opts target = *mo;
+        target.draft = NULL; /* plan reads the draft's shape itself (plan_draft) */
+        if (moe_cli_open_model(m, &target) != MOE_OK) return moe_cli_error("plan", "%s", moe_last_error());
         moe_model_sizes(m, z);
     }
     enum moe_weight_quant q = MOE_QUANT_NONE;
@@ -248,77 +270,178 @@ static int plan_model(const struct plan_opts *o, struct moe_model *m, struct moe
     return 0;
 }
 
+/* --draft: a model folder, or a config.json for its shape alone at the
+ * target's --dtype; quantized as the target is (it runs on the target's
+ * backend).  Its vocabulary must be the target's. */
+static int plan_draft(const struct plan_opts *o, const struct moe_config *target, struct moe_model *d,
+                      struct moe_model_sizes *z)
+{
+    const char *path = o->eng.model.draft;
+    const size_t n = strlen(path);
+    struct plan_opts dopts = *o;
+    dopts.eng.model = (struct moe_cli_model_opts){.dtype = o->eng.model.dtype};
+    if (n > 5 && !strcmp(path + n - 5, ".json")) dopts.eng.model.synthetic = path;
+    else dopts.eng.model.path = path;
+    if (plan_model(&dopts, d, z)) return 1;
+    if (d->cfg.vocab != target->vocab)
+        return moe_cli_error("plan", "--draft %s: a vocabulary of %d tokens, the target's has %d", path,
+                             d->cfg.vocab, target->vocab);
+    return 0;
+}
+
+/* One model's figures for the roofline: what a step of it reads and computes. */
+struct shape {
+    double W;            /* weight bytes */
+    double non_expert;   /* bytes a step reads once whatever its rows: all but the experts
+                            and the embedding (a row a token; a tied one is the LM head) */
+    double one_expert;   /* bytes of one expert of one MoE layer */
+    double E, K;         /* experts per MoE layer, routed per token */
+    int n_moe;           /* MoE layers */
+    double f_tok, f_pos; /* FLOPs per token in the weights; per cached position in attention */
+    double kv_tok;       /* KV bytes per token */
+};
+
+static void shape_of(const struct moe_config *cfg, const struct moe_model_sizes *z, enum moe_dtype kv,
+                     struct shape *s)
+{
+    const int n_moe = moe_config_moe_layers(cfg);
+    const double embed = z->bytes_lm_head > 0 ? (double)z->bytes_embed : 0; /* tied: read whole as the head */
+    *s = (struct shape){
+        .W = (double)z->bytes_total, .E = cfg->n_experts, .K = cfg->top_k, .n_moe = n_moe,
+        .one_expert = n_moe && cfg->n_experts > 0 ? (double)z->bytes_experts / n_moe / cfg->n_experts : 0,
+        .non_expert = (double)z->bytes_total - (double)z->bytes_experts - embed,
+        /* 2 per touched weight, the embedding's lookup excluded (tied: it is the head) */
+        .f_tok = 2.0 * ((double)z->params_active - (cfg->tie_embeddings ? 0 : (double)cfg->vocab * cfg->d_model)),
+        /* QK^T and PV: 2 * 2 * Hq * Dh per cached position per layer */
+        .f_pos = 4.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim,
+        .kv_tok = (double)moe_config_kv_bytes_per_token(cfg, kv)};
+}
+
+/* What one step reads and how long it takes. */
+struct step {
+    double uniq;              /* distinct experts per MoE layer */
+    double bytes, time, copy; /* bytes read; seconds, copies included; seconds copying experts in */
+    bool compute_bound, on_cpu; /* on_cpu: the misses read by the CPU (--gpu-experts-cpu-rows) */
+};
+
+/* A speculative step's rows and their cost. */
+struct spec_row {
+    int k;
+    double uniq;          /* distinct experts per MoE layer the verification touches */
+    double draft, verify; /* seconds: K draft steps, the verification step */
+    double cost;          /* (draft + verify) / a plain decode step */
+    double break_even;    /* the acceptance at which speculation pays */
+};
+
+#define PLAN_ACCEPTS 5
+
+struct plan_spec {
+    bool on, ngram;
+    const char *draft;             /* the draft's folder or config */
+    const struct moe_config *dcfg; /* the draft's (borrowed) */
+    struct shape d;                /* the draft's figures (zero for n-gram) */
+    struct step d_step;            /* one draft decode step at batch B */
+    double accept[PLAN_ACCEPTS];   /* the acceptances a speedup is given at */
+    int n_accept;
+    struct spec_row rows[MOE_SPEC_MAX_TOKENS];
+    int n_rows;
+};
+
 /* What plan predicts: the text report reads only this. */
 struct plan_result {
     const char *model, *architecture;
     struct device dev;
     struct moe_model_sizes z;
-    double W, touched;                 /* weight bytes in total, touched per token */
-    int n_moe, n_experts, top_k;
+    struct shape t;                    /* the target */
+    double touched;                    /* weight bytes touched per token */
     bool off, hit_given;               /* --gpu-experts offloads some experts; --hit-rate given */
     long gpu_experts;
     double hit, Wdev, host_bytes;      /* hit rate, bytes on the device, pinned host bytes */
+    double cpu_rows, host_bw;          /* --gpu-experts-cpu-rows, --host-bw (bytes/s) */
     enum moe_dtype kv;
     long ctx, chunk, batch;
-    double kv_tok, kv_seq;             /* KV bytes per token, per sequence of ctx */
-    double f_tok, f_attn;              /* FLOPs per token in the weights, in attention at ctx */
+    double kv_seq;                     /* KV bytes per sequence of ctx */
+    double f_attn;                     /* FLOPs per token in attention at ctx */
     double p_time, p_copy;             /* prefill: a chunk's roofline time, its copies */
     bool p_compute_bound;
-    double uniq, d_bytes, d_step, d_copy; /* decode: experts touched per layer, bytes read, step, copies */
-    bool d_compute_bound, on_cpu;      /* on_cpu: the misses read by the CPU (--gpu-experts-cpu-rows) */
-    double host_bw;
+    struct step dec;                   /* decode at batch B */
+    struct plan_spec sp;               /* speculative decoding */
 };
+
+/* A step of `rows` rows from `seqs` sequences at context ctx: the weights
+ * but the experts read once, the experts the rows touch, each sequence's
+ * KV; with offload (the target's --gpu-experts) the copies of its misses. */
+static void step_of(const struct plan_result *r, const struct shape *s, double rows, double seqs, bool offload,
+                    struct step *st)
+{
+    const struct device *dev = &r->dev;
+    const double ctx = (double)r->ctx;
+    *st = (struct step){.uniq = moe_plan_distinct_experts(s->E, s->K, rows)};
+    st->bytes = s->non_expert + s->n_moe * st->uniq * s->one_expert + seqs * s->kv_tok * ctx;
+    const double compute = rows * (s->f_tok + s->f_pos * ctx) / dev->flops, memory = st->bytes / dev->bw;
+    st->compute_bound = compute > memory;
+    st->time = fmax(compute, memory);
+    if (!offload || !r->off) return;
+    /* --gpu-experts-cpu-rows: the misses read by the CPU from host memory,
+     * beside the device's part of the step; else copied in before it */
+    const double layer = s->n_moe * s->one_expert;
+    st->on_cpu = r->cpu_rows > 0 && st->uniq > 0 && rows * s->K / st->uniq <= r->cpu_rows;
+    st->copy = copy_seconds(s->E, s->K, (double)r->gpu_experts, r->hit, rows,
+                            layer / (st->on_cpu ? r->host_bw : dev->h2d));
+    st->time = st->on_cpu ? fmax(st->time, st->copy) : st->time + st->copy;
+}
 
 static void plan_compute(const struct plan_opts *o, const struct moe_config *cfg, struct plan_result *r)
 {
     const struct moe_model_sizes *z = &r->z;
     const struct device *dev = &r->dev;
-    const double W = (double)z->bytes_total, E = cfg->n_experts, K = cfg->top_k;
-    const int n_moe = moe_config_moe_layers(cfg);
-    const double one_expert = n_moe && E > 0 ? (double)z->bytes_experts / n_moe / E : 0;
-    const double non_expert = W - (double)z->bytes_experts - (double)z->bytes_embed; /* embedding: rows only */
-    r->W = W;
-    r->n_moe = n_moe;
-    r->n_experts = cfg->n_experts;
-    r->top_k = cfg->top_k;
-    r->touched = non_expert + n_moe * K * one_expert;
+    shape_of(cfg, z, r->kv, &r->t);
+    const struct shape *s = &r->t;
+    const double E = s->E, K = s->K, W = s->W;
+    r->touched = s->non_expert + s->n_moe * K * s->one_expert;
     /* --gpu-experts: the experts of each MoE layer past C stay in host memory */
-    r->off = o->eng.gpu_experts > 0 && n_moe > 0 && o->eng.gpu_experts < cfg->n_experts;
-    r->gpu_experts = o->eng.gpu_experts;
-    const double C = r->off ? (double)o->eng.gpu_experts : E;
+    r->off = o->eng.gpu_experts > 0 && s->n_moe > 0 && o->eng.gpu_experts < cfg->n_experts;
+    r->gpu_experts = r->off ? o->eng.gpu_experts : cfg->n_experts;
+    const double C = (double)r->gpu_experts;
     r->hit_given = o->hit_rate >= 0;
     r->hit = !r->off ? 1 : r->hit_given ? o->hit_rate : C / E;
+    r->cpu_rows = (double)o->eng.gpu_experts_cpu_rows;
     /* every expert is pinned in host memory; the device holds C per layer */
     r->host_bytes = r->off ? (double)z->bytes_experts : 0;
-    r->Wdev = r->off ? W - n_moe * (E - C) * one_expert : W;
-    r->kv_tok = (double)moe_config_kv_bytes_per_token(cfg, r->kv);
-    r->kv_seq = r->kv_tok * (double)o->ctx;
-    /* FLOPs per token: 2 per touched weight (embedding rows excluded), plus
-     * attention: QK^T and PV, 2 * 2 * Hq * Dh per cached position per layer. */
-    r->f_tok = 2.0 * ((double)z->params_active - (double)cfg->vocab * cfg->d_model);
-    const double f_pos = 4.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim;
-    r->f_attn = f_pos * (double)o->ctx;
+    r->Wdev = r->off ? W - s->n_moe * (E - C) * s->one_expert : W;
+    r->kv_seq = s->kv_tok * (double)o->ctx;
+    r->f_attn = s->f_pos * (double)o->ctx;
     /* prefill: a chunk of P tokens at half context on average, reading the weights once */
-    const double p_compute = (double)o->chunk * (r->f_tok + f_pos * (double)o->chunk / 2) / dev->flops,
+    const double p_compute = (double)o->chunk * (s->f_tok + s->f_pos * (double)o->chunk / 2) / dev->flops,
                  p_memory = r->Wdev / dev->bw;
     r->p_compute_bound = p_compute > p_memory;
     r->p_time = fmax(p_compute, p_memory);
-    r->p_copy = copy_seconds(E, K, C, r->hit, (double)o->chunk, n_moe * one_expert / dev->h2d);
-    /* decode at batch B */
-    r->uniq = E > 0 ? E * (1.0 - pow(1.0 - K / E, (double)o->batch)) : 0;
-    r->d_bytes = non_expert + n_moe * r->uniq * one_expert + (double)o->batch * r->kv_seq;
-    const double d_compute = (double)o->batch * (r->f_tok + r->f_attn) / dev->flops, d_memory = r->d_bytes / dev->bw,
-                 d_time = fmax(d_compute, d_memory);
-    r->d_compute_bound = d_compute > d_memory;
-    r->d_copy = copy_seconds(E, K, C, r->hit, (double)o->batch, n_moe * one_expert / dev->h2d);
-    r->d_step = d_time + r->d_copy;
-    /* --gpu-experts-cpu-rows: the same misses read by the CPU from host
-     * memory, beside the device's part of the step */
-    const double cpu_rows = (double)o->eng.gpu_experts_cpu_rows;
-    r->on_cpu = r->off && cpu_rows > 0 && r->uniq > 0 && (double)o->batch * K / r->uniq <= cpu_rows;
-    if (r->on_cpu) {
-        r->d_copy = copy_seconds(E, K, C, r->hit, (double)o->batch, n_moe * one_expert / r->host_bw);
-        r->d_step = fmax(d_time, r->d_copy);
+    r->p_copy = copy_seconds(E, K, C, r->hit, (double)o->chunk, s->n_moe * s->one_expert / dev->h2d);
+    step_of(r, s, (double)o->batch, (double)o->batch, true, &r->dec);
+}
+
+/* Speculative decoding at batch B: each sequence's K draft steps (the
+ * draft's roofline at batch B; none for n-gram lookup) and one target step
+ * of B (K + 1) rows, against the plain decode step. */
+static void spec_compute(const struct plan_opts *o, struct plan_result *r)
+{
+    struct plan_spec *sp = &r->sp;
+    const double B = (double)r->batch;
+    if (!sp->ngram) step_of(r, &sp->d, B, B, false, &sp->d_step);
+    const int k0 = o->eng.spec.tokens ? o->eng.spec.tokens : 1, k1 = o->eng.spec.tokens ? k0 : 8;
+    for (int k = k0; k <= k1; k++) {
+        struct spec_row *w = &sp->rows[sp->n_rows++];
+        struct step v;
+        step_of(r, &r->t, B * (k + 1), B, true, &v);
+        *w = (struct spec_row){.k = k, .uniq = v.uniq, .draft = sp->ngram ? 0 : k * sp->d_step.time,
+                               .verify = v.time};
+        w->cost = (w->draft + w->verify) / r->dec.time;
+        w->break_even = moe_plan_spec_break_even(w->cost, k);
+    }
+    if (o->accept >= 0) {
+        sp->accept[sp->n_accept++] = o->accept;
+    } else {
+        for (int i = 0; i < PLAN_ACCEPTS; i++) sp->accept[sp->n_accept++] = 0.5 + 0.1 * i;
     }
 }
 
@@ -335,7 +458,7 @@ static void print_weights(const struct plan_result *r)
     else
         printf("             %s memory, %.2f GB/s, %.0f GFLOP/s\n", moe_cli_bytes(a, sizeof a, dev->mem_bytes),
                dev->bw / 1e9, dev->flops / 1e9);
-    printf("\nweights      %s in total\n", moe_cli_bytes(a, sizeof a, r->W));
+    printf("\nweights      %s in total\n", moe_cli_bytes(a, sizeof a, r->t.W));
     const struct { const char *n; int64_t v; } parts[] = {
         {"embeddings", z->bytes_embed}, {"lm head", z->bytes_lm_head}, {"attention", z->bytes_attn},
         {"dense FFN", z->bytes_dense_ffn}, {"experts", z->bytes_experts}, {"shared", z->bytes_shared},
@@ -343,57 +466,118 @@ static void print_weights(const struct plan_result *r)
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         if (parts[i].v)
             printf("  %-11s %12s  %5.1f%%\n", parts[i].n, moe_cli_bytes(a, sizeof a, (double)parts[i].v),
-                   100.0 * (double)parts[i].v / r->W);
+                   100.0 * (double)parts[i].v / r->t.W);
     printf("touched      %s per token (%.1f%% of the weights: %s%d of %d experts per MoE layer)\n",
-           moe_cli_bytes(a, sizeof a, r->touched), 100.0 * r->touched / r->W, r->n_moe ? "" : "dense, ",
-           r->n_moe ? r->top_k : 0, r->n_experts);
+           moe_cli_bytes(a, sizeof a, r->touched), 100.0 * r->touched / r->t.W, r->t.n_moe ? "" : "dense, ",
+           r->t.n_moe ? (int)r->t.K : 0, (int)r->t.E);
     if (r->off)
         printf("offload      %ld of %d experts per MoE layer on the device: %s of weights there, every expert (%s) "
-               "in pinned host memory; hit rate %.3f%s\n", r->gpu_experts, r->n_experts,
+               "in pinned host memory; hit rate %.3f%s\n", r->gpu_experts, (int)r->t.E,
                moe_cli_bytes(a, sizeof a, r->Wdev), moe_cli_bytes(b, sizeof b, r->host_bytes), r->hit,
                r->hit_given ? "" : " (uniform routing: C/E)");
 }
 
-static void print_times(const struct plan_result *r)
+/* The memory: the KV cache, the draft beside the target, how many sequences fit. */
+static void print_memory(const struct plan_result *r)
 {
     char a[96], b[160], d[32];
     const struct device *dev = &r->dev;
-    printf("\nkv cache     %s per token (%s), %s per sequence of %ld tokens\n", moe_cli_bytes(a, sizeof a, r->kv_tok),
-           moe_dtype_name(r->kv), moe_cli_bytes(b, sizeof b, r->kv_seq), r->ctx);
+    const struct plan_spec *sp = &r->sp;
+    printf("\nkv cache     %s per token (%s), %s per sequence of %ld tokens\n",
+           moe_cli_bytes(a, sizeof a, r->t.kv_tok), moe_dtype_name(r->kv), moe_cli_bytes(b, sizeof b, r->kv_seq),
+           r->ctx);
+    double weights = r->Wdev, kv_tok = r->t.kv_tok;
+    if (sp->on && !sp->ngram) { /* its own pool, as many tokens as the target's */
+        weights += sp->d.W;
+        kv_tok += sp->d.kv_tok;
+        printf("draft        %s (%s): %s of weights, %s of KV per token (%s per sequence), on the device\n",
+               sp->draft, sp->dcfg->architecture, moe_cli_bytes(a, sizeof a, sp->d.W),
+               moe_cli_bytes(b, sizeof b, sp->d.kv_tok), moe_cli_bytes(d, sizeof d, sp->d.kv_tok * (double)r->ctx));
+    }
+    const char *with = sp->on && !sp->ngram ? " and the draft's" : "";
     const double usable = dev->mem_bytes * 0.9; /* leave room for activations and the runtime */
-    if (r->Wdev >= usable) {
-        printf("fit          the weights (%s) do not fit in 90%% of %s\n", moe_cli_bytes(a, sizeof a, r->Wdev),
+    if (weights >= usable) {
+        printf("fit          the weights%s (%s) do not fit in 90%% of %s\n", with, moe_cli_bytes(a, sizeof a, weights),
                moe_cli_bytes(b, sizeof b, dev->mem_bytes));
     } else {
-        const double left = usable - r->Wdev;
-        printf("fit          %s left beside the weights (90%% of memory usable): %.0f sequences of %ld tokens (%s "
-               "tokens in all)\n", moe_cli_bytes(a, sizeof a, left), floor(left / r->kv_seq), r->ctx,
-               moe_cli_count(d, sizeof d, floor(left / r->kv_tok)));
+        const double left = usable - weights;
+        printf("fit          %s left beside the weights%s (90%% of memory usable): %.0f sequences of %ld tokens (%s "
+               "tokens in all)\n", moe_cli_bytes(a, sizeof a, left), with, floor(left / (kv_tok * (double)r->ctx)),
+               r->ctx, moe_cli_count(d, sizeof d, floor(left / kv_tok)));
     }
+}
+
+static void print_times(const struct plan_result *r)
+{
+    char a[96], b[160];
+    const struct device *dev = &r->dev;
     printf("\nflops        %s per token in the weights, + %s for attention at context %ld\n",
-           moe_cli_count(a, sizeof a, r->f_tok), moe_cli_count(b, sizeof b, r->f_attn), r->ctx);
+           moe_cli_count(a, sizeof a, r->t.f_tok), moe_cli_count(b, sizeof b, r->f_attn), r->ctx);
     const double P = (double)r->chunk;
     printf("prefill      chunk of %ld: %.3f ms per token (%s-bound%s), %.0f tokens/s\n", r->chunk,
            (r->p_time + r->p_copy) / P * 1e3, r->p_compute_bound ? "compute" : "memory",
            r->off ? copy_note(a, sizeof a, r->p_copy / P, dev->h2d) : "", P / (r->p_time + r->p_copy));
-    if (r->on_cpu)
+    const struct step *d = &r->dec;
+    if (d->on_cpu)
         snprintf(b, sizeof b, "; misses read by the CPU at %.0f GB/s: %.3f ms, overlapped", r->host_bw / 1e9,
-                 r->d_copy * 1e3);
+                 d->copy * 1e3);
     printf("decode       batch %ld at context %ld: reads %s per step (%.1f of %d experts per MoE layer touched), "
-           "%.3f ms per step (%s-bound%s), %.0f tokens/s\n", r->batch, r->ctx, moe_cli_bytes(a, sizeof a, r->d_bytes),
-           r->uniq, r->n_experts, r->d_step * 1e3, r->d_compute_bound ? "compute" : "memory",
-           r->on_cpu ? b : r->off ? copy_note(b, sizeof b, r->d_copy, dev->h2d) : "", (double)r->batch / r->d_step);
+           "%.3f ms per step (%s-bound%s), %.0f tokens/s\n", r->batch, r->ctx, moe_cli_bytes(a, sizeof a, d->bytes),
+           d->uniq, (int)r->t.E, d->time * 1e3, d->compute_bound ? "compute" : "memory",
+           d->on_cpu ? b : r->off ? copy_note(b, sizeof b, d->copy, dev->h2d) : "", (double)r->batch / d->time);
+}
+
+/* The table over K: the cost of a step, where it pays, and the speedup at
+ * each acceptance, the best K of each marked '*'. */
+static void print_spec(const struct plan_result *r)
+{
+    const struct plan_spec *sp = &r->sp;
+    char a[96];
+    if (sp->ngram)
+        printf("\nspeculation  n-gram lookup (drafting costs nothing)");
+    else
+        printf("\nspeculation  draft %s: a draft decode step %.3f ms (%s-bound, %s read)", sp->draft,
+               sp->d_step.time * 1e3, sp->d_step.compute_bound ? "compute" : "memory",
+               moe_cli_bytes(a, sizeof a, sp->d_step.bytes));
+    printf(", batch %ld at context %ld; cost: a speculative step's time over a plain decode step's\n", r->batch,
+           r->ctx);
+    int best[PLAN_ACCEPTS] = {0};
+    for (int j = 0; j < sp->n_accept; j++)
+        for (int i = 1; i < sp->n_rows; i++)
+            if (moe_plan_spec_tokens(sp->accept[j], sp->rows[i].k) / sp->rows[i].cost >
+                moe_plan_spec_tokens(sp->accept[j], sp->rows[best[j]].k) / sp->rows[best[j]].cost)
+                best[j] = i;
+    printf("  %2s %13s %9s %10s %6s %13s", "K", "experts/layer", "draft ms", "verify ms", "cost", "break-even A");
+    if (sp->n_accept == 1) printf(" %12s %8s\n", "tokens/step", "speedup");
+    else
+        for (int j = 0; j < sp->n_accept; j++) printf("  x at %.1f%s", sp->accept[j], j + 1 < sp->n_accept ? "" : "\n");
+    for (int i = 0; i < sp->n_rows; i++) {
+        const struct spec_row *w = &sp->rows[i];
+        if (w->break_even >= 1) snprintf(a, sizeof a, "never");
+        else snprintf(a, sizeof a, "%.2f", w->break_even);
+        printf("  %2d %13.1f %9.3f %10.3f %6.2f %13s", w->k, w->uniq, w->draft * 1e3, w->verify * 1e3, w->cost, a);
+        if (sp->n_accept == 1)
+            printf(" %12.2f", moe_plan_spec_tokens(sp->accept[0], w->k));
+        for (int j = 0; j < sp->n_accept; j++)
+            printf(" %7.2fx%c", moe_plan_spec_tokens(sp->accept[j], w->k) / w->cost,
+                   sp->n_rows > 1 && best[j] == i ? '*' : ' ');
+        printf("\n");
+    }
 }
 
 int moe_cli_plan(int argc, char **argv)
 {
     struct plan_opts o;
     struct plan_result r = {0};
-    struct moe_model m = {0};
+    struct moe_model m = {0}, dm = {0};
+    struct moe_model_sizes dz = {0};
     char note[256];
     int rc = plan_parse(argc, argv, &o);
     if (rc >= 0) return rc;
-    if (plan_device(&o, &r.dev, note, sizeof note) || plan_model(&o, &m, &r.z)) return 1;
+    rc = 1;
+    if (plan_device(&o, &r.dev, note, sizeof note) || plan_model(&o, &m, &r.z) ||
+        (o.eng.model.draft && plan_draft(&o, &m.cfg, &dm, &dz)))
+        goto done;
     r.model = o.eng.model.path ? o.eng.model.path : o.eng.model.synthetic;
     r.architecture = m.cfg.architecture;
     (void)moe_cli_parse_kv_dtype(o.eng.kv_dtype, &r.kv); /* checked when parsed */
@@ -402,8 +586,21 @@ int moe_cli_plan(int argc, char **argv)
     r.batch = o.batch;
     r.host_bw = o.host_bw * 1e9;
     plan_compute(&o, &m.cfg, &r);
+    r.sp.on = o.eng.spec.kind == MOE_SPEC_NGRAM || o.eng.model.draft;
+    r.sp.ngram = o.eng.spec.kind == MOE_SPEC_NGRAM;
+    if (o.eng.model.draft) {
+        r.sp.draft = o.eng.model.draft;
+        r.sp.dcfg = &dm.cfg;
+        shape_of(&dm.cfg, &dz, r.kv, &r.sp.d);
+    }
+    if (r.sp.on) spec_compute(&o, &r);
     print_weights(&r);
+    print_memory(&r);
     print_times(&r);
+    if (r.sp.on) print_spec(&r);
+    rc = 0;
+done:
+    moe_model_free(&dm);
     moe_model_free(&m);
-    return 0;
+    return rc;
 }
