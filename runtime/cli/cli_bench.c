@@ -346,6 +346,7 @@ static int bench_spec_mode(const struct moe_model *m, struct moe_backend *be, st
     const long tokens = max_b * (max_len + o->output_len + MOE_SPEC_MAX_TOKENS + o->eng.kv_block);
     struct moe_cli_engine plain_eo = o->eng;
     plain_eo.spec.kind = MOE_SPEC_NONE;
+    plain_eo.model.draft = NULL;
     if (!rc && (moe_cli_engine_start(&plain_eo, m, be, tokens, &plain) != MOE_OK ||
                 moe_cli_engine_start(&o->eng, m, be, tokens, &spec) != MOE_OK))
         rc = moe_cli_error("bench", "%s", moe_last_error());
@@ -647,7 +648,7 @@ int moe_cli_bench(int argc, char **argv)
         rc = bench_serve_mode(&m, &be, &o);
         goto done;
     }
-    if (o.eng.spec.kind != MOE_SPEC_NONE) {
+    if (o.eng.spec.kind != MOE_SPEC_NONE || o.eng.model.draft) {
         rc = bench_spec_mode(&m, &be, &o, &l);
         goto done;
     }
