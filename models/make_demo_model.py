@@ -28,8 +28,9 @@ Usage: python models/make_demo_model.py [--steps N] [--draft-steps N] [--distill
   --draft-steps  the draft's training steps (default 800; batches of 16 x 128
                  tokens), of which the first --distill-from (default 400)
                  use cross-entropy alone and the rest add KL to demo-moe's
-                 logits: about 10 minutes on 2 threads (torch 2.15,
-                 transformers 5.24), then 3 for the measurement.
+                 logits: 2 minutes on 2 idle threads, 9 on a busy machine
+                 (torch 2.15, transformers 5.24), then 1-3 for the
+                 measurement.  Rerunning reproduces demo-draft byte for byte.
   --draft-only   keep models/demo-moe as committed (its tokenizer and
                  weights are read, nothing there is written) and train only
                  models/demo-draft.
