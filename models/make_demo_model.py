@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """Train models/demo-moe: a tiny Qwen3-MoE (hidden 128, 4 layers, 16 experts,
 top-4, vocabulary 512) on simple generated stories, so that `tools/demo.sh`
-shows the runtime producing language rather than noise.
+shows the runtime producing language rather than noise; then
+models/demo-draft, its speculative-decoding draft: a dense Qwen3 (hidden 64,
+3 layers, 181k parameters, 0.36 MB in bf16) trained on the same stories
+with the same tokenizer (tokenizer.json, tokenizer_config.json and
+generation_config.json copied byte for byte), partly by distillation from
+demo-moe's logits so that its greedy choices agree with demo-moe's.
 
 Python is a model-making tool only; nothing in moerun needs it.  The corpus
 is generated here from a small grammar (no data set is downloaded); the
@@ -9,22 +14,52 @@ tokenizer is a byte-level BPE trained on it with the `tokenizers` package and
 carries a ChatML chat template; the model is trained with transformers on
 the CPU and saved in bf16.  Deterministic for a given torch version.
 
-Usage: python models/make_demo_model.py [--steps N]
+After training the draft the script measures, with transformers (fp32
+compute of the bf16 files), how often the draft's argmax equals demo-moe's:
+over held-out stories (teacher forcing) and along demo-moe's greedy
+continuations of the benchmark prompts in models/demo-prompts.jsonl, with
+the mean accepted length a greedy K = 4 speculation would get there.  It
+writes tests/fixtures/demo_draft.json: the draft's greedy continuation of a
+fixed prompt, the reference for tests/test_demo_draft.c.
+
+Usage: python models/make_demo_model.py [--steps N] [--draft-steps N] [--distill-from N]
+       python models/make_demo_model.py --draft-only [--draft-steps N] [--distill-from N]
+       python models/make_demo_model.py --eval-only
+  --draft-steps  the draft's training steps (default 800; batches of 16 x 128
+                 tokens), of which the first --distill-from (default 400)
+                 use cross-entropy alone and the rest add KL to demo-moe's
+                 logits: 2 minutes on 2 idle threads, 9 on a busy machine
+                 (torch 2.15, transformers 5.24), then 1-3 for the
+                 measurement.  Rerunning reproduces demo-draft byte for byte.
+  --draft-only   keep models/demo-moe as committed (its tokenizer and
+                 weights are read, nothing there is written) and train only
+                 models/demo-draft.
+  --eval-only    train nothing: rewrite the fixture from the committed
+                 draft and measure the agreement of the committed models.
 """
 import argparse
 import json
 import os
 import random
+import shutil
+import time
 
 import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 torch.set_num_threads(2)
 transformers.logging.set_verbosity_error()
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "demo-moe")
+DRAFT = os.path.join(HERE, "demo-draft")
+PROMPTS = os.path.join(HERE, "demo-prompts.jsonl")
+FIXTURE = os.path.join(HERE, "..", "tests", "fixtures", "demo_draft.json")
+# The draft's test prompt (tests/test_demo_draft.c) and its length.
+TEST_PROMPT = "Once upon a time, there was a"
+TEST_TOKENS = 32
 
 NAMES = ["Lily", "Tom", "Mia", "Ben", "Sara", "Max", "Anna", "Sam", "Zoe", "Leo"]
 ANIMALS = ["cat", "dog", "fox", "bird", "rabbit", "bear", "frog", "duck", "mouse", "owl"]
@@ -87,12 +122,12 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=600)
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    texts = corpus(20000, 1)
+def batches(data, seq, batch, g):
+    starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
+    return torch.stack([data[s:s + seq] for s in starts])
+
+
+def train_target(steps, texts):
     tok = train_tokenizer(texts)
     os.makedirs(OUT, exist_ok=True)
     tok.save(os.path.join(OUT, "tokenizer.json"))
@@ -108,20 +143,19 @@ def main():
                          eos_token_id=tok.token_to_id("<|im_end|>"))
     model = Qwen3MoeForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=args.steps, pct_start=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
     seq, batch = 128, 16
     g = torch.Generator().manual_seed(0)
     model.train()
-    for step in range(args.steps):
-        starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
-        x = torch.stack([data[s:s + seq] for s in starts])
+    for step in range(steps):
+        x = batches(data, seq, batch, g)
         out = model(input_ids=x, labels=x)
         opt.zero_grad()
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 50 == 0 or step == args.steps - 1:
+        if step % 50 == 0 or step == steps - 1:
             print(f"step {step} loss {out.loss.item():.3f}", flush=True)
     model.config.output_router_logits = False
     model.eval()
@@ -141,6 +175,165 @@ def main():
     with torch.no_grad():
         o = model.to(torch.float32).generate(**p, max_new_tokens=40, do_sample=False)
     print(hf.decode(o[0]))
+
+
+def load(cls, path):
+    """A saved model as the runtime computes it: bf16 weights upcast to fp32."""
+    return cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def train_draft(steps, distill_from, texts):
+    """The draft: a dense Qwen3 trained on the same token stream as demo-moe,
+    cross-entropy alone for the first distill_from steps, then
+    cross-entropy plus KL(demo-moe || draft) on demo-moe's logits."""
+    tok = Tokenizer.from_file(os.path.join(OUT, "tokenizer.json"))
+    ids = []
+    for t in texts:
+        ids.extend(tok.encode(t).ids)
+    data = torch.tensor(ids, dtype=torch.long)
+    teacher = load(Qwen3MoeForCausalLM, OUT)
+    cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=10000.0,
+                      eos_token_id=tok.token_to_id("<|im_end|>"))
+    model = Qwen3ForCausalLM(cfg)
+    print(f"draft: {sum(p.numel() for p in model.parameters())} parameters", flush=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps, pct_start=0.1)
+    seq, batch = 128, 16
+    g = torch.Generator().manual_seed(1)
+    model.train()
+    t0 = time.time()
+    for step in range(steps):
+        x = batches(data, seq, batch, g)
+        out = model(input_ids=x, labels=x)
+        loss, kl = out.loss, torch.zeros(())
+        if step >= distill_from:
+            with torch.no_grad():
+                tl = teacher(input_ids=x).logits.float().log_softmax(-1).reshape(-1, cfg.vocab_size)
+            sl = out.logits.float().log_softmax(-1).reshape(-1, cfg.vocab_size)
+            kl = torch.nn.functional.kl_div(sl, tl, log_target=True, reduction="batchmean")
+            loss = 0.5 * loss + kl
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            print(f"draft step {step} ce {out.loss.item():.3f} kl {kl.item():.3f} ({time.time() - t0:.0f} s)",
+                  flush=True)
+    model.eval()
+    model.to(torch.bfloat16).save_pretrained(DRAFT)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copyfile(os.path.join(OUT, name), os.path.join(DRAFT, name))
+
+
+def accepted_run(match, k):
+    """Greedy speculation along a sequence whose draft guesses are `match`
+    (draft argmax == target token, position by position): verification
+    steps and drafted tokens accepted, K = k."""
+    i = steps = acc = 0
+    while i < len(match):
+        a = 0
+        while a < k and i + a < len(match) and match[i + a]:
+            a += 1
+        steps += 1
+        acc += a
+        i += a + 1
+    return steps, acc
+
+
+@torch.no_grad()
+def evaluate(k=4):
+    tok = Tokenizer.from_file(os.path.join(OUT, "tokenizer.json"))
+    target, draft = load(Qwen3MoeForCausalLM, OUT), load(Qwen3ForCausalLM, DRAFT)
+    eos = {tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")}
+    # Held-out stories (another seed than training), teacher forcing in
+    # windows of 128 tokens.
+    ids = []
+    for t in corpus(150, 3):
+        ids.extend(tok.encode(t).ids)
+    same = total = 0
+    for off in range(0, len(ids) - 128, 128 * 16):
+        x = torch.tensor([ids[o:o + 128] for o in range(off, min(off + 128 * 16, len(ids) - 128), 128)])
+        a = target(input_ids=x).logits.argmax(-1)
+        b = draft(input_ids=x).logits.argmax(-1)
+        same += (a == b).sum().item()
+        total += a.numel()
+    held = same / total
+    # demo-moe's greedy continuations (64 tokens or to EOS) of the
+    # benchmark prompts: the draft's argmax at each generated position.
+    prompts = [json.loads(line) for line in open(PROMPTS)]
+    res = {}
+    for p in prompts:
+        seq = tok.encode(p["prompt"]).ids
+        n0 = len(seq)
+        seq = target.generate(input_ids=torch.tensor([seq]), max_new_tokens=64, do_sample=False,
+                              eos_token_id=sorted(eos), pad_token_id=0)[0].tolist()
+        guess = draft(input_ids=torch.tensor([seq[:-1]])).logits[0].argmax(-1).tolist()
+        match = [guess[i - 1] == seq[i] for i in range(n0, len(seq))]
+        steps, acc = accepted_run(match, k)
+        r = res.setdefault(p["kind"], [0, 0, 0, 0])
+        r[0] += sum(match)
+        r[1] += len(match)
+        r[2] += steps
+        r[3] += acc
+        print(f"  {p['id']:8s} agree {sum(match) / len(match):.3f} over {len(match)} tokens, "
+              f"K={k}: {acc / steps:.2f} accepted per step", flush=True)
+    print(f"agreement (draft argmax == demo-moe argmax), held-out stories, teacher forcing: "
+          f"{held:.3f} over {total} positions")
+    for kind, (m, n, steps, acc) in res.items():
+        print(f"agreement on demo-moe's greedy continuations of the {kind} prompts: {m / n:.3f} over {n} "
+              f"tokens; greedy K={k}: {acc / steps:.2f} drafted tokens accepted per step "
+              f"({n / steps:.2f} tokens per target pass)")
+    return held
+
+
+@torch.no_grad()
+def write_fixture():
+    """The draft's greedy continuation of TEST_PROMPT by transformers, and
+    the smallest top-1 / top-2 logit gap on the way."""
+    tok = Tokenizer.from_file(os.path.join(DRAFT, "tokenizer.json"))
+    draft = load(Qwen3ForCausalLM, DRAFT)
+    prompt = tok.encode(TEST_PROMPT).ids
+    seq, gap = list(prompt), float("inf")
+    last = None
+    for _ in range(TEST_TOKENS):
+        lg = draft(input_ids=torch.tensor([seq])).logits[0, -1]
+        if last is None:
+            last = lg
+        top = lg.topk(2).values
+        gap = min(gap, (top[0] - top[1]).item())
+        seq.append(lg.argmax().item())
+    out = {"model": "models/demo-draft", "prompt": TEST_PROMPT, "prompt_ids": prompt,
+           "greedy": seq[len(prompt):], "min_top2_gap": round(gap, 4),
+           "last_prompt_logits": [round(v, 5) for v in last.tolist()],
+           "text": tok.decode(seq[len(prompt):]),
+           "versions": {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__}}
+    with open(FIXTURE, "w") as f:
+        json.dump(out, f)
+        f.write("\n")
+    print(f"fixture: {TEST_PROMPT!r} -> {out['text']!r} (smallest top-2 gap {gap:.3f})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--draft-steps", type=int, default=800)
+    ap.add_argument("--distill-from", type=int, default=400,
+                    help="draft steps on cross-entropy alone before distillation joins")
+    ap.add_argument("--draft-only", action="store_true")
+    ap.add_argument("--eval-only", action="store_true")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    texts = corpus(20000, 1)
+    if not args.draft_only and not args.eval_only:
+        train_target(args.steps, texts)
+    if not args.eval_only:
+        torch.manual_seed(1)
+        train_draft(args.draft_steps, args.distill_from, texts)
+    write_fixture()
+    evaluate()
 
 
 if __name__ == "__main__":
