@@ -111,3 +111,24 @@ Test(cli_draft, kv_budget_split_for_equal_tokens)
     moe_backend_free(&be);
     moe_model_free(&m);
 }
+
+/* The speculation options that do not go together, each one line; and
+ * sampled drafts at temperature 1 on the demo pair, accepted far more often
+ * than the draft's argmax (the trained draft is close to the target). */
+Test(cli_draft, sampled_drafts_and_refusals)
+{
+    tu_expect_one_line_error("run " DEMO " -p Once -n 4 --spec-draft-sample",
+                             "--spec-draft-sample needs --draft DIR");
+    tu_expect_one_line_error("run " DEMO " -p Once -n 4 --spec ngram --draft " DEMO,
+                             "--draft and --spec ngram are two proposers; give one");
+    double rate[2];
+    for (int i = 0; i < 2; i++) {
+        char cmd[1024], out[8192];
+        snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 64 --temp 1 --seed 3 --draft %s %s 2>&1",
+                 MOERUN_BINARY, DEMO, MOERUN_SOURCE_DIR "/models/demo-draft", i ? "--spec-draft-sample" : "");
+        cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+        const char *a = strstr(out, "acceptance ");
+        cr_assert(a && sscanf(a, "acceptance %lf%%", &rate[i]) == 1, "%s", out);
+    }
+    cr_assert(rate[1] > rate[0] + 10, "sampled drafts accepted %.1f%%, the argmax %.1f%%", rate[1], rate[0]);
+}

@@ -205,7 +205,7 @@ Test(sampler, rejection_sampling_keeps_the_targets_distribution)
 {
     enum { V = 6, N = 200000 };
     const float base[V] = {1.2f, 0.3f, -0.5f, 2.0f, 0.9f, -1.5f};
-    const double qs[3][V] = {{0.05, 0.05, 0.6, 0.1, 0.1, 0.1},  /* far from p */
+    const float qs[3][V] = {{0.05, 0.05, 0.6, 0.1, 0.1, 0.1},  /* far from p */
                              {0.1, 0.05, 0.02, 0.6, 0.2, 0.03}, /* close to p */
                              {0, 0, 0, 0, 1, 0}};               /* one-hot */
     struct moe_sampling sets[3];
@@ -221,7 +221,7 @@ Test(sampler, rejection_sampling_keeps_the_targets_distribution)
             double p[V], expect_acc = 0;
             memcpy(logits, base, sizeof logits);
             moe_sampler_probs(&sets[s], logits, V, NULL, 0, 0, &sc, p);
-            for (int i = 0; i < V; i++) expect_acc += fmin(p[i], qs[qi][i]);
+            for (int i = 0; i < V; i++) expect_acc += fmin(p[i], (double)qs[qi][i]);
             struct moe_rng rng, draft;
             moe_rng_seed(&rng, 11 + (uint64_t)s);
             moe_rng_seed(&draft, 99 + (uint64_t)qi);

@@ -495,7 +495,8 @@ Test(spec_draft, proposals_are_the_drafts_greedy_continuation)
                 continue;
             }
             int k = 1 + (int)(tu_rand_u64(&seed) % 8);
-            d.jobs[nj] = (struct moe_spec_draft_job){&seq[s], tok[s], n[s], k, tok[s] + n[s]};
+            d.jobs[nj] = (struct moe_spec_draft_job){.seq = &seq[s], .tokens = tok[s], .n_tokens = n[s],
+                                                     .k = k, .out = tok[s] + n[s]};
             who[nj++] = s;
         }
         if (nj == 0) continue;

@@ -28,7 +28,7 @@ static void setup(void) { cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK); }
 static void teardown(void) { moe_backend_free(&be); }
 TestSuite(spec_sampling, .init = setup, .fini = teardown);
 
-static void small_model(struct moe_model *m)
+static void small_model(struct moe_model *m, uint64_t seed)
 {
     tu_synthetic_model(m,
                        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 32, "
@@ -37,7 +37,7 @@ static void small_model(struct moe_model *m)
                        "\"max_position_embeddings\": 64, \"num_experts\": 4, "
                        "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
                        "\"norm_topk_prob\": true, \"initializer_range\": 0.3}",
-                       3);
+                       seed);
 }
 
 /* The prompt: token 1, then the model's greedy continuation, which on
@@ -132,13 +132,12 @@ static void chi_square(const double *joint, const int *counts, int n, const char
 
 /* Serves N_REQ seeded requests of three tokens with n-gram speculation
  * (max_tokens 3 leaves one token to draft in the second step). */
-static struct moe_engine_counters draw(const struct moe_model *m, const struct moe_sampling *sp,
-                                       int *counts)
+static struct moe_engine_counters draw(const struct moe_model *m, const struct moe_spec_opts *spec,
+                                       const struct moe_sampling *sp, int *counts)
 {
     struct moe_engine e;
     struct moe_engine_opts o = {.max_batch_tokens = 256, .max_seqs = 64, .block_size = 4,
-                                .n_blocks = 64 * 4, .prefix_cache = true,
-                                .spec = {.kind = MOE_SPEC_NGRAM, .tokens = 4}};
+                                .n_blocks = 64 * 4, .prefix_cache = true, .spec = *spec};
     cr_assert_eq(moe_engine_init(&e, m, &be, &o), MOE_OK, "%s", moe_last_error());
     static struct moe_request *req[N_REQ];
     int submitted = 0, done = 0, rows;
@@ -164,13 +163,14 @@ static struct moe_engine_counters draw(const struct moe_model *m, const struct m
     return c;
 }
 
-static void check_setting(const struct moe_model *m, struct moe_sampling sp, const char *what)
+static void check_setting(const struct moe_model *m, const struct moe_spec_opts *spec,
+                          struct moe_sampling sp, const char *what)
 {
     static double joint[V * V * V];
     static int counts[V * V * V];
     memset(counts, 0, sizeof counts);
     joint_probs(m, &sp, joint);
-    struct moe_engine_counters c = draw(m, &sp, counts);
+    struct moe_engine_counters c = draw(m, spec, &sp, counts);
     cr_assert(c.spec_draft_tokens >= N_REQ / 2, "%s: %llu tokens drafted", what,
               (unsigned long long)c.spec_draft_tokens);
     cr_assert(c.spec_accepted >= 500 && c.spec_accepted < c.spec_draft_tokens,
@@ -181,26 +181,54 @@ static void check_setting(const struct moe_model *m, struct moe_sampling sp, con
     chi_square(joint, counts, N_REQ, what);
 }
 
-Test(spec_sampling, output_distribution_is_the_targets, .timeout = 600)
+/* The settings, each checked with the proposer spec. */
+static void check_settings(const struct moe_model *m, const struct moe_spec_opts *spec, const char *name)
 {
-    struct moe_model m;
-    small_model(&m);
-    make_prompt(&m);
     struct moe_sampling sp;
+    char what[128];
     moe_sampling_defaults(&sp);
     sp.temperature = 1.0f;
-    check_setting(&m, sp, "temperature 1");
+    snprintf(what, sizeof what, "%s, temperature 1", name);
+    check_setting(m, spec, sp, what);
     sp.temperature = 0.7f;
     sp.top_k = 4;
-    check_setting(&m, sp, "temperature 0.7, top-k 4");
+    snprintf(what, sizeof what, "%s, temperature 0.7, top-k 4", name);
+    check_setting(m, spec, sp, what);
     sp.temperature = 1.3f;
     sp.top_k = 0;
     sp.top_p = 0.8f;
-    check_setting(&m, sp, "temperature 1.3, top-p 0.8");
+    snprintf(what, sizeof what, "%s, temperature 1.3, top-p 0.8", name);
+    check_setting(m, spec, sp, what);
     sp.temperature = 1.0f;
     sp.top_p = 1.0f;
     sp.min_p = 0.1f;
     sp.repetition_penalty = 1.5f;
-    check_setting(&m, sp, "min-p 0.1, repetition penalty 1.5");
+    snprintf(what, sizeof what, "%s, min-p 0.1, repetition penalty 1.5", name);
+    check_setting(m, spec, sp, what);
+}
+
+Test(spec_sampling, output_distribution_is_the_targets, .timeout = 600)
+{
+    struct moe_model m;
+    small_model(&m, 3);
+    make_prompt(&m);
+    check_settings(&m, &(struct moe_spec_opts){.kind = MOE_SPEC_NGRAM, .tokens = 4}, "n-gram");
+    moe_model_free(&m);
+}
+
+/* A draft model (the same shape, other weights): its argmax (q one-hot,
+ * accepted when the target's draw equals it), then drafts drawn from its
+ * own distribution q and accepted by rejection sampling. */
+Test(spec_sampling, draft_distribution_is_the_targets, .timeout = 600)
+{
+    struct moe_model m, d;
+    small_model(&m, 3);
+    small_model(&d, 4);
+    make_prompt(&m);
+    struct moe_spec_opts spec = {.kind = MOE_SPEC_DRAFT, .tokens = 4, .draft = &d};
+    check_settings(&m, &spec, "draft argmax");
+    spec.sample_drafts = true;
+    check_settings(&m, &spec, "sampled drafts");
+    moe_model_free(&d);
     moe_model_free(&m);
 }

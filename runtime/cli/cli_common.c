@@ -84,6 +84,16 @@ int moe_cli_check_writable(const char *cmd, const char *opt, const char *path)
     return 0;
 }
 
+/* The speculation options that do not go together. */
+static enum moe_status spec_check(const struct moe_cli_engine *o)
+{
+    if (o->model.draft && o->spec.kind == MOE_SPEC_NGRAM)
+        return moe_fail(MOE_ERR_INVALID_ARG, "--draft and --spec ngram are two proposers; give one");
+    if (o->spec.sample_drafts && !o->model.draft)
+        return moe_fail(MOE_ERR_INVALID_ARG, "--spec-draft-sample needs --draft DIR");
+    return MOE_OK;
+}
+
 int moe_cli_check_engine(const struct moe_cli_engine *o, const char *cmd)
 {
     enum moe_dtype kvt;
@@ -99,8 +109,7 @@ int moe_cli_check_engine(const struct moe_cli_engine *o, const char *cmd)
     bool known = false;
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) known |= !strcmp(o->backend, backends[i]);
     if (!known) return moe_cli_error(cmd, "unknown backend '%s' (choose cpu, cpu-ref, cuda or auto)", o->backend);
-    if (o->model.draft && o->spec.kind == MOE_SPEC_NGRAM)
-        return moe_cli_error(cmd, "--draft and --spec ngram are two proposers; give one");
+    if (spec_check(o) != MOE_OK) return moe_cli_error(cmd, "%s", moe_last_error());
     const struct moe_cli_model_opts *mo = &o->model;
     char path[4096];
     if (mo->synthetic || mo->path) {
@@ -388,6 +397,7 @@ void moe_cli_backend_opts(struct moe_backend_opts *o, long threads)
 
 enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_cli_engine *o)
 {
+    MOE_TRY(spec_check(o)); /* before anything starts or loads */
     struct moe_backend_opts bo;
     moe_cli_backend_opts(&bo, o->threads);
     enum moe_weight_quant q = MOE_QUANT_NONE;

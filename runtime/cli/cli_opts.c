@@ -123,6 +123,10 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
     {.name = "draft", .arg = "DIR", .kind = MOE_CLI_STRING, ENG(model.draft),
      .help = "speculative decoding: the model in DIR (same tokenizer)\n"
              "drafts tokens that the model verifies (docs/engine.md)"},
+    {.name = "spec-draft-sample", .kind = MOE_CLI_FLAG, ENG(spec.sample_drafts),
+     .help = "--draft: sampled requests' drafts drawn from the draft's\n"
+             "distribution, accepted by rejection sampling (more accepted;\n"
+             "the same distribution, not a seed's same tokens)"},
     {.name = "spec-tokens", .arg = "K", .kind = MOE_CLI_INT, ENG(spec.tokens), .lo = 1, .hi = MOE_SPEC_MAX_TOKENS,
      .help = "tokens drafted per step (default 4)"},
     {.name = "spec-max-batch", .arg = "N", .kind = MOE_CLI_INT, ENG(spec.max_batch), .lo = 0, .hi = 1 << 16,

@@ -106,7 +106,8 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
         struct moe_spec_draft_opts dop = {
             .max_tokens = o->max_batch_tokens, .max_seqs = o->max_seqs,
             .block_size = o->block_size, .kv_dtype = o->kv_dtype,
-            .n_blocks = e->o.spec.draft_blocks > 0 ? e->o.spec.draft_blocks : o->n_blocks};
+            .n_blocks = e->o.spec.draft_blocks > 0 ? e->o.spec.draft_blocks : o->n_blocks,
+            .sample = e->o.spec.sample_drafts};
         struct moe_backend *dbe = e->o.spec.draft_be ? e->o.spec.draft_be : be;
         if ((s = moe_spec_draft_init(&e->draft, e->o.spec.draft, dbe, m->cfg.vocab, &dop)) != MOE_OK)
             goto fail;
@@ -116,9 +117,19 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
     e->chunks = calloc((size_t)o->max_seqs, sizeof *e->chunks);
     e->sched = calloc((size_t)o->max_seqs, sizeof *e->sched);
     e->drafted = calloc((size_t)o->max_seqs, sizeof *e->drafted);
+    e->q_slot = malloc((size_t)o->max_seqs * sizeof *e->q_slot);
+    if (e->o.spec.kind == MOE_SPEC_DRAFT && e->o.spec.sample_drafts) {
+        size_t n;
+        if (!moe_mul_size((size_t)MOE_SPEC_SAMPLED_SEQS * (size_t)e->o.spec.tokens,
+                          (size_t)m->cfg.vocab, &n) || !moe_mul_size(n, sizeof(float), &n) ||
+            !(e->spec_q = malloc(n))) {
+            s = moe_fail(MOE_ERR_NOMEM, "engine: the distributions of sampled drafts");
+            goto fail;
+        }
+    }
     e->logits = malloc((size_t)max_logits * (size_t)m->cfg.vocab * sizeof(float));
     e->ids = malloc((size_t)max_logits * sizeof *e->ids);
-    if (!e->chunks || !e->sched || !e->drafted || !e->logits || !e->ids) {
+    if (!e->chunks || !e->sched || !e->drafted || !e->q_slot || !e->logits || !e->ids) {
         s = moe_fail(MOE_ERR_NOMEM, "engine: step buffers");
         goto fail;
     }
@@ -157,6 +168,8 @@ void moe_engine_free(struct moe_engine *e)
     free(e->chunks);
     free(e->sched);
     free(e->drafted);
+    free(e->q_slot);
+    free(e->spec_q);
     free(e->logits);
     free(e->ids);
     memset(e, 0, sizeof *e);
@@ -220,6 +233,7 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
     r->state = MOE_REQ_WAITING;
     r->t_arrival = e->clock();
     moe_rng_seed(&r->rng, p->sampling.seed);
+    moe_rng_seed(&r->draft_rng, p->sampling.seed ^ 0x5851f42d4c957f2dull);
     push_back(&e->wait_head, &e->wait_tail, r);
     e->n_waiting++;
     e->n.prompt_tokens += (uint64_t)n_prompt;
@@ -338,11 +352,12 @@ static bool is_stop(const struct moe_request *r, int32_t t)
 
 /* Samples r's next token from logits row `row` of the step: the backend's
  * argmax for plain greedy requests, the sampler on the host otherwise. */
+static void emit(struct moe_engine *e, struct moe_request *r);
+
 static void sample(struct moe_engine *e, struct moe_request *r, int row)
 {
     const int V = e->m->cfg.vocab;
-    int g = r->n_tokens - r->n_prompt;
-    struct moe_sample *s = &r->samples[g];
+    struct moe_sample *s = &r->samples[r->n_tokens - r->n_prompt];
     if (moe_sampling_is_argmax(&r->params.sampling)) {
         memset(s, 0, sizeof *s);
         s->token = e->ids[row];
@@ -351,6 +366,15 @@ static void sample(struct moe_engine *e, struct moe_request *r, int row)
         moe_sampler_sample(&r->params.sampling, &r->rng, e->logits + (size_t)row * V, V, r->tokens,
                            r->n_prompt, r->n_tokens, &e->scratch, s);
     }
+    emit(e, r);
+}
+
+/* Emits the token of r's next sample (filled in): its time, stop ids,
+ * max_tokens and the callback. */
+static void emit(struct moe_engine *e, struct moe_request *r)
+{
+    int g = r->n_tokens - r->n_prompt;
+    const struct moe_sample *s = &r->samples[g];
     double now = e->clock();
     if (g == 0) r->t_first = now;
     r->t_token[g] = now;
@@ -378,16 +402,26 @@ static void sample(struct moe_engine *e, struct moe_request *r, int row)
  * distributed as norm(max(0, p - q)), p without x.  The generator is used
  * once per emitted token, as without speculation, so a seeded request's
  * output is the same token for token. */
-static void verify(struct moe_engine *e, struct moe_request *r, int row, int d, int batch_row)
+static void verify(struct moe_engine *e, struct moe_request *r, int row, int d, int batch_row,
+                   const float *q)
 {
-    const int n_before = r->n_tokens;
+    const int n_before = r->n_tokens, V = e->m->cfg.vocab;
     int accepted = 0;
     bool rejected = false;
     for (int i = 0; i <= d; i++) {
         /* sample() overwrites the drafted token with the emitted one */
         int32_t drafted = i < d ? r->tokens[r->n_tokens] : -1;
-        sample(e, r, row + i);
-        bool kept = i < d && r->tokens[r->n_tokens - 1] == drafted;
+        bool kept;
+        if (q && i < d) { /* a draft drawn from q: rejection sampling */
+            kept = moe_sampler_accept(&r->params.sampling, &r->rng, e->logits + (size_t)(row + i) * V, V,
+                                      r->tokens, r->n_prompt, r->n_tokens, &e->scratch,
+                                      q + (size_t)i * V, drafted,
+                                      &r->samples[r->n_tokens - r->n_prompt]);
+            emit(e, r);
+        } else {
+            sample(e, r, row + i);
+            kept = i < d && r->tokens[r->n_tokens - 1] == drafted;
+        }
         if (kept) {
             accepted++;
             e->n.spec_accepted_at[i]++;
@@ -479,12 +513,23 @@ static enum moe_status queue_draft(struct moe_engine *e, int c, int k)
 static enum moe_status propose_drafts(struct moe_engine *e, int nc, int *budget)
 {
     struct moe_spec_draft *d = &e->draft;
-    int n = 0;
+    const size_t q_stride = (size_t)e->o.spec.tokens * (size_t)e->m->cfg.vocab;
+    int n = 0, slots = 0;
     for (int c = 0; c < nc; c++) {
         if (e->drafted[c] >= 0) continue;
         struct moe_request *r = e->sched[c];
-        d->jobs[n++] = (struct moe_spec_draft_job){&r->draft_seq, r->tokens, r->n_tokens,
-                                                   -e->drafted[c], r->tokens + r->n_tokens};
+        struct moe_spec_draft_job *jb = &d->jobs[n++];
+        *jb = (struct moe_spec_draft_job){.seq = &r->draft_seq, .tokens = r->tokens,
+                                          .n_tokens = r->n_tokens, .k = -e->drafted[c],
+                                          .out = r->tokens + r->n_tokens};
+        /* sampled drafts for the first sampled requests, while q has room */
+        if (e->spec_q && !moe_sampling_is_greedy(&r->params.sampling) && slots < MOE_SPEC_SAMPLED_SEQS) {
+            e->q_slot[c] = slots;
+            jb->sampling = &r->params.sampling;
+            jb->rng = &r->draft_rng;
+            jb->n_prompt = r->n_prompt;
+            jb->q = e->spec_q + (size_t)slots++ * q_stride;
+        }
     }
     if (n == 0) return MOE_OK;
     MOE_TRY(moe_spec_draft_propose(d, n));
@@ -578,6 +623,7 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
     *n_scheduled = 0;
     e->n_sched = 0;
     memset(e->drafted, 0, (size_t)e->o.max_seqs * sizeof *e->drafted);
+    for (int c = 0; c < e->o.max_seqs; c++) e->q_slot[c] = -1;
     MOE_TRY(schedule_running(e, &nc, &budget, &preempted));
     MOE_TRY(add_drafts(e, nc, &budget));
     /* not in a step that had to preempt: memory is short, and the victim
@@ -611,7 +657,10 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
         }
         r->n_computed += n;
         if (e->drafted[c] > 0) {
-            verify(e, r, first, e->drafted[c], first_batch_row);
+            const float *q = e->q_slot[c] >= 0 ? e->spec_q + (size_t)e->q_slot[c] * e->o.spec.tokens *
+                                                             (size_t)e->m->cfg.vocab
+                                                : NULL;
+            verify(e, r, first, e->drafted[c], first_batch_row, q);
             continue;
         }
         cache_full_blocks(e, r);

@@ -67,6 +67,7 @@ enum moe_spec_kind {
 };
 
 #define MOE_SPEC_MAX_TOKENS 16 /* K at most */
+#define MOE_SPEC_SAMPLED_SEQS 8 /* requests a step whose drafts are sampled (sample_drafts) */
 
 struct moe_spec_opts {
     enum moe_spec_kind kind;
@@ -83,6 +84,13 @@ struct moe_spec_opts {
     const struct moe_model *draft;
     struct moe_backend *draft_be;
     int draft_blocks;
+    /* MOE_SPEC_DRAFT: the draft draws a sampled request's drafts from its
+     * own distribution q (for up to MOE_SPEC_SAMPLED_SEQS requests a step;
+     * others get its argmax), which the target accepts by rejection
+     * sampling (moe_sampler_accept): more drafts accepted, the target's
+     * distribution kept, but a seeded request's tokens are no longer those
+     * it gets without speculation */
+    bool sample_drafts;
     /* Optional: moe_engine_free calls draft_release(draft_ctx) after its
      * draft runner is gone, so whoever loaded the draft may hand it over
      * (the CLI does); taken over only when moe_engine_init succeeds. */
@@ -101,6 +109,7 @@ struct moe_request {
     struct moe_seq seq;
     struct moe_seq draft_seq; /* MOE_SPEC_DRAFT: its cache in the draft's pool; len:
                                  its tokens the draft has computed (spec_draft.h) */
+    struct moe_rng draft_rng; /* sample_drafts: draws its drafts (seeded from its seed) */
     struct moe_request_params params;
     struct moe_rng rng;
     struct moe_sample *samples;    /* (max_tokens) per generated token, owned */
@@ -149,6 +158,8 @@ struct moe_engine {
     const struct moe_model *m;
     struct moe_runner r;
     struct moe_spec_draft draft;  /* MOE_SPEC_DRAFT's proposer, else zero */
+    float *spec_q;                /* sample_drafts: (MOE_SPEC_SAMPLED_SEQS, K, V) drafts' q */
+    int *q_slot;                  /* (max_seqs) each chunk's q slot, -1: one-hot drafts */
     struct moe_engine_opts o;
     struct moe_request *run_head, *run_tail;   /* running, oldest first */
     struct moe_request *wait_head, *wait_tail; /* waiting, FIFO (preempted at the front) */

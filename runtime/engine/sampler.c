@@ -332,7 +332,7 @@ enum moe_status moe_sampling_logit_bias_from_json(json_t *lb, int vocab, struct 
 
 bool moe_sampler_accept(const struct moe_sampling *p, struct moe_rng *rng, float *logits, int V,
                         const int32_t *history, int n_prompt, int n_history,
-                        struct moe_sampler_scratch *sc, const double *q, int32_t x,
+                        struct moe_sampler_scratch *sc, const float *q, int32_t x,
                         struct moe_sample *out)
 {
     memset(out, 0, sizeof *out);

@@ -112,7 +112,7 @@ void moe_sampler_probs(const struct moe_sampling *p, float *logits, int V, const
  * accepted.  Two draws from rng at most.  Modifies logits. */
 bool moe_sampler_accept(const struct moe_sampling *p, struct moe_rng *rng, float *logits, int V,
                         const int32_t *history, int n_prompt, int n_history,
-                        struct moe_sampler_scratch *scratch, const double *q, int32_t x,
+                        struct moe_sampler_scratch *scratch, const float *q, int32_t x,
                         struct moe_sample *out);
 
 #ifdef __cplusplus

@@ -31,6 +31,20 @@ enum moe_status moe_spec_draft_init(struct moe_spec_draft *d, const struct moe_m
         s = moe_fail(MOE_ERR_NOMEM, "draft model: step buffers");
         goto fail;
     }
+    if (o->sample) {
+        size_t n;
+        if (!moe_mul_size(S, (size_t)vocab, &n) || !moe_mul_size(n, sizeof(float), &n)) {
+            s = moe_fail(MOE_ERR_NOMEM, "draft model: %d sequences x %d logits", o->max_seqs, vocab);
+            goto fail;
+        }
+        d->logits = malloc(n);
+        d->probs = malloc((size_t)vocab * sizeof *d->probs);
+        if (!d->logits || !d->probs) {
+            s = moe_fail(MOE_ERR_NOMEM, "draft model: logits of %d sequences", o->max_seqs);
+            goto fail;
+        }
+        if ((s = moe_sampler_scratch_init(&d->sc, vocab)) != MOE_OK) goto fail;
+    }
     return MOE_OK;
 fail:
     moe_spec_draft_free(d);
@@ -44,6 +58,9 @@ void moe_spec_draft_free(struct moe_spec_draft *d)
     free(d->chunks);
     free(d->job_of);
     free(d->ids);
+    free(d->logits);
+    free(d->probs);
+    moe_sampler_scratch_free(&d->sc);
     memset(d, 0, sizeof *d);
 }
 
@@ -56,6 +73,36 @@ static int blocks_for(const struct moe_spec_draft *d, int tokens)
 static int32_t draft_token(const struct moe_spec_draft *d, int32_t id)
 {
     return id >= 0 && id < d->vocab ? id : 0;
+}
+
+/* Guess i of job jb from its chunk's logits row: drawn from the draft's
+ * distribution (written to the job's q row i), or the backend's argmax. */
+static int32_t guess(struct moe_spec_draft *d, struct moe_spec_draft_job *jb, int i, int c)
+{
+    if (!jb->sampling) return draft_token(d, d->ids[c]);
+    const int V = d->vocab;
+    moe_sampler_probs(jb->sampling, d->logits + (size_t)c * V, V, jb->tokens, jb->n_prompt,
+                      jb->n_tokens + i, &d->sc, d->probs);
+    double u = moe_rng_uniform(jb->rng), acc = 0;
+    int32_t x = draft_token(d, d->ids[c]);
+    float *q = jb->q + (size_t)i * V;
+    bool drawn = false;
+    for (int v = 0; v < V; v++) {
+        q[v] = (float)d->probs[v];
+        if (drawn || d->probs[v] <= 0) continue;
+        x = v; /* the last token with mass, should rounding leave u above the sum */
+        acc += d->probs[v];
+        drawn = u < acc;
+    }
+    return x;
+}
+
+/* True when a job of chunks[0..nc) draws its guesses (its logits rows are needed). */
+static bool any_sampled(const struct moe_spec_draft *d, int nc)
+{
+    for (int c = 0; c < nc; c++)
+        if (d->jobs[d->job_of[c]].sampling) return true;
+    return false;
 }
 
 /* Fits each job's k to the draft model's context and to the free draft
@@ -102,10 +149,11 @@ enum moe_status moe_spec_draft_propose(struct moe_spec_draft *d, int n)
             budget -= c;
         }
         if (nc == 0) break;
-        MOE_TRY(moe_runner_step(&d->r, d->chunks, nc, NULL, d->ids, NULL, NULL));
+        MOE_TRY(moe_runner_step(&d->r, d->chunks, nc, any_sampled(d, nc) ? d->logits : NULL, d->ids,
+                                NULL, NULL));
         for (int c = 0; c < nc; c++) {
             struct moe_spec_draft_job *jb = &d->jobs[d->job_of[c]];
-            if (jb->seq->len == jb->n_tokens) jb->out[0] = draft_token(d, d->ids[c]);
+            if (jb->seq->len == jb->n_tokens) jb->out[0] = guess(d, jb, 0, c);
         }
     }
     /* then one row per sequence and step, feeding the guess before */
@@ -118,8 +166,9 @@ enum moe_status moe_spec_draft_propose(struct moe_spec_draft *d, int n)
             d->job_of[nc++] = j;
         }
         if (nc == 0) break;
-        MOE_TRY(moe_runner_step(&d->r, d->chunks, nc, NULL, d->ids, NULL, NULL));
-        for (int c = 0; c < nc; c++) d->jobs[d->job_of[c]].out[i] = draft_token(d, d->ids[c]);
+        MOE_TRY(moe_runner_step(&d->r, d->chunks, nc, any_sampled(d, nc) ? d->logits : NULL, d->ids,
+                                NULL, NULL));
+        for (int c = 0; c < nc; c++) d->jobs[d->job_of[c]].out[i] = guess(d, &d->jobs[d->job_of[c]], i, c);
     }
     return MOE_OK;
 }

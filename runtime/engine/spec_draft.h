@@ -16,7 +16,8 @@
  * The draft's argmax is the backend's (ties to the lower id, NaN never
  * wins), and every proposed token is in [0, V): NaN logits from the draft
  * may waste a step, never change the target's output.  The distribution q
- * of a drafted token is one-hot.
+ * of a drafted token is one-hot, or, for a job that asks (a sampled
+ * request, opts.sample), the draft's own distribution, drawn from.
  *
  * Invariant: a draft sequence holds K/V only for tokens of its request
  * that the target verified, or for the draft's own guesses until the
@@ -45,7 +46,17 @@ struct moe_spec_draft_job {
     const int32_t *tokens;     /* (n_tokens) the request's tokens, prompt then generated */
     int n_tokens;
     int k;                     /* in: tokens wanted (>= 1); out: tokens proposed (0..k) */
-    int32_t *out;              /* (k) drafted tokens, written here */
+    int32_t *out;              /* (k) drafted tokens, written here; must follow tokens
+                                  (out == tokens + n_tokens: the penalties' history) */
+    /* Sampled drafts (opts.sample; NULL sampling: the draft's argmax, q
+     * one-hot): each token is drawn with rng from the draft's distribution
+     * under the request's sampling settings (moe_sampler_probs, history
+     * the tokens and the guesses before it, n_prompt of them the prompt),
+     * and that distribution is written to q (k, V). */
+    const struct moe_sampling *sampling;
+    struct moe_rng *rng;
+    int n_prompt;
+    float *q;
 };
 
 struct moe_spec_draft {
@@ -55,6 +66,9 @@ struct moe_spec_draft {
     struct moe_chunk *chunks;  /* (max_seqs) one draft step's chunks */
     int *job_of;               /* (max_seqs) the job of each chunk */
     int32_t *ids;              /* (max_seqs) argmax of each chunk's last row */
+    float *logits;             /* (max_seqs, V) each chunk's last row, for sampled drafts */
+    double *probs;             /* (V) */
+    struct moe_sampler_scratch sc;
 };
 
 struct moe_spec_draft_opts {
@@ -63,6 +77,7 @@ struct moe_spec_draft_opts {
     int block_size;            /* the target's B */
     int n_blocks;              /* the draft pool's blocks */
     enum moe_dtype kv_dtype;   /* the target's KV dtype */
+    bool sample;               /* jobs may ask for sampled drafts */
 };
 
 /* Prepares the draft model on be (borrowed; may be the target's backend)
