@@ -16,3 +16,8 @@ if nvidia-smi -L >/dev/null 2>&1 && build/moerun run "$MODEL" -p "a" -n 1 --back
 fi
 printf '%s' "$PROMPT"   # moerun run prints only the continuation
 build/moerun run "$MODEL" -p "$PROMPT" -n 48 --backend "$BACKEND"
+# the same with speculative decoding: models/demo-draft (a tenth of the
+# size) drafts 4 tokens a step and the model verifies them; the text is the
+# same, and the summary gives how many drafts it accepted
+printf '\n%s' "$PROMPT"
+build/moerun run "$MODEL" -p "$PROMPT" -n 48 --backend "$BACKEND" --draft models/demo-draft
