@@ -574,12 +574,12 @@ Test(cli, shared_option_behaves_the_same_everywhere)
 Test(cli, spec_options_refuse_bad_values_in_one_line)
 {
     static const struct { const char *opt, *msg; } cases[] = {
-        {"--spec foo", "--spec 'foo' (use none, ngram, or ngram:N with N from 1 to 64)"},
-        {"--spec ngram:0", "--spec 'ngram:0' (use none, ngram, or ngram:N with N from 1 to 64)"},
-        {"--spec ngram:65", "--spec 'ngram:65' (use none, ngram, or ngram:N with N from 1 to 64)"},
-        {"--spec ngram:", "--spec 'ngram:' (use none, ngram, or ngram:N with N from 1 to 64)"},
-        {"--spec none:3", "--spec 'none:3' (use none, ngram, or ngram:N with N from 1 to 64)"},
-        {"--spec ngramx", "--spec 'ngramx' (use none, ngram, or ngram:N with N from 1 to 64)"},
+        {"--spec foo", "--spec 'foo' (use none, ngram, ngram:N with N from 1 to 64, or mtp)"},
+        {"--spec ngram:0", "--spec 'ngram:0' (use none, ngram, ngram:N with N from 1 to 64, or mtp)"},
+        {"--spec ngram:65", "--spec 'ngram:65' (use none, ngram, ngram:N with N from 1 to 64, or mtp)"},
+        {"--spec ngram:", "--spec 'ngram:' (use none, ngram, ngram:N with N from 1 to 64, or mtp)"},
+        {"--spec none:3", "--spec 'none:3' (use none, ngram, ngram:N with N from 1 to 64, or mtp)"},
+        {"--spec ngramx", "--spec 'ngramx' (use none, ngram, ngram:N with N from 1 to 64, or mtp)"},
         {"--spec-tokens 0", "--spec-tokens '0' (an integer from 1 to 16)"},
         {"--spec-tokens 17", "--spec-tokens '17' (an integer from 1 to 16)"},
         {"--spec-max-batch -1", "--spec-max-batch '-1' (an integer from 0 to 65536)"},

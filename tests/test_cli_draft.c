@@ -132,3 +132,14 @@ Test(cli_draft, sampled_drafts_and_refusals)
     }
     cr_assert(rate[1] > rate[0] + 10, "sampled drafts accepted %.1f%%, the argmax %.1f%%", rate[1], rate[0]);
 }
+
+/* --spec mtp: refused in one line, before anything loads, naming why: the
+ * demo model declares no multi-token-prediction layers; the DeepSeek-V3
+ * fixture declares one, which moerun does not run. */
+Test(cli_draft, spec_mtp_refused)
+{
+    tu_expect_one_line_error("run " DEMO " -p Once -n 4 --spec mtp",
+                             "declares no multi-token-prediction layers (num_nextn_predict_layers)");
+    tu_expect_one_line_error("run " FIXTURE_DIR "/deepseek_v3 --prompt-ids 1,2 -n 4 --spec mtp",
+                             "the 1 multi-token-prediction layer");
+}

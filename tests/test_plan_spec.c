@@ -118,7 +118,7 @@ Test(plan_spec, bad_options_are_one_line_errors)
                              "moerun plan: --spec-tokens '0' (an integer from 1 to 16)");
     tu_expect_one_line_error(MIX "--spec ngram --spec-tokens 17",
                              "moerun plan: --spec-tokens '17' (an integer from 1 to 16)");
-    tu_expect_one_line_error(MIX "--spec mtp", "moerun plan: --spec 'mtp' (use none, ngram, or ngram:N with N from 1 to 64)");
+    tu_expect_one_line_error(MIX "--spec mtp", "moerun plan: --spec mtp: multi-token-prediction layers are not run by moerun yet");
     tu_expect_one_line_error(MIX "--accept 0.7", "moerun plan: --accept needs a proposer: --spec ngram or --draft DIR");
     tu_expect_one_line_error(MIX "--spec-tokens 4", "moerun plan: --spec-tokens needs a proposer");
     snprintf(args, sizeof args, MIX "--spec ngram --draft %s/configs/mixtral-8x7b.json", MOERUN_SOURCE_DIR);

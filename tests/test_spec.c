@@ -536,6 +536,10 @@ Test(spec, refuses_bad_settings)
     o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_NGRAM, .ngram_min = 3, .ngram_max = 2};
     cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_ERR_INVALID_ARG);
     cr_assert(strstr(moe_last_error(), "n-gram sizes 3..2"), "%s", moe_last_error());
+    o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_MTP};
+    cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_ERR_INVALID_ARG);
+    cr_assert(strstr(moe_last_error(), "multi-token-prediction layers as the proposer are not built"),
+              "%s", moe_last_error());
     o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_NGRAM};
     cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_OK, "%s", moe_last_error());
     cr_assert(e.o.spec.tokens == 4 && e.o.spec.ngram_max == 3 && e.o.spec.ngram_min == 1,

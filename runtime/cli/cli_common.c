@@ -91,6 +91,20 @@ static enum moe_status spec_check(const struct moe_cli_engine *o)
         return moe_fail(MOE_ERR_INVALID_ARG, "--draft and --spec ngram are two proposers; give one");
     if (o->spec.sample_drafts && !o->model.draft)
         return moe_fail(MOE_ERR_INVALID_ARG, "--spec-draft-sample needs --draft DIR");
+    if (o->spec.kind == MOE_SPEC_MTP) {
+        const struct moe_cli_model_opts *mo = &o->model;
+        char path[4096];
+        struct moe_config cfg;
+        if (mo->synthetic) snprintf(path, sizeof path, "%s", mo->synthetic);
+        else snprintf(path, sizeof path, "%s/config.json", mo->path ? mo->path : ".");
+        MOE_TRY(moe_config_load(&cfg, path));
+        if (cfg.n_mtp_layers == 0)
+            return moe_fail(MOE_ERR_INVALID_ARG, "--spec mtp: %s declares no multi-token-prediction "
+                            "layers (num_nextn_predict_layers); use --spec ngram or --draft DIR", path);
+        return moe_fail(MOE_ERR_INVALID_ARG, "--spec mtp: the %d multi-token-prediction layer%s %s "
+                        "declares are not run by moerun yet; use --spec ngram or --draft DIR",
+                        cfg.n_mtp_layers, cfg.n_mtp_layers == 1 ? "" : "s", path);
+    }
     return MOE_OK;
 }
 
@@ -259,6 +273,7 @@ static const struct {
 } spec_kinds[] = {
     {"none", MOE_SPEC_NONE, false},
     {"ngram", MOE_SPEC_NGRAM, true},
+    {"mtp", MOE_SPEC_MTP, false},
 };
 
 bool moe_cli_parse_spec(const char *s, struct moe_spec_opts *o)

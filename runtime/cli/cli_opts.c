@@ -116,7 +116,7 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
              "CUDA backends; routers and the embedding stay as stored)"},
     {.name = "@spec"}, /* speculative decoding: the commands that generate */
     {.name = "spec", .arg = "P", .kind = MOE_CLI_CUSTOM, ENG(spec), .parse = parse_spec,
-     .what = "use none, ngram, or ngram:N with N from 1 to " STR(MOE_CLI_SPEC_NGRAM_MAX),
+     .what = "use none, ngram, ngram:N with N from 1 to " STR(MOE_CLI_SPEC_NGRAM_MAX) ", or mtp",
      .help = "speculative decoding's proposer: none (the default), or\n"
              "ngram[:N], prompt lookup of the last N tokens (default 3);\n"
              "same output as without"},

@@ -176,6 +176,8 @@ static int plan_parse(int argc, char **argv, struct plan_opts *o)
     if (rc >= 0) return rc;
     if (a.n_pos > 0) o->eng.model.path = a.pos[0];
     if (a.n_pos > 1) return moe_cli_error("plan", "unexpected argument '%s'", a.pos[1]);
+    if (o->eng.spec.kind == MOE_SPEC_MTP)
+        return moe_cli_error("plan", "--spec mtp: multi-token-prediction layers are not run by moerun yet");
     const bool ngram = o->eng.spec.kind == MOE_SPEC_NGRAM, draft = o->eng.model.draft != NULL;
     if (ngram && draft) return moe_cli_error("plan", "--spec and --draft are two proposers: give one");
     if (!ngram && !draft && (o->accept >= 0 || o->eng.spec.tokens))

@@ -60,6 +60,9 @@ static void push_front(struct moe_request **head, struct moe_request **tail, str
 static enum moe_status spec_resolve(struct moe_spec_opts *p)
 {
     if (p->kind == MOE_SPEC_NONE) return MOE_OK;
+    if (p->kind == MOE_SPEC_MTP)
+        return moe_fail(MOE_ERR_INVALID_ARG, "engine: multi-token-prediction layers as the proposer "
+                        "are not built; use the n-gram or a draft model");
     if (p->kind != MOE_SPEC_NGRAM && p->kind != MOE_SPEC_DRAFT)
         return moe_fail(MOE_ERR_INVALID_ARG, "engine: unknown speculation proposer %d", (int)p->kind);
     if (p->tokens == 0) p->tokens = 4;

@@ -64,6 +64,8 @@ enum moe_spec_kind {
     MOE_SPEC_NONE,   /* plain decoding */
     MOE_SPEC_NGRAM,  /* prompt lookup (spec_ngram.h) */
     MOE_SPEC_DRAFT,  /* a smaller model of the same vocabulary (spec_draft.h) */
+    MOE_SPEC_MTP,    /* the checkpoint's multi-token-prediction layers: not built,
+                        refused by the engine and the command line */
 };
 
 #define MOE_SPEC_MAX_TOKENS 16 /* K at most */

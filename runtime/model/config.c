@@ -439,6 +439,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
 
     const int BIG = 1 << 24;
     MOE_TRY(get_int(root, what, "num_hidden_layers", 1, MOE_MAX_LAYERS, 0, true, &c->n_layers));
+    MOE_TRY(get_int(root, what, "num_nextn_predict_layers", 0, MOE_MAX_LAYERS, 0, false, &c->n_mtp_layers));
     MOE_TRY(get_int(root, what, "hidden_size", 1, BIG, 0, true, &c->d_model));
     MOE_TRY(get_int(root, what, "vocab_size", 1, 1 << 28, 0, true, &c->vocab));
     MOE_TRY(get_int(root, what, "num_attention_heads", 1, 1 << 16, 0, true, &c->n_heads));

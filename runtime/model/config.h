@@ -48,6 +48,8 @@ struct moe_config {
     enum moe_family family;
     char architecture[64];
     int n_layers;      /* L */
+    int n_mtp_layers;  /* num_nextn_predict_layers: multi-token-prediction layers
+                          the checkpoint declares after the L (not run) */
     int d_model;       /* D */
     int vocab;         /* V */
     int n_heads;       /* Hq */
