@@ -468,9 +468,6 @@ Test(spec, demo_model_matches_plain, .timeout = 600)
     moe_model_free(&m);
 }
 
-/* 1,000 speculative requests (few distinct prompts, so prefixes are shared
- * and drafts accepted) in a 40-block pool, a ninth of the live ones
- * cancelled at random moments each step: afterwards no block is referenced. */
 /* A request of the churn: one of seven jobs, max_tokens 1..24. */
 static void churn_request(void *ctx, uint64_t *seed, const int32_t **prompt, int *n,
                           struct moe_request_params *p)
@@ -482,6 +479,9 @@ static void churn_request(void *ctx, uint64_t *seed, const int32_t **prompt, int
     p->max_tokens = 1 + (int)(tu_rand_u64(seed) % 24);
 }
 
+/* 1,000 speculative requests (few distinct prompts, so prefixes are shared
+ * and drafts accepted) in a 40-block pool, a ninth of the live ones
+ * cancelled at random moments each step: afterwards no block is referenced. */
 Test(spec, cancellation_leaks_no_block)
 {
     struct moe_model m;
