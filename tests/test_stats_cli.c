@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "runtime/stats/stats_analyze.h"
 #include "tests/testutil.h"
 
 static char dir[64];
@@ -145,4 +146,45 @@ Test(stats_cli, misuse_gives_one_clear_line)
     snprintf(cmd, sizeof cmd, "%s stats --help", MOERUN_BINARY);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "usage: moerun stats"));
+}
+
+/* Speculative decoding's rows in the statistics: the demo model with its
+ * draft writes a JSON and a trace; `moerun stats --accepted-only` leaves out
+ * the rows of rejected drafts, and what is left (JSON and trace alike)
+ * equals, expert by expert, the same greedy run without speculation. */
+Test(stats_cli, accepted_only_is_the_plain_run)
+{
+    static char cmd[4096], out[65536];
+    const char *common = "run " MOERUN_SOURCE_DIR "/models/demo-moe -p 'Once upon a time, there was a "
+                         "little cat named Tom.' -n 60 --threads 1 --backend cpu";
+    snprintf(cmd, sizeof cmd, "%s %s --stats-out %s/plain.json 2>&1", MOERUN_BINARY, common, dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --draft %s --stats-out %s/spec.json --trace-out %s/spec 2>&1",
+             MOERUN_BINARY, common, MOERUN_SOURCE_DIR "/models/demo-draft", dir, dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "speculation: mean accepted length"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s stats %s/spec.json --no-plot --accepted-only 2>&1", MOERUN_BINARY, dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "accepted rows only:"), "%s", out);
+    char path[256];
+    struct moe_sdata plain, spec, trace;
+    snprintf(path, sizeof path, "%s/plain.json", dir);
+    cr_assert_eq(moe_sdata_load(&plain, path), MOE_OK, "%s", moe_last_error());
+    snprintf(path, sizeof path, "%s/spec.json", dir);
+    cr_assert_eq(moe_sdata_load(&spec, path), MOE_OK, "%s", moe_last_error());
+    snprintf(path, sizeof path, "%s/spec", dir);
+    cr_assert_eq(moe_sdata_load(&trace, path), MOE_OK, "%s", moe_last_error());
+    cr_assert(spec.tokens > plain.tokens, "verification computed rows the plain run did not");
+    cr_assert_eq(trace.tokens_rejected, spec.tokens_rejected);
+    int64_t left_out = moe_sdata_accepted_only(&spec);
+    cr_assert(left_out > 0 && left_out == moe_sdata_accepted_only(&trace));
+    cr_assert_eq(spec.tokens, plain.tokens);
+    cr_assert_eq(trace.tokens, plain.tokens);
+    for (int i = 0; i < plain.Lm * plain.E; i++) {
+        cr_assert_eq(spec.load[i], plain.load[i], "JSON: layer %d expert %d", i / plain.E, i % plain.E);
+        cr_assert_eq(trace.load[i], plain.load[i], "trace: layer %d expert %d", i / plain.E, i % plain.E);
+    }
+    moe_sdata_free(&plain);
+    moe_sdata_free(&spec);
+    moe_sdata_free(&trace);
 }

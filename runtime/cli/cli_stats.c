@@ -13,7 +13,7 @@
 struct stats_opts {
     const char *svg, *warm_path;
     long width, pairs, ep, replicas, act_bytes, hidden, cache, expert_bytes, topk, cpu_rows;
-    bool compare, no_plot;
+    bool compare, no_plot, accepted_only;
 };
 
 #define CMD(member) .at = MOE_CLI_AT_CMD, MOE_CLI_FIELD(struct stats_opts, member)
@@ -26,6 +26,9 @@ static const struct moe_cli_opt rows[] = {
     {.name = "pairs", .arg = "N", .kind = MOE_CLI_INT, CMD(pairs), .lo = 0, .hi = 1000,
      .help = "co-activated pairs listed per layer (default 3)"},
     {.name = "compare", .kind = MOE_CLI_FLAG, CMD(compare), .help = "compare the two files given"},
+    {.name = "accepted-only", .kind = MOE_CLI_FLAG, CMD(accepted_only),
+     .help = "speculative decoding: leave out the rows of rejected\n"
+             "drafts (default: every row computed)"},
     {.help = "what-ifs (routing trace only):"},
     {.name = "ep", .arg = "N", .kind = MOE_CLI_INT, CMD(ep), .lo = 1, .hi = 1 << 20,
      .help = "expert parallelism over N devices"},
@@ -108,11 +111,15 @@ int moe_cli_stats(int argc, char **argv)
         moe_cli_error("stats", "--warm: %s", moe_last_error());
         goto done;
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (moe_sdata_load(&d[i], a.pos[i]) != MOE_OK) {
             moe_cli_error("stats", "%s", moe_last_error());
             goto done;
         }
+        if (o.accepted_only)
+            printf("%s: accepted rows only: %lld rows of rejected drafts left out\n", a.pos[i],
+                   (long long)moe_sdata_accepted_only(&d[i]));
+    }
     if (o.compare) {
         moe_sdata_print_compare(stdout, &d[0], &d[1]);
         rc = 0;

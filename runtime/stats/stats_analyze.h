@@ -31,6 +31,10 @@ struct moe_sdata {
     double *coact;       /* (Lm, E, E) pairs i < j at [i*E + j] */
     double *ent_norm;    /* (Lm) mean router entropy / log E, NaN when unknown */
     int64_t tokens;      /* tokens (rows) covered */
+    /* speculative decoding: pairs and rows of rejected drafts' verification
+     * rows (in load and tokens; zero in files without speculation) */
+    double *rejected;    /* (Lm, E) */
+    int64_t tokens_rejected;
     int64_t steps;
     int d_model, d_expert, weight_bytes; /* 0 when unknown */
     int64_t expert_bytes;  /* one expert as stored; 0 when unknown (older files) */
@@ -49,6 +53,13 @@ struct moe_sdata {
  * experts, top-k, array lengths, .npy shapes) is checked against the file's
  * contents and the limits above before anything is allocated from it. */
 MOE_MUST_USE enum moe_status moe_sdata_load(struct moe_sdata *d, const char *path);
+/* Leaves out the rows of drafts speculative decoding rejected, so the load
+ * is what decoding without speculation routes (docs/stats-format.md): a
+ * statistics JSON's load and tokens less its tokens_spec_rejected (its
+ * top-1 and co-activation counts stay those of every computed row); a
+ * trace loses its rows of phase 2 and is counted again.  Returns the rows
+ * left out. */
+int64_t moe_sdata_accepted_only(struct moe_sdata *d);
 void moe_sdata_free(struct moe_sdata *d);
 
 /* --- tables (stats_analyze.c) --- */

@@ -13,7 +13,8 @@
 
 void moe_sdata_free(struct moe_sdata *d)
 {
-    void *p[] = {d->path, d->layers, d->load, d->top1, d->coact, d->ent_norm, d->ids, d->w, d->meta};
+    void *p[] = {d->path, d->layers, d->load, d->top1, d->coact, d->ent_norm, d->ids, d->w, d->meta,
+                 d->rejected};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     memset(d, 0, sizeof *d);
 }
@@ -38,7 +39,8 @@ static enum moe_status alloc_counters(struct moe_sdata *d)
     d->top1 = calloc(Lm * E + 1, sizeof(double));
     d->coact = calloc(Lm * E * E + 1, sizeof(double));
     d->ent_norm = calloc(Lm + 1, sizeof(double));
-    if (!d->layers || !d->load || !d->top1 || !d->coact || !d->ent_norm)
+    d->rejected = calloc(Lm * E + 1, sizeof(double));
+    if (!d->layers || !d->load || !d->top1 || !d->coact || !d->ent_norm || !d->rejected)
         return moe_fail(MOE_ERR_NOMEM, "%s: counters", d->path);
     for (size_t j = 0; j < Lm; j++) d->ent_norm[j] = NAN;
     return MOE_OK;
@@ -108,6 +110,11 @@ static enum moe_status load_stats_json(struct moe_sdata *d, json_t *root)
     d->Lm = (int)json_array_size(layers);
     d->tokens = json_integer_value(json_object_get(json_object_get(root, "tokens"), "total"));
     d->steps = json_integer_value(json_object_get(json_object_get(root, "window"), "steps"));
+    d->tokens_rejected =
+        json_integer_value(json_object_get(json_object_get(root, "speculation"), "rejected_tokens"));
+    if (d->tokens_rejected < 0 || d->tokens_rejected > d->tokens)
+        return moe_fail(MOE_ERR_FORMAT, "%s: %lld rejected tokens of %lld", d->path,
+                        (long long)d->tokens_rejected, (long long)d->tokens);
     MOE_TRY(alloc_counters(d));
     const size_t E = (size_t)d->E;
     for (int j = 0; j < d->Lm; j++) {
@@ -115,6 +122,12 @@ static enum moe_status load_stats_json(struct moe_sdata *d, json_t *root)
         d->layers[j] = (int32_t)json_integer_value(json_object_get(L, "layer"));
         MOE_TRY(num_array(d, json_object_get(L, "tokens"), "tokens", j, d->load + j * E));
         MOE_TRY(num_array(d, json_object_get(L, "top1"), "top1", j, d->top1 + j * E));
+        json_t *rej = json_object_get(L, "tokens_spec_rejected"); /* absent before speculation */
+        if (rej) MOE_TRY(num_array(d, rej, "tokens_spec_rejected", j, d->rejected + j * E));
+        for (size_t e = 0; e < E; e++)
+            if (d->rejected[j * E + e] > d->load[j * E + e])
+                return moe_fail(MOE_ERR_FORMAT, "%s: layer %d expert %zu: more rejected pairs than "
+                                "pairs", d->path, j, e);
         json_t *en = json_object_get(L, "router_entropy_norm");
         if (json_is_number(en)) d->ent_norm[j] = json_number_value(en);
         json_t *co = json_object_get(L, "coactivation"), *pr;
@@ -152,9 +165,41 @@ static void aggregate_trace(struct moe_sdata *d)
                     }
             }
             if (id[0] >= 0 && id[0] < E) d->top1[(size_t)j * E + id[0]] += 1;
+            if (d->meta[t * 4 + 3] == 2)
+                for (int k = 0; k < K; k++)
+                    if (id[k] >= 0 && id[k] < E) d->rejected[(size_t)j * E + id[k]] += 1;
         }
+        d->tokens_rejected += d->meta[t * 4 + 3] == 2;
     }
     d->tokens = d->N;
+}
+
+int64_t moe_sdata_accepted_only(struct moe_sdata *d)
+{
+    const size_t LE = (size_t)d->Lm * (size_t)d->E, row = (size_t)d->Lm * (size_t)d->K;
+    int64_t dropped = d->tokens_rejected;
+    if (!d->from_trace) {
+        for (size_t i = 0; i < LE; i++) d->load[i] -= d->rejected[i];
+        d->tokens -= d->tokens_rejected;
+    } else {
+        int64_t n = 0;
+        for (int64_t t = 0; t < d->N; t++) {
+            if (d->meta[t * 4 + 3] == 2) continue;
+            memmove(d->ids + (size_t)n * row, d->ids + (size_t)t * row, row * sizeof *d->ids);
+            memmove(d->w + (size_t)n * row, d->w + (size_t)t * row, row * sizeof *d->w);
+            memmove(d->meta + n * 4, d->meta + t * 4, 4 * sizeof *d->meta);
+            n++;
+        }
+        d->N = n;
+        memset(d->load, 0, LE * sizeof *d->load);
+        memset(d->top1, 0, LE * sizeof *d->top1);
+        memset(d->coact, 0, LE * (size_t)d->E * sizeof *d->coact);
+        d->steps = 0;
+        aggregate_trace(d);
+    }
+    memset(d->rejected, 0, LE * sizeof *d->rejected);
+    d->tokens_rejected = 0;
+    return dropped;
 }
 
 static enum moe_status load_trace(struct moe_sdata *d, json_t *root, const char *prefix)
