@@ -23,6 +23,9 @@
 #     tiled one; the decode expert kernels alone with bf16, MXFP4, FP8, Q8_0
 #     weights (moerun bench --expert-kernels); Mixtral with its weights
 #     quantized to Q8_0 on the device (--quantize q8_0) against bf16;
+#     speculative decoding: a verification step's cost on the Mixtral shape
+#     (bench verify) and the demo model with its draft and with n-gram
+#     lookup (bench --spec);
 #  5. prints a short table last; everything is written under $OUT.
 #
 # Environment: OUT (default gpu-out/), MOERUN_GPU_ARCHS (CUDA architectures,
@@ -225,6 +228,18 @@ say "   olmoe with expert offload, misses copied and on the CPU, done"
 # of 93), read in place at 1.125 bytes a weight
 bench mixtral_q8 configs/mixtral-8x7b.json --prefill 512 --chunk 512 --decode 1,8,64 --quantize q8_0
 say "   mixtral with Q8_0 weights done"
+# speculative decoding on the device: a verification step of K + 1 rows
+# against a decode row on the Mixtral shape (where decode is bound by
+# reading weights, so extra rows should cost little), then the demo model
+# with its draft and with n-gram lookup, with and without speculation
+timeout 300 "$build/moerun" bench verify --synthetic configs/mixtral-8x7b.json --backend cuda --ctx 512 \
+    --max-k 8 --steps 8 >"$out/spec_verify_mixtral.txt" 2>>"$log" || fail "bench verify mixtral"
+for p in "--draft models/demo-draft" "--spec ngram"; do
+    timeout 300 "$build/moerun" bench models/demo-moe --backend cuda $p --prompts bench/spec-prompts.txt \
+        --decode 1,8,32 --repeat 5 --output-len 48 --spec-max-batch 0 >>"$out/spec_demo.txt" 2>>"$log" \
+        || fail "bench $p"
+done
+say "   speculative decoding done"
 fi # bench
 
 # ---- 5. the table ----
@@ -347,6 +362,11 @@ for kv in ("f32", "bf16"):
               % (kv, c["ppl"], b["ppl"], b["kl_mean"], b["kl_max"], 100 * b["same_top1"]))
     except Exception as e:
         print("ppl demo-moe, CUDA (KV %s): no result (%s)" % (kv, e))
+for f in ("spec_verify_mixtral.txt", "spec_demo.txt"):
+    try:
+        print(open(os.path.join(out, f)).read().rstrip())
+    except Exception as e:
+        print("%s: no result (%s)" % (f, e))
 print()
 print("targets: decode b1 >= 80% of roofline (mixtral); grouped GEMM >= 70% of dense at 4096;")
 print("         b64 step <= 1.5x the time to read every expert once (b64/exp)")
