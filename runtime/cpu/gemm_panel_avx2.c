@@ -15,11 +15,17 @@
  *   - decode (T <= 3 rows): 4 panels x 1 row (8 accumulators), 2 panels x
  *     2 rows (8) or 2 panels x 3 rows (12), bf16 converted in the loop,
  *     prefetch PF_DECODE bytes ahead on each panel;
- *   - variant a (T < B_MIN_ROWS): 1 panel x up to 4 rows (8), both halves
+ *   - variant a (T < B_MIN_ROWS), one call for all the rows and 2 panels:
+ *     below WIDE_MIN_ROWS rows, the decode loop at 2 panels x up to 3 rows
+ *     (rows in even groups) over k blocks of MID_KP k-pairs, every group
+ *     over a block before the next, the partial sums through y (exact), the
+ *     first group prefetching the next block: the weights come from memory
+ *     once and stream while the other groups compute (re-reading whole
+ *     panels per group left memory idle meanwhile);
+ *     from WIDE_MIN_ROWS rows, 1 panel x up to 4 rows (8), both halves
  *     of each line converted first (4 registers), then 2 broadcasts and 4
- *     FMAs per row (5 or 6 rows leave no registers to spare; converting
- *     once per line, not per half as the decode tiles do, saves work
- *     across the rows);
+ *     FMAs per row (converting once per line, not per half as the decode
+ *     tiles do, saves work across many rows);
  *   - variant b (blocks of B_MIN_ROWS rows or more): the tile's panel is
  *     widened to fp32 once per block of up to ROW_BLOCK rows (into the
  *     thread's buffer, k-blocked by K_BLOCK), then 1 panel x 6 rows of pure
@@ -42,7 +48,12 @@ enum {
     PF_DECODE = 512,  /* prefetch distance of the decode tiles, bytes per panel stream */
     MAX_P = 4,        /* widest panel count of any tile */
     MAX_R = 6,        /* most rows of any tile */
-    A_ROWS = 4,       /* variant a: 1 panel x up to 4 rows */
+    A_ROWS = 47,      /* variant a: all the rows of the call at once */
+    WIDE_MIN_ROWS = 12, /* variant a from this many rows: 1 panel x up to 4 rows */
+    WIDE_ROWS = 4,
+    MID_ROWS = 3,     /* variant a: rows per tile (2 panels x 3 rows) */
+    MID_KP = 128,     /* variant a: k-pairs per k block (2 panels: 16 KiB) */
+    PF_MID = MID_KP * 64, /* variant a: the lead tile prefetches the next k block */
     B_ROWS = 6,       /* variant b: 1 panel x 6 rows */
     B_MIN_ROWS = 48,  /* row blocks of at least this many rows take variant b (as gemm_panel.c) */
     ROW_BLOCK = 512,  /* rows per block of variant b */
@@ -101,16 +112,21 @@ AVX2 INLINE void store_tile(const int P, const int R, __m256 acc[][2][MAX_R], fl
  * (0: none). */
 AVX2 INLINE void tile_a(const int P, const int R, const int pf, const char *w, size_t pst,
                         const float *x, size_t ldx, int KP, float *y, size_t ldy, int q, int n0,
-                        int n1, const struct moe_tensor *b)
+                        int n1, bool first, bool last, const struct moe_tensor *b)
 {
     __m256 acc[MAX_P][2][MAX_R];
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000);
 #pragma GCC unroll 4
     for (int p = 0; p < P; p++)
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < 2; h++) {
+            const __m256i m = first ? _mm256_setzero_si256() : lane_mask(q + p, h, n0, n1);
 #pragma GCC unroll 6
-            for (int r = 0; r < R; r++) acc[p][h][r] = _mm256_setzero_ps();
+            for (int r = 0; r < R; r++)
+                acc[p][h][r] =
+                    first ? _mm256_setzero_ps()
+                          : _mm256_maskload_ps(y + (size_t)r * ldy + 16 * (size_t)(q + p) + 8 * h, m);
+        }
     for (int i = 0; i < KP; i++) {
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++) {
@@ -130,10 +146,10 @@ AVX2 INLINE void tile_a(const int P, const int R, const int pf, const char *w, s
             }
         }
     }
-    store_tile(P, R, acc, y, ldy, q, n0, n1, true, b);
+    store_tile(P, R, acc, y, ldy, q, n0, n1, last, b);
 }
 
-/* Variant a: one panel x R rows, both halves widened first at each k-pair
+/* Variant a, 12 rows or more: one panel x R <= 4 rows, both halves widened first at each k-pair
  * (4 registers), then per row two broadcasts and 4 FMAs. */
 AVX2 INLINE void tile_va(const int R, const char *w, const float *x, size_t ldx, int KP, float *y,
                         size_t ldy, int q, int n0, int n1, const struct moe_tensor *b)
@@ -209,13 +225,14 @@ AVX2 static void widen_panel1(float *wb, const char *w, int i0, int i1)
 }
 
 #define TILE_A(v, Pc, Rc, pf) \
-    case v: tile_a(Pc, Rc, pf, w, pst, x, ldx, KP, y, ldy, q, n0, n1, b); break
+    case v: tile_a(Pc, Rc, pf, w, pst, x, ldx, KP, y, ldy, q, n0, n1, first, last, b); break
 
 /* Decode: P <= 4 panels x 1 row, or P <= 2 panels x 2 or 3 rows. */
 AVX2 static void decode_tile(int P, int R, const char *w, size_t pst, const float *x, size_t ldx,
                              int KP, float *y, size_t ldy, int q, int n0, int n1,
                              const struct moe_tensor *b)
 {
+    const bool first = true, last = true;
     if (R == 1) {
         switch (P) {
             TILE_A(1, 1, 1, PF_DECODE); TILE_A(2, 2, 1, PF_DECODE);
@@ -228,6 +245,22 @@ AVX2 static void decode_tile(int P, int R, const char *w, size_t pst, const floa
     }
 }
 
+/* Variant a's tile: P <= 2 panels x R <= 3 rows over the k-pairs of one
+ * k block, the partial sums through y; lead: the block's first row group,
+ * which prefetches the next block. */
+AVX2 static void mid_tile(int P, int R, bool lead, const char *w, size_t pst, const float *x,
+                          size_t ldx, int KP, float *y, size_t ldy, int q, int n0, int n1,
+                          bool first, bool last, const struct moe_tensor *b)
+{
+    switch ((P - 1) * 6 + (R - 1) * 2 + lead) {
+        TILE_A(0, 1, 1, 0); TILE_A(1, 1, 1, PF_MID);
+        TILE_A(2, 1, 2, 0); TILE_A(3, 1, 2, PF_MID);
+        TILE_A(4, 1, 3, 0); TILE_A(5, 1, 3, PF_MID);
+        TILE_A(6, 2, 1, 0); TILE_A(7, 2, 1, PF_MID);
+        TILE_A(8, 2, 2, 0); TILE_A(9, 2, 2, PF_MID);
+        TILE_A(10, 2, 3, 0); TILE_A(11, 2, 3, PF_MID);
+    }
+}
 /* Variant a: 1 panel x R <= 4 rows. */
 AVX2 static void a_tile1(int R, const char *w, const float *x, size_t ldx, int KP,
                          float *y, size_t ldy, int q, int n0, int n1, const struct moe_tensor *b)
@@ -256,8 +289,27 @@ AVX2 INLINE void a_tile(int P, int R, const char *w, size_t pst, const float *x,
                         int KP, float *y, size_t ldy, int q, int n0, int n1,
                         const struct moe_tensor *b)
 {
-    (void)P, (void)pst;
-    a_tile1(R, w, x, ldx, KP, y, ldy, q, n0, n1, b);
+    if (R >= WIDE_MIN_ROWS) {
+        const int ng = (R + WIDE_ROWS - 1) / WIDE_ROWS;
+        for (int p = 0; p < P; p++)
+            for (int g = 0; g < ng; g++) {
+                const int r0 = R * g / ng, r1 = R * (g + 1) / ng;
+                a_tile1(r1 - r0, w + p * pst, x + (size_t)r0 * ldx, ldx, KP,
+                        y + (size_t)r0 * ldy, ldy, q + p, n0, n1, b);
+            }
+        return;
+    }
+    const int ng = (R + MID_ROWS - 1) / MID_ROWS;
+    for (int i0 = 0; i0 < KP; i0 += MID_KP) {
+        const int kn = KP - i0 < MID_KP ? KP - i0 : MID_KP;
+        const bool first = i0 == 0, last = i0 + kn == KP;
+        for (int g = 0; g < ng; g++) {
+            const int r0 = R * g / ng, r1 = R * (g + 1) / ng;
+            mid_tile(P, r1 - r0, g == 0, w + (size_t)i0 * 64, pst,
+                     x + (size_t)r0 * ldx + 2 * (size_t)i0, ldx, kn, y + (size_t)r0 * ldy, ldy, q,
+                     n0, n1, first, last, b);
+        }
+    }
 }
 
 AVX2 INLINE void widen_panels(float *wb, const char *w, size_t pst, int P, int i0, int i1)
@@ -278,6 +330,6 @@ AVX2 INLINE void b_tile(int P, int R, const float *wb, int kn, const float *x, s
 #define PD_FN moe_gemm_rows_panel_avx2
 #define PD_DECODE_P1 4
 #define PD_DECODE_P3 2
-#define PD_A_PANELS 1
+#define PD_A_PANELS 2
 #define PD_B_PANELS 1
 #include "runtime/cpu/gemm_panel_drive.h"
