@@ -71,6 +71,10 @@ void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcac
  * attention widens it (AVX2): the bits of moe_kvcache_fp8_row_f32 (a NaN
  * byte: a NaN). */
 void moe_kv_fp8_row_fast(float *dst, const uint8_t *q, float s, int n);
+/* dst[i] = e^x[i], i < n, as the fast attention's softmax takes it (AVX2,
+ * for x <= 88): within 2 ulps of expf; 0 under -87.33 (-inf included,
+ * where expf would give a subnormal), NaN for NaN. */
+void moe_attention_exp_avx2(float *dst, const float *x, int n);
 
 #ifdef __cplusplus
 }

@@ -152,6 +152,68 @@ AVX2 INLINE void accum_dt(float *acc, int gn, int Dh, const float *corr, const f
     if (g < gn) acc_heads(acc + (size_t)g * Dh, 1, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
 }
 
+/* e^x for x <= 88 (Cephes' expf on 8 lanes): n = round(x log2 e), r = x -
+ * n ln 2 in two parts, a degree-5 polynomial on r, times 2^n by the
+ * exponent's bits; within 2 ulps of expf.  Lanes under -87.33 (below
+ * FLT_MIN, -inf included) give 0, NaN lanes NaN. */
+AVX2 INLINE __m256 exp8(__m256 x)
+{
+    const __m256 xc = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-88.0f), x));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3365478515625f), _CMP_LT_OQ), y);
+}
+
+AVX2 void moe_attention_softmax_avx2(float *sc, int ldsc, int gn, int nj, float *m, float *l, float *corr)
+{
+    MOE_ASSERT(nj >= 1 && nj <= MOE_ATT_TILE && MOE_ATT_TILE == 16);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 in0 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nj), lane));
+    const __m256 in1 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nj - 8), lane));
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int g = 0; g < gn; g++) {
+        float *sg = sc + (size_t)g * ldsc;
+        const __m256 s0 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sg), in0);
+        const __m256 s1 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sg + 8), in1);
+        /* max(s, mx) keeps mx where s is NaN, as the reference's s > mx ? s : mx */
+        __m256 mx = _mm256_max_ps(s1, _mm256_max_ps(s0, _mm256_set1_ps(m[g])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float mn = _mm_cvtss_f32(h);
+        const __m256 vmn = _mm256_set1_ps(mn);
+        const __m256 p0 = exp8(_mm256_sub_ps(s0, vmn)), p1 = exp8(_mm256_sub_ps(s1, vmn));
+        _mm256_storeu_ps(sg, p0);
+        _mm256_storeu_ps(sg + 8, p1);
+        corr[g] = expf(m[g] - mn);
+        l[g] = l[g] * corr[g] + moe_hsum8(_mm256_add_ps(p0, p1));
+        m[g] = mn;
+    }
+}
+
+/* exp8 over n values (for the tests). */
+AVX2 void moe_attention_exp_avx2(float *dst, const float *x, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, exp8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) {
+        float t[8] = {x[i]};
+        _mm256_storeu_ps(t, exp8(_mm256_loadu_ps(t)));
+        dst[i] = t[0];
+    }
+}
+
 /* One instance per dtype, so the loaders' branches fold away. */
 #define KV_DTYPE_SWITCH(dt, CALL)                                                                            \
     switch (dt) {                                                                                            \

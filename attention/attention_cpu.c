@@ -10,19 +10,25 @@
 #include <omp.h>
 #include <string.h>
 
+#include "runtime/core/par.h"
 #include "runtime/cpu/gemm.h"
+
+static void rmsnorm_row(float *yr, const float *xr, const struct moe_tensor *w, int dim, float eps)
+{
+    float ss = moe_dot_f32(xr, xr, dim);
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int i = 0; i < dim; i++) yr[i] = moe_tensor_get_f32(w, i) * (xr[i] * inv);
+}
 
 void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor *w, int rows,
                                int dim, float eps)
 {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim > 65536)
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * dim;
-        float *yr = y + (size_t)r * dim;
-        float ss = moe_dot_f32(xr, xr, dim);
-        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int i = 0; i < dim; i++) yr[i] = moe_tensor_get_f32(w, i) * (xr[i] * inv);
+    if (!moe_par_worth((size_t)rows * dim, 65536)) {
+        for (int r = 0; r < rows; r++) rmsnorm_row(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) rmsnorm_row(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
 }
 
 /* YaRN (transformers' _compute_yarn_parameters): dimensions that turn more
@@ -88,23 +94,29 @@ void moe_attention_rope_freqs(float *inv_freq, const struct moe_config *cfg)
     }
 }
 
+static void rope_row(float *x, const int32_t *pos, int t, int H, int Dh, int half, const float *inv_freq)
+{
+    for (int i = 0; i < half; i++) {
+        float angle = (float)pos[t] * inv_freq[i];
+        float c = cosf(angle), s = sinf(angle);
+        for (int h = 0; h < H; h++) {
+            float *v = x + ((size_t)t * H + h) * Dh;
+            float a = v[i], b = v[i + half];
+            v[i] = a * c - b * s;
+            v[i + half] = b * c + a * s;
+        }
+    }
+}
+
 void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh, int rot,
                             const float *inv_freq)
 {
-    const int half = rot / 2;
-#pragma omp parallel for schedule(static) if ((size_t)T * H * Dh > 65536)
-    for (int t = 0; t < T; t++) {
-        for (int i = 0; i < half; i++) {
-            float angle = (float)pos[t] * inv_freq[i];
-            float c = cosf(angle), s = sinf(angle);
-            for (int h = 0; h < H; h++) {
-                float *v = x + ((size_t)t * H + h) * Dh;
-                float a = v[i], b = v[i + half];
-                v[i] = a * c - b * s;
-                v[i + half] = b * c + a * s;
-            }
-        }
+    if (!moe_par_worth((size_t)T * H * Dh, 65536)) {
+        for (int t = 0; t < T; t++) rope_row(x, pos, t, H, Dh, rot / 2, inv_freq);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) rope_row(x, pos, t, H, Dh, rot / 2, inv_freq);
 }
 
 /* fp8 caches: each KV head's Dh values of the token, one scaled row each

@@ -17,3 +17,10 @@ void moe_attention_scores_avx2(float *sc, int ldsc, const float *q, int gn, int 
  * (scales vs). */
 void moe_attention_accum_avx2(float *acc, int gn, int Dh, const float *corr, const float *p, int ldp,
                               enum moe_dtype dt, const void *const *vrow, const float *vs, int nj);
+/* The online-softmax update of one tile for heads g < gn: mn = the larger of
+ * m[g] and the tile's scores sc[g * ldsc + jj], jj < nj (NaN scores
+ * skipped, as the reference's); corr[g] = e^(m[g] - mn); the scores become
+ * p = e^(s - mn) (all MOE_ATT_TILE lanes stored, 0 past nj); l[g] =
+ * l[g] * corr[g] + the sum of the tile's p in one fixed order; m[g] = mn.
+ * The exponential: moe_attention_exp_avx2's (attention.h). */
+void moe_attention_softmax_avx2(float *sc, int ldsc, int gn, int nj, float *m, float *l, float *corr);

@@ -4,11 +4,16 @@
 #include <math.h>
 #include <string.h>
 
+#include "runtime/core/par.h"
 #include "runtime/cpu/gemm.h"
 
 void moe_experts_swiglu_cpu(float *g, const float *u, size_t n)
 {
-#pragma omp parallel for schedule(static) if (n > 65536)
+    if (!moe_par_worth(n, 65536)) {
+        for (size_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "experts/experts.h"
+#include "runtime/core/par.h"
 #include "runtime/cpu/gemm_fast.h"
 
 /* Slices of n outputs so that items * slices >= want, each a multiple of
@@ -116,6 +117,44 @@ static void gate_up_slice(enum moe_cpu_isa isa, float *g, float *u, const float 
     }
 }
 
+/* The expert phase's work-shared loops: run by every thread of a team, or
+ * alone by one thread outside any region. */
+static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const struct moe_dispatch *plan,
+                      const float *w, const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
+                      int T, int K, int D, int F, const int32_t *active, int na, int fs, int nf, int ds,
+                      int nd)
+{
+    const int n = T * K;
+    const enum moe_dtype dt = ex->dtype;
+#pragma omp for schedule(static)
+    for (int r = 0; r < n; r++)
+        memcpy(ws->xe + (size_t)r * D, x + (size_t)(plan->perm[r] / K) * D,
+               (size_t)D * sizeof(float));
+
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < na * nf; i++) {
+        const int e = active[i / nf], r0 = plan->offsets[e], c = plan->counts[e];
+        const int f0 = (i % nf) * fs, f1 = f0 + fs < F ? f0 + fs : F;
+        const struct wsrc gate = {ex->gate[e], NULL, dt, false}, up = {ex->up[e], NULL, dt, false};
+        struct moe_tensor vg, vu;
+        gate_up_slice(isa, ws->g + (size_t)r0 * F, ws->u + (size_t)r0 * F, ws->xe + (size_t)r0 * D, c,
+                      &gate, &up, moe_experts_bias_row(&ex->b_gate, e, &vg),
+                      moe_experts_bias_row(&ex->b_up, e, &vu), ex->alpha, ex->limit, D, F, f0, f1, NULL);
+    }
+
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < na * nd; i++) {
+        const int e = active[i / nd], r0 = plan->offsets[e], c = plan->counts[e];
+        const int d0 = (i % nd) * ds, d1 = d0 + ds < D ? d0 + ds : D;
+        const struct wsrc down = {ex->down[e], NULL, dt, false};
+        struct moe_tensor vd;
+        slice_product(isa, ws->ye + (size_t)r0 * D, (size_t)D, ws->g + (size_t)r0 * F, (size_t)F, c,
+                      &down, F, d0, d1, moe_experts_bias_row(&ex->b_down, e, &vd), NULL);
+    }
+
+    moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);
+}
+
 void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
                           const struct moe_dispatch *plan, const float *w,
                           const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
@@ -128,38 +167,13 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
     const int want = 16 * omp_get_max_threads();
     const int fs = slice_size(F, na, want), ds = slice_size(D, na, want);
     const int nf = (F + fs - 1) / fs, nd = (D + ds - 1) / ds;
-    const enum moe_dtype dt = ex->dtype;
 
-#pragma omp parallel if ((size_t)n * D * F > 32768)
-    {
-#pragma omp for schedule(static)
-        for (int r = 0; r < n; r++)
-            memcpy(ws->xe + (size_t)r * D, x + (size_t)(plan->perm[r] / K) * D,
-                   (size_t)D * sizeof(float));
-
-#pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < na * nf; i++) {
-            const int e = active[i / nf], r0 = plan->offsets[e], c = plan->counts[e];
-            const int f0 = (i % nf) * fs, f1 = f0 + fs < F ? f0 + fs : F;
-            const struct wsrc gate = {ex->gate[e], NULL, dt, false}, up = {ex->up[e], NULL, dt, false};
-            struct moe_tensor vg, vu;
-            gate_up_slice(isa, ws->g + (size_t)r0 * F, ws->u + (size_t)r0 * F, ws->xe + (size_t)r0 * D, c,
-                          &gate, &up, moe_experts_bias_row(&ex->b_gate, e, &vg),
-                          moe_experts_bias_row(&ex->b_up, e, &vu), ex->alpha, ex->limit, D, F, f0, f1, NULL);
-        }
-
-#pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < na * nd; i++) {
-            const int e = active[i / nd], r0 = plan->offsets[e], c = plan->counts[e];
-            const int d0 = (i % nd) * ds, d1 = d0 + ds < D ? d0 + ds : D;
-            const struct wsrc down = {ex->down[e], NULL, dt, false};
-            struct moe_tensor vd;
-            slice_product(isa, ws->ye + (size_t)r0 * D, (size_t)D, ws->g + (size_t)r0 * F, (size_t)F, c,
-                          &down, F, d0, d1, moe_experts_bias_row(&ex->b_down, e, &vd), NULL);
-        }
-
-        moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);
+    if (!moe_par_worth((size_t)n * D * F, 32768)) {
+        ffn_phase(isa, out, x, plan, w, ex, ws, T, K, D, F, active, na, fs, nf, ds, nd);
+        return;
     }
+#pragma omp parallel
+    ffn_phase(isa, out, x, plan, w, ex, ws, T, K, D, F, active, na, fs, nf, ds, nd);
 }
 
 /* Per-thread scratch of moe_experts_ffn_stacks_cpu: JOIN_ROWS joined rows

@@ -1,5 +1,6 @@
 /* router_cpu.c - CPU reference of routing and dispatch (see router.h). */
 #include "router/router.h"
+#include "runtime/core/par.h"
 #include "runtime/core/status.h"
 #include "runtime/model/config.h"
 
@@ -65,61 +66,77 @@ void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int
     moe_router_topk_softmax_cpu(ids, w, logits, T, &r);
 }
 
+static void topk_softmax_row(int32_t *ids, float *w, const float *logits, int t, const struct moe_route *r)
+{
+    const int E = r->E, K = r->K, per = E / r->n_group;
+    const float *x = logits + (size_t)t * E;
+    int32_t *id = ids + (size_t)t * K;
+    float *wt = w + (size_t)t * K;
+    /* softmax (max-subtracted, fp32) */
+    float mx = -INFINITY;
+    for (int e = 0; e < E; e++)
+        if (x[e] > mx) mx = x[e];
+    float sum = 0.0f;
+    for (int e = 0; e < E; e++) sum += expf(x[e] - mx);
+    bool ok[MOE_MAX_EXPERT_GROUPS];
+    eligible_groups(ok, r, x);
+    /* top-K by insertion into a sorted list of K (K is small).  Ranking
+     * uses the logits: softmax is monotone, and logits stay ordered where
+     * probabilities would round to equal values or become NaN (+inf). */
+    int n = 0;
+    for (int e = 0; e < E; e++)
+        if (ok[e / per]) insert_ranked(wt, id, &n, K, x[e], e);
+    for (int k = 0; k < K; k++) wt[k] = expf(wt[k] - mx) / sum;
+    if (r->renorm) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s += wt[k];
+        for (int k = 0; k < K; k++) wt[k] /= s;
+    }
+    if (r->scale != 1.0f && r->scale != 0.0f)
+        for (int k = 0; k < K; k++) wt[k] *= r->scale;
+}
+
 void moe_router_topk_softmax_cpu(int32_t *ids, float *w, const float *logits, int T,
                                  const struct moe_route *r)
 {
-    const int E = r->E, K = r->K, G = r->n_group, per = E / G;
+    const int E = r->E, G = r->n_group;
     MOE_ASSERT(G >= 1 && G <= MOE_MAX_EXPERT_GROUPS && E % G == 0 && r->topk_group <= G);
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (int t = 0; t < T; t++) {
-        const float *x = logits + (size_t)t * E;
-        int32_t *id = ids + (size_t)t * K;
-        float *wt = w + (size_t)t * K;
-        /* softmax (max-subtracted, fp32) */
-        float mx = -INFINITY;
-        for (int e = 0; e < E; e++)
-            if (x[e] > mx) mx = x[e];
-        float sum = 0.0f;
-        for (int e = 0; e < E; e++) sum += expf(x[e] - mx);
-        bool ok[MOE_MAX_EXPERT_GROUPS];
-        eligible_groups(ok, r, x);
-        /* top-K by insertion into a sorted list of K (K is small).  Ranking
-         * uses the logits: softmax is monotone, and logits stay ordered where
-         * probabilities would round to equal values or become NaN (+inf). */
-        int n = 0;
-        for (int e = 0; e < E; e++)
-            if (ok[e / per]) insert_ranked(wt, id, &n, K, x[e], e);
-        for (int k = 0; k < K; k++) wt[k] = expf(wt[k] - mx) / sum;
-        if (r->renorm) {
-            float s = 0.0f;
-            for (int k = 0; k < K; k++) s += wt[k];
-            for (int k = 0; k < K; k++) wt[k] /= s;
-        }
-        if (r->scale != 1.0f && r->scale != 0.0f)
-            for (int k = 0; k < K; k++) wt[k] *= r->scale;
+    if (!moe_par_worth((size_t)T, 64)) {
+        for (int t = 0; t < T; t++) topk_softmax_row(ids, w, logits, t, r);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) topk_softmax_row(ids, w, logits, t, r);
+}
+
+static void topk_sigmoid_row(int32_t *ids, float *w, const float *logits, int t, const struct moe_route *r)
+{
+    const int E = r->E, K = r->K, per = E / r->n_group;
+    const float *x = logits + (size_t)t * E;
+    int32_t *id = ids + (size_t)t * K;
+    float *wt = w + (size_t)t * K;
+    bool ok[MOE_MAX_EXPERT_GROUPS];
+    eligible_groups(ok, r, x);
+    int n = 0;
+    for (int e = 0; e < E; e++)
+        if (ok[e / per]) insert_ranked(wt, id, &n, K, choice_score(r, x, e), e);
+    float sum = 0.0f;
+    for (int k = 0; k < K; k++) sum += wt[k] = sigmoidf(x[id[k]]);
+    for (int k = 0; k < K; k++) /* in transformers' order: w / (sum + 1e-20) * scale */
+        wt[k] = (r->renorm ? wt[k] / (sum + 1e-20f) : wt[k]) * r->scale;
 }
 
 void moe_router_topk_sigmoid_cpu(int32_t *ids, float *w, const float *logits, int T,
                                  const struct moe_route *r)
 {
-    const int E = r->E, K = r->K, G = r->n_group, per = E / G;
+    const int E = r->E, G = r->n_group;
     MOE_ASSERT(G >= 1 && G <= MOE_MAX_EXPERT_GROUPS && E % G == 0 && r->topk_group <= G);
-#pragma omp parallel for schedule(static) if (T > 64)
-    for (int t = 0; t < T; t++) {
-        const float *x = logits + (size_t)t * E;
-        int32_t *id = ids + (size_t)t * K;
-        float *wt = w + (size_t)t * K;
-        bool ok[MOE_MAX_EXPERT_GROUPS];
-        eligible_groups(ok, r, x);
-        int n = 0;
-        for (int e = 0; e < E; e++)
-            if (ok[e / per]) insert_ranked(wt, id, &n, K, choice_score(r, x, e), e);
-        float sum = 0.0f;
-        for (int k = 0; k < K; k++) sum += wt[k] = sigmoidf(x[id[k]]);
-        for (int k = 0; k < K; k++) /* in transformers' order: w / (sum + 1e-20) * scale */
-            wt[k] = (r->renorm ? wt[k] / (sum + 1e-20f) : wt[k]) * r->scale;
+    if (!moe_par_worth((size_t)T, 64)) {
+        for (int t = 0; t < T; t++) topk_sigmoid_row(ids, w, logits, t, r);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) topk_sigmoid_row(ids, w, logits, t, r);
 }
 
 void moe_router_dispatch_cpu(struct moe_dispatch *plan, const int32_t *ids, int T, int K, int E)

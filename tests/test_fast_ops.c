@@ -556,3 +556,40 @@ Test(fast_ops, backend_options_not_the_environment)
     moe_backend_free(&be);
     unsetenv("MOERUN_CPU_ISA");
 }
+
+/* ---- the fast attention's exponential ---- */
+
+/* Distance in units in the last place between two positive floats. */
+static int64_t ulps(float a, float b)
+{
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    return ia > ib ? (int64_t)ia - ib : (int64_t)ib - ia;
+}
+
+Test(fast_ops, attention_exp_within_2_ulps_of_expf)
+{
+    if (moe_cpu_isa_detect() == MOE_CPU_ISA_REF) cr_skip_test("no fast kernel set");
+    enum { N = 200003 };
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) x[i] = -87.0f * (float)i / (N - 1); /* the softmax's range: s - max <= 0 */
+    x[1] = 0.0f;
+    x[2] = -1e-30f;
+    x[3] = 5.0f;
+    x[4] = 88.0f;
+    moe_attention_exp_avx2(y, x, N);
+    int64_t worst = 0;
+    for (int i = 0; i < N; i++) {
+        const int64_t u = ulps(y[i], expf(x[i]));
+        worst = u > worst ? u : worst;
+    }
+    cr_expect(worst <= 2, "the exponential is %lld ulps from expf", (long long)worst);
+    const float sp[4] = {-INFINITY, -100.0f, -87.5f, NAN};
+    float sy[4];
+    moe_attention_exp_avx2(sy, sp, 4);
+    cr_expect(sy[0] == 0.0f && sy[1] == 0.0f && sy[2] == 0.0f, "e^-inf, e^-100, e^-87.5: %g %g %g", sy[0], sy[1], sy[2]);
+    cr_expect(isnan(sy[3]), "e^NaN is %g", sy[3]);
+    free(x);
+    free(y);
+}

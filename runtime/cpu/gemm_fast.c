@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/core/par.h"
 #include "runtime/core/status.h"
 
 static bool cpu_has_f16c(void)
@@ -82,7 +83,7 @@ void moe_gemm_fast(enum moe_cpu_isa isa, float *y, int ldy, const float *x, int 
                    const struct moe_tensor *b)
 {
     MOE_ASSERT(isa != MOE_CPU_ISA_REF);
-    if ((size_t)N * Din * (size_t)T <= 32768) {
+    if (!moe_par_worth((size_t)N * Din * (size_t)T, 32768)) {
         moe_gemm_fast_rows(isa, y, (size_t)ldy, x, (size_t)ldx, T, w, wt, Din, 0, N, b);
         return;
     }
@@ -108,7 +109,13 @@ void moe_gemm_fast_multi(enum moe_cpu_isa isa, int n, float *const *y, const flo
         first[j + 1] = first[j] + (N[j] + cs[j] - 1) / cs[j];
         work += (size_t)N[j] * Din * (size_t)T;
     }
-#pragma omp parallel for schedule(dynamic, 1) if (work > 32768)
+    if (!moe_par_worth(work, 32768)) { /* each product whole, in this thread */
+        for (int j = 0; j < n; j++)
+            moe_gemm_fast_rows(isa, y[j], (size_t)N[j], x, (size_t)Din, T, w[j], wt[j], Din, 0, N[j],
+                               b ? b[j] : NULL);
+        return;
+    }
+#pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < first[n]; i++) {
         int j = 0;
         while (i >= first[j + 1]) j++;
