@@ -65,7 +65,7 @@ static void target_probs(struct moe_runner *r, const struct moe_sampling *sp, co
 {
     int32_t hist[N_PROMPT + 2];
     memcpy(hist, prompt, sizeof prompt);
-    memcpy(hist + N_PROMPT, prefix, (size_t)n * sizeof *prefix);
+    if (n) memcpy(hist + N_PROMPT, prefix, (size_t)n * sizeof *prefix);
     float logits[V];
     struct moe_seq seq = {0};
     struct moe_chunk c = {&seq, hist, N_PROMPT + n, false, false, 0};
