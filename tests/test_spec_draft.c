@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "runtime/engine/engine.h"
+#include "tests/spec_harness.h"
 #include "tests/testutil.h"
 
 static struct moe_backend be;
@@ -85,152 +86,15 @@ static void remove_dir(const char *dir)
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
 }
 
-#define MAXJ 12
-#define MAXP 64
-#define MAXO 40
+#define MAXJ SPEC_MAXJ
 
-struct job {
-    int32_t prompt[MAXP];
-    int n, arrive;
-    struct moe_request_params p;
-};
-
-struct result {
-    int32_t out[MAXO];
-    struct moe_sample s[MAXO];
-    int n, drafted, accepted;
-    enum moe_finish finish;
-};
-
-/* Serves the jobs (job i submitted at step jobs[i].arrive) with options o
- * on target m; fills res and checks that every block of both pools is
- * free after. */
-static struct moe_engine_counters serve(const struct moe_model *m, const struct job *jobs, int nj,
-                                        const struct moe_engine_opts *o, struct result *res)
+static struct spec_totals draft_matches_plain(const struct moe_model *m, const struct moe_model *draft,
+                                              const struct spec_job *jobs, int nj,
+                                              struct moe_engine_opts o, int draft_blocks,
+                                              bool self_draft, const char *what)
 {
-    struct moe_engine e;
-    memset(res, 0, (size_t)nj * sizeof *res);
-    cr_assert_eq(moe_engine_init(&e, m, &be, o), MOE_OK, "%s", moe_last_error());
-    struct moe_request *req[MAXJ] = {0};
-    int step = 0, rows, submitted = 0;
-    while (submitted < nj || !moe_engine_idle(&e)) {
-        for (int i = 0; i < nj; i++)
-            if (!req[i] && jobs[i].arrive <= step) {
-                cr_assert_eq(moe_engine_submit(&e, jobs[i].prompt, jobs[i].n, &jobs[i].p, NULL,
-                                               &req[i]), MOE_OK, "%s", moe_last_error());
-                submitted++;
-            }
-        cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
-        cr_assert(++step < 20000, "the engine does not finish");
-    }
-    for (int i = 0; i < nj; i++) {
-        const int32_t *out = moe_request_output(req[i], &res[i].n);
-        memcpy(res[i].out, out, (size_t)res[i].n * sizeof *out);
-        memcpy(res[i].s, req[i]->samples, (size_t)res[i].n * sizeof *res[i].s);
-        res[i].finish = req[i]->finish;
-        res[i].drafted = req[i]->n_drafted;
-        res[i].accepted = req[i]->n_accepted;
-        moe_engine_release(&e, req[i]);
-    }
-    tu_expect_pools_free(&e);
-    struct moe_engine_counters n = e.n;
-    moe_engine_free(&e);
-    return n;
-}
-
-static void expect_same(const struct result *a, const struct result *b, int nj, const char *what)
-{
-    for (int i = 0; i < nj; i++) {
-        cr_assert_eq(a[i].n, b[i].n, "%s: request %d: %d tokens, without speculation %d", what, i,
-                     a[i].n, b[i].n);
-        cr_assert_eq(a[i].finish, b[i].finish, "%s: request %d finish", what, i);
-        for (int k = 0; k < a[i].n; k++) {
-            cr_assert_eq(a[i].out[k], b[i].out[k], "%s: request %d token %d: %d, without "
-                         "speculation %d", what, i, k, a[i].out[k], b[i].out[k]);
-            cr_assert(tu_same_bits(a[i].s[k].logprob, b[i].s[k].logprob),
-                      "%s: request %d token %d: logprob %.9g, without speculation %.9g", what, i,
-                      k, a[i].s[k].logprob, b[i].s[k].logprob);
-        }
-    }
-}
-
-/* Random prompts; parameters cycle: plain greedy (the backend's argmax),
- * sampled at temperature 0.8 (seeded: the same draws with speculation;
- * every other one opts out with no_spec), greedy with
- * log-probabilities (the host sampler), greedy with a repetition penalty
- * (the target's token may differ from the draft's argmax). */
-static void make_jobs(struct job *jobs, int nj, int vocab, uint64_t seed)
-{
-    for (int i = 0; i < nj; i++) {
-        struct job *j = &jobs[i];
-        memset(j, 0, sizeof *j);
-        j->n = 3 + (int)(tu_rand_u64(&seed) % (MAXP - 3));
-        for (int k = 0; k < j->n; k++) j->prompt[k] = (int32_t)(tu_rand_u64(&seed) % (uint64_t)vocab);
-        j->arrive = (int)(tu_rand_u64(&seed) % 6);
-        j->p.max_tokens = 8 + (int)(tu_rand_u64(&seed) % (MAXO - 8));
-        moe_sampling_defaults(&j->p.sampling);
-        j->p.sampling.seed = 1000 + (uint64_t)i;
-        if (i % 4 == 1) {
-            j->p.sampling.temperature = 0.8f;
-            j->p.no_spec = i % 8 == 1;
-        }
-        if (i % 4 == 2) {
-            j->p.sampling.logprob = true;
-            j->p.sampling.n_logprobs = 3;
-        }
-        if (i % 4 == 3) j->p.sampling.repetition_penalty = 1.3f;
-    }
-}
-
-static struct moe_engine_opts opts(int n_blocks, int batch_tokens, bool prefix)
-{
-    return (struct moe_engine_opts){.max_batch_tokens = batch_tokens, .max_seqs = 8,
-                                    .block_size = 4, .n_blocks = n_blocks,
-                                    .kv_dtype = MOE_DTYPE_F32, .prefix_cache = prefix};
-}
-
-struct totals {
-    uint64_t drafted, accepted, preemptions, prefix_hits;
-};
-
-/* Serves the jobs without speculation, then with draft for K = 1, 2, 4,
- * 8 (draft_blocks as given): the same outputs each time.  With
- * self_draft (the draft is the target's weights) every token drafted for
- * a request without penalties is accepted. */
-static struct totals draft_matches_plain(const struct moe_model *m, const struct moe_model *draft,
-                                         const struct job *jobs, int nj, struct moe_engine_opts o,
-                                         int draft_blocks, bool self_draft, const char *what)
-{
-    static struct result plain[MAXJ], spec[MAXJ];
-    struct totals t = {0};
-    struct moe_engine_counters np = serve(m, jobs, nj, &o, plain);
-    static const int ks[] = {1, 2, 4, 8};
-    for (int i = 0; i < 4; i++) {
-        struct moe_engine_opts so = o;
-        so.spec = (struct moe_spec_opts){.kind = MOE_SPEC_DRAFT, .tokens = ks[i], .draft = draft,
-                                         .draft_blocks = draft_blocks};
-        struct moe_engine_counters n = serve(m, jobs, nj, &so, spec);
-        char label[128];
-        snprintf(label, sizeof label, "%s, K = %d", what, ks[i]);
-        expect_same(spec, plain, nj, label);
-        cr_assert_eq(n.generated_tokens, np.generated_tokens, "%s", label);
-        cr_assert(n.spec_draft_tokens > 0, "%s: nothing drafted", label);
-        cr_assert(n.spec_accepted <= n.spec_draft_tokens);
-        for (int j = 0; j < nj; j++) {
-            if (jobs[j].p.no_spec)
-                cr_assert_eq(spec[j].drafted, 0, "%s: a sampled request speculated", label);
-            if (self_draft && jobs[j].p.sampling.repetition_penalty == 1.0f &&
-                moe_sampling_is_greedy(&jobs[j].p.sampling))
-                cr_assert_eq(spec[j].accepted, spec[j].drafted,
-                             "%s: request %d: %d of %d tokens the target itself drafted accepted",
-                             label, j, spec[j].accepted, spec[j].drafted);
-        }
-        t.drafted += n.spec_draft_tokens;
-        t.accepted += n.spec_accepted;
-        t.preemptions += n.preemptions;
-        t.prefix_hits += n.prefix_hit_tokens;
-    }
-    return t;
+    struct moe_spec_opts sp = {.kind = MOE_SPEC_DRAFT, .draft = draft, .draft_blocks = draft_blocks};
+    return spec_matches_plain(&be, m, jobs, nj, o, &sp, self_draft, what);
 }
 
 /* The synthetic target drafted by itself (a second copy of the same
@@ -240,9 +104,9 @@ static void self_draft_all_accepted(void)
     struct moe_model m, d;
     synthetic_model(&m, 2, 97, 11);
     synthetic_model(&d, 2, 97, 11);
-    static struct job jobs[MAXJ];
-    make_jobs(jobs, MAXJ, 97, 5);
-    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 0, true,
+    static struct spec_job jobs[MAXJ];
+    spec_make_jobs(jobs, MAXJ, 97, 5);
+    struct spec_totals t = draft_matches_plain(&m, &d, jobs, MAXJ, spec_opts(256, 1024, false), 0, true,
                                           "self draft");
     cr_assert(t.accepted > 0 && t.accepted <= t.drafted);
     moe_model_free(&d);
@@ -258,9 +122,9 @@ Test(spec_draft, small_draft_matches_plain)
     struct moe_model m, d;
     synthetic_model(&m, 2, 97, 11);
     synthetic_model(&d, 1, 97, 23);
-    static struct job jobs[MAXJ];
-    make_jobs(jobs, MAXJ, 97, 7);
-    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 0, false,
+    static struct spec_job jobs[MAXJ];
+    spec_make_jobs(jobs, MAXJ, 97, 7);
+    struct spec_totals t = draft_matches_plain(&m, &d, jobs, MAXJ, spec_opts(256, 1024, false), 0, false,
                                           "one-layer draft");
     cr_assert(t.accepted < t.drafted, "another model's guesses are not all right");
     moe_model_free(&d);
@@ -275,12 +139,12 @@ Test(spec_draft, preemption_and_tight_budget_match_plain)
     struct moe_model m, d;
     synthetic_model(&m, 2, 97, 11);
     synthetic_model(&d, 2, 97, 11);
-    static struct job jobs[MAXJ];
-    make_jobs(jobs, MAXJ, 97, 9);
-    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(24, 64, false), 0, true,
+    static struct spec_job jobs[MAXJ];
+    spec_make_jobs(jobs, MAXJ, 97, 9);
+    struct spec_totals t = draft_matches_plain(&m, &d, jobs, MAXJ, spec_opts(24, 64, false), 0, true,
                                           "preemption");
     cr_assert(t.preemptions > 0, "a 24-block pool must preempt");
-    t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 6, false), 0, true, "budget 6");
+    t = draft_matches_plain(&m, &d, jobs, MAXJ, spec_opts(256, 6, false), 0, true, "budget 6");
     cr_assert(t.accepted > 0);
     moe_model_free(&d);
     moe_model_free(&m);
@@ -293,11 +157,11 @@ Test(spec_draft, small_draft_pool_matches_plain)
     struct moe_model m, d;
     synthetic_model(&m, 2, 97, 11);
     synthetic_model(&d, 2, 97, 11);
-    static struct job jobs[MAXJ];
-    make_jobs(jobs, MAXJ, 97, 15);
-    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 20, true,
+    static struct spec_job jobs[MAXJ];
+    spec_make_jobs(jobs, MAXJ, 97, 15);
+    struct spec_totals t = draft_matches_plain(&m, &d, jobs, MAXJ, spec_opts(256, 1024, false), 20, true,
                                           "20-block draft pool");
-    struct totals roomy = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 0, true,
+    struct spec_totals roomy = draft_matches_plain(&m, &d, jobs, MAXJ, spec_opts(256, 1024, false), 0, true,
                                               "a roomy draft pool");
     cr_assert(t.accepted > 0);
     cr_assert(t.drafted < roomy.drafted, "the small pool drafts less (%llu, roomy %llu)",
@@ -313,14 +177,14 @@ Test(spec_draft, prefix_sharing_matches_plain)
     struct moe_model m, d;
     synthetic_model(&m, 2, 97, 11);
     synthetic_model(&d, 1, 97, 11);
-    static struct job jobs[MAXJ];
-    make_jobs(jobs, MAXJ, 97, 13);
+    static struct spec_job jobs[MAXJ];
+    spec_make_jobs(jobs, MAXJ, 97, 13);
     for (int i = 1; i < MAXJ; i += 2) {
         int n = jobs[i - 1].n / 2 < jobs[i].n ? jobs[i - 1].n / 2 : jobs[i].n;
         memcpy(jobs[i].prompt, jobs[i - 1].prompt, (size_t)n * sizeof *jobs[i].prompt);
         jobs[i].arrive = jobs[i - 1].arrive + 3;
     }
-    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 64, true), 0, false,
+    struct spec_totals t = draft_matches_plain(&m, &d, jobs, MAXJ, spec_opts(256, 64, true), 0, false,
                                           "prefix sharing");
     cr_assert(t.prefix_hits > 0, "prompts share cached blocks");
     moe_model_free(&d);
@@ -346,17 +210,17 @@ static void families_match_plain(void)
         cr_assert_eq(small.cfg.n_layers, 1);
         snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, pairs[f].other);
         cr_assert_eq(moe_model_load(&other, dir), MOE_OK, "%s: %s", dir, moe_last_error());
-        static struct job jobs[8];
-        make_jobs(jobs, 8, m.cfg.vocab, 17 + f);
+        static struct spec_job jobs[8];
+        spec_make_jobs(jobs, 8, m.cfg.vocab, 17 + f);
         char what[128];
         snprintf(what, sizeof what, "%s drafted by itself", pairs[f].target);
-        draft_matches_plain(&m, &self, jobs, 8, opts(256, 64, true), 0, true, what);
+        draft_matches_plain(&m, &self, jobs, 8, spec_opts(256, 64, true), 0, true, what);
         snprintf(what, sizeof what, "%s drafted by its first layer", pairs[f].target);
-        struct totals t = draft_matches_plain(&m, &small, jobs, 8, opts(256, 64, true), 0, false, what);
+        struct spec_totals t = draft_matches_plain(&m, &small, jobs, 8, spec_opts(256, 64, true), 0, false, what);
         cr_log_info("%s: %llu of %llu tokens its first layer drafted accepted", pairs[f].target,
                     (unsigned long long)t.accepted, (unsigned long long)t.drafted);
         snprintf(what, sizeof what, "%s drafted by %s", pairs[f].target, pairs[f].other);
-        draft_matches_plain(&m, &other, jobs, 8, opts(256, 64, true), 0, false, what);
+        draft_matches_plain(&m, &other, jobs, 8, spec_opts(256, 64, true), 0, false, what);
         moe_model_free(&other);
         moe_model_free(&small);
         moe_model_free(&self);
@@ -378,9 +242,9 @@ Test(spec_draft, nan_draft_changes_nothing)
     cr_assert_eq(d.embed.dtype, MOE_DTYPE_F32);
     float *emb = d.embed.data;
     for (int64_t i = 0; i < d.embed.shape[0] * d.embed.shape[1]; i++) emb[i] = NAN;
-    static struct job jobs[MAXJ];
-    make_jobs(jobs, MAXJ, 97, 19);
-    struct totals t = draft_matches_plain(&m, &d, jobs, MAXJ, opts(256, 1024, false), 0, false,
+    static struct spec_job jobs[MAXJ];
+    spec_make_jobs(jobs, MAXJ, 97, 19);
+    struct spec_totals t = draft_matches_plain(&m, &d, jobs, MAXJ, spec_opts(256, 1024, false), 0, false,
                                           "NaN draft");
     cr_assert(t.drafted > 0);
     moe_model_free(&d);
@@ -391,7 +255,7 @@ Test(spec_draft, nan_draft_changes_nothing)
 static void churn_request(void *ctx, uint64_t *seed, const int32_t **prompt, int *n,
                           struct moe_request_params *p)
 {
-    const struct job *j = (const struct job *)ctx + tu_rand_u64(seed) % 7;
+    const struct spec_job *j = (const struct spec_job *)ctx + tu_rand_u64(seed) % 7;
     *prompt = j->prompt;
     *n = j->n;
     *p = j->p;
@@ -416,12 +280,12 @@ Test(spec_draft, cancellation_leaks_no_block)
     struct moe_model m, d;
     synthetic_model(&m, 2, 97, 11);
     synthetic_model(&d, 1, 97, 11);
-    struct moe_engine_opts o = opts(40, 48, true);
+    struct moe_engine_opts o = spec_opts(40, 48, true);
     o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_DRAFT, .tokens = 4, .draft = &d};
     struct moe_engine e;
     cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_OK, "%s", moe_last_error());
-    static struct job kinds[7];
-    make_jobs(kinds, 7, 97, 31);
+    static struct spec_job kinds[7];
+    spec_make_jobs(kinds, 7, 97, 31);
     for (int i = 0; i < 7; i++) kinds[i].n = kinds[i].n < 24 ? kinds[i].n : 24;
     tu_engine_churn(&e, 1000, 24, 77, churn_request, both_pools_returned, kinds);
     cr_assert(e.n.requests_aborted > 50, "cancellations happened (%llu)",
@@ -441,7 +305,7 @@ Test(spec_draft, refuses_bad_drafts)
     synthetic_model(&m, 2, 97, 11);
     synthetic_model(&d, 1, 101, 11);
     struct moe_engine e;
-    struct moe_engine_opts o = opts(64, 64, false);
+    struct moe_engine_opts o = spec_opts(64, 64, false);
     o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_DRAFT, .draft = &d};
     cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_ERR_INVALID_ARG);
     const char *msg = moe_last_error();
