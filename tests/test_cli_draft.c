@@ -133,13 +133,27 @@ Test(cli_draft, sampled_drafts_and_refusals)
     cr_assert(rate[1] > rate[0] + 10, "sampled drafts accepted %.1f%%, the argmax %.1f%%", rate[1], rate[0]);
 }
 
-/* --spec mtp: refused in one line, before anything loads, naming why: the
- * demo model declares no multi-token-prediction layers; the DeepSeek-V3
- * fixture declares one, which moerun does not run. */
+/* --spec mtp: refused in one line, naming why: the demo model declares no
+ * multi-token-prediction layers (before anything loads); the DeepSeek-V3
+ * fixture declares one but, like many converted checkpoints, left its
+ * weights out; and it is one proposer, not two. */
 Test(cli_draft, spec_mtp_refused)
 {
     tu_expect_one_line_error("run " DEMO " -p Once -n 4 --spec mtp",
                              "declares no multi-token-prediction layers (num_nextn_predict_layers)");
-    tu_expect_one_line_error("run " FIXTURE_DIR "/deepseek_v3 --prompt-ids 1,2 -n 4 --spec mtp",
-                             "the 1 multi-token-prediction layer");
+    tu_expect_one_line_error("run " FIXTURE_DIR "/deepseek_v3 --backend cpu --prompt-ids 1,2 -n 4 --spec mtp",
+                             "model.layers.3.eh_proj.weight is not in the checkpoint: its "
+                             "multi-token-prediction weights were left out");
+    tu_expect_one_line_error("run " DEMO " -p Once -n 4 --spec mtp --draft " DEMO,
+                             "--draft and --spec mtp are two proposers");
+}
+
+/* The speculation settings without a proposer would be silently ignored:
+ * refused instead, naming what is missing. */
+Test(cli_draft, settings_without_proposer_refused)
+{
+    tu_expect_one_line_error("run " DEMO " -p Once -n 4 --spec-tokens 3",
+                             "--spec-tokens needs a proposer: --spec ngram|mtp or --draft DIR");
+    tu_expect_one_line_error("run " DEMO " -p Once -n 4 --spec-adaptive",
+                             "--spec-adaptive needs a proposer: --spec ngram|mtp or --draft DIR");
 }

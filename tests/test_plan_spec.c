@@ -108,6 +108,24 @@ Test(plan_spec, draft_memory_and_cost)
               "%s", out);
 }
 
+/* DeepSeek-V3's multi-token-prediction module in bf16: its embedding and
+ * head (2 x 129280 x 7168 x 2 B), eh_proj (2 x 7168^2 x 2 B), one MoE
+ * layer (256 + 1 experts of 3 x 7168 x 2048, the router, MLA's five
+ * projections, 187.1M parameters) come to 26.93 GB, 25.08 GiB; a draft
+ * step reads its attention, head and 8 experts; the K = 1 verification
+ * touches 256 (1 - (1 - 8/256)^2) = 15.8 experts per layer. */
+Test(plan_spec, mtp_module)
+{
+    char cmd[1024], out[16384];
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/deepseek-v3.json --spec mtp --accept 0.8",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "draft        the multi-token-prediction module (DeepseekV3ForCausalLM): 25.08 GiB of weights"),
+              "%s", out);
+    cr_expect(strstr(out, "\n   1          15.8 "), "%s", out);
+    cr_expect(speedup_of(out, 1) > 1, "%s", out);
+}
+
 Test(plan_spec, bad_options_are_one_line_errors)
 {
     char args[1024];
@@ -118,8 +136,8 @@ Test(plan_spec, bad_options_are_one_line_errors)
                              "moerun plan: --spec-tokens '0' (an integer from 1 to 16)");
     tu_expect_one_line_error(MIX "--spec ngram --spec-tokens 17",
                              "moerun plan: --spec-tokens '17' (an integer from 1 to 16)");
-    tu_expect_one_line_error(MIX "--spec mtp", "moerun plan: --spec mtp: multi-token-prediction layers are not run by moerun yet");
-    tu_expect_one_line_error(MIX "--accept 0.7", "moerun plan: --accept needs a proposer: --spec ngram or --draft DIR");
+    tu_expect_one_line_error(MIX "--spec mtp", "moerun plan: --spec mtp: the model declares no multi-token-prediction layers");
+    tu_expect_one_line_error(MIX "--accept 0.7", "moerun plan: --accept needs a proposer: --spec ngram|mtp or --draft DIR");
     tu_expect_one_line_error(MIX "--spec-tokens 4", "moerun plan: --spec-tokens needs a proposer");
     snprintf(args, sizeof args, MIX "--spec ngram --draft %s/configs/mixtral-8x7b.json", MOERUN_SOURCE_DIR);
     tu_expect_one_line_error(args, "moerun plan: --spec and --draft are two proposers: give one");

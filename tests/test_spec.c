@@ -538,7 +538,7 @@ Test(spec, refuses_bad_settings)
     cr_assert(strstr(moe_last_error(), "n-gram sizes 3..2"), "%s", moe_last_error());
     o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_MTP};
     cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_ERR_INVALID_ARG);
-    cr_assert(strstr(moe_last_error(), "multi-token-prediction layers as the proposer are not built"),
+    cr_assert(strstr(moe_last_error(), "needs the checkpoint's multi-token-prediction module"),
               "%s", moe_last_error());
     o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_NGRAM};
     cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_OK, "%s", moe_last_error());

@@ -205,6 +205,7 @@ void tu_expect_pools_free(const struct moe_engine *e)
 {
     expect_pool_free(&e->r.kv, "target");
     if (e->o.spec.kind == MOE_SPEC_DRAFT) expect_pool_free(&e->draft.r.kv, "draft");
+    if (e->o.spec.kind == MOE_SPEC_MTP) expect_pool_free(&e->mtp.r.kv, "multi-token prediction");
 }
 
 void tu_synthetic_model(struct moe_model *m, const char *cfg_json, uint64_t seed)

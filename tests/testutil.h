@@ -81,7 +81,7 @@ typedef void (*tu_churn_make_fn)(void *ctx, uint64_t *seed, const int32_t **prom
 void tu_engine_churn(struct moe_engine *e, int n_requests, int live_max, uint64_t seed,
                      tu_churn_make_fn make, void (*done)(void *ctx, struct moe_request *r),
                      void *ctx);
-/* Every block of e's KV pool (and of its draft's, with a draft proposer)
+/* Every block of e's KV pool (and of its proposer's: a draft model or an MTP module)
  * free and unreferenced. */
 void tu_expect_pools_free(const struct moe_engine *e);
 

@@ -152,6 +152,7 @@ static size_t pack_items(enum pack_kind kind, struct moe_model *m, struct pack_i
     add_tensor(kind, items, &n, &m->lm_head, -1); /* first: the largest, so the team ends together */
     if (items && n == 1 && m->lm_head.data == m->embed.data)
         items[0].keep_source = true; /* tied: the embedding reads the same rows */
+    add_tensor(kind, items, &n, &m->mtp_eh_proj, 0); /* a multi-token-prediction module's input */
     for (int l = 0; l < c->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
         struct moe_tensor *ts[LAYER_MATRICES];
@@ -334,7 +335,8 @@ static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_mode
     size_t dims[] = {(size_t)cfg->n_heads * cfg->head_dim, (size_t)cfg->d_ff,
                      (size_t)cfg->d_expert, (size_t)cfg->d_shared, (size_t)cfg->kv_lora_rank,
                      (size_t)cfg->q_lora_rank, (size_t)cfg->n_heads * cfg->v_head_dim,
-                     moe_attention_scratch_floats(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim)};
+                     moe_attention_scratch_floats(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim),
+                     m->mtp_eh_proj.data ? 2 * (size_t)cfg->d_model : 0};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > need) need = dims[i];
     size_t att = moe_attention_fast_scratch(cfg->n_heads / cfg->n_kv_heads, cfg->head_dim);

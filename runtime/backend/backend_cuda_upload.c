@@ -434,6 +434,10 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     const bool q8_head = m->lm_head.ndim == 2 && q8_quantizable(be, m->lm_head.dtype, m->lm_head.shape[1]);
     MOE_TRY(upload_matmul_view(be, m, &m->lm_head, cfg->tie_embeddings && !q8_head ? P_EMBED : P_HEAD, -1));
     MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
+    /* a multi-token-prediction module's input (absent elsewhere) */
+    MOE_TRY(upload_matmul_view(be, m, &m->mtp_eh_proj, P_ATTN, 0));
+    MOE_TRY(upload_view(be, m, &m->mtp_enorm, P_NORM));
+    MOE_TRY(upload_view(be, m, &m->mtp_hnorm, P_NORM));
     for (int l = 0; l < cfg->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
         /* the weights only matmul reads (FP8 ones kept as planes), then the

@@ -91,6 +91,11 @@ static enum moe_status spec_check(const struct moe_cli_engine *o)
         return moe_fail(MOE_ERR_INVALID_ARG, "--draft and --spec ngram are two proposers; give one");
     if (o->spec.sample_drafts && !o->model.draft)
         return moe_fail(MOE_ERR_INVALID_ARG, "--spec-draft-sample needs --draft DIR");
+    if (o->spec.kind == MOE_SPEC_NONE && !o->model.draft && (o->spec.tokens || o->spec.adaptive))
+        return moe_fail(MOE_ERR_INVALID_ARG, "--%s needs a proposer: --spec ngram|mtp or --draft DIR",
+                        o->spec.tokens ? "spec-tokens" : "spec-adaptive");
+    if (o->spec.kind == MOE_SPEC_MTP && o->model.draft)
+        return moe_fail(MOE_ERR_INVALID_ARG, "--draft and --spec mtp are two proposers; give one");
     if (o->spec.kind == MOE_SPEC_MTP) {
         const struct moe_cli_model_opts *mo = &o->model;
         char path[4096];
@@ -101,9 +106,12 @@ static enum moe_status spec_check(const struct moe_cli_engine *o)
         if (cfg.n_mtp_layers == 0)
             return moe_fail(MOE_ERR_INVALID_ARG, "--spec mtp: %s declares no multi-token-prediction "
                             "layers (num_nextn_predict_layers); use --spec ngram or --draft DIR", path);
-        return moe_fail(MOE_ERR_INVALID_ARG, "--spec mtp: the %d multi-token-prediction layer%s %s "
-                        "declares are not run by moerun yet; use --spec ngram or --draft DIR",
-                        cfg.n_mtp_layers, cfg.n_mtp_layers == 1 ? "" : "s", path);
+        if (o->gpu_experts > 0)
+            return moe_fail(MOE_ERR_INVALID_ARG, "--spec mtp with --gpu-experts: the module's layer "
+                            "would share the target's expert slots; not supported");
+        if (o->spec.sample_drafts)
+            return moe_fail(MOE_ERR_INVALID_ARG, "--spec-draft-sample needs --draft DIR (the "
+                            "multi-token-prediction module drafts its argmax)");
     }
     return MOE_OK;
 }

@@ -54,9 +54,33 @@ static enum moe_status split_budget(const struct moe_cli_engine *o, const struct
     return MOE_OK;
 }
 
+/* --spec mtp: the target's module 0 as the proposer, on the target's backend. */
+static enum moe_status mtp_attach(const struct moe_cli_engine *o, const struct moe_model *m,
+                                  struct moe_engine_opts *eo)
+{
+    struct cli_draft *d = calloc(1, sizeof *d);
+    if (!d) return moe_fail(MOE_ERR_NOMEM, "--spec mtp");
+    enum moe_status s = moe_model_mtp_view(m, 0, &d->m);
+    if (s != MOE_OK) {
+        moe_error_prefix("--spec mtp: %s: ", o->model.path ? o->model.path : "the model");
+        goto fail;
+    }
+    if (o->kv_budget && (s = split_budget(o, m, &d->m, eo->kv_dtype, &eo->n_blocks)) != MOE_OK) goto fail;
+    eo->spec.draft = &d->m;
+    eo->spec.draft_be = NULL;
+    eo->spec.draft_blocks = eo->n_blocks;
+    eo->spec.draft_release = draft_release;
+    eo->spec.draft_ctx = d;
+    return MOE_OK;
+fail:
+    draft_release(d);
+    return s;
+}
+
 enum moe_status moe_cli_draft_attach(const struct moe_cli_engine *o, const struct moe_model *m,
                                      struct moe_backend *be, struct moe_engine_opts *eo)
 {
+    if (o->spec.kind == MOE_SPEC_MTP) return mtp_attach(o, m, eo);
     const char *dir = o->model.draft;
     if (!dir) return MOE_OK;
     struct cli_draft *d = calloc(1, sizeof *d);

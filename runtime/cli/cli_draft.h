@@ -10,7 +10,12 @@
  * draft gets a CUDA backend of its own with every expert resident), its KV
  * pool as many tokens as the target's: --kv-budget is split so that each
  * block costs the target's bytes plus the draft's.  The engine owns the
- * draft model (and its backend) from then on. */
+ * draft model (and its backend) from then on.
+ *
+ * `--spec mtp` goes through the same door: the proposer is the target's
+ * multi-token-prediction module 0 (moe_model_mtp_view, borrowing the
+ * target's weights), on the target's backend, its pool split from
+ * --kv-budget the same way. */
 #pragma once
 
 #include "runtime/cli/cli_common.h"

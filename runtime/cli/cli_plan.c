@@ -25,9 +25,11 @@
  * overlapped with the device's part of the step, so the step takes the
  * longer of the two.
  *
- * --spec ngram or --draft DIR with --accept A (docs/plan.md, "Speculative
- * decoding"): each of the B sequences drafts K tokens (K draft decode
- * steps at batch B on the device, nothing for n-gram lookup), then one
+ * --spec ngram, --spec mtp or --draft DIR with --accept A (docs/plan.md,
+ * "Speculative decoding"): each of the B sequences drafts K tokens (K draft
+ * decode steps at batch B on the device, the multi-token-prediction module
+ * being one layer of the target's shape with its own head; nothing for
+ * n-gram lookup), then one
  * target step verifies B (K + 1) rows, reading the experts their union
  * touches, the other weights and the KV once; a step emits
  * (1 - A^(K+1)) / (1 - A) tokens per sequence (plan_spec.h). */
@@ -121,8 +123,9 @@ static const struct moe_cli_command plan_cmd = {
              "MXFP4 weights as stored); --gpu-experts C experts of each MoE layer on the\n"
              "device, the others copied in from host memory; --gpu-experts-cpu-rows R:\n"
              "misses of at most R rows a step computed on the CPU.  --kv-dtype defaults to\n"
-             "bf16 here.  With --spec ngram or --draft DIR (a model folder, or a config.json\n"
-             "for its shape alone), plan predicts speculative decoding's speedup for\n"
+             "bf16 here.  With --spec ngram, --spec mtp (the checkpoint's multi-token-\n"
+             "prediction module) or --draft DIR (a model folder, or a config.json for its\n"
+             "shape alone), plan predicts speculative decoding's speedup for\n"
              "K = 1..8 drafted tokens, or the --spec-tokens K given.\n",
     .engine_at = offsetof(struct plan_opts, eng),
 };
@@ -176,12 +179,11 @@ static int plan_parse(int argc, char **argv, struct plan_opts *o)
     if (rc >= 0) return rc;
     if (a.n_pos > 0) o->eng.model.path = a.pos[0];
     if (a.n_pos > 1) return moe_cli_error("plan", "unexpected argument '%s'", a.pos[1]);
-    if (o->eng.spec.kind == MOE_SPEC_MTP)
-        return moe_cli_error("plan", "--spec mtp: multi-token-prediction layers are not run by moerun yet");
-    const bool ngram = o->eng.spec.kind == MOE_SPEC_NGRAM, draft = o->eng.model.draft != NULL;
-    if (ngram && draft) return moe_cli_error("plan", "--spec and --draft are two proposers: give one");
-    if (!ngram && !draft && (o->accept >= 0 || o->eng.spec.tokens))
-        return moe_cli_error("plan", "--%s needs a proposer: --spec ngram or --draft DIR",
+    const bool ngram = o->eng.spec.kind == MOE_SPEC_NGRAM, draft = o->eng.model.draft != NULL,
+               mtp = o->eng.spec.kind == MOE_SPEC_MTP;
+    if ((ngram || mtp) && draft) return moe_cli_error("plan", "--spec and --draft are two proposers: give one");
+    if (!ngram && !draft && !mtp && (o->accept >= 0 || o->eng.spec.tokens))
+        return moe_cli_error("plan", "--%s needs a proposer: --spec ngram|mtp or --draft DIR",
                              o->accept >= 0 ? "accept" : "spec-tokens");
     return -1;
 }
@@ -288,6 +290,34 @@ static int plan_draft(const struct plan_opts *o, const struct moe_config *target
     if (d->cfg.vocab != target->vocab)
         return moe_cli_error("plan", "--draft %s: a vocabulary of %d tokens, the target's has %d", path,
                              d->cfg.vocab, target->vocab);
+    return 0;
+}
+
+/* --spec mtp: the checkpoint's multi-token-prediction module 0, one
+ * layer of the target's shape (MoE when it has experts) with its own LM
+ * head and embedding, plus eh_proj (D, 2D), at the target's --dtype. */
+static int plan_mtp(const struct plan_opts *o, const struct moe_config *target, struct moe_model *d,
+                    struct moe_model_sizes *z)
+{
+    if (target->n_mtp_layers <= 0)
+        return moe_cli_error("plan", "--spec mtp: the model declares no multi-token-prediction layers "
+                             "(num_nextn_predict_layers)");
+    enum moe_dtype wdt = MOE_DTYPE_BF16;
+    if (o->eng.model.dtype) (void)moe_cli_parse_dtype(o->eng.model.dtype, &wdt); /* checked when parsed */
+    d->cfg = *target;
+    d->cfg.n_layers = 1;
+    d->cfg.n_mtp_layers = 0;
+    d->cfg.layer_moe[0] = target->n_experts > 0;
+    d->cfg.layer_sliding[0] = false;
+    moe_config_sizes(&d->cfg, moe_dtype_size(wdt), z);
+    enum moe_weight_quant q = MOE_QUANT_NONE;
+    if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q);
+    if (q == MOE_QUANT_Q8_0) q8_sizes(&d->cfg, z);
+    const int64_t eh = 2 * (int64_t)target->d_model * target->d_model;
+    z->params_total += eh;
+    z->params_active += eh;
+    z->bytes_attn += eh * (int64_t)moe_dtype_size(wdt);
+    z->bytes_total += eh * (int64_t)moe_dtype_size(wdt);
     return 0;
 }
 
@@ -578,7 +608,8 @@ int moe_cli_plan(int argc, char **argv)
     if (rc >= 0) return rc;
     rc = 1;
     if (plan_device(&o, &r.dev, note, sizeof note) || plan_model(&o, &m, &r.z) ||
-        (o.eng.model.draft && plan_draft(&o, &m.cfg, &dm, &dz)))
+        (o.eng.model.draft && plan_draft(&o, &m.cfg, &dm, &dz)) ||
+        (o.eng.spec.kind == MOE_SPEC_MTP && plan_mtp(&o, &m.cfg, &dm, &dz)))
         goto done;
     r.model = o.eng.model.path ? o.eng.model.path : o.eng.model.synthetic;
     r.architecture = m.cfg.architecture;
@@ -588,10 +619,10 @@ int moe_cli_plan(int argc, char **argv)
     r.batch = o.batch;
     r.host_bw = o.host_bw * 1e9;
     plan_compute(&o, &m.cfg, &r);
-    r.sp.on = o.eng.spec.kind == MOE_SPEC_NGRAM || o.eng.model.draft;
+    r.sp.on = o.eng.spec.kind == MOE_SPEC_NGRAM || o.eng.spec.kind == MOE_SPEC_MTP || o.eng.model.draft;
     r.sp.ngram = o.eng.spec.kind == MOE_SPEC_NGRAM;
-    if (o.eng.model.draft) {
-        r.sp.draft = o.eng.model.draft;
+    if (o.eng.model.draft || o.eng.spec.kind == MOE_SPEC_MTP) {
+        r.sp.draft = o.eng.model.draft ? o.eng.model.draft : "the multi-token-prediction module";
         r.sp.dcfg = &dm.cfg;
         shape_of(&dm.cfg, &dz, r.kv, &r.sp.d);
     }

@@ -60,10 +60,18 @@ static void push_front(struct moe_request **head, struct moe_request **tail, str
 static enum moe_status spec_resolve(struct moe_spec_opts *p)
 {
     if (p->kind == MOE_SPEC_NONE) return MOE_OK;
-    if (p->kind == MOE_SPEC_MTP)
-        return moe_fail(MOE_ERR_INVALID_ARG, "engine: multi-token-prediction layers as the proposer "
-                        "are not built; use the n-gram or a draft model");
-    if (p->kind != MOE_SPEC_NGRAM && p->kind != MOE_SPEC_DRAFT)
+    if (p->kind == MOE_SPEC_MTP) {
+        if (!p->draft || !p->draft->mtp_eh_proj.data)
+            return moe_fail(MOE_ERR_INVALID_ARG, "engine: --spec mtp needs the checkpoint's "
+                            "multi-token-prediction module (moe_model_mtp_view)");
+        if (p->sample_drafts)
+            return moe_fail(MOE_ERR_INVALID_ARG, "engine: sampled drafts need a draft model; the "
+                            "multi-token-prediction module drafts its argmax");
+        if (p->draft_be)
+            return moe_fail(MOE_ERR_INVALID_ARG, "engine: the multi-token-prediction module runs on "
+                            "the target's backend (it reads the target's hidden states in place)");
+    }
+    if (p->kind != MOE_SPEC_NGRAM && p->kind != MOE_SPEC_DRAFT && p->kind != MOE_SPEC_MTP)
         return moe_fail(MOE_ERR_INVALID_ARG, "engine: unknown speculation proposer %d", (int)p->kind);
     if (p->tokens == 0) p->tokens = 4;
     if (p->ngram_max == 0) p->ngram_max = 3;
@@ -102,7 +110,8 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
     struct moe_runner_opts ro = {
         .max_tokens = o->max_batch_tokens, .max_seqs = o->max_seqs, .max_logits = max_logits,
         .block_size = o->block_size, .n_blocks = o->n_blocks, .kv_dtype = o->kv_dtype,
-        .kv_dtype_set = true, .prefix_cache = o->prefix_cache};
+        .kv_dtype_set = true, .prefix_cache = o->prefix_cache,
+        .hidden = e->o.spec.kind == MOE_SPEC_MTP};
     enum moe_status s;
     if (e->o.spec.kind == MOE_SPEC_DRAFT) {
         /* the draft's pool: as many tokens as the target's unless told */
@@ -116,6 +125,14 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
             goto fail;
     }
     if ((s = moe_runner_init(&e->r, m, be, &ro)) != MOE_OK) goto fail;
+    if (e->o.spec.kind == MOE_SPEC_MTP) {
+        struct moe_spec_mtp_opts mop = {
+            .max_tokens = o->max_batch_tokens, .max_seqs = o->max_seqs,
+            .block_size = o->block_size, .kv_dtype = o->kv_dtype,
+            .n_blocks = e->o.spec.draft_blocks > 0 ? e->o.spec.draft_blocks : o->n_blocks,
+            .hid = e->r.fw.hid, .zero_row = o->max_batch_tokens};
+        if ((s = moe_spec_mtp_init(&e->mtp, e->o.spec.draft, be, &mop)) != MOE_OK) goto fail;
+    }
     if ((s = moe_sampler_scratch_init(&e->scratch, m->cfg.vocab)) != MOE_OK) goto fail;
     e->chunks = calloc((size_t)o->max_seqs, sizeof *e->chunks);
     e->sched = calloc((size_t)o->max_seqs, sizeof *e->sched);
@@ -147,6 +164,7 @@ static void free_request(struct moe_engine *e, struct moe_request *r)
 {
     moe_seq_free(&e->r, &r->seq);
     moe_spec_draft_seq_free(&e->draft, &r->draft_seq);
+    moe_spec_mtp_seq_free(&e->mtp, &r->mtp_seq);
     free(r->tokens);
     free(r->samples);
     free(r->t_token);
@@ -166,6 +184,7 @@ void moe_engine_free(struct moe_engine *e)
     }
     moe_runner_free(&e->r);
     moe_spec_draft_free(&e->draft);
+    moe_spec_mtp_free(&e->mtp);
     if (e->o.spec.draft_release) e->o.spec.draft_release(e->o.spec.draft_ctx);
     moe_sampler_scratch_free(&e->scratch);
     free(e->chunks);
@@ -249,6 +268,8 @@ static void drop_cache(struct moe_engine *e, struct moe_request *r)
 {
     moe_seq_reset(&e->r, &r->seq);
     moe_spec_draft_reset(&e->draft, &r->draft_seq);
+    moe_spec_mtp_reset(&e->mtp, &r->mtp_seq);
+    r->mtp_drafts = 0;
     r->n_computed = 0;
     r->n_cached_blocks = 0;
 }
@@ -577,7 +598,11 @@ static enum moe_status add_drafts(struct moe_engine *e, int nc, int *budget)
             *budget -= k;
             continue;
         }
-        int d = moe_spec_ngram_propose(r->tokens, r->n_tokens, sp->ngram_min, sp->ngram_max, k,
+        int d;
+        if (sp->kind == MOE_SPEC_MTP) /* proposed after the step before (mtp_after_step) */
+            d = r->mtp_at != r->n_tokens ? 0 : r->mtp_drafts < k ? r->mtp_drafts : k;
+        else
+            d = moe_spec_ngram_propose(r->tokens, r->n_tokens, sp->ngram_min, sp->ngram_max, k,
                                        r->tokens + r->n_tokens);
         if (d == 0) continue;
         MOE_TRY(moe_runner_reserve(&e->r, &r->seq, r->n_tokens + d));
@@ -587,6 +612,44 @@ static enum moe_status add_drafts(struct moe_engine *e, int nc, int *budget)
         *budget -= d;
     }
     if (sp->kind == MOE_SPEC_DRAFT) MOE_TRY(propose_drafts(e, nc, budget));
+    return MOE_OK;
+}
+
+/* MOE_SPEC_MTP, after a step: the module computes the positions each
+ * request's chunk has just verified (reading the target's hidden states
+ * of the step's rows) and proposes the next step's drafts for requests
+ * that decode next, as add_drafts would ask (spec_mtp.h). */
+static enum moe_status mtp_after_step(struct moe_engine *e, int nc)
+{
+    const struct moe_spec_opts *sp = &e->o.spec;
+    const bool spec_next = !(sp->max_batch > 0 && e->n_running > sp->max_batch);
+    int n = 0;
+    for (int c = 0, batch_row = 0; c < nc; c++) {
+        struct moe_request *r = e->sched[c];
+        const struct moe_chunk *ch = &e->chunks[c];
+        int first_row = batch_row;
+        batch_row += ch->n;
+        r->mtp_drafts = 0;
+        if (r->state != MOE_REQ_RUNNING || r->params.no_spec) continue;
+        int k = 0;
+        if (spec_next && r->n_computed == r->n_tokens - 1 && r->n_tokens > r->n_prompt) {
+            int left = r->params.max_tokens - (r->n_tokens - r->n_prompt) - 1;
+            k = sp->adaptive ? spec_k(r, sp->tokens) : sp->tokens;
+            if (k > left) k = left;
+        }
+        e->mtp.jobs[n++] = (struct moe_spec_mtp_job){
+            .seq = &r->mtp_seq, .tokens = r->tokens, .n_tokens = r->n_tokens,
+            .n_computed = r->n_computed, .step_first = (int)(ch->tokens - r->tokens),
+            .step_row = first_row, .k = k > 0 ? k : 0, .out = r->tokens + r->n_tokens};
+    }
+    if (n == 0) return MOE_OK;
+    MOE_TRY(moe_spec_mtp_run(&e->mtp, n));
+    for (int c = 0, j = 0; c < nc && j < n; c++) {
+        struct moe_request *r = e->sched[c];
+        if (e->mtp.jobs[j].seq != &r->mtp_seq) continue;
+        r->mtp_drafts = e->mtp.jobs[j++].k;
+        r->mtp_at = r->n_tokens;
+    }
     return MOE_OK;
 }
 
@@ -669,5 +732,6 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
         cache_full_blocks(e, r);
         if (r->n_computed == r->n_tokens) sample(e, r, first);
     }
+    if (e->o.spec.kind == MOE_SPEC_MTP) MOE_TRY(mtp_after_step(e, nc));
     return MOE_OK;
 }

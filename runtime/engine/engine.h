@@ -39,6 +39,7 @@
 #include "runtime/engine/runner.h"
 #include "runtime/engine/sampler.h"
 #include "runtime/engine/spec_draft.h"
+#include "runtime/engine/spec_mtp.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,8 +65,7 @@ enum moe_spec_kind {
     MOE_SPEC_NONE,   /* plain decoding */
     MOE_SPEC_NGRAM,  /* prompt lookup (spec_ngram.h) */
     MOE_SPEC_DRAFT,  /* a smaller model of the same vocabulary (spec_draft.h) */
-    MOE_SPEC_MTP,    /* the checkpoint's multi-token-prediction layers: not built,
-                        refused by the engine and the command line */
+    MOE_SPEC_MTP,    /* the checkpoint's multi-token-prediction module (spec_mtp.h) */
 };
 
 #define MOE_SPEC_MAX_TOKENS 16 /* K at most */
@@ -82,7 +82,9 @@ struct moe_spec_opts {
     /* MOE_SPEC_DRAFT: the draft model (borrowed; its vocabulary is the
      * target's, which the caller checked), the backend that runs it (NULL:
      * the target's) and its KV pool in blocks of block_size (0: as many
-     * tokens as the target's pool) */
+     * tokens as the target's pool).  MOE_SPEC_MTP: the module
+     * (moe_model_mtp_view of the target), run on the target's backend
+     * (draft_be NULL), and its pool the same way. */
     const struct moe_model *draft;
     struct moe_backend *draft_be;
     int draft_blocks;
@@ -111,6 +113,9 @@ struct moe_request {
     struct moe_seq seq;
     struct moe_seq draft_seq; /* MOE_SPEC_DRAFT: its cache in the draft's pool; len:
                                  its tokens the draft has computed (spec_draft.h) */
+    struct moe_seq mtp_seq;   /* MOE_SPEC_MTP: its cache in the module's pool (spec_mtp.h) */
+    int mtp_drafts;           /* MOE_SPEC_MTP: tokens proposed after its tokens ... */
+    int mtp_at;               /* ... when it had this many tokens */
     struct moe_rng draft_rng; /* sample_drafts: draws its drafts (seeded from its seed) */
     struct moe_request_params params;
     struct moe_rng rng;
@@ -160,6 +165,7 @@ struct moe_engine {
     const struct moe_model *m;
     struct moe_runner r;
     struct moe_spec_draft draft;  /* MOE_SPEC_DRAFT's proposer, else zero */
+    struct moe_spec_mtp mtp;      /* MOE_SPEC_MTP's proposer, else zero */
     float *spec_q;                /* sample_drafts: (MOE_SPEC_SAMPLED_SEQS, K, V) drafts' q */
     int *q_slot;                  /* (max_seqs) each chunk's q slot, -1: one-hot drafts */
     struct moe_engine_opts o;

@@ -58,6 +58,14 @@ static enum moe_status init_buffers(struct moe_forward *fw)
     WALLOC(fw->lrows, (size_t)fw->lim.max_logits * D, float);
     WALLOC(fw->logits, (size_t)fw->lim.max_logits * (size_t)c->vocab, float);
     WALLOC(fw->amax, (size_t)fw->lim.max_logits, int32_t);
+    if (fw->lim.hidden) WALLOC(fw->hid, (T + 1) * D, float);
+    if (fw->m->mtp_eh_proj.data) {
+        if (!be->ops->gather_cols)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no column copies, which a "
+                            "multi-token-prediction layer needs", be->ops->name);
+        WALLOC(fw->hin, T * D, float);
+        WALLOC(fw->cat, T * 2 * D, float);
+    }
     WALLOC(fw->b_tokens, T, int32_t);
     WALLOC(fw->b_pos, T, int32_t);
     WALLOC(fw->b_seq_of, T, int32_t);
@@ -117,6 +125,7 @@ void moe_forward_free(struct moe_forward *fw)
                         fw->sh, fw->shg, fw->rlogits, fw->ids, fw->rw, fw->plan.counts,
                         fw->plan.offsets, fw->plan.perm, fw->plan.pos, fw->ews.xe, fw->ews.g,
                         fw->ews.u, fw->ews.ye, fw->inv_freq, fw->lrows, fw->logits, fw->amax,
+                        fw->hid, fw->hin, fw->cat,
                         fw->b_tokens, fw->b_pos, fw->b_seq_of, fw->b_seq_start, fw->b_ctx_len,
                         fw->b_table, fw->b_slot, fw->b_rows};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
@@ -394,6 +403,23 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
     return residual_add(fw, T);
 }
 
+/* A multi-token-prediction module's input rows: x = eh_proj [enorm(embedding);
+ * hnorm(hin)] (model.h). */
+static enum moe_status mtp_input(struct moe_forward *fw, const struct moe_batch *db)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_backend_ops *op = be->ops;
+    const struct moe_model *m = fw->m;
+    const int T = db->n_tokens, D = m->cfg.d_model;
+    const float eps = m->cfg.rms_eps;
+    MOE_TRY(op->embed(be, fw->xn, db->tokens, T, &m->embed));
+    MOE_TRY(op->rmsnorm(be, fw->xn, fw->xn, &m->mtp_enorm, T, D, eps));
+    MOE_TRY(op->gather_cols(be, fw->cat, 2 * D, fw->xn, D, T, NULL, D));
+    MOE_TRY(op->rmsnorm(be, fw->xn, fw->hin, &m->mtp_hnorm, T, D, eps));
+    MOE_TRY(op->gather_cols(be, fw->cat + D, 2 * D, fw->xn, D, T, NULL, D));
+    return op->matmul(be, fw->x, fw->cat, &m->mtp_eh_proj, NULL, T);
+}
+
 /* The ops of one step, from the embedding to the logits (backend memory). */
 static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
                                const struct moe_batch *db, struct moe_route_trace *trace)
@@ -403,12 +429,18 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     const struct moe_model *m = fw->m;
     const struct moe_config *c = &m->cfg;
     const int T = db->n_tokens;
-    MOE_TRY(op->embed(be, fw->x, db->tokens, T, &m->embed));
-    if (c->embed_scale != 1.0f && c->embed_scale != 0.0f) MOE_TRY(op->scale(be, fw->x, (size_t)T * c->d_model, c->embed_scale));
+    if (m->mtp_eh_proj.data) {
+        MOE_TRY(mtp_input(fw, db));
+    } else {
+        MOE_TRY(op->embed(be, fw->x, db->tokens, T, &m->embed));
+        if (c->embed_scale != 1.0f && c->embed_scale != 0.0f)
+            MOE_TRY(op->scale(be, fw->x, (size_t)T * c->d_model, c->embed_scale));
+    }
     for (int l = 0; l < c->n_layers; l++) {
         MOE_TRY(attention_block(fw, kv, db, l));
         MOE_TRY(ffn_block(fw, l, T, trace));
     }
+    if (fw->hid) MOE_TRY(op->rmsnorm(be, fw->hid, fw->x, &m->final_norm, T, c->d_model, c->rms_eps));
     if (db->n_logits == 0) return MOE_OK;
     MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db->logit_rows, db->n_logits, c->d_model));
     MOE_TRY(op->rmsnorm(be, fw->lrows, fw->lrows, &m->final_norm, db->n_logits, c->d_model, c->rms_eps));

@@ -30,6 +30,7 @@ extern "C" {
 
 struct moe_forward_limits {
     int max_tokens, max_seqs, max_blocks, max_logits;
+    bool hidden;     /* keep every row's final-normed hidden state (moe_forward.hid) */
 };
 
 /* Routing record of one step, filled when passed to moe_forward_run (host). */
@@ -60,6 +61,14 @@ struct moe_forward {
     float *lrows;    /* (max_logits, D) */
     float *logits;   /* (max_logits, V) */
     int32_t *amax;   /* (max_logits) argmax of each logits row */
+    /* lim.hidden: (max_tokens + 1, D) each row's hidden state after the
+     * final norm (what a multi-token-prediction module reads); the last row
+     * stays zero */
+    float *hid;
+    /* a multi-token-prediction module (model.h: mtp_eh_proj): the caller
+     * fills hin (T, D) with each row's hidden state before the step; cat
+     * (T, 2D) holds [enorm(embedding); hnorm(hin)] */
+    float *hin, *cat;
     /* MLA (runtime/engine/forward_mla.c), allocated when the model has it */
     struct moe_forward_mla {
         float *qa;       /* (T, Rq) */

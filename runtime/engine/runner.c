@@ -20,7 +20,8 @@ enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
     if ((s = be->ops->prepare_model(be, (struct moe_model *)m)) != MOE_OK) goto fail;
     if ((s = moe_kvcache_init(&r->kv, moe_backend_allocator(be), &m->cfg, o->n_blocks, o->block_size,
                                  o->kv_dtype_set ? o->kv_dtype : MOE_DTYPE_F32, o->prefix_cache)) != MOE_OK) goto fail;
-    struct moe_forward_limits lim = {o->max_tokens, o->max_seqs, r->max_blocks, o->max_logits};
+    struct moe_forward_limits lim = {o->max_tokens, o->max_seqs, r->max_blocks, o->max_logits,
+                                     o->hidden};
     if ((s = moe_forward_init(&r->fw, m, be, &lim)) != MOE_OK) goto fail;
     size_t T = (size_t)o->max_tokens, S = (size_t)o->max_seqs + 1, tab;
     if (!moe_mul_size(S, (size_t)r->max_blocks, &tab)) {

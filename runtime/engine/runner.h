@@ -45,6 +45,7 @@ struct moe_runner_opts {
     enum moe_dtype kv_dtype; /* used when kv_dtype_set, else F32 */
     bool kv_dtype_set;
     bool prefix_cache; /* register full blocks for reuse (the engine's) */
+    bool hidden;       /* keep each row's final-normed hidden state (fw.hid) */
 };
 
 struct moe_runner {

@@ -368,13 +368,14 @@ enum moe_status moe_model_bind(struct moe_model *m)
     if (!m->lm_head.data) m->lm_head = m->embed;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return moe_fail(MOE_ERR_NOMEM, "layer table");
-    for (int l = 0; l < c->n_layers; l++) {
-        struct moe_layer_weights *w = &m->layers[l];
-        MOE_TRY(bind_attention(m, l, w));
-        if (c->layer_moe[l]) MOE_TRY(bind_moe(m, l, w));
-        else MOE_TRY(bind_dense_ffn(m, l, w));
-    }
+    for (int l = 0; l < c->n_layers; l++) MOE_TRY(moe_model_bind_layer(m, l, c->layer_moe[l], &m->layers[l]));
     return MOE_OK;
+}
+
+enum moe_status moe_model_bind_layer(struct moe_model *m, int l, bool moe, struct moe_layer_weights *w)
+{
+    MOE_TRY(bind_attention(m, l, w));
+    return moe ? bind_moe(m, l, w) : bind_dense_ffn(m, l, w);
 }
 
 enum moe_status moe_model_load(struct moe_model *m, const char *dir)

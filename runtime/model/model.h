@@ -87,6 +87,12 @@ struct moe_model {
     bool weights_deferred;
     uint64_t synth_seed;
     float synth_std;
+    /* A multi-token-prediction module (moe_model_mtp_view), else absent:
+     * its one layer's input row is eh_proj [enorm(embed(token)); hnorm(h)]
+     * of the row's token and a hidden state h the caller supplies
+     * (runtime/engine/forward.h, moe_forward.hin), not the embedding. */
+    struct moe_tensor mtp_enorm, mtp_hnorm; /* (D) */
+    struct moe_tensor mtp_eh_proj;          /* (D, 2D): embedding columns first */
 };
 
 /* Loads config.json and the safetensors of a model folder. */
@@ -104,6 +110,16 @@ MOE_MUST_USE enum moe_status moe_model_synthetic_deferred(struct moe_model *m,
                                                            const struct moe_config *cfg,
                                                            enum moe_dtype dtype, uint64_t seed);
 void moe_model_free(struct moe_model *m);
+/* Multi-token-prediction module i (0 <= i < cfg.n_mtp_layers) of a loaded
+ * DeepSeek-V3 / GLM-4.5 style checkpoint, as a model of one layer:
+ * tensors model.layers.{L+i}.* (L = cfg.n_layers): the decoder layer
+ * (MoE when the model has experts), enorm, hnorm, eh_proj, shared_head.norm
+ * as its final norm, shared_head.head as its LM head (absent: m's) and
+ * embed_tokens as its embedding (absent: m's).  out borrows m's weights
+ * (free it with moe_model_free before m) and owns what the binding
+ * converts.  Refused, naming the tensor, when the checkpoint left the
+ * module's weights out (many converted checkpoints do). */
+MOE_MUST_USE enum moe_status moe_model_mtp_view(const struct moe_model *m, int i, struct moe_model *out);
 /* Routes every token of every MoE layer to k experts instead of the
  * checkpoint's num_experts_per_tok (a memory-vs-compute knob: fewer experts
  * read per token; `moerun ppl` measures what it costs).  The renormalisation

@@ -25,6 +25,10 @@ MOE_MUST_USE enum moe_status moe_model_bind_linear(struct moe_model *m, struct m
  * checked shape) and its `weight_scale_inv` into *out. */
 MOE_MUST_USE enum moe_status moe_model_fp8_bind(struct moe_model *m, const struct moe_st_tensor *t,
                                                  const char *name, bool to_f32, struct moe_tensor *out);
+/* Layer l's weights (named model.layers.l.*) into *w: attention, then the
+ * MoE block or the dense FFN. */
+MOE_MUST_USE enum moe_status moe_model_bind_layer(struct moe_model *m, int l, bool moe,
+                                                   struct moe_layer_weights *w);
 /* bytes of zeroed memory the model owns (freed by moe_model_free). */
 MOE_MUST_USE enum moe_status moe_model_own(struct moe_model *m, size_t bytes, void **out);
 /* Frees p (from moe_model_own) at once: memory only the loading needed. */

@@ -139,6 +139,11 @@ done
 if ! timeout 200 "$build/test_spec" --jobs=1 --verbose --filter='spec_cuda/*' >"$out/spec.txt" 2>&1; then
     fail "test_spec (cuda)"; fi
 grep -E "accepted|^\[FAIL\]|Assertion|Synthesis" "$out/spec.txt" | head -30 | tee -a "$log"
+# the multi-token-prediction module on the device: its logits and drafts
+# against the fixtures' references, greedy output through the engine
+if ! timeout 120 "$build/test_spec_mtp" --jobs=1 --verbose --filter='spec_mtp_cuda/*' >"$out/spec_mtp.txt" 2>&1; then
+    fail "test_spec_mtp (cuda)"; fi
+grep -E "^\[FAIL\]|Assertion|Synthesis" "$out/spec_mtp.txt" | head -20 | tee -a "$log"
 # the whole model's output distribution: perplexity of the demo model on
 # the CPU as the base, then CUDA against it (KL, same top-1)
 ppl="models/demo-moe tests/fixtures/ppl/stories.txt --ctx 128"
