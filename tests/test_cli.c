@@ -700,4 +700,43 @@ Test(cli, bench_spec_reports_both_and_acceptance)
     snprintf(cmd, sizeof cmd, "bench %s/models/demo-moe --backend cpu --spec ngram --prompts /nonexistent/p.txt",
              MOERUN_SOURCE_DIR);
     tu_expect_one_line_error(cmd, "--prompts /nonexistent/p.txt cannot be read");
+    /* JSON lines: each line's "prompt" (models/demo-prompts.jsonl holds 16) */
+    snprintf(cmd, sizeof cmd, "%s bench %s/models/demo-moe --backend cpu --threads 1 --spec ngram --prompts "
+             "%s/models/demo-prompts.jsonl --decode 1 --repeat 1 --output-len 4 --json --no-stats 2>&1",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    j = json_loads(out, 0, &e);
+    cr_assert(j, "%s: %s", e.text, out);
+    cr_expect_eq(json_integer_value(json_object_get(j, "n_prompts")), 16, "%s", out);
+    json_decref(j);
+    /* a JSON line's prompt is read as the same text on a line of its own */
+    json_int_t toks[2];
+    static const char *const files[2] = {"{\"prompt\": \"Once upon a time\"}\n{\"id\": 2, \"prompt\": \"The dog\"}\n",
+                                         "Once upon a time\nThe dog\n"};
+    for (int f = 0; f < 2; f++) {
+        char path[] = "/tmp/moerun-prompts-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert(fd >= 0);
+        cr_assert_eq(write(fd, files[f], strlen(files[f])), (ssize_t)strlen(files[f]));
+        close(fd);
+        snprintf(cmd, sizeof cmd, "%s bench %s/models/demo-moe --backend cpu --threads 1 --spec ngram --prompts %s "
+                 "--decode 1 --repeat 1 --output-len 2 --json --no-stats 2>&1", MOERUN_BINARY, MOERUN_SOURCE_DIR, path);
+        cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+        unlink(path);
+        j = json_loads(out, 0, &e);
+        cr_assert(j, "%s: %s", e.text, out);
+        cr_expect_eq(json_integer_value(json_object_get(j, "n_prompts")), 2, "%s", out);
+        toks[f] = json_integer_value(json_object_get(j, "prompt_tokens"));
+        json_decref(j);
+    }
+    cr_expect(toks[0] > 2 && toks[0] == toks[1], "JSON lines %lld tokens, text lines %lld", (long long)toks[0],
+              (long long)toks[1]);
+    char path[] = "/tmp/moerun-prompts-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, "Once upon a time\n{\"text\": \"x\"}\n", 31), 31);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "bench %s/models/demo-moe --backend cpu --spec ngram --prompts %s", MOERUN_SOURCE_DIR, path);
+    tu_expect_one_line_error(cmd, "line 2: a JSON line needs a \"prompt\" string");
+    unlink(path);
 }

@@ -247,4 +247,20 @@ Test(text, chat_reuses_earlier_turns_from_the_cache)
     cr_assert_eq(sscanf(t2, "[turn 2: %d prompt tokens, %d reused", &prompt, &reused), 2);
     cr_assert(reused >= 16, "turn 2 reuses the first turn's full blocks: %s", t2);
     cr_assert(strstr(out, "[turn 3: "), "%s", out);
+    cr_assert(!strstr(out, "speculation"), "no speculation, no line: %s", out);
+}
+
+/* moerun chat --spec ngram -v: each turn says what speculation did. */
+Test(text, chat_reports_speculation)
+{
+    char cmd[2048], out[16384];
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time\n' | %s chat %s/models/demo-moe -n 24 -v --temp 0 "
+             "--backend cpu --spec ngram --spec-tokens 2 2>&1", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    const char *l = strstr(out, "[turn 1 speculation: ");
+    cr_assert(l, "%s", out);
+    int steps, drafted, accepted;
+    cr_assert_eq(sscanf(l, "[turn 1 speculation: %d verifications, %d drafted tokens, %d accepted", &steps,
+                        &drafted, &accepted), 3, "%s", l);
+    cr_assert(steps > 0 && drafted >= steps && drafted <= 2 * steps && accepted <= drafted, "%s", l);
 }

@@ -22,6 +22,7 @@
  * speculation on the same requests (runtime/cli/bench_spec.h); with
  * --serve, the serving benchmark (bench_serve.h) runs on an engine with
  * the --spec options given. */
+#include <jansson.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -84,7 +85,8 @@ static const struct moe_cli_opt rows[] = {
     {.name = "output-len", .arg = "O", .kind = MOE_CLI_INT, CMD(output_len), .lo = 1, .hi = 1 << 24,
      .help = "--serve, --spec: tokens generated per request (default 64)"},
     {.name = "prompts", .arg = "FILE", .kind = MOE_CLI_STRING, CMD(prompts),
-     .help = "--spec: prompts, one a line, through the tokenizer\n"
+     .help = "--spec: prompts, one a line, through the tokenizer; a\n"
+             "line that is a JSON object gives its \"prompt\" string\n"
              "(default: --ctx random ids)"},
     {.name = "range-ratio", .arg = "F", .kind = MOE_CLI_DOUBLE, CMD(range_ratio), .lo = 0, .hi = 1,
      .open = MOE_CLI_HI_OPEN,
@@ -269,7 +271,8 @@ struct bench_lists {
 };
 
 /* --spec: the prompts, one a line of --prompts through the model's
- * tokenizer, or one of --ctx seeded random ids. */
+ * tokenizer (a line that is a JSON object: its "prompt" string), or one of
+ * --ctx seeded random ids. */
 struct spec_prompts {
     int32_t **ids;
     int *len;
@@ -311,18 +314,31 @@ static int spec_prompts_read(const struct bench_opts *o, const struct moe_model 
     for (size_t i = 0; !rc && i < len; i++) cap += text[i] == '\n';
     if (!rc && (!(p->ids = calloc((size_t)cap, sizeof *p->ids)) || !(p->len = calloc((size_t)cap, sizeof *p->len))))
         rc = moe_cli_error("bench", "out of memory");
+    int line_no = 0;
     for (char *line = text, *end; !rc && line && *line; line = end ? end + 1 : NULL) {
         end = strchr(line, '\n');
-        const size_t n = end ? (size_t)(end - line) : strlen(line);
-        size_t k;
+        size_t n = end ? (size_t)(end - line) : strlen(line), k;
         bool bad = false;
+        line_no++;
         if (n == 0) continue;
-        if (moe_tokenizer_encode(&tok, line, n, true, &p->ids[p->n], &k, &bad) != MOE_OK)
+        /* a JSON line (models/demo-prompts.jsonl): its "prompt" string */
+        json_t *j = line[0] == '{' ? json_loadb(line, n, 0, NULL) : NULL;
+        const char *prompt = json_string_value(json_object_get(j, "prompt"));
+        if (line[0] == '{' && !prompt) {
+            rc = moe_cli_error("bench", "--prompts %s line %d: a JSON line needs a \"prompt\" string",
+                               o->prompts, line_no);
+            json_decref(j);
+            break;
+        }
+        const char *src = prompt ? prompt : line;
+        if (prompt) n = json_string_length(json_object_get(j, "prompt"));
+        if (moe_tokenizer_encode(&tok, src, n, true, &p->ids[p->n], &k, &bad) != MOE_OK)
             rc = moe_cli_error("bench", "--prompts %s: %s", o->prompts, moe_last_error());
         else if ((long)k + o->output_len > m->cfg.max_pos)
             rc = moe_cli_error("bench", "--prompts %s: a prompt of %zu tokens + --output-len %ld exceeds the "
                                "model's context of %d", o->prompts, k, o->output_len, m->cfg.max_pos);
         else p->len[p->n++] = (int)k;
+        json_decref(j);
     }
     if (!rc && p->n == 0) rc = moe_cli_error("bench", "--prompts %s holds no prompt", o->prompts);
     free(text);
@@ -360,9 +376,12 @@ static int bench_spec_mode(const struct moe_model *m, struct moe_backend *be, st
     }
     if (!rc && o->json) {
         const struct moe_cli_model_opts *mo = &o->eng.model;
-        json_t *out = json_pack("{s:s, s:s, s:i, s:s, s:O}", "model", mo->path ? mo->path : mo->synthetic, "backend",
-                                be->ops->name, "threads", be->n_threads, "prompts",
-                                o->prompts ? o->prompts : "random", "spec", res);
+        json_int_t prompt_tokens = 0;
+        for (int i = 0; i < p.n; i++) prompt_tokens += p.len[i];
+        json_t *out = json_pack("{s:s, s:s, s:i, s:s, s:i, s:I, s:O}", "model", mo->path ? mo->path : mo->synthetic,
+                                "backend", be->ops->name, "threads", be->n_threads, "prompts",
+                                o->prompts ? o->prompts : "random", "n_prompts", p.n, "prompt_tokens",
+                                prompt_tokens, "spec", res);
         char *txt = out ? json_dumps(out, JSON_COMPACT) : NULL;
         if (txt) puts(txt);
         free(txt);

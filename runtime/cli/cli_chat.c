@@ -221,6 +221,10 @@ static int chat_turn(const struct chat_opts *o, const struct moe_cli_args *a, st
         if (o->verbose)
             fprintf(stderr, "[turn %d: %d prompt tokens, %d reused from the cache, %d prefilled, %d generated]\n",
                     turn_no + 1, r->n_prompt, r->n_prefix_hit, r->n_prefilled, r->n_tokens - r->n_prompt);
+        if (o->verbose && r->n_spec_steps)
+            fprintf(stderr, "[turn %d speculation: %d verifications, %d drafted tokens, %d accepted (%.1f%%)]\n",
+                    turn_no + 1, r->n_spec_steps, r->n_drafted, r->n_accepted,
+                    r->n_drafted ? 100.0 * r->n_accepted / r->n_drafted : 0.0);
         json_t *reply = json_pack("{s:s, s:s}", "role", "assistant", "content", t.reply ? t.reply : "");
         if (t.n_thought) /* templates that keep the last turn's thinking read it (chat.c aliases it) */
             json_object_set_new(reply, "reasoning_content", json_string(t.thought));
