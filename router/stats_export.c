@@ -217,7 +217,7 @@ enum moe_status moe_stats_prometheus(const struct moe_stats *st, FILE *f)
          st->decode, NULL, NULL},
         {"moerun_expert_top1_tokens_total", "Tokens whose first choice was the expert.", st->top1,
          NULL, NULL},
-        {"moerun_expert_routing_weight_sum", "Sum of the expert's routing weights.", NULL, NULL,
+        {"moerun_expert_routing_weight_total", "Sum of the expert's routing weights.", NULL, NULL,
          st->wsum},
     };
     for (size_t m = 0; m < sizeof per_expert / sizeof per_expert[0]; m++) {

@@ -89,6 +89,54 @@ static inline pid_t spawn_shell(const char *cmd)
     return pid;
 }
 
+/* A new loopback connection to the server (SO_RCVTIMEO wait_s); -1 when
+ * refused. */
+static inline int raw_connect(int wait_s)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)sv.port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        return -1;
+    }
+    struct timeval tv = {wait_s, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* Reads from fd until the server closes it; out NUL-terminated.  Returns
+ * the bytes read, or -1 when a read waited past the connection's timeout. */
+static inline long raw_read_all(int fd, char *out, size_t cap)
+{
+    size_t got = 0;
+    for (;;) {
+        ssize_t k = recv(fd, out + got, cap - 1 - got, 0);
+        if (k == 0 || (k < 0 && errno == ECONNRESET)) break;
+        if (k < 0) {
+            out[got] = '\0';
+            return -1;
+        }
+        got += (size_t)k;
+        if (got + 1 >= cap) break;
+    }
+    out[got] = '\0';
+    return (long)got;
+}
+
+/* Sends data (n bytes) on a new connection and reads the answer until the
+ * server closes the connection, waiting at most wait_s per read. */
+static inline long raw_exchange(const char *data, size_t n, char *out, size_t cap, int wait_s)
+{
+    int fd = raw_connect(wait_s);
+    cr_assert(fd >= 0, "cannot connect to the server");
+    (void)send(fd, data, n, MSG_NOSIGNAL); /* the server may answer and close before it has all */
+    long got = raw_read_all(fd, out, cap);
+    close(fd);
+    return got;
+}
+
 static inline void server_start_model(const char *model, const char *extra);
 static inline void server_start(const char *extra) { server_start_model(MODEL, extra); }
 

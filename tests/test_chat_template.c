@@ -488,3 +488,41 @@ Test(chat_api, special_tokens_from_the_tokenizer)
     moe_chat_template_free(&t);
     moe_tokenizer_free(&tok);
 }
+
+/* Content part lists become their texts joined with "\n"; the messages
+ * that need nothing are returned as given; other parts and unknown roles
+ * fail naming the message and part. */
+Test(chat_messages, text_parts_joined_and_others_refused)
+{
+    json_t *m = json_loads("[{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": "
+                           "[{\"type\": \"text\", \"text\": \"Hi\"}, {\"type\": \"text\", \"text\": \"there\"}]}]",
+                           0, NULL), *out = NULL;
+    cr_assert(m);
+    cr_assert_eq(moe_chat_messages_text(m, &out), MOE_OK, "%s", moe_last_error());
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(out, 1), "content")), "Hi\nthere");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(out, 0), "content")), "S");
+    cr_assert(json_is_array(json_object_get(json_array_get(m, 1), "content")), "the input is left as it was");
+    json_decref(out);
+    json_decref(m);
+    m = json_loads("[{\"role\": \"user\", \"content\": \"Hi\"}]", 0, NULL);
+    cr_assert_eq(moe_chat_messages_text(m, &out), MOE_OK);
+    cr_assert_eq(out, m, "nothing to change: the same array");
+    json_decref(out);
+    json_decref(m);
+    const struct { const char *json, *needle; } bad[] = {
+        {"[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"input_audio\"}]}]",
+         "messages[0].content[1] is of type 'input_audio'"},
+        {"[{\"role\": \"user\", \"content\": [7]}]", "messages[0].content[0] must be an object"},
+        {"[{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"robot\", \"content\": \"b\"}]",
+         "messages[1].role must be one of"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        m = json_loads(bad[i].json, 0, NULL);
+        cr_assert(m);
+        out = NULL;
+        cr_assert_eq(moe_chat_messages_text(m, &out), MOE_ERR_INVALID_ARG, "%s", bad[i].json);
+        cr_assert_null(out);
+        cr_assert(strstr(moe_last_error(), bad[i].needle), "%s: %s", bad[i].json, moe_last_error());
+        json_decref(m);
+    }
+}

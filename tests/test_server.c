@@ -271,7 +271,7 @@ Test(server, health_models_metrics_and_expert_stats)
                           "moerun_inter_token_latency_seconds_count",
                           "moerun_requests_waiting 0", "moerun_requests_running 0",
                           "moerun_kv_blocks{state=\"used\"} 0", "moerun_kv_blocks{state=\"free\"}",
-                          "moerun_kv_blocks{state=\"cached\"}", "moerun_kv_blocks_total 1024",
+                          "moerun_kv_blocks{state=\"cached\"}", "moerun_kv_blocks_capacity 1024",
                           "moerun_preemptions_total 0", "moerun_expert"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_assert(strstr(out, want[i]), "missing %s in\n%.3000s", want[i], out);

@@ -188,3 +188,50 @@ Test(stats_cli, accepted_only_is_the_plain_run)
     moe_sdata_free(&spec);
     moe_sdata_free(&trace);
 }
+
+/* Sets the first expert id of PREFIX.ids.npy (int16 or int32, npy v1). */
+static void poke_first_id(const char *prefix, int id)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s.ids.npy", prefix);
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f, "%s", path);
+    unsigned char h[10];
+    cr_assert_eq(fread(h, 1, 10, f), 10);
+    const long data = 10 + (long)(h[8] | h[9] << 8);
+    char descr[256] = {0};
+    const size_t hn = data - 10 < (long)sizeof descr - 1 ? (size_t)(data - 10) : sizeof descr - 1;
+    cr_assert_eq(fread(descr, 1, hn, f), hn);
+    const bool i2 = strstr(descr, "<i2") != NULL;
+    cr_assert_eq(fseek(f, data, SEEK_SET), 0);
+    if (i2) {
+        int16_t v = (int16_t)id;
+        cr_assert_eq(fwrite(&v, sizeof v, 1, f), 1);
+    } else {
+        int32_t v = id;
+        cr_assert_eq(fwrite(&v, sizeof v, 1, f), 1);
+    }
+    fclose(f);
+}
+
+/* A trace with an expert id out of range, or whose trace.json disagrees
+ * with its arrays on the token count, is refused with the file named. */
+Test(stats_cli, broken_traces_are_refused_naming_the_file)
+{
+    char cmd[2048], out[4096], args[1024], prefix[128];
+    snprintf(cmd, sizeof cmd, "%s run --synthetic %s --prompt-ids 1,2,3 -n 2 --backend cpu --trace-out %s/t "
+             "2>&1 && cp %s/t.ids.npy %s/t.ids.keep", MOERUN_BINARY, TINY, dir, dir, dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(prefix, sizeof prefix, "%s/t", dir);
+    snprintf(args, sizeof args, "stats %s/t --no-plot", dir);
+    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>&1", MOERUN_BINARY, args);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "the untouched trace is read");
+    poke_first_id(prefix, 999);
+    tu_expect_one_line_error(args, "t.ids.npy: token 0, MoE layer 0, choice 0: expert id 999 is outside [0, 32)");
+    poke_first_id(prefix, -7);
+    tu_expect_one_line_error(args, "expert id -7 is outside");
+    snprintf(cmd, sizeof cmd, "cp %1$s/t.ids.keep %1$s/t.ids.npy && sed -i 's/\"tokens\": *[0-9][0-9]*,/\"tokens\": 99,/' "
+             "%1$s/t.trace.json && grep -q '\"tokens\": *99' %1$s/t.trace.json", dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    tu_expect_one_line_error(args, "t.trace.json: \"tokens\" says 99, but");
+}

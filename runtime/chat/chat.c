@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "runtime/chat/jinja/jinja.h"
+#include "runtime/core/strbuf.h"
 #include "runtime/text/tokenizer.h"
 
 #define DEFAULT_MAX_OUTPUT ((size_t)16 << 20)
@@ -188,4 +189,81 @@ enum moe_status moe_chat_render(const char *template_src, json_t *messages, bool
     enum moe_status st = moe_chat_template_render(&t, messages, add_generation_prompt, extra, out);
     moe_chat_template_free(&t);
     return st;
+}
+
+/* One content list's text parts joined with "\n" (new string), or NULL
+ * with the error set and *st its status. */
+static json_t *content_parts_text(json_t *parts, size_t i, enum moe_status *st)
+{
+    *st = MOE_ERR_INVALID_ARG;
+    char *text = NULL;
+    size_t n = 0, cap = 0, k;
+    json_t *part;
+    json_array_foreach(parts, k, part) {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        if (!json_is_object(part) || !type) {
+            free(text);
+            (void)moe_fail(MOE_ERR_INVALID_ARG, "messages[%zu].content[%zu] must be an object with a "
+                           "string 'type'", i, k);
+            return NULL;
+        }
+        if (strcmp(type, "text")) {
+            free(text);
+            (void)moe_fail(MOE_ERR_INVALID_ARG, "messages[%zu].content[%zu] is of type '%.64s'; only "
+                           "'text' parts are supported", i, k, type);
+            return NULL;
+        }
+        json_t *t = json_object_get(part, "text");
+        if (!json_is_string(t)) {
+            free(text);
+            (void)moe_fail(MOE_ERR_INVALID_ARG, "messages[%zu].content[%zu].text must be a string", i, k);
+            return NULL;
+        }
+        if ((k && !moe_buf_append(&text, &n, &cap, "\n", 1)) ||
+            !moe_buf_append(&text, &n, &cap, json_string_value(t), json_string_length(t))) {
+            free(text);
+            *st = moe_fail(MOE_ERR_NOMEM, "messages[%zu].content", i);
+            return NULL;
+        }
+    }
+    json_t *out = json_stringn_nocheck(text ? text : "", n);
+    free(text);
+    if (!out) *st = moe_fail(MOE_ERR_NOMEM, "messages[%zu].content", i);
+    return out;
+}
+
+enum moe_status moe_chat_messages_text(json_t *messages, json_t **out)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", "function"};
+    *out = NULL;
+    json_t *copy = NULL, *m;
+    size_t i;
+    json_array_foreach(messages, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        bool known = false;
+        for (size_t r = 0; role && r < sizeof roles / sizeof roles[0]; r++) known |= !strcmp(role, roles[r]);
+        if (!known) {
+            json_decref(copy);
+            return moe_fail(MOE_ERR_INVALID_ARG, "messages[%zu].role must be one of system, developer, user, "
+                            "assistant, tool, function", i);
+        }
+        json_t *c = json_object_get(m, "content");
+        if (!json_is_array(c)) continue;
+        enum moe_status st;
+        json_t *text = content_parts_text(c, i, &st);
+        if (!text) {
+            json_decref(copy);
+            return st;
+        }
+        if (!copy && !(copy = json_deep_copy(messages))) {
+            json_decref(text);
+            return moe_fail(MOE_ERR_NOMEM, "messages");
+        }
+        if (json_object_set_new(json_array_get(copy, i), "content", text)) {
+            json_decref(copy);
+            return moe_fail(MOE_ERR_NOMEM, "messages");
+        }
+    }
+    *out = copy ? copy : json_incref(messages);
+    return MOE_OK;
 }

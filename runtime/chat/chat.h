@@ -70,6 +70,16 @@ struct moe_tokenizer;
  * reference; NULL on allocation failure. */
 json_t *moe_chat_special_tokens(const struct moe_tokenizer *tok);
 
+/* The OpenAI API's messages as chat templates read them: a content given
+ * as a list of parts ([{"type": "text", "text": "Hi"}, ...]) becomes the
+ * parts' texts joined with "\n" (as vLLM joins them); every role must be
+ * system, developer, user, assistant, tool or function.  messages is
+ * borrowed; *out is a new reference (messages itself when nothing
+ * changes).  A role outside the list, a part that is not text (image_url,
+ * input_audio, file, ...) or a malformed part fails with
+ * MOE_ERR_INVALID_ARG naming the message and part. */
+MOE_MUST_USE enum moe_status moe_chat_messages_text(json_t *messages, json_t **out);
+
 /* One shot: parse template_src, render, free. */
 MOE_MUST_USE enum moe_status moe_chat_render(const char *template_src, json_t *messages,
                                              bool add_generation_prompt, json_t *extra, char **out);

@@ -3,13 +3,16 @@
  * Order: the HTTP daemon starts first (GET /health answers 503 while
  * loading), then the model, tokenizer, chat template, engine and statistics
  * recorder load, the engine thread starts and /health flips to 200.
- * SIGINT/SIGTERM: new requests are refused, running ones aborted (their
- * streams end), the daemon stops and everything is freed. */
+ * SIGINT/SIGTERM: the daemon stops listening and new requests get 503;
+ * running ones may finish for --drain-timeout seconds, then each is ended
+ * with an error (server_engine.c's job_cut); the daemon stops, everything
+ * is freed and the exit status is 0.  A second signal exits at once. */
 #include <libgen.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
@@ -53,8 +56,16 @@ static const struct moe_cli_opt rows[] = {
      .help = "waiting requests before 429 (default 256)"},
     {.name = "max-conns", .arg = "N", .kind = MOE_CLI_INT, CMD(s.o.max_conns), .lo = 1, .hi = 1 << 20,
      .help = "simultaneous connections (default 256)"},
+    {.name = "max-conns-per-ip", .arg = "N", .kind = MOE_CLI_INT, CMD(s.o.max_conns_per_ip), .lo = 1,
+     .hi = 1 << 20, .help = "simultaneous connections from one address (default 128)"},
     {.name = "timeout", .arg = "S", .kind = MOE_CLI_INT, CMD(s.o.timeout_s), .lo = 1, .hi = 1 << 20,
      .help = "idle connection timeout in seconds (default 60)"},
+    {.name = "header-timeout", .arg = "S", .kind = MOE_CLI_INT, CMD(s.o.header_timeout_s), .lo = 1,
+     .hi = 1 << 20, .help = "a new connection's first request headers must arrive\n"
+                            "with no pause longer than S seconds (default 10)"},
+    {.name = "drain-timeout", .arg = "S", .kind = MOE_CLI_INT, CMD(s.o.drain_timeout_s), .lo = 0,
+     .hi = 1 << 20, .help = "on SIGTERM/SIGINT, running requests may finish for S\n"
+                            "seconds, then are ended with an error (default 30)"},
     {.name = "api-key", .arg = "KEY", .kind = MOE_CLI_CUSTOM, CMD(s.o.api_key), .parse = parse_key,
      .what = "a key that is not empty",
      .help = "/v1/ endpoints want 'Authorization: Bearer KEY' (also\n"
@@ -166,7 +177,8 @@ static int serve_parse(int argc, char **argv, struct serve_cmd *cmd)
     struct srv *s = &cmd->s;
     moe_cli_engine_defaults(&cmd->eo);
     s->o = (struct srv_opts){.host = "127.0.0.1", .port = 8080, .max_body = 4u << 20, .max_queue = 256,
-                             .max_conns = 256, .timeout_s = 60, .keepalive_s = 0.5};
+                             .max_conns = 256, .max_conns_per_ip = 128, .timeout_s = 60,
+                             .header_timeout_s = 10, .drain_timeout_s = 30, .keepalive_s = 0.5};
     struct moe_cli_args a;
     const int rc = moe_cli_parse(&serve_cmd_spec, argc, argv, cmd, &a);
     if (rc >= 0) return rc;
@@ -210,6 +222,35 @@ static void serve_locks(struct srv *s, bool init)
     else pthread_cond_destroy(&s->q_cv);
 }
 
+/* Shutdown: stop listening, refuse new requests, let the running ones
+ * finish for --drain-timeout, then end the rest (their clients get an
+ * error) and give them 10 s more to be sent.  A second signal ends the
+ * process at once (_exit: nothing is freed or written). */
+static void serve_drain(struct srv *s, sigset_t *sigs)
+{
+    atomic_store(&s->ready, 2);
+    srv_drain_begin(s);
+    srv_http_quiesce(s);
+    const double end = srv_now() + s->o.drain_timeout_s;
+    bool cut = false;
+    while (atomic_load(&s->jobs_live) > 0) {
+        const double now = srv_now();
+        if (!cut && now >= end) {
+            fprintf(stderr, "moerun serve: drain timeout: ending %d running request(s)\n",
+                    atomic_load(&s->jobs_live));
+            srv_drain_cut(s);
+            cut = true;
+        }
+        if (cut && now >= end + 10) break; /* clients that do not read: the daemon's stop closes them */
+        const struct timespec ts = {0, 20 * 1000000L};
+        const int sig = sigtimedwait(sigs, NULL, &ts);
+        if (sig > 0) {
+            fprintf(stderr, "moerun serve: signal %d again, exiting now\n", sig);
+            _exit(1);
+        }
+    }
+}
+
 /* Opens the port, loads, says "ready" and waits for SIGINT or SIGTERM;
  * 0 after a signal, 1 when something failed (printed). */
 static int serve_run(struct serve_cmd *cmd, sigset_t *sigs)
@@ -228,7 +269,9 @@ static int serve_run(struct serve_cmd *cmd, sigset_t *sigs)
     fprintf(stderr, "moerun serve: ready (%d KV blocks of %d tokens)\n", s->kv_blocks, s->kv_block);
     int sig = 0;
     sigwait(sigs, &sig);
-    fprintf(stderr, "moerun serve: signal %d, shutting down\n", sig);
+    fprintf(stderr, "moerun serve: signal %d, draining (up to %d s; a second signal exits at once)\n", sig,
+            s->o.drain_timeout_s);
+    serve_drain(s, sigs);
     return 0;
 }
 
@@ -261,6 +304,7 @@ int moe_cli_serve(int argc, char **argv)
     s->model_name = serve_name(cmd);
     serve_locks(s, true);
     atomic_init(&s->next_id, 1);
+    s->created = (long long)time(NULL);
     /* signals are taken by sigwait in this thread; every thread blocks them */
     sigset_t sigs;
     sigemptyset(&sigs);

@@ -1,8 +1,18 @@
 /* server.c - the HTTP side of `moerun serve` on libmicrohttpd: the daemon
- * (a thread per connection, bounded connections, idle timeout, bounded
- * header memory), routing, request bodies (size checked from Content-Length
- * and counted while reading), and the content reader that streams a job's
- * response bytes (see server.h for the threads and ownership). */
+ * (a thread per connection, bounded connections in all and per address, a
+ * header deadline, then the idle timeout, bounded header memory), the
+ * framing checks libmicrohttpd leaves to us (conflicting Content-Length,
+ * Transfer-Encoding other than chunked, %00 in the path), routing, request
+ * bodies (size checked from Content-Length and counted while reading), and
+ * the content reader that streams a job's response bytes (see server.h for
+ * the threads and ownership).
+ *
+ * A connection's state (struct conn) is created by the URI log callback,
+ * which libmicrohttpd calls for every request once its request line is
+ * read, so the completion callback also sees the requests libmicrohttpd
+ * answers itself after that (431, bad chunking, a malformed Content-Length)
+ * and counts them; a 414 or 505 comes before the request line is read and
+ * is not seen (docs/server.md). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -11,19 +21,26 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "runtime/server/server.h"
 
 struct conn {
     char *body;
     size_t n, cap;
+    bool nul_in_path;         /* the raw path holds %00 */
+    bool headers;             /* the handler has seen the headers */
     bool too_large;
     bool started;
+    bool answered;            /* the handler queued a response */
 };
 
-static enum MHD_Result send_buf(struct MHD_Connection *c, struct srv *s, int status,
-                                const char *type, char *text)
+/* Queues a response (takes text); "Connection: close" when close, or when
+ * the server is stopping. */
+static enum MHD_Result send_close(struct MHD_Connection *c, struct srv *s, int status,
+                                  const char *type, char *text, bool close)
 {
     srv_count_status(s, status);
     if (!text) {
@@ -37,9 +54,16 @@ static enum MHD_Result send_buf(struct MHD_Connection *c, struct srv *s, int sta
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (close || atomic_load(&s->ready) == 2) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
+}
+
+static enum MHD_Result send_buf(struct MHD_Connection *c, struct srv *s, int status,
+                                const char *type, char *text)
+{
+    return send_close(c, s, status, type, text, false);
 }
 
 static enum MHD_Result send_json(struct MHD_Connection *c, struct srv *s, int status, json_t *j)
@@ -134,6 +158,7 @@ static enum MHD_Result completion(struct MHD_Connection *c, struct srv *s, bool 
     } else {
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
     }
+    if (atomic_load(&s->ready) == 2) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
     return ok;
@@ -175,6 +200,12 @@ static bool authorized(struct MHD_Connection *c, const char *key)
     return diff == 0;
 }
 
+static json_t *model_json(const struct srv *s)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_name, "object", "model", "created",
+                     (json_int_t)s->created, "owned_by", "moerun", "max_model_len", s->max_pos);
+}
+
 static enum MHD_Result route(struct MHD_Connection *c, struct srv *s, const char *url,
                              const char *method, struct conn *cs)
 {
@@ -182,10 +213,17 @@ static enum MHD_Result route(struct MHD_Connection *c, struct srv *s, const char
     static const struct { const char *path; bool post; } paths[] = {
         {"/health", false}, {"/v1/models", false}, {"/metrics", false},
         {"/v1/expert-stats", false}, {"/v1/completions", true}, {"/v1/chat/completions", true},
-        {"/v1/expert-stats/reset", true}};
+        {"/v1/expert-stats/reset", true}, {"/v1/models/", false}};
+    const int n_paths = (int)(sizeof paths / sizeof paths[0]);
     int k = -1;
-    for (int i = 0; i < (int)(sizeof paths / sizeof paths[0]); i++)
+    for (int i = 0; i < n_paths - 1; i++)
         if (!strcmp(url, paths[i].path)) k = i;
+    const char *model_id = NULL; /* GET /v1/models/{id} */
+    if (k < 0 && !strncmp(url, paths[n_paths - 1].path, strlen(paths[n_paths - 1].path)) &&
+        url[strlen(paths[n_paths - 1].path)]) {
+        k = n_paths - 1;
+        model_id = url + strlen(paths[n_paths - 1].path);
+    }
     if (k < 0) return send_error(c, s, 404, "no such endpoint");
     if (paths[k].post ? !post : !get) return send_error(c, s, 405, "method not allowed here");
     if (s->o.api_key && !strncmp(url, "/v1/", 4) && !authorized(c, s->o.api_key))
@@ -197,11 +235,7 @@ static enum MHD_Result route(struct MHD_Connection *c, struct srv *s, const char
     if (ready != 1)
         return send_error(c, s, 503, ready ? "the server is shutting down" : "the model is loading");
     switch (k) {
-    case 1:
-        return send_json(c, s, 200,
-                         json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data",
-                                   "id", s->model_name, "object", "model", "created",
-                                   (json_int_t)0, "owned_by", "moerun", "max_model_len", s->max_pos));
+    case 1: return send_json(c, s, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(s)));
     case 2: {
         char *t = srv_metrics_text(s);
         return send_buf(c, s, t ? 200 : 500, "text/plain; version=0.0.4", t);
@@ -209,8 +243,71 @@ static enum MHD_Result route(struct MHD_Connection *c, struct srv *s, const char
     case 3: return expert_stats(c, s, false);
     case 4: return completion(c, s, false, cs);
     case 5: return completion(c, s, true, cs);
-    default: return expert_stats(c, s, true);
+    case 6: return expert_stats(c, s, true);
+    default:
+        if (strcmp(model_id, s->model_name))
+            return send_buf(c, s, 404, "application/json",
+                            srv_error_json(404, "model", "the model '%.200s' does not exist; this server "
+                                           "serves '%s'", model_id, s->model_name));
+        return send_json(c, s, 200, model_json(s));
     }
+}
+
+struct cl_check {
+    int n;                    /* Content-Length headers */
+    bool bad;                 /* one is not digits only, or they differ */
+    const char *first;
+};
+
+static enum MHD_Result cl_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    struct cl_check *k = cls;
+    (void)kind;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) return MHD_YES;
+    if (!value || !*value || strspn(value, "0123456789") != strlen(value)) k->bad = true;
+    else if (k->n && strcmp(value, k->first)) k->bad = true;
+    if (!k->n) k->first = value;
+    k->n++;
+    return MHD_YES;
+}
+
+/* The framing checks at the headers (RFC 9112 6.1-6.3): conflicting or
+ * malformed Content-Length, Content-Length beside Transfer-Encoding, a
+ * transfer coding other than chunked, %00 in the path, a body over the
+ * limit.  Each answers with the connection closed, since the rest of what
+ * the client sent cannot be framed.  0: the request goes on. */
+static int framing_error(struct MHD_Connection *c, struct srv *s, struct conn *cs, enum MHD_Result *ret)
+{
+    struct cl_check k = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, cl_header, &k);
+    const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    int status = 0;
+    char msg[256];
+    if (cs->nul_in_path) {
+        status = 400;
+        snprintf(msg, sizeof msg, "the path holds an encoded NUL byte (%%00)");
+    } else if (k.bad) {
+        status = 400;
+        snprintf(msg, sizeof msg, "%s", k.n > 1 ? "conflicting Content-Length headers"
+                                                : "the Content-Length header is not a decimal number");
+    } else if (te && k.n) {
+        status = 400;
+        snprintf(msg, sizeof msg, "both Transfer-Encoding and Content-Length are given");
+    } else if (te && strcasecmp(te, "chunked")) {
+        status = 501;
+        snprintf(msg, sizeof msg, "Transfer-Encoding '%.100s' is not supported; only chunked", te);
+    } else if (k.n) {
+        errno = 0;
+        unsigned long long v = strtoull(k.first, NULL, 10);
+        if (errno || v > s->o.max_body) {
+            status = 413;
+            snprintf(msg, sizeof msg, "the body is larger than the limit of %zu bytes", s->o.max_body);
+        }
+    }
+    if (!status) return 0;
+    cs->answered = true;
+    *ret = send_close(c, s, status, "application/json", srv_error_json(status, NULL, "%s", msg), true);
+    return 1;
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
@@ -219,21 +316,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 {
     struct srv *s = cls;
     struct conn *cs = *con_cls;
-    if (!cs) {
-        if (!(cs = calloc(1, sizeof *cs))) return MHD_NO;
-        *con_cls = cs;
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl) {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(cl, &end, 10);
-            if (errno || end == cl || v > s->o.max_body) cs->too_large = true;
-        }
-        if (cs->too_large) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "the body is larger than the limit of %zu bytes", s->o.max_body);
-            return send_error(c, s, 413, msg);
-        }
+    (void)version;
+    if (!cs) return MHD_NO; /* uri_log made it; NULL: out of memory */
+    if (!cs->headers) {
+        cs->headers = true;
+        /* the header deadline is over: the idle timeout from here on */
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->o.timeout_s);
+        enum MHD_Result ret;
+        if (framing_error(c, s, cs, &ret)) return ret;
         return MHD_YES;
     }
     if (*data_size) {
@@ -261,18 +351,40 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     if (cs->started) return MHD_YES;
     cs->started = true;
+    cs->answered = true;
     if (cs->too_large) {
         char msg[128];
         snprintf(msg, sizeof msg, "the body is larger than the limit of %zu bytes", s->o.max_body);
-        return send_error(c, s, 413, msg);
+        return send_close(c, s, 413, "application/json", srv_error_json(413, NULL, "%s", msg), true);
     }
     return route(c, s, url, method, cs);
+}
+
+/* Called once a request line is read: the connection's state, and whether
+ * the raw path holds %00 (libmicrohttpd's unescaped path ends there). */
+static void *uri_log(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    (void)cls;
+    (void)c;
+    struct conn *cs = calloc(1, sizeof *cs);
+    if (cs && uri) {
+        const size_t path = strcspn(uri, "?");
+        for (size_t i = 0; i + 2 < path; i++)
+            if (uri[i] == '%' && uri[i + 1] == '0' && uri[i + 2] == '0') cs->nul_in_path = true;
+    }
+    return cs;
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe)
 {
+    struct srv *s = cls;
     struct conn *cs = *con_cls;
+    if (cs && !cs->answered) { /* an error libmicrohttpd answered itself */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
+        if (ci && ci->http_status >= 400) srv_count_status(s, (int)ci->http_status);
+    }
+    (void)toe;
     if (cs) {
         free(cs->body);
         free(cs);
@@ -285,18 +397,28 @@ enum moe_status srv_http_start(struct srv *s)
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->o.port)};
     if (inet_pton(AF_INET, s->o.host, &a.sin_addr) != 1)
         return moe_fail(MOE_ERR_INVALID_ARG, "serve: --host '%s' is not an IPv4 address", s->o.host);
+    /* the daemon's timeout is the header deadline; the handler sets the
+     * idle timeout once a request's headers are in */
     s->d = MHD_start_daemon(
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL,
-        NULL, handler, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_NOTIFY_COMPLETED,
-        completed, s, MHD_OPTION_END);
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG,
+        0, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)s->o.max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o.max_conns_per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.header_timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_URI_LOG_CALLBACK, uri_log, s,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_END);
     if (!s->d)
         return moe_fail(MOE_ERR_IO, "serve: cannot listen on %s:%d (%s)", s->o.host, s->o.port,
                         strerror(errno));
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     if (info) s->o.port = info->port;
     return MOE_OK;
+}
+
+void srv_http_quiesce(struct srv *s)
+{
+    if (!s->d) return;
+    const MHD_socket fd = MHD_quiesce_daemon(s->d);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
 }
 
 void srv_http_stop(struct srv *s)

@@ -15,7 +15,14 @@
  *
  * Ownership.  A job is reference counted: one reference for the HTTP side
  * (the handler, then the response), one for the engine thread from the
- * moment it is queued.  Whoever drops the last one frees it.
+ * moment it is queued.  Whoever drops the last one frees it; jobs_live
+ * counts the jobs not yet freed, so shutdown knows when every response has
+ * been sent.
+ *
+ * Shutdown (cli_serve.c): the daemon stops listening and q_mu's draining
+ * refuses new jobs; running ones finish; at the drain timeout `cut` makes
+ * the engine thread end each active job with an error (job_cut), then
+ * `stopping` ends the thread.
  *
  * Locks: q_mu (submission queue), stats_mu (held by the engine thread
  * around a step, by readers of the expert-load recorder), job->mu (a job's
@@ -51,7 +58,10 @@ struct srv_opts {
     size_t max_body;          /* bytes */
     int max_queue;            /* waiting requests before 429 */
     int max_conns;
+    int max_conns_per_ip;     /* simultaneous connections from one address */
     int timeout_s;            /* idle connection timeout */
+    int header_timeout_s;     /* a request's headers must be in within this (idle) time */
+    int drain_timeout_s;      /* shutdown: how long running requests may finish */
     double keepalive_s;       /* reader wake-up while waiting */
     const char *api_key;      /* /v1/ endpoints want "Authorization: Bearer KEY"; NULL: open */
     bool no_gen_defaults;     /* ignore generation_config.json's sampling values */
@@ -80,6 +90,7 @@ struct srv_choice {
     char *text;               /* generated text (non-streaming) */
     size_t n_text, cap_text;
     json_t *lp;               /* logprobs entries (non-streaming), or NULL */
+    long long text_offset;    /* completions logprobs: characters of token text so far */
     int n_gen;
     int counted;              /* expert load: positions already counted */
     int64_t *load;            /* (Lm, E) tokens per expert, or NULL */
@@ -134,7 +145,7 @@ struct srv_hist {
 };
 
 struct srv_metrics {
-    uint64_t by_status[6];    /* 200, 400, 404/405, 413, 429, 5xx */
+    uint64_t by_status[600];  /* by HTTP status code (100..599) */
     struct srv_hist ttft, itl;
     uint64_t prompt_tokens, generated_tokens, preemptions, aborted, finished;
     int waiting, running;
@@ -150,6 +161,7 @@ struct srv {
     struct srv_opts o;
     atomic_int ready;         /* 0 loading, 1 serving, 2 stopping */
     char *model_name;         /* owned */
+    long long created;        /* start-up time (Unix seconds): the model's "created" */
     const char *model_dir;
     struct moe_model m;
     struct moe_backend be;
@@ -174,7 +186,10 @@ struct srv {
     pthread_cond_t q_cv;
     struct srv_job *q_head, *q_tail;
     int q_len;
-    bool stopping;
+    bool stopping;                /* the engine thread ends */
+    bool draining;                /* shutdown: new jobs are refused (503) */
+    bool cut;                     /* the drain timeout is over: active jobs end now */
+    atomic_int jobs_live;         /* jobs not yet freed (a response still being sent counts) */
     atomic_int eng_waiting;       /* engine's waiting requests */
     pthread_t engine_thread;
     bool engine_started;
@@ -202,8 +217,12 @@ char *srv_error_json(int status, const char *param, const char *fmt, ...)
 /* server_engine.c */
 MOE_MUST_USE enum moe_status srv_engine_start(struct srv *s);
 void srv_engine_stop(struct srv *s);
-/* Queues a job (takes the engine reference); false when the queue is full. */
-bool srv_enqueue(struct srv *s, struct srv_job *j);
+/* Queues a job (takes the engine reference): 0, or the refusal's status
+ * (429 the queue is full, 503 shutting down). */
+int srv_enqueue(struct srv *s, struct srv_job *j);
+/* Shutdown: refuse new jobs; later, end the running ones now (server_engine.c's job_cut). */
+void srv_drain_begin(struct srv *s);
+void srv_drain_cut(struct srv *s);
 void srv_job_unref(struct srv_job *j);
 /* Prometheus text (new string). */
 char *srv_metrics_text(struct srv *s);
@@ -212,4 +231,6 @@ void srv_count_status(struct srv *s, int status);
 
 /* server.c */
 MOE_MUST_USE enum moe_status srv_http_start(struct srv *s);
+/* Stops listening (connections already open stay). */
+void srv_http_quiesce(struct srv *s);
 void srv_http_stop(struct srv *s);

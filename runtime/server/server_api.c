@@ -7,8 +7,9 @@
  * repetition_penalty, ignore_eos) and moerun's own: "return_expert_load":
  * true or "moerun": {"expert_load": true} adds usage.expert_load.  Unknown
  * fields are ignored, as OpenAI's server does; fields moerun cannot honour
- * (echo, best_of > n, tool_choice forcing a call) are refused, never
- * silently dropped.  Error messages never quote the request body. */
+ * (echo, best_of > n, tool_choice forcing a call, a JSON response_format)
+ * are refused, never silently dropped.  Error messages never quote the
+ * request body. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -105,6 +106,7 @@ static struct srv_job *job_new(struct srv *s)
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
+    atomic_fetch_add(&s->jobs_live, 1);
     for (int i = 0; i < SRV_MAX_N; i++) {
         j->ch[i].job = j;
         j->ch[i].index = i;
@@ -198,9 +200,13 @@ static int read_template_kwargs(struct srv *s, json_t *req, json_t **extra, stru
 static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **extra, struct verr *v)
 {
     json_t *tools = json_object_get(req, "tools"), *choice = json_object_get(req, "tool_choice");
-    if (!tools || json_is_null(tools)) return 0;
-    if (!json_is_array(tools)) return bad(v, "tools", "'tools' must be an array");
-    if (json_array_size(tools) == 0) return 0;
+    if (tools && !json_is_null(tools) && !json_is_array(tools)) return bad(v, "tools", "'tools' must be an array");
+    if (!tools || json_is_null(tools) || json_array_size(tools) == 0) {
+        const char *c = json_string_value(choice);
+        if (choice && !json_is_null(choice) && (!c || (strcmp(c, "none") && strcmp(c, "auto"))))
+            return bad(v, "tool_choice", "without 'tools', 'tool_choice' may only be \"none\" or \"auto\"");
+        return 0;
+    }
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
@@ -276,8 +282,13 @@ static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, json_t 
         if (c && !json_is_null(c) && !json_is_string(c) && !json_is_array(c))
             return bad(v, "messages", "messages[%zu].content must be a string or an array", i);
     }
-    if (!s->have_chat)
+    json_t *flat = NULL; /* content part lists as text; roles checked */
+    if (moe_chat_messages_text(msgs, &flat) != MOE_OK) return bad(v, "messages", "%s", moe_last_error());
+    if (!s->have_chat) {
+        json_decref(flat);
         return bad(v, "messages", "this model has no chat template; use /v1/completions");
+    }
+    msgs = flat;
     char *text = NULL;
     pthread_mutex_lock(&s->tok_mu);
     json_t *rendered = parse_call_arguments(msgs);
@@ -291,6 +302,7 @@ static int read_messages(struct srv *s, json_t *msgs, struct srv_job *j, json_t 
         else (void)moe_fail(st, "%s", first); /* the first failure is the one to report */
     }
     json_decref(rendered);
+    json_decref(flat);
     size_t n = 0;
     if (st == MOE_OK)
         st = moe_tokenizer_encode(&s->tok, text, strlen(text), false, &j->prompt, &n, NULL);
@@ -320,6 +332,39 @@ static int read_stop(json_t *req, struct srv_job *j, struct verr *v)
             return bad(v, "stop", "each stop string must be a non-empty string");
         if (!(j->stops[j->n_stops++] = strdup(json_string_value(x))))
             return bad(v, "stop", "out of memory");
+    }
+    return 0;
+}
+
+/* response_format: {"type": "text"} is what is served; json_object and
+ * json_schema need constrained decoding, not built yet: refused. */
+static int read_response_format(json_t *req, struct verr *v)
+{
+    json_t *rf = json_object_get(req, "response_format");
+    if (!rf || json_is_null(rf)) return 0;
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    if (!json_is_object(rf) || !type)
+        return bad(v, "response_format", "'response_format' must be an object with a string 'type'");
+    if (!strcmp(type, "text")) return 0;
+    if (!strcmp(type, "json_object") || !strcmp(type, "json_schema"))
+        return bad(v, "response_format", "response_format type '%s' is not supported yet (structured "
+                   "outputs need constrained decoding); only \"text\"", type);
+    return bad(v, "response_format", "unknown response_format type '%.64s'", type);
+}
+
+/* logit_bias keys are token ids written as JSON's canonical integers
+ * ("0", "15"; not " 5", "+5", "05"); the values are checked by the sampler. */
+static int check_logit_bias_keys(json_t *req, struct verr *v)
+{
+    json_t *lb = json_object_get(req, "logit_bias");
+    const char *key;
+    json_t *val;
+    if (!json_is_object(lb)) return 0;
+    json_object_foreach(lb, key, val) {
+        const size_t n = strlen(key);
+        if (n == 0 || n > 10 || strspn(key, "0123456789") != n || (key[0] == '0' && n > 1))
+            return bad(v, "logit_bias", "a logit_bias key is not a token id written as a plain "
+                       "decimal integer");
     }
     return 0;
 }
@@ -358,6 +403,7 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
     if (b) return bad(v, "echo", "'echo' is not supported");
     struct moe_sampling *sp = &j->rp.sampling;
     *sp = s->defaults; /* the API's defaults, with the model's generation_config.json */
+    if (check_logit_bias_keys(req, v) < 0 || read_response_format(req, v) < 0) return -1;
     if (moe_sampling_logit_bias_from_json(json_object_get(req, "logit_bias"), s->vocab, sp) != MOE_OK)
         return bad(v, "logit_bias", "%s", moe_last_error());
     double d = 0;
@@ -505,11 +551,13 @@ int srv_handle_completion(struct srv *s, bool chat, const char *body, size_t n,
     snprintf(j->id, sizeof j->id, "%s-%lld", chat ? "chatcmpl" : "cmpl",
              (long long)atomic_fetch_add(&s->next_id, 1));
     j->t_recv = srv_now();
-    if (!srv_enqueue(s, j)) {
+    const int refused = srv_enqueue(s, j);
+    if (refused) {
         srv_job_unref(j);
-        *err_body = srv_error_json(429, NULL, "the server's queue is full (%d waiting requests); "
-                                   "retry later", s->o.max_queue);
-        return 429;
+        *err_body = refused == 503 ? srv_error_json(503, NULL, "the server is shutting down")
+                                   : srv_error_json(429, NULL, "the server's queue is full (%d waiting "
+                                                    "requests); retry later", s->o.max_queue);
+        return refused;
     }
     /* the engine thread accepts or refuses at its next loop */
     pthread_mutex_lock(&j->mu);

@@ -43,10 +43,9 @@ static void hist_add(struct srv_hist *h, double x)
 
 void srv_count_status(struct srv *s, int status)
 {
-    int k = status == 200 ? 0 : status == 400 ? 1 : status == 404 || status == 405 ? 2
-          : status == 413 ? 3 : status == 429 ? 4 : 5;
+    if (status < 100 || status > 599) status = 500;
     pthread_mutex_lock(&s->m_mu);
-    s->met.by_status[k]++;
+    s->met.by_status[status]++;
     pthread_mutex_unlock(&s->m_mu);
 }
 
@@ -75,14 +74,16 @@ void srv_job_unref(struct srv_job *j)
     free(j->out);
     pthread_cond_destroy(&j->cv);
     pthread_mutex_destroy(&j->mu);
+    atomic_fetch_sub(&j->s->jobs_live, 1);
     free(j);
 }
 
-bool srv_enqueue(struct srv *s, struct srv_job *j)
+int srv_enqueue(struct srv *s, struct srv_job *j)
 {
     pthread_mutex_lock(&s->q_mu);
-    bool ok = !s->stopping && s->q_len + atomic_load(&s->eng_waiting) < s->o.max_queue;
-    if (ok) {
+    const int status = s->stopping || s->draining ? 503
+                     : s->q_len + atomic_load(&s->eng_waiting) < s->o.max_queue ? 0 : 429;
+    if (status == 0) {
         pthread_mutex_lock(&j->mu);
         j->refs++;
         pthread_mutex_unlock(&j->mu);
@@ -94,7 +95,7 @@ bool srv_enqueue(struct srv *s, struct srv_job *j)
         pthread_cond_signal(&s->q_cv);
     }
     pthread_mutex_unlock(&s->q_mu);
-    return ok;
+    return status;
 }
 
 /* --- response bytes (caller holds nothing; takes job->mu) --- */
@@ -152,17 +153,34 @@ static json_t *token_text(struct srv *s, int32_t id)
     return x;
 }
 
-/* The logprobs of one sampled token, in the request's flavour. */
-static json_t *logprob_entry(struct srv *s, struct srv_job *j, const struct moe_sample *sm)
+/* The UTF-8 bytes of a token's text (chat logprobs' "bytes"). */
+static json_t *utf8_bytes(json_t *text)
 {
+    json_t *a = json_array();
+    const unsigned char *p = (const unsigned char *)json_string_value(text);
+    for (size_t i = 0; a && p && i < json_string_length(text); i++) json_array_append_new(a, json_integer(p[i]));
+    return a;
+}
+
+/* The logprobs of one sampled token of choice c, in the request's flavour.
+ * Completions entries carry the token's offset in the choice's text
+ * (characters, as OpenAI's text_offset counts them). */
+static json_t *logprob_entry(struct srv *s, struct srv_choice *c, const struct moe_sample *sm)
+{
+    const struct srv_job *j = c->job;
     if (j->chat) {
         json_t *top = json_array();
-        for (int k = 0; k < sm->n_top && k < j->logprobs; k++)
-            json_array_append_new(top, json_pack("{s:o, s:f, s:n}", "token",
-                                                 token_text(s, sm->top_ids[k]), "logprob",
-                                                 (double)sm->top_logprobs[k], "bytes"));
-        return json_pack("{s:o, s:f, s:n, s:o}", "token", token_text(s, sm->token), "logprob",
-                         (double)sm->logprob, "bytes", "top_logprobs", top);
+        for (int k = 0; k < sm->n_top && k < j->logprobs; k++) {
+            json_t *t = token_text(s, sm->top_ids[k]);
+            json_array_append_new(top, json_pack("{s:O, s:f, s:o}", "token", t, "logprob",
+                                                 (double)sm->top_logprobs[k], "bytes", utf8_bytes(t)));
+            json_decref(t);
+        }
+        json_t *t = token_text(s, sm->token);
+        json_t *e = json_pack("{s:O, s:f, s:o, s:o}", "token", t, "logprob", (double)sm->logprob, "bytes",
+                              utf8_bytes(t), "top_logprobs", top);
+        json_decref(t);
+        return e;
     }
     json_t *top = json_object();
     for (int k = 0; k < sm->n_top; k++) {
@@ -170,21 +188,28 @@ static json_t *logprob_entry(struct srv *s, struct srv_job *j, const struct moe_
         json_object_set_new(top, json_string_value(t), json_real(sm->top_logprobs[k]));
         json_decref(t);
     }
-    return json_pack("{s:o, s:f, s:o}", "token", token_text(s, sm->token), "logprob",
-                     (double)sm->logprob, "top", top);
+    json_t *t = token_text(s, sm->token);
+    json_t *e = json_pack("{s:O, s:f, s:o, s:I}", "token", t, "logprob", (double)sm->logprob, "top", top,
+                          "offset", (json_int_t)c->text_offset);
+    const char *p = json_string_value(t);
+    for (size_t i = 0; p && i < json_string_length(t); i++) c->text_offset += ((unsigned char)p[i] & 0xC0) != 0x80;
+    json_decref(t);
+    return e;
 }
 
-/* Completions logprobs {tokens, token_logprobs, top_logprobs} from entries. */
+/* Completions logprobs {tokens, token_logprobs, top_logprobs, text_offset} from entries. */
 static json_t *completion_logprobs(json_t *entries)
 {
-    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *e;
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array(), *e;
     size_t i;
     json_array_foreach(entries, i, e) {
         json_array_append(tokens, json_object_get(e, "token"));
         json_array_append(lps, json_object_get(e, "logprob"));
         json_array_append(tops, json_object_get(e, "top"));
+        json_array_append(offs, json_object_get(e, "offset"));
     }
-    return json_pack("{s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops);
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
 }
 
 static bool wants_logprobs(const struct srv_job *j)
@@ -330,7 +355,7 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     split_text(c, t, why != MOE_FINISH_NONE && c->tg_on && !stopped, why != MOE_FINISH_NONE, &reason, &answer);
     t = answer ? answer : "";
     const bool why_calls = why == MOE_FINISH_STOP && c->tc_on && c->tc.n_calls > 0; /* "tool_calls" */
-    json_t *lp = wants_logprobs(j) ? logprob_entry(s, j, &r->samples[g]) : NULL;
+    json_t *lp = wants_logprobs(j) ? logprob_entry(s, c, &r->samples[g]) : NULL;
     if (j->stream) {
         const bool calls = c->tc_on && c->calls_sent < c->tc.n_calls;
         if (*t || (reason && *reason) || lp || calls) stream_piece(s, c, t, reason ? reason : "", lp, NULL);
@@ -544,6 +569,55 @@ static void sweep(struct srv *s, bool abort_all)
     }
 }
 
+/* Ends a job cut at the drain timeout.  A stream gets a last chunk with
+ * finish_reason "abort" for each unfinished choice, its usage chunk when
+ * asked, an error event and [DONE]; a non-streaming body (its 200 header
+ * has gone out) is the error object. */
+static void job_cut(struct srv *s, struct srv_job *j)
+{
+    char *err = srv_error_json(503, NULL, "the server shut down before the request finished "
+                               "(--drain-timeout %d s)", s->o.drain_timeout_s);
+    if (j->stream) {
+        for (int i = 0; i < j->n; i++)
+            if (!j->ch[i].done) stream_piece(s, &j->ch[i], "", "", NULL, moe_finish_name(MOE_FINISH_ABORT));
+        if (j->include_usage) {
+            json_t *ev = chunk_base(s, j);
+            json_object_set_new(ev, "choices", json_array());
+            json_object_set_new(ev, "usage", usage_json(s, j));
+            emit_event(j, ev);
+        }
+        if (err) {
+            emit(j, "data: ", 6, false);
+            emit(j, err, strlen(err), false);
+            emit(j, "\n\n", 2, false);
+        }
+        emit(j, "data: [DONE]\n\n", 14, true);
+    } else {
+        emit(j, err ? err : "", err ? strlen(err) : 0, true);
+    }
+    free(err);
+}
+
+/* The drain timeout is over: every active job ends now (those whose
+ * choices are all done complete as usual). */
+static void cut_all(struct srv *s)
+{
+    while (s->active) {
+        struct srv_job *j = s->active;
+        const bool finished = j->n_done == j->n;
+        if (finished) job_complete(s, j);
+        else if (!job_abandoned(j)) job_cut(s, j);
+        else emit(j, "", 0, true);
+        for (int i = 0; i < j->n; i++) {
+            if (j->ch[i].r) moe_engine_cancel(&s->e, j->ch[i].r);
+            moe_engine_release(&s->e, j->ch[i].r);
+            j->ch[i].r = NULL;
+        }
+        s->active = j->next;
+        srv_job_unref(j);
+    }
+}
+
 static void snapshot(struct srv *s)
 {
     const struct moe_kvcache *kv = &s->e.r.kv;
@@ -593,15 +667,16 @@ static void *engine_main(void *arg)
         /* the taken jobs still count as waiting until they are in the engine */
         atomic_store(&s->eng_waiting, s->e.n_waiting + s->q_len);
         s->q_len = 0;
-        bool stopping = s->stopping;
+        bool stopping = s->stopping, cut = s->cut;
         pthread_mutex_unlock(&s->q_mu);
         while (q) {
             struct srv_job *next = q->next;
-            if (stopping) reject(q, 503, "the server is shutting down");
+            if (stopping || cut) reject(q, 503, "the server is shutting down");
             else accept_job(s, q);
             q = next;
         }
         atomic_store(&s->eng_waiting, s->e.n_waiting);
+        if (cut) cut_all(s);
         if (stopping) {
             sweep(s, true);
             snapshot(s);
@@ -646,6 +721,21 @@ enum moe_status srv_engine_start(struct srv *s)
         return moe_fail(MOE_ERR_NOMEM, "serve: cannot start the engine thread");
     s->engine_started = true;
     return MOE_OK;
+}
+
+void srv_drain_begin(struct srv *s)
+{
+    pthread_mutex_lock(&s->q_mu);
+    s->draining = true;
+    pthread_mutex_unlock(&s->q_mu);
+}
+
+void srv_drain_cut(struct srv *s)
+{
+    pthread_mutex_lock(&s->q_mu);
+    s->cut = true;
+    pthread_cond_broadcast(&s->q_cv);
+    pthread_mutex_unlock(&s->q_mu);
 }
 
 void srv_engine_stop(struct srv *s)

@@ -57,12 +57,12 @@ char *srv_metrics_text(struct srv *s)
     pthread_mutex_lock(&s->q_mu);
     int queued = s->q_len;
     pthread_mutex_unlock(&s->q_mu);
-    static const char *codes[6] = {"200", "400", "404_405", "413", "429", "5xx"};
-    fprintf(f, "# HELP moerun_http_requests_total HTTP requests answered, by status\n"
+    fprintf(f, "# HELP moerun_http_requests_total HTTP requests answered, by status code (those "
+               "libmicrohttpd answers itself included)\n"
                "# TYPE moerun_http_requests_total counter\n");
-    for (int i = 0; i < 6; i++)
-        fprintf(f, "moerun_http_requests_total{status=\"%s\"} %llu\n", codes[i],
-                (unsigned long long)m.by_status[i]);
+    for (int i = 100; i < 600; i++)
+        if (i == 200 || m.by_status[i])
+            fprintf(f, "moerun_http_requests_total{status=\"%d\"} %llu\n", i, (unsigned long long)m.by_status[i]);
     one(f, "moerun_prompt_tokens_total", "counter", "prompt tokens submitted to the engine",
         m.prompt_tokens);
     one(f, "moerun_generation_tokens_total", "counter", "tokens generated", m.generated_tokens);
@@ -81,7 +81,7 @@ char *srv_metrics_text(struct srv *s)
                "moerun_kv_blocks{state=\"used\"} %d\nmoerun_kv_blocks{state=\"cached\"} %d\n"
                "moerun_kv_blocks{state=\"free\"} %d\n",
             m.kv_used, m.kv_cached, m.kv_free);
-    one(f, "moerun_kv_blocks_total", "gauge", "KV cache blocks in the pool",
+    one(f, "moerun_kv_blocks_capacity", "gauge", "KV cache blocks in the pool",
         (unsigned long long)m.kv_total);
     hist(f, "moerun_time_to_first_token_seconds", "time from request arrival to its first token",
          &m.ttft);

@@ -239,8 +239,29 @@ static enum moe_status load_trace(struct moe_sdata *d, json_t *root, const char 
         s = moe_fail(MOE_ERR_NOMEM, "%s: trace ids", prefix);
         goto done;
     }
-    for (size_t i = 0; i < n; i++)
+    json_t *declared = json_object_get(root, "tokens");
+    if (declared && (!json_is_integer(declared) || json_integer_value(declared) != N)) {
+        s = moe_fail(MOE_ERR_FORMAT, "%s.trace.json: \"tokens\" says %lld, but %s.ids.npy holds %lld tokens",
+                     prefix, (long long)json_integer_value(declared), prefix, (long long)N);
+        goto done;
+    }
+    size_t valid = 0;
+    for (size_t i = 0; i < n; i++) {
         d->ids[i] = ids.elem == 2 ? ((int16_t *)ids.data)[i] : ((int32_t *)ids.data)[i];
+        if (d->ids[i] < -1 || d->ids[i] >= d->E) { /* -1: a slot the recorder left empty */
+            const size_t row = (size_t)d->Lm * (size_t)d->K;
+            s = moe_fail(MOE_ERR_FORMAT, "%s.ids.npy: token %zu, MoE layer %zu, choice %zu: expert id %d "
+                         "is outside [0, %d)", prefix, i / row, i % row / (size_t)d->K, i % (size_t)d->K,
+                         d->ids[i], d->E);
+            goto done;
+        }
+        valid += d->ids[i] >= 0;
+    }
+    if (n > 0 && valid == 0) {
+        s = moe_fail(MOE_ERR_FORMAT, "%s.ids.npy: %lld tokens, but no expert id in any of them", prefix,
+                     (long long)N);
+        goto done;
+    }
     d->w = w.data;
     d->meta = tok.data;
     w.data = tok.data = NULL;

@@ -50,7 +50,7 @@ def settled():
 
 
 m = wait_for(settled, 30, "every request to be cancelled")
-total = m["moerun_kv_blocks_total"]
+total = m["moerun_kv_blocks_capacity"]
 assert m['moerun_kv_blocks{state="free"}'] + m['moerun_kv_blocks{state="cached"}'] == total, m
 aborted = m["moerun_requests_aborted_total"] - before["moerun_requests_aborted_total"]
 assert aborted == n, "aborted %d of %d" % (aborted, n)
