@@ -124,3 +124,21 @@ struct spec_totals spec_matches_plain(struct moe_backend *be, const struct moe_m
     }
     return t;
 }
+
+void spec_churn_request(void *ctx, uint64_t *seed, const int32_t **prompt, int *n,
+                        struct moe_request_params *p)
+{
+    const struct spec_job *j = (const struct spec_job *)ctx + tu_rand_u64(seed) % 7;
+    *prompt = j->prompt;
+    *n = j->n;
+    *p = j->p;
+    p->max_tokens = 1 + (int)(tu_rand_u64(seed) % 24);
+}
+
+void spec_pools_returned(void *ctx, struct moe_request *r)
+{
+    (void)ctx;
+    cr_assert(r->seq.n_blocks == 0 && r->draft_seq.n_blocks == 0 && r->mtp_seq.n_blocks == 0,
+              "a finished request holds %d target, %d draft and %d module blocks", r->seq.n_blocks,
+              r->draft_seq.n_blocks, r->mtp_seq.n_blocks);
+}

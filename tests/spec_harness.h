@@ -47,6 +47,13 @@ struct moe_engine_counters spec_serve(struct moe_backend *be, const struct moe_m
                                       const struct moe_engine_opts *o, struct spec_result *res);
 /* The same tokens, finish reasons and log-probabilities (bit for bit). */
 void spec_expect_same(const struct spec_result *a, const struct spec_result *b, int nj, const char *what);
+/* tu_engine_churn's request maker over the first seven jobs of ctx (a
+ * struct spec_job array), max_tokens 1..24. */
+void spec_churn_request(void *ctx, uint64_t *seed, const int32_t **prompt, int *n,
+                        struct moe_request_params *p);
+/* tu_engine_churn's check of a finished or cancelled request: it holds no
+ * block of the target's pool or its proposer's. */
+void spec_pools_returned(void *ctx, struct moe_request *r);
 /* Serves the jobs without speculation, then with sp for K = 1, 2, 4, 8:
  * the same outputs each time, something drafted, no_spec requests never
  * speculated.  With all_accepted, every token drafted for a greedy

@@ -251,26 +251,6 @@ Test(spec_draft, nan_draft_changes_nothing)
     moe_model_free(&m);
 }
 
-/* A request of the churn: one of seven jobs, max_tokens 1..24. */
-static void churn_request(void *ctx, uint64_t *seed, const int32_t **prompt, int *n,
-                          struct moe_request_params *p)
-{
-    const struct spec_job *j = (const struct spec_job *)ctx + tu_rand_u64(seed) % 7;
-    *prompt = j->prompt;
-    *n = j->n;
-    *p = j->p;
-    p->max_tokens = 1 + (int)(tu_rand_u64(seed) % 24);
-}
-
-/* Finished or cancelled: its blocks in both pools are back at once. */
-static void both_pools_returned(void *ctx, struct moe_request *r)
-{
-    (void)ctx;
-    cr_assert(r->seq.n_blocks == 0 && r->draft_seq.n_blocks == 0,
-              "a finished request holds %d target and %d draft blocks", r->seq.n_blocks,
-              r->draft_seq.n_blocks);
-}
-
 /* 1,000 speculative requests in a 40-block pool (and a draft pool of 40),
  * a ninth of the live ones cancelled at random moments each step: a
  * request holds no block of either pool once it is finished, and
@@ -287,7 +267,7 @@ Test(spec_draft, cancellation_leaks_no_block)
     static struct spec_job kinds[7];
     spec_make_jobs(kinds, 7, 97, 31);
     for (int i = 0; i < 7; i++) kinds[i].n = kinds[i].n < 24 ? kinds[i].n : 24;
-    tu_engine_churn(&e, 1000, 24, 77, churn_request, both_pools_returned, kinds);
+    tu_engine_churn(&e, 1000, 24, 77, spec_churn_request, spec_pools_returned, kinds);
     cr_assert(e.n.requests_aborted > 50, "cancellations happened (%llu)",
               (unsigned long long)e.n.requests_aborted);
     cr_assert(e.n.spec_draft_tokens > 0 && e.n.prefix_hit_tokens > 0);

@@ -275,26 +275,6 @@ Test(spec_mtp, nan_module_changes_nothing)
     free(nan_norm);
 }
 
-/* A request of the churn: one of seven jobs, max_tokens 1..24. */
-static void churn_request(void *ctx, uint64_t *seed, const int32_t **prompt, int *n,
-                          struct moe_request_params *p)
-{
-    const struct spec_job *j = (const struct spec_job *)ctx + tu_rand_u64(seed) % 7;
-    *prompt = j->prompt;
-    *n = j->n;
-    *p = j->p;
-    p->max_tokens = 1 + (int)(tu_rand_u64(seed) % 24);
-}
-
-/* Finished or cancelled: its blocks in both pools are back at once. */
-static void both_pools_returned(void *ctx, struct moe_request *r)
-{
-    (void)ctx;
-    cr_assert(r->seq.n_blocks == 0 && r->mtp_seq.n_blocks == 0,
-              "a finished request holds %d target and %d module blocks", r->seq.n_blocks,
-              r->mtp_seq.n_blocks);
-}
-
 /* 1,000 speculative requests in a 40-block pool (the module's too), some
  * cancelled at random moments: no block of either pool stays taken. */
 Test(spec_mtp, cancellation_leaks_no_block, .timeout = 600)
@@ -307,7 +287,7 @@ Test(spec_mtp, cancellation_leaks_no_block, .timeout = 600)
     cr_assert_eq(moe_engine_init(&e, &f.m, &be, &o), MOE_OK, "%s", moe_last_error());
     static struct spec_job jobs[SPEC_MAXJ];
     spec_make_jobs(jobs, 7, f.m.cfg.vocab, 37);
-    tu_engine_churn(&e, 1000, 8, 41, churn_request, both_pools_returned, jobs);
+    tu_engine_churn(&e, 1000, 8, 41, spec_churn_request, spec_pools_returned, jobs);
     cr_assert(e.n.spec_draft_tokens > 0, "the churn speculated");
     tu_expect_pools_free(&e);
     moe_engine_free(&e);

@@ -54,44 +54,24 @@ static enum moe_status split_budget(const struct moe_cli_engine *o, const struct
     return MOE_OK;
 }
 
-/* --spec mtp: the target's module 0 as the proposer, on the target's backend. */
-static enum moe_status mtp_attach(const struct moe_cli_engine *o, const struct moe_model *m,
-                                  struct moe_engine_opts *eo)
-{
-    struct cli_draft *d = calloc(1, sizeof *d);
-    if (!d) return moe_fail(MOE_ERR_NOMEM, "--spec mtp");
-    enum moe_status s = moe_model_mtp_view(m, 0, &d->m);
-    if (s != MOE_OK) {
-        moe_error_prefix("--spec mtp: %s: ", o->model.path ? o->model.path : "the model");
-        goto fail;
-    }
-    if (o->kv_budget && (s = split_budget(o, m, &d->m, eo->kv_dtype, &eo->n_blocks)) != MOE_OK) goto fail;
-    eo->spec.draft = &d->m;
-    eo->spec.draft_be = NULL;
-    eo->spec.draft_blocks = eo->n_blocks;
-    eo->spec.draft_release = draft_release;
-    eo->spec.draft_ctx = d;
-    return MOE_OK;
-fail:
-    draft_release(d);
-    return s;
-}
-
+/* --draft DIR, or --spec mtp: the target's module 0 (borrowing its weights),
+ * on the target's backend. */
 enum moe_status moe_cli_draft_attach(const struct moe_cli_engine *o, const struct moe_model *m,
                                      struct moe_backend *be, struct moe_engine_opts *eo)
 {
-    if (o->spec.kind == MOE_SPEC_MTP) return mtp_attach(o, m, eo);
+    const bool mtp = o->spec.kind == MOE_SPEC_MTP;
     const char *dir = o->model.draft;
-    if (!dir) return MOE_OK;
+    if (!mtp && !dir) return MOE_OK;
     struct cli_draft *d = calloc(1, sizeof *d);
-    if (!d) return moe_fail(MOE_ERR_NOMEM, "--draft %s", dir);
-    enum moe_status s = moe_model_load(&d->m, dir);
+    if (!d) return moe_fail(MOE_ERR_NOMEM, mtp ? "--spec mtp" : "--draft %s", dir);
+    enum moe_status s = mtp ? moe_model_mtp_view(m, 0, &d->m) : moe_model_load(&d->m, dir);
     if (s != MOE_OK) {
-        moe_error_prefix("--draft %s: ", dir);
+        if (mtp) moe_error_prefix("--spec mtp: %s: ", o->model.path ? o->model.path : "the model");
+        else moe_error_prefix("--draft %s: ", dir);
         goto fail;
     }
     if (o->kv_budget && (s = split_budget(o, m, &d->m, eo->kv_dtype, &eo->n_blocks)) != MOE_OK) goto fail;
-    if (!strcmp(be->ops->name, "cuda") && o->gpu_experts > 0) {
+    if (!mtp && !strcmp(be->ops->name, "cuda") && o->gpu_experts > 0) {
         struct moe_cli_engine bo = *o;
         bo.backend = "cuda";
         bo.gpu_experts = 0;
@@ -100,7 +80,7 @@ enum moe_status moe_cli_draft_attach(const struct moe_cli_engine *o, const struc
         if ((s = moe_cli_backend_start(&d->be, &bo)) != MOE_OK) goto fail;
         d->own_be = true;
     }
-    eo->spec.kind = MOE_SPEC_DRAFT;
+    eo->spec.kind = mtp ? MOE_SPEC_MTP : MOE_SPEC_DRAFT;
     eo->spec.draft = &d->m;
     eo->spec.draft_be = d->own_be ? &d->be : NULL;
     eo->spec.draft_blocks = eo->n_blocks;
