@@ -389,7 +389,7 @@ Test(config, deepseek_refusals_are_named)
 {
     struct moe_config c;
     const char *v2 = "{\"architectures\": [\"DeepseekV2ForCausalLM\"], " BASE
-                     "\"moe_intermediate_size\": 32, \"n_routed_experts\": 8, ";
+                     "\"moe_intermediate_size\": 32, \"n_routed_experts\": 8, \"num_experts_per_tok\": 2, ";
     char buf[1024];
     snprintf(buf, sizeof buf, "%s\"topk_method\": \"random\"}", v2);
     cr_assert_eq(parse(buf, &c), MOE_ERR_UNSUPPORTED);

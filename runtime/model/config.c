@@ -13,6 +13,10 @@
 #include <string.h>
 #include <strings.h>
 
+/* Per family: what it always has, and the defaults of the keys a config may
+ * leave out, as transformers 5.24's config classes set them
+ * (tests/reference/make_config_defaults.py records what transformers makes
+ * of each absent key; tests/test_config_defaults.c compares). */
 static const struct {
     const char *arch;
     enum moe_family family;
@@ -21,22 +25,37 @@ static const struct {
     bool qkv_bias_always; /* Qwen2 families: q/k/v biases regardless of config */
     enum moe_qk_norm qk_norm;
     bool moe;
+    int max_pos;          /* max_position_embeddings default */
+    int top_k;            /* num_experts_per_tok default (0: none, required) */
+    double theta;         /* rope_theta default */
+    bool window_switch;   /* use_sliding_window exists, default false (else a sliding_window
+                             alone turns the window on) */
+    int window;           /* sliding_window default when on */
 } families[] = {
-    {"MixtralForCausalLM", MOE_FAMILY_MIXTRAL, 1e-5f, 0, false, MOE_QK_NORM_NONE, true},
-    {"Qwen2MoeForCausalLM", MOE_FAMILY_QWEN2_MOE, 1e-6f, 0, true, MOE_QK_NORM_NONE, true},
-    {"Qwen3MoeForCausalLM", MOE_FAMILY_QWEN3_MOE, 1e-6f, 0, false, MOE_QK_NORM_HEAD, true},
-    {"OlmoeForCausalLM", MOE_FAMILY_OLMOE, 1e-5f, 0, false, MOE_QK_NORM_FULL, true},
-    {"LlamaForCausalLM", MOE_FAMILY_LLAMA, 1e-6f, 0, false, MOE_QK_NORM_NONE, false},
-    {"Qwen2ForCausalLM", MOE_FAMILY_QWEN2, 1e-6f, 0, true, MOE_QK_NORM_NONE, false},
-    {"Qwen3ForCausalLM", MOE_FAMILY_QWEN3, 1e-6f, 128, false, MOE_QK_NORM_HEAD, false},
-    {"Glm4MoeForCausalLM", MOE_FAMILY_GLM4_MOE, 1e-5f, 0, false, MOE_QK_NORM_NONE, true},
-    {"GraniteMoeForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
-    {"GraniteMoeSharedForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
-    {"GraniteForCausalLM", MOE_FAMILY_GRANITE, 1e-6f, 0, false, MOE_QK_NORM_NONE, false},
-    {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true},
-    {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
-    {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true},
+    {"MixtralForCausalLM", MOE_FAMILY_MIXTRAL, 1e-5f, 0, false, MOE_QK_NORM_NONE, true, 131072, 2, 1e6, false, 0},
+    {"Qwen2MoeForCausalLM", MOE_FAMILY_QWEN2_MOE, 1e-6f, 0, true, MOE_QK_NORM_NONE, true, 32768, 4, 1e4, true, 4096},
+    {"Qwen3MoeForCausalLM", MOE_FAMILY_QWEN3_MOE, 1e-6f, 0, false, MOE_QK_NORM_HEAD, true, 32768, 8, 1e4, true, 4096},
+    {"OlmoeForCausalLM", MOE_FAMILY_OLMOE, 1e-5f, 0, false, MOE_QK_NORM_FULL, true, 4096, 8, 1e4, false, 0},
+    {"LlamaForCausalLM", MOE_FAMILY_LLAMA, 1e-6f, 0, false, MOE_QK_NORM_NONE, false, 2048, 0, 1e4, false, 0},
+    {"Qwen2ForCausalLM", MOE_FAMILY_QWEN2, 1e-6f, 0, true, MOE_QK_NORM_NONE, false, 32768, 0, 1e4, true, 4096},
+    {"Qwen3ForCausalLM", MOE_FAMILY_QWEN3, 1e-6f, 128, false, MOE_QK_NORM_HEAD, false, 32768, 0, 1e4, true, 4096},
+    {"Glm4MoeForCausalLM", MOE_FAMILY_GLM4_MOE, 1e-5f, 0, false, MOE_QK_NORM_NONE, true, 131072, 8, 1e4, false, 0},
+    {"GraniteMoeForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 2, 1e4, false, 0},
+    {"GraniteMoeSharedForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 2, 1e4, false, 0},
+    {"GraniteForCausalLM", MOE_FAMILY_GRANITE, 1e-6f, 0, false, MOE_QK_NORM_NONE, false, 2048, 0, 1e4, false, 0},
+    {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true, 131072, 4, 150000, false, 128},
+    {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 0, 1e4, false, 0},
+    {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 4096, 8, 1e4, false, 0},
 };
+
+/* The table's row of family f (GraniteMoe's two rows agree). */
+static int family_row(enum moe_family f)
+{
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (families[i].family == f) return (int)i;
+    MOE_ASSERT(!"family in the table");
+    return 0;
+}
 
 const char *moe_family_name(enum moe_family f)
 {
@@ -159,16 +178,15 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
     if (scaling && !json_is_null(scaling) && !json_is_object(scaling))
         return moe_fail(MOE_ERR_FORMAT, "%s: 'rope_scaling' must be an object or null", what);
     json_t *params = (rp && json_is_object(rp)) ? rp : (json_is_object(scaling) ? scaling : NULL);
-    const bool gpt_oss = c->family == MOE_FAMILY_GPT_OSS;
     double theta = 0;
-    MOE_TRY(get_num(root, what, "rope_theta", gpt_oss ? 150000.0 : 10000.0, &theta));
+    MOE_TRY(get_num(root, what, "rope_theta", families[family_row(c->family)].theta, &theta));
     if (rp && json_is_object(rp)) MOE_TRY(get_num(rp, what, "rope_theta", theta, &theta));
     if (!(theta > 1.0)) return moe_fail(MOE_ERR_FORMAT, "%s: rope_theta = %g must be > 1", what, theta);
     c->rope_theta = (float)theta;
     c->rope_type = MOE_ROPE_DEFAULT;
     c->rope_factor = 1.0f;
     c->rope_attn_factor = 1.0f;
-    if (!params && gpt_oss) { /* GptOssConfig's default: YaRN, factor 32 over 4096 */
+    if (!params && c->family == MOE_FAMILY_GPT_OSS) { /* GptOssConfig's default: YaRN, factor 32 over 4096 */
         c->rope_type = MOE_ROPE_YARN;
         c->rope_factor = 32.0f;
         c->rope_beta_fast = 32.0f;
@@ -381,13 +399,19 @@ static enum moe_status parse_layers(struct moe_config *c, json_t *root, const ch
     return MOE_OK;
 }
 
+/* Which layers attend through a sliding window, as each family's
+ * transformers code decides: layer_types when the config gives them (and
+ * the window is on); else gpt-oss alternates; Qwen2-MoE slides the
+ * even-numbered layers below max_window_layers, Qwen2 and Qwen3 those at
+ * or above it; the others every layer.  Qwen's configs turn the window on
+ * with use_sliding_window (default false), the others by a sliding_window. */
 static enum moe_status parse_sliding(struct moe_config *c, json_t *root, const char *what)
 {
+    const int fr = family_row(c->family);
     int window = 0;
-    bool use = true;
-    MOE_TRY(get_int(root, what, "sliding_window", 0, INT32_MAX,
-                    c->family == MOE_FAMILY_GPT_OSS ? 128 : 0, false, &window));
-    if (json_object_get(root, "use_sliding_window")) MOE_TRY(get_bool(root, what, "use_sliding_window", false, &use));
+    bool use = !families[fr].window_switch;
+    if (families[fr].window_switch) MOE_TRY(get_bool(root, what, "use_sliding_window", false, &use));
+    MOE_TRY(get_int(root, what, "sliding_window", 0, INT32_MAX, families[fr].window, false, &window));
     json_t *types = json_object_get(root, "layer_types");
     for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = false;
     if (!use || window == 0) return MOE_OK;
@@ -405,10 +429,13 @@ static enum moe_status parse_sliding(struct moe_config *c, json_t *root, const c
         }
     } else if (c->family == MOE_FAMILY_GPT_OSS) { /* GptOssConfig: sliding, full, sliding, ... */
         for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = l % 2 == 0;
-    } else if (c->family == MOE_FAMILY_QWEN2 || c->family == MOE_FAMILY_QWEN2_MOE) {
+    } else if (c->family == MOE_FAMILY_QWEN2 || c->family == MOE_FAMILY_QWEN2_MOE ||
+               c->family == MOE_FAMILY_QWEN3) {
         int max_window_layers;
         MOE_TRY(get_int(root, what, "max_window_layers", 0, INT32_MAX, 28, false, &max_window_layers));
-        for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = l >= max_window_layers;
+        for (int l = 0; l < c->n_layers; l++)
+            c->layer_sliding[l] = c->family == MOE_FAMILY_QWEN2_MOE ? l % 2 == 0 && l < max_window_layers
+                                                                   : l >= max_window_layers;
     } else {
         for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = true;
     }
@@ -446,7 +473,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     MOE_TRY(get_int(root, what, "num_key_value_heads", 1, 1 << 16, c->n_heads, false, &c->n_kv_heads));
     int hd_def = families[fi].head_dim ? families[fi].head_dim : c->d_model / c->n_heads;
     MOE_TRY(get_int(root, what, "head_dim", 1, 1 << 16, hd_def, false, &c->head_dim));
-    MOE_TRY(get_int(root, what, "max_position_embeddings", 1, INT32_MAX, 4096, false, &c->max_pos));
+    MOE_TRY(get_int(root, what, "max_position_embeddings", 1, INT32_MAX, families[fi].max_pos, false, &c->max_pos));
     if (c->n_heads % c->n_kv_heads)
         return moe_fail(MOE_ERR_FORMAT,
                         "%s: num_attention_heads = %d is not a multiple of num_key_value_heads = %d",
@@ -630,8 +657,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         break;
     }
     if (moe) {
-        MOE_TRY(get_int(root, what, "num_experts_per_tok", 1, c->n_experts,
-                        c->family == MOE_FAMILY_GPT_OSS ? 4 : 2, false, &c->top_k));
+        MOE_TRY(get_int(root, what, "num_experts_per_tok", 1, c->n_experts, families[fi].top_k,
+                        families[fi].top_k == 0, &c->top_k));
         if (c->top_k > c->topk_group * (c->n_experts / c->n_group))
             return moe_fail(MOE_ERR_FORMAT, "%s: num_experts_per_tok = %d exceeds the %d experts of "
                             "topk_group = %d groups", what, c->top_k,

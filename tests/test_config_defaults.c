@@ -1,0 +1,90 @@
+/* test_config_defaults.c - a configuration that leaves a key out means
+ * what transformers makes of it: for each fixture family and each key of
+ * tests/fixtures/config_defaults.json (experts per token, RoPE theta,
+ * RMSNorm epsilon, context length, tied embeddings, the sliding-window
+ * switches and layer pattern), the config without that key parses to the
+ * values transformers' config class gives (recorded by
+ * tests/reference/make_config_defaults.py).  Where transformers has no
+ * value (DeepSeek-V2's num_experts_per_tok is None) moerun requires the
+ * key. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/model/config.h"
+#include "tests/testutil.h"
+
+static int check_case(json_t *c)
+{
+    const char *fixture = json_string_value(json_object_get(c, "fixture")),
+               *what = json_string_value(json_object_get(c, "what"));
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/config.json", FIXTURE_DIR, fixture);
+    json_t *cfgj = json_load_file(path, 0, NULL);
+    cr_assert(cfgj, "%s", path);
+    cr_assert_eq(json_object_update(cfgj, json_object_get(c, "set")), 0);
+    size_t i;
+    json_t *k;
+    json_array_foreach(json_object_get(c, "remove"), i, k) json_object_del(cfgj, json_string_value(k));
+    char label[256];
+    snprintf(label, sizeof label, "%s (%s)", fixture, what);
+    struct moe_config cfg;
+    enum moe_status s = moe_config_parse(&cfg, cfgj, label);
+    json_decref(cfgj);
+    json_t *e = json_object_get(c, "expect");
+    if (s != MOE_OK && !json_object_get(e, "top_k") && strstr(what, "without num_experts_per_tok")) {
+        /* transformers has no value either (DeepSeek-V2: None): required */
+        cr_assert(strstr(moe_last_error(), "missing required field 'num_experts_per_tok'"), "%s: %s", label,
+                  moe_last_error());
+        return 0;
+    }
+    cr_assert_eq(s, MOE_OK, "%s: %s", label, moe_last_error());
+    int bad = 0;
+#define DIFF(cond, ...) do { if (cond) { cr_log_error(__VA_ARGS__); bad++; } } while (0)
+    const double theta = json_number_value(json_object_get(e, "rope_theta")),
+                 eps = json_number_value(json_object_get(e, "rms_eps"));
+    DIFF(fabs(cfg.rope_theta - theta) > 1e-6 * theta, "%s: rope theta %g, transformers %g", label,
+         (double)cfg.rope_theta, theta);
+    DIFF(fabs(cfg.rms_eps - eps) > 1e-6 * eps, "%s: rms eps %g, transformers %g", label, (double)cfg.rms_eps, eps);
+    DIFF(cfg.max_pos != json_integer_value(json_object_get(e, "max_pos")), "%s: context %d, transformers %lld",
+         label, cfg.max_pos, json_integer_value(json_object_get(e, "max_pos")));
+    DIFF(cfg.tie_embeddings != json_is_true(json_object_get(e, "tie")), "%s: tied embeddings %d, transformers %d",
+         label, cfg.tie_embeddings, json_is_true(json_object_get(e, "tie")));
+    json_t *tk = json_object_get(e, "top_k");
+    DIFF(tk && cfg.top_k != json_integer_value(tk), "%s: experts per token %d, transformers %lld", label,
+         cfg.top_k, json_integer_value(tk));
+    json_t *sl = json_object_get(e, "sliding");
+    cr_assert_eq((int)json_array_size(sl), cfg.n_layers, "%s", label);
+    bool any = false;
+    for (int l = 0; l < cfg.n_layers; l++) {
+        bool want = json_is_true(json_array_get(sl, (size_t)l));
+        any |= cfg.layer_sliding[l];
+        DIFF(cfg.layer_sliding[l] != want, "%s: layer %d sliding %d, transformers %d", label, l,
+             cfg.layer_sliding[l], want);
+    }
+    DIFF(any && cfg.sliding_window != json_integer_value(json_object_get(e, "sliding_window")),
+         "%s: sliding window %d, transformers %lld", label, cfg.sliding_window,
+         json_integer_value(json_object_get(e, "sliding_window")));
+#undef DIFF
+    return bad;
+}
+
+Test(config_defaults, absent_keys_read_as_transformers_reads_them)
+{
+    json_error_t err;
+    json_t *root = json_load_file(FIXTURE_DIR "/config_defaults.json", 0, &err);
+    cr_assert(root, "%s", err.text);
+    json_t *cases = json_object_get(root, "cases"), *c;
+    cr_assert(json_array_size(cases) >= 100, "the table has its cases");
+    size_t i;
+    int bad = 0, cases_bad = 0;
+    json_array_foreach(cases, i, c) {
+        int b = check_case(c);
+        bad += b;
+        cases_bad += b > 0;
+    }
+    cr_assert_eq(bad, 0, "%d differences in %d of %zu cases (listed above)", bad, cases_bad, json_array_size(cases));
+    json_decref(root);
+}
