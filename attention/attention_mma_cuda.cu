@@ -30,8 +30,9 @@
  * tolerances say so.  The grid and the tile walk are the SIMT kernel's, so
  * the launch depends only on the step's shape.  Static shared memory: 34 KB
  * at Dh 128.  Never run on a GPU yet (tests/test_cuda_attention.c,
- * cuda_prefill_mma); it passes under tools/cuda-emu, whose MOERUN_CUDA_EMU
- * replaces the asm below by emulations written from the PTX ISA. */
+ * cuda_prefill_mma); it passes under tools/cuda-emu, which runs the
+ * instructions of runtime/cuda/cuda_mma_ptx.cuh as emulations written from
+ * the PTX ISA. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <limits.h>

@@ -280,6 +280,18 @@ Test(cuda_prefill_mma, tensor_core_kernel_matches_cpu)
     check_attention_rows(MOE_DTYPE_BF16, 24, 2, 80, 7, mixed_ctx, mixed_rows, MIXED_SEQS, true);
 }
 
+/* The tensor-core kernel at small shapes, quick enough for the host
+ * emulation's CI selection (tools/cuda-emu/ci-tests.txt): the smallest
+ * prefill step (G = 1), a later chunk and a decode row in one step with a
+ * window (G = 4, Dh 128, f16), and gpt-oss's sinks (G = 8). */
+Test(cuda_prefill_mma, tensor_core_kernel_small_shapes_match_cpu)
+{
+    const int ctx_b[] = {65}, rows_b[] = {65}, pctx[] = {90, 30}, prow[] = {70, 1};
+    check_attention_rows(MOE_DTYPE_BF16, 8, 8, 64, 0, ctx_b, rows_b, 1, true);
+    check_attention_rows(MOE_DTYPE_F16, 8, 2, 128, 33, pctx, prow, 2, true);
+    check_attention_full(MOE_DTYPE_BF16, 16, 2, 64, 0, pctx, prow, 2, true, true, false);
+}
+
 /* gpt-oss's attention sinks on every kernel: decode with and without key
  * splits, sliding window, and prefill (tiled and per row). */
 Test(cuda_ops, attention_sinks_match_cpu)

@@ -78,8 +78,11 @@ static float *prefill_all(struct side *s, const int32_t *prompt, int S, int32_t 
 static void check_offload_stats(const struct side *gpu, int C);
 
 /* bf16: the bf16 tolerance (1e-2 unless tol > 0), expert ids and greedy
- * tokens reported, not required.  gpu_experts: as side_open_with. */
-static void check_fixture_opts(const char *name, bool bf16, double tol, int gpu_experts)
+ * tokens reported, not required.  gpu_experts: as side_open_with.  The
+ * first n_prompts prompts of the fixture, n_tokens (<= 32) greedy tokens
+ * each. */
+static void check_fixture_run(const char *name, bool bf16, double tol, int gpu_experts, int n_prompts,
+                              int n_tokens)
 {
     struct side cpu, gpu;
     side_open(&cpu, name, false);
@@ -91,7 +94,8 @@ static void check_fixture_opts(const char *name, bool bf16, double tol, int gpu_
     const struct moe_config *c = &cpu.m.cfg;
     const int V = c->vocab, L = c->n_layers, K = c->top_k > 0 ? c->top_k : 1;
     if (tol <= 0) tol = bf16 ? 1e-2 : 1e-4;
-    for (int p = 0; p < 3; p++) {
+    cr_assert(n_prompts <= 3 && n_tokens <= 32);
+    for (int p = 0; p < n_prompts; p++) {
         char tn[32];
         snprintf(tn, sizeof tn, "prompt.%d", p);
         const struct moe_st_tensor *pt = moe_safetensors_find(&ref, tn);
@@ -113,14 +117,14 @@ static void check_fixture_opts(const char *name, bool bf16, double tol, int gpu_
         if (!bf16) cr_expect_eq(id_diff, 0, "%s prompt %d: %d expert ids differ", name, p, id_diff);
         int32_t oc[32], og[32];
         struct moe_seq qc = {0}, qg = {0};
-        cr_assert_eq(moe_runner_greedy(&cpu.r, &qc, prompt, S, 32, 0, oc), MOE_OK, "%s", moe_last_error());
-        cr_assert_eq(moe_runner_greedy(&gpu.r, &qg, prompt, S, 32, 0, og), MOE_OK, "%s", moe_last_error());
+        cr_assert_eq(moe_runner_greedy(&cpu.r, &qc, prompt, S, n_tokens, 0, oc), MOE_OK, "%s", moe_last_error());
+        cr_assert_eq(moe_runner_greedy(&gpu.r, &qg, prompt, S, n_tokens, 0, og), MOE_OK, "%s", moe_last_error());
         int same = 0;
-        while (same < 32 && oc[same] == og[same]) same++;
-        if (!bf16) cr_expect_eq(same, 32, "%s prompt %d: greedy tokens differ from token %d", name, p, same);
+        while (same < n_tokens && oc[same] == og[same]) same++;
+        if (!bf16) cr_expect_eq(same, n_tokens, "%s prompt %d: greedy tokens differ from token %d", name, p, same);
         fprintf(stderr, "e2e: %-10s %-4s prompt %d%s: logits max rel err %.3g, expert ids differing %d, "
-                "greedy tokens equal to the CPU %d/32\n", name, bf16 ? "bf16" : "fp32", p,
-                gpu_experts ? " (offload)" : "", worst, id_diff, same);
+                "greedy tokens equal to the CPU %d/%d\n", name, bf16 ? "bf16" : "fp32", p,
+                gpu_experts ? " (offload)" : "", worst, id_diff, same, n_tokens);
         moe_seq_free(&cpu.r, &qc);
         moe_seq_free(&gpu.r, &qg);
         free(tc), free(tg), free(lc), free(lg);
@@ -130,6 +134,11 @@ static void check_fixture_opts(const char *name, bool bf16, double tol, int gpu_
     moe_safetensors_close(&ref);
     side_close(&gpu);
     side_close(&cpu);
+}
+
+static void check_fixture_opts(const char *name, bool bf16, double tol, int gpu_experts)
+{
+    check_fixture_run(name, bf16, tol, gpu_experts, 3, 32);
 }
 
 static void check_fixture_tol(const char *name, bool bf16, double tol)
@@ -164,6 +173,10 @@ Test(cuda_forward, qwen3_moe_fp8_matches_cpu) { check_fixture_tol("qwen3_moe_fp8
  * fp8_mla_weights_upload). */
 Test(cuda_forward, deepseek_v2_matches_cpu) { check_fixture("deepseek_v2", false); }
 Test(cuda_forward, deepseek_v3_matches_cpu) { check_fixture("deepseek_v3", false); }
+/* one prompt and 8 greedy tokens, GQA and MLA: the host emulation's CI
+ * selection (tools/cuda-emu/ci-tests.txt) */
+Test(cuda_forward, qwen3_moe_short_matches_cpu) { check_fixture_run("qwen3_moe", false, 0, 0, 1, 8); }
+Test(cuda_forward, deepseek_v2_short_matches_cpu) { check_fixture_run("deepseek_v2", false, 0, 0, 1, 8); }
 Test(cuda_forward, llama_matches_cpu) { check_fixture("llama", false); }
 Test(cuda_forward, qwen2_matches_cpu) { check_fixture("qwen2", false); }
 Test(cuda_forward, qwen3_matches_cpu) { check_fixture("qwen3", false); }
@@ -476,8 +489,9 @@ static void step_both(struct side *eager, struct side *graph, struct moe_seq *se
 static bool fp32_weights(const struct side *s) { return s->m.layers[0].wq.dtype == MOE_DTYPE_F32; }
 
 /* Step graphs (MOERUN_CUDA_GRAPHS=1): decode steps recorded once and
- * replayed give the tokens and, to rounding, the logits of eager steps. */
-static void check_graphs(const char *name)
+ * replayed give the tokens and, to rounding, the logits of eager steps.
+ * steps: decode steps (the first recorded, the rest replayed). */
+static void check_graphs_steps(const char *name, int steps)
 {
     struct side eager, graph;
     open_eager_and_graphs(&eager, &graph, name);
@@ -489,7 +503,7 @@ static void check_graphs(const char *name)
     step_both(&eager, &graph, &se, &sg, prompt, 7, false, le, lg);
     double worst = 0;
     int i;
-    for (i = 0; i < 24; i++) {
+    for (i = 0; i < steps; i++) {
         int32_t te = moe_argmax(le, V), tg = moe_argmax(lg, V);
         double e = tu_max_rel_err(lg, le, (size_t)V);
         worst = e > worst ? e : worst;
@@ -497,8 +511,8 @@ static void check_graphs(const char *name)
         cr_expect_eq(tg, te, "%s step %d: graph token %d, eager %d", name, i, tg, te);
         step_both(&eager, &graph, &se, &sg, &te, 1, false, le, lg);
     }
-    /* the first decode step is recorded, the 23 after it replayed */
-    cr_expect_eq(moe_cuda_graph_replays(&graph.be), 23, "%s: %lld steps replayed", name,
+    /* the first decode step is recorded, the ones after it replayed */
+    cr_expect_eq(moe_cuda_graph_replays(&graph.be), steps - 1, "%s: %lld steps replayed", name,
                  (long long)moe_cuda_graph_replays(&graph.be));
     fprintf(stderr, "e2e: %-10s graphs: %lld decode steps replayed, logits max rel err vs eager %.3g\n",
             name, (long long)moe_cuda_graph_replays(&graph.be), worst);
@@ -509,7 +523,12 @@ static void check_graphs(const char *name)
     side_close(&eager);
 }
 
+static void check_graphs(const char *name) { check_graphs_steps(name, 24); }
+
 Test(cuda_forward, graphs_match_eager_qwen3_moe) { check_graphs("qwen3_moe"); }
+/* four decode steps, three replayed: the host emulation's CI selection
+ * (tools/cuda-emu/ci-tests.txt) */
+Test(cuda_forward, graphs_short_match_eager_qwen3_moe) { check_graphs_steps("qwen3_moe", 4); }
 
 /* The tensor-core expert kernels (MOERUN_CUDA_EXPERTS=mma) wait for
  * nothing: steps of 16 rows on olmoe (8 experts, top-2: 4 rows an expert)

@@ -337,6 +337,17 @@ Test(cuda_ops, experts_grouped_path_matches_cpu)
     check_experts(MOE_DTYPE_F32, 100, 16, 4, 128, 96); /* fp32 weights: decode kernels */
 }
 
+/* Both paths at small shapes, quick enough for the host emulation's CI
+ * selection (tools/cuda-emu/ci-tests.txt): decode kernels for bf16 and
+ * fp32 (scalar loads), the grouped path for bf16 with gpt-oss's biases. */
+Test(cuda_ops, experts_small_shapes_match_cpu)
+{
+    check_experts(MOE_DTYPE_BF16, 1, 8, 2, 64, 96);
+    check_experts(MOE_DTYPE_F32, 3, 4, 2, 60, 36);
+    check_experts(MOE_DTYPE_BF16, 40, 4, 2, 64, 96);
+    check_experts_full(MOE_DTYPE_BF16, 40, 4, 2, 64, 32, true);
+}
+
 /* MOERUN_CUDA_EXPERTS=mma: steps of many rows, and decode-sized steps of
  * 4 rows an expert or more, take the tensor-core kernels
  * (experts/experts_mma_cuda.cu); the variable is set in the forked test
@@ -364,6 +375,16 @@ Test(cuda_experts_mma, tensor_core_experts_match_cpu)
     check_experts(MOE_DTYPE_BF16, 100, 4, 2, 60, 36); /* D % 8: cuBLAS */
     check_experts(MOE_DTYPE_BF16, 4, 8, 2, 64, 96);   /* 1 row an expert: decode kernels */
     check_experts(MOE_DTYPE_F32, 100, 16, 4, 128, 96); /* fp32 weights: decode kernels */
+}
+
+/* The tensor-core kernels at small shapes (the CI selection): a prefill
+ * of 10 rows an expert, decode-sized f16 with tiles cut short (D = 136),
+ * gpt-oss's biases. */
+Test(cuda_experts_mma, tensor_core_experts_small_shapes_match_cpu)
+{
+    check_experts(MOE_DTYPE_BF16, 40, 4, 1, 64, 96);
+    check_experts(MOE_DTYPE_F16, 16, 8, 2, 136, 72);
+    check_experts_full(MOE_DTYPE_BF16, 40, 4, 1, 64, 32, true);
 }
 
 /* Expert load counters: one row per MoE layer (dispatch calls in order),

@@ -194,6 +194,18 @@ Test(cuda_quant, planes_matmul_matches_cpu)
     check_planes_matmul(MOE_DTYPE_Q8_0, 40, 2100, 512, true);
 }
 
+/* Read in place (up to 32 rows) and widened for cuBLAS, each format, at
+ * small shapes: the host emulation's CI selection
+ * (tools/cuda-emu/ci-tests.txt). */
+Test(cuda_quant, planes_matmul_small_shapes_match_cpu)
+{
+    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4, MOE_DTYPE_Q8_0};
+    for (size_t i = 0; i < 3; i++) {
+        check_planes_matmul(dts[i], 5, 33, 256, true); /* odd N: the last warp's second row */
+        check_planes_matmul(dts[i], 40, 24, 256, i == 2);
+    }
+}
+
 Test(cuda_quant, mxfp4_experts_match_cpu)
 {
     check_quant_experts(MOE_DTYPE_MXFP4, 1, 8, 2, 64, 96, false);    /* one block row tail */
@@ -220,6 +232,26 @@ Test(cuda_quant, q8_0_experts_match_cpu)
     check_quant_experts(MOE_DTYPE_Q8_0, 300, 16, 4, 256, 128, false); /* widened, grouped */
 }
 
+/* Decode kernels and the grouped path for each planes format at small
+ * shapes, quick enough for the host emulation's CI selection
+ * (tools/cuda-emu/ci-tests.txt). */
+Test(cuda_quant, experts_small_shapes_match_cpu)
+{
+    check_quant_experts(MOE_DTYPE_MXFP4, 1, 8, 2, 64, 96, true);
+    check_quant_experts(MOE_DTYPE_MXFP4, 40, 4, 2, 64, 96, false); /* widened, grouped */
+    check_quant_experts(MOE_DTYPE_FP8_B128, 4, 4, 2, 128, 128, false);
+    check_quant_experts(MOE_DTYPE_FP8_B128, 40, 4, 2, 128, 128, true);
+    check_quant_experts(MOE_DTYPE_Q8_0, 4, 8, 2, 64, 96, true);
+    check_quant_experts(MOE_DTYPE_Q8_0, 40, 4, 2, 64, 96, false);
+}
+
+Test(cuda_quant_mma, tensor_core_experts_small_shapes_match_cpu)
+{
+    check_quant_experts(MOE_DTYPE_MXFP4, 40, 4, 1, 64, 96, true);
+    check_quant_experts(MOE_DTYPE_FP8_B128, 40, 4, 1, 128, 128, false);
+    check_quant_experts(MOE_DTYPE_Q8_0, 16, 8, 2, 64, 96, false); /* decode-sized, 4 rows an expert */
+}
+
 Test(cuda_quant_mma, tensor_core_experts_match_cpu)
 {
     check_quant_experts(MOE_DTYPE_Q8_0, 300, 16, 4, 256, 128, false);
@@ -230,6 +262,33 @@ Test(cuda_quant_mma, tensor_core_experts_match_cpu)
     check_quant_experts(MOE_DTYPE_MXFP4, 4, 8, 2, 64, 96, false);  /* 1 row an expert: kernels */
     check_quant_experts(MOE_DTYPE_FP8_B128, 300, 16, 4, 256, 128, false);
     check_quant_experts(MOE_DTYPE_FP8_B128, 100, 4, 2, 128, 384, true); /* 50 rows an expert */
+}
+
+/* An FP8_B128 weight no matmul reads (here the embedding) is widened to
+ * bf16 on upload (moe_ops_fp8_to_bf16_cuda): each value the bf16 rounding
+ * of its fp32 value, bit for bit. */
+Test(cuda_quant, fp8_view_widened_to_bf16)
+{
+    enum { V = 6, D = 384 };
+    void *rows = quant_rows(MOE_DTYPE_FP8_B128, V, D, 77);
+    struct moe_model m;
+    memset(&m, 0, sizeof m);
+    m.cfg.vocab = V, m.cfg.d_model = D;
+    m.embed = (struct moe_tensor){MOE_DTYPE_FP8_B128, 2, {V, D}, rows, -1};
+    cr_assert_eq(gpu.ops->prepare_model(&gpu, &m), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(m.embed.dtype, MOE_DTYPE_BF16);
+    cr_assert(m.embed.device >= 0);
+    uint16_t *back = malloc((size_t)V * D * 2);
+    float *ref = malloc((size_t)D * sizeof(float));
+    to_host(back, m.embed.data, (size_t)V * D * 2);
+    int differ = 0;
+    for (int r = 0; r < V; r++) {
+        moe_convert_row_f32(ref, (const char *)rows + (size_t)r * moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, D),
+                            MOE_DTYPE_FP8_B128, D);
+        for (int k = 0; k < D; k++) differ += back[(size_t)r * D + k] != moe_f32_to_bf16(ref[k]);
+    }
+    cr_expect_eq(differ, 0, "%d of %d widened values differ from the host's bf16 rounding", differ, V * D);
+    free(back), free(ref), free(rows);
 }
 
 /* A matrix of R rows of K on the device, values at dv and scales at ds,
@@ -526,6 +585,16 @@ static double olmoe_q8_error(int S, const char *ref_name, int gpu_experts, int c
     const double e = report("q8_0_model", "BF16", what, got, ref, (size_t)S * V);
     free(ref), free(got);
     return e;
+}
+
+/* The OLMoE fixture quantized on the GPU, an 8-token prompt on the decode
+ * kernels, against the CPU reference's quantization (bf16 router inputs on
+ * the device: 2e-2): the host emulation's CI selection
+ * (tools/cuda-emu/ci-tests.txt). */
+Test(cuda_quant, q8_0_model_short_matches_cpu)
+{
+    const double e = olmoe_q8_error(8, "cpu-ref", 0, 0, "olmoe S8 decode kernels");
+    cr_expect(e <= 2e-2, "olmoe S8: %.3g", e);
 }
 
 /* Offloaded, misses of more than 2 rows copied to the device and the

@@ -11,14 +11,15 @@
  *                      a[2] row g, cols 2t+8, 2t+9; a[3] row g+8, same cols
  *   B (16 x 8, col):   b0 k 2t, 2t+1 of col g;  b1 k 2t+8, 2t+9 of col g
  *   C, D (16 x 8):     d[0], d[1] row g, cols 2t, 2t+1; d[2], d[3] row g+8
- * Under tools/cuda-emu (MOERUN_CUDA_EMU) each asm body is replaced by an
- * emulation written from the PTX ISA (tools/cuda-emu/shim/emu_mma.h). */
+ * The instructions themselves are runtime/cuda/cuda_mma_ptx.cuh. */
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "runtime/cuda/cuda_mma_ptx.cuh"
 
 template <class HT> struct mma_half;
 template <> struct mma_half<__nv_bfloat16> {
@@ -31,14 +32,7 @@ template <> struct mma_half<__nv_bfloat16> {
     }
     static __device__ __forceinline__ void mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
     {
-#ifdef MOERUN_CUDA_EMU
-        emu_mma_m16n8k16_f32_bf16(d, a, b0, b1);
-#else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
+        ptx_mma_m16n8k16_f32_bf16(d, a, b0, b1);
     }
 };
 template <> struct mma_half<__half> {
@@ -51,14 +45,7 @@ template <> struct mma_half<__half> {
     }
     static __device__ __forceinline__ void mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
     {
-#ifdef MOERUN_CUDA_EMU
-        emu_mma_m16n8k16_f32_f16(d, a, b0, b1);
-#else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
+        ptx_mma_m16n8k16_f32_f16(d, a, b0, b1);
     }
 };
 
@@ -66,12 +53,5 @@ template <> struct mma_half<__half> {
  * rows of the first, 8-15 those of the second. */
 static __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t *r, const void *row)
 {
-#ifdef MOERUN_CUDA_EMU
-    emu_ldmatrix_x2_trans(r, row);
-#else
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(addr));
-#endif
+    ptx_ldmatrix_x2_trans(r, row);
 }

@@ -4,31 +4,35 @@
 # build-emu/emu_TEST, so the CUDA kernels' own source runs without a GPU;
 # TEST "moerun" builds the program itself (build-emu/emu_moerun: `bench
 # --backend cuda` and the rest, as on a device, only slower).
-# Needs the CPU build (build/, for the rooms' libmoerun_*.a) and g++ with C++20.
-# Never part of CI (slow: an OS thread per CUDA thread); README.md says
-# what it emulates and what not.
+# Needs a CPU build (MOERUN_CUDA=OFF) for the rooms' libmoerun_*.a, in
+# build/ or where MOERUN_EMU_CPU_BUILD says, and g++ with C++20.
+# Slow (an OS thread per CUDA thread): CI runs a selection (ci.sh);
+# README.md says what it emulates and what not.
 set -e
 cd "$(dirname "$0")/../.."
 R=$(pwd)
 E=$R/tools/cuda-emu
 B=$R/build-emu
-[ -f "$R/build/libmoerun_cli.a" ] || { echo "build/libmoerun_cli.a missing: build the CPU tree first" >&2; exit 1; }
+C=${MOERUN_EMU_CPU_BUILD:-$R/build}  # a CPU build (MOERUN_CUDA=OFF)
+[ -f "$C/libmoerun_cli.a" ] || { echo "$C/libmoerun_cli.a missing: build the CPU tree first" >&2; exit 1; }
 mkdir -p "$B/src" "$B/obj"
-rm -f "$B"/src/*.cc
-# the kernels' source, launches and shared memory rewritten for the host
-for f in attention/attention_mla_cuda.cu attention/attention_cuda.cu attention/attention_prefill_cuda.cu \
-         attention/attention_mma_cuda.cu \
-         router/router_cuda.cu runtime/cuda/ops_cuda.cu experts/experts_cuda.cu experts/experts_mma_cuda.cu runtime/backend/device_cuda.cu \
-         runtime/cuda/matmul_cuda.cu runtime/cli/bench_cuda.cu; do
-  perl -0777 -pe 's/extern __shared__ (\w+) (\w+)\[\];/$1 *$2 = EMU_DYN_SMEM($1);/g;
-                  s/__shared__/static/g;
-                  s/(\w+(?:<[\w ,]*>)?)<<<(.*?)>>>\(/emu_launch($1, emu_mk($2), /gs' \
-    "$f" >"$B/src/$(basename "$f" .cu).cc"
+rm -f "$B"/src/*.cc "$B/launch-sites.txt"
+# the kernels' source: every .cu file of the tree, launches and shared
+# memory rewritten for the host (rewrite.pl), its launch sites and
+# launchers listed in launch-sites.txt for ci.sh's check
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  cus=$(git ls-files '*.cu')
+else
+  cus=$(find . -name '*.cu' -not -path './build*' -not -path './tools/*' | sed 's|^\./||' | sort)
+fi
+[ -n "$cus" ] || { echo "no .cu sources found" >&2; exit 1; }
+for f in $cus; do
+  perl "$E/rewrite.pl" "$f" "$B/src/$(echo "${f%.cu}" | tr / _).cc" "$B/launch-sites.txt"
 done
-CXXF="-std=c++20 -O2 -fno-strict-aliasing -g -I$E/shim -I$R -D__CUDACC__ -DMOERUN_CUDA_EMU -include $E/shim/emu.h -D_GNU_SOURCE -Wno-unknown-pragmas -fopenmp -pthread"
-CF="-std=c11 -O1 -g -I$E/shim -I$R -D_GNU_SOURCE -DMOERUN_HAVE_CUDA=1 -DMOERUN_SOURCE_DIR=\"$R\" -DMOERUN_BINARY=\"$R/build/moerun\" -fopenmp $(pkg-config --cflags criterion)"
+CXXF="-std=c++20 -O2 -fno-strict-aliasing -g -I$E/shim -I$R -D__CUDACC__ -include $E/shim/emu.h -D_GNU_SOURCE -Wno-unknown-pragmas -fopenmp -pthread"
+CF="-std=c11 -O1 -g -I$E/shim -I$R -D_GNU_SOURCE -DMOERUN_HAVE_CUDA=1 -DMOERUN_SOURCE_DIR=\"$R\" -DMOERUN_BINARY=\"$C/moerun\" -fopenmp $(pkg-config --cflags criterion)"
 objs=""
-for f in "$B"/src/*.cc "$E/emu_api.cc" "$E/emu_stream.cc"; do
+for f in "$B"/src/*.cc "$E"/emu_*.cc; do
   o=$B/obj/$(basename "$f" .cc).o
   nice -n 19 g++ $CXXF -c "$f" -o "$o"
   objs="$objs $o"
@@ -49,6 +53,6 @@ for t in "$@"; do
     main="$B/obj/$t.co"
     nice -n 19 gcc $CF -c "tests/$t.c" -o "$main"
   fi
-  nice -n 19 g++ -fopenmp -pthread $objs $main -Wl,--start-group "$R"/build/libmoerun_*.a -Wl,--end-group -lm -o "$B/emu_$t" $LIBS
+  nice -n 19 g++ -fopenmp -pthread $objs $main -Wl,--start-group "$C"/libmoerun_*.a -Wl,--end-group -lm -o "$B/emu_$t" $LIBS
   echo "$B/emu_$t"
 done

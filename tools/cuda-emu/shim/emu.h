@@ -126,11 +126,22 @@ static void emu_run_grid(void (*k)(P...), const emu_cfg &c, const A &...args)
                 emu_blocks_run++;
             }
 }
-/* k<<<c>>>(args): the arguments are copied now, as a launch copies them
- * (a recorded launch replays with these values). */
+/* Launch counts (emu_count.cc): EMU_ENTRY opens each extern "C"
+ * moe_*_cuda function (rewrite.pl); a launch is counted by its site and
+ * the innermost entry point it runs under. */
+struct emu_entry_guard {
+    const char *prev;
+    explicit emu_entry_guard(const char *f);
+    ~emu_entry_guard();
+};
+#define EMU_ENTRY emu_entry_guard emu_entry_guard_(__func__)
+void emu_count_launch(const char *site);
+/* k<<<c>>>(args) at site "SRC:LINE kernel": the arguments are copied now,
+ * as a launch copies them (a recorded launch replays with these values). */
 template <class... P, class... A>
-static void emu_launch(void (*k)(P...), emu_cfg c, A... args)
+static void emu_launch(const char *site, void (*k)(P...), emu_cfg c, A... args)
 {
+    emu_count_launch(site);
     emu_submit(c.st, "kernel launch", [=]() { emu_run_grid(k, c, args...); });
 }
 #define EMU_DYN_SMEM(T) ((T *)(((uintptr_t)emu_ctx->dyn.data() + 15) & ~(uintptr_t)15))

@@ -1,0 +1,70 @@
+#!/bin/sh
+# ci.sh - the CUDA kernels checked without a GPU, as .ci/run does: builds
+# the CPU rooms (build-emu/cpu, CUDA off), the GPU test suites against the
+# emulator (build.sh), runs the selection in ci-tests.txt one test at a
+# time, then checks that every launch site and every moe_*_cuda launcher
+# of the .cu sources ran under at least one of them (the list is printed,
+# with counts).  Exit status 0 only when every test passed and nothing is
+# left unlaunched.  Needs what tools/deps.sh installs (g++ with C++20,
+# Criterion, perl); no GPU, no nvcc.
+#   tools/cuda-emu/ci.sh            the selection
+#   tools/cuda-emu/ci.sh --list     the selection's tests, nothing run
+set -e
+cd "$(dirname "$0")/../.."
+R=$(pwd)
+E=$R/tools/cuda-emu
+B=$R/build-emu
+sel=$E/ci-tests.txt
+tests=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$sel")
+if [ "${1:-}" = --list ]; then echo "$tests"; exit 0; fi
+t0=$(date +%s)
+mkdir -p "$B"
+cmake -S . -B "$B/cpu" -DMOERUN_CUDA=OFF -DMOERUN_TESTS=OFF >/dev/null
+nice -n 10 cmake --build "$B/cpu" -j"$(nproc)" --target moerun >"$B/cpu-build.log" 2>&1 ||
+  { tail -30 "$B/cpu-build.log"; exit 1; }
+bins=$(echo "$tests" | awk '{print $1}' | sort -u)
+# shellcheck disable=SC2086 # one word per suite
+MOERUN_EMU_CPU_BUILD=$B/cpu "$E/build.sh" $bins >/dev/null
+t1=$(date +%s)
+echo "cuda-emu: built in $((t1 - t0)) s"
+log=$B/launches.log
+: >"$log"
+failed=0
+echo "$tests" | while read -r bin filter; do
+  s=$(date +%s)
+  if EMU_LAUNCH_LOG=$log nice -n 10 "$B/emu_$bin" --jobs=1 --filter="$filter" >"$B/last.out" 2>&1 &&
+     grep -q 'Tested: [1-9][0-9]* | Passing: [1-9][0-9]* | Failing: 0 | Crashing: 0' "$B/last.out"; then
+    echo "cuda-emu: pass $bin $filter ($(($(date +%s) - s)) s)"
+  else
+    echo "cuda-emu: FAIL $bin $filter ($(($(date +%s) - s)) s)"
+    grep -v '^parity:\|^e2e:' "$B/last.out" | tail -20
+    echo "$bin $filter" >>"$B/failed"
+  fi
+done
+t2=$(date +%s)
+echo "cuda-emu: tests ran in $((t2 - t1)) s"
+[ -f "$B/failed" ] && { failed=1; rm -f "$B/failed"; }
+# launch sites and launchers (build.sh's launch-sites.txt) against the counts
+awk -F'\t' '
+  FILENAME == ARGV[1] && $1 == "site" { split($2, a, ":"); site[$2 " " $3] = 0; order[++ns] = $2 " " $3; next }
+  FILENAME == ARGV[1] && $1 == "launcher" { ent[$3] = 0; eorder[++ne] = $3; efile[$3] = $2; next }
+  FILENAME == ARGV[2] && $1 == "launch" { site[$3] += $4; if ($2 in ent) ent[$2] += $4; next }
+  END {
+    bad = 0
+    print "cuda-emu: launches per moe_*_cuda launcher"
+    for (i = 1; i <= ne; i++) {
+      e = eorder[i]
+      printf "  %8d  %s (%s)%s\n", ent[e], e, efile[e], ent[e] ? "" : "  NEVER LAUNCHED"
+      if (!ent[e]) bad++
+    }
+    print "cuda-emu: launches per launch site"
+    for (i = 1; i <= ns; i++) {
+      s = order[i]
+      printf "  %8d  %s%s\n", site[s], s, site[s] ? "" : "  NEVER LAUNCHED"
+      if (!site[s]) bad++
+    }
+    if (bad) { printf "cuda-emu: %d launchers or launch sites no test of ci-tests.txt reached\n", bad; exit 1 }
+  }' "$B/launch-sites.txt" "$log" || failed=1
+echo "cuda-emu: $(($(date +%s) - t0)) s in all"
+[ "$failed" = 0 ] || { echo "cuda-emu: FAILED" >&2; exit 1; }
+echo "cuda-emu: passed"
