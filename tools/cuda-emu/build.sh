@@ -37,7 +37,7 @@ for f in "$B"/src/*.cc "$E"/emu_*.cc; do
   nice -n 19 g++ $CXXF -c "$f" -o "$o"
   objs="$objs $o"
 done
-for f in runtime/backend/backend_cuda*.c runtime/backend/backend.c tests/testutil.c; do
+for f in runtime/backend/backend_cuda*.c runtime/backend/backend.c tests/testutil.c tests/spec_harness.c; do
   o=$B/obj/$(basename "$f" .c).co
   nice -n 19 gcc $CF -c "$f" -o "$o"
   objs="$objs $o"
