@@ -483,7 +483,7 @@ static void emit(struct moe_engine *e, struct moe_request *r)
     bool dead = false;
     if (r->gstate && grammar_advance(e, r, s->token, &dead)) why = MOE_FINISH_STOP;
     if (dead) why = MOE_FINISH_ABORT;
-    else if (is_stop(r, s->token)) why = MOE_FINISH_STOP;
+    else if ((r->stop_token = is_stop(r, s->token))) why = MOE_FINISH_STOP;
     else if (why == MOE_FINISH_NONE && r->n_tokens - r->n_prompt >= r->params.max_tokens)
         why = MOE_FINISH_LENGTH;
     if (why != MOE_FINISH_NONE) finish(e, r, why);

@@ -115,6 +115,7 @@ struct moe_request {
     int64_t id;
     enum moe_req_state state;
     enum moe_finish finish;
+    bool stop_token;        /* it finished on one of its stop ids (which is no part of its text) */
     int32_t *tokens;        /* (cap) prompt then generated, owned */
     int n_prompt, n_tokens, cap;
     int n_computed;         /* tokens whose K/V are in the cache */
