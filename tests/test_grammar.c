@@ -1,5 +1,6 @@
 /* Grammar room: parser errors, the recognizer on positive and negative
- * strings, bounded memory, and the trie mask against a per-token check. */
+ * strings, bounded memory, and the masks (per-position sets, and the trie
+ * walk from the whole state) against a per-token check. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,8 +190,11 @@ static void synth_vocab(struct moe_grammar_vocab *gv, int V, unsigned seed)
 {
     static const char *pieces[] = {"{", "}", "[", "]", "\"", ":", ",", " ", "\n", "  ", "\\", "u", "n",
                                    "a", "b", "1", "0", "-", ".", "e", "true", "null", "fals", "e}",
-                                   "\xc3", "\xa9", "\xe6\x97", "\xa5", "\xc3\xa9", "\xff", "\x01"};
+                                   "\xc3", "\xa9", "\xe6\x97", "\xa5", "\xc3\xa9", "\xff", "\x01",
+                                   "))", "x)", ")))", "((", "]]", "}}", "\"}", "1]"};
     const int n_pieces = (int)(sizeof pieces / sizeof *pieces);
+    static const char *longs[] = {"))))))))))", "x))))))))))))", "]]]]]]", "]]]]]]]}}}", "2]]}]]]]]}}}", "}}}}}}"};
+    const int n_long = (int)(sizeof longs / sizeof *longs);
     uint32_t *off = malloc(((size_t)V + 1) * sizeof *off);
     uint8_t *bytes = malloc((size_t)V * 32), *in = malloc((size_t)V);
     cr_assert(off && bytes && in);
@@ -201,6 +205,11 @@ static void synth_vocab(struct moe_grammar_vocab *gv, int V, unsigned seed)
         in[i] = 1;
         if (i < 256) {
             bytes[at++] = (uint8_t)i;
+            continue;
+        }
+        if (i < 256 + n_long) { /* long closers: they read past many stack nodes */
+            memcpy(bytes + at, longs[i - 256], strlen(longs[i - 256]));
+            at += (uint32_t)strlen(longs[i - 256]);
             continue;
         }
         int parts = 1 + rand() % 4;
@@ -222,7 +231,7 @@ static void synth_vocab(struct moe_grammar_vocab *gv, int V, unsigned seed)
 static void compare_masks(const struct moe_grammar *g, const struct moe_grammar_vocab *gv, const char *path)
 {
     const size_t words = ((size_t)gv->V + 31) / 32;
-    uint32_t *a = calloc(words, sizeof *a), *b = calloc(words, sizeof *b);
+    uint32_t *a = calloc(words, sizeof *a), *b = calloc(words, sizeof *b), *c = calloc(words, sizeof *c);
     struct moe_grammar_state st;
     cr_assert_eq(moe_grammar_state_init(&st, g), MOE_OK);
     size_t n = strlen(path);
@@ -230,6 +239,8 @@ static void compare_masks(const struct moe_grammar *g, const struct moe_grammar_
         for (int pass = 0; pass < 2; pass++) { /* the second is the cached mask */
             cr_assert_eq(moe_grammar_mask(&st, gv, a), MOE_OK, "%s", moe_last_error());
             cr_assert_eq(moe_grammar_mask_brute(&st, gv, b), MOE_OK);
+            cr_assert_eq(moe_grammar_mask_walk(&st, gv, c), MOE_OK);
+            cr_assert(!memcmp(c, b, words * sizeof *c), "after %zu bytes: the whole-state walk differs", i);
             int n_on = 0;
             for (int t = 0; t < gv->V; t++) {
                 bool x = a[t >> 5] >> (t & 31) & 1, y = b[t >> 5] >> (t & 31) & 1;
@@ -248,6 +259,7 @@ static void compare_masks(const struct moe_grammar *g, const struct moe_grammar_
     moe_grammar_state_free(&st);
     free(a);
     free(b);
+    free(c);
 }
 
 Test(grammar, trie_mask_matches_per_token_check)
@@ -257,6 +269,12 @@ Test(grammar, trie_mask_matches_per_token_check)
     struct moe_grammar *g;
     cr_assert_eq(moe_grammar_json_object(&g), MOE_OK);
     compare_masks(g, &gv, "{\"a\xc3\xa9\": [1, -2.5e3, true, null], \"b\": {\"\xe6\x97\xa5\": \"\\u00e9\\n\"}}");
+    /* stacks deeper than the nodes a per-position set is keyed by: tokens
+     * that read past them are checked against the whole state */
+    compare_masks(g, &gv, "{\"a\": {\"b\": {\"c\": [[[[[1, {\"d\": [[2]]}]]]]]}}}");
+    moe_grammar_free(g);
+    g = compile("root ::= \"(\" root \")\" | \"x\"");
+    compare_masks(g, &gv, "((((((((((((x))))))))))))");
     moe_grammar_free(g);
     g = compile("root ::= (\"yes\" | \"no\") [\xc3\xa0-\xc3\xbf]* \"!\"?");
     compare_masks(g, &gv, "yes\xc3\xa9\xc3\xa9!");

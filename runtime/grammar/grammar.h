@@ -25,8 +25,17 @@
  * where moe_grammar_state_accepting says so.  Each state keeps a small
  * cache of the masks of the states it has been in (keyed by its stacks).
  *
- * Ownership: a compiled grammar and a vocabulary are read-only once built
- * and may be shared by threads and requests; a state is one request's. */
+ * Per-position token sets: keyed by a stack's top 8 nodes, the tokens it
+ * accepts whatever lies below them, and the few that read past them
+ * (checked against the whole state), computed on first use and kept in the
+ * grammar for one vocabulary, so a mask that misses the state's cache ORs
+ * bitmaps and checks those few tokens instead of walking the trie
+ * (docs/grammar.md, "Token masks").
+ *
+ * Ownership: a vocabulary is read-only once built and may be shared; a
+ * compiled grammar may be shared by requests, but its masks (which fill
+ * its per-position sets) must come from one thread at a time (the engine
+ * thread); a state is one request's. */
 #pragma once
 
 #include <stdbool.h>
@@ -70,9 +79,10 @@ struct moe_grammar_vocab {
     uint8_t *in_trie;       /* (V) 1 when the id may appear inside a grammar */
     /* trie: node 0 is the root; node n's children are child[first[n] ..
      * first[n] + n_child[n]) with edge bytes edge[...] in increasing order;
-     * the ids whose bytes end at n are ids[tok_first[n] .. tok_first[n+1]) */
+     * the ids whose bytes end at n are ids[tok_first[n] .. tok_first[n+1]),
+     * those at n or below it ids[tok_first[n] .. sub_end[n]) */
     int32_t n_nodes;
-    int32_t *first, *n_child, *child, *tok_first, *ids;
+    int32_t *first, *n_child, *child, *tok_first, *sub_end, *ids;
     uint8_t *edge;
     int max_len;            /* longest token in the trie, bytes */
 };
@@ -143,6 +153,10 @@ bool moe_grammar_state_can_continue(const struct moe_grammar_state *st);
  * from st (ids outside the trie never).  st is not advanced. */
 MOE_MUST_USE enum moe_status moe_grammar_mask(struct moe_grammar_state *st,
                                                const struct moe_grammar_vocab *gv, uint32_t *bits);
+/* The same by walking the trie from the whole state (no per-position
+ * sets, no cache): what moe_grammar_mask does inside a UTF-8 character. */
+MOE_MUST_USE enum moe_status moe_grammar_mask_walk(struct moe_grammar_state *st,
+                                                    const struct moe_grammar_vocab *gv, uint32_t *bits);
 /* The same by checking every id's bytes on a copy of st: the reference the
  * tests compare moe_grammar_mask with. */
 MOE_MUST_USE enum moe_status moe_grammar_mask_brute(const struct moe_grammar_state *st,

@@ -27,6 +27,20 @@ struct g_elem {
     uint32_t value;
 };
 
+/* The tokens a stack whose top nodes continue at key[0..n_key) (the top
+ * first; key[n_key-1] is -1 when the stack ends there, MOE_GM_OUTSIDE when
+ * it goes on below) accepts whatever lies below them (acc, a bitmap of V),
+ * and those it may accept depending on what lies below (unc: tokens that
+ * read past the last of those nodes). */
+struct g_posmask {
+    uint64_t hash;
+    int32_t *key;
+    int n_key;
+    uint32_t *acc;
+    int32_t *unc;
+    int32_t n_unc;
+};
+
 struct moe_grammar {
     struct g_elem *e;      /* (n_e) */
     int32_t n_e;
@@ -34,6 +48,14 @@ struct moe_grammar {
     char **rule_name;      /* (n_rules) for messages; helper rules are "name_N" */
     int32_t n_rules;
     int32_t root;
+    /* per-position token sets, filled on first use for one vocabulary
+     * (grammar_mask.c); masks of one grammar come from one thread at a time */
+    const struct moe_grammar_vocab *pm_vocab;
+    struct g_posmask *pm;   /* (n_pm) */
+    int32_t n_pm, cap_pm;
 };
 
 static inline bool g_is_char(uint32_t t) { return t == G_CHAR || t == G_CHAR_NOT || t == G_ANY; }
+
+/* Frees the per-position token sets (grammar_mask.c). */
+void moe_gm_posmask_clear(struct moe_grammar *g);

@@ -77,7 +77,7 @@ static enum moe_status expand(struct moe_grammar_state *st, int32_t from, int32_
     while (true) {
         const struct g_elem *e = &g->e[pos];
         if (e->type == G_ALT || e->type == G_END) {
-            if (up < 0) return add_top(st, from, -1);
+            if (up < 0) return add_top(st, from, up); /* -1: the bottom; MOE_GM_OUTSIDE: the context */
             pos = st->nodes[up].pos;
             up = st->nodes[up].up;
             continue;

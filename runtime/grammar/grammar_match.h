@@ -8,6 +8,10 @@
 
 #include "runtime/grammar/grammar_impl.h"
 
+/* The `up` of a stack whose context is unknown (per-position token sets):
+ * finishing its alternative leaves a top of this value. */
+#define MOE_GM_OUTSIDE (-2)
+
 /* Advances the tops stk[from..to) (to == st->n_stk) by byte b, u being the
  * incomplete character before it (updated).  *ok: some stack survived
  * (the new list is stk[to..n_stk)). */

@@ -262,7 +262,7 @@ static enum moe_status repeat(struct parser *p, struct vec *out, size_t start, s
     size_t n_item = out->n - start;
     struct g_elem *item = malloc((n_item ? n_item : 1) * sizeof *item);
     if (!item) return moe_fail(MOE_ERR_NOMEM, "grammar: out of memory");
-    memcpy(item, out->p + start, n_item * sizeof *item);
+    if (n_item) memcpy(item, out->p + start, n_item * sizeof *item);
     p->total -= n_item;
     out->n = start;
     enum moe_status st = MOE_OK;
@@ -542,6 +542,7 @@ static void free_parser(struct parser *p)
 void moe_grammar_free(struct moe_grammar *g)
 {
     if (!g) return;
+    moe_gm_posmask_clear(g);
     if (g->rule_name)
         for (int r = 0; r < g->n_rules; r++) free(g->rule_name[r]);
     free(g->rule_name);
@@ -577,7 +578,6 @@ enum moe_status moe_grammar_parse(const char *src, size_t len, struct moe_gramma
         g->rule_name[r] = p.r[r].name;
         p.r[r].name = NULL;
     }
-    g->root = find_rule(&p, "root", 4) >= 0 ? 0 : 0;
     for (int r = 0; r < p.n_r; r++)
         if (!strcmp(g->rule_name[r], "root")) g->root = r;
     free_parser(&p);
