@@ -574,6 +574,56 @@ Test(server_auth, generation_config_sets_the_sampling_defaults, .fini = fini, .t
 /* logit_bias: +100 on one token makes greedy decoding repeat it; -100 on
  * the greedy continuation's first token changes it; the text is what the
  * tokenizer decodes. */
+/* response_format json_object on both endpoints, streaming too, and the
+ * "grammar" field.  The demo model writes stories, so a logit bias of +10
+ * on '"' (id 4) and '}' (id 95) makes its JSON strings close within
+ * max_tokens (test_grammar_engine.c shows the unbiased outputs). */
+Test(server, structured_outputs_json_object_and_grammar)
+{
+    static char out[65536], text[16384];
+    const char *bias = "\"logit_bias\": {\"4\": 10, \"95\": 10}, \"temperature\": 1.0, \"seed\": 3";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 300, \"n\": 8, %s, "
+             "\"response_format\": {\"type\": \"json_object\"}}", bias);
+    cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out), *ch;
+    size_t i;
+    cr_assert_eq(json_array_size(json_object_get(j, "choices")), 8);
+    json_array_foreach(json_object_get(j, "choices"), i, ch) {
+        const char *t = json_string_value(json_object_get(ch, "text"));
+        json_error_t e;
+        json_t *v = json_loads(t, 0, &e);
+        cr_assert(json_is_object(v), "choice %zu is not a JSON object (%s): %s", i, e.text, t);
+        cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+        json_decref(v);
+    }
+    json_decref(j);
+    /* chat, streamed: the deltas make up one object */
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"Give me JSON\"}], "
+             "\"max_tokens\": 300, %s, \"stream\": true, \"response_format\": {\"type\": \"json_object\"}}", bias);
+    cr_assert_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200, "%s", out);
+    bool done;
+    sse_text(out, text, sizeof text, &done);
+    cr_assert(done);
+    json_error_t e;
+    json_t *v = json_loads(text, 0, &e);
+    cr_assert(json_is_object(v), "streamed chat content is not a JSON object (%s): %s", e.text, text);
+    json_decref(v);
+    cr_assert(strstr(out, "\"finish_reason\":\"stop\""), "%s", out);
+    /* the grammar extension: only yes or no, sampled */
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Once upon a time\", \"max_tokens\": 16, "
+                      "\"n\": 8, \"temperature\": 1.0, \"seed\": 5, \"grammar\": \"root ::= \\\"yes\\\" | "
+                      "\\\"no\\\"\"}", out, sizeof out), 200, "%s", out);
+    j = parse(out);
+    json_array_foreach(json_object_get(j, "choices"), i, ch) {
+        const char *t = json_string_value(json_object_get(ch, "text"));
+        cr_assert(!strcmp(t, "yes") || !strcmp(t, "no"), "choice %zu: '%s'", i, t);
+        cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    }
+    json_decref(j);
+    cr_assert_eq(server_stop(), 0);
+}
+
 Test(server, logit_bias_moves_the_choice)
 {
     static char out[65536], want[4096], plain[4096];

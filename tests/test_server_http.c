@@ -149,8 +149,8 @@ Test(server_http, models_created_and_by_id)
 }
 
 /* Content as a list of text parts equals the same text as a string; other
- * parts, unknown roles, non-canonical logit_bias keys, JSON response
- * formats and tool_choice without tools are refused with a 400. */
+ * parts, unknown roles, non-canonical logit_bias keys, malformed grammars,
+ * json_schema and tool_choice without tools are refused with a 400. */
 Test(server_http, chat_fields_read_as_openai_defines_them)
 {
     static char a[16384], b[16384];
@@ -171,8 +171,13 @@ Test(server_http, chat_fields_read_as_openai_defines_them)
         {"{\"messages\": [{\"role\": \"wizard\", \"content\": \"Hi\"}]}", "messages[0].role must be one of"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"logit_bias\": {\" 5\": 10}}", "logit_bias key"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"logit_bias\": {\"05\": 10}}", "logit_bias key"},
-        {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"response_format\": {\"type\": "
-         "\"json_object\"}}", "'json_object' is not supported yet"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"grammar\": \"root ::= \\\"a\"}",
+         "grammar: line 1, column 10: string literal is not closed with '\\\"'"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"grammar\": \"root ::= x\"}",
+         "grammar: line 1, column 10: rule 'x' is used but not defined"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"grammar\": 5}", "'grammar' must be a string"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"grammar\": \"root ::= \\\"a\\\"\", "
+         "\"response_format\": {\"type\": \"json_object\"}}", "give either 'grammar' or a JSON response_format"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"response_format\": {\"type\": "
          "\"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {}}}}", "'json_schema' is not supported yet"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"response_format\": \"json\"}", "response_format"},

@@ -116,7 +116,7 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     if (token < 0 || !it->tg_on) return;
     const char *t = "";
     /* a chat's end-of-sequence token is not part of its message */
-    const bool eos = it->chat && finished && r->finish == MOE_FINISH_STOP;
+    const bool eos = it->chat && finished && r->stop_token;
     if (!eos && moe_textgen_push(&it->tg, token, &t) != MOE_OK) return;
     keep_text(it, t, false);
     if (finished && moe_textgen_finish(&it->tg, &t) == MOE_OK) {

@@ -87,7 +87,7 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     const char *s = "";
     /* the end-of-sequence token ends the text without being part of it */
     if (token < 0) return;
-    if (!(finished && r->finish == MOE_FINISH_STOP) && moe_textgen_push(&t->tg, token, &s) != MOE_OK) return;
+    if (!(finished && r->stop_token) && moe_textgen_push(&t->tg, token, &s) != MOE_OK) return;
     show(t, s, false);
     if (t->tg.stopped && !finished) moe_engine_stop(t->e, r);
     else if (finished && moe_textgen_finish(&t->tg, &s) == MOE_OK) {

@@ -458,7 +458,7 @@ enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struc
     struct moe_engine_opts eo = {
         .max_batch_tokens = (int)o->max_batch_tokens, .max_seqs = (int)o->max_seqs,
         .block_size = (int)o->kv_block, .n_blocks = n_blocks, .kv_dtype = kvt,
-        .prefix_cache = !o->no_prefix_cache, .spec = o->spec};
+        .prefix_cache = !o->no_prefix_cache, .spec = o->spec, .grammar_vocab = o->grammar_vocab};
     MOE_TRY(moe_cli_draft_attach(o, m, be, &eo));
     enum moe_status s = moe_engine_init(e, m, be, &eo);
     if (s != MOE_OK && eo.spec.draft_release) eo.spec.draft_release(eo.spec.draft_ctx);

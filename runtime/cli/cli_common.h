@@ -85,6 +85,8 @@ struct moe_cli_engine {
      * --spec-max-batch, --spec-adaptive; moe_cli_engine_start hands it to
      * the engine as it is */
     struct moe_spec_opts spec;
+    /* not an option: the command's vocabulary for grammar requests, or NULL */
+    const struct moe_grammar_vocab *grammar_vocab;
 };
 
 /* --spec-max-batch's default: speculate only while at most this many

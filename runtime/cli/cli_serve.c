@@ -151,6 +151,12 @@ static int load(struct serve_cmd *cmd)
     if (s->tool_fmt != MOE_TOOLS_NONE)
         fprintf(stderr, "moerun serve: chat completions with tools return tool_calls (%s format)\n",
                 moe_tool_calls_name(s->tool_fmt));
+    if (s->have_tok) { /* structured outputs: response_format json_object, "grammar" */
+        if (moe_grammar_vocab_from_tokenizer(&s->gvocab, &s->tok, s->m.cfg.vocab) != MOE_OK ||
+            moe_grammar_json_object(&s->json_grammar) != MOE_OK)
+            return moe_cli_error("serve", "%s", moe_last_error());
+        cmd->eo.grammar_vocab = &s->gvocab;
+    }
     if (!cmd->eo.kv_budget) cmd->eo.kv_budget = "0.25";
     size_t budget;
     if (moe_cli_parse_budget(cmd->eo.kv_budget, &budget) == MOE_OK && budget > ((size_t)4 << 30) &&
@@ -280,6 +286,8 @@ static void serve_free(struct serve_cmd *cmd)
     struct srv *s = &cmd->s;
     moe_cli_stats_free(&cmd->so);
     moe_engine_free(&s->e);
+    moe_grammar_free(s->json_grammar);
+    moe_grammar_vocab_free(&s->gvocab);
     moe_backend_free(&s->be);
     json_decref(s->special);
     moe_chat_template_free(&s->tmpl);

@@ -147,9 +147,15 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
             goto fail;
         }
     }
+    if (o->grammar_vocab && o->grammar_vocab->V != m->cfg.vocab) {
+        s = moe_fail(MOE_ERR_INVALID_ARG, "engine: the grammar vocabulary has %d tokens, the model %d",
+                     o->grammar_vocab->V, m->cfg.vocab);
+        goto fail;
+    }
+    e->gmask = malloc(((size_t)m->cfg.vocab + 31) / 32 * sizeof *e->gmask);
     e->logits = malloc((size_t)max_logits * (size_t)m->cfg.vocab * sizeof(float));
     e->ids = malloc((size_t)max_logits * sizeof *e->ids);
-    if (!e->chunks || !e->sched || !e->drafted || !e->q_slot || !e->logits || !e->ids) {
+    if (!e->chunks || !e->sched || !e->drafted || !e->q_slot || !e->logits || !e->ids || !e->gmask) {
         s = moe_fail(MOE_ERR_NOMEM, "engine: step buffers");
         goto fail;
     }
@@ -168,6 +174,8 @@ static void free_request(struct moe_engine *e, struct moe_request *r)
     free(r->tokens);
     free(r->samples);
     free(r->t_token);
+    if (r->gstate) moe_grammar_state_free(r->gstate);
+    free(r->gstate);
     free(r);
 }
 
@@ -194,6 +202,7 @@ void moe_engine_free(struct moe_engine *e)
     free(e->spec_q);
     free(e->logits);
     free(e->ids);
+    free(e->gmask);
     memset(e, 0, sizeof *e);
 }
 
@@ -236,8 +245,20 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
         if (p->sampling.bias_ids[i] >= e->r.m->cfg.vocab)
             return moe_fail(MOE_ERR_INVALID_ARG, "logit_bias: token id %d is outside the vocabulary of %d",
                             p->sampling.bias_ids[i], e->r.m->cfg.vocab);
+    if (p->grammar && !e->o.grammar_vocab)
+        return moe_fail(MOE_ERR_INVALID_ARG, "request: a grammar needs the vocabulary's token bytes, "
+                        "which this engine was not given");
     struct moe_request *r = calloc(1, sizeof *r);
     if (!r) return moe_fail(MOE_ERR_NOMEM, "request");
+    if (p->grammar) {
+        enum moe_status gs = MOE_ERR_NOMEM;
+        if (!(r->gstate = calloc(1, sizeof *r->gstate)) ||
+            (gs = moe_grammar_state_init(r->gstate, p->grammar)) != MOE_OK) {
+            if (gs == MOE_ERR_NOMEM) moe_fail(MOE_ERR_NOMEM, "request: its grammar state");
+            free_request(e, r);
+            return gs;
+        }
+    }
     r->cap = n_prompt + p->max_tokens;
     r->tokens = malloc((size_t)r->cap * sizeof *r->tokens);
     r->samples = malloc((size_t)p->max_tokens * sizeof *r->samples);
@@ -250,6 +271,7 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
     memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
     r->n_prompt = r->n_tokens = n_prompt;
     r->params = *p;
+    if (p->grammar) r->params.no_spec = true; /* drafts are not checked against the grammar */
     r->id = e->next_id++;
     r->user = user;
     r->state = MOE_REQ_WAITING;
@@ -374,6 +396,36 @@ static bool is_stop(const struct moe_request *r, int32_t t)
     return false;
 }
 
+/* Whether r's next token is drawn on the host (not the backend's argmax). */
+static bool host_sample(const struct moe_request *r)
+{
+    return r->gstate || !moe_sampling_is_argmax(&r->params.sampling);
+}
+
+/* Sets the logits of the tokens r's grammar does not allow next to -inf;
+ * its stop ids stay only where the grammar accepts.  False when nothing
+ * is allowed (or the grammar's limits were hit): the request cannot go on. */
+static bool grammar_mask(struct moe_engine *e, struct moe_request *r, float *logits)
+{
+    const int V = e->m->cfg.vocab;
+    if (moe_grammar_mask(r->gstate, e->o.grammar_vocab, e->gmask) != MOE_OK) return false;
+    e->n.grammar_masks++;
+    float keep[MOE_MAX_STOP_IDS];
+    bool accepting = moe_grammar_state_accepting(r->gstate);
+    for (int i = 0; i < r->params.n_stop_ids; i++) keep[i] = logits[r->params.stop_ids[i]];
+    int allowed = 0;
+    for (int t = 0; t < V; t++) {
+        if (e->gmask[t >> 5] >> (t & 31) & 1) allowed++;
+        else logits[t] = -INFINITY;
+    }
+    if (accepting)
+        for (int i = 0; i < r->params.n_stop_ids; i++) {
+            logits[r->params.stop_ids[i]] = keep[i];
+            allowed++;
+        }
+    return allowed > 0;
+}
+
 /* Samples r's next token from logits row `row` of the step: the backend's
  * argmax for plain greedy requests, the sampler on the host otherwise. */
 static void emit(struct moe_engine *e, struct moe_request *r);
@@ -382,15 +434,38 @@ static void sample(struct moe_engine *e, struct moe_request *r, int row)
 {
     const int V = e->m->cfg.vocab;
     struct moe_sample *s = &r->samples[r->n_tokens - r->n_prompt];
-    if (moe_sampling_is_argmax(&r->params.sampling)) {
+    if (!host_sample(r)) {
         memset(s, 0, sizeof *s);
         s->token = e->ids[row];
         s->logprob = NAN; /* not asked for, not computed */
     } else {
-        moe_sampler_sample(&r->params.sampling, &r->rng, e->logits + (size_t)row * V, V, r->tokens,
-                           r->n_prompt, r->n_tokens, &e->scratch, s);
+        float *logits = e->logits + (size_t)row * V;
+        if (r->gstate && !grammar_mask(e, r, logits)) {
+            finish(e, r, MOE_FINISH_ABORT);
+            if (e->on_token) e->on_token(r->user, r, -1, true);
+            return;
+        }
+        moe_sampler_sample(&r->params.sampling, &r->rng, logits, V, r->tokens, r->n_prompt,
+                           r->n_tokens, &e->scratch, s);
     }
     emit(e, r);
+}
+
+/* Advances r's grammar by token t; true when the grammar is complete
+ * (accepting, and nothing can follow). */
+static bool grammar_advance(struct moe_engine *e, struct moe_request *r, int32_t t, bool *dead)
+{
+    const struct moe_grammar_vocab *gv = e->o.grammar_vocab;
+    bool ok = false;
+    *dead = false;
+    if (is_stop(r, t)) return false;
+    if (!gv->in_trie[t] ||
+        moe_grammar_state_advance(r->gstate, gv->bytes + gv->off[t], gv->off[t + 1] - gv->off[t], &ok) != MOE_OK ||
+        !ok) {
+        *dead = true; /* the mask allowed only tokens that advance: a broken contract or a limit */
+        return false;
+    }
+    return moe_grammar_state_accepting(r->gstate) && !moe_grammar_state_can_continue(r->gstate);
 }
 
 /* Emits the token of r's next sample (filled in): its time, stop ids,
@@ -405,8 +480,12 @@ static void emit(struct moe_engine *e, struct moe_request *r)
     r->tokens[r->n_tokens++] = s->token;
     e->n.generated_tokens++;
     enum moe_finish why = MOE_FINISH_NONE;
-    if (is_stop(r, s->token)) why = MOE_FINISH_STOP;
-    else if (r->n_tokens - r->n_prompt >= r->params.max_tokens) why = MOE_FINISH_LENGTH;
+    bool dead = false;
+    if (r->gstate && grammar_advance(e, r, s->token, &dead)) why = MOE_FINISH_STOP;
+    if (dead) why = MOE_FINISH_ABORT;
+    else if ((r->stop_token = is_stop(r, s->token))) why = MOE_FINISH_STOP;
+    else if (why == MOE_FINISH_NONE && r->n_tokens - r->n_prompt >= r->params.max_tokens)
+        why = MOE_FINISH_LENGTH;
     if (why != MOE_FINISH_NONE) finish(e, r, why);
     if (e->on_token) e->on_token(r->user, r, s->token, why != MOE_FINISH_NONE);
 }
@@ -701,8 +780,7 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
     bool host_logits = false;
     for (int c = 0; c < nc; c++) {
         struct moe_request *r = e->sched[c];
-        if (r->n_computed + e->chunks[c].n >= r->n_tokens &&
-            !moe_sampling_is_argmax(&r->params.sampling))
+        if (r->n_computed + e->chunks[c].n >= r->n_tokens && host_sample(r))
             host_logits = true;
     }
     MOE_TRY(moe_runner_step(&e->r, e->chunks, nc, host_logits ? e->logits : NULL, e->ids, &rows,

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "runtime/engine/runner.h"
+#include "runtime/grammar/grammar.h"
 #include "runtime/engine/sampler.h"
 #include "runtime/engine/spec_draft.h"
 #include "runtime/engine/spec_mtp.h"
@@ -58,6 +59,14 @@ struct moe_request_params {
     int32_t stop_ids[MOE_MAX_STOP_IDS];   /* e.g. EOS ids: finish with "stop" */
     int n_stop_ids;
     bool no_spec;                         /* never speculate ("speculative": false) */
+    /* Optional (borrowed, shared read-only, must outlive the request): the
+     * output is a sentence of this grammar.  Each sampled token is drawn
+     * from the tokens whose bytes can continue it (a logits mask before
+     * the sampler, so greedy requests sample on the host); stop ids only
+     * where the grammar accepts; the request finishes with "stop" when the
+     * grammar accepts and nothing can follow.  Such requests never
+     * speculate.  Needs the engine's grammar_vocab. */
+    const struct moe_grammar *grammar;
 };
 
 /* Proposers of speculative decoding. */
@@ -106,6 +115,7 @@ struct moe_request {
     int64_t id;
     enum moe_req_state state;
     enum moe_finish finish;
+    bool stop_token;        /* it finished on one of its stop ids (which is no part of its text) */
     int32_t *tokens;        /* (cap) prompt then generated, owned */
     int n_prompt, n_tokens, cap;
     int n_computed;         /* tokens whose K/V are in the cache */
@@ -118,6 +128,7 @@ struct moe_request {
     int mtp_at;               /* ... when it had this many tokens */
     struct moe_rng draft_rng; /* sample_drafts: draws its drafts (seeded from its seed) */
     struct moe_request_params params;
+    struct moe_grammar_state *gstate; /* params.grammar: where its output is, owned */
     struct moe_rng rng;
     struct moe_sample *samples;    /* (max_tokens) per generated token, owned */
     /* timing (seconds, engine clock) */
@@ -143,6 +154,9 @@ struct moe_engine_opts {
     enum moe_dtype kv_dtype;
     bool prefix_cache;
     struct moe_spec_opts spec;  /* zero: no speculation */
+    /* Borrowed, optional: the byte strings of the model's vocabulary
+     * (V = the model's vocabulary), for requests with a grammar. */
+    const struct moe_grammar_vocab *grammar_vocab;
 };
 
 struct moe_engine_counters {
@@ -154,6 +168,7 @@ struct moe_engine_counters {
      * there was (mean accepted length = spec_accepted / spec_drafts) */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
     uint64_t spec_accepted_at[MOE_SPEC_MAX_TOKENS];
+    uint64_t grammar_masks;       /* token masks applied (grammar requests' samples) */
 };
 
 struct moe_engine;
@@ -179,6 +194,7 @@ struct moe_engine {
     float *logits;                /* (r.o.max_logits, V), filled when a request needs them */
     int32_t *ids;                 /* (r.o.max_logits) argmax of each logits row, from the backend */
     struct moe_sampler_scratch scratch;
+    uint32_t *gmask;              /* (ceil(V/32)) a grammar request's allowed tokens */
     struct moe_engine_counters n;
     moe_token_fn on_token;
     double (*clock)(void);        /* seconds; monotonic by default */

@@ -119,6 +119,8 @@ struct srv_job {
     int prompt_len[SRV_MAX_N];
     int prompt_tokens;        /* the sum of the prompts' lengths (usage) */
     struct moe_request_params rp;
+    struct moe_grammar *grammar; /* owned: the request's "grammar" (rp.grammar points to it or
+                                    to the server's json_grammar) */
     char *stops[MOE_MAX_STOP_STRINGS]; /* owned */
     int n_stops;
     char id[48];
@@ -170,6 +172,8 @@ struct srv {
     struct moe_tokenizer tok;     /* HTTP side (encode), under tok_mu */
     struct moe_tokenizer tok_eng; /* engine thread (decode) */
     bool have_tok, have_chat;
+    struct moe_grammar_vocab gvocab;   /* the model's token bytes for grammar masks (have_tok) */
+    struct moe_grammar *json_grammar;  /* response_format json_object (have_tok), else NULL */
     enum moe_reasoning_format reasoning; /* chat completions' parser (runtime/chat/reasoning.h) */
     enum moe_tool_format tool_fmt;       /* chat completions' tool call format (runtime/chat/toolcall.h) */
     struct moe_chat_template tmpl;

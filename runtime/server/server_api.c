@@ -7,7 +7,7 @@
  * repetition_penalty, ignore_eos) and moerun's own: "return_expert_load":
  * true or "moerun": {"expert_load": true} adds usage.expert_load.  Unknown
  * fields are ignored, as OpenAI's server does; fields moerun cannot honour
- * (echo, best_of > n, tool_choice forcing a call, a JSON response_format)
+ * (echo, best_of > n, tool_choice forcing a call, a json_schema response_format)
  * are refused, never silently dropped.  Error messages never quote the
  * request body. */
 #include <math.h>
@@ -336,19 +336,35 @@ static int read_stop(json_t *req, struct srv_job *j, struct verr *v)
     return 0;
 }
 
-/* response_format: {"type": "text"} is what is served; json_object and
- * json_schema need constrained decoding, not built yet: refused. */
-static int read_response_format(json_t *req, struct verr *v)
+/* response_format: "text"; "json_object" constrains the output to a JSON
+ * object (the built-in grammar); json_schema is refused until JSON Schema
+ * constraints exist.  "grammar" (moerun's extension, docs/grammar.md)
+ * constrains it to a grammar of its own, compiled here (a malformed one is
+ * a 400 naming line and column). */
+static int read_response_format(struct srv *s, json_t *req, struct srv_job *j, struct verr *v)
 {
-    json_t *rf = json_object_get(req, "response_format");
+    json_t *rf = json_object_get(req, "response_format"), *gr = json_object_get(req, "grammar");
+    if (gr && !json_is_null(gr)) {
+        if (!json_is_string(gr)) return bad(v, "grammar", "'grammar' must be a string");
+        if (!s->json_grammar) return bad(v, "grammar", "a grammar needs the model's tokenizer");
+        if (moe_grammar_parse(json_string_value(gr), json_string_length(gr), &j->grammar) != MOE_OK)
+            return bad(v, "grammar", "%s", moe_last_error());
+        j->rp.grammar = j->grammar;
+    }
     if (!rf || json_is_null(rf)) return 0;
     const char *type = json_string_value(json_object_get(rf, "type"));
     if (!json_is_object(rf) || !type)
         return bad(v, "response_format", "'response_format' must be an object with a string 'type'");
     if (!strcmp(type, "text")) return 0;
-    if (!strcmp(type, "json_object") || !strcmp(type, "json_schema"))
-        return bad(v, "response_format", "response_format type '%s' is not supported yet (structured "
-                   "outputs need constrained decoding); only \"text\"", type);
+    if (!strcmp(type, "json_object")) {
+        if (j->grammar) return bad(v, "response_format", "give either 'grammar' or a JSON response_format");
+        if (!s->json_grammar) return bad(v, "response_format", "json_object needs the model's tokenizer");
+        j->rp.grammar = s->json_grammar;
+        return 0;
+    }
+    if (!strcmp(type, "json_schema"))
+        return bad(v, "response_format", "response_format type 'json_schema' is not supported yet (JSON "
+                   "Schema constraints are not built); \"text\" and \"json_object\" are");
     return bad(v, "response_format", "unknown response_format type '%.64s'", type);
 }
 
@@ -403,7 +419,7 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
     if (b) return bad(v, "echo", "'echo' is not supported");
     struct moe_sampling *sp = &j->rp.sampling;
     *sp = s->defaults; /* the API's defaults, with the model's generation_config.json */
-    if (check_logit_bias_keys(req, v) < 0 || read_response_format(req, v) < 0) return -1;
+    if (check_logit_bias_keys(req, v) < 0 || read_response_format(s, req, j, v) < 0) return -1;
     if (moe_sampling_logit_bias_from_json(json_object_get(req, "logit_bias"), s->vocab, sp) != MOE_OK)
         return bad(v, "logit_bias", "%s", moe_last_error());
     double d = 0;

@@ -68,6 +68,7 @@ void srv_job_unref(struct srv_job *j)
     }
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     json_decref(j->tool_defs);
+    moe_grammar_free(j->grammar);
     if (j->prompt != j->prompts[0]) free(j->prompt);
     for (int p = 0; p < SRV_MAX_N; p++) free(j->prompts[p]); /* also one a bad request left half read */
     free(j->reject_msg);
@@ -345,7 +346,7 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     const char *t = "";
     /* an end-of-sequence or stop token ends the text without being part of
      * it (the detokenizer drops special ones anyway, except for harmony) */
-    const bool eos = finished && r->finish == MOE_FINISH_STOP;
+    const bool eos = finished && r->stop_token;
     if (c->tg_on && !eos && moe_textgen_push(&c->tg, token, &t) != MOE_OK) t = "";
     bool stopped = c->tg_on && c->tg.stopped;
     if (stopped && !finished) moe_engine_stop(&s->e, r);

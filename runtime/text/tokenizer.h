@@ -80,6 +80,14 @@ enum moe_status moe_tokenizer_decode(const struct moe_tokenizer *tok, const int3
 
 /* Token string of an id (borrowed), NULL if out of range. */
 const char *moe_tokenizer_id_to_token(const struct moe_tokenizer *tok, int32_t id);
+/* The bytes token id contributes inside a text, as new memory (free()),
+ * for grammar-constrained decoding: the decoder applied to the token alone,
+ * byte tokens (ByteLevel characters, "<0xHH>") as raw bytes even when they
+ * are part of a UTF-8 character, and no removal of a leading space that
+ * only the first token of a text gets.  *special: an added or special
+ * token (its content is returned as is). */
+MOE_MUST_USE enum moe_status moe_tokenizer_token_bytes(const struct moe_tokenizer *tok, int32_t id,
+                                                        char **bytes, size_t *len, bool *special);
 /* Id of an exact token string (model vocab or added token), -1 if none. */
 int32_t moe_tokenizer_token_to_id(const struct moe_tokenizer *tok, const char *token);
 

@@ -452,3 +452,88 @@ enum moe_status moe_detok_flush(struct moe_detok *d, const char **text)
     if (d->n == d->prefix_index) return MOE_OK;
     return step(d, true, text);
 }
+
+/* The bytes one token contributes in the middle of a text: the decoder
+ * chain on the token alone, with every step that depends on the token's
+ * place in the text left out (Metaspace's and Strip's removal of a leading
+ * space) and byte tokens ("<0xHH>", ByteLevel characters) kept as raw
+ * bytes, not checked as UTF-8. */
+static enum moe_status raw_bytes(const struct tok_decoder *d, struct tok_buf *b, struct tok_buf *tmp)
+{
+    switch (d->kind) {
+    case D_SEQ:
+        for (size_t i = 0; i < d->n_kids; i++) MOE_TRY(raw_bytes(d->kids[i], b, tmp));
+        return MOE_OK;
+    case D_FUSE:
+    case D_STRIP:
+        return MOE_OK;
+    case D_BYTEFALLBACK: {
+        int v = byte_token(b->p, b->len);
+        if (v >= 0) {
+            b->p[0] = (char)v;
+            b->len = 1;
+        }
+        return MOE_OK;
+    }
+    case D_REPLACE: { /* position-free: the decoder's own step on a list of one */
+        struct tok_list in = {0}, out = {0};
+        enum moe_status st = moe_tok_list_push(&in, b->p, b->len, false);
+        if (!st) st = chain(d, &in, &out, tmp);
+        if (!st) {
+            b->len = 0;
+            st = moe_tok_buf_put(b, ITEM(&out, 0), out.sp[0].len);
+        }
+        moe_tok_list_free(&in);
+        moe_tok_list_free(&out);
+        return st;
+    }
+    case D_BYTELEVEL:
+    case D_METASPACE:
+        break;
+    }
+    tmp->len = 0;
+    MOE_TRY(moe_tok_buf_put(tmp, "", 0));
+    for (size_t j = 0; j < b->len;) {
+        int32_t cp;
+        size_t bad, k = moe_tok_utf8_char((const unsigned char *)b->p + j, b->len - j, &cp, &bad);
+        if (!k) k = 1;
+        if (d->kind == D_BYTELEVEL) {
+            int v = moe_tok_char_byte(cp);
+            char c = (char)v;
+            if (v < 0) MOE_TRY(moe_tok_buf_put(tmp, b->p + j, k));
+            else MOE_TRY(moe_tok_buf_put(tmp, &c, 1));
+        } else if (k == d->ch_len && !memcmp(b->p + j, d->ch, k)) {
+            MOE_TRY(moe_tok_buf_put(tmp, " ", 1));
+        } else {
+            MOE_TRY(moe_tok_buf_put(tmp, b->p + j, k));
+        }
+        j += k;
+    }
+    b->len = 0;
+    return moe_tok_buf_put(b, tmp->p, tmp->len);
+}
+
+enum moe_status moe_tokenizer_token_bytes(const struct moe_tokenizer *tok, int32_t id, char **bytes,
+                                          size_t *len, bool *special)
+{
+    *bytes = NULL;
+    *len = 0;
+    const struct moe_tok_impl *im = tok->impl;
+    const char *s = moe_tokenizer_id_to_token(tok, id);
+    if (!im || !s)
+        return moe_fail(MOE_ERR_INVALID_ARG, "tokenizer: token id %d is out of range [0, %d)", id,
+                        tok->n_vocab);
+    *special = im->id_special[id] || im->id_added[id] != NULL;
+    struct tok_buf b = {0}, tmp = {0};
+    enum moe_status st = moe_tok_buf_put(&b, s, strlen(s));
+    if (!st && !im->id_added[id] && im->decoder) st = raw_bytes(im->decoder, &b, &tmp);
+    free(tmp.p);
+    if (st) {
+        free(b.p);
+        return st;
+    }
+    if (!b.p && !(b.p = malloc(1))) return moe_fail(MOE_ERR_NOMEM, "tokenizer: out of memory");
+    *bytes = b.p;
+    *len = b.len;
+    return MOE_OK;
+}
