@@ -9,7 +9,9 @@ back with transformers' AutoConfig, and the values moerun's parsed model
 description must hold are recorded (each case: the fixture, the keys set
 and removed, the values): experts per token, RoPE theta, RMSNorm
 epsilon, context length, tied embeddings, the sliding window and which
-layers use it (as each family's modeling code decides).  The C test
+layers use it, the routing switches (renormalisation, scaling factor,
+expert groups) and which layers are MoE (as each family's modeling code
+decides).  The C test
 (tests/test_config_defaults.c) removes the same keys and compares.
 
 Python is only a fixture-making tool; nothing in the runtime or build needs it.
@@ -32,11 +34,37 @@ FIXTURES = os.path.join(REPO, "tests", "fixtures")
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v2", "deepseek_v3",
             "gpt_oss", "granitemoe", "granitemoeshared", "llama", "qwen2", "qwen3", "granite"]
 KEYS = ["num_experts_per_tok", "rope_parameters", "rope_theta", "rms_norm_eps", "max_position_embeddings",
-        "tie_word_embeddings", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"]
+        "tie_word_embeddings", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
+        "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
+        "decoder_sparse_step", "mlp_only_layers"]
 # families whose layers follow config.layer_types (the others: every layer
 # takes config.sliding_window when it is set, or none does)
 LAYER_TYPES = {"qwen2", "qwen2_moe", "qwen3", "gpt_oss"}
 WINDOW_ALL = {"mixtral", "qwen3_moe"}
+
+
+# the families whose modeling code reads these routing keys
+ROUTING_KEYS = {
+    "norm_topk_prob": ("qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3"),
+    "routed_scaling_factor": ("glm4_moe", "deepseek_v2", "deepseek_v3"),
+    "n_group": ("glm4_moe", "deepseek_v3"),
+    "topk_group": ("glm4_moe", "deepseek_v3"),
+}
+
+
+def _first_k(cfg):
+    k = cfg.first_k_dense_replace
+    return [i >= k for i in range(cfg.num_hidden_layers)]
+
+
+def _sparse_step(cfg):
+    only = cfg.mlp_only_layers or []
+    return [i not in only and (i + 1) % cfg.decoder_sparse_step == 0 for i in range(cfg.num_hidden_layers)]
+
+
+# which layers are MoE, as the modeling code decides
+MOE_PATTERN = {"glm4_moe": _first_k, "deepseek_v2": _first_k, "deepseek_v3": _first_k,
+               "qwen2_moe": _sparse_step, "qwen3_moe": _sparse_step}
 
 
 def described(name, cfg):
@@ -60,6 +88,15 @@ def described(name, cfg):
         "sliding": sliding,
         "sliding_window": int(win) if any(sliding) else 0,
     }
+    for key, field in (("norm_topk_prob", "norm_topk"), ("routed_scaling_factor", "routed_scale"),
+                       ("n_group", "n_group"), ("topk_group", "topk_group")):
+        v = getattr(cfg, key, None)
+        if v is not None and name in ROUTING_KEYS.get(key, ()):
+            out[field] = v
+    if name in MOE_PATTERN:
+        out["moe_layers"] = MOE_PATTERN[name](cfg)
+    # keys transformers leaves None: moerun may require them
+    out["none"] = sorted(key for key in KEYS if hasattr(cfg, key) and getattr(cfg, key) is None)
     k = getattr(cfg, "num_experts_per_tok", None)
     if k is not None:
         out["top_k"] = int(k)
