@@ -27,6 +27,7 @@ size_t moe_dtype_size(enum moe_dtype t)
     if (t == MOE_DTYPE_Q8_0) return 1;       /* the int8 part; rows: moe_dtype_row_bytes */
     if (t == MOE_DTYPE_MXFP4) return 1;      /* as Q8_0 (a value is half a byte); rows: moe_dtype_row_bytes */
     if (t == MOE_DTYPE_FP8_B128) return 1;   /* the E4M3 part; rows: moe_dtype_row_bytes */
+    if (moe_dtype_is_q4(t)) return 1;        /* as MXFP4; rows: moe_dtype_row_bytes */
     MOE_ASSERT((unsigned)t < MOE_DTYPE_COUNT);
     return dtype_info[t].size;
 }
@@ -36,6 +37,7 @@ size_t moe_dtype_row_bytes(enum moe_dtype t, size_t n)
     if (t == MOE_DTYPE_Q8_0) return n / MOE_Q8_0_BLOCK * MOE_Q8_0_BYTES;
     if (t == MOE_DTYPE_MXFP4) return n / MOE_MXFP4_BLOCK * MOE_MXFP4_BYTES;
     if (t == MOE_DTYPE_FP8_B128) return n / MOE_FP8_BLOCK * MOE_FP8_BYTES;
+    if (moe_dtype_is_q4(t)) return n / (size_t)moe_q4_group(t) * moe_q4_group_bytes(t);
     return n * moe_dtype_size(t);
 }
 
@@ -45,6 +47,9 @@ const char *moe_dtype_name(enum moe_dtype t)
     if (t == MOE_DTYPE_Q8_0) return "Q8_0";
     if (t == MOE_DTYPE_MXFP4) return "MXFP4";
     if (t == MOE_DTYPE_FP8_B128) return "FP8_B128";
+    if (t == MOE_DTYPE_Q4_1) return "Q4_1";
+    if (t == MOE_DTYPE_Q4_G32) return "Q4_G32";
+    if (t == MOE_DTYPE_Q4_G128) return "Q4_G128";
     return (unsigned)t < MOE_DTYPE_COUNT ? dtype_info[t].name : "?";
 }
 
@@ -159,8 +164,76 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
         }
         return;
     }
+    case MOE_DTYPE_Q4_1:
+    case MOE_DTYPE_Q4_G32:
+    case MOE_DTYPE_Q4_G128: { /* exact for f16/bf16 scales: see MOE_DTYPE_Q4_G32 */
+        const size_t G = (size_t)moe_q4_group(t);
+        MOE_ASSERT(n % G == 0);
+        for (size_t i = 0; i < n; i++) dst[i] = moe_q4_get(src, t, i);
+        return;
+    }
     default: MOE_ASSERT(!"convert_row_f32: dtype is not a float weight type");
     }
+}
+
+/* The scale and offset of a four-bit group starting at blk. */
+static inline void q4_head(const unsigned char *blk, enum moe_dtype t, float *d, float *m)
+{
+    if (t == MOE_DTYPE_Q4_1) {
+        uint16_t h[2];
+        memcpy(h, blk, 4);
+        *d = moe_f16_to_f32(h[0]);
+        *m = moe_f16_to_f32(h[1]);
+    } else {
+        memcpy(d, blk, 4);
+        memcpy(m, blk + 4, 4);
+    }
+}
+
+float moe_q4_get(const void *row, enum moe_dtype t, size_t k)
+{
+    const size_t G = (size_t)moe_q4_group(t), j = k % G;
+    const unsigned char *blk = (const unsigned char *)row + k / G * moe_q4_group_bytes(t);
+    float d, m;
+    q4_head(blk, t, &d, &m);
+    const unsigned char *qs = blk + (t == MOE_DTYPE_Q4_1 ? 4 : MOE_Q4_HEAD) + j / 32 * 16;
+    const unsigned q = (qs[j % 16] >> (j % 32 / 16 * 4)) & 15u;
+    return (float)q * d + m;
+}
+
+void moe_q4_pack_group(void *dst, enum moe_dtype t, const uint8_t *codes, float d, float m)
+{
+    MOE_ASSERT(t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128);
+    unsigned char *b = dst;
+    memcpy(b, &d, 4);
+    memcpy(b + 4, &m, 4);
+    for (int r = 0; r < moe_q4_group(t) / 32; r++)
+        for (int j = 0; j < 16; j++)
+            b[MOE_Q4_HEAD + 16 * r + j] = (unsigned char)((codes[32 * r + j] & 15u) | (codes[32 * r + j + 16] & 15u) << 4);
+}
+
+bool moe_quantize_row_q4_1(void *dst, const float *src, size_t n)
+{
+    unsigned char *b = dst;
+    MOE_ASSERT(n % MOE_Q4_1_BLOCK == 0);
+    for (size_t i = 0; i < n; i += MOE_Q4_1_BLOCK, b += MOE_Q4_1_BYTES) {
+        const float *x = src + i;
+        float lo = INFINITY, hi = -INFINITY;
+        for (int j = 0; j < MOE_Q4_1_BLOCK; j++) {
+            if (!isfinite(x[j])) return false;
+            if (x[j] < lo) lo = x[j];
+            if (x[j] > hi) hi = x[j];
+        }
+        const float d = (hi - lo) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t h[2] = {moe_f32_to_f16(d), moe_f32_to_f16(lo)};
+        if ((h[0] & 0x7c00u) == 0x7c00u || (h[1] & 0x7c00u) == 0x7c00u) return false; /* past f16's range */
+        memcpy(b, h, 4);
+        for (int j = 0; j < 16; j++) {
+            const int q0 = (int)(int8_t)((x[j] - lo) * id + 0.5f), q1 = (int)(int8_t)((x[j + 16] - lo) * id + 0.5f);
+            b[4 + j] = (unsigned char)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+        }
+    }
+    return true;
 }
 
 bool moe_fp8_pack_row(void *dst, const uint8_t *q, const float *scales, size_t K)

@@ -14,7 +14,8 @@
  * weight type" check instead of reading panels as rows; Q8_0 and MXFP4
  * blocks, MXFP4 and block-scaled FP8 rows); the CPU backend computes in
  * fp32 and reads F32, F16, BF16, Q8_0, MXFP4 and FP8_B128 weights in
- * place. */
+ * place; and four-bit weights: Q4_1 (--quantize q4) and Q4_G32 / Q4_G128
+ * (GPTQ, AWQ and compressed-tensors checkpoints). */
 #pragma once
 
 #include <stdbool.h>
@@ -113,6 +114,34 @@ enum moe_dtype {
      * repacked to panels or requantized by --quantize.  moe_dtype_size
      * says 1 (rows take moe_dtype_row_bytes). */
     MOE_DTYPE_FP8_B128,
+    /* Four-bit weights quantized at load (--quantize q4), ggml's Q4_1 bit
+     * for bit: per block of 32 values an f16 scale d, an f16 minimum m and
+     * 32 unsigned 4-bit codes q, the value q * d + m in fp32 (d and m
+     * widened exactly, one rounding of the product, one of the sum).  20
+     * bytes per block: d, m (f16, little-endian), then 16 bytes qs, qs[j]
+     * holding element j in its low nibble and element j + 16 in its high
+     * one (ggml's block_q4_1).  5 bits a weight; made by
+     * moe_quantize_row_q4_1 (ggml's quantize_row_q4_1_ref and gguf-py's
+     * Q4_1, bit for bit).  moe_dtype_size says 1 (rows take
+     * moe_dtype_row_bytes); never parsed, written to a file or repacked. */
+    MOE_DTYPE_Q4_1,
+    /* Four-bit weights of GPTQ, AWQ and compressed-tensors checkpoints
+     * (runtime/model/model_q4.c), per group of G values (G = 32 for
+     * Q4_G32, 128 for Q4_G128): an f32 scale d, an f32 offset m, then G/2
+     * bytes of unsigned codes in 16-byte runs ordered as Q4_1's (run r
+     * covers elements 32r .. 32r+31 of the group: its byte j holds element
+     * 32r+j in the low nibble, 32r+j+16 in the high one).  The value is
+     * q * d + m in fp32.  A checkpoint's code q, zero point z and scale s
+     * mean (q - z) * s; the loader stores d = s and m = -z * s, and when s
+     * has at most 20 significant bits (an f16 or bf16 scale) both products
+     * and the sum are exact, so q * d + m is exactly (q - z) * s, the value
+     * the libraries compute before they round it to the model's dtype.  A
+     * checkpoint group of 64 is two Q4_G32 groups with the same d and m; a
+     * group of 256, 512, ... or one per row ("channel", group_size -1)
+     * repeats d and m over Q4_G128 groups.  6 bits a weight (G32) or 4.5
+     * (G128); moe_dtype_size says 1; never parsed, written or repacked. */
+    MOE_DTYPE_Q4_G32,
+    MOE_DTYPE_Q4_G128,
 };
 
 #define MOE_Q8_0_BLOCK 32 /* values per block */
@@ -121,6 +150,21 @@ enum moe_dtype {
 #define MOE_MXFP4_BYTES 17 /* bytes per block: E8M0 scale, 16 bytes of nibbles */
 #define MOE_FP8_BLOCK 128  /* values per block (and rows per scale group in a checkpoint) */
 #define MOE_FP8_BYTES 132  /* bytes per block: f32 scale, 128 E4M3 bytes */
+#define MOE_Q4_1_BLOCK 32  /* values per block */
+#define MOE_Q4_1_BYTES 20  /* bytes per block: f16 d, f16 m, 16 bytes of codes */
+#define MOE_Q4_HEAD 8      /* Q4_G32 / Q4_G128: f32 d, f32 m before each group's codes */
+
+/* Whether t is one of the four-bit formats; values per group (one d and
+ * one m each) and bytes per group. */
+static inline bool moe_dtype_is_q4(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_Q4_1 || t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128;
+}
+static inline int moe_q4_group(enum moe_dtype t) { return t == MOE_DTYPE_Q4_G128 ? 128 : 32; }
+static inline size_t moe_q4_group_bytes(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_Q4_1 ? MOE_Q4_1_BYTES : MOE_Q4_HEAD + (size_t)moe_q4_group(t) / 2;
+}
 
 struct moe_tensor {
     enum moe_dtype dtype;
@@ -171,6 +215,16 @@ void moe_convert_from_f32(void *dst, const float *src, enum moe_dtype t, size_t 
  * to f16 (and stored widened, see MOE_DTYPE_Q8_0).  False, dst unspecified,
  * when a value is not finite or d overflows f16. */
 bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n);
+/* Quantizes n values (a multiple of 32) to Q4_1 blocks as ggml does: per
+ * block min and max, d = (max - min) / 15, codes q = min(15, (int)((x -
+ * min) * (1/d) + 0.5)) (0 when d is 0), d and min rounded to f16.  False,
+ * dst unspecified, when a value is not finite or d or min overflows f16. */
+bool moe_quantize_row_q4_1(void *dst, const float *src, size_t n);
+/* Writes one Q4_G32 / Q4_G128 group: G codes (0..15, element order), scale
+ * d and offset m. */
+void moe_q4_pack_group(void *dst, enum moe_dtype t, const uint8_t *codes, float d, float m);
+/* Element k of a row of four-bit blocks (t: Q4_1, Q4_G32, Q4_G128) as fp32. */
+float moe_q4_get(const void *row, enum moe_dtype t, size_t k);
 
 /* 2^(s-127), the value of an E8M0 scale byte s, built from its bits: s in
  * 1..254 is the normal float with exponent field s, s == 0 the subnormal

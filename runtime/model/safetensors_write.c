@@ -43,6 +43,9 @@ static int dtype_rank(enum moe_dtype t)
     case MOE_DTYPE_BF16_PANEL:
     case MOE_DTYPE_Q8_0:
     case MOE_DTYPE_MXFP4:
+    case MOE_DTYPE_Q4_1:
+    case MOE_DTYPE_Q4_G32:
+    case MOE_DTYPE_Q4_G128:
     case MOE_DTYPE_FP8_B128: break; /* not safetensors dtypes: the writer refuses them */
     }
     return -1;
