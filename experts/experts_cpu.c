@@ -31,13 +31,14 @@ void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *
         const int r0 = plan->offsets[e], c = plan->counts[e];
         if (c == 0) continue;
         float *g = ws->g + (size_t)r0 * F, *u = ws->u + (size_t)r0 * F;
+        const enum moe_dtype dt = moe_expert_dtype(ex, e);
         struct moe_tensor vg, vu, vd;
-        moe_gemm_cpu(g, F, ws->xe + (size_t)r0 * D, D, ex->gate[e], ex->dtype, F, D, c,
+        moe_gemm_cpu(g, F, ws->xe + (size_t)r0 * D, D, ex->gate[e], dt, F, D, c,
                      moe_experts_bias_row(&ex->b_gate, e, &vg), scratch);
-        moe_gemm_cpu(u, F, ws->xe + (size_t)r0 * D, D, ex->up[e], ex->dtype, F, D, c,
+        moe_gemm_cpu(u, F, ws->xe + (size_t)r0 * D, D, ex->up[e], dt, F, D, c,
                      moe_experts_bias_row(&ex->b_up, e, &vu), scratch);
         for (size_t i = 0; i < (size_t)c * F; i++) g[i] = moe_experts_act(g[i], u[i], ex->alpha, ex->limit);
-        moe_gemm_cpu(ws->ye + (size_t)r0 * D, D, g, F, ex->down[e], ex->dtype, D, F, c,
+        moe_gemm_cpu(ws->ye + (size_t)r0 * D, D, g, F, ex->down[e], dt, D, F, c,
                      moe_experts_bias_row(&ex->b_down, e, &vd), scratch);
     }
     /* weighted combine in token order, k = 0..K-1 */

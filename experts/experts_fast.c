@@ -125,7 +125,6 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
                       int nd)
 {
     const int n = T * K;
-    const enum moe_dtype dt = ex->dtype;
 #pragma omp for schedule(static)
     for (int r = 0; r < n; r++)
         memcpy(ws->xe + (size_t)r * D, x + (size_t)(plan->perm[r] / K) * D,
@@ -135,6 +134,7 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
     for (int i = 0; i < na * nf; i++) {
         const int e = active[i / nf], r0 = plan->offsets[e], c = plan->counts[e];
         const int f0 = (i % nf) * fs, f1 = f0 + fs < F ? f0 + fs : F;
+        const enum moe_dtype dt = moe_expert_dtype(ex, e);
         const struct wsrc gate = {ex->gate[e], NULL, dt, false}, up = {ex->up[e], NULL, dt, false};
         struct moe_tensor vg, vu;
         gate_up_slice(isa, ws->g + (size_t)r0 * F, ws->u + (size_t)r0 * F, ws->xe + (size_t)r0 * D, c,
@@ -146,7 +146,7 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
     for (int i = 0; i < na * nd; i++) {
         const int e = active[i / nd], r0 = plan->offsets[e], c = plan->counts[e];
         const int d0 = (i % nd) * ds, d1 = d0 + ds < D ? d0 + ds : D;
-        const struct wsrc down = {ex->down[e], NULL, dt, false};
+        const struct wsrc down = {ex->down[e], NULL, moe_expert_dtype(ex, e), false};
         struct moe_tensor vd;
         slice_product(isa, ws->ye + (size_t)r0 * D, (size_t)D, ws->g + (size_t)r0 * F, (size_t)F, c,
                       &down, F, d0, d1, moe_experts_bias_row(&ex->b_down, e, &vd), NULL);

@@ -108,3 +108,14 @@ static inline void qt_check_widening(const void *w, const float *wf, enum moe_dt
         }
     free(x), free(y), free(scratch);
 }
+
+/* The size on plan's output line `name` ("\n  experts"), in GiB. */
+static inline double qt_part_gib(const char *out, const char *name)
+{
+    const char *p = strstr(out, name);
+    cr_assert(p, "no %s line in: %s", name, out);
+    double v;
+    char unit[8];
+    cr_assert_eq(sscanf(p + strlen(name), " %lf %7s", &v, unit), 2);
+    return !strcmp(unit, "GiB") ? v : !strcmp(unit, "MiB") ? v / 1024 : v / 1048576;
+}

@@ -534,7 +534,7 @@ Test(cli, shared_option_behaves_the_same_everywhere)
     static const struct { const char *opt, *cmds[5]; } cases[] = {
         {"--kv-block 0", {"run", "bench", "batch", "ppl", "serve"}},
         {"--moe-top-k 0", {"plan", "bench", "run", "inspect" /* not taken */, NULL}},
-        {"--quantize q4", {"plan", "bench", "chat", "ppl", NULL}},
+        {"--quantize q3", {"plan", "bench", "chat", "ppl", NULL}},
         {"--kv-dtype f7", {"plan", "bench", "run", "serve", NULL}},
         {"--gpu-experts-cpu-rows -1", {"plan", "bench", "run", NULL}},
         {"--seed -1", {"run", "chat", NULL}},

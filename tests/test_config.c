@@ -297,7 +297,7 @@ Test(config, gpt_oss_defaults)
     cr_assert_float_eq(c.rms_eps, 1e-5f, 1e-12f);
 }
 
-Test(config, quantization_other_than_mxfp4_and_fp8_is_refused)
+Test(config, unknown_quantization_is_refused)
 {
     struct moe_config c;
     cr_assert_eq(parse("{\"architectures\": [\"GptOssForCausalLM\"], " BASE
@@ -310,10 +310,89 @@ Test(config, quantization_other_than_mxfp4_and_fp8_is_refused)
     cr_assert(strstr(moe_last_error(), "'mxfp4'"), "%s", moe_last_error());
     cr_assert_eq(parse("{\"architectures\": [\"Qwen3MoeForCausalLM\"], " BASE
                        "\"moe_intermediate_size\": 32, \"quantization_config\": "
-                       "{\"quant_method\": \"awq\", \"bits\": 4}}", &c), MOE_ERR_UNSUPPORTED);
-    cr_assert(strstr(moe_last_error(), "'awq'"), "%s", moe_last_error());
+                       "{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true}}", &c),
+                 MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "'bitsandbytes'"), "%s", moe_last_error());
     cr_assert_eq(parse("{\"architectures\": [\"GptOssForCausalLM\"], " BASE
                        "\"quantization_config\": [1]}", &c), MOE_ERR_FORMAT);
+}
+
+/* Four-bit checkpoints: the quantization_config of GPTQ (GPTQModel's
+ * keys), AWQ (AutoAWQ's) and compressed-tensors (llm-compressor's W4A16)
+ * as released; every variant the loader cannot read is refused by the
+ * field and value. */
+Test(config, four_bit_checkpoints_are_read)
+{
+    struct moe_config c;
+    const char *qwen = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], " BASE
+                       "\"moe_intermediate_size\": 32, \"quantization_config\": ";
+    char buf[2048];
+    const char *ct_w4 = "{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", "
+                        "\"quantization_status\": \"compressed\", \"ignore\": [\"lm_head\"], "
+                        "\"kv_cache_scheme\": null, \"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], "
+                        "\"format\": \"pack-quantized\", \"input_activations\": null, \"output_activations\": null, "
+                        "\"weights\": {\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, "
+                        "\"strategy\": \"group\", \"group_size\": 128, \"dynamic\": false, \"actorder\": null}}}}";
+    const struct { const char *q; enum moe_q4_method m; bool plus_one; } good[] = {
+        {"{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, \"desc_act\": false, \"sym\": true, "
+         "\"checkpoint_format\": \"gptq\"}", MOE_Q4_GPTQ, true},
+        {"{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": -1, \"desc_act\": true, \"sym\": false, "
+         "\"checkpoint_format\": \"gptq_v2\"}", MOE_Q4_GPTQ, false},
+        {"{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 32}", MOE_Q4_GPTQ, true},
+        {"{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"zero_point\": true, "
+         "\"version\": \"gemm\", \"modules_to_not_convert\": [\"gate\"]}", MOE_Q4_AWQ, false},
+        {"{\"quant_method\": \"awq\", \"w_bit\": 4, \"q_group_size\": 64, \"zero_point\": true, "
+         "\"version\": \"GEMM\"}", MOE_Q4_AWQ, false},
+        {ct_w4, MOE_Q4_CT, false},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        snprintf(buf, sizeof buf, "%s%s}", qwen, good[i].q);
+        cr_assert_eq(parse(buf, &c), MOE_OK, "%s: %s", good[i].q, moe_last_error());
+        cr_expect(c.q4_method == good[i].m && c.q4_zero_plus_one == good[i].plus_one && !c.weights_fp8, "%s",
+                  good[i].q);
+    }
+    const struct { const char *q, *needle; enum moe_status s; } bad[] = {
+        {"{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": 128}", "quantization_config.bits 8",
+         MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"gptq\", \"bits\": 3, \"group_size\": 128}", "bits 3", MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"gptq\", \"group_size\": 128}", "quantization_config.bits is missing",
+         MOE_ERR_FORMAT},
+        {"{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 48}", "group_size 48", MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": \"128\"}", "group_size must be an integer",
+         MOE_ERR_FORMAT},
+        {"{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, \"checkpoint_format\": \"marlin\"}",
+         "checkpoint_format 'marlin'", MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"version\": \"gemv\"}",
+         "version 'gemv'", MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"zero_point\": false}",
+         "zero_point false", MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\", \"config_groups\": {}}",
+         "format 'float-quantized'", MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\"}",
+         "config_groups must be a non-empty object", MOE_ERR_FORMAT},
+        {"{\"quant_method\": \"compressed-tensors\", \"quantization_status\": \"frozen\", \"config_groups\": "
+         "{\"g\": {}}}", "quantization_status 'frozen'", MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": {\"weights\": "
+         "{\"num_bits\": 8, \"type\": \"int\", \"strategy\": \"channel\"}}}}",
+         "quantization_config.config_groups.group_0.weights.num_bits 8", MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": {\"weights\": "
+         "{\"num_bits\": 4, \"type\": \"float\", \"strategy\": \"group\", \"group_size\": 16}}}}",
+         "type 'float'", MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": {\"weights\": "
+         "{\"num_bits\": 4, \"type\": \"int\", \"strategy\": \"tensor\"}}}}", "strategy 'tensor'",
+         MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": {\"weights\": "
+         "{\"num_bits\": 4, \"type\": \"int\", \"strategy\": \"channel\"}, \"input_activations\": "
+         "{\"num_bits\": 8}}}}", "group_0.input_activations is not supported", MOE_ERR_UNSUPPORTED},
+        {"{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"group_0\": {\"weights\": "
+         "{\"num_bits\": 4, \"type\": \"int\", \"strategy\": \"group\", \"group_size\": 128, "
+         "\"dynamic\": true}}}}", "dynamic must be false", MOE_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(buf, sizeof buf, "%s%s}", qwen, bad[i].q);
+        cr_expect_eq(parse(buf, &c), bad[i].s, "%s: %s", bad[i].q, moe_last_error());
+        cr_expect(strstr(moe_last_error(), bad[i].needle), "%s: %s", bad[i].q, moe_last_error());
+    }
 }
 
 /* fp8 as DeepSeek-V3 and Qwen3-FP8 release it, and transformers'

@@ -309,8 +309,8 @@ Test(quant, weights_that_are_not_finite_are_refused)
 Test(quant, cli_options)
 {
     char args[1024];
-    snprintf(args, sizeof args, "run %s/mixtral --prompt-ids 1,2 --quantize q4", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "--quantize 'q4' (use q8_0, or none)");
+    snprintf(args, sizeof args, "run %s/mixtral --prompt-ids 1,2 --quantize q3", FIXTURE_DIR);
+    tu_expect_one_line_error(args, "--quantize 'q3' (use q8_0, q4, or none)");
     /* the mixtral fixture's widths (64, 32) are whole blocks: 8 ids come out */
     char cmd[1024], out[4096];
     snprintf(cmd, sizeof cmd, "%s run %s/mixtral --prompt-ids 1,2,3,4 -n 8 --quantize q8_0 --backend cpu "
@@ -323,16 +323,6 @@ Test(quant, cli_options)
 
 /* moerun plan --quantize q8_0: the quantized parts at 9 bits per weight,
  * the embedding and the routers as stored (bf16 here). */
-static double part_gib(const char *out, const char *name)
-{
-    const char *p = strstr(out, name);
-    cr_assert(p, "no %s line in: %s", name, out);
-    double v;
-    char unit[8];
-    cr_assert_eq(sscanf(p + strlen(name), " %lf %7s", &v, unit), 2);
-    return !strcmp(unit, "GiB") ? v : !strcmp(unit, "MiB") ? v / 1024 : v / 1048576;
-}
-
 Test(quant, plan_predicts_q8_0_sizes)
 {
     char cmd[1024], a[8192], b[8192];
@@ -340,10 +330,10 @@ Test(quant, plan_predicts_q8_0_sizes)
     cr_assert_eq(tu_run(cmd, a, sizeof a), 0);
     strcat(cmd, " --quantize q8_0");
     cr_assert_eq(tu_run(cmd, b, sizeof b), 0);
-    cr_expect(fabs(part_gib(b, "\n  experts") / part_gib(a, "\n  experts") - 9.0 / 16) < 1e-3);
-    cr_expect(fabs(part_gib(b, "\n  attention") / part_gib(a, "\n  attention") - 9.0 / 16) < 2e-3);
-    cr_expect(part_gib(b, "\n  embeddings") == part_gib(a, "\n  embeddings"));
-    cr_expect(part_gib(b, "\n  router") == part_gib(a, "\n  router"));
+    cr_expect(fabs(qt_part_gib(b, "\n  experts") / qt_part_gib(a, "\n  experts") - 9.0 / 16) < 1e-3);
+    cr_expect(fabs(qt_part_gib(b, "\n  attention") / qt_part_gib(a, "\n  attention") - 9.0 / 16) < 2e-3);
+    cr_expect(qt_part_gib(b, "\n  embeddings") == qt_part_gib(a, "\n  embeddings"));
+    cr_expect(qt_part_gib(b, "\n  router") == qt_part_gib(a, "\n  router"));
 }
 
 /* ---- MXFP4 ---- */

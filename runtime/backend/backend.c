@@ -98,12 +98,27 @@ enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
     memset(be, 0, sizeof *be);
     MOE_TRY(open_named(be, name, o));
     be->quant = o->quant;
+    if (o->expert_quant) { /* a copy the backend owns */
+        size_t n;
+        uint8_t *p = NULL;
+        if (o->expert_quant_layers <= 0 || o->expert_quant_e <= 0 ||
+            !moe_mul_size((size_t)o->expert_quant_layers, (size_t)o->expert_quant_e, &n) || !(p = malloc(n))) {
+            moe_backend_free(be);
+            return moe_fail(MOE_ERR_NOMEM, "backend: a per-expert precision plan of %d layers x %d experts",
+                            o->expert_quant_layers, o->expert_quant_e);
+        }
+        memcpy(p, o->expert_quant, n);
+        be->expert_quant = p;
+        be->expert_quant_layers = o->expert_quant_layers;
+        be->expert_quant_e = o->expert_quant_e;
+    }
     return MOE_OK;
 }
 
 void moe_backend_free(struct moe_backend *be)
 {
     if (be->ops && be->ops->destroy) be->ops->destroy(be);
+    free((void *)be->expert_quant);
     memset(be, 0, sizeof *be);
 }
 

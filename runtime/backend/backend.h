@@ -167,14 +167,21 @@ struct moe_backend_ops {
 enum moe_weight_quant {
     MOE_QUANT_NONE,
     MOE_QUANT_Q8_0, /* every 2-D weight but the routers and the embedding, K % 32 == 0,
-                       to ggml's Q8_0 (runtime/core/tensor.h); CPU backends only */
+                       to ggml's Q8_0 (runtime/core/tensor.h) */
+    MOE_QUANT_Q4,   /* the same weights but the LM head to ggml's Q4_1, the LM head
+                       to Q8_0 (as llama.cpp's four-bit presets keep the output
+                       layer at six bits or more); CPU backends only */
 };
+
+#define MOE_EXPERT_QUANT_DEFAULT 255 /* moe_backend_opts.expert_quant: follow quant */
 
 struct moe_backend {
     const struct moe_backend_ops *ops;
     void *ctx;                   /* backend private state */
     int n_threads;
     enum moe_weight_quant quant; /* moe_backend_opts.quant, read-only */
+    const uint8_t *expert_quant; /* moe_backend_opts.expert_quant (and its sizes), read-only */
+    int expert_quant_layers, expert_quant_e;
 };
 
 /* Expert offload so far (moe_offload_opts.gpu_experts): layers offloaded,
@@ -238,6 +245,17 @@ struct moe_backend_opts {
     enum moe_prefill_attn prefill_attn;
     enum moe_expert_kernels expert_kernels;
     enum moe_weight_quant quant;  /* weights quantized at prepare_model */
+    /* Per-expert precision (--expert-dtype-plan), CPU backends: the
+     * quantization of expert e of model layer l is expert_quant[l * E + e]
+     * for l < expert_quant_layers, e < E = expert_quant_e: MOE_QUANT_NONE
+     * (as stored), MOE_QUANT_Q8_0, MOE_QUANT_Q4, or MOE_EXPERT_QUANT_DEFAULT
+     * (follow quant, as every expert outside the table does); the other
+     * weights follow quant.  prepare_model refuses an entry other than the
+     * default for an expert or layer the model does not have, or a dense
+     * layer.  NULL: every expert follows quant.  moe_backend_init copies
+     * it. */
+    const uint8_t *expert_quant;
+    int expert_quant_layers, expert_quant_e;
     struct moe_offload_opts offload;
 };
 

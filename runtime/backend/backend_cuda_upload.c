@@ -383,33 +383,40 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
     return MOE_OK;
 }
 
-/* Whether a weight of m other than the experts is MXFP4 (no loader makes
- * one; MXFP4 experts are kept as planes). */
-static bool has_mxfp4(const struct moe_model *m)
+/* Whether a weight of m other than the experts has dtype t, or with
+ * experts, whether any has (no loader makes MXFP4 outside experts, which
+ * are kept as planes; the four-bit formats have no kernels here yet). */
+static bool has_dtype(const struct moe_model *m, bool (*is)(enum moe_dtype), bool experts)
 {
-    if (m->lm_head.dtype == MOE_DTYPE_MXFP4 || m->embed.dtype == MOE_DTYPE_MXFP4) return true;
+    if (is(m->lm_head.dtype) || is(m->embed.dtype) || is(m->mtp_eh_proj.dtype)) return true;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const struct moe_layer_weights *w = &m->layers[l];
-        const struct moe_tensor *ts[] = {&w->wq,     &w->wk,    &w->wv,      &w->wo,
-                                         &w->w_gate, &w->w_up,  &w->w_down,  &w->router,
-                                         &w->sh_gate, &w->sh_up, &w->sh_down, &w->sh_router};
+        const struct moe_tensor *ts[] = {&w->wq,      &w->wk,     &w->wv,      &w->wo,    &w->wq_a,
+                                         &w->wkv_a,   &w->w_gate, &w->w_up,    &w->w_down, &w->router,
+                                         &w->sh_gate, &w->sh_up,  &w->sh_down, &w->sh_router};
         for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
-            if (ts[i]->dtype == MOE_DTYPE_MXFP4) return true;
+            if (is(ts[i]->dtype)) return true;
+        if (experts && w->experts.gate && is(w->experts.dtype)) return true;
     }
     return false;
 }
+static bool is_mxfp4(enum moe_dtype t) { return t == MOE_DTYPE_MXFP4; }
 
 enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model *m)
 {
     struct cuda_ctx *c = ctx_of(be);
     const struct moe_config *cfg = &m->cfg;
     if (m->embed.device >= 0) return MOE_OK; /* already on the device */
-    if (has_mxfp4(m))
+    if (has_dtype(m, is_mxfp4, false))
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "
                         "supported");
+    if (be->quant == MOE_QUANT_Q4 || be->expert_quant || has_dtype(m, moe_dtype_is_q4, true))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: four-bit weights (--quantize q4, GPTQ, AWQ, "
+                        "compressed-tensors, --expert-dtype-plan) have no CUDA kernels yet; use --backend "
+                        "cpu");
     for (int l = 0; l < cfg->n_layers; l++)
         if (m->layers[l].wq.dtype == MOE_DTYPE_Q8_0 || m->layers[l].wq.dtype == MOE_DTYPE_BF16_PANEL ||
-            (m->layers[l].experts.gate && (m->layers[l].experts.dtype == MOE_DTYPE_Q8_0 ||
+            (m->layers[l].experts.gate && (m->layers[l].experts.dtype == MOE_DTYPE_Q8_0 || m->layers[l].experts.dtypes ||
                                            m->layers[l].experts.dtype == MOE_DTYPE_BF16_PANEL)))
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda backend: the model's weights were repacked or "
                             "quantized for a CPU backend; load it again for this one");

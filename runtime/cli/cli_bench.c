@@ -456,11 +456,16 @@ static int bench_open(struct bench_opts *o, struct moe_backend *be, struct moe_m
     if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q); /* checked when parsed */
     bo.quant = q;
     double *warm = NULL;
+    uint8_t *plan = NULL;
     if (moe_cli_offload_opts(&bo, o->eng.gpu_experts, o->eng.gpu_experts_policy, o->eng.gpu_experts_warm,
                              o->eng.gpu_experts_cpu_rows, &warm) == MOE_OK &&
+        (!o->eng.expert_plan ||
+         moe_cli_expert_plan(&bo, o->eng.expert_plan, o->eng.hot_share > 0 ? o->eng.hot_share : MOE_CLI_HOT_SHARE,
+                             q, &plan) == MOE_OK) &&
         moe_backend_init(be, o->eng.backend, &bo) == MOE_OK)
         o->eng.model.device_weights = o->eng.model.synthetic && be->ops->synth_fill;
     free(warm);
+    free(plan);
     if (!be->ops || moe_cli_open_model(m, &o->eng.model) != MOE_OK) return moe_cli_error("bench", "%s", moe_last_error());
     return 0;
 }
@@ -681,7 +686,7 @@ int moe_cli_bench(int argc, char **argv)
     r = (struct bench_result){
         .model = o.eng.model.path ? o.eng.model.path : o.eng.model.synthetic, .backend = be.ops->name,
         .kernels = moe_cpu_isa_name((enum moe_cpu_isa)moe_backend_cpu_isa(&be)), .threads = be.n_threads,
-        .stats = o.st.on, .quantize = be.quant == MOE_QUANT_Q8_0 ? "q8_0" : "none", .top_k = m.cfg.top_k,
+        .stats = o.st.on, .quantize = moe_cli_quant_name(be.quant), .top_k = m.cfg.top_k,
         .ctx = (int)o.ctx, .steps = (int)o.steps, .cuda = !strcmp(be.ops->name, "cuda")};
     if (bench_measure(&b, &o, &l, &r)) goto done;
     if (r.cuda) {

@@ -126,7 +126,7 @@ int moe_cli_check_engine(const struct moe_cli_engine *o, const char *cmd)
     if (o->kv_budget && moe_cli_parse_budget(o->kv_budget, &budget) != MOE_OK)
         return moe_cli_error(cmd, "%s", moe_last_error());
     if (o->quantize && !moe_cli_parse_quant(o->quantize, &q))
-        return moe_cli_error(cmd, "--quantize '%s' (use q8_0, or none)", o->quantize);
+        return moe_cli_error(cmd, "--quantize '%s' (use q8_0, q4, or none)", o->quantize);
     static const char *const backends[] = {"auto", "cpu", "cpu-ref", "cuda"};
     bool known = false;
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) known |= !strcmp(o->backend, backends[i]);
@@ -345,9 +345,15 @@ enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes)
     return MOE_OK;
 }
 
+const char *moe_cli_quant_name(enum moe_weight_quant q)
+{
+    return q == MOE_QUANT_Q8_0 ? "q8_0" : q == MOE_QUANT_Q4 ? "q4" : "none";
+}
+
 bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out)
 {
     if (!strcasecmp(s, "q8_0")) *out = MOE_QUANT_Q8_0;
+    else if (!strcasecmp(s, "q4")) *out = MOE_QUANT_Q4;
     else if (!strcasecmp(s, "none")) *out = MOE_QUANT_NONE;
     else return false;
     return true;
@@ -425,13 +431,18 @@ enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_c
     moe_cli_backend_opts(&bo, o->threads);
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->quantize && !moe_cli_parse_quant(o->quantize, &q))
-        return moe_fail(MOE_ERR_INVALID_ARG, "--quantize '%s' (use q8_0, or none)", o->quantize);
+        return moe_fail(MOE_ERR_INVALID_ARG, "--quantize '%s' (use q8_0, q4, or none)", o->quantize);
     bo.quant = q;
     double *warm;
+    uint8_t *plan = NULL;
     enum moe_status s = moe_cli_offload_opts(&bo, o->gpu_experts, o->gpu_experts_policy, o->gpu_experts_warm,
                                              o->gpu_experts_cpu_rows, &warm);
+    if (s == MOE_OK && o->expert_plan)
+        s = moe_cli_expert_plan(&bo, o->expert_plan, o->hot_share > 0 ? o->hot_share : MOE_CLI_HOT_SHARE, q,
+                                &plan);
     if (s == MOE_OK) s = moe_backend_init(be, o->backend, &bo);
     free(warm);
+    free(plan);
     MOE_TRY(s);
     if (o->gpu_experts && strcmp(be->ops->name, "cuda"))
         fprintf(stderr, "moerun: --gpu-experts applies to the CUDA backend; the %s backend keeps every "

@@ -77,7 +77,9 @@ struct moe_cli_engine {
     const char *kv_dtype;
     long max_batch_tokens, max_seqs;
     bool no_prefix_cache;
-    const char *quantize;     /* --quantize: "q8_0", "none" or NULL */
+    const char *quantize;     /* --quantize: "q8_0", "q4", "none" or NULL */
+    const char *expert_plan;  /* --expert-dtype-plan FILE, or NULL */
+    double hot_share;         /* --hot-share (default MOE_CLI_HOT_SHARE) */
     long gpu_experts;         /* --gpu-experts: 0 = all resident */
     const char *gpu_experts_policy, *gpu_experts_warm; /* NULL: LRU, no warm start */
     long gpu_experts_cpu_rows; /* --gpu-experts-cpu-rows: 0 = every miss copied in */
@@ -88,6 +90,18 @@ struct moe_cli_engine {
     /* not an option: the command's vocabulary for grammar requests, or NULL */
     const struct moe_grammar_vocab *grammar_vocab;
 };
+
+/* --hot-share's default: the experts taking 80% of a layer's routed pairs
+ * keep their precision. */
+#define MOE_CLI_HOT_SHARE 0.8
+/* --expert-dtype-plan FILE (cli_expert_plan.c): statistics or a trace
+ * (the experts taking share hot_share of each layer's routed pairs keep
+ * the stored precision, or q8_0 when quant is q8_0 or q4; the others
+ * take q4), or an explicit map {"expert_dtypes": {"LAYER": {"EXPERT":
+ * "q4" | "q8_0" | "stored"}}}, into o's expert_quant (*buf, new: the
+ * caller frees it after moe_backend_init). */
+MOE_MUST_USE enum moe_status moe_cli_expert_plan(struct moe_backend_opts *o, const char *file, double hot_share,
+                                                 enum moe_weight_quant quant, uint8_t **buf);
 
 /* --spec-max-batch's default: speculate only while at most this many
  * requests run (the measurement: docs/cli.md, "Speculative decoding"). */
@@ -124,8 +138,10 @@ MOE_MUST_USE enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o
                                                    const struct moe_model *m,
                                                    struct moe_backend *be, long default_tokens,
                                                    struct moe_engine *e);
-/* "q8_0" (any case) or "none" -> the quantization; false otherwise. */
+/* "q8_0", "q4" (any case) or "none" -> the quantization; false otherwise. */
 bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out);
+/* The --quantize name of q ("none", "q8_0", "q4"). */
+const char *moe_cli_quant_name(enum moe_weight_quant q);
 /* The backend options of --threads and of the environment, in the one place
  * the program reads them: MOERUN_CPU_ISA=ref|avx2|avx512 (the widest CPU
  * kernel set), MOERUN_CPU_PANELS=0|1, MOERUN_CUDA_GRAPHS=0|1,

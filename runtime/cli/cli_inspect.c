@@ -67,6 +67,10 @@ static void print_structure(const struct moe_model *m, const char *name)
     if (cfg->weights_fp8)
         printf("fp8          Linear weights in E4M3 with a scale per 128 x 128 block (1 + 4/128 bytes a "
                "weight as loaded); routers, norms and embeddings as stored\n");
+    if (cfg->q4_method != MOE_Q4_NONE)
+        printf("four-bit     %s Linear weights, a scale and a zero point per group (4.5 bits a weight as "
+               "loaded for groups of 128 and more, 6 for 32 and 64); modules stored in float as stored\n",
+               cfg->q4_method == MOE_Q4_GPTQ ? "GPTQ" : cfg->q4_method == MOE_Q4_AWQ ? "AWQ" : "compressed-tensors");
     if (cfg->sliding_window > 0) {
         int n = 0;
         for (int l = 0; l < cfg->n_layers; l++) n += cfg->layer_sliding[l];

@@ -110,10 +110,22 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
      .help = "auto (the default), cpu (fast kernels), cpu-ref (reference), cuda"},
     {.name = "threads", .arg = "N", .kind = MOE_CLI_INT, ENG(threads), .lo = 1, .hi = 4096,
      .help = "CPU threads (default: all cores)"},
-    {.name = "quantize", .arg = "q8_0", .kind = MOE_CLI_CUSTOM, ENG(quantize), .parse = parse_quant,
-     .what = "use q8_0, or none",
-     .help = "quantize the weights at load, 9 bits a weight (CPU and\n"
-             "CUDA backends; routers and the embedding stay as stored)"},
+    {.name = "quantize", .arg = "Q", .kind = MOE_CLI_CUSTOM, ENG(quantize), .parse = parse_quant,
+     .what = "use q8_0, q4, or none",
+     .help = "quantize the weights at load: q8_0, 9 bits a weight (CPU\n"
+             "and CUDA backends), or q4, ggml's Q4_1 at 5 bits a weight\n"
+             "with the LM head at q8_0 (CPU); routers and the embedding\n"
+             "stay as stored"},
+    {.name = "expert-dtype-plan", .arg = "FILE", .kind = MOE_CLI_STRING, ENG(expert_plan),
+     .help = "per-expert precision (CPU): FILE is statistics or a trace\n"
+             "(--stats-out, --trace-out): each layer's hot experts keep\n"
+             "their precision (q8_0 with --quantize), the rest take q4;\n"
+             "or a JSON map {\"expert_dtypes\": {LAYER: {EXPERT: q4 |\n"
+             "q8_0 | stored}}}"},
+    {.name = "hot-share", .arg = "S", .kind = MOE_CLI_DOUBLE, ENG(hot_share), .lo = 0, .hi = 1,
+     .open = MOE_CLI_LO_OPEN,
+     .help = "--expert-dtype-plan from statistics: the hot experts take\n"
+             "this share of a layer's routed pairs (default 0.8)"},
     {.name = "@spec"}, /* speculative decoding: the commands that generate */
     {.name = "spec", .arg = "P", .kind = MOE_CLI_CUSTOM, ENG(spec), .parse = parse_spec,
      .what = "use none, ngram, ngram:N with N from 1 to " STR(MOE_CLI_SPEC_NGRAM_MAX) ", or mtp",

@@ -232,21 +232,24 @@ static int plan_device(const struct plan_opts *o, struct device *dev, char *note
     return 0;
 }
 
-/* The bytes of the parts --quantize q8_0 quantizes, at 9 bits per weight;
- * FP8 and MXFP4 matrices are read as stored, never requantized. */
-static void q8_sizes(const struct moe_config *cfg, struct moe_model_sizes *z)
+/* The bytes of the parts --quantize quantizes: q8_0 at 9 bits a weight,
+ * q4 at 5 (Q4_1) with the LM head at 9; FP8, MXFP4 and four-bit
+ * checkpoint matrices are read as stored, never requantized. */
+static void quant_sizes(const struct moe_config *cfg, enum moe_weight_quant q, struct moe_model_sizes *z)
 {
     struct moe_config plain = *cfg;
     plain.weights_fp8 = plain.experts_mxfp4 = false;
+    plain.q4_method = MOE_Q4_NONE;
     struct moe_model_sizes p;
     moe_config_sizes(&plain, 1, &p); /* parameters per part */
     int64_t *parts[] = {&z->bytes_lm_head, &z->bytes_attn, &z->bytes_dense_ffn, &z->bytes_experts, &z->bytes_shared};
     const int64_t params[] = {cfg->tie_embeddings ? p.bytes_embed : p.bytes_lm_head, p.bytes_attn,
                               p.bytes_dense_ffn, p.bytes_experts, p.bytes_shared};
-    const bool as_stored[] = {false, cfg->weights_fp8, cfg->weights_fp8, cfg->weights_fp8 || cfg->experts_mxfp4,
-                              cfg->weights_fp8};
+    const bool st = cfg->weights_fp8 || cfg->q4_method != MOE_Q4_NONE;
+    const bool as_stored[] = {false, st, st, st || cfg->experts_mxfp4, st};
+    /* Q8_0: 36 bytes per 32 weights; Q4_1: 20 (the LM head at Q8_0) */
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-        if (!as_stored[i]) *parts[i] = params[i] * 9 / 8;
+        if (!as_stored[i]) *parts[i] = q == MOE_QUANT_Q4 && i > 0 ? params[i] * 5 / 8 : params[i] * 9 / 8;
     z->bytes_total = z->bytes_embed + z->bytes_lm_head + z->bytes_attn + z->bytes_dense_ffn + z->bytes_experts +
                      z->bytes_shared + z->bytes_router + z->bytes_norm;
 }
@@ -270,7 +273,7 @@ static int plan_model(const struct plan_opts *o, struct moe_model *m, struct moe
     }
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q);
-    if (q == MOE_QUANT_Q8_0) q8_sizes(&m->cfg, z);
+    if (q != MOE_QUANT_NONE) quant_sizes(&m->cfg, q, z);
     return 0;
 }
 
@@ -312,7 +315,7 @@ static int plan_mtp(const struct plan_opts *o, const struct moe_config *target, 
     moe_config_sizes(&d->cfg, moe_dtype_size(wdt), z);
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q);
-    if (q == MOE_QUANT_Q8_0) q8_sizes(&d->cfg, z);
+    if (q != MOE_QUANT_NONE) quant_sizes(&d->cfg, q, z);
     const int64_t eh = 2 * (int64_t)target->d_model * target->d_model;
     z->params_total += eh;
     z->params_active += eh;

@@ -154,6 +154,8 @@ struct ppl_report {
     struct moe_ppl_summary sum;
     int windows, ctx, score_from, n_prefix, top_k;
     const char *backend, *quantize, *kv_dtype;
+    const char *expert_plan; /* --expert-dtype-plan FILE, or NULL */
+    double hot_share;
     double seconds;
     long long window_tokens;
 };
@@ -184,6 +186,8 @@ static void print_json(const struct ppl_report *r)
                           "scored", (json_int_t)s->n, "ppl", s->ppl, "ppl_se", s->se_ppl, "mean_nll", s->mean_nll,
                           "mean_nll_se", s->se_nll, "top1_accuracy", s->top1, "backend", r->backend, "top_k",
                           r->top_k, "seconds", r->seconds, "quantize", r->quantize, "kv_dtype", r->kv_dtype);
+    if (o && r->expert_plan)
+        json_object_set_new(o, "expert_plan", json_pack("{s:s, s:f}", "file", r->expert_plan, "hot_share", r->hot_share));
     if (o && s->has_base)
         json_object_set_new(o, "base",
                             json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "ppl",
@@ -280,7 +284,8 @@ static int ppl_eval(struct ppl_opts *o, struct ppl_ctx *c, struct ppl_report *r)
         return moe_cli_error("ppl", "%s", moe_last_error());
     *r = (struct ppl_report){.windows = c->plan.n_windows, .ctx = c->plan.ctx, .score_from = c->plan.score_from,
                              .n_prefix = c->n_prefix, .top_k = c->m.cfg.top_k, .backend = c->be.ops->name,
-                             .quantize = c->be.quant == MOE_QUANT_Q8_0 ? "q8_0" : "none",
+                             .quantize = moe_cli_quant_name(c->be.quant), .expert_plan = o->eng.expert_plan,
+                             .hot_share = o->eng.hot_share > 0 ? o->eng.hot_share : MOE_CLI_HOT_SHARE,
                              .kv_dtype = moe_dtype_name(c->r.kv.dtype), .seconds = moe_cli_now() - t0,
                              .window_tokens = (long long)c->plan.win_start[c->plan.n_windows]};
     if (moe_ppl_summarize(&c->res, &r->sum) != MOE_OK ||

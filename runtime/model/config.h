@@ -44,6 +44,9 @@ enum moe_rope_type { MOE_ROPE_DEFAULT, MOE_ROPE_LINEAR, MOE_ROPE_LLAMA3, MOE_ROP
 #define MOE_MAX_LAYERS 1024
 #define MOE_MAX_EXPERT_GROUPS 64 /* n_group */
 
+/* Four-bit checkpoint formats (quantization_config.quant_method). */
+enum moe_q4_method { MOE_Q4_NONE, MOE_Q4_GPTQ, MOE_Q4_AWQ, MOE_Q4_CT };
+
 struct moe_config {
     enum moe_family family;
     char architecture[64];
@@ -116,6 +119,10 @@ struct moe_config {
     bool weights_fp8;   /* quantization_config fp8, blocks [128, 128]: Linear weights may be
                            stored as F8_E4M3 with a `weight_scale_inv` (runtime/model/model_fp8.c),
                            bound as MOE_DTYPE_FP8_B128 */
+    enum moe_q4_method q4_method; /* quantization_config gptq, awq or compressed-tensors
+                           pack-quantized: Linear weights may be four-bit
+                           (runtime/model/model_q4.c), bound as Q4_G32 / Q4_G128 */
+    bool q4_zero_plus_one; /* gptq, checkpoint_format gptq (v1): qzeros hold z - 1 */
     /* Router scoring (router/router.h): softmax over E, or (GLM-4.5,
      * DeepSeek-V3) sigmoid per expert, chosen by sigmoid + a per-expert
      * bias among the topk_group best of n_group expert groups, weighted by

@@ -39,6 +39,14 @@ static enum moe_status bind_any(struct moe_model *m, struct moe_tensor *out, boo
 {
     memset(out, 0, sizeof *out);
     const struct moe_st_tensor *t = moe_safetensors_find(&m->st, name);
+    const size_t len = strlen(name);
+    if (!t && linear && m->cfg.q4_method != MOE_Q4_NONE) { /* PREFIX.weight stored in four bits */
+        char prefix[NAME_MAX_LEN];
+        snprintf(prefix, sizeof prefix, "%.*s", (int)(len > 7 && !strcmp(name + len - 7, ".weight") ? len - 7 : len),
+                 name);
+        if (moe_model_q4_present(m, prefix))
+            return moe_model_q4_bind(m, prefix, ndim, ndim == 3 ? d1 : d0, ndim == 3 ? d2 : d1, to_f32, out);
+    }
     if (!t) {
         if (required) return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' is missing", name);
         return MOE_OK;
@@ -442,6 +450,21 @@ static int64_t tbytes(const struct moe_tensor *t)
     return n / last * (int64_t)moe_dtype_row_bytes(t->dtype, (size_t)last);
 }
 
+/* Parameters in a tensor of k elements named name (len chars) of a
+ * four-bit checkpoint: eight per word of `qweight` / `weight_packed`, none
+ * in scales, zero points, g_idx and shapes. */
+static int64_t q4_params(const char *name, size_t len, int64_t k)
+{
+    static const char *packed[] = {".qweight", ".weight_packed"};
+    static const char *none[] = {".qzeros", ".scales", ".g_idx", ".weight_scale", ".weight_zero_point",
+                                 ".weight_shape", ".weight_g_idx"};
+    for (size_t i = 0; i < sizeof packed / sizeof *packed; i++)
+        if (len > strlen(packed[i]) && !strcmp(name + len - strlen(packed[i]), packed[i])) return 8 * k;
+    for (size_t i = 0; i < sizeof none / sizeof *none; i++)
+        if (len > strlen(none[i]) && !strcmp(name + len - strlen(none[i]), none[i])) return 0;
+    return k;
+}
+
 void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
 {
     const struct moe_config *c = &m->cfg;
@@ -460,10 +483,12 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) z->bytes_attn += tbytes(attn[i]);
         z->bytes_norm += tbytes(&w->attn_norm) + tbytes(&w->ffn_norm);
         if (c->layer_moe[l]) {
-            const enum moe_dtype et = w->experts.dtype;
-            z->bytes_experts += E * (2 * F * (int64_t)moe_dtype_row_bytes(et, (size_t)D) +
-                                     D * (int64_t)moe_dtype_row_bytes(et, (size_t)F)) +
-                               tbytes(&w->experts.b_gate) + tbytes(&w->experts.b_up) +
+            for (int e = 0; e < E; e++) {
+                const enum moe_dtype et = moe_expert_dtype(&w->experts, e);
+                z->bytes_experts += 2 * F * (int64_t)moe_dtype_row_bytes(et, (size_t)D) +
+                                    D * (int64_t)moe_dtype_row_bytes(et, (size_t)F);
+            }
+            z->bytes_experts += tbytes(&w->experts.b_gate) + tbytes(&w->experts.b_up) +
                                tbytes(&w->experts.b_down);
             z->bytes_router += tbytes(&w->router) + tbytes(&w->router_bias) + tbytes(&w->router_b);
             z->bytes_shared += tbytes(&w->sh_gate) + tbytes(&w->sh_up) + tbytes(&w->sh_down) +
@@ -490,6 +515,7 @@ void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
         if (t->dtype == MOE_DTYPE_U8 && len > 7 && !strcmp(t->name + len - 7, "_blocks")) k *= 2;
         if (t->dtype == MOE_DTYPE_U8 && len > 7 && !strcmp(t->name + len - 7, "_scales")) k = 0;
         if (len > 10 && !strcmp(t->name + len - 10, "_scale_inv")) k = 0; /* fp8 block scales */
+        if (c->q4_method != MOE_Q4_NONE) k = q4_params(t->name, len, k);
         n += k;
     }
     other = n - expert_params;
@@ -516,10 +542,12 @@ static void add_stored(struct part *p, int64_t N, int64_t K, enum moe_dtype dt)
     p->other_bytes += N * (int64_t)moe_dtype_row_bytes(dt, (size_t)K);
 }
 
-/* An (N, K) Linear weight: FP8_B128 in an fp8 checkpoint, else at es. */
+/* An (N, K) Linear weight: FP8_B128 in an fp8 checkpoint, Q4_G128 (or
+ * Q4_G32 when K is not a multiple of 128) in a four-bit one, else at es. */
 static void add_linear(struct part *p, const struct moe_config *c, int64_t N, int64_t K)
 {
     if (c->weights_fp8) add_stored(p, N, K, MOE_DTYPE_FP8_B128);
+    else if (c->q4_method != MOE_Q4_NONE) add_stored(p, N, K, K % 128 ? MOE_DTYPE_Q4_G32 : MOE_DTYPE_Q4_G128);
     else add_params(p, N * K);
 }
 
@@ -535,11 +563,18 @@ int64_t moe_model_expert_bytes(const struct moe_model *m, int *weight_bytes)
     for (int l = 0; l < c->n_layers && m->layers; l++) {
         const struct moe_expert_weights *x = &m->layers[l].experts;
         if (!c->layer_moe[l] || !x->gate) continue;
-        if (x->dtype == MOE_DTYPE_F32 || x->dtype == MOE_DTYPE_F16 || x->dtype == MOE_DTYPE_BF16 ||
-            x->dtype == MOE_DTYPE_BF16_PANEL) /* panels: bf16 repacked */
+        if (!x->dtypes && (x->dtype == MOE_DTYPE_F32 || x->dtype == MOE_DTYPE_F16 || x->dtype == MOE_DTYPE_BF16 ||
+                           x->dtype == MOE_DTYPE_BF16_PANEL)) /* panels: bf16 repacked */
             *weight_bytes = (int)moe_dtype_size(x->dtype);
-        return 2 * (int64_t)c->d_expert * (int64_t)moe_dtype_row_bytes(x->dtype, (size_t)c->d_model) +
-               (int64_t)c->d_model * (int64_t)moe_dtype_row_bytes(x->dtype, (size_t)c->d_expert);
+        /* a mixed layer (per-expert plan): the mean over its experts */
+        int64_t sum = 0;
+        const int n = x->dtypes ? c->n_experts : 1;
+        for (int e = 0; e < n; e++) {
+            const enum moe_dtype dt = moe_expert_dtype(x, e);
+            sum += 2 * (int64_t)c->d_expert * (int64_t)moe_dtype_row_bytes(dt, (size_t)c->d_model) +
+                   (int64_t)c->d_model * (int64_t)moe_dtype_row_bytes(dt, (size_t)c->d_expert);
+        }
+        return sum / n;
     }
     return 0;
 }

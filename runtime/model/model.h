@@ -23,7 +23,12 @@ extern "C" {
 #endif
 
 struct moe_expert_weights {
-    enum moe_dtype dtype;  /* all experts of a layer share it */
+    enum moe_dtype dtype;  /* all experts of a layer share it, unless dtypes says otherwise */
+    /* (E) each expert's own dtype when a per-expert precision plan mixes
+     * formats in the layer (--expert-dtype-plan: set by the CPU backend's
+     * prepare_model, which owns it; dtype is then expert 0's), else NULL;
+     * read through moe_expert_dtype */
+    const enum moe_dtype *dtypes;
     const void **gate;     /* (E) -> (F, D) row-major */
     const void **up;       /* (E) -> (F, D) */
     const void **down;     /* (E) -> (D, F) */
@@ -39,6 +44,11 @@ struct moe_expert_weights {
      * the layer's experts are without a lookup. */
     void *backend_layer;
 };
+
+static inline enum moe_dtype moe_expert_dtype(const struct moe_expert_weights *x, int e)
+{
+    return x->dtypes ? x->dtypes[e] : x->dtype;
+}
 
 struct moe_layer_weights {
     struct moe_tensor attn_norm;         /* (D) */

@@ -25,6 +25,13 @@ MOE_MUST_USE enum moe_status moe_model_bind_linear(struct moe_model *m, struct m
  * checked shape) and its `weight_scale_inv` into *out. */
 MOE_MUST_USE enum moe_status moe_model_fp8_bind(struct moe_model *m, const struct moe_st_tensor *t,
                                                  const char *name, bool to_f32, struct moe_tensor *out);
+/* Four-bit weights (model_q4.c): whether the checkpoint stores the Linear
+ * weight PREFIX.weight in its four-bit form (m->cfg.q4_method), and that
+ * weight, of shape (N, K), packed into *out as Q4_G32 / Q4_G128 (or, with
+ * to_f32, dequantized to F32). */
+bool moe_model_q4_present(const struct moe_model *m, const char *prefix);
+MOE_MUST_USE enum moe_status moe_model_q4_bind(struct moe_model *m, const char *prefix, int ndim, int64_t N,
+                                                int64_t K, bool to_f32, struct moe_tensor *out);
 /* Layer l's weights (named model.layers.l.*) into *w: attention, then the
  * MoE block or the dense FFN. */
 MOE_MUST_USE enum moe_status moe_model_bind_layer(struct moe_model *m, int l, bool moe,

@@ -1,0 +1,262 @@
+/* model_q4.c - the four-bit Linear weights of GPTQ, AWQ and
+ * compressed-tensors checkpoints, bound as MOE_DTYPE_Q4_G32 / Q4_G128
+ * (runtime/core/tensor.h) in memory the model owns.
+ *
+ * A quantized Linear weight W (N, K) = (out_features, in_features) named
+ * PREFIX.weight in a float checkpoint is stored instead as (element (n, k),
+ * group g = k / G, G the group size, K for one group a row):
+ *
+ *   GPTQ  PREFIX.qweight I32 (K/8, N): nibble k % 8 (bits 4(k%8) ..) of
+ *         word [k/8][n]; PREFIX.qzeros I32 (K/G, N/8): z of (g, n) in
+ *         nibble n % 8 of word [g][n/8], plus 1 in checkpoint_format gptq
+ *         (v1 stores z - 1; z = 8 for symmetric ones); PREFIX.scales
+ *         (K/G, N); PREFIX.g_idx I32 (K), the group of each column.
+ *   AWQ   PREFIX.qweight I32 (K, N/8): column n in nibble AWQ_POS[n % 8]
+ *         of word [k][n/8] (AutoAWQ's interleaved order 0 2 4 6 1 3 5 7);
+ *         PREFIX.qzeros I32 (K/G, N/8), the same order; PREFIX.scales
+ *         (K/G, N).
+ *   compressed-tensors (pack-quantized)  PREFIX.weight_packed I32 (N, K/8):
+ *         nibble k % 8 of word [n][k/8], the signed int4 value plus 8;
+ *         PREFIX.weight_scale (N, K/G); asymmetric schemes
+ *         PREFIX.weight_zero_point I32 (N/8, K/G), packed along N the
+ *         same way (the value plus 8); symmetric ones none (z = 8);
+ *         PREFIX.weight_shape I64 [N, K]; PREFIX.weight_g_idx optional.
+ *
+ * and the value is (q - z) * s.  Scales are F16, BF16 or F32 and must be
+ * finite.  Which weights are quantized is read from the tensors (a
+ * PREFIX.weight present is a float weight, whatever the config's ignore
+ * or modules_to_not_convert lists say), so routers, norms, embeddings and
+ * an unquantized LM head load as stored.  G must be a multiple of 32 that
+ * divides K, or K: G a multiple of 128 (and K of 128) becomes Q4_G128
+ * groups, else Q4_G32 ones, each with its source group's d = s and
+ * m = -z * s.  A g_idx that is not the identity grouping (k / G: desc_act
+ * true, act-order) would need the input's columns permuted before the
+ * product; it is refused by name.  Stacked (3-D) four-bit expert tensors
+ * are refused the same way (no checkpoint writes them yet). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/model/model_impl.h"
+
+enum { AWQ_PACK = 8 };
+static const int AWQ_POS[AWQ_PACK] = {0, 4, 1, 5, 2, 6, 3, 7}; /* nibble holding column n % 8 */
+
+/* One source weight: its tensors and shape. */
+struct q4_src {
+    enum moe_q4_method fmt;
+    const char *prefix;
+    const struct moe_st_tensor *q, *z, *s, *gidx;
+    int64_t N, K, G, n_groups;
+    int zero_add; /* GPTQ v1: 1 */
+};
+
+static inline unsigned nib(int32_t w, int i) { return ((uint32_t)w >> (4 * i)) & 15u; }
+
+static inline unsigned src_code(const struct q4_src *p, int64_t n, int64_t k)
+{
+    const int32_t *q = p->q->data;
+    switch (p->fmt) {
+    case MOE_Q4_GPTQ: return nib(q[(k / 8) * p->N + n], (int)(k % 8));
+    case MOE_Q4_AWQ: return nib(q[k * (p->N / 8) + n / 8], AWQ_POS[n % 8]);
+    default: return nib(q[n * (p->K / 8) + k / 8], (int)(k % 8));
+    }
+}
+
+static inline unsigned src_zero(const struct q4_src *p, int64_t n, int64_t g)
+{
+    if (!p->z) return 8; /* compressed-tensors, symmetric */
+    const int32_t *z = p->z->data;
+    switch (p->fmt) {
+    case MOE_Q4_GPTQ: return nib(z[g * (p->N / 8) + n / 8], (int)(n % 8)) + (unsigned)p->zero_add;
+    case MOE_Q4_AWQ: return nib(z[g * (p->N / 8) + n / 8], AWQ_POS[n % 8]);
+    default: return nib(z[(n / 8) * p->n_groups + g], (int)(n % 8));
+    }
+}
+
+static inline float src_scale(const struct q4_src *p, int64_t n, int64_t g)
+{
+    const size_t i = p->fmt == MOE_Q4_CT ? (size_t)(n * p->n_groups + g) : (size_t)(g * p->N + n);
+    float v;
+    moe_convert_row_f32(&v, (const char *)p->s->data + i * moe_dtype_size(p->s->dtype), p->s->dtype, 1);
+    return v;
+}
+
+static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape)
+{
+    size_t off = (size_t)snprintf(buf, n, "(");
+    for (int i = 0; i < ndim && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (off < n) snprintf(buf + off, n - off, ")");
+}
+
+/* PREFIX + suffix, which must exist (required) with dtype in dts and shape
+ * (d0, d1) (d1 < 0: one dimension). */
+static enum moe_status find(const struct moe_model *m, const char *prefix, const char *suffix, bool required,
+                            const enum moe_dtype *dts, int n_dts, int64_t d0, int64_t d1,
+                            const struct moe_st_tensor **out)
+{
+    char name[MOE_NAME_MAX];
+    snprintf(name, sizeof name, "%s%s", prefix, suffix);
+    const struct moe_st_tensor *t = moe_safetensors_find(&m->st, name);
+    *out = t;
+    if (!t) {
+        if (!required) return MOE_OK;
+        return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' is missing (a four-bit weight's %s)", name,
+                        suffix + 1);
+    }
+    bool ok = false;
+    for (int i = 0; i < n_dts; i++) ok = ok || t->dtype == dts[i];
+    if (!ok)
+        return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' has dtype %s (expected %s%s)", name,
+                        moe_dtype_name(t->dtype), moe_dtype_name(dts[0]),
+                        n_dts > 1 ? ", or another float type" : "");
+    const int64_t want[2] = {d0, d1};
+    const int nd = d1 < 0 ? 1 : 2;
+    if (t->ndim != nd || t->shape[0] != d0 || (nd == 2 && t->shape[1] != d1)) {
+        char a[96], b[96];
+        shape_text(a, sizeof a, t->ndim, t->shape);
+        shape_text(b, sizeof b, nd, want);
+        return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' has shape %s, expected %s", name, a, b);
+    }
+    return MOE_OK;
+}
+
+/* The group count from a scale tensor's shape (its group axis ax), which
+ * gives G = K / groups: a whole number that the runtime groups divide. */
+static enum moe_status group_size(struct q4_src *p, const struct moe_st_tensor *s, int ax)
+{
+    const int64_t ng = s->ndim == 2 ? s->shape[ax] : 0;
+    if (ng <= 0 || p->K % ng || (p->K / ng) % 32)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: tensor '%s' gives %lld groups over %lld columns: "
+                        "groups of a multiple of 32 columns are supported", s->name, (long long)ng,
+                        (long long)p->K);
+    p->n_groups = ng;
+    p->G = p->K / ng;
+    return MOE_OK;
+}
+
+static const enum moe_dtype SCALE_DTS[] = {MOE_DTYPE_F16, MOE_DTYPE_BF16, MOE_DTYPE_F32};
+static const enum moe_dtype I32[] = {MOE_DTYPE_I32};
+
+/* The tensors of PREFIX as fmt stores them, checked against (N, K). */
+static enum moe_status open_src(const struct moe_model *m, struct q4_src *p)
+{
+    const int64_t N = p->N, K = p->K;
+    if (K % 32 || N % 8)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: four-bit weight '%s' is (%lld, %lld); rows of a "
+                        "multiple of 32 columns, and a multiple of 8 rows, are supported", p->prefix,
+                        (long long)N, (long long)K);
+    if (p->fmt == MOE_Q4_CT) {
+        MOE_TRY(find(m, p->prefix, ".weight_packed", true, I32, 1, N, K / 8, &p->q));
+        const struct moe_st_tensor *s;
+        char name[MOE_NAME_MAX];
+        snprintf(name, sizeof name, "%s.weight_scale", p->prefix);
+        if (!(s = moe_safetensors_find(&m->st, name)))
+            return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' is missing (a four-bit weight's scales)",
+                            name);
+        MOE_TRY(group_size(p, s, 1));
+        MOE_TRY(find(m, p->prefix, ".weight_scale", true, SCALE_DTS, 3, N, p->n_groups, &p->s));
+        MOE_TRY(find(m, p->prefix, ".weight_zero_point", false, I32, 1, N / 8, p->n_groups, &p->z));
+        const struct moe_st_tensor *shape;
+        static const enum moe_dtype I64[] = {MOE_DTYPE_I64, MOE_DTYPE_I32};
+        MOE_TRY(find(m, p->prefix, ".weight_shape", false, I64, 2, 2, -1, &shape));
+        if (shape) {
+            int64_t v[2];
+            for (int i = 0; i < 2; i++)
+                v[i] = shape->dtype == MOE_DTYPE_I64 ? ((const int64_t *)shape->data)[i]
+                                                     : ((const int32_t *)shape->data)[i];
+            if (v[0] != N || v[1] != K)
+                return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' says [%lld, %lld], expected "
+                                "[%lld, %lld]", shape->name, (long long)v[0], (long long)v[1], (long long)N,
+                                (long long)K);
+        }
+        return find(m, p->prefix, ".weight_g_idx", false, I32, 1, K, -1, &p->gidx);
+    }
+    char name[MOE_NAME_MAX];
+    snprintf(name, sizeof name, "%s.scales", p->prefix);
+    const struct moe_st_tensor *s = moe_safetensors_find(&m->st, name);
+    if (!s) return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' is missing (a four-bit weight's scales)", name);
+    MOE_TRY(group_size(p, s, 0));
+    if (p->fmt == MOE_Q4_GPTQ) {
+        MOE_TRY(find(m, p->prefix, ".qweight", true, I32, 1, K / 8, N, &p->q));
+        MOE_TRY(find(m, p->prefix, ".g_idx", false, I32, 1, K, -1, &p->gidx));
+    } else {
+        MOE_TRY(find(m, p->prefix, ".qweight", true, I32, 1, K, N / 8, &p->q));
+    }
+    MOE_TRY(find(m, p->prefix, ".scales", true, SCALE_DTS, 3, p->n_groups, N, &p->s));
+    return find(m, p->prefix, ".qzeros", true, I32, 1, p->n_groups, N / 8, &p->z);
+}
+
+/* Every scale finite, and g_idx (if any) the identity grouping k / G. */
+static enum moe_status check_src(const struct q4_src *p)
+{
+    for (int64_t g = 0; g < p->n_groups; g++)
+        for (int64_t n = 0; n < p->N; n++) {
+            const float s = src_scale(p, n, g);
+            if (!isfinite(s))
+                return moe_fail(MOE_ERR_FORMAT, "checkpoint: the scales of '%s' hold %g (row %lld, group %lld)",
+                                p->prefix, s, (long long)n, (long long)g);
+        }
+    if (!p->gidx) return MOE_OK;
+    const int32_t *gi = p->gidx->data;
+    for (int64_t k = 0; k < p->K; k++)
+        if (gi[k] != k / p->G)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: tensor '%s' puts column %lld in group %d, not %lld: "
+                            "act-order (desc_act true) weights are not supported yet", p->gidx->name,
+                            (long long)k, gi[k], (long long)(k / p->G));
+    return MOE_OK;
+}
+
+/* Row n of p into dst as Q4_G32/Q4_G128 (dt), or dequantized to F32. */
+static void pack_row(const struct q4_src *p, int64_t n, enum moe_dtype dt, bool to_f32, void *dst)
+{
+    const int64_t RG = to_f32 ? 32 : moe_q4_group(dt);
+    uint8_t codes[128];
+    char *out = dst;
+    for (int64_t k0 = 0; k0 < p->K; k0 += RG) {
+        const int64_t g = k0 / p->G;
+        const float s = src_scale(p, n, g), z = (float)src_zero(p, n, g);
+        for (int64_t j = 0; j < RG; j++) codes[j] = (uint8_t)src_code(p, n, k0 + j);
+        if (to_f32) {
+            float *f = (float *)out + k0;
+            for (int64_t j = 0; j < RG; j++) f[j] = ((float)codes[j] - z) * s;
+        } else {
+            moe_q4_pack_group(out, dt, codes, s, -z * s);
+            out += moe_q4_group_bytes(dt);
+        }
+    }
+}
+
+bool moe_model_q4_present(const struct moe_model *m, const char *prefix)
+{
+    char name[MOE_NAME_MAX];
+    snprintf(name, sizeof name, "%s%s", prefix, m->cfg.q4_method == MOE_Q4_CT ? ".weight_packed" : ".qweight");
+    return moe_safetensors_find(&m->st, name) != NULL;
+}
+
+enum moe_status moe_model_q4_bind(struct moe_model *m, const char *prefix, int ndim, int64_t N, int64_t K,
+                                  bool to_f32, struct moe_tensor *out)
+{
+    if (ndim != 2)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: '%s' is a stack of four-bit matrices; four-bit "
+                        "experts are supported one tensor per expert", prefix);
+    struct q4_src p = {.fmt = m->cfg.q4_method, .prefix = prefix, .N = N, .K = K,
+                       .zero_add = m->cfg.q4_zero_plus_one ? 1 : 0};
+    MOE_TRY(open_src(m, &p));
+    MOE_TRY(check_src(&p));
+    const enum moe_dtype dt = p.G % 128 == 0 && K % 128 == 0 ? MOE_DTYPE_Q4_G128 : MOE_DTYPE_Q4_G32;
+    const size_t row = to_f32 ? (size_t)K * sizeof(float) : moe_dtype_row_bytes(dt, (size_t)K);
+    size_t bytes;
+    if (!moe_mul_size((size_t)N, row, &bytes))
+        return moe_fail(MOE_ERR_FORMAT, "checkpoint: four-bit weight '%s' is too large", prefix);
+    char *base;
+    MOE_TRY(moe_model_own(m, bytes, (void **)&base));
+    for (int64_t n = 0; n < N; n++) pack_row(&p, n, dt, to_f32, base + (size_t)n * row);
+    *out = (struct moe_tensor){.dtype = to_f32 ? MOE_DTYPE_F32 : dt, .ndim = 2, .shape = {N, K}, .data = base,
+                               .device = -1};
+    const struct moe_st_tensor *done[] = {p.q, p.z, p.s};
+    for (int i = 0; i < 3; i++)
+        if (done[i]) moe_safetensors_release(&m->st, done[i]->data, done[i]->nbytes, true);
+    return MOE_OK;
+}

@@ -1,0 +1,288 @@
+/* test_q4_model.c - four-bit weights in a model: --quantize q4 (ggml's
+ * Q4_1 for every Linear weight but the LM head, which takes Q8_0; routers
+ * and the embedding as stored) on the CPU backends and in plan's sizes.
+ * The Q4_1 blocks themselves are checked against gguf-py in
+ * test_quant_q4.c. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/cli/cli_common.h"
+#include "runtime/stats/stats_analyze.h"
+#include "tests/quant_test.h"
+#include "tests/testutil.h"
+
+static void run_q4(const char *name, enum moe_weight_quant q, float *logits, struct moe_model *m)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_BF16, 11), MOE_OK, "%s", moe_last_error());
+    qt_prompt_logits(m, name, q, logits);
+}
+
+/* What --quantize q4 quantizes, and that the model stays near the bf16
+ * one: farther than with q8_0 (4 bits lose more), not far. */
+Test(q4_model, quantize_q4_picks_the_weights)
+{
+    const int V = 1024;
+    const size_t n = (size_t)20 * V;
+    float *q4 = malloc(n * 4), *q8 = malloc(n * 4), *plain = malloc(n * 4);
+    struct moe_model m;
+    run_q4("cpu-ref", MOE_QUANT_Q4, q4, &m);
+    const struct moe_layer_weights *w = &m.layers[0];
+    cr_expect_eq(w->wq.dtype, MOE_DTYPE_Q4_1);
+    cr_expect_eq(w->wo.dtype, MOE_DTYPE_Q4_1);
+    cr_expect_eq(w->experts.dtype, MOE_DTYPE_Q4_1);
+    cr_expect_eq(m.lm_head.dtype, MOE_DTYPE_Q8_0, "the LM head takes q8_0");
+    cr_expect_eq(w->router.dtype, MOE_DTYPE_BF16, "the router keeps its dtype");
+    cr_expect_eq(m.embed.dtype, MOE_DTYPE_BF16, "the embedding keeps its dtype");
+    moe_model_free(&m);
+    run_q4("cpu-ref", MOE_QUANT_Q8_0, q8, &m);
+    moe_model_free(&m);
+    run_q4("cpu-ref", MOE_QUANT_NONE, plain, &m);
+    moe_model_free(&m);
+    const double d4 = tu_mean_abs_diff(q4, plain, n), d8 = tu_mean_abs_diff(q8, plain, n),
+                 size = tu_mean_abs_diff(plain, NULL, n);
+    cr_log_info("logits vs bf16: q4 %.3g, q8_0 %.3g on average (mean |logit| %.3g)", d4, d8, size);
+    cr_expect(d4 > d8, "q4 moves the logits (%g) more than q8_0 (%g)", d4, d8);
+    /* random weights route chaotically (one flipped expert moves a row a
+     * lot), so the bound is loose; the trained model's KL: test_ppl.c */
+    cr_expect(d4 < 0.5 * size, "q4 logits move by %g on average (mean |logit| %g)", d4, size);
+    free(q4);
+    free(q8);
+    free(plain);
+}
+
+/* The Q4_1 rows of a quantized weight are moe_quantize_row_q4_1 of the
+ * stored rows: the backend quantizes what it was given, row by row. */
+Test(q4_model, quantized_rows_are_the_quantizer_s)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    struct moe_model m;
+    cr_assert_eq(moe_model_synthetic(&m, &cfg, MOE_DTYPE_BF16, 5), MOE_OK, "%s", moe_last_error());
+    const int F = cfg.d_expert, D = cfg.d_model;
+    float *row = malloc((size_t)D * 4);
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q4_1, (size_t)D);
+    unsigned char *want = malloc((size_t)F * rb);
+    const uint16_t *g = m.layers[1].experts.gate[3];
+    for (int r = 0; r < F; r++) {
+        moe_convert_row_f32(row, g + (size_t)r * D, MOE_DTYPE_BF16, (size_t)D);
+        cr_assert(moe_quantize_row_q4_1(want + (size_t)r * rb, row, (size_t)D));
+    }
+    struct moe_backend be;
+    cr_assert_eq(tu_backend_init_with(&be, "cpu", MOE_QUANT_Q4, 0, 0), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(be.ops->prepare_model(&be, &m), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(m.layers[1].experts.dtype, MOE_DTYPE_Q4_1);
+    cr_expect(memcmp(m.layers[1].experts.gate[3], want, (size_t)F * rb) == 0, "expert 3's gate rows differ");
+    moe_backend_free(&be);
+    moe_model_free(&m);
+    free(row);
+    free(want);
+}
+
+/* A weight past f16's range cannot be Q4_1 (its minimum is an f16): the
+ * load fails naming the weight's layer, the model as it was. */
+Test(q4_model, weights_past_f16_are_refused)
+{
+    struct moe_config cfg;
+    struct moe_model m;
+    struct moe_backend be;
+    struct moe_runner r;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    cr_assert_eq(moe_model_synthetic(&m, &cfg, MOE_DTYPE_F32, 3), MOE_OK);
+    ((float *)m.layers[1].wv.data)[77] = -1e6f;
+    cr_assert_eq(tu_backend_init_with(&be, "cpu-ref", MOE_QUANT_Q4, 0, 0), MOE_OK);
+    struct moe_runner_opts o = {.max_tokens = 8, .max_seqs = 1, .max_logits = 8, .block_size = 8, .n_blocks = 4};
+    cr_assert_neq(moe_runner_init(&r, &m, &be, &o), MOE_OK);
+    cr_expect(strstr(moe_last_error(), "--quantize q4: a (") && strstr(moe_last_error(), "of layer 1"), "%s",
+              moe_last_error());
+    cr_expect_eq(m.layers[0].wq.dtype, MOE_DTYPE_F32, "a failed quantization leaves the model as it was");
+    moe_backend_free(&be);
+    moe_model_free(&m);
+}
+
+
+/* moerun plan --quantize q4: experts and attention at 5 bits a weight, the
+ * LM head at 9, the embedding and routers as stored (bf16). */
+Test(q4_model, plan_predicts_q4_sizes)
+{
+    char cmd[1024], a[8192], b[8192];
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/glm-4.5-air.json", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, a, sizeof a), 0);
+    strcat(cmd, " --quantize q4");
+    cr_assert_eq(tu_run(cmd, b, sizeof b), 0, "%s", b);
+    cr_expect(fabs(qt_part_gib(b, "\n  experts") / qt_part_gib(a, "\n  experts") - 5.0 / 16) < 1e-3);
+    cr_expect(fabs(qt_part_gib(b, "\n  attention") / qt_part_gib(a, "\n  attention") - 5.0 / 16) < 2e-3);
+    cr_expect(fabs(qt_part_gib(b, "\n  lm head") / qt_part_gib(a, "\n  lm head") - 9.0 / 16) < 2e-3);
+    cr_expect(qt_part_gib(b, "\n  embeddings") == qt_part_gib(a, "\n  embeddings"));
+    cr_expect(qt_part_gib(b, "\n  router") == qt_part_gib(a, "\n  router"));
+}
+
+/* ---- per-expert precision (--expert-dtype-plan) ---- */
+
+/* tiny-moe (bf16) prepared on backend `name` with quant and the plan
+ * (layers x E, or NULL). */
+static enum moe_status prepare_planned(struct moe_model *m, struct moe_backend *be, const char *name,
+                                       enum moe_weight_quant q, const uint8_t *plan, int layers, int E)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_BF16, 7), MOE_OK, "%s", moe_last_error());
+    struct moe_backend_opts o;
+    moe_cli_backend_opts(&o, 0);
+    o.quant = q;
+    o.expert_quant = plan;
+    o.expert_quant_layers = layers;
+    o.expert_quant_e = E;
+    cr_assert_eq(moe_backend_init(be, name, &o), MOE_OK, "%s", moe_last_error());
+    return be->ops->prepare_model(be, m);
+}
+
+/* Each expert takes the format its entry names (the default entry: the
+ * backend's --quantize), on both CPU backends; the model computes, and its
+ * fast and reference logits agree as closely as q4 everywhere allows. */
+Test(q4_model, plan_gives_each_expert_its_format)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    const int L = cfg.n_layers, E = cfg.n_experts;
+    uint8_t *plan = malloc((size_t)L * E);
+    for (int i = 0; i < L * E; i++)
+        plan[i] = i % 4 == 0 ? MOE_QUANT_NONE : i % 4 == 1 ? MOE_QUANT_Q8_0 : i % 4 == 2 ? MOE_QUANT_Q4
+                                                                                        : MOE_EXPERT_QUANT_DEFAULT;
+    const char *names[] = {"cpu-ref", "cpu"};
+    for (int b = 0; b < 2; b++) {
+        struct moe_model m;
+        struct moe_backend be;
+        cr_assert_eq(prepare_planned(&m, &be, names[b], MOE_QUANT_Q8_0, plan, L, E), MOE_OK, "%s",
+                     moe_last_error());
+        const enum moe_dtype stored = b == 1 ? MOE_DTYPE_BF16_PANEL : MOE_DTYPE_BF16; /* panels on the fast one */
+        for (int l = 0; l < L; l++) {
+            const struct moe_expert_weights *x = &m.layers[l].experts;
+            cr_assert(x->dtypes, "layer %d has no per-expert dtypes", l);
+            for (int e = 0; e < E; e++) {
+                const int i = l * E + e;
+                const enum moe_dtype want = i % 4 == 0 ? stored : i % 4 == 2 ? MOE_DTYPE_Q4_1 : MOE_DTYPE_Q8_0;
+                cr_expect_eq(moe_expert_dtype(x, e), want, "%s: layer %d expert %d is %s, expected %s", names[b],
+                             l, e, moe_dtype_name(moe_expert_dtype(x, e)), moe_dtype_name(want));
+            }
+            cr_expect_eq(m.layers[l].wq.dtype, MOE_DTYPE_Q8_0, "the other weights follow --quantize");
+        }
+        moe_backend_free(&be);
+        moe_model_free(&m);
+    }
+    free(plan);
+}
+
+/* A plan naming an expert or a layer the model does not have, or a dense
+ * layer, is refused by name before anything is quantized. */
+Test(q4_model, plan_naming_a_missing_expert_is_refused)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    const int L = cfg.n_layers, E = cfg.n_experts;
+    const struct { int layers, e, at; const char *needle; } bad[] = {
+        {L, E + 1, E, "expert 32 of layer 0 does not exist"},
+        {L + 1, E, L * E, "expert 0 of layer 4 does not exist"},
+    };
+    cr_assert_eq(E, 32);
+    cr_assert_eq(L, 4);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        uint8_t *plan = malloc((size_t)bad[i].layers * bad[i].e);
+        memset(plan, MOE_EXPERT_QUANT_DEFAULT, (size_t)bad[i].layers * bad[i].e);
+        plan[bad[i].at] = MOE_QUANT_Q4;
+        struct moe_model m;
+        struct moe_backend be;
+        cr_expect_neq(prepare_planned(&m, &be, "cpu-ref", MOE_QUANT_NONE, plan, bad[i].layers, bad[i].e), MOE_OK);
+        cr_expect(strstr(moe_last_error(), bad[i].needle), "%s", moe_last_error());
+        cr_expect_eq(m.layers[0].experts.dtype, MOE_DTYPE_BF16, "nothing quantized");
+        moe_backend_free(&be);
+        moe_model_free(&m);
+        free(plan);
+    }
+}
+
+/* --expert-dtype-plan from statistics: per layer the most loaded experts
+ * up to --hot-share of the routed pairs keep their precision (q8_0 under
+ * --quantize), the others take q4; from an explicit map, as it says. */
+Test(q4_model, cli_plans_from_statistics_and_maps)
+{
+    char dir[] = "/tmp/moerun-q4plan-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char stats[256], map[256];
+    snprintf(stats, sizeof stats, "%s/stats.json", dir);
+    snprintf(map, sizeof map, "%s/map.json", dir);
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof cmd, "%s run %s/models/demo-moe --prompt 'Once upon a time' -n 24 --stats-out %s "
+             "2>&1 >/dev/null", MOERUN_BINARY, MOERUN_SOURCE_DIR, stats);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    struct moe_sdata d;
+    cr_assert_eq(moe_sdata_load(&d, stats), MOE_OK, "%s", moe_last_error());
+    struct moe_backend_opts o;
+    uint8_t *buf;
+    const double shares[] = {0.5, 0.8};
+    const enum moe_weight_quant quants[] = {MOE_QUANT_NONE, MOE_QUANT_Q4};
+    for (int si = 0; si < 2; si++) {
+        moe_backend_opts_defaults(&o);
+        cr_assert_eq(moe_cli_expert_plan(&o, stats, shares[si], quants[si], &buf), MOE_OK, "%s", moe_last_error());
+        cr_assert_eq(o.expert_quant_e, d.E);
+        const uint8_t hot = quants[si] == MOE_QUANT_NONE ? MOE_QUANT_NONE : MOE_QUANT_Q8_0;
+        for (int i = 0; i < d.Lm; i++) {
+            const double *ld = d.load + (size_t)i * d.E;
+            const uint8_t *row = buf + (size_t)d.layers[i] * d.E;
+            double total = 0, hot_sum = 0, hot_min = INFINITY, cold_max = -1;
+            for (int e = 0; e < d.E; e++) {
+                total += ld[e];
+                cr_assert(row[e] == hot || row[e] == MOE_QUANT_Q4, "layer %d expert %d: %u", d.layers[i], e, row[e]);
+                if (row[e] == hot) {
+                    hot_sum += ld[e];
+                    hot_min = fmin(hot_min, ld[e]);
+                } else {
+                    cold_max = fmax(cold_max, ld[e]);
+                }
+            }
+            /* the hot experts are the most loaded, just enough of them */
+            cr_expect(hot_min >= cold_max, "layer %d: a cold expert (%g) outweighs a hot one (%g)", d.layers[i],
+                      cold_max, hot_min);
+            cr_expect(hot_sum >= shares[si] * total, "layer %d: hot %g of %g", d.layers[i], hot_sum, total);
+            cr_expect(hot_sum - hot_min < shares[si] * total, "layer %d: one hot expert too many", d.layers[i]);
+        }
+        free(buf);
+    }
+    moe_sdata_free(&d);
+    FILE *f = fopen(map, "w");
+    fputs("{\"expert_dtypes\": {\"1\": [\"q4\", \"stored\", \"q8_0\"], \"3\": {\"5\": \"q4\"}}}", f);
+    fclose(f);
+    moe_backend_opts_defaults(&o);
+    cr_assert_eq(moe_cli_expert_plan(&o, map, 0.8, MOE_QUANT_NONE, &buf), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(o.expert_quant_layers, 4);
+    cr_assert_eq(o.expert_quant_e, 6);
+    const uint8_t D = MOE_EXPERT_QUANT_DEFAULT;
+    const uint8_t want[4][6] = {{D, D, D, D, D, D},
+                                {MOE_QUANT_Q4, MOE_QUANT_NONE, MOE_QUANT_Q8_0, D, D, D},
+                                {D, D, D, D, D, D},
+                                {D, D, D, D, D, MOE_QUANT_Q4}};
+    cr_expect(memcmp(buf, want, sizeof want) == 0);
+    free(buf);
+    const char *bad[][2] = {
+        {"{\"expert_dtypes\": {\"0\": {\"1\": \"q3\"}}}", "expert 1: the format must be"},
+        {"{\"expert_dtypes\": {\"x\": {\"1\": \"q4\"}}}", "'x' is not a layer index"},
+        {"{\"expert_dtypes\": {\"0\": {\"-1\": \"q4\"}}}", "'-1' is not an expert id"},
+        {"{\"expert_dtypes\": {\"0\": \"q4\"}}", "layer 0 must map expert ids"},
+        {"{\"expert_dtypes\": {}}", "expert_dtypes must be an object of layers"},
+        {"{\"layers\": 3}", "expected statistics, a trace"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        f = fopen(map, "w");
+        fputs(bad[i][0], f);
+        fclose(f);
+        cr_expect_neq(moe_cli_expert_plan(&o, map, 0.8, MOE_QUANT_NONE, &buf), MOE_OK, "%s", bad[i][0]);
+        cr_expect(strstr(moe_last_error(), bad[i][1]), "%s: %s", bad[i][0], moe_last_error());
+    }
+    unlink(map);
+    unlink(stats);
+    rmdir(dir);
+}
