@@ -286,3 +286,25 @@ Test(q4_model, cli_plans_from_statistics_and_maps)
     unlink(stats);
     rmdir(dir);
 }
+
+/* moerun plan --expert-dtype-plan: the experts' bytes by the plan (the
+ * demo model's bf16 experts; layer 0's 16 at q4, 5 bits a weight). */
+Test(q4_model, plan_prices_an_expert_plan)
+{
+    char map[] = "/tmp/moerun-q4map-XXXXXX";
+    const int fd = mkstemp(map);
+    cr_assert(fd >= 0);
+    const char *text = "{\"expert_dtypes\": {\"0\": [\"q4\", \"q4\", \"q4\", \"q4\", \"q4\", \"q4\", \"q4\", \"q4\", "
+                       "\"q4\", \"q4\", \"q4\", \"q4\", \"q4\", \"q4\", \"q4\", \"q4\"]}}";
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    char cmd[1024], a[8192], b[8192];
+    snprintf(cmd, sizeof cmd, "%s plan %s/models/demo-moe", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, a, sizeof a), 0, "%s", a);
+    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --expert-dtype-plan %s", map);
+    cr_assert_eq(tu_run(cmd, b, sizeof b), 0, "%s", b);
+    unlink(map);
+    cr_expect(fabs(qt_part_gib(b, "\n  experts") / qt_part_gib(a, "\n  experts") - (0.75 + 0.25 * 5 / 16)) < 3e-3, /* printed to 0.01 MiB */
+              "%s", b);
+    cr_expect(strstr(b, "expert plan 48 experts stored, 0 q8_0, 16 q4"), "%s", b);
+}

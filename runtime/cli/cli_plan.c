@@ -104,7 +104,7 @@ static const struct moe_cli_opt rows[] = {
 };
 #undef CMD
 
-static const char *const shared[] = {"synthetic", "dtype", "moe-top-k", "kv-dtype", "quantize", "gpu-experts",
+static const char *const shared[] = {"synthetic", "dtype", "moe-top-k", "kv-dtype", "quantize", "expert-dtype-plan", "hot-share", "gpu-experts",
                                      "gpu-experts-cpu-rows", "@spec", NULL};
 
 static const struct moe_cli_command plan_cmd = {
@@ -254,6 +254,46 @@ static void quant_sizes(const struct moe_config *cfg, enum moe_weight_quant q, s
                      z->bytes_shared + z->bytes_router + z->bytes_norm;
 }
 
+/* --expert-dtype-plan: the experts' bytes by their formats (stored: at the
+ * size counted so far, stored_bytes for all; q8_0 9 bits a weight, q4 5),
+ * and the line of the report saying how many experts took which. */
+static char expert_plan_line[512];
+static int plan_expert_sizes(const struct plan_opts *o, const struct moe_config *cfg, enum moe_weight_quant q,
+                             int64_t stored_bytes, struct moe_model_sizes *z)
+{
+    struct moe_backend_opts bo;
+    uint8_t *plan;
+    moe_backend_opts_defaults(&bo);
+    const double share = o->eng.hot_share > 0 ? o->eng.hot_share : MOE_CLI_HOT_SHARE;
+    if (moe_cli_expert_plan(&bo, o->eng.expert_plan, share, q, &plan) != MOE_OK)
+        return moe_cli_error("plan", "%s", moe_last_error());
+    const int E = cfg->n_experts, n_moe = moe_config_moe_layers(cfg);
+    if (n_moe == 0 || E <= 0) {
+        free(plan);
+        return moe_cli_error("plan", "--expert-dtype-plan: the model has no experts");
+    }
+    const int64_t params = 3 * (int64_t)cfg->d_expert * cfg->d_model, stored = stored_bytes / n_moe / E;
+    int64_t bytes = 0, count[3] = {0}; /* stored, q8_0, q4 */
+    for (int l = 0; l < cfg->n_layers; l++) {
+        if (!cfg->layer_moe[l]) continue;
+        for (int e = 0; e < E; e++) {
+            const uint8_t p = l < bo.expert_quant_layers && e < bo.expert_quant_e
+                                  ? plan[(size_t)l * bo.expert_quant_e + e] : MOE_EXPERT_QUANT_DEFAULT;
+            const enum moe_weight_quant f = p == MOE_EXPERT_QUANT_DEFAULT ? q : (enum moe_weight_quant)p;
+            const int i = f == MOE_QUANT_Q8_0 ? 1 : f == MOE_QUANT_Q4 ? 2 : 0;
+            count[i]++;
+            bytes += i == 0 ? stored : i == 1 ? params * 9 / 8 : params * 5 / 8;
+        }
+    }
+    free(plan);
+    z->bytes_total += bytes - z->bytes_experts;
+    z->bytes_experts = bytes;
+    snprintf(expert_plan_line, sizeof expert_plan_line, "  expert plan %lld experts stored, %lld q8_0, %lld q4 "
+             "(%.200s, hot share %g)\n", (long long)count[0], (long long)count[1], (long long)count[2],
+             o->eng.expert_plan, share);
+    return 0;
+}
+
 /* The model's configuration (a --synthetic shape from its config alone) and its bytes by part. */
 static int plan_model(const struct plan_opts *o, struct moe_model *m, struct moe_model_sizes *z)
 {
@@ -273,7 +313,9 @@ static int plan_model(const struct plan_opts *o, struct moe_model *m, struct moe
     }
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q);
+    const int64_t stored_experts = z->bytes_experts;
     if (q != MOE_QUANT_NONE) quant_sizes(&m->cfg, q, z);
+    if (o->eng.expert_plan && plan_expert_sizes(o, &m->cfg, q, stored_experts, z)) return 1;
     return 0;
 }
 
@@ -502,6 +544,7 @@ static void print_weights(const struct plan_result *r)
         if (parts[i].v)
             printf("  %-11s %12s  %5.1f%%\n", parts[i].n, moe_cli_bytes(a, sizeof a, (double)parts[i].v),
                    100.0 * (double)parts[i].v / r->t.W);
+    fputs(expert_plan_line, stdout);
     printf("touched      %s per token (%.1f%% of the weights: %s%d of %d experts per MoE layer)\n",
            moe_cli_bytes(a, sizeof a, r->touched), 100.0 * r->touched / r->t.W, r->t.n_moe ? "" : "dense, ",
            r->t.n_moe ? (int)r->t.K : 0, (int)r->t.E);
