@@ -6,8 +6,8 @@ compressed-tensors `quantization_config` checkpoints).
 For each spec below this script
   * builds a tiny random model with transformers (fixed seed; hidden size 128
     and expert widths of 128, a dense FFN of 256, so a group of 128 divides K
-    both ways and the FFN's down_proj spans two groups), stored as bf16 or
-    fp16 (the scales' dtype),
+    both ways and a dense down_proj spans two groups), stored as bf16 or fp16
+    (the scales' dtype),
   * saves it, then rewrites every `*_proj.weight` of the attention and the
     experts / MLP with the library's own quantizer and packer (the router
     `mlp.gate`, the embeddings, the norms and the LM head stay 16-bit),
@@ -26,12 +26,35 @@ compressed-tensors (format pack-quantized, compressed-tensors 0.20): the
 weights are the library's `calculate_qparams` (min / max per group or
 channel, in the weight's bf16, as llm-compressor's min-max observer) and
 `PackedQuantizationCompressor.compress`; config.json's quantization_config
-is `ModelCompressor.update_config`'s.  transformers loads the folder itself
-(`from_pretrained(dtype=float32)`; it decompresses pack-quantized on the CPU)
-but computes (q - z) * s in the scale's bf16, so its weights are the exact
-values rounded to bf16: the script checks exactly that, and the reference
-model takes the exact fp32 values instead (reference.json records the
-largest logit difference between the two).
+is `ModelCompressor.update_config`'s.  transformers reads the symmetric
+MoE and the Llama folders itself (`from_pretrained(dtype=float32,
+quantization_config=CompressedTensorsConfig(dequantize=True))`: the plain
+route leaves the fused experts bf16 and cannot run in fp32), but computes
+(q - z) * s in the scale's bf16, so its weights are the exact values rounded
+to bf16: the script checks exactly that, and the reference model takes the
+exact fp32 values instead (reference.json records the largest logit
+difference between the two, about 0.09).  transformers 5.24 cannot read the
+asymmetric MoE at all (its expert path drops the zero points); there the
+weights are checked against the library's decompress only.
+
+GPTQ and AWQ (GPTQModel 7.7, fp16 model and scales): GPTQModel itself
+quantizes (GPTQModel.load, quantize on random-token calibration sequences:
+real GPTQ with its Hessian, real AWQ with its scale search), packs and saves
+(config.json's quantization_config and quantize_config.json are its own;
+the rest of config.json and generation_config.json are the model's, as
+GPTQModel's save sets eos / pad token 0 and do_sample from the tokenizer it
+adds; its tokenizer files and timing log are left out).  Its Qwen3-MoE definition wants
+experts in every layer, so these models have two MoE layers of 6 experts.
+Importing gptqmodel patches transformers' MoE blocks into per-expert Linears,
+so the quantization runs in a child process (`--gptqmodel-worker`), which
+also writes the library's own dequantization (GPTQ: TorchLinear.
+dequantize_weight after its v1 -> v2 zero conversion; AWQ: dequantize_gemm;
+both given fp32 scales so that they compute exactly); the parent checks it
+against its own reading of the bits and runs transformers (unpatched) over
+those weights.  K is 128 throughout, so the act-order fixture uses groups of
+32 (a group of 128 would make g_idx all zeros).  GPTQ v1 stores z - 1 by
+subtracting 0x11111111 from each qzeros word; no z is 0 in these fixtures, so
+reading each nibble + 1 gives the same zero points (checked).
 
 The checkpoints are written per expert (`mlp.experts.{e}.gate_proj.*`), as
 released.
@@ -41,8 +64,10 @@ Usage: python tests/reference/make_q4_fixtures.py [--only qwen3_moe_ct_w4,...]
 """
 import argparse
 import importlib.metadata
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -72,6 +97,15 @@ def qwen3_moe_config():
         use_sliding_window=False, tie_word_embeddings=False)
 
 
+def qwen3_moe_all_moe_config():
+    # as qwen3_moe_config with both layers MoE (GPTQModel's Qwen3-MoE
+    # definition expects experts in every layer), 6 experts each to stay small
+    cfg = qwen3_moe_config()
+    cfg.mlp_only_layers = []
+    cfg.num_experts = 6
+    return cfg
+
+
 def llama_config():
     # attention q (128, 128), k/v (64, 128), o (128, 128); FFN (256, 128) / (128, 256)
     return LlamaConfig(**{**COMMON, **WIDE}, num_hidden_layers=2, intermediate_size=256,
@@ -80,6 +114,8 @@ def llama_config():
 
 MOE_DEQUANT = ["model.layers.0.mlp.experts.3.gate_proj.weight", "model.layers.0.self_attn.q_proj.weight",
                "model.layers.1.mlp.down_proj.weight"]
+ALL_MOE_DEQUANT = ["model.layers.0.mlp.experts.3.gate_proj.weight", "model.layers.0.self_attn.q_proj.weight",
+                   "model.layers.1.mlp.experts.5.down_proj.weight"]
 DENSE_DEQUANT = ["model.layers.0.mlp.gate_proj.weight", "model.layers.1.self_attn.q_proj.weight",
                  "model.layers.1.mlp.down_proj.weight"]
 
@@ -95,6 +131,23 @@ def fixture_specs():
         "llama_ct_w4_channel": dict(cls=LlamaForCausalLM, config=llama_config, seed=43000,
                                     dtype=torch.bfloat16, fmt="ct", strategy="channel", group=None, sym=False,
                                     dequant=DENSE_DEQUANT),
+        # GPTQModel: GPTQ proper (Hessian from random-token calibration), then its packer
+        "qwen3_moe_gptq": dict(cls=Qwen3MoeForCausalLM, config=qwen3_moe_all_moe_config, seed=44000,
+                               dtype=torch.float16, fmt="gptqmodel", dequant=ALL_MOE_DEQUANT,
+                               qcfg=dict(bits=4, group_size=128, sym=True, desc_act=False)),
+        "qwen3_moe_gptq_asym_g32": dict(cls=Qwen3MoeForCausalLM, config=qwen3_moe_all_moe_config, seed=45000,
+                                        dtype=torch.float16, fmt="gptqmodel", dequant=ALL_MOE_DEQUANT,
+                                        qcfg=dict(bits=4, group_size=32, sym=False, desc_act=False)),
+        # act order: K is 128 throughout, so a group of 32 for a g_idx that is not all zeros
+        "qwen3_moe_gptq_actorder": dict(cls=Qwen3MoeForCausalLM, config=qwen3_moe_all_moe_config, seed=46000,
+                                        dtype=torch.float16, fmt="gptqmodel", dequant=ALL_MOE_DEQUANT,
+                                        qcfg=dict(bits=4, group_size=32, sym=True, desc_act=True)),
+        "qwen3_moe_gptq_v2": dict(cls=Qwen3MoeForCausalLM, config=qwen3_moe_all_moe_config, seed=47000,
+                                  dtype=torch.float16, fmt="gptqmodel", dequant=ALL_MOE_DEQUANT,
+                                  qcfg=dict(bits=4, group_size=128, sym=False, desc_act=False, format="gptq_v2")),
+        "qwen3_moe_awq": dict(cls=Qwen3MoeForCausalLM, config=qwen3_moe_all_moe_config, seed=48000,
+                              dtype=torch.float16, fmt="gptqmodel", dequant=ALL_MOE_DEQUANT,
+                              qcfg=dict(bits=4, group_size=128, sym=False, method="awq", format="gemm")),
     }
 
 
@@ -220,6 +273,168 @@ def check_ct_transformers(dst, values, ref_tensors, prompts):
             f"and the plain route keeps the zero-point parameters in their unpacked shape (size mismatch); the "
             f"weights are checked against the library's PackedQuantizationCompressor.decompress instead")
 
+# --------------------------------------------------------------------------- GPTQModel (GPTQ, AWQ)
+
+CALIB_SEQS, CALIB_LEN = 16, 64
+
+
+def calibration():
+    g = torch.Generator().manual_seed(777)
+    return [{"input_ids": torch.randint(0, COMMON["vocab_size"], (CALIB_LEN,), generator=g).tolist(),
+             "attention_mask": [1] * CALIB_LEN} for _ in range(CALIB_SEQS)]
+
+
+def nibbles_down(w, count):
+    """(R, C) int32 words -> (R * 8, C) codes: word r holds rows 8r..8r+7, row 8r+j at bits 4j."""
+    R, C = w.shape
+    return ((w.to(torch.int64).unsqueeze(1) >> (4 * torch.arange(8)).view(1, 8, 1)) & 15).reshape(R * 8, C)[:count]
+
+
+def nibbles_across(w, order=None):
+    """(R, C) int32 words -> (R, C * 8) codes: word c holds columns 8c..8c+7, nibble j
+    (bits 4j) holding column 8c + order[j] (order = identity, or AWQ's interleave)."""
+    R, C = w.shape
+    nib = (w.to(torch.int64).unsqueeze(-1) >> (4 * torch.arange(8))) & 15  # (R, C, 8): nibble j
+    if order is not None:
+        out = torch.empty_like(nib)
+        out[..., order] = nib
+        nib = out
+    return nib.reshape(R, C * 8)
+
+
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def gptq_library(prefix, t, qc):
+    """The library's own dequantization of a GPTQ module: TorchLinear.dequantize_weight
+    after its v1 -> v2 zero conversion (checkpoint_format gptq), with the scales
+    in fp32 so that it computes exactly; fp32 (N, K)."""
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
+
+    qw = t[prefix + "qweight"]
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    m = TorchLinear(bits=4, group_size=qc["group_size"], sym=qc["sym"], desc_act=qc["desc_act"],
+                    in_features=K, out_features=N, bias=False, pack_dtype=torch.int32)
+    for n in ("qweight", "qzeros", "scales", "g_idx"):
+        getattr(m, n).copy_(t[prefix + n])
+    if qc["checkpoint_format"] == "gptq":
+        convert_gptq_v1_to_v2_format_module(m, bits=4, pack_dtype=torch.int32)
+    m.post_init()
+    m.scales = m.scales.float()
+    return m.dequantize_weight().T.contiguous()
+
+
+def awq_library(prefix, t, qc):
+    """The library's dequantize_gemm of an AWQ module with fp32 scales; fp32 (N, K)."""
+    from gptqmodel.quantization.awq.utils.packing_utils import dequantize_gemm
+
+    return dequantize_gemm(t[prefix + "qweight"], t[prefix + "qzeros"], t[prefix + "scales"].float(), 4,
+                           qc["group_size"]).T.contiguous()
+
+
+def gptq_values(prefix, t, qc):
+    """An independent reading of a GPTQ module (prefix + qweight / qzeros /
+    scales / g_idx) as float64 (N, K)."""
+    qw, qz, sc, gi = (t[prefix + n] for n in ("qweight", "qzeros", "scales", "g_idx"))
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    G = qc["group_size"] if qc["group_size"] > 0 else K
+    assert qw.dtype == qz.dtype == gi.dtype == torch.int32 and sc.dtype == torch.float16
+    assert qz.shape == (K // G, N // 8) and sc.shape == (K // G, N) and gi.shape == (K,)
+    if not qc["desc_act"]:
+        assert torch.equal(gi, torch.arange(K, dtype=torch.int32) // G), "g_idx"
+    q = nibbles_down(qw, K)
+    if qc["checkpoint_format"] == "gptq":
+        # v1 stores z - 1, subtracted from the whole word (0x11111111); read per
+        # nibble it is the same as long as no z is 0 (no borrow): checked here
+        z = nibbles_across(((qz.to(torch.int64) + 0x11111111) & 0xFFFFFFFF).to(torch.int32))
+        assert torch.equal(z, (nibbles_across(qz) + 1) & 15) and (z > 0).all(), "v1 zero points"
+    else:
+        z = nibbles_across(qz)
+    if qc["sym"]:
+        assert (z == 8).all(), "symmetric zero point"
+    gl = gi.long()
+    return ((q - z[gl]).double() * sc.double()[gl]).T  # (N, K)
+
+
+def awq_values(prefix, t, qc):
+    """An independent reading of an AWQ gemm module (qweight (K, N/8) with
+    AWQ's nibble order, qzeros (K/G, N/8) likewise, scales (K/G, N)) as
+    float64 (N, K)."""
+    qw, qz, sc = (t[prefix + n] for n in ("qweight", "qzeros", "scales"))
+    K, N = qw.shape[0], qw.shape[1] * 8
+    G = qc["group_size"]
+    assert qw.dtype == qz.dtype == torch.int32 and sc.dtype == torch.float16
+    assert qz.shape == (K // G, N // 8) and sc.shape == (K // G, N)
+    assert prefix + "g_idx" not in t
+    q = nibbles_across(qw, AWQ_ORDER)
+    z = nibbles_across(qz, AWQ_ORDER).repeat_interleave(G, 0)
+    return ((q - z).double() * sc.double().repeat_interleave(G, 0)).T
+
+
+def gptqmodel_worker(name, src, out):
+    """Run in a child process (importing gptqmodel patches transformers' MoE
+    blocks into per-expert Linears, which the reference must not see):
+    quantize src with GPTQModel, save it in out, and write the library's
+    dequantization of every module to out/library_dequant.safetensors."""
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")  # its CPU pool wants 2 loader workers
+    from gptqmodel import GPTQModel, QuantizeConfig
+
+    spec = fixture_specs()[name]
+    qcfg = QuantizeConfig(**spec["qcfg"], offload_to_disk=False)
+    model = GPTQModel.load(src, qcfg, dtype=spec["dtype"])
+    model.quantize(calibration(), batch_size=1)
+    model.save(out)
+    with open(os.path.join(out, "config.json")) as f:
+        qc = json.load(f)["quantization_config"]
+    t = load_file(os.path.join(out, "model.safetensors"))
+    lib = {}
+    for k in sorted(t):
+        if k.endswith(".qweight"):
+            prefix = k[:-len("qweight")]
+            lib[prefix + "weight"] = (awq_library if qc["quant_method"] == "awq" else gptq_library)(prefix, t, qc)
+    save_file(lib, os.path.join(out, "library_dequant.safetensors"))
+
+
+def write_gptqmodel(src, dst, spec):
+    """dst = src quantized by GPTQModel (GPTQ or AWQ) and saved by it; returns
+    {checkpoint name: exact fp32 value}."""
+    out = dst + "_saved"
+    # in the temporary folder: GPTQModel writes its logs/ into the working directory
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--gptqmodel-worker", spec["name"], src, out],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=os.path.dirname(out))
+    os.makedirs(dst)
+    # the checkpoint as saved, less the tokenizer GPTQModel adds for its own
+    # calibration and its timing log; config.json and generation_config.json
+    # are the model's own plus GPTQModel's quantization_config (its save
+    # also sets eos / pad token 0 from that tokenizer, and do_sample)
+    for f in ("quantize_config.json", "model.safetensors"):
+        shutil.copy(os.path.join(out, f), dst)
+    shutil.copy(os.path.join(src, "generation_config.json"), dst)
+    with open(os.path.join(out, "config.json")) as f:
+        qc = json.load(f)["quantization_config"]
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = qc
+    write_json(os.path.join(dst, "config.json"), cfg)
+    t = load_file(os.path.join(dst, "model.safetensors"))
+    lib = load_file(os.path.join(out, "library_dequant.safetensors"))
+    values = {}
+    for k, v in sorted(t.items()):
+        if k.endswith(".qweight"):
+            prefix = k[:-len("qweight")]
+            mine = (awq_values if qc["quant_method"] == "awq" else gptq_values)(prefix, t, qc)
+            values[prefix + "weight"] = mine.float()
+            assert torch.equal(values[prefix + "weight"].double(), mine), "the dequantization is exact in fp32"
+            assert torch.equal(lib.pop(prefix + "weight"), values[prefix + "weight"]), \
+                f"{prefix}: the library's dequantization differs"
+        elif k.endswith((".qzeros", ".scales", ".g_idx")):
+            continue
+        else:
+            assert v.dtype == torch.float16, (k, v.dtype)
+            values[k] = v.float()
+    assert not lib
+    return values
 
 # --------------------------------------------------------------------------- reference
 
@@ -258,7 +473,7 @@ def write_values(src, path, values):
               metadata={"format": "pt"})
 
 
-FORMATS = {"ct": write_ct}
+FORMATS = {"ct": write_ct, "gptqmodel": write_gptqmodel}
 
 
 def make_fixture(name, spec, prompts):
@@ -289,8 +504,14 @@ def make_fixture(name, spec, prompts):
                 extra["transformers_load"] = check_ct_transformers(dst, values, tensors, prompts)
                 extra["compressed_tensors_version"] = importlib.metadata.version("compressed-tensors")
             with open(os.path.join(dst, "config.json")) as f:
-                import json
                 qc = json.load(f)["quantization_config"]
+            if spec["fmt"] == "gptqmodel":
+                extra["library"] = (f"GPTQModel {importlib.metadata.version('gptqmodel')}: GPTQModel.load, "
+                                    f"quantize on {CALIB_SEQS} random sequences of {CALIB_LEN} tokens, save")
+                extra["reference_weights"] = (
+                    "the library's dequantization (" + ("dequantize_gemm" if qc["quant_method"] == "awq" else
+                                                        "TorchLinear.dequantize_weight") +
+                    ") with fp32 scales, equal to the exact (q - z) * s")
             ref = {
                 "family": cfg.model_type,
                 "architecture": type(model).__name__,
@@ -320,8 +541,9 @@ def make_fixture(name, spec, prompts):
                       os.path.join(dst, "dequant.safetensors"))
             out = install_fixture(dst, name)
             print(f"{name}: seed {seed}, {n} weights, logit margin {stats['min_logit_margin']:.4g}, "
-                  f"route margin {stats['min_route_margin']}, {extra.get('transformers_load', '')}, "
-                  f"size {tensor_sizes(out)} B", flush=True)
+                  f"route margin {stats['min_route_margin']}, size {tensor_sizes(out)} B", flush=True)
+            if "transformers_load" in extra:
+                print(f"  {extra['transformers_load']}", flush=True)
             return
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -331,12 +553,15 @@ def make_fixture(name, spec, prompts):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
+    ap.add_argument("--gptqmodel-worker", nargs=3, metavar=("NAME", "SRC", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.gptqmodel_worker:
+        return gptqmodel_worker(*args.gptqmodel_worker)
     only = [s for s in args.only.split(",") if s]
     prompts = make_prompts()
     for name, spec in fixture_specs().items():
         if not only or name in only:
-            make_fixture(name, spec, prompts)
+            make_fixture(name, {**spec, "name": name}, prompts)
 
 
 if __name__ == "__main__":
