@@ -12,6 +12,19 @@ ggml-quants.c):
                          scale then 32 int8
   dequant  F32 (8, 256)  gguf.quants.dequantize(q8_0, Q8_0)
 
+tests/fixtures/quant/q4_1.safetensors: Q4_1 blocks made by gguf-py the same
+way (moerun's MOE_DTYPE_Q4_1 is ggml's block_q4_1 bit for bit):
+
+  x        F32 (8, 256)  inputs: normal values, a constant block (d 0), a
+                         zero block, tiny values (a subnormal f16 d), large
+                         values near f16's range, bf16-rounded values,
+                         outliers
+  q4_1     U8  (8, 160)  gguf.quants.quantize(x, Q4_1): per 32 values an
+                         f16 d, an f16 m (the block minimum), then 16 bytes:
+                         byte j holds value j in its low nibble and value
+                         j + 16 in its high one; a value is q * d + m
+  dequant  F32 (8, 256)  gguf.quants.dequantize(q4_1, Q4_1)
+
 tests/fixtures/quant/mxfp4.safetensors: MXFP4 matrices in a gpt-oss
 checkpoint's layout and their values as transformers dequantizes them
 (transformers.integrations.mxfp4.convert_moe_packed_tensors, in float32, so
@@ -70,7 +83,7 @@ float8_e4m3fn:
   rows_dequant  F32 (64, 96) the bytes' values times the scale
 
 Python is only a fixture-making tool.
-Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,mxfp4,fp8,kv_fp8]
+Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,q4_1,mxfp4,fp8,kv_fp8]
 """
 import argparse
 import importlib.metadata
@@ -82,6 +95,7 @@ from safetensors.numpy import save_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(REPO, "tests", "fixtures", "quant", "q8_0.safetensors")
+OUT_Q4_1 = os.path.join(REPO, "tests", "fixtures", "quant", "q4_1.safetensors")
 OUT_MXFP4 = os.path.join(REPO, "tests", "fixtures", "quant", "mxfp4.safetensors")
 MXFP4_SHAPES = {"a": (3, 64), "b": (5, 96), "c": (7, 256)}
 OUT_FP8 = os.path.join(REPO, "tests", "fixtures", "quant", "fp8.safetensors")
@@ -109,6 +123,35 @@ def make_q8_0():
               metadata={"made_by": "tests/reference/make_quant_fixtures.py",
                         "gguf": importlib.metadata.version("gguf")})
     print(OUT, os.path.getsize(OUT), "bytes")
+
+
+def make_q4_1():
+    r = np.random.default_rng(41)
+    x = r.standard_normal((8, 256)).astype(np.float32)
+    x[1, :32] = 0.0                                   # a zero block: d 0, m 0
+    x[1, 32:64] = -1.75                               # a constant block: d 0, m the value
+    x[2, 32:64] = np.linspace(-1.0, 2.0, 32)          # steps of d / 2: rounding on the midpoints
+    x[3] *= 1e-6                                      # d below f16's normal range
+    x[4] *= 1.5e4                                     # m and d near f16's range
+    x[4, 64:96] = np.linspace(-65000.0, 65000.0, 32)
+    x[5] = (x[5].view(np.uint32) & 0xFFFF0000).view(np.float32)  # bf16 values
+    x[6, 5] = 40.0                                    # an outlier in a block
+    x[7, ::32] = -9.0                                 # the block minimum an outlier
+    q = quants.quantize(x, GGMLQuantizationType.Q4_1)
+    d = quants.dequantize(q, GGMLQuantizationType.Q4_1).astype(np.float32)
+    assert q.shape == (8, 160), q.shape
+    # an independent reading of the format: the same values
+    blk = q.reshape(8, 8, 20)
+    dm = blk[..., :4].copy().view(np.float16).astype(np.float32)
+    nib = np.concatenate([blk[..., 4:] & 15, blk[..., 4:] >> 4], axis=-1).astype(np.float32)
+    mine = (nib * dm[..., :1] + dm[..., 1:]).reshape(8, 256)
+    assert np.array_equal(mine, d) and np.isfinite(dm).all()
+    assert (dm[1, 0, 0] == 0) and (dm[1, 1, 0] == 0) and (dm[1, 1, 1] == -1.75)
+    assert 0 < abs(dm[3, :, 0]).max() < 2.0 ** -14
+    save_file({"x": x, "q4_1": q.astype(np.uint8), "dequant": d}, OUT_Q4_1,
+              metadata={"made_by": "tests/reference/make_quant_fixtures.py",
+                        "gguf": importlib.metadata.version("gguf")})
+    print(OUT_Q4_1, os.path.getsize(OUT_Q4_1), "bytes")
 
 
 def make_mxfp4():
@@ -236,9 +279,9 @@ def make_kv_fp8():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="q8_0,mxfp4,fp8,kv_fp8")
+    ap.add_argument("--only", default="q8_0,q4_1,mxfp4,fp8,kv_fp8")
     only = ap.parse_args().only.split(",")
-    for name, make in (("q8_0", make_q8_0), ("mxfp4", make_mxfp4), ("fp8", make_fp8),
+    for name, make in (("q8_0", make_q8_0), ("q4_1", make_q4_1), ("mxfp4", make_mxfp4), ("fp8", make_fp8),
                        ("kv_fp8", make_kv_fp8)):
         if name in only:
             make()
