@@ -55,6 +55,16 @@ static inline const struct moe_tensor *moe_experts_bias_row(const struct moe_ten
                                 .device = b->device};
     return view;
 }
+/* Row r < rows of x (n wide) reordered in place to x[r][cols[j]] at j
+ * (act-order four-bit experts: moe_expert_weights.cols), tmp n floats. */
+static inline void moe_experts_permute_rows(float *x, int rows, int n, const int32_t *cols, float *tmp)
+{
+    for (int r = 0; r < rows; r++) {
+        float *row = x + (size_t)r * n;
+        memcpy(tmp, row, (size_t)n * sizeof(float));
+        for (int j = 0; j < n; j++) row[j] = tmp[cols[j]];
+    }
+}
 /* out (T, D); scratch as for moe_gemm_cpu with Din = max(D, F). */
 void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *plan,
                          const float *w, const struct moe_expert_weights *ex,

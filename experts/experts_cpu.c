@@ -32,12 +32,15 @@ void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *
         if (c == 0) continue;
         float *g = ws->g + (size_t)r0 * F, *u = ws->u + (size_t)r0 * F;
         const enum moe_dtype dt = moe_expert_dtype(ex, e);
+        const int32_t *cin = ex->cols ? ex->cols[2 * e] : NULL, *cdown = ex->cols ? ex->cols[2 * e + 1] : NULL;
         struct moe_tensor vg, vu, vd;
+        if (cin) moe_experts_permute_rows(ws->xe + (size_t)r0 * D, c, D, cin, scratch);
         moe_gemm_cpu(g, F, ws->xe + (size_t)r0 * D, D, ex->gate[e], dt, F, D, c,
                      moe_experts_bias_row(&ex->b_gate, e, &vg), scratch);
         moe_gemm_cpu(u, F, ws->xe + (size_t)r0 * D, D, ex->up[e], dt, F, D, c,
                      moe_experts_bias_row(&ex->b_up, e, &vu), scratch);
         for (size_t i = 0; i < (size_t)c * F; i++) g[i] = moe_experts_act(g[i], u[i], ex->alpha, ex->limit);
+        if (cdown) moe_experts_permute_rows(g, c, F, cdown, scratch);
         moe_gemm_cpu(ws->ye + (size_t)r0 * D, D, g, F, ex->down[e], dt, D, F, c,
                      moe_experts_bias_row(&ex->b_down, e, &vd), scratch);
     }

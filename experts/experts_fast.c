@@ -117,6 +117,31 @@ static void gate_up_slice(enum moe_cpu_isa isa, float *g, float *u, const float 
     }
 }
 
+/* Act-order experts (ex->cols): each active expert's rows gathered from
+ * x with their columns in its gate/up order (into ws->xe), or its
+ * activations ws->g copied into ws->u in its down order (free by then: the
+ * activation has read it); work-shared by expert.  down: which of the two. */
+static void permuted_rows(const struct moe_expert_weights *ex, const struct moe_dispatch *plan, const float *x,
+                          const struct moe_expert_ws *ws, int K, int D, int F, const int32_t *active, int na,
+                          bool down)
+{
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < na; i++) {
+        const int e = active[i], r0 = plan->offsets[e], c = plan->counts[e];
+        const int32_t *cols = ex->cols[2 * e + down];
+        const int n = down ? F : D;
+        for (int r = r0; r < r0 + c; r++) {
+            const float *src = down ? ws->g + (size_t)r * F : x + (size_t)(plan->perm[r] / K) * D;
+            float *dst = (down ? ws->u : ws->xe) + (size_t)r * n;
+            if (!cols) {
+                if (!down) memcpy(dst, src, (size_t)n * sizeof(float));
+                continue;
+            }
+            for (int j = 0; j < n; j++) dst[j] = src[cols[j]];
+        }
+    }
+}
+
 /* The expert phase's work-shared loops: run by every thread of a team, or
  * alone by one thread outside any region. */
 static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const struct moe_dispatch *plan,
@@ -125,10 +150,13 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
                       int nd)
 {
     const int n = T * K;
+    if (ex->cols) {
+        permuted_rows(ex, plan, x, ws, K, D, F, active, na, false);
+    } else {
 #pragma omp for schedule(static)
-    for (int r = 0; r < n; r++)
-        memcpy(ws->xe + (size_t)r * D, x + (size_t)(plan->perm[r] / K) * D,
-               (size_t)D * sizeof(float));
+        for (int r = 0; r < n; r++)
+            memcpy(ws->xe + (size_t)r * D, x + (size_t)(plan->perm[r] / K) * D, (size_t)D * sizeof(float));
+    }
 
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < na * nf; i++) {
@@ -142,14 +170,16 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
                       moe_experts_bias_row(&ex->b_up, e, &vu), ex->alpha, ex->limit, D, F, f0, f1, NULL);
     }
 
+    if (ex->cols) permuted_rows(ex, plan, x, ws, K, D, F, active, na, true);
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < na * nd; i++) {
         const int e = active[i / nd], r0 = plan->offsets[e], c = plan->counts[e];
+        const float *act = ex->cols && ex->cols[2 * e + 1] ? ws->u : ws->g; /* permuted_rows */
         const int d0 = (i % nd) * ds, d1 = d0 + ds < D ? d0 + ds : D;
         const struct wsrc down = {ex->down[e], NULL, moe_expert_dtype(ex, e), false};
         struct moe_tensor vd;
-        slice_product(isa, ws->ye + (size_t)r0 * D, (size_t)D, ws->g + (size_t)r0 * F, (size_t)F, c,
-                      &down, F, d0, d1, moe_experts_bias_row(&ex->b_down, e, &vd), NULL);
+        slice_product(isa, ws->ye + (size_t)r0 * D, (size_t)D, act + (size_t)r0 * F, (size_t)F, c, &down, F, d0,
+                      d1, moe_experts_bias_row(&ex->b_down, e, &vd), NULL);
     }
 
     moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);

@@ -248,9 +248,9 @@ static struct moe_expert_weights side_experts(struct side *s, const struct host_
     if (h->bias) {
         float *b = side_put(s, h->bias, (size_t)E * (2 * F + D) * sizeof(float));
         const int dev = s->cuda ? 0 : -1;
-        x.b_gate = (struct moe_tensor){MOE_DTYPE_F32, 2, {E, F}, b, dev};
-        x.b_up = (struct moe_tensor){MOE_DTYPE_F32, 2, {E, F}, b + (size_t)E * F, dev};
-        x.b_down = (struct moe_tensor){MOE_DTYPE_F32, 2, {E, D}, b + 2 * (size_t)E * F, dev};
+        x.b_gate = (struct moe_tensor){MOE_DTYPE_F32, 2, {E, F}, b, dev, NULL};
+        x.b_up = (struct moe_tensor){MOE_DTYPE_F32, 2, {E, F}, b + (size_t)E * F, dev, NULL};
+        x.b_down = (struct moe_tensor){MOE_DTYPE_F32, 2, {E, D}, b + 2 * (size_t)E * F, dev, NULL};
     }
     return x;
 }

@@ -145,7 +145,7 @@ static inline void gpt_oss_biases(struct moe_expert_weights *hx, struct moe_expe
 {
     const size_t n = (size_t)E * (2 * F + D);
     float *bias = rand_floats(n, 65, -0.3f, 0.3f), *dbias = (float *)dev_copy(bias, n * sizeof(float));
-    const struct moe_tensor b = {MOE_DTYPE_F32, 2, {E, F}, NULL, -1};
+    const struct moe_tensor b = {MOE_DTYPE_F32, 2, {E, F}, NULL, -1, NULL};
     hx->b_gate = hx->b_up = b, hx->b_down = b;
     hx->b_down.shape[1] = D;
     hx->b_gate.data = bias, hx->b_up.data = bias + (size_t)E * F, hx->b_down.data = bias + 2 * (size_t)E * F;

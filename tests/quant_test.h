@@ -1,6 +1,7 @@
 /* quant_test.h - what the quantized-weight suites (test_quant.c,
- * test_quant_fp8.c) share: a product through any kernel set, and the logits
- * of the shared 20-token prompt for a model on a backend. */
+ * test_quant_fp8.c, test_q4_model.c) share: a product through any kernel
+ * set, the logits of the shared 20-token prompt for a model on a backend,
+ * plan's sizes, and in-memory copies of fixtures to break. */
 #pragma once
 
 #include <criterion/criterion.h>
@@ -13,6 +14,7 @@
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_fast.h"
 #include "runtime/engine/runner.h"
+#include "runtime/model/safetensors.h"
 #include "tests/testutil.h"
 
 /* y = x . W^T (W (N, D) of dtype wt) through the reference (isa REF) or a
@@ -118,4 +120,41 @@ static inline double qt_part_gib(const char *out, const char *name)
     char unit[8];
     cr_assert_eq(sscanf(p + strlen(name), " %lf %7s", &v, unit), 2);
     return !strcmp(unit, "GiB") ? v : !strcmp(unit, "MiB") ? v / 1024 : v / 1048576;
+}
+
+/* A copy of fixture `name`'s tensors in memory (in *h, configured as the
+ * fixture; not bound), but those whose names start with `skip`. */
+static inline void qt_copy_fixture(struct moe_model *h, const char *name, const char *skip)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
+    struct moe_model src;
+    cr_assert_eq(moe_model_load(&src, dir), MOE_OK, "%s", moe_last_error());
+    memset(h, 0, sizeof *h);
+    h->cfg = src.cfg;
+    for (size_t i = 0; i < src.st.n_tensors; i++) {
+        const struct moe_st_tensor *t = &src.st.tensors[i];
+        if (skip && !strncmp(t->name, skip, strlen(skip))) continue;
+        void *d = malloc(t->nbytes ? t->nbytes : 1);
+        memcpy(d, t->data, t->nbytes);
+        cr_assert_eq(moe_safetensors_add(&h->st, t->name, t->dtype, t->ndim, t->shape, d), MOE_OK);
+    }
+    moe_model_free(&src);
+}
+
+/* Writable data of tensor `name` of h (in memory: copy_fixture). */
+static inline void *qt_data_of(struct moe_model *h, const char *name)
+{
+    const struct moe_st_tensor *t = moe_safetensors_find(&h->st, name);
+    cr_assert(t, "%s missing", name);
+    return (void *)t->data;
+}
+
+/* Binding h fails with `status` and a message holding each needle. */
+static inline void qt_expect_refused(struct moe_model *h, enum moe_status status, const char *n1, const char *n2)
+{
+    cr_expect_eq(moe_model_bind(h), status, "%s", moe_last_error());
+    cr_expect(strstr(moe_last_error(), n1), "'%s' not in: %s", n1, moe_last_error());
+    if (n2) cr_expect(strstr(moe_last_error(), n2), "'%s' not in: %s", n2, moe_last_error());
+    moe_model_free(h);
 }

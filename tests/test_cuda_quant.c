@@ -155,11 +155,11 @@ static void check_planes_matmul(enum moe_dtype dt, int T, int N, int Din, bool b
 {
     void *rows = quant_rows(dt, (size_t)N, (size_t)Din, 2000 + (uint64_t)N);
     void *const mats[1] = {rows};
-    struct moe_tensor hw = {dt, 2, {N, Din}, rows, -1}, dw = hw;
+    struct moe_tensor hw = {dt, 2, {N, Din}, rows, -1, NULL}, dw = hw;
     dw.data = dev_planes(dt, mats, 1, (size_t)N, (size_t)Din);
     dw.device = 0;
     float *hb = rand_floats((size_t)N, 2001, -0.5f, 0.5f);
-    struct moe_tensor bh = {MOE_DTYPE_F32, 1, {N}, hb, -1}, bd = bh;
+    struct moe_tensor bh = {MOE_DTYPE_F32, 1, {N}, hb, -1, NULL}, bd = bh;
     bd.data = dev_copy(hb, (size_t)N * sizeof(float));
     float *x = rand_floats((size_t)T * Din, 2002, -1, 1);
     float *ref = malloc((size_t)T * N * sizeof(float)), *got = malloc((size_t)T * N * sizeof(float));
@@ -274,7 +274,7 @@ Test(cuda_quant, fp8_view_widened_to_bf16)
     struct moe_model m;
     memset(&m, 0, sizeof m);
     m.cfg.vocab = V, m.cfg.d_model = D;
-    m.embed = (struct moe_tensor){MOE_DTYPE_FP8_B128, 2, {V, D}, rows, -1};
+    m.embed = (struct moe_tensor){MOE_DTYPE_FP8_B128, 2, {V, D}, rows, -1, NULL};
     cr_assert_eq(gpu.ops->prepare_model(&gpu, &m), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(m.embed.dtype, MOE_DTYPE_BF16);
     cr_assert(m.embed.device >= 0);

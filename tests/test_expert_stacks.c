@@ -95,7 +95,7 @@ static void check_stacks(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, i
     float *bias = malloc((size_t)E * (2 * F + D) * sizeof(float));
     tu_fill_uniform(bias, (size_t)E * (2 * F + D), seed + 7, -0.5f, 0.5f);
     if (gpt_oss) { /* per-expert biases, a limit crossed often */
-        const struct moe_tensor b = {MOE_DTYPE_F32, 2, {E, F}, bias, -1};
+        const struct moe_tensor b = {MOE_DTYPE_F32, 2, {E, F}, bias, -1, NULL};
         ex.b_gate = ex.b_up = ex.b_down = b;
         ex.b_up.data = bias + (size_t)E * F;
         ex.b_down.data = bias + 2 * (size_t)E * F;

@@ -163,6 +163,20 @@ Test(FORWARD_SUITE, deepseek_v3_matches_transformers) { check_model("deepseek_v3
  * dequantized and split), dense and shared FFN, experts */
 Test(FORWARD_SUITE, qwen3_moe_fp8_matches_transformers) { check_model("qwen3_moe_fp8", 1e-4); }
 Test(FORWARD_SUITE, deepseek_v3_fp8_matches_transformers) { check_model("deepseek_v3_fp8", 1e-4); }
+/* four-bit checkpoints as the libraries write them (tests/reference/make_q4_fixtures.py):
+ * compressed-tensors pack-quantized (symmetric groups of 128, asymmetric
+ * groups of 32, a per-channel dense Llama), GPTQModel's GPTQ (v1 symmetric
+ * groups of 128, asymmetric groups of 32, act order with a permuted g_idx,
+ * gptq_v2 zero points) and AWQ (gemm); the reference is transformers in
+ * fp32 over the exact dequantization (q - z) * s, which moerun computes */
+Test(FORWARD_SUITE, qwen3_moe_ct_w4_matches_transformers) { check_model("qwen3_moe_ct_w4", 1e-4); }
+Test(FORWARD_SUITE, qwen3_moe_ct_w4_asym_matches_transformers) { check_model("qwen3_moe_ct_w4_asym", 1e-4); }
+Test(FORWARD_SUITE, llama_ct_w4_channel_matches_transformers) { check_model("llama_ct_w4_channel", 1e-4); }
+Test(FORWARD_SUITE, qwen3_moe_gptq_matches_transformers) { check_model("qwen3_moe_gptq", 1e-4); }
+Test(FORWARD_SUITE, qwen3_moe_gptq_asym_g32_matches_transformers) { check_model("qwen3_moe_gptq_asym_g32", 1e-4); }
+Test(FORWARD_SUITE, qwen3_moe_gptq_actorder_matches_transformers) { check_model("qwen3_moe_gptq_actorder", 1e-4); }
+Test(FORWARD_SUITE, qwen3_moe_gptq_v2_matches_transformers) { check_model("qwen3_moe_gptq_v2", 1e-4); }
+Test(FORWARD_SUITE, qwen3_moe_awq_matches_transformers) { check_model("qwen3_moe_awq", 1e-4); }
 
 /* transformers computing entirely in bf16 rounds every activation to 8 bits
  * of mantissa: agreement is only to bf16 precision. */

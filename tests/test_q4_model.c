@@ -308,3 +308,120 @@ Test(q4_model, plan_prices_an_expert_plan)
               "%s", b);
     cr_expect(strstr(b, "expert plan 48 experts stored, 0 q8_0, 16 q4"), "%s", b);
 }
+
+/* ---- four-bit checkpoints (GPTQ, AWQ, compressed-tensors) ---- */
+
+/* The loaded weight named `name` (an attention q_proj, a dense FFN's or an
+ * expert's gate/up/down_proj) as fp32 rows (N, K) in the checkpoint's
+ * column order, into w. */
+static void loaded_weight(const struct moe_model *m, const char *name, int64_t N, int64_t K, float *w)
+{
+    int l, e;
+    char proj[16];
+    const void *data = NULL;
+    enum moe_dtype dt = MOE_DTYPE_F32;
+    const int32_t *cols = NULL;
+    if (sscanf(name, "model.layers.%d.mlp.experts.%d.%15[a-z]_proj.weight", &l, &e, proj) == 3) {
+        const struct moe_expert_weights *x = &m->layers[l].experts;
+        const bool down = !strcmp(proj, "down");
+        data = !strcmp(proj, "gate") ? x->gate[e] : !strcmp(proj, "up") ? x->up[e] : x->down[e];
+        dt = moe_expert_dtype(x, e);
+        cols = x->cols ? x->cols[2 * e + down] : NULL;
+    } else if (sscanf(name, "model.layers.%d.mlp.%15[a-z]_proj.weight", &l, proj) == 2) {
+        const struct moe_layer_weights *w = &m->layers[l];
+        const struct moe_tensor *t = !strcmp(proj, "gate") ? &w->w_gate : !strcmp(proj, "up") ? &w->w_up : &w->w_down;
+        data = t->data, dt = t->dtype, cols = t->cols;
+    } else if (sscanf(name, "model.layers.%d.self_attn.q_proj.weight", &l) == 1) {
+        data = m->layers[l].wq.data, dt = m->layers[l].wq.dtype, cols = m->layers[l].wq.cols;
+    }
+    cr_assert(data, "no loaded weight for %s", name);
+    cr_assert(moe_dtype_is_q4(dt), "%s loaded as %s", name, moe_dtype_name(dt));
+    float *row = malloc((size_t)K * sizeof(float));
+    for (int64_t n = 0; n < N; n++) {
+        moe_convert_row_f32(row, (const char *)data + (size_t)n * moe_dtype_row_bytes(dt, (size_t)K), dt, (size_t)K);
+        for (int64_t j = 0; j < K; j++) w[n * K + (cols ? cols[j] : j)] = row[j];
+    }
+    free(row);
+}
+
+/* Each fixture's dequant.safetensors holds a few weights as the library
+ * itself dequantizes them (in fp32, exactly): the loaded four-bit rows,
+ * their columns put back in order, are those values bit for bit. */
+Test(q4_model, checkpoint_weights_equal_the_library_s_dequantization)
+{
+    const char *names[] = {"qwen3_moe_ct_w4", "qwen3_moe_ct_w4_asym", "llama_ct_w4_channel", "qwen3_moe_gptq",
+                           "qwen3_moe_gptq_asym_g32", "qwen3_moe_gptq_actorder", "qwen3_moe_gptq_v2",
+                           "qwen3_moe_awq"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char dir[512], path[600];
+        snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, names[i]);
+        snprintf(path, sizeof path, "%s/dequant.safetensors", dir);
+        struct moe_model m;
+        cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s: %s", names[i], moe_last_error());
+        struct moe_safetensors st = {0};
+        cr_assert_eq(moe_safetensors_open_file(&st, path), MOE_OK, "%s", moe_last_error());
+        cr_assert(st.n_tensors >= 3, "%s: %zu weights", names[i], st.n_tensors);
+        for (size_t k = 0; k < st.n_tensors; k++) {
+            const struct moe_st_tensor *t = &st.tensors[k];
+            const int64_t N = t->shape[0], K = t->shape[1];
+            float *got = malloc((size_t)(N * K) * sizeof(float));
+            loaded_weight(&m, t->name, N, K, got);
+            const float *want = t->data;
+            int64_t bad = -1;
+            for (int64_t j = 0; j < N * K && bad < 0; j++)
+                if (memcmp(&got[j], &want[j], 4)) bad = j;
+            cr_expect(bad < 0, "%s %s: element (%lld, %lld) is %.9g, the library's %.9g", names[i], t->name,
+                      (long long)(bad / K), (long long)(bad % K), bad >= 0 ? got[bad] : 0.0,
+                      bad >= 0 ? want[bad] : 0.0);
+            free(got);
+        }
+        moe_safetensors_close(&st);
+        moe_model_free(&m);
+    }
+}
+
+#define L0 "model.layers.0."
+
+/* What a broken four-bit checkpoint gets: a message naming the tensor and
+ * what is wrong with it, never a crash or a silently wrong weight. */
+Test(q4_model, broken_checkpoints_are_refused_by_name)
+{
+    struct moe_model h;
+    /* scales missing; of the wrong dtype; not finite */
+    qt_copy_fixture(&h, "qwen3_moe_gptq", L0 "self_attn.k_proj.scales");
+    qt_expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "self_attn.k_proj.scales' is missing", NULL);
+    qt_copy_fixture(&h, "qwen3_moe_ct_w4", L0 "self_attn.q_proj.weight_scale");
+    qt_expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "self_attn.q_proj.weight_scale' is missing", NULL);
+    const struct moe_st_tensor *t;
+    qt_copy_fixture(&h, "qwen3_moe_awq", NULL);
+    cr_assert((t = moe_safetensors_find(&h.st, L0 "mlp.experts.2.up_proj.scales")));
+    ((uint16_t *)t->data)[7] = 0x7e00; /* an f16 NaN */
+    qt_expect_refused(&h, MOE_ERR_FORMAT, "the scales of '" L0 "mlp.experts.2.up_proj' hold nan", "row 7, group 0");
+    /* the packed codes of the wrong shape or dtype */
+    qt_copy_fixture(&h, "qwen3_moe_gptq", L0 "self_attn.o_proj.qweight");
+    cr_assert_eq(moe_safetensors_add(&h.st, L0 "self_attn.o_proj.qweight", MOE_DTYPE_I32, 2, (int64_t[]){8, 128},
+                                     calloc(8 * 128, 4)), MOE_OK);
+    qt_expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "self_attn.o_proj.qweight' has shape (8, 128), expected (16, 128)",
+                      NULL);
+    qt_copy_fixture(&h, "qwen3_moe_ct_w4", L0 "self_attn.o_proj.weight_packed");
+    cr_assert_eq(moe_safetensors_add(&h.st, L0 "self_attn.o_proj.weight_packed", MOE_DTYPE_U8, 2,
+                                     (int64_t[]){128, 16}, calloc(128 * 16, 1)), MOE_OK);
+    qt_expect_refused(&h, MOE_ERR_FORMAT, "weight_packed' has dtype U8 (expected I32)", NULL);
+    /* a g_idx naming a group that does not exist; act-order groups of
+     * unequal size */
+    qt_copy_fixture(&h, "qwen3_moe_gptq_actorder", NULL);
+    cr_assert((t = moe_safetensors_find(&h.st, L0 "self_attn.v_proj.g_idx")));
+    ((int32_t *)t->data)[9] = 5; /* groups of 32 over 128 columns */
+    qt_expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "self_attn.v_proj.g_idx' puts column 9 in group 5 (there are 4)",
+                      NULL);
+    qt_copy_fixture(&h, "qwen3_moe_gptq_asym_g32", NULL);
+    cr_assert((t = moe_safetensors_find(&h.st, L0 "self_attn.v_proj.g_idx")));
+    int32_t *g = (int32_t *)t->data;
+    g[0] = 1; /* group 0 loses a column to group 1 */
+    qt_expect_refused(&h, MOE_ERR_UNSUPPORTED, "v_proj.g_idx' gives group 0 fewer than 32 columns", NULL);
+    /* a compressed-tensors weight_shape that is not the weight's */
+    qt_copy_fixture(&h, "qwen3_moe_ct_w4", NULL);
+    cr_assert((t = moe_safetensors_find(&h.st, L0 "self_attn.q_proj.weight_shape")));
+    ((int64_t *)t->data)[1] = 64;
+    qt_expect_refused(&h, MOE_ERR_FORMAT, "q_proj.weight_shape' says [128, 64], expected [128, 128]", NULL);
+}

@@ -263,60 +263,23 @@ Test(quant_fp8, is_not_written_to_safetensors)
 
 /* ---- loading (runtime/model/model_fp8.c) ---- */
 
-/* A copy of fixture `name`'s tensors in memory (in *h, configured as the
- * fixture; not bound), but those whose names start with `skip`. */
-static void copy_fixture(struct moe_model *h, const char *name, const char *skip)
-{
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
-    struct moe_model src;
-    cr_assert_eq(moe_model_load(&src, dir), MOE_OK, "%s", moe_last_error());
-    memset(h, 0, sizeof *h);
-    h->cfg = src.cfg;
-    for (size_t i = 0; i < src.st.n_tensors; i++) {
-        const struct moe_st_tensor *t = &src.st.tensors[i];
-        if (skip && !strncmp(t->name, skip, strlen(skip))) continue;
-        void *d = malloc(t->nbytes ? t->nbytes : 1);
-        memcpy(d, t->data, t->nbytes);
-        cr_assert_eq(moe_safetensors_add(&h->st, t->name, t->dtype, t->ndim, t->shape, d), MOE_OK);
-    }
-    moe_model_free(&src);
-}
-
-/* Writable data of tensor `name` of h (in memory: copy_fixture). */
-static void *data_of(struct moe_model *h, const char *name)
-{
-    const struct moe_st_tensor *t = moe_safetensors_find(&h->st, name);
-    cr_assert(t, "%s missing", name);
-    return (void *)t->data;
-}
-
-/* Binding h fails with `status` and a message holding each needle. */
-static void expect_refused(struct moe_model *h, enum moe_status status, const char *n1, const char *n2)
-{
-    cr_expect_eq(moe_model_bind(h), status, "%s", moe_last_error());
-    cr_expect(strstr(moe_last_error(), n1), "'%s' not in: %s", n1, moe_last_error());
-    if (n2) cr_expect(strstr(moe_last_error(), n2), "'%s' not in: %s", n2, moe_last_error());
-    moe_model_free(h);
-}
-
 #define L0 "model.layers.0."
 
 Test(quant_fp8, nan_bytes_and_bad_scales_are_refused_at_load)
 {
     struct moe_model h;
-    copy_fixture(&h, "qwen3_moe_fp8", NULL);
-    ((uint8_t *)data_of(&h, L0 "mlp.experts.3.down_proj.weight"))[5 * 128 + 17] = 0xff;
-    expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "mlp.experts.3.down_proj.weight' holds a NaN (byte 0xff)",
+    qt_copy_fixture(&h, "qwen3_moe_fp8", NULL);
+    ((uint8_t *)qt_data_of(&h, L0 "mlp.experts.3.down_proj.weight"))[5 * 128 + 17] = 0xff;
+    qt_expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "mlp.experts.3.down_proj.weight' holds a NaN (byte 0xff)",
                    "row 5, column 17");
-    copy_fixture(&h, "deepseek_v3_fp8", NULL); /* kv_b_proj, dequantized to F32, too */
-    ((uint8_t *)data_of(&h, L0 "self_attn.kv_b_proj.weight"))[200 * 128 + 3] = 0x7f;
-    expect_refused(&h, MOE_ERR_FORMAT, "kv_b_proj.weight' holds a NaN (byte 0x7f)", "row 200, column 3");
+    qt_copy_fixture(&h, "deepseek_v3_fp8", NULL); /* kv_b_proj, dequantized to F32, too */
+    ((uint8_t *)qt_data_of(&h, L0 "self_attn.kv_b_proj.weight"))[200 * 128 + 3] = 0x7f;
+    qt_expect_refused(&h, MOE_ERR_FORMAT, "kv_b_proj.weight' holds a NaN (byte 0x7f)", "row 200, column 3");
     const float bad[] = {INFINITY, -INFINITY, NAN};
     for (int i = 0; i < 3; i++) {
-        copy_fixture(&h, "qwen3_moe_fp8", NULL);
-        ((float *)data_of(&h, L0 "self_attn.o_proj.weight_scale_inv"))[1] = bad[i];
-        expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "self_attn.o_proj.weight_scale_inv' holds a scale that is "
+        qt_copy_fixture(&h, "qwen3_moe_fp8", NULL);
+        ((float *)qt_data_of(&h, L0 "self_attn.o_proj.weight_scale_inv"))[1] = bad[i];
+        qt_expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "self_attn.o_proj.weight_scale_inv' holds a scale that is "
                        "not finite", "element 1");
     }
 }
@@ -324,40 +287,40 @@ Test(quant_fp8, nan_bytes_and_bad_scales_are_refused_at_load)
 Test(quant_fp8, scales_missing_or_of_the_wrong_shape_or_dtype_are_refused)
 {
     struct moe_model h;
-    copy_fixture(&h, "qwen3_moe_fp8", L0 "self_attn.k_proj.weight_scale_inv");
-    expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "self_attn.k_proj.weight' is F8_E4M3 but its scales '" L0
+    qt_copy_fixture(&h, "qwen3_moe_fp8", L0 "self_attn.k_proj.weight_scale_inv");
+    qt_expect_refused(&h, MOE_ERR_FORMAT, "'" L0 "self_attn.k_proj.weight' is F8_E4M3 but its scales '" L0
                    "self_attn.k_proj.weight_scale_inv' are missing", NULL);
     /* q_proj (128, 256): scales (1, 2); (2, 2) and (1, 2, 1) are refused */
     const int64_t shapes[][3] = {{2, 2, 0}, {1, 2, 1}};
     for (int i = 0; i < 2; i++) {
-        copy_fixture(&h, "qwen3_moe_fp8", L0 "self_attn.q_proj.weight_scale_inv");
+        qt_copy_fixture(&h, "qwen3_moe_fp8", L0 "self_attn.q_proj.weight_scale_inv");
         cr_assert_eq(moe_safetensors_add(&h.st, L0 "self_attn.q_proj.weight_scale_inv", MOE_DTYPE_F32, i ? 3 : 2,
                                          shapes[i], calloc(4, sizeof(float))), MOE_OK);
-        expect_refused(&h, MOE_ERR_FORMAT, "q_proj.weight_scale_inv' has shape", "expected (1, 2) (blocks of 128 "
+        qt_expect_refused(&h, MOE_ERR_FORMAT, "q_proj.weight_scale_inv' has shape", "expected (1, 2) (blocks of 128 "
                        "x 128 over '" L0 "self_attn.q_proj.weight' (128, 256))");
     }
-    copy_fixture(&h, "qwen3_moe_fp8", L0 "self_attn.q_proj.weight_scale_inv");
+    qt_copy_fixture(&h, "qwen3_moe_fp8", L0 "self_attn.q_proj.weight_scale_inv");
     cr_assert_eq(moe_safetensors_add(&h.st, L0 "self_attn.q_proj.weight_scale_inv", MOE_DTYPE_U8, 2,
                                      (int64_t[]){1, 2}, calloc(2, 1)), MOE_OK);
-    expect_refused(&h, MOE_ERR_UNSUPPORTED, "q_proj.weight_scale_inv' has dtype U8", "E8M0");
+    qt_expect_refused(&h, MOE_ERR_UNSUPPORTED, "q_proj.weight_scale_inv' has dtype U8", "E8M0");
 }
 
 Test(quant_fp8, fp8_outside_linear_weights_and_fp8_configs_is_refused)
 {
     struct moe_model h;
     /* a router (kept in bf16 by every fp8 checkpoint) */
-    copy_fixture(&h, "qwen3_moe_fp8", L0 "mlp.gate.weight");
+    qt_copy_fixture(&h, "qwen3_moe_fp8", L0 "mlp.gate.weight");
     cr_assert_eq(moe_safetensors_add(&h.st, L0 "mlp.gate.weight", MOE_DTYPE_F8E4M3, 2, (int64_t[]){8, 256},
                                      calloc(8, 256)), MOE_OK);
-    expect_refused(&h, MOE_ERR_UNSUPPORTED, "'" L0 "mlp.gate.weight' is F8_E4M3; only Linear weights", NULL);
-    copy_fixture(&h, "qwen3_moe_fp8", "model.embed_tokens.weight");
+    qt_expect_refused(&h, MOE_ERR_UNSUPPORTED, "'" L0 "mlp.gate.weight' is F8_E4M3; only Linear weights", NULL);
+    qt_copy_fixture(&h, "qwen3_moe_fp8", "model.embed_tokens.weight");
     cr_assert_eq(moe_safetensors_add(&h.st, "model.embed_tokens.weight", MOE_DTYPE_F8E4M3, 2,
                                      (int64_t[]){256, 256}, calloc(256, 256)), MOE_OK);
-    expect_refused(&h, MOE_ERR_UNSUPPORTED, "'model.embed_tokens.weight' is F8_E4M3; only Linear", NULL);
+    qt_expect_refused(&h, MOE_ERR_UNSUPPORTED, "'model.embed_tokens.weight' is F8_E4M3; only Linear", NULL);
     /* F8_E4M3 in a checkpoint whose config says nothing of fp8 */
-    copy_fixture(&h, "qwen3_moe_fp8", NULL);
+    qt_copy_fixture(&h, "qwen3_moe_fp8", NULL);
     h.cfg.weights_fp8 = false;
-    expect_refused(&h, MOE_ERR_UNSUPPORTED, "is F8_E4M3 but config.json has no quantization_config", NULL);
+    qt_expect_refused(&h, MOE_ERR_UNSUPPORTED, "is F8_E4M3 but config.json has no quantization_config", NULL);
     /* K = 64 columns: FP8 rows hold whole blocks of 128 */
     memset(&h, 0, sizeof h);
     h.cfg.weights_fp8 = true;
@@ -383,8 +346,8 @@ Test(quant_fp8, fp8_outside_linear_weights_and_fp8_configs_is_refused)
 static void load_stacked(struct moe_model *h)
 {
     struct moe_model src;
-    copy_fixture(&src, "qwen3_moe_fp8", NULL);
-    copy_fixture(h, "qwen3_moe_fp8", L0 "mlp.experts.");
+    qt_copy_fixture(&src, "qwen3_moe_fp8", NULL);
+    qt_copy_fixture(h, "qwen3_moe_fp8", L0 "mlp.experts.");
     const int64_t E = h->cfg.n_experts, F = h->cfg.d_expert, D = h->cfg.d_model;
     uint8_t *gu = malloc((size_t)(E * 2 * F * D)), *dn = malloc((size_t)(E * D * F));
     float *gus = malloc((size_t)(E * 2 * F / 128 * D / 128) * 4), *dns = malloc((size_t)(E * D / 128 * F / 128) * 4);
@@ -395,8 +358,8 @@ static void load_stacked(struct moe_model *h)
             char n[96], sn[128];
             snprintf(n, sizeof n, L0 "mlp.experts.%lld.%s.weight", (long long)e, proj[i]);
             snprintf(sn, sizeof sn, "%s_scale_inv", n);
-            memcpy(i < 2 ? gu + (size_t)(2 * e + i) * mat : dn + (size_t)e * mat, data_of(&src, n), mat);
-            memcpy(i < 2 ? gus + (size_t)(2 * e + i) * smat : dns + (size_t)e * smat, data_of(&src, sn), smat * 4);
+            memcpy(i < 2 ? gu + (size_t)(2 * e + i) * mat : dn + (size_t)e * mat, qt_data_of(&src, n), mat);
+            memcpy(i < 2 ? gus + (size_t)(2 * e + i) * smat : dns + (size_t)e * smat, qt_data_of(&src, sn), smat * 4);
         }
     }
     moe_model_free(&src);
@@ -420,7 +383,7 @@ Test(quant_fp8, stacked_experts_equal_per_expert)
     const char *backends[] = {"cpu-ref", "cpu"};
     for (int i = 0; i < 2; i++) {
         struct moe_model h;
-        copy_fixture(&h, "qwen3_moe_fp8", NULL);
+        qt_copy_fixture(&h, "qwen3_moe_fp8", NULL);
         cr_assert_eq(moe_model_bind(&h), MOE_OK, "%s", moe_last_error());
         qt_prompt_logits(&h, backends[i], MOE_QUANT_NONE, a);
         moe_model_free(&h);

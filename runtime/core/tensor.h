@@ -172,6 +172,12 @@ struct moe_tensor {
     int64_t shape[MOE_MAX_DIMS];
     void *data; /* borrowed; NULL for an absent optional tensor */
     int device; /* -1 host, >= 0 device ordinal */
+    /* A 2-D weight (N, K) whose stored columns are permuted (act-order
+     * four-bit checkpoints: runtime/model/model_q4.c): stored column j
+     * multiplies input column cols[j], so y = x[:, cols] . W^T; the forward
+     * pass gathers the input's columns before the product.  NULL: in
+     * order.  Host memory the model owns. */
+    const int32_t *cols;
 };
 
 /* Bytes per element. */

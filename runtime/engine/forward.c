@@ -59,6 +59,17 @@ static enum moe_status init_buffers(struct moe_forward *fw)
     WALLOC(fw->logits, (size_t)fw->lim.max_logits * (size_t)c->vocab, float);
     WALLOC(fw->amax, (size_t)fw->lim.max_logits, int32_t);
     if (fw->lim.hidden) WALLOC(fw->hid, (T + 1) * D, float);
+    if (fw->m->cols_permuted) { /* the widest input of a Linear weight */
+        const size_t rows = (size_t)(fw->lim.max_tokens > fw->lim.max_logits ? fw->lim.max_tokens : fw->lim.max_logits);
+        const size_t widths[] = {D, Q, H, F, 2 * D, (size_t)c->q_lora_rank, (size_t)c->kv_lora_rank,
+                                 (size_t)c->n_heads * c->v_head_dim};
+        size_t wmax = 1;
+        for (size_t i = 0; i < sizeof widths / sizeof *widths; i++) wmax = widths[i] > wmax ? widths[i] : wmax;
+        if (!be->ops->gather_cols)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no column copies, which act-order four-bit "
+                            "weights need", be->ops->name);
+        WALLOC(fw->xcols, rows * wmax, float);
+    }
     if (fw->m->mtp_eh_proj.data) {
         if (!be->ops->gather_cols)
             return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no column copies, which a "
@@ -125,7 +136,7 @@ void moe_forward_free(struct moe_forward *fw)
                         fw->sh, fw->shg, fw->rlogits, fw->ids, fw->rw, fw->plan.counts,
                         fw->plan.offsets, fw->plan.perm, fw->plan.pos, fw->ews.xe, fw->ews.g,
                         fw->ews.u, fw->ews.ye, fw->inv_freq, fw->lrows, fw->logits, fw->amax,
-                        fw->hid, fw->hin, fw->cat,
+                        fw->hid, fw->hin, fw->cat, fw->xcols,
                         fw->b_tokens, fw->b_pos, fw->b_seq_of, fw->b_seq_start, fw->b_ctx_len,
                         fw->b_table, fw->b_slot, fw->b_rows};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
@@ -224,6 +235,31 @@ static enum moe_status upload_batch(struct moe_forward *fw, const struct moe_bat
     return MOE_OK;
 }
 
+enum moe_status moe_forward_linear(struct moe_forward *fw, float *y, const float *x, const struct moe_tensor *w,
+                                   const struct moe_tensor *b, int T)
+{
+    struct moe_backend *be = fw->be;
+    if (w->cols) {
+        const int K = (int)w->shape[1];
+        MOE_TRY(be->ops->gather_cols(be, fw->xcols, K, x, K, T, w->cols, K));
+        x = fw->xcols;
+    }
+    return be->ops->matmul(be, y, x, w, b, T);
+}
+
+/* n products of one input x: matmul_multi when the backend has it and no
+ * weight orders its columns, else one at a time. */
+static enum moe_status linear_multi(struct moe_forward *fw, int n, float *const *y, const float *x,
+                                    const struct moe_tensor *const *ws, const struct moe_tensor *const *bs, int T)
+{
+    struct moe_backend *be = fw->be;
+    bool plain = be->ops->matmul_multi != NULL;
+    for (int i = 0; i < n; i++) plain = plain && !ws[i]->cols;
+    if (plain) return be->ops->matmul_multi(be, n, y, x, ws, bs, T);
+    for (int i = 0; i < n; i++) MOE_TRY(moe_forward_linear(fw, y[i], x, ws[i], bs[i], T));
+    return MOE_OK;
+}
+
 /* x += out (times Granite's residual_multiplier) */
 static enum moe_status residual_add(struct moe_forward *fw, int T)
 {
@@ -258,16 +294,10 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
         MOE_TRY(moe_forward_mla_attention(fw, kv, db, l, &p));
         return residual_add(fw, T);
     }
-    if (op->matmul_multi) {
-        float *const y[3] = {fw->q, fw->k, fw->v};
-        const struct moe_tensor *const ws[3] = {&w->wq, &w->wk, &w->wv};
-        const struct moe_tensor *const bs[3] = {&w->bq, &w->bk, &w->bv};
-        MOE_TRY(op->matmul_multi(be, 3, y, fw->xn, ws, bs, T));
-    } else {
-        MOE_TRY(op->matmul(be, fw->q, fw->xn, &w->wq, &w->bq, T));
-        MOE_TRY(op->matmul(be, fw->k, fw->xn, &w->wk, &w->bk, T));
-        MOE_TRY(op->matmul(be, fw->v, fw->xn, &w->wv, &w->bv, T));
-    }
+    float *const y[3] = {fw->q, fw->k, fw->v};
+    const struct moe_tensor *const ws[3] = {&w->wq, &w->wk, &w->wv};
+    const struct moe_tensor *const bs[3] = {&w->bq, &w->bk, &w->bv};
+    MOE_TRY(linear_multi(fw, 3, y, fw->xn, ws, bs, T));
     if (c->qk_norm == MOE_QK_NORM_HEAD) {
         MOE_TRY(op->rmsnorm(be, fw->q, fw->q, &w->q_norm, T * Hq, Dh, c->rms_eps));
         MOE_TRY(op->rmsnorm(be, fw->k, fw->k, &w->k_norm, T * Hkv, Dh, c->rms_eps));
@@ -284,7 +314,7 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     MOE_TRY(op->rope(be, fw->k, db->positions, T, Hkv, Dh, c->rope_dim, fw->inv_freq));
     MOE_TRY(op->kv_store(be, kv, l, fw->k, fw->v, db->slot, T));
     MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, &p));
-    MOE_TRY(op->matmul(be, fw->out, fw->att, &w->wo, &w->bo, T));
+    MOE_TRY(moe_forward_linear(fw, fw->out, fw->att, &w->wo, &w->bo, T));
     return residual_add(fw, T);
 }
 
@@ -295,16 +325,11 @@ static enum moe_status swiglu_ffn(struct moe_forward *fw, float *out, int T,
                                   const struct moe_tensor *d, const struct moe_tensor *bd)
 {
     struct moe_backend *be = fw->be;
-    if (be->ops->matmul_multi) {
-        float *const y[2] = {fw->h1, fw->h2};
-        const struct moe_tensor *const ws[2] = {g, u}, *const bs[2] = {bg, bu};
-        MOE_TRY(be->ops->matmul_multi(be, 2, y, fw->xn, ws, bs, T));
-    } else {
-        MOE_TRY(be->ops->matmul(be, fw->h1, fw->xn, g, bg, T));
-        MOE_TRY(be->ops->matmul(be, fw->h2, fw->xn, u, bu, T));
-    }
+    float *const y[2] = {fw->h1, fw->h2};
+    const struct moe_tensor *const ws[2] = {g, u}, *const bs[2] = {bg, bu};
+    MOE_TRY(linear_multi(fw, 2, y, fw->xn, ws, bs, T));
     MOE_TRY(be->ops->swiglu(be, fw->h1, fw->h2, (size_t)T * g->shape[0]));
-    return be->ops->matmul(be, out, fw->h1, d, bd, T);
+    return moe_forward_linear(fw, out, fw->h1, d, bd, T);
 }
 
 /* Layer l's slice of the statistics host buffers (see forward.h). */
@@ -366,7 +391,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
             for (int i = 0; i < T * K; i++) trace->ids[(size_t)l * T * K + i] = -1;
         return residual_add(fw, T);
     }
-    MOE_TRY(op->matmul(be, fw->rlogits, fw->xn, &w->router, &w->router_b, T));
+    MOE_TRY(moe_forward_linear(fw, fw->rlogits, fw->xn, &w->router, &w->router_b, T));
     const struct moe_route rt = {E, K, c->norm_topk, c->router_sigmoid, w->router_bias.data,
                                  c->n_group, c->topk_group, c->routed_scale};
     MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, &rt));
@@ -395,7 +420,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
     if (c->d_shared > 0) {
         MOE_TRY(swiglu_ffn(fw, fw->sh, T, &w->sh_gate, NULL, &w->sh_up, NULL, &w->sh_down, NULL));
         if (c->shared_gate) {
-            MOE_TRY(op->matmul(be, fw->shg, fw->xn, &w->sh_router, NULL, T));
+            MOE_TRY(moe_forward_linear(fw, fw->shg, fw->xn, &w->sh_router, NULL, T));
             MOE_TRY(op->sigmoid_scale(be, fw->sh, fw->shg, T, D));
         }
         MOE_TRY(op->add(be, fw->out, fw->sh, (size_t)T * D));
@@ -417,7 +442,7 @@ static enum moe_status mtp_input(struct moe_forward *fw, const struct moe_batch 
     MOE_TRY(op->gather_cols(be, fw->cat, 2 * D, fw->xn, D, T, NULL, D));
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->hin, &m->mtp_hnorm, T, D, eps));
     MOE_TRY(op->gather_cols(be, fw->cat + D, 2 * D, fw->xn, D, T, NULL, D));
-    return op->matmul(be, fw->x, fw->cat, &m->mtp_eh_proj, NULL, T);
+    return moe_forward_linear(fw, fw->x, fw->cat, &m->mtp_eh_proj, NULL, T);
 }
 
 /* The ops of one step, from the embedding to the logits (backend memory). */
@@ -444,7 +469,7 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     if (db->n_logits == 0) return MOE_OK;
     MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db->logit_rows, db->n_logits, c->d_model));
     MOE_TRY(op->rmsnorm(be, fw->lrows, fw->lrows, &m->final_norm, db->n_logits, c->d_model, c->rms_eps));
-    MOE_TRY(op->matmul(be, fw->logits, fw->lrows, &m->lm_head, NULL, db->n_logits));
+    MOE_TRY(moe_forward_linear(fw, fw->logits, fw->lrows, &m->lm_head, NULL, db->n_logits));
     if (c->logit_scale != 1.0f && c->logit_scale != 0.0f)
         MOE_TRY(op->scale(be, fw->logits, (size_t)db->n_logits * c->vocab, c->logit_scale));
     /* always, so a recorded step serves callers with and without ids */

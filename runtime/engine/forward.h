@@ -69,6 +69,9 @@ struct moe_forward {
      * fills hin (T, D) with each row's hidden state before the step; cat
      * (T, 2D) holds [enorm(embedding); hnorm(hin)] */
     float *hin, *cat;
+    /* act-order four-bit weights (m->cols_permuted): (max(max_tokens,
+     * max_logits), widest input) an input's columns in a weight's order */
+    float *xcols;
     /* MLA (runtime/engine/forward_mla.c), allocated when the model has it */
     struct moe_forward_mla {
         float *qa;       /* (T, Rq) */
@@ -110,6 +113,11 @@ void moe_forward_free(struct moe_forward *fw);
 /* MLA (runtime/engine/forward_mla.c): buffers (nothing without kv_lora_rank), and
  * the attention block from fw->xn to fw->out. */
 MOE_MUST_USE enum moe_status moe_forward_mla_init(struct moe_forward *fw);
+/* y (T, N) = x (T, K) . W^T (+ b): the backend's matmul, after gathering
+ * x's columns in the weight's stored order when it has one (w->cols:
+ * act-order four-bit weights). */
+MOE_MUST_USE enum moe_status moe_forward_linear(struct moe_forward *fw, float *y, const float *x,
+                                                const struct moe_tensor *w, const struct moe_tensor *b, int T);
 void moe_forward_mla_free(struct moe_forward *fw);
 MOE_MUST_USE enum moe_status moe_forward_mla_attention(struct moe_forward *fw, struct moe_kvcache *kv,
                                                         const struct moe_batch *db, int l,

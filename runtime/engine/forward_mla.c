@@ -92,14 +92,14 @@ enum moe_status moe_forward_mla_attention(struct moe_forward *fw, struct moe_kvc
     const int T = db->n_tokens, H = c->n_heads, R = c->rope_dim, Rc = c->kv_lora_rank,
               QK = c->qk_nope_dim + R, Dh = c->head_dim; /* R + Rc */
     if (c->q_lora_rank > 0) {
-        MOE_TRY(op->matmul(be, a->qa, fw->xn, &w->wq_a, NULL, T));
+        MOE_TRY(moe_forward_linear(fw, a->qa, fw->xn, &w->wq_a, NULL, T));
         MOE_TRY(op->rmsnorm(be, a->qa, a->qa, &w->q_a_norm, T, c->q_lora_rank, c->rms_eps));
-        MOE_TRY(op->matmul(be, a->qr, a->qa, &w->wq, NULL, T));
+        MOE_TRY(moe_forward_linear(fw, a->qr, a->qa, &w->wq, NULL, T));
     } else {
-        MOE_TRY(op->matmul(be, a->qr, fw->xn, &w->wq, NULL, T));
+        MOE_TRY(moe_forward_linear(fw, a->qr, fw->xn, &w->wq, NULL, T));
     }
     /* the cache row [rope(k_rope), rmsnorm(c)] in fw->k */
-    MOE_TRY(op->matmul(be, a->kva, fw->xn, &w->wkv_a, NULL, T));
+    MOE_TRY(moe_forward_linear(fw, a->kva, fw->xn, &w->wkv_a, NULL, T));
     MOE_TRY(op->gather_cols(be, fw->k, Dh, a->kva, Rc + R, T, a->k_rope, R));
     MOE_TRY(op->gather_cols(be, a->c, Rc, a->kva, Rc + R, T, NULL, Rc));
     MOE_TRY(op->rmsnorm(be, a->c, a->c, &w->kv_a_norm, T, Rc, c->rms_eps));
@@ -112,5 +112,5 @@ enum moe_status moe_forward_mla_attention(struct moe_forward *fw, struct moe_kvc
     MOE_TRY(op->rope(be, fw->q, db->positions, T, H, Dh, R, fw->inv_freq));
     MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, p));
     MOE_TRY(op->head_matmul(be, a->o, c->v_head_dim, fw->att + R, Dh, &w->w_uv, T));
-    return op->matmul(be, fw->out, a->o, &w->wo, NULL, T);
+    return moe_forward_linear(fw, fw->out, a->o, &w->wo, NULL, T);
 }

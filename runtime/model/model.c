@@ -232,6 +232,24 @@ static enum moe_status set_expert(struct moe_expert_weights *x, int e, const str
     return MOE_OK;
 }
 
+/* Expert e's column orders (act-order four-bit weights) into x->cols
+ * (allocated at the first permuted expert); its gate and up matrices must
+ * share one (they read the same rows).  name: the down matrix's. */
+static enum moe_status expert_cols(struct moe_expert_weights *x, int E, int e, const struct moe_tensor *g,
+                                   const struct moe_tensor *u, const struct moe_tensor *d, const char *name)
+{
+    if (!g->cols && !u->cols && !d->cols) return MOE_OK;
+    const int64_t D = g->shape[1];
+    if (!g->cols != !u->cols || (g->cols && memcmp(g->cols, u->cols, (size_t)D * sizeof(int32_t))))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: expert %d of '%s': its gate and up matrices order "
+                        "their act-order columns differently (one order is supported)", e, name);
+    if (!x->cols && !(x->cols = calloc(2 * (size_t)E, sizeof *x->cols)))
+        return moe_fail(MOE_ERR_NOMEM, "expert column orders");
+    x->cols[2 * e] = g->cols;
+    x->cols[2 * e + 1] = d->cols;
+    return MOE_OK;
+}
+
 /* Experts stacked as gu_name (E, 2F, D), gate rows first, and dn_name
  * (E, D, F) into x's table (allocated here). */
 static enum moe_status bind_stacked_experts(struct moe_model *m, const char *gu_name,
@@ -291,6 +309,7 @@ static enum moe_status bind_experts(struct moe_model *m, int l, const char *blk,
         if (d.dtype != g.dtype)
             return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s differs in dtype from its gate", n);
         MOE_TRY(set_expert(x, (int)e, &g, g.data, u.data, d.data, n));
+        MOE_TRY(expert_cols(x, (int)E, (int)e, &g, &u, &d, n));
     }
     return MOE_OK;
 }
@@ -414,6 +433,7 @@ void moe_model_free(struct moe_model *m)
             free(m->layers[l].experts.gate);
             free(m->layers[l].experts.up);
             free(m->layers[l].experts.down);
+            free(m->layers[l].experts.cols);
         }
     }
     free(m->layers);

@@ -24,6 +24,13 @@ extern "C" {
 
 struct moe_expert_weights {
     enum moe_dtype dtype;  /* all experts of a layer share it, unless dtypes says otherwise */
+    /* Act-order four-bit experts (moe_tensor.cols): (2E) the column order
+     * of expert e's gate and up matrices (one order: they read the same
+     * input) at [2e] and of its down matrix at [2e + 1], NULL entries for
+     * experts stored in order; NULL when no expert of the layer is
+     * permuted.  The expert phase permutes each expert's rows before its
+     * products (experts/experts.h). */
+    const int32_t **cols;
     /* (E) each expert's own dtype when a per-expert precision plan mixes
      * formats in the layer (--expert-dtype-plan: set by the CPU backend's
      * prepare_model, which owns it; dtype is then expert 0's), else NULL;
@@ -103,6 +110,7 @@ struct moe_model {
      * (runtime/engine/forward.h, moe_forward.hin), not the embedding. */
     struct moe_tensor mtp_enorm, mtp_hnorm; /* (D) */
     struct moe_tensor mtp_eh_proj;          /* (D, 2D): embedding columns first */
+    bool cols_permuted; /* some weight has moe_tensor.cols (act-order four-bit) */
 };
 
 /* Loads config.json and the safetensors of a model folder. */

@@ -8,9 +8,11 @@
  *
  *   GPTQ  PREFIX.qweight I32 (K/8, N): nibble k % 8 (bits 4(k%8) ..) of
  *         word [k/8][n]; PREFIX.qzeros I32 (K/G, N/8): z of (g, n) in
- *         nibble n % 8 of word [g][n/8], plus 1 in checkpoint_format gptq
- *         (v1 stores z - 1; z = 8 for symmetric ones); PREFIX.scales
- *         (K/G, N); PREFIX.g_idx I32 (K), the group of each column.
+ *         nibble n % 8 of word [g][n/8]; checkpoint_format gptq (v1)
+ *         stores z - 1, read as GPTQModel converts v1 to v2: the whole
+ *         word plus 0x11111111, so that the borrow a zero point of 0 made
+ *         when it was written carries back (z = 8 for symmetric ones);
+ *         PREFIX.scales (K/G, N); PREFIX.g_idx I32 (K), each column's group.
  *   AWQ   PREFIX.qweight I32 (K, N/8): column n in nibble AWQ_POS[n % 8]
  *         of word [k][n/8] (AutoAWQ's interleaved order 0 2 4 6 1 3 5 7);
  *         PREFIX.qzeros I32 (K/G, N/8), the same order; PREFIX.scales
@@ -29,10 +31,16 @@
  * an unquantized LM head load as stored.  G must be a multiple of 32 that
  * divides K, or K: G a multiple of 128 (and K of 128) becomes Q4_G128
  * groups, else Q4_G32 ones, each with its source group's d = s and
- * m = -z * s.  A g_idx that is not the identity grouping (k / G: desc_act
- * true, act-order) would need the input's columns permuted before the
- * product; it is refused by name.  Stacked (3-D) four-bit expert tensors
- * are refused the same way (no checkpoint writes them yet). */
+ * m = -z * s.  A g_idx that is not the identity grouping k / G (desc_act
+ * true, act-order: columns quantized in order of importance, so a group's
+ * columns are scattered) is read by sorting the columns by group (stable):
+ * the stored rows hold the columns in that order, whose groups are then
+ * contiguous, and the tensor's cols (runtime/core/tensor.h) says which
+ * input column each stored column multiplies.  Every group must then hold
+ * exactly G columns (GPTQ's act-order does); a g_idx naming a group out of
+ * range, or uneven groups, is refused by name.  A weight dequantized to F32
+ * (to_f32) keeps its columns in order.  Stacked (3-D) four-bit expert
+ * tensors are refused (no checkpoint writes them yet). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +56,8 @@ struct q4_src {
     const char *prefix;
     const struct moe_st_tensor *q, *z, *s, *gidx;
     int64_t N, K, G, n_groups;
-    int zero_add; /* GPTQ v1: 1 */
+    uint32_t zero_add; /* GPTQ v1: 0x11111111, added to each zero-point word */
+    int32_t *perm; /* act-order: (K) the source column of each stored column; NULL: in order */
 };
 
 static inline unsigned nib(int32_t w, int i) { return ((uint32_t)w >> (4 * i)) & 15u; }
@@ -68,7 +77,7 @@ static inline unsigned src_zero(const struct q4_src *p, int64_t n, int64_t g)
     if (!p->z) return 8; /* compressed-tensors, symmetric */
     const int32_t *z = p->z->data;
     switch (p->fmt) {
-    case MOE_Q4_GPTQ: return nib(z[g * (p->N / 8) + n / 8], (int)(n % 8)) + (unsigned)p->zero_add;
+    case MOE_Q4_GPTQ: return nib((int32_t)((uint32_t)z[g * (p->N / 8) + n / 8] + p->zero_add), (int)(n % 8));
     case MOE_Q4_AWQ: return nib(z[g * (p->N / 8) + n / 8], AWQ_POS[n % 8]);
     default: return nib(z[(n / 8) * p->n_groups + g], (int)(n % 8));
     }
@@ -188,8 +197,24 @@ static enum moe_status open_src(const struct moe_model *m, struct q4_src *p)
     return find(m, p->prefix, ".qzeros", true, I32, 1, p->n_groups, N / 8, &p->z);
 }
 
-/* Every scale finite, and g_idx (if any) the identity grouping k / G. */
-static enum moe_status check_src(const struct q4_src *p)
+/* The source group of column k. */
+static inline int64_t src_group(const struct q4_src *p, int64_t k)
+{
+    return p->gidx ? ((const int32_t *)p->gidx->data)[k] : k / p->G;
+}
+
+static int by_group(const void *a, const void *b, void *gidx)
+{
+    const int32_t *g = gidx;
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (g[x] != g[y]) return g[x] < g[y] ? -1 : 1;
+    return (x > y) - (x < y); /* stable */
+}
+
+/* Every scale finite; g_idx (if any) in range, and, unless it is the
+ * identity grouping k / G, p->perm: the columns sorted by group, each
+ * group exactly G of them. */
+static enum moe_status check_src(struct q4_src *p)
 {
     for (int64_t g = 0; g < p->n_groups; g++)
         for (int64_t n = 0; n < p->N; n++) {
@@ -200,31 +225,50 @@ static enum moe_status check_src(const struct q4_src *p)
         }
     if (!p->gidx) return MOE_OK;
     const int32_t *gi = p->gidx->data;
-    for (int64_t k = 0; k < p->K; k++)
-        if (gi[k] != k / p->G)
-            return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: tensor '%s' puts column %lld in group %d, not %lld: "
-                            "act-order (desc_act true) weights are not supported yet", p->gidx->name,
-                            (long long)k, gi[k], (long long)(k / p->G));
+    bool identity = true;
+    for (int64_t k = 0; k < p->K; k++) {
+        if (gi[k] < 0 || gi[k] >= p->n_groups)
+            return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensor '%s' puts column %lld in group %d (there are "
+                            "%lld)", p->gidx->name, (long long)k, gi[k], (long long)p->n_groups);
+        identity = identity && gi[k] == k / p->G;
+    }
+    if (identity) {
+        p->gidx = NULL;
+        return MOE_OK;
+    }
+    if (!(p->perm = malloc((size_t)p->K * sizeof *p->perm)))
+        return moe_fail(MOE_ERR_NOMEM, "checkpoint: the column order of '%s'", p->prefix);
+    for (int64_t k = 0; k < p->K; k++) p->perm[k] = (int32_t)k;
+    qsort_r(p->perm, (size_t)p->K, sizeof *p->perm, by_group, (void *)gi);
+    for (int64_t j = 0; j < p->K; j++)
+        if (gi[p->perm[j]] != j / p->G)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: tensor '%s' gives group %lld %s than %lld columns: "
+                            "act-order groups of equal size are supported", p->gidx->name,
+                            (long long)(j / p->G), gi[p->perm[j]] > j / p->G ? "fewer" : "more",
+                            (long long)p->G);
     return MOE_OK;
 }
 
-/* Row n of p into dst as Q4_G32/Q4_G128 (dt), or dequantized to F32. */
+/* Row n of p into dst as Q4_G32/Q4_G128 (dt), its columns in p->perm's
+ * order, or dequantized to F32 in the stored order. */
 static void pack_row(const struct q4_src *p, int64_t n, enum moe_dtype dt, bool to_f32, void *dst)
 {
-    const int64_t RG = to_f32 ? 32 : moe_q4_group(dt);
+    if (to_f32) {
+        float *f = dst;
+        for (int64_t k = 0; k < p->K; k++) {
+            const int64_t g = src_group(p, k);
+            f[k] = ((float)src_code(p, n, k) - (float)src_zero(p, n, g)) * src_scale(p, n, g);
+        }
+        return;
+    }
+    const int64_t RG = moe_q4_group(dt);
     uint8_t codes[128];
     char *out = dst;
-    for (int64_t k0 = 0; k0 < p->K; k0 += RG) {
-        const int64_t g = k0 / p->G;
+    for (int64_t k0 = 0; k0 < p->K; k0 += RG, out += moe_q4_group_bytes(dt)) {
+        const int64_t g = k0 / p->G; /* the stored columns' groups are contiguous */
         const float s = src_scale(p, n, g), z = (float)src_zero(p, n, g);
-        for (int64_t j = 0; j < RG; j++) codes[j] = (uint8_t)src_code(p, n, k0 + j);
-        if (to_f32) {
-            float *f = (float *)out + k0;
-            for (int64_t j = 0; j < RG; j++) f[j] = ((float)codes[j] - z) * s;
-        } else {
-            moe_q4_pack_group(out, dt, codes, s, -z * s);
-            out += moe_q4_group_bytes(dt);
-        }
+        for (int64_t j = 0; j < RG; j++) codes[j] = (uint8_t)src_code(p, n, p->perm ? p->perm[k0 + j] : k0 + j);
+        moe_q4_pack_group(out, dt, codes, s, -z * s);
     }
 }
 
@@ -242,19 +286,28 @@ enum moe_status moe_model_q4_bind(struct moe_model *m, const char *prefix, int n
         return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: '%s' is a stack of four-bit matrices; four-bit "
                         "experts are supported one tensor per expert", prefix);
     struct q4_src p = {.fmt = m->cfg.q4_method, .prefix = prefix, .N = N, .K = K,
-                       .zero_add = m->cfg.q4_zero_plus_one ? 1 : 0};
+                       .zero_add = m->cfg.q4_zero_plus_one ? 0x11111111u : 0};
     MOE_TRY(open_src(m, &p));
-    MOE_TRY(check_src(&p));
+    enum moe_status s = check_src(&p);
     const enum moe_dtype dt = p.G % 128 == 0 && K % 128 == 0 ? MOE_DTYPE_Q4_G128 : MOE_DTYPE_Q4_G32;
     const size_t row = to_f32 ? (size_t)K * sizeof(float) : moe_dtype_row_bytes(dt, (size_t)K);
     size_t bytes;
-    if (!moe_mul_size((size_t)N, row, &bytes))
-        return moe_fail(MOE_ERR_FORMAT, "checkpoint: four-bit weight '%s' is too large", prefix);
-    char *base;
-    MOE_TRY(moe_model_own(m, bytes, (void **)&base));
+    char *base = NULL;
+    int32_t *cols = NULL;
+    if (s == MOE_OK && !moe_mul_size((size_t)N, row, &bytes))
+        s = moe_fail(MOE_ERR_FORMAT, "checkpoint: four-bit weight '%s' is too large", prefix);
+    if (s == MOE_OK) s = moe_model_own(m, bytes, (void **)&base);
+    if (s == MOE_OK && p.perm && !to_f32 && (s = moe_model_own(m, (size_t)K * sizeof *cols, (void **)&cols)) == MOE_OK)
+        memcpy(cols, p.perm, (size_t)K * sizeof *cols);
+    if (s != MOE_OK) {
+        free(p.perm);
+        return s;
+    }
     for (int64_t n = 0; n < N; n++) pack_row(&p, n, dt, to_f32, base + (size_t)n * row);
+    free(p.perm);
     *out = (struct moe_tensor){.dtype = to_f32 ? MOE_DTYPE_F32 : dt, .ndim = 2, .shape = {N, K}, .data = base,
-                               .device = -1};
+                               .device = -1, .cols = cols};
+    if (cols) m->cols_permuted = true;
     const struct moe_st_tensor *done[] = {p.q, p.z, p.s};
     for (int i = 0; i < 3; i++)
         if (done[i]) moe_safetensors_release(&m->st, done[i]->data, done[i]->nbytes, true);
