@@ -14,6 +14,46 @@
 #include "tests/quant_test.h"
 #include "tests/testutil.h"
 
+/* --quantize q4's blocks are ggml's Q4_1 bit for bit: gguf-py's
+ * quantization of the same rows (tests/fixtures/quant/q4_1.safetensors:
+ * constant, zero, subnormal-scale, near-f16-range and outlier blocks), and
+ * its dequantization. */
+Test(q4_model, q4_1_blocks_equal_gguf_py)
+{
+    struct moe_safetensors st = {0};
+    cr_assert_eq(moe_safetensors_open_file(&st, FIXTURE_DIR "/quant/q4_1.safetensors"), MOE_OK, "%s",
+                 moe_last_error());
+    const struct moe_st_tensor *x = moe_safetensors_find(&st, "x"), *q = moe_safetensors_find(&st, "q4_1"),
+                               *d = moe_safetensors_find(&st, "dequant");
+    cr_assert(x && q && d);
+    const int R = (int)x->shape[0], K = (int)x->shape[1];
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q4_1, (size_t)K);
+    cr_assert_eq((size_t)q->shape[1], rb, "ggml blocks: f16 d, f16 m, 16 bytes of codes");
+    unsigned char *got = malloc(rb);
+    float *back = malloc((size_t)K * sizeof(float));
+    for (int r = 0; r < R; r++) {
+        cr_assert(moe_quantize_row_q4_1(got, (const float *)x->data + (size_t)r * K, (size_t)K), "row %d", r);
+        const unsigned char *want = (const unsigned char *)q->data + (size_t)r * rb;
+        for (size_t i = 0; i < rb; i++)
+            cr_assert_eq(got[i], want[i], "row %d block %zu byte %zu: 0x%02x, gguf-py 0x%02x", r, i / 20, i % 20,
+                         got[i], want[i]);
+        moe_convert_row_f32(back, got, MOE_DTYPE_Q4_1, (size_t)K);
+        const float *dq = (const float *)d->data + (size_t)r * K;
+        for (int k = 0; k < K; k++)
+            cr_assert(!memcmp(&back[k], &dq[k], 4), "row %d value %d: %.9g, gguf-py %.9g", r, k, back[k], dq[k]);
+    }
+    /* not finite, or a scale or minimum past f16: refused */
+    float bad[32] = {0};
+    const float v[] = {NAN, INFINITY, -1e6f};
+    for (int i = 0; i < 3; i++) {
+        bad[7] = v[i];
+        cr_expect_not(moe_quantize_row_q4_1(got, bad, 32), "%g", v[i]);
+    }
+    free(got);
+    free(back);
+    moe_safetensors_close(&st);
+}
+
 static void run_q4(const char *name, enum moe_weight_quant q, float *logits, struct moe_model *m)
 {
     struct moe_config cfg;
