@@ -19,14 +19,16 @@
 #
 # Environment: MOERUN (default build/moerun), THREADS (2), PROMPT (512),
 # GEN (64), REPEAT (2), ROUNDS (3), DTYPE (bf16 or f16; the checkpoint's own
-# dtype), QUANT (q8_0: moerun --quantize q8_0 against a Q8_0 GGUF made by
-# llama.cpp's converter), LLAMA_CPP_SRC, WAIT (default, or passive: idle threads sleep at
+# dtype), QUANT (moerun --quantize QUANT: q8_0 against a Q8_0 GGUF made by
+# llama.cpp's converter, or q4), LLAMA_QUANT (llama.cpp's side made by its
+# llama-quantize from the DTYPE GGUF instead: Q4_0, Q4_K_M, ...; with QUANT
+# q4, say), LLAMA_CPP_SRC, WAIT (default, or passive: idle threads sleep at
 # once instead of spinning, OMP_WAIT_POLICY=passive for moerun and --poll 0
 # for llama-bench; better on a machine shared with other work).
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
-    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -48,12 +50,14 @@ if [ "$wait_policy" = passive ]; then
 fi
 dtype=${DTYPE:-bf16}
 quant=${QUANT:-}
+llama_quant=${LLAMA_QUANT:-}
 moerun_quant=()
 gguf_type=$dtype
 if [ -n "$quant" ]; then
     moerun_quant=(--quantize "$quant")
     gguf_type=$quant
 fi
+[ -n "$llama_quant" ] && gguf_type=$llama_quant
 llama_bench=$llama_build/bin/llama-bench
 [ -x "$llama_bench" ] || { echo "no $llama_bench" >&2; exit 1; }
 [ -x "$moerun" ] || { echo "no $moerun (build moerun first or set MOERUN)" >&2; exit 1; }
@@ -70,10 +74,18 @@ i=0
 for model in "$@"; do
     model=$(cd "$model" && pwd)
     gguf=$model/model-$gguf_type.gguf
-    if [ ! -f "$gguf" ]; then
-        echo "converting $model to $gguf" >&2
-        python3 "$here/gguf_from_synth.py" "$llama_src" "$model" "$gguf" --outtype "$gguf_type" \
+    conv=$gguf
+    [ -n "$llama_quant" ] && conv=$model/model-$dtype.gguf
+    if [ ! -f "$conv" ]; then
+        echo "converting $model to $conv" >&2
+        python3 "$here/gguf_from_synth.py" "$llama_src" "$model" "$conv" \
+            --outtype "$([ -n "$llama_quant" ] && echo "$dtype" || echo "$gguf_type")" \
             > "$results/convert.log" 2>&1 || { tail -20 "$results/convert.log" >&2; exit 1; }
+    fi
+    if [ ! -f "$gguf" ]; then
+        echo "quantizing $conv to $gguf ($llama_quant)" >&2
+        "$llama_build/bin/llama-quantize" "$conv" "$gguf" "$llama_quant" "$threads" \
+            > "$results/quantize.log" 2>&1 || { tail -20 "$results/quantize.log" >&2; exit 1; }
     fi
     # alternate the two programs so both see the same machine load
     for r in $(seq "$rounds"); do

@@ -337,12 +337,14 @@ Test(FORWARD_SUITE, f16_weights_close_to_reference)
 }
 
 /* Sizes computed from the configuration equal those of the loaded tensors
- * (f32 checkpoints; the fp8 ones keep bf16 beside their FP8 weights). */
+ * (f32 checkpoints; the fp8 ones keep bf16 beside their FP8 weights, the
+ * four-bit ones (groups of 128) f16). */
 Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
     const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe",
                            "granitemoe", "granite", "gpt_oss", "gpt_oss_mxfp4",
-                           "deepseek_v2", "deepseek_v3", "qwen3_moe_fp8", "deepseek_v3_fp8"};
+                           "deepseek_v2", "deepseek_v3", "qwen3_moe_fp8", "deepseek_v3_fp8",
+                           "qwen3_moe_gptq", "qwen3_moe_gptq_v2", "qwen3_moe_awq"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, names[i]);
@@ -350,7 +352,7 @@ Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
         cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s", moe_last_error());
         struct moe_model_sizes a, b;
         moe_model_sizes(&m, &a);
-        moe_config_sizes(&m.cfg, m.cfg.weights_fp8 ? 2 : 4, &b);
+        moe_config_sizes(&m.cfg, m.cfg.weights_fp8 || m.cfg.q4_method != MOE_Q4_NONE ? 2 : 4, &b);
         cr_expect(memcmp(&a, &b, sizeof a) == 0,
                   "%s: loaded %lld params / %lld bytes, config says %lld / %lld", names[i],
                   (long long)a.params_total, (long long)a.bytes_total, (long long)b.params_total,
