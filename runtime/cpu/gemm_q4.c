@@ -4,43 +4,48 @@
  * each input row is quantized to int8 blocks of 32 of its own, and each
  * block's dot with the weight codes is an exact integer sum.
  *
- * Why: widening four-bit codes to fp32 costs more instructions per weight
- * than the bytes save in memory traffic; here a run of 32 weights against
- * one input row takes about ten: a 16-byte broadcast, a shift of its upper
- * half by 4 and an AND (the 32 unsigned codes in element order: Q4_1's
- * byte j holds element j low and j + 16 high), vpmaddubsw (codes unsigned
- * times the input's int8 codes, pairs summed to int16: at most 2 x 15 x
- * 127, no saturation), vpmaddwd by ones (lane j: elements 4j..4j+3 as
- * int32), convert, the product of the two scales, an FMA, and an FMA for
- * the offset.  The weights' scale and offset are read once per group
- * (Q4_1: one 4-byte load widened by F16C gives both; Q4_G128: once per 4
- * runs).
+ * Why: widening four-bit codes to fp32 (extend, convert, scale and
+ * offset, FMA) leaves the product compute bound at well under the memory
+ * bandwidth it could use.  Here a run of 32 weights against one input row
+ * takes a 16-byte broadcast load, a shift of its upper half by 4 and an
+ * AND (the 32 unsigned codes in element order: byte j holds element j low
+ * and j + 16 high), vpmaddubsw (codes unsigned times the input's int8
+ * codes, pairs summed to int16: at most 2 x 15 x 127, no saturation),
+ * vpmaddwd by ones (lane j: elements 4j..4j+3 as int32), convert, the
+ * product of the two scales and an FMA; the offset costs one FMA per
+ * group.  A group's head is read once per weight row and group (Q4_1: one
+ * 4-byte load widened by F16C gives d and m; Q4_G128: once per 4 runs).
  *
  * Input rows: per block of 32, int8 codes qx and a scale dx as gemm_q8.c
  * makes them (moe_quantize_x_q8, simd_avx2.h: |x - qx dx| <= dx / 2; a
- * NaN or an infinity makes dx NaN), and per lane j the sum of the block's
- * codes over elements 4j..4j+3 times dx (exact integer sum, one rounding),
- * s_j.  The offset term of a weight group is m x (the sum of the quantized
- * inputs), not m x (the sum of the fp32 inputs): an output is then the
- * product of the quantized input row with the exactly dequantized weights
- * w = q d + m, and its error from the reference (fp32 inputs) is the sum
- * of w_k (x_k - qx_k dx_k), at most sum |w_k| dx_k / 2.  With the exact
- * fp32 sum of x instead the error would be the sum of (q_k d)(x_k - qx_k
- * dx_k): no offset in it, but q d = w - m runs from 0 to max - min rather
- * than from min to max, so for weights centred on zero (m near -max) it
- * is about twice as large.  Both cost the same (the sums are made once
- * per input row per call).
+ * NaN or an infinity makes dx NaN), and per weight group S, the sum over
+ * its blocks in order of dx x (the block's integer code sum), one rounding
+ * a step.  The offset term of a group is m S, m times the sum of the
+ * quantized inputs, not of the fp32 inputs: an output is then the product
+ * of the quantized input row with the exactly dequantized weights w = q d
+ * + m, and its error from the reference (fp32 inputs) is the sum of w_k
+ * (x_k - qx_k dx_k), at most sum |w_k| dx_k / 2.  With the exact fp32 sum
+ * of x instead the error would be the sum of (q_k d)(x_k - qx_k dx_k): no
+ * offset in it, but q d = w - m runs from 0 to max - min rather than
+ * from min to max, so for weights centred on zero (m near -2 sigma for
+ * Gaussian ones) its spread is about sqrt(5) times larger.  Both cost the
+ * same (made once per input row and call).  Each row's codes, dx and S
+ * are laid out group by group in one stream (struct xq), so a tile of 4
+ * input rows addresses 4 streams.
  *
- * Numerics: output n of row t accumulates, over runs k (32 elements) in
- * order, in lane j: acc = fma(float(isum_kj), d_k x dx_k, acc), then acc =
- * fma(s_kj, m_k, acc); then the fixed horizontal sum moe_hsum8, then the
- * bias.  The integer sums are exact, so the only differences from the
- * reference are the input rounding above and fp32 rounding.  Every tile
- * computes that same expression, so a row gives the same bits alone or in
- * any batch, and both kernel sets the same bits.  The rows of up to TBQ
- * inputs are quantized into the calling thread's buffer
- * (moe_gemm_thread_buffer) on each call, once for all its weight rows. */
+ * Numerics: output n of row t accumulates in lane j, over groups in
+ * order, each run k of the group: acc = fma(float(isum_kj), d x dx_k,
+ * acc), then the group's offset: acc = fma((0, S, dx_0, ...)_j, (d, m, 0,
+ * ...)_j, acc) (m S in lane 1, exact zeros elsewhere: d is finite); then
+ * the fixed horizontal sum moe_hsum8, then the bias.  The integer sums are
+ * exact, so the only differences from the reference are the input
+ * rounding above and fp32 rounding.  Every tile computes that same
+ * expression, so a row gives the same bits alone or in any batch, and
+ * both kernel sets the same bits.  The rows of up to TBQ inputs are
+ * quantized into the calling thread's buffer (moe_gemm_thread_buffer) on
+ * each call, once for all its weight rows. */
 #include <immintrin.h>
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -58,26 +63,27 @@ enum {
     MAXC = 8,  /* widest tile: weight rows for one input row */
 };
 
-/* The quantized input rows of a call: codes (row stride Din), scales dx
- * (row stride nb) and the lane sums s (8 per block, row stride 8 nb). */
+/* The quantized input rows of a call, one stream per row (stride rs
+ * bytes): per weight group of NR runs, 32 bytes of head (0, S, dx_0 ..
+ * dx_{NR-1}, 0, ...) as floats, then the NR blocks' 32 codes each. */
 struct xq {
-    const int8_t *q;
-    const float *d, *s;
-    int Din, nb;
+    const char *p;
+    size_t rs;
 };
 
-/* The scale and offset of the group at g, broadcast. */
-AVX2 INLINE void group_head(const char *g, const enum moe_dtype dt, __m256 *d, __m256 *m)
+/* The head of the group at g as the vector h = (d, m, 0, ...) and the
+ * scale d broadcast.  Q4_1: one 4-byte load widened by F16C (exact). */
+AVX2 INLINE void group_head(const char *g, const enum moe_dtype dt, __m256 *h, __m256 *d)
 {
     if (dt == MOE_DTYPE_Q4_1) {
-        int32_t h;
-        memcpy(&h, g, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(h)); /* d, m, 0, 0: exact */
+        int32_t v;
+        memcpy(&v, g, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+        *h = _mm256_zextps128_ps256(dm);
         *d = _mm256_broadcastss_ps(dm);
-        *m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
     } else {
+        *h = _mm256_zextps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)g)));
         *d = _mm256_broadcast_ss((const float *)g);
-        *m = _mm256_broadcast_ss((const float *)g + 1);
     }
 }
 
@@ -89,15 +95,22 @@ AVX2 INLINE __m256i run_codes(const char *qs)
     return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
 }
 
-/* acc + run k of weight codes wq (scale wd, offset wm broadcast) against
- * input row r's block k: one run's two terms. */
-AVX2 INLINE __m256 run_fma(__m256 acc, __m256i wq, __m256 wd, __m256 wm, const struct xq *x, int r, int k)
+/* acc + the integer dot of weight codes wq (scale wd broadcast) with run k
+ * of an input row's group xg, times wd x dx_k: one run's term. */
+AVX2 INLINE __m256 run_fma(__m256 acc, __m256i wq, __m256 wd, const char *xg, int k)
 {
-    const __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + (size_t)r * x->Din + (size_t)k * RUN));
+    const __m256i xq = _mm256_load_si256((const __m256i *)(xg + 32 + 32 * k));
     const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), _mm256_set1_epi16(1));
-    const __m256 dx = _mm256_broadcast_ss(x->d + (size_t)r * x->nb + k);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(wd, dx), acc);
-    return _mm256_fmadd_ps(_mm256_loadu_ps(x->s + ((size_t)r * x->nb + k) * 8), wm, acc);
+    const __m256 dx = _mm256_broadcast_ss((const float *)xg + 2 + k);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(wd, dx), acc);
+}
+
+/* acc + the weights' head h = (d, m, 0, ...) times the input group's head
+ * (0, S, dx_0, ...): m S in lane 1, 0 elsewhere (d is finite; a NaN dx
+ * makes NaN, as the row's other terms do), the group's offset term. */
+AVX2 INLINE __m256 head_fma(__m256 acc, __m256 h, const char *xg)
+{
+    return _mm256_fmadd_ps(_mm256_load_ps((const float *)xg), h, acc);
 }
 
 /* y[r*ldy + c] = input row r0 + r . weight row c (+ bias n + c) for r < R,
@@ -111,25 +124,35 @@ AVX2 INLINE void tile(const enum moe_dtype dt, const int R, const int C, float *
 {
     const int NR = dt == MOE_DTYPE_Q4_G128 ? 4 : 1, HB = dt == MOE_DTYPE_Q4_1 ? 4 : MOE_Q4_HEAD;
     const size_t GB = (size_t)HB + 16 * (size_t)NR;
-    const int ng = x->Din / (RUN * NR);
+    const size_t XG = 32 + 32 * (size_t)NR; /* input bytes per group */
+    const int ng = (int)(x->rs / XG);
     __m256 acc[4][MAXC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    for (int g = 0; g < ng; g++) {
+    /* one prefetch per weight row and group of at most 64 bytes: every
+     * cache line of the next tile's rows gets one (Q4_1: every third
+     * group of 20 bytes, Q4_G32 every second of 24, Q4_G128 two a group
+     * of 72) */
+    const int pf_every = dt == MOE_DTYPE_Q4_1 ? 3 : dt == MOE_DTYPE_Q4_G32 ? 2 : 1;
+    for (int g = 0, pg = 0; g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             const char *grp = w + (size_t)c * wld + (size_t)g * GB;
-            __m256 wd, wm;
-            group_head(grp, dt, &wd, &wm);
+            __m256 h, wd;
+            group_head(grp, dt, &h, &wd);
 #pragma GCC unroll 4
             for (int k = 0; k < NR; k++) {
-                if (pf) _mm_prefetch(grp + HB + 16 * k + (size_t)C * wld, _MM_HINT_T1);
+                if (pf && pg == 0 && (k == 0 || k == NR - 1))
+                    _mm_prefetch(grp + (k ? GB - 1 : 0) + (size_t)C * wld, _MM_HINT_T1);
                 const __m256i wq = run_codes(grp + HB + 16 * k);
 #pragma GCC unroll 4
-                for (int r = 0; r < R; r++) acc[r][c] = run_fma(acc[r][c], wq, wd, wm, x, r0 + r, g * NR + k);
+                for (int r = 0; r < R; r++)
+                    acc[r][c] = run_fma(acc[r][c], wq, wd, x->p + (size_t)(r0 + r) * x->rs + (size_t)g * XG, k);
             }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][c] = head_fma(acc[r][c], h, x->p + (size_t)(r0 + r) * x->rs + (size_t)g * XG);
         }
     }
     for (int r = 0; r < R; r++)
@@ -179,14 +202,25 @@ AVX2 INLINE void rows_dt(const enum moe_dtype dt, float *y, size_t ldy, const st
     }
 }
 
-/* Input row x (nb blocks) quantized: codes q, scales d, lane sums s. */
-AVX2 static void quantize_input(int8_t *q, float *d, float *s, const float *x, int nb)
+/* Input row x (ng groups of nr blocks) into its stream o (struct xq): each
+ * block quantized by moe_quantize_x_q8, and S the sum over the group's
+ * blocks in order of dx x (the block's code sum), each step one rounding. */
+AVX2 static void quantize_input(char *o, const float *x, int ng, int nr)
 {
-    moe_quantize_x_q8(q, d, x, nb);
-    for (int k = 0; k < nb; k++) {
-        const __m256i c = _mm256_loadu_si256((const __m256i *)(q + (size_t)k * RUN));
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), c), _mm256_set1_epi16(1));
-        _mm256_storeu_ps(s + (size_t)k * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d[k])));
+    for (int g = 0; g < ng; g++, o += 32 + 32 * nr) {
+        float *h = (float *)o, S = 0.0f;
+        _mm256_store_ps(h, _mm256_setzero_ps());
+        for (int k = 0; k < nr; k++) {
+            int8_t *q = (int8_t *)o + 32 + 32 * k;
+            moe_quantize_x_q8(q, h + 2 + k, x + (size_t)(g * nr + k) * RUN, 1);
+            const __m256i c = _mm256_load_si256((const __m256i *)q);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), c), _mm256_set1_epi16(1));
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+            S = fmaf(h[2 + k], (float)_mm_cvtsi128_si32(t), S);
+        }
+        h[1] = S;
     }
 }
 
@@ -194,24 +228,20 @@ AVX2 void moe_gemm_rows_q4_avx2(float *y, size_t ldy, const float *x, size_t ldx
                                 enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b)
 {
     MOE_ASSERT(moe_dtype_is_q4(wt) && Din % moe_q4_group(wt) == 0);
-    const int nb = Din / RUN;
+    const int nr = moe_q4_group(wt) / RUN, ng = Din / RUN / nr;
     const size_t wld = moe_dtype_row_bytes(wt, (size_t)Din);
     const int rows = T < TBQ ? T : TBQ;
-    /* codes first (32-byte multiples per row), then the lane sums, then
-     * the scales (Din / 4 + 8 nb + nb floats a row: Din <= INT32_MAX keeps
-     * it in size_t) */
-    float *buf = moe_gemm_thread_buffer((size_t)rows * ((size_t)Din / 4 + 9 * (size_t)nb));
+    /* a row's stream: per group 32 + 32 nr bytes, Din + 32 ng in all
+     * (Din <= INT32_MAX: no overflow); 64-byte aligned */
+    const size_t rs = (size_t)Din + 32 * (size_t)ng;
+    char *buf = (char *)moe_gemm_thread_buffer((size_t)rows * rs / sizeof(float));
     MOE_ASSERT(buf && "gemm_fast: out of memory for the quantized input rows");
-    int8_t *q = (int8_t *)buf;
-    float *s = buf + (size_t)rows * Din / 4, *d = s + (size_t)rows * 8 * nb;
-    const struct xq xr = {.q = q, .d = d, .s = s, .Din = Din, .nb = nb};
+    const struct xq xr = {.p = buf, .rs = rs};
     const char *w = (const char *)wv + (size_t)n0 * wld;
     if (b && !b->data) b = NULL;
     for (int t0 = 0; t0 < T; t0 += TBQ) {
         const int tn = T - t0 < TBQ ? T - t0 : TBQ;
-        for (int t = 0; t < tn; t++)
-            quantize_input(q + (size_t)t * Din, d + (size_t)t * nb, s + (size_t)t * 8 * nb,
-                           x + (size_t)(t0 + t) * ldx, nb);
+        for (int t = 0; t < tn; t++) quantize_input(buf + (size_t)t * rs, x + (size_t)(t0 + t) * ldx, ng, nr);
         float *yb = y + (size_t)t0 * ldy;
         switch (wt) {
         case MOE_DTYPE_Q4_1: rows_dt(MOE_DTYPE_Q4_1, yb, ldy, &xr, tn, w, wld, n0, n1, b); break;
