@@ -11,7 +11,10 @@
  * each round (the machine is shared and noisy); a figure is the median
  * over rounds of the mean time of one product.  Printed per case: ms per
  * product, GB/s of weight bytes read, GFLOP/s (2 T N Din per product),
- * single-threaded and over 2 OpenMP threads.
+ * the best round's ms, and with one thread the median of the thread's
+ * CPU time per product (both less disturbed by other work on a shared
+ * machine), single-threaded and over 2 OpenMP threads; the load average
+ * before and after, which says how far the figures can be trusted.
  *
  * Build and run (from the repository root, after the CPU build in build-cpu/):
  *   cmake --build build-cpu --target bench_gemm_q4 && build-cpu/bench_gemm_q4 [rounds]
@@ -31,10 +34,10 @@ static const char *const fmt_name[NF] = {"bf16", "bf16-panel", "q8_0", "q4_1", "
 static const enum moe_dtype fmt_dt[NF] = {MOE_DTYPE_BF16, MOE_DTYPE_BF16_PANEL, MOE_DTYPE_Q8_0, MOE_DTYPE_Q4_1,
                                           MOE_DTYPE_Q4_G128};
 
-static double now(void)
+static double clock_s(clockid_t c)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(c, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -97,6 +100,17 @@ static void *make_matrix(int f, const float *wf, int N, int D, size_t *bytes)
     return w;
 }
 
+static void print_load(void)
+{
+    char line[128] = "?";
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (!fgets(line, sizeof line, f)) strcpy(line, "?\n");
+        fclose(f);
+    }
+    printf("load average: %s\n", line);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -108,24 +122,28 @@ static int cmp_double(const void *a, const void *b)
 static void bench_shape(int N, int D, int T, int nth, int rounds, void *const *arena, const size_t *mbytes,
                         const int *copies, const float *x, float *y, enum moe_cpu_isa isa)
 {
-    double t[NF][64];
+    double t[NF][64], cpu[NF][64];
     omp_set_num_threads(nth);
     /* products per measurement: every copy once (each from memory) at T =
      * 1; at larger T, compute bound, at most 24 */
     for (int r = 0; r < rounds; r++)
         for (int f = 0; f < NF; f++) {
             const int n = T == 1 ? copies[f] : copies[f] < 24 ? copies[f] : 24;
-            const double t0 = now();
+            const double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
             for (int i = 0; i < n; i++)
                 moe_gemm_fast(isa, y, N, x, D, (const char *)arena[f] + (size_t)i * mbytes[f], fmt_dt[f], N, D, T,
                               NULL);
-            t[f][r] = (now() - t0) / n;
+            t[f][r] = (clock_s(CLOCK_MONOTONIC) - t0) / n;
+            cpu[f][r] = (clock_s(CLOCK_THREAD_CPUTIME_ID) - c0) / n;
         }
     for (int f = 0; f < NF; f++) {
         qsort(t[f], (size_t)rounds, sizeof(double), cmp_double);
+        qsort(cpu[f], (size_t)rounds, sizeof(double), cmp_double);
         const double s = t[f][rounds / 2];
-        printf("| %4d x %4d | %2d | %d | %-10s | %8.3f | %6.2f | %7.1f |\n", N, D, T, nth, fmt_name[f], s * 1e3,
-               (double)mbytes[f] / s * 1e-9, 2.0 * T * N * D / s * 1e-9);
+        char c[16] = "-";
+        if (nth == 1) snprintf(c, sizeof c, "%.3f", cpu[f][rounds / 2] * 1e3);
+        printf("| %4d x %4d | %2d | %d | %-10s | %8.3f | %6.2f | %7.1f | %8.3f | %8s |\n", N, D, T, nth, fmt_name[f],
+               s * 1e3, (double)mbytes[f] / s * 1e-9, 2.0 * T * N * D / s * 1e-9, t[f][0] * 1e3, c);
     }
     fflush(stdout);
 }
@@ -144,9 +162,11 @@ int main(int argc, char **argv)
     }
     const int shapes[3][2] = {{2048, 2048}, {1024, 4096}, {768, 2048}}, Ts[3] = {1, 8, 64};
     const size_t total = (size_t)256 << 20;
-    printf("kernel set %s, %d rounds, each format's copies >= %zu MiB\n\n", moe_cpu_isa_name(isa), rounds,
+    printf("kernel set %s, %d rounds, each format's copies >= %zu MiB\n", moe_cpu_isa_name(isa), rounds,
            total >> 20);
-    printf("| N x Din | T | threads | weights | ms | GB/s | GFLOP/s |\n|---|---|---|---|---|---|---|\n");
+    print_load();
+    printf("| N x Din | T | threads | weights | ms | GB/s | GFLOP/s | best ms | cpu ms |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < 3; s++) {
         const int N = shapes[s][0], D = shapes[s][1];
         float *wf = xmalloc((size_t)N * D * sizeof(float)), *x = xmalloc((size_t)64 * D * sizeof(float)),
@@ -168,5 +188,6 @@ int main(int argc, char **argv)
         for (int f = 0; f < NF; f++) free(arena[f]);
         free(wf), free(x), free(y);
     }
+    print_load();
     return 0;
 }
