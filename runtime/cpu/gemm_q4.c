@@ -152,7 +152,8 @@ AVX2 INLINE void tile(const enum moe_dtype dt, const int R, const int C, float *
                     acc[r][c] = run_fma(acc[r][c], wq, wd, x->p + (size_t)(r0 + r) * x->rs + (size_t)g * XG, k);
             }
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][c] = head_fma(acc[r][c], h, x->p + (size_t)(r0 + r) * x->rs + (size_t)g * XG);
+            for (int r = 0; r < R; r++)
+                acc[r][c] = head_fma(acc[r][c], h, x->p + (size_t)(r0 + r) * x->rs + (size_t)g * XG);
         }
     }
     for (int r = 0; r < R; r++)
