@@ -42,9 +42,10 @@
  * Four-bit weights (Q4_1, Q4_G32, Q4_G128): the inputs are quantized the
  * same way and each run of 32 codes against an input block is an exact
  * integer sum, the group's offset times the sum of the quantized inputs
- * added per run (gemm_q4.c, one kernel set for both): an output is the
- * quantized input row times the exactly dequantized weights, to fp32
- * rounding.  Same bits alone or in any batch.
+ * added per group (gemm_q4.c; the AVX-512 set takes AVX512-VNNI's
+ * vpdpbusd where the processor has it, the same integer sums, so the same
+ * bits): an output is the quantized input row times the exactly
+ * dequantized weights, to fp32 rounding.  Same bits alone or in any batch.
  *
  * Kernels are compiled with __attribute__((target(...))) and chosen at run
  * time by what the processor supports, so the build stays portable; where
