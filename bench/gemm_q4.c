@@ -4,7 +4,9 @@
  * Decode-shaped products y (T, N) = x (T, Din) . W^T for (N, Din) = 2048 x
  * 2048, 1024 x 4096 and 768 x 2048 (an expert's matrix) and T = 1, 8, 64,
  * over weights in BF16 rows, BF16 panels (what the fast backend packs
- * bf16 matrices to), Q8_0, Q4_1 and Q4_G128, through moe_gemm_fast.  Each
+ * bf16 matrices to), Q8_0, Q4_1 and Q4_G128, through moe_gemm_fast with
+ * the best kernel set, and where that is AVX-512, Q4_1 and Q4_G128 again
+ * with the AVX2 set (the four-bit kernels without AVX512-VNNI).  Each
  * format cycles through distinct copies of its matrix totalling at least
  * 256 MiB, so every product reads its weights from memory as decode does
  * across layers (the L3 holds 32 MiB here).  The formats alternate within
@@ -29,10 +31,13 @@
 #include "runtime/core/status.h"
 #include "runtime/cpu/gemm_fast.h"
 
-enum { NF = 5 };
-static const char *const fmt_name[NF] = {"bf16", "bf16-panel", "q8_0", "q4_1", "q4_g128"};
+/* the formats; the last two: the four-bit kernels' AVX2 instance where the
+ * best kernel set is AVX-512 (which takes the AVX512-VNNI instance) */
+enum { NF = 7 };
+static const char *const fmt_name[NF] = {"bf16", "bf16-panel", "q8_0", "q4_1", "q4_g128", "q4_1-avx2", "q4_g128-avx2"};
 static const enum moe_dtype fmt_dt[NF] = {MOE_DTYPE_BF16, MOE_DTYPE_BF16_PANEL, MOE_DTYPE_Q8_0, MOE_DTYPE_Q4_1,
-                                          MOE_DTYPE_Q4_G128};
+                                          MOE_DTYPE_Q4_G128, MOE_DTYPE_Q4_1, MOE_DTYPE_Q4_G128};
+static int nf = NF; /* formats measured: 5 where the best set is AVX2 */
 
 static double clock_s(clockid_t c)
 {
@@ -127,22 +132,23 @@ static void bench_shape(int N, int D, int T, int nth, int rounds, void *const *a
     /* products per measurement: every copy once (each from memory) at T =
      * 1; at larger T, compute bound, at most 24 */
     for (int r = 0; r < rounds; r++)
-        for (int f = 0; f < NF; f++) {
+        for (int f = 0; f < nf; f++) {
+            const enum moe_cpu_isa fi = f >= 5 ? MOE_CPU_ISA_AVX2 : isa;
             const int n = T == 1 ? copies[f] : copies[f] < 24 ? copies[f] : 24;
             const double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
             for (int i = 0; i < n; i++)
-                moe_gemm_fast(isa, y, N, x, D, (const char *)arena[f] + (size_t)i * mbytes[f], fmt_dt[f], N, D, T,
+                moe_gemm_fast(fi, y, N, x, D, (const char *)arena[f] + (size_t)i * mbytes[f], fmt_dt[f], N, D, T,
                               NULL);
             t[f][r] = (clock_s(CLOCK_MONOTONIC) - t0) / n;
             cpu[f][r] = (clock_s(CLOCK_THREAD_CPUTIME_ID) - c0) / n;
         }
-    for (int f = 0; f < NF; f++) {
+    for (int f = 0; f < nf; f++) {
         qsort(t[f], (size_t)rounds, sizeof(double), cmp_double);
         qsort(cpu[f], (size_t)rounds, sizeof(double), cmp_double);
         const double s = t[f][rounds / 2];
         char c[16] = "-";
         if (nth == 1) snprintf(c, sizeof c, "%.3f", cpu[f][rounds / 2] * 1e3);
-        printf("| %4d x %4d | %2d | %d | %-10s | %8.3f | %6.2f | %7.1f | %8.3f | %8s |\n", N, D, T, nth, fmt_name[f],
+        printf("| %4d x %4d | %2d | %d | %-12s | %8.3f | %6.2f | %7.1f | %8.3f | %8s |\n", N, D, T, nth, fmt_name[f],
                s * 1e3, (double)mbytes[f] / s * 1e-9, 2.0 * T * N * D / s * 1e-9, t[f][0] * 1e3, c);
     }
     fflush(stdout);
@@ -160,6 +166,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_gemm_q4: this processor runs no fast kernel set\n");
         return 1;
     }
+    if (isa == MOE_CPU_ISA_AVX2) nf = 5;
     const int shapes[3][2] = {{2048, 2048}, {1024, 4096}, {768, 2048}}, Ts[3] = {1, 8, 64};
     const size_t total = (size_t)256 << 20;
     printf("kernel set %s, %d rounds, each format's copies >= %zu MiB\n", moe_cpu_isa_name(isa), rounds,
@@ -176,7 +183,7 @@ int main(int argc, char **argv)
         void *arena[NF];
         size_t mbytes[NF];
         int copies[NF];
-        for (int f = 0; f < NF; f++) {
+        for (int f = 0; f < nf; f++) {
             void *one = make_matrix(f, wf, N, D, &mbytes[f]);
             copies[f] = (int)((total + mbytes[f] - 1) / mbytes[f]);
             arena[f] = xmalloc(mbytes[f] * (size_t)copies[f]);
@@ -185,7 +192,7 @@ int main(int argc, char **argv)
         }
         for (int ti = 0; ti < 3; ti++)
             for (int nth = 1; nth <= 2; nth++) bench_shape(N, D, Ts[ti], nth, rounds, arena, mbytes, copies, x, y, isa);
-        for (int f = 0; f < NF; f++) free(arena[f]);
+        for (int f = 0; f < nf; f++) free(arena[f]);
         free(wf), free(x), free(y);
     }
     print_load();
