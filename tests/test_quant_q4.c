@@ -201,9 +201,9 @@ static double q4_bound(const float *x, const float *wf, const unsigned char *wro
  * within q4_bound of the reference GEMM (moe_gemm_cpu: exact dequantized
  * weights, fp32 inputs); every kernel set the same bits (on a processor
  * with AVX512-VNNI the AVX-512 set runs gemm_q4.c's vpdpbusd instance, the
- * AVX2 set the other); a row alone the
- * same bits as in the batch; a row holding a NaN or an infinity gives NaN
- * outputs and leaves the others' bits alone. */
+ * AVX2 set the other); a row alone the same bits as in the batch; a row
+ * holding a NaN or an infinity gives NaN outputs and leaves the others'
+ * bits alone. */
 static void check_fast_q4(enum moe_dtype t, int D)
 {
     const enum moe_cpu_isa best = moe_cpu_isa_detect();
