@@ -3,9 +3,9 @@
  * gemm_q8.c is: each input row is quantized to int8 blocks of 32 of its
  * own, and each block's dot with the weight codes is an exact integer
  * sum.  The tiles (gemm_q4_tile.h) are compiled twice: with AVX2
- * instructions, and for the AVX-512 set on processors with AVX512-VNNI
- * with vpdpbusd in place of vpmaddubsw + vpmaddwd (256-bit vectors still;
- * the same integer sums, so the same bits).
+ * instructions, and, for the AVX-512 set on processors that have
+ * AVX512-VNNI, with vpdpbusd in place of vpmaddubsw + vpmaddwd (256-bit
+ * vectors still; the same integer sums, so the same bits).
  *
  * Why: widening four-bit codes to fp32 (extend, convert, scale and
  * offset, FMA) leaves the product compute bound at well under the memory
@@ -15,8 +15,8 @@
  * and j + 16 high), vpmaddubsw (codes unsigned times the input's int8
  * codes, pairs summed to int16: at most 2 x 15 x 127, no saturation),
  * vpmaddwd by ones (lane j: elements 4j..4j+3 as int32; or vpdpbusd),
- * convert, the product of the two scales and an FMA; the offset costs one FMA per
- * group.  A group's head is read once per weight row and group (Q4_1: one
+ * convert, the product of the two scales and an FMA; the offset costs one
+ * FMA per group.  A group's head is read once per weight row and group (Q4_1: one
  * 4-byte load widened by F16C gives d and m; Q4_G128: once per 4 runs).
  *
  * Input rows: per block of 32, int8 codes qx and a scale dx as gemm_q8.c
