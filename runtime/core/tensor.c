@@ -123,6 +123,20 @@ uint16_t moe_f32_to_f16(float f)
     return (uint16_t)(sign | r);
 }
 
+/* The scale and offset of a four-bit group starting at blk. */
+static inline void q4_head(const unsigned char *blk, enum moe_dtype t, float *d, float *m)
+{
+    if (t == MOE_DTYPE_Q4_1) {
+        uint16_t h[2];
+        memcpy(h, blk, 4);
+        *d = moe_f16_to_f32(h[0]);
+        *m = moe_f16_to_f32(h[1]);
+    } else {
+        memcpy(d, blk, 4);
+        memcpy(m, blk + 4, 4);
+    }
+}
+
 void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n)
 {
     switch (t) {
@@ -167,26 +181,26 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
     case MOE_DTYPE_Q4_1:
     case MOE_DTYPE_Q4_G32:
     case MOE_DTYPE_Q4_G128: { /* exact for f16/bf16 scales: see MOE_DTYPE_Q4_G32 */
-        const size_t G = (size_t)moe_q4_group(t);
+        const size_t G = (size_t)moe_q4_group(t), gb = moe_q4_group_bytes(t);
+        const size_t hb = t == MOE_DTYPE_Q4_1 ? 4 : MOE_Q4_HEAD;
+        const unsigned char *b = src;
         MOE_ASSERT(n % G == 0);
-        for (size_t i = 0; i < n; i++) dst[i] = moe_q4_get(src, t, i);
+        /* moe_q4_get's values, a group's head read once */
+        for (size_t i = 0; i < n; i += G, b += gb) {
+            float d, m;
+            q4_head(b, t, &d, &m);
+            for (size_t r = 0; r < G / 32; r++) {
+                const unsigned char *qs = b + hb + 16 * r;
+                float *o = dst + i + 32 * r;
+                for (int j = 0; j < 16; j++) {
+                    o[j] = (float)(qs[j] & 15u) * d + m;
+                    o[j + 16] = (float)(qs[j] >> 4) * d + m;
+                }
+            }
+        }
         return;
     }
     default: MOE_ASSERT(!"convert_row_f32: dtype is not a float weight type");
-    }
-}
-
-/* The scale and offset of a four-bit group starting at blk. */
-static inline void q4_head(const unsigned char *blk, enum moe_dtype t, float *d, float *m)
-{
-    if (t == MOE_DTYPE_Q4_1) {
-        uint16_t h[2];
-        memcpy(h, blk, 4);
-        *d = moe_f16_to_f32(h[0]);
-        *m = moe_f16_to_f32(h[1]);
-    } else {
-        memcpy(d, blk, 4);
-        memcpy(m, blk + 4, 4);
     }
 }
 

@@ -1,6 +1,9 @@
 /* gemm_fast.c - choice of the fast kernel set and the parallel driver (see
  * gemm_fast.h); the kernels are in gemm_avx2.c and gemm_avx512.c, those over
- * weights in panels in gemm_panel_avx2.c and gemm_panel.c. */
+ * weights in panels in gemm_panel_avx2.c and gemm_panel.c, those over Q8_0
+ * and the four-bit formats (Q4_1, Q4_G32, Q4_G128) in gemm_q8.c and
+ * gemm_q4.c (AVX2 instructions for both sets; four-bit weights take the
+ * AVX512-VNNI instance on AVX-512 processors that have it). */
 #include "runtime/cpu/gemm_fast.h"
 
 #include <cpuid.h>
@@ -55,6 +58,10 @@ void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float 
             moe_gemm_rows_panel_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     } else if (wt == MOE_DTYPE_Q8_0)
         moe_gemm_rows_q8_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    else if (moe_dtype_is_q4(wt) && isa == MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
+        moe_gemm_rows_q4_vnni(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
+    else if (moe_dtype_is_q4(wt))
+        moe_gemm_rows_q4_avx2(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
     else if (isa == MOE_CPU_ISA_AVX512)
         moe_gemm_rows_avx512(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
     else
@@ -64,7 +71,8 @@ void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float 
 /* Output rows per slice for N rows of weights wt against T input rows:
  * about 8 slices per thread, taken dynamically, so a thread the scheduler
  * delays (the machine may be shared) holds up little.  A multiple of 48
- * (whole tiles of either natural kernel set) or, for panels, of the
+ * (whole tiles of either natural kernel set, and of the Q8_0 and four-bit
+ * kernels) or, for panels, of the
  * outputs of the widest tile for T rows (only the last slice has an edge
  * tile), yet never fewer slices than threads while there are panels to
  * share. */

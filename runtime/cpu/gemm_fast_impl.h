@@ -15,6 +15,14 @@ void moe_gemm_rows_avx512(float *y, size_t ldy, const float *x, size_t ldx, int 
  * quantized to Q8_0 too (gemm_q8.c; both kernel sets run it). */
 void moe_gemm_rows_q8_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
                            int Din, int n0, int n1, const struct moe_tensor *b);
+/* All T rows against outputs [n0, n1) of four-bit weights wt (Q4_1,
+ * Q4_G32, Q4_G128; Din a multiple of the group), the inputs quantized to
+ * int8 blocks as for Q8_0 (gemm_q4.c): with AVX2, and with AVX512-VNNI
+ * for the AVX-512 kernel set where the processor has it (the same bits). */
+void moe_gemm_rows_q4_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
+                           enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
+void moe_gemm_rows_q4_vnni(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
+                           enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
 /* All T rows against outputs [n0, n1) of bf16 weights in panels
  * (MOE_DTYPE_BF16_PANEL; gemm_panel.c). */
 void moe_gemm_rows_panel_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T,

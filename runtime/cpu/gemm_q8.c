@@ -16,7 +16,8 @@
  * amax is 0), so q is in [-127, 127] and |x - q d| <= d / 2 (plus an ulp).
  * A block holding a NaN or an infinity gets d = NaN, so every output of
  * that row is NaN, as it is in the float product and the forward pass
- * reports it.  The rows of up to TBQ inputs are quantized into the calling
+ * reports it (moe_quantize_x_q8, simd_avx2.h, shared with the four-bit
+ * kernels of gemm_q4.c).  The rows of up to TBQ inputs are quantized into the calling
  * thread's buffer (moe_gemm_thread_buffer) on each call, once for all the
  * weight rows of the call.
  *
@@ -49,42 +50,6 @@ enum {
     TBQ = 64,             /* input rows quantized at a time */
     MAXC = 8,             /* widest tile: weight rows for one input row */
 };
-
-/* The row x (nb blocks of 32) as codes q (nb * 32) and scales d (nb). */
-AVX2 static void quantize_row(int8_t *q, float *d, const float *x, int nb)
-{
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 inf = _mm256_set1_ps(INFINITY);
-    /* packs work within 128-bit halves: this puts the 4-byte groups back
-     * in element order */
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int b = 0; b < nb; b++) {
-        const float *xb = x + (size_t)b * QB;
-        __m256 v[4], m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(xb + 8 * i);
-            const __m256 a = _mm256_and_ps(v[i], absmask);
-            m = _mm256_max_ps(m, a);
-            bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ)); /* NaN or inf */
-        }
-        int8_t *qb = q + (size_t)b * QB;
-        if (!_mm256_testz_ps(bad, bad)) {
-            d[b] = NAN;
-            memset(qb, 0, QB);
-            continue;
-        }
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        const float amax = _mm_cvtss_f32(h);
-        d[b] = amax / 127.0f;
-        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
-        __m256i i[4];
-        for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
-        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
-        _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(p, order));
-    }
-}
 
 /* acc + (the integer dot of the weight block wq (|wq| = wa, scale wd
  * broadcast) with the input block xq) x (wd x xd): one block's term. */
@@ -176,7 +141,7 @@ AVX2 void moe_gemm_rows_q8_avx2(float *y, size_t ldy, const float *x, size_t ldx
     for (int t0 = 0; t0 < T; t0 += TBQ) {
         const int tn = T - t0 < TBQ ? T - t0 : TBQ;
         for (int t = 0; t < tn; t++)
-            quantize_row(q + (size_t)t * Din, d + (size_t)t * nb, x + (size_t)(t0 + t) * ldx, nb);
+            moe_quantize_x_q8(q + (size_t)t * Din, d + (size_t)t * nb, x + (size_t)(t0 + t) * ldx, nb);
         float *yb = y + (size_t)t0 * ldy;
         switch (tn) {
         case 1: row_tiles(1, 8, yb, ldy, q, d, Din, w, wld, n0, n1, b); continue;

@@ -1,10 +1,14 @@
-/* simd_avx2.h - small AVX2 pieces shared by the fast GEMM (gemm_avx2.c)
- * and the fast attention's kernels (attention/attention_avx2.c).  Include
+/* simd_avx2.h - small AVX2 pieces shared by the fast GEMM (gemm_avx2.c,
+ * gemm_q8.c, gemm_q4.c) and the fast attention's kernels
+ * (attention/attention_avx2.c).  Include
  * only from files whose functions are compiled for AVX2 + FMA + F16C
  * (each function here carries that target itself). */
 #pragma once
 
 #include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "runtime/cpu/gemm_fast_impl.h"
 
@@ -28,4 +32,46 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c"))) __m128i mo
     const __m128i t = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), _mm_set1_epi16(MOE_FP8_F16_MASK));
     if (!nan) return t;
     return _mm_or_si128(t, _mm_and_si128(_mm_add_epi16(t, _mm_set1_epi16(0x80)), _mm_set1_epi16(0x4000)));
+}
+
+/* The input row x (nb blocks of 32) as int8 codes q (nb * 32) and scales d
+ * (nb), for the kernels over Q8_0 and four-bit weights: per block amax =
+ * max |x|, d = amax / 127, q = x * (127 / amax) rounded to nearest even
+ * (all zero, d = 0, when amax is 0), so q is in [-127, 127] and |x - q d|
+ * <= d / 2 (plus an ulp); a block holding a NaN or an infinity gets d =
+ * NaN and zero codes. */
+static inline __attribute__((target("avx2,fma,f16c"))) void moe_quantize_x_q8(int8_t *q, float *d, const float *x,
+                                                                               int nb)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 inf = _mm256_set1_ps(INFINITY);
+    /* packs work within 128-bit halves: this puts the 4-byte groups back
+     * in element order */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + (size_t)b * 32;
+        __m256 v[4], m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            const __m256 a = _mm256_and_ps(v[i], absmask);
+            m = _mm256_max_ps(m, a);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ)); /* NaN or inf */
+        }
+        int8_t *qb = q + (size_t)b * 32;
+        if (!_mm256_testz_ps(bad, bad)) {
+            d[b] = NAN;
+            memset(qb, 0, 32);
+            continue;
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        d[b] = amax / 127.0f;
+        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        __m256i i[4];
+        for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(p, order));
+    }
 }

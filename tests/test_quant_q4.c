@@ -1,0 +1,319 @@
+/* test_quant_q4.c - four-bit weights (Q4_1, Q4_G32, Q4_G128:
+ * runtime/core/tensor.h): the rows dequantize to the values the format
+ * defines (hand-worked groups and moe_q4_get), moe_quantize_row_q4_1 makes
+ * the codes ggml's rule gives on hand-worked blocks, and the fast kernels
+ * (runtime/cpu/gemm_q4.c) multiply them as the reference does to within
+ * the bound that quantizing the inputs to int8 allows, giving a row the
+ * same bits alone or in any batch and NaN to a row holding a NaN or an
+ * infinity.  (The quantizer's agreement with gguf-py on many blocks comes
+ * from committed fixtures elsewhere.) */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast.h"
+#include "tests/testutil.h"
+
+static const enum moe_dtype q4_types[] = {MOE_DTYPE_Q4_1, MOE_DTYPE_Q4_G32, MOE_DTYPE_Q4_G128};
+
+/* A G32 group of codes 0..15 then 15..0 with d = 0.5, m = -4 reads as q *
+ * 0.5 - 4 (every value exact); a Q4_1 block with f16 d = 0.5 (0x3800) and
+ * m = -4 (0xC400) and bytes 0x(15-j)(j) reads j * 0.5 - 4 at element j,
+ * (15 - j) * 0.5 - 4 at element j + 16; and every element of random rows of
+ * each format converts to moe_q4_get's value, bit for bit. */
+Test(quant_q4, rows_dequantize_to_the_formats_values)
+{
+    uint8_t codes[128];
+    for (int j = 0; j < 32; j++) codes[j] = (uint8_t)(j < 16 ? j : 31 - j);
+    unsigned char g[MOE_Q4_HEAD + 64];
+    moe_q4_pack_group(g, MOE_DTYPE_Q4_G32, codes, 0.5f, -4.0f);
+    cr_expect_eq(g[MOE_Q4_HEAD + 0], 0xf0, "byte 0: element 0 (code 0) low, element 16 (code 15) high");
+    cr_expect_eq(g[MOE_Q4_HEAD + 15], 0x0f, "byte 15: element 15 (code 15) low, element 31 (code 0) high");
+    float out[128];
+    moe_convert_row_f32(out, g, MOE_DTYPE_Q4_G32, 32);
+    for (int j = 0; j < 32; j++) cr_expect_eq(out[j], (float)codes[j] * 0.5f - 4.0f, "G32 element %d: %g", j, out[j]);
+    cr_expect_eq(out[0], -4.0f);
+    cr_expect_eq(out[15], 3.5f);
+    cr_expect_eq(out[16], 3.5f);
+
+    unsigned char b1[MOE_Q4_1_BYTES] = {0x00, 0x38, 0x00, 0xc4};
+    for (int j = 0; j < 16; j++) b1[4 + j] = (unsigned char)(j | (15 - j) << 4);
+    moe_convert_row_f32(out, b1, MOE_DTYPE_Q4_1, 32);
+    for (int j = 0; j < 16; j++) {
+        cr_expect_eq(out[j], (float)j * 0.5f - 4.0f, "Q4_1 element %d: %g", j, out[j]);
+        cr_expect_eq(out[j + 16], (float)(15 - j) * 0.5f - 4.0f, "Q4_1 element %d: %g", j + 16, out[j + 16]);
+    }
+
+    /* a G128 group: runs 1..3 hold their own codes */
+    uint64_t st = 7;
+    for (int j = 0; j < 128; j++) codes[j] = (uint8_t)(tu_rand_u64(&st) & 15);
+    unsigned char g128[MOE_Q4_HEAD + 64];
+    moe_q4_pack_group(g128, MOE_DTYPE_Q4_G128, codes, 0.25f, 1.0f);
+    moe_convert_row_f32(out, g128, MOE_DTYPE_Q4_G128, 128);
+    for (int j = 0; j < 128; j++) cr_expect_eq(out[j], (float)codes[j] * 0.25f + 1.0f, "G128 element %d", j);
+
+    for (size_t a = 0; a < sizeof q4_types / sizeof *q4_types; a++) {
+        const enum moe_dtype t = q4_types[a];
+        const size_t K = 512, rb = moe_dtype_row_bytes(t, K);
+        unsigned char *row = malloc(rb);
+        for (size_t i = 0; i < rb; i++) row[i] = (unsigned char)tu_rand_u64(&st);
+        /* finite heads: f16 of [-2, 2) (Q4_1) or f32 of [-2, 2) */
+        for (size_t o = 0; o < rb; o += moe_q4_group_bytes(t)) {
+            if (t == MOE_DTYPE_Q4_1) {
+                const uint16_t h[2] = {moe_f32_to_f16(tu_rand_uniform(&st, -2, 2)),
+                                       moe_f32_to_f16(tu_rand_uniform(&st, -2, 2))};
+                memcpy(row + o, h, 4);
+            } else {
+                const float h[2] = {tu_rand_uniform(&st, -2, 2), tu_rand_uniform(&st, -2, 2)};
+                memcpy(row + o, h, 8);
+            }
+        }
+        float *f = malloc(K * sizeof(float));
+        moe_convert_row_f32(f, row, t, K);
+        for (size_t k = 0; k < K; k++)
+            cr_assert(tu_same_bits(f[k], moe_q4_get(row, t, k)), "%s element %zu: %g, moe_q4_get %g",
+                      moe_dtype_name(t), k, f[k], moe_q4_get(row, t, k));
+        free(f);
+        free(row);
+    }
+}
+
+/* Hand-worked blocks of ggml's Q4_1 rule (min, d = (max - min) / 15, q =
+ * min(15, (int)((x - min) / d + 0.5)), d and min to f16):
+ * - 32 values 3.0: d = 0 (f16 0x0000), min 3.0 (0x4200), codes 0;
+ * - the ramp x_j = j: min 0, d = 31/15 = 2.0667, f16 2.06640625 (0x4022),
+ *   q_j = floor(15 j / 31 + 0.5) = j / 2 (integer division: 15 j / 31 is
+ *   never within 1/31 of a half), so byte j is (j/2) | (8 + j/2) << 4;
+ * - x_j = j % 16 - 1: min -1, d = 1 (0x3C00), min 0xBC00, q_j = j % 16.
+ * Values that are not finite are refused. */
+Test(quant_q4, quantize_row_q4_1_hand_worked_blocks)
+{
+    float x[64];
+    unsigned char b[2 * MOE_Q4_1_BYTES];
+    for (int j = 0; j < 32; j++) x[j] = 3.0f;
+    for (int j = 0; j < 32; j++) x[32 + j] = (float)j;
+    cr_assert(moe_quantize_row_q4_1(b, x, 64));
+    const unsigned char c0[4] = {0x00, 0x00, 0x00, 0x42}, c1[4] = {0x22, 0x40, 0x00, 0x00};
+    cr_expect(memcmp(b, c0, 4) == 0, "constant block head %02x %02x %02x %02x", b[0], b[1], b[2], b[3]);
+    for (int j = 0; j < 16; j++) cr_expect_eq(b[4 + j], 0, "constant block byte %d: %02x", j, b[4 + j]);
+    cr_expect(memcmp(b + 20, c1, 4) == 0, "ramp head %02x %02x %02x %02x", b[20], b[21], b[22], b[23]);
+    for (int j = 0; j < 16; j++)
+        cr_expect_eq(b[24 + j], (unsigned char)(j / 2 | (8 + j / 2) << 4), "ramp byte %d: %02x", j, b[24 + j]);
+    float back[64];
+    moe_convert_row_f32(back, b, MOE_DTYPE_Q4_1, 64);
+    for (int j = 0; j < 32; j++) cr_expect_eq(back[j], 3.0f);
+    for (int j = 0; j < 32; j++) cr_expect_eq(back[32 + j], (float)(j / 2) * 2.06640625f, "ramp element %d", j);
+
+    for (int j = 0; j < 32; j++) x[j] = (float)(j % 16 - 1);
+    cr_assert(moe_quantize_row_q4_1(b, x, 32));
+    const unsigned char c2[4] = {0x00, 0x3c, 0x00, 0xbc};
+    cr_expect(memcmp(b, c2, 4) == 0, "integer block head %02x %02x %02x %02x", b[0], b[1], b[2], b[3]);
+    for (int j = 0; j < 16; j++) cr_expect_eq(b[4 + j], (unsigned char)(j | j << 4), "integer block byte %d", j);
+
+    x[5] = NAN;
+    cr_expect_not(moe_quantize_row_q4_1(b, x, 32));
+    x[5] = INFINITY;
+    cr_expect_not(moe_quantize_row_q4_1(b, x, 32));
+}
+
+/* (N, D) random weights of four-bit dtype t (new memory).  Q4_1: random
+ * floats through moe_quantize_row_q4_1, row 0's first block constant (d =
+ * 0).  Q4_G32 / Q4_G128: random codes, and per group one of: d in [0.005,
+ * 0.1) with m = -z d (z in 0..15, GPTQ's zero point), d = 0 with m in
+ * [-0.5, 0.5), an f16-valued d with m = -z d, d with m in [-0.8, 0). */
+static unsigned char *q4_weights(enum moe_dtype t, int N, int D, uint64_t seed)
+{
+    const size_t rb = moe_dtype_row_bytes(t, (size_t)D), gb = moe_q4_group_bytes(t);
+    const int G = moe_q4_group(t);
+    unsigned char *w = malloc((size_t)N * rb);
+    uint64_t st = seed;
+    if (t == MOE_DTYPE_Q4_1) {
+        float *f = malloc((size_t)D * sizeof(float));
+        for (int n = 0; n < N; n++) {
+            tu_fill_uniform(f, (size_t)D, seed + (uint64_t)n, -0.1f, 0.1f);
+            if (n == 0)
+                for (int j = 0; j < 32; j++) f[j] = 0.03f;
+            cr_assert(moe_quantize_row_q4_1(w + (size_t)n * rb, f, (size_t)D));
+        }
+        free(f);
+        return w;
+    }
+    uint8_t codes[128];
+    for (int n = 0; n < N; n++)
+        for (int g = 0; g < D / G; g++) {
+            for (int j = 0; j < G; j++) codes[j] = (uint8_t)(tu_rand_u64(&st) & 15);
+            const int mode = (int)(tu_rand_u64(&st) % 4), z = (int)(tu_rand_u64(&st) % 16);
+            float d = tu_rand_uniform(&st, 0.005f, 0.1f), m = -(float)z * d;
+            if (mode == 1) {
+                d = 0;
+                m = tu_rand_uniform(&st, -0.5f, 0.5f);
+            } else if (mode == 2) {
+                d = moe_f16_to_f32(moe_f32_to_f16(d));
+                m = -(float)z * d;
+            } else if (mode == 3) {
+                m = tu_rand_uniform(&st, -0.8f, 0.0f);
+            }
+            moe_q4_pack_group(w + (size_t)n * rb + (size_t)g * gb, t, codes, d, m);
+        }
+    return w;
+}
+
+/* The bound on |fast - reference| for input row x against weight row w
+ * (its exact values wf, D of them).  The fast kernels multiply the input
+ * quantized per block of 32 (dx = max |x| / 127, |x - x^| <= dx / 2) by
+ * the exact weights, so they differ from the reference (the fp32 x) by
+ * sum_k w_k (x_k - x^_k), at most sum_k |w_k| dx_k / 2; plus fp32
+ * rounding of both products, taken as 1e-5 of the magnitudes the kernels'
+ * sums add (sum_k (|q_k d_k| + |m_k|) |x_k|: the code and offset terms
+ * apart; a few dozen roundings of 2^-24 in any chain for D <= 512). */
+static double q4_bound(const float *x, const float *wf, const unsigned char *wrow, enum moe_dtype t, int D)
+{
+    double input = 0, mag = 0;
+    const int G = moe_q4_group(t);
+    for (int b = 0; b < D / 32; b++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        const double dx = (double)amax / 127.0;
+        for (int j = 0; j < 32; j++) {
+            const int k = 32 * b + j;
+            input += fabs((double)wf[k]) * dx / 2;
+            /* m_k: the value of code 0 */
+            const unsigned char *grp = wrow + (size_t)(k / G) * moe_q4_group_bytes(t);
+            float m;
+            if (t == MOE_DTYPE_Q4_1) {
+                uint16_t h;
+                memcpy(&h, grp + 2, 2);
+                m = moe_f16_to_f32(h);
+            } else {
+                memcpy(&m, grp + 4, 4);
+            }
+            mag += (fabs((double)wf[k] - m) + fabs((double)m)) * fabs((double)x[k]);
+        }
+    }
+    return input * (1 + 1e-6) + 1e-5 * mag + 1e-30;
+}
+
+/* The fast product over four-bit weights t for every T of a decode step
+ * and a batch, N not a multiple of any tile width, with and without bias:
+ * within q4_bound of the reference GEMM (moe_gemm_cpu: exact dequantized
+ * weights, fp32 inputs); every kernel set the same bits (on a processor
+ * with AVX512-VNNI the AVX-512 set runs gemm_q4.c's vpdpbusd instance, the
+ * AVX2 set the other); a row alone the same bits as in the batch; a row
+ * holding a NaN or an infinity gives NaN outputs and leaves the others'
+ * bits alone. */
+static void check_fast_q4(enum moe_dtype t, int D)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
+    const int Ts[] = {1, 2, 3, 4, 5, 7, 8, 63, 64, 65, 130}, Ns[] = {1, 13, 51};
+    const size_t rb = moe_dtype_row_bytes(t, (size_t)D);
+    double worst = 0;
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+        for (size_t c = 0; c < sizeof Ns / sizeof *Ns; c++) {
+            const int T = Ts[a], N = Ns[c];
+            const bool biased = (a + c) % 2 == 1;
+            unsigned char *w = q4_weights(t, N, D, (uint64_t)(T * 131 + N * 7 + D + (int)t));
+            float *wf = malloc((size_t)N * D * sizeof(float)), *x = malloc((size_t)T * D * sizeof(float)),
+                  *ref = malloc((size_t)T * N * 4), *got = malloc((size_t)T * N * 4),
+                  *other = malloc((size_t)T * N * 4), *one = malloc((size_t)N * 4),
+                  *scratch = malloc((size_t)D * 64 * sizeof(float)), *bias = malloc((size_t)N * 4);
+            for (int n = 0; n < N; n++) moe_convert_row_f32(wf + (size_t)n * D, w + (size_t)n * rb, t, (size_t)D);
+            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
+            const struct moe_tensor *b = biased ? &bt : NULL;
+            tu_fill_uniform(x, (size_t)T * D, (uint64_t)(T + N + D), -1, 1);
+            for (int r = 0; r < T; r++) /* rows of other scales, and a zero block */
+                for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
+            memset(x, 0, 32 * sizeof(float));
+            moe_gemm_cpu(ref, N, x, D, w, t, N, D, T, b, scratch);
+            char what[96];
+            snprintf(what, sizeof what, "%s gemm T=%d N=%d Din=%d%s", moe_dtype_name(t), T, N, D,
+                     biased ? " +bias" : "");
+            moe_gemm_fast(MOE_CPU_ISA_AVX2, got, N, x, D, w, t, N, D, T, b);
+            for (int r = 0; r < T; r++)
+                for (int n = 0; n < N; n++) {
+                    const double bound = q4_bound(x + (size_t)r * D, wf + (size_t)n * D, w + (size_t)n * rb, t, D);
+                    const double g = got[(size_t)r * N + n], e = ref[(size_t)r * N + n];
+                    cr_assert(fabs(g - e) <= bound, "%s [%d,%d]: %.9g, reference %.9g: beyond the bound %.3g", what,
+                              r, n, g, e, bound);
+                    worst = fmax(worst, fabs(g - e) / bound);
+                }
+            for (int isa = MOE_CPU_ISA_AVX512; isa <= (int)best; isa++) {
+                moe_gemm_fast((enum moe_cpu_isa)isa, other, N, x, D, w, t, N, D, T, b);
+                cr_expect(memcmp(other, got, (size_t)T * N * 4) == 0, "%s: %s differs from avx2", what,
+                          moe_cpu_isa_name((enum moe_cpu_isa)isa));
+            }
+            for (int r = 0; r < T; r += T > 8 ? 7 : 1) {
+                moe_gemm_fast(best, one, N, x + (size_t)r * D, D, w, t, N, D, 1, b);
+                cr_expect(memcmp(one, got + (size_t)r * N, (size_t)N * 4) == 0,
+                          "%s: row %d alone differs from the batch", what, r);
+            }
+            if (T >= 3) {
+                x[(size_t)1 * D + D - 1] = NAN;
+                x[(size_t)2 * D + 3] = -INFINITY;
+                moe_gemm_fast(best, other, N, x, D, w, t, N, D, T, b);
+                for (int r = 0; r < T; r++)
+                    for (int n = 0; n < N; n++) {
+                        const float v = other[(size_t)r * N + n];
+                        if (r == 1 || r == 2)
+                            cr_assert(isnan(v), "%s: row %d holds a non-finite input, output %d is %g", what, r, n,
+                                      v);
+                        else
+                            cr_assert(tu_same_bits(v, got[(size_t)r * N + n]), "%s: row %d changed with row 1's NaN",
+                                      what, r);
+                    }
+            }
+            free(w);
+            free(wf);
+            free(x);
+            free(ref);
+            free(got);
+            free(other);
+            free(one);
+            free(scratch);
+            free(bias);
+        }
+    cr_log_info("%s Din=%d: worst |fast - reference| %.2f of the bound", moe_dtype_name(t), D, worst);
+}
+
+Test(quant_q4, fast_gemm_q4_1) { check_fast_q4(MOE_DTYPE_Q4_1, 32); check_fast_q4(MOE_DTYPE_Q4_1, 256); }
+Test(quant_q4, fast_gemm_q4_g32) { check_fast_q4(MOE_DTYPE_Q4_G32, 32); check_fast_q4(MOE_DTYPE_Q4_G32, 160); }
+Test(quant_q4, fast_gemm_q4_g128) { check_fast_q4(MOE_DTYPE_Q4_G128, 128); check_fast_q4(MOE_DTYPE_Q4_G128, 384); }
+
+/* Large enough to split over the OpenMP team: moe_gemm_fast and
+ * moe_gemm_fast_multi (three four-bit matrices of one input) give the bits
+ * the single-threaded rows give. */
+Test(quant_q4, parallel_products_match_the_rows)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
+    enum { T = 5, D = 512 };
+    const int N[3] = {389, 200, 131};
+    unsigned char *w[3];
+    float *y[3], *want[3];
+    float *x = malloc((size_t)T * D * sizeof(float));
+    tu_fill_uniform(x, (size_t)T * D, 99, -1, 1);
+    for (int i = 0; i < 3; i++) {
+        w[i] = q4_weights(q4_types[i], N[i], D, (uint64_t)(50 + i));
+        y[i] = malloc((size_t)T * N[i] * 4);
+        want[i] = malloc((size_t)T * N[i] * 4);
+        moe_gemm_fast_rows(best, want[i], (size_t)N[i], x, D, T, w[i], q4_types[i], D, 0, N[i], NULL);
+        moe_gemm_fast(best, y[i], N[i], x, D, w[i], q4_types[i], N[i], D, T, NULL);
+        cr_expect(memcmp(y[i], want[i], (size_t)T * N[i] * 4) == 0, "%s: moe_gemm_fast differs from the rows",
+                  moe_dtype_name(q4_types[i]));
+        memset(y[i], 0, (size_t)T * N[i] * 4);
+    }
+    const void *wv[3] = {w[0], w[1], w[2]};
+    moe_gemm_fast_multi(best, 3, y, x, D, wv, q4_types, N, T, NULL);
+    for (int i = 0; i < 3; i++) {
+        cr_expect(memcmp(y[i], want[i], (size_t)T * N[i] * 4) == 0, "%s: moe_gemm_fast_multi differs from the rows",
+                  moe_dtype_name(q4_types[i]));
+        free(w[i]);
+        free(y[i]);
+        free(want[i]);
+    }
+    free(x);
+}
