@@ -168,7 +168,11 @@ Test(FORWARD_SUITE, deepseek_v3_fp8_matches_transformers) { check_model("deepsee
  * groups of 32, a per-channel dense Llama), GPTQModel's GPTQ (v1 symmetric
  * groups of 128, asymmetric groups of 32, act order with a permuted g_idx,
  * gptq_v2 zero points) and AWQ (gemm); the reference is transformers in
- * fp32 over the exact dequantization (q - z) * s, which moerun computes */
+ * fp32 over the exact dequantization (q - z) * s, which the reference
+ * backend computes.  (The fast backend quantizes its inputs to 8 bits for
+ * these weights, as for Q8_0: test_q4_model.c bounds it against the
+ * reference.) */
+#ifndef FORWARD_FAST
 Test(FORWARD_SUITE, qwen3_moe_ct_w4_matches_transformers) { check_model("qwen3_moe_ct_w4", 1e-4); }
 Test(FORWARD_SUITE, qwen3_moe_ct_w4_asym_matches_transformers) { check_model("qwen3_moe_ct_w4_asym", 1e-4); }
 Test(FORWARD_SUITE, llama_ct_w4_channel_matches_transformers) { check_model("llama_ct_w4_channel", 1e-4); }
@@ -177,6 +181,7 @@ Test(FORWARD_SUITE, qwen3_moe_gptq_asym_g32_matches_transformers) { check_model(
 Test(FORWARD_SUITE, qwen3_moe_gptq_actorder_matches_transformers) { check_model("qwen3_moe_gptq_actorder", 1e-4); }
 Test(FORWARD_SUITE, qwen3_moe_gptq_v2_matches_transformers) { check_model("qwen3_moe_gptq_v2", 1e-4); }
 Test(FORWARD_SUITE, qwen3_moe_awq_matches_transformers) { check_model("qwen3_moe_awq", 1e-4); }
+#endif
 
 /* transformers computing entirely in bf16 rounds every activation to 8 bits
  * of mantissa: agreement is only to bf16 precision. */

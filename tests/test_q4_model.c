@@ -465,3 +465,45 @@ Test(q4_model, broken_checkpoints_are_refused_by_name)
     ((int64_t *)t->data)[1] = 64;
     qt_expect_refused(&h, MOE_ERR_FORMAT, "q_proj.weight_shape' says [128, 64], expected [128, 128]", NULL);
 }
+
+/* The fast backend on the four-bit checkpoints: inputs quantized to 8 bits
+ * per block of 32 (as for Q8_0, runtime/cpu/gemm_q4.c), so its logits sit
+ * near the reference backend's (which match transformers to 1e-4,
+ * test_forward.c), not on them: the same prompt's logits apart by a small
+ * fraction of their size on average, the same argmax at most rows. */
+Test(q4_model, fast_backend_stays_near_the_reference_on_checkpoints)
+{
+    if (moe_cpu_isa_detect() == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
+    const char *names[] = {"qwen3_moe_ct_w4", "qwen3_moe_ct_w4_asym", "llama_ct_w4_channel", "qwen3_moe_gptq",
+                           "qwen3_moe_gptq_asym_g32", "qwen3_moe_gptq_actorder", "qwen3_moe_gptq_v2",
+                           "qwen3_moe_awq"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, names[i]);
+        struct moe_model m;
+        cr_assert_eq(moe_model_load(&m, dir), MOE_OK, "%s", moe_last_error());
+        const int V = m.cfg.vocab;
+        const size_t n = (size_t)20 * V;
+        float *ref = malloc(n * 4), *fast = malloc(n * 4);
+        qt_prompt_logits(&m, "cpu-ref", MOE_QUANT_NONE, ref);
+        qt_prompt_logits(&m, "cpu", MOE_QUANT_NONE, fast);
+        const double apart = tu_mean_abs_diff(fast, ref, n), size = tu_mean_abs_diff(ref, NULL, n);
+        int same = 0;
+        for (int r = 0; r < 20; r++) {
+            int a = 0, b = 0;
+            for (int v = 1; v < V; v++) {
+                if (ref[(size_t)r * V + v] > ref[(size_t)r * V + a]) a = v;
+                if (fast[(size_t)r * V + v] > fast[(size_t)r * V + b]) b = v;
+            }
+            same += a == b;
+        }
+        cr_log_info("%s: fast vs reference %.3g on average (mean |logit| %.3g), same argmax %d of 20", names[i],
+                    apart, size, same);
+        cr_expect(apart > 0 && apart < 0.05 * size, "%s: fast vs reference %g, mean |logit| %g", names[i], apart,
+                  size);
+        cr_expect(same >= 16, "%s: same argmax at %d of 20 rows", names[i], same);
+        free(ref);
+        free(fast);
+        moe_model_free(&m);
+    }
+}
