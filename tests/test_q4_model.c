@@ -507,3 +507,15 @@ Test(q4_model, fast_backend_stays_near_the_reference_on_checkpoints)
         moe_model_free(&m);
     }
 }
+
+/* inspect names a four-bit checkpoint's method and gives the loaded bytes
+ * by format: GPTQ groups of 128 as Q4_G128 beside the f16 tensors. */
+Test(q4_model, inspect_reports_bytes_by_format)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s inspect %s/qwen3_moe_gptq", MOERUN_BINARY, FIXTURE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "four-bit     GPTQ Linear weights"), "%s", out);
+    const char *f = strstr(out, "formats      Q4_G128 ");
+    cr_expect(f && strstr(f, " F16 "), "%s", out);
+}

@@ -143,6 +143,7 @@ enum moe_dtype {
     MOE_DTYPE_Q4_G32,
     MOE_DTYPE_Q4_G128,
 };
+#define MOE_DTYPE_N (MOE_DTYPE_Q4_G128 + 1) /* the number of dtypes */
 
 #define MOE_Q8_0_BLOCK 32 /* values per block */
 #define MOE_Q8_0_BYTES 36 /* bytes per block: f32 scale, 32 int8 */

@@ -470,6 +470,14 @@ static int64_t tbytes(const struct moe_tensor *t)
     return n / last * (int64_t)moe_dtype_row_bytes(t->dtype, (size_t)last);
 }
 
+/* tbytes(t), also added to by[t's dtype] when by is given. */
+static int64_t tb(int64_t *by, const struct moe_tensor *t)
+{
+    const int64_t b = tbytes(t);
+    if (by && b) by[t->dtype] += b;
+    return b;
+}
+
 /* Parameters in a tensor of k elements named name (len chars) of a
  * four-bit checkpoint: eight per word of `qweight` / `weight_packed`, none
  * in scales, zero points, g_idx and shapes. */
@@ -485,44 +493,65 @@ static int64_t q4_params(const char *name, size_t len, int64_t k)
     return k;
 }
 
-void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
+/* Bytes of the stored tensors, by part into z, and, with by (indexed by
+ * dtype), by dtype too. */
+static void stored_bytes(const struct moe_model *m, struct moe_model_sizes *z, int64_t *by)
 {
     const struct moe_config *c = &m->cfg;
     memset(z, 0, sizeof *z);
-    int64_t D = c->d_model, F = c->d_expert, K = c->top_k, E = c->n_experts;
-    z->bytes_embed = tbytes(&m->embed);
-    z->bytes_lm_head = c->tie_embeddings ? 0 : tbytes(&m->lm_head);
-    z->bytes_norm = tbytes(&m->final_norm);
-    int64_t expert_params = 0, expert_active = 0, other = 0;
+    const int64_t D = c->d_model, F = c->d_expert, E = c->n_experts;
+    z->bytes_embed = tb(by, &m->embed);
+    z->bytes_lm_head = c->tie_embeddings ? 0 : tb(by, &m->lm_head);
+    z->bytes_norm = tb(by, &m->final_norm);
     for (int l = 0; l < c->n_layers; l++) {
         const struct moe_layer_weights *w = &m->layers[l];
         const struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk,
                                            &w->bv, &w->bo, &w->q_norm, &w->k_norm, &w->sinks,
                                            &w->wq_a, &w->q_a_norm, &w->wkv_a, &w->kv_a_norm,
                                            &w->w_uk, &w->w_uv};
-        for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) z->bytes_attn += tbytes(attn[i]);
-        z->bytes_norm += tbytes(&w->attn_norm) + tbytes(&w->ffn_norm);
+        for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) z->bytes_attn += tb(by, attn[i]);
+        z->bytes_norm += tb(by, &w->attn_norm) + tb(by, &w->ffn_norm);
         if (c->layer_moe[l]) {
             for (int e = 0; e < E; e++) {
                 const enum moe_dtype et = moe_expert_dtype(&w->experts, e);
-                z->bytes_experts += 2 * F * (int64_t)moe_dtype_row_bytes(et, (size_t)D) +
-                                    D * (int64_t)moe_dtype_row_bytes(et, (size_t)F);
+                const int64_t eb = 2 * F * (int64_t)moe_dtype_row_bytes(et, (size_t)D) +
+                                   D * (int64_t)moe_dtype_row_bytes(et, (size_t)F);
+                z->bytes_experts += eb;
+                if (by) by[et] += eb;
             }
-            z->bytes_experts += tbytes(&w->experts.b_gate) + tbytes(&w->experts.b_up) +
-                               tbytes(&w->experts.b_down);
-            z->bytes_router += tbytes(&w->router) + tbytes(&w->router_bias) + tbytes(&w->router_b);
-            z->bytes_shared += tbytes(&w->sh_gate) + tbytes(&w->sh_up) + tbytes(&w->sh_down) +
-                               tbytes(&w->sh_router);
-            const int64_t bias = w->experts.b_gate.data ? 2 * F + D : 0; /* gpt-oss */
-            expert_params += E * (3 * F * D + bias);
-            expert_active += K * (3 * F * D + bias);
+            z->bytes_experts += tb(by, &w->experts.b_gate) + tb(by, &w->experts.b_up) +
+                               tb(by, &w->experts.b_down);
+            z->bytes_router += tb(by, &w->router) + tb(by, &w->router_bias) + tb(by, &w->router_b);
+            z->bytes_shared += tb(by, &w->sh_gate) + tb(by, &w->sh_up) + tb(by, &w->sh_down) +
+                               tb(by, &w->sh_router);
         } else {
-            z->bytes_dense_ffn += tbytes(&w->w_gate) + tbytes(&w->w_up) + tbytes(&w->w_down) +
-                                  tbytes(&w->b_gate) + tbytes(&w->b_up) + tbytes(&w->b_down);
+            z->bytes_dense_ffn += tb(by, &w->w_gate) + tb(by, &w->w_up) + tb(by, &w->w_down) +
+                                  tb(by, &w->b_gate) + tb(by, &w->b_up) + tb(by, &w->b_down);
         }
     }
     z->bytes_total = z->bytes_embed + z->bytes_lm_head + z->bytes_norm + z->bytes_attn +
                      z->bytes_dense_ffn + z->bytes_experts + z->bytes_router + z->bytes_shared;
+}
+
+void moe_model_bytes_by_dtype(const struct moe_model *m, int64_t *by)
+{
+    struct moe_model_sizes z;
+    memset(by, 0, MOE_DTYPE_N * sizeof *by);
+    stored_bytes(m, &z, by);
+}
+
+void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *z)
+{
+    const struct moe_config *c = &m->cfg;
+    const int64_t D = c->d_model, F = c->d_expert, K = c->top_k, E = c->n_experts;
+    stored_bytes(m, z, NULL);
+    int64_t expert_params = 0, expert_active = 0, other = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!c->layer_moe[l]) continue;
+        const int64_t bias = m->layers[l].experts.b_gate.data ? 2 * F + D : 0; /* gpt-oss */
+        expert_params += E * (3 * F * D + bias);
+        expert_active += K * (3 * F * D + bias);
+    }
     /* Parameters: count elements of every checkpoint tensor (MXFP4: two
      * per byte of `_blocks`, none in `_scales`; fp8: none in
      * `_scale_inv`). */

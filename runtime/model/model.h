@@ -155,6 +155,9 @@ struct moe_model_sizes {
 };
 /* From the loaded tensors (each part at its stored dtype). */
 void moe_model_sizes(const struct moe_model *m, struct moe_model_sizes *out);
+/* The loaded tensors' bytes by dtype: by[t] for each enum moe_dtype t
+ * (MOE_DTYPE_N entries; a tied LM head counted once). */
+void moe_model_bytes_by_dtype(const struct moe_model *m, int64_t *by);
 /* Bytes of one expert of the first MoE layer (gate, up, down as stored; 0
  * for a dense model), and the bytes per weight of its dtype, 0 for a block
  * format (MXFP4, FP8, Q8_0): what the statistics files record. */
