@@ -52,7 +52,7 @@ static inline const struct moe_tensor *moe_experts_bias_row(const struct moe_ten
     if (!b->data) return NULL;
     *view = (struct moe_tensor){.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {b->shape[1]},
                                 .data = (float *)b->data + (size_t)e * (size_t)b->shape[1],
-                                .device = b->device};
+                                .device = b->device, .cols = NULL};
     return view;
 }
 /* Row r < rows of x (n wide) reordered in place to x[r][cols[j]] at j

@@ -156,7 +156,7 @@ static void *side_panels(struct side *s, const void *w, int N, int K)
  * formats as planes on CUDA, else the rows. */
 static struct moe_tensor side_matrix(struct side *s, const void *w, enum moe_dtype t, int N, int K)
 {
-    struct moe_tensor m = {.dtype = t, .ndim = 2, .shape = {N, K}, .device = s->cuda ? 0 : -1};
+    struct moe_tensor m = {.dtype = t, .ndim = 2, .shape = {N, K}, .device = s->cuda ? 0 : -1, .cols = NULL};
     const size_t rows_bytes = (size_t)N * moe_dtype_row_bytes(t, (size_t)K);
     if (side_wants_panels(s, t, K)) {
         m.dtype = MOE_DTYPE_BF16_PANEL;
@@ -179,7 +179,7 @@ static struct moe_tensor side_vector(struct side *s, const void *v, enum moe_dty
 {
     return (struct moe_tensor){.dtype = t, .ndim = 1, .shape = {n},
                                .data = side_put(s, v, (size_t)n * moe_dtype_size(t)),
-                               .device = s->cuda ? 0 : -1};
+                               .device = s->cuda ? 0 : -1, .cols = NULL};
 }
 
 /* A layer's E experts in host rows: gu (E, 2F, D) (each expert's F gate
