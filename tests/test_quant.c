@@ -161,30 +161,7 @@ Test(quant, fast_gemm_q8_0_quantizes_inputs_per_block)
                 if (T == 130 && N == 97 && D == 256)
                     cr_log_info("%s: worst |error| %.2g of the terms' sum; %.2f of the rounding bound from the reference",
                                 what, worst, worst_ref);
-                for (int isa = MOE_CPU_ISA_AVX512; isa <= (int)best; isa++) {
-                    moe_gemm_fast((enum moe_cpu_isa)isa, other, N, x, D, w, MOE_DTYPE_Q8_0, N, D, T, NULL);
-                    cr_expect(memcmp(other, got, (size_t)T * N * 4) == 0, "%s: %s differs from avx2", what,
-                              moe_cpu_isa_name((enum moe_cpu_isa)isa));
-                }
-                for (int r = 0; r < T; r += T > 8 ? 7 : 1) {
-                    moe_gemm_fast(best, one, N, x + (size_t)r * D, D, w, MOE_DTYPE_Q8_0, N, D, 1, NULL);
-                    cr_expect(memcmp(one, got + (size_t)r * N, (size_t)N * 4) == 0,
-                              "%s: row %d alone differs from the batch", what, r);
-                }
-                if (T >= 3) {
-                    x[(size_t)1 * D + D - 1] = NAN;
-                    x[(size_t)2 * D + 3] = -INFINITY;
-                    moe_gemm_fast(best, other, N, x, D, w, MOE_DTYPE_Q8_0, N, D, T, NULL);
-                    for (int t = 0; t < T; t++)
-                        for (int n = 0; n < N; n++) {
-                            const float v = other[(size_t)t * N + n];
-                            if (t == 1 || t == 2)
-                                cr_assert(isnan(v), "%s: row %d holds a non-finite input, output %d is %g", what, t,
-                                          n, v);
-                            else
-                                cr_assert(v == got[(size_t)t * N + n], "%s: row %d changed with row 1's NaN", what, t);
-                        }
-                }
+                qt_check_int8_invariants(what, best, x, D, w, MOE_DTYPE_Q8_0, N, T, NULL, got, other, one);
                 free(w);
                 free(x);
                 free(ref);

@@ -15,6 +15,7 @@
 
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_fast.h"
+#include "tests/quant_test.h"
 #include "tests/testutil.h"
 
 static const enum moe_dtype q4_types[] = {MOE_DTYPE_Q4_1, MOE_DTYPE_Q4_G32, MOE_DTYPE_Q4_G128};
@@ -241,31 +242,7 @@ static void check_fast_q4(enum moe_dtype t, int D)
                               r, n, g, e, bound);
                     worst = fmax(worst, fabs(g - e) / bound);
                 }
-            for (int isa = MOE_CPU_ISA_AVX512; isa <= (int)best; isa++) {
-                moe_gemm_fast((enum moe_cpu_isa)isa, other, N, x, D, w, t, N, D, T, b);
-                cr_expect(memcmp(other, got, (size_t)T * N * 4) == 0, "%s: %s differs from avx2", what,
-                          moe_cpu_isa_name((enum moe_cpu_isa)isa));
-            }
-            for (int r = 0; r < T; r += T > 8 ? 7 : 1) {
-                moe_gemm_fast(best, one, N, x + (size_t)r * D, D, w, t, N, D, 1, b);
-                cr_expect(memcmp(one, got + (size_t)r * N, (size_t)N * 4) == 0,
-                          "%s: row %d alone differs from the batch", what, r);
-            }
-            if (T >= 3) {
-                x[(size_t)1 * D + D - 1] = NAN;
-                x[(size_t)2 * D + 3] = -INFINITY;
-                moe_gemm_fast(best, other, N, x, D, w, t, N, D, T, b);
-                for (int r = 0; r < T; r++)
-                    for (int n = 0; n < N; n++) {
-                        const float v = other[(size_t)r * N + n];
-                        if (r == 1 || r == 2)
-                            cr_assert(isnan(v), "%s: row %d holds a non-finite input, output %d is %g", what, r, n,
-                                      v);
-                        else
-                            cr_assert(tu_same_bits(v, got[(size_t)r * N + n]), "%s: row %d changed with row 1's NaN",
-                                      what, r);
-                    }
-            }
+            qt_check_int8_invariants(what, best, x, D, w, t, N, T, b, got, other, one);
             free(w);
             free(wf);
             free(x);
