@@ -31,21 +31,23 @@ static const struct {
     bool window_switch;   /* use_sliding_window exists, default false (else a sliding_window
                              alone turns the window on) */
     int window;           /* sliding_window default when on */
+    int kv_heads;         /* num_key_value_heads default (0: num_attention_heads) */
+    int ffn, moe_ffn;     /* intermediate_size and moe_intermediate_size defaults */
 } families[] = {
-    {"MixtralForCausalLM", MOE_FAMILY_MIXTRAL, 1e-5f, 0, false, MOE_QK_NORM_NONE, true, 131072, 2, 1e6, false, 0},
-    {"Qwen2MoeForCausalLM", MOE_FAMILY_QWEN2_MOE, 1e-6f, 0, true, MOE_QK_NORM_NONE, true, 32768, 4, 1e4, true, 4096},
-    {"Qwen3MoeForCausalLM", MOE_FAMILY_QWEN3_MOE, 1e-6f, 0, false, MOE_QK_NORM_HEAD, true, 32768, 8, 1e4, true, 4096},
-    {"OlmoeForCausalLM", MOE_FAMILY_OLMOE, 1e-5f, 0, false, MOE_QK_NORM_FULL, true, 4096, 8, 1e4, false, 0},
-    {"LlamaForCausalLM", MOE_FAMILY_LLAMA, 1e-6f, 0, false, MOE_QK_NORM_NONE, false, 2048, 0, 1e4, false, 0},
-    {"Qwen2ForCausalLM", MOE_FAMILY_QWEN2, 1e-6f, 0, true, MOE_QK_NORM_NONE, false, 32768, 0, 1e4, true, 4096},
-    {"Qwen3ForCausalLM", MOE_FAMILY_QWEN3, 1e-6f, 128, false, MOE_QK_NORM_HEAD, false, 32768, 0, 1e4, true, 4096},
-    {"Glm4MoeForCausalLM", MOE_FAMILY_GLM4_MOE, 1e-5f, 0, false, MOE_QK_NORM_NONE, true, 131072, 8, 1e4, false, 0},
-    {"GraniteMoeForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 2, 1e4, false, 0},
-    {"GraniteMoeSharedForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 2, 1e4, false, 0},
-    {"GraniteForCausalLM", MOE_FAMILY_GRANITE, 1e-6f, 0, false, MOE_QK_NORM_NONE, false, 2048, 0, 1e4, false, 0},
-    {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true, 131072, 4, 150000, false, 128},
-    {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 0, 1e4, false, 0},
-    {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 4096, 8, 1e4, false, 0},
+    {"MixtralForCausalLM", MOE_FAMILY_MIXTRAL, 1e-5f, 0, false, MOE_QK_NORM_NONE, true, 131072, 2, 1e6, false, 0, 8, 14336, 0},
+    {"Qwen2MoeForCausalLM", MOE_FAMILY_QWEN2_MOE, 1e-6f, 0, true, MOE_QK_NORM_NONE, true, 32768, 4, 1e4, true, 4096, 16, 5632, 1408},
+    {"Qwen3MoeForCausalLM", MOE_FAMILY_QWEN3_MOE, 1e-6f, 0, false, MOE_QK_NORM_HEAD, true, 32768, 8, 1e4, true, 4096, 4, 6144, 768},
+    {"OlmoeForCausalLM", MOE_FAMILY_OLMOE, 1e-5f, 0, false, MOE_QK_NORM_FULL, true, 4096, 8, 1e4, false, 0, 0, 2048, 0},
+    {"LlamaForCausalLM", MOE_FAMILY_LLAMA, 1e-6f, 0, false, MOE_QK_NORM_NONE, false, 2048, 0, 1e4, false, 0, 0, 11008, 0},
+    {"Qwen2ForCausalLM", MOE_FAMILY_QWEN2, 1e-6f, 0, true, MOE_QK_NORM_NONE, false, 32768, 0, 1e4, true, 4096, 32, 22016, 0},
+    {"Qwen3ForCausalLM", MOE_FAMILY_QWEN3, 1e-6f, 128, false, MOE_QK_NORM_HEAD, false, 32768, 0, 1e4, true, 4096, 32, 22016, 0},
+    {"Glm4MoeForCausalLM", MOE_FAMILY_GLM4_MOE, 1e-5f, 0, false, MOE_QK_NORM_NONE, true, 131072, 8, 1e4, false, 0, 8, 10944, 1408},
+    {"GraniteMoeForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 2, 1e4, false, 0, 0, 11008, 0},
+    {"GraniteMoeSharedForCausalLM", MOE_FAMILY_GRANITE_MOE, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 2, 1e4, false, 0, 0, 11008, 0},
+    {"GraniteForCausalLM", MOE_FAMILY_GRANITE, 1e-6f, 0, false, MOE_QK_NORM_NONE, false, 2048, 0, 1e4, false, 0, 0, 11008, 0},
+    {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true, 131072, 4, 150000, false, 128, 8, 2880, 0},
+    {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 0, 1e4, false, 0, 0, 11008, 1407},
+    {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 4096, 8, 1e4, false, 0, 0, 18432, 2048},
 };
 
 /* The table's row of family f (GraniteMoe's two rows agree). */
@@ -245,7 +247,10 @@ static enum moe_status parse_mla(struct moe_config *c, json_t *root, const char 
     const int BIG = 1 << 20;
     int rope;
     MOE_TRY(get_int(root, what, "kv_lora_rank", 1, BIG, 512, false, &c->kv_lora_rank));
-    MOE_TRY(get_int(root, what, "q_lora_rank", 0, BIG, 0, false, &c->q_lora_rank));
+    /* absent: the config classes' 1536; null (DeepSeek-V2-Lite): q_proj, no LoRA */
+    json_t *qlr = json_object_get(root, "q_lora_rank");
+    c->q_lora_rank = 0;
+    if (!qlr || !json_is_null(qlr)) MOE_TRY(get_int(root, what, "q_lora_rank", 0, BIG, 1536, false, &c->q_lora_rank));
     MOE_TRY(get_int(root, what, "qk_nope_head_dim", 1, BIG, 128, false, &c->qk_nope_dim));
     MOE_TRY(get_int(root, what, "qk_rope_head_dim", 2, BIG, 64, false, &rope));
     MOE_TRY(get_int(root, what, "v_head_dim", 1, BIG, 128, false, &c->v_head_dim));
@@ -581,7 +586,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     MOE_TRY(get_int(root, what, "hidden_size", 1, BIG, 0, true, &c->d_model));
     MOE_TRY(get_int(root, what, "vocab_size", 1, 1 << 28, 0, true, &c->vocab));
     MOE_TRY(get_int(root, what, "num_attention_heads", 1, 1 << 16, 0, true, &c->n_heads));
-    MOE_TRY(get_int(root, what, "num_key_value_heads", 1, 1 << 16, c->n_heads, false, &c->n_kv_heads));
+    const int kv_default = families[fi].kv_heads ? families[fi].kv_heads : c->n_heads;
+    MOE_TRY(get_int(root, what, "num_key_value_heads", 1, 1 << 16, kv_default, false, &c->n_kv_heads));
     int hd_def = families[fi].head_dim ? families[fi].head_dim : c->d_model / c->n_heads;
     MOE_TRY(get_int(root, what, "head_dim", 1, 1 << 16, hd_def, false, &c->head_dim));
     MOE_TRY(get_int(root, what, "max_position_embeddings", 1, INT32_MAX, families[fi].max_pos, false, &c->max_pos));
@@ -654,12 +660,12 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     switch (c->family) {
     case MOE_FAMILY_MIXTRAL:
         MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 8, false, &c->n_experts));
-        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, families[fi].ffn, false, &c->d_expert));
         c->norm_topk = true;
         break;
     case MOE_FAMILY_OLMOE:
         MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, 64, false, &c->n_experts));
-        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, families[fi].ffn, false, &c->d_expert));
         MOE_TRY(get_bool(root, what, "norm_topk_prob", false, &c->norm_topk));
         break;
     case MOE_FAMILY_QWEN2_MOE:
@@ -668,12 +674,12 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
          * versions num_experts */
         MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 60, false, &c->n_experts));
         MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, c->n_experts, false, &c->n_experts));
-        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, 0, true, &c->d_expert));
-        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, 0, false, &c->d_ff));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, families[fi].moe_ffn, false, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, families[fi].ffn, false, &c->d_ff));
         MOE_TRY(get_bool(root, what, "norm_topk_prob", false, &c->norm_topk));
         if (c->family == MOE_FAMILY_QWEN2_MOE) {
-            MOE_TRY(get_int(root, what, "shared_expert_intermediate_size", 0, BIG, 0, false,
-                            &c->d_shared));
+            MOE_TRY(get_int(root, what, "shared_expert_intermediate_size", 0, BIG, 5632, false,
+                            &c->d_shared)); /* Qwen2MoeConfig's default */
             c->shared_gate = c->d_shared > 0;
         }
         break;
@@ -681,7 +687,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         /* the router takes the softmax of the top-K logits: the softmax over
          * all E renormalised over the K */
         MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 8, false, &c->n_experts));
-        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, families[fi].ffn, false, &c->d_expert));
         MOE_TRY(get_int(root, what, "shared_intermediate_size", 0, BIG, 0, false, &c->d_shared));
         c->norm_topk = true;
         break;
@@ -689,8 +695,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         int n_shared;
         double scale;
         MOE_TRY(get_int(root, what, "n_routed_experts", 1, 1 << 16, 128, false, &c->n_experts));
-        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, 0, true, &c->d_expert));
-        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, 0, false, &c->d_ff));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, families[fi].moe_ffn, false, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, families[fi].ffn, false, &c->d_ff));
         MOE_TRY(get_int(root, what, "n_shared_experts", 0, 1 << 10, 1, false, &n_shared));
         c->d_shared = n_shared * c->d_expert; /* one MLP of n_shared experts' width, no gate */
         MOE_TRY(get_bool(root, what, "norm_topk_prob", true, &c->norm_topk));
@@ -712,8 +718,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         int n_shared;
         double scale;
         MOE_TRY(get_int(root, what, "n_routed_experts", 1, 1 << 16, v3 ? 256 : 64, false, &c->n_experts));
-        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, 0, true, &c->d_expert));
-        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, 0, false, &c->d_ff));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, families[fi].moe_ffn, false, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, families[fi].ffn, false, &c->d_ff));
         MOE_TRY(get_int(root, what, "n_shared_experts", 0, 1 << 10, v3 ? 1 : 2, false, &n_shared));
         c->d_shared = n_shared * c->d_expert; /* one MLP of n_shared experts' width, no gate */
         MOE_TRY(get_num(root, what, "routed_scaling_factor", v3 ? 2.5 : 1.0, &scale));
@@ -752,7 +758,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
          * SwiGLU (config.h) */
         double alpha, limit;
         MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 128, false, &c->n_experts));
-        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 2880, false, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, families[fi].ffn, false, &c->d_expert));
         MOE_TRY(get_num(root, what, "swiglu_alpha", 1.702, &alpha));
         MOE_TRY(get_num(root, what, "swiglu_limit", 7.0, &limit));
         if (!(alpha > 0) || !(limit > 0))
@@ -764,7 +770,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         break;
     }
     default:
-        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, 0, true, &c->d_ff));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, families[fi].ffn, false, &c->d_ff));
         break;
     }
     if (moe) {

@@ -11,7 +11,13 @@ and removed, the values): experts per token, RoPE theta, RMSNorm
 epsilon, context length, tied embeddings, the sliding window and which
 layers use it, the routing switches (renormalisation, scaling factor,
 expert groups) and which layers are MoE (as each family's modeling code
-decides).  The C test
+decides), and the shapes the modeling code builds from the config (read
+off a model instantiated on the meta device, so the modeling code, not
+this script, says what a key means): head dimension, KV heads, rotated
+dimensions, the attention and MLP biases, expert, shared-expert and dense
+FFN widths, the latent-attention dimensions and gpt-oss's activation
+limit.  A configuration transformers cannot build a model from is
+recorded as such (moerun must refuse it too).  The C test
 (tests/test_config_defaults.c) removes the same keys and compares.
 
 Python is only a fixture-making tool; nothing in the runtime or build needs it.
@@ -23,8 +29,9 @@ import json
 import os
 import tempfile
 
+import torch
 import transformers
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
 transformers.logging.set_verbosity_error()
 
@@ -36,7 +43,10 @@ FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_
 KEYS = ["num_experts_per_tok", "rope_parameters", "rope_theta", "rms_norm_eps", "max_position_embeddings",
         "tie_word_embeddings", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
         "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
-        "decoder_sparse_step", "mlp_only_layers"]
+        "decoder_sparse_step", "mlp_only_layers",
+        "head_dim", "num_key_value_heads", "partial_rotary_factor", "attention_bias", "mlp_bias",
+        "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "n_shared_experts",
+        "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "swiglu_limit"]
 # families whose layers follow config.layer_types (the others: every layer
 # takes config.sliding_window when it is set, or none does)
 LAYER_TYPES = {"qwen2", "qwen2_moe", "qwen3", "gpt_oss"}
@@ -100,6 +110,52 @@ def described(name, cfg):
     k = getattr(cfg, "num_experts_per_tok", None)
     if k is not None:
         out["top_k"] = int(k)
+    try:
+        out["shapes"] = shapes(cfg)
+    except Exception as e:  # transformers cannot build this model: moerun must refuse it too
+        out["shapes"] = {"error": f"{type(e).__name__}: {e}"[:200]}
+    return out
+
+
+def shapes(cfg):
+    """What the modeling code builds from cfg: a model on the meta device."""
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    H = cfg.num_attention_heads
+    out = {}
+    layers = m.model.layers
+    a = layers[0].self_attn
+    if hasattr(a, "kv_a_proj_with_mqa"):  # latent attention
+        R = a.kv_a_layernorm.weight.shape[0]
+        rope = a.kv_a_proj_with_mqa.out_features - R
+        qa = getattr(a, "q_a_proj", None)
+        q = a.q_b_proj if qa is not None else a.q_proj
+        out.update(kv_lora_rank=R, q_lora_rank=qa.out_features if qa is not None else 0,
+                   rope_dim=rope, qk_nope_dim=q.out_features // H - rope, v_head_dim=a.o_proj.in_features // H)
+    else:
+        dh = a.q_proj.out_features // H
+        if H % (a.k_proj.out_features // dh):  # repeat_kv cannot share KV heads among the query heads
+            raise ValueError(f"{H} query heads are not a multiple of {a.k_proj.out_features // dh} KV heads")
+        out.update(head_dim=dh, n_kv_heads=a.k_proj.out_features // dh, qk_norm=hasattr(a, "q_norm"),
+                   qkv_bias=a.q_proj.bias is not None, o_bias=a.o_proj.bias is not None,
+                   rope_dim=2 * m.model.rotary_emb.inv_freq.shape[0])
+    D = cfg.hidden_size
+    for layer in layers:
+        mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        x = getattr(mlp, "experts", None)
+        if x is not None and "d_expert" not in out:
+            gu = x.gate_up_proj.shape  # (E, 2F, D), or (E, D, 2F) (gpt-oss)
+            out["d_expert"] = (gu[2] if gu[1] == D else gu[1]) // 2
+            if hasattr(x, "limit"):
+                out["swiglu_limit"] = float(x.limit)
+            sh = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
+            if sh is not None:
+                out["d_shared"] = sh.gate_proj.out_features
+            elif hasattr(layer, "shared_mlp"):
+                out["d_shared"] = layer.shared_mlp.input_linear.out_features // 2
+        elif x is None and hasattr(mlp, "gate_proj") and "d_ff" not in out:
+            out["d_ff"] = mlp.gate_proj.out_features
+            out["mlp_bias"] = mlp.gate_proj.bias is not None
     return out
 
 
