@@ -122,7 +122,16 @@ Q4_ATTR INLINE void Q4_FN(rows_dt)(const enum moe_dtype dt, float *y, size_t ldy
 {
     enum { C4 = 2 }; /* weight rows of a 4-input tile: 8 accumulators */
     switch (tn) {
+#ifdef Q4_TILE_WIDE
+    case 1: {
+        int n = n0;
+        for (; n + 8 <= n1; n += 8) Q4_TILE_WIDE(dt, 8, y + n, x, w + (size_t)(n - n0) * wld, wld, b, n, true);
+        for (; n < n1; n++) Q4_FN(tile)(dt, 1, 1, y + n, ldy, x, 0, w + (size_t)(n - n0) * wld, wld, b, n, true);
+        return;
+    }
+#else
     case 1: Q4_FN(row_tiles)(dt, 1, 8, y, ldy, x, w, wld, n0, n1, b); return;
+#endif
     case 2: Q4_FN(row_tiles)(dt, 2, 4, y, ldy, x, w, wld, n0, n1, b); return;
     case 3: Q4_FN(row_tiles)(dt, 3, 3, y, ldy, x, w, wld, n0, n1, b); return;
     default: break;
