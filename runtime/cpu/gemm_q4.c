@@ -5,7 +5,9 @@
  * sum.  The tiles (gemm_q4_tile.h) are compiled twice: with AVX2
  * instructions, and, for the AVX-512 set on processors that have
  * AVX512-VNNI, with vpdpbusd in place of vpmaddubsw + vpmaddwd (256-bit
- * vectors still; the same integer sums, so the same bits).
+ * vectors; the same integer sums, so the same bits), and there one input
+ * row (decode) takes tile_wide_vnni: two weight rows to a 512-bit
+ * register, each half computing the 256-bit tile's expression.
  *
  * Why: widening four-bit codes to fp32 (extend, convert, scale and
  * offset, FMA) leaves the product compute bound at well under the memory

@@ -10,7 +10,10 @@
  * quantize_input, and: Q4_ATTR (the target attribute), Q4_FN(name) (the
  * instance's name for each function here), Q4_DOT(w, x) (the 8 int32 lane
  * sums of the products of unsigned bytes w and signed bytes x), Q4_ENTRY
- * (the name of the instance's entry point, which this file defines). */
+ * (the name of the instance's entry point, which this file defines);
+ * optionally Q4_TILE_WIDE(dt, C, y, x, w, wld, b, n, pf), a tile of one
+ * input row and WIDE weight rows giving the tile's bits, which then takes
+ * the full tiles of a single input row. */
 
 /* The head of the group at g as the vector h = (d, m, 0, ...) and the
  * scale d broadcast.  Q4_1: one 4-byte load widened by F16C (exact). */
