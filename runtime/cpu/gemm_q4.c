@@ -66,6 +66,11 @@ enum {
     RUN = 32,  /* elements per run of 16 code bytes (and per input block) */
     TBQ = 64,  /* input rows quantized at a time */
     MAXC = 8,  /* widest tile: weight rows for one input row */
+    /* how far ahead tile_wide_vnni prefetches, in bytes (whole tiles):
+     * a tile of 8 rows is only 2.5 KiB at Din 512 (Q4_1), read in about
+     * the memory's latency at 20 GB/s; 8 or 16 KiB ahead made one thread
+     * 15 to 40% faster at T = 1 (docs/results/2026-12-02-q4-decode.md) */
+    PF_WIDE = 8192,
 };
 
 /* The quantized input rows of a call, one stream per row (stride rs
@@ -122,11 +127,13 @@ AVX2 static void quantize_input(char *o, const float *x, int ng, int nr)
  * group for all C rows.  The heads of a pair: (d_c, m_c, d_c1, m_c1)
  * from one F16C conversion (Q4_1) or two 8-byte loads, spread by two
  * permutes into (d, m, 0, ...) per half and d broadcast per half.
- * Arguments as the tile's (gemm_q4_tile.h) with R = 1, r0 = 0. */
+ * Arguments as the tile's (gemm_q4_tile.h) with R = 1, r0 = 0, but pfd:
+ * prefetch the rows pfd bytes on (a whole number of tiles; 0: none). */
 Q4_ATTR INLINE void tile_wide_vnni(const enum moe_dtype dt, const int C, float *y, const struct xq *x,
-                                   const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
+                                   const char *w, size_t wld, const struct moe_tensor *b, int n, size_t pfd)
 {
     const int NR = dt == MOE_DTYPE_Q4_G128 ? 4 : 1, HB = dt == MOE_DTYPE_Q4_1 ? 4 : MOE_Q4_HEAD;
+    const bool pf = pfd > 0;
     const size_t GB = (size_t)HB + 16 * (size_t)NR;
     const size_t XG = 32 + 32 * (size_t)NR;
     const int ng = (int)(x->rs / XG);
@@ -157,8 +164,8 @@ Q4_ATTR INLINE void tile_wide_vnni(const enum moe_dtype dt, const int C, float *
 #pragma GCC unroll 4
             for (int k = 0; k < NR; k++) {
                 if (pf && pg == 0 && (k == 0 || k == NR - 1)) {
-                    _mm_prefetch(g0 + (k ? GB - 1 : 0) + (size_t)C * wld, _MM_HINT_T1);
-                    _mm_prefetch(g1 + (k ? GB - 1 : 0) + (size_t)C * wld, _MM_HINT_T1);
+                    _mm_prefetch(g0 + (k ? GB - 1 : 0) + pfd, _MM_HINT_T1);
+                    _mm_prefetch(g1 + (k ? GB - 1 : 0) + pfd, _MM_HINT_T1);
                 }
                 const __m256i c0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g0 + HB + 16 * k)));
                 const __m256i c1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g1 + HB + 16 * k)));
