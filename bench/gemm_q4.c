@@ -18,10 +18,16 @@
  * machine), single-threaded and over 2 OpenMP threads; the load average
  * before and after, which says how far the figures can be trusted.
  *
+ * With "decode" after the rounds: the expert and LM-head shapes of the
+ * bench models instead (bench-olmoe: 512 x 1024 and 1024 x 512;
+ * bench-mixtral: 3584 x 1024 and 1024 x 3584; an LM head 8192 rows of
+ * 1024), at T = 1 only, one thread and two.
+ *
  * Build and run (from the repository root, after the CPU build in build-cpu/):
- *   cmake --build build-cpu --target bench_gemm_q4 && build-cpu/bench_gemm_q4 [rounds]
+ *   cmake --build build-cpu --target bench_gemm_q4 && build-cpu/bench_gemm_q4 [rounds] [decode]
  * Not run by the tests. */
 #include <math.h>
+#include <stdbool.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,8 +163,9 @@ static void bench_shape(int N, int D, int T, int nth, int rounds, void *const *a
 int main(int argc, char **argv)
 {
     const int rounds = argc > 1 ? atoi(argv[1]) : 7;
-    if (rounds < 1 || rounds > 64) {
-        fprintf(stderr, "usage: bench_gemm_q4 [rounds, 1..64]\n");
+    const bool decode = argc > 2 && strcmp(argv[2], "decode") == 0;
+    if (rounds < 1 || rounds > 64 || (argc > 2 && !decode)) {
+        fprintf(stderr, "usage: bench_gemm_q4 [rounds, 1..64] [decode]\n");
         return 2;
     }
     const enum moe_cpu_isa isa = moe_cpu_isa_detect();
@@ -167,14 +174,17 @@ int main(int argc, char **argv)
         return 1;
     }
     if (isa == MOE_CPU_ISA_AVX2) nf = 5;
-    const int shapes[3][2] = {{2048, 2048}, {1024, 4096}, {768, 2048}}, Ts[3] = {1, 8, 64};
+    const int train[5][2] = {{2048, 2048}, {1024, 4096}, {768, 2048}},
+              dec[5][2] = {{512, 1024}, {1024, 512}, {3584, 1024}, {1024, 3584}, {8192, 1024}};
+    const int(*shapes)[2] = decode ? dec : train, nshapes = decode ? 5 : 3, Ts[3] = {1, 8, 64},
+                          nT = decode ? 1 : 3;
     const size_t total = (size_t)256 << 20;
     printf("kernel set %s, %d rounds, each format's copies >= %zu MiB\n", moe_cpu_isa_name(isa), rounds,
            total >> 20);
     print_load();
     printf("| N x Din | T | threads | weights | ms | GB/s | GFLOP/s | best ms | cpu ms |\n"
            "|---|---|---|---|---|---|---|---|---|\n");
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < nshapes; s++) {
         const int N = shapes[s][0], D = shapes[s][1];
         float *wf = xmalloc((size_t)N * D * sizeof(float)), *x = xmalloc((size_t)64 * D * sizeof(float)),
               *y = xmalloc((size_t)64 * N * sizeof(float));
@@ -190,7 +200,7 @@ int main(int argc, char **argv)
             for (int i = 0; i < copies[f]; i++) memcpy((char *)arena[f] + (size_t)i * mbytes[f], one, mbytes[f]);
             free(one);
         }
-        for (int ti = 0; ti < 3; ti++)
+        for (int ti = 0; ti < nT; ti++)
             for (int nth = 1; nth <= 2; nth++) bench_shape(N, D, Ts[ti], nth, rounds, arena, mbytes, copies, x, y, isa);
         for (int f = 0; f < nf; f++) free(arena[f]);
         free(wf), free(x), free(y);

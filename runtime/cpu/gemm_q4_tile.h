@@ -10,7 +10,11 @@
  * quantize_input, and: Q4_ATTR (the target attribute), Q4_FN(name) (the
  * instance's name for each function here), Q4_DOT(w, x) (the 8 int32 lane
  * sums of the products of unsigned bytes w and signed bytes x), Q4_ENTRY
- * (the name of the instance's entry point, which this file defines). */
+ * (the name of the instance's entry point, which this file defines);
+ * optionally Q4_TILE_WIDE(dt, C, y, x, w, wld, b, n, pfd) and PF_WIDE, a
+ * tile of one input row and 8 weight rows giving the tile's bits, which
+ * then takes the full tiles of a single input row, prefetching whole
+ * tiles at least PF_WIDE bytes ahead. */
 
 /* The head of the group at g as the vector h = (d, m, 0, ...) and the
  * scale d broadcast.  Q4_1: one 4-byte load widened by F16C (exact). */
@@ -122,7 +126,18 @@ Q4_ATTR INLINE void Q4_FN(rows_dt)(const enum moe_dtype dt, float *y, size_t ldy
 {
     enum { C4 = 2 }; /* weight rows of a 4-input tile: 8 accumulators */
     switch (tn) {
+#ifdef Q4_TILE_WIDE
+    case 1: {
+        int n = n0;
+        /* prefetch whole tiles at least PF_WIDE bytes ahead */
+        const size_t tb = 8 * wld, pfd = (PF_WIDE + tb - 1) / tb * tb;
+        for (; n + 8 <= n1; n += 8) Q4_TILE_WIDE(dt, 8, y + n, x, w + (size_t)(n - n0) * wld, wld, b, n, pfd);
+        for (; n < n1; n++) Q4_FN(tile)(dt, 1, 1, y + n, ldy, x, 0, w + (size_t)(n - n0) * wld, wld, b, n, true);
+        return;
+    }
+#else
     case 1: Q4_FN(row_tiles)(dt, 1, 8, y, ldy, x, w, wld, n0, n1, b); return;
+#endif
     case 2: Q4_FN(row_tiles)(dt, 2, 4, y, ldy, x, w, wld, n0, n1, b); return;
     case 3: Q4_FN(row_tiles)(dt, 3, 3, y, ldy, x, w, wld, n0, n1, b); return;
     default: break;
