@@ -92,6 +92,7 @@ struct srv_choice {
     json_t *lp;               /* logprobs entries (non-streaming), or NULL */
     long long text_offset;    /* completions logprobs: characters of token text so far */
     int n_gen;
+    int n_cached;             /* prompt tokens the prefix cache gave it (at its end) */
     int counted;              /* expert load: positions already counted */
     int64_t *load;            /* (Lm, E) tokens per expert, or NULL */
 };

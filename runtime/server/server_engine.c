@@ -285,6 +285,7 @@ static void append_to(char **buf, size_t *len, size_t *cap, const char *t)
 
 static void choice_done(struct srv *s, struct srv_choice *c, enum moe_finish why)
 {
+    if (c->r) c->n_cached = c->r->n_prefix_hit;
     c->done = true;
     c->finish = why;
     c->job->n_done++;
@@ -375,13 +376,22 @@ static void on_token(void *user, struct moe_request *r, int32_t token, bool fini
     if (why != MOE_FINISH_NONE) choice_done(s, c, why);
 }
 
-/* usage {prompt_tokens, completion_tokens, total_tokens[, expert_load]} */
+/* usage {prompt_tokens, completion_tokens, total_tokens,
+ * prompt_tokens_details {cached_tokens}[, expert_load]}: a prompt's cached
+ * tokens are the fewest the prefix cache gave any of its choices (the
+ * others may have reused the first's blocks), at most its length. */
 static json_t *usage_json(struct srv *s, struct srv_job *j)
 {
-    int gen = 0;
+    int gen = 0, cached = 0;
     for (int i = 0; i < j->n; i++) gen += j->ch[i].n_gen;
-    json_t *u = json_pack("{s:i, s:i, s:i}", "prompt_tokens", j->prompt_tokens, "completion_tokens", gen,
-                          "total_tokens", j->prompt_tokens + gen);
+    for (int p = 0; p < j->n_prompts; p++) {
+        int least = j->prompt_len[p];
+        for (int i = p * j->n_per; i < (p + 1) * j->n_per && i < j->n; i++)
+            if (j->ch[i].n_cached < least) least = j->ch[i].n_cached;
+        cached += least;
+    }
+    json_t *u = json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", j->prompt_tokens, "completion_tokens", gen,
+                          "total_tokens", j->prompt_tokens + gen, "prompt_tokens_details", "cached_tokens", cached);
     if (j->expert_load) {
         json_t *layers = json_array(), *counts = json_array();
         for (int l = 0; l < s->Lm; l++) {
