@@ -59,6 +59,16 @@ MOE_MUST_USE enum moe_status jsc_new_rule(struct jsc *c, int *id);
 /* Appends "s<id> ::= body" to the grammar. */
 MOE_MUST_USE enum moe_status jsc_emit_rule(struct jsc *c, int id, const struct jbuf *body);
 
+/* The place: push a segment (or an array index) onto the JSON pointer,
+ * returning the length to pop back to. */
+size_t jsc_path_push(struct jsc *c, const char *seg);
+size_t jsc_path_push_index(struct jsc *c, size_t i);
+void jsc_path_pop(struct jsc *c, size_t at);
+/* The rule of subschema s at the place key (and index i when not -1). */
+MOE_MUST_USE enum moe_status jsc_sub_rule(struct jsc *c, const json_t *s, const char *key, long i, int *rule);
+/* The object and array branches of s (json_schema_obj.c). */
+MOE_MUST_USE enum moe_status jsc_object(struct jsc *c, const json_t *s, struct jbuf *b);
+MOE_MUST_USE enum moe_status jsc_array(struct jsc *c, const json_t *s, struct jbuf *b);
 /* The string branch of schema s (type string): minLength/maxLength,
  * format, pattern (json_schema_str.c).  Writes an expression into b. */
 MOE_MUST_USE enum moe_status jsc_string(struct jsc *c, const json_t *s, struct jbuf *b);
