@@ -18,6 +18,10 @@
 
 #define EP_MAGIC 0x5045454du /* "MEEP" */
 #define EP_MAX_RUNNERS 8     /* a follower's open runners at once */
+/* The messages' layout; a follower of another layout refuses rank 0's
+ * runners (every rank must run the same moerun).  Raise it with any change
+ * to struct geometry or a payload. */
+#define EP_PROTOCOL 1
 
 enum kind { MSG_HELLO = 1, MSG_STEP, MSG_FREE, MSG_STOP };
 
@@ -28,6 +32,7 @@ struct header {
 };
 
 struct geometry {
+    int32_t protocol, size; /* EP_PROTOCOL, sizeof(struct geometry) */
     int32_t max_tokens, max_seqs, max_logits, block_size, n_blocks, kv_dtype;
     uint8_t kv_dtype_set, prefix_cache, pad[2];
 };
@@ -139,7 +144,7 @@ enum moe_status moe_ep_runner_open(struct moe_ep *ep, struct moe_runner *r, cons
 {
     /* rank 0: announce the runner, then learn whether every rank opened it */
     const int id = ep->next_runner++;
-    const struct geometry g = {o->max_tokens, o->max_seqs, o->max_logits, o->block_size, o->n_blocks,
+    const struct geometry g = {EP_PROTOCOL, (int32_t)sizeof(struct geometry), o->max_tokens, o->max_seqs, o->max_logits, o->block_size, o->n_blocks,
                                (int32_t)o->kv_dtype, o->kv_dtype_set, o->prefix_cache, {0, 0}};
     size_t steps = 0, hello;
     enum moe_status s = step_bytes(&g, r->max_blocks, &steps);
@@ -235,6 +240,9 @@ static enum moe_status open_runner(struct follower *w, int id, const char *p, si
     else if (i < 0 || slot_of(w, id) >= 0)
         s = moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: runner %d: no free slot or already open", id);
     if (s == MOE_OK) memcpy(&g, p, sizeof g);
+    if (s == MOE_OK && (g.protocol != EP_PROTOCOL || g.size != (int32_t)sizeof g))
+        s = moe_fail(MOE_ERR_UNSUPPORTED, "rank %d runs another moerun than rank 0 (message layout %d, rank 0's "
+                     "%d): run the same moerun on every rank", w->ep->rank, EP_PROTOCOL, g.protocol);
     if (s == MOE_OK && !w->m) s = w->f->open(w->f->ctx, p + sizeof g, bytes - sizeof g, &w->m, &w->be);
     if (s == MOE_OK) {
         const struct moe_runner_opts o = {.max_tokens = g.max_tokens, .max_seqs = g.max_seqs,
