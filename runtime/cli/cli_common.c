@@ -489,7 +489,7 @@ enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struc
         .max_batch_tokens = (int)o->max_batch_tokens, .max_seqs = (int)o->max_seqs,
         .block_size = (int)o->kv_block, .n_blocks = n_blocks, .kv_dtype = kvt,
         .prefix_cache = !o->no_prefix_cache, .spec = o->spec, .grammar_vocab = o->grammar_vocab};
-    MOE_TRY(moe_cli_par_describe(o));
+    MOE_TRY(moe_cli_par_describe(o, be));
     eo.ep = moe_cli_par_ep();
     MOE_TRY(moe_cli_draft_attach(o, m, be, &eo));
     enum moe_status s = moe_engine_init(e, m, be, &eo);

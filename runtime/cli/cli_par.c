@@ -52,7 +52,7 @@ static int set_str(json_t *o, const char *key, const char *s)
     return s ? json_object_set_new(o, key, json_string(s)) : 0;
 }
 
-enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o)
+enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struct moe_backend *be)
 {
     if (!par.on) return MOE_OK;
     if (o->spec.kind == MOE_SPEC_MTP)
@@ -67,7 +67,7 @@ enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o)
     if (!bad)
         bad = set_str(j, "cwd", cwd) || set_str(j, "path", o->model.path) ||
               set_str(j, "synthetic", o->model.synthetic) || set_str(j, "dtype", o->model.dtype) ||
-              set_str(j, "router_skew", o->model.router_skew) || set_str(j, "backend", o->backend) ||
+              set_str(j, "router_skew", o->model.router_skew) || set_str(j, "backend", be->ops->name) ||
               set_str(j, "quantize", o->quantize) || set_str(j, "expert_plan", o->expert_plan) ||
               json_object_set_new(j, "seed", json_integer((json_int_t)o->model.seed)) ||
               json_object_set_new(j, "top_k", json_integer(o->model.top_k)) ||

@@ -27,9 +27,10 @@ struct moe_ep *moe_cli_par_ep(void);
 MOE_MUST_USE enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *o, int n_experts, int *lo,
                                                int *hi);
 /* Rank 0 at engine start: what the other ranks need to open the same
- * model and backend (kept until moe_cli_par_finish); refuses options the
- * layout cannot run. */
-MOE_MUST_USE enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o);
+ * model and backend be (the backend rank 0 chose, by name; kept until
+ * moe_cli_par_finish); refuses options the layout cannot run. */
+struct moe_backend;
+MOE_MUST_USE enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struct moe_backend *be);
 /* Every rank but 0: follows rank 0 until it finishes; the exit code. */
 int moe_cli_par_follow(void);
 /* Rank 0 at the end: stops the others; frees the layout. */

@@ -62,10 +62,13 @@ enum moe_status moe_ep_place(struct moe_ep *ep, int n_experts)
     if (!ep->bounds) {
         ep->bounds = malloc(((size_t)ep->size + 1) * sizeof(int32_t));
         ep->counts = malloc(2 * (size_t)ep->size * sizeof(int32_t));
-        if (!ep->bounds || !ep->counts) {
+        ep->rows_rank = calloc((size_t)ep->size, sizeof(uint64_t));
+        if (!ep->bounds || !ep->counts || !ep->rows_rank) {
             free(ep->bounds);
             free(ep->counts);
+            free(ep->rows_rank);
             ep->bounds = ep->counts = NULL;
+            ep->rows_rank = NULL;
             return moe_fail(MOE_ERR_NOMEM, "expert parallelism: rank tables");
         }
     }
@@ -78,6 +81,7 @@ void moe_ep_free(struct moe_ep *ep)
 {
     free(ep->bounds);
     free(ep->counts);
+    free(ep->rows_rank);
     free(ep->msg);
     memset(ep, 0, sizeof *ep);
 }
@@ -193,6 +197,7 @@ enum moe_status moe_ep_gather(struct moe_ep *ep, float *ye, const int32_t *offse
         ep->displs[r] = offsets[ep->bounds[r]];
         ep->counts[r] = offsets[ep->bounds[r + 1]] - ep->displs[r];
         most = ep->counts[r] > most ? ep->counts[r] : most;
+        ep->rows_rank[r] += (uint64_t)ep->counts[r];
     }
     ep->n.rows_own += (uint64_t)ep->counts[ep->rank];
     ep->n.rows_all += (uint64_t)offsets[ep->bounds[ep->size]];
@@ -209,6 +214,7 @@ enum moe_status moe_ep_gather(struct moe_ep *ep, float *ye, const int32_t *offse
     enum moe_status s = moe_comm_allgatherv_rows(ep->comm, ye, ep->counts, ep->displs, D, what);
     moe_comm_counters(ep->comm, &b);
     ep->n.gather_s += b.seconds - a.seconds;
+    ep->n.gather_bytes += (uint64_t)(all - ep->counts[ep->rank]) * (uint64_t)D * sizeof(float);
     return s;
 }
 

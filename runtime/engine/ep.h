@@ -43,6 +43,7 @@ struct moe_ep_counters {
     double ratio_sum;
     uint64_t cells;
     double gather_s;      /* seconds in the expert-row all-gathers */
+    uint64_t gather_bytes;/* bytes this rank received through them */
     double step_s;        /* seconds in whole forward steps */
 };
 
@@ -51,6 +52,7 @@ struct moe_ep {
     int rank, size;
     int32_t *bounds;            /* (size + 1), once placed; NULL before */
     int32_t *counts, *displs;   /* (size) a layer's rows per rank, scratch */
+    uint64_t *rows_rank;        /* (size) expert rows each rank computed, as rank 0 counts them */
     int next_runner;            /* rank 0: the next runner's id */
     const void *hello;          /* rank 0: what a follower needs to open the same model (borrowed) */
     size_t hello_bytes;

@@ -9,7 +9,7 @@
 # usage: ep_cli.sh MOERUN MPIEXEC   (from the source folder)
 set -u
 MOERUN=$1
-MPIRUN="$2 --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1"
+MPIRUN="sh $(dirname "$0")/mpirun.sh $2"
 MODEL=models/demo-moe
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -47,6 +47,13 @@ serve_fault() {
             > "$TMP/resp.json" || no "serve: no answer"
         want=$(head -c 60 "$TMP/one.txt")
         grep -qF "$want" "$TMP/resp.json" || no "serve under -n 2 answered $(cat "$TMP/resp.json"), run said $want"
+        # /metrics: both ranks' expert rows add up to the routed pairs the statistics counted
+        curl -s -m 20 "http://127.0.0.1:$port/metrics" > "$TMP/metrics.txt" || no "serve: no /metrics"
+        grep -q '^moerun_ep_ranks 2$' "$TMP/metrics.txt" || no "/metrics: no moerun_ep_ranks 2"
+        ep_rows=$(awk '/^moerun_ep_expert_rows_total/ {s += $2} END {print s + 0}' "$TMP/metrics.txt")
+        routed=$(awk '/^moerun_expert_tokens_total/ {s += $2} END {print s + 0}' "$TMP/metrics.txt")
+        [ "$ep_rows" -gt 0 ] && [ "$ep_rows" = "$routed" ] ||
+            no "/metrics: the ranks' expert rows ($ep_rows) are not the routed pairs ($routed)"
         victim=$(for p in $(pgrep -f "port-file $PORTF"); do
             tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=1$' && echo $p; done | head -1)
         [ -n "$victim" ] || no "serve: rank 1 not found"
