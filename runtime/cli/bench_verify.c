@@ -16,6 +16,7 @@
 
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_par.h"
 #include "runtime/cli/cli_opts.h"
 #include "runtime/cli/plan_spec.h"
 #include "runtime/engine/runner.h"
@@ -136,6 +137,7 @@ static enum moe_status verify_prepare(struct verify_ctx *v, const struct verify_
     v->ids = malloc((size_t)rows_max * sizeof *v->ids);
     v->trace_ids = malloc((size_t)m->cfg.n_layers * rows_max * (m->cfg.top_k ? m->cfg.top_k : 1) * sizeof(int32_t));
     if (!v->tokens || !v->ids || !v->trace_ids) return moe_fail(MOE_ERR_NOMEM, "bench verify: buffers");
+    MOE_TRY(moe_cli_par_runner(&o->eng, be, &ro));
     MOE_TRY(moe_runner_init(&v->r, m, be, &ro));
     for (int i = 0; i < v->ctx; i++) v->tokens[i] = next_token(v);
     for (int off = 0; off < v->ctx; off += chunk) {

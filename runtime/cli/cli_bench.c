@@ -31,6 +31,7 @@
 #include "runtime/cli/bench_gpu.h"
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_par.h"
 #include "runtime/cli/cli_opts.h"
 #include "runtime/cpu/gemm_fast.h"
 #include "runtime/engine/runner.h"
@@ -591,7 +592,8 @@ static int bench_prepare(struct bench_ctx *b, const struct bench_opts *o, const 
                             .be = be, .n_seqs = max_b};
     b->seqs = calloc((size_t)max_b, sizeof *b->seqs);
     b->tokens = malloc((size_t)(max_p > o->ctx ? max_p : o->ctx) * sizeof(int32_t) + (size_t)max_b * 4);
-    if (!b->seqs || !b->tokens || moe_runner_init(&b->r, m, be, &ro) != MOE_OK)
+    if (!b->seqs || !b->tokens || moe_cli_par_runner(&o->eng, be, &ro) != MOE_OK ||
+        moe_runner_init(&b->r, m, be, &ro) != MOE_OK)
         return moe_cli_error("bench", "%s", moe_last_error());
     return 0;
 }

@@ -2,12 +2,14 @@
 #include "runtime/cli/cli_par.h"
 
 #include <jansson.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "runtime/backend/backend.h"
+#include "runtime/engine/runner.h"
 #include "runtime/model/model.h"
 
 /* The process's layout: MPI is one per process, so is this. */
@@ -86,6 +88,14 @@ enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struc
     return MOE_OK;
 }
 
+enum moe_status moe_cli_par_runner(const struct moe_cli_engine *o, const struct moe_backend *be,
+                                   struct moe_runner_opts *ro)
+{
+    MOE_TRY(moe_cli_par_describe(o, be));
+    ro->ep = moe_cli_par_ep();
+    return MOE_OK;
+}
+
 /* ---- a follower ---- */
 
 struct follower {
@@ -150,12 +160,25 @@ static void follower_close(void *ctx)
     json_decref(f->desc);
 }
 
+/* Every rank's peak resident memory, gathered at the end (after STOP);
+ * rank 0 prints it.  kib: (size) filled on rank 0. */
+static void gather_peaks(int64_t *kib)
+{
+    struct rusage ru;
+    int64_t mine = getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_maxrss : -1;
+    if (moe_comm_allgather(par.ep.comm, &mine, kib, sizeof mine, "gathering peak memory") != MOE_OK)
+        fprintf(stderr, "moerun: rank %d: %s\n", par.ep.rank, moe_last_error());
+}
+
 int moe_cli_par_follow(void)
 {
     struct follower f = {0};
     const struct moe_ep_follower hooks = {follower_open, follower_close, &f};
     enum moe_status s = moe_ep_follow(&par.ep, &hooks);
     if (s != MOE_OK) fprintf(stderr, "moerun: rank %d: %s\n", par.ep.rank, moe_last_error());
+    int64_t *kib = calloc((size_t)par.ep.size, sizeof *kib);
+    if (kib && s == MOE_OK) gather_peaks(kib);
+    free(kib);
     moe_ep_free(&par.ep);
     return s == MOE_OK ? 0 : 1;
 }
@@ -172,7 +195,19 @@ void moe_cli_par_finish(void)
                 (unsigned long long)n->rows_own, (unsigned long long)n->rows_all,
                 n->cells ? n->ratio_sum / (double)n->cells : 0.0, n->gather_s, n->step_s,
                 n->step_s > 0 ? 100 * n->gather_s / n->step_s : 0.0);
-    if (moe_ep_stop(&par.ep) != MOE_OK) fprintf(stderr, "moerun: %s\n", moe_last_error());
+    int64_t *kib = calloc((size_t)par.ep.size, sizeof *kib);
+    if (moe_ep_stop(&par.ep) != MOE_OK) {
+        fprintf(stderr, "moerun: %s\n", moe_last_error());
+    } else if (kib) {
+        gather_peaks(kib);
+        fprintf(stderr, "moerun: peak resident memory by rank, when the last runner opened:");
+        for (int r = 0; r < par.ep.size && par.ep.open_kib; r++)
+            fprintf(stderr, " %.2f GiB", (double)par.ep.open_kib[r] / (1 << 20));
+        fprintf(stderr, "; at the end:");
+        for (int r = 0; r < par.ep.size; r++) fprintf(stderr, " %.2f GiB", (double)kib[r] / (1 << 20));
+        fprintf(stderr, "\n");
+    }
+    free(kib);
     moe_ep_free(&par.ep);
     free(par.hello);
     par.hello = NULL;

@@ -31,6 +31,11 @@ MOE_MUST_USE enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *
  * moe_cli_par_finish); refuses options the layout cannot run. */
 struct moe_backend;
 MOE_MUST_USE enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struct moe_backend *be);
+/* Rank 0, for a command that opens a runner itself (bench, ppl): describes
+ * the options as above and sets ro's layout (NULL in a one-process run). */
+struct moe_runner_opts;
+MOE_MUST_USE enum moe_status moe_cli_par_runner(const struct moe_cli_engine *o, const struct moe_backend *be,
+                                                struct moe_runner_opts *ro);
 /* Every rank but 0: follows rank 0 until it finishes; the exit code. */
 int moe_cli_par_follow(void);
 /* Rank 0 at the end: stops the others; frees the layout. */

@@ -16,6 +16,7 @@
 
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
+#include "runtime/cli/cli_par.h"
 #include "runtime/cli/cli_opts.h"
 #include "runtime/engine/ppl.h"
 #include "runtime/model/safetensors.h"
@@ -274,7 +275,8 @@ static int ppl_eval(struct ppl_opts *o, struct ppl_ctx *c, struct ppl_report *r)
     if (o->eng.kv_dtype) (void)moe_cli_parse_kv_dtype(o->eng.kv_dtype, &kvt); /* checked when parsed */
     struct moe_runner_opts ro;
     moe_ppl_runner_opts(&c->plan, (int)o->eng.max_batch_tokens, (int)o->eng.max_seqs, (int)o->eng.kv_block, kvt, &ro);
-    if (moe_cli_backend_start(&c->be, &o->eng) != MOE_OK || moe_runner_init(&c->r, &c->m, &c->be, &ro) != MOE_OK)
+    if (moe_cli_backend_start(&c->be, &o->eng) != MOE_OK || moe_cli_par_runner(&o->eng, &c->be, &ro) != MOE_OK ||
+        moe_runner_init(&c->r, &c->m, &c->be, &ro) != MOE_OK)
         return moe_cli_error("ppl", "%s", moe_last_error());
     if (moe_cli_stats_start(&o->st, &c->m, "ppl")) return 1;
     c->r.fw.stats = moe_cli_stats_recorder(&o->st);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "runtime/engine/runner.h"
 
@@ -39,8 +40,9 @@ struct geometry {
 
 /* A rank's status after a HELLO, gathered on every rank. */
 struct status {
-    int32_t ok;
-    char msg[252];
+    int32_t ok, pad;
+    int64_t peak_kib; /* the rank's peak resident memory so far */
+    char msg[240];
 };
 
 void moe_ep_init(struct moe_ep *ep, struct moe_comm *c)
@@ -63,12 +65,15 @@ enum moe_status moe_ep_place(struct moe_ep *ep, int n_experts)
         ep->bounds = malloc(((size_t)ep->size + 1) * sizeof(int32_t));
         ep->counts = malloc(2 * (size_t)ep->size * sizeof(int32_t));
         ep->rows_rank = calloc((size_t)ep->size, sizeof(uint64_t));
-        if (!ep->bounds || !ep->counts || !ep->rows_rank) {
+        ep->open_kib = calloc((size_t)ep->size, sizeof(int64_t));
+        if (!ep->bounds || !ep->counts || !ep->rows_rank || !ep->open_kib) {
             free(ep->bounds);
             free(ep->counts);
             free(ep->rows_rank);
+            free(ep->open_kib);
             ep->bounds = ep->counts = NULL;
             ep->rows_rank = NULL;
+            ep->open_kib = NULL;
             return moe_fail(MOE_ERR_NOMEM, "expert parallelism: rank tables");
         }
     }
@@ -82,6 +87,7 @@ void moe_ep_free(struct moe_ep *ep)
     free(ep->bounds);
     free(ep->counts);
     free(ep->rows_rank);
+    free(ep->open_kib);
     free(ep->msg);
     memset(ep, 0, sizeof *ep);
 }
@@ -130,10 +136,13 @@ enum moe_status moe_ep_stop(struct moe_ep *ep)
 /* Every rank's status gathered; the first failure (lowest rank) as the error. */
 static enum moe_status exchange_status(struct moe_ep *ep, enum moe_status mine, int runner)
 {
-    struct status me = {mine == MOE_OK, ""}, *all = calloc((size_t)ep->size, sizeof *all);
+    struct rusage ru;
+    struct status me = {mine == MOE_OK, 0, getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_maxrss : -1, ""},
+                  *all = calloc((size_t)ep->size, sizeof *all);
     if (mine != MOE_OK) snprintf(me.msg, sizeof me.msg, "%s", moe_last_error());
     if (!all) return mine != MOE_OK ? mine : moe_fail(MOE_ERR_NOMEM, "expert parallelism: status table");
     enum moe_status s = moe_comm_allgather_idle(ep->comm, &me, all, sizeof me, "opening a runner on every rank");
+    for (int r = 0; r < ep->size && s == MOE_OK && ep->open_kib; r++) ep->open_kib[r] = all[r].peak_kib;
     for (int r = 0; r < ep->size && s == MOE_OK; r++)
         if (!all[r].ok)
             s = r == ep->rank ? mine
@@ -254,7 +263,8 @@ static enum moe_status open_runner(struct follower *w, int id, const char *p, si
         const struct moe_runner_opts o = {.max_tokens = g.max_tokens, .max_seqs = g.max_seqs,
                                           .max_logits = g.max_logits, .block_size = g.block_size,
                                           .n_blocks = g.n_blocks, .kv_dtype = (enum moe_dtype)g.kv_dtype,
-                                          .kv_dtype_set = g.kv_dtype_set, .prefix_cache = g.prefix_cache};
+                                          .kv_dtype_set = g.kv_dtype_set, .prefix_cache = g.prefix_cache,
+                                          .ep = w->ep};
         s = moe_runner_init(&w->r[i], w->m, w->be, &o);
         size_t steps = 0;
         if (s == MOE_OK && (s = step_bytes(&g, w->r[i].max_blocks, &steps)) == MOE_OK) s = reserve(w->ep, steps);

@@ -53,6 +53,8 @@ struct moe_ep {
     int32_t *bounds;            /* (size + 1), once placed; NULL before */
     int32_t *counts, *displs;   /* (size) a layer's rows per rank, scratch */
     uint64_t *rows_rank;        /* (size) expert rows each rank computed, as rank 0 counts them */
+    int64_t *open_kib;          /* (size) each rank's peak resident memory (KiB) when the latest
+                                   runner opened (weights loaded and prepared, cache allocated) */
     int next_runner;            /* rank 0: the next runner's id */
     const void *hello;          /* rank 0: what a follower needs to open the same model (borrowed) */
     size_t hello_bytes;

@@ -21,6 +21,9 @@ enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
         o->n_blocks <= 0)
         return moe_fail(MOE_ERR_INVALID_ARG, "runner: every limit must be positive");
     r->max_blocks = (m->cfg.max_pos + o->block_size - 1) / o->block_size;
+    if (m->ep_hi != 0 && !moe_ep_on(o->ep))
+        return moe_fail(MOE_ERR_INVALID_ARG, "runner: the model holds experts [%d, %d) of %d only, and this "
+                        "runner is not expert-parallel", m->ep_lo, m->ep_hi, m->cfg.n_experts);
     enum moe_status s = init_local(r, m, be, o);
     if (moe_ep_on(o->ep) && o->ep->rank == 0) {
         if (s == MOE_OK && !be->ops->combine)

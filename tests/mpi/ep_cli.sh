@@ -2,7 +2,8 @@
 # ep_cli.sh - the moerun command line under mpirun (expert parallelism):
 #   1. run, greedy, on the demo model: the text of mpirun -n 2 and -n 4 equals
 #      one process's, and only rank 0 prints it;
-#   2. refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp;
+#   2. n-gram and draft-model speculation give the same text under -n 2;
+#      refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp;
 #   3. serve under mpirun -n 2 answers a completion equal to run's; then
 #      rank 1 is killed: the job ends within the timeout and no moerun
 #      process of it is left.
@@ -24,6 +25,16 @@ for n in 2 4; do
     cmp -s "$TMP/one.txt" "$TMP/ep$n.txt" || no "run under -n $n printed other text: $(cat "$TMP/ep$n.txt") vs $(cat "$TMP/one.txt")"
 done
 [ -s "$TMP/one.txt" ] || no "run printed nothing"
+# speculative decoding under expert parallelism: the draft runs on rank 0
+for spec in "--spec ngram" "--draft models/demo-draft"; do
+    "$MOERUN" run $MODEL -p "$P" $ARGS $spec > "$TMP/s1.txt" 2>/dev/null || no "run $spec alone failed"
+    $MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS $spec > "$TMP/s2.txt" 2> "$TMP/s2.err" ||
+        no "run $spec under -n 2 failed: $(tail -3 "$TMP/s2.err")"
+    cmp -s "$TMP/s1.txt" "$TMP/s2.txt" || no "run $spec under -n 2 printed other text"
+done
+$MPIRUN -n 2 "$MOERUN" bench tests/fixtures/deepseek_v3_mtp --spec mtp --prefill 8 --decode 1 --threads 1 \
+    > /dev/null 2> "$TMP/r3.err" && no "--spec mtp under -n 2 was not refused"
+grep -q "spec mtp with several ranks" "$TMP/r3.err" || no "--spec mtp under -n 2: $(head -3 "$TMP/r3.err")"
 
 $MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --ep 3 > /dev/null 2> "$TMP/r1.err" && no "--ep 3 under -n 2 was not refused"
 grep -q "the launch has 2 ranks" "$TMP/r1.err" || no "--ep 3: $(cat "$TMP/r1.err")"
