@@ -184,6 +184,15 @@ struct moe_stats_meta {
     int d_model, d_expert, weight_bytes; /* for the what-if byte counts; weight_bytes 0 for
                                             block formats (MXFP4, FP8, Q8_0) */
     int64_t expert_bytes;      /* one expert's three matrices as stored (0: unknown) */
+    /* Expert parallelism (runtime/engine/ep.h), ep_ranks < 2: none.
+     * ep_bounds (ep_ranks + 1): rank r held experts [bounds[r], bounds[r+1]);
+     * ep_rows (ep_ranks): routed rows each rank computed, since the layout
+     * opened; imbalance and gather seconds as ep.h counts them. */
+    int ep_ranks;
+    const int32_t *ep_bounds;
+    const uint64_t *ep_rows;
+    uint64_t ep_steps;
+    double ep_imbalance, ep_gather_s;
 };
 /* New reference: the whole recorder as the documented JSON object. */
 json_t *moe_stats_to_json(const struct moe_stats *st, const struct moe_stats_meta *meta);

@@ -95,6 +95,20 @@ static json_t *spec_json(const struct moe_stats *st)
                      "rejected_tokens", (json_int_t)st->tokens_spec_rejected, "chunks", chunks);
 }
 
+/* Expert parallelism's layout and counters, or null in one process. */
+static json_t *parallel_json(const struct moe_stats_meta *mt)
+{
+    if (mt->ep_ranks < 2 || !mt->ep_bounds || !mt->ep_rows) return json_null();
+    json_t *experts = json_array(), *rows = json_array();
+    for (int r = 0; r < mt->ep_ranks; r++) {
+        json_array_append_new(experts, json_pack("[i,i]", mt->ep_bounds[r], mt->ep_bounds[r + 1]));
+        json_array_append_new(rows, json_integer((json_int_t)mt->ep_rows[r]));
+    }
+    return json_pack("{s:i, s:s, s:o, s:o, s:I, s:f, s:f}", "ranks", mt->ep_ranks, "placement", "contiguous",
+                     "experts", experts, "expert_rows", rows, "steps", (json_int_t)mt->ep_steps, "imbalance",
+                     mt->ep_imbalance, "gather_seconds", mt->ep_gather_s);
+}
+
 json_t *moe_stats_to_json(const struct moe_stats *st, const struct moe_stats_meta *mt)
 {
     static const struct moe_stats_meta none = {0};
@@ -131,6 +145,7 @@ json_t *moe_stats_to_json(const struct moe_stats *st, const struct moe_stats_met
                                   "decode", (json_int_t)st->tokens_decode, "total",
                                   (json_int_t)(st->tokens_prefill + st->tokens_decode)));
     json_object_set_new(root, "speculation", spec_json(st));
+    json_object_set_new(root, "parallel", parallel_json(mt));
     double *load = malloc((size_t)(st->E > 0 ? st->E : 1) * sizeof(double));
     json_t *layers = json_array();
     for (int j = 0; load && j < st->Lm; j++) json_array_append_new(layers, layer_json(st, j, load));

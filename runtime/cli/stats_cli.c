@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/cli/cli_par.h"
+
 int moe_cli_stats_check(const struct moe_cli_stats *s, const char *cmd)
 {
     if (s->off && (s->json_path || s->csv_path || s->trace_prefix))
@@ -57,6 +59,15 @@ int moe_cli_stats_finish(struct moe_cli_stats *s, const struct moe_model *m,
         .weight_bytes = wb,
         .expert_bytes = eb,
     };
+    const struct moe_ep *ep = moe_cli_par_ep();
+    if (ep && ep->bounds && ep->rows_rank) {
+        meta.ep_ranks = ep->size;
+        meta.ep_bounds = ep->bounds;
+        meta.ep_rows = ep->rows_rank;
+        meta.ep_steps = ep->n.steps;
+        meta.ep_imbalance = ep->n.cells ? ep->n.ratio_sum / (double)ep->n.cells : 0.0;
+        meta.ep_gather_s = ep->n.gather_s;
+    }
     if (s->json_path && moe_stats_write_json(&s->st, &meta, s->json_path) != MOE_OK)
         return moe_cli_error(cmd, "%s", moe_last_error());
     if (s->csv_path && moe_stats_write_csv(&s->st, s->csv_path) != MOE_OK)

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <mpi.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -34,6 +35,7 @@ enum moe_status moe_comm_mpi_open(struct moe_comm *c, const struct moe_comm_laun
                         "%d of %d", l->rank, l->size, l->source, rank, size);
     }
     c->mpi = true;
+    prctl(PR_SET_TIMERSLACK, 1000UL); /* 1 us: short polling sleeps (wait_for) */
     return MOE_OK;
 }
 
@@ -46,10 +48,13 @@ void moe_comm_mpi_close(struct moe_comm *c)
 }
 
 /* Waits for rq: tests yielding the core for the first SPIN_S seconds (a
- * step's collectives complete in microseconds), then with short sleeps (an
- * idle follower, or ranks oversubscribing the cores); past the timeout
- * (unless idle) the job ends (comm.h). */
-#define SPIN_S 0.002
+ * collective whose ranks are all there completes in microseconds), then
+ * with short sleeps (a rank still computing, an idle follower, or ranks
+ * oversubscribing the cores, where spinning would take the core from the
+ * rank being waited for); past the timeout (unless idle) the job ends
+ * (comm.h).  The MPI transport sets the thread's timer slack to 1 us so
+ * those sleeps are short. */
+#define SPIN_S 0.0002
 static enum moe_status wait_for(struct moe_comm *c, MPI_Request *rq, const char *op, const char *what,
                                 bool idle)
 {
