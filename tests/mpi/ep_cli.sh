@@ -3,6 +3,8 @@
 #   1. run, greedy, on the demo model: the text of mpirun -n 2 and -n 4 equals
 #      one process's, and only rank 0 prints it;
 #   2. n-gram and draft-model speculation give the same text under -n 2;
+#      the imbalance measured equals `moerun stats --ep 2`'s prediction from
+#      the same run's trace;
 #      refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp;
 #   3. serve under mpirun -n 2 answers a completion equal to run's; then
 #      rank 1 is killed: the job ends within the timeout and no moerun
@@ -35,6 +37,16 @@ done
 $MPIRUN -n 2 "$MOERUN" bench tests/fixtures/deepseek_v3_mtp --spec mtp --prefill 8 --decode 1 --threads 1 \
     > /dev/null 2> "$TMP/r3.err" && no "--spec mtp under -n 2 was not refused"
 grep -q "spec mtp with several ranks" "$TMP/r3.err" || no "--spec mtp under -n 2: $(head -3 "$TMP/r3.err")"
+
+# the imbalance the ranks measured equals what `moerun stats --ep 2` predicts
+# from the same run's trace (contiguous placement's max/mean)
+$MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --trace-out "$TMP/tr" --stats-out "$TMP/st.json" \
+    > /dev/null 2> "$TMP/tr.err" || no "run --trace-out under -n 2 failed: $(tail -3 "$TMP/tr.err")"
+measured=$(python3 -c "import json,sys; print('%.3f' % json.load(open(sys.argv[1]))['parallel']['imbalance'])" \
+    "$TMP/st.json" 2>/dev/null)
+predicted=$("$MOERUN" stats "$TMP/tr" --ep 2 2>/dev/null | awk '$1 == "contiguous" {print $2}')
+[ -n "$measured" ] && [ "$measured" = "$predicted" ] ||
+    no "imbalance measured under -n 2 ($measured) is not the one stats --ep 2 predicts ($predicted)"
 
 $MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --ep 3 > /dev/null 2> "$TMP/r1.err" && no "--ep 3 under -n 2 was not refused"
 grep -q "the launch has 2 ranks" "$TMP/r1.err" || no "--ep 3: $(cat "$TMP/r1.err")"
