@@ -155,6 +155,10 @@ Test(FORWARD_SUITE, gpt_oss_mxfp4_matches_transformers) { check_model("gpt_oss_m
  * mscale in the score scale; V3 with the q LoRA and the sigmoid router */
 Test(FORWARD_SUITE, deepseek_v2_matches_transformers) { check_model("deepseek_v2", 1e-4); }
 Test(FORWARD_SUITE, deepseek_v3_matches_transformers) { check_model("deepseek_v3", 1e-4); }
+/* MiniMax-M2, as released (block_sparse_moe, w1/w3/w2 per expert): q/k
+ * RMSNorm over the whole projections, RoPE over rotary_dim values of each
+ * head, the sigmoid router with the block's choice bias, renormalised */
+Test(FORWARD_SUITE, minimax_m2_matches_transformers) { check_model("minimax_m2", 1e-4); }
 /* fp8 checkpoints (quantization_config fp8, blocks of 128 x 128), read as
  * released: F8_E4M3 Linear weights with F32 scales, BF16 elsewhere;
  * transformers dequantizes them itself (tests/reference/make_fp8_fixtures.py).
@@ -348,7 +352,7 @@ Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
     const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe",
                            "granitemoe", "granite", "gpt_oss", "gpt_oss_mxfp4",
-                           "deepseek_v2", "deepseek_v3", "qwen3_moe_fp8", "deepseek_v3_fp8",
+                           "deepseek_v2", "deepseek_v3", "minimax_m2", "qwen3_moe_fp8", "deepseek_v3_fp8",
                            "qwen3_moe_gptq", "qwen3_moe_gptq_v2", "qwen3_moe_awq"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[512];

@@ -49,6 +49,7 @@ static const struct {
     {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true, 131072, 4, 150000, false, 128, 8, 2880, 0},
     {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 0, 1e4, false, 0, 0, 11008, 1407},
     {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 4096, 8, 1e4, false, 0, 0, 18432, 2048},
+    {"MiniMaxM2ForCausalLM", MOE_FAMILY_MINIMAX_M2, 1e-6f, 128, false, MOE_QK_NORM_FULL, true, 196608, 8, 5e6, false, 0, 8, 1536, 0},
 };
 
 /* The table's row of family f (GraniteMoe's two rows agree). */
@@ -389,7 +390,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
                         "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Glm4MoeForCausalLM, "
                         "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM, "
-                        "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
+                        "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+                        "MiniMaxM2ForCausalLM)",
                         what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
@@ -446,11 +448,16 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         what, json_is_string(act) ? json_string_value(act) : "(not a string)");
     MOE_TRY(parse_rope(c, root, what));
     /* partial_rotary_factor: at the top (older files) or in rope_parameters
-     * (transformers 5); GLM-4.5 defaults to 0.5.  transformers rotates
+     * (transformers 5); GLM-4.5 defaults to 0.5, MiniMax-M2 to rotary_dim /
+     * head_dim.  transformers rotates
      * int(head_dim * factor) values of each head. */
-    double prf;
-    MOE_TRY(get_num(root, what, "partial_rotary_factor", c->family == MOE_FAMILY_GLM4_MOE ? 0.5 : 1.0,
-                    &prf));
+    double prf = c->family == MOE_FAMILY_GLM4_MOE ? 0.5 : 1.0;
+    if (c->family == MOE_FAMILY_MINIMAX_M2) { /* MiniMaxM2Config: rotary_dim / head_dim */
+        int rotary_dim;
+        MOE_TRY(get_int(root, what, "rotary_dim", 1, 1 << 16, c->head_dim, false, &rotary_dim));
+        prf = (double)rotary_dim / c->head_dim;
+    }
+    MOE_TRY(get_num(root, what, "partial_rotary_factor", prf, &prf));
     json_t *rp = json_object_get(root, "rope_parameters");
     if (json_is_object(rp)) MOE_TRY(get_num(rp, what, "partial_rotary_factor", prf, &prf));
     if (!(prf > 0 && prf <= 1))
@@ -566,6 +573,15 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                             "at least 2", what, c->n_experts, c->n_group);
         break;
     }
+    case MOE_FAMILY_MINIMAX_M2:
+        /* GLM-4.5's sigmoid router without groups or scaling: the choice
+         * by sigmoid + e_score_correction_bias, the K unbiased sigmoids
+         * always renormalised */
+        MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 256, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, c->n_experts, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, families[fi].ffn, false, &c->d_expert));
+        c->norm_topk = c->router_sigmoid = c->router_bias = true;
+        break;
     case MOE_FAMILY_GPT_OSS: {
         /* router: a Linear with a bias, softmax over the top-K logits (=
          * softmax, top-K, renormalised); experts with biases and the clamped

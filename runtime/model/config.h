@@ -31,6 +31,7 @@ enum moe_family {
     MOE_FAMILY_GPT_OSS,            /* GptOssForCausalLM (gpt-oss-20b, gpt-oss-120b) */
     MOE_FAMILY_DEEPSEEK_V2,        /* DeepseekV2ForCausalLM (DeepSeek-V2, V2-Lite, V2.5) */
     MOE_FAMILY_DEEPSEEK_V3,        /* DeepseekV3ForCausalLM (DeepSeek-V3, R1, Kimi-K2, Moonlight) */
+    MOE_FAMILY_MINIMAX_M2,         /* MiniMaxM2ForCausalLM (MiniMax-M2) */
 };
 
 enum moe_qk_norm {

@@ -347,13 +347,18 @@ static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_wei
     if (c->family == MOE_FAMILY_GRANITE_MOE) return bind_granite_moe(m, l, w);
     if (c->family == MOE_FAMILY_GPT_OSS) return moe_model_bind_gpt_oss_moe(m, l, w);
     const char *blk = "mlp";
-    if (c->family == MOE_FAMILY_MIXTRAL) {
+    const bool minimax = c->family == MOE_FAMILY_MINIMAX_M2;
+    if (c->family == MOE_FAMILY_MIXTRAL || minimax) { /* as released: w1, w3, w2 per expert */
         NAMEF(n, "model.layers.%d.block_sparse_moe.gate.weight", l);
         if (moe_safetensors_find(&m->st, n)) blk = "block_sparse_moe";
     }
     NAMEF(n, "model.layers.%d.%s.gate.weight", l, blk);
     MOE_TRY(bind(m, &w->router, true, n, 2, E, D, 0));
-    if (c->router_bias) { /* kept in fp32 by transformers (_keep_in_fp32_modules_strict) */
+    if (minimax) { /* a buffer of the MoE block, added in fp32 to the fp32 sigmoids: widened */
+        NAMEF(n, "model.layers.%d.%s.e_score_correction_bias", l, blk);
+        MOE_TRY(bind(m, &w->router_bias, true, n, 1, E, 0, 0));
+        if (w->router_bias.dtype != MOE_DTYPE_F32) MOE_TRY(moe_model_widen_f32(m, &w->router_bias));
+    } else if (c->router_bias) { /* kept in fp32 by transformers (_keep_in_fp32_modules_strict) */
         NAMEF(n, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
         MOE_TRY(bind(m, &w->router_bias, true, n, 1, E, 0, 0));
         if (w->router_bias.dtype != MOE_DTYPE_F32)

@@ -258,7 +258,9 @@ static enum moe_status add_router_bias(struct gen *g, const struct moe_config *c
     if (!c->router_bias) return MOE_OK;
     const enum moe_dtype keep = g->dt;
     g->dt = MOE_DTYPE_F32;
-    enum moe_status s = add(g, false, 1, E, 0, 0, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+    enum moe_status s = c->family == MOE_FAMILY_MINIMAX_M2 /* a buffer of the MoE block */
+        ? add(g, false, 1, E, 0, 0, "model.layers.%d.mlp.e_score_correction_bias", l)
+        : add(g, false, 1, E, 0, 0, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
     g->dt = keep;
     return s;
 }

@@ -39,12 +39,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v2", "deepseek_v3",
-            "gpt_oss", "granitemoe", "granitemoeshared", "llama", "qwen2", "qwen3", "granite"]
+            "gpt_oss", "granitemoe", "granitemoeshared", "llama", "qwen2", "qwen3", "granite", "minimax_m2"]
 KEYS = ["num_experts_per_tok", "rope_parameters", "rope_theta", "rms_norm_eps", "max_position_embeddings",
         "tie_word_embeddings", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
         "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
         "decoder_sparse_step", "mlp_only_layers",
-        "head_dim", "num_key_value_heads", "partial_rotary_factor", "attention_bias", "mlp_bias",
+        "head_dim", "num_key_value_heads", "partial_rotary_factor", "rotary_dim", "attention_bias", "mlp_bias",
         "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "n_shared_experts",
         "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "swiglu_limit"]
 # families whose layers follow config.layer_types (the others: every layer

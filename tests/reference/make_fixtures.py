@@ -46,6 +46,8 @@ from transformers import (
     GraniteMoeSharedForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MiniMaxM2Config,
+    MiniMaxM2ForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     OlmoeConfig,
@@ -198,6 +200,17 @@ def fixture_specs():
                                  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
                 tie_word_embeddings=False),
             seed=14000, dtype="float32", router_bias_range=0.3,
+        ),
+        # MiniMax-M2: q/k RMSNorm over the whole projections, RoPE over
+        # rotary_dim of each head's values, the sigmoid router with the
+        # block's e_score_correction_bias (random here: transformers makes
+        # zeros), renormalised, no groups
+        "minimax_m2": dict(
+            cls=MiniMaxM2ForCausalLM,
+            config=lambda: MiniMaxM2Config(
+                **COMMON, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=3,
+                intermediate_size=32, rotary_dim=8, rope_theta=10000.0, tie_word_embeddings=False),
+            seed=15000, dtype="float32", router_bias_range=0.3,
         ),
         "llama": dict(
             cls=LlamaForCausalLM,
