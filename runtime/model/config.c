@@ -49,6 +49,7 @@ static const struct {
     {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true, 131072, 4, 150000, false, 128, 8, 2880, 0},
     {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 0, 1e4, false, 0, 0, 11008, 1407},
     {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 4096, 8, 1e4, false, 0, 0, 18432, 2048},
+    {"Llama4ForCausalLM", MOE_FAMILY_LLAMA4, 1e-5f, 128, false, MOE_QK_NORM_NONE, true, 131072, 1, 5e5, false, 0, 8, 8192, 0},
     {"MiniMaxM2ForCausalLM", MOE_FAMILY_MINIMAX_M2, 1e-6f, 128, false, MOE_QK_NORM_FULL, true, 196608, 8, 5e6, false, 0, 8, 1536, 0},
 };
 
@@ -224,9 +225,9 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
         MOE_TRY(get_num(params, what, "high_freq_factor", 4.0, &hi));
         MOE_TRY(get_int(params, what, "original_max_position_embeddings", 1, INT32_MAX,
                         c->max_pos, false, &orig));
-        if (!(factor > 0) || !(lo > 0) || !(hi > lo))
+        if (!(factor > 0) || !(lo > 0) || !(hi >= lo)) /* equal (Llama-4 Scout): no smoothed band */
             return moe_fail(MOE_ERR_FORMAT,
-                            "%s: llama3 rope needs factor > 0 and high_freq_factor > "
+                            "%s: llama3 rope needs factor > 0 and high_freq_factor >= "
                             "low_freq_factor > 0 (got %g, %g, %g)", what, factor, hi, lo);
         c->rope_type = MOE_ROPE_LLAMA3;
         c->rope_factor = (float)factor;
@@ -299,6 +300,7 @@ static enum moe_status parse_layers(struct moe_config *c, json_t *root, const ch
 {
     for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = moe;
     if (!moe) return MOE_OK;
+    if (c->family == MOE_FAMILY_LLAMA4) return moe_config_llama4_layers(c, root, what);
     if (c->family == MOE_FAMILY_GLM4_MOE || c->family == MOE_FAMILY_DEEPSEEK_V2 ||
         c->family == MOE_FAMILY_DEEPSEEK_V3) {
         int k;
@@ -391,7 +393,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Glm4MoeForCausalLM, "
                         "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM, "
                         "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
-                        "MiniMaxM2ForCausalLM)",
+                        "MiniMaxM2ForCausalLM, Llama4ForCausalLM)",
                         what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
@@ -573,6 +575,9 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                             "at least 2", what, c->n_experts, c->n_group);
         break;
     }
+    case MOE_FAMILY_LLAMA4:
+        MOE_TRY(moe_config_parse_llama4(c, root, what));
+        break;
     case MOE_FAMILY_MINIMAX_M2:
         /* GLM-4.5's sigmoid router without groups or scaling: the choice
          * by sigmoid + e_score_correction_bias, the K unbiased sigmoids
@@ -666,4 +671,20 @@ size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, enum moe_dtyp
         !moe_mul_size(b, row, &b))
         return SIZE_MAX;
     return b;
+}
+
+enum moe_status moe_config_get_int(json_t *root, const char *what, const char *key, long long lo, long long hi,
+                                   int def, bool required, int *out)
+{
+    return get_int(root, what, key, lo, hi, def, required, out);
+}
+
+enum moe_status moe_config_get_num(json_t *root, const char *what, const char *key, double def, double *out)
+{
+    return get_num(root, what, key, def, out);
+}
+
+enum moe_status moe_config_get_bool(json_t *root, const char *what, const char *key, bool def, bool *out)
+{
+    return get_bool(root, what, key, def, out);
 }

@@ -78,7 +78,8 @@ def moe_layout(model):
     routers = []
     k = e = None
     for layer in model.model.layers:
-        block = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        block = (getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+                 or getattr(layer, "feed_forward", None))  # Llama-4
         gate = getattr(block, "gate", None) or getattr(block, "router", None)
         if gate is not None and hasattr(gate, "top_k") and hasattr(gate, "weight"):
             routers.append(gate)
@@ -141,7 +142,11 @@ class RouterRecorder:
 
     def _hook(self, li):
         def fn(mod, inp, out):
-            logits, _scores, idx = out
+            if len(out) == 2:  # Llama-4's router: (scores, logits), the top-K logits chosen
+                logits = out[1]
+                idx = torch.topk(logits, mod.top_k, dim=-1).indices
+            else:
+                logits, _scores, idx = out
             bias = inp[1] if len(inp) > 1 else None  # MiniMax-M2: the block's bias
             probs, gmargin = router_choice(mod, logits, bias)
             if hasattr(mod, "e_score_correction_bias") or hasattr(mod, "topk_method") or bias is not None:
