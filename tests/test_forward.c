@@ -165,6 +165,9 @@ Test(FORWARD_SUITE, minimax_m2_matches_transformers) { check_model("minimax_m2",
  * input, a shared expert, dense and MoE layers interleaved, experts as
  * transformers keeps them ((E, D, 2F), (E, F, D)) */
 Test(FORWARD_SUITE, llama4_matches_transformers) { check_model("llama4", 1e-4); }
+/* the same text model in a Llama4ForConditionalGeneration checkpoint
+ * (text_config, language_model.* tensors, a vision tower not read) */
+Test(FORWARD_SUITE, llama4_multimodal_text_matches_transformers) { check_model("llama4_multimodal", 1e-4); }
 /* fp8 checkpoints (quantization_config fp8, blocks of 128 x 128), read as
  * released: F8_E4M3 Linear weights with F32 scales, BF16 elsewhere;
  * transformers dequantizes them itself (tests/reference/make_fp8_fixtures.py).

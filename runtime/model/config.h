@@ -52,6 +52,8 @@ enum moe_q4_method { MOE_Q4_NONE, MOE_Q4_GPTQ, MOE_Q4_AWQ, MOE_Q4_CT };
 struct moe_config {
     enum moe_family family;
     char architecture[64];
+    char tensor_prefix[32]; /* removed from the checkpoint's tensor names at load: "language_model."
+                               for Llama4ForConditionalGeneration's text model; else empty */
     int n_layers;      /* L */
     int n_mtp_layers;  /* num_nextn_predict_layers: multi-token-prediction layers
                           the checkpoint declares after the L (not run) */

@@ -426,6 +426,8 @@ enum moe_status moe_model_load(struct moe_model *m, const char *dir)
     if (!m->dir) return moe_fail(MOE_ERR_NOMEM, "model path");
     if ((s = moe_config_load(&m->cfg, path)) != MOE_OK) goto fail;
     if ((s = moe_safetensors_open_dir(&m->st, dir)) != MOE_OK) goto fail;
+    if (m->cfg.tensor_prefix[0] && (s = moe_safetensors_strip_prefix(&m->st, m->cfg.tensor_prefix)) != MOE_OK)
+        goto fail;
     if ((s = moe_model_bind(m)) != MOE_OK) {
         moe_error_prefix("%s: ", dir);
         goto fail;
