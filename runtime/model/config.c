@@ -376,29 +376,6 @@ static enum moe_status parse_sliding(struct moe_config *c, json_t *root, const c
     return MOE_OK;
 }
 
-/* Llama4ForConditionalGeneration: its text model, text_config read as a
- * Llama4ForCausalLM's config; its tensors are named `language_model.*`
- * (tensor_prefix); the vision tower is not read. */
-static enum moe_status parse_llama4_text(struct moe_config *c, json_t *root, const char *what)
-{
-    json_t *text = json_object_get(root, "text_config"), *q = json_object_get(root, "quantization_config");
-    if (!json_is_object(text))
-        return moe_fail(MOE_ERR_FORMAT, "%s: Llama4ForConditionalGeneration without a 'text_config' object", what);
-    if (q && !json_is_null(q))
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config is not supported for Llama-4", what);
-    json_t *t = json_copy(text), *arch = json_pack("[s]", "Llama4ForCausalLM");
-    if (!t || !arch || json_object_set_new(t, "architectures", arch)) {
-        json_decref(t);
-        return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
-    }
-    enum moe_status s = moe_config_parse(c, t, what);
-    json_decref(t);
-    if (s != MOE_OK) return s;
-    snprintf(c->architecture, sizeof c->architecture, "Llama4ForConditionalGeneration");
-    snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "language_model.");
-    return MOE_OK;
-}
-
 enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char *what)
 {
     memset(c, 0, sizeof *c);
@@ -406,7 +383,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     json_t *archs = json_object_get(root, "architectures");
     const char *arch = json_string_value(json_array_get(archs, 0));
     if (!arch) return moe_fail(MOE_ERR_FORMAT, "%s: missing 'architectures' (a list of one name)", what);
-    if (!strcmp(arch, "Llama4ForConditionalGeneration")) return parse_llama4_text(c, root, what);
+    if (!strcmp(arch, "Llama4ForConditionalGeneration")) return moe_config_parse_llama4_text(c, root, what);
     int fi = -1;
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
         if (!strcmp(arch, families[i].arch)) fi = (int)i;

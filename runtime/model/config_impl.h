@@ -27,3 +27,6 @@ MOE_MUST_USE enum moe_status moe_config_get_bool(json_t *root, const char *what,
  * (moe_layers, else every interleave_moe_layer_step-th). */
 MOE_MUST_USE enum moe_status moe_config_parse_llama4(struct moe_config *c, json_t *root, const char *what);
 MOE_MUST_USE enum moe_status moe_config_llama4_layers(struct moe_config *c, json_t *root, const char *what);
+/* Llama4ForConditionalGeneration's root: its text_config read as a
+ * Llama4ForCausalLM's (moe_config_parse), tensor_prefix "language_model.". */
+MOE_MUST_USE enum moe_status moe_config_parse_llama4_text(struct moe_config *c, json_t *root, const char *what);

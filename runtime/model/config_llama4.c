@@ -1,5 +1,6 @@
 /* config_llama4.c - Llama4TextConfig's keys (transformers 5.24), for
- * Llama4ForCausalLM: the text model of Llama-4 Scout and Maverick.
+ * Llama4ForCausalLM: the text model of Llama-4 Scout and Maverick, alone
+ * or as Llama4ForConditionalGeneration's text_config.
  *
  *   num_local_experts 16, num_experts_per_tok 1, intermediate_size 8192
  *     (each expert's and the shared expert's width), intermediate_size_mlp
@@ -16,6 +17,7 @@
  * for top-1, what every released Llama-4 uses, and refuses more. */
 #include "runtime/model/config_impl.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* An array of n_layers integers or strings at key, or absent / null /
@@ -115,5 +117,33 @@ enum moe_status moe_config_llama4_layers(struct moe_config *c, json_t *root, con
                             c->n_layers);
         c->layer_moe[json_integer_value(v)] = true;
     }
+    return MOE_OK;
+}
+
+/* Llama4ForConditionalGeneration: its text model, text_config read as a
+ * Llama4ForCausalLM's config; its tensors are named `language_model.*`
+ * (tensor_prefix); the vision tower is not read. */
+enum moe_status moe_config_parse_llama4_text(struct moe_config *c, json_t *root, const char *what)
+{
+    json_t *text = json_object_get(root, "text_config"), *q = json_object_get(root, "quantization_config");
+    if (!json_is_object(text))
+        return moe_fail(MOE_ERR_FORMAT, "%s: Llama4ForConditionalGeneration without a 'text_config' object", what);
+    if (q && !json_is_null(q))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config is not supported for Llama-4", what);
+    json_t *t = json_copy(text), *arch = json_pack("[s]", "Llama4ForCausalLM");
+    if (!t || !arch) {
+        json_decref(t);
+        json_decref(arch);
+        return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
+    }
+    if (json_object_set_new(t, "architectures", arch)) { /* arch is released either way */
+        json_decref(t);
+        return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
+    }
+    enum moe_status s = moe_config_parse(c, t, what);
+    json_decref(t);
+    if (s != MOE_OK) return s;
+    snprintf(c->architecture, sizeof c->architecture, "Llama4ForConditionalGeneration");
+    snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "language_model.");
     return MOE_OK;
 }
