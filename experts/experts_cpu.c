@@ -22,12 +22,12 @@ void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *
                          const struct moe_expert_ws *ws, int T, int K, int D, int F, int E,
                          float *scratch)
 {
-    const int n = T * K;
-    /* gather rows in expert order */
-    for (int r = 0; r < n; r++)
+    const int e0 = plan->hi > 0 ? plan->lo : 0, e1 = plan->hi > 0 ? plan->hi : E;
+    /* gather the rows of experts e0..e1 in expert order */
+    for (int r = plan->offsets[e0]; r < plan->offsets[e1]; r++)
         memcpy(ws->xe + (size_t)r * D, x + (size_t)(plan->perm[r] / K) * D, (size_t)D * sizeof(float));
     /* one GEMM per projection per expert over its contiguous rows */
-    for (int e = 0; e < E; e++) {
+    for (int e = e0; e < e1; e++) {
         const int r0 = plan->offsets[e], c = plan->counts[e];
         if (c == 0) continue;
         float *g = ws->g + (size_t)r0 * F, *u = ws->u + (size_t)r0 * F;
@@ -44,6 +44,7 @@ void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *
         moe_gemm_cpu(ws->ye + (size_t)r0 * D, D, g, F, ex->down[e], dt, D, F, c,
                      moe_experts_bias_row(&ex->b_down, e, &vd), scratch);
     }
+    if (plan->hi > 0) return; /* expert parallelism: the caller combines */
     /* weighted combine in token order, k = 0..K-1 */
 #pragma omp parallel if ((size_t)T * D > 65536)
     moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);

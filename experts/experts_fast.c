@@ -149,12 +149,12 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
                       int T, int K, int D, int F, const int32_t *active, int na, int fs, int nf, int ds,
                       int nd)
 {
-    const int n = T * K;
+    const int r0 = plan->hi > 0 ? plan->offsets[plan->lo] : 0, r1 = plan->hi > 0 ? plan->offsets[plan->hi] : T * K;
     if (ex->cols) {
         permuted_rows(ex, plan, x, ws, K, D, F, active, na, false);
     } else {
 #pragma omp for schedule(static)
-        for (int r = 0; r < n; r++)
+        for (int r = r0; r < r1; r++)
             memcpy(ws->xe + (size_t)r * D, x + (size_t)(plan->perm[r] / K) * D, (size_t)D * sizeof(float));
     }
 
@@ -182,7 +182,7 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
                       d1, moe_experts_bias_row(&ex->b_down, e, &vd), NULL);
     }
 
-    moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);
+    if (plan->hi == 0) moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);
 }
 
 void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
@@ -192,8 +192,9 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
 {
     const int n = T * K;
     int na = 0;
-    for (int e = 0; e < E; e++)
+    for (int e = plan->hi > 0 ? plan->lo : 0; e < (plan->hi > 0 ? plan->hi : E); e++)
         if (plan->counts[e] > 0) active[na++] = e;
+    if (na == 0) return; /* expert parallelism: no rows for this rank's experts */
     const int want = 16 * omp_get_max_threads();
     const int fs = slice_size(F, na, want), ds = slice_size(D, na, want);
     const int nf = (F + fs - 1) / fs, nd = (D + ds - 1) / ds;

@@ -37,6 +37,12 @@ struct moe_dispatch {
     int32_t *offsets;  /* (E+1) exclusive prefix sum of counts */
     int32_t *perm;     /* (T*K) pair ids t*K+k sorted by expert */
     int32_t *pos;      /* (T*K) inverse: row of pair t*K+k in perm order */
+    /* Expert parallelism (set by the forward pass, not by dispatch): the
+     * experts [lo, hi) this process holds.  With hi > 0 the experts op fills
+     * only their rows of the expert outputs (offsets[lo] .. offsets[hi]) and
+     * does not combine: the caller gathers the other ranks' rows, then
+     * combines (moe_experts_combine_cpu).  hi 0: every expert, combined. */
+    int lo, hi;
 };
 
 /* ids (T, K), w (T, K) from logits (T, E). */

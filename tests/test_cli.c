@@ -287,6 +287,27 @@ Test(cli, plan_expert_offload)
     cr_assert(strstr(out, "copying experts in at 25 GB/s") && !strstr(out, "read by the CPU"), "%s", out);
 }
 
+/* plan --ep 4: Mixtral-8x7B's 84 GiB of experts over 4 ranks, 21 GiB each
+ * beside the 2.99 GiB replicated: 23.99 GiB a rank.  Decode at batch 1
+ * gathers 2 rows of 4096 fp32 per MoE layer; a rank receives 3/4 of them
+ * in 32 layers: 32 x 0.75 x 32768 B = 768 KiB, in 32 x (3 x 10 us + 0.75 x
+ * 32768 B / 100 GB/s) = 0.968 ms; a 512-token chunk 32 x 0.75 x 512 x 2 x
+ * 4096 x 4 B = 384 MiB. */
+Test(cli, plan_expert_parallel)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --ep 4 --net 100 --net-latency 10",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "per rank   23.99 GiB of weights (experts 21.00 GiB of 84.00 GiB)"), "%s", out);
+    cr_assert(strstr(out, "+ 0.968 ms all-gathering 768.00 KiB a rank receives"), "%s", out);
+    cr_assert(strstr(out, "all-gathering 384.00 MiB;"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --ep 3 2>&1", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "8 experts per layer do not split evenly over 3 ranks"), "%s", out);
+}
+
 /* bench --serve: every request completes and the JSON carries the metrics. */
 Test(cli, bench_serve_reports_latencies)
 {

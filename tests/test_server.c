@@ -624,6 +624,60 @@ Test(server, structured_outputs_json_object_and_grammar)
     cr_assert_eq(server_stop(), 0);
 }
 
+/* A JSON Schema output, checked in C against the schema: the three
+ * properties in order, age an integer in 0..120, pet one of the enum. */
+static void check_person(const char *t)
+{
+    json_error_t e;
+    json_t *v = json_loads(t, 0, &e);
+    cr_assert(json_is_object(v), "not a JSON object (%s): %s", e.text, t);
+    cr_assert_eq(json_object_size(v), 3, "%s", t);
+    cr_assert(json_is_string(json_object_get(v, "name")), "%s", t);
+    json_t *age = json_object_get(v, "age");
+    cr_assert(json_is_integer(age) && json_integer_value(age) >= 0 && json_integer_value(age) <= 120, "%s", t);
+    const char *pet = json_string_value(json_object_get(v, "pet"));
+    cr_assert(pet && (!strcmp(pet, "cat") || !strcmp(pet, "dog")), "%s", t);
+    cr_assert(strstr(t, "name") < strstr(t, "age") && strstr(t, "age") < strstr(t, "pet"), "%s", t);
+    json_decref(v);
+}
+
+/* response_format json_schema on both endpoints, streaming too; a schema
+ * outside the subset is a 400 naming the keyword and where it is. */
+Test(server, structured_outputs_json_schema)
+{
+    static char out[65536], text[16384];
+    static const char rf[] = "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": "
+        "\"person\", \"strict\": true, \"schema\": {\"type\": \"object\", \"properties\": {\"name\": "
+        "{\"type\": \"string\", \"maxLength\": 12}, \"age\": {\"type\": \"integer\", \"minimum\": 0, "
+        "\"maximum\": 120}, \"pet\": {\"enum\": [\"cat\", \"dog\"]}}, \"required\": [\"name\", \"age\", "
+        "\"pet\"], \"additionalProperties\": false}}}";
+    char body[2048];
+    snprintf(body, sizeof body, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 200, \"n\": 8, "
+             "\"temperature\": 1.0, \"seed\": 3, %s}", rf);
+    cr_assert_eq(http("POST", "/v1/completions", body, out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out), *ch;
+    size_t i;
+    cr_assert_eq(json_array_size(json_object_get(j, "choices")), 8);
+    json_array_foreach(json_object_get(j, "choices"), i, ch) {
+        check_person(json_string_value(json_object_get(ch, "text")));
+        cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    }
+    json_decref(j);
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"Who?\"}], "
+             "\"max_tokens\": 200, \"temperature\": 1.0, \"seed\": 4, \"stream\": true, %s}", rf);
+    cr_assert_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200, "%s", out);
+    bool done;
+    sse_text(out, text, sizeof text, &done);
+    cr_assert(done);
+    check_person(text);
+    cr_assert_eq(http("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": "
+                      "\"Hi\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": "
+                      "\"x\", \"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+                      "\"string\", \"propertyNames\": {}}}}}}}", out, sizeof out), 400, "%s", out);
+    cr_assert(strstr(out, "unsupported JSON Schema keyword \\\"propertyNames\\\" at /properties/a"), "%s", out);
+    cr_assert_eq(server_stop(), 0);
+}
+
 Test(server, logit_bias_moves_the_choice)
 {
     static char out[65536], want[4096], plain[4096];

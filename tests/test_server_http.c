@@ -150,7 +150,7 @@ Test(server_http, models_created_and_by_id)
 
 /* Content as a list of text parts equals the same text as a string; other
  * parts, unknown roles, non-canonical logit_bias keys, malformed grammars,
- * json_schema and tool_choice without tools are refused with a 400. */
+ * unsupported JSON Schemas and tool_choice without tools are refused with a 400. */
 Test(server_http, chat_fields_read_as_openai_defines_them)
 {
     static char a[16384], b[16384];
@@ -182,7 +182,10 @@ Test(server_http, chat_fields_read_as_openai_defines_them)
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"grammar\": \"root ::= \\\"a\\\"\", "
          "\"response_format\": {\"type\": \"json_object\"}}", "give either 'grammar' or a JSON response_format"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"response_format\": {\"type\": "
-         "\"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {}}}}", "'json_schema' is not supported yet"},
+         "\"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {\"not\": {}}}}}",
+         "unsupported JSON Schema keyword \\\"not\\\" at the root"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"response_format\": {\"type\": "
+         "\"json_schema\", \"json_schema\": {\"name\": \"x\"}}}", "'json_schema.schema' is missing"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"response_format\": \"json\"}", "response_format"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"tool_choice\": 123}", "tool_choice"},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"tool_choice\": \"required\"}", "tool_choice"},

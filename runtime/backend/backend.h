@@ -109,6 +109,12 @@ struct moe_backend_ops {
     MOE_OP(experts, float *out, const float *x, const struct moe_dispatch *plan, const float *w,
            const struct moe_expert_weights *ex, const struct moe_expert_ws *ws, int T, int K, int D,
            int F, int E);
+    /* out (T, D) = the weighted combine of ws->ye in token order, k = 0..K-1
+     * (experts.h), after an expert-parallel experts call (plan->hi > 0)
+     * and the gathering of the other ranks' rows.  Optional: NULL, the
+     * backend has no expert-parallel path. */
+    MOE_OP(combine, float *out, const struct moe_expert_ws *ws, const struct moe_dispatch *plan, const float *w,
+           int T, int K, int D);
     /* y (T, D) *= sigmoid(g (T)) */
     MOE_OP(sigmoid_scale, float *y, const float *g, int T, int D);
     /* y (T, D) = x (T, D) with row t times s[t].  Optional (NULL: the

@@ -200,6 +200,7 @@ static size_t pack_items(enum pack_kind kind, const struct pack_policy *pp, stru
         if (E <= 0 || !x->gate) continue;
         for (int e = 0; e < E; e++) {
             const enum moe_dtype dt = moe_expert_dtype(x, e);
+            if (!x->gate[e]) continue; /* held by another rank (expert parallelism) */
             if (!pass_takes_expert(kind, pp, l, e) || !packable(kind, dt, F, D) || !packable(kind, dt, D, F))
                 continue;
             const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
@@ -225,7 +226,9 @@ static const void *some_packed(struct moe_model *m)
 {
     for (int l = 0; l < m->cfg.n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
-        if (w->experts.gate && packed_dtype(w->experts.dtype)) return w->experts.gate[0];
+        if (w->experts.gate && packed_dtype(w->experts.dtype))
+            for (int e = 0; e < m->cfg.n_experts; e++)
+                if (w->experts.gate[e]) return w->experts.gate[e];
         if (w->experts.dtypes) return w->experts.dtypes; /* a plan's tables, in an arena */
         struct moe_tensor *ts[LAYER_MATRICES];
         layer_matrices(w, ts);
@@ -641,6 +644,14 @@ static enum moe_status fast_experts(struct moe_backend *be, float *out, const fl
     return MOE_OK;
 }
 
+static enum moe_status cpu_combine(struct moe_backend *be, float *out, const struct moe_expert_ws *ws,
+                                   const struct moe_dispatch *plan, const float *w, int T, int K, int D)
+{
+#pragma omp parallel if ((size_t)T * D > 65536)
+    moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);
+    return MOE_OK;
+}
+
 static enum moe_status cpu_sigmoid_scale(struct moe_backend *be, float *y, const float *g, int T,
                                          int D)
 {
@@ -708,6 +719,7 @@ static void cpu_destroy(struct moe_backend *be)
     .kv_store = cpu_kv_store,            \
     .route = cpu_route,                  \
     .dispatch = cpu_dispatch,            \
+    .combine = cpu_combine,              \
     .sigmoid_scale = cpu_sigmoid_scale,  \
     .scale_rows = cpu_scale_rows,        \
     .gather_rows = cpu_gather_rows,      \

@@ -1,6 +1,7 @@
 /* cli_common.c - see cli_common.h. */
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_draft.h"
+#include "runtime/cli/cli_par.h"
 #include "runtime/stats/stats_analyze.h"
 
 #include <errno.h>
@@ -56,13 +57,30 @@ static enum moe_status open_model_weights(struct moe_model *m, const struct moe_
         return moe_fail(MOE_ERR_INVALID_ARG, "--router-skew applies to --synthetic models "
                         "(moerun synth --router-skew writes a skewed checkpoint)");
     if (!o->path) return moe_fail(MOE_ERR_INVALID_ARG, "no model given (a folder, or --synthetic CONFIG.json)");
-    return moe_model_load(m, o->path);
+    if (!moe_cli_par_ep() && o->ep <= 1) return moe_model_load(m, o->path);
+    /* expert parallelism: this rank's share of the experts only */
+    char path[4096];
+    struct moe_config cfg;
+    int lo, hi;
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", o->path) >= sizeof path)
+        return moe_fail(MOE_ERR_INVALID_ARG, "model path is too long");
+    MOE_TRY(moe_config_load(&cfg, path));
+    MOE_TRY(moe_cli_par_share(o, cfg.n_experts, &lo, &hi));
+    return moe_model_load_part(m, o->path, lo, hi);
 }
 
 enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_model_opts *o)
 {
     MOE_TRY(moe_cli_draft_check(o));
     MOE_TRY(open_model_weights(m, o));
+    if (o->synthetic && (moe_cli_par_ep() || o->ep > 1)) { /* made whole; the others' experts dropped */
+        enum moe_status s = moe_cli_par_share(o, m->cfg.n_experts, &m->ep_lo, &m->ep_hi);
+        if (s != MOE_OK) {
+            moe_model_free(m);
+            return s;
+        }
+        moe_model_drop_experts(m);
+    }
     if (o->top_k == 0) return MOE_OK;
     enum moe_status s = moe_model_set_top_k(m, (int)o->top_k);
     if (s != MOE_OK) {
@@ -268,6 +286,7 @@ void moe_cli_engine_defaults(struct moe_cli_engine *o)
     o->max_batch_tokens = 512;
     o->max_seqs = 64;
     o->spec.max_batch = MOE_CLI_SPEC_MAX_BATCH;
+    o->comm_timeout = MOE_CLI_COMM_TIMEOUT;
 }
 
 /* --- speculative decoding --- */
@@ -470,6 +489,8 @@ enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struc
         .max_batch_tokens = (int)o->max_batch_tokens, .max_seqs = (int)o->max_seqs,
         .block_size = (int)o->kv_block, .n_blocks = n_blocks, .kv_dtype = kvt,
         .prefix_cache = !o->no_prefix_cache, .spec = o->spec, .grammar_vocab = o->grammar_vocab};
+    MOE_TRY(moe_cli_par_describe(o, be));
+    eo.ep = moe_cli_par_ep();
     MOE_TRY(moe_cli_draft_attach(o, m, be, &eo));
     enum moe_status s = moe_engine_init(e, m, be, &eo);
     if (s != MOE_OK && eo.spec.draft_release) eo.spec.draft_release(eo.spec.draft_ctx);

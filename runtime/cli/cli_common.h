@@ -18,6 +18,7 @@ struct moe_cli_model_opts {
     bool device_weights;    /* synthetic weights made by the backend (moe_model_synthetic_deferred) */
     long top_k;             /* --moe-top-k: experts per token instead of the config's; 0 = as configured */
     const char *draft;      /* --draft: the draft model's folder (cli_draft.h), or NULL */
+    long ep;                /* --ep: ranks the experts spread over; 0 = the launch's world size */
 };
 
 /* Opens the model the options name; prints nothing.  With --draft, the
@@ -87,6 +88,7 @@ struct moe_cli_engine {
      * --spec-max-batch, --spec-adaptive; moe_cli_engine_start hands it to
      * the engine as it is */
     struct moe_spec_opts spec;
+    double comm_timeout;      /* --comm-timeout, seconds (default MOE_CLI_COMM_TIMEOUT) */
     /* not an option: the command's vocabulary for grammar requests, or NULL */
     const struct moe_grammar_vocab *grammar_vocab;
 };
@@ -106,6 +108,8 @@ MOE_MUST_USE enum moe_status moe_cli_expert_plan(struct moe_backend_opts *o, con
 /* --spec-max-batch's default: speculate only while at most this many
  * requests run (the measurement: docs/cli.md, "Speculative decoding"). */
 #define MOE_CLI_SPEC_MAX_BATCH 1
+/* --comm-timeout's default, seconds. */
+#define MOE_CLI_COMM_TIMEOUT 30.0
 /* "none", "ngram" or "ngram:N" (N the longest n-gram, 1..MOE_CLI_SPEC_NGRAM_MAX)
  * into o's kind and ngram_max; false, o untouched, for anything else. */
 #define MOE_CLI_SPEC_NGRAM_MAX 64

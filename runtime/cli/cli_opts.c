@@ -90,6 +90,14 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
      .help = "synthetic weight seed (default 0)"},
     {.name = "moe-top-k", .arg = "K", .kind = MOE_CLI_INT, ENG(model.top_k), .lo = 1, .hi = 1 << 16,
      .help = "route each token to K experts instead of the model's top-k"},
+    {.name = "ep", .arg = "N", .kind = MOE_CLI_INT, ENG(model.ep), .lo = 1, .hi = 4096,
+     .help = "expert parallelism over N ranks: start with mpirun -n N;\n"
+             "each rank holds 1/N of every layer's experts (default: the\n"
+             "launch's world size)"},
+    {.name = "comm-timeout", .arg = "S", .kind = MOE_CLI_DOUBLE, ENG(comm_timeout), .lo = 0, .hi = 86400,
+     .open = MOE_CLI_LO_OPEN,
+     .help = "with several ranks: seconds a collective may wait for the\n"
+             "others before the job ends naming it (default 30)"},
     {.name = "@engine"},
     {.name = "kv-budget", .arg = "SIZE", .kind = MOE_CLI_CUSTOM, ENG(kv_budget), .parse = parse_budget,
      .what = "a size: 512MiB, 8GiB, or a fraction of available memory such as 0.25",

@@ -43,6 +43,7 @@
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_opts.h"
 #include "kvcache/kvcache.h"
+#include "runtime/cli/plan_ep.h"
 #include "runtime/cli/plan_spec.h"
 #include "runtime/engine/engine.h"
 
@@ -69,6 +70,7 @@ struct plan_opts {
     double hit_rate;           /* -1: C/E */
     double pcie, host_bw;      /* GB/s; pcie 0: the device's */
     double accept;             /* --accept: -1 not given */
+    double net, net_latency;   /* --ep: GB/s, microseconds a hop */
 };
 
 #define CMD(member) .at = MOE_CLI_AT_CMD, MOE_CLI_FIELD(struct plan_opts, member)
@@ -101,10 +103,15 @@ static const struct moe_cli_opt rows[] = {
     {.name = "accept", .arg = "A", .kind = MOE_CLI_DOUBLE, CMD(accept), .lo = 0, .hi = 1, .open = MOE_CLI_HI_OPEN,
      .help = "speculation: the chance that a drafted token is kept\n"
              "(default: speedups at 0.5 to 0.9)"},
+    {.name = "net", .arg = "GB/s", .kind = MOE_CLI_DOUBLE, CMD(net), .lo = 0, .hi = 1e6, .open = MOE_CLI_LO_OPEN,
+     .help = "--ep: the network's bandwidth between ranks (default 400,\n"
+             "NVLink-class; 50 for 400 Gb/s between hosts)"},
+    {.name = "net-latency", .arg = "US", .kind = MOE_CLI_DOUBLE, CMD(net_latency), .lo = 0, .hi = 1e6,
+     .help = "--ep: microseconds per hop of a ring all-gather (default 5)"},
 };
 #undef CMD
 
-static const char *const shared[] = {"synthetic", "dtype", "moe-top-k", "kv-dtype", "quantize", "expert-dtype-plan", "hot-share", "gpu-experts",
+static const char *const shared[] = {"synthetic", "dtype", "moe-top-k", "ep", "kv-dtype", "quantize", "expert-dtype-plan", "hot-share", "gpu-experts",
                                      "gpu-experts-cpu-rows", "@spec", NULL};
 
 static const struct moe_cli_command plan_cmd = {
@@ -171,7 +178,7 @@ static const char *copy_note(char *buf, size_t n, double sec, double h2d)
 static int plan_parse(int argc, char **argv, struct plan_opts *o)
 {
     *o = (struct plan_opts){.ctx = 4096, .batch = 1, .chunk = 512, .device = "h200", .hit_rate = -1,
-                            .host_bw = 100, .accept = -1};
+                            .host_bw = 100, .accept = -1, .net = 400, .net_latency = 5};
     moe_cli_engine_defaults(&o->eng);
     o->eng.kv_dtype = "bf16";
     struct moe_cli_args a;
@@ -308,6 +315,7 @@ static int plan_model(const struct plan_opts *o, struct moe_model *m, struct moe
     } else {
         struct moe_cli_model_opts target = *mo;
         target.draft = NULL; /* plan reads the draft's shape itself (plan_draft) */
+        target.ep = 0;       /* predicted, not loaded so */
         if (moe_cli_open_model(m, &target) != MOE_OK) return moe_cli_error("plan", "%s", moe_last_error());
         moe_model_sizes(m, z);
     }
@@ -643,6 +651,29 @@ static void print_spec(const struct plan_result *r)
     }
 }
 
+/* --ep N: the expert-parallel figures of the target on N devices like
+ * r's, the network of --net and --net-latency (plan_ep.h). */
+static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, const struct plan_result *r,
+                   struct moe_plan_ep *p)
+{
+    const int N = (int)o->eng.model.ep;
+    if (r->t.n_moe == 0 || cfg->n_experts % N)
+        return moe_cli_error("plan", "--ep %d: %d experts per layer do not split evenly over %d ranks", N,
+                             cfg->n_experts, N);
+    if (r->off) return moe_cli_error("plan", "--ep with --gpu-experts is not predicted");
+    const struct shape *s = &r->t;
+    const double f_experts = 2.0 * s->n_moe * s->K * 3.0 * cfg->d_model * cfg->d_expert;
+    *p = (struct moe_plan_ep){.ranks = N, .net_bw = o->net * 1e9, .latency = o->net_latency * 1e-6,
+                              .dev_bw = r->dev.bw, .dev_flops = r->dev.flops, .mem = r->dev.mem_bytes,
+                              .W = s->W, .experts = (double)r->z.bytes_experts, .non_expert = s->non_expert,
+                              .one_expert = s->one_expert, .E = s->E, .K = s->K, .D = cfg->d_model,
+                              .n_moe = s->n_moe, .f_dense = s->f_tok - f_experts, .f_experts = f_experts,
+                              .f_pos = s->f_pos, .kv_tok = s->kv_tok, .batch = (double)r->batch,
+                              .chunk = (double)r->chunk, .ctx = (double)r->ctx};
+    moe_plan_ep_compute(p);
+    return 0;
+}
+
 int moe_cli_plan(int argc, char **argv)
 {
     struct plan_opts o;
@@ -673,9 +704,12 @@ int moe_cli_plan(int argc, char **argv)
         shape_of(&dm.cfg, &dz, r.kv, &r.sp.d);
     }
     if (r.sp.on) spec_compute(&o, &r);
+    struct moe_plan_ep ep = {0};
+    if (o.eng.model.ep > 1 && plan_ep(&o, &m.cfg, &r, &ep)) goto done;
     print_weights(&r);
     print_memory(&r);
     print_times(&r);
+    if (ep.ranks > 1) moe_plan_ep_print(&ep);
     if (r.sp.on) print_spec(&r);
     rc = 0;
 done:

@@ -4,6 +4,8 @@
 
 #include "runtime/backend/backend.h"
 #include "runtime/cli/cli.h"
+#include "runtime/cli/cli_par.h"
+#include "runtime/comm/comm.h"
 #include "runtime/cpu/gemm_fast.h"
 
 static const struct {
@@ -32,6 +34,34 @@ static void usage(FILE *f)
     fprintf(f, "\n'moerun COMMAND --help' describes each command.\n");
 }
 
+/* Runs a command in this process's place in the launch: alone, as rank 0
+ * of several (then stopping the others), or as a follower (cli_par.h). */
+static int run_command(int (*fn)(int, char **), int argc, char **argv)
+{
+    struct moe_comm_launch l;
+    struct moe_comm *c = NULL;
+    if (moe_comm_launch_from_env(&l) != MOE_OK) {
+        fprintf(stderr, "moerun: %s\n", moe_last_error());
+        return 1;
+    }
+    if (l.size == 1) return fn(argc, argv);
+    if (moe_comm_init(&c, &l, MOE_CLI_COMM_TIMEOUT) != MOE_OK) {
+        fprintf(stderr, "moerun: rank %d: %s\n", l.rank, moe_last_error());
+        return 1;
+    }
+    moe_cli_par_start(c);
+    int rc;
+    if (l.rank == 0) {
+        rc = fn(argc, argv);
+        fflush(stdout);
+        moe_cli_par_finish();
+    } else {
+        rc = moe_cli_par_follow();
+    }
+    moe_comm_free(c);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -55,7 +85,7 @@ int main(int argc, char **argv)
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) return run_command(commands[i].fn, argc - 1, argv + 1);
     fprintf(stderr, "moerun: unknown command '%s' (try 'moerun --help')\n", argv[1]);
     return 2;
 }

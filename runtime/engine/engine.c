@@ -111,7 +111,7 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
         .max_tokens = o->max_batch_tokens, .max_seqs = o->max_seqs, .max_logits = max_logits,
         .block_size = o->block_size, .n_blocks = o->n_blocks, .kv_dtype = o->kv_dtype,
         .kv_dtype_set = true, .prefix_cache = o->prefix_cache,
-        .hidden = e->o.spec.kind == MOE_SPEC_MTP};
+        .hidden = e->o.spec.kind == MOE_SPEC_MTP, .ep = o->ep};
     enum moe_status s;
     if (e->o.spec.kind == MOE_SPEC_DRAFT) {
         /* the draft's pool: as many tokens as the target's unless told */

@@ -157,6 +157,9 @@ struct moe_engine_opts {
     /* Borrowed, optional: the byte strings of the model's vocabulary
      * (V = the model's vocabulary), for requests with a grammar. */
     const struct moe_grammar_vocab *grammar_vocab;
+    /* Borrowed, optional: expert parallelism (ep.h); the model holds rank
+     * 0's experts and the other ranks follow the engine's steps. */
+    struct moe_ep *ep;
 };
 
 struct moe_engine_counters {

@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attention/attention.h"
+#include "runtime/engine/ep_impl.h"
 #include "router/stats.h"
 
 static enum moe_status walloc(struct moe_backend *be, void **p, size_t n, size_t elem)
@@ -404,6 +406,28 @@ static bool stats_async_ready(struct moe_forward *fw, int T)
     return true;
 }
 
+/* The layer's expert FFN of the rows `in` and combine, weighted by wts,
+ * into fw->out.  Expert parallelism: this rank's experts only, every rank's
+ * rows gathered, then the combine (ep.h). */
+static enum moe_status experts_phase(struct moe_forward *fw, int l, int T, const struct moe_expert_weights *x,
+                                     const float *in, const float *wts)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_config *c = &fw->m->cfg;
+    const int D = c->d_model, K = c->top_k, E = c->n_experts;
+    if (!moe_ep_on(fw->ep))
+        return be->ops->experts(be, fw->out, in, &fw->plan, wts, x, &fw->ews, T, K, D, c->d_expert, E);
+    fw->plan.lo = fw->ep->bounds[fw->ep->rank];
+    fw->plan.hi = fw->ep->bounds[fw->ep->rank + 1];
+    enum moe_status s = be->ops->experts(be, fw->out, in, &fw->plan, wts, x, &fw->ews, T, K, D,
+                                         c->d_expert, E);
+    fw->plan.lo = fw->plan.hi = 0;
+    MOE_TRY(s);
+    MOE_TRY(be->ops->sync(be)); /* the rows are complete before they travel */
+    MOE_TRY(moe_ep_gather(fw->ep, fw->ews.ye, fw->plan.offsets, D, l));
+    return be->ops->combine(be, fw->out, &fw->ews, &fw->plan, wts, T, K, D);
+}
+
 static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
                                  struct moe_route_trace *trace)
 {
@@ -438,14 +462,13 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
         moe_stats_record_layer(fw->stats, l, T, fw->h_ids, fw->h_w, fw->h_logits);
     }
     MOE_TRY(op->dispatch(be, &fw->plan, fw->ids, T, K, E));
+    const float *in = fw->xn, *wts = fw->rw;
     if (c->router_scales_input) { /* top-1 (config.c): the input times the score, the output times 1 */
         MOE_TRY(op->scale_rows(be, fw->xs, fw->xn, fw->rw, T, D));
-        MOE_TRY(op->experts(be, fw->out, fw->xs, &fw->plan, fw->ones, &w->experts, &fw->ews, T, K, D,
-                            c->d_expert, E));
-    } else {
-        MOE_TRY(op->experts(be, fw->out, fw->xn, &fw->plan, fw->rw, &w->experts, &fw->ews, T, K, D,
-                            c->d_expert, E));
+        in = fw->xs;
+        wts = fw->ones;
     }
+    MOE_TRY(experts_phase(fw, l, T, &w->experts, in, wts));
     if (trace && trace->ids) {
         MOE_TRY(op->to_host(be, trace->ids + (size_t)l * T * K, fw->ids, (size_t)T * K * sizeof(int32_t)));
         if (trace->weights)
@@ -511,14 +534,13 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     return op->argmax(be, fw->amax, fw->logits, db->n_logits, c->vocab);
 }
 
-enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
-                                const struct moe_batch *b, float *logits, int32_t *ids,
-                                struct moe_route_trace *trace)
+/* One validated step (moe_forward_run). */
+static enum moe_status run_step(struct moe_forward *fw, struct moe_kvcache *kv, const struct moe_batch *b,
+                                float *logits, int32_t *ids, struct moe_route_trace *trace)
 {
     struct moe_backend *be = fw->be;
     const struct moe_backend_ops *op = be->ops;
     const struct moe_config *c = &fw->m->cfg;
-    MOE_TRY(validate(fw, kv, b));
     fw->max_ctx = 0;
     for (int i = 0; i < b->n_seqs; i++)
         if (b->ctx_len[i] > fw->max_ctx) fw->max_ctx = b->ctx_len[i];
@@ -555,4 +577,22 @@ enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
             moe_stats_record_layer(fw->stats, l, b->n_tokens, hi, hw, hl);
         }
     return MOE_OK;
+}
+
+enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
+                                const struct moe_batch *b, float *logits, int32_t *ids,
+                                struct moe_route_trace *trace)
+{
+    MOE_TRY(validate(fw, kv, b));
+    if (!moe_ep_on(fw->ep)) return run_step(fw, kv, b, logits, ids, trace);
+    /* expert parallelism: rank 0 sends the step first; every rank times it */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    enum moe_status s = MOE_OK;
+    if (fw->ep->rank == 0) s = moe_ep_send_step(fw->ep, fw->ep_runner, b, kv->block_size);
+    if (s == MOE_OK) s = run_step(fw, kv, b, logits, ids, trace);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fw->ep->n.step_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    fw->ep->n.steps++;
+    return s;
 }

@@ -19,6 +19,7 @@
 #include "runtime/model/model.h"
 
 struct moe_stats;
+struct moe_ep;
 
 /* Host buffers for the routing of every step's statistics, at most (beyond
  * it, only steps of up to MOE_SMALL_STEP_ROWS rows copy asynchronously). */
@@ -106,6 +107,10 @@ struct moe_forward {
      * asynchronous statistics path; init sets hs_rows, 0 forces the
      * synchronous per-layer copies (tests compare the two). */
     int stats_async_rows;
+    /* Expert parallelism (runtime/engine/ep.h), NULL: one process.  Rank 0
+     * sends each step to the followers as runner ep_runner's. */
+    struct moe_ep *ep;
+    int ep_runner;
 };
 
 MOE_MUST_USE enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model *m,

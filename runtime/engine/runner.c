@@ -5,6 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/engine/ep_impl.h"
+
+static enum moe_status init_local(struct moe_runner *r, const struct moe_model *m, struct moe_backend *be,
+                                  const struct moe_runner_opts *o);
+
 enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
                                 struct moe_backend *be, const struct moe_runner_opts *o)
 {
@@ -16,18 +21,35 @@ enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
         o->n_blocks <= 0)
         return moe_fail(MOE_ERR_INVALID_ARG, "runner: every limit must be positive");
     r->max_blocks = (m->cfg.max_pos + o->block_size - 1) / o->block_size;
-    enum moe_status s;
-    if ((s = be->ops->prepare_model(be, (struct moe_model *)m)) != MOE_OK) goto fail;
-    if ((s = moe_kvcache_init(&r->kv, moe_backend_allocator(be), &m->cfg, o->n_blocks, o->block_size,
-                                 o->kv_dtype_set ? o->kv_dtype : MOE_DTYPE_F32, o->prefix_cache)) != MOE_OK) goto fail;
+    enum moe_status s = init_local(r, m, be, o);
+    if (moe_ep_on(o->ep) && o->ep->rank == 0) {
+        if (s == MOE_OK && !be->ops->combine)
+            s = moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no expert-parallel path (--ep needs the CPU "
+                         "backends)", be->ops->name);
+        if (s == MOE_OK && (m->ep_lo != o->ep->bounds[0] || m->ep_hi != o->ep->bounds[1]))
+            s = moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: the model holds experts [%d, %d), rank 0 "
+                         "owns [%d, %d)", m->ep_lo, m->ep_hi, o->ep->bounds[0], o->ep->bounds[1]);
+        enum moe_status e = moe_ep_runner_open(o->ep, r, o, s);
+        if (s == MOE_OK) s = e;
+    }
+    if (s != MOE_OK) moe_runner_free(r);
+    return s;
+}
+
+/* The runner's own state: the model prepared, the cache, the forward
+ * workspace and the host batch arrays. */
+static enum moe_status init_local(struct moe_runner *r, const struct moe_model *m, struct moe_backend *be,
+                                  const struct moe_runner_opts *o)
+{
+    MOE_TRY(be->ops->prepare_model(be, (struct moe_model *)m));
+    MOE_TRY(moe_kvcache_init(&r->kv, moe_backend_allocator(be), &m->cfg, o->n_blocks, o->block_size,
+                             o->kv_dtype_set ? o->kv_dtype : MOE_DTYPE_F32, o->prefix_cache));
     struct moe_forward_limits lim = {o->max_tokens, o->max_seqs, r->max_blocks, o->max_logits,
                                      o->hidden};
-    if ((s = moe_forward_init(&r->fw, m, be, &lim)) != MOE_OK) goto fail;
+    MOE_TRY(moe_forward_init(&r->fw, m, be, &lim));
     size_t T = (size_t)o->max_tokens, S = (size_t)o->max_seqs + 1, tab;
-    if (!moe_mul_size(S, (size_t)r->max_blocks, &tab)) {
-        s = moe_fail(MOE_ERR_NOMEM, "runner: block table size overflows");
-        goto fail;
-    }
+    if (!moe_mul_size(S, (size_t)r->max_blocks, &tab))
+        return moe_fail(MOE_ERR_NOMEM, "runner: block table size overflows");
     r->tokens = malloc(T * sizeof(int32_t));
     r->pos = malloc(T * sizeof(int32_t));
     r->seq_of = malloc(T * sizeof(int32_t));
@@ -37,18 +59,14 @@ enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
     r->ctx_len = malloc(S * sizeof(int32_t));
     r->table = malloc(tab * sizeof(int32_t));
     if (!r->tokens || !r->pos || !r->seq_of || !r->slot || !r->rows || !r->seq_start ||
-        !r->ctx_len || !r->table) {
-        s = moe_fail(MOE_ERR_NOMEM, "runner: batch arrays");
-        goto fail;
-    }
+        !r->ctx_len || !r->table)
+        return moe_fail(MOE_ERR_NOMEM, "runner: batch arrays");
     return MOE_OK;
-fail:
-    moe_runner_free(r);
-    return s;
 }
 
 void moe_runner_free(struct moe_runner *r)
 {
+    if (moe_ep_on(r->fw.ep) && r->fw.ep->rank == 0) moe_ep_runner_close(r->fw.ep, r->fw.ep_runner);
     moe_forward_free(&r->fw);
     moe_kvcache_free(&r->kv);
     free(r->tokens);

@@ -46,6 +46,10 @@ struct moe_runner_opts {
     bool kv_dtype_set;
     bool prefix_cache; /* register full blocks for reuse (the engine's) */
     bool hidden;       /* keep each row's final-normed hidden state (fw.hid) */
+    /* Expert parallelism (ep.h): on rank 0, the runner is announced to the
+     * other ranks, which follow its steps; the model holds rank 0's
+     * experts.  NULL: one process. */
+    struct moe_ep *ep;
 };
 
 struct moe_runner {

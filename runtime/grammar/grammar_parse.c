@@ -377,7 +377,7 @@ static enum moe_status parse_seq(struct parser *p, struct vec *out, int depth)
             p->i += nl;
             MOE_TRY(push(p, out, G_REF, (uint32_t)id));
         } else {
-            uint32_t cp;
+            uint32_t cp = 0;
             MOE_TRY(next_cp(p, &cp));
             if (cp < 0x80) return fail_at(p, at, "unexpected '%c'", (char)cp);
             return fail_at(p, at, "unexpected character U+%04X", cp);

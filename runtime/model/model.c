@@ -219,14 +219,14 @@ static enum moe_status bind_dense_ffn(struct moe_model *m, int l, struct moe_lay
 }
 
 /* Sets expert e's three pointers, requiring one dtype per layer. */
-static enum moe_status set_expert(struct moe_expert_weights *x, int e, const struct moe_tensor *g,
-                                  const void *gate, const void *up, const void *down,
+static enum moe_status set_expert(const struct moe_model *m, struct moe_expert_weights *x, int e,
+                                  const struct moe_tensor *g, const void *gate, const void *up, const void *down,
                                   const char *what)
 {
-    if (e == 0) x->dtype = g->dtype;
+    if (e == (m->ep_hi ? m->ep_lo : 0)) x->dtype = g->dtype; /* the first expert held */
     if (g->dtype != x->dtype)
         return moe_fail(MOE_ERR_UNSUPPORTED,
-                        "checkpoint: %s has dtype %s but expert 0 of the layer has %s", what,
+                        "checkpoint: %s has dtype %s but the layer's first expert has %s", what,
                         moe_dtype_name(g->dtype), moe_dtype_name(x->dtype));
     x->gate[e] = gate;
     x->up[e] = up;
@@ -271,8 +271,9 @@ static enum moe_status bind_stacked_experts(struct moe_model *m, const char *gu_
     const size_t gate = (size_t)F * moe_dtype_row_bytes(gu.dtype, (size_t)D),
                  down = (size_t)D * moe_dtype_row_bytes(dn.dtype, (size_t)F);
     for (int64_t e = 0; e < E; e++) {
+        if (!moe_model_holds(m, (int)e)) continue;
         const char *g = (const char *)gu.data + (size_t)e * 2 * gate;
-        MOE_TRY(set_expert(x, (int)e, &gu, g, g + gate, (const char *)dn.data + (size_t)e * down, dn_name));
+        MOE_TRY(set_expert(m, x, (int)e, &gu, g, g + gate, (const char *)dn.data + (size_t)e * down, dn_name));
     }
     return MOE_OK;
 }
@@ -297,6 +298,7 @@ static enum moe_status bind_experts(struct moe_model *m, int l, const char *blk,
     if (!x->gate || !x->up || !x->down) return moe_fail(MOE_ERR_NOMEM, "expert table");
     bool mixtral_names = !strcmp(blk, "block_sparse_moe");
     for (int64_t e = 0; e < E; e++) {
+        if (!moe_model_holds(m, (int)e)) continue;
         struct moe_tensor g, u, d;
         const char *gn = mixtral_names ? "w1" : "gate_proj", *un = mixtral_names ? "w3" : "up_proj",
                    *dn = mixtral_names ? "w2" : "down_proj";
@@ -310,7 +312,7 @@ static enum moe_status bind_experts(struct moe_model *m, int l, const char *blk,
         MOE_TRY(bind_linear(m, &d, true, n, 2, D, F, 0));
         if (d.dtype != g.dtype)
             return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s differs in dtype from its gate", n);
-        MOE_TRY(set_expert(x, (int)e, &g, g.data, u.data, d.data, n));
+        MOE_TRY(set_expert(m, x, (int)e, &g, g.data, u.data, d.data, n));
         MOE_TRY(expert_cols(x, (int)E, (int)e, &g, &u, &d, n));
     }
     return MOE_OK;
@@ -406,7 +408,19 @@ enum moe_status moe_model_bind(struct moe_model *m)
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return moe_fail(MOE_ERR_NOMEM, "layer table");
     for (int l = 0; l < c->n_layers; l++) MOE_TRY(moe_model_bind_layer(m, l, c->layer_moe[l], &m->layers[l]));
+    moe_model_drop_experts(m);
     return MOE_OK;
+}
+
+void moe_model_drop_experts(struct moe_model *m)
+{
+    if (m->ep_hi == 0 || !m->layers) return;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        struct moe_expert_weights *x = &m->layers[l].experts;
+        if (!x->gate) continue;
+        for (int e = 0; e < m->cfg.n_experts; e++)
+            if (!moe_model_holds(m, e)) x->gate[e] = x->up[e] = x->down[e] = NULL;
+    }
 }
 
 enum moe_status moe_model_bind_layer(struct moe_model *m, int l, bool moe, struct moe_layer_weights *w)
@@ -417,7 +431,14 @@ enum moe_status moe_model_bind_layer(struct moe_model *m, int l, bool moe, struc
 
 enum moe_status moe_model_load(struct moe_model *m, const char *dir)
 {
+    return moe_model_load_part(m, dir, 0, 0);
+}
+
+enum moe_status moe_model_load_part(struct moe_model *m, const char *dir, int lo, int hi)
+{
     memset(m, 0, sizeof *m);
+    m->ep_lo = lo;
+    m->ep_hi = hi;
     char path[4096];
     enum moe_status s;
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
@@ -425,6 +446,11 @@ enum moe_status moe_model_load(struct moe_model *m, const char *dir)
     m->dir = strdup(dir);
     if (!m->dir) return moe_fail(MOE_ERR_NOMEM, "model path");
     if ((s = moe_config_load(&m->cfg, path)) != MOE_OK) goto fail;
+    if (hi != 0 && (lo < 0 || lo >= hi || hi > m->cfg.n_experts)) {
+        s = moe_fail(MOE_ERR_INVALID_ARG, "%s: experts [%d, %d) are not a part of the model's %d", dir, lo, hi,
+                     m->cfg.n_experts);
+        goto fail;
+    }
     if ((s = moe_safetensors_open_dir(&m->st, dir)) != MOE_OK) goto fail;
     if (m->cfg.tensor_prefix[0] && (s = moe_safetensors_strip_prefix(&m->st, m->cfg.tensor_prefix)) != MOE_OK)
         goto fail;

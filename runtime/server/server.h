@@ -40,6 +40,7 @@
 
 #include "runtime/chat/chat.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/ep.h"
 #include "router/stats.h"
 #include "runtime/chat/reasoning.h"
 #include "runtime/text/textgen.h"
@@ -147,6 +148,8 @@ struct srv_hist {
     uint64_t n;
 };
 
+#define SRV_EP_RANKS 64
+
 struct srv_metrics {
     uint64_t by_status[600];  /* by HTTP status code (100..599) */
     struct srv_hist ttft, itl;
@@ -158,6 +161,11 @@ struct srv_metrics {
     int spec_k;
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
     uint64_t spec_accepted_at[MOE_SPEC_MAX_TOKENS];
+    /* expert parallelism (runtime/engine/ep.h): ep_ranks 0 when off; rows per
+     * rank for the first SRV_EP_RANKS ranks */
+    int ep_ranks;
+    struct moe_ep_counters ep;
+    uint64_t ep_rows[SRV_EP_RANKS];
 };
 
 struct srv {

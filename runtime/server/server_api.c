@@ -7,8 +7,8 @@
  * repetition_penalty, ignore_eos) and moerun's own: "return_expert_load":
  * true or "moerun": {"expert_load": true} adds usage.expert_load.  Unknown
  * fields are ignored, as OpenAI's server does; fields moerun cannot honour
- * (echo, best_of > n, tool_choice forcing a call, a json_schema response_format)
- * are refused, never silently dropped.  Error messages never quote the
+ * (echo, best_of > n, tool_choice forcing a call) are refused, never
+ * silently dropped.  Error messages never quote the
  * request body. */
 #include <math.h>
 #include <stdarg.h>
@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/grammar/json_schema.h"
 #include "runtime/server/server.h"
 
 char *srv_error_json(int status, const char *param, const char *fmt, ...)
@@ -336,9 +337,32 @@ static int read_stop(json_t *req, struct srv_job *j, struct verr *v)
     return 0;
 }
 
+/* response_format json_schema: {"name", "schema", "strict"}; the schema
+ * compiled to the request's own grammar (runtime/grammar/json_schema.h), a
+ * schema outside the supported subset a 400 naming the keyword and where.
+ * "strict": false is accepted and constrains the same way. */
+static int read_json_schema(struct srv *s, json_t *rf, struct srv_job *j, struct verr *v)
+{
+    json_t *js = json_object_get(rf, "json_schema");
+    if (!json_is_object(js))
+        return bad(v, "response_format", "response_format type 'json_schema' needs a 'json_schema' object "
+                   "holding 'name' and 'schema'");
+    json_t *name = json_object_get(js, "name"), *schema = json_object_get(js, "schema");
+    json_t *strict = json_object_get(js, "strict");
+    if (!json_is_string(name)) return bad(v, "response_format", "'json_schema.name' must be a string");
+    if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+        return bad(v, "response_format", "'json_schema.strict' must be a boolean");
+    if (!schema) return bad(v, "response_format", "'json_schema.schema' is missing");
+    if (!s->json_grammar) return bad(v, "response_format", "json_schema needs the model's tokenizer");
+    if (moe_json_schema_grammar(schema, &j->grammar) != MOE_OK)
+        return bad(v, "response_format", "json_schema.schema: %s", moe_last_error());
+    j->rp.grammar = j->grammar;
+    return 0;
+}
+
 /* response_format: "text"; "json_object" constrains the output to a JSON
- * object (the built-in grammar); json_schema is refused until JSON Schema
- * constraints exist.  "grammar" (moerun's extension, docs/grammar.md)
+ * object (the built-in grammar); "json_schema" to the documents a JSON
+ * Schema accepts.  "grammar" (moerun's extension, docs/grammar.md)
  * constrains it to a grammar of its own, compiled here (a malformed one is
  * a 400 naming line and column). */
 static int read_response_format(struct srv *s, json_t *req, struct srv_job *j, struct verr *v)
@@ -356,16 +380,14 @@ static int read_response_format(struct srv *s, json_t *req, struct srv_job *j, s
     if (!json_is_object(rf) || !type)
         return bad(v, "response_format", "'response_format' must be an object with a string 'type'");
     if (!strcmp(type, "text")) return 0;
-    if (!strcmp(type, "json_object")) {
-        if (j->grammar) return bad(v, "response_format", "give either 'grammar' or a JSON response_format");
-        if (!s->json_grammar) return bad(v, "response_format", "json_object needs the model's tokenizer");
-        j->rp.grammar = s->json_grammar;
-        return 0;
-    }
-    if (!strcmp(type, "json_schema"))
-        return bad(v, "response_format", "response_format type 'json_schema' is not supported yet (JSON "
-                   "Schema constraints are not built); \"text\" and \"json_object\" are");
-    return bad(v, "response_format", "unknown response_format type '%.64s'", type);
+    bool schema = !strcmp(type, "json_schema");
+    if (!schema && strcmp(type, "json_object"))
+        return bad(v, "response_format", "unknown response_format type '%.64s'", type);
+    if (j->grammar) return bad(v, "response_format", "give either 'grammar' or a JSON response_format");
+    if (schema) return read_json_schema(s, rf, j, v);
+    if (!s->json_grammar) return bad(v, "response_format", "json_object needs the model's tokenizer");
+    j->rp.grammar = s->json_grammar;
+    return 0;
 }
 
 /* logit_bias keys are token ids written as JSON's canonical integers

@@ -641,6 +641,12 @@ static void snapshot(struct srv *s)
     s->met.preemptions = s->e.n.preemptions;
     s->met.running = s->e.n_running;
     s->met.kv_total = kv->n_blocks;
+    const struct moe_ep *ep = s->e.r.fw.ep;
+    if (moe_ep_on(ep) && ep->rows_rank) {
+        s->met.ep_ranks = ep->size;
+        s->met.ep = ep->n;
+        for (int r = 0; r < ep->size && r < SRV_EP_RANKS; r++) s->met.ep_rows[r] = ep->rows_rank[r];
+    }
     s->met.kv_free = kv->n_free;
     s->met.kv_cached = kv->n_evictable;
     s->met.kv_used = kv->n_blocks - kv->n_free - kv->n_evictable;

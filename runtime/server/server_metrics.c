@@ -45,6 +45,28 @@ static void spec(FILE *f, const struct srv_metrics *m)
                 (unsigned long long)m->spec_accepted_at[i]);
 }
 
+/* Expert parallelism (docs/parallel.md), as rank 0 sees it. */
+static void ep(FILE *f, const struct srv_metrics *m)
+{
+    if (m->ep_ranks < 2) return;
+    const struct moe_ep_counters *n = &m->ep;
+    one(f, "moerun_ep_ranks", "gauge", "ranks the experts are spread over", (unsigned long long)m->ep_ranks);
+    one(f, "moerun_ep_steps_total", "counter", "forward steps run by every rank in lockstep", n->steps);
+    fprintf(f, "# HELP moerun_ep_expert_rows_total routed rows whose expert FFN the rank computed\n"
+               "# TYPE moerun_ep_expert_rows_total counter\n");
+    for (int r = 0; r < m->ep_ranks && r < SRV_EP_RANKS; r++)
+        fprintf(f, "moerun_ep_expert_rows_total{rank=\"%d\"} %llu\n", r, (unsigned long long)m->ep_rows[r]);
+    fprintf(f, "# HELP moerun_ep_imbalance busiest rank's expert rows over the mean, per step and MoE layer, "
+               "averaged (moerun stats --ep predicts it as max/mean)\n# TYPE moerun_ep_imbalance gauge\n"
+               "moerun_ep_imbalance %.6g\n", n->cells ? n->ratio_sum / (double)n->cells : 0.0);
+    fprintf(f, "# HELP moerun_ep_gather_seconds_total seconds rank 0 spent in the expert-row all-gathers\n"
+               "# TYPE moerun_ep_gather_seconds_total counter\nmoerun_ep_gather_seconds_total %.9g\n", n->gather_s);
+    one(f, "moerun_ep_gather_bytes_total", "counter", "bytes of expert rows rank 0 received from the others",
+        n->gather_bytes);
+    fprintf(f, "# HELP moerun_ep_step_seconds_total seconds rank 0 spent in forward steps\n"
+               "# TYPE moerun_ep_step_seconds_total counter\nmoerun_ep_step_seconds_total %.9g\n", n->step_s);
+}
+
 char *srv_metrics_text(struct srv *s)
 {
     char *buf = NULL;
@@ -88,6 +110,7 @@ char *srv_metrics_text(struct srv *s)
     hist(f, "moerun_inter_token_latency_seconds", "time between consecutive tokens of a request",
          &m.itl);
     spec(f, &m);
+    ep(f, &m);
     if (m.offload.layers > 0) {
         one(f, "moerun_offload_uses_total", "counter",
             "experts routed to in offloaded MoE layers (--gpu-experts), once per expert per layer step",

@@ -43,6 +43,8 @@ for f in runtime/backend/backend_cuda*.c runtime/backend/backend.c tests/testuti
   objs="$objs $o"
 done
 LIBS="$(pkg-config --libs criterion jansson libpcre2-8 libutf8proc libmicrohttpd)"
+# the comm room's MPI transport, when the CPU build has it
+if nm "$C/libmoerun_comm.a" 2>/dev/null | grep -q " U MPI_"; then LIBS="$LIBS $(pkg-config --libs ompi-c)"; fi
 for t in "$@"; do
   if [ "$t" = moerun ]; then
     # the CLI with the CUDA side of bench (bench_gpu.c) compiled in

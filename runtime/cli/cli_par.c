@@ -1,0 +1,180 @@
+/* cli_par.c - the command line across several processes (see cli_par.h). */
+#include "runtime/cli/cli_par.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/backend/backend.h"
+#include "runtime/model/model.h"
+
+/* The process's layout: MPI is one per process, so is this. */
+static struct {
+    bool on;
+    struct moe_ep ep;
+    char *hello; /* rank 0: the JSON description the runners carry */
+} par;
+
+void moe_cli_par_start(struct moe_comm *c)
+{
+    moe_ep_init(&par.ep, c);
+    par.on = moe_ep_on(&par.ep);
+}
+
+struct moe_ep *moe_cli_par_ep(void) { return par.on ? &par.ep : NULL; }
+
+enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *o, int n_experts, int *lo, int *hi)
+{
+    *lo = *hi = 0;
+    const int world = par.on ? par.ep.size : 1;
+    if (!par.on) {
+        if (o->ep > 1)
+            return moe_fail(MOE_ERR_INVALID_ARG, "--ep %ld needs %ld ranks: start moerun with mpirun -n %ld", o->ep,
+                            o->ep, o->ep);
+        return MOE_OK;
+    }
+    if (o->ep && o->ep != world)
+        return moe_fail(MOE_ERR_INVALID_ARG, "--ep %ld, but the launch has %d ranks (expert parallelism spans "
+                        "every rank; tensor parallelism is not built)", o->ep, world);
+    if (n_experts <= 0)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%d ranks, but the model has no experts to spread over them", world);
+    MOE_TRY(moe_ep_place(&par.ep, n_experts));
+    *lo = par.ep.bounds[par.ep.rank];
+    *hi = par.ep.bounds[par.ep.rank + 1];
+    return MOE_OK;
+}
+
+/* Sets key to the string s when s is not NULL. */
+static int set_str(json_t *o, const char *key, const char *s)
+{
+    return s ? json_object_set_new(o, key, json_string(s)) : 0;
+}
+
+enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struct moe_backend *be)
+{
+    if (!par.on) return MOE_OK;
+    if (o->spec.kind == MOE_SPEC_MTP)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--spec mtp with several ranks: the module's experts are spread "
+                        "over the ranks too, which it cannot use yet");
+    if (o->gpu_experts)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--gpu-experts with several ranks (expert parallelism runs on the "
+                        "CPU backends)");
+    char cwd[4096];
+    json_t *j = json_object();
+    int bad = !j || !getcwd(cwd, sizeof cwd);
+    if (!bad)
+        bad = set_str(j, "cwd", cwd) || set_str(j, "path", o->model.path) ||
+              set_str(j, "synthetic", o->model.synthetic) || set_str(j, "dtype", o->model.dtype) ||
+              set_str(j, "router_skew", o->model.router_skew) || set_str(j, "backend", be->ops->name) ||
+              set_str(j, "quantize", o->quantize) || set_str(j, "expert_plan", o->expert_plan) ||
+              json_object_set_new(j, "seed", json_integer((json_int_t)o->model.seed)) ||
+              json_object_set_new(j, "top_k", json_integer(o->model.top_k)) ||
+              json_object_set_new(j, "ep", json_integer(o->model.ep)) ||
+              json_object_set_new(j, "threads", json_integer(o->threads)) ||
+              json_object_set_new(j, "hot_share", json_real(o->hot_share)) ||
+              json_object_set_new(j, "comm_timeout", json_real(o->comm_timeout));
+    char *text = bad ? NULL : json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!text) return moe_fail(MOE_ERR_NOMEM, "expert parallelism: the model description");
+    free(par.hello);
+    par.hello = text;
+    par.ep.hello = text;
+    par.ep.hello_bytes = strlen(text) + 1;
+    moe_comm_set_timeout(par.ep.comm, o->comm_timeout);
+    return MOE_OK;
+}
+
+/* ---- a follower ---- */
+
+struct follower {
+    json_t *desc;             /* the description; the options' strings point into it */
+    bool tried;               /* open ran (once: a model that failed stays failed) */
+    struct moe_cli_engine eng;
+    struct moe_model m;
+    struct moe_backend be;
+    bool have_m, have_be;
+};
+
+static const char *str_of(json_t *d, const char *key)
+{
+    return json_string_value(json_object_get(d, key));
+}
+
+static enum moe_status follower_open(void *ctx, const void *blob, size_t bytes, const struct moe_model **m,
+                                     struct moe_backend **be)
+{
+    struct follower *f = ctx;
+    if (f->tried)
+        return moe_fail(MOE_ERR_INVALID_ARG, "rank %d: the model did not open at the first runner", par.ep.rank);
+    f->tried = true;
+    json_error_t err;
+    const char *text = blob;
+    if (bytes == 0 || text[bytes - 1] != '\0' || !(f->desc = json_loads(text, 0, &err)))
+        return moe_fail(MOE_ERR_FORMAT, "expert parallelism: rank 0's model description is not JSON");
+    struct moe_cli_engine *e = &f->eng;
+    moe_cli_engine_defaults(e);
+    json_t *d = f->desc;
+    const char *cwd = str_of(d, "cwd");
+    if (cwd && chdir(cwd) != 0)
+        return moe_fail(MOE_ERR_IO, "expert parallelism: rank %d cannot enter rank 0's folder %s", par.ep.rank, cwd);
+    e->model.path = str_of(d, "path");
+    e->model.synthetic = str_of(d, "synthetic");
+    e->model.dtype = str_of(d, "dtype");
+    e->model.router_skew = str_of(d, "router_skew");
+    e->model.seed = (uint64_t)json_integer_value(json_object_get(d, "seed"));
+    e->model.top_k = (long)json_integer_value(json_object_get(d, "top_k"));
+    e->model.ep = (long)json_integer_value(json_object_get(d, "ep"));
+    e->backend = str_of(d, "backend") ? str_of(d, "backend") : "auto";
+    e->quantize = str_of(d, "quantize");
+    e->expert_plan = str_of(d, "expert_plan");
+    e->threads = (long)json_integer_value(json_object_get(d, "threads"));
+    e->hot_share = json_real_value(json_object_get(d, "hot_share"));
+    e->comm_timeout = json_real_value(json_object_get(d, "comm_timeout"));
+    moe_comm_set_timeout(par.ep.comm, e->comm_timeout);
+    MOE_TRY(moe_cli_open_model(&f->m, &e->model));
+    f->have_m = true;
+    MOE_TRY(moe_cli_backend_start(&f->be, e));
+    f->have_be = true;
+    *m = &f->m;
+    *be = &f->be;
+    return MOE_OK;
+}
+
+static void follower_close(void *ctx)
+{
+    struct follower *f = ctx;
+    if (f->have_be) moe_backend_free(&f->be);
+    if (f->have_m) moe_model_free(&f->m);
+    json_decref(f->desc);
+}
+
+int moe_cli_par_follow(void)
+{
+    struct follower f = {0};
+    const struct moe_ep_follower hooks = {follower_open, follower_close, &f};
+    enum moe_status s = moe_ep_follow(&par.ep, &hooks);
+    if (s != MOE_OK) fprintf(stderr, "moerun: rank %d: %s\n", par.ep.rank, moe_last_error());
+    moe_ep_free(&par.ep);
+    return s == MOE_OK ? 0 : 1;
+}
+
+void moe_cli_par_finish(void)
+{
+    if (!par.on) return;
+    const struct moe_ep_counters *n = &par.ep.n;
+    if (n->steps > 0 && par.ep.bounds)
+        fprintf(stderr, "moerun: expert parallelism over %d ranks (%d experts each): %llu steps; rank 0 computed "
+                "%llu of %llu expert rows; imbalance (busiest rank / mean, per step and layer) %.3f; rank 0's "
+                "all-gathers %.3f s of its steps' %.3f s (%.1f%%)\n", par.ep.size,
+                par.ep.bounds[1] - par.ep.bounds[0], (unsigned long long)n->steps,
+                (unsigned long long)n->rows_own, (unsigned long long)n->rows_all,
+                n->cells ? n->ratio_sum / (double)n->cells : 0.0, n->gather_s, n->step_s,
+                n->step_s > 0 ? 100 * n->gather_s / n->step_s : 0.0);
+    if (moe_ep_stop(&par.ep) != MOE_OK) fprintf(stderr, "moerun: %s\n", moe_last_error());
+    moe_ep_free(&par.ep);
+    free(par.hello);
+    par.hello = NULL;
+    par.on = false;
+}

@@ -1,0 +1,82 @@
+/* plan_ep.c - expert parallelism's predictions (see plan_ep.h). */
+#include "runtime/cli/plan_ep.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "runtime/cli/cli_common.h"
+
+/* Seconds of one ring all-gather of `bytes` (all ranks' parts together). */
+static double allgather_s(const struct moe_plan_ep *p, double bytes)
+{
+    const double N = p->ranks;
+    return (N - 1) * p->latency + (N - 1) / N * bytes / p->net_bw;
+}
+
+/* The expected distinct experts of the busiest rank in a step of `rows`
+ * rows: each of a rank's E/N experts is touched with probability q =
+ * 1 - (1 - K/E)^rows, the ranks' counts taken as independent binomials
+ * B(E/N, q); E[max of N] = sum over k >= 1 of 1 - P(count < k)^N. */
+static double busiest_experts(const struct moe_plan_ep *p, double rows)
+{
+    const int n = (int)(p->E / p->ranks);
+    if (n <= 0) return 0;
+    const double q = 1.0 - pow(1.0 - p->K / p->E, rows);
+    double pmf = pow(1.0 - q, n), cdf = 0, expect = 0; /* P(count = 0) */
+    for (int k = 1; k <= n; k++) {
+        cdf += pmf; /* P(count < k) */
+        expect += 1.0 - pow(fmin(cdf, 1.0), p->ranks);
+        pmf = q < 1 ? pmf * (double)(n - k + 1) / k * q / (1.0 - q) : (k == n ? 1 : 0);
+    }
+    return expect;
+}
+
+/* A rank's step of `rows` rows of `seqs` sequences at context ctx_avg:
+ * roofline seconds (*local), all-gather seconds (*comm) and the bytes a
+ * rank receives (*recv). */
+static void step(const struct moe_plan_ep *p, double rows, double seqs, double ctx_avg, bool all_weights,
+                 double *local, double *comm, double *recv)
+{
+    const double N = p->ranks;
+    const double bytes = all_weights ? p->W_rank
+                                     : p->non_expert + p->n_moe * busiest_experts(p, rows) * p->one_expert +
+                                           seqs * p->kv_tok * p->ctx;
+    const double flops = rows * (p->f_dense + p->f_experts / N + p->f_pos * ctx_avg);
+    *local = fmax(bytes / p->dev_bw, flops / p->dev_flops);
+    const double gathered = rows * p->K * p->D * 4; /* every routed row's output, fp32 */
+    *comm = p->n_moe * allgather_s(p, gathered);
+    *recv = p->n_moe * (N - 1) / N * gathered;
+}
+
+void moe_plan_ep_compute(struct moe_plan_ep *p)
+{
+    const double N = p->ranks;
+    p->W_rank = p->W - p->experts * (N - 1) / N;
+    const double usable = 0.9 * p->mem;
+    p->fit_seqs = p->W_rank < usable ? floor((usable - p->W_rank) / (p->kv_tok * p->ctx)) : -1;
+    step(p, p->batch, p->batch, p->ctx, false, &p->dec_local, &p->dec_comm, &p->dec_bytes_comm);
+    step(p, p->chunk, 1, p->chunk / 2, true, &p->pre_local, &p->pre_comm, &p->pre_bytes_comm);
+}
+
+void moe_plan_ep_print(const struct moe_plan_ep *p)
+{
+    char a[96], b[96], c[96];
+    printf("\nexpert parallelism  %d ranks, %.0f experts each (contiguous), attention replicated; network %.0f GB/s, "
+           "%.1f us a hop (ring all-gathers, not overlapped)\n", p->ranks, p->E / p->ranks, p->net_bw / 1e9,
+           p->latency * 1e6);
+    printf("  per rank   %s of weights (experts %s of %s)", moe_cli_bytes(a, sizeof a, p->W_rank),
+           moe_cli_bytes(b, sizeof b, p->experts / p->ranks), moe_cli_bytes(c, sizeof c, p->experts));
+    if (p->fit_seqs >= 0)
+        printf("; %.0f sequences of %.0f tokens fit beside them (90%% of memory; every rank holds every "
+               "sequence's KV)\n", p->fit_seqs, p->ctx);
+    else
+        printf("; they do not fit in 90%% of %s\n", moe_cli_bytes(a, sizeof a, p->mem));
+    const double dt = p->dec_local + p->dec_comm, pt = p->pre_local + p->pre_comm;
+    printf("  decode     batch %.0f: %.3f ms per step = %.3f ms on the rank + %.3f ms all-gathering %s a rank "
+           "receives; %.0f tokens/s\n", p->batch, dt * 1e3, p->dec_local * 1e3, p->dec_comm * 1e3,
+           moe_cli_bytes(a, sizeof a, p->dec_bytes_comm), p->batch / dt);
+    printf("  prefill    chunk of %.0f: %.3f ms per chunk = %.3f ms on the rank + %.3f ms all-gathering %s; %.0f "
+           "tokens/s\n", p->chunk, pt * 1e3, p->pre_local * 1e3, p->pre_comm * 1e3,
+           moe_cli_bytes(a, sizeof a, p->pre_bytes_comm), p->chunk / pt);
+}

@@ -1,0 +1,47 @@
+/* plan_ep.h - what `moerun plan --ep N` predicts for expert parallelism as
+ * moerun runs it (docs/parallel.md): attention, dense layers, embeddings
+ * and head replicated on every rank, 1/N of each MoE layer's experts per
+ * rank, and per MoE layer one all-gather of every routed row's expert
+ * output (fp32, D floats a row) so each rank can combine every token.
+ *
+ * A rank's step: its roofline (the replicated weights read once, the
+ * distinct experts the rows touch on the busiest rank (uniform routing,
+ * expected maximum over the ranks), each sequence's KV; FLOPs of the dense part
+ * and attention for every row plus 1/N of the experts'), then the
+ * all-gathers, not overlapped: a ring all-gather of M bytes over N ranks
+ * takes (N - 1) latency + (N - 1) / N x M / bandwidth (each rank receives
+ * the other ranks' rows). */
+#pragma once
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moe_plan_ep {
+    /* in */
+    int ranks;
+    double net_bw, latency;        /* bytes/s, seconds per ring hop */
+    double dev_bw, dev_flops, mem; /* one rank's device: bytes/s, FLOP/s, bytes */
+    double W, experts, non_expert; /* weight bytes: all, the experts', read once per step (no experts, no
+                                      embedding) */
+    double one_expert;             /* bytes of one expert of one MoE layer */
+    double E, K, D;
+    int n_moe;
+    double f_dense, f_experts;     /* FLOPs per token outside the experts / in its K experts */
+    double f_pos, kv_tok;          /* FLOPs per cached position; KV bytes per token */
+    double batch, chunk, ctx;
+    /* out */
+    double W_rank;                 /* weight bytes per rank */
+    double fit_seqs;               /* sequences of ctx fitting beside them in 90% of mem (-1: none) */
+    double dec_local, dec_comm, dec_bytes_comm; /* decode step: roofline s, all-gathers s, bytes received */
+    double pre_local, pre_comm, pre_bytes_comm; /* prefill chunk alike */
+};
+
+/* Fills p's outputs from its inputs. */
+void moe_plan_ep_compute(struct moe_plan_ep *p);
+/* The report's section. */
+void moe_plan_ep_print(const struct moe_plan_ep *p);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,182 @@
+/* comm.c - launch detection and the world of one process (see comm.h); the
+ * MPI transport is comm_mpi.c. */
+#include "runtime/comm/comm_impl.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* *out = the integer in variable `name`; *found false when it is unset. */
+static enum moe_status env_int(const char *name, int *out, bool *found)
+{
+    const char *s = getenv(name);
+    *found = s != NULL;
+    if (!s) return MOE_OK;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < 0 || v > 1 << 20)
+        return moe_fail(MOE_ERR_INVALID_ARG, "launch: %s=\"%s\" is not a rank or a world size", name, s);
+    *out = (int)v;
+    return MOE_OK;
+}
+
+/* One launcher's variables: rank, size and (optional) local rank. */
+struct source {
+    const char *name, *rank, *size, *local;
+};
+
+enum moe_status moe_comm_launch_from_env(struct moe_comm_launch *l)
+{
+    static const struct source sources[] = {
+        {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+        {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+        {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+        {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
+    };
+    *l = (struct moe_comm_launch){0, 1, 0, "single"};
+    for (size_t i = 0; i < sizeof sources / sizeof *sources; i++) {
+        const struct source *s = &sources[i];
+        int rank = 0, size = 1, local = 0;
+        bool has_rank, has_size, has_local;
+        MOE_TRY(env_int(s->rank, &rank, &has_rank));
+        MOE_TRY(env_int(s->size, &size, &has_size));
+        MOE_TRY(env_int(s->local, &local, &has_local));
+        if (!has_rank && !has_size) continue;
+        if (has_rank != has_size)
+            return moe_fail(MOE_ERR_INVALID_ARG, "launch: %s is set but %s is not", has_rank ? s->rank : s->size,
+                            has_rank ? s->size : s->rank);
+        if (size < 1 || rank >= size)
+            return moe_fail(MOE_ERR_INVALID_ARG, "launch: %s=%d does not fit %s=%d", s->rank, rank, s->size, size);
+        *l = (struct moe_comm_launch){rank, size, has_local ? local : rank, s->name};
+        return MOE_OK;
+    }
+    return MOE_OK;
+}
+
+bool moe_comm_have_mpi(void)
+{
+#ifdef MOERUN_HAVE_MPI
+    return true;
+#else
+    return false;
+#endif
+}
+
+enum moe_status moe_comm_init(struct moe_comm **out, const struct moe_comm_launch *l, double timeout_s)
+{
+    *out = NULL;
+    if (!(timeout_s > 0))
+        return moe_fail(MOE_ERR_INVALID_ARG, "communicator: the timeout must be positive (got %g s)", timeout_s);
+    struct moe_comm *c = calloc(1, sizeof *c);
+    if (!c) return moe_fail(MOE_ERR_NOMEM, "communicator");
+    c->rank = l->rank;
+    c->size = l->size;
+    c->timeout_s = timeout_s;
+    if (l->size > 1) {
+        enum moe_status s;
+        if (!strcmp(l->source, "torchrun"))
+            s = moe_fail(MOE_ERR_UNSUPPORTED, "launch: a torchrun-style launch (RANK/WORLD_SIZE) has no MPI "
+                         "runtime behind it and moerun has no NCCL transport yet; start the ranks with "
+                         "mpirun -n %d", l->size);
+#ifdef MOERUN_HAVE_MPI
+        else
+            s = moe_comm_mpi_open(c, l);
+#else
+        else
+            s = moe_fail(MOE_ERR_UNSUPPORTED, "launch: %d ranks (%s), but this moerun was built without MPI "
+                         "(install libopenmpi-dev and rebuild)", l->size, l->source);
+#endif
+        if (s != MOE_OK) {
+            free(c);
+            return s;
+        }
+    }
+    *out = c;
+    return MOE_OK;
+}
+
+void moe_comm_free(struct moe_comm *c)
+{
+    if (!c) return;
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) moe_comm_mpi_close(c);
+#endif
+    free(c);
+}
+
+void moe_comm_set_timeout(struct moe_comm *c, double timeout_s)
+{
+    if (c && timeout_s > 0) c->timeout_s = timeout_s;
+}
+
+int moe_comm_rank(const struct moe_comm *c) { return c ? c->rank : 0; }
+int moe_comm_size(const struct moe_comm *c) { return c ? c->size : 1; }
+
+void moe_comm_counters(const struct moe_comm *c, struct moe_comm_counters *out)
+{
+    *out = c ? c->n : (struct moe_comm_counters){0};
+}
+
+enum moe_status moe_comm_bcast(struct moe_comm *c, void *buf, size_t bytes, int root, const char *what)
+{
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) return moe_comm_mpi_bcast(c, buf, bytes, root, what, false);
+#endif
+    return MOE_OK;
+}
+
+enum moe_status moe_comm_bcast_idle(struct moe_comm *c, void *buf, size_t bytes, int root, const char *what)
+{
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) return moe_comm_mpi_bcast(c, buf, bytes, root, what, true);
+#endif
+    return MOE_OK;
+}
+
+static enum moe_status allgather(struct moe_comm *c, const void *mine, void *all, size_t bytes, const char *what,
+                                 bool idle)
+{
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) return moe_comm_mpi_allgather(c, mine, all, bytes, what, idle);
+#endif
+    if (all != mine) memmove(all, mine, bytes);
+    return MOE_OK;
+}
+
+enum moe_status moe_comm_allgather(struct moe_comm *c, const void *mine, void *all, size_t bytes,
+                                   const char *what)
+{
+    return allgather(c, mine, all, bytes, what, false);
+}
+
+enum moe_status moe_comm_allgather_idle(struct moe_comm *c, const void *mine, void *all, size_t bytes,
+                                        const char *what)
+{
+    return allgather(c, mine, all, bytes, what, true);
+}
+
+enum moe_status moe_comm_allgatherv_rows(struct moe_comm *c, float *buf, const int32_t *counts,
+                                         const int32_t *displs, int row_floats, const char *what)
+{
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) return moe_comm_mpi_allgatherv(c, buf, counts, displs, row_floats, what);
+#endif
+    return MOE_OK;
+}
+
+enum moe_status moe_comm_allreduce_sum(struct moe_comm *c, float *buf, size_t n, const char *what)
+{
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) return moe_comm_mpi_allreduce(c, buf, n, what);
+#endif
+    return MOE_OK;
+}
+
+enum moe_status moe_comm_barrier(struct moe_comm *c, const char *what)
+{
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) return moe_comm_mpi_barrier(c, what);
+#endif
+    return MOE_OK;
+}

@@ -1,0 +1,154 @@
+/* comm_mpi.c - the MPI transport (Open MPI; see comm.h).  Every collective
+ * is posted non-blocking and polled against the communicator's timeout:
+ * a short burst of tests yielding the core, then tests with short sleeps,
+ * so ranks oversubscribing a machine's cores do not starve each other. */
+#include "runtime/comm/comm_impl.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+enum moe_status moe_comm_mpi_open(struct moe_comm *c, const struct moe_comm_launch *l)
+{
+    int inited = 0, provided = 0, rank = 0, size = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+            return moe_fail(MOE_ERR_IO, "launch: MPI_Init_thread failed (%s rank %d of %d)", l->source,
+                            l->rank, l->size);
+        c->finalize = true;
+        if (provided < MPI_THREAD_SERIALIZED) {
+            MPI_Finalize();
+            return moe_fail(MOE_ERR_UNSUPPORTED, "launch: this MPI library gives thread level %d, moerun needs "
+                            "MPI_THREAD_SERIALIZED (the server's engine thread talks to the other ranks)", provided);
+        }
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (rank != l->rank || size != l->size) {
+        if (c->finalize) MPI_Finalize();
+        return moe_fail(MOE_ERR_INVALID_ARG, "launch: the environment says rank %d of %d (%s) but MPI says rank "
+                        "%d of %d", l->rank, l->size, l->source, rank, size);
+    }
+    c->mpi = true;
+    return MOE_OK;
+}
+
+void moe_comm_mpi_close(struct moe_comm *c)
+{
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (c->finalize && !fin) MPI_Finalize();
+    c->mpi = false;
+}
+
+/* Waits for rq: tests yielding the core for the first SPIN_S seconds (a
+ * step's collectives complete in microseconds), then with short sleeps (an
+ * idle follower, or ranks oversubscribing the cores); past the timeout
+ * (unless idle) the job ends (comm.h). */
+#define SPIN_S 0.002
+static enum moe_status wait_for(struct moe_comm *c, MPI_Request *rq, const char *op, const char *what,
+                                bool idle)
+{
+    const double t0 = MPI_Wtime();
+    for (;;) {
+        int done = 0;
+        if (MPI_Test(rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return moe_fail(MOE_ERR_IO, "rank %d: %s (%s) failed", c->rank, op, what);
+        if (done) break;
+        const double waited = MPI_Wtime() - t0;
+        if (!idle && waited > c->timeout_s) {
+            fprintf(stderr, "moerun: rank %d: %s (%s): no answer from the other ranks within %g s (a rank died, "
+                    "hangs or is running something else); ending the job\n", c->rank, op, what, c->timeout_s);
+            fflush(stderr);
+            MPI_Abort(MPI_COMM_WORLD, 3);
+        }
+        if (waited < SPIN_S) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, idle ? 200000 : 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (!idle) c->n.seconds += MPI_Wtime() - t0;
+    c->n.calls++;
+    return MOE_OK;
+}
+
+static enum moe_status check_int(size_t n, const char *op, const char *what)
+{
+    if (n > INT_MAX)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s (%s): %zu elements is more than one MPI call carries", op,
+                        what, n);
+    return MOE_OK;
+}
+
+enum moe_status moe_comm_mpi_bcast(struct moe_comm *c, void *buf, size_t bytes, int root, const char *what,
+                                   bool idle)
+{
+    MOE_TRY(check_int(bytes, "broadcast", what));
+    MPI_Request rq;
+    if (MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD, &rq) != MPI_SUCCESS)
+        return moe_fail(MOE_ERR_IO, "rank %d: broadcast (%s) failed to start", c->rank, what);
+    if (c->rank == root) c->n.bytes_sent += bytes;
+    return wait_for(c, &rq, "broadcast", what, idle);
+}
+
+enum moe_status moe_comm_mpi_allgather(struct moe_comm *c, const void *mine, void *all, size_t bytes,
+                                       const char *what, bool idle)
+{
+    MOE_TRY(check_int(bytes, "all-gather", what));
+    MPI_Request rq;
+    if (MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD, &rq) !=
+        MPI_SUCCESS)
+        return moe_fail(MOE_ERR_IO, "rank %d: all-gather (%s) failed to start", c->rank, what);
+    c->n.bytes_sent += bytes * (size_t)(c->size - 1);
+    return wait_for(c, &rq, "all-gather", what, idle);
+}
+
+enum moe_status moe_comm_mpi_allgatherv(struct moe_comm *c, float *buf, const int32_t *counts,
+                                        const int32_t *displs, int row_floats, const char *what)
+{
+    int *cnt = calloc(2 * (size_t)c->size, sizeof(int)), *dsp = cnt + c->size;
+    if (!cnt) return moe_fail(MOE_ERR_NOMEM, "all-gather (%s): counts", what);
+    enum moe_status s = MOE_OK;
+    for (int r = 0; r < c->size && s == MOE_OK; r++) {
+        size_t n, d;
+        if (counts[r] < 0 || displs[r] < 0 || !moe_mul_size((size_t)counts[r], (size_t)row_floats, &n) ||
+            !moe_mul_size((size_t)displs[r], (size_t)row_floats, &d))
+            s = moe_fail(MOE_ERR_INVALID_ARG, "all-gather (%s): rank %d's part is out of range", what, r);
+        else if ((s = check_int(n, "all-gather", what)) == MOE_OK && (s = check_int(d, "all-gather", what)) == MOE_OK)
+            cnt[r] = (int)n, dsp[r] = (int)d;
+    }
+    MPI_Request rq;
+    if (s == MOE_OK &&
+        MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, cnt, dsp, MPI_FLOAT, MPI_COMM_WORLD, &rq) != MPI_SUCCESS)
+        s = moe_fail(MOE_ERR_IO, "rank %d: all-gather (%s) failed to start", c->rank, what);
+    if (s == MOE_OK) {
+        c->n.bytes_sent += (size_t)cnt[c->rank] * sizeof(float) * (size_t)(c->size - 1);
+        s = wait_for(c, &rq, "all-gather", what, false);
+    }
+    free(cnt);
+    return s;
+}
+
+enum moe_status moe_comm_mpi_allreduce(struct moe_comm *c, float *buf, size_t n, const char *what)
+{
+    MOE_TRY(check_int(n, "all-reduce", what));
+    MPI_Request rq;
+    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &rq) != MPI_SUCCESS)
+        return moe_fail(MOE_ERR_IO, "rank %d: all-reduce (%s) failed to start", c->rank, what);
+    c->n.bytes_sent += n * sizeof(float);
+    return wait_for(c, &rq, "all-reduce", what, false);
+}
+
+enum moe_status moe_comm_mpi_barrier(struct moe_comm *c, const char *what)
+{
+    MPI_Request rq;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &rq) != MPI_SUCCESS)
+        return moe_fail(MOE_ERR_IO, "rank %d: barrier (%s) failed to start", c->rank, what);
+    return wait_for(c, &rq, "barrier", what, false);
+}

@@ -1,0 +1,25 @@
+/* ep_impl.h - the engine's own calls into expert parallelism (ep.c): the
+ * runner announces itself, the forward pass sends its steps and gathers
+ * expert rows. */
+#pragma once
+
+#include "runtime/core/batch.h"
+#include "runtime/engine/ep.h"
+
+struct moe_runner;
+struct moe_runner_opts;
+
+/* Rank 0, after its own init of r (status local): announces the runner to
+ * the followers and gathers every rank's status; on success r's forward
+ * pass sends its steps. */
+MOE_MUST_USE enum moe_status moe_ep_runner_open(struct moe_ep *ep, struct moe_runner *r,
+                                                const struct moe_runner_opts *o, enum moe_status local);
+/* Rank 0: the followers free runner id. */
+void moe_ep_runner_close(struct moe_ep *ep, int id);
+/* Rank 0: broadcasts step b of runner `runner` (validated). */
+MOE_MUST_USE enum moe_status moe_ep_send_step(struct moe_ep *ep, int runner, const struct moe_batch *b,
+                                              int block_size);
+/* Every rank: the expert output rows ye (in expert order, offsets (E+1) of
+ * the layer's dispatch plan, host memory) of every rank's experts gathered
+ * in place. */
+MOE_MUST_USE enum moe_status moe_ep_gather(struct moe_ep *ep, float *ye, const int32_t *offsets, int D, int layer);

@@ -1,0 +1,255 @@
+/* ep_check.c - expert parallelism against one process, run under mpirun
+ * (CMake registers it as test_ep_world2 and test_ep_world4 when MPI is
+ * built).  A plain program, not a Criterion suite: Criterion runs each test
+ * in a forked child, which an MPI process cannot be.
+ *
+ *     mpirun -n N ep_check BACKEND FIXTURE...
+ *
+ * For each fixture (under tests/fixtures), rank 0 first runs it alone: a
+ * 7-token prefill of sequence A with every row's logits, then A's greedy
+ * decode beside a 5-token prefill of sequence B, then three steps decoding
+ * both, recording logits, greedy ids and the routing trace.  Then every
+ * rank loads its share of the experts and rank 0 runs the same steps with
+ * the others following.  Logits must be bit-identical, ids and routing
+ * equal.  A fixture whose experts do not split over N ranks must be
+ * refused at placement with a message naming the count.  Exit 0 when all
+ * hold; every failure prints one line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/comm/comm.h"
+#include "runtime/engine/ep.h"
+#include "runtime/engine/runner.h"
+
+#define STEPS 5
+#define MAX_ROWS 16
+
+static int failures;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            fprintf(stderr, "ep_check: FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                         \
+            failures++;                                                    \
+        }                                                                  \
+    } while (0)
+
+static const char *backend_name;
+
+static enum moe_status backend_open(struct moe_backend *be)
+{
+    return !strcmp(backend_name, "cpu-ref") ? moe_backend_cpu_init(be, 1) : moe_backend_cpu_fast_init(be, 1);
+}
+
+/* One run's results: per step, its logits rows, their argmax and the
+ * routing of its rows. */
+struct record {
+    int n_rows[STEPS], n_logits[STEPS];
+    float *logits[STEPS];
+    int32_t ids[STEPS][MAX_ROWS];
+    int32_t *route[STEPS];
+};
+
+static void record_free(struct record *r)
+{
+    for (int s = 0; s < STEPS; s++) free(r->logits[s]), free(r->route[s]);
+}
+
+/* The five steps on runner rn (see the header); V vocabulary, L*K route. */
+static enum moe_status run_steps(struct moe_runner *rn, struct record *out)
+{
+    const struct moe_config *c = &rn->m->cfg;
+    const int V = c->vocab, LK = c->n_layers * (c->top_k > 0 ? c->top_k : 1);
+    struct moe_seq a = {0}, b = {0};
+    int32_t pa[7] = {1, 5, 9, 2, 7, 3, 11}, pb[5] = {4, 8, 6, 10, 12}, next_a = 0, next_b = 0;
+    enum moe_status st = MOE_OK;
+    for (int s = 0; s < STEPS && st == MOE_OK; s++) {
+        struct moe_chunk ch[2];
+        int n = 0;
+        if (s == 0) ch[n++] = (struct moe_chunk){&a, pa, 7, true, false, 1};
+        else ch[n++] = (struct moe_chunk){&a, &next_a, 1, false, true, 1};
+        if (s == 1) ch[n++] = (struct moe_chunk){&b, pb, 5, false, false, 2};
+        else if (s > 1) ch[n++] = (struct moe_chunk){&b, &next_b, 1, false, true, 2};
+        int rows = 0;
+        for (int i = 0; i < n; i++) rows += ch[i].n;
+        out->n_rows[s] = rows;
+        out->logits[s] = malloc((size_t)MAX_ROWS * V * sizeof(float));
+        out->route[s] = malloc((size_t)rows * LK * sizeof(int32_t));
+        struct moe_route_trace tr = {out->route[s], NULL};
+        if (!out->logits[s] || !out->route[s]) return moe_fail(MOE_ERR_NOMEM, "records");
+        st = moe_runner_step(rn, ch, n, out->logits[s], NULL, &out->n_logits[s], &tr);
+        for (int i = 0; st == MOE_OK && i < out->n_logits[s]; i++)
+            out->ids[s][i] = moe_argmax(out->logits[s] + (size_t)i * V, V);
+        if (st == MOE_OK) {
+            next_a = s == 0 ? out->ids[s][6] : out->ids[s][0];
+            if (s >= 1) next_b = out->ids[s][out->n_logits[s] - 1];
+        }
+    }
+    moe_seq_free(rn, &a);
+    moe_seq_free(rn, &b);
+    return st;
+}
+
+static const struct moe_runner_opts runner_opts = {.max_tokens = 32, .max_seqs = 4, .max_logits = MAX_ROWS,
+                                                   .block_size = 4, .n_blocks = 64};
+
+/* Rank 0 alone: the reference record. */
+static enum moe_status reference(const char *dir, struct record *ref)
+{
+    struct moe_model m;
+    struct moe_backend be = {0};
+    struct moe_runner rn;
+    MOE_TRY(moe_model_load(&m, dir));
+    enum moe_status s = backend_open(&be);
+    if (s == MOE_OK && (s = moe_runner_init(&rn, &m, &be, &runner_opts)) == MOE_OK) {
+        s = run_steps(&rn, ref);
+        moe_runner_free(&rn);
+    }
+    moe_backend_free(&be);
+    moe_model_free(&m);
+    return s;
+}
+
+/* Places the experts of the model at dir and loads this rank's share. */
+static enum moe_status open_share(struct moe_ep *ep, const char *dir, struct moe_model *m)
+{
+    char path[600];
+    struct moe_config cfg;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    MOE_TRY(moe_config_load(&cfg, path));
+    MOE_TRY(moe_ep_place(ep, cfg.n_experts));
+    return moe_model_load_part(m, dir, ep->bounds[ep->rank], ep->bounds[ep->rank + 1]);
+}
+
+struct follower {
+    struct moe_ep *ep;
+    struct moe_model m;
+    struct moe_backend be;
+    bool open;
+};
+
+static enum moe_status follower_open(void *ctx, const void *blob, size_t bytes, const struct moe_model **m,
+                                     struct moe_backend **be)
+{
+    struct follower *f = ctx;
+    if (bytes == 0 || ((const char *)blob)[bytes - 1]) return moe_fail(MOE_ERR_FORMAT, "bad blob");
+    MOE_TRY(open_share(f->ep, blob, &f->m));
+    f->open = true;
+    MOE_TRY(backend_open(&f->be));
+    *m = &f->m;
+    *be = &f->be;
+    return MOE_OK;
+}
+
+static void follower_close(void *ctx)
+{
+    struct follower *f = ctx;
+    moe_backend_free(&f->be);
+    if (f->open) moe_model_free(&f->m);
+}
+
+static void compare(const char *name, const struct record *ref, const struct record *got, int V, int LK)
+{
+    for (int s = 0; s < STEPS; s++) {
+        CHECK(ref->n_logits[s] == got->n_logits[s], "%s step %d: %d logit rows, alone %d", name, s,
+              got->n_logits[s], ref->n_logits[s]);
+        if (ref->n_logits[s] != got->n_logits[s]) continue;
+        size_t diff = 0;
+        for (size_t i = 0; i < (size_t)ref->n_logits[s] * V; i++)
+            diff += memcmp(&ref->logits[s][i], &got->logits[s][i], sizeof(float)) != 0;
+        CHECK(diff == 0, "%s step %d: %zu of %zu logits differ from one process's", name, s, diff,
+              (size_t)ref->n_logits[s] * V);
+        CHECK(!memcmp(ref->ids[s], got->ids[s], (size_t)ref->n_logits[s] * sizeof(int32_t)),
+              "%s step %d: greedy ids differ", name, s);
+        CHECK(!memcmp(ref->route[s], got->route[s], (size_t)ref->n_rows[s] * LK * sizeof(int32_t)),
+              "%s step %d: routing differs", name, s);
+    }
+}
+
+/* One fixture on every rank. */
+static void check_fixture(struct moe_comm *c, const char *name)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/%s", MOERUN_SOURCE_DIR, name);
+    struct moe_ep ep;
+    moe_ep_init(&ep, c);
+    const int rank = moe_comm_rank(c), size = moe_comm_size(c);
+    char cpath[600];
+    struct moe_config cfg;
+    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+    if (moe_config_load(&cfg, cpath) != MOE_OK) {
+        CHECK(0, "%s: %s", name, moe_last_error());
+        return;
+    }
+    if (cfg.n_experts % size) { /* refused, naming the count */
+        enum moe_status s = moe_ep_place(&ep, cfg.n_experts);
+        CHECK(s != MOE_OK && strstr(moe_last_error(), "do not split evenly"), "%s: %d experts over %d ranks "
+              "not refused (%s)", name, cfg.n_experts, size, moe_last_error());
+        if (rank == 0) printf("ep_check: %s: %d experts over %d ranks refused as it should be\n", name,
+                              cfg.n_experts, size);
+        moe_ep_free(&ep);
+        return;
+    }
+    if (rank != 0) {
+        struct follower f = {.ep = &ep};
+        const struct moe_ep_follower hooks = {follower_open, follower_close, &f};
+        enum moe_status s = moe_ep_follow(&ep, &hooks);
+        CHECK(s == MOE_OK, "%s: rank %d: %s", name, rank, moe_last_error());
+        moe_ep_free(&ep);
+        return;
+    }
+    struct record ref = {0}, got = {0};
+    struct moe_model m;
+    struct moe_backend be = {0};
+    struct moe_runner rn;
+    enum moe_status s = reference(dir, &ref);
+    CHECK(s == MOE_OK, "%s alone: %s", name, moe_last_error());
+    ep.hello = dir;
+    ep.hello_bytes = strlen(dir) + 1;
+    struct moe_runner_opts o = runner_opts;
+    o.ep = &ep;
+    if (s == MOE_OK && (s = open_share(&ep, dir, &m)) == MOE_OK) {
+        if ((s = backend_open(&be)) == MOE_OK && (s = moe_runner_init(&rn, &m, &be, &o)) == MOE_OK) {
+            s = run_steps(&rn, &got);
+            moe_runner_free(&rn);
+        }
+        moe_backend_free(&be);
+        moe_model_free(&m);
+    }
+    CHECK(s == MOE_OK, "%s over %d ranks: %s", name, size, moe_last_error());
+    if (s == MOE_OK) {
+        const int before = failures;
+        compare(name, &ref, &got, cfg.vocab, cfg.n_layers * cfg.top_k);
+        if (failures == before)
+            printf("ep_check: %s (%s): %d ranks, %d steps: logits bit-identical, ids and routing equal; "
+                   "rank 0 computed %llu of %llu expert rows\n", name, backend_name, size, STEPS,
+                   (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all);
+    }
+    CHECK(moe_ep_stop(&ep) == MOE_OK, "%s: stop: %s", name, moe_last_error());
+    record_free(&ref);
+    record_free(&got);
+    moe_ep_free(&ep);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: mpirun -n N ep_check cpu|cpu-ref FIXTURE...\n");
+        return 2;
+    }
+    backend_name = argv[1];
+    struct moe_comm_launch l;
+    struct moe_comm *c;
+    if (moe_comm_launch_from_env(&l) != MOE_OK || moe_comm_init(&c, &l, 60) != MOE_OK) {
+        fprintf(stderr, "ep_check: %s\n", moe_last_error());
+        return 1;
+    }
+    if (l.size < 2) fprintf(stderr, "ep_check: one rank: run it under mpirun -n 2 or more\n"), failures++;
+    for (int i = 2; i < argc && l.size > 1; i++) check_fixture(c, argv[i]);
+    CHECK(moe_comm_barrier(c, "the end") == MOE_OK, "barrier: %s", moe_last_error());
+    moe_comm_free(c); /* each rank's exit status: mpirun fails when any fails */
+    return failures ? 1 : 0;
+}

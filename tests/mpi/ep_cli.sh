@@ -1,0 +1,84 @@
+#!/bin/sh
+# ep_cli.sh - the moerun command line under mpirun (expert parallelism):
+#   1. run, greedy, on the demo model: the text of mpirun -n 2 and -n 4 equals
+#      one process's, and only rank 0 prints it;
+#   2. refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp;
+#   3. serve under mpirun -n 2 answers a completion equal to run's; then
+#      rank 1 is killed: the job ends within the timeout and no moerun
+#      process of it is left.
+# usage: ep_cli.sh MOERUN MPIEXEC   (from the source folder)
+set -u
+MOERUN=$1
+MPIRUN="sh $(dirname "$0")/mpirun.sh $2"
+MODEL=models/demo-moe
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fail=0
+no() { echo "ep_cli: FAIL: $*" >&2; fail=1; }
+
+ARGS="-n 24 --temperature 0 --threads 1"
+P="Once upon a time"
+"$MOERUN" run $MODEL -p "$P" $ARGS > "$TMP/one.txt" 2>/dev/null || no "run alone failed"
+for n in 2 4; do
+    $MPIRUN -n $n "$MOERUN" run $MODEL -p "$P" $ARGS > "$TMP/ep$n.txt" 2> "$TMP/ep$n.err" || no "run under -n $n failed: $(tail -3 "$TMP/ep$n.err")"
+    cmp -s "$TMP/one.txt" "$TMP/ep$n.txt" || no "run under -n $n printed other text: $(cat "$TMP/ep$n.txt") vs $(cat "$TMP/one.txt")"
+done
+[ -s "$TMP/one.txt" ] || no "run printed nothing"
+
+$MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --ep 3 > /dev/null 2> "$TMP/r1.err" && no "--ep 3 under -n 2 was not refused"
+grep -q "the launch has 2 ranks" "$TMP/r1.err" || no "--ep 3: $(cat "$TMP/r1.err")"
+"$MOERUN" run $MODEL -p "$P" $ARGS --ep 2 > /dev/null 2> "$TMP/r2.err" && no "--ep 2 alone was not refused"
+grep -q "mpirun -n 2" "$TMP/r2.err" || no "--ep 2 alone: $(cat "$TMP/r2.err")"
+
+# serve: one completion, then rank 1 killed (SIGKILL: mpirun ends the job)
+# or stopped (SIGSTOP: the next collective times out and ends it)
+serve_fault() {
+    sig=$1
+    PORTF="$TMP/port.$sig"
+    $MPIRUN -n 2 "$MOERUN" serve $MODEL --port 0 --port-file "$PORTF" --threads 1 --comm-timeout 3 \
+        > "$TMP/serve.out" 2> "$TMP/serve.$sig.err" &
+    job=$!
+    i=0
+    while [ ! -s "$PORTF" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    if [ -s "$PORTF" ]; then
+        port=$(cat "$PORTF")
+        body='{"model":"demo-moe","prompt":"Once upon a time","max_tokens":24,"temperature":0}'
+        curl -s -m 60 -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$port/v1/completions" \
+            > "$TMP/resp.json" || no "serve: no answer"
+        want=$(head -c 60 "$TMP/one.txt")
+        grep -qF "$want" "$TMP/resp.json" || no "serve under -n 2 answered $(cat "$TMP/resp.json"), run said $want"
+        # /metrics: both ranks' expert rows add up to the routed pairs the statistics counted
+        curl -s -m 20 "http://127.0.0.1:$port/metrics" > "$TMP/metrics.txt" || no "serve: no /metrics"
+        grep -q '^moerun_ep_ranks 2$' "$TMP/metrics.txt" || no "/metrics: no moerun_ep_ranks 2"
+        ep_rows=$(awk '/^moerun_ep_expert_rows_total/ {s += $2} END {print s + 0}' "$TMP/metrics.txt")
+        routed=$(awk '/^moerun_expert_tokens_total/ {s += $2} END {print s + 0}' "$TMP/metrics.txt")
+        [ "$ep_rows" -gt 0 ] && [ "$ep_rows" = "$routed" ] ||
+            no "/metrics: the ranks' expert rows ($ep_rows) are not the routed pairs ($routed)"
+        victim=$(for p in $(pgrep -f "port-file $PORTF"); do
+            tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=1$' && echo $p; done | head -1)
+        [ -n "$victim" ] || no "serve: rank 1 not found"
+        [ -n "$victim" ] && kill -$sig "$victim"
+        # the next request's step needs rank 1: the job ends
+        curl -s -m 20 -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$port/v1/completions" \
+            > /dev/null 2>&1
+    else
+        no "serve under -n 2 did not start: $(tail -5 "$TMP/serve.$sig.err")"
+    fi
+    i=0
+    while kill -0 $job 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    if kill -0 $job 2>/dev/null; then
+        no "$sig: serve job still running 30 s after rank 1 was hit"
+        kill -9 $job 2>/dev/null
+    fi
+    if [ "$sig" = STOP ]; then
+        grep -q "rank 0: all-gather (layer 0: expert rows): no answer from the other ranks within 3 s" \
+            "$TMP/serve.$sig.err" || no "STOP: rank 0 did not name the collective: $(cat "$TMP/serve.$sig.err")"
+    fi
+    sleep 0.5
+    pgrep -f "port-file $PORTF" > /dev/null && no "$sig: moerun processes left after the job: $(pgrep -af "port-file $PORTF")"
+    pkill -9 -f "port-file $PORTF" 2>/dev/null
+}
+serve_fault KILL
+serve_fault STOP
+[ $fail -eq 0 ] && echo "ep_cli: all checks passed"
+exit $fail
