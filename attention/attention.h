@@ -8,6 +8,8 @@
  * are their twins. */
 #pragma once
 
+#include <math.h>
+
 #include "kvcache/kvcache.h"
 #include "runtime/core/batch.h"
 #include "runtime/model/config.h"
@@ -26,7 +28,28 @@ struct moe_attn_params {
     int max_ctx;       /* longest ctx_len of the batch (a launch hint; 0: unknown) */
     const float *sinks; /* (Hq) backend memory, or NULL: head h's softmax denominator
                            also holds exp(sinks[h]) (gpt-oss), as a key whose value is 0 */
+    int chunk;         /* 0: none; else a query at pos sees keys from pos - pos % chunk on
+                          (Llama-4's chunked attention) */
+    int temp_floor;    /* 0: none; else Llama-4's attention temperature: a query at pos
+                          scaled by log1p(floor((pos + 1) / temp_floor)) * temp_scale + 1 */
+    float temp_scale;
 };
+
+/* The first key a query at pos sees: its window's or its chunk's first. */
+static inline int moe_attention_first_key(const struct moe_attn_params *p, int pos)
+{
+    int first = p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
+    if (p->chunk > 0 && pos - pos % p->chunk > first) first = pos - pos % p->chunk;
+    return first;
+}
+
+/* The score scale of a query at pos: p->scale, times the temperature. */
+static inline float moe_attention_query_scale(const struct moe_attn_params *p, int pos)
+{
+    if (p->temp_floor <= 0) return p->scale;
+    const float t = log1pf(floorf(((float)pos + 1.0f) / (float)p->temp_floor)) * p->temp_scale + 1.0f;
+    return p->scale * t;
+}
 
 /* y (rows, dim) = rmsnorm(x) * w; w has dim elements. y may equal x. */
 void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor *w, int rows,

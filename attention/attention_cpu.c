@@ -86,7 +86,7 @@ void moe_attention_rope_freqs(float *inv_freq, const struct moe_config *cfg)
             float wavelen = 2.0f * (float)M_PI / f;
             if (wavelen > low_wavelen) {
                 inv_freq[i] = f / (float)factor;
-            } else if (wavelen >= high_wavelen) {
+            } else if (hi > lo && wavelen >= high_wavelen) {
                 float smooth = (float)((old_ctx / wavelen - lo) / (hi - lo));
                 inv_freq[i] = (1.0f - smooth) * f / (float)factor + smooth * f;
             }
@@ -176,7 +176,8 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
             const int s = b->seq_of[t], pos = b->positions[t];
             const int32_t *table = b->block_table + (size_t)s * b->max_blocks;
             const float *qg = q + (size_t)t * Hq * Dh + (size_t)kh * G * Dh;
-            int first = p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
+            const int first = moe_attention_first_key(p, pos);
+            const float scale = moe_attention_query_scale(p, pos);
             for (int g = 0; g < G; g++) { /* a sink is a key of value 0 */
                 m[g] = p->sinks ? p->sinks[kh * G + g] : -INFINITY;
                 l[g] = p->sinks ? 1.0f : 0.0f;
@@ -199,7 +200,7 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
                     vj = vbuf;
                 }
                 for (int g = 0; g < G; g++) {
-                    float sc = moe_dot_f32(qg + (size_t)g * Dh, kj, Dh) * p->scale;
+                    float sc = moe_dot_f32(qg + (size_t)g * Dh, kj, Dh) * scale;
                     float mn = sc > m[g] ? sc : m[g];
                     float corr = expf(m[g] - mn), e = expf(sc - mn);
                     float *a = acc + (size_t)g * Dh;

@@ -57,7 +57,8 @@ static void attend_item(const struct att_job *J, size_t it, int th)
     const int s = b->seq_of[t], pos = b->positions[t];
     const int32_t *table = b->block_table + (size_t)s * b->max_blocks;
     const float *qg = J->q + (size_t)t * Hq * Dh + (size_t)(kh * G + g0) * Dh;
-    const int first = p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
+    const int first = moe_attention_first_key(p, pos);
+    const float scale = moe_attention_query_scale(p, pos);
     for (int g = 0; g < gn; g++) { /* a sink is a key of value 0 */
         m[g] = p->sinks ? p->sinks[kh * G + g0 + g] : -INFINITY;
         l[g] = p->sinks ? 1.0f : 0.0f;
@@ -78,7 +79,7 @@ static void attend_item(const struct att_job *J, size_t it, int th)
                 vs[jj] = J->vsl[r];
             }
         }
-        moe_attention_scores_avx2(sc, JT, qg, gn, Dh, dt, krow, ks, nj, p->scale);
+        moe_attention_scores_avx2(sc, JT, qg, gn, Dh, dt, krow, ks, nj, scale);
         moe_attention_softmax_avx2(sc, JT, gn, nj, m, l, corr); /* the scores become the softmax weights */
         moe_attention_accum_avx2(acc, gn, Dh, corr, sc, JT, dt, vrow, vs, nj);
     }

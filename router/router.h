@@ -28,6 +28,7 @@ struct moe_route {
                                 whose two best biased scores sum highest (sigmoid) or whose
                                 best expert ranks highest (softmax); 1, 1 = all */
     float scale;         /* weights times it (routed_scaling_factor) */
+    bool by_logit;       /* sigmoid: chosen by the logits themselves, no bias (Llama-4) */
 };
 
 /* The dispatch plan of one MoE layer (backend memory). */

@@ -33,10 +33,11 @@ static inline void insert_ranked(float *v, int32_t *id, int *n, int cap, float x
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* Expert e's choice score: its logit (softmax routers: softmax is monotone,
- * so logits rank as probabilities do), or sigmoid + choice bias. */
+ * so logits rank as probabilities do; Llama-4's sigmoid router, by_logit,
+ * which takes the top-K logits), or sigmoid + choice bias. */
 static inline float choice_score(const struct moe_route *r, const float *x, int e)
 {
-    return r->sigmoid ? sigmoidf(x[e]) + (r->bias ? r->bias[e] : 0.0f) : x[e];
+    return r->sigmoid && !r->by_logit ? sigmoidf(x[e]) + (r->bias ? r->bias[e] : 0.0f) : x[e];
 }
 
 /* ok[g]: group g is eligible.  All when n_group is 1; else the topk_group
@@ -62,7 +63,7 @@ static void eligible_groups(bool *ok, const struct moe_route *r, const float *x)
 void moe_router_topk_cpu(int32_t *ids, float *w, const float *logits, int T, int E, int K,
                          bool renorm)
 {
-    const struct moe_route r = {E, K, renorm, false, NULL, 1, 1, 1.0f};
+    const struct moe_route r = {E, K, renorm, false, NULL, 1, 1, 1.0f, false};
     moe_router_topk_softmax_cpu(ids, w, logits, T, &r);
 }
 

@@ -168,7 +168,7 @@ static inline double experts_parity(const struct moe_expert_weights *hx, const s
     float *lg = rand_floats((size_t)T * E, 63, -2, 2);
     int32_t *ids = malloc(TK * sizeof(int32_t));
     float *w = malloc(TK * sizeof(float));
-    const struct moe_route rt = {E, K, true, false, NULL, 1, 1, 1.0f};
+    const struct moe_route rt = {E, K, true, false, NULL, 1, 1, 1.0f, false};
     cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
     int32_t *hbuf = malloc((2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
     struct moe_dispatch hp = {hbuf, hbuf + E, hbuf + 2 * E + 1, hbuf + 2 * E + 1 + TK, 0, 0};

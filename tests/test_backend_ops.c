@@ -405,7 +405,8 @@ static bool run_attention(struct side *ref, struct side *tg, const struct op_cas
                               .max_blocks = max_blocks};
         const struct moe_attn_params p = {layer, Hq, Hkv, Dh, 1.0f / sqrtf((float)Dh),
                                           c->flags & WINDOW ? c->window : 0, max_ctx,
-                                          c->flags & SINKS ? side_put(s, sinks, (size_t)Hq * 4) : NULL};
+                                          c->flags & SINKS ? side_put(s, sinks, (size_t)Hq * 4) : NULL, 0, 0,
+                                          0.0f};
         float *o = side_put(s, NULL, nq * 4);
         cr_assert_eq(s->be.ops->attention(&s->be, o, side_put(s, q, nq * 4), &kv, &b, &p), MOE_OK, "%s",
                      moe_last_error());
@@ -454,7 +455,7 @@ static bool run_route(struct side *ref, struct side *tg, const struct op_case *c
         const struct moe_route r = {E, K, (c->flags & RENORM) != 0, sig,
                                     sig ? side_put(sd[i], bias, (size_t)E * 4) : NULL,
                                     c->groups ? c->groups : 1, c->topk_groups ? c->topk_groups : 1,
-                                    c->scale != 0 ? c->scale : 1.0f};
+                                    c->scale != 0 ? c->scale : 1.0f, false};
         int32_t *di = side_put(sd[i], NULL, TK * 4);
         float *dw = side_put(sd[i], NULL, TK * 4);
         cr_assert_eq(sd[i]->be.ops->route(&sd[i]->be, di, dw, side_put(sd[i], lg, (size_t)T * E * 4), T, &r), MOE_OK,

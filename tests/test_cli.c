@@ -79,6 +79,10 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     /* DeepSeek: multi-head latent attention, with and without the q LoRA */
     check_synth_round_trip("tests/fixtures/deepseek_v2/config.json");
     check_synth_round_trip("tests/fixtures/deepseek_v3/config.json");
+    /* MiniMax-M2: the choice bias a buffer of the MoE block */
+    check_synth_round_trip("tests/fixtures/minimax_m2/config.json");
+    /* Llama-4: feed_forward names, experts as transformers keeps them */
+    check_synth_round_trip("tests/fixtures/llama4/config.json");
 }
 
 /* --layout per-expert writes legacy names (Mixtral: block_sparse_moe w1/w3/w2;
@@ -204,7 +208,9 @@ Test(cli, help_on_every_command)
 }
 
 /* Published sizes: Mixtral-8x7B 46.7B parameters, 12.9B active; Qwen3-30B-A3B
- * 30.5B, 3.3B active; described from the configuration alone. */
+ * 30.5B, 3.3B active; MiniMax-M2 230B, 10B active (11.03B with the 1.23B
+ * of embedding and LM head); Llama-4 Scout below; described from the
+ * configuration alone. */
 Test(cli, inspect_synthetic_shapes_match_published_sizes)
 {
     char cmd[1024], out[8192];
@@ -216,6 +222,18 @@ Test(cli, inspect_synthetic_shapes_match_published_sizes)
              MOERUN_SOURCE_DIR);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "30.53B total, 3.35B active"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s inspect --synthetic %s/configs/minimax-m2.json", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "228.69B total, 11.03B active"), "%s", out);
+    cr_assert(strstr(out, "over 64 of 128 values per head"), "rotary_dim 64: %s", out);
+    /* Llama-4 Scout: 109B, 17B active (the text model: 107.77B, the rest
+     * is the vision encoder) */
+    snprintf(cmd, sizeof cmd, "%s inspect --synthetic %s/configs/llama4-scout.json", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "107.77B total, 17.17B active"), "%s", out);
+    cr_assert(strstr(out, "chunks of 8192 in 36 layers; 12 layers without RoPE"), "%s", out);
 }
 
 /* plan: Mixtral-8x7B bf16 on an H200 (141 GB): 87 GiB of weights, 128 KiB of

@@ -486,3 +486,42 @@ Test(config, deepseek_refusals_are_named)
     snprintf(buf, sizeof buf, "%s\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}}", v2);
     cr_assert_eq(parse(buf, &c), MOE_ERR_UNSUPPORTED);
 }
+
+/* Llama-4: what moerun does not compute is refused naming the key; the
+ * multimodal checkpoint's text model is read from text_config. */
+Test(config, llama4_refusals_and_text_config)
+{
+    struct moe_config c;
+    cr_assert_eq(parse("{\"architectures\": [\"Llama4ForCausalLM\"], \"hidden_size\": 64, \"vocab_size\": 256, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                       "\"num_experts_per_tok\": 2}", &c),
+                 MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "num_experts_per_tok = 2"), "%s", moe_last_error());
+    cr_assert_eq(parse("{\"architectures\": [\"Llama4ForCausalLM\"], \"hidden_size\": 64, \"vocab_size\": 256, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                       "\"layer_types\": [\"full_attention\", \"sliding_attention\"]}", &c),
+                 MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "layer_types[1] = 'sliding_attention'"), "%s", moe_last_error());
+    cr_assert_eq(parse("{\"architectures\": [\"Llama4ForConditionalGeneration\"]}", &c), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "'text_config'"), "%s", moe_last_error());
+    cr_assert_eq(parse("{\"architectures\": [\"Llama4ForConditionalGeneration\"], \"text_config\": {"
+                       "\"hidden_size\": 64, \"vocab_size\": 256, \"num_hidden_layers\": 8, "
+                       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "
+                       "\"interleave_moe_layer_step\": 2}}", &c),
+                 MOE_OK, "%s", moe_last_error());
+    cr_assert_str_eq(c.architecture, "Llama4ForConditionalGeneration");
+    cr_assert_str_eq(c.tensor_prefix, "language_model.");
+    cr_assert_eq(c.family, MOE_FAMILY_LLAMA4);
+    /* Llama4TextConfig's defaults: every 4th layer without RoPE, the others
+     * chunked by 8192; every 2nd layer MoE here, the dense ones 16384 wide */
+    for (int l = 0; l < 8; l++) {
+        cr_expect_eq(c.layer_nope[l], l % 4 == 3, "layer %d", l);
+        cr_expect_eq(c.layer_chunked[l], l % 4 != 3, "layer %d", l);
+        cr_expect_eq(c.layer_moe[l], l % 2 == 1, "layer %d", l);
+    }
+    cr_expect_eq(c.attn_chunk, 8192);
+    cr_expect_eq(c.d_ff, 16384);
+    cr_expect_eq(c.d_expert, 8192);
+    cr_expect_eq(c.d_shared, 8192);
+    cr_expect(c.qk_l2_norm && c.router_scales_input && c.attn_temp_floor == 8192);
+}

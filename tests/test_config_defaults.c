@@ -124,6 +124,32 @@ static int check_case(json_t *c)
         if ((v = json_object_get(sh, bools[j].key)))
             DIFF(bools[j].have != json_is_true(v), "%s: %s %d, transformers builds %d", label, bools[j].key,
                  bools[j].have, json_is_true(v));
+    if ((v = json_object_get(sh, "llama4"))) { /* per layer: no RoPE, chunked; the q/k L2 norm, temperature */
+        json_t *nope = json_object_get(v, "nope"), *chunked = json_object_get(v, "chunked");
+        bool any_chunked = false, any_rope = false;
+        for (int l = 0; l < cfg.n_layers; l++) {
+            DIFF(cfg.layer_nope[l] != json_is_true(json_array_get(nope, (size_t)l)),
+                 "%s: layer %d without RoPE %d, transformers %d", label, l, cfg.layer_nope[l],
+                 json_is_true(json_array_get(nope, (size_t)l)));
+            DIFF(cfg.layer_chunked[l] != json_is_true(json_array_get(chunked, (size_t)l)),
+                 "%s: layer %d chunked %d, transformers %d", label, l, cfg.layer_chunked[l],
+                 json_is_true(json_array_get(chunked, (size_t)l)));
+            any_chunked |= cfg.layer_chunked[l];
+            any_rope |= !cfg.layer_nope[l];
+        }
+        DIFF(any_chunked && cfg.attn_chunk != json_integer_value(json_object_get(v, "chunk")),
+             "%s: attention chunk %d, transformers %lld", label, cfg.attn_chunk,
+             json_integer_value(json_object_get(v, "chunk")));
+        DIFF((cfg.qk_l2_norm && any_rope) != json_is_true(json_object_get(v, "qk_l2")),
+             "%s: q/k L2 norm %d, transformers %d", label, cfg.qk_l2_norm && any_rope,
+             json_is_true(json_object_get(v, "qk_l2")));
+        const long long floor_want = json_integer_value(json_object_get(v, "temp_floor"));
+        DIFF(cfg.attn_temp_floor != floor_want, "%s: temperature floor_scale %d, transformers %lld", label,
+             cfg.attn_temp_floor, floor_want);
+        DIFF(floor_want && fabs(cfg.attn_temp_scale - json_number_value(json_object_get(v, "temp_scale"))) > 1e-6,
+             "%s: temperature attn_scale %g, transformers %g", label, (double)cfg.attn_temp_scale,
+             json_number_value(json_object_get(v, "temp_scale")));
+    }
     if ((v = json_object_get(sh, "swiglu_limit")))
         DIFF(fabs(cfg.swiglu_limit - json_number_value(v)) > 1e-6 * json_number_value(v),
              "%s: swiglu limit %g, transformers builds %g", label, (double)cfg.swiglu_limit, json_number_value(v));

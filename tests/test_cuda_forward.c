@@ -173,6 +173,25 @@ Test(cuda_forward, qwen3_moe_fp8_matches_cpu) { check_fixture_tol("qwen3_moe_fp8
  * fp8_mla_weights_upload). */
 Test(cuda_forward, deepseek_v2_matches_cpu) { check_fixture("deepseek_v2", false); }
 Test(cuda_forward, deepseek_v3_matches_cpu) { check_fixture("deepseek_v3", false); }
+/* MiniMax-M2: OLMoE's whole-projection q/k norms, GLM-4.5's partial RoPE
+ * and sigmoid router (here without groups): no kernel of its own */
+Test(cuda_forward, minimax_m2_matches_cpu) { check_fixture("minimax_m2", false); }
+Test(cuda_forward, minimax_m2_short_matches_cpu) { check_fixture_run("minimax_m2", false, 0, 0, 1, 8); }
+/* Llama-4: no kernels for its chunked attention, layers without RoPE, q/k
+ * L2 norm or routing (docs/cuda.md): refused at load, in one line */
+Test(cuda_forward, llama4_is_refused_at_load)
+{
+    struct side s;
+    memset(&s, 0, sizeof s);
+    cr_assert_eq(moe_model_load(&s.m, FIXTURE_DIR "/llama4"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init_with(&s.be, "cuda", MOE_QUANT_NONE, 0, 0), MOE_OK, "%s", moe_last_error());
+    struct moe_runner_opts o = {.max_tokens = 8, .max_seqs = 1, .max_logits = 8, .block_size = 4, .n_blocks = 16};
+    cr_assert_eq(moe_runner_init(&s.r, &s.m, &s.be, &o), MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), "Llama4ForCausalLM") && strstr(moe_last_error(), "no CUDA kernels"), "%s",
+              moe_last_error());
+    moe_backend_free(&s.be);
+    moe_model_free(&s.m);
+}
 /* one prompt and 8 greedy tokens, GQA and MLA: the host emulation's CI
  * selection (tools/cuda-emu/ci-tests.txt) */
 Test(cuda_forward, qwen3_moe_short_matches_cpu) { check_fixture_run("qwen3_moe", false, 0, 0, 1, 8); }

@@ -57,7 +57,7 @@ Test(cuda_ops, sigmoid_route_matches_cpu)
         if (s % 2) bias[E / 2] = bias[0] = bias[E - 1] = 0.25f; /* equal choice scores too */
         float *dbias = dev_copy(bias, (size_t)E * sizeof(float));
         for (int renorm = 0; renorm < 2; renorm++) {
-            struct moe_route hr = {E, K, renorm, true, bias, shapes[s][3], shapes[s][4], 2.5f};
+            struct moe_route hr = {E, K, renorm, true, bias, shapes[s][3], shapes[s][4], 2.5f, false};
             struct moe_route dr = hr;
             dr.bias = dbias;
             int32_t *ids = malloc(TK * sizeof(int32_t)), *gids = malloc(TK * sizeof(int32_t));
@@ -118,7 +118,7 @@ Test(cuda_ops, group_limited_softmax_route_matches_cpu)
         }
         float *dl = dev_copy(lg, TE * sizeof(float));
         for (int renorm = 0; renorm < 2; renorm++) {
-            const struct moe_route rt = {E, K, renorm, false, NULL, G, shapes[s][4], shapes[s][5] / 10.0f};
+            const struct moe_route rt = {E, K, renorm, false, NULL, G, shapes[s][4], shapes[s][5] / 10.0f, false};
             int32_t *ids = malloc(TK * sizeof(int32_t)), *gids = malloc(TK * sizeof(int32_t));
             float *w = malloc(TK * sizeof(float)), *gw = malloc(TK * sizeof(float));
             cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
@@ -170,7 +170,7 @@ Test(cuda_ops, route_and_dispatch_match_cpu)
         for (int renorm = 0; renorm < 2; renorm++) {
             int32_t *ids = malloc(TK * sizeof(int32_t)), *gids = malloc(TK * sizeof(int32_t));
             float *w = malloc(TK * sizeof(float)), *gw = malloc(TK * sizeof(float));
-            const struct moe_route rt = {E, K, renorm, false, NULL, 1, 1, 1.0f};
+            const struct moe_route rt = {E, K, renorm, false, NULL, 1, 1, 1.0f, false};
             cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
             float *dl = dev_copy(lg, TE * sizeof(float));
             int32_t *dids = dev_poisoned(TK * sizeof(int32_t));

@@ -155,6 +155,19 @@ Test(FORWARD_SUITE, gpt_oss_mxfp4_matches_transformers) { check_model("gpt_oss_m
  * mscale in the score scale; V3 with the q LoRA and the sigmoid router */
 Test(FORWARD_SUITE, deepseek_v2_matches_transformers) { check_model("deepseek_v2", 1e-4); }
 Test(FORWARD_SUITE, deepseek_v3_matches_transformers) { check_model("deepseek_v3", 1e-4); }
+/* MiniMax-M2, as released (block_sparse_moe, w1/w3/w2 per expert): q/k
+ * RMSNorm over the whole projections, RoPE over rotary_dim values of each
+ * head, the sigmoid router with the block's choice bias, renormalised */
+Test(FORWARD_SUITE, minimax_m2_matches_transformers) { check_model("minimax_m2", 1e-4); }
+/* Llama-4 (text): chunked attention (chunks of 8) on the RoPE layers, two
+ * layers without RoPE with the attention temperature, the q/k L2 norm,
+ * rope pairs interleaved, top-1 sigmoid routing scaling the expert's
+ * input, a shared expert, dense and MoE layers interleaved, experts as
+ * transformers keeps them ((E, D, 2F), (E, F, D)) */
+Test(FORWARD_SUITE, llama4_matches_transformers) { check_model("llama4", 1e-4); }
+/* the same text model in a Llama4ForConditionalGeneration checkpoint
+ * (text_config, language_model.* tensors, a vision tower not read) */
+Test(FORWARD_SUITE, llama4_multimodal_text_matches_transformers) { check_model("llama4_multimodal", 1e-4); }
 /* fp8 checkpoints (quantization_config fp8, blocks of 128 x 128), read as
  * released: F8_E4M3 Linear weights with F32 scales, BF16 elsewhere;
  * transformers dequantizes them itself (tests/reference/make_fp8_fixtures.py).
@@ -235,6 +248,8 @@ static void check_chunking(const char *name)
 Test(FORWARD_SUITE, chunked_prefill_is_identical_qwen2_moe) { check_chunking("qwen2_moe"); }
 Test(FORWARD_SUITE, chunked_prefill_is_identical_mixtral) { check_chunking("mixtral"); }
 Test(FORWARD_SUITE, chunked_prefill_is_identical_llama) { check_chunking("llama"); }
+/* prefill chunks of 1 and 5 across Llama-4's attention chunks of 8 */
+Test(FORWARD_SUITE, chunked_prefill_is_identical_llama4) { check_chunking("llama4"); }
 
 /* Three prompts batched in one step, then decoded together, give exactly
  * their solo logits: prefill of one mixed with decodes of others. */
@@ -348,7 +363,7 @@ Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
     const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe",
                            "granitemoe", "granite", "gpt_oss", "gpt_oss_mxfp4",
-                           "deepseek_v2", "deepseek_v3", "qwen3_moe_fp8", "deepseek_v3_fp8",
+                           "deepseek_v2", "deepseek_v3", "minimax_m2", "llama4", "qwen3_moe_fp8", "deepseek_v3_fp8",
                            "qwen3_moe_gptq", "qwen3_moe_gptq_v2", "qwen3_moe_awq"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[512];

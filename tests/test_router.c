@@ -151,7 +151,7 @@ Test(router, sigmoid_groups_bias_and_scale)
      * group sums: 1.762, 1.0, 2.619, 1.0 -> groups 2 and 0 eligible */
     int32_t ids[3];
     float w[3];
-    struct moe_route r = {8, 3, false, true, bias, 4, 2, 1.0f};
+    struct moe_route r = {8, 3, false, true, bias, 4, 2, 1.0f, false};
     moe_router_topk_sigmoid_cpu(ids, w, logits, 1, &r);
     cr_assert_eq(ids[0], 5); /* 1.5 */
     cr_assert_eq(ids[1], 4); /* 1.119 */
@@ -181,13 +181,30 @@ Test(router, sigmoid_groups_bias_and_scale)
     cr_assert_eq(ids[2], 6);
 }
 
+/* Llama-4's router takes the top-K logits (torch.topk on them), then their
+ * sigmoids: logits 17 and 20 both have a sigmoid of 1.0f, so only the
+ * logits tell them apart. */
+Test(router, by_logit_chooses_by_the_logits)
+{
+    float logits[4] = {17, -1, 20, 0};
+    int32_t id;
+    float w;
+    struct moe_route r = {4, 1, false, true, NULL, 1, 1, 1.0f, true};
+    moe_router_topk_sigmoid_cpu(&id, &w, logits, 1, &r);
+    cr_assert_eq(id, 2);
+    cr_assert_float_eq(w, 1.0f, 1e-7, "the weight is the sigmoid");
+    r.by_logit = false; /* by the sigmoid: a tie, to the lower index */
+    moe_router_topk_sigmoid_cpu(&id, &w, logits, 1, &r);
+    cr_assert_eq(id, 0);
+}
+
 Test(router, sigmoid_nan_scores_keep_ids_valid)
 {
     float logits[2][8] = {{NAN, 1, 2, NAN, 3, 0, NAN, -1},
                           {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN}};
     int32_t ids[2][4];
     float w[2][4];
-    struct moe_route r = {8, 4, true, true, NULL, 2, 1, 1.0f};
+    struct moe_route r = {8, 4, true, true, NULL, 2, 1, 1.0f, false};
     moe_router_topk_sigmoid_cpu(&ids[0][0], &w[0][0], &logits[0][0], 2, &r);
     for (int t = 0; t < 2; t++)
         for (int a = 0; a < 4; a++) {

@@ -504,6 +504,25 @@ Test(safetensors, add_rejects_duplicates_and_overflow_and_frees_the_buffer)
     moe_safetensors_close(&st);
 }
 
+/* A multimodal checkpoint's text model read by its text-only names
+ * (Llama4ForConditionalGeneration: language_model.model.*). */
+Test(safetensors, strip_prefix_renames_and_refuses_collisions)
+{
+    struct moe_safetensors st = {0};
+    cr_assert_eq(moe_safetensors_add(&st, "lm.model.a", MOE_DTYPE_U8, 1, (int64_t[]){1}, malloc(1)), MOE_OK);
+    cr_assert_eq(moe_safetensors_add(&st, "vision.b", MOE_DTYPE_U8, 1, (int64_t[]){2}, malloc(2)), MOE_OK);
+    cr_assert_eq(moe_safetensors_strip_prefix(&st, "lm."), MOE_OK, "%s", moe_last_error());
+    const struct moe_st_tensor *t = moe_safetensors_find(&st, "model.a");
+    cr_assert(t && t->shape[0] == 1);
+    cr_assert_null(moe_safetensors_find(&st, "lm.model.a"));
+    cr_assert_not_null(moe_safetensors_find(&st, "vision.b"), "other names kept");
+    cr_assert_eq(moe_safetensors_add(&st, "lm.vision.b", MOE_DTYPE_U8, 1, (int64_t[]){3}, malloc(3)), MOE_OK);
+    cr_assert_eq(moe_safetensors_strip_prefix(&st, "lm."), MOE_ERR_FORMAT);
+    cr_assert(strstr(moe_last_error(), "'lm.vision.b' and 'vision.b'"), "%s", moe_last_error());
+    cr_assert_eq(moe_safetensors_find(&st, "vision.b")->shape[0], 2, "unchanged");
+    moe_safetensors_close(&st);
+}
+
 Test(safetensors, close_is_safe_on_zeroed_and_twice)
 {
     struct moe_safetensors st = {0};

@@ -405,9 +405,10 @@ static void families_match_plain(void)
     static const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "qwen2",
                                   "qwen3", "granitemoe", "granitemoeshared", "granite", "glm4_moe",
                                   "gpt_oss", "gpt_oss_mxfp4", "deepseek_v2", "deepseek_v3",
-                                  "deepseek_v3_fp8", "qwen3_moe_fp8"};
+                                  "deepseek_v3_fp8", "qwen3_moe_fp8", "minimax_m2", "llama4"};
     uint64_t accepted = 0;
     for (size_t f = 0; f < sizeof names / sizeof *names; f++) {
+        if (!be.ops->scale_rows && !strcmp(names[f], "llama4")) continue; /* refused there (CUDA) */
         char dir[512];
         snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, names[f]);
         struct moe_model m;

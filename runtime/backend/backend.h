@@ -117,6 +117,10 @@ struct moe_backend_ops {
            int T, int K, int D);
     /* y (T, D) *= sigmoid(g (T)) */
     MOE_OP(sigmoid_scale, float *y, const float *g, int T, int D);
+    /* y (T, D) = x (T, D) with row t times s[t].  Optional (NULL: the
+     * backend does not run Llama-4's routing, whose router score scales
+     * the chosen expert's input). */
+    MOE_OP(scale_rows, float *y, const float *x, const float *s, int T, int D);
     /* dst (n, D) = src rows[i] */
     MOE_OP(gather_rows, float *dst, const float *src, const int32_t *rows, int n, int D);
     /* dst[r*ld_dst + j] = src[r*ld_src + (idx ? idx[j] : j)] for r < rows,

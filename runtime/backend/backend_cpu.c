@@ -662,6 +662,14 @@ static enum moe_status cpu_sigmoid_scale(struct moe_backend *be, float *y, const
     return MOE_OK;
 }
 
+static enum moe_status cpu_scale_rows(struct moe_backend *be, float *y, const float *x, const float *s, int T,
+                                      int D)
+{
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++) y[(size_t)t * D + d] = x[(size_t)t * D + d] * s[t];
+    return MOE_OK;
+}
+
 static enum moe_status cpu_gather_rows(struct moe_backend *be, float *dst, const float *src,
                                        const int32_t *rows, int n, int D)
 {
@@ -713,6 +721,7 @@ static void cpu_destroy(struct moe_backend *be)
     .dispatch = cpu_dispatch,            \
     .combine = cpu_combine,              \
     .sigmoid_scale = cpu_sigmoid_scale,  \
+    .scale_rows = cpu_scale_rows,        \
     .gather_rows = cpu_gather_rows,      \
     .gather_cols = cpu_gather_cols,      \
     .argmax = cpu_argmax,                \

@@ -402,10 +402,27 @@ static bool has_dtype(const struct moe_model *m, bool (*is)(enum moe_dtype), boo
 }
 static bool is_mxfp4(enum moe_dtype t) { return t == MOE_DTYPE_MXFP4; }
 
+/* The first Llama-4 feature of cfg that no CUDA kernel computes (the
+ * config.json key), or NULL. */
+static const char *llama4_feature(const struct moe_config *cfg)
+{
+    if (cfg->router_scales_input) return "the router scaling each expert's input (Llama-4's routing)";
+    if (cfg->attn_chunk > 0) return "attention_chunk_size";
+    if (cfg->qk_l2_norm) return "use_qk_norm (an L2 norm)";
+    if (cfg->attn_temp_floor > 0) return "attn_temperature_tuning";
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (cfg->layer_nope[l]) return "no_rope_layers";
+    return NULL;
+}
+
 enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model *m)
 {
     struct cuda_ctx *c = ctx_of(be);
     const struct moe_config *cfg = &m->cfg;
+    const char *l4 = llama4_feature(cfg);
+    if (l4)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: %s (%s) has no CUDA kernels yet; use --backend cpu",
+                        l4, cfg->architecture);
     if (m->embed.device >= 0) return MOE_OK; /* already on the device */
     if (has_dtype(m, is_mxfp4, false))
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "

@@ -47,7 +47,10 @@ static void print_structure(const struct moe_model *m, const char *name)
     if (n_moe)
         printf("experts      %d per MoE layer, top-%d, width %d, weights %s\n", cfg->n_experts,
                cfg->top_k, cfg->d_expert, cfg->norm_topk ? "renormalised" : "not renormalised");
-    if (n_moe && cfg->router_sigmoid)
+    if (n_moe && cfg->router_scales_input)
+        printf("router       the top-%d router logits; each chosen expert's input times sigmoid(logit), its output "
+               "unweighted\n", cfg->top_k);
+    else if (n_moe && cfg->router_sigmoid)
         printf("router       sigmoid scores%s; chosen in the best %d of %d groups; weights x %g\n",
                cfg->router_bias ? " + a per-expert choice bias" : "", cfg->topk_group, cfg->n_group,
                cfg->routed_scale);
@@ -59,6 +62,13 @@ static void print_structure(const struct moe_model *m, const char *name)
                "+ %d (rope) key values, %d value; the cache holds one row of %d per token, read "
                "as K and V\n", cfg->kv_lora_rank, cfg->q_lora_rank, cfg->qk_nope_dim, cfg->rope_dim,
                cfg->v_head_dim, cfg->head_dim);
+    if (cfg->family == MOE_FAMILY_LLAMA4) {
+        int nope = 0, chunked = 0;
+        for (int l = 0; l < cfg->n_layers; l++) nope += cfg->layer_nope[l], chunked += cfg->layer_chunked[l];
+        printf("llama-4      attention in chunks of %d in %d layers; %d layers without RoPE%s; q/k L2 norm %s\n",
+               cfg->attn_chunk, chunked, nope, cfg->attn_temp_floor > 0 ? " (attention temperature)" : "",
+               cfg->qk_l2_norm ? "on the RoPE layers" : "off");
+    }
     if (cfg->family == MOE_FAMILY_GPT_OSS)
         printf("gpt-oss      attention sinks; router and expert biases; clamped SwiGLU (alpha %g, "
                "limit %g); experts stored as %s\n", cfg->swiglu_alpha, cfg->swiglu_limit,

@@ -1,6 +1,6 @@
 /* forward.c - the forward pass (see forward.h).  Mirrors the decoder layer
- * of the Hugging Face Llama / Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE
- * implementations; the family differences are fields of moe_config. */
+ * of the Hugging Face Llama / Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE /
+ * Llama-4 implementations; the family differences are fields of moe_config. */
 #include "runtime/engine/forward.h"
 
 #include <math.h>
@@ -22,6 +22,24 @@ static enum moe_status walloc(struct moe_backend *be, void **p, size_t n, size_t
 }
 
 #define WALLOC(ptr, n, type) MOE_TRY(walloc(be, (void **)&(ptr), (size_t)(n), sizeof(type)))
+
+/* Llama-4's routing: the chosen expert's input times its router score
+ * (scale_rows into xs), its output times one. */
+static enum moe_status init_scaled_input(struct moe_forward *fw, size_t T, size_t D)
+{
+    struct moe_backend *be = fw->be;
+    if (!be->ops->scale_rows)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no row scaling, which Llama-4's routing (the router "
+                        "score scales the expert's input) needs", be->ops->name);
+    WALLOC(fw->xs, T * D, float);
+    WALLOC(fw->ones, T, float);
+    float *one = malloc(T * sizeof(float));
+    if (!one) return moe_fail(MOE_ERR_NOMEM, "forward: expert weights");
+    for (size_t t = 0; t < T; t++) one[t] = 1.0f;
+    enum moe_status s = be->ops->to_device(be, fw->ones, one, T * sizeof(float));
+    free(one);
+    return s;
+}
 
 static enum moe_status init_buffers(struct moe_forward *fw)
 {
@@ -79,6 +97,7 @@ static enum moe_status init_buffers(struct moe_forward *fw)
         WALLOC(fw->hin, T * D, float);
         WALLOC(fw->cat, T * 2 * D, float);
     }
+    if (c->router_scales_input) MOE_TRY(init_scaled_input(fw, T, D));
     WALLOC(fw->b_tokens, T, int32_t);
     WALLOC(fw->b_pos, T, int32_t);
     WALLOC(fw->b_seq_of, T, int32_t);
@@ -135,7 +154,7 @@ void moe_forward_free(struct moe_forward *fw)
     struct moe_backend *be = fw->be;
     if (be) {
         void *bufs[] = {fw->x, fw->xn, fw->q, fw->att, fw->k, fw->v, fw->out, fw->h1, fw->h2,
-                        fw->sh, fw->shg, fw->rlogits, fw->ids, fw->rw, fw->plan.counts,
+                        fw->sh, fw->shg, fw->xs, fw->ones, fw->rlogits, fw->ids, fw->rw, fw->plan.counts,
                         fw->plan.offsets, fw->plan.perm, fw->plan.pos, fw->ews.xe, fw->ews.g,
                         fw->ews.u, fw->ews.ye, fw->inv_freq, fw->lrows, fw->logits, fw->amax,
                         fw->hid, fw->hin, fw->cat, fw->xcols,
@@ -281,6 +300,7 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     const struct moe_layer_weights *w = &fw->m->layers[l];
     const int T = db->n_tokens, D = c->d_model, Hq = c->n_heads, Hkv = c->n_kv_heads,
               Dh = c->head_dim;
+    const bool rope = !c->layer_nope[l]; /* Llama-4's layers without RoPE */
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->x, &w->attn_norm, T, D, c->rms_eps));
     /* yarn scales cos and sin, so q and k: every score by its square (0 in
      * a zeroed configuration built by hand means none) */
@@ -291,6 +311,9 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
         .window = c->layer_sliding[l] ? c->sliding_window : 0,
         .max_ctx = fw->max_ctx,
         .sinks = w->sinks.data,
+        .chunk = c->layer_chunked[l] ? c->attn_chunk : 0,
+        .temp_floor = rope ? 0 : c->attn_temp_floor,
+        .temp_scale = c->attn_temp_scale,
     };
     if (c->kv_lora_rank > 0) {
         MOE_TRY(moe_forward_mla_attention(fw, kv, db, l, &p));
@@ -312,8 +335,14 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
         MOE_TRY(op->clamp(be, fw->k, (size_t)T * Hkv * Dh, c->clip_qkv));
         MOE_TRY(op->clamp(be, fw->v, (size_t)T * Hkv * Dh, c->clip_qkv));
     }
-    MOE_TRY(op->rope(be, fw->q, db->positions, T, Hq, Dh, c->rope_dim, fw->inv_freq));
-    MOE_TRY(op->rope(be, fw->k, db->positions, T, Hkv, Dh, c->rope_dim, fw->inv_freq));
+    if (rope) {
+        MOE_TRY(op->rope(be, fw->q, db->positions, T, Hq, Dh, c->rope_dim, fw->inv_freq));
+        MOE_TRY(op->rope(be, fw->k, db->positions, T, Hkv, Dh, c->rope_dim, fw->inv_freq));
+    }
+    if (rope && c->qk_l2_norm) { /* Llama-4: after RoPE, each head over its RMS */
+        MOE_TRY(op->rmsnorm(be, fw->q, fw->q, &fw->m->qk_ones, T * Hq, Dh, c->rms_eps));
+        MOE_TRY(op->rmsnorm(be, fw->k, fw->k, &fw->m->qk_ones, T * Hkv, Dh, c->rms_eps));
+    }
     MOE_TRY(op->kv_store(be, kv, l, fw->k, fw->v, db->slot, T));
     MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, &p));
     MOE_TRY(moe_forward_linear(fw, fw->out, fw->att, &w->wo, &w->bo, T));
@@ -377,25 +406,26 @@ static bool stats_async_ready(struct moe_forward *fw, int T)
     return true;
 }
 
-/* The layer's expert FFN and combine into fw->out.  Expert parallelism:
- * this rank's experts only, every rank's rows gathered, then the combine
- * (ep.h). */
-static enum moe_status experts_phase(struct moe_forward *fw, int l, int T, const struct moe_expert_weights *x)
+/* The layer's expert FFN of the rows `in` and combine, weighted by wts,
+ * into fw->out.  Expert parallelism: this rank's experts only, every rank's
+ * rows gathered, then the combine (ep.h). */
+static enum moe_status experts_phase(struct moe_forward *fw, int l, int T, const struct moe_expert_weights *x,
+                                     const float *in, const float *wts)
 {
     struct moe_backend *be = fw->be;
     const struct moe_config *c = &fw->m->cfg;
     const int D = c->d_model, K = c->top_k, E = c->n_experts;
     if (!moe_ep_on(fw->ep))
-        return be->ops->experts(be, fw->out, fw->xn, &fw->plan, fw->rw, x, &fw->ews, T, K, D, c->d_expert, E);
+        return be->ops->experts(be, fw->out, in, &fw->plan, wts, x, &fw->ews, T, K, D, c->d_expert, E);
     fw->plan.lo = fw->ep->bounds[fw->ep->rank];
     fw->plan.hi = fw->ep->bounds[fw->ep->rank + 1];
-    enum moe_status s = be->ops->experts(be, fw->out, fw->xn, &fw->plan, fw->rw, x, &fw->ews, T, K, D,
+    enum moe_status s = be->ops->experts(be, fw->out, in, &fw->plan, wts, x, &fw->ews, T, K, D,
                                          c->d_expert, E);
     fw->plan.lo = fw->plan.hi = 0;
     MOE_TRY(s);
     MOE_TRY(be->ops->sync(be)); /* the rows are complete before they travel */
     MOE_TRY(moe_ep_gather(fw->ep, fw->ews.ye, fw->plan.offsets, D, l));
-    return be->ops->combine(be, fw->out, &fw->ews, &fw->plan, fw->rw, T, K, D);
+    return be->ops->combine(be, fw->out, &fw->ews, &fw->plan, wts, T, K, D);
 }
 
 static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
@@ -416,7 +446,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
     }
     MOE_TRY(moe_forward_linear(fw, fw->rlogits, fw->xn, &w->router, &w->router_b, T));
     const struct moe_route rt = {E, K, c->norm_topk, c->router_sigmoid, w->router_bias.data,
-                                 c->n_group, c->topk_group, c->routed_scale};
+                                 c->n_group, c->topk_group, c->routed_scale, c->router_scales_input};
     MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, &rt));
     if (fw->stats && fw->stats_async) { /* recorded after the step's sync */
         int32_t *hi;
@@ -432,7 +462,13 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
         moe_stats_record_layer(fw->stats, l, T, fw->h_ids, fw->h_w, fw->h_logits);
     }
     MOE_TRY(op->dispatch(be, &fw->plan, fw->ids, T, K, E));
-    MOE_TRY(experts_phase(fw, l, T, &w->experts));
+    const float *in = fw->xn, *wts = fw->rw;
+    if (c->router_scales_input) { /* top-1 (config.c): the input times the score, the output times 1 */
+        MOE_TRY(op->scale_rows(be, fw->xs, fw->xn, fw->rw, T, D));
+        in = fw->xs;
+        wts = fw->ones;
+    }
+    MOE_TRY(experts_phase(fw, l, T, &w->experts, in, wts));
     if (trace && trace->ids) {
         MOE_TRY(op->to_host(be, trace->ids + (size_t)l * T * K, fw->ids, (size_t)T * K * sizeof(int32_t)));
         if (trace->weights)

@@ -53,6 +53,8 @@ struct moe_forward {
     float *h1, *h2;  /* (T, max(Fd, Fs)) dense / shared FFN hidden */
     float *sh;       /* (T, D) shared expert output */
     float *shg;      /* (T) shared expert gate logit */
+    float *xs;       /* (T, D) the experts' input scaled by the router score (Llama-4), or NULL */
+    float *ones;     /* (T) ones: the experts' output weights then, or NULL */
     float *rlogits;  /* (T, E) router logits */
     int32_t *ids;    /* (T, K) */
     float *rw;       /* (T, K) */

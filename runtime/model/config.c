@@ -49,6 +49,8 @@ static const struct {
     {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true, 131072, 4, 150000, false, 128, 8, 2880, 0},
     {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 0, 1e4, false, 0, 0, 11008, 1407},
     {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 4096, 8, 1e4, false, 0, 0, 18432, 2048},
+    {"Llama4ForCausalLM", MOE_FAMILY_LLAMA4, 1e-5f, 128, false, MOE_QK_NORM_NONE, true, 131072, 1, 5e5, false, 0, 8, 8192, 0},
+    {"MiniMaxM2ForCausalLM", MOE_FAMILY_MINIMAX_M2, 1e-6f, 128, false, MOE_QK_NORM_FULL, true, 196608, 8, 5e6, false, 0, 8, 1536, 0},
 };
 
 /* The table's row of family f (GraniteMoe's two rows agree). */
@@ -223,9 +225,9 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
         MOE_TRY(get_num(params, what, "high_freq_factor", 4.0, &hi));
         MOE_TRY(get_int(params, what, "original_max_position_embeddings", 1, INT32_MAX,
                         c->max_pos, false, &orig));
-        if (!(factor > 0) || !(lo > 0) || !(hi > lo))
+        if (!(factor > 0) || !(lo > 0) || !(hi >= lo)) /* equal (Llama-4 Scout): no smoothed band */
             return moe_fail(MOE_ERR_FORMAT,
-                            "%s: llama3 rope needs factor > 0 and high_freq_factor > "
+                            "%s: llama3 rope needs factor > 0 and high_freq_factor >= "
                             "low_freq_factor > 0 (got %g, %g, %g)", what, factor, hi, lo);
         c->rope_type = MOE_ROPE_LLAMA3;
         c->rope_factor = (float)factor;
@@ -298,6 +300,7 @@ static enum moe_status parse_layers(struct moe_config *c, json_t *root, const ch
 {
     for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = moe;
     if (!moe) return MOE_OK;
+    if (c->family == MOE_FAMILY_LLAMA4) return moe_config_llama4_layers(c, root, what);
     if (c->family == MOE_FAMILY_GLM4_MOE || c->family == MOE_FAMILY_DEEPSEEK_V2 ||
         c->family == MOE_FAMILY_DEEPSEEK_V3) {
         int k;
@@ -380,6 +383,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     json_t *archs = json_object_get(root, "architectures");
     const char *arch = json_string_value(json_array_get(archs, 0));
     if (!arch) return moe_fail(MOE_ERR_FORMAT, "%s: missing 'architectures' (a list of one name)", what);
+    if (!strcmp(arch, "Llama4ForConditionalGeneration")) return moe_config_parse_llama4_text(c, root, what);
     int fi = -1;
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
         if (!strcmp(arch, families[i].arch)) fi = (int)i;
@@ -389,7 +393,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
                         "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Glm4MoeForCausalLM, "
                         "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM, "
-                        "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
+                        "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+                        "MiniMaxM2ForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration (text))",
                         what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
@@ -446,11 +451,16 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         what, json_is_string(act) ? json_string_value(act) : "(not a string)");
     MOE_TRY(parse_rope(c, root, what));
     /* partial_rotary_factor: at the top (older files) or in rope_parameters
-     * (transformers 5); GLM-4.5 defaults to 0.5.  transformers rotates
+     * (transformers 5); GLM-4.5 defaults to 0.5, MiniMax-M2 to rotary_dim /
+     * head_dim.  transformers rotates
      * int(head_dim * factor) values of each head. */
-    double prf;
-    MOE_TRY(get_num(root, what, "partial_rotary_factor", c->family == MOE_FAMILY_GLM4_MOE ? 0.5 : 1.0,
-                    &prf));
+    double prf = c->family == MOE_FAMILY_GLM4_MOE ? 0.5 : 1.0;
+    if (c->family == MOE_FAMILY_MINIMAX_M2) { /* MiniMaxM2Config: rotary_dim / head_dim */
+        int rotary_dim;
+        MOE_TRY(get_int(root, what, "rotary_dim", 1, 1 << 16, c->head_dim, false, &rotary_dim));
+        prf = (double)rotary_dim / c->head_dim;
+    }
+    MOE_TRY(get_num(root, what, "partial_rotary_factor", prf, &prf));
     json_t *rp = json_object_get(root, "rope_parameters");
     if (json_is_object(rp)) MOE_TRY(get_num(rp, what, "partial_rotary_factor", prf, &prf));
     if (!(prf > 0 && prf <= 1))
@@ -566,6 +576,18 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                             "at least 2", what, c->n_experts, c->n_group);
         break;
     }
+    case MOE_FAMILY_LLAMA4:
+        MOE_TRY(moe_config_parse_llama4(c, root, what));
+        break;
+    case MOE_FAMILY_MINIMAX_M2:
+        /* GLM-4.5's sigmoid router without groups or scaling: the choice
+         * by sigmoid + e_score_correction_bias, the K unbiased sigmoids
+         * always renormalised */
+        MOE_TRY(get_int(root, what, "num_local_experts", 1, 1 << 16, 256, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, c->n_experts, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "intermediate_size", 1, BIG, families[fi].ffn, false, &c->d_expert));
+        c->norm_topk = c->router_sigmoid = c->router_bias = true;
+        break;
     case MOE_FAMILY_GPT_OSS: {
         /* router: a Linear with a bias, softmax over the top-K logits (=
          * softmax, top-K, renormalised); experts with biases and the clamped
@@ -650,4 +672,20 @@ size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, enum moe_dtyp
         !moe_mul_size(b, row, &b))
         return SIZE_MAX;
     return b;
+}
+
+enum moe_status moe_config_get_int(json_t *root, const char *what, const char *key, long long lo, long long hi,
+                                   int def, bool required, int *out)
+{
+    return get_int(root, what, key, lo, hi, def, required, out);
+}
+
+enum moe_status moe_config_get_num(json_t *root, const char *what, const char *key, double def, double *out)
+{
+    return get_num(root, what, key, def, out);
+}
+
+enum moe_status moe_config_get_bool(json_t *root, const char *what, const char *key, bool def, bool *out)
+{
+    return get_bool(root, what, key, def, out);
 }

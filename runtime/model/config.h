@@ -31,6 +31,8 @@ enum moe_family {
     MOE_FAMILY_GPT_OSS,            /* GptOssForCausalLM (gpt-oss-20b, gpt-oss-120b) */
     MOE_FAMILY_DEEPSEEK_V2,        /* DeepseekV2ForCausalLM (DeepSeek-V2, V2-Lite, V2.5) */
     MOE_FAMILY_DEEPSEEK_V3,        /* DeepseekV3ForCausalLM (DeepSeek-V3, R1, Kimi-K2, Moonlight) */
+    MOE_FAMILY_MINIMAX_M2,         /* MiniMaxM2ForCausalLM (MiniMax-M2) */
+    MOE_FAMILY_LLAMA4,             /* Llama4ForCausalLM (the text model of Llama-4 Scout, Maverick) */
 };
 
 enum moe_qk_norm {
@@ -50,6 +52,8 @@ enum moe_q4_method { MOE_Q4_NONE, MOE_Q4_GPTQ, MOE_Q4_AWQ, MOE_Q4_CT };
 struct moe_config {
     enum moe_family family;
     char architecture[64];
+    char tensor_prefix[32]; /* removed from the checkpoint's tensor names at load: "language_model."
+                               for Llama4ForConditionalGeneration's text model; else empty */
     int n_layers;      /* L */
     int n_mtp_layers;  /* num_nextn_predict_layers: multi-token-prediction layers
                           the checkpoint declares after the L (not run) */
@@ -134,6 +138,26 @@ struct moe_config {
     int n_group, topk_group; /* 1, 1: no groups */
     float routed_scale; /* routed_scaling_factor; 1 */
     bool layer_moe[MOE_MAX_LAYERS]; /* per layer: MoE (true) or dense FFN */
+
+    /* Llama-4 (none elsewhere).  Layers without RoPE (no_rope_layers[l]
+     * = 0); chunked attention: a query at position p sees the keys from
+     * p - p % attn_chunk to p; the RoPE layers' q and k divided by their
+     * RMS over each head (use_qk_norm: an RMSNorm without a weight); on
+     * the layers without RoPE, queries at position p scaled by
+     * log1p(floor((p + 1) / attn_temp_floor)) * attn_temp_scale + 1
+     * (attn_temperature_tuning; attn_temp_floor 0: none).  The rope
+     * values of each head are stored in interleaved pairs (rope_interleave):
+     * q_proj's and k_proj's rows are reordered at load. */
+    bool layer_nope[MOE_MAX_LAYERS];
+    bool layer_chunked[MOE_MAX_LAYERS];
+    int attn_chunk;
+    bool qk_l2_norm;
+    int attn_temp_floor;
+    float attn_temp_scale;
+    /* Llama-4's router: the top-K by the router logits; the chosen
+     * expert's input is x * sigmoid(logit) and its output is not weighted
+     * (top-1 only: moe_config_parse refuses more). */
+    bool router_scales_input;
 
     /* Granite's multipliers (1 elsewhere; 0 also means none, so a zeroed
      * config built by hand needs no setting) */

@@ -1,4 +1,4 @@
-/* config_impl.h - what config.c shares with config_quant.c. */
+/* config_impl.h - what config.c shares with config_quant.c and config_llama4.c. */
 #pragma once
 
 #include <jansson.h>
@@ -9,3 +9,24 @@
  * weights_fp8, experts_mxfp4, q4_method and q4_zero_plus_one; c->family is
  * set.  Messages start with what. */
 MOE_MUST_USE enum moe_status moe_config_parse_quantization(struct moe_config *c, json_t *root, const char *what);
+
+/* config.c's typed field access: absent or null -> def (get_int: an error
+ * when required); a wrong type or a value outside [lo, hi] -> an error
+ * naming the key. */
+MOE_MUST_USE enum moe_status moe_config_get_int(json_t *root, const char *what, const char *key, long long lo,
+                                                long long hi, int def, bool required, int *out);
+MOE_MUST_USE enum moe_status moe_config_get_num(json_t *root, const char *what, const char *key, double def,
+                                                double *out);
+MOE_MUST_USE enum moe_status moe_config_get_bool(json_t *root, const char *what, const char *key, bool def,
+                                                 bool *out);
+
+/* Llama-4's keys (config_llama4.c), c->family, n_layers, head_dim set:
+ * the experts, the shared expert and the dense width, the routing, the
+ * layers without RoPE, chunked attention, the q/k L2 norm and the
+ * attention temperature.  moe_config_llama4_layers: which layers are MoE
+ * (moe_layers, else every interleave_moe_layer_step-th). */
+MOE_MUST_USE enum moe_status moe_config_parse_llama4(struct moe_config *c, json_t *root, const char *what);
+MOE_MUST_USE enum moe_status moe_config_llama4_layers(struct moe_config *c, json_t *root, const char *what);
+/* Llama4ForConditionalGeneration's root: its text_config read as a
+ * Llama4ForCausalLM's (moe_config_parse), tensor_prefix "language_model.". */
+MOE_MUST_USE enum moe_status moe_config_parse_llama4_text(struct moe_config *c, json_t *root, const char *what);

@@ -191,6 +191,7 @@ static enum moe_status bind_attention(struct moe_model *m, int l, struct moe_lay
         MOE_TRY(bind(m, &w->k_norm, true, n, 1, full ? KV : c->head_dim, 0, 0));
     }
     if (c->attn_sinks) MOE_TRY(moe_model_bind_gpt_oss_sinks(m, l, w));
+    if (c->family == MOE_FAMILY_LLAMA4) MOE_TRY(moe_model_llama4_rope_rows(m, l, w));
     return MOE_OK;
 }
 
@@ -199,11 +200,12 @@ static enum moe_status bind_dense_ffn(struct moe_model *m, int l, struct moe_lay
     const struct moe_config *c = &m->cfg;
     char n[NAME_MAX_LEN];
     int64_t D = c->d_model, F = c->d_ff;
-    NAMEF(n, "model.layers.%d.mlp.gate_proj.weight", l);
+    const char *blk = c->family == MOE_FAMILY_LLAMA4 ? "feed_forward" : "mlp";
+    NAMEF(n, "model.layers.%d.%s.gate_proj.weight", l, blk);
     MOE_TRY(bind_linear(m, &w->w_gate, true, n, 2, F, D, 0));
-    NAMEF(n, "model.layers.%d.mlp.up_proj.weight", l);
+    NAMEF(n, "model.layers.%d.%s.up_proj.weight", l, blk);
     MOE_TRY(bind_linear(m, &w->w_up, true, n, 2, F, D, 0));
-    NAMEF(n, "model.layers.%d.mlp.down_proj.weight", l);
+    NAMEF(n, "model.layers.%d.%s.down_proj.weight", l, blk);
     MOE_TRY(bind_linear(m, &w->w_down, true, n, 2, D, F, 0));
     if (c->mlp_bias) {
         NAMEF(n, "model.layers.%d.mlp.gate_proj.bias", l);
@@ -348,14 +350,20 @@ static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_wei
     int64_t D = c->d_model, E = c->n_experts;
     if (c->family == MOE_FAMILY_GRANITE_MOE) return bind_granite_moe(m, l, w);
     if (c->family == MOE_FAMILY_GPT_OSS) return moe_model_bind_gpt_oss_moe(m, l, w);
+    if (c->family == MOE_FAMILY_LLAMA4) return moe_model_bind_llama4_moe(m, l, w);
     const char *blk = "mlp";
-    if (c->family == MOE_FAMILY_MIXTRAL) {
+    const bool minimax = c->family == MOE_FAMILY_MINIMAX_M2;
+    if (c->family == MOE_FAMILY_MIXTRAL || minimax) { /* as released: w1, w3, w2 per expert */
         NAMEF(n, "model.layers.%d.block_sparse_moe.gate.weight", l);
         if (moe_safetensors_find(&m->st, n)) blk = "block_sparse_moe";
     }
     NAMEF(n, "model.layers.%d.%s.gate.weight", l, blk);
     MOE_TRY(bind(m, &w->router, true, n, 2, E, D, 0));
-    if (c->router_bias) { /* kept in fp32 by transformers (_keep_in_fp32_modules_strict) */
+    if (minimax) { /* a buffer of the MoE block, added in fp32 to the fp32 sigmoids: widened */
+        NAMEF(n, "model.layers.%d.%s.e_score_correction_bias", l, blk);
+        MOE_TRY(bind(m, &w->router_bias, true, n, 1, E, 0, 0));
+        if (w->router_bias.dtype != MOE_DTYPE_F32) MOE_TRY(moe_model_widen_f32(m, &w->router_bias));
+    } else if (c->router_bias) { /* kept in fp32 by transformers (_keep_in_fp32_modules_strict) */
         NAMEF(n, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
         MOE_TRY(bind(m, &w->router_bias, true, n, 1, E, 0, 0));
         if (w->router_bias.dtype != MOE_DTYPE_F32)
@@ -386,7 +394,8 @@ enum moe_status moe_model_bind(struct moe_model *m)
     const struct moe_config *c = &m->cfg;
     int64_t V = c->vocab, D = c->d_model;
     /* gpt-oss binds deferred only with MXFP4 experts (model_gptoss.c) */
-    if (((c->family == MOE_FAMILY_GPT_OSS && !c->experts_mxfp4) || c->kv_lora_rank > 0 || c->weights_fp8) &&
+    if (((c->family == MOE_FAMILY_GPT_OSS && !c->experts_mxfp4) || c->family == MOE_FAMILY_LLAMA4 ||
+         c->kv_lora_rank > 0 || c->weights_fp8) &&
         m->weights_deferred)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: weights made on the device are not supported "
                         "(some are rewritten on the host at load); use host synthetic weights",
@@ -395,6 +404,7 @@ enum moe_status moe_model_bind(struct moe_model *m)
     MOE_TRY(bind(m, &m->final_norm, true, "model.norm.weight", 1, D, 0, 0));
     MOE_TRY(bind(m, &m->lm_head, !c->tie_embeddings, "lm_head.weight", 2, V, D, 0));
     if (!m->lm_head.data) m->lm_head = m->embed;
+    if (c->qk_l2_norm) MOE_TRY(moe_model_llama4_ones(m));
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return moe_fail(MOE_ERR_NOMEM, "layer table");
     for (int l = 0; l < c->n_layers; l++) MOE_TRY(moe_model_bind_layer(m, l, c->layer_moe[l], &m->layers[l]));
@@ -442,6 +452,8 @@ enum moe_status moe_model_load_part(struct moe_model *m, const char *dir, int lo
         goto fail;
     }
     if ((s = moe_safetensors_open_dir(&m->st, dir)) != MOE_OK) goto fail;
+    if (m->cfg.tensor_prefix[0] && (s = moe_safetensors_strip_prefix(&m->st, m->cfg.tensor_prefix)) != MOE_OK)
+        goto fail;
     if ((s = moe_model_bind(m)) != MOE_OK) {
         moe_error_prefix("%s: ", dir);
         goto fail;

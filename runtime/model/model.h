@@ -111,6 +111,9 @@ struct moe_model {
     struct moe_tensor mtp_enorm, mtp_hnorm; /* (D) */
     struct moe_tensor mtp_eh_proj;          /* (D, 2D): embedding columns first */
     bool cols_permuted; /* some weight has moe_tensor.cols (act-order four-bit) */
+    /* (Dh) F32 ones (owned): the weight of Llama-4's q/k L2 norm, an
+     * RMSNorm without one (cfg.qk_l2_norm), else absent */
+    struct moe_tensor qk_ones;
     /* Expert parallelism: this process holds the experts [ep_lo, ep_hi) of
      * every MoE layer (the others' pointers are NULL, their bytes never
      * read); 0, 0: all of them.  Set by moe_model_load_part. */

@@ -101,9 +101,8 @@ static enum moe_status expert_table(struct moe_model *m, struct moe_expert_weigh
     return MOE_OK;
 }
 
-/* transformers' layout: gate_up_proj (E, D, 2F), down_proj (E, F, D). */
-static enum moe_status bind_transposed(struct moe_model *m, const char *gu_name, const char *dn_name,
-                                       struct moe_expert_weights *x)
+enum moe_status moe_model_bind_experts_transposed(struct moe_model *m, const char *gu_name, const char *dn_name,
+                                                  bool interleaved, struct moe_expert_weights *x)
 {
     const struct moe_config *c = &m->cfg;
     const int64_t E = c->n_experts, F = c->d_expert, D = c->d_model;
@@ -120,8 +119,9 @@ static enum moe_status bind_transposed(struct moe_model *m, const char *gu_name,
         char *gate = (char *)x->gate[e], *up = (char *)x->up[e];
         for (int64_t i = 0; i < D; i++) /* row i of the source: input i, all 2F outputs */
             for (int64_t f = 0; f < F; f++) {
-                memcpy(gate + (size_t)(f * D + i) * es, src + (size_t)(i * 2 * F + 2 * f) * es, es);
-                memcpy(up + (size_t)(f * D + i) * es, src + (size_t)(i * 2 * F + 2 * f + 1) * es, es);
+                const int64_t gf = interleaved ? 2 * f : f, uf = interleaved ? 2 * f + 1 : F + f;
+                memcpy(gate + (size_t)(f * D + i) * es, src + (size_t)(i * 2 * F + gf) * es, es);
+                memcpy(up + (size_t)(f * D + i) * es, src + (size_t)(i * 2 * F + uf) * es, es);
             }
         const char *dsrc = (const char *)dn.data + (size_t)(e * F * D) * es;
         char *down = (char *)x->down[e];
@@ -230,7 +230,7 @@ enum moe_status moe_model_bind_gpt_oss_moe(struct moe_model *m, int l, struct mo
     } else {
         NAMEF(n, "model.layers.%d.mlp.experts.gate_up_proj", l);
         NAMEF(d, "model.layers.%d.mlp.experts.down_proj", l);
-        MOE_TRY(bind_transposed(m, n, d, x));
+        MOE_TRY(moe_model_bind_experts_transposed(m, n, d, true, x));
     }
     x->alpha = c->swiglu_alpha;
     x->limit = c->swiglu_limit;

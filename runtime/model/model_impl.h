@@ -50,5 +50,22 @@ MOE_MUST_USE enum moe_status moe_model_bind_gpt_oss_sinks(struct moe_model *m, i
 MOE_MUST_USE enum moe_status moe_model_bind_gpt_oss_moe(struct moe_model *m, int l,
                                                          struct moe_layer_weights *w);
 
+/* Experts as transformers keeps gpt-oss's and Llama-4's: gate_up_proj
+ * (E, D, 2F), gate and up outputs interleaved (output 2f is gate f, 2f + 1
+ * up f: gpt-oss) or not (gate f, then up f at F + f: Llama-4), and
+ * down_proj (E, F, D); transposed at load into memory the model owns. */
+MOE_MUST_USE enum moe_status moe_model_bind_experts_transposed(struct moe_model *m, const char *gu_name,
+                                                               const char *dn_name, bool interleaved,
+                                                               struct moe_expert_weights *x);
+
+/* Llama-4 (model_llama4.c): layer l's MoE block (feed_forward.router, the
+ * experts as transformers keeps them, feed_forward.shared_expert); the
+ * rows of q_proj and k_proj (and their biases) reordered from interleaved
+ * rope pairs to halves (rope_interleave) on the RoPE layers; the ones
+ * its q/k L2 norm multiplies by (moe_model.qk_ones). */
+MOE_MUST_USE enum moe_status moe_model_bind_llama4_moe(struct moe_model *m, int l, struct moe_layer_weights *w);
+MOE_MUST_USE enum moe_status moe_model_llama4_rope_rows(struct moe_model *m, int l, struct moe_layer_weights *w);
+MOE_MUST_USE enum moe_status moe_model_llama4_ones(struct moe_model *m);
+
 /* MLA (model_deepseek.c): layer l's attention weights (model.h). */
 MOE_MUST_USE enum moe_status moe_model_bind_mla(struct moe_model *m, int l, struct moe_layer_weights *w);

@@ -55,6 +55,23 @@ static void index_rebuild(struct moe_safetensors *st)
     for (size_t i = 0; i < st->n_tensors; i++) index_insert(st, i);
 }
 
+enum moe_status moe_safetensors_strip_prefix(struct moe_safetensors *st, const char *prefix)
+{
+    const size_t n = strlen(prefix);
+    for (size_t i = 0; i < st->n_tensors; i++) { /* a shortened name must be new */
+        const char *name = st->tensors[i].name;
+        if (strncmp(name, prefix, n) == 0 && moe_safetensors_find(st, name + n))
+            return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensors '%s' and '%s' would have one name", name,
+                            name + n);
+    }
+    for (size_t i = 0; i < st->n_tensors; i++) {
+        char *name = st->tensors[i].name;
+        if (strncmp(name, prefix, n) == 0) memmove(name, name + n, strlen(name + n) + 1);
+    }
+    index_rebuild(st);
+    return MOE_OK;
+}
+
 /* Makes room for n tensors in total: tensors[] capacity and an index with
  * load <= 1/2.  Changes no visible content, so callers may fail afterwards. */
 static MOE_MUST_USE enum moe_status reserve(struct moe_safetensors *st, size_t n)

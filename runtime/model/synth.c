@@ -251,6 +251,18 @@ static enum moe_status add_gpt_oss_moe(struct gen *g, const struct moe_config *c
     return add(g, false, 2, E, D, 0, "%s.%d.mlp.experts.down_proj_bias", p, l);
 }
 
+/* Llama-4's MoE block as transformers keeps it (model_llama4.c). */
+static enum moe_status add_llama4_moe(struct gen *g, const struct moe_config *c, int l)
+{
+    const int64_t D = c->d_model, E = c->n_experts, F = c->d_expert, S = c->d_shared;
+    MOE_TRY(add(g, false, 2, E, D, 0, "model.layers.%d.feed_forward.router.weight", l));
+    MOE_TRY(add(g, false, 3, E, D, 2 * F, "model.layers.%d.feed_forward.experts.gate_up_proj", l));
+    MOE_TRY(add(g, false, 3, E, F, D, "model.layers.%d.feed_forward.experts.down_proj", l));
+    MOE_TRY(add(g, false, 2, S, D, 0, "model.layers.%d.feed_forward.shared_expert.gate_proj.weight", l));
+    MOE_TRY(add(g, false, 2, S, D, 0, "model.layers.%d.feed_forward.shared_expert.up_proj.weight", l));
+    return add(g, false, 2, D, S, 0, "model.layers.%d.feed_forward.shared_expert.down_proj.weight", l);
+}
+
 /* The sigmoid router's choice bias: F32 whatever the weights' dtype, as
  * transformers keeps it. */
 static enum moe_status add_router_bias(struct gen *g, const struct moe_config *c, int64_t E, int l)
@@ -258,7 +270,9 @@ static enum moe_status add_router_bias(struct gen *g, const struct moe_config *c
     if (!c->router_bias) return MOE_OK;
     const enum moe_dtype keep = g->dt;
     g->dt = MOE_DTYPE_F32;
-    enum moe_status s = add(g, false, 1, E, 0, 0, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+    enum moe_status s = c->family == MOE_FAMILY_MINIMAX_M2 /* a buffer of the MoE block */
+        ? add(g, false, 1, E, 0, 0, "model.layers.%d.mlp.e_score_correction_bias", l)
+        : add(g, false, 1, E, 0, 0, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
     g->dt = keep;
     return s;
 }
@@ -307,9 +321,10 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
         }
         if (!c->layer_moe[l]) {
             const int64_t Fd = c->d_ff;
-            MOE_TRY(add(&g, false, 2, Fd, D, 0, "%s.%d.mlp.gate_proj.weight", p, l));
-            MOE_TRY(add(&g, false, 2, Fd, D, 0, "%s.%d.mlp.up_proj.weight", p, l));
-            MOE_TRY(add(&g, false, 2, D, Fd, 0, "%s.%d.mlp.down_proj.weight", p, l));
+            const char *f = c->family == MOE_FAMILY_LLAMA4 ? "feed_forward" : "mlp";
+            MOE_TRY(add(&g, false, 2, Fd, D, 0, "%s.%d.%s.gate_proj.weight", p, l, f));
+            MOE_TRY(add(&g, false, 2, Fd, D, 0, "%s.%d.%s.up_proj.weight", p, l, f));
+            MOE_TRY(add(&g, false, 2, D, Fd, 0, "%s.%d.%s.down_proj.weight", p, l, f));
             if (c->mlp_bias) {
                 MOE_TRY(add(&g, false, 1, Fd, 0, 0, "%s.%d.mlp.gate_proj.bias", p, l));
                 MOE_TRY(add(&g, false, 1, Fd, 0, 0, "%s.%d.mlp.up_proj.bias", p, l));
@@ -318,6 +333,10 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
             continue;
         }
         if (c->attn_sinks) MOE_TRY(add(&g, false, 1, c->n_heads, 0, 0, "%s.%d.self_attn.sinks", p, l));
+        if (c->family == MOE_FAMILY_LLAMA4) { /* whatever the layout asked */
+            MOE_TRY(add_llama4_moe(&g, c, l));
+            continue;
+        }
         if (c->family == MOE_FAMILY_GPT_OSS) { /* whatever the layout asked */
             MOE_TRY(add_gpt_oss_moe(&g, c, l));
             continue;

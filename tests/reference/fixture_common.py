@@ -78,7 +78,8 @@ def moe_layout(model):
     routers = []
     k = e = None
     for layer in model.model.layers:
-        block = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        block = (getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+                 or getattr(layer, "feed_forward", None))  # Llama-4
         gate = getattr(block, "gate", None) or getattr(block, "router", None)
         if gate is not None and hasattr(gate, "top_k") and hasattr(gate, "weight"):
             routers.append(gate)
@@ -90,13 +91,17 @@ def moe_layout(model):
     return routers, k, e
 
 
-def router_choice(mod, logits):
+def router_choice(mod, logits, bias=None):
     """(scores whose top-K are the router's experts, margin of any group choice).
 
     Softmax routers: softmax(logits) in fp32.  The sigmoid router of GLM-4.5 /
     DeepSeek-V3 (a module with e_score_correction_bias): sigmoid(logits) + bias,
-    -inf outside the topk_group groups whose two best scores sum highest."""
+    -inf outside the topk_group groups whose two best scores sum highest.
+    MiniMax-M2's router is handed the bias (a buffer of its MoE block): the
+    sigmoids plus it, no groups."""
     logits = logits.float()
+    if bias is not None:
+        return logits.sigmoid() + bias.float(), float("inf")
     if getattr(mod, "topk_method", None) == "group_limited_greedy":
         # DeepSeek-V2: softmax, only the topk_group groups with the best expert
         p = F.softmax(logits, dim=-1)
@@ -137,9 +142,14 @@ class RouterRecorder:
 
     def _hook(self, li):
         def fn(mod, inp, out):
-            logits, _scores, idx = out
-            probs, gmargin = router_choice(mod, logits)
-            if hasattr(mod, "e_score_correction_bias") or hasattr(mod, "topk_method"):
+            if len(out) == 2:  # Llama-4's router: (scores, logits), the top-K logits chosen
+                logits = out[1]
+                idx = torch.topk(logits, mod.top_k, dim=-1).indices
+            else:
+                logits, _scores, idx = out
+            bias = inp[1] if len(inp) > 1 else None  # MiniMax-M2: the block's bias
+            probs, gmargin = router_choice(mod, logits, bias)
+            if hasattr(mod, "e_score_correction_bias") or hasattr(mod, "topk_method") or bias is not None:
                 order = torch.argsort(torch.gather(probs, 1, idx), dim=1, descending=True)
                 idx = torch.gather(idx, 1, order)
             self.calls[li].append((idx.detach().clone(), probs.detach().clone(), gmargin))
@@ -282,6 +292,8 @@ def randomize_router_bias(model, spec):
         with torch.no_grad():
             for layer in model.model.layers:
                 b = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+                if b is None:  # MiniMax-M2: a buffer of the MoE block
+                    b = getattr(layer.mlp, "e_score_correction_bias", None)
                 if b is not None:
                     b.copy_((torch.rand(b.shape) * 2 - 1) * a)
 

@@ -4,7 +4,8 @@ configuration that leaves a key out, for each family moerun reads.
 
 For every fixture family (tests/fixtures/<name>/config.json) and every key
 of KEYS its config holds, the config is written again without that key (and, for the families with sliding-window switches, with
-the window turned on and the layer pattern left to the config class), read
+the window turned on and the layer pattern left to the config class; for
+Llama-4, with its per-layer lists left to the config class), read
 back with transformers' AutoConfig, and the values moerun's parsed model
 description must hold are recorded (each case: the fixture, the keys set
 and removed, the values): experts per token, RoPE theta, RMSNorm
@@ -15,8 +16,9 @@ decides), and the shapes the modeling code builds from the config (read
 off a model instantiated on the meta device, so the modeling code, not
 this script, says what a key means): head dimension, KV heads, rotated
 dimensions, the attention and MLP biases, expert, shared-expert and dense
-FFN widths, the latent-attention dimensions and gpt-oss's activation
-limit.  A configuration transformers cannot build a model from is
+FFN widths, the latent-attention dimensions, gpt-oss's activation limit
+and Llama-4's layers without RoPE, chunked layers, q/k L2 norm and
+attention temperature.  A configuration transformers cannot build a model from is
 recorded as such (moerun must refuse it too).  The C test
 (tests/test_config_defaults.c) removes the same keys and compares.
 
@@ -39,14 +41,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v2", "deepseek_v3",
-            "gpt_oss", "granitemoe", "granitemoeshared", "llama", "qwen2", "qwen3", "granite"]
+            "gpt_oss", "granitemoe", "granitemoeshared", "llama", "qwen2", "qwen3", "granite", "minimax_m2",
+            "llama4"]
 KEYS = ["num_experts_per_tok", "rope_parameters", "rope_theta", "rms_norm_eps", "max_position_embeddings",
         "tie_word_embeddings", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
         "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
         "decoder_sparse_step", "mlp_only_layers",
-        "head_dim", "num_key_value_heads", "partial_rotary_factor", "attention_bias", "mlp_bias",
+        "head_dim", "num_key_value_heads", "partial_rotary_factor", "rotary_dim", "attention_bias", "mlp_bias",
         "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "n_shared_experts",
-        "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "swiglu_limit"]
+        "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "swiglu_limit",
+        "no_rope_layers", "no_rope_layer_interval", "attention_chunk_size", "use_qk_norm",
+        "attn_temperature_tuning", "floor_scale", "attn_scale", "interleave_moe_layer_step", "moe_layers",
+        "intermediate_size_mlp"]
 # families whose layers follow config.layer_types (the others: every layer
 # takes config.sliding_window when it is set, or none does)
 LAYER_TYPES = {"qwen2", "qwen2_moe", "qwen3", "gpt_oss"}
@@ -72,9 +78,13 @@ def _sparse_step(cfg):
     return [i not in only and (i + 1) % cfg.decoder_sparse_step == 0 for i in range(cfg.num_hidden_layers)]
 
 
+def _llama4_moe(cfg):
+    return [i in cfg.moe_layers for i in range(cfg.num_hidden_layers)]
+
+
 # which layers are MoE, as the modeling code decides
 MOE_PATTERN = {"glm4_moe": _first_k, "deepseek_v2": _first_k, "deepseek_v3": _first_k,
-               "qwen2_moe": _sparse_step, "qwen3_moe": _sparse_step}
+               "qwen2_moe": _sparse_step, "qwen3_moe": _sparse_step, "llama4": _llama4_moe}
 
 
 def described(name, cfg):
@@ -140,8 +150,18 @@ def shapes(cfg):
                    qkv_bias=a.q_proj.bias is not None, o_bias=a.o_proj.bias is not None,
                    rope_dim=2 * m.model.rotary_emb.inv_freq.shape[0])
     D = cfg.hidden_size
+    if hasattr(a, "use_rope"):  # Llama-4: per layer, as its attention modules hold them
+        att = [layer.self_attn for layer in layers]
+        types = cfg.layer_types
+        out["llama4"] = dict(nope=[not x.use_rope for x in att],
+                             chunked=[t == "chunked_attention" for t in types],
+                             chunk=cfg.attention_chunk_size or 0,
+                             qk_l2=any(hasattr(x, "qk_norm") for x in att),
+                             temp_floor=att[0].floor_scale if att[0].attn_temperature_tuning else 0,
+                             temp_scale=float(att[0].attn_scale))
     for layer in layers:
-        mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        mlp = (getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+               or getattr(layer, "feed_forward", None))
         x = getattr(mlp, "experts", None)
         if x is not None and "d_expert" not in out:
             gu = x.gate_up_proj.shape  # (E, 2F, D), or (E, D, 2F) (gpt-oss)
@@ -175,6 +195,9 @@ def main():
         if name in LAYER_TYPES | WINDOW_ALL and name != "gpt_oss":
             variants.append(("window on", {"use_sliding_window": True, "sliding_window": 8,
                                            "max_window_layers": 1}, ["layer_types"]))
+        if name == "llama4":  # the layer lists left to the intervals and the chunk size
+            variants.append(("layer pattern from the intervals", {},
+                             ["no_rope_layers", "layer_types", "moe_layers"]))
         for vname, sets, removes in variants:
             v = {k: x for k, x in base.items() if k not in removes}
             v.update(sets)

@@ -45,7 +45,11 @@ from transformers import (
     GraniteMoeSharedConfig,
     GraniteMoeSharedForCausalLM,
     LlamaConfig,
+    Llama4ForCausalLM,
+    Llama4TextConfig,
     LlamaForCausalLM,
+    MiniMaxM2Config,
+    MiniMaxM2ForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     OlmoeConfig,
@@ -199,6 +203,31 @@ def fixture_specs():
                 tie_word_embeddings=False),
             seed=14000, dtype="float32", router_bias_range=0.3,
         ),
+        # MiniMax-M2: q/k RMSNorm over the whole projections, RoPE over
+        # rotary_dim of each head's values, the sigmoid router with the
+        # block's e_score_correction_bias (random here: transformers makes
+        # zeros), renormalised, no groups
+        "minimax_m2": dict(
+            cls=MiniMaxM2ForCausalLM,
+            config=lambda: MiniMaxM2Config(
+                **COMMON, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=3,
+                intermediate_size=32, rotary_dim=8, rope_theta=10000.0, tie_word_embeddings=False),
+            seed=15000, dtype="float32", router_bias_range=0.3,
+        ),
+        # Llama-4 (text): chunks of 8 on the RoPE layers, layers 1 and 3
+        # without RoPE (attention temperature, floor_scale 4 so it moves
+        # within the prompts), the q/k L2 norm, top-1 sigmoid routing that
+        # scales the expert's input, a shared expert, dense layers 0 and 2
+        "llama4": dict(
+            cls=Llama4ForCausalLM,
+            config=lambda: Llama4TextConfig(
+                **COMMON, num_hidden_layers=4, intermediate_size=32, intermediate_size_mlp=96,
+                num_local_experts=8, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                no_rope_layer_interval=2, attention_chunk_size=8, use_qk_norm=True,
+                attn_temperature_tuning=True, floor_scale=4, attn_scale=0.5,
+                rope_theta=10000.0, tie_word_embeddings=False),
+            seed=16000, dtype="float32",
+        ),
         "llama": dict(
             cls=LlamaForCausalLM,
             config=lambda: LlamaConfig(
@@ -241,6 +270,8 @@ def detect_layout(path):
             names += list(h.keys())
     if any(n.endswith("experts.gate_up_proj_bias") for n in names):
         return "stacked_transposed"  # gpt-oss: (E, D, 2F) gate/up interleaved, (E, F, D)
+    if any(n.endswith("feed_forward.experts.gate_up_proj") for n in names):
+        return "stacked_transposed_halves"  # Llama-4: (E, D, 2F) gate then up, (E, F, D)
     if any(n.endswith("experts.gate_up_proj") for n in names):
         return "stacked"
     if any(".experts.0." in n for n in names):
