@@ -96,7 +96,7 @@ static enum moe_status from_map(struct moe_backend_opts *o, json_t *map, const c
     if (!p) return moe_fail(MOE_ERR_NOMEM, "--expert-dtype-plan %s", file);
     memset(p, MOE_EXPERT_QUANT_DEFAULT, (size_t)L * (size_t)E);
     json_object_foreach(map, k, v) {
-        long l;
+        long l = 0; /* checked by the pass that sized the table */
         (void)index_of(k, MOE_MAX_LAYERS, &l);
         const size_t n = json_is_array(v) ? json_array_size(v) : 0;
         for (size_t i = 0; i < n; i++)
@@ -109,7 +109,7 @@ static enum moe_status from_map(struct moe_backend_opts *o, json_t *map, const c
         json_t *f;
         if (json_is_object(v))
             json_object_foreach(v, ek, f) {
-                long e;
+                long e = 0;
                 (void)index_of(ek, PLAN_MAX_EXPERTS, &e);
                 if (!format_of(json_string_value(f), &p[(size_t)l * E + e])) {
                     free(p);

@@ -2,6 +2,7 @@
 #include "runtime/cli/cli_par.h"
 
 #include <jansson.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,6 +173,10 @@ static void gather_peaks(int64_t *kib)
 
 int moe_cli_par_follow(void)
 {
+    /* rank 0 decides when the job ends (a server drains first): the
+     * signals mpirun forwards to every rank are its to act on */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
     struct follower f = {0};
     const struct moe_ep_follower hooks = {follower_open, follower_close, &f};
     enum moe_status s = moe_ep_follow(&par.ep, &hooks);

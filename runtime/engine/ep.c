@@ -157,8 +157,9 @@ enum moe_status moe_ep_runner_open(struct moe_ep *ep, struct moe_runner *r, cons
 {
     /* rank 0: announce the runner, then learn whether every rank opened it */
     const int id = ep->next_runner++;
-    const struct geometry g = {EP_PROTOCOL, (int32_t)sizeof(struct geometry), o->max_tokens, o->max_seqs, o->max_logits, o->block_size, o->n_blocks,
-                               (int32_t)o->kv_dtype, o->kv_dtype_set, o->prefix_cache, {0, 0}};
+    const struct geometry g = {EP_PROTOCOL, (int32_t)sizeof(struct geometry), o->max_tokens, o->max_seqs,
+                               o->max_logits, o->block_size, o->n_blocks, (int32_t)o->kv_dtype,
+                               o->kv_dtype_set, o->prefix_cache, {0, 0}};
     size_t steps = 0, hello;
     enum moe_status s = step_bytes(&g, r->max_blocks, &steps);
     if (s == MOE_OK && !moe_add_size(sizeof g, ep->hello_bytes, &hello))
