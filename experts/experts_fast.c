@@ -51,15 +51,26 @@ struct wsrc {
 
 #define JOIN_ROWS 16 /* plane rows joined at a time */
 
+/* The inputs of a slice product: rows of x (ld ldx), and the same rows
+ * split for the AMX kernels (moe_gemm_split_rows; xs NULL: not split). */
+struct xin {
+    const float *x;
+    size_t ldx;
+    const uint16_t *xs;
+    size_t lds;
+};
+
 /* y[t*ldy + n] (n in [n0, n1), t < T) = x_t . W_n (+ b_n) by the calling
  * thread (b NULL or absent: no bias); tmp: JOIN_ROWS joined rows of Din
  * and Din floats (planes, or the reference), else unused. */
-static void slice_product(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx, int T,
+static void slice_product(enum moe_cpu_isa isa, float *y, size_t ldy, const struct xin *in, int T,
                           const struct wsrc *src, int Din, int n0, int n1, const struct moe_tensor *b,
                           void *tmp)
 {
+    const float *x = in->x;
+    const size_t ldx = in->ldx;
     if (!src->planes && isa != MOE_CPU_ISA_REF) {
-        moe_gemm_fast_rows(isa, y, ldy, x, ldx, T, src->w, src->dt, Din, n0, n1, b);
+        moe_gemm_fast_rows_split(isa, y, ldy, x, ldx, in->xs, in->lds, T, src->w, src->dt, Din, n0, n1, b);
         return;
     }
     const size_t rb = moe_dtype_row_bytes(src->dt, (size_t)Din);
@@ -103,13 +114,13 @@ static void slice_product(enum moe_cpu_isa isa, float *y, size_t ldy, const floa
 
 /* Gate and up over rows [f0, f1) of an expert's c rows xe (ld D) into g
  * and u (ld F), then the activation in place in g. */
-static void gate_up_slice(enum moe_cpu_isa isa, float *g, float *u, const float *xe, int c,
+static void gate_up_slice(enum moe_cpu_isa isa, float *g, float *u, const struct xin *xe, int c,
                           const struct wsrc *gate, const struct wsrc *up, const struct moe_tensor *bg,
                           const struct moe_tensor *bu, float alpha, float limit, int D, int F, int f0, int f1,
                           void *tmp)
 {
-    slice_product(isa, g, (size_t)F, xe, (size_t)D, c, gate, D, f0, f1, bg, tmp);
-    slice_product(isa, u, (size_t)F, xe, (size_t)D, c, up, D, f0, f1, bu, tmp);
+    slice_product(isa, g, (size_t)F, xe, c, gate, D, f0, f1, bg, tmp);
+    slice_product(isa, u, (size_t)F, xe, c, up, D, f0, f1, bu, tmp);
     for (int r = 0; r < c; r++) {
         float *gr = g + (size_t)r * F;
         const float *ur = u + (size_t)r * F;
@@ -142,12 +153,22 @@ static void permuted_rows(const struct moe_expert_weights *ex, const struct moe_
     }
 }
 
+/* Rows [r0, r1) of x (ld K) split into xs (moe_gemm_split_rows), work-shared. */
+static void split_rows(enum moe_cpu_isa isa, uint16_t *xs, const float *x, int K, int r0, int r1)
+{
+    const size_t lds = moe_gemm_split_ld(isa, K);
+#pragma omp for schedule(static)
+    for (int r = r0; r < r1; r += 16)
+        moe_gemm_split_rows(isa, xs, lds, x, (size_t)K, r, r + 16 < r1 ? r + 16 : r1, K);
+}
+
 /* The expert phase's work-shared loops: run by every thread of a team, or
- * alone by one thread outside any region. */
+ * alone by one thread outside any region.  xs: space for the routed rows
+ * split for the AMX kernels (NULL: no expert wants them). */
 static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const struct moe_dispatch *plan,
                       const float *w, const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
-                      int T, int K, int D, int F, const int32_t *active, int na, int fs, int nf, int ds,
-                      int nd)
+                      uint16_t *xs, int T, int K, int D, int F, const int32_t *active, int na, int fs, int nf,
+                      int ds, int nd)
 {
     const int r0 = plan->hi > 0 ? plan->offsets[plan->lo] : 0, r1 = plan->hi > 0 ? plan->offsets[plan->hi] : T * K;
     if (ex->cols) {
@@ -157,6 +178,8 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
         for (int r = r0; r < r1; r++)
             memcpy(ws->xe + (size_t)r * D, x + (size_t)(plan->perm[r] / K) * D, (size_t)D * sizeof(float));
     }
+    if (xs) split_rows(isa, xs, ws->xe, D, r0, r1);
+    const size_t ldsd = xs ? moe_gemm_split_ld(isa, D) : 0, ldsf = xs ? moe_gemm_split_ld(isa, F) : 0;
 
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < na * nf; i++) {
@@ -165,12 +188,22 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
         const enum moe_dtype dt = moe_expert_dtype(ex, e);
         const struct wsrc gate = {ex->gate[e], NULL, dt, false}, up = {ex->up[e], NULL, dt, false};
         struct moe_tensor vg, vu;
-        gate_up_slice(isa, ws->g + (size_t)r0 * F, ws->u + (size_t)r0 * F, ws->xe + (size_t)r0 * D, c,
-                      &gate, &up, moe_experts_bias_row(&ex->b_gate, e, &vg),
+        const struct xin in = {ws->xe + (size_t)r0 * D, (size_t)D, xs ? xs + (size_t)r0 * ldsd : NULL, ldsd};
+        gate_up_slice(isa, ws->g + (size_t)r0 * F, ws->u + (size_t)r0 * F, &in, c, &gate, &up, moe_experts_bias_row(&ex->b_gate, e, &vg),
                       moe_experts_bias_row(&ex->b_up, e, &vu), ex->alpha, ex->limit, D, F, f0, f1, NULL);
     }
 
     if (ex->cols) permuted_rows(ex, plan, x, ws, K, D, F, active, na, true);
+    if (xs) {
+        /* the activations of rows [r0, r1): each expert's from where down reads them */
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < na; i++) {
+            const int e = active[i], a = plan->offsets[e], c = plan->counts[e];
+            const float *src = ex->cols && ex->cols[2 * e + 1] ? ws->u : ws->g; /* as down reads them */
+            for (int r = a; r < a + c; r += 16)
+                moe_gemm_split_rows(isa, xs, ldsf, src, (size_t)F, r, r + 16 < a + c ? r + 16 : a + c, F);
+        }
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < na * nd; i++) {
         const int e = active[i / nd], r0 = plan->offsets[e], c = plan->counts[e];
@@ -178,8 +211,9 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
         const int d0 = (i % nd) * ds, d1 = d0 + ds < D ? d0 + ds : D;
         const struct wsrc down = {ex->down[e], NULL, moe_expert_dtype(ex, e), false};
         struct moe_tensor vd;
-        slice_product(isa, ws->ye + (size_t)r0 * D, (size_t)D, act + (size_t)r0 * F, (size_t)F, c, &down, F, d0,
-                      d1, moe_experts_bias_row(&ex->b_down, e, &vd), NULL);
+        const struct xin in = {act + (size_t)r0 * F, (size_t)F, xs ? xs + (size_t)r0 * ldsf : NULL, ldsf};
+        slice_product(isa, ws->ye + (size_t)r0 * D, (size_t)D, &in, c, &down, F, d0, d1,
+                      moe_experts_bias_row(&ex->b_down, e, &vd), NULL);
     }
 
     if (plan->hi == 0) moe_experts_combine_cpu(out, ws->ye, w, plan->pos, T, K, D);
@@ -199,12 +233,18 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
     const int fs = slice_size(F, na, want), ds = slice_size(D, na, want);
     const int nf = (F + fs - 1) / fs, nd = (D + ds - 1) / ds;
 
+    uint16_t *xs = NULL;
+    for (int i = 0; i < na && !xs; i++)
+        if (moe_gemm_split_wanted(isa, moe_expert_dtype(ex, active[i]))) {
+            xs = moe_gemm_split_buffer(isa, (size_t)n, D > F ? D : F);
+            MOE_ASSERT(xs && "experts: out of memory for the split inputs");
+        }
     if (!moe_par_worth((size_t)n * D * F, 32768)) {
-        ffn_phase(isa, out, x, plan, w, ex, ws, T, K, D, F, active, na, fs, nf, ds, nd);
+        ffn_phase(isa, out, x, plan, w, ex, ws, xs, T, K, D, F, active, na, fs, nf, ds, nd);
         return;
     }
 #pragma omp parallel
-    ffn_phase(isa, out, x, plan, w, ex, ws, T, K, D, F, active, na, fs, nf, ds, nd);
+    ffn_phase(isa, out, x, plan, w, ex, ws, xs, T, K, D, F, active, na, fs, nf, ds, nd);
 }
 
 /* Per-thread scratch of moe_experts_ffn_stacks_cpu: JOIN_ROWS joined rows
@@ -277,8 +317,8 @@ void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *xe,
             struct wsrc gate, up, down;
             struct moe_tensor vg, vu;
             stack_sources(st, e, &gate, &up, &down);
-            gate_up_slice(isa, g + (size_t)at[i] * F, u + (size_t)at[i] * F, xe + (size_t)at[i] * D,
-                          counts[e], &gate, &up, moe_experts_bias_row(&st->b_gate, e, &vg),
+            const struct xin in = {xe + (size_t)at[i] * D, (size_t)D, NULL, 0};
+            gate_up_slice(isa, g + (size_t)at[i] * F, u + (size_t)at[i] * F, &in, counts[e], &gate, &up, moe_experts_bias_row(&st->b_gate, e, &vg),
                           moe_experts_bias_row(&st->b_up, e, &vu),
                           st->alpha, st->limit, D, F, f0, f1, tmp);
         }
@@ -289,8 +329,8 @@ void moe_experts_ffn_stacks_cpu(enum moe_cpu_isa isa, float *y, const float *xe,
             struct wsrc gate, up, down;
             struct moe_tensor vd;
             stack_sources(st, e, &gate, &up, &down);
-            slice_product(isa, y + (size_t)at[i] * D, (size_t)D, g + (size_t)at[i] * F, (size_t)F, counts[e],
-                          &down, F, d0, d1, down_bias ? moe_experts_bias_row(&st->b_down, e, &vd) : NULL, tmp);
+            const struct xin in = {g + (size_t)at[i] * F, (size_t)F, NULL, 0};
+            slice_product(isa, y + (size_t)at[i] * D, (size_t)D, &in, counts[e], &down, F, d0, d1, down_bias ? moe_experts_bias_row(&st->b_down, e, &vd) : NULL, tmp);
         }
     }
 }

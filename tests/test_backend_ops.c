@@ -920,7 +920,8 @@ static void walk_cases(struct side *ref, struct side *tg) { walk_cases_of(ref, t
 /* The fast CPU backend with kernel set isa (at most) and panels on or off. */
 static void check_cpu(enum moe_cpu_isa isa, bool panels)
 {
-    if (moe_cpu_isa_detect() < isa) cr_skip_test("this processor does not run %s", moe_cpu_isa_name(isa));
+    const enum moe_cpu_isa need = isa > MOE_CPU_ISA_AMX ? MOE_CPU_ISA_AMX : isa; /* the AMX variants */
+    if (moe_cpu_isa_detect() < need) cr_skip_test("this processor does not run %s", moe_cpu_isa_name(isa));
     struct side ref, tg = {0};
     open_ref(&ref);
     struct moe_backend_opts o;
@@ -943,6 +944,9 @@ Test(backend_ops, cpu_avx2) { check_cpu(MOE_CPU_ISA_AVX2, false); }
 Test(backend_ops, cpu_avx2_panels) { check_cpu(MOE_CPU_ISA_AVX2, true); }
 Test(backend_ops, cpu_avx512) { check_cpu(MOE_CPU_ISA_AVX512, false); }
 Test(backend_ops, cpu_avx512_panels) { check_cpu(MOE_CPU_ISA_AVX512, true); }
+/* AMX with exact inputs: held to the fp32 tolerances (the default, two
+ * parts, is bounded by its inputs' rounding in test_fast_ops.c) */
+Test(backend_ops, cpu_amx_exact_panels) { check_cpu(MOE_CPU_ISA_AMX_EXACT, true); }
 
 /* CUDA, opened in the forked test (never in Criterion's parent) with the
  * options the environment gives the program (moe_cli_backend_opts, as

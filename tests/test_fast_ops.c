@@ -2,7 +2,7 @@
  * the contracts of the fast kernels that a comparison with the reference
  * does not pin.
  *
- * Every fast kernel set this processor runs (AVX2, AVX-512) multiplies
+ * Every fast kernel set this processor runs (AVX2, AVX-512, AMX) multiplies
  * seeded random inputs over a grid of awkward shapes (sizes that are not
  * multiples of the vector width, one row, more rows than a cache block,
  * F32/F16/BF16 weights, bf16 panels) to fp32 tolerance of the reference,
@@ -26,12 +26,15 @@
 
 static const enum moe_dtype dtypes[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
 
-/* Kernel sets to test: those the processor runs, narrowest first. */
+/* Kernel sets to test against fp32 tolerances: those the processor runs,
+ * narrowest first (on AMX, the variant whose inputs are exact; the others
+ * are held to their inputs' rounding: amx_inputs_within_their_rounding). */
 static int isas(enum moe_cpu_isa *out)
 {
     enum moe_cpu_isa best = moe_cpu_isa_detect();
     int n = 0;
-    for (int i = MOE_CPU_ISA_AVX2; i <= (int)best; i++) out[n++] = (enum moe_cpu_isa)i;
+    for (int i = MOE_CPU_ISA_AVX2; i <= (int)best && i <= MOE_CPU_ISA_AVX512; i++) out[n++] = (enum moe_cpu_isa)i;
+    if (best >= MOE_CPU_ISA_AMX) out[n++] = MOE_CPU_ISA_AMX_EXACT;
     return n;
 }
 
@@ -230,7 +233,7 @@ Test(fast_ops, backend_names_and_selection)
     cr_expect_eq(moe_backend_cpu_isa(&be), MOE_CPU_ISA_REF);
     moe_backend_free(&be);
     cr_assert_eq(moe_backend_init(&be, "cpu", NULL), MOE_OK);
-    cr_expect_eq(moe_backend_cpu_isa(&be), (int)moe_cpu_isa_detect());
+    cr_expect_eq(moe_backend_cpu_isa(&be), (int)moe_cpu_isa_choose(MOE_CPU_ISA_DEFAULT_CAP));
     cr_expect_str_eq(be.ops->name, moe_cpu_isa_detect() == MOE_CPU_ISA_REF ? "cpu-ref" : "cpu");
     moe_backend_free(&be);
 }
@@ -432,6 +435,154 @@ Test(fast_ops, gemm_panels_avx2_bits_equal_avx512)
     cr_log_info("panels avx2 vs avx512: %d of %d comparisons differ", bad, cases);
 }
 
+/* The AMX sets' input split: three parts sum to the input exactly (bf16
+ * values; residues below bf16's normal range flushed), two to within
+ * 2^-16 of it, one (bf16) to within 2^-8; infinities keep zero residues,
+ * NaN stays NaN, the padding past K is zero. */
+Test(fast_ops, amx_input_split_within_its_parts)
+{
+    if (moe_cpu_isa_detect() != MOE_CPU_ISA_AMX) cr_skip_test("needs AMX");
+    enum { K = 1000, R = 3 };
+    float *x = malloc((size_t)R * K * sizeof(float));
+    uint64_t st = 7;
+    for (int i = 0; i < R * K; i++) {
+        st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+        const float m = (float)(st >> 40) / (float)(1 << 24) * 2.0f - 1.0f;
+        x[i] = ldexpf(m, (int)(st % 200) - 100);
+    }
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, 1.0f + 0x1p-23f, -3.0e38f, 0x1.fffffep-1f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) x[K + (int)i] = special[i];
+    const enum moe_cpu_isa sets[] = {MOE_CPU_ISA_AMX_EXACT, MOE_CPU_ISA_AMX, MOE_CPU_ISA_AMX_BF16};
+    const double bound[] = {0.0, 0x1p-16, 0x1p-8};
+    for (int v = 0; v < 3; v++) {
+        const enum moe_cpu_isa isa = sets[v];
+        const int P = moe_amx_parts(isa);
+        const size_t lds = moe_gemm_split_ld(isa, K), kp = (lds - 32) / (size_t)P;
+        cr_assert_eq(P, v == 0 ? 3 : v == 1 ? 2 : 1, "%s: %d parts", moe_cpu_isa_name(isa), P);
+        cr_assert(kp >= K && kp % 32 == 0 && lds == (size_t)P * kp + 32, "split row of K=%d: ld %zu", K, lds);
+        uint16_t *xs = moe_gemm_split_buffer(isa, R, K);
+        cr_assert(xs);
+        memset(xs, 0x5a, (size_t)R * lds * sizeof(uint16_t));
+        moe_gemm_split_rows(isa, xs, lds, x, K, 0, R, K);
+        int bad = 0;
+        for (int r = 0; r < R; r++)
+            for (size_t k = 0; k < kp; k++) {
+                const uint16_t *h = xs + (size_t)r * lds + k;
+                double sum = 0.0;
+                float part[3] = {0, 0, 0};
+                for (int j = 0; j < P; j++) {
+                    const uint32_t u = (uint32_t)h[(size_t)j * kp] << 16;
+                    memcpy(&part[j], &u, 4);
+                    sum += part[j];
+                }
+                const float val = k < K ? x[(size_t)r * K + k] : 0.0f;
+                bool ok;
+                if (isnan(val))
+                    ok = isnan(part[0]);
+                else if (isinf(val))
+                    ok = part[0] == val && part[1] == 0 && part[2] == 0;
+                else if (fabsf(val) < 0x1p-100f)
+                    ok = fabs(sum - val) <= fmax(0x1p-126, bound[v] * fabs(val));
+                else if (fabsf(val) > 3.3e38f)
+                    ok = true; /* past bf16's range: documented to become infinite */
+                else
+                    ok = fabs(sum - val) <= bound[v] * fabs(val);
+                bad += !ok;
+                if (!ok && bad < 5)
+                    cr_log_error("%s row %d k %zu: %a split %a + %a + %a", moe_cpu_isa_name(isa), r, k,
+                                 (double)val, (double)part[0], (double)part[1], (double)part[2]);
+            }
+        cr_expect_eq(bad, 0, "%s: %d inputs outside their split's bound", moe_cpu_isa_name(isa), bad);
+    }
+    free(x);
+}
+
+/* The AMX sets whose inputs are rounded (two parts, the default, and
+ * bf16): each output within its inputs' rounding of the exact sum,
+ * sum over k of bound |x_k w_k|, plus fp32's; and a row's bits the same
+ * alone or in any batch. */
+Test(fast_ops, amx_inputs_within_their_rounding)
+{
+    if (moe_cpu_isa_detect() != MOE_CPU_ISA_AMX) cr_skip_test("needs AMX");
+    const enum moe_cpu_isa sets[] = {MOE_CPU_ISA_AMX, MOE_CPU_ISA_AMX_BF16};
+    const double bound[] = {0x1p-16, 0x1p-8};
+    const int shapes[][3] = {{1, 37, 78}, {17, 97, 258}, {65, 130, 2}, {300, 40, 4098}};
+    for (int v = 0; v < 2; v++)
+        for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+            const int T = shapes[c][0], N = shapes[c][1], K = shapes[c][2];
+            uint16_t *w = random_weights((size_t)N * K, MOE_DTYPE_BF16, (uint64_t)(c + 11));
+            void *p = pack(w, N, K);
+            float *x = malloc((size_t)T * K * sizeof(float)), *y = malloc((size_t)T * N * sizeof(float));
+            tu_fill_uniform(x, (size_t)T * K, (uint64_t)(c + 21), -1, 1);
+            moe_gemm_fast(sets[v], y, N, x, K, p, MOE_DTYPE_BF16_PANEL, N, K, T, NULL);
+            int bad = 0;
+            for (int t = 0; t < T; t++)
+                for (int n = 0; n < N; n++) {
+                    double exact = 0.0, mag = 0.0;
+                    for (int k = 0; k < K; k++) {
+                        const uint32_t u = (uint32_t)w[(size_t)n * K + k] << 16;
+                        float wv;
+                        memcpy(&wv, &u, 4);
+                        exact += (double)x[(size_t)t * K + k] * wv;
+                        mag += fabs((double)x[(size_t)t * K + k] * wv);
+                    }
+                    const double err = fabs(y[(size_t)t * N + n] - exact);
+                    if (!(err <= bound[v] * mag + dot_atol(K))) {
+                        if (bad++ < 3)
+                            cr_log_error("%s T=%d N=%d K=%d: y[%d][%d] off by %g, bound %g",
+                                         moe_cpu_isa_name(sets[v]), T, N, K, t, n, err, bound[v] * mag + dot_atol(K));
+                    }
+                }
+            cr_expect_eq(bad, 0, "%s T=%d N=%d K=%d: %d outputs outside the bound", moe_cpu_isa_name(sets[v]), T, N,
+                         K, bad);
+            free(w);
+            free(p);
+            free(x);
+            free(y);
+        }
+    int sizes[40];
+    for (int i = 0; i < 39; i++) sizes[i] = i + 1;
+    sizes[39] = 200;
+    for (int v = 0; v < 2; v++) check_panel_bits(sets[v], 70, 300, 300, sizes, 40);
+}
+
+/* The AMX tiles read 32 k at a time: where K is not a multiple of 32 the
+ * last step's weights must not come from the next panel's bytes (which
+ * may be infinite: the inputs' zero padding times inf is NaN) nor from
+ * past the matrix. */
+Test(fast_ops, gemm_panels_k_tail_reads_only_its_panel)
+{
+    enum moe_cpu_isa is[4];
+    const int ni = panel_isas(is);
+    if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
+    enum { N = 40, K = 34, T = 5 };
+    float wf[N * K], x[T * K];
+    tu_fill_uniform(wf, (size_t)N * K, 3, -1, 1);
+    tu_fill_uniform(x, (size_t)T * K, 4, -1, 1);
+    for (int n = 16; n < N; n++)
+        for (int k = 0; k < K; k++) wf[n * K + k] = INFINITY;
+    uint16_t w[N * K];
+    moe_convert_from_f32(w, wf, MOE_DTYPE_BF16, (size_t)N * K);
+    void *p = pack(w, N, K);
+    for (int i = 0; i < ni; i++) {
+        float y[T * 16];
+        moe_gemm_fast_rows(is[i], y, 16, x, K, T, p, MOE_DTYPE_BF16_PANEL, K, 0, 16, NULL);
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < 16; n++) {
+                float want = 0.0f;
+                for (int k = 0; k < K; k++) {
+                    const uint32_t u = (uint32_t)w[n * K + k] << 16;
+                    float wv;
+                    memcpy(&wv, &u, 4);
+                    want += x[t * K + k] * wv;
+                }
+                cr_expect(fabsf(y[t * 16 + n] - want) <= dot_atol(K), "%s: y[%d][%d] = %g, want %g",
+                          moe_cpu_isa_name(is[i]), t, n, (double)y[t * 16 + n], (double)want);
+            }
+    }
+    free(p);
+}
+
 Test(fast_ops, gemm_multi_with_panels_equals_separate_products)
 {
     enum moe_cpu_isa is[4];
@@ -546,7 +697,8 @@ Test(fast_ops, backend_options_not_the_environment)
     cr_expect_eq(moe_cpu_isa_detect(), best, "the environment changed the detected kernel set");
     struct moe_backend be;
     cr_assert_eq(moe_backend_cpu_fast_init(&be, 1), MOE_OK);
-    cr_expect_eq(moe_backend_cpu_isa(&be), (int)best, "the environment chose the kernels");
+    cr_expect_eq(moe_backend_cpu_isa(&be), (int)moe_cpu_isa_choose(MOE_CPU_ISA_DEFAULT_CAP),
+                 "the environment chose the kernels");
     moe_backend_free(&be);
     struct moe_backend_opts o;
     moe_backend_opts_defaults(&o);

@@ -45,6 +45,9 @@ static void fixture_open(struct fixture *f, const char *name)
 #ifdef FORWARD_FAST
     if (moe_backend_cpu_isa(&f->be) == 0) cr_skip_test("this processor runs no fast kernel set");
 #endif
+#ifdef FORWARD_NEEDS_ISA
+    if (moe_backend_cpu_isa(&f->be) < FORWARD_NEEDS_ISA) cr_skip_test("this processor lacks the kernel set");
+#endif
     struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 4, .max_logits = 64,
                                 .block_size = 4, .n_blocks = 256};
     cr_assert_eq(moe_runner_init(&f->r, &f->m, &f->be, &o), MOE_OK, "%s", moe_last_error());

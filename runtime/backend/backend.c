@@ -32,7 +32,7 @@ enum moe_status moe_backend_cuda_open(struct moe_backend *be, const struct moe_b
 void moe_backend_opts_defaults(struct moe_backend_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->cpu_isa_max = MOE_CPU_ISA_AVX512;
+    o->cpu_isa_max = MOE_CPU_ISA_DEFAULT_CAP;
     o->cpu_panels = true;
     o->prefill_attn = MOE_PREFILL_ATTN_TILED;
     o->expert_kernels = MOE_EXPERT_KERNELS_CUBLAS;

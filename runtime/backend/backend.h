@@ -246,7 +246,8 @@ struct moe_offload_opts {
 struct moe_backend_opts {
     int n_threads;                /* CPU threads; 0: all cores (OpenMP's default) */
     int device;                   /* CUDA device ordinal */
-    enum moe_cpu_isa cpu_isa_max; /* fast CPU: the widest kernel set it may use */
+    enum moe_cpu_isa cpu_isa_max; /* fast CPU: the widest kernel set it may use (an
+                                     AMX variant: that one, where AMX runs) */
     bool cpu_panels;              /* fast CPU: bf16 matrices repacked into panels at
                                      prepare_model (false: the stored layout) */
     bool cuda_graphs;             /* CUDA: decode steps recorded as graphs and replayed */
@@ -269,7 +270,8 @@ struct moe_backend_opts {
     struct moe_offload_opts offload;
 };
 
-/* n_threads 0, device 0, every kernel set, panels on, graphs off, strict
+/* n_threads 0, device 0, kernel sets up to MOE_CPU_ISA_DEFAULT_CAP (AMX
+ * only when asked), panels on, graphs off, strict
  * off, tiled prefill attention, cuBLAS experts, no quantization, every
  * expert resident. */
 void moe_backend_opts_defaults(struct moe_backend_opts *o);

@@ -769,7 +769,7 @@ static enum moe_status cpu_init(struct moe_backend *be, int n_threads, enum moe_
 enum moe_status moe_backend_cpu_open(struct moe_backend *be, bool fast, const struct moe_backend_opts *o)
 {
     enum moe_cpu_isa isa = MOE_CPU_ISA_REF;
-    if (fast) isa = moe_cpu_isa_detect() < o->cpu_isa_max ? moe_cpu_isa_detect() : o->cpu_isa_max;
+    if (fast) isa = moe_cpu_isa_choose(o->cpu_isa_max);
     return cpu_init(be, o->n_threads, isa, o->cpu_panels);
 }
 

@@ -601,7 +601,7 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,
 {
     const int device = o->device;
     c->device = device;
-    c->cpu_isa = moe_cpu_isa_detect() < o->cpu_isa_max ? moe_cpu_isa_detect() : o->cpu_isa_max;
+    c->cpu_isa = moe_cpu_isa_choose(o->cpu_isa_max);
     MOE_CUDA_TRY(cudaSetDevice(device));
     MOE_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     MOE_CUBLAS_TRY(cublasCreate(&c->blas));

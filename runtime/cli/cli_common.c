@@ -427,13 +427,13 @@ static int env_choice(const char *var, const char *const *names, int dflt)
 
 void moe_cli_backend_opts(struct moe_backend_opts *o, long threads)
 {
-    static const char *const isa[] = {"ref", "avx2", "avx512", NULL};
+    static const char *const isa[] = {"ref", "avx2", "avx512", "amx", "amx-exact", "amx-bf16", NULL};
     static const char *const off_on[] = {"0", "1", NULL};
     static const char *const attn[] = {"tiled", "rows", "mma", NULL};
     static const char *const experts[] = {"cublas", "mma", NULL};
     moe_backend_opts_defaults(o);
     o->n_threads = (int)threads;
-    o->cpu_isa_max = (enum moe_cpu_isa)env_choice("MOERUN_CPU_ISA", isa, MOE_CPU_ISA_AVX512);
+    o->cpu_isa_max = (enum moe_cpu_isa)env_choice("MOERUN_CPU_ISA", isa, MOE_CPU_ISA_DEFAULT_CAP);
     o->cpu_panels = env_choice("MOERUN_CPU_PANELS", off_on, 1);
     o->cuda_graphs = env_choice("MOERUN_CUDA_GRAPHS", off_on, 0);
     o->cuda_strict = env_choice("MOERUN_CUDA_STRICT", off_on, 0);

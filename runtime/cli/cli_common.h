@@ -147,7 +147,7 @@ bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out);
 /* The --quantize name of q ("none", "q8_0", "q4"). */
 const char *moe_cli_quant_name(enum moe_weight_quant q);
 /* The backend options of --threads and of the environment, in the one place
- * the program reads them: MOERUN_CPU_ISA=ref|avx2|avx512 (the widest CPU
+ * the program reads them: MOERUN_CPU_ISA=ref|avx2|avx512|amx|amx-exact|amx-bf16 (the widest CPU
  * kernel set), MOERUN_CPU_PANELS=0|1, MOERUN_CUDA_GRAPHS=0|1,
  * MOERUN_CUDA_STRICT=0|1, MOERUN_CUDA_PREFILL_ATTN=tiled|rows|mma,
  * MOERUN_CUDA_EXPERTS=cublas|mma (docs/cli.md).  A value that is none of

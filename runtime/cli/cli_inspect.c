@@ -5,6 +5,7 @@
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_opts.h"
+#include "runtime/cpu/gemm_fast.h"
 
 struct inspect_opts {
     struct moe_cli_engine eng; /* the model options */
@@ -136,6 +137,21 @@ static void print_formats(const struct moe_model *m, int64_t total)
     printf("\n");
 }
 
+/* The CPU kernel set the fast backend would run here, and why. */
+static void print_kernels(void)
+{
+    struct moe_backend_opts bo;
+    moe_cli_backend_opts(&bo, 0);
+    const enum moe_cpu_isa best = moe_cpu_isa_detect(), isa = moe_cpu_isa_choose(bo.cpu_isa_max);
+    static const char *const inputs[] = {"two bf16 parts (16 bits)", "three bf16 parts (exact)",
+                                         "bf16 (8 bits)"};
+    printf("cpu kernels  %s", moe_cpu_isa_name(isa));
+    if (isa < best) printf(" (MOERUN_CPU_ISA caps this processor's %s)", moe_cpu_isa_name(best));
+    if (isa >= MOE_CPU_ISA_AMX)
+        printf(" (bf16 products on the AMX tiles, inputs in %s; the rest AVX-512)", inputs[isa - MOE_CPU_ISA_AMX]);
+    printf("\n");
+}
+
 int moe_cli_inspect(int argc, char **argv)
 {
     struct inspect_opts o;
@@ -165,6 +181,7 @@ int moe_cli_inspect(int argc, char **argv)
     print_structure(&m, mo.path ? mo.path : mo.synthetic);
     print_sizes(&m.cfg, &z);
     if (m.layers) print_formats(&m, z.bytes_total);
+    print_kernels();
     moe_model_free(&m);
     return 0;
 }

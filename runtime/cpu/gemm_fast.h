@@ -47,9 +47,19 @@
  * bits): an output is the quantized input row times the exactly
  * dequantized weights, to fp32 rounding.  Same bits alone or in any batch.
  *
+ * AMX (the `amx` sets): products over bf16 panels run on the tile units
+ * (gemm_amx.c), each input row split once per call into bf16 parts: two
+ * (`amx`: within 2^-16 of each input), three (`amx-exact`: the input
+ * exactly) or one (`amx-bf16`: the input rounded to bf16, within 2^-8), a
+ * tile product per part and k step, accumulated in fp32; a row's bits the
+ * same alone or in any batch (but not the AVX-512 panel kernels' bits).
+ * Detection asks Linux for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM)
+ * once; refused, the processor counts as AVX-512.  Every other format
+ * runs the AVX-512 set's kernels.
+ *
  * Kernels are compiled with __attribute__((target(...))) and chosen at run
  * time by what the processor supports, so the build stays portable; where
- * neither kernel set runs, the backend uses the reference. */
+ * no kernel set runs, the backend uses the reference. */
 #pragma once
 
 #include <stdbool.h>
@@ -66,11 +76,24 @@ enum moe_cpu_isa {
     MOE_CPU_ISA_REF,     /* no fast kernels: plain C reference */
     MOE_CPU_ISA_AVX2,    /* AVX2 + FMA + F16C */
     MOE_CPU_ISA_AVX512,  /* AVX-512 F/BW/VL + the above */
+    MOE_CPU_ISA_AMX,     /* AMX-TILE/BF16 + AVX512-BF16 + the above, the tiles permitted:
+                          * inputs of bf16 products in two bf16 parts (16 bits) */
+    MOE_CPU_ISA_AMX_EXACT, /* the same, inputs in three parts (exact) */
+    MOE_CPU_ISA_AMX_BF16,  /* the same, inputs rounded to bf16 */
 };
 
 /* The best kernel set this processor runs (a backend may be told to use a
- * narrower one: moe_backend_opts.cpu_isa_max). */
+ * narrower one: moe_backend_opts.cpu_isa_max), MOE_CPU_ISA_AMX where the
+ * tiles run.  Asks Linux for the tile state the first time. */
 enum moe_cpu_isa moe_cpu_isa_detect(void);
+/* The cap backends get unless told otherwise: AVX-512.  The AMX sets
+ * speed up prefill 2-4x but stream decode's weights 15-30% slower, and a
+ * row's bits must not depend on its batch, so one set serves both: AMX is
+ * asked for (moe_backend_opts.cpu_isa_max, MOERUN_CPU_ISA=amx). */
+#define MOE_CPU_ISA_DEFAULT_CAP MOE_CPU_ISA_AVX512
+/* The set a backend capped at cap runs here: the narrower of the two; on
+ * an AMX processor, the AMX variant cap names (AMX_EXACT, AMX_BF16). */
+enum moe_cpu_isa moe_cpu_isa_choose(enum moe_cpu_isa cap);
 const char *moe_cpu_isa_name(enum moe_cpu_isa isa);
 
 /* y[t*ldy + n] for t in [0, T), n in [n0, n1), computed by the calling
@@ -81,6 +104,26 @@ const char *moe_cpu_isa_name(enum moe_cpu_isa isa);
 void moe_gemm_fast_rows(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx,
                         int T, const void *w, enum moe_dtype wt, int Din, int n0, int n1,
                         const struct moe_tensor *b);
+
+/* Inputs split once for many slice products (an AMX set over bf16
+ * panels; moe_gemm_split_wanted says when): row r of x as P bf16 part
+ * rows at xs + r*lds + j*kp (P = moe_amx_parts(isa), kp = K rounded up to
+ * 32, the padding zero), lds = moe_gemm_split_ld(isa, K) = P kp + 32.
+ * moe_gemm_split_rows writes rows [r0, r1) (an AMX set only);
+ * moe_gemm_split_buffer is the calling thread's space for `rows` such rows
+ * (kept until the thread exits, one use at a time; NULL when out of memory
+ * or the size overflows).  moe_gemm_fast_rows_split is moe_gemm_fast_rows
+ * reading the split rows where they are wanted (xs NULL: split there, for
+ * that call). */
+bool moe_gemm_split_wanted(enum moe_cpu_isa isa, enum moe_dtype wt);
+int moe_amx_parts(enum moe_cpu_isa isa);
+size_t moe_gemm_split_ld(enum moe_cpu_isa isa, int K);
+uint16_t *moe_gemm_split_buffer(enum moe_cpu_isa isa, size_t rows, int K);
+void moe_gemm_split_rows(enum moe_cpu_isa isa, uint16_t *xs, size_t lds, const float *x, size_t ldx, int r0,
+                         int r1, int K);
+void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx,
+                              const uint16_t *xs, size_t lds, int T, const void *w, enum moe_dtype wt,
+                              int Din, int n0, int n1, const struct moe_tensor *b);
 
 /* The whole product, output rows split over the OpenMP team (serial when
  * small).  No scratch, no allocation. */

@@ -2,10 +2,12 @@
  * the fast ops (runtime/cpu/gemm_fast.c chooses among them). */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "runtime/core/tensor.h"
+#include "runtime/cpu/gemm_fast.h"
 
 void moe_gemm_rows_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
                         enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
@@ -30,6 +32,12 @@ void moe_gemm_rows_panel_avx512(float *y, size_t ldy, const float *x, size_t ldx
 /* The same with AVX2 + FMA, same bits (gemm_panel_avx2.c). */
 void moe_gemm_rows_panel_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T,
                               const void *w, int K, int n0, int n1, const struct moe_tensor *b);
+/* The same on the AMX tiles over inputs split by moe_gemm_split_rows
+ * (gemm_amx.c; other bits). */
+void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, const uint16_t *xs, size_t lds,
+                             int T, const void *w, int K, int n0, int n1, const struct moe_tensor *b);
+/* Asks Linux to let this process use the AMX tile data state. */
+bool moe_amx_permit(void);
 /* Outputs of the widest AVX-512 panel tile for T input rows (a multiple of
  * the AVX2 one): slices of panel products are multiples of it. */
 int moe_gemm_panel_slice_unit(int T);

@@ -1,0 +1,129 @@
+/* gemm_panels.c - the fast CPU product over bf16 panels (what the fast
+ * backend packs bf16 matrices to) with each kernel set this processor runs:
+ * AVX2, AVX-512 (FMA over widened weights, runtime/cpu/gemm_panel.c) and
+ * the AMX sets (tiles, runtime/cpu/gemm_amx.c: inputs in two bf16 parts,
+ * three, or one), side by side (docs/cpu.md).
+ *
+ * y (T, N) = x (T, K) . W^T for (N, K) = 4096 x 4096 (a dense layer),
+ * 1024 x 2048 and 2048 x 1024 (OLMoE-1B-7B's expert gate/up and down),
+ * 14336 x 4096 (Mixtral-8x7B's expert gate/up) and T = 1, 4, 16, 64, 512.
+ * Each case cycles through distinct copies of its matrix totalling at
+ * least 256 MiB when T <= 4, so those products read their weights from
+ * memory as decode does; larger T reuse one copy (prefill is compute
+ * bound).  The kernel sets alternate within each round (the machine is
+ * shared and noisy); a figure is the median over rounds of the calling
+ * thread's CPU time per product with one thread, and of the wall time per
+ * product with the OpenMP team.  Printed: ms per product, GFLOP/s
+ * (2 T N K per product) and each set's speed relative to AVX-512.
+ *
+ * Build and run (from the repository root, after the CPU build in build-cpu/):
+ *   cmake --build build-cpu --target bench_gemm_panels && build-cpu/bench_gemm_panels [rounds] [threads] [T]
+ * (T: that row count alone).
+ * Not run by the tests. */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/core/status.h"
+#include "runtime/cpu/gemm_fast.h"
+
+static double clock_s(clockid_t c)
+{
+    struct timespec ts;
+    clock_gettime(c, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "bench_gemm_panels: out of memory for %zu bytes\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    const int rounds = argc > 1 ? atoi(argv[1]) : 5;
+    const int threads = argc > 2 ? atoi(argv[2]) : 1;
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best < MOE_CPU_ISA_AVX512 || rounds < 1 || threads < 1) {
+        fprintf(stderr, "bench_gemm_panels: needs AVX-512 (this processor: %s), rounds and threads >= 1\n",
+                moe_cpu_isa_name(best));
+        return 1;
+    }
+    omp_set_num_threads(threads);
+    const int shapes[][2] = {{4096, 4096}, {1024, 2048}, {2048, 1024}, {14336, 4096}};
+    const int Ts[] = {1, 4, 16, 64, 512};
+    const int only = argc > 3 ? atoi(argv[3]) : 0; /* one T only */
+    const enum moe_cpu_isa sets[] = {MOE_CPU_ISA_AVX2, MOE_CPU_ISA_AVX512, MOE_CPU_ISA_AMX, MOE_CPU_ISA_AMX_EXACT,
+                                     MOE_CPU_ISA_AMX_BF16};
+    const int nset = best >= MOE_CPU_ISA_AMX ? 5 : 2;
+    printf("kernel sets avx2..%s, %d rounds, %d thread%s (%s time)\n", moe_cpu_isa_name(sets[nset - 1]), rounds, threads,
+           threads > 1 ? "s" : "", threads > 1 ? "wall" : "thread CPU");
+    printf("%-12s %4s  %-9s %10s %9s %8s\n", "N x K", "T", "set", "ms", "GFLOP/s", "vs avx512");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int N = shapes[si][0], K = shapes[si][1];
+        size_t pb;
+        MOE_ASSERT(moe_gemm_panel_bytes(N, K, &pb));
+        uint16_t *w = xmalloc((size_t)N * K * 2);
+        uint64_t st = 88172645463325252ull + si;
+        for (size_t i = 0; i < (size_t)N * K; i++) {
+            st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+            float f = ((float)(st >> 40) / (float)(1 << 24) - 0.5f) * 0.1f;
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            w[i] = (uint16_t)(u >> 16);
+        }
+        const size_t copies_decode = ((size_t)256 << 20) / pb + 1;
+        char *pk = xmalloc(pb * copies_decode);
+        for (size_t c = 0; c < copies_decode; c++) moe_gemm_pack_panels(pk + c * pb, w, N, K);
+        free(w);
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const int T = Ts[ti];
+            if (only && T != only) continue;
+            const size_t copies = T <= 4 ? copies_decode : 1;
+            float *x = xmalloc((size_t)T * K * sizeof(float)), *y = xmalloc((size_t)T * N * sizeof(float));
+            for (size_t i = 0; i < (size_t)T * K; i++) x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+            const double flop = 2.0 * T * (double)N * K;
+            const int reps = (int)(2e9 / flop / (T <= 4 ? 1 : 8)) + 1;
+            double *ms = xmalloc(sizeof(double) * (size_t)rounds * (size_t)nset);
+            for (int r = 0; r < rounds; r++)
+                for (int k = 0; k < nset; k++) {
+                    const int s = (r % 2 ? nset - 1 - k : k); /* alternate the order */
+                    const enum moe_cpu_isa isa = sets[s];
+                    const clockid_t ck = threads > 1 ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID;
+                    moe_gemm_fast(isa, y, N, x, K, pk, MOE_DTYPE_BF16_PANEL, N, K, T, NULL); /* warm */
+                    const double t0 = clock_s(ck);
+                    for (int i = 0; i < reps; i++)
+                        moe_gemm_fast(isa, y, N, x, K, pk + (size_t)i % copies * pb, MOE_DTYPE_BF16_PANEL, N, K, T,
+                                      NULL);
+                    ms[(size_t)s * rounds + r] = (clock_s(ck) - t0) / reps * 1e3;
+                }
+            double med[5];
+            for (int s = 0; s < nset; s++) {
+                qsort(ms + (size_t)s * rounds, (size_t)rounds, sizeof(double), cmp_d);
+                med[s] = ms[(size_t)s * rounds + rounds / 2];
+            }
+            for (int s = 0; s < nset; s++)
+                printf("%5d x %-5d %4d  %-9s %10.3f %9.1f %8.2fx\n", N, K, T, moe_cpu_isa_name(sets[s]), med[s],
+                       flop / med[s] * 1e-6, med[1] / med[s]);
+            fflush(stdout);
+            free(ms);
+            free(x);
+            free(y);
+        }
+        free(pk);
+    }
+    return 0;
+}
