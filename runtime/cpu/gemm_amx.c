@@ -134,15 +134,8 @@ AMX static void configure(struct tilecfg *cur, int rows0, int rows1)
     _tile_loadconfig(cur);
 }
 
-/* Lanes of panel q whose outputs fall in [n0, n1). */
-INLINE __mmask16 lane_mask(int q, int n0, int n1)
-{
-    int lo = n0 - 16 * q, hi = n1 - 16 * q;
-    lo = lo < 0 ? 0 : lo;
-    hi = hi > 16 ? 16 : hi;
-    if (hi <= lo) return 0;
-    return (__mmask16)((((uint32_t)1 << hi) - 1) & ~(((uint32_t)1 << lo) - 1));
-}
+#define AVX512 AMX
+#include "runtime/cpu/gemm_panel_avx512.h"
 
 /* Rows [0, R) of an accumulator stored in c (16 x 16 fp32) into y at
  * panel q's outputs within [n0, n1), + bias. */
@@ -151,18 +144,7 @@ AMX static void put(const float *c, int R, float *y, size_t ldy, int q, int n0, 
 {
     const __mmask16 m = lane_mask(q, n0, n1);
     if (!m) return;
-    __m512 bv = _mm512_setzero_ps();
-    if (b) {
-        const uint16_t *h = (const uint16_t *)b->data + 16 * q;
-        switch (b->dtype) {
-        case MOE_DTYPE_F32: bv = _mm512_maskz_loadu_ps(m, (const float *)b->data + 16 * q); break;
-        case MOE_DTYPE_BF16:
-            bv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, h)), 16));
-            break;
-        case MOE_DTYPE_F16: bv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, h)); break;
-        default: MOE_ASSERT(!"gemm_amx: bias must be F32, F16 or BF16");
-        }
-    }
+    const __m512 bv = b ? bias16(b, q, m) : _mm512_setzero_ps();
     for (int r = 0; r < R; r++) {
         const __m512 v = _mm512_load_ps(c + 16 * r);
         _mm512_mask_storeu_ps(y + (size_t)r * ldy + 16 * (size_t)q, m, b ? _mm512_add_ps(v, bv) : v);
