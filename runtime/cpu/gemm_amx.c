@@ -10,8 +10,8 @@
  * hi = bf16(x), then mid = bf16(x - hi), then lo = x - hi - mid (each
  * rounded to nearest even; the residues are exact in fp32).  One part
  * (amx-bf16) is x rounded to bf16, within 2^-8 |x| (llama.cpp's and a bf16
- * model's numerics); two (amx, the default) are within 2^-16 |x|; three
- * (amx-exact) sum to x exactly (lo has at most 8 significant bits left).
+ * model's numerics); two (amx) are within 2^-16 |x|; three (amx-exact) sum
+ * to x exactly (lo has at most 8 significant bits left).
  * Each k step of 32 takes one tile product per part, in that order.  A
  * bf16 product is exact in fp32 and the tile unit accumulates in fp32 (its
  * own rounding, not FMA's: against the exact sum, amx-exact's outputs are
@@ -22,22 +22,23 @@
  * zeros.
  *
  * Order: output (r, n) is C = 0, then for each k step s = 0, 1, ...:
- * C += part(r, s) . B(s) for each part in order, then + bias.  A tile row is computed from its own input row alone, and the
- * sequence is the same for both tile shapes below, so a row gives the
- * same bits alone or in any batch, in any slice of the outputs.  (They
- * are not the bits of the AVX-512 or AVX2 panel kernels.)
+ * C += part(r, s) . B(s) for each part in order, then + bias.  A tile row
+ * is computed from its own input row alone, and the sequence is the same
+ * for both tile shapes below, so a row gives the same bits alone or in any
+ * batch, in any slice of the outputs.  (They are not the bits of the
+ * AVX-512 or AVX2 panel kernels.)
  *
  * Tiles: up to 16 rows, one row tile: tmm0-2 accumulate 3 panels, tmm3-5
- * hold the parts, tmm6-7 weights (prefetched ahead); more rows, two row
- * tiles: tmm0-3 accumulate 2 rows x 2 panels, tmm4-5 the two row tiles'
- * parts one after the other, tmm6-7 weights.  Panels in blocks of 8 (their
- * weights stay in L2 across the row blocks), k in blocks of 4 steps (the
- * inputs of a block stay in L1 across the panels; partial sums spill as
- * fp32 between blocks, exactly).  The tile configuration is loaded at the start
- * of each call (and again for a last block of fewer rows) and released at
- * its end, so no tile state outlives a call. */
+ * hold the parts, tmm6-7 weights (prefetched ahead), k in one pass (the
+ * weights stream once); more rows, two row tiles: tmm0-3 accumulate 2 rows
+ * x 2 panels, tmm4-5 the two row tiles' parts one after the other, tmm6-7
+ * weights.  Panels in blocks of 8 (their weights stay in L2 across the row
+ * blocks), k in blocks of 4 steps (the inputs of a block stay in L1 across
+ * the panels; partial sums spill as fp32 between blocks, exactly).  The
+ * tile configuration is loaded at the start of each call (and again for a
+ * last block of fewer rows) and released at its end, so no tile state
+ * outlives a call. */
 #include <immintrin.h>
-#include <omp.h>
 #include <stdbool.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -45,7 +46,6 @@
 
 #include "runtime/cpu/gemm_fast.h"
 #include "runtime/cpu/gemm_fast_impl.h"
-#include "runtime/core/par.h"
 #include "runtime/core/status.h"
 
 #define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
@@ -54,8 +54,8 @@
 enum {
     KT = 32, /* k per tile step */
     PF = 2,  /* up to 16 rows: prefetch the weights this many steps ahead */
-    KB = 4,
-    NB = 8,  /* panels per block: the block's weights stay in L2 across the row blocks */  /* k steps per block: the block's inputs (32 rows, 24 KiB) stay in L1 */
+    KB = 4,  /* more than 16 rows: k steps per block (the block's inputs stay in L1) */
+    NB = 8,  /* more than 16 rows: panels per block (their weights stay in L2) */
     ARCH_REQ_XCOMP_PERM = 0x1023,
     XFEATURE_XTILEDATA = 18,
 };
