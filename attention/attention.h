@@ -51,6 +51,32 @@ static inline float moe_attention_query_scale(const struct moe_attn_params *p, i
     return p->scale * t;
 }
 
+/* One Gated DeltaNet layer (Qwen3-Next's linear attention, config.h) for
+ * the linear-attention ops. */
+struct moe_delta_params {
+    int layer;                 /* the layer's index among the linear layers (its state) */
+    int n_k_heads, n_v_heads;  /* Hk, Hv: value head h reads q/k head h / (Hv / Hk) */
+    int k_dim, v_dim;          /* Dk, Dv */
+    int conv;                  /* the convolution's width */
+    const float *conv_w;       /* (C, conv) F32, C = 2 Hk Dk + Hv Dv, backend memory */
+    const float *a_log;        /* (Hv) F32: the decay rate is -exp(a_log) */
+    const float *dt_bias;      /* (Hv) F32 */
+};
+/* out (T, Hv*Dv) of one linear layer, each sequence's rows in order over
+ * its state slot (kvcache.h; zeroed first when the sequence's first row is
+ * at position 0), as transformers' torch_recurrent_gated_delta_rule
+ * computes in fp32:
+ *   qkv (T, C): the q, k, v projections; replaced in place by
+ *     silu(causal depthwise convolution over the slot's last conv - 1
+ *     inputs and these), which also become the slot's new last inputs;
+ *   b, a (T, Hv): beta = sigmoid(b), g = -exp(a_log) softplus(a + dt_bias);
+ *   per value head, q and k L2-normalised (eps 1e-6), q / sqrt(Dk):
+ *     S = S exp(g); d = (v - S^T k) beta; S += k d^T; out = S^T q.
+ * A row depends only on its sequence's earlier rows, so a prompt gives the
+ * same bits prefilled at once, in chunks or token by token. */
+void moe_attention_delta_cpu(float *out, float *qkv, const float *b, const float *a,
+                             struct moe_kvcache *kv, const struct moe_batch *bt,
+                             const struct moe_delta_params *p);
 /* y (rows, dim) = rmsnorm(x) * w; w has dim elements. y may equal x. */
 void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor *w, int rows,
                                int dim, float eps);

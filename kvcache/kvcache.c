@@ -59,19 +59,20 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator me
         return moe_fail(MOE_ERR_UNSUPPORTED, "kv cache: dtype %s (use F32, F16, BF16 or F8_E4M3)",
                         moe_dtype_name(dtype));
     const bool fp8 = dtype == MOE_DTYPE_F8E4M3;
+    const int kv_layers = moe_config_kv_layers(cfg); /* linear-attention layers keep no K/V */
     size_t per_slot, slots, elems, rows, bytes, total, stotal = 0, ntok;
     if (!moe_mul_size((size_t)cfg->n_kv_heads, (size_t)cfg->head_dim, &per_slot) ||
         !moe_mul_size((size_t)n_blocks, (size_t)block_size, &slots) ||
         !moe_mul_size(slots, per_slot, &elems) ||
         !moe_mul_size(slots, (size_t)cfg->n_kv_heads, &rows) ||
         !moe_mul_size(elems, moe_dtype_size(dtype), &bytes) ||
-        !moe_mul_size(bytes, (size_t)cfg->n_layers, &total) ||
+        !moe_mul_size(bytes, (size_t)kv_layers, &total) ||
         (fp8 && (!moe_mul_size(rows, sizeof(float), &stotal) ||
-                 !moe_mul_size(stotal, (size_t)cfg->n_layers, &stotal))) ||
+                 !moe_mul_size(stotal, (size_t)kv_layers, &stotal))) ||
         !moe_mul_size(slots, sizeof(int32_t), &ntok))
         return moe_fail(MOE_ERR_NOMEM, "kv cache: %d blocks of %d slots overflow the address space",
                         n_blocks, block_size);
-    kv->n_layers = cfg->n_layers;
+    kv->n_layers = kv_layers;
     kv->n_kv_heads = cfg->n_kv_heads;
     kv->head_dim = cfg->head_dim;
     kv->block_size = block_size;
@@ -111,9 +112,55 @@ fail:
     return s;
 }
 
+enum moe_status moe_kvcache_init_state(struct moe_kvcache *kv, const struct moe_config *cfg, int n_slots)
+{
+    const size_t bytes_per = moe_config_state_bytes(cfg);
+    size_t total;
+    if (n_slots <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "kv cache: %d recurrent-state slots (need at least one)", n_slots);
+    if (bytes_per == SIZE_MAX || !moe_mul_size(bytes_per, (size_t)n_slots, &total))
+        return moe_fail(MOE_ERR_NOMEM, "kv cache: %d recurrent-state slots overflow the address space", n_slots);
+    if (bytes_per == 0) return MOE_OK;
+    kv->state_floats = bytes_per / sizeof(float);
+    kv->state_layer_floats = moe_config_state_floats(cfg);
+    kv->state_conv_floats = (size_t)moe_config_conv_dim(cfg) * (size_t)(cfg->lin_conv - 1);
+    kv->state_len = malloc((size_t)n_slots * sizeof *kv->state_len);
+    kv->state_free = malloc((size_t)n_slots * sizeof *kv->state_free);
+    if (!kv->state_len || !kv->state_free)
+        return moe_fail(MOE_ERR_NOMEM, "kv cache: bookkeeping for %d state slots", n_slots);
+    MOE_TRY(kv->mem.alloc(kv->mem.ctx, total, (void **)&kv->state));
+    kv->n_state_slots = n_slots;
+    for (int i = 0; i < n_slots; i++) {
+        kv->state_free[i] = n_slots - 1 - i;
+        kv->state_len[i] = -1;
+    }
+    kv->n_state_free = n_slots;
+    return MOE_OK;
+}
+
+enum moe_status moe_kvcache_alloc_state(struct moe_kvcache *kv, int32_t *slot)
+{
+    if (kv->n_state_free == 0)
+        return moe_fail(MOE_ERR_NOMEM, "kv cache: every one of the %d recurrent-state slots is taken",
+                        kv->n_state_slots);
+    *slot = kv->state_free[--kv->n_state_free];
+    kv->state_len[*slot] = -1; /* its first step starts at position 0 */
+    return MOE_OK;
+}
+
+void moe_kvcache_release_state(struct moe_kvcache *kv, int32_t slot)
+{
+    MOE_ASSERT(slot >= 0 && slot < kv->n_state_slots && kv->n_state_free < kv->n_state_slots);
+    kv->state_len[slot] = -1;
+    kv->state_free[kv->n_state_free++] = slot;
+}
+
 void moe_kvcache_free(struct moe_kvcache *kv)
 {
+    free(kv->state_len);
+    free(kv->state_free);
     if (kv->mem.dealloc) {
+        kv->mem.dealloc(kv->mem.ctx, kv->state);
         if (kv->vs != kv->ks) kv->mem.dealloc(kv->mem.ctx, kv->vs);
         kv->mem.dealloc(kv->mem.ctx, kv->ks);
         if (kv->v != kv->k) kv->mem.dealloc(kv->mem.ctx, kv->v);

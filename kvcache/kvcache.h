@@ -16,7 +16,9 @@
  * allocation takes free blocks first and evicts the least recently used
  * cached block only when none is left.
  *
- * Storage per layer: K and V each (n_blocks, B, Hkv, Dh) in the KV dtype
+ * Storage per attention layer (linear-attention layers have none: their
+ * per-sequence state is the state part below): K and V each
+ * (n_blocks, B, Hkv, Dh) in the KV dtype
  * (F32, F16, BF16 or F8E4M3), contiguous, in backend memory.  The pool
  * bookkeeping (counts, free list, cache index, tokens) is on the host.
  *
@@ -88,6 +90,20 @@ struct moe_kvcache {
     int32_t *index;            /* open addressing: block id + 1, 0 empty */
     size_t index_cap;          /* power of two >= 2 * n_blocks */
     struct moe_kv_stats stats;
+    /* Recurrent state of hybrid models (moe_kvcache_init_state; else
+     * zero): n_state_slots slots of state_floats F32 values, backend
+     * memory, one per running sequence.  A slot holds, for each linear
+     * layer in order, state_layer_floats values: the convolution's last
+     * inputs (state_conv_floats: (C, lin_conv - 1)), then the recurrent
+     * state (Hv, Dk, Dv).  state_len (host): the tokens the slot's state
+     * has taken in; -1 when it holds none that can be continued (new, or
+     * a step failed midway), so its next step must start at position 0. */
+    int n_state_slots;
+    size_t state_floats, state_layer_floats, state_conv_floats;
+    float *state;
+    int32_t *state_len;        /* (n_state_slots) */
+    int32_t *state_free;       /* stack of free slots */
+    int n_state_free;
     struct moe_allocator mem;  /* where k, v, ks and vs live (a backend's memory) */
 };
 
@@ -99,6 +115,14 @@ MOE_MUST_USE enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe
                                                int block_size, enum moe_dtype dtype,
                                                bool prefix_cache);
 void moe_kvcache_free(struct moe_kvcache *kv);
+/* Adds n_slots recurrent-state slots for cfg's linear-attention layers
+ * (nothing for a model without); sizes overflow-checked. */
+MOE_MUST_USE enum moe_status moe_kvcache_init_state(struct moe_kvcache *kv, const struct moe_config *cfg,
+                                                     int n_slots);
+/* Takes a free state slot (its state_len -1); MOE_ERR_NOMEM naming the
+ * slot count when none is left.  Release gives it back. */
+MOE_MUST_USE enum moe_status moe_kvcache_alloc_state(struct moe_kvcache *kv, int32_t *slot);
+void moe_kvcache_release_state(struct moe_kvcache *kv, int32_t slot);
 /* Bytes of one block (K and V, all layers, fp8 scales included; MLA: the
  * one row both read); SIZE_MAX on overflow. */
 size_t moe_kvcache_block_bytes(const struct moe_config *cfg, int block_size, enum moe_dtype dtype);

@@ -83,6 +83,8 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     check_synth_round_trip("tests/fixtures/minimax_m2/config.json");
     /* Llama-4: feed_forward names, experts as transformers keeps them */
     check_synth_round_trip("tests/fixtures/llama4/config.json");
+    /* Qwen3-Next: linear_attn.* of the Gated DeltaNet layers, q_proj with gates */
+    check_synth_round_trip("tests/fixtures/qwen3_next/config.json");
 }
 
 /* --layout per-expert writes legacy names (Mixtral: block_sparse_moe w1/w3/w2;

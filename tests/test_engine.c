@@ -34,8 +34,17 @@ static void teardown(void)
     moe_model_free(&model);
 }
 
+/* A hybrid model (Qwen3-Next: linear-attention layers with a recurrent
+ * state slot per sequence beside the paged KV of its attention layer) */
+static void setup_hybrid(void)
+{
+    cr_assert_eq(moe_model_load(&model, FIXTURE_DIR "/qwen3_next"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK);
+}
+
 TestSuite(engine, .init = setup, .fini = teardown);
 TestSuite(engine_fp8, .init = setup_fp8, .fini = teardown);
+TestSuite(engine_hybrid, .init = setup_hybrid, .fini = teardown);
 
 static void engine_open(struct moe_engine *e, int n_blocks, int block, int batch_tokens,
                         bool prefix)
@@ -142,6 +151,7 @@ static void continuous_batching_matches_solo_greedy(void)
 }
 Test(engine, continuous_batching_matches_solo_greedy) { continuous_batching_matches_solo_greedy(); }
 Test(engine_fp8, continuous_batching_matches_solo_greedy) { continuous_batching_matches_solo_greedy(); }
+Test(engine_hybrid, continuous_batching_matches_solo_greedy) { continuous_batching_matches_solo_greedy(); }
 
 static void continuous_batching_matches_solo_sampled(void)
 {
@@ -151,6 +161,7 @@ static void continuous_batching_matches_solo_sampled(void)
 }
 Test(engine, continuous_batching_matches_solo_sampled) { continuous_batching_matches_solo_sampled(); }
 Test(engine_fp8, continuous_batching_matches_solo_sampled) { continuous_batching_matches_solo_sampled(); }
+Test(engine_hybrid, continuous_batching_matches_solo_sampled) { continuous_batching_matches_solo_sampled(); }
 
 static void preemption_keeps_outputs_identical(void)
 {
@@ -164,6 +175,9 @@ static void preemption_keeps_outputs_identical(void)
 }
 Test(engine, preemption_keeps_outputs_identical) { preemption_keeps_outputs_identical(); }
 Test(engine_fp8, preemption_keeps_outputs_identical) { preemption_keeps_outputs_identical(); }
+/* a preempted hybrid request gives its state slot back and recomputes it
+ * from position 0 */
+Test(engine_hybrid, preemption_keeps_outputs_identical) { preemption_keeps_outputs_identical(); }
 
 static void shared_prefix_reuses_blocks(void)
 {
@@ -262,6 +276,32 @@ Test(engine, thousands_of_requests_leak_no_block)
     cr_assert(e.n.prefix_hit_tokens > 0);
     tu_expect_pools_free(&e);
     moe_engine_free(&e);
+}
+
+/* 1000 requests on the hybrid model, a third cancelled: every block and
+ * every recurrent-state slot back; the prefix cache, asked for, is off */
+Test(engine_hybrid, a_thousand_requests_leak_no_state_slot)
+{
+    struct moe_engine e;
+    engine_open(&e, 40, 4, 48, true);
+    cr_assert(!e.r.kv.prefix_cache, "no prefix cache over recurrent state");
+    cr_assert_eq(e.r.kv.n_state_slots, 8, "a slot per sequence of a step");
+    tu_engine_churn(&e, 1000, 64, 77, churn_request, NULL, NULL);
+    cr_assert(e.n.requests_aborted > 50, "cancellations happened (%llu)", (unsigned long long)e.n.requests_aborted);
+    cr_assert_eq(e.n.prefix_hit_tokens, 0);
+    tu_expect_pools_free(&e);
+    moe_engine_free(&e);
+}
+
+/* Speculative decoding would have to rewind the recurrent state: refused. */
+Test(engine_hybrid, refuses_speculation)
+{
+    struct moe_engine e;
+    struct moe_engine_opts o = {.max_batch_tokens = 32, .max_seqs = 4, .block_size = 4, .n_blocks = 32,
+                                .kv_dtype = MOE_DTYPE_F32,
+                                .spec = {.kind = MOE_SPEC_NGRAM, .tokens = 3}};
+    cr_assert_eq(moe_engine_init(&e, &model, &be, &o), MOE_ERR_UNSUPPORTED);
+    cr_expect(strstr(moe_last_error(), "rewound"), "%s", moe_last_error());
 }
 
 /* Plain greedy requests take their tokens from the backend's argmax and no

@@ -168,6 +168,13 @@ Test(FORWARD_SUITE, minimax_m2_matches_transformers) { check_model("minimax_m2",
  * input, a shared expert, dense and MoE layers interleaved, experts as
  * transformers keeps them ((E, D, 2F), (E, F, D)) */
 Test(FORWARD_SUITE, llama4_matches_transformers) { check_model("llama4", 1e-4); }
+/* Qwen3-Next: Gated DeltaNet layers (causal convolution and delta rule over
+ * a recurrent state per sequence; 2 q/k heads for 4 value heads, Dk 16 !=
+ * Dv 8), a gated full-attention layer with quarter-rotary RoPE, (1 + w)
+ * RMSNorms (random w), a dense layer among MoE layers with a gated shared
+ * expert.  transformers prefills with its chunked delta rule and decodes
+ * with the recurrent one; moerun runs the recurrent one throughout */
+Test(FORWARD_SUITE, qwen3_next_matches_transformers) { check_model("qwen3_next", 1e-4); }
 /* the same text model in a Llama4ForConditionalGeneration checkpoint
  * (text_config, language_model.* tensors, a vision tower not read) */
 Test(FORWARD_SUITE, llama4_multimodal_text_matches_transformers) { check_model("llama4_multimodal", 1e-4); }
@@ -254,12 +261,16 @@ Test(FORWARD_SUITE, chunked_prefill_is_identical_llama) { check_chunking("llama"
 /* prefill chunks of 1 and 5 across Llama-4's attention chunks of 8 */
 Test(FORWARD_SUITE, chunked_prefill_is_identical_llama4) { check_chunking("llama4"); }
 
+/* prefill chunks of 1 and 5: each carries the linear layers' recurrent
+ * state (convolution inputs and delta-rule state) to the next */
+Test(FORWARD_SUITE, chunked_prefill_is_identical_qwen3_next) { check_chunking("qwen3_next"); }
+
 /* Three prompts batched in one step, then decoded together, give exactly
  * their solo logits: prefill of one mixed with decodes of others. */
-Test(FORWARD_SUITE, batched_sequences_match_solo)
+static void check_batched(const char *name)
 {
     struct fixture f;
-    fixture_open(&f, "qwen3_moe");
+    fixture_open(&f, name);
     const int V = f.m.cfg.vocab;
     const int32_t *prompts[3];
     int S[3];
@@ -300,8 +311,70 @@ Test(FORWARD_SUITE, batched_sequences_match_solo)
     moe_seq_free(&f.r, &b);
     moe_seq_free(&f.r, &c);
     cr_assert_eq(moe_kvcache_available(&f.r.kv), f.r.kv.n_blocks);
+    cr_assert_eq(f.r.kv.n_state_free, f.r.kv.n_state_slots, "every state slot returned");
     for (int p = 0; p < 3; p++) free(solo[p]);
     free(out);
+    fixture_close(&f);
+}
+
+Test(FORWARD_SUITE, batched_sequences_match_solo) { check_batched("qwen3_moe"); }
+/* each sequence's linear layers read and write only its own state slot */
+Test(FORWARD_SUITE, batched_sequences_match_solo_qwen3_next) { check_batched("qwen3_next"); }
+
+/* A linear-attention state cannot be rewound: a step that does not
+ * continue a sequence's state is refused, naming why, and changes
+ * nothing; restarting the sequence from position 0 works. */
+Test(FORWARD_SUITE, qwen3_next_refuses_rewinding_its_state)
+{
+    struct fixture f;
+    fixture_open(&f, "qwen3_next");
+    const int V = f.m.cfg.vocab;
+    const struct moe_st_tensor *pt = ref_tensor(&f, "prompt.%d", 1);
+    const int S = (int)pt->shape[0];
+    const int32_t *prompt = pt->data;
+    float *whole = prefill_all(&f, prompt, S, NULL);
+    float *part = malloc((size_t)S * V * sizeof(float));
+    struct moe_seq seq = {0};
+    struct moe_chunk c = {&seq, prompt, 6, true, false, 0};
+    cr_assert_eq(moe_runner_step(&f.r, &c, 1, part, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    moe_seq_truncate(&f.r, &seq, 4);
+    c = (struct moe_chunk){&seq, prompt + 4, S - 4, true, false, 0};
+    cr_assert_eq(moe_runner_step(&f.r, &c, 1, part, NULL, NULL, NULL), MOE_ERR_INVALID_ARG);
+    cr_expect(strstr(moe_last_error(), "cannot be rewound"), "%s", moe_last_error());
+    cr_assert_eq(seq.len, 4, "the refused step left the sequence as it was");
+    moe_seq_truncate(&f.r, &seq, 0);
+    c = (struct moe_chunk){&seq, prompt, S, true, false, 0};
+    cr_assert_eq(moe_runner_step(&f.r, &c, 1, part, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    cr_expect(memcmp(part, whole, (size_t)S * V * sizeof(float)) == 0, "restarted at position 0");
+    moe_seq_free(&f.r, &seq);
+    cr_assert_eq(f.r.kv.n_state_free, f.r.kv.n_state_slots);
+    free(part);
+    free(whole);
+    fixture_close(&f);
+}
+
+/* Every state slot taken: the next sequence is refused at its first
+ * step, naming the slots, and gets one once a sequence is freed. */
+Test(FORWARD_SUITE, qwen3_next_state_slots_run_out_cleanly)
+{
+    struct fixture f;
+    fixture_open(&f, "qwen3_next");
+    const int32_t tok[1] = {7};
+    struct moe_seq seqs[5] = {{0}};
+    for (int i = 0; i < 4; i++) {
+        struct moe_chunk c = {&seqs[i], tok, 1, false, false, 0};
+        cr_assert_eq(moe_runner_step(&f.r, &c, 1, NULL, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    }
+    struct moe_chunk c = {&seqs[4], tok, 1, false, false, 0};
+    const int blocks = moe_kvcache_available(&f.r.kv);
+    cr_assert_eq(moe_runner_step(&f.r, &c, 1, NULL, NULL, NULL, NULL), MOE_ERR_NOMEM);
+    cr_expect(strstr(moe_last_error(), "recurrent-state slots"), "%s", moe_last_error());
+    cr_expect_eq(moe_kvcache_available(&f.r.kv), blocks, "no block kept by the refused step");
+    moe_seq_free(&f.r, &seqs[1]);
+    cr_assert_eq(moe_runner_step(&f.r, &c, 1, NULL, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    for (int i = 0; i < 5; i++) moe_seq_free(&f.r, &seqs[i]);
+    cr_assert_eq(f.r.kv.n_state_free, f.r.kv.n_state_slots);
+    cr_assert_eq(moe_kvcache_available(&f.r.kv), f.r.kv.n_blocks);
     fixture_close(&f);
 }
 
@@ -366,7 +439,8 @@ Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
     const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe",
                            "granitemoe", "granite", "gpt_oss", "gpt_oss_mxfp4",
-                           "deepseek_v2", "deepseek_v3", "minimax_m2", "llama4", "qwen3_moe_fp8", "deepseek_v3_fp8",
+                           "deepseek_v2", "deepseek_v3", "minimax_m2", "llama4", "qwen3_next", "qwen3_moe_fp8",
+                           "deepseek_v3_fp8",
                            "qwen3_moe_gptq", "qwen3_moe_gptq_v2", "qwen3_moe_awq"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[512];

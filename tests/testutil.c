@@ -199,6 +199,7 @@ static void expect_pool_free(const struct moe_kvcache *kv, const char *what)
     cr_assert_eq(moe_kvcache_available(kv), kv->n_blocks, "every %s block back", what);
     for (int b = 0; b < kv->n_blocks; b++)
         cr_assert_eq(kv->blocks[b].refcount, 0, "%s block %d still referenced", what, b);
+    cr_assert_eq(kv->n_state_free, kv->n_state_slots, "every %s recurrent-state slot back", what);
 }
 
 void tu_expect_pools_free(const struct moe_engine *e)

@@ -98,6 +98,12 @@ struct moe_backend_ops {
     /* out (T, Hq*Dh) from q (T, Hq*Dh) over the cache. */
     MOE_OP(attention, float *out, const float *q, const struct moe_kvcache *kv,
            const struct moe_batch *b, const struct moe_attn_params *p);
+    /* One linear-attention layer's Gated DeltaNet (attention.h,
+     * moe_attention_delta_cpu): out (T, Hv*Dv); qkv (T, C) replaced by its
+     * convolved values; the state slots of bt's sequences in kv read and
+     * updated.  Optional (NULL: the backend does not run hybrid models). */
+    MOE_OP(delta_net, float *out, float *qkv, const float *b, const float *a, struct moe_kvcache *kv,
+           const struct moe_batch *bt, const struct moe_delta_params *p);
     /* ids (T, K), w (T, K) from router logits (T, E). */
     MOE_OP(route, int32_t *ids, float *w, const float *logits, int T, const struct moe_route *r);
     MOE_OP(dispatch, struct moe_dispatch *plan, const int32_t *ids, int T, int K, int E);

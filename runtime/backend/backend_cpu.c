@@ -607,6 +607,15 @@ static enum moe_status fast_attention(struct moe_backend *be, float *out, const 
     return MOE_OK;
 }
 
+static enum moe_status cpu_delta_net(struct moe_backend *be, float *out, float *qkv, const float *b,
+                                     const float *a, struct moe_kvcache *kv, const struct moe_batch *bt,
+                                     const struct moe_delta_params *p)
+{
+    (void)be;
+    moe_attention_delta_cpu(out, qkv, b, a, kv, bt, p);
+    return MOE_OK;
+}
+
 static enum moe_status cpu_route(struct moe_backend *be, int32_t *ids, float *w,
                                  const float *logits, int T, const struct moe_route *r)
 {
@@ -717,6 +726,7 @@ static void cpu_destroy(struct moe_backend *be)
     .swiglu = cpu_swiglu,                \
     .rope = cpu_rope,                    \
     .kv_store = cpu_kv_store,            \
+    .delta_net = cpu_delta_net,          \
     .route = cpu_route,                  \
     .dispatch = cpu_dispatch,            \
     .combine = cpu_combine,              \

@@ -477,10 +477,17 @@ enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struc
     if (o->kv_dtype && !moe_cli_parse_kv_dtype(o->kv_dtype, &kvt))
         return moe_fail(MOE_ERR_INVALID_ARG, "--kv-dtype '%s' (use " MOE_CLI_KV_DTYPES ")", o->kv_dtype);
     int n_blocks;
+    const bool hybrid = moe_config_linear_layers(&m->cfg) > 0;
+    size_t states = 0; /* hybrid models: a recurrent-state slot per sequence of a step */
+    if (hybrid && !moe_mul_size(moe_config_state_bytes(&m->cfg), (size_t)o->max_seqs, &states))
+        return moe_fail(MOE_ERR_INVALID_ARG, "--max-seqs %ld: the recurrent states overflow", o->max_seqs);
     if (o->kv_budget) {
         size_t budget;
         MOE_TRY(moe_cli_parse_budget(o->kv_budget, &budget));
-        MOE_TRY(moe_kvcache_blocks_for_budget(&m->cfg, (int)o->kv_block, kvt, budget, &n_blocks));
+        if (states >= budget)
+            return moe_fail(MOE_ERR_INVALID_ARG, "--kv-budget %s: the recurrent states of %ld sequences take "
+                            "%zu bytes of it, leaving nothing for K/V blocks", o->kv_budget, o->max_seqs, states);
+        MOE_TRY(moe_kvcache_blocks_for_budget(&m->cfg, (int)o->kv_block, kvt, budget - states, &n_blocks));
     } else {
         n_blocks = (int)((default_tokens + o->kv_block - 1) / o->kv_block);
         if (n_blocks < 1) n_blocks = 1;
@@ -488,7 +495,10 @@ enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struc
     struct moe_engine_opts eo = {
         .max_batch_tokens = (int)o->max_batch_tokens, .max_seqs = (int)o->max_seqs,
         .block_size = (int)o->kv_block, .n_blocks = n_blocks, .kv_dtype = kvt,
-        .prefix_cache = !o->no_prefix_cache, .spec = o->spec, .grammar_vocab = o->grammar_vocab};
+        .prefix_cache = !o->no_prefix_cache && !hybrid, .spec = o->spec, .grammar_vocab = o->grammar_vocab};
+    if (hybrid && !o->no_prefix_cache)
+        fprintf(stderr, "moerun: prefix cache off: %s's linear-attention layers keep a recurrent state per "
+                "sequence, not per cache block, so a cached prefix could not be resumed\n", m->cfg.architecture);
     MOE_TRY(moe_cli_par_describe(o, be));
     eo.ep = moe_cli_par_ep();
     MOE_TRY(moe_cli_draft_attach(o, m, be, &eo));

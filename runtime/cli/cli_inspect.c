@@ -35,6 +35,11 @@ static void print_structure(const struct moe_model *m, const char *name)
            cfg->n_kv_heads, cfg->head_dim);
     if (cfg->qk_norm != MOE_QK_NORM_NONE)
         printf(", q/k norm %s", cfg->qk_norm == MOE_QK_NORM_HEAD ? "per head" : "full");
+    if (cfg->attn_out_gate) printf(", output gated");
+    if (moe_config_linear_layers(cfg) > 0)
+        printf("\nlinear       %d of %d layers Gated DeltaNet (linear attention): %d q/k heads x %d, %d value "
+               "heads x %d, convolution of %d", moe_config_linear_layers(cfg), cfg->n_layers, cfg->lin_k_heads,
+               cfg->lin_k_dim, cfg->lin_v_heads, cfg->lin_v_dim, cfg->lin_conv);
     printf("\nvocabulary   %d; context %d; rope theta %g%s", cfg->vocab, cfg->max_pos,
            cfg->rope_theta,
            cfg->rope_type == MOE_ROPE_LLAMA3 ? " (llama3 scaling)"
@@ -116,6 +121,9 @@ static void print_sizes(const struct moe_config *cfg, const struct moe_model_siz
            moe_cli_bytes(a, sizeof a, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_F32)),
            moe_cli_bytes(b, sizeof b, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_BF16)),
            moe_cli_bytes(c8, sizeof c8, (double)moe_config_kv_bytes_per_token(cfg, MOE_DTYPE_F8E4M3)));
+    if (moe_config_linear_layers(cfg) > 0)
+        printf("state        %s per sequence in F32 beside the KV cache (a sequence takes it plus the bytes per "
+               "token above)\n", moe_cli_bytes(a, sizeof a, (double)moe_config_state_bytes(cfg)));
 }
 
 /* The loaded weights' bytes by storage format, largest first. */

@@ -384,6 +384,7 @@ struct shape {
     int n_moe;           /* MoE layers */
     double f_tok, f_pos; /* FLOPs per token in the weights; per cached position in attention */
     double kv_tok;       /* KV bytes per token */
+    double state_seq;    /* recurrent-state bytes per sequence (linear-attention layers) */
 };
 
 static void shape_of(const struct moe_config *cfg, const struct moe_model_sizes *z, enum moe_dtype kv,
@@ -395,11 +396,15 @@ static void shape_of(const struct moe_config *cfg, const struct moe_model_sizes 
         .W = (double)z->bytes_total, .E = cfg->n_experts, .K = cfg->top_k, .n_moe = n_moe,
         .one_expert = n_moe && cfg->n_experts > 0 ? (double)z->bytes_experts / n_moe / cfg->n_experts : 0,
         .non_expert = (double)z->bytes_total - (double)z->bytes_experts - embed,
-        /* 2 per touched weight, the embedding's lookup excluded (tied: it is the head) */
-        .f_tok = 2.0 * ((double)z->params_active - (cfg->tie_embeddings ? 0 : (double)cfg->vocab * cfg->d_model)),
-        /* QK^T and PV: 2 * 2 * Hq * Dh per cached position per layer */
-        .f_pos = 4.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim,
-        .kv_tok = (double)moe_config_kv_bytes_per_token(cfg, kv)};
+        /* 2 per touched weight, the embedding's lookup excluded (tied: it is
+         * the head); a linear layer's delta rule: 8 per state value (decay,
+         * S^T k, the update, S^T q) */
+        .f_tok = 2.0 * ((double)z->params_active - (cfg->tie_embeddings ? 0 : (double)cfg->vocab * cfg->d_model)) +
+                 8.0 * moe_config_linear_layers(cfg) * (double)cfg->lin_v_heads * cfg->lin_k_dim * cfg->lin_v_dim,
+        /* QK^T and PV: 2 * 2 * Hq * Dh per cached position per attention layer */
+        .f_pos = 4.0 * moe_config_kv_layers(cfg) * (double)cfg->n_heads * cfg->head_dim,
+        .kv_tok = (double)moe_config_kv_bytes_per_token(cfg, kv),
+        .state_seq = (double)moe_config_state_bytes(cfg)};
 }
 
 /* What one step reads and how long it takes. */
@@ -462,7 +467,8 @@ static void step_of(const struct plan_result *r, const struct shape *s, double r
     const struct device *dev = &r->dev;
     const double ctx = (double)r->ctx;
     *st = (struct step){.uniq = moe_plan_distinct_experts(s->E, s->K, rows)};
-    st->bytes = s->non_expert + s->n_moe * st->uniq * s->one_expert + seqs * s->kv_tok * ctx;
+    /* each sequence's recurrent state read and written once */
+    st->bytes = s->non_expert + s->n_moe * st->uniq * s->one_expert + seqs * (s->kv_tok * ctx + 2 * s->state_seq);
     const double compute = rows * (s->f_tok + s->f_pos * ctx) / dev->flops, memory = st->bytes / dev->bw;
     st->compute_bound = compute > memory;
     st->time = fmax(compute, memory);
@@ -494,7 +500,7 @@ static void plan_compute(const struct plan_opts *o, const struct moe_config *cfg
     /* every expert is pinned in host memory; the device holds C per layer */
     r->host_bytes = r->off ? (double)z->bytes_experts : 0;
     r->Wdev = r->off ? W - s->n_moe * (E - C) * s->one_expert : W;
-    r->kv_seq = s->kv_tok * (double)o->ctx;
+    r->kv_seq = s->kv_tok * (double)o->ctx + s->state_seq;
     r->f_attn = s->f_pos * (double)o->ctx;
     /* prefill: a chunk of P tokens at half context on average, reading the weights once */
     const double p_compute = (double)o->chunk * (s->f_tok + s->f_pos * (double)o->chunk / 2) / dev->flops,
@@ -572,6 +578,9 @@ static void print_memory(const struct plan_result *r)
     printf("\nkv cache     %s per token (%s), %s per sequence of %ld tokens\n",
            moe_cli_bytes(a, sizeof a, r->t.kv_tok), moe_dtype_name(r->kv), moe_cli_bytes(b, sizeof b, r->kv_seq),
            r->ctx);
+    if (r->t.state_seq > 0)
+        printf("state        %s per sequence (F32: the linear-attention layers' convolution inputs and "
+               "delta-rule states), in the figure above\n", moe_cli_bytes(a, sizeof a, r->t.state_seq));
     double weights = r->Wdev, kv_tok = r->t.kv_tok;
     if (sp->on && !sp->ngram) { /* its own pool, as many tokens as the target's */
         weights += sp->d.W;
@@ -588,7 +597,8 @@ static void print_memory(const struct plan_result *r)
     } else {
         const double left = usable - weights;
         printf("fit          %s left beside the weights%s (90%% of memory usable): %.0f sequences of %ld tokens (%s "
-               "tokens in all)\n", moe_cli_bytes(a, sizeof a, left), with, floor(left / (kv_tok * (double)r->ctx)),
+               "tokens in all)\n", moe_cli_bytes(a, sizeof a, left), with,
+               floor(left / (kv_tok * (double)r->ctx + r->t.state_seq)),
                r->ctx, moe_cli_count(d, sizeof d, floor(left / kv_tok)));
     }
 }

@@ -25,6 +25,11 @@ struct moe_batch {
     const int32_t *slot;          /* (T) cache slot of each new token */
     const int32_t *logit_rows;    /* (n_logits) rows whose logits are wanted */
     int n_logits;
+    /* hybrid models (linear-attention layers): each sequence's recurrent
+     * state slot (kvcache.h); a sequence whose first row is at position 0
+     * starts from a zero state, any other continues its slot's.  NULL
+     * otherwise. */
+    const int32_t *state_slot;    /* (n_seqs) */
     /* optional, for statistics and traces (NULL = none) */
     const uint8_t *decode;        /* (n_seqs) 1 if the sequence's chunk is a decode step */
     const int64_t *request_ids;   /* (n_seqs) request id of each sequence */

@@ -97,6 +97,13 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
     e->m = m;
     e->o = *o;
     MOE_TRY(spec_resolve(&e->o.spec));
+    if (moe_config_linear_layers(&m->cfg) > 0 && e->o.spec.kind != MOE_SPEC_NONE)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: speculative decoding with linear-attention layers is not "
+                        "supported yet (a rejected draft would need the recurrent state rewound)",
+                        m->cfg.architecture);
+    if (e->o.spec.kind == MOE_SPEC_DRAFT && e->o.spec.draft && moe_config_linear_layers(&e->o.spec.draft->cfg) > 0)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: a draft model with linear-attention layers is not supported "
+                        "yet (its recurrent state cannot be rewound)", e->o.spec.draft->cfg.architecture);
     e->clock = mono_clock;
     e->next_id = 1;
     /* a verification chunk has a logits row per token: at most every row
@@ -110,7 +117,7 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
     struct moe_runner_opts ro = {
         .max_tokens = o->max_batch_tokens, .max_seqs = o->max_seqs, .max_logits = max_logits,
         .block_size = o->block_size, .n_blocks = o->n_blocks, .kv_dtype = o->kv_dtype,
-        .kv_dtype_set = true, .prefix_cache = o->prefix_cache,
+        .kv_dtype_set = true, .prefix_cache = o->prefix_cache && moe_config_linear_layers(&m->cfg) == 0,
         .hidden = e->o.spec.kind == MOE_SPEC_MTP, .ep = o->ep};
     enum moe_status s;
     if (e->o.spec.kind == MOE_SPEC_DRAFT) {

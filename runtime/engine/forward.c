@@ -141,6 +141,7 @@ enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model 
     fw->stats_async_rows = fw->hs_rows;
     enum moe_status s = init_buffers(fw);
     if (s == MOE_OK) s = moe_forward_mla_init(fw);
+    if (s == MOE_OK) s = moe_forward_lin_init(fw);
     if (s == MOE_OK && be->ops->reserve) {
         int rows = lim->max_tokens > lim->max_logits ? lim->max_tokens : lim->max_logits;
         s = be->ops->reserve(be, &m->cfg, rows);
@@ -163,11 +164,40 @@ void moe_forward_free(struct moe_forward *fw)
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
         if (fw->hs_buf) be->ops->host_free(be, fw->hs_buf);
         moe_forward_mla_free(fw);
+        moe_forward_lin_free(fw);
     }
     free(fw->h_ids);
     free(fw->h_w);
     free(fw->h_logits);
     memset(fw, 0, sizeof *fw);
+}
+
+/* Hybrid models: every sequence has its own state slot, and its rows
+ * continue the slot's state (or start at position 0, from zero). */
+static enum moe_status validate_state(const struct moe_kvcache *kv, const struct moe_batch *b)
+{
+    if (!b->state_slot || kv->n_state_slots <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "batch: the model has linear-attention layers and the batch "
+                        "(or the cache) has no recurrent-state slots");
+    for (int s = 0; s < b->n_seqs; s++) {
+        const int32_t slot = b->state_slot[s];
+        if (slot < 0 || slot >= kv->n_state_slots)
+            return moe_fail(MOE_ERR_INVALID_ARG, "batch: sequence %d state slot %d (cache of %d)", s, slot,
+                            kv->n_state_slots);
+        for (int o = 0; o < s; o++)
+            if (b->state_slot[o] == slot)
+                return moe_fail(MOE_ERR_INVALID_ARG, "batch: sequences %d and %d share state slot %d", o, s, slot);
+        const int first = b->positions[b->seq_start[s]];
+        if (first != 0 && first != kv->state_len[slot])
+            return moe_fail(MOE_ERR_INVALID_ARG, "batch: sequence %d starts at position %d but its recurrent "
+                            "state holds %d tokens (a linear-attention state cannot be rewound)", s, first,
+                            kv->state_len[slot]);
+        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++)
+            if (b->positions[t] != first + t - b->seq_start[s])
+                return moe_fail(MOE_ERR_INVALID_ARG, "batch: row %d position %d: the rows of a sequence with "
+                                "recurrent state must be consecutive", t, b->positions[t]);
+    }
+    return MOE_OK;
 }
 
 /* Checks the batch against the limits, the vocabulary and the cache, so no
@@ -220,6 +250,7 @@ static enum moe_status validate(const struct moe_forward *fw, const struct moe_k
                                 t, b->slot[t], want);
         }
     }
+    if (fw->b_state) MOE_TRY(validate_state(kv, b));
     for (int t = 0; t < b->n_tokens; t++)
         if (b->tokens[t] < 0 || b->tokens[t] >= fw->m->cfg.vocab)
             return moe_fail(MOE_ERR_INVALID_ARG, "batch: token id %d at row %d is outside the "
@@ -244,7 +275,9 @@ static enum moe_status upload_batch(struct moe_forward *fw, const struct moe_bat
     MOE_TRY(be->ops->to_device(be, fw->b_ctx_len, b->ctx_len, S));
     MOE_TRY(be->ops->to_device(be, fw->b_table, b->block_table, S * (size_t)b->max_blocks));
     MOE_TRY(be->ops->to_device(be, fw->b_rows, b->logit_rows, (size_t)b->n_logits * sizeof(int32_t)));
+    if (fw->b_state) MOE_TRY(be->ops->to_device(be, fw->b_state, b->state_slot, S));
     *db = *b;
+    db->state_slot = fw->b_state;
     db->tokens = fw->b_tokens;
     db->positions = fw->b_pos;
     db->seq_of = fw->b_seq_of;
@@ -302,11 +335,15 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
               Dh = c->head_dim;
     const bool rope = !c->layer_nope[l]; /* Llama-4's layers without RoPE */
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->x, &w->attn_norm, T, D, c->rms_eps));
+    if (c->layer_linear[l]) {
+        MOE_TRY(moe_forward_lin_block(fw, kv, db, l));
+        return residual_add(fw, T);
+    }
     /* yarn scales cos and sin, so q and k: every score by its square (0 in
      * a zeroed configuration built by hand means none) */
     const float af = c->rope_attn_factor > 0 ? c->rope_attn_factor : 1.0f;
     struct moe_attn_params p = {
-        .layer = l, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh,
+        .layer = moe_config_kv_layer(c, l), .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = Dh,
         .scale = (c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)Dh)) * af * af,
         .window = c->layer_sliding[l] ? c->sliding_window : 0,
         .max_ctx = fw->max_ctx,
@@ -319,10 +356,11 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
         MOE_TRY(moe_forward_mla_attention(fw, kv, db, l, &p));
         return residual_add(fw, T);
     }
-    float *const y[3] = {fw->q, fw->k, fw->v};
+    float *const y[3] = {c->attn_out_gate ? fw->lin.qg : fw->q, fw->k, fw->v};
     const struct moe_tensor *const ws[3] = {&w->wq, &w->wk, &w->wv};
     const struct moe_tensor *const bs[3] = {&w->bq, &w->bk, &w->bv};
     MOE_TRY(linear_multi(fw, 3, y, fw->xn, ws, bs, T));
+    if (c->attn_out_gate) MOE_TRY(moe_forward_lin_split_q(fw, T));
     if (c->qk_norm == MOE_QK_NORM_HEAD) {
         MOE_TRY(op->rmsnorm(be, fw->q, fw->q, &w->q_norm, T * Hq, Dh, c->rms_eps));
         MOE_TRY(op->rmsnorm(be, fw->k, fw->k, &w->k_norm, T * Hkv, Dh, c->rms_eps));
@@ -343,8 +381,10 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
         MOE_TRY(op->rmsnorm(be, fw->q, fw->q, &fw->m->qk_ones, T * Hq, Dh, c->rms_eps));
         MOE_TRY(op->rmsnorm(be, fw->k, fw->k, &fw->m->qk_ones, T * Hkv, Dh, c->rms_eps));
     }
-    MOE_TRY(op->kv_store(be, kv, l, fw->k, fw->v, db->slot, T));
+    MOE_TRY(op->kv_store(be, kv, p.layer, fw->k, fw->v, db->slot, T));
     MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, &p));
+    if (c->attn_out_gate) /* each value times sigmoid(its gate): rows of one value */
+        MOE_TRY(op->sigmoid_scale(be, fw->att, fw->lin.gate, T * Hq * Dh, 1));
     MOE_TRY(moe_forward_linear(fw, fw->out, fw->att, &w->wo, &w->bo, T));
     return residual_add(fw, T);
 }
@@ -584,6 +624,12 @@ enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
                                 struct moe_route_trace *trace)
 {
     MOE_TRY(validate(fw, kv, b));
+    if (fw->b_state) { /* a step that fails midway leaves states that cannot be continued */
+        for (int s = 0; s < b->n_seqs; s++) kv->state_len[b->state_slot[s]] = -1;
+        MOE_TRY(run_step(fw, kv, b, logits, ids, trace));
+        for (int s = 0; s < b->n_seqs; s++) kv->state_len[b->state_slot[s]] = b->positions[b->seq_start[s + 1] - 1] + 1;
+        return MOE_OK;
+    }
     if (!moe_ep_on(fw->ep)) return run_step(fw, kv, b, logits, ids, trace);
     /* expert parallelism: rank 0 sends the step first; every rank times it */
     struct timespec t0, t1;

@@ -85,7 +85,22 @@ struct moe_forward {
         int32_t *q_rope; /* (rope) columns of a head's rope values in qr, rotate-half order */
         int32_t *k_rope; /* (rope) the same in kva */
     } mla;
+    /* Hybrid models (runtime/engine/forward_linear.c), allocated when the
+     * model has linear-attention layers or gated attention outputs */
+    struct moe_forward_lin {
+        float *proj;      /* (T, 2 Hk Dk + 2 Hv Dv) in_proj_qkvz's product, grouped by q/k head */
+        float *qkv;       /* (T, C) its q, k, v columns in conv order */
+        float *z;         /* (T, Hv Dv) its z columns */
+        float *ba;        /* (T, 2 Hv) in_proj_ba's product */
+        float *b, *a;     /* (T, Hv) */
+        float *o;         /* (T, Hv Dv) the delta rule's output */
+        int32_t *ix_qkv, *ix_z, *ix_b, *ix_a; /* the column tables of the four gathers */
+        float *qg;        /* (T, 2 Hq Dh) q_proj's product with output gates, per head q then gate */
+        float *gate;      /* (T, Hq Dh) the gates */
+        int32_t *ix_q, *ix_g;
+    } lin;
     /* batch arrays, backend memory */
+    int32_t *b_state;   /* (max_seqs) the batch's state slots (hybrid models) */
     int32_t *b_tokens, *b_pos, *b_seq_of, *b_seq_start, *b_ctx_len, *b_table, *b_slot, *b_rows;
     int max_ctx;     /* longest context of the current step */
     int32_t *h_ids;  /* (T, K) host copy for traces */
@@ -126,6 +141,16 @@ MOE_MUST_USE enum moe_status moe_forward_mla_init(struct moe_forward *fw);
 MOE_MUST_USE enum moe_status moe_forward_linear(struct moe_forward *fw, float *y, const float *x,
                                                 const struct moe_tensor *w, const struct moe_tensor *b, int T);
 void moe_forward_mla_free(struct moe_forward *fw);
+/* Hybrid models (runtime/engine/forward_linear.c): buffers and column
+ * tables (nothing for other models; refused on a backend without
+ * delta_net or gather_cols); a linear-attention block from fw->x into the
+ * residual stream's block output fw->out; the query and gate columns of a
+ * gated attention layer's q_proj product into fw->q and fw->lin.gate. */
+MOE_MUST_USE enum moe_status moe_forward_lin_init(struct moe_forward *fw);
+void moe_forward_lin_free(struct moe_forward *fw);
+MOE_MUST_USE enum moe_status moe_forward_lin_block(struct moe_forward *fw, struct moe_kvcache *kv,
+                                                   const struct moe_batch *db, int l);
+MOE_MUST_USE enum moe_status moe_forward_lin_split_q(struct moe_forward *fw, int T);
 MOE_MUST_USE enum moe_status moe_forward_mla_attention(struct moe_forward *fw, struct moe_kvcache *kv,
                                                         const struct moe_batch *db, int l,
                                                         const struct moe_attn_params *p);

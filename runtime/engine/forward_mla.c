@@ -105,7 +105,7 @@ enum moe_status moe_forward_mla_attention(struct moe_forward *fw, struct moe_kvc
     MOE_TRY(op->rmsnorm(be, a->c, a->c, &w->kv_a_norm, T, Rc, c->rms_eps));
     MOE_TRY(op->gather_cols(be, fw->k + R, Dh, a->c, Rc, T, NULL, Rc));
     MOE_TRY(op->rope(be, fw->k, db->positions, T, 1, Dh, R, fw->inv_freq));
-    MOE_TRY(op->kv_store(be, kv, l, fw->k, fw->k, db->slot, T)); /* one row: written once */
+    MOE_TRY(op->kv_store(be, kv, p->layer, fw->k, fw->k, db->slot, T)); /* one row: written once */
     /* the absorbed query [rope(q_rope), W_uk^T q_nope] per head in fw->q */
     MOE_TRY(op->gather_cols(be, fw->q, Dh, a->qr, QK, T * H, a->q_rope, R));
     MOE_TRY(op->head_matmul(be, fw->q + R, Dh, a->qr, QK, &w->w_uk, T));

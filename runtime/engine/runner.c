@@ -44,9 +44,17 @@ enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
 static enum moe_status init_local(struct moe_runner *r, const struct moe_model *m, struct moe_backend *be,
                                   const struct moe_runner_opts *o)
 {
+    const bool hybrid = moe_config_linear_layers(&m->cfg) > 0;
+    if (hybrid && moe_ep_on(o->ep))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: expert parallelism with linear-attention layers is not "
+                        "supported yet", m->cfg.architecture);
+    if (hybrid && o->prefix_cache)
+        return moe_fail(MOE_ERR_INVALID_ARG, "%s: the prefix cache cannot serve a model with linear-attention "
+                        "layers (their state is not kept per block)", m->cfg.architecture);
     MOE_TRY(be->ops->prepare_model(be, (struct moe_model *)m));
     MOE_TRY(moe_kvcache_init(&r->kv, moe_backend_allocator(be), &m->cfg, o->n_blocks, o->block_size,
                              o->kv_dtype_set ? o->kv_dtype : MOE_DTYPE_F32, o->prefix_cache));
+    if (hybrid) MOE_TRY(moe_kvcache_init_state(&r->kv, &m->cfg, o->state_slots > 0 ? o->state_slots : o->max_seqs));
     struct moe_forward_limits lim = {o->max_tokens, o->max_seqs, r->max_blocks, o->max_logits,
                                      o->hidden};
     MOE_TRY(moe_forward_init(&r->fw, m, be, &lim));
@@ -61,8 +69,9 @@ static enum moe_status init_local(struct moe_runner *r, const struct moe_model *
     r->seq_start = malloc(S * sizeof(int32_t));
     r->ctx_len = malloc(S * sizeof(int32_t));
     r->table = malloc(tab * sizeof(int32_t));
+    r->sslot = malloc(S * sizeof(int32_t));
     if (!r->tokens || !r->pos || !r->seq_of || !r->slot || !r->rows || !r->seq_start ||
-        !r->ctx_len || !r->table)
+        !r->ctx_len || !r->table || !r->sslot)
         return moe_fail(MOE_ERR_NOMEM, "runner: batch arrays");
     return MOE_OK;
 }
@@ -80,14 +89,17 @@ void moe_runner_free(struct moe_runner *r)
     free(r->seq_start);
     free(r->ctx_len);
     free(r->table);
+    free(r->sslot);
     memset(r, 0, sizeof *r);
 }
 
 void moe_seq_reset(struct moe_runner *r, struct moe_seq *s)
 {
     for (int i = 0; i < s->n_blocks; i++) moe_kvcache_release_block(&r->kv, s->blocks[i]);
+    if (s->state) moe_kvcache_release_state(&r->kv, s->state - 1);
     s->n_blocks = 0;
     s->len = 0;
+    s->state = 0;
 }
 
 void moe_seq_truncate(struct moe_runner *r, struct moe_seq *s, int len)
@@ -123,6 +135,11 @@ enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int 
         return moe_fail(MOE_ERR_INVALID_ARG, "sequence of %d tokens exceeds the model's context "
                         "of %d", len, r->m->cfg.max_pos);
     MOE_TRY(seq_grow(r, s));
+    if (r->kv.n_state_slots > 0 && s->state == 0) {
+        int32_t slot;
+        MOE_TRY(moe_kvcache_alloc_state(&r->kv, &slot));
+        s->state = slot + 1;
+    }
     while (s->n_blocks < need) {
         MOE_TRY(moe_kvcache_alloc_block(&r->kv, &s->blocks[s->n_blocks]));
         s->n_blocks++;
@@ -184,6 +201,7 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
         }
         r->seq_start[c + 1] = row;
         r->ctx_len[c] = q->len + chunks[c].n;
+        r->sslot[c] = q->state - 1;
         decode[c] = chunks[c].decode;
         verify[c] = chunks[c].decode && chunks[c].n > 1;
         request_ids[c] = chunks[c].request_id ? chunks[c].request_id : c;
@@ -195,6 +213,7 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
         .block_table = r->table, .max_blocks = r->max_blocks, .slot = r->slot,
         .logit_rows = r->rows, .n_logits = n_logits, .decode = decode,
         .request_ids = request_ids, .verify = verify,
+        .state_slot = r->kv.n_state_slots > 0 ? r->sslot : NULL,
     };
     if ((s = moe_forward_run(&r->fw, &r->kv, &b, logits, ids, trace)) != MOE_OK) goto undo;
     for (int c = 0; c < n_chunks; c++) chunks[c].seq->len += chunks[c].n;

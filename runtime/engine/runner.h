@@ -23,6 +23,8 @@ struct moe_seq {
     int32_t *blocks;   /* (cap) block ids, owned */
     int n_blocks, cap;
     int len;           /* tokens in the cache */
+    int32_t state;     /* hybrid models: its recurrent-state slot + 1 (kvcache.h), taken
+                          at its first reserve and given back with its blocks; 0: none */
 };
 
 struct moe_chunk {
@@ -46,6 +48,8 @@ struct moe_runner_opts {
     bool kv_dtype_set;
     bool prefix_cache; /* register full blocks for reuse (the engine's) */
     bool hidden;       /* keep each row's final-normed hidden state (fw.hid) */
+    int state_slots;   /* hybrid models: sequences that may hold recurrent state at once
+                          (0: max_seqs) */
     /* Expert parallelism (ep.h): on rank 0, the runner is announced to the
      * other ranks, which follow its steps; the model holds rank 0's
      * experts.  NULL: one process. */
@@ -63,6 +67,7 @@ struct moe_runner {
     int32_t *tokens, *pos, *seq_of, *slot, *rows;  /* (max_tokens) */
     int32_t *seq_start, *ctx_len;                  /* (max_seqs + 1) */
     int32_t *table;                                /* (max_seqs, max_blocks) */
+    int32_t *sslot;                                /* (max_seqs) state slots (hybrid models) */
 };
 
 MOE_MUST_USE enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,

@@ -51,6 +51,7 @@ static const struct {
     {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 4096, 8, 1e4, false, 0, 0, 18432, 2048},
     {"Llama4ForCausalLM", MOE_FAMILY_LLAMA4, 1e-5f, 128, false, MOE_QK_NORM_NONE, true, 131072, 1, 5e5, false, 0, 8, 8192, 0},
     {"MiniMaxM2ForCausalLM", MOE_FAMILY_MINIMAX_M2, 1e-6f, 128, false, MOE_QK_NORM_FULL, true, 196608, 8, 5e6, false, 0, 8, 1536, 0},
+    {"Qwen3NextForCausalLM", MOE_FAMILY_QWEN3_NEXT, 1e-6f, 256, false, MOE_QK_NORM_HEAD, true, 32768, 10, 1e4, true, 0, 2, 5632, 512},
 };
 
 /* The table's row of family f (GraniteMoe's two rows agree). */
@@ -311,7 +312,8 @@ static enum moe_status parse_layers(struct moe_config *c, json_t *root, const ch
         MOE_TRY(get_int(root, what, "moe_layer_freq", 1, 1, 1, false, &freq)); /* others: refused */
         for (int l = 0; l < k; l++) c->layer_moe[l] = false;
     }
-    if (c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_MOE) {
+    if (c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_MOE ||
+        c->family == MOE_FAMILY_QWEN3_NEXT) {
         int step;
         MOE_TRY(get_int(root, what, "decoder_sparse_step", 1, 1 << 20, 1, false, &step));
         json_t *only = json_object_get(root, "mlp_only_layers");
@@ -394,7 +396,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Glm4MoeForCausalLM, "
                         "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM, "
                         "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
-                        "MiniMaxM2ForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration (text))",
+                        "MiniMaxM2ForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration (text), "
+                        "Qwen3NextForCausalLM)",
                         what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
@@ -454,7 +457,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
      * (transformers 5); GLM-4.5 defaults to 0.5, MiniMax-M2 to rotary_dim /
      * head_dim.  transformers rotates
      * int(head_dim * factor) values of each head. */
-    double prf = c->family == MOE_FAMILY_GLM4_MOE ? 0.5 : 1.0;
+    double prf = c->family == MOE_FAMILY_GLM4_MOE ? 0.5 : c->family == MOE_FAMILY_QWEN3_NEXT ? 0.25 : 1.0;
     if (c->family == MOE_FAMILY_MINIMAX_M2) { /* MiniMaxM2Config: rotary_dim / head_dim */
         int rotary_dim;
         MOE_TRY(get_int(root, what, "rotary_dim", 1, 1 << 16, c->head_dim, false, &rotary_dim));
@@ -579,6 +582,15 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     case MOE_FAMILY_LLAMA4:
         MOE_TRY(moe_config_parse_llama4(c, root, what));
         break;
+    case MOE_FAMILY_QWEN3_NEXT:
+        MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, 512, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, families[fi].moe_ffn, false, &c->d_expert));
+        MOE_TRY(get_int(root, what, "intermediate_size", 0, BIG, families[fi].ffn, false, &c->d_ff));
+        MOE_TRY(get_int(root, what, "shared_expert_intermediate_size", 0, BIG, 512, false, &c->d_shared));
+        MOE_TRY(get_bool(root, what, "norm_topk_prob", true, &c->norm_topk));
+        c->shared_gate = c->d_shared > 0;
+        MOE_TRY(moe_config_parse_linear(c, root, what));
+        break;
     case MOE_FAMILY_MINIMAX_M2:
         /* GLM-4.5's sigmoid router without groups or scaling: the choice
          * by sigmoid + e_score_correction_bias, the K unbiased sigmoids
@@ -644,6 +656,55 @@ enum moe_status moe_config_load(struct moe_config *cfg, const char *path)
     return s;
 }
 
+int moe_config_kv_layers(const struct moe_config *cfg)
+{
+    return cfg->n_layers - moe_config_linear_layers(cfg);
+}
+
+int moe_config_kv_layer(const struct moe_config *cfg, int l)
+{
+    int n = l;
+    for (int i = 0; i < l && i < MOE_MAX_LAYERS; i++) n -= cfg->layer_linear[i];
+    return n;
+}
+
+int moe_config_linear_layers(const struct moe_config *cfg)
+{
+    return moe_config_linear_layer(cfg, cfg->n_layers);
+}
+
+int moe_config_linear_layer(const struct moe_config *cfg, int l)
+{
+    int n = 0; /* the table holds MOE_MAX_LAYERS (a parsed config has no more) */
+    for (int i = 0; i < l && i < MOE_MAX_LAYERS; i++) n += cfg->layer_linear[i];
+    return n;
+}
+
+int moe_config_conv_dim(const struct moe_config *cfg)
+{
+    return 2 * cfg->lin_k_heads * cfg->lin_k_dim + cfg->lin_v_heads * cfg->lin_v_dim;
+}
+
+size_t moe_config_state_floats(const struct moe_config *cfg)
+{
+    size_t conv, rec;
+    if (moe_config_linear_layers(cfg) == 0) return 0;
+    if (cfg->lin_conv < 1 || !moe_mul_size((size_t)moe_config_conv_dim(cfg), (size_t)(cfg->lin_conv - 1), &conv) ||
+        !moe_mul_size((size_t)cfg->lin_v_heads * (size_t)cfg->lin_k_dim, (size_t)cfg->lin_v_dim, &rec) ||
+        conv > SIZE_MAX - rec)
+        return SIZE_MAX;
+    return conv + rec;
+}
+
+size_t moe_config_state_bytes(const struct moe_config *cfg)
+{
+    size_t f = moe_config_state_floats(cfg), b;
+    if (f == SIZE_MAX || !moe_mul_size(f, sizeof(float), &b) ||
+        !moe_mul_size(b, (size_t)moe_config_linear_layers(cfg), &b))
+        return SIZE_MAX;
+    return b;
+}
+
 int moe_config_moe_layers(const struct moe_config *cfg)
 {
     int n = 0;
@@ -668,7 +729,7 @@ size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, enum moe_dtyp
     size_t b = cfg->kv_lora_rank > 0 ? 1 : 2; /* MLA: one row read as K and V */
     const size_t row = moe_config_kv_row_bytes(cfg->head_dim, kv_dtype);
     if (row == SIZE_MAX || cfg->n_layers < 0 || cfg->n_kv_heads < 0 ||
-        !moe_mul_size(b, (size_t)cfg->n_layers, &b) || !moe_mul_size(b, (size_t)cfg->n_kv_heads, &b) ||
+        !moe_mul_size(b, (size_t)moe_config_kv_layers(cfg), &b) || !moe_mul_size(b, (size_t)cfg->n_kv_heads, &b) ||
         !moe_mul_size(b, row, &b))
         return SIZE_MAX;
     return b;

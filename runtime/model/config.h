@@ -33,6 +33,7 @@ enum moe_family {
     MOE_FAMILY_DEEPSEEK_V3,        /* DeepseekV3ForCausalLM (DeepSeek-V3, R1, Kimi-K2, Moonlight) */
     MOE_FAMILY_MINIMAX_M2,         /* MiniMaxM2ForCausalLM (MiniMax-M2) */
     MOE_FAMILY_LLAMA4,             /* Llama4ForCausalLM (the text model of Llama-4 Scout, Maverick) */
+    MOE_FAMILY_QWEN3_NEXT,         /* Qwen3NextForCausalLM (Qwen3-Next-80B-A3B): linear attention */
 };
 
 enum moe_qk_norm {
@@ -159,6 +160,28 @@ struct moe_config {
      * (top-1 only: moe_config_parse refuses more). */
     bool router_scales_input;
 
+    /* Hybrid linear attention (Qwen3-Next; none elsewhere).  Layers with
+     * layer_linear[l] run a Gated DeltaNet instead of attention: a
+     * projection to q, k (lin_k_heads heads of lin_k_dim) and v
+     * (lin_v_heads of lin_v_dim), a causal depthwise convolution of width
+     * lin_conv over them and SiLU, then per value head the delta rule over
+     * a recurrent state of lin_k_dim x lin_v_dim values, decayed per token
+     * (attention/attention.h, moe_delta_params); each value head reads the
+     * q/k head h / (lin_v_heads / lin_k_heads).  Its output is RMS-normed
+     * per head, times silu(z) of a fourth projection, and projected back.
+     * Such layers keep no K/V: the cache holds the attention layers only
+     * (moe_config_kv_layer) and a state slot per sequence
+     * (moe_config_state_bytes). */
+    bool layer_linear[MOE_MAX_LAYERS];
+    int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv;
+    /* The attention layers' q_proj gives each head's queries and then a
+     * gate of Dh values; the attention output times sigmoid(gate) before
+     * o_proj (Qwen3-Next). */
+    bool attn_out_gate;
+    /* RMSNorm weights stored as w - 1: transformers multiplies by 1 + w
+     * (Qwen3-Next's zero-centred norms); bound as 1 + w in F32. */
+    bool norm_plus_one;
+
     /* Granite's multipliers (1 elsewhere; 0 also means none, so a zeroed
      * config built by hand needs no setting) */
     float embed_scale;    /* embedding_multiplier: the embedded rows times it */
@@ -179,6 +202,22 @@ MOE_MUST_USE enum moe_status moe_config_parse(struct moe_config *cfg, json_t *ro
 const char *moe_family_name(enum moe_family f);
 /* Number of MoE layers. */
 int moe_config_moe_layers(const struct moe_config *cfg);
+/* Layers with K/V in the cache (those not layer_linear) and the cache
+ * layer of model layer l (the attention layers before it; l itself in a
+ * model without linear layers). */
+int moe_config_kv_layers(const struct moe_config *cfg);
+int moe_config_kv_layer(const struct moe_config *cfg, int l);
+/* Linear-attention layers, and the state index of layer l among them. */
+int moe_config_linear_layers(const struct moe_config *cfg);
+int moe_config_linear_layer(const struct moe_config *cfg, int l);
+/* Channels of a linear layer's convolution: q, k and v (2 Hk Dk + Hv Dv). */
+int moe_config_conv_dim(const struct moe_config *cfg);
+/* F32 values of one linear layer's state per sequence: the convolution's
+ * last lin_conv - 1 inputs of each channel, then the (Hv, Dk, Dv)
+ * recurrent state; and bytes of a sequence's state over every linear
+ * layer (0 for a model without; SIZE_MAX on overflow). */
+size_t moe_config_state_floats(const struct moe_config *cfg);
+size_t moe_config_state_bytes(const struct moe_config *cfg);
 /* Bytes of one cached K or V row of head_dim values in a KV cache of
  * kv_dtype: head_dim elements (F32, F16, BF16), or head_dim E4M3 bytes and
  * the row's f32 scale (F8E4M3, kvcache.h).  SIZE_MAX on overflow or for a

@@ -30,3 +30,9 @@ MOE_MUST_USE enum moe_status moe_config_llama4_layers(struct moe_config *c, json
 /* Llama4ForConditionalGeneration's root: its text_config read as a
  * Llama4ForCausalLM's (moe_config_parse), tensor_prefix "language_model.". */
 MOE_MUST_USE enum moe_status moe_config_parse_llama4_text(struct moe_config *c, json_t *root, const char *what);
+
+/* Qwen3-Next's keys (config_qwen3next.c), c->family, n_layers, head_dim
+ * set: the Gated DeltaNet geometry (linear_*), layer_types (else every
+ * full_attention_interval-th layer full attention), the gated attention
+ * output and the zero-centred norms. */
+MOE_MUST_USE enum moe_status moe_config_parse_linear(struct moe_config *c, json_t *root, const char *what);

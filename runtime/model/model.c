@@ -163,8 +163,9 @@ static enum moe_status bind_attention(struct moe_model *m, int l, struct moe_lay
     MOE_TRY(bind(m, &w->attn_norm, true, n, 1, D, 0, 0));
     NAMEF(n, "model.layers.%d.post_attention_layernorm.weight", l);
     MOE_TRY(bind(m, &w->ffn_norm, true, n, 1, D, 0, 0));
+    if (c->layer_linear[l]) return moe_model_bind_linear_attn(m, l, w);
     NAMEF(n, "model.layers.%d.self_attn.q_proj.weight", l);
-    MOE_TRY(bind_linear(m, &w->wq, true, n, 2, Q, D, 0));
+    MOE_TRY(bind_linear(m, &w->wq, true, n, 2, c->attn_out_gate ? 2 * Q : Q, D, 0));
     NAMEF(n, "model.layers.%d.self_attn.k_proj.weight", l);
     MOE_TRY(bind_linear(m, &w->wk, true, n, 2, KV, D, 0));
     NAMEF(n, "model.layers.%d.self_attn.v_proj.weight", l);
@@ -374,7 +375,8 @@ static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_wei
     if (c->d_shared > 0) {
         int64_t S = c->d_shared;
         /* Qwen2-MoE: mlp.shared_expert; GLM-4.5 / DeepSeek: mlp.shared_experts */
-        const char *sh = c->family == MOE_FAMILY_QWEN2_MOE ? "shared_expert" : "shared_experts";
+        const char *sh = c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_NEXT ? "shared_expert"
+                                                                                              : "shared_experts";
         NAMEF(n, "model.layers.%d.mlp.%s.gate_proj.weight", l, sh);
         MOE_TRY(bind_linear(m, &w->sh_gate, true, n, 2, S, D, 0));
         NAMEF(n, "model.layers.%d.mlp.%s.up_proj.weight", l, sh);
@@ -395,7 +397,7 @@ enum moe_status moe_model_bind(struct moe_model *m)
     int64_t V = c->vocab, D = c->d_model;
     /* gpt-oss binds deferred only with MXFP4 experts (model_gptoss.c) */
     if (((c->family == MOE_FAMILY_GPT_OSS && !c->experts_mxfp4) || c->family == MOE_FAMILY_LLAMA4 ||
-         c->kv_lora_rank > 0 || c->weights_fp8) &&
+         c->kv_lora_rank > 0 || c->weights_fp8 || c->norm_plus_one) &&
         m->weights_deferred)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: weights made on the device are not supported "
                         "(some are rewritten on the host at load); use host synthetic weights",
@@ -408,6 +410,7 @@ enum moe_status moe_model_bind(struct moe_model *m)
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return moe_fail(MOE_ERR_NOMEM, "layer table");
     for (int l = 0; l < c->n_layers; l++) MOE_TRY(moe_model_bind_layer(m, l, c->layer_moe[l], &m->layers[l]));
+    if (c->norm_plus_one) MOE_TRY(moe_model_norms_plus_one(m));
     moe_model_drop_experts(m);
     return MOE_OK;
 }
@@ -546,7 +549,8 @@ static void stored_bytes(const struct moe_model *m, struct moe_model_sizes *z, i
         const struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk,
                                            &w->bv, &w->bo, &w->q_norm, &w->k_norm, &w->sinks,
                                            &w->wq_a, &w->q_a_norm, &w->wkv_a, &w->kv_a_norm,
-                                           &w->w_uk, &w->w_uv};
+                                           &w->w_uk, &w->w_uv, &w->lin_in, &w->lin_ba, &w->lin_conv,
+                                           &w->lin_a_log, &w->lin_dt_bias, &w->lin_norm, &w->lin_out};
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) z->bytes_attn += tb(by, attn[i]);
         z->bytes_norm += tb(by, &w->attn_norm) + tb(by, &w->ffn_norm);
         if (c->layer_moe[l]) {
@@ -692,15 +696,22 @@ void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_si
             if (c->weights_fp8) add_stored(&attn, H * (c->qk_nope_dim + Vh), Rc, MOE_DTYPE_F32);
             else add_params(&attn, H * (c->qk_nope_dim + Vh) * Rc);
             add_linear(&attn, c, D, H * Vh);
+        } else if (c->layer_linear[l]) { /* in_proj_qkvz, in_proj_ba, out_proj, conv, A_log, dt_bias, norm */
+            const int64_t Kd = (int64_t)c->lin_k_heads * c->lin_k_dim, Vd = (int64_t)c->lin_v_heads * c->lin_v_dim,
+                          Hv = c->lin_v_heads;
+            add_linear(&attn, c, 2 * Kd + 2 * Vd, D);
+            add_params(&attn, 2 * Hv * D);
+            add_linear(&attn, c, D, Vd);
+            add_params(&attn, (2 * Kd + Vd) * c->lin_conv + 2 * Hv + c->lin_v_dim);
         } else {
-            add_linear(&attn, c, Q, D);
+            add_linear(&attn, c, c->attn_out_gate ? 2 * Q : Q, D);
             add_linear(&attn, c, KV, D);
             add_linear(&attn, c, KV, D);
             add_linear(&attn, c, D, Q);
         }
-        if (c->qkv_bias) add_params(&attn, Q + 2 * KV);
-        if (c->o_bias) add_params(&attn, D);
-        if (c->qk_norm == MOE_QK_NORM_HEAD) add_params(&attn, 2 * c->head_dim);
+        if (c->qkv_bias && !c->layer_linear[l]) add_params(&attn, Q + 2 * KV);
+        if (c->o_bias && !c->layer_linear[l]) add_params(&attn, D);
+        if (c->qk_norm == MOE_QK_NORM_HEAD && !c->layer_linear[l]) add_params(&attn, 2 * c->head_dim);
         if (c->qk_norm == MOE_QK_NORM_FULL) add_params(&attn, Q + KV);
         if (c->attn_sinks) add_params(&attn, c->n_heads);
         add_params(&norm, 2 * D);

@@ -59,7 +59,9 @@ static inline enum moe_dtype moe_expert_dtype(const struct moe_expert_weights *x
 
 struct moe_layer_weights {
     struct moe_tensor attn_norm;         /* (D) */
-    struct moe_tensor wq, wk, wv, wo;    /* (Hq*Dh, D) (Hkv*Dh, D) (Hkv*Dh, D) (D, Hq*Dh) */
+    struct moe_tensor wq, wk, wv, wo;    /* (Hq*Dh, D) (Hkv*Dh, D) (Hkv*Dh, D) (D, Hq*Dh); wq
+                                            (2 Hq*Dh, D) with cfg.attn_out_gate: each head's
+                                            Dh query rows, then its Dh gate rows */
     struct moe_tensor bq, bk, bv, bo;    /* optional biases */
     struct moe_tensor q_norm, k_norm;    /* (Dh) per head, or (Hq*Dh)/(Hkv*Dh) full */
     struct moe_tensor sinks;             /* (Hq) f32 attention sink logits (gpt-oss), or absent */
@@ -72,6 +74,16 @@ struct moe_layer_weights {
                                             transposed (owned), to absorb into the query */
     struct moe_tensor w_uv;              /* (Hq, v, Rc): kv_b_proj's value rows of each head (owned) */
     struct moe_tensor ffn_norm;          /* (D) */
+    /* Linear attention (cfg.layer_linear[l]: linear_attn.*; the attention
+     * views above stay empty but the norms).  With C = 2 Hk Dk + Hv Dv and
+     * r = Hv / Hk value heads per q/k head: */
+    struct moe_tensor lin_in;            /* in_proj_qkvz (2 Hk Dk + 2 Hv Dv, D): per q/k head its
+                                            q (Dk), k (Dk), then its r value heads' v and their z */
+    struct moe_tensor lin_ba;            /* in_proj_ba (2 Hv, D): per q/k head its r b, then r a */
+    struct moe_tensor lin_conv;          /* conv1d (C, conv) F32, channels q, k, v of all heads */
+    struct moe_tensor lin_a_log, lin_dt_bias; /* (Hv) F32 */
+    struct moe_tensor lin_norm;          /* (Dv) the gated RMSNorm's weight */
+    struct moe_tensor lin_out;           /* out_proj (D, Hv Dv) */
     /* dense FFN (layer_moe false) */
     struct moe_tensor w_gate, w_up, w_down;  /* (Fd, D) (Fd, D) (D, Fd) */
     struct moe_tensor b_gate, b_up, b_down;  /* optional (Llama mlp_bias) */

@@ -69,3 +69,10 @@ MOE_MUST_USE enum moe_status moe_model_llama4_ones(struct moe_model *m);
 
 /* MLA (model_deepseek.c): layer l's attention weights (model.h). */
 MOE_MUST_USE enum moe_status moe_model_bind_mla(struct moe_model *m, int l, struct moe_layer_weights *w);
+
+/* Qwen3-Next (model_qwen3next.c): layer l's linear_attn.* weights (model.h;
+ * the convolution, A_log and dt_bias widened to F32), and every RMSNorm
+ * weight w but the Gated DeltaNet's rewritten as 1 + w in F32
+ * (cfg.norm_plus_one). */
+MOE_MUST_USE enum moe_status moe_model_bind_linear_attn(struct moe_model *m, int l, struct moe_layer_weights *w);
+MOE_MUST_USE enum moe_status moe_model_norms_plus_one(struct moe_model *m);

@@ -228,6 +228,22 @@ static enum moe_status add_mla(struct gen *g, const struct moe_config *c, int l)
     return add(g, false, 2, D, H * V, 0, "%s.%d.self_attn.o_proj.weight", p, l);
 }
 
+/* A Gated DeltaNet layer's linear_attn.* (model_qwen3next.c); the gated
+ * norm's weight is ones, the others random */
+static enum moe_status add_linear_attn(struct gen *g, const struct moe_config *c, int l)
+{
+    const int64_t D = c->d_model, Hv = c->lin_v_heads, Kd = (int64_t)c->lin_k_heads * c->lin_k_dim,
+                  Vd = Hv * c->lin_v_dim;
+    const char *p = "model.layers";
+    MOE_TRY(add(g, false, 2, 2 * Kd + 2 * Vd, D, 0, "%s.%d.linear_attn.in_proj_qkvz.weight", p, l));
+    MOE_TRY(add(g, false, 2, 2 * Hv, D, 0, "%s.%d.linear_attn.in_proj_ba.weight", p, l));
+    MOE_TRY(add(g, false, 3, 2 * Kd + Vd, 1, c->lin_conv, "%s.%d.linear_attn.conv1d.weight", p, l));
+    MOE_TRY(add(g, false, 1, Hv, 0, 0, "%s.%d.linear_attn.A_log", p, l));
+    MOE_TRY(add(g, false, 1, Hv, 0, 0, "%s.%d.linear_attn.dt_bias", p, l));
+    MOE_TRY(add(g, true, 1, c->lin_v_dim, 0, 0, "%s.%d.linear_attn.norm.weight", p, l));
+    return add(g, false, 2, D, Vd, 0, "%s.%d.linear_attn.out_proj.weight", p, l);
+}
+
 /* gpt-oss's MoE block: router with bias; experts transposed (E, D, 2F) and
  * (E, F, D) as transformers keeps them, or MXFP4 when the configuration
  * says so; biases. */
@@ -300,21 +316,23 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
         const char *p = "model.layers";
         MOE_TRY(add(&g, true, 1, D, 0, 0, "%s.%d.input_layernorm.weight", p, l));
         MOE_TRY(add(&g, true, 1, D, 0, 0, "%s.%d.post_attention_layernorm.weight", p, l));
-        if (c->kv_lora_rank > 0) {
+        if (c->layer_linear[l]) {
+            MOE_TRY(add_linear_attn(&g, c, l));
+        } else if (c->kv_lora_rank > 0) {
             MOE_TRY(add_mla(&g, c, l));
         } else {
-            MOE_TRY(add(&g, false, 2, Q, D, 0, "%s.%d.self_attn.q_proj.weight", p, l));
+            MOE_TRY(add(&g, false, 2, c->attn_out_gate ? 2 * Q : Q, D, 0, "%s.%d.self_attn.q_proj.weight", p, l));
             MOE_TRY(add(&g, false, 2, KV, D, 0, "%s.%d.self_attn.k_proj.weight", p, l));
             MOE_TRY(add(&g, false, 2, KV, D, 0, "%s.%d.self_attn.v_proj.weight", p, l));
             MOE_TRY(add(&g, false, 2, D, Q, 0, "%s.%d.self_attn.o_proj.weight", p, l));
         }
-        if (c->qkv_bias) {
+        if (c->qkv_bias && !c->layer_linear[l]) {
             MOE_TRY(add(&g, false, 1, Q, 0, 0, "%s.%d.self_attn.q_proj.bias", p, l));
             MOE_TRY(add(&g, false, 1, KV, 0, 0, "%s.%d.self_attn.k_proj.bias", p, l));
             MOE_TRY(add(&g, false, 1, KV, 0, 0, "%s.%d.self_attn.v_proj.bias", p, l));
         }
-        if (c->o_bias) MOE_TRY(add(&g, false, 1, D, 0, 0, "%s.%d.self_attn.o_proj.bias", p, l));
-        if (c->qk_norm != MOE_QK_NORM_NONE) {
+        if (c->o_bias && !c->layer_linear[l]) MOE_TRY(add(&g, false, 1, D, 0, 0, "%s.%d.self_attn.o_proj.bias", p, l));
+        if (c->qk_norm != MOE_QK_NORM_NONE && !c->layer_linear[l]) {
             bool full = c->qk_norm == MOE_QK_NORM_FULL;
             MOE_TRY(add(&g, true, 1, full ? Q : c->head_dim, 0, 0, "%s.%d.self_attn.q_norm.weight", p, l));
             MOE_TRY(add(&g, true, 1, full ? KV : c->head_dim, 0, 0, "%s.%d.self_attn.k_norm.weight", p, l));
@@ -375,7 +393,7 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
         }
         if (c->d_shared > 0) {
             const int64_t S = c->d_shared;
-            const char *sh = c->family == MOE_FAMILY_QWEN2_MOE ? "shared_expert" : "shared_experts";
+            const char *sh = c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_NEXT ? "shared_expert" : "shared_experts";
             MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.%s.gate_proj.weight", p, l, sh));
             MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.%s.up_proj.weight", p, l, sh));
             MOE_TRY(add(&g, false, 2, D, S, 0, "%s.%d.mlp.%s.down_proj.weight", p, l, sh));

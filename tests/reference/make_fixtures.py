@@ -62,6 +62,8 @@ from transformers import (
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -228,6 +230,27 @@ def fixture_specs():
                 rope_theta=10000.0, tie_word_embeddings=False),
             seed=16000, dtype="float32",
         ),
+        # Qwen3-Next: Gated DeltaNet (linear attention) layers 0, 2, 3 and a
+        # gated full-attention layer 1 (q_proj also makes the output gate,
+        # q/k RMSNorm, RoPE over a quarter of each head), the MoE with a
+        # sigmoid-gated shared expert, a dense layer 2.  transformers makes
+        # the (1 + w) RMSNorm weights zeros, the gated norm's ones and
+        # dt_bias ones: random_norms adds normal(0, 0.3) noise to all of them
+        "qwen3_next": dict(
+            cls=Qwen3NextForCausalLM,
+            config=lambda: Qwen3NextConfig(
+                **COMMON, **MOE, num_hidden_layers=4,
+                layer_types=["linear_attention", "full_attention", "linear_attention",
+                             "linear_attention"],
+                num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                intermediate_size=96, mlp_only_layers=[2], decoder_sparse_step=1,
+                norm_topk_prob=True, linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "partial_rotary_factor": 0.25},
+                attention_bias=False, tie_word_embeddings=False),
+            seed=17000, dtype="float32", random_norms=0.3,
+        ),
         "llama": dict(
             cls=LlamaForCausalLM,
             config=lambda: LlamaConfig(
@@ -316,6 +339,10 @@ def build_model(spec, seed):
             for n, p in model.named_parameters():
                 if n.endswith("bias"):
                     p.normal_(0.0, spec["random_biases"])
+        if "random_norms" in spec:  # zero-centred / unit norm weights and dt_bias made random
+            for n, p in model.named_parameters():
+                if n.endswith("norm.weight") or n.endswith("dt_bias"):
+                    p.add_(torch.randn(p.shape) * spec["random_norms"])
         if "sinks_range" in spec:
             lo, hi = spec["sinks_range"]
             for layer in model.model.layers:
@@ -485,6 +512,16 @@ def make_fixture(name, spec, prompts):
             }
             if stats["experts_used"] is not None:
                 ref["experts_used_per_layer"] = stats["experts_used"]
+            if "linear_attention" in (getattr(cfg, "layer_types", None) or []):
+                # hybrid (Qwen3-Next): which layers are Gated DeltaNet, their geometry
+                ref["hybrid"] = dict(
+                    layer_types=list(cfg.layer_types), mlp_only_layers=list(cfg.mlp_only_layers),
+                    linear_num_key_heads=cfg.linear_num_key_heads,
+                    linear_num_value_heads=cfg.linear_num_value_heads,
+                    linear_key_head_dim=cfg.linear_key_head_dim,
+                    linear_value_head_dim=cfg.linear_value_head_dim,
+                    linear_conv_kernel_dim=cfg.linear_conv_kernel_dim,
+                    partial_rotary_factor=cfg.rope_parameters["partial_rotary_factor"])
             if "bf16_max_abs_logit_diff" in stats:
                 ref["bf16_max_abs_logit_diff"] = stats["bf16_max_abs_logit_diff"]
             ref["kv_cache_max_rel_diff"] = stats["kv_rel"]
