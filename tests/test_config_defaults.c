@@ -6,7 +6,9 @@
  * MoE; and the shapes the modeling code builds: head dimension, KV heads,
  * rotated dimensions, q/k norms, attention and MLP biases, expert,
  * shared-expert and dense FFN widths, latent-attention dimensions, gpt-oss's
- * activation limit), the config without that key parses to the values
+ * activation limit; Qwen3-Next's gated attention output, which layers are
+ * linear attention and the Gated DeltaNet's heads, head widths and
+ * convolution width), the config without that key parses to the values
  * transformers gives (recorded by tests/reference/make_config_defaults.py,
  * the shapes off a model it builds on the meta device).  Where transformers has no
  * value (DeepSeek-V2's num_experts_per_tok is None) moerun requires the
@@ -94,6 +96,15 @@ static int check_case(json_t *c)
         for (int l = 0; l < cfg.n_layers && l < (int)json_array_size(v); l++)
             DIFF(cfg.layer_moe[l] != json_is_true(json_array_get(v, (size_t)l)), "%s: layer %d MoE %d, transformers %d",
                  label, l, cfg.layer_moe[l], json_is_true(json_array_get(v, (size_t)l)));
+    /* which layers are linear attention (Qwen3-Next's layer_types, or full_attention_interval);
+     * a family without them has none */
+    json_t *ll = json_object_get(e, "layer_linear");
+    DIFF(ll && (int)json_array_size(ll) != cfg.n_layers, "%s: %d layers, transformers %zu", label, cfg.n_layers,
+         json_array_size(ll));
+    for (int l = 0; l < cfg.n_layers; l++)
+        DIFF(cfg.layer_linear[l] != json_is_true(json_array_get(ll, (size_t)l)),
+             "%s: layer %d linear attention %d, transformers %d", label, l, cfg.layer_linear[l],
+             json_is_true(json_array_get(ll, (size_t)l)));
     json_t *sl = json_object_get(e, "sliding");
     cr_assert_eq((int)json_array_size(sl), cfg.n_layers, "%s", label);
     bool any = false;
@@ -124,6 +135,31 @@ static int check_case(json_t *c)
         if ((v = json_object_get(sh, bools[j].key)))
             DIFF(bools[j].have != json_is_true(v), "%s: %s %d, transformers builds %d", label, bools[j].key,
                  bools[j].have, json_is_true(v));
+    /* the gated attention output: q_proj gives 2 Hq Dh (Qwen3-Next); none elsewhere */
+    DIFF(cfg.attn_out_gate != json_is_true(json_object_get(sh, "attn_out_gate")),
+         "%s: attention output gate %d, transformers builds %d", label, cfg.attn_out_gate,
+         json_is_true(json_object_get(sh, "attn_out_gate")));
+    if ((v = json_object_get(sh, "linear_attn"))) { /* the Gated DeltaNet's geometry; its layers */
+        const struct { const char *key; int have; } lin[] = {
+            {"k_heads", cfg.lin_k_heads}, {"v_heads", cfg.lin_v_heads}, {"k_dim", cfg.lin_k_dim},
+            {"v_dim", cfg.lin_v_dim},     {"conv", cfg.lin_conv}};
+        for (size_t j = 0; j < sizeof lin / sizeof *lin; j++)
+            DIFF(lin[j].have != json_integer_value(json_object_get(v, lin[j].key)),
+                 "%s: linear attention %s %d, transformers builds %lld", label, lin[j].key, lin[j].have,
+                 json_integer_value(json_object_get(v, lin[j].key)));
+        json_t *built = json_object_get(v, "layers");
+        int n_linear = 0;
+        for (int l = 0; l < cfg.n_layers; l++) {
+            bool want = json_is_true(json_array_get(built, (size_t)l));
+            n_linear += want;
+            DIFF(cfg.layer_linear[l] != want, "%s: layer %d linear attention %d, transformers builds %d", label,
+                 l, cfg.layer_linear[l], want);
+        }
+        DIFF(moe_config_linear_layers(&cfg) != n_linear, "%s: %d linear-attention layers, transformers builds %d",
+             label, moe_config_linear_layers(&cfg), n_linear);
+    } else
+        DIFF(moe_config_linear_layers(&cfg) != 0, "%s: %d linear-attention layers, transformers builds none",
+             label, moe_config_linear_layers(&cfg));
     if ((v = json_object_get(sh, "llama4"))) { /* per layer: no RoPE, chunked; the q/k L2 norm, temperature */
         json_t *nope = json_object_get(v, "nope"), *chunked = json_object_get(v, "chunked");
         bool any_chunked = false, any_rope = false;

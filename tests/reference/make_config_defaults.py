@@ -5,7 +5,8 @@ configuration that leaves a key out, for each family moerun reads.
 For every fixture family (tests/fixtures/<name>/config.json) and every key
 of KEYS its config holds, the config is written again without that key (and, for the families with sliding-window switches, with
 the window turned on and the layer pattern left to the config class; for
-Llama-4, with its per-layer lists left to the config class), read
+Llama-4, with its per-layer lists left to the config class; for Qwen3-Next,
+with its layer pattern left to full_attention_interval), read
 back with transformers' AutoConfig, and the values moerun's parsed model
 description must hold are recorded (each case: the fixture, the keys set
 and removed, the values): experts per token, RoPE theta, RMSNorm
@@ -16,10 +17,14 @@ decides), and the shapes the modeling code builds from the config (read
 off a model instantiated on the meta device, so the modeling code, not
 this script, says what a key means): head dimension, KV heads, rotated
 dimensions, the attention and MLP biases, expert, shared-expert and dense
-FFN widths, the latent-attention dimensions, gpt-oss's activation limit
-and Llama-4's layers without RoPE, chunked layers, q/k L2 norm and
-attention temperature.  A configuration transformers cannot build a model from is
-recorded as such (moerun must refuse it too).  The C test
+FFN widths, the latent-attention dimensions, gpt-oss's activation limit,
+Llama-4's layers without RoPE, chunked layers, q/k L2 norm and
+attention temperature, and Qwen3-Next's gated attention output, which
+layers are linear attention (Gated DeltaNet) and its heads, head widths and
+convolution width.  A configuration transformers cannot build a model
+from (or whose model cannot run: KV or key heads that do not divide the
+query or value heads, more experts per token than experts) is recorded as
+such (moerun must refuse it too).  The C test
 (tests/test_config_defaults.c) removes the same keys and compares.
 
 Python is only a fixture-making tool; nothing in the runtime or build needs it.
@@ -42,7 +47,7 @@ FIXTURES = os.path.join(REPO, "tests", "fixtures")
 
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v2", "deepseek_v3",
             "gpt_oss", "granitemoe", "granitemoeshared", "llama", "qwen2", "qwen3", "granite", "minimax_m2",
-            "llama4"]
+            "llama4", "qwen3_next"]
 KEYS = ["num_experts_per_tok", "rope_parameters", "rope_theta", "rms_norm_eps", "max_position_embeddings",
         "tie_word_embeddings", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
         "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
@@ -52,7 +57,8 @@ KEYS = ["num_experts_per_tok", "rope_parameters", "rope_theta", "rms_norm_eps", 
         "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "swiglu_limit",
         "no_rope_layers", "no_rope_layer_interval", "attention_chunk_size", "use_qk_norm",
         "attn_temperature_tuning", "floor_scale", "attn_scale", "interleave_moe_layer_step", "moe_layers",
-        "intermediate_size_mlp"]
+        "intermediate_size_mlp", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+        "linear_value_head_dim", "linear_conv_kernel_dim"]
 # families whose layers follow config.layer_types (the others: every layer
 # takes config.sliding_window when it is set, or none does)
 LAYER_TYPES = {"qwen2", "qwen2_moe", "qwen3", "gpt_oss"}
@@ -61,7 +67,7 @@ WINDOW_ALL = {"mixtral", "qwen3_moe"}
 
 # the families whose modeling code reads these routing keys
 ROUTING_KEYS = {
-    "norm_topk_prob": ("qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3"),
+    "norm_topk_prob": ("qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3", "qwen3_next"),
     "routed_scaling_factor": ("glm4_moe", "deepseek_v2", "deepseek_v3"),
     "n_group": ("glm4_moe", "deepseek_v3"),
     "topk_group": ("glm4_moe", "deepseek_v3"),
@@ -84,7 +90,10 @@ def _llama4_moe(cfg):
 
 # which layers are MoE, as the modeling code decides
 MOE_PATTERN = {"glm4_moe": _first_k, "deepseek_v2": _first_k, "deepseek_v3": _first_k,
-               "qwen2_moe": _sparse_step, "qwen3_moe": _sparse_step, "llama4": _llama4_moe}
+               "qwen2_moe": _sparse_step, "qwen3_moe": _sparse_step, "qwen3_next": _sparse_step,
+               "llama4": _llama4_moe}
+# families with linear-attention (Gated DeltaNet) layers, chosen by config.layer_types
+LINEAR = {"qwen3_next"}
 
 
 def described(name, cfg):
@@ -115,6 +124,8 @@ def described(name, cfg):
             out[field] = v
     if name in MOE_PATTERN:
         out["moe_layers"] = MOE_PATTERN[name](cfg)
+    if name in LINEAR:
+        out["layer_linear"] = [t == "linear_attention" for t in cfg.layer_types]
     # keys transformers leaves None: moerun may require them
     out["none"] = sorted(key for key in KEYS if hasattr(cfg, key) and getattr(cfg, key) is None)
     k = getattr(cfg, "num_experts_per_tok", None)
@@ -134,8 +145,19 @@ def shapes(cfg):
     H = cfg.num_attention_heads
     out = {}
     layers = m.model.layers
-    a = layers[0].self_attn
-    if hasattr(a, "kv_a_proj_with_mqa"):  # latent attention
+    # the first attention layer (Qwen3-Next's layer 0 may be linear attention, without self_attn)
+    a = next((layer.self_attn for layer in layers if hasattr(layer, "self_attn")), None)
+    lin = [layer.linear_attn for layer in layers if hasattr(layer, "linear_attn")]
+    if lin:  # Gated DeltaNet: its geometry, and which layers have it
+        g = lin[0]
+        if g.num_v_heads % g.num_k_heads:  # the q/k heads cannot be shared among the value heads
+            raise ValueError(f"{g.num_v_heads} value heads are not a multiple of {g.num_k_heads} key heads")
+        out["linear_attn"] = dict(k_heads=g.num_k_heads, v_heads=g.num_v_heads, k_dim=g.head_k_dim,
+                                  v_dim=g.head_v_dim, conv=g.conv_kernel_size,
+                                  layers=[hasattr(layer, "linear_attn") for layer in layers])
+    if a is None:
+        pass
+    elif hasattr(a, "kv_a_proj_with_mqa"):  # latent attention
         R = a.kv_a_layernorm.weight.shape[0]
         rope = a.kv_a_proj_with_mqa.out_features - R
         qa = getattr(a, "q_a_proj", None)
@@ -143,7 +165,12 @@ def shapes(cfg):
         out.update(kv_lora_rank=R, q_lora_rank=qa.out_features if qa is not None else 0,
                    rope_dim=rope, qk_nope_dim=q.out_features // H - rope, v_head_dim=a.o_proj.in_features // H)
     else:
-        dh = a.q_proj.out_features // H
+        # Qwen3-Next: q_proj gives each head's queries and an output gate (2 Dh values); o_proj reads H Dh
+        gate = cfg.model_type == "qwen3_next"
+        if gate:
+            assert a.q_proj.out_features == 2 * a.o_proj.in_features
+            out["attn_out_gate"] = True
+        dh = a.q_proj.out_features // (2 * H if gate else H)
         if H % (a.k_proj.out_features // dh):  # repeat_kv cannot share KV heads among the query heads
             raise ValueError(f"{H} query heads are not a multiple of {a.k_proj.out_features // dh} KV heads")
         out.update(head_dim=dh, n_kv_heads=a.k_proj.out_features // dh, qk_norm=hasattr(a, "q_norm"),
@@ -164,6 +191,10 @@ def shapes(cfg):
                or getattr(layer, "feed_forward", None))
         x = getattr(mlp, "experts", None)
         if x is not None and "d_expert" not in out:
+            r = getattr(mlp, "gate", None)
+            k, n = getattr(r, "top_k", None), getattr(r, "num_experts", None)
+            if isinstance(k, int) and isinstance(n, int) and k > n:  # the router's topk cannot choose them
+                raise ValueError(f"{k} experts per token exceed the {n} experts")
             gu = x.gate_up_proj.shape  # (E, 2F, D), or (E, D, 2F) (gpt-oss)
             out["d_expert"] = (gu[2] if gu[1] == D else gu[1]) // 2
             if hasattr(x, "limit"):
@@ -195,6 +226,12 @@ def main():
         if name in LAYER_TYPES | WINDOW_ALL and name != "gpt_oss":
             variants.append(("window on", {"use_sliding_window": True, "sliding_window": 8,
                                            "max_window_layers": 1}, ["layer_types"]))
+        if name == "qwen3_next":  # the layer pattern left to full_attention_interval (default 4, or set);
+            # and, the fixture holding their defaults, keys set otherwise so that removing them tells
+            variants.append(("layer pattern from the interval", {}, ["layer_types"]))
+            variants.append(("full_attention_interval 2, convolution 3, no renormalisation",
+                             {"full_attention_interval": 2, "linear_conv_kernel_dim": 3, "norm_topk_prob": False},
+                             ["layer_types"]))
         if name == "llama4":  # the layer lists left to the intervals and the chunk size
             variants.append(("layer pattern from the intervals", {},
                              ["no_rope_layers", "layer_types", "moe_layers"]))
