@@ -85,6 +85,8 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     check_synth_round_trip("tests/fixtures/llama4/config.json");
     /* Qwen3-Next: linear_attn.* of the Gated DeltaNet layers, q_proj with gates */
     check_synth_round_trip("tests/fixtures/qwen3_next/config.json");
+    /* Qwen3.5-MoE: its four linear-attention projections apart */
+    check_synth_round_trip("tests/fixtures/qwen3_5_moe/config.json");
 }
 
 /* --layout per-expert writes legacy names (Mixtral: block_sparse_moe w1/w3/w2;
@@ -236,6 +238,31 @@ Test(cli, inspect_synthetic_shapes_match_published_sizes)
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
     cr_assert(strstr(out, "107.77B total, 17.17B active"), "%s", out);
     cr_assert(strstr(out, "chunks of 8192 in 36 layers; 12 layers without RoPE"), "%s", out);
+    /* Qwen3-Next-80B-A3B, by hand: embeddings and head 2 x 151936 x 2048;
+     * 12 attention layers of q (with gates) 2 x 4096 x 2048, k and v 512 x
+     * 2048, o 2048 x 4096, q/k norms 512; 36 linear layers of in_proj_qkvz
+     * 12288 x 2048, in_proj_ba 64 x 2048, out_proj 2048 x 4096, conv 8192 x
+     * 4, A_log and dt_bias 64, norm 128; 48 MoE layers of 512 experts of 3 x
+     * 512 x 2048, router 512 x 2048, shared expert 3 x 512 x 2048 and gate
+     * 2048; norms 97 x 2048: 79,674,397,440.  Per sequence a state of 36 x
+     * (8192 x 3 + 32 x 128 x 128) F32 = 75.375 MiB; K/V of 12 layers x 2 x 2
+     * heads x 256 bf16 = 24 KiB per token. */
+    snprintf(cmd, sizeof cmd, "%s inspect --synthetic %s/configs/qwen3-next-80b-a3b.json", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "79.67B total"), "%s", out);
+    cr_assert(strstr(out, "36 of 48 layers Gated DeltaNet"), "%s", out);
+    cr_assert(strstr(out, "24.00 KiB in bf16"), "%s", out);
+    cr_assert(strstr(out, "75.38 MiB per sequence"), "%s", out);
+    /* Qwen3.5-35B-A3B (transformers' defaults for Qwen3_5MoeTextConfig):
+     * 30 linear layers, so 30 x 2,195,456 bytes of state = 62.8125 MiB,
+     * and 10 attention layers: 20 KiB of bf16 K/V per token */
+    snprintf(cmd, sizeof cmd, "%s inspect --synthetic %s/configs/qwen3.5-35b-a3b.json", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "30 of 40 layers Gated DeltaNet"), "%s", out);
+    cr_assert(strstr(out, "20.00 KiB in bf16"), "%s", out);
+    cr_assert(strstr(out, "62.81 MiB per sequence"), "%s", out);
 }
 
 /* plan: Mixtral-8x7B bf16 on an H200 (141 GB): 87 GiB of weights, 128 KiB of

@@ -175,6 +175,13 @@ Test(FORWARD_SUITE, llama4_matches_transformers) { check_model("llama4", 1e-4); 
  * expert.  transformers prefills with its chunked delta rule and decodes
  * with the recurrent one; moerun runs the recurrent one throughout */
 Test(FORWARD_SUITE, qwen3_next_matches_transformers) { check_model("qwen3_next", 1e-4); }
+/* Qwen3.5-MoE: the same layers with in_proj_qkv, in_proj_z, in_proj_b and
+ * in_proj_a apart, every layer MoE, the router always renormalised, the
+ * text's mrope (one position for all three sections: plain RoPE) */
+Test(FORWARD_SUITE, qwen3_5_moe_matches_transformers) { check_model("qwen3_5_moe", 1e-4); }
+/* the same text model in a Qwen3_5MoeForConditionalGeneration checkpoint
+ * (text_config, model.language_model.* tensors, a vision tower not read) */
+Test(FORWARD_SUITE, qwen3_5_moe_multimodal_text_matches_transformers) { check_model("qwen3_5_moe_multimodal", 1e-4); }
 /* the same text model in a Llama4ForConditionalGeneration checkpoint
  * (text_config, language_model.* tensors, a vision tower not read) */
 Test(FORWARD_SUITE, llama4_multimodal_text_matches_transformers) { check_model("llama4_multimodal", 1e-4); }
@@ -264,6 +271,7 @@ Test(FORWARD_SUITE, chunked_prefill_is_identical_llama4) { check_chunking("llama
 /* prefill chunks of 1 and 5: each carries the linear layers' recurrent
  * state (convolution inputs and delta-rule state) to the next */
 Test(FORWARD_SUITE, chunked_prefill_is_identical_qwen3_next) { check_chunking("qwen3_next"); }
+Test(FORWARD_SUITE, chunked_prefill_is_identical_qwen3_5_moe) { check_chunking("qwen3_5_moe"); }
 
 /* Three prompts batched in one step, then decoded together, give exactly
  * their solo logits: prefill of one mixed with decodes of others. */
@@ -439,7 +447,7 @@ Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
     const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe",
                            "granitemoe", "granite", "gpt_oss", "gpt_oss_mxfp4",
-                           "deepseek_v2", "deepseek_v3", "minimax_m2", "llama4", "qwen3_next", "qwen3_moe_fp8",
+                           "deepseek_v2", "deepseek_v3", "minimax_m2", "llama4", "qwen3_next", "qwen3_5_moe", "qwen3_moe_fp8",
                            "deepseek_v3_fp8",
                            "qwen3_moe_gptq", "qwen3_moe_gptq_v2", "qwen3_moe_awq"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

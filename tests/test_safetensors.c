@@ -511,15 +511,30 @@ Test(safetensors, strip_prefix_renames_and_refuses_collisions)
     struct moe_safetensors st = {0};
     cr_assert_eq(moe_safetensors_add(&st, "lm.model.a", MOE_DTYPE_U8, 1, (int64_t[]){1}, malloc(1)), MOE_OK);
     cr_assert_eq(moe_safetensors_add(&st, "vision.b", MOE_DTYPE_U8, 1, (int64_t[]){2}, malloc(2)), MOE_OK);
-    cr_assert_eq(moe_safetensors_strip_prefix(&st, "lm."), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_safetensors_strip_prefix(&st, "lm.", ""), MOE_OK, "%s", moe_last_error());
     const struct moe_st_tensor *t = moe_safetensors_find(&st, "model.a");
     cr_assert(t && t->shape[0] == 1);
     cr_assert_null(moe_safetensors_find(&st, "lm.model.a"));
     cr_assert_not_null(moe_safetensors_find(&st, "vision.b"), "other names kept");
     cr_assert_eq(moe_safetensors_add(&st, "lm.vision.b", MOE_DTYPE_U8, 1, (int64_t[]){3}, malloc(3)), MOE_OK);
-    cr_assert_eq(moe_safetensors_strip_prefix(&st, "lm."), MOE_ERR_FORMAT);
+    cr_assert_eq(moe_safetensors_strip_prefix(&st, "lm.", ""), MOE_ERR_FORMAT);
     cr_assert(strstr(moe_last_error(), "'lm.vision.b' and 'vision.b'"), "%s", moe_last_error());
     cr_assert_eq(moe_safetensors_find(&st, "vision.b")->shape[0], 2, "unchanged");
+    moe_safetensors_close(&st);
+}
+
+/* Qwen3_5MoeForConditionalGeneration: model.language_model.* read as model.* */
+Test(safetensors, strip_prefix_replaces_it_by_a_shorter_one)
+{
+    struct moe_safetensors st = {0};
+    cr_assert_eq(moe_safetensors_add(&st, "model.language_model.layers.0.w", MOE_DTYPE_U8, 1, (int64_t[]){1},
+                                     malloc(1)), MOE_OK);
+    cr_assert_eq(moe_safetensors_add(&st, "model.visual.w", MOE_DTYPE_U8, 1, (int64_t[]){2}, malloc(2)), MOE_OK);
+    cr_assert_eq(moe_safetensors_strip_prefix(&st, "model.language_model.", "model."), MOE_OK, "%s",
+                 moe_last_error());
+    cr_assert_not_null(moe_safetensors_find(&st, "model.layers.0.w"));
+    cr_assert_null(moe_safetensors_find(&st, "model.language_model.layers.0.w"));
+    cr_assert_not_null(moe_safetensors_find(&st, "model.visual.w"));
     moe_safetensors_close(&st);
 }
 

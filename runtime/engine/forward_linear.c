@@ -1,4 +1,4 @@
-/* forward_linear.c - the layers of hybrid models (Qwen3-Next): the Gated
+/* forward_linear.c - the layers of hybrid models (Qwen3-Next, Qwen3.5-MoE): the Gated
  * DeltaNet block of a linear-attention layer, and the gated output of
  * its attention layers (the configuration: runtime/model/config.h, the
  * weights: runtime/model/model_qwen3next.c).
@@ -6,6 +6,7 @@
  * Linear-attention block, from the normed input xn:
  *   proj = in_proj_qkvz xn, ba = in_proj_ba xn   (grouped by q/k head)
  *   qkv, z, b, a = their columns, gathered        (q, k, v in conv order)
+ *     (Qwen3.5-MoE: qkv, z, b, a = four products)
  *   o = delta_net(qkv, b, a) over each sequence's state slot
  *   out = out_proj (silu(z) * rmsnorm_per_value_head(o) * norm)
  * Attention layer with an output gate: q_proj gives each head's queries
@@ -131,6 +132,20 @@ void moe_forward_lin_free(struct moe_forward *fw)
     fw->b_state = NULL;
 }
 
+/* n <= 4 products of fw->xn without biases: together when the backend can
+ * and no weight orders its columns */
+static enum moe_status products(struct moe_forward *fw, int n, float *const *y, const struct moe_tensor *const *ws,
+                                int T)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_tensor *const none[4] = {NULL, NULL, NULL, NULL};
+    bool plain = be->ops->matmul_multi != NULL;
+    for (int i = 0; i < n; i++) plain = plain && !ws[i]->cols;
+    if (plain) return be->ops->matmul_multi(be, n, y, fw->xn, ws, none, T);
+    for (int i = 0; i < n; i++) MOE_TRY(moe_forward_linear(fw, y[i], fw->xn, ws[i], NULL, T));
+    return MOE_OK;
+}
+
 enum moe_status moe_forward_lin_block(struct moe_forward *fw, struct moe_kvcache *kv, const struct moe_batch *db,
                                       int l)
 {
@@ -141,14 +156,19 @@ enum moe_status moe_forward_lin_block(struct moe_forward *fw, struct moe_kvcache
     struct moe_forward_lin *a = &fw->lin;
     const int T = db->n_tokens, Hv = c->lin_v_heads, Dv = c->lin_v_dim, Vd = Hv * Dv, C = moe_config_conv_dim(c);
     const int P = 2 * c->lin_k_heads * c->lin_k_dim + 2 * Vd;
-    float *const y[2] = {a->proj, a->ba};
-    const struct moe_tensor *const ws[2] = {&w->lin_in, &w->lin_ba}, *const bs[2] = {NULL, NULL};
-    if (op->matmul_multi && !w->lin_in.cols) MOE_TRY(op->matmul_multi(be, 2, y, fw->xn, ws, bs, T));
-    else for (int i = 0; i < 2; i++) MOE_TRY(moe_forward_linear(fw, y[i], fw->xn, ws[i], NULL, T));
-    MOE_TRY(op->gather_cols(be, a->qkv, C, a->proj, P, T, a->ix_qkv, C));
-    MOE_TRY(op->gather_cols(be, a->z, Vd, a->proj, P, T, a->ix_z, Vd));
-    MOE_TRY(op->gather_cols(be, a->b, Hv, a->ba, 2 * Hv, T, a->ix_b, Hv));
-    MOE_TRY(op->gather_cols(be, a->a, Hv, a->ba, 2 * Hv, T, a->ix_a, Hv));
+    if (w->lin_in.data) { /* Qwen3-Next: two products grouped by q/k head, their columns gathered */
+        float *const y[2] = {a->proj, a->ba};
+        const struct moe_tensor *const ws[2] = {&w->lin_in, &w->lin_ba};
+        MOE_TRY(products(fw, 2, y, ws, T));
+        MOE_TRY(op->gather_cols(be, a->qkv, C, a->proj, P, T, a->ix_qkv, C));
+        MOE_TRY(op->gather_cols(be, a->z, Vd, a->proj, P, T, a->ix_z, Vd));
+        MOE_TRY(op->gather_cols(be, a->b, Hv, a->ba, 2 * Hv, T, a->ix_b, Hv));
+        MOE_TRY(op->gather_cols(be, a->a, Hv, a->ba, 2 * Hv, T, a->ix_a, Hv));
+    } else { /* Qwen3.5-MoE: four apart, in order */
+        float *const y[4] = {a->qkv, a->z, a->b, a->a};
+        const struct moe_tensor *const ws[4] = {&w->lin_qkv, &w->lin_z, &w->lin_b, &w->lin_a};
+        MOE_TRY(products(fw, 4, y, ws, T));
+    }
     const struct moe_delta_params p = {
         .layer = moe_config_linear_layer(c, l), .n_k_heads = c->lin_k_heads, .n_v_heads = Hv,
         .k_dim = c->lin_k_dim, .v_dim = Dv, .conv = c->lin_conv, .conv_w = w->lin_conv.data,

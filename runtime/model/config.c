@@ -51,6 +51,7 @@ static const struct {
     {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 4096, 8, 1e4, false, 0, 0, 18432, 2048},
     {"Llama4ForCausalLM", MOE_FAMILY_LLAMA4, 1e-5f, 128, false, MOE_QK_NORM_NONE, true, 131072, 1, 5e5, false, 0, 8, 8192, 0},
     {"MiniMaxM2ForCausalLM", MOE_FAMILY_MINIMAX_M2, 1e-6f, 128, false, MOE_QK_NORM_FULL, true, 196608, 8, 5e6, false, 0, 8, 1536, 0},
+    {"Qwen3_5MoeForCausalLM", MOE_FAMILY_QWEN3_5_MOE, 1e-6f, 256, false, MOE_QK_NORM_HEAD, true, 32768, 8, 1e4, true, 0, 2, 0, 512},
     {"Qwen3NextForCausalLM", MOE_FAMILY_QWEN3_NEXT, 1e-6f, 256, false, MOE_QK_NORM_HEAD, true, 32768, 10, 1e4, true, 0, 2, 5632, 512},
 };
 
@@ -386,6 +387,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     const char *arch = json_string_value(json_array_get(archs, 0));
     if (!arch) return moe_fail(MOE_ERR_FORMAT, "%s: missing 'architectures' (a list of one name)", what);
     if (!strcmp(arch, "Llama4ForConditionalGeneration")) return moe_config_parse_llama4_text(c, root, what);
+    if (!strcmp(arch, "Qwen3_5MoeForConditionalGeneration")) return moe_config_parse_qwen3_5_text(c, root, what);
     int fi = -1;
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
         if (!strcmp(arch, families[i].arch)) fi = (int)i;
@@ -397,7 +399,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM, "
                         "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
                         "MiniMaxM2ForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration (text), "
-                        "Qwen3NextForCausalLM)",
+                        "Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration (text))",
                         what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
@@ -457,7 +459,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
      * (transformers 5); GLM-4.5 defaults to 0.5, MiniMax-M2 to rotary_dim /
      * head_dim.  transformers rotates
      * int(head_dim * factor) values of each head. */
-    double prf = c->family == MOE_FAMILY_GLM4_MOE ? 0.5 : c->family == MOE_FAMILY_QWEN3_NEXT ? 0.25 : 1.0;
+    double prf = c->family == MOE_FAMILY_GLM4_MOE ? 0.5 : c->family == MOE_FAMILY_QWEN3_NEXT || c->family == MOE_FAMILY_QWEN3_5_MOE ? 0.25 : 1.0;
     if (c->family == MOE_FAMILY_MINIMAX_M2) { /* MiniMaxM2Config: rotary_dim / head_dim */
         int rotary_dim;
         MOE_TRY(get_int(root, what, "rotary_dim", 1, 1 << 16, c->head_dim, false, &rotary_dim));
@@ -581,6 +583,14 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     }
     case MOE_FAMILY_LLAMA4:
         MOE_TRY(moe_config_parse_llama4(c, root, what));
+        break;
+    case MOE_FAMILY_QWEN3_5_MOE: /* every layer MoE, the K chosen always renormalised */
+        MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, 256, false, &c->n_experts));
+        MOE_TRY(get_int(root, what, "moe_intermediate_size", 1, BIG, families[fi].moe_ffn, false, &c->d_expert));
+        MOE_TRY(get_int(root, what, "shared_expert_intermediate_size", 0, BIG, 512, false, &c->d_shared));
+        c->norm_topk = true;
+        c->shared_gate = c->d_shared > 0;
+        MOE_TRY(moe_config_parse_linear(c, root, what));
         break;
     case MOE_FAMILY_QWEN3_NEXT:
         MOE_TRY(get_int(root, what, "num_experts", 1, 1 << 16, 512, false, &c->n_experts));

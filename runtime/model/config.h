@@ -34,6 +34,8 @@ enum moe_family {
     MOE_FAMILY_MINIMAX_M2,         /* MiniMaxM2ForCausalLM (MiniMax-M2) */
     MOE_FAMILY_LLAMA4,             /* Llama4ForCausalLM (the text model of Llama-4 Scout, Maverick) */
     MOE_FAMILY_QWEN3_NEXT,         /* Qwen3NextForCausalLM (Qwen3-Next-80B-A3B): linear attention */
+    MOE_FAMILY_QWEN3_5_MOE,        /* Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration (text):
+                                      Qwen3.5-MoE, linear attention */
 };
 
 enum moe_qk_norm {
@@ -53,8 +55,11 @@ enum moe_q4_method { MOE_Q4_NONE, MOE_Q4_GPTQ, MOE_Q4_AWQ, MOE_Q4_CT };
 struct moe_config {
     enum moe_family family;
     char architecture[64];
-    char tensor_prefix[32]; /* removed from the checkpoint's tensor names at load: "language_model."
-                               for Llama4ForConditionalGeneration's text model; else empty */
+    char tensor_prefix[32]; /* replaced by tensor_prefix_to in the checkpoint's tensor names at load:
+                               "language_model." for Llama4ForConditionalGeneration's text model,
+                               "model.language_model." for Qwen3_5MoeForConditionalGeneration's;
+                               else empty */
+    char tensor_prefix_to[16]; /* "" (Llama-4), "model." (Qwen3.5-MoE) */
     int n_layers;      /* L */
     int n_mtp_layers;  /* num_nextn_predict_layers: multi-token-prediction layers
                           the checkpoint declares after the L (not run) */

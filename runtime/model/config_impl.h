@@ -36,3 +36,7 @@ MOE_MUST_USE enum moe_status moe_config_parse_llama4_text(struct moe_config *c, 
  * full_attention_interval-th layer full attention), the gated attention
  * output and the zero-centred norms. */
 MOE_MUST_USE enum moe_status moe_config_parse_linear(struct moe_config *c, json_t *root, const char *what);
+/* Qwen3_5MoeForConditionalGeneration's root: its text_config read as a
+ * Qwen3_5MoeForCausalLM's, tensors model.language_model.* read as model.*
+ * (the vision tower, model.visual.*, is not read). */
+MOE_MUST_USE enum moe_status moe_config_parse_qwen3_5_text(struct moe_config *c, json_t *root, const char *what);

@@ -1,5 +1,5 @@
-/* config_qwen3next.c - Qwen3NextConfig's keys (transformers 5.24) for
- * Qwen3NextForCausalLM's hybrid layers:
+/* config_qwen3next.c - Qwen3NextConfig's and Qwen3_5MoeTextConfig's keys
+ * (transformers 5.24) for their hybrid layers:
  *
  *   linear_conv_kernel_dim 4, linear_key_head_dim 128,
  *     linear_value_head_dim 128, linear_num_key_heads 16,
@@ -11,6 +11,7 @@
  * and every RMSNorm but the Gated DeltaNet's own multiplies by 1 + weight. */
 #include "runtime/model/config_impl.h"
 
+#include <stdio.h>
 #include <string.h>
 
 enum moe_status moe_config_parse_linear(struct moe_config *c, json_t *root, const char *what)
@@ -43,5 +44,34 @@ enum moe_status moe_config_parse_linear(struct moe_config *c, json_t *root, cons
     }
     c->attn_out_gate = true;
     c->norm_plus_one = true;
+    return MOE_OK;
+}
+
+enum moe_status moe_config_parse_qwen3_5_text(struct moe_config *c, json_t *root, const char *what)
+{
+    json_t *text = json_object_get(root, "text_config");
+    if (!json_is_object(text))
+        return moe_fail(MOE_ERR_FORMAT, "%s: Qwen3_5MoeForConditionalGeneration without a 'text_config' object",
+                        what);
+    json_t *t = json_copy(text), *arch = json_pack("[s]", "Qwen3_5MoeForCausalLM");
+    if (!t || !arch || json_object_set_new(t, "architectures", arch)) { /* arch is released either way */
+        json_decref(t);
+        return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
+    }
+    /* the root's tie_word_embeddings and quantization_config are the model's */
+    static const char *const keys[] = {"tie_word_embeddings", "quantization_config"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        json_t *v = json_object_get(root, keys[i]);
+        if (v && !json_object_get(t, keys[i]) && json_object_set(t, keys[i], v)) {
+            json_decref(t);
+            return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
+        }
+    }
+    enum moe_status s = moe_config_parse(c, t, what);
+    json_decref(t);
+    if (s != MOE_OK) return s;
+    snprintf(c->architecture, sizeof c->architecture, "Qwen3_5MoeForConditionalGeneration");
+    snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "model.language_model.");
+    snprintf(c->tensor_prefix_to, sizeof c->tensor_prefix_to, "model.");
     return MOE_OK;
 }

@@ -375,8 +375,9 @@ static enum moe_status bind_moe(struct moe_model *m, int l, struct moe_layer_wei
     if (c->d_shared > 0) {
         int64_t S = c->d_shared;
         /* Qwen2-MoE: mlp.shared_expert; GLM-4.5 / DeepSeek: mlp.shared_experts */
-        const char *sh = c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_NEXT ? "shared_expert"
-                                                                                              : "shared_experts";
+        const bool qwen = c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_NEXT ||
+                          c->family == MOE_FAMILY_QWEN3_5_MOE;
+        const char *sh = qwen ? "shared_expert" : "shared_experts";
         NAMEF(n, "model.layers.%d.mlp.%s.gate_proj.weight", l, sh);
         MOE_TRY(bind_linear(m, &w->sh_gate, true, n, 2, S, D, 0));
         NAMEF(n, "model.layers.%d.mlp.%s.up_proj.weight", l, sh);
@@ -455,7 +456,7 @@ enum moe_status moe_model_load_part(struct moe_model *m, const char *dir, int lo
         goto fail;
     }
     if ((s = moe_safetensors_open_dir(&m->st, dir)) != MOE_OK) goto fail;
-    if (m->cfg.tensor_prefix[0] && (s = moe_safetensors_strip_prefix(&m->st, m->cfg.tensor_prefix)) != MOE_OK)
+    if (m->cfg.tensor_prefix[0] && (s = moe_safetensors_strip_prefix(&m->st, m->cfg.tensor_prefix, m->cfg.tensor_prefix_to)) != MOE_OK)
         goto fail;
     if ((s = moe_model_bind(m)) != MOE_OK) {
         moe_error_prefix("%s: ", dir);
@@ -549,7 +550,8 @@ static void stored_bytes(const struct moe_model *m, struct moe_model_sizes *z, i
         const struct moe_tensor *attn[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk,
                                            &w->bv, &w->bo, &w->q_norm, &w->k_norm, &w->sinks,
                                            &w->wq_a, &w->q_a_norm, &w->wkv_a, &w->kv_a_norm,
-                                           &w->w_uk, &w->w_uv, &w->lin_in, &w->lin_ba, &w->lin_conv,
+                                           &w->w_uk, &w->w_uv, &w->lin_in, &w->lin_ba, &w->lin_qkv,
+                                           &w->lin_z, &w->lin_b, &w->lin_a, &w->lin_conv,
                                            &w->lin_a_log, &w->lin_dt_bias, &w->lin_norm, &w->lin_out};
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) z->bytes_attn += tb(by, attn[i]);
         z->bytes_norm += tb(by, &w->attn_norm) + tb(by, &w->ffn_norm);

@@ -80,6 +80,10 @@ struct moe_layer_weights {
     struct moe_tensor lin_in;            /* in_proj_qkvz (2 Hk Dk + 2 Hv Dv, D): per q/k head its
                                             q (Dk), k (Dk), then its r value heads' v and their z */
     struct moe_tensor lin_ba;            /* in_proj_ba (2 Hv, D): per q/k head its r b, then r a */
+    /* or, Qwen3.5-MoE (lin_in absent): the four apart, q, k, v in conv order */
+    struct moe_tensor lin_qkv;           /* in_proj_qkv (C, D) */
+    struct moe_tensor lin_z;             /* in_proj_z (Hv Dv, D) */
+    struct moe_tensor lin_b, lin_a;      /* in_proj_b, in_proj_a (Hv, D) */
     struct moe_tensor lin_conv;          /* conv1d (C, conv) F32, channels q, k, v of all heads */
     struct moe_tensor lin_a_log, lin_dt_bias; /* (Hv) F32 */
     struct moe_tensor lin_norm;          /* (Dv) the gated RMSNorm's weight */

@@ -1,9 +1,12 @@
-/* model_qwen3next.c - Qwen3-Next's weights: the Gated DeltaNet of its
- * linear-attention layers (linear_attn.*) and its zero-centred RMSNorms.
+/* model_qwen3next.c - Qwen3-Next's and Qwen3.5-MoE's weights: the Gated
+ * DeltaNet of their linear-attention layers (linear_attn.*) and their
+ * zero-centred RMSNorms.
  *
- *   in_proj_qkvz (2 Hk Dk + 2 Hv Dv, D), in_proj_ba (2 Hv, D): grouped by
- *     q/k head as transformers' fix_query_key_value_ordering reads them
- *     (the forward pass gathers the columns of their products)
+ *   Qwen3-Next: in_proj_qkvz (2 Hk Dk + 2 Hv Dv, D), in_proj_ba (2 Hv, D):
+ *     grouped by q/k head as transformers' fix_query_key_value_ordering
+ *     reads them (the forward pass gathers the columns of their products)
+ *   Qwen3.5-MoE: in_proj_qkv (C, D), in_proj_z (Hv Dv, D), in_proj_b and
+ *     in_proj_a (Hv, D)
  *   conv1d.weight (C, 1, conv), A_log (Hv), dt_bias (Hv): widened to F32
  *   norm.weight (Dv), out_proj (D, Hv Dv) */
 #include "runtime/model/model_impl.h"
@@ -23,10 +26,21 @@ enum moe_status moe_model_bind_linear_attn(struct moe_model *m, int l, struct mo
     char n[MOE_NAME_MAX];
     const int64_t D = c->d_model, Hv = c->lin_v_heads, Kd = (int64_t)c->lin_k_heads * c->lin_k_dim,
                   Vd = Hv * c->lin_v_dim, C = 2 * Kd + Vd;
-    NAMEF(n, "model.layers.%d.linear_attn.in_proj_qkvz.weight", l);
-    MOE_TRY(moe_model_bind_linear(m, &w->lin_in, true, false, n, 2, 2 * Kd + 2 * Vd, D, 0));
-    NAMEF(n, "model.layers.%d.linear_attn.in_proj_ba.weight", l);
-    MOE_TRY(moe_model_bind_tensor(m, &w->lin_ba, true, n, 2, 2 * Hv, D, 0));
+    if (c->family == MOE_FAMILY_QWEN3_5_MOE) {
+        NAMEF(n, "model.layers.%d.linear_attn.in_proj_qkv.weight", l);
+        MOE_TRY(moe_model_bind_linear(m, &w->lin_qkv, true, false, n, 2, C, D, 0));
+        NAMEF(n, "model.layers.%d.linear_attn.in_proj_z.weight", l);
+        MOE_TRY(moe_model_bind_linear(m, &w->lin_z, true, false, n, 2, Vd, D, 0));
+        NAMEF(n, "model.layers.%d.linear_attn.in_proj_b.weight", l);
+        MOE_TRY(moe_model_bind_tensor(m, &w->lin_b, true, n, 2, Hv, D, 0));
+        NAMEF(n, "model.layers.%d.linear_attn.in_proj_a.weight", l);
+        MOE_TRY(moe_model_bind_tensor(m, &w->lin_a, true, n, 2, Hv, D, 0));
+    } else {
+        NAMEF(n, "model.layers.%d.linear_attn.in_proj_qkvz.weight", l);
+        MOE_TRY(moe_model_bind_linear(m, &w->lin_in, true, false, n, 2, 2 * Kd + 2 * Vd, D, 0));
+        NAMEF(n, "model.layers.%d.linear_attn.in_proj_ba.weight", l);
+        MOE_TRY(moe_model_bind_tensor(m, &w->lin_ba, true, n, 2, 2 * Hv, D, 0));
+    }
     NAMEF(n, "model.layers.%d.linear_attn.out_proj.weight", l);
     MOE_TRY(moe_model_bind_linear(m, &w->lin_out, true, false, n, 2, D, Vd, 0));
     NAMEF(n, "model.layers.%d.linear_attn.conv1d.weight", l);

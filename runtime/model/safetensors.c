@@ -55,18 +55,27 @@ static void index_rebuild(struct moe_safetensors *st)
     for (size_t i = 0; i < st->n_tensors; i++) index_insert(st, i);
 }
 
-enum moe_status moe_safetensors_strip_prefix(struct moe_safetensors *st, const char *prefix)
+enum moe_status moe_safetensors_strip_prefix(struct moe_safetensors *st, const char *prefix, const char *to)
 {
-    const size_t n = strlen(prefix);
-    for (size_t i = 0; i < st->n_tensors; i++) { /* a shortened name must be new */
+    const size_t n = strlen(prefix), m = strlen(to);
+    MOE_ASSERT(m <= n);
+    for (size_t i = 0; i < st->n_tensors; i++) { /* a new name must be new */
         const char *name = st->tensors[i].name;
-        if (strncmp(name, prefix, n) == 0 && moe_safetensors_find(st, name + n))
-            return moe_fail(MOE_ERR_FORMAT, "checkpoint: tensors '%s' and '%s' would have one name", name,
-                            name + n);
+        if (strncmp(name, prefix, n) != 0) continue;
+        char *nn = malloc(m + strlen(name + n) + 1);
+        if (!nn) return moe_fail(MOE_ERR_NOMEM, "checkpoint: tensor names");
+        memcpy(nn, to, m);
+        strcpy(nn + m, name + n);
+        const bool taken = moe_safetensors_find(st, nn) != NULL;
+        if (taken) moe_fail(MOE_ERR_FORMAT, "checkpoint: tensors '%s' and '%s' would have one name", name, nn);
+        free(nn);
+        if (taken) return MOE_ERR_FORMAT;
     }
     for (size_t i = 0; i < st->n_tensors; i++) {
         char *name = st->tensors[i].name;
-        if (strncmp(name, prefix, n) == 0) memmove(name, name + n, strlen(name + n) + 1);
+        if (strncmp(name, prefix, n) != 0) continue;
+        memmove(name + m, name + n, strlen(name + n) + 1);
+        memcpy(name, to, m);
     }
     index_rebuild(st);
     return MOE_OK;

@@ -93,11 +93,13 @@ const struct moe_st_tensor *moe_safetensors_find(const struct moe_safetensors *s
  * tensors (a page touched again reads zeros: only for memory nothing reads
  * again).  Pages the range shares with its neighbours stay; memory st does
  * not hold is left alone. */
-/* Removes prefix from every tensor name that starts with it (a multimodal
- * checkpoint's text model, `language_model.model.*`, read by the names of
- * the text-only model).  An error (the set unchanged) when a shortened
- * name is another tensor's. */
-MOE_MUST_USE enum moe_status moe_safetensors_strip_prefix(struct moe_safetensors *st, const char *prefix);
+/* Replaces prefix by `to` (no longer than prefix; "" removes it) in every
+ * tensor name that starts with it (a multimodal checkpoint's text model,
+ * `language_model.model.*` or `model.language_model.*`, read by the names
+ * of the text-only model).  An error (the set unchanged) when a new name is
+ * another tensor's. */
+MOE_MUST_USE enum moe_status moe_safetensors_strip_prefix(struct moe_safetensors *st, const char *prefix,
+                                                           const char *to);
 void moe_safetensors_release(const struct moe_safetensors *st, const void *p, size_t n,
                              bool files_only);
 /* Unmaps, frees; safe on a zeroed struct and twice. */

@@ -235,8 +235,15 @@ static enum moe_status add_linear_attn(struct gen *g, const struct moe_config *c
     const int64_t D = c->d_model, Hv = c->lin_v_heads, Kd = (int64_t)c->lin_k_heads * c->lin_k_dim,
                   Vd = Hv * c->lin_v_dim;
     const char *p = "model.layers";
-    MOE_TRY(add(g, false, 2, 2 * Kd + 2 * Vd, D, 0, "%s.%d.linear_attn.in_proj_qkvz.weight", p, l));
-    MOE_TRY(add(g, false, 2, 2 * Hv, D, 0, "%s.%d.linear_attn.in_proj_ba.weight", p, l));
+    if (c->family == MOE_FAMILY_QWEN3_5_MOE) {
+        MOE_TRY(add(g, false, 2, 2 * Kd + Vd, D, 0, "%s.%d.linear_attn.in_proj_qkv.weight", p, l));
+        MOE_TRY(add(g, false, 2, Vd, D, 0, "%s.%d.linear_attn.in_proj_z.weight", p, l));
+        MOE_TRY(add(g, false, 2, Hv, D, 0, "%s.%d.linear_attn.in_proj_b.weight", p, l));
+        MOE_TRY(add(g, false, 2, Hv, D, 0, "%s.%d.linear_attn.in_proj_a.weight", p, l));
+    } else {
+        MOE_TRY(add(g, false, 2, 2 * Kd + 2 * Vd, D, 0, "%s.%d.linear_attn.in_proj_qkvz.weight", p, l));
+        MOE_TRY(add(g, false, 2, 2 * Hv, D, 0, "%s.%d.linear_attn.in_proj_ba.weight", p, l));
+    }
     MOE_TRY(add(g, false, 3, 2 * Kd + Vd, 1, c->lin_conv, "%s.%d.linear_attn.conv1d.weight", p, l));
     MOE_TRY(add(g, false, 1, Hv, 0, 0, "%s.%d.linear_attn.A_log", p, l));
     MOE_TRY(add(g, false, 1, Hv, 0, 0, "%s.%d.linear_attn.dt_bias", p, l));
@@ -393,7 +400,8 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
         }
         if (c->d_shared > 0) {
             const int64_t S = c->d_shared;
-            const char *sh = c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_NEXT ? "shared_expert" : "shared_experts";
+            const char *sh = c->family == MOE_FAMILY_QWEN2_MOE || c->family == MOE_FAMILY_QWEN3_NEXT ||
+                             c->family == MOE_FAMILY_QWEN3_5_MOE ? "shared_expert" : "shared_experts";
             MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.%s.gate_proj.weight", p, l, sh));
             MOE_TRY(add(&g, false, 2, S, D, 0, "%s.%d.mlp.%s.up_proj.weight", p, l, sh));
             MOE_TRY(add(&g, false, 2, D, S, 0, "%s.%d.mlp.%s.down_proj.weight", p, l, sh));

@@ -64,6 +64,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
     Qwen3NextConfig,
     Qwen3NextForCausalLM,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeTextConfig,
 )
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -251,6 +253,26 @@ def fixture_specs():
                 attention_bias=False, tie_word_embeddings=False),
             seed=17000, dtype="float32", random_norms=0.3,
         ),
+        # Qwen3.5-MoE (text): Qwen3-Next's hybrid, Gated DeltaNet layers 0 and
+        # 2 with separate in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, a
+        # gated full-attention layer 1, every layer MoE with the sigmoid-gated
+        # shared expert, the router always renormalised, the text rotary of
+        # mrope (its sections interleaved over the quarter of each head that
+        # rotates; text positions are the same on all three axes).  The
+        # zero-centred norms, the gated norm and dt_bias as for qwen3_next
+        "qwen3_5_moe": dict(
+            cls=Qwen3_5MoeForCausalLM,
+            config=lambda: Qwen3_5MoeTextConfig(
+                **COMMON, **MOE, num_hidden_layers=3,
+                layer_types=["linear_attention", "full_attention", "linear_attention"],
+                num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0]},
+                attention_bias=False, tie_word_embeddings=False),
+            seed=18000, dtype="float32", random_norms=0.3, kv_reject=True,
+        ),
         "llama": dict(
             cls=LlamaForCausalLM,
             config=lambda: LlamaConfig(
@@ -437,7 +459,18 @@ def make_fixture(name, spec, prompts):
             model.save_pretrained(tmp, **kw)
             saved_layout = detect_layout(tmp)
             ref_model = load(tmp, torch.float32)
-            tensors, stats = reference_outputs(ref_model, prompts)
+            try:
+                tensors, stats = reference_outputs(ref_model, prompts)
+            except RuntimeError as e:
+                # kv_reject: a token-by-token vs prefill difference over KV_TOL
+                # rejects the seed instead of stopping (fp32 rounding of the
+                # chunked vs recurrent Gated DeltaNet scan, which some seeds
+                # amplify; the same model in float64 agrees to ~1e-15)
+                if not (spec.get("kv_reject") and "incremental vs prefill" in str(e)):
+                    raise
+                print(f"  {name}: seed {seed} rejected ({e})", flush=True)
+                last_err = str(e)
+                continue
             bad = check_stats(stats)
             if bad:
                 print(f"  {name}: seed {seed} rejected ({bad})", flush=True)
@@ -515,7 +548,8 @@ def make_fixture(name, spec, prompts):
             if "linear_attention" in (getattr(cfg, "layer_types", None) or []):
                 # hybrid (Qwen3-Next): which layers are Gated DeltaNet, their geometry
                 ref["hybrid"] = dict(
-                    layer_types=list(cfg.layer_types), mlp_only_layers=list(cfg.mlp_only_layers),
+                    layer_types=list(cfg.layer_types),
+                    mlp_only_layers=list(getattr(cfg, "mlp_only_layers", None) or []),
                     linear_num_key_heads=cfg.linear_num_key_heads,
                     linear_num_value_heads=cfg.linear_num_value_heads,
                     linear_key_head_dim=cfg.linear_key_head_dim,
