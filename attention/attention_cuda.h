@@ -41,6 +41,14 @@ enum moe_status moe_attention_split_reduce_cuda(cudaStream_t st, float *out, con
                                                 const float *sinks, int T, int Hq, int Dh,
                                                 int n_splits);
 
+/* ---- attention/linear_attn_cuda.cu ---- */
+/* moe_attention_delta_cpu's twin: db is the device batch (state_slot,
+ * seq_start, positions on the device); p's weights device memory.  A
+ * convolution wider than 8 or head dimensions above 1024 are refused. */
+enum moe_status moe_attention_delta_cuda(cudaStream_t st, float *out, float *qkv, const float *b, const float *a,
+                                         struct moe_kvcache *kv, const struct moe_batch *db,
+                                         const struct moe_delta_params *p);
+
 /* ---- attention/attention_mla_cuda.cu ---- */
 /* Raises the MLA attention kernels' dynamic shared memory limits (149 KiB
  * at Dh = 576); once per device, at backend init.  Returns the largest head

@@ -8,11 +8,11 @@
  * delta_kernel: a block per (sequence, value head), a thread per value
  * column j (Dv threads): the thread keeps column j of the head's state S
  * (Dk values, registers for Dk <= 128, else local memory) for the whole
- * step; per row the block stages the L2-normalised q and k of the head's
- * q/k head in shared memory, then each thread decays its column, forms
- * (S^T k)[j], the delta, the update and (S^T q)[j] in the CPU's order.
- * Only the norms' sums (block reductions) and expf differ from the CPU:
- * results agree to rounding, not bits.  A sequence whose first row is at
+ * step; per row the block stages q and k of the head's q/k head in shared
+ * memory, each thread forms their norms, decays its column, forms
+ * (S^T k)[j], the delta, the update and (S^T q)[j], all in the CPU's
+ * order.  The device's expf, log1pf and divisions may differ from the
+ * host's in the last bit: results agree to rounding.  A sequence whose first row is at
  * position 0 starts from zeros. */
 #include <math.h>
 
@@ -50,27 +50,14 @@ static __global__ void conv_kernel(float *qkv, float *state, size_t slot_floats,
     for (int j = 0; j < K - 1; j++) hist[j] = h[j];
 }
 
-/* sum of v over the block (all threads get it); red: 32 floats of shared */
-static __device__ float block_sum(float v, float *red)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warps = (blockDim.x + 31) / 32;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float t = 0.0f;
-    for (int i = 0; i < warps; i++) t += red[i];
-    return t;
-}
-
 template <int MAXK>
 static __global__ void delta_kernel(float *out, const float *qkv, const float *bg, const float *ag,
                                     float *state, size_t slot_floats, size_t s_off, const int32_t *slots,
                                     const int32_t *seq_start, const int32_t *pos, const float *a_log,
                                     const float *dt_bias, int Hk, int Hv, int Dk, int Dv)
 {
-    extern __shared__ float sh[]; /* q (Dk), k (Dk), 32 for reductions */
-    float *q = sh, *k = sh + Dk, *red = sh + 2 * Dk;
+    extern __shared__ float sh[]; /* q (Dk), k (Dk) */
+    float *q = sh, *k = sh + Dk;
     const int s = blockIdx.x, h = blockIdx.y, j = threadIdx.x;
     const int C = 2 * Hk * Dk + Hv * Dv, kh = h / (Hv / Hk);
     const int r0 = seq_start[s], r1 = seq_start[s + 1];
@@ -81,17 +68,17 @@ static __global__ void delta_kernel(float *out, const float *qkv, const float *b
     const float qs = 1.0f / sqrtf((float)Dk), rate = -expf(a_log[h]), dtb = dt_bias[h];
     for (int t = r0; t < r1; t++) {
         const float *row = qkv + (size_t)t * C;
-        float sq = 0.0f, sk = 0.0f;
         __syncthreads(); /* the previous row's q and k are read */
         for (int i = j; i < Dk; i += blockDim.x) {
-            const float x = row[(size_t)kh * Dk + i], y = row[(size_t)Hk * Dk + (size_t)kh * Dk + i];
-            q[i] = x;
-            k[i] = y;
-            sq += x * x;
-            sk += y * y;
+            q[i] = row[(size_t)kh * Dk + i];
+            k[i] = row[(size_t)Hk * Dk + (size_t)kh * Dk + i];
         }
-        sq = block_sum(sq, red);
-        sk = block_sum(sk, red);
+        __syncthreads();
+        float sq = 0.0f, sk = 0.0f; /* every thread, in the CPU's order */
+        for (int i = 0; i < Dk; i++) {
+            sq += q[i] * q[i];
+            sk += k[i] * k[i];
+        }
         const float iq = 1.0f / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
         const float bx = bg[(size_t)t * Hv + h], ax = ag[(size_t)t * Hv + h] + dtb;
         const float beta = 1.0f / (1.0f + expf(-bx));
@@ -128,7 +115,7 @@ extern "C" enum moe_status moe_attention_delta_cuda(cudaStream_t st, float *out,
     conv_kernel<<<cg, CONV_THREADS, 0, st>>>(qkv, kv->state, kv->state_floats, layer_off, db->state_slot,
                                               db->seq_start, db->positions, p->conv_w, C, K);
     MOE_CUDA_LAUNCHED();
-    const size_t shm = (2 * (size_t)Dk + 32) * sizeof(float), s_off = layer_off + kv->state_conv_floats;
+    const size_t shm = 2 * (size_t)Dk * sizeof(float), s_off = layer_off + kv->state_conv_floats;
     dim3 dg((unsigned)n, (unsigned)Hv);
     if (Dk <= 128)
         delta_kernel<128><<<dg, Dv, shm, st>>>(out, qkv, b, a, kv->state, kv->state_floats, s_off,

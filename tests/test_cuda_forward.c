@@ -177,6 +177,12 @@ Test(cuda_forward, deepseek_v3_matches_cpu) { check_fixture("deepseek_v3", false
  * and sigmoid router (here without groups): no kernel of its own */
 Test(cuda_forward, minimax_m2_matches_cpu) { check_fixture("minimax_m2", false); }
 Test(cuda_forward, minimax_m2_short_matches_cpu) { check_fixture_run("minimax_m2", false, 0, 0, 1, 8); }
+/* Qwen3-Next: the Gated DeltaNet kernels (convolution with carried inputs,
+ * the delta rule over each sequence's state slot, attention/linear_attn_cuda.cu),
+ * the gated attention output; the prompt prefilled at once, then decoded
+ * token by token over the state */
+Test(cuda_forward, qwen3_next_matches_cpu) { check_fixture("qwen3_next", false); }
+Test(cuda_forward, qwen3_next_short_matches_cpu) { check_fixture_run("qwen3_next", false, 0, 0, 1, 8); }
 /* Llama-4: no kernels for its chunked attention, layers without RoPE, q/k
  * L2 norm or routing (docs/cuda.md): refused at load, in one line */
 Test(cuda_forward, llama4_is_refused_at_load)

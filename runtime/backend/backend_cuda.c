@@ -356,6 +356,13 @@ static enum moe_status cuda_kv_store(struct moe_backend *be, struct moe_kvcache 
     return moe_attention_kv_store_cuda(ctx_of(be)->stream, kv, layer, k, v, slots, T);
 }
 
+static enum moe_status cuda_delta_net(struct moe_backend *be, float *out, float *qkv, const float *b,
+                                      const float *a, struct moe_kvcache *kv, const struct moe_batch *bt,
+                                      const struct moe_delta_params *p)
+{
+    return moe_attention_delta_cuda(ctx_of(be)->stream, out, qkv, b, a, kv, bt, p);
+}
+
 static enum moe_status cuda_attention(struct moe_backend *be, float *out, const float *q,
                                       const struct moe_kvcache *kv, const struct moe_batch *b,
                                       const struct moe_attn_params *p)
@@ -577,6 +584,7 @@ static const struct moe_backend_ops cuda_ops = {
     .swiglu = cuda_swiglu,
     .rope = cuda_rope,
     .kv_store = cuda_kv_store,
+    .delta_net = cuda_delta_net,
     .attention = cuda_attention,
     .route = cuda_route,
     .dispatch = cuda_dispatch,

@@ -393,7 +393,8 @@ static bool has_dtype(const struct moe_model *m, bool (*is)(enum moe_dtype), boo
         const struct moe_layer_weights *w = &m->layers[l];
         const struct moe_tensor *ts[] = {&w->wq,      &w->wk,     &w->wv,      &w->wo,    &w->wq_a,
                                          &w->wkv_a,   &w->w_gate, &w->w_up,    &w->w_down, &w->router,
-                                         &w->sh_gate, &w->sh_up,  &w->sh_down, &w->sh_router};
+                                         &w->sh_gate, &w->sh_up,  &w->sh_down, &w->sh_router,
+                                         &w->lin_in,  &w->lin_qkv, &w->lin_z,  &w->lin_out};
         for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
             if (is(ts[i]->dtype)) return true;
         if (experts && w->experts.gate && is(w->experts.dtype)) return true;
@@ -467,12 +468,16 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         /* the weights only matmul reads (FP8 ones kept as planes), then the
          * rest; MLA's (absent elsewhere) among both */
         struct moe_tensor *mm[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->wq_a, &w->wkv_a, &w->w_gate,
-                                   &w->w_up, &w->w_down, &w->sh_gate, &w->sh_up, &w->sh_down};
+                                   &w->w_up, &w->w_down, &w->sh_gate, &w->sh_up, &w->sh_down,
+                                   &w->lin_in, &w->lin_ba, &w->lin_qkv, &w->lin_z, &w->lin_b, &w->lin_a,
+                                   &w->lin_out};
         const enum part mp[] = {P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_ATTN, P_DENSE, P_DENSE,
-                                P_DENSE, P_SHARED, P_SHARED, P_SHARED};
+                                P_DENSE, P_SHARED, P_SHARED, P_SHARED, P_ATTN, P_ATTN, P_ATTN, P_ATTN,
+                                P_ATTN, P_ATTN, P_ATTN};
         for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) MOE_TRY(upload_matmul_view(be, m, mm[i], mp[i], l));
         struct moe_tensor *attn[] = {&w->bq, &w->bk, &w->bv, &w->bo, &w->q_norm, &w->k_norm,
-                                     &w->q_a_norm, &w->kv_a_norm, &w->w_uk, &w->w_uv};
+                                     &w->q_a_norm, &w->kv_a_norm, &w->w_uk, &w->w_uv, &w->lin_conv,
+                                     &w->lin_a_log, &w->lin_dt_bias, &w->lin_norm};
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) MOE_TRY(upload_view(be, m, attn[i], P_ATTN));
         MOE_TRY(upload_view(be, m, &w->attn_norm, P_NORM));
         MOE_TRY(upload_view(be, m, &w->ffn_norm, P_NORM));

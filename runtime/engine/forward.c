@@ -592,8 +592,10 @@ static enum moe_status run_step(struct moe_forward *fw, struct moe_kvcache *kv, 
     /* traces and synchronous statistics copy to the host inside the step:
      * no graph then.  Asynchronous statistics copies are part of the step
      * (fixed destinations), so such a step is recorded under its own key. */
+    /* nor a step over recurrent state: its kernels' grids follow the
+     * step's sequences, which a recorded step of the same rows may not have */
     const bool graph = op->graph_begin && op->graph_end && !(trace && trace->ids) &&
-                       (!fw->stats || fw->stats_async);
+                       (!fw->stats || fw->stats_async) && !fw->b_state;
     const void *key = fw->stats_async ? (const void *)&fw->hs_buf : (const void *)fw;
     bool replay = false;
     if (graph) MOE_TRY(op->graph_begin(be, key, b->n_tokens, b->n_logits, &replay));
