@@ -525,3 +525,34 @@ Test(config, llama4_refusals_and_text_config)
     cr_expect_eq(c.d_shared, 8192);
     cr_expect(c.qk_l2_norm && c.router_scales_input && c.attn_temp_floor == 8192);
 }
+
+/* Qwen3_5MoeForConditionalGeneration: the text model from text_config,
+ * its tensors under model.language_model.; the tying is the root's
+ * (Qwen3_5MoeConfig's, default false), whatever text_config says. */
+Test(config, qwen3_5_moe_text_config_and_its_tying)
+{
+    struct moe_config c;
+    const char *text = "\"text_config\": {\"hidden_size\": 64, \"vocab_size\": 256, \"num_hidden_layers\": 4, "
+                       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "
+                       "\"num_experts\": 8, \"tie_word_embeddings\": %s}";
+    char tc[512], json[1024];
+    snprintf(tc, sizeof tc, text, "false");
+    snprintf(json, sizeof json, "{\"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"], "
+             "\"tie_word_embeddings\": true, %s}", tc);
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    cr_assert_str_eq(c.architecture, "Qwen3_5MoeForConditionalGeneration");
+    cr_assert_str_eq(c.tensor_prefix, "model.language_model.");
+    cr_assert_str_eq(c.tensor_prefix_to, "model.");
+    cr_assert_eq(c.family, MOE_FAMILY_QWEN3_5_MOE);
+    cr_expect(c.tie_embeddings, "the root's true");
+    /* Qwen3_5MoeTextConfig's defaults: every 4th layer full attention, a
+     * quarter of each head rotated, top-8, always renormalised */
+    for (int l = 0; l < 4; l++) cr_expect_eq(c.layer_linear[l], l != 3, "layer %d", l);
+    cr_expect_eq(c.rope_dim, 4);
+    cr_expect_eq(c.top_k, 8);
+    cr_expect(c.norm_topk && c.attn_out_gate && c.norm_plus_one && c.shared_gate);
+    snprintf(tc, sizeof tc, text, "true");
+    snprintf(json, sizeof json, "{\"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"], %s}", tc);
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    cr_expect(!c.tie_embeddings, "the root's default false");
+}

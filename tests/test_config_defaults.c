@@ -6,11 +6,12 @@
  * MoE; and the shapes the modeling code builds: head dimension, KV heads,
  * rotated dimensions, q/k norms, attention and MLP biases, expert,
  * shared-expert and dense FFN widths, latent-attention dimensions, gpt-oss's
- * activation limit; Qwen3-Next's gated attention output, which layers are
- * linear attention and the Gated DeltaNet's heads, head widths and
- * convolution width), the config without that key parses to the values
+ * activation limit; Qwen3-Next's and Qwen3.5-MoE's gated attention output,
+ * which layers are linear attention and the Gated DeltaNet's heads, head
+ * widths and convolution width), the config without that key parses to the values
  * transformers gives (recorded by tests/reference/make_config_defaults.py,
- * the shapes off a model it builds on the meta device).  Where transformers has no
+ * the shapes off a model it builds on the meta device; a multimodal config's
+ * keys removed from its text_config).  Where transformers has no
  * value (DeepSeek-V2's num_experts_per_tok is None) moerun requires the
  * key; where its defaults cannot run (more expert groups chosen than there
  * are) moerun refuses the config. */
@@ -31,10 +32,14 @@ static int check_case(json_t *c)
     snprintf(path, sizeof path, "%s/%s/config.json", FIXTURE_DIR, fixture);
     json_t *cfgj = json_load_file(path, 0, NULL);
     cr_assert(cfgj, "%s", path);
-    cr_assert_eq(json_object_update(cfgj, json_object_get(c, "set")), 0);
+    /* where the keys are set and removed: the config, or (a multimodal config) its text_config */
+    json_t *within = json_object_get(c, "within"),
+           *keys = within ? json_object_get(cfgj, json_string_value(within)) : cfgj;
+    cr_assert(json_is_object(keys), "%s: %s", path, within ? json_string_value(within) : "");
+    cr_assert_eq(json_object_update(keys, json_object_get(c, "set")), 0);
     size_t i;
     json_t *k;
-    json_array_foreach(json_object_get(c, "remove"), i, k) json_object_del(cfgj, json_string_value(k));
+    json_array_foreach(json_object_get(c, "remove"), i, k) json_object_del(keys, json_string_value(k));
     char label[256];
     snprintf(label, sizeof label, "%s (%s)", fixture, what);
     struct moe_config cfg;
@@ -135,8 +140,11 @@ static int check_case(json_t *c)
         if ((v = json_object_get(sh, bools[j].key)))
             DIFF(bools[j].have != json_is_true(v), "%s: %s %d, transformers builds %d", label, bools[j].key,
                  bools[j].have, json_is_true(v));
-    /* the gated attention output: q_proj gives 2 Hq Dh (Qwen3-Next); none elsewhere */
-    DIFF(cfg.attn_out_gate != json_is_true(json_object_get(sh, "attn_out_gate")),
+    /* the gated attention output: q_proj gives 2 Hq Dh (Qwen3-Next, Qwen3.5-MoE); none elsewhere.  A model
+     * whose layers are all linear attention (Qwen3.5-MoE's 3 layers by full_attention_interval's default, 4)
+     * has no attention to gate: transformers builds no q_proj to tell, and the layers are compared below */
+    DIFF(moe_config_linear_layers(&cfg) < cfg.n_layers &&
+         cfg.attn_out_gate != json_is_true(json_object_get(sh, "attn_out_gate")),
          "%s: attention output gate %d, transformers builds %d", label, cfg.attn_out_gate,
          json_is_true(json_object_get(sh, "attn_out_gate")));
     if ((v = json_object_get(sh, "linear_attn"))) { /* the Gated DeltaNet's geometry; its layers */

@@ -58,14 +58,13 @@ enum moe_status moe_config_parse_qwen3_5_text(struct moe_config *c, json_t *root
         json_decref(t);
         return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
     }
-    /* the root's tie_word_embeddings and quantization_config are the model's */
-    static const char *const keys[] = {"tie_word_embeddings", "quantization_config"};
-    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-        json_t *v = json_object_get(root, keys[i]);
-        if (v && !json_object_get(t, keys[i]) && json_object_set(t, keys[i], v)) {
-            json_decref(t);
-            return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
-        }
+    /* Qwen3_5MoeConfig decides the tying at the root (default false),
+     * whatever text_config says; its quantization_config is the model's */
+    json_t *tie = json_object_get(root, "tie_word_embeddings"), *q = json_object_get(root, "quantization_config");
+    if (json_object_set_new(t, "tie_word_embeddings", tie && !json_is_null(tie) ? json_incref(tie) : json_false()) ||
+        (q && !json_object_get(t, "quantization_config") && json_object_set(t, "quantization_config", q))) {
+        json_decref(t);
+        return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
     }
     enum moe_status s = moe_config_parse(c, t, what);
     json_decref(t);

@@ -5,8 +5,10 @@ configuration that leaves a key out, for each family moerun reads.
 For every fixture family (tests/fixtures/<name>/config.json) and every key
 of KEYS its config holds, the config is written again without that key (and, for the families with sliding-window switches, with
 the window turned on and the layer pattern left to the config class; for
-Llama-4, with its per-layer lists left to the config class; for Qwen3-Next,
-with its layer pattern left to full_attention_interval), read
+Llama-4, with its per-layer lists left to the config class; for Qwen3-Next
+and Qwen3.5-MoE, with its layer pattern left to full_attention_interval, and
+with the keys whose defaults the fixture holds set otherwise; for a
+multimodal fixture of TEXT_CONFIG, the keys removed from its text_config), read
 back with transformers' AutoConfig, and the values moerun's parsed model
 description must hold are recorded (each case: the fixture, the keys set
 and removed, the values): experts per token, RoPE theta, RMSNorm
@@ -19,12 +21,13 @@ this script, says what a key means): head dimension, KV heads, rotated
 dimensions, the attention and MLP biases, expert, shared-expert and dense
 FFN widths, the latent-attention dimensions, gpt-oss's activation limit,
 Llama-4's layers without RoPE, chunked layers, q/k L2 norm and
-attention temperature, and Qwen3-Next's gated attention output, which
-layers are linear attention (Gated DeltaNet) and its heads, head widths and
-convolution width.  A configuration transformers cannot build a model
-from (or whose model cannot run: KV or key heads that do not divide the
-query or value heads, more experts per token than experts) is recorded as
-such (moerun must refuse it too).  The C test
+attention temperature, and Qwen3-Next's and Qwen3.5-MoE's gated attention
+output, which layers are linear attention (Gated DeltaNet) and its heads,
+head widths and convolution width (Qwen3.5-MoE's router, which reads no
+norm_topk_prob, is run to tell whether it renormalises).  A configuration
+transformers cannot build a model from (or whose model cannot run: KV or
+key heads that do not divide the query or value heads, more experts per
+token than experts) is recorded as such (moerun must refuse it too).  The C test
 (tests/test_config_defaults.c) removes the same keys and compares.
 
 Python is only a fixture-making tool; nothing in the runtime or build needs it.
@@ -38,7 +41,7 @@ import tempfile
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 transformers.logging.set_verbosity_error()
 
@@ -47,7 +50,7 @@ FIXTURES = os.path.join(REPO, "tests", "fixtures")
 
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v2", "deepseek_v3",
             "gpt_oss", "granitemoe", "granitemoeshared", "llama", "qwen2", "qwen3", "granite", "minimax_m2",
-            "llama4", "qwen3_next"]
+            "llama4", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_multimodal"]
 KEYS = ["num_experts_per_tok", "rope_parameters", "rope_theta", "rms_norm_eps", "max_position_embeddings",
         "tie_word_embeddings", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
         "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
@@ -88,16 +91,39 @@ def _llama4_moe(cfg):
     return [i in cfg.moe_layers for i in range(cfg.num_hidden_layers)]
 
 
+def _every_layer(cfg):  # Qwen3.5-MoE: a sparse MoE block in every decoder layer
+    return [True] * cfg.num_hidden_layers
+
+
 # which layers are MoE, as the modeling code decides
 MOE_PATTERN = {"glm4_moe": _first_k, "deepseek_v2": _first_k, "deepseek_v3": _first_k,
                "qwen2_moe": _sparse_step, "qwen3_moe": _sparse_step, "qwen3_next": _sparse_step,
-               "llama4": _llama4_moe}
+               "llama4": _llama4_moe, "qwen3_5_moe": _every_layer}
 # families with linear-attention (Gated DeltaNet) layers, chosen by config.layer_types
-LINEAR = {"qwen3_next"}
+LINEAR = {"qwen3_next", "qwen3_5_moe"}
+# families whose router reads no norm_topk_prob: whether it renormalises the K
+# weights chosen is read off the router itself (renormalised()), not the config
+ROUTER_RENORM = {"qwen3_5_moe"}
+# multimodal fixtures whose text model is a family's: its keys in text_config (the
+# keys are removed there), the model the image-text-to-text class builds
+TEXT_CONFIG = {"qwen3_5_moe_multimodal": "qwen3_5_moe"}
+# the model types whose attention gates its output (q_proj gives queries and gates)
+GATED_ATTN = {"qwen3_next", "qwen3_5_moe_text"}
 
 
 def described(name, cfg):
     """The values moerun's parser must give for cfg."""
+    if name in TEXT_CONFIG:  # a multimodal config: its text model's values; the model ties embeddings
+        # as the outer config (not text_config) says, read off the model the image-text-to-text class builds
+        top, name, cfg = cfg, TEXT_CONFIG[name], cfg.get_text_config()
+        out = described(name, cfg)
+        try:
+            m, dec = build(top)
+            out["tie"] = m.lm_head.weight is dec.embed_tokens.weight
+            out["shapes"] = shapes(cfg, top)
+        except Exception as e:
+            out["shapes"] = {"error": f"{type(e).__name__}: {e}"[:200]}
+        return out
     L = cfg.num_hidden_layers
     rp = getattr(cfg, "rope_parameters", None) or {}
     theta = rp.get("rope_theta", getattr(cfg, "rope_theta", None))
@@ -122,6 +148,8 @@ def described(name, cfg):
         v = getattr(cfg, key, None)
         if v is not None and name in ROUTING_KEYS.get(key, ()):
             out[field] = v
+    if name in ROUTER_RENORM:
+        out["norm_topk"] = renormalised(cfg)
     if name in MOE_PATTERN:
         out["moe_layers"] = MOE_PATTERN[name](cfg)
     if name in LINEAR:
@@ -138,13 +166,39 @@ def described(name, cfg):
     return out
 
 
-def shapes(cfg):
-    """What the modeling code builds from cfg: a model on the meta device."""
+def renormalised(cfg):
+    """Whether the modeling code's router renormalises the K weights it
+    chooses: one router built on the CPU, its weights random, run on a few
+    tokens; renormalised weights sum to 1 (with K < E the softmax's K largest
+    alone do not)."""
     with torch.device("meta"):
         m = AutoModelForCausalLM.from_config(cfg)
+    gate = next(layer.mlp.gate for layer in m.model.layers if hasattr(getattr(layer, "mlp", None), "gate"))
+    router = type(gate)(cfg)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(router.weight)
+    _, weights, _ = router(torch.randn(4, cfg.hidden_size))
+    return bool(torch.allclose(weights.sum(-1), torch.ones(4)))
+
+
+def build(top):
+    """The model top describes, on the meta device, and its decoder (a
+    multimodal model's text model)."""
+    with torch.device("meta"):
+        if top.get_text_config() is top:
+            m = AutoModelForCausalLM.from_config(top)
+            return m, m.model
+        m = AutoModelForImageTextToText.from_config(top)
+        return m, m.model.language_model
+
+
+def shapes(cfg, top=None):
+    """What the modeling code builds from cfg (the text config of top, if
+    given): a model on the meta device."""
+    m, dec = build(top or cfg)
     H = cfg.num_attention_heads
     out = {}
-    layers = m.model.layers
+    layers = dec.layers
     # the first attention layer (Qwen3-Next's layer 0 may be linear attention, without self_attn)
     a = next((layer.self_attn for layer in layers if hasattr(layer, "self_attn")), None)
     lin = [layer.linear_attn for layer in layers if hasattr(layer, "linear_attn")]
@@ -166,7 +220,7 @@ def shapes(cfg):
                    rope_dim=rope, qk_nope_dim=q.out_features // H - rope, v_head_dim=a.o_proj.in_features // H)
     else:
         # Qwen3-Next: q_proj gives each head's queries and an output gate (2 Dh values); o_proj reads H Dh
-        gate = cfg.model_type == "qwen3_next"
+        gate = cfg.model_type in GATED_ATTN
         if gate:
             assert a.q_proj.out_features == 2 * a.o_proj.in_features
             out["attn_out_gate"] = True
@@ -175,7 +229,7 @@ def shapes(cfg):
             raise ValueError(f"{H} query heads are not a multiple of {a.k_proj.out_features // dh} KV heads")
         out.update(head_dim=dh, n_kv_heads=a.k_proj.out_features // dh, qk_norm=hasattr(a, "q_norm"),
                    qkv_bias=a.q_proj.bias is not None, o_bias=a.o_proj.bias is not None,
-                   rope_dim=2 * m.model.rotary_emb.inv_freq.shape[0])
+                   rope_dim=2 * dec.rotary_emb.inv_freq.shape[0])
     D = cfg.hidden_size
     if hasattr(a, "use_rope"):  # Llama-4: per layer, as its attention modules hold them
         att = [layer.self_attn for layer in layers]
@@ -222,6 +276,7 @@ def main():
     for name in FAMILIES:
         with open(os.path.join(FIXTURES, name, "config.json")) as f:
             base = json.load(f)
+        within = "text_config" if name in TEXT_CONFIG else None  # where the keys are set and removed
         variants = [("as written", {}, [])]
         if name in LAYER_TYPES | WINDOW_ALL and name != "gpt_oss":
             variants.append(("window on", {"use_sliding_window": True, "sliding_window": 8,
@@ -232,20 +287,33 @@ def main():
             variants.append(("full_attention_interval 2, convolution 3, no renormalisation",
                              {"full_attention_interval": 2, "linear_conv_kernel_dim": 3, "norm_topk_prob": False},
                              ["layer_types"]))
+        if name == "qwen3_5_moe":  # as Qwen3-Next (the interval's default, 4, makes all 3 layers linear);
+            # the keys whose defaults the fixture holds set otherwise (RoPE's theta and partial factor
+            # in rope_parameters); norm_topk_prob, which Qwen3_5MoeTextConfig has not, changes nothing
+            variants.append(("layer pattern from the interval", {}, ["layer_types"]))
+            variants.append(("full_attention_interval 2, convolution 3, other defaults",
+                             {"full_attention_interval": 2, "linear_conv_kernel_dim": 3, "num_key_value_heads": 1,
+                              "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "attention_bias": True,
+                              "rope_parameters": {"mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5,
+                                                  "rope_theta": 500000.0, "rope_type": "default"},
+                              "norm_topk_prob": False},
+                             ["layer_types"]))
         if name == "llama4":  # the layer lists left to the intervals and the chunk size
             variants.append(("layer pattern from the intervals", {},
                              ["no_rope_layers", "layer_types", "moe_layers"]))
         for vname, sets, removes in variants:
-            v = {k: x for k, x in base.items() if k not in removes}
+            v = {k: x for k, x in (base[within] if within else base).items() if k not in removes}
             v.update(sets)
-            cases.append({"fixture": name, "what": vname, "set": sets, "remove": removes,
-                          "expect": described(name, read(v))})
+            whole = (lambda t: dict(base, **{within: t})) if within else (lambda t: t)
+            where = {"within": within} if within else {}
+            cases.append({"fixture": name, "what": vname, "set": sets, "remove": removes, **where,
+                          "expect": described(name, read(whole(v)))})
             for key in KEYS:
                 if key not in v:
                     continue
                 d = {k: x for k, x in v.items() if k != key}
                 cases.append({"fixture": name, "what": f"{vname}, without {key}", "set": sets,
-                              "remove": removes + [key], "expect": described(name, read(d))})
+                              "remove": removes + [key], **where, "expect": described(name, read(whole(d)))})
     out = {"transformers": transformers.__version__, "keys": KEYS, "cases": cases}
     path = os.path.join(FIXTURES, "config_defaults.json")
     with open(path, "w") as f:
