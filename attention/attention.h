@@ -33,6 +33,10 @@ struct moe_attn_params {
     int temp_floor;    /* 0: none; else Llama-4's attention temperature: a query at pos
                           scaled by log1p(floor((pos + 1) / temp_floor)) * temp_scale + 1 */
     float temp_scale;
+    const int32_t *keys; /* NULL: every key from moe_attention_first_key on; else (T, n_keys)
+                            backend memory: row t attends only to these positions of its
+                            sequence, ascending, -1 past the last (DeepSeek sparse attention) */
+    int n_keys;
 };
 
 /* The first key a query at pos sees: its window's or its chunk's first. */
@@ -77,6 +81,18 @@ struct moe_delta_params {
 void moe_attention_delta_cpu(float *out, float *qkv, const float *b, const float *a,
                              struct moe_kvcache *kv, const struct moe_batch *bt,
                              const struct moe_delta_params *p);
+/* DeepSeek sparse attention's indexer for one layer (config.h): for each
+ * row t of b, its key k (T, Di) as projected (wk) is LayerNorm-ed (eps
+ * 1e-6, norm_w, norm_b), rotated over its first rot values (halves, at its
+ * position, inv_freq (rot/2)) and stored at its slot of the layer's
+ * indexer keys in kv; then every key j <= pos of its sequence scores
+ *   sum_h w[t,h] / sqrt(Hi) * relu(q[t,h] . k_j / sqrt(Di))
+ * with q (T, Hi*Di) already rotated, and keys (T, topk) receives the topk
+ * best positions (ties to the lower position), ascending, -1 past the
+ * last: all of 0..pos while pos < topk.  fp32 throughout. */
+void moe_attention_dsa_select_cpu(int32_t *keys, int topk, const float *q, float *k, const float *w,
+                                  const float *norm_w, const float *norm_b, const float *inv_freq, int rot,
+                                  struct moe_kvcache *kv, int layer, const struct moe_batch *b, int Hi, int Di);
 /* y (rows, dim) = rmsnorm(x) * w; w has dim elements. y may equal x. */
 void moe_attention_rmsnorm_cpu(float *y, const float *x, const struct moe_tensor *w, int rows,
                                int dim, float eps);

@@ -183,7 +183,11 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
                 l[g] = p->sinks ? 1.0f : 0.0f;
             }
             memset(acc, 0, (size_t)G * Dh * sizeof(float));
-            for (int j = first; j <= pos; j++) {
+            const int32_t *sel = p->keys ? p->keys + (size_t)t * p->n_keys : NULL;
+            const int n_it = sel ? p->n_keys : pos - first + 1;
+            for (int it = 0; it < n_it; it++) {
+                const int j = sel ? sel[it] : first + it;
+                if (j < 0) break; /* a selection's end */
                 size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
                 size_t off = (slot * row + (size_t)kh * Dh) * es;
                 const float *kj = (const float *)(kl + off), *vj = (const float *)(vl + off);

@@ -60,7 +60,7 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator me
                         moe_dtype_name(dtype));
     const bool fp8 = dtype == MOE_DTYPE_F8E4M3;
     const int kv_layers = moe_config_kv_layers(cfg); /* linear-attention layers keep no K/V */
-    size_t per_slot, slots, elems, rows, bytes, total, stotal = 0, ntok;
+    size_t per_slot, slots, elems, rows, bytes, total, stotal = 0, ntok, iktotal = 0;
     if (!moe_mul_size((size_t)cfg->n_kv_heads, (size_t)cfg->head_dim, &per_slot) ||
         !moe_mul_size((size_t)n_blocks, (size_t)block_size, &slots) ||
         !moe_mul_size(slots, per_slot, &elems) ||
@@ -69,7 +69,9 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator me
         !moe_mul_size(bytes, (size_t)kv_layers, &total) ||
         (fp8 && (!moe_mul_size(rows, sizeof(float), &stotal) ||
                  !moe_mul_size(stotal, (size_t)kv_layers, &stotal))) ||
-        !moe_mul_size(slots, sizeof(int32_t), &ntok))
+        !moe_mul_size(slots, sizeof(int32_t), &ntok) ||
+        (cfg->dsa_topk > 0 && (!moe_mul_size(slots, (size_t)cfg->dsa_dim * sizeof(float), &iktotal) ||
+                               !moe_mul_size(iktotal, (size_t)kv_layers, &iktotal))))
         return moe_fail(MOE_ERR_NOMEM, "kv cache: %d blocks of %d slots overflow the address space",
                         n_blocks, block_size);
     kv->n_layers = kv_layers;
@@ -93,6 +95,8 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator me
         if (cfg->kv_lora_rank > 0) kv->vs = kv->ks;
         else if ((s = mem.alloc(mem.ctx, stotal, (void **)&kv->vs)) != MOE_OK) goto fail;
     }
+    if (iktotal && (s = mem.alloc(mem.ctx, iktotal, (void **)&kv->ik)) != MOE_OK) goto fail;
+    kv->ik_dim = cfg->dsa_topk > 0 ? cfg->dsa_dim : 0;
     kv->index_cap = 16;
     while (kv->index_cap < 2 * (size_t)n_blocks) kv->index_cap *= 2;
     kv->blocks = calloc((size_t)n_blocks, sizeof *kv->blocks);
@@ -161,6 +165,7 @@ void moe_kvcache_free(struct moe_kvcache *kv)
     free(kv->state_free);
     if (kv->mem.dealloc) {
         kv->mem.dealloc(kv->mem.ctx, kv->state);
+        kv->mem.dealloc(kv->mem.ctx, kv->ik);
         if (kv->vs != kv->ks) kv->mem.dealloc(kv->mem.ctx, kv->vs);
         kv->mem.dealloc(kv->mem.ctx, kv->ks);
         if (kv->v != kv->k) kv->mem.dealloc(kv->mem.ctx, kv->v);
@@ -334,5 +339,6 @@ size_t moe_kvcache_bytes_per_slot(const struct moe_kvcache *kv)
 {
     /* the sizes were checked at init */
     return (kv->v == kv->k ? 1 : 2) * (size_t)kv->n_layers * (size_t)kv->n_kv_heads *
-           moe_config_kv_row_bytes(kv->head_dim, kv->dtype);
+               moe_config_kv_row_bytes(kv->head_dim, kv->dtype) +
+           (size_t)kv->n_layers * (size_t)kv->ik_dim * sizeof(float);
 }

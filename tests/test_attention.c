@@ -122,7 +122,7 @@ static void check_paged_sinks(int window, enum moe_dtype dt, bool sinks)
                           .max_blocks = 5, .slot = slots, .logit_rows = rows};
     float sink[Hq];
     tu_fill_uniform(sink, Hq, 14, -1, 3);
-    struct moe_attn_params p = {0, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, 0, sinks ? sink : NULL, 0, 0, 0.0f};
+    struct moe_attn_params p = {0, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, 0, sinks ? sink : NULL, 0, 0, 0.0f, NULL, 0};
     float *scratch = calloc(64 * 64, sizeof(float));
     moe_attention_paged_cpu(out, q, &kv, &b, &p, scratch);
     for (int t = 0; t < S; t++)

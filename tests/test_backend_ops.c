@@ -406,7 +406,7 @@ static bool run_attention(struct side *ref, struct side *tg, const struct op_cas
         const struct moe_attn_params p = {layer, Hq, Hkv, Dh, 1.0f / sqrtf((float)Dh),
                                           c->flags & WINDOW ? c->window : 0, max_ctx,
                                           c->flags & SINKS ? side_put(s, sinks, (size_t)Hq * 4) : NULL, 0, 0,
-                                          0.0f};
+                                          0.0f, NULL, 0};
         float *o = side_put(s, NULL, nq * 4);
         cr_assert_eq(s->be.ops->attention(&s->be, o, side_put(s, q, nq * 4), &kv, &b, &p), MOE_OK, "%s",
                      moe_last_error());

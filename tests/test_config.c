@@ -556,3 +556,33 @@ Test(config, qwen3_5_moe_text_config_and_its_tying)
     cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
     cr_expect(!c.tie_embeddings, "the root's default false");
 }
+
+/* DeepSeek-V3.2: V3's keys plus the indexer's (index_topk 2048,
+ * index_n_heads 64, index_head_dim 128 when absent); its indexer reads the
+ * q LoRA, so a config without one is refused, naming it. */
+Test(config, deepseek_v32_indexer)
+{
+    struct moe_config c;
+    const char *base = "{\"architectures\": [\"DeepseekV32ForCausalLM\"], \"hidden_size\": 64, "
+                       "\"vocab_size\": 256, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                       "\"n_routed_experts\": 16, \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 16, "
+                       "\"qk_rope_head_dim\": 8, \"v_head_dim\": 12, \"q_lora_rank\": %s}";
+    char json[1024];
+    snprintf(json, sizeof json, base, "24");
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    cr_expect_eq(c.family, MOE_FAMILY_DEEPSEEK_V3);
+    cr_expect_eq(c.dsa_topk, 2048);
+    cr_expect_eq(c.dsa_heads, 64);
+    cr_expect_eq(c.dsa_dim, 128);
+    cr_expect_eq(c.max_pos, 163840, "DeepseekV32Config's default");
+    /* the indexer's keys: 128 F32 per layer and token beside the latent row */
+    cr_expect_eq(moe_config_dsa_bytes_per_token(&c), (size_t)2 * 128 * 4);
+    cr_expect_eq(moe_config_kv_bytes_per_token(&c, MOE_DTYPE_BF16), (size_t)2 * (8 + 32) * 2 + 2 * 128 * 4);
+    cr_expect(!c.layer_moe[0] && !c.layer_moe[1], "first_k_dense_replace 3 by default");
+    snprintf(json, sizeof json, base, "24, \"mlp_layer_types\": [\"dense\", \"sparse\"]");
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    cr_expect(!c.layer_moe[0] && c.layer_moe[1], "mlp_layer_types decides");
+    snprintf(json, sizeof json, base, "null");
+    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
+    cr_expect(strstr(moe_last_error(), "q_lora_rank is null"), "%s", moe_last_error());
+}

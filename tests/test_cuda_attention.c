@@ -108,7 +108,7 @@ static void check_attention_full(enum moe_dtype kvdt, int Hq, int Hkv, int Dh, i
     db.ctx_len = dev_copy(ctxv, (size_t)n_seqs * sizeof(int32_t));
     db.block_table = dev_copy(table, (size_t)n_seqs * max_blocks * sizeof(int32_t));
     struct moe_attn_params p = {layer, Hq, Hkv, Dh, 1.0f / sqrtf((float)Dh), window,
-                                hint ? max_ctx : 0, NULL, 0, 0, 0.0f};
+                                hint ? max_ctx : 0, NULL, 0, 0, 0.0f, NULL, 0};
     const size_t nq = (size_t)T * Hq * Dh;
     float *q = rand_floats(nq, 73, -2, 2), *ref = malloc(nq * sizeof(float)), *got = malloc(nq * sizeof(float));
     float *sc = malloc(moe_attention_scratch_floats(Hq, Hkv, Dh) * omp_get_max_threads() * sizeof(float));

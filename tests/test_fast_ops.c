@@ -191,7 +191,7 @@ static void check_attention_row_alone(int window, bool sinks)
                           .max_blocks = 9, .slot = slots, .logit_rows = rows};
     float sink[Hq];
     tu_fill_uniform(sink, Hq, 24, -1, 3);
-    struct moe_attn_params p = {1, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, S0, sinks ? sink : NULL, 0, 0, 0.0f};
+    struct moe_attn_params p = {1, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, S0, sinks ? sink : NULL, 0, 0, 0.0f, NULL, 0};
     size_t per = moe_attention_fast_scratch(Hq / Hkv, Dh) + 64;
     float *scratch = calloc(per * 64, sizeof(float));
     moe_attention_paged_fast(got, q, &kv, &b, &p, scratch, per);

@@ -209,7 +209,7 @@ static void attend(struct att_case *c, float *out, enum moe_dtype dt, bool fast,
     struct moe_batch b = {.n_tokens = S, .n_seqs = 1, .positions = c->pos, .seq_of = c->seq_of,
                           .seq_start = c->seq_start, .ctx_len = &c->ctx, .block_table = c->table,
                           .max_blocks = 9, .slot = c->slots, .logit_rows = rows};
-    struct moe_attn_params p = {1, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, S, NULL, 0, 0, 0.0f};
+    struct moe_attn_params p = {1, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, S, NULL, 0, 0, 0.0f, NULL, 0};
     const size_t per = moe_attention_fast_scratch(Hq / Hkv, Dh);
     cr_assert(per * (size_t)omp_get_max_threads() <= sizeof c->scratch / 4);
     if (fast) moe_attention_paged_fast(out, c->q, &kv, &b, &p, c->scratch, per);

@@ -603,7 +603,8 @@ static enum moe_status fast_attention(struct moe_backend *be, float *out, const 
                                       const struct moe_attn_params *p)
 {
     struct cpu_ctx *c = ctx_of(be);
-    moe_attention_paged_fast(out, q, kv, b, p, c->scratch, c->scratch_per_thread);
+    if (p->keys) moe_attention_paged_cpu(out, q, kv, b, p, c->scratch); /* a selection: the reference's loop */
+    else moe_attention_paged_fast(out, q, kv, b, p, c->scratch, c->scratch_per_thread);
     return MOE_OK;
 }
 
@@ -613,6 +614,17 @@ static enum moe_status cpu_delta_net(struct moe_backend *be, float *out, float *
 {
     (void)be;
     moe_attention_delta_cpu(out, qkv, b, a, kv, bt, p);
+    return MOE_OK;
+}
+
+static enum moe_status cpu_dsa_select(struct moe_backend *be, int32_t *keys, int topk, const float *q, float *k,
+                                      const float *w, const struct moe_tensor *norm_w,
+                                      const struct moe_tensor *norm_b, const float *inv_freq, int rot,
+                                      struct moe_kvcache *kv, int layer, const struct moe_batch *b, int Hi, int Di)
+{
+    (void)be;
+    moe_attention_dsa_select_cpu(keys, topk, q, k, w, norm_w->data, norm_b->data, inv_freq, rot, kv, layer, b, Hi,
+                                 Di);
     return MOE_OK;
 }
 
@@ -727,6 +739,7 @@ static void cpu_destroy(struct moe_backend *be)
     .rope = cpu_rope,                    \
     .kv_store = cpu_kv_store,            \
     .delta_net = cpu_delta_net,          \
+    .dsa_select = cpu_dsa_select,        \
     .route = cpu_route,                  \
     .dispatch = cpu_dispatch,            \
     .combine = cpu_combine,              \

@@ -68,6 +68,12 @@ static void print_structure(const struct moe_model *m, const char *name)
                "+ %d (rope) key values, %d value; the cache holds one row of %d per token, read "
                "as K and V\n", cfg->kv_lora_rank, cfg->q_lora_rank, cfg->qk_nope_dim, cfg->rope_dim,
                cfg->v_head_dim, cfg->head_dim);
+    if (cfg->dsa_topk > 0) {
+        char a[32];
+        printf("sparse       DeepSeek sparse attention: each query attends to its %d best keys by an indexer of %d "
+               "heads x %d; its keys take %s per token (F32, in the kv cache figures)\n", cfg->dsa_topk,
+               cfg->dsa_heads, cfg->dsa_dim, moe_cli_bytes(a, sizeof a, (double)moe_config_dsa_bytes_per_token(cfg)));
+    }
     if (cfg->family == MOE_FAMILY_LLAMA4) {
         int nope = 0, chunked = 0;
         for (int l = 0; l < cfg->n_layers; l++) nope += cfg->layer_nope[l], chunked += cfg->layer_chunked[l];

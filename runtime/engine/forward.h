@@ -84,6 +84,11 @@ struct moe_forward {
         float *o;        /* (T, Hq, v) each head's values */
         int32_t *q_rope; /* (rope) columns of a head's rope values in qr, rotate-half order */
         int32_t *k_rope; /* (rope) the same in kva */
+        /* DeepSeek sparse attention (cfg.dsa_topk > 0) */
+        float *iq;       /* (T, Hi, Di) the indexer's queries */
+        float *ik;       /* (T, Di) its keys */
+        float *iw;       /* (T, Hi) its head weights */
+        int32_t *keys;   /* (T, topk) the positions each row attends to */
     } mla;
     /* Hybrid models (runtime/engine/forward_linear.c), allocated when the
      * model has linear-attention layers or gated attention outputs */

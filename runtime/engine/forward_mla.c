@@ -60,6 +60,15 @@ enum moe_status moe_forward_mla_init(struct moe_forward *fw)
     WALLOC(a->o, T * H * (size_t)c->v_head_dim, float);
     WALLOC(a->q_rope, R, int32_t);
     WALLOC(a->k_rope, R, int32_t);
+    if (c->dsa_topk > 0) {
+        if (!be->ops->dsa_select)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: DeepSeek sparse attention (%s's indexer) is not "
+                            "supported yet; use a CPU backend", be->ops->name, c->architecture);
+        WALLOC(a->iq, T * (size_t)c->dsa_heads * c->dsa_dim, float);
+        WALLOC(a->ik, T * (size_t)c->dsa_dim, float);
+        WALLOC(a->iw, T * (size_t)c->dsa_heads, float);
+        WALLOC(a->keys, T * (size_t)c->dsa_topk, int32_t);
+    }
     int32_t *idx = malloc(2 * R * sizeof *idx);
     if (!idx) return moe_fail(MOE_ERR_NOMEM, "forward: rope columns");
     rope_columns(idx, c->qk_nope_dim, (int)R, c->rope_interleave);
@@ -73,7 +82,7 @@ enum moe_status moe_forward_mla_init(struct moe_forward *fw)
 void moe_forward_mla_free(struct moe_forward *fw)
 {
     struct moe_forward_mla *a = &fw->mla;
-    void *bufs[] = {a->qa, a->qr, a->kva, a->c, a->o, a->q_rope, a->k_rope};
+    void *bufs[] = {a->qa, a->qr, a->kva, a->c, a->o, a->q_rope, a->k_rope, a->iq, a->ik, a->iw, a->keys};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fw->be->ops->dealloc(fw->be, bufs[i]);
     memset(a, 0, sizeof *a);
 }
@@ -110,7 +119,21 @@ enum moe_status moe_forward_mla_attention(struct moe_forward *fw, struct moe_kvc
     MOE_TRY(op->gather_cols(be, fw->q, Dh, a->qr, QK, T * H, a->q_rope, R));
     MOE_TRY(op->head_matmul(be, fw->q + R, Dh, a->qr, QK, &w->w_uk, T));
     MOE_TRY(op->rope(be, fw->q, db->positions, T, H, Dh, R, fw->inv_freq));
-    MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, p));
+    if (c->dsa_topk > 0) { /* the indexer chooses each row's keys */
+        const int Hi = c->dsa_heads, Di = c->dsa_dim;
+        MOE_TRY(moe_forward_linear(fw, a->iq, a->qa, &w->ix_wq, NULL, T));
+        MOE_TRY(op->rope(be, a->iq, db->positions, T, Hi, Di, R, fw->inv_freq));
+        MOE_TRY(moe_forward_linear(fw, a->ik, fw->xn, &w->ix_wk, NULL, T));
+        MOE_TRY(moe_forward_linear(fw, a->iw, fw->xn, &w->ix_wproj, NULL, T));
+        MOE_TRY(op->dsa_select(be, a->keys, c->dsa_topk, a->iq, a->ik, a->iw, &w->ix_norm_w, &w->ix_norm_b,
+                               fw->inv_freq, R, kv, p->layer, db, Hi, Di));
+        struct moe_attn_params ps = *p;
+        ps.keys = a->keys;
+        ps.n_keys = c->dsa_topk;
+        MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, &ps));
+    } else {
+        MOE_TRY(op->attention(be, fw->att, fw->q, kv, db, p));
+    }
     MOE_TRY(op->head_matmul(be, a->o, c->v_head_dim, fw->att + R, Dh, &w->w_uv, T));
     return moe_forward_linear(fw, fw->out, a->o, &w->wo, NULL, T);
 }

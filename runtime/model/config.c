@@ -49,6 +49,7 @@ static const struct {
     {"GptOssForCausalLM", MOE_FAMILY_GPT_OSS, 1e-5f, 64, false, MOE_QK_NORM_NONE, true, 131072, 4, 150000, false, 128, 8, 2880, 0},
     {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 0, 1e4, false, 0, 0, 11008, 1407},
     {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 4096, 8, 1e4, false, 0, 0, 18432, 2048},
+    {"DeepseekV32ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 163840, 8, 1e4, false, 0, 0, 18432, 2048},
     {"Llama4ForCausalLM", MOE_FAMILY_LLAMA4, 1e-5f, 128, false, MOE_QK_NORM_NONE, true, 131072, 1, 5e5, false, 0, 8, 8192, 0},
     {"MiniMaxM2ForCausalLM", MOE_FAMILY_MINIMAX_M2, 1e-6f, 128, false, MOE_QK_NORM_FULL, true, 196608, 8, 5e6, false, 0, 8, 1536, 0},
     {"Qwen3_5MoeForCausalLM", MOE_FAMILY_QWEN3_5_MOE, 1e-6f, 256, false, MOE_QK_NORM_HEAD, true, 32768, 8, 1e4, true, 0, 2, 0, 512},
@@ -275,6 +276,26 @@ static enum moe_status parse_mla(struct moe_config *c, json_t *root, const char 
     return MOE_OK;
 }
 
+/* DeepSeek-V3.2's indexer (config.h): index_topk 2048, index_n_heads 64,
+ * index_head_dim 128, over the q LoRA. */
+static enum moe_status parse_dsa(struct moe_config *c, json_t *root, const char *what)
+{
+    MOE_TRY(get_int(root, what, "index_topk", 1, INT32_MAX, 2048, false, &c->dsa_topk));
+    MOE_TRY(get_int(root, what, "index_n_heads", 1, 1 << 12, 64, false, &c->dsa_heads));
+    MOE_TRY(get_int(root, what, "index_head_dim", 1, 1 << 12, 128, false, &c->dsa_dim));
+    if (c->q_lora_rank <= 0)
+        return moe_fail(MOE_ERR_FORMAT, "%s: DeepSeek sparse attention's indexer reads the q LoRA, and "
+                        "q_lora_rank is null", what);
+    if (c->dsa_dim < c->rope_dim)
+        return moe_fail(MOE_ERR_FORMAT, "%s: index_head_dim = %d is below qk_rope_head_dim = %d", what,
+                        c->dsa_dim, c->rope_dim);
+    if (c->rope_attn_factor != 1.0f)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: yarn's attention factor %g with DeepSeek sparse attention "
+                        "(the indexer's rotated values would be scaled) is not supported", what,
+                        c->rope_attn_factor);
+    return MOE_OK;
+}
+
 /* Granite's embedding_multiplier, residual_multiplier, attention_multiplier
  * and logits_scaling (refused elsewhere: they change the math). */
 static enum moe_status parse_multipliers(struct moe_config *c, json_t *root, const char *what)
@@ -399,7 +420,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, GraniteForCausalLM, "
                         "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
                         "MiniMaxM2ForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration (text), "
-                        "Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration (text))",
+                        "Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration (text), "
+                        "DeepseekV32ForCausalLM)",
                         what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
@@ -579,6 +601,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         if (c->n_experts % c->n_group || c->n_experts / c->n_group < 2)
             return moe_fail(MOE_ERR_FORMAT, "%s: %d experts do not split into n_group = %d groups of "
                             "at least 2", what, c->n_experts, c->n_group);
+        if (!strcmp(arch, "DeepseekV32ForCausalLM")) MOE_TRY(parse_dsa(c, root, what));
         break;
     }
     case MOE_FAMILY_LLAMA4:
@@ -640,6 +663,17 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                             c->topk_group * (c->n_experts / c->n_group), c->topk_group);
     }
     MOE_TRY(parse_layers(c, root, what, moe));
+    json_t *mlt = json_object_get(root, "mlp_layer_types"); /* DeepseekV32Config: it decides when given */
+    if (c->dsa_topk > 0 && mlt && !json_is_null(mlt)) {
+        if (!json_is_array(mlt) || (int)json_array_size(mlt) != c->n_layers)
+            return moe_fail(MOE_ERR_FORMAT, "%s: mlp_layer_types must be a list of %d entries", what, c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            const char *t = json_string_value(json_array_get(mlt, (size_t)l));
+            if (!t || (strcmp(t, "dense") && strcmp(t, "sparse")))
+                return moe_fail(MOE_ERR_FORMAT, "%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", what, l);
+            c->layer_moe[l] = !strcmp(t, "sparse");
+        }
+    }
     for (int l = 0; l < c->n_layers; l++)
         if (!c->layer_moe[l] && c->d_ff <= 0)
             return moe_fail(MOE_ERR_FORMAT, "%s: layer %d is dense but intermediate_size is not set",
@@ -734,15 +768,24 @@ size_t moe_config_kv_row_bytes(int head_dim, enum moe_dtype kv_dtype)
     }
 }
 
+size_t moe_config_dsa_bytes_per_token(const struct moe_config *cfg)
+{
+    size_t b;
+    if (cfg->dsa_topk <= 0) return 0;
+    if (!moe_mul_size((size_t)cfg->dsa_dim * sizeof(float), (size_t)moe_config_kv_layers(cfg), &b)) return SIZE_MAX;
+    return b;
+}
+
 size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, enum moe_dtype kv_dtype)
 {
+    const size_t dsa = moe_config_dsa_bytes_per_token(cfg);
     size_t b = cfg->kv_lora_rank > 0 ? 1 : 2; /* MLA: one row read as K and V */
     const size_t row = moe_config_kv_row_bytes(cfg->head_dim, kv_dtype);
     if (row == SIZE_MAX || cfg->n_layers < 0 || cfg->n_kv_heads < 0 ||
         !moe_mul_size(b, (size_t)moe_config_kv_layers(cfg), &b) || !moe_mul_size(b, (size_t)cfg->n_kv_heads, &b) ||
-        !moe_mul_size(b, row, &b))
+        !moe_mul_size(b, row, &b) || dsa == SIZE_MAX || b > SIZE_MAX - dsa)
         return SIZE_MAX;
-    return b;
+    return b + dsa;
 }
 
 enum moe_status moe_config_get_int(json_t *root, const char *what, const char *key, long long lo, long long hi,

@@ -552,6 +552,7 @@ static void stored_bytes(const struct moe_model *m, struct moe_model_sizes *z, i
                                            &w->wq_a, &w->q_a_norm, &w->wkv_a, &w->kv_a_norm,
                                            &w->w_uk, &w->w_uv, &w->lin_in, &w->lin_ba, &w->lin_qkv,
                                            &w->lin_z, &w->lin_b, &w->lin_a, &w->lin_conv,
+                                           &w->ix_wq, &w->ix_wk, &w->ix_norm_w, &w->ix_norm_b, &w->ix_wproj,
                                            &w->lin_a_log, &w->lin_dt_bias, &w->lin_norm, &w->lin_out};
         for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) z->bytes_attn += tb(by, attn[i]);
         z->bytes_norm += tb(by, &w->attn_norm) + tb(by, &w->ffn_norm);
@@ -698,6 +699,12 @@ void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_si
             if (c->weights_fp8) add_stored(&attn, H * (c->qk_nope_dim + Vh), Rc, MOE_DTYPE_F32);
             else add_params(&attn, H * (c->qk_nope_dim + Vh) * Rc);
             add_linear(&attn, c, D, H * Vh);
+            if (c->dsa_topk > 0) { /* the indexer: wq_b, wk, weights_proj, its LayerNorm */
+                add_linear(&attn, c, (int64_t)c->dsa_heads * c->dsa_dim, Rq);
+                add_linear(&attn, c, c->dsa_dim, D);
+                add_linear(&attn, c, c->dsa_heads, D);
+                add_params(&attn, 2 * (int64_t)c->dsa_dim);
+            }
         } else if (c->layer_linear[l]) { /* in_proj_qkvz, in_proj_ba, out_proj, conv, A_log, dt_bias, norm */
             const int64_t Kd = (int64_t)c->lin_k_heads * c->lin_k_dim, Vd = (int64_t)c->lin_v_heads * c->lin_v_dim,
                           Hv = c->lin_v_heads;

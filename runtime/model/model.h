@@ -73,6 +73,11 @@ struct moe_layer_weights {
     struct moe_tensor w_uk;              /* (Hq, Rc, nope): kv_b_proj's key rows of each head,
                                             transposed (owned), to absorb into the query */
     struct moe_tensor w_uv;              /* (Hq, v, Rc): kv_b_proj's value rows of each head (owned) */
+    /* DeepSeek sparse attention's indexer (cfg.dsa_topk > 0; self_attn.indexer.*) */
+    struct moe_tensor ix_wq;             /* wq_b (Hi Di, Rq) */
+    struct moe_tensor ix_wk;             /* wk (Di, D) */
+    struct moe_tensor ix_norm_w, ix_norm_b; /* k_norm, a LayerNorm: (Di) each, F32 */
+    struct moe_tensor ix_wproj;          /* weights_proj (Hi, D) */
     struct moe_tensor ffn_norm;          /* (D) */
     /* Linear attention (cfg.layer_linear[l]: linear_attn.*; the attention
      * views above stay empty but the norms).  With C = 2 Hk Dk + Hv Dv and

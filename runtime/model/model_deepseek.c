@@ -43,6 +43,28 @@ static enum moe_status split_kv_b(struct moe_model *m, const struct moe_tensor *
     return MOE_OK;
 }
 
+/* DeepSeek-V3.2's indexer (config.h): its projections as stored, its
+ * LayerNorm widened to F32 */
+static enum moe_status bind_indexer(struct moe_model *m, int l, struct moe_layer_weights *w)
+{
+    const struct moe_config *c = &m->cfg;
+    const int64_t D = c->d_model, Hi = c->dsa_heads, Di = c->dsa_dim;
+    char n[MOE_NAME_MAX];
+    NAMEF(n, "model.layers.%d.self_attn.indexer.wq_b.weight", l);
+    MOE_TRY(moe_model_bind_linear(m, &w->ix_wq, true, false, n, 2, Hi * Di, c->q_lora_rank, 0));
+    NAMEF(n, "model.layers.%d.self_attn.indexer.wk.weight", l);
+    MOE_TRY(moe_model_bind_linear(m, &w->ix_wk, true, false, n, 2, Di, D, 0));
+    NAMEF(n, "model.layers.%d.self_attn.indexer.weights_proj.weight", l);
+    MOE_TRY(moe_model_bind_linear(m, &w->ix_wproj, true, false, n, 2, Hi, D, 0));
+    NAMEF(n, "model.layers.%d.self_attn.indexer.k_norm.weight", l);
+    MOE_TRY(moe_model_bind_tensor(m, &w->ix_norm_w, true, n, 1, Di, 0, 0));
+    if (w->ix_norm_w.dtype != MOE_DTYPE_F32) MOE_TRY(moe_model_widen_f32(m, &w->ix_norm_w));
+    NAMEF(n, "model.layers.%d.self_attn.indexer.k_norm.bias", l);
+    MOE_TRY(moe_model_bind_tensor(m, &w->ix_norm_b, true, n, 1, Di, 0, 0));
+    if (w->ix_norm_b.dtype != MOE_DTYPE_F32) MOE_TRY(moe_model_widen_f32(m, &w->ix_norm_b));
+    return MOE_OK;
+}
+
 enum moe_status moe_model_bind_mla(struct moe_model *m, int l, struct moe_layer_weights *w)
 {
     const struct moe_config *c = &m->cfg;
@@ -70,6 +92,7 @@ enum moe_status moe_model_bind_mla(struct moe_model *m, int l, struct moe_layer_
     MOE_TRY(moe_model_bind_tensor(m, &w->kv_a_norm, true, n, 1, Rc, 0, 0));
     NAMEF(n, "model.layers.%d.self_attn.o_proj.weight", l);
     MOE_TRY(moe_model_bind_linear(m, &w->wo, true, false, n, 2, D, H * V, 0));
+    if (c->dsa_topk > 0) MOE_TRY(bind_indexer(m, l, w));
     struct moe_tensor kvb;
     NAMEF(n, "model.layers.%d.self_attn.kv_b_proj.weight", l);
     const struct moe_st_tensor *src = moe_safetensors_find(&m->st, n);

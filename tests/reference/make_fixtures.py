@@ -12,7 +12,9 @@ For every fixture model this script:
     plus tests/fixtures/<name>/reference.json.
 A seed is accepted only if every greedy step has a top1-top2 logit gap >= 1e-3,
 every routing decision has a K-th vs (K+1)-th router probability gap >= 1e-5,
-and routing is not degenerate; otherwise the next seed is tried.
+and routing is not degenerate (for DeepSeek-V3.2, index_margin: no near-tie
+at the sparse-attention indexer's top-k cut either); otherwise the next seed
+is tried.
 
 models/demo-moe is made by models/make_demo_model.py (a trained model).
 
@@ -34,6 +36,8 @@ from transformers import (
     DeepseekV2ForCausalLM,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    DeepseekV32Config,
+    DeepseekV32ForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
     GptOssConfig,
@@ -207,6 +211,31 @@ def fixture_specs():
                 tie_word_embeddings=False),
             seed=14000, dtype="float32", router_bias_range=0.3,
         ),
+        # DeepSeek-V3.2: deepseek_v3's MLA + MoE (rope_interleave is no field of
+        # DeepseekV32Config; its attention always interleaves; kept as in V3)
+        # plus DeepSeek Sparse Attention: every layer's lightning indexer
+        # (wq_b on the q LoRA latent, wk + LayerNorm k_norm, weights_proj)
+        # keeps index_topk = 4 causal keys per query, so the 5..21-token
+        # prompts attend sparsely.  k_norm is made random (transformers: 1, 0);
+        # index_margin rejects seeds with a near-tie at the top-k cut.  8
+        # index heads, not 4: a score is exactly 0 when relu zeroes every
+        # head (about 2^-H of them: 6% with 4 heads, so every seed had tied
+        # zeros at some cut; 0.4% with 8)
+        "deepseek_v32": dict(
+            cls=DeepseekV32ForCausalLM,
+            config=lambda: DeepseekV32Config(
+                **MLA_COMMON, num_hidden_layers=3, intermediate_size=96,
+                moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=3,
+                n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+                routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=24, kv_lora_rank=32,
+                qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, rope_interleave=True,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 64, "beta_fast": 32,
+                                 "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+                index_topk=4, index_n_heads=8, index_head_dim=16, tie_word_embeddings=False),
+            seed=19000, dtype="float32", router_bias_range=0.3, random_index_norm=0.3,
+            index_margin=1e-4,
+        ),
         # MiniMax-M2: q/k RMSNorm over the whole projections, RoPE over
         # rotary_dim of each head's values, the sigmoid router with the
         # block's e_score_correction_bias (random here: transformers makes
@@ -365,6 +394,12 @@ def build_model(spec, seed):
             for n, p in model.named_parameters():
                 if n.endswith("norm.weight") or n.endswith("dt_bias"):
                     p.add_(torch.randn(p.shape) * spec["random_norms"])
+        if "random_index_norm" in spec:  # DSA indexer's k_norm LayerNorm: weight 1, bias 0
+            a = spec["random_index_norm"]
+            for layer in model.model.layers:
+                kn = layer.self_attn.indexer.k_norm
+                kn.weight.add_(torch.randn(kn.weight.shape) * a)
+                kn.bias.normal_(0.0, a)
         if "sinks_range" in spec:
             lo, hi = spec["sinks_range"]
             for layer in model.model.layers:
@@ -459,6 +494,13 @@ def make_fixture(name, spec, prompts):
             model.save_pretrained(tmp, **kw)
             saved_layout = detect_layout(tmp)
             ref_model = load(tmp, torch.float32)
+            if "index_margin" in spec:  # DSA: no near-tie at any top-k cut
+                bad, imargin, isel, igreedy = check_index_selection(ref_model, prompts,
+                                                                    spec["index_margin"])
+                if bad:
+                    print(f"  {name}: seed {seed} rejected ({bad})", flush=True)
+                    last_err = bad
+                    continue
             try:
                 tensors, stats = reference_outputs(ref_model, prompts)
             except RuntimeError as e:
@@ -472,6 +514,16 @@ def make_fixture(name, spec, prompts):
                 last_err = str(e)
                 continue
             bad = check_stats(stats)
+            if not bad and "index_margin" in spec:
+                for pi in range(len(prompts)):
+                    assert torch.equal(igreedy[pi].to(torch.int32), tensors[f"greedy.{pi}"])
+                tensors.update(isel)
+                stats["min_index_margin"] = imargin
+                stats["dense_vs_sparse_per_prompt"] = dense_vs_sparse(name, ref_model, prompts,
+                                                                      tensors, stats)
+                stats["dense_vs_sparse"] = max(stats["dense_vs_sparse_per_prompt"])
+                print(f"  {name}: min index margin {imargin:.4g}, |dense - sparse logits| "
+                      f"per prompt {stats['dense_vs_sparse_per_prompt']}", flush=True)
             if bad:
                 print(f"  {name}: seed {seed} rejected ({bad})", flush=True)
                 last_err = bad
@@ -564,6 +616,11 @@ def make_fixture(name, spec, prompts):
                 ref["experts_implementation"] = "eager"
                 ref["default_experts_implementation_matches"] = stats["default_experts_impl"]
             ref["max_abs_logit"] = stats["logit_absmax"]
+            if "min_index_margin" in stats:
+                ref["min_index_margin"] = stats["min_index_margin"]
+                ref["dense_vs_sparse_max_abs_logit_diff"] = stats["dense_vs_sparse"]
+                ref["dense_vs_sparse_max_abs_logit_diff_per_prompt"] = stats[
+                    "dense_vs_sparse_per_prompt"]
             ref["tensors"] = tensor_index(tensors)
             write_reference(tmp, tensors, ref)
             dst = install_fixture(tmp, name)
@@ -575,6 +632,153 @@ def make_fixture(name, spec, prompts):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     raise RuntimeError(f"{name}: no acceptable seed ({last_err})")
+
+
+# --------------------------------------------------------------------------- DSA indexer
+
+def index_scores(mod, hidden_states, q_resid, position_embeddings):
+    """DeepseekV32Indexer's scores before the causal mask, (B, S, T=S), recomputed
+    from its weights as modeling_deepseek_v32.py does (no cache): per index head h
+    q_h = wq_b(q_resid)_h, k = LayerNorm(wk(x)), rotate-half RoPE on the first
+    qk_rope_head_dim dims of both, score = sum_h weights_proj(x)_h * H^-0.5
+    * relu(q_h . k * D^-0.5)."""
+    B, S, _ = hidden_states.shape
+    H, D, R = mod.n_heads, mod.head_dim, mod.qk_rope_head_dim
+    cos, sin = position_embeddings  # (B, S, R): cat(freqs, freqs) layout
+
+    def rope(x):  # (..., R) rotate-half
+        c, s_ = (cos.unsqueeze(2), sin.unsqueeze(2)) if x.dim() == 4 else (cos, sin)
+        x1, x2 = x[..., :R // 2], x[..., R // 2:]
+        return x * c + torch.cat((-x2, x1), dim=-1) * s_
+
+    q = mod.wq_b(q_resid).view(B, S, H, D)
+    q = torch.cat([rope(q[..., :R]), q[..., R:]], dim=-1)
+    k = mod.k_norm(mod.wk(hidden_states))  # (B, S, D)
+    k = torch.cat([rope(k[..., :R]), k[..., R:]], dim=-1)
+    s = torch.relu(torch.einsum("bshd,btd->bsht", q.float(), k.float()) * mod.softmax_scale)
+    w = mod.weights_proj(hidden_states).float() * H ** -0.5  # (B, S, H)
+    return torch.einsum("bsh,bsht->bst", w, s)
+
+
+class IndexerRecorder:
+    """Forward hooks on every layer's DSA indexer (use_cache=False runs):
+    per call, the recomputed causal index scores (S, S; -inf above the
+    diagonal) and the module's own top-k indices (S, topk)."""
+
+    def __init__(self, model):
+        self.calls = []
+        self.handles = []
+        for li, layer in enumerate(model.model.layers):
+            ix = layer.self_attn.indexer
+            self.handles.append(ix.register_forward_hook(self._hook(li), with_kwargs=True))
+
+    def _hook(self, li):
+        def fn(mod, args, kwargs, out):
+            hs, q_resid, pe, mask = args[:4]
+            assert kwargs.get("cache") is None
+            sc = index_scores(mod, hs, q_resid, pe)[0]
+            S = sc.shape[0]
+            causal = torch.ones(S, S, dtype=torch.bool).tril()
+            if mask.dtype == torch.bool:
+                assert torch.equal(mask[0], causal)
+            else:
+                assert torch.equal(mask[0] == 0, causal)
+            self.calls.append((li, sc.masked_fill(~causal, float("-inf")), out[0].long().clone()))
+        return fn
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def causal_selection(idx, topk):
+    """(S, k) top-k indices -> (S, topk) int32: the causal ones (<= query
+    position) in ascending order, -1 padded."""
+    S = idx.shape[0]
+    sel = torch.full((S, topk), -1, dtype=torch.int32)
+    for s in range(S):
+        c = sorted(int(t) for t in idx[s] if int(t) <= s)
+        assert len(c) == min(topk, s + 1), (s, idx[s])
+        sel[s, :len(c)] = torch.tensor(c, dtype=torch.int32)
+    return sel
+
+
+def index_margins(scores, idx, topk):
+    """min over query rows with more than topk causal keys of
+    (topk-th best - (topk+1)-th best) / max(1, |both|); checks that the
+    module's selection is the top-k of the recomputed scores."""
+    S = scores.shape[0]
+    m = float("inf")
+    for s in range(S):
+        row = scores[s, :s + 1]
+        if s + 1 <= topk:
+            continue
+        v, order = torch.sort(row, descending=True)
+        rel = float(v[topk - 1] - v[topk]) / max(1.0, abs(float(v[topk - 1])),
+                                                  abs(float(v[topk])))
+        m = min(m, rel)
+        mine = sorted(order[:topk].tolist())
+        theirs = sorted(int(t) for t in idx[s])
+        if mine != theirs and rel > 1e-5:  # a smaller gap is rejected as a near-tie
+            raise RuntimeError(f"indexer selection {theirs} is not the top-{topk} {mine} of "
+                               f"the recomputed scores (row {s})")
+    return m
+
+
+@torch.no_grad()
+def check_index_selection(model, prompts, min_margin):
+    """DeepSeek Sparse Attention, run before reference_outputs (whose KV-cache
+    and cached-greedy checks a near-tie at a top-k cut would break): the
+    index margins (index_margins) over each prompt and over each prompt
+    followed by its greedy tokens (an uncached greedy run here).  Returns
+    (reason to reject the seed or None, min margin, {index_topk.<p>: (L, S,
+    index_topk) int32}, {p: greedy tokens})."""
+    topk = model.config.index_topk
+    L = len(model.model.layers)
+    rec = IndexerRecorder(model)
+    margin = float("inf")
+    sels, greedy = {}, {}
+    try:
+        for pi, p in enumerate(prompts):
+            ids = p.view(1, -1)
+            for _ in range(GREEDY_TOKENS):
+                lg = model(input_ids=ids, use_cache=False).logits[0, -1]
+                ids = torch.cat([ids, lg.argmax().view(1, 1)], dim=1)
+            greedy[pi] = ids[0, p.numel():]
+            for si, seq in enumerate((p.view(1, -1), ids)):
+                rec.calls = []
+                model(input_ids=seq, use_cache=False)
+                assert [c[0] for c in rec.calls] == list(range(L))
+                sel = []
+                for li, sc, idx in rec.calls:
+                    margin = min(margin, index_margins(sc, idx, topk))
+                    sel.append(causal_selection(idx, topk))
+                if si == 0:
+                    sels[f"index_topk.{pi}"] = torch.stack(sel).contiguous()
+    finally:
+        rec.close()
+    bad = f"index margin {margin:.3g}" if margin < min_margin else None
+    return bad, margin, sels, greedy
+
+
+@torch.no_grad()
+def dense_vs_sparse(name, model, prompts, tensors, stats):
+    """The selection must matter: with every causal key kept (index_topk
+    huge) the logits differ; returns the max |difference| per prompt."""
+    saved = [layer.self_attn.indexer.index_topk for layer in model.model.layers]
+    per = []
+    try:
+        for layer in model.model.layers:
+            layer.self_attn.indexer.index_topk = 1 << 30
+        for pi, p in enumerate(prompts):
+            lg = model(input_ids=p.view(1, -1), use_cache=False).logits[0]
+            per.append(float((lg - tensors[f"logits.{pi}"]).abs().max()))
+    finally:
+        for layer, k in zip(model.model.layers, saved):
+            layer.self_attn.indexer.index_topk = k
+    if max(per) < 1e-3 * max(1.0, stats["logit_absmax"]):
+        raise RuntimeError(f"{name}: dense attention gives the same logits ({per})")
+    return per
 
 
 def check_llama3_rope(model):
