@@ -280,7 +280,7 @@ static enum moe_status parse_mla(struct moe_config *c, json_t *root, const char 
  * index_head_dim 128, over the q LoRA. */
 static enum moe_status parse_dsa(struct moe_config *c, json_t *root, const char *what)
 {
-    MOE_TRY(get_int(root, what, "index_topk", 1, INT32_MAX, 2048, false, &c->dsa_topk));
+    MOE_TRY(get_int(root, what, "index_topk", 1, 16384, 2048, false, &c->dsa_topk)); /* a row's best on its stack */
     MOE_TRY(get_int(root, what, "index_n_heads", 1, 1 << 12, 64, false, &c->dsa_heads));
     MOE_TRY(get_int(root, what, "index_head_dim", 1, 1 << 12, 128, false, &c->dsa_dim));
     if (c->q_lora_rank <= 0)
