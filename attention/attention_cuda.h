@@ -44,7 +44,7 @@ enum moe_status moe_attention_split_reduce_cuda(cudaStream_t st, float *out, con
 /* ---- attention/linear_attn_cuda.cu ---- */
 /* moe_attention_delta_cpu's twin: db is the device batch (state_slot,
  * seq_start, positions on the device); p's weights device memory.  A
- * convolution wider than 8 or head dimensions above 1024 are refused. */
+ * convolution wider than 8, Dk above 128 or Dv above 1024 are refused. */
 enum moe_status moe_attention_delta_cuda(cudaStream_t st, float *out, float *qkv, const float *b, const float *a,
                                          struct moe_kvcache *kv, const struct moe_batch *db,
                                          const struct moe_delta_params *p);

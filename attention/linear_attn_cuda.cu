@@ -7,7 +7,7 @@
  * the state slot.
  * delta_kernel: a block per (sequence, value head), a thread per value
  * column j (Dv threads): the thread keeps column j of the head's state S
- * (Dk values, registers for Dk <= 128, else local memory) for the whole
+ * (Dk <= 128 values, in registers; larger Dk is refused) for the whole
  * step; per row the block stages q and k of the head's q/k head in shared
  * memory, each thread forms their norms, decays its column, forms
  * (S^T k)[j], the delta, the update and (S^T q)[j], all in the CPU's
@@ -22,6 +22,7 @@
 
 #define CONV_THREADS 128
 #define CONV_MAX 8
+#define MAXDK 128 /* a thread's state column in registers (every released model: 128) */
 
 static __device__ float silu_d(float x) { return x / (1.0f + expf(-x)); }
 
@@ -107,9 +108,9 @@ extern "C" enum moe_status moe_attention_delta_cuda(cudaStream_t st, float *out,
     const int Hk = p->n_k_heads, Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim, K = p->conv;
     const int C = 2 * Hk * Dk + Hv * Dv, n = db->n_seqs;
     if (n <= 0) return MOE_OK;
-    if (K < 1 || K > CONV_MAX || Dv > 1024 || Dk > 1024 || Dk < 1 || Dv < 1)
+    if (K < 1 || K > CONV_MAX || Dv > 1024 || Dk > MAXDK || Dk < 1 || Dv < 1)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda linear attention: convolution width %d (at most %d), head "
-                        "dimensions %d x %d (at most 1024)", K, CONV_MAX, Dk, Dv);
+                        "dimensions %d x %d (at most %d x 1024)", K, CONV_MAX, Dk, Dv, MAXDK);
     const size_t layer_off = (size_t)p->layer * kv->state_layer_floats;
     dim3 cg((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)n);
     conv_kernel<<<cg, CONV_THREADS, 0, st>>>(qkv, kv->state, kv->state_floats, layer_off, db->state_slot,
@@ -117,14 +118,9 @@ extern "C" enum moe_status moe_attention_delta_cuda(cudaStream_t st, float *out,
     MOE_CUDA_LAUNCHED();
     const size_t shm = 2 * (size_t)Dk * sizeof(float), s_off = layer_off + kv->state_conv_floats;
     dim3 dg((unsigned)n, (unsigned)Hv);
-    if (Dk <= 128)
-        delta_kernel<128><<<dg, Dv, shm, st>>>(out, qkv, b, a, kv->state, kv->state_floats, s_off,
-                                                db->state_slot, db->seq_start, db->positions, p->a_log,
-                                                p->dt_bias, Hk, Hv, Dk, Dv);
-    else
-        delta_kernel<1024><<<dg, Dv, shm, st>>>(out, qkv, b, a, kv->state, kv->state_floats, s_off,
-                                                 db->state_slot, db->seq_start, db->positions, p->a_log,
-                                                 p->dt_bias, Hk, Hv, Dk, Dv);
+    delta_kernel<MAXDK><<<dg, Dv, shm, st>>>(out, qkv, b, a, kv->state, kv->state_floats, s_off,
+                                              db->state_slot, db->seq_start, db->positions, p->a_log,
+                                              p->dt_bias, Hk, Hv, Dk, Dv);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
