@@ -133,6 +133,17 @@ struct moe_forward {
     int ep_runner;
 };
 
+/* ptr = n zeroed elements of type in be's memory (the size overflow-checked);
+ * returns from the calling function on failure.  For the workspace
+ * initialisers of forward*.c. */
+#define MOE_FORWARD_ALLOC(be, ptr, n, type)                                                          \
+    do {                                                                                          \
+        size_t bytes_;                                                                            \
+        if (!moe_mul_size((size_t)(n), sizeof(type), &bytes_))                                    \
+            return moe_fail(MOE_ERR_NOMEM, "forward workspace: size overflows");                  \
+        MOE_TRY((be)->ops->alloc((be), bytes_, (void **)&(ptr)));                                 \
+    } while (0)
+
 MOE_MUST_USE enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model *m,
                                                struct moe_backend *be,
                                                const struct moe_forward_limits *lim);

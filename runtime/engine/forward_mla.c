@@ -27,13 +27,7 @@
 
 #include "runtime/engine/forward.h"
 
-#define WALLOC(ptr, n, type)                                                                      \
-    do {                                                                                          \
-        size_t bytes_;                                                                            \
-        if (!moe_mul_size((size_t)(n), sizeof(type), &bytes_))                                    \
-            return moe_fail(MOE_ERR_NOMEM, "forward workspace: size overflows");                  \
-        MOE_TRY(be->ops->alloc(be, bytes_, (void **)&(ptr)));                                     \
-    } while (0)
+#define WALLOC(ptr, n, type) MOE_FORWARD_ALLOC(be, ptr, n, type)
 
 /* The rope columns of a block of R values starting at `first`, in
  * rotate-half order: evens then odds when interleaved. */

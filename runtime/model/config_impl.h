@@ -36,6 +36,11 @@ MOE_MUST_USE enum moe_status moe_config_parse_llama4_text(struct moe_config *c, 
  * full_attention_interval-th layer full attention), the gated attention
  * output and the zero-centred norms. */
 MOE_MUST_USE enum moe_status moe_config_parse_linear(struct moe_config *c, json_t *root, const char *what);
+/* A multimodal root's text_config (owner names the root's architecture
+ * in messages), copied, with architectures [arch]: *out owned by the
+ * caller. */
+MOE_MUST_USE enum moe_status moe_config_text_copy(json_t *root, const char *what, const char *owner, const char *arch,
+                                                  json_t **out);
 /* Qwen3_5MoeForConditionalGeneration's root: its text_config read as a
  * Qwen3_5MoeForCausalLM's, tensors model.language_model.* read as model.*
  * (the vision tower, model.visual.*, is not read). */

@@ -120,26 +120,32 @@ enum moe_status moe_config_llama4_layers(struct moe_config *c, json_t *root, con
     return MOE_OK;
 }
 
+enum moe_status moe_config_text_copy(json_t *root, const char *what, const char *owner, const char *arch,
+                                     json_t **out)
+{
+    json_t *text = json_object_get(root, "text_config");
+    *out = NULL;
+    if (!json_is_object(text))
+        return moe_fail(MOE_ERR_FORMAT, "%s: %s without a 'text_config' object", what, owner);
+    json_t *t = json_copy(text);
+    if (!t || json_object_set_new(t, "architectures", json_pack("[s]", arch))) { /* the list is released either way */
+        json_decref(t);
+        return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
+    }
+    *out = t;
+    return MOE_OK;
+}
+
 /* Llama4ForConditionalGeneration: its text model, text_config read as a
  * Llama4ForCausalLM's config; its tensors are named `language_model.*`
  * (tensor_prefix); the vision tower is not read. */
 enum moe_status moe_config_parse_llama4_text(struct moe_config *c, json_t *root, const char *what)
 {
-    json_t *text = json_object_get(root, "text_config"), *q = json_object_get(root, "quantization_config");
-    if (!json_is_object(text))
-        return moe_fail(MOE_ERR_FORMAT, "%s: Llama4ForConditionalGeneration without a 'text_config' object", what);
+    json_t *q = json_object_get(root, "quantization_config");
     if (q && !json_is_null(q))
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: quantization_config is not supported for Llama-4", what);
-    json_t *t = json_copy(text), *arch = json_pack("[s]", "Llama4ForCausalLM");
-    if (!t || !arch) {
-        json_decref(t);
-        json_decref(arch);
-        return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
-    }
-    if (json_object_set_new(t, "architectures", arch)) { /* arch is released either way */
-        json_decref(t);
-        return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
-    }
+    json_t *t;
+    MOE_TRY(moe_config_text_copy(root, what, "Llama4ForConditionalGeneration", "Llama4ForCausalLM", &t));
     enum moe_status s = moe_config_parse(c, t, what);
     json_decref(t);
     if (s != MOE_OK) return s;

@@ -49,15 +49,8 @@ enum moe_status moe_config_parse_linear(struct moe_config *c, json_t *root, cons
 
 enum moe_status moe_config_parse_qwen3_5_text(struct moe_config *c, json_t *root, const char *what)
 {
-    json_t *text = json_object_get(root, "text_config");
-    if (!json_is_object(text))
-        return moe_fail(MOE_ERR_FORMAT, "%s: Qwen3_5MoeForConditionalGeneration without a 'text_config' object",
-                        what);
-    json_t *t = json_copy(text), *arch = json_pack("[s]", "Qwen3_5MoeForCausalLM");
-    if (!t || !arch || json_object_set_new(t, "architectures", arch)) { /* arch is released either way */
-        json_decref(t);
-        return moe_fail(MOE_ERR_NOMEM, "%s: text_config", what);
-    }
+    json_t *t;
+    MOE_TRY(moe_config_text_copy(root, what, "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM", &t));
     /* Qwen3_5MoeConfig decides the tying at the root (default false),
      * whatever text_config says; its quantization_config is the model's */
     json_t *tie = json_object_get(root, "tie_word_embeddings"), *q = json_object_get(root, "quantization_config");
