@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "kvcache/kvcache.h"
+#include "runtime/cpu/gemm_fast.h"
 #include "runtime/core/batch.h"
 #include "runtime/model/config.h"
 #include "runtime/core/tensor.h"
@@ -68,19 +69,39 @@ struct moe_delta_params {
 };
 /* out (T, Hv*Dv) of one linear layer, each sequence's rows in order over
  * its state slot (kvcache.h; zeroed first when the sequence's first row is
- * at position 0), as transformers' torch_recurrent_gated_delta_rule
- * computes in fp32:
+ * at position 0), as transformers' Gated DeltaNet computes in fp32:
  *   qkv (T, C): the q, k, v projections; replaced in place by
  *     silu(causal depthwise convolution over the slot's last conv - 1
  *     inputs and these), which also become the slot's new last inputs;
  *   b, a (T, Hv): beta = sigmoid(b), g = -exp(a_log) softplus(a + dt_bias);
  *   per value head, q and k L2-normalised (eps 1e-6), q / sqrt(Dk):
  *     S = S exp(g); d = (v - S^T k) beta; S += k d^T; out = S^T q.
- * A row depends only on its sequence's earlier rows, so a prompt gives the
- * same bits prefilled at once, in chunks or token by token. */
-void moe_attention_delta_cpu(float *out, float *qkv, const float *b, const float *a,
-                             struct moe_kvcache *kv, const struct moe_batch *bt,
-                             const struct moe_delta_params *p);
+ * A sequence's run of rows takes that recurrence row by row
+ * (torch_recurrent_gated_delta_rule) or its chunked form
+ * (torch_chunk_gated_delta_rule; linear_attn_impl.h), equal to it within
+ * fp32 rounding: the reference, as transformers, takes the chunked form in
+ * chunks of 64 for every run of 2 rows or more; the AVX-512 compilation in
+ * chunks of 32 for runs of 4 or more (there the chunk's products run 1.4x
+ * faster per row than the recurrence); the AVX2 one only the recurrence
+ * (its chunked form is the slower there).  A row depends only on its
+ * sequence's earlier rows and how they were split into steps, not on the
+ * other sequences of the batch.  Fails only for want of workspace (then
+ * the slots' states are partly advanced: the caller's step fails). */
+enum moe_status moe_attention_delta_cpu(float *out, float *qkv, const float *b, const float *a,
+                                        struct moe_kvcache *kv, const struct moe_batch *bt,
+                                        const struct moe_delta_params *p);
+/* The same loops compiled for the fast backend's kernel set isa (AVX2 or
+ * AVX-512 and up; the processor has it). */
+enum moe_status moe_attention_delta_fast(enum moe_cpu_isa isa, float *out, float *qkv, const float *b, const float *a,
+                                         struct moe_kvcache *kv, const struct moe_batch *bt,
+                                         const struct moe_delta_params *p);
+/* Those compilations themselves (linear_attn_avx2.c, linear_attn_avx512.c). */
+enum moe_status moe_attention_delta_avx2(float *out, float *qkv, const float *b, const float *a,
+                                         struct moe_kvcache *kv, const struct moe_batch *bt,
+                                         const struct moe_delta_params *p);
+enum moe_status moe_attention_delta_avx512(float *out, float *qkv, const float *b, const float *a,
+                                           struct moe_kvcache *kv, const struct moe_batch *bt,
+                                           const struct moe_delta_params *p);
 /* DeepSeek sparse attention's indexer for one layer (config.h): for each
  * row t of b, its key k (T, Di) as projected (wk) is LayerNorm-ed (eps
  * 1e-6, norm_w, norm_b), rotated over its first rot values (halves, at its

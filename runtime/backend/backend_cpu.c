@@ -613,8 +613,14 @@ static enum moe_status cpu_delta_net(struct moe_backend *be, float *out, float *
                                      const struct moe_delta_params *p)
 {
     (void)be;
-    moe_attention_delta_cpu(out, qkv, b, a, kv, bt, p);
-    return MOE_OK;
+    return moe_attention_delta_cpu(out, qkv, b, a, kv, bt, p);
+}
+
+static enum moe_status fast_delta_net(struct moe_backend *be, float *out, float *qkv, const float *b,
+                                      const float *a, struct moe_kvcache *kv, const struct moe_batch *bt,
+                                      const struct moe_delta_params *p)
+{
+    return moe_attention_delta_fast(ctx_of(be)->isa, out, qkv, b, a, kv, bt, p);
 }
 
 static enum moe_status cpu_dsa_select(struct moe_backend *be, int32_t *keys, int topk, const float *q, float *k,
@@ -738,7 +744,6 @@ static void cpu_destroy(struct moe_backend *be)
     .swiglu = cpu_swiglu,                \
     .rope = cpu_rope,                    \
     .kv_store = cpu_kv_store,            \
-    .delta_net = cpu_delta_net,          \
     .dsa_select = cpu_dsa_select,        \
     .route = cpu_route,                  \
     .dispatch = cpu_dispatch,            \
@@ -758,11 +763,12 @@ static const struct moe_backend_ops cpu_ops = {
     .matmul = cpu_matmul,
     .head_matmul = cpu_head_matmul,
     .attention = cpu_attention,
+    .delta_net = cpu_delta_net,
     .experts = cpu_experts,
 };
 
-/* The reference table with the three heavy ops replaced by their fast
- * twins: the selection table of the fast path. */
+/* The reference table with the heavy ops replaced by their fast twins:
+ * the selection table of the fast path. */
 static const struct moe_backend_ops cpu_fast_ops = {
     .name = "cpu",
     CPU_SHARED_OPS,
@@ -770,6 +776,7 @@ static const struct moe_backend_ops cpu_fast_ops = {
     .matmul_multi = fast_matmul_multi,
     .head_matmul = fast_head_matmul,
     .attention = fast_attention,
+    .delta_net = fast_delta_net,
     .experts = fast_experts,
 };
 
