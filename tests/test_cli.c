@@ -89,6 +89,8 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     check_synth_round_trip("tests/fixtures/qwen3_5_moe/config.json");
     /* DeepSeek-V3.2: the indexer's tensors */
     check_synth_round_trip("tests/fixtures/deepseek_v32/config.json");
+    /* GLM-MoE-DSA: no indexer on the shared layers */
+    check_synth_round_trip("tests/fixtures/glm_moe_dsa/config.json");
 }
 
 /* --layout per-expert writes legacy names (Mixtral: block_sparse_moe w1/w3/w2;
