@@ -105,8 +105,9 @@ enum moe_status moe_attention_delta_avx512(float *out, float *qkv, const float *
 /* DeepSeek sparse attention's indexer for one layer (config.h): for each
  * row t of b, its key k (T, Di) as projected (wk) is LayerNorm-ed (eps
  * 1e-6, norm_w, norm_b), rotated over its first rot values (halves, at its
- * position, inv_freq (rot/2)) and stored at its slot of the layer's
- * indexer keys in kv; then every key j <= pos of its sequence scores
+ * position, inv_freq (rot/2)) and stored at its slot of indexer-key
+ * layer `layer` in kv (moe_config_dsa_layer: layers without an indexer
+ * keep none); then every key j <= pos of its sequence scores
  *   sum_h w[t,h] / sqrt(Hi) * relu(q[t,h] . k_j / sqrt(Di))
  * with q (T, Hi*Di) already rotated, and keys (T, topk) receives the topk
  * best positions (ties to the lower position), ascending, -1 past the

@@ -71,7 +71,7 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator me
                  !moe_mul_size(stotal, (size_t)kv_layers, &stotal))) ||
         !moe_mul_size(slots, sizeof(int32_t), &ntok) ||
         (cfg->dsa_topk > 0 && (!moe_mul_size(slots, (size_t)cfg->dsa_dim * sizeof(float), &iktotal) ||
-                               !moe_mul_size(iktotal, (size_t)kv_layers, &iktotal))))
+                               !moe_mul_size(iktotal, (size_t)moe_config_dsa_layers(cfg), &iktotal))))
         return moe_fail(MOE_ERR_NOMEM, "kv cache: %d blocks of %d slots overflow the address space",
                         n_blocks, block_size);
     kv->n_layers = kv_layers;
@@ -97,6 +97,7 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator me
     }
     if (iktotal && (s = mem.alloc(mem.ctx, iktotal, (void **)&kv->ik)) != MOE_OK) goto fail;
     kv->ik_dim = cfg->dsa_topk > 0 ? cfg->dsa_dim : 0;
+    kv->ik_layers = moe_config_dsa_layers(cfg); /* layers that share a selection keep no keys */
     kv->index_cap = 16;
     while (kv->index_cap < 2 * (size_t)n_blocks) kv->index_cap *= 2;
     kv->blocks = calloc((size_t)n_blocks, sizeof *kv->blocks);
@@ -340,5 +341,5 @@ size_t moe_kvcache_bytes_per_slot(const struct moe_kvcache *kv)
     /* the sizes were checked at init */
     return (kv->v == kv->k ? 1 : 2) * (size_t)kv->n_layers * (size_t)kv->n_kv_heads *
                moe_config_kv_row_bytes(kv->head_dim, kv->dtype) +
-           (size_t)kv->n_layers * (size_t)kv->ik_dim * sizeof(float);
+           (size_t)kv->ik_layers * (size_t)kv->ik_dim * sizeof(float);
 }

@@ -81,8 +81,9 @@ struct moe_kvcache {
     float *ks, *vs;            /* F8E4M3 only (else NULL): the rows' scales, (L, n_blocks, B,
                                 * Hkv) each, backend memory; MLA: vs == ks */
     float *ik;                 /* DeepSeek sparse attention (else NULL): each token's indexer key,
-                                * (L, n_blocks, B, ik_dim) F32, backend memory */
-    int ik_dim;
+                                * (ik_layers, n_blocks, B, ik_dim) F32, backend memory: the
+                                * layers with an indexer (moe_config_dsa_layer) */
+    int ik_dim, ik_layers;
     struct moe_kv_block *blocks; /* (n_blocks) */
     int32_t *free_list;        /* stack of never-cached free blocks */
     int n_free;

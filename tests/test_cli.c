@@ -89,6 +89,8 @@ Test(cli, synth_writes_a_loadable_checkpoint)
     check_synth_round_trip("tests/fixtures/qwen3_5_moe/config.json");
     /* DeepSeek-V3.2: the indexer's tensors */
     check_synth_round_trip("tests/fixtures/deepseek_v32/config.json");
+    /* GLM-MoE-DSA: no indexer on the shared layers */
+    check_synth_round_trip("tests/fixtures/glm_moe_dsa/config.json");
 }
 
 /* --layout per-expert writes legacy names (Mixtral: block_sparse_moe w1/w3/w2;
@@ -265,6 +267,57 @@ Test(cli, inspect_synthetic_shapes_match_published_sizes)
     cr_assert(strstr(out, "30 of 40 layers Gated DeltaNet"), "%s", out);
     cr_assert(strstr(out, "20.00 KiB in bf16"), "%s", out);
     cr_assert(strstr(out, "62.81 MiB per sequence"), "%s", out);
+}
+
+/* GLM-5 (configs/glm-5.json: GlmMoeDsaConfig's defaults), by hand:
+ * embeddings and head 2 x 154880 x 6144; 78 layers of latent attention (q_a
+ * 2048 x 6144 and its norm 2048, q_b 64 x 256 x 2048, kv_a 576 x 6144 and
+ * its norm 512, kv_b 64 x 448 x 512, o 6144 x 16384), an indexer on each
+ * (wq_b 4096 x 2048, wk 128 x 6144, weights_proj 32 x 6144, k_norm 2 x 128)
+ * and 2 norms of 6144; 3 dense layers of 3 x 12288 x 6144; 75 MoE layers of
+ * 256 experts of 3 x 2048 x 6144, a shared expert of 3 x 2048 x 6144 and a
+ * router 256 x 6144 (and its 256 biases); the final norm 6144:
+ * 743,911,218,432 (transformers builds 743,911,199,232 parameters and the
+ * 75 x 256 biases as buffers).  Per token 78 latent rows of 576 bf16 (87.75
+ * KiB) and 78 indexer keys of 128 F32 (39 KiB): 126.75 KiB.  With
+ * index_topk_freq 4 (offset 2), layers 0, 1, 5, 9, ..., 77 run an
+ * indexer (21) and 57 share: 57 x 9,371,904 indexer parameters fewer
+ * (743.38B), and 21 x 512 B of indexer keys: 98.25 KiB per token, 393 MiB
+ * per sequence of 4096. */
+Test(cli, inspect_and_plan_glm5)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s inspect --synthetic %s/configs/glm-5.json", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "743.91B total"), "%s", out);
+    cr_assert(strstr(out, "78 (75 MoE, 3 dense)"), "%s", out);
+    cr_assert(strstr(out, "indexer of 32 heads x 128; its keys take 39.00 KiB per token"), "%s", out);
+    cr_assert(strstr(out, "126.75 KiB in bf16"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/glm-5.json --ctx 4096 --batch 1", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "126.75 KiB per token (BF16), 507.00 MiB per sequence of 4096 tokens"), "%s", out);
+    /* the same with shared layers: only the full ones keep keys */
+    char dir[] = "/tmp/moerun-glm5-XXXXXX", path[256];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/configs/glm-5.json", MOERUN_SOURCE_DIR);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    cr_assert(cfg, "%s", path);
+    cr_assert_eq(json_object_set_new(cfg, "index_topk_freq", json_integer(4)), 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cr_assert_eq(json_dump_file(cfg, path, 0), 0);
+    json_decref(cfg);
+    snprintf(cmd, sizeof cmd, "%s inspect --synthetic %s", MOERUN_BINARY, path);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "743.38B total"), "%s", out);
+    cr_assert(strstr(out, "its keys take 10.50 KiB per token"), "%s", out);
+    cr_assert(strstr(out, "21 of 78 layers run an indexer"), "%s", out);
+    cr_assert(strstr(out, "98.25 KiB in bf16"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s --ctx 4096 --batch 1", MOERUN_BINARY, path);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "98.25 KiB per token (BF16), 393.00 MiB per sequence of 4096 tokens"), "%s", out);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0);
 }
 
 /* plan: Mixtral-8x7B bf16 on an H200 (141 GB): 87 GiB of weights, 128 KiB of

@@ -586,3 +586,95 @@ Test(config, deepseek_v32_indexer)
     cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
     cr_expect(strstr(moe_last_error(), "q_lora_rank is null"), "%s", moe_last_error());
 }
+
+/* GLM-MoE-DSA (GLM-5): DeepSeek-V3.2's sparse attention with GLM-5's
+ * defaults (GlmMoeDsaConfig: index_n_heads 32, q_lora_rank 2048,
+ * qk_nope_head_dim 192, v_head_dim 256, one expert group, rms_norm_eps
+ * 1e-5, context 202752), the indexer rotating interleaved pairs, and each
+ * layer's indexer "full" or "shared" as GlmMoeDsaConfig derives it:
+ * indexer_types, else index_topk_pattern (a string of F / S or a list),
+ * else layer l is full when max(l - index_skip_topk_offset + 1, 0) is a
+ * multiple of index_topk_freq (defaults 2 and 1: all full).  A shared
+ * layer keeps no indexer keys; a shared layer 0 is refused, naming the
+ * field. */
+Test(config, glm_moe_dsa_indexer_types)
+{
+    struct moe_config c;
+    const char *base = "{\"architectures\": [\"GlmMoeDsaForCausalLM\"], \"hidden_size\": 64, "
+                       "\"vocab_size\": 256, \"num_hidden_layers\": 8, \"num_attention_heads\": 4, "
+                       "\"n_routed_experts\": 16, \"kv_lora_rank\": 32, \"qk_rope_head_dim\": 8%s}";
+    char json[1024];
+    snprintf(json, sizeof json, base, "");
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    cr_expect_eq(c.family, MOE_FAMILY_DEEPSEEK_V3);
+    cr_expect_eq(c.dsa_topk, 2048);
+    cr_expect_eq(c.dsa_heads, 32, "GlmMoeDsaConfig's index_n_heads");
+    cr_expect_eq(c.dsa_dim, 128);
+    cr_expect(c.dsa_rope_interleave && c.rope_interleave);
+    cr_expect_eq(c.q_lora_rank, 2048);
+    cr_expect_eq(c.qk_nope_dim, 192);
+    cr_expect_eq(c.v_head_dim, 256);
+    cr_expect_eq(c.n_group, 1);
+    cr_expect_eq(c.topk_group, 1);
+    cr_expect_eq(c.max_pos, 202752);
+    cr_expect_float_eq(c.rms_eps, 1e-5f, 1e-12);
+    cr_expect_eq(moe_config_dsa_layers(&c), 8, "index_topk_freq 1: every layer full");
+    cr_expect_eq(moe_config_dsa_bytes_per_token(&c), (size_t)8 * 128 * 4);
+    /* freq 3, offset 2 (transformers: full, full, shared, shared, full, shared, shared, full) */
+    const bool want_freq[8] = {false, false, true, true, false, true, true, false};
+    snprintf(json, sizeof json, base, ", \"index_topk_freq\": 3");
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    for (int l = 0; l < 8; l++) cr_expect_eq(c.layer_dsa_shared[l], want_freq[l], "layer %d", l);
+    cr_expect_eq(moe_config_dsa_layers(&c), 4);
+    cr_expect_eq(moe_config_dsa_layer(&c, 4), 2, "layers 0 and 1 before it run an indexer");
+    cr_expect_eq(moe_config_dsa_layer(&c, 7), 3);
+    /* only the 4 full layers' keys: 4 x 128 F32 per token beside 8 latent rows of 8 + 32 bf16 */
+    cr_expect_eq(moe_config_dsa_bytes_per_token(&c), (size_t)4 * 128 * 4);
+    cr_expect_eq(moe_config_kv_bytes_per_token(&c, MOE_DTYPE_BF16), (size_t)8 * (8 + 32) * 2 + 4 * 128 * 4);
+    /* freq 2, offset 3 (transformers: full, full, full, shared, full, shared, full, shared) */
+    const bool want_off[8] = {false, false, false, true, false, true, false, true};
+    snprintf(json, sizeof json, base, ", \"index_topk_freq\": 2, \"index_skip_topk_offset\": 3");
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    for (int l = 0; l < 8; l++) cr_expect_eq(c.layer_dsa_shared[l], want_off[l], "layer %d", l);
+    /* the pattern (string or list) over the schedule; indexer_types over both */
+    const bool want_pat[8] = {false, true, false, true, true, false, false, true};
+    snprintf(json, sizeof json, base, ", \"index_topk_freq\": 3, \"index_topk_pattern\": \"FSFSSFFS\"");
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    for (int l = 0; l < 8; l++) cr_expect_eq(c.layer_dsa_shared[l], want_pat[l], "layer %d", l);
+    cr_expect_eq(moe_config_dsa_layers(&c), 4);
+    snprintf(json, sizeof json, base, ", \"index_topk_pattern\": [\"full\", \"shared\", \"full\", \"shared\", "
+             "\"shared\", \"full\", \"full\", \"shared\"]");
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    for (int l = 0; l < 8; l++) cr_expect_eq(c.layer_dsa_shared[l], want_pat[l], "layer %d", l);
+    snprintf(json, sizeof json, base, ", \"index_topk_pattern\": \"FSSSSSSS\", \"indexer_types\": [\"full\", "
+             "\"shared\", \"full\", \"shared\", \"shared\", \"full\", \"full\", \"shared\"]");
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    for (int l = 0; l < 8; l++) cr_expect_eq(c.layer_dsa_shared[l], want_pat[l], "layer %d", l);
+    /* refused, naming the field: a shared first layer, a bad entry, too few entries */
+    snprintf(json, sizeof json, base, ", \"index_topk_freq\": 2, \"index_skip_topk_offset\": 0");
+    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
+    cr_expect(strstr(moe_last_error(), "layer 0 is \"shared\" (index_topk_freq"), "%s", moe_last_error());
+    snprintf(json, sizeof json, base, ", \"indexer_types\": [\"shared\", \"full\", \"full\", \"full\", \"full\", "
+             "\"full\", \"full\", \"full\"]");
+    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
+    cr_expect(strstr(moe_last_error(), "layer 0 is \"shared\" (indexer_types)"), "%s", moe_last_error());
+    snprintf(json, sizeof json, base, ", \"index_topk_pattern\": \"SFFFFFFF\"");
+    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
+    cr_expect(strstr(moe_last_error(), "(index_topk_pattern)"), "%s", moe_last_error());
+    snprintf(json, sizeof json, base, ", \"index_topk_pattern\": \"FSFX FFF\"");
+    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
+    cr_expect(strstr(moe_last_error(), "index_topk_pattern[3] = 'X'"), "%s", moe_last_error());
+    snprintf(json, sizeof json, base, ", \"indexer_types\": [\"full\", \"dense\"]");
+    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
+    cr_expect(strstr(moe_last_error(), "indexer_types must be a list of at least 8"), "%s", moe_last_error());
+    snprintf(json, sizeof json, base, ", \"index_topk_pattern\": \"FSF\"");
+    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
+    cr_expect(strstr(moe_last_error(), "fewer than the 8 layers"), "%s", moe_last_error());
+    /* DeepSeek-V3.2 reads none of these: every layer full */
+    snprintf(json, sizeof json, "{\"architectures\": [\"DeepseekV32ForCausalLM\"], \"hidden_size\": 64, "
+             "\"vocab_size\": 256, \"num_hidden_layers\": 8, \"num_attention_heads\": 4, \"n_routed_experts\": 16, "
+             "\"kv_lora_rank\": 32, \"qk_rope_head_dim\": 8, \"index_topk_pattern\": \"FSFSFSFS\"}");
+    cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
+    cr_expect_eq(moe_config_dsa_layers(&c), 8);
+    cr_expect(!c.dsa_rope_interleave);
+}

@@ -8,7 +8,8 @@
  * shared-expert and dense FFN widths, latent-attention dimensions, gpt-oss's
  * activation limit; Qwen3-Next's and Qwen3.5-MoE's gated attention output,
  * which layers are linear attention and the Gated DeltaNet's heads, head
- * widths and convolution width), the config without that key parses to the values
+ * widths and convolution width; GLM-MoE-DSA's sparse-attention indexer and
+ * which layers run one), the config without that key parses to the values
  * transformers gives (recorded by tests/reference/make_config_defaults.py,
  * the shapes off a model it builds on the meta device; a multimodal config's
  * keys removed from its text_config).  Where transformers has no
@@ -194,6 +195,20 @@ static int check_case(json_t *c)
              "%s: temperature attn_scale %g, transformers %g", label, (double)cfg.attn_temp_scale,
              json_number_value(json_object_get(v, "temp_scale")));
     }
+    if ((v = json_object_get(sh, "dsa"))) { /* DeepSeek sparse attention: the indexer, its layers */
+        const struct { const char *key; int have; } ix[] = {
+            {"topk", cfg.dsa_topk}, {"heads", cfg.dsa_heads}, {"dim", cfg.dsa_dim}};
+        for (size_t j = 0; j < sizeof ix / sizeof *ix; j++)
+            DIFF(ix[j].have != json_integer_value(json_object_get(v, ix[j].key)),
+                 "%s: indexer %s %d, transformers builds %lld", label, ix[j].key, ix[j].have,
+                 json_integer_value(json_object_get(v, ix[j].key)));
+        json_t *full = json_object_get(v, "full");
+        for (int l = 0; l < cfg.n_layers; l++)
+            DIFF(cfg.layer_dsa_shared[l] == json_is_true(json_array_get(full, (size_t)l)),
+                 "%s: layer %d indexer shared %d, transformers builds %s", label, l, cfg.layer_dsa_shared[l],
+                 json_is_true(json_array_get(full, (size_t)l)) ? "one" : "none");
+    } else
+        DIFF(cfg.dsa_topk != 0, "%s: an indexer (top %d), transformers builds none", label, cfg.dsa_topk);
     if ((v = json_object_get(sh, "swiglu_limit")))
         DIFF(fabs(cfg.swiglu_limit - json_number_value(v)) > 1e-6 * json_number_value(v),
              "%s: swiglu limit %g, transformers builds %g", label, (double)cfg.swiglu_limit, json_number_value(v));

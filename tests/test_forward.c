@@ -165,6 +165,10 @@ Test(FORWARD_SUITE, deepseek_v3_matches_transformers) { check_model("deepseek_v3
  * best past keys (the fixture's selections differ from dense attention's
  * logits and have no near-tie at the cut) */
 Test(FORWARD_SUITE, deepseek_v32_matches_transformers) { check_model("deepseek_v32", 1e-4); }
+/* GLM-MoE-DSA (GLM-5): V3.2's sparse attention with the indexer rotating
+ * interleaved pairs, layers 1 and 3 "shared" (no indexer: the 4 keys layers
+ * 0 and 2 chose) */
+Test(FORWARD_SUITE, glm_moe_dsa_matches_transformers) { check_model("glm_moe_dsa", 1e-4); }
 /* MiniMax-M2, as released (block_sparse_moe, w1/w3/w2 per expert): q/k
  * RMSNorm over the whole projections, RoPE over rotary_dim values of each
  * head, the sigmoid router with the block's choice bias, renormalised */
@@ -291,6 +295,9 @@ Test(FORWARD_SUITE, chunked_prefill_agrees_qwen3_5_moe) { check_chunking_tol("qw
 /* the indexer's keys cached beside the latent rows: later chunks select
  * among earlier chunks' keys */
 Test(FORWARD_SUITE, chunked_prefill_is_identical_deepseek_v32) { check_chunking("deepseek_v32"); }
+/* the shared layers reuse the selection their full layer made for the same
+ * chunk's rows */
+Test(FORWARD_SUITE, chunked_prefill_is_identical_glm_moe_dsa) { check_chunking("glm_moe_dsa"); }
 
 /* Three prompts batched in one step, then decoded together, give exactly
  * their solo logits: prefill of one mixed with decodes of others. */
@@ -475,7 +482,7 @@ Test(FORWARD_SUITE, config_sizes_equal_loaded_sizes)
 {
     const char *names[] = {"mixtral", "qwen2_moe", "qwen3_moe", "llama", "qwen2", "qwen3", "glm4_moe",
                            "granitemoe", "granite", "gpt_oss", "gpt_oss_mxfp4",
-                           "deepseek_v2", "deepseek_v3", "minimax_m2", "llama4", "qwen3_next", "qwen3_5_moe", "deepseek_v32", "qwen3_moe_fp8",
+                           "deepseek_v2", "deepseek_v3", "minimax_m2", "llama4", "qwen3_next", "qwen3_5_moe", "deepseek_v32", "glm_moe_dsa", "qwen3_moe_fp8",
                            "deepseek_v3_fp8",
                            "qwen3_moe_gptq", "qwen3_moe_gptq_v2", "qwen3_moe_awq"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

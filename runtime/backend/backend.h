@@ -106,8 +106,9 @@ struct moe_backend_ops {
            const struct moe_batch *bt, const struct moe_delta_params *p);
     /* DeepSeek sparse attention's indexer for one layer (attention.h,
      * moe_attention_dsa_select_cpu): k (T, Di) normed, rotated and cached
-     * in place, keys (T, topk) the positions each row attends to; norm_w
-     * and norm_b F32.  Optional (NULL: the backend does not run it). */
+     * in place (at indexer-key layer `layer`, moe_config_dsa_layer), keys
+     * (T, topk) the positions each row attends to; norm_w and norm_b F32.
+     * Optional (NULL: the backend does not run it). */
     MOE_OP(dsa_select, int32_t *keys, int topk, const float *q, float *k, const float *w,
            const struct moe_tensor *norm_w, const struct moe_tensor *norm_b, const float *inv_freq, int rot,
            struct moe_kvcache *kv, int layer, const struct moe_batch *b, int Hi, int Di);

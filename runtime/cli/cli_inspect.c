@@ -73,6 +73,10 @@ static void print_structure(const struct moe_model *m, const char *name)
         printf("sparse       DeepSeek sparse attention: each query attends to its %d best keys by an indexer of %d "
                "heads x %d; its keys take %s per token (F32, in the kv cache figures)\n", cfg->dsa_topk,
                cfg->dsa_heads, cfg->dsa_dim, moe_cli_bytes(a, sizeof a, (double)moe_config_dsa_bytes_per_token(cfg)));
+        if (moe_config_dsa_layers(cfg) < cfg->n_layers)
+            printf("             %d of %d layers run an indexer; the others reuse the keys the last one before "
+                   "them chose\n", moe_config_dsa_layers(cfg), cfg->n_layers);
+        if (cfg->dsa_rope_interleave) printf("             the indexer rotates interleaved pairs\n");
     }
     if (cfg->family == MOE_FAMILY_LLAMA4) {
         int nope = 0, chunked = 0;

@@ -88,7 +88,8 @@ struct moe_forward {
         float *iq;       /* (T, Hi, Di) the indexer's queries */
         float *ik;       /* (T, Di) its keys */
         float *iw;       /* (T, Hi) its head weights */
-        int32_t *keys;   /* (T, topk) the positions each row attends to */
+        int32_t *keys;   /* (T, topk) the positions each row attends to (kept from a full layer
+                            for the shared layers after it) */
     } mla;
     /* Hybrid models (runtime/engine/forward_linear.c), allocated when the
      * model has linear-attention layers or gated attention outputs */

@@ -21,7 +21,13 @@
  *
  * Rope values stored in interleaved pairs (rope_interleave) are read in the
  * rotate-half order through the index tables q_rope and k_rope, the same
- * permutation for query and key, so every score is transformers'. */
+ * permutation for query and key, so every score is transformers'.
+ *
+ * DeepSeek sparse attention (dsa_topk > 0): a layer's indexer chooses each
+ * row's keys (a->keys) before it attends; a GLM-MoE-DSA "shared" layer
+ * (layer_dsa_shared) runs none and attends to the keys in a->keys, those
+ * the last full layer before it chose for the same rows in this step (the
+ * layers run in order, and layer 0 is full). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,14 +119,16 @@ enum moe_status moe_forward_mla_attention(struct moe_forward *fw, struct moe_kvc
     MOE_TRY(op->gather_cols(be, fw->q, Dh, a->qr, QK, T * H, a->q_rope, R));
     MOE_TRY(op->head_matmul(be, fw->q + R, Dh, a->qr, QK, &w->w_uk, T));
     MOE_TRY(op->rope(be, fw->q, db->positions, T, H, Dh, R, fw->inv_freq));
-    if (c->dsa_topk > 0) { /* the indexer chooses each row's keys */
-        const int Hi = c->dsa_heads, Di = c->dsa_dim;
-        MOE_TRY(moe_forward_linear(fw, a->iq, a->qa, &w->ix_wq, NULL, T));
-        MOE_TRY(op->rope(be, a->iq, db->positions, T, Hi, Di, R, fw->inv_freq));
-        MOE_TRY(moe_forward_linear(fw, a->ik, fw->xn, &w->ix_wk, NULL, T));
-        MOE_TRY(moe_forward_linear(fw, a->iw, fw->xn, &w->ix_wproj, NULL, T));
-        MOE_TRY(op->dsa_select(be, a->keys, c->dsa_topk, a->iq, a->ik, a->iw, &w->ix_norm_w, &w->ix_norm_b,
-                               fw->inv_freq, R, kv, p->layer, db, Hi, Di));
+    if (c->dsa_topk > 0) {
+        if (!c->layer_dsa_shared[l]) { /* the indexer chooses each row's keys */
+            const int Hi = c->dsa_heads, Di = c->dsa_dim;
+            MOE_TRY(moe_forward_linear(fw, a->iq, a->qa, &w->ix_wq, NULL, T));
+            MOE_TRY(op->rope(be, a->iq, db->positions, T, Hi, Di, R, fw->inv_freq));
+            MOE_TRY(moe_forward_linear(fw, a->ik, fw->xn, &w->ix_wk, NULL, T));
+            MOE_TRY(moe_forward_linear(fw, a->iw, fw->xn, &w->ix_wproj, NULL, T));
+            MOE_TRY(op->dsa_select(be, a->keys, c->dsa_topk, a->iq, a->ik, a->iw, &w->ix_norm_w, &w->ix_norm_b,
+                                   fw->inv_freq, R, kv, moe_config_dsa_layer(c, l), db, Hi, Di));
+        }
         struct moe_attn_params ps = *p;
         ps.keys = a->keys;
         ps.n_keys = c->dsa_topk;

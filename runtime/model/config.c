@@ -50,6 +50,7 @@ static const struct {
     {"DeepseekV2ForCausalLM", MOE_FAMILY_DEEPSEEK_V2, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 2048, 0, 1e4, false, 0, 0, 11008, 1407},
     {"DeepseekV3ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 4096, 8, 1e4, false, 0, 0, 18432, 2048},
     {"DeepseekV32ForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-6f, 0, false, MOE_QK_NORM_NONE, true, 163840, 8, 1e4, false, 0, 0, 18432, 2048},
+    {"GlmMoeDsaForCausalLM", MOE_FAMILY_DEEPSEEK_V3, 1e-5f, 0, false, MOE_QK_NORM_NONE, true, 202752, 8, 1e4, false, 0, 0, 12288, 2048},
     {"Llama4ForCausalLM", MOE_FAMILY_LLAMA4, 1e-5f, 128, false, MOE_QK_NORM_NONE, true, 131072, 1, 5e5, false, 0, 8, 8192, 0},
     {"MiniMaxM2ForCausalLM", MOE_FAMILY_MINIMAX_M2, 1e-6f, 128, false, MOE_QK_NORM_FULL, true, 196608, 8, 5e6, false, 0, 8, 1536, 0},
     {"Qwen3_5MoeForCausalLM", MOE_FAMILY_QWEN3_5_MOE, 1e-6f, 256, false, MOE_QK_NORM_HEAD, true, 32768, 8, 1e4, true, 0, 2, 0, 512},
@@ -247,21 +248,24 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
 
 /* DeepSeek's multi-head latent attention (config.h).  transformers' score
  * scale is 1/sqrt(qk_nope + qk_rope) times yarn's mscale(factor,
- * mscale_all_dim) squared. */
+ * mscale_all_dim) squared.  GlmMoeDsaConfig's defaults are GLM-5's. */
 static enum moe_status parse_mla(struct moe_config *c, json_t *root, const char *what)
 {
     const int BIG = 1 << 20;
+    const bool glm = !strcmp(c->architecture, "GlmMoeDsaForCausalLM");
     int rope;
     MOE_TRY(get_int(root, what, "kv_lora_rank", 1, BIG, 512, false, &c->kv_lora_rank));
-    /* absent: the config classes' 1536; null (DeepSeek-V2-Lite): q_proj, no LoRA */
+    /* absent: the config classes' 1536 (GLM-MoE-DSA: 2048); null (DeepSeek-V2-Lite): q_proj, no LoRA */
     json_t *qlr = json_object_get(root, "q_lora_rank");
     c->q_lora_rank = 0;
-    if (!qlr || !json_is_null(qlr)) MOE_TRY(get_int(root, what, "q_lora_rank", 0, BIG, 1536, false, &c->q_lora_rank));
-    MOE_TRY(get_int(root, what, "qk_nope_head_dim", 1, BIG, 128, false, &c->qk_nope_dim));
+    if (!qlr || !json_is_null(qlr))
+        MOE_TRY(get_int(root, what, "q_lora_rank", 0, BIG, glm ? 2048 : 1536, false, &c->q_lora_rank));
+    MOE_TRY(get_int(root, what, "qk_nope_head_dim", 1, BIG, glm ? 192 : 128, false, &c->qk_nope_dim));
     MOE_TRY(get_int(root, what, "qk_rope_head_dim", 2, BIG, 64, false, &rope));
-    MOE_TRY(get_int(root, what, "v_head_dim", 1, BIG, 128, false, &c->v_head_dim));
+    MOE_TRY(get_int(root, what, "v_head_dim", 1, BIG, glm ? 256 : 128, false, &c->v_head_dim));
     MOE_TRY(get_bool(root, what, "rope_interleave", true, &c->rope_interleave));
-    if (c->family == MOE_FAMILY_DEEPSEEK_V2) c->rope_interleave = true; /* always, as complex pairs */
+    /* always, as complex pairs (V2); GLM-MoE-DSA's attention always interleaves (no such field) */
+    if (c->family == MOE_FAMILY_DEEPSEEK_V2 || glm) c->rope_interleave = true;
     if (rope % 2)
         return moe_fail(MOE_ERR_FORMAT, "%s: qk_rope_head_dim = %d must be even", what, rope);
     c->rope_dim = rope;
@@ -276,12 +280,65 @@ static enum moe_status parse_mla(struct moe_config *c, json_t *root, const char 
     return MOE_OK;
 }
 
-/* DeepSeek-V3.2's indexer (config.h): index_topk 2048, index_n_heads 64,
- * index_head_dim 128, over the q LoRA. */
+/* GLM-MoE-DSA's per-layer indexer modes (config.h, layer_dsa_shared), as
+ * GlmMoeDsaConfig derives them: indexer_types (a list of "full" /
+ * "shared"); else index_topk_pattern (a string of F / S, or such a list);
+ * else layer l is full when max(l - index_skip_topk_offset + 1, 0) is a
+ * multiple of index_topk_freq (defaults 2 and 1: every layer full).  Entries
+ * past the last layer are not read (as transformers). */
+static enum moe_status parse_indexer_types(struct moe_config *c, json_t *root, const char *what)
+{
+    const char *field = "indexer_types";
+    json_t *t = json_object_get(root, field);
+    if (t && !json_is_null(t) && !json_is_array(t))
+        return moe_fail(MOE_ERR_FORMAT, "%s: indexer_types must be a list of \"full\" / \"shared\"", what);
+    if (!t || json_is_null(t)) t = json_object_get(root, field = "index_topk_pattern");
+    if (json_is_string(t)) {
+        const char *p = json_string_value(t);
+        if ((int)strlen(p) < c->n_layers)
+            return moe_fail(MOE_ERR_FORMAT, "%s: index_topk_pattern '%s' has fewer than the %d layers", what, p,
+                            c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            if (p[l] != 'F' && p[l] != 'S')
+                return moe_fail(MOE_ERR_FORMAT, "%s: index_topk_pattern[%d] = '%c' is not F (full) or S (shared)",
+                                what, l, p[l]);
+            c->layer_dsa_shared[l] = p[l] == 'S';
+        }
+    } else if (t && !json_is_null(t)) {
+        if (!json_is_array(t) || (int)json_array_size(t) < c->n_layers)
+            return moe_fail(MOE_ERR_FORMAT, "%s: %s must be a list of at least %d \"full\" / \"shared\"", what,
+                            field, c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            const char *v = json_string_value(json_array_get(t, (size_t)l));
+            if (!v || (strcmp(v, "full") && strcmp(v, "shared")))
+                return moe_fail(MOE_ERR_FORMAT, "%s: %s[%d] must be \"full\" or \"shared\"", what, field, l);
+            c->layer_dsa_shared[l] = !strcmp(v, "shared");
+        }
+    } else {
+        int freq, offset;
+        field = "index_topk_freq / index_skip_topk_offset";
+        MOE_TRY(get_int(root, what, "index_topk_freq", -(1 << 20), 1 << 20, 1, false, &freq));
+        MOE_TRY(get_int(root, what, "index_skip_topk_offset", -(1 << 20), 1 << 20, 2, false, &offset));
+        if (freq < 1) freq = 1;
+        for (int l = 0; l < c->n_layers; l++) {
+            const int n = l - offset + 1;
+            c->layer_dsa_shared[l] = (n > 0 ? n : 0) % freq != 0;
+        }
+    }
+    if (c->layer_dsa_shared[0])
+        return moe_fail(MOE_ERR_FORMAT, "%s: layer 0 is \"shared\" (%s), but no full layer before it chose keys "
+                        "to share", what, field);
+    return MOE_OK;
+}
+
+/* DeepSeek sparse attention's indexer (config.h): index_topk 2048,
+ * index_n_heads 64 (GLM-MoE-DSA: 32, its rotation interleaved, its layers
+ * full or shared), index_head_dim 128, over the q LoRA. */
 static enum moe_status parse_dsa(struct moe_config *c, json_t *root, const char *what)
 {
+    const bool glm = !strcmp(c->architecture, "GlmMoeDsaForCausalLM");
     MOE_TRY(get_int(root, what, "index_topk", 1, 16384, 2048, false, &c->dsa_topk)); /* a row's best on its stack */
-    MOE_TRY(get_int(root, what, "index_n_heads", 1, 1 << 12, 64, false, &c->dsa_heads));
+    MOE_TRY(get_int(root, what, "index_n_heads", 1, 1 << 12, glm ? 32 : 64, false, &c->dsa_heads));
     MOE_TRY(get_int(root, what, "index_head_dim", 1, 1 << 12, 128, false, &c->dsa_dim));
     if (c->q_lora_rank <= 0)
         return moe_fail(MOE_ERR_FORMAT, "%s: DeepSeek sparse attention's indexer reads the q LoRA, and "
@@ -293,7 +350,8 @@ static enum moe_status parse_dsa(struct moe_config *c, json_t *root, const char 
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: yarn's attention factor %g with DeepSeek sparse attention "
                         "(the indexer's rotated values would be scaled) is not supported", what,
                         c->rope_attn_factor);
-    return MOE_OK;
+    c->dsa_rope_interleave = glm;
+    return glm ? parse_indexer_types(c, root, what) : MOE_OK;
 }
 
 /* Granite's embedding_multiplier, residual_multiplier, attention_multiplier
@@ -421,7 +479,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                         "GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
                         "MiniMaxM2ForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration (text), "
                         "Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration (text), "
-                        "DeepseekV32ForCausalLM)",
+                        "DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM)",
                         what, arch);
     c->family = families[fi].family;
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
@@ -565,7 +623,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
     }
     case MOE_FAMILY_DEEPSEEK_V2:
     case MOE_FAMILY_DEEPSEEK_V3: {
-        const bool v3 = c->family == MOE_FAMILY_DEEPSEEK_V3;
+        const bool v3 = c->family == MOE_FAMILY_DEEPSEEK_V3, glm = !strcmp(arch, "GlmMoeDsaForCausalLM");
         int n_shared;
         double scale;
         MOE_TRY(get_int(root, what, "n_routed_experts", 1, 1 << 16, v3 ? 256 : 64, false, &c->n_experts));
@@ -585,8 +643,8 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
                                 "supported (noaux_tc, sigmoid)", what, method ? method : "-",
                                 fn ? fn : "-");
             MOE_TRY(get_bool(root, what, "norm_topk_prob", true, &c->norm_topk));
-            MOE_TRY(get_int(root, what, "n_group", 1, MOE_MAX_EXPERT_GROUPS, 8, false, &c->n_group));
-            MOE_TRY(get_int(root, what, "topk_group", 1, c->n_group, 4 < c->n_group ? 4 : c->n_group,
+            MOE_TRY(get_int(root, what, "n_group", 1, MOE_MAX_EXPERT_GROUPS, glm ? 1 : 8, false, &c->n_group));
+            MOE_TRY(get_int(root, what, "topk_group", 1, c->n_group, glm ? 1 : 4 < c->n_group ? 4 : c->n_group,
                             false, &c->topk_group));
             c->router_sigmoid = c->router_bias = true;
         } else if (!method || !strcmp(method, "greedy")) {
@@ -601,7 +659,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         if (c->n_experts % c->n_group || c->n_experts / c->n_group < 2)
             return moe_fail(MOE_ERR_FORMAT, "%s: %d experts do not split into n_group = %d groups of "
                             "at least 2", what, c->n_experts, c->n_group);
-        if (!strcmp(arch, "DeepseekV32ForCausalLM")) MOE_TRY(parse_dsa(c, root, what));
+        if (!strcmp(arch, "DeepseekV32ForCausalLM") || glm) MOE_TRY(parse_dsa(c, root, what));
         break;
     }
     case MOE_FAMILY_LLAMA4:
@@ -768,11 +826,24 @@ size_t moe_config_kv_row_bytes(int head_dim, enum moe_dtype kv_dtype)
     }
 }
 
+int moe_config_dsa_layers(const struct moe_config *cfg)
+{
+    return moe_config_dsa_layer(cfg, cfg->n_layers);
+}
+
+int moe_config_dsa_layer(const struct moe_config *cfg, int l)
+{
+    int n = 0;
+    if (cfg->dsa_topk <= 0) return 0;
+    for (int i = 0; i < l && i < MOE_MAX_LAYERS; i++) n += !cfg->layer_dsa_shared[i];
+    return n;
+}
+
 size_t moe_config_dsa_bytes_per_token(const struct moe_config *cfg)
 {
     size_t b;
     if (cfg->dsa_topk <= 0) return 0;
-    if (!moe_mul_size((size_t)cfg->dsa_dim * sizeof(float), (size_t)moe_config_kv_layers(cfg), &b)) return SIZE_MAX;
+    if (!moe_mul_size((size_t)cfg->dsa_dim * sizeof(float), (size_t)moe_config_dsa_layers(cfg), &b)) return SIZE_MAX;
     return b;
 }
 

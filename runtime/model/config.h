@@ -92,15 +92,24 @@ struct moe_config {
     int qk_nope_dim;   /* per head: key/query values without position */
     int v_head_dim;    /* per head: value width */
     bool rope_interleave; /* rotated values stored in pairs (2i, 2i+1): rows reordered at load */
-    /* DeepSeek sparse attention (DeepseekV32ForCausalLM; dsa_topk 0
-     * elsewhere): each layer's lightning indexer scores every past key of a
-     * query, sum over its dsa_heads heads h of w_h relu(q_h . k) / sqrt(dsa_dim),
-     * with q_h from the q LoRA (self_attn.indexer.wq_b), k one LayerNorm-ed
-     * key per token (wk, k_norm; cached beside the latent rows), both
-     * rotated over their first rope_dim values in halves, w = weights_proj x
-     * / sqrt(dsa_heads); the query attends only to its dsa_topk best keys
-     * (all of them while it has no more). */
+    /* DeepSeek sparse attention (DeepseekV32ForCausalLM,
+     * GlmMoeDsaForCausalLM; dsa_topk 0 elsewhere): each layer's lightning
+     * indexer scores every past key of a query, sum over its dsa_heads
+     * heads h of w_h relu(q_h . k) / sqrt(dsa_dim), with q_h from the q LoRA
+     * (self_attn.indexer.wq_b), k one LayerNorm-ed key per token (wk,
+     * k_norm; cached beside the latent rows), both rotated over their first
+     * rope_dim values in halves (DeepSeek-V3.2) or in interleaved pairs
+     * (dsa_rope_interleave, GLM-MoE-DSA: wq_b's and wk's rows and k_norm's
+     * values reordered at load to the halves order, the same permutation
+     * for query and key, so every score is transformers'), w = weights_proj
+     * x / sqrt(dsa_heads); the query attends only to its dsa_topk best keys
+     * (all of them while it has no more).  GLM-MoE-DSA's "shared" layers
+     * (layer_dsa_shared, from indexer_types) have no indexer and keep no
+     * indexer keys: they attend to the keys the last full layer before
+     * them chose for the same row (layer 0 is always full). */
     int dsa_topk, dsa_heads, dsa_dim;
+    bool dsa_rope_interleave;
+    bool layer_dsa_shared[MOE_MAX_LAYERS];
 
     /* RoPE */
     enum moe_rope_type rope_type;
@@ -217,9 +226,14 @@ const char *moe_family_name(enum moe_family f);
 /* Number of MoE layers. */
 int moe_config_moe_layers(const struct moe_config *cfg);
 /* Bytes of the indexer keys per token (DeepSeek sparse attention: F32
- * rows of dsa_dim per layer), 0 without; included in
+ * rows of dsa_dim per layer with an indexer), 0 without; included in
  * moe_config_kv_bytes_per_token. */
 size_t moe_config_dsa_bytes_per_token(const struct moe_config *cfg);
+/* Layers that run their own indexer (DeepSeek sparse attention; not
+ * layer_dsa_shared), 0 without; and the indexer-key layer of model layer
+ * l among them (the full layers before it). */
+int moe_config_dsa_layers(const struct moe_config *cfg);
+int moe_config_dsa_layer(const struct moe_config *cfg, int l);
 /* Layers with K/V in the cache (those not layer_linear) and the cache
  * layer of model layer l (the attention layers before it; l itself in a
  * model without linear layers). */

@@ -699,7 +699,7 @@ void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_si
             if (c->weights_fp8) add_stored(&attn, H * (c->qk_nope_dim + Vh), Rc, MOE_DTYPE_F32);
             else add_params(&attn, H * (c->qk_nope_dim + Vh) * Rc);
             add_linear(&attn, c, D, H * Vh);
-            if (c->dsa_topk > 0) { /* the indexer: wq_b, wk, weights_proj, its LayerNorm */
+            if (c->dsa_topk > 0 && !c->layer_dsa_shared[l]) { /* the indexer: wq_b, wk, weights_proj, its LayerNorm */
                 add_linear(&attn, c, (int64_t)c->dsa_heads * c->dsa_dim, Rq);
                 add_linear(&attn, c, c->dsa_dim, D);
                 add_linear(&attn, c, c->dsa_heads, D);

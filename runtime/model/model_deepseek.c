@@ -13,7 +13,16 @@
  * kv_b_proj is split at load into the two per-head matrices the absorbed
  * form needs, in memory the model owns: w_uk (H, Rc, nope), each head's key
  * rows transposed, and w_uv (H, v, Rc), in its dtype (fp8: F32, the exact
- * dequantized values). */
+ * dequantized values).
+ *
+ * DeepSeek sparse attention's indexer (config.h) on each layer that runs one
+ * (GLM-MoE-DSA's shared layers have none):
+ *   self_attn.indexer.wq_b (Hi*Di, Rq), wk (Di, D), weights_proj (Hi, D),
+ *     k_norm.weight, k_norm.bias (Di)
+ * GLM-MoE-DSA's indexer rotates interleaved pairs: wq_b's rows of each head,
+ * wk's rows and k_norm's values are reordered at load, over the first rope
+ * values, to the rotate-half order (pair i to i and rope/2 + i; LayerNorm
+ * commutes with the permutation), in memory the model owns. */
 #include <string.h>
 
 #include "runtime/model/model_impl.h"
@@ -43,8 +52,39 @@ static enum moe_status split_kv_b(struct moe_model *m, const struct moe_tensor *
     return MOE_OK;
 }
 
-/* DeepSeek-V3.2's indexer (config.h): its projections as stored, its
- * LayerNorm widened to F32 */
+/* t's rows (H heads of Di rows, each row `cols` values; a vector: one
+ * value a row) copied into owned memory with each head's first R rows
+ * reordered: row 2i to i, row 2i + 1 to R/2 + i.  The rows as bound are read
+ * no more: freed when the model owns them (converted at load), else their
+ * mapped pages dropped. */
+static enum moe_status halves(struct moe_model *m, struct moe_tensor *t, int64_t H, int64_t Di, int64_t R,
+                              const char *name)
+{
+    const size_t row = moe_dtype_row_bytes(t->dtype, (size_t)(t->ndim == 2 ? t->shape[1] : 1));
+    if (t->cols || row == 0)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s cannot be reordered in dtype %s (the indexer's "
+                        "interleaved rotation)", name, moe_dtype_name(t->dtype));
+    char *dst;
+    const size_t bytes = row * (size_t)(H * Di);
+    MOE_TRY(moe_model_own(m, bytes, (void **)&dst));
+    const char *src = t->data;
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < Di; i++) {
+            const int64_t to = i >= R ? i : i % 2 ? R / 2 + i / 2 : i / 2;
+            memcpy(dst + (size_t)(h * Di + to) * row, src + (size_t)(h * Di + i) * row, row);
+        }
+    t->data = dst;
+    for (size_t i = 0; i < m->n_owned; i++)
+        if (m->owned[i] == src) {
+            moe_model_disown(m, (void *)src);
+            return MOE_OK;
+        }
+    moe_safetensors_release(&m->st, src, bytes, true);
+    return MOE_OK;
+}
+
+/* The indexer of layer l (config.h): its projections as stored (reordered
+ * when the rotation interleaves), its LayerNorm widened to F32 */
 static enum moe_status bind_indexer(struct moe_model *m, int l, struct moe_layer_weights *w)
 {
     const struct moe_config *c = &m->cfg;
@@ -62,7 +102,13 @@ static enum moe_status bind_indexer(struct moe_model *m, int l, struct moe_layer
     NAMEF(n, "model.layers.%d.self_attn.indexer.k_norm.bias", l);
     MOE_TRY(moe_model_bind_tensor(m, &w->ix_norm_b, true, n, 1, Di, 0, 0));
     if (w->ix_norm_b.dtype != MOE_DTYPE_F32) MOE_TRY(moe_model_widen_f32(m, &w->ix_norm_b));
-    return MOE_OK;
+    if (!c->dsa_rope_interleave || m->weights_deferred) return MOE_OK; /* random values need no order */
+    const int64_t R = c->rope_dim;
+    NAMEF(n, "model.layers.%d.self_attn.indexer", l);
+    MOE_TRY(halves(m, &w->ix_wq, Hi, Di, R, n));
+    MOE_TRY(halves(m, &w->ix_wk, 1, Di, R, n));
+    MOE_TRY(halves(m, &w->ix_norm_w, 1, Di, R, n));
+    return halves(m, &w->ix_norm_b, 1, Di, R, n);
 }
 
 enum moe_status moe_model_bind_mla(struct moe_model *m, int l, struct moe_layer_weights *w)
@@ -92,7 +138,8 @@ enum moe_status moe_model_bind_mla(struct moe_model *m, int l, struct moe_layer_
     MOE_TRY(moe_model_bind_tensor(m, &w->kv_a_norm, true, n, 1, Rc, 0, 0));
     NAMEF(n, "model.layers.%d.self_attn.o_proj.weight", l);
     MOE_TRY(moe_model_bind_linear(m, &w->wo, true, false, n, 2, D, H * V, 0));
-    if (c->dsa_topk > 0) MOE_TRY(bind_indexer(m, l, w));
+    /* a layer past the L (a multi-token-prediction module) has its own indexer */
+    if (c->dsa_topk > 0 && (l >= c->n_layers || !c->layer_dsa_shared[l])) MOE_TRY(bind_indexer(m, l, w));
     struct moe_tensor kvb;
     NAMEF(n, "model.layers.%d.self_attn.kv_b_proj.weight", l);
     const struct moe_st_tensor *src = moe_safetensors_find(&m->st, n);

@@ -225,7 +225,7 @@ static enum moe_status add_mla(struct gen *g, const struct moe_config *c, int l)
     MOE_TRY(add(g, false, 2, Rc + R, D, 0, "%s.%d.self_attn.kv_a_proj_with_mqa.weight", p, l));
     MOE_TRY(add(g, true, 1, Rc, 0, 0, "%s.%d.self_attn.kv_a_layernorm.weight", p, l));
     MOE_TRY(add(g, false, 2, H * (c->qk_nope_dim + V), Rc, 0, "%s.%d.self_attn.kv_b_proj.weight", p, l));
-    if (c->dsa_topk > 0) { /* DeepSeek-V3.2's indexer */
+    if (c->dsa_topk > 0 && !c->layer_dsa_shared[l]) { /* the sparse attention's indexer (not on shared layers) */
         const int64_t Hi = c->dsa_heads, Di = c->dsa_dim;
         MOE_TRY(add(g, false, 2, Hi * Di, Rq, 0, "%s.%d.self_attn.indexer.wq_b.weight", p, l));
         MOE_TRY(add(g, false, 2, Di, D, 0, "%s.%d.self_attn.indexer.wk.weight", p, l));

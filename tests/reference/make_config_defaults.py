@@ -7,7 +7,9 @@ of KEYS its config holds, the config is written again without that key (and, for
 the window turned on and the layer pattern left to the config class; for
 Llama-4, with its per-layer lists left to the config class; for Qwen3-Next
 and Qwen3.5-MoE, with its layer pattern left to full_attention_interval, and
-with the keys whose defaults the fixture holds set otherwise; for a
+with the keys whose defaults the fixture holds set otherwise; for
+GLM-MoE-DSA, with its indexer layers left to the index_topk_freq schedule,
+and with every indexer key and the MLP pattern left out; for a
 multimodal fixture of TEXT_CONFIG, the keys removed from its text_config), read
 back with transformers' AutoConfig, and the values moerun's parsed model
 description must hold are recorded (each case: the fixture, the keys set
@@ -23,11 +25,13 @@ FFN widths, the latent-attention dimensions, gpt-oss's activation limit,
 Llama-4's layers without RoPE, chunked layers, q/k L2 norm and
 attention temperature, and Qwen3-Next's and Qwen3.5-MoE's gated attention
 output, which layers are linear attention (Gated DeltaNet) and its heads,
-head widths and convolution width (Qwen3.5-MoE's router, which reads no
-norm_topk_prob, is run to tell whether it renormalises).  A configuration
-transformers cannot build a model from (or whose model cannot run: KV or
-key heads that do not divide the query or value heads, more experts per
-token than experts) is recorded as such (moerun must refuse it too).  The C test
+head widths and convolution width, and GLM-MoE-DSA's sparse-attention
+indexer (top-k, heads, head width, which layers run one) (Qwen3.5-MoE's
+router, which reads no norm_topk_prob, is run to tell whether it
+renormalises).  A configuration transformers cannot build a model from (or
+whose model cannot run: KV or key heads that do not divide the query or
+value heads, more experts per token than experts, an indexer head narrower
+than its rotated part) is recorded as such (moerun must refuse it too).  The C test
 (tests/test_config_defaults.c) removes the same keys and compares.
 
 Python is only a fixture-making tool; nothing in the runtime or build needs it.
@@ -50,7 +54,7 @@ FIXTURES = os.path.join(REPO, "tests", "fixtures")
 
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v2", "deepseek_v3",
             "gpt_oss", "granitemoe", "granitemoeshared", "llama", "qwen2", "qwen3", "granite", "minimax_m2",
-            "llama4", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_multimodal"]
+            "llama4", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_multimodal", "glm_moe_dsa"]
 KEYS = ["num_experts_per_tok", "rope_parameters", "rope_theta", "rms_norm_eps", "max_position_embeddings",
         "tie_word_embeddings", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
         "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
@@ -70,10 +74,10 @@ WINDOW_ALL = {"mixtral", "qwen3_moe"}
 
 # the families whose modeling code reads these routing keys
 ROUTING_KEYS = {
-    "norm_topk_prob": ("qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3", "qwen3_next"),
-    "routed_scaling_factor": ("glm4_moe", "deepseek_v2", "deepseek_v3"),
-    "n_group": ("glm4_moe", "deepseek_v3"),
-    "topk_group": ("glm4_moe", "deepseek_v3"),
+    "norm_topk_prob": ("qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3", "qwen3_next", "glm_moe_dsa"),
+    "routed_scaling_factor": ("glm4_moe", "deepseek_v2", "deepseek_v3", "glm_moe_dsa"),
+    "n_group": ("glm4_moe", "deepseek_v3", "glm_moe_dsa"),
+    "topk_group": ("glm4_moe", "deepseek_v3", "glm_moe_dsa"),
 }
 
 
@@ -95,10 +99,14 @@ def _every_layer(cfg):  # Qwen3.5-MoE: a sparse MoE block in every decoder layer
     return [True] * cfg.num_hidden_layers
 
 
+def _mlp_types(cfg):  # GLM-MoE-DSA: mlp_layer_types (derived from first_k_dense_replace when absent)
+    return [t == "sparse" for t in cfg.mlp_layer_types]
+
+
 # which layers are MoE, as the modeling code decides
 MOE_PATTERN = {"glm4_moe": _first_k, "deepseek_v2": _first_k, "deepseek_v3": _first_k,
                "qwen2_moe": _sparse_step, "qwen3_moe": _sparse_step, "qwen3_next": _sparse_step,
-               "llama4": _llama4_moe, "qwen3_5_moe": _every_layer}
+               "llama4": _llama4_moe, "qwen3_5_moe": _every_layer, "glm_moe_dsa": _mlp_types}
 # families with linear-attention (Gated DeltaNet) layers, chosen by config.layer_types
 LINEAR = {"qwen3_next", "qwen3_5_moe"}
 # families whose router reads no norm_topk_prob: whether it renormalises the K
@@ -209,6 +217,14 @@ def shapes(cfg, top=None):
         out["linear_attn"] = dict(k_heads=g.num_k_heads, v_heads=g.num_v_heads, k_dim=g.head_k_dim,
                                   v_dim=g.head_v_dim, conv=g.conv_kernel_size,
                                   layers=[hasattr(layer, "linear_attn") for layer in layers])
+    ixl = [getattr(getattr(layer, "self_attn", None), "indexer", None) for layer in layers]
+    ix = [x for x in ixl if x is not None]
+    if ix:  # DeepSeek sparse attention: the indexer's geometry, which layers have one (GLM-MoE-DSA's
+        # "shared" layers have none); a rotary part wider than its head cannot run (torch.split fails)
+        if ix[0].qk_rope_head_dim > ix[0].head_dim:
+            raise ValueError(f"index_head_dim {ix[0].head_dim} is below qk_rope_head_dim {ix[0].qk_rope_head_dim}")
+        out["dsa"] = dict(topk=ix[0].index_topk, heads=ix[0].n_heads, dim=ix[0].head_dim,
+                          full=[x is not None for x in ixl])
     if a is None:
         pass
     elif hasattr(a, "kv_a_proj_with_mqa"):  # latent attention
@@ -298,6 +314,12 @@ def main():
                                                   "rope_theta": 500000.0, "rope_type": "default"},
                               "norm_topk_prob": False},
                              ["layer_types"]))
+        if name == "glm_moe_dsa":  # the indexer's layers left to the schedule (freq 2, offset 2: full,
+            # full, shared, full), and every indexer key (and the MLP pattern) left to the config class
+            variants.append(("indexer layers from the schedule", {"index_topk_freq": 2, "index_skip_topk_offset": 2},
+                             ["indexer_types", "index_topk_pattern"]))
+            variants.append(("indexer defaults", {}, ["indexer_types", "index_topk_pattern", "index_topk",
+                                                     "index_n_heads", "index_head_dim", "mlp_layer_types"]))
         if name == "llama4":  # the layer lists left to the intervals and the chunk size
             variants.append(("layer pattern from the intervals", {},
                              ["no_rope_layers", "layer_types", "moe_layers"]))

@@ -12,7 +12,7 @@ For every fixture model this script:
     plus tests/fixtures/<name>/reference.json.
 A seed is accepted only if every greedy step has a top1-top2 logit gap >= 1e-3,
 every routing decision has a K-th vs (K+1)-th router probability gap >= 1e-5,
-and routing is not degenerate (for DeepSeek-V3.2, index_margin: no near-tie
+and routing is not degenerate (for DeepSeek-V3.2 and GLM-MoE-DSA, index_margin: no near-tie
 at the sparse-attention indexer's top-k cut either); otherwise the next seed
 is tried.
 
@@ -40,6 +40,8 @@ from transformers import (
     DeepseekV32ForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    GlmMoeDsaConfig,
+    GlmMoeDsaForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     GraniteConfig,
@@ -236,6 +238,29 @@ def fixture_specs():
             seed=19000, dtype="float32", router_bias_range=0.3, random_index_norm=0.3,
             index_margin=1e-4,
         ),
+        # GLM-MoE-DSA (GLM-5): deepseek_v32's sparse attention with the
+        # indexer's rotary values in interleaved pairs (its q and k both),
+        # and layers 1 and 3 "shared": no indexer, they reuse the top-k of
+        # the full layer before them (index_topk_pattern "FSFS"); smaller
+        # experts (8 of width 16, 2 per token, one group as in GLM-5) and
+        # two dense layers keep it small.  The yarn, index and router-bias
+        # settings as deepseek_v32's
+        "glm_moe_dsa": dict(
+            cls=GlmMoeDsaForCausalLM,
+            config=lambda: GlmMoeDsaConfig(
+                **MLA_COMMON, num_hidden_layers=4, intermediate_size=64,
+                moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2,
+                n_shared_experts=1, first_k_dense_replace=2, n_group=1, topk_group=1,
+                routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=24, kv_lora_rank=32,
+                qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 64, "beta_fast": 32,
+                                 "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+                index_topk=4, index_n_heads=8, index_head_dim=16, index_topk_pattern="FSFS",
+                tie_word_embeddings=False),
+            seed=20000, dtype="float32", router_bias_range=0.3, random_index_norm=0.3,
+            index_margin=1e-4,
+        ),
         # MiniMax-M2: q/k RMSNorm over the whole projections, RoPE over
         # rotary_dim of each head's values, the sigmoid router with the
         # block's e_score_correction_bias (random here: transformers makes
@@ -397,6 +422,8 @@ def build_model(spec, seed):
         if "random_index_norm" in spec:  # DSA indexer's k_norm LayerNorm: weight 1, bias 0
             a = spec["random_index_norm"]
             for layer in model.model.layers:
+                if layer.self_attn.indexer is None:  # GLM-MoE-DSA's shared layers
+                    continue
                 kn = layer.self_attn.indexer.k_norm
                 kn.weight.add_(torch.randn(kn.weight.shape) * a)
                 kn.bias.normal_(0.0, a)
@@ -641,13 +668,20 @@ def index_scores(mod, hidden_states, q_resid, position_embeddings):
     from its weights as modeling_deepseek_v32.py does (no cache): per index head h
     q_h = wq_b(q_resid)_h, k = LayerNorm(wk(x)), rotate-half RoPE on the first
     qk_rope_head_dim dims of both, score = sum_h weights_proj(x)_h * H^-0.5
-    * relu(q_h . k * D^-0.5)."""
+    * relu(q_h . k * D^-0.5).  GlmMoeDsaIndexer rotates interleaved pairs
+    (2i, 2i+1) instead (apply_rotary_pos_emb_interleave: the rotated pairs
+    written back evens first, then odds)."""
     B, S, _ = hidden_states.shape
     H, D, R = mod.n_heads, mod.head_dim, mod.qk_rope_head_dim
     cos, sin = position_embeddings  # (B, S, R): cat(freqs, freqs) layout
+    interleave = type(mod).__name__ == "GlmMoeDsaIndexer"
 
-    def rope(x):  # (..., R) rotate-half
+    def rope(x):  # (..., R)
         c, s_ = (cos.unsqueeze(2), sin.unsqueeze(2)) if x.dim() == 4 else (cos, sin)
+        if interleave:
+            c, s_ = c[..., :R // 2], s_[..., :R // 2]
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.cat([x1 * c - x2 * s_, x2 * c + x1 * s_], dim=-1)
         x1, x2 = x[..., :R // 2], x[..., R // 2:]
         return x * c + torch.cat((-x2, x1), dim=-1) * s_
 
@@ -660,6 +694,12 @@ def index_scores(mod, hidden_states, q_resid, position_embeddings):
     return torch.einsum("bsh,bsht->bst", w, s)
 
 
+def full_index_layers(model):
+    """The layers that run their own indexer (GLM-MoE-DSA's "shared" layers
+    have none: they reuse the selection of the full layer before them)."""
+    return [li for li, layer in enumerate(model.model.layers) if layer.self_attn.indexer is not None]
+
+
 class IndexerRecorder:
     """Forward hooks on every layer's DSA indexer (use_cache=False runs):
     per call, the recomputed causal index scores (S, S; -inf above the
@@ -668,8 +708,8 @@ class IndexerRecorder:
     def __init__(self, model):
         self.calls = []
         self.handles = []
-        for li, layer in enumerate(model.model.layers):
-            ix = layer.self_attn.indexer
+        for li in full_index_layers(model):
+            ix = model.model.layers[li].self_attn.indexer
             self.handles.append(ix.register_forward_hook(self._hook(li), with_kwargs=True))
 
     def _hook(self, li):
@@ -735,6 +775,7 @@ def check_index_selection(model, prompts, min_margin):
     index_topk) int32}, {p: greedy tokens})."""
     topk = model.config.index_topk
     L = len(model.model.layers)
+    full = full_index_layers(model)
     rec = IndexerRecorder(model)
     margin = float("inf")
     sels, greedy = {}, {}
@@ -748,11 +789,13 @@ def check_index_selection(model, prompts, min_margin):
             for si, seq in enumerate((p.view(1, -1), ids)):
                 rec.calls = []
                 model(input_ids=seq, use_cache=False)
-                assert [c[0] for c in rec.calls] == list(range(L))
+                assert [c[0] for c in rec.calls] == full
                 sel = []
                 for li, sc, idx in rec.calls:
                     margin = min(margin, index_margins(sc, idx, topk))
                     sel.append(causal_selection(idx, topk))
+                # per layer: a shared layer's is the full layer's before it
+                sel = [sel[max(i for i, f in enumerate(full) if f <= li)] for li in range(L)]
                 if si == 0:
                     sels[f"index_topk.{pi}"] = torch.stack(sel).contiguous()
     finally:
@@ -765,17 +808,18 @@ def check_index_selection(model, prompts, min_margin):
 def dense_vs_sparse(name, model, prompts, tensors, stats):
     """The selection must matter: with every causal key kept (index_topk
     huge) the logits differ; returns the max |difference| per prompt."""
-    saved = [layer.self_attn.indexer.index_topk for layer in model.model.layers]
+    ixs = [model.model.layers[li].self_attn.indexer for li in full_index_layers(model)]
+    saved = [ix.index_topk for ix in ixs]
     per = []
     try:
-        for layer in model.model.layers:
-            layer.self_attn.indexer.index_topk = 1 << 30
+        for ix in ixs:
+            ix.index_topk = 1 << 30
         for pi, p in enumerate(prompts):
             lg = model(input_ids=p.view(1, -1), use_cache=False).logits[0]
             per.append(float((lg - tensors[f"logits.{pi}"]).abs().max()))
     finally:
-        for layer, k in zip(model.model.layers, saved):
-            layer.self_attn.indexer.index_topk = k
+        for ix, k in zip(ixs, saved):
+            ix.index_topk = k
     if max(per) < 1e-3 * max(1.0, stats["logit_absmax"]):
         raise RuntimeError(f"{name}: dense attention gives the same logits ({per})")
     return per
