@@ -61,19 +61,24 @@ static inline float *delta_slot(const struct moe_kvcache *kv, const struct moe_b
     return kv->state + (size_t)bt->state_slot[s] * kv->state_floats + (size_t)layer * kv->state_layer_floats;
 }
 
-/* One channel (x: its first row's value, rows C apart) of one sequence's
- * rows r0..r1-1: convolution with the carried inputs hist, SiLU, in place. */
-static inline void delta_conv_channel(float *x0, int C, int r0, int r1, float *hist, const float *w, int K)
+/* Channels c0..c1-1 of one sequence's rows r0..r1-1 (x: the layer's qkv,
+ * rows C apart): each channel's convolution with its carried inputs
+ * (hist: (K - 1) per channel, from c0's), SiLU, in place; a row's
+ * channels taken together, so x is read along its rows. */
+static inline void delta_conv(float *x, int C, int r0, int r1, int c0, int c1, float *hist, const float *w, int K)
 {
     for (int t = r0; t < r1; t++) {
-        float *x = &x0[(size_t)t * C];
-        const float in = *x;
-        float y = 0.0f;
-        for (int j = 0; j < K - 1; j++) y += w[j] * hist[j];
-        y += w[K - 1] * in;
-        for (int j = 0; j + 1 < K - 1; j++) hist[j] = hist[j + 1];
-        if (K > 1) hist[K - 2] = in;
-        *x = delta_silu(y);
+        float *xr = &x[(size_t)t * C];
+        for (int c = c0; c < c1; c++) {
+            float *hc = &hist[(size_t)(c - c0) * (K - 1)];
+            const float *wc = &w[(size_t)c * K], in = xr[c];
+            float y = 0.0f;
+            for (int j = 0; j < K - 1; j++) y += wc[j] * hc[j];
+            y += wc[K - 1] * in;
+            for (int j = 0; j + 1 < K - 1; j++) hc[j] = hc[j + 1];
+            if (K > 1) hc[K - 2] = in;
+            xr[c] = delta_silu(y);
+        }
     }
 }
 
@@ -280,12 +285,13 @@ static enum moe_status DELTA_ENTRY(float *out, float *qkv, const float *b, const
     for (int s = 0; s < n; s++)
         if (bt->positions[bt->seq_start[s]] == 0)
             memset(delta_slot(kv, bt, s, p->layer), 0, kv->state_layer_floats * sizeof(float));
+    enum { CB = 64 }; /* channels per work item */
+    const int nb = (C + CB - 1) / CB;
 #pragma omp parallel for schedule(static)
-    for (long i = 0; i < (long)n * C; i++) {
-        const int s = (int)(i / C), c = (int)(i % C);
-        delta_conv_channel(qkv + c, C, bt->seq_start[s], bt->seq_start[s + 1],
-                           delta_slot(kv, bt, s, p->layer) + (size_t)c * (size_t)(K - 1),
-                           p->conv_w + (size_t)c * K, K);
+    for (long i = 0; i < (long)n * nb; i++) {
+        const int s = (int)(i / nb), c0 = (int)(i % nb) * CB, c1 = c0 + CB < C ? c0 + CB : C;
+        delta_conv(qkv, C, bt->seq_start[s], bt->seq_start[s + 1], c0, c1,
+                   delta_slot(kv, bt, s, p->layer) + (size_t)c0 * (size_t)(K - 1), p->conv_w, K);
     }
     bool chunked = false;
     for (int s = 0; s < n; s++) chunked = chunked || bt->seq_start[s + 1] - bt->seq_start[s] >= DELTA_CHUNK_MIN;
