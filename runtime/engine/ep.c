@@ -5,8 +5,9 @@
  *   HELLO  runner id; payload: the runner's limits (struct geometry), then
  *          the opener's blob; every rank then all-gathers its status
  *   STEP   runner id; payload: T, S, then seq_start (S+1), ctx_len (S),
- *          tokens (T), positions (T), and each sequence's blocks in use
- *          (ceil(ctx_len / B) of them), all int32
+ *          tokens (T), positions (T), each sequence's blocks in use
+ *          (ceil(ctx_len / B) of them), then for a model with
+ *          linear-attention layers each sequence's state slot (S), all int32
  *   FREE   runner id; STOP. */
 #include "runtime/engine/ep_impl.h"
 
@@ -22,7 +23,7 @@
 /* The messages' layout; a follower of another layout refuses rank 0's
  * runners (every rank must run the same moerun).  Raise it with any change
  * to struct geometry or a payload. */
-#define EP_PROTOCOL 1
+#define EP_PROTOCOL 2
 
 enum kind { MSG_HELLO = 1, MSG_STEP, MSG_FREE, MSG_STOP };
 
@@ -34,7 +35,7 @@ struct header {
 
 struct geometry {
     int32_t protocol, size; /* EP_PROTOCOL, sizeof(struct geometry) */
-    int32_t max_tokens, max_seqs, max_logits, block_size, n_blocks, kv_dtype;
+    int32_t max_tokens, max_seqs, max_logits, block_size, n_blocks, kv_dtype, state_slots;
     uint8_t kv_dtype_set, prefix_cache, pad[2];
 };
 
@@ -120,7 +121,7 @@ static enum moe_status step_bytes(const struct geometry *g, int max_blocks, size
 {
     size_t ints, tab;
     if (!moe_mul_size((size_t)g->max_seqs, (size_t)max_blocks, &tab) ||
-        !moe_add_size(tab, 4 + 2 * (size_t)g->max_seqs + 2 * (size_t)g->max_tokens, &ints) ||
+        !moe_add_size(tab, 4 + 3 * (size_t)g->max_seqs + 2 * (size_t)g->max_tokens, &ints) ||
         !moe_mul_size(ints, sizeof(int32_t), out))
         return moe_fail(MOE_ERR_NOMEM, "expert parallelism: step message size overflows");
     return MOE_OK;
@@ -159,7 +160,7 @@ enum moe_status moe_ep_runner_open(struct moe_ep *ep, struct moe_runner *r, cons
     const int id = ep->next_runner++;
     const struct geometry g = {EP_PROTOCOL, (int32_t)sizeof(struct geometry), o->max_tokens, o->max_seqs,
                                o->max_logits, o->block_size, o->n_blocks, (int32_t)o->kv_dtype,
-                               o->kv_dtype_set, o->prefix_cache, {0, 0}};
+                               r->kv.n_state_slots, o->kv_dtype_set, o->prefix_cache, {0, 0}};
     size_t steps = 0, hello;
     enum moe_status s = step_bytes(&g, r->max_blocks, &steps);
     if (s == MOE_OK && !moe_add_size(sizeof g, ep->hello_bytes, &hello))
@@ -197,6 +198,7 @@ enum moe_status moe_ep_send_step(struct moe_ep *ep, int runner, const struct moe
         memcpy(q, b->block_table + (size_t)s * b->max_blocks, (size_t)nb * sizeof *q);
         q += nb;
     }
+    if (b->state_slot) memcpy(q, b->state_slot, (size_t)S * sizeof *q), q += S;
     return send(ep, MSG_STEP, runner, (size_t)(q - p) * sizeof *q, "sending a step");
 }
 
@@ -265,7 +267,7 @@ static enum moe_status open_runner(struct follower *w, int id, const char *p, si
                                           .max_logits = g.max_logits, .block_size = g.block_size,
                                           .n_blocks = g.n_blocks, .kv_dtype = (enum moe_dtype)g.kv_dtype,
                                           .kv_dtype_set = g.kv_dtype_set, .prefix_cache = g.prefix_cache,
-                                          .ep = w->ep};
+                                          .state_slots = g.state_slots, .ep = w->ep};
         s = moe_runner_init(&w->r[i], w->m, w->be, &o);
         size_t steps = 0;
         if (s == MOE_OK && (s = step_bytes(&g, w->r[i].max_blocks, &steps)) == MOE_OK) s = reserve(w->ep, steps);
@@ -317,10 +319,15 @@ static enum moe_status run_step(struct moe_runner *r, const int32_t *p, size_t b
             r->slot[t] = pos >= 0 && pos < c ? row[pos / B] * B + pos % B : -1; /* validate names a bad one */
         }
     }
+    const bool hybrid = r->kv.n_state_slots > 0; /* forward validates the slots */
+    if (hybrid) {
+        if (end - q < S) return moe_fail(MOE_ERR_FORMAT, "expert parallelism: a step's state slots are short");
+        memcpy(r->sslot, q, (size_t)S * sizeof *q), q += S;
+    }
     const struct moe_batch b = {.n_tokens = T, .n_seqs = S, .tokens = r->tokens, .positions = r->pos,
                                 .seq_of = r->seq_of, .seq_start = r->seq_start, .ctx_len = r->ctx_len,
                                 .block_table = r->table, .max_blocks = r->max_blocks, .slot = r->slot,
-                                .logit_rows = r->rows, .n_logits = 0};
+                                .logit_rows = r->rows, .n_logits = 0, .state_slot = hybrid ? r->sslot : NULL};
     return moe_forward_run(&r->fw, &r->kv, &b, NULL, NULL, NULL);
 }
 

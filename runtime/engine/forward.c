@@ -621,19 +621,12 @@ static enum moe_status run_step(struct moe_forward *fw, struct moe_kvcache *kv, 
     return MOE_OK;
 }
 
-enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
-                                const struct moe_batch *b, float *logits, int32_t *ids,
-                                struct moe_route_trace *trace)
+/* The step, on every rank under expert parallelism: rank 0 sends it first;
+ * every rank times it. */
+static enum moe_status run_step_ep(struct moe_forward *fw, struct moe_kvcache *kv, const struct moe_batch *b,
+                                   float *logits, int32_t *ids, struct moe_route_trace *trace)
 {
-    MOE_TRY(validate(fw, kv, b));
-    if (fw->b_state) { /* a step that fails midway leaves states that cannot be continued */
-        for (int s = 0; s < b->n_seqs; s++) kv->state_len[b->state_slot[s]] = -1;
-        MOE_TRY(run_step(fw, kv, b, logits, ids, trace));
-        for (int s = 0; s < b->n_seqs; s++) kv->state_len[b->state_slot[s]] = b->positions[b->seq_start[s + 1] - 1] + 1;
-        return MOE_OK;
-    }
     if (!moe_ep_on(fw->ep)) return run_step(fw, kv, b, logits, ids, trace);
-    /* expert parallelism: rank 0 sends the step first; every rank times it */
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     enum moe_status s = MOE_OK;
@@ -643,4 +636,17 @@ enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
     fw->ep->n.step_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     fw->ep->n.steps++;
     return s;
+}
+
+enum moe_status moe_forward_run(struct moe_forward *fw, struct moe_kvcache *kv,
+                                const struct moe_batch *b, float *logits, int32_t *ids,
+                                struct moe_route_trace *trace)
+{
+    MOE_TRY(validate(fw, kv, b));
+    if (!fw->b_state) return run_step_ep(fw, kv, b, logits, ids, trace);
+    /* a step that fails midway leaves states that cannot be continued */
+    for (int s = 0; s < b->n_seqs; s++) kv->state_len[b->state_slot[s]] = -1;
+    MOE_TRY(run_step_ep(fw, kv, b, logits, ids, trace));
+    for (int s = 0; s < b->n_seqs; s++) kv->state_len[b->state_slot[s]] = b->positions[b->seq_start[s + 1] - 1] + 1;
+    return MOE_OK;
 }

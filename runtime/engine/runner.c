@@ -45,9 +45,6 @@ static enum moe_status init_local(struct moe_runner *r, const struct moe_model *
                                   const struct moe_runner_opts *o)
 {
     const bool hybrid = moe_config_linear_layers(&m->cfg) > 0;
-    if (hybrid && moe_ep_on(o->ep))
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: expert parallelism with linear-attention layers is not "
-                        "supported yet", m->cfg.architecture);
     if (hybrid && o->prefix_cache)
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the prefix cache cannot serve a model with linear-attention "
                         "layers (their state is not kept per block)", m->cfg.architecture);
