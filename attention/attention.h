@@ -66,6 +66,8 @@ struct moe_delta_params {
     const float *conv_w;       /* (C, conv) F32, C = 2 Hk Dk + Hv Dv, backend memory */
     const float *a_log;        /* (Hv) F32: the decay rate is -exp(a_log) */
     const float *dt_bias;      /* (Hv) F32 */
+    int chunk_min;             /* 0: the compilation's choice of form (below); else runs of at
+                                  least this many rows take the chunked form (tests, benches) */
 };
 /* out (T, Hv*Dv) of one linear layer, each sequence's rows in order over
  * its state slot (kvcache.h; zeroed first when the sequence's first row is
@@ -81,9 +83,9 @@ struct moe_delta_params {
  * (torch_chunk_gated_delta_rule; linear_attn_impl.h), equal to it within
  * fp32 rounding: the reference, as transformers, takes the chunked form in
  * chunks of 64 for every run of 2 rows or more; the AVX-512 compilation in
- * chunks of 32 for runs of 4 or more (there the chunk's products run 1.4x
- * faster per row than the recurrence); the AVX2 one only the recurrence
- * (its chunked form is the slower there).  A row depends only on its
+ * chunks of 32 for runs of 4 or more (faster per row there than its
+ * recurrence, bench/delta_rule.c); the AVX2 one only the recurrence (its
+ * chunked form is no faster there); chunk_min overrides the choice.  A row depends only on its
  * sequence's earlier rows and how they were split into steps, not on the
  * other sequences of the batch.  Fails only for want of workspace (then
  * the slots' states are partly advanced: the caller's step fails). */

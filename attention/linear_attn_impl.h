@@ -7,7 +7,8 @@
  * DELTA_ENTRY.
  *
  * A sequence's run of rows is taken by the recurrent form token by token
- * when shorter than DELTA_CHUNK_MIN rows (decode), else by the chunked
+ * when shorter than DELTA_CHUNK_MIN rows (decode; or than the params'
+ * chunk_min when set), else by the chunked
  * form (transformers' torch_chunk_gated_delta_rule) in chunks of
  * DELTA_CHUNK rows.  Within a chunk of L rows, state S0 at its start,
  * G_i the chunk's running sum of the log decays g, Kb_i = beta_i k_i:
@@ -293,8 +294,9 @@ static enum moe_status DELTA_ENTRY(float *out, float *qkv, const float *b, const
         delta_conv(qkv, C, bt->seq_start[s], bt->seq_start[s + 1], c0, c1,
                    delta_slot(kv, bt, s, p->layer) + (size_t)c0 * (size_t)(K - 1), p->conv_w, K);
     }
+    const int cmin = p->chunk_min > 0 ? p->chunk_min : DELTA_CHUNK_MIN;
     bool chunked = false;
-    for (int s = 0; s < n; s++) chunked = chunked || bt->seq_start[s + 1] - bt->seq_start[s] >= DELTA_CHUNK_MIN;
+    for (int s = 0; s < n; s++) chunked = chunked || bt->seq_start[s + 1] - bt->seq_start[s] >= cmin;
     const size_t wsf = chunked ? delta_chunk_floats(Dk, Dv) : 4 * (size_t)Dv + 2 * (size_t)Dk;
     bool nomem = false;
 #pragma omp parallel
@@ -310,7 +312,7 @@ static enum moe_status DELTA_ENTRY(float *out, float *qkv, const float *b, const
             if (!ws) continue;
             float *S = delta_slot(kv, bt, s, p->layer) + kv->state_conv_floats + (size_t)h * Dk * Dv;
             const struct delta_head d = delta_head_of(out, qkv, b, a, S, h, p);
-            if (r1 - r0 < DELTA_CHUNK_MIN) delta_recurrent(&d, r0, r1, ws);
+            if (r1 - r0 < cmin) delta_recurrent(&d, r0, r1, ws);
             else
                 for (int t = r0; t < r1; t += DELTA_CH) delta_chunk(&d, t, r1 - t < DELTA_CH ? r1 - t : DELTA_CH, ws);
         }

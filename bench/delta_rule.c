@@ -1,9 +1,9 @@
 /* delta_rule.c - the Gated DeltaNet op (attention.h, delta_net) at
  * Qwen3-Next's head shape (16 q/k heads and 32 value heads of 128,
  * convolution 4), one thread: the reference, AVX2 and AVX-512
- * compilations, each on one sequence's run of n rows in one step, for
- * n = 1 (decode: the recurrence) up to 512 (a prompt: the chunked form
- * where the compilation takes it, attention.h).  The compilations
+ * compilations, each in its recurrent form and in its chunked form, on one
+ * sequence's run of n rows in one step, for n = 1 (decode) up to 512 (a
+ * prompt); attention.h says which form each compilation takes when.  The compilations
  * alternate within each round (the machine is shared and noisy); a figure
  * is the median over rounds of the thread's CPU time, in microseconds per
  * row and value head.
@@ -64,13 +64,16 @@ int main(int argc, char **argv)
     for (int i = 0; i < HV; i++) a_log[i] = frand(&seed), dt_bias[i] = frand(&seed);
     struct moe_kvcache kv = {.n_state_slots = 1, .state_floats = layer_f, .state_layer_floats = layer_f,
                              .state_conv_floats = (size_t)C * (KW - 1), .state = state};
-    const struct moe_delta_params p = {.n_k_heads = HK, .n_v_heads = HV, .k_dim = DK, .v_dim = DV, .conv = KW,
-                                       .conv_w = conv_w, .a_log = a_log, .dt_bias = dt_bias};
+    struct moe_delta_params p = {.n_k_heads = HK, .n_v_heads = HV, .k_dim = DK, .v_dim = DV, .conv = KW,
+                                 .conv_w = conv_w, .a_log = a_log, .dt_bias = dt_bias};
+    const int forms[2] = {1 << 30, 1}; /* chunk_min: recurrent, chunked */
     int32_t pos[TMAX], slot = 0;
     for (int i = 0; i < TMAX; i++) pos[i] = 100 + i; /* continues the slot's state */
     printf("Gated DeltaNet op, Qwen3-Next heads (%d x %d x %d), 1 thread, us per row and value head "
            "(median of %d rounds)\n%6s", HV, DK, DV, rounds, "rows");
-    for (int f = 0; f < nf; f++) printf(" %10s", names[f]);
+    for (int f = 0; f < nf; f++) printf(" %11s %11s", names[f], "");
+    printf("\n%6s", "");
+    for (int f = 0; f < nf; f++) printf(" %11s %11s", "recurrent", "chunked");
     printf("\n");
     const int ns[] = {1, 2, 4, 8, 16, 64, 512};
     for (size_t in = 0; in < sizeof ns / sizeof *ns; in++) {
@@ -78,23 +81,24 @@ int main(int argc, char **argv)
         int32_t start[2] = {0, n};
         const struct moe_batch bt = {.n_tokens = n, .n_seqs = 1, .positions = pos, .seq_start = start,
                                      .state_slot = &slot};
-        double t[3][MAXR];
+        double t[6][MAXR];
         for (int r = 0; r < rounds; r++)
-            for (int f = 0; f < nf; f++) {
+            for (int f = 0; f < 2 * nf; f++) {
+                p.chunk_min = forms[f % 2];
                 memset(state, 0, layer_f * sizeof(float));
                 double s = 0;
                 for (int k = 0; k < reps; k++) {
                     memcpy(qkv, qkv0, (size_t)n * C * sizeof(float));
                     const double t0 = cpu_seconds();
-                    if (fns[f](out, qkv, b, a, &kv, &bt, &p) != MOE_OK) return 1;
+                    if (fns[f / 2](out, qkv, b, a, &kv, &bt, &p) != MOE_OK) return 1;
                     s += cpu_seconds() - t0;
                 }
                 t[f][r] = s / reps / n / HV * 1e6;
             }
         printf("%6d", n);
-        for (int f = 0; f < nf; f++) {
+        for (int f = 0; f < 2 * nf; f++) {
             qsort(t[f], (size_t)rounds, sizeof(double), cmp);
-            printf(" %10.2f", t[f][rounds / 2]);
+            printf(" %11.2f", t[f][rounds / 2]);
         }
         printf("\n");
     }

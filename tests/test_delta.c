@@ -2,9 +2,10 @@
  * reference and of the fast backend's AVX2 and AVX-512 compilations
  * against the definition (transformers' torch_recurrent_gated_delta_rule
  * after the causal convolution) computed here in double precision, token
- * by token.  Runs of rows taken whole, in steps of 1, 5 and 70 rows, reach
- * each compilation's recurrent form and its chunked form over several
- * chunks and a partial one; the fixture model tests (test_forward.c) hold
+ * by token.  Runs of rows taken whole, in steps of 1, 5 and 70 rows, in
+ * each compilation's own choice of form and forced to either, reach its
+ * recurrent form and its chunked form over several chunks and a partial
+ * one; the fixture model tests (test_forward.c) hold
  * both to transformers. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -98,7 +99,7 @@ typedef enum moe_status (*delta_fn)(float *, float *, const float *, const float
 
 /* The op over the case, each sequence's rows split into steps of at most
  * step rows (0: one step for all sequences together): out (T, Hv Dv). */
-static void run_op(delta_fn fn, const struct delta_case *k, int step, float *out)
+static void run_op(delta_fn fn, const struct delta_case *k, int step, int chunk_min, float *out)
 {
     const size_t conv_f = (size_t)C * (KW - 1), layer_f = conv_f + (size_t)HV * DK * DV;
     struct moe_kvcache kv = {.n_state_slots = NSEQ, .state_floats = layer_f, .state_layer_floats = layer_f,
@@ -106,7 +107,8 @@ static void run_op(delta_fn fn, const struct delta_case *k, int step, float *out
     kv.state = malloc(NSEQ * layer_f * sizeof(float));
     memset(kv.state, 0xff, NSEQ * layer_f * sizeof(float)); /* NaN: a start at position 0 must clear it */
     const struct moe_delta_params p = {.layer = 0, .n_k_heads = HK, .n_v_heads = HV, .k_dim = DK, .v_dim = DV,
-                                       .conv = KW, .conv_w = k->conv_w, .a_log = k->a_log, .dt_bias = k->dt_bias};
+                                       .conv = KW, .conv_w = k->conv_w, .a_log = k->a_log, .dt_bias = k->dt_bias,
+                                       .chunk_min = chunk_min};
     float *qkv = malloc((size_t)k->T * C * sizeof(float));
     memcpy(qkv, k->qkv, (size_t)k->T * C * sizeof(float));
     int32_t *pos = malloc((size_t)k->T * sizeof(int32_t)), start[NSEQ + 1], slot[NSEQ];
@@ -162,17 +164,17 @@ static void check(const int len[NSEQ], uint64_t seed, float a_lo, float a_hi, do
     reference(&k, ref);
     const delta_fn fns[3] = {moe_attention_delta_cpu, moe_attention_delta_avx2, moe_attention_delta_avx512};
     const char *names[3] = {"reference", "avx2", "avx-512"};
-    const int steps[4] = {0, 1, 5, 70};
-    for (int f = 0; f < 3; f++)
-        for (int i = 0; i < 4; i++) {
-            if (f == 1 && moe_cpu_isa_detect() < MOE_CPU_ISA_AVX2) continue;
-            if (f == 2 && moe_cpu_isa_detect() < MOE_CPU_ISA_AVX512) continue;
-            char what[64];
-            snprintf(what, sizeof what, "%s backend, steps of %d", names[f], steps[i]);
-            memset(out, 0, (size_t)k.T * HV * DV * sizeof(float));
-            run_op(fns[f], &k, steps[i], out);
-            expect_close(what, out, ref, k.T, tol);
-        }
+    const int steps[4] = {0, 1, 5, 70}, forms[3] = {0, 1 << 30, 2}; /* the compilation's, recurrent, chunked */
+    const char *form_names[3] = {"its own forms", "recurrent", "chunked"};
+    for (int f = 0; f < 3 && f <= (int)moe_cpu_isa_detect(); f++)
+        for (int m = 0; m < 3; m++)
+            for (int i = 0; i < 4; i++) {
+                char what[96];
+                snprintf(what, sizeof what, "%s, %s, steps of %d", names[f], form_names[m], steps[i]);
+                memset(out, 0, (size_t)k.T * HV * DV * sizeof(float));
+                run_op(fns[f], &k, steps[i], forms[m], out);
+                expect_close(what, out, ref, k.T, tol);
+            }
     free(out);
     free(ref);
     case_free(&k);
@@ -199,8 +201,8 @@ Test(delta, batch_neighbours_change_nothing)
     float *together = malloc(n * sizeof(float)), *apart = malloc(n * sizeof(float));
     const delta_fn fns[3] = {moe_attention_delta_cpu, moe_attention_delta_avx2, moe_attention_delta_avx512};
     for (int f = 0; f < 3 && f <= (int)moe_cpu_isa_detect(); f++) {
-        run_op(fns[f], &k, 0, together);
-        run_op(fns[f], &k, 1 << 20, apart); /* each sequence whole, alone */
+        run_op(fns[f], &k, 0, 2, together);
+        run_op(fns[f], &k, 1 << 20, 2, apart); /* each sequence whole, alone */
         cr_expect(memcmp(together, apart, n * sizeof(float)) == 0, "backend %d: batched differs from alone", f);
     }
     free(together);
