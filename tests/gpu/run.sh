@@ -97,7 +97,7 @@ if phase build && ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMO
     tail -30 "$log"
     exit 1
 fi
-if phase build && ! cmake --build "$build" -j "$jobs" --target moerun test_backend_ops test_cuda_ops \
+if phase build && ! cmake --build "$build" -j "$jobs" --target moerun test_backend_ops_cuda test_cuda_ops \
         test_cuda_attention test_cuda_quant test_cuda_forward test_spec >>"$log" 2>&1; then
     fail "build"
     grep -E "error|Error" "$log" | head -30
@@ -110,8 +110,8 @@ cd "$root"
 if phase tests; then
 # ---- 2. every CUDA op against the CPU op ----
 say "2. op parity"
-if ! timeout 150 "$build/test_backend_ops" --jobs=1 --filter='backend_ops_cuda/*' >"$out/parity.txt" 2>&1; then
-    fail "test_backend_ops"; fi
+if ! timeout 150 "$build/test_backend_ops_cuda" --jobs=1 --filter='backend_ops_cuda/*' >"$out/parity.txt" 2>&1; then
+    fail "test_backend_ops_cuda"; fi
 if ! timeout 150 "$build/test_cuda_ops" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_ops"; fi
 if ! timeout 150 "$build/test_cuda_attention" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_attention"; fi
 if ! timeout 150 "$build/test_cuda_quant" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_quant"; fi
