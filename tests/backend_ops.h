@@ -1,4 +1,5 @@
-/* backend_ops.h - what tests/test_backend_ops.c builds its cases from.
+/* backend_ops.h - what tests/test_backend_ops.c and test_backend_ops_cuda.c
+ * build their cases from (backend_ops_cases.h).
  *
  * A side is one backend opened for the test: cpu-ref (the reference every
  * case is compared with) or a backend under test.  A case gives both sides

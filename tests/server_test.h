@@ -239,3 +239,14 @@ static inline void sse_text(const char *body, char *out, size_t cap, bool *done)
         p = end;
     }
 }
+
+/* `moerun run` greedy text (the trailing newline removed). */
+static inline void run_text(const char *prompt, int n, char *out, size_t cap)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s run %s -p '%s' -n %d --temp 0 --backend cpu --threads 1 "
+             "--kv-budget 16MiB 2>/dev/null", MOERUN_BINARY, MODEL, prompt, n);
+    cr_assert_eq(sh(cmd, out, cap), 0);
+    size_t k = strlen(out);
+    if (k && out[k - 1] == '\n') out[k - 1] = '\0';
+}

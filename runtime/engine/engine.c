@@ -1,5 +1,8 @@
-/* engine.c - continuous batching (see engine.h). */
+/* engine.c - continuous batching (see engine.h): requests and their
+ * queues, admission, preemption, the step, sampling and the verification
+ * of drafts.  What drafts a step carries is engine_spec.c's. */
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -8,7 +11,6 @@
 
 #include "router/stats.h"
 #include "runtime/engine/spec_draft.h"
-#include "runtime/engine/spec_ngram.h"
 
 const char *moe_finish_name(enum moe_finish f)
 {
@@ -56,38 +58,6 @@ static void push_front(struct moe_request **head, struct moe_request **tail, str
     *head = r;
 }
 
-/* Fills the defaults of the speculation settings and checks them. */
-static enum moe_status spec_resolve(struct moe_spec_opts *p)
-{
-    if (p->kind == MOE_SPEC_NONE) return MOE_OK;
-    if (p->kind == MOE_SPEC_MTP) {
-        if (!p->draft || !p->draft->mtp_eh_proj.data)
-            return moe_fail(MOE_ERR_INVALID_ARG, "engine: --spec mtp needs the checkpoint's "
-                            "multi-token-prediction module (moe_model_mtp_view)");
-        if (p->sample_drafts)
-            return moe_fail(MOE_ERR_INVALID_ARG, "engine: sampled drafts need a draft model; the "
-                            "multi-token-prediction module drafts its argmax");
-        if (p->draft_be)
-            return moe_fail(MOE_ERR_INVALID_ARG, "engine: the multi-token-prediction module runs on "
-                            "the target's backend (it reads the target's hidden states in place)");
-    }
-    if (p->kind != MOE_SPEC_NGRAM && p->kind != MOE_SPEC_DRAFT && p->kind != MOE_SPEC_MTP)
-        return moe_fail(MOE_ERR_INVALID_ARG, "engine: unknown speculation proposer %d", (int)p->kind);
-    if (p->tokens == 0) p->tokens = 4;
-    if (p->ngram_max == 0) p->ngram_max = 3;
-    if (p->ngram_min == 0) p->ngram_min = 1;
-    if (p->tokens < 1 || p->tokens > MOE_SPEC_MAX_TOKENS)
-        return moe_fail(MOE_ERR_INVALID_ARG, "engine: %d speculative tokens (1 to %d)", p->tokens,
-                        MOE_SPEC_MAX_TOKENS);
-    if (p->ngram_min < 1 || p->ngram_max < p->ngram_min)
-        return moe_fail(MOE_ERR_INVALID_ARG, "engine: n-gram sizes %d..%d (need 1 <= min <= max)",
-                        p->ngram_min, p->ngram_max);
-    if (p->max_batch < 0)
-        return moe_fail(MOE_ERR_INVALID_ARG, "engine: speculation max batch %d is negative",
-                        p->max_batch);
-    return MOE_OK;
-}
-
 enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
                                 struct moe_backend *be, const struct moe_engine_opts *o)
 {
@@ -96,7 +66,7 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
         return moe_fail(MOE_ERR_INVALID_ARG, "engine: max batch tokens and sequences must be positive");
     e->m = m;
     e->o = *o;
-    MOE_TRY(spec_resolve(&e->o.spec));
+    MOE_TRY(moe_engine_spec_resolve(&e->o.spec));
     if (moe_config_linear_layers(&m->cfg) > 0 && e->o.spec.kind != MOE_SPEC_NONE)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: speculative decoding with linear-attention layers is not "
                         "supported yet (a rejected draft would need the recurrent state rewound)",
@@ -213,7 +183,7 @@ void moe_engine_free(struct moe_engine *e)
     memset(e, 0, sizeof *e);
 }
 
-static int blocks_for(const struct moe_engine *e, int tokens)
+int moe_engine_blocks_for(const struct moe_engine *e, int tokens)
 {
     return (tokens + e->o.block_size - 1) / e->o.block_size;
 }
@@ -238,7 +208,7 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
                         "context of %d", n_prompt, p->max_tokens,
                         (long long)n_prompt + p->max_tokens, c->max_pos);
     /* the last sampled token is never written to the cache */
-    int need = blocks_for(e, n_prompt + p->max_tokens - 1);
+    int need = moe_engine_blocks_for(e, n_prompt + p->max_tokens - 1);
     if (need > e->r.kv.n_blocks)
         return moe_fail(MOE_ERR_INVALID_ARG,
                         "request: %d prompt + %d new tokens need %d KV blocks of %d tokens, but the "
@@ -577,7 +547,7 @@ static enum moe_status schedule_running(struct moe_engine *e, int *nc, int *budg
         int n = r->n_tokens - r->n_computed;
         if (n > *budget) n = *budget;
         bool self_preempted = false;
-        while (blocks_for(e, r->n_computed + n) - r->seq.n_blocks > moe_kvcache_available(kv)) {
+        while (moe_engine_blocks_for(e, r->n_computed + n) - r->seq.n_blocks > moe_kvcache_available(kv)) {
             struct moe_request *victim = e->run_tail;
             preempt(e, victim);
             *preempted = true;
@@ -591,150 +561,6 @@ static enum moe_status schedule_running(struct moe_engine *e, int *nc, int *budg
         add_chunk(e, nc, r, n);
         *budget -= n;
         r = r->next;
-    }
-    return MOE_OK;
-}
-
-/* Adaptive K: the longest draft whose last token still has a fair chance,
- * a^K >= 1/4 for the request's recent acceptance rate a (a moving average
- * over its verifications, starting at 0.5), within 1..K_max.  At a = 0.5
- * that is 2, at 0.8 it is 6, at 0.9 it is 13. */
-static int spec_k(const struct moe_request *r, int k_max)
-{
-    double a = r->n_spec_steps ? r->spec_accept : 0.5;
-    int k = a <= 0.0 ? 1 : a >= 1.0 ? k_max : (int)floor(log(0.25) / log(a));
-    return k < 1 ? 1 : k > k_max ? k_max : k;
-}
-
-/* The draft proposer: chunk c's request will verify up to k drafted
- * tokens.  Its blocks for them are taken now (so the next request's room
- * is right) and given back in propose_drafts for what is not drafted. */
-static enum moe_status queue_draft(struct moe_engine *e, int c, int k)
-{
-    struct moe_request *r = e->sched[c];
-    MOE_TRY(moe_runner_reserve(&e->r, &r->seq, r->n_tokens + k));
-    e->drafted[c] = -k; /* asked; propose_drafts sets what was drafted */
-    return MOE_OK;
-}
-
-/* One call to the draft proposer for every queued chunk; each becomes its
- * last token followed by the tokens drafted, and returns the budget and
- * the blocks of the tokens not drafted. */
-static enum moe_status propose_drafts(struct moe_engine *e, int nc, int *budget)
-{
-    struct moe_spec_draft *d = &e->draft;
-    const size_t q_stride = (size_t)e->o.spec.tokens * (size_t)e->m->cfg.vocab;
-    int n = 0, slots = 0;
-    for (int c = 0; c < nc; c++) {
-        if (e->drafted[c] >= 0) continue;
-        struct moe_request *r = e->sched[c];
-        struct moe_spec_draft_job *jb = &d->jobs[n++];
-        *jb = (struct moe_spec_draft_job){.seq = &r->draft_seq, .tokens = r->tokens,
-                                          .n_tokens = r->n_tokens, .k = -e->drafted[c],
-                                          .out = r->tokens + r->n_tokens};
-        /* sampled drafts for the first sampled requests, while q has room */
-        if (e->spec_q && !moe_sampling_is_greedy(&r->params.sampling) && slots < MOE_SPEC_SAMPLED_SEQS) {
-            e->q_slot[c] = slots;
-            jb->sampling = &r->params.sampling;
-            jb->rng = &r->draft_rng;
-            jb->n_prompt = r->n_prompt;
-            jb->q = e->spec_q + (size_t)slots++ * q_stride;
-        }
-    }
-    if (n == 0) return MOE_OK;
-    MOE_TRY(moe_spec_draft_propose(d, n));
-    for (int c = 0, j = 0; j < n; c++) {
-        if (e->drafted[c] >= 0) continue;
-        struct moe_request *r = e->sched[c];
-        int asked = -e->drafted[c], got = d->jobs[j++].k;
-        *budget += asked - got;
-        while (r->seq.n_blocks > blocks_for(e, r->n_tokens + got))
-            moe_kvcache_release_block(&e->r.kv, r->seq.blocks[--r->seq.n_blocks]);
-        e->drafted[c] = got;
-        if (got == 0) continue;
-        e->chunks[c].n = 1 + got;
-        e->chunks[c].all_logits = true;
-    }
-    return MOE_OK;
-}
-
-/* Speculation: each scheduled decode of a request gets the tokens
- * its proposer drafts, at most K, the tokens it may still emit less one,
- * what is left of the budget, and what free blocks hold (no preemption).
- * The drafts are written after its tokens (its buffer holds prompt +
- * max_tokens), so the chunk is its last token followed by them. */
-static enum moe_status add_drafts(struct moe_engine *e, int nc, int *budget)
-{
-    const struct moe_spec_opts *sp = &e->o.spec;
-    if (sp->kind == MOE_SPEC_NONE || (sp->max_batch > 0 && e->n_running > sp->max_batch))
-        return MOE_OK;
-    for (int c = 0; c < nc && *budget > 0; c++) {
-        struct moe_request *r = e->sched[c];
-        struct moe_chunk *ch = &e->chunks[c];
-        if (!ch->decode || r->params.no_spec) continue;
-        int k = sp->adaptive ? spec_k(r, sp->tokens) : sp->tokens, left = r->params.max_tokens - (r->n_tokens - r->n_prompt) - 1;
-        int room = (r->seq.n_blocks + moe_kvcache_available(&e->r.kv)) * e->o.block_size -
-                   r->n_tokens;
-        if (k > left) k = left;
-        if (k > *budget) k = *budget;
-        if (k > room) k = room;
-        if (k <= 0) continue;
-        if (sp->kind == MOE_SPEC_DRAFT) {
-            MOE_TRY(queue_draft(e, c, k));
-            *budget -= k;
-            continue;
-        }
-        int d;
-        if (sp->kind == MOE_SPEC_MTP) /* proposed after the step before (mtp_after_step) */
-            d = r->mtp_at != r->n_tokens ? 0 : r->mtp_drafts < k ? r->mtp_drafts : k;
-        else
-            d = moe_spec_ngram_propose(r->tokens, r->n_tokens, sp->ngram_min, sp->ngram_max, k,
-                                       r->tokens + r->n_tokens);
-        if (d == 0) continue;
-        MOE_TRY(moe_runner_reserve(&e->r, &r->seq, r->n_tokens + d));
-        ch->n = 1 + d;
-        ch->all_logits = true;
-        e->drafted[c] = d;
-        *budget -= d;
-    }
-    if (sp->kind == MOE_SPEC_DRAFT) MOE_TRY(propose_drafts(e, nc, budget));
-    return MOE_OK;
-}
-
-/* MOE_SPEC_MTP, after a step: the module computes the positions each
- * request's chunk has just verified (reading the target's hidden states
- * of the step's rows) and proposes the next step's drafts for requests
- * that decode next, as add_drafts would ask (spec_mtp.h). */
-static enum moe_status mtp_after_step(struct moe_engine *e, int nc)
-{
-    const struct moe_spec_opts *sp = &e->o.spec;
-    const bool spec_next = !(sp->max_batch > 0 && e->n_running > sp->max_batch);
-    int n = 0;
-    for (int c = 0, batch_row = 0; c < nc; c++) {
-        struct moe_request *r = e->sched[c];
-        const struct moe_chunk *ch = &e->chunks[c];
-        int first_row = batch_row;
-        batch_row += ch->n;
-        r->mtp_drafts = 0;
-        if (r->state != MOE_REQ_RUNNING || r->params.no_spec) continue;
-        int k = 0;
-        if (spec_next && r->n_computed == r->n_tokens - 1 && r->n_tokens > r->n_prompt) {
-            int left = r->params.max_tokens - (r->n_tokens - r->n_prompt) - 1;
-            k = sp->adaptive ? spec_k(r, sp->tokens) : sp->tokens;
-            if (k > left) k = left;
-        }
-        e->mtp.jobs[n++] = (struct moe_spec_mtp_job){
-            .seq = &r->mtp_seq, .tokens = r->tokens, .n_tokens = r->n_tokens,
-            .n_computed = r->n_computed, .step_first = (int)(ch->tokens - r->tokens),
-            .step_row = first_row, .k = k > 0 ? k : 0, .out = r->tokens + r->n_tokens};
-    }
-    if (n == 0) return MOE_OK;
-    MOE_TRY(moe_spec_mtp_run(&e->mtp, n));
-    for (int c = 0, j = 0; c < nc && j < n; c++) {
-        struct moe_request *r = e->sched[c];
-        if (e->mtp.jobs[j].seq != &r->mtp_seq) continue;
-        r->mtp_drafts = e->mtp.jobs[j++].k;
-        r->mtp_at = r->n_tokens;
     }
     return MOE_OK;
 }
@@ -777,7 +603,7 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
     memset(e->drafted, 0, (size_t)e->o.max_seqs * sizeof *e->drafted);
     for (int c = 0; c < e->o.max_seqs; c++) e->q_slot[c] = -1;
     MOE_TRY(schedule_running(e, &nc, &budget, &preempted));
-    MOE_TRY(add_drafts(e, nc, &budget));
+    MOE_TRY(moe_engine_add_drafts(e, nc, &budget));
     /* not in a step that had to preempt: memory is short, and the victim
      * would only thrash */
     if (!preempted) MOE_TRY(admit_waiting(e, &nc, &budget));
@@ -817,6 +643,6 @@ enum moe_status moe_engine_step(struct moe_engine *e, int *n_scheduled)
         cache_full_blocks(e, r);
         if (r->n_computed == r->n_tokens) sample(e, r, first);
     }
-    if (e->o.spec.kind == MOE_SPEC_MTP) MOE_TRY(mtp_after_step(e, nc));
+    if (e->o.spec.kind == MOE_SPEC_MTP) MOE_TRY(moe_engine_mtp_after_step(e, nc));
     return MOE_OK;
 }

@@ -4,10 +4,11 @@
  * their defaults for absent keys (transformers 5 values).  Both the
  * transformers 5 spelling of RoPE settings ("rope_parameters") and the older
  * one ("rope_theta" + "rope_scaling") are read.  Anything that would change
- * the math and that we do not implement is refused by name. */
+ * the math and that we do not implement is refused by name.  Some
+ * families' own keys are read in config_<family>.c (config_impl.h); what a
+ * parsed config implies (layer counts, bytes per token) in config_sizes.c. */
 #include "runtime/model/config.h"
 #include "runtime/model/config_impl.h"
-#include "runtime/core/tensor.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -142,7 +143,7 @@ static enum moe_status get_token_id(json_t *root, const char *what, const char *
  * max_position_embeddings / original_max_position_embeddings, DeepSeek-V3's
  * convention), beta_fast 32, beta_slow 1, truncate true, and an attention
  * factor given or made from factor, mscale and mscale_all_dim. */
-static double yarn_mscale(double scale, double mscale)
+double moe_config_yarn_mscale(double scale, double mscale)
 {
     return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
 }
@@ -164,8 +165,8 @@ static enum moe_status parse_yarn(struct moe_config *c, json_t *params, const ch
                         "and attention_factor >= 0 (got %g, %g, %g, %g)", what, factor, fast, slow, af);
     if (json_object_get(params, "attention_factor") && af == 0)
         return moe_fail(MOE_ERR_FORMAT, "%s: yarn attention_factor must be > 0", what);
-    if (af == 0) af = ms != 0 && ms_all != 0 ? yarn_mscale(factor, ms) / yarn_mscale(factor, ms_all)
-                                             : yarn_mscale(factor, 1.0);
+    if (af == 0) af = ms != 0 && ms_all != 0 ? moe_config_yarn_mscale(factor, ms) / moe_config_yarn_mscale(factor, ms_all)
+                                             : moe_config_yarn_mscale(factor, 1.0);
     c->rope_type = MOE_ROPE_YARN;
     c->rope_factor = (float)factor;
     c->rope_original_max_pos = orig;
@@ -244,114 +245,6 @@ static enum moe_status parse_rope(struct moe_config *c, json_t *root, const char
     return moe_fail(MOE_ERR_UNSUPPORTED,
                     "%s: rope type '%s' is not supported (supported: default, linear, llama3, yarn)",
                     what, type);
-}
-
-/* DeepSeek's multi-head latent attention (config.h).  transformers' score
- * scale is 1/sqrt(qk_nope + qk_rope) times yarn's mscale(factor,
- * mscale_all_dim) squared.  GlmMoeDsaConfig's defaults are GLM-5's. */
-static enum moe_status parse_mla(struct moe_config *c, json_t *root, const char *what)
-{
-    const int BIG = 1 << 20;
-    const bool glm = !strcmp(c->architecture, "GlmMoeDsaForCausalLM");
-    int rope;
-    MOE_TRY(get_int(root, what, "kv_lora_rank", 1, BIG, 512, false, &c->kv_lora_rank));
-    /* absent: the config classes' 1536 (GLM-MoE-DSA: 2048); null (DeepSeek-V2-Lite): q_proj, no LoRA */
-    json_t *qlr = json_object_get(root, "q_lora_rank");
-    c->q_lora_rank = 0;
-    if (!qlr || !json_is_null(qlr))
-        MOE_TRY(get_int(root, what, "q_lora_rank", 0, BIG, glm ? 2048 : 1536, false, &c->q_lora_rank));
-    MOE_TRY(get_int(root, what, "qk_nope_head_dim", 1, BIG, glm ? 192 : 128, false, &c->qk_nope_dim));
-    MOE_TRY(get_int(root, what, "qk_rope_head_dim", 2, BIG, 64, false, &rope));
-    MOE_TRY(get_int(root, what, "v_head_dim", 1, BIG, glm ? 256 : 128, false, &c->v_head_dim));
-    MOE_TRY(get_bool(root, what, "rope_interleave", true, &c->rope_interleave));
-    /* always, as complex pairs (V2); GLM-MoE-DSA's attention always interleaves (no such field) */
-    if (c->family == MOE_FAMILY_DEEPSEEK_V2 || glm) c->rope_interleave = true;
-    if (rope % 2)
-        return moe_fail(MOE_ERR_FORMAT, "%s: qk_rope_head_dim = %d must be even", what, rope);
-    c->rope_dim = rope;
-    c->head_dim = rope + c->kv_lora_rank;
-    c->n_kv_heads = 1;
-    double scale = 1.0 / sqrt((double)(c->qk_nope_dim + rope));
-    if (c->rope_type != MOE_ROPE_DEFAULT && c->rope_mscale_all_dim != 0) {
-        const double m = yarn_mscale(c->rope_factor, c->rope_mscale_all_dim);
-        scale *= m * m;
-    }
-    c->attn_scale = (float)scale;
-    return MOE_OK;
-}
-
-/* GLM-MoE-DSA's per-layer indexer modes (config.h, layer_dsa_shared), as
- * GlmMoeDsaConfig derives them: indexer_types (a list of "full" /
- * "shared"); else index_topk_pattern (a string of F / S, or such a list);
- * else layer l is full when max(l - index_skip_topk_offset + 1, 0) is a
- * multiple of index_topk_freq (defaults 2 and 1: every layer full).  Entries
- * past the last layer are not read (as transformers). */
-static enum moe_status parse_indexer_types(struct moe_config *c, json_t *root, const char *what)
-{
-    const char *field = "indexer_types";
-    json_t *t = json_object_get(root, field);
-    if (t && !json_is_null(t) && !json_is_array(t))
-        return moe_fail(MOE_ERR_FORMAT, "%s: indexer_types must be a list of \"full\" / \"shared\"", what);
-    if (!t || json_is_null(t)) t = json_object_get(root, field = "index_topk_pattern");
-    if (json_is_string(t)) {
-        const char *p = json_string_value(t);
-        if ((int)strlen(p) < c->n_layers)
-            return moe_fail(MOE_ERR_FORMAT, "%s: index_topk_pattern '%s' has fewer than the %d layers", what, p,
-                            c->n_layers);
-        for (int l = 0; l < c->n_layers; l++) {
-            if (p[l] != 'F' && p[l] != 'S')
-                return moe_fail(MOE_ERR_FORMAT, "%s: index_topk_pattern[%d] = '%c' is not F (full) or S (shared)",
-                                what, l, p[l]);
-            c->layer_dsa_shared[l] = p[l] == 'S';
-        }
-    } else if (t && !json_is_null(t)) {
-        if (!json_is_array(t) || (int)json_array_size(t) < c->n_layers)
-            return moe_fail(MOE_ERR_FORMAT, "%s: %s must be a list of at least %d \"full\" / \"shared\"", what,
-                            field, c->n_layers);
-        for (int l = 0; l < c->n_layers; l++) {
-            const char *v = json_string_value(json_array_get(t, (size_t)l));
-            if (!v || (strcmp(v, "full") && strcmp(v, "shared")))
-                return moe_fail(MOE_ERR_FORMAT, "%s: %s[%d] must be \"full\" or \"shared\"", what, field, l);
-            c->layer_dsa_shared[l] = !strcmp(v, "shared");
-        }
-    } else {
-        int freq, offset;
-        field = "index_topk_freq / index_skip_topk_offset";
-        MOE_TRY(get_int(root, what, "index_topk_freq", -(1 << 20), 1 << 20, 1, false, &freq));
-        MOE_TRY(get_int(root, what, "index_skip_topk_offset", -(1 << 20), 1 << 20, 2, false, &offset));
-        if (freq < 1) freq = 1;
-        for (int l = 0; l < c->n_layers; l++) {
-            const int n = l - offset + 1;
-            c->layer_dsa_shared[l] = (n > 0 ? n : 0) % freq != 0;
-        }
-    }
-    if (c->layer_dsa_shared[0])
-        return moe_fail(MOE_ERR_FORMAT, "%s: layer 0 is \"shared\" (%s), but no full layer before it chose keys "
-                        "to share", what, field);
-    return MOE_OK;
-}
-
-/* DeepSeek sparse attention's indexer (config.h): index_topk 2048,
- * index_n_heads 64 (GLM-MoE-DSA: 32, its rotation interleaved, its layers
- * full or shared), index_head_dim 128, over the q LoRA. */
-static enum moe_status parse_dsa(struct moe_config *c, json_t *root, const char *what)
-{
-    const bool glm = !strcmp(c->architecture, "GlmMoeDsaForCausalLM");
-    MOE_TRY(get_int(root, what, "index_topk", 1, 16384, 2048, false, &c->dsa_topk)); /* a row's best on its stack */
-    MOE_TRY(get_int(root, what, "index_n_heads", 1, 1 << 12, glm ? 32 : 64, false, &c->dsa_heads));
-    MOE_TRY(get_int(root, what, "index_head_dim", 1, 1 << 12, 128, false, &c->dsa_dim));
-    if (c->q_lora_rank <= 0)
-        return moe_fail(MOE_ERR_FORMAT, "%s: DeepSeek sparse attention's indexer reads the q LoRA, and "
-                        "q_lora_rank is null", what);
-    if (c->dsa_dim < c->rope_dim)
-        return moe_fail(MOE_ERR_FORMAT, "%s: index_head_dim = %d is below qk_rope_head_dim = %d", what,
-                        c->dsa_dim, c->rope_dim);
-    if (c->rope_attn_factor != 1.0f)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: yarn's attention factor %g with DeepSeek sparse attention "
-                        "(the indexer's rotated values would be scaled) is not supported", what,
-                        c->rope_attn_factor);
-    c->dsa_rope_interleave = glm;
-    return glm ? parse_indexer_types(c, root, what) : MOE_OK;
 }
 
 /* Granite's embedding_multiplier, residual_multiplier, attention_multiplier
@@ -555,7 +448,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         return moe_fail(MOE_ERR_FORMAT, "%s: RoPE over %d of head_dim %d values (partial_rotary_factor "
                         "%g): it must be even and at least 2", what, c->rope_dim, c->head_dim, prf);
     if (c->family == MOE_FAMILY_DEEPSEEK_V2 || c->family == MOE_FAMILY_DEEPSEEK_V3)
-        MOE_TRY(parse_mla(c, root, what));
+        MOE_TRY(moe_config_parse_mla(c, root, what));
     if (c->rope_attn_factor != 1.0f && c->rope_dim != c->head_dim)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: yarn's attention factor (%g) on part of each head "
                         "is not supported", what, c->rope_attn_factor);
@@ -659,7 +552,7 @@ enum moe_status moe_config_parse(struct moe_config *c, json_t *root, const char 
         if (c->n_experts % c->n_group || c->n_experts / c->n_group < 2)
             return moe_fail(MOE_ERR_FORMAT, "%s: %d experts do not split into n_group = %d groups of "
                             "at least 2", what, c->n_experts, c->n_group);
-        if (!strcmp(arch, "DeepseekV32ForCausalLM") || glm) MOE_TRY(parse_dsa(c, root, what));
+        if (!strcmp(arch, "DeepseekV32ForCausalLM") || glm) MOE_TRY(moe_config_parse_dsa(c, root, what));
         break;
     }
     case MOE_FAMILY_LLAMA4:
@@ -756,107 +649,6 @@ enum moe_status moe_config_load(struct moe_config *cfg, const char *path)
     enum moe_status s = moe_config_parse(cfg, root, path);
     json_decref(root);
     return s;
-}
-
-int moe_config_kv_layers(const struct moe_config *cfg)
-{
-    return cfg->n_layers - moe_config_linear_layers(cfg);
-}
-
-int moe_config_kv_layer(const struct moe_config *cfg, int l)
-{
-    int n = l;
-    for (int i = 0; i < l && i < MOE_MAX_LAYERS; i++) n -= cfg->layer_linear[i];
-    return n;
-}
-
-int moe_config_linear_layers(const struct moe_config *cfg)
-{
-    return moe_config_linear_layer(cfg, cfg->n_layers);
-}
-
-int moe_config_linear_layer(const struct moe_config *cfg, int l)
-{
-    int n = 0; /* the table holds MOE_MAX_LAYERS (a parsed config has no more) */
-    for (int i = 0; i < l && i < MOE_MAX_LAYERS; i++) n += cfg->layer_linear[i];
-    return n;
-}
-
-int moe_config_conv_dim(const struct moe_config *cfg)
-{
-    return 2 * cfg->lin_k_heads * cfg->lin_k_dim + cfg->lin_v_heads * cfg->lin_v_dim;
-}
-
-size_t moe_config_state_floats(const struct moe_config *cfg)
-{
-    size_t conv, rec;
-    if (moe_config_linear_layers(cfg) == 0) return 0;
-    if (cfg->lin_conv < 1 || !moe_mul_size((size_t)moe_config_conv_dim(cfg), (size_t)(cfg->lin_conv - 1), &conv) ||
-        !moe_mul_size((size_t)cfg->lin_v_heads * (size_t)cfg->lin_k_dim, (size_t)cfg->lin_v_dim, &rec) ||
-        conv > SIZE_MAX - rec)
-        return SIZE_MAX;
-    return conv + rec;
-}
-
-size_t moe_config_state_bytes(const struct moe_config *cfg)
-{
-    size_t f = moe_config_state_floats(cfg), b;
-    if (f == SIZE_MAX || !moe_mul_size(f, sizeof(float), &b) ||
-        !moe_mul_size(b, (size_t)moe_config_linear_layers(cfg), &b))
-        return SIZE_MAX;
-    return b;
-}
-
-int moe_config_moe_layers(const struct moe_config *cfg)
-{
-    int n = 0;
-    for (int l = 0; l < cfg->n_layers; l++) n += cfg->layer_moe[l];
-    return n;
-}
-
-size_t moe_config_kv_row_bytes(int head_dim, enum moe_dtype kv_dtype)
-{
-    size_t b;
-    if (head_dim <= 0) return SIZE_MAX;
-    switch (kv_dtype) {
-    case MOE_DTYPE_F32: case MOE_DTYPE_F16: case MOE_DTYPE_BF16:
-        return moe_mul_size((size_t)head_dim, moe_dtype_size(kv_dtype), &b) ? b : SIZE_MAX;
-    case MOE_DTYPE_F8E4M3: return (size_t)head_dim + sizeof(float); /* the bytes, the row's scale */
-    default: return SIZE_MAX;
-    }
-}
-
-int moe_config_dsa_layers(const struct moe_config *cfg)
-{
-    return moe_config_dsa_layer(cfg, cfg->n_layers);
-}
-
-int moe_config_dsa_layer(const struct moe_config *cfg, int l)
-{
-    int n = 0;
-    if (cfg->dsa_topk <= 0) return 0;
-    for (int i = 0; i < l && i < MOE_MAX_LAYERS; i++) n += !cfg->layer_dsa_shared[i];
-    return n;
-}
-
-size_t moe_config_dsa_bytes_per_token(const struct moe_config *cfg)
-{
-    size_t b;
-    if (cfg->dsa_topk <= 0) return 0;
-    if (!moe_mul_size((size_t)cfg->dsa_dim * sizeof(float), (size_t)moe_config_dsa_layers(cfg), &b)) return SIZE_MAX;
-    return b;
-}
-
-size_t moe_config_kv_bytes_per_token(const struct moe_config *cfg, enum moe_dtype kv_dtype)
-{
-    const size_t dsa = moe_config_dsa_bytes_per_token(cfg);
-    size_t b = cfg->kv_lora_rank > 0 ? 1 : 2; /* MLA: one row read as K and V */
-    const size_t row = moe_config_kv_row_bytes(cfg->head_dim, kv_dtype);
-    if (row == SIZE_MAX || cfg->n_layers < 0 || cfg->n_kv_heads < 0 ||
-        !moe_mul_size(b, (size_t)moe_config_kv_layers(cfg), &b) || !moe_mul_size(b, (size_t)cfg->n_kv_heads, &b) ||
-        !moe_mul_size(b, row, &b) || dsa == SIZE_MAX || b > SIZE_MAX - dsa)
-        return SIZE_MAX;
-    return b + dsa;
 }
 
 enum moe_status moe_config_get_int(json_t *root, const char *what, const char *key, long long lo, long long hi,

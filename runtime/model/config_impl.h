@@ -1,4 +1,6 @@
-/* config_impl.h - what config.c shares with config_quant.c and config_llama4.c. */
+/* config_impl.h - what config.c shares with the files that parse a family's
+ * own keys (config_llama4.c, config_qwen3next.c, config_deepseek.c) and
+ * quantization_config (config_quant.c). */
 #pragma once
 
 #include <jansson.h>
@@ -19,6 +21,15 @@ MOE_MUST_USE enum moe_status moe_config_get_num(json_t *root, const char *what, 
                                                 double *out);
 MOE_MUST_USE enum moe_status moe_config_get_bool(json_t *root, const char *what, const char *key, bool def,
                                                  bool *out);
+/* YaRN's mscale(scale, mscale): 0.1 mscale ln(scale) + 1, 1 for scale <= 1. */
+double moe_config_yarn_mscale(double scale, double mscale);
+
+/* DeepSeek's multi-head latent attention (config_deepseek.c), c->family,
+ * architecture, RoPE set: the LoRA ranks, the head widths, n_kv_heads 1
+ * and the score scale.  moe_config_parse_dsa, after it: DeepSeek sparse
+ * attention's indexer (DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM). */
+MOE_MUST_USE enum moe_status moe_config_parse_mla(struct moe_config *c, json_t *root, const char *what);
+MOE_MUST_USE enum moe_status moe_config_parse_dsa(struct moe_config *c, json_t *root, const char *what);
 
 /* Llama-4's keys (config_llama4.c), c->family, n_layers, head_dim set:
  * the experts, the shared expert and the dense width, the routing, the

@@ -97,8 +97,8 @@ if phase build && ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMO
     tail -30 "$log"
     exit 1
 fi
-if phase build && ! cmake --build "$build" -j "$jobs" --target moerun test_backend_ops test_cuda_ops \
-        test_cuda_attention test_cuda_quant test_cuda_forward test_spec >>"$log" 2>&1; then
+if phase build && ! cmake --build "$build" -j "$jobs" --target moerun test_backend_ops_cuda test_cuda_ops \
+        test_cuda_attention test_cuda_quant test_cuda_forward test_cuda_offload test_spec >>"$log" 2>&1; then
     fail "build"
     grep -E "error|Error" "$log" | head -30
     exit 1
@@ -110,8 +110,8 @@ cd "$root"
 if phase tests; then
 # ---- 2. every CUDA op against the CPU op ----
 say "2. op parity"
-if ! timeout 150 "$build/test_backend_ops" --jobs=1 --filter='backend_ops_cuda/*' >"$out/parity.txt" 2>&1; then
-    fail "test_backend_ops"; fi
+if ! timeout 150 "$build/test_backend_ops_cuda" --jobs=1 --filter='backend_ops_cuda/*' >"$out/parity.txt" 2>&1; then
+    fail "test_backend_ops_cuda"; fi
 if ! timeout 150 "$build/test_cuda_ops" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_ops"; fi
 if ! timeout 150 "$build/test_cuda_attention" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_attention"; fi
 if ! timeout 150 "$build/test_cuda_quant" --jobs=1 >>"$out/parity.txt" 2>&1; then fail "test_cuda_quant"; fi
@@ -128,6 +128,7 @@ tail -3 "$out/parity.txt" | tee -a "$log"
 # ---- 3. fixtures end to end ----
 say "3. fixture models end to end"
 if ! timeout 200 "$build/test_cuda_forward" --jobs=1 >"$out/e2e.txt" 2>&1; then fail "test_cuda_forward"; fi
+if ! timeout 200 "$build/test_cuda_offload" --jobs=1 >>"$out/e2e.txt" 2>&1; then fail "test_cuda_offload"; fi
 grep -E "^e2e:|^\[FAIL\]|Assertion" "$out/e2e.txt" | tee -a "$log"
 for fx in mixtral qwen3_moe olmoe deepseek_v2; do
     a=$(timeout 60 "$build/moerun" run "tests/fixtures/$fx" --prompt-ids 1,2,3,4,5 -n 16 --backend cpu 2>/dev/null)
