@@ -173,6 +173,9 @@ Test(server, every_bad_input_gets_its_status_and_error)
         {"POST", "/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"SECRET-5\": 5}}", 400},
         {"POST", "/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"3\": 101}}", 400},
         {"POST", "/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": [3]}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"priority\": \"high\"}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"priority\": 1.5}", 400},
+        {"POST", "/v1/completions", "{\"prompt\": \"x\", \"priority\": 10000000}", 400},
         {"POST", "/v1/completions", "{}", 400},
         {"POST", "/v1/chat/completions", "{\"messages\": []}", 400},
         {"POST", "/v1/chat/completions", "{\"messages\": [{\"content\": \"SECRET-4\"}]}", 400},
@@ -194,6 +197,9 @@ Test(server, every_bad_input_gets_its_status_and_error)
         cr_assert(!strstr(out, "SECRET"), "case %zu echoes the body: %s", i, out);
         json_decref(j);
     }
+    /* a priority in range is served (the engine's order: test_engine_priority.c) */
+    cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2, \"priority\": -3}", out,
+                      sizeof out), 200, "%s", out);
     /* the context limit is reported with the numbers */
     http("POST", "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2048}", out, sizeof out);
     cr_assert(strstr(out, "2048") && strstr(out, "2049"), "%s", out);
@@ -216,7 +222,7 @@ Test(server, every_bad_input_gets_its_status_and_error)
     cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\", \"max_tokens\": 3}", out,
                       sizeof out), 200, "%s", out);
     cr_assert_eq(http("GET", "/metrics", NULL, out, sizeof out), 200);
-    cr_assert(strstr(out, "moerun_http_requests_total{status=\"400\"} 28"), "%.2000s", out);
+    cr_assert(strstr(out, "moerun_http_requests_total{status=\"400\"} 31"), "%.2000s", out);
     cr_assert_eq(server_stop(), 0);
 }
 

@@ -494,6 +494,7 @@ enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struc
     }
     struct moe_engine_opts eo = {
         .max_batch_tokens = (int)o->max_batch_tokens, .max_seqs = (int)o->max_seqs,
+        .priority_aging = o->priority_aging,
         .block_size = (int)o->kv_block, .n_blocks = n_blocks, .kv_dtype = kvt,
         .prefix_cache = !o->no_prefix_cache && !hybrid, .spec = o->spec, .grammar_vocab = o->grammar_vocab};
     if (hybrid && !o->no_prefix_cache)

@@ -77,6 +77,7 @@ struct moe_cli_engine {
     long kv_block;
     const char *kv_dtype;
     long max_batch_tokens, max_seqs;
+    double priority_aging;    /* --priority-aging, seconds (0: the engine's 10) */
     bool no_prefix_cache;
     const char *quantize;     /* --quantize: "q8_0", "q4", "none" or NULL */
     const char *expert_plan;  /* --expert-dtype-plan FILE, or NULL */

@@ -112,6 +112,10 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
      .help = "tokens per engine step (default 512)"},
     {.name = "max-seqs", .arg = "N", .kind = MOE_CLI_INT, ENG(max_seqs), .lo = 1, .hi = 1 << 16,
      .help = "sequences per engine step (default 64)"},
+    {.name = "priority-aging", .arg = "S", .kind = MOE_CLI_DOUBLE, ENG(priority_aging), .lo = 0, .hi = 1e9,
+     .open = MOE_CLI_LO_OPEN,
+     .help = "seconds of waiting that lift a request one priority level\n"
+             "(requests' \"priority\": lower is admitted first; default 10)"},
     {.name = "no-prefix-cache", .kind = MOE_CLI_FLAG, ENG(no_prefix_cache),
      .help = "do not reuse cached prompt blocks"},
     {.name = "backend", .arg = "NAME", .kind = MOE_CLI_CHOICE, ENG(backend), .choices = backends,

@@ -222,6 +222,9 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
         if (p->sampling.bias_ids[i] >= e->r.m->cfg.vocab)
             return moe_fail(MOE_ERR_INVALID_ARG, "logit_bias: token id %d is outside the vocabulary of %d",
                             p->sampling.bias_ids[i], e->r.m->cfg.vocab);
+    if (p->priority < MOE_PRIORITY_MIN || p->priority > MOE_PRIORITY_MAX)
+        return moe_fail(MOE_ERR_INVALID_ARG, "request: priority %d is outside [%d, %d]", p->priority,
+                        MOE_PRIORITY_MIN, MOE_PRIORITY_MAX);
     if (p->grammar && !e->o.grammar_vocab)
         return moe_fail(MOE_ERR_INVALID_ARG, "request: a grammar needs the vocabulary's token bytes, "
                         "which this engine was not given");
@@ -565,13 +568,35 @@ static enum moe_status schedule_running(struct moe_engine *e, int *nc, int *budg
     return MOE_OK;
 }
 
-/* Waiting requests, in order, into what is left of the budget and the
- * free blocks. */
+/* The waiting request to admit next (engine.h, moe_request_params'
+ * priority): the least priority less its waiting time in levels, then
+ * the earliest arrival, then the lowest id. */
+static struct moe_request *next_waiting(const struct moe_engine *e, double now)
+{
+    const double aging = e->o.priority_aging > 0 ? e->o.priority_aging : 10.0;
+    struct moe_request *best = NULL;
+    double best_key = 0;
+    for (struct moe_request *r = e->wait_head; r; r = r->next) {
+        const double key = r->params.priority - (now - r->t_arrival) / aging;
+        if (!best || key < best_key ||
+            (key == best_key && (r->t_arrival < best->t_arrival ||
+                                 (r->t_arrival == best->t_arrival && r->id < best->id)))) {
+            best = r;
+            best_key = key;
+        }
+    }
+    return best;
+}
+
+/* Waiting requests, in admission order, into what is left of the budget
+ * and the free blocks; the first that does not fit stops admission (none
+ * passes it). */
 static enum moe_status admit_waiting(struct moe_engine *e, int *nc, int *budget)
 {
     struct moe_kvcache *kv = &e->r.kv;
+    const double now = e->clock();
     while (e->wait_head && *budget > 0 && *nc < e->o.max_seqs) {
-        struct moe_request *r = e->wait_head;
+        struct moe_request *r = next_waiting(e, now);
         if (r->seq.n_blocks == 0) MOE_TRY(match_prefix(e, r));
         int n = r->n_tokens - r->n_computed;
         if (n > *budget) n = *budget;

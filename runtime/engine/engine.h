@@ -3,8 +3,9 @@
  *
  * Each step (moe_engine_step) schedules, oldest request first, one decode
  * token for every running request that has caught up and a prefill chunk
- * for every one that has not, then admits waiting requests into what is
- * left of the token budget (max_batch_tokens).  A request's tokens are its
+ * for every one that has not, then admits waiting requests (by priority,
+ * aged, then arrival: moe_request_params) into what is left of the token
+ * budget (max_batch_tokens).  A request's tokens are its
  * prompt followed by what it has generated; it samples a token whenever a
  * step brings its cache up to the last of them.
  *
@@ -53,12 +54,21 @@ const char *moe_finish_name(enum moe_finish f); /* "stop", "length", "abort" */
 
 #define MOE_MAX_STOP_IDS 16
 
+enum { MOE_PRIORITY_MIN = -1000000, MOE_PRIORITY_MAX = 1000000 };
+
 struct moe_request_params {
     struct moe_sampling sampling;
     int max_tokens;                       /* >= 1 */
     int32_t stop_ids[MOE_MAX_STOP_IDS];   /* e.g. EOS ids: finish with "stop" */
     int n_stop_ids;
     bool no_spec;                         /* never speculate ("speculative": false) */
+    /* Admission order: the waiting request of the lowest priority minus
+     * (seconds waited / the engine's priority_aging) comes first, ties by
+     * arrival (vLLM's convention: lower is sooner; all 0 is FIFO).  So a
+     * request waits for later ones of better priority only until it has
+     * aged past them: at most (its priority - theirs) x priority_aging
+     * seconds beyond plain FIFO. */
+    int priority;                         /* MOE_PRIORITY_MIN..MOE_PRIORITY_MAX */
     /* Optional (borrowed, shared read-only, must outlive the request): the
      * output is a sentence of this grammar.  Each sampled token is drawn
      * from the tokens whose bytes can continue it (a logits mask before
@@ -153,6 +163,7 @@ struct moe_engine_opts {
     int n_blocks;           /* KV pool size (see moe_kvcache_blocks_for_budget) */
     enum moe_dtype kv_dtype;
     bool prefix_cache;
+    double priority_aging;      /* seconds of waiting worth one priority level; 0: 10 */
     struct moe_spec_opts spec;  /* zero: no speculation */
     /* Borrowed, optional: the byte strings of the model's vocabulary
      * (V = the model's vocabulary), for requests with a grammar. */
@@ -188,7 +199,8 @@ struct moe_engine {
     int *q_slot;                  /* (max_seqs) each chunk's q slot, -1: one-hot drafts */
     struct moe_engine_opts o;
     struct moe_request *run_head, *run_tail;   /* running, oldest first */
-    struct moe_request *wait_head, *wait_tail; /* waiting, FIFO (preempted at the front) */
+    struct moe_request *wait_head, *wait_tail; /* waiting, by arrival (preempted at the front);
+                                                  admitted by priority (moe_request_params) */
     int n_running, n_waiting;
     int64_t next_id;
     struct moe_chunk *chunks;     /* (max_seqs) */

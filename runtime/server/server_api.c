@@ -485,6 +485,8 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
     if (get_bool(req, "ignore_eos", &ignore_eos, v) < 0) return -1;
     if (get_bool(req, "speculative", &speculative, v) < 0) return -1;
     j->rp.no_spec = !speculative; /* the server's --spec decides otherwise */
+    if ((r = get_int(req, "priority", MOE_PRIORITY_MIN, MOE_PRIORITY_MAX, &k, v)) < 0) return -1;
+    j->rp.priority = r ? (int)k : 0; /* vLLM's extension: lower is admitted first (engine.h) */
     if (read_stop(req, j, v) < 0) return -1;
     if (j->n_stops && !s->have_tok) return bad(v, "stop", "stop strings need the model's tokenizer");
 
