@@ -651,25 +651,20 @@ Test(config, glm_moe_dsa_indexer_types)
     cr_assert_eq(parse(json, &c), MOE_OK, "%s", moe_last_error());
     for (int l = 0; l < 8; l++) cr_expect_eq(c.layer_dsa_shared[l], want_pat[l], "layer %d", l);
     /* refused, naming the field: a shared first layer, a bad entry, too few entries */
-    snprintf(json, sizeof json, base, ", \"index_topk_freq\": 2, \"index_skip_topk_offset\": 0");
-    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
-    cr_expect(strstr(moe_last_error(), "layer 0 is \"shared\" (index_topk_freq"), "%s", moe_last_error());
-    snprintf(json, sizeof json, base, ", \"indexer_types\": [\"shared\", \"full\", \"full\", \"full\", \"full\", "
-             "\"full\", \"full\", \"full\"]");
-    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
-    cr_expect(strstr(moe_last_error(), "layer 0 is \"shared\" (indexer_types)"), "%s", moe_last_error());
-    snprintf(json, sizeof json, base, ", \"index_topk_pattern\": \"SFFFFFFF\"");
-    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
-    cr_expect(strstr(moe_last_error(), "(index_topk_pattern)"), "%s", moe_last_error());
-    snprintf(json, sizeof json, base, ", \"index_topk_pattern\": \"FSFX FFF\"");
-    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
-    cr_expect(strstr(moe_last_error(), "index_topk_pattern[3] = 'X'"), "%s", moe_last_error());
-    snprintf(json, sizeof json, base, ", \"indexer_types\": [\"full\", \"dense\"]");
-    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
-    cr_expect(strstr(moe_last_error(), "indexer_types must be a list of at least 8"), "%s", moe_last_error());
-    snprintf(json, sizeof json, base, ", \"index_topk_pattern\": \"FSF\"");
-    cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT);
-    cr_expect(strstr(moe_last_error(), "fewer than the 8 layers"), "%s", moe_last_error());
+    const struct { const char *keys, *msg; } bad[] = {
+        {", \"index_topk_freq\": 2, \"index_skip_topk_offset\": 0", "layer 0 is \"shared\" (index_topk_freq"},
+        {", \"indexer_types\": [\"shared\", \"full\", \"full\", \"full\", \"full\", \"full\", \"full\", "
+         "\"full\"]", "layer 0 is \"shared\" (indexer_types)"},
+        {", \"index_topk_pattern\": \"SFFFFFFF\"", "(index_topk_pattern)"},
+        {", \"index_topk_pattern\": \"FSFX FFF\"", "index_topk_pattern[3] = 'X'"},
+        {", \"indexer_types\": [\"full\", \"dense\"]", "indexer_types must be a list of at least 8"},
+        {", \"index_topk_pattern\": \"FSF\"", "fewer than the 8 layers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(json, sizeof json, base, bad[i].keys);
+        cr_assert_eq(parse(json, &c), MOE_ERR_FORMAT, "%s", bad[i].keys);
+        cr_expect(strstr(moe_last_error(), bad[i].msg), "%s: %s", bad[i].keys, moe_last_error());
+    }
     /* DeepSeek-V3.2 reads none of these: every layer full */
     snprintf(json, sizeof json, "{\"architectures\": [\"DeepseekV32ForCausalLM\"], \"hidden_size\": 64, "
              "\"vocab_size\": 256, \"num_hidden_layers\": 8, \"num_attention_heads\": 4, \"n_routed_experts\": 16, "
