@@ -1,10 +1,10 @@
 /* linear_attn_impl.h - the Gated DeltaNet's loops (attention.h,
  * moe_attention_delta_cpu), included by linear_attn_cpu.c (plain C, the
- * reference backend) and linear_attn_fast.c (the same loops compiled for
- * AVX2 + FMA, the fast backend).  The includer defines DELTA_FMA(a, b, c)
- * (a * b + c, fused or not), DELTA_NC (the columns of a register block),
- * DELTA_CHUNK and DELTA_CHUNK_MIN (attention.h) and the entry's name,
- * DELTA_ENTRY.
+ * reference backend), linear_attn_avx2.c and linear_attn_avx512.c (the
+ * same loops compiled for those sets, the fast backend).  The includer
+ * defines DELTA_FMA(a, b, c) (a * b + c, fused or not), DELTA_NC (the
+ * columns of a register block), DELTA_CHUNK and DELTA_CHUNK_MIN
+ * (attention.h) and the entry's name, DELTA_ENTRY.
  *
  * A sequence's run of rows is taken by the recurrent form token by token
  * when shorter than DELTA_CHUNK_MIN rows (decode; or than the params'
@@ -16,10 +16,11 @@
  *   U = T (beta v) - T (Kb e^G) S0          (each row's d of the recurrence)
  *   out_i = e^(G_i) q_i S0 + sum_(j <= i) e^(G_i - G_j) (q_i . k_j) U_j
  *   S = e^(G_L) S0 + sum_i e^(G_L - G_i) k_i U_i^T
- * Every loop's innermost index runs over contiguous values (a row of S, U,
- * T or of k transposed), so the compiler vectorises it without
- * reassociating a sum; rows of U and out take each row of S in blocks of
- * DELTA_RB, so S is read once per block instead of once per row. */
+ * The chunk's products are delta_gemm's register blocks of DELTA_RB rows
+ * by DELTA_NC columns, kept over the whole inner dimension, their
+ * innermost index over contiguous values (a row of S, U, k transposed), so
+ * the compiler vectorises them without reassociating a sum, and S is read
+ * once per DELTA_RB rows instead of once per row. */
 #pragma once
 
 #include <math.h>
