@@ -147,7 +147,7 @@ static int prompt_tokens(const char *body)
 
 /* With Qwen3's template (hermes <tool_call> format), tools reach the
  * template (the prompt grows by their schemas) unless tool_choice is none;
- * forcing a call and malformed tools are refused. */
+ * an unknown tool_choice and malformed tools are refused. */
 Test(server_reasoning, tools_reach_the_template, .fini = fini, .timeout = 600)
 {
     static char out[65536];
@@ -183,12 +183,102 @@ Test(server_reasoning, tools_reach_the_template, .fini = fini, .timeout = 600)
                       sizeof out), 400, "%s", out);
     cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", \"reasoning_effort\": \"max\"}", out,
                       sizeof out), 400, "%s", out);
-    cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", " TOOLS ", \"tool_choice\": \"required\"}",
+    cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", " TOOLS ", \"tool_choice\": \"always\"}",
                       out, sizeof out), 400, "%s", out);
     cr_expect(strstr(out, "tool_choice"), "%s", out);
     cr_expect_eq(http("POST", "/v1/chat/completions", "{" MSG ", \"tools\": [{\"type\": \"function\"}]}", out,
                       sizeof out), 400, "%s", out);
     cr_expect(strstr(out, "tools[0]"), "%s", out);
+    cr_assert_eq(server_stop(), 0);
+    remove_model();
+}
+
+/* A forced call's tools: get_weather(city: Oslo | Bergen), get_time(zone: UTC | CET). */
+#define FTOOLS "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": " \
+    "{\"type\": \"object\", \"properties\": {\"city\": {\"enum\": [\"Oslo\", \"Bergen\"]}}, \"required\": [\"city\"], " \
+    "\"additionalProperties\": false}}}, {\"type\": \"function\", \"function\": {\"name\": \"get_time\", " \
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"zone\": {\"enum\": [\"UTC\", \"CET\"]}}, " \
+    "\"required\": [\"zone\"], \"additionalProperties\": false}}}]"
+#define FMSG "\"messages\": [{\"role\": \"user\", \"content\": \"weather in Oslo?\"}], \"max_tokens\": 400, " \
+    "\"temperature\": 0"
+
+/* Call k of a choice's tool_calls: its name and arguments the tool's schema accepts. */
+static const char *expect_call(json_t *calls, size_t k)
+{
+    json_t *f = json_object_get(json_array_get(calls, k), "function");
+    const char *name = json_string_value(json_object_get(f, "name"));
+    const char *text = json_string_value(json_object_get(f, "arguments"));
+    cr_assert(name && text, "call %zu has a name and arguments", k);
+    json_t *a = parse(text);
+    const bool weather = !strcmp(name, "get_weather");
+    const char *v = json_string_value(json_object_get(a, weather ? "city" : "zone"));
+    cr_expect(weather || !strcmp(name, "get_time"), "call %zu names a tool: %s", k, name);
+    cr_expect(json_object_size(a) == 1 && v &&
+                  (weather ? !strcmp(v, "Oslo") || !strcmp(v, "Bergen") : !strcmp(v, "UTC") || !strcmp(v, "CET")),
+              "call %zu: %s(%s) is outside its schema", k, name, text);
+    json_decref(a);
+    return name;
+}
+
+/* Forcing a call (tool_choice "required" or a named function): a grammar
+ * makes the model write it as JSON, whatever the template's format; the
+ * answer is message.tool_calls (arguments the tool's schema accepts),
+ * finish_reason "tool_calls", no content; streamed, a tool_calls delta; cut
+ * short by max_tokens, the text as written.  (The tiny demo model, free to
+ * list calls, lists them until max_tokens: the "required" cases here take
+ * parallel_tool_calls false, a list of one.)  Unknown names, malformed
+ * choices and a response_format beside are 400s. */
+Test(server_reasoning, forced_tool_calls, .fini = fini, .timeout = 600)
+{
+    static char out[65536];
+    make_model_with(NULL, "tests/fixtures/chat/qwen3.jinja");
+    server_start_model(dir, "");
+    const char *cases[] = {
+        "{" FMSG ", " FTOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}}",
+        "{" FMSG ", " FTOOLS ", \"tool_choice\": \"required\", \"parallel_tool_calls\": false}",
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cr_assert_eq(http("POST", "/v1/chat/completions", cases[i], out, sizeof out), 200, "%s", out);
+        json_t *j = parse(out), *ch = json_array_get(json_object_get(j, "choices"), 0);
+        json_t *msg = json_object_get(ch, "message"), *calls = json_object_get(msg, "tool_calls");
+        cr_expect_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls", "case %zu: %s", i,
+                         out);
+        const char *content = json_string_value(json_object_get(msg, "content"));
+        cr_expect(!content || !*content, "case %zu: no content: %s", i, out);
+        cr_assert(json_array_size(calls) >= 1, "case %zu: %s", i, out);
+        cr_expect_eq(json_array_size(calls), 1, "case %zu: one call: %s", i, out);
+        for (size_t k = 0; k < json_array_size(calls); k++) {
+            const char *name = expect_call(calls, k);
+            if (i == 0) cr_expect_str_eq(name, "get_time", "the named function");
+        }
+        json_decref(j);
+    }
+    /* cut short by max_tokens: no call, the text as written is the content */
+    cr_assert_eq(http("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
+                      "\"max_tokens\": 6, " FTOOLS ", \"tool_choice\": \"required\"}", out, sizeof out), 200, "%s", out);
+    json_t *j = parse(out), *ch = json_array_get(json_object_get(j, "choices"), 0);
+    cr_expect_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "length", "%s", out);
+    cr_expect(!json_object_get(json_object_get(ch, "message"), "tool_calls"), "%s", out);
+    const char *content = json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
+    cr_expect(content && content[0] == '[', "the list begun is the content: %s", out);
+    json_decref(j);
+    /* streamed: the call arrives as a tool_calls delta, then finish_reason */
+    cr_assert_eq(http("POST", "/v1/chat/completions", "{" FMSG ", " FTOOLS ", \"tool_choice\": \"required\", "
+                      "\"parallel_tool_calls\": false, \"stream\": true}", out, sizeof out), 200, "%s", out);
+    const char *d = strstr(out, "\"tool_calls\"");
+    cr_expect(d && strstr(out, "\"finish_reason\":\"tool_calls\"") && strstr(out, "data: [DONE]"), "%s", out);
+    const char *bad[][2] = {
+        {"{" FMSG ", " FTOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"nope\"}}}",
+         "not among the tools"},
+        {"{" FMSG ", " FTOOLS ", \"tool_choice\": {\"type\": \"function\"}}", "a named tool_choice"},
+        {"{" FMSG ", " FTOOLS ", \"tool_choice\": \"required\", \"response_format\": {\"type\": \"json_object\"}}",
+         "give either"},
+        {"{" FMSG ", " FTOOLS ", \"tool_choice\": \"required\", \"parallel_tool_calls\": 1}", "parallel_tool_calls"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_expect_eq(http("POST", "/v1/chat/completions", bad[i][0], out, sizeof out), 400, "%s", out);
+        cr_expect(strstr(out, bad[i][1]), "bad case %zu: %s", i, out);
+    }
     cr_assert_eq(server_stop(), 0);
     remove_model();
 }

@@ -551,3 +551,37 @@ Test(toolcall, special_markers_survive_decoding)
     free(ids);
     moe_tokenizer_free(&tok);
 }
+
+/* A forced call (moe_tool_calls_force): the answer, pushed in pieces, is
+ * held whole; at the finish a named function's arguments object, or a list
+ * of {"name", "parameters"}, become the calls; anything else (a list cut
+ * short, an item without parameters) is returned as content, as written. */
+static void check_forced(const char *name, const char *text, int want_calls, const char *want_args0)
+{
+    struct moe_tool_calls tc;
+    moe_tool_calls_init(&tc, MOE_TOOLS_HERMES);
+    moe_tool_calls_force(&tc, name);
+    const char *content;
+    char piece[4] = {0};
+    for (size_t i = 0, n = strlen(text); i < n; i += 3) {
+        strncpy(piece, text + i, 3);
+        cr_assert_eq(moe_tool_calls_push(&tc, piece, &content), MOE_OK);
+        cr_expect_str_eq(content, "", "no content while the answer is written");
+    }
+    cr_assert_eq(moe_tool_calls_finish(&tc, &content), MOE_OK);
+    cr_expect_eq(tc.n_calls, want_calls, "%s", text);
+    cr_expect_str_eq(content, want_calls ? "" : text, "%s", text);
+    if (want_calls && want_args0) cr_expect_str_eq(tc.calls[0].arguments, want_args0);
+    if (want_calls && name) cr_expect_str_eq(tc.calls[0].name, name);
+    moe_tool_calls_free(&tc);
+}
+
+Test(toolcall, forced_calls)
+{
+    check_forced("get_time", "{ \"zone\" :\n \"UTC\" }", 1, "{\"zone\":\"UTC\"}");
+    check_forced(NULL, "[{\"name\": \"a\", \"parameters\": {\"x\": 1}}, {\"name\": \"b\", \"parameters\": {}}]", 2,
+                 "{\"x\":1}");
+    check_forced(NULL, "[{\"name\": \"a\", \"parameters\": {\"x\": 1}}, {\"name\"", 0, NULL);
+    check_forced(NULL, "[{\"name\": \"a\"}]", 0, NULL);
+    check_forced("f", "{\"zone\"", 0, NULL);
+}

@@ -345,8 +345,38 @@ static enum moe_status run(struct moe_tool_calls *tc, const struct moe_tc_syntax
     return st;
 }
 
+void moe_tool_calls_force(struct moe_tool_calls *tc, const char *name)
+{
+    tc->forced = true;
+    tc->forced_name = name;
+}
+
+/* A forced answer's calls (moe_tool_calls_force); false, none added, when
+ * the text is not of that form. */
+static bool forced_calls(struct moe_tool_calls *tc, const char *text, size_t n)
+{
+    if (tc->forced_name) return moe_tc_add(tc, tc->forced_name, strlen(tc->forced_name), text, n, false, NULL);
+    json_t *list = json_loadb(text, n, 0, NULL), *item;
+    size_t i;
+    bool ok = json_array_size(list) > 0;
+    json_array_foreach(list, i, item) {
+        const char *name = json_string_value(json_object_get(item, "name"));
+        json_t *params = json_object_get(item, "parameters");
+        char *args = json_is_object(params) ? json_dumps(params, JSON_COMPACT) : NULL;
+        ok = ok && name && args && moe_tool_calls_add(tc, name, args);
+        free(args);
+    }
+    json_decref(list);
+    if (!ok) moe_tc_truncate(tc, 0);
+    return ok;
+}
+
 enum moe_status moe_tool_calls_push(struct moe_tool_calls *tc, const char *text, const char **content)
 {
+    if (tc->forced) { /* held whole until the finish */
+        *content = "";
+        return put((struct buf){&tc->pending, &tc->n_pending, &tc->cap}, text, strlen(text));
+    }
     const struct moe_tc_syntax *sx = moe_tc_syntax(tc->fmt);
     if (!sx) { /* nothing to find in the text itself */
         free(tc->content);
@@ -360,6 +390,15 @@ enum moe_status moe_tool_calls_push(struct moe_tool_calls *tc, const char *text,
 
 enum moe_status moe_tool_calls_finish(struct moe_tool_calls *tc, const char **content)
 {
+    if (tc->forced) {
+        *content = "";
+        if (tc->n_pending == 0 || forced_calls(tc, tc->pending, tc->n_pending)) return MOE_OK;
+        free(tc->content);
+        if (!(tc->content = strndup(tc->pending, tc->n_pending)))
+            return moe_fail(MOE_ERR_NOMEM, "tool call parser buffer");
+        *content = tc->content;
+        return MOE_OK;
+    }
     const struct moe_tc_syntax *sx = moe_tc_syntax(tc->fmt);
     if (!sx) {
         *content = "";

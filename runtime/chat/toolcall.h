@@ -81,6 +81,8 @@ struct moe_tool_calls {
     char *content;         /* the last push's content, owned */
     struct moe_tool_call *calls; /* every complete call so far, owned */
     int n_calls, cap_calls;
+    bool forced;           /* moe_tool_calls_force: the answer is JSON, held whole */
+    const char *forced_name; /* borrowed, or NULL: the forced function */
 };
 
 void moe_tool_calls_init(struct moe_tool_calls *tc, enum moe_tool_format fmt);
@@ -96,6 +98,14 @@ MOE_MUST_USE enum moe_status moe_tool_calls_finish(struct moe_tool_calls *tc, co
  * (false: not a call), and so is an empty name. */
 MOE_MUST_USE bool moe_tool_calls_add(struct moe_tool_calls *tc, const char *name, const char *arguments);
 void moe_tool_calls_free(struct moe_tool_calls *tc);
+/* A forced call (tool_choice "required" or a named function), whatever
+ * the format: the answer is JSON that a grammar made it write, and no
+ * content.  name given (borrowed, outlives tc): the answer is the
+ * arguments object of one call of name; NULL: a list of {"name": NAME,
+ * "parameters": {...}} objects, each a call (vLLM's form).  Pushes return
+ * no content; the finish adds the calls, or, when the answer is not that
+ * (cut short by max_tokens), returns it whole as content. */
+void moe_tool_calls_force(struct moe_tool_calls *tc, const char *name);
 /* The id of call k into buf (n bytes): the one the model wrote, else one
  * the format's chat template takes back in the history: for mistral nine
  * letters and digits made from seed (its template refuses other ids), else

@@ -110,6 +110,8 @@ struct srv_job {
     bool think_open;          /* chat: the rendered prompt ends inside a <think> block */
     bool tools;               /* chat: the request gave tools (tool_choice not none) */
     json_t *tool_defs;        /* owned, or NULL: those tools (the parser reads their types) */
+    bool tool_forced;         /* tool_choice "required" or a named function: a grammar writes the call */
+    const char *tool_forced_name; /* in tool_defs, or NULL ("required"): the named function */
     int n;                    /* choices: n_prompts x n_per */
     int n_per;                /* choices per prompt ("n") */
     int logprobs;             /* completions: top n (0 = none, -1 = off); chat: top_logprobs */

@@ -7,7 +7,7 @@
  * repetition_penalty, ignore_eos) and moerun's own: "return_expert_load":
  * true or "moerun": {"expert_load": true} adds usage.expert_load.  Unknown
  * fields are ignored, as OpenAI's server does; fields moerun cannot honour
- * (echo, best_of > n, tool_choice forcing a call) are refused, never
+ * (echo, best_of > n) are refused, never
  * silently dropped.  Error messages never quote the
  * request body. */
 #include <math.h>
@@ -194,10 +194,46 @@ static int read_template_kwargs(struct srv *s, json_t *req, json_t **extra, stru
     return 0;
 }
 
+/* A forced call's grammar (vLLM's way, whatever the template's format):
+ * for a named function, the JSON Schema of its parameters; for
+ * "required", a list (of one when parallel_tool_calls is false) of
+ * {"name": one of the tools, "parameters": its parameters}.  A tool
+ * without "parameters" takes any object. */
+static int forced_grammar(struct srv *s, json_t *req, json_t *tools, struct srv_job *j, struct verr *v)
+{
+    json_t *any = json_pack("{s:s}", "type", "object"), *schema = NULL, *alts = json_array(), *t;
+    size_t i;
+    json_array_foreach(tools, i, t) {
+        json_t *f = json_object_get(t, "function"), *params = json_object_get(f, "parameters");
+        if (!params || json_is_null(params)) params = any;
+        if (j->tool_forced_name) {
+            if (!strcmp(json_string_value(json_object_get(f, "name")), j->tool_forced_name)) schema = json_incref(params);
+            continue;
+        }
+        json_array_append_new(alts, json_pack("{s:s, s:{s:{s:O}, s:O}, s:[s,s], s:b}", "type", "object",
+                                              "properties", "name", "const", json_object_get(f, "name"),
+                                              "parameters", params, "required", "name", "parameters",
+                                              "additionalProperties", 0));
+    }
+    json_t *par = json_object_get(req, "parallel_tool_calls");
+    if (!j->tool_forced_name)
+        schema = json_pack("{s:s, s:i, s:{s:O}}", "type", "array", "minItems", 1, "items", "anyOf", alts);
+    if (schema && !j->tool_forced_name && json_is_false(par)) json_object_set_new(schema, "maxItems", json_integer(1));
+    json_decref(alts);
+    json_decref(any);
+    if (!schema) return bad(v, "tool_choice", "out of memory");
+    const enum moe_status st = moe_json_schema_grammar(schema, &j->grammar);
+    json_decref(schema);
+    if (st != MOE_OK) return bad(v, "tools", "a forced call's parameters: %s", moe_last_error());
+    j->rp.grammar = j->grammar;
+    return 0;
+}
+
 /* tools and tool_choice: the tools go to the chat template (as transformers'
  * apply_chat_template(tools=...) passes them) unless tool_choice is "none";
- * calls are parsed from the output (server_engine.c).  Forcing a call
- * ("required", a named function) would need constrained decoding: refused. */
+ * calls are parsed from the output (server_engine.c).  "required" or a
+ * named function ({"type": "function", "function": {"name": ...}}) force
+ * a call: a grammar writes it as JSON (forced_grammar). */
 static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **extra, struct verr *v)
 {
     json_t *tools = json_object_get(req, "tools"), *choice = json_object_get(req, "tool_choice");
@@ -218,12 +254,38 @@ static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **ex
             return bad(v, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": "
                        "...}}", i);
     }
+    json_t *par = json_object_get(req, "parallel_tool_calls");
+    if (par && !json_is_null(par) && !json_is_boolean(par))
+        return bad(v, "parallel_tool_calls", "'parallel_tool_calls' must be true or false");
     if (choice && !json_is_null(choice)) {
         const char *c = json_string_value(choice);
         if (c && !strcmp(c, "none")) return 0;
-        if (!c || strcmp(c, "auto"))
-            return bad(v, "tool_choice", "only tool_choice \"auto\" and \"none\" are supported (forcing a "
-                       "call needs constrained decoding)");
+        const char *named = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+        const char *type = json_string_value(json_object_get(choice, "type"));
+        if (json_is_object(choice) && (!named || !type || strcmp(type, "function")))
+            return bad(v, "tool_choice", "a named tool_choice is {\"type\": \"function\", \"function\": "
+                       "{\"name\": ...}}");
+        if (!named && (!c || (strcmp(c, "auto") && strcmp(c, "required"))))
+            return bad(v, "tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or a named "
+                       "function");
+        j->tool_forced = named || !strcmp(c, "required");
+        if (named) {
+            json_array_foreach(tools, i, t) {
+                const char *n = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+                if (!strcmp(n, named)) j->tool_forced_name = n;
+            }
+            if (!j->tool_forced_name) return bad(v, "tool_choice", "tool_choice names a function that is not "
+                                                 "among the tools: '%.64s'", named);
+        }
+    }
+    if (j->tool_forced) {
+        if (j->rp.grammar)
+            return bad(v, "tool_choice", "a forced tool call writes JSON under its own grammar: give either it or "
+                       "a response_format / grammar");
+        if (!s->json_grammar) return bad(v, "tool_choice", "a forced tool call needs the model's tokenizer");
+        if (s->tool_fmt == MOE_TOOLS_HARMONY)
+            return bad(v, "tool_choice", "a forced tool call is not supported with the harmony format (its "
+                       "calls are message headers)");
     }
     if (s->tool_fmt == MOE_TOOLS_NONE)
         return bad(v, "tools", "this model's chat template writes no tool call format moerun reads "
@@ -233,7 +295,12 @@ static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **ex
     if (json_object_set(*extra, "tools", tools)) return bad(v, "tools", "out of memory");
     j->tools = json_array_size(tools) > 0;
     if (!(j->tool_defs = json_deep_copy(tools))) return bad(v, "tools", "out of memory");
-    return 0;
+    if (j->tool_forced_name) /* the copy's, which lives as long as the job */
+        json_array_foreach(j->tool_defs, i, t) {
+            const char *n = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+            if (!strcmp(n, j->tool_forced_name)) j->tool_forced_name = n;
+        }
+    return j->tool_forced ? forced_grammar(s, req, j->tool_defs, j, v) : 0;
 }
 
 /* An assistant message's tool_calls carry arguments as a JSON string (the
@@ -497,6 +564,9 @@ static int read_request(struct srv *s, bool chat, json_t *req, struct srv_job *j
         if (rc == 0) rc = read_messages(s, json_object_get(req, "messages"), j, extra, v);
         json_decref(extra);
         if (rc < 0) return -1;
+        if (j->tool_forced && j->think_open && s->reasoning != MOE_REASONING_NONE)
+            return bad(v, "tool_choice", "the chat template opens a think block in the prompt, which a forced "
+                       "tool call's JSON cannot close: use tool_choice \"auto\"");
     } else {
         json_t *p = json_object_get(req, "prompt");
         if (!p) return bad(v, "prompt", "'prompt' is required");

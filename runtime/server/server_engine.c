@@ -488,6 +488,7 @@ static void accept_job(struct srv *s, struct srv_job *j)
         if (c->tc_on) {
             moe_tool_calls_init(&c->tc, s->tool_fmt);
             c->tc.tools = j->tool_defs;
+            if (j->tool_forced) moe_tool_calls_force(&c->tc, j->tool_forced_name);
         }
         if (c->tc_on && c->rs_on && s->reasoning == MOE_REASONING_HARMONY && s->tool_fmt == MOE_TOOLS_HARMONY)
             c->rs.calls = &c->tc; /* harmony calls come from its message headers */
