@@ -7,7 +7,7 @@
  * accumulators and the expert list is sized in prepare_model, so no op
  * allocates; the OpenMP team is created once and reused by every op.
  *
- * With the AVX2 or AVX-512 kernels, prepare_model also repacks the model's bf16
+ * With the AVX2 or AVX-512 kernels, prepare_model also repacks (backend_cpu_pack.c) the model's bf16
  * matrices (every weight that goes through matmul or the expert phase) into
  * 16-output panels (MOE_DTYPE_BF16_PANEL, runtime/cpu/gemm_fast.h) in one
  * arena per model that the backend owns, rewrites the model's views to
@@ -25,34 +25,16 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "attention/attention.h"
 #include "experts/experts.h"
 #include "router/router.h"
 #include "runtime/backend/backend.h"
+#include "runtime/backend/backend_cpu_impl.h"
 #include "runtime/backend/backend_impl.h"
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_fast.h"
 #include "runtime/core/argmax.h"
-
-struct cpu_arena {
-    char *p;     /* owned: the packed matrices of one model */
-    size_t size;
-};
-
-struct cpu_ctx {
-    float *scratch;       /* (threads, scratch_per_thread) */
-    size_t scratch_per_thread;
-    int32_t *active;      /* (E) experts with rows, for the fast expert phase */
-    int n_active_cap;
-    int threads;
-    enum moe_cpu_isa isa; /* MOE_CPU_ISA_REF for the reference table */
-    bool panels;          /* bf16 matrices repacked into panels at prepare_model */
-    struct cpu_arena *arenas; /* (n_arenas) packed weights, one per prepared model; owned */
-    int n_arenas;
-};
 
 /* The backend's context.  Scratch is sized for c->threads, and OpenMP's
  * thread count is a per-thread setting, so every op pins it for the calling
@@ -82,331 +64,6 @@ static enum moe_status cpu_copy(struct moe_backend *be, void *dst, const void *s
 
 static enum moe_status cpu_sync(struct moe_backend *be) { return MOE_OK; }
 
-/* ---- the matrices of a model repacked at prepare_model: bf16 panels
- * (fast kernels), or quantization (--quantize q8_0 or q4, either backend) ---- */
-
-/* Quantization runs first (when asked: --quantize q4 is PACK_Q4_1 of all
- * but the LM head, then PACK_Q8_0 of the LM head; a per-expert plan puts
- * each expert in the pass of its own format), then PACK_PANELS over what
- * is still bf16 (the routers, experts the plan keeps).  Each writes its
- * own arena. */
-enum pack_kind { PACK_Q8_0, PACK_Q4_1, PACK_PANELS };
-static enum moe_dtype pack_dtype(enum pack_kind k)
-{
-    return k == PACK_PANELS ? MOE_DTYPE_BF16_PANEL : k == PACK_Q4_1 ? MOE_DTYPE_Q4_1 : MOE_DTYPE_Q8_0;
-}
-
-/* Which matrices a quantization pass takes: the backend's quant for all
- * but the experts a per-expert plan names. */
-struct pack_policy {
-    enum moe_weight_quant quant;
-    const uint8_t *plan; /* (layers, E) or NULL (moe_backend_opts.expert_quant) */
-    int plan_layers, plan_e;
-};
-
-/* Whether pass kind takes the non-expert matrices (lm_head: the LM head),
- * or expert e of layer l. */
-static bool pass_takes(enum pack_kind kind, const struct pack_policy *pp, bool lm_head)
-{
-    if (kind == PACK_PANELS) return true;
-    if (kind == PACK_Q4_1) return pp->quant == MOE_QUANT_Q4 && !lm_head;
-    return pp->quant == MOE_QUANT_Q8_0 || (pp->quant == MOE_QUANT_Q4 && lm_head);
-}
-static bool pass_takes_expert(enum pack_kind kind, const struct pack_policy *pp, int l, int e)
-{
-    if (kind == PACK_PANELS) return true;
-    const uint8_t p = pp->plan && l < pp->plan_layers && e < pp->plan_e ? pp->plan[(size_t)l * pp->plan_e + e]
-                                                                         : MOE_EXPERT_QUANT_DEFAULT;
-    const enum moe_weight_quant q = p == MOE_EXPERT_QUANT_DEFAULT ? pp->quant : (enum moe_weight_quant)p;
-    return q == (kind == PACK_Q4_1 ? MOE_QUANT_Q4 : MOE_QUANT_Q8_0);
-}
-
-/* One matrix to repack: a tensor view, or one entry of a layer's expert
- * table (whose dtype is the table's, or its dtypes[expert]). */
-struct pack_item {
-    struct moe_tensor *t;              /* NULL for an expert entry */
-    struct moe_expert_weights *table;  /* the expert entry's table */
-    int expert;                        /* the entry's expert */
-    const void **slot;                 /* the expert entry */
-    const void *src;                   /* (N, K) row-major, of dtype dt */
-    enum moe_dtype dt;
-    int N, K;
-    int layer;                         /* for messages; -1 for the LM head */
-    size_t off;                        /* into the arena */
-    bool keep_source;                  /* another view still reads the source rows */
-};
-
-/* Only float matrices are repacked: Q8_0, Q4_1 and BF16_PANEL are already
- * packed, and MXFP4, FP8_B128 and Q4_G32/Q4_G128 (checkpoints' own formats:
- * gpt-oss experts, fp8 checkpoints' Linear weights, GPTQ, AWQ and
- * compressed-tensors) are read in place, never widened to panels or
- * requantized by --quantize. */
-static bool packable(enum pack_kind kind, enum moe_dtype dt, int64_t N, int64_t K)
-{
-    if (N <= 0 || N > INT32_MAX || K <= 0 || K > INT32_MAX) return false;
-    if (kind == PACK_PANELS) return dt == MOE_DTYPE_BF16 && K % 2 == 0;
-    return (dt == MOE_DTYPE_F32 || dt == MOE_DTYPE_F16 || dt == MOE_DTYPE_BF16) &&
-           K % MOE_Q8_0_BLOCK == 0; /* = MOE_Q4_1_BLOCK */
-}
-
-/* A layer's 2-D weights other than the experts: attention (MLA's down
- * projections too; its per-head 3-D matrices stay as loaded), dense FFN,
- * router, shared expert and its gate. */
-enum { LAYER_MATRICES = 14 };
-static void layer_matrices(struct moe_layer_weights *w, struct moe_tensor *ts[LAYER_MATRICES])
-{
-    struct moe_tensor *all[LAYER_MATRICES] = {&w->wq,      &w->wk,     &w->wv,      &w->wo,
-                                              &w->wq_a,    &w->wkv_a,
-                                              &w->w_gate,  &w->w_up,   &w->w_down,  &w->router,
-                                              &w->sh_gate, &w->sh_up,  &w->sh_down, &w->sh_router};
-    memcpy(ts, all, sizeof all);
-}
-
-static void add_tensor(enum pack_kind kind, struct pack_item *items, size_t *n, struct moe_tensor *t,
-                       int layer)
-{
-    if (!t->data || t->ndim != 2 || !packable(kind, t->dtype, t->shape[0], t->shape[1])) return;
-    if (items) items[*n] = (struct pack_item){.t = t, .src = t->data, .dt = t->dtype,
-                                              .N = (int)t->shape[0], .K = (int)t->shape[1],
-                                              .layer = layer};
-    ++*n;
-}
-
-/* The repackable matrices of m in a fixed order: the LM head, then per
- * layer attention, dense FFN, router (panels only: quantization keeps the
- * routers, as llama.cpp's quantize does), shared expert and the experts
- * (gate, up, down of each in turn: every expert the pass takes whose
- * matrices it can pack).  items NULL: count only. */
-static size_t pack_items(enum pack_kind kind, const struct pack_policy *pp, struct moe_model *m,
-                         struct pack_item *items)
-{
-    const struct moe_config *c = &m->cfg;
-    const int E = c->n_experts, D = c->d_model, F = c->d_expert;
-    size_t n = 0;
-    if (pass_takes(kind, pp, true)) /* first: the largest, so the team ends together */
-        add_tensor(kind, items, &n, &m->lm_head, -1);
-    if (items && n == 1 && m->lm_head.data == m->embed.data)
-        items[0].keep_source = true; /* tied: the embedding reads the same rows */
-    const bool dense = pass_takes(kind, pp, false);
-    if (dense) add_tensor(kind, items, &n, &m->mtp_eh_proj, 0); /* a multi-token-prediction module's input */
-    for (int l = 0; l < c->n_layers; l++) {
-        struct moe_layer_weights *w = &m->layers[l];
-        struct moe_tensor *ts[LAYER_MATRICES];
-        layer_matrices(w, ts);
-        for (int i = 0; i < LAYER_MATRICES && dense; i++)
-            if (kind == PACK_PANELS || (ts[i] != &w->router && ts[i] != &w->sh_router))
-                add_tensor(kind, items, &n, ts[i], l);
-        struct moe_expert_weights *x = &w->experts;
-        if (E <= 0 || !x->gate) continue;
-        for (int e = 0; e < E; e++) {
-            const enum moe_dtype dt = moe_expert_dtype(x, e);
-            if (!x->gate[e]) continue; /* held by another rank (expert parallelism) */
-            if (!pass_takes_expert(kind, pp, l, e) || !packable(kind, dt, F, D) || !packable(kind, dt, D, F))
-                continue;
-            const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
-            for (int i = 0; i < 3; i++, n++)
-                if (items)
-                    items[n] = (struct pack_item){.table = x, .expert = e, .slot = slots[i], .src = *slots[i],
-                                                  .dt = dt, .N = i < 2 ? F : D, .K = i < 2 ? D : F,
-                                                  .layer = l};
-        }
-    }
-    return n;
-}
-
-/* The dtypes only this backend's prepare_model makes (MXFP4 and FP8_B128
- * are not: the loader makes them, in memory the model owns). */
-static bool packed_dtype(enum moe_dtype dt)
-{
-    return dt == MOE_DTYPE_BF16_PANEL || dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_1;
-}
-
-/* A weight of m in panels or quantized, or NULL when it has none. */
-static const void *some_packed(struct moe_model *m)
-{
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        struct moe_layer_weights *w = &m->layers[l];
-        if (w->experts.gate && packed_dtype(w->experts.dtype))
-            for (int e = 0; e < m->cfg.n_experts; e++)
-                if (w->experts.gate[e]) return w->experts.gate[e];
-        if (w->experts.dtypes) return w->experts.dtypes; /* a plan's tables, in an arena */
-        struct moe_tensor *ts[LAYER_MATRICES];
-        layer_matrices(w, ts);
-        for (int i = 0; i < LAYER_MATRICES; i++)
-            if (packed_dtype(ts[i]->dtype)) return ts[i]->data;
-    }
-    return packed_dtype(m->lm_head.dtype) ? m->lm_head.data : NULL;
-}
-
-/* Bytes of item it in the arena, as a multiple of 64. */
-static bool packed_bytes(enum pack_kind kind, const struct pack_item *it, size_t *out)
-{
-    if (kind == PACK_PANELS) return moe_gemm_panel_bytes(it->N, it->K, out);
-    size_t b;
-    if (__builtin_mul_overflow((size_t)it->N, moe_dtype_row_bytes(pack_dtype(kind), (size_t)it->K), &b) ||
-        b > SIZE_MAX - 63)
-        return false;
-    *out = (b + 63) / 64 * 64;
-    return true;
-}
-
-/* Quantizes item it into dst (Q8_0 or Q4_1); false when a value is not
- * finite. */
-static bool quantize_item(char *dst, const struct pack_item *it, enum moe_dtype to)
-{
-    float *row = malloc((size_t)it->K * sizeof(float));
-    if (!row) return false;
-    const size_t src_row = moe_dtype_row_bytes(it->dt, (size_t)it->K),
-                 dst_row = moe_dtype_row_bytes(to, (size_t)it->K);
-    bool ok = true;
-    for (int n = 0; n < it->N && ok; n++) {
-        moe_convert_row_f32(row, (const char *)it->src + (size_t)n * src_row, it->dt, (size_t)it->K);
-        char *d = dst + (size_t)n * dst_row;
-        ok = to == MOE_DTYPE_Q4_1 ? moe_quantize_row_q4_1(d, row, (size_t)it->K)
-                                  : moe_quantize_row_q8_0(d, row, (size_t)it->K);
-    }
-    free(row);
-    return ok;
-}
-
-/* Repacks m's matrices of this kind into a new arena owned by c and points
- * m's views at it (nothing to do when it has none); on failure m is
- * unchanged.  Each source's pages go back as soon as it is packed, except,
- * when quantizing, those of in-memory tensors: quantization can fail (a
- * value that is not finite) and such a source would not come back, so they
- * go once every matrix is done (a file's pages are read again if needed). */
-static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum pack_kind kind,
-                                  const struct pack_policy *pp)
-{
-    const size_t n = pack_items(kind, pp, m, NULL);
-    if (n == 0) return MOE_OK;
-    enum moe_status s = MOE_OK;
-    char *arena = NULL;
-    struct pack_item *items = calloc(n, sizeof *items);
-    struct cpu_arena *arenas = realloc(c->arenas, ((size_t)c->n_arenas + 1) * sizeof *arenas);
-    if (arenas) c->arenas = arenas;
-    if (!items || !arenas) {
-        s = moe_fail(MOE_ERR_NOMEM, "cpu backend: panel list of %zu matrices", n);
-        goto fail;
-    }
-    pack_items(kind, pp, m, items);
-    const size_t huge = (size_t)2 << 20;
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t bytes;
-        if (!packed_bytes(kind, &items[i], &bytes) || total > SIZE_MAX - bytes - huge) {
-            s = moe_fail(MOE_ERR_NOMEM, "cpu backend: repacked weight sizes overflow");
-            goto fail;
-        }
-        items[i].off = total;
-        total += bytes; /* a multiple of 64 */
-    }
-    /* whole 2 MiB pages, so the kernel may back the arena with huge pages
-     * (fewer TLB misses while decode streams it) */
-    const size_t cap = (total + huge - 1) / huge * huge;
-    if (!(arena = aligned_alloc(huge, cap))) {
-        s = moe_fail(MOE_ERR_NOMEM, kind == PACK_PANELS
-                     ? "cpu backend: cannot allocate %zu bytes for the weight panels "
-                       "(MOERUN_CPU_PANELS=0 keeps the natural layout)"
-                     : "cpu backend: cannot allocate %zu bytes for the quantized weights", cap);
-        goto fail;
-    }
-#ifdef MADV_HUGEPAGE
-    (void)madvise(arena, cap, MADV_HUGEPAGE);
-#endif
-    /* one matrix per item across the team */
-    int64_t bad = -1; /* the first item that could not be quantized */
-#pragma omp parallel for schedule(dynamic, 1)
-    for (size_t i = 0; i < n; i++) {
-        const struct pack_item *it = &items[i];
-        if (kind == PACK_PANELS) {
-            moe_gemm_pack_panels(arena + it->off, it->src, it->N, it->K);
-            if (!it->keep_source) moe_safetensors_release(&m->st, it->src, (size_t)it->N * (size_t)it->K * 2, false);
-        } else if (!quantize_item(arena + it->off, it, pack_dtype(kind))) {
-#pragma omp critical(moe_cpu_quant_bad)
-            if (bad < 0 || (int64_t)i < bad) bad = (int64_t)i;
-        } else if (!it->keep_source) {
-            moe_safetensors_release(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N, true);
-        }
-    }
-    if (bad >= 0) {
-        const struct pack_item *it = &items[bad];
-        const char *q = kind == PACK_Q4_1 ? "q4" : "q8_0";
-        s = it->layer < 0 ? moe_fail(MOE_ERR_FORMAT, "--quantize %s: the LM head holds a value that "
-                                     "is not finite (or cannot be allocated)", q)
-                          : moe_fail(MOE_ERR_FORMAT, "--quantize %s: a (%d, %d) weight of layer %d holds "
-                                     "a value that is not finite or past f16's range (or cannot be "
-                                     "allocated)", q, it->N, it->K, it->layer);
-        goto fail;
-    }
-    const enum moe_dtype to = pack_dtype(kind);
-    for (size_t i = 0; i < n; i++) {
-        const struct pack_item *it = &items[i];
-        if (kind != PACK_PANELS && !it->keep_source)
-            moe_safetensors_release(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N,
-                           false);
-        if (it->t) {
-            it->t->data = arena + it->off;
-            it->t->dtype = to;
-        } else {
-            *it->slot = arena + it->off;
-            if (it->table->dtypes) {
-                ((enum moe_dtype *)it->table->dtypes)[it->expert] = to; /* this backend's (mixed_tables) */
-                it->table->dtype = it->table->dtypes[0];
-            } else {
-                it->table->dtype = to;
-            }
-        }
-    }
-    c->arenas[c->n_arenas++] = (struct cpu_arena){arena, cap};
-    free(items);
-    return MOE_OK;
-fail:
-    free(arena);
-    free(items);
-    return s;
-}
-
-/* A per-expert plan: checks it against m (its layers and experts) and
- * gives each MoE layer's table its own dtypes (E), all the table's dtype
- * for now, in memory c owns (an arena entry: freed with the weights). */
-static enum moe_status mixed_tables(struct cpu_ctx *c, struct moe_model *m, const struct pack_policy *pp)
-{
-    const struct moe_config *cfg = &m->cfg;
-    const int E = cfg->n_experts;
-    for (int l = 0; l < pp->plan_layers; l++)
-        for (int e = 0; e < pp->plan_e; e++) {
-            const uint8_t q = pp->plan[(size_t)l * pp->plan_e + e];
-            if (q == MOE_EXPERT_QUANT_DEFAULT) continue;
-            if (q != MOE_QUANT_NONE && q != MOE_QUANT_Q8_0 && q != MOE_QUANT_Q4)
-                return moe_fail(MOE_ERR_INVALID_ARG, "per-expert precision plan: expert %d of layer %d has the "
-                                "unknown format %u", e, l, q);
-            if (l >= cfg->n_layers || e >= E)
-                return moe_fail(MOE_ERR_INVALID_ARG, "per-expert precision plan: expert %d of layer %d does not "
-                                "exist (the model has %d layers of %d experts)", e, l, cfg->n_layers, E);
-            if (!cfg->layer_moe[l] || !m->layers[l].experts.gate)
-                return moe_fail(MOE_ERR_INVALID_ARG, "per-expert precision plan: layer %d has no experts (a "
-                                "dense layer)", l);
-        }
-    size_t bytes;
-    if (!moe_mul_size((size_t)cfg->n_layers * (size_t)(E > 0 ? E : 1), sizeof(enum moe_dtype), &bytes))
-        return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert dtype tables");
-    struct cpu_arena *arenas = realloc(c->arenas, ((size_t)c->n_arenas + 1) * sizeof *arenas);
-    if (!arenas) return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert dtype tables");
-    c->arenas = arenas;
-    enum moe_dtype *all = malloc(bytes);
-    if (!all) return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert dtype tables");
-    c->arenas[c->n_arenas++] = (struct cpu_arena){(char *)all, bytes};
-    for (int l = 0; l < cfg->n_layers; l++) {
-        struct moe_expert_weights *x = &m->layers[l].experts;
-        if (!cfg->layer_moe[l] || !x->gate) continue;
-        enum moe_dtype *d = all + (size_t)l * E;
-        for (int e = 0; e < E; e++) d[e] = x->dtype;
-        x->dtypes = d;
-    }
-    return MOE_OK;
-}
-
 static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_model *m)
 {
     struct cpu_ctx *c = ctx_of(be);
@@ -414,21 +71,7 @@ static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_mode
     if (m->weights_deferred)
         return moe_fail(MOE_ERR_INVALID_ARG, "cpu backend: the model's synthetic weights were "
                         "deferred to a device backend");
-    const char *packed = some_packed(m);
-    if (packed) { /* prepared before: by this backend (then nothing to do) or another */
-        bool ours = false;
-        for (int i = 0; i < c->n_arenas && !ours; i++)
-            ours = packed >= c->arenas[i].p && packed < c->arenas[i].p + c->arenas[i].size;
-        if (!ours)
-            return moe_fail(MOE_ERR_INVALID_ARG, "cpu backend: the model's weights were "
-                            "repacked or quantized for another backend; load it again for this one");
-    } else {
-        const struct pack_policy pp = {be->quant, be->expert_quant, be->expert_quant_layers, be->expert_quant_e};
-        if (pp.plan) MOE_TRY(mixed_tables(c, m, &pp));
-        MOE_TRY(pack_model(c, m, PACK_Q4_1, &pp));
-        MOE_TRY(pack_model(c, m, PACK_Q8_0, &pp));
-        if (c->panels) MOE_TRY(pack_model(c, m, PACK_PANELS, &pp));
-    }
+    MOE_TRY(moe_cpu_pack_model(c, be, m));
     size_t need = (size_t)cfg->d_model;
     size_t dims[] = {(size_t)cfg->n_heads * cfg->head_dim, (size_t)cfg->d_ff,
                      (size_t)cfg->d_expert, (size_t)cfg->d_shared, (size_t)cfg->kv_lora_rank,

@@ -28,7 +28,7 @@
  * horizontal sum, so these too give a row the same bits alone or in any
  * batch (though not the bits of the natural-layout kernels).  The fast
  * backend packs a model's bf16 matrices at prepare_model
- * (runtime/backend/backend_cpu.c); every entry below takes them as wt.
+ * (runtime/backend/backend_cpu_pack.c); every entry below takes them as wt.
  *
  * Q8_0: the inputs are quantized to Q8_0 blocks too, as llama.cpp's CPU
  * backend does, and each block of 32 products is an exact integer sum
