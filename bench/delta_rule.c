@@ -17,25 +17,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "attention/attention.h"
 
 enum { HK = 16, HV = 32, DK = 128, DV = 128, KW = 4, C = 2 * HK * DK + HV * DV, TMAX = 512, MAXR = 64 };
 
 typedef enum moe_status (*delta_fn)(float *, float *, const float *, const float *, struct moe_kvcache *,
                                     const struct moe_batch *, const struct moe_delta_params *);
-
-static double cpu_seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static float frand(uint64_t *s)
 {
@@ -89,15 +77,15 @@ int main(int argc, char **argv)
                 double s = 0;
                 for (int k = 0; k < reps; k++) {
                     memcpy(qkv, qkv0, (size_t)n * C * sizeof(float));
-                    const double t0 = cpu_seconds();
+                    const double t0 = bench_clock(CLOCK_THREAD_CPUTIME_ID);
                     if (fns[f / 2](out, qkv, b, a, &kv, &bt, &p) != MOE_OK) return 1;
-                    s += cpu_seconds() - t0;
+                    s += bench_clock(CLOCK_THREAD_CPUTIME_ID) - t0;
                 }
                 t[f][r] = s / reps / n / HV * 1e6;
             }
         printf("%6d", n);
         for (int f = 0; f < 2 * nf; f++) {
-            qsort(t[f], (size_t)rounds, sizeof(double), cmp);
+            qsort(t[f], (size_t)rounds, sizeof(double), bench_cmp_double);
             printf(" %11.2f", t[f][rounds / 2]);
         }
         printf("\n");

@@ -26,31 +26,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "runtime/core/status.h"
 #include "runtime/cpu/gemm_fast.h"
-
-static double clock_s(clockid_t c)
-{
-    struct timespec ts;
-    clock_gettime(c, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-    if (!p) {
-        fprintf(stderr, "bench_gemm_panels: out of memory for %zu bytes\n", n);
-        exit(1);
-    }
-    return p;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 int main(int argc, char **argv)
 {
@@ -76,7 +54,7 @@ int main(int argc, char **argv)
         const int N = shapes[si][0], K = shapes[si][1];
         size_t pb;
         MOE_ASSERT(moe_gemm_panel_bytes(N, K, &pb));
-        uint16_t *w = xmalloc((size_t)N * K * 2);
+        uint16_t *w = bench_alloc("bench_gemm_panels", (size_t)N * K * 2);
         uint64_t st = 88172645463325252ull + si;
         for (size_t i = 0; i < (size_t)N * K; i++) {
             st ^= st << 13, st ^= st >> 7, st ^= st << 17;
@@ -86,33 +64,33 @@ int main(int argc, char **argv)
             w[i] = (uint16_t)(u >> 16);
         }
         const size_t copies_decode = ((size_t)256 << 20) / pb + 1;
-        char *pk = xmalloc(pb * copies_decode);
+        char *pk = bench_alloc("bench_gemm_panels", pb * copies_decode);
         for (size_t c = 0; c < copies_decode; c++) moe_gemm_pack_panels(pk + c * pb, w, N, K);
         free(w);
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             const int T = Ts[ti];
             if (only && T != only) continue;
             const size_t copies = T <= 4 ? copies_decode : 1;
-            float *x = xmalloc((size_t)T * K * sizeof(float)), *y = xmalloc((size_t)T * N * sizeof(float));
+            float *x = bench_alloc("bench_gemm_panels", (size_t)T * K * sizeof(float)), *y = bench_alloc("bench_gemm_panels", (size_t)T * N * sizeof(float));
             for (size_t i = 0; i < (size_t)T * K; i++) x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
             const double flop = 2.0 * T * (double)N * K;
             const int reps = (int)(2e9 / flop / (T <= 4 ? 1 : 8)) + 1;
-            double *ms = xmalloc(sizeof(double) * (size_t)rounds * (size_t)nset);
+            double *ms = bench_alloc("bench_gemm_panels", sizeof(double) * (size_t)rounds * (size_t)nset);
             for (int r = 0; r < rounds; r++)
                 for (int k = 0; k < nset; k++) {
                     const int s = (r % 2 ? nset - 1 - k : k); /* alternate the order */
                     const enum moe_cpu_isa isa = sets[s];
                     const clockid_t ck = threads > 1 ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID;
                     moe_gemm_fast(isa, y, N, x, K, pk, MOE_DTYPE_BF16_PANEL, N, K, T, NULL); /* warm */
-                    const double t0 = clock_s(ck);
+                    const double t0 = bench_clock(ck);
                     for (int i = 0; i < reps; i++)
                         moe_gemm_fast(isa, y, N, x, K, pk + (size_t)i % copies * pb, MOE_DTYPE_BF16_PANEL, N, K, T,
                                       NULL);
-                    ms[(size_t)s * rounds + r] = (clock_s(ck) - t0) / reps * 1e3;
+                    ms[(size_t)s * rounds + r] = (bench_clock(ck) - t0) / reps * 1e3;
                 }
             double med[5];
             for (int s = 0; s < nset; s++) {
-                qsort(ms + (size_t)s * rounds, (size_t)rounds, sizeof(double), cmp_d);
+                qsort(ms + (size_t)s * rounds, (size_t)rounds, sizeof(double), bench_cmp_double);
                 med[s] = ms[(size_t)s * rounds + rounds / 2];
             }
             for (int s = 0; s < nset; s++)

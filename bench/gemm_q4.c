@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "runtime/core/status.h"
 #include "runtime/cpu/gemm_fast.h"
 
@@ -44,23 +45,6 @@ static const char *const fmt_name[NF] = {"bf16", "bf16-panel", "q8_0", "q4_1", "
 static const enum moe_dtype fmt_dt[NF] = {MOE_DTYPE_BF16, MOE_DTYPE_BF16_PANEL, MOE_DTYPE_Q8_0, MOE_DTYPE_Q4_1,
                                           MOE_DTYPE_Q4_G128, MOE_DTYPE_Q4_1, MOE_DTYPE_Q4_G128};
 static int nf = NF; /* formats measured: 5 where the best set is AVX2 */
-
-static double clock_s(clockid_t c)
-{
-    struct timespec ts;
-    clock_gettime(c, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-    if (!p) {
-        fprintf(stderr, "bench_gemm_q4: out of memory for %zu bytes\n", n);
-        exit(1);
-    }
-    return p;
-}
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float urand(void) /* [-1, 1) */
@@ -77,16 +61,16 @@ static void *make_matrix(int f, const float *wf, int N, int D, size_t *bytes)
     if (dt == MOE_DTYPE_BF16_PANEL) {
         size_t nb, rb = (size_t)D * 2;
         if (!moe_gemm_panel_bytes(N, D, &nb)) exit(1);
-        uint16_t *rows = xmalloc((size_t)N * rb);
+        uint16_t *rows = bench_alloc("bench_gemm_q4", (size_t)N * rb);
         moe_convert_from_f32(rows, wf, MOE_DTYPE_BF16, (size_t)N * D);
-        void *p = xmalloc(nb);
+        void *p = bench_alloc("bench_gemm_q4", nb);
         moe_gemm_pack_panels(p, rows, N, D);
         free(rows);
         *bytes = nb;
         return p;
     }
     const size_t rb = moe_dtype_row_bytes(dt, (size_t)D);
-    unsigned char *w = xmalloc((size_t)N * rb);
+    unsigned char *w = bench_alloc("bench_gemm_q4", (size_t)N * rb);
     *bytes = (size_t)N * rb;
     for (int n = 0; n < N; n++) {
         const float *r = wf + (size_t)n * D;
@@ -122,12 +106,6 @@ static void print_load(void)
     printf("load average: %s\n", line);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* One shape at T rows and nth threads: every format's copies, rounds
  * alternating the formats; prints one line per format. */
 static void bench_shape(int N, int D, int T, int nth, int rounds, void *const *arena, const size_t *mbytes,
@@ -141,16 +119,16 @@ static void bench_shape(int N, int D, int T, int nth, int rounds, void *const *a
         for (int f = 0; f < nf; f++) {
             const enum moe_cpu_isa fi = f >= 5 ? MOE_CPU_ISA_AVX2 : isa;
             const int n = T == 1 ? copies[f] : copies[f] < 24 ? copies[f] : 24;
-            const double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
+            const double t0 = bench_clock(CLOCK_MONOTONIC), c0 = bench_clock(CLOCK_THREAD_CPUTIME_ID);
             for (int i = 0; i < n; i++)
                 moe_gemm_fast(fi, y, N, x, D, (const char *)arena[f] + (size_t)i * mbytes[f], fmt_dt[f], N, D, T,
                               NULL);
-            t[f][r] = (clock_s(CLOCK_MONOTONIC) - t0) / n;
-            cpu[f][r] = (clock_s(CLOCK_THREAD_CPUTIME_ID) - c0) / n;
+            t[f][r] = (bench_clock(CLOCK_MONOTONIC) - t0) / n;
+            cpu[f][r] = (bench_clock(CLOCK_THREAD_CPUTIME_ID) - c0) / n;
         }
     for (int f = 0; f < nf; f++) {
-        qsort(t[f], (size_t)rounds, sizeof(double), cmp_double);
-        qsort(cpu[f], (size_t)rounds, sizeof(double), cmp_double);
+        qsort(t[f], (size_t)rounds, sizeof(double), bench_cmp_double);
+        qsort(cpu[f], (size_t)rounds, sizeof(double), bench_cmp_double);
         const double s = t[f][rounds / 2];
         char c[16] = "-";
         if (nth == 1) snprintf(c, sizeof c, "%.3f", cpu[f][rounds / 2] * 1e3);
@@ -186,8 +164,8 @@ int main(int argc, char **argv)
            "|---|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < nshapes; s++) {
         const int N = shapes[s][0], D = shapes[s][1];
-        float *wf = xmalloc((size_t)N * D * sizeof(float)), *x = xmalloc((size_t)64 * D * sizeof(float)),
-              *y = xmalloc((size_t)64 * N * sizeof(float));
+        float *wf = bench_alloc("bench_gemm_q4", (size_t)N * D * sizeof(float)), *x = bench_alloc("bench_gemm_q4", (size_t)64 * D * sizeof(float)),
+              *y = bench_alloc("bench_gemm_q4", (size_t)64 * N * sizeof(float));
         for (size_t i = 0; i < (size_t)N * D; i++) wf[i] = urand();
         for (size_t i = 0; i < (size_t)64 * D; i++) x[i] = urand();
         void *arena[NF];
@@ -196,7 +174,7 @@ int main(int argc, char **argv)
         for (int f = 0; f < nf; f++) {
             void *one = make_matrix(f, wf, N, D, &mbytes[f]);
             copies[f] = (int)((total + mbytes[f] - 1) / mbytes[f]);
-            arena[f] = xmalloc(mbytes[f] * (size_t)copies[f]);
+            arena[f] = bench_alloc("bench_gemm_q4", mbytes[f] * (size_t)copies[f]);
             for (int i = 0; i < copies[f]; i++) memcpy((char *)arena[f] + (size_t)i * mbytes[f], one, mbytes[f]);
             free(one);
         }

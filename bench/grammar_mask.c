@@ -19,17 +19,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "runtime/backend/backend.h"
 #include "runtime/engine/engine.h"
 #include "runtime/grammar/grammar_impl.h" /* n_pm: the per-position sets computed so far */
 #include "runtime/text/tokenizer.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 #define CHECK(x)                                                                    \
     do {                                                                            \
@@ -77,10 +71,10 @@ static void mask_cost(void)
     }
     off[V] = at;
     struct moe_grammar_vocab gv;
-    double t0 = now();
+    double t0 = bench_clock(CLOCK_MONOTONIC);
     CHECK(moe_grammar_vocab_init(&gv, V, off, bytes, in));
     printf("vocabulary: %d tokens, %u bytes, trie of %d nodes built in %.1f ms\n", V, at, gv.n_nodes,
-           1e3 * (now() - t0));
+           1e3 * (bench_clock(CLOCK_MONOTONIC) - t0));
     struct moe_grammar *g;
     CHECK(moe_grammar_json_object(&g));
     const char *doc = "{\"name\": \"Alice Smith\", \"age\": 42, \"tags\": [\"a\", \"b c\"], \"score\": -3.25e2,\n"
@@ -94,13 +88,13 @@ static void mask_cost(void)
     for (size_t i = 0; doc[i]; i++, n++) {
         CHECK(moe_grammar_state_copy(&fresh, &st)); /* empty cache */
         int32_t sets = g->n_pm;
-        double a = now();
+        double a = bench_clock(CLOCK_MONOTONIC);
         CHECK(moe_grammar_mask(&fresh, &gv, bits));
-        double b = now();
+        double b = bench_clock(CLOCK_MONOTONIC);
         CHECK(moe_grammar_mask(&fresh, &gv, bits)); /* the same state again: its cache */
-        double c = now();
+        double c = bench_clock(CLOCK_MONOTONIC);
         CHECK(moe_grammar_mask_walk(&fresh, &gv, ref));
-        double d = now();
+        double d = bench_clock(CLOCK_MONOTONIC);
         if (memcmp(bits, ref, ((size_t)V + 31) / 32 * 4)) {
             fprintf(stderr, "masks differ at byte %zu\n", i);
             exit(1);
@@ -168,9 +162,9 @@ static double decode_rate(struct moe_engine *e, struct moe_tokenizer *tok, const
     int rows;
     CHECK(moe_engine_step(e, &rows));
     uint64_t before = e->n.generated_tokens;
-    double t0 = now();
+    double t0 = bench_clock(CLOCK_MONOTONIC);
     while (!moe_engine_idle(e)) CHECK(moe_engine_step(e, &rows));
-    double dt = now() - t0;
+    double dt = bench_clock(CLOCK_MONOTONIC) - t0;
     *n_tokens = (long)(e->n.generated_tokens - before);
     for (int i = 0; i < 32; i++) {
         if (rs[i]->gstate) {

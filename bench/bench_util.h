@@ -1,0 +1,34 @@
+/* bench_util.h - what the C benchmarks under bench/ share: clocks, aligned
+ * allocation that exits on failure, and the order of doubles for medians. */
+#pragma once
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* Seconds on clock c (CLOCK_MONOTONIC: wall; CLOCK_THREAD_CPUTIME_ID: the
+ * calling thread's CPU time). */
+static inline double bench_clock(clockid_t c)
+{
+    struct timespec ts;
+    clock_gettime(c, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* n bytes aligned to 64; the program exits naming itself when out of memory. */
+static inline void *bench_alloc(const char *prog, size_t n)
+{
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "%s: out of memory for %zu bytes\n", prog, n);
+        exit(1);
+    }
+    return p;
+}
+
+/* qsort's order of doubles, ascending. */
+static inline int bench_cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
