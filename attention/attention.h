@@ -87,23 +87,26 @@ struct moe_delta_params {
  * recurrence, bench/delta_rule.c); the AVX2 one only the recurrence (its
  * chunked form is no faster there); chunk_min overrides the choice.  A row depends only on its
  * sequence's earlier rows and how they were split into steps, not on the
- * other sequences of the batch.  Fails only for want of workspace (then
- * the slots' states are partly advanced: the caller's step fails). */
+ * other sequences of the batch.  Fails only when per_thread is short of
+ * moe_attention_delta_scratch (before any state changes). */
 enum moe_status moe_attention_delta_cpu(float *out, float *qkv, const float *b, const float *a,
                                         struct moe_kvcache *kv, const struct moe_batch *bt,
-                                        const struct moe_delta_params *p);
+                                        const struct moe_delta_params *p, float *scratch, size_t per_thread);
 /* The same loops compiled for the fast backend's kernel set isa (AVX2 or
  * AVX-512 and up; the processor has it). */
 enum moe_status moe_attention_delta_fast(enum moe_cpu_isa isa, float *out, float *qkv, const float *b, const float *a,
                                          struct moe_kvcache *kv, const struct moe_batch *bt,
-                                         const struct moe_delta_params *p);
+                                         const struct moe_delta_params *p, float *scratch, size_t per_thread);
 /* Those compilations themselves (linear_attn_avx2.c, linear_attn_avx512.c). */
 enum moe_status moe_attention_delta_avx2(float *out, float *qkv, const float *b, const float *a,
                                          struct moe_kvcache *kv, const struct moe_batch *bt,
-                                         const struct moe_delta_params *p);
+                                         const struct moe_delta_params *p, float *scratch, size_t per_thread);
 enum moe_status moe_attention_delta_avx512(float *out, float *qkv, const float *b, const float *a,
                                            struct moe_kvcache *kv, const struct moe_batch *bt,
-                                           const struct moe_delta_params *p);
+                                           const struct moe_delta_params *p, float *scratch, size_t per_thread);
+/* The scratch each thread of those ops needs (scratch: (omp threads,
+ * per_thread) floats, per_thread at least this), for any compilation and form. */
+size_t moe_attention_delta_scratch(int Dk, int Dv);
 /* DeepSeek sparse attention's indexer for one layer (config.h): for each
  * row t of b, its key k (T, Di) as projected (wk) is LayerNorm-ed (eps
  * 1e-6, norm_w, norm_b), rotated over its first rot values (halves, at its

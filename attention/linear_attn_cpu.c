@@ -12,16 +12,21 @@
 #include "attention/linear_attn_impl.h"
 
 enum moe_status moe_attention_delta_cpu(float *out, float *qkv, const float *b, const float *a, struct moe_kvcache *kv,
-                                        const struct moe_batch *bt, const struct moe_delta_params *p)
+                                        const struct moe_batch *bt, const struct moe_delta_params *p, float *scratch,
+                                        size_t per_thread)
 {
-    return delta_entry_ref(out, qkv, b, a, kv, bt, p);
+    return delta_entry_ref(out, qkv, b, a, kv, bt, p, scratch, per_thread);
 }
+
+/* the reference's chunks of 64 are the longest of any compilation (theirs
+ * assert it) */
+size_t moe_attention_delta_scratch(int Dk, int Dv) { return delta_chunk_floats(Dk, Dv); }
 
 enum moe_status moe_attention_delta_fast(enum moe_cpu_isa isa, float *out, float *qkv, const float *b,
                                          const float *a, struct moe_kvcache *kv, const struct moe_batch *bt,
-                                         const struct moe_delta_params *p)
+                                         const struct moe_delta_params *p, float *scratch, size_t per_thread)
 {
-    if (isa >= MOE_CPU_ISA_AVX512) return moe_attention_delta_avx512(out, qkv, b, a, kv, bt, p);
-    if (isa == MOE_CPU_ISA_AVX2) return moe_attention_delta_avx2(out, qkv, b, a, kv, bt, p);
-    return delta_entry_ref(out, qkv, b, a, kv, bt, p);
+    if (isa >= MOE_CPU_ISA_AVX512) return moe_attention_delta_avx512(out, qkv, b, a, kv, bt, p, scratch, per_thread);
+    if (isa == MOE_CPU_ISA_AVX2) return moe_attention_delta_avx2(out, qkv, b, a, kv, bt, p, scratch, per_thread);
+    return delta_entry_ref(out, qkv, b, a, kv, bt, p, scratch, per_thread);
 }

@@ -24,8 +24,8 @@
 #pragma once
 
 #include <math.h>
+#include <omp.h>
 #include <stdbool.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "attention/attention.h"
@@ -215,6 +215,8 @@ static inline void delta_chunk(const struct delta_head *d, int t0, int L, float 
             Kb[(size_t)i * Dk + p] = k[p] * (beta[i] * eg[i]);
         }
     }
+    if (L < DELTA_CH) /* the products below read KT's columns up to a whole block past L */
+        for (int p = 0; p < Dk; p++) memset(&KT[(size_t)p * DELTA_CH + L], 0, (size_t)(DELTA_CH - L) * sizeof(float));
     /* A = K K^T and QK = Q K^T over the keys j <= i, then their factors */
     memset(A, 0, sizeof(float) * DELTA_CH * DELTA_CH);
     memset(QK, 0, sizeof(float) * DELTA_CH * DELTA_CH);
@@ -277,10 +279,12 @@ static inline void delta_chunk(const struct delta_head *d, int t0, int L, float 
     }
 }
 
-/* The op (attention.h): conv per (sequence, channel), then the delta rule
- * per (sequence, value head), each thread with its own workspace. */
+/* The op (attention.h): conv per (sequence, channel block), then the delta
+ * rule per (sequence, value head), each thread in its own per_thread
+ * floats of scratch. */
 static enum moe_status DELTA_ENTRY(float *out, float *qkv, const float *b, const float *a, struct moe_kvcache *kv,
-                                   const struct moe_batch *bt, const struct moe_delta_params *p)
+                                   const struct moe_batch *bt, const struct moe_delta_params *p, float *scratch,
+                                   size_t per_thread)
 {
     const int Hk = p->n_k_heads, Hv = p->n_v_heads, Dk = p->k_dim, Dv = p->v_dim, K = p->conv;
     const int C = 2 * Hk * Dk + Hv * Dv, n = bt->n_seqs;
@@ -299,26 +303,21 @@ static enum moe_status DELTA_ENTRY(float *out, float *qkv, const float *b, const
     bool chunked = false;
     for (int s = 0; s < n; s++) chunked = chunked || bt->seq_start[s + 1] - bt->seq_start[s] >= cmin;
     const size_t wsf = chunked ? delta_chunk_floats(Dk, Dv) : 4 * (size_t)Dv + 2 * (size_t)Dk;
-    bool nomem = false;
+    if (wsf > per_thread)
+        return moe_fail(MOE_ERR_INVALID_ARG, "delta_net: %zu floats of scratch per thread, %zu needed", per_thread,
+                        wsf);
 #pragma omp parallel
     {
-        float *ws = calloc(wsf, sizeof(float)); /* KT's columns past a short chunk's are read (and cleared) */
-        if (!ws) {
-#pragma omp atomic write
-            nomem = true;
-        }
+        float *ws = scratch + (size_t)omp_get_thread_num() * per_thread;
 #pragma omp for schedule(dynamic)
         for (long i = 0; i < (long)n * Hv; i++) {
             const int s = (int)(i / Hv), h = (int)(i % Hv), r0 = bt->seq_start[s], r1 = bt->seq_start[s + 1];
-            if (!ws) continue;
             float *S = delta_slot(kv, bt, s, p->layer) + kv->state_conv_floats + (size_t)h * Dk * Dv;
             const struct delta_head d = delta_head_of(out, qkv, b, a, S, h, p);
             if (r1 - r0 < cmin) delta_recurrent(&d, r0, r1, ws);
             else
                 for (int t = r0; t < r1; t += DELTA_CH) delta_chunk(&d, t, r1 - t < DELTA_CH ? r1 - t : DELTA_CH, ws);
         }
-        free(ws);
     }
-    return nomem ? moe_fail(MOE_ERR_NOMEM, "delta_net: %zu bytes of workspace per thread", wsf * sizeof(float))
-                 : MOE_OK;
+    return MOE_OK;
 }

@@ -23,7 +23,7 @@
 enum { HK = 16, HV = 32, DK = 128, DV = 128, KW = 4, C = 2 * HK * DK + HV * DV, TMAX = 512, MAXR = 64 };
 
 typedef enum moe_status (*delta_fn)(float *, float *, const float *, const float *, struct moe_kvcache *,
-                                    const struct moe_batch *, const struct moe_delta_params *);
+                                    const struct moe_batch *, const struct moe_delta_params *, float *, size_t);
 
 static float frand(uint64_t *s)
 {
@@ -45,7 +45,9 @@ int main(int argc, char **argv)
     float *out = malloc((size_t)TMAX * HV * DV * sizeof(float)), conv_w[C * KW], a_log[HV], dt_bias[HV];
     const size_t layer_f = (size_t)C * (KW - 1) + (size_t)HV * DK * DV;
     float *state = calloc(layer_f, sizeof(float));
-    if (!qkv0 || !qkv || !b || !a || !out || !state) return 1;
+    const size_t per = moe_attention_delta_scratch(DK, DV);
+    float *scratch = calloc(per, sizeof(float)); /* one thread */
+    if (!qkv0 || !qkv || !b || !a || !out || !state || !scratch) return 1;
     for (size_t i = 0; i < (size_t)TMAX * C; i++) qkv0[i] = frand(&seed);
     for (int i = 0; i < TMAX * HV; i++) b[i] = 4 * frand(&seed), a[i] = 4 * frand(&seed);
     for (int i = 0; i < C * KW; i++) conv_w[i] = frand(&seed);
@@ -78,7 +80,7 @@ int main(int argc, char **argv)
                 for (int k = 0; k < reps; k++) {
                     memcpy(qkv, qkv0, (size_t)n * C * sizeof(float));
                     const double t0 = bench_clock(CLOCK_THREAD_CPUTIME_ID);
-                    if (fns[f / 2](out, qkv, b, a, &kv, &bt, &p) != MOE_OK) return 1;
+                    if (fns[f / 2](out, qkv, b, a, &kv, &bt, &p, scratch, per) != MOE_OK) return 1;
                     s += bench_clock(CLOCK_THREAD_CPUTIME_ID) - t0;
                 }
                 t[f][r] = s / reps / n / HV * 1e6;
@@ -96,5 +98,6 @@ int main(int argc, char **argv)
     free(a);
     free(out);
     free(state);
+    free(scratch);
     return 0;
 }

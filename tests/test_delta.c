@@ -9,6 +9,7 @@
  * both to transformers. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,7 +96,7 @@ static void reference(const struct delta_case *k, double *out)
 }
 
 typedef enum moe_status (*delta_fn)(float *, float *, const float *, const float *, struct moe_kvcache *,
-                                    const struct moe_batch *, const struct moe_delta_params *);
+                                    const struct moe_batch *, const struct moe_delta_params *, float *, size_t);
 
 /* The op over the case, each sequence's rows split into steps of at most
  * step rows (0: one step for all sequences together): out (T, Hv Dv). */
@@ -109,7 +110,10 @@ static void run_op(delta_fn fn, const struct delta_case *k, int step, int chunk_
     const struct moe_delta_params p = {.layer = 0, .n_k_heads = HK, .n_v_heads = HV, .k_dim = DK, .v_dim = DV,
                                        .conv = KW, .conv_w = k->conv_w, .a_log = k->a_log, .dt_bias = k->dt_bias,
                                        .chunk_min = chunk_min};
-    float *qkv = malloc((size_t)k->T * C * sizeof(float));
+    const size_t per = moe_attention_delta_scratch(DK, DV);
+    const size_t sbytes = (size_t)omp_get_max_threads() * per * sizeof(float);
+    float *scratch = malloc(sbytes), *qkv = malloc((size_t)k->T * C * sizeof(float));
+    memset(scratch, 0xff, sbytes); /* NaN: what the op reads, it wrote first */
     memcpy(qkv, k->qkv, (size_t)k->T * C * sizeof(float));
     int32_t *pos = malloc((size_t)k->T * sizeof(int32_t)), start[NSEQ + 1], slot[NSEQ];
     if (step == 0) { /* every sequence whole, in one batch */
@@ -121,7 +125,7 @@ static void run_op(delta_fn fn, const struct delta_case *k, int step, int chunk_
             slot[s] = NSEQ - 1 - s;
             for (int t = 0; t < k->len[s]; t++) pos[start[s] + t] = t;
         }
-        cr_assert_eq(fn(out, qkv, k->b, k->a, &kv, &bt, &p), MOE_OK);
+        cr_assert_eq(fn(out, qkv, k->b, k->a, &kv, &bt, &p, scratch, per), MOE_OK);
     } else {
         int r0 = 0;
         for (int s = 0; s < NSEQ; r0 += k->len[s++])
@@ -132,11 +136,12 @@ static void run_op(delta_fn fn, const struct delta_case *k, int step, int chunk_
                 struct moe_batch bt = {.n_tokens = n, .n_seqs = 1, .positions = pos, .seq_start = st,
                                        .state_slot = &sl};
                 cr_assert_eq(fn(out + (size_t)r * HV * DV, qkv + (size_t)r * C, k->b + (size_t)r * HV,
-                                k->a + (size_t)r * HV, &kv, &bt, &p), MOE_OK);
+                                k->a + (size_t)r * HV, &kv, &bt, &p, scratch, per), MOE_OK);
             }
     }
     free(pos);
     free(qkv);
+    free(scratch);
     free(kv.state);
 }
 

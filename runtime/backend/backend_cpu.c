@@ -3,7 +3,7 @@
  * the heavy ops, its *_fast twin ("cpu": matmul, experts and attention with
  * AVX2/AVX-512 kernels, chosen at init by what the processor supports, plus
  * the optional matmul_multi; the reference table where it supports neither).
- * The two tables differ only in those entries.  Scratch for weight-row conversion, attention
+ * The two tables differ only in those entries.  Scratch for weight-row conversion, attention and DeltaNet
  * accumulators and the expert list is sized in prepare_model, so no op
  * allocates; the OpenMP team is created once and reused by every op.
  *
@@ -77,7 +77,9 @@ static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_mode
                      (size_t)cfg->d_expert, (size_t)cfg->d_shared, (size_t)cfg->kv_lora_rank,
                      (size_t)cfg->q_lora_rank, (size_t)cfg->n_heads * cfg->v_head_dim,
                      moe_attention_scratch_floats(cfg->n_heads, cfg->n_kv_heads, cfg->head_dim),
-                     m->mtp_eh_proj.data ? 2 * (size_t)cfg->d_model : 0};
+                     m->mtp_eh_proj.data ? 2 * (size_t)cfg->d_model : 0,
+                     moe_config_linear_layers(cfg) > 0 ? moe_attention_delta_scratch(cfg->lin_k_dim, cfg->lin_v_dim)
+                                                       : 0};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] > need) need = dims[i];
     size_t att = moe_attention_fast_scratch(cfg->n_heads / cfg->n_kv_heads, cfg->head_dim);
@@ -255,15 +257,16 @@ static enum moe_status cpu_delta_net(struct moe_backend *be, float *out, float *
                                      const float *a, struct moe_kvcache *kv, const struct moe_batch *bt,
                                      const struct moe_delta_params *p)
 {
-    (void)be;
-    return moe_attention_delta_cpu(out, qkv, b, a, kv, bt, p);
+    struct cpu_ctx *c = ctx_of(be);
+    return moe_attention_delta_cpu(out, qkv, b, a, kv, bt, p, c->scratch, c->scratch_per_thread);
 }
 
 static enum moe_status fast_delta_net(struct moe_backend *be, float *out, float *qkv, const float *b,
                                       const float *a, struct moe_kvcache *kv, const struct moe_batch *bt,
                                       const struct moe_delta_params *p)
 {
-    return moe_attention_delta_fast(ctx_of(be)->isa, out, qkv, b, a, kv, bt, p);
+    struct cpu_ctx *c = ctx_of(be);
+    return moe_attention_delta_fast(c->isa, out, qkv, b, a, kv, bt, p, c->scratch, c->scratch_per_thread);
 }
 
 static enum moe_status cpu_dsa_select(struct moe_backend *be, int32_t *keys, int topk, const float *q, float *k,
