@@ -333,8 +333,10 @@ static pid_t request_bg(const char *name, bool stream, int max_tokens)
     return spawn_shell(cmd);
 }
 
-/* Waits (up to 300 s) for that request to end; its body in out. */
-static void request_done(pid_t pid, const char *name, char *out, size_t cap)
+/* Waits (up to 300 s) for that request to end with HTTP status code; its
+ * body in out. */
+static void request_done_with(pid_t pid, const char *name, const char *code_want, char *out,
+                              size_t cap)
 {
     int st = 0;
     pid_t w = 0;
@@ -343,9 +345,14 @@ static void request_done(pid_t pid, const char *name, char *out, size_t cap)
     char cmd[256], code[64];
     snprintf(cmd, sizeof cmd, "cat %s/%s.code", sv.dir, name);
     sh(cmd, code, sizeof code);
-    cr_assert_str_eq(code, "200", "request %s", name);
+    cr_assert_str_eq(code, code_want, "request %s", name);
     snprintf(cmd, sizeof cmd, "cat %s/%s.out", sv.dir, name);
     sh(cmd, out, cap);
+}
+
+static void request_done(pid_t pid, const char *name, char *out, size_t cap)
+{
+    request_done_with(pid, name, "200", out, cap);
 }
 
 /* The waiting gauge as /metrics shows it (needs --no-stats while held). */
@@ -380,8 +387,8 @@ Test(server_drain, running_requests_finish_after_sigterm, .fini = gate_fini, .ti
 }
 
 /* --drain-timeout 0: a running stream ends with finish_reason "abort", an
- * error event and [DONE]; a running non-streaming request (its 200 header
- * sent) gets the error object as its body; the server exits 0. */
+ * error event and [DONE]; a running non-streaming request is answered 503
+ * with the error object; the server exits 0. */
 Test(server_drain, drain_timeout_ends_each_request_with_an_error, .fini = gate_fini, .timeout = 600)
 {
     server_start("--no-stats --drain-timeout 0");
@@ -406,8 +413,8 @@ Test(server_drain, drain_timeout_ends_each_request_with_an_error, .fini = gate_f
                *done = strstr(out, "data: [DONE]");
     cr_assert(fin && err && done && fin < err && err < done, "%s", out);
     cr_assert(strstr(err, "\"service_unavailable\""), "%s", err);
-    request_done(b, "b", out, sizeof out);
-    json_t *j = parse(out); /* whitespace, then the error object */
+    request_done_with(b, "b", "503", out, sizeof out);
+    json_t *j = parse(out);
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "type")), "service_unavailable",
                      "%s", out);
     json_decref(j);

@@ -112,7 +112,7 @@ static ssize_t job_reader(void *cls, uint64_t pos, char *buf, size_t max)
     } else {
         /* nothing yet: keep the connection alive (and learn if it is gone);
          * only at an event boundary, since events are appended whole */
-        const char *ka = j->stream ? ": keep-alive\n\n" : " ";
+        const char *ka = ": keep-alive\n\n";
         size_t k = strlen(ka);
         if (k > max) k = max;
         memcpy(buf, ka, k);
@@ -122,20 +122,79 @@ static ssize_t job_reader(void *cls, uint64_t pos, char *buf, size_t max)
     return n;
 }
 
+/* Marks the job abandoned and wakes the engine thread, which cancels its
+ * requests. */
+static void job_abandon(struct srv_job *j)
+{
+    struct srv *s = j->s;
+    pthread_mutex_lock(&j->mu);
+    j->abandoned = true;
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&s->q_mu);
+    pthread_cond_signal(&s->q_cv);
+    pthread_mutex_unlock(&s->q_mu);
+}
+
 static void job_reader_free(void *cls)
 {
     struct srv_job *j = cls;
-    struct srv *s = j->s;
     pthread_mutex_lock(&j->mu);
     bool gone = !j->done || j->sent < j->n_out;
-    if (gone) j->abandoned = true;
     pthread_mutex_unlock(&j->mu);
-    if (gone) { /* wake the engine thread: it cancels the job's requests */
-        pthread_mutex_lock(&s->q_mu);
-        pthread_cond_signal(&s->q_cv);
-        pthread_mutex_unlock(&s->q_mu);
-    }
+    if (gone) job_abandon(j);
     srv_job_unref(j);
+}
+
+/* Whether the client closed the connection: end of file or an error on a
+ * peek (bytes of a pipelined next request are not a close).  A client that
+ * only shuts down its sending side counts as gone, as in uvicorn. */
+static bool client_gone(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    char b;
+    const ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* A non-streaming job: this connection's thread waits for the whole body,
+ * looking every keepalive interval whether the client is still there, so
+ * that the status line can say how the job ended (200, or 503 when the
+ * drain timeout cut it).  Takes the caller's reference to j. */
+static enum MHD_Result completion_whole(struct MHD_Connection *c, struct srv *s, struct srv_job *j)
+{
+    const double ka = s->o.keepalive_s > 0 ? s->o.keepalive_s : 0.5;
+    pthread_mutex_lock(&j->mu);
+    while (!j->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += (time_t)ka;
+        ts.tv_nsec += (long)((ka - (double)(time_t)ka) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) != ETIMEDOUT || j->done) continue;
+        pthread_mutex_unlock(&j->mu);
+        if (client_gone(c)) {
+            job_abandon(j);
+            srv_job_unref(j);
+            return MHD_NO;
+        }
+        pthread_mutex_lock(&j->mu);
+    }
+    const int status = j->status ? j->status : 200;
+    const size_t n = j->n_out;
+    char *body = n ? malloc(n + 1) : NULL;
+    if (body) {
+        memcpy(body, j->out, n);
+        body[n] = 0;
+    }
+    pthread_mutex_unlock(&j->mu);
+    srv_job_unref(j);
+    if (!n) /* the engine thread ended it without a body: it stopped */
+        return send_error(c, s, 503, "the server stopped before the request finished");
+    return send_buf(c, s, status, "application/json", body);
 }
 
 static enum MHD_Result completion(struct MHD_Connection *c, struct srv *s, bool chat,
@@ -145,6 +204,7 @@ static enum MHD_Result completion(struct MHD_Connection *c, struct srv *s, bool 
     char *err = NULL;
     int status = srv_handle_completion(s, chat, cs->body ? cs->body : "", cs->n, &j, &err);
     if (status != 200) return send_buf(c, s, status, "application/json", err);
+    if (!j->stream) return completion_whole(c, s, j);
     srv_count_status(s, 200);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, job_reader,
                                                                j, job_reader_free);
@@ -152,12 +212,8 @@ static enum MHD_Result completion(struct MHD_Connection *c, struct srv *s, bool 
         job_reader_free(j);
         return MHD_NO;
     }
-    if (j->stream) {
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    } else {
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     if (atomic_load(&s->ready) == 2) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r);

@@ -6,12 +6,15 @@
  * (server_engine.c, named "moerun-engine") owns the engine: it drains the
  * submission queue, steps, turns tokens into text (stop strings included) and
  * writes each job's response bytes - SSE events or the final JSON body - into
- * the job's buffer.  The connection thread's content reader (server.c) copies
- * those bytes out, waiting on the job's condition variable; while it waits it
- * sends keep-alive bytes (an SSE comment, or JSON whitespace) so that a
- * client that hung up is noticed, and when the response is destroyed before
- * the job is done the job is marked abandoned and the engine thread cancels
- * its requests (freeing their KV blocks).
+ * the job's buffer.  For a stream, the connection thread's content reader
+ * (server.c) copies those bytes out, waiting on the job's condition
+ * variable; while it waits it sends keep-alive SSE comments so that a client
+ * that hung up is noticed.  For a non-streaming request the connection
+ * thread waits for the whole body before the status line goes out (so a job
+ * cut at shutdown answers 503), peeking at the socket every keep-alive
+ * interval for a client that hung up.  A job whose client is gone before it
+ * is done is marked abandoned and the engine thread cancels its requests
+ * (freeing their KV blocks).
  *
  * Ownership.  A job is reference counted: one reference for the HTTP side
  * (the handler, then the response), one for the engine thread from the
@@ -142,6 +145,7 @@ struct srv_job {
     size_t n_out, cap_out, sent;
     bool done;                /* every byte of the response is in out */
     bool abandoned;           /* the client is gone */
+    int status;               /* non-streaming: the HTTP status of out (0 = 200) */
 };
 
 struct srv_hist {

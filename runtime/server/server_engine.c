@@ -583,8 +583,8 @@ static void sweep(struct srv *s, bool abort_all)
 
 /* Ends a job cut at the drain timeout.  A stream gets a last chunk with
  * finish_reason "abort" for each unfinished choice, its usage chunk when
- * asked, an error event and [DONE]; a non-streaming body (its 200 header
- * has gone out) is the error object. */
+ * asked, an error event and [DONE]; a non-streaming request is answered 503
+ * with the error object. */
 static void job_cut(struct srv *s, struct srv_job *j)
 {
     char *err = srv_error_json(503, NULL, "the server shut down before the request finished "
@@ -605,6 +605,9 @@ static void job_cut(struct srv *s, struct srv_job *j)
         }
         emit(j, "data: [DONE]\n\n", 14, true);
     } else {
+        pthread_mutex_lock(&j->mu);
+        j->status = 503;
+        pthread_mutex_unlock(&j->mu);
         emit(j, err ? err : "", err ? strlen(err) : 0, true);
     }
     free(err);
