@@ -96,7 +96,7 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
             .max_tokens = o->max_batch_tokens, .max_seqs = o->max_seqs,
             .block_size = o->block_size, .kv_dtype = o->kv_dtype,
             .n_blocks = e->o.spec.draft_blocks > 0 ? e->o.spec.draft_blocks : o->n_blocks,
-            .sample = e->o.spec.sample_drafts};
+            .sample = e->o.spec.sample_drafts, .grammar = o->grammar_vocab};
         struct moe_backend *dbe = e->o.spec.draft_be ? e->o.spec.draft_be : be;
         if ((s = moe_spec_draft_init(&e->draft, e->o.spec.draft, dbe, m->cfg.vocab, &dop)) != MOE_OK)
             goto fail;
@@ -127,6 +127,11 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
     if (o->grammar_vocab && o->grammar_vocab->V != m->cfg.vocab) {
         s = moe_fail(MOE_ERR_INVALID_ARG, "engine: the grammar vocabulary has %d tokens, the model %d",
                      o->grammar_vocab->V, m->cfg.vocab);
+        goto fail;
+    }
+    if (o->grammar_vocab && e->o.spec.kind != MOE_SPEC_NONE &&
+        !(e->gdraft = calloc((size_t)o->max_seqs, sizeof *e->gdraft))) {
+        s = moe_fail(MOE_ERR_NOMEM, "engine: grammar states of drafts");
         goto fail;
     }
     e->gmask = malloc(((size_t)m->cfg.vocab + 31) / 32 * sizeof *e->gmask);
@@ -180,6 +185,9 @@ void moe_engine_free(struct moe_engine *e)
     free(e->logits);
     free(e->ids);
     free(e->gmask);
+    if (e->gdraft)
+        for (int i = 0; i < e->o.max_seqs; i++) moe_grammar_state_free(&e->gdraft[i]);
+    free(e->gdraft);
     memset(e, 0, sizeof *e);
 }
 
@@ -251,7 +259,6 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
     memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
     r->n_prompt = r->n_tokens = n_prompt;
     r->params = *p;
-    if (p->grammar) r->params.no_spec = true; /* drafts are not checked against the grammar */
     r->id = e->next_id++;
     r->user = user;
     r->state = MOE_REQ_WAITING;
@@ -484,7 +491,14 @@ static void emit(struct moe_engine *e, struct moe_request *r)
  * with probability p(x) = min(1, p(x)/q(x)), and a draw that differs is
  * distributed as norm(max(0, p - q)), p without x.  The generator is used
  * once per emitted token, as without speculation, so a seeded request's
- * output is the same token for token. */
+ * output is the same token for token.
+ *
+ * A request with a grammar: each row's logits are masked with the grammar
+ * state after the tokens emitted before it, which are the drafts kept so
+ * far (emit advances the state), so a draft the grammar does not allow is
+ * rejected like any other draft the target would not choose; the
+ * distribution of the emitted tokens is the masked target's (rejection
+ * sampling needs nothing of q beyond its having drawn the draft). */
 static void verify(struct moe_engine *e, struct moe_request *r, int row, int d, int batch_row,
                    const float *q)
 {
@@ -496,7 +510,13 @@ static void verify(struct moe_engine *e, struct moe_request *r, int row, int d, 
         int32_t drafted = i < d ? r->tokens[r->n_tokens] : -1;
         bool kept;
         if (q && i < d) { /* a draft drawn from q: rejection sampling */
-            kept = moe_sampler_accept(&r->params.sampling, &r->rng, e->logits + (size_t)(row + i) * V, V,
+            float *logits = e->logits + (size_t)(row + i) * V;
+            if (r->gstate && !grammar_mask(e, r, logits)) {
+                finish(e, r, MOE_FINISH_ABORT);
+                if (e->on_token) e->on_token(r->user, r, -1, true);
+                break;
+            }
+            kept = moe_sampler_accept(&r->params.sampling, &r->rng, logits, V,
                                       r->tokens, r->n_prompt, r->n_tokens, &e->scratch,
                                       q + (size_t)i * V, drafted,
                                       &r->samples[r->n_tokens - r->n_prompt]);

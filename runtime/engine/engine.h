@@ -74,8 +74,9 @@ struct moe_request_params {
      * from the tokens whose bytes can continue it (a logits mask before
      * the sampler, so greedy requests sample on the host); stop ids only
      * where the grammar accepts; the request finishes with "stop" when the
-     * grammar accepts and nothing can follow.  Such requests never
-     * speculate.  Needs the engine's grammar_vocab. */
+     * grammar accepts and nothing can follow.  With speculation each
+     * verification row is masked by the state after the drafts kept before
+     * it (engine.c, verify).  Needs the engine's grammar_vocab. */
     const struct moe_grammar *grammar;
 };
 
@@ -210,6 +211,8 @@ struct moe_engine {
     int32_t *ids;                 /* (r.o.max_logits) argmax of each logits row, from the backend */
     struct moe_sampler_scratch scratch;
     uint32_t *gmask;              /* (ceil(V/32)) a grammar request's allowed tokens */
+    struct moe_grammar_state *gdraft; /* (max_seqs) with speculation and a grammar vocabulary:
+                                         copies of grammar states that drafts advance */
     struct moe_engine_counters n;
     moe_token_fn on_token;
     double (*clock)(void);        /* seconds; monotonic by default */

@@ -81,6 +81,10 @@ static enum moe_status propose_drafts(struct moe_engine *e, int nc, int *budget)
         *jb = (struct moe_spec_draft_job){.seq = &r->draft_seq, .tokens = r->tokens,
                                           .n_tokens = r->n_tokens, .k = -e->drafted[c],
                                           .out = r->tokens + r->n_tokens};
+        if (r->gstate) { /* drafts follow its grammar, from a copy of its state */
+            MOE_TRY(moe_grammar_state_copy(&e->gdraft[n - 1], r->gstate));
+            jb->gstate = &e->gdraft[n - 1];
+        }
         /* sampled drafts for the first sampled requests, while q has room */
         if (e->spec_q && !moe_sampling_is_greedy(&r->params.sampling) && slots < MOE_SPEC_SAMPLED_SEQS) {
             e->q_slot[c] = slots;
@@ -105,6 +109,25 @@ static enum moe_status propose_drafts(struct moe_engine *e, int nc, int *budget)
         e->chunks[c].all_logits = true;
     }
     return MOE_OK;
+}
+
+/* How many of the d tokens drafted for r (at toks) its grammar allows in
+ * a row from where its output is: drafts past the first it does not allow
+ * would only be rejected. */
+static int grammar_viable(struct moe_engine *e, const struct moe_request *r, const int32_t *toks, int d)
+{
+    const struct moe_grammar_vocab *gv = e->o.grammar_vocab;
+    struct moe_grammar_state *st = &e->gdraft[0];
+    if (moe_grammar_state_copy(st, r->gstate) != MOE_OK) return 0;
+    for (int i = 0; i < d; i++) {
+        const int32_t t = toks[i];
+        bool ok = false;
+        if (t < 0 || t >= gv->V || !gv->in_trie[t] ||
+            moe_grammar_state_advance(st, gv->bytes + gv->off[t], gv->off[t + 1] - gv->off[t], &ok) != MOE_OK ||
+            !ok)
+            return i;
+    }
+    return d;
 }
 
 /* Speculation: each scheduled decode of a request gets the tokens
@@ -139,6 +162,7 @@ enum moe_status moe_engine_add_drafts(struct moe_engine *e, int nc, int *budget)
         else
             d = moe_spec_ngram_propose(r->tokens, r->n_tokens, sp->ngram_min, sp->ngram_max, k,
                                        r->tokens + r->n_tokens);
+        if (d > 0 && r->gstate) d = grammar_viable(e, r, r->tokens + r->n_tokens, d);
         if (d == 0) continue;
         MOE_TRY(moe_runner_reserve(&e->r, &r->seq, r->n_tokens + d));
         ch->n = 1 + d;

@@ -1,6 +1,7 @@
 /* spec_draft.c - the draft-model proposer (see spec_draft.h). */
 #include "runtime/engine/spec_draft.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,7 +32,7 @@ enum moe_status moe_spec_draft_init(struct moe_spec_draft *d, const struct moe_m
         s = moe_fail(MOE_ERR_NOMEM, "draft model: step buffers");
         goto fail;
     }
-    if (o->sample) {
+    if (o->sample || o->grammar) {
         size_t n;
         if (!moe_mul_size(S, (size_t)vocab, &n) || !moe_mul_size(n, sizeof(float), &n)) {
             s = moe_fail(MOE_ERR_NOMEM, "draft model: %d sequences x %d logits", o->max_seqs, vocab);
@@ -44,6 +45,13 @@ enum moe_status moe_spec_draft_init(struct moe_spec_draft *d, const struct moe_m
             goto fail;
         }
         if ((s = moe_sampler_scratch_init(&d->sc, vocab)) != MOE_OK) goto fail;
+    }
+    if (o->grammar) {
+        d->gv = o->grammar;
+        if (!(d->gmask = malloc(((size_t)vocab + 31) / 32 * sizeof *d->gmask))) {
+            s = moe_fail(MOE_ERR_NOMEM, "draft model: a grammar mask");
+            goto fail;
+        }
     }
     return MOE_OK;
 fail:
@@ -60,6 +68,7 @@ void moe_spec_draft_free(struct moe_spec_draft *d)
     free(d->ids);
     free(d->logits);
     free(d->probs);
+    free(d->gmask);
     moe_sampler_scratch_free(&d->sc);
     memset(d, 0, sizeof *d);
 }
@@ -75,16 +84,35 @@ static int32_t draft_token(const struct moe_spec_draft *d, int32_t id)
     return id >= 0 && id < d->vocab ? id : 0;
 }
 
+/* Sets the logits of the tokens jb's grammar does not allow next to
+ * -inf; the first allowed token with the largest logit, or -1 when none
+ * is allowed (or the grammar's limits were hit). */
+static int32_t grammar_mask(struct moe_spec_draft *d, struct moe_spec_draft_job *jb, float *logits)
+{
+    if (moe_grammar_mask(jb->gstate, d->gv, d->gmask) != MOE_OK) return -1;
+    int32_t best = -1;
+    for (int t = 0; t < d->vocab; t++) {
+        if (!(d->gmask[t >> 5] >> (t & 31) & 1)) logits[t] = -INFINITY;
+        else if (best < 0 || logits[t] > logits[best]) best = t;
+    }
+    return best;
+}
+
 /* Guess i of job jb from its chunk's logits row: drawn from the draft's
- * distribution (written to the job's q row i), or the backend's argmax. */
+ * distribution (written to the job's q row i), or the argmax (the
+ * backend's, or of the masked row for a grammar job); -1: the grammar
+ * allows nothing. */
 static int32_t guess(struct moe_spec_draft *d, struct moe_spec_draft_job *jb, int i, int c)
 {
-    if (!jb->sampling) return draft_token(d, d->ids[c]);
     const int V = d->vocab;
-    moe_sampler_probs(jb->sampling, d->logits + (size_t)c * V, V, jb->tokens, jb->n_prompt,
+    float *logits = d->logits ? d->logits + (size_t)c * V : NULL;
+    int32_t best = -1;
+    if (jb->gstate && (best = grammar_mask(d, jb, logits)) < 0) return -1;
+    if (!jb->sampling) return jb->gstate ? best : draft_token(d, d->ids[c]);
+    moe_sampler_probs(jb->sampling, logits, V, jb->tokens, jb->n_prompt,
                       jb->n_tokens + i, &d->sc, d->probs);
     double u = moe_rng_uniform(jb->rng), acc = 0;
-    int32_t x = draft_token(d, d->ids[c]);
+    int32_t x = jb->gstate ? best : draft_token(d, d->ids[c]);
     float *q = jb->q + (size_t)i * V;
     bool drawn = false;
     for (int v = 0; v < V; v++) {
@@ -97,11 +125,32 @@ static int32_t guess(struct moe_spec_draft *d, struct moe_spec_draft_job *jb, in
     return x;
 }
 
-/* True when a job of chunks[0..nc) draws its guesses (its logits rows are needed). */
+/* Records guess i of jb (t < 0: none); a grammar job's state advances by
+ * it, and its drafting ends where the grammar allows nothing more. */
+static void take_guess(struct moe_spec_draft *d, struct moe_spec_draft_job *jb, int i, int32_t t)
+{
+    if (t < 0) {
+        jb->k = i;
+        return;
+    }
+    jb->out[i] = t;
+    if (!jb->gstate) return;
+    const struct moe_grammar_vocab *gv = d->gv;
+    bool ok = false;
+    if (!gv->in_trie[t] ||
+        moe_grammar_state_advance(jb->gstate, gv->bytes + gv->off[t], gv->off[t + 1] - gv->off[t], &ok) != MOE_OK ||
+        !ok)
+        jb->k = i; /* the mask allowed it: only a limit of the grammar state */
+    else if (moe_grammar_state_accepting(jb->gstate) && !moe_grammar_state_can_continue(jb->gstate))
+        jb->k = i + 1;
+}
+
+/* True when a job of chunks[0..nc) needs its logits row (sampled or
+ * grammar guesses). */
 static bool any_sampled(const struct moe_spec_draft *d, int nc)
 {
     for (int c = 0; c < nc; c++)
-        if (d->jobs[d->job_of[c]].sampling) return true;
+        if (d->jobs[d->job_of[c]].sampling || d->jobs[d->job_of[c]].gstate) return true;
     return false;
 }
 
@@ -153,7 +202,7 @@ enum moe_status moe_spec_draft_propose(struct moe_spec_draft *d, int n)
                                 NULL, NULL));
         for (int c = 0; c < nc; c++) {
             struct moe_spec_draft_job *jb = &d->jobs[d->job_of[c]];
-            if (jb->seq->len == jb->n_tokens) jb->out[0] = guess(d, jb, 0, c);
+            if (jb->seq->len == jb->n_tokens) take_guess(d, jb, 0, guess(d, jb, 0, c));
         }
     }
     /* then one row per sequence and step, feeding the guess before */
@@ -168,7 +217,10 @@ enum moe_status moe_spec_draft_propose(struct moe_spec_draft *d, int n)
         if (nc == 0) break;
         MOE_TRY(moe_runner_step(&d->r, d->chunks, nc, any_sampled(d, nc) ? d->logits : NULL, d->ids,
                                 NULL, NULL));
-        for (int c = 0; c < nc; c++) d->jobs[d->job_of[c]].out[i] = guess(d, &d->jobs[d->job_of[c]], i, c);
+        for (int c = 0; c < nc; c++) {
+            struct moe_spec_draft_job *jb = &d->jobs[d->job_of[c]];
+            take_guess(d, jb, i, guess(d, jb, i, c));
+        }
     }
     return MOE_OK;
 }

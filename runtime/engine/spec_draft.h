@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "runtime/engine/runner.h"
+#include "runtime/grammar/grammar.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,6 +58,12 @@ struct moe_spec_draft_job {
     struct moe_rng *rng;
     int n_prompt;
     float *q;
+    /* A request with a grammar (opts.grammar): a copy of its grammar state,
+     * advanced here by each guess; each guess is taken from the draft's
+     * logits masked by it (argmax or drawn, q then the masked
+     * distribution), and drafting stops early where nothing is allowed or
+     * the grammar is complete.  NULL: no grammar. */
+    struct moe_grammar_state *gstate;
 };
 
 struct moe_spec_draft {
@@ -66,9 +73,11 @@ struct moe_spec_draft {
     struct moe_chunk *chunks;  /* (max_seqs) one draft step's chunks */
     int *job_of;               /* (max_seqs) the job of each chunk */
     int32_t *ids;              /* (max_seqs) argmax of each chunk's last row */
-    float *logits;             /* (max_seqs, V) each chunk's last row, for sampled drafts */
+    float *logits;             /* (max_seqs, V) each chunk's last row, for sampled or grammar drafts */
     double *probs;             /* (V) */
     struct moe_sampler_scratch sc;
+    const struct moe_grammar_vocab *gv; /* opts.grammar, borrowed */
+    uint32_t *gmask;           /* (ceil(V/32)) a grammar job's allowed tokens */
 };
 
 struct moe_spec_draft_opts {
@@ -78,6 +87,7 @@ struct moe_spec_draft_opts {
     int n_blocks;              /* the draft pool's blocks */
     enum moe_dtype kv_dtype;   /* the target's KV dtype */
     bool sample;               /* jobs may ask for sampled drafts */
+    const struct moe_grammar_vocab *grammar; /* jobs may have grammars (their token bytes), or NULL */
 };
 
 /* Prepares the draft model on be (borrowed; may be the target's backend)
