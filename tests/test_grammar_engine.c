@@ -321,6 +321,92 @@ Test(grammar_engine, speculation_keeps_grammar_outputs)
     moe_grammar_free(g);
 }
 
+/* A lazy grammar (grammar_triggers): free text until the token " dog",
+ * then " barked loudly", then free again: every " dog" in every output is
+ * followed by those bytes (or by a prefix of them where max_tokens cut the
+ * output); the same requests without the grammar write " dog" without
+ * them.  Greedy and sampled, with n-gram speculation on (verification
+ * applies the grammar). */
+static void lazy_outputs(const struct moe_grammar *g, int32_t trigger, bool spec, int *n_trig, int *n_followed)
+{
+    struct moe_engine e;
+    struct moe_engine_opts o = opts();
+    if (spec) o.spec = (struct moe_spec_opts){.kind = MOE_SPEC_NGRAM, .tokens = 4};
+    cr_assert_eq(moe_engine_init(&e, &m, &be, &o), MOE_OK, "%s", moe_last_error());
+    const char *prompt = "Once upon a time, there was a dog. The dog";
+    int32_t *ids;
+    size_t np;
+    cr_assert_eq(moe_tokenizer_encode(&tok, prompt, strlen(prompt), false, &ids, &np, NULL), MOE_OK);
+    enum { N = 16 };
+    struct moe_request *rs[N];
+    for (int i = 0; i < N; i++) {
+        struct moe_request_params p = {.max_tokens = 64, .grammar = g};
+        if (g) p.grammar_triggers[p.n_grammar_triggers++] = trigger;
+        moe_sampling_defaults(&p.sampling);
+        p.sampling.temperature = i % 4 == 0 ? 0.0f : 1.0f;
+        p.sampling.seed = (uint64_t)i + 3;
+        /* dogs, often */
+        p.sampling.bias_ids[0] = trigger;
+        p.sampling.bias[0] = 4.0f;
+        p.sampling.n_bias = 1;
+        cr_assert_eq(moe_engine_submit(&e, ids, (int)np, &p, NULL, &rs[i]), MOE_OK, "%s", moe_last_error());
+    }
+    while (!moe_engine_idle(&e)) {
+        int rows;
+        cr_assert_eq(moe_engine_step(&e, &rows), MOE_OK, "%s", moe_last_error());
+    }
+    const char *want = " barked loudly";
+    *n_trig = *n_followed = 0;
+    for (int i = 0; i < N; i++) {
+        int k;
+        const int32_t *out = moe_request_output(rs[i], &k);
+        cr_assert(rs[i]->finish != MOE_FINISH_ABORT, "request %d aborted", i);
+        for (int t = 0; t < k; t++) {
+            if (out[t] != trigger) continue;
+            char *text;
+            cr_assert_eq(moe_tokenizer_decode(&tok, out + t + 1, (size_t)(k - t - 1), false, &text), MOE_OK);
+            const size_t n = strlen(text) < strlen(want) ? strlen(text) : strlen(want);
+            (*n_trig)++;
+            *n_followed += !strncmp(text, want, n);
+            free(text);
+        }
+        if (i < 2) {
+            char *text;
+            cr_assert_eq(moe_tokenizer_decode(&tok, out, (size_t)k, false, &text), MOE_OK);
+            cr_log_info("%s, request %d: %s", g ? "lazy grammar" : "no grammar", i, text);
+            free(text);
+        }
+        moe_engine_release(&e, rs[i]);
+    }
+    free(ids);
+    moe_engine_free(&e);
+}
+
+Test(grammar_engine, lazy_grammar_constrains_after_its_trigger)
+{
+    const char *src = "root ::= \" barked loudly\"";
+    struct moe_grammar *g;
+    cr_assert_eq(moe_grammar_parse(src, strlen(src), &g), MOE_OK, "%s", moe_last_error());
+    int32_t *dog;
+    size_t n;
+    cr_assert_eq(moe_tokenizer_encode(&tok, " dog", 4, false, &dog, &n, NULL), MOE_OK);
+    cr_assert_eq(n, 1, "' dog' is one token of the demo vocabulary");
+    int trig, followed;
+    lazy_outputs(NULL, dog[0], false, &trig, &followed);
+    cr_log_info("no grammar: %d of %d ' dog' followed by ' barked loudly'", followed, trig);
+    cr_assert_gt(trig, 10);
+    cr_assert_lt(followed, trig / 2);
+    for (int spec = 0; spec < 2; spec++) {
+        lazy_outputs(g, dog[0], spec, &trig, &followed);
+        cr_log_info("lazy grammar%s: %d of %d ' dog' followed by ' barked loudly'", spec ? ", n-gram drafts" : "",
+                    followed, trig);
+        cr_assert_gt(trig, 10);
+        cr_assert_eq(followed, trig);
+    }
+    free(dog);
+    moe_grammar_free(g);
+}
+
 Test(grammar_engine, grammar_needs_the_vocabulary)
 {
     const char *src = "root ::= \"a\"";

@@ -293,6 +293,53 @@ Test(server_reasoning, tools_without_a_format_are_refused, .fini = fini, .timeou
     cr_assert_eq(server_stop(), 0);
 }
 
+/* Strict tools under tool_choice "auto" (SGLang's way): the mistral
+ * template, and the demo model with a tokenizer whose [TOOL_CALLS] is one
+ * token (tests/reference/make_toolcall_tokenizer.py), biased so that the
+ * model calls: with "strict": true every call it writes has arguments its
+ * schema accepts; the same request without "strict" gets no such call (the
+ * demo model writes stories after the marker). */
+#define STOOLS(strict) "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", " \
+    "\"strict\": " strict ", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"enum\": " \
+    "[\"Oslo\", \"Bergen\"]}}, \"required\": [\"city\"], \"additionalProperties\": false}}}, {\"type\": " \
+    "\"function\", \"function\": {\"name\": \"get_time\", \"strict\": " strict ", \"parameters\": {\"type\": " \
+    "\"object\", \"properties\": {\"zone\": {\"enum\": [\"UTC\", \"CET\"]}}, \"required\": [\"zone\"], " \
+    "\"additionalProperties\": false}}}]"
+#define SMSG "\"messages\": [{\"role\": \"user\", \"content\": \"weather in Oslo?\"}], \"max_tokens\": 400, " \
+    "\"logit_bias\": {\"511\": 30}, \"tool_choice\": \"auto\", \"parallel_tool_calls\": false"
+
+Test(server_reasoning, strict_tools_constrain_auto_calls, .fini = fini, .timeout = 600)
+{
+    static char out[65536];
+    char cmd[1024];
+    make_model_with(NULL, "tests/fixtures/chat/mistral-v3.jinja");
+    snprintf(cmd, sizeof cmd, "rm %s/tokenizer.json && cp %s/tests/fixtures/toolcall_tokenizer/tokenizer.json %s/",
+             dir, MOERUN_SOURCE_DIR, dir);
+    cr_assert_eq(sh(cmd, NULL, 0), 0);
+    server_start_model(dir, "");
+    for (int temp = 0; temp < 2; temp++) {
+        char body[4096];
+        snprintf(body, sizeof body, "{" SMSG ", \"temperature\": %d, \"seed\": 5, " STOOLS("true") "}", temp);
+        cr_assert_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200, "%s", out);
+        json_t *j = parse(out), *ch = json_array_get(json_object_get(j, "choices"), 0);
+        json_t *calls = json_object_get(json_object_get(ch, "message"), "tool_calls");
+        cr_log_info("strict, temperature %d: %zu calls: %.600s", temp, json_array_size(calls), out);
+        cr_assert_geq(json_array_size(calls), 2, "%s", out);
+        for (size_t k = 0; k < json_array_size(calls); k++) expect_call(calls, k);
+        json_decref(j);
+        snprintf(body, sizeof body, "{" SMSG ", \"temperature\": %d, \"seed\": 5, " STOOLS("false") "}", temp);
+        cr_assert_eq(http("POST", "/v1/chat/completions", body, out, sizeof out), 200, "%s", out);
+        j = parse(out);
+        ch = json_array_get(json_object_get(j, "choices"), 0);
+        calls = json_object_get(json_object_get(ch, "message"), "tool_calls");
+        cr_log_info("not strict, temperature %d: %.300s", temp, out);
+        cr_assert_eq(json_array_size(calls), 0, "%s", out);
+        json_decref(j);
+    }
+    cr_assert_eq(server_stop(), 0);
+    remove_model();
+}
+
 /* The MoE families' templates select their tool formats, and a history
  * with a call (its arguments a JSON string, as the API sends them) renders:
  * DeepSeek's templates concatenate the arguments as text, so the messages

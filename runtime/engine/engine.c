@@ -236,6 +236,14 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
     if (p->grammar && !e->o.grammar_vocab)
         return moe_fail(MOE_ERR_INVALID_ARG, "request: a grammar needs the vocabulary's token bytes, "
                         "which this engine was not given");
+    if (p->n_grammar_triggers < 0 || p->n_grammar_triggers > MOE_MAX_GRAMMAR_TRIGGERS ||
+        (p->n_grammar_triggers > 0 && !p->grammar))
+        return moe_fail(MOE_ERR_INVALID_ARG, "request: %d grammar triggers (at most %d, and only with a grammar)",
+                        p->n_grammar_triggers, MOE_MAX_GRAMMAR_TRIGGERS);
+    for (int i = 0; i < p->n_grammar_triggers; i++)
+        if (p->grammar_triggers[i] < 0 || p->grammar_triggers[i] >= e->r.m->cfg.vocab)
+            return moe_fail(MOE_ERR_INVALID_ARG, "request: grammar trigger %d is outside the vocabulary of %d",
+                            p->grammar_triggers[i], e->r.m->cfg.vocab);
     struct moe_request *r = calloc(1, sizeof *r);
     if (!r) return moe_fail(MOE_ERR_NOMEM, "request");
     if (p->grammar) {
@@ -246,6 +254,7 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
             free_request(e, r);
             return gs;
         }
+        r->gactive = p->n_grammar_triggers == 0;
     }
     r->cap = n_prompt + p->max_tokens;
     r->tokens = malloc((size_t)r->cap * sizeof *r->tokens);
@@ -389,6 +398,15 @@ static bool host_sample(const struct moe_request *r)
     return r->gstate || !moe_sampling_is_argmax(&r->params.sampling);
 }
 
+/* Whether r's grammar masks its next token: not lazy, or inside a block
+ * that is not complete yet (where a lazy grammar accepts, any token may
+ * follow: one that does not continue it ends the block). */
+static bool grammar_masks(const struct moe_request *r)
+{
+    return r->gstate && r->gactive &&
+           (r->params.n_grammar_triggers == 0 || !moe_grammar_state_accepting(r->gstate));
+}
+
 /* Sets the logits of the tokens r's grammar does not allow next to -inf;
  * its stop ids stay only where the grammar accepts.  False when nothing
  * is allowed (or the grammar's limits were hit): the request cannot go on. */
@@ -427,7 +445,7 @@ static void sample(struct moe_engine *e, struct moe_request *r, int row)
         s->logprob = NAN; /* not asked for, not computed */
     } else {
         float *logits = e->logits + (size_t)row * V;
-        if (r->gstate && !grammar_mask(e, r, logits)) {
+        if (grammar_masks(r) && !grammar_mask(e, r, logits)) {
             finish(e, r, MOE_FINISH_ABORT);
             if (e->on_token) e->on_token(r->user, r, -1, true);
             return;
@@ -438,21 +456,50 @@ static void sample(struct moe_engine *e, struct moe_request *r, int row)
     emit(e, r);
 }
 
+static bool is_trigger(const struct moe_request *r, int32_t t)
+{
+    for (int i = 0; i < r->params.n_grammar_triggers; i++)
+        if (r->params.grammar_triggers[i] == t) return true;
+    return false;
+}
+
 /* Advances r's grammar by token t; true when the grammar is complete
- * (accepting, and nothing can follow). */
+ * (accepting, and nothing can follow) and not lazy.  A lazy grammar's
+ * block ends there, or where it accepts and t does not continue it, and
+ * starts again, from the grammar's start, after a trigger. */
 static bool grammar_advance(struct moe_engine *e, struct moe_request *r, int32_t t, bool *dead)
 {
     const struct moe_grammar_vocab *gv = e->o.grammar_vocab;
+    const bool lazy = r->params.n_grammar_triggers > 0;
     bool ok = false;
     *dead = false;
-    if (is_stop(r, t)) return false;
-    if (!gv->in_trie[t] ||
-        moe_grammar_state_advance(r->gstate, gv->bytes + gv->off[t], gv->off[t + 1] - gv->off[t], &ok) != MOE_OK ||
-        !ok) {
-        *dead = true; /* the mask allowed only tokens that advance: a broken contract or a limit */
-        return false;
+    if (r->gactive && !is_stop(r, t)) {
+        const bool accepting = moe_grammar_state_accepting(r->gstate);
+        if (gv->in_trie[t] &&
+            moe_grammar_state_advance(r->gstate, gv->bytes + gv->off[t], gv->off[t + 1] - gv->off[t], &ok) != MOE_OK) {
+            *dead = true; /* a limit of the grammar state */
+            return false;
+        }
+        if (!ok && !(lazy && accepting)) {
+            *dead = true; /* the mask allowed only tokens that advance: a broken contract */
+            return false;
+        }
+        if (!ok) r->gactive = false; /* t follows a complete block */
+        else if (moe_grammar_state_accepting(r->gstate) && !moe_grammar_state_can_continue(r->gstate)) {
+            if (!lazy) return true;
+            r->gactive = false;
+        }
+        if (r->gactive) return false;
     }
-    return moe_grammar_state_accepting(r->gstate) && !moe_grammar_state_can_continue(r->gstate);
+    if (!r->gactive && is_trigger(r, t)) { /* a block starts: the grammar from its start */
+        moe_grammar_state_free(r->gstate);
+        if (moe_grammar_state_init(r->gstate, r->params.grammar) != MOE_OK) {
+            *dead = true;
+            return false;
+        }
+        r->gactive = true;
+    }
+    return false;
 }
 
 /* Emits the token of r's next sample (filled in): its time, stop ids,
@@ -511,7 +558,7 @@ static void verify(struct moe_engine *e, struct moe_request *r, int row, int d, 
         bool kept;
         if (q && i < d) { /* a draft drawn from q: rejection sampling */
             float *logits = e->logits + (size_t)(row + i) * V;
-            if (r->gstate && !grammar_mask(e, r, logits)) {
+            if (grammar_masks(r) && !grammar_mask(e, r, logits)) {
                 finish(e, r, MOE_FINISH_ABORT);
                 if (e->on_token) e->on_token(r->user, r, -1, true);
                 break;

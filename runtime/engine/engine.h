@@ -53,6 +53,7 @@ enum moe_finish { MOE_FINISH_NONE, MOE_FINISH_STOP, MOE_FINISH_LENGTH, MOE_FINIS
 const char *moe_finish_name(enum moe_finish f); /* "stop", "length", "abort" */
 
 #define MOE_MAX_STOP_IDS 16
+#define MOE_MAX_GRAMMAR_TRIGGERS 4
 
 enum { MOE_PRIORITY_MIN = -1000000, MOE_PRIORITY_MAX = 1000000 };
 
@@ -78,6 +79,16 @@ struct moe_request_params {
      * verification row is masked by the state after the drafts kept before
      * it (engine.c, verify).  Needs the engine's grammar_vocab. */
     const struct moe_grammar *grammar;
+    /* With a grammar, n_grammar_triggers > 0 makes it lazy (tool calls
+     * with strict schemas): the output is free until one of these tokens
+     * is emitted, then a sentence of the grammar from its start; where
+     * the grammar accepts, any token may follow (one that does not
+     * continue it, such as the special token closing a call, ends the
+     * block), and where nothing can follow the block ends; the output is
+     * then free until the next trigger.  Drafts of such requests are not
+     * checked against the grammar (verification is). */
+    int32_t grammar_triggers[MOE_MAX_GRAMMAR_TRIGGERS];
+    int n_grammar_triggers;
 };
 
 /* Proposers of speculative decoding. */
@@ -140,6 +151,7 @@ struct moe_request {
     struct moe_rng draft_rng; /* sample_drafts: draws its drafts (seeded from its seed) */
     struct moe_request_params params;
     struct moe_grammar_state *gstate; /* params.grammar: where its output is, owned */
+    bool gactive;                  /* the grammar constrains the next token (not lazy, or triggered) */
     struct moe_rng rng;
     struct moe_sample *samples;    /* (max_tokens) per generated token, owned */
     /* timing (seconds, engine clock) */

@@ -81,7 +81,7 @@ static enum moe_status propose_drafts(struct moe_engine *e, int nc, int *budget)
         *jb = (struct moe_spec_draft_job){.seq = &r->draft_seq, .tokens = r->tokens,
                                           .n_tokens = r->n_tokens, .k = -e->drafted[c],
                                           .out = r->tokens + r->n_tokens};
-        if (r->gstate) { /* drafts follow its grammar, from a copy of its state */
+        if (r->gstate && r->params.n_grammar_triggers == 0) { /* drafts follow its grammar, from a copy of its state */
             MOE_TRY(moe_grammar_state_copy(&e->gdraft[n - 1], r->gstate));
             jb->gstate = &e->gdraft[n - 1];
         }
@@ -162,7 +162,8 @@ enum moe_status moe_engine_add_drafts(struct moe_engine *e, int nc, int *budget)
         else
             d = moe_spec_ngram_propose(r->tokens, r->n_tokens, sp->ngram_min, sp->ngram_max, k,
                                        r->tokens + r->n_tokens);
-        if (d > 0 && r->gstate) d = grammar_viable(e, r, r->tokens + r->n_tokens, d);
+        if (d > 0 && r->gstate && r->params.n_grammar_triggers == 0)
+            d = grammar_viable(e, r, r->tokens + r->n_tokens, d);
         if (d == 0) continue;
         MOE_TRY(moe_runner_reserve(&e->r, &r->seq, r->n_tokens + d));
         ch->n = 1 + d;

@@ -229,6 +229,69 @@ static int forced_grammar(struct srv *s, json_t *req, json_t *tools, struct srv_
     return 0;
 }
 
+/* Tools with "strict": true under tool_choice "auto" (SGLang's way): a
+ * lazy grammar (engine.h, grammar_triggers) that starts at the format's
+ * call marker, when the vocabulary has it as one token, and makes the call
+ * that follows valid: hermes {"name": ..., "arguments": ...}, mistral a
+ * list of those, kimi_k2 the arguments object (one of the tools'; its
+ * name came before the marker).  The other tools' arguments are any
+ * object.  Other formats are not constrained (docs/server.md). */
+static int strict_grammar(struct srv *s, json_t *req, json_t *tools, struct srv_job *j, struct verr *v)
+{
+    bool strict = false;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) strict |= json_is_true(json_object_get(json_object_get(t, "function"), "strict"));
+    const char *marker = s->tool_fmt == MOE_TOOLS_HERMES ? "<tool_call>" : s->tool_fmt == MOE_TOOLS_MISTRAL
+                       ? "[TOOL_CALLS]" : s->tool_fmt == MOE_TOOLS_KIMI_K2 ? "<|tool_call_argument_begin|>" : NULL;
+    if (!strict || !marker || !s->json_grammar) return 0;
+    pthread_mutex_lock(&s->tok_mu);
+    const int32_t id = moe_tokenizer_token_to_id(&s->tok, marker);
+    pthread_mutex_unlock(&s->tok_mu);
+    if (id < 0) return 0; /* not one token: no trigger */
+    if (j->rp.grammar)
+        return bad(v, "tools", "strict tools constrain their calls under their own grammar: give either them or a "
+                   "response_format / grammar");
+    json_t *any = json_pack("{s:s}", "type", "object"), *alts = json_array();
+    json_array_foreach(tools, i, t) {
+        json_t *f = json_object_get(t, "function"), *params = json_object_get(f, "parameters");
+        if (!params || json_is_null(params) || !json_is_true(json_object_get(f, "strict"))) params = any;
+        if (s->tool_fmt == MOE_TOOLS_KIMI_K2) json_array_append(alts, params);
+        else
+            json_array_append_new(alts, json_pack("{s:s, s:{s:{s:O}, s:O}, s:[s,s], s:b}", "type", "object",
+                                                  "properties", "name", "const", json_object_get(f, "name"),
+                                                  "arguments", params, "required", "name", "arguments",
+                                                  "additionalProperties", 0));
+    }
+    json_t *schema = json_pack("{s:O}", "anyOf", alts);
+    if (schema && s->tool_fmt == MOE_TOOLS_MISTRAL) {
+        json_t *list = json_pack("{s:s, s:i, s:o}", "type", "array", "minItems", 1, "items", schema);
+        if (list && json_is_false(json_object_get(req, "parallel_tool_calls")))
+            json_object_set_new(list, "maxItems", json_integer(1));
+        schema = list;
+    }
+    json_decref(alts);
+    json_decref(any);
+    char *src = NULL, *text = NULL;
+    size_t n = 0;
+    enum moe_status st = schema ? moe_json_schema_source(schema, &src, &n) : MOE_ERR_NOMEM;
+    json_decref(schema);
+    /* the call may start and end with whitespace: "<tool_call>\n{...}\n</tool_call>" */
+    if (st == MOE_OK && (!(text = malloc(n + 32)) || !strstr(src, "root ::= s0\n"))) st = MOE_ERR_NOMEM;
+    if (st == MOE_OK) {
+        const char *rest = strstr(src, "root ::= s0\n") + strlen("root ::= s0\n");
+        n = (size_t)snprintf(text, n + 32, "root ::= ws s0 ws\n%s", rest);
+        st = moe_grammar_parse(text, n, &j->grammar);
+    }
+    free(src);
+    free(text);
+    if (st != MOE_OK) return bad(v, "tools", "the strict tools' parameters: %s", moe_last_error());
+    j->rp.grammar = j->grammar;
+    j->rp.grammar_triggers[0] = id;
+    j->rp.n_grammar_triggers = 1;
+    return 0;
+}
+
 /* tools and tool_choice: the tools go to the chat template (as transformers'
  * apply_chat_template(tools=...) passes them) unless tool_choice is "none";
  * calls are parsed from the output (server_engine.c).  "required" or a
@@ -300,7 +363,7 @@ static int read_tools(struct srv *s, json_t *req, struct srv_job *j, json_t **ex
             const char *n = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
             if (!strcmp(n, j->tool_forced_name)) j->tool_forced_name = n;
         }
-    return j->tool_forced ? forced_grammar(s, req, j->tool_defs, j, v) : 0;
+    return j->tool_forced ? forced_grammar(s, req, j->tool_defs, j, v) : strict_grammar(s, req, j->tool_defs, j, v);
 }
 
 /* An assistant message's tool_calls carry arguments as a JSON string (the
