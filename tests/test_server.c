@@ -304,17 +304,39 @@ Test(server, disconnect_storm_frees_every_kv_block)
     cr_assert_eq(server_stop(), 0);
 }
 
-Test(server, official_openai_client)
+/* the openai package (with pydantic): installed, or installed now into a
+ * folder of the source tree's build area (pip --target works beside a
+ * system Python) */
+#define PYPATH "PYTHONPATH=" MOERUN_SOURCE_DIR "/build-pydeps "
+static void need_openai(void)
 {
     if (sh("python3 -c 'import sys' 2>/dev/null", NULL, 0)) cr_skip_test("no python3");
-    /* the openai package: installed, or installed now into a folder of the
-     * source tree's build area (pip --target works beside a system Python) */
-#define PYPATH "PYTHONPATH=" MOERUN_SOURCE_DIR "/build-pydeps "
     if (sh(PYPATH "python3 -c 'import openai' 2>/dev/null", NULL, 0))
         sh("timeout 300 python3 -m pip install -q --target " MOERUN_SOURCE_DIR "/build-pydeps openai "
            ">/dev/null 2>&1", NULL, 0);
     cr_assert_eq(sh(PYPATH "python3 -c 'import openai' 2>/dev/null", NULL, 0), 0,
                  "the openai package could not be installed (pip install openai)");
+}
+
+/* Structured outputs as the openai client's users write them:
+ * chat.completions.parse with 16 Pydantic models, sampled and greedy, and
+ * a stream with response_format (tests/server/openai_parse.py): every
+ * answer ends with "stop" and parses into its model. */
+Test(server, openai_client_parses_pydantic_models)
+{
+    need_openai();
+    char cmd[1024], out[16384];
+    snprintf(cmd, sizeof cmd, "cd %s && " PYPATH "timeout 600 python3 openai_parse.py %s demo-moe 2>&1", PYDIR,
+             sv.base);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "OK 16 models"), "%s", out);
+    cr_log_info("%s", out);
+    cr_assert_eq(server_stop(), 0);
+}
+
+Test(server, official_openai_client)
+{
+    need_openai();
     char cmd[1024], out[16384], want[4096];
     snprintf(cmd, sizeof cmd, "cd %s && " PYPATH "timeout 300 python3 openai_client.py %s demo-moe 2>&1",
              PYDIR, sv.base);

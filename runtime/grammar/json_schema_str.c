@@ -5,7 +5,7 @@
  * Formats follow the checks the jsonschema package's FormatChecker makes
  * (docs/grammar.md): date is YYYY-MM-DD with the month's days (29
  * February in leap years only, year 0000 refused), time is RFC 3339's
- * HH:MM:SS[.frac](Z|+HH:MM), date-time the two joined by T; uuid is the
+ * HH:MM:SS[.frac of 1-9 digits](Z|+HH:MM), date-time the two joined by T; uuid is the
  * hyphenated 8-4-4-4-12 hexadecimal form; email is a regex-level subset
  * (local@domain.tld), stricter than the package's check (an "@").
  *
@@ -127,7 +127,7 @@ static const char FORMAT_RULES[] =
     "fd31 ::= fd30 | \"31\"\n"
     "fdate ::= fyear \"-\" ( ( \"01\" | \"03\" | \"05\" | \"07\" | \"08\" | \"10\" | \"12\" ) \"-\" fd31 | ( \"04\" | \"06\" | \"09\" | \"11\" ) \"-\" fd30 | \"02-\" fd28 ) | fleap \"-02-29\"\n"
     "fhour ::= [01] [0-9] | \"2\" [0-3]\n"
-    "ftime ::= fhour \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]+ )? ( [Zz] | [-+] fhour \":\" [0-5] [0-9] )\n"
+    "ftime ::= fhour \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,9} )? ( [Zz] | [-+] fhour \":\" [0-5] [0-9] )\n"
     "fdatetime ::= fdate [Tt] ftime\n"
     "fuuid ::= [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}\n"
     "femail ::= [A-Za-z0-9._%+\\-]+ \"@\" [A-Za-z0-9\\-]+ ( \".\" [A-Za-z0-9\\-]+ )+\n";
