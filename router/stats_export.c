@@ -99,12 +99,14 @@ static json_t *spec_json(const struct moe_stats *st)
 static json_t *parallel_json(const struct moe_stats_meta *mt)
 {
     if (mt->ep_ranks < 2 || !mt->ep_bounds || !mt->ep_rows) return json_null();
-    json_t *experts = json_array(), *rows = json_array();
+    const bool contiguous = !mt->ep_placement || !strcmp(mt->ep_placement, "contiguous");
+    json_t *experts = contiguous ? json_array() : json_null(), *rows = json_array();
     for (int r = 0; r < mt->ep_ranks; r++) {
-        json_array_append_new(experts, json_pack("[i,i]", mt->ep_bounds[r], mt->ep_bounds[r + 1]));
+        if (contiguous) json_array_append_new(experts, json_pack("[i,i]", mt->ep_bounds[r], mt->ep_bounds[r + 1]));
         json_array_append_new(rows, json_integer((json_int_t)mt->ep_rows[r]));
     }
-    return json_pack("{s:i, s:s, s:o, s:o, s:I, s:f, s:f}", "ranks", mt->ep_ranks, "placement", "contiguous",
+    return json_pack("{s:i, s:s, s:o, s:o, s:I, s:f, s:f}", "ranks", mt->ep_ranks, "placement",
+                     contiguous ? "contiguous" : mt->ep_placement,
                      "experts", experts, "expert_rows", rows, "steps", (json_int_t)mt->ep_steps, "imbalance",
                      mt->ep_imbalance, "gather_seconds", mt->ep_gather_s);
 }

@@ -312,7 +312,7 @@ static enum moe_status fast_experts(struct moe_backend *be, float *out, const fl
                                     int E)
 {
     struct cpu_ctx *c = ctx_of(be);
-    MOE_ASSERT(E <= c->n_active_cap);
+    MOE_ASSERT((plan->hi > 0 ? plan->hi - plan->lo : E) <= c->n_active_cap); /* a rank's slots: distinct experts */
     moe_experts_ffn_fast(c->isa, out, x, plan, w, ex, ws, T, K, D, F, E, c->active);
     return MOE_OK;
 }

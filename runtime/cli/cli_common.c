@@ -61,12 +61,14 @@ static enum moe_status open_model_weights(struct moe_model *m, const struct moe_
     /* expert parallelism: this rank's share of the experts only */
     char path[4096];
     struct moe_config cfg;
-    int lo, hi;
+    uint8_t *held;
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", o->path) >= sizeof path)
         return moe_fail(MOE_ERR_INVALID_ARG, "model path is too long");
     MOE_TRY(moe_config_load(&cfg, path));
-    MOE_TRY(moe_cli_par_share(o, cfg.n_experts, &lo, &hi));
-    return moe_model_load_part(m, o->path, lo, hi);
+    MOE_TRY(moe_cli_par_share(o, &cfg, &held));
+    enum moe_status s = moe_model_load_part(m, o->path, held);
+    free(held);
+    return s;
 }
 
 enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_model_opts *o)
@@ -74,7 +76,10 @@ enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_mod
     MOE_TRY(moe_cli_draft_check(o));
     MOE_TRY(open_model_weights(m, o));
     if (o->synthetic && (moe_cli_par_ep() || o->ep > 1)) { /* made whole; the others' experts dropped */
-        enum moe_status s = moe_cli_par_share(o, m->cfg.n_experts, &m->ep_lo, &m->ep_hi);
+        uint8_t *held = NULL;
+        enum moe_status s = moe_cli_par_share(o, &m->cfg, &held);
+        if (s == MOE_OK && held) s = moe_model_set_held(m, held);
+        free(held);
         if (s != MOE_OK) {
             moe_model_free(m);
             return s;

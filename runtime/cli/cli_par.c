@@ -28,9 +28,28 @@ void moe_cli_par_start(struct moe_comm *c)
 
 struct moe_ep *moe_cli_par_ep(void) { return par.on ? &par.ep : NULL; }
 
-enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *o, int n_experts, int *lo, int *hi)
+/* The placement text: the follower's copy of rank 0's, or the file's
+ * (rank 0), or NULL. */
+static enum moe_status placement_text(const struct moe_cli_model_opts *o, char **text)
 {
-    *lo = *hi = 0;
+    *text = NULL;
+    if (o->ep_placement_text) {
+        if (!(*text = strdup(o->ep_placement_text))) return moe_fail(MOE_ERR_NOMEM, "placement");
+        return MOE_OK;
+    }
+    if (!o->ep_placement) return MOE_OK;
+    json_error_t err;
+    json_t *j = json_load_file(o->ep_placement, 0, &err);
+    if (!j) return moe_fail(MOE_ERR_FORMAT, "--ep-placement %s: line %d: %s", o->ep_placement, err.line, err.text);
+    *text = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return *text ? MOE_OK : moe_fail(MOE_ERR_NOMEM, "placement");
+}
+
+enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *o, const struct moe_config *c, uint8_t **held)
+{
+    *held = NULL;
+    const int n_experts = c->n_experts;
     const int world = par.on ? par.ep.size : 1;
     if (!par.on) {
         if (o->ep > 1)
@@ -43,10 +62,13 @@ enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *o, int n_expe
                         "every rank; tensor parallelism is not built)", o->ep, world);
     if (n_experts <= 0)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%d ranks, but the model has no experts to spread over them", world);
-    MOE_TRY(moe_ep_place(&par.ep, n_experts));
-    *lo = par.ep.bounds[par.ep.rank];
-    *hi = par.ep.bounds[par.ep.rank + 1];
-    return MOE_OK;
+    char *text;
+    MOE_TRY(placement_text(o, &text));
+    enum moe_status s = moe_ep_place(&par.ep, c->n_layers, c->layer_moe, n_experts, text);
+    if (s != MOE_OK && o->ep_placement) moe_error_prefix("--ep-placement %s: ", o->ep_placement);
+    free(text);
+    MOE_TRY(s);
+    return moe_ep_held(&par.ep, held);
 }
 
 /* Sets key to the string s when s is not NULL. */
@@ -72,6 +94,7 @@ enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struc
               set_str(j, "synthetic", o->model.synthetic) || set_str(j, "dtype", o->model.dtype) ||
               set_str(j, "router_skew", o->model.router_skew) || set_str(j, "backend", be->ops->name) ||
               set_str(j, "quantize", o->quantize) || set_str(j, "expert_plan", o->expert_plan) ||
+              set_str(j, "ep_placement", par.ep.placement_text) ||
               json_object_set_new(j, "seed", json_integer((json_int_t)o->model.seed)) ||
               json_object_set_new(j, "top_k", json_integer(o->model.top_k)) ||
               json_object_set_new(j, "ep", json_integer(o->model.ep)) ||
@@ -137,6 +160,7 @@ static enum moe_status follower_open(void *ctx, const void *blob, size_t bytes, 
     e->model.seed = (uint64_t)json_integer_value(json_object_get(d, "seed"));
     e->model.top_k = (long)json_integer_value(json_object_get(d, "top_k"));
     e->model.ep = (long)json_integer_value(json_object_get(d, "ep"));
+    e->model.ep_placement_text = str_of(d, "ep_placement");
     e->backend = str_of(d, "backend") ? str_of(d, "backend") : "auto";
     e->quantize = str_of(d, "quantize");
     e->expert_plan = str_of(d, "expert_plan");
@@ -193,10 +217,11 @@ void moe_cli_par_finish(void)
     if (!par.on) return;
     const struct moe_ep_counters *n = &par.ep.n;
     if (n->steps > 0 && par.ep.bounds)
-        fprintf(stderr, "moerun: expert parallelism over %d ranks (%d experts each): %llu steps; rank 0 computed "
+        fprintf(stderr, "moerun: expert parallelism over %d ranks (%s placement, %d slots in the largest layer): "
+                "%llu steps; rank 0 computed "
                 "%llu of %llu expert rows; imbalance (busiest rank / mean, per step and layer) %.3f; rank 0's "
                 "all-gathers %.3f s of its steps' %.3f s (%.1f%%)\n", par.ep.size,
-                par.ep.bounds[1] - par.ep.bounds[0], (unsigned long long)n->steps,
+                par.ep.placement ? par.ep.placement : "contiguous", par.ep.max_slots, (unsigned long long)n->steps,
                 (unsigned long long)n->rows_own, (unsigned long long)n->rows_all,
                 n->cells ? n->ratio_sum / (double)n->cells : 0.0, n->gather_s, n->step_s,
                 n->step_s > 0 ? 100 * n->gather_s / n->step_s : 0.0);

@@ -21,11 +21,13 @@
 void moe_cli_par_start(struct moe_comm *c);
 /* The layout, or NULL in a one-process run. */
 struct moe_ep *moe_cli_par_ep(void);
-/* Places the experts of a model with n_experts per layer and gives the
- * share this rank holds ([*lo, *hi); 0, 0 in a one-process run); --ep is
+/* Places the experts of a model of configuration c (contiguous, or as
+ * --ep-placement says) and gives the experts this rank holds (*held,
+ * n_layers x n_experts, malloc'd; NULL in a one-process run); --ep is
  * checked against the launch. */
-MOE_MUST_USE enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *o, int n_experts, int *lo,
-                                               int *hi);
+struct moe_config;
+MOE_MUST_USE enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *o, const struct moe_config *c,
+                                               uint8_t **held);
 /* Rank 0 at engine start: what the other ranks need to open the same
  * model and backend be (the backend rank 0 chose, by name; kept until
  * moe_cli_par_finish); refuses options the layout cannot run. */

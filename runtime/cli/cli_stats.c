@@ -8,11 +8,12 @@
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_opts.h"
+#include "runtime/engine/ep.h"
 #include "runtime/stats/stats_analyze.h"
 
 struct stats_opts {
-    const char *svg, *warm_path;
-    long width, pairs, ep, replicas, act_bytes, hidden, cache, expert_bytes, topk, cpu_rows;
+    const char *svg, *warm_path, *placement_out;
+    long width, pairs, ep, replicas, act_bytes, hidden, cache, expert_bytes, topk, cpu_rows, placement_replicas;
     bool compare, no_plot, accepted_only;
 };
 
@@ -34,6 +35,12 @@ static const struct moe_cli_opt rows[] = {
      .help = "expert parallelism over N devices"},
     {.name = "replicas", .arg = "R", .kind = MOE_CLI_INT, CMD(replicas), .lo = 0, .hi = 1 << 20,
      .help = "... with the R hottest experts of each layer on every device"},
+    {.name = "placement-out", .arg = "FILE", .kind = MOE_CLI_STRING, CMD(placement_out),
+     .help = "with --ep N: write a placement balancing the load\n"
+             "(statistics or trace) for `--ep-placement FILE`"},
+    {.name = "placement-replicas", .arg = "R", .kind = MOE_CLI_INT, CMD(placement_replicas), .lo = 0,
+     .hi = 1 << 20, .help = "... with R extra slots per layer: replicas of the\n"
+                            "experts with the most load per copy (default 0)"},
     {.name = "act-bytes", .arg = "B", .kind = MOE_CLI_INT, CMD(act_bytes), .lo = 1, .hi = 16,
      .help = "bytes per activation element sent (default 2)"},
     {.name = "hidden", .arg = "D", .kind = MOE_CLI_INT, CMD(hidden), .lo = 1, .hi = 1 << 20,
@@ -71,7 +78,23 @@ static int analyze(const struct stats_opts *o, const struct moe_sdata *d, const 
         moe_sdata_print_heatmap(stdout, d, (int)o->width);
     }
     enum moe_status s = MOE_OK;
-    if (o->ep) {
+    if (o->placement_out) {
+        char *text = NULL;
+        double ratio = 0;
+        s = moe_ep_placement_write((int)o->ep, d->Lm, d->layers, d->E, d->load, (int)o->placement_replicas, d->path,
+                                   &text, &ratio);
+        FILE *f = s == MOE_OK ? fopen(o->placement_out, "w") : NULL;
+        if (s == MOE_OK && (!f || fputs(text, f) < 0 || fputc('\n', f) < 0))
+            s = moe_fail(MOE_ERR_IO, "--placement-out %s: cannot write it", o->placement_out);
+        if (f && fclose(f) != 0 && s == MOE_OK) s = moe_fail(MOE_ERR_IO, "--placement-out %s: cannot write it",
+                                                             o->placement_out);
+        free(text);
+        if (s == MOE_OK)
+            printf("\nplacement over %ld ranks, %ld extra slots per layer, written to %s: predicted busiest rank "
+                   "over the mean %.4f (mean over %d MoE layers, whole-file load)\n", o->ep, o->placement_replicas,
+                   o->placement_out, ratio, d->Lm);
+    }
+    if (s == MOE_OK && o->ep && (d->ids || !o->placement_out)) { /* a statistics file: placement only */
         struct moe_ep_opts eo = {(int)o->ep, (int)o->replicas, (int)o->act_bytes, (int)o->hidden};
         printf("\n");
         s = moe_whatif_ep(stdout, d, &eo);
@@ -102,6 +125,12 @@ int moe_cli_stats(int argc, char **argv)
     }
     if (o.compare && n != 2) return moe_cli_error("stats", "--compare takes exactly two files");
     if (o.replicas && !o.ep) return moe_cli_error("stats", "--replicas goes with --ep N");
+    if (o.placement_out && !o.ep) return moe_cli_error("stats", "--placement-out goes with --ep N");
+    if (o.placement_replicas && !o.placement_out)
+        return moe_cli_error("stats", "--placement-replicas goes with --placement-out FILE");
+    if (o.placement_out && n != 1) return moe_cli_error("stats", "--placement-out takes one file");
+    if (o.placement_out && moe_cli_check_writable("stats", "--placement-out", o.placement_out))
+        return 1;
     if (o.cpu_rows && !o.cache) return moe_cli_error("stats", "--cpu-rows goes with --cache C");
     if (o.warm_path && !o.cache) return moe_cli_error("stats", "--warm goes with --cache C");
     struct moe_sdata *d = calloc((size_t)n + 1, sizeof *d), *warm = d + n;

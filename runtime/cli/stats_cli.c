@@ -63,6 +63,7 @@ int moe_cli_stats_finish(struct moe_cli_stats *s, const struct moe_model *m,
     if (ep && ep->bounds && ep->rows_rank) {
         meta.ep_ranks = ep->size;
         meta.ep_bounds = ep->bounds;
+        meta.ep_placement = ep->placement;
         meta.ep_rows = ep->rows_rank;
         meta.ep_steps = ep->n.steps;
         meta.ep_imbalance = ep->n.cells ? ep->n.ratio_sum / (double)ep->n.cells : 0.0;

@@ -54,37 +54,9 @@ void moe_ep_init(struct moe_ep *ep, struct moe_comm *c)
     ep->size = moe_comm_size(c);
 }
 
-enum moe_status moe_ep_place(struct moe_ep *ep, int n_experts)
-{
-    if (n_experts <= 0 || n_experts % ep->size)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "expert parallelism: %d experts per layer do not split evenly over "
-                        "%d ranks (contiguous placement needs a multiple)", n_experts, ep->size);
-    if (ep->bounds && ep->bounds[ep->size] != n_experts)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "expert parallelism: a second model of %d experts per layer beside "
-                        "one of %d (one expert-parallel model per job)", n_experts, ep->bounds[ep->size]);
-    if (!ep->bounds) {
-        ep->bounds = malloc(((size_t)ep->size + 1) * sizeof(int32_t));
-        ep->counts = malloc(2 * (size_t)ep->size * sizeof(int32_t));
-        ep->rows_rank = calloc((size_t)ep->size, sizeof(uint64_t));
-        ep->open_kib = calloc((size_t)ep->size, sizeof(int64_t));
-        if (!ep->bounds || !ep->counts || !ep->rows_rank || !ep->open_kib) {
-            free(ep->bounds);
-            free(ep->counts);
-            free(ep->rows_rank);
-            free(ep->open_kib);
-            ep->bounds = ep->counts = NULL;
-            ep->rows_rank = NULL;
-            ep->open_kib = NULL;
-            return moe_fail(MOE_ERR_NOMEM, "expert parallelism: rank tables");
-        }
-    }
-    ep->displs = ep->counts + ep->size;
-    for (int r = 0; r <= ep->size; r++) ep->bounds[r] = (int32_t)((int64_t)n_experts * r / ep->size);
-    return MOE_OK;
-}
-
 void moe_ep_free(struct moe_ep *ep)
 {
+    moe_ep_unplace(ep);
     free(ep->bounds);
     free(ep->counts);
     free(ep->rows_rank);
@@ -204,17 +176,18 @@ enum moe_status moe_ep_send_step(struct moe_ep *ep, int runner, const struct moe
 
 enum moe_status moe_ep_gather(struct moe_ep *ep, float *ye, const int32_t *offsets, int D, int layer)
 {
+    const int32_t *bounds = ep->layers[layer].bounds;
     int most = 0;
     for (int r = 0; r < ep->size; r++) {
-        ep->displs[r] = offsets[ep->bounds[r]];
-        ep->counts[r] = offsets[ep->bounds[r + 1]] - ep->displs[r];
+        ep->displs[r] = offsets[bounds[r]];
+        ep->counts[r] = offsets[bounds[r + 1]] - ep->displs[r];
         most = ep->counts[r] > most ? ep->counts[r] : most;
         ep->rows_rank[r] += (uint64_t)ep->counts[r];
     }
     ep->n.rows_own += (uint64_t)ep->counts[ep->rank];
-    ep->n.rows_all += (uint64_t)offsets[ep->bounds[ep->size]];
+    ep->n.rows_all += (uint64_t)offsets[bounds[ep->size]];
     ep->n.rows_max += (uint64_t)most;
-    const int32_t all = offsets[ep->bounds[ep->size]];
+    const int32_t all = offsets[bounds[ep->size]];
     if (all > 0) {
         ep->n.ratio_sum += (double)most * ep->size / all;
         ep->n.cells++;

@@ -1,17 +1,21 @@
 /* ep.h - expert parallelism across processes (runtime/comm/comm.h).
  *
  * Every rank holds the attention and dense weights whole (attention
- * replicated) and the experts [bounds[r], bounds[r+1]) of every MoE layer
- * (contiguous placement: E / size each).  Rank 0 owns the scheduler, the
+ * replicated) and, in each MoE layer, the experts of its slots there
+ * (struct moe_ep_layer): contiguous placement (E / size each, expert e on
+ * rank floor(e * size / E)) unless a placement says otherwise per layer,
+ * with replicas of hot experts on several ranks (the rows routed to a
+ * replicated expert are split between its slots, ep_place.c).  Rank 0 owns the scheduler, the
  * tokenizer and all output; the other ranks follow: each runner rank 0 opens
  * is announced to them (HELLO: the runner's limits and an opaque blob saying
  * how to open the same model and backend, the CLI's), and each of its steps
  * is broadcast (STEP: rows, positions, contexts and the blocks in use), so
  * every rank runs the same forward pass on the same batch in lockstep and
  * keeps the same KV cache.  In a MoE layer each rank computes the rows
- * routed to its experts (the routing is replicated, so every rank knows every
+ * routed to its slots (the routing is replicated, so every rank knows every
  * rank's rows), the ranks all-gather those rows, and each combines them in
- * the fixed k order: logits are bit-identical to one process's.
+ * the fixed k order: logits are bit-identical to one process's (the CPU
+ * backends compute a row the same whatever rows it is grouped with).
  *
  * Followers compute no logits.  A follower's failure to open the model or
  * the runner is reported back to rank 0 (every rank's status is gathered
@@ -47,10 +51,27 @@ struct moe_ep_counters {
     double step_s;        /* seconds in whole forward steps */
 };
 
+/* One MoE layer's slots: the experts each rank computes there.  Rank r's
+ * slots are [bounds[r], bounds[r+1]) (at least one each), experts
+ * ascending within a rank; expert e has n_rep[e] >= 1 slots, on distinct
+ * ranks: rep[rep0[e] .. rep0[e] + n_rep[e]), ranks ascending. */
+struct moe_ep_layer {
+    int n_slots;                /* 0: a dense layer */
+    int32_t *expert;            /* (n_slots) */
+    int32_t *bounds;            /* (size + 1) */
+    int32_t *rep0, *n_rep;      /* (E) */
+    int32_t *rep;               /* (n_slots) */
+};
+
 struct moe_ep {
     struct moe_comm *comm;      /* borrowed */
     int rank, size;
-    int32_t *bounds;            /* (size + 1), once placed; NULL before */
+    int32_t *bounds;            /* (size + 1) contiguous bounds, once placed; NULL before */
+    int n_layers, n_experts;    /* of the placed model */
+    struct moe_ep_layer *layers; /* (n_layers), once placed */
+    int max_slots;              /* the most slots of a layer */
+    const char *placement;      /* "contiguous", or what placed the experts (a file's "source") */
+    char *placement_text;       /* the placement JSON given to moe_ep_place (owned), or NULL */
     int32_t *counts, *displs;   /* (size) a layer's rows per rank, scratch */
     uint64_t *rows_rank;        /* (size) expert rows each rank computed, as rank 0 counts them */
     int64_t *open_kib;          /* (size) each rank's peak resident memory (KiB) when the latest
@@ -66,9 +87,33 @@ struct moe_ep {
 /* Opens the layout over c's ranks (c NULL: one process); experts are
  * placed by moe_ep_place. */
 void moe_ep_init(struct moe_ep *ep, struct moe_comm *c);
-/* Places n_experts experts per layer: contiguous, n_experts / size each
- * (refused unless it divides evenly).  Again with the same count: no-op. */
-MOE_MUST_USE enum moe_status moe_ep_place(struct moe_ep *ep, int n_experts);
+/* Places the experts of the MoE layers of a model of n_layers layers
+ * (is_moe[l]) and n_experts experts per layer.  placement (JSON text,
+ * docs/parallel.md, or NULL): each layer it names as it says, the others
+ * contiguous (refused unless n_experts divides over the ranks).  Every
+ * rank must be given the same.  Again with the same arguments: no-op. */
+MOE_MUST_USE enum moe_status moe_ep_place(struct moe_ep *ep, int n_layers, const bool *is_moe, int n_experts,
+                                          const char *placement);
+/* Whether this rank holds expert e of layer l (placed). */
+bool moe_ep_holds(const struct moe_ep *ep, int l, int e);
+/* (n_layers x n_experts) 1 where this rank holds the expert (malloc'd). */
+MOE_MUST_USE enum moe_status moe_ep_held(const struct moe_ep *ep, uint8_t **held);
+/* The slot of each routed pair of layer l: ids (T, K) of experts -> slots
+ * (T, K).  A pair of a replicated expert e in row t goes to replica
+ * (pos[t] + e) mod R (ranks ascending): a deterministic turn-taking over
+ * the rows of a prefill and the steps of a decode. */
+void moe_ep_slot_ids(const struct moe_ep *ep, int l, const int32_t *ids, int T, int K, const int32_t *pos,
+                     int32_t *slots);
+/* Writes a placement over `size` ranks for n_layers layers (layer[j] the
+ * model index, load (n_layers, E) each layer's routed pairs) with R extra
+ * slots per layer (replicas of the hottest experts, EPLB's greedy: the
+ * expert with the most load per replica gets the next one; slots then
+ * packed onto the ranks longest-first, each rank ceil((E + R) / size) at
+ * most).  *text: JSON (malloc'd); *ratio: the mean over layers of the
+ * busiest rank's load over the mean that the placement predicts. */
+MOE_MUST_USE enum moe_status moe_ep_placement_write(int size, int n_layers, const int32_t *layer, int E,
+                                                    const double *load, int R, const char *source, char **text,
+                                                    double *ratio);
 void moe_ep_free(struct moe_ep *ep);
 /* Whether ep spans more than one process. */
 static inline bool moe_ep_on(const struct moe_ep *ep) { return ep && ep->size > 1; }

@@ -7,6 +7,7 @@
 #include "runtime/engine/ep.h"
 
 struct moe_runner;
+struct moe_expert_weights;
 struct moe_runner_opts;
 
 /* Rank 0, after its own init of r (status local): announces the runner to
@@ -19,7 +20,16 @@ void moe_ep_runner_close(struct moe_ep *ep, int id);
 /* Rank 0: broadcasts step b of runner `runner` (validated). */
 MOE_MUST_USE enum moe_status moe_ep_send_step(struct moe_ep *ep, int runner, const struct moe_batch *b,
                                               int block_size);
-/* Every rank: the expert output rows ye (in expert order, offsets (E+1) of
- * the layer's dispatch plan, host memory) of every rank's experts gathered
- * in place. */
+/* Every rank: the expert output rows ye (in slot order, offsets
+ * (n_slots + 1) of the layer's dispatch plan over its slots, host memory)
+ * of every rank's slots gathered in place. */
 MOE_MUST_USE enum moe_status moe_ep_gather(struct moe_ep *ep, float *ye, const int32_t *offsets, int D, int layer);
+/* Frees the placement (ep_place.c). */
+void moe_ep_unplace(struct moe_ep *ep);
+/* The expert table of layer l seen by slot: x's experts repeated as the
+ * layer's slots say (its pointer arrays, biases and column orders; F and
+ * D the biases' widths), for the experts op over the slots.  Freed with
+ * moe_ep_slot_view_free. */
+MOE_MUST_USE enum moe_status moe_ep_slot_view(const struct moe_ep *ep, int l, const struct moe_expert_weights *x,
+                                              struct moe_expert_weights *out);
+void moe_ep_slot_view_free(struct moe_expert_weights *v);

@@ -169,6 +169,11 @@ void moe_forward_free(struct moe_forward *fw)
     free(fw->h_ids);
     free(fw->h_w);
     free(fw->h_logits);
+    free(fw->ep_slot_ids);
+    free(fw->ep_counts);
+    free(fw->ep_offsets);
+    for (int l = 0; fw->ep_views && l < fw->m->cfg.n_layers; l++) moe_ep_slot_view_free(&fw->ep_views[l]);
+    free(fw->ep_views);
     memset(fw, 0, sizeof *fw);
 }
 
@@ -446,9 +451,30 @@ static bool stats_async_ready(struct moe_forward *fw, int T)
     return true;
 }
 
+/* Expert parallelism's host state (forward.h), made once. */
+static enum moe_status ep_state(struct moe_forward *fw)
+{
+    if (fw->ep_views) return MOE_OK;
+    const struct moe_ep *ep = fw->ep;
+    const size_t TK = (size_t)fw->lim.max_tokens * (size_t)fw->m->cfg.top_k, S = (size_t)ep->max_slots;
+    if (!ep->layers || ep->n_layers != fw->m->cfg.n_layers)
+        return moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: the experts are not placed for this model");
+    fw->ep_slot_ids = malloc(TK * sizeof(int32_t));
+    fw->ep_counts = malloc(S * sizeof(int32_t));
+    fw->ep_offsets = malloc((S + 1) * sizeof(int32_t));
+    fw->ep_views = calloc((size_t)fw->m->cfg.n_layers, sizeof *fw->ep_views);
+    if (!fw->ep_slot_ids || !fw->ep_counts || !fw->ep_offsets || !fw->ep_views)
+        return moe_fail(MOE_ERR_NOMEM, "expert parallelism: slot tables");
+    for (int l = 0; l < fw->m->cfg.n_layers; l++)
+        if (ep->layers[l].n_slots) MOE_TRY(moe_ep_slot_view(ep, l, &fw->m->layers[l].experts, &fw->ep_views[l]));
+    return MOE_OK;
+}
+
 /* The layer's expert FFN of the rows `in` and combine, weighted by wts,
- * into fw->out.  Expert parallelism: this rank's experts only, every rank's
- * rows gathered, then the combine (ep.h). */
+ * into fw->out (fw->plan dispatched over the experts).  Expert
+ * parallelism: the pairs dispatched again over the layer's slots, this
+ * rank's slots computed, every rank's rows gathered, then the combine
+ * (ep.h). */
 static enum moe_status experts_phase(struct moe_forward *fw, int l, int T, const struct moe_expert_weights *x,
                                      const float *in, const float *wts)
 {
@@ -457,15 +483,20 @@ static enum moe_status experts_phase(struct moe_forward *fw, int l, int T, const
     const int D = c->d_model, K = c->top_k, E = c->n_experts;
     if (!moe_ep_on(fw->ep))
         return be->ops->experts(be, fw->out, in, &fw->plan, wts, x, &fw->ews, T, K, D, c->d_expert, E);
-    fw->plan.lo = fw->ep->bounds[fw->ep->rank];
-    fw->plan.hi = fw->ep->bounds[fw->ep->rank + 1];
-    enum moe_status s = be->ops->experts(be, fw->out, in, &fw->plan, wts, x, &fw->ews, T, K, D,
-                                         c->d_expert, E);
-    fw->plan.lo = fw->plan.hi = 0;
-    MOE_TRY(s);
+    MOE_TRY(ep_state(fw));
+    const struct moe_ep_layer *pl = &fw->ep->layers[l];
+    moe_ep_slot_ids(fw->ep, l, fw->ids, T, K, fw->b_pos, fw->ep_slot_ids); /* the CPU backends: host memory */
+    struct moe_dispatch plan = fw->plan;
+    plan.counts = fw->ep_counts;
+    plan.offsets = fw->ep_offsets;
+    MOE_TRY(be->ops->dispatch(be, &plan, fw->ep_slot_ids, T, K, pl->n_slots));
+    plan.lo = pl->bounds[fw->ep->rank];
+    plan.hi = pl->bounds[fw->ep->rank + 1]; /* > 0: every rank has a slot */
+    MOE_TRY(be->ops->experts(be, fw->out, in, &plan, wts, &fw->ep_views[l], &fw->ews, T, K, D, c->d_expert,
+                             pl->n_slots));
     MOE_TRY(be->ops->sync(be)); /* the rows are complete before they travel */
-    MOE_TRY(moe_ep_gather(fw->ep, fw->ews.ye, fw->plan.offsets, D, l));
-    return be->ops->combine(be, fw->out, &fw->ews, &fw->plan, wts, T, K, D);
+    MOE_TRY(moe_ep_gather(fw->ep, fw->ews.ye, plan.offsets, D, l));
+    return be->ops->combine(be, fw->out, &fw->ews, &plan, wts, T, K, D);
 }
 
 static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,

@@ -132,6 +132,11 @@ struct moe_forward {
      * sends each step to the followers as runner ep_runner's. */
     struct moe_ep *ep;
     int ep_runner;
+    /* its host state, made at the first MoE layer (forward.c, ep_slots):
+     * each routed pair's slot, the dispatch over slots, and each MoE
+     * layer's expert table seen by slot (ep_impl.h) */
+    int32_t *ep_slot_ids, *ep_counts, *ep_offsets;
+    struct moe_expert_weights *ep_views; /* (n_layers) */
 };
 
 /* ptr = n zeroed elements of type in be's memory (the size overflow-checked);

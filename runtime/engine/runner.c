@@ -7,6 +7,7 @@
 
 #include "runtime/engine/ep_impl.h"
 
+static bool held_as_placed(const struct moe_model *m, const struct moe_ep *ep);
 static enum moe_status init_local(struct moe_runner *r, const struct moe_model *m, struct moe_backend *be,
                                   const struct moe_runner_opts *o);
 
@@ -21,22 +22,33 @@ enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
         o->n_blocks <= 0)
         return moe_fail(MOE_ERR_INVALID_ARG, "runner: every limit must be positive");
     r->max_blocks = (m->cfg.max_pos + o->block_size - 1) / o->block_size;
-    if (m->ep_hi != 0 && !moe_ep_on(o->ep))
-        return moe_fail(MOE_ERR_INVALID_ARG, "runner: the model holds experts [%d, %d) of %d only, and this "
-                        "runner is not expert-parallel", m->ep_lo, m->ep_hi, m->cfg.n_experts);
+    if (m->ep_held && !moe_ep_on(o->ep))
+        return moe_fail(MOE_ERR_INVALID_ARG, "runner: the model holds a share of its experts only, and this "
+                        "runner is not expert-parallel");
     enum moe_status s = init_local(r, m, be, o);
     if (moe_ep_on(o->ep) && o->ep->rank == 0) {
         if (s == MOE_OK && !be->ops->combine)
             s = moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no expert-parallel path (--ep needs the CPU "
                          "backends)", be->ops->name);
-        if (s == MOE_OK && (m->ep_lo != o->ep->bounds[0] || m->ep_hi != o->ep->bounds[1]))
-            s = moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: the model holds experts [%d, %d), rank 0 "
-                         "owns [%d, %d)", m->ep_lo, m->ep_hi, o->ep->bounds[0], o->ep->bounds[1]);
+        if (s == MOE_OK && !held_as_placed(m, o->ep))
+            s = moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: the model holds other experts than rank 0's "
+                         "placement gives it");
         enum moe_status e = moe_ep_runner_open(o->ep, r, o, s);
         if (s == MOE_OK) s = e;
     }
     if (s != MOE_OK) moe_runner_free(r);
     return s;
+}
+
+/* Whether m holds exactly the experts ep places on this rank. */
+static bool held_as_placed(const struct moe_model *m, const struct moe_ep *ep)
+{
+    if (!ep->layers || ep->n_layers != m->cfg.n_layers || ep->n_experts != m->cfg.n_experts || !m->ep_held)
+        return false;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; e < m->cfg.n_experts; e++)
+            if (moe_ep_holds(ep, l, e) != (bool)moe_model_holds(m, l, e)) return false;
+    return true;
 }
 
 /* The runner's own state: the model prepared, the cache, the forward

@@ -219,12 +219,20 @@ static enum moe_status bind_dense_ffn(struct moe_model *m, int l, struct moe_lay
     return MOE_OK;
 }
 
-/* Sets expert e's three pointers, requiring one dtype per layer. */
-static enum moe_status set_expert(const struct moe_model *m, struct moe_expert_weights *x, int e,
+/* The first expert of layer l that m holds. */
+static int first_held(const struct moe_model *m, int l)
+{
+    int e = 0;
+    while (e < m->cfg.n_experts - 1 && !moe_model_holds(m, l, e)) e++;
+    return e;
+}
+
+/* Sets expert e's three pointers (layer l), requiring one dtype per layer. */
+static enum moe_status set_expert(const struct moe_model *m, int l, struct moe_expert_weights *x, int e,
                                   const struct moe_tensor *g, const void *gate, const void *up, const void *down,
                                   const char *what)
 {
-    if (e == (m->ep_hi ? m->ep_lo : 0)) x->dtype = g->dtype; /* the first expert held */
+    if (e == first_held(m, l)) x->dtype = g->dtype;
     if (g->dtype != x->dtype)
         return moe_fail(MOE_ERR_UNSUPPORTED,
                         "checkpoint: %s has dtype %s but the layer's first expert has %s", what,
@@ -255,7 +263,7 @@ static enum moe_status expert_cols(struct moe_expert_weights *x, int E, int e, c
 
 /* Experts stacked as gu_name (E, 2F, D), gate rows first, and dn_name
  * (E, D, F) into x's table (allocated here). */
-static enum moe_status bind_stacked_experts(struct moe_model *m, const char *gu_name,
+static enum moe_status bind_stacked_experts(struct moe_model *m, int l, const char *gu_name,
                                             const char *dn_name, struct moe_expert_weights *x)
 {
     const struct moe_config *c = &m->cfg;
@@ -272,9 +280,9 @@ static enum moe_status bind_stacked_experts(struct moe_model *m, const char *gu_
     const size_t gate = (size_t)F * moe_dtype_row_bytes(gu.dtype, (size_t)D),
                  down = (size_t)D * moe_dtype_row_bytes(dn.dtype, (size_t)F);
     for (int64_t e = 0; e < E; e++) {
-        if (!moe_model_holds(m, (int)e)) continue;
+        if (!moe_model_holds(m, l, (int)e)) continue;
         const char *g = (const char *)gu.data + (size_t)e * 2 * gate;
-        MOE_TRY(set_expert(m, x, (int)e, &gu, g, g + gate, (const char *)dn.data + (size_t)e * down, dn_name));
+        MOE_TRY(set_expert(m, l, x, (int)e, &gu, g, g + gate, (const char *)dn.data + (size_t)e * down, dn_name));
     }
     return MOE_OK;
 }
@@ -290,7 +298,7 @@ static enum moe_status bind_experts(struct moe_model *m, int l, const char *blk,
     if (moe_safetensors_find(&m->st, n)) {
         char dn[NAME_MAX_LEN];
         NAMEF(dn, "model.layers.%d.%s.experts.down_proj", l, blk);
-        return bind_stacked_experts(m, n, dn, x);
+        return bind_stacked_experts(m, l, n, dn, x);
     }
     /* One tensor per expert. */
     x->gate = calloc((size_t)E, sizeof *x->gate);
@@ -299,7 +307,7 @@ static enum moe_status bind_experts(struct moe_model *m, int l, const char *blk,
     if (!x->gate || !x->up || !x->down) return moe_fail(MOE_ERR_NOMEM, "expert table");
     bool mixtral_names = !strcmp(blk, "block_sparse_moe");
     for (int64_t e = 0; e < E; e++) {
-        if (!moe_model_holds(m, (int)e)) continue;
+        if (!moe_model_holds(m, l, (int)e)) continue;
         struct moe_tensor g, u, d;
         const char *gn = mixtral_names ? "w1" : "gate_proj", *un = mixtral_names ? "w3" : "up_proj",
                    *dn = mixtral_names ? "w2" : "down_proj";
@@ -313,7 +321,7 @@ static enum moe_status bind_experts(struct moe_model *m, int l, const char *blk,
         MOE_TRY(bind_linear(m, &d, true, n, 2, D, F, 0));
         if (d.dtype != g.dtype)
             return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s differs in dtype from its gate", n);
-        MOE_TRY(set_expert(m, x, (int)e, &g, g.data, u.data, d.data, n));
+        MOE_TRY(set_expert(m, l, x, (int)e, &g, g.data, u.data, d.data, n));
         MOE_TRY(expert_cols(x, (int)E, (int)e, &g, &u, &d, n));
     }
     return MOE_OK;
@@ -332,7 +340,7 @@ static enum moe_status bind_granite_moe(struct moe_model *m, int l, struct moe_l
     MOE_TRY(bind(m, &w->router, true, n, 2, E, D, 0));
     NAMEF(n, "model.layers.%d.block_sparse_moe.input_linear.weight", l);
     NAMEF(d, "model.layers.%d.block_sparse_moe.output_linear.weight", l);
-    MOE_TRY(bind_stacked_experts(m, n, d, &w->experts));
+    MOE_TRY(bind_stacked_experts(m, l, n, d, &w->experts));
     if (S == 0) return MOE_OK;
     struct moe_tensor gu;
     NAMEF(n, "model.layers.%d.shared_mlp.input_linear.weight", l);
@@ -416,14 +424,23 @@ enum moe_status moe_model_bind(struct moe_model *m)
     return MOE_OK;
 }
 
+enum moe_status moe_model_set_held(struct moe_model *m, const uint8_t *held)
+{
+    const size_t n = (size_t)m->cfg.n_layers * (size_t)(m->cfg.n_experts > 0 ? m->cfg.n_experts : 1);
+    free(m->ep_held);
+    if (!(m->ep_held = malloc(n))) return moe_fail(MOE_ERR_NOMEM, "the held experts");
+    memcpy(m->ep_held, held, n);
+    return MOE_OK;
+}
+
 void moe_model_drop_experts(struct moe_model *m)
 {
-    if (m->ep_hi == 0 || !m->layers) return;
+    if (!m->ep_held || !m->layers) return;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         struct moe_expert_weights *x = &m->layers[l].experts;
         if (!x->gate) continue;
         for (int e = 0; e < m->cfg.n_experts; e++)
-            if (!moe_model_holds(m, e)) x->gate[e] = x->up[e] = x->down[e] = NULL;
+            if (!moe_model_holds(m, l, e)) x->gate[e] = x->up[e] = x->down[e] = NULL;
     }
 }
 
@@ -435,14 +452,12 @@ enum moe_status moe_model_bind_layer(struct moe_model *m, int l, bool moe, struc
 
 enum moe_status moe_model_load(struct moe_model *m, const char *dir)
 {
-    return moe_model_load_part(m, dir, 0, 0);
+    return moe_model_load_part(m, dir, NULL);
 }
 
-enum moe_status moe_model_load_part(struct moe_model *m, const char *dir, int lo, int hi)
+enum moe_status moe_model_load_part(struct moe_model *m, const char *dir, const uint8_t *held)
 {
     memset(m, 0, sizeof *m);
-    m->ep_lo = lo;
-    m->ep_hi = hi;
     char path[4096];
     enum moe_status s;
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
@@ -450,11 +465,7 @@ enum moe_status moe_model_load_part(struct moe_model *m, const char *dir, int lo
     m->dir = strdup(dir);
     if (!m->dir) return moe_fail(MOE_ERR_NOMEM, "model path");
     if ((s = moe_config_load(&m->cfg, path)) != MOE_OK) goto fail;
-    if (hi != 0 && (lo < 0 || lo >= hi || hi > m->cfg.n_experts)) {
-        s = moe_fail(MOE_ERR_INVALID_ARG, "%s: experts [%d, %d) are not a part of the model's %d", dir, lo, hi,
-                     m->cfg.n_experts);
-        goto fail;
-    }
+    if (held && (s = moe_model_set_held(m, held)) != MOE_OK) goto fail;
     if ((s = moe_safetensors_open_dir(&m->st, dir)) != MOE_OK) goto fail;
     if (m->cfg.tensor_prefix[0] && (s = moe_safetensors_strip_prefix(&m->st, m->cfg.tensor_prefix, m->cfg.tensor_prefix_to)) != MOE_OK)
         goto fail;
@@ -479,6 +490,7 @@ void moe_model_free(struct moe_model *m)
         }
     }
     free(m->layers);
+    free(m->ep_held);
     for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->dir);

@@ -135,26 +135,30 @@ struct moe_model {
     /* (Dh) F32 ones (owned): the weight of Llama-4's q/k L2 norm, an
      * RMSNorm without one (cfg.qk_l2_norm), else absent */
     struct moe_tensor qk_ones;
-    /* Expert parallelism: this process holds the experts [ep_lo, ep_hi) of
-     * every MoE layer (the others' pointers are NULL, their bytes never
-     * read); 0, 0: all of them.  Set by moe_model_load_part. */
-    int ep_lo, ep_hi;
+    /* Expert parallelism: (n_layers x n_experts, owned) 1 where this
+     * process holds expert e of layer l (the others' pointers are NULL,
+     * their bytes never read); NULL: all of them.  Set by
+     * moe_model_load_part. */
+    uint8_t *ep_held;
 };
 
-/* Whether m holds expert e (see ep_lo). */
-static inline int moe_model_holds(const struct moe_model *m, int e)
+/* Whether m holds expert e of layer l (see ep_held). */
+static inline int moe_model_holds(const struct moe_model *m, int l, int e)
 {
-    return m->ep_hi == 0 || (e >= m->ep_lo && e < m->ep_hi);
+    return !m->ep_held || m->ep_held[(size_t)l * m->cfg.n_experts + e];
 }
 
 /* Loads config.json and the safetensors of a model folder. */
 MOE_MUST_USE enum moe_status moe_model_load(struct moe_model *m, const char *dir);
-/* The same holding only the experts [lo, hi) of each MoE layer (expert
- * parallelism; 0 <= lo < hi <= the experts per layer).  Experts stored one
+/* The same holding only the experts marked in held (n_layers x n_experts
+ * of the folder's configuration, copied; NULL: all), for expert
+ * parallelism (ep.h, moe_ep_held).  Experts stored one
  * tensor per expert or stacked in plain float dtypes are mapped, never read;
  * formats rewritten at load (gpt-oss MXFP4, fp8 blocks, four-bit) are
  * rewritten whole and the others' pointers dropped. */
-MOE_MUST_USE enum moe_status moe_model_load_part(struct moe_model *m, const char *dir, int lo, int hi);
+MOE_MUST_USE enum moe_status moe_model_load_part(struct moe_model *m, const char *dir, const uint8_t *held);
+/* m holds the experts marked in held (n_layers x n_experts, copied). */
+MOE_MUST_USE enum moe_status moe_model_set_held(struct moe_model *m, const uint8_t *held);
 /* Drops the pointers of the experts m does not hold (after binding). */
 void moe_model_drop_experts(struct moe_model *m);
 /* Builds a model with seeded random weights in memory (no file). dtype is

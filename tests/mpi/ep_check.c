@@ -11,9 +11,13 @@
  * both, recording logits, greedy ids and the routing trace.  Then every
  * rank loads its share of the experts and rank 0 runs the same steps with
  * the others following.  Logits must be bit-identical, ids and routing
- * equal.  A fixture whose experts do not split over N ranks must be
- * refused at placement with a message naming the count.  Exit 0 when all
- * hold; every failure prints one line. */
+ * equal.  Then again with a placement (moe_ep_placement_write from a
+ * skewed made-up load, two replicas per MoE layer, so some experts are on
+ * two ranks and their rows split between them), which must give the same
+ * bits too.  A fixture whose experts do not split over N ranks must be
+ * refused at contiguous placement with a message naming the count, and
+ * run with the placement.  Exit 0 when all hold; every failure prints one
+ * line. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,15 +117,40 @@ static enum moe_status reference(const char *dir, struct record *ref)
     return s;
 }
 
-/* Places the experts of the model at dir and loads this rank's share. */
-static enum moe_status open_share(struct moe_ep *ep, const char *dir, struct moe_model *m)
+/* Places the experts of the model at dir (placement: JSON text, or NULL:
+ * contiguous) and loads this rank's share. */
+static enum moe_status open_share(struct moe_ep *ep, const char *dir, const char *placement, struct moe_model *m)
 {
     char path[600];
     struct moe_config cfg;
+    uint8_t *held;
     snprintf(path, sizeof path, "%s/config.json", dir);
     MOE_TRY(moe_config_load(&cfg, path));
-    MOE_TRY(moe_ep_place(ep, cfg.n_experts));
-    return moe_model_load_part(m, dir, ep->bounds[ep->rank], ep->bounds[ep->rank + 1]);
+    MOE_TRY(moe_ep_place(ep, cfg.n_layers, cfg.layer_moe, cfg.n_experts, placement));
+    MOE_TRY(moe_ep_held(ep, &held));
+    enum moe_status s = moe_model_load_part(m, dir, held);
+    free(held);
+    return s;
+}
+
+/* A placement over `size` ranks with two replicas per MoE layer, from a
+ * made-up load skewed towards low expert ids (malloc'd JSON). */
+static char *replica_placement(const struct moe_config *cfg, int size)
+{
+    const int E = cfg->n_experts;
+    int32_t layer[MOE_MAX_LAYERS];
+    int n = 0;
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (cfg->layer_moe[l]) layer[n++] = l;
+    double *load = malloc((size_t)n * E * sizeof(double));
+    char *text = NULL;
+    double ratio;
+    if (!load) return NULL;
+    for (int j = 0; j < n; j++)
+        for (int e = 0; e < E; e++) load[(size_t)j * E + e] = 1000.0 / (1 + (e + 3 * j) % E);
+    if (moe_ep_placement_write(size, n, layer, E, load, 2, "ep_check", &text, &ratio) != MOE_OK) text = NULL;
+    free(load);
+    return text;
 }
 
 struct follower {
@@ -136,7 +165,16 @@ static enum moe_status follower_open(void *ctx, const void *blob, size_t bytes, 
 {
     struct follower *f = ctx;
     if (bytes == 0 || ((const char *)blob)[bytes - 1]) return moe_fail(MOE_ERR_FORMAT, "bad blob");
-    MOE_TRY(open_share(f->ep, blob, &f->m));
+    /* "DIR\nPLACEMENT" */
+    char *dir = strdup(blob), *nl = dir ? strchr(dir, '\n') : NULL;
+    if (!nl) {
+        free(dir);
+        return moe_fail(MOE_ERR_FORMAT, "bad blob");
+    }
+    *nl = 0;
+    enum moe_status s = open_share(f->ep, dir, nl[1] ? nl + 1 : NULL, &f->m);
+    free(dir);
+    MOE_TRY(s);
     f->open = true;
     MOE_TRY(backend_open(&f->be));
     *m = &f->m;
@@ -169,8 +207,8 @@ static void compare(const char *name, const struct record *ref, const struct rec
     }
 }
 
-/* One fixture on every rank. */
-static void check_fixture(struct moe_comm *c, const char *name)
+/* One fixture on every rank, placed contiguously or with replicas. */
+static void check_fixture(struct moe_comm *c, const char *name, bool replicas)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/%s", MOERUN_SOURCE_DIR, name);
@@ -184,8 +222,13 @@ static void check_fixture(struct moe_comm *c, const char *name)
         CHECK(0, "%s: %s", name, moe_last_error());
         return;
     }
-    if (cfg.n_experts % size) { /* refused, naming the count */
-        enum moe_status s = moe_ep_place(&ep, cfg.n_experts);
+    char *placement = replicas ? replica_placement(&cfg, size) : NULL;
+    if (replicas && !placement) {
+        CHECK(0, "%s: no placement: %s", name, moe_last_error());
+        return;
+    }
+    if (!replicas && cfg.n_experts % size) { /* refused, naming the count */
+        enum moe_status s = moe_ep_place(&ep, cfg.n_layers, cfg.layer_moe, cfg.n_experts, NULL);
         CHECK(s != MOE_OK && strstr(moe_last_error(), "do not split evenly"), "%s: %d experts over %d ranks "
               "not refused (%s)", name, cfg.n_experts, size, moe_last_error());
         if (rank == 0) printf("ep_check: %s: %d experts over %d ranks refused as it should be\n", name,
@@ -199,6 +242,7 @@ static void check_fixture(struct moe_comm *c, const char *name)
         enum moe_status s = moe_ep_follow(&ep, &hooks);
         CHECK(s == MOE_OK, "%s: rank %d: %s", name, rank, moe_last_error());
         moe_ep_free(&ep);
+        free(placement);
         return;
     }
     struct record ref = {0}, got = {0};
@@ -207,11 +251,13 @@ static void check_fixture(struct moe_comm *c, const char *name)
     struct moe_runner rn;
     enum moe_status s = reference(dir, &ref);
     CHECK(s == MOE_OK, "%s alone: %s", name, moe_last_error());
-    ep.hello = dir;
-    ep.hello_bytes = strlen(dir) + 1;
+    char blob[65536];
+    snprintf(blob, sizeof blob, "%s\n%s", dir, placement ? placement : "");
+    ep.hello = blob;
+    ep.hello_bytes = strlen(blob) + 1;
     struct moe_runner_opts o = runner_opts;
     o.ep = &ep;
-    if (s == MOE_OK && (s = open_share(&ep, dir, &m)) == MOE_OK) {
+    if (s == MOE_OK && (s = open_share(&ep, dir, placement, &m)) == MOE_OK) {
         if ((s = backend_open(&be)) == MOE_OK && (s = moe_runner_init(&rn, &m, &be, &o)) == MOE_OK) {
             s = run_steps(&rn, &got);
             moe_runner_free(&rn);
@@ -224,10 +270,12 @@ static void check_fixture(struct moe_comm *c, const char *name)
         const int before = failures;
         compare(name, &ref, &got, cfg.vocab, cfg.n_layers * cfg.top_k);
         if (failures == before)
-            printf("ep_check: %s (%s): %d ranks, %d steps: logits bit-identical, ids and routing equal; "
-                   "rank 0 computed %llu of %llu expert rows\n", name, backend_name, size, STEPS,
+            printf("ep_check: %s (%s, %s): %d ranks, %d steps: logits bit-identical, ids and routing equal; "
+                   "rank 0 computed %llu of %llu expert rows\n", name, backend_name,
+                   replicas ? "placement with 2 replicas a layer" : "contiguous", size, STEPS,
                    (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all);
     }
+    free(placement);
     CHECK(moe_ep_stop(&ep) == MOE_OK, "%s: stop: %s", name, moe_last_error());
     record_free(&ref);
     record_free(&got);
@@ -248,7 +296,10 @@ int main(int argc, char **argv)
         return 1;
     }
     if (l.size < 2) fprintf(stderr, "ep_check: one rank: run it under mpirun -n 2 or more\n"), failures++;
-    for (int i = 2; i < argc && l.size > 1; i++) check_fixture(c, argv[i]);
+    for (int i = 2; i < argc && l.size > 1; i++) {
+        check_fixture(c, argv[i], false);
+        check_fixture(c, argv[i], true);
+    }
     CHECK(moe_comm_barrier(c, "the end") == MOE_OK, "barrier: %s", moe_last_error());
     moe_comm_free(c); /* each rank's exit status: mpirun fails when any fails */
     return failures ? 1 : 0;

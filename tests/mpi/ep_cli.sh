@@ -4,7 +4,9 @@
 #      one process's, and only rank 0 prints it;
 #   2. n-gram and draft-model speculation give the same text under -n 2;
 #      the imbalance measured equals `moerun stats --ep 2`'s prediction from
-#      the same run's trace;
+#      the same run's trace; a placement with replicas written by
+#      `moerun stats --placement-out` from that run gives the same text, and
+#      a malformed one is refused naming the entry;
 #      refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp;
 #   3. serve under mpirun -n 2 answers a completion equal to run's; then
 #      rank 1 is killed: the job ends within the timeout and no moerun
@@ -47,6 +49,18 @@ measured=$(python3 -c "import json,sys; print('%.3f' % json.load(open(sys.argv[1
 predicted=$("$MOERUN" stats "$TMP/tr" --ep 2 2>/dev/null | awk '$1 == "contiguous" {print $2}')
 [ -n "$measured" ] && [ "$measured" = "$predicted" ] ||
     no "imbalance measured under -n 2 ($measured) is not the one stats --ep 2 predicts ($predicted)"
+
+# a placement with replicas written from that run's statistics: the same text
+"$MOERUN" stats "$TMP/st.json" --ep 2 --placement-out "$TMP/pl.json" --placement-replicas 2 --no-plot \
+    > "$TMP/pl.out" 2>&1 || no "stats --placement-out failed: $(tail -3 "$TMP/pl.out")"
+$MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --ep-placement "$TMP/pl.json" > "$TMP/pl.txt" 2> "$TMP/pl.err" ||
+    no "run --ep-placement under -n 2 failed: $(tail -3 "$TMP/pl.err")"
+cmp -s "$TMP/one.txt" "$TMP/pl.txt" || no "run --ep-placement under -n 2 printed other text"
+grep -q "file placement, 18 slots" "$TMP/pl.err" || no "run --ep-placement: $(grep parallelism "$TMP/pl.err")"
+tr -d ' \n' < "$TMP/pl.json" | sed 's/"0":\[\[/"0":[[99,/' > "$TMP/bad.json"
+$MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --ep-placement "$TMP/bad.json" > /dev/null 2> "$TMP/bad.err" &&
+    no "a placement naming expert 99 was not refused"
+grep -q "layer 0, rank 0, entry 0: not an expert of 0..15" "$TMP/bad.err" || no "bad placement: $(tail -2 "$TMP/bad.err")"
 
 $MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --ep 3 > /dev/null 2> "$TMP/r1.err" && no "--ep 3 under -n 2 was not refused"
 grep -q "the launch has 2 ranks" "$TMP/r1.err" || no "--ep 3: $(cat "$TMP/r1.err")"
