@@ -97,7 +97,8 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
     {.name = "ep-placement", .arg = "FILE", .kind = MOE_CLI_STRING, ENG(model.ep_placement),
      .help = "with several ranks: which experts each rank holds, per\n"
              "layer, with replicas (written by `moerun stats --ep N\n"
-             "--placement-out FILE`; docs/parallel.md)"},
+             "--placement-out FILE`; docs/parallel.md), or\n"
+             "balanced:STATS (placed here from --stats-out's file)"},
     {.name = "comm-timeout", .arg = "S", .kind = MOE_CLI_DOUBLE, ENG(comm_timeout), .lo = 0, .hi = 86400,
      .open = MOE_CLI_LO_OPEN,
      .help = "with several ranks: seconds a collective may wait for the\n"

@@ -12,6 +12,7 @@
 #include "runtime/backend/backend.h"
 #include "runtime/engine/runner.h"
 #include "runtime/model/model.h"
+#include "runtime/stats/stats_analyze.h"
 
 /* The process's layout: MPI is one per process, so is this. */
 static struct {
@@ -38,6 +39,14 @@ static enum moe_status placement_text(const struct moe_cli_model_opts *o, char *
         return MOE_OK;
     }
     if (!o->ep_placement) return MOE_OK;
+    if (!strncmp(o->ep_placement, "balanced:", 9)) { /* from statistics: written here */
+        struct moe_sdata d = {0};
+        double ratio;
+        MOE_TRY(moe_sdata_load(&d, o->ep_placement + 9));
+        enum moe_status s = moe_ep_placement_write(par.ep.size, d.Lm, d.layers, d.E, d.load, 0, d.path, text, &ratio);
+        moe_sdata_free(&d);
+        return s;
+    }
     json_error_t err;
     json_t *j = json_load_file(o->ep_placement, 0, &err);
     if (!j) return moe_fail(MOE_ERR_FORMAT, "--ep-placement %s: line %d: %s", o->ep_placement, err.line, err.text);

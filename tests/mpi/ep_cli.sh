@@ -57,6 +57,10 @@ $MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --ep-placement "$TMP/pl.json" > 
     no "run --ep-placement under -n 2 failed: $(tail -3 "$TMP/pl.err")"
 cmp -s "$TMP/one.txt" "$TMP/pl.txt" || no "run --ep-placement under -n 2 printed other text"
 grep -q "file placement, 18 slots" "$TMP/pl.err" || no "run --ep-placement: $(grep parallelism "$TMP/pl.err")"
+$MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --ep-placement "balanced:$TMP/st.json" > "$TMP/pb.txt" \
+    2> "$TMP/pb.err" || no "run --ep-placement balanced: under -n 2 failed: $(tail -3 "$TMP/pb.err")"
+cmp -s "$TMP/one.txt" "$TMP/pb.txt" || no "run --ep-placement balanced: under -n 2 printed other text"
+grep -q "file placement, 16 slots" "$TMP/pb.err" || no "balanced: $(grep parallelism "$TMP/pb.err")"
 tr -d ' \n' < "$TMP/pl.json" | sed 's/"0":\[\[/"0":[[99,/' > "$TMP/bad.json"
 $MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --ep-placement "$TMP/bad.json" > /dev/null 2> "$TMP/bad.err" &&
     no "a placement naming expert 99 was not refused"
