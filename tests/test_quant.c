@@ -172,6 +172,68 @@ Test(quant, fast_gemm_q8_0_quantizes_inputs_per_block)
             }
 }
 
+/* rows (T, N) of y from the AVX2 and VNNI instances are the same bits;
+ * the first mismatch named. */
+static void expect_same_bits(const char *what, const float *a, const float *v, int T, int N, size_t ldy, int n0)
+{
+    for (int t = 0; t < T; t++)
+        for (int n = n0; n < N; n++) {
+            const float x = a[(size_t)t * ldy + n], y = v[(size_t)t * ldy + n];
+            uint32_t bx, by;
+            memcpy(&bx, &x, 4), memcpy(&by, &y, 4);
+            if (bx != by)
+                cr_assert_fail("%s [%d,%d]: vnni %.9g (0x%08x), avx2 %.9g (0x%08x)", what, t, n, y, by, x, bx);
+        }
+}
+
+/* The AVX-512 set's Q8_0 kernel where the processor has AVX512-VNNI
+ * (gemm_q8_vnni.c) gives the AVX2 kernel's bits (gemm_q8.c) on awkward
+ * shapes: every T from 1 to 40 (tiles of 8 and 1 input rows and their
+ * remainders), Din of 1 to 129 blocks, N not a multiple of any tile and a
+ * slice [n0, N) not starting at 0, with and without bias; the inputs hold
+ * a zero block, rows of other scales and a row with a NaN block, the
+ * weights a zero block and codes of -128 (a GGUF file may hold them). */
+Test(quant, q8_0_vnni_kernel_matches_avx2_bit_for_bit)
+{
+    __builtin_cpu_init();
+    if (moe_cpu_isa_detect() < MOE_CPU_ISA_AVX512 || !__builtin_cpu_supports("avx512vnni"))
+        cr_skip_test("this processor lacks AVX-512 with AVX512-VNNI: no VNNI instance of the Q8_0 kernel to check");
+    enum { TMAX = 40 };
+    const int Ds[] = {32, 64, 96, 4096 + 32}, Ns[] = {1, 2, 3, 7, 13, 37};
+    for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++)
+        for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++) {
+            const int D = Ds[c], N = Ns[a], nb = D / MOE_Q8_0_BLOCK;
+            const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)D);
+            unsigned char *w = q8_weights(N, D, (uint64_t)(N * 7 + D));
+            memset(w + (size_t)(N - 1) * rb + (size_t)(nb - 1) * MOE_Q8_0_BYTES + 4, 0, 32); /* a zero block */
+            for (int n = 0; n < N; n += 2) /* -128 codes */
+                w[(size_t)n * rb + (size_t)(n % nb) * MOE_Q8_0_BYTES + 4 + (size_t)(n % 32)] = 0x80;
+            float *x = malloc((size_t)TMAX * D * sizeof(float)), *bias = malloc((size_t)N * 4),
+                  *ya = malloc((size_t)TMAX * N * 4), *yv = malloc((size_t)TMAX * N * 4);
+            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + D), -1, 1);
+            for (int t = 0; t < TMAX; t++)
+                for (int k = 0; k < D; k++) x[(size_t)t * D + k] *= (float)(1 + t % 5) * (t % 3 ? 1.0f : 1e-3f);
+            memset(x + (size_t)D * 3 + (size_t)(nb - 1) * MOE_Q8_0_BLOCK, 0, MOE_Q8_0_BLOCK * sizeof(float));
+            x[(size_t)D * 5 + (size_t)(nb / 2) * MOE_Q8_0_BLOCK + 7] = NAN;
+            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
+            for (int T = 1; T <= TMAX; T++) {
+                const int n0 = T % 2 ? 0 : N / 3; /* a slice of the outputs */
+                const struct moe_tensor *b = T % 3 == 1 ? &bt : NULL;
+                char what[96];
+                snprintf(what, sizeof what, "q8_0 T=%d N=%d Din=%d n0=%d%s", T, N, D, n0, b ? " +bias" : "");
+                memset(ya, 0, (size_t)T * N * 4);
+                memset(yv, 0, (size_t)T * N * 4);
+                moe_gemm_fast_rows(MOE_CPU_ISA_AVX2, ya, (size_t)N, x, (size_t)D, T, w, MOE_DTYPE_Q8_0, D, n0, N, b);
+                moe_gemm_fast_rows(MOE_CPU_ISA_AVX512, yv, (size_t)N, x, (size_t)D, T, w, MOE_DTYPE_Q8_0, D, n0, N,
+                                   b);
+                expect_same_bits(what, ya, yv, T, N, (size_t)N, n0);
+                if (T > 5) cr_assert(isnan(yv[(size_t)5 * N + n0]), "%s: row 5 holds a NaN input", what);
+            }
+            free(w), free(x), free(bias), free(ya), free(yv);
+        }
+}
+
 /* A synthetic bf16 model prepared with quant on backend `name`: logits of
  * a 20-token prompt (V each) into logits. */
 static void run_quantized(const char *name, enum moe_weight_quant q, float *logits, struct moe_model *m)

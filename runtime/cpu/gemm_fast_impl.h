@@ -14,8 +14,12 @@ void moe_gemm_rows_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T,
 void moe_gemm_rows_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
                           enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
 /* All T rows against outputs [n0, n1) of Q8_0 weights, the inputs
- * quantized to Q8_0 too (gemm_q8.c; both kernel sets run it). */
+ * quantized to Q8_0 too: with AVX2 (gemm_q8.c), and with AVX512-VNNI for
+ * the AVX-512 kernel set where the processor has it (gemm_q8_vnni.c; the
+ * same bits). */
 void moe_gemm_rows_q8_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
+                           int Din, int n0, int n1, const struct moe_tensor *b);
+void moe_gemm_rows_q8_vnni(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
                            int Din, int n0, int n1, const struct moe_tensor *b);
 /* All T rows against outputs [n0, n1) of four-bit weights wt (Q4_1,
  * Q4_G32, Q4_G128; Din a multiple of the group), the inputs quantized to

@@ -1,7 +1,10 @@
 /* gemm_q8.c - the fast matrix product over Q8_0 weights, for both kernel
- * sets (AVX2 instructions, which AVX-512 processors run too): each input
- * row is quantized to Q8_0 blocks of its own, as llama.cpp's CPU backend
- * does, and each block of 32 products is an exact integer sum.
+ * sets (AVX2 instructions, which AVX-512 processors run too; where they
+ * have AVX512-VNNI the AVX-512 set takes gemm_q8_vnni.c instead, which
+ * computes the expression below with vpdpbusd on 512-bit registers, the
+ * same bits): each input row is quantized to Q8_0 blocks of its own, as
+ * llama.cpp's CPU backend does, and each block of 32 products is an exact
+ * integer sum.
  *
  * Why: widening the int8 weights to fp32 costs 4 instructions per 8
  * weights (extend, convert, scale, FMA), which leaves Q8_0 decode compute
@@ -30,7 +33,7 @@
  * error of an output about 1e-3, that of the weights' own quantization),
  * and fp32 rounding.  Every tile computes that same expression, so a row
  * gives the same bits alone or in any batch, and both kernel sets the same
- * bits. */
+ * bits (gemm_q8_vnni.c's included). */
 #include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>

@@ -1,0 +1,126 @@
+/* gemm_q8.c - what the fast CPU matrix product over Q8_0 weights costs
+ * with the AVX2 kernel (runtime/cpu/gemm_q8.c) and with the AVX512-VNNI
+ * one (runtime/cpu/gemm_q8_vnni.c), one thread.
+ *
+ * Products y (T, N) = x (T, Din) . W^T for (N, Din) = 1408 x 2048 (an
+ * OLMoE expert's gate or up), 14336 x 4096 (Mixtral's) and 4096 x 4096,
+ * T = 1, 4, 16, 64 and 512, through moe_gemm_fast_rows (no OpenMP team)
+ * with the AVX2 kernel set and with the AVX-512 set (which takes the VNNI
+ * kernel where the processor has AVX512-VNNI).  The matrix is cycled
+ * through distinct copies totalling at least 256 MiB, so small batches
+ * read their weights from memory as decode does across layers.  The two
+ * kernels alternate within each round (the machine is shared and noisy);
+ * a figure is the median over rounds of the mean time of one product.
+ * Printed per case: ms per product and GFLOP/s (2 T N Din per product)
+ * of each kernel from the wall clock, and the ratio VNNI / AVX2 of
+ * GFLOP/s from the wall clock and from the thread's CPU time (less
+ * disturbed by other work on a shared machine); the load average before
+ * and after, which says how far the figures can be trusted.
+ *
+ * Build and run (from the repository root, after the CPU build in build-cpu/):
+ *   cmake --build build-cpu --target bench_gemm_q8 && build-cpu/bench_gemm_q8 [rounds]
+ * Not run by the tests. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/bench_util.h"
+#include "runtime/core/status.h"
+#include "runtime/cpu/gemm_fast.h"
+
+enum { NK = 2, RMAX = 64 }; /* kernels; rounds at most */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float urand(void) /* [-1, 1) */
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)(rng >> 40) / 8388608.0f - 1.0f;
+}
+
+static void print_load(void)
+{
+    char line[128] = "?";
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (!fgets(line, sizeof line, f)) strcpy(line, "?\n");
+        fclose(f);
+    }
+    printf("load average: %s\n", line);
+}
+
+/* One shape at T rows: rounds alternating the two kernels over the
+ * copies of the matrix in arena (mbytes each); prints one line. */
+static void bench_case(int N, int D, int T, int rounds, const char *arena, size_t mbytes, int copies,
+                       const float *x, float *y)
+{
+    static const enum moe_cpu_isa isa[NK] = {MOE_CPU_ISA_AVX2, MOE_CPU_ISA_AVX512};
+    double t[NK][RMAX], cpu[NK][RMAX];
+    /* products per measurement: every copy once while the weights stream
+     * from memory; fewer once compute bound */
+    const int n = T <= 4 ? copies : T == 16 ? (copies < 8 ? copies : 8) : T == 64 ? 2 : 1;
+    int next = 0;
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < NK; k++) {
+            const double t0 = bench_clock(CLOCK_MONOTONIC), c0 = bench_clock(CLOCK_THREAD_CPUTIME_ID);
+            for (int i = 0; i < n; i++, next = (next + 1) % copies)
+                moe_gemm_fast_rows(isa[k], y, (size_t)N, x, (size_t)D, T, arena + (size_t)next * mbytes,
+                                   MOE_DTYPE_Q8_0, D, 0, N, NULL);
+            t[k][r] = (bench_clock(CLOCK_MONOTONIC) - t0) / n;
+            cpu[k][r] = (bench_clock(CLOCK_THREAD_CPUTIME_ID) - c0) / n;
+        }
+    double s[NK], c[NK];
+    for (int k = 0; k < NK; k++) {
+        qsort(t[k], (size_t)rounds, sizeof(double), bench_cmp_double);
+        qsort(cpu[k], (size_t)rounds, sizeof(double), bench_cmp_double);
+        s[k] = t[k][rounds / 2];
+        c[k] = cpu[k][rounds / 2];
+    }
+    const double flop = 2.0 * T * N * D;
+    printf("| %5d x %4d | %3d | %9.3f | %9.3f | %7.1f | %7.1f | %5.2f | %5.2f |\n", N, D, T, s[0] * 1e3, s[1] * 1e3,
+           flop / s[0] * 1e-9, flop / s[1] * 1e-9, s[0] / s[1], c[0] / c[1]);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    const int rounds = argc > 1 ? atoi(argv[1]) : 7;
+    if (rounds < 1 || rounds > RMAX || argc > 2) {
+        fprintf(stderr, "usage: bench_gemm_q8 [rounds, 1..64]\n");
+        return 2;
+    }
+    if (moe_cpu_isa_detect() < MOE_CPU_ISA_AVX512) {
+        fprintf(stderr, "bench_gemm_q8: this processor runs no AVX-512 kernel set\n");
+        return 1;
+    }
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni")) {
+        fprintf(stderr, "bench_gemm_q8: this processor lacks AVX512-VNNI (both columns would be the AVX2 kernel)\n");
+        return 1;
+    }
+    const int shapes[3][2] = {{1408, 2048}, {14336, 4096}, {4096, 4096}}, Ts[5] = {1, 4, 16, 64, 512};
+    const size_t total = (size_t)256 << 20;
+    printf("Q8_0 weights, one thread, %d rounds, copies >= %zu MiB\n", rounds, total >> 20);
+    print_load();
+    printf("| N x Din | T | avx2 ms | vnni ms | avx2 GFLOP/s | vnni GFLOP/s | ratio | cpu ratio |\n"
+           "|---|---|---|---|---|---|---|---|\n");
+    for (int s = 0; s < 3; s++) {
+        const int N = shapes[s][0], D = shapes[s][1];
+        const size_t mbytes = (size_t)N * moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)D);
+        const int copies = (int)((total + mbytes - 1) / mbytes);
+        float *row = bench_alloc("bench_gemm_q8", (size_t)D * sizeof(float)),
+              *x = bench_alloc("bench_gemm_q8", (size_t)512 * D * sizeof(float)),
+              *y = bench_alloc("bench_gemm_q8", (size_t)512 * N * sizeof(float));
+        char *arena = bench_alloc("bench_gemm_q8", mbytes * (size_t)copies);
+        for (int n = 0; n < N; n++) {
+            for (int k = 0; k < D; k++) row[k] = urand();
+            if (!moe_quantize_row_q8_0(arena + (size_t)n * (mbytes / N), row, (size_t)D)) return 1;
+        }
+        for (int i = 1; i < copies; i++) memcpy(arena + (size_t)i * mbytes, arena, mbytes);
+        for (size_t i = 0; i < (size_t)512 * D; i++) x[i] = urand();
+        for (int ti = 0; ti < 5; ti++) bench_case(N, D, Ts[ti], rounds, arena, mbytes, copies, x, y);
+        free(arena), free(row), free(x), free(y);
+    }
+    print_load();
+    return 0;
+}
