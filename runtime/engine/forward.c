@@ -76,6 +76,9 @@ static enum moe_status init_buffers(struct moe_forward *fw)
     WALLOC(fw->ews.ye, TK * D, float);
     WALLOC(fw->inv_freq, (size_t)c->head_dim / 2, float);
     WALLOC(fw->lrows, (size_t)fw->lim.max_logits * D, float);
+    WALLOC(fw->lxn, (size_t)fw->lim.max_logits * D, float);
+    WALLOC(fw->lids, (size_t)fw->lim.max_logits * (size_t)(c->top_k > 0 ? c->top_k : 1), int32_t);
+    WALLOC(fw->lrw, (size_t)fw->lim.max_logits * (size_t)(c->top_k > 0 ? c->top_k : 1), float);
     WALLOC(fw->logits, (size_t)fw->lim.max_logits * (size_t)c->vocab, float);
     WALLOC(fw->amax, (size_t)fw->lim.max_logits, int32_t);
     if (fw->lim.hidden) WALLOC(fw->hid, (T + 1) * D, float);
@@ -157,7 +160,8 @@ void moe_forward_free(struct moe_forward *fw)
         void *bufs[] = {fw->x, fw->xn, fw->q, fw->att, fw->k, fw->v, fw->out, fw->h1, fw->h2,
                         fw->sh, fw->shg, fw->xs, fw->ones, fw->rlogits, fw->ids, fw->rw, fw->plan.counts,
                         fw->plan.offsets, fw->plan.perm, fw->plan.pos, fw->ews.xe, fw->ews.g,
-                        fw->ews.u, fw->ews.ye, fw->inv_freq, fw->lrows, fw->logits, fw->amax,
+                        fw->ews.u, fw->ews.ye, fw->inv_freq, fw->lrows, fw->lxn, fw->lids, fw->lrw,
+                        fw->logits, fw->amax,
                         fw->hid, fw->hin, fw->cat, fw->xcols,
                         fw->b_tokens, fw->b_pos, fw->b_seq_of, fw->b_seq_start, fw->b_ctx_len,
                         fw->b_table, fw->b_slot, fw->b_rows};
@@ -499,7 +503,43 @@ static enum moe_status experts_phase(struct moe_forward *fw, int l, int T, const
     return be->ops->combine(be, fw->out, &fw->ews, &plan, wts, T, K, D);
 }
 
-static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
+/* The rows that need logits, db->logit_rows, go on alone (the last
+ * layer's FFN; n may be 0): x, xn, ids and rw swap with compact copies of
+ * those rows (lrows, lxn, lids, lrw), so the rest of the block runs over n
+ * rows and leaves them in lrows; run_ops swaps back. */
+static void swap_rows(struct moe_forward *fw)
+{
+    float *f = fw->x;
+    fw->x = fw->lrows, fw->lrows = f;
+    f = fw->xn, fw->xn = fw->lxn, fw->lxn = f;
+    f = fw->rw, fw->rw = fw->lrw, fw->lrw = f;
+    int32_t *i = fw->ids;
+    fw->ids = fw->lids, fw->lids = i;
+}
+
+static enum moe_status last_rows(struct moe_forward *fw, const struct moe_batch *db, bool moe)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_backend_ops *op = be->ops;
+    const int n = db->n_logits, D = fw->m->cfg.d_model, K = fw->m->cfg.top_k;
+    if (n > 0) {
+        MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db->logit_rows, n, D));
+        MOE_TRY(op->gather_rows(be, fw->lxn, fw->xn, db->logit_rows, n, D));
+        if (moe) { /* ids as K-wide rows of 32-bit words: copied, not converted */
+            MOE_TRY(op->gather_rows(be, (float *)fw->lids, (const float *)fw->ids, db->logit_rows, n, K));
+            MOE_TRY(op->gather_rows(be, fw->lrw, fw->rw, db->logit_rows, n, K));
+        }
+    }
+    swap_rows(fw);
+    fw->rows_swapped = true;
+    return MOE_OK;
+}
+
+/* The layer's FFN with its residual.  last: the model's last layer of a
+ * step whose other rows need nothing after it (last_rows): its routing,
+ * statistics and trace cover every row, its FFN only the rows that need
+ * logits, whose result is left in fw->lrows. */
+static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const struct moe_batch *db, bool last,
                                  struct moe_route_trace *trace)
 {
     struct moe_backend *be = fw->be;
@@ -509,11 +549,16 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
     const int D = c->d_model, K = c->top_k, E = c->n_experts;
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->x, &w->ffn_norm, T, D, c->rms_eps));
     if (!c->layer_moe[l]) {
-        MOE_TRY(swiglu_ffn(fw, fw->out, T, &w->w_gate, &w->b_gate, &w->w_up, &w->b_up, &w->w_down,
-                           &w->b_down));
         if (trace && trace->ids)
             for (int i = 0; i < T * K; i++) trace->ids[(size_t)l * T * K + i] = -1;
-        return residual_add(fw, T);
+        if (last) {
+            MOE_TRY(last_rows(fw, db, false));
+            T = db->n_logits;
+        }
+        if (T > 0)
+            MOE_TRY(swiglu_ffn(fw, fw->out, T, &w->w_gate, &w->b_gate, &w->w_up, &w->b_up, &w->w_down,
+                               &w->b_down));
+        return T > 0 ? residual_add(fw, T) : MOE_OK;
     }
     MOE_TRY(moe_forward_linear(fw, fw->rlogits, fw->xn, &w->router, &w->router_b, T));
     const struct moe_route rt = {E, K, c->norm_topk, c->router_sigmoid, w->router_bias.data,
@@ -532,6 +577,16 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
         MOE_TRY(op->to_host(be, fw->h_logits, fw->rlogits, (size_t)T * E * sizeof(float)));
         moe_stats_record_layer(fw->stats, l, T, fw->h_ids, fw->h_w, fw->h_logits);
     }
+    if (trace && trace->ids) {
+        MOE_TRY(op->to_host(be, trace->ids + (size_t)l * T * K, fw->ids, (size_t)T * K * sizeof(int32_t)));
+        if (trace->weights)
+            MOE_TRY(op->to_host(be, trace->weights + (size_t)l * T * K, fw->rw,
+                                (size_t)T * K * sizeof(float)));
+    }
+    if (last) {
+        MOE_TRY(last_rows(fw, db, true));
+        if ((T = db->n_logits) == 0) return MOE_OK;
+    }
     MOE_TRY(op->dispatch(be, &fw->plan, fw->ids, T, K, E));
     const float *in = fw->xn, *wts = fw->rw;
     if (c->router_scales_input) { /* top-1 (config.c): the input times the score, the output times 1 */
@@ -540,12 +595,6 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T,
         wts = fw->ones;
     }
     MOE_TRY(experts_phase(fw, l, T, &w->experts, in, wts));
-    if (trace && trace->ids) {
-        MOE_TRY(op->to_host(be, trace->ids + (size_t)l * T * K, fw->ids, (size_t)T * K * sizeof(int32_t)));
-        if (trace->weights)
-            MOE_TRY(op->to_host(be, trace->weights + (size_t)l * T * K, fw->rw,
-                                (size_t)T * K * sizeof(float)));
-    }
     if (c->d_shared > 0) {
         MOE_TRY(swiglu_ffn(fw, fw->sh, T, &w->sh_gate, NULL, &w->sh_up, NULL, &w->sh_down, NULL));
         if (c->shared_gate) {
@@ -590,13 +639,23 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
         if (c->embed_scale != 1.0f && c->embed_scale != 0.0f)
             MOE_TRY(op->scale(be, fw->x, (size_t)T * c->d_model, c->embed_scale));
     }
-    for (int l = 0; l < c->n_layers; l++) {
-        MOE_TRY(attention_block(fw, kv, db, l));
-        MOE_TRY(ffn_block(fw, l, T, trace));
+    /* the last layer's FFN only for the rows that need logits, when no
+     * other row's state is wanted after it (hidden states, other ranks, a
+     * multi-token-prediction module, whose proposer reads fw->x) */
+    const bool skip = db->n_logits < T && !fw->hid && !moe_ep_on(fw->ep) && !m->mtp_eh_proj.data;
+    enum moe_status s = MOE_OK;
+    for (int l = 0; l < c->n_layers && s == MOE_OK; l++) {
+        const bool last = skip && l == c->n_layers - 1;
+        if ((s = attention_block(fw, kv, db, l)) == MOE_OK) s = ffn_block(fw, l, T, db, last, trace);
+        if (fw->rows_swapped) { /* back: the rows are in lrows */
+            swap_rows(fw);
+            fw->rows_swapped = false;
+        }
     }
+    MOE_TRY(s);
     if (fw->hid) MOE_TRY(op->rmsnorm(be, fw->hid, fw->x, &m->final_norm, T, c->d_model, c->rms_eps));
     if (db->n_logits == 0) return MOE_OK;
-    MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db->logit_rows, db->n_logits, c->d_model));
+    if (!skip) MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db->logit_rows, db->n_logits, c->d_model));
     MOE_TRY(op->rmsnorm(be, fw->lrows, fw->lrows, &m->final_norm, db->n_logits, c->d_model, c->rms_eps));
     MOE_TRY(moe_forward_linear(fw, fw->logits, fw->lrows, &m->lm_head, NULL, db->n_logits));
     if (c->logit_scale != 1.0f && c->logit_scale != 0.0f)

@@ -62,6 +62,12 @@ struct moe_forward {
     struct moe_expert_ws ews;
     float *inv_freq; /* (Dh/2) */
     float *lrows;    /* (max_logits, D) */
+    /* the last layer's FFN input, routing and weights of the rows that
+     * need logits (forward.c, last_rows) */
+    float *lxn;      /* (max_logits, D) */
+    int32_t *lids;   /* (max_logits, K) */
+    float *lrw;      /* (max_logits, K) */
+    bool rows_swapped; /* those are in x, xn, ids, rw now */
     float *logits;   /* (max_logits, V) */
     int32_t *amax;   /* (max_logits) argmax of each logits row */
     /* lim.hidden: (max_tokens + 1, D) each row's hidden state after the
