@@ -32,3 +32,15 @@ static inline int bench_cmp_double(const void *a, const void *b)
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
+
+/* Prints the machine's load average (the runs share it). */
+static inline void bench_print_load(void)
+{
+    char line[128] = "?\n";
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (!fgets(line, sizeof line, f)) snprintf(line, sizeof line, "?\n");
+        fclose(f);
+    }
+    printf("load average: %s", line);
+}

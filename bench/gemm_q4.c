@@ -95,17 +95,6 @@ static void *make_matrix(int f, const float *wf, int N, int D, size_t *bytes)
     return w;
 }
 
-static void print_load(void)
-{
-    char line[128] = "?";
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (!fgets(line, sizeof line, f)) strcpy(line, "?\n");
-        fclose(f);
-    }
-    printf("load average: %s\n", line);
-}
-
 /* One shape at T rows and nth threads: every format's copies, rounds
  * alternating the formats; prints one line per format. */
 static void bench_shape(int N, int D, int T, int nth, int rounds, void *const *arena, const size_t *mbytes,
@@ -159,7 +148,7 @@ int main(int argc, char **argv)
     const size_t total = (size_t)256 << 20;
     printf("kernel set %s, %d rounds, each format's copies >= %zu MiB\n", moe_cpu_isa_name(isa), rounds,
            total >> 20);
-    print_load();
+    bench_print_load();
     printf("| N x Din | T | threads | weights | ms | GB/s | GFLOP/s | best ms | cpu ms |\n"
            "|---|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < nshapes; s++) {
@@ -183,6 +172,6 @@ int main(int argc, char **argv)
         for (int f = 0; f < nf; f++) free(arena[f]);
         free(wf), free(x), free(y);
     }
-    print_load();
+    bench_print_load();
     return 0;
 }

@@ -38,17 +38,6 @@ static float urand(void) /* [-1, 1) */
     return (float)(rng >> 40) / 8388608.0f - 1.0f;
 }
 
-static void print_load(void)
-{
-    char line[128] = "?";
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (!fgets(line, sizeof line, f)) strcpy(line, "?\n");
-        fclose(f);
-    }
-    printf("load average: %s\n", line);
-}
-
 /* One shape at T rows: rounds alternating the two kernels over the
  * copies of the matrix in arena (mbytes each); prints one line. */
 static void bench_case(int N, int D, int T, int rounds, const char *arena, size_t mbytes, int copies,
@@ -101,7 +90,7 @@ int main(int argc, char **argv)
     const int shapes[3][2] = {{1408, 2048}, {14336, 4096}, {4096, 4096}}, Ts[5] = {1, 4, 16, 64, 512};
     const size_t total = (size_t)256 << 20;
     printf("Q8_0 weights, one thread, %d rounds, copies >= %zu MiB\n", rounds, total >> 20);
-    print_load();
+    bench_print_load();
     printf("| N x Din | T | avx2 ms | vnni ms | avx2 GFLOP/s | vnni GFLOP/s | ratio | cpu ratio |\n"
            "|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < 3; s++) {
@@ -121,6 +110,6 @@ int main(int argc, char **argv)
         for (int ti = 0; ti < 5; ti++) bench_case(N, D, Ts[ti], rounds, arena, mbytes, copies, x, y);
         free(arena), free(row), free(x), free(y);
     }
-    print_load();
+    bench_print_load();
     return 0;
 }
