@@ -58,17 +58,42 @@ struct q4_src {
     int64_t N, K, G, n_groups;
     uint32_t zero_add; /* GPTQ v1: 0x11111111, added to each zero-point word */
     int32_t *perm; /* act-order: (K) the source column of each stored column; NULL: in order */
+    float *sf;     /* (N, n_groups) the scales, in F32 */
+    uint8_t *zf;   /* (N, n_groups) the zero points */
 };
 
 static inline unsigned nib(int32_t w, int i) { return ((uint32_t)w >> (4 * i)) & 15u; }
 
-static inline unsigned src_code(const struct q4_src *p, int64_t n, int64_t k)
+/* The codes of rows [n0, n0 + R) into c (R, K), row after row: each
+ * format's words read in their stored order. */
+static void src_codes(const struct q4_src *p, int64_t n0, int64_t R, uint8_t *c)
 {
     const int32_t *q = p->q->data;
+    const int64_t N = p->N, K = p->K;
     switch (p->fmt) {
-    case MOE_Q4_GPTQ: return nib(q[(k / 8) * p->N + n], (int)(k % 8));
-    case MOE_Q4_AWQ: return nib(q[k * (p->N / 8) + n / 8], AWQ_POS[n % 8]);
-    default: return nib(q[n * (p->K / 8) + k / 8], (int)(k % 8));
+    case MOE_Q4_GPTQ: /* word [k/8][n]: a word row holds 8 columns of every row */
+        for (int64_t kw = 0; kw < K / 8; kw++)
+            for (int64_t r = 0; r < R; r++) {
+                const uint32_t w = (uint32_t)q[kw * N + n0 + r];
+                uint8_t *d = c + r * K + kw * 8;
+                for (int i = 0; i < 8; i++) d[i] = (uint8_t)((w >> (4 * i)) & 15u);
+            }
+        break;
+    case MOE_Q4_AWQ: /* word [k][n/8]: 8 rows of one column, interleaved */
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t r = 0; r < R; r += 8) {
+                const uint32_t w = (uint32_t)q[k * (N / 8) + (n0 + r) / 8];
+                for (int i = 0; i < 8; i++) c[(r + i) * K + k] = (uint8_t)((w >> (4 * AWQ_POS[i])) & 15u);
+            }
+        break;
+    default: /* word [n][k/8] */
+        for (int64_t r = 0; r < R; r++) {
+            const int32_t *row = q + (n0 + r) * (K / 8);
+            for (int64_t kw = 0; kw < K / 8; kw++) {
+                const uint32_t w = (uint32_t)row[kw];
+                for (int i = 0; i < 8; i++) c[r * K + kw * 8 + i] = (uint8_t)((w >> (4 * i)) & 15u);
+            }
+        }
     }
 }
 
@@ -83,12 +108,33 @@ static inline unsigned src_zero(const struct q4_src *p, int64_t n, int64_t g)
     }
 }
 
-static inline float src_scale(const struct q4_src *p, int64_t n, int64_t g)
+/* p->sf and p->zf from the scale and zero-point tensors (each converted
+ * once, whole). */
+static enum moe_status src_tables(struct q4_src *p)
 {
-    const size_t i = p->fmt == MOE_Q4_CT ? (size_t)(n * p->n_groups + g) : (size_t)(g * p->N + n);
-    float v;
-    moe_convert_row_f32(&v, (const char *)p->s->data + i * moe_dtype_size(p->s->dtype), p->s->dtype, 1);
-    return v;
+    const int64_t N = p->N, ng = p->n_groups;
+    float *all = malloc((size_t)N * (size_t)ng * sizeof(float));
+    p->sf = malloc((size_t)N * (size_t)ng * sizeof(float));
+    p->zf = malloc((size_t)N * (size_t)ng);
+    if (!all || !p->sf || !p->zf) {
+        free(all);
+        return moe_fail(MOE_ERR_NOMEM, "checkpoint: the scales of '%s'", p->prefix);
+    }
+    moe_convert_row_f32(all, p->s->data, p->s->dtype, (size_t)N * (size_t)ng);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < ng; g++) {
+            p->sf[n * ng + g] = p->fmt == MOE_Q4_CT ? all[n * ng + g] : all[g * N + n];
+            p->zf[n * ng + g] = (uint8_t)src_zero(p, n, g);
+        }
+    free(all);
+    return MOE_OK;
+}
+
+static void src_free(struct q4_src *p)
+{
+    free(p->perm);
+    free(p->sf);
+    free(p->zf);
 }
 
 static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape)
@@ -216,9 +262,10 @@ static int by_group(const void *a, const void *b, void *gidx)
  * group exactly G of them. */
 static enum moe_status check_src(struct q4_src *p)
 {
+    MOE_TRY(src_tables(p));
     for (int64_t g = 0; g < p->n_groups; g++)
         for (int64_t n = 0; n < p->N; n++) {
-            const float s = src_scale(p, n, g);
+            const float s = p->sf[n * p->n_groups + g];
             if (!isfinite(s))
                 return moe_fail(MOE_ERR_FORMAT, "checkpoint: the scales of '%s' hold %g (row %lld, group %lld)",
                                 p->prefix, s, (long long)n, (long long)g);
@@ -249,15 +296,18 @@ static enum moe_status check_src(struct q4_src *p)
     return MOE_OK;
 }
 
-/* Row n of p into dst as Q4_G32/Q4_G128 (dt), its columns in p->perm's
- * order, or dequantized to F32 in the stored order. */
-static void pack_row(const struct q4_src *p, int64_t n, enum moe_dtype dt, bool to_f32, void *dst)
+/* Row n of p (its codes c, K of them) into dst as Q4_G32/Q4_G128 (dt),
+ * its columns in p->perm's order, or dequantized to F32 in the stored
+ * order. */
+static void pack_row(const struct q4_src *p, int64_t n, const uint8_t *c, enum moe_dtype dt, bool to_f32, void *dst)
 {
+    const float *sf = p->sf + n * p->n_groups;
+    const uint8_t *zf = p->zf + n * p->n_groups;
     if (to_f32) {
         float *f = dst;
         for (int64_t k = 0; k < p->K; k++) {
             const int64_t g = src_group(p, k);
-            f[k] = ((float)src_code(p, n, k) - (float)src_zero(p, n, g)) * src_scale(p, n, g);
+            f[k] = ((float)c[k] - (float)zf[g]) * sf[g];
         }
         return;
     }
@@ -266,9 +316,11 @@ static void pack_row(const struct q4_src *p, int64_t n, enum moe_dtype dt, bool 
     char *out = dst;
     for (int64_t k0 = 0; k0 < p->K; k0 += RG, out += moe_q4_group_bytes(dt)) {
         const int64_t g = k0 / p->G; /* the stored columns' groups are contiguous */
-        const float s = src_scale(p, n, g), z = (float)src_zero(p, n, g);
-        for (int64_t j = 0; j < RG; j++) codes[j] = (uint8_t)src_code(p, n, p->perm ? p->perm[k0 + j] : k0 + j);
-        moe_q4_pack_group(out, dt, codes, s, -z * s);
+        const float s = sf[g], z = (float)zf[g];
+        const uint8_t *src = c + k0;
+        if (p->perm)
+            for (int64_t j = 0; j < RG; j++) codes[j] = c[p->perm[k0 + j]];
+        moe_q4_pack_group(out, dt, p->perm ? codes : src, s, -z * s);
     }
 }
 
@@ -299,12 +351,29 @@ enum moe_status moe_model_q4_bind(struct moe_model *m, const char *prefix, int n
     if (s == MOE_OK) s = moe_model_own(m, bytes, (void **)&base);
     if (s == MOE_OK && p.perm && !to_f32 && (s = moe_model_own(m, (size_t)K * sizeof *cols, (void **)&cols)) == MOE_OK)
         memcpy(cols, p.perm, (size_t)K * sizeof *cols);
+    enum { RB = 64 }; /* rows unpacked at once: a multiple of 8 (AWQ's words hold 8 rows) */
     if (s != MOE_OK) {
-        free(p.perm);
+        src_free(&p);
         return s;
     }
-    for (int64_t n = 0; n < N; n++) pack_row(&p, n, dt, to_f32, base + (size_t)n * row);
-    free(p.perm);
+    bool nomem = false;
+    /* blocks of rows over the threads (a matrix of 64 rows or fewer: one) */
+#pragma omp parallel if (N > RB) reduction(|| : nomem)
+    {
+        uint8_t *codes = malloc((size_t)RB * (size_t)K);
+        nomem = !codes;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t n0 = 0; n0 < N; n0 += RB) {
+            if (!codes) continue;
+            const int64_t R = N - n0 < RB ? N - n0 : RB;
+            src_codes(&p, n0, R, codes);
+            for (int64_t r = 0; r < R; r++)
+                pack_row(&p, n0 + r, codes + r * K, dt, to_f32, base + (size_t)(n0 + r) * row);
+        }
+        free(codes);
+    }
+    src_free(&p);
+    if (nomem) return moe_fail(MOE_ERR_NOMEM, "checkpoint: unpacking '%s'", prefix);
     *out = (struct moe_tensor){.dtype = to_f32 ? MOE_DTYPE_F32 : dt, .ndim = 2, .shape = {N, K}, .data = base,
                                .device = -1, .cols = cols};
     if (cols) m->cols_permuted = true;
