@@ -120,6 +120,11 @@ tk = struct.pack("<12q", 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 1, 1)
 put("fuzz_stats", "trace", json.dumps(trace).encode() + SEP + npy("<i2", (3, 2, 2), ids) + SEP +
     npy("<f4", (3, 2, 2), w) + SEP + npy("<i8", (3, 4), tk))
 
+placement = {"format": "moerun-ep-placement", "version": 1, "ranks": 2, "experts": 4,
+             "layers": {"1": [[0, 1, 3], [2, 3]], "3": [[0, 2], [1, 3]]}}
+put("fuzz_placement", "file", bytes([0, 3]) + json.dumps(placement).encode())
+put("fuzz_placement", "loads", bytes([0, 7]) + struct.pack("<24d", *[float(i % 5) for i in range(24)]))
+
 for i, s in enumerate(["8GiB", "512MiB", "0.25", "1e3 k", "12,3, 4", "0", "2147483647,1"]):
     put("fuzz_cli", "arg%d" % i, bytes([1 if i < 4 else 0]) + s.encode())
 

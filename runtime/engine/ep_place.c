@@ -333,10 +333,13 @@ static int item_desc(const void *a, const void *b)
 /* One layer: replicas, then slots packed longest-first onto the rank with
  * the least load that has room and lacks the expert; in (size, E) filled;
  * returns max / mean rank load. */
-static double place_layer(int size, int E, const double *load, int R, uint8_t *in, int *nrep, struct item *it,
-                          double *rank_load, int *rank_n)
+static double place_layer(int size, int E, const double *given, int R, uint8_t *in, int *nrep, struct item *it,
+                          double *rank_load, int *rank_n, double *load)
 {
-    for (int e = 0; e < E; e++) nrep[e] = 1;
+    for (int e = 0; e < E; e++) { /* a count that is not a finite non-negative number counts as none */
+        nrep[e] = 1;
+        load[e] = isfinite(given[e]) && given[e] > 0 ? given[e] : 0;
+    }
     for (int k = 0; k < R; k++) {
         int best = -1;
         for (int e = 0; e < E; e++)
@@ -385,15 +388,15 @@ enum moe_status moe_ep_placement_write(int size, int n_layers, const int32_t *la
     uint8_t *in = malloc((size_t)size * E);
     int *nrep = malloc((size_t)E * sizeof *nrep), *rank_n = malloc((size_t)size * sizeof *rank_n);
     struct item *it = malloc(((size_t)E + R) * sizeof *it);
-    double *rank_load = malloc((size_t)size * sizeof *rank_load);
+    double *rank_load = malloc((size_t)size * sizeof *rank_load), *clean = malloc((size_t)E * sizeof *clean);
     json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:s, s:i, s:{}}", "format", "moerun-ep-placement", "version", 1,
                           "ranks", size, "experts", E, "source", source ? source : "", "replicas", R, "layers");
-    enum moe_status st = in && nrep && rank_n && it && rank_load && j ? MOE_OK
+    enum moe_status st = in && nrep && rank_n && it && rank_load && clean && j ? MOE_OK
                        : moe_fail(MOE_ERR_NOMEM, "placement: tables");
     json_t *layers = json_object_get(j, "layers");
     double sum = 0;
     for (int k = 0; k < n_layers && st == MOE_OK; k++) {
-        sum += place_layer(size, E, load + (size_t)k * E, R, in, nrep, it, rank_load, rank_n);
+        sum += place_layer(size, E, load + (size_t)k * E, R, in, nrep, it, rank_load, rank_n, clean);
         json_t *ranks = json_array();
         for (int r = 0; r < size && ranks; r++) {
             json_t *list = json_array();
@@ -409,6 +412,6 @@ enum moe_status moe_ep_placement_write(int size, int n_layers, const int32_t *la
         st = moe_fail(MOE_ERR_NOMEM, "placement: JSON");
     *ratio = n_layers > 0 ? sum / n_layers : 1.0;
     json_decref(j);
-    free(in), free(nrep), free(rank_n), free(it), free(rank_load);
+    free(in), free(nrep), free(rank_n), free(it), free(rank_load), free(clean);
     return st;
 }
