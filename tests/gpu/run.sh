@@ -98,7 +98,7 @@ if phase build && ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMO
     exit 1
 fi
 if phase build && ! cmake --build "$build" -j "$jobs" --target moerun test_backend_ops_cuda test_cuda_ops \
-        test_cuda_attention test_cuda_quant test_cuda_forward test_cuda_offload test_spec >>"$log" 2>&1; then
+        test_cuda_attention test_cuda_quant test_cuda_forward test_cuda_offload test_spec test_spec_mtp >>"$log" 2>&1; then
     fail "build"
     grep -E "error|Error" "$log" | head -30
     exit 1
