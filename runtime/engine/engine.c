@@ -475,8 +475,7 @@ static bool grammar_advance(struct moe_engine *e, struct moe_request *r, int32_t
     *dead = false;
     if (r->gactive && !is_stop(r, t)) {
         const bool accepting = moe_grammar_state_accepting(r->gstate);
-        if (gv->in_trie[t] &&
-            moe_grammar_state_advance(r->gstate, gv->bytes + gv->off[t], gv->off[t + 1] - gv->off[t], &ok) != MOE_OK) {
+        if (moe_grammar_state_advance_token(r->gstate, gv, t, &ok) != MOE_OK) {
             *dead = true; /* a limit of the grammar state */
             return false;
         }

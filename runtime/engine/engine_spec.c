@@ -120,12 +120,8 @@ static int grammar_viable(struct moe_engine *e, const struct moe_request *r, con
     struct moe_grammar_state *st = &e->gdraft[0];
     if (moe_grammar_state_copy(st, r->gstate) != MOE_OK) return 0;
     for (int i = 0; i < d; i++) {
-        const int32_t t = toks[i];
         bool ok = false;
-        if (t < 0 || t >= gv->V || !gv->in_trie[t] ||
-            moe_grammar_state_advance(st, gv->bytes + gv->off[t], gv->off[t + 1] - gv->off[t], &ok) != MOE_OK ||
-            !ok)
-            return i;
+        if (moe_grammar_state_advance_token(st, gv, toks[i], &ok) != MOE_OK || !ok) return i;
     }
     return d;
 }

@@ -135,11 +135,8 @@ static void take_guess(struct moe_spec_draft *d, struct moe_spec_draft_job *jb, 
     }
     jb->out[i] = t;
     if (!jb->gstate) return;
-    const struct moe_grammar_vocab *gv = d->gv;
     bool ok = false;
-    if (!gv->in_trie[t] ||
-        moe_grammar_state_advance(jb->gstate, gv->bytes + gv->off[t], gv->off[t + 1] - gv->off[t], &ok) != MOE_OK ||
-        !ok)
+    if (moe_grammar_state_advance_token(jb->gstate, d->gv, t, &ok) != MOE_OK || !ok)
         jb->k = i; /* the mask allowed it: only a limit of the grammar state */
     else if (moe_grammar_state_accepting(jb->gstate) && !moe_grammar_state_can_continue(jb->gstate))
         jb->k = i + 1;

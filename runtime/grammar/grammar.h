@@ -145,6 +145,12 @@ MOE_MUST_USE enum moe_status moe_grammar_state_copy(struct moe_grammar_state *ds
  * them, and st is unchanged.  Errors: the limits above. */
 MOE_MUST_USE enum moe_status moe_grammar_state_advance(struct moe_grammar_state *st, const uint8_t *b,
                                                         size_t n, bool *ok);
+/* Advances by token t's bytes in gv.  *ok false: t is outside gv, outside
+ * the trie (special tokens, empty strings), or the grammar cannot continue
+ * with its bytes; st is then unchanged.  Errors: the limits above. */
+MOE_MUST_USE enum moe_status moe_grammar_state_advance_token(struct moe_grammar_state *st,
+                                                              const struct moe_grammar_vocab *gv, int32_t t,
+                                                              bool *ok);
 /* A complete sentence of the grammar ends here. */
 bool moe_grammar_state_accepting(const struct moe_grammar_state *st);
 /* Some byte could still follow. */

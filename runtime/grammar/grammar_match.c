@@ -333,6 +333,14 @@ enum moe_status moe_grammar_state_copy(struct moe_grammar_state *dst, const stru
     return MOE_OK;
 }
 
+enum moe_status moe_grammar_state_advance_token(struct moe_grammar_state *st, const struct moe_grammar_vocab *gv,
+                                                int32_t t, bool *ok)
+{
+    *ok = false;
+    if (t < 0 || t >= gv->V || !gv->in_trie[t]) return MOE_OK;
+    return moe_grammar_state_advance(st, gv->bytes + gv->off[t], gv->off[t + 1] - gv->off[t], ok);
+}
+
 enum moe_status moe_grammar_state_advance(struct moe_grammar_state *st, const uint8_t *b, size_t n, bool *ok)
 {
     *ok = true;
