@@ -118,3 +118,28 @@ Test(json_schema, optional_properties_every_subset)
     moe_grammar_free(g);
     json_decref(s);
 }
+
+/* MOE_JSON_SCHEMA_WS_AROUND (strict tool calls: "<tool_call>\n{...}\n"):
+ * whitespace may come before and after the document; without the flag it
+ * may not. */
+Test(json_schema, whitespace_around_the_document)
+{
+    json_t *s = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                           "\"required\":[\"a\"],\"additionalProperties\":false}", 0, NULL);
+    struct moe_grammar *g[2];
+    for (int f = 0; f < 2; f++) {
+        char *src;
+        size_t n;
+        cr_assert_eq(moe_json_schema_source(s, f ? MOE_JSON_SCHEMA_WS_AROUND : 0, &src, &n), MOE_OK, "%s",
+                     moe_last_error());
+        cr_assert_eq(moe_grammar_parse(src, n, &g[f]), MOE_OK, "%s", moe_last_error());
+        free(src);
+    }
+    cr_expect(accepts(g[0], "{\"a\": 1}") && accepts(g[1], "{\"a\": 1}"));
+    cr_expect(!accepts(g[0], "\n{\"a\": 1}\n"), "no whitespace around without the flag");
+    cr_expect(accepts(g[1], "\n{\"a\": 1}\n") && accepts(g[1], " {\"a\": 1}"), "whitespace around with it");
+    cr_expect(!accepts(g[1], "\n\n{\"a\": 1}"), "the json_object grammar's whitespace, no more");
+    moe_grammar_free(g[0]);
+    moe_grammar_free(g[1]);
+    json_decref(s);
+}

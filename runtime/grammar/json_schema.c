@@ -473,13 +473,13 @@ static void jsc_free(struct jsc *c)
     free(c->out.p);
 }
 
-enum moe_status moe_json_schema_source(const json_t *schema, char **src, size_t *len)
+enum moe_status moe_json_schema_source(const json_t *schema, unsigned flags, char **src, size_t *len)
 {
     *src = NULL;
     *len = 0;
     struct jsc c = {.root = schema};
     int root;
-    jbuf_str(&c.out, "root ::= s0\n");
+    jbuf_str(&c.out, flags & MOE_JSON_SCHEMA_WS_AROUND ? "root ::= ws s0 ws\n" : "root ::= s0\n");
     jbuf_str(&c.out, SHARED);
     enum moe_status st = schema_rule(&c, schema, &root);
     if (!st && c.out.nomem) st = moe_fail(MOE_ERR_NOMEM, "JSON Schema: out of memory");
@@ -499,7 +499,7 @@ enum moe_status moe_json_schema_grammar(const json_t *schema, struct moe_grammar
     *out = NULL;
     char *src;
     size_t len;
-    MOE_TRY(moe_json_schema_source(schema, &src, &len));
+    MOE_TRY(moe_json_schema_source(schema, 0, &src, &len));
     enum moe_status st = moe_grammar_parse(src, len, out);
     if (st) {
         char msg[256];

@@ -27,9 +27,13 @@ extern "C" {
 #define MOE_JSON_SCHEMA_MAX_DEPTH 64    /* nested schemas, $ref hops included */
 #define MOE_JSON_SCHEMA_MAX_RULES 100000 /* rules of the compiled grammar */
 
+/* Flags of moe_json_schema_source. */
+#define MOE_JSON_SCHEMA_WS_AROUND 1u /* the document may start and end with whitespace ("ws") */
+
 /* The grammar text (docs/grammar.md syntax) of schema: *src is new memory
  * (free), NUL-terminated, *len its bytes. */
-MOE_MUST_USE enum moe_status moe_json_schema_source(const json_t *schema, char **src, size_t *len);
+MOE_MUST_USE enum moe_status moe_json_schema_source(const json_t *schema, unsigned flags, char **src,
+                                                     size_t *len);
 /* The same, compiled (moe_grammar_free). */
 MOE_MUST_USE enum moe_status moe_json_schema_grammar(const json_t *schema, struct moe_grammar **out);
 

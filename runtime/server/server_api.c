@@ -272,19 +272,14 @@ static int strict_grammar(struct srv *s, json_t *req, json_t *tools, struct srv_
     }
     json_decref(alts);
     json_decref(any);
-    char *src = NULL, *text = NULL;
+    char *src = NULL;
     size_t n = 0;
-    enum moe_status st = schema ? moe_json_schema_source(schema, &src, &n) : MOE_ERR_NOMEM;
-    json_decref(schema);
     /* the call may start and end with whitespace: "<tool_call>\n{...}\n</tool_call>" */
-    if (st == MOE_OK && (!(text = malloc(n + 32)) || !strstr(src, "root ::= s0\n"))) st = MOE_ERR_NOMEM;
-    if (st == MOE_OK) {
-        const char *rest = strstr(src, "root ::= s0\n") + strlen("root ::= s0\n");
-        n = (size_t)snprintf(text, n + 32, "root ::= ws s0 ws\n%s", rest);
-        st = moe_grammar_parse(text, n, &j->grammar);
-    }
+    enum moe_status st = schema ? moe_json_schema_source(schema, MOE_JSON_SCHEMA_WS_AROUND, &src, &n)
+                                : MOE_ERR_NOMEM;
+    json_decref(schema);
+    if (st == MOE_OK) st = moe_grammar_parse(src, n, &j->grammar);
     free(src);
-    free(text);
     if (st != MOE_OK) return bad(v, "tools", "the strict tools' parameters: %s", moe_last_error());
     j->rp.grammar = j->grammar;
     j->rp.grammar_triggers[0] = id;
