@@ -475,8 +475,8 @@ static enum moe_status ep_state(struct moe_forward *fw)
 }
 
 /* The layer's expert FFN of the rows `in` and combine, weighted by wts,
- * into fw->out (fw->plan dispatched over the experts).  Expert
- * parallelism: the pairs dispatched again over the layer's slots, this
+ * into fw->out: the pairs of fw->ids dispatched over the experts (fw->plan).
+ * Expert parallelism: dispatched over the layer's slots instead, this
  * rank's slots computed, every rank's rows gathered, then the combine
  * (ep.h). */
 static enum moe_status experts_phase(struct moe_forward *fw, int l, int T, const struct moe_expert_weights *x,
@@ -485,8 +485,10 @@ static enum moe_status experts_phase(struct moe_forward *fw, int l, int T, const
     struct moe_backend *be = fw->be;
     const struct moe_config *c = &fw->m->cfg;
     const int D = c->d_model, K = c->top_k, E = c->n_experts;
-    if (!moe_ep_on(fw->ep))
+    if (!moe_ep_on(fw->ep)) {
+        MOE_TRY(be->ops->dispatch(be, &fw->plan, fw->ids, T, K, E));
         return be->ops->experts(be, fw->out, in, &fw->plan, wts, x, &fw->ews, T, K, D, c->d_expert, E);
+    }
     MOE_TRY(ep_state(fw));
     const struct moe_ep_layer *pl = &fw->ep->layers[l];
     moe_ep_slot_ids(fw->ep, l, fw->ids, T, K, fw->b_pos, fw->ep_slot_ids); /* the CPU backends: host memory */
@@ -587,7 +589,6 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
         MOE_TRY(last_rows(fw, db, true));
         if ((T = db->n_logits) == 0) return MOE_OK;
     }
-    MOE_TRY(op->dispatch(be, &fw->plan, fw->ids, T, K, E));
     const float *in = fw->xn, *wts = fw->rw;
     if (c->router_scales_input) { /* top-1 (config.c): the input times the score, the output times 1 */
         MOE_TRY(op->scale_rows(be, fw->xs, fw->xn, fw->rw, T, D));
