@@ -343,12 +343,16 @@ extern "C" enum moe_status moe_attention_paged_cuda(cudaStream_t st, float *out,
     /* Split the key range only for decode-sized batches: prefill rows give
      * enough blocks on their own.  The split count comes from the longest
      * possible range (the max_ctx hint when given, else the block table's
-     * capacity, capped by the window) at KPS_MIN keys per split at least. */
+     * capacity, capped by the window) at KPS_MIN keys per split at least.
+     * A row's splits are then those of its own range alone (KPS_MIN keys
+     * each, or range / max_splits past max_splits x KPS_MIN keys), and one
+     * split merged by split_reduce_kernel equals the unsplit write bit for
+     * bit: a row's result does not depend on the other rows of the step. */
     int max_ctx = p->max_ctx > 0 ? p->max_ctx : db->max_blocks * kv->block_size;
     if (p->window > 0 && p->window < max_ctx) max_ctx = p->window;
     a.kps_min = KPS_MIN;
     a.n_splits = 1;
-    if (ws && T <= ws_rows && max_splits > 1 && max_ctx > 2 * KPS_MIN) {
+    if (ws && T <= ws_rows && max_splits > 1 && max_ctx > KPS_MIN) {
         int n = (max_ctx + KPS_MIN - 1) / KPS_MIN;
         a.n_splits = n < max_splits ? n : max_splits;
     }

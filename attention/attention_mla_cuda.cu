@@ -295,7 +295,7 @@ static int mla_splits(const struct moe_kvcache *kv, const struct moe_batch *db,
 {
     long long max_ctx = p->max_ctx > 0 ? p->max_ctx : (long long)db->max_blocks * kv->block_size;
     if (p->window > 0 && p->window < max_ctx) max_ctx = p->window;
-    if (max_splits < 2 || max_ctx <= 2 * MLA_KPS_MIN) return 1;
+    if (max_splits < 2 || max_ctx <= MLA_KPS_MIN) return 1;
     long long n = (max_ctx + MLA_KPS_MIN - 1) / MLA_KPS_MIN;
     if (n > max_splits) n = max_splits;
     size_t per; /* floats of one split's partials */

@@ -116,6 +116,71 @@ Test(cuda_forward, batched_steps_match_solo)
     side_close(&g);
 }
 
+/* Steps of at most 32 rows (docs/cuda.md, "Rows of one step"): a row's
+ * logits do not depend on the other rows of its step, bit for bit.
+ * Sequence A (90 tokens) decodes 4 tokens one step at a time alone, then,
+ * prefilled again the same way, takes the same 4 tokens as one chunk (as
+ * speculation verifies them) beside a decode row of B (170 tokens: its
+ * attention splits the keys, A's alone would not need to) and of C: 6 rows
+ * against 1 (the projections' row count, attention's split count and the
+ * experts' rows all differ). */
+static void prefill_chunks(struct side *g, struct moe_seq *s, const int32_t *p, int n, float *scratch)
+{
+    for (int i = 0; i < n; i += 32) {
+        const struct moe_chunk c = {s, p + i, n - i < 32 ? n - i : 32, false, false, 0};
+        cr_assert_eq(moe_runner_step(&g->r, &c, 1, scratch, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
+    }
+}
+
+static void check_rows_independent(const char *name)
+{
+    struct side g;
+    side_open(&g, name, true);
+    enum { NA = 90, NB = 170, NC = 40, R = 4 };
+    const int V = g.m.cfg.vocab;
+    int32_t a[NA + R], b[NB + 1], c[NC + 1];
+    for (int i = 0; i < NA + R; i++) a[i] = (int32_t)((7 * i + 3) % V);
+    for (int i = 0; i <= NB; i++) b[i] = (int32_t)((11 * i + 5) % V);
+    for (int i = 0; i <= NC; i++) c[i] = (int32_t)((13 * i + 1) % V);
+    float *solo = malloc((size_t)R * V * sizeof(float)), *batch = malloc((size_t)(R + 2) * V * sizeof(float)),
+          *scratch = malloc((size_t)V * sizeof(float));
+    cr_assert(solo && batch && scratch);
+    struct moe_seq sa = {0};
+    prefill_chunks(&g, &sa, a, NA, scratch);
+    for (int r = 0; r < R; r++) {
+        const struct moe_chunk ch = {&sa, a + NA + r, 1, false, true, 0};
+        cr_assert_eq(moe_runner_step(&g.r, &ch, 1, solo + (size_t)r * V, NULL, NULL, NULL), MOE_OK, "%s",
+                     moe_last_error());
+    }
+    moe_seq_free(&g.r, &sa);
+    struct moe_seq s2[3] = {{0}};
+    prefill_chunks(&g, &s2[0], a, NA, scratch);
+    prefill_chunks(&g, &s2[1], b, NB, scratch);
+    prefill_chunks(&g, &s2[2], c, NC, scratch);
+    const struct moe_chunk ch[3] = {{&s2[0], a + NA, R, true, true, 0}, {&s2[1], b + NB, 1, false, true, 0},
+                                    {&s2[2], c + NC, 1, false, true, 0}};
+    int rows = 0;
+    cr_assert_eq(moe_runner_step(&g.r, ch, 3, batch, NULL, &rows, NULL), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(rows, R + 2);
+    for (int r = 0; r < R; r++) {
+        int differ = 0;
+        for (int v = 0; v < V; v++)
+            differ += !tu_same_bits(batch[(size_t)r * V + v], solo[(size_t)r * V + v]);
+        const double e = tu_max_rel_err(batch + (size_t)r * V, solo + (size_t)r * V, (size_t)V);
+        cr_log_info("rows: %s row %d: %d of %d logits differ, max rel err %.3g", name, r, differ, V, e);
+        cr_expect_eq(differ, 0, "%s: row %d of the 6-row step: %d of %d logits differ from the row's own step "
+                     "(max rel err %.3g)", name, r, differ, V, e);
+    }
+    for (int i = 0; i < 3; i++) moe_seq_free(&g.r, &s2[i]);
+    free(solo);
+    free(batch);
+    free(scratch);
+    side_close(&g);
+}
+Test(cuda_forward, rows_independent_qwen3_moe) { check_rows_independent("qwen3_moe"); }
+Test(cuda_forward, rows_independent_olmoe_bf16) { check_rows_independent("olmoe"); }
+Test(cuda_forward, rows_independent_gpt_oss_mxfp4) { check_rows_independent("gpt_oss_mxfp4"); }
+
 /* Two CUDA sides of one fixture: eager steps, and step graphs on. */
 static void open_eager_and_graphs(struct side *eager, struct side *graph, const char *name)
 {

@@ -25,6 +25,8 @@
 
 static struct moe_backend be;
 static enum moe_dtype kv_dtype = MOE_DTYPE_F32;
+/* steps of at most this many rows (0: the test's own budget) */
+static int max_step_rows;
 
 static void setup_ref(void) { cr_assert_eq(moe_backend_cpu_init(&be, 1), MOE_OK); }
 static void setup_fast(void) { cr_assert_eq(moe_backend_cpu_fast_init(&be, 1), MOE_OK); }
@@ -35,6 +37,9 @@ static void setup_fp8(void)
 }
 static void setup_cuda(void)
 {
+    /* a row's results are independent of the other rows of its step on the
+     * device up to MOE_SMALL_STEP_ROWS rows (docs/cuda.md, "Rows of one step") */
+    max_step_rows = MOE_SMALL_STEP_ROWS;
     tu_need_cuda_device();
     cr_assert_eq(tu_backend_init(&be, "cuda"), MOE_OK, "%s", moe_last_error());
 }
@@ -272,6 +277,7 @@ static void add_stops(struct job *jobs, int nj, const struct result *res)
 
 static struct moe_engine_opts opts(int n_blocks, int batch_tokens, bool prefix)
 {
+    if (max_step_rows && batch_tokens > max_step_rows) batch_tokens = max_step_rows;
     return (struct moe_engine_opts){.max_batch_tokens = batch_tokens, .max_seqs = 8,
                                     .block_size = 4, .n_blocks = n_blocks,
                                     .kv_dtype = kv_dtype, .prefix_cache = prefix};

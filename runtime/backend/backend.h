@@ -269,6 +269,8 @@ struct moe_backend_opts {
                                      a reason to take the other path (tests/gpu/run.sh) */
     enum moe_prefill_attn prefill_attn;
     enum moe_expert_kernels expert_kernels;
+    bool cuda_small_cublas;       /* CUDA: steps of few rows' F32/BF16/F16 projections on
+                                     cuBLAS too (to compare; rows then depend on each other) */
     enum moe_weight_quant quant;  /* weights quantized at prepare_model */
     /* Per-expert precision (--expert-dtype-plan), CPU backends: the
      * quantization of expert e of model layer l is expert_quant[l * E + e]

@@ -259,18 +259,24 @@ static enum moe_status cuda_rmsnorm(struct moe_backend *be, float *y, const floa
 }
 
 
-/* y (T, N) = x (T, Din) . W^T (+ b).  cuBLAS is column-major: the row-major
- * y is the column-major (N, T) product W^T(as stored, (Din, N) col-major)^T
- * times x ((Din, T) col-major).
+/* y (T, N) = x (T, Din) . W^T (+ b).
  *
- * Precision: cuBLAS needs A and B of one type, so for bf16/f16 weights the
+ * Steps of at most SMALL_EXPERT_ROWS rows (decode, speculative
+ * verification) take moe_ops_matmul_rows_cuda for every weight type: fp32
+ * activations, each weight row read once per 8 input rows, and a row's
+ * result independent of the other rows of the step (docs/cuda.md, "Rows of
+ * one step").  MOERUN_CUDA_SMALL_MATMUL=cublas sends F32/BF16/F16 weights to
+ * cuBLAS there too, for comparison.
+ *
+ * Larger steps: cuBLAS, column-major: the row-major y is the column-major
+ * (N, T) product W^T(as stored, (Din, N) col-major)^T times x ((Din, T)
+ * col-major).  cuBLAS needs A and B of one type, so for bf16/f16 weights the
  * fp32 activations are rounded to the weight's type by a pre-pass (one
  * extra read+write of T*Din activations, tiny next to the weights), and the
- * GEMM accumulates in fp32 and writes fp32.  The alternative, upconverting
- * weights to fp32, would double the bytes streamed at decode.  Rounding the
- * activations to bf16 costs ~2^-9 relative per input, which the parity
- * tolerances for bf16 models (1e-2) cover; fp32 weights use a pure fp32
- * GEMM (no TF32), so fp32 models stay at fp32 accuracy. */
+ * GEMM accumulates in fp32 and writes fp32.  Rounding the activations to
+ * bf16 costs ~2^-9 relative per input, which the parity tolerances for bf16
+ * models (1e-2) cover; fp32 weights use a pure fp32 GEMM (no TF32), so fp32
+ * models stay at fp32 accuracy. */
 static enum moe_status cuda_matmul(struct moe_backend *be, float *y, const float *x,
                                    const struct moe_tensor *w, const struct moe_tensor *b, int T)
 {
@@ -278,6 +284,10 @@ static enum moe_status cuda_matmul(struct moe_backend *be, float *y, const float
     const int N = (int)w->shape[0], Din = (int)w->shape[1];
     const float one = 1.0f, zero = 0.0f;
     if (T <= 0) return MOE_OK;
+    const bool plain = w->dtype == MOE_DTYPE_F32 || w->dtype == MOE_DTYPE_BF16 || w->dtype == MOE_DTYPE_F16;
+    if (T <= SMALL_EXPERT_ROWS && (moe_dtype_planes(w->dtype) || (plain && !c->small_cublas)))
+        return moe_ops_matmul_rows_cuda(c->stream, y, x, w->data, w->dtype, N, Din, T,
+                                        b && b->data ? b->data : NULL, b ? b->dtype : MOE_DTYPE_F32);
     if (w->dtype == MOE_DTYPE_F32) {
         MOE_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, Din, &one, w->data,
                                     CUDA_R_32F, Din, x, CUDA_R_32F, Din, &zero, y, CUDA_R_32F, N,
@@ -293,9 +303,6 @@ static enum moe_status cuda_matmul(struct moe_backend *be, float *y, const float
                                     Din, c->work.xh, ty, Din, &zero, y, CUDA_R_32F, N,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     } else if (moe_dtype_planes(w->dtype)) {
-        if (T <= SMALL_EXPERT_ROWS) /* read in place, bias included */
-            return moe_ops_matmul_planes_cuda(c->stream, y, x, w->data, w->dtype, N, Din, T,
-                                              b && b->data ? b->data : NULL, b ? b->dtype : MOE_DTYPE_F32);
         /* many rows: widened to bf16 for the step's GEMMs, as many rows of
          * W at a time as the reserved buffer holds (outputs n0.. of y) */
         const int at = (int)(c->work.wide_dense_bytes / ((size_t)Din * 2) < (size_t)N
@@ -620,6 +627,7 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,
     c->strict = o->cuda_strict;
     c->prefill_rows = o->prefill_attn == MOE_PREFILL_ATTN_ROWS;
     c->prefill_mma = o->prefill_attn == MOE_PREFILL_ATTN_MMA;
+    c->small_cublas = o->cuda_small_cublas;
     c->experts.mma = o->expert_kernels == MOE_EXPERT_KERNELS_MMA;
     c->off.opts = o->offload;
     c->off.opts.warm = NULL; /* a copy of its own, below */

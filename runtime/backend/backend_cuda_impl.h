@@ -193,6 +193,7 @@ struct cuda_ctx {
     bool strict;             /* no fallback on an invalid value (moe_backend_opts.cuda_strict) */
     bool prefill_rows;       /* per-row kernel for prefill too (MOE_PREFILL_ATTN_ROWS) */
     bool prefill_mma;        /* tensor cores where they apply (MOE_PREFILL_ATTN_MMA) */
+    bool small_cublas;       /* few-row F32/BF16/F16 projections on cuBLAS (cuda_small_cublas) */
     enum moe_cpu_isa cpu_isa; /* kernel set of experts computed on the CPU (offload) */
     int mla_max_dh;          /* largest head dim the MLA attention kernel may run (shared memory) */
     struct cuda_mem mem;

@@ -446,6 +446,8 @@ void moe_cli_backend_opts(struct moe_backend_opts *o, long threads)
                                                         MOE_PREFILL_ATTN_TILED);
     o->expert_kernels = (enum moe_expert_kernels)env_choice("MOERUN_CUDA_EXPERTS", experts,
                                                             MOE_EXPERT_KERNELS_CUBLAS);
+    static const char *const small[] = {"rows", "cublas", NULL};
+    o->cuda_small_cublas = env_choice("MOERUN_CUDA_SMALL_MATMUL", small, 0) == 1;
 }
 
 enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_cli_engine *o)

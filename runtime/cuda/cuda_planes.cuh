@@ -1,14 +1,19 @@
-/* cuda_planes.cuh - reading MXFP4, FP8_B128 and Q8_0 weights in place on the GPU,
- * from their planes (runtime/core/tensor.h, moe_planes_from_rows): the warp dot
- * products the decode expert kernels (experts/experts_cuda.cu) and the
- * small-batch dense matmul (runtime/cuda/matmul_cuda.cu) share. */
+/* cuda_planes.cuh - the warp dot products the decode expert kernels
+ * (experts/experts_cuda.cu) and the small-step dense matmul
+ * (runtime/cuda/matmul_cuda.cu) share: MXFP4, FP8_B128 and Q8_0 weights read
+ * in place from their planes (runtime/core/tensor.h, moe_planes_from_rows),
+ * F32, BF16 and F16 weights as stored.  Each input row's sums run in an
+ * order fixed by the weight row's length alone, never by how many rows
+ * share the call: a row's result does not depend on the other rows. */
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "runtime/core/tensor.h"
+#include "runtime/cuda/cuda_dtype.cuh"
 
 /* A 16-byte weight load: evict-first (__ldcs) when the weights are read
  * once in the call, so they do not push the activations out of L1 and L2;
@@ -159,3 +164,100 @@ __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, con
         }
     }
 }
+
+/* ---- plain weights (F32, BF16, F16) and either kind ---- */
+
+/* 8 consecutive weights at w[i..i+7] as fp32 (16-byte aligned load;
+ * once: see ld_weights). */
+template <enum moe_dtype DT>
+__device__ __forceinline__ void ld8(float *o, const void *w, size_t i, bool once)
+{
+    if (DT == MOE_DTYPE_F32) {
+        const float4 *p = (const float4 *)((const float *)w + i);
+        float4 a = ld_weights(p, once), b = ld_weights(p + 1, once);
+        o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z,
+        o[7] = b.w;
+        return;
+    }
+    uint4 v = ld_weights((const uint4 *)((const uint16_t *)w + i), once);
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (DT == MOE_DTYPE_BF16) {
+            __nv_bfloat162 h = *(const __nv_bfloat162 *)&u[j];
+            float2 f = __bfloat1622float2(h);
+            o[2 * j] = f.x, o[2 * j + 1] = f.y;
+        } else {
+            __half2 h = *(const __half2 *)&u[j];
+            float2 f = __half22float2(h);
+            o[2 * j] = f.x, o[2 * j + 1] = f.y;
+        }
+    }
+}
+
+/* acc[k][r] += dot(weight row k, xs.row(r)) over the warp (lane partial sums),
+ * for NW weight rows starting at w + wo[k] and up to RT input rows (nr of
+ * them valid), each of length n.  The NW rows share every load of x, and
+ * each lane issues NW x U 16-byte weight loads before it uses any, so a
+ * warp keeps NW x U x 512 bytes of weights in flight: at batch 1 the kernel
+ * is a pure weight stream, and the bytes in flight are what bound it.
+ * vec: n % 8 == 0 and rows 16-byte aligned; else one element per lane. */
+template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
+__device__ __forceinline__ void warp_dots(float (*acc)[RT], const void *w, const size_t *wo,
+                                          const Rows &xs, int nr, int n,
+                                          bool vec, bool once)
+{
+    const int lane = threadIdx.x & 31;
+    if (vec) {
+        for (int i0 = lane * 8; i0 < n; i0 += 32 * 8 * U) {
+            float wf[U][NW][8];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int k = 0; k < NW; k++)
+                    if (i0 + u * 256 < n) ld8<DT>(wf[u][k], w, wo[k] + i0 + u * 256, once);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int i = i0 + u * 256;
+                if (i >= n) break;
+#pragma unroll
+                for (int r = 0; r < RT; r++) {
+                    if (r >= nr) break;
+                    const float4 *xp = (const float4 *)(xs.row(r) + i);
+                    const float4 a = xp[0], b = xp[1];
+#pragma unroll
+                    for (int k = 0; k < NW; k++)
+                        acc[k][r] += wf[u][k][0] * a.x + wf[u][k][1] * a.y + wf[u][k][2] * a.z +
+                                     wf[u][k][3] * a.w + wf[u][k][4] * b.x + wf[u][k][5] * b.y +
+                                     wf[u][k][6] * b.z + wf[u][k][7] * b.w;
+                }
+            }
+        }
+    } else {
+        for (int i = lane; i < n; i += 32) {
+            float wv[NW];
+#pragma unroll
+            for (int k = 0; k < NW; k++) wv[k] = moe_ld(w, DT, wo[k] + i);
+#pragma unroll
+            for (int r = 0; r < RT; r++) {
+                if (r >= nr) break;
+                const float xv = xs.row(r)[i];
+#pragma unroll
+                for (int k = 0; k < NW; k++) acc[k][r] += wv[k] * xv;
+            }
+        }
+    }
+}
+
+/* Either kind of weights: planes (MXFP4, FP8_B128) or plain rows. */
+template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
+__device__ __forceinline__ void weight_dots(float (*acc)[RT], const void *w, const void *ws,
+                                            const size_t *wo, const Rows &xs, int nr, int n,
+                                            bool vec, bool once)
+{
+    if (planes_dt<DT>)
+        warp_dots_q<DT, RT, NW, U>(acc, w, ws, wo, xs, nr, n, once);
+    else
+        warp_dots<DT, RT, NW, U>(acc, w, wo, xs, nr, n, vec, once);
+}
+

@@ -102,12 +102,14 @@ enum moe_status moe_ops_fp8_to_bf16_cuda(cudaStream_t st, void *dst, const void 
  * device int *bad (its block unwritten). */
 enum moe_status moe_ops_quantize_q8_0_cuda(cudaStream_t st, void *dst, const void *src, enum moe_dtype dt,
                                            size_t n, int *bad);
-/* y (T, N) = x (T, Din) . W^T (+ b (N) in bdt, or NULL) with W (N, Din) as
- * MXFP4, FP8_B128 or Q8_0 planes (runtime/core/tensor.h) at w, read in place: for
- * steps of few rows (each weight row is read once per 8 input rows). */
-enum moe_status moe_ops_matmul_planes_cuda(cudaStream_t st, float *y, const float *x, const void *w,
-                                           enum moe_dtype dt, int N, int Din, int T, const void *b,
-                                           enum moe_dtype bdt);
+/* y (T, N) = x (T, Din) . W^T (+ b (N) in bdt, or NULL) with W (N, Din) in
+ * F32, BF16 or F16 rows, or as MXFP4, FP8_B128 or Q8_0 planes
+ * (runtime/core/tensor.h), at w, read in place: for steps of few rows (each
+ * weight row is read once per 8 input rows).  A row's result does not
+ * depend on T or on the other rows. */
+enum moe_status moe_ops_matmul_rows_cuda(cudaStream_t st, float *y, const float *x, const void *w,
+                                         enum moe_dtype dt, int N, int Din, int T, const void *b,
+                                         enum moe_dtype bdt);
 /* ids (rows) = argmax of each row of x (rows, n): ties to the lower index,
  * NaN never wins (moe_argmax). */
 enum moe_status moe_ops_argmax_cuda(cudaStream_t st, int32_t *ids, const float *x, int rows, int n);

@@ -1,9 +1,12 @@
-/* matmul_cuda.cu - dense products with MXFP4, FP8_B128 or Q8_0 weights read in
- * place (planes, runtime/core/tensor.h), for steps of few rows: y (T, N) = x (T,
- * Din) . W^T (+ b).  A warp computes two output features for up to 8 rows
- * at a time, streaming the two weight rows once per 8 input rows with the
- * decode expert kernels' dot products (runtime/cuda/cuda_planes.cuh); blocks of
- * 8 warps.  Larger steps widen the matrix to bf16 for cuBLAS instead
+/* matmul_cuda.cu - dense products for steps of few rows, y (T, N) = x (T,
+ * Din) . W^T (+ b), with F32, BF16 or F16 weights as stored or MXFP4,
+ * FP8_B128 or Q8_0 weights read in place (planes, runtime/core/tensor.h).  A
+ * warp computes two output features for up to 8 rows at a time, streaming
+ * the two weight rows once per 8 input rows with the decode expert kernels'
+ * dot products (runtime/cuda/cuda_planes.cuh); blocks of 8 warps.  The
+ * activations stay fp32, and a row's sums run in the same order whatever
+ * the other rows of the step: its result does not depend on them (cuBLAS
+ * picks its algorithm by the row count).  Larger steps go to cuBLAS
  * (runtime/backend/backend_cuda.c). */
 #include "runtime/cuda/cuda_dtype.cuh"
 #include "runtime/cuda/cuda_planes.cuh"
@@ -15,8 +18,8 @@
 
 template <enum moe_dtype DT>
 static __global__ void __launch_bounds__(MV_WARPS * 32)
-    planes_matvec_kernel(float *y, const float *x, const void *w, const void *ws, const void *b,
-                         enum moe_dtype bdt, int N, int Din, int T)
+    rows_matvec_kernel(float *y, const float *x, const void *w, const void *ws, const void *b,
+                       enum moe_dtype bdt, int N, int Din, int T, bool vec)
 {
     const int n0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * MV_NW;
     if (n0 >= N) return; /* the whole warp */
@@ -28,7 +31,7 @@ static __global__ void __launch_bounds__(MV_WARPS * 32)
         const int nr = min(MV_RT, T - t0);
         const strided_rows xs = {x + (size_t)t0 * Din, Din};
         float acc[MV_NW][MV_RT] = {};
-        warp_dots_q<DT, MV_RT, MV_NW, 1>(acc, w, ws, wo, xs, nr, Din, T <= MV_RT);
+        weight_dots<DT, MV_RT, MV_NW, planes_dt<DT> ? 1 : 2>(acc, w, ws, wo, xs, nr, Din, vec, T <= MV_RT);
 #pragma unroll
         for (int k = 0; k < MV_NW; k++) {
             if (n0 + k >= N) break;
@@ -43,19 +46,27 @@ static __global__ void __launch_bounds__(MV_WARPS * 32)
     }
 }
 
-extern "C" enum moe_status moe_ops_matmul_planes_cuda(cudaStream_t st, float *y, const float *x,
-                                                      const void *w, enum moe_dtype dt, int N, int Din,
-                                                      int T, const void *b, enum moe_dtype bdt)
+extern "C" enum moe_status moe_ops_matmul_rows_cuda(cudaStream_t st, float *y, const float *x,
+                                                    const void *w, enum moe_dtype dt, int N, int Din,
+                                                    int T, const void *b, enum moe_dtype bdt)
 {
-    if (!moe_dtype_planes(dt) || N <= 0 || Din <= 0 || Din % moe_dtype_block(dt))
+    const bool plain = dt == MOE_DTYPE_F32 || dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16;
+    if ((!plain && !moe_dtype_planes(dt)) || N <= 0 || Din <= 0 || (!plain && Din % moe_dtype_block(dt)))
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda matmul: %s weights of %d x %d", moe_dtype_name(dt), N, Din);
     if (T <= 0) return MOE_OK;
-    const void *ws = (const char *)w + moe_planes_values_bytes(dt, (size_t)N, (size_t)Din);
+    const void *ws = plain ? NULL : (const char *)w + moe_planes_values_bytes(dt, (size_t)N, (size_t)Din);
+    /* 16-byte loads: every weight and input row starts 16-byte aligned */
+    const bool vec = Din % 8 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)x % 16 == 0;
     const unsigned grid = (unsigned)((N + MV_WARPS * MV_NW - 1) / (MV_WARPS * MV_NW));
-#define MATVEC(DT) planes_matvec_kernel<DT><<<grid, MV_WARPS * 32, 0, st>>>(y, x, w, ws, b, bdt, N, Din, T)
-    if (dt == MOE_DTYPE_MXFP4) MATVEC(MOE_DTYPE_MXFP4);
-    else if (dt == MOE_DTYPE_FP8_B128) MATVEC(MOE_DTYPE_FP8_B128);
-    else MATVEC(MOE_DTYPE_Q8_0);
+#define MATVEC(DT) rows_matvec_kernel<DT><<<grid, MV_WARPS * 32, 0, st>>>(y, x, w, ws, b, bdt, N, Din, T, vec)
+    switch (dt) {
+    case MOE_DTYPE_F32: MATVEC(MOE_DTYPE_F32); break;
+    case MOE_DTYPE_BF16: MATVEC(MOE_DTYPE_BF16); break;
+    case MOE_DTYPE_F16: MATVEC(MOE_DTYPE_F16); break;
+    case MOE_DTYPE_MXFP4: MATVEC(MOE_DTYPE_MXFP4); break;
+    case MOE_DTYPE_FP8_B128: MATVEC(MOE_DTYPE_FP8_B128); break;
+    default: MATVEC(MOE_DTYPE_Q8_0); break;
+    }
 #undef MATVEC
     MOE_CUDA_LAUNCHED();
     return MOE_OK;

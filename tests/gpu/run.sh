@@ -177,6 +177,16 @@ try:
         + "; b1 %.1f%% of roofline" % (100 * g.get(1, {}).get("roofline_fraction", 0)))
 except Exception as e:
     print("mixtral with CUDA graphs: no result (%s)" % e)
+for name in ("mixtral", "olmoe"):
+    try:
+        a = json.load(open(os.path.join(out, "bench_%s.json" % name)))
+        b = json.load(open(os.path.join(out, "bench_%s_small_cublas.json" % name)))
+        da = {d["batch"]: d["step_ms"] for d in a["decode"]}
+        print("%s small-step projections, row kernel against cuBLAS, step ms: " % name + ", ".join(
+            "b%d %.2f vs %.2f (cuBLAS / row %.2fx)" % (d["batch"], da[d["batch"]], d["step_ms"], d["step_ms"] / da[d["batch"]])
+            for d in b["decode"] if d["batch"] in da))
+    except Exception as e:
+        print("%s small-step projections: no result (%s)" % (name, e))
 try:
     pf = {}
     for kind, name in (("tiled", "bench_mixtral.json"), ("rows", "bench_mixtral_pf_rows.json")):
@@ -566,6 +576,11 @@ bench_timeout=75 bench gptoss120b_gemm configs/gpt-oss-120b.json --prefill 16 --
     --gemm-compare 4096
 # decode steps recorded once as CUDA graphs and replayed (opt-in)
 MOERUN_CUDA_GRAPHS=1 bench mixtral_graphs configs/mixtral-8x7b.json --prefill 64 --decode 1,8,32
+# small steps' projections A/B: cuBLAS (MOERUN_CUDA_SMALL_MATMUL=cublas)
+# against the row kernel (the default, measured by bench_mixtral.json and
+# bench_olmoe.json: a row independent of the other rows of its step)
+MOERUN_CUDA_SMALL_MATMUL=cublas bench mixtral_small_cublas configs/mixtral-8x7b.json --prefill 16 --decode 1,8
+MOERUN_CUDA_SMALL_MATMUL=cublas bench olmoe_small_cublas configs/olmoe-1b-7b.json --prefill 16 --decode 1,8
 # prefill attention A/B: the per-row kernel for prefill steps too (the
 # tiled kernel is the default, measured by bench_mixtral.json)
 MOERUN_CUDA_PREFILL_ATTN=rows bench mixtral_pf_rows configs/mixtral-8x7b.json \

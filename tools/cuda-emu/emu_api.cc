@@ -82,19 +82,29 @@ static cublasStatus_t gemm_check(const gemm_args &g)
         return CUBLAS_STATUS_INVALID_VALUE;
     return CUBLAS_STATUS_SUCCESS;
 }
+/* Like cuBLAS, whose algorithm (tile, split-K) follows the problem's shape,
+ * the sums' order here follows n: k is cut into 1 + n % 4 slices, each
+ * summed in fp32, then added in order.  A column's result so depends on
+ * how many columns share the call, as on a GPU: code that needs a row of
+ * a step to be independent of the other rows fails here too. */
 static void gemm_run(const gemm_args &g)
 {
     emu_gemms++;
+    const int slices = 1 + g.n % 4, per = (g.k + slices - 1) / slices;
     for (int j = 0; j < g.n; j++)
         for (int i = 0; i < g.m; i++) {
-            double s = 0;
-            for (int l = 0; l < g.k; l++) {
-                float a = g.ta == CUBLAS_OP_T ? ldt(g.A, g.at, l + (long long)i * g.lda) : ldt(g.A, g.at, i + (long long)l * g.lda);
-                float b = g.tb == CUBLAS_OP_T ? ldt(g.B, g.bt, j + (long long)l * g.ldb) : ldt(g.B, g.bt, l + (long long)j * g.ldb);
-                s += (double)a * b;
+            float s = 0;
+            for (int l0 = 0; l0 < g.k; l0 += per) {
+                float part = 0;
+                for (int l = l0; l < g.k && l < l0 + per; l++) {
+                    float a = g.ta == CUBLAS_OP_T ? ldt(g.A, g.at, l + (long long)i * g.lda) : ldt(g.A, g.at, i + (long long)l * g.lda);
+                    float b = g.tb == CUBLAS_OP_T ? ldt(g.B, g.bt, j + (long long)l * g.ldb) : ldt(g.B, g.bt, l + (long long)j * g.ldb);
+                    part += a * b;
+                }
+                s += part;
             }
             float c = g.beta != 0 ? g.beta * ldt(g.C, g.ct, i + (long long)j * g.ldc) : 0.0f;
-            stt(g.C, g.ct, i + (long long)j * g.ldc, g.alpha * (float)s + c);
+            stt(g.C, g.ct, i + (long long)j * g.ldc, g.alpha * s + c);
         }
 }
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
