@@ -271,6 +271,8 @@ struct moe_backend_opts {
     enum moe_expert_kernels expert_kernels;
     bool cuda_small_cublas;       /* CUDA: steps of few rows' F32/BF16/F16 projections on
                                      cuBLAS too (to compare; rows then depend on each other) */
+    bool cuda_expert_gemm_loop;   /* CUDA: the grouped path's GEMMs one cublasGemmEx per
+                                     expert instead of one grouped call (to compare) */
     enum moe_weight_quant quant;  /* weights quantized at prepare_model */
     /* Per-expert precision (--expert-dtype-plan), CPU backends: the
      * quantization of expert e of model layer l is expert_quant[l * E + e]

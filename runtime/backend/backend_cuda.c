@@ -628,6 +628,7 @@ static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,
     c->prefill_rows = o->prefill_attn == MOE_PREFILL_ATTN_ROWS;
     c->prefill_mma = o->prefill_attn == MOE_PREFILL_ATTN_MMA;
     c->small_cublas = o->cuda_small_cublas;
+    c->experts.gemm_loop = o->cuda_expert_gemm_loop;
     c->experts.mma = o->expert_kernels == MOE_EXPERT_KERNELS_MMA;
     c->off.opts = o->offload;
     c->off.opts.warm = NULL; /* a copy of its own, below */

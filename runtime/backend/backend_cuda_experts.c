@@ -70,11 +70,22 @@ enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_
 }
 
 /* One cublasGemmGroupedBatchedEx over g groups with the parameter arrays
- * in c->g_* and the A, B, C pointer arrays at d, d + E, d + 2E.  A cuBLAS
- * that refuses the call (not supported, invalid value) gives
- * MOE_ERR_UNSUPPORTED, so the caller can fall back to the other path. */
-static enum moe_status grouped_gemm(struct cuda_ctx *c, void **d, cudaDataType_t ty, int E, int g)
+ * in c->g_* and the A, B, C pointer arrays at d, d + E, d + 2E (device;
+ * h: the same on the host).  A cuBLAS that refuses the call (not
+ * supported, invalid value) gives MOE_ERR_UNSUPPORTED, so the caller can
+ * fall back to the other path.  MOERUN_CUDA_GROUPED=loop: a cublasGemmEx
+ * per group instead, from h. */
+static enum moe_status grouped_gemm(struct cuda_ctx *c, void **d, void **h, cudaDataType_t ty, int E, int g)
 {
+    const struct cuda_experts *x = &c->experts;
+    if (x->gemm_loop) {
+        for (int i = 0; i < g; i++)
+            MOE_CUBLAS_TRY(cublasGemmEx(c->blas, x->g_ta[i], x->g_tb[i], x->g_m[i], x->g_n[i], x->g_k[i],
+                                        &x->g_alpha[i], h[i], ty, x->g_lda[i], h[E + i], ty, x->g_ldb[i],
+                                        &x->g_beta[i], h[2 * E + i], ty, x->g_ldc[i], CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+        return MOE_OK;
+    }
     cublasStatus_t b = cublasGemmGroupedBatchedEx(
         c->blas, c->experts.g_ta, c->experts.g_tb, c->experts.g_m, c->experts.g_n, c->experts.g_k, c->experts.g_alpha, (const void *const *)d, ty,
         c->experts.g_lda, (const void *const *)(d + E), ty, c->experts.g_ldb, c->experts.g_beta, d + 2 * E, ty, c->experts.g_ldc,
@@ -139,7 +150,7 @@ enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const int32_t *place,
         c->experts.g_beta[i] = 0.0f;
     }
     if (g > 0)
-        MOE_TRY(grouped_gemm(c, d1, ty, E, g));
+        MOE_TRY(grouped_gemm(c, d1, A1, ty, E, g));
     MOE_TRY(moe_experts_swiglu_half_cuda(c->stream, h, gub, n, F, dt, plan->offsets, E, ex));
     for (int i = 0; i < g; i++) {
         c->experts.g_m[i] = D;
@@ -149,7 +160,7 @@ enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const int32_t *place,
         c->experts.g_ldc[i] = D;
     }
     if (g > 0)
-        MOE_TRY(grouped_gemm(c, d2, ty, E, g));
+        MOE_TRY(grouped_gemm(c, d2, A2, ty, E, g));
     return MOE_OK;
 }
 

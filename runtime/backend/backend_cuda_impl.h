@@ -104,6 +104,7 @@ struct cuda_experts {
     size_t mma_tile_ints;
     int64_t mma_calls;       /* runs of them (one per expert call, or per offload round) */
     bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
+    bool gemm_loop;          /* the grouped path as a cublasGemmEx per expert (cuda_expert_gemm_loop) */
 };
 
 /* A recorded step: the ops of one forward workspace for a step shape. */

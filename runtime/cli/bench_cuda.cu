@@ -74,8 +74,12 @@ extern "C" enum moe_status moe_bench_copy_bandwidth(size_t bytes, double *bytes_
     return s;
 }
 
+/* The experts' gate_up GEMM of `tokens` rows routed K ways, spread evenly
+ * over E experts: one cublasGemmGroupedBatchedEx (gt), one cublasGemmEx per
+ * expert (lt), and one dense cublasGemmEx over every row against one
+ * expert's weights (dt), TFLOP/s of each. */
 static enum moe_status gemm_cmp(struct bench_res *r, int tokens, int E, int K, int D, int F,
-                                double *gt, double *dt)
+                                double *gt, double *dt, double *lt)
 {
     MOE_TRY(res_init(r, true));
     const size_t n = (size_t)tokens * K, es = 2;
@@ -120,7 +124,7 @@ static enum moe_status gemm_cmp(struct bench_res *r, int tokens, int E, int K, i
     if (ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "gemm compare: %s", cudaGetErrorString(ce));
     const double flops = 2.0 * (double)n * 2.0 * F * D;
     const float one = 1.0f, zero = 0.0f;
-    for (int pass = 0; pass < 2 && s == MOE_OK; pass++) {
+    for (int pass = 0; pass < 3 && s == MOE_OK; pass++) {
         for (int rep = -2; rep < REPS && s == MOE_OK; rep++) { /* two warm-ups */
             if (rep == 0 && cudaEventRecord(r->a, r->st) != cudaSuccess)
                 s = moe_fail(MOE_ERR_DEVICE, "gemm compare: event");
@@ -131,11 +135,18 @@ static enum moe_status gemm_cmp(struct bench_res *r, int tokens, int E, int K, i
                                                 (const void *const *)(dp + E), CUDA_R_16BF, ldb,
                                                 ab + E, dp + 2 * E, CUDA_R_16BF, ldc, groups, gs,
                                                 CUBLAS_COMPUTE_32F);
-            else
+            else if (pass == 1)
                 bs = cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, 2 * F, (int)n, D, &one,
                                   r->bufs[0], CUDA_R_16BF, D, r->bufs[1], CUDA_R_16BF, D, &zero,
                                   r->bufs[2], CUDA_R_16BF, 2 * F, CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT);
+            else {
+                bs = CUBLAS_STATUS_SUCCESS;
+                for (int i = 0; i < groups && bs == CUBLAS_STATUS_SUCCESS; i++)
+                    bs = cublasGemmEx(r->blas, CUBLAS_OP_T, CUBLAS_OP_N, 2 * F, nn[i], D, &one, hp[i],
+                                      CUDA_R_16BF, D, hp[E + i], CUDA_R_16BF, D, &zero, hp[2 * E + i],
+                                      CUDA_R_16BF, 2 * F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            }
             if (bs != CUBLAS_STATUS_SUCCESS)
                 s = moe_fail(MOE_ERR_DEVICE, "gemm compare: %s: %s", pass ? "cublasGemmEx"
                              : "cublasGemmGroupedBatchedEx", moe_cublas_status_str(bs));
@@ -147,18 +158,19 @@ static enum moe_status gemm_cmp(struct bench_res *r, int tokens, int E, int K, i
         }
         double t;
         s = elapsed(r, &t);
-        if (s == MOE_OK) *(pass == 0 ? gt : dt) = flops * REPS / t / 1e12;
+        if (s == MOE_OK) *(pass == 0 ? gt : pass == 1 ? dt : lt) = flops * REPS / t / 1e12;
     }
     free(hp), free(arr), free(ab), free(ops);
     return s;
 }
 
 extern "C" enum moe_status moe_bench_grouped_gemm(int tokens, int E, int K, int D, int F,
-                                                  double *grouped_tflops, double *dense_tflops)
+                                                  double *grouped_tflops, double *dense_tflops,
+                                                  double *loop_tflops)
 {
     struct bench_res r = {};
-    *grouped_tflops = *dense_tflops = 0;
-    enum moe_status s = gemm_cmp(&r, tokens, E, K, D, F, grouped_tflops, dense_tflops);
+    *grouped_tflops = *dense_tflops = *loop_tflops = 0;
+    enum moe_status s = gemm_cmp(&r, tokens, E, K, D, F, grouped_tflops, dense_tflops, loop_tflops);
     res_free(&r);
     return s;
 }

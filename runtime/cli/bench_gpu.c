@@ -20,9 +20,9 @@ enum moe_status moe_bench_copy_bandwidth(size_t bytes, double *bytes_per_s)
 }
 
 enum moe_status moe_bench_grouped_gemm(int tokens, int E, int K, int D, int F,
-                                       double *grouped_tflops, double *dense_tflops)
+                                       double *grouped_tflops, double *dense_tflops, double *loop_tflops)
 {
-    *grouped_tflops = *dense_tflops = 0;
+    *grouped_tflops = *dense_tflops = *loop_tflops = 0;
     return moe_fail(MOE_ERR_UNSUPPORTED, "grouped GEMM benchmark: moerun was built without CUDA");
 }
 
@@ -118,16 +118,18 @@ int moe_bench_gpu_extras(const struct moe_model *m, const struct moe_bench_gpu_o
         json_t *arr = json_array();
         json_object_set_new(g, "grouped_gemm", arr);
         for (int i = 0; i < o->n_gemm; i++) {
-            double gt, dt;
+            double gt, dt, lt;
             if (moe_bench_grouped_gemm(o->gemm_tokens[i], c->n_experts, c->top_k, c->d_model,
-                                       c->d_expert, &gt, &dt) != MOE_OK)
+                                       c->d_expert, &gt, &dt, &lt) != MOE_OK)
                 return moe_cli_error("bench", "%s", moe_last_error());
-            json_array_append_new(arr, json_pack("{s:i, s:f, s:f, s:f}", "tokens", o->gemm_tokens[i],
+            json_array_append_new(arr, json_pack("{s:i, s:f, s:f, s:f, s:f, s:f}", "tokens", o->gemm_tokens[i],
                                                  "grouped_tflops", gt, "dense_tflops", dt,
-                                                 "ratio", dt > 0 ? gt / dt : 0.0));
+                                                 "ratio", dt > 0 ? gt / dt : 0.0, "loop_tflops", lt,
+                                                 "loop_ratio", dt > 0 ? lt / dt : 0.0));
             if (!json)
-                printf("%-10s %8d %9.1f TFLOP/s grouped, %.1f dense (%.0f%%)\n", "gemm",
-                       o->gemm_tokens[i], gt, dt, dt > 0 ? 100.0 * gt / dt : 0.0);
+                printf("%-10s %8d %9.1f TFLOP/s grouped, %.1f a GEMM per expert, %.1f dense (%.0f%%, %.0f%%)\n",
+                       "gemm", o->gemm_tokens[i], gt, lt, dt, dt > 0 ? 100.0 * gt / dt : 0.0,
+                       dt > 0 ? 100.0 * lt / dt : 0.0);
         }
     }
     if (o->n_expert > 0) {

@@ -18,10 +18,12 @@ extern "C" {
 /* Device-to-device cudaMemcpy of `bytes`: (bytes read + bytes written) / s. */
 MOE_MUST_USE enum moe_status moe_bench_copy_bandwidth(size_t bytes, double *bytes_per_s);
 /* The gate_up projection of `tokens` tokens routed K ways, spread evenly
- * over E experts of (2F, D) bf16 weights: one cublasGemmGroupedBatchedEx
- * against one cublasGemmEx of the same FLOPs (2 * tokens*K * 2F * D). */
+ * over E experts of (2F, D) bf16 weights: one cublasGemmGroupedBatchedEx,
+ * and one cublasGemmEx per expert (loop), against one cublasGemmEx of the
+ * same FLOPs (2 * tokens*K * 2F * D). */
 MOE_MUST_USE enum moe_status moe_bench_grouped_gemm(int tokens, int E, int K, int D, int F,
-                                                    double *grouped_tflops, double *dense_tflops);
+                                                    double *grouped_tflops, double *dense_tflops,
+                                                    double *loop_tflops);
 
 /* The decode-path expert kernels alone (one up and one down launch) for
  * batch tokens routed K ways over E experts of D x F in dt (BF16, F16,

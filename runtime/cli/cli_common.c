@@ -448,6 +448,8 @@ void moe_cli_backend_opts(struct moe_backend_opts *o, long threads)
                                                             MOE_EXPERT_KERNELS_CUBLAS);
     static const char *const small[] = {"rows", "cublas", NULL};
     o->cuda_small_cublas = env_choice("MOERUN_CUDA_SMALL_MATMUL", small, 0) == 1;
+    static const char *const grouped[] = {"grouped", "loop", NULL};
+    o->cuda_expert_gemm_loop = env_choice("MOERUN_CUDA_GROUPED", grouped, 0) == 1;
 }
 
 enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_cli_engine *o)

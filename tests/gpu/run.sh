@@ -165,7 +165,8 @@ for name in ("mixtral", "olmoe", "gptoss120b"):
         cell("%7.2fx", lambda: gd[64]["step_over_read_all_experts"])))
     print("%-8s copy bandwidth %s GB/s; %s" % (
         "", cell("%.0f", lambda: m["copy_bw"]),
-        "grouped %.0f vs dense %.0f TFLOP/s at 4096 tokens" % (gg.get("grouped_tflops", 0), gg.get("dense_tflops", 0))
+        "grouped %.0f, a GEMM per expert %.0f, dense %.0f TFLOP/s at 4096 tokens" % (
+            gg.get("grouped_tflops", 0), gg.get("loop_tflops", 0), gg.get("dense_tflops", 0))
         if gg else "grouped GEMM: no result"))
     if m["missing"]:
         print("%-8s no result from %s" % ("", "; ".join(m["missing"])))
@@ -177,6 +178,19 @@ try:
         + "; b1 %.1f%% of roofline" % (100 * g.get(1, {}).get("roofline_fraction", 0)))
 except Exception as e:
     print("mixtral with CUDA graphs: no result (%s)" % e)
+for name in ("mixtral", "olmoe"):
+    try:
+        a = json.load(open(os.path.join(out, "bench_%s.json" % name)))
+        b = json.load(open(os.path.join(out, "bench_%s_gloop.json" % name)))
+        pa = {p["tokens"]: p["tokens_per_s"] for p in a["prefill"]}
+        da = {d["batch"]: d["tokens_per_s"] for d in a["decode"]}
+        print("%s, a GEMM per expert against the grouped call, tokens/s: " % name + "; ".join(
+            ["pf%d %.0f vs %.0f (%.2fx)" % (p["tokens"], p["tokens_per_s"], pa[p["tokens"]],
+                                             p["tokens_per_s"] / pa[p["tokens"]]) for p in b["prefill"] if p["tokens"] in pa] +
+            ["b%d %.0f vs %.0f (%.2fx)" % (d["batch"], d["tokens_per_s"], da[d["batch"]],
+                                            d["tokens_per_s"] / da[d["batch"]]) for d in b["decode"] if d["batch"] in da]))
+    except Exception as e:
+        print("%s, a GEMM per expert: no result (%s)" % (name, e))
 for name in ("mixtral", "olmoe"):
     try:
         a = json.load(open(os.path.join(out, "bench_%s.json" % name)))
@@ -615,6 +629,14 @@ MOERUN_CUDA_EXPERTS=mma bench olmoe_xmma configs/olmoe-1b-7b.json --prefill 512,
     --decode 8,64,256
 MOERUN_CUDA_EXPERTS=mma bench gptoss120b_xmma configs/gpt-oss-120b.json --prefill 512,4096 --chunk 4096 \
     --decode 8,64
+# the grouped path's GEMMs as one cublasGemmEx per expert
+# (MOERUN_CUDA_GROUPED=loop) against one cublasGemmGroupedBatchedEx (the
+# default, above): the first run measured the grouped call at 35-41% of
+# dense cuBLAS
+MOERUN_CUDA_GROUPED=loop bench mixtral_gloop configs/mixtral-8x7b.json --prefill 512,4096 --chunk 4096 \
+    --decode 64,256
+MOERUN_CUDA_GROUPED=loop bench olmoe_gloop configs/olmoe-1b-7b.json --prefill 512,4096 --chunk 4096 \
+    --decode 64,256
 # expert offload: 4 of Mixtral's 8 experts per layer on the device, the rest
 # copied in over PCIe when routed to (--gpu-experts)
 bench mixtral_offload4 configs/mixtral-8x7b.json --prefill 512 --chunk 512 --decode 1,8 --steps 8 \
