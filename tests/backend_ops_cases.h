@@ -51,6 +51,7 @@ static const struct op_case cases[] = {
     {"head_matmul", run_head_matmul, F16, .T = 7, .H = 16, .N = 128, .D = 512, .ldx = 576, .ldy = 128},
     {"head_matmul", run_head_matmul, BF16, .T = 5, .H = 4, .N = 32, .D = 16, .ldx = 24, .ldy = 40, .off = 8},
     {"head_matmul", run_head_matmul, BF16, .T = 17, .H = 3, .N = 37, .D = 21, .ldx = 25, .ldy = 41, .off = 3},
+    {"head_matmul", run_head_matmul, BF16, .T = 33, .H = 2, .N = 19, .D = 24, .ldx = 27, .ldy = 23, .off = 2},
     {"add", run_pointwise, F32, .T = 1, .D = 37},
     {"add", run_pointwise, F32, .T = 65, .D = 129},
     {"scale", run_pointwise, F32, .T = 17, .D = 37},
