@@ -232,7 +232,7 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
     dim3 g1((unsigned)((F + FFN_WARPS - 1) / FFN_WARPS), ny);
     const int dw = (D + DOWN_NW - 1) / DOWN_NW; /* warps per expert in the down kernel */
     dim3 g2((unsigned)((dw + FFN_WARPS - 1) / FFN_WARPS), ny);
-    /* planes (MXFP4, FP8_B128, Q8_0): the scales follow the values of all
+    /* planes (MXFP4, FP8_B128, Q8_0, four-bit): the scales follow the values of all
      * Ew experts of the stacks */
     const void *gus = NULL, *dns = NULL;
     if (moe_dtype_planes(dt)) {
@@ -252,15 +252,19 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
     case MOE_DTYPE_MXFP4: return SMALL(MOE_DTYPE_MXFP4);
     case MOE_DTYPE_FP8_B128: return SMALL(MOE_DTYPE_FP8_B128);
     case MOE_DTYPE_Q8_0: return SMALL(MOE_DTYPE_Q8_0);
+    case MOE_DTYPE_Q4_1: return SMALL(MOE_DTYPE_Q4_1);
+    case MOE_DTYPE_Q4_G32: return SMALL(MOE_DTYPE_Q4_G32);
+    case MOE_DTYPE_Q4_G128: return SMALL(MOE_DTYPE_Q4_G128);
     default: return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA experts: %s weights", moe_dtype_name(dt));
     }
 #undef SMALL
 }
 
-/* ---- MXFP4 / FP8_B128 / Q8_0 planes widened to bf16 for the grouped path ----
+/* ---- planes widened to bf16 for the grouped path ----
  * One thread per 16-byte load of values; experts without rows (counts[e]
- * == 0) are skipped.  Each value is the CPU's fp32 value (code x scale),
- * rounded once to bf16 (exact for MXFP4 within bf16's range). */
+ * == 0) are skipped.  Each value is the CPU's fp32 value (code x scale;
+ * four-bit: q x d, rounded, + m, rounded), rounded once to bf16 (exact for
+ * MXFP4 within bf16's range). */
 template <enum moe_dtype DT>
 static __global__ void widen_planes_kernel(__nv_bfloat16 *dst, const void *src, const void *scales,
                                            const int32_t *counts, size_t per_expert, size_t n_loads)
@@ -270,8 +274,8 @@ static __global__ void widen_planes_kernel(__nv_bfloat16 *dst, const void *src, 
          l += (size_t)gridDim.x * blockDim.x) {
         const size_t i = l * Q::per_load; /* first value */
         if (counts && counts[i / per_expert] <= 0) continue;
-        const uint4 wq = __ldcs((const uint4 *)((const uint8_t *)src + (Q::fp4 ? i / 2 : i)));
-        const float sc = qscale<DT>(scales, i);
+        const uint4 wq = __ldcs((const uint4 *)((const uint8_t *)src + (Q::nib ? i / 2 : i)));
+        const float sc = qscale<DT>(scales, i), mn = Q::q4 ? q4_dm<DT>(scales, i).y : 0.0f;
         const uint32_t word[4] = {wq.x, wq.y, wq.z, wq.w};
         __nv_bfloat16 *o = dst + i; /* 32-byte aligned: 8-byte stores of 4 values */
 #pragma unroll
@@ -279,10 +283,12 @@ static __global__ void widen_planes_kernel(__nv_bfloat16 *dst, const void *src, 
             float v[8];
             qword<DT>(v, word[j]);
 #pragma unroll
-            for (int half = 0; half < (Q::fp4 ? 2 : 1); half++) {
-                const float *q4 = v + 4 * half;
-                const __nv_bfloat162 a = __floats2bfloat162_rn(q4[0] * Q::unit * sc, q4[1] * Q::unit * sc),
-                                     b = __floats2bfloat162_rn(q4[2] * Q::unit * sc, q4[3] * Q::unit * sc);
+            for (int half = 0; half < (Q::nib ? 2 : 1); half++) {
+                float f[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+                    f[t] = Q::q4 ? __fadd_rn(__fmul_rn(v[4 * half + t], sc), mn) : v[4 * half + t] * Q::unit * sc;
+                const __nv_bfloat162 a = __floats2bfloat162_rn(f[0], f[1]), b = __floats2bfloat162_rn(f[2], f[3]);
                 uint2 p;
                 memcpy(&p.x, &a, 4);
                 memcpy(&p.y, &b, 4);
@@ -301,14 +307,17 @@ static enum moe_status widen(cudaStream_t st, void *dst, const void *src, const 
     if (E <= 0 || rows % (size_t)E || K % (size_t)moe_dtype_block(dt))
         return moe_fail(MOE_ERR_INVALID_ARG, "CUDA widen: %zu rows of %zu over %d experts", rows, K, E);
     if (rows == 0) return MOE_OK;
-    const size_t n = rows * K, per_load = dt == MOE_DTYPE_MXFP4 ? 32 : 16;
+    const size_t n = rows * K, per_load = dt == MOE_DTYPE_MXFP4 || moe_dtype_is_q4(dt) ? 32 : 16;
     __nv_bfloat16 *d = (__nv_bfloat16 *)dst;
     const size_t per_expert = n / (size_t)E, loads = n / per_load;
     const unsigned grid = moe_cuda_blocks(loads, 256);
 #define WIDEN(DT) widen_planes_kernel<DT><<<grid, 256, 0, st>>>(d, src, scales, counts, per_expert, loads)
     if (dt == MOE_DTYPE_MXFP4) WIDEN(MOE_DTYPE_MXFP4);
     else if (dt == MOE_DTYPE_FP8_B128) WIDEN(MOE_DTYPE_FP8_B128);
-    else WIDEN(MOE_DTYPE_Q8_0);
+    else if (dt == MOE_DTYPE_Q8_0) WIDEN(MOE_DTYPE_Q8_0);
+    else if (dt == MOE_DTYPE_Q4_1) WIDEN(MOE_DTYPE_Q4_1);
+    else if (dt == MOE_DTYPE_Q4_G32) WIDEN(MOE_DTYPE_Q4_G32);
+    else WIDEN(MOE_DTYPE_Q4_G128);
 #undef WIDEN
     MOE_CUDA_LAUNCHED();
     return MOE_OK;

@@ -122,9 +122,22 @@ static void *random_rows(enum moe_dtype t, size_t rows, size_t K, uint64_t seed,
                 w[b + j] = (c & 0x7f) == 0x7f ? (unsigned char)(c ^ 1) : c; /* no NaN */
             }
         }
+    } else if (t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128) {
+        /* per group: d in [a/16, a/8], m in [-8d, -7d] (asymmetric codes
+         * around zero), then random codes */
+        const size_t gb = moe_q4_group_bytes(t);
+        for (size_t b = 0; b < bytes; b += gb) {
+            const float d = tu_rand_uniform(&s, 0.5f, 1.0f) * a / 8.0f, m = -tu_rand_uniform(&s, 7.0f, 8.0f) * d;
+            memcpy(w + b, &d, 4);
+            memcpy(w + b + 4, &m, 4);
+            for (size_t j = MOE_Q4_HEAD; j < gb; j++) w[b + j] = (unsigned char)tu_rand_u64(&s);
+        }
     } else {
         float *f = rand_floats(rows * K, seed, -a, a);
-        if (t == MOE_DTYPE_Q8_0)
+        if (t == MOE_DTYPE_Q4_1) /* --quantize q4's rows */
+            for (size_t r = 0; r < rows; r++)
+                cr_assert(moe_quantize_row_q4_1(w + r * moe_dtype_row_bytes(t, K), f + r * K, K));
+        else if (t == MOE_DTYPE_Q8_0)
             for (size_t r = 0; r < rows; r++)
                 cr_assert(moe_quantize_row_q8_0(w + r * moe_dtype_row_bytes(t, K), f + r * K, K));
         else

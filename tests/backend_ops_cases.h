@@ -11,6 +11,9 @@
 #define FP8 MOE_DTYPE_FP8_B128
 #define MXFP4 MOE_DTYPE_MXFP4
 #define Q8_0 MOE_DTYPE_Q8_0
+#define Q4_1 MOE_DTYPE_Q4_1
+#define Q4_G32 MOE_DTYPE_Q4_G32
+#define Q4_G128 MOE_DTYPE_Q4_G128
 #define E4M3 MOE_DTYPE_F8E4M3
 
 /* Experts in the reserved configuration (expert_load needs all of them). */
@@ -44,6 +47,11 @@ static const struct op_case cases[] = {
     {"matmul", run_matmul, Q8_0, .T = 1, .N = 37, .D = 96, .flags = BIAS},
     {"matmul", run_matmul, Q8_0, .T = 17, .N = 97, .D = 64},
     {"matmul", run_matmul, Q8_0, .T = 65, .N = 33, .D = 160},
+    {"matmul", run_matmul, Q4_1, .T = 1, .N = 37, .D = 96, .flags = BIAS},
+    {"matmul", run_matmul, Q4_1, .T = 65, .N = 33, .D = 160},
+    {"matmul", run_matmul, Q4_G32, .T = 17, .N = 97, .D = 64},
+    {"matmul", run_matmul, Q4_G128, .T = 3, .N = 21, .D = 384},
+    {"matmul", run_matmul, Q4_G128, .T = 65, .N = 33, .D = 256},
     {"matmul_multi", run_matmul_multi, BF16, .T = 1, .N = 131, .D = 78},
     {"matmul_multi", run_matmul_multi, BF16, .T = 17, .N = 131, .D = 78},
     {"matmul_multi", run_matmul_multi, F32, .T = 65, .N = 33, .D = 77},
@@ -118,6 +126,10 @@ static const struct op_case cases[] = {
     {"experts", run_experts, MXFP4, .T = 1, .K = 3, .E = 5, .D = 96, .F = 32},
     {"experts", run_experts, FP8, .T = 17, .K = 2, .E = 5, .D = 128, .F = 128},
     {"experts", run_experts, Q8_0, .T = 65, .K = 3, .E = 7, .D = 64, .F = 96},
+    {"experts", run_experts, Q4_1, .T = 17, .K = 3, .E = 7, .D = 64, .F = 96},
+    {"experts", run_experts, Q4_G32, .T = 65, .K = 3, .E = 7, .D = 64, .F = 96},
+    {"experts", run_experts, Q4_G128, .T = 5, .K = 2, .E = 5, .D = 128, .F = 256},
+    {"experts", run_experts, Q4_G128, .T = 65, .K = 2, .E = 3, .D = 256, .F = 128},
     {"gather_rows", run_gather_rows, F32, .T = 17, .D = 37},
     {"gather_rows", run_gather_rows, F32, .T = 1, .D = 300},
     {"gather_cols", run_gather_cols, F32, .T = 37, .N = 64, .ldx = 576, .ldy = 576, .off = 512},

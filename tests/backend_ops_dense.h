@@ -16,8 +16,8 @@
  * give the same bits there. */
 
 /* matmul, matmul_multi, head_matmul over weights of dtype dt.  Fast CPU:
- * fp32 sums in another order, except Q8_0, whose kernels quantize the
- * inputs too (runtime/cpu/gemm_fast.h).  CUDA: F16 and BF16 inputs rounded
+ * fp32 sums in another order, except Q8_0 and four-bit, whose kernels
+ * quantize the inputs too (runtime/cpu/gemm_fast.h).  CUDA: F16 and BF16 inputs rounded
  * to the weight type; block formats widened to BF16 for many rows. */
 static struct tol product_tol(const struct side *s, enum moe_dtype dt)
 {
@@ -27,7 +27,10 @@ static struct tol product_tol(const struct side *s, enum moe_dtype dt)
         default: return (struct tol){2e-2, 0}; /* BF16, MXFP4, FP8_B128, Q8_0 */
         }
     switch (dt) {
-    case MOE_DTYPE_Q8_0: return (struct tol){2e-2, 0};
+    case MOE_DTYPE_Q8_0:
+    case MOE_DTYPE_Q4_1:
+    case MOE_DTYPE_Q4_G32:
+    case MOE_DTYPE_Q4_G128: return (struct tol){2e-2, 0};
     default: return (struct tol){2e-6, 1e-5}; /* F32, F16, BF16 (panels), MXFP4, FP8_B128 */
     }
 }
@@ -37,7 +40,7 @@ static struct tol product_tol(const struct side *s, enum moe_dtype dt)
 static struct tol experts_tol(const struct side *s, enum moe_dtype dt)
 {
     if (s->cuda) return dt == MOE_DTYPE_F32 ? (struct tol){2e-5, 1e-5} : (struct tol){3e-2, 0};
-    return dt == MOE_DTYPE_Q8_0 ? (struct tol){4e-2, 0} : (struct tol){4e-6, 1e-5};
+    return dt == MOE_DTYPE_Q8_0 || moe_dtype_is_q4(dt) ? (struct tol){4e-2, 0} : (struct tol){4e-6, 1e-5};
 }
 
 /* Attention over a cache of dtype kv: both sides read the same stored

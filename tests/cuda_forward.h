@@ -25,6 +25,11 @@ struct side {
     struct moe_runner r;
 };
 
+/* The CPU side's backend: NULL the default (moe_backend_cpu_init), else a
+ * name for moe_backend_init ("cpu-ref": four-bit checkpoints, whose fast
+ * kernels quantize their inputs while CUDA's multiply fp32 activations). */
+static const char *cuda_forward_cpu_backend;
+
 /* gpu_experts: moe_offload_opts.gpu_experts (CUDA; 0: every expert
  * resident), cpu_rows: moe_offload_opts.cpu_rows */
 static inline void side_open_cpu_rows(struct side *s, const char *name, bool cuda, int gpu_experts, int cpu_rows)
@@ -35,6 +40,9 @@ static inline void side_open_cpu_rows(struct side *s, const char *name, bool cud
     cr_assert_eq(moe_model_load(&s->m, dir), MOE_OK, "load %s: %s", name, moe_last_error());
     if (cuda)
         cr_assert_eq(tu_backend_init_with(&s->be, "cuda", MOE_QUANT_NONE, gpu_experts, cpu_rows), MOE_OK, "%s",
+                     moe_last_error());
+    else if (cuda_forward_cpu_backend)
+        cr_assert_eq(tu_backend_init_with(&s->be, cuda_forward_cpu_backend, MOE_QUANT_NONE, 0, 0), MOE_OK, "%s",
                      moe_last_error());
     else cr_assert_eq(moe_backend_cpu_init(&s->be, 0), MOE_OK);
     struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 4, .max_logits = 64,

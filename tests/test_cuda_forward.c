@@ -66,6 +66,49 @@ Test(cuda_forward, llama4_is_refused_at_load)
     moe_backend_free(&s.be);
     moe_model_free(&s.m);
 }
+/* Four-bit checkpoints as released (GPTQ, AWQ, compressed-tensors), read
+ * in place from planes, against the CPU reference (the fast CPU kernels
+ * quantize their inputs): fp32 tolerance, the same expert ids and greedy
+ * tokens.  The prompts (5 to 21 rows) take the row kernels; the bf16
+ * widening for longer steps is checked by backend_ops_cuda. */
+static void check_q4_fixture(const char *name, int n_prompts, int n_tokens)
+{
+    cuda_forward_cpu_backend = "cpu-ref";
+    check_fixture_run(name, false, 0, 0, n_prompts, n_tokens);
+    cuda_forward_cpu_backend = NULL;
+}
+Test(cuda_forward, qwen3_moe_gptq_matches_cpu) { check_q4_fixture("qwen3_moe_gptq", 3, 32); }
+Test(cuda_forward, qwen3_moe_gptq_asym_g32_matches_cpu) { check_q4_fixture("qwen3_moe_gptq_asym_g32", 3, 32); }
+Test(cuda_forward, qwen3_moe_gptq_v2_matches_cpu) { check_q4_fixture("qwen3_moe_gptq_v2", 3, 32); }
+Test(cuda_forward, qwen3_moe_awq_matches_cpu) { check_q4_fixture("qwen3_moe_awq", 3, 32); }
+Test(cuda_forward, qwen3_moe_ct_w4_matches_cpu) { check_q4_fixture("qwen3_moe_ct_w4", 3, 32); }
+Test(cuda_forward, qwen3_moe_ct_w4_asym_matches_cpu) { check_q4_fixture("qwen3_moe_ct_w4_asym", 3, 32); }
+Test(cuda_forward, llama_ct_w4_channel_matches_cpu) { check_q4_fixture("llama_ct_w4_channel", 3, 32); }
+/* the host emulation's CI selection: one prompt, 8 tokens */
+Test(cuda_forward, qwen3_moe_gptq_asym_g32_short_matches_cpu) { check_q4_fixture("qwen3_moe_gptq_asym_g32", 1, 8); }
+
+/* Act-order weights (desc_act, g_idx) and --quantize q4: refused at load,
+ * in one line naming them */
+static void expect_refused(const char *fixture, int quant, const char *needle)
+{
+    struct side s;
+    memset(&s, 0, sizeof s);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, fixture);
+    cr_assert_eq(moe_model_load(&s.m, dir), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init_with(&s.be, "cuda", quant, 0, 0), MOE_OK, "%s", moe_last_error());
+    struct moe_runner_opts o = {.max_tokens = 8, .max_seqs = 1, .max_logits = 8, .block_size = 4, .n_blocks = 16};
+    cr_assert_eq(moe_runner_init(&s.r, &s.m, &s.be, &o), MOE_ERR_UNSUPPORTED);
+    cr_assert(strstr(moe_last_error(), needle) && !strchr(moe_last_error(), '\n'), "%s", moe_last_error());
+    moe_backend_free(&s.be);
+    moe_model_free(&s.m);
+}
+Test(cuda_forward, act_order_four_bit_is_refused_at_load)
+{
+    expect_refused("qwen3_moe_gptq_actorder", MOE_QUANT_NONE, "act-order");
+}
+Test(cuda_forward, quantize_q4_is_refused_at_load) { expect_refused("qwen3_moe", MOE_QUANT_Q4, "--quantize q4"); }
+
 /* one prompt and 8 greedy tokens, GQA and MLA: the host emulation's CI
  * selection (tools/cuda-emu/ci-tests.txt) */
 Test(cuda_forward, qwen3_moe_short_matches_cpu) { check_fixture_run("qwen3_moe", false, 0, 0, 1, 8); }

@@ -48,16 +48,33 @@ static void setup_quant_mma(void)
 
 TestSuite(cuda_quant_mma, .init = setup_quant_mma, .fini = teardown);
 
-/* rows (R, K) of dt blocks with random codes and scales (Q8_0: random
- * values quantized) */
+/* rows (R, K) of dt blocks with random codes and scales (Q8_0, Q4_1:
+ * random values quantized; Q4_G32, Q4_G128: per group d in [2^-8, 2^-7)
+ * and m in (-8d, -7d], as a checkpoint's (q - z) * s with z near 8) */
 static void *quant_rows(enum moe_dtype dt, size_t R, size_t K, uint64_t seed)
 {
-    if (dt == MOE_DTYPE_Q8_0) {
+    if (dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_1) {
         const size_t rb = moe_dtype_row_bytes(dt, K);
         unsigned char *out = malloc(R * rb);
         float *x = rand_floats(R * K, seed, -0.1f, 0.1f);
-        for (size_t r = 0; r < R; r++) cr_assert(moe_quantize_row_q8_0(out + r * rb, x + r * K, K));
+        for (size_t r = 0; r < R; r++)
+            cr_assert(dt == MOE_DTYPE_Q8_0 ? moe_quantize_row_q8_0(out + r * rb, x + r * K, K)
+                                           : moe_quantize_row_q4_1(out + r * rb, x + r * K, K));
         free(x);
+        return out;
+    }
+    if (moe_dtype_is_q4(dt)) {
+        const size_t gb = moe_q4_group_bytes(dt), n = R * (K / (size_t)moe_q4_group(dt));
+        unsigned char *out = malloc(n * gb);
+        uint64_t st = seed;
+        for (size_t g = 0; g < n; g++) {
+            unsigned char *b = out + g * gb;
+            const float d = ldexpf(1.0f + tu_rand_uniform(&st, 0.0f, 1.0f), -8);
+            const float m = -tu_rand_uniform(&st, 7.0f, 8.0f) * d;
+            memcpy(b, &d, 4);
+            memcpy(b + 4, &m, 4);
+            for (size_t j = MOE_Q4_HEAD; j < gb; j++) b[j] = (unsigned char)tu_rand_u64(&st);
+        }
         return out;
     }
     const bool fp4 = dt == MOE_DTYPE_MXFP4;
@@ -132,8 +149,9 @@ static void check_quant_experts(enum moe_dtype dt, int T, int E, int K, int D, i
     /* the backend's rules: widened (grouped) past 32 rows and 8 rows an
      * expert; with MOERUN_CUDA_EXPERTS=mma, the tensor-core kernels past 32
      * rows or from 4 rows an expert */
-    const bool mma = mma_backend && T > 1 && (T > 32 || T * K >= 4 * E);
-    const bool grouped = mma || (!mma_backend && T > 32 && (size_t)T * K > 8 * (size_t)E);
+    const bool q4 = moe_dtype_is_q4(dt); /* no tensor-core path: widened */
+    const bool mma = !q4 && mma_backend && T > 1 && (T > 32 || T * K >= 4 * E);
+    const bool grouped = mma || ((!mma_backend || q4) && T > 32 && (size_t)T * K > 8 * (size_t)E);
     const int64_t calls = moe_cuda_mma_expert_calls(&gpu);
     const double e = experts_parity(&hx, &dx, T, E, K, D, F,
                                     mma ? "experts_mma" : grouped ? "experts_grp" : "experts_dec", shp);
@@ -182,8 +200,9 @@ static void check_planes_matmul(enum moe_dtype dt, int T, int N, int Din, bool b
 
 Test(cuda_quant, planes_matmul_matches_cpu)
 {
-    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4, MOE_DTYPE_Q8_0};
-    for (size_t i = 0; i < 3; i++) {
+    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4,  MOE_DTYPE_Q8_0,
+                                  MOE_DTYPE_Q4_1,     MOE_DTYPE_Q4_G32, MOE_DTYPE_Q4_G128};
+    for (size_t i = 0; i < sizeof dts / sizeof *dts; i++) {
         check_planes_matmul(dts[i], 1, 256, 512, false);
         check_planes_matmul(dts[i], 5, 97, 1024, true);  /* odd N: the last warp's second row */
         check_planes_matmul(dts[i], 32, 300, 256, true); /* four row passes */
@@ -199,10 +218,11 @@ Test(cuda_quant, planes_matmul_matches_cpu)
  * (tools/cuda-emu/ci-tests.txt). */
 Test(cuda_quant, planes_matmul_small_shapes_match_cpu)
 {
-    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4, MOE_DTYPE_Q8_0};
-    for (size_t i = 0; i < 3; i++) {
+    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4,  MOE_DTYPE_Q8_0,
+                                  MOE_DTYPE_Q4_1,     MOE_DTYPE_Q4_G32, MOE_DTYPE_Q4_G128};
+    for (size_t i = 0; i < sizeof dts / sizeof *dts; i++) {
         check_planes_matmul(dts[i], 5, 33, 256, true); /* odd N: the last warp's second row */
-        check_planes_matmul(dts[i], 40, 24, 256, i == 2);
+        check_planes_matmul(dts[i], 40, 24, 256, i % 2 == 0);
     }
 }
 
@@ -232,6 +252,19 @@ Test(cuda_quant, q8_0_experts_match_cpu)
     check_quant_experts(MOE_DTYPE_Q8_0, 300, 16, 4, 256, 128, false); /* widened, grouped */
 }
 
+/* The four-bit formats (Q4_1 from --quantize q4's quantizer; Q4_G32 and
+ * Q4_G128 as GPTQ, AWQ and compressed-tensors checkpoints load) */
+Test(cuda_quant, q4_experts_match_cpu)
+{
+    const enum moe_dtype dts[] = {MOE_DTYPE_Q4_1, MOE_DTYPE_Q4_G32, MOE_DTYPE_Q4_G128};
+    for (size_t i = 0; i < sizeof dts / sizeof *dts; i++) {
+        check_quant_experts(dts[i], 1, 8, 2, 128, 256, false);
+        check_quant_experts(dts[i], 32, 16, 4, 1024, 256, false);  /* several row tiles */
+        check_quant_experts(dts[i], 4, 8, 2, 128, 384, true);      /* biases, clamp */
+        check_quant_experts(dts[i], 300, 16, 4, 256, 128, false); /* widened, grouped */
+    }
+}
+
 /* Decode kernels and the grouped path for each planes format at small
  * shapes, quick enough for the host emulation's CI selection
  * (tools/cuda-emu/ci-tests.txt). */
@@ -243,6 +276,10 @@ Test(cuda_quant, experts_small_shapes_match_cpu)
     check_quant_experts(MOE_DTYPE_FP8_B128, 40, 4, 2, 128, 128, true);
     check_quant_experts(MOE_DTYPE_Q8_0, 4, 8, 2, 64, 96, true);
     check_quant_experts(MOE_DTYPE_Q8_0, 40, 4, 2, 64, 96, false);
+    check_quant_experts(MOE_DTYPE_Q4_1, 4, 8, 2, 64, 96, true);
+    check_quant_experts(MOE_DTYPE_Q4_G32, 40, 4, 2, 64, 96, false);
+    check_quant_experts(MOE_DTYPE_Q4_G128, 4, 4, 2, 128, 256, false);
+    check_quant_experts(MOE_DTYPE_Q4_G128, 40, 4, 2, 128, 128, false);
 }
 
 Test(cuda_quant_mma, tensor_core_experts_small_shapes_match_cpu)
@@ -250,6 +287,7 @@ Test(cuda_quant_mma, tensor_core_experts_small_shapes_match_cpu)
     check_quant_experts(MOE_DTYPE_MXFP4, 40, 4, 1, 64, 96, true);
     check_quant_experts(MOE_DTYPE_FP8_B128, 40, 4, 1, 128, 128, false);
     check_quant_experts(MOE_DTYPE_Q8_0, 16, 8, 2, 64, 96, false); /* decode-sized, 4 rows an expert */
+    check_quant_experts(MOE_DTYPE_Q4_G32, 16, 8, 2, 64, 96, false); /* four-bit: not on them */
 }
 
 Test(cuda_quant_mma, tensor_core_experts_match_cpu)

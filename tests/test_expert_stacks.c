@@ -51,6 +51,22 @@ static void *random_rows(enum moe_dtype t, size_t rows, size_t K, uint64_t seed)
         if (t == MOE_DTYPE_Q8_0) /* --quantize q8_0's rows */
             for (size_t r = 0; r < rows; r++)
                 cr_assert(moe_quantize_row_q8_0(w + r * moe_dtype_row_bytes(t, K), f + r * K, K));
+        else if (moe_dtype_is_q4(t)) /* Q4_1's quantizer; G32 / G128: d and m as Q4_1's, widened */
+            for (size_t r = 0; r < rows; r++) {
+                unsigned char *row = w + r * moe_dtype_row_bytes(t, K);
+                const size_t G = (size_t)moe_q4_group(t), gb = moe_q4_group_bytes(t);
+                if (t == MOE_DTYPE_Q4_1) {
+                    cr_assert(moe_quantize_row_q4_1(row, f + r * K, K));
+                    continue;
+                }
+                for (size_t g = 0; g < K / G; g++) {
+                    unsigned char *b = row + g * gb;
+                    const float d = tu_rand_uniform(&s, 0.05f, 0.1f), m = -tu_rand_uniform(&s, 7.0f, 8.0f) * d;
+                    memcpy(b, &d, 4);
+                    memcpy(b + 4, &m, 4);
+                    for (size_t j = MOE_Q4_HEAD; j < gb; j++) b[j] = (unsigned char)tu_rand_u64(&s);
+                }
+            }
         else
             moe_convert_from_f32(w, f, t, rows * K);
         free(f);
@@ -120,8 +136,8 @@ static void check_stacks(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, i
     float *out = malloc((size_t)T * D * sizeof(float));
     float *scratch = malloc((size_t)(D > F ? D : F) * 64 * sizeof(float));
     int32_t active[16];
-    if (t == MOE_DTYPE_Q8_0 && isa != MOE_CPU_ISA_REF) /* the fast kernels quantize the inputs over
-                                                        * Q8_0 (gemm_q8.c): the fast FFN over rows */
+    if ((t == MOE_DTYPE_Q8_0 || moe_dtype_is_q4(t)) && isa != MOE_CPU_ISA_REF) /* the fast kernels quantize
+                                                        * the inputs (gemm_q8.c, gemm_q4.c): the fast FFN over rows */
         moe_experts_ffn_fast(isa, out, x, &plan, w, &ex, &ws, T, K, D, F, E, active);
     else
         moe_experts_ffn_cpu(out, x, &plan, w, &ex, &ws, T, K, D, F, E, scratch);
@@ -184,8 +200,8 @@ Test(expert_stacks, rows_match_the_reference_ffn)
         }
 }
 
-/* MXFP4, FP8 and Q8_0 planes joined back into rows 16 at a time: F and D longer
- * than one join, so joins start mid-slice. */
+/* MXFP4, FP8, Q8_0 and four-bit planes joined back into rows 16 at a time: F
+ * and D longer than one join, so joins start mid-slice. */
 Test(expert_stacks, planes_match_the_reference_ffn)
 {
     enum moe_cpu_isa is[4];
@@ -197,6 +213,9 @@ Test(expert_stacks, planes_match_the_reference_ffn)
         check_stacks(is[i], MOE_DTYPE_FP8_B128, 5, 3, 7, 256, 128, true);
         check_stacks(is[i], MOE_DTYPE_Q8_0, 2, 2, 6, 64, 96, false);
         check_stacks(is[i], MOE_DTYPE_Q8_0, 6, 3, 5, 96, 160, true);
+        check_stacks(is[i], MOE_DTYPE_Q4_1, 2, 2, 6, 64, 96, false);
+        check_stacks(is[i], MOE_DTYPE_Q4_G32, 6, 3, 5, 96, 160, true);
+        check_stacks(is[i], MOE_DTYPE_Q4_G128, 3, 2, 5, 128, 256, false);
     }
 }
 

@@ -169,22 +169,25 @@ static enum moe_status work_need(const struct cuda_ctx *c, bool q8, const struct
     *n = (struct work_need){.rows = max_rows, .din = imax(dmax, (int)mla), .K = imax(cfg->top_k, 1),
                             .E = imax(cfg->n_experts, 1), .L = imax(moe_config_moe_layers(cfg), 1),
                             .att_floats = attention_ws_floats(cfg)};
-    /* MXFP4 / FP8 / Q8_0 experts: the grouped path widens a layer's to bf16
-     * (those prepare_model kept as planes; before any, as cfg says), or an
-     * offloaded layer's device slots */
-    const bool planes = !c->experts.mma && (c->mem.n_up ? c->weights.mxfp4_experts || c->weights.fp8_experts ||
-                                                              c->weights.q8_experts
-                                                        : cfg->experts_mxfp4 || cfg->weights_fp8 || q8);
+    /* MXFP4 / FP8 / Q8_0 / four-bit experts: the grouped path widens a
+     * layer's to bf16 (those prepare_model kept as planes; before any, as
+     * cfg says), or an offloaded layer's device slots; the tensor-core
+     * kernels read them in place, four-bit ones excepted */
+    const bool q4 = c->mem.n_up ? c->weights.q4_experts : cfg->q4_method != MOE_Q4_NONE;
+    const bool planes = q4 || (!c->experts.mma && (c->mem.n_up ? c->weights.mxfp4_experts || c->weights.fp8_experts ||
+                                                                     c->weights.q8_experts
+                                                               : cfg->experts_mxfp4 || cfg->weights_fp8 || q8));
     const int C = c->off.opts.gpu_experts;
     const int Ew = C > 0 && C < cfg->n_experts ? C : cfg->n_experts;
     n->wide = planes ? moe_cuda_widened_layer_bytes(Ew, cfg->d_model, cfg->d_expert) : 0;
     if (planes && cfg->n_experts > 0 && !n->wide)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d experts of %d x %d overflow", cfg->n_experts,
                         cfg->d_model, cfg->d_expert);
-    /* FP8 or Q8_0 projections kept as planes: widened for steps of many
-     * rows, at most WIDE_DENSE_MAX values at a time (before prepare_model:
-     * as cfg says, bounded by the widest input squared) */
-    size_t dense = c->mem.n_up ? c->weights.planes_dense_max : cfg->weights_fp8 || q8 ? (size_t)dmax * dmax : 0;
+    /* FP8, Q8_0 or four-bit projections kept as planes: widened for steps
+     * of many rows, at most WIDE_DENSE_MAX values at a time (before
+     * prepare_model: as cfg says, bounded by the widest input squared) */
+    size_t dense = c->mem.n_up ? c->weights.planes_dense_max
+                   : cfg->weights_fp8 || q8 || q4 ? (size_t)dmax * dmax : 0;
     if (dense > WIDE_DENSE_MAX) dense = WIDE_DENSE_MAX;
     if (!moe_mul_size(dense, 2, &n->dense)) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: FP8 matrix size");
     return MOE_OK;

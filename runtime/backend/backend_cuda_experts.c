@@ -215,7 +215,8 @@ static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const flo
  * or 8 rows (thresholds not yet measured on a device). */
 bool moe_cuda_experts_mma(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F, int E)
 {
-    const bool typed = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16 || moe_dtype_planes(dt);
+    /* the tensor-core kernels have no four-bit path */
+    const bool typed = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16 || (moe_dtype_planes(dt) && !moe_dtype_is_q4(dt));
     return c->experts.mma && c->experts.mma_tiles && typed && D % 8 == 0 && F % 8 == 0 && T > 1 &&
            (T > SMALL_EXPERT_ROWS || (int64_t)T * K >= 4 * (int64_t)E);
 }

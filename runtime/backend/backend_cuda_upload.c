@@ -58,8 +58,8 @@ static enum moe_status upload_fp8_view(struct moe_backend *be, struct moe_tensor
     return s;
 }
 
-/* An FP8_B128 matrix (N, K) as planes (runtime/core/tensor.h), which
- * cuda_matmul reads in place. */
+/* An FP8_B128 or four-bit matrix (N, K) as planes (runtime/core/tensor.h),
+ * which cuda_matmul reads in place. */
 static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_tensor *t, size_t *bytes,
                                           void **out)
 {
@@ -76,7 +76,8 @@ static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_ten
     }
     free(h);
     struct cuda_ctx *c = ctx_of(be);
-    c->weights.fp8_dense = true;
+    if (moe_dtype_is_q4(t->dtype)) c->weights.q4_dense = true;
+    else c->weights.fp8_dense = true;
     if (N * K > c->weights.planes_dense_max) c->weights.planes_dense_max = N * K;
     return s;
 }
@@ -160,12 +161,15 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
     if (n < 0 || t->ndim < 1 || (n > 0 && t->shape[t->ndim - 1] <= 0))
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: bad tensor shape");
     const bool fp8 = t->dtype == MOE_DTYPE_FP8_B128;
+    if (moe_dtype_is_q4(t->dtype) && !(planes && t->ndim == 2))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda upload: a four-bit weight of layer %d outside the "
+                        "projections (%d dims) has no CUDA kernels", layer, t->ndim);
     size_t bytes = (size_t)n * (fp8 ? 2 : moe_dtype_size(t->dtype));
     void *d;
     if (q8) {
         MOE_TRY(upload_q8_view(be, m, t, (size_t)n, layer, &bytes, &d));
         t->dtype = MOE_DTYPE_Q8_0;
-    } else if (fp8 && planes && t->ndim == 2) {
+    } else if ((fp8 || moe_dtype_is_q4(t->dtype)) && planes && t->ndim == 2) {
         MOE_TRY(upload_planes_view(be, t, &bytes, &d));
     } else if (fp8) {
         MOE_TRY(upload_fp8_view(be, t, (size_t)n, &d));
@@ -342,7 +346,7 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
                                      void *dn, size_t gu_bytes, size_t dn_bytes, size_t mat)
 {
     struct cuda_ctx *c = ctx_of(be);
-    const bool planes = x->dtype == MOE_DTYPE_MXFP4 || x->dtype == MOE_DTYPE_FP8_B128;
+    const bool planes = moe_dtype_planes(x->dtype);
     /* one copy when the checkpoint is already stacked, else per matrix */
     bool stacked = !planes;
     for (int e = 0; e < E && stacked; e++)
@@ -363,6 +367,7 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
     } else if (planes) {
         MOE_TRY(planes_experts(be, x, E, D, F, gu, dn));
         if (x->dtype == MOE_DTYPE_MXFP4) c->weights.mxfp4_experts = true;
+        else if (moe_dtype_is_q4(x->dtype)) c->weights.q4_experts = true;
         else c->weights.fp8_experts = true;
     } else if (m->weights_deferred) {
         /* synth.c makes gate_up_proj (E, 2F, D) and down_proj (E, D, F)
@@ -383,10 +388,9 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
     return MOE_OK;
 }
 
-/* Whether a weight of m other than the experts has dtype t, or with
- * experts, whether any has (no loader makes MXFP4 outside experts, which
- * are kept as planes; the four-bit formats have no kernels here yet). */
-static bool has_dtype(const struct moe_model *m, bool (*is)(enum moe_dtype), bool experts)
+/* Whether a weight of m other than the experts has dtype t (no loader
+ * makes MXFP4 outside experts, which are kept as planes). */
+static bool has_dtype(const struct moe_model *m, bool (*is)(enum moe_dtype))
 {
     if (is(m->lm_head.dtype) || is(m->embed.dtype) || is(m->mtp_eh_proj.dtype)) return true;
     for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -397,7 +401,6 @@ static bool has_dtype(const struct moe_model *m, bool (*is)(enum moe_dtype), boo
                                          &w->lin_in,  &w->lin_qkv, &w->lin_z,  &w->lin_out};
         for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
             if (is(ts[i]->dtype)) return true;
-        if (experts && w->experts.gate && is(w->experts.dtype)) return true;
     }
     return false;
 }
@@ -425,13 +428,15 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: %s (%s) has no CUDA kernels yet; use --backend cpu",
                         l4, cfg->architecture);
     if (m->embed.device >= 0) return MOE_OK; /* already on the device */
-    if (has_dtype(m, is_mxfp4, false))
+    if (has_dtype(m, is_mxfp4))
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "
                         "supported");
-    if (be->quant == MOE_QUANT_Q4 || be->expert_quant || has_dtype(m, moe_dtype_is_q4, true))
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: four-bit weights (--quantize q4, GPTQ, AWQ, "
-                        "compressed-tensors, --expert-dtype-plan) have no CUDA kernels yet; use --backend "
-                        "cpu");
+    if (be->quant == MOE_QUANT_Q4 || be->expert_quant)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: %s has no CUDA path yet (four-bit checkpoints "
+                        "do); use --backend cpu", be->expert_quant ? "--expert-dtype-plan" : "--quantize q4");
+    if (m->cols_permuted)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: act-order four-bit weights (desc_act with g_idx) "
+                        "have no CUDA kernels yet; use --backend cpu");
     for (int l = 0; l < cfg->n_layers; l++)
         if (m->layers[l].wq.dtype == MOE_DTYPE_Q8_0 || m->layers[l].wq.dtype == MOE_DTYPE_BF16_PANEL ||
             (m->layers[l].experts.gate && (m->layers[l].experts.dtype == MOE_DTYPE_Q8_0 || m->layers[l].experts.dtypes ||
@@ -451,6 +456,7 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
      * reuse an earlier one's (freed) addresses */
     c->mem.n_up = 0;
     c->weights.widened_fp8 = c->weights.mxfp4_experts = c->weights.fp8_experts = c->weights.fp8_dense = c->weights.q8_experts = c->weights.q8_dense = false;
+    c->weights.q4_experts = c->weights.q4_dense = false;
     c->weights.planes_dense_max = 0;
     memset(c->mem.part_bytes, 0, sizeof c->mem.part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
@@ -522,6 +528,10 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     if (c->weights.q8_experts || c->weights.q8_dense)
         fprintf(stderr, "moerun: cuda: %s quantized to Q8_0 on the device (--quantize q8_0), read in place\n",
                 c->weights.q8_experts && c->weights.q8_dense ? "experts and projections" : c->weights.q8_experts ? "experts" : "projections");
+    if (c->weights.q4_experts || c->weights.q4_dense)
+        fprintf(stderr, "moerun: cuda: four-bit %s resident as stored, read in place\n",
+                c->weights.q4_experts && c->weights.q4_dense ? "experts and projections"
+                : c->weights.q4_experts ? "experts" : "projections");
     if (c->weights.widened_fp8)
         fprintf(stderr, "moerun: cuda: other FP8 weights widened to bf16 at upload (each rounded once: "
                 "1.9x their bytes)\n");

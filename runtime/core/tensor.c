@@ -286,14 +286,16 @@ bool moe_mxfp4_pack_row(void *dst, const uint8_t *blocks, const uint8_t *scales,
 size_t moe_planes_values_bytes(enum moe_dtype t, size_t rows, size_t K)
 {
     MOE_ASSERT(moe_dtype_planes(t));
-    return t == MOE_DTYPE_MXFP4 ? rows * (K / 2) : rows * K;
+    return t == MOE_DTYPE_MXFP4 || moe_dtype_is_q4(t) ? rows * (K / 2) : rows * K;
 }
 
 size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K)
 {
     MOE_ASSERT(moe_dtype_planes(t));
-    /* MXFP4: one E8M0 byte a block; FP8_B128, Q8_0: an f32 */
-    return rows * (K / (size_t)moe_dtype_block(t)) * (t == MOE_DTYPE_MXFP4 ? 1 : 4);
+    /* MXFP4: one E8M0 byte a block; FP8_B128, Q8_0: an f32; Q4_1: two f16;
+     * Q4_G32, Q4_G128: two f32 */
+    const size_t per = t == MOE_DTYPE_MXFP4 ? 1 : t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128 ? 8 : 4;
+    return rows * (K / (size_t)moe_dtype_block(t)) * per;
 }
 
 /* Moves n blocks between the row layout (rows: each block's sb scale
@@ -317,7 +319,8 @@ static inline void blocks_copy(unsigned char *rows, size_t n, unsigned char *v, 
 /* Moves R rows of K values between the row layout (rows) and planes
  * (values, scales): to_planes splits, else joins.  MXFP4: the scale byte
  * first, then 16 bytes of nibbles; FP8: the f32 scale, then 128 bytes;
- * Q8_0: the f32 scale, then 32 bytes. */
+ * Q8_0: the f32 scale, then 32 bytes; Q4_1: f16 d and m, then 16 bytes;
+ * Q4_G32, Q4_G128: f32 d and m, then 16 or 64 bytes. */
 static void planes_copy(enum moe_dtype t, unsigned char *rows, size_t R, size_t K, unsigned char *v,
                         unsigned char *s, bool to_planes)
 {
@@ -325,7 +328,9 @@ static void planes_copy(enum moe_dtype t, unsigned char *rows, size_t R, size_t 
     MOE_ASSERT(moe_dtype_planes(t) && K % blk == 0);
     if (t == MOE_DTYPE_MXFP4) blocks_copy(rows, n, v, s, MOE_MXFP4_BLOCK / 2, 1, to_planes);
     else if (t == MOE_DTYPE_FP8_B128) blocks_copy(rows, n, v, s, MOE_FP8_BLOCK, 4, to_planes);
-    else blocks_copy(rows, n, v, s, MOE_Q8_0_BLOCK, 4, to_planes);
+    else if (t == MOE_DTYPE_Q8_0) blocks_copy(rows, n, v, s, MOE_Q8_0_BLOCK, 4, to_planes);
+    else if (t == MOE_DTYPE_Q4_1) blocks_copy(rows, n, v, s, MOE_Q4_1_BLOCK / 2, 4, to_planes);
+    else blocks_copy(rows, n, v, s, blk / 2, MOE_Q4_HEAD, to_planes); /* Q4_G32, Q4_G128 */
 }
 
 void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,

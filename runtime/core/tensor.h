@@ -267,7 +267,11 @@ __attribute__((warn_unused_result)) bool moe_mxfp4_pack_row(void *dst, const uin
  * one.  MXFP4: R*K/2 bytes of nibbles, row r at r*K/2, each block's 16
  * bytes as in MOE_DTYPE_MXFP4 (element j low, j + 16 high), then R*K/32
  * E8M0 bytes; FP8_B128: R*K E4M3 bytes, then R*K/128 f32 scales; Q8_0:
- * R*K int8 codes, then R*K/32 f32 scales.  The bytes of each plane: */
+ * R*K int8 codes, then R*K/32 f32 scales; the four-bit formats: R*K/2
+ * bytes of codes, 16 bytes a run of 32 values ordered as in the rows
+ * (element j of the run low, j + 16 high), then per group of 32 (Q4_1,
+ * Q4_G32) or 128 (Q4_G128) its d and m: two f16 (Q4_1) or two f32.  The
+ * bytes of each plane: */
 /* The GPU kernels' decoding of planes (experts/experts_cuda.cu): two codes
  * of a 32-bit word at once become the bits of two halves (low and high 16
  * bits), by placing their bits: E2M1 codes s e1 e0 m (nibbles at bits 0-3
@@ -303,14 +307,16 @@ static inline uint32_t moe_q8_f32_bits(uint32_t w, int j)
 }
 #define MOE_Q8_F32_BIAS 8388736.0f /* 2^23 + 128 */
 
-/* Whether the CUDA backend keeps a matrix of dtype t as planes: MXFP4 and
- * FP8_B128 as checkpoints store them, Q8_0 as --quantize makes it. */
+/* Whether the CUDA backend keeps a matrix of dtype t as planes: MXFP4,
+ * FP8_B128 and the four-bit formats as checkpoints store them, Q8_0 as
+ * --quantize makes it. */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
 static inline bool moe_dtype_planes(enum moe_dtype t)
 {
-    return t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128 || t == MOE_DTYPE_Q8_0;
+    return t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128 || t == MOE_DTYPE_Q8_0 || t == MOE_DTYPE_Q4_1 ||
+           t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128;
 }
 /* Values per block of such a dtype (one scale each); 1 for the others. */
 #ifdef __CUDACC__
@@ -319,7 +325,8 @@ __host__ __device__
 static inline int moe_dtype_block(enum moe_dtype t)
 {
     return t == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : t == MOE_DTYPE_FP8_B128 ? MOE_FP8_BLOCK
-           : t == MOE_DTYPE_Q8_0 ? MOE_Q8_0_BLOCK : 1;
+           : t == MOE_DTYPE_Q8_0 || t == MOE_DTYPE_Q4_1 || t == MOE_DTYPE_Q4_G32 ? 32
+           : t == MOE_DTYPE_Q4_G128 ? 128 : 1;
 }
 size_t moe_planes_values_bytes(enum moe_dtype t, size_t rows, size_t K);
 size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K);

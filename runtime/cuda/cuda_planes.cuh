@@ -1,7 +1,7 @@
 /* cuda_planes.cuh - the warp dot products the decode expert kernels
  * (experts/experts_cuda.cu) and the small-step dense matmul
- * (runtime/cuda/matmul_cuda.cu) share: MXFP4, FP8_B128 and Q8_0 weights read
- * in place from their planes (runtime/core/tensor.h, moe_planes_from_rows),
+ * (runtime/cuda/matmul_cuda.cu) share: MXFP4, FP8_B128, Q8_0 and the
+ * four-bit formats' weights read in place from their planes (runtime/core/tensor.h, moe_planes_from_rows),
  * F32, BF16 and F16 weights as stored.  Each input row's sums run in an
  * order fixed by the weight row's length alone, never by how many rows
  * share the call: a row's result does not depend on the other rows. */
@@ -31,10 +31,10 @@ struct strided_rows {
     __device__ const float *row(int r) const { return base + (size_t)r * stride; }
 };
 
-/* ---- MXFP4, FP8_B128 and Q8_0 weights, read in place (the planes layout
- * of runtime/core/tensor.h: a 16-byte load is one MXFP4 block of 32 values, or
- * 16 FP8 values of one 128-value block, or 16 Q8_0 codes of one 32-value
- * block) ----
+/* ---- MXFP4, FP8_B128, Q8_0 and four-bit weights, read in place (the
+ * planes layout of runtime/core/tensor.h: a 16-byte load is one MXFP4 block
+ * of 32 values, or 16 FP8 values of one 128-value block, or 16 Q8_0 codes
+ * of one 32-value block, or 32 four-bit codes of one group) ----
  * Two codes become a half2 by placing their bits (moe_e2m1x2_half_bits,
  * moe_e4m3x2_half_bits: the code's value times 2^-14 or 2^-8, exactly),
  * the half2 two floats exactly, and the 2^14 or 2^8 is folded into the
@@ -58,26 +58,42 @@ __device__ __forceinline__ float q8(uint32_t t, int j)
     return __uint_as_float(moe_q8_f32_bits(t, j)) - MOE_Q8_F32_BIAS;
 }
 
+/* Nibbles 0-3 (x) and 16-19 (y) of t: two unsigned four-bit codes, as
+ * the halves 1024 + q (their bits under 0x6400) less 1024, exactly. */
+__device__ __forceinline__ float2 u4x2(uint32_t t)
+{
+    const float2 f = half2_bits((t & 0x000f000fu) | 0x64006400u);
+    return make_float2(f.x - 1024.0f, f.y - 1024.0f);
+}
+
 /* Whether DT is read from planes (moe_dtype_planes, at compile time). */
 template <enum moe_dtype DT>
-constexpr bool planes_dt = DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128 || DT == MOE_DTYPE_Q8_0;
+constexpr bool planes_dt = DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128 || DT == MOE_DTYPE_Q8_0 ||
+                           DT == MOE_DTYPE_Q4_1 || DT == MOE_DTYPE_Q4_G32 || DT == MOE_DTYPE_Q4_G128;
 
 template <enum moe_dtype DT> struct qtraits {
     static constexpr bool fp4 = DT == MOE_DTYPE_MXFP4;
     static constexpr bool q8 = DT == MOE_DTYPE_Q8_0;
-    static constexpr int per_load = fp4 ? 32 : 16;   /* values in a 16-byte load */
-    static constexpr int block = fp4 ? MOE_MXFP4_BLOCK : q8 ? MOE_Q8_0_BLOCK : MOE_FP8_BLOCK;
-    static constexpr float unit = fp4 ? 16384.0f : q8 ? 1.0f : 256.0f; /* qword's values times this */
+    /* the four-bit formats: value q * d + m per group (runtime/core/tensor.h) */
+    static constexpr bool q4 = DT == MOE_DTYPE_Q4_1 || DT == MOE_DTYPE_Q4_G32 || DT == MOE_DTYPE_Q4_G128;
+    static constexpr bool nib = fp4 || q4;           /* two values a byte */
+    static constexpr int per_load = nib ? 32 : 16;   /* values in a 16-byte load */
+    static constexpr int block = fp4 ? MOE_MXFP4_BLOCK : q8 ? MOE_Q8_0_BLOCK : DT == MOE_DTYPE_Q4_G128 ? 128
+                                 : q4 ? 32 : MOE_FP8_BLOCK;
+    static constexpr float unit = fp4 ? 16384.0f : q8 || q4 ? 1.0f : 256.0f; /* qword's values times this */
 };
 
-/* The 8 (MXFP4) or 4 (FP8, Q8_0) values of word j of a 16-byte load, times
- * 2^14, 2^8 or 1, at their offsets o[] in the load: MXFP4 bytes 4j..4j+3
- * hold elements 4j..4j+3 (low nibbles) and 4j+16..4j+19 (high nibbles). */
+/* The 8 (MXFP4, four-bit) or 4 (FP8, Q8_0) values of word j of a 16-byte
+ * load, times 2^14, 2^8 or 1, at their offsets o[] in the load: nibble
+ * bytes 4j..4j+3 hold elements 4j..4j+3 (low nibbles) and 4j+16..4j+19
+ * (high nibbles); four-bit codes as their unsigned q. */
 template <enum moe_dtype DT>
 __device__ __forceinline__ void qword(float *v, uint32_t w)
 {
-    if (qtraits<DT>::fp4) {
-        const float2 a = e2m1x2(w), b = e2m1x2(w >> 8), c = e2m1x2(w >> 4), d = e2m1x2(w >> 12);
+    if (qtraits<DT>::nib) {
+        float2 a, b, c, d;
+        if (qtraits<DT>::fp4) a = e2m1x2(w), b = e2m1x2(w >> 8), c = e2m1x2(w >> 4), d = e2m1x2(w >> 12);
+        else a = u4x2(w), b = u4x2(w >> 8), c = u4x2(w >> 4), d = u4x2(w >> 12);
         v[0] = a.x, v[1] = b.x, v[2] = a.y, v[3] = b.y; /* elements 4j .. 4j+3 */
         v[4] = c.x, v[5] = d.x, v[6] = c.y, v[7] = d.y; /* elements 4j+16 .. 4j+19 */
     } else if (qtraits<DT>::q8) {
@@ -88,10 +104,20 @@ __device__ __forceinline__ void qword(float *v, uint32_t w)
     }
 }
 
-/* The scale of the block holding value i of the planes at ws. */
+/* The four-bit formats' (d, m) of the group holding value i of the planes
+ * at ws: Q4_1's two f16 widened (exactly), the others' two f32. */
+template <enum moe_dtype DT>
+__device__ __forceinline__ float2 q4_dm(const void *ws, size_t i)
+{
+    if (DT == MOE_DTYPE_Q4_1) return __half22float2(((const __half2 *)ws)[i / 32]);
+    return ((const float2 *)ws)[i / qtraits<DT>::block];
+}
+
+/* The scale of the block holding value i of the planes at ws (four-bit: d). */
 template <enum moe_dtype DT>
 __device__ __forceinline__ float qscale(const void *ws, size_t i)
 {
+    if (qtraits<DT>::q4) return q4_dm<DT>(ws, i).x;
     if (qtraits<DT>::fp4) {
         const uint32_t s = ((const uint8_t *)ws)[i / MOE_MXFP4_BLOCK]; /* 255 refused at load */
         return s ? __uint_as_float(s << 23) : __uint_as_float(0x00400000u);
@@ -99,10 +125,12 @@ __device__ __forceinline__ float qscale(const void *ws, size_t i)
     return ((const float *)ws)[i / qtraits<DT>::block];
 }
 
-/* warp_dots for MXFP4, FP8_B128 or Q8_0 weights in planes: values at w, scales at
- * ws, rows starting at value index wo[k]; n a multiple of the block.  Each
- * lane keeps NW x U 16-byte loads in flight, decodes one word of each at a
- * time and sums a block's products before its scale multiplies them. */
+/* warp_dots for weights in planes: values at w, scales at ws, rows
+ * starting at value index wo[k]; n a multiple of the block.  Each lane
+ * keeps NW x U 16-byte loads in flight, decodes one word of each at a time
+ * and sums a load's products before its scale multiplies them; four-bit
+ * weights add m times the sum of the load's inputs (q * d + m summed as
+ * d * sum(q x) + m * sum(x)). */
 template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
 __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, const void *ws,
                                             const size_t *wo, const Rows &xs, int nr, int n, bool once)
@@ -112,7 +140,7 @@ __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, con
     const uint8_t *q = (const uint8_t *)w;
     for (int i0 = lane * Q::per_load; i0 < n; i0 += 32 * Q::per_load * U) {
         uint4 wq[U][NW];
-        float sc[U][NW];
+        float sc[U][NW], mn[U][NW];
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
@@ -120,15 +148,22 @@ __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, con
                 const int i = i0 + u * 32 * Q::per_load;
                 if (i < n) {
                     const size_t e = wo[k] + i;
-                    wq[u][k] = ld_weights((const uint4 *)(q + (Q::fp4 ? e / 2 : e)), once);
-                    sc[u][k] = qscale<DT>(ws, e);
+                    wq[u][k] = ld_weights((const uint4 *)(q + (Q::nib ? e / 2 : e)), once);
+                    if (Q::q4) {
+                        const float2 dm = q4_dm<DT>(ws, e);
+                        sc[u][k] = dm.x, mn[u][k] = dm.y;
+                    } else {
+                        sc[u][k] = qscale<DT>(ws, e);
+                    }
                 }
             }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int i = i0 + u * 32 * Q::per_load;
             if (i >= n) break;
-            float part[NW][RT];
+            float part[NW][RT], xsum[RT];
+#pragma unroll
+            for (int r = 0; r < RT; r++) xsum[r] = 0.0f;
 #pragma unroll
             for (int k = 0; k < NW; k++)
 #pragma unroll
@@ -149,18 +184,22 @@ __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, con
 #pragma unroll
                     for (int k = 0; k < NW; k++)
                         part[k][r] += v[k][0] * a.x + v[k][1] * a.y + v[k][2] * a.z + v[k][3] * a.w;
-                    if (Q::fp4) {
+                    if (Q::nib) {
                         const float4 b = *(const float4 *)(xr + 16 + 4 * j);
 #pragma unroll
                         for (int k = 0; k < NW; k++)
                             part[k][r] += v[k][4] * b.x + v[k][5] * b.y + v[k][6] * b.z + v[k][7] * b.w;
+                        if (Q::q4) xsum[r] += (a.x + a.y) + (a.z + a.w) + ((b.x + b.y) + (b.z + b.w));
                     }
                 }
             }
 #pragma unroll
             for (int k = 0; k < NW; k++)
 #pragma unroll
-                for (int r = 0; r < RT; r++) acc[k][r] += part[k][r] * Q::unit * sc[u][k];
+                for (int r = 0; r < RT; r++) {
+                    acc[k][r] += part[k][r] * Q::unit * sc[u][k];
+                    if (Q::q4) acc[k][r] += xsum[r] * mn[u][k];
+                }
         }
     }
 }

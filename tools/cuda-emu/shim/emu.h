@@ -148,6 +148,10 @@ static void emu_launch(const char *site, void (*k)(P...), emu_cfg c, A... args)
 /* additions for the planes and active-expert kernels */
 template <class T> static inline T __ldg(const T *p) { return *p; }
 static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
+/* IEEE single operations, never contracted (the host build has no FMA
+ * contraction: -std=c++20 and no -mfma) */
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 struct alignas(8) uint2 { unsigned x, y; };
 static inline unsigned __ballot_sync(unsigned m, bool pred)
