@@ -29,12 +29,14 @@ static void setup_quant(void)
 
 TestSuite(cuda_quant, .init = setup_quant, .fini = teardown);
 
-/* The suite's GPU backend opened again with --quantize q8_0, unreserved. */
-static void reopen_gpu_q8(void)
+/* The suite's GPU backend opened again with --quantize q8_0 or q4,
+ * unreserved. */
+static void reopen_gpu_quant(enum moe_weight_quant q)
 {
     moe_backend_free(&gpu);
-    cr_assert_eq(tu_backend_init_with(&gpu, "cuda", MOE_QUANT_Q8_0, 0, 0), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init_with(&gpu, "cuda", q, 0, 0), MOE_OK, "%s", moe_last_error());
 }
+static void reopen_gpu_q8(void) { reopen_gpu_quant(MOE_QUANT_Q8_0); }
 
 /* MOERUN_CUDA_EXPERTS=mma: MXFP4 / FP8 experts of steps of many rows read
  * in place by the tensor-core kernels, never widened (nothing reserved
@@ -445,40 +447,44 @@ static void q8_model(struct moe_model *m, enum moe_dtype dt)
 }
 
 /* The device planes (values at dv, scales at ds) of R rows of K host
- * values of dt at h hold the host's Q8_0 quantization, byte for byte. */
-static void expect_q8_planes(const char *what, const void *h, enum moe_dtype dt, const void *dv, const void *ds,
-                             size_t R, size_t K)
+ * values of dt at h hold the host's quantization to t (Q8_0 or Q4_1),
+ * byte for byte. */
+static void expect_quant_planes(const char *what, const void *h, enum moe_dtype dt, enum moe_dtype t,
+                                const void *dv, const void *ds, size_t R, size_t K)
 {
-    const enum moe_dtype t = MOE_DTYPE_Q8_0;
     const size_t rb = moe_dtype_row_bytes(t, K), vb = moe_planes_values_bytes(t, R, K),
                  sb = moe_planes_scales_bytes(t, R, K);
     unsigned char *rows = malloc(R * rb), *want = malloc(vb + sb), *got = malloc(vb + sb);
     float *f = malloc(K * sizeof(float));
     for (size_t r = 0; r < R; r++) {
         moe_convert_row_f32(f, (const char *)h + r * K * moe_dtype_size(dt), dt, K);
-        cr_assert(moe_quantize_row_q8_0(rows + r * rb, f, K));
+        cr_assert(t == MOE_DTYPE_Q4_1 ? moe_quantize_row_q4_1(rows + r * rb, f, K)
+                                      : moe_quantize_row_q8_0(rows + r * rb, f, K));
     }
     moe_planes_from_rows(t, rows, R, K, want, want + vb);
     to_host(got, dv, vb);
     to_host(got + vb, ds, sb);
     const bool same = memcmp(got, want, vb + sb) == 0;
-    fprintf(stderr, "parity: q8_0_upload %-16s %-5s (%zu,%zu) %s\n", what, moe_dtype_name(dt), R, K,
-            same ? "identical" : "DIFFERS");
-    cr_expect(same, "%s (%s): device Q8_0 planes differ from the host's quantization", what, moe_dtype_name(dt));
+    fprintf(stderr, "parity: %s_upload %-16s %-5s (%zu,%zu) %s\n", moe_dtype_name(t), what, moe_dtype_name(dt), R,
+            K, same ? "identical" : "DIFFERS");
+    cr_expect(same, "%s (%s): device %s planes differ from the host's quantization", what, moe_dtype_name(dt),
+              moe_dtype_name(t));
     free(rows), free(want), free(got), free(f);
 }
 
-static const char *q8_scales(const struct moe_tensor *t)
+static const char *planes_scales(const struct moe_tensor *t)
 {
-    return (const char *)t->data + moe_planes_values_bytes(MOE_DTYPE_Q8_0, (size_t)t->shape[0], (size_t)t->shape[1]);
+    return (const char *)t->data + moe_planes_values_bytes(t->dtype, (size_t)t->shape[0], (size_t)t->shape[1]);
 }
 
-/* The device twin d of the host model h, prepared with --quantize q8_0,
- * holds in its projections, experts and LM head the host's quantization
- * of h's weights (of dtype dt), byte for byte; its router and embedding
- * keep their dtype. */
-static void expect_q8_model(const struct moe_model *h, const struct moe_model *d, enum moe_dtype dt)
+/* The device twin d of the host model h, prepared with --quantize q8_0
+ * (q4: false) or q4 (true), holds in its projections, experts and LM head
+ * the host's quantization of h's weights (of dtype dt), byte for byte
+ * (q4: Q4_1, the LM head Q8_0); its router and embedding keep their
+ * dtype. */
+static void expect_quant_model(const struct moe_model *h, const struct moe_model *d, enum moe_dtype dt, bool q4)
 {
+    const enum moe_dtype qt = q4 ? MOE_DTYPE_Q4_1 : MOE_DTYPE_Q8_0;
     const struct moe_config *c = &h->cfg;
     const int D = c->d_model, F = c->d_expert, E = c->n_experts;
     cr_expect_eq(d->layers[0].router.dtype, dt, "the router keeps its dtype");
@@ -487,19 +493,21 @@ static void expect_q8_model(const struct moe_model *h, const struct moe_model *d
         {"q_proj 0", &h->layers[0].wq, &d->layers[0].wq}, {"o_proj 0", &h->layers[0].wo, &d->layers[0].wo},
         {"k_proj 3", &h->layers[3].wk, &d->layers[3].wk}, {"lm_head", &h->lm_head, &d->lm_head}};
     for (size_t j = 0; j < sizeof mats / sizeof *mats; j++) {
-        cr_expect(mats[j].d->dtype == MOE_DTYPE_Q8_0 && mats[j].d->device >= 0, "%s", mats[j].what);
-        expect_q8_planes(mats[j].what, mats[j].h->data, dt, mats[j].d->data, q8_scales(mats[j].d),
-                         (size_t)mats[j].h->shape[0], (size_t)mats[j].h->shape[1]);
+        const enum moe_dtype want = j == 3 ? MOE_DTYPE_Q8_0 : qt; /* the LM head: Q8_0 */
+        cr_expect(mats[j].d->dtype == want && mats[j].d->device >= 0, "%s", mats[j].what);
+        if (mats[j].d->dtype != want) continue;
+        expect_quant_planes(mats[j].what, mats[j].h->data, dt, want, mats[j].d->data, planes_scales(mats[j].d),
+                            (size_t)mats[j].h->shape[0], (size_t)mats[j].h->shape[1]);
     }
     const struct moe_expert_weights *a = &h->layers[1].experts, *b = &d->layers[1].experts;
-    cr_expect_eq(b->dtype, MOE_DTYPE_Q8_0);
-    const size_t S = moe_planes_scales_bytes(MOE_DTYPE_Q8_0, (size_t)F, (size_t)D);
-    const char *gus = (const char *)b->gate[0] + moe_planes_values_bytes(MOE_DTYPE_Q8_0, 2 * (size_t)F * E, (size_t)D);
-    const char *dns = (const char *)b->down[0] + moe_planes_values_bytes(MOE_DTYPE_Q8_0, (size_t)D * E, (size_t)F);
+    cr_assert_eq(b->dtype, qt);
+    const size_t S = moe_planes_scales_bytes(qt, (size_t)F, (size_t)D);
+    const char *gus = (const char *)b->gate[0] + moe_planes_values_bytes(qt, 2 * (size_t)F * E, (size_t)D);
+    const char *dns = (const char *)b->down[0] + moe_planes_values_bytes(qt, (size_t)D * E, (size_t)F);
     for (int e = 0; e < E; e += 7) {
-        expect_q8_planes("expert gate", a->gate[e], dt, b->gate[e], gus + 2 * e * S, (size_t)F, (size_t)D);
-        expect_q8_planes("expert up", a->up[e], dt, b->up[e], gus + (2 * e + 1) * S, (size_t)F, (size_t)D);
-        expect_q8_planes("expert down", a->down[e], dt, b->down[e], dns + e * S, (size_t)D, (size_t)F);
+        expect_quant_planes("expert gate", a->gate[e], dt, qt, b->gate[e], gus + 2 * e * S, (size_t)F, (size_t)D);
+        expect_quant_planes("expert up", a->up[e], dt, qt, b->up[e], gus + (2 * e + 1) * S, (size_t)F, (size_t)D);
+        expect_quant_planes("expert down", a->down[e], dt, qt, b->down[e], dns + e * S, (size_t)D, (size_t)F);
     }
 }
 
@@ -515,7 +523,25 @@ Test(cuda_quant, q8_0_upload_equals_host_quantization)
         q8_model(&h, dts[i]);
         q8_model(&d, dts[i]);
         cr_assert_eq(gpu.ops->prepare_model(&gpu, &d), MOE_OK, "%s", moe_last_error());
-        expect_q8_model(&h, &d, dts[i]);
+        expect_quant_model(&h, &d, dts[i], false);
+        moe_model_free(&d);
+        moe_model_free(&h);
+    }
+}
+
+/* --quantize q4: the same weights to Q4_1 (the LM head to Q8_0), the
+ * host's bytes, from f32 and bf16 weights with q8_model's edge blocks
+ * (zeros: d = 0; subnormal spreads; halves at the rounding boundary) */
+Test(cuda_quant, q4_upload_equals_host_quantization)
+{
+    const enum moe_dtype dts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16};
+    reopen_gpu_quant(MOE_QUANT_Q4);
+    for (int i = 0; i < 2; i++) {
+        struct moe_model h, d;
+        q8_model(&h, dts[i]);
+        q8_model(&d, dts[i]);
+        cr_assert_eq(gpu.ops->prepare_model(&gpu, &d), MOE_OK, "%s", moe_last_error());
+        expect_quant_model(&h, &d, dts[i], true);
         moe_model_free(&d);
         moe_model_free(&h);
     }
@@ -533,7 +559,7 @@ Test(cuda_quant, q8_0_upload_of_weights_made_on_the_device)
     cr_assert_eq(moe_model_synthetic(&h, &cfg, MOE_DTYPE_BF16, 12), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(moe_model_synthetic_deferred(&d, &cfg, MOE_DTYPE_BF16, 12), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(gpu.ops->prepare_model(&gpu, &d), MOE_OK, "%s", moe_last_error());
-    expect_q8_model(&h, &d, MOE_DTYPE_BF16);
+    expect_quant_model(&h, &d, MOE_DTYPE_BF16, false);
     moe_model_free(&d);
     moe_model_free(&h);
 }
@@ -558,12 +584,12 @@ Test(cuda_quant, q8_0_refuses_weights_that_are_not_finite)
 }
 
 /* Logits for every row of an S-token prompt of m on backend `name` with
- * Q8_0 weights (gpu_experts, cpu_rows: the CUDA offload's). */
-static void q8_logits(struct moe_model *m, const char *name, int S, int gpu_experts, int cpu_rows, float *logits)
+ * weights quantized as q (gpu_experts, cpu_rows: the CUDA offload's). */
+static void quant_logits(struct moe_model *m, const char *name, enum moe_weight_quant q, int S, int gpu_experts,
+                         int cpu_rows, float *logits)
 {
     struct moe_backend be;
-    cr_assert_eq(tu_backend_init_with(&be, name, MOE_QUANT_Q8_0, gpu_experts, cpu_rows), MOE_OK, "%s",
-                 moe_last_error());
+    cr_assert_eq(tu_backend_init_with(&be, name, q, gpu_experts, cpu_rows), MOE_OK, "%s", moe_last_error());
     struct moe_runner r;
     struct moe_runner_opts o = {.max_tokens = S, .max_seqs = 1, .max_logits = S, .block_size = 8, .n_blocks = 32};
     cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
@@ -577,23 +603,23 @@ static void q8_logits(struct moe_model *m, const char *name, int S, int gpu_expe
     moe_backend_free(&be);
 }
 
-/* The logits of tiny-moe (f32 weights, edges planted) quantized on the
- * CPU reference and on the GPU, S tokens; the worst relative error must be
- * at most tol. */
-static void check_q8_model(int S, double tol, const char *what)
+/* The logits of tiny-moe (f32 weights, edges planted) quantized as q on
+ * the CPU reference and on the GPU, S tokens; the worst relative error
+ * must be at most tol. */
+static void check_quant_model(enum moe_weight_quant q, int S, double tol, const char *what)
 {
     const int V = 1024;
     float *ref = malloc((size_t)S * V * 4), *got = malloc((size_t)S * V * 4);
     struct moe_model m;
     q8_model(&m, MOE_DTYPE_F32);
-    q8_logits(&m, "cpu-ref", S, 0, 0, ref);
+    quant_logits(&m, "cpu-ref", q, S, 0, 0, ref);
     moe_model_free(&m);
     q8_model(&m, MOE_DTYPE_F32);
-    q8_logits(&m, "cuda", S, 0, 0, got);
+    quant_logits(&m, "cuda", q, S, 0, 0, got);
     moe_model_free(&m);
     char shp[64];
     snprintf(shp, sizeof shp, "tiny-moe S%d %s", S, what);
-    const double e = report("q8_0_model", "F32", shp, got, ref, (size_t)S * V);
+    const double e = report(q == MOE_QUANT_Q4 ? "q4_model" : "q8_0_model", "F32", shp, got, ref, (size_t)S * V);
     cr_expect(e <= tol, "%s: %.3g", shp, e);
     free(ref), free(got);
 }
@@ -603,24 +629,31 @@ static void check_q8_model(int S, double tol, const char *what)
  * (offloaded: q8_0_offload_cpu_misses_match_resident below). */
 Test(cuda_quant, q8_0_model_matches_cpu)
 {
-    check_q8_model(20, 1e-4, "decode kernels");
+    check_quant_model(MOE_QUANT_Q8_0, 20, 1e-4, "decode kernels");
+}
+
+/* The same with --quantize q4 (Q4_1 weights, the LM head Q8_0) */
+Test(cuda_quant, q4_model_matches_cpu)
+{
+    check_quant_model(MOE_QUANT_Q4, 20, 1e-4, "decode kernels");
 }
 
 /* The worst relative error of the OLMoE fixture's logits for an S-token
  * prompt quantized on the GPU with the given offload, against backend
  * ref_name resident. */
-static double olmoe_q8_error(int S, const char *ref_name, int gpu_experts, int cpu_rows, const char *what)
+static double olmoe_quant_error(enum moe_weight_quant q, int S, const char *ref_name, int gpu_experts, int cpu_rows,
+                                const char *what)
 {
     struct moe_model m;
     cr_assert_eq(moe_model_load(&m, FIXTURE_DIR "/olmoe"), MOE_OK, "%s", moe_last_error());
     const int V = m.cfg.vocab;
     float *ref = malloc((size_t)S * V * 4), *got = malloc((size_t)S * V * 4);
-    q8_logits(&m, ref_name, S, 0, 0, ref);
+    quant_logits(&m, ref_name, q, S, 0, 0, ref);
     moe_model_free(&m);
     cr_assert_eq(moe_model_load(&m, FIXTURE_DIR "/olmoe"), MOE_OK, "%s", moe_last_error());
-    q8_logits(&m, "cuda", S, gpu_experts, cpu_rows, got);
+    quant_logits(&m, "cuda", q, S, gpu_experts, cpu_rows, got);
     moe_model_free(&m);
-    const double e = report("q8_0_model", "BF16", what, got, ref, (size_t)S * V);
+    const double e = report(q == MOE_QUANT_Q4 ? "q4_model" : "q8_0_model", "BF16", what, got, ref, (size_t)S * V);
     free(ref), free(got);
     return e;
 }
@@ -631,7 +664,7 @@ static double olmoe_q8_error(int S, const char *ref_name, int gpu_experts, int c
  * (tools/cuda-emu/ci-tests.txt). */
 Test(cuda_quant, q8_0_model_short_matches_cpu)
 {
-    const double e = olmoe_q8_error(8, "cpu-ref", 0, 0, "olmoe S8 decode kernels");
+    const double e = olmoe_quant_error(MOE_QUANT_Q8_0, 8, "cpu-ref", 0, 0, "olmoe S8 decode kernels");
     cr_expect(e <= 2e-2, "olmoe S8: %.3g", e);
 }
 
@@ -645,7 +678,7 @@ Test(cuda_quant, q8_0_model_short_matches_cpu)
  * resident or not). */
 Test(cuda_quant, q8_0_offload_cpu_misses_match_resident)
 {
-    const double e = olmoe_q8_error(20, "cuda", 4, 2, "olmoe S20 offload 4, CPU rows 2");
+    const double e = olmoe_quant_error(MOE_QUANT_Q8_0, 20, "cuda", 4, 2, "olmoe S20 offload 4, CPU rows 2");
     cr_expect(e <= 2e-2, "olmoe S20 offload 4, CPU rows 2 against resident: %.3g", e);
 }
 
@@ -655,8 +688,21 @@ Test(cuda_quant, q8_0_offload_cpu_misses_match_resident)
  * (q x d has up to 18 significant bits), so 2e-2 (tiny-moe's random
  * routers flip experts on such rounding: its logits move too far to
  * compare). */
+Test(cuda_quant, q4_model_short_matches_cpu)
+{
+    const double e = olmoe_quant_error(MOE_QUANT_Q4, 8, "cpu-ref", 0, 0, "olmoe S8 decode kernels");
+    cr_expect(e <= 2e-2, "olmoe S8 q4: %.3g", e);
+}
+
+/* Q4_1 widened for the grouped GEMMs and projections (40 rows) */
+Test(cuda_quant, q4_model_grouped_matches_cpu)
+{
+    const double e = olmoe_quant_error(MOE_QUANT_Q4, 40, "cpu-ref", 0, 0, "olmoe S40 grouped (widened)");
+    cr_expect(e <= 2e-2, "olmoe S40 q4 grouped: %.3g", e);
+}
+
 Test(cuda_quant, q8_0_model_grouped_matches_cpu)
 {
-    const double e = olmoe_q8_error(40, "cpu-ref", 0, 0, "olmoe S40 grouped (widened)");
+    const double e = olmoe_quant_error(MOE_QUANT_Q8_0, 40, "cpu-ref", 0, 0, "olmoe S40 grouped (widened)");
     cr_expect(e <= 2e-2, "olmoe S40 grouped: %.3g", e);
 }

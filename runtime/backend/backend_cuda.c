@@ -159,8 +159,8 @@ struct work_need {
     size_t att_floats, wide, dense;
 };
 
-static enum moe_status work_need(const struct cuda_ctx *c, bool q8, const struct moe_config *cfg, int max_rows,
-                                 struct work_need *n)
+static enum moe_status work_need(const struct cuda_ctx *c, enum moe_weight_quant quant, const struct moe_config *cfg,
+                                 int max_rows, struct work_need *n)
 {
     const int Q = cfg->n_heads * cfg->head_dim;
     const int dmax = imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
@@ -173,7 +173,8 @@ static enum moe_status work_need(const struct cuda_ctx *c, bool q8, const struct
      * layer's to bf16 (those prepare_model kept as planes; before any, as
      * cfg says), or an offloaded layer's device slots; the tensor-core
      * kernels read them in place, four-bit ones excepted */
-    const bool q4 = c->mem.n_up ? c->weights.q4_experts : cfg->q4_method != MOE_Q4_NONE;
+    const bool q8 = quant != MOE_QUANT_NONE;
+    const bool q4 = c->mem.n_up ? c->weights.q4_experts : cfg->q4_method != MOE_Q4_NONE || quant == MOE_QUANT_Q4;
     const bool planes = q4 || (!c->experts.mma && (c->mem.n_up ? c->weights.mxfp4_experts || c->weights.fp8_experts ||
                                                                      c->weights.q8_experts
                                                                : cfg->experts_mxfp4 || cfg->weights_fp8 || q8));
@@ -238,7 +239,7 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     struct cuda_ctx *c = ctx_of(be);
     const struct cuda_work *w = &c->work;
     struct work_need n = {0};
-    MOE_TRY(work_need(c, be->quant == MOE_QUANT_Q8_0, cfg, max_rows, &n));
+    MOE_TRY(work_need(c, be->quant, cfg, max_rows, &n));
     if (n.rows > w->max_rows || n.din > w->max_din || n.K > w->max_k || n.E > w->max_e || n.L > w->moe_layers ||
         n.att_floats > w->att_ws_floats || n.wide > c->experts.wide_bytes || n.dense > w->wide_dense_bytes)
         MOE_TRY(alloc_work(c, n));

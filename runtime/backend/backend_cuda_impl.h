@@ -61,7 +61,8 @@ struct cuda_weights {
     bool mxfp4_experts, fp8_experts; /* such experts kept as planes */
     bool fp8_dense;          /* FP8 matmul weights kept as planes (cuda_matmul reads them in place) */
     bool q8_experts, q8_dense; /* experts or matmul weights quantized to Q8_0 planes */
-    bool q4_experts, q4_dense; /* a checkpoint's four-bit experts or matmul weights kept as planes */
+    bool q4_experts, q4_dense; /* four-bit experts or matmul weights kept as planes */
+    bool q4_made;            /* those quantized to Q4_1 at upload (--quantize q4) */
     int *q8_bad;             /* device int: the quantize kernel's flag (owned) */
     size_t planes_dense_max; /* the most values of one planes matrix (N x Din) */
 };

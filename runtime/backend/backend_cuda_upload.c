@@ -82,43 +82,48 @@ static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_ten
     return s;
 }
 
-/* --quantize q8_0 on this backend: whether a matrix of dtype dt with rows
- * of K values is quantized (the CPU backend's rule: float weights whose
- * rows are whole blocks). */
-static bool q8_quantizable(const struct moe_backend *be, enum moe_dtype dt, int64_t K)
+/* --quantize on this backend: the dtype a matrix of dtype dt with rows of
+ * K values becomes (lm_head: the LM head), MOE_DTYPE_N when it stays as
+ * stored.  The CPU backend's rule (backend_cpu_pack.c): float weights
+ * whose rows are whole blocks of 32; q8_0 makes Q8_0, q4 makes Q4_1 but
+ * the LM head Q8_0. */
+static enum moe_dtype quant_target(const struct moe_backend *be, enum moe_dtype dt, int64_t K, bool lm_head)
 {
-    return be->quant == MOE_QUANT_Q8_0 && K > 0 && K % MOE_Q8_0_BLOCK == 0 &&
-           (dt == MOE_DTYPE_F32 || dt == MOE_DTYPE_F16 || dt == MOE_DTYPE_BF16);
+    if (be->quant == MOE_QUANT_NONE || K <= 0 || K % MOE_Q8_0_BLOCK ||
+        (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16))
+        return MOE_DTYPE_N;
+    return be->quant == MOE_QUANT_Q4 && !lm_head ? MOE_DTYPE_Q4_1 : MOE_DTYPE_Q8_0;
 }
 
-/* n values of dt in the device buffer stage quantized to Q8_0 planes at
- * dst (moe_ops_quantize_q8_0_cuda), waited for; what names the matrix in
- * the error when a value is not finite. */
-static enum moe_status q8_from_stage(struct moe_backend *be, void *dst, const void *stage, enum moe_dtype dt,
-                                     size_t n, const char *what)
+/* n values of dt in the device buffer stage quantized to qt (Q8_0 or
+ * Q4_1) planes at dst (moe_ops_quantize_*_cuda), waited for; what names
+ * the matrix in the error when a value is not finite. */
+static enum moe_status quant_from_stage(struct moe_backend *be, enum moe_dtype qt, void *dst, const void *stage,
+                                        enum moe_dtype dt, size_t n, const char *what)
 {
     struct cuda_ctx *c = ctx_of(be);
     if (!c->weights.q8_bad) MOE_TRY(dev_buffer(be, sizeof(int), (void **)&c->weights.q8_bad));
     int bad = 0;
     MOE_CUDA_TRY(cudaMemsetAsync(c->weights.q8_bad, 0, sizeof(int), c->stream));
-    MOE_TRY(moe_ops_quantize_q8_0_cuda(c->stream, dst, stage, dt, n, c->weights.q8_bad));
+    if (qt == MOE_DTYPE_Q4_1) MOE_TRY(moe_ops_quantize_q4_1_cuda(c->stream, dst, stage, dt, n, c->weights.q8_bad));
+    else MOE_TRY(moe_ops_quantize_q8_0_cuda(c->stream, dst, stage, dt, n, c->weights.q8_bad));
     MOE_CUDA_TRY(cudaMemcpyAsync(&bad, c->weights.q8_bad, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     if (bad)
-        return moe_fail(MOE_ERR_FORMAT, "--quantize q8_0: %s holds a value that is not finite (or one "
-                        "whose block scale is past f16's range)", what);
+        return moe_fail(MOE_ERR_FORMAT, "--quantize %s: %s holds a value that is not finite (or one "
+                        "whose block scale is past f16's range)", qt == MOE_DTYPE_Q4_1 ? "q4" : "q8_0", what);
     return MOE_OK;
 }
 
-/* A float matrix t (n values, rows of K) quantized to Q8_0 planes on the
+/* A float matrix t (n values, rows of K) quantized to qt planes on the
  * device: its rows copied (a deferred synthetic model: made) into a
  * staging buffer, quantized into *out (*bytes). */
-static enum moe_status upload_q8_view(struct moe_backend *be, const struct moe_model *m, const struct moe_tensor *t,
-                                      size_t n, int layer, size_t *bytes, void **out)
+static enum moe_status upload_quant_view(struct moe_backend *be, const struct moe_model *m, const struct moe_tensor *t,
+                                         enum moe_dtype qt, size_t n, int layer, size_t *bytes, void **out)
 {
     struct cuda_ctx *c = ctx_of(be);
     const size_t K = (size_t)t->shape[t->ndim - 1], N = n / K;
-    *bytes = moe_planes_values_bytes(MOE_DTYPE_Q8_0, N, K) + moe_planes_scales_bytes(MOE_DTYPE_Q8_0, N, K);
+    *bytes = moe_planes_values_bytes(qt, N, K) + moe_planes_scales_bytes(qt, N, K);
     MOE_TRY(dev_buffer(be, *bytes, out));
     void *stage;
     MOE_CUDA_TRY(cudaMalloc(&stage, n * moe_dtype_size(t->dtype)));
@@ -132,9 +137,10 @@ static enum moe_status upload_q8_view(struct moe_backend *be, const struct moe_m
     char what[96];
     if (layer < 0) snprintf(what, sizeof what, "the LM head");
     else snprintf(what, sizeof what, "a (%zu, %zu) weight of layer %d", N, K, layer);
-    if (s == MOE_OK) s = q8_from_stage(be, *out, stage, t->dtype, n, what);
+    if (s == MOE_OK) s = quant_from_stage(be, qt, *out, stage, t->dtype, n, what);
     cudaFree(stage);
-    c->weights.q8_dense = true;
+    if (qt == MOE_DTYPE_Q4_1) c->weights.q4_dense = c->weights.q4_made = true;
+    else c->weights.q8_dense = true;
     if (N * K > c->weights.planes_dense_max) c->weights.planes_dense_max = N * K;
     return s;
 }
@@ -142,16 +148,20 @@ static enum moe_status upload_q8_view(struct moe_backend *be, const struct moe_m
 /* Rewrites view t to a device copy of its data (shared with an earlier view
  * of the same host data and form, e.g. tied embeddings): in its dtype, an
  * FP8 one widened to bf16, or kept as planes when `planes` (a matmul
- * weight), a float one then quantized to Q8_0 under --quantize q8_0
- * (layer: for messages, -1 the LM head). */
+ * weight), a float one then quantized under --quantize (quant_target;
+ * layer: for messages, -1 the LM head). */
 static enum moe_status upload_as(struct moe_backend *be, const struct moe_model *m, struct moe_tensor *t,
                                  enum part part, bool planes, int layer)
 {
     struct cuda_ctx *c = ctx_of(be);
     if (!t->data || t->device >= 0) return MOE_OK;
-    const bool q8 = planes && t->ndim == 2 && q8_quantizable(be, t->dtype, t->shape[1]);
+    const enum moe_dtype qt = planes && t->ndim == 2 ? quant_target(be, t->dtype, t->shape[1], layer < 0)
+                                                     : MOE_DTYPE_N;
+    const bool quant = qt != MOE_DTYPE_N;
     for (size_t i = 0; i < c->mem.n_up; i++)
-        if (c->mem.up[i].host == t->data && (c->mem.up[i].dtype == MOE_DTYPE_Q8_0) == q8) {
+        if (c->mem.up[i].host == t->data &&
+            (quant ? c->mem.up[i].dtype == qt
+                   : c->mem.up[i].dtype != MOE_DTYPE_Q8_0 && c->mem.up[i].dtype != MOE_DTYPE_Q4_1)) {
             t->data = c->mem.up[i].dev;
             t->device = c->device;
             t->dtype = c->mem.up[i].dtype;
@@ -166,9 +176,9 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
                         "projections (%d dims) has no CUDA kernels", layer, t->ndim);
     size_t bytes = (size_t)n * (fp8 ? 2 : moe_dtype_size(t->dtype));
     void *d;
-    if (q8) {
-        MOE_TRY(upload_q8_view(be, m, t, (size_t)n, layer, &bytes, &d));
-        t->dtype = MOE_DTYPE_Q8_0;
+    if (quant) {
+        MOE_TRY(upload_quant_view(be, m, t, qt, (size_t)n, layer, &bytes, &d));
+        t->dtype = qt;
     } else if ((fp8 || moe_dtype_is_q4(t->dtype)) && planes && t->ndim == 2) {
         MOE_TRY(upload_planes_view(be, t, &bytes, &d));
     } else if (fp8) {
@@ -199,8 +209,8 @@ static enum moe_status upload_view(struct moe_backend *be, const struct moe_mode
     return upload_as(be, m, t, part, false, -1);
 }
 
-/* A weight only cuda_matmul reads (of layer, -1 the LM head): FP8 ones
- * kept as planes, float ones quantized under --quantize q8_0. */
+/* A weight only cuda_matmul reads (of layer, -1 the LM head): FP8 and
+ * four-bit ones kept as planes, float ones quantized under --quantize. */
 static enum moe_status upload_matmul_view(struct moe_backend *be, const struct moe_model *m,
                                           struct moe_tensor *t, enum part part, int layer)
 {
@@ -245,13 +255,13 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
                                      const struct moe_expert_weights *x, int E, int D, int F, void *gu,
                                      void *dn, size_t gu_bytes, size_t dn_bytes, size_t mat);
 
-/* A layer's float experts quantized to Q8_0 stacks (--quantize q8_0):
- * stacked as stored into staging buffers, each stack then quantized as one
- * (2FE, D) or (DE, F) matrix, which is the planes layout of the stacks
- * (matrix i's values at i * values(F, D), the scales after all of them);
- * the table's dtype becomes Q8_0. */
-static enum moe_status q8_experts(struct moe_backend *be, const struct moe_model *m, struct moe_expert_weights *x,
-                                  int E, int D, int F, void *gu, void *dn, int moe_layer)
+/* A layer's float experts quantized to qt (Q8_0 or Q4_1) stacks
+ * (--quantize): stacked as stored into staging buffers, each stack then
+ * quantized as one (2FE, D) or (DE, F) matrix, which is the planes layout
+ * of the stacks (matrix i's values at i * values(F, D), the scales after
+ * all of them); the table's dtype becomes qt. */
+static enum moe_status quant_experts(struct moe_backend *be, const struct moe_model *m, struct moe_expert_weights *x,
+                                     enum moe_dtype qt, int E, int D, int F, void *gu, void *dn, int moe_layer)
 {
     /* n: values of the down stack; mat: bytes of one matrix as stored; gb:
      * of the gate+up stack */
@@ -269,13 +279,15 @@ static enum moe_status q8_experts(struct moe_backend *be, const struct moe_model
     enum moe_status s = stack_experts(be, m, x, E, D, F, sg, sd, gb, gb / 2, mat);
     char what[96];
     snprintf(what, sizeof what, "an expert of MoE layer %d", moe_layer);
-    if (s == MOE_OK) s = q8_from_stage(be, gu, sg, x->dtype, 2 * n, what);
-    if (s == MOE_OK) s = q8_from_stage(be, dn, sd, x->dtype, n, what);
+    if (s == MOE_OK) s = quant_from_stage(be, qt, gu, sg, x->dtype, 2 * n, what);
+    if (s == MOE_OK) s = quant_from_stage(be, qt, dn, sd, x->dtype, n, what);
     cudaFree(sg);
     cudaFree(sd);
     if (s == MOE_OK) {
-        x->dtype = MOE_DTYPE_Q8_0;
-        ctx_of(be)->weights.q8_experts = true;
+        x->dtype = qt;
+        struct cuda_weights *w = &ctx_of(be)->weights;
+        if (qt == MOE_DTYPE_Q4_1) w->q4_experts = w->q4_made = true;
+        else w->q8_experts = true;
     }
     return s;
 }
@@ -287,10 +299,11 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
                                       struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
 {
     struct cuda_ctx *c = ctx_of(be);
-    /* MXFP4 and FP8 experts stay as they are, in planes; float ones become
-     * Q8_0 planes under --quantize q8_0 */
-    const bool q8 = q8_quantizable(be, x->dtype, D) && F % MOE_Q8_0_BLOCK == 0;
-    const enum moe_dtype dt = q8 ? MOE_DTYPE_Q8_0 : x->dtype;
+    /* MXFP4, FP8 and four-bit experts stay as they are, in planes; float
+     * ones become Q8_0 or Q4_1 planes under --quantize */
+    const enum moe_dtype qt = quant_target(be, x->dtype, D, false);
+    const bool quant = qt != MOE_DTYPE_N && F % MOE_Q8_0_BLOCK == 0;
+    const enum moe_dtype dt = quant ? qt : x->dtype;
     const bool planes = moe_dtype_planes(dt);
     /* mat: one matrix's bytes (planes: its values), sb: its scales */
     size_t mat = (size_t)F * D * moe_dtype_size(dt), sb = 0, gu_bytes;
@@ -316,7 +329,7 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
             cudaFree(gu);
             return moe_fail(MOE_ERR_DEVICE, "cuda upload: a layer's experts: %s", cudaGetErrorString(ce));
         }
-        enum moe_status s = q8 ? q8_experts(be, m, x, E, D, F, gu, dn, moe_layer)
+        enum moe_status s = quant ? quant_experts(be, m, x, qt, E, D, F, gu, dn, moe_layer)
                                : stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat);
         const double *warm = oo->warm ? oo->warm + (size_t)moe_layer * E : NULL;
         if (s == MOE_OK)
@@ -328,7 +341,7 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     }
     MOE_TRY(dev_buffer(be, gu_bytes, &gu));
     MOE_TRY(dev_buffer(be, dn_bytes, &dn));
-    if (q8) MOE_TRY(q8_experts(be, m, x, E, D, F, gu, dn, moe_layer));
+    if (quant) MOE_TRY(quant_experts(be, m, x, qt, E, D, F, gu, dn, moe_layer));
     else MOE_TRY(stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat));
     for (int e = 0; e < E; e++) {
         x->gate[e] = (const char *)gu + 2 * mat * e;
@@ -431,9 +444,9 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     if (has_dtype(m, is_mxfp4))
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "
                         "supported");
-    if (be->quant == MOE_QUANT_Q4 || be->expert_quant)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: %s has no CUDA path yet (four-bit checkpoints "
-                        "do); use --backend cpu", be->expert_quant ? "--expert-dtype-plan" : "--quantize q4");
+    if (be->expert_quant)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --expert-dtype-plan (each expert its own format) "
+                        "has no CUDA path yet; use --backend cpu");
     if (m->cols_permuted)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: act-order four-bit weights (desc_act with g_idx) "
                         "have no CUDA kernels yet; use --backend cpu");
@@ -456,13 +469,13 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
      * reuse an earlier one's (freed) addresses */
     c->mem.n_up = 0;
     c->weights.widened_fp8 = c->weights.mxfp4_experts = c->weights.fp8_experts = c->weights.fp8_dense = c->weights.q8_experts = c->weights.q8_dense = false;
-    c->weights.q4_experts = c->weights.q4_dense = false;
+    c->weights.q4_experts = c->weights.q4_dense = c->weights.q4_made = false;
     c->weights.planes_dense_max = 0;
     memset(c->mem.part_bytes, 0, sizeof c->mem.part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
     /* the LM head: quantized under --quantize q8_0 (tied: a copy of its
      * own, the embedding stays as stored) */
-    const bool q8_head = m->lm_head.ndim == 2 && q8_quantizable(be, m->lm_head.dtype, m->lm_head.shape[1]);
+    const bool q8_head = m->lm_head.ndim == 2 && quant_target(be, m->lm_head.dtype, m->lm_head.shape[1], true) != MOE_DTYPE_N;
     MOE_TRY(upload_matmul_view(be, m, &m->lm_head, cfg->tie_embeddings && !q8_head ? P_EMBED : P_HEAD, -1));
     MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
     /* a multi-token-prediction module's input (absent elsewhere) */
@@ -528,7 +541,11 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     if (c->weights.q8_experts || c->weights.q8_dense)
         fprintf(stderr, "moerun: cuda: %s quantized to Q8_0 on the device (--quantize q8_0), read in place\n",
                 c->weights.q8_experts && c->weights.q8_dense ? "experts and projections" : c->weights.q8_experts ? "experts" : "projections");
-    if (c->weights.q4_experts || c->weights.q4_dense)
+    if (c->weights.q4_made)
+        fprintf(stderr, "moerun: cuda: %s quantized to Q4_1 on the device (--quantize q4; the LM head to Q8_0), "
+                "read in place\n", c->weights.q4_experts && c->weights.q4_dense ? "experts and projections"
+                                   : c->weights.q4_experts ? "experts" : "projections");
+    else if (c->weights.q4_experts || c->weights.q4_dense)
         fprintf(stderr, "moerun: cuda: four-bit %s resident as stored, read in place\n",
                 c->weights.q4_experts && c->weights.q4_dense ? "experts and projections"
                 : c->weights.q4_experts ? "experts" : "projections");

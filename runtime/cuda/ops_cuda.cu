@@ -355,6 +355,60 @@ extern "C" enum moe_status moe_ops_quantize_q8_0_cuda(cudaStream_t st, void *dst
     return MOE_OK;
 }
 
+/* ---- Q4_1 quantization at upload (--quantize q4) ---- */
+
+__device__ __forceinline__ float moe_warp_min(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* One warp per block of 32 values: moe_quantize_row_q4_1's lo = min x,
+ * d = (max x - lo) / 15, id = 1 / d (0 when d is), each code
+ * (int8_t)((x - lo) * id + 0.5) capped at 15, every operation rounded on
+ * its own (no contraction into an FMA, IEEE division), d and lo rounded to
+ * f16 as moe_f32_to_f16 rounds.  Lane j < 16 writes byte j (its code low,
+ * lane j + 16's high) of the block's 16 code bytes at q, lane 0 the two
+ * f16 at s.  A block with a value that is not finite, or a d or lo past
+ * f16, sets *bad. */
+static __global__ void quantize_q4_1_kernel(uint8_t *q, __half2 *s, const void *src, enum moe_dtype dt,
+                                            size_t n_blocks, int *bad)
+{
+    const int lane = threadIdx.x & 31;
+    const size_t warps = (size_t)gridDim.x * blockDim.x / 32;
+    for (size_t b = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32; b < n_blocks; b += warps) {
+        const float x = moe_ld(src, dt, b * MOE_Q4_1_BLOCK + lane);
+        const bool finite = __ballot_sync(0xffffffffu, !isfinite(x)) == 0;
+        const float lo = moe_warp_min(x), hi = moe_warp_max(x);
+        const float d = __fdiv_rn(__fsub_rn(hi, lo), 15.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+        const __half dh = __float2half_rn(d), mh = __float2half_rn(lo);
+        if (!finite || isinf(__half2float(dh)) || isinf(__half2float(mh))) {
+            if (lane == 0) *bad = 1;
+            continue;
+        }
+        const int c = (int)(int8_t)__fadd_rn(__fmul_rn(__fsub_rn(x, lo), id), 0.5f);
+        const int code = c < 15 ? c : 15;
+        const int hi_code = __shfl_xor_sync(0xffffffffu, code, 16);
+        if (lane < 16) q[b * 16 + lane] = (uint8_t)(code | hi_code << 4);
+        if (lane == 0) s[b] = __halves2half2(dh, mh);
+    }
+}
+
+extern "C" enum moe_status moe_ops_quantize_q4_1_cuda(cudaStream_t st, void *dst, const void *src,
+                                                      enum moe_dtype dt, size_t n, int *bad)
+{
+    if (n % MOE_Q4_1_BLOCK || (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16))
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA quantize: %zu %s values", n, moe_dtype_name(dt));
+    if (n == 0) return MOE_OK;
+    const size_t blocks = n / MOE_Q4_1_BLOCK;
+    unsigned grid = moe_cuda_blocks(n, 256);
+    if (grid > 1024) grid = 1024;
+    quantize_q4_1_kernel<<<grid, 256, 0, st>>>((uint8_t *)dst, (__half2 *)((char *)dst + n / 2), src, dt, blocks,
+                                               bad);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
 /* ---- argmax: one block per row ---- */
 
 __device__ __forceinline__ bool am_better(float a, int ia, float b, int ib)

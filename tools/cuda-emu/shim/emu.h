@@ -152,6 +152,8 @@ static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); re
  * contraction: -std=c++20 and no -mfma) */
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 struct alignas(8) uint2 { unsigned x, y; };
 static inline unsigned __ballot_sync(unsigned m, bool pred)
