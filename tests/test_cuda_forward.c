@@ -180,6 +180,7 @@ static void check_rows_independent(const char *name)
 Test(cuda_forward, rows_independent_qwen3_moe) { check_rows_independent("qwen3_moe"); }
 Test(cuda_forward, rows_independent_olmoe_bf16) { check_rows_independent("olmoe"); }
 Test(cuda_forward, rows_independent_gpt_oss_mxfp4) { check_rows_independent("gpt_oss_mxfp4"); }
+Test(cuda_forward, rows_independent_deepseek_v2) { check_rows_independent("deepseek_v2"); }
 
 /* Two CUDA sides of one fixture: eager steps, and step graphs on. */
 static void open_eager_and_graphs(struct side *eager, struct side *graph, const char *name)

@@ -449,8 +449,10 @@ static enum moe_status cuda_gather_cols(struct moe_backend *be, float *dst, int 
 
 /* MLA's per-head products (backend.h): for each head h < H, the row-major
  * (T, N) block of y at y + h*ldy (rows H*ldy apart) = the (T, K) block of x
- * at x + h*ldx (rows H*ldx apart) times W[h]^T, W (H, N, K).  One
- * cublasGemmStridedBatchedEx over the heads; per head, in cuBLAS's
+ * at x + h*ldx (rows H*ldx apart) times W[h]^T, W (H, N, K).  Steps of at
+ * most SMALL_EXPERT_ROWS rows: the row kernel over every head
+ * (moe_ops_head_matmul_rows_cuda; fp32 activations, a row independent of
+ * the others).  Larger: one cublasGemmStridedBatchedEx over the heads; per head, in cuBLAS's
  * column-major terms, C (N x T, ldc H*ldy) = op_T(W[h] stored as K x N,
  * lda K) . B (K x T, ldb H*ldx), heads N*K, ldx and ldy apart.  Precision
  * as cuda_matmul: fp32 weights take a pure fp32 GEMM (no TF32); for half
@@ -470,6 +472,10 @@ static enum moe_status cuda_head_matmul(struct moe_backend *be, float *y, int ld
     if (ldy < N || ldx < K || ldb > INT32_MAX || ldc > INT32_MAX || ldh > INT32_MAX)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda head_matmul: %d heads of (%d, %d) with row "
                         "strides %d and %d", H, N, K, ldy, ldx);
+    /* steps of few rows: the row kernel, a row independent of the others */
+    if (T <= SMALL_EXPERT_ROWS && !c->small_cublas &&
+        (w->dtype == MOE_DTYPE_F32 || w->dtype == MOE_DTYPE_BF16 || w->dtype == MOE_DTYPE_F16))
+        return moe_ops_head_matmul_rows_cuda(c->stream, y, ldy, x, ldx, w->data, w->dtype, H, N, K, T);
     const float one = 1.0f, zero = 0.0f;
     const long long stride_w = (long long)N * K;
     if (w->dtype == MOE_DTYPE_F32) {

@@ -110,6 +110,11 @@ enum moe_status moe_ops_quantize_q8_0_cuda(cudaStream_t st, void *dst, const voi
 enum moe_status moe_ops_matmul_rows_cuda(cudaStream_t st, float *y, const float *x, const void *w,
                                          enum moe_dtype dt, int N, int Din, int T, const void *b,
                                          enum moe_dtype bdt);
+/* The same per head, for steps of few rows: y[t, h*ldy .. +N) = W[h] (N, K)
+ * . x[t, h*ldx .. +K) for H heads, rows H*ldy and H*ldx apart, W (H, N, K)
+ * in F32, BF16 or F16 (the head_matmul op). */
+enum moe_status moe_ops_head_matmul_rows_cuda(cudaStream_t st, float *y, int ldy, const float *x, int ldx,
+                                              const void *w, enum moe_dtype dt, int H, int N, int K, int T);
 /* ids (rows) = argmax of each row of x (rows, n): ties to the lower index,
  * NaN never wins (moe_argmax). */
 enum moe_status moe_ops_argmax_cuda(cudaStream_t st, int32_t *ids, const float *x, int rows, int n);
