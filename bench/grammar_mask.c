@@ -86,7 +86,7 @@ static void mask_cost(void)
     int n = 0, n_cold = 0;
     long allowed = 0;
     for (size_t i = 0; doc[i]; i++, n++) {
-        CHECK(moe_grammar_state_copy(&fresh, &st)); /* empty cache */
+        CHECK(moe_grammar_state_copy(&fresh, &st)); /* st never masks: an empty cache */
         int32_t sets = g->n_pm;
         double a = bench_clock(CLOCK_MONOTONIC);
         CHECK(moe_grammar_mask(&fresh, &gv, bits));

@@ -282,6 +282,56 @@ Test(grammar, trie_mask_matches_per_token_check)
     moe_grammar_vocab_free(&gv);
 }
 
+/* Masks st once more (a cache hit: counted) and checks it against the
+ * per-token reference. */
+static void mask_from_cache(struct moe_grammar_state *st, const struct moe_grammar_vocab *gv, uint32_t *a,
+                            uint32_t *b, const char *where)
+{
+    const uint64_t hits = st->n_mask_hits, misses = st->n_mask_misses;
+    cr_assert_eq(moe_grammar_mask(st, gv, a), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(st->n_mask_hits, hits + 1, "%s: not from the cache", where);
+    cr_assert_eq(st->n_mask_misses, misses, "%s", where);
+    cr_assert_eq(moe_grammar_mask_brute(st, gv, b), MOE_OK);
+    cr_assert(!memcmp(a, b, ((size_t)gv->V + 31) / 32 * sizeof *a), "%s: the mask differs", where);
+}
+
+/* A copy holds its source's cached masks, each its own: the state it was
+ * copied at and one its source was in before, both from the cache, the
+ * second after the source is freed; then freeing both (and again) is clean. */
+Test(grammar, copy_keeps_the_cached_masks)
+{
+    struct moe_grammar_vocab gv;
+    synth_vocab(&gv, 600, 5);
+    const size_t words = ((size_t)gv.V + 31) / 32;
+    uint32_t *a = calloc(words, sizeof *a), *b = calloc(words, sizeof *b);
+    /* two states that recur: expecting "a" (or the end), expecting a digit */
+    struct moe_grammar *g = compile("root ::= (\"a\" [0-9])*");
+    struct moe_grammar_state st, cp = {0};
+    cr_assert_eq(moe_grammar_state_init(&st, g), MOE_OK);
+    bool ok;
+    cr_assert_eq(moe_grammar_mask(&st, &gv, a), MOE_OK); /* expecting "a": a miss */
+    cr_assert_eq(moe_grammar_state_advance(&st, (const uint8_t *)"a", 1, &ok), MOE_OK);
+    cr_assert(ok);
+    cr_assert_eq(moe_grammar_mask(&st, &gv, a), MOE_OK); /* expecting a digit: a miss */
+    cr_assert_eq(st.n_mask_misses, 2);
+    cr_assert_eq(st.n_mask_hits, 0);
+    cr_assert_eq(moe_grammar_state_copy(&cp, &st), MOE_OK);
+    cr_assert_eq(cp.n_mask_hits + cp.n_mask_misses, 0, "a copy's counters start at zero");
+    mask_from_cache(&cp, &gv, a, b, "the copy, where it was copied");
+    mask_from_cache(&st, &gv, a, b, "the source after the copy");
+    moe_grammar_state_free(&st);
+    cr_assert_eq(moe_grammar_state_advance(&cp, (const uint8_t *)"7", 1, &ok), MOE_OK);
+    cr_assert(ok);
+    mask_from_cache(&cp, &gv, a, b, "the copy, expecting \"a\" again, its source freed");
+    moe_grammar_state_free(&cp);
+    moe_grammar_state_free(&cp);
+    moe_grammar_state_free(&st);
+    moe_grammar_free(g);
+    moe_grammar_vocab_free(&gv);
+    free(a);
+    free(b);
+}
+
 Test(grammar, vocab_trie_holds_every_token_once)
 {
     struct moe_grammar_vocab gv;

@@ -74,7 +74,7 @@ enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_
  * h: the same on the host).  A cuBLAS that refuses the call (not
  * supported, invalid value) gives MOE_ERR_UNSUPPORTED, so the caller can
  * fall back to the other path.  MOERUN_CUDA_GROUPED=loop: a cublasGemmEx
- * per group instead, from h. */
+ * per group instead, from h (d is not filled then). */
 static enum moe_status grouped_gemm(struct cuda_ctx *c, void **d, void **h, cudaDataType_t ty, int E, int g)
 {
     const struct cuda_experts *x = &c->experts;
@@ -128,14 +128,18 @@ enum moe_status moe_cuda_grouped_gemms(struct cuda_ctx *c, const int32_t *place,
         r0 += cnt;
     }
     if (r0 != n) return moe_fail(MOE_ERR_DEVICE, "cuda experts: counts sum to %d, not %d", r0, n);
-    /* compact the pointer arrays so each projection's A, B, C are adjacent */
+    /* the grouped call reads the pointer arrays on the device, each
+     * projection's A, B, C adjacent; the loop (gemm_loop) reads the host's */
     void **d1 = c->experts.d_ptrs, **d2 = c->experts.d_ptrs + 3 * (size_t)E;
-    MOE_CUDA_TRY(cudaMemcpyAsync(d1, A1, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
-    MOE_CUDA_TRY(cudaMemcpyAsync(d1 + E, B1, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
-    MOE_CUDA_TRY(cudaMemcpyAsync(d1 + 2 * E, C1, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
-    MOE_CUDA_TRY(cudaMemcpyAsync(d2, A2, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
-    MOE_CUDA_TRY(cudaMemcpyAsync(d2 + E, B2, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
-    MOE_CUDA_TRY(cudaMemcpyAsync(d2 + 2 * E, C2, (size_t)g * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
+    if (!c->experts.gemm_loop) {
+        const size_t bytes = (size_t)g * sizeof(void *);
+        MOE_CUDA_TRY(cudaMemcpyAsync(d1, A1, bytes, cudaMemcpyHostToDevice, c->stream));
+        MOE_CUDA_TRY(cudaMemcpyAsync(d1 + E, B1, bytes, cudaMemcpyHostToDevice, c->stream));
+        MOE_CUDA_TRY(cudaMemcpyAsync(d1 + 2 * E, C1, bytes, cudaMemcpyHostToDevice, c->stream));
+        MOE_CUDA_TRY(cudaMemcpyAsync(d2, A2, bytes, cudaMemcpyHostToDevice, c->stream));
+        MOE_CUDA_TRY(cudaMemcpyAsync(d2 + E, B2, bytes, cudaMemcpyHostToDevice, c->stream));
+        MOE_CUDA_TRY(cudaMemcpyAsync(d2 + 2 * E, C2, bytes, cudaMemcpyHostToDevice, c->stream));
+    }
     const cudaDataType_t ty = cuda_type(dt);
     for (int i = 0; i < g; i++) {
         c->experts.g_ta[i] = CUBLAS_OP_T;

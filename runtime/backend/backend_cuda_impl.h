@@ -87,7 +87,8 @@ struct cuda_work {
  * tensor-core kernels' tiles and the bf16 buffer planes experts widen into. */
 struct cuda_experts {
     /* host parameter arrays (max_e each), pinned pointer arrays (6 max_e:
-     * A, B, C of gate_up then of down) and their device copy */
+     * A, B, C of gate_up then of down) and their device copy (the grouped
+     * call's; gemm_loop reads the host arrays and leaves it unfilled) */
     int *g_m, *g_n, *g_k, *g_lda, *g_ldb, *g_ldc, *g_size;
     float *g_alpha, *g_beta;
     cublasOperation_t *g_ta, *g_tb;

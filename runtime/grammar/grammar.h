@@ -23,7 +23,8 @@
  * tokens is checked once.  Special and added tokens are not in the trie
  * (never allowed inside the grammar); the caller allows end-of-sequence
  * where moe_grammar_state_accepting says so.  Each state keeps a small
- * cache of the masks of the states it has been in (keyed by its stacks).
+ * cache of the masks of the states it has been in (keyed by its stacks);
+ * a copy of a state starts with a copy of its source's.
  *
  * Per-position token sets: keyed by a stack's top 8 nodes, the tokens it
  * accepts whatever lies below them, and the few that read past them
@@ -115,7 +116,8 @@ struct moe_grammar_mask_entry {
     uint64_t hash;
     int32_t *key;           /* (n_key) the state, serialised */
     int n_key;
-    uint32_t *bits;         /* (ceil(V/32)) */
+    uint32_t *bits;         /* (n_words) NULL: an empty entry */
+    int n_words;            /* ceil(V/32) of the vocabulary it was made for */
     uint64_t used;          /* LRU clock */
 };
 struct moe_grammar_state {
@@ -138,7 +140,9 @@ struct moe_grammar_state {
 /* At the start of g's root rule.  Fails only for memory. */
 MOE_MUST_USE enum moe_status moe_grammar_state_init(struct moe_grammar_state *st, const struct moe_grammar *g);
 void moe_grammar_state_free(struct moe_grammar_state *st); /* safe zeroed and twice */
-/* dst (initialised or zeroed) becomes a copy of src (its cache stays empty). */
+/* dst (initialised or zeroed) becomes a copy of src, its cached masks
+ * included (copied: each state owns its cache); dst's mask counters start
+ * at zero.  On failure (memory only) dst is left zeroed. */
 MOE_MUST_USE enum moe_status moe_grammar_state_copy(struct moe_grammar_state *dst,
                                                      const struct moe_grammar_state *src);
 /* Advances by bytes b[0..n).  *ok false: the grammar cannot continue with

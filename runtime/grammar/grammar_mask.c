@@ -421,7 +421,8 @@ enum moe_status moe_grammar_mask(struct moe_grammar_state *st, const struct moe_
     st->clock++;
     for (int k = 0; k < MOE_GRAMMAR_MASK_CACHE; k++) {
         struct moe_grammar_mask_entry *c = &st->cache[k];
-        if (c->bits && c->hash == h && c->n_key == n_key && !memcmp(c->key, st->key, (size_t)n_key * sizeof *st->key)) {
+        if (c->bits && (size_t)c->n_words == words && c->hash == h && c->n_key == n_key &&
+            !memcmp(c->key, st->key, (size_t)n_key * sizeof *st->key)) {
             memcpy(bits, c->bits, words * sizeof *bits);
             c->used = st->clock;
             st->n_mask_hits++;
@@ -436,6 +437,10 @@ enum moe_status moe_grammar_mask(struct moe_grammar_state *st, const struct moe_
         MOE_TRY(moe_grammar_mask_walk(st, gv, bits));
     }
     /* remember it in the least recently used entry */
+    if (old->bits && (size_t)old->n_words != words) {
+        free(old->bits);
+        old->bits = NULL;
+    }
     if (!old->bits && !(old->bits = malloc(words * sizeof *bits))) return MOE_OK;
     int32_t *key = realloc(old->key, (size_t)n_key * sizeof *key);
     if (!key) {
@@ -447,6 +452,7 @@ enum moe_status moe_grammar_mask(struct moe_grammar_state *st, const struct moe_
     memcpy(old->key, st->key, (size_t)n_key * sizeof *key);
     memcpy(old->bits, bits, words * sizeof *bits);
     old->n_key = n_key;
+    old->n_words = (int)words;
     old->hash = h;
     old->used = st->clock;
     return MOE_OK;
@@ -473,7 +479,7 @@ enum moe_status moe_grammar_mask_brute(const struct moe_grammar_state *st, const
     for (int i = 0; i < gv->V && !s; i++) {
         if (!gv->in_trie[i]) continue;
         bool ok;
-        if ((s = moe_grammar_state_copy(&t, st))) break;
+        if ((s = moe_gm_state_copy_stacks(&t, st))) break;
         if ((s = moe_grammar_state_advance(&t, gv->bytes + gv->off[i], gv->off[i + 1] - gv->off[i], &ok))) break;
         if (ok) bits[i >> 5] |= 1u << (i & 31);
     }

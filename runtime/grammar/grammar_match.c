@@ -313,7 +313,7 @@ void moe_grammar_state_free(struct moe_grammar_state *st)
     memset(st, 0, sizeof *st);
 }
 
-enum moe_status moe_grammar_state_copy(struct moe_grammar_state *dst, const struct moe_grammar_state *src)
+enum moe_status moe_gm_state_copy_stacks(struct moe_grammar_state *dst, const struct moe_grammar_state *src)
 {
     moe_grammar_state_free(dst);
     dst->g = src->g;
@@ -330,6 +330,30 @@ enum moe_status moe_grammar_state_copy(struct moe_grammar_state *dst, const stru
     dst->n_tops = src->n_tops;
     dst->cap_tops = src->n_tops + 1;
     dst->utf8 = src->utf8;
+    return MOE_OK;
+}
+
+enum moe_status moe_grammar_state_copy(struct moe_grammar_state *dst, const struct moe_grammar_state *src)
+{
+    MOE_TRY(moe_gm_state_copy_stacks(dst, src));
+    for (int k = 0; k < MOE_GRAMMAR_MASK_CACHE; k++) {
+        const struct moe_grammar_mask_entry *c = &src->cache[k];
+        struct moe_grammar_mask_entry *d = &dst->cache[k];
+        if (!c->bits) continue; /* an empty entry */
+        d->key = malloc((size_t)c->n_key * sizeof *d->key);
+        d->bits = malloc((size_t)c->n_words * sizeof *d->bits);
+        if (!d->key || !d->bits) {
+            moe_grammar_state_free(dst);
+            return moe_fail(MOE_ERR_NOMEM, "grammar: out of memory");
+        }
+        memcpy(d->key, c->key, (size_t)c->n_key * sizeof *d->key);
+        memcpy(d->bits, c->bits, (size_t)c->n_words * sizeof *d->bits);
+        d->hash = c->hash;
+        d->n_key = c->n_key;
+        d->n_words = c->n_words;
+        d->used = c->used;
+    }
+    dst->clock = src->clock;
     return MOE_OK;
 }
 

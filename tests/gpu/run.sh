@@ -178,72 +178,88 @@ try:
         + "; b1 %.1f%% of roofline" % (100 * g.get(1, {}).get("roofline_fraction", 0)))
 except Exception as e:
     print("mixtral with CUDA graphs: no result (%s)" % e)
-for name in ("mixtral", "olmoe"):
+# a variant's bench run against the default one: prefill rows by tokens
+# (labelled pf512), decode rows by batch (b8)
+SIZE = {"prefill": ("tokens", "pf%d"), "decode": ("batch", "b%d")}
+
+
+def by_size(j, section, field):
+    """{size: field} of a bench JSON's prefill or decode rows, or of merged()'s."""
+    rows = j[section]
+    if isinstance(rows, dict):
+        return {n: r[field] for n, r in rows.items()}
+    return {r[SIZE[section][0]]: r[field] for r in rows}
+
+
+def compare(base, variant, cells, sep="; ", absent=None, sizes=None):
+    """The variant's rows against the default's of the same size, joined by sep.
+    base: the default's bench JSON (its name, read first, or merged()'s result);
+    variant: a bench JSON's name.  cells: (section, field, fmt) per section, in
+    order; its rows in the variant's order, or those of sizes.  fmt takes n,
+    label, new (the variant's field), base (the default's), ratio (new / base)
+    and inverse (base / new).  A size the default lacks: absent % (n, label,
+    new), no cell when absent is "", a KeyError when absent is None."""
+    a = base if isinstance(base, dict) else load(base)
+    b = load(variant)
+    out = []
+    for section, field, fmt in cells:
+        key, label = SIZE[section]
+        old = by_size(a, section, field)
+        if sizes is None:
+            new = [(r[key], r[field]) for r in b[section]]
+        else:
+            got = by_size(b, section, field)
+            new = [(n, got[n]) for n in sizes]
+        for n, v in new:
+            c = {"n": n, "label": label % n, "new": v}
+            if n in old:
+                c.update(base=old[n], ratio=v / old[n], inverse=old[n] / v)
+                out.append(fmt % c)
+            elif absent is None:
+                raise KeyError(n)
+            elif absent:
+                out.append(absent % c)
+    return sep.join(out)
+
+
+def line(head, get, fail):
+    """Prints head + get(), or fail + 'no result (why)' when get raises."""
     try:
-        a = json.load(open(os.path.join(out, "bench_%s.json" % name)))
-        b = json.load(open(os.path.join(out, "bench_%s_gloop.json" % name)))
-        pa = {p["tokens"]: p["tokens_per_s"] for p in a["prefill"]}
-        da = {d["batch"]: d["tokens_per_s"] for d in a["decode"]}
-        print("%s, a GEMM per expert against the grouped call, tokens/s: " % name + "; ".join(
-            ["pf%d %.0f vs %.0f (%.2fx)" % (p["tokens"], p["tokens_per_s"], pa[p["tokens"]],
-                                             p["tokens_per_s"] / pa[p["tokens"]]) for p in b["prefill"] if p["tokens"] in pa] +
-            ["b%d %.0f vs %.0f (%.2fx)" % (d["batch"], d["tokens_per_s"], da[d["batch"]],
-                                            d["tokens_per_s"] / da[d["batch"]]) for d in b["decode"] if d["batch"] in da]))
+        print(head + get())
     except Exception as e:
-        print("%s, a GEMM per expert: no result (%s)" % (name, e))
+        print("%sno result (%s)" % (fail, e))
+
+
+VS = "%(label)s %(new).0f vs %(base).0f (%(ratio).2fx)"
+TOKENS_PER_S = (("prefill", "tokens_per_s", VS), ("decode", "tokens_per_s", VS))
 for name in ("mixtral", "olmoe"):
-    try:
-        a = json.load(open(os.path.join(out, "bench_%s.json" % name)))
-        b = json.load(open(os.path.join(out, "bench_%s_small_cublas.json" % name)))
-        da = {d["batch"]: d["step_ms"] for d in a["decode"]}
-        print("%s small-step projections, row kernel against cuBLAS, step ms: " % name + ", ".join(
-            "b%d %.2f vs %.2f (cuBLAS / row %.2fx)" % (d["batch"], da[d["batch"]], d["step_ms"], d["step_ms"] / da[d["batch"]])
-            for d in b["decode"] if d["batch"] in da))
-    except Exception as e:
-        print("%s small-step projections: no result (%s)" % (name, e))
-try:
-    pf = {}
-    for kind, name in (("tiled", "bench_mixtral.json"), ("rows", "bench_mixtral_pf_rows.json")):
-        j = load(name)
-        pf[kind] = {p["tokens"]: p["tokens_per_s"] for p in j["prefill"]}
-    print("mixtral prefill attention: " + "; ".join(
-        "%d tokens tiled %.1f t/s, per-row %.1f t/s (%.2fx)" % (
-            n, pf["tiled"][n], pf["rows"][n], pf["tiled"][n] / pf["rows"][n])
-        for n in (512, 4096)))
-except Exception as e:
-    print("mixtral prefill attention: no result (%s)" % e)
-try:
-    pf = {}
-    for kind, name in (("tiled", "bench_mixtral_pf_bf16kv.json"), ("mma", "bench_mixtral_pf_mma.json")):
-        j = load(name)
-        pf[kind] = {p["tokens"]: p["tokens_per_s"] for p in j["prefill"]}
-    print("mixtral prefill, bf16 KV: " + "; ".join(
-        "%d tokens tiled %.1f t/s, tensor cores %.1f t/s (%.2fx)" % (
-            n, pf["tiled"][n], pf["mma"][n], pf["mma"][n] / pf["tiled"][n])
-        for n in (512, 4096)))
-except Exception as e:
-    print("mixtral prefill, bf16 KV, tensor cores: no result (%s)" % e)
+    line("%s, a GEMM per expert against the grouped call, tokens/s: " % name,
+         lambda: compare("bench_%s.json" % name, "bench_%s_gloop.json" % name, TOKENS_PER_S, absent=""),
+         "%s, a GEMM per expert: " % name)
+for name in ("mixtral", "olmoe"):
+    line("%s small-step projections, row kernel against cuBLAS, step ms: " % name,
+         lambda: compare("bench_%s.json" % name, "bench_%s_small_cublas.json" % name,
+                         [("decode", "step_ms", "%(label)s %(base).2f vs %(new).2f (cuBLAS / row %(ratio).2fx)")],
+                         sep=", ", absent=""),
+         "%s small-step projections: " % name)
+line("mixtral prefill attention: ",
+     lambda: compare("bench_mixtral.json", "bench_mixtral_pf_rows.json",
+                     [("prefill", "tokens_per_s",
+                       "%(n)d tokens tiled %(base).1f t/s, per-row %(new).1f t/s (%(inverse).2fx)")],
+                     sizes=(512, 4096)),
+     "mixtral prefill attention: ")
+line("mixtral prefill, bf16 KV: ",
+     lambda: compare("bench_mixtral_pf_bf16kv.json", "bench_mixtral_pf_mma.json",
+                     [("prefill", "tokens_per_s",
+                       "%(n)d tokens tiled %(base).1f t/s, tensor cores %(new).1f t/s (%(ratio).2fx)")],
+                     sizes=(512, 4096)),
+     "mixtral prefill, bf16 KV, tensor cores: ")
 print("tensor-core expert kernels (MOERUN_CUDA_EXPERTS=mma) against the default, tokens/s:")
-
-
-def versus(label, new, base):
-    """'label new vs base (ratio)', base 'no result' when it is missing."""
-    if base is None:
-        return "%s %.0f vs no result" % (label, new)
-    return "%s %.0f vs %.0f (%.2fx)" % (label, new, base, new / base)
-
-
 for name in ("mixtral", "olmoe", "gptoss120b"):
-    try:
-        a = merged(name)
-        b = load("bench_%s_xmma.json" % name)
-        pa = {t: p["tokens_per_s"] for t, p in a["prefill"].items()}
-        da = {n: d["tokens_per_s"] for n, d in a["decode"].items()}
-        cells = [versus("pf%d" % p["tokens"], p["tokens_per_s"], pa.get(p["tokens"])) for p in b["prefill"]]
-        cells += [versus("b%d" % d["batch"], d["tokens_per_s"], da.get(d["batch"])) for d in b["decode"]]
-        print("  %-10s %s" % (name, "; ".join(cells)))
-    except Exception as e:
-        print("  %-10s no result (%s)" % (name, e))
+    line("  %-10s " % name,
+         lambda: compare(merged(name), "bench_%s_xmma.json" % name, TOKENS_PER_S,
+                         absent="%(label)s %(new).0f vs no result"),
+         "  %-10s " % name)
 print("decode expert kernels alone: us per call, GB/s of weights read, % of the copy bandwidth")
 for name in ("mixtral", "experts_gptoss120b", "experts_qwen3moe30b"):
     try:
@@ -266,20 +282,19 @@ for name, what in (("mixtral_offload4", "mixtral, 4 of 8 experts on the GPU"),
                 r.get("offload", {}).get("cpu_experts_per_token", 0)) for n, r in rows))
     except Exception as e:
         print("%s: no result (%s)" % (name, e))
-try:
-    a = load("bench_mixtral.json")
+
+
+def q8_line():
+    """Mixtral's Q8_0 run against bf16, then its batch-1 roofline fraction."""
+    cells = compare("bench_mixtral.json", "bench_mixtral_q8.json",
+                    (("prefill", "tokens_per_s", VS),
+                     ("decode", "tokens_per_s", "%(label)s %(new).1f vs %(base).1f (%(ratio).2fx)")))
     q = load("bench_mixtral_q8.json")
-    da = {d["batch"]: d["tokens_per_s"] for d in a["decode"]}
-    pa = {p["tokens"]: p["tokens_per_s"] for p in a["prefill"]}
     roof = {d["batch"]: d.get("roofline_fraction", 0) for d in q.get("gpu", {}).get("decode", [])}
-    print("mixtral Q8_0 against bf16, tokens/s: " + "; ".join(
-        ["pf%d %.0f vs %.0f (%.2fx)" % (p["tokens"], p["tokens_per_s"], pa[p["tokens"]],
-                                         p["tokens_per_s"] / pa[p["tokens"]]) for p in q["prefill"]] +
-        ["b%d %.1f vs %.1f (%.2fx)" % (d["batch"], d["tokens_per_s"], da[d["batch"]],
-                                        d["tokens_per_s"] / da[d["batch"]]) for d in q["decode"]])
-        + "; b1 %.1f%% of its roofline" % (100 * roof.get(1, 0)))
-except Exception as e:
-    print("mixtral Q8_0: no result (%s)" % e)
+    return cells + "; b1 %.1f%% of its roofline" % (100 * roof.get(1, 0))
+
+
+line("mixtral Q8_0 against bf16, tokens/s: ", q8_line, "mixtral Q8_0: ")
 for kv in ("f32", "bf16"):
     try:
         c = load("ppl_cuda_%s.json" % kv)
