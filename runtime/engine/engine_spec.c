@@ -118,7 +118,7 @@ static int grammar_viable(struct moe_engine *e, const struct moe_request *r, con
 {
     const struct moe_grammar_vocab *gv = e->o.grammar_vocab;
     struct moe_grammar_state *st = &e->gdraft[0];
-    if (moe_grammar_state_copy(st, r->gstate) != MOE_OK) return 0;
+    if (moe_grammar_state_copy_uncached(st, r->gstate) != MOE_OK) return 0; /* advanced only */
     for (int i = 0; i < d; i++) {
         bool ok = false;
         if (moe_grammar_state_advance_token(st, gv, toks[i], &ok) != MOE_OK || !ok) return i;

@@ -145,6 +145,10 @@ void moe_grammar_state_free(struct moe_grammar_state *st); /* safe zeroed and tw
  * at zero.  On failure (memory only) dst is left zeroed. */
 MOE_MUST_USE enum moe_status moe_grammar_state_copy(struct moe_grammar_state *dst,
                                                      const struct moe_grammar_state *src);
+/* The same without the cached masks (dst's cache empty): for a copy that
+ * is only advanced, never asked for a mask. */
+MOE_MUST_USE enum moe_status moe_grammar_state_copy_uncached(struct moe_grammar_state *dst,
+                                                             const struct moe_grammar_state *src);
 /* Advances by bytes b[0..n).  *ok false: the grammar cannot continue with
  * them, and st is unchanged.  Errors: the limits above. */
 MOE_MUST_USE enum moe_status moe_grammar_state_advance(struct moe_grammar_state *st, const uint8_t *b,

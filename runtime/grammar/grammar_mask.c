@@ -479,7 +479,7 @@ enum moe_status moe_grammar_mask_brute(const struct moe_grammar_state *st, const
     for (int i = 0; i < gv->V && !s; i++) {
         if (!gv->in_trie[i]) continue;
         bool ok;
-        if ((s = moe_gm_state_copy_stacks(&t, st))) break;
+        if ((s = moe_grammar_state_copy_uncached(&t, st))) break;
         if ((s = moe_grammar_state_advance(&t, gv->bytes + gv->off[i], gv->off[i + 1] - gv->off[i], &ok))) break;
         if (ok) bits[i >> 5] |= 1u << (i & 31);
     }

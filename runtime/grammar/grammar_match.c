@@ -313,7 +313,7 @@ void moe_grammar_state_free(struct moe_grammar_state *st)
     memset(st, 0, sizeof *st);
 }
 
-enum moe_status moe_gm_state_copy_stacks(struct moe_grammar_state *dst, const struct moe_grammar_state *src)
+enum moe_status moe_grammar_state_copy_uncached(struct moe_grammar_state *dst, const struct moe_grammar_state *src)
 {
     moe_grammar_state_free(dst);
     dst->g = src->g;
@@ -335,7 +335,7 @@ enum moe_status moe_gm_state_copy_stacks(struct moe_grammar_state *dst, const st
 
 enum moe_status moe_grammar_state_copy(struct moe_grammar_state *dst, const struct moe_grammar_state *src)
 {
-    MOE_TRY(moe_gm_state_copy_stacks(dst, src));
+    MOE_TRY(moe_grammar_state_copy_uncached(dst, src));
     for (int k = 0; k < MOE_GRAMMAR_MASK_CACHE; k++) {
         const struct moe_grammar_mask_entry *c = &src->cache[k];
         struct moe_grammar_mask_entry *d = &dst->cache[k];

@@ -23,9 +23,5 @@ MOE_MUST_USE enum moe_status moe_gm_step_cp(struct moe_grammar_state *st, int32_
 /* Whether some top of stk[from..to) accepts a code point in [lo, hi]. */
 bool moe_gm_any_meets(const struct moe_grammar_state *st, int32_t from, int32_t to, uint32_t lo,
                       uint32_t hi);
-/* dst (initialised or zeroed) becomes a copy of src's stacks and
- * incomplete character, with an empty mask cache. */
-MOE_MUST_USE enum moe_status moe_gm_state_copy_stacks(struct moe_grammar_state *dst,
-                                                       const struct moe_grammar_state *src);
 /* stk = the state's tops (n_stk = n_tops). */
 MOE_MUST_USE enum moe_status moe_gm_load_tops(struct moe_grammar_state *st);
