@@ -194,7 +194,7 @@ enum moe_weight_quant {
                        to ggml's Q8_0 (runtime/core/tensor.h) */
     MOE_QUANT_Q4,   /* the same weights but the LM head to ggml's Q4_1, the LM head
                        to Q8_0 (as llama.cpp's four-bit presets keep the output
-                       layer at six bits or more); CPU backends only */
+                       layer at six bits or more) */
 };
 
 #define MOE_EXPERT_QUANT_DEFAULT 255 /* moe_backend_opts.expert_quant: follow quant */

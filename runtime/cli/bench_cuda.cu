@@ -179,7 +179,7 @@ extern "C" enum moe_status moe_bench_grouped_gemm(int tokens, int E, int K, int 
 
 /* batch tokens routed K ways, token t to experts (t*K + k) % E (distinct
  * within a token), over E experts of (2F, D) gate+up and (D, F) down
- * weights in dt (planes for MXFP4 / FP8 / Q8_0, runtime/core/tensor.h) filled with
+ * weights in dt (planes for MXFP4 / FP8 / Q8_0 / four-bit, runtime/core/tensor.h) filled with
  * random codes: the time of one moe_experts_ffn_small_cuda call and the
  * weight bytes it must read (the experts with rows, each once). */
 static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, int batch, int E, int K,
@@ -207,8 +207,9 @@ static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, in
         char *sc = (char *)r->bufs[i] + v;
         const size_t s = (i ? 1 : 2) * sb * (size_t)E;
         if (dt == MOE_DTYPE_MXFP4) MOE_CUDA_TRY(cudaMemsetAsync(sc, 120, s, r->st));
-        if (dt == MOE_DTYPE_FP8_B128 || dt == MOE_DTYPE_Q8_0)
+        if (dt == MOE_DTYPE_FP8_B128 || dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_G32 || dt == MOE_DTYPE_Q4_G128)
             MOE_TRY(moe_ops_synth_fill_cuda(r->st, sc, MOE_DTYPE_F32, s / 4, 0, -1.0f));
+        if (dt == MOE_DTYPE_Q4_1) MOE_TRY(moe_ops_synth_fill_cuda(r->st, sc, MOE_DTYPE_F16, s / 2, 0, -1.0f));
     }
     /* the plan, made on the host: counts, offsets, perm (stable), pos */
     int32_t *h = (int32_t *)calloc(2 * (size_t)E + 1 + 2 * n, sizeof(int32_t));

@@ -22,9 +22,10 @@
 #     runs, each with its own timeout and JSON, so a hang names its part);
 #     Mixtral prefill again with the
 #     per-row attention kernel (MOERUN_CUDA_PREFILL_ATTN=rows) beside the
-#     tiled one; the decode expert kernels alone with bf16, MXFP4, FP8, Q8_0
-#     weights (moerun bench --expert-kernels); Mixtral with its weights
-#     quantized to Q8_0 on the device (--quantize q8_0) against bf16;
+#     tiled one; the decode expert kernels alone with bf16, MXFP4, FP8, Q8_0,
+#     Q4_1 and Q4_G128 weights (moerun bench --expert-kernels); Mixtral with
+#     its weights quantized to Q8_0 and to Q4_1 on the device (--quantize
+#     q8_0, q4) against bf16;
 #     speculative decoding: a verification step's cost on the Mixtral shape
 #     (bench verify) and the demo model with its draft and with n-gram
 #     lookup (bench --spec); last, when ncu is installed, the kernel time of
@@ -284,17 +285,19 @@ for name, what in (("mixtral_offload4", "mixtral, 4 of 8 experts on the GPU"),
         print("%s: no result (%s)" % (name, e))
 
 
-def q8_line():
-    """Mixtral's Q8_0 run against bf16, then its batch-1 roofline fraction."""
-    cells = compare("bench_mixtral.json", "bench_mixtral_q8.json",
+def quant_line(tag):
+    """Mixtral quantized on the device (bench_mixtral_TAG.json) against
+    bf16, then its batch-1 roofline fraction."""
+    cells = compare("bench_mixtral.json", "bench_mixtral_%s.json" % tag,
                     (("prefill", "tokens_per_s", VS),
                      ("decode", "tokens_per_s", "%(label)s %(new).1f vs %(base).1f (%(ratio).2fx)")))
-    q = load("bench_mixtral_q8.json")
+    q = load("bench_mixtral_%s.json" % tag)
     roof = {d["batch"]: d.get("roofline_fraction", 0) for d in q.get("gpu", {}).get("decode", [])}
     return cells + "; b1 %.1f%% of its roofline" % (100 * roof.get(1, 0))
 
 
-line("mixtral Q8_0 against bf16, tokens/s: ", q8_line, "mixtral Q8_0: ")
+line("mixtral Q8_0 against bf16, tokens/s: ", lambda: quant_line("q8"), "mixtral Q8_0: ")
+line("mixtral Q4_1 (--quantize q4) against bf16, tokens/s: ", lambda: quant_line("q4"), "mixtral Q4_1: ")
 for kv in ("f32", "bf16"):
     try:
         c = load("ppl_cuda_%s.json" % kv)
@@ -619,7 +622,7 @@ MOERUN_CUDA_PREFILL_ATTN=rows bench mixtral_pf_rows configs/mixtral-8x7b.json \
 bench mixtral_pf_bf16kv configs/mixtral-8x7b.json --prefill 512,4096 --chunk 4096 --decode 1 --kv-dtype bf16
 MOERUN_CUDA_PREFILL_ATTN=mma bench mixtral_pf_mma configs/mixtral-8x7b.json \
     --prefill 512,4096 --chunk 4096 --decode 1 --kv-dtype bf16
-# the decode expert kernels alone with bf16, MXFP4, FP8 and Q8_0 weights, at the
+# the decode expert kernels alone with bf16, MXFP4, FP8, Q8_0, Q4_1 and Q4_G128 weights, at the
 # expert shapes of gpt-oss-120b (128 x 2880 x 2880, top-4; FP8 does not
 # divide) and Qwen3-30B-A3B (128 x 2048 x 768, top-8): one-layer models
 for shape in "gptoss120b 2880 2880 4" "qwen3moe30b 2048 768 8"; do
@@ -666,6 +669,8 @@ bench olmoe_offload16_cpu configs/olmoe-1b-7b.json --prefill 512 --chunk 512 --d
 # --quantize q8_0: Mixtral's weights quantized on the device (53 GB instead
 # of 93), read in place at 1.125 bytes a weight
 bench mixtral_q8 configs/mixtral-8x7b.json --prefill 512 --chunk 512 --decode 1,8,64 --quantize q8_0
+# --quantize q4: Q4_1 on the device (the LM head Q8_0), 0.625 bytes a weight
+bench mixtral_q4 configs/mixtral-8x7b.json --prefill 512 --chunk 512 --decode 1,8,64 --quantize q4
 # speculative decoding on the device: a verification step of K + 1 rows
 # against a decode row on the Mixtral shape (where decode is bound by
 # reading weights, so extra rows should cost little), then the demo model
