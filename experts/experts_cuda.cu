@@ -105,8 +105,8 @@ static __global__ void __launch_bounds__(FFN_WARPS * 32, FFN_MIN_BLOCKS)
         const int nr = min(UP_RT, c - rt);
         gathered_rows<UP_RT> xs;
 #pragma unroll
-        for (int r = 0; r < UP_RT; r++)
-            xs.p[r] = x + (size_t)(r < nr ? perm[r0 + rt + r] / K : 0) * D;
+        for (int r = 0; r < UP_RT; r++) /* perm NULL: x already in expert order */
+            xs.p[r] = x + (size_t)(r >= nr ? 0 : perm ? perm[r0 + rt + r] / K : r0 + rt + r) * D;
         float acc[2][UP_RT] = {};
         weight_dots<DT, UP_RT, 2, UP_U>(acc, gu, gus, wo, xs, nr, D, vec, c <= UP_RT);
 #pragma unroll
@@ -192,26 +192,64 @@ static __global__ void active_experts_kernel(int32_t *active, const int32_t *cou
     if (threadIdx.x == 0) active[0] = base;
 }
 
+/* out (n, W) in odt (F32, F16 or BF16), rows in expert order: row r is
+ * row perm[r] / K of in (perm NULL: row r), its columns in the order of
+ * its expert's cols (cols (E, W), expert e's order at e*W: act-order
+ * four-bit experts, moe_expert_weights.cols; NULL: as they are). */
+static __global__ void gather_kernel(void *out, enum moe_dtype odt, const float *in, const int32_t *perm, int K,
+                                     const int32_t *cols, const int32_t *offsets, int E, int n, int W)
+{
+    const size_t m = (size_t)n * W;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / W, j = i % W;
+        const size_t c = cols ? (size_t)cols[(size_t)expert_of_row(offsets, E, (int)r) * W + j] : j;
+        moe_st(out, odt, i, in[(perm ? (size_t)(perm[r] / K) : r) * W + c]);
+    }
+}
+
+static enum moe_status gather(cudaStream_t st, void *out, enum moe_dtype odt, const float *in, const int32_t *perm,
+                              int K, const int32_t *cols, const int32_t *offsets, int E, int n, int W)
+{
+    if (n <= 0) return MOE_OK;
+    gather_kernel<<<moe_cuda_blocks((size_t)n * W, 256), 256, 0, st>>>(out, odt, in, perm, K, cols, offsets, E, n,
+                                                                       W);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
+/* The decode path's kernels; act-order experts (gcols, dcols: their input
+ * and down column orders, (E, D) and (E, F)) first gather x into xg and
+ * reorder h into hp. */
 template <enum moe_dtype DT>
 static enum moe_status launch_small(cudaStream_t st, dim3 g1, dim3 g2, float *h, float *ye,
                                    const float *x, const struct moe_dispatch *plan, int32_t *active,
                                    const int32_t *wmap, const void *gu, const void *gus, const void *dn, const void *dns,
                                    struct expert_extra xb, int K, int D, int F, int E, int n,
-                                   bool vec)
+                                   bool vec, const int32_t *gcols, const int32_t *dcols, float *xg, float *hp)
 {
     active_experts_kernel<<<1, 256, 0, st>>>(active, plan->counts, E);
     MOE_CUDA_LAUNCHED();
+    const int32_t *perm = plan->perm;
+    if (gcols) {
+        MOE_TRY(gather(st, xg, MOE_DTYPE_F32, x, perm, K, gcols, plan->offsets, E, n, D));
+        x = xg, perm = NULL;
+    }
     expert_up_kernel<DT><<<g1, FFN_WARPS * 32, 0, st>>>(h, x, active, plan->counts, plan->offsets,
-                                                        plan->perm, wmap, gu, gus, xb, K, D, F, E, n, vec);
+                                                        perm, wmap, gu, gus, xb, K, D, F, E, n, vec);
     MOE_CUDA_LAUNCHED();
+    if (dcols) {
+        MOE_TRY(gather(st, hp, MOE_DTYPE_F32, h, NULL, 1, dcols, plan->offsets, E, n, F));
+        h = hp;
+    }
     expert_down_kernel<DT><<<g2, FFN_WARPS * 32, 0, st>>>(ye, h, active, plan->counts, plan->offsets,
                                                           wmap, dn, dns, xb.b_down, D, F, E, n, vec);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
 
-extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye,
-                                                      const float *x,
+extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye, float *xg,
+                                                      float *hp, const float *x,
                                                       const struct moe_dispatch *plan, int32_t *active,
                                                       const int32_t *wmap, int Ew, const void *gu,
                                                       const void *dn,
@@ -244,7 +282,12 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
         dns = (const char *)dn + moe_planes_values_bytes(dt, (size_t)D * Ew, (size_t)F);
     }
     /* one instantiation per weight type: no dtype branch in the inner loop */
-#define SMALL(DT) launch_small<DT>(st, g1, g2, h, ye, x, plan, active, wmap, gu, gus, dn, dns, xb, K, D, F, E, n, vec)
+    const int32_t *gcols = ex && ex->cols ? ex->cols[0] : NULL, *dcols = ex && ex->cols ? ex->cols[1] : NULL;
+    if ((gcols || dcols) && (!xg || !hp))
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA experts: act-order experts without scratch");
+#define SMALL(DT)                                                                                            \
+    launch_small<DT>(st, g1, g2, h, ye, x, plan, active, wmap, gu, gus, dn, dns, xb, K, D, F, E, n, vec, gcols, \
+                     dcols, xg, hp)
     switch (dt) {
     case MOE_DTYPE_F32: return SMALL(MOE_DTYPE_F32);
     case MOE_DTYPE_F16: return SMALL(MOE_DTYPE_F16);
@@ -337,38 +380,28 @@ extern "C" enum moe_status moe_planes_widen_cuda(cudaStream_t st, void *dst, con
     return widen(st, dst, values, scales, dt, rows, K, 1, NULL);
 }
 
-static __global__ void gather_half_kernel(void *xe, const float *x, const int32_t *perm, int n,
-                                          int K, int D, enum moe_dtype dt)
-{
-    const size_t m = (size_t)n * D;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = i / D;
-        moe_st(xe, dt, i, x[(size_t)(perm[r] / K) * D + i % D]);
-    }
-}
-
 extern "C" enum moe_status moe_experts_gather_half_cuda(cudaStream_t st, void *xe, const float *x,
                                                         const int32_t *perm, int n, int K, int D,
-                                                        enum moe_dtype dt)
+                                                        enum moe_dtype dt, const int32_t *cols,
+                                                        const int32_t *offsets, int E)
 {
-    if (n <= 0) return MOE_OK;
-    gather_half_kernel<<<moe_cuda_blocks((size_t)n * D, 256), 256, 0, st>>>(xe, x, perm, n, K, D,
-                                                                            dt);
-    MOE_CUDA_LAUNCHED();
-    return MOE_OK;
+    return gather(st, xe, dt, x, perm, K, cols, offsets, E, n, D);
 }
 
+/* h[r][j] = the activation of gate/up feature f = j (act-order experts:
+ * f = dcols[e*F + j], e row r's expert: the down matrix's column order) */
 static __global__ void swiglu_half_kernel(void *h, const void *gu, int n, int F, enum moe_dtype dt,
-                                          const int32_t *offsets, int E, struct expert_extra xb)
+                                          const int32_t *offsets, int E, struct expert_extra xb,
+                                          const int32_t *dcols)
 {
     const size_t m = (size_t)n * F;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < m;
          i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = i / F, f = i % F;
+        const size_t r = i / F, j = i % F;
+        const size_t e = xb.b_gate || dcols ? (size_t)expert_of_row(offsets, E, (int)r) : 0;
+        const size_t f = dcols ? (size_t)dcols[e * F + j] : j;
         float g = moe_ld(gu, dt, r * 2 * F + f), u = moe_ld(gu, dt, r * 2 * F + F + f);
         if (xb.b_gate) {
-            const size_t e = (size_t)expert_of_row(offsets, E, (int)r);
             g += xb.b_gate[e * F + f];
             u += xb.b_up[e * F + f];
         }
@@ -382,8 +415,9 @@ extern "C" enum moe_status moe_experts_swiglu_half_cuda(cudaStream_t st, void *h
                                                         const struct moe_expert_weights *ex)
 {
     if (n <= 0) return MOE_OK;
+    const int32_t *dcols = ex && ex->cols ? ex->cols[1] : NULL;
     swiglu_half_kernel<<<moe_cuda_blocks((size_t)n * F, 256), 256, 0, st>>>(h, gu, n, F, dt, offsets,
-                                                                            E, extra_of(ex));
+                                                                            E, extra_of(ex), dcols);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }

@@ -19,23 +19,30 @@ extern "C" {
 /* ---- experts/experts_cuda.cu ---- */
 enum moe_status moe_experts_swiglu_cuda(cudaStream_t st, float *g, const float *u, size_t n);
 /* Decode path: no host synchronisation.  h (T*K, F) fp32 scratch, ye (T*K, D)
- * fp32 scratch, active (E + 1) int32 scratch (the experts with rows);
+ * fp32 scratch, xg (T*K, D) and hp (T*K, F) fp32 scratch for act-order
+ * experts (ex->cols, on the device: expert e's input column order at
+ * cols[2e] = cols[0] + e*D, its down matrix's at cols[2e + 1] = cols[1] +
+ * e*F; NULL otherwise), active (E + 1) int32 scratch (the experts with rows);
  * gu (Ew, 2F, D), dn (Ew, D, F) stacked in dt (MXFP4 and FP8_B128: each
  * stack as planes, runtime/core/tensor.h); expert e's weights are at place
  * wmap[e] of the stacks (device (E); wmap NULL: e, Ew = E), and an expert
  * with wmap[e] < 0 is skipped (its rows of h and ye are left as they are);
  * ex's biases (by e) and activation (model.h; ex may be NULL: none). */
-enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye, const float *x,
+enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye, float *xg, float *hp, const float *x,
                                            const struct moe_dispatch *plan, int32_t *active,
                                            const int32_t *wmap, int Ew, const void *gu,
                                            const void *dn, const struct moe_expert_weights *ex,
                                            enum moe_dtype dt, int T, int K, int D, int F, int E);
-/* Grouped path pieces: xe (T*K, D) in dt (F16/BF16) = x rows in perm order;
- * h (n, F) = act(gu[:, :F] (+ b_gate), gu[:, F:] (+ b_up)) in dt from gu
- * (n, 2F) in dt, the biases of each row's expert (offsets (E+1): the plan's). */
+/* Grouped path pieces: xe (T*K, D) in dt (F16/BF16) = x rows in perm order
+ * (cols (E, D): act-order experts' input column orders, each row's
+ * expert's; NULL none); h (n, F) = act(gu[:, :F] (+ b_gate), gu[:, F:] (+
+ * b_up)) in dt from gu (n, 2F) in dt, the biases of each row's expert
+ * (offsets (E+1): the plan's), in its down matrix's column order for
+ * act-order experts (ex->cols). */
 enum moe_status moe_experts_gather_half_cuda(cudaStream_t st, void *xe, const float *x,
                                              const int32_t *perm, int n, int K, int D,
-                                             enum moe_dtype dt);
+                                             enum moe_dtype dt, const int32_t *cols,
+                                             const int32_t *offsets, int E);
 enum moe_status moe_experts_swiglu_half_cuda(cudaStream_t st, void *h, const void *gu, int n,
                                              int F, enum moe_dtype dt, const int32_t *offsets,
                                              int E, const struct moe_expert_weights *ex);

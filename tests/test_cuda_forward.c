@@ -84,29 +84,46 @@ Test(cuda_forward, qwen3_moe_awq_matches_cpu) { check_q4_fixture("qwen3_moe_awq"
 Test(cuda_forward, qwen3_moe_ct_w4_matches_cpu) { check_q4_fixture("qwen3_moe_ct_w4", 3, 32); }
 Test(cuda_forward, qwen3_moe_ct_w4_asym_matches_cpu) { check_q4_fixture("qwen3_moe_ct_w4_asym", 3, 32); }
 Test(cuda_forward, llama_ct_w4_channel_matches_cpu) { check_q4_fixture("llama_ct_w4_channel", 3, 32); }
+/* act order (desc_act, g_idx): each projection's inputs gathered by its
+ * column order on the device, each expert's inputs and hidden row by its */
+Test(cuda_forward, qwen3_moe_gptq_actorder_matches_cpu) { check_q4_fixture("qwen3_moe_gptq_actorder", 3, 32); }
 /* the host emulation's CI selection: one prompt, 8 tokens */
 Test(cuda_forward, qwen3_moe_gptq_asym_g32_short_matches_cpu) { check_q4_fixture("qwen3_moe_gptq_asym_g32", 1, 8); }
 
-/* Act-order weights (desc_act, g_idx): refused at load, in one line
- * naming them */
-static void expect_refused(const char *fixture, const char *needle)
+/* the host emulation's CI selection: one prompt, 8 tokens (the decode path) */
+Test(cuda_forward, qwen3_moe_gptq_actorder_short_matches_cpu) { check_q4_fixture("qwen3_moe_gptq_actorder", 1, 8); }
+
+/* A four-bit checkpoint on the grouped path: a 48-token prompt (past 32
+ * rows: the experts widened to bf16; act order: their inputs gathered per
+ * expert in its column order, h reordered for the down GEMM), bf16
+ * activations, against the CPU reference: worst logits relative error at
+ * most tol over the positions */
+static void check_q4_grouped(const char *name, double tol)
 {
-    struct side s;
-    memset(&s, 0, sizeof s);
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, fixture);
-    cr_assert_eq(moe_model_load(&s.m, dir), MOE_OK, "%s", moe_last_error());
-    cr_assert_eq(tu_backend_init_with(&s.be, "cuda", MOE_QUANT_NONE, 0, 0), MOE_OK, "%s", moe_last_error());
-    struct moe_runner_opts o = {.max_tokens = 8, .max_seqs = 1, .max_logits = 8, .block_size = 4, .n_blocks = 16};
-    cr_assert_eq(moe_runner_init(&s.r, &s.m, &s.be, &o), MOE_ERR_UNSUPPORTED);
-    cr_assert(strstr(moe_last_error(), needle) && !strchr(moe_last_error(), '\n'), "%s", moe_last_error());
-    moe_backend_free(&s.be);
-    moe_model_free(&s.m);
+    struct side cpu, gpu;
+    cuda_forward_cpu_backend = "cpu-ref";
+    side_open(&cpu, name, false);
+    cuda_forward_cpu_backend = NULL;
+    side_open(&gpu, name, true);
+    enum { S = 48 };
+    const int V = cpu.m.cfg.vocab, L = cpu.m.cfg.n_layers, K = cpu.m.cfg.top_k > 0 ? cpu.m.cfg.top_k : 1;
+    int32_t prompt[S];
+    for (int i = 0; i < S; i++) prompt[i] = (int32_t)((17 * i + 3) % V);
+    int32_t *tc = calloc((size_t)L * S * K, sizeof(int32_t)), *tg = calloc((size_t)L * S * K, sizeof(int32_t));
+    float *lc = prefill_all(&cpu, prompt, S, tc), *lg = prefill_all(&gpu, prompt, S, tg);
+    double worst = 0;
+    for (int p = 0; p < S; p++) {
+        const double e = tu_max_rel_err(lg + (size_t)p * V, lc + (size_t)p * V, (size_t)V);
+        worst = e > worst ? e : worst;
+    }
+    fprintf(stderr, "e2e: %s grouped S%d: logits max rel err %.3g\n", name, S, worst);
+    cr_expect(worst <= tol, "%s grouped: logits relative error %.3g > %.1g", name, worst, tol);
+    free(lc), free(lg), free(tc), free(tg);
+    side_close(&gpu);
+    side_close(&cpu);
 }
-Test(cuda_forward, act_order_four_bit_is_refused_at_load)
-{
-    expect_refused("qwen3_moe_gptq_actorder", "act-order");
-}
+Test(cuda_forward, qwen3_moe_gptq_grouped_matches_cpu) { check_q4_grouped("qwen3_moe_gptq", 5e-2); }
+Test(cuda_forward, qwen3_moe_gptq_actorder_grouped_matches_cpu) { check_q4_grouped("qwen3_moe_gptq_actorder", 5e-2); }
 
 /* one prompt and 8 greedy tokens, GQA and MLA: the host emulation's CI
  * selection (tools/cuda-emu/ci-tests.txt) */

@@ -178,7 +178,8 @@ static enum moe_status experts_grouped(struct cuda_ctx *c, float *out, const flo
                                        int E)
 {
     const int n = T * K;
-    MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, dt));
+    MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, dt, ex->cols ? ex->cols[0] : NULL,
+                                         plan->offsets, E));
     MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
@@ -276,7 +277,9 @@ enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float *out, const 
     for (int e = 0; e < E; e++)
         if ((const char *)ex->gate[e] != gu + 2 * mat * e ||
             (const char *)ex->up[e] != gu + 2 * mat * e + mat ||
-            (const char *)ex->down[e] != dn + mat * e)
+            (const char *)ex->down[e] != dn + mat * e ||
+            (ex->cols && (ex->cols[2 * e] != ex->cols[0] + (size_t)e * D ||
+                          ex->cols[2 * e + 1] != ex->cols[1] + (size_t)e * F)))
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: expert %d is not in the stacked "
                             "device layout (see backend_cuda_impl.h)", e);
     if (T <= 0) return MOE_OK;
@@ -295,7 +298,8 @@ enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float *out, const 
     }
     if (E > c->work.max_e)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d experts, %d reserved", E, c->work.max_e);
-    MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, c->experts.active, NULL, E, gu, dn, ex,
+    MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, ws->xe, ws->u, x, plan, c->experts.active, NULL, E,
+                                       gu, dn, ex,
                                        ex->dtype, T, K, D, F, E));
     return moe_experts_combine_cuda(c->stream, out, ws->ye, MOE_DTYPE_F32, w, plan->pos, T, K, D,
                                     plan->offsets, E, NULL);

@@ -42,6 +42,7 @@ struct upload {
     const void *host;
     void *dev;
     enum moe_dtype dtype; /* on the device (FP8 widened to BF16, or kept as planes) */
+    const int32_t *cols;  /* its column order on the device (act-order four-bit), or NULL */
 };
 
 /* Device memory the context owns: weight uploads, deduplicated by host

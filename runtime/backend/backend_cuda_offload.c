@@ -256,7 +256,7 @@ static enum moe_status run_round(struct cuda_ctx *c, struct offload_layer *ol, e
                                      cudaMemcpyHostToDevice, c->stream));
         if (path == PATH_MMA)
             return moe_cuda_mma_gemms(c, ol->d_map, ol->gu, ol->dn, C, x, plan, ex, ws, T, K, D, F, E);
-        return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, x, plan, c->experts.active, ol->d_map, C,
+        return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, ws->xe, ws->u, x, plan, c->experts.active, ol->d_map, C,
                                           ol->gu, ol->dn, ex, ex->dtype, T, K, D, F, E);
     }
     if (ex->dtype == MOE_DTYPE_BF16 || ex->dtype == MOE_DTYPE_F16)
@@ -350,7 +350,7 @@ enum moe_status moe_cuda_offload_experts(struct cuda_ctx *c, struct offload_laye
     if (hybrid && n > c->off.cpu.n_perm)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: %d routed rows, %d reserved", n, c->off.cpu.n_perm);
     if (path == PATH_CUBLAS) /* the tensor-core kernels read x through perm */
-        MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt));
+        MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt, NULL, NULL, E));
     MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream));
     if (hybrid)

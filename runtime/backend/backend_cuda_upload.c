@@ -165,6 +165,7 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
             t->data = c->mem.up[i].dev;
             t->device = c->device;
             t->dtype = c->mem.up[i].dtype;
+            if (t->cols) t->cols = c->mem.up[i].cols;
             return MOE_OK;
         }
     int64_t n = moe_tensor_numel(t);
@@ -196,7 +197,13 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
         c->mem.up = u;
         c->mem.cap_up = m;
     }
-    c->mem.up[c->mem.n_up++] = (struct upload){t->data, d, t->dtype};
+    if (t->cols) { /* act-order: the column order the forward gathers by, on the device */
+        int32_t *dc;
+        MOE_TRY(dev_buffer(be, (size_t)t->shape[t->ndim - 1] * sizeof(int32_t), (void **)&dc));
+        MOE_CUDA_TRY(cudaMemcpy(dc, t->cols, (size_t)t->shape[t->ndim - 1] * sizeof(int32_t), cudaMemcpyHostToDevice));
+        t->cols = dc;
+    }
+    c->mem.up[c->mem.n_up++] = (struct upload){t->data, d, t->dtype, t->cols};
     c->mem.part_bytes[part] += bytes;
     t->data = d;
     t->device = c->device;
@@ -292,9 +299,41 @@ static enum moe_status quant_experts(struct moe_backend *be, const struct moe_mo
     return s;
 }
 
+/* Act-order experts: their column orders (the table x->cols: expert e's
+ * input order at 2e, its down matrix's at 2e + 1, NULL in order) as one
+ * device buffer, inputs (E, D) then down (E, F), the table pointed into it
+ * (the layout moe_experts_ffn_small_cuda reads). */
+static enum moe_status upload_expert_cols(struct moe_backend *be, struct moe_expert_weights *x, int E, int D, int F)
+{
+    size_t n;
+    if (!moe_mul_size((size_t)E, (size_t)D + (size_t)F, &n) || n > SIZE_MAX / sizeof(int32_t))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: column orders of %d experts overflow", E);
+    int32_t *h = malloc(n * sizeof *h), *d;
+    if (!h) return moe_fail(MOE_ERR_NOMEM, "cuda upload: %zu column indices", n);
+    for (int e = 0; e < E; e++)
+        for (int i = 0; i < 2; i++) {
+            const int W = i ? F : D;
+            int32_t *o = h + (i ? (size_t)E * D + (size_t)e * F : (size_t)e * D);
+            const int32_t *src = x->cols[2 * e + i];
+            for (int j = 0; j < W; j++) o[j] = src ? src[j] : j;
+        }
+    enum moe_status s = dev_buffer(be, n * sizeof *h, (void **)&d);
+    if (s == MOE_OK) {
+        const cudaError_t ce = cudaMemcpy(d, h, n * sizeof *h, cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "cuda upload: %s", cudaGetErrorString(ce));
+    }
+    free(h);
+    if (s != MOE_OK) return s;
+    for (int e = 0; e < E; e++) {
+        x->cols[2 * e] = d + (size_t)e * D;
+        x->cols[2 * e + 1] = d + (size_t)E * D + (size_t)e * F;
+    }
+    return MOE_OK;
+}
+
 /* Stacks a layer's experts into (E, 2F, D) gate+up and (E, D, F) down device
  * buffers and points the expert table into them (offloaded: see
- * backend_cuda_offload.c). */
+ * backend_cuda_offload.c); act-order experts' column orders follow. */
 static enum moe_status upload_experts(struct moe_backend *be, const struct moe_model *m,
                                       struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
 {
@@ -322,6 +361,9 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     const struct moe_offload_opts *oo = &c->off.opts;
     const bool off = oo->gpu_experts > 0 && oo->gpu_experts < E;
     void *gu, *dn;
+    if (off && x->cols)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --gpu-experts with act-order four-bit experts (MoE "
+                        "layer %d) is not supported; keep every expert resident", moe_layer);
     if (off) {
         MOE_CUDA_TRY(cudaMalloc(&gu, gu_bytes));
         cudaError_t ce = cudaMalloc(&dn, dn_bytes);
@@ -349,7 +391,7 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
         x->down[e] = (const char *)dn + mat * e;
     }
     c->mem.part_bytes[P_EXPERTS] += gu_bytes + dn_bytes;
-    return MOE_OK;
+    return x->cols ? upload_expert_cols(be, x, E, D, F) : MOE_OK;
 }
 
 /* Fills the device stacks gu (gu_bytes) and dn (dn_bytes) with a layer's
@@ -447,9 +489,6 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     if (be->expert_quant)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --expert-dtype-plan (each expert its own format) "
                         "has no CUDA path yet; use --backend cpu");
-    if (m->cols_permuted)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: act-order four-bit weights (desc_act with g_idx) "
-                        "have no CUDA kernels yet; use --backend cpu");
     for (int l = 0; l < cfg->n_layers; l++)
         if (m->layers[l].wq.dtype == MOE_DTYPE_Q8_0 || m->layers[l].wq.dtype == MOE_DTYPE_BF16_PANEL ||
             (m->layers[l].experts.gate && (m->layers[l].experts.dtype == MOE_DTYPE_Q8_0 || m->layers[l].experts.dtypes ||
