@@ -682,12 +682,7 @@ Test(cuda_quant, q8_0_offload_cpu_misses_match_resident)
     cr_expect(e <= 2e-2, "olmoe S20 offload 4, CPU rows 2 against resident: %.3g", e);
 }
 
-/* The OLMoE fixture's 40-token prompt (10 rows an expert) quantized on the
- * GPU, on the widened grouped GEMMs and projections: bf16 activations, as
- * for the bf16 model (9.8e-3 of the CPU), and weights rounded to bf16 when widened
- * (q x d has up to 18 significant bits), so 2e-2 (tiny-moe's random
- * routers flip experts on such rounding: its logits move too far to
- * compare). */
+/* The same with --quantize q4 (Q4_1, the LM head Q8_0) */
 Test(cuda_quant, q4_model_short_matches_cpu)
 {
     const double e = olmoe_quant_error(MOE_QUANT_Q4, 8, "cpu-ref", 0, 0, "olmoe S8 decode kernels");
@@ -701,6 +696,12 @@ Test(cuda_quant, q4_model_grouped_matches_cpu)
     cr_expect(e <= 2e-2, "olmoe S40 q4 grouped: %.3g", e);
 }
 
+/* The OLMoE fixture's 40-token prompt (10 rows an expert) quantized on the
+ * GPU, on the widened grouped GEMMs and projections: bf16 activations, as
+ * for the bf16 model (9.8e-3 of the CPU), and weights rounded to bf16 when widened
+ * (q x d has up to 18 significant bits), so 2e-2 (tiny-moe's random
+ * routers flip experts on such rounding: its logits move too far to
+ * compare). */
 Test(cuda_quant, q8_0_model_grouped_matches_cpu)
 {
     const double e = olmoe_quant_error(MOE_QUANT_Q8_0, 40, "cpu-ref", 0, 0, "olmoe S40 grouped (widened)");
