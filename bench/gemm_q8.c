@@ -1,21 +1,22 @@
 /* gemm_q8.c - what the fast CPU matrix product over Q8_0 weights costs
- * with the AVX2 kernel (runtime/cpu/gemm_q8.c) and with the AVX512-VNNI
- * one (runtime/cpu/gemm_q8_vnni.c), one thread.
+ * with the AVX2 kernel (runtime/cpu/gemm_q8.c), the AVX512-VNNI one
+ * (runtime/cpu/gemm_q8_vnni.c) and, where the processor has AMX-INT8, the
+ * AMX sets' (runtime/cpu/gemm_q8_amx.c), one thread.
  *
  * Products y (T, N) = x (T, Din) . W^T for (N, Din) = 1408 x 2048 (an
  * OLMoE expert's gate or up), 14336 x 4096 (Mixtral's) and 4096 x 4096,
  * T = 1, 4, 16, 64 and 512, through moe_gemm_fast_rows (no OpenMP team)
- * with the AVX2 kernel set and with the AVX-512 set (which takes the VNNI
- * kernel where the processor has AVX512-VNNI).  The matrix is cycled
+ * with the AVX2 kernel set, the AVX-512 set (which takes the VNNI
+ * kernel where the processor has AVX512-VNNI) and the AMX set.  The matrix is cycled
  * through distinct copies totalling at least 256 MiB, so small batches
- * read their weights from memory as decode does across layers.  The two
+ * read their weights from memory as decode does across layers.  The
  * kernels alternate within each round (the machine is shared and noisy);
  * a figure is the median over rounds of the mean time of one product.
  * Printed per case: ms per product and GFLOP/s (2 T N Din per product)
- * of each kernel from the wall clock, and the ratio VNNI / AVX2 of
- * GFLOP/s from the wall clock and from the thread's CPU time (less
- * disturbed by other work on a shared machine); the load average before
- * and after, which says how far the figures can be trusted.
+ * of each kernel from the wall clock, and the ratios VNNI / AVX2 and AMX /
+ * VNNI of GFLOP/s from the wall clock and from the thread's CPU time
+ * (less disturbed by other work on a shared machine); the load average
+ * before and after, which says how far the figures can be trusted.
  *
  * Build and run (from the repository root, after the CPU build in build-cpu/):
  *   cmake --build build-cpu --target bench_gemm_q8 && build-cpu/bench_gemm_q8 [rounds]
@@ -29,7 +30,9 @@
 #include "runtime/core/status.h"
 #include "runtime/cpu/gemm_fast.h"
 
-enum { NK = 2, RMAX = 64 }; /* kernels; rounds at most */
+enum { NK = 3, RMAX = 64 }; /* kernels at most; rounds at most */
+
+static int nk = 2; /* kernels run: 3 with AMX-INT8 */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float urand(void) /* [-1, 1) */
@@ -43,14 +46,14 @@ static float urand(void) /* [-1, 1) */
 static void bench_case(int N, int D, int T, int rounds, const char *arena, size_t mbytes, int copies,
                        const float *x, float *y)
 {
-    static const enum moe_cpu_isa isa[NK] = {MOE_CPU_ISA_AVX2, MOE_CPU_ISA_AVX512};
+    static const enum moe_cpu_isa isa[NK] = {MOE_CPU_ISA_AVX2, MOE_CPU_ISA_AVX512, MOE_CPU_ISA_AMX};
     double t[NK][RMAX], cpu[NK][RMAX];
     /* products per measurement: every copy once while the weights stream
      * from memory; fewer once compute bound */
-    const int n = T <= 4 ? copies : T == 16 ? (copies < 8 ? copies : 8) : T == 64 ? 2 : 1;
+    const int n = T <= 8 ? copies : T == 16 ? (copies < 8 ? copies : 8) : T == 64 ? 2 : 1;
     int next = 0;
     for (int r = 0; r < rounds; r++)
-        for (int k = 0; k < NK; k++) {
+        for (int k = 0; k < nk; k++) {
             const double t0 = bench_clock(CLOCK_MONOTONIC), c0 = bench_clock(CLOCK_THREAD_CPUTIME_ID);
             for (int i = 0; i < n; i++, next = (next + 1) % copies)
                 moe_gemm_fast_rows(isa[k], y, (size_t)N, x, (size_t)D, T, arena + (size_t)next * mbytes,
@@ -59,15 +62,18 @@ static void bench_case(int N, int D, int T, int rounds, const char *arena, size_
             cpu[k][r] = (bench_clock(CLOCK_THREAD_CPUTIME_ID) - c0) / n;
         }
     double s[NK], c[NK];
-    for (int k = 0; k < NK; k++) {
+    for (int k = 0; k < nk; k++) {
         qsort(t[k], (size_t)rounds, sizeof(double), bench_cmp_double);
         qsort(cpu[k], (size_t)rounds, sizeof(double), bench_cmp_double);
         s[k] = t[k][rounds / 2];
         c[k] = cpu[k][rounds / 2];
     }
     const double flop = 2.0 * T * N * D;
-    printf("| %5d x %4d | %3d | %9.3f | %9.3f | %7.1f | %7.1f | %5.2f | %5.2f |\n", N, D, T, s[0] * 1e3, s[1] * 1e3,
-           flop / s[0] * 1e-9, flop / s[1] * 1e-9, s[0] / s[1], c[0] / c[1]);
+    printf("| %5d x %4d | %3d |", N, D, T);
+    for (int k = 0; k < nk; k++) printf(" %9.3f |", s[k] * 1e3);
+    for (int k = 0; k < nk; k++) printf(" %7.1f |", flop / s[k] * 1e-9);
+    for (int k = 1; k < nk; k++) printf(" %5.2f | %5.2f |", s[k - 1] / s[k], c[k - 1] / c[k]);
+    printf("\n");
     fflush(stdout);
 }
 
@@ -87,12 +93,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_gemm_q8: this processor lacks AVX512-VNNI (both columns would be the AVX2 kernel)\n");
         return 1;
     }
-    const int shapes[3][2] = {{1408, 2048}, {14336, 4096}, {4096, 4096}}, Ts[5] = {1, 4, 16, 64, 512};
+    if (moe_cpu_isa_detect() >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8()) nk = 3;
+    const int shapes[3][2] = {{1408, 2048}, {14336, 4096}, {4096, 4096}}, Ts[6] = {1, 4, 8, 16, 64, 512};
     const size_t total = (size_t)256 << 20;
     printf("Q8_0 weights, one thread, %d rounds, copies >= %zu MiB\n", rounds, total >> 20);
     bench_print_load();
-    printf("| N x Din | T | avx2 ms | vnni ms | avx2 GFLOP/s | vnni GFLOP/s | ratio | cpu ratio |\n"
-           "|---|---|---|---|---|---|---|---|\n");
+    if (nk == 3)
+        printf("| N x Din | T | avx2 ms | vnni ms | amx ms | avx2 GFLOP/s | vnni GFLOP/s | amx GFLOP/s | vnni/avx2 | "
+               "cpu | amx/vnni | cpu |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    else
+        printf("| N x Din | T | avx2 ms | vnni ms | avx2 GFLOP/s | vnni GFLOP/s | vnni/avx2 | cpu |\n"
+               "|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < 3; s++) {
         const int N = shapes[s][0], D = shapes[s][1];
         const size_t mbytes = (size_t)N * moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)D);
@@ -107,7 +118,7 @@ int main(int argc, char **argv)
         }
         for (int i = 1; i < copies; i++) memcpy(arena + (size_t)i * mbytes, arena, mbytes);
         for (size_t i = 0; i < (size_t)512 * D; i++) x[i] = urand();
-        for (int ti = 0; ti < 5; ti++) bench_case(N, D, Ts[ti], rounds, arena, mbytes, copies, x, y);
+        for (int ti = 0; ti < 6; ti++) bench_case(N, D, Ts[ti], rounds, arena, mbytes, copies, x, y);
         free(arena), free(row), free(x), free(y);
     }
     bench_print_load();

@@ -160,35 +160,49 @@ static inline void qt_expect_refused(struct moe_model *h, enum moe_status status
 }
 
 /* The fast integer kernels' invariants for y = x . W^T (+ b), got (T, N)
- * from the best kernel set: every set gives the same bits; each row alone
- * gives its bits in the batch; a NaN and an infinity in rows 1 and 2 make
- * those rows NaN and leave the others' bits (x's rows 1 and 2 are changed).
- * other (T, N) and one (N) are scratch. */
+ * from the AVX2 set: every set gives the same bits (the AMX sets' Q8_0
+ * products on the int8 tiles bits of their own, the same in each AMX set);
+ * each row alone gives its bits in the batch; a NaN and an infinity in
+ * rows 1 and 2 make those rows NaN and leave the others' bits (x's rows 1
+ * and 2 are changed).  other (T, N) and one (N) are scratch. */
 static inline void qt_check_int8_invariants(const char *what, enum moe_cpu_isa best, float *x, int D,
                                             const void *w, enum moe_dtype wt, int N, int T,
                                             const struct moe_tensor *b, const float *got, float *other, float *one)
 {
-    for (int isa = MOE_CPU_ISA_AVX512; isa <= (int)best; isa++) {
-        moe_gemm_fast((enum moe_cpu_isa)isa, other, N, x, D, w, wt, N, D, T, b);
-        cr_expect(memcmp(other, got, (size_t)T * N * 4) == 0, "%s: %s differs from avx2", what,
-                  moe_cpu_isa_name((enum moe_cpu_isa)isa));
+    const bool own = wt == MOE_DTYPE_Q8_0 && best >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8();
+    float *mine = NULL;
+    if (own) {
+        mine = malloc((size_t)T * N * 4);
+        cr_assert(mine);
+        moe_gemm_fast(MOE_CPU_ISA_AMX, mine, N, x, D, w, wt, N, D, T, b);
     }
+    const int last = best >= MOE_CPU_ISA_AMX ? MOE_CPU_ISA_AMX_BF16 : (int)best;
+    for (int isa = MOE_CPU_ISA_AVX512; isa <= last; isa++) {
+        const bool amx = own && isa >= MOE_CPU_ISA_AMX;
+        moe_gemm_fast((enum moe_cpu_isa)isa, other, N, x, D, w, wt, N, D, T, b);
+        cr_expect(memcmp(other, amx ? mine : got, (size_t)T * N * 4) == 0, "%s: %s differs from %s", what,
+                  moe_cpu_isa_name((enum moe_cpu_isa)isa), amx ? "amx" : "avx2");
+    }
+    if (own) got = mine;
     for (int r = 0; r < T; r += T > 8 ? 7 : 1) {
         moe_gemm_fast(best, one, N, x + (size_t)r * D, D, w, wt, N, D, 1, b);
         cr_expect(memcmp(one, got + (size_t)r * N, (size_t)N * 4) == 0, "%s: row %d alone differs from the batch",
                   what, r);
     }
-    if (T < 3) return;
-    x[(size_t)1 * D + D - 1] = NAN;
-    x[(size_t)2 * D + 3] = -INFINITY;
-    moe_gemm_fast(best, other, N, x, D, w, wt, N, D, T, b);
-    for (int r = 0; r < T; r++)
-        for (int n = 0; n < N; n++) {
-            const float v = other[(size_t)r * N + n];
-            if (r == 1 || r == 2)
-                cr_assert(isnan(v), "%s: row %d holds a non-finite input, output %d is %g", what, r, n, v);
-            else
-                cr_assert(memcmp(&v, &got[(size_t)r * N + n], 4) == 0, "%s: row %d changed with row 1's NaN", what, r);
-        }
+    if (T >= 3) {
+        x[(size_t)1 * D + D - 1] = NAN;
+        x[(size_t)2 * D + 3] = -INFINITY;
+        moe_gemm_fast(best, other, N, x, D, w, wt, N, D, T, b);
+        for (int r = 0; r < T; r++)
+            for (int n = 0; n < N; n++) {
+                const float v = other[(size_t)r * N + n];
+                if (r == 1 || r == 2)
+                    cr_assert(isnan(v), "%s: row %d holds a non-finite input, output %d is %g", what, r, n, v);
+                else
+                    cr_assert(memcmp(&v, &got[(size_t)r * N + n], 4) == 0, "%s: row %d changed with row 1's NaN",
+                              what, r);
+            }
+    }
+    free(mine);
 }
 

@@ -234,6 +234,83 @@ Test(quant, q8_0_vnni_kernel_matches_avx2_bit_for_bit)
         }
 }
 
+/* The AMX sets' Q8_0 expression (runtime/cpu/gemm_q8_amx.c) for one
+ * output, in scalar C: the input row quantized per block as
+ * moe_quantize_x_q8 does, each block's 32 products summed exactly, then
+ * acc = fma(float(S), dx * dw, acc) block by block, then + bias. */
+static float q8_amx_expr(const float *x, const unsigned char *wrow, int D, float bias)
+{
+    float acc = 0.0f;
+    for (int k = 0; k < D / MOE_Q8_0_BLOCK; k++) {
+        const float *xb = x + (size_t)k * MOE_Q8_0_BLOCK;
+        const unsigned char *wb = wrow + (size_t)k * MOE_Q8_0_BYTES;
+        float amax = 0.0f, dw;
+        bool bad = false;
+        for (int j = 0; j < MOE_Q8_0_BLOCK; j++) {
+            bad |= !isfinite(xb[j]);
+            amax = fmaxf(amax, fabsf(xb[j]));
+        }
+        const float dx = bad ? NAN : amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        memcpy(&dw, wb, 4);
+        int32_t S = 0;
+        for (int j = 0; j < MOE_Q8_0_BLOCK && !bad; j++) S += (int32_t)(int8_t)wb[4 + j] * (int32_t)nearbyintf(xb[j] * id);
+        const float sc = dx * dw;
+        acc = fmaf((float)S, sc, acc);
+    }
+    return acc + bias;
+}
+
+/* The AMX sets' Q8_0 kernel (int8 tiles from two rows, AVX512-VNNI for
+ * one) gives the bits of the expression above on awkward shapes: every T
+ * from 1 to 40 (groups of 16 input rows and their remainders) and 230
+ * (two passes of input rows at Din 4128), Din of 1 to 129 blocks, N not a
+ * multiple of 16 and a slice [n0, N) not starting at 0, with and without
+ * bias; the inputs hold a zero block, rows of other scales and a row with
+ * a NaN block, the weights a zero block and codes of -128. */
+Test(quant, q8_0_amx_kernel_sums_whole_blocks)
+{
+    if (moe_cpu_isa_detect() < MOE_CPU_ISA_AMX || !moe_cpu_amx_int8())
+        cr_skip_test("this processor (or its kernel) gives no AMX-INT8 tiles: no AMX Q8_0 kernel to check");
+    enum { TMAX = 230 };
+    const int Ds[] = {32, 64, 96, 4096 + 32}, Ns[] = {1, 2, 3, 7, 13, 17, 37};
+    for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++)
+        for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++) {
+            const int D = Ds[c], N = Ns[a], nb = D / MOE_Q8_0_BLOCK;
+            const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)D);
+            unsigned char *w = q8_weights(N, D, (uint64_t)(N * 7 + D));
+            memset(w + (size_t)(N - 1) * rb + (size_t)(nb - 1) * MOE_Q8_0_BYTES + 4, 0, 32); /* a zero block */
+            for (int n = 0; n < N; n += 2) /* -128 codes */
+                w[(size_t)n * rb + (size_t)(n % nb) * MOE_Q8_0_BYTES + 4 + (size_t)(n % 32)] = 0x80;
+            float *x = malloc((size_t)TMAX * D * sizeof(float)), *bias = malloc((size_t)N * 4),
+                  *y = malloc((size_t)TMAX * N * 4);
+            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + D), -1, 1);
+            for (int t = 0; t < TMAX; t++)
+                for (int k = 0; k < D; k++) x[(size_t)t * D + k] *= (float)(1 + t % 5) * (t % 3 ? 1.0f : 1e-3f);
+            memset(x + (size_t)D * 3 + (size_t)(nb - 1) * MOE_Q8_0_BLOCK, 0, MOE_Q8_0_BLOCK * sizeof(float));
+            x[(size_t)D * 5 + (size_t)(nb / 2) * MOE_Q8_0_BLOCK + 7] = NAN;
+            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
+            for (int T = 1; T <= TMAX; T = T < 40 ? T + 1 : T == 40 && D > 4096 ? TMAX : TMAX + 1) {
+                const int n0 = T % 2 ? 0 : N / 3; /* a slice of the outputs */
+                const struct moe_tensor *b = T % 3 == 1 ? &bt : NULL;
+                memset(y, 0, (size_t)T * N * 4);
+                moe_gemm_fast_rows(MOE_CPU_ISA_AMX, y, (size_t)N, x, (size_t)D, T, w, MOE_DTYPE_Q8_0, D, n0, N, b);
+                for (int t = 0; t < T; t++)
+                    for (int n = n0; n < N; n++) {
+                        const float want = q8_amx_expr(x + (size_t)t * D, w + (size_t)n * rb, D, b ? bias[n] : 0.0f);
+                        const float got = y[(size_t)t * N + n];
+                        uint32_t bw, bg;
+                        memcpy(&bw, &want, 4), memcpy(&bg, &got, 4);
+                        if (bw != bg && !(isnan(want) && isnan(got)))
+                            cr_assert_fail("q8_0 amx T=%d N=%d Din=%d n0=%d%s [%d,%d]: %.9g (0x%08x), the expression "
+                                           "%.9g (0x%08x)", T, N, D, n0, b ? " +bias" : "", t, n, got, bg, want, bw);
+                    }
+                if (T > 5) cr_assert(isnan(y[(size_t)5 * N + n0]), "T=%d: row 5 holds a NaN input", T);
+            }
+            free(w), free(x), free(bias), free(y);
+        }
+}
+
 /* A synthetic bf16 model prepared with quant on backend `name`: logits of
  * a 20-token prompt (V each) into logits. */
 static void run_quantized(const char *name, enum moe_weight_quant q, float *logits, struct moe_model *m)
@@ -318,6 +395,16 @@ Test(quant, backends_quantize_a_model)
         cr_log_info("q8_0 logits: fast vs reference %.3g on average, reference vs bf16 %.3g (mean |logit| %.3g)",
                     apart, moved, size);
         cr_expect(apart > 0 && apart < moved, "fast vs reference %g on average, quantization %g", apart, moved);
+        if (moe_cpu_isa_detect() >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8()) {
+            /* the AMX set: Q8_0 products on the int8 tiles (gemm_q8_amx.c) */
+            setenv("MOERUN_CPU_ISA", "amx", 1);
+            run_quantized("cpu", MOE_QUANT_Q8_0, plain, &m);
+            unsetenv("MOERUN_CPU_ISA");
+            moe_model_free(&m);
+            const double amx = tu_mean_abs_diff(plain, ref, (size_t)20 * V);
+            cr_log_info("q8_0 logits: amx set vs reference %.3g on average", amx);
+            cr_expect(amx > 0 && amx < moved, "amx set vs reference %g on average, quantization %g", amx, moved);
+        }
     }
     free(ref);
     free(fast);

@@ -29,20 +29,29 @@ static bool cpu_has_f16c(void)
 
 /* AMX-TILE and AMX-BF16 (cpuid 7.0 EDX bits 24 and 22), AVX512-BF16
  * (7.1 EAX bit 5), the tile state enabled by the OS (XCR0 bits 17, 18) and
- * this process let use it (moe_amx_permit, asked once). */
-static bool amx_ok;
+ * this process let use it (moe_amx_permit, asked once); amx_int8 too when
+ * AMX-INT8 (7.0 EDX bit 25) and AVX512-VNNI are there. */
+static bool amx_ok, amx_int8;
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
 static void amx_probe(void)
 {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return;
+    const bool int8 = (d & (1u << 25)) && (c & (1u << 11));
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return;
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     if ((lo & (3u << 17)) != (3u << 17)) return;
     amx_ok = moe_amx_permit();
+    amx_int8 = amx_ok && int8;
+}
+
+bool moe_cpu_amx_int8(void)
+{
+    pthread_once(&amx_once, amx_probe);
+    return amx_int8;
 }
 
 enum moe_cpu_isa moe_cpu_isa_detect(void)
@@ -103,7 +112,9 @@ void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const 
             moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
         else
             moe_gemm_rows_panel_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
-    } else if (wt == MOE_DTYPE_Q8_0 && isa >= MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
+    } else if (wt == MOE_DTYPE_Q8_0 && isa >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8())
+        moe_gemm_rows_q8_amx(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    else if (wt == MOE_DTYPE_Q8_0 && isa >= MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
         moe_gemm_rows_q8_vnni(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     else if (wt == MOE_DTYPE_Q8_0)
         moe_gemm_rows_q8_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);

@@ -21,6 +21,10 @@ void moe_gemm_rows_q8_avx2(float *y, size_t ldy, const float *x, size_t ldx, int
                            int Din, int n0, int n1, const struct moe_tensor *b);
 void moe_gemm_rows_q8_vnni(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
                            int Din, int n0, int n1, const struct moe_tensor *b);
+/* The same for the AMX kernel sets where the processor has AMX-INT8
+ * (gemm_q8_amx.c; other bits: each block's sum whole). */
+void moe_gemm_rows_q8_amx(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
+                          int Din, int n0, int n1, const struct moe_tensor *b);
 /* All T rows against outputs [n0, n1) of four-bit weights wt (Q4_1,
  * Q4_G32, Q4_G128; Din a multiple of the group), the inputs quantized to
  * int8 blocks as for Q8_0 (gemm_q4.c): with AVX2, and with AVX512-VNNI

@@ -1,0 +1,316 @@
+/* gemm_q8_amx.c - the AMX kernel sets' matrix product over Q8_0 weights:
+ * tile products on AMX-INT8 (TDPBSSD) from AMX_ROWS input rows on, and an
+ * AVX512-VNNI instance of the same expression for fewer (decode).
+ *
+ * Inputs: each row quantized per block of 32 as for the other Q8_0
+ * kernels (moe_quantize_x_q8, simd_avx2.h: codes in [-127, 127], a block
+ * holding a NaN or an infinity gets a NaN scale).
+ *
+ * Numerics (these sets' own; the AVX2 and AVX-512 sets split each block's
+ * sum over 8 lanes, gemm_q8.c): output n of row t is acc = 0, then for
+ * each block k in order acc = fma(float(S), dx * dw, acc), S the block's
+ * 32 products summed exactly in int32 (TDPBSSD with the block alone in
+ * its k, or vpdpbusd and an integer reduction), dx * dw one fp32 rounding;
+ * then + bias.  Every path computes that, so a row gives the same bits
+ * alone or in any batch and slice.
+ *
+ * Tiles (two or more rows): the weights are B.  A tile of 16 weight rows
+ * is rearranged per block into B's layout (8 lines of 64 bytes: line q
+ * holds bytes 4q..4q+3 of each row's block; rows past the slice zero) with
+ * its scales beside, once per pass of input rows; the input rows are A in
+ * place (16 rows x the block's 32 codes, the last group padded with zero
+ * rows).  Each block is one TDPBSSD into a zeroed accumulator, stored,
+ * converted and scaled into 16 fp32 registers (one per input row, a lane
+ * per weight row), two blocks in flight.  Input rows pass in groups that
+ * stay in L2 (CHUNK_BYTES) across the weight tiles.
+ *
+ * Fewer rows (up to RV at a time): 16 weight rows two to a 512-bit
+ * register (row 2p in the lower half, 2p + 1 in the upper) against each
+ * input row's block broadcast:
+ * vpdpbusd of the weights offset to unsigned (w xor 0x80 = w + 128) by the
+ * signed codes, three pairwise folds to one lane per row, less 128 times
+ * the block's code sum: the same exact S.  The scales are gathered.
+ * Measured (bench/gemm_q8.c, one thread): from 5 rows the tiles beat
+ * these, and the AVX512-VNNI set's kernel from 16 rows (3.3x at 512). */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/cpu/simd_avx2.h"
+#include "runtime/core/status.h"
+
+#define AMXI __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+enum {
+    QB = MOE_Q8_0_BLOCK,     /* values per block */
+    QBYTES = MOE_Q8_0_BYTES, /* f32 scale + 32 codes */
+    BT = 512,                /* bytes of a block's B tile (8 x 64) */
+    CHUNK_BYTES = 1 << 20,   /* quantized input rows of one pass */
+    RV = 4,                  /* input rows of a VNNI tile */
+    AMX_ROWS = 5,            /* from this many input rows the tiles */
+};
+
+struct tilecfg {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* tmm0, tmm3: accumulators (16 x 16 int32); tmm1, tmm4: input rows (16 x
+ * 32 codes); tmm2, tmm5: weights (8 x 64). */
+AMXI static void configure(void)
+{
+    struct tilecfg c = {.palette = 1};
+    c.rows[0] = c.rows[3] = c.rows[1] = c.rows[4] = 16;
+    c.colsb[0] = c.colsb[3] = 64;
+    c.colsb[1] = c.colsb[4] = QB;
+    c.rows[2] = c.rows[5] = QB / 4;
+    c.colsb[2] = c.colsb[5] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* Bias of outputs n .. n + m - 1 (m <= 16), zero past them. */
+AMXI INLINE __m512 bias16(const struct moe_tensor *b, int n, int m)
+{
+    _Alignas(64) float v[16] = {0};
+    if (b)
+        for (int i = 0; i < m; i++) v[i] = moe_tensor_get_f32(b, n + i);
+    return _mm512_load_ps(v);
+}
+
+/* Weight rows w (m of them, stride wld) rearranged into B tiles, one per
+ * block, at bp, and their scales at sc (16 per block, 0 past m). */
+AMXI static void pack_weights(char *bp, float *sc, const char *w, size_t wld, int m, int nb)
+{
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int k = 0; k < nb; k++) {
+        /* z[j]: row j's 8 words in the lower half, row j + 8's in the upper */
+        __m512i z[8];
+        for (int j = 0; j < 8; j++) {
+            const __m256i a = j < m ? _mm256_loadu_si256((const __m256i *)(w + (size_t)j * wld + (size_t)k * QBYTES + 4))
+                                    : _mm256_setzero_si256();
+            const __m256i c = j + 8 < m
+                                  ? _mm256_loadu_si256((const __m256i *)(w + (size_t)(j + 8) * wld + (size_t)k * QBYTES + 4))
+                                  : _mm256_setzero_si256();
+            z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1);
+        }
+        /* an 8 x 8 transpose of words in each half: line q = word q of rows 0..15 */
+        __m512i t[8], u[8];
+        for (int j = 0; j < 8; j += 2) {
+            t[j] = _mm512_unpacklo_epi32(z[j], z[j + 1]);
+            t[j + 1] = _mm512_unpackhi_epi32(z[j], z[j + 1]);
+        }
+        for (int j = 0; j < 8; j += 4) {
+            u[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
+            u[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
+            u[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
+            u[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
+        }
+        char *o = bp + (size_t)k * BT;
+        for (int j = 0; j < 4; j++) {
+            _mm512_store_si512((void *)(o + 64 * j), _mm512_permutex2var_epi64(u[j], lo, u[j + 4]));
+            _mm512_store_si512((void *)(o + 64 * (j + 4)), _mm512_permutex2var_epi64(u[j], hi, u[j + 4]));
+        }
+        for (int i = 0; i < 16; i++) {
+            float s = 0.0f;
+            if (i < m) memcpy(&s, w + (size_t)i * wld + (size_t)k * QBYTES, 4);
+            sc[(size_t)k * 16 + i] = s;
+        }
+    }
+}
+
+/* acc[t] += float(c row t) * (dx[t] * sc16) for the R input rows of a block. */
+AMXI INLINE void scale_block(__m512 *acc, const int32_t *c, const float *dx, size_t ldd, int R, const float *sc)
+{
+    const __m512 s = _mm512_load_ps(sc);
+    for (int t = 0; t < R; t++)
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + 16 * t))),
+                                 _mm512_mul_ps(_mm512_set1_ps(dx[(size_t)t * ldd]), s), acc[t]);
+}
+
+/* R (1..16) input rows (codes xq, stride ldq; scales dx, stride nb; 16
+ * rows readable) against one packed weight tile of m rows: y[t*ldy + i]
+ * for t < R, i < m. */
+AMXI INLINE void tile_rows(const int R, float *y, size_t ldy, const int8_t *xq, size_t ldq, const float *dx, int nb,
+                           const char *bp, const float *sc, int m, __m512 bias)
+{
+    __m512 acc[16];
+    for (int t = 0; t < R; t++) acc[t] = _mm512_setzero_ps();
+    _Alignas(64) int32_t c[2][256];
+    int k = 0;
+    for (; k + 2 <= nb; k += 2) {
+        _tile_zero(0);
+        _tile_zero(3);
+        _tile_loadd(1, xq + (size_t)k * QB, (long)ldq);
+        _tile_loadd(2, bp + (size_t)k * BT, 64);
+        _tile_loadd(4, xq + (size_t)(k + 1) * QB, (long)ldq);
+        _tile_loadd(5, bp + (size_t)(k + 1) * BT, 64);
+        _tile_dpbssd(0, 1, 2);
+        _tile_dpbssd(3, 4, 5);
+        _tile_stored(0, c[0], 64);
+        _tile_stored(3, c[1], 64);
+        scale_block(acc, c[0], dx + k, (size_t)nb, R, sc + (size_t)k * 16);
+        scale_block(acc, c[1], dx + k + 1, (size_t)nb, R, sc + (size_t)(k + 1) * 16);
+    }
+    if (k < nb) {
+        _tile_zero(0);
+        _tile_loadd(1, xq + (size_t)k * QB, (long)ldq);
+        _tile_loadd(2, bp + (size_t)k * BT, 64);
+        _tile_dpbssd(0, 1, 2);
+        _tile_stored(0, c[0], 64);
+        scale_block(acc, c[0], dx + k, (size_t)nb, R, sc + (size_t)k * 16);
+    }
+    const __mmask16 mask = (__mmask16)((1u << m) - 1);
+    for (int t = 0; t < R; t++) _mm512_mask_storeu_ps(y + (size_t)t * ldy, mask, _mm512_add_ps(acc[t], bias));
+}
+
+/* Three folds: lanes of v[p] (row 2p in the lower half, 2p + 1 in the
+ * upper, 8 partial sums each) summed to one lane per row, rows in order. */
+AMXI INLINE __m512i fold(__m512i a, __m512i b)
+{
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return _mm512_add_epi32(_mm512_permutex2var_epi32(a, ev, b), _mm512_permutex2var_epi32(a, od, b));
+}
+
+/* R (1..RV) input rows (codes xq, scales dx, 128 x code sums cs; row
+ * strides Din, nb, nb) against the m (1..16) weight rows at w: y[r*ldy +
+ * 0 .. m). */
+AMXI INLINE void rows_tile(const int R, float *y, size_t ldy, const int8_t *xq, const float *dx, const int32_t *cs,
+                           int nb, const char *w, size_t wld, int m, __m512 bias, bool pf)
+{
+    const char *r[16];
+    _Alignas(64) int32_t off[16];
+    for (int i = 0; i < 16; i++) {
+        const int j = i < m ? i : m - 1;
+        r[i] = w + (size_t)j * wld;
+        off[i] = (int32_t)((size_t)j * wld);
+    }
+    const size_t Din = (size_t)nb * QB;
+    const __m512i vo = _mm512_load_si512((const void *)off);
+    const __m512i m128 = _mm512_set1_epi8((char)0x80);
+    __m512 acc[RV];
+    for (int t = 0; t < R; t++) acc[t] = _mm512_setzero_ps();
+    for (int k = 0; k < nb; k++) {
+        const size_t at = (size_t)k * QBYTES;
+        __m512i wq[8];
+        for (int p = 0; p < 8; p++) {
+            if (pf) {
+                _mm_prefetch(r[2 * p] + 16 * wld + at, _MM_HINT_T1);
+                _mm_prefetch(r[2 * p + 1] + 16 * wld + at, _MM_HINT_T1);
+            }
+            wq[p] = _mm512_xor_si512(
+                _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(r[2 * p] + at + 4))),
+                                   _mm256_loadu_si256((const __m256i *)(r[2 * p + 1] + at + 4)), 1),
+                m128);
+        }
+        const __m512 wd = _mm512_i32gather_ps(vo, w + at, 1);
+        for (int t = 0; t < R; t++) {
+            const __m512i x =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + (size_t)t * Din + (size_t)k * QB)));
+            __m512i v[8];
+            for (int p = 0; p < 8; p++) v[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[p], x);
+            const __m512i s = _mm512_sub_epi32(fold(fold(fold(v[0], v[1]), fold(v[2], v[3])),
+                                                    fold(fold(v[4], v[5]), fold(v[6], v[7]))),
+                                               _mm512_set1_epi32(cs[(size_t)t * nb + k]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx[(size_t)t * nb + k]), wd),
+                                     acc[t]);
+        }
+    }
+    const __mmask16 mask = (__mmask16)((1u << m) - 1);
+    for (int t = 0; t < R; t++) _mm512_mask_storeu_ps(y + (size_t)t * ldy, mask, _mm512_add_ps(acc[t], bias));
+}
+
+/* Up to RV input rows at a time on AVX512-VNNI (fewer than AMX_ROWS). */
+AMXI static void few_rows(float *y, size_t ldy, const float *x, size_t ldx, int T, const char *w, size_t wld, int Din,
+                          int n0, int n1, const struct moe_tensor *b)
+{
+    const int nb = Din / QB;
+    float *buf = moe_gemm_thread_buffer((size_t)T * ((size_t)Din / 4 + 2 * (size_t)nb));
+    MOE_ASSERT(buf && "gemm_fast: out of memory for the quantized input rows");
+    int8_t *xq = (int8_t *)buf;
+    float *dx = buf + (size_t)T * Din / 4;
+    int32_t *cs = (int32_t *)(dx + (size_t)T * nb);
+    for (int t = 0; t < T; t++) {
+        moe_quantize_x_q8(xq + (size_t)t * Din, dx + (size_t)t * nb, x + (size_t)t * ldx, nb);
+        for (int k = 0; k < nb; k++) {
+            int32_t s = 0;
+            for (int i = 0; i < QB; i++) s += xq[(size_t)t * Din + (size_t)k * QB + (size_t)i];
+            cs[(size_t)t * nb + k] = 128 * s;
+        }
+    }
+    for (int n = n0; n < n1; n += 16) {
+        const int m = n1 - n < 16 ? n1 - n : 16;
+        const __m512 bias = bias16(b, n, m);
+        for (int t = 0; t < T; t += RV) {
+            float *yt = y + (size_t)t * ldy + n;
+            const int8_t *xt = xq + (size_t)t * Din;
+            const float *dt = dx + (size_t)t * nb;
+            const int32_t *ct = cs + (size_t)t * nb;
+            const char *wn = w + (size_t)n * wld;
+            const bool pf = m == 16 && t == 0;
+            switch (T - t < RV ? T - t : RV) {
+            case 1: rows_tile(1, yt, ldy, xt, dt, ct, nb, wn, wld, m, bias, pf); break;
+            case 2: rows_tile(2, yt, ldy, xt, dt, ct, nb, wn, wld, m, bias, pf); break;
+            case 3: rows_tile(3, yt, ldy, xt, dt, ct, nb, wn, wld, m, bias, pf); break;
+            default: rows_tile(4, yt, ldy, xt, dt, ct, nb, wn, wld, m, bias, pf); break;
+            }
+        }
+    }
+}
+
+AMXI void moe_gemm_rows_q8_amx(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *wv, int Din,
+                               int n0, int n1, const struct moe_tensor *b)
+{
+    MOE_ASSERT(Din % QB == 0 && n0 < n1);
+    const int nb = Din / QB;
+    const size_t wld = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)Din);
+    MOE_ASSERT(wld * 16 < (size_t)INT32_MAX);
+    const char *w = wv;
+    if (b && !b->data) b = NULL;
+    if (T < AMX_ROWS) {
+        few_rows(y, ldy, x, ldx, T, w, wld, Din, n0, n1, b);
+        return;
+    }
+    /* input rows per pass: a multiple of 16 whose codes and scales fit
+     * CHUNK_BYTES (16 at least) */
+    const size_t rowb = (size_t)Din + 4 * (size_t)nb;
+    int chunk = (int)(CHUNK_BYTES / rowb) / 16 * 16;
+    if (chunk < 16) chunk = 16;
+    const int rows = T < chunk ? (T + 15) / 16 * 16 : chunk;
+    /* the pass's codes (rows x Din), scales (rows x nb), then one packed
+     * weight tile (nb B tiles and 16 scales each) */
+    float *buf = moe_gemm_thread_buffer(((size_t)rows * rowb + (size_t)nb * (BT + 64)) / 4);
+    MOE_ASSERT(buf && "gemm_fast: out of memory for the quantized input rows");
+    int8_t *xq = (int8_t *)buf;
+    float *dx = (float *)(xq + (size_t)rows * Din);
+    char *bp = (char *)(dx + (size_t)rows * nb);
+    float *sc = (float *)(bp + (size_t)nb * BT);
+    configure();
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        const int tn = T - t0 < chunk ? T - t0 : chunk, tp = (tn + 15) / 16 * 16;
+        for (int t = 0; t < tn; t++) moe_quantize_x_q8(xq + (size_t)t * Din, dx + (size_t)t * nb, x + (size_t)(t0 + t) * ldx, nb);
+        memset(xq + (size_t)tn * Din, 0, (size_t)(tp - tn) * Din);
+        memset(dx + (size_t)tn * nb, 0, (size_t)(tp - tn) * nb * sizeof(float));
+        for (int n = n0; n < n1; n += 16) {
+            const int m = n1 - n < 16 ? n1 - n : 16;
+            pack_weights(bp, sc, w + (size_t)n * wld, wld, m, nb);
+            const __m512 bias = bias16(b, n, m);
+            for (int g = 0; g < tn; g += 16) {
+                float *yg = y + (size_t)(t0 + g) * ldy + n;
+                const int8_t *xg = xq + (size_t)g * Din;
+                const float *dg = dx + (size_t)g * nb;
+                if (tn - g >= 16)
+                    tile_rows(16, yg, ldy, xg, (size_t)Din, dg, nb, bp, sc, m, bias);
+                else
+                    tile_rows(tn - g, yg, ldy, xg, (size_t)Din, dg, nb, bp, sc, m, bias);
+            }
+        }
+    }
+    _tile_release();
+}
