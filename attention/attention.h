@@ -151,12 +151,13 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
 /* The fast twin (attention_fast.c, AVX2 vector dot products and one softmax
  * update per tile of keys; f32, f16, bf16 and fp8 caches read at their own
  * width); within fp32 tolerance of the reference, and for every dtype the
- * bits of an f32 cache holding the cache's values.  Needs
- * moe_cpu_isa_detect() >= MOE_CPU_ISA_AVX2.
+ * bits of an f32 cache holding the cache's values.  isa: the kernel set,
+ * MOE_CPU_ISA_AVX2 or wider (AVX-512 and AMX take 512-bit kernels, the
+ * same bits), no wider than moe_cpu_isa_detect().
  * scratch: (omp threads, scratch_per_thread) floats, scratch_per_thread at
  * least moe_attention_fast_scratch(G, Dh). */
 size_t moe_attention_fast_scratch(int G, int Dh);
-void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcache *kv,
+void moe_attention_paged_fast(enum moe_cpu_isa isa, float *out, const float *q, const struct moe_kvcache *kv,
                               const struct moe_batch *b, const struct moe_attn_params *p,
                               float *scratch, size_t scratch_per_thread);
 /* dst (n) = e4m3(q[i]) * s, an fp8 KV row (kvcache.h) widened as the fast

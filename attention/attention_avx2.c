@@ -30,34 +30,10 @@
 
 #include "attention/attention.h"
 #include "attention/attention_fast_impl.h"
+#include "attention/attention_load.h"
 #include "runtime/cpu/simd_avx2.h"
 #include "runtime/core/status.h"
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define INLINE static inline __attribute__((always_inline))
-
-/* 8 values of a row of dtype dt from element i; s256: 2^8 times the row's
- * scale (fp8 only). */
-AVX2 INLINE __m256 load8(const void *row, const enum moe_dtype dt, int i, __m256 s256)
-{
-    if (dt == MOE_DTYPE_F32) return _mm256_loadu_ps((const float *)row + i);
-    if (dt == MOE_DTYPE_F8E4M3) {
-        const __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)row + i));
-        return _mm256_mul_ps(_mm256_cvtph_ps(moe_e4m3x8_half(b, 1)), s256);
-    }
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
-    if (dt == MOE_DTYPE_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
-}
-
-/* Value i of a row (the tails); s: the row's scale (fp8 only). */
-INLINE float load1(const void *row, const enum moe_dtype dt, int i, float s)
-{
-    if (dt == MOE_DTYPE_F32) return ((const float *)row)[i];
-    if (dt == MOE_DTYPE_F8E4M3) return moe_fp8_e4m3_to_f32(((const uint8_t *)row)[i]) * s;
-    if (dt == MOE_DTYPE_BF16) return moe_bf16_to_f32(((const uint16_t *)row)[i]);
-    return moe_f16_to_f32(((const uint16_t *)row)[i]);
-}
 
 /* sc[h * ldsc] = (q_h . k) * scale for the nh heads q_h = q + h * Dh. */
 AVX2 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, int Dh, const enum moe_dtype dt,
@@ -69,7 +45,7 @@ AVX2 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, in
     for (int h = 0; h < nh; h++) s0[h] = s1[h] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= Dh; i += 16) {
-        const __m256 k0 = load8(k, dt, i, s256), k1 = load8(k, dt, i + 8, s256);
+        const __m256 k0 = att_load8(k, dt, i, s256), k1 = att_load8(k, dt, i + 8, s256);
 #pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             s0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * Dh + i), k0, s0[h]);
@@ -77,7 +53,7 @@ AVX2 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, in
         }
     }
     if (i + 8 <= Dh) {
-        const __m256 k0 = load8(k, dt, i, s256);
+        const __m256 k0 = att_load8(k, dt, i, s256);
 #pragma GCC unroll 4
         for (int h = 0; h < nh; h++) s0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * Dh + i), k0, s0[h]);
         i += 8;
@@ -85,7 +61,7 @@ AVX2 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, in
 #pragma GCC unroll 4
     for (int h = 0; h < nh; h++) {
         float s = moe_hsum8(_mm256_add_ps(s0[h], s1[h]));
-        for (int d = i; d < Dh; d++) s += q[(size_t)h * Dh + d] * load1(k, dt, d, ks);
+        for (int d = i; d < Dh; d++) s += q[(size_t)h * Dh + d] * att_load1(k, dt, d, ks);
         sc[(size_t)h * ldsc] = s * scale;
     }
 }
@@ -119,7 +95,7 @@ AVX2 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr, 
 #pragma GCC unroll 4
         for (int h = 0; h < nh; h++) a[h] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * Dh + d), _mm256_set1_ps(corr[h]));
         for (int jj = 0; jj < nj; jj++) {
-            const __m256 v = load8(vrow[jj], dt, d, _mm256_broadcast_ss(s256 + jj));
+            const __m256 v = att_load8(vrow[jj], dt, d, _mm256_broadcast_ss(s256 + jj));
 #pragma GCC unroll 4
             for (int h = 0; h < nh; h++) a[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[(size_t)h * ldp + jj]), v, a[h]);
         }
@@ -129,7 +105,7 @@ AVX2 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr, 
     for (; d < Dh; d++)
         for (int h = 0; h < nh; h++) {
             float a = acc[(size_t)h * Dh + d] * corr[h];
-            for (int jj = 0; jj < nj; jj++) a = fmaf(p[(size_t)h * ldp + jj], load1(vrow[jj], dt, d, vs[jj]), a);
+            for (int jj = 0; jj < nj; jj++) a = fmaf(p[(size_t)h * ldp + jj], att_load1(vrow[jj], dt, d, vs[jj]), a);
             acc[(size_t)h * Dh + d] = a;
         }
 }
@@ -214,16 +190,6 @@ AVX2 void moe_attention_exp_avx2(float *dst, const float *x, int n)
     }
 }
 
-/* One instance per dtype, so the loaders' branches fold away. */
-#define KV_DTYPE_SWITCH(dt, CALL)                                                                            \
-    switch (dt) {                                                                                            \
-    case MOE_DTYPE_F32: CALL(MOE_DTYPE_F32); break;                                                          \
-    case MOE_DTYPE_F16: CALL(MOE_DTYPE_F16); break;                                                          \
-    case MOE_DTYPE_BF16: CALL(MOE_DTYPE_BF16); break;                                                        \
-    case MOE_DTYPE_F8E4M3: CALL(MOE_DTYPE_F8E4M3); break;                                                    \
-    default: MOE_ASSERT(!"attention_fast: the KV cache must be F32, F16, BF16 or F8E4M3");               \
-    }
-
 AVX2 void moe_attention_scores_avx2(float *sc, int ldsc, const float *q, int gn, int Dh, enum moe_dtype dt,
                                     const void *const *krow, const float *ks, int nj, float scale)
 {
@@ -242,11 +208,11 @@ AVX2 void moe_attention_accum_avx2(float *acc, int gn, int Dh, const float *corr
 #undef ACCUM
 }
 
-/* The same widening as load8's, into memory (for the tests). */
+/* The same widening as att_load8's, into memory (for the tests). */
 AVX2 void moe_kv_fp8_row_fast(float *dst, const uint8_t *q, float s, int n)
 {
     const __m256 s256 = _mm256_set1_ps(256.0f * s);
     int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(q, MOE_DTYPE_F8E4M3, i, s256));
-    for (; i < n; i++) dst[i] = load1(q, MOE_DTYPE_F8E4M3, i, s);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, att_load8(q, MOE_DTYPE_F8E4M3, i, s256));
+    for (; i < n; i++) dst[i] = att_load1(q, MOE_DTYPE_F8E4M3, i, s);
 }

@@ -8,7 +8,8 @@
  * then one online-softmax update per head and tile (one rescale of the
  * accumulators per tile instead of per key), then the tile's values into
  * the accumulators.  Every key and value row is read once per item and
- * register block of heads (attention_avx2.c).
+ * register block of heads (attention_avx2.c; attention_avx512.c for the
+ * AVX-512 kernel sets, the same bits).
  *
  * Caches: every dtype (f32, f16, bf16, fp8 with its row scales) is read in
  * place at its own width and widened in registers by the kernels, to the
@@ -38,6 +39,7 @@ struct att_job {
     size_t scratch_per_thread;
     size_t es;
     enum moe_dtype dt;
+    bool wide; /* the 512-bit kernels */
     int Hq, Hkv, Dh, G, B, GC, nc;
 };
 
@@ -79,9 +81,15 @@ static void attend_item(const struct att_job *J, size_t it, int th)
                 vs[jj] = J->vsl[r];
             }
         }
-        moe_attention_scores_avx2(sc, JT, qg, gn, Dh, dt, krow, ks, nj, scale);
+        if (J->wide)
+            moe_attention_scores_avx512(sc, JT, qg, gn, Dh, dt, krow, ks, nj, scale);
+        else
+            moe_attention_scores_avx2(sc, JT, qg, gn, Dh, dt, krow, ks, nj, scale);
         moe_attention_softmax_avx2(sc, JT, gn, nj, m, l, corr); /* the scores become the softmax weights */
-        moe_attention_accum_avx2(acc, gn, Dh, corr, sc, JT, dt, vrow, vs, nj);
+        if (J->wide)
+            moe_attention_accum_avx512(acc, gn, Dh, corr, sc, JT, dt, vrow, vs, nj);
+        else
+            moe_attention_accum_avx2(acc, gn, Dh, corr, sc, JT, dt, vrow, vs, nj);
     }
     for (int g = 0; g < gn; g++) {
         float *o = J->out + (size_t)t * Hq * Dh + ((size_t)kh * G + g0 + g) * Dh;
@@ -91,10 +99,11 @@ static void attend_item(const struct att_job *J, size_t it, int th)
     }
 }
 
-void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcache *kv,
+void moe_attention_paged_fast(enum moe_cpu_isa isa, float *out, const float *q, const struct moe_kvcache *kv,
                               const struct moe_batch *b, const struct moe_attn_params *p,
                               float *scratch, size_t scratch_per_thread)
 {
+    MOE_ASSERT(isa >= MOE_CPU_ISA_AVX2);
     const int Hq = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, G = Hq / Hkv;
     const enum moe_dtype dt = kv->dtype;
     const bool fp8 = dt == MOE_DTYPE_F8E4M3;
@@ -108,6 +117,7 @@ void moe_attention_paged_fast(float *out, const float *q, const struct moe_kvcac
         .ksl = fp8 ? kv->ks + (size_t)p->layer * kv->layer_rows : NULL,
         .vsl = fp8 ? kv->vs + (size_t)p->layer * kv->layer_rows : NULL,
         .scratch = scratch, .scratch_per_thread = scratch_per_thread, .es = es, .dt = dt,
+        .wide = isa >= MOE_CPU_ISA_AVX512,
         .Hq = Hq, .Hkv = Hkv, .Dh = Dh, .G = G, .B = kv->block_size,
     };
 

@@ -1,5 +1,6 @@
-/* attention_fast_impl.h - the fast attention's kernels (attention_avx2.c),
- * private to attention_fast.c; the numbers they keep are described there. */
+/* attention_fast_impl.h - the fast attention's kernels (attention_avx2.c,
+ * and attention_avx512.c: the same bits), private to attention_fast.c; the
+ * numbers they keep are described there. */
 #pragma once
 
 #include "runtime/core/tensor.h"
@@ -17,6 +18,11 @@ void moe_attention_scores_avx2(float *sc, int ldsc, const float *q, int gn, int 
  * (scales vs). */
 void moe_attention_accum_avx2(float *acc, int gn, int Dh, const float *corr, const float *p, int ldp,
                               enum moe_dtype dt, const void *const *vrow, const float *vs, int nj);
+/* The same two on 512-bit registers, the same bits (attention_avx512.c). */
+void moe_attention_scores_avx512(float *sc, int ldsc, const float *q, int gn, int Dh, enum moe_dtype dt,
+                                 const void *const *krow, const float *ks, int nj, float scale);
+void moe_attention_accum_avx512(float *acc, int gn, int Dh, const float *corr, const float *p, int ldp,
+                                enum moe_dtype dt, const void *const *vrow, const float *vs, int nj);
 /* The online-softmax update of one tile for heads g < gn: mn = the larger of
  * m[g] and the tile's scores sc[g * ldsc + jj], jj < nj (NaN scores
  * skipped, as the reference's); corr[g] = e^(m[g] - mn); the scores become

@@ -158,22 +158,24 @@ Test(fast_ops, gemm_multi_equals_separate_products)
     }
 }
 
-/* One decode row of fast paged attention alone (its heads then split over
- * the threads) has the bits it has in a batch: scrambled blocks, two
- * sequences, G = 3 heads per KV head, Dh not a multiple of 8, contexts
- * longer than the softmax tile, with and without a sliding window and
- * sinks.  (Its agreement with the reference: test_backend_ops.c.) */
-static void check_attention_row_alone(int window, bool sinks)
+/* Fast paged attention over a cache of dtype dt with Hq query heads over
+ * Hkv KV heads of Dh values: scrambled blocks, two sequences (41 and 3
+ * rows, contexts longer than the softmax tile), a sliding window and
+ * sinks when asked.  out (44, Hq, Dh) from kernel set isa; with one_row,
+ * the last row of the first sequence is also run alone and must give the
+ * bits it has in the batch. */
+static void run_attention(enum moe_cpu_isa isa, enum moe_dtype dt, int Hq, int Hkv, int Dh, int window, bool sinks,
+                          bool one_row, float *out)
 {
-    enum { L = 2, Hq = 6, Hkv = 2, Dh = 20, B = 5, S0 = 41, S1 = 3, NB = 16 };
+    enum { L = 2, B = 5, S0 = 41, S1 = 3, NB = 16 };
     struct moe_config cfg = {.n_layers = L, .n_kv_heads = Hkv, .head_dim = Dh, .n_heads = Hq};
     struct moe_backend be;
     cr_assert_eq(moe_backend_cpu_init(&be, 0), MOE_OK);
     struct moe_kvcache kv;
-    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, NB, B, MOE_DTYPE_F32, false), MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&kv, moe_backend_allocator(&be), &cfg, NB, B, dt, false), MOE_OK);
     const int S = S0 + S1;
     float *q = malloc((size_t)S * Hq * Dh * 4), *k = malloc((size_t)S * Hkv * Dh * 4),
-          *v = malloc((size_t)S * Hkv * Dh * 4), *got = malloc((size_t)S * Hq * Dh * 4);
+          *v = malloc((size_t)S * Hkv * Dh * 4);
     tu_fill_uniform(q, (size_t)S * Hq * Dh, 21, -2, 2);
     tu_fill_uniform(k, (size_t)S * Hkv * Dh, 22, -2, 2);
     tu_fill_uniform(v, (size_t)S * Hkv * Dh, 23, -1, 1);
@@ -189,40 +191,68 @@ static void check_attention_row_alone(int window, bool sinks)
     struct moe_batch b = {.n_tokens = S, .n_seqs = 2, .positions = pos, .seq_of = seq_of,
                           .seq_start = seq_start, .ctx_len = ctx, .block_table = table,
                           .max_blocks = 9, .slot = slots, .logit_rows = rows};
-    float sink[Hq];
-    tu_fill_uniform(sink, Hq, 24, -1, 3);
+    float *sink = malloc((size_t)Hq * 4);
+    tu_fill_uniform(sink, (size_t)Hq, 24, -1, 3);
     struct moe_attn_params p = {1, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, S0, sinks ? sink : NULL, 0, 0, 0.0f, NULL, 0};
     size_t per = moe_attention_fast_scratch(Hq / Hkv, Dh) + 64;
     float *scratch = calloc(per * 64, sizeof(float));
-    moe_attention_paged_fast(got, q, &kv, &b, &p, scratch, per);
-    {
+    moe_attention_paged_fast(isa, out, q, &kv, &b, &p, scratch, per);
+    if (one_row) {
         const int t = S0 - 1;
         int32_t pos1[1] = {pos[t]}, seq1[1] = {0}, start1[2] = {0, 1}, ctx1[1] = {S0}, slot1[1] = {slots[t]};
         struct moe_batch b1 = {.n_tokens = 1, .n_seqs = 1, .positions = pos1, .seq_of = seq1,
                                .seq_start = start1, .ctx_len = ctx1, .block_table = table,
                                .max_blocks = 9, .slot = slot1, .logit_rows = rows};
-        float one[Hq * Dh];
-        moe_attention_paged_fast(one, q + (size_t)t * Hq * Dh, &kv, &b1, &p, scratch, per);
-        cr_expect(memcmp(one, got + (size_t)t * Hq * Dh, sizeof one) == 0,
-                  "a decode row alone differs from the same row in the batch (window %d, sinks %d)",
-                  window, sinks);
+        float *one = malloc((size_t)Hq * Dh * 4);
+        moe_attention_paged_fast(isa, one, q + (size_t)t * Hq * Dh, &kv, &b1, &p, scratch, per);
+        cr_expect(memcmp(one, out + (size_t)t * Hq * Dh, (size_t)Hq * Dh * 4) == 0,
+                  "%s: a decode row alone differs from the same row in the batch (window %d, sinks %d)",
+                  moe_cpu_isa_name(isa), window, sinks);
+        free(one);
     }
-    free(q);
-    free(k);
-    free(v);
-    free(got);
-    free(scratch);
+    free(q), free(k), free(v), free(sink), free(scratch);
     moe_kvcache_free(&kv);
     moe_backend_free(&be);
 }
 
+/* One decode row of fast paged attention alone (its heads then split over
+ * the threads) has the bits it has in a batch: G = 3 heads per KV head, Dh
+ * not a multiple of 8, with and without a sliding window and sinks, on
+ * every kernel set.  (Its agreement with the reference:
+ * test_backend_ops.c.) */
 Test(fast_ops, attention_row_alone_bits_equal_batch)
 {
-    if (moe_cpu_isa_detect() == MOE_CPU_ISA_REF) cr_skip_test("no fast kernel set");
-    check_attention_row_alone(0, false);
-    check_attention_row_alone(7, false);
-    check_attention_row_alone(0, true); /* gpt-oss's attention sinks */
-    check_attention_row_alone(7, true);
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("no fast kernel set");
+    float *out = malloc((size_t)44 * 6 * 20 * 4);
+    for (int isa = MOE_CPU_ISA_AVX2; isa <= (int)best && isa <= MOE_CPU_ISA_AVX512; isa++)
+        for (int c = 0; c < 4; c++)
+            run_attention((enum moe_cpu_isa)isa, MOE_DTYPE_F32, 6, 2, 20, c & 1 ? 7 : 0, c & 2, true, out);
+    free(out);
+}
+
+/* The AVX-512 kernels (attention_avx512.c) give the AVX2 kernels' bits:
+ * every cache dtype, head widths with and without a block of 8 and a
+ * tail, 1 to 6 heads per KV head, windows and sinks. */
+Test(fast_ops, attention_avx512_bits_equal_avx2)
+{
+    if (moe_cpu_isa_detect() < MOE_CPU_ISA_AVX512) cr_skip_test("this processor runs no AVX-512 kernel set");
+    const enum moe_dtype dts[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16, MOE_DTYPE_F8E4M3};
+    const int Dhs[] = {20, 24, 40, 64, 72, 128}, Gs[][2] = {{4, 4}, {6, 2}, {8, 2}, {6, 1}};
+    for (size_t a = 0; a < sizeof dts / sizeof *dts; a++)
+        for (size_t d = 0; d < sizeof Dhs / sizeof *Dhs; d++)
+            for (size_t g = 0; g < sizeof Gs / sizeof *Gs; g++) {
+                const int Hq = Gs[g][0], Hkv = Gs[g][1], Dh = Dhs[d], c = (int)(a + d + g) % 4;
+                const size_t n = (size_t)44 * Hq * Dh;
+                float *x = malloc(n * 4), *y = malloc(n * 4);
+                run_attention(MOE_CPU_ISA_AVX2, dts[a], Hq, Hkv, Dh, c & 1 ? 7 : 0, c & 2, false, x);
+                run_attention(MOE_CPU_ISA_AVX512, dts[a], Hq, Hkv, Dh, c & 1 ? 7 : 0, c & 2, false, y);
+                for (size_t i = 0; i < n; i++)
+                    if (memcmp(x + i, y + i, 4) != 0)
+                        cr_assert_fail("%s cache, %d heads over %d, Dh %d: value %zu: avx512 %.9g, avx2 %.9g",
+                                       moe_dtype_name(dts[a]), Hq, Hkv, Dh, i, y[i], x[i]);
+                free(x), free(y);
+            }
 }
 
 Test(fast_ops, backend_names_and_selection)

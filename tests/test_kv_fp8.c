@@ -212,7 +212,7 @@ static void attend(struct att_case *c, float *out, enum moe_dtype dt, bool fast,
     struct moe_attn_params p = {1, Hq, Hkv, Dh, 1.0f / sqrtf(Dh), window, S, NULL, 0, 0, 0.0f, NULL, 0};
     const size_t per = moe_attention_fast_scratch(Hq / Hkv, Dh);
     cr_assert(per * (size_t)omp_get_max_threads() <= sizeof c->scratch / 4);
-    if (fast) moe_attention_paged_fast(out, c->q, &kv, &b, &p, c->scratch, per);
+    if (fast) moe_attention_paged_fast(moe_cpu_isa_detect(), out, c->q, &kv, &b, &p, c->scratch, per);
     else moe_attention_paged_cpu(out, c->q, &kv, &b, &p, c->scratch);
     if (keep) *keep = kv;
     else moe_kvcache_free(&kv);

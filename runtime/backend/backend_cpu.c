@@ -249,7 +249,7 @@ static enum moe_status fast_attention(struct moe_backend *be, float *out, const 
 {
     struct cpu_ctx *c = ctx_of(be);
     if (p->keys) moe_attention_paged_cpu(out, q, kv, b, p, c->scratch); /* a selection: the reference's loop */
-    else moe_attention_paged_fast(out, q, kv, b, p, c->scratch, c->scratch_per_thread);
+    else moe_attention_paged_fast(c->isa, out, q, kv, b, p, c->scratch, c->scratch_per_thread);
     return MOE_OK;
 }
 

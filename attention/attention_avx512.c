@@ -1,0 +1,167 @@
+/* attention_avx512.c - the fast paged attention's scores and value sums
+ * (attention_fast.c) on 512-bit registers, for the AVX-512 kernel sets:
+ * the AVX2 kernels' arithmetic (attention_avx2.c), lane for lane, with
+ * half the instructions, so both give the same bits.
+ *
+ * A score's two 8-lane FMA chains (values i..i+7 and i+8..i+15 of each
+ * block of 16) are the two halves of one 16-lane chain; the odd block of 8
+ * goes into the first half's chain as before, then moe_hsum8 of the halves'
+ * sum, the Dh % 8 tail and the softmax scale as in the AVX2 kernel.  An
+ * accumulator's lanes are 16 values of d at a time, each acc * corr then
+ * one FMA per key in key order; a last block of 8 and the tail as in the
+ * AVX2 kernel.  Values are widened 16 at a time to the same values
+ * (attention_load.h). */
+#include <immintrin.h>
+#include <math.h>
+
+#include "attention/attention.h"
+#include "attention/attention_fast_impl.h"
+#include "attention/attention_load.h"
+#include "runtime/core/status.h"
+
+#define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+
+/* 16 values of a row of dtype dt from element i; s256: 2^8 times the
+ * row's scale (fp8 only). */
+AVX512 INLINE __m512 load16(const void *row, const enum moe_dtype dt, int i, __m512 s256)
+{
+    if (dt == MOE_DTYPE_F32) return _mm512_loadu_ps((const float *)row + i);
+    if (dt == MOE_DTYPE_F8E4M3) {
+        const uint8_t *b = (const uint8_t *)row + i;
+        const __m256i h = _mm256_set_m128i(moe_e4m3x8_half(_mm_loadl_epi64((const __m128i *)(b + 8)), 1),
+                                           moe_e4m3x8_half(_mm_loadl_epi64((const __m128i *)b), 1));
+        return _mm512_mul_ps(_mm512_cvtph_ps(h), s256);
+    }
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+    if (dt == MOE_DTYPE_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* sc[h * ldsc] = (q_h . k) * scale for the nh heads q_h = q + h * Dh. */
+AVX512 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, int Dh, const enum moe_dtype dt,
+                             const void *k, float ks, float scale)
+{
+    const __m512 s512 = _mm512_set1_ps(256.0f * ks);
+    __m512 z[4];
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++) z[h] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= Dh; i += 16) {
+        const __m512 kv = load16(k, dt, i, s512);
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) z[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)h * Dh + i), kv, z[h]);
+    }
+    __m256 s0[4], s1[4];
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++) {
+        s0[h] = _mm512_castps512_ps256(z[h]);
+        s1[h] = _mm512_extractf32x8_ps(z[h], 1);
+    }
+    if (i + 8 <= Dh) {
+        const __m256 k0 = att_load8(k, dt, i, _mm512_castps512_ps256(s512));
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) s0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * Dh + i), k0, s0[h]);
+        i += 8;
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++) {
+        float s = moe_hsum8(_mm256_add_ps(s0[h], s1[h]));
+        for (int d = i; d < Dh; d++) s += q[(size_t)h * Dh + d] * att_load1(k, dt, d, ks);
+        sc[(size_t)h * ldsc] = s * scale;
+    }
+}
+
+AVX512 INLINE void scores_dt(float *sc, int ldsc, const float *q, int gn, int Dh, const enum moe_dtype dt,
+                             const void *const *krow, const float *ks, int nj, float scale)
+{
+    for (int jj = 0; jj < nj; jj++) {
+        const float s = dt == MOE_DTYPE_F8E4M3 ? ks[jj] : 0.0f;
+        int g = 0;
+        for (; g + 4 <= gn; g += 4)
+            dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 4, Dh, dt, krow[jj], s, scale);
+        if (g + 2 <= gn) {
+            dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 2, Dh, dt, krow[jj], s, scale);
+            g += 2;
+        }
+        if (g < gn) dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 1, Dh, dt, krow[jj], s, scale);
+    }
+}
+
+/* acc_h (Dh) = acc_h * corr[h] + sum over the tile's keys, in order, of
+ * p[h * ldp + jj] * v_jj, for the nh heads acc_h = acc + h * Dh; s256[jj]:
+ * 2^8 times v_jj's scale (fp8 only). */
+AVX512 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr, const float *p, int ldp,
+                             const enum moe_dtype dt, const void *const *vrow, const float *vs, const float *s256,
+                             int nj)
+{
+    int d = 0;
+    for (; d + 16 <= Dh; d += 16) {
+        __m512 a[4];
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++)
+            a[h] = _mm512_mul_ps(_mm512_loadu_ps(acc + (size_t)h * Dh + d), _mm512_set1_ps(corr[h]));
+        for (int jj = 0; jj < nj; jj++) {
+            const __m512 v = load16(vrow[jj], dt, d, _mm512_set1_ps(s256[jj]));
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) a[h] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)h * ldp + jj]), v, a[h]);
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) _mm512_storeu_ps(acc + (size_t)h * Dh + d, a[h]);
+    }
+    if (d + 8 <= Dh) {
+        __m256 a[4];
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++)
+            a[h] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)h * Dh + d), _mm256_set1_ps(corr[h]));
+        for (int jj = 0; jj < nj; jj++) {
+            const __m256 v = att_load8(vrow[jj], dt, d, _mm256_broadcast_ss(s256 + jj));
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) a[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[(size_t)h * ldp + jj]), v, a[h]);
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) _mm256_storeu_ps(acc + (size_t)h * Dh + d, a[h]);
+        d += 8;
+    }
+    for (; d < Dh; d++)
+        for (int h = 0; h < nh; h++) {
+            float a = acc[(size_t)h * Dh + d] * corr[h];
+            for (int jj = 0; jj < nj; jj++) a = fmaf(p[(size_t)h * ldp + jj], att_load1(vrow[jj], dt, d, vs[jj]), a);
+            acc[(size_t)h * Dh + d] = a;
+        }
+}
+
+AVX512 INLINE void accum_dt(float *acc, int gn, int Dh, const float *corr, const float *p, int ldp,
+                            const enum moe_dtype dt, const void *const *vrow, const float *vs, int nj)
+{
+    float s[MOE_ATT_TILE], s256[MOE_ATT_TILE]; /* scales, 2^8 times them (non-fp8 rows: unused) */
+    for (int jj = 0; jj < nj; jj++) {
+        s[jj] = dt == MOE_DTYPE_F8E4M3 ? vs[jj] : 1.0f;
+        s256[jj] = 256.0f * s[jj];
+    }
+    int g = 0;
+    for (; g + 4 <= gn; g += 4)
+        acc_heads(acc + (size_t)g * Dh, 4, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
+    if (g + 2 <= gn) {
+        acc_heads(acc + (size_t)g * Dh, 2, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
+        g += 2;
+    }
+    if (g < gn) acc_heads(acc + (size_t)g * Dh, 1, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
+}
+
+AVX512 void moe_attention_scores_avx512(float *sc, int ldsc, const float *q, int gn, int Dh, enum moe_dtype dt,
+                                        const void *const *krow, const float *ks, int nj, float scale)
+{
+    MOE_ASSERT(nj <= MOE_ATT_TILE);
+#define SCORES(t) scores_dt(sc, ldsc, q, gn, Dh, t, krow, ks, nj, scale)
+    KV_DTYPE_SWITCH(dt, SCORES)
+#undef SCORES
+}
+
+AVX512 void moe_attention_accum_avx512(float *acc, int gn, int Dh, const float *corr, const float *p, int ldp,
+                                       enum moe_dtype dt, const void *const *vrow, const float *vs, int nj)
+{
+    MOE_ASSERT(nj <= MOE_ATT_TILE);
+#define ACCUM(t) accum_dt(acc, gn, Dh, corr, p, ldp, t, vrow, vs, nj)
+    KV_DTYPE_SWITCH(dt, ACCUM)
+#undef ACCUM
+}
