@@ -1,4 +1,5 @@
-/* gemm_q8.c - what the fast CPU matrix product over Q8_0 weights costs
+/* gemm_q8.c - what the fast CPU matrix product over Q8_0 weights (or Q4_1,
+ * with "q4_1" after the rounds: gemm_q4.c's kernels and gemm_q4_amx.c) costs
  * with the AVX2 kernel (runtime/cpu/gemm_q8.c), the AVX512-VNNI one
  * (runtime/cpu/gemm_q8_vnni.c) and, where the processor has AMX-INT8, the
  * AMX sets' (runtime/cpu/gemm_q8_amx.c), one thread.
@@ -19,7 +20,7 @@
  * before and after, which says how far the figures can be trusted.
  *
  * Build and run (from the repository root, after the CPU build in build-cpu/):
- *   cmake --build build-cpu --target bench_gemm_q8 && build-cpu/bench_gemm_q8 [rounds]
+ *   cmake --build build-cpu --target bench_gemm_q8 && build-cpu/bench_gemm_q8 [rounds] [q4_1]
  * Not run by the tests. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@
 enum { NK = 3, RMAX = 64 }; /* kernels at most; rounds at most */
 
 static int nk = 2; /* kernels run: 3 with AMX-INT8 */
+static enum moe_dtype wt = MOE_DTYPE_Q8_0; /* or Q4_1 */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float urand(void) /* [-1, 1) */
@@ -57,7 +59,7 @@ static void bench_case(int N, int D, int T, int rounds, const char *arena, size_
             const double t0 = bench_clock(CLOCK_MONOTONIC), c0 = bench_clock(CLOCK_THREAD_CPUTIME_ID);
             for (int i = 0; i < n; i++, next = (next + 1) % copies)
                 moe_gemm_fast_rows(isa[k], y, (size_t)N, x, (size_t)D, T, arena + (size_t)next * mbytes,
-                                   MOE_DTYPE_Q8_0, D, 0, N, NULL);
+                                   wt, D, 0, N, NULL);
             t[k][r] = (bench_clock(CLOCK_MONOTONIC) - t0) / n;
             cpu[k][r] = (bench_clock(CLOCK_THREAD_CPUTIME_ID) - c0) / n;
         }
@@ -80,8 +82,9 @@ static void bench_case(int N, int D, int T, int rounds, const char *arena, size_
 int main(int argc, char **argv)
 {
     const int rounds = argc > 1 ? atoi(argv[1]) : 7;
-    if (rounds < 1 || rounds > RMAX || argc > 2) {
-        fprintf(stderr, "usage: bench_gemm_q8 [rounds, 1..64]\n");
+    if (argc > 2 && strcmp(argv[2], "q4_1") == 0) wt = MOE_DTYPE_Q4_1;
+    if (rounds < 1 || rounds > RMAX || argc > 3 || (argc > 2 && wt != MOE_DTYPE_Q4_1)) {
+        fprintf(stderr, "usage: bench_gemm_q8 [rounds, 1..64] [q4_1]\n");
         return 2;
     }
     if (moe_cpu_isa_detect() < MOE_CPU_ISA_AVX512) {
@@ -96,7 +99,7 @@ int main(int argc, char **argv)
     if (moe_cpu_isa_detect() >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8()) nk = 3;
     const int shapes[3][2] = {{1408, 2048}, {14336, 4096}, {4096, 4096}}, Ts[6] = {1, 4, 8, 16, 64, 512};
     const size_t total = (size_t)256 << 20;
-    printf("Q8_0 weights, one thread, %d rounds, copies >= %zu MiB\n", rounds, total >> 20);
+    printf("%s weights, one thread, %d rounds, copies >= %zu MiB\n", moe_dtype_name(wt), rounds, total >> 20);
     bench_print_load();
     if (nk == 3)
         printf("| N x Din | T | avx2 ms | vnni ms | amx ms | avx2 GFLOP/s | vnni GFLOP/s | amx GFLOP/s | vnni/avx2 | "
@@ -106,7 +109,7 @@ int main(int argc, char **argv)
                "|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < 3; s++) {
         const int N = shapes[s][0], D = shapes[s][1];
-        const size_t mbytes = (size_t)N * moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)D);
+        const size_t mbytes = (size_t)N * moe_dtype_row_bytes(wt, (size_t)D);
         const int copies = (int)((total + mbytes - 1) / mbytes);
         float *row = bench_alloc("bench_gemm_q8", (size_t)D * sizeof(float)),
               *x = bench_alloc("bench_gemm_q8", (size_t)512 * D * sizeof(float)),
@@ -114,7 +117,9 @@ int main(int argc, char **argv)
         char *arena = bench_alloc("bench_gemm_q8", mbytes * (size_t)copies);
         for (int n = 0; n < N; n++) {
             for (int k = 0; k < D; k++) row[k] = urand();
-            if (!moe_quantize_row_q8_0(arena + (size_t)n * (mbytes / N), row, (size_t)D)) return 1;
+            if (!(wt == MOE_DTYPE_Q8_0 ? moe_quantize_row_q8_0 : moe_quantize_row_q4_1)(arena + (size_t)n * (mbytes / N), row,
+                                                                             (size_t)D))
+                return 1;
         }
         for (int i = 1; i < copies; i++) memcpy(arena + (size_t)i * mbytes, arena, mbytes);
         for (size_t i = 0; i < (size_t)512 * D; i++) x[i] = urand();

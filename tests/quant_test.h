@@ -160,8 +160,9 @@ static inline void qt_expect_refused(struct moe_model *h, enum moe_status status
 }
 
 /* The fast integer kernels' invariants for y = x . W^T (+ b), got (T, N)
- * from the AVX2 set: every set gives the same bits (the AMX sets' Q8_0
- * products on the int8 tiles bits of their own, the same in each AMX set);
+ * from the AVX2 set: every set gives the same bits (the AMX sets' Q8_0 and
+ * four-bit products on the int8 tiles bits of their own, the same in each
+ * AMX set);
  * each row alone gives its bits in the batch; a NaN and an infinity in
  * rows 1 and 2 make those rows NaN and leave the others' bits (x's rows 1
  * and 2 are changed).  other (T, N) and one (N) are scratch. */
@@ -169,7 +170,7 @@ static inline void qt_check_int8_invariants(const char *what, enum moe_cpu_isa b
                                             const void *w, enum moe_dtype wt, int N, int T,
                                             const struct moe_tensor *b, const float *got, float *other, float *one)
 {
-    const bool own = wt == MOE_DTYPE_Q8_0 && best >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8();
+    const bool own = (wt == MOE_DTYPE_Q8_0 || moe_dtype_is_q4(wt)) && best >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8();
     float *mine = NULL;
     if (own) {
         mine = malloc((size_t)T * N * 4);

@@ -242,6 +242,16 @@ static void check_fast_q4(enum moe_dtype t, int D)
                               r, n, g, e, bound);
                     worst = fmax(worst, fabs(g - e) / bound);
                 }
+            if (best >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8()) { /* the AMX sets' tiles: bits of their own */
+                moe_gemm_fast(MOE_CPU_ISA_AMX, other, N, x, D, w, t, N, D, T, b);
+                for (int r = 0; r < T; r++)
+                    for (int n = 0; n < N; n++) {
+                        const double bound = q4_bound(x + (size_t)r * D, wf + (size_t)n * D, w + (size_t)n * rb, t, D);
+                        const double g = other[(size_t)r * N + n], e = ref[(size_t)r * N + n];
+                        cr_assert(fabs(g - e) <= bound, "%s amx [%d,%d]: %.9g, reference %.9g: beyond the bound %.3g",
+                                  what, r, n, g, e, bound);
+                    }
+            }
             qt_check_int8_invariants(what, best, x, D, w, t, N, T, b, got, other, one);
             free(w);
             free(wf);
@@ -254,6 +264,104 @@ static void check_fast_q4(enum moe_dtype t, int D)
             free(bias);
         }
     cr_log_info("%s Din=%d: worst |fast - reference| %.2f of the bound", moe_dtype_name(t), D, worst);
+}
+
+/* The AMX sets' four-bit expression (runtime/cpu/gemm_q4_amx.c) for one
+ * output in scalar C: per group, per run k, the input block quantized as
+ * moe_quantize_x_q8 does, P the run's 32 products of codes summed exactly,
+ * acc = fma(float(P), dx * d, acc); then acc = fma(S, m, acc) with S the
+ * group's sum of dx times the block's code sum (fma a step); + bias. */
+static float q4_amx_expr(enum moe_dtype t, const float *x, const unsigned char *wrow, int D, float bias)
+{
+    const int nr = moe_q4_group(t) / 32, hb = t == MOE_DTYPE_Q4_1 ? 4 : MOE_Q4_HEAD;
+    const size_t gb = moe_q4_group_bytes(t);
+    float acc = 0.0f;
+    for (int g = 0; g < D / 32 / nr; g++) {
+        const unsigned char *grp = wrow + (size_t)g * gb;
+        float d, m, S = 0.0f;
+        if (t == MOE_DTYPE_Q4_1) {
+            uint16_t h[2];
+            memcpy(h, grp, 4);
+            d = moe_f16_to_f32(h[0]);
+            m = moe_f16_to_f32(h[1]);
+        } else {
+            memcpy(&d, grp, 4);
+            memcpy(&m, grp + 4, 4);
+        }
+        for (int k = 0; k < nr; k++) {
+            const float *xb = x + (size_t)(g * nr + k) * 32;
+            float amax = 0.0f;
+            bool bad = false;
+            for (int j = 0; j < 32; j++) {
+                bad |= !isfinite(xb[j]);
+                amax = fmaxf(amax, fabsf(xb[j]));
+            }
+            const float dx = bad ? NAN : amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            int32_t P = 0, cs = 0;
+            for (int j = 0; j < 32 && !bad; j++) {
+                const unsigned char byte = grp[hb + 16 * k + (j & 15)];
+                const int32_t q = j < 16 ? byte & 15 : byte >> 4, c = (int32_t)nearbyintf(xb[j] * id);
+                P += q * c;
+                cs += c;
+            }
+            S = fmaf(dx, (float)cs, S);
+            const float sc = dx * d;
+            acc = fmaf((float)P, sc, acc);
+        }
+        acc = fmaf(S, m, acc);
+    }
+    return acc + bias;
+}
+
+/* The AMX sets' four-bit kernel (int8 tiles from 16 rows, AVX512-VNNI for
+ * fewer) gives the bits of the expression above for every format, every T
+ * from 1 to 40 and 150 (two passes of input rows at Din 8192: 1 MiB of
+ * streams), N not a multiple of 16, a slice not starting at 0, with and
+ * without bias; inputs with a zero block, rows of other scales and a NaN. */
+Test(quant_q4, amx_kernel_pins_its_expression)
+{
+    if (moe_cpu_isa_detect() < MOE_CPU_ISA_AMX || !moe_cpu_amx_int8())
+        cr_skip_test("this processor (or its kernel) gives no AMX-INT8 tiles: no AMX four-bit kernel to check");
+    enum { TMAX = 150 };
+    const enum moe_dtype ts[] = {MOE_DTYPE_Q4_1, MOE_DTYPE_Q4_G32, MOE_DTYPE_Q4_G128};
+    const int Ds[] = {128, 384, 8192}, Ns[] = {1, 3, 17, 37};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++)
+            for (size_t e = 0; e < sizeof Ns / sizeof *Ns; e++) {
+                const enum moe_dtype t = ts[a];
+                const int D = Ds[c], N = Ns[e];
+                if (D == 8192 && N > 3) continue;
+                const size_t rb = moe_dtype_row_bytes(t, (size_t)D);
+                unsigned char *w = q4_weights(t, N, D, (uint64_t)(N * 7 + D + (int)t));
+                float *x = malloc((size_t)TMAX * D * sizeof(float)), *bias = malloc((size_t)N * 4),
+                      *y = malloc((size_t)TMAX * N * 4);
+                tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + D), -1, 1);
+                for (int r = 0; r < TMAX; r++)
+                    for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
+                memset(x + (size_t)D * 3, 0, 32 * sizeof(float));
+                x[(size_t)D * 5 + (size_t)D / 2 + 7] = NAN;
+                tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+                const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
+                for (int T = 1; T <= TMAX; T = T < 40 ? T + 1 : T == 40 && D == 8192 ? TMAX : TMAX + 1) {
+                    const int n0 = T % 2 ? 0 : N / 3;
+                    const struct moe_tensor *b = T % 3 == 1 ? &bt : NULL;
+                    memset(y, 0, (size_t)T * N * 4);
+                    moe_gemm_fast_rows(MOE_CPU_ISA_AMX, y, (size_t)N, x, (size_t)D, T, w, t, D, n0, N, b);
+                    for (int r = 0; r < T; r++)
+                        for (int n = n0; n < N; n++) {
+                            const float want = q4_amx_expr(t, x + (size_t)r * D, w + (size_t)n * rb, D, b ? bias[n] : 0.0f);
+                            const float got = y[(size_t)r * N + n];
+                            uint32_t bw, bg;
+                            memcpy(&bw, &want, 4), memcpy(&bg, &got, 4);
+                            if (bw != bg && !(isnan(want) && isnan(got)))
+                                cr_assert_fail("%s amx T=%d N=%d Din=%d n0=%d%s [%d,%d]: %.9g (0x%08x), the expression "
+                                               "%.9g (0x%08x)", moe_dtype_name(t), T, N, D, n0, b ? " +bias" : "", r, n,
+                                               got, bg, want, bw);
+                        }
+                    if (T > 5) cr_assert(isnan(y[(size_t)5 * N + n0]), "T=%d: row 5 holds a NaN input", T);
+                }
+                free(w), free(x), free(bias), free(y);
+            }
 }
 
 Test(quant_q4, fast_gemm_q4_1) { check_fast_q4(MOE_DTYPE_Q4_1, 32); check_fast_q4(MOE_DTYPE_Q4_1, 256); }

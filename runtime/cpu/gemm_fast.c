@@ -5,7 +5,8 @@
  * and the four-bit formats (Q4_1, Q4_G32, Q4_G128) in gemm_q8.c and
  * gemm_q4.c (AVX2 instructions for both sets; on AVX-512 processors that
  * have AVX512-VNNI, Q8_0 weights take gemm_q8_vnni.c and four-bit weights
- * gemm_q4.c's VNNI instance). */
+ * gemm_q4.c's VNNI instance; the AMX sets, where the processor has
+ * AMX-INT8, take gemm_q8_amx.c and gemm_q4_amx.c for both). */
 #include "runtime/cpu/gemm_fast.h"
 
 #include <cpuid.h>
@@ -118,6 +119,8 @@ void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const 
         moe_gemm_rows_q8_vnni(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     else if (wt == MOE_DTYPE_Q8_0)
         moe_gemm_rows_q8_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    else if (moe_dtype_is_q4(wt) && isa >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8())
+        moe_gemm_rows_q4_amx(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
     else if (moe_dtype_is_q4(wt) && isa >= MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
         moe_gemm_rows_q4_vnni(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
     else if (moe_dtype_is_q4(wt))

@@ -53,11 +53,13 @@
  * exactly) or one (`amx-bf16`: the input rounded to bf16, within 2^-8), a
  * tile product per part and k step, accumulated in fp32; a row's bits the
  * same alone or in any batch (but not the AVX-512 panel kernels' bits).
- * Q8_0 weights, where the processor has AMX-INT8, run on the int8 tiles
- * (gemm_q8_amx.c; one input row on AVX512-VNNI): inputs quantized as
- * above, each block's 32 products one exact integer sum, scaled and added
- * block by block (the AVX-512 set's 8 lane sums are not kept: other bits
- * than AVX2/AVX-512, the same alone or in any batch).
+ * Q8_0 and four-bit weights, where the processor has AMX-INT8, run on the
+ * int8 tiles (gemm_q8_amx.c, gemm_q4_amx.c; up to 4 input rows on
+ * AVX512-VNNI): inputs quantized as above, each block's (run's) 32
+ * products one exact integer sum, scaled and added block by block, a
+ * four-bit group's offset after its runs (the AVX-512 set's 8 lane sums
+ * are not kept: other bits than AVX2/AVX-512, the same alone or in any
+ * batch).
  * Detection asks Linux for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM)
  * once; refused, the processor counts as AVX-512.  Every other format
  * runs the AVX-512 set's kernels.
@@ -100,8 +102,8 @@ enum moe_cpu_isa moe_cpu_isa_detect(void);
  * an AMX processor, the AMX variant cap names (AMX_EXACT, AMX_BF16). */
 enum moe_cpu_isa moe_cpu_isa_choose(enum moe_cpu_isa cap);
 const char *moe_cpu_isa_name(enum moe_cpu_isa isa);
-/* Whether the AMX sets run Q8_0 products on the int8 tiles here (AMX-INT8
- * and AVX512-VNNI beside AMX-BF16, the tiles permitted). */
+/* Whether the AMX sets run Q8_0 and four-bit products on the int8 tiles
+ * here (AMX-INT8 and AVX512-VNNI beside AMX-BF16, the tiles permitted). */
 bool moe_cpu_amx_int8(void);
 
 /* y[t*ldy + n] for t in [0, T), n in [n0, n1), computed by the calling

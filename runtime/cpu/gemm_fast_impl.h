@@ -33,6 +33,16 @@ void moe_gemm_rows_q4_avx2(float *y, size_t ldy, const float *x, size_t ldx, int
                            enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
 void moe_gemm_rows_q4_vnni(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
                            enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
+/* The same for the AMX kernel sets where the processor has AMX-INT8
+ * (gemm_q4_amx.c; other bits: each run's sum whole). */
+void moe_gemm_rows_q4_amx(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
+                          enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
+/* The four-bit kernels' input row: x (ng groups of nr blocks of 32) as one
+ * stream at o of ng parts of 32 + 32 nr bytes: a head of 8 floats (0, S,
+ * dx_0 .. dx_{nr-1}, 0 ...), S the sum over the group's blocks in order of
+ * dx times the block's code sum (one rounding a step), then the nr blocks'
+ * int8 codes (moe_quantize_x_q8); o 32-byte aligned (gemm_q4.c). */
+void moe_q4_quantize_input(char *o, const float *x, int ng, int nr);
 /* All T rows against outputs [n0, n1) of bf16 weights in panels
  * (MOE_DTYPE_BF16_PANEL; gemm_panel.c). */
 void moe_gemm_rows_panel_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T,

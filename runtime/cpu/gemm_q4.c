@@ -83,8 +83,9 @@ struct xq {
 
 /* Input row x (ng groups of nr blocks) into its stream o (struct xq): each
  * block quantized by moe_quantize_x_q8, and S the sum over the group's
- * blocks in order of dx x (the block's code sum), each step one rounding. */
-AVX2 static void quantize_input(char *o, const float *x, int ng, int nr)
+ * blocks in order of dx x (the block's code sum), each step one rounding
+ * (gemm_fast_impl.h: the AMX sets' kernels read the same streams). */
+AVX2 void moe_q4_quantize_input(char *o, const float *x, int ng, int nr)
 {
     for (int g = 0; g < ng; g++, o += 32 + 32 * nr) {
         float *h = (float *)o, S = 0.0f;

@@ -7,7 +7,7 @@
  * here), so both instances give the same bits.
  *
  * The includer defines INLINE, RUN, TBQ, MAXC, struct xq and
- * quantize_input, and: Q4_ATTR (the target attribute), Q4_FN(name) (the
+ * moe_q4_quantize_input, and: Q4_ATTR (the target attribute), Q4_FN(name) (the
  * instance's name for each function here), Q4_DOT(w, x) (the 8 int32 lane
  * sums of the products of unsigned bytes w and signed bytes x), Q4_ENTRY
  * (the name of the instance's entry point, which this file defines);
@@ -179,7 +179,7 @@ Q4_ATTR void Q4_ENTRY(float *y, size_t ldy, const float *x, size_t ldx, int T, c
     if (b && !b->data) b = NULL;
     for (int t0 = 0; t0 < T; t0 += TBQ) {
         const int tn = T - t0 < TBQ ? T - t0 : TBQ;
-        for (int t = 0; t < tn; t++) quantize_input(buf + (size_t)t * rs, x + (size_t)(t0 + t) * ldx, ng, nr);
+        for (int t = 0; t < tn; t++) moe_q4_quantize_input(buf + (size_t)t * rs, x + (size_t)(t0 + t) * ldx, ng, nr);
         float *yb = y + (size_t)t0 * ldy;
         switch (wt) {
         case MOE_DTYPE_Q4_1: Q4_FN(rows_dt)(MOE_DTYPE_Q4_1, yb, ldy, &xr, tn, w, wld, n0, n1, b); break;

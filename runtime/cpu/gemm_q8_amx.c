@@ -38,56 +38,23 @@
 #include <string.h>
 
 #include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_amx_int8.h"
 #include "runtime/cpu/gemm_fast_impl.h"
 #include "runtime/cpu/simd_avx2.h"
 #include "runtime/core/status.h"
 
-#define AMXI __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-#define INLINE static inline __attribute__((always_inline))
-
 enum {
     QB = MOE_Q8_0_BLOCK,     /* values per block */
     QBYTES = MOE_Q8_0_BYTES, /* f32 scale + 32 codes */
-    BT = 512,                /* bytes of a block's B tile (8 x 64) */
     CHUNK_BYTES = 1 << 20,   /* quantized input rows of one pass */
     RV = 4,                  /* input rows of a VNNI tile */
     AMX_ROWS = 5,            /* from this many input rows the tiles */
 };
 
-struct tilecfg {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-/* tmm0, tmm3: accumulators (16 x 16 int32); tmm1, tmm4: input rows (16 x
- * 32 codes); tmm2, tmm5: weights (8 x 64). */
-AMXI static void configure(void)
-{
-    struct tilecfg c = {.palette = 1};
-    c.rows[0] = c.rows[3] = c.rows[1] = c.rows[4] = 16;
-    c.colsb[0] = c.colsb[3] = 64;
-    c.colsb[1] = c.colsb[4] = QB;
-    c.rows[2] = c.rows[5] = QB / 4;
-    c.colsb[2] = c.colsb[5] = 64;
-    _tile_loadconfig(&c);
-}
-
-/* Bias of outputs n .. n + m - 1 (m <= 16), zero past them. */
-AMXI INLINE __m512 bias16(const struct moe_tensor *b, int n, int m)
-{
-    _Alignas(64) float v[16] = {0};
-    if (b)
-        for (int i = 0; i < m; i++) v[i] = moe_tensor_get_f32(b, n + i);
-    return _mm512_load_ps(v);
-}
-
 /* Weight rows w (m of them, stride wld) rearranged into B tiles, one per
  * block, at bp, and their scales at sc (16 per block, 0 past m). */
 AMXI static void pack_weights(char *bp, float *sc, const char *w, size_t wld, int m, int nb)
 {
-    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     for (int k = 0; k < nb; k++) {
         /* z[j]: row j's 8 words in the lower half, row j + 8's in the upper */
         __m512i z[8];
@@ -99,23 +66,7 @@ AMXI static void pack_weights(char *bp, float *sc, const char *w, size_t wld, in
                                   : _mm256_setzero_si256();
             z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1);
         }
-        /* an 8 x 8 transpose of words in each half: line q = word q of rows 0..15 */
-        __m512i t[8], u[8];
-        for (int j = 0; j < 8; j += 2) {
-            t[j] = _mm512_unpacklo_epi32(z[j], z[j + 1]);
-            t[j + 1] = _mm512_unpackhi_epi32(z[j], z[j + 1]);
-        }
-        for (int j = 0; j < 8; j += 4) {
-            u[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
-            u[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
-            u[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
-            u[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
-        }
-        char *o = bp + (size_t)k * BT;
-        for (int j = 0; j < 4; j++) {
-            _mm512_store_si512((void *)(o + 64 * j), _mm512_permutex2var_epi64(u[j], lo, u[j + 4]));
-            _mm512_store_si512((void *)(o + 64 * (j + 4)), _mm512_permutex2var_epi64(u[j], hi, u[j + 4]));
-        }
+        moe_amx_b_tile(bp + (size_t)k * BT, z);
         for (int i = 0; i < 16; i++) {
             float s = 0.0f;
             if (i < m) memcpy(&s, w + (size_t)i * wld + (size_t)k * QBYTES, 4);
@@ -144,38 +95,17 @@ AMXI INLINE void tile_rows(const int R, float *y, size_t ldy, const int8_t *xq, 
     _Alignas(64) int32_t c[2][256];
     int k = 0;
     for (; k + 2 <= nb; k += 2) {
-        _tile_zero(0);
-        _tile_zero(3);
-        _tile_loadd(1, xq + (size_t)k * QB, (long)ldq);
-        _tile_loadd(2, bp + (size_t)k * BT, 64);
-        _tile_loadd(4, xq + (size_t)(k + 1) * QB, (long)ldq);
-        _tile_loadd(5, bp + (size_t)(k + 1) * BT, 64);
-        _tile_dpbssd(0, 1, 2);
-        _tile_dpbssd(3, 4, 5);
-        _tile_stored(0, c[0], 64);
-        _tile_stored(3, c[1], 64);
+        moe_amx_dot2(c[0], c[1], xq + (size_t)k * QB, xq + (size_t)(k + 1) * QB, ldq, bp + (size_t)k * BT,
+                     bp + (size_t)(k + 1) * BT);
         scale_block(acc, c[0], dx + k, (size_t)nb, R, sc + (size_t)k * 16);
         scale_block(acc, c[1], dx + k + 1, (size_t)nb, R, sc + (size_t)(k + 1) * 16);
     }
     if (k < nb) {
-        _tile_zero(0);
-        _tile_loadd(1, xq + (size_t)k * QB, (long)ldq);
-        _tile_loadd(2, bp + (size_t)k * BT, 64);
-        _tile_dpbssd(0, 1, 2);
-        _tile_stored(0, c[0], 64);
+        moe_amx_dot1(c[0], xq + (size_t)k * QB, ldq, bp + (size_t)k * BT);
         scale_block(acc, c[0], dx + k, (size_t)nb, R, sc + (size_t)k * 16);
     }
     const __mmask16 mask = (__mmask16)((1u << m) - 1);
     for (int t = 0; t < R; t++) _mm512_mask_storeu_ps(y + (size_t)t * ldy, mask, _mm512_add_ps(acc[t], bias));
-}
-
-/* Three folds: lanes of v[p] (row 2p in the lower half, 2p + 1 in the
- * upper, 8 partial sums each) summed to one lane per row, rows in order. */
-AMXI INLINE __m512i fold(__m512i a, __m512i b)
-{
-    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    return _mm512_add_epi32(_mm512_permutex2var_epi32(a, ev, b), _mm512_permutex2var_epi32(a, od, b));
 }
 
 /* R (1..RV) input rows (codes xq, scales dx, 128 x code sums cs; row
@@ -215,8 +145,8 @@ AMXI INLINE void rows_tile(const int R, float *y, size_t ldy, const int8_t *xq, 
                 _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + (size_t)t * Din + (size_t)k * QB)));
             __m512i v[8];
             for (int p = 0; p < 8; p++) v[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[p], x);
-            const __m512i s = _mm512_sub_epi32(fold(fold(fold(v[0], v[1]), fold(v[2], v[3])),
-                                                    fold(fold(v[4], v[5]), fold(v[6], v[7]))),
+            const __m512i s = _mm512_sub_epi32(moe_amx_fold(moe_amx_fold(moe_amx_fold(v[0], v[1]), moe_amx_fold(v[2], v[3])),
+                                                    moe_amx_fold(moe_amx_fold(v[4], v[5]), moe_amx_fold(v[6], v[7]))),
                                                _mm512_set1_epi32(cs[(size_t)t * nb + k]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx[(size_t)t * nb + k]), wd),
                                      acc[t]);
@@ -246,7 +176,7 @@ AMXI static void few_rows(float *y, size_t ldy, const float *x, size_t ldx, int 
     }
     for (int n = n0; n < n1; n += 16) {
         const int m = n1 - n < 16 ? n1 - n : 16;
-        const __m512 bias = bias16(b, n, m);
+        const __m512 bias = moe_amx_bias16(b, n, m);
         for (int t = 0; t < T; t += RV) {
             float *yt = y + (size_t)t * ldy + n;
             const int8_t *xt = xq + (size_t)t * Din;
@@ -291,7 +221,7 @@ AMXI void moe_gemm_rows_q8_amx(float *y, size_t ldy, const float *x, size_t ldx,
     float *dx = (float *)(xq + (size_t)rows * Din);
     char *bp = (char *)(dx + (size_t)rows * nb);
     float *sc = (float *)(bp + (size_t)nb * BT);
-    configure();
+    moe_amx_int8_configure();
     for (int t0 = 0; t0 < T; t0 += chunk) {
         const int tn = T - t0 < chunk ? T - t0 : chunk, tp = (tn + 15) / 16 * 16;
         for (int t = 0; t < tn; t++) moe_quantize_x_q8(xq + (size_t)t * Din, dx + (size_t)t * nb, x + (size_t)(t0 + t) * ldx, nb);
@@ -300,7 +230,7 @@ AMXI void moe_gemm_rows_q8_amx(float *y, size_t ldy, const float *x, size_t ldx,
         for (int n = n0; n < n1; n += 16) {
             const int m = n1 - n < 16 ? n1 - n : 16;
             pack_weights(bp, sc, w + (size_t)n * wld, wld, m, nb);
-            const __m512 bias = bias16(b, n, m);
+            const __m512 bias = moe_amx_bias16(b, n, m);
             for (int g = 0; g < tn; g += 16) {
                 float *yg = y + (size_t)(t0 + g) * ldy + n;
                 const int8_t *xg = xq + (size_t)g * Din;
