@@ -456,6 +456,7 @@ static int bench_open(struct bench_opts *o, struct moe_backend *be, struct moe_m
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q); /* checked when parsed */
     bo.quant = q;
+    moe_cli_isa_for_quant(&bo);
     double *warm = NULL;
     uint8_t *plan = NULL;
     if (moe_cli_offload_opts(&bo, o->eng.gpu_experts, o->eng.gpu_experts_policy, o->eng.gpu_experts_warm,

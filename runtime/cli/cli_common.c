@@ -452,6 +452,12 @@ void moe_cli_backend_opts(struct moe_backend_opts *o, long threads)
     o->cuda_expert_gemm_loop = env_choice("MOERUN_CUDA_GROUPED", grouped, 0) == 1;
 }
 
+void moe_cli_isa_for_quant(struct moe_backend_opts *o)
+{
+    if (getenv("MOERUN_CPU_ISA") || (o->quant != MOE_QUANT_Q8_0 && o->quant != MOE_QUANT_Q4)) return;
+    if (moe_cpu_isa_detect() >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8()) o->cpu_isa_max = MOE_CPU_ISA_AMX;
+}
+
 enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_cli_engine *o)
 {
     MOE_TRY(spec_check(o)); /* before anything starts or loads */
@@ -461,6 +467,7 @@ enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_c
     if (o->quantize && !moe_cli_parse_quant(o->quantize, &q))
         return moe_fail(MOE_ERR_INVALID_ARG, "--quantize '%s' (use q8_0, q4, or none)", o->quantize);
     bo.quant = q;
+    moe_cli_isa_for_quant(&bo);
     double *warm;
     uint8_t *plan = NULL;
     enum moe_status s = moe_cli_offload_opts(&bo, o->gpu_experts, o->gpu_experts_policy, o->gpu_experts_warm,

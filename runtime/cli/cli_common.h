@@ -156,6 +156,10 @@ const char *moe_cli_quant_name(enum moe_weight_quant q);
  * MOERUN_CUDA_EXPERTS=cublas|mma (docs/cli.md).  A value that is none of
  * these keeps the default with a one-line notice. */
 void moe_cli_backend_opts(struct moe_backend_opts *o, long threads);
+/* After o->quant is set: --quantize q8_0 or q4 on a processor whose AMX
+ * sets run those products on the int8 tiles takes the AMX set, unless
+ * MOERUN_CPU_ISA says which (prefill 1.5-2x, decode the same). */
+void moe_cli_isa_for_quant(struct moe_backend_opts *o);
 /* moe_backend_init for the options' --backend and --threads, with their
  * --quantize and expert offload. */
 MOE_MUST_USE enum moe_status moe_cli_backend_start(struct moe_backend *be,

@@ -166,7 +166,10 @@ static void print_kernels(void)
     printf("cpu kernels  %s", moe_cpu_isa_name(isa));
     if (isa < best) printf(" (MOERUN_CPU_ISA caps this processor's %s)", moe_cpu_isa_name(best));
     if (isa >= MOE_CPU_ISA_AMX)
-        printf(" (bf16 products on the AMX tiles, inputs in %s; the rest AVX-512)", inputs[isa - MOE_CPU_ISA_AMX]);
+        printf(" (bf16 products on the AMX tiles, inputs in %s;%s the rest AVX-512)", inputs[isa - MOE_CPU_ISA_AMX],
+               moe_cpu_amx_int8() ? " Q8_0 and four-bit on the int8 tiles;" : "");
+    else if (!getenv("MOERUN_CPU_ISA") && best >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8())
+        printf("; amx with --quantize q8_0 or q4");
     printf("\n");
 }
 
