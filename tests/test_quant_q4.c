@@ -313,7 +313,7 @@ static float q4_amx_expr(enum moe_dtype t, const float *x, const unsigned char *
     return acc + bias;
 }
 
-/* The AMX sets' four-bit kernel (int8 tiles from 16 rows, AVX512-VNNI for
+/* The AMX sets' four-bit kernel (int8 tiles from 8 rows, AVX512-VNNI for
  * fewer) gives the bits of the expression above for every format, every T
  * from 1 to 40 and 150 (two passes of input rows at Din 8192: 1 MiB of
  * streams), N not a multiple of 16, a slice not starting at 0, with and

@@ -1,6 +1,6 @@
 /* gemm_q4_amx.c - the AMX kernel sets' matrix product over four-bit
  * weights (Q4_1, Q4_G32, Q4_G128: runtime/core/tensor.h): tile products on
- * AMX-INT8 from AMX_ROWS (16) input rows on, an AVX512-VNNI instance of the
+ * AMX-INT8 from AMX_ROWS (8) input rows on, an AVX512-VNNI instance of the
  * same expression for fewer (decode), built as gemm_q8_amx.c.
  *
  * Inputs: the four-bit kernels' streams (moe_q4_quantize_input: per
@@ -37,7 +37,7 @@ enum {
     RUN = 32,              /* codes per run (16 bytes) and per input block */
     CHUNK_BYTES = 1 << 20, /* input streams of one pass */
     RV = 4,                /* input rows of a VNNI tile */
-    AMX_ROWS = 16,         /* from this many input rows the tiles (below, the unpacking costs more than they save) */
+    AMX_ROWS = 8,          /* from this many input rows the tiles (below, the unpacking costs more than they save) */
 };
 
 /* A weight format's shape: runs per group, head bytes, group bytes. */
