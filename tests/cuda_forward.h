@@ -25,14 +25,13 @@ struct side {
     struct moe_runner r;
 };
 
-/* The CPU side's backend: NULL the default (moe_backend_cpu_init), else a
- * name for moe_backend_init ("cpu-ref": four-bit checkpoints, whose fast
- * kernels quantize their inputs while CUDA's multiply fp32 activations). */
-static const char *cuda_forward_cpu_backend;
-
 /* gpu_experts: moe_offload_opts.gpu_experts (CUDA; 0: every expert
- * resident), cpu_rows: moe_offload_opts.cpu_rows */
-static inline void side_open_cpu_rows(struct side *s, const char *name, bool cuda, int gpu_experts, int cpu_rows)
+ * resident), cpu_rows: moe_offload_opts.cpu_rows; cpu_backend: the CPU
+ * side's backend, NULL the default (moe_backend_cpu_init), else a name for
+ * moe_backend_init ("cpu-ref": four-bit checkpoints, whose fast kernels
+ * quantize their inputs while CUDA's multiply fp32 activations). */
+static inline void side_open_on(struct side *s, const char *name, bool cuda, int gpu_experts, int cpu_rows,
+                                const char *cpu_backend)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", FIXTURE_DIR, name);
@@ -41,15 +40,18 @@ static inline void side_open_cpu_rows(struct side *s, const char *name, bool cud
     if (cuda)
         cr_assert_eq(tu_backend_init_with(&s->be, "cuda", MOE_QUANT_NONE, gpu_experts, cpu_rows), MOE_OK, "%s",
                      moe_last_error());
-    else if (cuda_forward_cpu_backend)
-        cr_assert_eq(tu_backend_init_with(&s->be, cuda_forward_cpu_backend, MOE_QUANT_NONE, 0, 0), MOE_OK, "%s",
-                     moe_last_error());
+    else if (cpu_backend)
+        cr_assert_eq(tu_backend_init_with(&s->be, cpu_backend, MOE_QUANT_NONE, 0, 0), MOE_OK, "%s", moe_last_error());
     else cr_assert_eq(moe_backend_cpu_init(&s->be, 0), MOE_OK);
     struct moe_runner_opts o = {.max_tokens = 64, .max_seqs = 4, .max_logits = 64,
                                 .block_size = 4, .n_blocks = 256};
     cr_assert_eq(moe_runner_init(&s->r, &s->m, &s->be, &o), MOE_OK, "%s", moe_last_error());
 }
 
+static inline void side_open_cpu_rows(struct side *s, const char *name, bool cuda, int gpu_experts, int cpu_rows)
+{
+    side_open_on(s, name, cuda, gpu_experts, cpu_rows, NULL);
+}
 static inline void side_open_with(struct side *s, const char *name, bool cuda, int gpu_experts)
 {
     side_open_cpu_rows(s, name, cuda, gpu_experts, 0);
@@ -80,14 +82,14 @@ static inline float *prefill_all(struct side *s, const int32_t *prompt, int S, i
 static inline void check_offload_stats(const struct side *gpu, int C);
 
 /* bf16: the bf16 tolerance (1e-2 unless tol > 0), expert ids and greedy
- * tokens reported, not required.  gpu_experts: as side_open_with.  The
- * first n_prompts prompts of the fixture, n_tokens (<= 32) greedy tokens
- * each. */
-static inline void check_fixture_run(const char *name, bool bf16, double tol, int gpu_experts, int n_prompts,
-                              int n_tokens)
+ * tokens reported, not required.  gpu_experts, cpu_backend: as
+ * side_open_on.  The first n_prompts prompts of the fixture, n_tokens
+ * (<= 32) greedy tokens each. */
+static inline void check_fixture_run_on(const char *cpu_backend, const char *name, bool bf16, double tol,
+                                        int gpu_experts, int n_prompts, int n_tokens)
 {
     struct side cpu, gpu;
-    side_open(&cpu, name, false);
+    side_open_on(&cpu, name, false, 0, 0, cpu_backend);
     side_open_with(&gpu, name, true, gpu_experts);
     char path[600];
     snprintf(path, sizeof path, "%s/%s/reference.safetensors", FIXTURE_DIR, name);
@@ -136,6 +138,12 @@ static inline void check_fixture_run(const char *name, bool bf16, double tol, in
     moe_safetensors_close(&ref);
     side_close(&gpu);
     side_close(&cpu);
+}
+
+static inline void check_fixture_run(const char *name, bool bf16, double tol, int gpu_experts, int n_prompts,
+                                     int n_tokens)
+{
+    check_fixture_run_on(NULL, name, bf16, tol, gpu_experts, n_prompts, n_tokens);
 }
 
 static inline void check_fixture_opts(const char *name, bool bf16, double tol, int gpu_experts)

@@ -73,9 +73,7 @@ Test(cuda_forward, llama4_is_refused_at_load)
  * widening for longer steps is checked by backend_ops_cuda. */
 static void check_q4_fixture(const char *name, int n_prompts, int n_tokens)
 {
-    cuda_forward_cpu_backend = "cpu-ref";
-    check_fixture_run(name, false, 0, 0, n_prompts, n_tokens);
-    cuda_forward_cpu_backend = NULL;
+    check_fixture_run_on("cpu-ref", name, false, 0, 0, n_prompts, n_tokens);
 }
 Test(cuda_forward, qwen3_moe_gptq_matches_cpu) { check_q4_fixture("qwen3_moe_gptq", 3, 32); }
 Test(cuda_forward, qwen3_moe_gptq_asym_g32_matches_cpu) { check_q4_fixture("qwen3_moe_gptq_asym_g32", 3, 32); }
@@ -101,9 +99,7 @@ Test(cuda_forward, qwen3_moe_gptq_actorder_short_matches_cpu) { check_q4_fixture
 static void check_q4_grouped(const char *name, double tol)
 {
     struct side cpu, gpu;
-    cuda_forward_cpu_backend = "cpu-ref";
-    side_open(&cpu, name, false);
-    cuda_forward_cpu_backend = NULL;
+    side_open_on(&cpu, name, false, 0, 0, "cpu-ref");
     side_open(&gpu, name, true);
     enum { S = 48 };
     const int V = cpu.m.cfg.vocab, L = cpu.m.cfg.n_layers, K = cpu.m.cfg.top_k > 0 ? cpu.m.cfg.top_k : 1;

@@ -43,6 +43,7 @@ struct upload {
     void *dev;
     enum moe_dtype dtype; /* on the device (FP8 widened to BF16, or kept as planes) */
     const int32_t *cols;  /* its column order on the device (act-order four-bit), or NULL */
+    bool quantized;       /* made by --quantize at upload (dtype Q8_0 or Q4_1) */
 };
 
 /* Device memory the context owns: weight uploads, deduplicated by host

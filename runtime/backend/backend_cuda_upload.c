@@ -159,9 +159,7 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
                                                      : MOE_DTYPE_N;
     const bool quant = qt != MOE_DTYPE_N;
     for (size_t i = 0; i < c->mem.n_up; i++)
-        if (c->mem.up[i].host == t->data &&
-            (quant ? c->mem.up[i].dtype == qt
-                   : c->mem.up[i].dtype != MOE_DTYPE_Q8_0 && c->mem.up[i].dtype != MOE_DTYPE_Q4_1)) {
+        if (c->mem.up[i].host == t->data && c->mem.up[i].quantized == quant && (!quant || c->mem.up[i].dtype == qt)) {
             t->data = c->mem.up[i].dev;
             t->device = c->device;
             t->dtype = c->mem.up[i].dtype;
@@ -203,7 +201,7 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
         MOE_CUDA_TRY(cudaMemcpy(dc, t->cols, (size_t)t->shape[t->ndim - 1] * sizeof(int32_t), cudaMemcpyHostToDevice));
         t->cols = dc;
     }
-    c->mem.up[c->mem.n_up++] = (struct upload){t->data, d, t->dtype, t->cols};
+    c->mem.up[c->mem.n_up++] = (struct upload){t->data, d, t->dtype, t->cols, quant};
     c->mem.part_bytes[part] += bytes;
     t->data = d;
     t->device = c->device;

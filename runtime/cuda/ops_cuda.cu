@@ -340,17 +340,28 @@ static __global__ void quantize_q8_0_kernel(int8_t *q, float *s, const void *src
     }
 }
 
+/* The checks and grid of a quantization at upload of n values of dt in
+ * blocks of `block` (Q8_0, Q4_1): a grid that fills a large GPU, each warp
+ * striding over the blocks; *grid 0 when there is nothing to do. */
+static enum moe_status quantize_grid(size_t n, enum moe_dtype dt, size_t block, unsigned *grid)
+{
+    *grid = 0;
+    if (n % block || (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16))
+        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA quantize: %zu %s values", n, moe_dtype_name(dt));
+    if (n == 0) return MOE_OK;
+    const unsigned g = moe_cuda_blocks(n, 256);
+    *grid = g > 1024 ? 1024 : g;
+    return MOE_OK;
+}
+
 extern "C" enum moe_status moe_ops_quantize_q8_0_cuda(cudaStream_t st, void *dst, const void *src,
                                                       enum moe_dtype dt, size_t n, int *bad)
 {
-    if (n % MOE_Q8_0_BLOCK || (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16))
-        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA quantize: %zu %s values", n, moe_dtype_name(dt));
-    if (n == 0) return MOE_OK;
-    const size_t blocks = n / MOE_Q8_0_BLOCK;
-    /* a grid that fills a large GPU, each warp striding over the blocks */
-    unsigned grid = moe_cuda_blocks(n, 256);
-    if (grid > 1024) grid = 1024;
-    quantize_q8_0_kernel<<<grid, 256, 0, st>>>((int8_t *)dst, (float *)((char *)dst + n), src, dt, blocks, bad);
+    unsigned grid;
+    const enum moe_status s = quantize_grid(n, dt, MOE_Q8_0_BLOCK, &grid);
+    if (s != MOE_OK || grid == 0) return s;
+    quantize_q8_0_kernel<<<grid, 256, 0, st>>>((int8_t *)dst, (float *)((char *)dst + n), src, dt,
+                                               n / MOE_Q8_0_BLOCK, bad);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
@@ -397,14 +408,11 @@ static __global__ void quantize_q4_1_kernel(uint8_t *q, __half2 *s, const void *
 extern "C" enum moe_status moe_ops_quantize_q4_1_cuda(cudaStream_t st, void *dst, const void *src,
                                                       enum moe_dtype dt, size_t n, int *bad)
 {
-    if (n % MOE_Q4_1_BLOCK || (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16))
-        return moe_fail(MOE_ERR_INVALID_ARG, "CUDA quantize: %zu %s values", n, moe_dtype_name(dt));
-    if (n == 0) return MOE_OK;
-    const size_t blocks = n / MOE_Q4_1_BLOCK;
-    unsigned grid = moe_cuda_blocks(n, 256);
-    if (grid > 1024) grid = 1024;
-    quantize_q4_1_kernel<<<grid, 256, 0, st>>>((uint8_t *)dst, (__half2 *)((char *)dst + n / 2), src, dt, blocks,
-                                               bad);
+    unsigned grid;
+    const enum moe_status s = quantize_grid(n, dt, MOE_Q4_1_BLOCK, &grid);
+    if (s != MOE_OK || grid == 0) return s;
+    quantize_q4_1_kernel<<<grid, 256, 0, st>>>((uint8_t *)dst, (__half2 *)((char *)dst + n / 2), src, dt,
+                                               n / MOE_Q4_1_BLOCK, bad);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
