@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "runtime/cpu/gemm_fast.h"
 #include "runtime/model/safetensors.h"
 #include "tests/testutil.h"
 
@@ -525,6 +526,21 @@ Test(cli, environment_sets_backend_options)
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_expect(strstr(out, "moerun: MOERUN_CUDA_EXPERTS=fast is not one of cublas, mma: cublas\n") != NULL,
               "%s", out);
+    /* --quantize q8_0 takes the amx set where its products run on the int8
+     * tiles, unless MOERUN_CPU_ISA says which */
+    const char *q = "bench --synthetic " MOERUN_SOURCE_DIR "/configs/tiny-moe.json --quantize q8_0 --prefill 8 "
+                    "--decode 1 --threads 1 --json 2>&1";
+    const bool tiles = moe_cpu_isa_detect() >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8();
+    char want[64];
+    snprintf(want, sizeof want, "\"kernels\":\"%s\"",
+             tiles ? "amx" : moe_cpu_isa_name(moe_cpu_isa_choose(MOE_CPU_ISA_DEFAULT_CAP)));
+    snprintf(cmd, sizeof cmd, "env -u MOERUN_CPU_ISA %s %s", MOERUN_BINARY, q);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, want) != NULL, "--quantize q8_0, want %s: %s", want, out);
+    snprintf(cmd, sizeof cmd, "MOERUN_CPU_ISA=avx2 %s %s", MOERUN_BINARY, q);
+    snprintf(want, sizeof want, "\"kernels\":\"%s\"", moe_cpu_isa_name(moe_cpu_isa_choose(MOE_CPU_ISA_AVX2)));
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, want) != NULL, "--quantize q8_0 with MOERUN_CPU_ISA=avx2, want %s: %s", want, out);
 }
 
 Test(cli, version_names_the_build)
