@@ -14,7 +14,7 @@
  * then + bias.  Every path computes that, so a row gives the same bits
  * alone or in any batch and slice.
  *
- * Tiles (two or more rows): the weights are B.  A tile of 16 weight rows
+ * Tiles (AMX_ROWS rows or more): the weights are B.  A tile of 16 weight rows
  * is rearranged per block into B's layout (8 lines of 64 bytes: line q
  * holds bytes 4q..4q+3 of each row's block; rows past the slice zero) with
  * its scales beside, once per pass of input rows; the input rows are A in
