@@ -1,15 +1,18 @@
 /* attention_fast.c - the fast paged attention (see attention.h; the
  * reference is moe_attention_paged_cpu in attention_cpu.c).
  *
- * Work items are (row, KV head) as in the reference, or (row, KV head, chunk
- * of the group's heads) when those are too few for the threads.  Each item walks its
- * sequence's keys in tiles of up to MOE_ATT_TILE positions: the scores of
- * the tile's keys for all of the item's query heads (vector dot products),
- * then one online-softmax update per head and tile (one rescale of the
+ * Work items are (block of rows, KV head), or (block, KV head, chunk of
+ * the group's heads) when those are too few for the threads; a block is up
+ * to VH_CAP / G consecutive rows of one sequence (a prefill chunk; a
+ * decode row alone).  Each item walks its sequence's keys in tiles of up
+ * to MOE_ATT_TILE positions: the scores of the tile's keys for all of the
+ * item's rows and query heads (vector dot products), then one
+ * online-softmax update per row, head and tile (one rescale of the
  * accumulators per tile instead of per key), then the tile's values into
  * the accumulators.  Every key and value row is read once per item and
  * register block of heads (attention_avx2.c; attention_avx512.c for the
- * AVX-512 kernel sets, the same bits).
+ * AVX-512 kernel sets, the same bits).  A row's numbers do not depend on
+ * its block: the same as alone, whatever the batch.
  *
  * Caches: every dtype (f32, f16, bf16, fp8 with its row scales) is read in
  * place at its own width and widened in registers by the kernels, to the
@@ -17,6 +20,7 @@
  * V read instead of 4 Dh, a bf16 one 2 Dh. */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention/attention.h"
@@ -24,8 +28,19 @@
 
 enum { JT = MOE_ATT_TILE };
 
-/* Per thread: m, l, corr (G each), the scores / softmax weights (G, JT), the accumulators (G, Dh). */
-size_t moe_attention_fast_scratch(int G, int Dh) { return (size_t)G * (3 + JT + Dh); }
+/* Query heads an item takes at once: rows of a sequence times heads of a
+ * group, so that a tile of keys, once loaded, serves them all. */
+enum { VH_CAP = 64 };
+
+static int rows_per_block(int G) { return G >= VH_CAP ? 1 : VH_CAP / G; }
+
+/* Per thread, for the VH = rows x heads of an item: m, l, corr (VH each),
+ * the scores / softmax weights (VH, JT), the accumulators and the queries
+ * (VH, Dh each). */
+size_t moe_attention_fast_scratch(int G, int Dh)
+{
+    return (size_t)rows_per_block(G) * (size_t)G * (3 + JT + 2 * (size_t)Dh);
+}
 
 /* The call's constants, shared by its work items. */
 struct att_job {
@@ -38,13 +53,36 @@ struct att_job {
     float *scratch;
     size_t scratch_per_thread;
     size_t es;
+    const int32_t *start; /* (blocks + 1) each block's first row; NULL: a row each */
     enum moe_dtype dt;
     bool wide; /* the 512-bit kernels */
     int Hq, Hkv, Dh, G, B, GC, nc;
 };
 
-/* Work item it: (row t, KV head kh, heads g0 .. g0 + gn of its group), in
- * the scratch of thread th. */
+/* Blocks of rows that walk their keys together: consecutive rows of one
+ * sequence at ascending positions with the same first key and query scale,
+ * at most rmax of them.  start (T + 1): each block's first row, then T;
+ * returns the number of blocks. */
+static int row_blocks(int32_t *start, const struct moe_batch *b, const struct moe_attn_params *p, int rmax)
+{
+    int n = 0;
+    for (int t = 0; t < b->n_tokens; t++) {
+        const int t0 = n ? start[n - 1] : 0, pt = b->positions[t];
+        if (n == 0 || t - t0 >= rmax || b->seq_of[t] != b->seq_of[t0] || pt <= b->positions[t - 1] ||
+            moe_attention_first_key(p, pt) != moe_attention_first_key(p, b->positions[t0]) ||
+            moe_attention_query_scale(p, pt) != moe_attention_query_scale(p, b->positions[t0]))
+            start[n++] = t;
+    }
+    start[n] = b->n_tokens;
+    return n;
+}
+
+/* Work item it: (block of rows, KV head kh, heads g0 .. g0 + gn of its
+ * group), in the scratch of thread th.  Each row's numbers are those it
+ * has alone: the same tiles from its first key, the scores of its heads
+ * computed as alone (the kernels treat heads one by one), its own softmax
+ * update over its own keys of a tile, its values summed over those keys;
+ * the block shares only the loading of the keys and values. */
 static void attend_item(const struct att_job *J, size_t it, int th)
 {
     const int Hq = J->Hq, Hkv = J->Hkv, Dh = J->Dh, G = J->G, B = J->B, GC = J->GC, nc = J->nc;
@@ -52,24 +90,31 @@ static void attend_item(const struct att_job *J, size_t it, int th)
     const struct moe_attn_params *p = J->p;
     const enum moe_dtype dt = J->dt;
     const bool fp8 = dt == MOE_DTYPE_F8E4M3;
-    const int t = (int)(it / ((size_t)Hkv * nc)), kh = (int)(it / nc % Hkv);
-    const int g0 = (int)(it % nc) * GC, gn = G - g0 < GC ? G - g0 : GC;
+    const size_t blk = it / ((size_t)Hkv * nc);
+    const int kh = (int)(it / nc % Hkv);
+    const int t0 = J->start ? J->start[blk] : (int)blk, R = J->start ? J->start[blk + 1] - t0 : 1;
+    const int g0 = (int)(it % nc) * GC, gn = G - g0 < GC ? G - g0 : GC, VH = R * gn;
+    const int32_t *pos = b->positions + t0;
     float *m = J->scratch + (size_t)th * J->scratch_per_thread;
-    float *l = m + G, *corr = l + G, *sc = corr + G, *acc = sc + (size_t)G * JT;
-    const int s = b->seq_of[t], pos = b->positions[t];
-    const int32_t *table = b->block_table + (size_t)s * b->max_blocks;
-    const float *qg = J->q + (size_t)t * Hq * Dh + (size_t)(kh * G + g0) * Dh;
-    const int first = moe_attention_first_key(p, pos);
-    const float scale = moe_attention_query_scale(p, pos);
-    for (int g = 0; g < gn; g++) { /* a sink is a key of value 0 */
-        m[g] = p->sinks ? p->sinks[kh * G + g0 + g] : -INFINITY;
-        l[g] = p->sinks ? 1.0f : 0.0f;
+    float *l = m + VH, *corr = l + VH, *sc = corr + VH, *acc = sc + (size_t)VH * JT, *qb = acc + (size_t)VH * Dh;
+    const int32_t *table = b->block_table + (size_t)b->seq_of[t0] * b->max_blocks;
+    const int first = moe_attention_first_key(p, pos[0]), plast = pos[R - 1];
+    const float scale = moe_attention_query_scale(p, pos[0]);
+    for (int r = 0; r < R; r++) {
+        memcpy(qb + (size_t)r * gn * Dh, J->q + (size_t)(t0 + r) * Hq * Dh + (size_t)(kh * G + g0) * Dh,
+               (size_t)gn * Dh * sizeof(float));
+        for (int g = 0; g < gn; g++) { /* a sink is a key of value 0 */
+            m[r * gn + g] = p->sinks ? p->sinks[kh * G + g0 + g] : -INFINITY;
+            l[r * gn + g] = p->sinks ? 1.0f : 0.0f;
+        }
     }
-    memset(acc, 0, (size_t)gn * Dh * sizeof(float));
+    memset(acc, 0, (size_t)VH * Dh * sizeof(float));
     const void *krow[JT], *vrow[JT];
     float ks[JT], vs[JT]; /* fp8: the rows' scales */
-    for (int j0 = first; j0 <= pos; j0 += JT) {
-        const int nj = pos + 1 - j0 < JT ? pos + 1 - j0 : JT;
+    int ra = 0;           /* the first row whose keys reach this tile (positions ascend) */
+    for (int j0 = first; j0 <= plast; j0 += JT) {
+        const int nj = plast + 1 - j0 < JT ? plast + 1 - j0 : JT;
+        while (pos[ra] < j0) ra++;
         for (int jj = 0; jj < nj; jj++) {
             const int j = j0 + jj;
             const size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
@@ -81,22 +126,49 @@ static void attend_item(const struct att_job *J, size_t it, int th)
                 vs[jj] = J->vsl[r];
             }
         }
+        /* scores of every row reaching the tile, over the keys of the last
+         * (a row ignores those past its position) */
+        float *sa = sc + (size_t)ra * gn * JT;
+        const float *qa = qb + (size_t)ra * gn * Dh;
         if (J->wide)
-            moe_attention_scores_avx512(sc, JT, qg, gn, Dh, dt, krow, ks, nj, scale);
+            moe_attention_scores_avx512(sa, JT, qa, (R - ra) * gn, Dh, dt, krow, ks, nj, scale);
         else
-            moe_attention_scores_avx2(sc, JT, qg, gn, Dh, dt, krow, ks, nj, scale);
-        moe_attention_softmax_avx2(sc, JT, gn, nj, m, l, corr); /* the scores become the softmax weights */
-        if (J->wide)
-            moe_attention_accum_avx512(acc, gn, Dh, corr, sc, JT, dt, vrow, vs, nj);
-        else
-            moe_attention_accum_avx2(acc, gn, Dh, corr, sc, JT, dt, vrow, vs, nj);
+            moe_attention_scores_avx2(sa, JT, qa, (R - ra) * gn, Dh, dt, krow, ks, nj, scale);
+        /* rows ra .. rf - 1 see part of the tile, each alone; rf .. R - 1 all of it, together */
+        int rf = ra;
+        for (int r = ra; r < R; r++) {
+            const int njr = pos[r] + 1 - j0 < nj ? pos[r] + 1 - j0 : nj;
+            if (njr == nj) break;
+            rf = r + 1;
+        }
+        for (int r = ra; r < R; r++) {
+            const int njr = r < rf ? pos[r] + 1 - j0 : nj, h = r * gn;
+            moe_attention_softmax_avx2(sc + (size_t)h * JT, JT, gn, njr, m + h, l + h, corr + h);
+            if (r >= rf) continue;
+            if (J->wide)
+                moe_attention_accum_avx512(acc + (size_t)h * Dh, gn, Dh, corr + h, sc + (size_t)h * JT, JT, dt,
+                                           vrow, vs, njr);
+            else
+                moe_attention_accum_avx2(acc + (size_t)h * Dh, gn, Dh, corr + h, sc + (size_t)h * JT, JT, dt,
+                                         vrow, vs, njr);
+        }
+        if (rf < R) {
+            const int h = rf * gn;
+            if (J->wide)
+                moe_attention_accum_avx512(acc + (size_t)h * Dh, (R - rf) * gn, Dh, corr + h,
+                                           sc + (size_t)h * JT, JT, dt, vrow, vs, nj);
+            else
+                moe_attention_accum_avx2(acc + (size_t)h * Dh, (R - rf) * gn, Dh, corr + h,
+                                         sc + (size_t)h * JT, JT, dt, vrow, vs, nj);
+        }
     }
-    for (int g = 0; g < gn; g++) {
-        float *o = J->out + (size_t)t * Hq * Dh + ((size_t)kh * G + g0 + g) * Dh;
-        const float *a = acc + (size_t)g * Dh;
-        const float inv = 1.0f / l[g];
-        for (int d = 0; d < Dh; d++) o[d] = a[d] * inv;
-    }
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < gn; g++) {
+            float *o = J->out + (size_t)(t0 + r) * Hq * Dh + ((size_t)kh * G + g0 + g) * Dh;
+            const float *a = acc + (size_t)(r * gn + g) * Dh;
+            const float inv = 1.0f / l[r * gn + g];
+            for (int d = 0; d < Dh; d++) o[d] = a[d] * inv;
+        }
 }
 
 void moe_attention_paged_fast(enum moe_cpu_isa isa, float *out, const float *q, const struct moe_kvcache *kv,
@@ -121,6 +193,14 @@ void moe_attention_paged_fast(enum moe_cpu_isa isa, float *out, const float *q, 
         .Hq = Hq, .Hkv = Hkv, .Dh = Dh, .G = G, .B = kv->block_size,
     };
 
+    /* Blocks of a sequence's rows (prefill chunks, verification rows),
+     * or a row each (decode steps; no memory for the list). */
+    int32_t *start = NULL;
+    int nblk = T;
+    if (T > b->n_seqs && (start = malloc(((size_t)T + 1) * sizeof *start)))
+        nblk = row_blocks(start, b, p, rows_per_block(G));
+    J.start = start;
+
     /* One thread, or a batch whose keys are few (a decode step at a short
      * context): the items in this thread, without a parallel region (whose
      * team costs more than such a step's attention). */
@@ -130,17 +210,19 @@ void moe_attention_paged_fast(enum moe_cpu_isa isa, float *out, const float *q, 
     if (nth == 1 || keys * (size_t)Hq * (size_t)Dh <= 16384) {
         J.GC = G;
         J.nc = 1;
-        for (size_t it = 0; it < (size_t)T * Hkv; it++) attend_item(&J, it, 0);
+        for (size_t it = 0; it < (size_t)nblk * Hkv; it++) attend_item(&J, it, 0);
+        free(start);
         return;
     }
-    /* Heads of a group in chunks of GC when (row, KV head) pairs are too few
-     * to keep every thread busy (decode with few KV heads; MLA's single
+    /* Heads of a group in chunks of GC when (block, KV head) pairs are too
+     * few to keep every thread busy (decode with few KV heads; MLA's single
      * one): each head's arithmetic is the same whatever the chunk. */
     const int want = 4 * nth;
     int GC = G;
-    while (GC > 1 && (size_t)T * Hkv * (size_t)((G + GC - 1) / GC) < (size_t)want) GC = (GC + 1) / 2;
+    while (GC > 1 && (size_t)nblk * Hkv * (size_t)((G + GC - 1) / GC) < (size_t)want) GC = (GC + 1) / 2;
     J.GC = GC;
     J.nc = (G + GC - 1) / GC;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (size_t it = 0; it < (size_t)T * Hkv * J.nc; it++) attend_item(&J, it, omp_get_thread_num());
+    for (size_t it = 0; it < (size_t)nblk * Hkv * J.nc; it++) attend_item(&J, it, omp_get_thread_num());
+    free(start);
 }

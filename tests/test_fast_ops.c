@@ -162,8 +162,8 @@ Test(fast_ops, gemm_multi_equals_separate_products)
  * Hkv KV heads of Dh values: scrambled blocks, two sequences (41 and 3
  * rows, contexts longer than the softmax tile), a sliding window and
  * sinks when asked.  out (44, Hq, Dh) from kernel set isa; with one_row,
- * the last row of the first sequence is also run alone and must give the
- * bits it has in the batch. */
+ * every row is also run alone (a decode step) and must give the bits it
+ * has in the batch (where the rows share their key loads). */
 static void run_attention(enum moe_cpu_isa isa, enum moe_dtype dt, int Hq, int Hkv, int Dh, int window, bool sinks,
                           bool one_row, float *out)
 {
@@ -198,16 +198,19 @@ static void run_attention(enum moe_cpu_isa isa, enum moe_dtype dt, int Hq, int H
     float *scratch = calloc(per * 64, sizeof(float));
     moe_attention_paged_fast(isa, out, q, &kv, &b, &p, scratch, per);
     if (one_row) {
-        const int t = S0 - 1;
-        int32_t pos1[1] = {pos[t]}, seq1[1] = {0}, start1[2] = {0, 1}, ctx1[1] = {S0}, slot1[1] = {slots[t]};
-        struct moe_batch b1 = {.n_tokens = 1, .n_seqs = 1, .positions = pos1, .seq_of = seq1,
-                               .seq_start = start1, .ctx_len = ctx1, .block_table = table,
-                               .max_blocks = 9, .slot = slot1, .logit_rows = rows};
         float *one = malloc((size_t)Hq * Dh * 4);
-        moe_attention_paged_fast(isa, one, q + (size_t)t * Hq * Dh, &kv, &b1, &p, scratch, per);
-        cr_expect(memcmp(one, out + (size_t)t * Hq * Dh, (size_t)Hq * Dh * 4) == 0,
-                  "%s: a decode row alone differs from the same row in the batch (window %d, sinks %d)",
-                  moe_cpu_isa_name(isa), window, sinks);
+        for (int t = 0; t < S; t++) {
+            const int s = seq_of[t];
+            int32_t pos1[1] = {pos[t]}, seq1[1] = {0}, start1[2] = {0, 1}, ctx1[1] = {pos[t] + 1};
+            int32_t slot1[1] = {slots[t]};
+            struct moe_batch b1 = {.n_tokens = 1, .n_seqs = 1, .positions = pos1, .seq_of = seq1,
+                                   .seq_start = start1, .ctx_len = ctx1, .block_table = table + s * 9,
+                                   .max_blocks = 9, .slot = slot1, .logit_rows = rows};
+            moe_attention_paged_fast(isa, one, q + (size_t)t * Hq * Dh, &kv, &b1, &p, scratch, per);
+            cr_expect(memcmp(one, out + (size_t)t * Hq * Dh, (size_t)Hq * Dh * 4) == 0,
+                      "%s: row %d alone differs from the same row in the batch (%d heads over %d, window %d, "
+                      "sinks %d)", moe_cpu_isa_name(isa), t, Hq, Hkv, window, sinks);
+        }
         free(one);
     }
     free(q), free(k), free(v), free(sink), free(scratch);
@@ -215,10 +218,11 @@ static void run_attention(enum moe_cpu_isa isa, enum moe_dtype dt, int Hq, int H
     moe_backend_free(&be);
 }
 
-/* One decode row of fast paged attention alone (its heads then split over
- * the threads) has the bits it has in a batch: G = 3 heads per KV head, Dh
- * not a multiple of 8, with and without a sliding window and sinks, on
- * every kernel set.  (Its agreement with the reference:
+/* A decode row of fast paged attention alone (its heads then split over
+ * the threads) has the bits it has in a prefill batch (blocks of rows
+ * walking the keys together): G = 3 and G = 1 heads per KV head, Dh not a
+ * multiple of 8, with and without a sliding window and sinks, on every
+ * kernel set.  (Its agreement with the reference:
  * test_backend_ops.c.) */
 Test(fast_ops, attention_row_alone_bits_equal_batch)
 {
@@ -227,7 +231,9 @@ Test(fast_ops, attention_row_alone_bits_equal_batch)
     float *out = malloc((size_t)44 * 6 * 20 * 4);
     for (int isa = MOE_CPU_ISA_AVX2; isa <= (int)best && isa <= MOE_CPU_ISA_AVX512; isa++)
         for (int c = 0; c < 4; c++)
-            run_attention((enum moe_cpu_isa)isa, MOE_DTYPE_F32, 6, 2, 20, c & 1 ? 7 : 0, c & 2, true, out);
+            for (int g = 0; g < 2; g++)
+                run_attention((enum moe_cpu_isa)isa, g ? MOE_DTYPE_BF16 : MOE_DTYPE_F32, g ? 4 : 6, g ? 4 : 2,
+                              20, c & 1 ? 7 : 0, c & 2, true, out);
     free(out);
 }
 
