@@ -20,7 +20,8 @@
  * before and after, which says how far the figures can be trusted.
  *
  * Build and run (from the repository root, after the CPU build in build-cpu/):
- *   cmake --build build-cpu --target bench_gemm_q8 && build-cpu/bench_gemm_q8 [rounds] [q4_1]
+ *   cmake --build build-cpu --target bench_gemm_q8 && build-cpu/bench_gemm_q8 [rounds] [q4_1] [NxDin]
+ * (NxDin: that shape alone instead of the three, e.g. 50304x2048 for an LM head)
  * Not run by the tests. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,9 +83,20 @@ static void bench_case(int N, int D, int T, int rounds, const char *arena, size_
 int main(int argc, char **argv)
 {
     const int rounds = argc > 1 ? atoi(argv[1]) : 7;
-    if (argc > 2 && strcmp(argv[2], "q4_1") == 0) wt = MOE_DTYPE_Q4_1;
-    if (rounds < 1 || rounds > RMAX || argc > 3 || (argc > 2 && wt != MOE_DTYPE_Q4_1)) {
-        fprintf(stderr, "usage: bench_gemm_q8 [rounds, 1..64] [q4_1]\n");
+    int shapes[3][2] = {{1408, 2048}, {14336, 4096}, {4096, 4096}}, ns = 3, bad = rounds < 1 || rounds > RMAX;
+    for (int a = 2; a < argc; a++) {
+        char tail;
+        if (strcmp(argv[a], "q4_1") == 0)
+            wt = MOE_DTYPE_Q4_1;
+        else if (ns == 3 && sscanf(argv[a], "%dx%d%c", &shapes[0][0], &shapes[0][1], &tail) == 2 &&
+                 shapes[0][0] > 0 && shapes[0][0] <= 1 << 20 && shapes[0][1] > 0 && shapes[0][1] % 32 == 0 &&
+                 shapes[0][1] <= 1 << 16)
+            ns = 1;
+        else
+            bad = 1;
+    }
+    if (bad) {
+        fprintf(stderr, "usage: bench_gemm_q8 [rounds, 1..64] [q4_1] [NxDin, Din a multiple of 32]\n");
         return 2;
     }
     if (moe_cpu_isa_detect() < MOE_CPU_ISA_AVX512) {
@@ -97,7 +109,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (moe_cpu_isa_detect() >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8()) nk = 3;
-    const int shapes[3][2] = {{1408, 2048}, {14336, 4096}, {4096, 4096}}, Ts[6] = {1, 4, 8, 16, 64, 512};
+    const int Ts[6] = {1, 4, 8, 16, 64, 512};
     const size_t total = (size_t)256 << 20;
     printf("%s weights, one thread, %d rounds, copies >= %zu MiB\n", moe_dtype_name(wt), rounds, total >> 20);
     bench_print_load();
@@ -107,7 +119,7 @@ int main(int argc, char **argv)
     else
         printf("| N x Din | T | avx2 ms | vnni ms | avx2 GFLOP/s | vnni GFLOP/s | vnni/avx2 | cpu |\n"
                "|---|---|---|---|---|---|---|---|\n");
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < ns; s++) {
         const int N = shapes[s][0], D = shapes[s][1];
         const size_t mbytes = (size_t)N * moe_dtype_row_bytes(wt, (size_t)D);
         const int copies = (int)((total + mbytes - 1) / mbytes);

@@ -24,12 +24,13 @@
  * per weight row), two blocks in flight.  Input rows pass in groups that
  * stay in L2 (CHUNK_BYTES) across the weight tiles.
  *
- * Fewer rows (up to RV at a time): 16 weight rows two to a 512-bit
- * register (row 2p in the lower half, 2p + 1 in the upper) against each
- * input row's block broadcast:
+ * Fewer rows (up to RV at a time): 16 weight rows (8 for a single input
+ * row, decode) two to a 512-bit register (row 2p in the lower half, 2p + 1
+ * in the upper) against each input row's block broadcast:
  * vpdpbusd of the weights offset to unsigned (w xor 0x80 = w + 128) by the
- * signed codes, three pairwise folds to one lane per row, less 128 times
- * the block's code sum: the same exact S.  The scales are gathered.
+ * signed codes, pairwise folds to one lane per row, less 128 times
+ * the block's code sum: the same exact S.  The scales are gathered (read
+ * one by one for 8 rows).
  * Measured (bench/gemm_q8.c, one thread): from 5 rows the tiles beat
  * these, and the AVX512-VNNI set's kernel from 16 rows (3.3x at 512). */
 #include <immintrin.h>
@@ -109,10 +110,14 @@ AMXI INLINE void tile_rows(const int R, float *y, size_t ldy, const int8_t *xq, 
 }
 
 /* R (1..RV) input rows (codes xq, scales dx, 128 x code sums cs; row
- * strides Din, nb, nb) against the m (1..16) weight rows at w: y[r*ldy +
- * 0 .. m). */
-AMXI INLINE void rows_tile(const int R, float *y, size_t ldy, const int8_t *xq, const float *dx, const int32_t *cs,
-                           int nb, const char *w, size_t wld, int m, __m512 bias, bool pf)
+ * strides Din, nb, nb) against the m (1..H) weight rows at w (H: 8 or
+ * 16 of them a tile): y[r*ldy + 0 .. m).  full (m == H): the rows'
+ * addresses from w and the stride; otherwise rows past m repeat the last.
+ * pf: prefetch the next H rows' blocks.  Each output's block sums are
+ * exact int32 whatever H, so H does not change a bit. */
+AMXI INLINE void rows_tile(const int R, const int H, const bool full, float *y, size_t ldy, const int8_t *xq,
+                           const float *dx, const int32_t *cs, int nb, const char *w, size_t wld, int m,
+                           __m512 bias, bool pf)
 {
     const char *r[16];
     _Alignas(64) int32_t off[16];
@@ -121,33 +126,48 @@ AMXI INLINE void rows_tile(const int R, float *y, size_t ldy, const int8_t *xq, 
         r[i] = w + (size_t)j * wld;
         off[i] = (int32_t)((size_t)j * wld);
     }
+#define ROW(i) (full ? w + (size_t)(i) * wld : r[i])
     const size_t Din = (size_t)nb * QB;
     const __m512i vo = _mm512_load_si512((const void *)off);
     const __m512i m128 = _mm512_set1_epi8((char)0x80);
+    const __mmask16 hm = (__mmask16)(H == 16 ? 0xffff : 0xff);
     __m512 acc[RV];
     for (int t = 0; t < R; t++) acc[t] = _mm512_setzero_ps();
     for (int k = 0; k < nb; k++) {
         const size_t at = (size_t)k * QBYTES;
         __m512i wq[8];
-        for (int p = 0; p < 8; p++) {
-            if (pf) {
-                _mm_prefetch(r[2 * p] + 16 * wld + at, _MM_HINT_T1);
-                _mm_prefetch(r[2 * p + 1] + 16 * wld + at, _MM_HINT_T1);
-            }
+        if (pf)
+#pragma GCC unroll 16
+            for (int i = 0; i < H; i++) _mm_prefetch(ROW(i) + (size_t)H * wld + at, _MM_HINT_T1);
+#pragma GCC unroll 8
+        for (int p = 0; p < H / 2; p++)
             wq[p] = _mm512_xor_si512(
-                _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(r[2 * p] + at + 4))),
-                                   _mm256_loadu_si256((const __m256i *)(r[2 * p + 1] + at + 4)), 1),
+                _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ROW(2 * p) + at + 4))),
+                                   _mm256_loadu_si256((const __m256i *)(ROW(2 * p + 1) + at + 4)), 1),
                 m128);
-        }
-        const __m512 wd = _mm512_i32gather_ps(vo, w + at, 1);
+#undef ROW
+        __m512 wd;
+        if (H == 8 && full) {
+#define SC(i) (*(const float *)(w + (size_t)(i) * wld + at))
+            wd = _mm512_zextps256_ps512(_mm256_setr_ps(SC(0), SC(1), SC(2), SC(3), SC(4), SC(5), SC(6), SC(7)));
+#undef SC
+        } else
+            wd = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), hm, vo, w + at, 1);
         for (int t = 0; t < R; t++) {
             const __m512i x =
                 _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + (size_t)t * Din + (size_t)k * QB)));
             __m512i v[8];
-            for (int p = 0; p < 8; p++) v[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[p], x);
-            const __m512i s = _mm512_sub_epi32(moe_amx_fold(moe_amx_fold(moe_amx_fold(v[0], v[1]), moe_amx_fold(v[2], v[3])),
-                                                    moe_amx_fold(moe_amx_fold(v[4], v[5]), moe_amx_fold(v[6], v[7]))),
-                                               _mm512_set1_epi32(cs[(size_t)t * nb + k]));
+#pragma GCC unroll 8
+            for (int p = 0; p < H / 2; p++) v[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[p], x);
+            __m512i f;
+            if (H == 16)
+                f = moe_amx_fold(moe_amx_fold(moe_amx_fold(v[0], v[1]), moe_amx_fold(v[2], v[3])),
+                                 moe_amx_fold(moe_amx_fold(v[4], v[5]), moe_amx_fold(v[6], v[7])));
+            else { /* rows 0..7 in lanes 0..7 (8..15 repeat them) */
+                f = moe_amx_fold(moe_amx_fold(v[0], v[1]), moe_amx_fold(v[2], v[3]));
+                f = moe_amx_fold(f, f);
+            }
+            const __m512i s = _mm512_sub_epi32(f, _mm512_set1_epi32(cs[(size_t)t * nb + k]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(dx[(size_t)t * nb + k]), wd),
                                      acc[t]);
         }
@@ -174,8 +194,11 @@ AMXI static void few_rows(float *y, size_t ldy, const float *x, size_t ldx, int 
             cs[(size_t)t * nb + k] = 128 * s;
         }
     }
-    for (int n = n0; n < n1; n += 16) {
-        const int m = n1 - n < 16 ? n1 - n : 16;
+    /* one row (decode): 8 weight rows a tile, whose 8 streams and scales
+     * read as scalars cost less than 16 and a gather; more rows: 16 */
+    const int hv = T == 1 ? 8 : 16;
+    for (int n = n0; n < n1; n += hv) {
+        const int m = n1 - n < hv ? n1 - n : hv;
         const __m512 bias = moe_amx_bias16(b, n, m);
         for (int t = 0; t < T; t += RV) {
             float *yt = y + (size_t)t * ldy + n;
@@ -183,13 +206,19 @@ AMXI static void few_rows(float *y, size_t ldy, const float *x, size_t ldx, int 
             const float *dt = dx + (size_t)t * nb;
             const int32_t *ct = cs + (size_t)t * nb;
             const char *wn = w + (size_t)n * wld;
-            const bool pf = m == 16 && t == 0;
+            const bool pf = m == hv && t == 0;
+#define TILE(R)                                                                                               \
+    (hv == 8 ? (m == 8 ? rows_tile(R, 8, true, yt, ldy, xt, dt, ct, nb, wn, wld, 8, bias, pf)                  \
+                       : rows_tile(R, 8, false, yt, ldy, xt, dt, ct, nb, wn, wld, m, bias, pf))                \
+             : (m == 16 ? rows_tile(R, 16, true, yt, ldy, xt, dt, ct, nb, wn, wld, 16, bias, pf)               \
+                        : rows_tile(R, 16, false, yt, ldy, xt, dt, ct, nb, wn, wld, m, bias, pf)))
             switch (T - t < RV ? T - t : RV) {
-            case 1: rows_tile(1, yt, ldy, xt, dt, ct, nb, wn, wld, m, bias, pf); break;
-            case 2: rows_tile(2, yt, ldy, xt, dt, ct, nb, wn, wld, m, bias, pf); break;
-            case 3: rows_tile(3, yt, ldy, xt, dt, ct, nb, wn, wld, m, bias, pf); break;
-            default: rows_tile(4, yt, ldy, xt, dt, ct, nb, wn, wld, m, bias, pf); break;
+            case 1: TILE(1); break;
+            case 2: TILE(2); break;
+            case 3: TILE(3); break;
+            default: TILE(4); break;
             }
+#undef TILE
         }
     }
 }
