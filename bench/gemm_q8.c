@@ -109,7 +109,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (moe_cpu_isa_detect() >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8()) nk = 3;
-    const int Ts[6] = {1, 4, 8, 16, 64, 512};
+    const int Ts[7] = {1, 2, 4, 8, 16, 64, 512};
     const size_t total = (size_t)256 << 20;
     printf("%s weights, one thread, %d rounds, copies >= %zu MiB\n", moe_dtype_name(wt), rounds, total >> 20);
     bench_print_load();
@@ -135,7 +135,7 @@ int main(int argc, char **argv)
         }
         for (int i = 1; i < copies; i++) memcpy(arena + (size_t)i * mbytes, arena, mbytes);
         for (size_t i = 0; i < (size_t)512 * D; i++) x[i] = urand();
-        for (int ti = 0; ti < 6; ti++) bench_case(N, D, Ts[ti], rounds, arena, mbytes, copies, x, y);
+        for (int ti = 0; ti < 7; ti++) bench_case(N, D, Ts[ti], rounds, arena, mbytes, copies, x, y);
         free(arena), free(row), free(x), free(y);
     }
     bench_print_load();

@@ -31,8 +31,10 @@
  * signed codes, pairwise folds to one lane per row, less 128 times
  * the block's code sum: the same exact S.  The scales are gathered (read
  * one by one for 8 rows).
- * Measured (bench/gemm_q8.c, one thread): from 5 rows the tiles beat
- * these, and the AVX512-VNNI set's kernel from 16 rows (3.3x at 512). */
+ * Measured (bench/gemm_q8.c, one thread): up to 8 rows these (8 input
+ * rows a pass) beat the tiles and equal or beat the AVX-512 set's VNNI
+ * kernel (1.08-1.11x at 8 rows); from 9 rows the tiles (1.4x at 16, 3.3x
+ * at 512). */
 #include <immintrin.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -48,8 +50,8 @@ enum {
     QB = MOE_Q8_0_BLOCK,     /* values per block */
     QBYTES = MOE_Q8_0_BYTES, /* f32 scale + 32 codes */
     CHUNK_BYTES = 1 << 20,   /* quantized input rows of one pass */
-    RV = 4,                  /* input rows of a VNNI tile */
-    AMX_ROWS = 5,            /* from this many input rows the tiles */
+    RV = 8,                  /* input rows of a VNNI tile */
+    AMX_ROWS = 9,            /* from this many input rows the tiles */
 };
 
 /* Weight rows w (m of them, stride wld) rearranged into B tiles, one per
@@ -216,7 +218,11 @@ AMXI static void few_rows(float *y, size_t ldy, const float *x, size_t ldx, int 
             case 1: TILE(1); break;
             case 2: TILE(2); break;
             case 3: TILE(3); break;
-            default: TILE(4); break;
+            case 4: TILE(4); break;
+            case 5: TILE(5); break;
+            case 6: TILE(6); break;
+            case 7: TILE(7); break;
+            default: TILE(8); break;
             }
 #undef TILE
         }
