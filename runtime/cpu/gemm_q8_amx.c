@@ -24,8 +24,8 @@
  * per weight row), two blocks in flight.  Input rows pass in groups that
  * stay in L2 (CHUNK_BYTES) across the weight tiles.
  *
- * Fewer rows (up to RV at a time): 16 weight rows (8 for a single input
- * row, decode) two to a 512-bit register (row 2p in the lower half, 2p + 1
+ * Fewer rows (up to RV at a time): 16 weight rows (8 for one or two input
+ * rows) two to a 512-bit register (row 2p in the lower half, 2p + 1
  * in the upper) against each input row's block broadcast:
  * vpdpbusd of the weights offset to unsigned (w xor 0x80 = w + 128) by the
  * signed codes, pairwise folds to one lane per row, less 128 times
@@ -196,9 +196,10 @@ AMXI static void few_rows(float *y, size_t ldy, const float *x, size_t ldx, int 
             cs[(size_t)t * nb + k] = 128 * s;
         }
     }
-    /* one row (decode): 8 weight rows a tile, whose 8 streams and scales
-     * read as scalars cost less than 16 and a gather; more rows: 16 */
-    const int hv = T == 1 ? 8 : 16;
+    /* one or two rows (decode, offloaded experts): 8 weight rows a tile,
+     * whose 8 streams and scales read as scalars cost less than 16 and a
+     * gather with two threads reading; more rows: 16 */
+    const int hv = T <= 2 ? 8 : 16;
     for (int n = n0; n < n1; n += hv) {
         const int m = n1 - n < hv ? n1 - n : hv;
         const __m512 bias = moe_amx_bias16(b, n, m);
