@@ -159,7 +159,7 @@ void moe_cli_backend_opts(struct moe_backend_opts *o, long threads);
 /* After o->quant is set: --quantize q8_0 or q4 on a processor whose AMX
  * sets run those products on the int8 tiles takes the AMX set, unless
  * MOERUN_CPU_ISA says which (prefill 1.5-2.6x; decode the same for q4,
- * about 9% slower for q8_0 at full widths: docs/cli.md). */
+ * 0-5% slower for q8_0 at full widths: docs/cli.md). */
 void moe_cli_isa_for_quant(struct moe_backend_opts *o);
 /* moe_backend_init for the options' --backend and --threads, with their
  * --quantize and expert offload. */
