@@ -66,22 +66,6 @@ AVX2 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, in
     }
 }
 
-AVX2 INLINE void scores_dt(float *sc, int ldsc, const float *q, int gn, int Dh, const enum moe_dtype dt,
-                           const void *const *krow, const float *ks, int nj, float scale)
-{
-    for (int jj = 0; jj < nj; jj++) {
-        const float s = dt == MOE_DTYPE_F8E4M3 ? ks[jj] : 0.0f;
-        int g = 0;
-        for (; g + 4 <= gn; g += 4)
-            dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 4, Dh, dt, krow[jj], s, scale);
-        if (g + 2 <= gn) {
-            dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 2, Dh, dt, krow[jj], s, scale);
-            g += 2;
-        }
-        if (g < gn) dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 1, Dh, dt, krow[jj], s, scale);
-    }
-}
-
 /* acc_h (Dh) = acc_h * corr[h] + sum over the tile's keys, in order, of
  * p[h * ldp + jj] * v_jj, for the nh heads acc_h = acc + h * Dh; s256[jj]:
  * 2^8 times v_jj's scale (fp8 only). */
@@ -110,23 +94,9 @@ AVX2 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr, 
         }
 }
 
-AVX2 INLINE void accum_dt(float *acc, int gn, int Dh, const float *corr, const float *p, int ldp,
-                          const enum moe_dtype dt, const void *const *vrow, const float *vs, int nj)
-{
-    float s[MOE_ATT_TILE], s256[MOE_ATT_TILE]; /* scales, 2^8 times them (non-fp8 rows: unused) */
-    for (int jj = 0; jj < nj; jj++) {
-        s[jj] = dt == MOE_DTYPE_F8E4M3 ? vs[jj] : 1.0f;
-        s256[jj] = 256.0f * s[jj];
-    }
-    int g = 0;
-    for (; g + 4 <= gn; g += 4)
-        acc_heads(acc + (size_t)g * Dh, 4, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
-    if (g + 2 <= gn) {
-        acc_heads(acc + (size_t)g * Dh, 2, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
-        g += 2;
-    }
-    if (g < gn) acc_heads(acc + (size_t)g * Dh, 1, Dh, corr + g, p + (size_t)g * ldp, ldp, dt, vrow, s, s256, nj);
-}
+#define ATT_FN AVX2
+#define ATT_NAME(f) f##_avx2
+#include "attention/attention_heads.h"
 
 /* e^x for x <= 88 (Cephes' expf on 8 lanes): n = round(x log2 e), r = x -
  * n ln 2 in two parts, a degree-5 polynomial on r, times 2^n by the
@@ -188,24 +158,6 @@ AVX2 void moe_attention_exp_avx2(float *dst, const float *x, int n)
         _mm256_storeu_ps(t, exp8(_mm256_loadu_ps(t)));
         dst[i] = t[0];
     }
-}
-
-AVX2 void moe_attention_scores_avx2(float *sc, int ldsc, const float *q, int gn, int Dh, enum moe_dtype dt,
-                                    const void *const *krow, const float *ks, int nj, float scale)
-{
-    MOE_ASSERT(nj <= MOE_ATT_TILE);
-#define SCORES(t) scores_dt(sc, ldsc, q, gn, Dh, t, krow, ks, nj, scale)
-    KV_DTYPE_SWITCH(dt, SCORES)
-#undef SCORES
-}
-
-AVX2 void moe_attention_accum_avx2(float *acc, int gn, int Dh, const float *corr, const float *p, int ldp,
-                                   enum moe_dtype dt, const void *const *vrow, const float *vs, int nj)
-{
-    MOE_ASSERT(nj <= MOE_ATT_TILE);
-#define ACCUM(t) accum_dt(acc, gn, Dh, corr, p, ldp, t, vrow, vs, nj)
-    KV_DTYPE_SWITCH(dt, ACCUM)
-#undef ACCUM
 }
 
 /* The same widening as att_load8's, into memory (for the tests). */
