@@ -35,10 +35,14 @@
 #include "runtime/core/status.h"
 
 
-/* sc[h * ldsc] = (q_h . k) * scale for the nh heads q_h = q + h * Dh. */
-AVX2 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, int Dh, const enum moe_dtype dt,
-                           const void *k, float ks, float scale)
+/* sc[h * ldsc] = (q_h . k) * scale for the nh heads q_h = q + h * Dh
+ * (one key, nk 1: attention_heads.h; scale ks[0], fp8 only). */
+AVX2 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, const int nk, int Dh,
+                           const enum moe_dtype dt, const void *const *kr, const float *ksr, float scale)
 {
+    const void *k = kr[0];
+    const float ks = ksr[0];
+    (void)nk;
     const __m256 s256 = _mm256_set1_ps(256.0f * ks);
     __m256 s0[4], s1[4];
 #pragma GCC unroll 4

@@ -6,11 +6,14 @@
  * A score's two 8-lane FMA chains (values i..i+7 and i+8..i+15 of each
  * block of 16) are the two halves of one 16-lane chain; the odd block of 8
  * goes into the first half's chain as before, then moe_hsum8 of the halves'
- * sum, the Dh % 8 tail and the softmax scale as in the AVX2 kernel.  An
- * accumulator's lanes are 16 values of d at a time, each acc * corr then
+ * sum, the Dh % 8 tail and the softmax scale as in the AVX2 kernel; two
+ * keys at a time (a block of heads then keeps 2 nh chains in flight, the
+ * query's values loaded once for both).  An accumulator's lanes are 16
+ * values of d at a time (two blocks of 16 in flight), each acc * corr then
  * one FMA per key in key order; a last block of 8 and the tail as in the
  * AVX2 kernel.  Values are widened 16 at a time to the same values
- * (attention_load.h). */
+ * (attention_load.h).  bench-olmoe Q8_0 prefill 4096: the two keys and
+ * two blocks 1.03-1.08x (results/2026-12-05-prefill-attention-blocks.md). */
 #include <immintrin.h>
 #include <math.h>
 
@@ -37,37 +40,54 @@ AVX512 INLINE __m512 load16(const void *row, const enum moe_dtype dt, int i, __m
     return _mm512_cvtph_ps(h);
 }
 
-/* sc[h * ldsc] = (q_h . k) * scale for the nh heads q_h = q + h * Dh. */
-AVX512 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, int Dh, const enum moe_dtype dt,
-                             const void *k, float ks, float scale)
+/* sc[h * ldsc + j] = (q_h . k_j) * scale for the nh heads q_h = q + h * Dh
+ * and the nk (1 or 2) keys k_j = k[j] (scales ks[j], fp8 only): nh * nk
+ * chains, each the one a head and key have alone, the query's values
+ * loaded once for both keys. */
+AVX512 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, const int nk, int Dh,
+                             const enum moe_dtype dt, const void *const *k, const float *ks, float scale)
 {
-    const __m512 s512 = _mm512_set1_ps(256.0f * ks);
-    __m512 z[4];
+    __m512 s512[2], z[4][2];
+#pragma GCC unroll 2
+    for (int j = 0; j < nk; j++) s512[j] = _mm512_set1_ps(256.0f * ks[j]);
 #pragma GCC unroll 4
-    for (int h = 0; h < nh; h++) z[h] = _mm512_setzero_ps();
+    for (int h = 0; h < nh; h++)
+#pragma GCC unroll 2
+        for (int j = 0; j < nk; j++) z[h][j] = _mm512_setzero_ps();
     int i = 0;
     for (; i + 16 <= Dh; i += 16) {
-        const __m512 kv = load16(k, dt, i, s512);
+        __m512 kv[2];
+#pragma GCC unroll 2
+        for (int j = 0; j < nk; j++) kv[j] = load16(k[j], dt, i, s512[j]);
 #pragma GCC unroll 4
-        for (int h = 0; h < nh; h++) z[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)h * Dh + i), kv, z[h]);
+        for (int h = 0; h < nh; h++) {
+            const __m512 qh = _mm512_loadu_ps(q + (size_t)h * Dh + i);
+#pragma GCC unroll 2
+            for (int j = 0; j < nk; j++) z[h][j] = _mm512_fmadd_ps(qh, kv[j], z[h][j]);
+        }
     }
-    __m256 s0[4], s1[4];
+#pragma GCC unroll 2
+    for (int j = 0; j < nk; j++) {
+        int d0 = i;
+        __m256 s0[4], s1[4];
 #pragma GCC unroll 4
-    for (int h = 0; h < nh; h++) {
-        s0[h] = _mm512_castps512_ps256(z[h]);
-        s1[h] = _mm512_extractf32x8_ps(z[h], 1);
-    }
-    if (i + 8 <= Dh) {
-        const __m256 k0 = att_load8(k, dt, i, _mm512_castps512_ps256(s512));
+        for (int h = 0; h < nh; h++) {
+            s0[h] = _mm512_castps512_ps256(z[h][j]);
+            s1[h] = _mm512_extractf32x8_ps(z[h][j], 1);
+        }
+        if (d0 + 8 <= Dh) {
+            const __m256 k0 = att_load8(k[j], dt, d0, _mm512_castps512_ps256(s512[j]));
 #pragma GCC unroll 4
-        for (int h = 0; h < nh; h++) s0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * Dh + i), k0, s0[h]);
-        i += 8;
-    }
+            for (int h = 0; h < nh; h++)
+                s0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * Dh + d0), k0, s0[h]);
+            d0 += 8;
+        }
 #pragma GCC unroll 4
-    for (int h = 0; h < nh; h++) {
-        float s = moe_hsum8(_mm256_add_ps(s0[h], s1[h]));
-        for (int d = i; d < Dh; d++) s += q[(size_t)h * Dh + d] * att_load1(k, dt, d, ks);
-        sc[(size_t)h * ldsc] = s * scale;
+        for (int h = 0; h < nh; h++) {
+            float s = moe_hsum8(_mm256_add_ps(s0[h], s1[h]));
+            for (int d = d0; d < Dh; d++) s += q[(size_t)h * Dh + d] * att_load1(k[j], dt, d, ks[j]);
+            sc[(size_t)h * ldsc + j] = s * scale;
+        }
     }
 }
 
@@ -79,6 +99,28 @@ AVX512 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr
                              int nj)
 {
     int d = 0;
+    for (; d + 32 <= Dh; d += 32) { /* two blocks of 16 values: 2 nh chains */
+        __m512 a[4][2];
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++)
+#pragma GCC unroll 2
+            for (int b = 0; b < 2; b++)
+                a[h][b] = _mm512_mul_ps(_mm512_loadu_ps(acc + (size_t)h * Dh + d + 16 * b), _mm512_set1_ps(corr[h]));
+        for (int jj = 0; jj < nj; jj++) {
+            const __m512 s = _mm512_set1_ps(s256[jj]);
+            const __m512 v0 = load16(vrow[jj], dt, d, s), v1 = load16(vrow[jj], dt, d + 16, s);
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) {
+                const __m512 ph = _mm512_set1_ps(p[(size_t)h * ldp + jj]);
+                a[h][0] = _mm512_fmadd_ps(ph, v0, a[h][0]);
+                a[h][1] = _mm512_fmadd_ps(ph, v1, a[h][1]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++)
+#pragma GCC unroll 2
+            for (int b = 0; b < 2; b++) _mm512_storeu_ps(acc + (size_t)h * Dh + d + 16 * b, a[h][b]);
+    }
     for (; d + 16 <= Dh; d += 16) {
         __m512 a[4];
 #pragma GCC unroll 4
@@ -115,5 +157,6 @@ AVX512 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr
 }
 
 #define ATT_FN AVX512
+#define ATT_KEYS 2
 #define ATT_NAME(f) f##_avx512
 #include "attention/attention_heads.h"

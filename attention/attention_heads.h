@@ -3,23 +3,41 @@
  * blocks of heads (4, 2, then 1; the block changes no head's arithmetic),
  * the fp8 value scales of a tile, and the entry points, one instance per
  * cache dtype.  Included once by each set after its dot_heads and
- * acc_heads, with ATT_FN its target attribute and ATT_NAME(f) the set's
- * name for f (f_avx2, f_avx512). */
+ * acc_heads, with ATT_FN its target attribute, ATT_NAME(f) the set's
+ * name for f (f_avx2, f_avx512) and ATT_KEYS the keys its dot_heads takes
+ * at once (1, or 2: two keys' chains for a block of heads, each the
+ * chain it has alone). */
 #pragma once
+
+#ifndef ATT_KEYS
+#define ATT_KEYS 1
+#endif
 
 ATT_FN INLINE void scores_dt(float *sc, int ldsc, const float *q, int gn, int Dh, const enum moe_dtype dt,
                              const void *const *krow, const float *ks, int nj, float scale)
 {
-    for (int jj = 0; jj < nj; jj++) {
-        const float s = dt == MOE_DTYPE_F8E4M3 ? ks[jj] : 0.0f;
-        int g = 0;
-        for (; g + 4 <= gn; g += 4)
-            dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 4, Dh, dt, krow[jj], s, scale);
-        if (g + 2 <= gn) {
-            dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 2, Dh, dt, krow[jj], s, scale);
-            g += 2;
-        }
-        if (g < gn) dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, 1, Dh, dt, krow[jj], s, scale);
+    for (int jj = 0; jj < nj;) {
+        const int nk = ATT_KEYS == 2 && jj + 2 <= nj ? 2 : 1;
+        const float s[2] = {dt == MOE_DTYPE_F8E4M3 ? ks[jj] : 0.0f,
+                            dt == MOE_DTYPE_F8E4M3 && nk == 2 ? ks[jj + 1] : 0.0f};
+#define HEADS(nh, NK) dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, nh, NK, Dh, dt, krow + jj, s, scale)
+#define BLOCKS(NK)                                                                                           \
+    do {                                                                                                     \
+        int g = 0;                                                                                           \
+        for (; g + 4 <= gn; g += 4) HEADS(4, NK);                                                            \
+        if (g + 2 <= gn) {                                                                                   \
+            HEADS(2, NK);                                                                                    \
+            g += 2;                                                                                          \
+        }                                                                                                    \
+        if (g < gn) HEADS(1, NK);                                                                            \
+    } while (0)
+        if (nk == 2)
+            BLOCKS(2);
+        else
+            BLOCKS(1);
+#undef BLOCKS
+#undef HEADS
+        jj += nk;
     }
 }
 
