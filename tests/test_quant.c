@@ -186,6 +186,28 @@ static void expect_same_bits(const char *what, const float *a, const float *v, i
         }
 }
 
+/* The awkward case of the Q8_0 kernel tests for N x D weights and tmax
+ * input rows: weights (q8_weights) with a zero block and codes of -128 (a
+ * GGUF file may hold them); inputs of several scales per row with a zero
+ * block in row 3 and a NaN in row 5; a bias of N.  Free the three. */
+static void q8_awkward(int N, int D, int tmax, unsigned char **w, float **x, float **bias)
+{
+    const int nb = D / MOE_Q8_0_BLOCK;
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)D);
+    *w = q8_weights(N, D, (uint64_t)(N * 7 + D));
+    memset(*w + (size_t)(N - 1) * rb + (size_t)(nb - 1) * MOE_Q8_0_BYTES + 4, 0, 32); /* a zero block */
+    for (int n = 0; n < N; n += 2) /* -128 codes */
+        (*w)[(size_t)n * rb + (size_t)(n % nb) * MOE_Q8_0_BYTES + 4 + (size_t)(n % 32)] = 0x80;
+    *x = malloc((size_t)tmax * D * sizeof(float));
+    *bias = malloc((size_t)N * 4);
+    tu_fill_uniform(*x, (size_t)tmax * D, (uint64_t)(N + D), -1, 1);
+    for (int t = 0; t < tmax; t++)
+        for (int k = 0; k < D; k++) (*x)[(size_t)t * D + k] *= (float)(1 + t % 5) * (t % 3 ? 1.0f : 1e-3f);
+    memset(*x + (size_t)D * 3 + (size_t)(nb - 1) * MOE_Q8_0_BLOCK, 0, MOE_Q8_0_BLOCK * sizeof(float));
+    (*x)[(size_t)D * 5 + (size_t)(nb / 2) * MOE_Q8_0_BLOCK + 7] = NAN;
+    tu_fill_uniform(*bias, (size_t)N, (uint64_t)N, -1, 1);
+}
+
 /* The AVX-512 set's Q8_0 kernel where the processor has AVX512-VNNI
  * (gemm_q8_vnni.c) gives the AVX2 kernel's bits (gemm_q8.c) on awkward
  * shapes: every T from 1 to 40 (tiles of 8 and 1 input rows and their
@@ -202,20 +224,10 @@ Test(quant, q8_0_vnni_kernel_matches_avx2_bit_for_bit)
     const int Ds[] = {32, 64, 96, 4096 + 32}, Ns[] = {1, 2, 3, 7, 13, 37};
     for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++)
         for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++) {
-            const int D = Ds[c], N = Ns[a], nb = D / MOE_Q8_0_BLOCK;
-            const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)D);
-            unsigned char *w = q8_weights(N, D, (uint64_t)(N * 7 + D));
-            memset(w + (size_t)(N - 1) * rb + (size_t)(nb - 1) * MOE_Q8_0_BYTES + 4, 0, 32); /* a zero block */
-            for (int n = 0; n < N; n += 2) /* -128 codes */
-                w[(size_t)n * rb + (size_t)(n % nb) * MOE_Q8_0_BYTES + 4 + (size_t)(n % 32)] = 0x80;
-            float *x = malloc((size_t)TMAX * D * sizeof(float)), *bias = malloc((size_t)N * 4),
-                  *ya = malloc((size_t)TMAX * N * 4), *yv = malloc((size_t)TMAX * N * 4);
-            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + D), -1, 1);
-            for (int t = 0; t < TMAX; t++)
-                for (int k = 0; k < D; k++) x[(size_t)t * D + k] *= (float)(1 + t % 5) * (t % 3 ? 1.0f : 1e-3f);
-            memset(x + (size_t)D * 3 + (size_t)(nb - 1) * MOE_Q8_0_BLOCK, 0, MOE_Q8_0_BLOCK * sizeof(float));
-            x[(size_t)D * 5 + (size_t)(nb / 2) * MOE_Q8_0_BLOCK + 7] = NAN;
-            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+            const int D = Ds[c], N = Ns[a];
+            unsigned char *w;
+            float *x, *bias, *ya = malloc((size_t)TMAX * N * 4), *yv = malloc((size_t)TMAX * N * 4);
+            q8_awkward(N, D, TMAX, &w, &x, &bias);
             const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
             for (int T = 1; T <= TMAX; T++) {
                 const int n0 = T % 2 ? 0 : N / 3; /* a slice of the outputs */
@@ -260,8 +272,8 @@ static float q8_amx_expr(const float *x, const unsigned char *wrow, int D, float
     return acc + bias;
 }
 
-/* The AMX sets' Q8_0 kernel (int8 tiles from two rows, AVX512-VNNI for
- * one) gives the bits of the expression above on awkward shapes: every T
+/* The AMX sets' Q8_0 kernel (int8 tiles from 9 input rows, AVX512-VNNI
+ * below, 8 or 16 weight rows a pass) gives the bits of the expression above on awkward shapes: every T
  * from 1 to 40 (groups of 16 input rows and their remainders) and 230
  * (two passes of input rows at Din 4128), Din of 1 to 129 blocks, N not a
  * multiple of 16 and a slice [n0, N) not starting at 0, with and without
@@ -275,20 +287,11 @@ Test(quant, q8_0_amx_kernel_sums_whole_blocks)
     const int Ds[] = {32, 64, 96, 4096 + 32}, Ns[] = {1, 2, 3, 7, 13, 17, 37};
     for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++)
         for (size_t a = 0; a < sizeof Ns / sizeof *Ns; a++) {
-            const int D = Ds[c], N = Ns[a], nb = D / MOE_Q8_0_BLOCK;
+            const int D = Ds[c], N = Ns[a];
             const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)D);
-            unsigned char *w = q8_weights(N, D, (uint64_t)(N * 7 + D));
-            memset(w + (size_t)(N - 1) * rb + (size_t)(nb - 1) * MOE_Q8_0_BYTES + 4, 0, 32); /* a zero block */
-            for (int n = 0; n < N; n += 2) /* -128 codes */
-                w[(size_t)n * rb + (size_t)(n % nb) * MOE_Q8_0_BYTES + 4 + (size_t)(n % 32)] = 0x80;
-            float *x = malloc((size_t)TMAX * D * sizeof(float)), *bias = malloc((size_t)N * 4),
-                  *y = malloc((size_t)TMAX * N * 4);
-            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + D), -1, 1);
-            for (int t = 0; t < TMAX; t++)
-                for (int k = 0; k < D; k++) x[(size_t)t * D + k] *= (float)(1 + t % 5) * (t % 3 ? 1.0f : 1e-3f);
-            memset(x + (size_t)D * 3 + (size_t)(nb - 1) * MOE_Q8_0_BLOCK, 0, MOE_Q8_0_BLOCK * sizeof(float));
-            x[(size_t)D * 5 + (size_t)(nb / 2) * MOE_Q8_0_BLOCK + 7] = NAN;
-            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+            unsigned char *w;
+            float *x, *bias, *y = malloc((size_t)TMAX * N * 4);
+            q8_awkward(N, D, TMAX, &w, &x, &bias);
             const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
             for (int T = 1; T <= TMAX; T = T < 40 ? T + 1 : T == 40 && D > 4096 ? TMAX : TMAX + 1) {
                 const int n0 = T % 2 ? 0 : N / 3; /* a slice of the outputs */
