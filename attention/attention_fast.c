@@ -59,6 +59,21 @@ struct att_job {
     int Hq, Hkv, Dh, G, B, GC, nc;
 };
 
+/* The kernels of the job's width (attention_fast_impl.h). */
+static void scores(const struct att_job *J, float *sc, const float *q, int gn, const void *const *krow,
+                   const float *ks, int nj, float scale)
+{
+    if (J->wide) moe_attention_scores_avx512(sc, JT, q, gn, J->Dh, J->dt, krow, ks, nj, scale);
+    else moe_attention_scores_avx2(sc, JT, q, gn, J->Dh, J->dt, krow, ks, nj, scale);
+}
+
+static void accum(const struct att_job *J, float *acc, int gn, const float *corr, const float *p,
+                  const void *const *vrow, const float *vs, int nj)
+{
+    if (J->wide) moe_attention_accum_avx512(acc, gn, J->Dh, corr, p, JT, J->dt, vrow, vs, nj);
+    else moe_attention_accum_avx2(acc, gn, J->Dh, corr, p, JT, J->dt, vrow, vs, nj);
+}
+
 /* Blocks of rows that walk their keys together: consecutive rows of one
  * sequence at ascending positions with the same first key and query scale,
  * at most rmax of them.  start (T + 1): each block's first row, then T;
@@ -100,9 +115,10 @@ static void attend_item(const struct att_job *J, size_t it, int th)
     const int32_t *table = b->block_table + (size_t)b->seq_of[t0] * b->max_blocks;
     const int first = moe_attention_first_key(p, pos[0]), plast = pos[R - 1];
     const float scale = moe_attention_query_scale(p, pos[0]);
+    const float *qrow = J->q + (size_t)t0 * Hq * Dh + (size_t)(kh * G + g0) * Dh;
     for (int r = 0; r < R; r++) {
-        memcpy(qb + (size_t)r * gn * Dh, J->q + (size_t)(t0 + r) * Hq * Dh + (size_t)(kh * G + g0) * Dh,
-               (size_t)gn * Dh * sizeof(float));
+        if (R > 1) /* the block's queries side by side (a lone row's already are) */
+            memcpy(qb + (size_t)r * gn * Dh, qrow + (size_t)r * Hq * Dh, (size_t)gn * Dh * sizeof(float));
         for (int g = 0; g < gn; g++) { /* a sink is a key of value 0 */
             m[r * gn + g] = p->sinks ? p->sinks[kh * G + g0 + g] : -INFINITY;
             l[r * gn + g] = p->sinks ? 1.0f : 0.0f;
@@ -129,38 +145,19 @@ static void attend_item(const struct att_job *J, size_t it, int th)
         /* scores of every row reaching the tile, over the keys of the last
          * (a row ignores those past its position) */
         float *sa = sc + (size_t)ra * gn * JT;
-        const float *qa = qb + (size_t)ra * gn * Dh;
-        if (J->wide)
-            moe_attention_scores_avx512(sa, JT, qa, (R - ra) * gn, Dh, dt, krow, ks, nj, scale);
-        else
-            moe_attention_scores_avx2(sa, JT, qa, (R - ra) * gn, Dh, dt, krow, ks, nj, scale);
+        const float *qa = R > 1 ? qb + (size_t)ra * gn * Dh : qrow;
+        scores(J, sa, qa, (R - ra) * gn, krow, ks, nj, scale);
         /* rows ra .. rf - 1 see part of the tile, each alone; rf .. R - 1 all of it, together */
         int rf = ra;
-        for (int r = ra; r < R; r++) {
-            const int njr = pos[r] + 1 - j0 < nj ? pos[r] + 1 - j0 : nj;
-            if (njr == nj) break;
-            rf = r + 1;
-        }
+        while (rf < R && pos[rf] + 1 - j0 < nj) rf++;
         for (int r = ra; r < R; r++) {
             const int njr = r < rf ? pos[r] + 1 - j0 : nj, h = r * gn;
             moe_attention_softmax_avx2(sc + (size_t)h * JT, JT, gn, njr, m + h, l + h, corr + h);
-            if (r >= rf) continue;
-            if (J->wide)
-                moe_attention_accum_avx512(acc + (size_t)h * Dh, gn, Dh, corr + h, sc + (size_t)h * JT, JT, dt,
-                                           vrow, vs, njr);
-            else
-                moe_attention_accum_avx2(acc + (size_t)h * Dh, gn, Dh, corr + h, sc + (size_t)h * JT, JT, dt,
-                                         vrow, vs, njr);
+            if (r < rf) accum(J, acc + (size_t)h * Dh, gn, corr + h, sc + (size_t)h * JT, vrow, vs, njr);
         }
-        if (rf < R) {
-            const int h = rf * gn;
-            if (J->wide)
-                moe_attention_accum_avx512(acc + (size_t)h * Dh, (R - rf) * gn, Dh, corr + h,
-                                           sc + (size_t)h * JT, JT, dt, vrow, vs, nj);
-            else
-                moe_attention_accum_avx2(acc + (size_t)h * Dh, (R - rf) * gn, Dh, corr + h,
-                                         sc + (size_t)h * JT, JT, dt, vrow, vs, nj);
-        }
+        if (rf < R)
+            accum(J, acc + (size_t)rf * gn * Dh, (R - rf) * gn, corr + rf * gn, sc + (size_t)rf * gn * JT, vrow, vs,
+                  nj);
     }
     for (int r = 0; r < R; r++)
         for (int g = 0; g < gn; g++) {

@@ -54,7 +54,7 @@
  * tile product per part and k step, accumulated in fp32; a row's bits the
  * same alone or in any batch (but not the AVX-512 panel kernels' bits).
  * Q8_0 and four-bit weights, where the processor has AMX-INT8, run on the
- * int8 tiles (gemm_q8_amx.c, gemm_q4_amx.c; fewer than 5 or 8 input rows on
+ * int8 tiles (gemm_q8_amx.c, gemm_q4_amx.c; fewer than 9 (Q8_0) or 8 input rows on
  * AVX512-VNNI): inputs quantized as above, each block's (run's) 32
  * products one exact integer sum, scaled and added block by block, a
  * four-bit group's offset after its runs (the AVX-512 set's 8 lane sums
