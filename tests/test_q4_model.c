@@ -54,6 +54,35 @@ Test(q4_model, q4_1_blocks_equal_gguf_py)
     moe_safetensors_close(&st);
 }
 
+/* --quantize q4's blocks where rows are multiples of 256 are ggml's Q4_K
+ * bit for bit: gguf-py's dequantization of random blocks
+ * (tests/fixtures/quant/q4_k.safetensors: every scale and minimum 63, all
+ * 0, subnormal f16 heads) is moerun's, value for value and bit for bit. */
+Test(q4_model, q4_k_blocks_read_as_gguf_py)
+{
+    struct moe_safetensors st = {0};
+    cr_assert_eq(moe_safetensors_open_file(&st, FIXTURE_DIR "/quant/q4_k.safetensors"), MOE_OK, "%s",
+                 moe_last_error());
+    const struct moe_st_tensor *q = moe_safetensors_find(&st, "q4_k"), *d = moe_safetensors_find(&st, "dequant");
+    cr_assert(q && d);
+    const int R = (int)d->shape[0], K = (int)d->shape[1];
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q4_K, (size_t)K);
+    cr_assert_eq((size_t)q->shape[1], rb, "ggml blocks: 144 bytes per 256 values");
+    float *back = malloc((size_t)K * sizeof(float));
+    for (int r = 0; r < R; r++) {
+        const unsigned char *row = (const unsigned char *)q->data + (size_t)r * rb;
+        moe_convert_row_f32(back, row, MOE_DTYPE_Q4_K, (size_t)K);
+        const float *dq = (const float *)d->data + (size_t)r * K;
+        for (int k = 0; k < K; k++) {
+            cr_assert(!memcmp(&back[k], &dq[k], 4), "row %d value %d: %.9g, gguf-py %.9g", r, k, back[k], dq[k]);
+            const float g = moe_q4_get(row, MOE_DTYPE_Q4_K, (size_t)k);
+            cr_assert(!memcmp(&g, &dq[k], 4), "row %d value %d: moe_q4_get %.9g, gguf-py %.9g", r, k, g, dq[k]);
+        }
+    }
+    free(back);
+    moe_safetensors_close(&st);
+}
+
 static void run_q4(const char *name, enum moe_weight_quant q, float *logits, struct moe_model *m)
 {
     struct moe_config cfg;
@@ -62,8 +91,10 @@ static void run_q4(const char *name, enum moe_weight_quant q, float *logits, str
     qt_prompt_logits(m, name, q, logits);
 }
 
-/* What --quantize q4 quantizes, and that the model stays near the bf16
- * one: farther than with q8_0 (4 bits lose more), not far. */
+/* What --quantize q4 quantizes (Q4_K where rows are multiples of 256: the
+ * attention's 256-wide rows; Q4_1 for the experts, whose down rows are
+ * 128 long), and that the model stays near the bf16 one: farther than
+ * with q8_0 (4 bits lose more), not far. */
 Test(q4_model, quantize_q4_picks_the_weights)
 {
     const int V = 1024;
@@ -72,9 +103,9 @@ Test(q4_model, quantize_q4_picks_the_weights)
     struct moe_model m;
     run_q4("cpu-ref", MOE_QUANT_Q4, q4, &m);
     const struct moe_layer_weights *w = &m.layers[0];
-    cr_expect_eq(w->wq.dtype, MOE_DTYPE_Q4_1);
-    cr_expect_eq(w->wo.dtype, MOE_DTYPE_Q4_1);
-    cr_expect_eq(w->experts.dtype, MOE_DTYPE_Q4_1);
+    cr_expect_eq(w->wq.dtype, MOE_DTYPE_Q4_K);
+    cr_expect_eq(w->wo.dtype, MOE_DTYPE_Q4_K);
+    cr_expect_eq(w->experts.dtype, MOE_DTYPE_Q4_1, "an expert's 128-long down rows: Q4_1 for all its matrices");
     cr_expect_eq(m.lm_head.dtype, MOE_DTYPE_Q8_0, "the LM head takes q8_0");
     cr_expect_eq(w->router.dtype, MOE_DTYPE_BF16, "the router keeps its dtype");
     cr_expect_eq(m.embed.dtype, MOE_DTYPE_BF16, "the embedding keeps its dtype");
@@ -96,7 +127,8 @@ Test(q4_model, quantize_q4_picks_the_weights)
 }
 
 /* The Q4_1 rows of a quantized weight are moe_quantize_row_q4_1 of the
- * stored rows: the backend quantizes what it was given, row by row. */
+ * stored rows, the Q4_K rows moe_quantize_row_q4_k's: the backend
+ * quantizes what it was given, row by row. */
 Test(q4_model, quantized_rows_are_the_quantizer_s)
 {
     struct moe_config cfg;
@@ -106,25 +138,36 @@ Test(q4_model, quantized_rows_are_the_quantizer_s)
     const int F = cfg.d_expert, D = cfg.d_model;
     float *row = malloc((size_t)D * 4);
     const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q4_1, (size_t)D);
-    unsigned char *want = malloc((size_t)F * rb);
+    const size_t rbk = moe_dtype_row_bytes(MOE_DTYPE_Q4_K, (size_t)D);
+    const int NQ = (int)m.layers[1].wq.shape[0];
+    cr_assert_eq(m.layers[1].wq.shape[1], D);
+    unsigned char *want = malloc((size_t)F * rb), *want_k = malloc((size_t)NQ * rbk);
     const uint16_t *g = m.layers[1].experts.gate[3];
     for (int r = 0; r < F; r++) {
         moe_convert_row_f32(row, g + (size_t)r * D, MOE_DTYPE_BF16, (size_t)D);
         cr_assert(moe_quantize_row_q4_1(want + (size_t)r * rb, row, (size_t)D));
+    }
+    for (int r = 0; r < NQ; r++) {
+        moe_convert_row_f32(row, (const uint16_t *)m.layers[1].wq.data + (size_t)r * D, MOE_DTYPE_BF16, (size_t)D);
+        cr_assert(moe_quantize_row_q4_k(want_k + (size_t)r * rbk, row, (size_t)D));
     }
     struct moe_backend be;
     cr_assert_eq(tu_backend_init_with(&be, "cpu", MOE_QUANT_Q4, 0, 0), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(be.ops->prepare_model(&be, &m), MOE_OK, "%s", moe_last_error());
     cr_assert_eq(m.layers[1].experts.dtype, MOE_DTYPE_Q4_1);
     cr_expect(memcmp(m.layers[1].experts.gate[3], want, (size_t)F * rb) == 0, "expert 3's gate rows differ");
+    cr_assert_eq(m.layers[1].wq.dtype, MOE_DTYPE_Q4_K);
+    cr_expect(memcmp(m.layers[1].wq.data, want_k, (size_t)NQ * rbk) == 0, "layer 1's query rows differ");
     moe_backend_free(&be);
     moe_model_free(&m);
     free(row);
     free(want);
+    free(want_k);
 }
 
-/* A weight past f16's range cannot be Q4_1 (its minimum is an f16): the
- * load fails naming the weight's layer, the model as it was. */
+/* A weight past f16's range cannot be Q4_1 (its minimum is an f16) nor
+ * Q4_K (dmin, its minimums' unit, an f16: past 63 x 65504): the load
+ * fails naming the weight's layer, the model as it was. */
 Test(q4_model, weights_past_f16_are_refused)
 {
     struct moe_config cfg;
@@ -133,7 +176,7 @@ Test(q4_model, weights_past_f16_are_refused)
     struct moe_runner r;
     cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
     cr_assert_eq(moe_model_synthetic(&m, &cfg, MOE_DTYPE_F32, 3), MOE_OK);
-    ((float *)m.layers[1].wv.data)[77] = -1e6f;
+    ((float *)m.layers[1].wv.data)[77] = -1e8f;
     cr_assert_eq(tu_backend_init_with(&be, "cpu-ref", MOE_QUANT_Q4, 0, 0), MOE_OK);
     struct moe_runner_opts o = {.max_tokens = 8, .max_seqs = 1, .max_logits = 8, .block_size = 8, .n_blocks = 4};
     cr_assert_neq(moe_runner_init(&r, &m, &be, &o), MOE_OK);

@@ -15,15 +15,19 @@
 /* ---- the matrices of a model repacked at prepare_model: bf16 panels
  * (fast kernels), or quantization (--quantize q8_0 or q4, either backend) ---- */
 
-/* Quantization runs first (when asked: --quantize q4 is PACK_Q4_1 of all
+/* Quantization runs first (when asked: --quantize q4 is PACK_Q4 of all
  * but the LM head, then PACK_Q8_0 of the LM head; a per-expert plan puts
  * each expert in the pass of its own format), then PACK_PANELS over what
  * is still bf16 (the routers, experts the plan keeps).  Each writes its
- * own arena. */
-enum pack_kind { PACK_Q8_0, PACK_Q4_1, PACK_PANELS };
-static enum moe_dtype pack_dtype(enum pack_kind k)
+ * own arena.  PACK_Q4 makes Q4_K of a matrix whose rows are multiples of
+ * 256 long (an expert: of its three matrices, so one dtype an expert),
+ * Q4_1 of the others. */
+enum pack_kind { PACK_Q8_0, PACK_Q4, PACK_PANELS };
+static enum moe_dtype pack_dtype(enum pack_kind k, int64_t K)
 {
-    return k == PACK_PANELS ? MOE_DTYPE_BF16_PANEL : k == PACK_Q4_1 ? MOE_DTYPE_Q4_1 : MOE_DTYPE_Q8_0;
+    return k == PACK_PANELS ? MOE_DTYPE_BF16_PANEL
+           : k == PACK_Q4   ? (K % MOE_Q4_K_BLOCK == 0 ? MOE_DTYPE_Q4_K : MOE_DTYPE_Q4_1)
+                            : MOE_DTYPE_Q8_0;
 }
 
 /* Which matrices a quantization pass takes: the backend's quant for all
@@ -39,7 +43,7 @@ struct pack_policy {
 static bool pass_takes(enum pack_kind kind, const struct pack_policy *pp, bool lm_head)
 {
     if (kind == PACK_PANELS) return true;
-    if (kind == PACK_Q4_1) return pp->quant == MOE_QUANT_Q4 && !lm_head;
+    if (kind == PACK_Q4) return pp->quant == MOE_QUANT_Q4 && !lm_head;
     return pp->quant == MOE_QUANT_Q8_0 || (pp->quant == MOE_QUANT_Q4 && lm_head);
 }
 static bool pass_takes_expert(enum pack_kind kind, const struct pack_policy *pp, int l, int e)
@@ -48,7 +52,7 @@ static bool pass_takes_expert(enum pack_kind kind, const struct pack_policy *pp,
     const uint8_t p = pp->plan && l < pp->plan_layers && e < pp->plan_e ? pp->plan[(size_t)l * pp->plan_e + e]
                                                                          : MOE_EXPERT_QUANT_DEFAULT;
     const enum moe_weight_quant q = p == MOE_EXPERT_QUANT_DEFAULT ? pp->quant : (enum moe_weight_quant)p;
-    return q == (kind == PACK_Q4_1 ? MOE_QUANT_Q4 : MOE_QUANT_Q8_0);
+    return q == (kind == PACK_Q4 ? MOE_QUANT_Q4 : MOE_QUANT_Q8_0);
 }
 
 /* One matrix to repack: a tensor view, or one entry of a layer's expert
@@ -61,6 +65,7 @@ struct pack_item {
     const void *src;                   /* (N, K) row-major, of dtype dt */
     enum moe_dtype dt;
     int N, K;
+    enum moe_dtype to;                 /* what it becomes (quantization) */
     int layer;                         /* for messages; -1 for the LM head */
     size_t off;                        /* into the arena */
     bool keep_source;                  /* another view still reads the source rows */
@@ -98,7 +103,7 @@ static void add_tensor(enum pack_kind kind, struct pack_item *items, size_t *n, 
     if (!t->data || t->ndim != 2 || !packable(kind, t->dtype, t->shape[0], t->shape[1])) return;
     if (items) items[*n] = (struct pack_item){.t = t, .src = t->data, .dt = t->dtype,
                                               .N = (int)t->shape[0], .K = (int)t->shape[1],
-                                              .layer = layer};
+                                              .to = pack_dtype(kind, t->shape[1]), .layer = layer};
     ++*n;
 }
 
@@ -134,10 +139,11 @@ static size_t pack_items(enum pack_kind kind, const struct pack_policy *pp, stru
             if (!pass_takes_expert(kind, pp, l, e) || !packable(kind, dt, F, D) || !packable(kind, dt, D, F))
                 continue;
             const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
+            const enum moe_dtype to = pack_dtype(kind, D % MOE_Q4_K_BLOCK == 0 ? F : D);
             for (int i = 0; i < 3; i++, n++)
                 if (items)
                     items[n] = (struct pack_item){.table = x, .expert = e, .slot = slots[i], .src = *slots[i],
-                                                  .dt = dt, .N = i < 2 ? F : D, .K = i < 2 ? D : F,
+                                                  .dt = dt, .N = i < 2 ? F : D, .K = i < 2 ? D : F, .to = to,
                                                   .layer = l};
         }
     }
@@ -148,7 +154,7 @@ static size_t pack_items(enum pack_kind kind, const struct pack_policy *pp, stru
  * are not: the loader makes them, in memory the model owns). */
 static bool packed_dtype(enum moe_dtype dt)
 {
-    return dt == MOE_DTYPE_BF16_PANEL || dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_1;
+    return dt == MOE_DTYPE_BF16_PANEL || dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_1 || dt == MOE_DTYPE_Q4_K;
 }
 
 /* A weight of m in panels or quantized, or NULL when it has none. */
@@ -173,17 +179,18 @@ static bool packed_bytes(enum pack_kind kind, const struct pack_item *it, size_t
 {
     if (kind == PACK_PANELS) return moe_gemm_panel_bytes(it->N, it->K, out);
     size_t b;
-    if (__builtin_mul_overflow((size_t)it->N, moe_dtype_row_bytes(pack_dtype(kind), (size_t)it->K), &b) ||
+    if (__builtin_mul_overflow((size_t)it->N, moe_dtype_row_bytes(it->to, (size_t)it->K), &b) ||
         b > SIZE_MAX - 63)
         return false;
     *out = (b + 63) / 64 * 64;
     return true;
 }
 
-/* Quantizes item it into dst (Q8_0 or Q4_1); false when a value is not
- * finite. */
-static bool quantize_item(char *dst, const struct pack_item *it, enum moe_dtype to)
+/* Quantizes item it into dst (it->to: Q8_0, Q4_1 or Q4_K); false when a
+ * value is not finite. */
+static bool quantize_item(char *dst, const struct pack_item *it)
 {
+    const enum moe_dtype to = it->to;
     float *row = malloc((size_t)it->K * sizeof(float));
     if (!row) return false;
     const size_t src_row = moe_dtype_row_bytes(it->dt, (size_t)it->K),
@@ -192,8 +199,9 @@ static bool quantize_item(char *dst, const struct pack_item *it, enum moe_dtype 
     for (int n = 0; n < it->N && ok; n++) {
         moe_convert_row_f32(row, (const char *)it->src + (size_t)n * src_row, it->dt, (size_t)it->K);
         char *d = dst + (size_t)n * dst_row;
-        ok = to == MOE_DTYPE_Q4_1 ? moe_quantize_row_q4_1(d, row, (size_t)it->K)
-                                  : moe_quantize_row_q8_0(d, row, (size_t)it->K);
+        ok = to == MOE_DTYPE_Q4_K   ? moe_quantize_row_q4_k(d, row, (size_t)it->K)
+             : to == MOE_DTYPE_Q4_1 ? moe_quantize_row_q4_1(d, row, (size_t)it->K)
+                                    : moe_quantize_row_q8_0(d, row, (size_t)it->K);
     }
     free(row);
     return ok;
@@ -252,7 +260,7 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
         if (kind == PACK_PANELS) {
             moe_gemm_pack_panels(arena + it->off, it->src, it->N, it->K);
             if (!it->keep_source) moe_safetensors_release(&m->st, it->src, (size_t)it->N * (size_t)it->K * 2, false);
-        } else if (!quantize_item(arena + it->off, it, pack_dtype(kind))) {
+        } else if (!quantize_item(arena + it->off, it)) {
 #pragma omp critical(moe_cpu_quant_bad)
             if (bad < 0 || (int64_t)i < bad) bad = (int64_t)i;
         } else if (!it->keep_source) {
@@ -261,7 +269,7 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
     }
     if (bad >= 0) {
         const struct pack_item *it = &items[bad];
-        const char *q = kind == PACK_Q4_1 ? "q4" : "q8_0";
+        const char *q = kind == PACK_Q4 ? "q4" : "q8_0";
         s = it->layer < 0 ? moe_fail(MOE_ERR_FORMAT, "--quantize %s: the LM head holds a value that "
                                      "is not finite (or cannot be allocated)", q)
                           : moe_fail(MOE_ERR_FORMAT, "--quantize %s: a (%d, %d) weight of layer %d holds "
@@ -269,9 +277,9 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
                                      "allocated)", q, it->N, it->K, it->layer);
         goto fail;
     }
-    const enum moe_dtype to = pack_dtype(kind);
     for (size_t i = 0; i < n; i++) {
         const struct pack_item *it = &items[i];
+        const enum moe_dtype to = kind == PACK_PANELS ? MOE_DTYPE_BF16_PANEL : it->to;
         if (kind != PACK_PANELS && !it->keep_source)
             moe_safetensors_release(&m->st, it->src, moe_dtype_row_bytes(it->dt, (size_t)it->K) * (size_t)it->N,
                            false);
@@ -350,7 +358,7 @@ enum moe_status moe_cpu_pack_model(struct cpu_ctx *c, const struct moe_backend *
     } else {
         const struct pack_policy pp = {be->quant, be->expert_quant, be->expert_quant_layers, be->expert_quant_e};
         if (pp.plan) MOE_TRY(mixed_tables(c, m, &pp));
-        MOE_TRY(pack_model(c, m, PACK_Q4_1, &pp));
+        MOE_TRY(pack_model(c, m, PACK_Q4, &pp));
         MOE_TRY(pack_model(c, m, PACK_Q8_0, &pp));
         if (c->panels) MOE_TRY(pack_model(c, m, PACK_PANELS, &pp));
     }

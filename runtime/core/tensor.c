@@ -50,6 +50,7 @@ const char *moe_dtype_name(enum moe_dtype t)
     if (t == MOE_DTYPE_Q4_1) return "Q4_1";
     if (t == MOE_DTYPE_Q4_G32) return "Q4_G32";
     if (t == MOE_DTYPE_Q4_G128) return "Q4_G128";
+    if (t == MOE_DTYPE_Q4_K) return "Q4_K";
     return (unsigned)t < MOE_DTYPE_COUNT ? dtype_info[t].name : "?";
 }
 
@@ -200,12 +201,34 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
         }
         return;
     }
+    case MOE_DTYPE_Q4_K: {
+        const unsigned char *b = src;
+        MOE_ASSERT(n % MOE_Q4_K_BLOCK == 0);
+        for (size_t i = 0; i < n; i += MOE_Q4_K_BLOCK, b += MOE_Q4_K_BYTES) {
+            float d[8], m[8];
+            moe_q4_k_heads(b, d, m);
+            for (int j = 0; j < 8; j++) {
+                const unsigned char *qs = b + 16 + 32 * (j / 2);
+                const int sh = 4 * (j % 2);
+                for (int k = 0; k < 32; k++) dst[i + 32 * (size_t)j + k] = (float)((qs[k] >> sh) & 15u) * d[j] + m[j];
+            }
+        }
+        return;
+    }
     default: MOE_ASSERT(!"convert_row_f32: dtype is not a float weight type");
     }
 }
 
 float moe_q4_get(const void *row, enum moe_dtype t, size_t k)
 {
+    if (t == MOE_DTYPE_Q4_K) {
+        const unsigned char *b = (const unsigned char *)row + k / MOE_Q4_K_BLOCK * MOE_Q4_K_BYTES;
+        const size_t e = k % MOE_Q4_K_BLOCK, j = e / 32;
+        float d[8], m[8];
+        moe_q4_k_heads(b, d, m);
+        const unsigned q = (b[16 + 32 * (j / 2) + e % 32] >> (4 * (j % 2))) & 15u;
+        return (float)q * d[j] + m[j];
+    }
     const size_t G = (size_t)moe_q4_group(t), j = k % G;
     const unsigned char *blk = (const unsigned char *)row + k / G * moe_q4_group_bytes(t);
     float d, m;

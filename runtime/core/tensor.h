@@ -142,8 +142,24 @@ enum moe_dtype {
      * (G128); moe_dtype_size says 1; never parsed, written or repacked. */
     MOE_DTYPE_Q4_G32,
     MOE_DTYPE_Q4_G128,
+    /* Four-bit weights quantized at load (--quantize q4) where every row
+     * of the matrix (of an expert: of its three matrices) is a multiple of
+     * 256 long: ggml's Q4_K block bit for bit (gguf-py's Q4_K reads it).
+     * Per block of 256 values, 144 bytes: an f16 d, an f16 dmin, 12 bytes
+     * of eight 6-bit scales sc_j and eight 6-bit minimums mn_j (bytes 0-3:
+     * sc_0..3 in the low 6 bits, the top 2 bits of sc_4..7 above; bytes
+     * 4-7: mn_0..3 and the top 2 bits of mn_4..7; bytes 8-11: sc_4..7 low
+     * nibble, mn_4..7 high nibble), then 128 bytes of codes: per 64 values
+     * 32 bytes, byte i holding element i in its low nibble and element 32 +
+     * i in its high one.  Group j (elements 32j .. 32j+31) has the scale
+     * d_j = d * sc_j and offset m_j = -(dmin * mn_j), both exact in fp32;
+     * the value is q * d_j + m_j, one rounding (the product is exact): what
+     * ggml computes as d_j * q - dmin * mn_j.  4.5 bits a weight; made by
+     * moe_quantize_row_q4_k.  moe_dtype_size says 1; never parsed,
+     * written to a file or repacked. */
+    MOE_DTYPE_Q4_K,
 };
-#define MOE_DTYPE_N (MOE_DTYPE_Q4_G128 + 1) /* the number of dtypes */
+#define MOE_DTYPE_N (MOE_DTYPE_Q4_K + 1) /* the number of dtypes */
 
 #define MOE_Q8_0_BLOCK 32 /* values per block */
 #define MOE_Q8_0_BYTES 36 /* bytes per block: f32 scale, 32 int8 */
@@ -154,17 +170,41 @@ enum moe_dtype {
 #define MOE_Q4_1_BLOCK 32  /* values per block */
 #define MOE_Q4_1_BYTES 20  /* bytes per block: f16 d, f16 m, 16 bytes of codes */
 #define MOE_Q4_HEAD 8      /* Q4_G32 / Q4_G128: f32 d, f32 m before each group's codes */
+#define MOE_Q4_K_BLOCK 256 /* values per block (8 groups of 32) */
+#define MOE_Q4_K_BYTES 144 /* bytes per block: f16 d, f16 dmin, 12 bytes of scales, 128 of codes */
 
-/* Whether t is one of the four-bit formats; values per group (one d and
- * one m each) and bytes per group. */
+/* Whether t is one of the four-bit formats; values per block (one d and
+ * one m each, but Q4_K: 8 groups of 32 with one d and m each) and bytes
+ * per block. */
 static inline bool moe_dtype_is_q4(enum moe_dtype t)
 {
-    return t == MOE_DTYPE_Q4_1 || t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128;
+    return t == MOE_DTYPE_Q4_1 || t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128 || t == MOE_DTYPE_Q4_K;
 }
-static inline int moe_q4_group(enum moe_dtype t) { return t == MOE_DTYPE_Q4_G128 ? 128 : 32; }
+static inline int moe_q4_group(enum moe_dtype t)
+{
+    return t == MOE_DTYPE_Q4_K ? MOE_Q4_K_BLOCK : t == MOE_DTYPE_Q4_G128 ? 128 : 32;
+}
 static inline size_t moe_q4_group_bytes(enum moe_dtype t)
 {
-    return t == MOE_DTYPE_Q4_1 ? MOE_Q4_1_BYTES : MOE_Q4_HEAD + (size_t)moe_q4_group(t) / 2;
+    return t == MOE_DTYPE_Q4_K ? MOE_Q4_K_BYTES
+           : t == MOE_DTYPE_Q4_1 ? MOE_Q4_1_BYTES : MOE_Q4_HEAD + (size_t)moe_q4_group(t) / 2;
+}
+/* Runs of 32 values per (d, m) pair of a four-bit dtype: 4 for Q4_G128,
+ * 1 for the others (Q4_K's groups of 32 each have their own). */
+static inline int moe_q4_head_runs(enum moe_dtype t) { return t == MOE_DTYPE_Q4_G128 ? 4 : 1; }
+/* The 6-bit scales sc and minimums mn of the 8 groups of a Q4_K block's
+ * 12 scale bytes s (MOE_DTYPE_Q4_K): each as 8 bytes of a 64-bit word,
+ * group j in byte j. */
+static inline void moe_q4_k_scales(const unsigned char *s, uint64_t *sc, uint64_t *mn)
+{
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+    *sc = (uint64_t)(a & 0x3f3f3f3fu) | (uint64_t)sc_hi << 32;
+    *mn = (uint64_t)(b & 0x3f3f3f3fu) | (uint64_t)mn_hi << 32;
 }
 
 struct moe_tensor {
@@ -227,10 +267,24 @@ bool moe_quantize_row_q8_0(void *dst, const float *src, size_t n);
  * min) * (1/d) + 0.5)) (0 when d is 0), d and min rounded to f16.  False,
  * dst unspecified, when a value is not finite or d or min overflows f16. */
 bool moe_quantize_row_q4_1(void *dst, const float *src, size_t n);
+/* Quantizes n values (a multiple of 256) to Q4_K blocks (MOE_DTYPE_Q4_K).
+ * Per group of 32, the scale s and minimum a of x ~ s q - a (q in 0..15,
+ * s, a >= 0) of least squared error over 21 candidate code assignments
+ * (q = round((x - lo) (15 + i/10) / (hi - lo)), i = -10..10, each fitted
+ * by least squares, a clamped at 0), then d = max s / 63 and dmin = max a /
+ * 63 rounded to f16, each group's 6-bit pair (sc, mn) chosen among the
+ * roundings of s / d and a / dmin and their neighbours by the error of
+ * its nearest codes, and the codes q = clamp(round((x - m_j) / d_j), 0,
+ * 15).  False, dst unspecified, when a value is not finite or d or dmin
+ * overflows f16. */
+bool moe_quantize_row_q4_k(void *dst, const float *src, size_t n);
+/* The scales d_j and offsets m_j of the 8 groups of the Q4_K block at blk
+ * (MOE_DTYPE_Q4_K: d * sc_j and -(dmin * mn_j), exact). */
+void moe_q4_k_heads(const void *blk, float d[8], float m[8]);
 /* Writes one Q4_G32 / Q4_G128 group: G codes (0..15, element order), scale
  * d and offset m. */
 void moe_q4_pack_group(void *dst, enum moe_dtype t, const uint8_t *codes, float d, float m);
-/* Element k of a row of four-bit blocks (t: Q4_1, Q4_G32, Q4_G128) as fp32. */
+/* Element k of a row of four-bit blocks (t: Q4_1, Q4_G32, Q4_G128, Q4_K) as fp32. */
 float moe_q4_get(const void *row, enum moe_dtype t, size_t k);
 
 /* 2^(s-127), the value of an E8M0 scale byte s, built from its bits: s in

@@ -145,9 +145,43 @@ Q4_ATTR INLINE void tile_wide_vnni(const enum moe_dtype dt, const int C, float *
 #pragma GCC unroll 4
     for (int c = 0; c < C / 2; c++) acc[c] = _mm512_setzero_ps();
     const int pf_every = dt == MOE_DTYPE_Q4_1 ? 3 : dt == MOE_DTYPE_Q4_G32 ? 2 : 1;
+    _Alignas(32) float kh[MAXC][16]; /* Q4_K: each weight row's (d_j, m_j) of the current block */
     for (int g = 0, pg = 0; g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
         const char *xg = x->p + (size_t)g * XG;
         const __m512 xh = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_load_pd((const double *)xg)));
+        if (dt == MOE_DTYPE_Q4_K) { /* as the 256-bit tile's Q4_K groups */
+            const int j = g & 7;
+            const size_t bo = (size_t)(g >> 3) * MOE_Q4_K_BYTES;
+            const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1));
+#pragma GCC unroll 4
+            for (int c = 0; c < C / 2; c++) {
+                const char *b0 = w + (size_t)(2 * c) * wld + bo, *b1 = b0 + wld;
+                if (j == 0) {
+                    if (pf)
+                        for (int l = 0; l < 3; l++) {
+                            _mm_prefetch(b0 + 64 * l + pfd, _MM_HINT_T1);
+                            _mm_prefetch(b1 + 64 * l + pfd, _MM_HINT_T1);
+                        }
+                    k_heads_avx2(b0, kh[2 * c]);
+                    k_heads_avx2(b1, kh[2 * c + 1]);
+                }
+                const __m512 dm5 = _mm512_castps128_ps512(
+                    _mm_castpd_ps(_mm_loadh_pd(_mm_load_sd((const double *)(kh[2 * c] + 2 * j)),
+                                               (const double *)(kh[2 * c + 1] + 2 * j))));
+                const __m512 wd = _mm512_permutexvar_ps(idx_d, dm5);
+                const __m512 h = _mm512_maskz_permutexvar_ps(0x0303, idx_h, dm5);
+                const size_t qo = 16 + 32 * (size_t)(j >> 1);
+                const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + qo))),
+                                                     _mm256_loadu_si256((const __m256i *)(b1 + qo)), 1);
+                const __m512i wq = _mm512_and_si512(_mm512_srl_epi16(v, sh), low);
+                const __m512i xq = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(xg + 32)));
+                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq);
+                const __m512 dx = _mm512_set1_ps(((const float *)xg)[2]);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd, dx), acc[c]);
+                acc[c] = _mm512_fmadd_ps(xh, h, acc[c]);
+            }
+            continue;
+        }
 #pragma GCC unroll 4
         for (int c = 0; c < C / 2; c++) {
             const char *g0 = w + (size_t)(2 * c) * wld + (size_t)g * GB, *g1 = g0 + wld;

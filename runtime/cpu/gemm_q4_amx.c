@@ -48,8 +48,32 @@ struct q4f {
 
 static struct q4f q4f_of(enum moe_dtype dt)
 {
-    const int nr = moe_q4_group(dt) / RUN, hb = dt == MOE_DTYPE_Q4_1 ? 4 : MOE_Q4_HEAD;
-    return (struct q4f){nr, hb, (size_t)hb + 16 * (size_t)nr};
+    const int nr = moe_q4_head_runs(dt), hb = dt == MOE_DTYPE_Q4_1 ? 4 : MOE_Q4_HEAD;
+    return (struct q4f){nr, hb, (size_t)hb + 16 * (size_t)nr}; /* hb, gb: not Q4_K's */
+}
+
+/* Q4_K: group g's 32 codes of a row at w, in element order (the 64-value
+ * part's 32 bytes, shifted right by 4 for an odd group, masked). */
+AMXI INLINE __m256i k_codes(const char *w, int g)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (size_t)(g >> 3) * MOE_Q4_K_BYTES + 16 +
+                                                           32 * (size_t)((g & 7) >> 1)));
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (g & 1))), _mm256_set1_epi8(15));
+}
+
+/* Q4_K: the (d_j, m_j) of the 8 groups of block `blk` of 16 rows (m of
+ * them from w, stride wld; rows from m on repeat row m - 1) into kd, km
+ * (8 x 16 each, group-major). */
+AMXI INLINE void k_heads16(const char *w, size_t wld, int m, size_t blk, float *kd, float *km)
+{
+    for (int i = 0; i < 16; i++) {
+        float d[8], mm[8];
+        moe_q4_k_heads(w + (size_t)(i < m ? i : m - 1) * wld + blk * MOE_Q4_K_BYTES, d, mm);
+        for (int j = 0; j < 8; j++) {
+            kd[16 * j + i] = d[j];
+            km[16 * j + i] = mm[j];
+        }
+    }
 }
 
 /* 32 codes of a run (16 bytes at p) in element order. */
@@ -89,19 +113,29 @@ AMXI static void pack_weights(enum moe_dtype dt, char *bp, float *sc, const char
     const struct q4f f = q4f_of(dt);
     const __m512i vo = row_offsets(wld, m);
     const __mmask16 in = (__mmask16)((1u << m) - 1);
+    _Alignas(64) float kd[128], km[128]; /* Q4_K: the current block's heads */
     for (int g = 0; g < ng; g++) {
         for (int k = 0; k < f.nr; k++) {
             __m512i z[8];
             for (int j = 0; j < 8; j++) {
                 const size_t at = (size_t)g * f.gb + (size_t)f.hb + 16 * (size_t)k;
-                const __m256i a = j < m ? unpack_run(w + (size_t)j * wld + at) : _mm256_setzero_si256();
-                const __m256i c = j + 8 < m ? unpack_run(w + (size_t)(j + 8) * wld + at) : _mm256_setzero_si256();
+                const char *r0 = w + (size_t)j * wld, *r1 = r0 + 8 * wld;
+                const __m256i a = j >= m ? _mm256_setzero_si256()
+                                  : dt == MOE_DTYPE_Q4_K ? k_codes(r0, g) : unpack_run(r0 + at);
+                const __m256i c = j + 8 >= m ? _mm256_setzero_si256()
+                                  : dt == MOE_DTYPE_Q4_K ? k_codes(r1, g) : unpack_run(r1 + at);
                 z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1);
             }
             moe_amx_b_tile(bp + ((size_t)g * f.nr + (size_t)k) * BT, z);
         }
         __m512 d, mv;
-        heads16(dt, w, (size_t)g * f.gb, vo, &d, &mv);
+        if (dt == MOE_DTYPE_Q4_K) {
+            if ((g & 7) == 0) k_heads16(w, wld, m, (size_t)g >> 3, kd, km);
+            d = _mm512_load_ps(kd + 16 * (g & 7));
+            mv = _mm512_load_ps(km + 16 * (g & 7));
+        } else {
+            heads16(dt, w, (size_t)g * f.gb, vo, &d, &mv);
+        }
         _mm512_store_ps(sc + (size_t)g * 32, _mm512_maskz_mov_ps(in, d));
         _mm512_store_ps(sc + (size_t)g * 32 + 16, _mm512_maskz_mov_ps(in, mv));
     }
@@ -164,14 +198,37 @@ AMXI INLINE void rows_tile(const enum moe_dtype dt, const int R, float *y, size_
     const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4), low = _mm512_set1_epi8(15);
     __m512 acc[RV];
     for (int t = 0; t < R; t++) acc[t] = _mm512_setzero_ps();
+    _Alignas(64) float kd[128], km[128]; /* Q4_K: the current block's heads */
     for (int g = 0; g < ng; g++) {
         const size_t at = (size_t)g * f.gb;
         __m512 d, mv;
-        heads16(dt, w, at, vo, &d, &mv);
+        if (dt == MOE_DTYPE_Q4_K) {
+            if ((g & 7) == 0) k_heads16(w, wld, m, (size_t)g >> 3, kd, km);
+            d = _mm512_load_ps(kd + 16 * (g & 7));
+            mv = _mm512_load_ps(km + 16 * (g & 7));
+        } else {
+            heads16(dt, w, at, vo, &d, &mv);
+        }
         for (int k = 0; k < f.nr; k++) {
             const size_t rk = at + (size_t)f.hb + 16 * (size_t)k;
             __m512i wq[8];
             for (int p = 0; p < 8; p++) {
+                if (dt == MOE_DTYPE_Q4_K) {
+                    const size_t bo = (size_t)(g >> 3) * MOE_Q4_K_BYTES, qo = bo + 16 + 32 * (size_t)((g & 7) >> 1);
+                    if (pf && (g & 1) == 0) {
+                        _mm_prefetch(r[2 * p] + 16 * wld + qo, _MM_HINT_T1);
+                        _mm_prefetch(r[2 * p + 1] + 16 * wld + qo, _MM_HINT_T1);
+                        if ((g & 7) == 0) {
+                            _mm_prefetch(r[2 * p] + 16 * wld + bo, _MM_HINT_T1);
+                            _mm_prefetch(r[2 * p + 1] + 16 * wld + bo, _MM_HINT_T1);
+                        }
+                    }
+                    const __m512i v = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(r[2 * p] + qo))),
+                        _mm256_loadu_si256((const __m256i *)(r[2 * p + 1] + qo)), 1);
+                    wq[p] = _mm512_and_si512(_mm512_srl_epi16(v, _mm_cvtsi32_si128(4 * (g & 1))), low);
+                    continue;
+                }
                 if (pf && k == 0) {
                     _mm_prefetch(r[2 * p] + 16 * wld + at, _MM_HINT_T1);
                     _mm_prefetch(r[2 * p + 1] + 16 * wld + at, _MM_HINT_T1);
@@ -274,6 +331,7 @@ AMXI void moe_gemm_rows_q4_amx(float *y, size_t ldy, const float *x, size_t ldx,
     switch (wt) {
     case MOE_DTYPE_Q4_1: rows_dt(MOE_DTYPE_Q4_1, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     case MOE_DTYPE_Q4_G32: rows_dt(MOE_DTYPE_Q4_G32, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
+    case MOE_DTYPE_Q4_K: rows_dt(MOE_DTYPE_Q4_K, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     default: rows_dt(MOE_DTYPE_Q4_G128, y, ldy, x, ldx, T, w, Din, n0, n1, b); break;
     }
 }

@@ -32,6 +32,35 @@ Q4_ATTR INLINE void Q4_FN(group_head)(const char *g, const enum moe_dtype dt, __
     }
 }
 
+/* The (d_j, m_j) pairs of the 8 groups of the Q4_K block at blk into dm
+ * (16 floats): d * sc_j and -(dmin * mn_j), each one exact product, the
+ * values moe_q4_k_heads gives. */
+Q4_ATTR INLINE void Q4_FN(k_heads)(const char *blk, float *dm)
+{
+    uint64_t sc, mn;
+    moe_q4_k_scales((const unsigned char *)blk + 4, &sc, &mn);
+    int32_t v;
+    memcpy(&v, blk, 4);
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+    const __m256 d8 = _mm256_mul_ps(_mm256_broadcastss_ps(dd),
+                                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))));
+    const __m256 m8 = _mm256_xor_ps(
+        _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)))),
+        _mm256_set1_ps(-0.0f));
+    const __m256 lo = _mm256_unpacklo_ps(d8, m8), hi = _mm256_unpackhi_ps(d8, m8);
+    _mm256_storeu_ps(dm, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(dm + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+/* The 32 codes of Q4_K group j at the block blk: its 64-value part's 32
+ * bytes, shifted right by 4 for an odd group, masked. */
+Q4_ATTR INLINE __m256i Q4_FN(k_codes)(const char *blk, int j)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * (j >> 1)));
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(15));
+}
+
 /* The 32 codes of the run at qs as unsigned bytes in element order: the 16
  * bytes in both halves, the upper half shifted right by 4, masked. */
 Q4_ATTR INLINE __m256i Q4_FN(run_codes)(const char *qs)
@@ -82,7 +111,32 @@ Q4_ATTR INLINE void Q4_FN(tile)(const enum moe_dtype dt, const int R, const int 
      * group of 20 bytes, Q4_G32 every second of 24, Q4_G128 two a group
      * of 72) */
     const int pf_every = dt == MOE_DTYPE_Q4_1 ? 3 : dt == MOE_DTYPE_Q4_G32 ? 2 : 1;
+    _Alignas(32) float kh[MAXC][16]; /* Q4_K: each weight row's (d_j, m_j) of the current block */
     for (int g = 0, pg = 0; g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
+        if (dt == MOE_DTYPE_Q4_K) {
+            /* group g: group j of block g / 8, its head from kh; the block's
+             * 144 bytes prefetched in 3 lines at its first group */
+            const int j = g & 7;
+            const size_t bo = (size_t)(g >> 3) * MOE_Q4_K_BYTES;
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) {
+                const char *blk = w + (size_t)c * wld + bo;
+                if (j == 0) {
+                    if (pf)
+                        for (int l = 0; l < 3; l++) _mm_prefetch(blk + 64 * l + (size_t)C * wld, _MM_HINT_T1);
+                    Q4_FN(k_heads)(blk, kh[c]);
+                }
+                __m256 h, wd;
+                Q4_FN(group_head)((const char *)(kh[c] + 2 * j), MOE_DTYPE_Q4_G32, &h, &wd);
+                const __m256i wq = Q4_FN(k_codes)(blk, j);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const char *xg = x->p + (size_t)(r0 + r) * x->rs + (size_t)g * XG;
+                    acc[r][c] = Q4_FN(head_fma)(Q4_FN(run_fma)(acc[r][c], wq, wd, xg, 0), h, xg);
+                }
+            }
+            continue;
+        }
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             const char *grp = w + (size_t)c * wld + (size_t)g * GB;
@@ -166,7 +220,7 @@ Q4_ATTR void Q4_ENTRY(float *y, size_t ldy, const float *x, size_t ldx, int T, c
                       int Din, int n0, int n1, const struct moe_tensor *b)
 {
     MOE_ASSERT(moe_dtype_is_q4(wt) && Din % moe_q4_group(wt) == 0);
-    const int nr = moe_q4_group(wt) / RUN, ng = Din / RUN / nr;
+    const int nr = moe_q4_head_runs(wt), ng = Din / RUN / nr;
     const size_t wld = moe_dtype_row_bytes(wt, (size_t)Din);
     const int rows = T < TBQ ? T : TBQ;
     /* a row's stream: per group 32 + 32 nr bytes, Din + 32 ng in all
@@ -184,6 +238,7 @@ Q4_ATTR void Q4_ENTRY(float *y, size_t ldy, const float *x, size_t ldx, int T, c
         switch (wt) {
         case MOE_DTYPE_Q4_1: Q4_FN(rows_dt)(MOE_DTYPE_Q4_1, yb, ldy, &xr, tn, w, wld, n0, n1, b); break;
         case MOE_DTYPE_Q4_G32: Q4_FN(rows_dt)(MOE_DTYPE_Q4_G32, yb, ldy, &xr, tn, w, wld, n0, n1, b); break;
+        case MOE_DTYPE_Q4_K: Q4_FN(rows_dt)(MOE_DTYPE_Q4_K, yb, ldy, &xr, tn, w, wld, n0, n1, b); break;
         default: Q4_FN(rows_dt)(MOE_DTYPE_Q4_G128, yb, ldy, &xr, tn, w, wld, n0, n1, b); break;
         }
     }

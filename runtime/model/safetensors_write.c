@@ -46,6 +46,7 @@ static int dtype_rank(enum moe_dtype t)
     case MOE_DTYPE_Q4_1:
     case MOE_DTYPE_Q4_G32:
     case MOE_DTYPE_Q4_G128:
+    case MOE_DTYPE_Q4_K:
     case MOE_DTYPE_FP8_B128: break; /* not safetensors dtypes: the writer refuses them */
     }
     return -1;

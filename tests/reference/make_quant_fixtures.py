@@ -25,6 +25,18 @@ way (moerun's MOE_DTYPE_Q4_1 is ggml's block_q4_1 bit for bit):
                          j + 16 in its high one; a value is q * d + m
   dequant  F32 (8, 256)  gguf.quants.dequantize(q4_1, Q4_1)
 
+tests/fixtures/quant/q4_k.safetensors: Q4_K blocks (ggml's block_q4_K,
+moerun's MOE_DTYPE_Q4_K bit for bit) and their values as gguf-py
+dequantizes them (gguf-py has no Q4_K quantizer: the blocks are random
+bytes with finite f16 heads, so every scale and minimum packing occurs):
+
+  q4_k     U8  (6, 576)   4 blocks of 144 bytes a row: f16 d, f16 dmin, 12
+                          bytes of 6-bit scales and minimums, 128 bytes of
+                          codes; row 0 every scale and minimum 63, row 1
+                          all 0, row 2 subnormal f16 heads, the others
+                          random (d and dmin in [2^-12, 2^-4))
+  dequant  F32 (6, 1024)  gguf.quants.dequantize(q4_k, Q4_K)
+
 tests/fixtures/quant/mxfp4.safetensors: MXFP4 matrices in a gpt-oss
 checkpoint's layout and their values as transformers dequantizes them
 (transformers.integrations.mxfp4.convert_moe_packed_tensors, in float32, so
@@ -83,7 +95,7 @@ float8_e4m3fn:
   rows_dequant  F32 (64, 96) the bytes' values times the scale
 
 Python is only a fixture-making tool.
-Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,q4_1,mxfp4,fp8,kv_fp8]
+Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,q4_1,q4_k,mxfp4,fp8,kv_fp8]
 """
 import argparse
 import importlib.metadata
@@ -96,6 +108,7 @@ from safetensors.numpy import save_file
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(REPO, "tests", "fixtures", "quant", "q8_0.safetensors")
 OUT_Q4_1 = os.path.join(REPO, "tests", "fixtures", "quant", "q4_1.safetensors")
+OUT_Q4_K = os.path.join(REPO, "tests", "fixtures", "quant", "q4_k.safetensors")
 OUT_MXFP4 = os.path.join(REPO, "tests", "fixtures", "quant", "mxfp4.safetensors")
 MXFP4_SHAPES = {"a": (3, 64), "b": (5, 96), "c": (7, 256)}
 OUT_FP8 = os.path.join(REPO, "tests", "fixtures", "quant", "fp8.safetensors")
@@ -152,6 +165,25 @@ def make_q4_1():
               metadata={"made_by": "tests/reference/make_quant_fixtures.py",
                         "gguf": importlib.metadata.version("gguf")})
     print(OUT_Q4_1, os.path.getsize(OUT_Q4_1), "bytes")
+
+
+def make_q4_k():
+    r = np.random.default_rng(44)
+    rows, blocks = 6, 4
+    q = r.integers(0, 256, size=(rows, blocks, 144), dtype=np.uint8)
+    heads = r.uniform(2.0 ** -12, 2.0 ** -4, size=(rows, blocks, 2)).astype(np.float16)
+    heads[2] = np.float16(2.0 ** -20)                 # subnormal f16 d and dmin
+    q[..., :4] = heads.view(np.uint8).reshape(rows, blocks, 4)
+    q[0, :, 4:16] = 0xFF                              # every 6-bit scale and minimum 63
+    q[1, :, 4:16] = 0                                 # all 0: every value 0
+    q = q.reshape(rows, blocks * 144)
+    d = quants.dequantize(q, GGMLQuantizationType.Q4_K).astype(np.float32)
+    assert d.shape == (rows, blocks * 256), d.shape
+    assert np.isfinite(d).all() and (d[1] == 0).all()
+    save_file({"q4_k": q, "dequant": d}, OUT_Q4_K,
+              metadata={"made_by": "tests/reference/make_quant_fixtures.py",
+                        "gguf": importlib.metadata.version("gguf")})
+    print(OUT_Q4_K, os.path.getsize(OUT_Q4_K), "bytes")
 
 
 def make_mxfp4():
@@ -279,9 +311,9 @@ def make_kv_fp8():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="q8_0,q4_1,mxfp4,fp8,kv_fp8")
+    ap.add_argument("--only", default="q8_0,q4_1,q4_k,mxfp4,fp8,kv_fp8")
     only = ap.parse_args().only.split(",")
-    for name, make in (("q8_0", make_q8_0), ("q4_1", make_q4_1), ("mxfp4", make_mxfp4), ("fp8", make_fp8),
+    for name, make in (("q8_0", make_q8_0), ("q4_1", make_q4_1), ("q4_k", make_q4_k), ("mxfp4", make_mxfp4), ("fp8", make_fp8),
                        ("kv_fp8", make_kv_fp8)):
         if name in only:
             make()
