@@ -61,19 +61,44 @@ AMXI INLINE __m256i k_codes(const char *w, int g)
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (g & 1))), _mm256_set1_epi8(15));
 }
 
-/* Q4_K: the (d_j, m_j) of the 8 groups of block `blk` of 16 rows (m of
- * them from w, stride wld; rows from m on repeat row m - 1) into kd, km
- * (8 x 16 each, group-major). */
-AMXI INLINE void k_heads16(const char *w, size_t wld, int m, size_t blk, float *kd, float *km)
+/* Q4_K: a block's heads of 16 rows: d and dmin widened, and the three
+ * words of 6-bit scales and minimums (MOE_DTYPE_Q4_K), one lane a row. */
+struct kheads {
+    __m512 d, dmin;
+    __m512i a, b, c;
+};
+
+/* The heads of the blocks at blk of 16 rows (offsets vo from blk). */
+AMXI INLINE void k_block16(const char *blk, __m512i vo, struct kheads *k)
 {
-    for (int i = 0; i < 16; i++) {
-        float d[8], mm[8];
-        moe_q4_k_heads(w + (size_t)(i < m ? i : m - 1) * wld + blk * MOE_Q4_K_BYTES, d, mm);
-        for (int j = 0; j < 8; j++) {
-            kd[16 * j + i] = d[j];
-            km[16 * j + i] = mm[j];
-        }
+    const __m512i h = _mm512_i32gather_epi32(vo, blk, 1);
+    k->a = _mm512_i32gather_epi32(vo, blk + 4, 1);
+    k->b = _mm512_i32gather_epi32(vo, blk + 8, 1);
+    k->c = _mm512_i32gather_epi32(vo, blk + 12, 1);
+    k->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+    k->dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+}
+
+/* Group j's d_j = d * sc_j and m_j = -(dmin * mn_j) of the 16 rows: the
+ * values moe_q4_k_heads gives (exact products, the sign flipped). */
+AMXI INLINE void k_group16(const struct kheads *k, int j, __m512 *d, __m512 *m)
+{
+    const __m512i lo6 = _mm512_set1_epi32(63), lo4 = _mm512_set1_epi32(15), hi2 = _mm512_set1_epi32(0x30);
+    __m512i sc, mn;
+    if (j < 4) {
+        const __m128i s = _mm_cvtsi32_si128(8 * j);
+        sc = _mm512_and_si512(_mm512_srl_epi32(k->a, s), lo6);
+        mn = _mm512_and_si512(_mm512_srl_epi32(k->b, s), lo6);
+    } else {
+        const __m128i s = _mm_cvtsi32_si128(8 * (j - 4)), s2 = _mm_cvtsi32_si128(8 * (j - 4) + 2),
+                      s4 = _mm_cvtsi32_si128(8 * (j - 4) + 4);
+        sc = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(k->c, s), lo4),
+                             _mm512_and_si512(_mm512_srl_epi32(k->a, s2), hi2));
+        mn = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(k->c, s4), lo4),
+                             _mm512_and_si512(_mm512_srl_epi32(k->b, s2), hi2));
     }
+    *d = _mm512_mul_ps(k->d, _mm512_cvtepi32_ps(sc));
+    *m = _mm512_xor_ps(_mm512_mul_ps(k->dmin, _mm512_cvtepi32_ps(mn)), _mm512_set1_ps(-0.0f));
 }
 
 /* 32 codes of a run (16 bytes at p) in element order. */
@@ -113,7 +138,7 @@ AMXI static void pack_weights(enum moe_dtype dt, char *bp, float *sc, const char
     const struct q4f f = q4f_of(dt);
     const __m512i vo = row_offsets(wld, m);
     const __mmask16 in = (__mmask16)((1u << m) - 1);
-    _Alignas(64) float kd[128], km[128]; /* Q4_K: the current block's heads */
+    struct kheads kh = {0}; /* Q4_K: the current block's heads (set at its first group) */
     for (int g = 0; g < ng; g++) {
         for (int k = 0; k < f.nr; k++) {
             __m512i z[8];
@@ -130,9 +155,8 @@ AMXI static void pack_weights(enum moe_dtype dt, char *bp, float *sc, const char
         }
         __m512 d, mv;
         if (dt == MOE_DTYPE_Q4_K) {
-            if ((g & 7) == 0) k_heads16(w, wld, m, (size_t)g >> 3, kd, km);
-            d = _mm512_load_ps(kd + 16 * (g & 7));
-            mv = _mm512_load_ps(km + 16 * (g & 7));
+            if ((g & 7) == 0) k_block16(w + (size_t)(g >> 3) * MOE_Q4_K_BYTES, vo, &kh);
+            k_group16(&kh, g & 7, &d, &mv);
         } else {
             heads16(dt, w, (size_t)g * f.gb, vo, &d, &mv);
         }
@@ -198,14 +222,13 @@ AMXI INLINE void rows_tile(const enum moe_dtype dt, const int R, float *y, size_
     const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4), low = _mm512_set1_epi8(15);
     __m512 acc[RV];
     for (int t = 0; t < R; t++) acc[t] = _mm512_setzero_ps();
-    _Alignas(64) float kd[128], km[128]; /* Q4_K: the current block's heads */
+    struct kheads kh = {0}; /* Q4_K: the current block's heads (set at its first group) */
     for (int g = 0; g < ng; g++) {
         const size_t at = (size_t)g * f.gb;
         __m512 d, mv;
         if (dt == MOE_DTYPE_Q4_K) {
-            if ((g & 7) == 0) k_heads16(w, wld, m, (size_t)g >> 3, kd, km);
-            d = _mm512_load_ps(kd + 16 * (g & 7));
-            mv = _mm512_load_ps(km + 16 * (g & 7));
+            if ((g & 7) == 0) k_block16(w + (size_t)(g >> 3) * MOE_Q4_K_BYTES, vo, &kh);
+            k_group16(&kh, g & 7, &d, &mv);
         } else {
             heads16(dt, w, at, vo, &d, &mv);
         }
