@@ -130,9 +130,11 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
     {.name = "quantize", .arg = "Q", .kind = MOE_CLI_CUSTOM, ENG(quantize), .parse = parse_quant,
      .what = "use q8_0, q4, or none",
      .help = "quantize the weights at load: q8_0, 9 bits a weight (CPU\n"
-             "and CUDA backends), or q4, ggml's Q4_1 at 5 bits a weight\n"
-             "with the LM head at q8_0 (CPU); routers and the embedding\n"
-             "stay as stored"},
+             "and CUDA backends), or q4, four bits with the LM head at\n"
+             "q8_0: ggml's Q4_K (4.5 bits a weight) where rows are\n"
+             "multiples of 256 on the CPU backends, ggml's Q4_1 (5 bits)\n"
+             "elsewhere and on CUDA; routers and the embedding stay as\n"
+             "stored"},
     {.name = "expert-dtype-plan", .arg = "FILE", .kind = MOE_CLI_STRING, ENG(expert_plan),
      .help = "per-expert precision (CPU): FILE is statistics or a trace\n"
              "(--stats-out, --trace-out): each layer's hot experts keep\n"

@@ -240,8 +240,9 @@ static int plan_device(const struct plan_opts *o, struct device *dev, char *note
 }
 
 /* The bytes of the parts --quantize quantizes: q8_0 at 9 bits a weight,
- * q4 at 5 (Q4_1) with the LM head at 9; FP8, MXFP4 and four-bit
- * checkpoint matrices are read as stored, never requantized. */
+ * q4 at 5 (Q4_1, as the CUDA backend makes it; the CPU backends' Q4_K
+ * takes 4.5 where rows allow) with the LM head at 9; FP8, MXFP4 and
+ * four-bit checkpoint matrices are read as stored, never requantized. */
 static void quant_sizes(const struct moe_config *cfg, enum moe_weight_quant q, struct moe_model_sizes *z)
 {
     struct moe_config plain = *cfg;

@@ -114,8 +114,9 @@ enum moe_dtype {
      * repacked to panels or requantized by --quantize.  moe_dtype_size
      * says 1 (rows take moe_dtype_row_bytes). */
     MOE_DTYPE_FP8_B128,
-    /* Four-bit weights quantized at load (--quantize q4), ggml's Q4_1 bit
-     * for bit: per block of 32 values an f16 scale d, an f16 minimum m and
+    /* Four-bit weights quantized at load (--quantize q4: on the CPU
+     * backends where rows are not multiples of 256, Q4_K otherwise; on
+     * CUDA all of them), ggml's Q4_1 bit for bit: per block of 32 values an f16 scale d, an f16 minimum m and
      * 32 unsigned 4-bit codes q, the value q * d + m in fp32 (d and m
      * widened exactly, one rounding of the product, one of the sum).  20
      * bytes per block: d, m (f16, little-endian), then 16 bytes qs, qs[j]
