@@ -342,8 +342,9 @@ Test(quant_fp8, fp8_outside_linear_weights_and_fp8_configs_is_refused)
 /* qwen3_moe_fp8 with layer 0's experts restacked as transformers 5 names
  * them: gate_up_proj (E, 2F, D) F8_E4M3 (gate rows first) with
  * gate_up_proj_scale_inv (E, 2F/128, D/128), down_proj (E, D, F) with
- * down_proj_scale_inv; in h, bound. */
-static void load_stacked(struct moe_model *h)
+ * down_proj_scale_inv; in h, bound, holding the experts held says (NULL:
+ * all; else (layers, E): expert parallelism's share). */
+static void load_stacked(struct moe_model *h, const uint8_t *held)
 {
     struct moe_model src;
     qt_copy_fixture(&src, "qwen3_moe_fp8", NULL);
@@ -371,7 +372,42 @@ static void load_stacked(struct moe_model *h)
                                      (int64_t[]){E, D, F}, dn), MOE_OK);
     cr_assert_eq(moe_safetensors_add(&h->st, L0 "mlp.experts.down_proj_scale_inv", MOE_DTYPE_F32, 3,
                                      (int64_t[]){E, D / 128, F / 128}, dns), MOE_OK);
+    if (held) cr_assert_eq(moe_model_set_held(h, held), MOE_OK);
     cr_assert_eq(moe_model_bind(h), MOE_OK, "%s", moe_last_error());
+}
+
+/* Under expert parallelism a stacked FP8 layer is rewritten only for the
+ * experts this rank holds: the held ones' rows are the bytes of a whole
+ * load, the others' pointers stay NULL and their part of the stack's
+ * memory is never written (zeros: pages never touched, so not resident). */
+Test(quant_fp8, stacked_experts_rewrite_only_the_held)
+{
+    struct moe_model all, part;
+    load_stacked(&all, NULL);
+    const int L = all.cfg.n_layers, E = all.cfg.n_experts, F = all.cfg.d_expert, D = all.cfg.d_model;
+    uint8_t *held = malloc((size_t)L * E);
+    memset(held, 1, (size_t)L * E);
+    for (int e = 1; e < E; e += 2) held[e] = 0; /* layer 0: the even experts */
+    load_stacked(&part, held);
+    const struct moe_expert_weights *a = &all.layers[0].experts, *p = &part.layers[0].experts;
+    const size_t gate = (size_t)F * moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, (size_t)D),
+                 down = (size_t)D * moe_dtype_row_bytes(MOE_DTYPE_FP8_B128, (size_t)F);
+    const char *gu0 = p->gate[0], *dn0 = p->down[0];
+    for (int e = 0; e < E; e++) {
+        if (e % 2 == 0) {
+            cr_expect(memcmp(p->gate[e], a->gate[e], gate) == 0 && memcmp(p->up[e], a->up[e], gate) == 0 &&
+                      memcmp(p->down[e], a->down[e], down) == 0, "held expert %d: other rows than a whole load", e);
+            continue;
+        }
+        cr_expect(!p->gate[e] && !p->up[e] && !p->down[e], "expert %d is another rank's", e);
+        size_t nz = 0;
+        for (size_t i = 0; i < 2 * gate; i++) nz += gu0[(size_t)e * 2 * gate + i] != 0;
+        for (size_t i = 0; i < down; i++) nz += dn0[(size_t)e * down + i] != 0;
+        cr_expect_eq(nz, 0, "expert %d (another rank's): %zu bytes of its stack written", e, nz);
+    }
+    free(held);
+    moe_model_free(&all);
+    moe_model_free(&part);
 }
 
 /* The stacked layout binds to the same weights as the per-expert one: the
@@ -387,7 +423,7 @@ Test(quant_fp8, stacked_experts_equal_per_expert)
         cr_assert_eq(moe_model_bind(&h), MOE_OK, "%s", moe_last_error());
         qt_prompt_logits(&h, backends[i], MOE_QUANT_NONE, a);
         moe_model_free(&h);
-        load_stacked(&h);
+        load_stacked(&h, NULL);
         cr_expect_eq(h.layers[0].experts.dtype, MOE_DTYPE_FP8_B128);
         qt_prompt_logits(&h, backends[i], MOE_QUANT_NONE, b);
         moe_model_free(&h);

@@ -33,9 +33,11 @@ static bool is_float_weight(enum moe_dtype t)
 /* Binds `name` to *out, checking dtype and shape (ndim dims given). An absent
  * optional tensor leaves *out zeroed.  F8_E4M3 is accepted for a Linear
  * weight of an fp8 checkpoint only: packed (or, to_f32, dequantized) into
- * memory m owns (runtime/model/model_fp8.c). */
+ * memory m owns (runtime/model/model_fp8.c), of a stack only the matrices
+ * keep names (NULL: all). */
 static enum moe_status bind_any(struct moe_model *m, struct moe_tensor *out, bool required, bool linear,
-                                bool to_f32, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2)
+                                bool to_f32, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2,
+                                const uint8_t *keep)
 {
     memset(out, 0, sizeof *out);
     const struct moe_st_tensor *t = moe_safetensors_find(&m->st, name);
@@ -69,7 +71,7 @@ static enum moe_status bind_any(struct moe_model *m, struct moe_tensor *out, boo
             return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: tensor '%s' is F8_E4M3; only Linear weights "
                             "(attention, FFN and expert projections) may be FP8, not routers, norms or "
                             "embeddings", name);
-        return moe_model_fp8_bind(m, t, name, to_f32, out);
+        return moe_model_fp8_bind(m, t, name, to_f32, keep, out);
     }
     if (!is_float_weight(t->dtype))
         return moe_fail(MOE_ERR_UNSUPPORTED,
@@ -87,14 +89,14 @@ static enum moe_status bind_any(struct moe_model *m, struct moe_tensor *out, boo
 static enum moe_status bind(struct moe_model *m, struct moe_tensor *out, bool required, const char *name,
                             int ndim, int64_t d0, int64_t d1, int64_t d2)
 {
-    return bind_any(m, out, required, false, false, name, ndim, d0, d1, d2);
+    return bind_any(m, out, required, false, false, name, ndim, d0, d1, d2, NULL);
 }
 
 /* A Linear weight: F8_E4M3 ones packed to FP8_B128. */
 static enum moe_status bind_linear(struct moe_model *m, struct moe_tensor *out, bool required,
                                    const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2)
 {
-    return bind_any(m, out, required, true, false, name, ndim, d0, d1, d2);
+    return bind_any(m, out, required, true, false, name, ndim, d0, d1, d2, NULL);
 }
 
 enum moe_status moe_model_bind_tensor(struct moe_model *m, struct moe_tensor *out,
@@ -107,7 +109,7 @@ enum moe_status moe_model_bind_tensor(struct moe_model *m, struct moe_tensor *ou
 enum moe_status moe_model_bind_linear(struct moe_model *m, struct moe_tensor *out, bool required, bool to_f32,
                                       const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2)
 {
-    return bind_any(m, out, required, true, to_f32, name, ndim, d0, d1, d2);
+    return bind_any(m, out, required, true, to_f32, name, ndim, d0, d1, d2, NULL);
 }
 
 enum moe_status moe_model_own(struct moe_model *m, size_t bytes, void **out)
@@ -272,9 +274,15 @@ static enum moe_status bind_stacked_experts(struct moe_model *m, int l, const ch
     x->up = calloc((size_t)E, sizeof *x->up);
     x->down = calloc((size_t)E, sizeof *x->down);
     if (!x->gate || !x->up || !x->down) return moe_fail(MOE_ERR_NOMEM, "expert table");
+    /* a stack rewritten at load (FP8) is rewritten for the experts m holds */
+    uint8_t *keep = malloc((size_t)E);
+    if (!keep) return moe_fail(MOE_ERR_NOMEM, "expert table");
+    for (int64_t e = 0; e < E; e++) keep[e] = (uint8_t)moe_model_holds(m, l, (int)e);
     struct moe_tensor gu, dn;
-    MOE_TRY(bind_linear(m, &gu, true, gu_name, 3, E, 2 * F, D));
-    MOE_TRY(bind_linear(m, &dn, true, dn_name, 3, E, D, F));
+    enum moe_status s = bind_any(m, &gu, true, true, false, gu_name, 3, E, 2 * F, D, keep);
+    if (s == MOE_OK) s = bind_any(m, &dn, true, true, false, dn_name, 3, E, D, F, keep);
+    free(keep);
+    MOE_TRY(s);
     if (dn.dtype != gu.dtype)
         return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s and %s differ in dtype", dn_name, gu_name);
     const size_t gate = (size_t)F * moe_dtype_row_bytes(gu.dtype, (size_t)D),

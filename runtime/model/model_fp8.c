@@ -99,7 +99,7 @@ static int64_t first_nan(const uint8_t *q, int64_t K)
 }
 
 enum moe_status moe_model_fp8_bind(struct moe_model *m, const struct moe_st_tensor *t, const char *name,
-                                   bool to_f32, struct moe_tensor *out)
+                                   bool to_f32, const uint8_t *keep, struct moe_tensor *out)
 {
     MOE_ASSERT(t->dtype == MOE_DTYPE_F8E4M3 && t->ndim >= 2 && t->ndim <= 3);
     const int64_t N = t->shape[t->ndim - 2], K = t->shape[t->ndim - 1], B = t->ndim == 3 ? t->shape[0] : 1;
@@ -119,7 +119,12 @@ enum moe_status moe_model_fp8_bind(struct moe_model *m, const struct moe_st_tens
     if (!sc) return moe_fail(MOE_ERR_NOMEM, "checkpoint: scales of '%s'", name);
     const uint8_t *q = t->data;
     char *dst = base;
-    for (int64_t b = 0; b < B; b++)
+    for (int64_t b = 0; b < B; b++) {
+        if (keep && B > 1 && !keep[b]) {
+            q += N * K;
+            dst += (size_t)N * row;
+            continue;
+        }
         for (int64_t r = 0; r < N; r++, q += K, dst += row) {
             const int64_t bad = first_nan(q, K);
             if (bad >= 0) {
@@ -138,6 +143,7 @@ enum moe_status moe_model_fp8_bind(struct moe_model *m, const struct moe_st_tens
                 MOE_ASSERT(packed); /* bytes and scales were checked above */
             }
         }
+    }
     free(sc);
     *out = (struct moe_tensor){.dtype = to_f32 ? MOE_DTYPE_F32 : MOE_DTYPE_FP8_B128, .ndim = t->ndim,
                                .data = base, .device = -1};

@@ -15,9 +15,11 @@
  *     (the format: runtime/core/tensor.h, MOE_DTYPE_MXFP4).
  * Either way the experts are rewritten at load into moerun's table of
  * (F, D) gate, (F, D) up and (D, F) down matrices, in memory the model owns
- * (per layer: gate and up of all experts stacked (E, 2F, D) gate rows first,
- * then (E, D, F) down); the source pages are given back once read.  Biases
- * and sinks are widened to F32. */
+ * (per layer: gate and up of the experts this process holds stacked (H,
+ * 2F, D) gate rows first, then (H, D, F) down; H = E but under expert
+ * parallelism, where the other ranks' experts are neither read nor
+ * given memory); the source pages are given back once read.  Biases and
+ * sinks are widened to F32. */
 #include <string.h>
 
 #include "runtime/model/model_impl.h"
@@ -73,16 +75,18 @@ static enum moe_status bind_biases(struct moe_model *m, int l, struct moe_expert
     return moe_model_widen_f32(m, &x->b_down);
 }
 
-/* The expert table over one owned buffer: gate and up rows of expert e at
- * gu + e * 2F rows (gate first), its down rows at dn + e * D rows. */
-static enum moe_status expert_table(struct moe_model *m, struct moe_expert_weights *x,
-                                    enum moe_dtype dt, char **gu, char **dn)
+/* The expert table of layer l over one owned buffer: the gate and up
+ * rows of the i-th expert m holds at i * 2F rows (gate first), then its
+ * down rows at H * 2F + i * D; experts m does not hold stay NULL. */
+static enum moe_status expert_table(struct moe_model *m, int l, struct moe_expert_weights *x, enum moe_dtype dt)
 {
     const struct moe_config *c = &m->cfg;
     const size_t E = (size_t)c->n_experts, F = (size_t)c->d_expert, D = (size_t)c->d_model;
     const size_t gate = F * moe_dtype_row_bytes(dt, D), down = D * moe_dtype_row_bytes(dt, F);
+    size_t H = 0;
+    for (size_t e = 0; e < E; e++) H += moe_model_holds(m, l, (int)e);
     size_t per, all;
-    if (!moe_mul_size(2, gate, &per) || per + down < per || !moe_mul_size(per + down, E, &all))
+    if (!moe_mul_size(2, gate, &per) || per + down < per || !moe_mul_size(per + down, H ? H : 1, &all))
         return moe_fail(MOE_ERR_FORMAT, "checkpoint: experts of %zu x %zu x %zu overflow", E, F, D);
     x->gate = calloc(E, sizeof *x->gate);
     x->up = calloc(E, sizeof *x->up);
@@ -90,19 +94,20 @@ static enum moe_status expert_table(struct moe_model *m, struct moe_expert_weigh
     if (!x->gate || !x->up || !x->down) return moe_fail(MOE_ERR_NOMEM, "expert table");
     void *buf;
     MOE_TRY(moe_model_own(m, all, &buf));
-    *gu = buf;
-    *dn = (char *)buf + E * per;
+    char *gu = buf, *dn = (char *)buf + H * per;
     x->dtype = dt;
-    for (size_t e = 0; e < E; e++) {
-        x->gate[e] = *gu + e * per;
-        x->up[e] = *gu + e * per + gate;
-        x->down[e] = *dn + e * down;
+    for (size_t e = 0, i = 0; e < E; e++) {
+        if (!moe_model_holds(m, l, (int)e)) continue;
+        x->gate[e] = gu + i * per;
+        x->up[e] = gu + i * per + gate;
+        x->down[e] = dn + i * down;
+        i++;
     }
     return MOE_OK;
 }
 
-enum moe_status moe_model_bind_experts_transposed(struct moe_model *m, const char *gu_name, const char *dn_name,
-                                                  bool interleaved, struct moe_expert_weights *x)
+enum moe_status moe_model_bind_experts_transposed(struct moe_model *m, int l, const char *gu_name,
+                                                  const char *dn_name, bool interleaved, struct moe_expert_weights *x)
 {
     const struct moe_config *c = &m->cfg;
     const int64_t E = c->n_experts, F = c->d_expert, D = c->d_model;
@@ -111,10 +116,10 @@ enum moe_status moe_model_bind_experts_transposed(struct moe_model *m, const cha
     MOE_TRY(moe_model_bind_tensor(m, &dn, true, dn_name, 3, E, F, D));
     if (dn.dtype != gu.dtype)
         return moe_fail(MOE_ERR_UNSUPPORTED, "checkpoint: %s and %s differ in dtype", dn_name, gu_name);
-    char *g, *d;
-    MOE_TRY(expert_table(m, x, gu.dtype, &g, &d));
+    MOE_TRY(expert_table(m, l, x, gu.dtype));
     const size_t es = moe_dtype_size(gu.dtype);
     for (int64_t e = 0; e < E; e++) {
+        if (!x->gate[e]) continue; /* another rank's */
         const char *src = (const char *)gu.data + (size_t)(e * D * 2 * F) * es;
         char *gate = (char *)x->gate[e], *up = (char *)x->up[e];
         for (int64_t i = 0; i < D; i++) /* row i of the source: input i, all 2F outputs */
@@ -199,10 +204,10 @@ static enum moe_status bind_mxfp4(struct moe_model *m, int l, struct moe_expert_
         x->dtype = MOE_DTYPE_MXFP4;
         return MOE_OK;
     }
-    char *g, *d;
-    MOE_TRY(expert_table(m, x, MOE_DTYPE_MXFP4, &g, &d));
+    MOE_TRY(expert_table(m, l, x, MOE_DTYPE_MXFP4));
     const size_t gu_rows = (size_t)(2 * F), dn_rows = (size_t)D;
     for (int64_t e = 0; e < E; e++) {
+        if (!x->gate[e]) continue; /* another rank's */
         const uint8_t *b = gub + (size_t)e * gu_rows * (size_t)D / 2, *s = gus + (size_t)e * gu_rows * (size_t)D / 32;
         MOE_TRY(pack_rows((char *)x->gate[e], b, s, F, D, 2, 0, gb, e));
         MOE_TRY(pack_rows((char *)x->up[e], b, s, F, D, 2, 1, gb, e));
@@ -230,7 +235,7 @@ enum moe_status moe_model_bind_gpt_oss_moe(struct moe_model *m, int l, struct mo
     } else {
         NAMEF(n, "model.layers.%d.mlp.experts.gate_up_proj", l);
         NAMEF(d, "model.layers.%d.mlp.experts.down_proj", l);
-        MOE_TRY(moe_model_bind_experts_transposed(m, n, d, true, x));
+        MOE_TRY(moe_model_bind_experts_transposed(m, l, n, d, true, x));
     }
     x->alpha = c->swiglu_alpha;
     x->limit = c->swiglu_limit;

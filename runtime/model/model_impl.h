@@ -22,9 +22,12 @@ MOE_MUST_USE enum moe_status moe_model_bind_linear(struct moe_model *m, struct m
                                                     bool to_f32, const char *name, int ndim, int64_t d0,
                                                     int64_t d1, int64_t d2);
 /* The FP8 path of moe_model_bind_linear (model_fp8.c): t (F8_E4M3, of the
- * checked shape) and its `weight_scale_inv` into *out. */
+ * checked shape) and its `weight_scale_inv` into *out; of a stack (3-D),
+ * the matrices b with keep[b] 0 are neither read nor written (their
+ * memory, zeros, never touched: another rank's experts), keep NULL: all. */
 MOE_MUST_USE enum moe_status moe_model_fp8_bind(struct moe_model *m, const struct moe_st_tensor *t,
-                                                 const char *name, bool to_f32, struct moe_tensor *out);
+                                                 const char *name, bool to_f32, const uint8_t *keep,
+                                                 struct moe_tensor *out);
 /* Four-bit weights (model_q4.c): whether the checkpoint stores the Linear
  * weight PREFIX.weight in its four-bit form (m->cfg.q4_method), and that
  * weight, of shape (N, K), packed into *out as Q4_G32 / Q4_G128 (or, with
@@ -50,11 +53,12 @@ MOE_MUST_USE enum moe_status moe_model_bind_gpt_oss_sinks(struct moe_model *m, i
 MOE_MUST_USE enum moe_status moe_model_bind_gpt_oss_moe(struct moe_model *m, int l,
                                                          struct moe_layer_weights *w);
 
-/* Experts as transformers keeps gpt-oss's and Llama-4's: gate_up_proj
- * (E, D, 2F), gate and up outputs interleaved (output 2f is gate f, 2f + 1
- * up f: gpt-oss) or not (gate f, then up f at F + f: Llama-4), and
- * down_proj (E, F, D); transposed at load into memory the model owns. */
-MOE_MUST_USE enum moe_status moe_model_bind_experts_transposed(struct moe_model *m, const char *gu_name,
+/* Experts of layer l as transformers keeps gpt-oss's and Llama-4's:
+ * gate_up_proj (E, D, 2F), gate and up outputs interleaved (output 2f is
+ * gate f, 2f + 1 up f: gpt-oss) or not (gate f, then up f at F + f:
+ * Llama-4), and down_proj (E, F, D); the experts m holds transposed at
+ * load into memory the model owns, the others left NULL. */
+MOE_MUST_USE enum moe_status moe_model_bind_experts_transposed(struct moe_model *m, int l, const char *gu_name,
                                                                const char *dn_name, bool interleaved,
                                                                struct moe_expert_weights *x);
 

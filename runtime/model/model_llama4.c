@@ -27,7 +27,7 @@ enum moe_status moe_model_bind_llama4_moe(struct moe_model *m, int l, struct moe
     MOE_TRY(moe_model_bind_tensor(m, &w->router, true, n, 2, E, D, 0));
     NAMEF(n, "model.layers.%d.feed_forward.experts.gate_up_proj", l);
     NAMEF(d, "model.layers.%d.feed_forward.experts.down_proj", l);
-    MOE_TRY(moe_model_bind_experts_transposed(m, n, d, false, &w->experts));
+    MOE_TRY(moe_model_bind_experts_transposed(m, l, n, d, false, &w->experts));
     NAMEF(n, "model.layers.%d.feed_forward.shared_expert.gate_proj.weight", l);
     MOE_TRY(moe_model_bind_linear(m, &w->sh_gate, true, false, n, 2, S, D, 0));
     NAMEF(n, "model.layers.%d.feed_forward.shared_expert.up_proj.weight", l);
