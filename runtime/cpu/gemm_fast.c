@@ -2,7 +2,7 @@
  * gemm_fast.h); the kernels are in gemm_avx2.c and gemm_avx512.c, those over
  * weights in panels in gemm_panel_avx2.c, gemm_panel.c and (AMX tiles)
  * gemm_amx.c, those over Q8_0
- * and the four-bit formats (Q4_1, Q4_G32, Q4_G128) in gemm_q8.c and
+ * and the four-bit formats (Q4_1, Q4_G32, Q4_G128, Q4_K) in gemm_q8.c and
  * gemm_q4.c (AVX2 instructions for both sets; on AVX-512 processors that
  * have AVX512-VNNI, Q8_0 weights take gemm_q8_vnni.c and four-bit weights
  * gemm_q4.c's VNNI instance; the AMX sets, where the processor has

@@ -1,8 +1,8 @@
 /* gemm_fast.h - the fast CPU kernels beside the reference (runtime/cpu/gemm.h).
  *
  * Same contract as moe_gemm_cpu: y (T, N) = x (T, Din) . W^T (+ b), W (N, Din)
- * row-major in F32, F16, BF16, Q8_0, MXFP4, FP8_B128, Q4_1, Q4_G32 or
- * Q4_G128 read in place.  The
+ * row-major in F32, F16, BF16, Q8_0, MXFP4, FP8_B128, Q4_1, Q4_G32,
+ * Q4_G128 or Q4_K read in place.  The
  * fast kernels convert weights to fp32 in registers (bf16: u16 -> u32
  * shifted left by 16; f16: F16C; MXFP4: a nibble through a table, times
  * the block's scale; FP8_B128: an E4M3 byte made an f16 by a shift and a
@@ -39,7 +39,7 @@
  * trained model's outputs).  A row still gives the same bits alone or
  * in any batch.
  *
- * Four-bit weights (Q4_1, Q4_G32, Q4_G128): the inputs are quantized the
+ * Four-bit weights (Q4_1, Q4_G32, Q4_G128, Q4_K): the inputs are quantized the
  * same way and each run of 32 codes against an input block is an exact
  * integer sum, the group's offset times the sum of the quantized inputs
  * added per group (gemm_q4.c; the AVX-512 set takes AVX512-VNNI's

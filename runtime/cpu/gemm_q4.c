@@ -1,5 +1,6 @@
 /* gemm_q4.c - the fast matrix product over four-bit weights (Q4_1, Q4_G32,
- * Q4_G128: runtime/core/tensor.h), for both kernel sets, built as
+ * Q4_G128, Q4_K: runtime/core/tensor.h; Q4_K's groups of 32 take d_j and
+ * m_j from their block's head, docs/cpu.md), for both kernel sets, built as
  * gemm_q8.c is: each input row is quantized to int8 blocks of 32 of its
  * own, and each block's dot with the weight codes is an exact integer
  * sum.  The tiles (gemm_q4_tile.h) are compiled twice: with AVX2

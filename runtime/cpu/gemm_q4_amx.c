@@ -1,5 +1,6 @@
 /* gemm_q4_amx.c - the AMX kernel sets' matrix product over four-bit
- * weights (Q4_1, Q4_G32, Q4_G128: runtime/core/tensor.h): tile products on
+ * weights (Q4_1, Q4_G32, Q4_G128, Q4_K: runtime/core/tensor.h; a Q4_K
+ * group of 32 is a group with its block's d_j and m_j): tile products on
  * AMX-INT8 from AMX_ROWS (8) input rows on, an AVX512-VNNI instance of the
  * same expression for fewer (decode), built as gemm_q8_amx.c.
  *

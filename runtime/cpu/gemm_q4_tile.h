@@ -96,9 +96,10 @@ Q4_ATTR INLINE __m256 Q4_FN(head_fma)(__m256 acc, __m256 h, const char *xg)
  * c < C; w the first weight row (stride wld); pf: the first pass over these
  * weight rows, which prefetches the next tile's (C rows on, as gemm_q8.c
  * does); kpre (Q4_K, or NULL): the C rows' heads, block by block (16
- * floats a block: Q4_FN(k_heads)), made once for all the input tiles.  Per group, each weight row's head is read once and each of its
- * runs unpacked once for the R input rows, so the live registers are the
- * R*C sums, one row's d, m and codes, and constants. */
+ * floats a block: Q4_FN(k_heads)), made once for all the input tiles.
+ * Per group, each weight row's head is read once and each of its runs
+ * unpacked once for the R input rows, so the live registers are the R*C
+ * sums, one row's d, m and codes, and constants. */
 Q4_ATTR INLINE void Q4_FN(tile)(const enum moe_dtype dt, const int R, const int C, float *y, size_t ldy,
                                 const struct xq *x, int r0, const char *w, size_t wld, const struct moe_tensor *b,
                                 int n, bool pf, const float *kpre)
