@@ -1,5 +1,6 @@
-/* gemm_q8.c - what the fast CPU matrix product over Q8_0 weights (or Q4_1,
- * with "q4_1" after the rounds: gemm_q4.c's kernels and gemm_q4_amx.c) costs
+/* gemm_q8.c - what the fast CPU matrix product over Q8_0 weights (or Q4_1
+ * or Q4_K, with "q4_1" or "q4_k" after the rounds: gemm_q4.c's kernels and
+ * gemm_q4_amx.c) costs
  * with the AVX2 kernel (runtime/cpu/gemm_q8.c), the AVX512-VNNI one
  * (runtime/cpu/gemm_q8_vnni.c) and, where the processor has AMX-INT8, the
  * AMX sets' (runtime/cpu/gemm_q8_amx.c), one thread.
@@ -20,7 +21,7 @@
  * before and after, which says how far the figures can be trusted.
  *
  * Build and run (from the repository root, after the CPU build in build-cpu/):
- *   cmake --build build-cpu --target bench_gemm_q8 && build-cpu/bench_gemm_q8 [rounds] [q4_1] [NxDin]
+ *   cmake --build build-cpu --target bench_gemm_q8 && build-cpu/bench_gemm_q8 [rounds] [q4_1|q4_k] [NxDin]
  * (NxDin: that shape alone instead of the three, e.g. 50304x2048 for an LM head)
  * Not run by the tests. */
 #include <stdio.h>
@@ -35,7 +36,7 @@
 enum { NK = 3, RMAX = 64 }; /* kernels at most; rounds at most */
 
 static int nk = 2; /* kernels run: 3 with AMX-INT8 */
-static enum moe_dtype wt = MOE_DTYPE_Q8_0; /* or Q4_1 */
+static enum moe_dtype wt = MOE_DTYPE_Q8_0; /* or Q4_1, Q4_K */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float urand(void) /* [-1, 1) */
@@ -88,6 +89,8 @@ int main(int argc, char **argv)
         char tail;
         if (strcmp(argv[a], "q4_1") == 0)
             wt = MOE_DTYPE_Q4_1;
+        else if (strcmp(argv[a], "q4_k") == 0)
+            wt = MOE_DTYPE_Q4_K;
         else if (ns == 3 && sscanf(argv[a], "%dx%d%c", &shapes[0][0], &shapes[0][1], &tail) == 2 &&
                  shapes[0][0] > 0 && shapes[0][0] <= 1 << 20 && shapes[0][1] > 0 && shapes[0][1] % 32 == 0 &&
                  shapes[0][1] <= 1 << 16)
@@ -95,8 +98,10 @@ int main(int argc, char **argv)
         else
             bad = 1;
     }
+    if (wt == MOE_DTYPE_Q4_K && shapes[0][1] % MOE_Q4_K_BLOCK) bad = 1;
     if (bad) {
-        fprintf(stderr, "usage: bench_gemm_q8 [rounds, 1..64] [q4_1] [NxDin, Din a multiple of 32]\n");
+        fprintf(stderr, "usage: bench_gemm_q8 [rounds, 1..64] [q4_1|q4_k] [NxDin, Din a multiple of 32; of 256 for "
+                "q4_k]\n");
         return 2;
     }
     if (moe_cpu_isa_detect() < MOE_CPU_ISA_AVX512) {
@@ -129,8 +134,10 @@ int main(int argc, char **argv)
         char *arena = bench_alloc("bench_gemm_q8", mbytes * (size_t)copies);
         for (int n = 0; n < N; n++) {
             for (int k = 0; k < D; k++) row[k] = urand();
-            if (!(wt == MOE_DTYPE_Q8_0 ? moe_quantize_row_q8_0 : moe_quantize_row_q4_1)(arena + (size_t)n * (mbytes / N), row,
-                                                                             (size_t)D))
+            char *dst = arena + (size_t)n * (mbytes / N);
+            if (!(wt == MOE_DTYPE_Q8_0   ? moe_quantize_row_q8_0(dst, row, (size_t)D)
+                  : wt == MOE_DTYPE_Q4_K ? moe_quantize_row_q4_k(dst, row, (size_t)D)
+                                         : moe_quantize_row_q4_1(dst, row, (size_t)D)))
                 return 1;
         }
         for (int i = 1; i < copies; i++) memcpy(arena + (size_t)i * mbytes, arena, mbytes);

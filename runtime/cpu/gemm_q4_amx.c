@@ -53,15 +53,6 @@ static struct q4f q4f_of(enum moe_dtype dt)
     return (struct q4f){nr, hb, (size_t)hb + 16 * (size_t)nr}; /* hb, gb: not Q4_K's */
 }
 
-/* Q4_K: group g's 32 codes of a row at w, in element order (the 64-value
- * part's 32 bytes, shifted right by 4 for an odd group, masked). */
-AMXI INLINE __m256i k_codes(const char *w, int g)
-{
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (size_t)(g >> 3) * MOE_Q4_K_BYTES + 16 +
-                                                           32 * (size_t)((g & 7) >> 1)));
-    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (g & 1))), _mm256_set1_epi8(15));
-}
-
 /* Q4_K: a block's heads of 16 rows: d and dmin widened, and the three
  * words of 6-bit scales and minimums (MOE_DTYPE_Q4_K), one lane a row. */
 struct kheads {
@@ -139,28 +130,45 @@ AMXI static void pack_weights(enum moe_dtype dt, char *bp, float *sc, const char
     const struct q4f f = q4f_of(dt);
     const __m512i vo = row_offsets(wld, m);
     const __mmask16 in = (__mmask16)((1u << m) - 1);
-    struct kheads kh = {0}; /* Q4_K: the current block's heads (set at its first group) */
-    for (int g = 0; g < ng; g++) {
+    /* Q4_K: block by block, the block's 8 groups unrolled (constant shifts
+     * and lanes) */
+    for (int b = 0; dt == MOE_DTYPE_Q4_K && b < ng / 8; b++) {
+        const size_t bo = (size_t)b * MOE_Q4_K_BYTES;
+        struct kheads kh;
+        k_block16(w + bo, vo, &kh);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const int g = 8 * b + j;
+            const size_t qo = bo + 16 + 32 * (size_t)(j >> 1);
+            __m512i z[8];
+            for (int i = 0; i < 8; i++) {
+                const __m256i lo = i < m ? _mm256_loadu_si256((const __m256i *)(w + (size_t)i * wld + qo))
+                                         : _mm256_setzero_si256();
+                const __m256i hi = i + 8 < m ? _mm256_loadu_si256((const __m256i *)(w + (size_t)(i + 8) * wld + qo))
+                                             : _mm256_setzero_si256();
+                const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                z[i] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, _mm512_set1_epi8(15));
+            }
+            moe_amx_b_tile(bp + (size_t)g * BT, z);
+            __m512 d, mv;
+            k_group16(&kh, j, &d, &mv);
+            _mm512_store_ps(sc + (size_t)g * 32, _mm512_maskz_mov_ps(in, d));
+            _mm512_store_ps(sc + (size_t)g * 32 + 16, _mm512_maskz_mov_ps(in, mv));
+        }
+    }
+    for (int g = 0; dt != MOE_DTYPE_Q4_K && g < ng; g++) {
         for (int k = 0; k < f.nr; k++) {
             __m512i z[8];
             for (int j = 0; j < 8; j++) {
                 const size_t at = (size_t)g * f.gb + (size_t)f.hb + 16 * (size_t)k;
-                const char *r0 = w + (size_t)j * wld, *r1 = r0 + 8 * wld;
-                const __m256i a = j >= m ? _mm256_setzero_si256()
-                                  : dt == MOE_DTYPE_Q4_K ? k_codes(r0, g) : unpack_run(r0 + at);
-                const __m256i c = j + 8 >= m ? _mm256_setzero_si256()
-                                  : dt == MOE_DTYPE_Q4_K ? k_codes(r1, g) : unpack_run(r1 + at);
+                const __m256i a = j < m ? unpack_run(w + (size_t)j * wld + at) : _mm256_setzero_si256();
+                const __m256i c = j + 8 < m ? unpack_run(w + (size_t)(j + 8) * wld + at) : _mm256_setzero_si256();
                 z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1);
             }
             moe_amx_b_tile(bp + ((size_t)g * f.nr + (size_t)k) * BT, z);
         }
         __m512 d, mv;
-        if (dt == MOE_DTYPE_Q4_K) {
-            if ((g & 7) == 0) k_block16(w + (size_t)(g >> 3) * MOE_Q4_K_BYTES, vo, &kh);
-            k_group16(&kh, g & 7, &d, &mv);
-        } else {
-            heads16(dt, w, (size_t)g * f.gb, vo, &d, &mv);
-        }
+        heads16(dt, w, (size_t)g * f.gb, vo, &d, &mv);
         _mm512_store_ps(sc + (size_t)g * 32, _mm512_maskz_mov_ps(in, d));
         _mm512_store_ps(sc + (size_t)g * 32 + 16, _mm512_maskz_mov_ps(in, mv));
     }
@@ -223,36 +231,14 @@ AMXI INLINE void rows_tile(const enum moe_dtype dt, const int R, float *y, size_
     const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4), low = _mm512_set1_epi8(15);
     __m512 acc[RV];
     for (int t = 0; t < R; t++) acc[t] = _mm512_setzero_ps();
-    struct kheads kh = {0}; /* Q4_K: the current block's heads (set at its first group) */
     for (int g = 0; g < ng; g++) {
         const size_t at = (size_t)g * f.gb;
         __m512 d, mv;
-        if (dt == MOE_DTYPE_Q4_K) {
-            if ((g & 7) == 0) k_block16(w + (size_t)(g >> 3) * MOE_Q4_K_BYTES, vo, &kh);
-            k_group16(&kh, g & 7, &d, &mv);
-        } else {
-            heads16(dt, w, at, vo, &d, &mv);
-        }
+        heads16(dt, w, at, vo, &d, &mv);
         for (int k = 0; k < f.nr; k++) {
             const size_t rk = at + (size_t)f.hb + 16 * (size_t)k;
             __m512i wq[8];
             for (int p = 0; p < 8; p++) {
-                if (dt == MOE_DTYPE_Q4_K) {
-                    const size_t bo = (size_t)(g >> 3) * MOE_Q4_K_BYTES, qo = bo + 16 + 32 * (size_t)((g & 7) >> 1);
-                    if (pf && (g & 1) == 0) {
-                        _mm_prefetch(r[2 * p] + 16 * wld + qo, _MM_HINT_T1);
-                        _mm_prefetch(r[2 * p + 1] + 16 * wld + qo, _MM_HINT_T1);
-                        if ((g & 7) == 0) {
-                            _mm_prefetch(r[2 * p] + 16 * wld + bo, _MM_HINT_T1);
-                            _mm_prefetch(r[2 * p + 1] + 16 * wld + bo, _MM_HINT_T1);
-                        }
-                    }
-                    const __m512i v = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(r[2 * p] + qo))),
-                        _mm256_loadu_si256((const __m256i *)(r[2 * p + 1] + qo)), 1);
-                    wq[p] = _mm512_and_si512(_mm512_srl_epi16(v, _mm_cvtsi32_si128(4 * (g & 1))), low);
-                    continue;
-                }
                 if (pf && k == 0) {
                     _mm_prefetch(r[2 * p] + 16 * wld + at, _MM_HINT_T1);
                     _mm_prefetch(r[2 * p + 1] + 16 * wld + at, _MM_HINT_T1);
@@ -281,6 +267,53 @@ AMXI INLINE void rows_tile(const enum moe_dtype dt, const int R, float *y, size_
     for (int t = 0; t < R; t++) _mm512_mask_storeu_ps(y + (size_t)t * ldy, mask, _mm512_add_ps(acc[t], bias));
 }
 
+/* rows_tile's Q4_K instance: block by block, its 16 rows' heads from 4
+ * gathers, the block's 8 groups unrolled (constant shifts and lanes); the
+ * same expression (a group's run, then its offset, groups in order). */
+AMXI INLINE void rows_tile_k(const int R, float *y, size_t ldy, const char *xs, size_t rs, int ng, const char *w,
+                             size_t wld, int m, __m512 bias, bool pf)
+{
+    const char *r[16];
+    for (int i = 0; i < 16; i++) r[i] = w + (size_t)(i < m ? i : m - 1) * wld;
+    const __m512i vo = row_offsets(wld, m), low = _mm512_set1_epi8(15);
+    __m512 acc[RV];
+    for (int t = 0; t < R; t++) acc[t] = _mm512_setzero_ps();
+    for (int k = 0; k < ng / 8; k++) {
+        const size_t bo = (size_t)k * MOE_Q4_K_BYTES;
+        if (pf) /* the next 16 rows' block: 144 bytes, 3 lines */
+            for (int i = 0; i < 16; i++)
+                for (int l = 0; l < 3; l++) _mm_prefetch(r[i] + 16 * wld + bo + 64 * l, _MM_HINT_T1);
+        struct kheads kh;
+        k_block16(w + bo, vo, &kh);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m512 d, mv;
+            k_group16(&kh, j, &d, &mv);
+            const size_t qo = bo + 16 + 32 * (size_t)(j >> 1);
+            __m512i wq[8];
+            for (int p = 0; p < 8; p++) {
+                const __m512i v = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(r[2 * p] + qo))),
+                    _mm256_loadu_si256((const __m256i *)(r[2 * p + 1] + qo)), 1);
+                wq[p] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, low);
+            }
+            for (int t = 0; t < R; t++) {
+                const char *xh = xs + (size_t)t * rs + (size_t)(8 * k + j) * 64;
+                const __m512i x = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(xh + 32)));
+                __m512i v[8];
+                for (int p = 0; p < 8; p++) v[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[p], x);
+                const __m512i s = moe_amx_fold(moe_amx_fold(moe_amx_fold(v[0], v[1]), moe_amx_fold(v[2], v[3])),
+                                               moe_amx_fold(moe_amx_fold(v[4], v[5]), moe_amx_fold(v[6], v[7])));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(((const float *)xh)[2]), d),
+                                         acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(((const float *)xh)[1]), mv, acc[t]);
+            }
+        }
+    }
+    const __mmask16 mask = (__mmask16)((1u << m) - 1);
+    for (int t = 0; t < R; t++) _mm512_mask_storeu_ps(y + (size_t)t * ldy, mask, _mm512_add_ps(acc[t], bias));
+}
+
 AMXI static void few_rows(enum moe_dtype dt, float *y, size_t ldy, const char *xs, size_t rs, int T, int ng,
                           const char *w, size_t wld, int n0, int n1, const struct moe_tensor *b)
 {
@@ -291,6 +324,15 @@ AMXI static void few_rows(enum moe_dtype dt, float *y, size_t ldy, const char *x
             float *yt = y + (size_t)t * ldy + n;
             const char *xt = xs + (size_t)t * rs, *wn = w + (size_t)n * wld;
             const bool pf = m == 16 && t == 0;
+            if (dt == MOE_DTYPE_Q4_K) {
+                switch (T - t < RV ? T - t : RV) {
+                case 1: rows_tile_k(1, yt, ldy, xt, rs, ng, wn, wld, m, bias, pf); break;
+                case 2: rows_tile_k(2, yt, ldy, xt, rs, ng, wn, wld, m, bias, pf); break;
+                case 3: rows_tile_k(3, yt, ldy, xt, rs, ng, wn, wld, m, bias, pf); break;
+                default: rows_tile_k(4, yt, ldy, xt, rs, ng, wn, wld, m, bias, pf); break;
+                }
+                continue;
+            }
             switch (T - t < RV ? T - t : RV) {
             case 1: rows_tile(dt, 1, yt, ldy, xt, rs, ng, wn, wld, m, bias, pf); break;
             case 2: rows_tile(dt, 2, yt, ldy, xt, rs, ng, wn, wld, m, bias, pf); break;
