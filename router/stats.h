@@ -189,7 +189,8 @@ struct moe_stats_meta {
      * ep_rows (ep_ranks): routed rows each rank computed, since the layout
      * opened; imbalance and gather seconds as ep.h counts them. */
     int ep_ranks;
-    const char *ep_placement;  /* "contiguous" (ep_bounds hold), or "file" */
+    int ep_tp;                 /* tensor-parallel group size (0 or 1: none) */
+    const char *ep_placement;  /* "contiguous" (ep_bounds hold), "shards" (--tp with --ep), or "file" */
     const int32_t *ep_bounds;
     const uint64_t *ep_rows;
     uint64_t ep_steps;

@@ -105,8 +105,8 @@ static json_t *parallel_json(const struct moe_stats_meta *mt)
         if (contiguous) json_array_append_new(experts, json_pack("[i,i]", mt->ep_bounds[r], mt->ep_bounds[r + 1]));
         json_array_append_new(rows, json_integer((json_int_t)mt->ep_rows[r]));
     }
-    return json_pack("{s:i, s:s, s:o, s:o, s:I, s:f, s:f}", "ranks", mt->ep_ranks, "placement",
-                     contiguous ? "contiguous" : mt->ep_placement,
+    return json_pack("{s:i, s:i, s:s, s:o, s:o, s:I, s:f, s:f}", "ranks", mt->ep_ranks, "tensor_parallel",
+                     mt->ep_tp > 1 ? mt->ep_tp : 1, "placement", contiguous ? "contiguous" : mt->ep_placement,
                      "experts", experts, "expert_rows", rows, "steps", (json_int_t)mt->ep_steps, "imbalance",
                      mt->ep_imbalance, "gather_seconds", mt->ep_gather_s);
 }

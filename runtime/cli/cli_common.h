@@ -19,6 +19,7 @@ struct moe_cli_model_opts {
     long top_k;             /* --moe-top-k: experts per token instead of the config's; 0 = as configured */
     const char *draft;      /* --draft: the draft model's folder (cli_draft.h), or NULL */
     long ep;                /* --ep: ranks the experts spread over; 0 = the launch's world size */
+    long tp;                /* --tp: ranks each attention layer's heads split over; 0 = 1 */
     const char *ep_placement; /* --ep-placement: a placement file (docs/parallel.md), or NULL */
     const char *ep_placement_text; /* a follower: rank 0's placement (JSON), or NULL */
 };

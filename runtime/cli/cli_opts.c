@@ -94,6 +94,11 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
      .help = "expert parallelism over N ranks: start with mpirun -n N;\n"
              "each rank holds 1/N of every layer's experts (default: the\n"
              "launch's world size)"},
+    {.name = "tp", .arg = "M", .kind = MOE_CLI_INT, ENG(model.tp), .lo = 1, .hi = 4096,
+     .help = "tensor parallelism: groups of M consecutive ranks split each\n"
+             "attention layer's heads, the dense FFNs and shared experts;\n"
+             "the experts spread over every rank, or with --ep N (N x M\n"
+             "ranks) over the N groups (docs/parallel.md)"},
     {.name = "ep-placement", .arg = "FILE", .kind = MOE_CLI_STRING, ENG(model.ep_placement),
      .help = "with several ranks: which experts each rank holds, per\n"
              "layer, with replicas (written by `moerun stats --ep N\n"

@@ -60,17 +60,21 @@ enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *o, const stru
     *held = NULL;
     const int n_experts = c->n_experts;
     const int world = par.on ? par.ep.size : 1;
+    const long tp = o->tp > 1 ? o->tp : 1;
     if (!par.on) {
-        if (o->ep > 1)
-            return moe_fail(MOE_ERR_INVALID_ARG, "--ep %ld needs %ld ranks: start moerun with mpirun -n %ld", o->ep,
-                            o->ep, o->ep);
+        if (o->ep > 1 || tp > 1)
+            return moe_fail(MOE_ERR_INVALID_ARG, "--%s %ld needs %ld ranks: start moerun with mpirun -n %ld",
+                            o->ep > 1 ? "ep" : "tp", o->ep > 1 ? o->ep : tp, o->ep > 1 ? o->ep * tp : tp,
+                            o->ep > 1 ? o->ep * tp : tp);
         return MOE_OK;
     }
-    if (o->ep && o->ep != world)
-        return moe_fail(MOE_ERR_INVALID_ARG, "--ep %ld, but the launch has %d ranks (expert parallelism spans "
-                        "every rank; tensor parallelism is not built)", o->ep, world);
+    if (o->ep && o->ep != world && o->ep * tp != world)
+        return moe_fail(MOE_ERR_INVALID_ARG, "--ep %ld%s, but the launch has %d ranks (the experts spread over "
+                        "every rank, or over the groups of --tp ranks: --ep times --tp ranks)", o->ep,
+                        tp > 1 ? " with --tp" : "", world);
     if (n_experts <= 0)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%d ranks, but the model has no experts to spread over them", world);
+    MOE_TRY(moe_ep_set_tp(&par.ep, (int)o->ep, (int)tp));
     char *text;
     MOE_TRY(placement_text(o, &text));
     enum moe_status s = moe_ep_place(&par.ep, c->n_layers, c->layer_moe, n_experts, text);
@@ -107,6 +111,7 @@ enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struc
               json_object_set_new(j, "seed", json_integer((json_int_t)o->model.seed)) ||
               json_object_set_new(j, "top_k", json_integer(o->model.top_k)) ||
               json_object_set_new(j, "ep", json_integer(o->model.ep)) ||
+              json_object_set_new(j, "tp", json_integer(o->model.tp)) ||
               json_object_set_new(j, "threads", json_integer(o->threads)) ||
               json_object_set_new(j, "hot_share", json_real(o->hot_share)) ||
               json_object_set_new(j, "comm_timeout", json_real(o->comm_timeout));
@@ -118,6 +123,7 @@ enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struc
     par.ep.hello = text;
     par.ep.hello_bytes = strlen(text) + 1;
     moe_comm_set_timeout(par.ep.comm, o->comm_timeout);
+    moe_comm_set_timeout(par.ep.tp_comm, o->comm_timeout);
     return MOE_OK;
 }
 
@@ -169,6 +175,7 @@ static enum moe_status follower_open(void *ctx, const void *blob, size_t bytes, 
     e->model.seed = (uint64_t)json_integer_value(json_object_get(d, "seed"));
     e->model.top_k = (long)json_integer_value(json_object_get(d, "top_k"));
     e->model.ep = (long)json_integer_value(json_object_get(d, "ep"));
+    e->model.tp = (long)json_integer_value(json_object_get(d, "tp"));
     e->model.ep_placement_text = str_of(d, "ep_placement");
     e->backend = str_of(d, "backend") ? str_of(d, "backend") : "auto";
     e->quantize = str_of(d, "quantize");
@@ -234,6 +241,11 @@ void moe_cli_par_finish(void)
                 (unsigned long long)n->rows_own, (unsigned long long)n->rows_all,
                 n->cells ? n->ratio_sum / (double)n->cells : 0.0, n->gather_s, n->step_s,
                 n->step_s > 0 ? 100 * n->gather_s / n->step_s : 0.0);
+    if (n->steps > 0 && par.ep.tp > 1)
+        fprintf(stderr, "moerun: tensor parallelism in groups of %d ranks (the experts in %d shards): rank 0's "
+                "group collectives %.3f s of its steps' %.3f s (%.1f%%), %.2f MB received\n", par.ep.tp,
+                par.ep.groups ? par.ep.groups : par.ep.size, par.ep.tp_s, n->step_s,
+                n->step_s > 0 ? 100 * par.ep.tp_s / n->step_s : 0.0, (double)par.ep.tp_bytes / 1e6);
     int64_t *kib = calloc((size_t)par.ep.size, sizeof *kib);
     if (moe_ep_stop(&par.ep) != MOE_OK) {
         fprintf(stderr, "moerun: %s\n", moe_last_error());

@@ -111,7 +111,7 @@ static const struct moe_cli_opt rows[] = {
 };
 #undef CMD
 
-static const char *const shared[] = {"synthetic", "dtype", "moe-top-k", "ep", "kv-dtype", "quantize", "expert-dtype-plan", "hot-share", "gpu-experts",
+static const char *const shared[] = {"synthetic", "dtype", "moe-top-k", "ep", "tp", "kv-dtype", "quantize", "expert-dtype-plan", "hot-share", "gpu-experts",
                                      "gpu-experts-cpu-rows", "@spec", NULL};
 
 static const struct moe_cli_command plan_cmd = {
@@ -679,17 +679,48 @@ static void print_spec(const struct plan_result *r)
 
 /* --ep N: the expert-parallel figures of the target on N devices like
  * r's, the network of --net and --net-latency (plan_ep.h). */
+/* --tp M: refused where moerun would refuse it (moe_model_tp_split). */
+static int plan_tp_check(const struct moe_config *cfg, int M)
+{
+    if (M <= 1) return 0;
+    if (cfg->kv_lora_rank > 0 || moe_config_linear_layers(cfg) > 0 || cfg->attn_out_gate)
+        return moe_cli_error("plan", "--tp %d: %s's attention (%s) is not split across ranks yet", M,
+                             cfg->architecture, cfg->kv_lora_rank > 0 ? "multi-head latent attention"
+                                                : cfg->attn_out_gate ? "gated output" : "linear attention");
+    if (cfg->n_heads % M || (cfg->n_kv_heads % M && M % cfg->n_kv_heads))
+        return moe_cli_error("plan", "--tp %d: the model's %d query and %d key/value heads do not split evenly "
+                             "over %d ranks", M, cfg->n_heads, cfg->n_kv_heads, M);
+    const int dense = cfg->n_layers - moe_config_moe_layers(cfg);
+    if ((dense > 0 && cfg->d_ff % M) || (cfg->d_shared > 0 && cfg->d_shared % M))
+        return moe_cli_error("plan", "--tp %d: the dense or shared-expert width does not split evenly over %d "
+                             "ranks", M, M);
+    return 0;
+}
+
 static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, const struct plan_result *r,
                    struct moe_plan_ep *p)
 {
-    const int N = (int)o->eng.model.ep;
+    const int M = o->eng.model.tp > 1 ? (int)o->eng.model.tp : 1;
+    /* --ep N --tp M: N x M ranks, the experts in N shards; --tp M alone:
+     * M ranks, the experts over every rank */
+    const int N = o->eng.model.ep > 0 ? (int)o->eng.model.ep : M, world = o->eng.model.ep > 0 ? N * M : M;
     if (r->t.n_moe == 0 || cfg->n_experts % N)
-        return moe_cli_error("plan", "--ep %d: %d experts per layer do not split evenly over %d ranks", N,
-                             cfg->n_experts, N);
-    if (r->off) return moe_cli_error("plan", "--ep with --gpu-experts is not predicted");
+        return moe_cli_error("plan", "--ep %d: %d experts per layer do not split evenly over %d %s", N,
+                             cfg->n_experts, N, M > 1 ? "shards" : "ranks");
+    if (r->off) return moe_cli_error("plan", "--ep or --tp with --gpu-experts is not predicted");
+    if (plan_tp_check(cfg, M)) return 1;
     const struct shape *s = &r->t;
     const double f_experts = 2.0 * s->n_moe * s->K * 3.0 * cfg->d_model * cfg->d_expert;
-    *p = (struct moe_plan_ep){.ranks = N, .net_bw = o->net * 1e9, .latency = o->net_latency * 1e-6,
+    const int n_dense = cfg->n_layers - s->n_moe, n_attn = moe_config_kv_layers(cfg);
+    const double D = cfg->d_model, QKV = 2.0 * ((double)cfg->n_heads + cfg->n_kv_heads) * cfg->head_dim;
+    const double f_split = 2.0 * (n_attn * D * QKV + 3.0 * D * ((double)n_dense * cfg->d_ff + (double)s->n_moe *
+                                                                  (cfg->d_shared > 0 ? cfg->d_shared : 0)));
+    *p = (struct moe_plan_ep){.ranks = world, .tp = M, .shards = N,
+                              .split = (double)(r->z.bytes_attn + r->z.bytes_dense_ffn + r->z.bytes_shared),
+                              .f_split = f_split,
+                              .kv_share = (double)moe_tp_kv_heads(cfg->n_kv_heads, M) / cfg->n_kv_heads,
+                              .tp_sums = M > 1 ? n_attn + n_dense + (cfg->d_shared > 0 ? s->n_moe : 0) : 0,
+                              .net_bw = o->net * 1e9, .latency = o->net_latency * 1e-6,
                               .dev_bw = r->dev.bw, .dev_flops = r->dev.flops, .mem = r->dev.mem_bytes,
                               .W = s->W, .experts = (double)r->z.bytes_experts, .non_expert = s->non_expert,
                               .one_expert = s->one_expert, .E = s->E, .K = s->K, .D = cfg->d_model,
@@ -731,7 +762,7 @@ int moe_cli_plan(int argc, char **argv)
     }
     if (r.sp.on) spec_compute(&o, &r);
     struct moe_plan_ep ep = {0};
-    if (o.eng.model.ep > 1 && plan_ep(&o, &m.cfg, &r, &ep)) goto done;
+    if ((o.eng.model.ep > 1 || o.eng.model.tp > 1) && plan_ep(&o, &m.cfg, &r, &ep)) goto done;
     print_weights(&r);
     print_memory(&r);
     print_times(&r);

@@ -7,11 +7,10 @@
 
 #include "runtime/cli/cli_common.h"
 
-/* Seconds of one ring all-gather of `bytes` (all ranks' parts together). */
-static double allgather_s(const struct moe_plan_ep *p, double bytes)
+/* Seconds of one ring all-gather of `bytes` (all N ranks' parts together). */
+static double allgather_s(const struct moe_plan_ep *p, double N, double bytes)
 {
-    const double N = p->ranks;
-    return (N - 1) * p->latency + (N - 1) / N * bytes / p->net_bw;
+    return N > 1 ? (N - 1) * p->latency + (N - 1) / N * bytes / p->net_bw : 0;
 }
 
 /* The expected distinct experts of the busiest rank in a step of `rows`
@@ -20,13 +19,13 @@ static double allgather_s(const struct moe_plan_ep *p, double bytes)
  * B(E/N, q); E[max of N] = sum over k >= 1 of 1 - P(count < k)^N. */
 static double busiest_experts(const struct moe_plan_ep *p, double rows)
 {
-    const int n = (int)(p->E / p->ranks);
+    const int n = (int)(p->E / p->shards);
     if (n <= 0) return 0;
     const double q = 1.0 - pow(1.0 - p->K / p->E, rows);
     double pmf = pow(1.0 - q, n), cdf = 0, expect = 0; /* P(count = 0) */
     for (int k = 1; k <= n; k++) {
         cdf += pmf; /* P(count < k) */
-        expect += 1.0 - pow(fmin(cdf, 1.0), p->ranks);
+        expect += 1.0 - pow(fmin(cdf, 1.0), p->shards);
         pmf = q < 1 ? pmf * (double)(n - k + 1) / k * q / (1.0 - q) : (k == n ? 1 : 0);
     }
     return expect;
@@ -36,47 +35,65 @@ static double busiest_experts(const struct moe_plan_ep *p, double rows)
  * roofline seconds (*local), all-gather seconds (*comm) and the bytes a
  * rank receives (*recv). */
 static void step(const struct moe_plan_ep *p, double rows, double seqs, double ctx_avg, bool all_weights,
-                 double *local, double *comm, double *recv)
+                 double *local, double *comm, double *recv, double *tp_s)
 {
-    const double N = p->ranks;
+    const double N = p->ranks, M = p->tp;
+    /* a shard's rows are split between its ranks */
+    const double shard_rows = rows * p->shards / N;
     const double bytes = all_weights ? p->W_rank
-                                     : p->non_expert + p->n_moe * busiest_experts(p, rows) * p->one_expert +
-                                           seqs * p->kv_tok * p->ctx;
-    const double flops = rows * (p->f_dense + p->f_experts / N + p->f_pos * ctx_avg);
+                                     : p->non_expert - p->split * (M - 1) / M +
+                                           p->n_moe * busiest_experts(p, shard_rows) * p->one_expert +
+                                           seqs * p->kv_tok * p->kv_share * p->ctx;
+    const double flops = rows * (p->f_dense - p->f_split * (M - 1) / M + p->f_experts / N + p->f_pos * ctx_avg / M);
     *local = fmax(bytes / p->dev_bw, flops / p->dev_flops);
     const double gathered = rows * p->K * p->D * 4; /* every routed row's output, fp32 */
-    *comm = p->n_moe * allgather_s(p, gathered);
-    *recv = p->n_moe * (N - 1) / N * gathered;
+    const double parts = M * rows * p->D * 4;       /* a split layer's M parts, fp32 */
+    *tp_s = p->tp_sums * allgather_s(p, M, parts);
+    *comm = p->n_moe * allgather_s(p, N, gathered) + *tp_s;
+    *recv = p->n_moe * (N - 1) / N * gathered + p->tp_sums * (M - 1) / M * parts;
 }
 
 void moe_plan_ep_compute(struct moe_plan_ep *p)
 {
-    const double N = p->ranks;
-    p->W_rank = p->W - p->experts * (N - 1) / N;
+    if (p->tp < 1) p->tp = 1;
+    if (p->shards < 1) p->shards = p->ranks;
+    if (p->kv_share <= 0) p->kv_share = 1;
+    const double M = p->tp;
+    p->W_rank = p->W - p->experts * (p->shards - 1) / p->shards - p->split * (M - 1) / M;
     const double usable = 0.9 * p->mem;
-    p->fit_seqs = p->W_rank < usable ? floor((usable - p->W_rank) / (p->kv_tok * p->ctx)) : -1;
-    step(p, p->batch, p->batch, p->ctx, false, &p->dec_local, &p->dec_comm, &p->dec_bytes_comm);
-    step(p, p->chunk, 1, p->chunk / 2, true, &p->pre_local, &p->pre_comm, &p->pre_bytes_comm);
+    p->fit_seqs = p->W_rank < usable ? floor((usable - p->W_rank) / (p->kv_tok * p->kv_share * p->ctx)) : -1;
+    step(p, p->batch, p->batch, p->ctx, false, &p->dec_local, &p->dec_comm, &p->dec_bytes_comm, &p->dec_tp);
+    step(p, p->chunk, 1, p->chunk / 2, true, &p->pre_local, &p->pre_comm, &p->pre_bytes_comm, &p->pre_tp);
 }
 
 void moe_plan_ep_print(const struct moe_plan_ep *p)
 {
     char a[96], b[96], c[96];
-    printf("\nexpert parallelism  %d ranks, %.0f experts each (contiguous), attention replicated; network %.0f GB/s, "
-           "%.1f us a hop (ring all-gathers, not overlapped)\n", p->ranks, p->E / p->ranks, p->net_bw / 1e9,
-           p->latency * 1e6);
+    if (p->tp > 1)
+        printf("\nexpert parallelism  %d ranks in groups of %d (tensor parallelism: heads, dense FFNs and shared "
+               "experts split in each group), experts in %d shards of %.0f (contiguous)%s; network %.0f GB/s, "
+               "%.1f us a hop (ring all-gathers, not overlapped)\n", p->ranks, p->tp, p->shards, p->E / p->shards,
+               p->shards < p->ranks ? ", a shard on its group's ranks" : "", p->net_bw / 1e9, p->latency * 1e6);
+    else
+        printf("\nexpert parallelism  %d ranks, %.0f experts each (contiguous), attention replicated; network %.0f "
+               "GB/s, %.1f us a hop (ring all-gathers, not overlapped)\n", p->ranks, p->E / p->ranks,
+               p->net_bw / 1e9, p->latency * 1e6);
     printf("  per rank   %s of weights (experts %s of %s)", moe_cli_bytes(a, sizeof a, p->W_rank),
-           moe_cli_bytes(b, sizeof b, p->experts / p->ranks), moe_cli_bytes(c, sizeof c, p->experts));
+           moe_cli_bytes(b, sizeof b, p->experts / p->shards), moe_cli_bytes(c, sizeof c, p->experts));
     if (p->fit_seqs >= 0)
-        printf("; %.0f sequences of %.0f tokens fit beside them (90%% of memory; every rank holds every "
-               "sequence's KV)\n", p->fit_seqs, p->ctx);
+        printf("; %.0f sequences of %.0f tokens fit beside them (90%% of memory; every rank holds %s)\n",
+               p->fit_seqs, p->ctx, p->kv_share < 1 ? "its key/value heads' KV of every sequence"
+                                                    : "every sequence's KV");
     else
         printf("; they do not fit in 90%% of %s\n", moe_cli_bytes(a, sizeof a, p->mem));
     const double dt = p->dec_local + p->dec_comm, pt = p->pre_local + p->pre_comm;
     printf("  decode     batch %.0f: %.3f ms per step = %.3f ms on the rank + %.3f ms all-gathering %s a rank "
-           "receives; %.0f tokens/s\n", p->batch, dt * 1e3, p->dec_local * 1e3, p->dec_comm * 1e3,
-           moe_cli_bytes(a, sizeof a, p->dec_bytes_comm), p->batch / dt);
-    printf("  prefill    chunk of %.0f: %.3f ms per chunk = %.3f ms on the rank + %.3f ms all-gathering %s; %.0f "
-           "tokens/s\n", p->chunk, pt * 1e3, p->pre_local * 1e3, p->pre_comm * 1e3,
-           moe_cli_bytes(a, sizeof a, p->pre_bytes_comm), p->chunk / pt);
+           "receives", p->batch, dt * 1e3, p->dec_local * 1e3, p->dec_comm * 1e3,
+           moe_cli_bytes(a, sizeof a, p->dec_bytes_comm));
+    if (p->tp > 1) printf(" (%.3f ms of it in the groups)", p->dec_tp * 1e3);
+    printf("; %.0f tokens/s\n", p->batch / dt);
+    printf("  prefill    chunk of %.0f: %.3f ms per chunk = %.3f ms on the rank + %.3f ms all-gathering %s",
+           p->chunk, pt * 1e3, p->pre_local * 1e3, p->pre_comm * 1e3, moe_cli_bytes(a, sizeof a, p->pre_bytes_comm));
+    if (p->tp > 1) printf(" (%.3f ms of it in the groups)", p->pre_tp * 1e3);
+    printf("; %.0f tokens/s\n", p->chunk / pt);
 }

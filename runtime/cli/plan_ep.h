@@ -10,7 +10,16 @@
  * and attention for every row plus 1/N of the experts'), then the
  * all-gathers, not overlapped: a ring all-gather of M bytes over N ranks
  * takes (N - 1) latency + (N - 1) / N x M / bandwidth (each rank receives
- * the other ranks' rows). */
+ * the other ranks' rows).
+ *
+ * With --tp M (plan --ep N --tp M: N x M ranks, the experts in N shards,
+ * each on the M ranks of its group, whose rows those ranks split; --tp M
+ * alone: M ranks, the experts over all of them): a rank holds 1/M of the
+ * attention, dense FFN and shared-expert weights and its key/value heads'
+ * KV (moe_tp_kv_heads), computes 1/M of their FLOPs, and each attention
+ * layer, dense FFN and shared expert ends in one all-gather of the group's
+ * parts (fp32, D floats a row from each of the M ranks), over the same
+ * network (tensor-parallel groups usually sit inside one host). */
 #pragma once
 
 #ifdef __cplusplus
@@ -19,7 +28,13 @@ extern "C" {
 
 struct moe_plan_ep {
     /* in */
-    int ranks;
+    int ranks;                     /* the world */
+    int tp, shards;                /* tensor-parallel group size (1: none); expert shards (ranks or
+                                      ranks / tp) */
+    double split, f_split;         /* bytes and FLOPs per token of what --tp splits (attention, dense
+                                      FFNs, shared experts) */
+    double kv_share;               /* the share of the KV a rank holds */
+    int tp_sums;                   /* the group's all-gathers a step (split layers) */
     double net_bw, latency;        /* bytes/s, seconds per ring hop */
     double dev_bw, dev_flops, mem; /* one rank's device: bytes/s, FLOP/s, bytes */
     double W, experts, non_expert; /* weight bytes: all, the experts', read once per step (no experts, no
@@ -35,6 +50,7 @@ struct moe_plan_ep {
     double fit_seqs;               /* sequences of ctx fitting beside them in 90% of mem (-1: none) */
     double dec_local, dec_comm, dec_bytes_comm; /* decode step: roofline s, all-gathers s, bytes received */
     double pre_local, pre_comm, pre_bytes_comm; /* prefill chunk alike */
+    double dec_tp, pre_tp;         /* of dec_comm and pre_comm: the groups' all-gathers */
 };
 
 /* Fills p's outputs from its inputs. */

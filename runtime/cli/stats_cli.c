@@ -62,6 +62,7 @@ int moe_cli_stats_finish(struct moe_cli_stats *s, const struct moe_model *m,
     const struct moe_ep *ep = moe_cli_par_ep();
     if (ep && ep->bounds && ep->rows_rank) {
         meta.ep_ranks = ep->size;
+        meta.ep_tp = ep->tp;
         meta.ep_bounds = ep->bounds;
         meta.ep_placement = ep->placement;
         meta.ep_rows = ep->rows_rank;

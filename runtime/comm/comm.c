@@ -70,7 +70,7 @@ enum moe_status moe_comm_init(struct moe_comm **out, const struct moe_comm_launc
         return moe_fail(MOE_ERR_INVALID_ARG, "communicator: the timeout must be positive (got %g s)", timeout_s);
     struct moe_comm *c = calloc(1, sizeof *c);
     if (!c) return moe_fail(MOE_ERR_NOMEM, "communicator");
-    c->rank = l->rank;
+    c->rank = c->world_rank = l->rank;
     c->size = l->size;
     c->timeout_s = timeout_s;
     if (l->size > 1) {
@@ -103,6 +103,25 @@ void moe_comm_free(struct moe_comm *c)
     if (c->mpi) moe_comm_mpi_close(c);
 #endif
     free(c);
+}
+
+enum moe_status moe_comm_split(const struct moe_comm *c, int color, struct moe_comm **out)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out) return moe_fail(MOE_ERR_NOMEM, "communicator");
+    **out = (struct moe_comm){.rank = 0, .size = 1, .timeout_s = c->timeout_s, .world_rank = c->world_rank};
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) {
+        enum moe_status s = moe_comm_mpi_split(c, color, *out);
+        if (s != MOE_OK) {
+            free(*out);
+            *out = NULL;
+        }
+        return s;
+    }
+#endif
+    (void)color;
+    return MOE_OK;
 }
 
 void moe_comm_set_timeout(struct moe_comm *c, double timeout_s)

@@ -58,6 +58,12 @@ MOE_MUST_USE enum moe_status moe_comm_init(struct moe_comm **out, const struct m
 /* Finalises MPI when this communicator initialised it.  Safe on NULL. */
 void moe_comm_free(struct moe_comm *c);
 
+/* The ranks of c with the same color as a communicator of their own (new
+ * *out, free with moe_comm_free), ranks in c's order; its collectives
+ * carry c's timeout and end the whole job on expiry as c's do.  Every rank
+ * of c must call it (MPI_Comm_split: blocking, no timeout; a start-up
+ * call). */
+MOE_MUST_USE enum moe_status moe_comm_split(const struct moe_comm *c, int color, struct moe_comm **out);
 /* Sets the timeout of the collectives from now on (> 0). */
 void moe_comm_set_timeout(struct moe_comm *c, double timeout_s);
 int moe_comm_rank(const struct moe_comm *c);

@@ -4,11 +4,19 @@
 
 #include "runtime/comm/comm.h"
 
+#ifdef MOERUN_HAVE_MPI
+#include <mpi.h>
+#endif
+
 struct moe_comm {
     int rank, size;
     double timeout_s;
     bool mpi;                 /* the MPI transport is open (size > 1) */
     bool finalize;            /* this communicator initialised MPI */
+#ifdef MOERUN_HAVE_MPI
+    MPI_Comm group;           /* MPI_COMM_WORLD, or a part of it (moe_comm_split) */
+#endif
+    int world_rank;           /* this process's rank in the whole job (messages) */
     struct moe_comm_counters n;
 };
 
@@ -23,4 +31,5 @@ enum moe_status moe_comm_mpi_allgatherv(struct moe_comm *c, float *buf, const in
                                         const int32_t *displs, int row_floats, const char *what);
 enum moe_status moe_comm_mpi_allreduce(struct moe_comm *c, float *buf, size_t n, const char *what);
 enum moe_status moe_comm_mpi_barrier(struct moe_comm *c, const char *what);
+enum moe_status moe_comm_mpi_split(const struct moe_comm *c, int color, struct moe_comm *out);
 #endif

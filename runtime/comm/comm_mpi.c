@@ -35,6 +35,7 @@ enum moe_status moe_comm_mpi_open(struct moe_comm *c, const struct moe_comm_laun
                         "%d of %d", l->rank, l->size, l->source, rank, size);
     }
     c->mpi = true;
+    c->group = MPI_COMM_WORLD;
     prctl(PR_SET_TIMERSLACK, 1000UL); /* 1 us: short polling sleeps (wait_for) */
     return MOE_OK;
 }
@@ -43,6 +44,11 @@ void moe_comm_mpi_close(struct moe_comm *c)
 {
     int fin = 0;
     MPI_Finalized(&fin);
+    if (c->group != MPI_COMM_WORLD) {
+        if (!fin) MPI_Comm_free(&c->group);
+        c->mpi = false;
+        return;
+    }
     if (c->finalize && !fin) MPI_Finalize();
     c->mpi = false;
 }
@@ -62,12 +68,12 @@ static enum moe_status wait_for(struct moe_comm *c, MPI_Request *rq, const char 
     for (;;) {
         int done = 0;
         if (MPI_Test(rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            return moe_fail(MOE_ERR_IO, "rank %d: %s (%s) failed", c->rank, op, what);
+            return moe_fail(MOE_ERR_IO, "rank %d: %s (%s) failed", c->world_rank, op, what);
         if (done) break;
         const double waited = MPI_Wtime() - t0;
         if (!idle && waited > c->timeout_s) {
             fprintf(stderr, "moerun: rank %d: %s (%s): no answer from the other ranks within %g s (a rank died, "
-                    "hangs or is running something else); ending the job\n", c->rank, op, what, c->timeout_s);
+                    "hangs or is running something else); ending the job\n", c->world_rank, op, what, c->timeout_s);
             fflush(stderr);
             MPI_Abort(MPI_COMM_WORLD, 3);
         }
@@ -96,8 +102,8 @@ enum moe_status moe_comm_mpi_bcast(struct moe_comm *c, void *buf, size_t bytes, 
 {
     MOE_TRY(check_int(bytes, "broadcast", what));
     MPI_Request rq;
-    if (MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD, &rq) != MPI_SUCCESS)
-        return moe_fail(MOE_ERR_IO, "rank %d: broadcast (%s) failed to start", c->rank, what);
+    if (MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, c->group, &rq) != MPI_SUCCESS)
+        return moe_fail(MOE_ERR_IO, "rank %d: broadcast (%s) failed to start", c->world_rank, what);
     if (c->rank == root) c->n.bytes_sent += bytes;
     return wait_for(c, &rq, "broadcast", what, idle);
 }
@@ -107,9 +113,9 @@ enum moe_status moe_comm_mpi_allgather(struct moe_comm *c, const void *mine, voi
 {
     MOE_TRY(check_int(bytes, "all-gather", what));
     MPI_Request rq;
-    if (MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD, &rq) !=
+    if (MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, c->group, &rq) !=
         MPI_SUCCESS)
-        return moe_fail(MOE_ERR_IO, "rank %d: all-gather (%s) failed to start", c->rank, what);
+        return moe_fail(MOE_ERR_IO, "rank %d: all-gather (%s) failed to start", c->world_rank, what);
     c->n.bytes_sent += bytes * (size_t)(c->size - 1);
     return wait_for(c, &rq, "all-gather", what, idle);
 }
@@ -130,8 +136,8 @@ enum moe_status moe_comm_mpi_allgatherv(struct moe_comm *c, float *buf, const in
     }
     MPI_Request rq;
     if (s == MOE_OK &&
-        MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, cnt, dsp, MPI_FLOAT, MPI_COMM_WORLD, &rq) != MPI_SUCCESS)
-        s = moe_fail(MOE_ERR_IO, "rank %d: all-gather (%s) failed to start", c->rank, what);
+        MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, cnt, dsp, MPI_FLOAT, c->group, &rq) != MPI_SUCCESS)
+        s = moe_fail(MOE_ERR_IO, "rank %d: all-gather (%s) failed to start", c->world_rank, what);
     if (s == MOE_OK) {
         c->n.bytes_sent += (size_t)cnt[c->rank] * sizeof(float) * (size_t)(c->size - 1);
         s = wait_for(c, &rq, "all-gather", what, false);
@@ -144,8 +150,8 @@ enum moe_status moe_comm_mpi_allreduce(struct moe_comm *c, float *buf, size_t n,
 {
     MOE_TRY(check_int(n, "all-reduce", what));
     MPI_Request rq;
-    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &rq) != MPI_SUCCESS)
-        return moe_fail(MOE_ERR_IO, "rank %d: all-reduce (%s) failed to start", c->rank, what);
+    if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->group, &rq) != MPI_SUCCESS)
+        return moe_fail(MOE_ERR_IO, "rank %d: all-reduce (%s) failed to start", c->world_rank, what);
     c->n.bytes_sent += n * sizeof(float);
     return wait_for(c, &rq, "all-reduce", what, false);
 }
@@ -153,7 +159,20 @@ enum moe_status moe_comm_mpi_allreduce(struct moe_comm *c, float *buf, size_t n,
 enum moe_status moe_comm_mpi_barrier(struct moe_comm *c, const char *what)
 {
     MPI_Request rq;
-    if (MPI_Ibarrier(MPI_COMM_WORLD, &rq) != MPI_SUCCESS)
-        return moe_fail(MOE_ERR_IO, "rank %d: barrier (%s) failed to start", c->rank, what);
+    if (MPI_Ibarrier(c->group, &rq) != MPI_SUCCESS)
+        return moe_fail(MOE_ERR_IO, "rank %d: barrier (%s) failed to start", c->world_rank, what);
     return wait_for(c, &rq, "barrier", what, false);
+}
+
+enum moe_status moe_comm_mpi_split(const struct moe_comm *c, int color, struct moe_comm *out)
+{
+    MPI_Comm g;
+    if (MPI_Comm_split(c->group, color, c->rank, &g) != MPI_SUCCESS)
+        return moe_fail(MOE_ERR_IO, "rank %d: splitting the ranks into groups failed", c->world_rank);
+    int rank = 0, size = 0;
+    MPI_Comm_rank(g, &rank);
+    MPI_Comm_size(g, &size);
+    *out = (struct moe_comm){.rank = rank, .size = size, .timeout_s = c->timeout_s, .mpi = true, .group = g,
+                             .world_rank = c->world_rank};
+    return MOE_OK;
 }

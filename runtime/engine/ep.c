@@ -23,7 +23,7 @@
 /* The messages' layout; a follower of another layout refuses rank 0's
  * runners (every rank must run the same moerun).  Raise it with any change
  * to struct geometry or a payload. */
-#define EP_PROTOCOL 2
+#define EP_PROTOCOL 3
 
 enum kind { MSG_HELLO = 1, MSG_STEP, MSG_FREE, MSG_STOP };
 
@@ -43,6 +43,7 @@ struct geometry {
 struct status {
     int32_t ok, pad;
     int64_t peak_kib; /* the rank's peak resident memory so far */
+    uint64_t model;   /* moe_model_fingerprint of what the rank opened (0: none or synthetic) */
     char msg[240];
 };
 
@@ -52,6 +53,7 @@ void moe_ep_init(struct moe_ep *ep, struct moe_comm *c)
     ep->comm = c;
     ep->rank = moe_comm_rank(c);
     ep->size = moe_comm_size(c);
+    ep->tp = 1;
 }
 
 void moe_ep_free(struct moe_ep *ep)
@@ -62,6 +64,8 @@ void moe_ep_free(struct moe_ep *ep)
     free(ep->rows_rank);
     free(ep->open_kib);
     free(ep->msg);
+    free(ep->tp_buf);
+    moe_comm_free(ep->tp_comm);
     memset(ep, 0, sizeof *ep);
 }
 
@@ -106,11 +110,15 @@ enum moe_status moe_ep_stop(struct moe_ep *ep)
     return send(ep, MSG_STOP, -1, 0, "telling the other ranks to stop");
 }
 
-/* Every rank's status gathered; the first failure (lowest rank) as the error. */
-static enum moe_status exchange_status(struct moe_ep *ep, enum moe_status mine, int runner)
+/* Every rank's status gathered; the first failure (lowest rank) as the
+ * error, or a rank that opened another checkpoint than rank 0 (m: the
+ * model this rank opened, or NULL). */
+static enum moe_status exchange_status(struct moe_ep *ep, enum moe_status mine, int runner,
+                                       const struct moe_model *m)
 {
     struct rusage ru;
-    struct status me = {mine == MOE_OK, 0, getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_maxrss : -1, ""},
+    struct status me = {mine == MOE_OK, 0, getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_maxrss : -1,
+                        m ? moe_model_fingerprint(m) : 0, ""},
                   *all = calloc((size_t)ep->size, sizeof *all);
     if (mine != MOE_OK) snprintf(me.msg, sizeof me.msg, "%s", moe_last_error());
     if (!all) return mine != MOE_OK ? mine : moe_fail(MOE_ERR_NOMEM, "expert parallelism: status table");
@@ -121,6 +129,12 @@ static enum moe_status exchange_status(struct moe_ep *ep, enum moe_status mine, 
             s = r == ep->rank ? mine
                               : moe_fail(MOE_ERR_IO, "rank %d could not open runner %d: %.*s", r, runner,
                                          (int)sizeof all[r].msg, all[r].msg);
+    for (int r = 1; r < ep->size && s == MOE_OK; r++)
+        if (all[r].model != all[0].model)
+            s = moe_fail(MOE_ERR_INVALID_ARG, "rank %d opened another checkpoint than rank 0 (its config.json or "
+                         "safetensors headers differ: fingerprint %016llx, rank 0's %016llx); every rank must "
+                         "read the same files", r, (unsigned long long)all[r].model,
+                         (unsigned long long)all[0].model);
     free(all);
     return s;
 }
@@ -143,7 +157,7 @@ enum moe_status moe_ep_runner_open(struct moe_ep *ep, struct moe_runner *r, cons
     memcpy(p, &g, sizeof g);
     if (ep->hello_bytes) memcpy(p + sizeof g, ep->hello, ep->hello_bytes);
     MOE_TRY(send(ep, MSG_HELLO, id, hello, "announcing a runner"));
-    MOE_TRY(exchange_status(ep, local, id));
+    MOE_TRY(exchange_status(ep, local, id, r->m));
     r->fw.ep = ep;
     r->fw.ep_runner = id;
     return MOE_OK;
@@ -254,7 +268,7 @@ static enum moe_status open_runner(struct follower *w, int id, const char *p, si
     }
     /* a failure (here or on another rank) fails rank 0's runner; this rank
      * goes on following (rank 0 prints the message and stops the job) */
-    if (exchange_status(w->ep, s, id) != MOE_OK && s == MOE_OK) {
+    if (exchange_status(w->ep, s, id, w->m) != MOE_OK && s == MOE_OK) {
         moe_runner_free(&w->r[i]);
         w->id[i] = -1;
     }

@@ -82,15 +82,34 @@ struct moe_ep {
     void *msg;                  /* message buffer (header + payload) */
     size_t msg_cap;
     struct moe_ep_counters n;
+    /* Tensor parallelism (moe_ep_set_tp): groups of tp consecutive ranks
+     * split each attention layer's heads, dense FFNs and shared experts
+     * (moe_model_tp_split) and add their parts (tp.c) */
+    int tp, tp_rank;            /* 1, 0: none */
+    int groups;                 /* expert shards: 0 for size (every rank its own experts; the
+                                   default) or size / tp (each group's experts on all of its tp
+                                   ranks, as replicas whose rows those ranks split) */
+    struct moe_comm *tp_comm;   /* this rank's group (owned), or NULL */
+    float *tp_buf;              /* scratch of the group's parts */
+    size_t tp_cap;              /* floats */
+    double tp_s;                /* seconds in the group's collectives */
+    uint64_t tp_bytes;          /* bytes this rank received through them */
 };
 
 /* Opens the layout over c's ranks (c NULL: one process); experts are
  * placed by moe_ep_place. */
 void moe_ep_init(struct moe_ep *ep, struct moe_comm *c);
+/* Tensor parallelism over groups of tp consecutive ranks with experts in
+ * `shards` shards (0: one per rank; else the size or size / tp), checked
+ * against the world; every rank calls it, before moe_ep_place.  The
+ * groups' communicators open at the first step.  tp 1: only the check. */
+MOE_MUST_USE enum moe_status moe_ep_set_tp(struct moe_ep *ep, int shards, int tp);
 /* Places the experts of the MoE layers of a model of n_layers layers
  * (is_moe[l]) and n_experts experts per layer.  placement (JSON text,
  * docs/parallel.md, or NULL): each layer it names as it says, the others
- * contiguous (refused unless n_experts divides over the ranks).  Every
+ * contiguous (refused unless n_experts divides over the shards: with
+ * shards of several ranks (moe_ep_set_tp) every rank of a shard holds its
+ * experts).  Every
  * rank must be given the same.  Again with the same arguments: no-op. */
 MOE_MUST_USE enum moe_status moe_ep_place(struct moe_ep *ep, int n_layers, const bool *is_moe, int n_experts,
                                           const char *placement);

@@ -33,3 +33,16 @@ void moe_ep_unplace(struct moe_ep *ep);
 MOE_MUST_USE enum moe_status moe_ep_slot_view(const struct moe_ep *ep, int l, const struct moe_expert_weights *x,
                                               struct moe_expert_weights *out);
 void moe_ep_slot_view_free(struct moe_expert_weights *v);
+
+/* Tensor parallelism (tp.c).  buf (n floats, host memory) becomes the sum
+ * of the group's bufs, added in rank order on every rank (so every rank
+ * holds the same bits, which the replicated routing needs). */
+MOE_MUST_USE enum moe_status moe_ep_tp_sum(struct moe_ep *ep, float *buf, size_t n, const char *what, int layer);
+/* The group's rows of x (T rows of w floats each, this rank's columns)
+ * gathered into whole rows of `parts` parts: *full (T, w * parts), in the
+ * ep's scratch.  parts divides tp; part p is held by ranks [p tp / parts,
+ * (p + 1) tp / parts) (key/value heads held by several ranks). */
+MOE_MUST_USE enum moe_status moe_ep_tp_rows(struct moe_ep *ep, const float *x, int T, int w, int parts,
+                                            float **full, const char *what, int layer);
+/* x (T, w) = this rank's part of full (T, w * parts). */
+void moe_ep_tp_take(const struct moe_ep *ep, float *x, const float *full, int T, int w, int parts);

@@ -169,8 +169,12 @@ enum moe_status moe_ep_place(struct moe_ep *ep, int n_layers, const bool *is_moe
         snprintf(key, sizeof key, "%d", l);
         contiguous |= is_moe[l] && !json_object_get(named, key);
     }
-    if (contiguous && E % size) {
+    const int G = ep->groups > 0 ? ep->groups : size, per = size / G; /* shards, ranks per shard */
+    if (contiguous && E % G) {
         json_decref(j);
+        if (G < size)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "expert parallelism: %d experts per layer do not split evenly "
+                            "over %d shards of %d ranks (contiguous placement needs a multiple)", E, G, per);
         return moe_fail(MOE_ERR_UNSUPPORTED, "expert parallelism: %d experts per layer do not split evenly over "
                         "%d ranks (contiguous placement needs a multiple; a placement file can say otherwise)", E,
                         size);
@@ -189,9 +193,10 @@ enum moe_status moe_ep_place(struct moe_ep *ep, int n_layers, const bool *is_moe
         s = moe_fail(MOE_ERR_NOMEM, "expert parallelism: rank tables");
     if (s == MOE_OK) {
         ep->displs = ep->counts + size;
-        for (int r = 0; r <= size; r++) ep->bounds[r] = (int32_t)((int64_t)E * r / size);
-        const char *src = json_string_value(json_object_get(j, "source"));
-        ep->placement = !named || json_object_size(named) == 0 ? "contiguous" : src ? "file" : "file";
+        /* rank r's shard's first expert (its own range when a shard is one rank) */
+        for (int r = 0; r < size; r++) ep->bounds[r] = (int32_t)((int64_t)E * (r / per) / G);
+        ep->bounds[size] = E;
+        ep->placement = named && json_object_size(named) > 0 ? "file" : per > 1 ? "shards" : "contiguous";
     }
     for (int l = 0; l < n_layers && s == MOE_OK; l++) {
         if (!is_moe[l]) continue;
@@ -203,7 +208,7 @@ enum moe_status moe_ep_place(struct moe_ep *ep, int n_layers, const bool *is_moe
         } else {
             memset(in, 0, (size_t)size * E);
             for (int r = 0; r < size; r++)
-                for (int e = ep->bounds[r]; e < ep->bounds[r + 1]; e++) in[(size_t)r * E + e] = 1;
+                for (int e = ep->bounds[r]; e < (int)((int64_t)E * (r / per + 1) / G); e++) in[(size_t)r * E + e] = 1;
         }
         if (s == MOE_OK) s = layer_from(&ep->layers[l], size, E, in);
         if (s == MOE_OK && ep->layers[l].n_slots > ep->max_slots) ep->max_slots = ep->layers[l].n_slots;

@@ -333,6 +333,34 @@ static enum moe_status residual_add(struct moe_forward *fw, int T)
     return fw->be->ops->add(fw->be, fw->x, fw->out, n);
 }
 
+/* Tensor parallelism (ep.h): whether this rank's layers hold a share of
+ * the heads and widths, so their outputs are parts of a sum. */
+static bool tp_on(const struct moe_forward *fw) { return fw->ep && fw->ep->tp > 1; }
+
+/* The part of a split layer's output in buf (T, D) summed over the group. */
+static enum moe_status tp_sum(struct moe_forward *fw, float *buf, int T, const char *what, int l)
+{
+    if (!tp_on(fw)) return MOE_OK;
+    return moe_ep_tp_sum(fw->ep, buf, (size_t)T * fw->m->cfg.d_model, what, l);
+}
+
+/* RMSNorm over whole rows of x (T, w): this rank's w columns, the norm's
+ * weight nw over all of the group's; the group's rows gathered first
+ * under tensor parallelism. */
+static enum moe_status norm_whole_rows(struct moe_forward *fw, float *x, int T, int w, const struct moe_tensor *nw,
+                                       const char *what, int l)
+{
+    struct moe_backend *be = fw->be;
+    const float eps = fw->m->cfg.rms_eps;
+    if (!tp_on(fw)) return be->ops->rmsnorm(be, x, x, nw, T, w, eps);
+    const int parts = (int)(nw->shape[0] / w); /* fewer than tp: heads held by several ranks */
+    float *full;
+    MOE_TRY(moe_ep_tp_rows(fw->ep, x, T, w, parts, &full, what, l));
+    MOE_TRY(be->ops->rmsnorm(be, full, full, nw, T, w * parts, eps));
+    moe_ep_tp_take(fw->ep, x, full, T, w, parts);
+    return MOE_OK;
+}
+
 static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcache *kv,
                                        const struct moe_batch *db, int l)
 {
@@ -374,8 +402,8 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
         MOE_TRY(op->rmsnorm(be, fw->q, fw->q, &w->q_norm, T * Hq, Dh, c->rms_eps));
         MOE_TRY(op->rmsnorm(be, fw->k, fw->k, &w->k_norm, T * Hkv, Dh, c->rms_eps));
     } else if (c->qk_norm == MOE_QK_NORM_FULL) {
-        MOE_TRY(op->rmsnorm(be, fw->q, fw->q, &w->q_norm, T, Hq * Dh, c->rms_eps));
-        MOE_TRY(op->rmsnorm(be, fw->k, fw->k, &w->k_norm, T, Hkv * Dh, c->rms_eps));
+        MOE_TRY(norm_whole_rows(fw, fw->q, T, Hq * Dh, &w->q_norm, "query rows", l));
+        MOE_TRY(norm_whole_rows(fw, fw->k, T, Hkv * Dh, &w->k_norm, "key rows", l));
     }
     if (c->clip_qkv > 0) {
         MOE_TRY(op->clamp(be, fw->q, (size_t)T * Hq * Dh, c->clip_qkv));
@@ -395,6 +423,7 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     if (c->attn_out_gate) /* each value times sigmoid(its gate): rows of one value */
         MOE_TRY(op->sigmoid_scale(be, fw->att, fw->lin.gate, T * Hq * Dh, 1));
     MOE_TRY(moe_forward_linear(fw, fw->out, fw->att, &w->wo, &w->bo, T));
+    MOE_TRY(tp_sum(fw, fw->out, T, "attention output", l));
     return residual_add(fw, T);
 }
 
@@ -557,10 +586,10 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
             MOE_TRY(last_rows(fw, db, false));
             T = db->n_logits;
         }
-        if (T > 0)
-            MOE_TRY(swiglu_ffn(fw, fw->out, T, &w->w_gate, &w->b_gate, &w->w_up, &w->b_up, &w->w_down,
-                               &w->b_down));
-        return T > 0 ? residual_add(fw, T) : MOE_OK;
+        if (T == 0) return MOE_OK;
+        MOE_TRY(swiglu_ffn(fw, fw->out, T, &w->w_gate, &w->b_gate, &w->w_up, &w->b_up, &w->w_down, &w->b_down));
+        MOE_TRY(tp_sum(fw, fw->out, T, "dense FFN output", l));
+        return residual_add(fw, T);
     }
     MOE_TRY(moe_forward_linear(fw, fw->rlogits, fw->xn, &w->router, &w->router_b, T));
     const struct moe_route rt = {E, K, c->norm_topk, c->router_sigmoid, w->router_bias.data,
@@ -598,6 +627,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
     MOE_TRY(experts_phase(fw, l, T, &w->experts, in, wts));
     if (c->d_shared > 0) {
         MOE_TRY(swiglu_ffn(fw, fw->sh, T, &w->sh_gate, NULL, &w->sh_up, NULL, &w->sh_down, NULL));
+        MOE_TRY(tp_sum(fw, fw->sh, T, "shared expert output", l));
         if (c->shared_gate) {
             MOE_TRY(moe_forward_linear(fw, fw->shg, fw->xn, &w->sh_router, NULL, T));
             MOE_TRY(op->sigmoid_scale(be, fw->sh, fw->shg, T, D));

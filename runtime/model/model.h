@@ -140,6 +140,9 @@ struct moe_model {
      * their bytes never read); NULL: all of them.  Set by
      * moe_model_load_part. */
     uint8_t *ep_held;
+    /* Tensor parallelism (moe_model_tp_split): this rank's place in its
+     * group of tp ranks (0, 0: the whole model) */
+    int tp, tp_rank;
 };
 
 /* Whether m holds expert e of layer l (see ep_held). */
@@ -161,6 +164,33 @@ MOE_MUST_USE enum moe_status moe_model_load_part(struct moe_model *m, const char
 MOE_MUST_USE enum moe_status moe_model_set_held(struct moe_model *m, const uint8_t *held);
 /* Drops the pointers of the experts m does not hold (after binding). */
 void moe_model_drop_experts(struct moe_model *m);
+/* Tensor parallelism: keeps rank's share of a group of size ranks (after
+ * binding, before a backend prepares the model).  Its configuration then
+ * says its own: n_heads and n_kv_heads (and d_ff, d_shared) divided by
+ * size.  Each attention layer keeps its heads' query, key and value rows
+ * and their output projection columns; each dense FFN and shared expert a
+ * slice of its width (gate and up rows, down columns); the output biases
+ * stay with rank 0.  Such a layer's output is this rank's part of a sum
+ * over the group (runtime/engine/tp.c adds them).  Refused, naming the
+ * cause: MLA and linear attention, gated attention output, heads or widths
+ * that do not divide by size (key/value heads may be fewer than size when
+ * size is a multiple of them: see moe_tp_kv_heads), act-order four-bit
+ * weights, block formats whose blocks a rank's columns would cut. */
+MOE_MUST_USE enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size);
+/* A fingerprint of the checkpoint m was loaded from (config.json, and each
+ * safetensors file's size and header), so processes can check they opened
+ * the same one; 0 for a model not read from files (synthetic). */
+uint64_t moe_model_fingerprint(const struct moe_model *m);
+/* Key/value heads a rank of a group of size holds: Hkv / size, or 1 when
+ * there are fewer heads than ranks (size a multiple of Hkv: each head then
+ * held by size / Hkv ranks). */
+static inline int moe_tp_kv_heads(int Hkv, int size) { return Hkv >= size ? Hkv / size : 1; }
+/* Which of the group's Hkv / moe_tp_kv_heads parts of the key/value heads
+ * rank holds (its first head over moe_tp_kv_heads). */
+static inline int moe_tp_kv_part(int Hkv, int size, int rank)
+{
+    return Hkv >= size ? rank : rank / (size / Hkv);
+}
 /* Builds a model with seeded random weights in memory (no file). dtype is
  * the weight dtype (F32, F16 or BF16). */
 MOE_MUST_USE enum moe_status moe_model_synthetic(struct moe_model *m, const struct moe_config *cfg,

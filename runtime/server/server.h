@@ -172,6 +172,9 @@ struct srv_metrics {
     int ep_ranks;
     struct moe_ep_counters ep;
     uint64_t ep_rows[SRV_EP_RANKS];
+    int tp;                   /* tensor-parallel group size (1: none) and rank 0's group collectives */
+    double tp_s;
+    uint64_t tp_bytes;
 };
 
 struct srv {

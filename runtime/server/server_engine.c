@@ -649,6 +649,9 @@ static void snapshot(struct srv *s)
     if (moe_ep_on(ep) && ep->rows_rank) {
         s->met.ep_ranks = ep->size;
         s->met.ep = ep->n;
+        s->met.tp = ep->tp;
+        s->met.tp_s = ep->tp_s;
+        s->met.tp_bytes = ep->tp_bytes;
         for (int r = 0; r < ep->size && r < SRV_EP_RANKS; r++) s->met.ep_rows[r] = ep->rows_rank[r];
     }
     s->met.kv_free = kv->n_free;

@@ -65,6 +65,11 @@ static void ep(FILE *f, const struct srv_metrics *m)
         n->gather_bytes);
     fprintf(f, "# HELP moerun_ep_step_seconds_total seconds rank 0 spent in forward steps\n"
                "# TYPE moerun_ep_step_seconds_total counter\nmoerun_ep_step_seconds_total %.9g\n", n->step_s);
+    if (m->tp < 2) return;
+    one(f, "moerun_tp_ranks", "gauge", "ranks of a tensor-parallel group (--tp)", (unsigned long long)m->tp);
+    fprintf(f, "# HELP moerun_tp_seconds_total seconds rank 0 spent gathering its group's parts\n"
+               "# TYPE moerun_tp_seconds_total counter\nmoerun_tp_seconds_total %.9g\n", m->tp_s);
+    one(f, "moerun_tp_bytes_total", "counter", "bytes of the group's parts rank 0 received", m->tp_bytes);
 }
 
 char *srv_metrics_text(struct srv *s)

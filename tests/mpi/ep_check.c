@@ -17,7 +17,22 @@
  * bits too.  A fixture whose experts do not split over N ranks must be
  * refused at contiguous placement with a message naming the count, and
  * run with the placement.  Exit 0 when all hold; every failure prints one
- * line. */
+ * line.
+ *
+ *     mpirun -n N ep_check BACKEND --tp M FIXTURE...
+ *
+ * Tensor parallelism instead: groups of M ranks split the heads, dense
+ * FFNs and shared experts (moe_model_tp_split), the experts spread over
+ * every rank and then over the N / M groups.  The group adds its parts in
+ * another order than one process sums a row, so logits must be within a
+ * tolerance of one process's (TP_TOL of the row's largest magnitude), ids
+ * and routing equal; fixtures whose attention is not split (MLA, linear
+ * attention) must be refused naming --tp.
+ *
+ * Without --tp, first: rank 0 opens the first fixture and the others a
+ * copy of it with another config.json, which rank 0's runner must refuse
+ * naming the rank. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +40,14 @@
 #include "runtime/comm/comm.h"
 #include "runtime/engine/ep.h"
 #include "runtime/engine/runner.h"
+#include "runtime/model/model.h"
 
 #define STEPS 5
 #define MAX_ROWS 16
 
 static int failures;
+static int tp = 1;       /* --tp M */
+#define TP_TOL 2e-5f
 
 #define CHECK(cond, ...)                                                   \
     do {                                                                   \
@@ -130,6 +148,7 @@ static enum moe_status open_share(struct moe_ep *ep, const char *dir, const char
     MOE_TRY(moe_ep_held(ep, &held));
     enum moe_status s = moe_model_load_part(m, dir, held);
     free(held);
+    if (s == MOE_OK && ep->tp > 1 && (s = moe_model_tp_split(m, ep->tp_rank, ep->tp)) != MOE_OK) moe_model_free(m);
     return s;
 }
 
@@ -189,17 +208,43 @@ static void follower_close(void *ctx)
     if (f->open) moe_model_free(&f->m);
 }
 
+/* The worst |got - ref| of a step's logits over its row's largest |ref|. */
+static double worst_rel(const struct record *ref, const struct record *got, int s, int V)
+{
+    double worst = 0;
+    for (int i = 0; i < ref->n_logits[s]; i++) {
+        const float *a = ref->logits[s] + (size_t)i * V, *b = got->logits[s] + (size_t)i * V;
+        double big = 0, d = 0;
+        for (int v = 0; v < V; v++) {
+            big = fabs(a[v]) > big ? fabs(a[v]) : big;
+            d = fabs((double)a[v] - b[v]) > d || b[v] != b[v] ? fabs((double)a[v] - b[v]) : d;
+        }
+        if (d != d) return INFINITY;
+        worst = d / (big > 0 ? big : 1) > worst ? d / (big > 0 ? big : 1) : worst;
+    }
+    return worst;
+}
+
+static double worst_seen; /* the largest worst_rel of a --tp run */
+
 static void compare(const char *name, const struct record *ref, const struct record *got, int V, int LK)
 {
     for (int s = 0; s < STEPS; s++) {
         CHECK(ref->n_logits[s] == got->n_logits[s], "%s step %d: %d logit rows, alone %d", name, s,
               got->n_logits[s], ref->n_logits[s]);
         if (ref->n_logits[s] != got->n_logits[s]) continue;
-        size_t diff = 0;
-        for (size_t i = 0; i < (size_t)ref->n_logits[s] * V; i++)
-            diff += memcmp(&ref->logits[s][i], &got->logits[s][i], sizeof(float)) != 0;
-        CHECK(diff == 0, "%s step %d: %zu of %zu logits differ from one process's", name, s, diff,
-              (size_t)ref->n_logits[s] * V);
+        if (tp > 1) {
+            const double w = worst_rel(ref, got, s, V);
+            worst_seen = w > worst_seen ? w : worst_seen;
+            CHECK(w <= TP_TOL, "%s step %d: logits %.3g (of the row's largest) from one process's, more than %g",
+                  name, s, w, (double)TP_TOL);
+        } else {
+            size_t diff = 0;
+            for (size_t i = 0; i < (size_t)ref->n_logits[s] * V; i++)
+                diff += memcmp(&ref->logits[s][i], &got->logits[s][i], sizeof(float)) != 0;
+            CHECK(diff == 0, "%s step %d: %zu of %zu logits differ from one process's", name, s, diff,
+                  (size_t)ref->n_logits[s] * V);
+        }
         CHECK(!memcmp(ref->ids[s], got->ids[s], (size_t)ref->n_logits[s] * sizeof(int32_t)),
               "%s step %d: greedy ids differ", name, s);
         CHECK(!memcmp(ref->route[s], got->route[s], (size_t)ref->n_rows[s] * LK * sizeof(int32_t)),
@@ -207,14 +252,41 @@ static void compare(const char *name, const struct record *ref, const struct rec
     }
 }
 
-/* One fixture on every rank, placed contiguously or with replicas. */
-static void check_fixture(struct moe_comm *c, const char *name, bool replicas)
+/* Under --tp, a fixture whose attention cannot be split: rank 0 loads it
+ * whole and the split must be refused naming --tp.  True when it is one. */
+static bool tp_refused(const char *dir, const char *name, const struct moe_config *cfg, int rank)
+{
+    bool linear = false;
+    for (int l = 0; l < cfg->n_layers; l++) linear |= cfg->layer_linear[l];
+    if (cfg->kv_lora_rank <= 0 && !linear) return false;
+    if (rank != 0) return true;
+    struct moe_model m;
+    if (moe_model_load(&m, dir) != MOE_OK) {
+        CHECK(0, "%s: %s", name, moe_last_error());
+        return true;
+    }
+    enum moe_status s = moe_model_tp_split(&m, 0, tp);
+    CHECK(s != MOE_OK && strstr(moe_last_error(), "--tp"), "%s: --tp %d not refused (%s)", name, tp,
+          s == MOE_OK ? "split" : moe_last_error());
+    if (s != MOE_OK) printf("ep_check: %s: --tp %d refused as it should be: %s\n", name, tp, moe_last_error());
+    moe_model_free(&m);
+    return true;
+}
+
+/* One fixture on every rank, placed contiguously or with replicas; under
+ * --tp with the experts in `shards` shards. */
+static void check_fixture(struct moe_comm *c, const char *name, bool replicas, int shards)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/%s", MOERUN_SOURCE_DIR, name);
     struct moe_ep ep;
     moe_ep_init(&ep, c);
     const int rank = moe_comm_rank(c), size = moe_comm_size(c);
+    if (moe_ep_set_tp(&ep, shards, tp) != MOE_OK) {
+        CHECK(0, "%s: %s", name, moe_last_error());
+        moe_ep_free(&ep);
+        return;
+    }
     char cpath[600];
     struct moe_config cfg;
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
@@ -222,17 +294,21 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas)
         CHECK(0, "%s: %s", name, moe_last_error());
         return;
     }
+    if (tp > 1 && tp_refused(dir, name, &cfg, rank)) {
+        moe_ep_free(&ep);
+        return;
+    }
     char *placement = replicas ? replica_placement(&cfg, size) : NULL;
     if (replicas && !placement) {
         CHECK(0, "%s: no placement: %s", name, moe_last_error());
         return;
     }
-    if (!replicas && cfg.n_experts % size) { /* refused, naming the count */
+    if (!replicas && cfg.n_experts % shards) { /* refused, naming the count */
         enum moe_status s = moe_ep_place(&ep, cfg.n_layers, cfg.layer_moe, cfg.n_experts, NULL);
-        CHECK(s != MOE_OK && strstr(moe_last_error(), "do not split evenly"), "%s: %d experts over %d ranks "
-              "not refused (%s)", name, cfg.n_experts, size, moe_last_error());
-        if (rank == 0) printf("ep_check: %s: %d experts over %d ranks refused as it should be\n", name,
-                              cfg.n_experts, size);
+        CHECK(s != MOE_OK && strstr(moe_last_error(), "do not split evenly"), "%s: %d experts over %d shards "
+              "not refused (%s)", name, cfg.n_experts, shards, moe_last_error());
+        if (rank == 0) printf("ep_check: %s: %d experts over %d shards refused as it should be\n", name,
+                              cfg.n_experts, shards);
         moe_ep_free(&ep);
         return;
     }
@@ -265,11 +341,26 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas)
         moe_backend_free(&be);
         moe_model_free(&m);
     }
+    if (s != MOE_OK && tp > 1 && strstr(moe_last_error(), "do not fall on its blocks")) {
+        /* a rank's share of the fixture's quantized o_proj is not whole blocks */
+        printf("ep_check: %s: --tp %d refused as it should be: %s\n", name, tp, moe_last_error());
+        free(placement);
+        CHECK(moe_ep_stop(&ep) == MOE_OK, "%s: stop: %s", name, moe_last_error());
+        record_free(&ref);
+        moe_ep_free(&ep);
+        return;
+    }
     CHECK(s == MOE_OK, "%s over %d ranks: %s", name, size, moe_last_error());
     if (s == MOE_OK) {
         const int before = failures;
+        worst_seen = 0;
         compare(name, &ref, &got, cfg.vocab, cfg.n_layers * cfg.top_k);
-        if (failures == before)
+        if (failures == before && tp > 1)
+            printf("ep_check: %s (%s, --tp %d, experts in %d shards): %d ranks, %d steps: logits within %.2g of "
+                   "one process's (of the row's largest), ids and routing equal; rank 0 computed %llu of %llu "
+                   "expert rows\n", name, backend_name, tp, shards, size, STEPS, worst_seen,
+                   (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all);
+        else if (failures == before)
             printf("ep_check: %s (%s, %s): %d ranks, %d steps: logits bit-identical, ids and routing equal; "
                    "rank 0 computed %llu of %llu expert rows\n", name, backend_name,
                    replicas ? "placement with 2 replicas a layer" : "contiguous", size, STEPS,
@@ -282,13 +373,69 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas)
     moe_ep_free(&ep);
 }
 
+/* Rank 0 opens tests/fixtures/NAME, the others a copy whose config.json
+ * has one more space: rank 0's runner must fail naming the rank and the
+ * other checkpoint. */
+static void check_other_checkpoint(struct moe_comm *c, const char *name)
+{
+    char dir[512], alt[600], cmd[4096];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/%s", MOERUN_SOURCE_DIR, name);
+    snprintf(alt, sizeof alt, "%s/ep_check_alt_%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name);
+    const int rank = moe_comm_rank(c);
+    if (rank == 0) { /* the copy: the same files, config.json with a trailing space */
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && cp '%s'/* '%s'/ && printf ' ' >> '%s/config.json'",
+                 alt, alt, dir, alt, alt);
+        CHECK(system(cmd) == 0, "%s: could not make %s", name, alt);
+    }
+    CHECK(moe_comm_barrier(c, "the copy") == MOE_OK, "%s", moe_last_error());
+    struct moe_ep ep;
+    moe_ep_init(&ep, c);
+    if (rank != 0) {
+        struct follower f = {.ep = &ep};
+        const struct moe_ep_follower hooks = {follower_open, follower_close, &f};
+        CHECK(moe_ep_follow(&ep, &hooks) == MOE_OK, "%s: rank %d: %s", name, rank, moe_last_error());
+        moe_ep_free(&ep);
+        return;
+    }
+    char blob[1024];
+    snprintf(blob, sizeof blob, "%s\n", alt);
+    ep.hello = blob;
+    ep.hello_bytes = strlen(blob) + 1;
+    struct moe_model m;
+    struct moe_backend be = {0};
+    struct moe_runner rn;
+    struct moe_runner_opts o = runner_opts;
+    o.ep = &ep;
+    enum moe_status s = open_share(&ep, dir, NULL, &m);
+    CHECK(s == MOE_OK, "%s: %s", name, moe_last_error());
+    if (s == MOE_OK) {
+        if ((s = backend_open(&be)) == MOE_OK) {
+            s = moe_runner_init(&rn, &m, &be, &o);
+            CHECK(s != MOE_OK && strstr(moe_last_error(), "rank 1 opened another checkpoint than rank 0"),
+                  "%s: a follower's other checkpoint was not refused (%s)", name,
+                  s == MOE_OK ? "opened" : moe_last_error());
+            if (s == MOE_OK) moe_runner_free(&rn);
+            else printf("ep_check: %s: a follower with another config.json refused as it should be: %s\n", name,
+                        moe_last_error());
+        }
+        moe_backend_free(&be);
+        moe_model_free(&m);
+    }
+    CHECK(moe_ep_stop(&ep) == MOE_OK, "%s: stop: %s", name, moe_last_error());
+    moe_ep_free(&ep);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", alt);
+    CHECK(system(cmd) == 0, "%s: could not remove %s", name, alt);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: mpirun -n N ep_check cpu|cpu-ref FIXTURE...\n");
+        fprintf(stderr, "usage: mpirun -n N ep_check cpu|cpu-ref [--tp M] FIXTURE...\n");
         return 2;
     }
     backend_name = argv[1];
+    int first = 2;
+    if (argc > 3 && !strcmp(argv[2], "--tp")) tp = atoi(argv[3]), first = 4;
     struct moe_comm_launch l;
     struct moe_comm *c;
     if (moe_comm_launch_from_env(&l) != MOE_OK || moe_comm_init(&c, &l, 60) != MOE_OK) {
@@ -296,9 +443,16 @@ int main(int argc, char **argv)
         return 1;
     }
     if (l.size < 2) fprintf(stderr, "ep_check: one rank: run it under mpirun -n 2 or more\n"), failures++;
-    for (int i = 2; i < argc && l.size > 1; i++) {
-        check_fixture(c, argv[i], false);
-        check_fixture(c, argv[i], true);
+    if (tp < 1 || l.size % tp) fprintf(stderr, "ep_check: --tp %d does not divide %d ranks\n", tp, l.size), failures++;
+    if (l.size > 1 && tp == 1 && first < argc) check_other_checkpoint(c, argv[first]);
+    for (int i = first; i < argc && l.size > 1; i++) {
+        if (tp > 1) { /* the experts over every rank, then over the groups */
+            check_fixture(c, argv[i], false, l.size);
+            check_fixture(c, argv[i], false, l.size / tp);
+            continue;
+        }
+        check_fixture(c, argv[i], false, l.size);
+        check_fixture(c, argv[i], true, l.size);
     }
     CHECK(moe_comm_barrier(c, "the end") == MOE_OK, "barrier: %s", moe_last_error());
     moe_comm_free(c); /* each rank's exit status: mpirun fails when any fails */

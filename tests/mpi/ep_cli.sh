@@ -8,9 +8,13 @@
 #      `moerun stats --placement-out` from that run gives the same text, and
 #      a malformed one is refused naming the entry;
 #      refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp;
+#      tensor parallelism (--tp 2 and 4, experts over every rank or over
+#      the groups) prints one process's text; its refusals (--tp alone,
+#      --tp not dividing the ranks or the heads, --ep not fitting, MLA);
 #   3. serve under mpirun -n 2 answers a completion equal to run's; then
-#      rank 1 is killed: the job ends within the timeout and no moerun
-#      process of it is left.
+#      rank 1 is killed (or stopped, also with --tp 2): the job ends within
+#      the timeout, naming the collective, and no moerun process of it is
+#      left.
 # usage: ep_cli.sh MOERUN MPIEXEC   (from the source folder)
 set -u
 MOERUN=$1
@@ -29,6 +33,30 @@ for n in 2 4; do
     cmp -s "$TMP/one.txt" "$TMP/ep$n.txt" || no "run under -n $n printed other text: $(cat "$TMP/ep$n.txt") vs $(cat "$TMP/one.txt")"
 done
 [ -s "$TMP/one.txt" ] || no "run printed nothing"
+# tensor parallelism: the group adds its parts in another order than one
+# process, which leaves the demo's greedy text as it is
+for a in "2 --tp 2" "2 --tp 2 --ep 1" "4 --tp 2" "4 --tp 2 --ep 2" "4 --tp 4"; do
+    set -- $a
+    n=$1
+    shift
+    $MPIRUN -n $n "$MOERUN" run $MODEL -p "$P" $ARGS "$@" > "$TMP/tp.txt" 2> "$TMP/tp.err" ||
+        no "run -n $a failed: $(tail -3 "$TMP/tp.err")"
+    cmp -s "$TMP/one.txt" "$TMP/tp.txt" || no "run -n $a printed other text: $(cat "$TMP/tp.txt")"
+    grep -q "tensor parallelism in groups of $2 ranks" "$TMP/tp.err" || no "run -n $a: $(grep moerun: "$TMP/tp.err")"
+done
+"$MOERUN" run $MODEL -p "$P" $ARGS --tp 2 > /dev/null 2> "$TMP/r.err" && no "--tp 2 without mpirun was not refused"
+grep -q "needs 2 ranks" "$TMP/r.err" || no "--tp 2 alone: $(head -3 "$TMP/r.err")"
+for a in "4 --tp 3:does not divide" "4 --tp 2 --ep 3:--ep 3 with --tp" "3 --tp 3:do not split evenly"; do
+    set -- ${a%%:*}
+    n=$1
+    shift
+    $MPIRUN -n $n "$MOERUN" run $MODEL -p "$P" $ARGS "$@" > /dev/null 2> "$TMP/r.err" &&
+        no "$* under -n $n was not refused"
+    grep -q -- "${a#*:}" "$TMP/r.err" || no "$* under -n $n: $(grep -v '^--\|^ *$' "$TMP/r.err" | head -2)"
+done
+$MPIRUN -n 2 "$MOERUN" run tests/fixtures/deepseek_v3 -p "$P" $ARGS --tp 2 > /dev/null 2> "$TMP/r.err" &&
+    no "--tp 2 of an MLA model was not refused"
+grep -q "latent attention is not split" "$TMP/r.err" || no "--tp 2 of MLA: $(head -3 "$TMP/r.err")"
 # speculative decoding under expert parallelism: the draft runs on rank 0
 for spec in "--spec ngram" "--draft models/demo-draft"; do
     "$MOERUN" run $MODEL -p "$P" $ARGS $spec > "$TMP/s1.txt" 2>/dev/null || no "run $spec alone failed"
@@ -73,10 +101,12 @@ grep -q "mpirun -n 2" "$TMP/r2.err" || no "--ep 2 alone: $(cat "$TMP/r2.err")"
 
 # serve: one completion, then rank 1 killed (SIGKILL: mpirun ends the job)
 # or stopped (SIGSTOP: the next collective times out and ends it)
+# (with --tp 2 the first collective a step needs is the group's, in layer 0)
 serve_fault() {
     sig=$1
-    PORTF="$TMP/port.$sig"
-    $MPIRUN -n 2 "$MOERUN" serve $MODEL --port 0 --port-file "$PORTF" --threads 1 --comm-timeout 3 \
+    tp=${2:-1}
+    PORTF="$TMP/port.$sig.$tp"
+    $MPIRUN -n 2 "$MOERUN" serve $MODEL --port 0 --port-file "$PORTF" --threads 1 --comm-timeout 3 --tp $tp \
         > "$TMP/serve.out" 2> "$TMP/serve.$sig.err" &
     job=$!
     i=0
@@ -91,6 +121,7 @@ serve_fault() {
         # /metrics: both ranks' expert rows add up to the routed pairs the statistics counted
         curl -s -m 20 "http://127.0.0.1:$port/metrics" > "$TMP/metrics.txt" || no "serve: no /metrics"
         grep -q '^moerun_ep_ranks 2$' "$TMP/metrics.txt" || no "/metrics: no moerun_ep_ranks 2"
+        [ $tp = 1 ] || grep -q "^moerun_tp_ranks $tp\$" "$TMP/metrics.txt" || no "/metrics: no moerun_tp_ranks $tp"
         ep_rows=$(awk '/^moerun_ep_expert_rows_total/ {s += $2} END {print s + 0}' "$TMP/metrics.txt")
         routed=$(awk '/^moerun_expert_tokens_total/ {s += $2} END {print s + 0}' "$TMP/metrics.txt")
         [ "$ep_rows" -gt 0 ] && [ "$ep_rows" = "$routed" ] ||
@@ -112,8 +143,10 @@ serve_fault() {
         kill -9 $job 2>/dev/null
     fi
     if [ "$sig" = STOP ]; then
-        grep -q "rank 0: all-gather (layer 0: expert rows): no answer from the other ranks within 3 s" \
-            "$TMP/serve.$sig.err" || no "STOP: rank 0 did not name the collective: $(cat "$TMP/serve.$sig.err")"
+        what="layer 0: expert rows"
+        [ $tp = 1 ] || what="layer 0: attention output"
+        grep -q "rank 0: all-gather ($what): no answer from the other ranks within 3 s" \
+            "$TMP/serve.$sig.err" || no "STOP (--tp $tp): rank 0 did not name the collective: $(cat "$TMP/serve.$sig.err")"
     fi
     sleep 0.5
     pgrep -f "port-file $PORTF" > /dev/null && no "$sig: moerun processes left after the job: $(pgrep -af "port-file $PORTF")"
@@ -121,5 +154,6 @@ serve_fault() {
 }
 serve_fault KILL
 serve_fault STOP
+serve_fault STOP 2
 [ $fail -eq 0 ] && echo "ep_cli: all checks passed"
 exit $fail

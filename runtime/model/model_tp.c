@@ -1,0 +1,160 @@
+/* model_tp.c - a model's share of the attention and dense layers under
+ * tensor parallelism (see moe_model_tp_split in model.h).
+ *
+ * Rank r of a group of M keeps heads [r Hq/M, (r+1) Hq/M) and the key and
+ * value heads they read, [r Hkv/M, (r+1) Hkv/M), or with fewer key/value
+ * heads than ranks the one head its query heads read (each then held by
+ * M / Hkv ranks, as vLLM replicates them): the query, key and value rows of its
+ * heads (views, nothing copied), their biases and sinks, and the output
+ * projection's columns of its heads (a copy the model owns).  Dense FFNs
+ * and shared experts keep a slice of their intermediate width the same way.
+ * A split layer's output is a partial sum; the forward pass adds the
+ * group's parts (runtime/engine/tp.c), so the output biases stay with rank
+ * 0 alone. */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/model/model_impl.h"
+
+/* Values in one stored block of dtype t along a row. */
+static int64_t block_values(enum moe_dtype t)
+{
+    if (t == MOE_DTYPE_Q8_0) return MOE_Q8_0_BLOCK;
+    if (t == MOE_DTYPE_MXFP4) return MOE_MXFP4_BLOCK;
+    if (t == MOE_DTYPE_FP8_B128) return MOE_FP8_BLOCK;
+    if (moe_dtype_is_q4(t)) return moe_q4_group(t);
+    return 1;
+}
+
+/* t (N, K) or (N) keeps its rows [r0, r0 + n): a view. */
+static void keep_rows(struct moe_tensor *t, int64_t r0, int64_t n)
+{
+    if (!t->data) return;
+    const size_t row = t->ndim >= 2 ? moe_dtype_row_bytes(t->dtype, (size_t)t->shape[1])
+                                    : moe_dtype_row_bytes(t->dtype, 1);
+    t->data = (char *)t->data + (size_t)r0 * row;
+    t->shape[0] = n;
+}
+
+/* t (N, K) keeps its columns [k0, k0 + n): copied into memory m owns. */
+static enum moe_status keep_cols(struct moe_model *m, struct moe_tensor *t, int64_t k0, int64_t n,
+                                 const char *what, int l)
+{
+    if (!t->data) return MOE_OK;
+    const int64_t blk = block_values(t->dtype), N = t->shape[0], K = t->shape[1];
+    if (k0 % blk || n % blk)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp: layer %d %s is %s in blocks of %lld values, and a rank's "
+                        "%lld columns do not fall on its blocks", l, what, moe_dtype_name(t->dtype),
+                        (long long)blk, (long long)n);
+    const size_t src_row = moe_dtype_row_bytes(t->dtype, (size_t)K), off = moe_dtype_row_bytes(t->dtype, (size_t)k0),
+                 row = moe_dtype_row_bytes(t->dtype, (size_t)n);
+    size_t bytes;
+    if (!moe_mul_size(row, (size_t)N, &bytes)) return moe_fail(MOE_ERR_NOMEM, "--tp: layer %d %s", l, what);
+    void *p;
+    MOE_TRY(moe_model_own(m, bytes, &p));
+    for (int64_t i = 0; i < N; i++)
+        memcpy((char *)p + (size_t)i * row, (const char *)t->data + (size_t)i * src_row + off, row);
+    moe_safetensors_release(&m->st, t->data, src_row * (size_t)N, true);
+    t->data = p;
+    t->shape[1] = n;
+    return MOE_OK;
+}
+
+/* Whether any of the n tensors reads its input columns out of order. */
+static bool permuted(const struct moe_tensor *const *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (t[i]->cols) return true;
+    return false;
+}
+
+/* A SwiGLU block of width F split: gate and up rows, down columns. */
+static enum moe_status split_ffn(struct moe_model *m, int l, int r, int M, int64_t F, struct moe_tensor *g,
+                                 struct moe_tensor *bg, struct moe_tensor *u, struct moe_tensor *bu,
+                                 struct moe_tensor *d, struct moe_tensor *bd, const char *what)
+{
+    const int64_t f = F / M;
+    const struct moe_tensor *all[3] = {g, u, d};
+    if (permuted(all, 3))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp: layer %d %s reads its inputs out of order (act-order "
+                        "four-bit); not split", l, what);
+    keep_rows(g, r * f, f);
+    keep_rows(u, r * f, f);
+    if (bg) keep_rows(bg, r * f, f);
+    if (bu) keep_rows(bu, r * f, f);
+    MOE_TRY(keep_cols(m, d, r * f, f, what, l));
+    if (bd && r != 0) bd->data = NULL;
+    return MOE_OK;
+}
+
+static enum moe_status split_attention(struct moe_model *m, int l, int r, int M, struct moe_layer_weights *w)
+{
+    const struct moe_config *c = &m->cfg;
+    const int64_t Dh = c->head_dim, q = (int64_t)c->n_heads / M * Dh, kv = moe_tp_kv_heads(c->n_kv_heads, M) * Dh;
+    const int64_t kv0 = (int64_t)moe_tp_kv_part(c->n_kv_heads, M, r) * kv; /* its key/value heads' first row */
+    const struct moe_tensor *all[4] = {&w->wq, &w->wk, &w->wv, &w->wo};
+    if (permuted(all, 4))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp: layer %d attention reads its inputs out of order "
+                        "(act-order four-bit); not split", l);
+    keep_rows(&w->wq, r * q, q);
+    keep_rows(&w->bq, r * q, q);
+    keep_rows(&w->wk, kv0, kv);
+    keep_rows(&w->bk, kv0, kv);
+    keep_rows(&w->wv, kv0, kv);
+    keep_rows(&w->bv, kv0, kv);
+    keep_rows(&w->sinks, (int64_t)r * (c->n_heads / M), c->n_heads / M);
+    MOE_TRY(keep_cols(m, &w->wo, r * q, q, "o_proj", l));
+    if (r != 0) w->bo.data = NULL;
+    /* q_norm and k_norm over whole rows (OLMoE) stay whole: the forward
+     * pass gathers the group's rows for them */
+    return MOE_OK;
+}
+
+enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size)
+{
+    struct moe_config *c = &m->cfg;
+    if (size <= 1) return MOE_OK;
+    if (m->tp > 1) return moe_fail(MOE_ERR_INVALID_ARG, "--tp: the model is split already");
+    if (rank < 0 || rank >= size) return moe_fail(MOE_ERR_INVALID_ARG, "--tp: rank %d of %d", rank, size);
+    if (m->weights_deferred)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp with weights made on the device");
+    if (c->kv_lora_rank > 0)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: %s's multi-head latent attention is not split across "
+                        "ranks yet (run it with expert parallelism alone, --tp 1)", size, c->architecture);
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_linear[l])
+            return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: %s's linear-attention layers are not split across "
+                            "ranks yet (run it with expert parallelism alone, --tp 1)", size, c->architecture);
+    if (c->attn_out_gate)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: gated attention output is not split yet", size);
+    if (m->mtp_eh_proj.data) return moe_fail(MOE_ERR_UNSUPPORTED, "--tp with a multi-token-prediction module");
+    if (c->n_heads % size || (c->n_kv_heads % size && size % c->n_kv_heads))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: the model's %d query and %d key/value heads do not "
+                        "split evenly over %d ranks (nor each key/value head over a whole number of them)", size,
+                        c->n_heads, c->n_kv_heads, size);
+    bool dense = false;
+    for (int l = 0; l < c->n_layers; l++) dense |= !c->layer_moe[l];
+    if (dense && c->d_ff % size)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: the dense layers' width %d does not split evenly over %d "
+                        "ranks", size, c->d_ff, size);
+    if (c->d_shared > 0 && c->d_shared % size)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: the shared expert's width %d does not split evenly over "
+                        "%d ranks", size, c->d_shared, size);
+    for (int l = 0; l < c->n_layers; l++) {
+        struct moe_layer_weights *w = &m->layers[l];
+        MOE_TRY(split_attention(m, l, rank, size, w));
+        if (!c->layer_moe[l])
+            MOE_TRY(split_ffn(m, l, rank, size, c->d_ff, &w->w_gate, &w->b_gate, &w->w_up, &w->b_up,
+                              &w->w_down, &w->b_down, "dense FFN"));
+        else if (c->d_shared > 0)
+            MOE_TRY(split_ffn(m, l, rank, size, c->d_shared, &w->sh_gate, NULL, &w->sh_up, NULL, &w->sh_down,
+                              NULL, "shared expert"));
+    }
+    c->n_heads /= size;
+    c->n_kv_heads = moe_tp_kv_heads(c->n_kv_heads, size);
+    if (dense) c->d_ff /= size;
+    if (c->d_shared > 0) c->d_shared /= size;
+    m->tp = size;
+    m->tp_rank = rank;
+    return MOE_OK;
+}
