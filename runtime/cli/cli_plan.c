@@ -683,10 +683,9 @@ static void print_spec(const struct plan_result *r)
 static int plan_tp_check(const struct moe_config *cfg, int M)
 {
     if (M <= 1) return 0;
-    if (cfg->kv_lora_rank > 0 || moe_config_linear_layers(cfg) > 0 || cfg->attn_out_gate)
+    if (moe_config_linear_layers(cfg) > 0 || cfg->attn_out_gate)
         return moe_cli_error("plan", "--tp %d: %s's attention (%s) is not split across ranks yet", M,
-                             cfg->architecture, cfg->kv_lora_rank > 0 ? "multi-head latent attention"
-                                                : cfg->attn_out_gate ? "gated output" : "linear attention");
+                             cfg->architecture, moe_config_linear_layers(cfg) > 0 ? "linear attention" : "gated output");
     if (cfg->n_heads % M || (cfg->n_kv_heads % M && M % cfg->n_kv_heads))
         return moe_cli_error("plan", "--tp %d: the model's %d query and %d key/value heads do not split evenly "
                              "over %d ranks", M, cfg->n_heads, cfg->n_kv_heads, M);
@@ -695,6 +694,27 @@ static int plan_tp_check(const struct moe_config *cfg, int M)
         return moe_cli_error("plan", "--tp %d: the dense or shared-expert width does not split evenly over %d "
                              "ranks", M, M);
     return 0;
+}
+
+/* An attention layer's weights (params) and the share of them one rank of
+ * a --tp group of M holds (moe_model_tp_split): its query heads and their
+ * output columns, its key/value heads; of MLA its heads' query rows,
+ * latent maps (kv_b_proj) and output columns, the latent projections
+ * whole. */
+static void attn_params(const struct moe_config *c, int M, double *all, double *rank)
+{
+    const double D = c->d_model, H = c->n_heads;
+    if (c->kv_lora_rank > 0) {
+        const double QK = (double)c->qk_nope_dim + c->rope_dim, Rc = c->kv_lora_rank, Rq = c->q_lora_rank,
+                     V = c->v_head_dim;
+        const double heads = H * QK * (Rq > 0 ? Rq : D) + H * (c->qk_nope_dim + V) * Rc + D * H * V;
+        *all = heads + (Rq > 0 ? Rq * D : 0) + (Rc + c->rope_dim) * D;
+        *rank = *all - heads * (M - 1) / M;
+        return;
+    }
+    const double Dh = c->head_dim;
+    *all = D * Dh * 2.0 * (H + c->n_kv_heads);
+    *rank = D * Dh * 2.0 * (H / M + moe_tp_kv_heads(c->n_kv_heads, M));
 }
 
 static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, const struct plan_result *r,
@@ -712,12 +732,14 @@ static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, cons
     const struct shape *s = &r->t;
     const double f_experts = 2.0 * s->n_moe * s->K * 3.0 * cfg->d_model * cfg->d_expert;
     const int n_dense = cfg->n_layers - s->n_moe, n_attn = moe_config_kv_layers(cfg);
-    const double D = cfg->d_model, QKV = 2.0 * ((double)cfg->n_heads + cfg->n_kv_heads) * cfg->head_dim;
-    const double f_split = 2.0 * (n_attn * D * QKV + 3.0 * D * ((double)n_dense * cfg->d_ff + (double)s->n_moe *
-                                                                  (cfg->d_shared > 0 ? cfg->d_shared : 0)));
-    *p = (struct moe_plan_ep){.ranks = world, .tp = M, .shards = N,
-                              .split = (double)(r->z.bytes_attn + r->z.bytes_dense_ffn + r->z.bytes_shared),
-                              .f_split = f_split,
+    const double D = cfg->d_model, cut = (M - 1.0) / M;
+    double a_all, a_rank;
+    attn_params(cfg, M, &a_all, &a_rank);
+    const double ffn = 3.0 * D * ((double)n_dense * cfg->d_ff + (double)s->n_moe * (cfg->d_shared > 0 ? cfg->d_shared : 0));
+    const double saved = (double)r->z.bytes_attn * (a_all > 0 ? (a_all - a_rank) / a_all : 0) +
+                         (double)(r->z.bytes_dense_ffn + r->z.bytes_shared) * cut;
+    *p = (struct moe_plan_ep){.ranks = world, .tp = M, .shards = N, .saved = saved,
+                              .f_saved = 2.0 * (n_attn * (a_all - a_rank) + ffn * cut),
                               .kv_share = (double)moe_tp_kv_heads(cfg->n_kv_heads, M) / cfg->n_kv_heads,
                               .tp_sums = M > 1 ? n_attn + n_dense + (cfg->d_shared > 0 ? s->n_moe : 0) : 0,
                               .net_bw = o->net * 1e9, .latency = o->net_latency * 1e-6,

@@ -41,16 +41,17 @@ static void step(const struct moe_plan_ep *p, double rows, double seqs, double c
     /* a shard's rows are split between its ranks */
     const double shard_rows = rows * p->shards / N;
     const double bytes = all_weights ? p->W_rank
-                                     : p->non_expert - p->split * (M - 1) / M +
+                                     : p->non_expert - p->saved +
                                            p->n_moe * busiest_experts(p, shard_rows) * p->one_expert +
                                            seqs * p->kv_tok * p->kv_share * p->ctx;
-    const double flops = rows * (p->f_dense - p->f_split * (M - 1) / M + p->f_experts / N + p->f_pos * ctx_avg / M);
+    const double flops = rows * (p->f_dense - p->f_saved + p->f_experts / N + p->f_pos * ctx_avg / M);
     *local = fmax(bytes / p->dev_bw, flops / p->dev_flops);
     const double gathered = rows * p->K * p->D * 4; /* every routed row's output, fp32 */
-    const double parts = M * rows * p->D * 4;       /* a split layer's M parts, fp32 */
-    *tp_s = p->tp_sums * allgather_s(p, M, parts);
+    /* a split layer's sum: a reduce-scatter and an all-gather of its rows (fp32) */
+    const double vec = rows * p->D * 4;
+    *tp_s = p->tp_sums * 2 * allgather_s(p, M, vec);
     *comm = p->n_moe * allgather_s(p, N, gathered) + *tp_s;
-    *recv = p->n_moe * (N - 1) / N * gathered + p->tp_sums * (M - 1) / M * parts;
+    *recv = p->n_moe * (N - 1) / N * gathered + p->tp_sums * 2 * (M - 1) / M * vec;
 }
 
 void moe_plan_ep_compute(struct moe_plan_ep *p)
@@ -58,8 +59,7 @@ void moe_plan_ep_compute(struct moe_plan_ep *p)
     if (p->tp < 1) p->tp = 1;
     if (p->shards < 1) p->shards = p->ranks;
     if (p->kv_share <= 0) p->kv_share = 1;
-    const double M = p->tp;
-    p->W_rank = p->W - p->experts * (p->shards - 1) / p->shards - p->split * (M - 1) / M;
+    p->W_rank = p->W - p->experts * (p->shards - 1) / p->shards - p->saved;
     const double usable = 0.9 * p->mem;
     p->fit_seqs = p->W_rank < usable ? floor((usable - p->W_rank) / (p->kv_tok * p->kv_share * p->ctx)) : -1;
     step(p, p->batch, p->batch, p->ctx, false, &p->dec_local, &p->dec_comm, &p->dec_bytes_comm, &p->dec_tp);

@@ -15,10 +15,13 @@
  * With --tp M (plan --ep N --tp M: N x M ranks, the experts in N shards,
  * each on the M ranks of its group, whose rows those ranks split; --tp M
  * alone: M ranks, the experts over all of them): a rank holds 1/M of the
- * attention, dense FFN and shared-expert weights and its key/value heads'
- * KV (moe_tp_kv_heads), computes 1/M of their FLOPs, and each attention
- * layer, dense FFN and shared expert ends in one all-gather of the group's
- * parts (fp32, D floats a row from each of the M ranks), over the same
+ * attention (its query heads, their output columns, its key/value heads;
+ * MLA's latent projection whole), dense FFN and shared-expert weights and
+ * its key/value heads' KV (moe_tp_kv_heads; MLA's latents whole), computes
+ * its share of their FLOPs and 1/M of the attention over the cache, and each attention
+ * layer, dense FFN and shared expert ends in a sum over the group (a
+ * reduce-scatter and an all-gather of its rows, fp32: each takes (M - 1)
+ * hops and moves (M - 1) / M of the rows, as a ring), over the same
  * network (tensor-parallel groups usually sit inside one host). */
 #pragma once
 
@@ -31,8 +34,9 @@ struct moe_plan_ep {
     int ranks;                     /* the world */
     int tp, shards;                /* tensor-parallel group size (1: none); expert shards (ranks or
                                       ranks / tp) */
-    double split, f_split;         /* bytes and FLOPs per token of what --tp splits (attention, dense
-                                      FFNs, shared experts) */
+    double saved, f_saved;         /* --tp: the weight bytes a rank does not hold and the FLOPs per
+                                      token it does not compute of what the group splits (attention,
+                                      dense FFNs, shared experts) */
     double kv_share;               /* the share of the KV a rank holds */
     int tp_sums;                   /* the group's all-gathers a step (split layers) */
     double net_bw, latency;        /* bytes/s, seconds per ring hop */

@@ -184,6 +184,16 @@ enum moe_status moe_comm_allgatherv_rows(struct moe_comm *c, float *buf, const i
     return MOE_OK;
 }
 
+enum moe_status moe_comm_alltoall(struct moe_comm *c, const void *send, void *recv, size_t bytes,
+                                  const char *what)
+{
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) return moe_comm_mpi_alltoall(c, send, recv, bytes, what);
+#endif
+    if (recv != send) memmove(recv, send, bytes);
+    return MOE_OK;
+}
+
 enum moe_status moe_comm_allreduce_sum(struct moe_comm *c, float *buf, size_t n, const char *what)
 {
 #ifdef MOERUN_HAVE_MPI

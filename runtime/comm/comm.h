@@ -86,6 +86,10 @@ MOE_MUST_USE enum moe_status moe_comm_allgather(struct moe_comm *c, const void *
  * may take minutes). */
 MOE_MUST_USE enum moe_status moe_comm_allgather_idle(struct moe_comm *c, const void *mine, void *all,
                                                      size_t bytes, const char *what);
+/* Every rank sends block j of send (`bytes` bytes each, size blocks) to
+ * rank j and receives rank i's block for it into block i of recv. */
+MOE_MUST_USE enum moe_status moe_comm_alltoall(struct moe_comm *c, const void *send, void *recv, size_t bytes,
+                                               const char *what);
 /* In place over buf: rank r's part is the rows [displs[r], displs[r] +
  * counts[r]) of `row_floats` floats each, already in buf on rank r; after
  * the call every rank holds every part.  counts and displs (size) in rows. */

@@ -146,6 +146,17 @@ enum moe_status moe_comm_mpi_allgatherv(struct moe_comm *c, float *buf, const in
     return s;
 }
 
+enum moe_status moe_comm_mpi_alltoall(struct moe_comm *c, const void *send, void *recv, size_t bytes,
+                                      const char *what)
+{
+    MOE_TRY(check_int(bytes, "all-to-all", what));
+    MPI_Request rq;
+    if (MPI_Ialltoall(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, c->group, &rq) != MPI_SUCCESS)
+        return moe_fail(MOE_ERR_IO, "rank %d: all-to-all (%s) failed to start", c->world_rank, what);
+    c->n.bytes_sent += bytes * (size_t)(c->size - 1);
+    return wait_for(c, &rq, "all-to-all", what, false);
+}
+
 enum moe_status moe_comm_mpi_allreduce(struct moe_comm *c, float *buf, size_t n, const char *what)
 {
     MOE_TRY(check_int(n, "all-reduce", what));

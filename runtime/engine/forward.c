@@ -391,6 +391,7 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     };
     if (c->kv_lora_rank > 0) {
         MOE_TRY(moe_forward_mla_attention(fw, kv, db, l, &p));
+        MOE_TRY(tp_sum(fw, fw->out, T, "attention output", l));
         return residual_add(fw, T);
     }
     float *const y[3] = {c->attn_out_gate ? fw->lin.qg : fw->q, fw->k, fw->v};

@@ -2,12 +2,16 @@
  * output added over the rank's group, and whole rows for a norm over
  * every head (see ep.h, moe_model_tp_split).
  *
- * The parts are all-gathered and added here in rank order rather than by
- * MPI_Allreduce: every rank of a group then holds the same bits (MPI does
- * not promise that of a reduction), which the routing, replicated on every
- * rank, needs.  Against one process the sum differs in the last bits (one
- * process sums a row's products in one order over all its columns, the
- * group sums each rank's share first). */
+ * The sum is a reduce-scatter and an all-gather written with MPI's
+ * all-to-all and all-gather rather than MPI_Allreduce: rank j receives
+ * every rank's j-th slice and adds them in rank order, then the ranks
+ * all-gather the summed slices.  Every value is added once, in rank order,
+ * so every rank of a group holds the same bits (MPI does not promise that
+ * of a reduction), which the routing, replicated on every rank, needs; a
+ * rank sends and receives 2 (M - 1) / M of the values, as a ring
+ * all-reduce does.  Against one process the sum differs in the last bits
+ * (one process sums a row's products in one order over all its columns,
+ * the group sums each rank's share first). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,36 +52,61 @@ static enum moe_status scratch(struct moe_ep *ep, size_t n)
     return MOE_OK;
 }
 
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The group's communicator, made at its first use, in the first step,
+ * where every rank is (a follower opens its model only when rank 0's first
+ * runner is announced, after rank 0 opened its own); the scratch for
+ * `floats`; the collective's name in msg. */
+static enum moe_status prepare(struct moe_ep *ep, size_t floats, char *msg, size_t cap, const char *what, int layer)
+{
+    MOE_TRY(scratch(ep, floats));
+    if (!ep->tp_comm) MOE_TRY(moe_comm_split(ep->comm, ep->rank / ep->tp, &ep->tp_comm));
+    snprintf(msg, cap, "layer %d: %s", layer, what);
+    return MOE_OK;
+}
+
 /* The group's n floats at mine into ep->tp_buf (tp * n), timed. */
 static enum moe_status gather(struct moe_ep *ep, const float *mine, size_t n, const char *what, int layer)
 {
     size_t all, bytes;
+    char msg[64];
     if (!moe_mul_size(n, (size_t)ep->tp, &all) || !moe_mul_size(n, sizeof(float), &bytes))
         return moe_fail(MOE_ERR_NOMEM, "tensor parallelism: %zu floats per rank", n);
-    MOE_TRY(scratch(ep, all));
-    /* made here, in the first step, where every rank is (a follower opens
-     * its model only when rank 0's first runner is announced, after rank 0
-     * opened its own) */
-    if (!ep->tp_comm) MOE_TRY(moe_comm_split(ep->comm, ep->rank / ep->tp, &ep->tp_comm));
-    char msg[64];
-    snprintf(msg, sizeof msg, "layer %d: %s", layer, what);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    MOE_TRY(prepare(ep, all, msg, sizeof msg, what, layer));
+    const double t0 = now();
     MOE_TRY(moe_comm_allgather(ep->tp_comm, mine, ep->tp_buf, bytes, msg));
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    ep->tp_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    ep->tp_s += now() - t0;
     ep->tp_bytes += (uint64_t)bytes * (uint64_t)(ep->tp - 1);
     return MOE_OK;
 }
 
 enum moe_status moe_ep_tp_sum(struct moe_ep *ep, float *buf, size_t n, const char *what, int layer)
 {
-    MOE_TRY(gather(ep, buf, n, what, layer));
-    memcpy(buf, ep->tp_buf, n * sizeof *buf);
-    for (int r = 1; r < ep->tp; r++) {
-        const float *p = ep->tp_buf + (size_t)r * n;
-        for (size_t i = 0; i < n; i++) buf[i] += p[i];
-    }
+    const size_t M = (size_t)ep->tp, chunk = (n + M - 1) / M; /* rank j sums slice j */
+    size_t all, bytes;
+    char msg[64];
+    if (!moe_mul_size(chunk, M, &all) || !moe_mul_size(all, 3, &all) || !moe_mul_size(chunk, sizeof(float), &bytes))
+        return moe_fail(MOE_ERR_NOMEM, "tensor parallelism: %zu floats per rank", n);
+    MOE_TRY(prepare(ep, all, msg, sizeof msg, what, layer));
+    float *parts = ep->tp_buf, *got = parts + chunk * M, *sums = got + chunk * M;
+    memcpy(parts, buf, n * sizeof *buf);
+    memset(parts + n, 0, (chunk * M - n) * sizeof *buf);
+    const double t0 = now();
+    MOE_TRY(moe_comm_alltoall(ep->tp_comm, parts, got, bytes, msg));
+    float *mine = parts; /* slice tp_rank of the sum, in rank order (parts are sent) */
+    memcpy(mine, got, bytes);
+    for (size_t r = 1; r < M; r++)
+        for (size_t i = 0; i < chunk; i++) mine[i] += got[r * chunk + i];
+    MOE_TRY(moe_comm_allgather(ep->tp_comm, mine, sums, bytes, msg));
+    ep->tp_s += now() - t0;
+    ep->tp_bytes += 2 * (uint64_t)bytes * (uint64_t)(M - 1);
+    memcpy(buf, sums, n * sizeof *buf);
     return MOE_OK;
 }
 

@@ -169,10 +169,12 @@ void moe_model_drop_experts(struct moe_model *m);
  * says its own: n_heads and n_kv_heads (and d_ff, d_shared) divided by
  * size.  Each attention layer keeps its heads' query, key and value rows
  * and their output projection columns; each dense FFN and shared expert a
- * slice of its width (gate and up rows, down columns); the output biases
+ * slice of its width (gate and up rows, down columns); multi-head latent
+ * attention its heads' query rows, latent maps and output columns (the
+ * latent projection, the cache of latents and the indexer whole); the output biases
  * stay with rank 0.  Such a layer's output is this rank's part of a sum
  * over the group (runtime/engine/tp.c adds them).  Refused, naming the
- * cause: MLA and linear attention, gated attention output, heads or widths
+ * cause: linear attention, gated attention output, heads or widths
  * that do not divide by size (key/value heads may be fewer than size when
  * size is a multiple of them: see moe_tp_kv_heads), act-order four-bit
  * weights, block formats whose blocks a rank's columns would cut. */

@@ -8,6 +8,7 @@
  * heads (views, nothing copied), their biases and sinks, and the output
  * projection's columns of its heads (a copy the model owns).  Dense FFNs
  * and shared experts keep a slice of their intermediate width the same way.
+ * Multi-head latent attention splits its heads the same way (split_mla).
  * A split layer's output is a partial sum; the forward pass adds the
  * group's parts (runtime/engine/tp.c), so the output biases stay with rank
  * 0 alone. */
@@ -26,13 +27,15 @@ static int64_t block_values(enum moe_dtype t)
     return 1;
 }
 
-/* t (N, K) or (N) keeps its rows [r0, r0 + n): a view. */
+/* t (N, ...) keeps its rows [r0, r0 + n) along the first dimension: a view. */
 static void keep_rows(struct moe_tensor *t, int64_t r0, int64_t n)
 {
     if (!t->data) return;
-    const size_t row = t->ndim >= 2 ? moe_dtype_row_bytes(t->dtype, (size_t)t->shape[1])
+    const size_t row = t->ndim >= 2 ? moe_dtype_row_bytes(t->dtype, (size_t)t->shape[t->ndim - 1])
                                     : moe_dtype_row_bytes(t->dtype, 1);
-    t->data = (char *)t->data + (size_t)r0 * row;
+    size_t rows = 1; /* of the last dimension in one index of the first */
+    for (int d = 1; d + 1 < t->ndim; d++) rows *= (size_t)t->shape[d];
+    t->data = (char *)t->data + (size_t)r0 * rows * row;
     t->shape[0] = n;
 }
 
@@ -87,9 +90,26 @@ static enum moe_status split_ffn(struct moe_model *m, int l, int r, int M, int64
     return MOE_OK;
 }
 
+/* Multi-head latent attention: each rank its heads' query rows (q_proj or
+ * q_b_proj), their key and value maps from the latent (w_uk, w_uv) and
+ * their output columns; the latent projection (kv_a_proj, q_a_proj), its
+ * norms, the cache of latents and DeepSeek sparse attention's indexer stay
+ * whole on every rank. */
+static enum moe_status split_mla(struct moe_model *m, int l, int r, int M, struct moe_layer_weights *w)
+{
+    const struct moe_config *c = &m->cfg;
+    const int64_t h = c->n_heads / M, QK = (int64_t)c->qk_nope_dim + c->rope_dim, V = c->v_head_dim;
+    keep_rows(&w->wq, r * h * QK, h * QK);
+    keep_rows(&w->w_uk, r * h, h);
+    keep_rows(&w->w_uv, r * h, h);
+    MOE_TRY(keep_cols(m, &w->wo, r * h * V, h * V, "o_proj", l));
+    return MOE_OK;
+}
+
 static enum moe_status split_attention(struct moe_model *m, int l, int r, int M, struct moe_layer_weights *w)
 {
     const struct moe_config *c = &m->cfg;
+    if (c->kv_lora_rank > 0) return split_mla(m, l, r, M, w);
     const int64_t Dh = c->head_dim, q = (int64_t)c->n_heads / M * Dh, kv = moe_tp_kv_heads(c->n_kv_heads, M) * Dh;
     const int64_t kv0 = (int64_t)moe_tp_kv_part(c->n_kv_heads, M, r) * kv; /* its key/value heads' first row */
     const struct moe_tensor *all[4] = {&w->wq, &w->wk, &w->wv, &w->wo};
@@ -118,9 +138,6 @@ enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size)
     if (rank < 0 || rank >= size) return moe_fail(MOE_ERR_INVALID_ARG, "--tp: rank %d of %d", rank, size);
     if (m->weights_deferred)
         return moe_fail(MOE_ERR_UNSUPPORTED, "--tp with weights made on the device");
-    if (c->kv_lora_rank > 0)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: %s's multi-head latent attention is not split across "
-                        "ranks yet (run it with expert parallelism alone, --tp 1)", size, c->architecture);
     for (int l = 0; l < c->n_layers; l++)
         if (c->layer_linear[l])
             return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: %s's linear-attention layers are not split across "

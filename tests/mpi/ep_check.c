@@ -26,7 +26,7 @@
  * every rank and then over the N / M groups.  The group adds its parts in
  * another order than one process sums a row, so logits must be within a
  * tolerance of one process's (TP_TOL of the row's largest magnitude), ids
- * and routing equal; fixtures whose attention is not split (MLA, linear
+ * and routing equal; fixtures whose attention is not split (linear
  * attention) must be refused naming --tp.
  *
  * Without --tp, first: rank 0 opens the first fixture and the others a
@@ -252,13 +252,14 @@ static void compare(const char *name, const struct record *ref, const struct rec
     }
 }
 
-/* Under --tp, a fixture whose attention cannot be split: rank 0 loads it
- * whole and the split must be refused naming --tp.  True when it is one. */
+/* Under --tp, a fixture whose attention cannot be split (linear
+ * attention): rank 0 loads it whole and the split must be refused naming
+ * --tp.  True when it is one. */
 static bool tp_refused(const char *dir, const char *name, const struct moe_config *cfg, int rank)
 {
     bool linear = false;
     for (int l = 0; l < cfg->n_layers; l++) linear |= cfg->layer_linear[l];
-    if (cfg->kv_lora_rank <= 0 && !linear) return false;
+    if (!linear) return false;
     if (rank != 0) return true;
     struct moe_model m;
     if (moe_model_load(&m, dir) != MOE_OK) {

@@ -10,7 +10,8 @@
 #      refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp;
 #      tensor parallelism (--tp 2 and 4, experts over every rank or over
 #      the groups) prints one process's text; its refusals (--tp alone,
-#      --tp not dividing the ranks or the heads, --ep not fitting, MLA);
+#      --tp not dividing the ranks or the heads, --ep not fitting, linear
+#      attention);
 #   3. serve under mpirun -n 2 answers a completion equal to run's; then
 #      rank 1 is killed (or stopped, also with --tp 2): the job ends within
 #      the timeout, naming the collective, and no moerun process of it is
@@ -54,9 +55,9 @@ for a in "4 --tp 3:does not divide" "4 --tp 2 --ep 3:--ep 3 with --tp" "3 --tp 3
         no "$* under -n $n was not refused"
     grep -q -- "${a#*:}" "$TMP/r.err" || no "$* under -n $n: $(grep -v '^--\|^ *$' "$TMP/r.err" | head -2)"
 done
-$MPIRUN -n 2 "$MOERUN" run tests/fixtures/deepseek_v3 -p "$P" $ARGS --tp 2 > /dev/null 2> "$TMP/r.err" &&
-    no "--tp 2 of an MLA model was not refused"
-grep -q "latent attention is not split" "$TMP/r.err" || no "--tp 2 of MLA: $(head -3 "$TMP/r.err")"
+$MPIRUN -n 2 "$MOERUN" run tests/fixtures/qwen3_next -p "$P" $ARGS --tp 2 > /dev/null 2> "$TMP/r.err" &&
+    no "--tp 2 of a linear-attention model was not refused"
+grep -q "linear-attention layers are not split" "$TMP/r.err" || no "--tp 2 of linear attention: $(head -3 "$TMP/r.err")"
 # speculative decoding under expert parallelism: the draft runs on rank 0
 for spec in "--spec ngram" "--draft models/demo-draft"; do
     "$MOERUN" run $MODEL -p "$P" $ARGS $spec > "$TMP/s1.txt" 2>/dev/null || no "run $spec alone failed"
@@ -101,7 +102,7 @@ grep -q "mpirun -n 2" "$TMP/r2.err" || no "--ep 2 alone: $(cat "$TMP/r2.err")"
 
 # serve: one completion, then rank 1 killed (SIGKILL: mpirun ends the job)
 # or stopped (SIGSTOP: the next collective times out and ends it)
-# (with --tp 2 the first collective a step needs is the group's, in layer 0)
+# (with --tp 2 the first collective a step needs is the group's sum, in layer 0)
 serve_fault() {
     sig=$1
     tp=${2:-1}
@@ -143,9 +144,9 @@ serve_fault() {
         kill -9 $job 2>/dev/null
     fi
     if [ "$sig" = STOP ]; then
-        what="layer 0: expert rows"
-        [ $tp = 1 ] || what="layer 0: attention output"
-        grep -q "rank 0: all-gather ($what): no answer from the other ranks within 3 s" \
+        what="all-gather (layer 0: expert rows)"
+        [ $tp = 1 ] || what="all-to-all (layer 0: attention output)"
+        grep -q "rank 0: $what: no answer from the other ranks within 3 s" \
             "$TMP/serve.$sig.err" || no "STOP (--tp $tp): rank 0 did not name the collective: $(cat "$TMP/serve.$sig.err")"
     fi
     sleep 0.5
