@@ -683,9 +683,9 @@ static void print_spec(const struct plan_result *r)
 static int plan_tp_check(const struct moe_config *cfg, int M)
 {
     if (M <= 1) return 0;
-    if (moe_config_linear_layers(cfg) > 0 || cfg->attn_out_gate)
-        return moe_cli_error("plan", "--tp %d: %s's attention (%s) is not split across ranks yet", M,
-                             cfg->architecture, moe_config_linear_layers(cfg) > 0 ? "linear attention" : "gated output");
+    if (moe_config_linear_layers(cfg) > 0)
+        return moe_cli_error("plan", "--tp %d: plan does not predict the split of %s's linear attention yet "
+                             "(moerun runs it)", M, cfg->architecture);
     if (cfg->n_heads % M || (cfg->n_kv_heads % M && M % cfg->n_kv_heads))
         return moe_cli_error("plan", "--tp %d: the model's %d query and %d key/value heads do not split evenly "
                              "over %d ranks", M, cfg->n_heads, cfg->n_kv_heads, M);

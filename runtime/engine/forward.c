@@ -374,6 +374,7 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->x, &w->attn_norm, T, D, c->rms_eps));
     if (c->layer_linear[l]) {
         MOE_TRY(moe_forward_lin_block(fw, kv, db, l));
+        MOE_TRY(tp_sum(fw, fw->out, T, "linear attention output", l));
         return residual_add(fw, T);
     }
     /* yarn scales cos and sin, so q and k: every score by its square (0 in

@@ -166,18 +166,20 @@ MOE_MUST_USE enum moe_status moe_model_set_held(struct moe_model *m, const uint8
 void moe_model_drop_experts(struct moe_model *m);
 /* Tensor parallelism: keeps rank's share of a group of size ranks (after
  * binding, before a backend prepares the model).  Its configuration then
- * says its own: n_heads and n_kv_heads (and d_ff, d_shared) divided by
- * size.  Each attention layer keeps its heads' query, key and value rows
- * and their output projection columns; each dense FFN and shared expert a
- * slice of its width (gate and up rows, down columns); multi-head latent
- * attention its heads' query rows, latent maps and output columns (the
- * latent projection, the cache of latents and the indexer whole); the output biases
- * stay with rank 0.  Such a layer's output is this rank's part of a sum
- * over the group (runtime/engine/tp.c adds them).  Refused, naming the
- * cause: linear attention, gated attention output, heads or widths
- * that do not divide by size (key/value heads may be fewer than size when
- * size is a multiple of them: see moe_tp_kv_heads), act-order four-bit
- * weights, block formats whose blocks a rank's columns would cut. */
+ * says its own: n_heads and n_kv_heads (and d_ff, d_shared, the linear
+ * attention's heads) divided by size.  Each attention layer keeps its
+ * heads' query, key and value rows and their output projection columns;
+ * multi-head latent attention its heads' query rows, latent maps and
+ * output columns (the latent projection, the cache of latents and the
+ * indexer whole); linear attention its q/k heads and their value heads
+ * (the recurrent state then theirs alone); each dense FFN and shared
+ * expert a slice of its width (gate and up rows, down columns); the output
+ * biases stay with rank 0.  Such a layer's output is this rank's part of a
+ * sum over the group (runtime/engine/tp.c adds them).  Refused, naming the
+ * cause: heads or widths that do not divide by size (key/value heads may
+ * be fewer than size when size is a multiple of them: see
+ * moe_tp_kv_heads), act-order four-bit weights, block formats whose blocks
+ * a rank's columns would cut. */
 MOE_MUST_USE enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size);
 /* A fingerprint of the checkpoint m was loaded from (config.json, and each
  * safetensors file's size and header), so processes can check they opened

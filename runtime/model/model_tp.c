@@ -8,7 +8,8 @@
  * heads (views, nothing copied), their biases and sinks, and the output
  * projection's columns of its heads (a copy the model owns).  Dense FFNs
  * and shared experts keep a slice of their intermediate width the same way.
- * Multi-head latent attention splits its heads the same way (split_mla).
+ * Multi-head latent attention (split_mla) and linear attention
+ * (split_linear) split their heads the same way.
  * A split layer's output is a partial sum; the forward pass adds the
  * group's parts (runtime/engine/tp.c), so the output biases stay with rank
  * 0 alone. */
@@ -63,6 +64,26 @@ static enum moe_status keep_cols(struct moe_model *m, struct moe_tensor *t, int6
     return MOE_OK;
 }
 
+/* t (N, K) keeps the rows of n ranges [r[i][0], r[i][0] + r[i][1]), in
+ * order: copied into memory m owns. */
+static enum moe_status keep_row_ranges(struct moe_model *m, struct moe_tensor *t, int n, const int64_t (*r)[2])
+{
+    if (!t->data) return MOE_OK;
+    const size_t row = moe_dtype_row_bytes(t->dtype, (size_t)t->shape[1]);
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) rows += r[i][1];
+    void *p;
+    MOE_TRY(moe_model_own(m, (size_t)rows * row, &p));
+    char *q = p;
+    for (int i = 0; i < n; i++) {
+        memcpy(q, (const char *)t->data + (size_t)r[i][0] * row, (size_t)r[i][1] * row);
+        q += (size_t)r[i][1] * row;
+    }
+    t->data = p;
+    t->shape[0] = rows;
+    return MOE_OK;
+}
+
 /* Whether any of the n tensors reads its input columns out of order. */
 static bool permuted(const struct moe_tensor *const *t, int n)
 {
@@ -106,18 +127,53 @@ static enum moe_status split_mla(struct moe_model *m, int l, int r, int M, struc
     return MOE_OK;
 }
 
+/* A Gated DeltaNet layer (Qwen3-Next, Qwen3.5-MoE): each rank its q/k
+ * heads [r Hk/M, ...) and the value heads that read them [r Hv/M, ...)
+ * (value head h reads q/k head h / (Hv / Hk)): their input-projection
+ * rows (grouped by q/k head in Qwen3-Next's in_proj_qkvz and in_proj_ba;
+ * q, k and v ranges of in_proj_qkv and of the convolution's channels
+ * otherwise), gates, decays and output columns; the per-value-head norm's
+ * weight is shared.  Its recurrent state is then the rank's heads'. */
+static enum moe_status split_linear(struct moe_model *m, int l, int r, int M, struct moe_layer_weights *w)
+{
+    const struct moe_config *c = &m->cfg;
+    const int64_t Hk = c->lin_k_heads, Hv = c->lin_v_heads, Dk = c->lin_k_dim, Dv = c->lin_v_dim;
+    const int64_t hk = Hk / M, hv = Hv / M, rep = Hv / Hk, Kd = Hk * Dk;
+    const int64_t chans[3][2] = {{r * hk * Dk, hk * Dk}, {Kd + r * hk * Dk, hk * Dk}, {2 * Kd + r * hv * Dv, hv * Dv}};
+    const struct moe_tensor *all[4] = {&w->lin_in, &w->lin_qkv, &w->lin_z, &w->lin_out};
+    if (permuted(all, 4))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp: layer %d linear attention reads its inputs out of order "
+                        "(act-order four-bit); not split", l);
+    if (w->lin_in.data) { /* per q/k head: q, k, its values' v and z; b then a */
+        const int64_t W = 2 * Dk + 2 * rep * Dv;
+        keep_rows(&w->lin_in, r * hk * W, hk * W);
+        keep_rows(&w->lin_ba, r * hk * 2 * rep, hk * 2 * rep);
+    } else {
+        MOE_TRY(keep_row_ranges(m, &w->lin_qkv, 3, chans));
+        keep_rows(&w->lin_z, r * hv * Dv, hv * Dv);
+        keep_rows(&w->lin_b, r * hv, hv);
+        keep_rows(&w->lin_a, r * hv, hv);
+    }
+    MOE_TRY(keep_row_ranges(m, &w->lin_conv, 3, chans));
+    keep_rows(&w->lin_a_log, r * hv, hv);
+    keep_rows(&w->lin_dt_bias, r * hv, hv);
+    return keep_cols(m, &w->lin_out, r * hv * Dv, hv * Dv, "out_proj", l);
+}
+
 static enum moe_status split_attention(struct moe_model *m, int l, int r, int M, struct moe_layer_weights *w)
 {
     const struct moe_config *c = &m->cfg;
     if (c->kv_lora_rank > 0) return split_mla(m, l, r, M, w);
+    if (c->layer_linear[l]) return split_linear(m, l, r, M, w);
     const int64_t Dh = c->head_dim, q = (int64_t)c->n_heads / M * Dh, kv = moe_tp_kv_heads(c->n_kv_heads, M) * Dh;
     const int64_t kv0 = (int64_t)moe_tp_kv_part(c->n_kv_heads, M, r) * kv; /* its key/value heads' first row */
     const struct moe_tensor *all[4] = {&w->wq, &w->wk, &w->wv, &w->wo};
     if (permuted(all, 4))
         return moe_fail(MOE_ERR_UNSUPPORTED, "--tp: layer %d attention reads its inputs out of order "
                         "(act-order four-bit); not split", l);
-    keep_rows(&w->wq, r * q, q);
-    keep_rows(&w->bq, r * q, q);
+    const int64_t qw = c->attn_out_gate ? 2 : 1; /* gated: each head's queries, then its gates */
+    keep_rows(&w->wq, r * q * qw, q * qw);
+    keep_rows(&w->bq, r * q * qw, q * qw);
     keep_rows(&w->wk, kv0, kv);
     keep_rows(&w->bk, kv0, kv);
     keep_rows(&w->wv, kv0, kv);
@@ -138,12 +194,9 @@ enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size)
     if (rank < 0 || rank >= size) return moe_fail(MOE_ERR_INVALID_ARG, "--tp: rank %d of %d", rank, size);
     if (m->weights_deferred)
         return moe_fail(MOE_ERR_UNSUPPORTED, "--tp with weights made on the device");
-    for (int l = 0; l < c->n_layers; l++)
-        if (c->layer_linear[l])
-            return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: %s's linear-attention layers are not split across "
-                            "ranks yet (run it with expert parallelism alone, --tp 1)", size, c->architecture);
-    if (c->attn_out_gate)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: gated attention output is not split yet", size);
+    if (moe_config_linear_layers(c) > 0 && (c->lin_k_heads % size || c->lin_v_heads % size))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: the linear-attention layers' %d q/k and %d value heads do "
+                        "not split evenly over %d ranks", size, c->lin_k_heads, c->lin_v_heads, size);
     if (m->mtp_eh_proj.data) return moe_fail(MOE_ERR_UNSUPPORTED, "--tp with a multi-token-prediction module");
     if (c->n_heads % size || (c->n_kv_heads % size && size % c->n_kv_heads))
         return moe_fail(MOE_ERR_UNSUPPORTED, "--tp %d: the model's %d query and %d key/value heads do not "
@@ -169,6 +222,8 @@ enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size)
     }
     c->n_heads /= size;
     c->n_kv_heads = moe_tp_kv_heads(c->n_kv_heads, size);
+    c->lin_k_heads /= size;
+    c->lin_v_heads /= size;
     if (dense) c->d_ff /= size;
     if (c->d_shared > 0) c->d_shared /= size;
     m->tp = size;

@@ -26,8 +26,7 @@
  * every rank and then over the N / M groups.  The group adds its parts in
  * another order than one process sums a row, so logits must be within a
  * tolerance of one process's (TP_TOL of the row's largest magnitude), ids
- * and routing equal; fixtures whose attention is not split (linear
- * attention) must be refused naming --tp.
+ * and routing equal.
  *
  * Without --tp, first: rank 0 opens the first fixture and the others a
  * copy of it with another config.json, which rank 0's runner must refuse
@@ -252,28 +251,6 @@ static void compare(const char *name, const struct record *ref, const struct rec
     }
 }
 
-/* Under --tp, a fixture whose attention cannot be split (linear
- * attention): rank 0 loads it whole and the split must be refused naming
- * --tp.  True when it is one. */
-static bool tp_refused(const char *dir, const char *name, const struct moe_config *cfg, int rank)
-{
-    bool linear = false;
-    for (int l = 0; l < cfg->n_layers; l++) linear |= cfg->layer_linear[l];
-    if (!linear) return false;
-    if (rank != 0) return true;
-    struct moe_model m;
-    if (moe_model_load(&m, dir) != MOE_OK) {
-        CHECK(0, "%s: %s", name, moe_last_error());
-        return true;
-    }
-    enum moe_status s = moe_model_tp_split(&m, 0, tp);
-    CHECK(s != MOE_OK && strstr(moe_last_error(), "--tp"), "%s: --tp %d not refused (%s)", name, tp,
-          s == MOE_OK ? "split" : moe_last_error());
-    if (s != MOE_OK) printf("ep_check: %s: --tp %d refused as it should be: %s\n", name, tp, moe_last_error());
-    moe_model_free(&m);
-    return true;
-}
-
 /* One fixture on every rank, placed contiguously or with replicas; under
  * --tp with the experts in `shards` shards. */
 static void check_fixture(struct moe_comm *c, const char *name, bool replicas, int shards)
@@ -293,10 +270,6 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     if (moe_config_load(&cfg, cpath) != MOE_OK) {
         CHECK(0, "%s: %s", name, moe_last_error());
-        return;
-    }
-    if (tp > 1 && tp_refused(dir, name, &cfg, rank)) {
-        moe_ep_free(&ep);
         return;
     }
     char *placement = replicas ? replica_placement(&cfg, size) : NULL;
@@ -342,8 +315,11 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
         moe_backend_free(&be);
         moe_model_free(&m);
     }
-    if (s != MOE_OK && tp > 1 && strstr(moe_last_error(), "do not fall on its blocks")) {
-        /* a rank's share of the fixture's quantized o_proj is not whole blocks */
+    const bool lin_uneven = moe_config_linear_layers(&cfg) > 0 && cfg.lin_k_heads % tp != 0;
+    if (s != MOE_OK && tp > 1 && (strstr(moe_last_error(), "do not fall on its blocks") ||
+                                  (lin_uneven && strstr(moe_last_error(), "do not split evenly")))) {
+        /* a rank's share of the fixture's quantized o_proj is not whole
+         * blocks, or its linear attention's q/k heads are fewer than M */
         printf("ep_check: %s: --tp %d refused as it should be: %s\n", name, tp, moe_last_error());
         free(placement);
         CHECK(moe_ep_stop(&ep) == MOE_OK, "%s: stop: %s", name, moe_last_error());

@@ -10,8 +10,8 @@
 #      refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp;
 #      tensor parallelism (--tp 2 and 4, experts over every rank or over
 #      the groups) prints one process's text; its refusals (--tp alone,
-#      --tp not dividing the ranks or the heads, --ep not fitting, linear
-#      attention);
+#      --tp not dividing the ranks or the heads, --ep not fitting,
+#      act-order four-bit attention);
 #   3. serve under mpirun -n 2 answers a completion equal to run's; then
 #      rank 1 is killed (or stopped, also with --tp 2): the job ends within
 #      the timeout, naming the collective, and no moerun process of it is
@@ -55,9 +55,9 @@ for a in "4 --tp 3:does not divide" "4 --tp 2 --ep 3:--ep 3 with --tp" "3 --tp 3
         no "$* under -n $n was not refused"
     grep -q -- "${a#*:}" "$TMP/r.err" || no "$* under -n $n: $(grep -v '^--\|^ *$' "$TMP/r.err" | head -2)"
 done
-$MPIRUN -n 2 "$MOERUN" run tests/fixtures/qwen3_next -p "$P" $ARGS --tp 2 > /dev/null 2> "$TMP/r.err" &&
-    no "--tp 2 of a linear-attention model was not refused"
-grep -q "linear-attention layers are not split" "$TMP/r.err" || no "--tp 2 of linear attention: $(head -3 "$TMP/r.err")"
+$MPIRUN -n 2 "$MOERUN" run tests/fixtures/qwen3_moe_gptq_actorder -p "$P" $ARGS --tp 2 > /dev/null 2> "$TMP/r.err" &&
+    no "--tp 2 of act-order four-bit attention was not refused"
+grep -q "reads its inputs out of order" "$TMP/r.err" || no "--tp 2 of act-order attention: $(head -3 "$TMP/r.err")"
 # speculative decoding under expert parallelism: the draft runs on rank 0
 for spec in "--spec ngram" "--draft models/demo-draft"; do
     "$MOERUN" run $MODEL -p "$P" $ARGS $spec > "$TMP/s1.txt" 2>/dev/null || no "run $spec alone failed"
