@@ -401,7 +401,7 @@ Test(cli, plan_expert_parallel)
  * layer: a reduce-scatter and an all-gather of 4096 fp32, half of each
  * received, 32 x 2 x (10 us + 0.5 x 16384 B / 100 GB/s) = 0.645 ms,
  * 512 KiB: 1.25 MiB in 1.613 ms.
- * Refusals: heads that do not divide; linear attention, not predicted. */
+ * A hybrid predicted; refusals: heads that do not divide. */
 Test(cli, plan_tensor_parallel)
 {
     char cmd[1024], out[8192];
@@ -420,11 +420,16 @@ Test(cli, plan_tensor_parallel)
              MOERUN_SOURCE_DIR);
     cr_assert_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "32 query and 8 key/value heads do not split evenly over 3 ranks"), "%s", out);
-    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/qwen3-next-80b-a3b.json --tp 2 2>&1", MOERUN_BINARY,
+    /* Qwen3-Next: 16 q/k heads in its linear layers, 2 key/value heads in
+     * its attention layers, replicated over 4 ranks */
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/qwen3-next-80b-a3b.json --tp 4 2>&1", MOERUN_BINARY,
              MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "4 ranks in groups of 4") && strstr(out, "its key/value heads' KV"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/qwen3-next-80b-a3b.json --tp 32 2>&1",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR);
     cr_assert_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "plan does not predict the split of Qwen3NextForCausalLM's linear attention"), "%s",
-              out);
+    cr_assert(strstr(out, "linear-attention layers' 16 q/k and 32 value heads do not split evenly"), "%s", out);
 }
 
 /* bench --serve: every request completes and the JSON carries the metrics. */
