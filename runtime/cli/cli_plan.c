@@ -679,51 +679,6 @@ static void print_spec(const struct plan_result *r)
 
 /* --ep N: the expert-parallel figures of the target on N devices like
  * r's, the network of --net and --net-latency (plan_ep.h). */
-/* --tp M: refused where moerun would refuse it (moe_model_tp_split). */
-static int plan_tp_check(const struct moe_config *cfg, int M)
-{
-    if (M <= 1) return 0;
-    if (moe_config_linear_layers(cfg) > 0 && (cfg->lin_k_heads % M || cfg->lin_v_heads % M))
-        return moe_cli_error("plan", "--tp %d: the linear-attention layers' %d q/k and %d value heads do not split "
-                             "evenly over %d ranks", M, cfg->lin_k_heads, cfg->lin_v_heads, M);
-    if (cfg->n_heads % M || (cfg->n_kv_heads % M && M % cfg->n_kv_heads))
-        return moe_cli_error("plan", "--tp %d: the model's %d query and %d key/value heads do not split evenly "
-                             "over %d ranks", M, cfg->n_heads, cfg->n_kv_heads, M);
-    const int dense = cfg->n_layers - moe_config_moe_layers(cfg);
-    if ((dense > 0 && cfg->d_ff % M) || (cfg->d_shared > 0 && cfg->d_shared % M))
-        return moe_cli_error("plan", "--tp %d: the dense or shared-expert width does not split evenly over %d "
-                             "ranks", M, M);
-    return 0;
-}
-
-/* The attention layers' weights (params, all layers) and the share of
- * them one rank of a --tp group of M holds (moe_model_tp_split): its query
- * heads (and their gates) and their output columns, its key/value heads;
- * of MLA its heads' query rows, latent maps (kv_b_proj) and output
- * columns, the latent projections whole; of a linear-attention layer 1/M
- * of its projections. */
-static void attn_params(const struct moe_config *c, int M, double *all, double *rank)
-{
-    const double D = c->d_model, H = c->n_heads, n_lin = moe_config_linear_layers(c),
-                 n_std = moe_config_kv_layers(c);
-    double a = 0, r = 0; /* one standard layer */
-    if (c->kv_lora_rank > 0) {
-        const double QK = (double)c->qk_nope_dim + c->rope_dim, Rc = c->kv_lora_rank, Rq = c->q_lora_rank,
-                     V = c->v_head_dim;
-        const double heads = H * QK * (Rq > 0 ? Rq : D) + H * (c->qk_nope_dim + V) * Rc + D * H * V;
-        a = heads + (Rq > 0 ? Rq * D : 0) + (Rc + c->rope_dim) * D;
-        r = a - heads * (M - 1) / M;
-    } else {
-        const double Dh = c->head_dim, q = c->attn_out_gate ? 3.0 : 2.0; /* q (and gates), o */
-        a = D * Dh * (q * H + 2.0 * c->n_kv_heads);
-        r = D * Dh * (q * H / M + 2.0 * moe_tp_kv_heads(c->n_kv_heads, M));
-    }
-    const double Kd = (double)c->lin_k_heads * c->lin_k_dim, Vd = (double)c->lin_v_heads * c->lin_v_dim;
-    const double lin = D * (2 * Kd + 2 * Vd + 2.0 * c->lin_v_heads + Vd); /* in_proj_qkvz, _ba, out_proj */
-    *all = n_std * a + n_lin * lin;
-    *rank = n_std * r + n_lin * lin / M;
-}
-
 static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, const struct plan_result *r,
                    struct moe_plan_ep *p)
 {
@@ -735,14 +690,14 @@ static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, cons
         return moe_cli_error("plan", "--ep %d: %d experts per layer do not split evenly over %d %s", N,
                              cfg->n_experts, N, M > 1 ? "shards" : "ranks");
     if (r->off) return moe_cli_error("plan", "--ep or --tp with --gpu-experts is not predicted");
-    if (plan_tp_check(cfg, M)) return 1;
+    if (moe_plan_tp_check(cfg, M)) return 1;
     const struct shape *s = &r->t;
     const double f_experts = 2.0 * s->n_moe * s->K * 3.0 * cfg->d_model * cfg->d_expert;
     const int n_dense = cfg->n_layers - s->n_moe, n_attn = moe_config_kv_layers(cfg),
               n_lin = moe_config_linear_layers(cfg);
     const double D = cfg->d_model, cut = (M - 1.0) / M;
     double a_all, a_rank;
-    attn_params(cfg, M, &a_all, &a_rank);
+    moe_plan_tp_attn_params(cfg, M, &a_all, &a_rank);
     const double ffn = 3.0 * D * ((double)n_dense * cfg->d_ff + (double)s->n_moe * (cfg->d_shared > 0 ? cfg->d_shared : 0));
     const double saved = (double)r->z.bytes_attn * (a_all > 0 ? (a_all - a_rank) / a_all : 0) +
                          (double)(r->z.bytes_dense_ffn + r->z.bytes_shared) * cut;

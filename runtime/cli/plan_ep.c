@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "runtime/cli/cli_common.h"
+#include "runtime/model/model.h"
 
 /* Seconds of one ring all-gather of `bytes` (all N ranks' parts together). */
 static double allgather_s(const struct moe_plan_ep *p, double N, double bytes)
@@ -96,4 +97,49 @@ void moe_plan_ep_print(const struct moe_plan_ep *p)
            p->chunk, pt * 1e3, p->pre_local * 1e3, p->pre_comm * 1e3, moe_cli_bytes(a, sizeof a, p->pre_bytes_comm));
     if (p->tp > 1) printf(" (%.3f ms of it in the groups)", p->pre_tp * 1e3);
     printf("; %.0f tokens/s\n", p->chunk / pt);
+}
+
+/* --tp M: refused where moerun would refuse it (moe_model_tp_split). */
+int moe_plan_tp_check(const struct moe_config *cfg, int M)
+{
+    if (M <= 1) return 0;
+    if (moe_config_linear_layers(cfg) > 0 && (cfg->lin_k_heads % M || cfg->lin_v_heads % M))
+        return moe_cli_error("plan", "--tp %d: the linear-attention layers' %d q/k and %d value heads do not split "
+                             "evenly over %d ranks", M, cfg->lin_k_heads, cfg->lin_v_heads, M);
+    if (cfg->n_heads % M || (cfg->n_kv_heads % M && M % cfg->n_kv_heads))
+        return moe_cli_error("plan", "--tp %d: the model's %d query and %d key/value heads do not split evenly "
+                             "over %d ranks", M, cfg->n_heads, cfg->n_kv_heads, M);
+    const int dense = cfg->n_layers - moe_config_moe_layers(cfg);
+    if ((dense > 0 && cfg->d_ff % M) || (cfg->d_shared > 0 && cfg->d_shared % M))
+        return moe_cli_error("plan", "--tp %d: the dense or shared-expert width does not split evenly over %d "
+                             "ranks", M, M);
+    return 0;
+}
+
+/* The attention layers' weights (params, all layers) and the share of
+ * them one rank of a --tp group of M holds (moe_model_tp_split): its query
+ * heads (and their gates) and their output columns, its key/value heads;
+ * of MLA its heads' query rows, latent maps (kv_b_proj) and output
+ * columns, the latent projections whole; of a linear-attention layer 1/M
+ * of its projections. */
+void moe_plan_tp_attn_params(const struct moe_config *c, int M, double *all, double *rank)
+{
+    const double D = c->d_model, H = c->n_heads, n_lin = moe_config_linear_layers(c),
+                 n_std = moe_config_kv_layers(c);
+    double a = 0, r = 0; /* one standard layer */
+    if (c->kv_lora_rank > 0) {
+        const double QK = (double)c->qk_nope_dim + c->rope_dim, Rc = c->kv_lora_rank, Rq = c->q_lora_rank,
+                     V = c->v_head_dim;
+        const double heads = H * QK * (Rq > 0 ? Rq : D) + H * (c->qk_nope_dim + V) * Rc + D * H * V;
+        a = heads + (Rq > 0 ? Rq * D : 0) + (Rc + c->rope_dim) * D;
+        r = a - heads * (M - 1) / M;
+    } else {
+        const double Dh = c->head_dim, q = c->attn_out_gate ? 3.0 : 2.0; /* q (and gates), o */
+        a = D * Dh * (q * H + 2.0 * c->n_kv_heads);
+        r = D * Dh * (q * H / M + 2.0 * moe_tp_kv_heads(c->n_kv_heads, M));
+    }
+    const double Kd = (double)c->lin_k_heads * c->lin_k_dim, Vd = (double)c->lin_v_heads * c->lin_v_dim;
+    const double lin = D * (2 * Kd + 2 * Vd + 2.0 * c->lin_v_heads + Vd); /* in_proj_qkvz, _ba, out_proj */
+    *all = n_std * a + n_lin * lin;
+    *rank = n_std * r + n_lin * lin / M;
 }

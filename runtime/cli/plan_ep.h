@@ -57,6 +57,13 @@ struct moe_plan_ep {
     double dec_tp, pre_tp;         /* of dec_comm and pre_comm: the groups' all-gathers */
 };
 
+struct moe_config;
+/* --tp M: 0, or 1 after printing why moerun would refuse the split
+ * (moe_model_tp_split). */
+int moe_plan_tp_check(const struct moe_config *cfg, int M);
+/* The attention layers' weights (params, every layer) and the share of
+ * them one rank of a --tp group of M holds. */
+void moe_plan_tp_attn_params(const struct moe_config *cfg, int M, double *all, double *rank);
 /* Fills p's outputs from its inputs. */
 void moe_plan_ep_compute(struct moe_plan_ep *p);
 /* The report's section. */

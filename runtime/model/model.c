@@ -784,34 +784,3 @@ void moe_config_sizes(const struct moe_config *c, size_t es, struct moe_model_si
     z->bytes_total = z->bytes_embed + z->bytes_lm_head + z->bytes_norm + z->bytes_attn +
                      z->bytes_experts + z->bytes_shared + z->bytes_router + z->bytes_dense_ffn;
 }
-
-/* FNV-1a, 64 bits, continued from h over n bytes. */
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
-uint64_t moe_model_fingerprint(const struct moe_model *m)
-{
-    if (!m->dir) return 0;
-    uint64_t h = 0xcbf29ce484222325ull;
-    char path[4096];
-    if ((size_t)snprintf(path, sizeof path, "%s/config.json", m->dir) < sizeof path) {
-        FILE *f = fopen(path, "rb");
-        char buf[4096];
-        size_t n;
-        while (f && (n = fread(buf, 1, sizeof buf, f)) > 0) h = fnv(h, buf, n);
-        if (f) fclose(f);
-    }
-    for (int i = 0; i < m->st.n_files; i++) { /* each file's size and header */
-        const struct moe_st_file *f = &m->st.files[i];
-        uint64_t hl = 0;
-        h = fnv(h, &f->size, sizeof f->size);
-        if (!f->map || f->size < 8) continue;
-        memcpy(&hl, f->map, 8);
-        h = fnv(h, f->map, (size_t)(hl < f->size - 8 ? hl + 8 : f->size));
-    }
-    return h ? h : 1;
-}
