@@ -298,6 +298,7 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
     case MOE_DTYPE_Q4_1: return SMALL(MOE_DTYPE_Q4_1);
     case MOE_DTYPE_Q4_G32: return SMALL(MOE_DTYPE_Q4_G32);
     case MOE_DTYPE_Q4_G128: return SMALL(MOE_DTYPE_Q4_G128);
+    case MOE_DTYPE_Q4_K: return SMALL(MOE_DTYPE_Q4_K);
     default: return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA experts: %s weights", moe_dtype_name(dt));
     }
 #undef SMALL
@@ -360,7 +361,8 @@ static enum moe_status widen(cudaStream_t st, void *dst, const void *src, const 
     else if (dt == MOE_DTYPE_Q8_0) WIDEN(MOE_DTYPE_Q8_0);
     else if (dt == MOE_DTYPE_Q4_1) WIDEN(MOE_DTYPE_Q4_1);
     else if (dt == MOE_DTYPE_Q4_G32) WIDEN(MOE_DTYPE_Q4_G32);
-    else WIDEN(MOE_DTYPE_Q4_G128);
+    else if (dt == MOE_DTYPE_Q4_G128) WIDEN(MOE_DTYPE_Q4_G128);
+    else WIDEN(MOE_DTYPE_Q4_K);
 #undef WIDEN
     MOE_CUDA_LAUNCHED();
     return MOE_OK;

@@ -50,18 +50,25 @@ static void setup_quant_mma(void)
 
 TestSuite(cuda_quant_mma, .init = setup_quant_mma, .fini = teardown);
 
-/* rows (R, K) of dt blocks with random codes and scales (Q8_0, Q4_1:
- * random values quantized; Q4_G32, Q4_G128: per group d in [2^-8, 2^-7)
+/* The host's quantizer of t (Q8_0, Q4_1 or Q4_K). */
+static bool quantize_row(enum moe_dtype t, void *dst, const float *x, size_t K)
+{
+    return t == MOE_DTYPE_Q4_K   ? moe_quantize_row_q4_k(dst, x, K)
+           : t == MOE_DTYPE_Q4_1 ? moe_quantize_row_q4_1(dst, x, K)
+                                 : moe_quantize_row_q8_0(dst, x, K);
+}
+
+/* rows (R, K) of dt blocks with random codes and scales (Q8_0, Q4_1,
+ * Q4_K: random values quantized; Q4_G32, Q4_G128: per group d in [2^-8, 2^-7)
  * and m in (-8d, -7d], as a checkpoint's (q - z) * s with z near 8) */
 static void *quant_rows(enum moe_dtype dt, size_t R, size_t K, uint64_t seed)
 {
-    if (dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_1) {
+    if (dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_1 || dt == MOE_DTYPE_Q4_K) {
         const size_t rb = moe_dtype_row_bytes(dt, K);
         unsigned char *out = malloc(R * rb);
         float *x = rand_floats(R * K, seed, -0.1f, 0.1f);
         for (size_t r = 0; r < R; r++)
-            cr_assert(dt == MOE_DTYPE_Q8_0 ? moe_quantize_row_q8_0(out + r * rb, x + r * K, K)
-                                           : moe_quantize_row_q4_1(out + r * rb, x + r * K, K));
+            cr_assert(quantize_row(dt, out + r * rb, x + r * K, K));
         free(x);
         return out;
     }
@@ -202,8 +209,8 @@ static void check_planes_matmul(enum moe_dtype dt, int T, int N, int Din, bool b
 
 Test(cuda_quant, planes_matmul_matches_cpu)
 {
-    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4,  MOE_DTYPE_Q8_0,
-                                  MOE_DTYPE_Q4_1,     MOE_DTYPE_Q4_G32, MOE_DTYPE_Q4_G128};
+    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4,  MOE_DTYPE_Q8_0,   MOE_DTYPE_Q4_1,
+                                  MOE_DTYPE_Q4_G32,   MOE_DTYPE_Q4_G128, MOE_DTYPE_Q4_K};
     for (size_t i = 0; i < sizeof dts / sizeof *dts; i++) {
         check_planes_matmul(dts[i], 1, 256, 512, false);
         check_planes_matmul(dts[i], 5, 97, 1024, true);  /* odd N: the last warp's second row */
@@ -220,8 +227,8 @@ Test(cuda_quant, planes_matmul_matches_cpu)
  * (tools/cuda-emu/ci-tests.txt). */
 Test(cuda_quant, planes_matmul_small_shapes_match_cpu)
 {
-    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4,  MOE_DTYPE_Q8_0,
-                                  MOE_DTYPE_Q4_1,     MOE_DTYPE_Q4_G32, MOE_DTYPE_Q4_G128};
+    const enum moe_dtype dts[] = {MOE_DTYPE_FP8_B128, MOE_DTYPE_MXFP4,  MOE_DTYPE_Q8_0,   MOE_DTYPE_Q4_1,
+                                  MOE_DTYPE_Q4_G32,   MOE_DTYPE_Q4_G128, MOE_DTYPE_Q4_K};
     for (size_t i = 0; i < sizeof dts / sizeof *dts; i++) {
         check_planes_matmul(dts[i], 5, 33, 256, true); /* odd N: the last warp's second row */
         check_planes_matmul(dts[i], 40, 24, 256, i % 2 == 0);
@@ -254,8 +261,9 @@ Test(cuda_quant, q8_0_experts_match_cpu)
     check_quant_experts(MOE_DTYPE_Q8_0, 300, 16, 4, 256, 128, false); /* widened, grouped */
 }
 
-/* The four-bit formats (Q4_1 from --quantize q4's quantizer; Q4_G32 and
- * Q4_G128 as GPTQ, AWQ and compressed-tensors checkpoints load) */
+/* The four-bit formats (Q4_1 and Q4_K from --quantize q4's quantizers;
+ * Q4_G32 and Q4_G128 as GPTQ, AWQ and compressed-tensors checkpoints
+ * load) */
 Test(cuda_quant, q4_experts_match_cpu)
 {
     const enum moe_dtype dts[] = {MOE_DTYPE_Q4_1, MOE_DTYPE_Q4_G32, MOE_DTYPE_Q4_G128};
@@ -265,6 +273,10 @@ Test(cuda_quant, q4_experts_match_cpu)
         check_quant_experts(dts[i], 4, 8, 2, 128, 384, true);      /* biases, clamp */
         check_quant_experts(dts[i], 300, 16, 4, 256, 128, false); /* widened, grouped */
     }
+    check_quant_experts(MOE_DTYPE_Q4_K, 1, 8, 2, 256, 512, false);
+    check_quant_experts(MOE_DTYPE_Q4_K, 32, 16, 4, 1024, 256, false);
+    check_quant_experts(MOE_DTYPE_Q4_K, 4, 8, 2, 256, 768, true);
+    check_quant_experts(MOE_DTYPE_Q4_K, 300, 16, 4, 256, 256, false);
 }
 
 /* Decode kernels and the grouped path for each planes format at small
@@ -282,6 +294,8 @@ Test(cuda_quant, experts_small_shapes_match_cpu)
     check_quant_experts(MOE_DTYPE_Q4_G32, 40, 4, 2, 64, 96, false);
     check_quant_experts(MOE_DTYPE_Q4_G128, 4, 4, 2, 128, 256, false);
     check_quant_experts(MOE_DTYPE_Q4_G128, 40, 4, 2, 128, 128, false);
+    check_quant_experts(MOE_DTYPE_Q4_K, 4, 4, 2, 256, 256, true);
+    check_quant_experts(MOE_DTYPE_Q4_K, 40, 4, 2, 256, 256, false);
 }
 
 Test(cuda_quant_mma, tensor_core_experts_small_shapes_match_cpu)
@@ -430,10 +444,13 @@ Test(cuda_quant, fp8_mla_weights_upload)
  * planted at the start of layer 0's q_proj: all zeros, values whose scale
  * is an f16 subnormal, exact halves (d = 1: roundf rounds them away from
  * zero, rint would not), the largest code at both signs. */
-static void q8_model(struct moe_model *m, enum moe_dtype dt)
+static void q8_model_shape(struct moe_model *m, enum moe_dtype dt, int F, int L, int E)
 {
     struct moe_config cfg;
     cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
+    if (F) cfg.d_expert = F;
+    if (L) cfg.n_layers = L;
+    if (E) cfg.n_experts = E;
     cr_assert_eq(moe_model_synthetic(m, &cfg, dt, 11), MOE_OK, "%s", moe_last_error());
     float edge[4][32];
     for (int j = 0; j < 32; j++) {
@@ -445,10 +462,14 @@ static void q8_model(struct moe_model *m, enum moe_dtype dt)
     for (int b = 0; b < 4; b++)
         moe_convert_from_f32((char *)m->layers[0].wq.data + (size_t)b * 32 * moe_dtype_size(dt), edge[b], dt, 32);
 }
+/* tiny-moe (q8_model_shape: F, L, E its expert width, layers and experts, 0
+ * as configured) */
+static void q8_model_f(struct moe_model *m, enum moe_dtype dt, int F) { q8_model_shape(m, dt, F, 0, 0); }
+static void q8_model(struct moe_model *m, enum moe_dtype dt) { q8_model_shape(m, dt, 0, 0, 0); }
 
 /* The device planes (values at dv, scales at ds) of R rows of K host
- * values of dt at h hold the host's quantization to t (Q8_0 or Q4_1),
- * byte for byte. */
+ * values of dt at h hold the host's quantization to t (Q8_0, Q4_1 or
+ * Q4_K), byte for byte. */
 static void expect_quant_planes(const char *what, const void *h, enum moe_dtype dt, enum moe_dtype t,
                                 const void *dv, const void *ds, size_t R, size_t K)
 {
@@ -458,8 +479,7 @@ static void expect_quant_planes(const char *what, const void *h, enum moe_dtype 
     float *f = malloc(K * sizeof(float));
     for (size_t r = 0; r < R; r++) {
         moe_convert_row_f32(f, (const char *)h + r * K * moe_dtype_size(dt), dt, K);
-        cr_assert(t == MOE_DTYPE_Q4_1 ? moe_quantize_row_q4_1(rows + r * rb, f, K)
-                                      : moe_quantize_row_q8_0(rows + r * rb, f, K));
+        cr_assert(quantize_row(t, rows + r * rb, f, K));
     }
     moe_planes_from_rows(t, rows, R, K, want, want + vb);
     to_host(got, dv, vb);
@@ -477,34 +497,38 @@ static const char *planes_scales(const struct moe_tensor *t)
     return (const char *)t->data + moe_planes_values_bytes(t->dtype, (size_t)t->shape[0], (size_t)t->shape[1]);
 }
 
+/* --quantize q4's dtype for rows of K values (of an expert: K = F when
+ * D is a multiple of 256): the CPU backend's rule. */
+static enum moe_dtype q4_dtype(int64_t K) { return K % 256 == 0 ? MOE_DTYPE_Q4_K : MOE_DTYPE_Q4_1; }
+
 /* The device twin d of the host model h, prepared with --quantize q8_0
  * (q4: false) or q4 (true), holds in its projections, experts and LM head
  * the host's quantization of h's weights (of dtype dt), byte for byte
- * (q4: Q4_1, the LM head Q8_0); its router and embedding keep their
- * dtype. */
+ * (q4: Q4_K where rows are multiples of 256, else Q4_1; the LM head
+ * Q8_0); its router and embedding keep their dtype. */
 static void expect_quant_model(const struct moe_model *h, const struct moe_model *d, enum moe_dtype dt, bool q4)
 {
-    const enum moe_dtype qt = q4 ? MOE_DTYPE_Q4_1 : MOE_DTYPE_Q8_0;
     const struct moe_config *c = &h->cfg;
-    const int D = c->d_model, F = c->d_expert, E = c->n_experts;
+    const int D = c->d_model, F = c->d_expert, E = c->n_experts, L = c->n_layers, xl = L > 1 ? 1 : 0;
+    const enum moe_dtype qt = q4 ? q4_dtype(D % 256 ? D : F) : MOE_DTYPE_Q8_0; /* the experts' */
     cr_expect_eq(d->layers[0].router.dtype, dt, "the router keeps its dtype");
     cr_expect_eq(d->embed.dtype, dt, "the embedding keeps its dtype");
     const struct { const char *what; const struct moe_tensor *h, *d; } mats[] = {
         {"q_proj 0", &h->layers[0].wq, &d->layers[0].wq}, {"o_proj 0", &h->layers[0].wo, &d->layers[0].wo},
-        {"k_proj 3", &h->layers[3].wk, &d->layers[3].wk}, {"lm_head", &h->lm_head, &d->lm_head}};
+        {"k_proj last", &h->layers[L - 1].wk, &d->layers[L - 1].wk}, {"lm_head", &h->lm_head, &d->lm_head}};
     for (size_t j = 0; j < sizeof mats / sizeof *mats; j++) {
-        const enum moe_dtype want = j == 3 ? MOE_DTYPE_Q8_0 : qt; /* the LM head: Q8_0 */
+        const enum moe_dtype want = j == 3 || !q4 ? MOE_DTYPE_Q8_0 : q4_dtype(mats[j].h->shape[1]); /* the LM head: Q8_0 */
         cr_expect(mats[j].d->dtype == want && mats[j].d->device >= 0, "%s", mats[j].what);
         if (mats[j].d->dtype != want) continue;
         expect_quant_planes(mats[j].what, mats[j].h->data, dt, want, mats[j].d->data, planes_scales(mats[j].d),
                             (size_t)mats[j].h->shape[0], (size_t)mats[j].h->shape[1]);
     }
-    const struct moe_expert_weights *a = &h->layers[1].experts, *b = &d->layers[1].experts;
+    const struct moe_expert_weights *a = &h->layers[xl].experts, *b = &d->layers[xl].experts;
     cr_assert_eq(b->dtype, qt);
     const size_t S = moe_planes_scales_bytes(qt, (size_t)F, (size_t)D);
     const char *gus = (const char *)b->gate[0] + moe_planes_values_bytes(qt, 2 * (size_t)F * E, (size_t)D);
     const char *dns = (const char *)b->down[0] + moe_planes_values_bytes(qt, (size_t)D * E, (size_t)F);
-    for (int e = 0; e < E; e += 7) {
+    for (int e = 0; e < E; e += E > 8 ? 7 : 1) {
         expect_quant_planes("expert gate", a->gate[e], dt, qt, b->gate[e], gus + 2 * e * S, (size_t)F, (size_t)D);
         expect_quant_planes("expert up", a->up[e], dt, qt, b->up[e], gus + (2 * e + 1) * S, (size_t)F, (size_t)D);
         expect_quant_planes("expert down", a->down[e], dt, qt, b->down[e], dns + e * S, (size_t)D, (size_t)F);
@@ -529,22 +553,40 @@ Test(cuda_quant, q8_0_upload_equals_host_quantization)
     }
 }
 
-/* --quantize q4: the same weights to Q4_1 (the LM head to Q8_0), the
- * host's bytes, from f32 and bf16 weights with q8_model's edge blocks
- * (zeros: d = 0; subnormal spreads; halves at the rounding boundary) */
+/* --quantize q4: the same weights to Q4_K where rows are multiples of 256
+ * (tiny-moe's attention; its experts too when F is 256), else Q4_1 (the
+ * LM head to Q8_0), the host's bytes, from f32 and bf16 weights with
+ * q8_model's edge blocks (zeros: d = 0; subnormal spreads; halves at the
+ * rounding boundary) */
 Test(cuda_quant, q4_upload_equals_host_quantization)
 {
     const enum moe_dtype dts[] = {MOE_DTYPE_F32, MOE_DTYPE_BF16};
     reopen_gpu_quant(MOE_QUANT_Q4);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 4; i++) {
         struct moe_model h, d;
-        q8_model(&h, dts[i]);
-        q8_model(&d, dts[i]);
+        const int F = i < 2 ? 0 : 256; /* tiny-moe's 128 (Q4_1 experts), or 256 (Q4_K) */
+        q8_model_f(&h, dts[i % 2], F);
+        q8_model_f(&d, dts[i % 2], F);
         cr_assert_eq(gpu.ops->prepare_model(&gpu, &d), MOE_OK, "%s", moe_last_error());
-        expect_quant_model(&h, &d, dts[i], true);
+        expect_quant_model(&h, &d, dts[i % 2], true);
         moe_model_free(&d);
         moe_model_free(&h);
     }
+}
+
+/* The same at a size the host emulation's CI selection can afford
+ * (tools/cuda-emu/ci-tests.txt): two layers of four 256 x 256 experts
+ * (Q4_K throughout), bf16. */
+Test(cuda_quant, q4_k_upload_small_equals_host_quantization)
+{
+    reopen_gpu_quant(MOE_QUANT_Q4);
+    struct moe_model h, d;
+    q8_model_shape(&h, MOE_DTYPE_BF16, 256, 2, 4);
+    q8_model_shape(&d, MOE_DTYPE_BF16, 256, 2, 4);
+    cr_assert_eq(gpu.ops->prepare_model(&gpu, &d), MOE_OK, "%s", moe_last_error());
+    expect_quant_model(&h, &d, MOE_DTYPE_BF16, true);
+    moe_model_free(&d);
+    moe_model_free(&h);
 }
 
 /* A deferred synthetic model (moerun bench --synthetic: weights made on
@@ -583,6 +625,29 @@ Test(cuda_quant, q8_0_refuses_weights_that_are_not_finite)
     moe_model_free(&m);
 }
 
+/* The same with --quantize q4, Q4_K (tiny-moe's attention; experts of
+ * 256 x 256) and Q4_1 (its experts of 256 x 128); two layers of four
+ * experts. */
+Test(cuda_quant, q4_refuses_weights_that_are_not_finite)
+{
+    reopen_gpu_quant(MOE_QUANT_Q4);
+    const struct { int F; const char *want; } cases[] = {
+        {0, "weight of layer 1 holds a value that is not finite"},    /* v_proj: Q4_K */
+        {0, "an expert of MoE layer 1 holds a value that is not finite"},   /* Q4_1 */
+        {256, "an expert of MoE layer 1 holds a value that is not finite"}, /* Q4_K */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct moe_model m;
+        q8_model_shape(&m, MOE_DTYPE_F32, cases[i].F, 2, 4);
+        if (strstr(cases[i].want, "expert")) ((float *)m.layers[1].experts.down[3])[300] = INFINITY;
+        else ((float *)m.layers[1].wv.data)[300] = NAN;
+        cr_expect_neq(gpu.ops->prepare_model(&gpu, &m), MOE_OK, "case %zu", i);
+        cr_expect(strstr(moe_last_error(), cases[i].want) && strstr(moe_last_error(), "--quantize q4"),
+                  "case %zu: %s", i, moe_last_error());
+        moe_model_free(&m);
+    }
+}
+
 /* Logits for every row of an S-token prompt of m on backend `name` with
  * weights quantized as q (gpu_experts, cpu_rows: the CUDA offload's). */
 static void quant_logits(struct moe_model *m, const char *name, enum moe_weight_quant q, int S, int gpu_experts,
@@ -606,15 +671,15 @@ static void quant_logits(struct moe_model *m, const char *name, enum moe_weight_
 /* The logits of tiny-moe (f32 weights, edges planted) quantized as q on
  * the CPU reference and on the GPU, S tokens; the worst relative error
  * must be at most tol. */
-static void check_quant_model(enum moe_weight_quant q, int S, double tol, const char *what)
+static void check_quant_model(enum moe_weight_quant q, int S, double tol, const char *what, int F)
 {
     const int V = 1024;
     float *ref = malloc((size_t)S * V * 4), *got = malloc((size_t)S * V * 4);
     struct moe_model m;
-    q8_model(&m, MOE_DTYPE_F32);
+    q8_model_f(&m, MOE_DTYPE_F32, F);
     quant_logits(&m, "cpu-ref", q, S, 0, 0, ref);
     moe_model_free(&m);
-    q8_model(&m, MOE_DTYPE_F32);
+    q8_model_f(&m, MOE_DTYPE_F32, F);
     quant_logits(&m, "cuda", q, S, 0, 0, got);
     moe_model_free(&m);
     char shp[64];
@@ -629,13 +694,15 @@ static void check_quant_model(enum moe_weight_quant q, int S, double tol, const 
  * (offloaded: q8_0_offload_cpu_misses_match_resident below). */
 Test(cuda_quant, q8_0_model_matches_cpu)
 {
-    check_quant_model(MOE_QUANT_Q8_0, 20, 1e-4, "decode kernels");
+    check_quant_model(MOE_QUANT_Q8_0, 20, 1e-4, "decode kernels", 0);
 }
 
-/* The same with --quantize q4 (Q4_1 weights, the LM head Q8_0) */
+/* The same with --quantize q4 (Q4_K attention, Q4_1 experts, the LM
+ * head Q8_0; then experts of 256 x 256, Q4_K) */
 Test(cuda_quant, q4_model_matches_cpu)
 {
-    check_quant_model(MOE_QUANT_Q4, 20, 1e-4, "decode kernels");
+    check_quant_model(MOE_QUANT_Q4, 20, 1e-4, "decode kernels", 0);
+    check_quant_model(MOE_QUANT_Q4, 20, 1e-4, "decode kernels, Q4_K experts", 256);
 }
 
 /* The worst relative error of the OLMoE fixture's logits for an S-token

@@ -43,7 +43,7 @@ struct upload {
     void *dev;
     enum moe_dtype dtype; /* on the device (FP8 widened to BF16, or kept as planes) */
     const int32_t *cols;  /* its column order on the device (act-order four-bit), or NULL */
-    bool quantized;       /* made by --quantize at upload (dtype Q8_0 or Q4_1) */
+    bool quantized;       /* made by --quantize at upload (dtype Q8_0, Q4_1 or Q4_K) */
 };
 
 /* Device memory the context owns: weight uploads, deduplicated by host
@@ -64,7 +64,7 @@ struct cuda_weights {
     bool fp8_dense;          /* FP8 matmul weights kept as planes (cuda_matmul reads them in place) */
     bool q8_experts, q8_dense; /* experts or matmul weights quantized to Q8_0 planes */
     bool q4_experts, q4_dense; /* four-bit experts or matmul weights kept as planes */
-    bool q4_made;            /* those quantized to Q4_1 at upload (--quantize q4) */
+    bool q4_1_made, q4_k_made; /* those quantized at upload (--quantize q4), by format */
     int *q8_bad;             /* device int: the quantize kernel's flag (owned) */
     size_t planes_dense_max; /* the most values of one planes matrix (N x Din) */
 };

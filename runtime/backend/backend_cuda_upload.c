@@ -85,18 +85,27 @@ static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_ten
 /* --quantize on this backend: the dtype a matrix of dtype dt with rows of
  * K values becomes (lm_head: the LM head), MOE_DTYPE_N when it stays as
  * stored.  The CPU backend's rule (backend_cpu_pack.c): float weights
- * whose rows are whole blocks of 32; q8_0 makes Q8_0, q4 makes Q4_1 but
- * the LM head Q8_0. */
+ * whose rows are whole blocks of 32; q8_0 makes Q8_0, q4 makes Q4_K of
+ * rows that are multiples of 256 (experts: pass K = F when D is one), Q4_1
+ * of the others, but the LM head Q8_0. */
 static enum moe_dtype quant_target(const struct moe_backend *be, enum moe_dtype dt, int64_t K, bool lm_head)
 {
     if (be->quant == MOE_QUANT_NONE || K <= 0 || K % MOE_Q8_0_BLOCK ||
         (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16))
         return MOE_DTYPE_N;
-    return be->quant == MOE_QUANT_Q4 && !lm_head ? MOE_DTYPE_Q4_1 : MOE_DTYPE_Q8_0;
+    if (be->quant != MOE_QUANT_Q4 || lm_head) return MOE_DTYPE_Q8_0;
+    return K % MOE_Q4_K_BLOCK == 0 ? MOE_DTYPE_Q4_K : MOE_DTYPE_Q4_1;
 }
 
-/* n values of dt in the device buffer stage quantized to qt (Q8_0 or
- * Q4_1) planes at dst (moe_ops_quantize_*_cuda), waited for; what names
+/* Notes a matrix made in four bits at upload (for the load summary). */
+static void note_q4_made(struct cuda_weights *w, enum moe_dtype qt)
+{
+    if (qt == MOE_DTYPE_Q4_K) w->q4_k_made = true;
+    else w->q4_1_made = true;
+}
+
+/* n values of dt in the device buffer stage quantized to qt (Q8_0, Q4_1
+ * or Q4_K) planes at dst (moe_ops_quantize_*_cuda), waited for; what names
  * the matrix in the error when a value is not finite. */
 static enum moe_status quant_from_stage(struct moe_backend *be, enum moe_dtype qt, void *dst, const void *stage,
                                         enum moe_dtype dt, size_t n, const char *what)
@@ -106,12 +115,13 @@ static enum moe_status quant_from_stage(struct moe_backend *be, enum moe_dtype q
     int bad = 0;
     MOE_CUDA_TRY(cudaMemsetAsync(c->weights.q8_bad, 0, sizeof(int), c->stream));
     if (qt == MOE_DTYPE_Q4_1) MOE_TRY(moe_ops_quantize_q4_1_cuda(c->stream, dst, stage, dt, n, c->weights.q8_bad));
+    else if (qt == MOE_DTYPE_Q4_K) MOE_TRY(moe_ops_quantize_q4_k_cuda(c->stream, dst, stage, dt, n, c->weights.q8_bad));
     else MOE_TRY(moe_ops_quantize_q8_0_cuda(c->stream, dst, stage, dt, n, c->weights.q8_bad));
     MOE_CUDA_TRY(cudaMemcpyAsync(&bad, c->weights.q8_bad, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     if (bad)
         return moe_fail(MOE_ERR_FORMAT, "--quantize %s: %s holds a value that is not finite (or one "
-                        "whose block scale is past f16's range)", qt == MOE_DTYPE_Q4_1 ? "q4" : "q8_0", what);
+                        "whose block scale is past f16's range)", qt == MOE_DTYPE_Q8_0 ? "q8_0" : "q4", what);
     return MOE_OK;
 }
 
@@ -139,8 +149,12 @@ static enum moe_status upload_quant_view(struct moe_backend *be, const struct mo
     else snprintf(what, sizeof what, "a (%zu, %zu) weight of layer %d", N, K, layer);
     if (s == MOE_OK) s = quant_from_stage(be, qt, *out, stage, t->dtype, n, what);
     cudaFree(stage);
-    if (qt == MOE_DTYPE_Q4_1) c->weights.q4_dense = c->weights.q4_made = true;
-    else c->weights.q8_dense = true;
+    if (moe_dtype_is_q4(qt)) {
+        c->weights.q4_dense = true;
+        note_q4_made(&c->weights, qt);
+    } else {
+        c->weights.q8_dense = true;
+    }
     if (N * K > c->weights.planes_dense_max) c->weights.planes_dense_max = N * K;
     return s;
 }
@@ -260,7 +274,7 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
                                      const struct moe_expert_weights *x, int E, int D, int F, void *gu,
                                      void *dn, size_t gu_bytes, size_t dn_bytes, size_t mat);
 
-/* A layer's float experts quantized to qt (Q8_0 or Q4_1) stacks
+/* A layer's float experts quantized to qt (Q8_0, Q4_1 or Q4_K) stacks
  * (--quantize): stacked as stored into staging buffers, each stack then
  * quantized as one (2FE, D) or (DE, F) matrix, which is the planes layout
  * of the stacks (matrix i's values at i * values(F, D), the scales after
@@ -291,8 +305,12 @@ static enum moe_status quant_experts(struct moe_backend *be, const struct moe_mo
     if (s == MOE_OK) {
         x->dtype = qt;
         struct cuda_weights *w = &ctx_of(be)->weights;
-        if (qt == MOE_DTYPE_Q4_1) w->q4_experts = w->q4_made = true;
-        else w->q8_experts = true;
+        if (moe_dtype_is_q4(qt)) {
+            w->q4_experts = true;
+            note_q4_made(w, qt);
+        } else {
+            w->q8_experts = true;
+        }
     }
     return s;
 }
@@ -337,8 +355,9 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
 {
     struct cuda_ctx *c = ctx_of(be);
     /* MXFP4, FP8 and four-bit experts stay as they are, in planes; float
-     * ones become Q8_0 or Q4_1 planes under --quantize */
-    const enum moe_dtype qt = quant_target(be, x->dtype, D, false);
+     * ones become Q8_0, Q4_1 or Q4_K planes under --quantize (Q4_K when D
+     * and F are multiples of 256: one dtype an expert) */
+    const enum moe_dtype qt = quant_target(be, x->dtype, D % MOE_Q4_K_BLOCK == 0 ? F : D, false);
     const bool quant = qt != MOE_DTYPE_N && F % MOE_Q8_0_BLOCK == 0;
     const enum moe_dtype dt = quant ? qt : x->dtype;
     const bool planes = moe_dtype_planes(dt);
@@ -506,7 +525,7 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
      * reuse an earlier one's (freed) addresses */
     c->mem.n_up = 0;
     c->weights.widened_fp8 = c->weights.mxfp4_experts = c->weights.fp8_experts = c->weights.fp8_dense = c->weights.q8_experts = c->weights.q8_dense = false;
-    c->weights.q4_experts = c->weights.q4_dense = c->weights.q4_made = false;
+    c->weights.q4_experts = c->weights.q4_dense = c->weights.q4_1_made = c->weights.q4_k_made = false;
     c->weights.planes_dense_max = 0;
     memset(c->mem.part_bytes, 0, sizeof c->mem.part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
@@ -578,10 +597,12 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     if (c->weights.q8_experts || c->weights.q8_dense)
         fprintf(stderr, "moerun: cuda: %s quantized to Q8_0 on the device (--quantize q8_0), read in place\n",
                 c->weights.q8_experts && c->weights.q8_dense ? "experts and projections" : c->weights.q8_experts ? "experts" : "projections");
-    if (c->weights.q4_made)
-        fprintf(stderr, "moerun: cuda: %s quantized to Q4_1 on the device (--quantize q4; the LM head to Q8_0), "
-                "read in place\n", c->weights.q4_experts && c->weights.q4_dense ? "experts and projections"
-                                   : c->weights.q4_experts ? "experts" : "projections");
+    if (c->weights.q4_k_made || c->weights.q4_1_made)
+        fprintf(stderr, "moerun: cuda: %s quantized to %s on the device (--quantize q4: Q4_K where rows are "
+                "multiples of 256, else Q4_1; the LM head to Q8_0), read in place\n",
+                c->weights.q4_experts && c->weights.q4_dense ? "experts and projections"
+                : c->weights.q4_experts ? "experts" : "projections",
+                c->weights.q4_k_made && c->weights.q4_1_made ? "Q4_K and Q4_1" : c->weights.q4_k_made ? "Q4_K" : "Q4_1");
     else if (c->weights.q4_experts || c->weights.q4_dense)
         fprintf(stderr, "moerun: cuda: four-bit %s resident as stored, read in place\n",
                 c->weights.q4_experts && c->weights.q4_dense ? "experts and projections"

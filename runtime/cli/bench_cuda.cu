@@ -209,7 +209,9 @@ static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, in
         if (dt == MOE_DTYPE_MXFP4) MOE_CUDA_TRY(cudaMemsetAsync(sc, 120, s, r->st));
         if (dt == MOE_DTYPE_FP8_B128 || dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_G32 || dt == MOE_DTYPE_Q4_G128)
             MOE_TRY(moe_ops_synth_fill_cuda(r->st, sc, MOE_DTYPE_F32, s / 4, 0, -1.0f));
-        if (dt == MOE_DTYPE_Q4_1) MOE_TRY(moe_ops_synth_fill_cuda(r->st, sc, MOE_DTYPE_F16, s / 2, 0, -1.0f));
+        /* Q4_K: d = dmin = 1, the scale bytes those halves' bits */
+        if (dt == MOE_DTYPE_Q4_1 || dt == MOE_DTYPE_Q4_K)
+            MOE_TRY(moe_ops_synth_fill_cuda(r->st, sc, MOE_DTYPE_F16, s / 2, 0, -1.0f));
     }
     /* the plan, made on the host: counts, offsets, perm (stable), pos */
     int32_t *h = (int32_t *)calloc(2 * (size_t)E + 1 + 2 * n, sizeof(int32_t));

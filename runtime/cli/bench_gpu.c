@@ -36,14 +36,14 @@ enum moe_status moe_bench_expert_kernels(enum moe_dtype dt, int batch, int E, in
 
 /* The expert kernels at each batch size, in each weight dtype the model's
  * shape allows: bf16 always, MXFP4, Q8_0 and Q4_1 when D and F are
- * multiples of 32, FP8 and Q4_G128 of 128; bandwidth against bw (device
+ * multiples of 32, FP8 and Q4_G128 of 128, Q4_K of 256; bandwidth against bw (device
  * copy, read + written). */
 static int expert_kernels(const struct moe_config *c, const struct moe_bench_gpu_opts *o, double bw,
                           json_t *g, bool json)
 {
     const enum moe_dtype dts[] = {MOE_DTYPE_BF16, MOE_DTYPE_MXFP4,  MOE_DTYPE_FP8_B128,
-                                  MOE_DTYPE_Q8_0, MOE_DTYPE_Q4_1, MOE_DTYPE_Q4_G128};
-    const int blk[] = {1, MOE_MXFP4_BLOCK, MOE_FP8_BLOCK, MOE_Q8_0_BLOCK, 32, 128};
+                                  MOE_DTYPE_Q8_0, MOE_DTYPE_Q4_1, MOE_DTYPE_Q4_G128, MOE_DTYPE_Q4_K};
+    const int blk[] = {1, MOE_MXFP4_BLOCK, MOE_FP8_BLOCK, MOE_Q8_0_BLOCK, 32, 128, MOE_Q4_K_BLOCK};
     json_t *arr = json_array();
     json_object_set_new(g, "expert_kernels", arr);
     for (int i = 0; i < o->n_expert; i++)

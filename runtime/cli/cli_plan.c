@@ -239,20 +239,20 @@ static int plan_device(const struct plan_opts *o, struct device *dev, char *note
     return 0;
 }
 
-/* Whether the CPU backends' --quantize q4 makes Q4_K (4.5 bits a weight)
- * of a matrix pair with rows of a and b values (every row a multiple of
- * 256); else Q4_1 (5 bits), as the CUDA backend always does. */
-static bool q4_k_rows(bool cpu, int64_t a, int64_t b)
+/* Whether --quantize q4 makes Q4_K (4.5 bits a weight) of a matrix pair
+ * with rows of a and b values (every row a multiple of 256), on either
+ * backend; else Q4_1 (5 bits). */
+static bool q4_k_rows(int64_t a, int64_t b)
 {
-    return cpu && a > 0 && b > 0 && a % MOE_Q4_K_BLOCK == 0 && b % MOE_Q4_K_BLOCK == 0;
+    return a > 0 && b > 0 && a % MOE_Q4_K_BLOCK == 0 && b % MOE_Q4_K_BLOCK == 0;
 }
 
 /* The bytes of the parts --quantize quantizes: q8_0 at 9 bits a weight,
- * q4 at 5 (Q4_1) or, on the CPU (cpu) where rows are multiples of 256
+ * q4 at 5 (Q4_1) or, where rows are multiples of 256
  * (an attention's D and Hq Dh, a feed-forward's D and width), at 4.5
  * (Q4_K), with the LM head at 9; FP8, MXFP4 and four-bit checkpoint
  * matrices are read as stored, never requantized. */
-static void quant_sizes(const struct moe_config *cfg, enum moe_weight_quant q, bool cpu, struct moe_model_sizes *z)
+static void quant_sizes(const struct moe_config *cfg, enum moe_weight_quant q, struct moe_model_sizes *z)
 {
     struct moe_config plain = *cfg;
     plain.weights_fp8 = plain.experts_mxfp4 = false;
@@ -266,8 +266,8 @@ static void quant_sizes(const struct moe_config *cfg, enum moe_weight_quant q, b
     const bool as_stored[] = {false, st, st, st || cfg->experts_mxfp4, st};
     /* Q8_0: 36 bytes per 32 weights; Q4_1: 20; Q4_K: 144 per 256 (the LM head at Q8_0) */
     const int64_t D = cfg->d_model;
-    const bool k[] = {false, q4_k_rows(cpu, D, (int64_t)cfg->n_heads * cfg->head_dim), q4_k_rows(cpu, D, cfg->d_ff),
-                      q4_k_rows(cpu, D, cfg->d_expert), q4_k_rows(cpu, D, cfg->d_shared)};
+    const bool k[] = {false, q4_k_rows(D, (int64_t)cfg->n_heads * cfg->head_dim), q4_k_rows(D, cfg->d_ff),
+                      q4_k_rows(D, cfg->d_expert), q4_k_rows(D, cfg->d_shared)};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         if (!as_stored[i])
             *parts[i] = q == MOE_QUANT_Q4 && i > 0 ? (k[i] ? params[i] * 9 / 16 : params[i] * 5 / 8) : params[i] * 9 / 8;
@@ -295,7 +295,7 @@ static int plan_expert_sizes(const struct plan_opts *o, const struct moe_config 
         return moe_cli_error("plan", "--expert-dtype-plan: the model has no experts");
     }
     const int64_t params = 3 * (int64_t)cfg->d_expert * cfg->d_model, stored = stored_bytes / n_moe / E;
-    const bool k = q4_k_rows(!strcmp(o->device, "cpu"), cfg->d_model, cfg->d_expert);
+    const bool k = q4_k_rows(cfg->d_model, cfg->d_expert);
     int64_t bytes = 0, count[3] = {0}; /* stored, q8_0, q4 */
     for (int l = 0; l < cfg->n_layers; l++) {
         if (!cfg->layer_moe[l]) continue;
@@ -338,7 +338,7 @@ static int plan_model(const struct plan_opts *o, struct moe_model *m, struct moe
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q);
     const int64_t stored_experts = z->bytes_experts;
-    if (q != MOE_QUANT_NONE) quant_sizes(&m->cfg, q, !strcmp(o->device, "cpu"), z);
+    if (q != MOE_QUANT_NONE) quant_sizes(&m->cfg, q, z);
     if (o->eng.expert_plan && plan_expert_sizes(o, &m->cfg, q, stored_experts, z)) return 1;
     return 0;
 }
@@ -381,7 +381,7 @@ static int plan_mtp(const struct plan_opts *o, const struct moe_config *target, 
     moe_config_sizes(&d->cfg, moe_dtype_size(wdt), z);
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q);
-    if (q != MOE_QUANT_NONE) quant_sizes(&d->cfg, q, !strcmp(o->device, "cpu"), z);
+    if (q != MOE_QUANT_NONE) quant_sizes(&d->cfg, q, z);
     const int64_t eh = 2 * (int64_t)target->d_model * target->d_model;
     z->params_total += eh;
     z->params_active += eh;

@@ -316,8 +316,11 @@ size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K)
 {
     MOE_ASSERT(moe_dtype_planes(t));
     /* MXFP4: one E8M0 byte a block; FP8_B128, Q8_0: an f32; Q4_1: two f16;
-     * Q4_G32, Q4_G128: two f32 */
-    const size_t per = t == MOE_DTYPE_MXFP4 ? 1 : t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128 ? 8 : 4;
+     * Q4_G32, Q4_G128: two f32; Q4_K: its 16-byte head */
+    const size_t per = t == MOE_DTYPE_MXFP4                                ? 1
+                       : t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128 ? 8
+                       : t == MOE_DTYPE_Q4_K                             ? MOE_Q4_K_BYTES - MOE_Q4_K_BLOCK / 2
+                                                                         : 4;
     return rows * (K / (size_t)moe_dtype_block(t)) * per;
 }
 
@@ -339,11 +342,36 @@ static inline void blocks_copy(unsigned char *rows, size_t n, unsigned char *v, 
     }
 }
 
+/* Moves n Q4_K blocks between rows and planes (to_planes: splits, else
+ * joins): the 16-byte head to s; the codes of each 64 values (32 bytes,
+ * byte i: element i low, 32 + i high) to two runs of 32 (16 bytes each,
+ * byte i: element i low, i + 16 high). */
+static void q4_k_copy(unsigned char *rows, size_t n, unsigned char *v, unsigned char *s, bool to_planes)
+{
+    enum { HEAD = MOE_Q4_K_BYTES - MOE_Q4_K_BLOCK / 2 };
+    for (size_t b = 0; b < n; b++, rows += MOE_Q4_K_BYTES, v += MOE_Q4_K_BLOCK / 2, s += HEAD) {
+        unsigned char *q = rows + HEAD;
+        if (to_planes) memcpy(s, rows, HEAD);
+        else memcpy(rows, s, HEAD);
+        for (int c = 0; c < 4; c++, q += 32)
+            for (int i = 0; i < 16; i++) {
+                unsigned char *r0 = v + 32 * c + i, *r1 = r0 + 16; /* runs 2c and 2c + 1 */
+                if (to_planes) {
+                    *r0 = (unsigned char)((q[i] & 15u) | (q[i + 16] & 15u) << 4);
+                    *r1 = (unsigned char)(q[i] >> 4 | (q[i + 16] & 0xf0u));
+                } else {
+                    q[i] = (unsigned char)((*r0 & 15u) | (*r1 & 15u) << 4);
+                    q[i + 16] = (unsigned char)(*r0 >> 4 | (*r1 & 0xf0u));
+                }
+            }
+    }
+}
+
 /* Moves R rows of K values between the row layout (rows) and planes
  * (values, scales): to_planes splits, else joins.  MXFP4: the scale byte
  * first, then 16 bytes of nibbles; FP8: the f32 scale, then 128 bytes;
  * Q8_0: the f32 scale, then 32 bytes; Q4_1: f16 d and m, then 16 bytes;
- * Q4_G32, Q4_G128: f32 d and m, then 16 or 64 bytes. */
+ * Q4_G32, Q4_G128: f32 d and m, then 16 or 64 bytes; Q4_K: q4_k_copy. */
 static void planes_copy(enum moe_dtype t, unsigned char *rows, size_t R, size_t K, unsigned char *v,
                         unsigned char *s, bool to_planes)
 {
@@ -353,6 +381,7 @@ static void planes_copy(enum moe_dtype t, unsigned char *rows, size_t R, size_t 
     else if (t == MOE_DTYPE_FP8_B128) blocks_copy(rows, n, v, s, MOE_FP8_BLOCK, 4, to_planes);
     else if (t == MOE_DTYPE_Q8_0) blocks_copy(rows, n, v, s, MOE_Q8_0_BLOCK, 4, to_planes);
     else if (t == MOE_DTYPE_Q4_1) blocks_copy(rows, n, v, s, MOE_Q4_1_BLOCK / 2, 4, to_planes);
+    else if (t == MOE_DTYPE_Q4_K) q4_k_copy(rows, n, v, s, to_planes);
     else blocks_copy(rows, n, v, s, blk / 2, MOE_Q4_HEAD, to_planes); /* Q4_G32, Q4_G128 */
 }
 

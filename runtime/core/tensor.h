@@ -196,6 +196,9 @@ static inline int moe_q4_head_runs(enum moe_dtype t) { return t == MOE_DTYPE_Q4_
 /* The 6-bit scales sc and minimums mn of the 8 groups of a Q4_K block's
  * 12 scale bytes s (MOE_DTYPE_Q4_K): each as 8 bytes of a 64-bit word,
  * group j in byte j. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
 static inline void moe_q4_k_scales(const unsigned char *s, uint64_t *sc, uint64_t *mn)
 {
     uint32_t a, b, c;
@@ -325,8 +328,11 @@ __attribute__((warn_unused_result)) bool moe_mxfp4_pack_row(void *dst, const uin
  * R*K int8 codes, then R*K/32 f32 scales; the four-bit formats: R*K/2
  * bytes of codes, 16 bytes a run of 32 values ordered as in the rows
  * (element j of the run low, j + 16 high), then per group of 32 (Q4_1,
- * Q4_G32) or 128 (Q4_G128) its d and m: two f16 (Q4_1) or two f32.  The
- * bytes of each plane: */
+ * Q4_G32) or 128 (Q4_G128) its d and m: two f16 (Q4_1) or two f32; Q4_K:
+ * R*K/2 bytes of codes in the same runs of 32 (the block's nibbles
+ * regrouped), then each block's 16 leading bytes as stored (f16 d, f16
+ * dmin, 12 bytes of 6-bit scales and minimums), group j's d_j and m_j
+ * decoded from them as in the rows.  The bytes of each plane: */
 /* The GPU kernels' decoding of planes (experts/experts_cuda.cu): two codes
  * of a 32-bit word at once become the bits of two halves (low and high 16
  * bits), by placing their bits: E2M1 codes s e1 e0 m (nibbles at bits 0-3
@@ -363,17 +369,18 @@ static inline uint32_t moe_q8_f32_bits(uint32_t w, int j)
 #define MOE_Q8_F32_BIAS 8388736.0f /* 2^23 + 128 */
 
 /* Whether the CUDA backend keeps a matrix of dtype t as planes: MXFP4,
- * FP8_B128 and the four-bit formats as checkpoints store them, Q8_0 as
- * --quantize makes it. */
+ * FP8_B128 and the four-bit formats as checkpoints store them, Q8_0, Q4_1
+ * and Q4_K as --quantize makes them. */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
 static inline bool moe_dtype_planes(enum moe_dtype t)
 {
     return t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128 || t == MOE_DTYPE_Q8_0 || t == MOE_DTYPE_Q4_1 ||
-           t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128;
+           t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128 || t == MOE_DTYPE_Q4_K;
 }
-/* Values per block of such a dtype (one scale each); 1 for the others. */
+/* Values per block of such a dtype (one scale each; Q4_K: one head of 8
+ * groups' scales); 1 for the others. */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
@@ -381,11 +388,11 @@ static inline int moe_dtype_block(enum moe_dtype t)
 {
     return t == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : t == MOE_DTYPE_FP8_B128 ? MOE_FP8_BLOCK
            : t == MOE_DTYPE_Q8_0 || t == MOE_DTYPE_Q4_1 || t == MOE_DTYPE_Q4_G32 ? 32
-           : t == MOE_DTYPE_Q4_G128 ? 128 : 1;
+           : t == MOE_DTYPE_Q4_G128 ? 128 : t == MOE_DTYPE_Q4_K ? MOE_Q4_K_BLOCK : 1;
 }
 size_t moe_planes_values_bytes(enum moe_dtype t, size_t rows, size_t K);
 size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K);
-/* Splits R rows of K values stored as t (MXFP4, FP8_B128 or Q8_0 blocks, rows of
+/* Splits R rows of K values stored as t (a dtype kept as planes, rows of
  * moe_dtype_row_bytes) into the value plane `values` and the scale plane
  * `scales` (moe_planes_*_bytes each). */
 void moe_planes_from_rows(enum moe_dtype t, const void *rows, size_t R, size_t K, void *values,

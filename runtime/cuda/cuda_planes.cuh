@@ -69,17 +69,19 @@ __device__ __forceinline__ float2 u4x2(uint32_t t)
 /* Whether DT is read from planes (moe_dtype_planes, at compile time). */
 template <enum moe_dtype DT>
 constexpr bool planes_dt = DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128 || DT == MOE_DTYPE_Q8_0 ||
-                           DT == MOE_DTYPE_Q4_1 || DT == MOE_DTYPE_Q4_G32 || DT == MOE_DTYPE_Q4_G128;
+                           DT == MOE_DTYPE_Q4_1 || DT == MOE_DTYPE_Q4_G32 || DT == MOE_DTYPE_Q4_G128 ||
+                           DT == MOE_DTYPE_Q4_K;
 
 template <enum moe_dtype DT> struct qtraits {
     static constexpr bool fp4 = DT == MOE_DTYPE_MXFP4;
     static constexpr bool q8 = DT == MOE_DTYPE_Q8_0;
     /* the four-bit formats: value q * d + m per group (runtime/core/tensor.h) */
-    static constexpr bool q4 = DT == MOE_DTYPE_Q4_1 || DT == MOE_DTYPE_Q4_G32 || DT == MOE_DTYPE_Q4_G128;
+    static constexpr bool q4 = DT == MOE_DTYPE_Q4_1 || DT == MOE_DTYPE_Q4_G32 || DT == MOE_DTYPE_Q4_G128 ||
+                               DT == MOE_DTYPE_Q4_K;
     static constexpr bool nib = fp4 || q4;           /* two values a byte */
     static constexpr int per_load = nib ? 32 : 16;   /* values in a 16-byte load */
     static constexpr int block = fp4 ? MOE_MXFP4_BLOCK : q8 ? MOE_Q8_0_BLOCK : DT == MOE_DTYPE_Q4_G128 ? 128
-                                 : q4 ? 32 : MOE_FP8_BLOCK;
+                                 : DT == MOE_DTYPE_Q4_K ? MOE_Q4_K_BLOCK : q4 ? 32 : MOE_FP8_BLOCK;
     static constexpr float unit = fp4 ? 16384.0f : q8 || q4 ? 1.0f : 256.0f; /* qword's values times this */
 };
 
@@ -105,11 +107,23 @@ __device__ __forceinline__ void qword(float *v, uint32_t w)
 }
 
 /* The four-bit formats' (d, m) of the group holding value i of the planes
- * at ws: Q4_1's two f16 widened (exactly), the others' two f32. */
+ * at ws: Q4_1's two f16 widened (exactly), Q4_K's d * sc_j and -(dmin *
+ * mn_j) from its block's 16-byte head (one load; exact, as the CPU's
+ * moe_q4_k_heads), the others' two f32. */
 template <enum moe_dtype DT>
 __device__ __forceinline__ float2 q4_dm(const void *ws, size_t i)
 {
     if (DT == MOE_DTYPE_Q4_1) return __half22float2(((const __half2 *)ws)[i / 32]);
+    if (DT == MOE_DTYPE_Q4_K) {
+        const uint4 h = __ldg((const uint4 *)ws + i / MOE_Q4_K_BLOCK);
+        const uint32_t s[3] = {h.y, h.z, h.w};
+        uint64_t sc, mn;
+        moe_q4_k_scales((const unsigned char *)s, &sc, &mn);
+        const int j = (int)(i % MOE_Q4_K_BLOCK / 32);
+        const float2 dm = half2_bits(h.x); /* d, dmin */
+        return make_float2(dm.x * (float)(uint32_t)((sc >> (8 * j)) & 63u),
+                           -(dm.y * (float)(uint32_t)((mn >> (8 * j)) & 63u)));
+    }
     return ((const float2 *)ws)[i / qtraits<DT>::block];
 }
 

@@ -79,7 +79,8 @@ extern "C" enum moe_status moe_ops_matmul_rows_cuda(cudaStream_t st, float *y, c
     case MOE_DTYPE_Q8_0: MATVEC(MOE_DTYPE_Q8_0); break;
     case MOE_DTYPE_Q4_1: MATVEC(MOE_DTYPE_Q4_1); break;
     case MOE_DTYPE_Q4_G32: MATVEC(MOE_DTYPE_Q4_G32); break;
-    default: MATVEC(MOE_DTYPE_Q4_G128); break;
+    case MOE_DTYPE_Q4_G128: MATVEC(MOE_DTYPE_Q4_G128); break;
+    default: MATVEC(MOE_DTYPE_Q4_K); break;
     }
 #undef MATVEC
     MOE_CUDA_LAUNCHED();
