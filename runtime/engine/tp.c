@@ -94,19 +94,24 @@ enum moe_status moe_ep_tp_sum(struct moe_ep *ep, float *buf, size_t n, const cha
     if (!moe_mul_size(chunk, M, &all) || !moe_mul_size(all, 3, &all) || !moe_mul_size(chunk, sizeof(float), &bytes))
         return moe_fail(MOE_ERR_NOMEM, "tensor parallelism: %zu floats per rank", n);
     MOE_TRY(prepare(ep, all, msg, sizeof msg, what, layer));
-    float *parts = ep->tp_buf, *got = parts + chunk * M, *sums = got + chunk * M;
-    memcpy(parts, buf, n * sizeof *buf);
-    memset(parts + n, 0, (chunk * M - n) * sizeof *buf);
+    /* n a multiple of M: sent from buf and gathered back into it; else
+     * padded with zeros in the scratch */
+    const bool whole = chunk * M == n;
+    float *parts = ep->tp_buf, *got = parts + chunk * M, *sums = whole ? buf : got + chunk * M;
+    if (!whole) {
+        memcpy(parts, buf, n * sizeof *buf);
+        memset(parts + n, 0, (chunk * M - n) * sizeof *buf);
+    }
     const double t0 = now();
-    MOE_TRY(moe_comm_alltoall(ep->tp_comm, parts, got, bytes, msg));
-    float *mine = parts; /* slice tp_rank of the sum, in rank order (parts are sent) */
-    memcpy(mine, got, bytes);
+    MOE_TRY(moe_comm_alltoall(ep->tp_comm, whole ? buf : parts, got, bytes, msg));
+    float *mine = parts; /* slice tp_rank of the sum, in rank order */
+    for (size_t i = 0; i < chunk; i++) mine[i] = got[i];
     for (size_t r = 1; r < M; r++)
         for (size_t i = 0; i < chunk; i++) mine[i] += got[r * chunk + i];
     MOE_TRY(moe_comm_allgather(ep->tp_comm, mine, sums, bytes, msg));
     ep->tp_s += now() - t0;
     ep->tp_bytes += 2 * (uint64_t)bytes * (uint64_t)(M - 1);
-    memcpy(buf, sums, n * sizeof *buf);
+    if (!whole) memcpy(buf, sums, n * sizeof *buf);
     return MOE_OK;
 }
 
@@ -114,10 +119,10 @@ enum moe_status moe_ep_tp_rows(struct moe_ep *ep, const float *x, int T, int w, 
                                const char *what, int layer)
 {
     const size_t n = (size_t)T * (size_t)w, tp = (size_t)ep->tp, P = (size_t)parts, step = tp / P;
-    MOE_TRY(gather(ep, x, n, what, layer));
     size_t need;
     if (!moe_mul_size(n, tp + P, &need)) return moe_fail(MOE_ERR_NOMEM, "tensor parallelism: rows");
-    MOE_TRY(scratch(ep, need));
+    MOE_TRY(scratch(ep, need)); /* the gathered rows, then the parts in order */
+    MOE_TRY(gather(ep, x, n, what, layer));
     float *out = ep->tp_buf + n * tp;
     for (size_t p = 0; p < P; p++) /* part p from the first rank holding it */
         for (size_t t = 0; t < (size_t)T; t++)
