@@ -26,7 +26,7 @@ enum pack_kind { PACK_Q8_0, PACK_Q4, PACK_PANELS };
 static enum moe_dtype pack_dtype(enum pack_kind k, int64_t K)
 {
     return k == PACK_PANELS ? MOE_DTYPE_BF16_PANEL
-           : k == PACK_Q4   ? (K % MOE_Q4_K_BLOCK == 0 ? MOE_DTYPE_Q4_K : MOE_DTYPE_Q4_1)
+           : k == PACK_Q4   ? moe_q4_quant_dtype(K)
                             : MOE_DTYPE_Q8_0;
 }
 
@@ -139,7 +139,7 @@ static size_t pack_items(enum pack_kind kind, const struct pack_policy *pp, stru
             if (!pass_takes_expert(kind, pp, l, e) || !packable(kind, dt, F, D) || !packable(kind, dt, D, F))
                 continue;
             const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
-            const enum moe_dtype to = pack_dtype(kind, D % MOE_Q4_K_BLOCK == 0 ? F : D);
+            const enum moe_dtype to = kind == PACK_Q4 ? moe_q4_quant_expert_dtype(D, F) : pack_dtype(kind, D);
             for (int i = 0; i < 3; i++, n++)
                 if (items)
                     items[n] = (struct pack_item){.table = x, .expert = e, .slot = slots[i], .src = *slots[i],

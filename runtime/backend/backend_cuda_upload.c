@@ -83,18 +83,19 @@ static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_ten
 }
 
 /* --quantize on this backend: the dtype a matrix of dtype dt with rows of
- * K values becomes (lm_head: the LM head), MOE_DTYPE_N when it stays as
- * stored.  The CPU backend's rule (backend_cpu_pack.c): float weights
- * whose rows are whole blocks of 32; q8_0 makes Q8_0, q4 makes Q4_K of
- * rows that are multiples of 256 (experts: pass K = F when D is one), Q4_1
- * of the others, but the LM head Q8_0. */
-static enum moe_dtype quant_target(const struct moe_backend *be, enum moe_dtype dt, int64_t K, bool lm_head)
+ * K values (an expert: F x D, F 0 for other matrices) becomes (lm_head:
+ * the LM head), MOE_DTYPE_N when it stays as stored.  The CPU backend's
+ * rule (backend_cpu_pack.c): float weights whose rows are whole blocks of
+ * 32; q8_0 makes Q8_0, q4 makes moe_q4_quant_dtype's (Q4_K or Q4_1), but
+ * the LM head Q8_0. */
+static enum moe_dtype quant_target(const struct moe_backend *be, enum moe_dtype dt, int64_t K, int64_t F,
+                                   bool lm_head)
 {
-    if (be->quant == MOE_QUANT_NONE || K <= 0 || K % MOE_Q8_0_BLOCK ||
+    if (be->quant == MOE_QUANT_NONE || K <= 0 || K % MOE_Q8_0_BLOCK || F % MOE_Q8_0_BLOCK ||
         (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16))
         return MOE_DTYPE_N;
     if (be->quant != MOE_QUANT_Q4 || lm_head) return MOE_DTYPE_Q8_0;
-    return K % MOE_Q4_K_BLOCK == 0 ? MOE_DTYPE_Q4_K : MOE_DTYPE_Q4_1;
+    return F ? moe_q4_quant_expert_dtype(K, F) : moe_q4_quant_dtype(K);
 }
 
 /* Notes a matrix made in four bits at upload (for the load summary). */
@@ -169,7 +170,7 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
 {
     struct cuda_ctx *c = ctx_of(be);
     if (!t->data || t->device >= 0) return MOE_OK;
-    const enum moe_dtype qt = planes && t->ndim == 2 ? quant_target(be, t->dtype, t->shape[1], layer < 0)
+    const enum moe_dtype qt = planes && t->ndim == 2 ? quant_target(be, t->dtype, t->shape[1], 0, layer < 0)
                                                      : MOE_DTYPE_N;
     const bool quant = qt != MOE_DTYPE_N;
     for (size_t i = 0; i < c->mem.n_up; i++)
@@ -357,8 +358,8 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     /* MXFP4, FP8 and four-bit experts stay as they are, in planes; float
      * ones become Q8_0, Q4_1 or Q4_K planes under --quantize (Q4_K when D
      * and F are multiples of 256: one dtype an expert) */
-    const enum moe_dtype qt = quant_target(be, x->dtype, D % MOE_Q4_K_BLOCK == 0 ? F : D, false);
-    const bool quant = qt != MOE_DTYPE_N && F % MOE_Q8_0_BLOCK == 0;
+    const enum moe_dtype qt = quant_target(be, x->dtype, D, F, false);
+    const bool quant = qt != MOE_DTYPE_N;
     const enum moe_dtype dt = quant ? qt : x->dtype;
     const bool planes = moe_dtype_planes(dt);
     /* mat: one matrix's bytes (planes: its values), sb: its scales */
@@ -531,7 +532,7 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
     /* the LM head: quantized under --quantize q8_0 (tied: a copy of its
      * own, the embedding stays as stored) */
-    const bool q8_head = m->lm_head.ndim == 2 && quant_target(be, m->lm_head.dtype, m->lm_head.shape[1], true) != MOE_DTYPE_N;
+    const bool q8_head = m->lm_head.ndim == 2 && quant_target(be, m->lm_head.dtype, m->lm_head.shape[1], 0, true) != MOE_DTYPE_N;
     MOE_TRY(upload_matmul_view(be, m, &m->lm_head, cfg->tie_embeddings && !q8_head ? P_EMBED : P_HEAD, -1));
     MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
     /* a multi-token-prediction module's input (absent elsewhere) */

@@ -240,12 +240,8 @@ static int plan_device(const struct plan_opts *o, struct device *dev, char *note
 }
 
 /* Whether --quantize q4 makes Q4_K (4.5 bits a weight) of a matrix pair
- * with rows of a and b values (every row a multiple of 256), on either
- * backend; else Q4_1 (5 bits). */
-static bool q4_k_rows(int64_t a, int64_t b)
-{
-    return a > 0 && b > 0 && a % MOE_Q4_K_BLOCK == 0 && b % MOE_Q4_K_BLOCK == 0;
-}
+ * with rows of a and b values, on either backend; else Q4_1 (5 bits). */
+static bool q4_k_rows(int64_t a, int64_t b) { return moe_q4_quant_expert_dtype(a, b) == MOE_DTYPE_Q4_K; }
 
 /* The bytes of the parts --quantize quantizes: q8_0 at 9 bits a weight,
  * q4 at 5 (Q4_1) or, where rows are multiples of 256

@@ -190,6 +190,17 @@ static inline size_t moe_q4_group_bytes(enum moe_dtype t)
     return t == MOE_DTYPE_Q4_K ? MOE_Q4_K_BYTES
            : t == MOE_DTYPE_Q4_1 ? MOE_Q4_1_BYTES : MOE_Q4_HEAD + (size_t)moe_q4_group(t) / 2;
 }
+/* --quantize q4's format, on every backend, for a matrix whose rows hold
+ * K values: Q4_K when K is a multiple of 256, else Q4_1; for an expert of
+ * D x F (one format for its three matrices): Q4_K when both are. */
+static inline enum moe_dtype moe_q4_quant_dtype(int64_t K)
+{
+    return K > 0 && K % MOE_Q4_K_BLOCK == 0 ? MOE_DTYPE_Q4_K : MOE_DTYPE_Q4_1;
+}
+static inline enum moe_dtype moe_q4_quant_expert_dtype(int64_t D, int64_t F)
+{
+    return moe_q4_quant_dtype(D) == MOE_DTYPE_Q4_K ? moe_q4_quant_dtype(F) : MOE_DTYPE_Q4_1;
+}
 /* Runs of 32 values per (d, m) pair of a four-bit dtype: 4 for Q4_G128,
  * 1 for the others (Q4_K's groups of 32 each have their own). */
 static inline int moe_q4_head_runs(enum moe_dtype t) { return t == MOE_DTYPE_Q4_G128 ? 4 : 1; }
