@@ -23,8 +23,8 @@
 #     Mixtral prefill again with the
 #     per-row attention kernel (MOERUN_CUDA_PREFILL_ATTN=rows) beside the
 #     tiled one; the decode expert kernels alone with bf16, MXFP4, FP8, Q8_0,
-#     Q4_1 and Q4_G128 weights (moerun bench --expert-kernels); Mixtral with
-#     its weights quantized to Q8_0 and to Q4_1 on the device (--quantize
+#     Q4_1, Q4_G128 and Q4_K weights (moerun bench --expert-kernels); Mixtral
+#     with its weights quantized to Q8_0 and to Q4_K on the device (--quantize
 #     q8_0, q4) against bf16;
 #     speculative decoding: a verification step's cost on the Mixtral shape
 #     (bench verify) and the demo model with its draft and with n-gram
@@ -297,7 +297,7 @@ def quant_line(tag):
 
 
 line("mixtral Q8_0 against bf16, tokens/s: ", lambda: quant_line("q8"), "mixtral Q8_0: ")
-line("mixtral Q4_1 (--quantize q4) against bf16, tokens/s: ", lambda: quant_line("q4"), "mixtral Q4_1: ")
+line("mixtral Q4_K (--quantize q4) against bf16, tokens/s: ", lambda: quant_line("q4"), "mixtral Q4_K: ")
 for kv in ("f32", "bf16"):
     try:
         c = load("ppl_cuda_%s.json" % kv)
@@ -622,7 +622,7 @@ MOERUN_CUDA_PREFILL_ATTN=rows bench mixtral_pf_rows configs/mixtral-8x7b.json \
 bench mixtral_pf_bf16kv configs/mixtral-8x7b.json --prefill 512,4096 --chunk 4096 --decode 1 --kv-dtype bf16
 MOERUN_CUDA_PREFILL_ATTN=mma bench mixtral_pf_mma configs/mixtral-8x7b.json \
     --prefill 512,4096 --chunk 4096 --decode 1 --kv-dtype bf16
-# the decode expert kernels alone with bf16, MXFP4, FP8, Q8_0, Q4_1 and Q4_G128 weights, at the
+# the decode expert kernels alone with bf16, MXFP4, FP8, Q8_0, Q4_1, Q4_G128 and Q4_K (rows of 256s) weights, at the
 # expert shapes of gpt-oss-120b (128 x 2880 x 2880, top-4; FP8 does not
 # divide) and Qwen3-30B-A3B (128 x 2048 x 768, top-8): one-layer models
 for shape in "gptoss120b 2880 2880 4" "qwen3moe30b 2048 768 8"; do
@@ -669,7 +669,8 @@ bench olmoe_offload16_cpu configs/olmoe-1b-7b.json --prefill 512 --chunk 512 --d
 # --quantize q8_0: Mixtral's weights quantized on the device (53 GB instead
 # of 93), read in place at 1.125 bytes a weight
 bench mixtral_q8 configs/mixtral-8x7b.json --prefill 512 --chunk 512 --decode 1,8,64 --quantize q8_0
-# --quantize q4: Q4_1 on the device (the LM head Q8_0), 0.625 bytes a weight
+# --quantize q4: Q4_K on the device (Mixtral's rows are multiples of 256;
+# the LM head Q8_0), 0.5625 bytes a weight
 bench mixtral_q4 configs/mixtral-8x7b.json --prefill 512 --chunk 512 --decode 1,8,64 --quantize q4
 # speculative decoding on the device: a verification step of K + 1 rows
 # against a decode row on the Mixtral shape (where decode is bound by
