@@ -51,12 +51,13 @@ static void *random_rows(enum moe_dtype t, size_t rows, size_t K, uint64_t seed)
         if (t == MOE_DTYPE_Q8_0) /* --quantize q8_0's rows */
             for (size_t r = 0; r < rows; r++)
                 cr_assert(moe_quantize_row_q8_0(w + r * moe_dtype_row_bytes(t, K), f + r * K, K));
-        else if (moe_dtype_is_q4(t)) /* Q4_1's quantizer; G32 / G128: d and m as Q4_1's, widened */
+        else if (moe_dtype_is_q4(t)) /* Q4_1's, Q4_K's quantizers; G32 / G128: d and m as Q4_1's, widened */
             for (size_t r = 0; r < rows; r++) {
                 unsigned char *row = w + r * moe_dtype_row_bytes(t, K);
                 const size_t G = (size_t)moe_q4_group(t), gb = moe_q4_group_bytes(t);
-                if (t == MOE_DTYPE_Q4_1) {
-                    cr_assert(moe_quantize_row_q4_1(row, f + r * K, K));
+                if (t == MOE_DTYPE_Q4_1 || t == MOE_DTYPE_Q4_K) {
+                    cr_assert(t == MOE_DTYPE_Q4_1 ? moe_quantize_row_q4_1(row, f + r * K, K)
+                                                  : moe_quantize_row_q4_k(row, f + r * K, K));
                     continue;
                 }
                 for (size_t g = 0; g < K / G; g++) {
@@ -216,6 +217,7 @@ Test(expert_stacks, planes_match_the_reference_ffn)
         check_stacks(is[i], MOE_DTYPE_Q4_1, 2, 2, 6, 64, 96, false);
         check_stacks(is[i], MOE_DTYPE_Q4_G32, 6, 3, 5, 96, 160, true);
         check_stacks(is[i], MOE_DTYPE_Q4_G128, 3, 2, 5, 128, 256, false);
+        check_stacks(is[i], MOE_DTYPE_Q4_K, 3, 2, 5, 256, 512, true); /* the CUDA offload's CPU misses */
     }
 }
 
