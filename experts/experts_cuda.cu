@@ -319,7 +319,9 @@ static __global__ void widen_planes_kernel(__nv_bfloat16 *dst, const void *src, 
         const size_t i = l * Q::per_load; /* first value */
         if (counts && counts[i / per_expert] <= 0) continue;
         const uint4 wq = __ldcs((const uint4 *)((const uint8_t *)src + (Q::nib ? i / 2 : i)));
-        const float sc = qscale<DT>(scales, i), mn = Q::q4 ? q4_dm<DT>(scales, i).y : 0.0f;
+        /* four-bit: d and m of the group in one decode (Q4_K's from its block's head) */
+        const float2 dm = Q::q4 ? q4_dm<DT>(scales, i) : make_float2(qscale<DT>(scales, i), 0.0f);
+        const float sc = dm.x, mn = dm.y;
         const uint32_t word[4] = {wq.x, wq.y, wq.z, wq.w};
         __nv_bfloat16 *o = dst + i; /* 32-byte aligned: 8-byte stores of 4 values */
 #pragma unroll
