@@ -91,6 +91,9 @@ enum moe_status moe_experts_mma_gate_up_cuda(cudaStream_t st, void *h, const flo
 enum moe_status moe_experts_mma_down_cuda(cudaStream_t st, void *ye, const void *h, enum moe_dtype at,
                                           const void *dn, enum moe_dtype wt, int Ew, int D, int F,
                                           const int32_t *tiles, int n, int E);
+/* dst (n) fp32 = src (n values of dt: F32, F16 or BF16), exactly. */
+enum moe_status moe_experts_widen_rows_cuda(cudaStream_t st, float *dst, const void *src,
+                                            enum moe_dtype dt, size_t n);
 /* out (T, D) = sum_k w[t,k] * (ye[pos[t*K+k]] (+ b_down of its expert)) in
  * k order; ye in ydt (F32, F16 or BF16); b_down (E, D) or NULL. */
 enum moe_status moe_experts_combine_cuda(cudaStream_t st, float *out, const void *ye,

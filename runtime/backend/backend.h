@@ -63,6 +63,10 @@ struct moe_backend;
 
 struct moe_backend_ops {
     const char *name;
+    /* Backend memory is host memory (the CPU backends): the collectives of
+     * expert and tensor parallelism (runtime/engine/ep.h) run on its
+     * buffers in place; else forward.c stages them through host copies. */
+    bool host_memory;
     void (*destroy)(struct moe_backend *be);
     /* memory */
     MOE_OP(alloc, size_t bytes, void **out);        /* zero-filled [waits] */
@@ -124,7 +128,9 @@ struct moe_backend_ops {
            const struct moe_expert_weights *ex, const struct moe_expert_ws *ws, int T, int K, int D,
            int F, int E);
     /* out (T, D) = the weighted combine of ws->ye in token order, k = 0..K-1
-     * (experts.h), after an expert-parallel experts call (plan->hi > 0)
+     * (experts.h), after an expert-parallel experts call (plan->hi > 0:
+     * ex a table of the layer's slots, only slots lo..hi-1 computed, their
+     * rows of ws->ye left in fp32 with the down bias, nothing combined)
      * and the gathering of the other ranks' rows.  Optional: NULL, the
      * backend has no expert-parallel path. */
     MOE_OP(combine, float *out, const struct moe_expert_ws *ws, const struct moe_dispatch *plan, const float *w,
@@ -260,6 +266,8 @@ struct moe_offload_opts {
 struct moe_backend_opts {
     int n_threads;                /* CPU threads; 0: all cores (OpenMP's default) */
     int device;                   /* CUDA device ordinal */
+    int local_rank;               /* several ranks: the process's rank on its machine; the CUDA
+                                     backend takes device (device + local_rank) mod the count */
     enum moe_cpu_isa cpu_isa_max; /* fast CPU: the widest kernel set it may use (an
                                      AMX variant: that one, where AMX runs) */
     bool cpu_panels;              /* fast CPU: bf16 matrices repacked into panels at

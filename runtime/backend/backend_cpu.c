@@ -375,6 +375,7 @@ static void cpu_destroy(struct moe_backend *be)
 /* The entries both tables share: everything but the name and the heavy
  * ops (matmul, attention, experts, the optional matmul_multi). */
 #define CPU_SHARED_OPS                   \
+    .host_memory = true,                 \
     .destroy = cpu_destroy,              \
     .alloc = cpu_alloc,                  \
     .dealloc = cpu_dealloc,              \

@@ -540,9 +540,19 @@ static enum moe_status cuda_experts(struct moe_backend *be, float *out, const fl
                                     int K, int D, int F, int E)
 {
     struct cuda_ctx *c = ctx_of(be);
+    if (plan->hi > 0) return moe_cuda_experts_ep(c, x, plan, ex, ws, T, K, D, F, E);
     if (ex->backend_layer)
         return moe_cuda_offload_experts(c, ex->backend_layer, out, x, plan, w, ex, ws, T, K, D, F, E);
     return moe_cuda_experts_resident(c, out, x, plan, w, ex, ws, T, K, D, F, E);
+}
+
+/* After an expert-parallel experts call and the gathering: every slot's
+ * rows in fp32 (moe_cuda_experts_ep), combined in k order. */
+static enum moe_status cuda_combine(struct moe_backend *be, float *out, const struct moe_expert_ws *ws,
+                                    const struct moe_dispatch *plan, const float *w, int T, int K, int D)
+{
+    return moe_experts_combine_cuda(ctx_of(be)->stream, out, ws->ye, MOE_DTYPE_F32, w, plan->pos, T, K, D,
+                                    plan->offsets, 0, NULL);
 }
 
 /* ---- step graphs ---- */
@@ -619,12 +629,17 @@ static const struct moe_backend_ops cuda_ops = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .to_host_async = cuda_to_host_async,
+    .combine = cuda_combine,
 };
 
 static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,
                                  const struct moe_backend_opts *o)
 {
-    const int device = o->device;
+    int device = o->device, count = 0;
+    if (o->local_rank > 0) { /* several ranks on a machine: one device each, round robin */
+        MOE_CUDA_TRY(cudaGetDeviceCount(&count));
+        if (count > 0) device = (int)(((int64_t)device + o->local_rank) % count);
+    }
     c->device = device;
     c->cpu_isa = moe_cpu_isa_choose(o->cpu_isa_max);
     MOE_CUDA_TRY(cudaSetDevice(device));

@@ -29,6 +29,9 @@ void moe_cuda_experts_free(struct cuda_experts *x)
     cudaFree(x->wide);
     cudaFreeHost(x->h_counts);
     cudaFreeHost(x->h_ptrs);
+    cudaFree(x->ep_d_map);
+    free(x->ep_h_map);
+    x->ep_d_map = x->ep_h_map = NULL;
     free(x->g_m); /* one block with the other parameter arrays */
     x->d_ptrs = x->h_ptrs = NULL;
     x->active = x->mma_tiles = x->h_counts = NULL;
@@ -51,6 +54,9 @@ enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_
     x->wide_bytes = wide;
     MOE_CUDA_TRY(cudaMallocHost((void **)&x->h_counts, (size_t)E * sizeof(int32_t)));
     MOE_CUDA_TRY(cudaMallocHost((void **)&x->h_ptrs, 6 * (size_t)E * sizeof(void *)));
+    MOE_CUDA_TRY(cudaMalloc((void **)&x->ep_d_map, (size_t)E * sizeof(int32_t)));
+    if (!(x->ep_h_map = malloc((size_t)E * sizeof(int32_t))))
+        return moe_fail(MOE_ERR_NOMEM, "cuda reserve: expert-parallel slot map");
     /* one host block for the grouped GEMM parameter arrays */
     const size_t per = 7 * sizeof(int) + 2 * sizeof(float) + 2 * sizeof(cublasOperation_t);
     char *blk = malloc(per * (size_t)E);
@@ -303,4 +309,71 @@ enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float *out, const 
                                        ex->dtype, T, K, D, F, E));
     return moe_experts_combine_cuda(c->stream, out, ws->ye, MOE_DTYPE_F32, w, plan->pos, T, K, D,
                                     plan->offsets, E, NULL);
+}
+
+/* Expert parallelism: the three paths as an offloaded layer's rounds take
+ * them (backend_cuda_offload.c), over one round whose map places this
+ * rank's slots; half results (cuBLAS, tensor cores) widened to fp32 in
+ * place through xe, so that every rank sends fp32 rows whichever path it
+ * took. */
+enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const struct moe_dispatch *plan,
+                                    const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
+                                    int T, int K, int D, int F, int E)
+{
+    const int lo = plan->lo, hi = plan->hi, C = hi - lo, n = T * K;
+    if (lo < 0 || hi > E || C <= 0 || E > c->work.max_e)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slots %d..%d of %d (%d reserved)", lo, hi, E,
+                        c->work.max_e);
+    if (ex->cols || ex->dtypes || ex->b_gate.data || ex->b_up.data || ex->b_down.data)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with %s is not supported",
+                        ex->cols ? "act-order four-bit experts" : ex->dtypes ? "a precision per expert"
+                                                                       : "expert biases (gpt-oss)");
+    const size_t mat = expert_mat_bytes(ex->dtype, F, D);
+    const char *gu = ex->gate[lo], *dn = ex->down[lo];
+    for (int s = lo; s < hi; s++)
+        if (!gu || (const char *)ex->gate[s] != gu + 2 * mat * (size_t)(s - lo) ||
+            (const char *)ex->up[s] != gu + 2 * mat * (size_t)(s - lo) + mat ||
+            (const char *)ex->down[s] != dn + mat * (size_t)(s - lo))
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slot %d is not in this rank's stacked device "
+                            "layout", s);
+    if (T <= 0) return MOE_OK;
+    int32_t *map = c->experts.ep_h_map;
+    for (int s = 0; s < E; s++) map[s] = s >= lo && s < hi ? s - lo : -1;
+    enum moe_dtype ydt = MOE_DTYPE_F32;
+    if (moe_cuda_experts_mma(c, ex->dtype, T, K, D, F, E)) {
+        MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.ep_d_map, map, (size_t)E * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     c->stream));
+        MOE_TRY(moe_cuda_mma_gemms(c, c->experts.ep_d_map, gu, dn, C, x, plan, ex, ws, T, K, D, F, E));
+        ydt = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
+    } else if (moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E, C)) {
+        const bool planes = moe_dtype_planes(ex->dtype);
+        ydt = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
+        MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt, NULL, NULL, E));
+        MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, c->stream));
+        MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+        const void *wgu = gu, *wdn = dn;
+        if (planes) { /* this rank's C experts widened to bf16 */
+            char *g = c->experts.wide, *d = g + 2 * (size_t)F * D * 2 * C;
+            MOE_TRY(moe_experts_widen_cuda(c->stream, g, gu, ex->dtype, 2 * (size_t)F * C, (size_t)D, C, NULL));
+            MOE_TRY(moe_experts_widen_cuda(c->stream, d, dn, ex->dtype, (size_t)D * C, (size_t)F, C, NULL));
+            wgu = g, wdn = d;
+        }
+        enum moe_status s = moe_cuda_grouped_gemms(c, map, wgu, wdn, planes ? MOE_DTYPE_BF16 : ex->dtype, plan,
+                                                   ex, ws, n, D, F, E);
+        if (s == MOE_ERR_UNSUPPORTED) { /* cuBLAS refused: this step and the later ones on the kernels */
+            moe_cuda_no_grouped(c);
+            return moe_cuda_experts_ep(c, x, plan, ex, ws, T, K, D, F, E);
+        }
+        MOE_TRY(s);
+    } else {
+        MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.ep_d_map, map, (size_t)E * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     c->stream));
+        return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, ws->xe, ws->u, x, plan, c->experts.active,
+                                          c->experts.ep_d_map, C, gu, dn, ex, ex->dtype, T, K, D, F, E);
+    }
+    /* half rows (other ranks' rows too: overwritten by the gather) to fp32 */
+    MOE_TRY(moe_experts_widen_rows_cuda(c->stream, ws->xe, ws->ye, ydt, (size_t)n * D));
+    MOE_CUDA_TRY(cudaMemcpyAsync(ws->ye, ws->xe, (size_t)n * D * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+    return MOE_OK;
 }

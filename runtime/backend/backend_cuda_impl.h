@@ -110,6 +110,9 @@ struct cuda_experts {
     int64_t mma_calls;       /* runs of them (one per expert call, or per offload round) */
     bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
     bool gemm_loop;          /* the grouped path as a cublasGemmEx per expert (cuda_expert_gemm_loop) */
+    /* expert parallelism: each slot's place in the rank's stacks, -1 for
+     * other ranks' slots (host and device, max_e) */
+    int32_t *ep_h_map, *ep_d_map;
 };
 
 /* A recorded step: the ops of one forward workspace for a step shape. */
@@ -256,6 +259,13 @@ MOE_MUST_USE enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float
                                                        const struct moe_expert_weights *ex,
                                                        const struct moe_expert_ws *ws, int T, int K, int D,
                                                        int F, int E);
+/* The experts op for an expert-parallel step (plan->hi > 0, backend.h):
+ * ex a table of the layer's E slots, those of this rank (lo..hi-1) stacked
+ * as prepare_model lays out the experts it holds; their rows of ws->ye
+ * left in fp32, nothing combined. */
+MOE_MUST_USE enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const struct moe_dispatch *plan,
+                                                 const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
+                                                 int T, int K, int D, int F, int E);
 /* The path the experts op takes for a step of T rows over E experts whose
  * weights stack Ew (E, or an offloaded layer's slots): the cuBLAS grouped
  * GEMMs (true) or the device-driven kernels. */

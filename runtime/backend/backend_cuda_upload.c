@@ -412,6 +412,37 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     return x->cols ? upload_expert_cols(be, x, E, D, F) : MOE_OK;
 }
 
+/* A layer's experts: all of them, or under expert parallelism (m->ep_held)
+ * those this rank holds, stacked in expert order (the order of its slots,
+ * runtime/engine/ep.h), the others' table entries left NULL. */
+static enum moe_status upload_held_experts(struct moe_backend *be, const struct moe_model *m, int l,
+                                           struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
+{
+    if (!m->ep_held) return upload_experts(be, m, x, E, D, F, moe_layer);
+    const char *no = m->weights_deferred ? "--synthetic weights (generated on the device whole)"
+                     : x->cols ? "act-order four-bit experts"
+                     : ctx_of(be)->off.opts.gpu_experts > 0 ? "--gpu-experts" : NULL;
+    if (no)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with %s is not supported", no);
+    int n = 0;
+    for (int e = 0; e < E; e++) n += moe_model_holds(m, l, e) != 0;
+    if (n == 0) return MOE_OK;
+    const void **t = malloc(3 * (size_t)n * sizeof *t);
+    if (!t) return moe_fail(MOE_ERR_NOMEM, "cuda upload: a table of %d experts", n);
+    struct moe_expert_weights h = *x;
+    h.gate = t, h.up = t + n, h.down = t + 2 * (size_t)n;
+    for (int e = 0, i = 0; e < E; e++)
+        if (moe_model_holds(m, l, e)) h.gate[i] = x->gate[e], h.up[i] = x->up[e], h.down[i++] = x->down[e];
+    enum moe_status s = upload_experts(be, m, &h, n, D, F, moe_layer);
+    if (s == MOE_OK) {
+        x->dtype = h.dtype;
+        for (int e = 0, i = 0; e < E; e++)
+            if (moe_model_holds(m, l, e)) x->gate[e] = h.gate[i], x->up[e] = h.up[i], x->down[e] = h.down[i++];
+    }
+    free(t);
+    return s;
+}
+
 /* Fills the device stacks gu (gu_bytes) and dn (dn_bytes) with a layer's
  * E experts (each matrix mat bytes, planes: its values). */
 static enum moe_status stack_experts(struct moe_backend *be, const struct moe_model *m,
@@ -567,8 +598,8 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         for (size_t i = 0; i < sizeof eb / sizeof eb[0]; i++) MOE_TRY(upload_view(be, m, eb[i], P_EXPERTS));
         MOE_TRY(upload_view(be, m, &w->sh_router, P_SHARED));
         if (cfg->layer_moe[l] && cfg->n_experts > 0)
-            MOE_TRY(upload_experts(be, m, &w->experts, cfg->n_experts, cfg->d_model, cfg->d_expert,
-                                   moe_layer++));
+            MOE_TRY(upload_held_experts(be, m, l, &w->experts, cfg->n_experts, cfg->d_model, cfg->d_expert,
+                                        moe_layer++));
     }
     /* the plain cudaMemcpy calls above ran on the legacy stream, which the
      * backend's non-blocking stream does not wait for */

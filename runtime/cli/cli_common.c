@@ -2,6 +2,7 @@
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_draft.h"
 #include "runtime/cli/cli_par.h"
+#include "runtime/comm/comm.h"
 #include "runtime/stats/stats_analyze.h"
 
 #include <errno.h>
@@ -446,6 +447,9 @@ void moe_cli_backend_opts(struct moe_backend_opts *o, long threads)
     static const char *const experts[] = {"cublas", "mma", NULL};
     moe_backend_opts_defaults(o);
     o->n_threads = (int)threads;
+    struct moe_comm_launch l; /* several ranks on a machine: a device each (CUDA) */
+    if (moe_comm_launch_from_env(&l) == MOE_OK && l.size > 1) o->local_rank = l.local_rank;
+    moe_clear_error();
     o->cpu_isa_max = (enum moe_cpu_isa)env_choice("MOERUN_CPU_ISA", isa, MOE_CPU_ISA_DEFAULT_CAP);
     o->cpu_panels = env_choice("MOERUN_CPU_PANELS", off_on, 1);
     o->cuda_graphs = env_choice("MOERUN_CUDA_GRAPHS", off_on, 0);

@@ -97,8 +97,8 @@ enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struc
         return moe_fail(MOE_ERR_UNSUPPORTED, "--spec mtp with several ranks: the module's experts are spread "
                         "over the ranks too, which it cannot use yet");
     if (o->gpu_experts)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "--gpu-experts with several ranks (expert parallelism runs on the "
-                        "CPU backends)");
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--gpu-experts with several ranks (each rank holds its share of "
+                        "the experts resident instead)");
     char cwd[4096];
     json_t *j = json_object();
     int bad = !j || !getcwd(cwd, sizeof cwd);

@@ -23,7 +23,7 @@
 /* The messages' layout; a follower of another layout refuses rank 0's
  * runners (every rank must run the same moerun).  Raise it with any change
  * to struct geometry or a payload. */
-#define EP_PROTOCOL 3
+#define EP_PROTOCOL 4
 
 enum kind { MSG_HELLO = 1, MSG_STEP, MSG_FREE, MSG_STOP };
 
@@ -97,7 +97,7 @@ static enum moe_status step_bytes(const struct geometry *g, int max_blocks, size
 {
     size_t ints, tab;
     if (!moe_mul_size((size_t)g->max_seqs, (size_t)max_blocks, &tab) ||
-        !moe_add_size(tab, 4 + 3 * (size_t)g->max_seqs + 2 * (size_t)g->max_tokens, &ints) ||
+        !moe_add_size(tab, 5 + 3 * (size_t)g->max_seqs + 2 * (size_t)g->max_tokens + (size_t)g->max_logits, &ints) ||
         !moe_mul_size(ints, sizeof(int32_t), out))
         return moe_fail(MOE_ERR_NOMEM, "expert parallelism: step message size overflows");
     return MOE_OK;
@@ -185,6 +185,9 @@ enum moe_status moe_ep_send_step(struct moe_ep *ep, int runner, const struct moe
         q += nb;
     }
     if (b->state_slot) memcpy(q, b->state_slot, (size_t)S * sizeof *q), q += S;
+    /* the rows that need logits: the last layer's FFN runs for them alone */
+    *q++ = b->n_logits;
+    memcpy(q, b->logit_rows, (size_t)b->n_logits * sizeof *q), q += b->n_logits;
     return send(ep, MSG_STEP, runner, (size_t)(q - p) * sizeof *q, "sending a step");
 }
 
@@ -311,10 +314,15 @@ static enum moe_status run_step(struct moe_runner *r, const int32_t *p, size_t b
         if (end - q < S) return moe_fail(MOE_ERR_FORMAT, "expert parallelism: a step's state slots are short");
         memcpy(r->sslot, q, (size_t)S * sizeof *q), q += S;
     }
+    const int n_logits = end - q >= 1 ? *q++ : -1;
+    if (n_logits < 0 || n_logits > T || n_logits > r->o.max_logits || end - q < n_logits)
+        return moe_fail(MOE_ERR_FORMAT, "expert parallelism: a step's logit rows are malformed");
+    memcpy(r->rows, q, (size_t)n_logits * sizeof *q);
+    /* the forward pass computes no logits on a follower (forward.c) */
     const struct moe_batch b = {.n_tokens = T, .n_seqs = S, .tokens = r->tokens, .positions = r->pos,
                                 .seq_of = r->seq_of, .seq_start = r->seq_start, .ctx_len = r->ctx_len,
                                 .block_table = r->table, .max_blocks = r->max_blocks, .slot = r->slot,
-                                .logit_rows = r->rows, .n_logits = 0, .state_slot = hybrid ? r->sslot : NULL};
+                                .logit_rows = r->rows, .n_logits = n_logits, .state_slot = hybrid ? r->sslot : NULL};
     return moe_forward_run(&r->fw, &r->kv, &b, NULL, NULL, NULL);
 }
 

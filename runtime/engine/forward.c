@@ -147,7 +147,9 @@ enum moe_status moe_forward_init(struct moe_forward *fw, const struct moe_model 
     if (s == MOE_OK) s = moe_forward_lin_init(fw);
     if (s == MOE_OK && be->ops->reserve) {
         int rows = lim->max_tokens > lim->max_logits ? lim->max_tokens : lim->max_logits;
-        s = be->ops->reserve(be, &m->cfg, rows);
+        struct moe_config cfg = m->cfg; /* dispatches over expert-parallel slots span more */
+        if (lim->max_experts > cfg.n_experts) cfg.n_experts = lim->max_experts;
+        s = be->ops->reserve(be, &cfg, rows);
     }
     if (s != MOE_OK) moe_forward_free(fw);
     return s;
@@ -173,11 +175,7 @@ void moe_forward_free(struct moe_forward *fw)
     free(fw->h_ids);
     free(fw->h_w);
     free(fw->h_logits);
-    free(fw->ep_slot_ids);
-    free(fw->ep_counts);
-    free(fw->ep_offsets);
-    for (int l = 0; fw->ep_views && l < fw->m->cfg.n_layers; l++) moe_ep_slot_view_free(&fw->ep_views[l]);
-    free(fw->ep_views);
+    moe_forward_ep_free(fw);
     memset(fw, 0, sizeof *fw);
 }
 
@@ -333,34 +331,6 @@ static enum moe_status residual_add(struct moe_forward *fw, int T)
     return fw->be->ops->add(fw->be, fw->x, fw->out, n);
 }
 
-/* Tensor parallelism (ep.h): whether this rank's layers hold a share of
- * the heads and widths, so their outputs are parts of a sum. */
-static bool tp_on(const struct moe_forward *fw) { return fw->ep && fw->ep->tp > 1; }
-
-/* The part of a split layer's output in buf (T, D) summed over the group. */
-static enum moe_status tp_sum(struct moe_forward *fw, float *buf, int T, const char *what, int l)
-{
-    if (!tp_on(fw)) return MOE_OK;
-    return moe_ep_tp_sum(fw->ep, buf, (size_t)T * fw->m->cfg.d_model, what, l);
-}
-
-/* RMSNorm over whole rows of x (T, w): this rank's w columns, the norm's
- * weight nw over all of the group's; the group's rows gathered first
- * under tensor parallelism. */
-static enum moe_status norm_whole_rows(struct moe_forward *fw, float *x, int T, int w, const struct moe_tensor *nw,
-                                       const char *what, int l)
-{
-    struct moe_backend *be = fw->be;
-    const float eps = fw->m->cfg.rms_eps;
-    if (!tp_on(fw)) return be->ops->rmsnorm(be, x, x, nw, T, w, eps);
-    const int parts = (int)(nw->shape[0] / w); /* fewer than tp: heads held by several ranks */
-    float *full;
-    MOE_TRY(moe_ep_tp_rows(fw->ep, x, T, w, parts, &full, what, l));
-    MOE_TRY(be->ops->rmsnorm(be, full, full, nw, T, w * parts, eps));
-    moe_ep_tp_take(fw->ep, x, full, T, w, parts);
-    return MOE_OK;
-}
-
 static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcache *kv,
                                        const struct moe_batch *db, int l)
 {
@@ -374,7 +344,7 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->x, &w->attn_norm, T, D, c->rms_eps));
     if (c->layer_linear[l]) {
         MOE_TRY(moe_forward_lin_block(fw, kv, db, l));
-        MOE_TRY(tp_sum(fw, fw->out, T, "linear attention output", l));
+        MOE_TRY(moe_forward_tp_sum(fw, fw->out, T, "linear attention output", l));
         return residual_add(fw, T);
     }
     /* yarn scales cos and sin, so q and k: every score by its square (0 in
@@ -392,7 +362,7 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     };
     if (c->kv_lora_rank > 0) {
         MOE_TRY(moe_forward_mla_attention(fw, kv, db, l, &p));
-        MOE_TRY(tp_sum(fw, fw->out, T, "attention output", l));
+        MOE_TRY(moe_forward_tp_sum(fw, fw->out, T, "attention output", l));
         return residual_add(fw, T);
     }
     float *const y[3] = {c->attn_out_gate ? fw->lin.qg : fw->q, fw->k, fw->v};
@@ -404,8 +374,8 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
         MOE_TRY(op->rmsnorm(be, fw->q, fw->q, &w->q_norm, T * Hq, Dh, c->rms_eps));
         MOE_TRY(op->rmsnorm(be, fw->k, fw->k, &w->k_norm, T * Hkv, Dh, c->rms_eps));
     } else if (c->qk_norm == MOE_QK_NORM_FULL) {
-        MOE_TRY(norm_whole_rows(fw, fw->q, T, Hq * Dh, &w->q_norm, "query rows", l));
-        MOE_TRY(norm_whole_rows(fw, fw->k, T, Hkv * Dh, &w->k_norm, "key rows", l));
+        MOE_TRY(moe_forward_norm_whole_rows(fw, fw->q, T, Hq * Dh, &w->q_norm, "query rows", l));
+        MOE_TRY(moe_forward_norm_whole_rows(fw, fw->k, T, Hkv * Dh, &w->k_norm, "key rows", l));
     }
     if (c->clip_qkv > 0) {
         MOE_TRY(op->clamp(be, fw->q, (size_t)T * Hq * Dh, c->clip_qkv));
@@ -425,7 +395,7 @@ static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcach
     if (c->attn_out_gate) /* each value times sigmoid(its gate): rows of one value */
         MOE_TRY(op->sigmoid_scale(be, fw->att, fw->lin.gate, T * Hq * Dh, 1));
     MOE_TRY(moe_forward_linear(fw, fw->out, fw->att, &w->wo, &w->bo, T));
-    MOE_TRY(tp_sum(fw, fw->out, T, "attention output", l));
+    MOE_TRY(moe_forward_tp_sum(fw, fw->out, T, "attention output", l));
     return residual_add(fw, T);
 }
 
@@ -486,25 +456,6 @@ static bool stats_async_ready(struct moe_forward *fw, int T)
     return true;
 }
 
-/* Expert parallelism's host state (forward.h), made once. */
-static enum moe_status ep_state(struct moe_forward *fw)
-{
-    if (fw->ep_views) return MOE_OK;
-    const struct moe_ep *ep = fw->ep;
-    const size_t TK = (size_t)fw->lim.max_tokens * (size_t)fw->m->cfg.top_k, S = (size_t)ep->max_slots;
-    if (!ep->layers || ep->n_layers != fw->m->cfg.n_layers)
-        return moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: the experts are not placed for this model");
-    fw->ep_slot_ids = malloc(TK * sizeof(int32_t));
-    fw->ep_counts = malloc(S * sizeof(int32_t));
-    fw->ep_offsets = malloc((S + 1) * sizeof(int32_t));
-    fw->ep_views = calloc((size_t)fw->m->cfg.n_layers, sizeof *fw->ep_views);
-    if (!fw->ep_slot_ids || !fw->ep_counts || !fw->ep_offsets || !fw->ep_views)
-        return moe_fail(MOE_ERR_NOMEM, "expert parallelism: slot tables");
-    for (int l = 0; l < fw->m->cfg.n_layers; l++)
-        if (ep->layers[l].n_slots) MOE_TRY(moe_ep_slot_view(ep, l, &fw->m->layers[l].experts, &fw->ep_views[l]));
-    return MOE_OK;
-}
-
 /* The layer's expert FFN of the rows `in` and combine, weighted by wts,
  * into fw->out: the pairs of fw->ids dispatched over the experts (fw->plan).
  * Expert parallelism: dispatched over the layer's slots instead, this
@@ -520,20 +471,7 @@ static enum moe_status experts_phase(struct moe_forward *fw, int l, int T, const
         MOE_TRY(be->ops->dispatch(be, &fw->plan, fw->ids, T, K, E));
         return be->ops->experts(be, fw->out, in, &fw->plan, wts, x, &fw->ews, T, K, D, c->d_expert, E);
     }
-    MOE_TRY(ep_state(fw));
-    const struct moe_ep_layer *pl = &fw->ep->layers[l];
-    moe_ep_slot_ids(fw->ep, l, fw->ids, T, K, fw->b_pos, fw->ep_slot_ids); /* the CPU backends: host memory */
-    struct moe_dispatch plan = fw->plan;
-    plan.counts = fw->ep_counts;
-    plan.offsets = fw->ep_offsets;
-    MOE_TRY(be->ops->dispatch(be, &plan, fw->ep_slot_ids, T, K, pl->n_slots));
-    plan.lo = pl->bounds[fw->ep->rank];
-    plan.hi = pl->bounds[fw->ep->rank + 1]; /* > 0: every rank has a slot */
-    MOE_TRY(be->ops->experts(be, fw->out, in, &plan, wts, &fw->ep_views[l], &fw->ews, T, K, D, c->d_expert,
-                             pl->n_slots));
-    MOE_TRY(be->ops->sync(be)); /* the rows are complete before they travel */
-    MOE_TRY(moe_ep_gather(fw->ep, fw->ews.ye, plan.offsets, D, l));
-    return be->ops->combine(be, fw->out, &fw->ews, &plan, wts, T, K, D);
+    return moe_forward_ep_experts(fw, l, T, in, wts);
 }
 
 /* The rows that need logits, db->logit_rows, go on alone (the last
@@ -590,7 +528,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
         }
         if (T == 0) return MOE_OK;
         MOE_TRY(swiglu_ffn(fw, fw->out, T, &w->w_gate, &w->b_gate, &w->w_up, &w->b_up, &w->w_down, &w->b_down));
-        MOE_TRY(tp_sum(fw, fw->out, T, "dense FFN output", l));
+        MOE_TRY(moe_forward_tp_sum(fw, fw->out, T, "dense FFN output", l));
         return residual_add(fw, T);
     }
     MOE_TRY(moe_forward_linear(fw, fw->rlogits, fw->xn, &w->router, &w->router_b, T));
@@ -629,7 +567,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
     MOE_TRY(experts_phase(fw, l, T, &w->experts, in, wts));
     if (c->d_shared > 0) {
         MOE_TRY(swiglu_ffn(fw, fw->sh, T, &w->sh_gate, NULL, &w->sh_up, NULL, &w->sh_down, NULL));
-        MOE_TRY(tp_sum(fw, fw->sh, T, "shared expert output", l));
+        MOE_TRY(moe_forward_tp_sum(fw, fw->sh, T, "shared expert output", l));
         if (c->shared_gate) {
             MOE_TRY(moe_forward_linear(fw, fw->shg, fw->xn, &w->sh_router, NULL, T));
             MOE_TRY(op->sigmoid_scale(be, fw->sh, fw->shg, T, D));
@@ -673,9 +611,12 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
             MOE_TRY(op->scale(be, fw->x, (size_t)T * c->d_model, c->embed_scale));
     }
     /* the last layer's FFN only for the rows that need logits, when no
-     * other row's state is wanted after it (hidden states, other ranks, a
-     * multi-token-prediction module, whose proposer reads fw->x) */
-    const bool skip = db->n_logits < T && !fw->hid && !moe_ep_on(fw->ep) && !m->mtp_eh_proj.data;
+     * other row's state is wanted after it (hidden states, a
+     * multi-token-prediction module, whose proposer reads fw->x); the
+     * other ranks of expert parallelism do the same (rank 0 sends them
+     * the rows) but compute no logits */
+    const bool skip = db->n_logits < T && !fw->hid && !m->mtp_eh_proj.data;
+    const bool follower = moe_ep_on(fw->ep) && fw->ep->rank > 0;
     enum moe_status s = MOE_OK;
     for (int l = 0; l < c->n_layers && s == MOE_OK; l++) {
         const bool last = skip && l == c->n_layers - 1;
@@ -687,7 +628,7 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     }
     MOE_TRY(s);
     if (fw->hid) MOE_TRY(op->rmsnorm(be, fw->hid, fw->x, &m->final_norm, T, c->d_model, c->rms_eps));
-    if (db->n_logits == 0) return MOE_OK;
+    if (db->n_logits == 0 || follower) return MOE_OK;
     if (!skip) MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db->logit_rows, db->n_logits, c->d_model));
     MOE_TRY(op->rmsnorm(be, fw->lrows, fw->lrows, &m->final_norm, db->n_logits, c->d_model, c->rms_eps));
     MOE_TRY(moe_forward_linear(fw, fw->logits, fw->lrows, &m->lm_head, NULL, db->n_logits));
@@ -717,8 +658,9 @@ static enum moe_status run_step(struct moe_forward *fw, struct moe_kvcache *kv, 
      * (fixed destinations), so such a step is recorded under its own key. */
     /* nor a step over recurrent state: its kernels' grids follow the
      * step's sequences, which a recorded step of the same rows may not have */
+    /* nor a step that exchanges rows with other ranks (it waits for them) */
     const bool graph = op->graph_begin && op->graph_end && !(trace && trace->ids) &&
-                       (!fw->stats || fw->stats_async) && !fw->b_state;
+                       (!fw->stats || fw->stats_async) && !fw->b_state && !fw->ep;
     const void *key = fw->stats_async ? (const void *)&fw->hs_buf : (const void *)fw;
     bool replay = false;
     if (graph) MOE_TRY(op->graph_begin(be, key, b->n_tokens, b->n_logits, &replay));

@@ -32,6 +32,8 @@ extern "C" {
 struct moe_forward_limits {
     int max_tokens, max_seqs, max_blocks, max_logits;
     bool hidden;     /* keep every row's final-normed hidden state (moe_forward.hid) */
+    int max_experts; /* the most experts a dispatch spans (expert parallelism: slots, which
+                        replicas make more than the model's experts); 0: the model's */
 };
 
 /* Routing record of one step, filled when passed to moe_forward_run (host). */
@@ -138,11 +140,19 @@ struct moe_forward {
      * sends each step to the followers as runner ep_runner's. */
     struct moe_ep *ep;
     int ep_runner;
-    /* its host state, made at the first MoE layer (forward.c, ep_slots):
+    /* its host state, made at the first MoE layer (forward_ep.c):
      * each routed pair's slot, the dispatch over slots, and each MoE
      * layer's expert table seen by slot (ep_impl.h) */
     int32_t *ep_slot_ids, *ep_counts, *ep_offsets;
     struct moe_expert_weights *ep_views; /* (n_layers) */
+    /* A backend whose memory is not the host's (ops->host_memory false),
+     * made with the above: the routing read back (ep_h_ids (T, K),
+     * ep_h_pos (T)); the slot ids, counts and offsets in backend memory;
+     * a host stage (ep_stage_floats) for the expert rows and tensor
+     * parallelism's sums; a backend buffer for whole rows (ep_d_rows, TP) */
+    int32_t *ep_h_ids, *ep_h_pos, *ep_d_slot_ids, *ep_d_counts, *ep_d_offsets;
+    float *ep_stage, *ep_d_rows;
+    size_t ep_stage_floats;
 };
 
 /* ptr = n zeroed elements of type in be's memory (the size overflow-checked);
@@ -182,6 +192,18 @@ MOE_MUST_USE enum moe_status moe_forward_lin_split_q(struct moe_forward *fw, int
 MOE_MUST_USE enum moe_status moe_forward_mla_attention(struct moe_forward *fw, struct moe_kvcache *kv,
                                                         const struct moe_batch *db, int l,
                                                         const struct moe_attn_params *p);
+/* Across ranks (runtime/engine/forward_ep.c): a MoE layer's experts when
+ * they are spread over the ranks (fw->ep on): of the layer's T routed rows
+ * `in` (fw->ids, weights wts) into fw->out; a split layer's output buf
+ * (T, D) summed over the tensor-parallel group (nothing without one); an
+ * RMSNorm over whole rows of x (T, w), the group's columns gathered first
+ * under tensor parallelism; the buffers freed (moe_forward_free). */
+MOE_MUST_USE enum moe_status moe_forward_ep_experts(struct moe_forward *fw, int l, int T, const float *in,
+                                                    const float *wts);
+MOE_MUST_USE enum moe_status moe_forward_tp_sum(struct moe_forward *fw, float *buf, int T, const char *what, int l);
+MOE_MUST_USE enum moe_status moe_forward_norm_whole_rows(struct moe_forward *fw, float *x, int T, int w,
+                                                         const struct moe_tensor *nw, const char *what, int l);
+void moe_forward_ep_free(struct moe_forward *fw);
 /* Runs one step.  logits (n_logits, V) host, may be NULL; ids (n_logits)
  * host, may be NULL, receives the argmax of each logits row (moe_argmax's
  * rule), computed by the backend: a greedy caller asks for ids alone, and

@@ -28,8 +28,7 @@ enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
     enum moe_status s = init_local(r, m, be, o);
     if (moe_ep_on(o->ep) && o->ep->rank == 0) {
         if (s == MOE_OK && !be->ops->combine)
-            s = moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no expert-parallel path (--ep needs the CPU "
-                         "backends)", be->ops->name);
+            s = moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no expert-parallel path", be->ops->name);
         if (s == MOE_OK && !held_as_placed(m, o->ep))
             s = moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: the model holds other experts than rank 0's "
                          "placement gives it");
@@ -65,7 +64,7 @@ static enum moe_status init_local(struct moe_runner *r, const struct moe_model *
                              o->kv_dtype_set ? o->kv_dtype : MOE_DTYPE_F32, o->prefix_cache));
     if (hybrid) MOE_TRY(moe_kvcache_init_state(&r->kv, &m->cfg, o->state_slots > 0 ? o->state_slots : o->max_seqs));
     struct moe_forward_limits lim = {o->max_tokens, o->max_seqs, r->max_blocks, o->max_logits,
-                                     o->hidden};
+                                     o->hidden, moe_ep_on(o->ep) ? o->ep->max_slots : 0};
     MOE_TRY(moe_forward_init(&r->fw, m, be, &lim));
     size_t T = (size_t)o->max_tokens, S = (size_t)o->max_seqs + 1, tab;
     if (!moe_mul_size(S, (size_t)r->max_blocks, &tab))

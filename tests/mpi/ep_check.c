@@ -3,10 +3,15 @@
  * built).  A plain program, not a Criterion suite: Criterion runs each test
  * in a forked child, which an MPI process cannot be.
  *
- *     mpirun -n N ep_check BACKEND FIXTURE...
+ *     mpirun -n N ep_check BACKEND [--rows R] FIXTURE...
+ *
+ * BACKEND cpu, cpu-ref or cuda (under tools/cuda-emu without a GPU: its
+ * ci.sh runs it with --rows 40, so the first prefill takes the CUDA
+ * backend's grouped expert path).
  *
  * For each fixture (under tests/fixtures), rank 0 first runs it alone: a
- * 7-token prefill of sequence A with every row's logits, then A's greedy
+ * 7-token (--rows R: R-token) prefill of sequence A with every row's logits
+ * (more than 16 rows: the last one's), then A's greedy
  * decode beside a 5-token prefill of sequence B, then three steps decoding
  * both, recording logits, greedy ids and the routing trace.  Then every
  * rank loads its share of the experts and rank 0 runs the same steps with
@@ -62,8 +67,14 @@ static const char *backend_name;
 
 static enum moe_status backend_open(struct moe_backend *be)
 {
+    if (!strcmp(backend_name, "cuda")) return moe_backend_cuda_init(be, 0);
     return !strcmp(backend_name, "cpu-ref") ? moe_backend_cpu_init(be, 1) : moe_backend_cpu_fast_init(be, 1);
 }
+
+/* --rows N: the first prefill's length (more than MOE_SMALL_STEP_ROWS:
+ * the CUDA backend's grouped expert path); its logits then for the last
+ * row only */
+static int first_rows = 7;
 
 /* One run's results: per step, its logits rows, their argmax and the
  * routing of its rows. */
@@ -85,12 +96,13 @@ static enum moe_status run_steps(struct moe_runner *rn, struct record *out)
     const struct moe_config *c = &rn->m->cfg;
     const int V = c->vocab, LK = c->n_layers * (c->top_k > 0 ? c->top_k : 1);
     struct moe_seq a = {0}, b = {0};
-    int32_t pa[7] = {1, 5, 9, 2, 7, 3, 11}, pb[5] = {4, 8, 6, 10, 12}, next_a = 0, next_b = 0;
+    int32_t pa[64] = {1, 5, 9, 2, 7, 3, 11}, pb[5] = {4, 8, 6, 10, 12}, next_a = 0, next_b = 0;
+    for (int i = 7; i < first_rows; i++) pa[i] = 1 + (i * 7) % 12;
     enum moe_status st = MOE_OK;
     for (int s = 0; s < STEPS && st == MOE_OK; s++) {
         struct moe_chunk ch[2];
         int n = 0;
-        if (s == 0) ch[n++] = (struct moe_chunk){&a, pa, 7, true, false, 1};
+        if (s == 0) ch[n++] = (struct moe_chunk){&a, pa, first_rows, first_rows <= MAX_ROWS, false, 1};
         else ch[n++] = (struct moe_chunk){&a, &next_a, 1, false, true, 1};
         if (s == 1) ch[n++] = (struct moe_chunk){&b, pb, 5, false, false, 2};
         else if (s > 1) ch[n++] = (struct moe_chunk){&b, &next_b, 1, false, true, 2};
@@ -105,7 +117,7 @@ static enum moe_status run_steps(struct moe_runner *rn, struct record *out)
         for (int i = 0; st == MOE_OK && i < out->n_logits[s]; i++)
             out->ids[s][i] = moe_argmax(out->logits[s] + (size_t)i * V, V);
         if (st == MOE_OK) {
-            next_a = s == 0 ? out->ids[s][6] : out->ids[s][0];
+            next_a = s == 0 ? out->ids[s][out->n_logits[s] - 1] : out->ids[s][0];
             if (s >= 1) next_b = out->ids[s][out->n_logits[s] - 1];
         }
     }
@@ -114,8 +126,8 @@ static enum moe_status run_steps(struct moe_runner *rn, struct record *out)
     return st;
 }
 
-static const struct moe_runner_opts runner_opts = {.max_tokens = 32, .max_seqs = 4, .max_logits = MAX_ROWS,
-                                                   .block_size = 4, .n_blocks = 64};
+static struct moe_runner_opts runner_opts = {.max_tokens = 32, .max_seqs = 4, .max_logits = MAX_ROWS,
+                                             .block_size = 4, .n_blocks = 64};
 
 /* Rank 0 alone: the reference record. */
 static enum moe_status reference(const char *dir, struct record *ref)
@@ -407,12 +419,18 @@ static void check_other_checkpoint(struct moe_comm *c, const char *name)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: mpirun -n N ep_check cpu|cpu-ref [--tp M] FIXTURE...\n");
+        fprintf(stderr, "usage: mpirun -n N ep_check cpu|cpu-ref|cuda [--rows N] [--tp M] FIXTURE...\n");
         return 2;
     }
     backend_name = argv[1];
     int first = 2;
-    if (argc > 3 && !strcmp(argv[2], "--tp")) tp = atoi(argv[3]), first = 4;
+    if (argc > first + 1 && !strcmp(argv[first], "--rows")) first_rows = atoi(argv[first + 1]), first += 2;
+    if (argc > first + 1 && !strcmp(argv[first], "--tp")) tp = atoi(argv[first + 1]), first += 2;
+    if (first_rows < 1 || first_rows > 64) {
+        fprintf(stderr, "ep_check: --rows %d: 1 to 64\n", first_rows);
+        return 2;
+    }
+    if (first_rows > runner_opts.max_tokens) runner_opts.max_tokens = first_rows;
     struct moe_comm_launch l;
     struct moe_comm *c;
     if (moe_comm_launch_from_env(&l) != MOE_OK || moe_comm_init(&c, &l, 60) != MOE_OK) {

@@ -1,7 +1,8 @@
 #!/bin/sh
 # build.sh TEST... - builds tests/TEST.c (test_cuda_ops, test_cuda_quant,
-# test_cuda_forward, ...) against an emulation of CUDA on the host, in
-# build-emu/emu_TEST, so the CUDA kernels' own source runs without a GPU;
+# test_cuda_forward, ..., mpi/ep_check) against an emulation of CUDA on the
+# host, in build-emu/emu_TEST (of TEST's last part), so the CUDA kernels'
+# own source runs without a GPU;
 # TEST "moerun" builds the program itself (build-emu/emu_moerun: `bench
 # --backend cuda` and the rest, as on a device, only slower).
 # Needs a CPU build (MOERUN_CUDA=OFF) for the rooms' libmoerun_*.a, in
@@ -52,9 +53,11 @@ for t in "$@"; do
     nice -n 19 gcc $CF -DMOERUN_VERSION=\"emu\" -c runtime/cli/main.c -o "$B/obj/main.co"
     nice -n 19 gcc $CF -c runtime/cli/bench_gpu.c -o "$B/obj/bench_gpu.co"
   else
-    main="$B/obj/$t.co"
+    main="$B/obj/$(basename "$t").co"
     nice -n 19 gcc $CF -c "tests/$t.c" -o "$main"
   fi
-  nice -n 19 g++ -fopenmp -pthread $objs $main -Wl,--start-group "$C"/libmoerun_*.a -Wl,--end-group -lm -o "$B/emu_$t" $LIBS
-  echo "$B/emu_$t"
+  # mpi/ep_check (tests/mpi/ep_check.c, the program under mpirun): emu_ep_check
+  out=$B/emu_$(basename "$t")
+  nice -n 19 g++ -fopenmp -pthread $objs $main -Wl,--start-group "$C"/libmoerun_*.a -Wl,--end-group -lm -o "$out" $LIBS
+  echo "$out"
 done

@@ -41,6 +41,28 @@ echo "$tests" | while read -r bin filter; do
     echo "$bin $filter" >>"$B/failed"
   fi
 done
+# expert and tensor parallelism on the CUDA backend: two ranks under
+# mpirun against one process (bit-identical logits; --tp within its
+# tolerance), a 40-row first prefill taking the grouped path (olmoe: bf16)
+# and decode steps the device-driven kernels
+if command -v mpirun >/dev/null 2>&1 && nm "$B/cpu/libmoerun_comm.a" 2>/dev/null | grep -q " U MPI_"; then
+  MOERUN_EMU_CPU_BUILD=$B/cpu "$E/build.sh" mpi/ep_check >/dev/null
+  for args in "olmoe qwen3_moe" "--tp 2 olmoe"; do
+    s=$(date +%s)
+    # shellcheck disable=SC2086 # the arguments split on purpose
+    if EMU_LAUNCH_LOG=$log sh tests/mpi/mpirun.sh mpirun -x EMU_LAUNCH_LOG -n 2 "$B/emu_ep_check" cuda --rows 40 \
+         $args >"$B/last.out" 2>&1; then
+      echo "cuda-emu: pass mpirun -n 2 ep_check cuda --rows 40 $args ($(($(date +%s) - s)) s)"
+      grep '^ep_check:' "$B/last.out" | sed 's/^/  /'
+    else
+      echo "cuda-emu: FAIL mpirun -n 2 ep_check cuda --rows 40 $args ($(($(date +%s) - s)) s)"
+      grep -v 'weights resident' "$B/last.out" | tail -20
+      echo "ep_check $args" >>"$B/failed"
+    fi
+  done
+else
+  echo "cuda-emu: no MPI in this build: the expert-parallel check did not run"
+fi
 t2=$(date +%s)
 echo "cuda-emu: tests ran in $((t2 - t1)) s"
 [ -f "$B/failed" ] && { failed=1; rm -f "$B/failed"; }

@@ -1,0 +1,195 @@
+/* forward_ep.c - the forward pass across ranks (runtime/engine/ep.h): a
+ * MoE layer's experts spread over the ranks (each rank's slots computed,
+ * the rows all-gathered, then the combine) and tensor parallelism's group
+ * sums and whole-row norms.  The collectives run on host memory: on the
+ * CPU backends in the backend's buffers themselves, on a backend whose
+ * memory is not the host's (CUDA) through a host stage, the routing read
+ * back and each pair's slot copied in (forward.h, the ep_* fields). */
+#include <stdlib.h>
+
+#include "runtime/engine/ep_impl.h"
+#include "runtime/engine/forward.h"
+
+static enum moe_status ep_state(struct moe_forward *fw);
+
+/* Tensor parallelism (ep.h): whether this rank's layers hold a share of
+ * the heads and widths, so their outputs are parts of a sum. */
+static bool tp_on(const struct moe_forward *fw) { return fw->ep && fw->ep->tp > 1; }
+
+/* The part of a split layer's output in buf (T, D) summed over the group
+ * (a backend not in host memory: through the host stage). */
+enum moe_status moe_forward_tp_sum(struct moe_forward *fw, float *buf, int T, const char *what, int l)
+{
+    if (!tp_on(fw)) return MOE_OK;
+    const size_t n = (size_t)T * fw->m->cfg.d_model;
+    struct moe_backend *be = fw->be;
+    if (be->ops->host_memory) return moe_ep_tp_sum(fw->ep, buf, n, what, l);
+    MOE_TRY(ep_state(fw));
+    MOE_TRY(be->ops->to_host(be, fw->ep_stage, buf, n * sizeof(float)));
+    MOE_TRY(moe_ep_tp_sum(fw->ep, fw->ep_stage, n, what, l));
+    return be->ops->to_device(be, buf, fw->ep_stage, n * sizeof(float));
+}
+
+/* RMSNorm over whole rows of x (T, w): this rank's w columns, the norm's
+ * weight nw over all of the group's; the group's rows gathered first
+ * under tensor parallelism. */
+enum moe_status moe_forward_norm_whole_rows(struct moe_forward *fw, float *x, int T, int w, const struct moe_tensor *nw,
+                                            const char *what, int l)
+{
+    struct moe_backend *be = fw->be;
+    const float eps = fw->m->cfg.rms_eps;
+    if (!tp_on(fw)) return be->ops->rmsnorm(be, x, x, nw, T, w, eps);
+    const int parts = (int)(nw->shape[0] / w); /* fewer than tp: heads held by several ranks */
+    float *full;
+    if (be->ops->host_memory) {
+        MOE_TRY(moe_ep_tp_rows(fw->ep, x, T, w, parts, &full, what, l));
+        MOE_TRY(be->ops->rmsnorm(be, full, full, nw, T, w * parts, eps));
+        moe_ep_tp_take(fw->ep, x, full, T, w, parts);
+        return MOE_OK;
+    }
+    /* staged: this rank's columns to the host, the group's rows gathered
+     * there and normed in ep_d_rows, this rank's columns back */
+    MOE_TRY(ep_state(fw));
+    const size_t n = (size_t)T * (size_t)w, all = n * (size_t)parts;
+    if (all > fw->ep_stage_floats)
+        return moe_fail(MOE_ERR_INVALID_ARG, "tensor parallelism: %d rows of %d exceed the stage", T, w * parts);
+    MOE_TRY(be->ops->to_host(be, fw->ep_stage, x, n * sizeof(float)));
+    MOE_TRY(moe_ep_tp_rows(fw->ep, fw->ep_stage, T, w, parts, &full, what, l));
+    MOE_TRY(be->ops->to_device(be, fw->ep_d_rows, full, all * sizeof(float)));
+    MOE_TRY(be->ops->rmsnorm(be, fw->ep_d_rows, fw->ep_d_rows, nw, T, w * parts, eps));
+    MOE_TRY(be->ops->to_host(be, full, fw->ep_d_rows, all * sizeof(float)));
+    moe_ep_tp_take(fw->ep, fw->ep_stage, full, T, w, parts);
+    return be->ops->to_device(be, x, fw->ep_stage, n * sizeof(float));
+}
+
+/* The widest row a norm over a tensor-parallel group's whole rows sees
+ * (q_norm and k_norm over every head), at least d_model. */
+static size_t whole_row_floats(const struct moe_model *m)
+{
+    size_t w = (size_t)m->cfg.d_model;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct moe_tensor *t[] = {&m->layers[l].q_norm, &m->layers[l].k_norm};
+        for (int i = 0; i < 2; i++)
+            if (t[i]->data && t[i]->ndim == 1 && (size_t)t[i]->shape[0] > w) w = (size_t)t[i]->shape[0];
+    }
+    return w;
+}
+
+/* Expert parallelism's state (forward.h), made once: host tables, and for
+ * a backend not in host memory their backend twins and the host stage. */
+static enum moe_status ep_state(struct moe_forward *fw)
+{
+    if (fw->ep_views) return MOE_OK;
+    struct moe_backend *be = fw->be;
+    const struct moe_ep *ep = fw->ep;
+    const size_t T = (size_t)fw->lim.max_tokens, TK = T * (size_t)(fw->m->cfg.top_k > 0 ? fw->m->cfg.top_k : 1);
+    const size_t S = (size_t)(ep->max_slots > 0 ? ep->max_slots : 1);
+    if (!ep->layers || ep->n_layers != fw->m->cfg.n_layers)
+        return moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: the experts are not placed for this model");
+    fw->ep_slot_ids = malloc(TK * sizeof(int32_t));
+    fw->ep_counts = malloc(S * sizeof(int32_t));
+    fw->ep_offsets = malloc((S + 1) * sizeof(int32_t));
+    fw->ep_views = calloc((size_t)fw->m->cfg.n_layers, sizeof *fw->ep_views);
+    if (!fw->ep_slot_ids || !fw->ep_counts || !fw->ep_offsets || !fw->ep_views)
+        return moe_fail(MOE_ERR_NOMEM, "expert parallelism: slot tables");
+    if (!be->ops->host_memory) {
+        const size_t D = (size_t)fw->m->cfg.d_model, wide = whole_row_floats(fw->m);
+        size_t rows, whole, bytes;
+        if (!moe_mul_size(TK, D, &rows) || !moe_mul_size(T, wide, &whole) ||
+            !moe_mul_size(rows > whole ? rows : whole, sizeof(float), &bytes))
+            return moe_fail(MOE_ERR_NOMEM, "expert parallelism: the host stage overflows");
+        fw->ep_stage_floats = rows > whole ? rows : whole;
+        fw->ep_h_ids = malloc(TK * sizeof(int32_t));
+        fw->ep_h_pos = malloc(T * sizeof(int32_t));
+        if (!fw->ep_h_ids || !fw->ep_h_pos) return moe_fail(MOE_ERR_NOMEM, "expert parallelism: routing copies");
+        if (!be->ops->host_alloc)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no host buffers for expert parallelism", be->ops->name);
+        MOE_TRY(be->ops->host_alloc(be, fw->ep_stage_floats * sizeof(float), (void **)&fw->ep_stage));
+        MOE_FORWARD_ALLOC(be, fw->ep_d_slot_ids, TK, int32_t);
+        MOE_FORWARD_ALLOC(be, fw->ep_d_counts, S, int32_t);
+        MOE_FORWARD_ALLOC(be, fw->ep_d_offsets, S + 1, int32_t);
+        if (ep->tp > 1) MOE_FORWARD_ALLOC(be, fw->ep_d_rows, whole, float);
+    }
+    for (int l = 0; ep->layers && l < fw->m->cfg.n_layers; l++)
+        if (ep->layers[l].n_slots) MOE_TRY(moe_ep_slot_view(ep, l, &fw->m->layers[l].experts, &fw->ep_views[l]));
+    return MOE_OK;
+}
+
+/* Each routed pair's slot into fw->ep_slot_ids (host) and, for a backend
+ * not in host memory, its copy in backend memory; the ids the dispatch
+ * reads. */
+static enum moe_status ep_slots(struct moe_forward *fw, int l, int T, int K, const int32_t **slots)
+{
+    struct moe_backend *be = fw->be;
+    const size_t TK = (size_t)T * (size_t)K;
+    if (be->ops->host_memory) {
+        moe_ep_slot_ids(fw->ep, l, fw->ids, T, K, fw->b_pos, fw->ep_slot_ids);
+        *slots = fw->ep_slot_ids;
+        return MOE_OK;
+    }
+    MOE_TRY(be->ops->to_host(be, fw->ep_h_ids, fw->ids, TK * sizeof(int32_t)));
+    MOE_TRY(be->ops->to_host(be, fw->ep_h_pos, fw->b_pos, (size_t)T * sizeof(int32_t)));
+    moe_ep_slot_ids(fw->ep, l, fw->ep_h_ids, T, K, fw->ep_h_pos, fw->ep_slot_ids);
+    MOE_TRY(be->ops->to_device(be, fw->ep_d_slot_ids, fw->ep_slot_ids, TK * sizeof(int32_t)));
+    *slots = fw->ep_d_slot_ids;
+    return MOE_OK;
+}
+
+/* Every rank's rows of ye gathered (ep.h); a backend not in host memory
+ * sends its rows from the host stage and takes all of them back. */
+static enum moe_status ep_gather(struct moe_forward *fw, const struct moe_dispatch *plan, int n_slots, int D, int l)
+{
+    struct moe_backend *be = fw->be;
+    if (be->ops->host_memory) return moe_ep_gather(fw->ep, fw->ews.ye, plan->offsets, D, l);
+    MOE_TRY(be->ops->to_host(be, fw->ep_offsets, plan->offsets, ((size_t)n_slots + 1) * sizeof(int32_t)));
+    const int32_t *o = fw->ep_offsets;
+    const size_t r0 = (size_t)o[plan->lo], r1 = (size_t)o[plan->hi], all = (size_t)o[n_slots], row = (size_t)D;
+    if (!(r0 <= r1 && r1 <= all && all * row <= fw->ep_stage_floats))
+        return moe_fail(MOE_ERR_DEVICE, "expert parallelism: layer %d: slot offsets out of order", l);
+    MOE_TRY(be->ops->to_host(be, fw->ep_stage + r0 * row, fw->ews.ye + r0 * row, (r1 - r0) * row * sizeof(float)));
+    MOE_TRY(moe_ep_gather(fw->ep, fw->ep_stage, o, D, l));
+    return be->ops->to_device(be, fw->ews.ye, fw->ep_stage, all * row * sizeof(float));
+}
+
+/* The expert-parallel part of a MoE layer (forward.c's experts phase):
+ * the pairs dispatched over the layer's slots, this rank's slots
+ * computed, every rank's rows gathered, then the combine (ep.h). */
+enum moe_status moe_forward_ep_experts(struct moe_forward *fw, int l, int T, const float *in, const float *wts)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_config *c = &fw->m->cfg;
+    const int D = c->d_model, K = c->top_k;
+    MOE_TRY(ep_state(fw));
+    const struct moe_ep_layer *pl = &fw->ep->layers[l];
+    const int32_t *slots;
+    MOE_TRY(ep_slots(fw, l, T, K, &slots));
+    struct moe_dispatch plan = fw->plan;
+    plan.counts = be->ops->host_memory ? fw->ep_counts : fw->ep_d_counts;
+    plan.offsets = be->ops->host_memory ? fw->ep_offsets : fw->ep_d_offsets;
+    MOE_TRY(be->ops->dispatch(be, &plan, slots, T, K, pl->n_slots));
+    plan.lo = pl->bounds[fw->ep->rank];
+    plan.hi = pl->bounds[fw->ep->rank + 1]; /* > 0: every rank has a slot */
+    MOE_TRY(be->ops->experts(be, fw->out, in, &plan, wts, &fw->ep_views[l], &fw->ews, T, K, D, c->d_expert,
+                             pl->n_slots));
+    MOE_TRY(be->ops->sync(be)); /* the rows are complete before they travel */
+    MOE_TRY(ep_gather(fw, &plan, pl->n_slots, D, l));
+    return be->ops->combine(be, fw->out, &fw->ews, &plan, wts, T, K, D);
+}
+
+
+void moe_forward_ep_free(struct moe_forward *fw)
+{
+    struct moe_backend *be = fw->be;
+    if (be) {
+        void *bufs[] = {fw->ep_d_slot_ids, fw->ep_d_counts, fw->ep_d_offsets, fw->ep_d_rows};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
+        if (fw->ep_stage) be->ops->host_free(be, fw->ep_stage);
+    }
+    free(fw->ep_slot_ids);
+    free(fw->ep_counts);
+    free(fw->ep_offsets);
+    free(fw->ep_h_ids);
+    free(fw->ep_h_pos);
+    for (int l = 0; fw->ep_views && l < fw->m->cfg.n_layers; l++) moe_ep_slot_view_free(&fw->ep_views[l]);
+    free(fw->ep_views);
+}
