@@ -421,6 +421,7 @@ static enum moe_status upload_held_experts(struct moe_backend *be, const struct 
     if (!m->ep_held) return upload_experts(be, m, x, E, D, F, moe_layer);
     const char *no = m->weights_deferred ? "--synthetic weights (generated on the device whole)"
                      : x->cols ? "act-order four-bit experts"
+                     : x->b_gate.data || x->b_up.data || x->b_down.data ? "expert biases (gpt-oss)"
                      : ctx_of(be)->off.opts.gpu_experts > 0 ? "--gpu-experts" : NULL;
     if (no)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with %s is not supported", no);
