@@ -86,32 +86,48 @@ static enum moe_status ep_state(struct moe_forward *fw)
     const size_t S = (size_t)(ep->max_slots > 0 ? ep->max_slots : 1);
     if (!ep->layers || ep->n_layers != fw->m->cfg.n_layers)
         return moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: the experts are not placed for this model");
+    /* a failure leaves ep_views NULL: the next call starts again (what was
+     * made before is freed with the workspace) */
+    free(fw->ep_slot_ids), free(fw->ep_counts), free(fw->ep_offsets);
     fw->ep_slot_ids = malloc(TK * sizeof(int32_t));
     fw->ep_counts = malloc(S * sizeof(int32_t));
     fw->ep_offsets = malloc((S + 1) * sizeof(int32_t));
-    fw->ep_views = calloc((size_t)fw->m->cfg.n_layers, sizeof *fw->ep_views);
-    if (!fw->ep_slot_ids || !fw->ep_counts || !fw->ep_offsets || !fw->ep_views)
+    if (!fw->ep_slot_ids || !fw->ep_counts || !fw->ep_offsets)
         return moe_fail(MOE_ERR_NOMEM, "expert parallelism: slot tables");
-    if (!be->ops->host_memory) {
+    if (!be->ops->host_memory && !fw->ep_stage) {
         const size_t D = (size_t)fw->m->cfg.d_model, wide = whole_row_floats(fw->m);
         size_t rows, whole, bytes;
         if (!moe_mul_size(TK, D, &rows) || !moe_mul_size(T, wide, &whole) ||
             !moe_mul_size(rows > whole ? rows : whole, sizeof(float), &bytes))
             return moe_fail(MOE_ERR_NOMEM, "expert parallelism: the host stage overflows");
-        fw->ep_stage_floats = rows > whole ? rows : whole;
+        if (!be->ops->host_alloc)
+            return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no host buffers for expert parallelism", be->ops->name);
+        free(fw->ep_h_ids), free(fw->ep_h_pos);
         fw->ep_h_ids = malloc(TK * sizeof(int32_t));
         fw->ep_h_pos = malloc(T * sizeof(int32_t));
         if (!fw->ep_h_ids || !fw->ep_h_pos) return moe_fail(MOE_ERR_NOMEM, "expert parallelism: routing copies");
-        if (!be->ops->host_alloc)
-            return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no host buffers for expert parallelism", be->ops->name);
-        MOE_TRY(be->ops->host_alloc(be, fw->ep_stage_floats * sizeof(float), (void **)&fw->ep_stage));
+        void *bufs[] = {fw->ep_d_slot_ids, fw->ep_d_counts, fw->ep_d_offsets, fw->ep_d_rows};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
+        fw->ep_d_slot_ids = fw->ep_d_counts = fw->ep_d_offsets = NULL;
+        fw->ep_d_rows = NULL;
         MOE_FORWARD_ALLOC(be, fw->ep_d_slot_ids, TK, int32_t);
         MOE_FORWARD_ALLOC(be, fw->ep_d_counts, S, int32_t);
         MOE_FORWARD_ALLOC(be, fw->ep_d_offsets, S + 1, int32_t);
         if (ep->tp > 1) MOE_FORWARD_ALLOC(be, fw->ep_d_rows, whole, float);
+        MOE_TRY(be->ops->host_alloc(be, bytes, (void **)&fw->ep_stage)); /* last: marks these made */
+        fw->ep_stage_floats = rows > whole ? rows : whole;
     }
-    for (int l = 0; ep->layers && l < fw->m->cfg.n_layers; l++)
-        if (ep->layers[l].n_slots) MOE_TRY(moe_ep_slot_view(ep, l, &fw->m->layers[l].experts, &fw->ep_views[l]));
+    struct moe_expert_weights *v = calloc((size_t)fw->m->cfg.n_layers, sizeof *v);
+    if (!v) return moe_fail(MOE_ERR_NOMEM, "expert parallelism: slot views");
+    enum moe_status s = MOE_OK;
+    for (int l = 0; l < fw->m->cfg.n_layers && s == MOE_OK; l++)
+        if (ep->layers[l].n_slots) s = moe_ep_slot_view(ep, l, &fw->m->layers[l].experts, &v[l]);
+    if (s != MOE_OK) {
+        for (int l = 0; l < fw->m->cfg.n_layers; l++) moe_ep_slot_view_free(&v[l]);
+        free(v);
+        return s;
+    }
+    fw->ep_views = v;
     return MOE_OK;
 }
 
@@ -175,7 +191,6 @@ enum moe_status moe_forward_ep_experts(struct moe_forward *fw, int l, int T, con
     MOE_TRY(ep_gather(fw, &plan, pl->n_slots, D, l));
     return be->ops->combine(be, fw->out, &fw->ews, &plan, wts, T, K, D);
 }
-
 
 void moe_forward_ep_free(struct moe_forward *fw)
 {
