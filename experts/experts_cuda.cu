@@ -460,6 +460,30 @@ extern "C" enum moe_status moe_experts_widen_rows_cuda(cudaStream_t st, float *d
     return MOE_OK;
 }
 
+/* One block a row: the rows of the experts map places into dst. */
+static __global__ void take_rows_kernel(float *dst, const void *src, enum moe_dtype dt, const int32_t *map,
+                                        const int32_t *offsets, int E, int D, const float *b_down)
+{
+    const int r = blockIdx.x, e = expert_of_row(offsets, E, r);
+    if (map[e] < 0) return;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float y = moe_ld(src, dt, (size_t)r * D + d);
+        if (b_down) y += b_down[(size_t)e * D + d];
+        dst[(size_t)r * D + d] = y;
+    }
+}
+
+extern "C" enum moe_status moe_experts_take_rows_cuda(cudaStream_t st, float *dst, const void *src,
+                                                      enum moe_dtype dt, const int32_t *map,
+                                                      const int32_t *offsets, int E, int n, int D,
+                                                      const float *b_down)
+{
+    if (n <= 0 || D <= 0) return MOE_OK;
+    take_rows_kernel<<<n, 128, 0, st>>>(dst, src, dt, map, offsets, E, D, b_down);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
+}
+
 extern "C" enum moe_status moe_experts_combine_cuda(cudaStream_t st, float *out, const void *ye,
                                                     enum moe_dtype ydt, const float *w,
                                                     const int32_t *pos, int T, int K, int D,

@@ -94,6 +94,13 @@ enum moe_status moe_experts_mma_down_cuda(cudaStream_t st, void *ye, const void 
 /* dst (n) fp32 = src (n values of dt: F32, F16 or BF16), exactly. */
 enum moe_status moe_experts_widen_rows_cuda(cudaStream_t st, float *dst, const void *src,
                                             enum moe_dtype dt, size_t n);
+/* dst (n, D) fp32: the rows of src (n rows of D in dt: F32, F16 or BF16,
+ * in expert order, offsets (E + 1) the experts' first rows) whose expert
+ * map places (map[e] >= 0), exactly, b_down (E, D) of the row's expert
+ * added when not NULL; the other rows of dst untouched. */
+enum moe_status moe_experts_take_rows_cuda(cudaStream_t st, float *dst, const void *src, enum moe_dtype dt,
+                                           const int32_t *map, const int32_t *offsets, int E, int n, int D,
+                                           const float *b_down);
 /* out (T, D) = sum_k w[t,k] * (ye[pos[t*K+k]] (+ b_down of its expert)) in
  * k order; ye in ydt (F32, F16 or BF16); b_down (E, D) or NULL. */
 enum moe_status moe_experts_combine_cuda(cudaStream_t st, float *out, const void *ye,

@@ -244,7 +244,7 @@ enum moe_expert_kernels {
 
 /* CUDA expert offload: each MoE layer keeps gpu_experts of its experts in
  * device slots and the rest in pinned host memory, copied in when routed
- * to (docs/cuda.md, "Expert offload").  Ignored by the CPU backends. */
+ * to (docs/offload.md).  Ignored by the CPU backends. */
 struct moe_offload_opts {
     int gpu_experts; /* slots per MoE layer; 0 or at least the layer's experts: all resident */
     bool lfu;        /* slot policy LFU (false: LRU) */
@@ -323,6 +323,15 @@ int moe_backend_cpu_isa(const struct moe_backend *be);
 MOE_MUST_USE enum moe_status moe_backend_init(struct moe_backend *be, const char *name,
                                                const struct moe_backend_opts *o);
 void moe_backend_free(struct moe_backend *be);
+/* --expert-dtype-plan: the quantization expert e of model layer l takes
+ * under be (be->expert_quant's entry, or be->quant where the plan has
+ * none or says follow it). */
+enum moe_weight_quant moe_backend_expert_quant(const struct moe_backend *be, int l, int e);
+/* Checks be's per-expert plan against m before anything is quantized: an
+ * entry other than the default for an expert or layer m does not have,
+ * or for a dense layer, or of an unknown format, is refused by name. */
+MOE_MUST_USE enum moe_status moe_backend_check_expert_plan(const struct moe_backend *be,
+                                                            const struct moe_model *m);
 /* be's alloc and dealloc as an allocator for a module that owns buffers in
  * backend memory (the KV cache); be is borrowed and outlives those buffers. */
 struct moe_allocator moe_backend_allocator(struct moe_backend *be);

@@ -31,28 +31,17 @@ static enum moe_dtype pack_dtype(enum pack_kind k, int64_t K)
 }
 
 /* Which matrices a quantization pass takes: the backend's quant for all
- * but the experts a per-expert plan names. */
-struct pack_policy {
-    enum moe_weight_quant quant;
-    const uint8_t *plan; /* (layers, E) or NULL (moe_backend_opts.expert_quant) */
-    int plan_layers, plan_e;
-};
-
-/* Whether pass kind takes the non-expert matrices (lm_head: the LM head),
- * or expert e of layer l. */
-static bool pass_takes(enum pack_kind kind, const struct pack_policy *pp, bool lm_head)
+ * but the experts a per-expert plan names (moe_backend_expert_quant). */
+static bool pass_takes(enum pack_kind kind, const struct moe_backend *be, bool lm_head)
 {
     if (kind == PACK_PANELS) return true;
-    if (kind == PACK_Q4) return pp->quant == MOE_QUANT_Q4 && !lm_head;
-    return pp->quant == MOE_QUANT_Q8_0 || (pp->quant == MOE_QUANT_Q4 && lm_head);
+    if (kind == PACK_Q4) return be->quant == MOE_QUANT_Q4 && !lm_head;
+    return be->quant == MOE_QUANT_Q8_0 || (be->quant == MOE_QUANT_Q4 && lm_head);
 }
-static bool pass_takes_expert(enum pack_kind kind, const struct pack_policy *pp, int l, int e)
+static bool pass_takes_expert(enum pack_kind kind, const struct moe_backend *be, int l, int e)
 {
     if (kind == PACK_PANELS) return true;
-    const uint8_t p = pp->plan && l < pp->plan_layers && e < pp->plan_e ? pp->plan[(size_t)l * pp->plan_e + e]
-                                                                         : MOE_EXPERT_QUANT_DEFAULT;
-    const enum moe_weight_quant q = p == MOE_EXPERT_QUANT_DEFAULT ? pp->quant : (enum moe_weight_quant)p;
-    return q == (kind == PACK_Q4 ? MOE_QUANT_Q4 : MOE_QUANT_Q8_0);
+    return moe_backend_expert_quant(be, l, e) == (kind == PACK_Q4 ? MOE_QUANT_Q4 : MOE_QUANT_Q8_0);
 }
 
 /* One matrix to repack: a tensor view, or one entry of a layer's expert
@@ -112,17 +101,17 @@ static void add_tensor(enum pack_kind kind, struct pack_item *items, size_t *n, 
  * routers, as llama.cpp's quantize does), shared expert and the experts
  * (gate, up, down of each in turn: every expert the pass takes whose
  * matrices it can pack).  items NULL: count only. */
-static size_t pack_items(enum pack_kind kind, const struct pack_policy *pp, struct moe_model *m,
+static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, struct moe_model *m,
                          struct pack_item *items)
 {
     const struct moe_config *c = &m->cfg;
     const int E = c->n_experts, D = c->d_model, F = c->d_expert;
     size_t n = 0;
-    if (pass_takes(kind, pp, true)) /* first: the largest, so the team ends together */
+    if (pass_takes(kind, be, true)) /* first: the largest, so the team ends together */
         add_tensor(kind, items, &n, &m->lm_head, -1);
     if (items && n == 1 && m->lm_head.data == m->embed.data)
         items[0].keep_source = true; /* tied: the embedding reads the same rows */
-    const bool dense = pass_takes(kind, pp, false);
+    const bool dense = pass_takes(kind, be, false);
     if (dense) add_tensor(kind, items, &n, &m->mtp_eh_proj, 0); /* a multi-token-prediction module's input */
     for (int l = 0; l < c->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
@@ -136,7 +125,7 @@ static size_t pack_items(enum pack_kind kind, const struct pack_policy *pp, stru
         for (int e = 0; e < E; e++) {
             const enum moe_dtype dt = moe_expert_dtype(x, e);
             if (!x->gate[e]) continue; /* held by another rank (expert parallelism) */
-            if (!pass_takes_expert(kind, pp, l, e) || !packable(kind, dt, F, D) || !packable(kind, dt, D, F))
+            if (!pass_takes_expert(kind, be, l, e) || !packable(kind, dt, F, D) || !packable(kind, dt, D, F))
                 continue;
             const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
             const enum moe_dtype to = kind == PACK_Q4 ? moe_q4_quant_expert_dtype(D, F) : pack_dtype(kind, D);
@@ -214,9 +203,9 @@ static bool quantize_item(char *dst, const struct pack_item *it)
  * value that is not finite) and such a source would not come back, so they
  * go once every matrix is done (a file's pages are read again if needed). */
 static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum pack_kind kind,
-                                  const struct pack_policy *pp)
+                                  const struct moe_backend *be)
 {
-    const size_t n = pack_items(kind, pp, m, NULL);
+    const size_t n = pack_items(kind, be, m, NULL);
     if (n == 0) return MOE_OK;
     enum moe_status s = MOE_OK;
     char *arena = NULL;
@@ -227,7 +216,7 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
         s = moe_fail(MOE_ERR_NOMEM, "cpu backend: panel list of %zu matrices", n);
         goto fail;
     }
-    pack_items(kind, pp, m, items);
+    pack_items(kind, be, m, items);
     const size_t huge = (size_t)2 << 20;
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
@@ -308,24 +297,11 @@ fail:
 /* A per-expert plan: checks it against m (its layers and experts) and
  * gives each MoE layer's table its own dtypes (E), all the table's dtype
  * for now, in memory c owns (an arena entry: freed with the weights). */
-static enum moe_status mixed_tables(struct cpu_ctx *c, struct moe_model *m, const struct pack_policy *pp)
+static enum moe_status mixed_tables(struct cpu_ctx *c, struct moe_model *m, const struct moe_backend *be)
 {
     const struct moe_config *cfg = &m->cfg;
     const int E = cfg->n_experts;
-    for (int l = 0; l < pp->plan_layers; l++)
-        for (int e = 0; e < pp->plan_e; e++) {
-            const uint8_t q = pp->plan[(size_t)l * pp->plan_e + e];
-            if (q == MOE_EXPERT_QUANT_DEFAULT) continue;
-            if (q != MOE_QUANT_NONE && q != MOE_QUANT_Q8_0 && q != MOE_QUANT_Q4)
-                return moe_fail(MOE_ERR_INVALID_ARG, "per-expert precision plan: expert %d of layer %d has the "
-                                "unknown format %u", e, l, q);
-            if (l >= cfg->n_layers || e >= E)
-                return moe_fail(MOE_ERR_INVALID_ARG, "per-expert precision plan: expert %d of layer %d does not "
-                                "exist (the model has %d layers of %d experts)", e, l, cfg->n_layers, E);
-            if (!cfg->layer_moe[l] || !m->layers[l].experts.gate)
-                return moe_fail(MOE_ERR_INVALID_ARG, "per-expert precision plan: layer %d has no experts (a "
-                                "dense layer)", l);
-        }
+    MOE_TRY(moe_backend_check_expert_plan(be, m));
     size_t bytes;
     if (!moe_mul_size((size_t)cfg->n_layers * (size_t)(E > 0 ? E : 1), sizeof(enum moe_dtype), &bytes))
         return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert dtype tables");
@@ -356,11 +332,10 @@ enum moe_status moe_cpu_pack_model(struct cpu_ctx *c, const struct moe_backend *
             return moe_fail(MOE_ERR_INVALID_ARG, "cpu backend: the model's weights were "
                             "repacked or quantized for another backend; load it again for this one");
     } else {
-        const struct pack_policy pp = {be->quant, be->expert_quant, be->expert_quant_layers, be->expert_quant_e};
-        if (pp.plan) MOE_TRY(mixed_tables(c, m, &pp));
-        MOE_TRY(pack_model(c, m, PACK_Q4, &pp));
-        MOE_TRY(pack_model(c, m, PACK_Q8_0, &pp));
-        if (c->panels) MOE_TRY(pack_model(c, m, PACK_PANELS, &pp));
+        if (be->expert_quant) MOE_TRY(mixed_tables(c, m, be));
+        MOE_TRY(pack_model(c, m, PACK_Q4, be));
+        MOE_TRY(pack_model(c, m, PACK_Q8_0, be));
+        if (c->panels) MOE_TRY(pack_model(c, m, PACK_PANELS, be));
     }
     return MOE_OK;
 }

@@ -157,10 +157,11 @@ static size_t attention_ws_floats(const struct moe_config *cfg)
 struct work_need {
     int rows, din, K, E, L;
     size_t att_floats, wide, dense;
+    size_t mixed; /* floats of cuda_experts.mixed_rows (a per-expert plan) */
 };
 
-static enum moe_status work_need(const struct cuda_ctx *c, enum moe_weight_quant quant, const struct moe_config *cfg,
-                                 int max_rows, struct work_need *n)
+static enum moe_status work_need(const struct cuda_ctx *c, enum moe_weight_quant quant, bool plan,
+                                 const struct moe_config *cfg, int max_rows, struct work_need *n)
 {
     const int Q = cfg->n_heads * cfg->head_dim;
     const int dmax = imax(imax(cfg->d_model, Q), imax(cfg->d_ff, cfg->d_shared));
@@ -174,7 +175,7 @@ static enum moe_status work_need(const struct cuda_ctx *c, enum moe_weight_quant
      * cfg says), or an offloaded layer's device slots; the tensor-core
      * kernels read them in place, four-bit ones excepted */
     const bool q8 = quant != MOE_QUANT_NONE;
-    const bool q4 = c->mem.n_up ? c->weights.q4_experts : cfg->q4_method != MOE_Q4_NONE || quant == MOE_QUANT_Q4;
+    const bool q4 = c->mem.n_up ? c->weights.q4_experts : cfg->q4_method != MOE_Q4_NONE || quant == MOE_QUANT_Q4 || plan;
     const bool planes = q4 || (!c->experts.mma && (c->mem.n_up ? c->weights.mxfp4_experts || c->weights.fp8_experts ||
                                                                      c->weights.q8_experts
                                                                : cfg->experts_mxfp4 || cfg->weights_fp8 || q8));
@@ -191,6 +192,11 @@ static enum moe_status work_need(const struct cuda_ctx *c, enum moe_weight_quant
                    : cfg->weights_fp8 || q8 || q4 ? (size_t)dmax * dmax : 0;
     if (dense > WIDE_DENSE_MAX) dense = WIDE_DENSE_MAX;
     if (!moe_mul_size(dense, 2, &n->dense)) return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: FP8 matrix size");
+    if (plan && cfg->n_experts > 0 &&
+        (!moe_mul_size((size_t)max_rows * (size_t)n->K, (size_t)cfg->d_model, &n->mixed) ||
+         n->mixed > SIZE_MAX / sizeof(float)))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: %d rows of %d experts' outputs overflow", max_rows,
+                        n->K);
     return MOE_OK;
 }
 
@@ -206,6 +212,7 @@ static enum moe_status alloc_work(struct cuda_ctx *c, struct work_need n)
     n.L = imax(n.L, w->moe_layers);
     if (c->experts.wide_bytes > n.wide) n.wide = c->experts.wide_bytes;
     if (w->wide_dense_bytes > n.dense) n.dense = w->wide_dense_bytes;
+    if (c->experts.mixed_rows_floats > n.mixed) n.mixed = c->experts.mixed_rows_floats;
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     free_workspaces(c);
     size_t xh = (size_t)n.rows * n.din * 2, att, load = (size_t)n.L * n.E * sizeof(uint64_t);
@@ -224,7 +231,7 @@ static enum moe_status alloc_work(struct cuda_ctx *c, struct work_need n)
     MOE_CUDA_TRY(cudaMallocHost((void **)&w->h_load, load));
     if (n.dense) MOE_CUDA_TRY(cudaMalloc(&w->wide_dense, n.dense));
     w->wide_dense_bytes = n.dense;
-    MOE_TRY(moe_cuda_experts_reserve(c, n.E, (int)pairs, n.wide));
+    MOE_TRY(moe_cuda_experts_reserve(c, n.E, (int)pairs, n.wide, n.mixed));
     w->att_ws_floats = n.att_floats;
     w->max_rows = n.rows;
     w->max_din = n.din;
@@ -239,9 +246,10 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
     struct cuda_ctx *c = ctx_of(be);
     const struct cuda_work *w = &c->work;
     struct work_need n = {0};
-    MOE_TRY(work_need(c, be->quant, cfg, max_rows, &n));
+    MOE_TRY(work_need(c, be->quant, be->expert_quant != NULL, cfg, max_rows, &n));
     if (n.rows > w->max_rows || n.din > w->max_din || n.K > w->max_k || n.E > w->max_e || n.L > w->moe_layers ||
-        n.att_floats > w->att_ws_floats || n.wide > c->experts.wide_bytes || n.dense > w->wide_dense_bytes)
+        n.att_floats > w->att_ws_floats || n.wide > c->experts.wide_bytes || n.dense > w->wide_dense_bytes ||
+        n.mixed > c->experts.mixed_rows_floats)
         MOE_TRY(alloc_work(c, n));
     return moe_cuda_offload_reserve(c, w->max_rows * w->max_k);
 }
@@ -541,6 +549,8 @@ static enum moe_status cuda_experts(struct moe_backend *be, float *out, const fl
 {
     struct cuda_ctx *c = ctx_of(be);
     if (plan->hi > 0) return moe_cuda_experts_ep(c, x, plan, ex, ws, T, K, D, F, E);
+    if (ex->dtypes && ex->backend_layer) /* a per-expert plan's layer (offload refuses plans) */
+        return moe_cuda_experts_mixed(c, ex->backend_layer, out, x, plan, w, ex, ws, T, K, D, F, E);
     if (ex->backend_layer)
         return moe_cuda_offload_experts(c, ex->backend_layer, out, x, plan, w, ex, ws, T, K, D, F, E);
     return moe_cuda_experts_resident(c, out, x, plan, w, ex, ws, T, K, D, F, E);

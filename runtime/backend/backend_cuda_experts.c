@@ -32,6 +32,9 @@ void moe_cuda_experts_free(struct cuda_experts *x)
     cudaFree(x->ep_d_map);
     free(x->ep_h_map);
     x->ep_d_map = x->ep_h_map = NULL;
+    cudaFree(x->mixed_rows);
+    x->mixed_rows = NULL;
+    x->mixed_rows_floats = 0;
     free(x->g_m); /* one block with the other parameter arrays */
     x->d_ptrs = x->h_ptrs = NULL;
     x->active = x->mma_tiles = x->h_counts = NULL;
@@ -42,7 +45,7 @@ void moe_cuda_experts_free(struct cuda_experts *x)
     x->g_ta = x->g_tb = NULL;
 }
 
-enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_t wide)
+enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_t wide, size_t mixed)
 {
     struct cuda_experts *x = &c->experts;
     moe_cuda_experts_free(x);
@@ -52,6 +55,8 @@ enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_
     MOE_CUDA_TRY(cudaMalloc((void **)&x->mma_tiles, x->mma_tile_ints * sizeof(int32_t)));
     if (wide) MOE_CUDA_TRY(cudaMalloc(&x->wide, wide));
     x->wide_bytes = wide;
+    if (mixed) MOE_CUDA_TRY(cudaMalloc((void **)&x->mixed_rows, mixed * sizeof(float)));
+    x->mixed_rows_floats = mixed;
     MOE_CUDA_TRY(cudaMallocHost((void **)&x->h_counts, (size_t)E * sizeof(int32_t)));
     MOE_CUDA_TRY(cudaMallocHost((void **)&x->h_ptrs, 6 * (size_t)E * sizeof(void *)));
     MOE_CUDA_TRY(cudaMalloc((void **)&x->ep_d_map, (size_t)E * sizeof(int32_t)));
@@ -376,4 +381,78 @@ enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const st
     MOE_TRY(moe_experts_widen_rows_cuda(c->stream, ws->xe, ws->ye, ydt, (size_t)n * D));
     MOE_CUDA_TRY(cudaMemcpyAsync(ws->ye, ws->xe, (size_t)n * D * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
     return MOE_OK;
+}
+
+enum moe_status moe_cuda_experts_mixed(struct cuda_ctx *c, const struct cuda_mixed *mx, float *out,
+                                       const float *x, const struct moe_dispatch *plan, const float *w,
+                                       const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
+                                       int T, int K, int D, int F, int E)
+{
+    if (E > c->work.max_e)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d experts, %d reserved", E, c->work.max_e);
+    if (T <= 0) return MOE_OK;
+    const int n = T * K;
+    /* each stack's path, as a whole layer of its format would take it
+     * (mma, cuBLAS, else the device-driven kernels, whose fp32 rows need
+     * no gathering when every stack takes them) */
+    enum { KERNELS, CUBLAS, MMA } path[3];
+    bool kernels_only = true;
+    for (int i = 0; i < mx->n; i++) {
+        const enum moe_dtype dt = mx->set[i].dtype;
+        path[i] = moe_cuda_experts_mma(c, dt, T, K, D, F, E)                       ? MMA
+                  : moe_cuda_experts_grouped(c, dt, T, K, D, F, E, mx->set[i].C) ? CUBLAS
+                                                                                  : KERNELS;
+        kernels_only = kernels_only && path[i] == KERNELS;
+    }
+    if (!kernels_only && (size_t)n * D > c->experts.mixed_rows_floats)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d rows of %d for a per-expert plan, %zu values "
+                        "reserved", n, D, c->experts.mixed_rows_floats);
+    bool counts = false;
+    for (int i = 0; i < mx->n; i++) {
+        const struct cuda_mixed_set *st = &mx->set[i];
+        struct moe_expert_weights v = *ex; /* the stack's view: its dtype, biases by expert as before */
+        v.dtype = st->dtype;
+        v.dtypes = NULL;
+        v.backend_layer = NULL;
+        const enum moe_dtype half = st->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
+        enum moe_dtype ydt = half;
+        if (path[i] == MMA) {
+            MOE_TRY(moe_cuda_mma_gemms(c, st->d_map, st->gu, st->dn, st->C, x, plan, &v, ws, T, K, D, F, E));
+        } else if (path[i] == CUBLAS) {
+            const bool planes = moe_dtype_planes(st->dtype);
+            MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, half, NULL, NULL, E));
+            if (!counts) {
+                MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
+                                             cudaMemcpyDeviceToHost, c->stream));
+                MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+                counts = true;
+            }
+            const void *wgu = st->gu, *wdn = st->dn;
+            if (planes) { /* the stack's C experts widened to bf16 */
+                char *g = c->experts.wide, *d = g + 2 * (size_t)F * D * 2 * st->C;
+                MOE_TRY(moe_experts_widen_cuda(c->stream, g, st->gu, st->dtype, 2 * (size_t)F * st->C, (size_t)D,
+                                               st->C, NULL));
+                MOE_TRY(moe_experts_widen_cuda(c->stream, d, st->dn, st->dtype, (size_t)D * st->C, (size_t)F,
+                                               st->C, NULL));
+                wgu = g, wdn = d;
+            }
+            enum moe_status s = moe_cuda_grouped_gemms(c, st->h_map, wgu, wdn, planes ? MOE_DTYPE_BF16 : st->dtype,
+                                                       plan, &v, ws, n, D, F, E);
+            if (s == MOE_ERR_UNSUPPORTED) { /* cuBLAS refused: this step and the later ones on the kernels */
+                moe_cuda_no_grouped(c);
+                return moe_cuda_experts_mixed(c, mx, out, x, plan, w, ex, ws, T, K, D, F, E);
+            }
+            MOE_TRY(s);
+        } else {
+            ydt = MOE_DTYPE_F32; /* the down bias added */
+            MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, ws->xe, ws->u, x, plan, c->experts.active,
+                                               st->d_map, st->C, st->gu, st->dn, &v, st->dtype, T, K, D, F, E));
+        }
+        if (!kernels_only)
+            MOE_TRY(moe_experts_take_rows_cuda(c->stream, c->experts.mixed_rows, ws->ye, ydt, st->d_map,
+                                               plan->offsets, E, n, D,
+                                               ydt == MOE_DTYPE_F32 ? NULL : ex->b_down.data));
+    }
+    return moe_experts_combine_cuda(c->stream, out, kernels_only ? ws->ye : c->experts.mixed_rows, MOE_DTYPE_F32,
+                                    w, plan->pos, T, K, D, plan->offsets, E, NULL);
 }

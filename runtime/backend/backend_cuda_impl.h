@@ -54,6 +54,8 @@ struct cuda_mem {
     size_t n_up, cap_up;
     void **owned;
     size_t n_owned, cap_owned;
+    void **host;             /* host memory (malloc) freed at destroy */
+    size_t n_host, cap_host;
     size_t part_bytes[P_COUNT];
 };
 
@@ -113,6 +115,11 @@ struct cuda_experts {
     /* expert parallelism: each slot's place in the rank's stacks, -1 for
      * other ranks' slots (host and device, max_e) */
     int32_t *ep_h_map, *ep_d_map;
+    /* per-expert plans: (max_rows * max_k, D) fp32 rows, each stack's
+     * results gathered there when a stack's path leaves them in half
+     * precision (moe_cuda_experts_mixed) */
+    float *mixed_rows;
+    size_t mixed_rows_floats;
 };
 
 /* A recorded step: the ops of one forward workspace for a step shape. */
@@ -134,6 +141,27 @@ struct cuda_graphs {
     int capturing;           /* 1 while recording */
     int replaying;           /* index + 1 of the graph graph_end launches */
     int64_t replays;         /* recorded steps replayed so far */
+};
+
+/* A MoE layer whose experts a per-expert precision plan put in several
+ * formats (--expert-dtype-plan; backend_cuda_upload.c): one stack per
+ * format, each holding its C experts in expert order, stacked as a whole
+ * layer's are (gate+up at gu, down at dn; planes: the scales after the C
+ * experts' values).  The table's backend_layer points here and its
+ * dtypes at dtypes; the experts op runs each stack over its experts as an
+ * offloaded layer's round does (map: each expert's place in the stack, -1
+ * where another stack holds it; host for cuBLAS, device for the
+ * kernels). */
+struct cuda_mixed_set {
+    enum moe_dtype dtype;
+    int C;
+    const void *gu, *dn;
+    int32_t *h_map, *d_map;  /* (E) */
+};
+struct cuda_mixed {
+    int n;                   /* stacks (2 or 3) */
+    struct cuda_mixed_set set[3];
+    enum moe_dtype dtypes[]; /* (E) each expert's */
 };
 
 /* A MoE layer whose experts live in pinned host memory, C of them in
@@ -211,6 +239,7 @@ struct cuda_ctx {
     struct cuda_experts experts;
     struct cuda_graphs graphs;
     struct cuda_offload off;
+    int mixed_layers;        /* MoE layers whose experts a per-expert plan split (struct cuda_mixed) */
 };
 
 static inline struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
@@ -224,6 +253,8 @@ static inline cudaDataType_t cuda_type(enum moe_dtype t)
 
 /* Records a device buffer freed at destroy. */
 MOE_MUST_USE enum moe_status moe_cuda_mem_keep(struct cuda_mem *m, void *p);
+/* Records host memory (malloc'd) freed at destroy. */
+MOE_MUST_USE enum moe_status moe_cuda_mem_keep_host(struct cuda_mem *m, void *p);
 /* A new device buffer of bytes (at least 1), freed at destroy. */
 MOE_MUST_USE enum moe_status moe_cuda_mem_buffer(struct cuda_mem *m, size_t bytes, void **out);
 void moe_cuda_mem_free(struct cuda_mem *m);
@@ -249,8 +280,10 @@ void moe_cuda_graphs_free(struct cuda_graphs *g);
  * or 0 on overflow. */
 size_t moe_cuda_widened_layer_bytes(int E, int D, int F);
 /* The expert kernels' buffers for steps of up to n routed rows over E
- * experts, with wide bytes to widen planes experts into (0: none). */
-MOE_MUST_USE enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_t wide);
+ * experts, with wide bytes to widen planes experts into (0: none) and
+ * mixed floats of rows for per-expert plans (0: none). */
+MOE_MUST_USE enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_t wide,
+                                                      size_t mixed);
 void moe_cuda_experts_free(struct cuda_experts *x);
 /* The experts op (backend.h) for a layer whose experts are all resident,
  * stacked as prepare_model lays them out. */
@@ -263,6 +296,14 @@ MOE_MUST_USE enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float
  * ex a table of the layer's E slots, those of this rank (lo..hi-1) stacked
  * as prepare_model lays out the experts it holds; their rows of ws->ye
  * left in fp32, nothing combined. */
+/* A step's experts in a layer a per-expert plan split (struct cuda_mixed,
+ * the table's backend_layer): each stack over its experts on the path its
+ * format and the step's rows choose, one weighted combine into out. */
+MOE_MUST_USE enum moe_status moe_cuda_experts_mixed(struct cuda_ctx *c, const struct cuda_mixed *mx, float *out,
+                                                    const float *x, const struct moe_dispatch *plan, const float *w,
+                                                    const struct moe_expert_weights *ex,
+                                                    const struct moe_expert_ws *ws, int T, int K, int D, int F,
+                                                    int E);
 MOE_MUST_USE enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const struct moe_dispatch *plan,
                                                  const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
                                                  int T, int K, int D, int F, int E);

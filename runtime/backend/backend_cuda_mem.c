@@ -1,6 +1,7 @@
 /* backend_cuda_mem.c - the device memory the CUDA backend owns: weight
  * uploads and the further buffers prepare_model makes (stacked experts,
- * offload slots, flags), all freed together at destroy.  Calls no other
+ * offload slots, flags) and the host tables kept beside them, all freed
+ * together at destroy.  Calls no other
  * file of the backend. */
 #include <stdlib.h>
 #include <string.h>
@@ -10,17 +11,28 @@
 const char *const moe_cuda_part_names[P_COUNT] = {"embed", "lm_head", "attention", "norms",
                                                   "dense_ffn", "router", "experts", "shared"};
 
+/* Appends p to the list (*list, *n of *cap). */
+static enum moe_status keep(void ***list, size_t *n, size_t *cap, void *p)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 64;
+        void **q = realloc(*list, c * sizeof *q);
+        if (!q) return moe_fail(MOE_ERR_NOMEM, "cuda backend: buffer list");
+        *list = q;
+        *cap = c;
+    }
+    (*list)[(*n)++] = p;
+    return MOE_OK;
+}
+
 enum moe_status moe_cuda_mem_keep(struct cuda_mem *m, void *p)
 {
-    if (m->n_owned == m->cap_owned) {
-        size_t n = m->cap_owned ? 2 * m->cap_owned : 64;
-        void **q = realloc(m->owned, n * sizeof *q);
-        if (!q) return moe_fail(MOE_ERR_NOMEM, "cuda backend: buffer list");
-        m->owned = q;
-        m->cap_owned = n;
-    }
-    m->owned[m->n_owned++] = p;
-    return MOE_OK;
+    return keep(&m->owned, &m->n_owned, &m->cap_owned, p);
+}
+
+enum moe_status moe_cuda_mem_keep_host(struct cuda_mem *m, void *p)
+{
+    return keep(&m->host, &m->n_host, &m->cap_host, p);
 }
 
 enum moe_status moe_cuda_mem_buffer(struct cuda_mem *m, size_t bytes, void **out)
@@ -38,6 +50,8 @@ void moe_cuda_mem_free(struct cuda_mem *m)
 {
     for (size_t i = 0; i < m->n_owned; i++) cudaFree(m->owned[i]);
     free(m->owned);
+    for (size_t i = 0; i < m->n_host; i++) free(m->host[i]);
+    free(m->host);
     free(m->up);
     memset(m, 0, sizeof *m);
 }

@@ -13,8 +13,7 @@
  * device's before the combine.  The layer's expert table holds its
  * struct offload_layer (backend_layer); layers live until the backend is
  * freed, those of a model freed before it too.  Calls
- * backend_cuda_experts.c and backend_cuda_mem.c.  See docs/cuda.md,
- * "Expert offload". */
+ * backend_cuda_experts.c and backend_cuda_mem.c.  See docs/offload.md. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>

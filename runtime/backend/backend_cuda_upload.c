@@ -82,19 +82,19 @@ static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_ten
     return s;
 }
 
-/* --quantize on this backend: the dtype a matrix of dtype dt with rows of
+/* Quantization q on this backend: the dtype a matrix of dtype dt with rows of
  * K values (an expert: F x D, F 0 for other matrices) becomes (lm_head:
  * the LM head), MOE_DTYPE_N when it stays as stored.  The CPU backend's
  * rule (backend_cpu_pack.c): float weights whose rows are whole blocks of
  * 32; q8_0 makes Q8_0, q4 makes moe_q4_quant_dtype's (Q4_K or Q4_1), but
  * the LM head Q8_0. */
-static enum moe_dtype quant_target(const struct moe_backend *be, enum moe_dtype dt, int64_t K, int64_t F,
+static enum moe_dtype quant_target(enum moe_weight_quant q, enum moe_dtype dt, int64_t K, int64_t F,
                                    bool lm_head)
 {
-    if (be->quant == MOE_QUANT_NONE || K <= 0 || K % MOE_Q8_0_BLOCK || F % MOE_Q8_0_BLOCK ||
+    if (q == MOE_QUANT_NONE || K <= 0 || K % MOE_Q8_0_BLOCK || F % MOE_Q8_0_BLOCK ||
         (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16))
         return MOE_DTYPE_N;
-    if (be->quant != MOE_QUANT_Q4 || lm_head) return MOE_DTYPE_Q8_0;
+    if (q != MOE_QUANT_Q4 || lm_head) return MOE_DTYPE_Q8_0;
     return F ? moe_q4_quant_expert_dtype(K, F) : moe_q4_quant_dtype(K);
 }
 
@@ -170,7 +170,7 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
 {
     struct cuda_ctx *c = ctx_of(be);
     if (!t->data || t->device >= 0) return MOE_OK;
-    const enum moe_dtype qt = planes && t->ndim == 2 ? quant_target(be, t->dtype, t->shape[1], 0, layer < 0)
+    const enum moe_dtype qt = planes && t->ndim == 2 ? quant_target(be->quant, t->dtype, t->shape[1], 0, layer < 0)
                                                      : MOE_DTYPE_N;
     const bool quant = qt != MOE_DTYPE_N;
     for (size_t i = 0; i < c->mem.n_up; i++)
@@ -349,16 +349,18 @@ static enum moe_status upload_expert_cols(struct moe_backend *be, struct moe_exp
 }
 
 /* Stacks a layer's experts into (E, 2F, D) gate+up and (E, D, F) down device
- * buffers and points the expert table into them (offloaded: see
- * backend_cuda_offload.c); act-order experts' column orders follow. */
+ * buffers, quantized as q, and points the expert table into them
+ * (offloaded: see backend_cuda_offload.c); act-order experts' column
+ * orders follow. */
 static enum moe_status upload_experts(struct moe_backend *be, const struct moe_model *m,
-                                      struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
+                                      struct moe_expert_weights *x, int E, int D, int F, int moe_layer,
+                                      enum moe_weight_quant q)
 {
     struct cuda_ctx *c = ctx_of(be);
     /* MXFP4, FP8 and four-bit experts stay as they are, in planes; float
      * ones become Q8_0, Q4_1 or Q4_K planes under --quantize (Q4_K when D
      * and F are multiples of 256: one dtype an expert) */
-    const enum moe_dtype qt = quant_target(be, x->dtype, D, F, false);
+    const enum moe_dtype qt = quant_target(q, x->dtype, D, F, false);
     const bool quant = qt != MOE_DTYPE_N;
     const enum moe_dtype dt = quant ? qt : x->dtype;
     const bool planes = moe_dtype_planes(dt);
@@ -412,35 +414,124 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     return x->cols ? upload_expert_cols(be, x, E, D, F) : MOE_OK;
 }
 
+/* The experts e of x with pick[e] == want (E of them in all) stacked in
+ * expert order as upload_experts does, quantized as q; their table
+ * entries pointed into the stacks, the others' left as they were; *dt:
+ * the stack's dtype, *n: its experts (0: nothing uploaded). */
+static enum moe_status upload_expert_set(struct moe_backend *be, const struct moe_model *m,
+                                         struct moe_expert_weights *x, const uint8_t *pick, uint8_t want, int E,
+                                         int D, int F, int moe_layer, enum moe_weight_quant q, int *n,
+                                         enum moe_dtype *dt)
+{
+    *n = 0;
+    *dt = x->dtype;
+    for (int e = 0; e < E; e++) *n += pick[e] == want;
+    if (*n == 0) return MOE_OK;
+    const void **t = malloc(3 * (size_t)*n * sizeof *t);
+    if (!t) return moe_fail(MOE_ERR_NOMEM, "cuda upload: a table of %d experts", *n);
+    struct moe_expert_weights h = *x;
+    h.gate = t, h.up = t + *n, h.down = t + 2 * (size_t)*n;
+    for (int e = 0, i = 0; e < E; e++)
+        if (pick[e] == want) h.gate[i] = x->gate[e], h.up[i] = x->up[e], h.down[i++] = x->down[e];
+    enum moe_status s = upload_experts(be, m, &h, *n, D, F, moe_layer, q);
+    if (s == MOE_OK) {
+        *dt = h.dtype;
+        for (int e = 0, i = 0; e < E; e++)
+            if (pick[e] == want) x->gate[e] = h.gate[i], x->up[e] = h.up[i], x->down[e] = h.down[i++];
+    }
+    free(t);
+    return s;
+}
+
+/* A layer's experts under a per-expert plan (be->expert_quant, model
+ * layer l): one stack per quantization the plan gives its experts
+ * (stored, q8_0, q4), each in expert order, and a struct cuda_mixed in
+ * x->backend_layer saying which expert is where; x->dtypes its table of
+ * each expert's dtype.  A layer whose experts all take one quantization is
+ * stacked as without a plan. */
+static enum moe_status upload_mixed_experts(struct moe_backend *be, const struct moe_model *m, int l,
+                                            struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    uint8_t *pick = malloc((size_t)E);
+    if (!pick) return moe_fail(MOE_ERR_NOMEM, "cuda upload: a plan of %d experts", E);
+    int used[3] = {0};
+    for (int e = 0; e < E; e++) used[pick[e] = (uint8_t)moe_backend_expert_quant(be, l, e)] = 1;
+    enum moe_status s = MOE_OK;
+    if (used[0] + used[1] + used[2] == 1) {
+        s = upload_experts(be, m, x, E, D, F, moe_layer, (enum moe_weight_quant)pick[0]);
+        free(pick);
+        return s;
+    }
+    const char *no = m->weights_deferred ? "--synthetic weights (generated on the device whole)"
+                     : x->cols ? "act-order four-bit experts"
+                     : c->off.opts.gpu_experts > 0 ? "--gpu-experts" : NULL;
+    if (no) {
+        free(pick);
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --expert-dtype-plan with %s is not supported", no);
+    }
+    struct cuda_mixed *mx = calloc(1, sizeof *mx + (size_t)E * sizeof(enum moe_dtype));
+    if (!mx || (s = moe_cuda_mem_keep_host(&c->mem, mx)) != MOE_OK) {
+        free(mx);
+        free(pick);
+        return s != MOE_OK ? s : moe_fail(MOE_ERR_NOMEM, "cuda upload: a mixed layer");
+    }
+    for (int q = 0; q < 3 && s == MOE_OK; q++) {
+        if (!used[q]) continue;
+        struct cuda_mixed_set *st = &mx->set[mx->n];
+        s = upload_expert_set(be, m, x, pick, (uint8_t)q, E, D, F, moe_layer, (enum moe_weight_quant)q, &st->C,
+                              &st->dtype);
+        if (s != MOE_OK) break;
+        st->h_map = malloc((size_t)E * sizeof(int32_t));
+        if (!st->h_map || (s = moe_cuda_mem_keep_host(&c->mem, st->h_map)) != MOE_OK) {
+            free(st->h_map);
+            st->h_map = NULL;
+            if (s == MOE_OK) s = moe_fail(MOE_ERR_NOMEM, "cuda upload: an expert map");
+            break;
+        }
+        for (int e = 0, i = 0; e < E; e++) {
+            st->h_map[e] = pick[e] == q ? i++ : -1;
+            if (pick[e] == q) mx->dtypes[e] = st->dtype;
+            if (pick[e] == q && st->h_map[e] == 0) st->gu = x->gate[e], st->dn = x->down[e];
+        }
+        s = dev_buffer(be, (size_t)E * sizeof(int32_t), (void **)&st->d_map);
+        if (s == MOE_OK)
+            s = cudaMemcpy(st->d_map, st->h_map, (size_t)E * sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess
+                    ? MOE_OK : moe_fail(MOE_ERR_DEVICE, "cuda upload: an expert map");
+        mx->n++;
+    }
+    free(pick);
+    if (s != MOE_OK) return s;
+    x->dtype = mx->set[0].dtype;
+    x->dtypes = mx->dtypes;
+    x->backend_layer = mx;
+    c->mixed_layers++;
+    return MOE_OK;
+}
+
 /* A layer's experts: all of them, or under expert parallelism (m->ep_held)
  * those this rank holds, stacked in expert order (the order of its slots,
  * runtime/engine/ep.h), the others' table entries left NULL. */
 static enum moe_status upload_held_experts(struct moe_backend *be, const struct moe_model *m, int l,
                                            struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
 {
-    if (!m->ep_held) return upload_experts(be, m, x, E, D, F, moe_layer);
+    if (!m->ep_held)
+        return be->expert_quant ? upload_mixed_experts(be, m, l, x, E, D, F, moe_layer)
+                                : upload_experts(be, m, x, E, D, F, moe_layer, be->quant);
     const char *no = m->weights_deferred ? "--synthetic weights (generated on the device whole)"
                      : x->cols ? "act-order four-bit experts"
                      : x->b_gate.data || x->b_up.data || x->b_down.data ? "expert biases (gpt-oss)"
                      : ctx_of(be)->off.opts.gpu_experts > 0 ? "--gpu-experts" : NULL;
     if (no)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with %s is not supported", no);
-    int n = 0;
-    for (int e = 0; e < E; e++) n += moe_model_holds(m, l, e) != 0;
-    if (n == 0) return MOE_OK;
-    const void **t = malloc(3 * (size_t)n * sizeof *t);
-    if (!t) return moe_fail(MOE_ERR_NOMEM, "cuda upload: a table of %d experts", n);
-    struct moe_expert_weights h = *x;
-    h.gate = t, h.up = t + n, h.down = t + 2 * (size_t)n;
-    for (int e = 0, i = 0; e < E; e++)
-        if (moe_model_holds(m, l, e)) h.gate[i] = x->gate[e], h.up[i] = x->up[e], h.down[i++] = x->down[e];
-    enum moe_status s = upload_experts(be, m, &h, n, D, F, moe_layer);
-    if (s == MOE_OK) {
-        x->dtype = h.dtype;
-        for (int e = 0, i = 0; e < E; e++)
-            if (moe_model_holds(m, l, e)) x->gate[e] = h.gate[i], x->up[e] = h.up[i], x->down[e] = h.down[i++];
-    }
-    free(t);
+    uint8_t *held = malloc((size_t)E);
+    if (!held) return moe_fail(MOE_ERR_NOMEM, "cuda upload: %d experts", E);
+    for (int e = 0; e < E; e++) held[e] = moe_model_holds(m, l, e) != 0;
+    int n;
+    enum moe_dtype dt;
+    enum moe_status s = upload_expert_set(be, m, x, held, 1, E, D, F, moe_layer, be->quant, &n, &dt);
+    if (s == MOE_OK) x->dtype = dt;
+    free(held);
     return s;
 }
 
@@ -536,9 +627,10 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     if (has_dtype(m, is_mxfp4))
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "
                         "supported");
-    if (be->expert_quant)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --expert-dtype-plan (each expert its own format) "
-                        "has no CUDA path yet; use --backend cpu");
+    if (be->expert_quant && m->ep_held)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with --expert-dtype-plan is not "
+                        "supported");
+    MOE_TRY(moe_backend_check_expert_plan(be, m));
     for (int l = 0; l < cfg->n_layers; l++)
         if (m->layers[l].wq.dtype == MOE_DTYPE_Q8_0 || m->layers[l].wq.dtype == MOE_DTYPE_BF16_PANEL ||
             (m->layers[l].experts.gate && (m->layers[l].experts.dtype == MOE_DTYPE_Q8_0 || m->layers[l].experts.dtypes ||
@@ -560,11 +652,12 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     c->weights.widened_fp8 = c->weights.mxfp4_experts = c->weights.fp8_experts = c->weights.fp8_dense = c->weights.q8_experts = c->weights.q8_dense = false;
     c->weights.q4_experts = c->weights.q4_dense = c->weights.q4_1_made = c->weights.q4_k_made = false;
     c->weights.planes_dense_max = 0;
+    c->mixed_layers = 0;
     memset(c->mem.part_bytes, 0, sizeof c->mem.part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
     /* the LM head: quantized under --quantize q8_0 (tied: a copy of its
      * own, the embedding stays as stored) */
-    const bool q8_head = m->lm_head.ndim == 2 && quant_target(be, m->lm_head.dtype, m->lm_head.shape[1], 0, true) != MOE_DTYPE_N;
+    const bool q8_head = m->lm_head.ndim == 2 && quant_target(be->quant, m->lm_head.dtype, m->lm_head.shape[1], 0, true) != MOE_DTYPE_N;
     MOE_TRY(upload_matmul_view(be, m, &m->lm_head, cfg->tie_embeddings && !q8_head ? P_EMBED : P_HEAD, -1));
     MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
     /* a multi-token-prediction module's input (absent elsewhere) */
@@ -627,15 +720,20 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
                 c->weights.mxfp4_experts ? "MXFP4 experts" : "", c->weights.mxfp4_experts && c->weights.fp8_experts ? ", " : "",
                 c->weights.fp8_experts ? "FP8 experts" : "",
                 c->weights.fp8_dense ? (c->weights.mxfp4_experts || c->weights.fp8_experts ? ", FP8 projections" : "FP8 projections") : "");
+    if (c->mixed_layers)
+        fprintf(stderr, "moerun: cuda: --expert-dtype-plan: %d MoE layers hold their experts in several formats, "
+                "one stack per format\n", c->mixed_layers);
     if (c->weights.q8_experts || c->weights.q8_dense)
-        fprintf(stderr, "moerun: cuda: %s quantized to Q8_0 on the device (--quantize q8_0), read in place\n",
-                c->weights.q8_experts && c->weights.q8_dense ? "experts and projections" : c->weights.q8_experts ? "experts" : "projections");
+        fprintf(stderr, "moerun: cuda: %s quantized to Q8_0 on the device (%s), read in place\n",
+                c->weights.q8_experts && c->weights.q8_dense ? "experts and projections" : c->weights.q8_experts ? "experts" : "projections",
+                be->expert_quant ? "--quantize, --expert-dtype-plan" : "--quantize q8_0");
     if (c->weights.q4_k_made || c->weights.q4_1_made)
-        fprintf(stderr, "moerun: cuda: %s quantized to %s on the device (--quantize q4: Q4_K where rows are "
+        fprintf(stderr, "moerun: cuda: %s quantized to %s on the device (%s: Q4_K where rows are "
                 "multiples of 256, else Q4_1; the LM head to Q8_0), read in place\n",
                 c->weights.q4_experts && c->weights.q4_dense ? "experts and projections"
                 : c->weights.q4_experts ? "experts" : "projections",
-                c->weights.q4_k_made && c->weights.q4_1_made ? "Q4_K and Q4_1" : c->weights.q4_k_made ? "Q4_K" : "Q4_1");
+                c->weights.q4_k_made && c->weights.q4_1_made ? "Q4_K and Q4_1" : c->weights.q4_k_made ? "Q4_K" : "Q4_1",
+                be->expert_quant ? "--quantize q4, --expert-dtype-plan" : "--quantize q4");
     else if (c->weights.q4_experts || c->weights.q4_dense)
         fprintf(stderr, "moerun: cuda: four-bit %s resident as stored, read in place\n",
                 c->weights.q4_experts && c->weights.q4_dense ? "experts and projections"

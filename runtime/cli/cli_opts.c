@@ -137,11 +137,10 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
      .help = "quantize the weights at load: q8_0, 9 bits a weight (CPU\n"
              "and CUDA backends), or q4, four bits with the LM head at\n"
              "q8_0: ggml's Q4_K (4.5 bits a weight) where rows are\n"
-             "multiples of 256 on the CPU backends, ggml's Q4_1 (5 bits)\n"
-             "elsewhere and on CUDA; routers and the embedding stay as\n"
-             "stored"},
+             "multiples of 256, ggml's Q4_1 (5 bits) elsewhere; routers\n"
+             "and the embedding stay as stored"},
     {.name = "expert-dtype-plan", .arg = "FILE", .kind = MOE_CLI_STRING, ENG(expert_plan),
-     .help = "per-expert precision (CPU): FILE is statistics or a trace\n"
+     .help = "per-expert precision: FILE is statistics or a trace\n"
              "(--stats-out, --trace-out): each layer's hot experts keep\n"
              "their precision (q8_0 with --quantize), the rest take q4;\n"
              "or a JSON map {\"expert_dtypes\": {LAYER: {EXPERT: q4 |\n"

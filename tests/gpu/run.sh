@@ -6,7 +6,7 @@
 #
 #  1. unpacks the .debs into a private prefix and builds (Release, CUDA on);
 #  2. runs every CUDA op against the CPU op (tests/test_backend_ops.c, tests/test_cuda_ops.c,
-#     tests/test_cuda_attention.c, tests/test_cuda_quant.c) and
+#     tests/test_cuda_attention.c, tests/test_cuda_quant.c, tests/test_cuda_plan.c) and
 #     tabulates the worst relative error per op and dtype;
 #  3. runs every fixture model end to end on both backends
 #     (tests/test_cuda_forward.c: fp32 greedy tokens identical, bf16 logits
@@ -515,7 +515,7 @@ if phase build && ! both=1 timed "cmake configure" 300 "+$log" cmake -S "$root" 
     exit 1
 fi
 if phase build && ! both=1 timed "build" 1500 "+$log" cmake --build "$build" -j "$jobs" --target moerun \
-        test_backend_ops_cuda test_cuda_ops test_cuda_attention test_cuda_quant test_cuda_forward \
+        test_backend_ops_cuda test_cuda_ops test_cuda_attention test_cuda_quant test_cuda_plan test_cuda_forward \
         test_cuda_offload test_spec test_spec_mtp; then
     fail "$last"
     grep -E "error|Error" "$log" | head -30
@@ -533,6 +533,7 @@ both=1 timed test_backend_ops_cuda 150 "$work/parity.txt" "$build/test_backend_o
 both=1 timed test_cuda_ops 150 "+$work/parity.txt" "$build/test_cuda_ops" --jobs=1 || fail "$last"
 both=1 timed test_cuda_attention 150 "+$work/parity.txt" "$build/test_cuda_attention" --jobs=1 || fail "$last"
 both=1 timed test_cuda_quant 150 "+$work/parity.txt" "$build/test_cuda_quant" --jobs=1 || fail "$last"
+both=1 timed test_cuda_plan 100 "+$work/parity.txt" "$build/test_cuda_plan" --jobs=1 || fail "$last"
 grep -q "^parity:" "$work/parity.txt" || fail "no parity lines: the CUDA op tests did not run"
 grep -E "^\[FAIL\]|^\[SKIP\]|Assertion|mismatch|DIFFERS| FAIL$" "$work/parity.txt" | head -20 | tee -a "$log"
 # worst error per op and dtype

@@ -1,0 +1,34 @@
+/* backend_plan.c - per-expert precision plans (moe_backend.expert_quant,
+ * --expert-dtype-plan) as every backend's prepare_model reads them.  Calls
+ * no other file of the room. */
+#include "runtime/backend/backend.h"
+#include "runtime/model/model.h"
+
+enum moe_weight_quant moe_backend_expert_quant(const struct moe_backend *be, int l, int e)
+{
+    const uint8_t p = be->expert_quant && l >= 0 && e >= 0 && l < be->expert_quant_layers && e < be->expert_quant_e
+                          ? be->expert_quant[(size_t)l * be->expert_quant_e + e]
+                          : MOE_EXPERT_QUANT_DEFAULT;
+    return p == MOE_EXPERT_QUANT_DEFAULT ? be->quant : (enum moe_weight_quant)p;
+}
+
+enum moe_status moe_backend_check_expert_plan(const struct moe_backend *be, const struct moe_model *m)
+{
+    const struct moe_config *cfg = &m->cfg;
+    for (int l = 0; l < be->expert_quant_layers && be->expert_quant; l++)
+        for (int e = 0; e < be->expert_quant_e; e++) {
+            const uint8_t q = be->expert_quant[(size_t)l * be->expert_quant_e + e];
+            if (q == MOE_EXPERT_QUANT_DEFAULT) continue;
+            if (q != MOE_QUANT_NONE && q != MOE_QUANT_Q8_0 && q != MOE_QUANT_Q4)
+                return moe_fail(MOE_ERR_INVALID_ARG, "per-expert precision plan: expert %d of layer %d has the "
+                                "unknown format %u", e, l, q);
+            if (l >= cfg->n_layers || e >= cfg->n_experts)
+                return moe_fail(MOE_ERR_INVALID_ARG, "per-expert precision plan: expert %d of layer %d does not "
+                                "exist (the model has %d layers of %d experts)", e, l, cfg->n_layers,
+                                cfg->n_experts);
+            if (!cfg->layer_moe[l] || !m->layers[l].experts.gate)
+                return moe_fail(MOE_ERR_INVALID_ARG, "per-expert precision plan: layer %d has no experts (a "
+                                "dense layer)", l);
+        }
+    return MOE_OK;
+}
