@@ -349,7 +349,8 @@ enum moe_status moe_cuda_offload_experts(struct cuda_ctx *c, struct offload_laye
     if (hybrid && n > c->off.cpu.n_perm)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda offload: %d routed rows, %d reserved", n, c->off.cpu.n_perm);
     if (path == PATH_CUBLAS) /* the tensor-core kernels read x through perm */
-        MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt, NULL, NULL, E));
+        MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt,
+                                             ex->cols ? ex->cols[0] : NULL, plan->offsets, E));
     MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream));
     if (hybrid)

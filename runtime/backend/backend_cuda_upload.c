@@ -381,9 +381,10 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     const struct moe_offload_opts *oo = &c->off.opts;
     const bool off = oo->gpu_experts > 0 && oo->gpu_experts < E;
     void *gu, *dn;
-    if (off && x->cols)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --gpu-experts with act-order four-bit experts (MoE "
-                        "layer %d) is not supported; keep every expert resident", moe_layer);
+    if (off && x->cols && oo->cpu_rows > 0)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --gpu-experts-cpu-rows with act-order four-bit "
+                        "experts (MoE layer %d) is not supported: the CPU side reads the experts' columns in "
+                        "stored order", moe_layer);
     if (off) {
         MOE_CUDA_TRY(cudaMalloc(&gu, gu_bytes));
         cudaError_t ce = cudaMalloc(&dn, dn_bytes);
@@ -399,7 +400,9 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
                                        2 * sb, mat, sb);
         cudaFree(gu);
         cudaFree(dn);
-        return s;
+        /* act order: every expert's column orders resident (the kernels
+         * index them by expert, not by slot) */
+        return s == MOE_OK && x->cols ? upload_expert_cols(be, x, E, D, F) : s;
     }
     MOE_TRY(dev_buffer(be, gu_bytes, &gu));
     MOE_TRY(dev_buffer(be, dn_bytes, &dn));
