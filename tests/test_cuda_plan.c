@@ -152,6 +152,16 @@ Test(cuda_plan, plan_olmoe_short_matches_cpu) { check_olmoe_plan(8, "olmoe S8 ke
  * (moe_experts_take_rows_cuda) before one combine */
 Test(cuda_plan, plan_olmoe_grouped_matches_cpu) { check_olmoe_plan(40, "olmoe S40 grouped"); }
 
+/* The same with MOERUN_CUDA_EXPERTS=mma: the stored and Q8_0 stacks on the
+ * tensor-core kernels, the Q4_1 one (no four-bit tensor-core path) on
+ * cuBLAS */
+Test(cuda_plan, plan_olmoe_mma_matches_cpu)
+{
+    setenv("MOERUN_CUDA_EXPERTS", "mma", 1);
+    check_olmoe_plan(40, "olmoe S40 mma");
+    unsetenv("MOERUN_CUDA_EXPERTS");
+}
+
 /* What the device refuses before anything is quantized: a plan naming an
  * expert the model does not have, and a plan with --gpu-experts. */
 Test(cuda_plan, plan_refusals)

@@ -278,6 +278,47 @@ void moe_cuda_no_grouped(struct cuda_ctx *c)
     c->experts.no_grouped = true;
 }
 
+enum expert_path moe_cuda_expert_path(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,
+                                      int E, int C)
+{
+    return moe_cuda_experts_mma(c, dt, T, K, D, F, E)          ? PATH_MMA
+           : moe_cuda_experts_grouped(c, dt, T, K, D, F, E, C) ? PATH_CUBLAS
+                                                                : PATH_KERNELS;
+}
+
+enum moe_status moe_cuda_run_stack(struct cuda_ctx *c, enum expert_path path, const void *gu, const void *dn, int C,
+                                   const int32_t *h_map, const int32_t *d_map, const float *x,
+                                   const struct moe_dispatch *plan, const struct moe_expert_weights *ex,
+                                   const struct moe_expert_ws *ws, int T, int K, int D, int F, int E,
+                                   enum moe_dtype *ydt)
+{
+    const enum moe_dtype dt = ex->dtype;
+    *ydt = path == PATH_KERNELS ? MOE_DTYPE_F32 : dt == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
+    if (path == PATH_MMA) return moe_cuda_mma_gemms(c, d_map, gu, dn, C, x, plan, ex, ws, T, K, D, F, E);
+    if (path == PATH_KERNELS)
+        return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, ws->xe, ws->u, x, plan, c->experts.active, d_map,
+                                          C, gu, dn, ex, dt, T, K, D, F, E);
+    if (!moe_dtype_planes(dt)) return moe_cuda_grouped_gemms(c, h_map, gu, dn, dt, plan, ex, ws, T * K, D, F, E);
+    /* the C experts widened to bf16, at their places */
+    char *wgu = c->experts.wide, *wdn = wgu + 2 * (size_t)F * D * 2 * C;
+    MOE_TRY(moe_experts_widen_cuda(c->stream, wgu, gu, dt, 2 * (size_t)F * C, (size_t)D, C, NULL));
+    MOE_TRY(moe_experts_widen_cuda(c->stream, wdn, dn, dt, (size_t)D * C, (size_t)F, C, NULL));
+    return moe_cuda_grouped_gemms(c, h_map, wgu, wdn, MOE_DTYPE_BF16, plan, ex, ws, T * K, D, F, E);
+}
+
+/* The step's routed rows gathered in half precision into ws->xe (the
+ * cuBLAS path's input), and its counts read back to the host. */
+static enum moe_status gather_and_count(struct cuda_ctx *c, const float *x, const struct moe_dispatch *plan,
+                                        const struct moe_expert_ws *ws, enum moe_dtype half, int n, int K, int D,
+                                        int E)
+{
+    MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, half, NULL, NULL, E));
+    MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, c->stream));
+    MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    return MOE_OK;
+}
+
 enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float *out, const float *x,
                                           const struct moe_dispatch *plan, const float *w,
                                           const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
@@ -344,39 +385,22 @@ enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const st
     if (T <= 0) return MOE_OK;
     int32_t *map = c->experts.ep_h_map;
     for (int s = 0; s < E; s++) map[s] = s >= lo && s < hi ? s - lo : -1;
-    enum moe_dtype ydt = MOE_DTYPE_F32;
-    if (moe_cuda_experts_mma(c, ex->dtype, T, K, D, F, E)) {
+    const enum expert_path path = moe_cuda_expert_path(c, ex->dtype, T, K, D, F, E, C);
+    if (path == PATH_CUBLAS)
+        MOE_TRY(gather_and_count(c, x, plan, ws, ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16, n, K,
+                                 D, E));
+    else
         MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.ep_d_map, map, (size_t)E * sizeof(int32_t), cudaMemcpyHostToDevice,
                                      c->stream));
-        MOE_TRY(moe_cuda_mma_gemms(c, c->experts.ep_d_map, gu, dn, C, x, plan, ex, ws, T, K, D, F, E));
-        ydt = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
-    } else if (moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E, C)) {
-        const bool planes = moe_dtype_planes(ex->dtype);
-        ydt = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
-        MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, ydt, NULL, NULL, E));
-        MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
-                                     cudaMemcpyDeviceToHost, c->stream));
-        MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
-        const void *wgu = gu, *wdn = dn;
-        if (planes) { /* this rank's C experts widened to bf16 */
-            char *g = c->experts.wide, *d = g + 2 * (size_t)F * D * 2 * C;
-            MOE_TRY(moe_experts_widen_cuda(c->stream, g, gu, ex->dtype, 2 * (size_t)F * C, (size_t)D, C, NULL));
-            MOE_TRY(moe_experts_widen_cuda(c->stream, d, dn, ex->dtype, (size_t)D * C, (size_t)F, C, NULL));
-            wgu = g, wdn = d;
-        }
-        enum moe_status s = moe_cuda_grouped_gemms(c, map, wgu, wdn, planes ? MOE_DTYPE_BF16 : ex->dtype, plan,
-                                                   ex, ws, n, D, F, E);
-        if (s == MOE_ERR_UNSUPPORTED) { /* cuBLAS refused: this step and the later ones on the kernels */
-            moe_cuda_no_grouped(c);
-            return moe_cuda_experts_ep(c, x, plan, ex, ws, T, K, D, F, E);
-        }
-        MOE_TRY(s);
-    } else {
-        MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.ep_d_map, map, (size_t)E * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                     c->stream));
-        return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, ws->xe, ws->u, x, plan, c->experts.active,
-                                          c->experts.ep_d_map, C, gu, dn, ex, ex->dtype, T, K, D, F, E);
+    enum moe_dtype ydt;
+    enum moe_status s = moe_cuda_run_stack(c, path, gu, dn, C, map, c->experts.ep_d_map, x, plan, ex, ws, T, K, D, F,
+                                           E, &ydt);
+    if (s == MOE_ERR_UNSUPPORTED && path == PATH_CUBLAS) { /* cuBLAS refused: this step and the later ones on the kernels */
+        moe_cuda_no_grouped(c);
+        return moe_cuda_experts_ep(c, x, plan, ex, ws, T, K, D, F, E);
     }
+    MOE_TRY(s);
+    if (ydt == MOE_DTYPE_F32) return MOE_OK;
     /* half rows (other ranks' rows too: overwritten by the gather) to fp32 */
     MOE_TRY(moe_experts_widen_rows_cuda(c->stream, ws->xe, ws->ye, ydt, (size_t)n * D));
     MOE_CUDA_TRY(cudaMemcpyAsync(ws->ye, ws->xe, (size_t)n * D * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
@@ -392,22 +416,21 @@ enum moe_status moe_cuda_experts_mixed(struct cuda_ctx *c, const struct cuda_mix
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d experts, %d reserved", E, c->work.max_e);
     if (T <= 0) return MOE_OK;
     const int n = T * K;
-    /* each stack's path, as a whole layer of its format would take it
-     * (mma, cuBLAS, else the device-driven kernels, whose fp32 rows need
-     * no gathering when every stack takes them) */
-    enum { KERNELS, CUBLAS, MMA } path[3];
+    /* each stack's path, as a whole layer of its format would take it;
+     * the kernels' fp32 rows need no gathering when every stack takes them */
+    enum expert_path path[3];
     bool kernels_only = true;
     for (int i = 0; i < mx->n; i++) {
-        const enum moe_dtype dt = mx->set[i].dtype;
-        path[i] = moe_cuda_experts_mma(c, dt, T, K, D, F, E)                       ? MMA
-                  : moe_cuda_experts_grouped(c, dt, T, K, D, F, E, mx->set[i].C) ? CUBLAS
-                                                                                  : KERNELS;
-        kernels_only = kernels_only && path[i] == KERNELS;
+        path[i] = moe_cuda_expert_path(c, mx->set[i].dtype, T, K, D, F, E, mx->set[i].C);
+        kernels_only = kernels_only && path[i] == PATH_KERNELS;
     }
     if (!kernels_only && (size_t)n * D > c->experts.mixed_rows_floats)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d rows of %d for a per-expert plan, %zu values "
                         "reserved", n, D, c->experts.mixed_rows_floats);
-    bool counts = false;
+    /* the rows gathered for cuBLAS, in the half type of its stack's GEMMs
+     * (f16 stored experts: f16; widened planes: bf16); the other paths
+     * leave xe be (no act order under a plan) */
+    enum moe_dtype gathered = MOE_DTYPE_N;
     for (int i = 0; i < mx->n; i++) {
         const struct cuda_mixed_set *st = &mx->set[i];
         struct moe_expert_weights v = *ex; /* the stack's view: its dtype, biases by expert as before */
@@ -415,39 +438,18 @@ enum moe_status moe_cuda_experts_mixed(struct cuda_ctx *c, const struct cuda_mix
         v.dtypes = NULL;
         v.backend_layer = NULL;
         const enum moe_dtype half = st->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
-        enum moe_dtype ydt = half;
-        if (path[i] == MMA) {
-            MOE_TRY(moe_cuda_mma_gemms(c, st->d_map, st->gu, st->dn, st->C, x, plan, &v, ws, T, K, D, F, E));
-        } else if (path[i] == CUBLAS) {
-            const bool planes = moe_dtype_planes(st->dtype);
-            MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, half, NULL, NULL, E));
-            if (!counts) {
-                MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
-                                             cudaMemcpyDeviceToHost, c->stream));
-                MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
-                counts = true;
-            }
-            const void *wgu = st->gu, *wdn = st->dn;
-            if (planes) { /* the stack's C experts widened to bf16 */
-                char *g = c->experts.wide, *d = g + 2 * (size_t)F * D * 2 * st->C;
-                MOE_TRY(moe_experts_widen_cuda(c->stream, g, st->gu, st->dtype, 2 * (size_t)F * st->C, (size_t)D,
-                                               st->C, NULL));
-                MOE_TRY(moe_experts_widen_cuda(c->stream, d, st->dn, st->dtype, (size_t)D * st->C, (size_t)F,
-                                               st->C, NULL));
-                wgu = g, wdn = d;
-            }
-            enum moe_status s = moe_cuda_grouped_gemms(c, st->h_map, wgu, wdn, planes ? MOE_DTYPE_BF16 : st->dtype,
-                                                       plan, &v, ws, n, D, F, E);
-            if (s == MOE_ERR_UNSUPPORTED) { /* cuBLAS refused: this step and the later ones on the kernels */
-                moe_cuda_no_grouped(c);
-                return moe_cuda_experts_mixed(c, mx, out, x, plan, w, ex, ws, T, K, D, F, E);
-            }
-            MOE_TRY(s);
-        } else {
-            ydt = MOE_DTYPE_F32; /* the down bias added */
-            MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, ws->xe, ws->u, x, plan, c->experts.active,
-                                               st->d_map, st->C, st->gu, st->dn, &v, st->dtype, T, K, D, F, E));
+        if (path[i] == PATH_CUBLAS && half != gathered) {
+            MOE_TRY(gather_and_count(c, x, plan, ws, half, n, K, D, E));
+            gathered = half;
         }
+        enum moe_dtype ydt;
+        enum moe_status s = moe_cuda_run_stack(c, path[i], st->gu, st->dn, st->C, st->h_map, st->d_map, x, plan, &v,
+                                               ws, T, K, D, F, E, &ydt);
+        if (s == MOE_ERR_UNSUPPORTED && path[i] == PATH_CUBLAS) { /* as moe_cuda_experts_ep */
+            moe_cuda_no_grouped(c);
+            return moe_cuda_experts_mixed(c, mx, out, x, plan, w, ex, ws, T, K, D, F, E);
+        }
+        MOE_TRY(s);
         if (!kernels_only)
             MOE_TRY(moe_experts_take_rows_cuda(c->stream, c->experts.mixed_rows, ws->ye, ydt, st->d_map,
                                                plan->offsets, E, n, D,

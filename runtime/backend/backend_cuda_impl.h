@@ -296,6 +296,27 @@ MOE_MUST_USE enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float
  * ex a table of the layer's E slots, those of this rank (lo..hi-1) stacked
  * as prepare_model lays out the experts it holds; their rows of ws->ye
  * left in fp32, nothing combined. */
+/* The three ways through a step's experts: the device-driven kernels (fp32
+ * rows, the down bias in them), cuBLAS's grouped GEMMs (planes widened to
+ * bf16 first), the tensor-core kernels (both: half rows, the bias left to
+ * the combine). */
+enum expert_path { PATH_KERNELS, PATH_CUBLAS, PATH_MMA };
+/* The path a step of T rows (K an expert each, E experts in the layer)
+ * takes over a stack of C experts of dtype dt. */
+enum expert_path moe_cuda_expert_path(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F,
+                                      int E, int C);
+/* One stack of C experts of dtype ex->dtype at gu and dn (stacked as a
+ * layer's are) over the experts its map places (h_map on the host for
+ * cuBLAS, d_map on the device for the kernels; -1: not in the stack), on
+ * path: those experts' rows of ws->ye, in *ydt (F32 from the kernels, else
+ * half); the other rows untouched.  PATH_CUBLAS needs the step's counts in
+ * c->experts.h_counts and its rows gathered in half into ws->xe;
+ * MOE_ERR_UNSUPPORTED when cuBLAS refuses the grouped call. */
+MOE_MUST_USE enum moe_status moe_cuda_run_stack(struct cuda_ctx *c, enum expert_path path, const void *gu,
+                                                const void *dn, int C, const int32_t *h_map, const int32_t *d_map,
+                                                const float *x, const struct moe_dispatch *plan,
+                                                const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
+                                                int T, int K, int D, int F, int E, enum moe_dtype *ydt);
 /* A step's experts in a layer a per-expert plan split (struct cuda_mixed,
  * the table's backend_layer): each stack over its experts on the path its
  * format and the step's rows choose, one weighted combine into out. */

@@ -238,35 +238,19 @@ static enum moe_status check_counts(const int32_t *counts, int E, int n)
     return MOE_OK;
 }
 
-/* The three ways through a step's experts (see moe_cuda_experts_resident). */
-enum expert_path { PATH_KERNELS, PATH_CUBLAS, PATH_MMA };
-
-/* One round over the experts ol->h_map places: the device-driven kernels,
- * the tensor-core kernels, or cuBLAS's grouped GEMMs (planes widened
- * first). */
+/* One round over the experts ol->h_map places (moe_cuda_run_stack over
+ * the slots). */
 static enum moe_status run_round(struct cuda_ctx *c, struct offload_layer *ol, enum expert_path path,
                                  const float *x, const struct moe_dispatch *plan,
                                  const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
                                  int T, int K, int D, int F, int E)
 {
-    const int C = ol->cache.C;
-    if (path != PATH_CUBLAS) {
+    if (path != PATH_CUBLAS)
         MOE_CUDA_TRY(cudaMemcpyAsync(ol->d_map, ol->h_map, (size_t)E * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, c->stream));
-        if (path == PATH_MMA)
-            return moe_cuda_mma_gemms(c, ol->d_map, ol->gu, ol->dn, C, x, plan, ex, ws, T, K, D, F, E);
-        return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, ws->xe, ws->u, x, plan, c->experts.active, ol->d_map, C,
-                                          ol->gu, ol->dn, ex, ex->dtype, T, K, D, F, E);
-    }
-    if (ex->dtype == MOE_DTYPE_BF16 || ex->dtype == MOE_DTYPE_F16)
-        return moe_cuda_grouped_gemms(c, ol->h_map, ol->gu, ol->dn, ex->dtype, plan, ex, ws, T * K, D,
-                                      F, E);
-    /* MXFP4 / FP8 / Q8_0 planes: the C slots widened to bf16, at their slots */
-    char *wgu = c->experts.wide, *wdn = wgu + 2 * (size_t)F * D * 2 * C;
-    MOE_TRY(moe_experts_widen_cuda(c->stream, wgu, ol->gu, ex->dtype, 2 * (size_t)F * C, (size_t)D, C,
-                                   NULL));
-    MOE_TRY(moe_experts_widen_cuda(c->stream, wdn, ol->dn, ex->dtype, (size_t)D * C, (size_t)F, C, NULL));
-    return moe_cuda_grouped_gemms(c, ol->h_map, wgu, wdn, MOE_DTYPE_BF16, plan, ex, ws, T * K, D, F, E);
+    enum moe_dtype ydt;
+    return moe_cuda_run_stack(c, path, ol->gu, ol->dn, ol->cache.C, ol->h_map, ol->d_map, x, plan, ex, ws, T, K,
+                              D, F, E, &ydt);
 }
 
 /* The step's experts for the CPU (struct offload_cpu): those with rows,
@@ -338,9 +322,7 @@ enum moe_status moe_cuda_offload_experts(struct cuda_ctx *c, struct offload_laye
                         ol->cache.E, c->work.max_e);
     if (T <= 0) return MOE_OK;
     const int n = T * K, C = ol->cache.C;
-    const enum expert_path path = moe_cuda_experts_mma(c, ex->dtype, T, K, D, F, E) ? PATH_MMA
-                                  : moe_cuda_experts_grouped(c, ex->dtype, T, K, D, F, E, C) ? PATH_CUBLAS
-                                                                                           : PATH_KERNELS;
+    const enum expert_path path = moe_cuda_expert_path(c, ex->dtype, T, K, D, F, E, C);
     const bool grouped = path != PATH_KERNELS; /* half activations */
     const enum moe_dtype ydt = grouped ? (ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16)
                                        : MOE_DTYPE_F32;
