@@ -11,26 +11,11 @@
 #include <string.h>
 
 #include "runtime/backend/backend.h"
-#include "runtime/cli/cli_common.h"
 #include "runtime/engine/runner.h"
 #include "runtime/model/synth.h"
 #include "tests/testutil.h"
 
 TestSuite(cuda_plan, .init = tu_need_cuda_device);
-
-/* A backend `name` with --quantize q and the plan (layers x E). */
-static enum moe_status open_planned(struct moe_backend *be, const char *name, enum moe_weight_quant q,
-                                    const uint8_t *plan, int layers, int E, int gpu_experts)
-{
-    struct moe_backend_opts o;
-    moe_cli_backend_opts(&o, 0);
-    o.quant = q;
-    o.expert_quant = plan;
-    o.expert_quant_layers = layers;
-    o.expert_quant_e = E;
-    o.offload.gpu_experts = gpu_experts;
-    return moe_backend_init(be, name, &o);
-}
 
 /* The logits of every row of an S-token prompt of m on backend `name`
  * under the plan; *dtypes (layers x E, when not NULL) each expert's dtype
@@ -40,7 +25,7 @@ static void planned_logits(struct moe_model *m, const char *name, enum moe_weigh
 {
     const int L = m->cfg.n_layers, E = m->cfg.n_experts;
     struct moe_backend be;
-    cr_assert_eq(open_planned(&be, name, q, plan, L, E, 0), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init_planned(&be, name, q, plan, L, E, 0, 0), MOE_OK, "%s", moe_last_error());
     struct moe_runner r;
     struct moe_runner_opts o = {.max_tokens = S, .max_seqs = 1, .max_logits = S, .block_size = 8, .n_blocks = 32};
     cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s: %s", name, moe_last_error());
@@ -48,11 +33,7 @@ static void planned_logits(struct moe_model *m, const char *name, enum moe_weigh
         for (int e = 0; e < E; e++) dtypes[l * E + e] = moe_expert_dtype(&m->layers[l].experts, e);
     int32_t prompt[64];
     cr_assert(S <= 64);
-    for (int i = 0; i < S; i++) prompt[i] = (i * 37 + 5) % m->cfg.vocab;
-    struct moe_seq seq = {0};
-    struct moe_chunk ch = {&seq, prompt, S, true, false, 0};
-    cr_assert_eq(moe_runner_step(&r, &ch, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
-    moe_seq_free(&r, &seq);
+    tu_prompt_logits_n(&r, m->cfg.vocab, S, prompt, logits);
     moe_runner_free(&r);
     moe_backend_free(&be);
 }
@@ -173,7 +154,7 @@ Test(cuda_plan, plan_refusals)
     memset(plan, MOE_EXPERT_QUANT_DEFAULT, (size_t)L * (E + 1));
     plan[1 * (E + 1) + E] = MOE_QUANT_Q4; /* layer 1, expert E */
     struct moe_backend be;
-    cr_assert_eq(open_planned(&be, "cuda", MOE_QUANT_NONE, plan, L, E + 1, 0), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init_planned(&be, "cuda", MOE_QUANT_NONE, plan, L, E + 1, 0, 0), MOE_OK, "%s", moe_last_error());
     cr_expect_neq(be.ops->prepare_model(&be, &m), MOE_OK);
     cr_expect(strstr(moe_last_error(), "expert 32 of layer 1 does not exist"), "%s", moe_last_error());
     moe_backend_free(&be);
@@ -181,7 +162,7 @@ Test(cuda_plan, plan_refusals)
     tiny_moe(&m, MOE_DTYPE_F32, 0);
     plan[1 * (E + 1) + E] = MOE_EXPERT_QUANT_DEFAULT;
     plan[0] = MOE_QUANT_Q4;
-    cr_assert_eq(open_planned(&be, "cuda", MOE_QUANT_NONE, plan, L, E + 1, 8), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init_planned(&be, "cuda", MOE_QUANT_NONE, plan, L, E + 1, 8, 0), MOE_OK, "%s", moe_last_error());
     cr_expect_neq(be.ops->prepare_model(&be, &m), MOE_OK);
     cr_expect(strstr(moe_last_error(), "--expert-dtype-plan with --gpu-experts"), "%s", moe_last_error());
     moe_backend_free(&be);

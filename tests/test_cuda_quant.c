@@ -659,11 +659,8 @@ static void quant_logits(struct moe_model *m, const char *name, enum moe_weight_
     struct moe_runner_opts o = {.max_tokens = S, .max_seqs = 1, .max_logits = S, .block_size = 8, .n_blocks = 32};
     cr_assert_eq(moe_runner_init(&r, m, &be, &o), MOE_OK, "%s", moe_last_error());
     int32_t prompt[128];
-    for (int i = 0; i < S; i++) prompt[i] = (i * 37 + 5) % m->cfg.vocab;
-    struct moe_seq seq = {0};
-    struct moe_chunk ch = {&seq, prompt, S, true, false, 0};
-    cr_assert_eq(moe_runner_step(&r, &ch, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
-    moe_seq_free(&r, &seq);
+    cr_assert(S <= 128);
+    tu_prompt_logits_n(&r, m->cfg.vocab, S, prompt, logits);
     moe_runner_free(&r);
     moe_backend_free(&be);
 }

@@ -223,13 +223,7 @@ static enum moe_status prepare_planned(struct moe_model *m, struct moe_backend *
     struct moe_config cfg;
     cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK);
     cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_BF16, 7), MOE_OK, "%s", moe_last_error());
-    struct moe_backend_opts o;
-    moe_cli_backend_opts(&o, 0);
-    o.quant = q;
-    o.expert_quant = plan;
-    o.expert_quant_layers = layers;
-    o.expert_quant_e = E;
-    cr_assert_eq(moe_backend_init(be, name, &o), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init_planned(be, name, q, plan, layers, E, 0, 0), MOE_OK, "%s", moe_last_error());
     return be->ops->prepare_model(be, m);
 }
 

@@ -111,13 +111,18 @@ void tu_expect_one_line_error(const char *args, const char *needle)
     cr_expect(nl && nl[1] == '\0', "'%s': one line of error, got: %s", args, out);
 }
 
-void tu_prompt_logits(struct moe_runner *r, int vocab, int32_t *prompt, float *logits)
+void tu_prompt_logits_n(struct moe_runner *r, int vocab, int S, int32_t *prompt, float *logits)
 {
-    for (int i = 0; i < 20; i++) prompt[i] = (i * 37 + 5) % vocab;
+    for (int i = 0; i < S; i++) prompt[i] = (i * 37 + 5) % vocab;
     struct moe_seq seq = {0};
-    struct moe_chunk c = {&seq, prompt, 20, true, false, 0};
+    struct moe_chunk c = {&seq, prompt, S, true, false, 0};
     cr_assert_eq(moe_runner_step(r, &c, 1, logits, NULL, NULL, NULL), MOE_OK, "%s", moe_last_error());
     moe_seq_free(r, &seq);
+}
+
+void tu_prompt_logits(struct moe_runner *r, int vocab, int32_t *prompt, float *logits)
+{
+    tu_prompt_logits_n(r, vocab, 20, prompt, logits);
 }
 
 enum moe_status tu_backend_init(struct moe_backend *be, const char *name)
@@ -130,9 +135,18 @@ enum moe_status tu_backend_init(struct moe_backend *be, const char *name)
 enum moe_status tu_backend_init_with(struct moe_backend *be, const char *name, int quant, int gpu_experts,
                                      int cpu_rows)
 {
+    return tu_backend_init_planned(be, name, quant, NULL, 0, 0, gpu_experts, cpu_rows);
+}
+
+enum moe_status tu_backend_init_planned(struct moe_backend *be, const char *name, int quant, const uint8_t *plan,
+                                        int layers, int E, int gpu_experts, int cpu_rows)
+{
     struct moe_backend_opts o;
     moe_cli_backend_opts(&o, 0);
     o.quant = (enum moe_weight_quant)quant;
+    o.expert_quant = plan;
+    o.expert_quant_layers = layers;
+    o.expert_quant_e = E;
     o.offload.gpu_experts = gpu_experts;
     o.offload.cpu_rows = cpu_rows;
     return moe_backend_init(be, name, &o);

@@ -46,6 +46,10 @@ enum moe_status tu_backend_init(struct moe_backend *be, const char *name);
  * misses of at most cpu_rows rows run on the CPU. */
 enum moe_status tu_backend_init_with(struct moe_backend *be, const char *name, int quant, int gpu_experts,
                                      int cpu_rows);
+/* ... and a per-expert precision plan (moe_backend_opts.expert_quant:
+ * layers x E entries, NULL none). */
+enum moe_status tu_backend_init_planned(struct moe_backend *be, const char *name, int quant, const uint8_t *plan,
+                                        int layers, int E, int gpu_experts, int cpu_rows);
 /* Checks |x - ref| <= atol + rtol*|ref| elementwise; on failure prints the
  * worst element with `what` and returns 0. */
 int tu_allclose(const char *what, const float *x, const float *ref, size_t n, float atol,
@@ -61,6 +65,8 @@ struct moe_runner;
  * vocab into prompt (20), run as one chunk of a fresh sequence on r, every
  * row's logits (20, vocab) into logits; the sequence is freed after. */
 void tu_prompt_logits(struct moe_runner *r, int vocab, int32_t *prompt, float *logits);
+/* ... the same with S ids (prompt: S), logits (S, vocab). */
+void tu_prompt_logits_n(struct moe_runner *r, int vocab, int S, int32_t *prompt, float *logits);
 /* max |x - ref| / max |ref|. */
 double tu_max_rel_err(const float *x, const float *ref, size_t n);
 /* The mean of |x - ref| over n values (of |x| when ref is NULL); NaN
