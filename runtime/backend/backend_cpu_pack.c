@@ -109,7 +109,7 @@ static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, stru
     size_t n = 0;
     if (pass_takes(kind, be, true)) /* first: the largest, so the team ends together */
         add_tensor(kind, items, &n, &m->lm_head, -1);
-    if (items && n == 1 && m->lm_head.data == m->embed.data)
+    if (items && n == 1 && moe_model_head_tied(m))
         items[0].keep_source = true; /* tied: the embedding reads the same rows */
     const bool dense = pass_takes(kind, be, false);
     if (dense) add_tensor(kind, items, &n, &m->mtp_eh_proj, 0); /* a multi-token-prediction module's input */

@@ -95,6 +95,13 @@ enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_mod
             return s;
         }
     }
+    if (ep && ep->size > 1) { /* this rank's share of the LM head */
+        enum moe_status s = moe_model_vocab_split(m, ep->rank, ep->size);
+        if (s != MOE_OK) {
+            moe_model_free(m);
+            return s;
+        }
+    }
     if (o->top_k == 0) return MOE_OK;
     enum moe_status s = moe_model_set_top_k(m, (int)o->top_k);
     if (s != MOE_OK) {

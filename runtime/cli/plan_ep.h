@@ -38,6 +38,8 @@ struct moe_plan_ep {
                                       token it does not compute of what the group splits (attention,
                                       dense FFNs, shared experts) */
     double kv_share;               /* the share of the KV a rank holds */
+    double head, vocab;            /* the LM head's bytes (0 tied to the embedding) and rows: split over
+                                      every rank, each row's logits gathered on rank 0 */
     int tp_sums;                   /* the group's all-gathers a step (split layers) */
     double net_bw, latency;        /* bytes/s, seconds per ring hop */
     double dev_bw, dev_flops, mem; /* one rank's device: bytes/s, FLOP/s, bytes */

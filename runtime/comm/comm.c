@@ -184,6 +184,18 @@ enum moe_status moe_comm_allgatherv_rows(struct moe_comm *c, float *buf, const i
     return MOE_OK;
 }
 
+enum moe_status moe_comm_gatherv(struct moe_comm *c, const float *mine, int n, float *all, const int32_t *counts,
+                                 int root, const char *what)
+{
+    if (n < 0) return moe_fail(MOE_ERR_INVALID_ARG, "gather (%s): %d values", what, n);
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) return moe_comm_mpi_gatherv(c, mine, n, all, counts, root, what);
+#endif
+    (void)counts, (void)root;
+    if (all != mine) memmove(all, mine, (size_t)n * sizeof(float));
+    return MOE_OK;
+}
+
 enum moe_status moe_comm_alltoall(struct moe_comm *c, const void *send, void *recv, size_t bytes,
                                   const char *what)
 {

@@ -96,6 +96,11 @@ MOE_MUST_USE enum moe_status moe_comm_alltoall(struct moe_comm *c, const void *s
 MOE_MUST_USE enum moe_status moe_comm_allgatherv_rows(struct moe_comm *c, float *buf,
                                                       const int32_t *counts, const int32_t *displs,
                                                       int row_floats, const char *what);
+/* Every rank's n floats at mine gathered on root, rank by rank, into all
+ * (root: the sum of counts (size), counts[r] rank r's n; other ranks: all
+ * and counts unread). */
+MOE_MUST_USE enum moe_status moe_comm_gatherv(struct moe_comm *c, const float *mine, int n, float *all,
+                                              const int32_t *counts, int root, const char *what);
 /* buf (n) = the sum over ranks of every rank's buf (MPI_Allreduce: the
  * summation order is MPI's, so it may differ from one process's in the last
  * bits). */

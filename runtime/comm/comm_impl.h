@@ -27,6 +27,8 @@ enum moe_status moe_comm_mpi_bcast(struct moe_comm *c, void *buf, size_t bytes, 
                                    const char *what, bool idle);
 enum moe_status moe_comm_mpi_allgather(struct moe_comm *c, const void *mine, void *all, size_t bytes,
                                        const char *what, bool idle);
+MOE_MUST_USE enum moe_status moe_comm_mpi_gatherv(struct moe_comm *c, const float *mine, int n, float *all,
+                                                  const int32_t *counts, int root, const char *what);
 enum moe_status moe_comm_mpi_allgatherv(struct moe_comm *c, float *buf, const int32_t *counts,
                                         const int32_t *displs, int row_floats, const char *what);
 enum moe_status moe_comm_mpi_alltoall(struct moe_comm *c, const void *send, void *recv, size_t bytes,

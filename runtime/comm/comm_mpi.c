@@ -146,6 +146,35 @@ enum moe_status moe_comm_mpi_allgatherv(struct moe_comm *c, float *buf, const in
     return s;
 }
 
+enum moe_status moe_comm_mpi_gatherv(struct moe_comm *c, const float *mine, int n, float *all,
+                                     const int32_t *counts, int root, const char *what)
+{
+    int *cnt = NULL, *dsp = NULL;
+    if (c->rank == root) {
+        if (!(cnt = calloc(2 * (size_t)c->size, sizeof(int)))) return moe_fail(MOE_ERR_NOMEM, "gather (%s): counts", what);
+        dsp = cnt + c->size;
+        size_t at = 0;
+        for (int r = 0; r < c->size; r++) {
+            if (counts[r] < 0 || at > INT_MAX) {
+                free(cnt);
+                return moe_fail(MOE_ERR_INVALID_ARG, "gather (%s): rank %d's part is out of range", what, r);
+            }
+            cnt[r] = counts[r], dsp[r] = (int)at;
+            at += (size_t)counts[r];
+        }
+    }
+    MPI_Request rq;
+    enum moe_status s = MOE_OK;
+    if (MPI_Igatherv(mine, n, MPI_FLOAT, all, cnt, dsp, MPI_FLOAT, root, c->group, &rq) != MPI_SUCCESS)
+        s = moe_fail(MOE_ERR_IO, "rank %d: gather (%s) failed to start", c->world_rank, what);
+    if (s == MOE_OK) {
+        if (c->rank != root) c->n.bytes_sent += (size_t)n * sizeof(float);
+        s = wait_for(c, &rq, "gather", what, false);
+    }
+    free(cnt);
+    return s;
+}
+
 enum moe_status moe_comm_mpi_alltoall(struct moe_comm *c, const void *send, void *recv, size_t bytes,
                                       const char *what)
 {

@@ -614,7 +614,7 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
      * other row's state is wanted after it (hidden states, a
      * multi-token-prediction module, whose proposer reads fw->x); the
      * other ranks of expert parallelism do the same (rank 0 sends them
-     * the rows) but compute no logits */
+     * the rows) and compute logits only for their share of a split head */
     const bool skip = db->n_logits < T && !fw->hid && !m->mtp_eh_proj.data;
     const bool follower = moe_ep_on(fw->ep) && fw->ep->rank > 0;
     enum moe_status s = MOE_OK;
@@ -628,10 +628,15 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     }
     MOE_TRY(s);
     if (fw->hid) MOE_TRY(op->rmsnorm(be, fw->hid, fw->x, &m->final_norm, T, c->d_model, c->rms_eps));
-    if (db->n_logits == 0 || follower) return MOE_OK;
+    /* the LM head split over the ranks: each computes its share, rank 0
+     * gathers them; else rank 0 alone */
+    const bool vocab_split = m->vocab_parts > 1 && moe_ep_on(fw->ep);
+    if (db->n_logits == 0 || (follower && !vocab_split)) return MOE_OK;
     if (!skip) MOE_TRY(op->gather_rows(be, fw->lrows, fw->x, db->logit_rows, db->n_logits, c->d_model));
     MOE_TRY(op->rmsnorm(be, fw->lrows, fw->lrows, &m->final_norm, db->n_logits, c->d_model, c->rms_eps));
-    MOE_TRY(moe_forward_linear(fw, fw->logits, fw->lrows, &m->lm_head, NULL, db->n_logits));
+    if (vocab_split) MOE_TRY(moe_forward_vocab_logits(fw, db->n_logits));
+    else MOE_TRY(moe_forward_linear(fw, fw->logits, fw->lrows, &m->lm_head, NULL, db->n_logits));
+    if (follower) return MOE_OK;
     if (c->logit_scale != 1.0f && c->logit_scale != 0.0f)
         MOE_TRY(op->scale(be, fw->logits, (size_t)db->n_logits * c->vocab, c->logit_scale));
     /* always, so a recorded step serves callers with and without ids */

@@ -153,6 +153,12 @@ struct moe_forward {
     int32_t *ep_h_ids, *ep_h_pos, *ep_d_slot_ids, *ep_d_counts, *ep_d_offsets;
     float *ep_stage, *ep_d_rows;
     size_t ep_stage_floats;
+    /* The LM head split over the ranks (moe_model_vocab_split): a host
+     * buffer for the logits' parts (rank 0: every rank's, and the rows
+     * they make; a backend not in host memory: this rank's part too) and
+     * each rank's part in floats (size) */
+    float *ep_vstage;
+    int32_t *ep_vcounts;
 };
 
 /* ptr = n zeroed elements of type in be's memory (the size overflow-checked);
@@ -203,6 +209,9 @@ MOE_MUST_USE enum moe_status moe_forward_ep_experts(struct moe_forward *fw, int 
 MOE_MUST_USE enum moe_status moe_forward_tp_sum(struct moe_forward *fw, float *buf, int T, const char *what, int l);
 MOE_MUST_USE enum moe_status moe_forward_norm_whole_rows(struct moe_forward *fw, float *x, int T, int w,
                                                          const struct moe_tensor *nw, const char *what, int l);
+/* The LM head split over the ranks: this rank's share of the logits of
+ * the n rows in fw->lrows, gathered on rank 0 into fw->logits (n, V). */
+MOE_MUST_USE enum moe_status moe_forward_vocab_logits(struct moe_forward *fw, int n);
 void moe_forward_ep_free(struct moe_forward *fw);
 /* Runs one step.  logits (n_logits, V) host, may be NULL; ids (n_logits)
  * host, may be NULL, receives the argmax of each logits row (moe_argmax's

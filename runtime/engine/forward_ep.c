@@ -5,7 +5,9 @@
  * CPU backends in the backend's buffers themselves, on a backend whose
  * memory is not the host's (CUDA) through a host stage, the routing read
  * back and each pair's slot copied in (forward.h, the ep_* fields). */
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime/engine/ep_impl.h"
 #include "runtime/engine/forward.h"
@@ -192,8 +194,74 @@ enum moe_status moe_forward_ep_experts(struct moe_forward *fw, int l, int T, con
     return be->ops->combine(be, fw->out, &fw->ews, &plan, wts, T, K, D);
 }
 
+/* The host buffer and counts of moe_forward_vocab_logits, made once:
+ * rank 0 gathers L rows of V (and, not in host memory, sends from a
+ * second such region), the others send from L rows of their share. */
+static enum moe_status vocab_state(struct moe_forward *fw)
+{
+    if (fw->ep_vstage) return MOE_OK;
+    const struct moe_ep *ep = fw->ep;
+    const size_t L = (size_t)fw->lim.max_logits, V = (size_t)fw->m->cfg.vocab;
+    const size_t per = ep->rank == 0 ? 2 * V : (size_t)fw->m->lm_head.shape[0];
+    size_t n;
+    if (!moe_mul_size(L, per, &n) || !moe_mul_size(n, sizeof(float), &n))
+        return moe_fail(MOE_ERR_NOMEM, "the LM head's parts: %zu rows of %zu overflow", L, V);
+    free(fw->ep_vcounts);
+    if (!(fw->ep_vcounts = malloc((size_t)ep->size * sizeof(int32_t))))
+        return moe_fail(MOE_ERR_NOMEM, "the LM head's parts");
+    if (!(fw->ep_vstage = malloc(n))) return moe_fail(MOE_ERR_NOMEM, "the LM head's parts: %zu bytes", n);
+    return MOE_OK;
+}
+
+enum moe_status moe_forward_vocab_logits(struct moe_forward *fw, int n)
+{
+    const struct moe_model *m = fw->m;
+    struct moe_backend *be = fw->be;
+    struct moe_ep *ep = fw->ep;
+    const int V = m->cfg.vocab, N = ep->size, Vs = (int)m->lm_head.shape[0];
+    if (m->vocab_parts != N)
+        return moe_fail(MOE_ERR_INVALID_ARG, "the LM head is split %d ways over %d ranks", m->vocab_parts, N);
+    MOE_TRY(moe_forward_linear(fw, fw->logits, fw->lrows, &m->lm_head, NULL, n));
+    MOE_TRY(vocab_state(fw));
+    const size_t L = (size_t)fw->lim.max_logits;
+    float *recv = fw->ep_vstage, *send = ep->rank == 0 ? recv + L * (size_t)V : recv;
+    /* rows at a time such that one gather's floats fit an int */
+    const int step = (int)(INT32_MAX / V) < n ? (int)(INT32_MAX / V) : n;
+    if (step < 1) return moe_fail(MOE_ERR_INVALID_ARG, "the LM head's parts: a vocabulary of %d", V);
+    if (!be->ops->host_memory) MOE_TRY(be->ops->to_host(be, send, fw->logits, (size_t)n * Vs * sizeof(float)));
+    else send = fw->logits;
+    for (int i0 = 0; i0 < n; i0 += step) {
+        const int k = n - i0 < step ? n - i0 : step;
+        for (int r = 0; r < N; r++) {
+            int lo, vs;
+            moe_vocab_share(V, r, N, &lo, &vs);
+            fw->ep_vcounts[r] = k * vs;
+        }
+        MOE_TRY(moe_comm_gatherv(ep->comm, send + (size_t)i0 * Vs, k * Vs, recv + (size_t)i0 * V, fw->ep_vcounts, 0,
+                                 "the LM head's logits"));
+    }
+    if (ep->rank != 0) return MOE_OK;
+    /* rank by rank, each a block of n rows of its share, made (n, V): in
+     * place on the host, through the second region otherwise */
+    float *out = be->ops->host_memory ? fw->logits : send;
+    for (int i0 = 0; i0 < n; i0 += step) {
+        const int k = n - i0 < step ? n - i0 : step;
+        const float *src = recv + (size_t)i0 * V;
+        for (int r = 0; r < N; r++) {
+            int lo, vs;
+            moe_vocab_share(V, r, N, &lo, &vs);
+            for (int i = 0; i < k; i++) memcpy(out + (size_t)(i0 + i) * V + lo, src + (size_t)i * vs, (size_t)vs * sizeof(float));
+            src += (size_t)k * vs;
+        }
+    }
+    if (!be->ops->host_memory) MOE_TRY(be->ops->to_device(be, fw->logits, out, (size_t)n * V * sizeof(float)));
+    return MOE_OK;
+}
+
 void moe_forward_ep_free(struct moe_forward *fw)
 {
+    free(fw->ep_vstage);
+    free(fw->ep_vcounts);
     struct moe_backend *be = fw->be;
     if (be) {
         void *bufs[] = {fw->ep_d_slot_ids, fw->ep_d_counts, fw->ep_d_offsets, fw->ep_d_rows};

@@ -25,6 +25,9 @@ enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
     if (m->ep_held && !moe_ep_on(o->ep))
         return moe_fail(MOE_ERR_INVALID_ARG, "runner: the model holds a share of its experts only, and this "
                         "runner is not expert-parallel");
+    if (m->vocab_parts > 1 && (!moe_ep_on(o->ep) || o->ep->size != m->vocab_parts))
+        return moe_fail(MOE_ERR_INVALID_ARG, "runner: the model holds 1/%d of its LM head, and this runner is not "
+                        "spread over %d ranks", m->vocab_parts, m->vocab_parts);
     enum moe_status s = init_local(r, m, be, o);
     if (moe_ep_on(o->ep) && o->ep->rank == 0) {
         if (s == MOE_OK && !be->ops->combine)

@@ -143,6 +143,10 @@ struct moe_model {
     /* Tensor parallelism (moe_model_tp_split): this rank's place in its
      * group of tp ranks (0, 0: the whole model) */
     int tp, tp_rank;
+    /* The LM head split over several ranks (moe_model_vocab_split):
+     * lm_head holds the vocabulary rows [vocab_lo, vocab_lo +
+     * lm_head.shape[0]) of cfg.vocab, one of vocab_parts (0: whole) */
+    int vocab_lo, vocab_parts;
 };
 
 /* Whether m holds expert e of layer l (see ep_held). */
@@ -181,6 +185,20 @@ void moe_model_drop_experts(struct moe_model *m);
  * moe_tp_kv_heads), act-order four-bit weights, block formats whose blocks
  * a rank's columns would cut. */
 MOE_MUST_USE enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size);
+/* Rank's share of the vocabulary when `size` ranks split the LM head: rows
+ * [*lo, *lo + *n) of V (the same rule on every rank; size <= V). */
+static inline void moe_vocab_share(int V, int rank, int size, int *lo, int *n)
+{
+    *lo = (int)((int64_t)V * rank / size);
+    *n = (int)((int64_t)V * (rank + 1) / size) - *lo;
+}
+/* The LM head keeps rank's share of the vocabulary rows (moe_vocab_share)
+ * of a split over size ranks (a view: no copy; before a backend prepares
+ * the model); the embedding stays whole.  size 1: nothing. */
+MOE_MUST_USE enum moe_status moe_model_vocab_split(struct moe_model *m, int rank, int size);
+/* Whether the LM head's rows lie in the embedding's (tied weights, or a
+ * tied head's share of them). */
+bool moe_model_head_tied(const struct moe_model *m);
 /* A fingerprint of the checkpoint m was loaded from (config.json, and each
  * safetensors file's size and header), so processes can check they opened
  * the same one; 0 for a model not read from files (synthetic). */

@@ -233,6 +233,32 @@ enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size)
     return MOE_OK;
 }
 
+enum moe_status moe_model_vocab_split(struct moe_model *m, int rank, int size)
+{
+    const int V = m->cfg.vocab;
+    if (size <= 1) return MOE_OK;
+    if (m->vocab_parts > 1) return moe_fail(MOE_ERR_INVALID_ARG, "the LM head is split already");
+    if (rank < 0 || rank >= size || size > V)
+        return moe_fail(MOE_ERR_INVALID_ARG, "LM head: rank %d of %d over a vocabulary of %d", rank, size, V);
+    if (m->lm_head.ndim != 2 || m->lm_head.shape[0] != V || !m->lm_head.data)
+        return moe_fail(MOE_ERR_INVALID_ARG, "LM head: not a (%d, D) matrix", V);
+    if (m->weights_deferred) return MOE_OK; /* made on the device whole */
+    int lo, n;
+    moe_vocab_share(V, rank, size, &lo, &n);
+    keep_rows(&m->lm_head, lo, n);
+    m->vocab_lo = lo;
+    m->vocab_parts = size;
+    return MOE_OK;
+}
+
+bool moe_model_head_tied(const struct moe_model *m)
+{
+    const char *h = m->lm_head.data, *e = m->embed.data;
+    if (!h || !e || m->embed.ndim != 2) return false;
+    const size_t bytes = moe_dtype_row_bytes(m->embed.dtype, (size_t)m->embed.shape[1]) * (size_t)m->embed.shape[0];
+    return h >= e && h < e + bytes;
+}
+
 /* FNV-1a, 64 bits, continued from h over n bytes. */
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {

@@ -14,9 +14,10 @@
  * (more than 16 rows: the last one's), then A's greedy
  * decode beside a 5-token prefill of sequence B, then three steps decoding
  * both, recording logits, greedy ids and the routing trace.  Then every
- * rank loads its share of the experts and rank 0 runs the same steps with
- * the others following.  Logits must be bit-identical, ids and routing
- * equal.  Then again with a placement (moe_ep_placement_write from a
+ * rank loads its share of the experts and of the LM head's vocabulary rows
+ * (moe_model_vocab_split; rank 0's logits are the ranks' shares gathered)
+ * and rank 0 runs the same steps with the others following.  Logits must
+ * be bit-identical, ids and routing equal.  Then again with a placement (moe_ep_placement_write from a
  * skewed made-up load, two replicas per MoE layer, so some experts are on
  * two ranks and their rows split between them), which must give the same
  * bits too.  A fixture whose experts do not split over N ranks must be
@@ -160,6 +161,7 @@ static enum moe_status open_share(struct moe_ep *ep, const char *dir, const char
     enum moe_status s = moe_model_load_part(m, dir, held);
     free(held);
     if (s == MOE_OK && ep->tp > 1 && (s = moe_model_tp_split(m, ep->tp_rank, ep->tp)) != MOE_OK) moe_model_free(m);
+    else if (s == MOE_OK && (s = moe_model_vocab_split(m, ep->rank, ep->size)) != MOE_OK) moe_model_free(m);
     return s;
 }
 
@@ -311,6 +313,7 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
     struct moe_model m;
     struct moe_backend be = {0};
     struct moe_runner rn;
+    long long head_rows = 0;
     enum moe_status s = reference(dir, &ref);
     CHECK(s == MOE_OK, "%s alone: %s", name, moe_last_error());
     char blob[65536];
@@ -320,6 +323,12 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
     struct moe_runner_opts o = runner_opts;
     o.ep = &ep;
     if (s == MOE_OK && (s = open_share(&ep, dir, placement, &m)) == MOE_OK) {
+        int lo, vs; /* rank 0's share of the LM head: the logits it checks are gathered */
+        moe_vocab_share(cfg.vocab, rank, size, &lo, &vs);
+        head_rows = m.lm_head.shape[0];
+        CHECK(m.vocab_parts == size && m.vocab_lo == lo && m.lm_head.shape[0] == vs,
+              "%s: the LM head holds %lld rows from %d (%d parts), not %d from %d", name,
+              (long long)m.lm_head.shape[0], m.vocab_lo, m.vocab_parts, vs, lo);
         if ((s = backend_open(&be)) == MOE_OK && (s = moe_runner_init(&rn, &m, &be, &o)) == MOE_OK) {
             s = run_steps(&rn, &got);
             moe_runner_free(&rn);
@@ -351,9 +360,9 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
                    (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all);
         else if (failures == before)
             printf("ep_check: %s (%s, %s): %d ranks, %d steps: logits bit-identical, ids and routing equal; "
-                   "rank 0 computed %llu of %llu expert rows\n", name, backend_name,
+                   "rank 0 computed %llu of %llu expert rows, %lld of %d vocabulary rows\n", name, backend_name,
                    replicas ? "placement with 2 replicas a layer" : "contiguous", size, STEPS,
-                   (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all);
+                   (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all, head_rows, cfg.vocab);
     }
     free(placement);
     CHECK(moe_ep_stop(&ep) == MOE_OK, "%s: stop: %s", name, moe_last_error());
