@@ -318,7 +318,8 @@ static enum moe_status run_step(struct moe_runner *r, const int32_t *p, size_t b
     if (n_logits < 0 || n_logits > T || n_logits > r->o.max_logits || end - q < n_logits)
         return moe_fail(MOE_ERR_FORMAT, "expert parallelism: a step's logit rows are malformed");
     memcpy(r->rows, q, (size_t)n_logits * sizeof *q);
-    /* the forward pass computes no logits on a follower (forward.c) */
+    /* a follower computes its share of the logits and sends it to rank 0
+     * (forward_ep.c), keeping none */
     const struct moe_batch b = {.n_tokens = T, .n_seqs = S, .tokens = r->tokens, .positions = r->pos,
                                 .seq_of = r->seq_of, .seq_start = r->seq_start, .ctx_len = r->ctx_len,
                                 .block_table = r->table, .max_blocks = r->max_blocks, .slot = r->slot,

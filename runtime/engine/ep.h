@@ -17,7 +17,9 @@
  * the fixed k order: logits are bit-identical to one process's (the CPU
  * backends compute a row the same whatever rows it is grouped with).
  *
- * Followers compute no logits.  A follower's failure to open the model or
+ * The LM head is split by vocabulary rows (moe_model_vocab_split): each
+ * rank computes its rows' logits and rank 0 gathers them (forward_ep.c).
+ * A follower's failure to open the model or
  * the runner is reported back to rank 0 (every rank's status is gathered
  * after a HELLO), which fails the runner's init with the rank and message. */
 #pragma once
