@@ -133,11 +133,19 @@ Test(server_queue, loading_answers_503_then_ready, .fini = fini, .timeout = 600)
     cr_assert_eq(http("GET", "/health", NULL, out, sizeof out), 503, "%s", out);
     cr_assert_eq(http("POST", "/v1/completions", "{\"prompt\": \"Hello\"}", out, sizeof out), 503);
     cr_assert(strstr(out, "\"error\"") && strstr(out, "loading"), "%s", out);
-    /* release the load: each cat waits for the server to open the FIFO; the
-     * second starts once the server has closed it after the first (else
-     * the two writes would reach the first reader as one stream) */
-    snprintf(cmd, sizeof cmd, "timeout 120 sh -c 'cat %1$s/tokenizer.json > %2$s/m/tokenizer.json && "
-             "while ls -l /proc/%3$d/fd | grep -q m/tokenizer.json; do sleep 0.01; done && "
+    /* release the load, one copy per open: a writer that opens the FIFO
+     * while the first reader still has it open appends to that reader's
+     * stream, so the second copy waits until the first reader has closed.
+     * The server's descriptor shows in /proc only once its open returns,
+     * which can be after the first copy is in the pipe; the test holds the
+     * write end open until it sees that descriptor (the reader cannot reach
+     * end of file and close before), then closes it and waits for the
+     * descriptor to go.  The second open then waits for the second cat. */
+    snprintf(cmd, sizeof cmd, "timeout 120 sh -c 'exec 3>%2$s/m/tokenizer.json && "
+             "cat %1$s/tokenizer.json >&3 && "
+             "until ls -l /proc/%3$d/fd 2>/dev/null | grep -q m/tokenizer.json; do sleep 0.01; done && "
+             "exec 3>&- && "
+             "while ls -l /proc/%3$d/fd 2>/dev/null | grep -q m/tokenizer.json; do sleep 0.01; done && "
              "cat %1$s/tokenizer.json > %2$s/m/tokenizer.json'", MODEL, sv.dir, (int)sv.pid);
     cr_assert_eq(sh(cmd, NULL, 0), 0, "the server did not read its tokenizer twice");
     int st = 0;
