@@ -190,7 +190,30 @@ struct moe_backend_ops {
      * not be read before.  Allowed between graph_begin and graph_end (a
      * recorded step replays the copy into the same dst).  CPU: a memcpy. */
     MOE_OP(to_host_async, void *dst, const void *src, size_t bytes);
+    /* Collectives on backend memory for expert and tensor parallelism
+     * (runtime/engine/forward_ep.c).  Optional: without them, or when a
+     * group does not open, the engine stages those collectives through host
+     * memory and MPI.  A backend holds up to MOE_COLL_GROUPS groups of
+     * ranks (MOE_COLL_EP, MOE_COLL_TP).  coll_id(NULL) says whether the
+     * transport can open on this rank at all; coll_id writes a new group id
+     * (MOE_COLL_ID_BYTES) on the group's rank 0; every rank then passes it
+     * to coll_open as `rank` of `size` (world_rank names the process in
+     * messages), which returns once all have joined, or fails after
+     * timeout_s; an open group is closed first.  coll_close leaves a
+     * group (one not open: nothing).  coll_sum: buf (n) = the sum over the group of each
+     * rank's buf.  coll_share: in place over buf, the floats [offs[r],
+     * offs[r+1]) of rank r (offs host, size + 1) sent to every rank, for
+     * each r.  Both [waits]; past the timeout they fail, and the group is
+     * unusable (the caller ends the job). */
+    MOE_OP(coll_id, void *id);
+    MOE_OP(coll_open, int group, const void *id, int rank, int size, int world_rank, double timeout_s);
+    void (*coll_close)(struct moe_backend *be, int group);
+    MOE_OP(coll_sum, int group, float *buf, size_t n, const char *what);
+    MOE_OP(coll_share, int group, float *buf, const size_t *offs, const char *what);
 };
+
+#define MOE_COLL_ID_BYTES 128 /* a group id (NCCL's unique id) */
+enum { MOE_COLL_EP, MOE_COLL_TP, MOE_COLL_GROUPS };
 
 /* Weights quantized at prepare_model (a memory-vs-compute knob;
  * moe_backend_opts.quant). */

@@ -592,6 +592,7 @@ static void cuda_destroy(struct moe_backend *be)
     struct cuda_ctx *c = ctx_of(be);
     if (!c) return;
     if (c->stream) cudaStreamSynchronize(c->stream);
+    for (int g = 0; g < MOE_COLL_GROUPS; g++) moe_cuda_coll_close(be, g);
     free_workspaces(c);
     moe_cuda_offload_free(&c->off);
     moe_cuda_mem_free(&c->mem);
@@ -640,6 +641,11 @@ static const struct moe_backend_ops cuda_ops = {
     .host_free = cuda_host_free,
     .to_host_async = cuda_to_host_async,
     .combine = cuda_combine,
+    .coll_id = moe_cuda_coll_id,
+    .coll_open = moe_cuda_coll_open,
+    .coll_close = moe_cuda_coll_close,
+    .coll_sum = moe_cuda_coll_sum,
+    .coll_share = moe_cuda_coll_share,
 };
 
 static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,

@@ -27,6 +27,7 @@
 #include "runtime/backend/backend.h"
 #include "runtime/backend/backend_impl.h"
 #include "runtime/cuda/cuda_util.h"
+#include "runtime/cuda/nccl_cuda.h"
 
 #define ATT_SPLIT_ROWS 64  /* rows that may use split-K attention; more: the tiled prefill kernel */
 #define ATT_MAX_SPLITS 32
@@ -240,6 +241,7 @@ struct cuda_ctx {
     struct cuda_graphs graphs;
     struct cuda_offload off;
     int mixed_layers;        /* MoE layers whose experts a per-expert plan split (struct cuda_mixed) */
+    struct moe_nccl *coll[MOE_COLL_GROUPS]; /* collective groups (backend_cuda_coll.c), or NULL */
 };
 
 static inline struct cuda_ctx *ctx_of(struct moe_backend *be) { return be->ctx; }
@@ -248,6 +250,17 @@ static inline cudaDataType_t cuda_type(enum moe_dtype t)
 {
     return t == MOE_DTYPE_BF16 ? CUDA_R_16BF : t == MOE_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
+
+/* ---- backend_cuda_coll.c: the coll_* ops (backend.h) on NCCL ---- */
+
+MOE_MUST_USE enum moe_status moe_cuda_coll_id(struct moe_backend *be, void *id);
+MOE_MUST_USE enum moe_status moe_cuda_coll_open(struct moe_backend *be, int group, const void *id, int rank,
+                                                int size, int world_rank, double timeout_s);
+void moe_cuda_coll_close(struct moe_backend *be, int group);
+MOE_MUST_USE enum moe_status moe_cuda_coll_sum(struct moe_backend *be, int group, float *buf, size_t n,
+                                               const char *what);
+MOE_MUST_USE enum moe_status moe_cuda_coll_share(struct moe_backend *be, int group, float *buf, const size_t *offs,
+                                                 const char *what);
 
 /* ---- backend_cuda_mem.c: device memory the context owns ---- */
 

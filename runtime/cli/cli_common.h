@@ -93,6 +93,7 @@ struct moe_cli_engine {
      * the engine as it is */
     struct moe_spec_opts spec;
     double comm_timeout;      /* --comm-timeout, seconds (default MOE_CLI_COMM_TIMEOUT) */
+    const char *collectives;  /* --collectives: "auto", "nccl", "mpi", or NULL (auto) */
     /* not an option: the command's vocabulary for grammar requests, or NULL */
     const struct moe_grammar_vocab *grammar_vocab;
 };

@@ -71,6 +71,7 @@ static bool parse_spec(const char *arg, void *field) { return moe_cli_parse_spec
 
 static const char *const backends[] = {"auto", "cpu", "cpu-ref", "cuda", NULL};
 static const char *const policies[] = {"lru", "lfu", NULL};
+static const char *const collectives[] = {"auto", "nccl", "mpi", NULL};
 
 #define ENG(member) .at = MOE_CLI_AT_ENGINE, MOE_CLI_FIELD(struct moe_cli_engine, member)
 #define STA(member) .at = MOE_CLI_AT_STATS, MOE_CLI_FIELD(struct moe_cli_stats, member)
@@ -108,6 +109,10 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
      .open = MOE_CLI_LO_OPEN,
      .help = "with several ranks: seconds a collective may wait for the\n"
              "others before the job ends naming it (default 30)"},
+    {.name = "collectives", .arg = "C", .kind = MOE_CLI_CHOICE, ENG(collectives), .choices = collectives,
+     .help = "with several ranks on the CUDA backend: how expert rows and\n"
+             "tensor-parallel sums travel: nccl (on the GPUs), mpi (through\n"
+             "host memory), auto (nccl where every rank opens it; default)"},
     {.name = "@engine"},
     {.name = "kv-budget", .arg = "SIZE", .kind = MOE_CLI_CUSTOM, ENG(kv_budget), .parse = parse_budget,
      .what = "a size: 512MiB, 8GiB, or a fraction of available memory such as 0.25",

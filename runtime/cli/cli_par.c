@@ -29,6 +29,13 @@ void moe_cli_par_start(struct moe_comm *c)
 
 struct moe_ep *moe_cli_par_ep(void) { return par.on ? &par.ep : NULL; }
 
+enum moe_ep_coll moe_cli_par_collectives(const char *name)
+{
+    return !name || !strcmp(name, "auto") ? MOE_EP_COLL_AUTO
+           : !strcmp(name, "nccl")        ? MOE_EP_COLL_DEVICE
+                                          : MOE_EP_COLL_HOST;
+}
+
 /* The placement text: the follower's copy of rank 0's, or the file's
  * (rank 0), or NULL. */
 static enum moe_status placement_text(const struct moe_cli_model_opts *o, char **text)
@@ -114,7 +121,8 @@ enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struc
               json_object_set_new(j, "tp", json_integer(o->model.tp)) ||
               json_object_set_new(j, "threads", json_integer(o->threads)) ||
               json_object_set_new(j, "hot_share", json_real(o->hot_share)) ||
-              json_object_set_new(j, "comm_timeout", json_real(o->comm_timeout));
+              json_object_set_new(j, "comm_timeout", json_real(o->comm_timeout)) ||
+              set_str(j, "collectives", o->collectives);
     char *text = bad ? NULL : json_dumps(j, JSON_COMPACT);
     json_decref(j);
     if (!text) return moe_fail(MOE_ERR_NOMEM, "expert parallelism: the model description");
@@ -122,6 +130,7 @@ enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struc
     par.hello = text;
     par.ep.hello = text;
     par.ep.hello_bytes = strlen(text) + 1;
+    par.ep.coll = moe_cli_par_collectives(o->collectives);
     moe_comm_set_timeout(par.ep.comm, o->comm_timeout);
     moe_comm_set_timeout(par.ep.tp_comm, o->comm_timeout);
     return MOE_OK;
@@ -183,6 +192,8 @@ static enum moe_status follower_open(void *ctx, const void *blob, size_t bytes, 
     e->threads = (long)json_integer_value(json_object_get(d, "threads"));
     e->hot_share = json_real_value(json_object_get(d, "hot_share"));
     e->comm_timeout = json_real_value(json_object_get(d, "comm_timeout"));
+    e->collectives = str_of(d, "collectives");
+    par.ep.coll = moe_cli_par_collectives(e->collectives);
     moe_comm_set_timeout(par.ep.comm, e->comm_timeout);
     MOE_TRY(moe_cli_open_model(&f->m, &e->model));
     f->have_m = true;

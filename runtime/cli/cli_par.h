@@ -21,6 +21,8 @@
 void moe_cli_par_start(struct moe_comm *c);
 /* The layout, or NULL in a one-process run. */
 struct moe_ep *moe_cli_par_ep(void);
+/* --collectives' name (NULL: auto) as the layout's choice. */
+enum moe_ep_coll moe_cli_par_collectives(const char *name);
 /* Places the experts of a model of configuration c (contiguous, or as
  * --ep-placement says) and gives the experts this rank holds (*held,
  * n_layers x n_experts, malloc'd; NULL in a one-process run); --ep is

@@ -3,6 +3,7 @@
 #include "runtime/comm/comm_impl.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,7 +78,7 @@ enum moe_status moe_comm_init(struct moe_comm **out, const struct moe_comm_launc
         enum moe_status s;
         if (!strcmp(l->source, "torchrun"))
             s = moe_fail(MOE_ERR_UNSUPPORTED, "launch: a torchrun-style launch (RANK/WORLD_SIZE) has no MPI "
-                         "runtime behind it and moerun has no NCCL transport yet; start the ranks with "
+                         "runtime behind it, and moerun starts its ranks (NCCL's groups included) over MPI; start them with "
                          "mpirun -n %d", l->size);
 #ifdef MOERUN_HAVE_MPI
         else
@@ -127,6 +128,20 @@ enum moe_status moe_comm_split(const struct moe_comm *c, int color, struct moe_c
 void moe_comm_set_timeout(struct moe_comm *c, double timeout_s)
 {
     if (c && timeout_s > 0) c->timeout_s = timeout_s;
+}
+
+double moe_comm_timeout(const struct moe_comm *c) { return c ? c->timeout_s : 0; }
+
+void moe_comm_abort(const struct moe_comm *c)
+{
+#ifdef MOERUN_HAVE_MPI
+    if (c && c->mpi) {
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+#else
+    (void)c;
+#endif
 }
 
 int moe_comm_rank(const struct moe_comm *c) { return c ? c->rank : 0; }

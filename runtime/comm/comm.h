@@ -7,8 +7,10 @@
  * torchrun-style RANK / WORLD_SIZE / LOCAL_RANK.  World size 1 needs no
  * transport: every collective is then a no-op or a copy.  Larger worlds run
  * on MPI (Open MPI; the build has it when CMake finds it: MOERUN_HAVE_MPI);
- * NCCL for the CUDA backend is not built yet, and a torchrun-style launch
- * (no MPI runtime behind it) is refused with a message saying so.
+ * a torchrun-style launch (no MPI runtime behind it) is refused with a
+ * message saying so.  The CUDA backend's own collectives (NCCL, backend.h
+ * coll_*) carry expert rows and sums on device memory; their groups are
+ * bootstrapped over this transport (runtime/engine/forward_ep.c).
  *
  * Every collective carries a `what` string naming what the rank was doing
  * ("layer 3: expert rows") and runs under the communicator's timeout: it is
@@ -66,6 +68,11 @@ void moe_comm_free(struct moe_comm *c);
 MOE_MUST_USE enum moe_status moe_comm_split(const struct moe_comm *c, int color, struct moe_comm **out);
 /* Sets the timeout of the collectives from now on (> 0). */
 void moe_comm_set_timeout(struct moe_comm *c, double timeout_s);
+double moe_comm_timeout(const struct moe_comm *c);
+/* Ends the whole job at once (MPI_Abort), as a collective past its
+ * timeout does: for a transport beside this one (a backend's) that failed
+ * mid-step, which leaves the ranks out of step.  World size 1: returns. */
+void moe_comm_abort(const struct moe_comm *c);
 int moe_comm_rank(const struct moe_comm *c);
 int moe_comm_size(const struct moe_comm *c);
 /* Whether this build can run worlds larger than 1. */

@@ -191,7 +191,7 @@ enum moe_status moe_ep_send_step(struct moe_ep *ep, int runner, const struct moe
     return send(ep, MSG_STEP, runner, (size_t)(q - p) * sizeof *q, "sending a step");
 }
 
-enum moe_status moe_ep_gather(struct moe_ep *ep, float *ye, const int32_t *offsets, int D, int layer)
+int32_t moe_ep_gather_count(struct moe_ep *ep, const int32_t *offsets, int layer)
 {
     const int32_t *bounds = ep->layers[layer].bounds;
     int most = 0;
@@ -209,6 +209,12 @@ enum moe_status moe_ep_gather(struct moe_ep *ep, float *ye, const int32_t *offse
         ep->n.ratio_sum += (double)most * ep->size / all;
         ep->n.cells++;
     }
+    return all;
+}
+
+enum moe_status moe_ep_gather(struct moe_ep *ep, float *ye, const int32_t *offsets, int D, int layer)
+{
+    const int32_t all = moe_ep_gather_count(ep, offsets, layer);
     char what[48];
     snprintf(what, sizeof what, "layer %d: expert rows", layer);
     struct moe_comm_counters a, b;

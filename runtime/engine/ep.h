@@ -65,8 +65,17 @@ struct moe_ep_layer {
     int32_t *rep;               /* (n_slots) */
 };
 
+/* Where the collectives of a backend whose memory is not the host's run
+ * (moe_ep.coll): its own transport (the CUDA backend's NCCL) when every
+ * rank opens it, else staged through host memory and MPI (AUTO); its own
+ * or fail (DEVICE); always staged (HOST). */
+enum moe_ep_coll { MOE_EP_COLL_AUTO, MOE_EP_COLL_DEVICE, MOE_EP_COLL_HOST };
+
 struct moe_ep {
     struct moe_comm *comm;      /* borrowed */
+    enum moe_ep_coll coll;      /* the same on every rank */
+    int coll_state;             /* 1: the backend's transport carries the expert rows and sums,
+                                   -1: staged, 0: not decided yet (forward_ep.c) */
     int rank, size;
     int32_t *bounds;            /* (size + 1) contiguous bounds, once placed; NULL before */
     int n_layers, n_experts;    /* of the placed model */

@@ -24,6 +24,10 @@ MOE_MUST_USE enum moe_status moe_ep_send_step(struct moe_ep *ep, int runner, con
  * (n_slots + 1) of the layer's dispatch plan over its slots, host memory)
  * of every rank's slots gathered in place. */
 MOE_MUST_USE enum moe_status moe_ep_gather(struct moe_ep *ep, float *ye, const int32_t *offsets, int D, int layer);
+/* moe_ep_gather's bookkeeping alone (a transport of the backend's moves
+ * the rows): ep->counts and ep->displs (rows per rank, host) from the
+ * offsets, the step counters; returns the layer's rows of all ranks. */
+int32_t moe_ep_gather_count(struct moe_ep *ep, const int32_t *offsets, int layer);
 /* Frees the placement (ep_place.c). */
 void moe_ep_unplace(struct moe_ep *ep);
 /* The expert table of layer l seen by slot: x's experts repeated as the
@@ -44,5 +48,8 @@ MOE_MUST_USE enum moe_status moe_ep_tp_sum(struct moe_ep *ep, float *buf, size_t
  * (p + 1) tp / parts) (key/value heads held by several ranks). */
 MOE_MUST_USE enum moe_status moe_ep_tp_rows(struct moe_ep *ep, const float *x, int T, int w, int parts,
                                             float **full, const char *what, int layer);
+/* This rank's tensor-parallel group (made at its first use: every rank
+ * must call it at the same point). */
+MOE_MUST_USE enum moe_status moe_ep_tp_comm(struct moe_ep *ep, struct moe_comm **out);
 /* x (T, w) = this rank's part of full (T, w * parts). */
 void moe_ep_tp_take(const struct moe_ep *ep, float *x, const float *full, int T, int w, int parts);

@@ -276,6 +276,7 @@ static enum moe_status upload_batch(struct moe_forward *fw, const struct moe_bat
     const size_t T = (size_t)b->n_tokens * sizeof(int32_t), S = (size_t)b->n_seqs * sizeof(int32_t);
     MOE_TRY(be->ops->to_device(be, fw->b_tokens, b->tokens, T));
     MOE_TRY(be->ops->to_device(be, fw->b_pos, b->positions, T));
+    fw->h_pos = b->positions;
     MOE_TRY(be->ops->to_device(be, fw->b_seq_of, b->seq_of, T));
     MOE_TRY(be->ops->to_device(be, fw->b_slot, b->slot, T));
     MOE_TRY(be->ops->to_device(be, fw->b_seq_start, b->seq_start, S + sizeof(int32_t)));
@@ -670,6 +671,7 @@ static enum moe_status run_step(struct moe_forward *fw, struct moe_kvcache *kv, 
     bool replay = false;
     if (graph) MOE_TRY(op->graph_begin(be, key, b->n_tokens, b->n_logits, &replay));
     enum moe_status s = replay ? MOE_OK : run_ops(fw, kv, &db, trace);
+    fw->h_pos = NULL; /* the caller's, valid during the ops only */
     if (graph) {
         enum moe_status e = op->graph_end(be, s == MOE_OK);
         if (s == MOE_OK) s = e;

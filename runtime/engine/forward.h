@@ -116,6 +116,7 @@ struct moe_forward {
     /* batch arrays, backend memory */
     int32_t *b_state;   /* (max_seqs) the batch's state slots (hybrid models) */
     int32_t *b_tokens, *b_pos, *b_seq_of, *b_seq_start, *b_ctx_len, *b_table, *b_slot, *b_rows;
+    const int32_t *h_pos;    /* the step's positions in host memory (the caller's batch), during a step */
     int max_ctx;     /* longest context of the current step */
     int32_t *h_ids;  /* (T, K) host copy for traces */
     float *h_w;      /* (T, K) */
@@ -153,6 +154,10 @@ struct moe_forward {
     int32_t *ep_h_ids, *ep_h_pos, *ep_d_slot_ids, *ep_d_counts, *ep_d_offsets;
     float *ep_stage, *ep_d_rows;
     size_t ep_stage_floats;
+    /* the backend's transport (ep.h coll_state 1): each rank's first
+     * float of the expert rows and the end (size + 1, host), and the rows'
+     * capacity in floats */
+    size_t *ep_share_offs, ep_share_cap;
     /* The LM head split over the ranks (moe_model_vocab_split): a host
      * buffer for the logits' parts (rank 0: every rank's, and the rows
      * they make; a backend not in host memory: this rank's part too) and

@@ -4,15 +4,118 @@
  * sums and whole-row norms.  The collectives run on host memory: on the
  * CPU backends in the backend's buffers themselves, on a backend whose
  * memory is not the host's (CUDA) through a host stage, the routing read
- * back and each pair's slot copied in (forward.h, the ep_* fields). */
+ * back and each pair's slot copied in (forward.h, the ep_* fields), unless
+ * the backend's own collectives (backend.h coll_*: NCCL) open on every
+ * rank: then the expert rows and the sums stay in backend memory. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "runtime/engine/ep_impl.h"
 #include "runtime/engine/forward.h"
 
 static enum moe_status ep_state(struct moe_forward *fw);
+
+/* ---- the backend's own collectives (backend.h coll_*) ---- */
+
+#define COLL_WHY 192 /* bytes of a rank's reason */
+
+/* Every rank's ok (and, when false, why: "rank R: message") gathered over
+ * the world; *all_ok whether all were, why (cap) the first failure's. */
+static enum moe_status coll_agree(struct moe_ep *ep, bool ok, bool *all_ok, char *why, size_t cap)
+{
+    char mine[1 + COLL_WHY] = {0};
+    mine[0] = ok;
+    if (!ok) snprintf(mine + 1, COLL_WHY, "rank %d: %s", ep->rank, moe_last_error());
+    char *all = malloc((size_t)ep->size * sizeof mine);
+    if (!all) return moe_fail(MOE_ERR_NOMEM, "opening the backend's collectives");
+    enum moe_status s = moe_comm_allgather(ep->comm, mine, all, sizeof mine, "opening the backend's collectives");
+    *all_ok = s == MOE_OK;
+    for (int r = 0; *all_ok && r < ep->size; r++)
+        if (!all[(size_t)r * sizeof mine]) {
+            *all_ok = false;
+            snprintf(why, cap, "%.*s", COLL_WHY - 1, all + (size_t)r * sizeof mine + 1);
+        }
+    free(all);
+    return s;
+}
+
+/* Joins group g (communicator c, a part of the world) on every rank: the
+ * group's rank 0 makes the id, the others receive it, all join; *ok says
+ * whether every rank of the world joined, why (cap) the first failure. */
+static enum moe_status coll_join(struct moe_forward *fw, int g, struct moe_comm *c, bool *ok, char *why, size_t cap)
+{
+    struct moe_backend *be = fw->be;
+    struct {
+        int32_t ok;
+        char id[MOE_COLL_ID_BYTES];
+    } m = {0, {0}};
+    bool mine = true;
+    if (moe_comm_rank(c) == 0) mine = be->ops->coll_id(be, m.id) == MOE_OK;
+    m.ok = mine;
+    MOE_TRY(moe_comm_bcast(c, &m, sizeof m, 0, "opening the backend's collectives"));
+    if (mine && m.ok) /* else the group's rank 0 failed, and says why */
+        mine = be->ops->coll_open(be, g, m.id, moe_comm_rank(c), moe_comm_size(c), fw->ep->rank,
+                                  moe_comm_timeout(c)) == MOE_OK;
+    return coll_agree(fw->ep, mine, ok, why, cap);
+}
+
+/* Decides, once per process and at the same step on every rank, whether
+ * the backend's collectives carry expert parallelism's rows and tensor
+ * parallelism's sums (ep.h, enum moe_ep_coll). */
+static enum moe_status coll_decide(struct moe_forward *fw)
+{
+    struct moe_backend *be = fw->be;
+    struct moe_ep *ep = fw->ep;
+    if (ep->coll_state) return MOE_OK;
+    ep->coll_state = -1;
+    if (be->ops->host_memory || ep->coll == MOE_EP_COLL_HOST) return MOE_OK;
+    char why[256] = "the backend has no collectives of its own";
+    bool ok = be->ops->coll_open != NULL;
+    /* first whether every rank can open them at all (so a rank without
+     * NCCL costs no timeout), then the groups */
+    if (ok) MOE_TRY(coll_agree(ep, be->ops->coll_id(be, NULL) == MOE_OK, &ok, why, sizeof why));
+    if (ok) MOE_TRY(coll_join(fw, MOE_COLL_EP, ep->comm, &ok, why, sizeof why));
+    if (ok && ep->tp > 1) {
+        struct moe_comm *tc;
+        MOE_TRY(moe_ep_tp_comm(ep, &tc));
+        MOE_TRY(coll_join(fw, MOE_COLL_TP, tc, &ok, why, sizeof why));
+    }
+    if (ok) {
+        ep->coll_state = 1;
+        return MOE_OK;
+    }
+    for (int g = 0; be->ops->coll_close && g < MOE_COLL_GROUPS; g++) be->ops->coll_close(be, g);
+    if (ep->coll == MOE_EP_COLL_DEVICE) { /* asked for and impossible: every rank knows, the job ends */
+        if (ep->rank == 0) fprintf(stderr, "moerun: --collectives nccl: %s; ending the job\n", why);
+        fflush(stderr);
+        if (moe_comm_barrier(ep->comm, "ending the job") == MOE_OK) moe_comm_abort(ep->comm);
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--collectives nccl: %s", why);
+    }
+    if (ep->rank == 0)
+        fprintf(stderr, "moerun: the %s backend's collectives are staged through host memory and MPI (%s)\n",
+                be->ops->name, why);
+    return MOE_OK;
+}
+
+/* A failed collective of the backend's transport leaves the ranks out of
+ * step: its message is printed and the job ends (comm.h). */
+static enum moe_status coll_check(struct moe_forward *fw, enum moe_status s)
+{
+    if (s == MOE_OK) return s;
+    fprintf(stderr, "moerun: rank %d: %s; ending the job\n", fw->ep->rank, moe_last_error());
+    moe_comm_abort(fw->ep->comm);
+    return s;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 /* Tensor parallelism (ep.h): whether this rank's layers hold a share of
  * the heads and widths, so their outputs are parts of a sum. */
@@ -27,6 +130,16 @@ enum moe_status moe_forward_tp_sum(struct moe_forward *fw, float *buf, int T, co
     struct moe_backend *be = fw->be;
     if (be->ops->host_memory) return moe_ep_tp_sum(fw->ep, buf, n, what, l);
     MOE_TRY(ep_state(fw));
+    if (fw->ep->coll_state > 0) {
+        struct moe_ep *ep = fw->ep;
+        char msg[64];
+        snprintf(msg, sizeof msg, "layer %d: %s", l, what);
+        const double t0 = now_s();
+        MOE_TRY(coll_check(fw, be->ops->coll_sum(be, MOE_COLL_TP, buf, n, msg)));
+        ep->tp_s += now_s() - t0;
+        ep->tp_bytes += 2 * (uint64_t)n * sizeof(float) * (uint64_t)(ep->tp - 1) / (uint64_t)ep->tp;
+        return MOE_OK;
+    }
     MOE_TRY(be->ops->to_host(be, fw->ep_stage, buf, n * sizeof(float)));
     MOE_TRY(moe_ep_tp_sum(fw->ep, fw->ep_stage, n, what, l));
     return be->ops->to_device(be, buf, fw->ep_stage, n * sizeof(float));
@@ -90,12 +203,16 @@ static enum moe_status ep_state(struct moe_forward *fw)
         return moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: the experts are not placed for this model");
     /* a failure leaves ep_views NULL: the next call starts again (what was
      * made before is freed with the workspace) */
-    free(fw->ep_slot_ids), free(fw->ep_counts), free(fw->ep_offsets);
+    free(fw->ep_slot_ids), free(fw->ep_counts), free(fw->ep_offsets), free(fw->ep_share_offs);
     fw->ep_slot_ids = malloc(TK * sizeof(int32_t));
     fw->ep_counts = malloc(S * sizeof(int32_t));
     fw->ep_offsets = malloc((S + 1) * sizeof(int32_t));
-    if (!fw->ep_slot_ids || !fw->ep_counts || !fw->ep_offsets)
+    fw->ep_share_offs = malloc(((size_t)ep->size + 1) * sizeof(size_t));
+    if (!fw->ep_slot_ids || !fw->ep_counts || !fw->ep_offsets || !fw->ep_share_offs)
         return moe_fail(MOE_ERR_NOMEM, "expert parallelism: slot tables");
+    if (!moe_mul_size(TK, (size_t)fw->m->cfg.d_model, &fw->ep_share_cap))
+        return moe_fail(MOE_ERR_NOMEM, "expert parallelism: %zu rows overflow", TK);
+    MOE_TRY(coll_decide(fw));
     if (!be->ops->host_memory && !fw->ep_stage) {
         const size_t D = (size_t)fw->m->cfg.d_model, wide = whole_row_floats(fw->m);
         size_t rows, whole, bytes;
@@ -146,10 +263,33 @@ static enum moe_status ep_slots(struct moe_forward *fw, int l, int T, int K, con
         return MOE_OK;
     }
     MOE_TRY(be->ops->to_host(be, fw->ep_h_ids, fw->ids, TK * sizeof(int32_t)));
-    MOE_TRY(be->ops->to_host(be, fw->ep_h_pos, fw->b_pos, (size_t)T * sizeof(int32_t)));
-    moe_ep_slot_ids(fw->ep, l, fw->ep_h_ids, T, K, fw->ep_h_pos, fw->ep_slot_ids);
+    const int32_t *pos = fw->h_pos; /* the host batch's, else read back */
+    if (!pos) MOE_TRY(be->ops->to_host(be, fw->ep_h_pos, fw->b_pos, (size_t)T * sizeof(int32_t)));
+    moe_ep_slot_ids(fw->ep, l, fw->ep_h_ids, T, K, pos ? pos : fw->ep_h_pos, fw->ep_slot_ids);
     MOE_TRY(be->ops->to_device(be, fw->ep_d_slot_ids, fw->ep_slot_ids, TK * sizeof(int32_t)));
     *slots = fw->ep_d_slot_ids;
+    return MOE_OK;
+}
+
+/* Every rank's rows of ye gathered in backend memory by the backend's
+ * transport, the slot offsets (fw->ep_offsets) on the host. */
+static enum moe_status ep_share(struct moe_forward *fw, int D, int l)
+{
+    struct moe_ep *ep = fw->ep;
+    struct moe_backend *be = fw->be;
+    const int32_t all = moe_ep_gather_count(ep, fw->ep_offsets, l);
+    size_t *offs = fw->ep_share_offs;
+    for (int r = 0; r < ep->size; r++) offs[r] = (size_t)ep->displs[r] * (size_t)D;
+    offs[ep->size] = (size_t)all * (size_t)D;
+    for (int r = 0; r < ep->size; r++)
+        if (offs[r] > offs[r + 1] || offs[r + 1] > fw->ep_share_cap)
+            return moe_fail(MOE_ERR_DEVICE, "expert parallelism: layer %d: slot offsets out of order", l);
+    char what[48];
+    snprintf(what, sizeof what, "layer %d: expert rows", l);
+    const double t0 = now_s();
+    MOE_TRY(coll_check(fw, be->ops->coll_share(be, MOE_COLL_EP, fw->ews.ye, offs, what)));
+    ep->n.gather_s += now_s() - t0;
+    ep->n.gather_bytes += (uint64_t)(all - ep->counts[ep->rank]) * (uint64_t)D * sizeof(float);
     return MOE_OK;
 }
 
@@ -160,6 +300,7 @@ static enum moe_status ep_gather(struct moe_forward *fw, const struct moe_dispat
     struct moe_backend *be = fw->be;
     if (be->ops->host_memory) return moe_ep_gather(fw->ep, fw->ews.ye, plan->offsets, D, l);
     MOE_TRY(be->ops->to_host(be, fw->ep_offsets, plan->offsets, ((size_t)n_slots + 1) * sizeof(int32_t)));
+    if (fw->ep->coll_state > 0) return ep_share(fw, D, l);
     const int32_t *o = fw->ep_offsets;
     const size_t r0 = (size_t)o[plan->lo], r1 = (size_t)o[plan->hi], all = (size_t)o[n_slots], row = (size_t)D;
     if (!(r0 <= r1 && r1 <= all && all * row <= fw->ep_stage_floats))
@@ -196,13 +337,15 @@ enum moe_status moe_forward_ep_experts(struct moe_forward *fw, int l, int T, con
 
 /* The host buffer and counts of moe_forward_vocab_logits, made once:
  * rank 0 gathers L rows of V (and, not in host memory, sends from a
- * second such region), the others send from L rows of their share. */
+ * second such region); the others send from the logits themselves in host
+ * memory, else from L rows of their share. */
 static enum moe_status vocab_state(struct moe_forward *fw)
 {
     if (fw->ep_vstage) return MOE_OK;
     const struct moe_ep *ep = fw->ep;
+    const bool host = fw->be->ops->host_memory;
     const size_t L = (size_t)fw->lim.max_logits, V = (size_t)fw->m->cfg.vocab;
-    const size_t per = ep->rank == 0 ? 2 * V : (size_t)fw->m->lm_head.shape[0];
+    const size_t per = ep->rank == 0 ? (host ? 1 : 2) * V : host ? 1 : (size_t)fw->m->lm_head.shape[0];
     size_t n;
     if (!moe_mul_size(L, per, &n) || !moe_mul_size(n, sizeof(float), &n))
         return moe_fail(MOE_ERR_NOMEM, "the LM head's parts: %zu rows of %zu overflow", L, V);
@@ -237,7 +380,8 @@ enum moe_status moe_forward_vocab_logits(struct moe_forward *fw, int n)
             moe_vocab_share(V, r, N, &lo, &vs);
             fw->ep_vcounts[r] = k * vs;
         }
-        MOE_TRY(moe_comm_gatherv(ep->comm, send + (size_t)i0 * Vs, k * Vs, recv + (size_t)i0 * V, fw->ep_vcounts, 0,
+        float *to = ep->rank == 0 ? recv + (size_t)i0 * V : NULL; /* read on rank 0 only */
+        MOE_TRY(moe_comm_gatherv(ep->comm, send + (size_t)i0 * Vs, k * Vs, to, fw->ep_vcounts, 0,
                                  "the LM head's logits"));
     }
     if (ep->rank != 0) return MOE_OK;
@@ -271,6 +415,7 @@ void moe_forward_ep_free(struct moe_forward *fw)
     free(fw->ep_slot_ids);
     free(fw->ep_counts);
     free(fw->ep_offsets);
+    free(fw->ep_share_offs);
     free(fw->ep_h_ids);
     free(fw->ep_h_pos);
     for (int l = 0; fw->ep_views && l < fw->m->cfg.n_layers; l++) moe_ep_slot_view_free(&fw->ep_views[l]);

@@ -12,7 +12,9 @@
 #     (tests/test_cuda_forward.c: fp32 greedy tokens identical, bf16 logits
 #     within 1e-2) and `moerun run --backend cuda` against the CPU;
 #     speculative decoding's greedy output against plain decoding on the
-#     device (tests/test_spec.c, suite spec_cuda);
+#     device (tests/test_spec.c, suite spec_cuda); with two GPUs or more
+#     and Open MPI present, expert and tensor parallelism over NCCL and over
+#     host-staged MPI (tests/mpi/ep_check.c), skipped otherwise;
 #  4. benchmarks `moerun bench --synthetic --backend cuda` on the Mixtral
 #     8x7B, OLMoE and gpt-oss-120b (MXFP4 experts) shapes (random weights
 #     made on the device): batch-1
@@ -574,6 +576,29 @@ for kv in f32 bf16; do
     timed "ppl cuda kv $kv" 120 "$work/ppl_cuda_$kv.json" "$build/moerun" ppl "${ppl[@]}" --backend cuda \
         --kv-dtype $kv --kl-base "$work/ppl_base.st" --json || fail "$last"
 done
+# two GPUs or more: expert and tensor parallelism with NCCL carrying the
+# expert rows and sums (tests/mpi/ep_check.c: bit-identical to one process,
+# TP within its tolerance), and the host-staged MPI path beside it; needs
+# Open MPI (mpirun) on the machine, which the single-GPU image lacks
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+if [ "$gpus" -ge 2 ] && command -v mpirun >/dev/null; then
+    say "3b. two GPUs: expert parallelism over NCCL"
+    if timed "build ep_check" 300 "+$log" cmake --build "$build" -j "$jobs" --target ep_check; then
+        mpi=(mpirun --oversubscribe --allow-run-as-root -n 2)
+        for c in nccl mpi; do
+            both=1 timed "ep_check cuda $c" 300 "+$work/ep.txt" "${mpi[@]}" "$build/ep_check" cuda --collectives $c \
+                --rows 40 olmoe qwen3_moe mixtral || fail "$last"
+            both=1 timed "ep_check cuda $c --tp 2" 300 "+$work/ep.txt" "${mpi[@]}" "$build/ep_check" cuda \
+                --collectives $c --tp 2 olmoe mixtral || fail "$last"
+        done
+        grep -E "^ep_check" "$work/ep.txt" | head -30 | tee -a "$log"
+    else
+        fail "$last (ep_check needs MPI found at configure time)"
+    fi
+else
+    echo "two-GPU section skipped: $gpus GPU(s), mpirun $(command -v mpirun >/dev/null && echo found || echo missing)" \
+        | tee -a "$log"
+fi
 pack
 fi # tests
 

@@ -3,11 +3,13 @@
  * built).  A plain program, not a Criterion suite: Criterion runs each test
  * in a forked child, which an MPI process cannot be.
  *
- *     mpirun -n N ep_check BACKEND [--rows R] FIXTURE...
+ *     mpirun -n N ep_check BACKEND [--rows R] [--collectives C] FIXTURE...
  *
  * BACKEND cpu, cpu-ref or cuda (under tools/cuda-emu without a GPU: its
  * ci.sh runs it with --rows 40, so the first prefill takes the CUDA
- * backend's grouped expert path).
+ * backend's grouped expert path).  --collectives auto, nccl or mpi: where
+ * the CUDA backend's collectives run (ep.h, enum moe_ep_coll); nccl and
+ * mpi fail the check unless the run used them.
  *
  * For each fixture (under tests/fixtures), rank 0 first runs it alone: a
  * 7-token (--rows R: R-token) prefill of sequence A with every row's logits
@@ -52,6 +54,20 @@
 
 static int failures;
 static int tp = 1;       /* --tp M */
+static const char *coll_name = "auto"; /* --collectives C */
+
+/* --collectives as the layout's choice (ep.h). */
+static enum moe_ep_coll coll_mode(void)
+{
+    return !strcmp(coll_name, "nccl") ? MOE_EP_COLL_DEVICE : !strcmp(coll_name, "mpi") ? MOE_EP_COLL_HOST
+                                                                                       : MOE_EP_COLL_AUTO;
+}
+
+/* How the run's collectives travelled (rank 0's layout after the run). */
+static const char *coll_used(const struct moe_ep *ep)
+{
+    return ep->coll_state > 0 ? "collectives on the backend (NCCL)" : "collectives on host memory (MPI)";
+}
 #define TP_TOL 2e-5f
 
 #define CHECK(cond, ...)                                                   \
@@ -273,6 +289,7 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
     snprintf(dir, sizeof dir, "%s/tests/fixtures/%s", MOERUN_SOURCE_DIR, name);
     struct moe_ep ep;
     moe_ep_init(&ep, c);
+    ep.coll = coll_mode();
     const int rank = moe_comm_rank(c), size = moe_comm_size(c);
     if (moe_ep_set_tp(&ep, shards, tp) != MOE_OK) {
         CHECK(0, "%s: %s", name, moe_last_error());
@@ -353,15 +370,19 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
         const int before = failures;
         worst_seen = 0;
         compare(name, &ref, &got, cfg.vocab, cfg.n_layers * cfg.top_k);
+        CHECK(ep.coll != MOE_EP_COLL_DEVICE || ep.coll_state > 0, "%s: --collectives nccl, but %s", name,
+              coll_used(&ep));
+        CHECK(ep.coll != MOE_EP_COLL_HOST || ep.coll_state <= 0, "%s: --collectives mpi, but %s", name,
+              coll_used(&ep));
         if (failures == before && tp > 1)
-            printf("ep_check: %s (%s, --tp %d, experts in %d shards): %d ranks, %d steps: logits within %.2g of "
-                   "one process's (of the row's largest), ids and routing equal; rank 0 computed %llu of %llu "
-                   "expert rows\n", name, backend_name, tp, shards, size, STEPS, worst_seen,
+            printf("ep_check: %s (%s, --tp %d, experts in %d shards, %s): %d ranks, %d steps: logits within "
+                   "%.2g of one process's (of the row's largest), ids and routing equal; rank 0 computed %llu of "
+                   "%llu expert rows\n", name, backend_name, tp, shards, coll_used(&ep), size, STEPS, worst_seen,
                    (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all);
         else if (failures == before)
-            printf("ep_check: %s (%s, %s): %d ranks, %d steps: logits bit-identical, ids and routing equal; "
+            printf("ep_check: %s (%s, %s, %s): %d ranks, %d steps: logits bit-identical, ids and routing equal; "
                    "rank 0 computed %llu of %llu expert rows, %lld of %d vocabulary rows\n", name, backend_name,
-                   replicas ? "placement with 2 replicas a layer" : "contiguous", size, STEPS,
+                   replicas ? "placement with 2 replicas a layer" : "contiguous", coll_used(&ep), size, STEPS,
                    (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all, head_rows, cfg.vocab);
     }
     free(placement);
@@ -428,13 +449,22 @@ static void check_other_checkpoint(struct moe_comm *c, const char *name)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: mpirun -n N ep_check cpu|cpu-ref|cuda [--rows N] [--tp M] FIXTURE...\n");
+        fprintf(stderr, "usage: mpirun -n N ep_check cpu|cpu-ref|cuda [--rows N] [--tp M] [--collectives C] "
+                "FIXTURE...\n");
         return 2;
     }
     backend_name = argv[1];
     int first = 2;
-    if (argc > first + 1 && !strcmp(argv[first], "--rows")) first_rows = atoi(argv[first + 1]), first += 2;
-    if (argc > first + 1 && !strcmp(argv[first], "--tp")) tp = atoi(argv[first + 1]), first += 2;
+    for (; argc > first + 1 && !strncmp(argv[first], "--", 2); first += 2) {
+        if (!strcmp(argv[first], "--rows")) first_rows = atoi(argv[first + 1]);
+        else if (!strcmp(argv[first], "--tp")) tp = atoi(argv[first + 1]);
+        else if (!strcmp(argv[first], "--collectives")) coll_name = argv[first + 1];
+        else break;
+    }
+    if (strcmp(coll_name, "auto") && strcmp(coll_name, "nccl") && strcmp(coll_name, "mpi")) {
+        fprintf(stderr, "ep_check: --collectives %s: auto, nccl or mpi\n", coll_name);
+        return 2;
+    }
     if (first_rows < 1 || first_rows > 64) {
         fprintf(stderr, "ep_check: --rows %d: 1 to 64\n", first_rows);
         return 2;
@@ -442,7 +472,7 @@ int main(int argc, char **argv)
     if (first_rows > runner_opts.max_tokens) runner_opts.max_tokens = first_rows;
     struct moe_comm_launch l;
     struct moe_comm *c;
-    if (moe_comm_launch_from_env(&l) != MOE_OK || moe_comm_init(&c, &l, 60) != MOE_OK) {
+    if (moe_comm_launch_from_env(&l) != MOE_OK || moe_comm_init(&c, &l, 300) != MOE_OK) {
         fprintf(stderr, "ep_check: %s\n", moe_last_error());
         return 1;
     }

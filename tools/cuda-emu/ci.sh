@@ -2,18 +2,20 @@
 # ci.sh - the CUDA kernels checked without a GPU, as .ci/run does: builds
 # the CPU rooms (build-emu/cpu, CUDA off), the GPU test suites against the
 # emulator (build.sh), runs the selection in ci-tests.txt one test at a
-# time, then checks that every launch site and every moe_*_cuda launcher
-# of the .cu sources ran under at least one of them (the list is printed,
-# with counts).  Exit status 0 only when every test passed and nothing is
-# left unlaunched.  Needs what tools/deps.sh installs (g++ with C++20,
-# Criterion, perl); no GPU, no nvcc.
+# time, with MPI the NCCL emulation's self-check (nccl_selftest.cc) and
+# ep_check under mpirun, then checks that every launch site and every
+# moe_*_cuda launcher of the .cu sources ran under at least one of them
+# (the list is printed, with counts).  Exit status 0 only when every test
+# passed and nothing is left unlaunched.  Needs what tools/deps.sh
+# installs (g++ with C++20, Criterion, perl, Open MPI); no GPU, no nvcc.
+# MOERUN_EMU_OUT: the output folder (build-emu by default).
 #   tools/cuda-emu/ci.sh            the selection
 #   tools/cuda-emu/ci.sh --list     the selection's tests, nothing run
 set -e
 cd "$(dirname "$0")/../.."
 R=$(pwd)
 E=$R/tools/cuda-emu
-B=$R/build-emu
+B=${MOERUN_EMU_OUT:-$R/build-emu}  # build.sh reads it too
 sel=$E/ci-tests.txt
 tests=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$sel")
 if [ "${1:-}" = --list ]; then echo "$tests"; exit 0; fi
@@ -41,27 +43,54 @@ echo "$tests" | while read -r bin filter; do
     echo "$bin $filter" >>"$B/failed"
   fi
 done
-# expert and tensor parallelism on the CUDA backend: two ranks under
-# mpirun against one process (bit-identical logits; --tp within its
-# tolerance), a 40-row first prefill taking the grouped path (olmoe: bf16)
-# and decode steps the device-driven kernels
+# the NCCL emulation (emu_nccl.cc) on its own, two and three ranks, each
+# rank's calls in EMU_NCCL_LOG; then expert and tensor parallelism on the
+# CUDA backend: two ranks under mpirun against one process (bit-identical
+# logits; --tp within its tolerance), a 40-row first prefill taking the
+# grouped path (olmoe: bf16) and decode steps the device-driven kernels,
+# over NCCL (its calls counted) and staged through host memory
 if command -v mpirun >/dev/null 2>&1 && nm "$B/cpu/libmoerun_comm.a" 2>/dev/null | grep -q " U MPI_"; then
-  MOERUN_EMU_CPU_BUILD=$B/cpu "$E/build.sh" mpi/ep_check >/dev/null
-  for args in "olmoe qwen3_moe" "--tp 2 olmoe"; do
+  MOERUN_EMU_CPU_BUILD=$B/cpu "$E/build.sh" mpi/ep_check nccl_selftest >/dev/null
+  nlog=$B/nccl.log
+  for n in 2 3; do
     s=$(date +%s)
+    rm -f "$nlog"
+    if EMU_NCCL_LOG=$nlog timeout 300 sh tests/mpi/mpirun.sh mpirun -x EMU_NCCL_LOG -n $n "$B/emu_nccl_selftest" \
+         >"$B/last.out" 2>&1 &&
+       [ "$(awk '$3 == "ncclAllReduce" && !($2 in r) { r[$2] = 1; k++ } END { print k + 0 }' "$nlog" 2>/dev/null)" = $n ]; then
+      echo "cuda-emu: pass mpirun -n $n nccl_selftest ($(($(date +%s) - s)) s)"
+    else
+      echo "cuda-emu: FAIL mpirun -n $n nccl_selftest ($(($(date +%s) - s)) s; or a rank missing from EMU_NCCL_LOG)"
+      grep -v '^emu nccl:' "$B/last.out" | tail -20
+      echo "nccl_selftest -n $n" >>"$B/failed"
+    fi
+  done
+  rm -f "$nlog"
+  # on NCCL (ep_check fails unless the run used it); then auto with rank 1's
+  # NCCL failing to open: every rank must fall back to the host-staged MPI
+  # path, rank 0 saying why
+  for args in "--collectives nccl olmoe qwen3_moe" "--collectives nccl --tp 2 olmoe" "--collectives auto olmoe"; do
+    s=$(date +%s)
+    fail_init=""
+    case $args in *auto*) fail_init=1 ;; esac
     # shellcheck disable=SC2086 # the arguments split on purpose
-    if EMU_LAUNCH_LOG=$log sh tests/mpi/mpirun.sh mpirun -x EMU_LAUNCH_LOG -n 2 "$B/emu_ep_check" cuda --rows 40 \
-         $args >"$B/last.out" 2>&1; then
+    if EMU_LAUNCH_LOG=$log EMU_NCCL_LOG=$nlog EMU_NCCL_FAIL=$fail_init sh tests/mpi/mpirun.sh mpirun \
+         -x EMU_LAUNCH_LOG -x EMU_NCCL_LOG -x EMU_NCCL_FAIL -n 2 \
+         "$B/emu_ep_check" cuda --rows 40 $args >"$B/last.out" 2>&1 &&
+       { [ -z "$fail_init" ] || { grep -q "staged through host memory and MPI (rank 1: .*EMU_NCCL_FAIL)" "$B/last.out" &&
+                                   ! grep -q "collectives on the backend" "$B/last.out"; }; }; then
       echo "cuda-emu: pass mpirun -n 2 ep_check cuda --rows 40 $args ($(($(date +%s) - s)) s)"
-      grep '^ep_check:' "$B/last.out" | sed 's/^/  /'
+      grep '^ep_check:\|staged through' "$B/last.out" | sed 's/^/  /'
     else
       echo "cuda-emu: FAIL mpirun -n 2 ep_check cuda --rows 40 $args ($(($(date +%s) - s)) s)"
       grep -v 'weights resident' "$B/last.out" | tail -20
       echo "ep_check $args" >>"$B/failed"
     fi
   done
+  calls=$(awk '{ n[$3]++ } END { for (c in n) print c, n[c] }' "$nlog" 2>/dev/null | sort | tr '\n' ' ')
+  echo "cuda-emu: ep_check's NCCL calls (both ranks): ${calls:-none}"
 else
-  echo "cuda-emu: no MPI in this build: the expert-parallel check did not run"
+  echo "cuda-emu: no MPI in this build: the NCCL and expert-parallel checks did not run"
 fi
 t2=$(date +%s)
 echo "cuda-emu: tests ran in $((t2 - t1)) s"

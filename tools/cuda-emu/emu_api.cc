@@ -9,6 +9,7 @@ long emu_blocks_run;
 extern "C" {
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 /* allocation and the synchronous copies may not happen in a capture (emu_stream.cc) */
 cudaError_t cudaMalloc(void **p, size_t b)
 {
@@ -183,6 +184,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEven
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { e->t = emu_now(); return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {
     *ms = (float)((b->t - a->t) * 1e3);

@@ -10,7 +10,8 @@
  * into a capture in its turn).
  *
  * What breaks a capture, as it does on a device:
- * - cudaStreamSynchronize on the capturing stream, cudaDeviceSynchronize:
+ * - cudaStreamSynchronize or cudaStreamQuery on the capturing stream,
+ *   cudaDeviceSynchronize:
  *   cudaErrorStreamCaptureUnsupported, and the capture is invalidated;
  * - work on the legacy stream (a launch without a stream, a copy on stream
  *   0) while any stream captures: cudaErrorStreamCaptureImplicit;
@@ -113,9 +114,12 @@ cudaError_t cudaGetLastError(void)
     return e;
 }
 
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
 const char *cudaGetErrorString(cudaError_t e)
 {
     switch (e) {
+    case cudaErrorNotReady: return "emulated: device not ready";
     case cudaErrorNotSupported: return "emulated: not supported";
     case cudaErrorStreamCaptureUnsupported: return "emulated: operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "emulated: operation failed due to a previous error during capture";
@@ -189,6 +193,20 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st)
     std::lock_guard<std::mutex> lk(mu);
     if (st->capturing) {
         invalidate(st, cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize on the capturing stream");
+        set_error(cudaErrorStreamCaptureUnsupported);
+        return cudaErrorStreamCaptureUnsupported;
+    }
+    return cudaSuccess;
+}
+
+/* Done at once (work runs when submitted); a query is a synchronisation
+ * as far as a capture is concerned, as on a device. */
+cudaError_t cudaStreamQuery(cudaStream_t st)
+{
+    if (!st) return emu_capture_forbids("cudaStreamQuery on the legacy stream");
+    std::lock_guard<std::mutex> lk(mu);
+    if (st->capturing) {
+        invalidate(st, cudaErrorStreamCaptureUnsupported, "cudaStreamQuery on the capturing stream");
         set_error(cudaErrorStreamCaptureUnsupported);
         return cudaErrorStreamCaptureUnsupported;
     }

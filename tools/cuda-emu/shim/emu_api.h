@@ -6,7 +6,7 @@
 extern "C" {
 #endif
 typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
-                         cudaErrorIllegalState = 401, cudaErrorNotSupported = 801,
+                         cudaErrorIllegalState = 401, cudaErrorNotReady = 600, cudaErrorNotSupported = 801,
                          cudaErrorStreamCaptureUnsupported = 900, cudaErrorStreamCaptureInvalidated = 901,
                          cudaErrorStreamCaptureImplicit = 906 } cudaError_t;
 typedef struct emu_stream *cudaStream_t;
@@ -21,9 +21,11 @@ enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone, cudaStreamCaptureSta
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 #define cudaStreamNonBlocking 1
 cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetDevice(int *d);
 cudaError_t cudaMalloc(void **p, size_t bytes);
 cudaError_t cudaMallocHost(void **p, size_t bytes);
 cudaError_t cudaFree(void *p);
@@ -36,6 +38,7 @@ cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t st);
 cudaError_t cudaStreamSynchronize(cudaStream_t st);
+cudaError_t cudaStreamQuery(cudaStream_t st); /* cudaSuccess: work on a stream is done when submitted */
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode m);
 cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g);
@@ -52,6 +55,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 
 typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_INITIALIZED = 1, CUBLAS_STATUS_ALLOC_FAILED = 3,
