@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "runtime/chat/chat.h"
+#include "runtime/core/clock.h"
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_opts.h"
@@ -407,7 +408,7 @@ static void write_ready(struct batch *b)
 
 static void progress(struct batch *b, double t0, double *shown, bool last)
 {
-    double now = moe_cli_now();
+    double now = moe_seconds();
     bool tty = isatty(2);
     if (!last && now - *shown < (tty ? 0.25 : 5.0)) return;
     *shown = now;
@@ -509,7 +510,7 @@ static void print_result(const struct batch_result *r)
 /* Submits every line and steps the engine until all are written. */
 static int batch_run(struct batch *b, const struct moe_cli_engine *eo, struct batch_result *r)
 {
-    double t0 = moe_cli_now(), shown = 0;
+    double t0 = moe_seconds(), shown = 0;
     for (int i = 0; i < b->n_items; i++) {
         struct item *it = &b->items[i];
         if (it->error) {
@@ -541,7 +542,7 @@ static int batch_run(struct batch *b, const struct moe_cli_engine *eo, struct ba
     b->done = b->n_items;
     write_ready(b);
     progress(b, t0, &shown, true);
-    *r = (struct batch_result){.requests = b->n_items, .seconds = moe_cli_now() - t0, .n = b->e.n};
+    *r = (struct batch_result){.requests = b->n_items, .seconds = moe_seconds() - t0, .n = b->e.n};
     for (int i = 0; i < b->n_items; i++) r->refused += b->items[i].error != NULL;
     return 0;
 }

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "runtime/cli/bench_gpu.h"
+#include "runtime/core/clock.h"
 #include "runtime/cli/cli.h"
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_par.h"
@@ -181,13 +182,13 @@ static enum moe_status time_prefill(struct bench_ctx *b, int P, double *best)
     for (int rep = 0; rep <= b->repeat; rep++) { /* rep 0 warms up */
         struct moe_offload_stats at;
         moe_cuda_offload_stats(b->be, &at);
-        double t0 = moe_cli_now();
+        double t0 = moe_seconds();
         for (int off = 0; off < P; off += b->chunk) {
             int n = P - off < b->chunk ? P - off : b->chunk;
             struct moe_chunk c = {&b->seqs[0], b->tokens + off, n, false, false, 0};
             MOE_TRY(moe_runner_step(&b->r, &c, 1, NULL, NULL, NULL, NULL));
         }
-        double t = moe_cli_now() - t0;
+        double t = moe_seconds() - t0;
         if (rep > 0) offload_add(b, &at, P);
         moe_seq_reset(&b->r, &b->seqs[0]);
         if (rep > 0 && t < *best) *best = t;
@@ -218,10 +219,10 @@ static enum moe_status time_decode(struct bench_ctx *b, int B, int ctx, int step
         }
         struct moe_offload_stats at;
         moe_cuda_offload_stats(b->be, &at);
-        double t0 = moe_cli_now();
+        double t0 = moe_seconds();
         for (int st = 0; st < steps && s == MOE_OK; st++)
             s = moe_runner_step(&b->r, ch, B, NULL, b->tokens, NULL, NULL);
-        double t = moe_cli_now() - t0;
+        double t = moe_seconds() - t0;
         if (rep > 0) offload_add(b, &at, (double)B * steps);
         for (int q = 0; q < B; q++) moe_seq_reset(&b->r, &b->seqs[q]);
         if (rep > 0 && t < *best) *best = t;
@@ -616,7 +617,7 @@ static int bench_measure(struct bench_ctx *b, const struct bench_opts *o, const 
     r->decode = calloc((size_t)l->n_decode + 1, sizeof *r->decode);
     if (!r->prefill || !r->decode) return moe_cli_error("bench", "out of memory");
     if (!o->json) printf("%-10s %8s %12s %14s\n", "phase", "size", "tokens/s", "time");
-    const double t_loop = moe_cli_now();
+    const double t_loop = moe_seconds();
     for (int i = 0; i < l->n_prefill; i++, r->n_prefill++) {
         struct bench_phase *ph = &r->prefill[i];
         ph->size = l->prefill[i];
@@ -632,7 +633,7 @@ static int bench_measure(struct bench_ctx *b, const struct bench_opts *o, const 
         offload_phase(b, ph);
         if (!o->json) print_phase("decode", r, ph);
     }
-    r->loop_s = moe_cli_now() - t_loop;
+    r->loop_s = moe_seconds() - t_loop;
     r->stats_s = o->st.on ? o->st.st.busy_s : 0; /* the recorder times itself */
     return 0;
 }

@@ -1,5 +1,6 @@
 /* cli_common.c - see cli_common.h. */
 #include "runtime/cli/cli_common.h"
+#include "runtime/core/clock.h"
 #include "runtime/cli/cli_draft.h"
 #include "runtime/cli/cli_par.h"
 #include "runtime/comm/comm.h"
@@ -285,13 +286,6 @@ int moe_cli_error(const char *cmd, const char *fmt, ...)
     fputc('\n', stderr);
     va_end(ap);
     return 1;
-}
-
-double moe_cli_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* --- engine options --- */
@@ -601,14 +595,14 @@ double moe_cli_copy_bandwidth(void)
         memset(a, 1, n);
         memset(b, 2, n);
         for (int rep = 0; rep < 6; rep++) {
-            double t0 = moe_cli_now();
+            double t0 = moe_seconds();
 #pragma omp parallel
             {
                 const int nt = omp_get_num_threads(), id = omp_get_thread_num();
                 const size_t per = n / (size_t)nt, off = per * (size_t)id;
                 memcpy(b + off, a + off, id == nt - 1 ? n - off : per);
             }
-            double bw = 2.0 * (double)n / (moe_cli_now() - t0);
+            double bw = 2.0 * (double)n / (moe_seconds() - t0);
             if (rep > 0 && bw > best) best = bw; /* rep 0 faults the pages in */
         }
     }
@@ -626,14 +620,14 @@ double moe_cli_read_bandwidth(void)
     if (a) {
         memset(a, 1, n);
         for (int rep = 0; rep < 6; rep++) {
-            double t0 = moe_cli_now();
+            double t0 = moe_seconds();
 #pragma omp parallel reduction(^ : sink)
             {
                 const int nt = omp_get_num_threads(), id = omp_get_thread_num();
                 const size_t per = n / (size_t)nt, off = per * (size_t)id;
                 sink ^= moe_read_sweep(a + off, id == nt - 1 ? n - off : per);
             }
-            double bw = (double)n / (moe_cli_now() - t0);
+            double bw = (double)n / (moe_seconds() - t0);
             if (rep > 0 && bw > best) best = bw;
         }
     }

@@ -55,7 +55,6 @@ int moe_cli_getopt(int argc, char **argv, const char *shortopts, const struct op
 int moe_cli_check_writable(const char *cmd, const char *opt, const char *path);
 /* Prints "moerun CMD: message" to stderr and returns 1. */
 int moe_cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-double moe_cli_now(void);
 /* Reads all of f (byte for byte); new memory, NUL-terminated, its length in
  * *len; NULL on a read error or no memory. */
 char *moe_cli_read_all(FILE *f, size_t *len);

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "runtime/cli/cli.h"
+#include "runtime/core/clock.h"
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_par.h"
 #include "runtime/cli/cli_opts.h"
@@ -280,7 +281,7 @@ static int ppl_eval(struct ppl_opts *o, struct ppl_ctx *c, struct ppl_report *r)
         return moe_cli_error("ppl", "%s", moe_last_error());
     if (moe_cli_stats_start(&o->st, &c->m, "ppl")) return 1;
     c->r.fw.stats = moe_cli_stats_recorder(&o->st);
-    const double t0 = moe_cli_now();
+    const double t0 = moe_seconds();
     if (moe_ppl_run(&c->r, &c->plan, o->base_path ? &c->base : NULL, c->save, &c->res, isatty(2) ? progress : NULL,
                     NULL) != MOE_OK)
         return moe_cli_error("ppl", "%s", moe_last_error());
@@ -288,7 +289,7 @@ static int ppl_eval(struct ppl_opts *o, struct ppl_ctx *c, struct ppl_report *r)
                              .n_prefix = c->n_prefix, .top_k = c->m.cfg.top_k, .backend = c->be.ops->name,
                              .quantize = moe_cli_quant_name(c->be.quant), .expert_plan = o->eng.expert_plan,
                              .hot_share = o->eng.hot_share > 0 ? o->eng.hot_share : MOE_CLI_HOT_SHARE,
-                             .kv_dtype = moe_dtype_name(c->r.kv.dtype), .seconds = moe_cli_now() - t0,
+                             .kv_dtype = moe_dtype_name(c->r.kv.dtype), .seconds = moe_seconds() - t0,
                              .window_tokens = (long long)c->plan.win_start[c->plan.n_windows]};
     if (moe_ppl_summarize(&c->res, &r->sum) != MOE_OK ||
         (o->save_path && save_base(o->save_path, &c->plan, &c->res, c->save, c->m.cfg.vocab, o->eng.model.path) != MOE_OK))

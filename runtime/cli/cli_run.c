@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "runtime/cli/cli.h"
+#include "runtime/core/clock.h"
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_opts.h"
 #include "runtime/cli/stats_cli.h"
@@ -211,7 +212,7 @@ static int run_generate(struct run_opts *o, const struct moe_request_params *rp,
     struct moe_request *req;
     if (moe_engine_submit(&c->e, c->prompt, c->n_prompt, rp, &c->st, &req) != MOE_OK)
         return moe_cli_error("run", "%s", moe_last_error());
-    const double t1 = moe_cli_now();
+    const double t1 = moe_seconds();
     r->load_s = t1 - r->load_s;
     int rows;
     while (!moe_engine_idle(&c->e)) {
@@ -240,7 +241,7 @@ int moe_cli_run(int argc, char **argv)
     int rc = run_parse(argc, argv, &o, &a);
     if (rc >= 0) return rc;
     struct run_ctx c = {0};
-    struct run_result r = {.load_s = moe_cli_now()}; /* the start, until the request is in */
+    struct run_result r = {.load_s = moe_seconds()}; /* the start, until the request is in */
     struct moe_request_params rp;
     rc = run_prompt(&o, &c);
     if (!rc) {

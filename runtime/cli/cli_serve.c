@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "runtime/cli/cli.h"
+#include "runtime/core/clock.h"
 #include "runtime/cli/cli_common.h"
 #include "runtime/cli/cli_opts.h"
 #include "runtime/cli/stats_cli.h"
@@ -237,10 +238,10 @@ static void serve_drain(struct srv *s, sigset_t *sigs)
     atomic_store(&s->ready, 2);
     srv_drain_begin(s);
     srv_http_quiesce(s);
-    const double end = srv_now() + s->o.drain_timeout_s;
+    const double end = moe_seconds() + s->o.drain_timeout_s;
     bool cut = false;
     while (atomic_load(&s->jobs_live) > 0) {
-        const double now = srv_now();
+        const double now = moe_seconds();
         if (!cut && now >= end) {
             fprintf(stderr, "moerun serve: drain timeout: ending %d running request(s)\n",
                     atomic_load(&s->jobs_live));

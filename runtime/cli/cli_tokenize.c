@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "runtime/cli/cli_common.h"
+#include "runtime/core/clock.h"
 #include "runtime/text/tokenizer.h"
 
 #include "runtime/cli/cli.h"
@@ -93,13 +94,6 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n)
     return 0;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Encode throughput on one thread over a corpus; the best pass counts. */
 static int bench(struct moe_tokenizer *tok, const char *corpus_path, int repeat, bool special)
 {
@@ -114,7 +108,7 @@ static int bench(struct moe_tokenizer *tok, const char *corpus_path, int repeat,
     double best = 1e30;
     for (int pass = 0; pass <= repeat; pass++) {
         size_t nt = 0, nb = 0;
-        double t0 = now_s();
+        double t0 = moe_seconds();
         json_array_foreach(corpus, i, v) {
             int32_t *ids = NULL;
             size_t n = 0;
@@ -127,7 +121,7 @@ static int bench(struct moe_tokenizer *tok, const char *corpus_path, int repeat,
             nb += json_string_length(v);
             free(ids);
         }
-        double t = now_s() - t0;
+        double t = moe_seconds() - t0;
         if (pass > 0 && t < best) best = t; /* pass 0 warms the caches */
         bytes = nb;
         tokens = nt;

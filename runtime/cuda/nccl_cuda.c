@@ -4,6 +4,7 @@
  * its functions are linked in (MOERUN_NCCL_LINKED: tools/cuda-emu's
  * emulation), called directly. */
 #include "runtime/cuda/nccl_cuda.h"
+#include "runtime/core/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,13 +84,6 @@ struct moe_nccl {
     double timeout_s;
 };
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static void nap(void)
 {
     struct timespec ts = {0, 20000};
@@ -107,7 +101,7 @@ static enum moe_status nccl_failed(const struct moe_nccl *c, ncclResult_t e, con
  * drained; past the timeout, says so on stderr, aborts c and fails. */
 static enum moe_status wait_for(struct moe_nccl *c, cudaStream_t s, bool stream, const char *op, const char *what)
 {
-    const double t0 = now();
+    const double t0 = moe_seconds();
     for (;;) {
         ncclResult_t e = ncclSuccess;
         ncclResult_t q = fns.async_error(c->comm, &e);
@@ -120,7 +114,7 @@ static enum moe_status wait_for(struct moe_nccl *c, cudaStream_t s, bool stream,
             if (ce != cudaErrorNotReady)
                 return moe_fail(MOE_ERR_DEVICE, "NCCL %s (%s): %s", op, what, cudaGetErrorString(ce));
         }
-        if (now() - t0 > c->timeout_s) {
+        if (moe_seconds() - t0 > c->timeout_s) {
             fprintf(stderr, "moerun: rank %d: NCCL %s (%s): no answer from the other ranks within %g s (a rank "
                     "died, hangs or is running something else); ending the job\n", c->world_rank, op, what,
                     c->timeout_s);

@@ -2,6 +2,7 @@
  * queues, admission, preemption, the step, sampling and the verification
  * of drafts.  What drafts a step carries is engine_spec.c's. */
 #include "runtime/engine/engine.h"
+#include "runtime/core/clock.h"
 #include "runtime/engine/engine_impl.h"
 
 #include <math.h>
@@ -20,13 +21,6 @@ const char *moe_finish_name(enum moe_finish f)
     case MOE_FINISH_ABORT: return "abort";
     default: return "none";
     }
-}
-
-static double mono_clock(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* --- queues: doubly linked through the requests --- */
@@ -74,7 +68,7 @@ enum moe_status moe_engine_init(struct moe_engine *e, const struct moe_model *m,
     if (e->o.spec.kind == MOE_SPEC_DRAFT && e->o.spec.draft && moe_config_linear_layers(&e->o.spec.draft->cfg) > 0)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%s: a draft model with linear-attention layers is not supported "
                         "yet (its recurrent state cannot be rewound)", e->o.spec.draft->cfg.architecture);
-    e->clock = mono_clock;
+    e->clock = moe_seconds;
     e->next_id = 1;
     /* a verification chunk has a logits row per token: at most every row
      * of a step, and K + 1 per sequence */

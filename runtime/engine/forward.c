@@ -2,6 +2,7 @@
  * of the Hugging Face Llama / Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE /
  * Llama-4 implementations; the family differences are fields of moe_config. */
 #include "runtime/engine/forward.h"
+#include "runtime/core/clock.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -699,13 +700,11 @@ static enum moe_status run_step_ep(struct moe_forward *fw, struct moe_kvcache *k
                                    float *logits, int32_t *ids, struct moe_route_trace *trace)
 {
     if (!moe_ep_on(fw->ep)) return run_step(fw, kv, b, logits, ids, trace);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = moe_seconds();
     enum moe_status s = MOE_OK;
     if (fw->ep->rank == 0) s = moe_ep_send_step(fw->ep, fw->ep_runner, b, kv->block_size);
     if (s == MOE_OK) s = run_step(fw, kv, b, logits, ids, trace);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    fw->ep->n.step_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    fw->ep->n.step_s += moe_seconds() - t0;
     fw->ep->n.steps++;
     return s;
 }

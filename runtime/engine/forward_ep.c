@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "runtime/engine/ep_impl.h"
+#include "runtime/core/clock.h"
 #include "runtime/engine/forward.h"
 
 static enum moe_status ep_state(struct moe_forward *fw);
@@ -110,13 +111,6 @@ static enum moe_status coll_check(struct moe_forward *fw, enum moe_status s)
     return s;
 }
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Tensor parallelism (ep.h): whether this rank's layers hold a share of
  * the heads and widths, so their outputs are parts of a sum. */
 static bool tp_on(const struct moe_forward *fw) { return fw->ep && fw->ep->tp > 1; }
@@ -134,9 +128,9 @@ enum moe_status moe_forward_tp_sum(struct moe_forward *fw, float *buf, int T, co
         struct moe_ep *ep = fw->ep;
         char msg[64];
         snprintf(msg, sizeof msg, "layer %d: %s", l, what);
-        const double t0 = now_s();
+        const double t0 = moe_seconds();
         MOE_TRY(coll_check(fw, be->ops->coll_sum(be, MOE_COLL_TP, buf, n, msg)));
-        ep->tp_s += now_s() - t0;
+        ep->tp_s += moe_seconds() - t0;
         ep->tp_bytes += 2 * (uint64_t)n * sizeof(float) * (uint64_t)(ep->tp - 1) / (uint64_t)ep->tp;
         return MOE_OK;
     }
@@ -286,9 +280,9 @@ static enum moe_status ep_share(struct moe_forward *fw, int D, int l)
             return moe_fail(MOE_ERR_DEVICE, "expert parallelism: layer %d: slot offsets out of order", l);
     char what[48];
     snprintf(what, sizeof what, "layer %d: expert rows", l);
-    const double t0 = now_s();
+    const double t0 = moe_seconds();
     MOE_TRY(coll_check(fw, be->ops->coll_share(be, MOE_COLL_EP, fw->ews.ye, offs, what)));
-    ep->n.gather_s += now_s() - t0;
+    ep->n.gather_s += moe_seconds() - t0;
     ep->n.gather_bytes += (uint64_t)(all - ep->counts[ep->rank]) * (uint64_t)D * sizeof(float);
     return MOE_OK;
 }

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "runtime/engine/ep_impl.h"
+#include "runtime/core/clock.h"
 
 enum moe_status moe_ep_set_tp(struct moe_ep *ep, int shards, int tp)
 {
@@ -52,13 +53,6 @@ static enum moe_status scratch(struct moe_ep *ep, size_t n)
     return MOE_OK;
 }
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* The group's communicator, made at its first use, in the first step,
  * where every rank is (a follower opens its model only when rank 0's first
  * runner is announced, after rank 0 opened its own); the scratch for
@@ -87,9 +81,9 @@ static enum moe_status gather(struct moe_ep *ep, const float *mine, size_t n, co
     if (!moe_mul_size(n, (size_t)ep->tp, &all) || !moe_mul_size(n, sizeof(float), &bytes))
         return moe_fail(MOE_ERR_NOMEM, "tensor parallelism: %zu floats per rank", n);
     MOE_TRY(prepare(ep, all, msg, sizeof msg, what, layer));
-    const double t0 = now();
+    const double t0 = moe_seconds();
     MOE_TRY(moe_comm_allgather(ep->tp_comm, mine, ep->tp_buf, bytes, msg));
-    ep->tp_s += now() - t0;
+    ep->tp_s += moe_seconds() - t0;
     ep->tp_bytes += (uint64_t)bytes * (uint64_t)(ep->tp - 1);
     return MOE_OK;
 }
@@ -110,14 +104,14 @@ enum moe_status moe_ep_tp_sum(struct moe_ep *ep, float *buf, size_t n, const cha
         memcpy(parts, buf, n * sizeof *buf);
         memset(parts + n, 0, (chunk * M - n) * sizeof *buf);
     }
-    const double t0 = now();
+    const double t0 = moe_seconds();
     MOE_TRY(moe_comm_alltoall(ep->tp_comm, whole ? buf : parts, got, bytes, msg));
     float *mine = parts; /* slice tp_rank of the sum, in rank order */
     for (size_t i = 0; i < chunk; i++) mine[i] = got[i];
     for (size_t r = 1; r < M; r++)
         for (size_t i = 0; i < chunk; i++) mine[i] += got[r * chunk + i];
     MOE_TRY(moe_comm_allgather(ep->tp_comm, mine, sums, bytes, msg));
-    ep->tp_s += now() - t0;
+    ep->tp_s += moe_seconds() - t0;
     ep->tp_bytes += 2 * (uint64_t)bytes * (uint64_t)(M - 1);
     if (!whole) memcpy(buf, sums, n * sizeof *buf);
     return MOE_OK;

@@ -248,7 +248,6 @@ void srv_drain_cut(struct srv *s);
 void srv_job_unref(struct srv_job *j);
 /* Prometheus text (new string). */
 char *srv_metrics_text(struct srv *s);
-double srv_now(void);
 void srv_count_status(struct srv *s, int status);
 
 /* server.c */

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "runtime/grammar/json_schema.h"
+#include "runtime/core/clock.h"
 #include "runtime/server/server.h"
 
 char *srv_error_json(int status, const char *param, const char *fmt, ...)
@@ -718,7 +719,7 @@ int srv_handle_completion(struct srv *s, bool chat, const char *body, size_t n,
     j->created = (long long)time(NULL);
     snprintf(j->id, sizeof j->id, "%s-%lld", chat ? "chatcmpl" : "cmpl",
              (long long)atomic_fetch_add(&s->next_id, 1));
-    j->t_recv = srv_now();
+    j->t_recv = moe_seconds();
     const int refused = srv_enqueue(s, j);
     if (refused) {
         srv_job_unref(j);

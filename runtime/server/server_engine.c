@@ -20,17 +20,11 @@
 #endif
 
 #include "runtime/server/server.h"
+#include "runtime/core/clock.h"
 #include "runtime/core/strbuf.h"
 
 const double srv_hist_le[SRV_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                         0.25,  0.5,    1,     2.5,  5,     10,  30};
-
-double srv_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void hist_add(struct srv_hist *h, double x)
 {
