@@ -1,5 +1,6 @@
 /* main.c - the moerun command line: dispatches to one function per command. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/backend/backend.h"
@@ -34,6 +35,23 @@ static void usage(FILE *f)
     fprintf(f, "\n'moerun COMMAND --help' describes each command.\n");
 }
 
+/* The timeout of the launch's own steps (a torchrun-style rendezvous waits
+ * this long for every rank): the command's --comm-timeout, read here since
+ * the transport opens before the command parses its options. */
+static double launch_timeout(int argc, char **argv)
+{
+    double t = MOE_CLI_COMM_TIMEOUT;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--comm-timeout") && i + 1 < argc) v = argv[i + 1];
+        else if (!strncmp(argv[i], "--comm-timeout=", 15)) v = argv[i] + 15;
+        char *end;
+        const double x = v ? strtod(v, &end) : 0;
+        if (v && end != v && !*end && x > 0 && x <= 86400) t = x;
+    }
+    return t;
+}
+
 /* Runs a command in this process's place in the launch: alone, as rank 0
  * of several (then stopping the others), or as a follower (cli_par.h). */
 static int run_command(int (*fn)(int, char **), int argc, char **argv)
@@ -45,7 +63,7 @@ static int run_command(int (*fn)(int, char **), int argc, char **argv)
         return 1;
     }
     if (l.size == 1) return fn(argc, argv);
-    if (moe_comm_init(&c, &l, MOE_CLI_COMM_TIMEOUT) != MOE_OK) {
+    if (moe_comm_init(&c, &l, launch_timeout(argc, argv)) != MOE_OK) {
         fprintf(stderr, "moerun: rank %d: %s\n", l.rank, moe_last_error());
         return 1;
     }

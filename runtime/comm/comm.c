@@ -22,6 +22,28 @@ static enum moe_status env_int(const char *name, int *out, bool *found)
     return MOE_OK;
 }
 
+/* A torchrun-style launch's rendezvous point (comm.h, moe_comm_launch). */
+static enum moe_status rendezvous_from_env(struct moe_comm_launch *l)
+{
+    const char *addr = getenv("MASTER_ADDR");
+    if (addr && strlen(addr) >= sizeof l->master_addr)
+        return moe_fail(MOE_ERR_INVALID_ARG, "launch: MASTER_ADDR is longer than a host name");
+    snprintf(l->master_addr, sizeof l->master_addr, "%s", addr ? addr : "");
+    int port = 0, own = 0;
+    bool has_port, has_own;
+    MOE_TRY(env_int("MASTER_PORT", &port, &has_port));
+    MOE_TRY(env_int("MOERUN_RDZV_PORT", &own, &has_own));
+    const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    if (has_port && agent && !strcmp(agent, "True")) port++;
+    if (has_own) port = own;
+    if ((has_port || has_own) && (port < 1 || port > 65535))
+        return moe_fail(MOE_ERR_INVALID_ARG, "launch: rendezvous port %d is not a TCP port", port);
+    l->rdzv_port = port;
+    const char *uri = getenv("OMPI_MCA_pmix_server_uri");
+    l->pmix_uri_set = uri && *uri;
+    return MOE_OK;
+}
+
 /* One launcher's variables: rank, size and (optional) local rank. */
 struct source {
     const char *name, *rank, *size, *local;
@@ -35,7 +57,7 @@ enum moe_status moe_comm_launch_from_env(struct moe_comm_launch *l)
         {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
         {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
     };
-    *l = (struct moe_comm_launch){0, 1, 0, "single"};
+    *l = (struct moe_comm_launch){.rank = 0, .size = 1, .local_rank = 0, .source = "single"};
     for (size_t i = 0; i < sizeof sources / sizeof *sources; i++) {
         const struct source *s = &sources[i];
         int rank = 0, size = 1, local = 0;
@@ -49,7 +71,8 @@ enum moe_status moe_comm_launch_from_env(struct moe_comm_launch *l)
                             has_rank ? s->size : s->rank);
         if (size < 1 || rank >= size)
             return moe_fail(MOE_ERR_INVALID_ARG, "launch: %s=%d does not fit %s=%d", s->rank, rank, s->size, size);
-        *l = (struct moe_comm_launch){rank, size, has_local ? local : rank, s->name};
+        *l = (struct moe_comm_launch){.rank = rank, .size = size, .local_rank = has_local ? local : rank, .source = s->name};
+        if (!strcmp(s->name, "torchrun")) MOE_TRY(rendezvous_from_env(l));
         return MOE_OK;
     }
     return MOE_OK;
@@ -75,23 +98,18 @@ enum moe_status moe_comm_init(struct moe_comm **out, const struct moe_comm_launc
     c->size = l->size;
     c->timeout_s = timeout_s;
     if (l->size > 1) {
-        enum moe_status s;
-        if (!strcmp(l->source, "torchrun"))
-            s = moe_fail(MOE_ERR_UNSUPPORTED, "launch: a torchrun-style launch (RANK/WORLD_SIZE) has no MPI "
-                         "runtime behind it, and moerun starts its ranks (NCCL's groups included) over MPI; start them with "
-                         "mpirun -n %d", l->size);
 #ifdef MOERUN_HAVE_MPI
-        else
-            s = moe_comm_mpi_open(c, l);
-#else
-        else
-            s = moe_fail(MOE_ERR_UNSUPPORTED, "launch: %d ranks (%s), but this moerun was built without MPI "
-                         "(install libopenmpi-dev and rebuild)", l->size, l->source);
-#endif
+        enum moe_status s = moe_comm_mpi_open(c, l);
         if (s != MOE_OK) {
+            if (c->mpi || c->rdzv) moe_comm_mpi_close(c);
             free(c);
             return s;
         }
+#else
+        free(c);
+        return moe_fail(MOE_ERR_UNSUPPORTED, "launch: %d ranks (%s), but this moerun was built without MPI "
+                        "(install libopenmpi-dev and rebuild)", l->size, l->source);
+#endif
     }
     *out = c;
     return MOE_OK;
@@ -101,7 +119,7 @@ void moe_comm_free(struct moe_comm *c)
 {
     if (!c) return;
 #ifdef MOERUN_HAVE_MPI
-    if (c->mpi) moe_comm_mpi_close(c);
+    if (c->mpi || c->rdzv) moe_comm_mpi_close(c);
 #endif
     free(c);
 }
@@ -137,7 +155,7 @@ void moe_comm_abort(const struct moe_comm *c)
 #ifdef MOERUN_HAVE_MPI
     if (c && c->mpi) {
         fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 3);
+        MPI_Abort(c->world, 3);
     }
 #else
     (void)c;

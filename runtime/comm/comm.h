@@ -6,9 +6,10 @@
  * launcher (PMI_RANK / PMI_SIZE), Slurm (SLURM_PROCID / SLURM_NTASKS), or a
  * torchrun-style RANK / WORLD_SIZE / LOCAL_RANK.  World size 1 needs no
  * transport: every collective is then a no-op or a copy.  Larger worlds run
- * on MPI (Open MPI; the build has it when CMake finds it: MOERUN_HAVE_MPI);
- * a torchrun-style launch (no MPI runtime behind it) is refused with a
- * message saying so.  The CUDA backend's own collectives (NCCL, backend.h
+ * on MPI (Open MPI; the build has it when CMake finds it: MOERUN_HAVE_MPI).
+ * A torchrun-style launch has no MPI runtime behind its processes: they
+ * meet rank 0 over TCP at MASTER_ADDR and join one MPI world through
+ * Open MPI's ompi-server, which rank 0 starts (comm_rdzv_mpi.c).  The CUDA backend's own collectives (NCCL, backend.h
  * coll_*) carry expert rows and sums on device memory; their groups are
  * bootstrapped over this transport (runtime/engine/forward_ep.c).
  *
@@ -42,6 +43,15 @@ extern "C" {
 struct moe_comm_launch {
     int rank, size, local_rank;
     const char *source; /* static: "mpirun", "pmi", "slurm", "torchrun", or "single" */
+    /* torchrun only: where rank 0 waits for the others (MASTER_ADDR) and on
+     * which port: MOERUN_RDZV_PORT if set, else MASTER_PORT, else (when
+     * TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves its own
+     * store on MASTER_PORT) MASTER_PORT + 1; 0 when unset.  pmix_uri_set:
+     * the user runs an ompi-server of their own (OMPI_MCA_pmix_server_uri),
+     * so rank 0 starts none. */
+    char master_addr[256];
+    int rdzv_port;
+    bool pmix_uri_set;
 };
 
 /* The launch this process belongs to, read from the environment (see

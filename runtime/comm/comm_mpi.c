@@ -10,33 +10,39 @@
 #include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+enum moe_status moe_comm_mpi_init(struct moe_comm *c, const struct moe_comm_launch *l)
+{
+    int inited = 0, provided = 0;
+    MPI_Initialized(&inited);
+    if (inited) return MOE_OK;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        return moe_fail(MOE_ERR_IO, "launch: MPI_Init_thread failed (%s rank %d of %d)", l->source, l->rank,
+                        l->size);
+    c->finalize = true;
+    c->mpi = true;
+    c->world = c->group = MPI_COMM_SELF;
+    if (provided < MPI_THREAD_SERIALIZED)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "launch: this MPI library gives thread level %d, moerun needs "
+                        "MPI_THREAD_SERIALIZED (the server's engine thread talks to the other ranks)", provided);
+    prctl(PR_SET_TIMERSLACK, 1000UL); /* 1 us: short polling sleeps (wait_for) */
+    return MOE_OK;
+}
 
 enum moe_status moe_comm_mpi_open(struct moe_comm *c, const struct moe_comm_launch *l)
 {
-    int inited = 0, provided = 0, rank = 0, size = 0;
-    MPI_Initialized(&inited);
-    if (!inited) {
-        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
-            return moe_fail(MOE_ERR_IO, "launch: MPI_Init_thread failed (%s rank %d of %d)", l->source,
-                            l->rank, l->size);
-        c->finalize = true;
-        if (provided < MPI_THREAD_SERIALIZED) {
-            MPI_Finalize();
-            return moe_fail(MOE_ERR_UNSUPPORTED, "launch: this MPI library gives thread level %d, moerun needs "
-                            "MPI_THREAD_SERIALIZED (the server's engine thread talks to the other ranks)", provided);
-        }
-    }
+    if (!strcmp(l->source, "torchrun")) return moe_comm_rdzv_open(c, l);
+    MOE_TRY(moe_comm_mpi_init(c, l));
+    int rank = 0, size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (rank != l->rank || size != l->size) {
-        if (c->finalize) MPI_Finalize();
+    if (rank != l->rank || size != l->size)
         return moe_fail(MOE_ERR_INVALID_ARG, "launch: the environment says rank %d of %d (%s) but MPI says rank "
                         "%d of %d", l->rank, l->size, l->source, rank, size);
-    }
-    c->mpi = true;
-    c->group = MPI_COMM_WORLD;
-    prctl(PR_SET_TIMERSLACK, 1000UL); /* 1 us: short polling sleeps (wait_for) */
+    c->world = c->group = MPI_COMM_WORLD;
     return MOE_OK;
 }
 
@@ -44,12 +50,14 @@ void moe_comm_mpi_close(struct moe_comm *c)
 {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (c->group != MPI_COMM_WORLD) {
+    if (c->mpi && c->group != c->world) { /* a part (moe_comm_split): the world stays */
         if (!fin) MPI_Comm_free(&c->group);
         c->mpi = false;
         return;
     }
+    if (c->mpi && !fin && c->world != MPI_COMM_WORLD && c->world != MPI_COMM_SELF) MPI_Comm_free(&c->world);
     if (c->finalize && !fin) MPI_Finalize();
+    if (c->rdzv) moe_comm_rdzv_close(c);
     c->mpi = false;
 }
 
@@ -59,12 +67,17 @@ void moe_comm_mpi_close(struct moe_comm *c)
  * oversubscribing the cores, where spinning would take the core from the
  * rank being waited for); past the timeout (unless idle) the job ends
  * (comm.h).  The MPI transport sets the thread's timer slack to 1 us so
- * those sleeps are short. */
+ * those sleeps are short.  An idle follower of a torchrun-style launch also
+ * watches rank 0's rendezvous connection (comm_rdzv_mpi.c). */
 #define SPIN_S 0.0002
+/* A follower seeing rank 0's rendezvous connection close still takes a
+ * message already on its way (rank 0 ending normally) for this long. */
+#define ORPHAN_GRACE_S 2.0
 static enum moe_status wait_for(struct moe_comm *c, MPI_Request *rq, const char *op, const char *what,
                                 bool idle)
 {
     const double t0 = MPI_Wtime();
+    double orphaned = 0; /* when rank 0's rendezvous connection was seen closed */
     for (;;) {
         int done = 0;
         if (MPI_Test(rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
@@ -75,7 +88,14 @@ static enum moe_status wait_for(struct moe_comm *c, MPI_Request *rq, const char 
             fprintf(stderr, "moerun: rank %d: %s (%s): no answer from the other ranks within %g s (a rank died, "
                     "hangs or is running something else); ending the job\n", c->world_rank, op, what, c->timeout_s);
             fflush(stderr);
-            MPI_Abort(MPI_COMM_WORLD, 3);
+            MPI_Abort(c->world, 3);
+        }
+        if (idle && c->rdzv && !orphaned && moe_comm_rdzv_orphaned(c)) orphaned = MPI_Wtime();
+        if (orphaned && MPI_Wtime() - orphaned > ORPHAN_GRACE_S) {
+            fprintf(stderr, "moerun: rank %d: rank 0 is gone (its rendezvous connection closed) while this rank "
+                    "waited for its next step (%s); ending\n", c->world_rank, what);
+            fflush(stderr);
+            _exit(3); /* MPI_Abort would wait on the dead rank */
         }
         if (waited < SPIN_S) {
             sched_yield();
@@ -213,6 +233,6 @@ enum moe_status moe_comm_mpi_split(const struct moe_comm *c, int color, struct m
     MPI_Comm_rank(g, &rank);
     MPI_Comm_size(g, &size);
     *out = (struct moe_comm){.rank = rank, .size = size, .timeout_s = c->timeout_s, .mpi = true, .group = g,
-                             .world_rank = c->world_rank};
+                             .world = c->world, .world_rank = c->world_rank};
     return MOE_OK;
 }
