@@ -23,7 +23,7 @@
 /* The messages' layout; a follower of another layout refuses rank 0's
  * runners (every rank must run the same moerun).  Raise it with any change
  * to struct geometry or a payload. */
-#define EP_PROTOCOL 4
+#define EP_PROTOCOL 5
 
 enum kind { MSG_HELLO = 1, MSG_STEP, MSG_FREE, MSG_STOP };
 
@@ -36,7 +36,7 @@ struct header {
 struct geometry {
     int32_t protocol, size; /* EP_PROTOCOL, sizeof(struct geometry) */
     int32_t max_tokens, max_seqs, max_logits, block_size, n_blocks, kv_dtype, state_slots;
-    uint8_t kv_dtype_set, prefix_cache, pad[2];
+    uint8_t kv_dtype_set, prefix_cache, hidden, pad;
 };
 
 /* A rank's status after a HELLO, gathered on every rank. */
@@ -146,7 +146,7 @@ enum moe_status moe_ep_runner_open(struct moe_ep *ep, struct moe_runner *r, cons
     const int id = ep->next_runner++;
     const struct geometry g = {EP_PROTOCOL, (int32_t)sizeof(struct geometry), o->max_tokens, o->max_seqs,
                                o->max_logits, o->block_size, o->n_blocks, (int32_t)o->kv_dtype,
-                               r->kv.n_state_slots, o->kv_dtype_set, o->prefix_cache, {0, 0}};
+                               r->kv.n_state_slots, o->kv_dtype_set, o->prefix_cache, o->hidden, 0};
     size_t steps = 0, hello;
     enum moe_status s = step_bytes(&g, r->max_blocks, &steps);
     if (s == MOE_OK && !moe_add_size(sizeof g, ep->hello_bytes, &hello))
@@ -263,6 +263,7 @@ static enum moe_status open_runner(struct follower *w, int id, const char *p, si
                                           .max_logits = g.max_logits, .block_size = g.block_size,
                                           .n_blocks = g.n_blocks, .kv_dtype = (enum moe_dtype)g.kv_dtype,
                                           .kv_dtype_set = g.kv_dtype_set, .prefix_cache = g.prefix_cache,
+                                          .hidden = g.hidden,
                                           .state_slots = g.state_slots, .ep = w->ep};
         s = moe_runner_init(&w->r[i], w->m, w->be, &o);
         size_t steps = 0;

@@ -198,6 +198,9 @@ static inline void moe_vocab_share(int V, int rank, int size, int *lo, int *n)
 MOE_MUST_USE enum moe_status moe_model_vocab_split(struct moe_model *m, int rank, int size);
 /* Whether the LM head's rows lie in the embedding's (tied weights, or a
  * tied head's share of them). */
+/* m's LM head over the whole vocabulary, also where moe_model_vocab_split
+ * kept a share of it (a view of the same rows). */
+struct moe_tensor moe_model_whole_head(const struct moe_model *m);
 bool moe_model_head_tied(const struct moe_model *m);
 /* A fingerprint of the checkpoint m was loaded from (config.json, and each
  * safetensors file's size and header), so processes can check they opened
@@ -234,7 +237,10 @@ void moe_model_free(struct moe_model *m);
  * embed_tokens as its embedding (absent: m's).  out borrows m's weights
  * (free it with moe_model_free before m) and owns what the binding
  * converts.  Refused, naming the tensor, when the checkpoint left the
- * module's weights out (many converted checkpoints do). */
+ * module's weights out (many converted checkpoints do).  Under expert
+ * parallelism the module is whole on the rank that makes it: all its
+ * experts bound whatever m holds, and m's LM head whole where m's is
+ * split (moe_model_whole_head). */
 MOE_MUST_USE enum moe_status moe_model_mtp_view(const struct moe_model *m, int i, struct moe_model *out);
 /* Routes every token of every MoE layer to k experts instead of the
  * checkpoint's num_experts_per_tok (a memory-vs-compute knob: fewer experts

@@ -34,7 +34,7 @@ static enum moe_status bind_module(struct moe_model *src, int l, struct moe_mode
     MOE_TRY(moe_model_bind_tensor(src, &out->final_norm, true, n, 1, D, 0, 0));
     NAMEF(n, "model.layers.%d.shared_head.head.weight", l);
     MOE_TRY(moe_model_bind_tensor(src, &out->lm_head, false, n, 2, V, D, 0));
-    if (!out->lm_head.data) out->lm_head = src->lm_head;
+    if (!out->lm_head.data) out->lm_head = moe_model_whole_head(src);
     NAMEF(n, "model.layers.%d.embed_tokens.weight", l);
     MOE_TRY(moe_model_bind_tensor(src, &out->embed, false, n, 2, V, D, 0));
     if (!out->embed.data) out->embed = src->embed;
@@ -65,6 +65,7 @@ enum moe_status moe_model_mtp_view(const struct moe_model *m, int i, struct moe_
     struct moe_model src = *m;
     src.owned = NULL;
     src.n_owned = 0;
+    src.ep_held = NULL; /* the module runs in one process with all its experts (moe_model_mtp_view) */
     enum moe_status s = bind_module(&src, c->n_layers + i, out);
     out->owned = src.owned;
     out->n_owned = src.n_owned;

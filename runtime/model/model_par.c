@@ -251,6 +251,16 @@ enum moe_status moe_model_vocab_split(struct moe_model *m, int rank, int size)
     return MOE_OK;
 }
 
+struct moe_tensor moe_model_whole_head(const struct moe_model *m)
+{
+    struct moe_tensor t = m->lm_head;
+    if (m->vocab_parts > 1 && t.data) {
+        t.data = (char *)t.data - (size_t)m->vocab_lo * moe_dtype_row_bytes(t.dtype, (size_t)t.shape[1]);
+        t.shape[0] = m->cfg.vocab;
+    }
+    return t;
+}
+
 bool moe_model_head_tied(const struct moe_model *m)
 {
     const char *h = m->lm_head.data, *e = m->embed.data;

@@ -36,6 +36,10 @@
  * tolerance of one process's (TP_TOL of the row's largest magnitude), ids
  * and routing equal.
  *
+ * Without --tp, on the CPU backends, for a fixture with a
+ * multi-token-prediction module: the module each rank makes from its share
+ * of the model must give one process's logits bit for bit (check_mtp).
+ *
  * Without --tp, first: rank 0 opens the first fixture and the others a
  * copy of it with another config.json, which rank 0's runner must refuse
  * naming the rank. */
@@ -392,6 +396,77 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
     moe_ep_free(&ep);
 }
 
+/* The multi-token-prediction module of m (--spec mtp) run alone, its
+ * input hidden states a fixed pattern: the record of run_steps. */
+static enum moe_status mtp_record(const struct moe_model *m, struct record *out)
+{
+    struct moe_model v;
+    struct moe_backend be = {0};
+    struct moe_runner rn;
+    MOE_TRY(moe_model_mtp_view(m, 0, &v));
+    enum moe_status s = backend_open(&be);
+    if (s == MOE_OK && (s = moe_runner_init(&rn, &v, &be, &runner_opts)) == MOE_OK) {
+        const size_t n = (size_t)runner_opts.max_tokens * (size_t)v.cfg.d_model;
+        for (size_t i = 0; i < n; i++) rn.fw.hin[i] = sinf(0.37f * (float)i);
+        s = run_steps(&rn, out);
+        moe_runner_free(&rn);
+    }
+    moe_backend_free(&be);
+    moe_model_free(&v);
+    return s;
+}
+
+/* --spec mtp under expert parallelism: the module runs whole in the
+ * process that made it from its share of the model (all the module's
+ * experts, the LM head's whole vocabulary), so every rank's module gives
+ * one process's logits bit for bit.  No collectives: each rank checks its
+ * own share's module. */
+static void check_mtp(struct moe_comm *c, const char *name)
+{
+    char dir[512], cpath[600];
+    struct moe_config cfg;
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/%s", MOERUN_SOURCE_DIR, name);
+    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+    if (moe_config_load(&cfg, cpath) != MOE_OK || cfg.n_mtp_layers == 0) return;
+    struct moe_ep ep;
+    moe_ep_init(&ep, c);
+    struct moe_model whole, share;
+    struct record ref = {0}, got = {0};
+    const int before = failures;
+    CHECK(moe_model_load(&whole, dir) == MOE_OK, "%s: mtp: %s", name, moe_last_error());
+    struct moe_model probe; /* many checkpoints declare a module and leave its weights out */
+    if (failures == before && moe_model_mtp_view(&whole, 0, &probe) != MOE_OK) {
+        moe_model_free(&whole);
+        moe_ep_free(&ep);
+        return;
+    }
+    if (failures == before) {
+        moe_model_free(&probe);
+        CHECK(mtp_record(&whole, &ref) == MOE_OK, "%s: mtp alone: %s", name, moe_last_error());
+        CHECK(open_share(&ep, dir, NULL, &share) == MOE_OK, "%s: mtp share: %s", name, moe_last_error());
+        if (failures == before) {
+            /* the fixtures' modules have heads of their own: the target's
+             * whole head (a module without one reads it) checked here */
+            const struct moe_tensor h = moe_model_whole_head(&share);
+            const size_t bytes = moe_dtype_row_bytes(h.dtype, (size_t)h.shape[1]) * (size_t)cfg.vocab;
+            CHECK(share.vocab_parts == moe_comm_size(c), "%s: the share's LM head is not split", name);
+            CHECK(h.shape[0] == cfg.vocab && h.dtype == whole.lm_head.dtype &&
+                  !memcmp(h.data, whole.lm_head.data, bytes), "%s: the share's whole LM head is not the model's",
+                  name);
+            CHECK(mtp_record(&share, &got) == MOE_OK, "%s: mtp from the share: %s", name, moe_last_error());
+            moe_model_free(&share);
+        }
+        moe_model_free(&whole);
+    }
+    if (failures == before) compare(name, &ref, &got, cfg.vocab, cfg.top_k > 0 ? cfg.top_k : 1);
+    if (failures == before && moe_comm_rank(c) == 0)
+        printf("ep_check: %s: the multi-token-prediction module made from each rank's share gives one "
+               "process's logits bit for bit\n", name);
+    record_free(&ref);
+    record_free(&got);
+    moe_ep_free(&ep);
+}
+
 /* Rank 0 opens tests/fixtures/NAME, the others a copy whose config.json
  * has one more space: rank 0's runner must fail naming the rank and the
  * other checkpoint. */
@@ -487,6 +562,7 @@ int main(int argc, char **argv)
         }
         check_fixture(c, argv[i], false, l.size);
         check_fixture(c, argv[i], true, l.size);
+        if (strncmp(backend_name, "cuda", 4)) check_mtp(c, argv[i]);
     }
     CHECK(moe_comm_barrier(c, "the end") == MOE_OK, "barrier: %s", moe_last_error());
     moe_comm_free(c); /* each rank's exit status: mpirun fails when any fails */

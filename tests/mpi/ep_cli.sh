@@ -7,7 +7,8 @@
 #      the same run's trace; a placement with replicas written by
 #      `moerun stats --placement-out` from that run gives the same text, and
 #      a malformed one is refused naming the entry;
-#      refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp;
+#      --spec mtp gives the same ids and drafts under -n 2;
+#      refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp --tp 2;
 #      tensor parallelism (--tp 2 and 4, experts over every rank or over
 #      the groups) prints one process's text; its refusals (--tp alone,
 #      --tp not dividing the ranks or the heads, --ep not fitting,
@@ -65,9 +66,17 @@ for spec in "--spec ngram" "--draft models/demo-draft"; do
         no "run $spec under -n 2 failed: $(tail -3 "$TMP/s2.err")"
     cmp -s "$TMP/s1.txt" "$TMP/s2.txt" || no "run $spec under -n 2 printed other text"
 done
-$MPIRUN -n 2 "$MOERUN" bench tests/fixtures/deepseek_v3_mtp --spec mtp --prefill 8 --decode 1 --threads 1 \
-    > /dev/null 2> "$TMP/r3.err" && no "--spec mtp under -n 2 was not refused"
-grep -q "spec mtp with several ranks" "$TMP/r3.err" || no "--spec mtp under -n 2: $(head -3 "$TMP/r3.err")"
+# multi-token prediction: the module runs whole on rank 0; the same text
+# and the same drafts (their counts) as one process
+MTP="tests/fixtures/deepseek_v3_mtp --prompt-ids 1,5,9,13,2,7 -n 24 --temperature 0 --threads 1 --spec mtp"
+"$MOERUN" run $MTP > "$TMP/m1.txt" 2> "$TMP/m1.err" || no "run --spec mtp alone failed: $(tail -2 "$TMP/m1.err")"
+$MPIRUN -n 2 "$MOERUN" run $MTP > "$TMP/m2.txt" 2> "$TMP/m2.err" ||
+    no "run --spec mtp under -n 2 failed: $(tail -3 "$TMP/m2.err")"
+cmp -s "$TMP/m1.txt" "$TMP/m2.txt" || no "run --spec mtp under -n 2 printed other ids"
+[ -n "$(grep speculation: "$TMP/m1.err")" ] && [ "$(grep speculation: "$TMP/m1.err")" = "$(grep speculation: "$TMP/m2.err")" ] ||
+    no "--spec mtp under -n 2: $(grep speculation: "$TMP/m2.err"), alone $(grep speculation: "$TMP/m1.err")"
+$MPIRUN -n 2 "$MOERUN" run $MTP --tp 2 > /dev/null 2> "$TMP/r3.err" && no "--spec mtp --tp 2 was not refused"
+grep -q "spec mtp with --tp" "$TMP/r3.err" || no "--spec mtp --tp 2: $(head -3 "$TMP/r3.err")"
 
 # the imbalance the ranks measured equals what `moerun stats --ep 2` predicts
 # from the same run's trace (contiguous placement's max/mean)
