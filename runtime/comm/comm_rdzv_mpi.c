@@ -15,10 +15,10 @@
  *      turn: the ranks joined so far accept the next one together, it
  *      connects, and both sides merge, so the world grows in RANK order.
  * Only those lines travel over TCP; every collective after is MPI's.  Each
- * step is bounded by the communicator's timeout, but MPI_Comm_accept and
- * MPI_Comm_connect themselves have none (a rank dying between its TCP line
- * and its connect leaves the others waiting: the launcher ends them, as
- * torchrun ends every worker when one fails).  The connections stay open
+ * step is bounded by the communicator's timeout; MPI_Comm_accept and
+ * MPI_Comm_connect have none of their own, so an alarm bounds step 3 (a
+ * rank dying between its TCP line and its connect: the others end with one
+ * line rather than wait).  The connections stay open
  * for the job's life: a follower waiting idle for rank 0's next step sees
  * rank 0's end close when rank 0 dies, where no mpirun would tell it
  * (moe_comm_rdzv_orphaned). */
@@ -240,6 +240,37 @@ static enum moe_status start_server(struct moe_comm *c, char *uri, size_t uri_ca
     return s;
 }
 
+/* Step 3's bound: MPI_Comm_accept / MPI_Comm_connect cannot be given a
+ * timeout, so a SIGALRM at the deadline ends the process with one line
+ * (async-signal-safe: write and _exit only). */
+static char alarm_msg[160];
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    ssize_t w = write(STDERR_FILENO, alarm_msg, strlen(alarm_msg));
+    (void)w;
+    _exit(1);
+}
+
+static void arm_alarm(const struct moe_comm_launch *l, double deadline, struct sigaction *old)
+{
+    snprintf(alarm_msg, sizeof alarm_msg, "moerun: rank %d: launch: the ranks did not all join MPI's world "
+             "within the timeout (a rank died or hangs); ending\n", l->rank);
+    struct sigaction sa = {0};
+    sa.sa_handler = on_alarm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, old);
+    const int ms = ms_left(deadline);
+    alarm(ms > 0 ? (unsigned)((ms + 999) / 1000) : 1);
+}
+
+static void disarm_alarm(const struct sigaction *old)
+{
+    alarm(0);
+    sigaction(SIGALRM, old, NULL);
+}
+
 /* Step 3: the world grown from MPI_COMM_SELF, one rank at a time. */
 static enum moe_status grow_world(struct moe_comm *c, const struct moe_comm_launch *l, double deadline)
 {
@@ -324,7 +355,11 @@ enum moe_status moe_comm_rdzv_open(struct moe_comm *c, const struct moe_comm_lau
         setenv("OMPI_MCA_pmix_server_uri", line + 4, 1);
     }
     MOE_TRY(moe_comm_mpi_init(c, l));
-    MOE_TRY(grow_world(c, l, deadline));
+    struct sigaction old;
+    arm_alarm(l, deadline, &old);
+    enum moe_status grown = grow_world(c, l, deadline);
+    disarm_alarm(&old);
+    MOE_TRY(grown);
     c->group = c->world;
     int rank = -1, size = -1;
     MPI_Comm_rank(c->world, &rank);

@@ -9,7 +9,8 @@
 #      (TORCHELASTIC_USE_AGENT_STORE=True): the ranks meet on MASTER_PORT+1;
 #      without that variable rank 0 names the port in use;
 #   3. refusals, each within --comm-timeout and naming the fault: a rank
-#      that never comes, a rank of another world size, no MASTER_ADDR;
+#      that never comes, a rank of another world size, a rank that takes
+#      the MPI port and never connects, no MASTER_ADDR;
 #   4. serve: a completion equal to run's; rank 0 killed: rank 1 ends by
 #      itself (no launcher to end it) naming rank 0, and the ompi-server
 #      rank 0 started is gone with it.
@@ -103,6 +104,23 @@ wait $r0
 grep -q "rank 1 of 2 is another world size (rank 0: WORLD_SIZE=3)" "$TMP/r2.err" || no "world sizes (rank 0): $(cat "$TMP/r2.err")"
 grep -q "rank 1: launch: rank 0 says: rank 1 of 2 is another world size" "$TMP/r3.err" ||
     no "world sizes (rank 1): $(cat "$TMP/r3.err")"
+# a rank that says its line and takes the MPI port, then never connects
+# (MPI_Comm_accept has no timeout of its own: the alarm ends rank 0)
+port=$(free_port)
+python3 -c 'import socket, sys, time
+for i in range(300):
+    try:
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[1]))); break
+    except OSError: time.sleep(0.1)
+s.sendall(b"moerun-rdzv 1 1 2\n"); f = s.makefile("rb"); f.readline(); f.readline(); time.sleep(30)' $port &
+mute=$!
+start=$(date +%s)
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout -s KILL 60 \
+    "$MOERUN" run $MODEL -p "$P" $ARGS --comm-timeout 3 > /dev/null 2> "$TMP/r5.err" && no "a rank that never connects was not refused"
+[ $(($(date +%s) - start)) -le 10 ] || no "a rank that never connects took $(($(date +%s) - start)) s to be refused"
+grep -q "rank 0: launch: the ranks did not all join MPI's world within the timeout" "$TMP/r5.err" ||
+    no "a rank that never connects: $(cat "$TMP/r5.err")"
+kill $mute 2>/dev/null
 RANK=1 WORLD_SIZE=2 "$MOERUN" run $MODEL -p "$P" $ARGS > /dev/null 2> "$TMP/r4.err" && no "no MASTER_ADDR was not refused"
 grep -q "needs MASTER_ADDR and MASTER_PORT" "$TMP/r4.err" || no "no MASTER_ADDR: $(cat "$TMP/r4.err")"
 
