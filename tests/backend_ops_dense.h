@@ -115,15 +115,28 @@ static bool run_embed(struct side *ref, struct side *tg, const struct op_case *c
     const size_t n = (size_t)c->T * c->D;
     void *tab = random_rows(c->dt, (size_t)c->N, (size_t)c->D, 11 + c->T, 1.0f);
     int32_t *tok = malloc((size_t)c->T * sizeof(int32_t));
-    for (int t = 0; t < c->T; t++) tok[t] = (t * 7 + 3) % c->N;
+    /* the table holds vocabulary rows [2, 2 + N) (a rank's share): tokens
+     * 0, 1 and N + 2 on are another rank's and give zeros */
+    const int first = 2;
+    for (int t = 0; t < c->T; t++) tok[t] = (t * 7 + 3) % (c->N + 4);
     float *out[2] = {malloc(n * 4), malloc(n * 4)};
     for (int i = 0; i < 2; i++) {
         struct moe_tensor e = side_matrix(sd[i], tab, c->dt, c->N, c->D);
         float *x = side_put(sd[i], NULL, n * 4);
-        cr_assert_eq(sd[i]->be.ops->embed(&sd[i]->be, x, side_put(sd[i], tok, (size_t)c->T * 4), c->T, &e),
+        cr_assert_eq(sd[i]->be.ops->embed(&sd[i]->be, x, side_put(sd[i], tok, (size_t)c->T * 4), c->T, &e, first),
                      MOE_OK, "%s", moe_last_error());
         side_get(sd[i], out[i], x, n * 4);
     }
+    float *want = malloc((size_t)c->D * 4);
+    const size_t row = moe_dtype_row_bytes(c->dt, (size_t)c->D);
+    for (int t = 0; t < c->T; t++) {
+        const int r = tok[t] - first;
+        if (r >= 0 && r < c->N) moe_convert_row_f32(want, (const char *)tab + (size_t)r * row, c->dt, (size_t)c->D);
+        else memset(want, 0, (size_t)c->D * 4);
+        cr_assert(!memcmp(want, out[0] + (size_t)t * c->D, (size_t)c->D * 4), "embed: token %d (row %d of the "
+                  "share from %d) is not its row", tok[t], r, first);
+    }
+    free(want);
     char shp[64];
     shape_of(shp, sizeof shp, "T%d V%d D%d", c->T, c->N, c->D);
     bool ok = report_close(tg, "embed", moe_dtype_name(c->dt), shp, out[1], out[0], n, EXACT);

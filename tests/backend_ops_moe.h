@@ -279,12 +279,12 @@ static bool run_expert_load(struct side *ref, struct side *tg, const struct op_c
     float *x = side_put(tg, NULL, 16);
     int32_t *dtok = side_put(tg, &tok, 4), *dids = side_put(tg, ids, TK * 4);
     struct moe_dispatch p = plan_in(side_put(tg, NULL, nb * 4), T, K, E);
-    cr_assert_eq(be->ops->embed(be, x, dtok, 1, &tab), MOE_OK); /* a step starts */
+    cr_assert_eq(be->ops->embed(be, x, dtok, 1, &tab, 0), MOE_OK); /* a step starts */
     cr_assert_eq(be->ops->expert_load(be, before, 2, E), MOE_OK, "%s", moe_last_error());
     for (int step = 0; step < 2; step++) {
         cr_assert_eq(be->ops->dispatch(be, &p, dids, T, K, E), MOE_OK, "%s", moe_last_error());
         if (step == 0) cr_assert_eq(be->ops->dispatch(be, &p, dids, T - 2, K, E), MOE_OK);
-        cr_assert_eq(be->ops->embed(be, x, dtok, 1, &tab), MOE_OK);
+        cr_assert_eq(be->ops->embed(be, x, dtok, 1, &tab, 0), MOE_OK);
     }
     cr_assert_eq(be->ops->expert_load(be, after, 2, E), MOE_OK, "%s", moe_last_error());
     for (size_t i = 0; i < TK; i++) want[ids[i]] += 2;

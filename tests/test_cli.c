@@ -374,23 +374,26 @@ Test(cli, plan_expert_offload)
 }
 
 /* plan --ep 4: Mixtral-8x7B's 84 GiB of experts over 4 ranks, 21 GiB each
- * beside the 2.99 GiB replicated less 3/4 of the 250 MiB LM head (its
- * vocabulary rows split): 23.81 GiB a rank.  Decode at batch 1 gathers 2
- * rows of 4096 fp32 per MoE layer; a rank receives 3/4 of them in 32
- * layers: 32 x 0.75 x 32768 B = 768 KiB, in 32 x (3 x 10 us + 0.75 x
- * 32768 B / 100 GB/s) = 0.968 ms; then rank 0 gathers 3/4 of the row's
- * 32000 logits, 96000 B in 10 us + 0.96 us: 861.75 KiB in 0.979 ms; a
- * 512-token chunk 32 x 0.75 x 512 x 2 x 4096 x 4 B = 384 MiB and one
- * logits row: 384.09 MiB. */
+ * beside the 2.99 GiB replicated less 3/4 of the 250 MiB LM head and 3/4
+ * of the 250 MiB embedding (their vocabulary rows split): 2.9907 + 21 -
+ * 0.3662 = 23.62 GiB a rank.  Decode at batch 1 gathers 2 rows of 4096
+ * fp32 per MoE layer; a rank receives 3/4 of them in 32 layers: 32 x 0.75
+ * x 32768 B = 768 KiB, in 32 x (3 x 10 us + 0.75 x 32768 B / 100 GB/s) =
+ * 0.968 ms; the embedding's all-reduce of one row of 4096 fp32, 2 x (3 x
+ * 10 us + 0.75 x 16384 B / 100 GB/s) = 0.060 ms, 24 KiB; then rank 0
+ * gathers 3/4 of the row's 32000 logits, 96000 B in 10 us + 0.96 us:
+ * 885.75 KiB in 1.039 ms; a 512-token chunk 32 x 0.75 x 512 x 2 x 4096 x 4
+ * B = 384 MiB, the embedding's 2 x 0.75 x 8 MiB = 12 MiB and one logits
+ * row: 396.09 MiB. */
 Test(cli, plan_expert_parallel)
 {
     char cmd[1024], out[8192];
     snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --ep 4 --net 100 --net-latency 10",
              MOERUN_BINARY, MOERUN_SOURCE_DIR);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "per rank   23.81 GiB of weights (experts 21.00 GiB of 84.00 GiB)"), "%s", out);
-    cr_assert(strstr(out, "+ 0.979 ms all-gathering 861.75 KiB a rank receives"), "%s", out);
-    cr_assert(strstr(out, "all-gathering 384.09 MiB;"), "%s", out);
+    cr_assert(strstr(out, "per rank   23.62 GiB of weights (experts 21.00 GiB of 84.00 GiB)"), "%s", out);
+    cr_assert(strstr(out, "+ 1.039 ms all-gathering 885.75 KiB a rank receives"), "%s", out);
+    cr_assert(strstr(out, "all-gathering 396.09 MiB;"), "%s", out);
     snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --ep 3 2>&1", MOERUN_BINARY,
              MOERUN_SOURCE_DIR);
     cr_assert_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
@@ -398,13 +401,13 @@ Test(cli, plan_expert_parallel)
 }
 
 /* plan --ep 2 --tp 2: 4 ranks, the experts in 2 shards (42 GiB a rank),
- * each rank 1/2 of the 2.50 GiB of attention and 1/4 of the LM head: 2.99
- * + 42 - 1.25 - 0.18 = 43.56 GiB.  Decode at batch 1 adds to the expert
- * rows' all-gathers over the 4 ranks and the logits' gather (861.75 KiB
- * in 0.979 ms, as above) one group sum per attention layer: a
- * reduce-scatter and an all-gather of 4096 fp32, half of each received,
- * 32 x 2 x (10 us + 0.5 x 16384 B / 100 GB/s) = 0.645 ms, 512 KiB: 1.34
- * MiB in 1.624 ms.
+ * each rank 1/2 of the 2.50 GiB of attention and 1/4 of the LM head and of
+ * the embedding: 2.9907 + 42 - 1.25 - 0.3662 = 43.37 GiB.  Decode at batch
+ * 1 adds to the expert rows' all-gathers over the 4 ranks, the embedding's
+ * all-reduce and the logits' gather (885.75 KiB in 1.039 ms, as above) one
+ * group sum per attention layer: a reduce-scatter and an all-gather of
+ * 4096 fp32, half of each received, 32 x 2 x (10 us + 0.5 x 16384 B / 100
+ * GB/s) = 0.645 ms, 512 KiB: 1397.75 KiB = 1.36 MiB in 1.684 ms.
  * A hybrid predicted; refusals: heads that do not divide. */
 Test(cli, plan_tensor_parallel)
 {
@@ -413,8 +416,8 @@ Test(cli, plan_tensor_parallel)
              "--net-latency 10", MOERUN_BINARY, MOERUN_SOURCE_DIR);
     cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "4 ranks in groups of 2"), "%s", out);
-    cr_assert(strstr(out, "per rank   43.56 GiB of weights (experts 42.00 GiB of 84.00 GiB)"), "%s", out);
-    cr_assert(strstr(out, "+ 1.624 ms all-gathering 1.34 MiB a rank receives (0.645 ms of it in the groups)"),
+    cr_assert(strstr(out, "per rank   43.37 GiB of weights (experts 42.00 GiB of 84.00 GiB)"), "%s", out);
+    cr_assert(strstr(out, "+ 1.684 ms all-gathering 1.36 MiB a rank receives (0.645 ms of it in the groups)"),
               "%s", out);
     snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --tp 3 2>&1", MOERUN_BINARY,
              MOERUN_SOURCE_DIR);

@@ -405,7 +405,7 @@ Test(cuda_ops, expert_load_counts_dispatches_by_layer)
         int32_t tok = 0;
         int32_t *dtok = dev_copy(&tok, sizeof tok);
         struct wpair e = make_weight(MOE_DTYPE_F32, 1, 4, 1, 1.0f);
-        cr_assert_eq(gpu.ops->embed(&gpu, x, dtok, 1, &e.d), MOE_OK);
+        cr_assert_eq(gpu.ops->embed(&gpu, x, dtok, 1, &e.d, 0), MOE_OK);
         free_weight(&e);
         gpu.ops->dealloc(&gpu, x);
         gpu.ops->dealloc(&gpu, dtok);

@@ -79,7 +79,12 @@ struct moe_backend_ops {
     MOE_MUST_USE enum moe_status (*sync)(struct moe_backend *be); /* [waits] */
 
     /* ops */
-    MOE_OP(embed, float *x, const int32_t *tokens, int T, const struct moe_tensor *emb);
+    /* x (T, D) = the rows of emb (R, D) of each token, emb holding the
+     * vocabulary's rows [first, first + R) (first 0 and R the vocabulary,
+     * or a rank's share under expert parallelism): a token outside them
+     * gets a row of zeros.  The caller has checked the ids against the
+     * vocabulary. */
+    MOE_OP(embed, float *x, const int32_t *tokens, int T, const struct moe_tensor *emb, int64_t first);
     MOE_OP(rmsnorm, float *y, const float *x, const struct moe_tensor *w, int rows, int dim,
            float eps);
     /* y (T, N) = x (T, Din) . W^T (+ b), W (N, Din) in its stored dtype. */

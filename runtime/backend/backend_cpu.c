@@ -102,16 +102,16 @@ static enum moe_status cpu_prepare_model(struct moe_backend *be, struct moe_mode
 }
 
 static enum moe_status cpu_embed(struct moe_backend *be, float *x, const int32_t *tokens, int T,
-                                 const struct moe_tensor *emb)
+                                 const struct moe_tensor *emb, int64_t first)
 {
-    const int64_t V = emb->shape[0], D = emb->shape[1];
+    const int64_t R = emb->shape[0], D = emb->shape[1];
     const size_t row = moe_dtype_row_bytes(emb->dtype, (size_t)D);
     for (int t = 0; t < T; t++) {
-        if (tokens[t] < 0 || tokens[t] >= V)
-            return moe_fail(MOE_ERR_INVALID_ARG, "token id %d at row %d is outside the vocabulary "
-                            "(size %lld)", tokens[t], t, (long long)V);
-        moe_convert_row_f32(x + (size_t)t * D, (const char *)emb->data + (size_t)tokens[t] * row,
-                            emb->dtype, (size_t)D);
+        const int64_t r = (int64_t)tokens[t] - first;
+        if (r < 0 || r >= R)
+            memset(x + (size_t)t * D, 0, (size_t)D * sizeof *x);
+        else
+            moe_convert_row_f32(x + (size_t)t * D, (const char *)emb->data + (size_t)r * row, emb->dtype, (size_t)D);
     }
     return MOE_OK;
 }

@@ -257,10 +257,10 @@ static enum moe_status cuda_reserve(struct moe_backend *be, const struct moe_con
 /* ---- ops ---- */
 
 static enum moe_status cuda_embed(struct moe_backend *be, float *x, const int32_t *tokens, int T,
-                                  const struct moe_tensor *emb)
+                                  const struct moe_tensor *emb, int64_t first)
 {
     ctx_of(be)->work.dispatch_ordinal = 0; /* a step starts here */
-    return moe_ops_embed_cuda(ctx_of(be)->stream, x, tokens, T, emb->data, emb->dtype,
+    return moe_ops_embed_cuda(ctx_of(be)->stream, x, tokens, T, emb->data, emb->dtype, first,
                               emb->shape[0], (int)emb->shape[1]);
 }
 

@@ -703,6 +703,7 @@ static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, cons
                               .f_saved = 2.0 * (a_all - a_rank + ffn * cut) + delta * cut,
                               .kv_share = (double)moe_tp_kv_heads(cfg->n_kv_heads, M) / cfg->n_kv_heads,
                               .head = cfg->tie_embeddings ? 0 : (double)r->z.bytes_lm_head, .vocab = cfg->vocab,
+                              .embed = (double)r->z.bytes_embed,
                               .tp_sums = M > 1 ? n_attn + n_lin + n_dense + (cfg->d_shared > 0 ? s->n_moe : 0) : 0,
                               .net_bw = o->net * 1e9, .latency = o->net_latency * 1e-6,
                               .dev_bw = r->dev.bw, .dev_flops = r->dev.flops, .mem = r->dev.mem_bytes,

@@ -55,8 +55,11 @@ static void step(const struct moe_plan_ep *p, double rows, double seqs, double c
     /* the logits of the step's logit rows (decode: every row; a prefill
      * chunk: its sequences' last) gathered on rank 0 */
     const double logits = (all_weights ? seqs : rows) * p->vocab * 4 * (N - 1) / N;
-    *comm = p->n_moe * allgather_s(p, N, gathered) + *tp_s + logits / p->net_bw + p->latency;
-    *recv = p->n_moe * (N - 1) / N * gathered + p->tp_sums * 2 * (M - 1) / M * vec + logits;
+    /* the embedding's rows added up over every rank (a ring all-reduce) */
+    const double embed_s = p->embed > 0 ? 2 * allgather_s(p, N, vec) : 0;
+    *comm = p->n_moe * allgather_s(p, N, gathered) + *tp_s + embed_s + logits / p->net_bw + p->latency;
+    *recv = p->n_moe * (N - 1) / N * gathered + p->tp_sums * 2 * (M - 1) / M * vec + logits +
+            (p->embed > 0 ? 2 * (N - 1) / N * vec : 0);
 }
 
 void moe_plan_ep_compute(struct moe_plan_ep *p)
@@ -64,7 +67,8 @@ void moe_plan_ep_compute(struct moe_plan_ep *p)
     if (p->tp < 1) p->tp = 1;
     if (p->shards < 1) p->shards = p->ranks;
     if (p->kv_share <= 0) p->kv_share = 1;
-    p->W_rank = p->W - p->experts * (p->shards - 1) / p->shards - p->saved - p->head * (p->ranks - 1) / p->ranks;
+    p->W_rank = p->W - p->experts * (p->shards - 1) / p->shards - p->saved -
+                (p->head + p->embed) * (p->ranks - 1) / p->ranks;
     const double usable = 0.9 * p->mem;
     p->fit_seqs = p->W_rank < usable ? floor((usable - p->W_rank) / (p->kv_tok * p->kv_share * p->ctx)) : -1;
     step(p, p->batch, p->batch, p->ctx, false, &p->dec_local, &p->dec_comm, &p->dec_bytes_comm, &p->dec_tp);
@@ -76,13 +80,13 @@ void moe_plan_ep_print(const struct moe_plan_ep *p)
     char a[96], b[96], c[96];
     if (p->tp > 1)
         printf("\nexpert parallelism  %d ranks in groups of %d (tensor parallelism: heads, dense FFNs and shared "
-               "experts split in each group), experts in %d shards of %.0f (contiguous)%s, the LM head's rows "
-               "split over every rank; network %.0f GB/s, "
+               "experts split in each group), experts in %d shards of %.0f (contiguous)%s, the embedding's and "
+               "the LM head's rows split over every rank; network %.0f GB/s, "
                "%.1f us a hop (ring all-gathers, not overlapped)\n", p->ranks, p->tp, p->shards, p->E / p->shards,
                p->shards < p->ranks ? ", a shard on its group's ranks" : "", p->net_bw / 1e9, p->latency * 1e6);
     else
-        printf("\nexpert parallelism  %d ranks, %.0f experts each (contiguous), attention replicated, the LM "
-               "head's rows split; network %.0f "
+        printf("\nexpert parallelism  %d ranks, %.0f experts each (contiguous), attention replicated, the "
+               "embedding's and the LM head's rows split; network %.0f "
                "GB/s, %.1f us a hop (ring all-gathers, not overlapped)\n", p->ranks, p->E / p->ranks,
                p->net_bw / 1e9, p->latency * 1e6);
     printf("  per rank   %s of weights (experts %s of %s)", moe_cli_bytes(a, sizeof a, p->W_rank),

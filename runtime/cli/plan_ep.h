@@ -40,6 +40,8 @@ struct moe_plan_ep {
     double kv_share;               /* the share of the KV a rank holds */
     double head, vocab;            /* the LM head's bytes (0 tied to the embedding) and rows: split over
                                       every rank, each row's logits gathered on rank 0 */
+    double embed;                  /* the embedding's bytes: split over every rank, each step's rows
+                                      added up (an all-reduce of T x D fp32) */
     int tp_sums;                   /* the group's all-gathers a step (split layers) */
     double net_bw, latency;        /* bytes/s, seconds per ring hop */
     double dev_bw, dev_flops, mem; /* one rank's device: bytes/s, FLOP/s, bytes */

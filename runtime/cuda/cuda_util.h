@@ -65,7 +65,7 @@ static inline unsigned moe_cuda_blocks(size_t n, unsigned b)
 
 /* ---- runtime/cuda/ops_cuda.cu: elementwise and data movement ---- */
 enum moe_status moe_ops_embed_cuda(cudaStream_t st, float *x, const int32_t *tokens, int T,
-                                   const void *emb, enum moe_dtype dt, int64_t V, int D);
+                                   const void *emb, enum moe_dtype dt, int64_t first, int64_t R, int D);
 enum moe_status moe_ops_add_cuda(cudaStream_t st, float *y, const float *x, size_t n);
 enum moe_status moe_ops_scale_cuda(cudaStream_t st, float *x, size_t n, float s);
 enum moe_status moe_ops_clamp_cuda(cudaStream_t st, float *x, size_t n, float limit);

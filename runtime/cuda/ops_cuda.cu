@@ -29,28 +29,28 @@ extern "C" const char *moe_cublas_status_str(cublasStatus_t s)
     }
 }
 
+/* emb holds the vocabulary rows [first, first + R); a token outside them
+ * (another rank's share; ids are checked against the vocabulary on the
+ * host, forward.c) gets zeros. */
 static __global__ void embed_kernel(float *x, const int32_t *tokens, int T, const void *emb,
-                                    enum moe_dtype dt, int64_t V, int D)
+                                    enum moe_dtype dt, int64_t first, int64_t R, int D)
 {
     const size_t n = (size_t)T * D;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         int t = (int)(i / D), d = (int)(i % D);
-        int32_t id = tokens[t];
-        /* ids are validated on the host (forward.c); a bad one reads row 0
-         * rather than out of bounds */
-        if (id < 0 || id >= V) id = 0;
-        x[i] = moe_ld(emb, dt, (size_t)id * D + d);
+        const int64_t r = (int64_t)tokens[t] - first;
+        x[i] = r < 0 || r >= R ? 0.0f : moe_ld(emb, dt, (size_t)r * D + d);
     }
 }
 
 extern "C" enum moe_status moe_ops_embed_cuda(cudaStream_t st, float *x, const int32_t *tokens,
-                                              int T, const void *emb, enum moe_dtype dt, int64_t V,
-                                              int D)
+                                              int T, const void *emb, enum moe_dtype dt, int64_t first,
+                                              int64_t R, int D)
 {
     if (T <= 0) return MOE_OK;
     embed_kernel<<<moe_cuda_blocks((size_t)T * D, THREADS), THREADS, 0, st>>>(x, tokens, T, emb,
-                                                                              dt, V, D);
+                                                                              dt, first, R, D);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }

@@ -579,6 +579,16 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
     return residual_add(fw, T);
 }
 
+/* x (T, D) = the embeddings of the batch's tokens; with the embedding
+ * split over the ranks by vocabulary rows, each rank's rows added up. */
+static enum moe_status embed_tokens(struct moe_forward *fw, float *x, const struct moe_batch *db)
+{
+    const struct moe_model *m = fw->m;
+    const bool split = m->embed.shape[0] < m->cfg.vocab;
+    MOE_TRY(fw->be->ops->embed(fw->be, x, db->tokens, db->n_tokens, &m->embed, split ? m->vocab_lo : 0));
+    return split ? moe_forward_vocab_embed(fw, x, db->n_tokens) : MOE_OK;
+}
+
 /* A multi-token-prediction module's input rows: x = eh_proj [enorm(embedding);
  * hnorm(hin)] (model.h). */
 static enum moe_status mtp_input(struct moe_forward *fw, const struct moe_batch *db)
@@ -588,7 +598,7 @@ static enum moe_status mtp_input(struct moe_forward *fw, const struct moe_batch 
     const struct moe_model *m = fw->m;
     const int T = db->n_tokens, D = m->cfg.d_model;
     const float eps = m->cfg.rms_eps;
-    MOE_TRY(op->embed(be, fw->xn, db->tokens, T, &m->embed));
+    MOE_TRY(embed_tokens(fw, fw->xn, db));
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->xn, &m->mtp_enorm, T, D, eps));
     MOE_TRY(op->gather_cols(be, fw->cat, 2 * D, fw->xn, D, T, NULL, D));
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->hin, &m->mtp_hnorm, T, D, eps));
@@ -608,7 +618,7 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     if (m->mtp_eh_proj.data) {
         MOE_TRY(mtp_input(fw, db));
     } else {
-        MOE_TRY(op->embed(be, fw->x, db->tokens, T, &m->embed));
+        MOE_TRY(embed_tokens(fw, fw->x, db));
         if (c->embed_scale != 1.0f && c->embed_scale != 0.0f)
             MOE_TRY(op->scale(be, fw->x, (size_t)T * c->d_model, c->embed_scale));
     }

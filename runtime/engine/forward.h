@@ -217,6 +217,10 @@ MOE_MUST_USE enum moe_status moe_forward_norm_whole_rows(struct moe_forward *fw,
 /* The LM head split over the ranks: this rank's share of the logits of
  * the n rows in fw->lrows, gathered on rank 0 into fw->logits (n, V). */
 MOE_MUST_USE enum moe_status moe_forward_vocab_logits(struct moe_forward *fw, int n);
+/* The embedding split the same way: x (T, D) holds this rank's rows (zeros
+ * for the others' tokens); summed over the ranks, each token's row is the
+ * one rank's that holds it, exactly. */
+MOE_MUST_USE enum moe_status moe_forward_vocab_embed(struct moe_forward *fw, float *x, int T);
 void moe_forward_ep_free(struct moe_forward *fw);
 /* Runs one step.  logits (n_logits, V) host, may be NULL; ids (n_logits)
  * host, may be NULL, receives the argmax of each logits row (moe_argmax's

@@ -396,6 +396,31 @@ enum moe_status moe_forward_vocab_logits(struct moe_forward *fw, int n)
     return MOE_OK;
 }
 
+enum moe_status moe_forward_vocab_embed(struct moe_forward *fw, float *x, int T)
+{
+    struct moe_ep *ep = fw->ep;
+    struct moe_backend *be = fw->be;
+    if (!moe_ep_on(ep) || fw->m->vocab_parts != ep->size)
+        return moe_fail(MOE_ERR_INVALID_ARG, "the embedding holds a share of the vocabulary (%d of %d parts) "
+                        "over another layout of ranks", fw->m->vocab_lo, fw->m->vocab_parts);
+    const size_t n = (size_t)T * fw->m->cfg.d_model;
+    const double t0 = moe_seconds();
+    if (be->ops->host_memory) {
+        MOE_TRY(moe_comm_allreduce_sum(ep->comm, x, n, "the embedding"));
+    } else {
+        MOE_TRY(ep_state(fw));
+        if (ep->coll_state > 0) {
+            MOE_TRY(coll_check(fw, be->ops->coll_sum(be, MOE_COLL_EP, x, n, "the embedding")));
+        } else {
+            MOE_TRY(be->ops->to_host(be, fw->ep_stage, x, n * sizeof(float)));
+            MOE_TRY(moe_comm_allreduce_sum(ep->comm, fw->ep_stage, n, "the embedding"));
+            MOE_TRY(be->ops->to_device(be, x, fw->ep_stage, n * sizeof(float)));
+        }
+    }
+    ep->n.embed_s += moe_seconds() - t0;
+    return MOE_OK;
+}
+
 void moe_forward_ep_free(struct moe_forward *fw)
 {
     free(fw->ep_vstage);

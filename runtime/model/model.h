@@ -192,15 +192,15 @@ static inline void moe_vocab_share(int V, int rank, int size, int *lo, int *n)
     *lo = (int)((int64_t)V * rank / size);
     *n = (int)((int64_t)V * (rank + 1) / size) - *lo;
 }
-/* The LM head keeps rank's share of the vocabulary rows (moe_vocab_share)
- * of a split over size ranks (a view: no copy; before a backend prepares
- * the model); the embedding stays whole.  size 1: nothing. */
+/* The LM head and the embedding keep rank's share of the vocabulary rows
+ * (moe_vocab_share) of a split over size ranks (views: no copy; before a
+ * backend prepares the model).  size 1: nothing. */
 MOE_MUST_USE enum moe_status moe_model_vocab_split(struct moe_model *m, int rank, int size);
+/* m's LM head or embedding (share) over the whole vocabulary, also where
+ * moe_model_vocab_split kept a share of it (a view of the same rows). */
+struct moe_tensor moe_model_whole_vocab(const struct moe_model *m, const struct moe_tensor *share);
 /* Whether the LM head's rows lie in the embedding's (tied weights, or a
  * tied head's share of them). */
-/* m's LM head over the whole vocabulary, also where moe_model_vocab_split
- * kept a share of it (a view of the same rows). */
-struct moe_tensor moe_model_whole_head(const struct moe_model *m);
 bool moe_model_head_tied(const struct moe_model *m);
 /* A fingerprint of the checkpoint m was loaded from (config.json, and each
  * safetensors file's size and header), so processes can check they opened
@@ -240,7 +240,7 @@ void moe_model_free(struct moe_model *m);
  * module's weights out (many converted checkpoints do).  Under expert
  * parallelism the module is whole on the rank that makes it: all its
  * experts bound whatever m holds, and m's LM head whole where m's is
- * split (moe_model_whole_head). */
+ * split (moe_model_whole_vocab); the same for the embedding. */
 MOE_MUST_USE enum moe_status moe_model_mtp_view(const struct moe_model *m, int i, struct moe_model *out);
 /* Routes every token of every MoE layer to k experts instead of the
  * checkpoint's num_experts_per_tok (a memory-vs-compute knob: fewer experts

@@ -34,10 +34,10 @@ static enum moe_status bind_module(struct moe_model *src, int l, struct moe_mode
     MOE_TRY(moe_model_bind_tensor(src, &out->final_norm, true, n, 1, D, 0, 0));
     NAMEF(n, "model.layers.%d.shared_head.head.weight", l);
     MOE_TRY(moe_model_bind_tensor(src, &out->lm_head, false, n, 2, V, D, 0));
-    if (!out->lm_head.data) out->lm_head = moe_model_whole_head(src);
+    if (!out->lm_head.data) out->lm_head = moe_model_whole_vocab(src, &src->lm_head);
     NAMEF(n, "model.layers.%d.embed_tokens.weight", l);
     MOE_TRY(moe_model_bind_tensor(src, &out->embed, false, n, 2, V, D, 0));
-    if (!out->embed.data) out->embed = src->embed;
+    if (!out->embed.data) out->embed = moe_model_whole_vocab(src, &src->embed);
     return moe_model_bind_layer(src, l, out->cfg.layer_moe[0], &out->layers[0]);
 }
 

@@ -246,15 +246,18 @@ enum moe_status moe_model_vocab_split(struct moe_model *m, int rank, int size)
     int lo, n;
     moe_vocab_share(V, rank, size, &lo, &n);
     keep_rows(&m->lm_head, lo, n);
+    /* the embedding's same rows: each rank embeds the tokens of its share
+     * and the ranks add their rows (forward_ep.c, moe_forward_vocab_embed) */
+    if (m->embed.ndim == 2 && m->embed.shape[0] == V) keep_rows(&m->embed, lo, n);
     m->vocab_lo = lo;
     m->vocab_parts = size;
     return MOE_OK;
 }
 
-struct moe_tensor moe_model_whole_head(const struct moe_model *m)
+struct moe_tensor moe_model_whole_vocab(const struct moe_model *m, const struct moe_tensor *share)
 {
-    struct moe_tensor t = m->lm_head;
-    if (m->vocab_parts > 1 && t.data) {
+    struct moe_tensor t = *share;
+    if (m->vocab_parts > 1 && t.data && t.ndim == 2 && t.shape[0] < m->cfg.vocab) {
         t.data = (char *)t.data - (size_t)m->vocab_lo * moe_dtype_row_bytes(t.dtype, (size_t)t.shape[1]);
         t.shape[0] = m->cfg.vocab;
     }

@@ -447,7 +447,7 @@ static void check_mtp(struct moe_comm *c, const char *name)
         if (failures == before) {
             /* the fixtures' modules have heads of their own: the target's
              * whole head (a module without one reads it) checked here */
-            const struct moe_tensor h = moe_model_whole_head(&share);
+            const struct moe_tensor h = moe_model_whole_vocab(&share, &share.lm_head);
             const size_t bytes = moe_dtype_row_bytes(h.dtype, (size_t)h.shape[1]) * (size_t)cfg.vocab;
             CHECK(share.vocab_parts == moe_comm_size(c), "%s: the share's LM head is not split", name);
             CHECK(h.shape[0] == cfg.vocab && h.dtype == whole.lm_head.dtype &&

@@ -111,7 +111,6 @@ grep -q "mpirun -n 2" "$TMP/r2.err" || no "--ep 2 alone: $(cat "$TMP/r2.err")"
 
 # serve: one completion, then rank 1 killed (SIGKILL: mpirun ends the job)
 # or stopped (SIGSTOP: the next collective times out and ends it)
-# (with --tp 2 the first collective a step needs is the group's sum, in layer 0)
 serve_fault() {
     sig=$1
     tp=${2:-1}
@@ -157,8 +156,7 @@ serve_fault() {
         kill -9 $job 2>/dev/null
     fi
     if [ "$sig" = STOP ]; then
-        what="all-gather (layer 0: expert rows)"
-        [ $tp = 1 ] || what="all-to-all (layer 0: attention output)"
+        what="all-reduce (the embedding)" # a step's first collective: the ranks' embedding rows added
         grep -q "rank 0: $what: no answer from the other ranks within 3 s" \
             "$TMP/serve.$sig.err" || no "STOP (--tp $tp): rank 0 did not name the collective: $(cat "$TMP/serve.$sig.err")"
     fi
