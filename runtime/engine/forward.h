@@ -164,6 +164,9 @@ struct moe_forward {
      * each rank's part in floats (size) */
     float *ep_vstage;
     int32_t *ep_vcounts;
+    /* ... over the backend's transport instead: every rank's part in rank
+     * order (max_logits x V floats, backend memory; made at first use) */
+    float *ep_d_vparts;
 };
 
 /* ptr = n zeroed elements of type in be's memory (the size overflow-checked);

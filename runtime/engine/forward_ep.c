@@ -350,6 +350,34 @@ static enum moe_status vocab_state(struct moe_forward *fw)
     return MOE_OK;
 }
 
+/* The logits' parts over the backend's transport (coll_state 1): each
+ * rank's (n, Vs) block into ep_d_vparts at n * lo (the blocks in rank
+ * order), the blocks shared with every rank (coll_share), and rank 0 lays
+ * them out as (n, V) in fw->logits: no copy through the host. */
+static enum moe_status vocab_share(struct moe_forward *fw, int n)
+{
+    struct moe_backend *be = fw->be;
+    struct moe_ep *ep = fw->ep;
+    const int V = fw->m->cfg.vocab, N = ep->size;
+    if (!be->ops->gather_cols) return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no column copies", be->ops->name);
+    if (!fw->ep_d_vparts) MOE_FORWARD_ALLOC(be, fw->ep_d_vparts, (size_t)fw->lim.max_logits * (size_t)V, float);
+    size_t *offs = fw->ep_share_offs;
+    int lo, vs;
+    for (int r = 0; r < N; r++) {
+        moe_vocab_share(V, r, N, &lo, &vs);
+        offs[r] = (size_t)n * (size_t)lo;
+    }
+    offs[N] = (size_t)n * (size_t)V;
+    moe_vocab_share(V, ep->rank, N, &lo, &vs);
+    MOE_TRY(be->ops->gather_cols(be, fw->ep_d_vparts + offs[ep->rank], vs, fw->logits, vs, n, NULL, vs));
+    MOE_TRY(coll_check(fw, be->ops->coll_share(be, MOE_COLL_EP, fw->ep_d_vparts, offs, "the LM head's logits")));
+    for (int r = 0; ep->rank == 0 && r < N; r++) {
+        moe_vocab_share(V, r, N, &lo, &vs);
+        MOE_TRY(be->ops->gather_cols(be, fw->logits + lo, V, fw->ep_d_vparts + offs[r], vs, n, NULL, vs));
+    }
+    return MOE_OK;
+}
+
 enum moe_status moe_forward_vocab_logits(struct moe_forward *fw, int n)
 {
     const struct moe_model *m = fw->m;
@@ -359,6 +387,10 @@ enum moe_status moe_forward_vocab_logits(struct moe_forward *fw, int n)
     if (m->vocab_parts != N)
         return moe_fail(MOE_ERR_INVALID_ARG, "the LM head is split %d ways over %d ranks", m->vocab_parts, N);
     MOE_TRY(moe_forward_linear(fw, fw->logits, fw->lrows, &m->lm_head, NULL, n));
+    if (!be->ops->host_memory) {
+        MOE_TRY(ep_state(fw));
+        if (ep->coll_state > 0) return vocab_share(fw, n);
+    }
     MOE_TRY(vocab_state(fw));
     const size_t L = (size_t)fw->lim.max_logits;
     float *recv = fw->ep_vstage, *send = ep->rank == 0 ? recv + L * (size_t)V : recv;
@@ -427,7 +459,7 @@ void moe_forward_ep_free(struct moe_forward *fw)
     free(fw->ep_vcounts);
     struct moe_backend *be = fw->be;
     if (be) {
-        void *bufs[] = {fw->ep_d_slot_ids, fw->ep_d_counts, fw->ep_d_offsets, fw->ep_d_rows};
+        void *bufs[] = {fw->ep_d_slot_ids, fw->ep_d_counts, fw->ep_d_offsets, fw->ep_d_rows, fw->ep_d_vparts};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
         if (fw->ep_stage) be->ops->host_free(be, fw->ep_stage);
     }
