@@ -49,7 +49,6 @@ struct moe_ep_counters {
     double ratio_sum;
     uint64_t cells;
     double gather_s;      /* seconds in the expert-row all-gathers */
-    double embed_s;       /* seconds adding the ranks' embedding rows (a split vocabulary) */
     uint64_t gather_bytes;/* bytes this rank received through them */
     double step_s;        /* seconds in whole forward steps */
 };

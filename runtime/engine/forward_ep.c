@@ -436,7 +436,6 @@ enum moe_status moe_forward_vocab_embed(struct moe_forward *fw, float *x, int T)
         return moe_fail(MOE_ERR_INVALID_ARG, "the embedding holds a share of the vocabulary (%d of %d parts) "
                         "over another layout of ranks", fw->m->vocab_lo, fw->m->vocab_parts);
     const size_t n = (size_t)T * fw->m->cfg.d_model;
-    const double t0 = moe_seconds();
     if (be->ops->host_memory) {
         MOE_TRY(moe_comm_allreduce_sum(ep->comm, x, n, "the embedding"));
     } else {
@@ -449,7 +448,6 @@ enum moe_status moe_forward_vocab_embed(struct moe_forward *fw, float *x, int T)
             MOE_TRY(be->ops->to_device(be, x, fw->ep_stage, n * sizeof(float)));
         }
     }
-    ep->n.embed_s += moe_seconds() - t0;
     return MOE_OK;
 }
 
