@@ -120,6 +120,17 @@ static enum moe_status listen_on(int port, int *out)
     return MOE_OK;
 }
 
+/* Whether fd is connected to itself: a connect to a local port nobody
+ * listens on can be given that port as its own and meet itself (TCP's
+ * simultaneous open), which would then hold rank 0's port. */
+static bool self_connected(int fd)
+{
+    struct sockaddr_storage a, b;
+    socklen_t la = sizeof a, lb = sizeof b;
+    return !getsockname(fd, (struct sockaddr *)&a, &la) && !getpeername(fd, (struct sockaddr *)&b, &lb) &&
+           la == lb && !memcmp(&a, &b, la);
+}
+
 /* Ranks > 0: a connection to rank 0, retried until the deadline (rank 0
  * may not be listening yet). */
 static enum moe_status connect_to(const char *addr, int port, double deadline, int *out)
@@ -135,12 +146,13 @@ static enum moe_status connect_to(const char *addr, int port, double deadline, i
         for (struct addrinfo *a = ai; a; a = a->ai_next) {
             int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
             if (fd < 0) continue;
-            if (!connect(fd, a->ai_addr, a->ai_addrlen)) {
+            const int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+            if (rc == 0 && !self_connected(fd)) {
                 freeaddrinfo(ai);
                 *out = fd;
                 return MOE_OK;
             }
-            err = errno;
+            err = rc ? errno : ECONNREFUSED;
             close(fd);
         }
         if (moe_seconds() >= deadline) break;
