@@ -100,9 +100,6 @@ static int set_str(json_t *o, const char *key, const char *s)
 enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struct moe_backend *be)
 {
     if (!par.on) return MOE_OK;
-    if (o->spec.kind == MOE_SPEC_MTP && par.ep.tp > 1)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "--spec mtp with --tp: the module runs whole on rank 0, and its "
-                        "configuration would be the split target's");
     if (o->gpu_experts)
         return moe_fail(MOE_ERR_UNSUPPORTED, "--gpu-experts with several ranks (each rank holds its share of "
                         "the experts resident instead)");

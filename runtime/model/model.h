@@ -141,8 +141,13 @@ struct moe_model {
      * moe_model_load_part. */
     uint8_t *ep_held;
     /* Tensor parallelism (moe_model_tp_split): this rank's place in its
-     * group of tp ranks (0, 0: the whole model) */
+     * group of tp ranks (0, 0: the whole model), and the configuration
+     * values the split divided, as the whole model has them
+     * (moe_model_whole_config) */
     int tp, tp_rank;
+    struct {
+        int n_heads, n_kv_heads, lin_k_heads, lin_v_heads, d_ff, d_shared;
+    } tp_whole;
     /* The LM head split over several ranks (moe_model_vocab_split):
      * lm_head holds the vocabulary rows [vocab_lo, vocab_lo +
      * lm_head.shape[0]) of cfg.vocab, one of vocab_parts (0: whole) */
@@ -185,6 +190,9 @@ void moe_model_drop_experts(struct moe_model *m);
  * moe_tp_kv_heads), act-order four-bit weights, block formats whose blocks
  * a rank's columns would cut. */
 MOE_MUST_USE enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size);
+/* m's configuration as the whole model has it (before moe_model_tp_split
+ * divided its heads and widths) into c. */
+void moe_model_whole_config(const struct moe_model *m, struct moe_config *c);
 /* Rank's share of the vocabulary when `size` ranks split the LM head: rows
  * [*lo, *lo + *n) of V (the same rule on every rank; size <= V). */
 static inline void moe_vocab_share(int V, int rank, int size, int *lo, int *n)

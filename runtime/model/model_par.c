@@ -222,6 +222,12 @@ enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size)
             MOE_TRY(split_ffn(m, l, rank, size, c->d_shared, &w->sh_gate, NULL, &w->sh_up, NULL, &w->sh_down,
                               NULL, "shared expert"));
     }
+    m->tp_whole.n_heads = c->n_heads;
+    m->tp_whole.n_kv_heads = c->n_kv_heads;
+    m->tp_whole.lin_k_heads = c->lin_k_heads;
+    m->tp_whole.lin_v_heads = c->lin_v_heads;
+    m->tp_whole.d_ff = c->d_ff;
+    m->tp_whole.d_shared = c->d_shared;
     c->n_heads /= size;
     c->n_kv_heads = moe_tp_kv_heads(c->n_kv_heads, size);
     c->lin_k_heads /= size;
@@ -231,6 +237,18 @@ enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size)
     m->tp = size;
     m->tp_rank = rank;
     return MOE_OK;
+}
+
+void moe_model_whole_config(const struct moe_model *m, struct moe_config *c)
+{
+    *c = m->cfg;
+    if (m->tp <= 1) return;
+    c->n_heads = m->tp_whole.n_heads;
+    c->n_kv_heads = m->tp_whole.n_kv_heads;
+    c->lin_k_heads = m->tp_whole.lin_k_heads;
+    c->lin_v_heads = m->tp_whole.lin_v_heads;
+    c->d_ff = m->tp_whole.d_ff;
+    c->d_shared = m->tp_whole.d_shared;
 }
 
 enum moe_status moe_model_vocab_split(struct moe_model *m, int rank, int size)

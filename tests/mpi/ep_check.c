@@ -36,9 +36,10 @@
  * tolerance of one process's (TP_TOL of the row's largest magnitude), ids
  * and routing equal.
  *
- * Without --tp, on the CPU backends, for a fixture with a
- * multi-token-prediction module: the module each rank makes from its share
- * of the model must give one process's logits bit for bit (check_mtp).
+ * On the CPU backends, for a fixture with a multi-token-prediction module:
+ * the module each rank makes from its share of the model (under --tp from
+ * its share of the heads) must give one process's logits bit for bit
+ * (check_mtp).
  *
  * Without --tp, first: rank 0 opens the first fixture and the others a
  * copy of it with another config.json, which rank 0's runner must refuse
@@ -418,9 +419,9 @@ static enum moe_status mtp_record(const struct moe_model *m, struct record *out)
 
 /* --spec mtp under expert parallelism: the module runs whole in the
  * process that made it from its share of the model (all the module's
- * experts, the LM head's whole vocabulary), so every rank's module gives
- * one process's logits bit for bit.  No collectives: each rank checks its
- * own share's module. */
+ * experts and heads, the LM head's whole vocabulary), so every rank's
+ * module gives one process's logits bit for bit, under --tp too.  No
+ * collectives: each rank checks its own share's module. */
 static void check_mtp(struct moe_comm *c, const char *name)
 {
     char dir[512], cpath[600];
@@ -430,6 +431,11 @@ static void check_mtp(struct moe_comm *c, const char *name)
     if (moe_config_load(&cfg, cpath) != MOE_OK || cfg.n_mtp_layers == 0) return;
     struct moe_ep ep;
     moe_ep_init(&ep, c);
+    if (moe_ep_set_tp(&ep, moe_comm_size(c), tp) != MOE_OK) {
+        CHECK(0, "%s: mtp: %s", name, moe_last_error());
+        moe_ep_free(&ep);
+        return;
+    }
     struct moe_model whole, share;
     struct record ref = {0}, got = {0};
     const int before = failures;
@@ -450,6 +456,7 @@ static void check_mtp(struct moe_comm *c, const char *name)
             const struct moe_tensor h = moe_model_whole_vocab(&share, &share.lm_head);
             const size_t bytes = moe_dtype_row_bytes(h.dtype, (size_t)h.shape[1]) * (size_t)cfg.vocab;
             CHECK(share.vocab_parts == moe_comm_size(c), "%s: the share's LM head is not split", name);
+            CHECK(share.tp == (tp > 1 ? tp : 0), "%s: the share's heads are not split (--tp %d)", name, tp);
             CHECK(h.shape[0] == cfg.vocab && h.dtype == whole.lm_head.dtype &&
                   !memcmp(h.data, whole.lm_head.data, bytes), "%s: the share's whole LM head is not the model's",
                   name);
@@ -460,8 +467,8 @@ static void check_mtp(struct moe_comm *c, const char *name)
     }
     if (failures == before) compare(name, &ref, &got, cfg.vocab, cfg.top_k > 0 ? cfg.top_k : 1);
     if (failures == before && moe_comm_rank(c) == 0)
-        printf("ep_check: %s: the multi-token-prediction module made from each rank's share gives one "
-               "process's logits bit for bit\n", name);
+        printf("ep_check: %s: the multi-token-prediction module made from each rank's share%s gives one "
+               "process's logits bit for bit\n", name, tp > 1 ? " (heads split by --tp)" : "");
     record_free(&ref);
     record_free(&got);
     moe_ep_free(&ep);
@@ -558,6 +565,7 @@ int main(int argc, char **argv)
         if (tp > 1) { /* the experts over every rank, then over the groups */
             check_fixture(c, argv[i], false, l.size);
             check_fixture(c, argv[i], false, l.size / tp);
+            if (strncmp(backend_name, "cuda", 4)) check_mtp(c, argv[i]);
             continue;
         }
         check_fixture(c, argv[i], false, l.size);

@@ -7,8 +7,9 @@
 #      the same run's trace; a placement with replicas written by
 #      `moerun stats --placement-out` from that run gives the same text, and
 #      a malformed one is refused naming the entry;
-#      --spec mtp gives the same ids and drafts under -n 2;
-#      refusals: --ep 3 under -n 2, --ep 2 without mpirun, --spec mtp --tp 2;
+#      --spec mtp gives the same ids and drafts under -n 2, the same ids
+#      with --tp 2;
+#      refusals: --ep 3 under -n 2, --ep 2 without mpirun;
 #      tensor parallelism (--tp 2 and 4, experts over every rank or over
 #      the groups) prints one process's text; its refusals (--tp alone,
 #      --tp not dividing the ranks or the heads, --ep not fitting,
@@ -75,8 +76,11 @@ $MPIRUN -n 2 "$MOERUN" run $MTP > "$TMP/m2.txt" 2> "$TMP/m2.err" ||
 cmp -s "$TMP/m1.txt" "$TMP/m2.txt" || no "run --spec mtp under -n 2 printed other ids"
 [ -n "$(grep speculation: "$TMP/m1.err")" ] && [ "$(grep speculation: "$TMP/m1.err")" = "$(grep speculation: "$TMP/m2.err")" ] ||
     no "--spec mtp under -n 2: $(grep speculation: "$TMP/m2.err"), alone $(grep speculation: "$TMP/m1.err")"
-$MPIRUN -n 2 "$MOERUN" run $MTP --tp 2 > /dev/null 2> "$TMP/r3.err" && no "--spec mtp --tp 2 was not refused"
-grep -q "spec mtp with --tp" "$TMP/r3.err" || no "--spec mtp --tp 2: $(head -3 "$TMP/r3.err")"
+# ... and with the target's heads split by --tp 2 (the module whole on rank 0)
+$MPIRUN -n 2 "$MOERUN" run $MTP --tp 2 > "$TMP/m3.txt" 2> "$TMP/m3.err" ||
+    no "run --spec mtp --tp 2 failed: $(tail -3 "$TMP/m3.err")"
+cmp -s "$TMP/m1.txt" "$TMP/m3.txt" || no "run --spec mtp --tp 2 printed other ids"
+grep -q "speculation: mean accepted length" "$TMP/m3.err" || no "--spec mtp --tp 2 did not speculate: $(grep speculation: "$TMP/m3.err")"
 
 # the imbalance the ranks measured equals what `moerun stats --ep 2` predicts
 # from the same run's trace (contiguous placement's max/mean)
