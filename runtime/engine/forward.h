@@ -150,10 +150,12 @@ struct moe_forward {
      * made with the above: the routing read back (ep_h_ids (T, K),
      * ep_h_pos (T)); the slot ids, counts and offsets in backend memory;
      * a host stage (ep_stage_floats) for the expert rows and tensor
-     * parallelism's sums; a backend buffer for whole rows (ep_d_rows, TP) */
+     * parallelism's sums; backend buffers for whole rows (ep_d_rows, TP,
+     * ep_d_rows_floats each) and, over the backend's transport, for the
+     * group's parts of them (ep_d_blocks) */
     int32_t *ep_h_ids, *ep_h_pos, *ep_d_slot_ids, *ep_d_counts, *ep_d_offsets;
-    float *ep_stage, *ep_d_rows;
-    size_t ep_stage_floats;
+    float *ep_stage, *ep_d_rows, *ep_d_blocks;
+    size_t ep_stage_floats, ep_d_rows_floats;
     /* the backend's transport (ep.h coll_state 1): each rank's first
      * float of the expert rows and the end (size + 1, host), and the rows'
      * capacity in floats */

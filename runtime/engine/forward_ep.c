@@ -139,6 +139,39 @@ enum moe_status moe_forward_tp_sum(struct moe_forward *fw, float *buf, int T, co
     return be->ops->to_device(be, buf, fw->ep_stage, n * sizeof(float));
 }
 
+/* moe_forward_norm_whole_rows over the backend's transport: every rank's
+ * (T, w) block shared over the group into ep_d_blocks (rank r's at r T w),
+ * the whole rows laid out in ep_d_rows from the first rank holding each
+ * part (as moe_ep_tp_rows does), normed there, and this rank's columns
+ * taken back into x.  Never through the host. */
+static enum moe_status norm_rows_shared(struct moe_forward *fw, float *x, int T, int w, int parts,
+                                        const struct moe_tensor *nw, const char *what, int l)
+{
+    struct moe_backend *be = fw->be;
+    struct moe_ep *ep = fw->ep;
+    const int M = ep->tp, step = M / parts;
+    const size_t n = (size_t)T * (size_t)w;
+    size_t *offs = fw->ep_share_offs; /* size + 1 entries, M <= size */
+    if (!be->ops->gather_cols) return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no column copies", be->ops->name);
+    if (n * (size_t)M > fw->ep_d_rows_floats || n * (size_t)parts > fw->ep_d_rows_floats)
+        return moe_fail(MOE_ERR_INVALID_ARG, "tensor parallelism: %d rows of %d over %d ranks exceed the rows' buffer",
+                        T, w, M);
+    for (int r = 0; r <= M; r++) offs[r] = (size_t)r * n;
+    char msg[64];
+    snprintf(msg, sizeof msg, "layer %d: %s", l, what);
+    const double t0 = moe_seconds();
+    MOE_TRY(be->ops->gather_cols(be, fw->ep_d_blocks + offs[ep->tp_rank], w, x, w, T, NULL, w));
+    MOE_TRY(coll_check(fw, be->ops->coll_share(be, MOE_COLL_TP, fw->ep_d_blocks, offs, msg)));
+    ep->tp_s += moe_seconds() - t0;
+    ep->tp_bytes += (uint64_t)n * sizeof(float) * (uint64_t)(M - 1);
+    const int W = w * parts;
+    for (int p = 0; p < parts; p++)
+        MOE_TRY(be->ops->gather_cols(be, fw->ep_d_rows + (size_t)p * w, W, fw->ep_d_blocks + offs[p * step], w, T,
+                                     NULL, w));
+    MOE_TRY(be->ops->rmsnorm(be, fw->ep_d_rows, fw->ep_d_rows, nw, T, W, fw->m->cfg.rms_eps));
+    return be->ops->gather_cols(be, x, w, fw->ep_d_rows + (size_t)(ep->tp_rank / step) * w, W, T, NULL, w);
+}
+
 /* RMSNorm over whole rows of x (T, w): this rank's w columns, the norm's
  * weight nw over all of the group's; the group's rows gathered first
  * under tensor parallelism. */
@@ -156,9 +189,10 @@ enum moe_status moe_forward_norm_whole_rows(struct moe_forward *fw, float *x, in
         moe_ep_tp_take(fw->ep, x, full, T, w, parts);
         return MOE_OK;
     }
+    MOE_TRY(ep_state(fw));
+    if (fw->ep->coll_state > 0) return norm_rows_shared(fw, x, T, w, parts, nw, what, l);
     /* staged: this rank's columns to the host, the group's rows gathered
      * there and normed in ep_d_rows, this rank's columns back */
-    MOE_TRY(ep_state(fw));
     const size_t n = (size_t)T * (size_t)w, all = n * (size_t)parts;
     if (all > fw->ep_stage_floats)
         return moe_fail(MOE_ERR_INVALID_ARG, "tensor parallelism: %d rows of %d exceed the stage", T, w * parts);
@@ -219,14 +253,18 @@ static enum moe_status ep_state(struct moe_forward *fw)
         fw->ep_h_ids = malloc(TK * sizeof(int32_t));
         fw->ep_h_pos = malloc(T * sizeof(int32_t));
         if (!fw->ep_h_ids || !fw->ep_h_pos) return moe_fail(MOE_ERR_NOMEM, "expert parallelism: routing copies");
-        void *bufs[] = {fw->ep_d_slot_ids, fw->ep_d_counts, fw->ep_d_offsets, fw->ep_d_rows};
+        void *bufs[] = {fw->ep_d_slot_ids, fw->ep_d_counts, fw->ep_d_offsets, fw->ep_d_rows, fw->ep_d_blocks};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
         fw->ep_d_slot_ids = fw->ep_d_counts = fw->ep_d_offsets = NULL;
-        fw->ep_d_rows = NULL;
+        fw->ep_d_rows = fw->ep_d_blocks = NULL;
         MOE_FORWARD_ALLOC(be, fw->ep_d_slot_ids, TK, int32_t);
         MOE_FORWARD_ALLOC(be, fw->ep_d_counts, S, int32_t);
         MOE_FORWARD_ALLOC(be, fw->ep_d_offsets, S + 1, int32_t);
         if (ep->tp > 1) MOE_FORWARD_ALLOC(be, fw->ep_d_rows, whole, float);
+        /* a rank's part of a whole row is at most the row over the group
+         * size (its heads, or one head held by several ranks) */
+        if (ep->tp > 1 && ep->coll_state > 0) MOE_FORWARD_ALLOC(be, fw->ep_d_blocks, whole, float);
+        fw->ep_d_rows_floats = whole;
         MOE_TRY(be->ops->host_alloc(be, bytes, (void **)&fw->ep_stage)); /* last: marks these made */
         fw->ep_stage_floats = rows > whole ? rows : whole;
     }
@@ -457,7 +495,8 @@ void moe_forward_ep_free(struct moe_forward *fw)
     free(fw->ep_vcounts);
     struct moe_backend *be = fw->be;
     if (be) {
-        void *bufs[] = {fw->ep_d_slot_ids, fw->ep_d_counts, fw->ep_d_offsets, fw->ep_d_rows, fw->ep_d_vparts};
+        void *bufs[] = {fw->ep_d_slot_ids, fw->ep_d_counts, fw->ep_d_offsets, fw->ep_d_rows, fw->ep_d_blocks,
+                        fw->ep_d_vparts};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
         if (fw->ep_stage) be->ops->host_free(be, fw->ep_stage);
     }
