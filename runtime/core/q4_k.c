@@ -13,6 +13,7 @@
 #endif
 #include <string.h>
 
+#include "runtime/core/q4_k_impl.h"
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
 
@@ -75,7 +76,18 @@ void moe_q4_k_heads(const void *blk, float d[8], float m[8])
     }
 }
 
-bool moe_quantize_row_q4_k(void *dst, const float *src, size_t n)
+bool moe_q4_k_block_portable(const float *x, unsigned char head[Q4K_HEAD], uint8_t q[MOE_Q4_K_BLOCK])
+{
+    return q4k_block(x, head, q);
+}
+
+bool moe_q4_k_has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+}
+
+bool moe_q4_k_quantize_row_with(moe_q4_k_block_fn block, void *dst, const float *src, size_t n)
 {
     unsigned char *b = dst;
     MOE_ASSERT(n % MOE_Q4_K_BLOCK == 0);
@@ -83,10 +95,16 @@ bool moe_quantize_row_q4_k(void *dst, const float *src, size_t n)
         if (!isfinite(src[i])) return false;
     for (size_t o = 0; o < n; o += MOE_Q4_K_BLOCK, b += MOE_Q4_K_BYTES) {
         uint8_t q[MOE_Q4_K_BLOCK];
-        if (!q4k_block(src + o, b, q)) return false;
+        if (!block(src + o, b, q)) return false;
         for (int c = 0; c < 4; c++)
             for (int k = 0; k < 32; k++)
                 b[Q4K_HEAD + 32 * c + k] = (unsigned char)(q[64 * c + k] | q[64 * c + 32 + k] << 4);
     }
     return true;
+}
+
+bool moe_quantize_row_q4_k(void *dst, const float *src, size_t n)
+{
+    return moe_q4_k_quantize_row_with(moe_q4_k_has_avx2() ? moe_q4_k_block_avx2 : moe_q4_k_block_portable, dst,
+                                      src, n);
 }
