@@ -64,10 +64,11 @@ AVX2 static inline __m256 codes_partial(const __m256 *xt, int k, __m256 s, __m25
     for (int i = k; i < Q4K_G; i += 8) {
         __m256 v = _mm256_mul_ps(_mm256_add_ps(xt[i], a), is);
         v = _mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(15.0f));
-        const __m256i ci = _mm256_cvttps_epi32(_mm256_add_ps(v, _mm256_set1_ps(0.5f)));
-        const __m256 r = _mm256_sub_ps(xt[i], _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ci), s), a));
+        /* (float)(int)(v + 0.5f): v + 0.5f is in [0.5, 15.5] */
+        const __m256 c = _mm256_round_ps(_mm256_add_ps(v, _mm256_set1_ps(0.5f)), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __m256 r = _mm256_sub_ps(xt[i], _mm256_sub_ps(_mm256_mul_ps(c, s), a));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(r, r));
-        if (ct) ct[i] = ci;
+        if (ct) ct[i] = _mm256_cvttps_epi32(c);
     }
     return acc;
 }
@@ -92,28 +93,31 @@ AVX2 static inline __m256 codes_error(const __m256 *xt, __m256 s, __m256 a, __m2
     return _mm256_add_ps(even, _mm256_add_ps(p15, p37));
 }
 
-/* The sums of c, c^2 and c x of a grid (q4k_lanes_c's Q4K_LINE). */
+/* The sums of c, c^2 and c x of a grid (q4k_lanes_c's Q4K_LINE).  Those of
+ * c and c^2 are integers below 2^24, which fp32 sums exactly in any order:
+ * they are summed in int32, where they do not compete with the fp32 work. */
 typedef struct {
-    __m256 q, qq, qx;
+    __m256i q, qq;
+    __m256 qx;
 } line_sums;
 
 AVX2 static inline line_sums line_add(line_sums a, line_sums b)
 {
-    return (line_sums){_mm256_add_ps(a.q, b.q), _mm256_add_ps(a.qq, b.qq), _mm256_add_ps(a.qx, b.qx)};
+    return (line_sums){_mm256_add_epi32(a.q, b.q), _mm256_add_epi32(a.qq, b.qq), _mm256_add_ps(a.qx, b.qx)};
 }
 
 /* q4k_lanes_c's Q4K_LINE partial k: c the rounding half up of (x - lo) is
  * clamped to [0, 15]. */
 AVX2 static inline line_sums line_partial(const __m256 *xt, int k, __m256 lo, __m256 is)
 {
-    line_sums acc = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    line_sums acc = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps()};
     for (int i = k; i < Q4K_G; i += 8) {
         __m256 v = _mm256_mul_ps(_mm256_sub_ps(xt[i], lo), is);
         v = _mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(15.0f));
-        const __m256 c = _mm256_cvtepi32_ps(_mm256_cvttps_epi32(_mm256_add_ps(v, _mm256_set1_ps(0.5f))));
-        acc.q = _mm256_add_ps(acc.q, c);
-        acc.qq = _mm256_add_ps(acc.qq, _mm256_mul_ps(c, c));
-        acc.qx = _mm256_add_ps(acc.qx, _mm256_mul_ps(c, xt[i]));
+        const __m256i ci = _mm256_cvttps_epi32(_mm256_add_ps(v, _mm256_set1_ps(0.5f)));
+        acc.q = _mm256_add_epi32(acc.q, ci);
+        acc.qq = _mm256_add_epi32(acc.qq, _mm256_mullo_epi16(ci, ci)); /* ci in 0..15: the low halves */
+        acc.qx = _mm256_add_ps(acc.qx, _mm256_mul_ps(_mm256_cvtepi32_ps(ci), xt[i]));
     }
     return acc;
 }
@@ -183,8 +187,9 @@ AVX2 static void fit_groups(const __m256 *xt, __m256 *s_out, __m256 *a_out)
     for (int i = -Q4K_CAND; i <= Q4K_CAND; i++) {
         const __m256 is = _mm256_div_ps(_mm256_set1_ps(15.0f + Q4K_CAND_STEP * (float)i), range);
         const line_sums ls = line_grid(xt, lo, is);
-        const d8 q = d8_widen(ls.q), qq = d8_widen(ls.qq), qx = d8_widen(ls.qx);
-        const d8 s_ls = d8_widen(_mm256_div_ps(ls.qx, ls.qq)); /* sqx / sqq in fp32, as the scalar code */
+        const __m256 sq = _mm256_cvtepi32_ps(ls.q), sqq = _mm256_cvtepi32_ps(ls.qq);
+        const d8 q = d8_widen(sq), qq = d8_widen(sqq), qx = d8_widen(ls.qx);
+        const d8 s_ls = d8_widen(_mm256_div_ps(ls.qx, sqq)); /* sqx / sqq in fp32, as the scalar code */
         for (int h = 0; h < 2; h++) fit_candidate(&st, h, &sx, &sxx, &q, &qq, &qx, &s_ls);
     }
     /* all equal, at most 0: s = 0, a = -lo */
