@@ -1,12 +1,14 @@
 /* q4_k.c - the Q4_K format's heads and quantizer (MOE_DTYPE_Q4_K,
  * tensor.h): the fit of each block is q4_k_fit.h's, shared with the CUDA
- * backend; here its lanes in SSE2 where the compiler has it.
+ * backend; here its lanes in SSE2 where the compiler has it, and where the
+ * processor has AVX2, q4_k_avx2.c's block quantizer (the same bytes).
  *
  * Measured (docs/quality.md): relative RMS error 0.0543 on uniform random
  * weights (Q4_1's min/max 0.0607; llama.cpp's Q4_K 0.0546 on such
- * weights), 0.0704 on Gaussian ones (Q4_1 0.0782); about 14 ns a weight on
- * one core of the development machine (Q4_1: 2.3).  Wider searches (13
- * or 21 grids) gained under 0.4% of error for 1.3-1.7x the time. */
+ * weights), 0.0704 on Gaussian ones (Q4_1 0.0782); about 5 ns a weight on
+ * one core of the development machine with AVX2, 19 with SSE2 lanes
+ * (docs/results/2026-12-06-q4-k-quantizer.md).  Wider searches (13 or 21
+ * grids) gained under 0.4% of error for 1.3-1.7x the time. */
 #include <math.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>

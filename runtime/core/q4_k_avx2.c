@@ -8,9 +8,12 @@
  * partial k of a group is one vector (rows k, k + 8, k + 16, k + 24 added
  * to 0 in turn), the 8 partials are combined in q4k_sum8's tree, the fp64
  * sums and closed forms run in two __m256d of 4 groups each, and the
- * scalar code's branches are lane masks.  No fused multiply-add: products
- * and sums are rounded on their own, as the scalar code's are.  A change
- * to q4_k_fit.h must be made here too. */
+ * scalar code's branches are lane masks.  Two steps differ where the
+ * result cannot: a grid's sums of c and c^2 (integers) are summed in
+ * int32, and a code's value is truncated in fp32 rather than through
+ * int32.  No fused multiply-add: products and sums are rounded on their
+ * own, as the scalar code's are.  A change to q4_k_fit.h must be made here
+ * too. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -64,8 +67,9 @@ AVX2 static inline __m256 codes_partial(const __m256 *xt, int k, __m256 s, __m25
     for (int i = k; i < Q4K_G; i += 8) {
         __m256 v = _mm256_mul_ps(_mm256_add_ps(xt[i], a), is);
         v = _mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(15.0f));
-        /* (float)(int)(v + 0.5f): v + 0.5f is in [0.5, 15.5] */
-        const __m256 c = _mm256_round_ps(_mm256_add_ps(v, _mm256_set1_ps(0.5f)), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        /* (float)(int)(v + 0.5f), v + 0.5f in [0.5, 15.5] */
+        const __m256 c =
+            _mm256_round_ps(_mm256_add_ps(v, _mm256_set1_ps(0.5f)), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
         const __m256 r = _mm256_sub_ps(xt[i], _mm256_sub_ps(_mm256_mul_ps(c, s), a));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(r, r));
         if (ct) ct[i] = _mm256_cvttps_epi32(c);

@@ -19,7 +19,9 @@
  * the unquantized line, are what is optimized last.
  *
  * An includer may define Q4K_LANES before including: a function with
- * q4k_lanes_c's arguments and results, bit for bit (q4_k.c: SSE2). */
+ * q4k_lanes_c's arguments and results, bit for bit (q4_k.c: SSE2).
+ * q4_k_avx2.c runs q4k_fit_group and q4k_block for a block's 8 groups at
+ * once with the same operations: a change here must be made there too. */
 #pragma once
 
 #include <math.h>
