@@ -85,8 +85,7 @@ bool moe_q4_k_block_portable(const float *x, unsigned char head[Q4K_HEAD], uint8
 
 bool moe_q4_k_has_avx2(void)
 {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
+    return __builtin_cpu_supports("avx2"); /* the features are read before main */
 }
 
 bool moe_q4_k_quantize_row_with(moe_q4_k_block_fn block, void *dst, const float *src, size_t n)
