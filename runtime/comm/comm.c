@@ -40,7 +40,10 @@ static enum moe_status rendezvous_from_env(struct moe_comm_launch *l)
         return moe_fail(MOE_ERR_INVALID_ARG, "launch: rendezvous port %d is not a TCP port", port);
     l->rdzv_port = port;
     const char *uri = getenv("OMPI_MCA_pmix_server_uri");
-    l->pmix_uri_set = uri && *uri;
+    if (uri && strlen(uri) >= sizeof l->pmix_uri)
+        return moe_fail(MOE_ERR_INVALID_ARG, "launch: OMPI_MCA_pmix_server_uri is longer than %zu bytes",
+                        sizeof l->pmix_uri - 1);
+    snprintf(l->pmix_uri, sizeof l->pmix_uri, "%s", uri ? uri : "");
     return MOE_OK;
 }
 

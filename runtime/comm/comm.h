@@ -46,12 +46,12 @@ struct moe_comm_launch {
     /* torchrun only: where rank 0 waits for the others (MASTER_ADDR) and on
      * which port: MOERUN_RDZV_PORT if set, else MASTER_PORT, else (when
      * TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves its own
-     * store on MASTER_PORT) MASTER_PORT + 1; 0 when unset.  pmix_uri_set:
-     * the user runs an ompi-server of their own (OMPI_MCA_pmix_server_uri),
-     * so rank 0 starts none. */
+     * store on MASTER_PORT) MASTER_PORT + 1; 0 when unset.  pmix_uri: the
+     * URI of an ompi-server the user runs (OMPI_MCA_pmix_server_uri), so
+     * rank 0 starts none; "" when unset. */
     char master_addr[256];
     int rdzv_port;
-    bool pmix_uri_set;
+    char pmix_uri[1024];
 };
 
 /* The launch this process belongs to, read from the environment (see

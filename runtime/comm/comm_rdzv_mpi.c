@@ -327,8 +327,8 @@ static enum moe_status lead(struct moe_comm *c, const struct moe_comm_launch *l,
     close(lfd);
     MOE_TRY(s);
     char uri[LINE_MAX_BYTES], line[LINE_MAX_BYTES + 8];
-    if (l->pmix_uri_set) {
-        snprintf(uri, sizeof uri, "%s", getenv("OMPI_MCA_pmix_server_uri"));
+    if (l->pmix_uri[0]) {
+        snprintf(uri, sizeof uri, "%s", l->pmix_uri);
     } else {
         MOE_TRY(start_server(c, uri, sizeof uri, deadline));
         setenv("OMPI_MCA_pmix_server_uri", uri, 1);
