@@ -208,13 +208,16 @@ struct moe_backend_ops {
      * group (one not open: nothing).  coll_sum: buf (n) = the sum over the group of each
      * rank's buf.  coll_share: in place over buf, the floats [offs[r],
      * offs[r+1]) of rank r (offs host, size + 1) sent to every rank, for
-     * each r.  Both [waits]; past the timeout they fail, and the group is
-     * unusable (the caller ends the job). */
+     * each r.  coll_gather: rank r's mine (offs[r + 1] - offs[r] floats)
+     * into the group's rank 0's all at offs[r], for each r (all: rank 0's
+     * only, NULL elsewhere).  All three [waits]; past the timeout they
+     * fail, and the group is unusable (the caller ends the job). */
     MOE_OP(coll_id, void *id);
     MOE_OP(coll_open, int group, const void *id, int rank, int size, int world_rank, double timeout_s);
     void (*coll_close)(struct moe_backend *be, int group);
     MOE_OP(coll_sum, int group, float *buf, size_t n, const char *what);
     MOE_OP(coll_share, int group, float *buf, const size_t *offs, const char *what);
+    MOE_OP(coll_gather, int group, const float *mine, float *all, const size_t *offs, const char *what);
 };
 
 #define MOE_COLL_ID_BYTES 128 /* a group id (NCCL's unique id) */

@@ -646,6 +646,7 @@ static const struct moe_backend_ops cuda_ops = {
     .coll_close = moe_cuda_coll_close,
     .coll_sum = moe_cuda_coll_sum,
     .coll_share = moe_cuda_coll_share,
+    .coll_gather = moe_cuda_coll_gather,
 };
 
 static enum moe_status cuda_init(struct moe_backend *be, struct cuda_ctx *c,

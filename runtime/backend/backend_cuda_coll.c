@@ -52,3 +52,11 @@ enum moe_status moe_cuda_coll_share(struct moe_backend *be, int group, float *bu
     MOE_TRY(group_of(ctx_of(be), group, &g));
     return moe_nccl_share(g, buf, offs, ctx_of(be)->stream, what);
 }
+
+enum moe_status moe_cuda_coll_gather(struct moe_backend *be, int group, const float *mine, float *all,
+                                     const size_t *offs, const char *what)
+{
+    struct moe_nccl *g = NULL;
+    MOE_TRY(group_of(ctx_of(be), group, &g));
+    return moe_nccl_gather(g, mine, all, offs, ctx_of(be)->stream, what);
+}

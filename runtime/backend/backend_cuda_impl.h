@@ -261,6 +261,8 @@ MOE_MUST_USE enum moe_status moe_cuda_coll_sum(struct moe_backend *be, int group
                                                const char *what);
 MOE_MUST_USE enum moe_status moe_cuda_coll_share(struct moe_backend *be, int group, float *buf, const size_t *offs,
                                                  const char *what);
+MOE_MUST_USE enum moe_status moe_cuda_coll_gather(struct moe_backend *be, int group, const float *mine, float *all,
+                                                  const size_t *offs, const char *what);
 
 /* ---- backend_cuda_mem.c: device memory the context owns ---- */
 

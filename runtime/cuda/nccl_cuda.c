@@ -1,4 +1,4 @@
-/* nccl_cuda.c - NCCL groups and the two collectives the CUDA backend needs
+/* nccl_cuda.c - NCCL groups and the collectives the CUDA backend needs
  * (nccl_cuda.h).  Built against nccl.h when the toolkit has it
  * (MOERUN_HAVE_NCCL); the library itself is loaded at first use, or, where
  * its functions are linked in (MOERUN_NCCL_LINKED: tools/cuda-emu's
@@ -35,6 +35,8 @@ struct nccl_fns {
     const char *(*error_string)(ncclResult_t e);
     const char *(*last_error)(ncclComm_t c);
     ncclResult_t (*get_version)(int *v);
+    ncclResult_t (*send)(const void *s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st);
+    ncclResult_t (*recv)(void *r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st);
 };
 
 static struct nccl_fns fns;
@@ -46,7 +48,8 @@ static void load(void)
 #ifdef MOERUN_NCCL_LINKED
     fns = (struct nccl_fns){ncclGetUniqueId, ncclCommInitRankConfig, ncclCommGetAsyncError, ncclCommFinalize,
                             ncclCommDestroy, ncclCommAbort, ncclAllReduce, ncclBroadcast, ncclGroupStart,
-                            ncclGroupEnd, ncclGetErrorString, ncclGetLastError, ncclGetVersion};
+                            ncclGroupEnd, ncclGetErrorString, ncclGetLastError, ncclGetVersion, ncclSend,
+                            ncclRecv};
 #else
     void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
@@ -57,7 +60,7 @@ static void load(void)
     static const char *const names[] = {"ncclGetUniqueId", "ncclCommInitRankConfig", "ncclCommGetAsyncError",
                                         "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort", "ncclAllReduce",
                                         "ncclBroadcast", "ncclGroupStart", "ncclGroupEnd", "ncclGetErrorString",
-                                        "ncclGetLastError", "ncclGetVersion"};
+                                        "ncclGetLastError", "ncclGetVersion", "ncclSend", "ncclRecv"};
     void *got[sizeof names / sizeof *names];
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!(got[i] = dlsym(h, names[i]))) {
@@ -211,6 +214,27 @@ enum moe_status moe_nccl_share(struct moe_nccl *c, float *buf, const size_t *off
     return wait_for(c, s, true, "broadcasts", what);
 }
 
+enum moe_status moe_nccl_gather(struct moe_nccl *c, const float *mine, float *all, const size_t *offs, cudaStream_t s,
+                                const char *what)
+{
+    if (!c->comm) return moe_fail(MOE_ERR_DEVICE, "NCCL sends to rank 0 (%s): the group was aborted", what);
+    const size_t n = offs[c->rank + 1] - offs[c->rank];
+    if (c->rank == 0 && n) {
+        cudaError_t ce = cudaMemcpyAsync(all, mine, n * sizeof(float), cudaMemcpyDeviceToDevice, s);
+        if (ce != cudaSuccess)
+            return moe_fail(MOE_ERR_DEVICE, "NCCL sends to rank 0 (%s): %s", what, cudaGetErrorString(ce));
+    }
+    ncclResult_t e = fns.group_start();
+    if (c->rank != 0 && n && (e == ncclSuccess || e == ncclInProgress))
+        e = fns.send(mine, n, ncclFloat32, 0, c->comm, s);
+    for (int r = 1; c->rank == 0 && r < c->size && (e == ncclSuccess || e == ncclInProgress); r++)
+        if (offs[r + 1] > offs[r]) e = fns.recv(all + offs[r], offs[r + 1] - offs[r], ncclFloat32, r, c->comm, s);
+    ncclResult_t g = fns.group_end(); /* always, to close the group */
+    if (e == ncclSuccess || e == ncclInProgress) e = g;
+    if (e != ncclSuccess && e != ncclInProgress) return nccl_failed(c, e, "sends to rank 0", what);
+    return wait_for(c, s, true, "sends to rank 0", what);
+}
+
 #else /* no nccl.h at build time */
 
 static enum moe_status not_built(void)
@@ -245,6 +269,13 @@ enum moe_status moe_nccl_sum(struct moe_nccl *c, float *buf, size_t n, cudaStrea
 enum moe_status moe_nccl_share(struct moe_nccl *c, float *buf, const size_t *offs, cudaStream_t s, const char *what)
 {
     (void)c, (void)buf, (void)offs, (void)s, (void)what;
+    return not_built();
+}
+
+enum moe_status moe_nccl_gather(struct moe_nccl *c, const float *mine, float *all, const size_t *offs, cudaStream_t s,
+                                const char *what)
+{
+    (void)c, (void)mine, (void)all, (void)offs, (void)s, (void)what;
     return not_built();
 }
 

@@ -57,6 +57,11 @@ MOE_MUST_USE enum moe_status moe_nccl_sum(struct moe_nccl *c, float *buf, size_t
  * broadcast per rank with data, grouped. */
 MOE_MUST_USE enum moe_status moe_nccl_share(struct moe_nccl *c, float *buf, const size_t *offs,
                                             cudaStream_t s, const char *what);
+/* Rank r's mine (device, offs[r + 1] - offs[r] floats) into rank 0's all
+ * (device) at offs[r], for each rank r, rank 0's own copied; all is read
+ * only on rank 0 (NULL elsewhere).  Sends and receives, grouped. */
+MOE_MUST_USE enum moe_status moe_nccl_gather(struct moe_nccl *c, const float *mine, float *all, const size_t *offs,
+                                             cudaStream_t s, const char *what);
 
 #ifdef __cplusplus
 }

@@ -167,7 +167,8 @@ struct moe_forward {
     float *ep_vstage;
     int32_t *ep_vcounts;
     /* ... over the backend's transport instead: every rank's part in rank
-     * order (max_logits x V floats, backend memory; made at first use) */
+     * order (max_logits x V floats, backend memory; rank 0's only, made at
+     * first use) */
     float *ep_d_vparts;
 };
 

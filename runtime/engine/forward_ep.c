@@ -244,8 +244,12 @@ static enum moe_status ep_state(struct moe_forward *fw)
     if (!be->ops->host_memory && !fw->ep_stage) {
         const size_t D = (size_t)fw->m->cfg.d_model, wide = whole_row_floats(fw->m);
         size_t rows, whole, bytes;
-        if (!moe_mul_size(TK, D, &rows) || !moe_mul_size(T, wide, &whole) ||
-            !moe_mul_size(rows > whole ? rows : whole, sizeof(float), &bytes))
+        if (!moe_mul_size(TK, D, &rows) || !moe_mul_size(T, wide, &whole))
+            return moe_fail(MOE_ERR_NOMEM, "expert parallelism: the host stage overflows");
+        /* the stage carries the staged collectives alone: a float over the
+         * backend's transport (which keeps the rows in its memory) */
+        const size_t stage = ep->coll_state > 0 ? 1 : rows > whole ? rows : whole;
+        if (!moe_mul_size(stage, sizeof(float), &bytes))
             return moe_fail(MOE_ERR_NOMEM, "expert parallelism: the host stage overflows");
         if (!be->ops->host_alloc)
             return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no host buffers for expert parallelism", be->ops->name);
@@ -266,7 +270,7 @@ static enum moe_status ep_state(struct moe_forward *fw)
         if (ep->tp > 1 && ep->coll_state > 0) MOE_FORWARD_ALLOC(be, fw->ep_d_blocks, whole, float);
         fw->ep_d_rows_floats = whole;
         MOE_TRY(be->ops->host_alloc(be, bytes, (void **)&fw->ep_stage)); /* last: marks these made */
-        fw->ep_stage_floats = rows > whole ? rows : whole;
+        fw->ep_stage_floats = ep->coll_state > 0 ? 0 : stage;
     }
     struct moe_expert_weights *v = calloc((size_t)fw->m->cfg.n_layers, sizeof *v);
     if (!v) return moe_fail(MOE_ERR_NOMEM, "expert parallelism: slot views");
@@ -389,16 +393,18 @@ static enum moe_status vocab_state(struct moe_forward *fw)
 }
 
 /* The logits' parts over the backend's transport (coll_state 1): each
- * rank's (n, Vs) block into ep_d_vparts at n * lo (the blocks in rank
- * order), the blocks shared with every rank (coll_share), and rank 0 lays
- * them out as (n, V) in fw->logits: no copy through the host. */
+ * rank's (n, Vs) block sent to rank 0 (coll_gather), into ep_d_vparts at
+ * n * lo (the blocks in rank order; rank 0's buffer alone), and rank 0
+ * lays them out as (n, V) in fw->logits: no copy through the host. */
 static enum moe_status vocab_share(struct moe_forward *fw, int n)
 {
     struct moe_backend *be = fw->be;
     struct moe_ep *ep = fw->ep;
     const int V = fw->m->cfg.vocab, N = ep->size;
-    if (!be->ops->gather_cols) return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no column copies", be->ops->name);
-    if (!fw->ep_d_vparts) MOE_FORWARD_ALLOC(be, fw->ep_d_vparts, (size_t)fw->lim.max_logits * (size_t)V, float);
+    if (!be->ops->gather_cols || !be->ops->coll_gather)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no column copies or gathers", be->ops->name);
+    if (ep->rank == 0 && !fw->ep_d_vparts)
+        MOE_FORWARD_ALLOC(be, fw->ep_d_vparts, (size_t)fw->lim.max_logits * (size_t)V, float);
     size_t *offs = fw->ep_share_offs;
     int lo, vs;
     for (int r = 0; r < N; r++) {
@@ -406,9 +412,8 @@ static enum moe_status vocab_share(struct moe_forward *fw, int n)
         offs[r] = (size_t)n * (size_t)lo;
     }
     offs[N] = (size_t)n * (size_t)V;
-    moe_vocab_share(V, ep->rank, N, &lo, &vs);
-    MOE_TRY(be->ops->gather_cols(be, fw->ep_d_vparts + offs[ep->rank], vs, fw->logits, vs, n, NULL, vs));
-    MOE_TRY(coll_check(fw, be->ops->coll_share(be, MOE_COLL_EP, fw->ep_d_vparts, offs, "the LM head's logits")));
+    MOE_TRY(coll_check(fw, be->ops->coll_gather(be, MOE_COLL_EP, fw->logits, fw->ep_d_vparts, offs,
+                                                "the LM head's logits")));
     for (int r = 0; ep->rank == 0 && r < N; r++) {
         moe_vocab_share(V, r, N, &lo, &vs);
         MOE_TRY(be->ops->gather_cols(be, fw->logits + lo, V, fw->ep_d_vparts + offs[r], vs, n, NULL, vs));
