@@ -48,8 +48,8 @@ MOE_MUST_USE enum moe_status moe_ep_tp_sum(struct moe_ep *ep, float *buf, size_t
  * (p + 1) tp / parts) (key/value heads held by several ranks). */
 MOE_MUST_USE enum moe_status moe_ep_tp_rows(struct moe_ep *ep, const float *x, int T, int w, int parts,
                                             float **full, const char *what, int layer);
-/* This rank's tensor-parallel group (made at its first use: every rank
- * must call it at the same point). */
+/* This rank's tensor-parallel group into *out (out may be NULL), made at
+ * its first use: every rank must call it at the same point. */
 MOE_MUST_USE enum moe_status moe_ep_tp_comm(struct moe_ep *ep, struct moe_comm **out);
 /* x (T, w) = this rank's part of full (T, w * parts). */
 void moe_ep_tp_take(const struct moe_ep *ep, float *x, const float *full, int T, int w, int parts);

@@ -60,8 +60,7 @@ static enum moe_status scratch(struct moe_ep *ep, size_t n)
 static enum moe_status prepare(struct moe_ep *ep, size_t floats, char *msg, size_t cap, const char *what, int layer)
 {
     MOE_TRY(scratch(ep, floats));
-    struct moe_comm *c;
-    MOE_TRY(moe_ep_tp_comm(ep, &c));
+    MOE_TRY(moe_ep_tp_comm(ep, NULL));
     snprintf(msg, cap, "layer %d: %s", layer, what);
     return MOE_OK;
 }
@@ -69,7 +68,7 @@ static enum moe_status prepare(struct moe_ep *ep, size_t floats, char *msg, size
 enum moe_status moe_ep_tp_comm(struct moe_ep *ep, struct moe_comm **out)
 {
     if (!ep->tp_comm) MOE_TRY(moe_comm_split(ep->comm, ep->rank / ep->tp, &ep->tp_comm));
-    *out = ep->tp_comm;
+    if (out) *out = ep->tp_comm;
     return MOE_OK;
 }
 
