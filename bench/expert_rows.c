@@ -92,7 +92,7 @@ static double measure(struct side *s, const struct moe_config *cfg, int T)
     const size_t TK = (size_t)T * K;
     for (size_t i = 0; i < TK; i++) s->ids[i] = (int32_t)(i % (size_t)E);
     int32_t *b = s->plan_buf;
-    struct moe_dispatch plan = {b, b + E, b + 2 * (size_t)E + 1, b + 2 * (size_t)E + 1 + TK, 0, 0};
+    struct moe_dispatch plan = {b, b + E, b + 2 * (size_t)E + 1, b + 2 * (size_t)E + 1 + TK, 0, 0, 0};
     const double t0 = bench_clock(CLOCK_MONOTONIC);
     int calls = 0;
     for (int rep = 0; rep < 2; rep++)

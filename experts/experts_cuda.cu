@@ -445,21 +445,6 @@ static __global__ void combine_kernel(float *out, const void *ye, enum moe_dtype
     }
 }
 
-static __global__ void widen_rows_kernel(float *dst, const void *src, enum moe_dtype dt, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = moe_ld(src, dt, i);
-}
-
-extern "C" enum moe_status moe_experts_widen_rows_cuda(cudaStream_t st, float *dst, const void *src,
-                                                       enum moe_dtype dt, size_t n)
-{
-    if (n == 0) return MOE_OK;
-    widen_rows_kernel<<<moe_cuda_blocks(n, 256), 256, 0, st>>>(dst, src, dt, n);
-    MOE_CUDA_LAUNCHED();
-    return MOE_OK;
-}
-
 /* One block a row: the rows of the experts map places into dst. */
 static __global__ void take_rows_kernel(float *dst, const void *src, enum moe_dtype dt, const int32_t *map,
                                         const int32_t *offsets, int E, int D, const float *b_down)

@@ -91,9 +91,6 @@ enum moe_status moe_experts_mma_gate_up_cuda(cudaStream_t st, void *h, const flo
 enum moe_status moe_experts_mma_down_cuda(cudaStream_t st, void *ye, const void *h, enum moe_dtype at,
                                           const void *dn, enum moe_dtype wt, int Ew, int D, int F,
                                           const int32_t *tiles, int n, int E);
-/* dst (n) fp32 = src (n values of dt: F32, F16 or BF16), exactly. */
-enum moe_status moe_experts_widen_rows_cuda(cudaStream_t st, float *dst, const void *src,
-                                            enum moe_dtype dt, size_t n);
 /* dst (n, D) fp32: the rows of src (n rows of D in dt: F32, F16 or BF16,
  * in expert order, offsets (E + 1) the experts' first rows) whose expert
  * map places (map[e] >= 0), exactly, b_down (E, D) of the row's expert

@@ -41,8 +41,12 @@ struct moe_dispatch {
      * experts [lo, hi) this process holds.  With hi > 0 the experts op fills
      * only their rows of the expert outputs (offsets[lo] .. offsets[hi]) and
      * does not combine: the caller gathers the other ranks' rows, then
-     * combines (moe_experts_combine_cpu).  hi 0: every expert, combined. */
+     * combines (moe_experts_combine_cpu).  hi 0: every expert, combined.
+     * experts: the layer's distinct experts when its slots hold replicas
+     * (more slots than experts), so that a backend picks the path one
+     * process would for the step (0: as many as slots). */
     int lo, hi;
+    int experts;
 };
 
 /* ids (T, K), w (T, K) from logits (T, E). */

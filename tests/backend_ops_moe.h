@@ -74,7 +74,7 @@ static int32_t *routing(const struct op_case *c, uint64_t seed)
 static struct moe_dispatch plan_in(int32_t *buf, int T, int K, int E)
 {
     const size_t TK = (size_t)T * K;
-    return (struct moe_dispatch){buf, buf + E, buf + 2 * (size_t)E + 1, buf + 2 * (size_t)E + 1 + TK, 0, 0};
+    return (struct moe_dispatch){buf, buf + E, buf + 2 * (size_t)E + 1, buf + 2 * (size_t)E + 1 + TK, 0, 0, 0};
 }
 
 static bool run_dispatch(struct side *ref, struct side *tg, const struct op_case *c)

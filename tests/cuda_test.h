@@ -171,10 +171,10 @@ static inline double experts_parity(const struct moe_expert_weights *hx, const s
     const struct moe_route rt = {E, K, true, false, NULL, 1, 1, 1.0f, false};
     cr_assert_eq(cpu.ops->route(&cpu, ids, w, lg, T, &rt), MOE_OK);
     int32_t *hbuf = malloc((2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
-    struct moe_dispatch hp = {hbuf, hbuf + E, hbuf + 2 * E + 1, hbuf + 2 * E + 1 + TK, 0, 0};
+    struct moe_dispatch hp = {hbuf, hbuf + E, hbuf + 2 * E + 1, hbuf + 2 * E + 1 + TK, 0, 0, 0};
     cr_assert_eq(cpu.ops->dispatch(&cpu, &hp, ids, T, K, E), MOE_OK);
     int32_t *dbuf = (int32_t *)dev_copy(hbuf, (2 * (size_t)E + 1 + 2 * TK) * sizeof(int32_t));
-    struct moe_dispatch dp = {dbuf, dbuf + E, dbuf + 2 * E + 1, dbuf + 2 * E + 1 + TK, 0, 0};
+    struct moe_dispatch dp = {dbuf, dbuf + E, dbuf + 2 * E + 1, dbuf + 2 * E + 1 + TK, 0, 0, 0};
     float *x = rand_floats((size_t)T * D, 64, -1, 1);
     float *ref = malloc((size_t)T * D * sizeof(float)), *got = malloc((size_t)T * D * sizeof(float));
     struct moe_expert_ws hws = {malloc(TK * D * sizeof(float)), malloc(TK * F * sizeof(float)),

@@ -241,7 +241,7 @@ Test(cuda_ops, dispatch_past_the_reserved_sort_space_fails)
     for (size_t i = 0; i < TK; i++) ids[i] = (int32_t)(i * 7 % E);
     int32_t *dids = dev_copy(ids, TK * sizeof(int32_t));
     int32_t *dbuf = dev_poisoned((2 * (size_t)E + 3 + 2 * TK) * sizeof(int32_t));
-    struct moe_dispatch dp = {dbuf, dbuf + E + 1, dbuf + 2 * E + 3, dbuf + 2 * E + 3 + TK, 0, 0};
+    struct moe_dispatch dp = {dbuf, dbuf + E + 1, dbuf + 2 * E + 3, dbuf + 2 * E + 3 + TK, 0, 0, 0};
     cr_expect_eq(gpu.ops->dispatch(&gpu, &dp, dids, T, K, E), MOE_ERR_INVALID_ARG);
     cr_expect(strstr(moe_last_error(), "exceed") != NULL, "%s", moe_last_error());
     cr_expect_eq(gpu.ops->dispatch(&gpu, &dp, dids, 4, K, E + 1), MOE_ERR_INVALID_ARG);
@@ -395,7 +395,7 @@ Test(cuda_ops, expert_load_counts_dispatches_by_layer)
     int32_t ids[12] = {0, 5, 5, 7, 127, 0, 3, 5, 0, 1, 2, 5};
     int32_t *dids = dev_copy(ids, sizeof ids);
     int32_t *dbuf = dev_poisoned((2 * (size_t)E + 1 + 2 * T * K) * sizeof(int32_t));
-    struct moe_dispatch dp = {dbuf, dbuf + E, dbuf + 2 * E + 1, dbuf + 2 * E + 1 + T * K, 0, 0};
+    struct moe_dispatch dp = {dbuf, dbuf + E, dbuf + 2 * E + 1, dbuf + 2 * E + 1 + T * K, 0, 0, 0};
     /* layer 0 twice (two steps), layer 1 once */
     for (int step = 0; step < 2; step++) {
         cr_assert_eq(gpu.ops->dispatch(&gpu, &dp, dids, T, K, E), MOE_OK, "%s", moe_last_error());

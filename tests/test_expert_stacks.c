@@ -127,7 +127,7 @@ static void check_stacks(enum moe_cpu_isa isa, enum moe_dtype t, int T, int K, i
     int32_t *perm = malloc((size_t)n * sizeof(int32_t)), *pos = malloc((size_t)n * sizeof(int32_t));
     uint64_t s = seed;
     tu_random_routing(ids, T, K, E - 1, -1, &s);
-    struct moe_dispatch plan = {counts, offsets, perm, pos, 0, 0};
+    struct moe_dispatch plan = {counts, offsets, perm, pos, 0, 0, 0};
     moe_router_dispatch_cpu(&plan, ids, T, K, E);
     float *x = malloc((size_t)T * D * sizeof(float)), *w = malloc((size_t)n * sizeof(float));
     tu_fill_uniform(x, (size_t)T * D, seed + 99, -1, 1);

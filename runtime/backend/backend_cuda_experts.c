@@ -309,10 +309,11 @@ enum moe_status moe_cuda_run_stack(struct cuda_ctx *c, enum expert_path path, co
 /* The step's routed rows gathered in half precision into ws->xe (the
  * cuBLAS path's input), and its counts read back to the host. */
 static enum moe_status gather_and_count(struct cuda_ctx *c, const float *x, const struct moe_dispatch *plan,
-                                        const struct moe_expert_ws *ws, enum moe_dtype half, int n, int K, int D,
-                                        int E)
+                                        const struct moe_expert_ws *ws, enum moe_dtype half,
+                                        const int32_t *cols, int n, int K, int D, int E)
 {
-    MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, half, NULL, NULL, E));
+    MOE_TRY(moe_experts_gather_half_cuda(c->stream, ws->xe, x, plan->perm, n, K, D, half, cols,
+                                         cols ? plan->offsets : NULL, E));
     MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.h_counts, plan->counts, (size_t)E * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
@@ -370,10 +371,9 @@ enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const st
     if (lo < 0 || hi > E || C <= 0 || E > c->work.max_e)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slots %d..%d of %d (%d reserved)", lo, hi, E,
                         c->work.max_e);
-    if (ex->cols || ex->dtypes || ex->b_gate.data || ex->b_up.data || ex->b_down.data)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with %s is not supported",
-                        ex->cols ? "act-order four-bit experts" : ex->dtypes ? "a precision per expert"
-                                                                       : "expert biases (gpt-oss)");
+    if (ex->dtypes)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with a precision per expert is not "
+                        "supported");
     const size_t mat = expert_mat_bytes(ex->dtype, F, D);
     const char *gu = ex->gate[lo], *dn = ex->down[lo];
     for (int s = lo; s < hi; s++)
@@ -382,16 +382,23 @@ enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const st
             (const char *)ex->down[s] != dn + mat * (size_t)(s - lo))
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slot %d is not in this rank's stacked device "
                             "layout", s);
+    /* act-order: every slot's orders, by slot, read by the gathers and
+     * kernels over all rows (forward_ep.c's slot view) */
+    for (int s = 0; ex->cols && s < E; s++)
+        if (!ex->cols[0] || ex->cols[2 * s] != ex->cols[0] + (size_t)s * D ||
+            ex->cols[2 * s + 1] != ex->cols[1] + (size_t)s * F)
+            return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slot %d's column orders are not laid out by slot", s);
     if (T <= 0) return MOE_OK;
     int32_t *map = c->experts.ep_h_map;
     for (int s = 0; s < E; s++) map[s] = s >= lo && s < hi ? s - lo : -1;
-    const enum expert_path path = moe_cuda_expert_path(c, ex->dtype, T, K, D, F, E, C);
+    /* the path one process takes (rows per expert, not per slot) */
+    const int Ep = plan->experts > 0 && plan->experts < E ? plan->experts : E;
+    const enum expert_path path = moe_cuda_expert_path(c, ex->dtype, T, K, D, F, Ep, C);
     if (path == PATH_CUBLAS)
-        MOE_TRY(gather_and_count(c, x, plan, ws, ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16, n, K,
-                                 D, E));
-    else
-        MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.ep_d_map, map, (size_t)E * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                     c->stream));
+        MOE_TRY(gather_and_count(c, x, plan, ws, ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16,
+                                 ex->cols ? ex->cols[0] : NULL, n, K, D, E));
+    MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.ep_d_map, map, (size_t)E * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                 c->stream));
     enum moe_dtype ydt;
     enum moe_status s = moe_cuda_run_stack(c, path, gu, dn, C, map, c->experts.ep_d_map, x, plan, ex, ws, T, K, D, F,
                                            E, &ydt);
@@ -400,9 +407,12 @@ enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const st
         return moe_cuda_experts_ep(c, x, plan, ex, ws, T, K, D, F, E);
     }
     MOE_TRY(s);
-    if (ydt == MOE_DTYPE_F32) return MOE_OK;
-    /* half rows (other ranks' rows too: overwritten by the gather) to fp32 */
-    MOE_TRY(moe_experts_widen_rows_cuda(c->stream, ws->xe, ws->ye, ydt, (size_t)n * D));
+    if (ydt == MOE_DTYPE_F32) return MOE_OK; /* the kernels add the down bias themselves */
+    /* this rank's half rows to fp32 with the down bias (which the
+     * single-process paths leave to the combine); the others' rows are
+     * overwritten by the gather */
+    MOE_TRY(moe_experts_take_rows_cuda(c->stream, ws->xe, ws->ye, ydt, c->experts.ep_d_map, plan->offsets, E, n, D,
+                                       ex->b_down.data));
     MOE_CUDA_TRY(cudaMemcpyAsync(ws->ye, ws->xe, (size_t)n * D * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
     return MOE_OK;
 }
@@ -439,7 +449,7 @@ enum moe_status moe_cuda_experts_mixed(struct cuda_ctx *c, const struct cuda_mix
         v.backend_layer = NULL;
         const enum moe_dtype half = st->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
         if (path[i] == PATH_CUBLAS && half != gathered) {
-            MOE_TRY(gather_and_count(c, x, plan, ws, half, n, K, D, E));
+            MOE_TRY(gather_and_count(c, x, plan, ws, half, NULL, n, K, D, E));
             gathered = half;
         }
         enum moe_dtype ydt;

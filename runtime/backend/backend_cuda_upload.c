@@ -522,8 +522,6 @@ static enum moe_status upload_held_experts(struct moe_backend *be, const struct 
         return be->expert_quant ? upload_mixed_experts(be, m, l, x, E, D, F, moe_layer)
                                 : upload_experts(be, m, x, E, D, F, moe_layer, be->quant);
     const char *no = m->weights_deferred ? "--synthetic weights (generated on the device whole)"
-                     : x->cols ? "act-order four-bit experts"
-                     : x->b_gate.data || x->b_up.data || x->b_down.data ? "expert biases (gpt-oss)"
                      : ctx_of(be)->off.opts.gpu_experts > 0 ? "--gpu-experts" : NULL;
     if (no)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with %s is not supported", no);
@@ -535,7 +533,9 @@ static enum moe_status upload_held_experts(struct moe_backend *be, const struct 
     enum moe_status s = upload_expert_set(be, m, x, held, 1, E, D, F, moe_layer, be->quant, &n, &dt);
     if (s == MOE_OK) x->dtype = dt;
     free(held);
-    return s;
+    /* act-order: every expert's orders (in order for those not held),
+     * which the forward lays out by slot (runtime/engine/forward_ep.c) */
+    return s == MOE_OK && x->cols ? upload_expert_cols(be, x, E, D, F) : s;
 }
 
 /* Fills the device stacks gu (gu_bytes) and dn (dn_bytes) with a layer's

@@ -244,7 +244,7 @@ static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, in
     free(h);
     if (ce != cudaSuccess) return moe_fail(MOE_ERR_DEVICE, "expert kernels: %s", cudaGetErrorString(ce));
     int32_t *d = (int32_t *)r->bufs[2];
-    struct moe_dispatch plan = {d, d + E, d + 2 * E + 1, d + 2 * E + 1 + n, 0, 0};
+    struct moe_dispatch plan = {d, d + E, d + 2 * E + 1, d + 2 * E + 1 + n, 0, 0, 0};
     MOE_CUDA_TRY(cudaMalloc(&r->bufs[3], (size_t)batch * D * sizeof(float)));
     MOE_CUDA_TRY(cudaMalloc(&r->bufs[4], n * F * sizeof(float)));
     MOE_CUDA_TRY(cudaMalloc(&r->bufs[5], n * D * sizeof(float)));

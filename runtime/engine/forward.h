@@ -156,6 +156,7 @@ struct moe_forward {
     int32_t *ep_h_ids, *ep_h_pos, *ep_d_slot_ids, *ep_d_counts, *ep_d_offsets;
     float *ep_stage, *ep_d_rows, *ep_d_blocks;
     size_t ep_stage_floats, ep_d_rows_floats;
+    bool ep_dev_made;            /* the above made (ep_stage NULL over the backend's transport) */
     /* the backend's transport (ep.h coll_state 1): each rank's first
      * float of the expert rows and the end (size + 1, host), and the rows'
      * capacity in floats */

@@ -18,6 +18,7 @@
 #include "runtime/engine/forward.h"
 
 static enum moe_status ep_state(struct moe_forward *fw);
+static void slot_view_free(struct moe_backend *be, struct moe_expert_weights *v);
 
 /* ---- the backend's own collectives (backend.h coll_*) ---- */
 
@@ -153,7 +154,7 @@ static enum moe_status norm_rows_shared(struct moe_forward *fw, float *x, int T,
     const size_t n = (size_t)T * (size_t)w;
     size_t *offs = fw->ep_share_offs; /* size + 1 entries, M <= size */
     if (!be->ops->gather_cols) return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no column copies", be->ops->name);
-    if (n * (size_t)M > fw->ep_d_rows_floats || n * (size_t)parts > fw->ep_d_rows_floats)
+    if (n * (size_t)M > fw->ep_d_rows_floats) /* parts <= M */
         return moe_fail(MOE_ERR_INVALID_ARG, "tensor parallelism: %d rows of %d over %d ranks exceed the rows' buffer",
                         T, w, M);
     for (int r = 0; r <= M; r++) offs[r] = (size_t)r * n;
@@ -218,6 +219,113 @@ static size_t whole_row_floats(const struct moe_model *m)
     return w;
 }
 
+/* The bytes of an (n, W) f32 bias table; false on overflow. */
+static bool bias_bytes(const struct moe_tensor *b, size_t *bytes)
+{
+    size_t n;
+    return b->shape[0] >= 0 && b->shape[1] >= 0 && moe_mul_size((size_t)b->shape[0], (size_t)b->shape[1], &n) &&
+           moe_mul_size(n, sizeof(float), bytes);
+}
+
+/* Act-order experts in backend memory: each slot's column orders (its
+ * expert's, in order where it has none) laid out by slot, inputs (n, D)
+ * then down (n, F), in one buffer of the backend's (v->cols[0]), the
+ * layout its kernels index by slot. */
+static enum moe_status slot_cols(struct moe_forward *fw, int l, struct moe_expert_weights *v)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_expert_weights *x = &fw->m->layers[l].experts;
+    const struct moe_ep_layer *pl = &fw->ep->layers[l];
+    const size_t n = (size_t)pl->n_slots, D = (size_t)fw->m->cfg.d_model, F = (size_t)fw->m->cfg.d_expert;
+    size_t ints, bytes;
+    if (!moe_mul_size(n, D + F, &ints) || !moe_mul_size(ints, sizeof(int32_t), &bytes))
+        return moe_fail(MOE_ERR_NOMEM, "expert parallelism: layer %d: column orders overflow", l);
+    int32_t **cols = calloc(2 * n, sizeof *cols), *h = malloc(bytes), *d = NULL;
+    enum moe_status s = cols && h ? MOE_OK : moe_fail(MOE_ERR_NOMEM, "expert parallelism: column orders");
+    for (size_t i = 0; i < n && s == MOE_OK; i++)
+        for (int k = 0; k < 2 && s == MOE_OK; k++) {
+            const size_t W = k ? F : D;
+            int32_t *o = h + (k ? n * D + i * F : i * D);
+            const int32_t *src = x->cols[2 * (size_t)pl->expert[i] + (size_t)k];
+            if (src)
+                s = be->ops->to_host(be, o, src, W * sizeof(int32_t));
+            else
+                for (size_t j = 0; j < W; j++) o[j] = (int32_t)j;
+        }
+    if (s == MOE_OK) s = be->ops->alloc(be, bytes, (void **)&d);
+    if (s == MOE_OK) s = be->ops->to_device(be, d, h, bytes);
+    free(h);
+    if (s != MOE_OK) {
+        if (d) be->ops->dealloc(be, d);
+        free(cols);
+        return s;
+    }
+    for (size_t i = 0; i < n; i++) cols[2 * i] = d + i * D, cols[2 * i + 1] = d + n * D + i * F;
+    free(v->cols);
+    v->cols = (const int32_t **)cols;
+    return MOE_OK;
+}
+
+/* A view of layer l's experts by slot (ep_impl.h).  Its biases (gpt-oss)
+ * and column orders (act-order), copies by slot, are in the backend's
+ * memory: for a backend not in host memory the table's are read back,
+ * laid out by slot and sent there. */
+static enum moe_status slot_view(struct moe_forward *fw, int l, struct moe_expert_weights *v)
+{
+    struct moe_backend *be = fw->be;
+    const struct moe_expert_weights *x = &fw->m->layers[l].experts;
+    if (be->ops->host_memory || !(x->b_gate.data || x->b_up.data || x->b_down.data || x->cols))
+        return moe_ep_slot_view(fw->ep, l, x, v);
+    struct moe_expert_weights hx = *x;
+    hx.cols = NULL; /* below */
+    struct moe_tensor *hb[] = {&hx.b_gate, &hx.b_up, &hx.b_down};
+    enum moe_status s = MOE_OK;
+    for (int i = 0; i < 3; i++) hb[i]->data = NULL;
+    const struct moe_tensor *db[] = {&x->b_gate, &x->b_up, &x->b_down};
+    for (int i = 0; i < 3 && s == MOE_OK; i++) {
+        if (!db[i]->data) continue;
+        size_t bytes;
+        if (db[i]->dtype != MOE_DTYPE_F32 || db[i]->ndim != 2 || !bias_bytes(db[i], &bytes))
+            s = moe_fail(MOE_ERR_INVALID_ARG, "expert parallelism: layer %d: expert biases must be (E, W) f32", l);
+        else if (!(hb[i]->data = malloc(bytes)))
+            s = moe_fail(MOE_ERR_NOMEM, "expert parallelism: layer %d: expert biases", l);
+        else
+            s = be->ops->to_host(be, hb[i]->data, db[i]->data, bytes);
+    }
+    if (s == MOE_OK) s = moe_ep_slot_view(fw->ep, l, &hx, v);
+    for (int i = 0; i < 3; i++) free(hb[i]->data);
+    if (s != MOE_OK) return s;
+    struct moe_tensor *vb[] = {&v->b_gate, &v->b_up, &v->b_down};
+    for (int i = 0; i < 3; i++) {
+        void *host = vb[i]->data, *dev = NULL;
+        if (!host) continue;
+        size_t bytes = 0;
+        (void)bias_bytes(vb[i], &bytes); /* n_slots rows of a table checked above */
+        s = be->ops->alloc(be, bytes, &dev);
+        if (s == MOE_OK) s = be->ops->to_device(be, dev, host, bytes);
+        free(host);
+        vb[i]->data = dev; /* NULL on failure: slot_view_free deallocates the others */
+        if (s != MOE_OK) {
+            for (int j = i + 1; j < 3; j++) free(vb[j]->data), vb[j]->data = NULL;
+            slot_view_free(be, v);
+            return s;
+        }
+    }
+    if (x->cols && (s = slot_cols(fw, l, v)) != MOE_OK) slot_view_free(be, v);
+    return s;
+}
+
+/* Frees a slot view, its biases the backend's when not in host memory. */
+static void slot_view_free(struct moe_backend *be, struct moe_expert_weights *v)
+{
+    if (be && !be->ops->host_memory) {
+        struct moe_tensor *vb[] = {&v->b_gate, &v->b_up, &v->b_down};
+        for (int i = 0; i < 3; i++) be->ops->dealloc(be, vb[i]->data), vb[i]->data = NULL;
+        if (v->cols) be->ops->dealloc(be, (void *)v->cols[0]); /* slot_cols's buffer */
+    }
+    moe_ep_slot_view_free(v);
+}
+
 /* Expert parallelism's state (forward.h), made once: host tables, and for
  * a backend not in host memory their backend twins and the host stage. */
 static enum moe_status ep_state(struct moe_forward *fw)
@@ -241,17 +349,17 @@ static enum moe_status ep_state(struct moe_forward *fw)
     if (!moe_mul_size(TK, (size_t)fw->m->cfg.d_model, &fw->ep_share_cap))
         return moe_fail(MOE_ERR_NOMEM, "expert parallelism: %zu rows overflow", TK);
     MOE_TRY(coll_decide(fw));
-    if (!be->ops->host_memory && !fw->ep_stage) {
+    if (!be->ops->host_memory && !fw->ep_dev_made) {
         const size_t D = (size_t)fw->m->cfg.d_model, wide = whole_row_floats(fw->m);
         size_t rows, whole, bytes;
         if (!moe_mul_size(TK, D, &rows) || !moe_mul_size(T, wide, &whole))
             return moe_fail(MOE_ERR_NOMEM, "expert parallelism: the host stage overflows");
-        /* the stage carries the staged collectives alone: a float over the
+        /* the stage carries the staged collectives alone: none over the
          * backend's transport (which keeps the rows in its memory) */
-        const size_t stage = ep->coll_state > 0 ? 1 : rows > whole ? rows : whole;
+        const size_t stage = ep->coll_state > 0 ? 0 : rows > whole ? rows : whole;
         if (!moe_mul_size(stage, sizeof(float), &bytes))
             return moe_fail(MOE_ERR_NOMEM, "expert parallelism: the host stage overflows");
-        if (!be->ops->host_alloc)
+        if (stage && !be->ops->host_alloc)
             return moe_fail(MOE_ERR_UNSUPPORTED, "%s backend: no host buffers for expert parallelism", be->ops->name);
         free(fw->ep_h_ids), free(fw->ep_h_pos);
         fw->ep_h_ids = malloc(TK * sizeof(int32_t));
@@ -269,16 +377,18 @@ static enum moe_status ep_state(struct moe_forward *fw)
          * size (its heads, or one head held by several ranks) */
         if (ep->tp > 1 && ep->coll_state > 0) MOE_FORWARD_ALLOC(be, fw->ep_d_blocks, whole, float);
         fw->ep_d_rows_floats = whole;
-        MOE_TRY(be->ops->host_alloc(be, bytes, (void **)&fw->ep_stage)); /* last: marks these made */
-        fw->ep_stage_floats = ep->coll_state > 0 ? 0 : stage;
+        if (fw->ep_stage) be->ops->host_free(be, fw->ep_stage), fw->ep_stage = NULL;
+        if (stage) MOE_TRY(be->ops->host_alloc(be, bytes, (void **)&fw->ep_stage));
+        fw->ep_stage_floats = stage;
+        fw->ep_dev_made = true;
     }
     struct moe_expert_weights *v = calloc((size_t)fw->m->cfg.n_layers, sizeof *v);
     if (!v) return moe_fail(MOE_ERR_NOMEM, "expert parallelism: slot views");
     enum moe_status s = MOE_OK;
     for (int l = 0; l < fw->m->cfg.n_layers && s == MOE_OK; l++)
-        if (ep->layers[l].n_slots) s = moe_ep_slot_view(ep, l, &fw->m->layers[l].experts, &v[l]);
+        if (ep->layers[l].n_slots) s = slot_view(fw, l, &v[l]);
     if (s != MOE_OK) {
-        for (int l = 0; l < fw->m->cfg.n_layers; l++) moe_ep_slot_view_free(&v[l]);
+        for (int l = 0; l < fw->m->cfg.n_layers; l++) slot_view_free(be, &v[l]);
         free(v);
         return s;
     }
@@ -364,6 +474,7 @@ enum moe_status moe_forward_ep_experts(struct moe_forward *fw, int l, int T, con
     MOE_TRY(be->ops->dispatch(be, &plan, slots, T, K, pl->n_slots));
     plan.lo = pl->bounds[fw->ep->rank];
     plan.hi = pl->bounds[fw->ep->rank + 1]; /* > 0: every rank has a slot */
+    plan.experts = c->n_experts;
     MOE_TRY(be->ops->experts(be, fw->out, in, &plan, wts, &fw->ep_views[l], &fw->ews, T, K, D, c->d_expert,
                              pl->n_slots));
     MOE_TRY(be->ops->sync(be)); /* the rows are complete before they travel */
@@ -511,6 +622,6 @@ void moe_forward_ep_free(struct moe_forward *fw)
     free(fw->ep_share_offs);
     free(fw->ep_h_ids);
     free(fw->ep_h_pos);
-    for (int l = 0; fw->ep_views && l < fw->m->cfg.n_layers; l++) moe_ep_slot_view_free(&fw->ep_views[l]);
+    for (int l = 0; fw->ep_views && l < fw->m->cfg.n_layers; l++) slot_view_free(fw->be, &fw->ep_views[l]);
     free(fw->ep_views);
 }

@@ -22,6 +22,9 @@
 extern "C" {
 #endif
 
+/* How many configuration values tensor parallelism divides (model_par.c). */
+#define MOE_TP_SPLIT_FIELDS 6
+
 struct moe_expert_weights {
     enum moe_dtype dtype;  /* all experts of a layer share it, unless dtypes says otherwise */
     /* Act-order four-bit experts (moe_tensor.cols): (2E) the column order
@@ -145,9 +148,7 @@ struct moe_model {
      * values the split divided, as the whole model has them
      * (moe_model_whole_config) */
     int tp, tp_rank;
-    struct {
-        int n_heads, n_kv_heads, lin_k_heads, lin_v_heads, d_ff, d_shared;
-    } tp_whole;
+    int tp_whole[MOE_TP_SPLIT_FIELDS]; /* n_heads, n_kv_heads, lin_k_heads, lin_v_heads, d_ff, d_shared */
     /* The LM head split over several ranks (moe_model_vocab_split):
      * lm_head holds the vocabulary rows [vocab_lo, vocab_lo +
      * lm_head.shape[0]) of cfg.vocab, one of vocab_parts (0: whole) */

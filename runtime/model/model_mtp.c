@@ -53,7 +53,9 @@ enum moe_status moe_model_mtp_view(const struct moe_model *m, int i, struct moe_
     if (m->weights_deferred || !m->st.n_tensors)
         return moe_fail(MOE_ERR_INVALID_ARG, "multi-token-prediction layers need a checkpoint's weights");
     /* all of its heads under tensor parallelism: the module runs whole */
-    moe_model_whole_config(m, &out->cfg);
+    struct moe_config whole;
+    moe_model_whole_config(m, &whole);
+    out->cfg = whole;
     out->cfg.n_layers = 1;
     out->cfg.n_mtp_layers = 0;
     out->cfg.layer_moe[0] = c->n_experts > 0;
@@ -67,7 +69,7 @@ enum moe_status moe_model_mtp_view(const struct moe_model *m, int i, struct moe_
     src.owned = NULL;
     src.n_owned = 0;
     src.ep_held = NULL; /* the module runs in one process with all its experts (moe_model_mtp_view) */
-    moe_model_whole_config(m, &src.cfg); /* the binders take the file's shapes from it */
+    src.cfg = whole; /* the binders take the file's shapes from it */
     src.tp = src.tp_rank = 0;
     enum moe_status s = bind_module(&src, c->n_layers + i, out);
     out->owned = src.owned;

@@ -188,6 +188,11 @@ static enum moe_status split_attention(struct moe_model *m, int l, int r, int M,
     return MOE_OK;
 }
 
+/* The configuration values moe_model_tp_split divides, in the order
+ * model.h's tp_whole keeps them as the whole model has them. */
+#define TP_SPLIT_FIELDS(c) \
+    {&(c)->n_heads, &(c)->n_kv_heads, &(c)->lin_k_heads, &(c)->lin_v_heads, &(c)->d_ff, &(c)->d_shared}
+
 enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size)
 {
     struct moe_config *c = &m->cfg;
@@ -222,12 +227,8 @@ enum moe_status moe_model_tp_split(struct moe_model *m, int rank, int size)
             MOE_TRY(split_ffn(m, l, rank, size, c->d_shared, &w->sh_gate, NULL, &w->sh_up, NULL, &w->sh_down,
                               NULL, "shared expert"));
     }
-    m->tp_whole.n_heads = c->n_heads;
-    m->tp_whole.n_kv_heads = c->n_kv_heads;
-    m->tp_whole.lin_k_heads = c->lin_k_heads;
-    m->tp_whole.lin_v_heads = c->lin_v_heads;
-    m->tp_whole.d_ff = c->d_ff;
-    m->tp_whole.d_shared = c->d_shared;
+    int *kept[] = TP_SPLIT_FIELDS(c);
+    for (int i = 0; i < MOE_TP_SPLIT_FIELDS; i++) m->tp_whole[i] = *kept[i];
     c->n_heads /= size;
     c->n_kv_heads = moe_tp_kv_heads(c->n_kv_heads, size);
     c->lin_k_heads /= size;
@@ -243,12 +244,8 @@ void moe_model_whole_config(const struct moe_model *m, struct moe_config *c)
 {
     *c = m->cfg;
     if (m->tp <= 1) return;
-    c->n_heads = m->tp_whole.n_heads;
-    c->n_kv_heads = m->tp_whole.n_kv_heads;
-    c->lin_k_heads = m->tp_whole.lin_k_heads;
-    c->lin_v_heads = m->tp_whole.lin_v_heads;
-    c->d_ff = m->tp_whole.d_ff;
-    c->d_shared = m->tp_whole.d_shared;
+    int *kept[] = TP_SPLIT_FIELDS(c);
+    for (int i = 0; i < MOE_TP_SPLIT_FIELDS; i++) *kept[i] = m->tp_whole[i];
 }
 
 enum moe_status moe_model_vocab_split(struct moe_model *m, int rank, int size)
