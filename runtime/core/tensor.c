@@ -28,6 +28,7 @@ size_t moe_dtype_size(enum moe_dtype t)
     if (t == MOE_DTYPE_MXFP4) return 1;      /* as Q8_0 (a value is half a byte); rows: moe_dtype_row_bytes */
     if (t == MOE_DTYPE_FP8_B128) return 1;   /* the E4M3 part; rows: moe_dtype_row_bytes */
     if (moe_dtype_is_q4(t)) return 1;        /* as MXFP4; rows: moe_dtype_row_bytes */
+    if (t == MOE_DTYPE_Q6_K) return 1;       /* as the four-bit formats */
     MOE_ASSERT((unsigned)t < MOE_DTYPE_COUNT);
     return dtype_info[t].size;
 }
@@ -38,6 +39,7 @@ size_t moe_dtype_row_bytes(enum moe_dtype t, size_t n)
     if (t == MOE_DTYPE_MXFP4) return n / MOE_MXFP4_BLOCK * MOE_MXFP4_BYTES;
     if (t == MOE_DTYPE_FP8_B128) return n / MOE_FP8_BLOCK * MOE_FP8_BYTES;
     if (moe_dtype_is_q4(t)) return n / (size_t)moe_q4_group(t) * moe_q4_group_bytes(t);
+    if (t == MOE_DTYPE_Q6_K) return n / MOE_Q6_K_BLOCK * MOE_Q6_K_BYTES; /* < n: no overflow */
     return n * moe_dtype_size(t);
 }
 
@@ -51,6 +53,7 @@ const char *moe_dtype_name(enum moe_dtype t)
     if (t == MOE_DTYPE_Q4_G32) return "Q4_G32";
     if (t == MOE_DTYPE_Q4_G128) return "Q4_G128";
     if (t == MOE_DTYPE_Q4_K) return "Q4_K";
+    if (t == MOE_DTYPE_Q6_K) return "Q6_K";
     return (unsigned)t < MOE_DTYPE_COUNT ? dtype_info[t].name : "?";
 }
 
@@ -213,6 +216,16 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
                 for (int k = 0; k < 32; k++) dst[i + 32 * (size_t)j + k] = (float)((qs[k] >> sh) & 15u) * d[j] + m[j];
             }
         }
+        return;
+    }
+    case MOE_DTYPE_Q6_K: { /* gguf-py's operations: (d * sc) * (q - 32), the first exact */
+        const unsigned char *b = src;
+        MOE_ASSERT(n % MOE_Q6_K_BLOCK == 0);
+        for (size_t i = 0; i < n; i += MOE_Q6_K_BLOCK, b += MOE_Q6_K_BYTES)
+            for (unsigned j = 0; j < MOE_Q6_K_BLOCK / 16; j++) {
+                const float s = moe_q6_k_scale(b, 16 * j);
+                for (unsigned e = 16 * j; e < 16 * j + 16; e++) dst[i + e] = s * (float)((int)moe_q6_k_code(b, e) - 32);
+            }
         return;
     }
     default: MOE_ASSERT(!"convert_row_f32: dtype is not a float weight type");

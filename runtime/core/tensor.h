@@ -14,8 +14,9 @@
  * weight type" check instead of reading panels as rows; Q8_0 and MXFP4
  * blocks, MXFP4 and block-scaled FP8 rows); the CPU backend computes in
  * fp32 and reads F32, F16, BF16, Q8_0, MXFP4 and FP8_B128 weights in
- * place; and four-bit weights: Q4_1 (--quantize q4) and Q4_G32 / Q4_G128
- * (GPTQ, AWQ and compressed-tensors checkpoints). */
+ * place; four-bit weights: Q4_1 (--quantize q4) and Q4_G32 / Q4_G128
+ * (GPTQ, AWQ and compressed-tensors checkpoints); and ggml's K-quants
+ * Q4_K and Q6_K. */
 #pragma once
 
 #include <stdbool.h>
@@ -159,8 +160,26 @@ enum moe_dtype {
      * moe_quantize_row_q4_k.  moe_dtype_size says 1; never parsed,
      * written to a file or repacked. */
     MOE_DTYPE_Q4_K,
+    /* Six-bit weights, ggml's Q6_K block bit for bit (gguf-py's Q6_K
+     * reads it): what llama.cpp's Q4_K_M mix keeps some matrices in.  Per
+     * block of 256 values, 210 bytes: ql[128] (the low 4 bits of the
+     * codes), qh[64] (their high 2 bits), 16 int8 scales sc[16] (one per
+     * 16 values), then an f16 d.  Each half h of 128 values reads ql from
+     * byte 64h, qh from 128 + 32h and its scales from sc[8h]; for l in
+     * 0..31 its codes (0..63) are
+     *   element l      (ql[l] & 15)      | (qh[l] & 3) << 4
+     *   element l + 32 (ql[l + 32] & 15) | (qh[l] >> 2 & 3) << 4
+     *   element l + 64 (ql[l] >> 4)      | (qh[l] >> 4 & 3) << 4
+     *   element l + 96 (ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4
+     * (moe_q6_k_code).  Element e of the block has the value
+     * (d * sc[e / 16]) * (q - 32) in fp32, as gguf-py computes it: the
+     * first product exact (11 by 8 significant bits), the second one
+     * rounding.  6.5625 bits a weight; read by the CPU reference; not planes, so no
+     * CUDA kernel reads it.  moe_dtype_size says 1; never parsed, written
+     * to a file or repacked. */
+    MOE_DTYPE_Q6_K,
 };
-#define MOE_DTYPE_N (MOE_DTYPE_Q4_K + 1) /* the number of dtypes */
+#define MOE_DTYPE_N (MOE_DTYPE_Q6_K + 1) /* the number of dtypes */
 
 #define MOE_Q8_0_BLOCK 32 /* values per block */
 #define MOE_Q8_0_BYTES 36 /* bytes per block: f32 scale, 32 int8 */
@@ -173,6 +192,8 @@ enum moe_dtype {
 #define MOE_Q4_HEAD 8      /* Q4_G32 / Q4_G128: f32 d, f32 m before each group's codes */
 #define MOE_Q4_K_BLOCK 256 /* values per block (8 groups of 32) */
 #define MOE_Q4_K_BYTES 144 /* bytes per block: f16 d, f16 dmin, 12 bytes of scales, 128 of codes */
+#define MOE_Q6_K_BLOCK 256 /* values per block (16 sub-blocks of 16) */
+#define MOE_Q6_K_BYTES 210 /* bytes per block: 128 ql, 64 qh, 16 int8 scales, f16 d */
 
 /* Whether t is one of the four-bit formats; values per block (one d and
  * one m each, but Q4_K: 8 groups of 32 with one d and m each) and bytes
@@ -267,6 +288,22 @@ static inline uint16_t moe_f32_to_bf16(float f)
 }
 float moe_f16_to_f32(uint16_t h);
 uint16_t moe_f32_to_f16(float f);
+
+/* The code (0..63) of element e (0..255) of the Q6_K block at blk
+ * (MOE_DTYPE_Q6_K's packing). */
+static inline unsigned moe_q6_k_code(const unsigned char *blk, unsigned e)
+{
+    const unsigned h = e / 128, i = e % 128, l = i % 32, s = i / 32; /* half, element, lane, quarter */
+    const unsigned ql = blk[64 * h + l + 32 * (s & 1)] >> (4 * (s >> 1)) & 15u;
+    return ql | (blk[128 + 32 * h + l] >> (2 * s) & 3u) << 4;
+}
+/* The scale d * sc[e / 16] of element e of the Q6_K block at blk (exact). */
+static inline float moe_q6_k_scale(const unsigned char *blk, unsigned e)
+{
+    uint16_t d;
+    memcpy(&d, blk + 208, 2);
+    return moe_f16_to_f32(d) * (float)(int8_t)blk[192 + e / 16];
+}
 
 /* Converts n elements of row `src` (dtype t) to fp32. */
 void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n);
