@@ -174,7 +174,8 @@ enum moe_dtype {
      * (moe_q6_k_code).  Element e of the block has the value
      * (d * sc[e / 16]) * (q - 32) in fp32, as gguf-py computes it: the
      * first product exact (11 by 8 significant bits), the second one
-     * rounding.  6.5625 bits a weight; read by the CPU reference; not planes, so no
+     * rounding.  6.5625 bits a weight; made by moe_quantize_row_q6_k;
+     * read by the CPU reference; not planes, so no
      * CUDA kernel reads it.  moe_dtype_size says 1; never parsed, written
      * to a file or repacked. */
     MOE_DTYPE_Q6_K,
@@ -330,6 +331,18 @@ bool moe_quantize_row_q4_1(void *dst, const float *src, size_t n);
  * 15).  False, dst unspecified, when a value is not finite or d or dmin
  * overflows f16. */
 bool moe_quantize_row_q4_k(void *dst, const float *src, size_t n);
+/* Quantizes n values (a multiple of 256) to Q6_K blocks (MOE_DTYPE_Q6_K).
+ * Per sub-block of 16, the scale s of least squared error x ~ s q (q in
+ * -32..31) over 7 candidate code assignments (q = round(-t x / v), v the
+ * value of largest magnitude, t = 28 .. 34, each fitted by least squares,
+ * the best refitted once to its own nearest codes); then d
+ * = (the s of largest magnitude) / -128 rounded to f16, each sub-block's
+ * int8 scale chosen among the rounding of s / d and its neighbours by the
+ * error of its nearest codes, and each code the nearest of the 64 values
+ * (d * sc) * (q - 32) (of two as near, the rounding of x / (d sc)).
+ * False, dst unspecified, when a value is not finite or d overflows f16
+ * (|x| past about 2.3e8). */
+bool moe_quantize_row_q6_k(void *dst, const float *src, size_t n);
 /* The scales d_j and offsets m_j of the 8 groups of the Q4_K block at blk
  * (MOE_DTYPE_Q4_K: d * sc_j and -(dmin * mn_j), exact). */
 void moe_q4_k_heads(const void *blk, float d[8], float m[8]);
