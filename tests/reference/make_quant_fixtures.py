@@ -37,6 +37,19 @@ bytes with finite f16 heads, so every scale and minimum packing occurs):
                           random (d and dmin in [2^-12, 2^-4))
   dequant  F32 (6, 1024)  gguf.quants.dequantize(q4_k, Q4_K)
 
+tests/fixtures/quant/q6_k.safetensors: Q6_K blocks (ggml's block_q6_K,
+moerun's MOE_DTYPE_Q6_K bit for bit) and their values as gguf-py
+dequantizes them (gguf-py has no Q6_K quantizer: the blocks are random
+bytes with finite f16 d, so every code, scale and bit position occurs):
+
+  q6_k     U8  (6, 840)   4 blocks of 210 bytes a row: 128 bytes ql (low
+                          4 bits of the codes), 64 bytes qh (high 2 bits),
+                          16 int8 scales, f16 d; row 0 scales -128 and 127
+                          with codes 0 and 63, row 1 every scale 0, row 2
+                          a subnormal f16 d, the others random (|d| in
+                          [2^-12, 2^-4), either sign)
+  dequant  F32 (6, 1024)  gguf.quants.dequantize(q6_k, Q6_K)
+
 tests/fixtures/quant/mxfp4.safetensors: MXFP4 matrices in a gpt-oss
 checkpoint's layout and their values as transformers dequantizes them
 (transformers.integrations.mxfp4.convert_moe_packed_tensors, in float32, so
@@ -95,7 +108,7 @@ float8_e4m3fn:
   rows_dequant  F32 (64, 96) the bytes' values times the scale
 
 Python is only a fixture-making tool.
-Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,q4_1,q4_k,mxfp4,fp8,kv_fp8]
+Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,q4_1,q4_k,q6_k,mxfp4,fp8,kv_fp8]
 """
 import argparse
 import importlib.metadata
@@ -109,6 +122,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 OUT = os.path.join(REPO, "tests", "fixtures", "quant", "q8_0.safetensors")
 OUT_Q4_1 = os.path.join(REPO, "tests", "fixtures", "quant", "q4_1.safetensors")
 OUT_Q4_K = os.path.join(REPO, "tests", "fixtures", "quant", "q4_k.safetensors")
+OUT_Q6_K = os.path.join(REPO, "tests", "fixtures", "quant", "q6_k.safetensors")
 OUT_MXFP4 = os.path.join(REPO, "tests", "fixtures", "quant", "mxfp4.safetensors")
 MXFP4_SHAPES = {"a": (3, 64), "b": (5, 96), "c": (7, 256)}
 OUT_FP8 = os.path.join(REPO, "tests", "fixtures", "quant", "fp8.safetensors")
@@ -184,6 +198,46 @@ def make_q4_k():
               metadata={"made_by": "tests/reference/make_quant_fixtures.py",
                         "gguf": importlib.metadata.version("gguf")})
     print(OUT_Q4_K, os.path.getsize(OUT_Q4_K), "bytes")
+
+
+def make_q6_k():
+    r = np.random.default_rng(66)
+    rows, blocks = 6, 4
+    q = r.integers(0, 256, size=(rows, blocks, 210), dtype=np.uint8)
+    d = (r.uniform(2.0 ** -12, 2.0 ** -4, size=(rows, blocks)) * r.choice([-1.0, 1.0], size=(rows, blocks)))
+    d = d.astype(np.float16)
+    d[2] = np.float16(2.0 ** -20)                     # a subnormal f16 d
+    q[..., 208:] = d.view(np.uint8).reshape(rows, blocks, 2)
+    q[0, :, 192:208] = np.array([0x80, 0x7F] * 8, dtype=np.uint8)  # scales -128 and 127
+    q[0, :2, :192] = 0x00                             # codes 0 (value -32 sc d)
+    q[0, 2:, :192] = 0xFF                             # codes 63 (value 31 sc d)
+    q[1, :, 192:208] = 0                              # every scale 0: every value 0
+    q = q.reshape(rows, blocks * 210)
+    deq = quants.dequantize(q, GGMLQuantizationType.Q6_K).astype(np.float32)
+    assert deq.shape == (rows, blocks * 256), deq.shape
+    assert np.isfinite(deq).all() and (deq[1] == 0).all()
+    # an independent reading of the format (tensor.h's element formulas):
+    # the same bits
+    blk = q.reshape(rows, blocks, 210)
+    ql, qh = blk[..., :128].astype(np.int32), blk[..., 128:192].astype(np.int32)
+    sc = blk[..., 192:208].copy().view(np.int8).astype(np.float32)
+    dd = blk[..., 208:].copy().view(np.float16).astype(np.float32)
+    codes = np.zeros((rows, blocks, 256), dtype=np.int32)
+    for h in range(2):
+        for ln in range(32):
+            a, b, c = ql[..., 64 * h + ln], ql[..., 64 * h + ln + 32], qh[..., 32 * h + ln]
+            codes[..., 128 * h + ln] = (a & 15) | (c & 3) << 4
+            codes[..., 128 * h + ln + 32] = (b & 15) | (c >> 2 & 3) << 4
+            codes[..., 128 * h + ln + 64] = (a >> 4) | (c >> 4 & 3) << 4
+            codes[..., 128 * h + ln + 96] = (b >> 4) | (c >> 6 & 3) << 4
+    mine = (dd * np.repeat(sc, 16, axis=-1)) * (codes - 32).astype(np.float32)
+    assert np.array_equal(mine.reshape(rows, -1).view(np.uint32), deq.view(np.uint32))
+    assert (codes[0, :2] == 0).all() and (codes[0, 2:] == 63).all()
+    assert 0 < abs(dd[2]).max() < 2.0 ** -14
+    save_file({"q6_k": q, "dequant": deq}, OUT_Q6_K,
+              metadata={"made_by": "tests/reference/make_quant_fixtures.py",
+                        "gguf": importlib.metadata.version("gguf")})
+    print(OUT_Q6_K, os.path.getsize(OUT_Q6_K), "bytes")
 
 
 def make_mxfp4():
@@ -311,9 +365,10 @@ def make_kv_fp8():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="q8_0,q4_1,q4_k,mxfp4,fp8,kv_fp8")
+    ap.add_argument("--only", default="q8_0,q4_1,q4_k,q6_k,mxfp4,fp8,kv_fp8")
     only = ap.parse_args().only.split(",")
-    for name, make in (("q8_0", make_q8_0), ("q4_1", make_q4_1), ("q4_k", make_q4_k), ("mxfp4", make_mxfp4), ("fp8", make_fp8),
+    for name, make in (("q8_0", make_q8_0), ("q4_1", make_q4_1), ("q4_k", make_q4_k), ("q6_k", make_q6_k),
+                       ("mxfp4", make_mxfp4), ("fp8", make_fp8),
                        ("kv_fp8", make_kv_fp8)):
         if name in only:
             make()

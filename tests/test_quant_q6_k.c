@@ -1,0 +1,176 @@
+/* test_quant_q6_k.c - six-bit weights (MOE_DTYPE_Q6_K, runtime/core/tensor.h):
+ * the rows dequantize to gguf-py's values bit for bit (a committed fixture
+ * of random blocks, tests/reference/make_quant_fixtures.py) and to the
+ * format's element formulas on a block packed here; moe_quantize_row_q6_k
+ * stores each value's nearest code, beats the plain absmax rule's error
+ * and refuses what it must. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/model/safetensors.h"
+#include "tests/testutil.h"
+
+enum { B = MOE_Q6_K_BLOCK };
+
+/* gguf-py's dequantization of random blocks (every scale -128 and 127
+ * with codes 0 and 63, every scale 0, a subnormal d, random heads of
+ * either sign) is moerun's, value for value and bit for bit, through
+ * moe_convert_row_f32 and through the per-element moe_q6_k_code and
+ * moe_q6_k_scale. */
+Test(quant_q6_k, blocks_read_as_gguf_py)
+{
+    struct moe_safetensors st = {0};
+    cr_assert_eq(moe_safetensors_open_file(&st, FIXTURE_DIR "/quant/q6_k.safetensors"), MOE_OK, "%s",
+                 moe_last_error());
+    const struct moe_st_tensor *q = moe_safetensors_find(&st, "q6_k"), *d = moe_safetensors_find(&st, "dequant");
+    cr_assert(q && d);
+    const int R = (int)d->shape[0], K = (int)d->shape[1];
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, (size_t)K);
+    cr_assert_eq(rb, (size_t)K / 256 * 210);
+    cr_assert_eq((size_t)q->shape[1], rb, "ggml blocks: 210 bytes per 256 values");
+    float *back = malloc((size_t)K * sizeof(float));
+    for (int r = 0; r < R; r++) {
+        const unsigned char *row = (const unsigned char *)q->data + (size_t)r * rb;
+        moe_convert_row_f32(back, row, MOE_DTYPE_Q6_K, (size_t)K);
+        const float *dq = (const float *)d->data + (size_t)r * K;
+        for (int k = 0; k < K; k++) {
+            cr_assert(tu_same_bits(back[k], dq[k]), "row %d value %d: %.9g, gguf-py %.9g", r, k, back[k], dq[k]);
+            const unsigned char *blk = row + (size_t)(k / B) * MOE_Q6_K_BYTES;
+            const float v = moe_q6_k_scale(blk, (unsigned)(k % B)) * (float)((int)moe_q6_k_code(blk, (unsigned)(k % B)) - 32);
+            cr_assert(tu_same_bits(v, dq[k]), "row %d value %d: code and scale give %.9g, gguf-py %.9g", r, k, v, dq[k]);
+        }
+    }
+    free(back);
+    moe_safetensors_close(&st);
+}
+
+/* A block packed here from the element formulas written out bit by bit:
+ * element e has code (7 e + 3) % 64, sub-block j the scale j - 8, d = -0.5
+ * (f16 0xB800): every code reads back, and every value is (-0.5 * (j -
+ * 8)) * (code - 32), exact. */
+Test(quant_q6_k, hand_packed_block_reads_its_codes)
+{
+    unsigned char b[MOE_Q6_K_BYTES];
+    memset(b, 0, sizeof b);
+    for (int e = 0; e < B; e++) {
+        const int c = (7 * e + 3) % 64, h = e / 128, i = e % 128;
+        const int ql = 64 * h + i % 64, nib = i / 64, qh = 128 + 32 * h + i % 32, sh = 2 * (i / 32);
+        b[ql] |= (unsigned char)((c & 15) << (4 * nib));
+        b[qh] |= (unsigned char)((c >> 4) << sh);
+    }
+    for (int j = 0; j < 16; j++) b[192 + j] = (unsigned char)(int8_t)(j - 8);
+    b[208] = 0x00, b[209] = 0xb8;
+    float out[B];
+    moe_convert_row_f32(out, b, MOE_DTYPE_Q6_K, B);
+    for (int e = 0; e < B; e++) {
+        const int c = (7 * e + 3) % 64;
+        cr_assert_eq((int)moe_q6_k_code(b, (unsigned)e), c, "element %d: code %u, want %d", e, moe_q6_k_code(b, (unsigned)e), c);
+        cr_assert_eq(out[e], -0.5f * (float)(e / 16 - 8) * (float)(c - 32), "element %d: %g", e, out[e]);
+    }
+    cr_expect_str_eq(moe_dtype_name(MOE_DTYPE_Q6_K), "Q6_K");
+    cr_expect_eq(moe_dtype_size(MOE_DTYPE_Q6_K), 1);
+    cr_expect_eq(moe_dtype_row_bytes(MOE_DTYPE_Q6_K, 1024), 840);
+    cr_expect_not(moe_dtype_is_q4(MOE_DTYPE_Q6_K), "the four-bit kernels must not read Q6_K");
+    cr_expect_not(moe_dtype_planes(MOE_DTYPE_Q6_K));
+}
+
+/* The plain absmax rule, the baseline: per sub-block s = v / -32 (v the
+ * value of largest magnitude), d = (the s of largest magnitude) / -128 in
+ * f16, sc = round(s / d), each code round(x / (d sc)) clamped. */
+static void absmax_row(float *back, const float *x, size_t n)
+{
+    for (size_t o = 0; o < n; o += B) {
+        float s[16], smax = 0;
+        for (int j = 0; j < 16; j++) {
+            float v = 0;
+            for (int i = 0; i < 16; i++) v = fabsf(x[o + 16 * j + i]) > fabsf(v) ? x[o + 16 * j + i] : v;
+            s[j] = v / -32.0f;
+            smax = fabsf(s[j]) > fabsf(smax) ? s[j] : smax;
+        }
+        const float d = moe_f16_to_f32(moe_f32_to_f16(smax / -128.0f));
+        for (int j = 0; j < 16; j++) {
+            const float sc = d != 0 ? fmaxf(-128.0f, fminf(127.0f, nearbyintf(s[j] / d))) : 0.0f, S = d * sc;
+            for (int i = 0; i < 16; i++) {
+                const float q = S != 0 ? fmaxf(-32.0f, fminf(31.0f, nearbyintf(x[o + 16 * j + i] / S))) : 0.0f;
+                back[o + 16 * j + i] = S * q;
+            }
+        }
+    }
+}
+
+static double rel_rms(const float *x, const float *back, size_t n)
+{
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        e += ((double)x[i] - back[i]) * ((double)x[i] - back[i]);
+        s += (double)x[i] * x[i];
+    }
+    return sqrt(e / s);
+}
+
+/* A standard normal draw (Box-Muller). */
+static float gauss(uint64_t *st)
+{
+    const double u = (tu_rand_u64(st) >> 11) * 0x1p-53 + 0x1p-54, v = (tu_rand_u64(st) >> 11) * 0x1p-53;
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* moe_quantize_row_q6_k: on Gaussian and uniform rows its relative RMS
+ * error is below the absmax rule's (printed); with awkward blocks added (a
+ * zero block, a constant one, an all-positive one, an outlier, tiny
+ * values, values near f16's range, a block of one nonzero value, fp32
+ * subnormals) every
+ * stored code is the nearest of the values its sub-block can hold (no
+ * neighbouring code nearer); values that are not finite, or a d past
+ * f16's range, are refused. */
+Test(quant_q6_k, quantize_row_stores_nearest_codes)
+{
+    enum { K = 65536 };
+    float *x = malloc(K * sizeof(float)), *back = malloc(K * sizeof(float)), *base = malloc(K * sizeof(float));
+    unsigned char *q = malloc(moe_dtype_row_bytes(MOE_DTYPE_Q6_K, K));
+    uint64_t st = 17;
+    for (int kind = 0; kind < 2; kind++) {
+        for (int i = 0; i < K; i++) x[i] = kind == 0 ? 0.02f * gauss(&st) : tu_rand_uniform(&st, -0.05f, 0.05f);
+        cr_assert(moe_quantize_row_q6_k(q, x, K));
+        moe_convert_row_f32(back, q, MOE_DTYPE_Q6_K, K);
+        absmax_row(base, x, K);
+        const double e = rel_rms(x, back, K), e0 = rel_rms(x, base, K);
+        cr_log_info("q6_k %s rows: relative RMS error %.5f, the absmax rule %.5f", kind ? "uniform" : "Gaussian", e, e0);
+        cr_expect(e < e0, "%s rows: error %.5f is not below the absmax rule's %.5f", kind ? "uniform" : "Gaussian", e, e0);
+
+        memset(x, 0, 16 * sizeof(float));
+        for (int i = 16; i < 32; i++) x[i] = -1.75f;
+        for (int i = 32; i < 48; i++) x[i] = 0.5f + 0.01f * (float)(i - 32);
+        x[300] = 0.9f;
+        for (int i = 512; i < 768; i++) x[i] *= 1e-6f;
+        for (int i = 768; i < 1024; i++) x[i] *= 1e5f;
+        for (int i = 1024; i < 1280; i++) x[i] = i == 1100 ? -3.0f : 0.0f;
+        for (int i = 1280; i < 1536; i++) x[i] = 1e-40f * (float)(i % 7 - 3);
+        cr_assert(moe_quantize_row_q6_k(q, x, K));
+        moe_convert_row_f32(back, q, MOE_DTYPE_Q6_K, K);
+        for (int k = 0; k < K; k++) {
+            const unsigned char *blk = q + (size_t)(k / B) * MOE_Q6_K_BYTES;
+            const int c = (int)moe_q6_k_code(blk, (unsigned)(k % B));
+            const float S = moe_q6_k_scale(blk, (unsigned)(k % B)), err = fabsf(x[k] - back[k]);
+            for (int o = c - 1; o <= c + 1; o += 2)
+                if (o >= 0 && o <= 63)
+                    cr_assert(err <= fabsf(x[k] - S * (float)(o - 32)), "value %d (%.9g): code %d (%.9g), code %d is nearer "
+                              "(%.9g)", k, x[k], c, back[k], o, S * (float)(o - 32));
+        }
+        for (int i = 0; i < 16; i++) cr_expect_eq(back[i], 0.0f, "the zero block: value %d %g", i, back[i]);
+        for (int i = 16; i < 32; i++) cr_expect(fabsf(back[i] + 1.75f) <= 1.75f * 1e-3f, "the constant block: %d %g", i, back[i]);
+        cr_expect(fabsf(back[1100] + 3.0f) <= 3.0f * 1e-3f, "a lone value: %g", back[1100]);
+    }
+    const float v[] = {NAN, INFINITY, -INFINITY, 3e8f, -3e8f};
+    for (int i = 0; i < 5; i++) {
+        for (int k = 0; k < 512; k++) x[k] = 0.01f * (float)(k % 7);
+        x[300] = v[i];
+        cr_expect_not(moe_quantize_row_q6_k(q, x, 512), "%g", v[i]);
+    }
+    x[300] = 2e8f; /* d = 2e8 / 28 / 128, within f16's range */
+    cr_expect(moe_quantize_row_q6_k(q, x, 512));
+    free(x), free(back), free(base), free(q);
+}
