@@ -3,14 +3,21 @@
  * of random blocks, tests/reference/make_quant_fixtures.py) and to the
  * format's element formulas on a block packed here; moe_quantize_row_q6_k
  * stores each value's nearest code, beats the plain absmax rule's error
- * and refuses what it must. */
+ * and refuses what it must; the fast kernel (runtime/cpu/gemm_q6_k.c)
+ * multiplies as the reference does to within the bound that quantizing
+ * the inputs to int8 allows, gives a row the same bits alone or in any
+ * batch, under every kernel set and split over threads, and NaN to a row
+ * holding a NaN or an infinity. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast.h"
 #include "runtime/model/safetensors.h"
+#include "tests/quant_test.h"
 #include "tests/testutil.h"
 
 enum { B = MOE_Q6_K_BLOCK };
@@ -173,4 +180,146 @@ Test(quant_q6_k, quantize_row_stores_nearest_codes)
     x[300] = 2e8f; /* d = 2e8 / 28 / 128, within f16's range */
     cr_expect(moe_quantize_row_q6_k(q, x, 512));
     free(x), free(back), free(base), free(q);
+}
+
+/* (N, D) random Q6_K weights (new memory): even rows quantized from
+ * uniform floats (row 0's first sub-blocks zero and constant), odd rows
+ * random bytes with finite f16 d of either sign, so every code and scale
+ * (-128 and 127 included) occurs. */
+static unsigned char *q6_k_weights(int N, int D, uint64_t seed)
+{
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, (size_t)D);
+    unsigned char *w = malloc((size_t)N * rb);
+    float *f = malloc((size_t)D * sizeof(float));
+    uint64_t st = seed;
+    for (int n = 0; n < N; n++) {
+        unsigned char *row = w + (size_t)n * rb;
+        if (n % 2 == 0) {
+            tu_fill_uniform(f, (size_t)D, seed + (uint64_t)n, -0.1f, 0.1f);
+            for (int j = 0; j < 32; j++) f[j] = n == 0 && j >= 16 ? 0.03f : 0.0f;
+            cr_assert(moe_quantize_row_q6_k(row, f, (size_t)D));
+            continue;
+        }
+        for (size_t i = 0; i < rb; i++) row[i] = (unsigned char)tu_rand_u64(&st);
+        for (size_t o = 0; o < rb; o += MOE_Q6_K_BYTES) {
+            const uint16_t h = moe_f32_to_f16(tu_rand_uniform(&st, -3e-4f, 3e-4f));
+            memcpy(row + o + 208, &h, 2);
+        }
+    }
+    free(f);
+    return w;
+}
+
+/* The bound on |fast - reference| for input row x against weight row wf
+ * (its D exact values): the fast kernel multiplies the input quantized
+ * per block of 32 (dx = max |x| / 127, |x - x^| <= dx / 2) by the
+ * weights, so it differs from the reference by sum_k w_k (x_k - x^_k), at
+ * most sum_k |w_k| dx_k / 2; plus fp32 rounding of both sums, taken as
+ * 1e-5 of sum_k |w_k x_k|. */
+static double q6_k_bound(const float *x, const float *wf, int D)
+{
+    double input = 0, mag = 0;
+    for (int b = 0; b < D / 32; b++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        const double dx = (double)amax / 127.0;
+        for (int j = 0; j < 32; j++) {
+            input += fabs((double)wf[32 * b + j]) * dx / 2;
+            mag += fabs((double)wf[32 * b + j] * x[32 * b + j]);
+        }
+    }
+    return input * (1 + 1e-6) + 1e-5 * mag + 1e-30;
+}
+
+/* The fast product over Q6_K weights for every T of a decode step and a
+ * batch, N not a multiple of any tile width, with and without bias: within
+ * q6_k_bound of the reference GEMM (moe_gemm_cpu: the weights dequantized,
+ * fp32 inputs); every kernel set the same bits; a row alone the same bits
+ * as in the batch; a row holding a NaN or an infinity gives NaN outputs
+ * and leaves the others' bits alone (qt_check_int8_invariants). */
+static void check_fast_q6_k(int D)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
+    const int Ts[] = {1, 2, 3, 4, 5, 7, 8, 63, 64, 65, 130}, Ns[] = {1, 13, 51};
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, (size_t)D);
+    double worst = 0;
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+        for (size_t c = 0; c < sizeof Ns / sizeof *Ns; c++) {
+            const int T = Ts[a], N = Ns[c];
+            const bool biased = (a + c) % 2 == 1;
+            unsigned char *w = q6_k_weights(N, D, (uint64_t)(T * 131 + N * 7 + D));
+            float *wf = malloc((size_t)N * D * sizeof(float)), *x = malloc((size_t)T * D * sizeof(float)),
+                  *ref = malloc((size_t)T * N * 4), *got = malloc((size_t)T * N * 4),
+                  *other = malloc((size_t)T * N * 4), *one = malloc((size_t)N * 4),
+                  *scratch = malloc((size_t)D * 64 * sizeof(float)), *bias = malloc((size_t)N * 4);
+            for (int n = 0; n < N; n++) moe_convert_row_f32(wf + (size_t)n * D, w + (size_t)n * rb, MOE_DTYPE_Q6_K, (size_t)D);
+            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
+            const struct moe_tensor *b = biased ? &bt : NULL;
+            tu_fill_uniform(x, (size_t)T * D, (uint64_t)(T + N + D), -1, 1);
+            for (int r = 0; r < T; r++) /* rows of other scales, and a zero block */
+                for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
+            memset(x, 0, 32 * sizeof(float));
+            moe_gemm_cpu(ref, N, x, D, w, MOE_DTYPE_Q6_K, N, D, T, b, scratch);
+            char what[96];
+            snprintf(what, sizeof what, "Q6_K gemm T=%d N=%d Din=%d%s", T, N, D, biased ? " +bias" : "");
+            moe_gemm_fast(MOE_CPU_ISA_AVX2, got, N, x, D, w, MOE_DTYPE_Q6_K, N, D, T, b);
+            for (int r = 0; r < T; r++)
+                for (int n = 0; n < N; n++) {
+                    const double bound = q6_k_bound(x + (size_t)r * D, wf + (size_t)n * D, D);
+                    const double g = got[(size_t)r * N + n], e = ref[(size_t)r * N + n];
+                    cr_assert(fabs(g - e) <= bound, "%s [%d,%d]: %.9g, reference %.9g: beyond the bound %.3g", what,
+                              r, n, g, e, bound);
+                    worst = fmax(worst, fabs(g - e) / bound);
+                }
+            qt_check_int8_invariants(what, best, x, D, w, MOE_DTYPE_Q6_K, N, T, b, got, other, one);
+            free(w), free(wf), free(x), free(ref), free(got), free(other), free(one), free(scratch), free(bias);
+        }
+    cr_log_info("Q6_K Din=%d: worst |fast - reference| %.2f of the bound", D, worst);
+}
+
+Test(quant_q6_k, fast_gemm_256) { check_fast_q6_k(256); }
+Test(quant_q6_k, fast_gemm_768) { check_fast_q6_k(768); }
+
+/* Large enough to split over the OpenMP team: moe_gemm_fast and
+ * moe_gemm_fast_multi (a Q6_K matrix beside a Q4_K one and a Q8_0 one, as
+ * a Q4_K_M-like mix gives an expert) give the bits the single-threaded
+ * rows give. */
+Test(quant_q6_k, parallel_products_match_the_rows)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
+    enum { T = 5, D = 512 };
+    const int N[3] = {389, 200, 131};
+    const enum moe_dtype dt[3] = {MOE_DTYPE_Q6_K, MOE_DTYPE_Q4_K, MOE_DTYPE_Q8_0};
+    unsigned char *w[3];
+    float *y[3], *want[3];
+    float *x = malloc((size_t)T * D * sizeof(float)), *f = malloc((size_t)D * sizeof(float));
+    tu_fill_uniform(x, (size_t)T * D, 99, -1, 1);
+    for (int i = 0; i < 3; i++) {
+        const size_t rb = moe_dtype_row_bytes(dt[i], D);
+        w[i] = malloc((size_t)N[i] * rb);
+        for (int n = 0; n < N[i]; n++) {
+            tu_fill_uniform(f, D, (uint64_t)(50 + 1000 * i + n), -0.1f, 0.1f);
+            unsigned char *row = w[i] + (size_t)n * rb;
+            cr_assert(i == 0 ? moe_quantize_row_q6_k(row, f, D) : i == 1 ? moe_quantize_row_q4_k(row, f, D)
+                                                                         : moe_quantize_row_q8_0(row, f, D));
+        }
+        y[i] = malloc((size_t)T * N[i] * 4);
+        want[i] = malloc((size_t)T * N[i] * 4);
+        moe_gemm_fast_rows(best, want[i], (size_t)N[i], x, D, T, w[i], dt[i], D, 0, N[i], NULL);
+        moe_gemm_fast(best, y[i], N[i], x, D, w[i], dt[i], N[i], D, T, NULL);
+        cr_expect(memcmp(y[i], want[i], (size_t)T * N[i] * 4) == 0, "%s: moe_gemm_fast differs from the rows",
+                  moe_dtype_name(dt[i]));
+        memset(y[i], 0, (size_t)T * N[i] * 4);
+    }
+    const void *wv[3] = {w[0], w[1], w[2]};
+    moe_gemm_fast_multi(best, 3, y, x, D, wv, dt, N, T, NULL);
+    for (int i = 0; i < 3; i++) {
+        cr_expect(memcmp(y[i], want[i], (size_t)T * N[i] * 4) == 0, "%s: moe_gemm_fast_multi differs from the rows",
+                  moe_dtype_name(dt[i]));
+        free(w[i]), free(y[i]), free(want[i]);
+    }
+    free(x), free(f);
 }

@@ -175,7 +175,7 @@ enum moe_dtype {
      * (d * sc[e / 16]) * (q - 32) in fp32, as gguf-py computes it: the
      * first product exact (11 by 8 significant bits), the second one
      * rounding.  6.5625 bits a weight; made by moe_quantize_row_q6_k;
-     * read by the CPU reference; not planes, so no
+     * read by the CPU kernels (fast and reference); not planes, so no
      * CUDA kernel reads it.  moe_dtype_size says 1; never parsed, written
      * to a file or repacked. */
     MOE_DTYPE_Q6_K,

@@ -6,7 +6,8 @@
  * gemm_q4.c (AVX2 instructions for both sets; on AVX-512 processors that
  * have AVX512-VNNI, Q8_0 weights take gemm_q8_vnni.c and four-bit weights
  * gemm_q4.c's VNNI instance; the AMX sets, where the processor has
- * AMX-INT8, take gemm_q8_amx.c and gemm_q4_amx.c for both). */
+ * AMX-INT8, take gemm_q8_amx.c and gemm_q4_amx.c for both), and Q6_K in
+ * gemm_q6_k.c (AVX2 instructions for every set). */
 #include "runtime/cpu/gemm_fast.h"
 
 #include <cpuid.h>
@@ -113,7 +114,9 @@ void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const 
             moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
         else
             moe_gemm_rows_panel_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
-    } else if (wt == MOE_DTYPE_Q8_0 && isa >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8())
+    } else if (wt == MOE_DTYPE_Q6_K)
+        moe_gemm_rows_q6_k_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    else if (wt == MOE_DTYPE_Q8_0 && isa >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8())
         moe_gemm_rows_q8_amx(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     else if (wt == MOE_DTYPE_Q8_0 && isa >= MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
         moe_gemm_rows_q8_vnni(y, ldy, x, ldx, T, w, Din, n0, n1, b);
@@ -150,8 +153,8 @@ static void split_shared(enum moe_cpu_isa isa, uint16_t *xs, size_t lds, const f
 /* Output rows per slice for N rows of weights wt against T input rows:
  * about 8 slices per thread, taken dynamically, so a thread the scheduler
  * delays (the machine may be shared) holds up little.  A multiple of 48
- * (whole tiles of either natural kernel set, and of the Q8_0 and four-bit
- * kernels) or, for panels, of the
+ * (whole tiles of either natural kernel set, and of the Q8_0, four-bit
+ * and Q6_K kernels) or, for panels, of the
  * outputs of the widest tile for T rows (only the last slice has an edge
  * tile), yet never fewer slices than threads while there are panels to
  * share. */

@@ -2,7 +2,7 @@
  *
  * Same contract as moe_gemm_cpu: y (T, N) = x (T, Din) . W^T (+ b), W (N, Din)
  * row-major in F32, F16, BF16, Q8_0, MXFP4, FP8_B128, Q4_1, Q4_G32,
- * Q4_G128 or Q4_K read in place.  The
+ * Q4_G128, Q4_K or Q6_K read in place.  The
  * fast kernels convert weights to fp32 in registers (bf16: u16 -> u32
  * shifted left by 16; f16: F16C; MXFP4: a nibble through a table, times
  * the block's scale; FP8_B128: an E4M3 byte made an f16 by a shift and a
@@ -46,6 +46,11 @@
  * vpdpbusd where the processor has it, the same integer sums, so the same
  * bits): an output is the quantized input row times the exactly
  * dequantized weights, to fp32 rounding.  Same bits alone or in any batch.
+ *
+ * Q6_K: the inputs quantized the same way, each run of 32 six-bit codes
+ * against an input block an exact integer sum scaled by its two int8
+ * sub-block scales (gemm_q6_k.c, AVX2 instructions for every set, AMX
+ * included, so the same bits everywhere; the same alone or in any batch).
  *
  * AMX (the `amx` sets): products over bf16 panels run on the tile units
  * (gemm_amx.c), each input row split once per call into bf16 parts: two
