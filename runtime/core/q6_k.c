@@ -6,8 +6,8 @@
  * stores:
  *   1. Per sub-block, a float scale s: the codes of x ~ s q for 7 grids
  *      (the value v of largest magnitude made -t, t = 28 .. 34, so the
- *      grid may clip v or leave room beside it; finer steps gained under
- *      0.3% of error for twice the time), each
+ *      grid may clip v or leave room beside it; finer grids gained little:
+ *      docs/results/2026-12-06-q6-k.md), each
  *      scale the least-squares fit to its codes, the best fit refitted
  *      once to the nearest codes of its own scale.  The least-squares
  *      error of codes q is sum x^2 - (sum x q)^2 / sum q^2, so the best
