@@ -41,7 +41,7 @@ void moe_experts_ffn_cpu(float *out, const float *x, const struct moe_dispatch *
                      moe_experts_bias_row(&ex->b_up, e, &vu), scratch);
         for (size_t i = 0; i < (size_t)c * F; i++) g[i] = moe_experts_act(g[i], u[i], ex->alpha, ex->limit);
         if (cdown) moe_experts_permute_rows(g, c, F, cdown, scratch);
-        moe_gemm_cpu(ws->ye + (size_t)r0 * D, D, g, F, ex->down[e], dt, D, F, c,
+        moe_gemm_cpu(ws->ye + (size_t)r0 * D, D, g, F, ex->down[e], moe_expert_down_dtype(ex, e), D, F, c,
                      moe_experts_bias_row(&ex->b_down, e, &vd), scratch);
     }
     if (plan->hi > 0) return; /* expert parallelism: the caller combines */

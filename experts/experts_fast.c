@@ -209,7 +209,7 @@ static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const st
         const int e = active[i / nd], r0 = plan->offsets[e], c = plan->counts[e];
         const float *act = ex->cols && ex->cols[2 * e + 1] ? ws->u : ws->g; /* permuted_rows */
         const int d0 = (i % nd) * ds, d1 = d0 + ds < D ? d0 + ds : D;
-        const struct wsrc down = {ex->down[e], NULL, moe_expert_dtype(ex, e), false};
+        const struct wsrc down = {ex->down[e], NULL, moe_expert_down_dtype(ex, e), false};
         struct moe_tensor vd;
         const struct xin in = {act + (size_t)r0 * F, (size_t)F, xs ? xs + (size_t)r0 * ldsf : NULL, ldsf};
         slice_product(isa, ws->ye + (size_t)r0 * D, (size_t)D, &in, c, &down, F, d0, d1,
@@ -235,7 +235,8 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
 
     uint16_t *xs = NULL;
     for (int i = 0; i < na && !xs; i++)
-        if (moe_gemm_split_wanted(isa, moe_expert_dtype(ex, active[i]))) {
+        if (moe_gemm_split_wanted(isa, moe_expert_dtype(ex, active[i])) ||
+            moe_gemm_split_wanted(isa, moe_expert_down_dtype(ex, active[i]))) {
             xs = moe_gemm_split_buffer(isa, (size_t)n, D > F ? D : F);
             MOE_ASSERT(xs && "experts: out of memory for the split inputs");
         }

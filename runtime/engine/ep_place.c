@@ -283,14 +283,17 @@ enum moe_status moe_ep_slot_view(const struct moe_ep *ep, int l, const struct mo
     out->gate = calloc((size_t)n, sizeof *out->gate);
     out->up = calloc((size_t)n, sizeof *out->up);
     out->down = calloc((size_t)n, sizeof *out->down);
-    out->dtypes = NULL;
+    out->dtypes = out->down_dtypes = NULL;
     out->cols = NULL;
     out->b_gate.data = out->b_up.data = out->b_down.data = NULL;
     enum moe_dtype *dt = x->dtypes ? malloc((size_t)n * sizeof *dt) : NULL;
+    enum moe_dtype *ddt = x->down_dtypes ? malloc((size_t)n * sizeof *ddt) : NULL;
     const int32_t **cols = x->cols ? calloc(2 * (size_t)n, sizeof *cols) : NULL;
     out->dtypes = dt;
+    out->down_dtypes = ddt;
     out->cols = cols;
-    if (!out->gate || !out->up || !out->down || (x->dtypes && !dt) || (x->cols && !cols)) {
+    if (!out->gate || !out->up || !out->down || (x->dtypes && !dt) || (x->down_dtypes && !ddt) ||
+        (x->cols && !cols)) {
         moe_ep_slot_view_free(out);
         return moe_fail(MOE_ERR_NOMEM, "expert parallelism: a slot view");
     }
@@ -300,6 +303,7 @@ enum moe_status moe_ep_slot_view(const struct moe_ep *ep, int l, const struct mo
         out->up[s] = x->up[e];
         out->down[s] = x->down[e];
         if (dt) dt[s] = x->dtypes[e];
+        if (ddt) ddt[s] = x->down_dtypes[e];
         if (cols) cols[2 * s] = x->cols[2 * e], cols[2 * s + 1] = x->cols[2 * e + 1];
     }
     enum moe_status st = bias_view(&x->b_gate, pl->expert, n, &out->b_gate);
@@ -315,6 +319,7 @@ void moe_ep_slot_view_free(struct moe_expert_weights *v)
     free(v->up);
     free(v->down);
     free((void *)v->dtypes);
+    free((void *)v->down_dtypes);
     free(v->cols);
     free(v->b_gate.data);
     free(v->b_up.data);

@@ -578,11 +578,12 @@ static void stored_bytes(const struct moe_model *m, struct moe_model_sizes *z, i
         z->bytes_norm += tb(by, &w->attn_norm) + tb(by, &w->ffn_norm);
         if (c->layer_moe[l]) {
             for (int e = 0; e < E; e++) {
-                const enum moe_dtype et = moe_expert_dtype(&w->experts, e);
-                const int64_t eb = 2 * F * (int64_t)moe_dtype_row_bytes(et, (size_t)D) +
-                                   D * (int64_t)moe_dtype_row_bytes(et, (size_t)F);
-                z->bytes_experts += eb;
-                if (by) by[et] += eb;
+                const enum moe_dtype et = moe_expert_dtype(&w->experts, e),
+                                     dt = moe_expert_down_dtype(&w->experts, e);
+                const int64_t gb = 2 * F * (int64_t)moe_dtype_row_bytes(et, (size_t)D),
+                              db = D * (int64_t)moe_dtype_row_bytes(dt, (size_t)F);
+                z->bytes_experts += gb + db;
+                if (by) by[et] += gb, by[dt] += db;
             }
             z->bytes_experts += tb(by, &w->experts.b_gate) + tb(by, &w->experts.b_up) +
                                tb(by, &w->experts.b_down);
@@ -677,16 +678,16 @@ int64_t moe_model_expert_bytes(const struct moe_model *m, int *weight_bytes)
     for (int l = 0; l < c->n_layers && m->layers; l++) {
         const struct moe_expert_weights *x = &m->layers[l].experts;
         if (!c->layer_moe[l] || !x->gate) continue;
-        if (!x->dtypes && (x->dtype == MOE_DTYPE_F32 || x->dtype == MOE_DTYPE_F16 || x->dtype == MOE_DTYPE_BF16 ||
+        if (!x->dtypes && !x->down_dtypes && (x->dtype == MOE_DTYPE_F32 || x->dtype == MOE_DTYPE_F16 || x->dtype == MOE_DTYPE_BF16 ||
                            x->dtype == MOE_DTYPE_BF16_PANEL)) /* panels: bf16 repacked */
             *weight_bytes = (int)moe_dtype_size(x->dtype);
         /* a mixed layer (per-expert plan): the mean over its experts */
         int64_t sum = 0;
-        const int n = x->dtypes ? c->n_experts : 1;
+        const int n = x->dtypes || x->down_dtypes ? c->n_experts : 1;
         for (int e = 0; e < n; e++) {
-            const enum moe_dtype dt = moe_expert_dtype(x, e);
+            const enum moe_dtype dt = moe_expert_dtype(x, e), ddt = moe_expert_down_dtype(x, e);
             sum += 2 * (int64_t)c->d_expert * (int64_t)moe_dtype_row_bytes(dt, (size_t)c->d_model) +
-                   (int64_t)c->d_model * (int64_t)moe_dtype_row_bytes(dt, (size_t)c->d_expert);
+                   (int64_t)c->d_model * (int64_t)moe_dtype_row_bytes(ddt, (size_t)c->d_expert);
         }
         return sum / n;
     }

@@ -39,6 +39,11 @@ struct moe_expert_weights {
      * prepare_model, which owns it; dtype is then expert 0's), else NULL;
      * read through moe_expert_dtype */
     const enum moe_dtype *dtypes;
+    /* (E) each expert's down matrix's own dtype where it differs from its
+     * gate and up (--quantize q4_k_m keeps some layers' down projections
+     * at six bits: set by the CPU backend's prepare_model, which owns it),
+     * else NULL; read through moe_expert_down_dtype */
+    const enum moe_dtype *down_dtypes;
     const void **gate;     /* (E) -> (F, D) row-major */
     const void **up;       /* (E) -> (F, D) */
     const void **down;     /* (E) -> (D, F) */
@@ -58,6 +63,12 @@ struct moe_expert_weights {
 static inline enum moe_dtype moe_expert_dtype(const struct moe_expert_weights *x, int e)
 {
     return x->dtypes ? x->dtypes[e] : x->dtype;
+}
+
+/* The dtype of expert e's down matrix (its gate and up: moe_expert_dtype). */
+static inline enum moe_dtype moe_expert_down_dtype(const struct moe_expert_weights *x, int e)
+{
+    return x->down_dtypes ? x->down_dtypes[e] : moe_expert_dtype(x, e);
 }
 
 struct moe_layer_weights {
