@@ -232,7 +232,23 @@ enum moe_weight_quant {
     MOE_QUANT_Q4,   /* the same weights but the LM head to ggml's Q4_1, the LM head
                        to Q8_0 (as llama.cpp's four-bit presets keep the output
                        layer at six bits or more) */
+    MOE_QUANT_Q4_K_M, /* q4, but with llama.cpp's Q4_K_M choices (CPU backends;
+                         moe_quant_q4_k_m_dtype): the down projections and
+                         attention V of some layers, and the LM head, at Q6_K */
 };
+
+/* Under --quantize q4_k_m, the dtype a matrix with rows of K values takes
+ * instead of q4's, or MOE_DTYPE_N when it takes q4's: llama.cpp's Q4_K_M
+ * rule (llama_tensor_get_type) with layer l of n (the layers that have
+ * such a matrix) "using more bits" when l < n/8, l >= 7n/8 or (l - n/8) %
+ * 3 == 2.  down: a down projection (an expert's, the shared expert's, a
+ * dense feed-forward's); v, k: attention's value and key projections;
+ * lm_head: the LM head.  Q6_K for down and v in the layers using more bits
+ * and the LM head; Q8_0 for v and k in every layer when the model has 8
+ * experts (as llama.cpp does for Mixtral-like models); Q8_0 where Q6_K's
+ * rows of 256 do not fit K. */
+enum moe_q4_k_m_part { MOE_Q4KM_DOWN, MOE_Q4KM_V, MOE_Q4KM_K, MOE_Q4KM_LM_HEAD };
+enum moe_dtype moe_quant_q4_k_m_dtype(enum moe_q4_k_m_part part, int l, int n, int n_experts, int64_t K);
 
 #define MOE_EXPERT_QUANT_DEFAULT 255 /* moe_backend_opts.expert_quant: follow quant */
 

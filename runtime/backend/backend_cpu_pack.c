@@ -20,8 +20,10 @@
  * each expert in the pass of its own format), then PACK_PANELS over what
  * is still bf16 (the routers, experts the plan keeps).  Each writes its
  * own arena.  PACK_Q4 makes Q4_K of a matrix whose rows are multiples of
- * 256 long (an expert: of its three matrices, so one dtype an expert),
- * Q4_1 of the others. */
+ * 256 long (an expert: of its three matrices), Q4_1 of the others; under
+ * q4_k_m it makes the matrices moe_quant_q4_k_m_dtype names Q6_K or Q8_0
+ * instead (an expert's down matrix: then the table's down_dtypes), and
+ * PACK_Q8_0 the LM head Q6_K where its rows allow. */
 enum pack_kind { PACK_Q8_0, PACK_Q4, PACK_PANELS };
 static enum moe_dtype pack_dtype(enum pack_kind k, int64_t K)
 {
@@ -35,13 +37,26 @@ static enum moe_dtype pack_dtype(enum pack_kind k, int64_t K)
 static bool pass_takes(enum pack_kind kind, const struct moe_backend *be, bool lm_head)
 {
     if (kind == PACK_PANELS) return true;
-    if (kind == PACK_Q4) return be->quant == MOE_QUANT_Q4 && !lm_head;
-    return be->quant == MOE_QUANT_Q8_0 || (be->quant == MOE_QUANT_Q4 && lm_head);
+    const bool q4 = be->quant == MOE_QUANT_Q4 || be->quant == MOE_QUANT_Q4_K_M;
+    if (kind == PACK_Q4) return q4 && !lm_head;
+    return be->quant == MOE_QUANT_Q8_0 || (q4 && lm_head);
 }
 static bool pass_takes_expert(enum pack_kind kind, const struct moe_backend *be, int l, int e)
 {
     if (kind == PACK_PANELS) return true;
-    return moe_backend_expert_quant(be, l, e) == (kind == PACK_Q4 ? MOE_QUANT_Q4 : MOE_QUANT_Q8_0);
+    const enum moe_weight_quant q = moe_backend_expert_quant(be, l, e);
+    return kind == PACK_Q4 ? q == MOE_QUANT_Q4 || q == MOE_QUANT_Q4_K_M : q == MOE_QUANT_Q8_0;
+}
+
+/* What a matrix (N, K) that a quantization pass takes becomes: the pass's
+ * dtype, or under q4_k_m the one moe_quant_q4_k_m_dtype names for its part
+ * (part < 0: none) of layer l of n. */
+static enum moe_dtype quant_to(enum pack_kind kind, const struct moe_backend *be, const struct moe_model *m,
+                               int part, int l, int n, int64_t K, enum moe_dtype to)
+{
+    if (kind == PACK_PANELS || be->quant != MOE_QUANT_Q4_K_M || part < 0) return to;
+    const enum moe_dtype km = moe_quant_q4_k_m_dtype((enum moe_q4_k_m_part)part, l, n, m->cfg.n_experts, K);
+    return km == MOE_DTYPE_N ? to : km;
 }
 
 /* One matrix to repack: a tensor view, or one entry of a layer's expert
@@ -55,6 +70,7 @@ struct pack_item {
     enum moe_dtype dt;
     int N, K;
     enum moe_dtype to;                 /* what it becomes (quantization) */
+    bool down;                         /* an expert entry's down matrix */
     int layer;                         /* for messages; -1 for the LM head */
     size_t off;                        /* into the arena */
     bool keep_source;                  /* another view still reads the source rows */
@@ -86,14 +102,24 @@ static void layer_matrices(struct moe_layer_weights *w, struct moe_tensor *ts[LA
     memcpy(ts, all, sizeof all);
 }
 
-static void add_tensor(enum pack_kind kind, struct pack_item *items, size_t *n, struct moe_tensor *t,
-                       int layer)
+/* part, l, n: as quant_to's */
+static void add_tensor(enum pack_kind kind, const struct moe_backend *be, const struct moe_model *m,
+                       struct pack_item *items, size_t *n, struct moe_tensor *t, int layer, int part, int l,
+                       int nl)
 {
     if (!t->data || t->ndim != 2 || !packable(kind, t->dtype, t->shape[0], t->shape[1])) return;
     if (items) items[*n] = (struct pack_item){.t = t, .src = t->data, .dt = t->dtype,
                                               .N = (int)t->shape[0], .K = (int)t->shape[1],
-                                              .to = pack_dtype(kind, t->shape[1]), .layer = layer};
+                                              .to = quant_to(kind, be, m, part, l, nl, t->shape[1],
+                                                             pack_dtype(kind, t->shape[1])),
+                                              .layer = layer};
     ++*n;
+}
+
+/* The q4_k_m part of the layer matrix ts[i] (layer_matrices' order), or -1. */
+static int km_part(int i)
+{
+    return i == 2 ? MOE_Q4KM_V : i == 1 ? MOE_Q4KM_K : i == 8 || i == 12 ? MOE_Q4KM_DOWN : -1;
 }
 
 /* The repackable matrices of m in a fixed order: the LM head, then per
@@ -108,18 +134,21 @@ static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, stru
     const int E = c->n_experts, D = c->d_model, F = c->d_expert;
     size_t n = 0;
     if (pass_takes(kind, be, true)) /* first: the largest, so the team ends together */
-        add_tensor(kind, items, &n, &m->lm_head, -1);
+        add_tensor(kind, be, m, items, &n, &m->lm_head, -1, MOE_Q4KM_LM_HEAD, 0, 1);
     if (items && n == 1 && moe_model_head_tied(m))
         items[0].keep_source = true; /* tied: the embedding reads the same rows */
     const bool dense = pass_takes(kind, be, false);
-    if (dense) add_tensor(kind, items, &n, &m->mtp_eh_proj, 0); /* a multi-token-prediction module's input */
+    if (dense) add_tensor(kind, be, m, items, &n, &m->mtp_eh_proj, 0, -1, 0, 1); /* a multi-token-prediction module's input */
+    int n_v = 0, i_v = 0; /* layers with attention's V projection (q4_k_m counts them apart) */
+    for (int l = 0; l < c->n_layers; l++) n_v += m->layers[l].wv.data != NULL;
     for (int l = 0; l < c->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
         struct moe_tensor *ts[LAYER_MATRICES];
         layer_matrices(w, ts);
         for (int i = 0; i < LAYER_MATRICES && dense; i++)
             if (kind == PACK_PANELS || (ts[i] != &w->router && ts[i] != &w->sh_router))
-                add_tensor(kind, items, &n, ts[i], l);
+                add_tensor(kind, be, m, items, &n, ts[i], l, km_part(i), i < 3 ? i_v : l, i < 3 ? n_v : c->n_layers);
+        i_v += w->wv.data != NULL;
         struct moe_expert_weights *x = &w->experts;
         if (E <= 0 || !x->gate) continue;
         for (int e = 0; e < E; e++) {
@@ -129,11 +158,12 @@ static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, stru
                 continue;
             const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
             const enum moe_dtype to = kind == PACK_Q4 ? moe_q4_quant_expert_dtype(D, F) : pack_dtype(kind, D);
+            const enum moe_dtype to_down = quant_to(kind, be, m, MOE_Q4KM_DOWN, l, c->n_layers, F, to);
             for (int i = 0; i < 3; i++, n++)
                 if (items)
                     items[n] = (struct pack_item){.table = x, .expert = e, .slot = slots[i], .src = *slots[i],
-                                                  .dt = dt, .N = i < 2 ? F : D, .K = i < 2 ? D : F, .to = to,
-                                                  .layer = l};
+                                                  .dt = dt, .N = i < 2 ? F : D, .K = i < 2 ? D : F,
+                                                  .to = i < 2 ? to : to_down, .down = i == 2, .layer = l};
         }
     }
     return n;
@@ -143,7 +173,8 @@ static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, stru
  * are not: the loader makes them, in memory the model owns). */
 static bool packed_dtype(enum moe_dtype dt)
 {
-    return dt == MOE_DTYPE_BF16_PANEL || dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_1 || dt == MOE_DTYPE_Q4_K;
+    return dt == MOE_DTYPE_BF16_PANEL || dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_1 || dt == MOE_DTYPE_Q4_K ||
+           dt == MOE_DTYPE_Q6_K;
 }
 
 /* A weight of m in panels or quantized, or NULL when it has none. */
@@ -155,6 +186,7 @@ static const void *some_packed(struct moe_model *m)
             for (int e = 0; e < m->cfg.n_experts; e++)
                 if (w->experts.gate[e]) return w->experts.gate[e];
         if (w->experts.dtypes) return w->experts.dtypes; /* a plan's tables, in an arena */
+        if (w->experts.down_dtypes) return w->experts.down_dtypes; /* q4_k_m's */
         struct moe_tensor *ts[LAYER_MATRICES];
         layer_matrices(w, ts);
         for (int i = 0; i < LAYER_MATRICES; i++)
@@ -175,8 +207,8 @@ static bool packed_bytes(enum pack_kind kind, const struct pack_item *it, size_t
     return true;
 }
 
-/* Quantizes item it into dst (it->to: Q8_0, Q4_1 or Q4_K); false when a
- * value is not finite. */
+/* Quantizes item it into dst (it->to: Q8_0, Q4_1, Q4_K or Q6_K); false
+ * when a value is not finite. */
 static bool quantize_item(char *dst, const struct pack_item *it)
 {
     const enum moe_dtype to = it->to;
@@ -188,7 +220,8 @@ static bool quantize_item(char *dst, const struct pack_item *it)
     for (int n = 0; n < it->N && ok; n++) {
         moe_convert_row_f32(row, (const char *)it->src + (size_t)n * src_row, it->dt, (size_t)it->K);
         char *d = dst + (size_t)n * dst_row;
-        ok = to == MOE_DTYPE_Q4_K   ? moe_quantize_row_q4_k(d, row, (size_t)it->K)
+        ok = to == MOE_DTYPE_Q6_K   ? moe_quantize_row_q6_k(d, row, (size_t)it->K)
+             : to == MOE_DTYPE_Q4_K ? moe_quantize_row_q4_k(d, row, (size_t)it->K)
              : to == MOE_DTYPE_Q4_1 ? moe_quantize_row_q4_1(d, row, (size_t)it->K)
                                     : moe_quantize_row_q8_0(d, row, (size_t)it->K);
     }
@@ -258,7 +291,7 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
     }
     if (bad >= 0) {
         const struct pack_item *it = &items[bad];
-        const char *q = kind == PACK_Q4 ? "q4" : "q8_0";
+        const char *q = be->quant == MOE_QUANT_Q4_K_M ? "q4_k_m" : kind == PACK_Q4 ? "q4" : "q8_0";
         s = it->layer < 0 ? moe_fail(MOE_ERR_FORMAT, "--quantize %s: the LM head holds a value that "
                                      "is not finite (or cannot be allocated)", q)
                           : moe_fail(MOE_ERR_FORMAT, "--quantize %s: a (%d, %d) weight of layer %d holds "
@@ -277,7 +310,9 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
             it->t->dtype = to;
         } else {
             *it->slot = arena + it->off;
-            if (it->table->dtypes) {
+            if (it->down && it->table->down_dtypes) {
+                ((enum moe_dtype *)it->table->down_dtypes)[it->expert] = to; /* this backend's (down_tables) */
+            } else if (it->table->dtypes) {
                 ((enum moe_dtype *)it->table->dtypes)[it->expert] = to; /* this backend's (mixed_tables) */
                 it->table->dtype = it->table->dtypes[0];
             } else {
@@ -294,29 +329,60 @@ fail:
     return s;
 }
 
+/* (L, E) dtypes for the experts' tables of m, in memory c owns (an arena
+ * entry: freed with the weights); NULL when out of memory. */
+static enum moe_dtype *dtype_tables(struct cpu_ctx *c, const struct moe_config *cfg)
+{
+    size_t bytes;
+    if (!moe_mul_size((size_t)cfg->n_layers * (size_t)(cfg->n_experts > 0 ? cfg->n_experts : 1),
+                      sizeof(enum moe_dtype), &bytes))
+        return NULL;
+    struct cpu_arena *arenas = realloc(c->arenas, ((size_t)c->n_arenas + 1) * sizeof *arenas);
+    if (!arenas) return NULL;
+    c->arenas = arenas;
+    enum moe_dtype *all = malloc(bytes);
+    if (all) c->arenas[c->n_arenas++] = (struct cpu_arena){(char *)all, bytes};
+    return all;
+}
+
 /* A per-expert plan: checks it against m (its layers and experts) and
  * gives each MoE layer's table its own dtypes (E), all the table's dtype
- * for now, in memory c owns (an arena entry: freed with the weights). */
+ * for now. */
 static enum moe_status mixed_tables(struct cpu_ctx *c, struct moe_model *m, const struct moe_backend *be)
 {
     const struct moe_config *cfg = &m->cfg;
     const int E = cfg->n_experts;
     MOE_TRY(moe_backend_check_expert_plan(be, m));
-    size_t bytes;
-    if (!moe_mul_size((size_t)cfg->n_layers * (size_t)(E > 0 ? E : 1), sizeof(enum moe_dtype), &bytes))
-        return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert dtype tables");
-    struct cpu_arena *arenas = realloc(c->arenas, ((size_t)c->n_arenas + 1) * sizeof *arenas);
-    if (!arenas) return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert dtype tables");
-    c->arenas = arenas;
-    enum moe_dtype *all = malloc(bytes);
+    enum moe_dtype *all = dtype_tables(c, cfg);
     if (!all) return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert dtype tables");
-    c->arenas[c->n_arenas++] = (struct cpu_arena){(char *)all, bytes};
     for (int l = 0; l < cfg->n_layers; l++) {
         struct moe_expert_weights *x = &m->layers[l].experts;
         if (!cfg->layer_moe[l] || !x->gate) continue;
         enum moe_dtype *d = all + (size_t)l * E;
         for (int e = 0; e < E; e++) d[e] = x->dtype;
         x->dtypes = d;
+    }
+    return MOE_OK;
+}
+
+/* q4_k_m: each MoE layer whose down projections take another dtype than
+ * their gate and up gets its own down_dtypes (E), the experts' dtypes for
+ * now (the passes set them). */
+static enum moe_status down_tables(struct cpu_ctx *c, struct moe_model *m, const struct moe_backend *be)
+{
+    const struct moe_config *cfg = &m->cfg;
+    const int E = cfg->n_experts;
+    if (be->quant != MOE_QUANT_Q4_K_M || E <= 0) return MOE_OK;
+    enum moe_dtype *all = dtype_tables(c, cfg);
+    if (!all) return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert down dtype tables");
+    for (int l = 0; l < cfg->n_layers; l++) {
+        struct moe_expert_weights *x = &m->layers[l].experts;
+        if (!cfg->layer_moe[l] || !x->gate ||
+            moe_quant_q4_k_m_dtype(MOE_Q4KM_DOWN, l, cfg->n_layers, E, cfg->d_expert) == MOE_DTYPE_N)
+            continue;
+        enum moe_dtype *d = all + (size_t)l * E;
+        for (int e = 0; e < E; e++) d[e] = moe_expert_dtype(x, e);
+        x->down_dtypes = d;
     }
     return MOE_OK;
 }
@@ -333,6 +399,7 @@ enum moe_status moe_cpu_pack_model(struct cpu_ctx *c, const struct moe_backend *
                             "repacked or quantized for another backend; load it again for this one");
     } else {
         if (be->expert_quant) MOE_TRY(mixed_tables(c, m, be));
+        MOE_TRY(down_tables(c, m, be));
         MOE_TRY(pack_model(c, m, PACK_Q4, be));
         MOE_TRY(pack_model(c, m, PACK_Q8_0, be));
         if (c->panels) MOE_TRY(pack_model(c, m, PACK_PANELS, be));

@@ -627,6 +627,9 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: %s (%s) has no CUDA kernels yet; use --backend cpu",
                         l4, cfg->architecture);
     if (m->embed.device >= 0) return MOE_OK; /* already on the device */
+    if (be->quant == MOE_QUANT_Q4_K_M)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --quantize q4_k_m is not supported (no Q6_K kernels "
+                        "yet); use q4");
     if (has_dtype(m, is_mxfp4))
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "
                         "supported");

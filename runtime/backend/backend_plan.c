@@ -4,6 +4,16 @@
 #include "runtime/backend/backend.h"
 #include "runtime/model/model.h"
 
+enum moe_dtype moe_quant_q4_k_m_dtype(enum moe_q4_k_m_part part, int l, int n, int n_experts, int64_t K)
+{
+    const bool more = l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2;
+    enum moe_dtype dt = MOE_DTYPE_N;
+    if (part == MOE_Q4KM_LM_HEAD || (more && (part == MOE_Q4KM_DOWN || part == MOE_Q4KM_V)))
+        dt = MOE_DTYPE_Q6_K;
+    if (n_experts == 8 && (part == MOE_Q4KM_V || part == MOE_Q4KM_K)) dt = MOE_DTYPE_Q8_0;
+    return dt == MOE_DTYPE_Q6_K && K % MOE_Q6_K_BLOCK ? MOE_DTYPE_Q8_0 : dt;
+}
+
 enum moe_weight_quant moe_backend_expert_quant(const struct moe_backend *be, int l, int e)
 {
     const uint8_t p = be->expert_quant && l >= 0 && e >= 0 && l < be->expert_quant_layers && e < be->expert_quant_e

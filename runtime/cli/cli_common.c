@@ -381,13 +381,14 @@ enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes)
 
 const char *moe_cli_quant_name(enum moe_weight_quant q)
 {
-    return q == MOE_QUANT_Q8_0 ? "q8_0" : q == MOE_QUANT_Q4 ? "q4" : "none";
+    return q == MOE_QUANT_Q8_0 ? "q8_0" : q == MOE_QUANT_Q4 ? "q4" : q == MOE_QUANT_Q4_K_M ? "q4_k_m" : "none";
 }
 
 bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out)
 {
     if (!strcasecmp(s, "q8_0")) *out = MOE_QUANT_Q8_0;
     else if (!strcasecmp(s, "q4")) *out = MOE_QUANT_Q4;
+    else if (!strcasecmp(s, "q4_k_m")) *out = MOE_QUANT_Q4_K_M;
     else if (!strcasecmp(s, "none")) *out = MOE_QUANT_NONE;
     else return false;
     return true;
@@ -467,7 +468,7 @@ void moe_cli_backend_opts(struct moe_backend_opts *o, long threads)
 
 void moe_cli_isa_for_quant(struct moe_backend_opts *o)
 {
-    if (getenv("MOERUN_CPU_ISA") || (o->quant != MOE_QUANT_Q8_0 && o->quant != MOE_QUANT_Q4)) return;
+    if (getenv("MOERUN_CPU_ISA") || o->quant == MOE_QUANT_NONE) return;
     if (moe_cpu_isa_detect() >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8()) o->cpu_isa_max = MOE_CPU_ISA_AMX;
 }
 

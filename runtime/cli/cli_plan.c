@@ -44,6 +44,7 @@
 #include "runtime/cli/cli_opts.h"
 #include "kvcache/kvcache.h"
 #include "runtime/cli/plan_ep.h"
+#include "runtime/cli/plan_quant.h"
 #include "runtime/cli/plan_spec.h"
 #include "runtime/engine/engine.h"
 
@@ -239,41 +240,9 @@ static int plan_device(const struct plan_opts *o, struct device *dev, char *note
     return 0;
 }
 
-/* Whether --quantize q4 makes Q4_K (4.5 bits a weight) of a matrix pair
- * with rows of a and b values, on either backend; else Q4_1 (5 bits). */
-static bool q4_k_rows(int64_t a, int64_t b) { return moe_q4_quant_expert_dtype(a, b) == MOE_DTYPE_Q4_K; }
-
-/* The bytes of the parts --quantize quantizes: q8_0 at 9 bits a weight,
- * q4 at 5 (Q4_1) or, where rows are multiples of 256
- * (an attention's D and Hq Dh, a feed-forward's D and width), at 4.5
- * (Q4_K), with the LM head at 9; FP8, MXFP4 and four-bit checkpoint
- * matrices are read as stored, never requantized. */
-static void quant_sizes(const struct moe_config *cfg, enum moe_weight_quant q, struct moe_model_sizes *z)
-{
-    struct moe_config plain = *cfg;
-    plain.weights_fp8 = plain.experts_mxfp4 = false;
-    plain.q4_method = MOE_Q4_NONE;
-    struct moe_model_sizes p;
-    moe_config_sizes(&plain, 1, &p); /* parameters per part */
-    int64_t *parts[] = {&z->bytes_lm_head, &z->bytes_attn, &z->bytes_dense_ffn, &z->bytes_experts, &z->bytes_shared};
-    const int64_t params[] = {cfg->tie_embeddings ? p.bytes_embed : p.bytes_lm_head, p.bytes_attn,
-                              p.bytes_dense_ffn, p.bytes_experts, p.bytes_shared};
-    const bool st = cfg->weights_fp8 || cfg->q4_method != MOE_Q4_NONE;
-    const bool as_stored[] = {false, st, st, st || cfg->experts_mxfp4, st};
-    /* Q8_0: 36 bytes per 32 weights; Q4_1: 20; Q4_K: 144 per 256 (the LM head at Q8_0) */
-    const int64_t D = cfg->d_model;
-    const bool k[] = {false, q4_k_rows(D, (int64_t)cfg->n_heads * cfg->head_dim), q4_k_rows(D, cfg->d_ff),
-                      q4_k_rows(D, cfg->d_expert), q4_k_rows(D, cfg->d_shared)};
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-        if (!as_stored[i])
-            *parts[i] = q == MOE_QUANT_Q4 && i > 0 ? (k[i] ? params[i] * 9 / 16 : params[i] * 5 / 8) : params[i] * 9 / 8;
-    z->bytes_total = z->bytes_embed + z->bytes_lm_head + z->bytes_attn + z->bytes_dense_ffn + z->bytes_experts +
-                     z->bytes_shared + z->bytes_router + z->bytes_norm;
-}
-
 /* --expert-dtype-plan: the experts' bytes by their formats (stored: at the
  * size counted so far, stored_bytes for all; q8_0 9 bits a weight, q4 5,
- * or 4.5 where quant_sizes says Q4_K),
+ * or 4.5 where moe_plan_quant_sizes says Q4_K),
  * and the line of the report saying how many experts took which. */
 static char expert_plan_line[512];
 static int plan_expert_sizes(const struct plan_opts *o, const struct moe_config *cfg, enum moe_weight_quant q,
@@ -291,7 +260,7 @@ static int plan_expert_sizes(const struct plan_opts *o, const struct moe_config 
         return moe_cli_error("plan", "--expert-dtype-plan: the model has no experts");
     }
     const int64_t params = 3 * (int64_t)cfg->d_expert * cfg->d_model, stored = stored_bytes / n_moe / E;
-    const bool k = q4_k_rows(cfg->d_model, cfg->d_expert);
+    const bool k = moe_plan_q4_k_rows(cfg->d_model, cfg->d_expert);
     int64_t bytes = 0, count[3] = {0}; /* stored, q8_0, q4 */
     for (int l = 0; l < cfg->n_layers; l++) {
         if (!cfg->layer_moe[l]) continue;
@@ -334,7 +303,7 @@ static int plan_model(const struct plan_opts *o, struct moe_model *m, struct moe
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q);
     const int64_t stored_experts = z->bytes_experts;
-    if (q != MOE_QUANT_NONE) quant_sizes(&m->cfg, q, z);
+    if (q != MOE_QUANT_NONE) moe_plan_quant_sizes(&m->cfg, q, z);
     if (o->eng.expert_plan && plan_expert_sizes(o, &m->cfg, q, stored_experts, z)) return 1;
     return 0;
 }
@@ -377,7 +346,7 @@ static int plan_mtp(const struct plan_opts *o, const struct moe_config *target, 
     moe_config_sizes(&d->cfg, moe_dtype_size(wdt), z);
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->eng.quantize) (void)moe_cli_parse_quant(o->eng.quantize, &q);
-    if (q != MOE_QUANT_NONE) quant_sizes(&d->cfg, q, z);
+    if (q != MOE_QUANT_NONE) moe_plan_quant_sizes(&d->cfg, q, z);
     const int64_t eh = 2 * (int64_t)target->d_model * target->d_model;
     z->params_total += eh;
     z->params_active += eh;
