@@ -207,3 +207,88 @@ static inline void qt_check_int8_invariants(const char *what, enum moe_cpu_isa b
     free(mine);
 }
 
+/* A weight matrix (N, D) of dtype t made from seed, and the bound of
+ * |fast - reference| for input row x against weight row wf (its exact
+ * values; wrow its bytes). */
+typedef unsigned char *(*qt_weights_fn)(enum moe_dtype t, int N, int D, uint64_t seed);
+typedef double (*qt_bound_fn)(const float *x, const float *wf, const unsigned char *wrow, enum moe_dtype t, int D);
+
+/* The fast product over int8-route weights t (four-bit, Q6_K) for every T
+ * of a decode step and a batch, N not a multiple of any tile width, with
+ * and without bias: within bound of the reference GEMM (moe_gemm_cpu:
+ * exact dequantized weights, fp32 inputs), the AMX sets too where they
+ * run; every kernel set the same bits, a row alone the same bits as in the
+ * batch, a NaN or an infinity in a row NaN there only
+ * (qt_check_int8_invariants). */
+static inline void qt_check_fast_int8(enum moe_dtype t, int D, qt_weights_fn make, qt_bound_fn bound_of)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
+    const int Ts[] = {1, 2, 3, 4, 5, 7, 8, 63, 64, 65, 130}, Ns[] = {1, 13, 51};
+    const size_t rb = moe_dtype_row_bytes(t, (size_t)D);
+    double worst = 0;
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+        for (size_t c = 0; c < sizeof Ns / sizeof *Ns; c++) {
+            const int T = Ts[a], N = Ns[c];
+            const bool biased = (a + c) % 2 == 1;
+            unsigned char *w = make(t, N, D, (uint64_t)(T * 131 + N * 7 + D + (int)t));
+            float *wf = malloc((size_t)N * D * sizeof(float)), *x = malloc((size_t)T * D * sizeof(float)),
+                  *ref = malloc((size_t)T * N * 4), *got = malloc((size_t)T * N * 4),
+                  *other = malloc((size_t)T * N * 4), *one = malloc((size_t)N * 4),
+                  *scratch = malloc((size_t)D * 64 * sizeof(float)), *bias = malloc((size_t)N * 4);
+            for (int n = 0; n < N; n++) moe_convert_row_f32(wf + (size_t)n * D, w + (size_t)n * rb, t, (size_t)D);
+            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
+            const struct moe_tensor *b = biased ? &bt : NULL;
+            tu_fill_uniform(x, (size_t)T * D, (uint64_t)(T + N + D), -1, 1);
+            for (int r = 0; r < T; r++) /* rows of other scales, and a zero block */
+                for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
+            memset(x, 0, 32 * sizeof(float));
+            moe_gemm_cpu(ref, N, x, D, w, t, N, D, T, b, scratch);
+            char what[96];
+            snprintf(what, sizeof what, "%s gemm T=%d N=%d Din=%d%s", moe_dtype_name(t), T, N, D,
+                     biased ? " +bias" : "");
+            const bool amx = best >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8(); /* the AMX sets' tiles: bits of their own */
+            for (int s = 0; s < (amx ? 2 : 1); s++) {
+                float *y = s ? other : got;
+                moe_gemm_fast(s ? MOE_CPU_ISA_AMX : MOE_CPU_ISA_AVX2, y, N, x, D, w, t, N, D, T, b);
+                for (int r = 0; r < T; r++)
+                    for (int n = 0; n < N; n++) {
+                        const double bound = bound_of(x + (size_t)r * D, wf + (size_t)n * D, w + (size_t)n * rb, t, D);
+                        const double g = y[(size_t)r * N + n], e = ref[(size_t)r * N + n];
+                        cr_assert(fabs(g - e) <= bound, "%s%s [%d,%d]: %.9g, reference %.9g: beyond the bound %.3g",
+                                  what, s ? " amx" : "", r, n, g, e, bound);
+                        if (!s) worst = fmax(worst, fabs(g - e) / bound);
+                    }
+            }
+            qt_check_int8_invariants(what, best, x, D, w, t, N, T, b, got, other, one);
+            free(w), free(wf), free(x), free(ref), free(got), free(other), free(one), free(scratch), free(bias);
+        }
+    cr_log_info("%s Din=%d: worst |fast - reference| %.2f of the bound", moe_dtype_name(t), D, worst);
+}
+
+/* moe_gemm_fast and moe_gemm_fast_multi over the three matrices w (N[i],
+ * D) of dtypes dt against x (T, D), large enough to split over the OpenMP
+ * team, give the bits the single-threaded rows give (kernel set best). */
+static inline void qt_check_parallel_rows(enum moe_cpu_isa best, const float *x, int T, int D,
+                                          unsigned char *const w[3], const enum moe_dtype dt[3], const int N[3])
+{
+    float *y[3], *want[3];
+    for (int i = 0; i < 3; i++) {
+        y[i] = malloc((size_t)T * N[i] * 4);
+        want[i] = malloc((size_t)T * N[i] * 4);
+        moe_gemm_fast_rows(best, want[i], (size_t)N[i], x, D, T, w[i], dt[i], D, 0, N[i], NULL);
+        moe_gemm_fast(best, y[i], N[i], x, D, w[i], dt[i], N[i], D, T, NULL);
+        cr_expect(memcmp(y[i], want[i], (size_t)T * N[i] * 4) == 0, "%s: moe_gemm_fast differs from the rows",
+                  moe_dtype_name(dt[i]));
+        memset(y[i], 0, (size_t)T * N[i] * 4);
+    }
+    const void *wv[3] = {w[0], w[1], w[2]};
+    moe_gemm_fast_multi(best, 3, y, x, D, wv, dt, N, T, NULL);
+    for (int i = 0; i < 3; i++) {
+        cr_expect(memcmp(y[i], want[i], (size_t)T * N[i] * 4) == 0, "%s: moe_gemm_fast_multi differs from the rows",
+                  moe_dtype_name(dt[i]));
+        free(y[i]), free(want[i]);
+    }
+}
+

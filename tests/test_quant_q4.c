@@ -314,75 +314,6 @@ static double q4_bound(const float *x, const float *wf, const unsigned char *wro
     return input * (1 + 1e-6) + 1e-5 * mag + 1e-30;
 }
 
-/* The fast product over four-bit weights t for every T of a decode step
- * and a batch, N not a multiple of any tile width, with and without bias:
- * within q4_bound of the reference GEMM (moe_gemm_cpu: exact dequantized
- * weights, fp32 inputs); every kernel set the same bits (on a processor
- * with AVX512-VNNI the AVX-512 set runs gemm_q4.c's vpdpbusd instance, the
- * AVX2 set the other); a row alone the same bits as in the batch; a row
- * holding a NaN or an infinity gives NaN outputs and leaves the others'
- * bits alone. */
-static void check_fast_q4(enum moe_dtype t, int D)
-{
-    const enum moe_cpu_isa best = moe_cpu_isa_detect();
-    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
-    const int Ts[] = {1, 2, 3, 4, 5, 7, 8, 63, 64, 65, 130}, Ns[] = {1, 13, 51};
-    const size_t rb = moe_dtype_row_bytes(t, (size_t)D);
-    double worst = 0;
-    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
-        for (size_t c = 0; c < sizeof Ns / sizeof *Ns; c++) {
-            const int T = Ts[a], N = Ns[c];
-            const bool biased = (a + c) % 2 == 1;
-            unsigned char *w = q4_weights(t, N, D, (uint64_t)(T * 131 + N * 7 + D + (int)t));
-            float *wf = malloc((size_t)N * D * sizeof(float)), *x = malloc((size_t)T * D * sizeof(float)),
-                  *ref = malloc((size_t)T * N * 4), *got = malloc((size_t)T * N * 4),
-                  *other = malloc((size_t)T * N * 4), *one = malloc((size_t)N * 4),
-                  *scratch = malloc((size_t)D * 64 * sizeof(float)), *bias = malloc((size_t)N * 4);
-            for (int n = 0; n < N; n++) moe_convert_row_f32(wf + (size_t)n * D, w + (size_t)n * rb, t, (size_t)D);
-            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
-            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
-            const struct moe_tensor *b = biased ? &bt : NULL;
-            tu_fill_uniform(x, (size_t)T * D, (uint64_t)(T + N + D), -1, 1);
-            for (int r = 0; r < T; r++) /* rows of other scales, and a zero block */
-                for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
-            memset(x, 0, 32 * sizeof(float));
-            moe_gemm_cpu(ref, N, x, D, w, t, N, D, T, b, scratch);
-            char what[96];
-            snprintf(what, sizeof what, "%s gemm T=%d N=%d Din=%d%s", moe_dtype_name(t), T, N, D,
-                     biased ? " +bias" : "");
-            moe_gemm_fast(MOE_CPU_ISA_AVX2, got, N, x, D, w, t, N, D, T, b);
-            for (int r = 0; r < T; r++)
-                for (int n = 0; n < N; n++) {
-                    const double bound = q4_bound(x + (size_t)r * D, wf + (size_t)n * D, w + (size_t)n * rb, t, D);
-                    const double g = got[(size_t)r * N + n], e = ref[(size_t)r * N + n];
-                    cr_assert(fabs(g - e) <= bound, "%s [%d,%d]: %.9g, reference %.9g: beyond the bound %.3g", what,
-                              r, n, g, e, bound);
-                    worst = fmax(worst, fabs(g - e) / bound);
-                }
-            if (best >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8()) { /* the AMX sets' tiles: bits of their own */
-                moe_gemm_fast(MOE_CPU_ISA_AMX, other, N, x, D, w, t, N, D, T, b);
-                for (int r = 0; r < T; r++)
-                    for (int n = 0; n < N; n++) {
-                        const double bound = q4_bound(x + (size_t)r * D, wf + (size_t)n * D, w + (size_t)n * rb, t, D);
-                        const double g = other[(size_t)r * N + n], e = ref[(size_t)r * N + n];
-                        cr_assert(fabs(g - e) <= bound, "%s amx [%d,%d]: %.9g, reference %.9g: beyond the bound %.3g",
-                                  what, r, n, g, e, bound);
-                    }
-            }
-            qt_check_int8_invariants(what, best, x, D, w, t, N, T, b, got, other, one);
-            free(w);
-            free(wf);
-            free(x);
-            free(ref);
-            free(got);
-            free(other);
-            free(one);
-            free(scratch);
-            free(bias);
-        }
-    cr_log_info("%s Din=%d: worst |fast - reference| %.2f of the bound", moe_dtype_name(t), D, worst);
-}
-
 /* The AMX sets' four-bit expression (runtime/cpu/gemm_q4_amx.c) for one
  * output in scalar C: per group, per run k, the input block quantized as
  * moe_quantize_x_q8 does, P the run's 32 products of codes summed exactly,
@@ -470,10 +401,26 @@ Test(quant_q4, amx_kernel_pins_its_expression)
             }
 }
 
-Test(quant_q4, fast_gemm_q4_1) { check_fast_q4(MOE_DTYPE_Q4_1, 32); check_fast_q4(MOE_DTYPE_Q4_1, 256); }
-Test(quant_q4, fast_gemm_q4_g32) { check_fast_q4(MOE_DTYPE_Q4_G32, 32); check_fast_q4(MOE_DTYPE_Q4_G32, 160); }
-Test(quant_q4, fast_gemm_q4_g128) { check_fast_q4(MOE_DTYPE_Q4_G128, 128); check_fast_q4(MOE_DTYPE_Q4_G128, 384); }
-Test(quant_q4, fast_gemm_q4_k) { check_fast_q4(MOE_DTYPE_Q4_K, 256); check_fast_q4(MOE_DTYPE_Q4_K, 768); }
+Test(quant_q4, fast_gemm_q4_1)
+{
+    qt_check_fast_int8(MOE_DTYPE_Q4_1, 32, q4_weights, q4_bound);
+    qt_check_fast_int8(MOE_DTYPE_Q4_1, 256, q4_weights, q4_bound);
+}
+Test(quant_q4, fast_gemm_q4_g32)
+{
+    qt_check_fast_int8(MOE_DTYPE_Q4_G32, 32, q4_weights, q4_bound);
+    qt_check_fast_int8(MOE_DTYPE_Q4_G32, 160, q4_weights, q4_bound);
+}
+Test(quant_q4, fast_gemm_q4_g128)
+{
+    qt_check_fast_int8(MOE_DTYPE_Q4_G128, 128, q4_weights, q4_bound);
+    qt_check_fast_int8(MOE_DTYPE_Q4_G128, 384, q4_weights, q4_bound);
+}
+Test(quant_q4, fast_gemm_q4_k)
+{
+    qt_check_fast_int8(MOE_DTYPE_Q4_K, 256, q4_weights, q4_bound);
+    qt_check_fast_int8(MOE_DTYPE_Q4_K, 768, q4_weights, q4_bound);
+}
 
 /* Large enough to split over the OpenMP team: moe_gemm_fast and
  * moe_gemm_fast_multi (three four-bit matrices of one input) give the bits
@@ -485,27 +432,10 @@ Test(quant_q4, parallel_products_match_the_rows)
     enum { T = 5, D = 512 };
     const int N[3] = {389, 200, 131};
     unsigned char *w[3];
-    float *y[3], *want[3];
     float *x = malloc((size_t)T * D * sizeof(float));
     tu_fill_uniform(x, (size_t)T * D, 99, -1, 1);
-    for (int i = 0; i < 3; i++) {
-        w[i] = q4_weights(q4_types[i], N[i], D, (uint64_t)(50 + i));
-        y[i] = malloc((size_t)T * N[i] * 4);
-        want[i] = malloc((size_t)T * N[i] * 4);
-        moe_gemm_fast_rows(best, want[i], (size_t)N[i], x, D, T, w[i], q4_types[i], D, 0, N[i], NULL);
-        moe_gemm_fast(best, y[i], N[i], x, D, w[i], q4_types[i], N[i], D, T, NULL);
-        cr_expect(memcmp(y[i], want[i], (size_t)T * N[i] * 4) == 0, "%s: moe_gemm_fast differs from the rows",
-                  moe_dtype_name(q4_types[i]));
-        memset(y[i], 0, (size_t)T * N[i] * 4);
-    }
-    const void *wv[3] = {w[0], w[1], w[2]};
-    moe_gemm_fast_multi(best, 3, y, x, D, wv, q4_types, N, T, NULL);
-    for (int i = 0; i < 3; i++) {
-        cr_expect(memcmp(y[i], want[i], (size_t)T * N[i] * 4) == 0, "%s: moe_gemm_fast_multi differs from the rows",
-                  moe_dtype_name(q4_types[i]));
-        free(w[i]);
-        free(y[i]);
-        free(want[i]);
-    }
+    for (int i = 0; i < 3; i++) w[i] = q4_weights(q4_types[i], N[i], D, (uint64_t)(50 + i));
+    qt_check_parallel_rows(best, x, T, D, w, q4_types, N);
+    for (int i = 0; i < 3; i++) free(w[i]);
     free(x);
 }

@@ -186,8 +186,9 @@ Test(quant_q6_k, quantize_row_stores_nearest_codes)
  * uniform floats (row 0's first sub-blocks zero and constant), odd rows
  * random bytes with finite f16 d of either sign, so every code and scale
  * (-128 and 127 included) occurs. */
-static unsigned char *q6_k_weights(int N, int D, uint64_t seed)
+static unsigned char *q6_k_weights(enum moe_dtype t, int N, int D, uint64_t seed)
 {
+    (void)t;
     const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, (size_t)D);
     unsigned char *w = malloc((size_t)N * rb);
     float *f = malloc((size_t)D * sizeof(float));
@@ -216,8 +217,9 @@ static unsigned char *q6_k_weights(int N, int D, uint64_t seed)
  * weights, so it differs from the reference by sum_k w_k (x_k - x^_k), at
  * most sum_k |w_k| dx_k / 2; plus fp32 rounding of both sums, taken as
  * 1e-5 of sum_k |w_k x_k|. */
-static double q6_k_bound(const float *x, const float *wf, int D)
+static double q6_k_bound(const float *x, const float *wf, const unsigned char *wrow, enum moe_dtype t, int D)
 {
+    (void)wrow, (void)t;
     double input = 0, mag = 0;
     for (int b = 0; b < D / 32; b++) {
         float amax = 0;
@@ -231,56 +233,8 @@ static double q6_k_bound(const float *x, const float *wf, int D)
     return input * (1 + 1e-6) + 1e-5 * mag + 1e-30;
 }
 
-/* The fast product over Q6_K weights for every T of a decode step and a
- * batch, N not a multiple of any tile width, with and without bias: within
- * q6_k_bound of the reference GEMM (moe_gemm_cpu: the weights dequantized,
- * fp32 inputs); every kernel set the same bits; a row alone the same bits
- * as in the batch; a row holding a NaN or an infinity gives NaN outputs
- * and leaves the others' bits alone (qt_check_int8_invariants). */
-static void check_fast_q6_k(int D)
-{
-    const enum moe_cpu_isa best = moe_cpu_isa_detect();
-    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
-    const int Ts[] = {1, 2, 3, 4, 5, 7, 8, 63, 64, 65, 130}, Ns[] = {1, 13, 51};
-    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, (size_t)D);
-    double worst = 0;
-    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
-        for (size_t c = 0; c < sizeof Ns / sizeof *Ns; c++) {
-            const int T = Ts[a], N = Ns[c];
-            const bool biased = (a + c) % 2 == 1;
-            unsigned char *w = q6_k_weights(N, D, (uint64_t)(T * 131 + N * 7 + D));
-            float *wf = malloc((size_t)N * D * sizeof(float)), *x = malloc((size_t)T * D * sizeof(float)),
-                  *ref = malloc((size_t)T * N * 4), *got = malloc((size_t)T * N * 4),
-                  *other = malloc((size_t)T * N * 4), *one = malloc((size_t)N * 4),
-                  *scratch = malloc((size_t)D * 64 * sizeof(float)), *bias = malloc((size_t)N * 4);
-            for (int n = 0; n < N; n++) moe_convert_row_f32(wf + (size_t)n * D, w + (size_t)n * rb, MOE_DTYPE_Q6_K, (size_t)D);
-            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
-            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
-            const struct moe_tensor *b = biased ? &bt : NULL;
-            tu_fill_uniform(x, (size_t)T * D, (uint64_t)(T + N + D), -1, 1);
-            for (int r = 0; r < T; r++) /* rows of other scales, and a zero block */
-                for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
-            memset(x, 0, 32 * sizeof(float));
-            moe_gemm_cpu(ref, N, x, D, w, MOE_DTYPE_Q6_K, N, D, T, b, scratch);
-            char what[96];
-            snprintf(what, sizeof what, "Q6_K gemm T=%d N=%d Din=%d%s", T, N, D, biased ? " +bias" : "");
-            moe_gemm_fast(MOE_CPU_ISA_AVX2, got, N, x, D, w, MOE_DTYPE_Q6_K, N, D, T, b);
-            for (int r = 0; r < T; r++)
-                for (int n = 0; n < N; n++) {
-                    const double bound = q6_k_bound(x + (size_t)r * D, wf + (size_t)n * D, D);
-                    const double g = got[(size_t)r * N + n], e = ref[(size_t)r * N + n];
-                    cr_assert(fabs(g - e) <= bound, "%s [%d,%d]: %.9g, reference %.9g: beyond the bound %.3g", what,
-                              r, n, g, e, bound);
-                    worst = fmax(worst, fabs(g - e) / bound);
-                }
-            qt_check_int8_invariants(what, best, x, D, w, MOE_DTYPE_Q6_K, N, T, b, got, other, one);
-            free(w), free(wf), free(x), free(ref), free(got), free(other), free(one), free(scratch), free(bias);
-        }
-    cr_log_info("Q6_K Din=%d: worst |fast - reference| %.2f of the bound", D, worst);
-}
-
-Test(quant_q6_k, fast_gemm_256) { check_fast_q6_k(256); }
-Test(quant_q6_k, fast_gemm_768) { check_fast_q6_k(768); }
+Test(quant_q6_k, fast_gemm_256) { qt_check_fast_int8(MOE_DTYPE_Q6_K, 256, q6_k_weights, q6_k_bound); }
+Test(quant_q6_k, fast_gemm_768) { qt_check_fast_int8(MOE_DTYPE_Q6_K, 768, q6_k_weights, q6_k_bound); }
 
 /* Large enough to split over the OpenMP team: moe_gemm_fast and
  * moe_gemm_fast_multi (a Q6_K matrix beside a Q4_K one and a Q8_0 one, as
@@ -294,7 +248,6 @@ Test(quant_q6_k, parallel_products_match_the_rows)
     const int N[3] = {389, 200, 131};
     const enum moe_dtype dt[3] = {MOE_DTYPE_Q6_K, MOE_DTYPE_Q4_K, MOE_DTYPE_Q8_0};
     unsigned char *w[3];
-    float *y[3], *want[3];
     float *x = malloc((size_t)T * D * sizeof(float)), *f = malloc((size_t)D * sizeof(float));
     tu_fill_uniform(x, (size_t)T * D, 99, -1, 1);
     for (int i = 0; i < 3; i++) {
@@ -306,20 +259,8 @@ Test(quant_q6_k, parallel_products_match_the_rows)
             cr_assert(i == 0 ? moe_quantize_row_q6_k(row, f, D) : i == 1 ? moe_quantize_row_q4_k(row, f, D)
                                                                          : moe_quantize_row_q8_0(row, f, D));
         }
-        y[i] = malloc((size_t)T * N[i] * 4);
-        want[i] = malloc((size_t)T * N[i] * 4);
-        moe_gemm_fast_rows(best, want[i], (size_t)N[i], x, D, T, w[i], dt[i], D, 0, N[i], NULL);
-        moe_gemm_fast(best, y[i], N[i], x, D, w[i], dt[i], N[i], D, T, NULL);
-        cr_expect(memcmp(y[i], want[i], (size_t)T * N[i] * 4) == 0, "%s: moe_gemm_fast differs from the rows",
-                  moe_dtype_name(dt[i]));
-        memset(y[i], 0, (size_t)T * N[i] * 4);
     }
-    const void *wv[3] = {w[0], w[1], w[2]};
-    moe_gemm_fast_multi(best, 3, y, x, D, wv, dt, N, T, NULL);
-    for (int i = 0; i < 3; i++) {
-        cr_expect(memcmp(y[i], want[i], (size_t)T * N[i] * 4) == 0, "%s: moe_gemm_fast_multi differs from the rows",
-                  moe_dtype_name(dt[i]));
-        free(w[i]), free(y[i]), free(want[i]);
-    }
+    qt_check_parallel_rows(best, x, T, D, w, dt, N);
+    for (int i = 0; i < 3; i++) free(w[i]);
     free(x), free(f);
 }
