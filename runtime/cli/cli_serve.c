@@ -232,12 +232,16 @@ static void serve_locks(struct srv *s, bool init)
 /* Shutdown: stop listening, refuse new requests, let the running ones
  * finish for --drain-timeout, then end the rest (their clients get an
  * error) and give them 10 s more to be sent.  A second signal ends the
- * process at once (_exit: nothing is freed or written). */
-static void serve_drain(struct srv *s, sigset_t *sigs)
+ * process at once (_exit: nothing is freed or written).  sig: the signal
+ * that began it. */
+static void serve_drain(struct srv *s, sigset_t *sigs, int sig)
 {
     atomic_store(&s->ready, 2);
     srv_drain_begin(s);
     srv_http_quiesce(s);
+    /* said once the port is closed: a client that reads it finds no listener */
+    fprintf(stderr, "moerun serve: signal %d, draining (up to %d s; a second signal exits at once)\n", sig,
+            s->o.drain_timeout_s);
     const double end = moe_seconds() + s->o.drain_timeout_s;
     bool cut = false;
     while (atomic_load(&s->jobs_live) > 0) {
@@ -276,9 +280,7 @@ static int serve_run(struct serve_cmd *cmd, sigset_t *sigs)
     fprintf(stderr, "moerun serve: ready (%d KV blocks of %d tokens)\n", s->kv_blocks, s->kv_block);
     int sig = 0;
     sigwait(sigs, &sig);
-    fprintf(stderr, "moerun serve: signal %d, draining (up to %d s; a second signal exits at once)\n", sig,
-            s->o.drain_timeout_s);
-    serve_drain(s, sigs);
+    serve_drain(s, sigs, sig);
     return 0;
 }
 
