@@ -71,8 +71,10 @@ if command -v mpirun >/dev/null 2>&1 && nm "$B/cpu/libmoerun_comm.a" 2>/dev/null
   # path, rank 0 saying why
   # (act-order's first prefill at 7 rows, the decode kernels: with replicas
   # the grouped path's logits differ from one process's in the last bits,
-  # a replicated expert's rows summed in other slices, docs/parallel.md)
-  for args in "--collectives nccl olmoe qwen3_moe gpt_oss_mxfp4" "--collectives nccl --rows 7 qwen3_moe_gptq_actorder" \
+  # a replicated expert's rows summed in other slices, docs/parallel.md;
+  # qwen3_moe, whose expert path is olmoe's, is left to a full run for
+  # CI's time)
+  for args in "--collectives nccl olmoe gpt_oss_mxfp4" "--collectives nccl --rows 7 qwen3_moe_gptq_actorder" \
               "--collectives nccl --tp 2 olmoe" "--collectives auto olmoe"; do
     s=$(date +%s)
     fail_init=""
