@@ -116,10 +116,11 @@ static void add_tensor(enum pack_kind kind, const struct moe_backend *be, const 
     ++*n;
 }
 
-/* The q4_k_m part of the layer matrix ts[i] (layer_matrices' order), or -1. */
-static int km_part(int i)
+/* The q4_k_m part of t, a matrix of layer w, or -1. */
+static int km_part(const struct moe_layer_weights *w, const struct moe_tensor *t)
 {
-    return i == 2 ? MOE_Q4KM_V : i == 1 ? MOE_Q4KM_K : i == 8 || i == 12 ? MOE_Q4KM_DOWN : -1;
+    return t == &w->wv ? MOE_Q4KM_V : t == &w->wk ? MOE_Q4KM_K : t == &w->w_down || t == &w->sh_down ? MOE_Q4KM_DOWN
+                                                                                                    : -1;
 }
 
 /* The repackable matrices of m in a fixed order: the LM head, then per
@@ -145,9 +146,11 @@ static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, stru
         struct moe_layer_weights *w = &m->layers[l];
         struct moe_tensor *ts[LAYER_MATRICES];
         layer_matrices(w, ts);
-        for (int i = 0; i < LAYER_MATRICES && dense; i++)
-            if (kind == PACK_PANELS || (ts[i] != &w->router && ts[i] != &w->sh_router))
-                add_tensor(kind, be, m, items, &n, ts[i], l, km_part(i), i < 3 ? i_v : l, i < 3 ? n_v : c->n_layers);
+        for (int i = 0; i < LAYER_MATRICES && dense; i++) {
+            if (kind != PACK_PANELS && (ts[i] == &w->router || ts[i] == &w->sh_router)) continue;
+            const bool attn = ts[i] == &w->wv || ts[i] == &w->wk; /* counted over attention layers */
+            add_tensor(kind, be, m, items, &n, ts[i], l, km_part(w, ts[i]), attn ? i_v : l, attn ? n_v : c->n_layers);
+        }
         i_v += w->wv.data != NULL;
         struct moe_expert_weights *x = &w->experts;
         if (E <= 0 || !x->gate) continue;
