@@ -12,7 +12,7 @@
 # MOERUN_EMU_OUT names the output folder (build-emu by default).  NCCL is
 # emulated over Open MPI when pkg-config finds ompi-c (MOERUN_EMU_MPI=0:
 # built without, every NCCL call then failing).
-# Slow (an OS thread per CUDA thread): CI runs a selection (ci.sh);
+# Scalar host code, one CUDA thread after another: CI runs a selection (ci.sh);
 # README.md says what it emulates and what not.
 set -e
 cd "$(dirname "$0")/../.."

@@ -1,14 +1,13 @@
 /* Host emulation of the CUDA features the moerun kernels use: each block's
- * threads are OS threads, __syncthreads / __syncwarp are barriers, shuffles
- * go through per-warp slots.  Blocks run one after another. */
+ * threads are fibers on the launching thread (emu_fiber.cc), __syncthreads
+ * / __syncwarp are barriers that switch to the next fiber, shuffles go
+ * through per-warp slots.  Blocks run one after another. */
 #pragma once
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <cstdio>
 #include <functional>
-#include <thread>
 #include <vector>
 #include <memory>
 #include <math.h>
@@ -38,15 +37,25 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 extern thread_local uint3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 
+/* A barrier of a block's threads or of a warp's lanes: a fiber arriving
+ * before the last switches to the others until the last arrives
+ * (emu_fiber.cc); a thread that returns drops out of both of its own. */
+struct emu_bar {
+    int expected, arrived = 0;
+    unsigned phase = 0;
+    explicit emu_bar(int n) : expected(n) {}
+    void arrive_and_wait();
+    void arrive_and_drop();
+};
 struct emu_warp {
-    std::barrier<> bar;
+    emu_bar bar;
     uint64_t slots[32];
     uint32_t frag[32][6];  /* mma operands, lane by lane (emu_mma.h) */
     const void *rows[32];  /* ldmatrix row addresses */
     explicit emu_warp(int n) : bar(n) {}
 };
 struct emu_block_ctx {
-    std::unique_ptr<std::barrier<>> bar;
+    std::unique_ptr<emu_bar> bar;
     std::vector<std::unique_ptr<emu_warp>> warps;
     std::vector<unsigned char> dyn;
 };
@@ -98,33 +107,14 @@ cudaError_t emu_submit(cudaStream_t st, const char *what, std::function<void()> 
 cudaError_t emu_capture_forbids(const char *what);
 
 extern long emu_blocks_run;
+/* Every block of the grid, one after another, each thread of a block a
+ * fiber running body(arg) (emu_fiber.cc). */
+void emu_run_blocks(dim3 grid, dim3 block, size_t smem, void (*body)(void *), void *arg);
 template <class... P, class... A>
 static void emu_run_grid(void (*k)(P...), const emu_cfg &c, const A &...args)
 {
-    gridDim = c.grid;
-    blockDim = c.block;
-    const unsigned nt = c.block.x * c.block.y * c.block.z;
-    for (unsigned bz = 0; bz < c.grid.z; bz++)
-        for (unsigned by = 0; by < c.grid.y; by++)
-            for (unsigned bx = 0; bx < c.grid.x; bx++) {
-                emu_block_ctx ctx;
-                ctx.bar.reset(new std::barrier<>(nt));
-                for (unsigned w = 0; w < (nt + 31) / 32; w++)
-                    ctx.warps.emplace_back(new emu_warp((int)(nt - 32 * w < 32 ? nt - 32 * w : 32)));
-                ctx.dyn.assign(c.smem + 16, 0xcd); /* garbage */
-                std::vector<std::thread> th;
-                for (unsigned t = 0; t < nt; t++)
-                    th.emplace_back([&, t]() {
-                        threadIdx = uint3{t, 0, 0};
-                        blockIdx = uint3{bx, by, bz};
-                        emu_ctx = &ctx;
-                        k(args...);
-                        ctx.warps[t >> 5]->bar.arrive_and_drop();
-                        ctx.bar->arrive_and_drop();
-                    });
-                for (auto &x : th) x.join();
-                emu_blocks_run++;
-            }
+    auto run = [&]() { k(args...); };
+    emu_run_blocks(c.grid, c.block, c.smem, [](void *p) { (*(decltype(run) *)p)(); }, &run);
 }
 /* Launch counts (emu_count.cc): EMU_ENTRY opens each extern "C"
  * moe_*_cuda function (rewrite.pl); a launch is counted by its site and
