@@ -26,7 +26,7 @@ nice -n 10 cmake --build "$B/cpu" -j"$(nproc)" --target moerun >"$B/cpu-build.lo
   { tail -30 "$B/cpu-build.log"; exit 1; }
 bins=$(echo "$tests" | awk '{print $1}' | sort -u)
 # shellcheck disable=SC2086 # one word per suite
-MOERUN_EMU_CPU_BUILD=$B/cpu "$E/build.sh" $bins >/dev/null
+MOERUN_EMU_CPU_BUILD=$B/cpu "$E/build.sh" $bins moerun >/dev/null
 t1=$(date +%s)
 echo "cuda-emu: built in $((t1 - t0)) s"
 log=$B/launches.log
@@ -43,11 +43,28 @@ echo "$tests" | while read -r bin filter; do
     echo "$bin $filter" >>"$B/failed"
   fi
 done
+# the program itself on the bundled demo model (tools/demo.sh's prompt):
+# `moerun run --backend cuda` prints the CPU build's text, greedy, with
+# the draft model, with n-gram lookup and sampled with a seed (a
+# difference: compare the logits first, test_cuda_forward)
+for extra in "" "--draft models/demo-draft" "--spec ngram" "--temperature 0.8 --seed 7"; do
+  s=$(date +%s)
+  # shellcheck disable=SC2086 # the arguments split on purpose
+  a=$("$B/cpu/moerun" run models/demo-moe -p "Once upon a time" -n 32 --backend cpu $extra 2>/dev/null) || a="(cpu failed)"
+  # shellcheck disable=SC2086
+  b=$("$B/emu_moerun" run models/demo-moe -p "Once upon a time" -n 32 --backend cuda $extra 2>"$B/last.out") ||
+    b="(cuda failed: $(tail -1 "$B/last.out"))"
+  if [ "$a" = "$b" ]; then
+    echo "cuda-emu: pass moerun run demo-moe --backend cuda $extra: the CPU's text ($(($(date +%s) - s)) s)"
+  else
+    printf 'cuda-emu: FAIL moerun run demo-moe --backend cuda %s\n  cpu:  %s\n  cuda: %s\n' "$extra" "$a" "$b"
+    echo "moerun run $extra" >>"$B/failed"
+  fi
+done
 # the NCCL emulation (emu_nccl.cc) on its own, two and three ranks, each
 # rank's calls in EMU_NCCL_LOG; then expert and tensor parallelism on the
 # CUDA backend: two ranks under mpirun against one process (bit-identical
-# logits; --tp within its tolerance), a 40-row first prefill taking the
-# grouped path (olmoe: bf16) and decode steps the device-driven kernels,
+# logits; --tp within its tolerance) over every fixture family it runs,
 # over NCCL (its calls counted) and staged through host memory
 if command -v mpirun >/dev/null 2>&1 && nm "$B/cpu/libmoerun_comm.a" 2>/dev/null | grep -q " U MPI_"; then
   MOERUN_EMU_CPU_BUILD=$B/cpu "$E/build.sh" mpi/ep_check nccl_selftest >/dev/null
@@ -66,33 +83,42 @@ if command -v mpirun >/dev/null 2>&1 && nm "$B/cpu/libmoerun_comm.a" 2>/dev/null
     fi
   done
   rm -f "$nlog"
-  # on NCCL (ep_check fails unless the run used it); then auto with rank 1's
-  # NCCL failing to open: every rank must fall back to the host-staged MPI
-  # path, rank 0 saying why
-  # (act-order's first prefill at 7 rows, the decode kernels: with replicas
-  # the grouped path's logits differ from one process's in the last bits,
-  # a replicated expert's rows summed in other slices, docs/parallel.md;
-  # qwen3_moe, whose expert path is olmoe's, is left to a full run for
-  # CI's time)
-  for args in "--collectives nccl olmoe gpt_oss_mxfp4" "--collectives nccl --rows 7 qwen3_moe_gptq_actorder" \
-              "--collectives nccl --tp 2 olmoe" "--collectives auto olmoe"; do
+  # Expert parallelism (tests/mpi/ep_check.c) on the CUDA backend, a 40-row
+  # first prefill (the grouped path) then decode steps (the device-driven
+  # kernels), logits bit-identical to one process (contiguous and with
+  # replicas), --tp within its tolerance: every fixture family of CMake's
+  # MOERUN_EP_FIXTURES the CUDA backend runs (not llama4's chunked
+  # attention, DeepSeek's sparse attention) over NCCL at 2 ranks, and with
+  # --tp 2; 4 ranks, plain and --tp 2, over an MLA and a GQA family; the
+  # host-staged path (--collectives mpi); act order at a 7-row prefill (the
+  # kernels, column orders by slot); last auto with rank 1's NCCL failing to
+  # open: every rank must fall back to the host-staged MPI path, rank 0
+  # saying why.  Each line: ranks, then ep_check's arguments.
+  fx="mixtral qwen2_moe qwen3_moe olmoe glm4_moe gpt_oss gpt_oss_mxfp4 deepseek_v2 deepseek_v3 deepseek_v3_fp8 \
+granitemoe granitemoeshared qwen3_moe_fp8 qwen3_moe_ct_w4 qwen3_moe_gptq qwen3_moe_awq minimax_m2 qwen3_next \
+qwen3_5_moe deepseek_v3_mtp glm4_moe_mtp"
+  printf '%s\n' "2 --collectives nccl $fx" "2 --collectives nccl --tp 2 $fx" \
+    "4 --collectives nccl olmoe deepseek_v3 gpt_oss_mxfp4" "4 --collectives nccl --tp 2 olmoe deepseek_v2" \
+    "2 --collectives mpi deepseek_v2 mixtral" "2 --collectives nccl --rows 7 qwen3_moe_gptq_actorder" \
+    "2 --collectives auto olmoe" >"$B/ep-lines"
+  while read -r n args; do
     s=$(date +%s)
     fail_init=""
     case $args in *auto*) fail_init=1 ;; esac
     # shellcheck disable=SC2086 # the arguments split on purpose
     if EMU_LAUNCH_LOG=$log EMU_NCCL_LOG=$nlog EMU_NCCL_FAIL=$fail_init sh tests/mpi/mpirun.sh mpirun \
-         -x EMU_LAUNCH_LOG -x EMU_NCCL_LOG -x EMU_NCCL_FAIL -n 2 \
-         "$B/emu_ep_check" cuda --rows 40 $args >"$B/last.out" 2>&1 &&
+         -x EMU_LAUNCH_LOG -x EMU_NCCL_LOG -x EMU_NCCL_FAIL -n "$n" \
+         "$B/emu_ep_check" cuda --rows 40 $args >"$B/last.out" 2>&1 </dev/null &&
        { [ -z "$fail_init" ] || { grep -q "staged through host memory and MPI (rank 1: .*EMU_NCCL_FAIL)" "$B/last.out" &&
                                    ! grep -q "collectives on the backend" "$B/last.out"; }; }; then
-      echo "cuda-emu: pass mpirun -n 2 ep_check cuda --rows 40 $args ($(($(date +%s) - s)) s)"
+      echo "cuda-emu: pass mpirun -n $n ep_check cuda --rows 40 $args ($(($(date +%s) - s)) s)"
       grep '^ep_check:\|staged through' "$B/last.out" | sed 's/^/  /'
     else
-      echo "cuda-emu: FAIL mpirun -n 2 ep_check cuda --rows 40 $args ($(($(date +%s) - s)) s)"
-      grep -v 'weights resident' "$B/last.out" | tail -20
-      echo "ep_check $args" >>"$B/failed"
+      echo "cuda-emu: FAIL mpirun -n $n ep_check cuda --rows 40 $args ($(($(date +%s) - s)) s)"
+      grep -v 'weights resident\|resident as stored' "$B/last.out" | tail -20
+      echo "ep_check -n $n $args" >>"$B/failed"
     fi
-  done
+  done <"$B/ep-lines"
   calls=$(awk '{ n[$3]++ } END { for (c in n) print c, n[c] }' "$nlog" 2>/dev/null | sort | tr '\n' ' ')
   echo "cuda-emu: ep_check's NCCL calls (both ranks): ${calls:-none}"
 else
