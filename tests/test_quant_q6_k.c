@@ -81,8 +81,10 @@ Test(quant_q6_k, hand_packed_block_reads_its_codes)
     cr_expect_eq(moe_dtype_size(MOE_DTYPE_Q6_K), 1);
     cr_expect_eq(moe_dtype_row_bytes(MOE_DTYPE_Q6_K, 1024), 840);
     cr_expect_not(moe_dtype_is_q4(MOE_DTYPE_Q6_K), "the four-bit kernels must not read Q6_K");
-    cr_expect_not(moe_dtype_planes(MOE_DTYPE_Q6_K));
+    cr_expect(moe_dtype_planes(MOE_DTYPE_Q6_K), "the CUDA backend reads Q6_K as planes");
+    cr_expect_eq(moe_dtype_block(MOE_DTYPE_Q6_K), B);
 }
+
 
 /* The plain absmax rule, the baseline: per sub-block s = v / -32 (v the
  * value of largest magnitude), d = (the s of largest magnitude) / -128 in
@@ -263,4 +265,45 @@ Test(quant_q6_k, parallel_products_match_the_rows)
     qt_check_parallel_rows(best, x, T, D, w, dt, N);
     for (int i = 0; i < 3; i++) free(w[i]);
     free(x), free(f);
+}
+
+/* Q6_K rows split into the CUDA backend's planes (tensor.h) and joined
+ * back are the same bytes; each code of the planes, taken apart as the
+ * kernels take it (moe_q6_k_half_bits: a word of low nibbles and its word
+ * of high bits at shifts 0, 8, 4, 12), is the row's code. */
+Test(quant_q6_k, planes_split_join_and_decode)
+{
+    enum { R = 3, K = 2 * B };
+    float *x = malloc((size_t)R * K * sizeof(float));
+    uint64_t st = 5;
+    for (int i = 0; i < R * K; i++) x[i] = gauss(&st);
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, K), vb = moe_planes_values_bytes(MOE_DTYPE_Q6_K, R, K),
+                 sb = moe_planes_scales_bytes(MOE_DTYPE_Q6_K, R, K);
+    cr_assert_eq(vb, (size_t)R * K * 3 / 4);
+    cr_assert_eq(sb, (size_t)R * (K / B) * MOE_Q6_K_TAIL);
+    unsigned char *rows = malloc(R * rb), *v = malloc(vb), *sc = malloc(sb), *back = malloc(R * rb);
+    for (int r = 0; r < R; r++) cr_assert(moe_quantize_row_q6_k(rows + r * rb, x + (size_t)r * K, K));
+    moe_planes_from_rows(MOE_DTYPE_Q6_K, rows, R, K, v, sc);
+    moe_rows_from_planes(MOE_DTYPE_Q6_K, v, sc, R, K, back);
+    cr_expect(memcmp(rows, back, R * rb) == 0, "rows -> planes -> rows");
+    static const int shift[4] = {0, 8, 4, 12}, at[4][2] = {{0, 2}, {1, 3}, {16, 18}, {17, 19}};
+    for (int b = 0; b < R * K / B; b++) {
+        const unsigned char *blk = rows + b * MOE_Q6_K_BYTES, *pv = v + (size_t)b * (B / 4 * 3);
+        cr_assert(memcmp(sc + b * MOE_Q6_K_TAIL, blk + MOE_Q6_K_BYTES - MOE_Q6_K_TAIL, MOE_Q6_K_TAIL) == 0);
+        for (int run = 0; run < 8; run++)
+            for (int j = 0; j < 4; j++) {
+                uint32_t w;
+                uint16_t c;
+                memcpy(&w, pv + 16 * run + 4 * j, 4);
+                memcpy(&c, pv + 128 + 8 * run + 2 * j, 2);
+                for (int k = 0; k < 4; k++)
+                    for (int y = 0; y < 2; y++) {
+                        const uint16_t h = (uint16_t)(moe_q6_k_half_bits(w, c, shift[k]) >> (16 * y));
+                        const unsigned e = (unsigned)(32 * run + 4 * j + at[k][y]);
+                        cr_assert_eq(moe_f16_to_f32(h) - MOE_Q6_K_HALF_BIAS, (float)moe_q6_k_code(blk, e) - 32.0f,
+                                     "block %d element %u", b, e);
+                    }
+            }
+    }
+    free(x), free(rows), free(v), free(sc), free(back);
 }

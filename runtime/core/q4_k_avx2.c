@@ -250,9 +250,9 @@ AVX2 bool moe_q4_k_block_avx2(const float *x, unsigned char head[Q4K_HEAD], uint
         smax = s[j] > smax ? s[j] : smax;
         amax = a[j] > amax ? a[j] : amax;
     }
-    const uint16_t h[2] = {q4k_f16(smax / 63.0f), q4k_f16(amax / 63.0f)};
+    const uint16_t h[2] = {moe_fit_f16(smax / 63.0f), moe_fit_f16(amax / 63.0f)};
     if ((h[0] & 0x7c00u) == 0x7c00u || (h[1] & 0x7c00u) == 0x7c00u) return false;
-    const float D = q4k_f32(h[0]), M = q4k_f32(h[1]);
+    const float D = moe_fit_f32(h[0]), M = moe_fit_f32(h[1]);
     /* the neighbouring pairs, ds outer and da inner: the first least error wins */
     const __m256i s0 = six_bits(sv, D), a0 = six_bits(av, M);
     __m256 best = _mm256_set1_ps(INFINITY);

@@ -29,13 +29,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "runtime/core/fit_f16.h"
 #include "runtime/core/tensor.h"
 
-#ifdef __CUDACC__
-#define Q4K_FN static inline __host__ __device__
-#else
-#define Q4K_FN static inline
-#endif
+#define Q4K_FN MOE_FIT_FN
 
 #define Q4K_G 32         /* values per group */
 #define Q4K_NG 8         /* groups per block */
@@ -151,24 +148,6 @@ Q4K_FN int q4k_six_bits(float v, float unit)
     return r <= 0.0f ? 0 : r >= 63.0f ? 63 : (int)(r + 0.5f);
 }
 
-/* f16 rounding (to nearest even) and widening, on either side. */
-Q4K_FN uint16_t q4k_f16(float f)
-{
-#ifdef __CUDA_ARCH__
-    return __half_as_ushort(__float2half_rn(f));
-#else
-    return moe_f32_to_f16(f);
-#endif
-}
-Q4K_FN float q4k_f32(uint16_t h)
-{
-#ifdef __CUDA_ARCH__
-    return __half2float(__ushort_as_half(h));
-#else
-    return moe_f16_to_f32(h);
-#endif
-}
-
 /* One block of 256 finite values x: its 16 leading bytes into head (f16 d,
  * f16 dmin, the 12 bytes of 6-bit scales and minimums as MOE_DTYPE_Q4_K
  * stores them) and its codes in element order into q.  False when d or
@@ -181,9 +160,9 @@ Q4K_FN bool q4k_block(const float *x, unsigned char head[Q4K_HEAD], uint8_t q[MO
         smax = s[j] > smax ? s[j] : smax;
         amax = a[j] > amax ? a[j] : amax;
     }
-    const uint16_t h[2] = {q4k_f16(smax / 63.0f), q4k_f16(amax / 63.0f)};
+    const uint16_t h[2] = {moe_fit_f16(smax / 63.0f), moe_fit_f16(amax / 63.0f)};
     if ((h[0] & 0x7c00u) == 0x7c00u || (h[1] & 0x7c00u) == 0x7c00u) return false;
-    const float D = q4k_f32(h[0]), M = q4k_f32(h[1]);
+    const float D = moe_fit_f32(h[0]), M = moe_fit_f32(h[1]);
     uint8_t sc[Q4K_NG], mn[Q4K_NG];
     for (int j = 0; j < Q4K_NG; j++) {
         const int s0 = q4k_six_bits(s[j], D), a0 = q4k_six_bits(a[j], M);

@@ -322,17 +322,21 @@ bool moe_mxfp4_pack_row(void *dst, const uint8_t *blocks, const uint8_t *scales,
 size_t moe_planes_values_bytes(enum moe_dtype t, size_t rows, size_t K)
 {
     MOE_ASSERT(moe_dtype_planes(t));
-    return t == MOE_DTYPE_MXFP4 || moe_dtype_is_q4(t) ? rows * (K / 2) : rows * K;
+    return t == MOE_DTYPE_MXFP4 || moe_dtype_is_q4(t) ? rows * (K / 2)
+           : t == MOE_DTYPE_Q6_K                      ? rows * (K / 4 * 3)
+                                                      : rows * K;
 }
 
 size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K)
 {
     MOE_ASSERT(moe_dtype_planes(t));
     /* MXFP4: one E8M0 byte a block; FP8_B128, Q8_0: an f32; Q4_1: two f16;
-     * Q4_G32, Q4_G128: two f32; Q4_K: its 16-byte head */
+     * Q4_G32, Q4_G128: two f32; Q4_K: its 16-byte head; Q6_K: its last 18
+     * bytes */
     const size_t per = t == MOE_DTYPE_MXFP4                                ? 1
                        : t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128 ? 8
                        : t == MOE_DTYPE_Q4_K                             ? MOE_Q4_K_BYTES - MOE_Q4_K_BLOCK / 2
+                       : t == MOE_DTYPE_Q6_K                             ? MOE_Q6_K_TAIL
                                                                          : 4;
     return rows * (K / (size_t)moe_dtype_block(t)) * per;
 }
@@ -380,6 +384,49 @@ static void q4_k_copy(unsigned char *rows, size_t n, unsigned char *v, unsigned 
     }
 }
 
+void moe_q6_k_pack_codes(void *blk, const uint8_t *q)
+{
+    for (int h = 0; h < 2; h++) { /* half by half */
+        const uint8_t *qh = q + 128 * h;
+        unsigned char *ql = (unsigned char *)blk + 64 * h, *hi = (unsigned char *)blk + 128 + 32 * h;
+        for (int l = 0; l < 32; l++) {
+            ql[l] = (unsigned char)((qh[l] & 15u) | (qh[l + 64] & 15u) << 4);
+            ql[l + 32] = (unsigned char)((qh[l + 32] & 15u) | (qh[l + 96] & 15u) << 4);
+            hi[l] = (unsigned char)(qh[l] >> 4 | (qh[l + 32] >> 4) << 2 | (qh[l + 64] >> 4) << 4 |
+                                    (qh[l + 96] >> 4) << 6);
+        }
+    }
+}
+
+/* Moves n Q6_K blocks between rows and planes (to_planes: splits, else
+ * joins): the codes (moe_q6_k_code) to the low-nibble runs and the words
+ * of high bits of the planes layout (tensor.h), the block's last 18 bytes
+ * to s. */
+static void q6_k_copy(unsigned char *rows, size_t n, unsigned char *v, unsigned char *s, bool to_planes)
+{
+    static const uint8_t slot[8] = MOE_Q6_K_SLOTS;
+    enum { VB = MOE_Q6_K_BLOCK / 4 * 3 };
+    for (size_t b = 0; b < n; b++, rows += MOE_Q6_K_BYTES, v += VB, s += MOE_Q6_K_TAIL) {
+        uint8_t q[MOE_Q6_K_BLOCK];
+        if (to_planes) {
+            for (unsigned e = 0; e < MOE_Q6_K_BLOCK; e++) q[e] = (uint8_t)moe_q6_k_code(rows, e);
+            memcpy(s, rows + MOE_Q6_K_BYTES - MOE_Q6_K_TAIL, MOE_Q6_K_TAIL);
+            moe_q6_k_plane_codes(q, v);
+            continue;
+        }
+        for (int r = 0; r < 8; r++) {
+            uint8_t *qr = q + 32 * r;
+            for (int i = 0; i < 16; i++) qr[i] = v[16 * r + i] & 15u, qr[i + 16] = v[16 * r + i] >> 4;
+            for (int j = 0; j < 4; j++) {
+                const unsigned w = v[128 + 8 * r + 2 * j] | (unsigned)v[128 + 8 * r + 2 * j + 1] << 8;
+                for (int k = 0; k < 8; k++) qr[4 * j + slot[k]] |= (uint8_t)(((w >> (2 * k)) & 3u) << 4);
+            }
+        }
+        moe_q6_k_pack_codes(rows, q);
+        memcpy(rows + MOE_Q6_K_BYTES - MOE_Q6_K_TAIL, s, MOE_Q6_K_TAIL);
+    }
+}
+
 /* Moves R rows of K values between the row layout (rows) and planes
  * (values, scales): to_planes splits, else joins.  MXFP4: the scale byte
  * first, then 16 bytes of nibbles; FP8: the f32 scale, then 128 bytes;
@@ -395,6 +442,7 @@ static void planes_copy(enum moe_dtype t, unsigned char *rows, size_t R, size_t 
     else if (t == MOE_DTYPE_Q8_0) blocks_copy(rows, n, v, s, MOE_Q8_0_BLOCK, 4, to_planes);
     else if (t == MOE_DTYPE_Q4_1) blocks_copy(rows, n, v, s, MOE_Q4_1_BLOCK / 2, 4, to_planes);
     else if (t == MOE_DTYPE_Q4_K) q4_k_copy(rows, n, v, s, to_planes);
+    else if (t == MOE_DTYPE_Q6_K) q6_k_copy(rows, n, v, s, to_planes);
     else blocks_copy(rows, n, v, s, blk / 2, MOE_Q4_HEAD, to_planes); /* Q4_G32, Q4_G128 */
 }
 

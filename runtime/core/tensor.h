@@ -174,10 +174,11 @@ enum moe_dtype {
      * (moe_q6_k_code).  Element e of the block has the value
      * (d * sc[e / 16]) * (q - 32) in fp32, as gguf-py computes it: the
      * first product exact (11 by 8 significant bits), the second one
-     * rounding.  6.5625 bits a weight; made by moe_quantize_row_q6_k;
-     * read by the CPU kernels (fast and reference); not planes, so no
-     * CUDA kernel reads it.  moe_dtype_size says 1; never parsed, written
-     * to a file or repacked. */
+     * rounding.  6.5625 bits a weight; made by moe_quantize_row_q6_k
+     * (on CUDA: the same fit, runtime/core/q6_k_fit.h, written as planes);
+     * read by the CPU kernels (fast and reference) and by CUDA's as
+     * planes.  moe_dtype_size says 1; never parsed, written to a file or
+     * repacked. */
     MOE_DTYPE_Q6_K,
 };
 #define MOE_DTYPE_N (MOE_DTYPE_Q6_K + 1) /* the number of dtypes */
@@ -195,6 +196,7 @@ enum moe_dtype {
 #define MOE_Q4_K_BYTES 144 /* bytes per block: f16 d, f16 dmin, 12 bytes of scales, 128 of codes */
 #define MOE_Q6_K_BLOCK 256 /* values per block (16 sub-blocks of 16) */
 #define MOE_Q6_K_BYTES 210 /* bytes per block: 128 ql, 64 qh, 16 int8 scales, f16 d */
+#define MOE_Q6_K_TAIL 18   /* its last bytes: the 16 int8 scales and d */
 
 /* Whether t is one of the four-bit formats; values per block (one d and
  * one m each, but Q4_K: 8 groups of 32 with one d and m each) and bytes
@@ -306,6 +308,9 @@ static inline float moe_q6_k_scale(const unsigned char *blk, unsigned e)
     return moe_f16_to_f32(d) * (float)(int8_t)blk[192 + e / 16];
 }
 
+/* Writes the first 192 bytes of a Q6_K block (ql, qh) from its 256 codes
+ * (0..63, element order). */
+void moe_q6_k_pack_codes(void *blk, const uint8_t *q);
 /* Converts n elements of row `src` (dtype t) to fp32. */
 void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n);
 /* Converts n fp32 values to dtype t (F32, F16 or BF16). */
@@ -393,7 +398,15 @@ __attribute__((warn_unused_result)) bool moe_mxfp4_pack_row(void *dst, const uin
  * R*K/2 bytes of codes in the same runs of 32 (the block's nibbles
  * regrouped), then each block's 16 leading bytes as stored (f16 d, f16
  * dmin, 12 bytes of 6-bit scales and minimums), group j's d_j and m_j
- * decoded from them as in the rows.  The bytes of each plane: */
+ * decoded from them as in the rows; Q6_K: per block of 256, 192 bytes of
+ * codes (R*K*3/4 in all): 128 bytes of their low 4 bits in the four-bit
+ * formats' 8 runs of 32 (16 bytes a run: element i of the run low, i + 16
+ * high), then 64 bytes of their high 2 bits, 8 bytes a run: 16-bit word j
+ * of run r holds, 2 bits each from bit 0 up, the high bits of the run's
+ * elements 4j + {0, 2, 16, 18, 1, 3, 17, 19} (the order in which the
+ * kernels take a 32-bit word of low nibbles apart, moe_q6_k_half_bits);
+ * then each block's last 18 bytes as stored (16 int8 scales, f16 d).  The
+ * bytes of each plane: */
 /* The GPU kernels' decoding of planes (experts/experts_cuda.cu): two codes
  * of a 32-bit word at once become the bits of two halves (low and high 16
  * bits), by placing their bits: E2M1 codes s e1 e0 m (nibbles at bits 0-3
@@ -428,20 +441,57 @@ static inline uint32_t moe_q8_f32_bits(uint32_t w, int j)
     return 0x4B000000u | (((w ^ 0x80808080u) >> (8 * j)) & 0xffu);
 }
 #define MOE_Q8_F32_BIAS 8388736.0f /* 2^23 + 128 */
+/* Q6_K codes in planes: of word w (32 bits of low nibbles of a run,
+ * bytes 4j .. 4j+3) and the run's 16-bit word c of high bits for the same
+ * elements, the two codes taken at shift s (0: elements 4j, 4j+2; 4:
+ * 4j+16, 4j+18; 8: 4j+1, 4j+3; 12: 4j+17, 4j+19) as the bits of two
+ * halves 1024 + q (q the code 0..63, under 0x6400), from which the
+ * kernels subtract 1056 (exact): q - 32. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline uint32_t moe_q6_k_half_bits(uint32_t w, uint32_t c, int s)
+{
+    const uint32_t x = c | c << 14; /* the second code's high bits at 16 + s */
+    return ((w >> s) & 0x000f000fu) | (((x >> s) << 4) & 0x00300030u) | 0x64006400u;
+}
+#define MOE_Q6_K_HALF_BIAS 1056.0f /* 1024 + 32 */
+/* Field k (bits 2k, 2k+1) of word j of a run's high bits holds element 4j
+ * + slot[k] of the run. */
+#define MOE_Q6_K_SLOTS {0, 2, 16, 18, 1, 3, 17, 19}
+/* The 192 value bytes of a Q6_K block in planes from its 256 codes (0..63,
+ * element order). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline void moe_q6_k_plane_codes(const uint8_t *q, unsigned char *v)
+{
+    const uint8_t slot[8] = MOE_Q6_K_SLOTS;
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *qr = q + 32 * r;
+        for (int i = 0; i < 16; i++) v[16 * r + i] = (unsigned char)((qr[i] & 15u) | (qr[i + 16] & 15u) << 4);
+        for (int j = 0; j < 4; j++) {
+            unsigned w = 0;
+            for (int k = 0; k < 8; k++) w |= (unsigned)(qr[4 * j + slot[k]] >> 4) << (2 * k);
+            v[128 + 8 * r + 2 * j] = (unsigned char)w;
+            v[128 + 8 * r + 2 * j + 1] = (unsigned char)(w >> 8);
+        }
+    }
+}
 
 /* Whether the CUDA backend keeps a matrix of dtype t as planes: MXFP4,
- * FP8_B128 and the four-bit formats as checkpoints store them, Q8_0, Q4_1
- * and Q4_K as --quantize makes them. */
+ * FP8_B128 and the four-bit formats as checkpoints store them, Q8_0, Q4_1,
+ * Q4_K and Q6_K as --quantize makes them. */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
 static inline bool moe_dtype_planes(enum moe_dtype t)
 {
     return t == MOE_DTYPE_MXFP4 || t == MOE_DTYPE_FP8_B128 || t == MOE_DTYPE_Q8_0 || t == MOE_DTYPE_Q4_1 ||
-           t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128 || t == MOE_DTYPE_Q4_K;
+           t == MOE_DTYPE_Q4_G32 || t == MOE_DTYPE_Q4_G128 || t == MOE_DTYPE_Q4_K || t == MOE_DTYPE_Q6_K;
 }
 /* Values per block of such a dtype (one scale each; Q4_K: one head of 8
- * groups' scales); 1 for the others. */
+ * groups' scales; Q6_K: of 16 sub-blocks' scales); 1 for the others. */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
@@ -449,7 +499,8 @@ static inline int moe_dtype_block(enum moe_dtype t)
 {
     return t == MOE_DTYPE_MXFP4 ? MOE_MXFP4_BLOCK : t == MOE_DTYPE_FP8_B128 ? MOE_FP8_BLOCK
            : t == MOE_DTYPE_Q8_0 || t == MOE_DTYPE_Q4_1 || t == MOE_DTYPE_Q4_G32 ? 32
-           : t == MOE_DTYPE_Q4_G128 ? 128 : t == MOE_DTYPE_Q4_K ? MOE_Q4_K_BLOCK : 1;
+           : t == MOE_DTYPE_Q4_G128 ? 128 : t == MOE_DTYPE_Q4_K ? MOE_Q4_K_BLOCK
+           : t == MOE_DTYPE_Q6_K ? MOE_Q6_K_BLOCK : 1;
 }
 size_t moe_planes_values_bytes(enum moe_dtype t, size_t rows, size_t K);
 size_t moe_planes_scales_bytes(enum moe_dtype t, size_t rows, size_t K);
