@@ -249,6 +249,11 @@ enum moe_weight_quant {
  * rows of 256 do not fit K. */
 enum moe_q4_k_m_part { MOE_Q4KM_DOWN, MOE_Q4KM_V, MOE_Q4KM_K, MOE_Q4KM_LM_HEAD };
 enum moe_dtype moe_quant_q4_k_m_dtype(enum moe_q4_k_m_part part, int l, int n, int n_experts, int64_t K);
+/* The same for 2-D matrix t of m: of layer l (its V and K projections
+ * counted over the layers that have V, its down projections over all),
+ * or the LM head (t == &m->lm_head); MOE_DTYPE_N for the other matrices.
+ * Every backend's packer asks it. */
+enum moe_dtype moe_quant_q4_k_m_tensor(const struct moe_model *m, int l, const struct moe_tensor *t);
 
 #define MOE_EXPERT_QUANT_DEFAULT 255 /* moe_backend_opts.expert_quant: follow quant */
 

@@ -48,15 +48,14 @@ static bool pass_takes_expert(enum pack_kind kind, const struct moe_backend *be,
     return kind == PACK_Q4 ? q == MOE_QUANT_Q4 || q == MOE_QUANT_Q4_K_M : q == MOE_QUANT_Q8_0;
 }
 
-/* What a matrix (N, K) that a quantization pass takes becomes: the pass's
- * dtype, or under q4_k_m the one moe_quant_q4_k_m_dtype names for its part
- * (part < 0: none) of layer l of n. */
-static enum moe_dtype quant_to(enum pack_kind kind, const struct moe_backend *be, const struct moe_model *m,
-                               int part, int l, int n, int64_t K, enum moe_dtype to)
+/* What a matrix that a quantization pass takes becomes: the pass's dtype
+ * `to`, or under q4_k_m the one named for it (km: moe_quant_q4_k_m_tensor's
+ * or moe_quant_q4_k_m_dtype's answer). */
+static enum moe_dtype quant_to(enum pack_kind kind, const struct moe_backend *be, enum moe_dtype km,
+                               enum moe_dtype to)
 {
-    if (kind == PACK_PANELS || be->quant != MOE_QUANT_Q4_K_M || part < 0) return to;
-    const enum moe_dtype km = moe_quant_q4_k_m_dtype((enum moe_q4_k_m_part)part, l, n, m->cfg.n_experts, K);
-    return km == MOE_DTYPE_N ? to : km;
+    if (kind == PACK_PANELS || be->quant != MOE_QUANT_Q4_K_M || km == MOE_DTYPE_N) return to;
+    return km;
 }
 
 /* One matrix to repack: a tensor view, or one entry of a layer's expert
@@ -102,25 +101,17 @@ static void layer_matrices(struct moe_layer_weights *w, struct moe_tensor *ts[LA
     memcpy(ts, all, sizeof all);
 }
 
-/* part, l, n: as quant_to's */
+/* t, a matrix of layer `layer` (-1: outside the layers) */
 static void add_tensor(enum pack_kind kind, const struct moe_backend *be, const struct moe_model *m,
-                       struct pack_item *items, size_t *n, struct moe_tensor *t, int layer, int part, int l,
-                       int nl)
+                       struct pack_item *items, size_t *n, struct moe_tensor *t, int layer)
 {
     if (!t->data || t->ndim != 2 || !packable(kind, t->dtype, t->shape[0], t->shape[1])) return;
     if (items) items[*n] = (struct pack_item){.t = t, .src = t->data, .dt = t->dtype,
                                               .N = (int)t->shape[0], .K = (int)t->shape[1],
-                                              .to = quant_to(kind, be, m, part, l, nl, t->shape[1],
+                                              .to = quant_to(kind, be, moe_quant_q4_k_m_tensor(m, layer, t),
                                                              pack_dtype(kind, t->shape[1])),
                                               .layer = layer};
     ++*n;
-}
-
-/* The q4_k_m part of t, a matrix of layer w, or -1. */
-static int km_part(const struct moe_layer_weights *w, const struct moe_tensor *t)
-{
-    return t == &w->wv ? MOE_Q4KM_V : t == &w->wk ? MOE_Q4KM_K : t == &w->w_down || t == &w->sh_down ? MOE_Q4KM_DOWN
-                                                                                                    : -1;
 }
 
 /* The repackable matrices of m in a fixed order: the LM head, then per
@@ -135,23 +126,19 @@ static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, stru
     const int E = c->n_experts, D = c->d_model, F = c->d_expert;
     size_t n = 0;
     if (pass_takes(kind, be, true)) /* first: the largest, so the team ends together */
-        add_tensor(kind, be, m, items, &n, &m->lm_head, -1, MOE_Q4KM_LM_HEAD, 0, 1);
+        add_tensor(kind, be, m, items, &n, &m->lm_head, -1);
     if (items && n == 1 && moe_model_head_tied(m))
         items[0].keep_source = true; /* tied: the embedding reads the same rows */
     const bool dense = pass_takes(kind, be, false);
-    if (dense) add_tensor(kind, be, m, items, &n, &m->mtp_eh_proj, 0, -1, 0, 1); /* a multi-token-prediction module's input */
-    int n_v = 0, i_v = 0; /* layers with attention's V projection (q4_k_m counts them apart) */
-    for (int l = 0; l < c->n_layers; l++) n_v += m->layers[l].wv.data != NULL;
+    if (dense) add_tensor(kind, be, m, items, &n, &m->mtp_eh_proj, 0); /* a multi-token-prediction module's input */
     for (int l = 0; l < c->n_layers; l++) {
         struct moe_layer_weights *w = &m->layers[l];
         struct moe_tensor *ts[LAYER_MATRICES];
         layer_matrices(w, ts);
         for (int i = 0; i < LAYER_MATRICES && dense; i++) {
             if (kind != PACK_PANELS && (ts[i] == &w->router || ts[i] == &w->sh_router)) continue;
-            const bool attn = ts[i] == &w->wv || ts[i] == &w->wk; /* counted over attention layers */
-            add_tensor(kind, be, m, items, &n, ts[i], l, km_part(w, ts[i]), attn ? i_v : l, attn ? n_v : c->n_layers);
+            add_tensor(kind, be, m, items, &n, ts[i], l);
         }
-        i_v += w->wv.data != NULL;
         struct moe_expert_weights *x = &w->experts;
         if (E <= 0 || !x->gate) continue;
         for (int e = 0; e < E; e++) {
@@ -161,7 +148,8 @@ static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, stru
                 continue;
             const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
             const enum moe_dtype to = kind == PACK_Q4 ? moe_q4_quant_expert_dtype(D, F) : pack_dtype(kind, D);
-            const enum moe_dtype to_down = quant_to(kind, be, m, MOE_Q4KM_DOWN, l, c->n_layers, F, to);
+            const enum moe_dtype to_down =
+                quant_to(kind, be, moe_quant_q4_k_m_dtype(MOE_Q4KM_DOWN, l, c->n_layers, E, F), to);
             for (int i = 0; i < 3; i++, n++)
                 if (items)
                     items[n] = (struct pack_item){.table = x, .expert = e, .slot = slots[i], .src = *slots[i],

@@ -14,6 +14,24 @@ enum moe_dtype moe_quant_q4_k_m_dtype(enum moe_q4_k_m_part part, int l, int n, i
     return dt == MOE_DTYPE_Q6_K && K % MOE_Q6_K_BLOCK ? MOE_DTYPE_Q8_0 : dt;
 }
 
+enum moe_dtype moe_quant_q4_k_m_tensor(const struct moe_model *m, int l, const struct moe_tensor *t)
+{
+    const struct moe_config *c = &m->cfg;
+    if (t->ndim != 2) return MOE_DTYPE_N;
+    if (t == &m->lm_head) return moe_quant_q4_k_m_dtype(MOE_Q4KM_LM_HEAD, 0, 1, c->n_experts, t->shape[1]);
+    if (l < 0 || l >= c->n_layers) return MOE_DTYPE_N;
+    const struct moe_layer_weights *w = &m->layers[l];
+    if (t == &w->w_down || t == &w->sh_down)
+        return moe_quant_q4_k_m_dtype(MOE_Q4KM_DOWN, l, c->n_layers, c->n_experts, t->shape[1]);
+    if (t != &w->wv && t != &w->wk) return MOE_DTYPE_N;
+    int n_v = 0, i_v = 0; /* attention's V and K: counted over the layers with V */
+    for (int i = 0; i < c->n_layers; i++) {
+        i_v += i < l && m->layers[i].wv.data != NULL;
+        n_v += m->layers[i].wv.data != NULL;
+    }
+    return moe_quant_q4_k_m_dtype(t == &w->wv ? MOE_Q4KM_V : MOE_Q4KM_K, i_v, n_v, c->n_experts, t->shape[1]);
+}
+
 enum moe_weight_quant moe_backend_expert_quant(const struct moe_backend *be, int l, int e)
 {
     const uint8_t p = be->expert_quant && l >= 0 && e >= 0 && l < be->expert_quant_layers && e < be->expert_quant_e
