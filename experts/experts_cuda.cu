@@ -15,15 +15,16 @@
  *   down kernel writes ye in expert order.
  *   Every expert weight is read once per tile of RT rows, so at batch 1 the
  *   step reads each chosen expert's weights once.
- *   MXFP4, FP8_B128 and Q8_0 experts (gpt-oss, fp8 checkpoints,
- *   --quantize q8_0) are read in place from their planes (runtime/core/tensor.h):
- *   a lane's 16-byte load is 32 or 16 values, decoded in registers
- *   (warp_dots_q).
+ *   MXFP4, FP8_B128, Q8_0, four-bit and Q6_K experts (gpt-oss, fp8
+ *   checkpoints, four-bit checkpoints, --quantize) are read in place from
+ *   their planes (runtime/core/tensor.h): a lane's 16-byte load is 32 or
+ *   16 values, decoded in registers (warp_dots_q).  The down kernel is
+ *   instantiated for the down stack's own dtype (--quantize q4_k_m).
  * - Grouped (prefill): the rows are gathered into a half-precision buffer
  *   in expert order, then cuBLAS grouped GEMMs do gate_up and down (launched
  *   from the backend); the pieces here are the gather, the SwiGLU over the
  *   (rows, 2F) gate_up output, and the combine, plus the kernel that widens
- *   a layer's MXFP4, FP8 or Q8_0 experts with rows to bf16 for those GEMMs.
+ *   a layer's experts in planes with rows to bf16 for those GEMMs.
  *
  * The combine is deterministic: out[t] = sum over k = 0..K-1 in order of
  * w[t,k] * ye[pos[t*K+k]], one thread per output element, no atomics. */
@@ -218,15 +219,21 @@ static enum moe_status gather(cudaStream_t st, void *out, enum moe_dtype odt, co
     return MOE_OK;
 }
 
-/* The decode path's kernels; act-order experts (gcols, dcols: their input
- * and down column orders, (E, D) and (E, F)) first gather x into xg and
- * reorder h into hp. */
-template <enum moe_dtype DT>
-static enum moe_status launch_small(cudaStream_t st, dim3 g1, dim3 g2, float *h, float *ye,
-                                   const float *x, const struct moe_dispatch *plan, int32_t *active,
-                                   const int32_t *wmap, const void *gu, const void *gus, const void *dn, const void *dns,
-                                   struct expert_extra xb, int K, int D, int F, int E, int n,
-                                   bool vec, const int32_t *gcols, const int32_t *dcols, float *xg, float *hp)
+/* The weight dtypes the decode kernels take (X(DT) for each). */
+#define SMALL_DTYPES(X)                                                                                           \
+    X(MOE_DTYPE_F32) X(MOE_DTYPE_F16) X(MOE_DTYPE_BF16) X(MOE_DTYPE_MXFP4) X(MOE_DTYPE_FP8_B128) X(MOE_DTYPE_Q8_0) \
+    X(MOE_DTYPE_Q4_1) X(MOE_DTYPE_Q4_G32) X(MOE_DTYPE_Q4_G128) X(MOE_DTYPE_Q4_K) X(MOE_DTYPE_Q6_K)
+
+/* The decode path's kernels, the up kernel's instance for the gate and up
+ * stack's dtype dt, the down kernel's for the down stack's ddt;
+ * act-order experts (gcols, dcols: their input and down column orders,
+ * (E, D) and (E, F)) first gather x into xg and reorder h into hp. */
+static enum moe_status launch_small(cudaStream_t st, dim3 g1, dim3 g2, float *h, float *ye, const float *x,
+                                   const struct moe_dispatch *plan, int32_t *active, const int32_t *wmap,
+                                   const void *gu, const void *gus, const void *dn, const void *dns,
+                                   struct expert_extra xb, enum moe_dtype dt, enum moe_dtype ddt, int K, int D,
+                                   int F, int E, int n, bool vec, const int32_t *gcols, const int32_t *dcols,
+                                   float *xg, float *hp)
 {
     active_experts_kernel<<<1, 256, 0, st>>>(active, plan->counts, E);
     MOE_CUDA_LAUNCHED();
@@ -235,15 +242,31 @@ static enum moe_status launch_small(cudaStream_t st, dim3 g1, dim3 g2, float *h,
         MOE_TRY(gather(st, xg, MOE_DTYPE_F32, x, perm, K, gcols, plan->offsets, E, n, D));
         x = xg, perm = NULL;
     }
-    expert_up_kernel<DT><<<g1, FFN_WARPS * 32, 0, st>>>(h, x, active, plan->counts, plan->offsets,
-                                                        perm, wmap, gu, gus, xb, K, D, F, E, n, vec);
+#define UP(DT)                                                                                                    \
+    case DT:                                                                                                      \
+        expert_up_kernel<DT><<<g1, FFN_WARPS * 32, 0, st>>>(h, x, active, plan->counts, plan->offsets, perm, wmap, \
+                                                            gu, gus, xb, K, D, F, E, n, vec);                     \
+        break;
+    switch (dt) {
+        SMALL_DTYPES(UP)
+    default: return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA experts: %s weights", moe_dtype_name(dt));
+    }
+#undef UP
     MOE_CUDA_LAUNCHED();
     if (dcols) {
         MOE_TRY(gather(st, hp, MOE_DTYPE_F32, h, NULL, 1, dcols, plan->offsets, E, n, F));
         h = hp;
     }
-    expert_down_kernel<DT><<<g2, FFN_WARPS * 32, 0, st>>>(ye, h, active, plan->counts, plan->offsets,
-                                                          wmap, dn, dns, xb.b_down, D, F, E, n, vec);
+#define DOWN(DT)                                                                                                  \
+    case DT:                                                                                                      \
+        expert_down_kernel<DT><<<g2, FFN_WARPS * 32, 0, st>>>(ye, h, active, plan->counts, plan->offsets, wmap,   \
+                                                              dn, dns, xb.b_down, D, F, E, n, vec);               \
+        break;
+    switch (ddt) {
+        SMALL_DTYPES(DOWN)
+    default: return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA experts: %s down weights", moe_dtype_name(ddt));
+    }
+#undef DOWN
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
@@ -254,8 +277,8 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
                                                       const int32_t *wmap, int Ew, const void *gu,
                                                       const void *dn,
                                                       const struct moe_expert_weights *ex,
-                                                      enum moe_dtype dt, int T, int K, int D,
-                                                      int F, int E)
+                                                      enum moe_dtype dt, enum moe_dtype ddt, int T, int K,
+                                                      int D, int F, int E)
 {
     const struct expert_extra xb = extra_of(ex);
     if (T <= 0) return MOE_OK;
@@ -270,45 +293,29 @@ extern "C" enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h,
     dim3 g1((unsigned)((F + FFN_WARPS - 1) / FFN_WARPS), ny);
     const int dw = (D + DOWN_NW - 1) / DOWN_NW; /* warps per expert in the down kernel */
     dim3 g2((unsigned)((dw + FFN_WARPS - 1) / FFN_WARPS), ny);
-    /* planes (MXFP4, FP8_B128, Q8_0, four-bit): the scales follow the values of all
-     * Ew experts of the stacks */
+    /* planes (MXFP4, FP8_B128, Q8_0, four-bit, Q6_K): the scales follow the
+     * values of all Ew experts of each stack */
     const void *gus = NULL, *dns = NULL;
-    if (moe_dtype_planes(dt)) {
-        const int blk = moe_dtype_block(dt);
-        if (D % blk || F % blk)
+    const enum moe_dtype dts[2] = {dt, ddt};
+    for (int i = 0; i < 2; i++)
+        if (moe_dtype_planes(dts[i]) && (D % moe_dtype_block(dts[i]) || F % moe_dtype_block(dts[i])))
             return moe_fail(MOE_ERR_INVALID_ARG, "CUDA experts: %s rows of %d and %d values",
-                            moe_dtype_name(dt), D, F);
-        gus = (const char *)gu + moe_planes_values_bytes(dt, 2 * (size_t)F * Ew, (size_t)D);
-        dns = (const char *)dn + moe_planes_values_bytes(dt, (size_t)D * Ew, (size_t)F);
-    }
+                            moe_dtype_name(dts[i]), D, F);
+    if (moe_dtype_planes(dt)) gus = (const char *)gu + moe_planes_values_bytes(dt, 2 * (size_t)F * Ew, (size_t)D);
+    if (moe_dtype_planes(ddt)) dns = (const char *)dn + moe_planes_values_bytes(ddt, (size_t)D * Ew, (size_t)F);
     /* one instantiation per weight type: no dtype branch in the inner loop */
     const int32_t *gcols = ex && ex->cols ? ex->cols[0] : NULL, *dcols = ex && ex->cols ? ex->cols[1] : NULL;
     if ((gcols || dcols) && (!xg || !hp))
         return moe_fail(MOE_ERR_INVALID_ARG, "CUDA experts: act-order experts without scratch");
-#define SMALL(DT)                                                                                            \
-    launch_small<DT>(st, g1, g2, h, ye, x, plan, active, wmap, gu, gus, dn, dns, xb, K, D, F, E, n, vec, gcols, \
-                     dcols, xg, hp)
-    switch (dt) {
-    case MOE_DTYPE_F32: return SMALL(MOE_DTYPE_F32);
-    case MOE_DTYPE_F16: return SMALL(MOE_DTYPE_F16);
-    case MOE_DTYPE_BF16: return SMALL(MOE_DTYPE_BF16);
-    case MOE_DTYPE_MXFP4: return SMALL(MOE_DTYPE_MXFP4);
-    case MOE_DTYPE_FP8_B128: return SMALL(MOE_DTYPE_FP8_B128);
-    case MOE_DTYPE_Q8_0: return SMALL(MOE_DTYPE_Q8_0);
-    case MOE_DTYPE_Q4_1: return SMALL(MOE_DTYPE_Q4_1);
-    case MOE_DTYPE_Q4_G32: return SMALL(MOE_DTYPE_Q4_G32);
-    case MOE_DTYPE_Q4_G128: return SMALL(MOE_DTYPE_Q4_G128);
-    case MOE_DTYPE_Q4_K: return SMALL(MOE_DTYPE_Q4_K);
-    default: return moe_fail(MOE_ERR_UNSUPPORTED, "CUDA experts: %s weights", moe_dtype_name(dt));
-    }
-#undef SMALL
+    return launch_small(st, g1, g2, h, ye, x, plan, active, wmap, gu, gus, dn, dns, xb, dt, ddt, K, D, F, E, n, vec,
+                        gcols, dcols, xg, hp);
 }
 
 /* ---- planes widened to bf16 for the grouped path ----
  * One thread per 16-byte load of values; experts without rows (counts[e]
  * == 0) are skipped.  Each value is the CPU's fp32 value (code x scale;
- * four-bit: q x d, rounded, + m, rounded), rounded once to bf16 (exact for
- * MXFP4 within bf16's range). */
+ * four-bit: q x d, rounded, + m, rounded; Q6_K: (d sc) x (q - 32)),
+ * rounded once to bf16 (exact for MXFP4 within bf16's range). */
 template <enum moe_dtype DT>
 static __global__ void widen_planes_kernel(__nv_bfloat16 *dst, const void *src, const void *scales,
                                            const int32_t *counts, size_t per_expert, size_t n_loads)
@@ -318,22 +325,29 @@ static __global__ void widen_planes_kernel(__nv_bfloat16 *dst, const void *src, 
          l += (size_t)gridDim.x * blockDim.x) {
         const size_t i = l * Q::per_load; /* first value */
         if (counts && counts[i / per_expert] <= 0) continue;
-        const uint4 wq = __ldcs((const uint4 *)((const uint8_t *)src + (Q::nib ? i / 2 : i)));
-        /* four-bit: d and m of the group in one decode (Q4_K's from its block's head) */
-        const float2 dm = Q::q4 ? q4_dm<DT>(scales, i) : make_float2(qscale<DT>(scales, i), 0.0f);
+        const uint8_t *hp = NULL;
+        const uint4 wq = __ldcs((const uint4 *)qload_at<DT>((const uint8_t *)src, i, &hp));
+        uint2 wh = {0, 0};
+        if (Q::q6) wh = __ldcs((const uint2 *)hp);
+        /* four-bit: d and m of the group in one decode (Q4_K's from its
+         * block's head); Q6_K: the scales of its two sub-blocks */
+        const float2 dm = Q::q4 ? q4_dm<DT>(scales, i) : Q::q6 ? q6_scales(scales, i)
+                                                      : make_float2(qscale<DT>(scales, i), 0.0f);
         const float sc = dm.x, mn = dm.y;
         const uint32_t word[4] = {wq.x, wq.y, wq.z, wq.w};
         __nv_bfloat16 *o = dst + i; /* 32-byte aligned: 8-byte stores of 4 values */
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float v[8];
-            qword<DT>(v, word[j]);
+            qword<DT>(v, word[j], Q::q6 ? (j < 2 ? wh.x : wh.y) >> (16 * (j & 1)) & 0xffffu : 0);
 #pragma unroll
             for (int half = 0; half < (Q::nib ? 2 : 1); half++) {
                 float f[4];
 #pragma unroll
                 for (int t = 0; t < 4; t++)
-                    f[t] = Q::q4 ? __fadd_rn(__fmul_rn(v[4 * half + t], sc), mn) : v[4 * half + t] * Q::unit * sc;
+                    f[t] = Q::q4   ? __fadd_rn(__fmul_rn(v[4 * half + t], sc), mn)
+                           : Q::q6 ? __fmul_rn(half ? mn : sc, v[4 * half + t])
+                                   : v[4 * half + t] * Q::unit * sc;
                 const __nv_bfloat162 a = __floats2bfloat162_rn(f[0], f[1]), b = __floats2bfloat162_rn(f[2], f[3]);
                 uint2 p;
                 memcpy(&p.x, &a, 4);
@@ -353,7 +367,8 @@ static enum moe_status widen(cudaStream_t st, void *dst, const void *src, const 
     if (E <= 0 || rows % (size_t)E || K % (size_t)moe_dtype_block(dt))
         return moe_fail(MOE_ERR_INVALID_ARG, "CUDA widen: %zu rows of %zu over %d experts", rows, K, E);
     if (rows == 0) return MOE_OK;
-    const size_t n = rows * K, per_load = dt == MOE_DTYPE_MXFP4 || moe_dtype_is_q4(dt) ? 32 : 16;
+    const size_t n = rows * K,
+                 per_load = dt == MOE_DTYPE_MXFP4 || moe_dtype_is_q4(dt) || dt == MOE_DTYPE_Q6_K ? 32 : 16;
     __nv_bfloat16 *d = (__nv_bfloat16 *)dst;
     const size_t per_expert = n / (size_t)E, loads = n / per_load;
     const unsigned grid = moe_cuda_blocks(loads, 256);
@@ -364,6 +379,7 @@ static enum moe_status widen(cudaStream_t st, void *dst, const void *src, const 
     else if (dt == MOE_DTYPE_Q4_1) WIDEN(MOE_DTYPE_Q4_1);
     else if (dt == MOE_DTYPE_Q4_G32) WIDEN(MOE_DTYPE_Q4_G32);
     else if (dt == MOE_DTYPE_Q4_G128) WIDEN(MOE_DTYPE_Q4_G128);
+    else if (dt == MOE_DTYPE_Q6_K) WIDEN(MOE_DTYPE_Q6_K);
     else WIDEN(MOE_DTYPE_Q4_K);
 #undef WIDEN
     MOE_CUDA_LAUNCHED();

@@ -23,8 +23,9 @@ enum moe_status moe_experts_swiglu_cuda(cudaStream_t st, float *g, const float *
  * experts (ex->cols, on the device: expert e's input column order at
  * cols[2e] = cols[0] + e*D, its down matrix's at cols[2e + 1] = cols[1] +
  * e*F; NULL otherwise), active (E + 1) int32 scratch (the experts with rows);
- * gu (Ew, 2F, D), dn (Ew, D, F) stacked in dt (MXFP4 and FP8_B128: each
- * stack as planes, runtime/core/tensor.h); expert e's weights are at place
+ * gu (Ew, 2F, D) stacked in dt, dn (Ew, D, F) in ddt (--quantize q4_k_m
+ * may keep the down projections in another dtype; a dtype kept as planes:
+ * each stack as planes, runtime/core/tensor.h); expert e's weights are at place
  * wmap[e] of the stacks (device (E); wmap NULL: e, Ew = E), and an expert
  * with wmap[e] < 0 is skipped (its rows of h and ye are left as they are);
  * ex's biases (by e) and activation (model.h; ex may be NULL: none). */
@@ -32,7 +33,8 @@ enum moe_status moe_experts_ffn_small_cuda(cudaStream_t st, float *h, float *ye,
                                            const struct moe_dispatch *plan, int32_t *active,
                                            const int32_t *wmap, int Ew, const void *gu,
                                            const void *dn, const struct moe_expert_weights *ex,
-                                           enum moe_dtype dt, int T, int K, int D, int F, int E);
+                                           enum moe_dtype dt, enum moe_dtype ddt, int T, int K, int D, int F,
+                                           int E);
 /* Grouped path pieces: xe (T*K, D) in dt (F16/BF16) = x rows in perm order
  * (cols (E, D): act-order experts' input column orders, each row's
  * expert's; NULL none); h (n, F) = act(gu[:, :F] (+ b_gate), gu[:, F:] (+

@@ -232,7 +232,7 @@ enum moe_weight_quant {
     MOE_QUANT_Q4,   /* the same weights but the LM head to ggml's Q4_1, the LM head
                        to Q8_0 (as llama.cpp's four-bit presets keep the output
                        layer at six bits or more) */
-    MOE_QUANT_Q4_K_M, /* q4, but with llama.cpp's Q4_K_M choices (CPU backends;
+    MOE_QUANT_Q4_K_M, /* q4, but with llama.cpp's Q4_K_M choices (every backend;
                          moe_quant_q4_k_m_dtype): the down projections and
                          attention V of some layers, and the LM head, at Q6_K */
 };

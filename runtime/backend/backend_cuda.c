@@ -175,7 +175,8 @@ static enum moe_status work_need(const struct cuda_ctx *c, enum moe_weight_quant
      * cfg says), or an offloaded layer's device slots; the tensor-core
      * kernels read them in place, four-bit ones excepted */
     const bool q8 = quant != MOE_QUANT_NONE;
-    const bool q4 = c->mem.n_up ? c->weights.q4_experts : cfg->q4_method != MOE_Q4_NONE || quant == MOE_QUANT_Q4 || plan;
+    const bool q4 = c->mem.n_up ? c->weights.q4_experts
+                                : cfg->q4_method != MOE_Q4_NONE || quant == MOE_QUANT_Q4 || quant == MOE_QUANT_Q4_K_M || plan;
     const bool planes = q4 || (!c->experts.mma && (c->mem.n_up ? c->weights.mxfp4_experts || c->weights.fp8_experts ||
                                                                      c->weights.q8_experts
                                                                : cfg->experts_mxfp4 || cfg->weights_fp8 || q8));

@@ -208,7 +208,7 @@ static size_t expert_mat_bytes(enum moe_dtype dt, int F, int D)
     return (size_t)F * D * moe_dtype_size(dt);
 }
 
-/* MXFP4 / FP8 / Q8_0 experts on the grouped path: the layer's experts with rows
+/* Experts in planes on the grouped path: the layer's experts with rows
  * widened to bf16 in c->wide (planes: runtime/core/tensor.h), the GEMMs then
  * as for bf16 weights. */
 static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const float *x,
@@ -220,8 +220,8 @@ static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const flo
     char *wgu = c->experts.wide, *wdn = wgu + 2 * (size_t)F * D * 2 * E;
     MOE_TRY(moe_experts_widen_cuda(c->stream, wgu, ex->gate[0], ex->dtype, 2 * (size_t)F * E,
                                    (size_t)D, E, plan->counts));
-    MOE_TRY(moe_experts_widen_cuda(c->stream, wdn, ex->down[0], ex->dtype, (size_t)D * E, (size_t)F,
-                                   E, plan->counts));
+    MOE_TRY(moe_experts_widen_cuda(c->stream, wdn, ex->down[0], moe_expert_down_dtype(ex, 0), (size_t)D * E,
+                                   (size_t)F, E, plan->counts));
     return experts_grouped(c, out, x, plan, w, wgu, wdn, ex, MOE_DTYPE_BF16, ws, T, K, D, F, E);
 }
 
@@ -231,8 +231,9 @@ static enum moe_status experts_widened(struct cuda_ctx *c, float *out, const flo
  * or 8 rows (thresholds not yet measured on a device). */
 bool moe_cuda_experts_mma(const struct cuda_ctx *c, enum moe_dtype dt, int T, int K, int D, int F, int E)
 {
-    /* the tensor-core kernels have no four-bit path */
-    const bool typed = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16 || (moe_dtype_planes(dt) && !moe_dtype_is_q4(dt));
+    /* the tensor-core kernels have no four-bit or Q6_K path */
+    const bool typed = dt == MOE_DTYPE_BF16 || dt == MOE_DTYPE_F16 ||
+                       (moe_dtype_planes(dt) && !moe_dtype_is_q4(dt) && dt != MOE_DTYPE_Q6_K);
     return c->experts.mma && c->experts.mma_tiles && typed && D % 8 == 0 && F % 8 == 0 && T > 1 &&
            (T > SMALL_EXPERT_ROWS || (int64_t)T * K >= 4 * (int64_t)E);
 }
@@ -244,6 +245,10 @@ enum moe_status moe_cuda_mma_gemms(struct cuda_ctx *c, const int32_t *wmap, cons
 {
     const enum moe_dtype at = ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
     const int n = T * K;
+    if (moe_expert_down_dtype(ex, 0) != ex->dtype) /* moe_cuda_experts_mma: q4_k_m's are four-bit */
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda experts: the tensor-core kernels with %s down projections "
+                        "beside %s gate and up", moe_dtype_name(moe_expert_down_dtype(ex, 0)),
+                        moe_dtype_name(ex->dtype));
     if (moe_expert_mma_tile_ints(n, E) > c->experts.mma_tile_ints)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d rows over %d experts, tiles reserved "
                         "for fewer", n, E);
@@ -292,17 +297,17 @@ enum moe_status moe_cuda_run_stack(struct cuda_ctx *c, enum expert_path path, co
                                    const struct moe_expert_ws *ws, int T, int K, int D, int F, int E,
                                    enum moe_dtype *ydt)
 {
-    const enum moe_dtype dt = ex->dtype;
+    const enum moe_dtype dt = ex->dtype, ddt = moe_expert_down_dtype(ex, 0);
     *ydt = path == PATH_KERNELS ? MOE_DTYPE_F32 : dt == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
     if (path == PATH_MMA) return moe_cuda_mma_gemms(c, d_map, gu, dn, C, x, plan, ex, ws, T, K, D, F, E);
     if (path == PATH_KERNELS)
         return moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, ws->xe, ws->u, x, plan, c->experts.active, d_map,
-                                          C, gu, dn, ex, dt, T, K, D, F, E);
+                                          C, gu, dn, ex, dt, ddt, T, K, D, F, E);
     if (!moe_dtype_planes(dt)) return moe_cuda_grouped_gemms(c, h_map, gu, dn, dt, plan, ex, ws, T * K, D, F, E);
     /* the C experts widened to bf16, at their places */
     char *wgu = c->experts.wide, *wdn = wgu + 2 * (size_t)F * D * 2 * C;
     MOE_TRY(moe_experts_widen_cuda(c->stream, wgu, gu, dt, 2 * (size_t)F * C, (size_t)D, C, NULL));
-    MOE_TRY(moe_experts_widen_cuda(c->stream, wdn, dn, dt, (size_t)D * C, (size_t)F, C, NULL));
+    MOE_TRY(moe_experts_widen_cuda(c->stream, wdn, dn, ddt, (size_t)D * C, (size_t)F, C, NULL));
     return moe_cuda_grouped_gemms(c, h_map, wgu, wdn, MOE_DTYPE_BF16, plan, ex, ws, T * K, D, F, E);
 }
 
@@ -325,12 +330,13 @@ enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float *out, const 
                                           const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
                                           int T, int K, int D, int F, int E)
 {
-    const size_t mat = expert_mat_bytes(ex->dtype, F, D);
+    const enum moe_dtype ddt = moe_expert_down_dtype(ex, 0);
+    const size_t mat = expert_mat_bytes(ex->dtype, F, D), mat_d = expert_mat_bytes(ddt, F, D);
     const char *gu = ex->gate[0], *dn = ex->down[0];
     for (int e = 0; e < E; e++)
         if ((const char *)ex->gate[e] != gu + 2 * mat * e ||
             (const char *)ex->up[e] != gu + 2 * mat * e + mat ||
-            (const char *)ex->down[e] != dn + mat * e ||
+            (const char *)ex->down[e] != dn + mat_d * e || moe_expert_down_dtype(ex, e) != ddt ||
             (ex->cols && (ex->cols[2 * e] != ex->cols[0] + (size_t)e * D ||
                           ex->cols[2 * e + 1] != ex->cols[1] + (size_t)e * F)))
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: expert %d is not in the stacked "
@@ -352,8 +358,7 @@ enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float *out, const 
     if (E > c->work.max_e)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d experts, %d reserved", E, c->work.max_e);
     MOE_TRY(moe_experts_ffn_small_cuda(c->stream, ws->g, ws->ye, ws->xe, ws->u, x, plan, c->experts.active, NULL, E,
-                                       gu, dn, ex,
-                                       ex->dtype, T, K, D, F, E));
+                                       gu, dn, ex, ex->dtype, ddt, T, K, D, F, E));
     return moe_experts_combine_cuda(c->stream, out, ws->ye, MOE_DTYPE_F32, w, plan->pos, T, K, D,
                                     plan->offsets, E, NULL);
 }
@@ -374,12 +379,13 @@ enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const st
     if (ex->dtypes)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with a precision per expert is not "
                         "supported");
-    const size_t mat = expert_mat_bytes(ex->dtype, F, D);
+    const size_t mat = expert_mat_bytes(ex->dtype, F, D), mat_d = expert_mat_bytes(moe_expert_down_dtype(ex, lo), F, D);
     const char *gu = ex->gate[lo], *dn = ex->down[lo];
     for (int s = lo; s < hi; s++)
         if (!gu || (const char *)ex->gate[s] != gu + 2 * mat * (size_t)(s - lo) ||
             (const char *)ex->up[s] != gu + 2 * mat * (size_t)(s - lo) + mat ||
-            (const char *)ex->down[s] != dn + mat * (size_t)(s - lo))
+            (const char *)ex->down[s] != dn + mat_d * (size_t)(s - lo) ||
+            moe_expert_down_dtype(ex, s) != moe_expert_down_dtype(ex, lo))
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slot %d is not in this rank's stacked device "
                             "layout", s);
     /* act-order: every slot's orders, by slot, read by the gathers and

@@ -14,8 +14,10 @@
  * (runtime/core/tensor.h: the values of all its matrices, then their
  * scales), the table pointing at each matrix's values: gate[e] = gate[0] +
  * 2e*V bytes, up[e] = gate[e] + V, down[e] = down[0] + e*V, V =
- * moe_planes_values_bytes(dtype, F, D).  The experts op requires that
- * layout.  An offloaded layer (struct offload_layer) keeps the same layout
+ * moe_planes_values_bytes(dtype, F, D).  Under --quantize q4_k_m a
+ * layer's down stack may take its own dtype (the table's down_dtypes,
+ * moe_expert_down_dtype), its V then that dtype's.  The experts op
+ * requires that layout.  An offloaded layer (struct offload_layer) keeps the same layout
  * in pinned host memory and in its device slots. */
 #pragma once
 
@@ -67,7 +69,8 @@ struct cuda_weights {
     bool fp8_dense;          /* FP8 matmul weights kept as planes (cuda_matmul reads them in place) */
     bool q8_experts, q8_dense; /* experts or matmul weights quantized to Q8_0 planes */
     bool q4_experts, q4_dense; /* four-bit experts or matmul weights kept as planes */
-    bool q4_1_made, q4_k_made; /* those quantized at upload (--quantize q4), by format */
+    bool q4_1_made, q4_k_made; /* those quantized at upload (--quantize q4, q4_k_m), by format */
+    bool q6_k_made;            /* Q6_K matrices quantized at upload (--quantize q4_k_m) */
     int *q8_bad;             /* device int: the quantize kernel's flag (owned) */
     size_t planes_dense_max; /* the most values of one planes matrix (N x Din) */
 };
@@ -270,6 +273,14 @@ MOE_MUST_USE enum moe_status moe_cuda_coll_gather(struct moe_backend *be, int gr
 MOE_MUST_USE enum moe_status moe_cuda_mem_keep(struct cuda_mem *m, void *p);
 /* Records host memory (malloc'd) freed at destroy. */
 MOE_MUST_USE enum moe_status moe_cuda_mem_keep_host(struct cuda_mem *m, void *p);
+
+/* ---- backend_cuda_report.c ---- */
+/* --quantize's name for q ("q8_0", "q4", "q4_k_m"). */
+const char *moe_cuda_quant_name(enum moe_weight_quant q);
+/* The load summary on stderr after prepare_model (c's weights flags and
+ * part bytes; the device's free memory). */
+MOE_MUST_USE enum moe_status moe_cuda_report_load(struct cuda_ctx *c, const struct moe_backend *be,
+                                                  const struct moe_config *cfg);
 /* A new device buffer of bytes (at least 1), freed at destroy. */
 MOE_MUST_USE enum moe_status moe_cuda_mem_buffer(struct cuda_mem *m, size_t bytes, void **out);
 void moe_cuda_mem_free(struct cuda_mem *m);

@@ -87,27 +87,38 @@ static enum moe_status upload_planes_view(struct moe_backend *be, struct moe_ten
  * the LM head), MOE_DTYPE_N when it stays as stored.  The CPU backend's
  * rule (backend_cpu_pack.c): float weights whose rows are whole blocks of
  * 32; q8_0 makes Q8_0, q4 makes moe_q4_quant_dtype's (Q4_K or Q4_1), but
- * the LM head Q8_0. */
+ * the LM head Q8_0; q4_k_m makes q4's but km where km is not MOE_DTYPE_N
+ * (moe_quant_q4_k_m_tensor's or moe_quant_q4_k_m_dtype's answer for the
+ * matrix). */
 static enum moe_dtype quant_target(enum moe_weight_quant q, enum moe_dtype dt, int64_t K, int64_t F,
-                                   bool lm_head)
+                                   bool lm_head, enum moe_dtype km)
 {
     if (q == MOE_QUANT_NONE || K <= 0 || K % MOE_Q8_0_BLOCK || F % MOE_Q8_0_BLOCK ||
         (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16))
         return MOE_DTYPE_N;
-    if (q != MOE_QUANT_Q4 || lm_head) return MOE_DTYPE_Q8_0;
+    if (q == MOE_QUANT_Q4_K_M && km != MOE_DTYPE_N) return km;
+    if (q == MOE_QUANT_Q8_0 || lm_head) return MOE_DTYPE_Q8_0;
     return F ? moe_q4_quant_expert_dtype(K, F) : moe_q4_quant_dtype(K);
 }
 
-/* Notes a matrix made in four bits at upload (for the load summary). */
-static void note_q4_made(struct cuda_weights *w, enum moe_dtype qt)
+/* The q4_k_m dtype of matrix t of layer l of m (moe_quant_q4_k_m_tensor)
+ * under quantization q, else MOE_DTYPE_N. */
+static enum moe_dtype km_target(enum moe_weight_quant q, const struct moe_model *m, int l, const struct moe_tensor *t)
 {
-    if (qt == MOE_DTYPE_Q4_K) w->q4_k_made = true;
-    else w->q4_1_made = true;
+    return q == MOE_QUANT_Q4_K_M ? moe_quant_q4_k_m_tensor(m, l, t) : MOE_DTYPE_N;
 }
 
-/* n values of dt in the device buffer stage quantized to qt (Q8_0, Q4_1
- * or Q4_K) planes at dst (moe_ops_quantize_*_cuda), waited for; what names
- * the matrix in the error when a value is not finite. */
+/* Notes a matrix made in four or six bits at upload (for the load summary). */
+static void note_k_made(struct cuda_weights *w, enum moe_dtype qt)
+{
+    if (qt == MOE_DTYPE_Q4_K) w->q4_k_made = true;
+    else if (qt == MOE_DTYPE_Q6_K) w->q6_k_made = true;
+    else if (qt == MOE_DTYPE_Q4_1) w->q4_1_made = true;
+}
+
+/* n values of dt in the device buffer stage quantized to qt (Q8_0, Q4_1,
+ * Q4_K or Q6_K) planes at dst (moe_ops_quantize_*_cuda), waited for; what
+ * names the matrix in the error when a value is not finite. */
 static enum moe_status quant_from_stage(struct moe_backend *be, enum moe_dtype qt, void *dst, const void *stage,
                                         enum moe_dtype dt, size_t n, const char *what)
 {
@@ -116,13 +127,14 @@ static enum moe_status quant_from_stage(struct moe_backend *be, enum moe_dtype q
     int bad = 0;
     MOE_CUDA_TRY(cudaMemsetAsync(c->weights.q8_bad, 0, sizeof(int), c->stream));
     if (qt == MOE_DTYPE_Q4_1) MOE_TRY(moe_ops_quantize_q4_1_cuda(c->stream, dst, stage, dt, n, c->weights.q8_bad));
-    else if (qt == MOE_DTYPE_Q4_K) MOE_TRY(moe_ops_quantize_q4_k_cuda(c->stream, dst, stage, dt, n, c->weights.q8_bad));
+    else if (qt == MOE_DTYPE_Q4_K || qt == MOE_DTYPE_Q6_K)
+        MOE_TRY(moe_ops_quantize_k_cuda(c->stream, qt, dst, stage, dt, n, c->weights.q8_bad));
     else MOE_TRY(moe_ops_quantize_q8_0_cuda(c->stream, dst, stage, dt, n, c->weights.q8_bad));
     MOE_CUDA_TRY(cudaMemcpyAsync(&bad, c->weights.q8_bad, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
     MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
     if (bad)
         return moe_fail(MOE_ERR_FORMAT, "--quantize %s: %s holds a value that is not finite (or one "
-                        "whose block scale is past f16's range)", qt == MOE_DTYPE_Q8_0 ? "q8_0" : "q4", what);
+                        "whose block scale is past f16's range)", moe_cuda_quant_name(be->quant), what);
     return MOE_OK;
 }
 
@@ -150,12 +162,9 @@ static enum moe_status upload_quant_view(struct moe_backend *be, const struct mo
     else snprintf(what, sizeof what, "a (%zu, %zu) weight of layer %d", N, K, layer);
     if (s == MOE_OK) s = quant_from_stage(be, qt, *out, stage, t->dtype, n, what);
     cudaFree(stage);
-    if (moe_dtype_is_q4(qt)) {
-        c->weights.q4_dense = true;
-        note_q4_made(&c->weights, qt);
-    } else {
-        c->weights.q8_dense = true;
-    }
+    if (qt != MOE_DTYPE_Q8_0) c->weights.q4_dense = true;
+    else c->weights.q8_dense = true;
+    note_k_made(&c->weights, qt);
     if (N * K > c->weights.planes_dense_max) c->weights.planes_dense_max = N * K;
     return s;
 }
@@ -170,7 +179,8 @@ static enum moe_status upload_as(struct moe_backend *be, const struct moe_model 
 {
     struct cuda_ctx *c = ctx_of(be);
     if (!t->data || t->device >= 0) return MOE_OK;
-    const enum moe_dtype qt = planes && t->ndim == 2 ? quant_target(be->quant, t->dtype, t->shape[1], 0, layer < 0)
+    const enum moe_dtype qt = planes && t->ndim == 2 ? quant_target(be->quant, t->dtype, t->shape[1], 0, layer < 0,
+                                                                    km_target(be->quant, m, layer, t))
                                                      : MOE_DTYPE_N;
     const bool quant = qt != MOE_DTYPE_N;
     for (size_t i = 0; i < c->mem.n_up; i++)
@@ -279,10 +289,22 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
  * (--quantize): stacked as stored into staging buffers, each stack then
  * quantized as one (2FE, D) or (DE, F) matrix, which is the planes layout
  * of the stacks (matrix i's values at i * values(F, D), the scales after
- * all of them); the table's dtype becomes qt. */
+ * all of them), the down stack to qd (q4_k_m's may differ); the table's
+ * dtype becomes qt, and its down_dtypes (E, host memory the backend owns)
+ * qd where that differs. */
 static enum moe_status quant_experts(struct moe_backend *be, const struct moe_model *m, struct moe_expert_weights *x,
-                                     enum moe_dtype qt, int E, int D, int F, void *gu, void *dn, int moe_layer)
+                                     enum moe_dtype qt, enum moe_dtype qd, int E, int D, int F, void *gu, void *dn,
+                                     int moe_layer)
 {
+    enum moe_dtype *dd = NULL;
+    if (qd != qt) {
+        enum moe_status ks = MOE_OK;
+        if (!(dd = malloc((size_t)E * sizeof *dd)) || (ks = moe_cuda_mem_keep_host(&ctx_of(be)->mem, dd)) != MOE_OK) {
+            free(dd);
+            return ks != MOE_OK ? ks : moe_fail(MOE_ERR_NOMEM, "cuda upload: a table of %d experts", E);
+        }
+        for (int e = 0; e < E; e++) dd[e] = qd;
+    }
     /* n: values of the down stack; mat: bytes of one matrix as stored; gb:
      * of the gate+up stack */
     size_t n, mat, gb;
@@ -300,18 +322,17 @@ static enum moe_status quant_experts(struct moe_backend *be, const struct moe_mo
     char what[96];
     snprintf(what, sizeof what, "an expert of MoE layer %d", moe_layer);
     if (s == MOE_OK) s = quant_from_stage(be, qt, gu, sg, x->dtype, 2 * n, what);
-    if (s == MOE_OK) s = quant_from_stage(be, qt, dn, sd, x->dtype, n, what);
+    if (s == MOE_OK) s = quant_from_stage(be, qd, dn, sd, x->dtype, n, what);
     cudaFree(sg);
     cudaFree(sd);
     if (s == MOE_OK) {
         x->dtype = qt;
+        x->down_dtypes = dd;
         struct cuda_weights *w = &ctx_of(be)->weights;
-        if (moe_dtype_is_q4(qt)) {
-            w->q4_experts = true;
-            note_q4_made(w, qt);
-        } else {
-            w->q8_experts = true;
-        }
+        if (qt != MOE_DTYPE_Q8_0) w->q4_experts = true;
+        else w->q8_experts = true;
+        note_k_made(w, qt);
+        note_k_made(w, qd);
     }
     return s;
 }
@@ -348,34 +369,44 @@ static enum moe_status upload_expert_cols(struct moe_backend *be, struct moe_exp
     return MOE_OK;
 }
 
-/* Stacks a layer's experts into (E, 2F, D) gate+up and (E, D, F) down device
- * buffers, quantized as q, and points the expert table into them
- * (offloaded: see backend_cuda_offload.c); act-order experts' column
+/* One expert matrix's bytes in dt on the device (planes: its values)
+ * into *mat and its scales (0 for plain rows) into *sb; false when dt's
+ * blocks do not fit D and F. */
+static bool expert_sizes(enum moe_dtype dt, int D, int F, size_t *mat, size_t *sb)
+{
+    *mat = (size_t)F * D * moe_dtype_size(dt);
+    *sb = 0;
+    if (!moe_dtype_planes(dt)) return true;
+    if (D % moe_dtype_block(dt) || F % moe_dtype_block(dt)) return false;
+    *mat = moe_planes_values_bytes(dt, (size_t)F, (size_t)D);
+    *sb = moe_planes_scales_bytes(dt, (size_t)F, (size_t)D);
+    return true;
+}
+
+/* Stacks the experts of model layer l into (E, 2F, D) gate+up and (E, D,
+ * F) down device buffers, quantized as q, and points the expert table into
+ * them (offloaded: see backend_cuda_offload.c); act-order experts' column
  * orders follow. */
 static enum moe_status upload_experts(struct moe_backend *be, const struct moe_model *m,
-                                      struct moe_expert_weights *x, int E, int D, int F, int moe_layer,
+                                      struct moe_expert_weights *x, int E, int D, int F, int l, int moe_layer,
                                       enum moe_weight_quant q)
 {
     struct cuda_ctx *c = ctx_of(be);
     /* MXFP4, FP8 and four-bit experts stay as they are, in planes; float
      * ones become Q8_0, Q4_1 or Q4_K planes under --quantize (Q4_K when D
-     * and F are multiples of 256: one dtype an expert) */
-    const enum moe_dtype qt = quant_target(q, x->dtype, D, F, false);
+     * and F are multiples of 256: one dtype an expert), their down
+     * matrices under q4_k_m Q6_K or Q8_0 in some layers */
+    const enum moe_dtype qt = quant_target(q, x->dtype, D, F, false, MOE_DTYPE_N);
+    const enum moe_dtype km = moe_quant_q4_k_m_dtype(MOE_Q4KM_DOWN, l, m->cfg.n_layers, m->cfg.n_experts, F);
+    const enum moe_dtype qd = quant_target(q, x->dtype, D, F, false, km);
     const bool quant = qt != MOE_DTYPE_N;
-    const enum moe_dtype dt = quant ? qt : x->dtype;
-    const bool planes = moe_dtype_planes(dt);
-    /* mat: one matrix's bytes (planes: its values), sb: its scales */
-    size_t mat = (size_t)F * D * moe_dtype_size(dt), sb = 0, gu_bytes;
-    if (planes) {
-        const int blk = moe_dtype_block(dt);
-        if (D % blk || F % blk)
-            return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %s experts of %d x %d", moe_dtype_name(dt), D, F);
-        mat = moe_planes_values_bytes(dt, (size_t)F, (size_t)D);
-        sb = moe_planes_scales_bytes(dt, (size_t)F, (size_t)D);
-    }
-    if (!moe_mul_size(2 * (mat + sb), (size_t)E, &gu_bytes))
+    const enum moe_dtype dt = quant ? qt : x->dtype, ddt = quant ? qd : x->dtype;
+    /* mat, mat_d: one matrix's bytes (planes: its values), sb, sb_d: its scales */
+    size_t mat, sb, mat_d, sb_d, gu_bytes, dn_bytes;
+    if (!expert_sizes(dt, D, F, &mat, &sb) || !expert_sizes(ddt, D, F, &mat_d, &sb_d))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %s experts of %d x %d", moe_dtype_name(dt), D, F);
+    if (!moe_mul_size(2 * (mat + sb), (size_t)E, &gu_bytes) || !moe_mul_size(mat_d + sb_d, (size_t)E, &dn_bytes))
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: %d experts of %d x %d overflow", E, D, F);
-    const size_t dn_bytes = gu_bytes / 2;
     /* offload (moe_offload_opts.gpu_experts below E): the stacks are built here, then
      * moved to host memory */
     const struct moe_offload_opts *oo = &c->off.opts;
@@ -385,6 +416,10 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --gpu-experts-cpu-rows with act-order four-bit "
                         "experts (MoE layer %d) is not supported: the CPU side reads the experts' columns in "
                         "stored order", moe_layer);
+    if (off && ddt != dt) /* the offload keeps one dtype a layer */
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --gpu-experts with --quantize q4_k_m's %s down "
+                        "projections beside %s gate and up (MoE layer %d) is not supported; use q4",
+                        moe_dtype_name(ddt), moe_dtype_name(dt), moe_layer);
     if (off) {
         MOE_CUDA_TRY(cudaMalloc(&gu, gu_bytes));
         cudaError_t ce = cudaMalloc(&dn, dn_bytes);
@@ -392,7 +427,7 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
             cudaFree(gu);
             return moe_fail(MOE_ERR_DEVICE, "cuda upload: a layer's experts: %s", cudaGetErrorString(ce));
         }
-        enum moe_status s = quant ? quant_experts(be, m, x, qt, E, D, F, gu, dn, moe_layer)
+        enum moe_status s = quant ? quant_experts(be, m, x, qt, qd, E, D, F, gu, dn, moe_layer)
                                : stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat);
         const double *warm = oo->warm ? oo->warm + (size_t)moe_layer * E : NULL;
         if (s == MOE_OK)
@@ -406,12 +441,12 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     }
     MOE_TRY(dev_buffer(be, gu_bytes, &gu));
     MOE_TRY(dev_buffer(be, dn_bytes, &dn));
-    if (quant) MOE_TRY(quant_experts(be, m, x, qt, E, D, F, gu, dn, moe_layer));
+    if (quant) MOE_TRY(quant_experts(be, m, x, qt, qd, E, D, F, gu, dn, moe_layer));
     else MOE_TRY(stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat));
     for (int e = 0; e < E; e++) {
         x->gate[e] = (const char *)gu + 2 * mat * e;
         x->up[e] = (const char *)gu + 2 * mat * e + mat;
-        x->down[e] = (const char *)dn + mat * e;
+        x->down[e] = (const char *)dn + mat_d * e;
     }
     c->mem.part_bytes[P_EXPERTS] += gu_bytes + dn_bytes;
     return x->cols ? upload_expert_cols(be, x, E, D, F) : MOE_OK;
@@ -423,7 +458,7 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
  * the stack's dtype, *n: its experts (0: nothing uploaded). */
 static enum moe_status upload_expert_set(struct moe_backend *be, const struct moe_model *m,
                                          struct moe_expert_weights *x, const uint8_t *pick, uint8_t want, int E,
-                                         int D, int F, int moe_layer, enum moe_weight_quant q, int *n,
+                                         int D, int F, int l, int moe_layer, enum moe_weight_quant q, int *n,
                                          enum moe_dtype *dt)
 {
     *n = 0;
@@ -436,7 +471,11 @@ static enum moe_status upload_expert_set(struct moe_backend *be, const struct mo
     h.gate = t, h.up = t + *n, h.down = t + 2 * (size_t)*n;
     for (int e = 0, i = 0; e < E; e++)
         if (pick[e] == want) h.gate[i] = x->gate[e], h.up[i] = x->up[e], h.down[i++] = x->down[e];
-    enum moe_status s = upload_experts(be, m, &h, *n, D, F, moe_layer, q);
+    enum moe_status s = upload_experts(be, m, &h, *n, D, F, l, moe_layer, q);
+    if (s == MOE_OK && h.down_dtypes) /* the slot views and a plan's stacks carry one dtype a stack */
+        s = moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with --quantize q4_k_m's %s down "
+                     "projections beside %s gate and up (MoE layer %d) is not supported; use q4",
+                     moe_dtype_name(h.down_dtypes[0]), moe_dtype_name(h.dtype), moe_layer);
     if (s == MOE_OK) {
         *dt = h.dtype;
         for (int e = 0, i = 0; e < E; e++)
@@ -462,7 +501,7 @@ static enum moe_status upload_mixed_experts(struct moe_backend *be, const struct
     for (int e = 0; e < E; e++) used[pick[e] = (uint8_t)moe_backend_expert_quant(be, l, e)] = 1;
     enum moe_status s = MOE_OK;
     if (used[0] + used[1] + used[2] == 1) {
-        s = upload_experts(be, m, x, E, D, F, moe_layer, (enum moe_weight_quant)pick[0]);
+        s = upload_experts(be, m, x, E, D, F, l, moe_layer, (enum moe_weight_quant)pick[0]);
         free(pick);
         return s;
     }
@@ -482,7 +521,7 @@ static enum moe_status upload_mixed_experts(struct moe_backend *be, const struct
     for (int q = 0; q < 3 && s == MOE_OK; q++) {
         if (!used[q]) continue;
         struct cuda_mixed_set *st = &mx->set[mx->n];
-        s = upload_expert_set(be, m, x, pick, (uint8_t)q, E, D, F, moe_layer, (enum moe_weight_quant)q, &st->C,
+        s = upload_expert_set(be, m, x, pick, (uint8_t)q, E, D, F, l, moe_layer, (enum moe_weight_quant)q, &st->C,
                               &st->dtype);
         if (s != MOE_OK) break;
         st->h_map = malloc((size_t)E * sizeof(int32_t));
@@ -520,7 +559,7 @@ static enum moe_status upload_held_experts(struct moe_backend *be, const struct 
 {
     if (!m->ep_held)
         return be->expert_quant ? upload_mixed_experts(be, m, l, x, E, D, F, moe_layer)
-                                : upload_experts(be, m, x, E, D, F, moe_layer, be->quant);
+                                : upload_experts(be, m, x, E, D, F, l, moe_layer, be->quant);
     const char *no = m->weights_deferred ? "--synthetic weights (generated on the device whole)"
                      : ctx_of(be)->off.opts.gpu_experts > 0 ? "--gpu-experts" : NULL;
     if (no)
@@ -530,7 +569,7 @@ static enum moe_status upload_held_experts(struct moe_backend *be, const struct 
     for (int e = 0; e < E; e++) held[e] = moe_model_holds(m, l, e) != 0;
     int n;
     enum moe_dtype dt;
-    enum moe_status s = upload_expert_set(be, m, x, held, 1, E, D, F, moe_layer, be->quant, &n, &dt);
+    enum moe_status s = upload_expert_set(be, m, x, held, 1, E, D, F, l, moe_layer, be->quant, &n, &dt);
     if (s == MOE_OK) x->dtype = dt;
     free(held);
     /* act-order: every expert's orders (in order for those not held),
@@ -627,9 +666,9 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: %s (%s) has no CUDA kernels yet; use --backend cpu",
                         l4, cfg->architecture);
     if (m->embed.device >= 0) return MOE_OK; /* already on the device */
-    if (be->quant == MOE_QUANT_Q4_K_M)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --quantize q4_k_m is not supported (no Q6_K kernels "
-                        "yet); use q4");
+    if (be->quant == MOE_QUANT_Q4_K_M && be->expert_quant)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --expert-dtype-plan with --quantize q4_k_m is not "
+                        "supported (a plan's stacks carry one dtype each); use q4");
     if (has_dtype(m, is_mxfp4))
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "
                         "supported");
@@ -640,6 +679,7 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     for (int l = 0; l < cfg->n_layers; l++)
         if (m->layers[l].wq.dtype == MOE_DTYPE_Q8_0 || m->layers[l].wq.dtype == MOE_DTYPE_BF16_PANEL ||
             (m->layers[l].experts.gate && (m->layers[l].experts.dtype == MOE_DTYPE_Q8_0 || m->layers[l].experts.dtypes ||
+                                           m->layers[l].experts.down_dtypes ||
                                            m->layers[l].experts.dtype == MOE_DTYPE_BF16_PANEL)))
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda backend: the model's weights were repacked or "
                             "quantized for a CPU backend; load it again for this one");
@@ -657,13 +697,16 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     c->mem.n_up = 0;
     c->weights.widened_fp8 = c->weights.mxfp4_experts = c->weights.fp8_experts = c->weights.fp8_dense = c->weights.q8_experts = c->weights.q8_dense = false;
     c->weights.q4_experts = c->weights.q4_dense = c->weights.q4_1_made = c->weights.q4_k_made = false;
+    c->weights.q6_k_made = false;
     c->weights.planes_dense_max = 0;
     c->mixed_layers = 0;
     memset(c->mem.part_bytes, 0, sizeof c->mem.part_bytes);
     MOE_TRY(upload_view(be, m, &m->embed, P_EMBED));
     /* the LM head: quantized under --quantize q8_0 (tied: a copy of its
      * own, the embedding stays as stored) */
-    const bool q8_head = m->lm_head.ndim == 2 && quant_target(be->quant, m->lm_head.dtype, m->lm_head.shape[1], 0, true) != MOE_DTYPE_N;
+    const bool q8_head = m->lm_head.ndim == 2 &&
+                         quant_target(be->quant, m->lm_head.dtype, m->lm_head.shape[1], 0, true,
+                                      km_target(be->quant, m, -1, &m->lm_head)) != MOE_DTYPE_N;
     MOE_TRY(upload_matmul_view(be, m, &m->lm_head, cfg->tie_embeddings && !q8_head ? P_EMBED : P_HEAD, -1));
     MOE_TRY(upload_view(be, m, &m->final_norm, P_NORM));
     /* a multi-token-prediction module's input (absent elsewhere) */
@@ -704,48 +747,5 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
     /* the plain cudaMemcpy calls above ran on the legacy stream, which the
      * backend's non-blocking stream does not wait for */
     MOE_CUDA_TRY(cudaDeviceSynchronize());
-    size_t fr = 0, tot = 0, all = 0;
-    MOE_CUDA_TRY(cudaMemGetInfo(&fr, &tot));
-    char line[512];
-    int off = 0;
-    for (int p = 0; p < P_COUNT; p++) {
-        all += c->mem.part_bytes[p];
-        if (c->mem.part_bytes[p] && off < (int)sizeof line)
-            off += snprintf(line + off, sizeof line - (size_t)off, " %s %.2f", moe_cuda_part_names[p],
-                            c->mem.part_bytes[p] / 1073741824.0);
-    }
-    fprintf(stderr, "moerun: cuda: weights resident %.2f GiB (%s ) free %.2f of %.2f GiB\n",
-            all / 1073741824.0, line, fr / 1073741824.0, tot / 1073741824.0);
-    if (c->off.n)
-        fprintf(stderr, "moerun: cuda: experts offloaded: %d of %d per MoE layer in device slots, all of "
-                "them in %.2f GiB of pinned host memory, copied in when routed to (%d layers)%s\n",
-                oo->gpu_experts, cfg->n_experts, c->off.host_bytes / 1073741824.0, c->off.n,
-                oo->cpu_rows > 0 ? "; missed experts with few rows computed on the CPU" : "");
-    if (c->weights.mxfp4_experts || c->weights.fp8_experts || c->weights.fp8_dense)
-        fprintf(stderr, "moerun: cuda: %s%s%s%s resident as stored, read in place\n",
-                c->weights.mxfp4_experts ? "MXFP4 experts" : "", c->weights.mxfp4_experts && c->weights.fp8_experts ? ", " : "",
-                c->weights.fp8_experts ? "FP8 experts" : "",
-                c->weights.fp8_dense ? (c->weights.mxfp4_experts || c->weights.fp8_experts ? ", FP8 projections" : "FP8 projections") : "");
-    if (c->mixed_layers)
-        fprintf(stderr, "moerun: cuda: --expert-dtype-plan: %d MoE layers hold their experts in several formats, "
-                "one stack per format\n", c->mixed_layers);
-    if (c->weights.q8_experts || c->weights.q8_dense)
-        fprintf(stderr, "moerun: cuda: %s quantized to Q8_0 on the device (%s), read in place\n",
-                c->weights.q8_experts && c->weights.q8_dense ? "experts and projections" : c->weights.q8_experts ? "experts" : "projections",
-                be->expert_quant ? "--quantize, --expert-dtype-plan" : "--quantize q8_0");
-    if (c->weights.q4_k_made || c->weights.q4_1_made)
-        fprintf(stderr, "moerun: cuda: %s quantized to %s on the device (%s: Q4_K where rows are "
-                "multiples of 256, else Q4_1; the LM head to Q8_0), read in place\n",
-                c->weights.q4_experts && c->weights.q4_dense ? "experts and projections"
-                : c->weights.q4_experts ? "experts" : "projections",
-                c->weights.q4_k_made && c->weights.q4_1_made ? "Q4_K and Q4_1" : c->weights.q4_k_made ? "Q4_K" : "Q4_1",
-                be->expert_quant ? "--quantize q4, --expert-dtype-plan" : "--quantize q4");
-    else if (c->weights.q4_experts || c->weights.q4_dense)
-        fprintf(stderr, "moerun: cuda: four-bit %s resident as stored, read in place\n",
-                c->weights.q4_experts && c->weights.q4_dense ? "experts and projections"
-                : c->weights.q4_experts ? "experts" : "projections");
-    if (c->weights.widened_fp8)
-        fprintf(stderr, "moerun: cuda: other FP8 weights widened to bf16 at upload (each rounded once: "
-                "1.9x their bytes)\n");
-    return MOE_OK;
+    return moe_cuda_report_load(c, be, cfg);
 }

@@ -258,7 +258,7 @@ static enum moe_status expert_kernels(struct bench_res *r, enum moe_dtype dt, in
         if (s == MOE_OK)
             s = moe_experts_ffn_small_cuda(r->st, (float *)r->bufs[4], (float *)r->bufs[5], NULL, NULL,
                                            (const float *)r->bufs[3], &plan, (int32_t *)r->bufs[6],
-                                           NULL, E, r->bufs[0], r->bufs[1], &ex, dt,
+                                           NULL, E, r->bufs[0], r->bufs[1], &ex, dt, dt,
                                            batch, K, D, F, E);
     }
     if (s == MOE_OK && cudaEventRecord(r->b, r->st) != cudaSuccess) s = moe_fail(MOE_ERR_DEVICE, "expert kernels: event");

@@ -143,7 +143,7 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
              "and CUDA backends), or q4, four bits with the LM head at\n"
              "q8_0: ggml's Q4_K (4.5 bits a weight) where rows are\n"
              "multiples of 256, ggml's Q4_1 (5 bits) elsewhere; routers\n"
-             "and the embedding stay as stored; or q4_k_m (CPU), q4 with\n"
+             "and the embedding stay as stored; or q4_k_m, q4 with\n"
              "llama.cpp's Q4_K_M choices: the LM head, and the down\n"
              "projections and attention V of some layers, at Q6_K\n"
              "(6.56 bits)"},

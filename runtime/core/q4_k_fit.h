@@ -1,6 +1,6 @@
 /* q4_k_fit.h - the Q4_K quantizer of one block (MOE_DTYPE_Q4_K,
  * tensor.h), shared by the CPU (q4_k.c: moe_quantize_row_q4_k) and the
- * CUDA backend's quantizer at upload (runtime/cuda/quant_q4_k_cuda.cu), so
+ * CUDA backend's quantizer at upload (runtime/cuda/quant_k_cuda.cu), so
  * that both make the same bytes: fp32 and fp64 operations in a fixed
  * order, none fused (C11 does not contract expressions; the CUDA file is
  * built with --fmad=false).

@@ -1,6 +1,6 @@
 /* cuda_planes.cuh - the warp dot products the decode expert kernels
  * (experts/experts_cuda.cu) and the small-step dense matmul
- * (runtime/cuda/matmul_cuda.cu) share: MXFP4, FP8_B128, Q8_0 and the
+ * (runtime/cuda/matmul_cuda.cu) share: MXFP4, FP8_B128, Q8_0, Q6_K and the
  * four-bit formats' weights read in place from their planes (runtime/core/tensor.h, moe_planes_from_rows),
  * F32, BF16 and F16 weights as stored.  Each input row's sums run in an
  * order fixed by the weight row's length alone, never by how many rows
@@ -70,7 +70,7 @@ __device__ __forceinline__ float2 u4x2(uint32_t t)
 template <enum moe_dtype DT>
 constexpr bool planes_dt = DT == MOE_DTYPE_MXFP4 || DT == MOE_DTYPE_FP8_B128 || DT == MOE_DTYPE_Q8_0 ||
                            DT == MOE_DTYPE_Q4_1 || DT == MOE_DTYPE_Q4_G32 || DT == MOE_DTYPE_Q4_G128 ||
-                           DT == MOE_DTYPE_Q4_K;
+                           DT == MOE_DTYPE_Q4_K || DT == MOE_DTYPE_Q6_K;
 
 template <enum moe_dtype DT> struct qtraits {
     static constexpr bool fp4 = DT == MOE_DTYPE_MXFP4;
@@ -78,23 +78,36 @@ template <enum moe_dtype DT> struct qtraits {
     /* the four-bit formats: value q * d + m per group (runtime/core/tensor.h) */
     static constexpr bool q4 = DT == MOE_DTYPE_Q4_1 || DT == MOE_DTYPE_Q4_G32 || DT == MOE_DTYPE_Q4_G128 ||
                                DT == MOE_DTYPE_Q4_K;
-    static constexpr bool nib = fp4 || q4;           /* two values a byte */
+    /* Q6_K: value (d sc_A) (q - 32) or (d sc_B) (q - 32), a load's low
+     * nibbles of sub-block A, its high ones of B (two scales a load) */
+    static constexpr bool q6 = DT == MOE_DTYPE_Q6_K;
+    static constexpr bool nib = fp4 || q4 || q6;     /* a 16-byte load of two values a byte */
     static constexpr int per_load = nib ? 32 : 16;   /* values in a 16-byte load */
     static constexpr int block = fp4 ? MOE_MXFP4_BLOCK : q8 ? MOE_Q8_0_BLOCK : DT == MOE_DTYPE_Q4_G128 ? 128
-                                 : DT == MOE_DTYPE_Q4_K ? MOE_Q4_K_BLOCK : q4 ? 32 : MOE_FP8_BLOCK;
-    static constexpr float unit = fp4 ? 16384.0f : q8 || q4 ? 1.0f : 256.0f; /* qword's values times this */
+                                 : DT == MOE_DTYPE_Q4_K || q6 ? 256 : q4 ? 32 : MOE_FP8_BLOCK;
+    static constexpr float unit = fp4 ? 16384.0f : q8 || q4 || q6 ? 1.0f : 256.0f; /* qword's values times this */
 };
 
-/* The 8 (MXFP4, four-bit) or 4 (FP8, Q8_0) values of word j of a 16-byte
- * load, times 2^14, 2^8 or 1, at their offsets o[] in the load: nibble
- * bytes 4j..4j+3 hold elements 4j..4j+3 (low nibbles) and 4j+16..4j+19
- * (high nibbles); four-bit codes as their unsigned q. */
+/* Two Q6_K codes of low-nibble word w and high-bit word c at shift s as
+ * their q - 32 (moe_q6_k_half_bits). */
+__device__ __forceinline__ float2 q6x2(uint32_t w, uint32_t c, int s)
+{
+    const float2 f = half2_bits(moe_q6_k_half_bits(w, c, s));
+    return make_float2(f.x - MOE_Q6_K_HALF_BIAS, f.y - MOE_Q6_K_HALF_BIAS);
+}
+
+/* The 8 (MXFP4, four-bit, Q6_K) or 4 (FP8, Q8_0) values of word j of a
+ * 16-byte load, times 2^14, 2^8 or 1, at their offsets o[] in the load:
+ * nibble bytes 4j..4j+3 hold elements 4j..4j+3 (low nibbles) and
+ * 4j+16..4j+19 (high nibbles); four-bit codes as their unsigned q; Q6_K's
+ * as q - 32 with their high bits from hi, the run's 16-bit word j. */
 template <enum moe_dtype DT>
-__device__ __forceinline__ void qword(float *v, uint32_t w)
+__device__ __forceinline__ void qword(float *v, uint32_t w, uint32_t hi = 0)
 {
     if (qtraits<DT>::nib) {
         float2 a, b, c, d;
         if (qtraits<DT>::fp4) a = e2m1x2(w), b = e2m1x2(w >> 8), c = e2m1x2(w >> 4), d = e2m1x2(w >> 12);
+        else if (qtraits<DT>::q6) a = q6x2(w, hi, 0), b = q6x2(w, hi, 8), c = q6x2(w, hi, 4), d = q6x2(w, hi, 12);
         else a = u4x2(w), b = u4x2(w >> 8), c = u4x2(w >> 4), d = u4x2(w >> 12);
         v[0] = a.x, v[1] = b.x, v[2] = a.y, v[3] = b.y; /* elements 4j .. 4j+3 */
         v[4] = c.x, v[5] = d.x, v[6] = c.y, v[7] = d.y; /* elements 4j+16 .. 4j+19 */
@@ -127,6 +140,33 @@ __device__ __forceinline__ float2 q4_dm(const void *ws, size_t i)
     return ((const float2 *)ws)[i / qtraits<DT>::block];
 }
 
+/* Q6_K: the scales d sc_A and d sc_B (exact) of the two sub-blocks of
+ * the 32 values from i (a multiple of 32) of the planes whose tails are at
+ * ws (two 2-byte loads). */
+__device__ __forceinline__ float2 q6_scales(const void *ws, size_t i)
+{
+    const uint8_t *t = (const uint8_t *)ws + i / MOE_Q6_K_BLOCK * MOE_Q6_K_TAIL;
+    const uint32_t sc = __ldg((const uint16_t *)t + i % MOE_Q6_K_BLOCK / 32);
+    const unsigned short db = __ldg((const unsigned short *)(t + 16));
+    __half dh;
+    memcpy(&dh, &db, 2);
+    const float d = __half2float(dh);
+    return make_float2(d * (float)(int8_t)(sc & 0xffu), d * (float)(int8_t)(sc >> 8));
+}
+
+/* Where the 16-byte load of values from i (a multiple of its per_load) of
+ * the planes at q is (Q6_K: and *hi, the 8 bytes of its runs' high bits). */
+template <enum moe_dtype DT>
+__device__ __forceinline__ const uint8_t *qload_at(const uint8_t *q, size_t i, const uint8_t **hi)
+{
+    if (qtraits<DT>::q6) {
+        const uint8_t *b = q + i / MOE_Q6_K_BLOCK * (MOE_Q6_K_BLOCK / 4 * 3);
+        *hi = b + MOE_Q6_K_BLOCK / 2 + i % MOE_Q6_K_BLOCK / 4;
+        return b + i % MOE_Q6_K_BLOCK / 2;
+    }
+    return q + (qtraits<DT>::nib ? i / 2 : i);
+}
+
 /* The scale of the block holding value i of the planes at ws (four-bit: d). */
 template <enum moe_dtype DT>
 __device__ __forceinline__ float qscale(const void *ws, size_t i)
@@ -144,7 +184,8 @@ __device__ __forceinline__ float qscale(const void *ws, size_t i)
  * keeps NW x U 16-byte loads in flight, decodes one word of each at a time
  * and sums a load's products before its scale multiplies them; four-bit
  * weights add m times the sum of the load's inputs (q * d + m summed as
- * d * sum(q x) + m * sum(x)). */
+ * d * sum(q x) + m * sum(x)); Q6_K weights sum the load's two halves
+ * (sub-blocks A and B) apart, each times its own scale. */
 template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
 __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, const void *ws,
                                             const size_t *wo, const Rows &xs, int nr, int n, bool once)
@@ -154,7 +195,8 @@ __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, con
     const uint8_t *q = (const uint8_t *)w;
     for (int i0 = lane * Q::per_load; i0 < n; i0 += 32 * Q::per_load * U) {
         uint4 wq[U][NW];
-        float sc[U][NW], mn[U][NW];
+        uint2 wh[U][NW]; /* Q6_K: the high bits */
+        float sc[U][NW], mn[U][NW]; /* Q6_K: the scales of sub-blocks A and B */
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
@@ -162,10 +204,12 @@ __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, con
                 const int i = i0 + u * 32 * Q::per_load;
                 if (i < n) {
                     const size_t e = wo[k] + i;
-                    wq[u][k] = ld_weights((const uint4 *)(q + (Q::nib ? e / 2 : e)), once);
-                    if (Q::q4) {
-                        const float2 dm = q4_dm<DT>(ws, e);
+                    const uint8_t *hp = NULL;
+                    wq[u][k] = ld_weights((const uint4 *)qload_at<DT>(q, e, &hp), once);
+                    if (Q::q4 || Q::q6) {
+                        const float2 dm = Q::q6 ? q6_scales(ws, e) : q4_dm<DT>(ws, e);
                         sc[u][k] = dm.x, mn[u][k] = dm.y;
+                        if (Q::q6) wh[u][k] = ld_weights((const uint2 *)hp, once);
                     } else {
                         sc[u][k] = qscale<DT>(ws, e);
                     }
@@ -175,20 +219,21 @@ __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, con
         for (int u = 0; u < U; u++) {
             const int i = i0 + u * 32 * Q::per_load;
             if (i >= n) break;
-            float part[NW][RT], xsum[RT];
+            float part[NW][RT], part_b[NW][RT], xsum[RT]; /* part_b: Q6_K's sub-block B */
 #pragma unroll
             for (int r = 0; r < RT; r++) xsum[r] = 0.0f;
 #pragma unroll
             for (int k = 0; k < NW; k++)
 #pragma unroll
-                for (int r = 0; r < RT; r++) part[k][r] = 0.0f;
+                for (int r = 0; r < RT; r++) part[k][r] = part_b[k][r] = 0.0f;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 float v[NW][8];
 #pragma unroll
                 for (int k = 0; k < NW; k++) {
                     const uint32_t word[4] = {wq[u][k].x, wq[u][k].y, wq[u][k].z, wq[u][k].w};
-                    qword<DT>(v[k], word[j]);
+                    const uint32_t hw = Q::q6 ? (j < 2 ? wh[u][k].x : wh[u][k].y) >> (16 * (j & 1)) & 0xffffu : 0;
+                    qword<DT>(v[k], word[j], hw);
                 }
 #pragma unroll
                 for (int r = 0; r < RT; r++) {
@@ -202,7 +247,8 @@ __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, con
                         const float4 b = *(const float4 *)(xr + 16 + 4 * j);
 #pragma unroll
                         for (int k = 0; k < NW; k++)
-                            part[k][r] += v[k][4] * b.x + v[k][5] * b.y + v[k][6] * b.z + v[k][7] * b.w;
+                            (Q::q6 ? part_b : part)[k][r] += v[k][4] * b.x + v[k][5] * b.y + v[k][6] * b.z +
+                                                             v[k][7] * b.w;
                         if (Q::q4) xsum[r] += (a.x + a.y) + (a.z + a.w) + ((b.x + b.y) + (b.z + b.w));
                     }
                 }
@@ -213,6 +259,7 @@ __device__ __forceinline__ void warp_dots_q(float (*acc)[RT], const void *w, con
                 for (int r = 0; r < RT; r++) {
                     acc[k][r] += part[k][r] * Q::unit * sc[u][k];
                     if (Q::q4) acc[k][r] += xsum[r] * mn[u][k];
+                    if (Q::q6) acc[k][r] += part_b[k][r] * mn[u][k];
                 }
         }
     }
@@ -302,7 +349,7 @@ __device__ __forceinline__ void warp_dots(float (*acc)[RT], const void *w, const
     }
 }
 
-/* Either kind of weights: planes (MXFP4, FP8_B128) or plain rows. */
+/* Either kind of weights: planes or plain rows. */
 template <enum moe_dtype DT, int RT, int NW, int U, class Rows>
 __device__ __forceinline__ void weight_dots(float (*acc)[RT], const void *w, const void *ws,
                                             const size_t *wo, const Rows &xs, int nr, int n,

@@ -107,13 +107,14 @@ enum moe_status moe_ops_quantize_q8_0_cuda(cudaStream_t st, void *dst, const voi
  * make them; a value that is not finite, or a d or m past f16, sets *bad. */
 enum moe_status moe_ops_quantize_q4_1_cuda(cudaStream_t st, void *dst, const void *src, enum moe_dtype dt,
                                            size_t n, int *bad);
-/* The same to Q4_K planes (n/2 bytes of codes in runs of 32, then each
- * block's 16-byte head; n a multiple of 256), bit for bit as
- * moe_quantize_row_q4_k and moe_planes_from_rows make them
- * (runtime/cuda/quant_q4_k_cuda.cu); a value that is not finite, or a d or
- * dmin past f16, sets *bad. */
-enum moe_status moe_ops_quantize_q4_k_cuda(cudaStream_t st, void *dst, const void *src, enum moe_dtype dt,
-                                           size_t n, int *bad);
+/* The same to `to` planes, Q4_K (n/2 bytes of codes in runs of 32, then
+ * each block's 16-byte head) or Q6_K (3n/4 bytes of codes, then each
+ * block's 18-byte tail); n a multiple of 256; bit for bit as
+ * moe_quantize_row_q4_k or moe_quantize_row_q6_k and moe_planes_from_rows
+ * make them (runtime/cuda/quant_k_cuda.cu); a value that is not finite,
+ * or a block scale past f16, sets *bad. */
+enum moe_status moe_ops_quantize_k_cuda(cudaStream_t st, enum moe_dtype to, void *dst, const void *src,
+                                        enum moe_dtype dt, size_t n, int *bad);
 /* y (T, N) = x (T, Din) . W^T (+ b (N) in bdt, or NULL) with W (N, Din) in
  * F32, BF16 or F16 rows, or as MXFP4, FP8_B128 or Q8_0 planes
  * (runtime/core/tensor.h), at w, read in place: for steps of few rows (each

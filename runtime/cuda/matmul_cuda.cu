@@ -1,6 +1,6 @@
 /* matmul_cuda.cu - dense products for steps of few rows, y (T, N) = x (T,
  * Din) . W^T (+ b), with F32, BF16 or F16 weights as stored or MXFP4,
- * FP8_B128, Q8_0 or four-bit weights read in place (planes, runtime/core/tensor.h).  A
+ * FP8_B128, Q8_0, Q6_K or four-bit weights read in place (planes, runtime/core/tensor.h).  A
  * warp computes two output features for up to 8 rows at a time, streaming
  * the two weight rows once per 8 input rows with the decode expert kernels'
  * dot products (runtime/cuda/cuda_planes.cuh); blocks of 8 warps.  The
@@ -80,6 +80,7 @@ extern "C" enum moe_status moe_ops_matmul_rows_cuda(cudaStream_t st, float *y, c
     case MOE_DTYPE_Q4_1: MATVEC(MOE_DTYPE_Q4_1); break;
     case MOE_DTYPE_Q4_G32: MATVEC(MOE_DTYPE_Q4_G32); break;
     case MOE_DTYPE_Q4_G128: MATVEC(MOE_DTYPE_Q4_G128); break;
+    case MOE_DTYPE_Q6_K: MATVEC(MOE_DTYPE_Q6_K); break;
     default: MATVEC(MOE_DTYPE_Q4_K); break;
     }
 #undef MATVEC

@@ -41,7 +41,7 @@ struct moe_expert_weights {
     const enum moe_dtype *dtypes;
     /* (E) each expert's down matrix's own dtype where it differs from its
      * gate and up (--quantize q4_k_m keeps some layers' down projections
-     * at six bits: set by the CPU backend's prepare_model, which owns it),
+     * at six bits: set by the prepare_model of the backend that owns it),
      * else NULL; read through moe_expert_down_dtype */
     const enum moe_dtype *down_dtypes;
     const void **gate;     /* (E) -> (F, D) row-major */
