@@ -288,7 +288,9 @@ static unsigned char *q4_weights(enum moe_dtype t, int N, int D, uint64_t seed)
 
 /* The bound on |fast - reference| for input row x against weight row w
  * (its exact values wf, D of them).  The fast kernels multiply the input
- * quantized per block of 32 (dx = max |x| / 127, |x - x^| <= dx / 2) by
+ * quantized per block of 32 (Q4_K: of 256 on the AVX2 and AVX-512 sets,
+ * which bounds the AMX sets' blocks of 32 too; dx = max |x| / 127,
+ * |x - x^| <= dx / 2) by
  * the exact weights, so they differ from the reference (the fp32 x) by
  * sum_k w_k (x_k - x^_k), at most sum_k |w_k| dx_k / 2; plus fp32
  * rounding of both products, taken as 1e-5 of the magnitudes the kernels'
@@ -297,12 +299,13 @@ static unsigned char *q4_weights(enum moe_dtype t, int N, int D, uint64_t seed)
 static double q4_bound(const float *x, const float *wf, const unsigned char *wrow, enum moe_dtype t, int D)
 {
     double input = 0, mag = 0;
-    for (int b = 0; b < D / 32; b++) {
+    const int B = t == MOE_DTYPE_Q4_K ? 256 : 32;
+    for (int b = 0; b < D / B; b++) {
         float amax = 0;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        for (int j = 0; j < B; j++) amax = fmaxf(amax, fabsf(x[B * b + j]));
         const double dx = (double)amax / 127.0;
-        for (int j = 0; j < 32; j++) {
-            const int k = 32 * b + j;
+        for (int j = 0; j < B; j++) {
+            const int k = B * b + j;
             input += fabs((double)wf[k]) * dx / 2;
             /* m_k: the value of code 0 */
             int q;
@@ -399,6 +402,100 @@ Test(quant_q4, amx_kernel_pins_its_expression)
                 }
                 free(w), free(x), free(bias), free(y);
             }
+}
+
+/* The AVX2 and AVX-512 sets' Q4_K expression (runtime/cpu/gemm_q4_k.c)
+ * for one output in scalar C: per block of 256, the input quantized as
+ * gemm_q8_k.h does (one dy, codes nearest), S_l the exact sum over the 8
+ * groups of sc_j times the products of elements 4l..4l+3, M_l = mn_l
+ * times group l's input code sum; acc_l = fma(S_l, d dy, acc_l) then
+ * fma(-M_l, dmin dy, acc_l); then moe_hsum8's order, + bias. */
+static float q4_k_expr(const float *x, const unsigned char *wrow, int D, float bias)
+{
+    float acc[8] = {0};
+    for (int k = 0; k < D / 256; k++) {
+        const float *xb = x + (size_t)k * 256;
+        const unsigned char *blk = wrow + (size_t)k * MOE_Q4_K_BYTES;
+        float amax = 0.0f;
+        bool bad = false;
+        for (int i = 0; i < 256; i++) {
+            bad |= !isfinite(xb[i]);
+            amax = fmaxf(amax, fabsf(xb[i]));
+        }
+        const float dy = bad ? NAN : amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        uint16_t h[2];
+        memcpy(h, blk, 4);
+        uint64_t scw, mnw;
+        moe_q4_k_scales(blk + 4, &scw, &mnw);
+        int32_t S[8] = {0}, M[8] = {0};
+        for (int j = 0; j < 8; j++) {
+            const int sc = (int)(scw >> (8 * j) & 0xff), mn = (int)(mnw >> (8 * j) & 0xff);
+            int32_t cs = 0;
+            for (int e = 0; e < 32; e++) {
+                const int32_t c = bad ? 0 : (int32_t)nearbyintf(xb[32 * j + e] * id);
+                const int q = blk[16 + 32 * (j / 2) + e] >> (4 * (j % 2)) & 15;
+                S[e / 4] += sc * q * c;
+                cs += c;
+            }
+            M[j] = mn * cs;
+        }
+        const float dd = moe_f16_to_f32(h[0]) * dy, dm = moe_f16_to_f32(h[1]) * dy;
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(-(float)M[l], dm, fmaf((float)S[l], dd, acc[l]));
+    }
+    float s4[4];
+    for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
+    return ((s4[0] + s4[2]) + (s4[1] + s4[3])) + bias;
+}
+
+/* The AVX2 and AVX-512 sets' Q4_K kernel gives the bits of the expression
+ * above for every T from 1 to 9, 63-65 and 130 (two passes of input rows),
+ * N not a multiple of any tile, a slice not starting at 0, with and
+ * without bias; inputs of other scales, a zero block, a block whose one
+ * large value sets its scale (a kernel scaling blocks of 32 misses it), a
+ * NaN and an infinity. */
+Test(quant_q4, q4_k_kernel_pins_its_expression)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
+    const int Ds[] = {256, 768}, Ns[] = {1, 3, 17}, Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 63, 64, 65, 130};
+    const enum moe_cpu_isa sets[] = {MOE_CPU_ISA_AVX2, MOE_CPU_ISA_AVX512};
+    for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++)
+        for (size_t e = 0; e < sizeof Ns / sizeof *Ns; e++) {
+            const int D = Ds[c], N = Ns[e], TMAX = 130;
+            const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q4_K, (size_t)D);
+            unsigned char *w = q4_weights(MOE_DTYPE_Q4_K, N, D, (uint64_t)(N * 5 + D));
+            float *x = malloc((size_t)TMAX * D * sizeof(float)), *bias = malloc((size_t)N * 4),
+                  *y = malloc((size_t)TMAX * N * 4);
+            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + 3 * D), -1, 1);
+            for (int r = 0; r < TMAX; r++)
+                for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
+            memset(x + (size_t)D * 3, 0, 256 * sizeof(float));
+            x[(size_t)D * 2 + 200] = 37.0f;
+            x[(size_t)D * 5 + (size_t)D / 2 + 7] = NAN;
+            x[(size_t)D * 6 + 3] = -INFINITY;
+            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
+            for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+                for (size_t s = 0; s < 2 && sets[s] <= best; s++) {
+                    const int T = Ts[a], n0 = T % 2 ? 0 : N / 3;
+                    const struct moe_tensor *b = T % 3 == 1 ? &bt : NULL;
+                    memset(y, 0, (size_t)T * N * 4);
+                    moe_gemm_fast_rows(sets[s], y, (size_t)N, x, (size_t)D, T, w, MOE_DTYPE_Q4_K, D, n0, N, b);
+                    for (int r = 0; r < T; r++)
+                        for (int n = n0; n < N; n++) {
+                            const float want = q4_k_expr(x + (size_t)r * D, w + (size_t)n * rb, D, b ? bias[n] : 0.0f);
+                            const float got = y[(size_t)r * N + n];
+                            uint32_t bw, bg;
+                            memcpy(&bw, &want, 4), memcpy(&bg, &got, 4);
+                            if (bw != bg && !(isnan(want) && isnan(got)))
+                                cr_assert_fail("%s T=%d N=%d Din=%d n0=%d%s [%d,%d]: %.9g (0x%08x), the expression "
+                                               "%.9g (0x%08x)", moe_cpu_isa_name(sets[s]), T, N, D, n0,
+                                               b ? " +bias" : "", r, n, got, bg, want, bw);
+                        }
+                    if (T > 6) cr_assert(isnan(y[(size_t)5 * N + n0]) && isnan(y[(size_t)6 * N + n0]));
+                }
+            free(w), free(x), free(bias), free(y);
+        }
 }
 
 Test(quant_q4, fast_gemm_q4_1)

@@ -6,8 +6,10 @@
  * gemm_q4.c (AVX2 instructions for both sets; on AVX-512 processors that
  * have AVX512-VNNI, Q8_0 weights take gemm_q8_vnni.c and four-bit weights
  * gemm_q4.c's VNNI instance; the AMX sets, where the processor has
- * AMX-INT8, take gemm_q8_amx.c and gemm_q4_amx.c for both), and Q6_K in
- * gemm_q6_k.c (AVX2 instructions for every set). */
+ * AMX-INT8, take gemm_q8_amx.c and gemm_q4_amx.c for both, Q4_K
+ * included), Q4_K under the AVX2 and AVX-512 sets in gemm_q4_k.c (AVX2
+ * instructions, input blocks of 256), and Q6_K in gemm_q6_k.c (AVX2
+ * instructions for every set). */
 #include "runtime/cpu/gemm_fast.h"
 
 #include <cpuid.h>
@@ -124,6 +126,8 @@ void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const 
         moe_gemm_rows_q8_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     else if (moe_dtype_is_q4(wt) && isa >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8())
         moe_gemm_rows_q4_amx(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
+    else if (wt == MOE_DTYPE_Q4_K)
+        moe_gemm_rows_q4_k_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     else if (moe_dtype_is_q4(wt) && isa >= MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
         moe_gemm_rows_q4_vnni(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
     else if (moe_dtype_is_q4(wt))

@@ -26,7 +26,7 @@ void moe_gemm_rows_q8_vnni(float *y, size_t ldy, const float *x, size_t ldx, int
 void moe_gemm_rows_q8_amx(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
                           int Din, int n0, int n1, const struct moe_tensor *b);
 /* All T rows against outputs [n0, n1) of four-bit weights wt (Q4_1,
- * Q4_G32, Q4_G128, Q4_K; Din a multiple of the block), the inputs quantized to
+ * Q4_G32, Q4_G128; Din a multiple of the block), the inputs quantized to
  * int8 blocks as for Q8_0 (gemm_q4.c): with AVX2, and with AVX512-VNNI
  * for the AVX-512 kernel set where the processor has it (the same bits). */
 void moe_gemm_rows_q4_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
@@ -37,6 +37,11 @@ void moe_gemm_rows_q4_vnni(float *y, size_t ldy, const float *x, size_t ldx, int
  * (gemm_q4_amx.c; other bits: each run's sum whole). */
 void moe_gemm_rows_q4_amx(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w,
                           enum moe_dtype wt, int Din, int n0, int n1, const struct moe_tensor *b);
+/* All T rows against outputs [n0, n1) of Q4_K weights (Din a multiple of
+ * 256), the inputs quantized to int8 blocks of 256 (gemm_q4_k.c): AVX2,
+ * for the AVX2 and AVX-512 kernel sets. */
+void moe_gemm_rows_q4_k_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w, int Din,
+                             int n0, int n1, const struct moe_tensor *b);
 /* All T rows against outputs [n0, n1) of Q6_K weights (Din a multiple of
  * 256), the inputs quantized to int8 blocks as for Q8_0 (gemm_q6_k.c):
  * AVX2, for every kernel set. */

@@ -1,6 +1,6 @@
 /* gemm_q4.c - the fast matrix product over four-bit weights (Q4_1, Q4_G32,
- * Q4_G128, Q4_K: runtime/core/tensor.h; Q4_K's groups of 32 take d_j and
- * m_j from their block's head, docs/cpu.md), for both kernel sets, built as
+ * Q4_G128: runtime/core/tensor.h; Q4_K has its own, gemm_q4_k.c, and
+ * under the AMX sets gemm_q4_amx.c), for both kernel sets, built as
  * gemm_q8.c is: each input row is quantized to int8 blocks of 32 of its
  * own, and each block's dot with the weight codes is an exact integer
  * sum.  The tiles (gemm_q4_tile.h) are compiled twice: with AVX2
@@ -120,20 +120,6 @@ AVX2 void moe_q4_quantize_input(char *o, const float *x, int ng, int nr)
  * (gemm_fast.c checks); one input row (decode) takes tile_wide below */
 #define Q4_ATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 
-/* The Q4_K block at blk's (d_0..d_7, m_0..m_7) as one vector: d * sc_j
- * and -(dmin * mn_j), the values moe_q4_k_heads gives. */
-Q4_ATTR INLINE __m512 k_heads_zmm(const char *blk)
-{
-    const __m512 sm = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k_scales_avx2(blk)));
-    int32_t v;
-    memcpy(&v, blk, 4);
-    const __m512 dd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(v)));
-    const __m512 scale = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), dd);
-    const __m512 neg = _mm512_castsi512_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, INT32_MIN, INT32_MIN, INT32_MIN,
-                                                             INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN));
-    return _mm512_xor_ps(_mm512_mul_ps(scale, sm), neg);
-}
-
 /* One input row against C (even, <= MAXC) weight rows, two to a 512-bit
  * register: the lower half holds row c's 8 lanes, the upper row c + 1's,
  * each lane computing exactly the expression of the 256-bit tile (the same
@@ -160,49 +146,7 @@ Q4_ATTR INLINE void tile_wide_vnni(const enum moe_dtype dt, const int C, float *
 #pragma GCC unroll 4
     for (int c = 0; c < C / 2; c++) acc[c] = _mm512_setzero_ps();
     const int pf_every = dt == MOE_DTYPE_Q4_1 ? 3 : dt == MOE_DTYPE_Q4_G32 ? 2 : 1;
-    /* Q4_K: block by block, each weight row's (d_0..7, m_0..7) in a
-     * register, the block's 8 groups unrolled (constant lanes and shifts) */
-    for (int k = 0; dt == MOE_DTYPE_Q4_K && k < ng / 8; k++) {
-        const size_t bo = (size_t)k * MOE_Q4_K_BYTES;
-        __m512 kv[MAXC / 2][2];
-#pragma GCC unroll 4
-        for (int c = 0; c < C / 2; c++) {
-            const char *b0 = w + (size_t)(2 * c) * wld + bo, *b1 = b0 + wld;
-            if (pf)
-                for (int l = 0; l < 3; l++) {
-                    _mm_prefetch(b0 + 64 * l + pfd, _MM_HINT_T1);
-                    _mm_prefetch(b1 + 64 * l + pfd, _MM_HINT_T1);
-                }
-            kv[c][0] = k_heads_zmm(b0);
-            kv[c][1] = k_heads_zmm(b1);
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            const char *xg = x->p + (size_t)(8 * k + j) * XG;
-            const __m512 xh = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_load_pd((const double *)xg)));
-            const __m512i xq = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(xg + 32)));
-            const __m512 dx = _mm512_set1_ps(((const float *)xg)[2]);
-            /* lanes j of the pair's two head vectors (d_j of rows 2c and
-             * 2c + 1), and 8 + j (m_j) */
-            const __m512i idx_dk = _mm512_setr_epi32(j, j, j, j, j, j, j, j, 16 + j, 16 + j, 16 + j, 16 + j, 16 + j,
-                                                     16 + j, 16 + j, 16 + j);
-            const __m512i idx_hk = _mm512_setr_epi32(j, 8 + j, 0, 0, 0, 0, 0, 0, 16 + j, 24 + j, 0, 0, 0, 0, 0, 0);
-            const size_t qo = bo + 16 + 32 * (size_t)(j >> 1);
-#pragma GCC unroll 4
-            for (int c = 0; c < C / 2; c++) {
-                const char *r0 = w + (size_t)(2 * c) * wld + qo;
-                const __m512 wd = _mm512_permutex2var_ps(kv[c][0], idx_dk, kv[c][1]);
-                const __m512 h = _mm512_maskz_permutex2var_ps(0x0303, kv[c][0], idx_hk, kv[c][1]);
-                const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0)),
-                                                     _mm256_loadu_si256((const __m256i *)(r0 + wld)), 1);
-                const __m512i wq = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(v, 4) : v, low);
-                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq);
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd, dx), acc[c]);
-                acc[c] = _mm512_fmadd_ps(xh, h, acc[c]);
-            }
-        }
-    }
-    for (int g = 0, pg = 0; dt != MOE_DTYPE_Q4_K && g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
+    for (int g = 0, pg = 0; g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
         const char *xg = x->p + (size_t)g * XG;
         const __m512 xh = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_load_pd((const double *)xg)));
 #pragma GCC unroll 4

@@ -32,40 +32,6 @@ Q4_ATTR INLINE void Q4_FN(group_head)(const char *g, const enum moe_dtype dt, __
     }
 }
 
-/* The 6-bit scales sc_0..7 (bytes 0-7) and minimums mn_0..7 (bytes 8-15)
- * of the Q4_K block at blk (MOE_DTYPE_Q4_K's packing), by two byte
- * shuffles of its 16-byte head: bytes 0-3 and 8-11 are the low 6 bits of
- * scale bytes 0-3 and 4-7, bytes 4-7 the low nibbles of scale bytes 8-11
- * and 12-15 their high ones, each under the top 2 bits of scale bytes 0-3
- * (for sc_4..7) or 4-7 (mn_4..7). */
-Q4_ATTR INLINE __m128i Q4_FN(k_scales)(const char *blk)
-{
-    const __m128i v = _mm_loadu_si128((const __m128i *)blk);
-    const __m128i low = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
-    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
-    const __m128i lm = _mm_and_si128(low, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
-    const __m128i l4 = _mm_and_si128(_mm_srli_epi16(low, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
-    return _mm_or_si128(_mm_or_si128(lm, l4), _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
-}
-
-/* The (d_j, m_j) pairs of the 8 groups of the Q4_K block at blk into dm
- * (16 floats): d * sc_j and -(dmin * mn_j), each one exact product, the
- * values moe_q4_k_heads gives. */
-Q4_ATTR INLINE void Q4_FN(k_heads)(const char *blk, float *dm)
-{
-    const __m128i t = Q4_FN(k_scales)(blk);
-    int32_t v;
-    memcpy(&v, blk, 4);
-    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(v));
-    const __m256 d8 = _mm256_mul_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(t)));
-    const __m256 m8 = _mm256_xor_ps(_mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
-                                                  _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(t, 8)))),
-                                    _mm256_set1_ps(-0.0f));
-    const __m256 lo = _mm256_unpacklo_ps(d8, m8), hi = _mm256_unpackhi_ps(d8, m8);
-    _mm256_storeu_ps(dm, _mm256_permute2f128_ps(lo, hi, 0x20));
-    _mm256_storeu_ps(dm + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
-}
-
 /* The 32 codes of the run at qs as unsigned bytes in element order: the 16
  * bytes in both halves, the upper half shifted right by 4, masked. */
 Q4_ATTR INLINE __m256i Q4_FN(run_codes)(const char *qs)
@@ -95,14 +61,12 @@ Q4_ATTR INLINE __m256 Q4_FN(head_fma)(__m256 acc, __m256 h, const char *xg)
 /* y[r*ldy + c] = input row r0 + r . weight row c (+ bias n + c) for r < R,
  * c < C; w the first weight row (stride wld); pf: the first pass over these
  * weight rows, which prefetches the next tile's (C rows on, as gemm_q8.c
- * does); kpre (Q4_K, or NULL): the C rows' heads, block by block (16
- * floats a block: Q4_FN(k_heads)), made once for all the input tiles.
- * Per group, each weight row's head is read once and each of its runs
+ * does).  Per group, each weight row's head is read once and each of its runs
  * unpacked once for the R input rows, so the live registers are the R*C
  * sums, one row's d, m and codes, and constants. */
 Q4_ATTR INLINE void Q4_FN(tile)(const enum moe_dtype dt, const int R, const int C, float *y, size_t ldy,
                                 const struct xq *x, int r0, const char *w, size_t wld, const struct moe_tensor *b,
-                                int n, bool pf, const float *kpre)
+                                int n, bool pf)
 {
     const int NR = dt == MOE_DTYPE_Q4_G128 ? 4 : 1, HB = dt == MOE_DTYPE_Q4_1 ? 4 : MOE_Q4_HEAD;
     const size_t GB = (size_t)HB + 16 * (size_t)NR;
@@ -118,42 +82,7 @@ Q4_ATTR INLINE void Q4_FN(tile)(const enum moe_dtype dt, const int R, const int 
      * group of 20 bytes, Q4_G32 every second of 24, Q4_G128 two a group
      * of 72) */
     const int pf_every = dt == MOE_DTYPE_Q4_1 ? 3 : dt == MOE_DTYPE_Q4_G32 ? 2 : 1;
-    /* Q4_K: block by block, each weight row's heads from kpre or made here
-     * (its 144 bytes prefetched in 3 lines), the block's 8 groups unrolled */
-    _Alignas(32) float kh[MAXC][16];
-    for (int k = 0; dt == MOE_DTYPE_Q4_K && k < ng / 8; k++) {
-        const size_t bo = (size_t)k * MOE_Q4_K_BYTES;
-        const float *hc[MAXC];
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) {
-            const char *blk = w + (size_t)c * wld + bo;
-            if (pf)
-                for (int l = 0; l < 3; l++) _mm_prefetch(blk + 64 * l + (size_t)C * wld, _MM_HINT_T1);
-            if (kpre) {
-                hc[c] = kpre + ((size_t)c * (size_t)(ng / 8) + (size_t)k) * 16;
-            } else {
-                Q4_FN(k_heads)(blk, kh[c]);
-                hc[c] = kh[c];
-            }
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            const size_t xo = (size_t)(8 * k + j) * XG;
-#pragma GCC unroll 8
-            for (int c = 0; c < C; c++) {
-                __m256 h, wd;
-                Q4_FN(group_head)((const char *)(hc[c] + 2 * j), MOE_DTYPE_Q4_G32, &h, &wd);
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (size_t)c * wld + bo + 16 + 32 * (j >> 1)));
-                const __m256i wq = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    const char *xg = x->p + (size_t)(r0 + r) * x->rs + xo;
-                    acc[r][c] = Q4_FN(head_fma)(Q4_FN(run_fma)(acc[r][c], wq, wd, xg, 0), h, xg);
-                }
-            }
-        }
-    }
-    for (int g = 0, pg = 0; dt != MOE_DTYPE_Q4_K && g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
+    for (int g = 0, pg = 0; g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             const char *grp = w + (size_t)c * wld + (size_t)g * GB;
@@ -187,8 +116,8 @@ Q4_ATTR INLINE void Q4_FN(row_tiles)(const enum moe_dtype dt, const int R, const
 {
     int n = n0;
     for (; n + C <= n1; n += C)
-        Q4_FN(tile)(dt, R, C, y + n, ldy, x, 0, w + (size_t)(n - n0) * wld, wld, b, n, true, NULL);
-    for (; n < n1; n++) Q4_FN(tile)(dt, R, 1, y + n, ldy, x, 0, w + (size_t)(n - n0) * wld, wld, b, n, true, NULL);
+        Q4_FN(tile)(dt, R, C, y + n, ldy, x, 0, w + (size_t)(n - n0) * wld, wld, b, n, true);
+    for (; n < n1; n++) Q4_FN(tile)(dt, R, 1, y + n, ldy, x, 0, w + (size_t)(n - n0) * wld, wld, b, n, true);
 }
 
 /* tn (1..TBQ) quantized rows against weight rows [n0, n1) of dtype dt. */
@@ -204,7 +133,7 @@ Q4_ATTR INLINE void Q4_FN(rows_dt)(const enum moe_dtype dt, float *y, size_t ldy
         const size_t tb = 8 * wld, pfd = (PF_WIDE + tb - 1) / tb * tb;
         for (; n + 8 <= n1; n += 8) Q4_TILE_WIDE(dt, 8, y + n, x, w + (size_t)(n - n0) * wld, wld, b, n, pfd);
         for (; n < n1; n++)
-            Q4_FN(tile)(dt, 1, 1, y + n, ldy, x, 0, w + (size_t)(n - n0) * wld, wld, b, n, true, NULL);
+            Q4_FN(tile)(dt, 1, 1, y + n, ldy, x, 0, w + (size_t)(n - n0) * wld, wld, b, n, true);
         return;
     }
 #else
@@ -215,31 +144,21 @@ Q4_ATTR INLINE void Q4_FN(rows_dt)(const enum moe_dtype dt, float *y, size_t ldy
     default: break;
     }
     /* each group of C4 weight rows (in L1) against every 4-row tile, then
-     * the last 1-3 rows one at a time; Q4_K's heads of the C4 rows made
-     * once for all the tiles (up to KPRE blocks a row) */
-    enum { KPRE = 64 };
-    _Alignas(32) float kpre[C4 * KPRE * 16];
-    const int nblk = (int)(x->rs / 64) / 8;
-    const bool pre = dt == MOE_DTYPE_Q4_K && nblk <= KPRE;
+     * the last 1-3 rows one at a time */
     const int t4 = tn & ~3;
     for (int n = n0; n < n1; n += C4) {
         const bool full = n + C4 <= n1;
         const char *wn = w + (size_t)(n - n0) * wld;
-        if (pre)
-            for (int c = 0; c < (full ? C4 : 1); c++)
-                for (int k = 0; k < nblk; k++)
-                    Q4_FN(k_heads)(wn + (size_t)c * wld + (size_t)k * MOE_Q4_K_BYTES, kpre + ((size_t)c * nblk + k) * 16);
-        const float *kp = pre ? kpre : NULL;
         for (int t = 0; t < tn; t += t < t4 ? 4 : 1) {
             float *yt = y + (size_t)t * ldy + n;
             if (t < t4 && full)
-                Q4_FN(tile)(dt, 4, C4, yt, ldy, x, t, wn, wld, b, n, t == 0, kp);
+                Q4_FN(tile)(dt, 4, C4, yt, ldy, x, t, wn, wld, b, n, t == 0);
             else if (t < t4)
-                Q4_FN(tile)(dt, 4, 1, yt, ldy, x, t, wn, wld, b, n, t == 0, kp);
+                Q4_FN(tile)(dt, 4, 1, yt, ldy, x, t, wn, wld, b, n, t == 0);
             else if (full)
-                Q4_FN(tile)(dt, 1, C4, yt, ldy, x, t, wn, wld, b, n, t == 0, kp);
+                Q4_FN(tile)(dt, 1, C4, yt, ldy, x, t, wn, wld, b, n, t == 0);
             else
-                Q4_FN(tile)(dt, 1, 1, yt, ldy, x, t, wn, wld, b, n, t == 0, kp);
+                Q4_FN(tile)(dt, 1, 1, yt, ldy, x, t, wn, wld, b, n, t == 0);
         }
     }
 }
@@ -247,7 +166,7 @@ Q4_ATTR INLINE void Q4_FN(rows_dt)(const enum moe_dtype dt, float *y, size_t ldy
 Q4_ATTR void Q4_ENTRY(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *wv, enum moe_dtype wt,
                       int Din, int n0, int n1, const struct moe_tensor *b)
 {
-    MOE_ASSERT(moe_dtype_is_q4(wt) && Din % moe_q4_group(wt) == 0);
+    MOE_ASSERT(moe_dtype_is_q4(wt) && wt != MOE_DTYPE_Q4_K && Din % moe_q4_group(wt) == 0);
     const int nr = moe_q4_head_runs(wt), ng = Din / RUN / nr;
     const size_t wld = moe_dtype_row_bytes(wt, (size_t)Din);
     const int rows = T < TBQ ? T : TBQ;
@@ -266,7 +185,6 @@ Q4_ATTR void Q4_ENTRY(float *y, size_t ldy, const float *x, size_t ldx, int T, c
         switch (wt) {
         case MOE_DTYPE_Q4_1: Q4_FN(rows_dt)(MOE_DTYPE_Q4_1, yb, ldy, &xr, tn, w, wld, n0, n1, b); break;
         case MOE_DTYPE_Q4_G32: Q4_FN(rows_dt)(MOE_DTYPE_Q4_G32, yb, ldy, &xr, tn, w, wld, n0, n1, b); break;
-        case MOE_DTYPE_Q4_K: Q4_FN(rows_dt)(MOE_DTYPE_Q4_K, yb, ldy, &xr, tn, w, wld, n0, n1, b); break;
         default: Q4_FN(rows_dt)(MOE_DTYPE_Q4_G128, yb, ldy, &xr, tn, w, wld, n0, n1, b); break;
         }
     }

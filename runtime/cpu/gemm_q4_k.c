@@ -1,0 +1,213 @@
+/* gemm_q4_k.c - the fast matrix product over Q4_K weights (ggml's block:
+ * f16 d and dmin, 6-bit scales sc_j and minimums mn_j of 8 groups of 32,
+ * 128 bytes of codes; runtime/core/tensor.h), AVX2 instructions for the
+ * AVX2 and AVX-512 kernel sets (the AMX sets, where the processor has
+ * AMX-INT8, take gemm_q4_amx.c, bits of their own).
+ *
+ * Inputs: each row quantized to int8 blocks of 256 with one scale dy
+ * (gemm_q8_k.h), so a weight block's whole dot is one exact integer: a
+ * weight w = d sc_j q - dmin mn_j (q the 4-bit code) against an input
+ * qx dy sums over the block to
+ *   d dy (sum_j sc_j sum_{k in j} q_k qx_k) - dmin dy (sum_j mn_j s_j),
+ * s_j the sum of group j's input codes (the stream's two sums of 16).  A
+ * group of 32 weights against the input takes: half of a 32-byte load of
+ * codes (byte i holds element i of group 2t low, of group 2t + 1 high), an
+ * AND (and a shift), vpmaddubsw against the input's codes (unsigned codes
+ * times int8, pairs summed to int16: at most 2 x 15 x 127, no
+ * saturation), vpmaddwd by sc_j as int16 (one byte shuffle of the block's
+ * 16 scale bytes) and an integer add: no conversion, no float operation.
+ * The floats come once per block: the integer lanes converted and one FMA
+ * by d dy, the minimums' lanes (vpmaddwd of mn_j, each twice, with the
+ * 16 sums) and one FMA by -dmin dy.  The group's d_j = d sc_j and m_j are
+ * never formed: the integers carry them exactly.
+ *
+ * Numerics: output n of row t accumulates 8 lanes over blocks in order:
+ * acc = fma(float(S_l), d x dy, acc), then acc = fma(-float(M_l), dmin x
+ * dy, acc), with S_l the exact sum over the block's 8 groups of sc_j
+ * times the products of the 4 codes of lane l (elements 4l..4l+3 of each
+ * group: at most 8 x 4 x 15 x 127 x 63 < 2^22, exact as float), M_l =
+ * mn_l s_l (s_l the two sums of 16 of group l added), d x dy and dmin x dy each one fp32 product; then the fixed
+ * horizontal sum moe_hsum8, then the bias.  So an output is the quantized
+ * input row times the exactly dequantized weights, to fp32 rounding: its
+ * difference from the reference (fp32 inputs) is sum w_k (x_k - qx_k
+ * dy_k), at most sum |w_k| dy_k / 2, dy_k its block's (a block of 256 has
+ * a larger dy than one of 32: the price of one float per block; llama.cpp
+ * pays the same).  Every tile computes that expression, so a row gives
+ * the same bits alone or in any batch, under both kernel sets. */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/cpu/gemm_q8_k.h"
+#include "runtime/cpu/simd_avx2.h"
+#include "runtime/core/status.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+enum {
+    TBQ = 64, /* input rows quantized at a time */
+    MAXC = 4, /* widest tile: weight rows */
+    MAXR = 4, /* tallest tile: input rows */
+};
+
+/* The 6-bit scales sc_0..7 (bytes 0-7) and minimums mn_0..7 (bytes 8-15)
+ * of the Q4_K block at blk, by two byte shuffles of its 16-byte head
+ * (bytes 4-15: the low 6 bits of scale bytes 0-3 and 4-7, the nibbles of
+ * scale bytes 8-11 under the top 2 bits of bytes 0-3 or 4-7), in both
+ * halves of the result. */
+AVX2 INLINE __m256i block_scales(const char *blk)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)blk);
+    const __m128i low = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m128i lm = _mm_and_si128(low, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    const __m128i l4 = _mm_and_si128(_mm_srli_epi16(low, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+    const __m128i s = _mm_or_si128(_mm_or_si128(lm, l4), _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
+    return _mm256_broadcastsi128_si256(s);
+}
+
+/* sc_j as 16 int16 from a block's scales (block_scales) */
+AVX2 INLINE __m256i group_scale(__m256i s, const int j)
+{
+    return _mm256_shuffle_epi8(s, _mm256_set1_epi16((short)(0x8000 | j)));
+}
+
+/* mn_0, mn_0, mn_1, mn_1, ... mn_7 as 16 int16: one per sum of 16 */
+AVX2 INLINE __m256i block_mins(__m256i s)
+{
+    const char z = -128;
+    return _mm256_shuffle_epi8(s, _mm256_setr_epi8(8, z, 8, z, 9, z, 9, z, 10, z, 10, z, 11, z, 11, z, 12, z, 12, z,
+                                                   13, z, 13, z, 14, z, 14, z, 15, z, 15, z));
+}
+
+/* y[r*ldy + c] = input row r0 + r . weight row c (+ bias n + c) for r < R,
+ * c < C: x the quantized rows (stride xs bytes, nb blocks each), w the
+ * first weight row (stride wld); pf: the first pass over these weight
+ * rows, which prefetches the next tile's (C rows on).  Per block, each
+ * weight row's scales are made once and each 32 bytes of codes unpacked
+ * once for the R input rows, so the live registers are the R*C float
+ * sums, the R*C integer sums of the block, the C rows' scales, one load
+ * of codes and constants. */
+AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char *x, size_t xs, int r0, int nb,
+                      const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
+{
+    __m256 acc[MAXR][MAXC];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const char *xr = x + (size_t)r0 * xs;
+    const float *dyr = (const float *)(xr + (size_t)nb * MOE_Q8_K_BYTES);
+    for (int k = 0; k < nb; k++) {
+        const size_t bo = (size_t)k * MOE_Q4_K_BYTES, xo = (size_t)k * MOE_Q8_K_BYTES;
+        __m256i sc[MAXC], sum[MAXR][MAXC];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const char *blk = w + (size_t)c * wld + bo;
+            if (pf)
+                for (int l = 0; l < 3; l++) _mm_prefetch(blk + 64 * l + (size_t)C * wld, _MM_HINT_T0);
+            sc[c] = block_scales(blk);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) sum[r][c] = _mm256_setzero_si256();
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (size_t)c * wld + bo + 16 + 32 * t));
+                const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi8(15));
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+                const __m256i sl = group_scale(sc[c], 2 * t), sh = group_scale(sc[c], 2 * t + 1);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const char *xq = xr + (size_t)r * xs + xo + 32 + 64 * t;
+                    const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i *)xq));
+                    const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i *)(xq + 32)));
+                    sum[r][c] = _mm256_add_epi32(sum[r][c],
+                                                 _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const char *blk = w + (size_t)c * wld + bo;
+            int32_t h;
+            memcpy(&h, blk, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(h)); /* d, dmin */
+            const __m256i mn = block_mins(sc[c]);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const char *xb = xr + (size_t)r * xs + xo;
+                const __m128 dd = _mm_mul_ps(dm, _mm_set1_ps(dyr[(size_t)r * xs / sizeof(float) + k]));
+                const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, _mm256_load_si256((const __m256i *)xb)));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r][c]), _mm256_broadcastss_ps(dd), acc[r][c]);
+                acc[r][c] = _mm256_fnmadd_ps(m, _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
+}
+
+/* R rows (1..3) against weight rows [n0, n1), C at a time then one by one;
+ * w points at row n0. */
+AVX2 INLINE void row_tiles(const int R, const int C, float *y, size_t ldy, const char *x, size_t xs, int nb,
+                           const char *w, size_t wld, int n0, int n1, const struct moe_tensor *b)
+{
+    int n = n0;
+    for (; n + C <= n1; n += C) tile(R, C, y + n, ldy, x, xs, 0, nb, w + (size_t)(n - n0) * wld, wld, b, n, true);
+    for (; n < n1; n++) tile(R, 1, y + n, ldy, x, xs, 0, nb, w + (size_t)(n - n0) * wld, wld, b, n, true);
+}
+
+/* tn (1..TBQ) quantized rows against weight rows [n0, n1). */
+AVX2 static void rows_tn(float *y, size_t ldy, const char *x, size_t xs, int tn, int nb, const char *w, size_t wld,
+                         int n0, int n1, const struct moe_tensor *b)
+{
+    enum { C4 = 2 }; /* weight rows of a 4-input tile */
+    switch (tn) {
+    case 1: row_tiles(1, 2, y, ldy, x, xs, nb, w, wld, n0, n1, b); return;
+    case 2: row_tiles(2, 2, y, ldy, x, xs, nb, w, wld, n0, n1, b); return;
+    case 3: row_tiles(3, 2, y, ldy, x, xs, nb, w, wld, n0, n1, b); return;
+    default: break;
+    }
+    /* each group of C4 weight rows (in L1) against every 4-row tile, then
+     * the last 1-3 rows one at a time */
+    const int t4 = tn & ~3;
+    for (int n = n0; n < n1; n += C4) {
+        const bool full = n + C4 <= n1;
+        const char *wn = w + (size_t)(n - n0) * wld;
+        for (int t = 0; t < tn; t += t < t4 ? 4 : 1) {
+            float *yt = y + (size_t)t * ldy + n;
+            if (t < t4 && full) tile(4, C4, yt, ldy, x, xs, t, nb, wn, wld, b, n, t == 0);
+            else if (t < t4) tile(4, 1, yt, ldy, x, xs, t, nb, wn, wld, b, n, t == 0);
+            else if (full) tile(1, C4, yt, ldy, x, xs, t, nb, wn, wld, b, n, t == 0);
+            else tile(1, 1, yt, ldy, x, xs, t, nb, wn, wld, b, n, t == 0);
+        }
+    }
+}
+
+AVX2 void moe_gemm_rows_q4_k_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w, int Din,
+                                  int n0, int n1, const struct moe_tensor *b)
+{
+    MOE_ASSERT(Din > 0 && Din % MOE_Q8_K_BLOCK == 0);
+    const int nb = Din / MOE_Q8_K_BLOCK;
+    const size_t wld = moe_dtype_row_bytes(MOE_DTYPE_Q4_K, (size_t)Din);
+    const int rows = T < TBQ ? T : TBQ;
+    const size_t xs = moe_q8_k_row_bytes(nb);
+    size_t bytes;
+    const bool sized = moe_mul_size((size_t)rows, xs, &bytes);
+    MOE_ASSERT(sized && "gemm_fast: the quantized input rows' size overflows");
+    char *buf = (char *)moe_gemm_thread_buffer(bytes / sizeof(float));
+    MOE_ASSERT(buf && "gemm_fast: out of memory for the quantized input rows");
+    const char *wr = (const char *)w + (size_t)n0 * wld;
+    if (b && !b->data) b = NULL;
+    for (int t0 = 0; t0 < T; t0 += TBQ) {
+        const int tn = T - t0 < TBQ ? T - t0 : TBQ;
+        for (int t = 0; t < tn; t++) moe_quantize_x_q8_k(buf + (size_t)t * xs, x + (size_t)(t0 + t) * ldx, nb);
+        rows_tn(y + (size_t)t0 * ldy, ldy, buf, xs, tn, nb, wr, wld, n0, n1, b);
+    }
+}
