@@ -215,7 +215,7 @@ static unsigned char *q6_k_weights(enum moe_dtype t, int N, int D, uint64_t seed
 
 /* The bound on |fast - reference| for input row x against weight row wf
  * (its D exact values): the fast kernel multiplies the input quantized
- * per block of 32 (dx = max |x| / 127, |x - x^| <= dx / 2) by the
+ * per block of 256 (dx = max |x| / 127, |x - x^| <= dx / 2) by the
  * weights, so it differs from the reference by sum_k w_k (x_k - x^_k), at
  * most sum_k |w_k| dx_k / 2; plus fp32 rounding of both sums, taken as
  * 1e-5 of sum_k |w_k x_k|. */
@@ -223,13 +223,13 @@ static double q6_k_bound(const float *x, const float *wf, const unsigned char *w
 {
     (void)wrow, (void)t;
     double input = 0, mag = 0;
-    for (int b = 0; b < D / 32; b++) {
+    for (int b = 0; b < D / B; b++) {
         float amax = 0;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        for (int j = 0; j < B; j++) amax = fmaxf(amax, fabsf(x[B * b + j]));
         const double dx = (double)amax / 127.0;
-        for (int j = 0; j < 32; j++) {
-            input += fabs((double)wf[32 * b + j]) * dx / 2;
-            mag += fabs((double)wf[32 * b + j] * x[32 * b + j]);
+        for (int j = 0; j < B; j++) {
+            input += fabs((double)wf[B * b + j]) * dx / 2;
+            mag += fabs((double)wf[B * b + j] * x[B * b + j]);
         }
     }
     return input * (1 + 1e-6) + 1e-5 * mag + 1e-30;
@@ -237,6 +237,96 @@ static double q6_k_bound(const float *x, const float *wf, const unsigned char *w
 
 Test(quant_q6_k, fast_gemm_256) { qt_check_fast_int8(MOE_DTYPE_Q6_K, 256, q6_k_weights, q6_k_bound); }
 Test(quant_q6_k, fast_gemm_768) { qt_check_fast_int8(MOE_DTYPE_Q6_K, 768, q6_k_weights, q6_k_bound); }
+
+/* The kernel's expression (runtime/cpu/gemm_q6_k.c) for one output in
+ * scalar C: per block, the input quantized as gemm_q8_k.h does (one dy,
+ * codes nearest), lane l's exact integer sum of sc q qx over elements
+ * 32r + 4(l % 4) .. + 3 of sub-block 2r + l / 4's half of each run r
+ * (vpmaddwd's lanes), minus 32 (sc_{2l} t_{2l} + sc_{2l+1} t_{2l+1}), t_s
+ * the input codes' sum over sub-block s; acc_l = fma(that, d dy, acc_l);
+ * then moe_hsum8's order, + bias. */
+static float q6_k_expr(const float *x, const unsigned char *wrow, int D, float bias)
+{
+    float acc[8] = {0};
+    for (int k = 0; k < D / B; k++) {
+        const float *xb = x + (size_t)k * B;
+        const unsigned char *blk = wrow + (size_t)k * MOE_Q6_K_BYTES;
+        float amax = 0.0f;
+        bool bad = false;
+        for (int i = 0; i < B; i++) {
+            bad |= !isfinite(xb[i]);
+            amax = fmaxf(amax, fabsf(xb[i]));
+        }
+        const float dy = bad ? NAN : amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int32_t L[8] = {0}, t[16] = {0};
+        for (int e = 0; e < B; e++) {
+            const int32_t c = bad ? 0 : (int32_t)nearbyintf(xb[e] * id);
+            const int sc = (int)(signed char)blk[192 + e / 16];
+            L[e % 32 / 4] += sc * (int32_t)moe_q6_k_code(blk, (unsigned)e) * c;
+            t[e / 16] += c;
+        }
+        for (int l = 0; l < 8; l++)
+            L[l] -= 32 * ((signed char)blk[192 + 2 * l] * t[2 * l] + (signed char)blk[193 + 2 * l] * t[2 * l + 1]);
+        uint16_t h;
+        memcpy(&h, blk + 208, 2);
+        const float dd = moe_f16_to_f32(h) * dy;
+        for (int l = 0; l < 8; l++) acc[l] = fmaf((float)L[l], dd, acc[l]);
+    }
+    float s4[4];
+    for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
+    return ((s4[0] + s4[2]) + (s4[1] + s4[3])) + bias;
+}
+
+/* The kernel gives the bits of the expression above under every kernel
+ * set for every T from 1 to 9, 63-65 and 130 (two passes of input rows),
+ * N not a multiple of any tile, a slice not starting at 0, with and
+ * without bias; inputs of other scales, a zero block, a block whose one
+ * large value sets its scale (a kernel scaling blocks of 32 misses it), a
+ * NaN and an infinity. */
+Test(quant_q6_k, kernel_pins_its_expression)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
+    const int Ds[] = {256, 768}, Ns[] = {1, 3, 17}, Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 63, 64, 65, 130};
+    for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++)
+        for (size_t e = 0; e < sizeof Ns / sizeof *Ns; e++) {
+            const int D = Ds[c], N = Ns[e], TMAX = 130;
+            const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, (size_t)D);
+            unsigned char *w = q6_k_weights(MOE_DTYPE_Q6_K, N, D, (uint64_t)(N * 5 + D));
+            float *x = malloc((size_t)TMAX * D * sizeof(float)), *bias = malloc((size_t)N * 4),
+                  *y = malloc((size_t)TMAX * N * 4);
+            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + 3 * D), -1, 1);
+            for (int r = 0; r < TMAX; r++)
+                for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
+            memset(x + (size_t)D * 3, 0, B * sizeof(float));
+            x[(size_t)D * 2 + 200] = 37.0f;
+            x[(size_t)D * 5 + (size_t)D / 2 + 7] = NAN;
+            x[(size_t)D * 6 + 3] = -INFINITY;
+            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
+            for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+                for (int isa = MOE_CPU_ISA_AVX2; isa <= (int)best; isa++) {
+                    const int T = Ts[a], n0 = T % 2 ? 0 : N / 3;
+                    const struct moe_tensor *b = T % 3 == 1 ? &bt : NULL;
+                    memset(y, 0, (size_t)T * N * 4);
+                    moe_gemm_fast_rows((enum moe_cpu_isa)isa, y, (size_t)N, x, (size_t)D, T, w, MOE_DTYPE_Q6_K, D, n0,
+                                       N, b);
+                    for (int r = 0; r < T; r++)
+                        for (int n = n0; n < N; n++) {
+                            const float want = q6_k_expr(x + (size_t)r * D, w + (size_t)n * rb, D, b ? bias[n] : 0.0f);
+                            const float got = y[(size_t)r * N + n];
+                            uint32_t bw, bg;
+                            memcpy(&bw, &want, 4), memcpy(&bg, &got, 4);
+                            if (bw != bg && !(isnan(want) && isnan(got)))
+                                cr_assert_fail("%s T=%d N=%d Din=%d n0=%d%s [%d,%d]: %.9g (0x%08x), the expression "
+                                               "%.9g (0x%08x)", moe_cpu_isa_name((enum moe_cpu_isa)isa), T, N, D, n0,
+                                               b ? " +bias" : "", r, n, got, bg, want, bw);
+                        }
+                    if (T > 6) cr_assert(isnan(y[(size_t)5 * N + n0]) && isnan(y[(size_t)6 * N + n0]));
+                }
+            free(w), free(x), free(bias), free(y);
+        }
+}
 
 /* Large enough to split over the OpenMP team: moe_gemm_fast and
  * moe_gemm_fast_multi (a Q6_K matrix beside a Q4_K one and a Q8_0 one, as
