@@ -56,6 +56,7 @@ enum {
     QH = 128,   /* block offsets: qh, the scales, d */
     SC = 192,
     DH = 208,
+    PF = 4096,  /* the first pass prefetches whole tiles at least this far on (gemm_q4_k.c) */
 };
 
 /* The 32 codes (0..63, element order) of run 4h + j of a block whose
@@ -90,7 +91,7 @@ AVX2 INLINE __m256i run_scales(__m256i hs, const int j)
 /* y[r*ldy + c] = input row r0 + r . weight row c (+ bias n + c) for r < R,
  * c < C: x the quantized rows (stride xs bytes, nb blocks of 256 each), w
  * the first weight row (stride wld); pf: the first pass over these weight
- * rows, which prefetches the next tile's (C rows on).  Per run, each
+ * rows, which prefetches whole tiles at least PF bytes on.  Per run, each
  * weight row's codes and scales are made once for the R input rows, so
  * the live registers are the R*C float sums, the R*C integer sums of the
  * block, one row's codes and scales, and constants. */
@@ -104,13 +105,14 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     const char *xr = x + (size_t)r0 * xs;
     const float *dyr = (const float *)(xr + (size_t)nb * MOE_Q8_K_BYTES);
+    const size_t tb = (size_t)C * wld, pfd = (PF + tb - 1) / tb * tb;
     for (int k = 0; k < nb; k++) {
         const size_t bo = (size_t)k * MOE_Q6_K_BYTES, xo = (size_t)k * MOE_Q8_K_BYTES;
         __m256i sum[4][MAXC];
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             if (pf)
-                for (int l = 0; l < 4; l++) _mm_prefetch(w + (size_t)c * wld + bo + 64 * l + (size_t)C * wld, _MM_HINT_T0);
+                for (int l = 0; l < 4; l++) _mm_prefetch(w + (size_t)c * wld + bo + 64 * l + pfd, _MM_HINT_T0);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) sum[r][c] = _mm256_setzero_si256();
         }
