@@ -49,7 +49,7 @@
 
 enum {
     TBQ = 64, /* input rows quantized at a time */
-    MAXC = 4, /* widest tile: weight rows */
+    MAXC = 2, /* widest tile: weight rows */
     MAXR = 4, /* tallest tile: input rows */
     /* how far ahead the first pass prefetches, at least, in whole tiles:
      * 4 KiB rather than the next tile made one thread at T = 1 3 to 10%
@@ -159,61 +159,6 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char
             y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
 }
 
-/* R rows (1..3) against weight rows [n0, n1), C at a time then one by one;
- * w points at row n0. */
-AVX2 INLINE void row_tiles(const int R, const int C, float *y, size_t ldy, const char *x, size_t xs, int nb,
-                           const char *w, size_t wld, int n0, int n1, const struct moe_tensor *b)
-{
-    int n = n0;
-    for (; n + C <= n1; n += C) tile(R, C, y + n, ldy, x, xs, 0, nb, w + (size_t)(n - n0) * wld, wld, b, n, true);
-    for (; n < n1; n++) tile(R, 1, y + n, ldy, x, xs, 0, nb, w + (size_t)(n - n0) * wld, wld, b, n, true);
-}
-
-/* tn (1..TBQ) quantized rows against weight rows [n0, n1). */
-AVX2 static void rows_tn(float *y, size_t ldy, const char *x, size_t xs, int tn, int nb, const char *w, size_t wld,
-                         int n0, int n1, const struct moe_tensor *b)
-{
-    enum { C4 = 2 }; /* weight rows of a 4-input tile */
-    switch (tn) {
-    case 1: row_tiles(1, 2, y, ldy, x, xs, nb, w, wld, n0, n1, b); return;
-    case 2: row_tiles(2, 2, y, ldy, x, xs, nb, w, wld, n0, n1, b); return;
-    case 3: row_tiles(3, 2, y, ldy, x, xs, nb, w, wld, n0, n1, b); return;
-    default: break;
-    }
-    /* each group of C4 weight rows (in L1) against every 4-row tile, then
-     * the last 1-3 rows one at a time */
-    const int t4 = tn & ~3;
-    for (int n = n0; n < n1; n += C4) {
-        const bool full = n + C4 <= n1;
-        const char *wn = w + (size_t)(n - n0) * wld;
-        for (int t = 0; t < tn; t += t < t4 ? 4 : 1) {
-            float *yt = y + (size_t)t * ldy + n;
-            if (t < t4 && full) tile(4, C4, yt, ldy, x, xs, t, nb, wn, wld, b, n, t == 0);
-            else if (t < t4) tile(4, 1, yt, ldy, x, xs, t, nb, wn, wld, b, n, t == 0);
-            else if (full) tile(1, C4, yt, ldy, x, xs, t, nb, wn, wld, b, n, t == 0);
-            else tile(1, 1, yt, ldy, x, xs, t, nb, wn, wld, b, n, t == 0);
-        }
-    }
-}
-
-AVX2 void moe_gemm_rows_q4_k_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w, int Din,
-                                  int n0, int n1, const struct moe_tensor *b)
-{
-    MOE_ASSERT(Din > 0 && Din % MOE_Q8_K_BLOCK == 0);
-    const int nb = Din / MOE_Q8_K_BLOCK;
-    const size_t wld = moe_dtype_row_bytes(MOE_DTYPE_Q4_K, (size_t)Din);
-    const int rows = T < TBQ ? T : TBQ;
-    const size_t xs = moe_q8_k_row_bytes(nb);
-    size_t bytes;
-    const bool sized = moe_mul_size((size_t)rows, xs, &bytes);
-    MOE_ASSERT(sized && "gemm_fast: the quantized input rows' size overflows");
-    char *buf = (char *)moe_gemm_thread_buffer(bytes / sizeof(float));
-    MOE_ASSERT(buf && "gemm_fast: out of memory for the quantized input rows");
-    const char *wr = (const char *)w + (size_t)n0 * wld;
-    if (b && !b->data) b = NULL;
-    for (int t0 = 0; t0 < T; t0 += TBQ) {
-        const int tn = T - t0 < TBQ ? T - t0 : TBQ;
-        for (int t = 0; t < tn; t++) moe_quantize_x_q8_k(buf + (size_t)t * xs, x + (size_t)(t0 + t) * ldx, nb);
-        rows_tn(y + (size_t)t0 * ldy, ldy, buf, xs, tn, nb, wr, wld, n0, n1, b);
-    }
-}
+#define KQ_DTYPE MOE_DTYPE_Q4_K
+#define KQ_ENTRY moe_gemm_rows_q4_k_avx2
+#include "runtime/cpu/gemm_q8_k_rows.h"
