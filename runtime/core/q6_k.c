@@ -2,13 +2,17 @@
  * fit of each block is q6_k_fit.h's, shared with the CUDA backend; here
  * its sub-block sums in SSE2 registers where the compiler has them (the
  * same operations in the same order as the header's plain C, so the bytes
- * do not depend on which), and the packing of the rows. */
+ * do not depend on which), the packing of the rows, and the choice of the
+ * AVX2 block quantizer (q6_k_avx2.c, the same bytes) where the processor
+ * has AVX2. */
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 #include <math.h>
 #include <string.h>
 
+#include "runtime/core/q4_k_impl.h"
+#include "runtime/core/q6_k_impl.h"
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
 
@@ -95,7 +99,12 @@ static inline void nearest_sse2(const float *x, float S, uint8_t *q)
 }
 #endif
 
-bool moe_quantize_row_q6_k(void *dst, const float *src, size_t n)
+bool moe_q6_k_block_portable(const float *x, int8_t sc[16], uint16_t *dh, uint8_t q[256])
+{
+    return q6k_block(x, sc, dh, q);
+}
+
+bool moe_q6_k_quantize_row_with(moe_q6_k_block_fn block, void *dst, const float *src, size_t n)
 {
     unsigned char *b = dst;
     MOE_ASSERT(n % MOE_Q6_K_BLOCK == 0);
@@ -105,10 +114,16 @@ bool moe_quantize_row_q6_k(void *dst, const float *src, size_t n)
         int8_t sc[Q6K_NSUB];
         uint16_t dh;
         uint8_t q[MOE_Q6_K_BLOCK];
-        if (!q6k_block(src + o, sc, &dh, q)) return false;
+        if (!block(src + o, sc, &dh, q)) return false;
         moe_q6_k_pack_codes(b, q);
         memcpy(b + 192, sc, Q6K_NSUB); /* the last MOE_Q6_K_TAIL bytes */
         memcpy(b + 208, &dh, 2);
     }
     return true;
+}
+
+bool moe_quantize_row_q6_k(void *dst, const float *src, size_t n)
+{
+    return moe_q6_k_quantize_row_with(moe_q4_k_has_avx2() ? moe_q6_k_block_avx2 : moe_q6_k_block_portable, dst,
+                                      src, n);
 }
