@@ -267,6 +267,63 @@ static inline void qt_check_fast_int8(enum moe_dtype t, int D, qt_weights_fn mak
     cr_log_info("%s Din=%d: worst |fast - reference| %.2f of the bound", moe_dtype_name(t), D, worst);
 }
 
+/* One output of the fast product in scalar C: input row x, weight row
+ * bytes wrow (D values), + bias. */
+typedef float (*qt_expr_fn)(const float *x, const unsigned char *wrow, int D, float bias);
+
+/* The fast kernel over weights t (made by make) gives the bits of expr
+ * under every kernel set from AVX2 to last (those the processor runs) for
+ * every T from 1 to 9, 63-65 and 130 (two passes of input rows), Din 256
+ * and 768, N not a multiple of any tile, a slice not starting at 0, with
+ * and without bias; inputs of other scales, a zero block, a block whose
+ * one large value sets its scale (a kernel scaling blocks of 32 misses
+ * it), a NaN and an infinity (their rows NaN). */
+static inline void qt_check_expression(enum moe_dtype t, enum moe_cpu_isa last, qt_weights_fn make, qt_expr_fn expr)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
+    if (last > best) last = best;
+    const int Ds[] = {256, 768}, Ns[] = {1, 3, 17}, Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 63, 64, 65, 130};
+    for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++)
+        for (size_t e = 0; e < sizeof Ns / sizeof *Ns; e++) {
+            const int D = Ds[c], N = Ns[e], TMAX = 130;
+            const size_t rb = moe_dtype_row_bytes(t, (size_t)D);
+            unsigned char *w = make(t, N, D, (uint64_t)(N * 5 + D));
+            float *x = malloc((size_t)TMAX * D * sizeof(float)), *bias = malloc((size_t)N * 4),
+                  *y = malloc((size_t)TMAX * N * 4);
+            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + 3 * D), -1, 1);
+            for (int r = 0; r < TMAX; r++)
+                for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
+            memset(x + (size_t)D * 3, 0, 256 * sizeof(float));
+            x[(size_t)D * 2 + 200] = 37.0f;
+            x[(size_t)D * 5 + (size_t)D / 2 + 7] = NAN;
+            x[(size_t)D * 6 + 3] = -INFINITY;
+            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
+            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
+            for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+                for (int isa = MOE_CPU_ISA_AVX2; isa <= (int)last; isa++) {
+                    const int T = Ts[a], n0 = T % 2 ? 0 : N / 3;
+                    const struct moe_tensor *b = T % 3 == 1 ? &bt : NULL;
+                    memset(y, 0, (size_t)T * N * 4);
+                    moe_gemm_fast_rows((enum moe_cpu_isa)isa, y, (size_t)N, x, (size_t)D, T, w, t, D, n0, N, b);
+                    for (int r = 0; r < T; r++)
+                        for (int n = n0; n < N; n++) {
+                            const float want = expr(x + (size_t)r * D, w + (size_t)n * rb, D, b ? bias[n] : 0.0f);
+                            const float got = y[(size_t)r * N + n];
+                            uint32_t bw, bg;
+                            memcpy(&bw, &want, 4), memcpy(&bg, &got, 4);
+                            if (bw != bg && !(isnan(want) && isnan(got)))
+                                cr_assert_fail("%s %s T=%d N=%d Din=%d n0=%d%s [%d,%d]: %.9g (0x%08x), the "
+                                               "expression %.9g (0x%08x)", moe_dtype_name(t),
+                                               moe_cpu_isa_name((enum moe_cpu_isa)isa), T, N, D, n0,
+                                               b ? " +bias" : "", r, n, got, bg, want, bw);
+                        }
+                    if (T > 6) cr_assert(isnan(y[(size_t)5 * N + n0]) && isnan(y[(size_t)6 * N + n0]));
+                }
+            free(w), free(x), free(bias), free(y);
+        }
+}
+
 /* moe_gemm_fast and moe_gemm_fast_multi over the three matrices w (N[i],
  * D) of dtypes dt against x (T, D), large enough to split over the OpenMP
  * team, give the bits the single-threaded rows give (kernel set best). */

@@ -19,19 +19,6 @@
 
 enum { B = MOE_Q4_K_BLOCK };
 
-/* A standard normal draw (Box-Muller). */
-static float gauss(uint64_t *st)
-{
-    const double u = (tu_rand_u64(st) >> 11) * 0x1p-53 + 0x1p-54, v = (tu_rand_u64(st) >> 11) * 0x1p-53;
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
-
-/* 10^e for e uniform in [lo, hi). */
-static float log_uniform(uint64_t *st, float lo, float hi)
-{
-    return powf(10.0f, tu_rand_uniform(st, lo, hi));
-}
-
 enum { KIND_FROM_0 = 8, KINDS = 12 };
 static const char *const kind_names[KINDS] = {"Gaussian", "uniform", "equal",        "zero",
                                               "negative", "positive", "outlier",      "grid",         "from 0",
@@ -41,17 +28,17 @@ static const char *const kind_names[KINDS] = {"Gaussian", "uniform", "equal",   
 static void fill_group(float *g, int k, float sc, uint64_t *st)
 {
     const float c = tu_rand_uniform(st, -1.0f, 1.0f) * sc, off = tu_rand_uniform(st, -2e6f, 2e6f),
-                big = log_uniform(st, 5.5f, 7.0f);
+                big = tu_rand_log_uniform(st, 5.5f, 7.0f);
     for (int i = 0; i < Q4K_G; i++) {
         const float u = tu_rand_uniform(st, -1.0f, 1.0f);
         switch (k) {
-        case 0: g[i] = gauss(st) * sc; break;
+        case 0: g[i] = tu_rand_gauss(st) * sc; break;
         case 1: g[i] = u * sc; break;
         case 2: g[i] = c; break;
         case 3: g[i] = 0.0f; break;
         case 4: g[i] = -fabsf(u) * sc - 0.5f * sc; break;
         case 5: g[i] = fabsf(u) * sc + 0.5f * sc; break;
-        case 6: g[i] = i == 17 ? 40.0f * sc : gauss(st) * sc; break;
+        case 6: g[i] = i == 17 ? 40.0f * sc : tu_rand_gauss(st) * sc; break;
         case 7: g[i] = (float)((int)(u * 8.0f)) * 0.25f * sc; break;
         case 8: g[i] = fabsf(u) * sc; break;
         case 9: g[i] = u * 1e-39f; break;
@@ -98,7 +85,7 @@ static void check_quantizer(moe_q4_k_block_fn block, const char *name)
         for (int j = 0; j < Q4K_NG; j++) {
             /* near f16's range in a quarter of the blocks */
             const int k = (int)(tu_rand_u64(&st) % (KINDS - (r % 4 != 0)));
-            fill_group(x + Q4K_G * j, k, log_uniform(&st, -6.0f, 3.0f), &st);
+            fill_group(x + Q4K_G * j, k, tu_rand_log_uniform(&st, -6.0f, 3.0f), &st);
         }
         unsigned char h[Q4K_HEAD];
         uint8_t q[B];
@@ -108,7 +95,7 @@ static void check_quantizer(moe_q4_k_block_fn block, const char *name)
     /* all groups at least 0 (dmin 0): the kind where the error sums' order
      * shows most often, about one block in 250 */
     for (int r = 0; r < 4000; r++, n++) {
-        for (int j = 0; j < Q4K_NG; j++) fill_group(x + Q4K_G * j, KIND_FROM_0, log_uniform(&st, -6.0f, 3.0f), &st);
+        for (int j = 0; j < Q4K_NG; j++) fill_group(x + Q4K_G * j, KIND_FROM_0, tu_rand_log_uniform(&st, -6.0f, 3.0f), &st);
         check_block(block, name, x, kind_names[KIND_FROM_0], n);
     }
     cr_log_info("%s: %d blocks the same bytes (%d of the mixed ones refused)", name, n, refused);
@@ -135,7 +122,7 @@ Test(quant_q4_k, row_is_the_portable_row)
     static float x[N];
     static unsigned char r0[N / B * MOE_Q4_K_BYTES], r1[N / B * MOE_Q4_K_BYTES];
     uint64_t st = 7;
-    for (int i = 0; i < N; i++) x[i] = gauss(&st) * 0.02f;
+    for (int i = 0; i < N; i++) x[i] = tu_rand_gauss(&st) * 0.02f;
     for (int i = 0; i < Q4K_G; i++) x[3 * B + i] = -0.5f;
     cr_assert(moe_quantize_row_q4_k(r1, x, N));
     cr_assert(moe_q4_k_quantize_row_with(moe_q4_k_block_portable, r0, x, N));

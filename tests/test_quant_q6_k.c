@@ -120,13 +120,6 @@ static double rel_rms(const float *x, const float *back, size_t n)
     return sqrt(e / s);
 }
 
-/* A standard normal draw (Box-Muller). */
-static float gauss(uint64_t *st)
-{
-    const double u = (tu_rand_u64(st) >> 11) * 0x1p-53 + 0x1p-54, v = (tu_rand_u64(st) >> 11) * 0x1p-53;
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
-
 /* moe_quantize_row_q6_k: on Gaussian and uniform rows its relative RMS
  * error is below the absmax rule's (printed); with awkward blocks added (a
  * zero block, a constant one, an all-positive one, an outlier, tiny
@@ -142,7 +135,7 @@ Test(quant_q6_k, quantize_row_stores_nearest_codes)
     unsigned char *q = malloc(moe_dtype_row_bytes(MOE_DTYPE_Q6_K, K));
     uint64_t st = 17;
     for (int kind = 0; kind < 2; kind++) {
-        for (int i = 0; i < K; i++) x[i] = kind == 0 ? 0.02f * gauss(&st) : tu_rand_uniform(&st, -0.05f, 0.05f);
+        for (int i = 0; i < K; i++) x[i] = kind == 0 ? 0.02f * tu_rand_gauss(&st) : tu_rand_uniform(&st, -0.05f, 0.05f);
         cr_assert(moe_quantize_row_q6_k(q, x, K));
         moe_convert_row_f32(back, q, MOE_DTYPE_Q6_K, K);
         absmax_row(base, x, K);
@@ -278,54 +271,10 @@ static float q6_k_expr(const float *x, const unsigned char *wrow, int D, float b
 }
 
 /* The kernel gives the bits of the expression above under every kernel
- * set for every T from 1 to 9, 63-65 and 130 (two passes of input rows),
- * N not a multiple of any tile, a slice not starting at 0, with and
- * without bias; inputs of other scales, a zero block, a block whose one
- * large value sets its scale (a kernel scaling blocks of 32 misses it), a
- * NaN and an infinity. */
+ * set (qt_check_expression's shapes and inputs). */
 Test(quant_q6_k, kernel_pins_its_expression)
 {
-    const enum moe_cpu_isa best = moe_cpu_isa_detect();
-    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
-    const int Ds[] = {256, 768}, Ns[] = {1, 3, 17}, Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 63, 64, 65, 130};
-    for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++)
-        for (size_t e = 0; e < sizeof Ns / sizeof *Ns; e++) {
-            const int D = Ds[c], N = Ns[e], TMAX = 130;
-            const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, (size_t)D);
-            unsigned char *w = q6_k_weights(MOE_DTYPE_Q6_K, N, D, (uint64_t)(N * 5 + D));
-            float *x = malloc((size_t)TMAX * D * sizeof(float)), *bias = malloc((size_t)N * 4),
-                  *y = malloc((size_t)TMAX * N * 4);
-            tu_fill_uniform(x, (size_t)TMAX * D, (uint64_t)(N + 3 * D), -1, 1);
-            for (int r = 0; r < TMAX; r++)
-                for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
-            memset(x + (size_t)D * 3, 0, B * sizeof(float));
-            x[(size_t)D * 2 + 200] = 37.0f;
-            x[(size_t)D * 5 + (size_t)D / 2 + 7] = NAN;
-            x[(size_t)D * 6 + 3] = -INFINITY;
-            tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);
-            const struct moe_tensor bt = {.dtype = MOE_DTYPE_F32, .ndim = 1, .shape = {N}, .data = bias, .device = -1};
-            for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
-                for (int isa = MOE_CPU_ISA_AVX2; isa <= (int)best; isa++) {
-                    const int T = Ts[a], n0 = T % 2 ? 0 : N / 3;
-                    const struct moe_tensor *b = T % 3 == 1 ? &bt : NULL;
-                    memset(y, 0, (size_t)T * N * 4);
-                    moe_gemm_fast_rows((enum moe_cpu_isa)isa, y, (size_t)N, x, (size_t)D, T, w, MOE_DTYPE_Q6_K, D, n0,
-                                       N, b);
-                    for (int r = 0; r < T; r++)
-                        for (int n = n0; n < N; n++) {
-                            const float want = q6_k_expr(x + (size_t)r * D, w + (size_t)n * rb, D, b ? bias[n] : 0.0f);
-                            const float got = y[(size_t)r * N + n];
-                            uint32_t bw, bg;
-                            memcpy(&bw, &want, 4), memcpy(&bg, &got, 4);
-                            if (bw != bg && !(isnan(want) && isnan(got)))
-                                cr_assert_fail("%s T=%d N=%d Din=%d n0=%d%s [%d,%d]: %.9g (0x%08x), the expression "
-                                               "%.9g (0x%08x)", moe_cpu_isa_name((enum moe_cpu_isa)isa), T, N, D, n0,
-                                               b ? " +bias" : "", r, n, got, bg, want, bw);
-                        }
-                    if (T > 6) cr_assert(isnan(y[(size_t)5 * N + n0]) && isnan(y[(size_t)6 * N + n0]));
-                }
-            free(w), free(x), free(bias), free(y);
-        }
+    qt_check_expression(MOE_DTYPE_Q6_K, MOE_CPU_ISA_AMX_BF16, q6_k_weights, q6_k_expr);
 }
 
 /* Large enough to split over the OpenMP team: moe_gemm_fast and
@@ -366,7 +315,7 @@ Test(quant_q6_k, planes_split_join_and_decode)
     enum { R = 3, K = 2 * B };
     float *x = malloc((size_t)R * K * sizeof(float));
     uint64_t st = 5;
-    for (int i = 0; i < R * K; i++) x[i] = gauss(&st);
+    for (int i = 0; i < R * K; i++) x[i] = tu_rand_gauss(&st);
     const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, K), vb = moe_planes_values_bytes(MOE_DTYPE_Q6_K, R, K),
                  sb = moe_planes_scales_bytes(MOE_DTYPE_Q6_K, R, K);
     cr_assert_eq(vb, (size_t)R * K * 3 / 4);

@@ -22,30 +22,20 @@ static const char *const kind_names[KINDS] = {"Gaussian", "uniform", "equal",   
                                               "positive", "outlier", "grid",      "subnormal",    "signed zeros",
                                               "near f16's range"};
 
-/* A standard normal draw (Box-Muller). */
-static float gauss(uint64_t *st)
-{
-    const double u = (tu_rand_u64(st) >> 11) * 0x1p-53 + 0x1p-54, v = (tu_rand_u64(st) >> 11) * 0x1p-53;
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
-
-/* 10^e for e uniform in [lo, hi). */
-static float log_uniform(uint64_t *st, float lo, float hi) { return powf(10.0f, tu_rand_uniform(st, lo, hi)); }
-
 /* Sub-block g (16 values) of kind k at scale sc. */
 static void fill_sub(float *g, int k, float sc, uint64_t *st)
 {
-    const float c = tu_rand_uniform(st, -1.0f, 1.0f) * sc, big = log_uniform(st, 7.5f, 9.0f);
+    const float c = tu_rand_uniform(st, -1.0f, 1.0f) * sc, big = tu_rand_log_uniform(st, 7.5f, 9.0f);
     for (int i = 0; i < Q6K_SUB; i++) {
         const float u = tu_rand_uniform(st, -1.0f, 1.0f);
         switch (k) {
-        case 0: g[i] = gauss(st) * sc; break;
+        case 0: g[i] = tu_rand_gauss(st) * sc; break;
         case 1: g[i] = u * sc; break;
         case 2: g[i] = c; break;
         case 3: g[i] = 0.0f; break;
         case 4: g[i] = -fabsf(u) * sc - 0.5f * sc; break;
         case 5: g[i] = fabsf(u) * sc + 0.5f * sc; break;
-        case 6: g[i] = i == 9 ? 40.0f * sc : gauss(st) * sc; break;
+        case 6: g[i] = i == 9 ? 40.0f * sc : tu_rand_gauss(st) * sc; break;
         case 7: g[i] = (float)((int)(u * 40.0f)) * 0.5f * sc; break;
         case 8: g[i] = u * 1e-39f; break;
         case 9: g[i] = i % 3 == 0 ? -0.0f : i % 3 == 1 ? 0.0f : u * sc; break;
@@ -92,7 +82,7 @@ static void check_quantizer(moe_q6_k_block_fn block, const char *name)
         for (int j = 0; j < Q6K_NSUB; j++) {
             /* near f16's range in one block in 8 */
             const int k = (int)(tu_rand_u64(&st) % (KINDS - (r % 8 != 0)));
-            fill_sub(x + Q6K_SUB * j, k, log_uniform(&st, -6.0f, 3.0f), &st);
+            fill_sub(x + Q6K_SUB * j, k, tu_rand_log_uniform(&st, -6.0f, 3.0f), &st);
         }
         int8_t sc[Q6K_NSUB];
         uint16_t dh;
@@ -124,7 +114,7 @@ Test(quant_q6_k_fit, row_is_the_portable_row)
     static float x[N];
     static unsigned char r0[N / B * MOE_Q6_K_BYTES], r1[N / B * MOE_Q6_K_BYTES];
     uint64_t st = 7;
-    for (int i = 0; i < N; i++) x[i] = gauss(&st) * 0.02f;
+    for (int i = 0; i < N; i++) x[i] = tu_rand_gauss(&st) * 0.02f;
     for (int i = 0; i < Q6K_SUB; i++) x[3 * B + i] = -0.5f;
     cr_assert(moe_quantize_row_q6_k(r1, x, N));
     cr_assert(moe_q6_k_quantize_row_with(moe_q6_k_block_portable, r0, x, N));

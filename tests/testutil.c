@@ -42,6 +42,17 @@ float tu_rand_uniform(uint64_t *s, float lo, float hi)
     return lo + (hi - lo) * (float)((tu_rand_u64(s) >> 40) * (1.0 / 16777216.0));
 }
 
+float tu_rand_gauss(uint64_t *s)
+{
+    const double u = (tu_rand_u64(s) >> 11) * 0x1p-53 + 0x1p-54, v = (tu_rand_u64(s) >> 11) * 0x1p-53;
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+float tu_rand_log_uniform(uint64_t *s, float lo, float hi)
+{
+    return powf(10.0f, tu_rand_uniform(s, lo, hi));
+}
+
 void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi)
 {
     uint64_t s = seed;

@@ -16,6 +16,10 @@ uint64_t tu_rand_u64(uint64_t *state);
 /* Uniform in [lo, hi). */
 float tu_rand_uniform(uint64_t *state, float lo, float hi);
 void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
+/* A standard normal draw (Box-Muller). */
+float tu_rand_gauss(uint64_t *state);
+/* 10^e for e uniform in [lo, hi). */
+float tu_rand_log_uniform(uint64_t *state, float lo, float hi);
 /* A routing of T rows to K distinct experts each, drawn from [0, E) (E >=
  * K), into ids (T, K); with hot >= 0 every row's slot 0 takes expert hot. */
 void tu_random_routing(int32_t *ids, int T, int K, int E, int hot, uint64_t *state);
