@@ -59,12 +59,11 @@ enum {
     PF = 4096,  /* the first pass prefetches whole tiles at least this far on (gemm_q4_k.c) */
 };
 
-/* The 32 codes (0..63, element order) of run 4h + j of a block whose
- * half h has its ql bytes at ql and qh bytes at qh. */
-AVX2 INLINE __m256i run_codes(const char *ql, const char *qh, const int j)
+/* The 32 codes (0..63, element order) of run 4h + j of a block: l its
+ * half's 32 ql bytes at 64h + 32 (j & 1), h its half's 32 qh bytes (each
+ * loaded once per half and weight row for the 4 runs). */
+AVX2 INLINE __m256i run_codes_of(const __m256i l, const __m256i h, const int j)
 {
-    const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (j & 1)));
-    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
     const __m256i lo = _mm256_and_si256(j < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(15));
     const __m256i hb = j == 0 ? _mm256_slli_epi16(h, 4) : j == 1 ? _mm256_slli_epi16(h, 2)
                      : j == 2 ? h : _mm256_srli_epi16(h, 2);
@@ -118,16 +117,21 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char
         }
 #pragma GCC unroll 2
         for (int hf = 0; hf < 2; hf++) {
-            __m256i hs[MAXC];
+            __m256i hs[MAXC], l0[MAXC], l1[MAXC], qh[MAXC];
 #pragma GCC unroll 4
-            for (int c = 0; c < C; c++) hs[c] = half_scales(w + (size_t)c * wld + bo + SC, hf);
+            for (int c = 0; c < C; c++) {
+                const char *blk = w + (size_t)c * wld + bo;
+                hs[c] = half_scales(blk + SC, hf);
+                l0[c] = _mm256_loadu_si256((const __m256i *)(blk + 64 * hf));
+                l1[c] = _mm256_loadu_si256((const __m256i *)(blk + 64 * hf + 32));
+                qh[c] = _mm256_loadu_si256((const __m256i *)(blk + QH + 32 * hf));
+            }
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 const size_t qo = xo + 32 + 32 * (size_t)(4 * hf + j);
 #pragma GCC unroll 4
                 for (int c = 0; c < C; c++) {
-                    const char *blk = w + (size_t)c * wld + bo;
-                    const __m256i wq = run_codes(blk + 64 * hf, blk + QH + 32 * hf, j);
+                    const __m256i wq = run_codes_of(j & 1 ? l1[c] : l0[c], qh[c], j);
                     const __m256i sv = run_scales(hs[c], j);
 #pragma GCC unroll 4
                     for (int r = 0; r < R; r++) {
