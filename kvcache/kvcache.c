@@ -267,6 +267,7 @@ enum moe_status moe_kvcache_alloc_block(struct moe_kvcache *kv, int32_t *block)
     }
     MOE_ASSERT(kv->blocks[b].refcount == 0 && !kv->blocks[b].cached);
     kv->blocks[b].refcount = 1;
+    kv->blocks[b].owner = 0;
     *block = b;
     return MOE_OK;
 }

@@ -63,6 +63,8 @@ struct moe_kv_block {
     uint32_t parent_gen;
     uint64_t hash;         /* of the key */
     int32_t lru_prev, lru_next; /* evictable list (cached, refcount 0) */
+    int32_t owner;         /* the user's tag, 0 when allocated (data-parallel attention: the
+                              rank that holds the block's K/V, runtime/engine/runner.c) */
 };
 
 struct moe_kv_stats {

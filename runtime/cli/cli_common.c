@@ -59,7 +59,7 @@ static enum moe_status open_model_weights(struct moe_model *m, const struct moe_
         return moe_fail(MOE_ERR_INVALID_ARG, "--router-skew applies to --synthetic models "
                         "(moerun synth --router-skew writes a skewed checkpoint)");
     if (!o->path) return moe_fail(MOE_ERR_INVALID_ARG, "no model given (a folder, or --synthetic CONFIG.json)");
-    if (!moe_cli_par_ep() && o->ep <= 1 && o->tp <= 1) return moe_model_load(m, o->path);
+    if (!moe_cli_par_ep() && o->ep <= 1 && o->tp <= 1 && !o->dp_attention) return moe_model_load(m, o->path);
     /* expert parallelism: this rank's share of the experts only */
     char path[4096];
     struct moe_config cfg;
@@ -77,7 +77,7 @@ enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_mod
 {
     MOE_TRY(moe_cli_draft_check(o));
     MOE_TRY(open_model_weights(m, o));
-    if (o->synthetic && (moe_cli_par_ep() || o->ep > 1 || o->tp > 1)) { /* made whole; the others' experts dropped */
+    if (o->synthetic && (moe_cli_par_ep() || o->ep > 1 || o->tp > 1 || o->dp_attention)) { /* made whole; the others' experts dropped */
         uint8_t *held = NULL;
         enum moe_status s = moe_cli_par_share(o, &m->cfg, &held);
         if (s == MOE_OK && held) s = moe_model_set_held(m, held);

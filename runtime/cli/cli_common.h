@@ -20,6 +20,7 @@ struct moe_cli_model_opts {
     const char *draft;      /* --draft: the draft model's folder (cli_draft.h), or NULL */
     long ep;                /* --ep: ranks the experts spread over; 0 = the launch's world size */
     long tp;                /* --tp: ranks each attention layer's heads split over; 0 = 1 */
+    bool dp_attention;      /* --dp-attention: each sequence's attention on one rank */
     const char *ep_placement; /* --ep-placement: a placement file (docs/parallel.md), or NULL */
     const char *ep_placement_text; /* a follower: rank 0's placement (JSON), or NULL */
 };

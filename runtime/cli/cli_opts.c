@@ -100,6 +100,10 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
              "attention layer's heads, the dense FFNs and shared experts;\n"
              "the experts spread over every rank, or with --ep N (N x M\n"
              "ranks) over the N groups (docs/parallel.md)"},
+    {.name = "dp-attention", .kind = MOE_CLI_FLAG, ENG(model.dp_attention),
+     .help = "with several ranks: data-parallel attention: each sequence's\n"
+             "attention layers (and its K/V) on one rank, the rows\n"
+             "gathered after each (docs/parallel.md)"},
     {.name = "ep-placement", .arg = "FILE", .kind = MOE_CLI_STRING, ENG(model.ep_placement),
      .help = "with several ranks: which experts each rank holds, per\n"
              "layer, with replicas (written by `moerun stats --ep N\n"

@@ -69,6 +69,8 @@ enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *o, const stru
     const int world = par.on ? par.ep.size : 1;
     const long tp = o->tp > 1 ? o->tp : 1;
     if (!par.on) {
+        if (o->dp_attention)
+            return moe_fail(MOE_ERR_INVALID_ARG, "--dp-attention needs several ranks: start moerun with mpirun -n N");
         if (o->ep > 1 || tp > 1)
             return moe_fail(MOE_ERR_INVALID_ARG, "--%s %ld needs %ld ranks: start moerun with mpirun -n %ld",
                             o->ep > 1 ? "ep" : "tp", o->ep > 1 ? o->ep : tp, o->ep > 1 ? o->ep * tp : tp,
@@ -82,6 +84,7 @@ enum moe_status moe_cli_par_share(const struct moe_cli_model_opts *o, const stru
     if (n_experts <= 0)
         return moe_fail(MOE_ERR_UNSUPPORTED, "%d ranks, but the model has no experts to spread over them", world);
     MOE_TRY(moe_ep_set_tp(&par.ep, (int)o->ep, (int)tp));
+    MOE_TRY(moe_ep_set_dp(&par.ep, o->dp_attention));
     char *text;
     MOE_TRY(placement_text(o, &text));
     enum moe_status s = moe_ep_place(&par.ep, c->n_layers, c->layer_moe, n_experts, text);
@@ -116,6 +119,7 @@ enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struc
               json_object_set_new(j, "top_k", json_integer(o->model.top_k)) ||
               json_object_set_new(j, "ep", json_integer(o->model.ep)) ||
               json_object_set_new(j, "tp", json_integer(o->model.tp)) ||
+              json_object_set_new(j, "dp_attention", json_boolean(o->model.dp_attention)) ||
               json_object_set_new(j, "threads", json_integer(o->threads)) ||
               json_object_set_new(j, "hot_share", json_real(o->hot_share)) ||
               json_object_set_new(j, "comm_timeout", json_real(o->comm_timeout)) ||
@@ -182,6 +186,7 @@ static enum moe_status follower_open(void *ctx, const void *blob, size_t bytes, 
     e->model.top_k = (long)json_integer_value(json_object_get(d, "top_k"));
     e->model.ep = (long)json_integer_value(json_object_get(d, "ep"));
     e->model.tp = (long)json_integer_value(json_object_get(d, "tp"));
+    e->model.dp_attention = json_is_true(json_object_get(d, "dp_attention"));
     e->model.ep_placement_text = str_of(d, "ep_placement");
     e->backend = str_of(d, "backend") ? str_of(d, "backend") : "auto";
     e->quantize = str_of(d, "quantize");
@@ -254,6 +259,12 @@ void moe_cli_par_finish(void)
                 "group collectives %.3f s of its steps' %.3f s (%.1f%%), %.2f MB received\n", par.ep.tp,
                 par.ep.groups ? par.ep.groups : par.ep.size, par.ep.tp_s, n->step_s,
                 n->step_s > 0 ? 100 * par.ep.tp_s / n->step_s : 0.0, (double)par.ep.tp_bytes / 1e6);
+    if (n->steps > 0 && par.ep.dp)
+        fprintf(stderr, "moerun: data-parallel attention over %d ranks: rank 0 computed %llu of %llu attention "
+                "rows; its all-gathers of them %.3f s of its steps' %.3f s (%.1f%%), %.2f MB received\n",
+                par.ep.size, (unsigned long long)par.ep.dp_rows, (unsigned long long)par.ep.dp_rows_all,
+                par.ep.dp_s, n->step_s, n->step_s > 0 ? 100 * par.ep.dp_s / n->step_s : 0.0,
+                (double)par.ep.dp_bytes / 1e6);
     int64_t *kib = calloc((size_t)par.ep.size, sizeof *kib);
     if (moe_ep_stop(&par.ep) != MOE_OK) {
         fprintf(stderr, "moerun: %s\n", moe_last_error());

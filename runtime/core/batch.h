@@ -30,6 +30,9 @@ struct moe_batch {
      * starts from a zero state, any other continues its slot's.  NULL
      * otherwise. */
     const int32_t *state_slot;    /* (n_seqs) */
+    /* data-parallel attention (runtime/engine/ep.h): the rank that runs
+     * each sequence's attention and holds its K/V; NULL otherwise */
+    const int32_t *dp_rank;       /* (n_seqs) */
     /* optional, for statistics and traces (NULL = none) */
     const uint8_t *decode;        /* (n_seqs) 1 if the sequence's chunk is a decode step */
     const int64_t *request_ids;   /* (n_seqs) request id of each sequence */

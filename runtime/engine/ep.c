@@ -7,7 +7,9 @@
  *   STEP   runner id; payload: T, S, then seq_start (S+1), ctx_len (S),
  *          tokens (T), positions (T), each sequence's blocks in use
  *          (ceil(ctx_len / B) of them), then for a model with
- *          linear-attention layers each sequence's state slot (S), all int32
+ *          linear-attention layers each sequence's state slot (S), with
+ *          data-parallel attention each sequence's rank (S), then the
+ *          logit rows' count and the rows, all int32
  *   FREE   runner id; STOP. */
 #include "runtime/engine/ep_impl.h"
 
@@ -23,7 +25,7 @@
 /* The messages' layout; a follower of another layout refuses rank 0's
  * runners (every rank must run the same moerun).  Raise it with any change
  * to struct geometry or a payload. */
-#define EP_PROTOCOL 5
+#define EP_PROTOCOL 6
 
 enum kind { MSG_HELLO = 1, MSG_STEP, MSG_FREE, MSG_STOP };
 
@@ -54,6 +56,15 @@ void moe_ep_init(struct moe_ep *ep, struct moe_comm *c)
     ep->rank = moe_comm_rank(c);
     ep->size = moe_comm_size(c);
     ep->tp = 1;
+}
+
+enum moe_status moe_ep_set_dp(struct moe_ep *ep, bool on)
+{
+    if (on && ep->tp > 1)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "--dp-attention with --tp %d: data-parallel attention splits the "
+                        "sequences over the ranks, tensor parallelism each sequence's heads; choose one", ep->tp);
+    ep->dp = on;
+    return MOE_OK;
 }
 
 void moe_ep_free(struct moe_ep *ep)
@@ -97,7 +108,7 @@ static enum moe_status step_bytes(const struct geometry *g, int max_blocks, size
 {
     size_t ints, tab;
     if (!moe_mul_size((size_t)g->max_seqs, (size_t)max_blocks, &tab) ||
-        !moe_add_size(tab, 5 + 3 * (size_t)g->max_seqs + 2 * (size_t)g->max_tokens + (size_t)g->max_logits, &ints) ||
+        !moe_add_size(tab, 5 + 4 * (size_t)g->max_seqs + 2 * (size_t)g->max_tokens + (size_t)g->max_logits, &ints) ||
         !moe_mul_size(ints, sizeof(int32_t), out))
         return moe_fail(MOE_ERR_NOMEM, "expert parallelism: step message size overflows");
     return MOE_OK;
@@ -185,6 +196,7 @@ enum moe_status moe_ep_send_step(struct moe_ep *ep, int runner, const struct moe
         q += nb;
     }
     if (b->state_slot) memcpy(q, b->state_slot, (size_t)S * sizeof *q), q += S;
+    if (ep->dp) memcpy(q, b->dp_rank, (size_t)S * sizeof *q), q += S;
     /* the rows that need logits: the last layer's FFN runs for them alone */
     *q++ = b->n_logits;
     memcpy(q, b->logit_rows, (size_t)b->n_logits * sizeof *q), q += b->n_logits;
@@ -321,6 +333,10 @@ static enum moe_status run_step(struct moe_runner *r, const int32_t *p, size_t b
         if (end - q < S) return moe_fail(MOE_ERR_FORMAT, "expert parallelism: a step's state slots are short");
         memcpy(r->sslot, q, (size_t)S * sizeof *q), q += S;
     }
+    if (r->dp) { /* forward validates the ranks */
+        if (end - q < S) return moe_fail(MOE_ERR_FORMAT, "expert parallelism: a step's sequence ranks are short");
+        memcpy(r->dp, q, (size_t)S * sizeof *q), q += S;
+    }
     const int n_logits = end - q >= 1 ? *q++ : -1;
     if (n_logits < 0 || n_logits > T || n_logits > r->o.max_logits || end - q < n_logits)
         return moe_fail(MOE_ERR_FORMAT, "expert parallelism: a step's logit rows are malformed");
@@ -330,7 +346,8 @@ static enum moe_status run_step(struct moe_runner *r, const int32_t *p, size_t b
     const struct moe_batch b = {.n_tokens = T, .n_seqs = S, .tokens = r->tokens, .positions = r->pos,
                                 .seq_of = r->seq_of, .seq_start = r->seq_start, .ctx_len = r->ctx_len,
                                 .block_table = r->table, .max_blocks = r->max_blocks, .slot = r->slot,
-                                .logit_rows = r->rows, .n_logits = n_logits, .state_slot = hybrid ? r->sslot : NULL};
+                                .logit_rows = r->rows, .n_logits = n_logits, .state_slot = hybrid ? r->sslot : NULL,
+                                .dp_rank = r->dp};
     return moe_forward_run(&r->fw, &r->kv, &b, NULL, NULL, NULL);
 }
 

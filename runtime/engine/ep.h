@@ -105,6 +105,14 @@ struct moe_ep {
     size_t tp_cap;              /* floats */
     double tp_s;                /* seconds in the group's collectives */
     uint64_t tp_bytes;          /* bytes this rank received through them */
+    /* Data-parallel attention (moe_ep_set_dp): each sequence's attention
+     * (and its K/V) on one rank, the batch's rows all-gathered after each
+     * attention block (forward_dp.c) */
+    bool dp;
+    double dp_s;                /* seconds in those all-gathers */
+    uint64_t dp_bytes;          /* bytes this rank received through them */
+    uint64_t dp_rows;           /* attention rows this rank computed */
+    uint64_t dp_rows_all;       /* attention rows of all ranks */
 };
 
 /* Opens the layout over c's ranks (c NULL: one process); experts are
@@ -115,6 +123,13 @@ void moe_ep_init(struct moe_ep *ep, struct moe_comm *c);
  * against the world; every rank calls it, before moe_ep_place.  The
  * groups' communicators open at the first step.  tp 1: only the check. */
 MOE_MUST_USE enum moe_status moe_ep_set_tp(struct moe_ep *ep, int shards, int tp);
+/* Data-parallel attention: each sequence's attention layers run on one
+ * rank (rank 0's runner gives each new sequence the rank whose sequences
+ * hold the fewest KV blocks, a prefix-cache hit the rank that holds the
+ * hit), which alone writes its K/V; the rows are all-gathered after each
+ * attention block, so every rank runs the FFNs on every row as before.
+ * Refused with tensor parallelism.  Every rank calls it alike. */
+MOE_MUST_USE enum moe_status moe_ep_set_dp(struct moe_ep *ep, bool on);
 /* Places the experts of the MoE layers of a model of n_layers layers
  * (is_moe[l]) and n_experts experts per layer.  placement (JSON text,
  * docs/parallel.md, or NULL): each layer it names as it says, the others

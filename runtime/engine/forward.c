@@ -177,6 +177,7 @@ void moe_forward_free(struct moe_forward *fw)
     free(fw->h_w);
     free(fw->h_logits);
     moe_forward_ep_free(fw);
+    moe_forward_dp_free(fw);
     memset(fw, 0, sizeof *fw);
 }
 
@@ -259,6 +260,15 @@ static enum moe_status validate(const struct moe_forward *fw, const struct moe_k
         }
     }
     if (fw->b_state) MOE_TRY(validate_state(kv, b));
+    if (moe_ep_on(fw->ep) && fw->ep->dp) { /* data-parallel attention: each sequence's rank */
+        if (!b->dp_rank)
+            return moe_fail(MOE_ERR_INVALID_ARG, "batch: data-parallel attention, but the batch gives its "
+                            "sequences no ranks");
+        for (int s = 0; s < b->n_seqs; s++)
+            if (b->dp_rank[s] < 0 || b->dp_rank[s] >= fw->ep->size)
+                return moe_fail(MOE_ERR_INVALID_ARG, "batch: sequence %d on rank %d (of %d)", s, b->dp_rank[s],
+                                fw->ep->size);
+    }
     for (int t = 0; t < b->n_tokens; t++)
         if (b->tokens[t] < 0 || b->tokens[t] >= fw->m->cfg.vocab)
             return moe_fail(MOE_ERR_INVALID_ARG, "batch: token id %d at row %d is outside the "
@@ -333,8 +343,8 @@ static enum moe_status residual_add(struct moe_forward *fw, int T)
     return fw->be->ops->add(fw->be, fw->x, fw->out, n);
 }
 
-static enum moe_status attention_block(struct moe_forward *fw, struct moe_kvcache *kv,
-                                       const struct moe_batch *db, int l)
+enum moe_status moe_forward_attention_block(struct moe_forward *fw, struct moe_kvcache *kv,
+                                            const struct moe_batch *db, int l)
 {
     struct moe_backend *be = fw->be;
     const struct moe_backend_ops *op = be->ops;
@@ -632,7 +642,8 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     enum moe_status s = MOE_OK;
     for (int l = 0; l < c->n_layers && s == MOE_OK; l++) {
         const bool last = skip && l == c->n_layers - 1;
-        if ((s = attention_block(fw, kv, db, l)) == MOE_OK) s = ffn_block(fw, l, T, db, last, trace);
+        s = fw->dp.on ? moe_forward_dp_attention(fw, kv, T, l) : moe_forward_attention_block(fw, kv, db, l);
+        if (s == MOE_OK) s = ffn_block(fw, l, T, db, last, trace);
         if (fw->rows_swapped) { /* back: the rows are in lrows */
             swap_rows(fw);
             fw->rows_swapped = false;
@@ -669,6 +680,7 @@ static enum moe_status run_step(struct moe_forward *fw, struct moe_kvcache *kv, 
     fw->stats_async = fw->stats && stats_async_ready(fw, b->n_tokens);
     struct moe_batch db;
     MOE_TRY(upload_batch(fw, b, &db));
+    MOE_TRY(moe_forward_dp_begin(fw, b));
     if (fw->stats) MOE_TRY(moe_stats_step_begin(fw->stats, b));
     /* traces and synchronous statistics copy to the host inside the step:
      * no graph then.  Asynchronous statistics copies are part of the step

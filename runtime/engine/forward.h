@@ -171,6 +171,19 @@ struct moe_forward {
      * order (max_logits x V floats, backend memory; rank 0's only, made at
      * first use) */
     float *ep_d_vparts;
+    /* Data-parallel attention (runtime/engine/forward_dp.c), made at the
+     * first step with it */
+    struct moe_forward_dp {
+        bool on;             /* this step */
+        bool ordered;        /* the batch's rows are in rank order already (no gathers) */
+        int32_t *counts, *displs; /* (size) each rank's rows and its first, in rank order (host) */
+        int32_t *h, *d;      /* the sub-batch and the row orders: host, backend (d == h in host memory) */
+        size_t ints;         /* of h and d */
+        const int32_t *order, *inv; /* (T) the batch row of each rank-ordered row, and back (in d) */
+        float *rows;         /* (max_tokens, D) the rows in rank order, backend memory */
+        float *stage;        /* (max_tokens, D) host stage of a backend not in host memory */
+        struct moe_batch sub; /* this rank's sequences, in d */
+    } dp;
 };
 
 /* ptr = n zeroed elements of type in be's memory (the size overflow-checked);
@@ -229,6 +242,17 @@ MOE_MUST_USE enum moe_status moe_forward_vocab_logits(struct moe_forward *fw, in
  * one rank's that holds it, exactly. */
 MOE_MUST_USE enum moe_status moe_forward_vocab_embed(struct moe_forward *fw, float *x, int T);
 void moe_forward_ep_free(struct moe_forward *fw);
+/* Data-parallel attention (runtime/engine/forward_dp.c; fw->ep->dp): the
+ * step's rank order and this rank's sub-batch from the host batch b;
+ * layer l's attention block on this rank's rows, then every rank's rows
+ * gathered back into fw->x (T rows); the buffers freed. */
+MOE_MUST_USE enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_batch *b);
+MOE_MUST_USE enum moe_status moe_forward_dp_attention(struct moe_forward *fw, struct moe_kvcache *kv, int T, int l);
+void moe_forward_dp_free(struct moe_forward *fw);
+/* One layer's attention block with its residual, over db's rows of fw->x
+ * (forward.c). */
+MOE_MUST_USE enum moe_status moe_forward_attention_block(struct moe_forward *fw, struct moe_kvcache *kv,
+                                                         const struct moe_batch *db, int l);
 /* Runs one step.  logits (n_logits, V) host, may be NULL; ids (n_logits)
  * host, may be NULL, receives the argmax of each logits row (moe_argmax's
  * rule), computed by the backend: a greedy caller asks for ids alone, and

@@ -84,6 +84,11 @@ static enum moe_status init_local(struct moe_runner *r, const struct moe_model *
     if (!r->tokens || !r->pos || !r->seq_of || !r->slot || !r->rows || !r->seq_start ||
         !r->ctx_len || !r->table || !r->sslot)
         return moe_fail(MOE_ERR_NOMEM, "runner: batch arrays");
+    if (moe_ep_on(o->ep) && o->ep->dp) {
+        r->dp = malloc(S * sizeof(int32_t));
+        r->dp_load = malloc((size_t)o->ep->size * sizeof(int32_t));
+        if (!r->dp || !r->dp_load) return moe_fail(MOE_ERR_NOMEM, "runner: data-parallel attention's arrays");
+    }
     return MOE_OK;
 }
 
@@ -101,6 +106,8 @@ void moe_runner_free(struct moe_runner *r)
     free(r->ctx_len);
     free(r->table);
     free(r->sslot);
+    free(r->dp);
+    free(r->dp_load);
     memset(r, 0, sizeof *r);
 }
 
@@ -138,6 +145,20 @@ static enum moe_status seq_grow(struct moe_runner *r, struct moe_seq *s)
     return MOE_OK;
 }
 
+/* Data-parallel attention: the rank of a sequence that holds no block yet,
+ * the one whose sequences hold the fewest blocks (the lowest of equals). */
+static int32_t dp_least_loaded(struct moe_runner *r)
+{
+    const int R = r->o.ep->size;
+    memset(r->dp_load, 0, (size_t)R * sizeof *r->dp_load);
+    for (int b = 0; b < r->kv.n_blocks; b++)
+        if (r->kv.blocks[b].refcount > 0) r->dp_load[r->kv.blocks[b].owner]++;
+    int32_t best = 0;
+    for (int32_t i = 1; i < R; i++)
+        if (r->dp_load[i] < r->dp_load[best]) best = i;
+    return best;
+}
+
 enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int len)
 {
     const int B = r->o.block_size;
@@ -151,9 +172,14 @@ enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int 
         MOE_TRY(moe_kvcache_alloc_state(&r->kv, &slot));
         s->state = slot + 1;
     }
+    /* data-parallel attention: a sequence's blocks are its first block's
+     * rank's (a prefix-cache hit's, whose chain that rank wrote) */
+    const int32_t owner = !r->dp || s->n_blocks >= need ? 0
+                          : s->n_blocks > 0         ? r->kv.blocks[s->blocks[0]].owner
+                                                    : dp_least_loaded(r);
     while (s->n_blocks < need) {
         MOE_TRY(moe_kvcache_alloc_block(&r->kv, &s->blocks[s->n_blocks]));
-        s->n_blocks++;
+        r->kv.blocks[s->blocks[s->n_blocks++]].owner = owner;
     }
     return MOE_OK;
 }
@@ -213,6 +239,7 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
         r->seq_start[c + 1] = row;
         r->ctx_len[c] = q->len + chunks[c].n;
         r->sslot[c] = q->state - 1;
+        if (r->dp) r->dp[c] = r->kv.blocks[q->blocks[0]].owner;
         decode[c] = chunks[c].decode;
         verify[c] = chunks[c].decode && chunks[c].n > 1;
         request_ids[c] = chunks[c].request_id ? chunks[c].request_id : c;
@@ -224,7 +251,7 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
         .block_table = r->table, .max_blocks = r->max_blocks, .slot = r->slot,
         .logit_rows = r->rows, .n_logits = n_logits, .decode = decode,
         .request_ids = request_ids, .verify = verify,
-        .state_slot = r->kv.n_state_slots > 0 ? r->sslot : NULL,
+        .state_slot = r->kv.n_state_slots > 0 ? r->sslot : NULL, .dp_rank = r->dp,
     };
     if ((s = moe_forward_run(&r->fw, &r->kv, &b, logits, ids, trace)) != MOE_OK) goto undo;
     for (int c = 0; c < n_chunks; c++) chunks[c].seq->len += chunks[c].n;

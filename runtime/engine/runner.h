@@ -68,6 +68,9 @@ struct moe_runner {
     int32_t *seq_start, *ctx_len;                  /* (max_seqs + 1) */
     int32_t *table;                                /* (max_seqs, max_blocks) */
     int32_t *sslot;                                /* (max_seqs) state slots (hybrid models) */
+    int32_t *dp;                                   /* (max_seqs) data-parallel attention: each
+                                                      sequence's rank (ep.h), else NULL */
+    int32_t *dp_load;                              /* (ranks) blocks in use per rank, scratch */
 };
 
 MOE_MUST_USE enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,

@@ -27,6 +27,16 @@
  * run with the placement.  Exit 0 when all hold; every failure prints one
  * line.
  *
+ *     mpirun -n N ep_check BACKEND --dp-attention FIXTURE...
+ *
+ * The same runs with data-parallel attention (moe_ep_set_dp): A's
+ * attention on rank 0, B's on rank 1 (the rank whose sequences hold the
+ * fewest blocks when B starts), each rank's rows all-gathered after every
+ * attention block; B's chunk comes first in the steps both run, so the
+ * rows are not in rank order (and A's prefill leaves the other ranks
+ * without rows).  Logits must still be bit-identical, and rank 0 must have
+ * computed A's attention rows only.
+ *
  *     mpirun -n N ep_check BACKEND --tp M FIXTURE...
  *
  * Tensor parallelism instead: groups of M ranks split the heads, dense
@@ -59,6 +69,7 @@
 
 static int failures;
 static int tp = 1;       /* --tp M */
+static bool dp;          /* --dp-attention: each sequence's attention on one rank */
 static const char *coll_name = "auto"; /* --collectives C */
 
 /* --collectives as the layout's choice (ep.h). */
@@ -128,6 +139,13 @@ static enum moe_status run_steps(struct moe_runner *rn, struct record *out)
         else ch[n++] = (struct moe_chunk){&a, &next_a, 1, false, true, 1};
         if (s == 1) ch[n++] = (struct moe_chunk){&b, pb, 5, false, false, 2};
         else if (s > 1) ch[n++] = (struct moe_chunk){&b, &next_b, 1, false, true, 2};
+        /* data-parallel attention: B (rank 1) before A (rank 0), so the rows
+         * are not in rank order and travel through the gathers */
+        const bool b_first = dp && n == 2;
+        if (b_first) {
+            const struct moe_chunk t = ch[0];
+            ch[0] = ch[1], ch[1] = t;
+        }
         int rows = 0;
         for (int i = 0; i < n; i++) rows += ch[i].n;
         out->n_rows[s] = rows;
@@ -139,9 +157,20 @@ static enum moe_status run_steps(struct moe_runner *rn, struct record *out)
         for (int i = 0; st == MOE_OK && i < out->n_logits[s]; i++)
             out->ids[s][i] = moe_argmax(out->logits[s] + (size_t)i * V, V);
         if (st == MOE_OK) {
-            next_a = s == 0 ? out->ids[s][out->n_logits[s] - 1] : out->ids[s][0];
-            if (s >= 1) next_b = out->ids[s][out->n_logits[s] - 1];
+            const int last = out->n_logits[s] - 1;
+            next_a = s == 0 || b_first ? out->ids[s][last] : out->ids[s][0];
+            if (s >= 1) next_b = out->ids[s][b_first ? 0 : last];
         }
+    }
+    if (st == MOE_OK && rn->dp) { /* a prefix-cache hit on A's first block: C's blocks on A's rank */
+        struct moe_seq c = {0};
+        moe_kvcache_ref_block(&rn->kv, a.blocks[0]);
+        st = moe_seq_push_block(rn, &c, a.blocks[0]);
+        if (st == MOE_OK) st = moe_runner_reserve(rn, &c, 2 * rn->o.block_size);
+        CHECK(st != MOE_OK || (c.n_blocks == 2 && rn->kv.blocks[c.blocks[1]].owner == 0),
+              "data-parallel attention: a sequence starting on rank 0's cached block was given rank %d",
+              rn->kv.blocks[c.blocks[c.n_blocks - 1]].owner);
+        moe_seq_free(rn, &c);
     }
     moe_seq_free(rn, &a);
     moe_seq_free(rn, &b);
@@ -296,7 +325,7 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
     moe_ep_init(&ep, c);
     ep.coll = coll_mode();
     const int rank = moe_comm_rank(c), size = moe_comm_size(c);
-    if (moe_ep_set_tp(&ep, shards, tp) != MOE_OK) {
+    if (moe_ep_set_tp(&ep, shards, tp) != MOE_OK || moe_ep_set_dp(&ep, dp) != MOE_OK) {
         CHECK(0, "%s: %s", name, moe_last_error());
         moe_ep_free(&ep);
         return;
@@ -384,11 +413,20 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
                    "%.2g of one process's (of the row's largest), ids and routing equal; rank 0 computed %llu of "
                    "%llu expert rows\n", name, backend_name, tp, shards, coll_used(&ep), size, STEPS, worst_seen,
                    (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all);
-        else if (failures == before)
+        /* A's rows (7 + 4 decodes) on rank 0, B's (5 + 3 decodes) on rank 1 */
+        const unsigned long long dp_a = (unsigned long long)(first_rows + STEPS - 1);
+        CHECK(!dp || (ep.dp_rows == dp_a && ep.dp_rows_all == dp_a + 8),
+              "%s: data-parallel attention: rank 0 computed %llu of %llu attention rows, not sequence A's %llu",
+              name, (unsigned long long)ep.dp_rows, (unsigned long long)ep.dp_rows_all, dp_a);
+        char att[96] = "";
+        if (dp)
+            snprintf(att, sizeof att, ", %llu of %llu attention rows (data-parallel)",
+                     (unsigned long long)ep.dp_rows, (unsigned long long)ep.dp_rows_all);
+        if (failures == before)
             printf("ep_check: %s (%s, %s, %s): %d ranks, %d steps: logits bit-identical, ids and routing equal; "
-                   "rank 0 computed %llu of %llu expert rows, %lld of %d vocabulary rows\n", name, backend_name,
+                   "rank 0 computed %llu of %llu expert rows%s, %lld of %d vocabulary rows\n", name, backend_name,
                    replicas ? "placement with 2 replicas a layer" : "contiguous", coll_used(&ep), size, STEPS,
-                   (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all, head_rows, cfg.vocab);
+                   (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all, att, head_rows, cfg.vocab);
     }
     free(placement);
     CHECK(moe_ep_stop(&ep) == MOE_OK, "%s: stop: %s", name, moe_last_error());
@@ -532,7 +570,7 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: mpirun -n N ep_check cpu|cpu-ref|cuda [--rows N] [--tp M] [--collectives C] "
-                "FIXTURE...\n");
+                "[--dp-attention] FIXTURE...\n");
         return 2;
     }
     backend_name = argv[1];
@@ -543,6 +581,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[first], "--collectives")) coll_name = argv[first + 1];
         else break;
     }
+    if (first < argc && !strcmp(argv[first], "--dp-attention")) dp = true, first++;
     if (strcmp(coll_name, "auto") && strcmp(coll_name, "nccl") && strcmp(coll_name, "mpi")) {
         fprintf(stderr, "ep_check: --collectives %s: auto, nccl or mpi\n", coll_name);
         return 2;
@@ -560,7 +599,7 @@ int main(int argc, char **argv)
     }
     if (l.size < 2) fprintf(stderr, "ep_check: one rank: run it under mpirun -n 2 or more\n"), failures++;
     if (tp < 1 || l.size % tp) fprintf(stderr, "ep_check: --tp %d does not divide %d ranks\n", tp, l.size), failures++;
-    if (l.size > 1 && tp == 1 && first < argc) check_other_checkpoint(c, argv[first]);
+    if (l.size > 1 && tp == 1 && !dp && first < argc) check_other_checkpoint(c, argv[first]);
     for (int i = first; i < argc && l.size > 1; i++) {
         if (tp > 1) { /* the experts over every rank, then over the groups */
             check_fixture(c, argv[i], false, l.size);
@@ -570,7 +609,7 @@ int main(int argc, char **argv)
         }
         check_fixture(c, argv[i], false, l.size);
         check_fixture(c, argv[i], true, l.size);
-        if (strncmp(backend_name, "cuda", 4)) check_mtp(c, argv[i]);
+        if (strncmp(backend_name, "cuda", 4) && !dp) check_mtp(c, argv[i]);
     }
     CHECK(moe_comm_barrier(c, "the end") == MOE_OK, "barrier: %s", moe_last_error());
     moe_comm_free(c); /* each rank's exit status: mpirun fails when any fails */

@@ -14,6 +14,9 @@
 #      the groups) prints one process's text; its refusals (--tp alone,
 #      --tp not dividing the ranks or the heads, --ep not fitting,
 #      act-order four-bit attention);
+#      data-parallel attention (--dp-attention): run's text and a batch's
+#      tokens equal one process's, rank 0 computing part of the attention
+#      rows; refused alone and with --tp;
 #   3. serve under mpirun -n 2 answers a completion equal to run's; then
 #      rank 1 is killed (or stopped, also with --tp 2): the job ends within
 #      the timeout, naming the collective, and no moerun process of it is
@@ -60,6 +63,31 @@ done
 $MPIRUN -n 2 "$MOERUN" run tests/fixtures/qwen3_moe_gptq_actorder -p "$P" $ARGS --tp 2 > /dev/null 2> "$TMP/r.err" &&
     no "--tp 2 of act-order four-bit attention was not refused"
 grep -q "reads its inputs out of order" "$TMP/r.err" || no "--tp 2 of act-order attention: $(head -3 "$TMP/r.err")"
+# data-parallel attention: each sequence's attention on one rank; run's
+# text, and a batch of four greedy requests (over both ranks) gives one
+# process's tokens
+$MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --dp-attention > "$TMP/dp.txt" 2> "$TMP/dp.err" ||
+    no "run --dp-attention under -n 2 failed: $(tail -3 "$TMP/dp.err")"
+cmp -s "$TMP/one.txt" "$TMP/dp.txt" || no "run --dp-attention under -n 2 printed other text: $(cat "$TMP/dp.txt")"
+for p in "Once upon a time" "The little dog" "She said that" "In the morning"; do
+    printf '{"prompt": "%s", "max_tokens": 20, "temperature": 0}\n' "$p"
+done > "$TMP/req.jsonl"
+"$MOERUN" batch $MODEL "$TMP/req.jsonl" -o "$TMP/b1.jsonl" --threads 1 2>/dev/null || no "batch alone failed"
+$MPIRUN -n 2 "$MOERUN" batch $MODEL "$TMP/req.jsonl" -o "$TMP/b2.jsonl" --threads 1 --dp-attention 2> "$TMP/b2.err" ||
+    no "batch --dp-attention under -n 2 failed: $(tail -3 "$TMP/b2.err")"
+grep -o '"token_ids": *\[[^]]*\]' "$TMP/b1.jsonl" > "$TMP/b1.ids"
+grep -o '"token_ids": *\[[^]]*\]' "$TMP/b2.jsonl" > "$TMP/b2.ids"
+[ "$(wc -l < "$TMP/b1.ids")" -eq 4 ] && cmp -s "$TMP/b1.ids" "$TMP/b2.ids" ||
+    no "batch --dp-attention under -n 2: other tokens than one process's"
+# rank 0 computed some of the attention rows, not all
+grep "data-parallel attention over 2 ranks" "$TMP/b2.err" | grep -Eq "computed [1-9][0-9]* of [0-9]+ attention" &&
+    ! grep "data-parallel attention over 2 ranks" "$TMP/b2.err" | grep -Eq "computed ([0-9]+) of \1 attention" ||
+    no "batch --dp-attention: $(grep 'data-parallel' "$TMP/b2.err")"
+"$MOERUN" run $MODEL -p "$P" $ARGS --dp-attention > /dev/null 2> "$TMP/r.err" && no "--dp-attention alone was not refused"
+grep -q "needs several ranks" "$TMP/r.err" || no "--dp-attention alone: $(head -3 "$TMP/r.err")"
+$MPIRUN -n 2 "$MOERUN" run $MODEL -p "$P" $ARGS --dp-attention --tp 2 > /dev/null 2> "$TMP/r.err" &&
+    no "--dp-attention --tp 2 was not refused"
+grep -q "choose one" "$TMP/r.err" || no "--dp-attention --tp 2: $(grep -v '^--\|^ *$' "$TMP/r.err" | head -2)"
 # speculative decoding under expert parallelism: the draft runs on rank 0
 for spec in "--spec ngram" "--draft models/demo-draft"; do
     "$MOERUN" run $MODEL -p "$P" $ARGS $spec > "$TMP/s1.txt" 2>/dev/null || no "run $spec alone failed"

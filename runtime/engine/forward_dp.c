@@ -1,0 +1,168 @@
+/* forward_dp.c - data-parallel attention across ranks (ep.h: moe_ep_set_dp).
+ *
+ * Each sequence of a step has a rank (the batch's dp_rank, given by rank
+ * 0's runner).  At the step's start every rank lays out the batch's rows
+ * in rank order (the order of their ranks, then of the batch) and makes
+ * its own sub-batch: its sequences, their rows, positions, slots, block
+ * tables and state slots, renumbered from 0.  Per attention layer the rank
+ * takes its rows of the residual stream (a gather, or a view when the
+ * batch is in rank order already), runs the attention block on its
+ * sub-batch alone (its K/V written to the cache, its recurrent states
+ * advanced), and the ranks all-gather the rows in rank order and put them
+ * back in batch order; the FFN then runs on every row as with replicated
+ * attention.  A row's attention is computed from its own sequence only,
+ * and the CPU backends compute a row the same whatever rows it is grouped
+ * with, so the logits are one process's, bit for bit. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/core/clock.h"
+#include "runtime/engine/ep_impl.h"
+#include "runtime/engine/forward.h"
+
+/* The host and backend arrays (made at the first step): counts and
+ * displs per rank; in one int32 region, host and backend alike: the
+ * sub-batch's tokens, positions, seq_of and slots (T each), seq_start
+ * (S + 1), ctx_len and state slots (S), block table (S x max_blocks), then
+ * the rank order of the rows and its inverse (T each). */
+static enum moe_status dp_state(struct moe_forward *fw, int max_blocks)
+{
+    struct moe_forward_dp *d = &fw->dp;
+    if (d->h) return MOE_OK;
+    const size_t T = (size_t)fw->lim.max_tokens, S = (size_t)fw->lim.max_seqs, R = (size_t)fw->ep->size;
+    size_t tab, ints, floats;
+    if (!moe_mul_size(S, (size_t)max_blocks, &tab) || !moe_add_size(tab, 6 * T + 3 * S + 1, &ints) ||
+        !moe_mul_size(T, (size_t)fw->m->cfg.d_model, &floats))
+        return moe_fail(MOE_ERR_NOMEM, "data-parallel attention: sizes overflow");
+    d->ints = ints;
+    d->counts = calloc(2 * R, sizeof *d->counts);
+    d->h = calloc(ints, sizeof *d->h);
+    if (!d->counts || !d->h) return moe_fail(MOE_ERR_NOMEM, "data-parallel attention: host arrays");
+    d->displs = d->counts + R;
+    struct moe_backend *be = fw->be;
+    if (be->ops->host_memory) d->d = d->h;
+    else {
+        MOE_FORWARD_ALLOC(be, d->d, ints, int32_t);
+        if (!(d->stage = malloc(floats * sizeof(float))))
+            return moe_fail(MOE_ERR_NOMEM, "data-parallel attention: a host stage of %zu rows", T);
+    }
+    MOE_FORWARD_ALLOC(be, d->rows, floats, float);
+    return MOE_OK;
+}
+
+enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_batch *b)
+{
+    struct moe_forward_dp *d = &fw->dp;
+    struct moe_ep *ep = fw->ep;
+    d->on = moe_ep_on(ep) && ep->dp;
+    if (!d->on) return MOE_OK;
+    MOE_TRY(dp_state(fw, b->max_blocks));
+    const int T = b->n_tokens, S = b->n_seqs, MB = b->max_blocks, R = ep->size;
+    int32_t *tokens = d->h, *pos = tokens + T, *seq_of = pos + T, *slot = seq_of + T, *start = slot + T,
+            *ctx = start + S + 1, *state = ctx + S, *table = state + S, *order = table + (size_t)S * MB,
+            *inv = order + T;
+    memset(d->counts, 0, (size_t)R * sizeof *d->counts);
+    for (int s = 0; s < S; s++) d->counts[b->dp_rank[s]] += b->seq_start[s + 1] - b->seq_start[s];
+    int n = 0, mine = 0;
+    for (int r = 0; r < R; r++) {
+        d->displs[r] = n;
+        n += d->counts[r];
+    }
+    d->ordered = true;
+    n = 0;
+    start[0] = 0;
+    for (int r = 0; r < R; r++)
+        for (int s = 0; s < S; s++) {
+            if (b->dp_rank[s] != r) continue;
+            const int a = b->seq_start[s], z = b->seq_start[s + 1];
+            for (int t = a; t < z; t++, n++) {
+                order[n] = t;
+                inv[t] = n;
+                d->ordered = d->ordered && n == t;
+            }
+            if (r != ep->rank) continue;
+            const int at = start[mine];
+            for (int t = a; t < z; t++) {
+                tokens[at + t - a] = b->tokens[t];
+                pos[at + t - a] = b->positions[t];
+                seq_of[at + t - a] = mine;
+                slot[at + t - a] = b->slot[t];
+            }
+            start[mine + 1] = at + z - a;
+            ctx[mine] = b->ctx_len[s];
+            state[mine] = b->state_slot ? b->state_slot[s] : -1;
+            memcpy(table + (size_t)mine * MB, b->block_table + (size_t)s * MB, (size_t)MB * sizeof *table);
+            mine++;
+        }
+    ep->dp_rows += (uint64_t)d->counts[ep->rank];
+    ep->dp_rows_all += (uint64_t)T;
+    if (mine > 0 || !d->ordered) { /* the rows the attention reads, and the orders the gathers read */
+        struct moe_backend *be = fw->be;
+        if (d->d != d->h) MOE_TRY(be->ops->to_device(be, d->d, d->h, d->ints * sizeof *d->h));
+    }
+    int32_t *dv = d->d;
+    d->sub = (struct moe_batch){
+        .n_tokens = d->counts[ep->rank], .n_seqs = mine, .tokens = dv, .positions = dv + (pos - tokens),
+        .seq_of = dv + (seq_of - tokens), .slot = dv + (slot - tokens), .seq_start = dv + (start - tokens),
+        .ctx_len = dv + (ctx - tokens), .state_slot = b->state_slot ? dv + (state - tokens) : NULL,
+        .block_table = dv + (table - tokens), .max_blocks = MB, .logit_rows = NULL, .n_logits = 0};
+    d->order = dv + (order - tokens);
+    d->inv = dv + (inv - tokens);
+    return MOE_OK;
+}
+
+/* Every rank's rows of buf (T, D) in rank order gathered on every rank;
+ * a backend not in host memory sends its rows through the host stage. */
+static enum moe_status dp_allgather(struct moe_forward *fw, float *buf, int D, int l)
+{
+    struct moe_forward_dp *d = &fw->dp;
+    struct moe_ep *ep = fw->ep;
+    struct moe_backend *be = fw->be;
+    char what[56];
+    snprintf(what, sizeof what, "layer %d: attention rows", l);
+    const size_t row = (size_t)D, at = (size_t)d->displs[ep->rank], n = (size_t)d->counts[ep->rank];
+    const size_t all = (size_t)d->displs[ep->size - 1] + (size_t)d->counts[ep->size - 1];
+    const double t0 = moe_seconds();
+    if (be->ops->host_memory) {
+        MOE_TRY(moe_comm_allgatherv_rows(ep->comm, buf, d->counts, d->displs, D, what));
+    } else {
+        MOE_TRY(be->ops->to_host(be, d->stage + at * row, buf + at * row, n * row * sizeof(float)));
+        MOE_TRY(moe_comm_allgatherv_rows(ep->comm, d->stage, d->counts, d->displs, D, what));
+        MOE_TRY(be->ops->to_device(be, buf, d->stage, all * row * sizeof(float)));
+    }
+    ep->dp_s += moe_seconds() - t0;
+    ep->dp_bytes += (uint64_t)(all - n) * row * sizeof(float);
+    return MOE_OK;
+}
+
+enum moe_status moe_forward_dp_attention(struct moe_forward *fw, struct moe_kvcache *kv, int T, int l)
+{
+    struct moe_forward_dp *d = &fw->dp;
+    struct moe_backend *be = fw->be;
+    const int D = fw->m->cfg.d_model, n = d->sub.n_tokens, at = d->displs[fw->ep->rank];
+    float *x = fw->x, *rows = d->ordered ? x : d->rows;
+    if (n > 0) {
+        if (!d->ordered) MOE_TRY(be->ops->gather_rows(be, rows + (size_t)at * D, x, d->order + at, n, D));
+        fw->x = rows + (size_t)at * D;
+        enum moe_status s = moe_forward_attention_block(fw, kv, &d->sub, l);
+        fw->x = x;
+        MOE_TRY(s);
+    }
+    MOE_TRY(be->ops->sync(be)); /* the rows are complete before they travel */
+    MOE_TRY(dp_allgather(fw, rows, D, l));
+    if (d->ordered) return MOE_OK;
+    return be->ops->gather_rows(be, x, rows, d->inv, T, D);
+}
+
+void moe_forward_dp_free(struct moe_forward *fw)
+{
+    struct moe_forward_dp *d = &fw->dp;
+    struct moe_backend *be = fw->be;
+    if (be && d->d != d->h) be->ops->dealloc(be, d->d);
+    if (be) be->ops->dealloc(be, d->rows);
+    free(d->h);
+    free(d->counts);
+    free(d->stage);
+    memset(d, 0, sizeof *d);
+}
