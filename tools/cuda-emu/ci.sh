@@ -93,14 +93,17 @@ if command -v mpirun >/dev/null 2>&1 && nm "$B/cpu/libmoerun_comm.a" 2>/dev/null
   # host-staged path (--collectives mpi); act order at a 7-row prefill (the
   # kernels, column orders by slot); last auto with rank 1's NCCL failing to
   # open: every rank must fall back to the host-staged MPI path, rank 0
-  # saying why.  Each line: ranks, then ep_check's arguments.
+  # saying why; data-parallel attention (its rows staged through host
+  # memory) over a GQA, an MLA, a hybrid and an MXFP4 family.  Each line:
+  # ranks, then ep_check's arguments.
   fx="mixtral qwen2_moe qwen3_moe olmoe glm4_moe gpt_oss gpt_oss_mxfp4 deepseek_v2 deepseek_v3 deepseek_v3_fp8 \
 granitemoe granitemoeshared qwen3_moe_fp8 qwen3_moe_ct_w4 qwen3_moe_gptq qwen3_moe_awq minimax_m2 qwen3_next \
 qwen3_5_moe deepseek_v3_mtp glm4_moe_mtp"
   printf '%s\n' "2 --collectives nccl $fx" "2 --collectives nccl --tp 2 $fx" \
     "4 --collectives nccl olmoe deepseek_v3 gpt_oss_mxfp4" "4 --collectives nccl --tp 2 olmoe deepseek_v2" \
     "2 --collectives mpi deepseek_v2 mixtral" "2 --collectives nccl --rows 7 qwen3_moe_gptq_actorder" \
-    "2 --collectives auto olmoe" >"$B/ep-lines"
+    "2 --collectives auto olmoe" "2 --collectives nccl --dp-attention olmoe deepseek_v3 qwen3_next gpt_oss_mxfp4" \
+    >"$B/ep-lines"
   while read -r n args; do
     s=$(date +%s)
     fail_init=""
