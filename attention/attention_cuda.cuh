@@ -205,7 +205,7 @@ static inline enum moe_status att_view_init(struct att_view *v, float *out, cons
     v->positions = db->positions;
     v->max_blocks = db->max_blocks;
     v->B = kv->block_size;
-    v->n_blocks = kv->n_blocks;
+    v->n_blocks = kv->part_blocks; /* the blocks stored here (kvcache.h) */
     v->Hq = p->n_heads;
     v->Hkv = p->n_kv_heads;
     v->Dh = Dh;

@@ -37,7 +37,7 @@ void moe_attention_dsa_select_cpu(int32_t *keys, int topk, const float *q, float
                                   struct moe_kvcache *kv, int layer, const struct moe_batch *b, int Hi, int Di)
 {
     const int T = b->n_tokens, B = kv->block_size;
-    float *ik = kv->ik + (size_t)layer * (size_t)kv->n_blocks * B * Di;
+    float *ik = kv->ik + (size_t)layer * (size_t)kv->part_blocks * B * Di; /* the blocks stored here */
     for (int t = 0; t < T; t++) layernorm(k + (size_t)t * Di, Di, norm_w, norm_b);
     moe_attention_rope_cpu(k, b->positions, T, 1, Di, rot, inv_freq);
     for (int t = 0; t < T; t++) memcpy(ik + (size_t)b->slot[t] * Di, k + (size_t)t * Di, (size_t)Di * sizeof(float));

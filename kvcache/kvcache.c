@@ -51,10 +51,21 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator me
                                  const struct moe_config *cfg, int n_blocks, int block_size,
                                  enum moe_dtype dtype, bool prefix_cache)
 {
+    return moe_kvcache_init_part(kv, mem, cfg, n_blocks, block_size, dtype, prefix_cache, 1, 0);
+}
+
+enum moe_status moe_kvcache_init_part(struct moe_kvcache *kv, struct moe_allocator mem,
+                                      const struct moe_config *cfg, int n_blocks, int block_size,
+                                      enum moe_dtype dtype, bool prefix_cache, int parts, int stored)
+{
     memset(kv, 0, sizeof *kv);
     if (n_blocks <= 0 || block_size <= 0)
         return moe_fail(MOE_ERR_INVALID_ARG, "kv cache: need at least one block of at least one "
                         "slot (got %d blocks of %d)", n_blocks, block_size);
+    if (parts <= 0 || n_blocks % parts || stored < 0 || stored >= parts)
+        return moe_fail(MOE_ERR_INVALID_ARG, "kv cache: %d blocks in %d parts, part %d stored", n_blocks, parts,
+                        stored);
+    const int part_blocks = n_blocks / parts;
     if (!is_kv_dtype(dtype))
         return moe_fail(MOE_ERR_UNSUPPORTED, "kv cache: dtype %s (use F32, F16, BF16 or F8_E4M3)",
                         moe_dtype_name(dtype));
@@ -62,14 +73,14 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator me
     const int kv_layers = moe_config_kv_layers(cfg); /* linear-attention layers keep no K/V */
     size_t per_slot, slots, elems, rows, bytes, total, stotal = 0, ntok, iktotal = 0;
     if (!moe_mul_size((size_t)cfg->n_kv_heads, (size_t)cfg->head_dim, &per_slot) ||
-        !moe_mul_size((size_t)n_blocks, (size_t)block_size, &slots) ||
+        !moe_mul_size((size_t)part_blocks, (size_t)block_size, &slots) ||
         !moe_mul_size(slots, per_slot, &elems) ||
         !moe_mul_size(slots, (size_t)cfg->n_kv_heads, &rows) ||
         !moe_mul_size(elems, moe_dtype_size(dtype), &bytes) ||
         !moe_mul_size(bytes, (size_t)kv_layers, &total) ||
         (fp8 && (!moe_mul_size(rows, sizeof(float), &stotal) ||
                  !moe_mul_size(stotal, (size_t)kv_layers, &stotal))) ||
-        !moe_mul_size(slots, sizeof(int32_t), &ntok) ||
+        !moe_mul_size((size_t)n_blocks * (size_t)block_size, sizeof(int32_t), &ntok) ||
         (cfg->dsa_topk > 0 && (!moe_mul_size(slots, (size_t)cfg->dsa_dim * sizeof(float), &iktotal) ||
                                !moe_mul_size(iktotal, (size_t)moe_config_dsa_layers(cfg), &iktotal))))
         return moe_fail(MOE_ERR_NOMEM, "kv cache: %d blocks of %d slots overflow the address space",
@@ -83,7 +94,10 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator me
     kv->layer_elems = elems;
     kv->layer_rows = rows;
     kv->prefix_cache = prefix_cache;
-    kv->lru_head = kv->lru_tail = -1;
+    kv->parts = parts;
+    kv->part_blocks = part_blocks;
+    kv->stored = stored;
+    kv->stored_first = (int32_t)stored * part_blocks;
     kv->mem = mem;
     enum moe_status s;
     if ((s = mem.alloc(mem.ctx, total, &kv->k)) != MOE_OK) goto fail;
@@ -102,14 +116,19 @@ enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe_allocator me
     while (kv->index_cap < 2 * (size_t)n_blocks) kv->index_cap *= 2;
     kv->blocks = calloc((size_t)n_blocks, sizeof *kv->blocks);
     kv->free_list = malloc((size_t)n_blocks * sizeof *kv->free_list);
+    kv->part = malloc((size_t)parts * sizeof *kv->part);
     kv->tokens = prefix_cache ? malloc(ntok) : NULL;
     kv->index = prefix_cache ? calloc(kv->index_cap, sizeof *kv->index) : NULL;
-    if (!kv->blocks || !kv->free_list || (prefix_cache && (!kv->tokens || !kv->index))) {
+    if (!kv->blocks || !kv->free_list || !kv->part || (prefix_cache && (!kv->tokens || !kv->index))) {
         s = moe_fail(MOE_ERR_NOMEM, "kv cache: bookkeeping for %d blocks", n_blocks);
         goto fail;
     }
-    /* Hand out low block ids first. */
-    for (int i = 0; i < n_blocks; i++) kv->free_list[i] = n_blocks - 1 - i;
+    /* Hand out low block ids first, in each part. */
+    for (int p = 0; p < parts; p++) {
+        int32_t *stack = kv->free_list + (size_t)p * part_blocks;
+        for (int i = 0; i < part_blocks; i++) stack[i] = (int32_t)((p + 1) * part_blocks - 1 - i);
+        kv->part[p] = (struct moe_kv_part){part_blocks, 0, -1, -1};
+    }
     kv->n_free = n_blocks;
     return MOE_OK;
 fail:
@@ -174,6 +193,7 @@ void moe_kvcache_free(struct moe_kvcache *kv)
     }
     free(kv->blocks);
     free(kv->free_list);
+    free(kv->part);
     free(kv->tokens);
     free(kv->index);
     memset(kv, 0, sizeof *kv);
@@ -184,21 +204,25 @@ void moe_kvcache_free(struct moe_kvcache *kv)
 static void lru_remove(struct moe_kvcache *kv, int32_t b)
 {
     struct moe_kv_block *m = &kv->blocks[b];
+    struct moe_kv_part *p = &kv->part[moe_kvcache_part_of(kv, b)];
     if (m->lru_prev >= 0) kv->blocks[m->lru_prev].lru_next = m->lru_next;
-    else kv->lru_head = m->lru_next;
+    else p->lru_head = m->lru_next;
     if (m->lru_next >= 0) kv->blocks[m->lru_next].lru_prev = m->lru_prev;
-    else kv->lru_tail = m->lru_prev;
+    else p->lru_tail = m->lru_prev;
+    p->n_evictable--;
     kv->n_evictable--;
 }
 
 static void lru_push(struct moe_kvcache *kv, int32_t b)
 {
     struct moe_kv_block *m = &kv->blocks[b];
-    m->lru_prev = kv->lru_tail;
+    struct moe_kv_part *p = &kv->part[moe_kvcache_part_of(kv, b)];
+    m->lru_prev = p->lru_tail;
     m->lru_next = -1;
-    if (kv->lru_tail >= 0) kv->blocks[kv->lru_tail].lru_next = b;
-    else kv->lru_head = b;
-    kv->lru_tail = b;
+    if (p->lru_tail >= 0) kv->blocks[p->lru_tail].lru_next = b;
+    else p->lru_head = b;
+    p->lru_tail = b;
+    p->n_evictable++;
     kv->n_evictable++;
 }
 
@@ -254,20 +278,30 @@ static void uncache(struct moe_kvcache *kv, int32_t b)
 
 enum moe_status moe_kvcache_alloc_block(struct moe_kvcache *kv, int32_t *block)
 {
+    MOE_ASSERT(kv->parts == 1);
+    return moe_kvcache_alloc_block_in(kv, 0, block);
+}
+
+enum moe_status moe_kvcache_alloc_block_in(struct moe_kvcache *kv, int p, int32_t *block)
+{
+    MOE_ASSERT(p >= 0 && p < kv->parts);
+    struct moe_kv_part *pt = &kv->part[p];
     int32_t b;
-    if (kv->n_free > 0) {
-        b = kv->free_list[--kv->n_free];
-    } else if (kv->n_evictable > 0) {
-        b = kv->lru_head;
+    if (pt->n_free > 0) {
+        b = kv->free_list[(size_t)p * kv->part_blocks + (size_t)--pt->n_free];
+        kv->n_free--;
+    } else if (pt->n_evictable > 0) {
+        b = pt->lru_head;
         lru_remove(kv, b);
         uncache(kv, b);
         kv->stats.evictions++;
+    } else if (kv->parts > 1) {
+        return moe_fail(MOE_ERR_NOMEM, "kv cache: all %d blocks of part %d are in use", kv->part_blocks, p);
     } else {
         return moe_fail(MOE_ERR_NOMEM, "kv cache: all %d blocks are in use", kv->n_blocks);
     }
     MOE_ASSERT(kv->blocks[b].refcount == 0 && !kv->blocks[b].cached);
     kv->blocks[b].refcount = 1;
-    kv->blocks[b].owner = 0;
     *block = b;
     return MOE_OK;
 }
@@ -291,11 +325,18 @@ void moe_kvcache_release_block(struct moe_kvcache *kv, int32_t block)
          * duplicated a chain block already cached, so cache_block kept it
          * out); a new generation keeps them from matching its next content */
         kv->blocks[block].gen++;
-        kv->free_list[kv->n_free++] = block;
+        const int p = moe_kvcache_part_of(kv, block);
+        kv->free_list[(size_t)p * kv->part_blocks + (size_t)kv->part[p].n_free++] = block;
+        kv->n_free++;
     }
 }
 
 int moe_kvcache_available(const struct moe_kvcache *kv) { return kv->n_free + kv->n_evictable; }
+
+int moe_kvcache_available_in(const struct moe_kvcache *kv, int p)
+{
+    return kv->part[p].n_free + kv->part[p].n_evictable;
+}
 
 void moe_kvcache_cache_block(struct moe_kvcache *kv, int32_t block, int32_t parent,
                              const int32_t *tokens)

@@ -62,9 +62,15 @@ struct moe_kv_block {
     int32_t parent;        /* key: previous block of the chain, -1 for the first */
     uint32_t parent_gen;
     uint64_t hash;         /* of the key */
-    int32_t lru_prev, lru_next; /* evictable list (cached, refcount 0) */
-    int32_t owner;         /* the user's tag, 0 when allocated (data-parallel attention: the
-                              rank that holds the block's K/V, runtime/engine/runner.c) */
+    int32_t lru_prev, lru_next; /* evictable list (cached, refcount 0) of its part */
+};
+
+/* One part of a divided pool (moe_kvcache_init_part): its free blocks (a
+ * stack in free_list) and its evictable cached blocks, oldest first. */
+struct moe_kv_part {
+    int n_free;
+    int n_evictable;
+    int32_t lru_head, lru_tail;
 };
 
 struct moe_kv_stats {
@@ -87,10 +93,17 @@ struct moe_kvcache {
                                 * layers with an indexer (moe_config_dsa_layer) */
     int ik_dim, ik_layers;
     struct moe_kv_block *blocks; /* (n_blocks) */
-    int32_t *free_list;        /* stack of never-cached free blocks */
-    int n_free;
-    int32_t lru_head, lru_tail;/* evictable cached blocks, oldest first */
-    int n_evictable;
+    /* The pool's block ids fall in `parts` parts of part_blocks blocks
+     * (part p: ids [p part_blocks, (p + 1) part_blocks)); an allocation
+     * takes from one part.  Storage (k, v, ks, vs, ik) holds part
+     * `stored` alone when parts > 1, block id b at b - stored_first: a
+     * slot s of that part is s - stored_first * block_size there. */
+    int parts, part_blocks, stored;
+    int32_t stored_first;
+    struct moe_kv_part *part;  /* (parts) */
+    int32_t *free_list;        /* part p's stack of never-cached free blocks at p part_blocks */
+    int n_free;                /* of every part */
+    int n_evictable;           /* of every part */
     bool prefix_cache;         /* register and look up full blocks */
     int32_t *tokens;           /* (n_blocks, B) tokens of cached blocks */
     int32_t *index;            /* open addressing: block id + 1, 0 empty */
@@ -120,6 +133,14 @@ MOE_MUST_USE enum moe_status moe_kvcache_init(struct moe_kvcache *kv, struct moe
                                                const struct moe_config *cfg, int n_blocks,
                                                int block_size, enum moe_dtype dtype,
                                                bool prefix_cache);
+/* The same pool divided in `parts` equal parts (n_blocks a multiple of
+ * parts) whose storage holds part `stored` alone (data-parallel
+ * attention: each rank stores its part; runtime/engine/forward_dp.c).
+ * moe_kvcache_init is parts 1. */
+MOE_MUST_USE enum moe_status moe_kvcache_init_part(struct moe_kvcache *kv, struct moe_allocator mem,
+                                                    const struct moe_config *cfg, int n_blocks,
+                                                    int block_size, enum moe_dtype dtype, bool prefix_cache,
+                                                    int parts, int stored);
 void moe_kvcache_free(struct moe_kvcache *kv);
 /* Adds n_slots recurrent-state slots for cfg's linear-attention layers
  * (nothing for a model without); sizes overflow-checked. */
@@ -141,12 +162,21 @@ MOE_MUST_USE enum moe_status moe_kvcache_blocks_for_budget(const struct moe_conf
 /* Takes a block (refcount 1): a free one, else the least recently used
  * evictable cached one.  MOE_ERR_NOMEM when every block is referenced. */
 MOE_MUST_USE enum moe_status moe_kvcache_alloc_block(struct moe_kvcache *kv, int32_t *block);
+/* The same from part p alone (its free blocks, then its least recently
+ * used evictable one). */
+MOE_MUST_USE enum moe_status moe_kvcache_alloc_block_in(struct moe_kvcache *kv, int p, int32_t *block);
 void moe_kvcache_ref_block(struct moe_kvcache *kv, int32_t block);
 /* Drops one reference; at zero a cached block becomes evictable, another
  * one free. */
 void moe_kvcache_release_block(struct moe_kvcache *kv, int32_t block);
 /* Blocks an allocation can still get (free + evictable). */
 int moe_kvcache_available(const struct moe_kvcache *kv);
+/* ... of part p; the part block b is in. */
+int moe_kvcache_available_in(const struct moe_kvcache *kv, int p);
+static inline int moe_kvcache_part_of(const struct moe_kvcache *kv, int32_t block)
+{
+    return (int)(block / kv->part_blocks);
+}
 
 /* Registers a full block holding `tokens` (B of them) after `parent` (-1 for
  * a sequence's first block).  If an identical chain block is already cached,

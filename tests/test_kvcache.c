@@ -170,3 +170,53 @@ Test(kvcache, mla_rows_serve_as_k_and_v)
     moe_kvcache_free(&kv);
     moe_backend_free(&be);
 }
+
+/* A pool divided in parts (data-parallel attention): each allocation
+ * stays in its part, low ids first; a part runs out while the others have
+ * room; eviction takes the part's own least recently used cached block;
+ * the storage holds the stored part alone. */
+Test(kvcache, parts_allocate_and_evict_within_their_range)
+{
+    struct moe_kvcache kv, whole;
+    cr_assert_eq(moe_kvcache_init_part(&kv, moe_backend_allocator(&be), &cfg, 7, 2, MOE_DTYPE_F32, true, 2, 1),
+                 MOE_ERR_INVALID_ARG, "7 blocks do not divide in 2 parts");
+    cr_assert_eq(moe_kvcache_init_part(&kv, moe_backend_allocator(&be), &cfg, 6, 2, MOE_DTYPE_F32, true, 3, 3),
+                 MOE_ERR_INVALID_ARG, "part 3 of 3");
+    cr_assert_eq(moe_kvcache_init_part(&kv, moe_backend_allocator(&be), &cfg, 6, 2, MOE_DTYPE_F32, true, 3, 1),
+                 MOE_OK);
+    cr_assert_eq(moe_kvcache_init(&whole, moe_backend_allocator(&be), &cfg, 6, 2, MOE_DTYPE_F32, true), MOE_OK);
+    cr_assert_eq(kv.part_blocks, 2);
+    cr_assert_eq(kv.stored_first, 2);
+    cr_assert_eq(kv.layer_elems * 3, whole.layer_elems, "storage for one part of three");
+    int32_t x[6];
+    cr_assert_eq(moe_kvcache_alloc_block_in(&kv, 1, &x[0]), MOE_OK);
+    cr_assert_eq(moe_kvcache_alloc_block_in(&kv, 1, &x[1]), MOE_OK);
+    cr_assert_eq(x[0], 2);
+    cr_assert_eq(x[1], 3);
+    cr_assert_eq(moe_kvcache_part_of(&kv, x[1]), 1);
+    cr_assert_eq(moe_kvcache_available_in(&kv, 1), 0);
+    cr_assert_eq(moe_kvcache_available_in(&kv, 0), 2);
+    cr_assert_eq(moe_kvcache_available(&kv), 4);
+    cr_assert_eq(moe_kvcache_alloc_block_in(&kv, 1, &x[2]), MOE_ERR_NOMEM, "part 1 is full, part 0 is not");
+    cr_assert(strstr(moe_last_error(), "part 1"), "%s", moe_last_error());
+    cr_assert_eq(moe_kvcache_alloc_block_in(&kv, 2, &x[2]), MOE_OK);
+    cr_assert_eq(x[2], 4);
+    cr_assert_eq(moe_kvcache_alloc_block_in(&kv, 0, &x[3]), MOE_OK);
+    cr_assert_eq(x[3], 0);
+    /* cached and released: evictable in its own part only */
+    const int32_t t[2] = {7, 8}, u[2] = {9, 10};
+    moe_kvcache_cache_block(&kv, x[0], -1, t);
+    moe_kvcache_cache_block(&kv, x[3], -1, u);
+    moe_kvcache_release_block(&kv, x[0]);
+    moe_kvcache_release_block(&kv, x[3]);
+    cr_assert_eq(moe_kvcache_available_in(&kv, 1), 1);
+    cr_assert_eq(moe_kvcache_available_in(&kv, 0), 2);
+    cr_assert_eq(moe_kvcache_alloc_block_in(&kv, 0, &x[4]), MOE_OK);
+    cr_assert_eq(x[4], 1, "part 0's free block before its cached one");
+    cr_assert_eq(moe_kvcache_alloc_block_in(&kv, 1, &x[5]), MOE_OK);
+    cr_assert_eq(x[5], 2, "part 1's cached block evicted, not part 0's");
+    cr_assert_eq(moe_kvcache_lookup(&kv, -1, t), -1);
+    cr_assert_eq(moe_kvcache_lookup(&kv, -1, u), 0, "part 0's cached block still there");
+    moe_kvcache_free(&kv);
+    moe_kvcache_free(&whole);
+}

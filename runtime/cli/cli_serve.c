@@ -171,7 +171,7 @@ static int load(struct serve_cmd *cmd)
     s->e.r.fw.stats = s->stats;
     s->vocab = s->m.cfg.vocab;
     s->max_pos = s->m.cfg.max_pos;
-    s->kv_blocks = s->e.r.kv.n_blocks;
+    s->kv_blocks = s->e.r.kv.part_blocks; /* what one request can hold (data-parallel attention: a rank's part) */
     s->kv_block = s->e.o.block_size;
     if (srv_engine_start(s) != MOE_OK) return moe_cli_error("serve", "%s", moe_last_error());
     return 0;
@@ -277,7 +277,8 @@ static int serve_run(struct serve_cmd *cmd, sigset_t *sigs)
         if (!f || fprintf(f, "%d\n", s->o.port) < 0 || fclose(f))
             return moe_cli_error("serve", "cannot write %s", s->o.port_file);
     }
-    fprintf(stderr, "moerun serve: ready (%d KV blocks of %d tokens)\n", s->kv_blocks, s->kv_block);
+    fprintf(stderr, "moerun serve: ready (%d KV blocks of %d tokens%s)\n", s->kv_blocks, s->kv_block,
+            s->e.r.kv.parts > 1 ? " on each rank" : "");
     int sig = 0;
     sigwait(sigs, &sig);
     serve_drain(s, sigs, sig);

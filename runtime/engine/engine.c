@@ -211,11 +211,12 @@ enum moe_status moe_engine_submit(struct moe_engine *e, const int32_t *prompt, i
                         (long long)n_prompt + p->max_tokens, c->max_pos);
     /* the last sampled token is never written to the cache */
     int need = moe_engine_blocks_for(e, n_prompt + p->max_tokens - 1);
-    if (need > e->r.kv.n_blocks)
+    if (need > e->r.kv.part_blocks) /* data-parallel attention: one rank's part */
         return moe_fail(MOE_ERR_INVALID_ARG,
                         "request: %d prompt + %d new tokens need %d KV blocks of %d tokens, but the "
-                        "cache holds only %d blocks; raise --kv-budget or lower max_tokens",
-                        n_prompt, p->max_tokens, need, e->o.block_size, e->r.kv.n_blocks);
+                        "cache holds only %d blocks%s; raise --kv-budget or lower max_tokens",
+                        n_prompt, p->max_tokens, need, e->o.block_size, e->r.kv.part_blocks,
+                        e->r.kv.parts > 1 ? " on each rank" : "");
     if (p->n_stop_ids < 0 || p->n_stop_ids > MOE_MAX_STOP_IDS)
         return moe_fail(MOE_ERR_INVALID_ARG, "request: %d stop ids (at most %d)", p->n_stop_ids,
                         MOE_MAX_STOP_IDS);
@@ -600,8 +601,17 @@ static void verify(struct moe_engine *e, struct moe_request *r, int row, int d, 
     cache_full_blocks(e, r);
 }
 
+/* The newest running request whose blocks are in part p of the pool. */
+static struct moe_request *newest_in_part(struct moe_engine *e, int p)
+{
+    struct moe_request *v = e->run_tail;
+    while (v && moe_runner_seq_part(&e->r, &v->seq) != p) v = v->prev;
+    return v;
+}
+
 /* Running requests, oldest first: a decode token or the next prefill
- * chunk each, preempting the newest when blocks run short. */
+ * chunk each, preempting the newest when blocks run short (of those in
+ * the same part of a divided pool: data-parallel attention). */
 static enum moe_status schedule_running(struct moe_engine *e, int *nc, int *budget, bool *preempted)
 {
     struct moe_kvcache *kv = &e->r.kv;
@@ -610,8 +620,9 @@ static enum moe_status schedule_running(struct moe_engine *e, int *nc, int *budg
         int n = r->n_tokens - r->n_computed;
         if (n > *budget) n = *budget;
         bool self_preempted = false;
-        while (moe_engine_blocks_for(e, r->n_computed + n) - r->seq.n_blocks > moe_kvcache_available(kv)) {
-            struct moe_request *victim = e->run_tail;
+        const int part = moe_runner_seq_part(&e->r, &r->seq);
+        while (moe_engine_blocks_for(e, r->n_computed + n) - r->seq.n_blocks > moe_kvcache_available_in(kv, part)) {
+            struct moe_request *victim = newest_in_part(e, part);
             preempt(e, victim);
             *preempted = true;
             if (victim == r) {
@@ -660,8 +671,9 @@ static enum moe_status admit_waiting(struct moe_engine *e, int *nc, int *budget)
         if (r->seq.n_blocks == 0) MOE_TRY(match_prefix(e, r));
         int n = r->n_tokens - r->n_computed;
         if (n > *budget) n = *budget;
-        /* shrink the chunk to the blocks that are free */
-        int fit = (r->seq.n_blocks + moe_kvcache_available(kv)) * e->o.block_size - r->n_computed;
+        /* shrink the chunk to the blocks that are free (in the part it takes them from) */
+        const int part = moe_runner_seq_part(&e->r, &r->seq);
+        int fit = (r->seq.n_blocks + moe_kvcache_available_in(kv, part)) * e->o.block_size - r->n_computed;
         if (n > fit) n = fit;
         if (n <= 0) {
             drop_cache(e, r); /* give back prefix hits; they stay cached */

@@ -141,7 +141,8 @@ enum moe_status moe_engine_add_drafts(struct moe_engine *e, int nc, int *budget)
         struct moe_chunk *ch = &e->chunks[c];
         if (!ch->decode || r->params.no_spec) continue;
         int k = sp->adaptive ? spec_k(r, sp->tokens) : sp->tokens, left = r->params.max_tokens - (r->n_tokens - r->n_prompt) - 1;
-        int room = (r->seq.n_blocks + moe_kvcache_available(&e->r.kv)) * e->o.block_size -
+        int room = (r->seq.n_blocks + moe_kvcache_available_in(&e->r.kv, moe_runner_seq_part(&e->r, &r->seq))) *
+                       e->o.block_size -
                    r->n_tokens;
         if (k > left) k = left;
         if (k > *budget) k = *budget;

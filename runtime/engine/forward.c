@@ -264,10 +264,21 @@ static enum moe_status validate(const struct moe_forward *fw, const struct moe_k
         if (!b->dp_rank)
             return moe_fail(MOE_ERR_INVALID_ARG, "batch: data-parallel attention, but the batch gives its "
                             "sequences no ranks");
-        for (int s = 0; s < b->n_seqs; s++)
+        if (kv->parts != fw->ep->size)
+            return moe_fail(MOE_ERR_INVALID_ARG, "batch: data-parallel attention over %d ranks, but the KV pool "
+                            "is in %d parts", fw->ep->size, kv->parts);
+        for (int s = 0; s < b->n_seqs; s++) {
             if (b->dp_rank[s] < 0 || b->dp_rank[s] >= fw->ep->size)
                 return moe_fail(MOE_ERR_INVALID_ARG, "batch: sequence %d on rank %d (of %d)", s, b->dp_rank[s],
                                 fw->ep->size);
+            const int nb = (b->ctx_len[s] + kv->block_size - 1) / kv->block_size;
+            for (int i = 0; i < nb; i++)
+                if (moe_kvcache_part_of(kv, b->block_table[(size_t)s * b->max_blocks + i]) != b->dp_rank[s])
+                    return moe_fail(MOE_ERR_INVALID_ARG, "batch: sequence %d on rank %d has block %d of rank %d's "
+                                    "part of the pool", s, b->dp_rank[s],
+                                    b->block_table[(size_t)s * b->max_blocks + i],
+                                    moe_kvcache_part_of(kv, b->block_table[(size_t)s * b->max_blocks + i]));
+        }
     }
     for (int t = 0; t < b->n_tokens; t++)
         if (b->tokens[t] < 0 || b->tokens[t] >= fw->m->cfg.vocab)
@@ -680,7 +691,7 @@ static enum moe_status run_step(struct moe_forward *fw, struct moe_kvcache *kv, 
     fw->stats_async = fw->stats && stats_async_ready(fw, b->n_tokens);
     struct moe_batch db;
     MOE_TRY(upload_batch(fw, b, &db));
-    MOE_TRY(moe_forward_dp_begin(fw, b));
+    MOE_TRY(moe_forward_dp_begin(fw, kv, b));
     if (fw->stats) MOE_TRY(moe_stats_step_begin(fw->stats, b));
     /* traces and synchronous statistics copy to the host inside the step:
      * no graph then.  Asynchronous statistics copies are part of the step

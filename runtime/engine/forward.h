@@ -246,7 +246,8 @@ void moe_forward_ep_free(struct moe_forward *fw);
  * step's rank order and this rank's sub-batch from the host batch b;
  * layer l's attention block on this rank's rows, then every rank's rows
  * gathered back into fw->x (T rows); the buffers freed. */
-MOE_MUST_USE enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_batch *b);
+MOE_MUST_USE enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_kvcache *kv,
+                                                  const struct moe_batch *b);
 MOE_MUST_USE enum moe_status moe_forward_dp_attention(struct moe_forward *fw, struct moe_kvcache *kv, int T, int l);
 void moe_forward_dp_free(struct moe_forward *fw);
 /* One layer's attention block with its residual, over db's rows of fw->x

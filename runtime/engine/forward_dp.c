@@ -4,7 +4,9 @@
  * 0's runner).  At the step's start every rank lays out the batch's rows
  * in rank order (the order of their ranks, then of the batch) and makes
  * its own sub-batch: its sequences, their rows, positions, slots, block
- * tables and state slots, renumbered from 0.  Per attention layer the rank
+ * tables and state slots, renumbered from 0, the blocks and slots counted
+ * from the first block of the pool's part this rank stores (the part of
+ * the sequence's rank: runner.c gives each sequence its blocks from it).  Per attention layer the rank
  * takes its rows of the residual stream (a gather, or a view when the
  * batch is in rank order already), runs the attention block on its
  * sub-batch alone (its K/V written to the cache, its recurrent states
@@ -51,7 +53,7 @@ static enum moe_status dp_state(struct moe_forward *fw, int max_blocks)
     return MOE_OK;
 }
 
-enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_batch *b)
+enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_kvcache *kv, const struct moe_batch *b)
 {
     struct moe_forward_dp *d = &fw->dp;
     struct moe_ep *ep = fw->ep;
@@ -82,17 +84,21 @@ enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_ba
                 d->ordered = d->ordered && n == t;
             }
             if (r != ep->rank) continue;
-            const int at = start[mine];
+            /* its blocks and slots where this rank stores its part of the pool */
+            const int at = start[mine], nb = (b->ctx_len[s] + kv->block_size - 1) / kv->block_size;
+            const int32_t first = kv->stored_first, first_slot = first * kv->block_size;
             for (int t = a; t < z; t++) {
                 tokens[at + t - a] = b->tokens[t];
                 pos[at + t - a] = b->positions[t];
                 seq_of[at + t - a] = mine;
-                slot[at + t - a] = b->slot[t];
+                slot[at + t - a] = b->slot[t] - first_slot;
             }
             start[mine + 1] = at + z - a;
             ctx[mine] = b->ctx_len[s];
             state[mine] = b->state_slot ? b->state_slot[s] : -1;
-            memcpy(table + (size_t)mine * MB, b->block_table + (size_t)s * MB, (size_t)MB * sizeof *table);
+            int32_t *row = table + (size_t)mine * MB;
+            const int32_t *from = b->block_table + (size_t)s * MB;
+            for (int i = 0; i < MB; i++) row[i] = i < nb ? from[i] - first : 0;
             mine++;
         }
     ep->dp_rows += (uint64_t)d->counts[ep->rank];

@@ -2,6 +2,7 @@
 #include "runtime/engine/runner.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,8 +64,14 @@ static enum moe_status init_local(struct moe_runner *r, const struct moe_model *
         return moe_fail(MOE_ERR_INVALID_ARG, "%s: the prefix cache cannot serve a model with linear-attention "
                         "layers (their state is not kept per block)", m->cfg.architecture);
     MOE_TRY(be->ops->prepare_model(be, (struct moe_model *)m));
-    MOE_TRY(moe_kvcache_init(&r->kv, moe_backend_allocator(be), &m->cfg, o->n_blocks, o->block_size,
-                             o->kv_dtype_set ? o->kv_dtype : MOE_DTYPE_F32, o->prefix_cache));
+    /* data-parallel attention: a part of n_blocks per rank, this rank's stored */
+    const bool dp = moe_ep_on(o->ep) && o->ep->dp;
+    const int parts = dp ? o->ep->size : 1;
+    if ((long long)o->n_blocks * parts > INT32_MAX / 2)
+        return moe_fail(MOE_ERR_INVALID_ARG, "runner: %d blocks on each of %d ranks are too many", o->n_blocks, parts);
+    MOE_TRY(moe_kvcache_init_part(&r->kv, moe_backend_allocator(be), &m->cfg, o->n_blocks * parts, o->block_size,
+                                  o->kv_dtype_set ? o->kv_dtype : MOE_DTYPE_F32, o->prefix_cache, parts,
+                                  dp ? o->ep->rank : 0));
     if (hybrid) MOE_TRY(moe_kvcache_init_state(&r->kv, &m->cfg, o->state_slots > 0 ? o->state_slots : o->max_seqs));
     struct moe_forward_limits lim = {o->max_tokens, o->max_seqs, r->max_blocks, o->max_logits,
                                      o->hidden, moe_ep_on(o->ep) ? o->ep->max_slots : 0};
@@ -84,11 +91,8 @@ static enum moe_status init_local(struct moe_runner *r, const struct moe_model *
     if (!r->tokens || !r->pos || !r->seq_of || !r->slot || !r->rows || !r->seq_start ||
         !r->ctx_len || !r->table || !r->sslot)
         return moe_fail(MOE_ERR_NOMEM, "runner: batch arrays");
-    if (moe_ep_on(o->ep) && o->ep->dp) {
-        r->dp = malloc(S * sizeof(int32_t));
-        r->dp_load = malloc((size_t)o->ep->size * sizeof(int32_t));
-        if (!r->dp || !r->dp_load) return moe_fail(MOE_ERR_NOMEM, "runner: data-parallel attention's arrays");
-    }
+    if (moe_ep_on(o->ep) && o->ep->dp && !(r->dp = malloc(S * sizeof(int32_t))))
+        return moe_fail(MOE_ERR_NOMEM, "runner: data-parallel attention's ranks");
     return MOE_OK;
 }
 
@@ -107,7 +111,6 @@ void moe_runner_free(struct moe_runner *r)
     free(r->table);
     free(r->sslot);
     free(r->dp);
-    free(r->dp_load);
     memset(r, 0, sizeof *r);
 }
 
@@ -145,17 +148,14 @@ static enum moe_status seq_grow(struct moe_runner *r, struct moe_seq *s)
     return MOE_OK;
 }
 
-/* Data-parallel attention: the rank of a sequence that holds no block yet,
- * the one whose sequences hold the fewest blocks (the lowest of equals). */
-static int32_t dp_least_loaded(struct moe_runner *r)
+int moe_runner_seq_part(const struct moe_runner *r, const struct moe_seq *s)
 {
-    const int R = r->o.ep->size;
-    memset(r->dp_load, 0, (size_t)R * sizeof *r->dp_load);
-    for (int b = 0; b < r->kv.n_blocks; b++)
-        if (r->kv.blocks[b].refcount > 0) r->dp_load[r->kv.blocks[b].owner]++;
-    int32_t best = 0;
-    for (int32_t i = 1; i < R; i++)
-        if (r->dp_load[i] < r->dp_load[best]) best = i;
+    const struct moe_kvcache *kv = &r->kv;
+    if (kv->parts == 1) return 0;
+    if (s->n_blocks > 0) return moe_kvcache_part_of(kv, s->blocks[0]);
+    int best = 0;
+    for (int p = 1; p < kv->parts; p++)
+        if (moe_kvcache_available_in(kv, p) > moe_kvcache_available_in(kv, best)) best = p;
     return best;
 }
 
@@ -172,14 +172,10 @@ enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int 
         MOE_TRY(moe_kvcache_alloc_state(&r->kv, &slot));
         s->state = slot + 1;
     }
-    /* data-parallel attention: a sequence's blocks are its first block's
-     * rank's (a prefix-cache hit's, whose chain that rank wrote) */
-    const int32_t owner = !r->dp || s->n_blocks >= need ? 0
-                          : s->n_blocks > 0         ? r->kv.blocks[s->blocks[0]].owner
-                                                    : dp_least_loaded(r);
+    const int part = moe_runner_seq_part(r, s);
     while (s->n_blocks < need) {
-        MOE_TRY(moe_kvcache_alloc_block(&r->kv, &s->blocks[s->n_blocks]));
-        r->kv.blocks[s->blocks[s->n_blocks++]].owner = owner;
+        MOE_TRY(moe_kvcache_alloc_block_in(&r->kv, part, &s->blocks[s->n_blocks]));
+        s->n_blocks++;
     }
     return MOE_OK;
 }
@@ -239,7 +235,7 @@ enum moe_status moe_runner_step(struct moe_runner *r, const struct moe_chunk *ch
         r->seq_start[c + 1] = row;
         r->ctx_len[c] = q->len + chunks[c].n;
         r->sslot[c] = q->state - 1;
-        if (r->dp) r->dp[c] = r->kv.blocks[q->blocks[0]].owner;
+        if (r->dp) r->dp[c] = moe_kvcache_part_of(&r->kv, q->blocks[0]);
         decode[c] = chunks[c].decode;
         verify[c] = chunks[c].decode && chunks[c].n > 1;
         request_ids[c] = chunks[c].request_id ? chunks[c].request_id : c;

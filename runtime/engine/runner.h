@@ -43,7 +43,8 @@ struct moe_runner_opts {
     int max_seqs;      /* sequences per step */
     int max_logits;    /* logit rows per step */
     int block_size;    /* B */
-    int n_blocks;      /* pool size */
+    int n_blocks;      /* pool size (data-parallel attention: on each rank; the pool holds
+                          n_blocks times the ranks, in a part per rank) */
     enum moe_dtype kv_dtype; /* used when kv_dtype_set, else F32 */
     bool kv_dtype_set;
     bool prefix_cache; /* register full blocks for reuse (the engine's) */
@@ -70,7 +71,6 @@ struct moe_runner {
     int32_t *sslot;                                /* (max_seqs) state slots (hybrid models) */
     int32_t *dp;                                   /* (max_seqs) data-parallel attention: each
                                                       sequence's rank (ep.h), else NULL */
-    int32_t *dp_load;                              /* (ranks) blocks in use per rank, scratch */
 };
 
 MOE_MUST_USE enum moe_status moe_runner_init(struct moe_runner *r, const struct moe_model *m,
@@ -86,6 +86,10 @@ void moe_seq_free(struct moe_runner *r, struct moe_seq *s);
  * (attention stops at the context length) and the next tokens overwrite.
  * The caller keeps dropped blocks out of the prefix cache. */
 void moe_seq_truncate(struct moe_runner *r, struct moe_seq *s, int len);
+/* The part of the pool s takes its blocks from (data-parallel attention:
+ * its rank; else 0): its first block's, or for a sequence without blocks
+ * the part with the most blocks available (the lowest of equals). */
+int moe_runner_seq_part(const struct moe_runner *r, const struct moe_seq *s);
 /* Makes room in the pool for s to hold len tokens (allocates blocks). */
 MOE_MUST_USE enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int len);
 /* Appends an already-referenced block (a prefix cache hit) to s. */

@@ -167,9 +167,9 @@ static enum moe_status run_steps(struct moe_runner *rn, struct record *out)
         moe_kvcache_ref_block(&rn->kv, a.blocks[0]);
         st = moe_seq_push_block(rn, &c, a.blocks[0]);
         if (st == MOE_OK) st = moe_runner_reserve(rn, &c, 2 * rn->o.block_size);
-        CHECK(st != MOE_OK || (c.n_blocks == 2 && rn->kv.blocks[c.blocks[1]].owner == 0),
+        CHECK(st != MOE_OK || (c.n_blocks == 2 && moe_kvcache_part_of(&rn->kv, c.blocks[1]) == 0),
               "data-parallel attention: a sequence starting on rank 0's cached block was given rank %d",
-              rn->kv.blocks[c.blocks[c.n_blocks - 1]].owner);
+              moe_kvcache_part_of(&rn->kv, c.blocks[c.n_blocks - 1]));
         moe_seq_free(rn, &c);
     }
     moe_seq_free(rn, &a);

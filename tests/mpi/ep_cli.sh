@@ -15,8 +15,9 @@
 #      --tp not dividing the ranks or the heads, --ep not fitting,
 #      act-order four-bit attention);
 #      data-parallel attention (--dp-attention): run's text and a batch's
-#      tokens equal one process's, rank 0 computing part of the attention
-#      rows; refused alone and with --tp;
+#      tokens equal one process's (also with a pool so small that requests
+#      are preempted), rank 0 computing part of the attention rows;
+#      refused alone and with --tp;
 #   3. serve under mpirun -n 2 answers a completion equal to run's; then
 #      rank 1 is killed (or stopped, also with --tp 2): the job ends within
 #      the timeout, naming the collective, and no moerun process of it is
@@ -79,6 +80,13 @@ grep -o '"token_ids": *\[[^]]*\]' "$TMP/b1.jsonl" > "$TMP/b1.ids"
 grep -o '"token_ids": *\[[^]]*\]' "$TMP/b2.jsonl" > "$TMP/b2.ids"
 [ "$(wc -l < "$TMP/b1.ids")" -eq 4 ] && cmp -s "$TMP/b1.ids" "$TMP/b2.ids" ||
     no "batch --dp-attention under -n 2: other tokens than one process's"
+# ... with a pool of a few blocks a rank: requests preempted within their
+# rank's part of the pool, the same tokens
+$MPIRUN -n 2 "$MOERUN" batch $MODEL "$TMP/req.jsonl" -o "$TMP/b3.jsonl" --threads 1 --dp-attention --kv-budget 40KiB \
+    2> "$TMP/b3.err" || no "batch --dp-attention --kv-budget 40KiB under -n 2 failed: $(tail -3 "$TMP/b3.err")"
+grep -o '"token_ids": *\[[^]]*\]' "$TMP/b3.jsonl" > "$TMP/b3.ids"
+cmp -s "$TMP/b1.ids" "$TMP/b3.ids" || no "batch --dp-attention with a small pool: other tokens than one process's"
+grep -Eq " [1-9][0-9]* preemptions" "$TMP/b3.err" || no "batch --dp-attention --kv-budget 40KiB: no preemption ($(grep preemptions "$TMP/b3.err"))"
 # rank 0 computed some of the attention rows, not all
 grep "data-parallel attention over 2 ranks" "$TMP/b2.err" | grep -Eq "computed [1-9][0-9]* of [0-9]+ attention" &&
     ! grep "data-parallel attention over 2 ranks" "$TMP/b2.err" | grep -Eq "computed ([0-9]+) of \1 attention" ||
