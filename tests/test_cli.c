@@ -400,6 +400,33 @@ Test(cli, plan_expert_parallel)
     cr_assert(strstr(out, "8 experts per layer do not split evenly over 3 ranks"), "%s", out);
 }
 
+/* plan --ep 4 --dp-attention: the same ranks, each sequence's attention on
+ * one: 4 x 189 = 756 sequences fit (each rank holds its own sequences'
+ * KV); decode at batch 1 adds to the above one all-gather of the row's
+ * 4096 fp32 per attention layer, 32 x (3 x 10 us + 0.75 x 16384 B / 100
+ * GB/s) = 0.964 ms and 32 x 0.75 x 16384 B = 384 KiB: 2.003 ms, 1269.75
+ * KiB = 1.24 MiB; a chunk of 512 rows 32 x 0.75 x 8 MiB = 192 MiB more,
+ * 588.09 MiB.  Refused with --tp and without --ep. */
+Test(cli, plan_data_parallel_attention)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --ep 4 --net 100 --net-latency 10 "
+             "--dp-attention", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "attention data-parallel"), "%s", out);
+    cr_assert(strstr(out, "756 sequences of 4096 tokens fit"), "%s", out);
+    cr_assert(strstr(out, "+ 2.003 ms all-gathering 1.24 MiB a rank receives"), "%s", out);
+    cr_assert(strstr(out, "all-gathering 588.09 MiB;"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --ep 2 --tp 2 --dp-attention 2>&1",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "--dp-attention with --tp 2: choose one"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --dp-attention 2>&1", MOERUN_BINARY,
+             MOERUN_SOURCE_DIR);
+    cr_assert_neq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "give the ranks with --ep N"), "%s", out);
+}
+
 /* plan --ep 2 --tp 2: 4 ranks, the experts in 2 shards (42 GiB a rank),
  * each rank 1/2 of the 2.50 GiB of attention and 1/4 of the LM head and of
  * the embedding: 2.9907 + 42 - 1.25 - 0.3662 = 43.37 GiB.  Decode at batch

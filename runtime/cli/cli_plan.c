@@ -112,7 +112,7 @@ static const struct moe_cli_opt rows[] = {
 };
 #undef CMD
 
-static const char *const shared[] = {"synthetic", "dtype", "moe-top-k", "ep", "tp", "kv-dtype", "quantize", "expert-dtype-plan", "hot-share", "gpu-experts",
+static const char *const shared[] = {"synthetic", "dtype", "moe-top-k", "ep", "tp", "dp-attention", "kv-dtype", "quantize", "expert-dtype-plan", "hot-share", "gpu-experts",
                                      "gpu-experts-cpu-rows", "@spec", NULL};
 
 static const struct moe_cli_command plan_cmd = {
@@ -656,6 +656,8 @@ static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, cons
                              cfg->n_experts, N, M > 1 ? "shards" : "ranks");
     if (r->off) return moe_cli_error("plan", "--ep or --tp with --gpu-experts is not predicted");
     if (moe_plan_tp_check(cfg, M)) return 1;
+    const bool dp = o->eng.model.dp_attention;
+    if (dp && M > 1) return moe_cli_error("plan", "--dp-attention with --tp %d: choose one", M);
     const struct shape *s = &r->t;
     const double f_experts = 2.0 * s->n_moe * s->K * 3.0 * cfg->d_model * cfg->d_expert;
     const int n_dense = cfg->n_layers - s->n_moe, n_attn = moe_config_kv_layers(cfg),
@@ -674,6 +676,7 @@ static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, cons
                               .head = cfg->tie_embeddings ? 0 : (double)r->z.bytes_lm_head, .vocab = cfg->vocab,
                               .embed = (double)r->z.bytes_embed,
                               .tp_sums = M > 1 ? n_attn + n_lin + n_dense + (cfg->d_shared > 0 ? s->n_moe : 0) : 0,
+                              .dp = dp, .n_attn = n_attn + n_lin, .f_attn = 2.0 * a_all + delta,
                               .net_bw = o->net * 1e9, .latency = o->net_latency * 1e-6,
                               .dev_bw = r->dev.bw, .dev_flops = r->dev.flops, .mem = r->dev.mem_bytes,
                               .W = s->W, .experts = (double)r->z.bytes_experts, .non_expert = s->non_expert,
@@ -716,6 +719,10 @@ int moe_cli_plan(int argc, char **argv)
     }
     if (r.sp.on) spec_compute(&o, &r);
     struct moe_plan_ep ep = {0};
+    if (o.eng.model.dp_attention && o.eng.model.ep <= 1) {
+        moe_cli_error("plan", "--dp-attention: give the ranks with --ep N");
+        goto done;
+    }
     if ((o.eng.model.ep > 1 || o.eng.model.tp > 1) && plan_ep(&o, &m.cfg, &r, &ep)) goto done;
     print_weights(&r);
     print_memory(&r);

@@ -42,11 +42,15 @@ static void step(const struct moe_plan_ep *p, double rows, double seqs, double c
     /* a shard's rows are split between its ranks */
     const double shard_rows = rows * p->shards / N;
     const double head_cut = p->head * (N - 1) / N; /* the LM head's rows other ranks hold */
+    /* data-parallel attention: the busiest rank's sequences and their rows */
+    const double att_seqs = p->dp ? ceil(seqs / N) : seqs, att_rows = rows * att_seqs / seqs;
     const double bytes = all_weights ? p->W_rank
                                      : p->non_expert - p->saved - head_cut +
                                            p->n_moe * busiest_experts(p, shard_rows) * p->one_expert +
-                                           seqs * p->kv_tok * p->kv_share * p->ctx;
-    const double flops = rows * (p->f_dense - p->f_saved + p->f_experts / N + p->f_pos * ctx_avg / M);
+                                           att_seqs * p->kv_tok * p->kv_share * p->ctx;
+    const double f_att = p->dp ? p->f_attn : 0; /* moved from every row to the rank's rows */
+    const double flops = rows * (p->f_dense - p->f_saved - f_att + p->f_experts / N) +
+                         att_rows * (f_att + p->f_pos * ctx_avg / M);
     *local = fmax(bytes / p->dev_bw, flops / p->dev_flops);
     const double gathered = rows * p->K * p->D * 4; /* every routed row's output, fp32 */
     /* a split layer's sum: a reduce-scatter and an all-gather of its rows (fp32) */
@@ -57,9 +61,11 @@ static void step(const struct moe_plan_ep *p, double rows, double seqs, double c
     const double logits = (all_weights ? seqs : rows) * p->vocab * 4 * (N - 1) / N;
     /* the embedding's rows added up over every rank (a ring all-reduce) */
     const double embed_s = p->embed > 0 ? 2 * allgather_s(p, N, vec) : 0;
-    *comm = p->n_moe * allgather_s(p, N, gathered) + *tp_s + embed_s + logits / p->net_bw + p->latency;
+    /* data-parallel attention: each attention layer's rows all-gathered */
+    const double dp_s = p->dp ? p->n_attn * allgather_s(p, N, vec) : 0;
+    *comm = p->n_moe * allgather_s(p, N, gathered) + *tp_s + embed_s + dp_s + logits / p->net_bw + p->latency;
     *recv = p->n_moe * (N - 1) / N * gathered + p->tp_sums * 2 * (M - 1) / M * vec + logits +
-            (p->embed > 0 ? 2 * (N - 1) / N * vec : 0);
+            (p->embed > 0 ? 2 * (N - 1) / N * vec : 0) + (p->dp ? p->n_attn * (N - 1) / N * vec : 0);
 }
 
 void moe_plan_ep_compute(struct moe_plan_ep *p)
@@ -71,6 +77,7 @@ void moe_plan_ep_compute(struct moe_plan_ep *p)
                 (p->head + p->embed) * (p->ranks - 1) / p->ranks;
     const double usable = 0.9 * p->mem;
     p->fit_seqs = p->W_rank < usable ? floor((usable - p->W_rank) / (p->kv_tok * p->kv_share * p->ctx)) : -1;
+    if (p->dp && p->fit_seqs > 0) p->fit_seqs *= p->ranks; /* each rank holds its sequences' KV */
     step(p, p->batch, p->batch, p->ctx, false, &p->dec_local, &p->dec_comm, &p->dec_bytes_comm, &p->dec_tp);
     step(p, p->chunk, 1, p->chunk / 2, true, &p->pre_local, &p->pre_comm, &p->pre_bytes_comm, &p->pre_tp);
 }
@@ -85,16 +92,18 @@ void moe_plan_ep_print(const struct moe_plan_ep *p)
                "%.1f us a hop (ring all-gathers, not overlapped)\n", p->ranks, p->tp, p->shards, p->E / p->shards,
                p->shards < p->ranks ? ", a shard on its group's ranks" : "", p->net_bw / 1e9, p->latency * 1e6);
     else
-        printf("\nexpert parallelism  %d ranks, %.0f experts each (contiguous), attention replicated, the "
+        printf("\nexpert parallelism  %d ranks, %.0f experts each (contiguous), attention %s, the "
                "embedding's and the LM head's rows split; network %.0f "
                "GB/s, %.1f us a hop (ring all-gathers, not overlapped)\n", p->ranks, p->E / p->ranks,
-               p->net_bw / 1e9, p->latency * 1e6);
+               p->dp ? "data-parallel (each sequence's on one rank)" : "replicated", p->net_bw / 1e9,
+               p->latency * 1e6);
     printf("  per rank   %s of weights (experts %s of %s)", moe_cli_bytes(a, sizeof a, p->W_rank),
            moe_cli_bytes(b, sizeof b, p->experts / p->shards), moe_cli_bytes(c, sizeof c, p->experts));
     if (p->fit_seqs >= 0)
         printf("; %.0f sequences of %.0f tokens fit beside them (90%% of memory; every rank holds %s)\n",
-               p->fit_seqs, p->ctx, p->kv_share < 1 ? "its key/value heads' KV of every sequence"
-                                                    : "every sequence's KV");
+               p->fit_seqs, p->ctx, p->dp ? "the KV of its own sequences"
+                                    : p->kv_share < 1 ? "its key/value heads' KV of every sequence"
+                                                      : "every sequence's KV");
     else
         printf("; they do not fit in 90%% of %s\n", moe_cli_bytes(a, sizeof a, p->mem));
     const double dt = p->dec_local + p->dec_comm, pt = p->pre_local + p->pre_comm;

@@ -22,8 +22,16 @@
  * layer, dense FFN and shared expert ends in a sum over the group (a
  * reduce-scatter and an all-gather of its rows, fp32: each takes (M - 1)
  * hops and moves (M - 1) / M of the rows, as a ring), over the same
- * network (tensor-parallel groups usually sit inside one host). */
+ * network (tensor-parallel groups usually sit inside one host).
+ *
+ * With --dp-attention each sequence's attention layers run on one rank:
+ * the busiest rank computes the projections and the attention of
+ * ceil(sequences / N) sequences' rows (a prefill chunk: its one sequence)
+ * and reads their KV alone; every attention layer ends in an all-gather of
+ * the step's rows (fp32); the sequences that fit are N times one rank's. */
 #pragma once
+
+#include <stdbool.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +51,10 @@ struct moe_plan_ep {
     double embed;                  /* the embedding's bytes: split over every rank, each step's rows
                                       added up (an all-reduce of T x D fp32) */
     int tp_sums;                   /* the group's all-gathers a step (split layers) */
+    bool dp;                       /* --dp-attention: each sequence's attention on one rank, its KV
+                                      there alone, the rows all-gathered after each of n_attn layers */
+    int n_attn;                    /* attention layers (linear ones included) */
+    double f_attn;                 /* FLOPs per token of their projections (and delta rules) */
     double net_bw, latency;        /* bytes/s, seconds per ring hop */
     double dev_bw, dev_flops, mem; /* one rank's device: bytes/s, FLOP/s, bytes */
     double W, experts, non_expert; /* weight bytes: all, the experts', read once per step (no experts, no
