@@ -242,6 +242,21 @@ enum moe_status moe_comm_alltoall(struct moe_comm *c, const void *send, void *re
     return MOE_OK;
 }
 
+enum moe_status moe_comm_alltoallv_rows(struct moe_comm *c, const float *send, const int32_t *scounts,
+                                        const int32_t *sdispls, float *recv, const int32_t *rcounts,
+                                        const int32_t *rdispls, int row_floats, const char *what)
+{
+#ifdef MOERUN_HAVE_MPI
+    if (c->mpi) return moe_comm_mpi_alltoallv(c, send, scounts, sdispls, recv, rcounts, rdispls, row_floats, what);
+#endif
+    if (scounts[0] != rcounts[0])
+        return moe_fail(MOE_ERR_INVALID_ARG, "all-to-all (%s): %d rows sent, %d received", what, scounts[0],
+                        rcounts[0]);
+    memmove(recv + (size_t)rdispls[0] * (size_t)row_floats, send + (size_t)sdispls[0] * (size_t)row_floats,
+            (size_t)scounts[0] * (size_t)row_floats * sizeof(float));
+    return MOE_OK;
+}
+
 enum moe_status moe_comm_allreduce_sum(struct moe_comm *c, float *buf, size_t n, const char *what)
 {
 #ifdef MOERUN_HAVE_MPI

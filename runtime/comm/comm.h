@@ -113,6 +113,13 @@ MOE_MUST_USE enum moe_status moe_comm_alltoall(struct moe_comm *c, const void *s
 MOE_MUST_USE enum moe_status moe_comm_allgatherv_rows(struct moe_comm *c, float *buf,
                                                       const int32_t *counts, const int32_t *displs,
                                                       int row_floats, const char *what);
+/* Rank r sends its rows [sdispls[j], sdispls[j] + scounts[j]) of send
+ * to rank j, and receives rank j's rows for it into recv at rdispls[j]
+ * (rcounts[j] of them); rows of row_floats floats, counts and displs
+ * (size) in rows.  send and recv must not overlap. */
+MOE_MUST_USE enum moe_status moe_comm_alltoallv_rows(struct moe_comm *c, const float *send, const int32_t *scounts,
+                                                     const int32_t *sdispls, float *recv, const int32_t *rcounts,
+                                                     const int32_t *rdispls, int row_floats, const char *what);
 /* Every rank's n floats at mine gathered on root, rank by rank, into all
  * (root: the sum of counts (size), counts[r] rank r's n; other ranks: all
  * and counts unread). */

@@ -45,6 +45,9 @@ enum moe_status moe_comm_mpi_allgatherv(struct moe_comm *c, float *buf, const in
                                         const int32_t *displs, int row_floats, const char *what);
 enum moe_status moe_comm_mpi_alltoall(struct moe_comm *c, const void *send, void *recv, size_t bytes,
                                       const char *what);
+enum moe_status moe_comm_mpi_alltoallv(struct moe_comm *c, const float *send, const int32_t *scounts,
+                                       const int32_t *sdispls, float *recv, const int32_t *rcounts,
+                                       const int32_t *rdispls, int row_floats, const char *what);
 enum moe_status moe_comm_mpi_allreduce(struct moe_comm *c, float *buf, size_t n, const char *what);
 enum moe_status moe_comm_mpi_barrier(struct moe_comm *c, const char *what);
 enum moe_status moe_comm_mpi_split(const struct moe_comm *c, int color, struct moe_comm *out);

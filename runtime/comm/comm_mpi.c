@@ -206,6 +206,42 @@ enum moe_status moe_comm_mpi_alltoall(struct moe_comm *c, const void *send, void
     return wait_for(c, &rq, "all-to-all", what, false);
 }
 
+/* counts and displs in rows -> in floats, each within an int */
+static enum moe_status floats_of(const struct moe_comm *c, const int32_t *counts, const int32_t *displs,
+                                 int row_floats, int *cnt, int *dsp, const char *what)
+{
+    for (int r = 0; r < c->size; r++) {
+        size_t n, d;
+        if (counts[r] < 0 || displs[r] < 0 || !moe_mul_size((size_t)counts[r], (size_t)row_floats, &n) ||
+            !moe_mul_size((size_t)displs[r], (size_t)row_floats, &d))
+            return moe_fail(MOE_ERR_INVALID_ARG, "all-to-all (%s): rank %d's part is out of range", what, r);
+        MOE_TRY(check_int(n, "all-to-all", what));
+        MOE_TRY(check_int(d, "all-to-all", what));
+        cnt[r] = (int)n, dsp[r] = (int)d;
+    }
+    return MOE_OK;
+}
+
+enum moe_status moe_comm_mpi_alltoallv(struct moe_comm *c, const float *send, const int32_t *scounts,
+                                       const int32_t *sdispls, float *recv, const int32_t *rcounts,
+                                       const int32_t *rdispls, int row_floats, const char *what)
+{
+    int *sc = calloc(4 * (size_t)c->size, sizeof(int)), *sd = sc + c->size, *rc = sd + c->size, *rd = rc + c->size;
+    if (!sc) return moe_fail(MOE_ERR_NOMEM, "all-to-all (%s): counts", what);
+    enum moe_status s = floats_of(c, scounts, sdispls, row_floats, sc, sd, what);
+    if (s == MOE_OK) s = floats_of(c, rcounts, rdispls, row_floats, rc, rd, what);
+    MPI_Request rq;
+    if (s == MOE_OK && MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->group, &rq) != MPI_SUCCESS)
+        s = moe_fail(MOE_ERR_IO, "rank %d: all-to-all (%s) failed to start", c->world_rank, what);
+    if (s == MOE_OK) {
+        for (int r = 0; r < c->size; r++)
+            if (r != c->rank) c->n.bytes_sent += (size_t)sc[r] * sizeof(float);
+        s = wait_for(c, &rq, "all-to-all", what, false);
+    }
+    free(sc);
+    return s;
+}
+
 enum moe_status moe_comm_mpi_allreduce(struct moe_comm *c, float *buf, size_t n, const char *what)
 {
     MOE_TRY(check_int(n, "all-reduce", what));

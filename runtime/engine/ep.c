@@ -8,7 +8,8 @@
  *          tokens (T), positions (T), each sequence's blocks in use
  *          (ceil(ctx_len / B) of them), then for a model with
  *          linear-attention layers each sequence's state slot (S), with
- *          data-parallel attention each sequence's rank (S), then the
+ *          data-parallel attention each sequence's rank (S) and whether
+ *          the step records its routing (1), then the
  *          logit rows' count and the rows, all int32
  *   FREE   runner id; STOP. */
 #include "runtime/engine/ep_impl.h"
@@ -64,6 +65,7 @@ enum moe_status moe_ep_set_dp(struct moe_ep *ep, bool on)
         return moe_fail(MOE_ERR_UNSUPPORTED, "--dp-attention with --tp %d: data-parallel attention splits the "
                         "sequences over the ranks, tensor parallelism each sequence's heads; choose one", ep->tp);
     ep->dp = on;
+    ep->dp_local = on;
     return MOE_OK;
 }
 
@@ -108,7 +110,7 @@ static enum moe_status step_bytes(const struct geometry *g, int max_blocks, size
 {
     size_t ints, tab;
     if (!moe_mul_size((size_t)g->max_seqs, (size_t)max_blocks, &tab) ||
-        !moe_add_size(tab, 5 + 4 * (size_t)g->max_seqs + 2 * (size_t)g->max_tokens + (size_t)g->max_logits, &ints) ||
+        !moe_add_size(tab, 6 + 4 * (size_t)g->max_seqs + 2 * (size_t)g->max_tokens + (size_t)g->max_logits, &ints) ||
         !moe_mul_size(ints, sizeof(int32_t), out))
         return moe_fail(MOE_ERR_NOMEM, "expert parallelism: step message size overflows");
     return MOE_OK;
@@ -196,7 +198,10 @@ enum moe_status moe_ep_send_step(struct moe_ep *ep, int runner, const struct moe
         q += nb;
     }
     if (b->state_slot) memcpy(q, b->state_slot, (size_t)S * sizeof *q), q += S;
-    if (ep->dp) memcpy(q, b->dp_rank, (size_t)S * sizeof *q), q += S;
+    if (ep->dp) {
+        memcpy(q, b->dp_rank, (size_t)S * sizeof *q), q += S;
+        *q++ = ep->dp_record;
+    }
     /* the rows that need logits: the last layer's FFN runs for them alone */
     *q++ = b->n_logits;
     memcpy(q, b->logit_rows, (size_t)b->n_logits * sizeof *q), q += b->n_logits;
@@ -334,8 +339,9 @@ static enum moe_status run_step(struct moe_runner *r, const int32_t *p, size_t b
         memcpy(r->sslot, q, (size_t)S * sizeof *q), q += S;
     }
     if (r->dp) { /* forward validates the ranks */
-        if (end - q < S) return moe_fail(MOE_ERR_FORMAT, "expert parallelism: a step's sequence ranks are short");
+        if (end - q < S + 1) return moe_fail(MOE_ERR_FORMAT, "expert parallelism: a step's sequence ranks are short");
         memcpy(r->dp, q, (size_t)S * sizeof *q), q += S;
+        r->o.ep->dp_record = *q++ != 0;
     }
     const int n_logits = end - q >= 1 ? *q++ : -1;
     if (n_logits < 0 || n_logits > T || n_logits > r->o.max_logits || end - q < n_logits)

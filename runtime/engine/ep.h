@@ -109,6 +109,10 @@ struct moe_ep {
      * (and its K/V) on one rank, the batch's rows all-gathered after each
      * attention block (forward_dp.c) */
     bool dp;
+    bool dp_local;              /* the rows stay on their ranks through the layers, the experts'
+                                   pairs travel all-to-all (a backend in host memory; default) */
+    bool dp_record;             /* this step records routing (statistics or a trace on rank 0):
+                                   every rank gathers it (sent with the step) */
     double dp_s;                /* seconds in those all-gathers */
     uint64_t dp_bytes;          /* bytes this rank received through them */
     uint64_t dp_rows;           /* attention rows this rank computed */

@@ -494,6 +494,7 @@ static enum moe_status experts_phase(struct moe_forward *fw, int l, int T, const
         MOE_TRY(be->ops->dispatch(be, &fw->plan, fw->ids, T, K, E));
         return be->ops->experts(be, fw->out, in, &fw->plan, wts, x, &fw->ews, T, K, D, c->d_expert, E);
     }
+    if (fw->dp.local) return moe_forward_dp_experts(fw, l, T, in, wts);
     return moe_forward_ep_experts(fw, l, T, in, wts);
 }
 
@@ -541,10 +542,12 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
     const struct moe_config *c = &fw->m->cfg;
     const struct moe_layer_weights *w = &fw->m->layers[l];
     const int D = c->d_model, K = c->top_k, E = c->n_experts;
+    const bool local = fw->dp.local; /* data-parallel attention: T is this rank's rows */
     MOE_TRY(op->rmsnorm(be, fw->xn, fw->x, &w->ffn_norm, T, D, c->rms_eps));
     if (!c->layer_moe[l]) {
+        const int all = local ? fw->dp.T : T;
         if (trace && trace->ids)
-            for (int i = 0; i < T * K; i++) trace->ids[(size_t)l * T * K + i] = -1;
+            for (int i = 0; i < all * K; i++) trace->ids[(size_t)l * all * K + i] = -1;
         if (last) {
             MOE_TRY(last_rows(fw, db, false));
             T = db->n_logits;
@@ -554,11 +557,16 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
         MOE_TRY(moe_forward_tp_sum(fw, fw->out, T, "dense FFN output", l));
         return residual_add(fw, T);
     }
-    MOE_TRY(moe_forward_linear(fw, fw->rlogits, fw->xn, &w->router, &w->router_b, T));
-    const struct moe_route rt = {E, K, c->norm_topk, c->router_sigmoid, w->router_bias.data,
-                                 c->n_group, c->topk_group, c->routed_scale, c->router_scales_input};
-    MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, &rt));
-    if (fw->stats && fw->stats_async) { /* recorded after the step's sync */
+    if (T > 0) {
+        MOE_TRY(moe_forward_linear(fw, fw->rlogits, fw->xn, &w->router, &w->router_b, T));
+        const struct moe_route rt = {E, K, c->norm_topk, c->router_sigmoid, w->router_bias.data,
+                                     c->n_group, c->topk_group, c->routed_scale, c->router_scales_input};
+        MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, &rt));
+    }
+    if (local) { /* every rank's routing gathered where it is recorded; this rank's pairs over the ranks */
+        MOE_TRY(moe_forward_dp_routing(fw, l, T, trace));
+        if (T == 0) return moe_forward_dp_experts(fw, l, 0, NULL, NULL);
+    } else if (fw->stats && fw->stats_async) { /* recorded after the step's sync */
         int32_t *hi;
         float *hw, *hl;
         hs_slice(fw, l, &hi, &hw, &hl);
@@ -571,7 +579,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
         MOE_TRY(op->to_host(be, fw->h_logits, fw->rlogits, (size_t)T * E * sizeof(float)));
         moe_stats_record_layer(fw->stats, l, T, fw->h_ids, fw->h_w, fw->h_logits);
     }
-    if (trace && trace->ids) {
+    if (trace && trace->ids && !local) {
         MOE_TRY(op->to_host(be, trace->ids + (size_t)l * T * K, fw->ids, (size_t)T * K * sizeof(int32_t)));
         if (trace->weights)
             MOE_TRY(op->to_host(be, trace->weights + (size_t)l * T * K, fw->rw,
@@ -579,7 +587,8 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
     }
     if (last) {
         MOE_TRY(last_rows(fw, db, true));
-        if ((T = db->n_logits) == 0) return MOE_OK;
+        /* data-parallel attention: a rank without logit rows still serves the others' pairs */
+        if ((T = db->n_logits) == 0) return local ? moe_forward_dp_experts(fw, l, 0, NULL, NULL) : MOE_OK;
     }
     const float *in = fw->xn, *wts = fw->rw;
     if (c->router_scales_input) { /* top-1 (config.c): the input times the score, the output times 1 */
@@ -651,7 +660,20 @@ static enum moe_status run_ops(struct moe_forward *fw, struct moe_kvcache *kv,
     const bool skip = db->n_logits < T && !fw->hid && !m->mtp_eh_proj.data;
     const bool follower = moe_ep_on(fw->ep) && fw->ep->rank > 0;
     enum moe_status s = MOE_OK;
-    for (int l = 0; l < c->n_layers && s == MOE_OK; l++) {
+    if (fw->dp.local) { /* data-parallel attention: every layer on this rank's rows */
+        MOE_TRY(moe_forward_dp_take(fw));
+        const struct moe_batch *sub = &fw->dp.sub;
+        for (int l = 0; l < c->n_layers && s == MOE_OK; l++) {
+            if (sub->n_tokens > 0) s = moe_forward_attention_block(fw, kv, sub, l);
+            if (s == MOE_OK) s = ffn_block(fw, l, sub->n_tokens, sub, skip && l == c->n_layers - 1, trace);
+            if (fw->rows_swapped) { /* back: this rank's logit rows are in lrows */
+                swap_rows(fw);
+                fw->rows_swapped = false;
+            }
+        }
+        MOE_TRY(moe_forward_dp_give(fw, s, skip));
+    }
+    for (int l = 0; l < c->n_layers && s == MOE_OK && !fw->dp.local; l++) {
         const bool last = skip && l == c->n_layers - 1;
         s = fw->dp.on ? moe_forward_dp_attention(fw, kv, T, l) : moe_forward_attention_block(fw, kv, db, l);
         if (s == MOE_OK) s = ffn_block(fw, l, T, db, last, trace);
@@ -735,7 +757,10 @@ static enum moe_status run_step_ep(struct moe_forward *fw, struct moe_kvcache *k
     if (!moe_ep_on(fw->ep)) return run_step(fw, kv, b, logits, ids, trace);
     const double t0 = moe_seconds();
     enum moe_status s = MOE_OK;
-    if (fw->ep->rank == 0) s = moe_ep_send_step(fw->ep, fw->ep_runner, b, kv->block_size);
+    if (fw->ep->rank == 0) { /* the followers learn from the step whether it records its routing */
+        fw->ep->dp_record = fw->stats || (trace && trace->ids);
+        s = moe_ep_send_step(fw->ep, fw->ep_runner, b, kv->block_size);
+    }
     if (s == MOE_OK) s = run_step(fw, kv, b, logits, ids, trace);
     fw->ep->n.step_s += moe_seconds() - t0;
     fw->ep->n.steps++;

@@ -177,12 +177,27 @@ struct moe_forward {
         bool on;             /* this step */
         bool ordered;        /* the batch's rows are in rank order already (no gathers) */
         int32_t *counts, *displs; /* (size) each rank's rows and its first, in rank order (host) */
+        int32_t *lcounts, *ldispls; /* (size) ... of the logit rows */
+        const int32_t *lorder; /* (n_logits) the batch's logit rows in rank order: their indices (host) */
         int32_t *h, *d;      /* the sub-batch and the row orders: host, backend (d == h in host memory) */
         size_t ints;         /* of h and d */
         const int32_t *order, *inv; /* (T) the batch row of each rank-ordered row, and back (in d) */
         float *rows;         /* (max_tokens, D) the rows in rank order, backend memory */
         float *stage;        /* (max_tokens, D) host stage of a backend not in host memory */
         struct moe_batch sub; /* this rank's sequences, in d */
+        /* Rows kept on their rank through the layers (a backend in host
+         * memory): the experts' pairs sent to their slots' ranks and back
+         * (all-to-all), the routing gathered for statistics and traces, the
+         * rows gathered once after the last layer */
+        bool local;
+        int T;               /* the step's rows, every rank's */
+        float *x_full;       /* fw->x while it points at this rank's rows (dp.rows) */
+        float *send, *recv;  /* (max_tokens K, D) pair rows out and in */
+        int32_t *slot_send, *slot_recv; /* (max_tokens K) their slots */
+        int32_t *mat;        /* (size, size) pair rows each rank sends each rank, a layer */
+        struct moe_dispatch rplan; /* the dispatch of the pairs this rank received (its arrays) */
+        int32_t *sc, *sd, *rc, *rd; /* (size) this rank's row counts and firsts, sent and received */
+        float *gath;         /* (max_tokens max(K, E)) routing of every rank, in rank order */
     } dp;
 };
 
@@ -232,6 +247,9 @@ MOE_MUST_USE enum moe_status moe_forward_mla_attention(struct moe_forward *fw, s
 MOE_MUST_USE enum moe_status moe_forward_ep_experts(struct moe_forward *fw, int l, int T, const float *in,
                                                     const float *wts);
 MOE_MUST_USE enum moe_status moe_forward_tp_sum(struct moe_forward *fw, float *buf, int T, const char *what, int l);
+/* The expert-parallel state (slot tables, each layer's slot view), made
+ * at the first MoE layer on every rank alike. */
+MOE_MUST_USE enum moe_status moe_forward_ep_views(struct moe_forward *fw);
 MOE_MUST_USE enum moe_status moe_forward_norm_whole_rows(struct moe_forward *fw, float *x, int T, int w,
                                                          const struct moe_tensor *nw, const char *what, int l);
 /* The LM head split over the ranks: this rank's share of the logits of
@@ -250,6 +268,20 @@ MOE_MUST_USE enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const 
                                                   const struct moe_batch *b);
 MOE_MUST_USE enum moe_status moe_forward_dp_attention(struct moe_forward *fw, struct moe_kvcache *kv, int T, int l);
 void moe_forward_dp_free(struct moe_forward *fw);
+/* The local mode (fw->dp.local): fw->x made this rank's rows, and back to
+ * every row in batch order after the layers (also after a failure, with
+ * s not MOE_OK: then only the pointer), or with logit_rows (the last
+ * layer ran for the logit rows alone, which it left in fw->lrows) every
+ * rank's logit rows into fw->lrows in the batch's order; a MoE layer's routing of every
+ * rank recorded (statistics, trace; a dense layer's trace rows -1); the
+ * experts of this rank's T rows over the ranks (T may be 0: the rank
+ * still serves the others' pairs). */
+MOE_MUST_USE enum moe_status moe_forward_dp_take(struct moe_forward *fw);
+MOE_MUST_USE enum moe_status moe_forward_dp_give(struct moe_forward *fw, enum moe_status s, bool logit_rows);
+MOE_MUST_USE enum moe_status moe_forward_dp_routing(struct moe_forward *fw, int l, int T,
+                                                    struct moe_route_trace *trace);
+MOE_MUST_USE enum moe_status moe_forward_dp_experts(struct moe_forward *fw, int l, int T, const float *in,
+                                                    const float *wts);
 /* One layer's attention block with its residual, over db's rows of fw->x
  * (forward.c). */
 MOE_MUST_USE enum moe_status moe_forward_attention_block(struct moe_forward *fw, struct moe_kvcache *kv,

@@ -34,14 +34,17 @@ static enum moe_status dp_state(struct moe_forward *fw, int max_blocks)
     if (d->h) return MOE_OK;
     const size_t T = (size_t)fw->lim.max_tokens, S = (size_t)fw->lim.max_seqs, R = (size_t)fw->ep->size;
     size_t tab, ints, floats;
-    if (!moe_mul_size(S, (size_t)max_blocks, &tab) || !moe_add_size(tab, 6 * T + 3 * S + 1, &ints) ||
+    const size_t L = (size_t)fw->lim.max_logits;
+    if (!moe_mul_size(S, (size_t)max_blocks, &tab) || !moe_add_size(tab, 6 * T + 3 * S + 1 + 2 * L, &ints) ||
         !moe_mul_size(T, (size_t)fw->m->cfg.d_model, &floats))
         return moe_fail(MOE_ERR_NOMEM, "data-parallel attention: sizes overflow");
     d->ints = ints;
-    d->counts = calloc(2 * R, sizeof *d->counts);
+    d->counts = calloc(4 * R, sizeof *d->counts);
     d->h = calloc(ints, sizeof *d->h);
     if (!d->counts || !d->h) return moe_fail(MOE_ERR_NOMEM, "data-parallel attention: host arrays");
     d->displs = d->counts + R;
+    d->lcounts = d->displs + R;
+    d->ldispls = d->lcounts + R;
     struct moe_backend *be = fw->be;
     if (be->ops->host_memory) d->d = d->h;
     else {
@@ -61,9 +64,14 @@ enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_kv
     if (!d->on) return MOE_OK;
     MOE_TRY(dp_state(fw, b->max_blocks));
     const int T = b->n_tokens, S = b->n_seqs, MB = b->max_blocks, R = ep->size;
+    /* in host memory the rows stay on their ranks (forward_dp_local.c); the
+     * routing of every rank is recorded after each layer's gather */
+    d->local = fw->be->ops->host_memory && ep->dp_local;
+    d->T = T;
+    if (d->local) fw->stats_async = false;
     int32_t *tokens = d->h, *pos = tokens + T, *seq_of = pos + T, *slot = seq_of + T, *start = slot + T,
             *ctx = start + S + 1, *state = ctx + S, *table = state + S, *order = table + (size_t)S * MB,
-            *inv = order + T;
+            *inv = order + T, *lrows = inv + T, *lorder = lrows + fw->lim.max_logits;
     memset(d->counts, 0, (size_t)R * sizeof *d->counts);
     for (int s = 0; s < S; s++) d->counts[b->dp_rank[s]] += b->seq_start[s + 1] - b->seq_start[s];
     int n = 0, mine = 0;
@@ -101,6 +109,21 @@ enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_kv
             for (int i = 0; i < MB; i++) row[i] = i < nb ? from[i] - first : 0;
             mine++;
         }
+    /* the logit rows: this rank's as rows of its own (the last layer's FFN
+     * runs for them alone), and all of them in rank order (lorder: each
+     * one's index in the batch's list) */
+    int nl = 0, lo = 0;
+    memset(d->lcounts, 0, (size_t)R * sizeof *d->lcounts);
+    for (int i = 0; i < b->n_logits; i++) d->lcounts[b->dp_rank[b->seq_of[b->logit_rows[i]]]]++;
+    for (int r = 0; r < R; r++) {
+        d->ldispls[r] = lo;
+        lo += d->lcounts[r];
+        for (int i = 0; i < b->n_logits; i++)
+            if (b->dp_rank[b->seq_of[b->logit_rows[i]]] == r) {
+                lorder[nl++] = i;
+                if (r == ep->rank) lrows[nl - 1 - d->ldispls[r]] = inv[b->logit_rows[i]] - d->displs[r];
+            }
+    }
     ep->dp_rows += (uint64_t)d->counts[ep->rank];
     ep->dp_rows_all += (uint64_t)T;
     if (mine > 0 || !d->ordered) { /* the rows the attention reads, and the orders the gathers read */
@@ -112,9 +135,11 @@ enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_kv
         .n_tokens = d->counts[ep->rank], .n_seqs = mine, .tokens = dv, .positions = dv + (pos - tokens),
         .seq_of = dv + (seq_of - tokens), .slot = dv + (slot - tokens), .seq_start = dv + (start - tokens),
         .ctx_len = dv + (ctx - tokens), .state_slot = b->state_slot ? dv + (state - tokens) : NULL,
-        .block_table = dv + (table - tokens), .max_blocks = MB, .logit_rows = NULL, .n_logits = 0};
+        .block_table = dv + (table - tokens), .max_blocks = MB, .logit_rows = dv + (lrows - tokens),
+        .n_logits = d->lcounts[ep->rank]};
     d->order = dv + (order - tokens);
     d->inv = dv + (inv - tokens);
+    d->lorder = lorder;
     return MOE_OK;
 }
 
@@ -170,5 +195,12 @@ void moe_forward_dp_free(struct moe_forward *fw)
     free(d->h);
     free(d->counts);
     free(d->stage);
+    free(d->send);
+    free(d->recv);
+    free(d->slot_send);
+    free(d->slot_recv);
+    free(d->mat);
+    free(d->gath);
+    free(d->rplan.counts);
     memset(d, 0, sizeof *d);
 }

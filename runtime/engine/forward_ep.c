@@ -396,6 +396,8 @@ static enum moe_status ep_state(struct moe_forward *fw)
     return MOE_OK;
 }
 
+enum moe_status moe_forward_ep_views(struct moe_forward *fw) { return ep_state(fw); }
+
 /* Each routed pair's slot into fw->ep_slot_ids (host) and, for a backend
  * not in host memory, its copy in backend memory; the ids the dispatch
  * reads. */

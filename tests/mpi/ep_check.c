@@ -35,7 +35,11 @@
  * attention block; B's chunk comes first in the steps both run, so the
  * rows are not in rank order (and A's prefill leaves the other ranks
  * without rows).  Logits must still be bit-identical, and rank 0 must have
- * computed A's attention rows only.
+ * computed A's attention rows only.  The rows stay on their ranks through
+ * the layers, the experts' pairs travelling all-to-all
+ * (forward_dp_local.c); with --dp-gather after it (and on a backend not
+ * in host memory) the rows are all-gathered after each attention block
+ * instead.
  *
  *     mpirun -n N ep_check BACKEND --tp M FIXTURE...
  *
@@ -70,6 +74,7 @@
 static int failures;
 static int tp = 1;       /* --tp M */
 static bool dp;          /* --dp-attention: each sequence's attention on one rank */
+static bool dp_gather;   /* --dp-gather: ... its rows gathered after each attention layer */
 static const char *coll_name = "auto"; /* --collectives C */
 
 /* --collectives as the layout's choice (ep.h). */
@@ -330,6 +335,7 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
         moe_ep_free(&ep);
         return;
     }
+    if (dp_gather) ep.dp_local = false;
     char cpath[600];
     struct moe_config cfg;
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
@@ -570,7 +576,7 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: mpirun -n N ep_check cpu|cpu-ref|cuda [--rows N] [--tp M] [--collectives C] "
-                "[--dp-attention] FIXTURE...\n");
+                "[--dp-attention [--dp-gather]] FIXTURE...\n");
         return 2;
     }
     backend_name = argv[1];
@@ -582,6 +588,7 @@ int main(int argc, char **argv)
         else break;
     }
     if (first < argc && !strcmp(argv[first], "--dp-attention")) dp = true, first++;
+    if (first < argc && !strcmp(argv[first], "--dp-gather")) dp = dp_gather = true, first++;
     if (strcmp(coll_name, "auto") && strcmp(coll_name, "nccl") && strcmp(coll_name, "mpi")) {
         fprintf(stderr, "ep_check: --collectives %s: auto, nccl or mpi\n", coll_name);
         return 2;

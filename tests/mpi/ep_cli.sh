@@ -15,8 +15,9 @@
 #      --tp not dividing the ranks or the heads, --ep not fitting,
 #      act-order four-bit attention);
 #      data-parallel attention (--dp-attention): run's text and a batch's
-#      tokens equal one process's (also with a pool so small that requests
-#      are preempted), rank 0 computing part of the attention rows;
+#      tokens and expert statistics equal one process's (the tokens also
+#      with a pool so small that requests are preempted), rank 0 computing
+#      part of the attention rows;
 #      refused alone and with --tp;
 #   3. serve under mpirun -n 2 answers a completion equal to run's; then
 #      rank 1 is killed (or stopped, also with --tp 2): the job ends within
@@ -73,9 +74,18 @@ cmp -s "$TMP/one.txt" "$TMP/dp.txt" || no "run --dp-attention under -n 2 printed
 for p in "Once upon a time" "The little dog" "She said that" "In the morning"; do
     printf '{"prompt": "%s", "max_tokens": 20, "temperature": 0}\n' "$p"
 done > "$TMP/req.jsonl"
-"$MOERUN" batch $MODEL "$TMP/req.jsonl" -o "$TMP/b1.jsonl" --threads 1 2>/dev/null || no "batch alone failed"
-$MPIRUN -n 2 "$MOERUN" batch $MODEL "$TMP/req.jsonl" -o "$TMP/b2.jsonl" --threads 1 --dp-attention 2> "$TMP/b2.err" ||
-    no "batch --dp-attention under -n 2 failed: $(tail -3 "$TMP/b2.err")"
+"$MOERUN" batch $MODEL "$TMP/req.jsonl" -o "$TMP/b1.jsonl" --threads 1 --stats-out "$TMP/s1.json" 2>/dev/null ||
+    no "batch alone failed"
+$MPIRUN -n 2 "$MOERUN" batch $MODEL "$TMP/req.jsonl" -o "$TMP/b2.jsonl" --threads 1 --dp-attention \
+    --stats-out "$TMP/s2.json" 2> "$TMP/b2.err" || no "batch --dp-attention under -n 2 failed: $(tail -3 "$TMP/b2.err")"
+# every rank's routing reaches rank 0's statistics: the expert counts, weights
+# and router entropy of one process
+python3 -c "
+import json, sys
+a, b = (json.load(open(f))['layers'] for f in sys.argv[1:3])
+keys = ['tokens', 'tokens_prefill', 'tokens_decode', 'weight_sum', 'top1', 'router_entropy_mean', 'coactivation']
+sys.exit(0 if len(a) == len(b) > 0 and all(x[k] == y[k] for x, y in zip(a, b) for k in keys) else 1)" \
+    "$TMP/s1.json" "$TMP/s2.json" || no "batch --dp-attention: statistics other than one process's"
 grep -o '"token_ids": *\[[^]]*\]' "$TMP/b1.jsonl" > "$TMP/b1.ids"
 grep -o '"token_ids": *\[[^]]*\]' "$TMP/b2.jsonl" > "$TMP/b2.ids"
 [ "$(wc -l < "$TMP/b1.ids")" -eq 4 ] && cmp -s "$TMP/b1.ids" "$TMP/b2.ids" ||
