@@ -277,7 +277,8 @@ typedef float (*qt_expr_fn)(const float *x, const unsigned char *wrow, int D, fl
  * and 768, N not a multiple of any tile, a slice not starting at 0, with
  * and without bias; inputs of other scales, a zero block, a block whose
  * one large value sets its scale (a kernel scaling blocks of 32 misses
- * it), a NaN and an infinity (their rows NaN). */
+ * it), a block of values near 1e-38 (below 127 FLT_MIN: zero codes), a
+ * NaN and an infinity (their rows NaN). */
 static inline void qt_check_expression(enum moe_dtype t, enum moe_cpu_isa last, qt_weights_fn make, qt_expr_fn expr)
 {
     const enum moe_cpu_isa best = moe_cpu_isa_detect();
@@ -296,6 +297,8 @@ static inline void qt_check_expression(enum moe_dtype t, enum moe_cpu_isa last, 
                 for (int k = 0; k < D; k++) x[(size_t)r * D + k] *= (float)(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
             memset(x + (size_t)D * 3, 0, 256 * sizeof(float));
             x[(size_t)D * 2 + 200] = 37.0f;
+            /* a block too small to scale: below 127 FLT_MIN (its codes would overflow), so zero codes */
+            for (int k = 0; k < 256; k++) x[(size_t)D * 4 + k] *= 1e-38f;
             x[(size_t)D * 5 + (size_t)D / 2 + 7] = NAN;
             x[(size_t)D * 6 + 3] = -INFINITY;
             tu_fill_uniform(bias, (size_t)N, (uint64_t)N, -1, 1);

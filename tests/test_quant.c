@@ -10,6 +10,7 @@
  * multiplies them as those values, and the CPU backends read them in place
  * (never repacked or requantized). */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +97,7 @@ static double q8_spec_dot(const float *x, const unsigned char *wrow, int D, doub
         const unsigned char *wb = wrow + (size_t)b * MOE_Q8_0_BYTES;
         float amax = 0, dw;
         for (int j = 0; j < MOE_Q8_0_BLOCK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float dx = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const float dx = amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
         memcpy(&dw, wb, 4);
         long isum = 0, lanes = 0, wsum = 0;
         for (int j = 0; j < MOE_Q8_0_BLOCK; j += 4) { /* the kernels' lanes: 4 elements each */
@@ -189,7 +190,8 @@ static void expect_same_bits(const char *what, const float *a, const float *v, i
 /* The awkward case of the Q8_0 kernel tests for N x D weights and tmax
  * input rows: weights (q8_weights) with a zero block and codes of -128 (a
  * GGUF file may hold them); inputs of several scales per row with a zero
- * block in row 3 and a NaN in row 5; a bias of N.  Free the three. */
+ * block in row 3, a block near 1e-38 in row 4 (too small to scale: zero
+ * codes) and a NaN in row 5; a bias of N.  Free the three. */
 static void q8_awkward(int N, int D, int tmax, unsigned char **w, float **x, float **bias)
 {
     const int nb = D / MOE_Q8_0_BLOCK;
@@ -204,6 +206,7 @@ static void q8_awkward(int N, int D, int tmax, unsigned char **w, float **x, flo
     for (int t = 0; t < tmax; t++)
         for (int k = 0; k < D; k++) (*x)[(size_t)t * D + k] *= (float)(1 + t % 5) * (t % 3 ? 1.0f : 1e-3f);
     memset(*x + (size_t)D * 3 + (size_t)(nb - 1) * MOE_Q8_0_BLOCK, 0, MOE_Q8_0_BLOCK * sizeof(float));
+    for (int k = 0; k < MOE_Q8_0_BLOCK; k++) (*x)[(size_t)D * 4 + k] *= 1e-38f; /* below 127 FLT_MIN: zero codes */
     (*x)[(size_t)D * 5 + (size_t)(nb / 2) * MOE_Q8_0_BLOCK + 7] = NAN;
     tu_fill_uniform(*bias, (size_t)N, (uint64_t)N, -1, 1);
 }
@@ -262,7 +265,7 @@ static float q8_amx_expr(const float *x, const unsigned char *wrow, int D, float
             bad |= !isfinite(xb[j]);
             amax = fmaxf(amax, fabsf(xb[j]));
         }
-        const float dx = bad ? NAN : amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const float dx = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
         memcpy(&dw, wb, 4);
         int32_t S = 0;
         for (int j = 0; j < MOE_Q8_0_BLOCK && !bad; j++) S += (int32_t)(int8_t)wb[4 + j] * (int32_t)nearbyintf(xb[j] * id);

@@ -9,6 +9,7 @@
  * infinity.  (The quantizer's agreement with gguf-py on many blocks comes
  * from committed fixtures elsewhere.) */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -336,7 +337,7 @@ static float q4_amx_expr(enum moe_dtype t, const float *x, const unsigned char *
                 bad |= !isfinite(xb[j]);
                 amax = fmaxf(amax, fabsf(xb[j]));
             }
-            const float dx = bad ? NAN : amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            const float dx = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
             int32_t P = 0, cs = 0;
             for (int j = 0; j < 32; j++) {
                 int q;
@@ -422,7 +423,7 @@ static float q4_k_expr(const float *x, const unsigned char *wrow, int D, float b
             bad |= !isfinite(xb[i]);
             amax = fmaxf(amax, fabsf(xb[i]));
         }
-        const float dy = bad ? NAN : amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const float dy = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
         uint16_t h[2];
         memcpy(h, blk, 4);
         uint64_t scw, mnw;

@@ -9,6 +9,7 @@
  * batch, under every kernel set and split over threads, and NaN to a row
  * holding a NaN or an infinity. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,7 +251,7 @@ static float q6_k_expr(const float *x, const unsigned char *wrow, int D, float b
             bad |= !isfinite(xb[i]);
             amax = fmaxf(amax, fabsf(xb[i]));
         }
-        const float dy = bad ? NAN : amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const float dy = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
         int32_t L[8] = {0}, t[16] = {0};
         for (int e = 0; e < B; e++) {
             const int32_t c = bad ? 0 : (int32_t)nearbyintf(xb[e] * id);

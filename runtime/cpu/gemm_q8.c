@@ -15,8 +15,9 @@
  * convert, the product of the two blocks' scales, and one FMA.
  *
  * Input rows: per block of 32, amax = max |x|, scale d = amax / 127 and
- * codes q = x * (127 / amax) rounded to nearest even (all zero, d = 0, when
- * amax is 0), so q is in [-127, 127] and |x - q d| <= d / 2 (plus an ulp).
+ * codes q = x * (127 / amax) rounded to nearest even (all zero when amax
+ * is below 127 FLT_MIN, about 1.5e-36, where 127 / amax could overflow),
+ * so q is in [-127, 127] and |x - q d| <= d / 2 (plus an ulp).
  * A block holding a NaN or an infinity gets d = NaN, so every output of
  * that row is NaN, as it is in the float product and the forward pass
  * reports it (moe_quantize_x_q8, simd_avx2.h, shared with the four-bit

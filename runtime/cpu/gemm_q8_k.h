@@ -7,12 +7,15 @@
  * of its codes 16 at a time (sums of 16 int8 codes: |s| <= 2032), then its
  * 256 codes; after the nb blocks, the nb scales dy as floats.  A block's
  * codes are round(x / dy) (nearest, ties to even), dy = max |x| / 127, so
- * |x - q dy| <= dy / 2; a block of zeros has dy 0 and codes 0; a NaN or an
+ * |x - q dy| <= dy / 2; a block of zeros has dy 0 and codes 0, as has
+ * one whose max |x| is below 127 FLT_MIN (about 1.5e-36: 127 / max |x|
+ * could overflow) codes 0; a NaN or an
  * infinity in a block makes its dy NaN and its codes and sums 0, so every
  * product with that row is NaN. */
 #ifndef MOERUN_CPU_GEMM_Q8_K_H
 #define MOERUN_CPU_GEMM_Q8_K_H
 
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
@@ -59,7 +62,7 @@ static inline __attribute__((target("avx2,fma,f16c"))) void moe_quantize_x_q8_k(
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
         const float amax = _mm_cvtss_f32(h);
         dy[k] = amax / 127.0f;
-        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        const __m256 id = _mm256_set1_ps(amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f);
         int16_t *sums = (int16_t *)blk;
         for (int g = 0; g < 8; g++) {
             __m256i i4[4];

@@ -5,6 +5,7 @@
  * (each function here carries that target itself). */
 #pragma once
 
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -37,7 +38,8 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c"))) __m128i mo
 /* The input row x (nb blocks of 32) as int8 codes q (nb * 32) and scales d
  * (nb), for the kernels over Q8_0 and four-bit weights: per block amax =
  * max |x|, d = amax / 127, q = x * (127 / amax) rounded to nearest even
- * (all zero, d = 0, when amax is 0), so q is in [-127, 127] and |x - q d|
+ * (all zero when amax is below 127 FLT_MIN, about 1.5e-36, where 127 /
+ * amax could overflow), so q is in [-127, 127] and |x - q d|
  * <= d / 2 (plus an ulp); a block holding a NaN or an infinity gets d =
  * NaN and zero codes. */
 static inline __attribute__((target("avx2,fma,f16c"))) void moe_quantize_x_q8(int8_t *q, float *d, const float *x,
@@ -68,7 +70,7 @@ static inline __attribute__((target("avx2,fma,f16c"))) void moe_quantize_x_q8(in
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
         const float amax = _mm_cvtss_f32(h);
         d[b] = amax / 127.0f;
-        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        const __m256 id = _mm256_set1_ps(amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f);
         __m256i i[4];
         for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
         const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
