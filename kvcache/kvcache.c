@@ -140,9 +140,11 @@ enum moe_status moe_kvcache_init_state(struct moe_kvcache *kv, const struct moe_
 {
     const size_t bytes_per = moe_config_state_bytes(cfg);
     size_t total;
-    if (n_slots <= 0)
-        return moe_fail(MOE_ERR_INVALID_ARG, "kv cache: %d recurrent-state slots (need at least one)", n_slots);
-    if (bytes_per == SIZE_MAX || !moe_mul_size(bytes_per, (size_t)n_slots, &total))
+    if (n_slots <= 0 || n_slots % kv->parts)
+        return moe_fail(MOE_ERR_INVALID_ARG, "kv cache: %d recurrent-state slots (need at least one, in %d equal "
+                        "parts)", n_slots, kv->parts);
+    const int per = n_slots / kv->parts; /* this cache stores part `stored` of them */
+    if (bytes_per == SIZE_MAX || !moe_mul_size(bytes_per, (size_t)per, &total))
         return moe_fail(MOE_ERR_NOMEM, "kv cache: %d recurrent-state slots overflow the address space", n_slots);
     if (bytes_per == 0) return MOE_OK;
     kv->state_floats = bytes_per / sizeof(float);
@@ -150,24 +152,36 @@ enum moe_status moe_kvcache_init_state(struct moe_kvcache *kv, const struct moe_
     kv->state_conv_floats = (size_t)moe_config_conv_dim(cfg) * (size_t)(cfg->lin_conv - 1);
     kv->state_len = malloc((size_t)n_slots * sizeof *kv->state_len);
     kv->state_free = malloc((size_t)n_slots * sizeof *kv->state_free);
-    if (!kv->state_len || !kv->state_free)
+    kv->state_part_free = calloc((size_t)kv->parts, sizeof *kv->state_part_free);
+    if (!kv->state_len || !kv->state_free || !kv->state_part_free)
         return moe_fail(MOE_ERR_NOMEM, "kv cache: bookkeeping for %d state slots", n_slots);
     MOE_TRY(kv->mem.alloc(kv->mem.ctx, total, (void **)&kv->state));
     kv->n_state_slots = n_slots;
-    for (int i = 0; i < n_slots; i++) {
-        kv->state_free[i] = n_slots - 1 - i;
-        kv->state_len[i] = -1;
+    kv->state_part_slots = per;
+    kv->state_first = (int32_t)kv->stored * per;
+    for (int p = 0; p < kv->parts; p++) { /* low slots first, in each part */
+        for (int i = 0; i < per; i++) kv->state_free[(size_t)p * per + i] = (int32_t)((p + 1) * per - 1 - i);
+        kv->state_part_free[p] = per;
     }
+    for (int i = 0; i < n_slots; i++) kv->state_len[i] = -1;
     kv->n_state_free = n_slots;
     return MOE_OK;
 }
 
 enum moe_status moe_kvcache_alloc_state(struct moe_kvcache *kv, int32_t *slot)
 {
-    if (kv->n_state_free == 0)
-        return moe_fail(MOE_ERR_NOMEM, "kv cache: every one of the %d recurrent-state slots is taken",
-                        kv->n_state_slots);
-    *slot = kv->state_free[--kv->n_state_free];
+    MOE_ASSERT(kv->parts == 1);
+    return moe_kvcache_alloc_state_in(kv, 0, slot);
+}
+
+enum moe_status moe_kvcache_alloc_state_in(struct moe_kvcache *kv, int p, int32_t *slot)
+{
+    MOE_ASSERT(p >= 0 && p < kv->parts);
+    if (kv->state_part_free[p] == 0)
+        return moe_fail(MOE_ERR_NOMEM, "kv cache: every one of the %d recurrent-state slots%s is taken",
+                        kv->state_part_slots, kv->parts > 1 ? " of its part" : "");
+    *slot = kv->state_free[(size_t)p * kv->state_part_slots + (size_t)--kv->state_part_free[p]];
+    kv->n_state_free--;
     kv->state_len[*slot] = -1; /* its first step starts at position 0 */
     return MOE_OK;
 }
@@ -175,14 +189,17 @@ enum moe_status moe_kvcache_alloc_state(struct moe_kvcache *kv, int32_t *slot)
 void moe_kvcache_release_state(struct moe_kvcache *kv, int32_t slot)
 {
     MOE_ASSERT(slot >= 0 && slot < kv->n_state_slots && kv->n_state_free < kv->n_state_slots);
+    const int p = slot / kv->state_part_slots;
     kv->state_len[slot] = -1;
-    kv->state_free[kv->n_state_free++] = slot;
+    kv->state_free[(size_t)p * kv->state_part_slots + (size_t)kv->state_part_free[p]++] = slot;
+    kv->n_state_free++;
 }
 
 void moe_kvcache_free(struct moe_kvcache *kv)
 {
     free(kv->state_len);
     free(kv->state_free);
+    free(kv->state_part_free);
     if (kv->mem.dealloc) {
         kv->mem.dealloc(kv->mem.ctx, kv->state);
         kv->mem.dealloc(kv->mem.ctx, kv->ik);

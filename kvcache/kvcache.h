@@ -121,8 +121,13 @@ struct moe_kvcache {
     size_t state_floats, state_layer_floats, state_conv_floats;
     float *state;
     int32_t *state_len;        /* (n_state_slots) */
-    int32_t *state_free;       /* stack of free slots */
-    int n_state_free;
+    int32_t *state_free;       /* part p's stack of free slots at p state_part_slots */
+    int n_state_free;          /* of every part */
+    /* a divided pool's slots are in its parts too (state_part_slots each),
+     * the storage holding part `stored` alone: slot s at s - state_first */
+    int state_part_slots;
+    int32_t state_first;
+    int *state_part_free;      /* (parts) free slots of each part */
     struct moe_allocator mem;  /* where k, v, ks and vs live (a backend's memory) */
 };
 
@@ -143,12 +148,16 @@ MOE_MUST_USE enum moe_status moe_kvcache_init_part(struct moe_kvcache *kv, struc
                                                     int parts, int stored);
 void moe_kvcache_free(struct moe_kvcache *kv);
 /* Adds n_slots recurrent-state slots for cfg's linear-attention layers
- * (nothing for a model without); sizes overflow-checked. */
+ * (nothing for a model without); sizes overflow-checked.  A divided pool
+ * (moe_kvcache_init_part) divides them alike: n_slots a multiple of its
+ * parts, the stored part's alone in storage. */
 MOE_MUST_USE enum moe_status moe_kvcache_init_state(struct moe_kvcache *kv, const struct moe_config *cfg,
                                                      int n_slots);
 /* Takes a free state slot (its state_len -1); MOE_ERR_NOMEM naming the
  * slot count when none is left.  Release gives it back. */
 MOE_MUST_USE enum moe_status moe_kvcache_alloc_state(struct moe_kvcache *kv, int32_t *slot);
+/* ... from part p of a divided pool. */
+MOE_MUST_USE enum moe_status moe_kvcache_alloc_state_in(struct moe_kvcache *kv, int p, int32_t *slot);
 void moe_kvcache_release_state(struct moe_kvcache *kv, int32_t slot);
 /* Bytes of one block (K and V, all layers, fp8 scales included; MLA: the
  * one row both read); SIZE_MAX on overflow. */

@@ -220,3 +220,36 @@ Test(kvcache, parts_allocate_and_evict_within_their_range)
     moe_kvcache_free(&kv);
     moe_kvcache_free(&whole);
 }
+
+/* The recurrent-state slots of a divided pool (a hybrid model under
+ * data-parallel attention): in the pool's parts, taken and given back
+ * within a part, storage for the stored part's alone. */
+Test(kvcache, state_slots_in_parts)
+{
+    struct moe_config h = cfg;
+    h.n_layers = 2;
+    h.lin_k_heads = 1, h.lin_v_heads = 1, h.lin_k_dim = 4, h.lin_v_dim = 4, h.lin_conv = 4;
+    for (int l = 0; l < 2; l++) h.layer_linear[l] = l == 0;
+    const size_t per_slot = moe_config_state_bytes(&h);
+    cr_assert(per_slot > 0 && per_slot != SIZE_MAX);
+    struct moe_kvcache kv;
+    cr_assert_eq(moe_kvcache_init_part(&kv, moe_backend_allocator(&be), &h, 4, 2, MOE_DTYPE_F32, false, 2, 1), MOE_OK);
+    cr_assert_eq(moe_kvcache_init_state(&kv, &h, 5), MOE_ERR_INVALID_ARG, "5 slots in 2 parts");
+    cr_assert_eq(moe_kvcache_init_state(&kv, &h, 6), MOE_OK);
+    cr_assert_eq(kv.state_part_slots, 3);
+    cr_assert_eq(kv.state_first, 3);
+    int32_t a, b, c, d;
+    cr_assert_eq(moe_kvcache_alloc_state_in(&kv, 1, &a), MOE_OK);
+    cr_assert_eq(a, 3);
+    cr_assert_eq(moe_kvcache_alloc_state_in(&kv, 1, &b), MOE_OK);
+    cr_assert_eq(moe_kvcache_alloc_state_in(&kv, 1, &c), MOE_OK);
+    cr_assert_eq(c, 5);
+    cr_assert_eq(moe_kvcache_alloc_state_in(&kv, 1, &d), MOE_ERR_NOMEM, "part 1's three are taken");
+    cr_assert_eq(moe_kvcache_alloc_state_in(&kv, 0, &d), MOE_OK);
+    cr_assert_eq(d, 0);
+    moe_kvcache_release_state(&kv, b);
+    cr_assert_eq(moe_kvcache_alloc_state_in(&kv, 1, &d), MOE_OK);
+    cr_assert_eq(d, b, "back to its part");
+    cr_assert_eq(kv.n_state_free, 2);
+    moe_kvcache_free(&kv);
+}

@@ -271,6 +271,9 @@ static enum moe_status validate(const struct moe_forward *fw, const struct moe_k
             if (b->dp_rank[s] < 0 || b->dp_rank[s] >= fw->ep->size)
                 return moe_fail(MOE_ERR_INVALID_ARG, "batch: sequence %d on rank %d (of %d)", s, b->dp_rank[s],
                                 fw->ep->size);
+            if (b->state_slot && kv->state_part_slots > 0 && b->state_slot[s] / kv->state_part_slots != b->dp_rank[s])
+                return moe_fail(MOE_ERR_INVALID_ARG, "batch: sequence %d on rank %d has state slot %d of another "
+                                "rank's part", s, b->dp_rank[s], b->state_slot[s]);
             const int nb = (b->ctx_len[s] + kv->block_size - 1) / kv->block_size;
             for (int i = 0; i < nb; i++)
                 if (moe_kvcache_part_of(kv, b->block_table[(size_t)s * b->max_blocks + i]) != b->dp_rank[s])

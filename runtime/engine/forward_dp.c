@@ -103,7 +103,7 @@ enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_kv
             }
             start[mine + 1] = at + z - a;
             ctx[mine] = b->ctx_len[s];
-            state[mine] = b->state_slot ? b->state_slot[s] : -1;
+            state[mine] = b->state_slot ? b->state_slot[s] - kv->state_first : -1;
             int32_t *row = table + (size_t)mine * MB;
             const int32_t *from = b->block_table + (size_t)s * MB;
             for (int i = 0; i < MB; i++) row[i] = i < nb ? from[i] - first : 0;

@@ -72,7 +72,10 @@ static enum moe_status init_local(struct moe_runner *r, const struct moe_model *
     MOE_TRY(moe_kvcache_init_part(&r->kv, moe_backend_allocator(be), &m->cfg, o->n_blocks * parts, o->block_size,
                                   o->kv_dtype_set ? o->kv_dtype : MOE_DTYPE_F32, o->prefix_cache, parts,
                                   dp ? o->ep->rank : 0));
-    if (hybrid) MOE_TRY(moe_kvcache_init_state(&r->kv, &m->cfg, o->state_slots > 0 ? o->state_slots : o->max_seqs));
+    if (hybrid) { /* data-parallel attention: each rank's part holds its share, rounded up */
+        const int want = o->state_slots > 0 ? o->state_slots : o->max_seqs;
+        MOE_TRY(moe_kvcache_init_state(&r->kv, &m->cfg, (want + parts - 1) / parts * parts));
+    }
     struct moe_forward_limits lim = {o->max_tokens, o->max_seqs, r->max_blocks, o->max_logits,
                                      o->hidden, moe_ep_on(o->ep) ? o->ep->max_slots : 0};
     MOE_TRY(moe_forward_init(&r->fw, m, be, &lim));
@@ -153,10 +156,15 @@ int moe_runner_seq_part(const struct moe_runner *r, const struct moe_seq *s)
     const struct moe_kvcache *kv = &r->kv;
     if (kv->parts == 1) return 0;
     if (s->n_blocks > 0) return moe_kvcache_part_of(kv, s->blocks[0]);
-    int best = 0;
-    for (int p = 1; p < kv->parts; p++)
-        if (moe_kvcache_available_in(kv, p) > moe_kvcache_available_in(kv, best)) best = p;
-    return best;
+    if (s->state) return (s->state - 1) / kv->state_part_slots;
+    /* of the parts with a recurrent-state slot free (when the model keeps
+     * them), the one with the most blocks available */
+    int best = -1;
+    for (int p = 0; p < kv->parts; p++)
+        if ((kv->n_state_slots == 0 || kv->state_part_free[p] > 0) &&
+            (best < 0 || moe_kvcache_available_in(kv, p) > moe_kvcache_available_in(kv, best)))
+            best = p;
+    return best < 0 ? 0 : best;
 }
 
 enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int len)
@@ -167,12 +175,12 @@ enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int 
         return moe_fail(MOE_ERR_INVALID_ARG, "sequence of %d tokens exceeds the model's context "
                         "of %d", len, r->m->cfg.max_pos);
     MOE_TRY(seq_grow(r, s));
+    const int part = moe_runner_seq_part(r, s);
     if (r->kv.n_state_slots > 0 && s->state == 0) {
         int32_t slot;
-        MOE_TRY(moe_kvcache_alloc_state(&r->kv, &slot));
+        MOE_TRY(moe_kvcache_alloc_state_in(&r->kv, part, &slot));
         s->state = slot + 1;
     }
-    const int part = moe_runner_seq_part(r, s);
     while (s->n_blocks < need) {
         MOE_TRY(moe_kvcache_alloc_block_in(&r->kv, part, &s->blocks[s->n_blocks]));
         s->n_blocks++;

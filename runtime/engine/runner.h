@@ -87,8 +87,10 @@ void moe_seq_free(struct moe_runner *r, struct moe_seq *s);
  * The caller keeps dropped blocks out of the prefix cache. */
 void moe_seq_truncate(struct moe_runner *r, struct moe_seq *s, int len);
 /* The part of the pool s takes its blocks from (data-parallel attention:
- * its rank; else 0): its first block's, or for a sequence without blocks
- * the part with the most blocks available (the lowest of equals). */
+ * its rank; else 0): its first block's (or recurrent-state slot's), or for
+ * a sequence without either the part with the most blocks available (the
+ * lowest of equals) among those with a state slot free (a hybrid model:
+ * each part holds 1/N of the runner's state slots, rounded up). */
 int moe_runner_seq_part(const struct moe_runner *r, const struct moe_seq *s);
 /* Makes room in the pool for s to hold len tokens (allocates blocks). */
 MOE_MUST_USE enum moe_status moe_runner_reserve(struct moe_runner *r, struct moe_seq *s, int len);

@@ -167,7 +167,9 @@ static enum moe_status run_steps(struct moe_runner *rn, struct record *out)
             if (s >= 1) next_b = out->ids[s][b_first ? 0 : last];
         }
     }
-    if (st == MOE_OK && rn->dp) { /* a prefix-cache hit on A's first block: C's blocks on A's rank */
+    /* a prefix-cache hit on A's first block: C's blocks on A's rank (not for
+     * a hybrid model, which the prefix cache does not serve) */
+    if (st == MOE_OK && rn->dp && rn->kv.n_state_slots == 0) {
         struct moe_seq c = {0};
         moe_kvcache_ref_block(&rn->kv, a.blocks[0]);
         st = moe_seq_push_block(rn, &c, a.blocks[0]);

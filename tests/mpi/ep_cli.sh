@@ -97,6 +97,15 @@ $MPIRUN -n 2 "$MOERUN" batch $MODEL "$TMP/req.jsonl" -o "$TMP/b3.jsonl" --thread
 grep -o '"token_ids": *\[[^]]*\]' "$TMP/b3.jsonl" > "$TMP/b3.ids"
 cmp -s "$TMP/b1.ids" "$TMP/b3.ids" || no "batch --dp-attention with a small pool: other tokens than one process's"
 grep -Eq " [1-9][0-9]* preemptions" "$TMP/b3.err" || no "batch --dp-attention --kv-budget 40KiB: no preemption ($(grep preemptions "$TMP/b3.err"))"
+# ... a hybrid model (recurrent states in each rank's part: 2 slots a rank
+# for --max-seqs 3): one process's tokens
+for i in 1 2 3 4; do printf '{"prompt": [%d, 5, 9, 2, 7], "max_tokens": 12, "temperature": 0}\n' $i; done > "$TMP/reqh.jsonl"
+H="tests/fixtures/qwen3_next $TMP/reqh.jsonl --threads 1 --max-seqs 3 --no-prefix-cache"
+"$MOERUN" batch $H -o "$TMP/h1.jsonl" 2>/dev/null || no "batch of the hybrid alone failed"
+$MPIRUN -n 2 "$MOERUN" batch $H -o "$TMP/h2.jsonl" --dp-attention 2> "$TMP/h2.err" ||
+    no "batch of the hybrid --dp-attention under -n 2 failed: $(tail -3 "$TMP/h2.err")"
+[ "$(grep -o '"token_ids": *\[[^]]*\]' "$TMP/h1.jsonl")" = "$(grep -o '"token_ids": *\[[^]]*\]' "$TMP/h2.jsonl")" ] &&
+    [ "$(grep -c token_ids "$TMP/h2.jsonl")" -eq 4 ] || no "batch of the hybrid --dp-attention: other tokens than one process's"
 # rank 0 computed some of the attention rows, not all
 grep "data-parallel attention over 2 ranks" "$TMP/b2.err" | grep -Eq "computed [1-9][0-9]* of [0-9]+ attention" &&
     ! grep "data-parallel attention over 2 ranks" "$TMP/b2.err" | grep -Eq "computed ([0-9]+) of \1 attention" ||
