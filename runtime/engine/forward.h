@@ -193,10 +193,13 @@ struct moe_forward {
         int T;               /* the step's rows, every rank's */
         float *x_full;       /* fw->x while it points at this rank's rows (dp.rows) */
         float *send, *recv;  /* (max_tokens K, D) pair rows out and in */
-        int32_t *slot_send, *slot_recv; /* (max_tokens K) their slots */
-        int32_t *mat;        /* (size, size) pair rows each rank sends each rank, a layer */
+        int32_t *pair_send, *pair_recv; /* (max_tokens K, 2) each pair's slot and row among those sent */
+        int32_t *slot_recv;  /* (max_tokens K) the slots of the pairs received */
+        int32_t *seen;       /* (2 max_tokens) per row: the last rank it went to, its place there */
+        int32_t *mat;        /* (size, 2 size) pairs, then rows, each rank sends each rank, a layer */
+        int32_t *usc, *usd, *urc, *urd; /* (size) the rows' counts and firsts, sent and received */
         struct moe_dispatch rplan; /* the dispatch of the pairs this rank received (its arrays) */
-        int32_t *sc, *sd, *rc, *rd; /* (size) this rank's row counts and firsts, sent and received */
+        int32_t *sc, *sd, *rc, *rd; /* (size) the pairs' counts and firsts, sent and received */
         float *gath;         /* (max_tokens max(K, E)) routing of every rank, in rank order */
     } dp;
 };

@@ -197,8 +197,10 @@ void moe_forward_dp_free(struct moe_forward *fw)
     free(d->stage);
     free(d->send);
     free(d->recv);
-    free(d->slot_send);
+    free(d->pair_send);
+    free(d->pair_recv);
     free(d->slot_recv);
+    free(d->seen);
     free(d->mat);
     free(d->gath);
     free(d->rplan.counts);

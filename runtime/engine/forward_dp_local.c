@@ -12,18 +12,19 @@
  *      orders them by slot, so each rank's share is one run of rows;
  *   2. the ranks exchange their counts (an all-gather of the N x N
  *      matrix, which also gives rank 0 the step's expert counters);
- *   3. each rank sends the input row of each of its pairs, with the pair's
- *      slot, to the slot's rank (all-to-all);
- *   4. a rank runs its slots' experts over the rows it received (a
- *      dispatch of one pair a row) and sends each output back, in the
- *      order it came (all-to-all);
+ *   3. each rank sends each of its rows once to each rank one of the
+ *      row's pairs goes to, and each pair's slot and row there
+ *      (all-to-all);
+ *   4. a rank runs its slots' experts over the pairs it received (their
+ *      rows laid out again, a dispatch of one pair a row) and sends each
+ *      output back, in the order it came (all-to-all);
  *   5. the sender finds its pairs' outputs where its own dispatch put them
  *      and combines its rows in the fixed k order.
  *
  * Each pair's output is the product one process computes (the CPU
  * backends compute a row the same in any group) and each row's combine
  * runs in the same order, so logits stay bit-identical.  A rank receives
- * the pairs routed to its slots rather than every rank's rows: against
+ * the rows routed to its slots rather than every rank's rows: against
  * the gathers of replicated attention, about N times fewer bytes at N
  * ranks.  Statistics and traces need every row's routing on rank 0: when
  * they are on, each MoE layer's ids, weights and router logits are
@@ -56,21 +57,28 @@ static enum moe_status local_state(struct moe_forward *fw)
         return moe_fail(MOE_ERR_NOMEM, "data-parallel attention: sizes overflow");
     d->send = malloc(floats * sizeof(float));
     d->recv = malloc(floats * sizeof(float));
-    d->slot_send = malloc(pairs * sizeof(int32_t));
+    d->pair_send = malloc(2 * pairs * sizeof(int32_t));
+    d->pair_recv = malloc(2 * pairs * sizeof(int32_t));
     d->slot_recv = malloc(pairs * sizeof(int32_t));
-    d->mat = malloc(R * (R + 4) * sizeof(int32_t));
+    d->seen = malloc(2 * (size_t)fw->lim.max_tokens * sizeof(int32_t));
+    d->mat = malloc(R * (2 * R + 10) * sizeof(int32_t));
     d->gath = malloc(gath * sizeof(float));
     const size_t S = (size_t)(fw->ep->max_slots > 0 ? fw->ep->max_slots : 1);
     d->rplan.counts = malloc((2 * S + 1 + 2 * pairs) * sizeof(int32_t));
-    if (!d->send || !d->recv || !d->slot_send || !d->slot_recv || !d->mat || !d->gath || !d->rplan.counts)
+    if (!d->send || !d->recv || !d->pair_send || !d->pair_recv || !d->slot_recv || !d->seen || !d->mat || !d->gath ||
+        !d->rplan.counts)
         return moe_fail(MOE_ERR_NOMEM, "data-parallel attention: buffers of %zu expert rows", pairs);
     d->rplan.offsets = d->rplan.counts + S;
     d->rplan.perm = d->rplan.offsets + S + 1;
     d->rplan.pos = d->rplan.perm + pairs;
-    d->sc = d->mat + R * R;
-    d->sd = d->sc + R;
+    d->sc = d->mat + 2 * R * R; /* then the rows' counts, sent with them (umine) */
+    d->sd = d->sc + 2 * R;
     d->rc = d->sd + R;
     d->rd = d->rc + R;
+    d->usc = d->rd + R;
+    d->usd = d->usc + R;
+    d->urc = d->usd + R;
+    d->urd = d->urc + R;
     return MOE_OK;
 }
 
@@ -184,22 +192,48 @@ enum moe_status moe_forward_dp_experts(struct moe_forward *fw, int l, int T, con
         memset(plan.offsets, 0, ((size_t)pl->n_slots + 1) * sizeof *plan.offsets);
     }
     const int32_t *off = plan.offsets;
-    /* 2. the counts: row q of mat is what rank q sends each rank */
-    int32_t *mine = d->sc;
-    for (int q = 0; q < R; q++) mine[q] = off[bounds[q + 1]] - off[bounds[q]];
+    /* 2. each rank's distinct rows once (a row routed to two slots of a
+     * rank travels once), with each pair's slot and its row's index among
+     * them: pairs in slot order, so each rank's are one run */
+    const size_t row = (size_t)D;
+    int32_t *seen = d->seen, *at = seen + (T > 0 ? T : 1), *mine = d->sc, *umine = mine + R;
+    for (int t = 0; t < T; t++) seen[t] = -1;
+    int u = 0;
+    for (int q = 0; q < R; q++) {
+        const int u0 = u;
+        for (int j = off[bounds[q]]; j < off[bounds[q + 1]]; j++) {
+            const int32_t pair = plan.perm[j], t = pair / K;
+            if (seen[t] != q) {
+                seen[t] = q;
+                at[t] = u - u0;
+                memcpy(d->send + (size_t)u++ * row, in + (size_t)t * row, row * sizeof(float));
+            }
+            d->pair_send[2 * j] = fw->ep_slot_ids[pair];
+            d->pair_send[2 * j + 1] = at[t];
+        }
+        mine[q] = off[bounds[q + 1]] - off[bounds[q]];
+        umine[q] = u - u0;
+    }
+    /* 3. the counts: row p of mat is what rank p sends each rank, pairs then rows */
     char what[48];
     snprintf(what, sizeof what, "layer %d: expert pairs", l);
     const double t0 = moe_seconds();
-    MOE_TRY(moe_comm_allgather(ep->comm, mine, d->mat, (size_t)R * sizeof(int32_t), what));
-    int32_t got = 0, all = 0, most = 0;
+    MOE_TRY(moe_comm_allgather(ep->comm, mine, d->mat, 2 * (size_t)R * sizeof(int32_t), what));
+    int32_t got = 0, all = 0, most = 0, ugot = 0, usent = 0;
     for (int q = 0; q < R; q++) {
         int32_t to_q = 0;
-        for (int p = 0; p < R; p++) to_q += d->mat[(size_t)p * R + q];
-        d->rc[q] = d->mat[(size_t)q * R + me];
+        for (int p = 0; p < R; p++) to_q += d->mat[(size_t)p * 2 * R + q];
+        d->rc[q] = d->mat[(size_t)q * 2 * R + me];
         d->rd[q] = got;
         got += d->rc[q];
-        d->sc[q] = d->mat[(size_t)me * R + q];
+        d->sc[q] = d->mat[(size_t)me * 2 * R + q];
         d->sd[q] = off[bounds[q]];
+        d->urc[q] = d->mat[(size_t)q * 2 * R + R + me];
+        d->urd[q] = ugot;
+        ugot += d->urc[q];
+        d->usc[q] = d->mat[(size_t)me * 2 * R + R + q];
+        d->usd[q] = usent;
+        usent += d->usc[q];
         all += to_q;
         most = to_q > most ? to_q : most;
         ep->rows_rank[q] += (uint64_t)to_q;
@@ -211,34 +245,39 @@ enum moe_status moe_forward_dp_experts(struct moe_forward *fw, int l, int T, con
         ep->n.ratio_sum += (double)most * R / all;
         ep->n.cells++;
     }
-    /* 3. each pair's input row and slot to the slot's rank */
-    const size_t row = (size_t)D;
-    for (int j = 0; j < T * K; j++) {
-        const int32_t pair = plan.perm[j];
-        memcpy(d->send + (size_t)j * row, in + (size_t)(pair / K) * row, row * sizeof(float));
-        d->slot_send[j] = fw->ep_slot_ids[pair];
-    }
-    MOE_TRY(moe_comm_alltoallv_rows(ep->comm, d->send, d->sc, d->sd, d->recv, d->rc, d->rd, D, what));
-    MOE_TRY(moe_comm_alltoallv_rows(ep->comm, (const float *)d->slot_send, d->sc, d->sd, (float *)d->slot_recv,
-                                    d->rc, d->rd, 1, what));
-    /* 4. this rank's slots over what came, one pair a row; the outputs back */
+    /* 4. the rows and the pairs to the slots' ranks; each pair's row laid out again */
+    MOE_TRY(moe_comm_alltoallv_rows(ep->comm, d->send, d->usc, d->usd, d->recv, d->urc, d->urd, D, what));
+    MOE_TRY(moe_comm_alltoallv_rows(ep->comm, (const float *)d->pair_send, d->sc, d->sd, (float *)d->pair_recv,
+                                    d->rc, d->rd, 2, what));
+    for (int p = 0; p < R; p++)
+        for (int i = d->rd[p]; i < d->rd[p] + d->rc[p]; i++) {
+            const int32_t k = d->pair_recv[2 * i + 1];
+            if (k < 0 || k >= d->urc[p])
+                return moe_fail(MOE_ERR_FORMAT, "data-parallel attention: layer %d: rank %d sent pair %d of "
+                                "row %d of %d", l, p, i - d->rd[p], k, d->urc[p]);
+            d->slot_recv[i] = d->pair_recv[2 * i];
+            memcpy(d->send + (size_t)i * row, d->recv + (size_t)(d->urd[p] + k) * row, row * sizeof(float));
+        }
+    /* 5. this rank's slots over those rows, one pair a row; the outputs back
+     * in the order they came */
     if (got > 0) {
         struct moe_dispatch mp = d->rplan;
         MOE_TRY(be->ops->dispatch(be, &mp, d->slot_recv, got, 1, pl->n_slots));
         mp.lo = bounds[me];
         mp.hi = bounds[me + 1];
         mp.experts = c->n_experts;
-        MOE_TRY(be->ops->experts(be, fw->out, d->recv, &mp, NULL, &fw->ep_views[l], &fw->ews, got, 1, D,
+        MOE_TRY(be->ops->experts(be, fw->out, d->send, &mp, NULL, &fw->ep_views[l], &fw->ews, got, 1, D,
                                  c->d_expert, pl->n_slots));
         for (int i = 0; i < got; i++)
-            memcpy(d->send + (size_t)i * row, fw->ews.ye + (size_t)mp.pos[i] * row, row * sizeof(float));
+            memcpy(d->recv + (size_t)i * row, fw->ews.ye + (size_t)mp.pos[i] * row, row * sizeof(float));
     }
-    MOE_TRY(moe_comm_alltoallv_rows(ep->comm, d->send, d->rc, d->rd, d->recv, d->sc, d->sd, D, what));
+    MOE_TRY(moe_comm_alltoallv_rows(ep->comm, d->recv, d->rc, d->rd, d->send, d->sc, d->sd, D, what));
     ep->n.gather_s += moe_seconds() - t0;
-    ep->n.gather_bytes += (uint64_t)(got - d->rc[me] + T * K - d->sc[me]) * row * sizeof(float);
+    ep->n.gather_bytes += ((uint64_t)(ugot - d->urc[me] + T * K - d->sc[me]) * row +
+                           2 * (uint64_t)(got - d->rc[me])) * sizeof(float);
     if (T == 0) return MOE_OK;
-    /* 5. every pair's output where this rank's dispatch put it: combined */
+    /* 6. every pair's output where this rank's dispatch put it: combined */
     struct moe_expert_ws ws = fw->ews;
-    ws.ye = d->recv;
+    ws.ye = d->send;
     return be->ops->combine(be, fw->out, &ws, &plan, wts, T, K, D);
 }
