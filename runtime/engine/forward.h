@@ -198,6 +198,7 @@ struct moe_forward {
         int32_t *seen;       /* (2 max_tokens) per row: the last rank it went to, its place there */
         int32_t *mat;        /* (size, 2 size) pairs, then rows, each rank sends each rank, a layer */
         int32_t *usc, *usd, *urc, *urd; /* (size) the rows' counts and firsts, sent and received */
+        int32_t *gcnt;       /* (size) each rank's routing words gathered on rank 0 */
         struct moe_dispatch rplan; /* the dispatch of the pairs this rank received (its arrays) */
         int32_t *sc, *sd, *rc, *rd; /* (size) the pairs' counts and firsts, sent and received */
         float *gath;         /* (max_tokens max(K, E)) routing of every rank, in rank order */

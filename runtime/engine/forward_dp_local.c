@@ -28,7 +28,7 @@
  * the gathers of replicated attention, about N times fewer bytes at N
  * ranks.  Statistics and traces need every row's routing on rank 0: when
  * they are on, each MoE layer's ids, weights and router logits are
- * all-gathered.  The last layer's FFN runs for a rank's logit rows
+ * gathered there.  The last layer's FFN runs for a rank's logit rows
  * alone (as in one process, when no later reader wants every row), and
  * those are all-gathered; else every row is, once, after the last layer
  * (hidden states read them all). */
@@ -61,7 +61,7 @@ static enum moe_status local_state(struct moe_forward *fw)
     d->pair_recv = malloc(2 * pairs * sizeof(int32_t));
     d->slot_recv = malloc(pairs * sizeof(int32_t));
     d->seen = malloc(2 * (size_t)fw->lim.max_tokens * sizeof(int32_t));
-    d->mat = malloc(R * (2 * R + 10) * sizeof(int32_t));
+    d->mat = malloc(R * (2 * R + 11) * sizeof(int32_t));
     d->gath = malloc(gath * sizeof(float));
     const size_t S = (size_t)(fw->ep->max_slots > 0 ? fw->ep->max_slots : 1);
     d->rplan.counts = malloc((2 * S + 1 + 2 * pairs) * sizeof(int32_t));
@@ -79,6 +79,7 @@ static enum moe_status local_state(struct moe_forward *fw)
     d->usd = d->usc + R;
     d->urc = d->usd + R;
     d->urd = d->urc + R;
+    d->gcnt = d->urd + R;
     return MOE_OK;
 }
 
@@ -132,17 +133,18 @@ enum moe_status moe_forward_dp_give(struct moe_forward *fw, enum moe_status s, b
     return MOE_OK;
 }
 
-/* src (T_r rows of w words on each rank) gathered into dst (T rows of the
- * step, in batch order), through d->gath. */
+/* src (T_r rows of w words on each rank) gathered on rank 0 into dst (T
+ * rows of the step, in batch order), through d->gath. */
 static enum moe_status gather_rows(struct moe_forward *fw, void *dst, const void *src, int w, const char *what)
 {
     struct moe_forward_dp *d = &fw->dp;
     struct moe_ep *ep = fw->ep;
     const size_t row = (size_t)w * sizeof(float);
-    memcpy(d->gath + (size_t)d->displs[ep->rank] * w, src, (size_t)d->sub.n_tokens * row);
+    for (int r = 0; r < ep->size; r++) d->gcnt[r] = d->counts[r] * w; /* fits: T max_tokens rows of w */
     const double t0 = moe_seconds();
-    MOE_TRY(moe_comm_allgatherv_rows(ep->comm, d->gath, d->counts, d->displs, w, what));
+    MOE_TRY(moe_comm_gatherv(ep->comm, src, d->sub.n_tokens * w, d->gath, d->gcnt, 0, what));
     ep->dp_s += moe_seconds() - t0;
+    if (ep->rank != 0) return MOE_OK;
     ep->dp_bytes += (uint64_t)(d->T - d->sub.n_tokens) * row;
     for (int i = 0; i < d->T; i++) memcpy((char *)dst + (size_t)d->order[i] * row, d->gath + (size_t)i * w, row);
     return MOE_OK;
