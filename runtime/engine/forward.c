@@ -567,7 +567,7 @@ static enum moe_status ffn_block(struct moe_forward *fw, int l, int T, const str
         MOE_TRY(op->route(be, fw->ids, fw->rw, fw->rlogits, T, &rt));
     }
     if (local) { /* every rank's routing gathered where it is recorded; this rank's pairs over the ranks */
-        MOE_TRY(moe_forward_dp_routing(fw, l, T, trace));
+        MOE_TRY(moe_forward_dp_routing(fw, l, trace));
         if (T == 0) return moe_forward_dp_experts(fw, l, 0, NULL, NULL);
     } else if (fw->stats && fw->stats_async) { /* recorded after the step's sync */
         int32_t *hi;

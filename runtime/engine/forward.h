@@ -282,8 +282,7 @@ void moe_forward_dp_free(struct moe_forward *fw);
  * still serves the others' pairs). */
 MOE_MUST_USE enum moe_status moe_forward_dp_take(struct moe_forward *fw);
 MOE_MUST_USE enum moe_status moe_forward_dp_give(struct moe_forward *fw, enum moe_status s, bool logit_rows);
-MOE_MUST_USE enum moe_status moe_forward_dp_routing(struct moe_forward *fw, int l, int T,
-                                                    struct moe_route_trace *trace);
+MOE_MUST_USE enum moe_status moe_forward_dp_routing(struct moe_forward *fw, int l, struct moe_route_trace *trace);
 MOE_MUST_USE enum moe_status moe_forward_dp_experts(struct moe_forward *fw, int l, int T, const float *in,
                                                     const float *wts);
 /* One layer's attention block with its residual, over db's rows of fw->x

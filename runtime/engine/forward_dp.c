@@ -24,10 +24,12 @@
 #include "runtime/engine/forward.h"
 
 /* The host and backend arrays (made at the first step): counts and
- * displs per rank; in one int32 region, host and backend alike: the
- * sub-batch's tokens, positions, seq_of and slots (T each), seq_start
- * (S + 1), ctx_len and state slots (S), block table (S x max_blocks), then
- * the rank order of the rows and its inverse (T each). */
+ * displs per rank, of the rows and of the logit rows; in one int32
+ * region, host and backend alike: the sub-batch's tokens, positions,
+ * seq_of and slots (T each), seq_start (S + 1), ctx_len and state slots
+ * (S), block table (S x max_blocks), the rank order of the rows and its
+ * inverse (T each), then this rank's logit rows and the rank order of
+ * all of them (max_logits each). */
 static enum moe_status dp_state(struct moe_forward *fw, int max_blocks)
 {
     struct moe_forward_dp *d = &fw->dp;

@@ -135,7 +135,7 @@ enum moe_status moe_forward_dp_give(struct moe_forward *fw, enum moe_status s, b
 
 /* src (T_r rows of w words on each rank) gathered on rank 0 into dst (T
  * rows of the step, in batch order), through d->gath. */
-static enum moe_status gather_rows(struct moe_forward *fw, void *dst, const void *src, int w, const char *what)
+static enum moe_status gather_routing(struct moe_forward *fw, void *dst, const void *src, int w, const char *what)
 {
     struct moe_forward_dp *d = &fw->dp;
     struct moe_ep *ep = fw->ep;
@@ -150,7 +150,7 @@ static enum moe_status gather_rows(struct moe_forward *fw, void *dst, const void
     return MOE_OK;
 }
 
-enum moe_status moe_forward_dp_routing(struct moe_forward *fw, int l, int T, struct moe_route_trace *trace)
+enum moe_status moe_forward_dp_routing(struct moe_forward *fw, int l, struct moe_route_trace *trace)
 {
     struct moe_forward_dp *d = &fw->dp;
     const struct moe_config *c = &fw->m->cfg;
@@ -160,10 +160,9 @@ enum moe_status moe_forward_dp_routing(struct moe_forward *fw, int l, int T, str
     if (!fw->ep->dp_record) return MOE_OK;
     char what[48];
     snprintf(what, sizeof what, "layer %d: routing", l);
-    (void)T;
-    MOE_TRY(gather_rows(fw, fw->h_ids, fw->ids, K, what));
-    MOE_TRY(gather_rows(fw, fw->h_w, fw->rw, K, what));
-    MOE_TRY(gather_rows(fw, fw->h_logits, fw->rlogits, E, what));
+    MOE_TRY(gather_routing(fw, fw->h_ids, fw->ids, K, what));
+    MOE_TRY(gather_routing(fw, fw->h_w, fw->rw, K, what));
+    MOE_TRY(gather_routing(fw, fw->h_logits, fw->rlogits, E, what));
     if (fw->stats) moe_stats_record_layer(fw->stats, l, all, fw->h_ids, fw->h_w, fw->h_logits);
     if (trace && trace->ids) {
         memcpy(trace->ids + (size_t)l * all * K, fw->h_ids, (size_t)all * K * sizeof(int32_t));
