@@ -6,7 +6,7 @@
  * A synthetic model of CONFIG (bf16 weights, then quantized by the backend
  * to Q8_0 or four-bit) is prepared by the fast CPU backend once per kernel
  * set (AVX-512, and AMX where it runs: the bf16 tiles, and the int8 tiles
- * for Q8_0 and four-bit).  A measurement is one call of the backend's
+ * for Q8_0 and four-bit; else avx512-bf16 where AVX512-BF16 runs).  A measurement is one call of the backend's
  * expert phase (the `experts` op: gather, gate and up products, SwiGLU,
  * down product, weighted combine) per MoE layer of the model, with
  * T = E R / K tokens routed so that every expert gets exactly R rows
@@ -15,7 +15,7 @@
  * memory, as decode-time offload does.  The kernel sets alternate within
  * each round (the machine is shared and noisy); a figure is the median
  * over rounds.  Printed per format and R: ms per layer, expert rows per
- * second (E R per layer call), and AMX over AVX-512; the load average
+ * second (E R per layer call), and the other set over AVX-512; the load average
  * before and after.
  *
  * Build and run (from the repository root, after the CPU build in build-cpu/):
@@ -126,16 +126,22 @@ int main(int argc, char **argv)
         return 2;
     }
     const enum moe_cpu_isa best = moe_cpu_isa_detect();
-    const int nset = best >= MOE_CPU_ISA_AMX ? 2 : 1;
-    const enum moe_cpu_isa sets[NSET] = {MOE_CPU_ISA_AVX512, MOE_CPU_ISA_AMX};
+    const int nset = best >= MOE_CPU_ISA_AVX512_BF16 ? 2 : 1;
+    /* the other side: AMX where the tiles run, else vdpbf16ps (bf16 only;
+     * Q8_0 and four-bit run the AVX-512 set's kernels there) */
+    const enum moe_cpu_isa sets[NSET] = {MOE_CPU_ISA_AVX512, best >= MOE_CPU_ISA_AMX ? MOE_CPU_ISA_AMX
+                                                                                     : MOE_CPU_ISA_AVX512_BF16};
+    const char *other = moe_cpu_isa_name(sets[1]);
     const struct { enum moe_weight_quant q; const char *name; } fmts[] = {
         {MOE_QUANT_NONE, "bf16"}, {MOE_QUANT_Q8_0, "q8_0"}, {MOE_QUANT_Q4, "q4"}};
     const int E = cfg.n_experts, K = cfg.top_k, Tmax = E * RMAX / K;
-    printf("%s: E %d, K %d, D %d, F %d, %d MoE layers; %d threads, %d rounds; sets avx512%s\n", argv[1], E, K,
-           cfg.d_model, cfg.d_expert, moe_config_moe_layers(&cfg), threads, rounds, nset > 1 ? ", amx" : "");
+    printf("%s: E %d, K %d, D %d, F %d, %d MoE layers; %d threads, %d rounds; sets avx512%s%s\n", argv[1], E, K,
+           cfg.d_model, cfg.d_expert, moe_config_moe_layers(&cfg), threads, rounds, nset > 1 ? ", " : "",
+           nset > 1 ? other : "");
     bench_print_load();
-    printf("| format | rows/expert | tokens | avx512 ms | avx512 rows/s |%s\n|---|---|---|---|---|%s\n",
-           nset > 1 ? " amx ms | amx rows/s | amx/avx512 |" : "", nset > 1 ? "---|---|---|" : "");
+    printf("| format | rows/expert | tokens | avx512 ms | avx512 rows/s |");
+    if (nset > 1) printf(" %s ms | %s rows/s | %s/avx512 |", other, other, other);
+    printf("\n|---|---|---|---|---|%s\n", nset > 1 ? "---|---|---|" : "");
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
         struct side s[NSET] = {0};
         bool ok = true;

@@ -1,6 +1,7 @@
 /* gemm_panels.c - the fast CPU product over bf16 panels (what the fast
  * backend packs bf16 matrices to) with each kernel set this processor runs:
- * AVX2, AVX-512 (FMA over widened weights, runtime/cpu/gemm_panel.c) and
+ * AVX2, AVX-512 (FMA over widened weights, runtime/cpu/gemm_panel.c),
+ * AVX512-BF16 (vdpbf16ps over inputs rounded to bf16, gemm_panel_dp.c) and
  * the AMX sets (tiles, runtime/cpu/gemm_amx.c: inputs in two bf16 parts,
  * three, or one), side by side (docs/cpu.md).
  *
@@ -44,12 +45,12 @@ int main(int argc, char **argv)
     const int shapes[][2] = {{4096, 4096}, {1024, 2048}, {2048, 1024}, {14336, 4096}};
     const int Ts[] = {1, 4, 16, 64, 512};
     const int only = argc > 3 ? atoi(argv[3]) : 0; /* one T only */
-    const enum moe_cpu_isa sets[] = {MOE_CPU_ISA_AVX2, MOE_CPU_ISA_AVX512, MOE_CPU_ISA_AMX, MOE_CPU_ISA_AMX_EXACT,
-                                     MOE_CPU_ISA_AMX_BF16};
-    const int nset = best >= MOE_CPU_ISA_AMX ? 5 : 2;
+    const enum moe_cpu_isa sets[] = {MOE_CPU_ISA_AVX2,     MOE_CPU_ISA_AVX512,    MOE_CPU_ISA_AVX512_BF16,
+                                     MOE_CPU_ISA_AMX,      MOE_CPU_ISA_AMX_EXACT, MOE_CPU_ISA_AMX_BF16};
+    const int nset = best >= MOE_CPU_ISA_AMX ? 6 : best >= MOE_CPU_ISA_AVX512_BF16 ? 3 : 2;
     printf("kernel sets avx2..%s, %d rounds, %d thread%s (%s time)\n", moe_cpu_isa_name(sets[nset - 1]), rounds, threads,
            threads > 1 ? "s" : "", threads > 1 ? "wall" : "thread CPU");
-    printf("%-12s %4s  %-9s %10s %9s %8s\n", "N x K", "T", "set", "ms", "GFLOP/s", "vs avx512");
+    printf("%-12s %4s  %-11s %10s %9s %8s\n", "N x K", "T", "set", "ms", "GFLOP/s", "vs avx512");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int N = shapes[si][0], K = shapes[si][1];
         size_t pb;
@@ -88,13 +89,13 @@ int main(int argc, char **argv)
                                       NULL);
                     ms[(size_t)s * rounds + r] = (bench_clock(ck) - t0) / reps * 1e3;
                 }
-            double med[5];
+            double med[6];
             for (int s = 0; s < nset; s++) {
                 qsort(ms + (size_t)s * rounds, (size_t)rounds, sizeof(double), bench_cmp_double);
                 med[s] = ms[(size_t)s * rounds + rounds / 2];
             }
             for (int s = 0; s < nset; s++)
-                printf("%5d x %-5d %4d  %-9s %10.3f %9.1f %8.2fx\n", N, K, T, moe_cpu_isa_name(sets[s]), med[s],
+                printf("%5d x %-5d %4d  %-11s %10.3f %9.1f %8.2fx\n", N, K, T, moe_cpu_isa_name(sets[s]), med[s],
                        flop / med[s] * 1e-6, med[1] / med[s]);
             fflush(stdout);
             free(ms);

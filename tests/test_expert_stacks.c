@@ -190,7 +190,7 @@ static int isas(enum moe_cpu_isa *out)
 
 Test(expert_stacks, rows_match_the_reference_ffn)
 {
-    enum moe_cpu_isa is[4];
+    enum moe_cpu_isa is[8];
     const int ni = isas(is);
     const enum moe_dtype rows[] = {MOE_DTYPE_F32, MOE_DTYPE_F16, MOE_DTYPE_BF16};
     for (int i = 0; i < ni; i++)
@@ -205,7 +205,7 @@ Test(expert_stacks, rows_match_the_reference_ffn)
  * and D longer than one join, so joins start mid-slice. */
 Test(expert_stacks, planes_match_the_reference_ffn)
 {
-    enum moe_cpu_isa is[4];
+    enum moe_cpu_isa is[8];
     const int ni = isas(is);
     for (int i = 0; i < ni; i++) {
         check_stacks(is[i], MOE_DTYPE_MXFP4, 1, 2, 6, 64, 96, false);

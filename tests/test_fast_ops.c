@@ -471,13 +471,33 @@ Test(fast_ops, gemm_panels_avx2_bits_equal_avx512)
     cr_log_info("panels avx2 vs avx512: %d of %d comparisons differ", bad, cases);
 }
 
-/* The AMX sets' input split: three parts sum to the input exactly (bf16
- * values; residues below bf16's normal range flushed), two to within
- * 2^-16 of it, one (bf16) to within 2^-8; infinities keep zero residues,
- * NaN stays NaN, the padding past K is zero. */
-Test(fast_ops, amx_input_split_within_its_parts)
+/* The kernel sets over inputs split into bf16 parts that this processor
+ * runs (the AMX variants, avx512-bf16), with each one's bound on an
+ * input's rounding: three parts exact, two within 2^-16, one (bf16)
+ * within 2^-8. */
+static int split_isas(enum moe_cpu_isa *out, double *bound)
 {
-    if (moe_cpu_isa_detect() != MOE_CPU_ISA_AMX) cr_skip_test("needs AMX");
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    int n = 0;
+    if (best >= MOE_CPU_ISA_AMX) {
+        out[n] = MOE_CPU_ISA_AMX_EXACT, bound[n++] = 0.0;
+        out[n] = MOE_CPU_ISA_AMX, bound[n++] = 0x1p-16;
+        out[n] = MOE_CPU_ISA_AMX_BF16, bound[n++] = 0x1p-8;
+    }
+    if (best >= MOE_CPU_ISA_AVX512_BF16) out[n] = MOE_CPU_ISA_AVX512_BF16, bound[n++] = 0x1p-8;
+    return n;
+}
+
+/* The input split: three parts sum to the input exactly (bf16 values;
+ * residues below bf16's normal range flushed), two to within 2^-16 of
+ * it, one (bf16) to within 2^-8; infinities keep zero residues, NaN
+ * stays NaN, the padding past K is zero. */
+Test(fast_ops, input_split_within_its_parts)
+{
+    enum moe_cpu_isa sets[4];
+    double bound[4];
+    const int ns = split_isas(sets, bound);
+    if (ns == 0) cr_skip_test("needs AMX or AVX512-BF16");
     enum { K = 1000, R = 3 };
     float *x = malloc((size_t)R * K * sizeof(float));
     uint64_t st = 7;
@@ -488,13 +508,11 @@ Test(fast_ops, amx_input_split_within_its_parts)
     }
     const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, 1.0f + 0x1p-23f, -3.0e38f, 0x1.fffffep-1f};
     for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) x[K + (int)i] = special[i];
-    const enum moe_cpu_isa sets[] = {MOE_CPU_ISA_AMX_EXACT, MOE_CPU_ISA_AMX, MOE_CPU_ISA_AMX_BF16};
-    const double bound[] = {0.0, 0x1p-16, 0x1p-8};
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < ns; v++) {
         const enum moe_cpu_isa isa = sets[v];
         const int P = moe_amx_parts(isa);
         const size_t lds = moe_gemm_split_ld(isa, K), kp = (lds - 32) / (size_t)P;
-        cr_assert_eq(P, v == 0 ? 3 : v == 1 ? 2 : 1, "%s: %d parts", moe_cpu_isa_name(isa), P);
+        cr_assert_eq(P, bound[v] == 0.0 ? 3 : bound[v] == 0x1p-16 ? 2 : 1, "%s: %d parts", moe_cpu_isa_name(isa), P);
         cr_assert(kp >= K && kp % 32 == 0 && lds == (size_t)P * kp + 32, "split row of K=%d: ld %zu", K, lds);
         uint16_t *xs = moe_gemm_split_buffer(isa, R, K);
         cr_assert(xs);
@@ -533,17 +551,21 @@ Test(fast_ops, amx_input_split_within_its_parts)
     free(x);
 }
 
-/* The AMX sets whose inputs are rounded (two parts, the default, and
- * bf16): each output within its inputs' rounding of the exact sum,
- * sum over k of bound |x_k w_k|, plus fp32's; and a row's bits the same
- * alone or in any batch. */
-Test(fast_ops, amx_inputs_within_their_rounding)
+/* The sets whose inputs are split into bf16 parts (amx-exact: exact;
+ * amx, two parts, and amx-bf16 and avx512-bf16, one, rounded): each
+ * output within its inputs' rounding of the exact sum, sum over k of
+ * bound |x_k w_k|, plus fp32's; and a row's bits the same alone or in any
+ * batch, sliced or not.  Shapes: decode's 1-3 rows, row tiles of 1-6
+ * rows, several k blocks (K 4098 and 600), row blocks past 256. */
+Test(fast_ops, split_inputs_within_their_rounding)
 {
-    if (moe_cpu_isa_detect() != MOE_CPU_ISA_AMX) cr_skip_test("needs AMX");
-    const enum moe_cpu_isa sets[] = {MOE_CPU_ISA_AMX, MOE_CPU_ISA_AMX_BF16};
-    const double bound[] = {0x1p-16, 0x1p-8};
-    const int shapes[][3] = {{1, 37, 78}, {17, 97, 258}, {65, 130, 2}, {300, 40, 4098}};
-    for (int v = 0; v < 2; v++)
+    enum moe_cpu_isa sets[4];
+    double bound[4];
+    const int ns = split_isas(sets, bound);
+    if (ns == 0) cr_skip_test("needs AMX or AVX512-BF16");
+    const int shapes[][3] = {{1, 37, 78}, {2, 200, 34}, {3, 129, 600}, {17, 97, 258}, {65, 130, 2},
+                             {300, 40, 4098}, {261, 70, 600}};
+    for (int v = 0; v < ns; v++)
         for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
             const int T = shapes[c][0], N = shapes[c][1], K = shapes[c][2];
             uint16_t *w = random_weights((size_t)N * K, MOE_DTYPE_BF16, (uint64_t)(c + 11));
@@ -579,7 +601,11 @@ Test(fast_ops, amx_inputs_within_their_rounding)
     int sizes[40];
     for (int i = 0; i < 39; i++) sizes[i] = i + 1;
     sizes[39] = 200;
-    for (int v = 0; v < 2; v++) check_panel_bits(sets[v], 70, 300, 300, sizes, 40);
+    const int long_k[] = {1, 3, 7, 61};
+    for (int v = 0; v < ns; v++) {
+        check_panel_bits(sets[v], 70, 300, 300, sizes, 40);
+        check_panel_bits(sets[v], 40, 1030, 61, long_k, 4);
+    }
 }
 
 /* The AMX tiles read 32 k at a time: where K is not a multiple of 32 the
@@ -621,8 +647,9 @@ Test(fast_ops, gemm_panels_k_tail_reads_only_its_panel)
 
 Test(fast_ops, gemm_multi_with_panels_equals_separate_products)
 {
-    enum moe_cpu_isa is[4];
-    const int ni = panel_isas(is);
+    enum moe_cpu_isa is[5];
+    int ni = panel_isas(is);
+    if (moe_cpu_isa_detect() >= MOE_CPU_ISA_AVX512_BF16) is[ni++] = MOE_CPU_ISA_AVX512_BF16; /* one split part */
     if (ni == 0) cr_skip_test("this processor runs no fast kernel set");
     enum { Din = 78 };
     const int N[3] = {131, 17, 50}, Ts[] = {1, 5, 60};
@@ -720,6 +747,42 @@ Test(fast_ops, backend_packs_panels_unless_disabled)
     }
     free(lon);
     free(loff);
+}
+
+/* What a cap gives on this processor: never a set it does not run; an
+ * AMX variant where there are no tiles, `amx-bf16` as `avx512-bf16` (the
+ * same rounding of the inputs) where AVX512-BF16 is there, the others as
+ * `avx512` (vdpbf16ps would round their inputs more); a backend asked for
+ * avx512-bf16 runs it, bf16 matrices in panels, and its greedy tokens
+ * on the synthetic model are those of avx512 (the first position's
+ * logits within what the inputs' bf16 rounding moves them). */
+Test(fast_ops, choose_caps_and_avx512_bf16_backend)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("no fast kernel set");
+    for (int c = MOE_CPU_ISA_REF; c <= MOE_CPU_ISA_AMX_BF16; c++) {
+        const enum moe_cpu_isa cap = (enum moe_cpu_isa)c, got = moe_cpu_isa_choose(cap);
+        enum moe_cpu_isa want = cap < best ? cap : best;
+        if (best == MOE_CPU_ISA_AMX && cap >= MOE_CPU_ISA_AMX) want = cap;
+        else if (cap == MOE_CPU_ISA_AMX_BF16) want = best < MOE_CPU_ISA_AVX512_BF16 ? best : MOE_CPU_ISA_AVX512_BF16;
+        else if (cap >= MOE_CPU_ISA_AMX) want = best < MOE_CPU_ISA_AVX512 ? best : MOE_CPU_ISA_AVX512;
+        cr_expect_eq(got, want, "cap %s on a %s processor gave %s", moe_cpu_isa_name(cap), moe_cpu_isa_name(best),
+                     moe_cpu_isa_name(got));
+    }
+    if (best < MOE_CPU_ISA_AVX512_BF16) cr_skip_test("this processor has no AVX512-BF16 (%s)", moe_cpu_isa_name(best));
+    const int V = 1024;
+    float *lb = malloc((size_t)20 * V * sizeof(float)), *l5 = malloc((size_t)20 * V * sizeof(float));
+    int32_t tb[12], t5[12];
+    bool packed;
+    run_synthetic(MOE_CPU_ISA_AVX512_BF16, true, tb, lb, &packed);
+    cr_expect(packed, "avx512-bf16: bf16 matrices must be in panels");
+    run_synthetic(MOE_CPU_ISA_AVX512, true, t5, l5, &packed);
+    /* the first position's logits (later ones may see another expert
+     * chosen where two of the router's scores were within the rounding) */
+    cr_expect(tu_allclose("logits avx512-bf16 vs avx512 at position 0", lb, l5, (size_t)V, 5e-2f, 2e-2f));
+    cr_expect(memcmp(tb, t5, sizeof tb) == 0, "avx512-bf16: greedy tokens differ from avx512's");
+    free(lb);
+    free(l5);
 }
 
 /* The library reads no environment: the kernel set comes from the options

@@ -443,7 +443,7 @@ static int env_choice(const char *var, const char *const *names, int dflt)
 
 void moe_cli_backend_opts(struct moe_backend_opts *o, long threads)
 {
-    static const char *const isa[] = {"ref", "avx2", "avx512", "amx", "amx-exact", "amx-bf16", NULL};
+    static const char *const isa[] = {"ref", "avx2", "avx512", "avx512-bf16", "amx", "amx-exact", "amx-bf16", NULL};
     static const char *const off_on[] = {"0", "1", NULL};
     static const char *const attn[] = {"tiled", "rows", "mma", NULL};
     static const char *const experts[] = {"cublas", "mma", NULL};

@@ -165,7 +165,9 @@ static void print_kernels(void)
                                          "bf16 (8 bits)"};
     printf("cpu kernels  %s", moe_cpu_isa_name(isa));
     if (isa < best) printf(" (MOERUN_CPU_ISA caps this processor's %s)", moe_cpu_isa_name(best));
-    if (isa >= MOE_CPU_ISA_AMX)
+    if (isa == MOE_CPU_ISA_AVX512_BF16)
+        printf(" (bf16 products by vdpbf16ps, inputs rounded to bf16 (8 bits); the rest AVX-512)");
+    else if (isa >= MOE_CPU_ISA_AMX)
         printf(" (bf16 products on the AMX tiles, inputs in %s;%s the rest AVX-512)", inputs[isa - MOE_CPU_ISA_AMX],
                moe_cpu_amx_int8() ? " Q8_0 and four-bit on the int8 tiles;" : "");
     else if (!getenv("MOERUN_CPU_ISA") && best >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8())

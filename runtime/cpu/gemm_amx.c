@@ -1,5 +1,7 @@
 /* gemm_amx.c - products over bf16 weights in panels (MOE_DTYPE_BF16_PANEL)
- * on the AMX tile units (AMX-BF16), and the input split they read.
+ * on the AMX tile units (AMX-BF16).  The input split they read
+ * (moe_gemm_split_rows) is in gemm_panel_dp.c, beside the other kernels
+ * that read it.
  *
  * A panel (runtime/cpu/gemm_panel.c) is already AMX's B layout: each k-pair
  * is one 64-byte line of 16 outputs, so 16 consecutive k-pairs of a panel
@@ -64,53 +66,6 @@ bool moe_amx_permit(void)
 {
     /* Linux keeps the tile data state off until a process asks for it */
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-int moe_amx_parts(enum moe_cpu_isa isa)
-{
-    return isa == MOE_CPU_ISA_AMX_EXACT ? 3 : isa == MOE_CPU_ISA_AMX_BF16 ? 1 : 2;
-}
-
-/* A row per part of K rounded up to 32, and one cache line more, so that
- * the 16 rows of an input tile never share a cache set (a row stride that
- * is a multiple of 4 KiB would put all 16 in one). */
-size_t moe_gemm_split_ld(enum moe_cpu_isa isa, int K)
-{
-    return (size_t)moe_amx_parts(isa) * (((size_t)K + KT - 1) / KT * KT) + 32;
-}
-
-/* bf16 (round to nearest even) of v, and that value back in fp32. */
-AMX INLINE __m256bh to_bf16(__m512 v, __m512 *back)
-{
-    const __m256bh h = _mm512_cvtneps_pbh(v);
-    *back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
-    return h;
-}
-
-AMX void moe_gemm_split_rows(enum moe_cpu_isa isa, uint16_t *xs, size_t lds, const float *x, size_t ldx,
-                             int r0, int r1, int K)
-{
-    const int parts = moe_amx_parts(isa);
-    const size_t kp = (lds - 32) / (size_t)parts;
-    const __m512 inf = _mm512_set1_ps(__builtin_inff());
-    for (int r = r0; r < r1; r++) {
-        const float *xr = x + (size_t)r * ldx;
-        uint16_t *h = xs + (size_t)r * lds;
-        for (size_t k = 0; k < kp; k += 16) {
-            const int left = K - (int)k;
-            const __mmask16 in = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-            __m512 v = _mm512_maskz_loadu_ps(in, xr + k), back;
-            __m256bh part = to_bf16(v, &back);
-            _mm256_storeu_si256((__m256i *)(h + k), (__m256i)part);
-            /* the residues are 0 where hi is infinite (not inf - inf) */
-            const __mmask16 fin = _mm512_cmp_ps_mask(_mm512_abs_ps(back), inf, _CMP_NEQ_UQ);
-            for (int j = 1; j < parts; j++) {
-                v = _mm512_maskz_sub_ps(fin, v, back);
-                part = to_bf16(v, &back);
-                _mm256_storeu_si256((__m256i *)(h + (size_t)j * kp + k), (__m256i)part);
-            }
-        }
-    }
 }
 
 struct tilecfg {

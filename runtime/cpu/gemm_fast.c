@@ -67,6 +67,7 @@ enum moe_cpu_isa moe_cpu_isa_detect(void)
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl")) {
             isa = MOE_CPU_ISA_AVX512;
+            if (__builtin_cpu_supports("avx512bf16")) isa = MOE_CPU_ISA_AVX512_BF16;
             pthread_once(&amx_once, amx_probe);
             if (amx_ok) isa = MOE_CPU_ISA_AMX;
         }
@@ -77,7 +78,10 @@ enum moe_cpu_isa moe_cpu_isa_detect(void)
 enum moe_cpu_isa moe_cpu_isa_choose(enum moe_cpu_isa cap)
 {
     const enum moe_cpu_isa best = moe_cpu_isa_detect();
-    return best == MOE_CPU_ISA_AMX && cap >= MOE_CPU_ISA_AMX ? cap : best < cap ? best : cap;
+    if (best == MOE_CPU_ISA_AMX && cap >= MOE_CPU_ISA_AMX) return cap;
+    if (cap == MOE_CPU_ISA_AMX_BF16) cap = MOE_CPU_ISA_AVX512_BF16;
+    else if (cap >= MOE_CPU_ISA_AMX) cap = MOE_CPU_ISA_AVX512;
+    return best < cap ? best : cap;
 }
 
 const char *moe_cpu_isa_name(enum moe_cpu_isa isa)
@@ -85,6 +89,7 @@ const char *moe_cpu_isa_name(enum moe_cpu_isa isa)
     switch (isa) {
     case MOE_CPU_ISA_AVX2: return "avx2";
     case MOE_CPU_ISA_AVX512: return "avx512";
+    case MOE_CPU_ISA_AVX512_BF16: return "avx512-bf16";
     case MOE_CPU_ISA_AMX: return "amx";
     case MOE_CPU_ISA_AMX_EXACT: return "amx-exact";
     case MOE_CPU_ISA_AMX_BF16: return "amx-bf16";
@@ -94,7 +99,7 @@ const char *moe_cpu_isa_name(enum moe_cpu_isa isa)
 
 bool moe_gemm_split_wanted(enum moe_cpu_isa isa, enum moe_dtype wt)
 {
-    return isa >= MOE_CPU_ISA_AMX && wt == MOE_DTYPE_BF16_PANEL;
+    return isa >= MOE_CPU_ISA_AVX512_BF16 && wt == MOE_DTYPE_BF16_PANEL;
 }
 
 void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx,
@@ -103,7 +108,7 @@ void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const 
 {
     if (n0 >= n1 || T <= 0) return;
     if (wt == MOE_DTYPE_BF16_PANEL) {
-        if (isa >= MOE_CPU_ISA_AMX) {
+        if (isa >= MOE_CPU_ISA_AVX512_BF16) {
             if (!xs) { /* split here, for this slice alone */
                 lds = moe_gemm_split_ld(isa, Din);
                 uint16_t *own = moe_gemm_split_buffer(isa, (size_t)T, Din);
@@ -111,7 +116,8 @@ void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const 
                 moe_gemm_split_rows(isa, own, lds, x, ldx, 0, T, Din);
                 xs = own;
             }
-            moe_gemm_rows_panel_amx(isa, y, ldy, xs, lds, T, w, Din, n0, n1, b);
+            if (isa == MOE_CPU_ISA_AVX512_BF16) moe_gemm_rows_panel_dp(y, ldy, xs, lds, T, w, Din, n0, n1, b);
+            else moe_gemm_rows_panel_amx(isa, y, ldy, xs, lds, T, w, Din, n0, n1, b);
         } else if (isa == MOE_CPU_ISA_AVX512)
             moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
         else

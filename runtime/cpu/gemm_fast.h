@@ -88,6 +88,8 @@ enum moe_cpu_isa {
     MOE_CPU_ISA_REF,     /* no fast kernels: plain C reference */
     MOE_CPU_ISA_AVX2,    /* AVX2 + FMA + F16C */
     MOE_CPU_ISA_AVX512,  /* AVX-512 F/BW/VL + the above */
+    MOE_CPU_ISA_AVX512_BF16, /* the same, bf16 products by AVX512-BF16's vdpbf16ps, inputs
+                              * rounded to bf16 (for processors without AMX tiles) */
     MOE_CPU_ISA_AMX,     /* AMX-TILE/BF16 + AVX512-BF16 + the above, the tiles permitted:
                           * inputs of bf16 products in two bf16 parts (16 bits) */
     MOE_CPU_ISA_AMX_EXACT, /* the same, inputs in three parts (exact) */
@@ -96,7 +98,8 @@ enum moe_cpu_isa {
 
 /* The best kernel set this processor runs (a backend may be told to use a
  * narrower one: moe_backend_opts.cpu_isa_max), MOE_CPU_ISA_AMX where the
- * tiles run.  Asks Linux for the tile state the first time. */
+ * tiles run, else MOE_CPU_ISA_AVX512_BF16 where AVX512-BF16 does.  Asks
+ * Linux for the tile state the first time. */
 enum moe_cpu_isa moe_cpu_isa_detect(void);
 /* The cap backends get unless told otherwise: AVX-512.  The AMX sets
  * speed up prefill 2-4x but stream decode's weights 15-30% slower, and a
@@ -104,7 +107,10 @@ enum moe_cpu_isa moe_cpu_isa_detect(void);
  * asked for (moe_backend_opts.cpu_isa_max, MOERUN_CPU_ISA=amx). */
 #define MOE_CPU_ISA_DEFAULT_CAP MOE_CPU_ISA_AVX512
 /* The set a backend capped at cap runs here: the narrower of the two; on
- * an AMX processor, the AMX variant cap names (AMX_EXACT, AMX_BF16). */
+ * an AMX processor, the AMX variant cap names (AMX_EXACT, AMX_BF16); on
+ * one without AMX, `amx-bf16` runs as `avx512-bf16` (the same rounding of
+ * the inputs) where AVX512-BF16 is there, and the other AMX variants,
+ * whose inputs keep more bits than vdpbf16ps would, as `avx512`. */
 enum moe_cpu_isa moe_cpu_isa_choose(enum moe_cpu_isa cap);
 const char *moe_cpu_isa_name(enum moe_cpu_isa isa);
 /* Whether the AMX sets run Q8_0 and four-bit products on the int8 tiles

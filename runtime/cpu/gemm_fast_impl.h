@@ -64,6 +64,10 @@ void moe_gemm_rows_panel_avx2(float *y, size_t ldy, const float *x, size_t ldx, 
  * (gemm_amx.c; other bits). */
 void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, const uint16_t *xs, size_t lds,
                              int T, const void *w, int K, int n0, int n1, const struct moe_tensor *b);
+/* The same with AVX512-BF16's vdpbf16ps over inputs split into one bf16
+ * part (the avx512-bf16 set; gemm_panel_dp.c; other bits). */
+void moe_gemm_rows_panel_dp(float *y, size_t ldy, const uint16_t *xs, size_t lds, int T, const void *w, int K,
+                            int n0, int n1, const struct moe_tensor *b);
 /* Asks Linux to let this process use the AMX tile data state. */
 bool moe_amx_permit(void);
 /* Outputs of the widest AVX-512 panel tile for T input rows (a multiple of
