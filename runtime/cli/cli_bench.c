@@ -616,6 +616,7 @@ static int bench_measure(struct bench_ctx *b, const struct bench_opts *o, const 
     r->prefill = calloc((size_t)l->n_prefill + 1, sizeof *r->prefill);
     r->decode = calloc((size_t)l->n_decode + 1, sizeof *r->decode);
     if (!r->prefill || !r->decode) return moe_cli_error("bench", "out of memory");
+    if (!o->json && !r->cuda) printf("backend %s, kernels %s, %d threads\n", r->backend, r->kernels, r->threads);
     if (!o->json) printf("%-10s %8s %12s %14s\n", "phase", "size", "tokens/s", "time");
     const double t_loop = moe_seconds();
     for (int i = 0; i < l->n_prefill; i++, r->n_prefill++) {

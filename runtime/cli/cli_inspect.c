@@ -164,7 +164,12 @@ static void print_kernels(void)
     static const char *const inputs[] = {"two bf16 parts (16 bits)", "three bf16 parts (exact)",
                                          "bf16 (8 bits)"};
     printf("cpu kernels  %s", moe_cpu_isa_name(isa));
-    if (isa < best) printf(" (MOERUN_CPU_ISA caps this processor's %s)", moe_cpu_isa_name(best));
+    const char *env = getenv("MOERUN_CPU_ISA");
+    if (isa < best && (!env || !*env))
+        printf(" (the default; this processor runs %s too: MOERUN_CPU_ISA=%s)", moe_cpu_isa_name(best),
+               moe_cpu_isa_name(best));
+    else if (isa < best)
+        printf(" (MOERUN_CPU_ISA=%s on this processor's %s)", env, moe_cpu_isa_name(best));
     if (isa == MOE_CPU_ISA_AVX512_BF16)
         printf(" (bf16 products by vdpbf16ps, inputs rounded to bf16 (8 bits); the rest AVX-512)");
     else if (isa >= MOE_CPU_ISA_AMX)
