@@ -1,0 +1,50 @@
+/* gemm_q4_k.h - a Q4_K block's scales as the integer kernels over Q4_K
+ * weights use them (gemm_q4_k.c with AVX2, gemm_q4_k_avx512.c with
+ * AVX-512): AVX2 instructions, inlined into either. */
+#pragma once
+
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+enum {
+    TBQ = 64, /* input rows quantized at a time */
+    MAXC = 2, /* widest tile: weight rows */
+    MAXR = 4, /* tallest tile: input rows */
+    /* how far ahead the first pass prefetches, at least, in whole tiles:
+     * 4 KiB rather than the next tile made one thread at T = 1 3 to 10%
+     * faster on rows of 512 and 1024 (a tile of 2 such rows is read in
+     * well under the memory's latency), the same on rows of 2048 */
+    PF = 4096,
+};
+
+/* The 6-bit scales sc_0..7 (bytes 0-7) and minimums mn_0..7 (bytes 8-15)
+ * of the Q4_K block at blk, by two byte shuffles of its 16-byte head
+ * (bytes 4-15: the low 6 bits of scale bytes 0-3 and 4-7, the nibbles of
+ * scale bytes 8-11 under the top 2 bits of bytes 0-3 or 4-7), in both
+ * halves of the result. */
+AVX2 INLINE __m256i block_scales(const char *blk)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)blk);
+    const __m128i low = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m128i lm = _mm_and_si128(low, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    const __m128i l4 = _mm_and_si128(_mm_srli_epi16(low, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+    const __m128i s = _mm_or_si128(_mm_or_si128(lm, l4), _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
+    return _mm256_broadcastsi128_si256(s);
+}
+
+/* sc_j as 16 int16 from a block's scales (block_scales) */
+AVX2 INLINE __m256i group_scale(__m256i s, const int j)
+{
+    return _mm256_shuffle_epi8(s, _mm256_set1_epi16((short)(0x8000 | j)));
+}
+
+/* mn_0, mn_0, mn_1, mn_1, ... mn_7 as 16 int16: one per sum of 16 */
+AVX2 INLINE __m256i block_mins(__m256i s)
+{
+    const char z = -128;
+    return _mm256_shuffle_epi8(s, _mm256_setr_epi8(8, z, 8, z, 9, z, 9, z, 10, z, 10, z, 11, z, 11, z, 12, z, 12, z,
+                                                   13, z, 13, z, 14, z, 14, z, 15, z, 15, z));
+}

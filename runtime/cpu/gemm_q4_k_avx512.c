@@ -1,0 +1,103 @@
+/* gemm_q4_k_avx512.c - the product over Q4_K weights for the AVX-512
+ * kernel set: gemm_q4_k.c's expression (read its numerics there) at twice
+ * the width, so the same bits.
+ *
+ * gemm_q4_k.c takes a 32-byte load of codes as two groups, 2t (low
+ * nibbles) and 2t + 1 (high), each against its 32 input codes in a ymm.
+ * Here both groups are one zmm (group 2t's codes in the low half, 2t + 1's
+ * in the high half, as the input's 64 codes of the two groups lie in its
+ * stream), so one vpmaddubsw, one vpmaddwd by the two groups' scales and
+ * one add serve both groups of an input row: lanes 0-7 of the block's
+ * integer sum hold the even groups' lane sums, lanes 8-15 the odd groups'.
+ * At the block's end the two halves are added: integer sums, exact, so
+ * each of the 8 lanes holds exactly the integer gemm_q4_k.c's lane holds,
+ * and from there the float steps are the same instructions in the same
+ * order.  Decode rows take the same tiles (the weights stream from memory
+ * either way); prefill's tiles do twice the work an instruction. */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/cpu/gemm_q4_k.h"
+#include "runtime/cpu/gemm_q8_k.h"
+#include "runtime/cpu/simd_avx2.h"
+#include "runtime/core/status.h"
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+/* As gemm_q4_k.c's tile (its arguments and registers), two groups a step. */
+AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char *x, size_t xs, int r0, int nb,
+                        const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
+{
+    __m256 acc[MAXR][MAXC];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const char *xr = x + (size_t)r0 * xs;
+    const float *dyr = (const float *)(xr + (size_t)nb * MOE_Q8_K_BYTES);
+    const size_t tb = (size_t)C * wld, pfd = (PF + tb - 1) / tb * tb;
+    for (int k = 0; k < nb; k++) {
+        const size_t bo = (size_t)k * MOE_Q4_K_BYTES, xo = (size_t)k * MOE_Q8_K_BYTES;
+        __m256i sc[MAXC];
+        __m512i scz[MAXC], sum[MAXR][MAXC];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const char *blk = w + (size_t)c * wld + bo;
+            if (pf)
+                for (int l = 0; l < 3; l++) _mm_prefetch(blk + 64 * l + pfd, _MM_HINT_T0);
+            sc[c] = block_scales(blk);
+            scz[c] = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc[c]));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) sum[r][c] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            /* sc_2t in the low 16 int16, sc_2t+1 in the high 16 */
+            const short e = (short)(0x8000 | 2 * t), o = (short)(0x8000 | (2 * t + 1));
+            const __m512i pick = _mm512_inserti64x4(_mm512_set1_epi16(e), _mm256_set1_epi16(o), 1);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (size_t)c * wld + bo + 16 + 32 * t));
+                const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi8(15));
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+                const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                const __m512i s = _mm512_shuffle_epi8(scz[c], pick);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const __m512i xq = _mm512_loadu_si512(xr + (size_t)r * xs + xo + 32 + 64 * t);
+                    sum[r][c] = _mm512_add_epi32(sum[r][c], _mm512_madd_epi16(_mm512_maddubs_epi16(q, xq), s));
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const char *blk = w + (size_t)c * wld + bo;
+            int32_t h;
+            memcpy(&h, blk, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(h)); /* d, dmin */
+            const __m256i mn = block_mins(sc[c]);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const char *xb = xr + (size_t)r * xs + xo;
+                const __m128 dd = _mm_mul_ps(dm, _mm_set1_ps(dyr[(size_t)r * xs / sizeof(float) + k]));
+                const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, _mm256_load_si256((const __m256i *)xb)));
+                const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sum[r][c]),
+                                                    _mm512_extracti64x4_epi64(sum[r][c], 1));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_broadcastss_ps(dd), acc[r][c]);
+                acc[r][c] = _mm256_fnmadd_ps(m, _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
+}
+
+#undef AVX2
+#define AVX2 AVX512 /* the driver's functions take this file's instructions */
+#define KQ_DTYPE MOE_DTYPE_Q4_K
+#define KQ_ENTRY moe_gemm_rows_q4_k_avx512
+#include "runtime/cpu/gemm_q8_k_rows.h"
