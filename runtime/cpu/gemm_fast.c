@@ -122,7 +122,9 @@ void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const 
             moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
         else
             moe_gemm_rows_panel_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
-    } else if (wt == MOE_DTYPE_Q6_K)
+    } else if (wt == MOE_DTYPE_Q6_K && isa >= MOE_CPU_ISA_AVX512)
+        moe_gemm_rows_q6_k_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    else if (wt == MOE_DTYPE_Q6_K)
         moe_gemm_rows_q6_k_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     else if (wt == MOE_DTYPE_Q8_0 && isa >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8())
         moe_gemm_rows_q8_amx(y, ldy, x, ldx, T, w, Din, n0, n1, b);

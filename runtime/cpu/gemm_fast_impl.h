@@ -47,10 +47,13 @@ void moe_gemm_rows_q4_k_avx2(float *y, size_t ldy, const float *x, size_t ldx, i
 void moe_gemm_rows_q4_k_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w, int Din,
                                int n0, int n1, const struct moe_tensor *b);
 /* All T rows against outputs [n0, n1) of Q6_K weights (Din a multiple of
- * 256), the inputs quantized to int8 blocks as for Q8_0 (gemm_q6_k.c):
- * AVX2, for every kernel set. */
+ * 256), the inputs quantized to int8 blocks of 256 (gemm_q6_k.c): AVX2,
+ * for the AVX2 set; with AVX-512 instructions for the others
+ * (gemm_q6_k_avx512.c; the same bits). */
 void moe_gemm_rows_q6_k_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w, int Din,
                              int n0, int n1, const struct moe_tensor *b);
+void moe_gemm_rows_q6_k_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w, int Din,
+                               int n0, int n1, const struct moe_tensor *b);
 /* The four-bit kernels' input row: x (ng groups of nr blocks of 32) as one
  * stream at o of ng parts of 32 + 32 nr bytes: a head of 8 floats (0, S,
  * dx_0 .. dx_{nr-1}, 0 ...), S the sum over the group's blocks in order of

@@ -1,6 +1,7 @@
 /* gemm_q6_k.c - the fast matrix product over Q6_K weights
- * (MOE_DTYPE_Q6_K, runtime/core/tensor.h), AVX2 instructions for every
- * kernel set (AVX-512 and AMX processors run them too), built as the Q4_K
+ * (MOE_DTYPE_Q6_K, runtime/core/tensor.h), AVX2 instructions for the
+ * AVX2 kernel set (the others take gemm_q6_k_avx512.c: the same
+ * expression at twice the width, the same bits), built as the Q4_K
  * kernel is (gemm_q4_k.c): each input row is quantized to int8 blocks of
  * 256 with one scale dy (gemm_q8_k.h), so a weight block's whole dot is
  * one exact integer.  A weight w = d sc_s (q - 32) (q the 6-bit code,
@@ -43,21 +44,11 @@
 
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/cpu/gemm_q6_k.h"
 #include "runtime/cpu/gemm_q8_k.h"
 #include "runtime/cpu/simd_avx2.h"
 #include "runtime/core/status.h"
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define INLINE static inline __attribute__((always_inline))
-
-enum {
-    TBQ = 64,   /* input rows quantized at a time */
-    MAXC = 2,   /* widest tile: weight rows */
-    QH = 128,   /* block offsets: qh, the scales, d */
-    SC = 192,
-    DH = 208,
-    PF = 4096,  /* the first pass prefetches whole tiles at least this far on (gemm_q4_k.c) */
-};
 
 /* The 32 codes (0..63, element order) of run 4h + j of a block: l its
  * half's 32 ql bytes at 64h + 32 (j & 1), h its half's 32 qh bytes (each
