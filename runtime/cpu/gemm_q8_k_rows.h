@@ -1,14 +1,21 @@
 /* gemm_q8_k_rows.h - the driver of the kernels over input rows in blocks
- * of 256 (gemm_q8_k.h: gemm_q4_k.c, gemm_q6_k.c), written once for both:
+ * of 256 (gemm_q8_k.h: gemm_q4_k.c, gemm_q6_k.c and their AVX-512 twins
+ * gemm_q4_k_avx512.c, gemm_q6_k_avx512.c), written once for all four:
  * which tile takes which input and weight rows, and the entry point that
  * quantizes up to TBQ input rows at a time into the calling thread's
  * buffer (moe_gemm_thread_buffer), once for all its weight rows.
  *
  * The includer defines AVX2, INLINE, TBQ, its tile(R, C, y, ldy, x, xs,
  * r0, nb, w, wld, b, n, pf) (R <= 4 input rows from r0 against C <= 2
- * weight rows, the first pass over them prefetching when pf), and
+ * weight rows, or KQ_C1 for one input row, the first pass over them
+ * prefetching when pf), and
  * KQ_DTYPE (the weights' dtype) and KQ_ENTRY (the entry point's name),
+ * and may define KQ_C1 (the weight rows of a one-row tile, default 2),
  * then includes this file once. */
+
+#ifndef KQ_C1
+#define KQ_C1 2
+#endif
 
 /* R rows (1..3) against weight rows [n0, n1), C at a time then one by one;
  * w points at row n0. */
@@ -26,7 +33,7 @@ AVX2 static void rows_tn(float *y, size_t ldy, const char *x, size_t xs, int tn,
 {
     enum { C4 = 2 }; /* weight rows of a 4-input tile */
     switch (tn) {
-    case 1: row_tiles(1, 2, y, ldy, x, xs, nb, w, wld, n0, n1, b); return;
+    case 1: row_tiles(1, KQ_C1, y, ldy, x, xs, nb, w, wld, n0, n1, b); return;
     case 2: row_tiles(2, 2, y, ldy, x, xs, nb, w, wld, n0, n1, b); return;
     case 3: row_tiles(3, 2, y, ldy, x, xs, nb, w, wld, n0, n1, b); return;
     default: break;
