@@ -7,9 +7,9 @@
  * have AVX512-VNNI, Q8_0 weights take gemm_q8_vnni.c and four-bit weights
  * gemm_q4.c's VNNI instance; the AMX sets, where the processor has
  * AMX-INT8, take gemm_q8_amx.c and gemm_q4_amx.c for both, Q4_K
- * included), Q4_K under the AVX2 and AVX-512 sets in gemm_q4_k.c (AVX2
- * instructions, input blocks of 256), and Q6_K in gemm_q6_k.c (AVX2
- * instructions for every set). */
+ * included), Q4_K under the AVX2 and AVX-512 sets in gemm_q4_k.c and
+ * gemm_q4_k_avx512.c (input blocks of 256, the same bits), and Q6_K in
+ * gemm_q6_k.c and gemm_q6_k_avx512.c (the same bits). */
 #include "runtime/cpu/gemm_fast.h"
 
 #include <cpuid.h>

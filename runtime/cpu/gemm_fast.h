@@ -49,8 +49,10 @@
  *
  * Q6_K: the inputs quantized the same way, each run of 32 six-bit codes
  * against an input block an exact integer sum scaled by its two int8
- * sub-block scales (gemm_q6_k.c, AVX2 instructions for every set, AMX
- * included, so the same bits everywhere; the same alone or in any batch).
+ * sub-block scales (gemm_q6_k.c with AVX2, gemm_q6_k_avx512.c for the
+ * wider sets, two runs a zmm: the same integer lane sums, so the same bits
+ * everywhere; the same alone or in any batch).  Q4_K likewise
+ * (gemm_q4_k.c, gemm_q4_k_avx512.c).
  *
  * AMX (the `amx` sets): products over bf16 panels run on the tile units
  * (gemm_amx.c), each input row split once per call into bf16 parts: two
