@@ -32,7 +32,24 @@
  * here (8: no better). */
 enum { WC = 4 };
 
-/* As gemm_q4_k.c's tile (its arguments and registers), two groups a step. */
+/* The input's codes in the order one 64-byte load of Q4_K codes gives
+ * its groups: a load of half a block's codes (bytes 64p .. 64p+63) is
+ * groups 4p, 4p+2 (low nibbles) and 4p+1, 4p+3 (high nibbles), so each
+ * block's 32-byte chunks of input codes go from group order 0..7 to 0, 2,
+ * 1, 3, 4, 6, 5, 7 (the sums of 16 stay in group order). */
+AVX512 static void arrange(char *row, int nb)
+{
+    for (int k = 0; k < nb; k++)
+        for (int c = 1; c < 8; c += 4) {
+            __m256i *a = (__m256i *)(row + (size_t)k * MOE_Q8_K_BYTES + 32 + 32 * c);
+            const __m256i t = _mm256_load_si256(a);
+            _mm256_store_si256(a, _mm256_load_si256(a + 1));
+            _mm256_store_si256(a + 1, t);
+        }
+}
+
+/* As gemm_q4_k.c's tile (its arguments and registers), four groups a step
+ * (two zmm of codes from one 64-byte load). */
 AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char *x, size_t xs, int r0, int nb,
                         const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
@@ -58,22 +75,25 @@ AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const ch
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) sum[r][c] = _mm512_setzero_si512();
         }
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) {
-            /* sc_2t in the low 16 int16, sc_2t+1 in the high 16 */
-            const short e = (short)(0x8000 | 2 * t), o = (short)(0x8000 | (2 * t + 1));
-            const __m512i pick = _mm512_inserti64x4(_mm512_set1_epi16(e), _mm256_set1_epi16(o), 1);
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) {
+            /* the scales of groups 4p, 4p+2 (low nibbles) and 4p+1, 4p+3
+             * (high), each in 16 int16 */
+            const short g0 = (short)(0x8000 | 4 * p), g1 = (short)(g0 + 1), g2 = (short)(g0 + 2), g3 = (short)(g0 + 3);
+            const __m512i pl = _mm512_inserti64x4(_mm512_set1_epi16(g0), _mm256_set1_epi16(g2), 1);
+            const __m512i ph = _mm512_inserti64x4(_mm512_set1_epi16(g1), _mm256_set1_epi16(g3), 1);
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (size_t)c * wld + bo + 16 + 32 * t));
-                const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi8(15));
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
-                const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                const __m512i s = _mm512_shuffle_epi8(scz[c], pick);
+                const __m512i v = _mm512_loadu_si512(w + (size_t)c * wld + bo + 16 + 64 * p);
+                const __m512i lo = _mm512_and_si512(v, _mm512_set1_epi8(15));
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15));
+                const __m512i sl = _mm512_shuffle_epi8(scz[c], pl), sh = _mm512_shuffle_epi8(scz[c], ph);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
-                    const __m512i xq = _mm512_loadu_si512(xr + (size_t)r * xs + xo + 32 + 64 * t);
-                    sum[r][c] = _mm512_add_epi32(sum[r][c], _mm512_madd_epi16(_mm512_maddubs_epi16(q, xq), s));
+                    const char *xq = xr + (size_t)r * xs + xo + 32 + 128 * p;
+                    const __m512i a = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, _mm512_loadu_si512(xq)), sl);
+                    const __m512i h = _mm512_madd_epi16(_mm512_maddubs_epi16(hi, _mm512_loadu_si512(xq + 64)), sh);
+                    sum[r][c] = _mm512_add_epi32(sum[r][c], _mm512_add_epi32(a, h));
                 }
             }
         }
@@ -104,6 +124,7 @@ AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const ch
 #undef AVX2
 #define AVX2 AVX512 /* the driver's functions take this file's instructions */
 #define KQ_C1 WC
+#define KQ_ARRANGE arrange
 #define KQ_DTYPE MOE_DTYPE_Q4_K
 #define KQ_ENTRY moe_gemm_rows_q4_k_avx512
 #include "runtime/cpu/gemm_q8_k_rows.h"

@@ -10,8 +10,10 @@
  * weight rows, or KQ_C1 for one input row, the first pass over them
  * prefetching when pf), and
  * KQ_DTYPE (the weights' dtype) and KQ_ENTRY (the entry point's name),
- * and may define KQ_C1 (the weight rows of a one-row tile, default 2),
- * then includes this file once. */
+ * and may define KQ_C1 (the weight rows of a one-row tile, default 2)
+ * and KQ_ARRANGE(row, nb) (run on each quantized row before the tiles
+ * read it: a reordering of its codes that its tiles expect), then
+ * includes this file once. */
 
 #ifndef KQ_C1
 #define KQ_C1 2
@@ -71,7 +73,12 @@ AVX2 void KQ_ENTRY(float *y, size_t ldy, const float *x, size_t ldx, int T, cons
     if (b && !b->data) b = NULL;
     for (int t0 = 0; t0 < T; t0 += TBQ) {
         const int tn = T - t0 < TBQ ? T - t0 : TBQ;
-        for (int t = 0; t < tn; t++) moe_quantize_x_q8_k(buf + (size_t)t * xs, x + (size_t)(t0 + t) * ldx, nb);
+        for (int t = 0; t < tn; t++) {
+            moe_quantize_x_q8_k(buf + (size_t)t * xs, x + (size_t)(t0 + t) * ldx, nb);
+#ifdef KQ_ARRANGE
+            KQ_ARRANGE(buf + (size_t)t * xs, nb);
+#endif
+        }
         rows_tn(y + (size_t)t0 * ldy, ldy, buf, xs, tn, nb, wr, wld, n0, n1, b);
     }
 }
