@@ -4,16 +4,19 @@
  *
  * gemm_q4_k.c takes a 32-byte load of codes as two groups, 2t (low
  * nibbles) and 2t + 1 (high), each against its 32 input codes in a ymm.
- * Here both groups are one zmm (group 2t's codes in the low half, 2t + 1's
- * in the high half, as the input's 64 codes of the two groups lie in its
- * stream), so one vpmaddubsw, one vpmaddwd by the two groups' scales and
- * one add serve both groups of an input row: lanes 0-7 of the block's
- * integer sum hold the even groups' lane sums, lanes 8-15 the odd groups'.
- * At the block's end the two halves are added: integer sums, exact, so
- * each of the 8 lanes holds exactly the integer gemm_q4_k.c's lane holds,
- * and from there the float steps are the same instructions in the same
- * order.  Decode rows take the same tiles (the weights stream from memory
- * either way); prefill's tiles do twice the work an instruction. */
+ * Here a 64-byte load (half a block's codes) is four groups: its low
+ * nibbles are groups 4p and 4p + 2 in one zmm, its high nibbles groups
+ * 4p + 1 and 4p + 3 in another, each against the input's codes of the
+ * same two groups (the input row's 32-byte chunks are arranged once per
+ * call to lie in that order, arrange() below), so one vpmaddubsw, one
+ * vpmaddwd by the two groups' scales and one add serve two groups of an
+ * input row.  Lanes 0-7 of the block's integer sum gather the first group
+ * of each pair, lanes 8-15 the second; at the block's end the two halves
+ * are added: integer sums, exact, so each of the 8 lanes holds exactly
+ * the integer gemm_q4_k.c's lane holds, and from there the float steps
+ * are the same instructions in the same order.  Decode rows take the same
+ * tiles (the weights stream from memory either way); prefill's tiles do
+ * twice the work an instruction. */
 #include <immintrin.h>
 #include <stdbool.h>
 #include <string.h>
