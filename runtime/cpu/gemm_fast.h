@@ -68,15 +68,15 @@
  * are not kept: other bits than AVX2/AVX-512, the same alone or in any
  * batch).
  * Detection asks Linux for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM)
- * once; refused, the processor counts as AVX-512 (or AVX512-BF16).
+ * once; refused, the processor counts as AVX-512 (or AVX512-BF16).  Every
+ * other format runs the AVX-512 set's kernels.
  *
  * AVX512-BF16 (the `avx512-bf16` set): products over bf16 panels by
  * vdpbf16ps (gemm_panel_dp.c), each input row rounded to bf16 once per
  * call (the split above, one part: within 2^-8), one vdpbf16ps chain
  * over the k-pairs per output; the same alone or in any batch (not the
  * FMA kernels' bits, nor the tiles').  Every other format runs the
- * AVX-512 set's kernels.  Every other format
- * runs the AVX-512 set's kernels.
+ * AVX-512 set's kernels.
  *
  * Kernels are compiled with __attribute__((target(...))) and chosen at run
  * time by what the processor supports, so the build stays portable; where
