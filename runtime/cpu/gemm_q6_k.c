@@ -88,7 +88,7 @@ AVX2 INLINE __m256i run_scales(__m256i hs, const int j)
 AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char *x, size_t xs, int r0, int nb,
                       const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
-    __m256 acc[4][MAXC];
+    __m256 acc[MAXR][MAXC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -98,7 +98,7 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char
     const size_t tb = (size_t)C * wld, pfd = (PF + tb - 1) / tb * tb;
     for (int k = 0; k < nb; k++) {
         const size_t bo = (size_t)k * MOE_Q6_K_BYTES, xo = (size_t)k * MOE_Q8_K_BYTES;
-        __m256i sum[4][MAXC];
+        __m256i sum[MAXR][MAXC];
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             if (pf)

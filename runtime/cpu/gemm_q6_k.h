@@ -9,6 +9,7 @@
 enum {
     TBQ = 64,   /* input rows quantized at a time */
     MAXC = 2,   /* widest tile: weight rows */
+    MAXR = 4,   /* tallest tile: input rows */
     QH = 128,   /* block offsets: qh, the scales, d */
     SC = 192,
     DH = 208,

@@ -49,7 +49,7 @@ enum { WC = 4 };
 AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char *x, size_t xs, int r0, int nb,
                         const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
-    __m256 acc[4][WC];
+    __m256 acc[MAXR][WC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -63,7 +63,7 @@ AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const ch
     const __m512i right = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     for (int k = 0; k < nb; k++) {
         const size_t bo = (size_t)k * MOE_Q6_K_BYTES, xo = (size_t)k * MOE_Q8_K_BYTES;
-        __m512i sum[4][WC];
+        __m512i sum[MAXR][WC];
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             if (pf)
