@@ -178,6 +178,7 @@ struct moe_forward {
         bool ordered;        /* the batch's rows are in rank order already (no gathers) */
         int32_t *counts, *displs; /* (size) each rank's rows and its first, in rank order (host) */
         int32_t *lcounts, *ldispls; /* (size) ... of the logit rows */
+        int32_t *cursor;            /* (size) scratch: the next place of each rank's rows */
         const int32_t *lorder; /* (n_logits) the batch's logit rows in rank order: their indices (host) */
         int32_t *h, *d;      /* the sub-batch and the row orders: host, backend (d == h in host memory) */
         size_t ints;         /* of h and d */

@@ -24,7 +24,8 @@
 #include "runtime/engine/forward.h"
 
 /* The host and backend arrays (made at the first step): counts and
- * displs per rank, of the rows and of the logit rows; in one int32
+ * displs per rank, of the rows and of the logit rows, and a cursor per
+ * rank (the next place of its rows while they are laid out); in one int32
  * region, host and backend alike: the sub-batch's tokens, positions,
  * seq_of and slots (T each), seq_start (S + 1), ctx_len and state slots
  * (S), block table (S x max_blocks), the rank order of the rows and its
@@ -41,12 +42,13 @@ static enum moe_status dp_state(struct moe_forward *fw, int max_blocks)
         !moe_mul_size(T, (size_t)fw->m->cfg.d_model, &floats))
         return moe_fail(MOE_ERR_NOMEM, "data-parallel attention: sizes overflow");
     d->ints = ints;
-    d->counts = calloc(4 * R, sizeof *d->counts);
+    d->counts = calloc(5 * R, sizeof *d->counts);
     d->h = calloc(ints, sizeof *d->h);
     if (!d->counts || !d->h) return moe_fail(MOE_ERR_NOMEM, "data-parallel attention: host arrays");
     d->displs = d->counts + R;
     d->lcounts = d->displs + R;
     d->ldispls = d->lcounts + R;
+    d->cursor = d->ldispls + R;
     struct moe_backend *be = fw->be;
     if (be->ops->host_memory) d->d = d->h;
     else {
@@ -82,49 +84,50 @@ enum moe_status moe_forward_dp_begin(struct moe_forward *fw, const struct moe_kv
         n += d->counts[r];
     }
     d->ordered = true;
-    n = 0;
     start[0] = 0;
-    for (int r = 0; r < R; r++)
-        for (int s = 0; s < S; s++) {
-            if (b->dp_rank[s] != r) continue;
-            const int a = b->seq_start[s], z = b->seq_start[s + 1];
-            for (int t = a; t < z; t++, n++) {
-                order[n] = t;
-                inv[t] = n;
-                d->ordered = d->ordered && n == t;
-            }
-            if (r != ep->rank) continue;
-            /* its blocks and slots where this rank stores its part of the pool */
-            const int at = start[mine], nb = (b->ctx_len[s] + kv->block_size - 1) / kv->block_size;
-            const int32_t first = kv->stored_first, first_slot = first * kv->block_size;
-            for (int t = a; t < z; t++) {
-                tokens[at + t - a] = b->tokens[t];
-                pos[at + t - a] = b->positions[t];
-                seq_of[at + t - a] = mine;
-                slot[at + t - a] = b->slot[t] - first_slot;
-            }
-            start[mine + 1] = at + z - a;
-            ctx[mine] = b->ctx_len[s];
-            state[mine] = b->state_slot ? b->state_slot[s] - kv->state_first : -1;
-            int32_t *row = table + (size_t)mine * MB;
-            const int32_t *from = b->block_table + (size_t)s * MB;
-            for (int i = 0; i < MB; i++) row[i] = i < nb ? from[i] - first : 0;
-            mine++;
+    /* rank order by counting: each sequence's rows at its rank's cursor,
+     * the sequences of a rank in batch order */
+    memcpy(d->cursor, d->displs, (size_t)R * sizeof *d->cursor);
+    for (int s = 0; s < S; s++) {
+        const int r = b->dp_rank[s], a = b->seq_start[s], z = b->seq_start[s + 1];
+        for (int t = a; t < z; t++) {
+            const int p = d->cursor[r]++;
+            order[p] = t;
+            inv[t] = p;
+            d->ordered = d->ordered && p == t;
         }
+        if (r != ep->rank) continue;
+        /* its blocks and slots where this rank stores its part of the pool */
+        const int at = start[mine], nb = (b->ctx_len[s] + kv->block_size - 1) / kv->block_size;
+        const int32_t first = kv->stored_first, first_slot = first * kv->block_size;
+        for (int t = a; t < z; t++) {
+            tokens[at + t - a] = b->tokens[t];
+            pos[at + t - a] = b->positions[t];
+            seq_of[at + t - a] = mine;
+            slot[at + t - a] = b->slot[t] - first_slot;
+        }
+        start[mine + 1] = at + z - a;
+        ctx[mine] = b->ctx_len[s];
+        state[mine] = b->state_slot ? b->state_slot[s] - kv->state_first : -1;
+        int32_t *row = table + (size_t)mine * MB;
+        const int32_t *from = b->block_table + (size_t)s * MB;
+        for (int i = 0; i < MB; i++) row[i] = i < nb ? from[i] - first : 0;
+        mine++;
+    }
     /* the logit rows: this rank's as rows of its own (the last layer's FFN
      * runs for them alone), and all of them in rank order (lorder: each
      * one's index in the batch's list) */
-    int nl = 0, lo = 0;
+    int lo = 0;
     memset(d->lcounts, 0, (size_t)R * sizeof *d->lcounts);
     for (int i = 0; i < b->n_logits; i++) d->lcounts[b->dp_rank[b->seq_of[b->logit_rows[i]]]]++;
     for (int r = 0; r < R; r++) {
-        d->ldispls[r] = lo;
+        d->ldispls[r] = d->cursor[r] = lo;
         lo += d->lcounts[r];
-        for (int i = 0; i < b->n_logits; i++)
-            if (b->dp_rank[b->seq_of[b->logit_rows[i]]] == r) {
-                lorder[nl++] = i;
-                if (r == ep->rank) lrows[nl - 1 - d->ldispls[r]] = inv[b->logit_rows[i]] - d->displs[r];
-            }
+    }
+    for (int i = 0; i < b->n_logits; i++) {
+        const int r = b->dp_rank[b->seq_of[b->logit_rows[i]]], at = d->cursor[r]++;
+        lorder[at] = i;
+        if (r == ep->rank) lrows[at - d->ldispls[r]] = inv[b->logit_rows[i]] - d->displs[r];
     }
     ep->dp_rows += (uint64_t)d->counts[ep->rank];
     ep->dp_rows_all += (uint64_t)T;
