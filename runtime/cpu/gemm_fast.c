@@ -122,7 +122,7 @@ void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const 
             moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
         else
             moe_gemm_rows_panel_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
-    } else if (wt == MOE_DTYPE_Q6_K && isa >= MOE_CPU_ISA_AVX512)
+    } else if (wt == MOE_DTYPE_Q6_K && isa >= MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
         moe_gemm_rows_q6_k_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     else if (wt == MOE_DTYPE_Q6_K)
         moe_gemm_rows_q6_k_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
@@ -134,7 +134,7 @@ void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const 
         moe_gemm_rows_q8_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     else if (moe_dtype_is_q4(wt) && isa >= MOE_CPU_ISA_AMX && moe_cpu_amx_int8())
         moe_gemm_rows_q4_amx(y, ldy, x, ldx, T, w, wt, Din, n0, n1, b);
-    else if (wt == MOE_DTYPE_Q4_K && isa >= MOE_CPU_ISA_AVX512)
+    else if (wt == MOE_DTYPE_Q4_K && isa >= MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
         moe_gemm_rows_q4_k_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     else if (wt == MOE_DTYPE_Q4_K)
         moe_gemm_rows_q4_k_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);

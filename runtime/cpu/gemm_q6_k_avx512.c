@@ -8,8 +8,8 @@
  * (low nibbles for p = 0, high for p = 1), their qh bits the half's 32 qh
  * bytes in both halves of the zmm shifted by each run's amount (vpsllvw /
  * vpsrlvw), and their input codes the 64 consecutive codes of the stream.
- * One vpmaddubsw, one vpmaddwd by both runs' sub-block scales and one add
- * serve the two runs of an input row: lanes 0-7 of the block's integer sum
+ * One vpmaddubsw and one vpdpwssd (AVX512-VNNI: the vpmaddwd by both runs'
+ * sub-block scales and the add in one) serve the two runs of an input row: lanes 0-7 of the block's integer sum
  * gather the even runs', lanes 8-15 the odd runs'.  At the block's end the
  * halves are added (integers, exact), so each of the 8 lanes holds what
  * gemm_q6_k.c's lane holds, and the float steps are the same. */
@@ -24,7 +24,7 @@
 #include "runtime/cpu/simd_avx2.h"
 #include "runtime/core/status.h"
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 /* The int16 scales of runs 4h + 2p (low half) and 4h + 2p + 1 (high half)
  * from half h's 8 scales repeated in every 128-bit lane (hs): in each
@@ -94,7 +94,7 @@ AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const ch
 #pragma GCC unroll 4
                     for (int r = 0; r < R; r++) {
                         const __m512i xq = _mm512_loadu_si512(xr + (size_t)r * xs + qo);
-                        sum[r][c] = _mm512_add_epi32(sum[r][c], _mm512_madd_epi16(_mm512_maddubs_epi16(wq, xq), sv));
+                        sum[r][c] = _mm512_dpwssd_epi32(sum[r][c], _mm512_maddubs_epi16(wq, xq), sv);
                     }
                 }
             }
