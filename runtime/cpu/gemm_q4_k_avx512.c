@@ -1,5 +1,6 @@
-/* gemm_q4_k_avx512.c - the product over Q4_K weights for the AVX-512
- * kernel set: gemm_q4_k.c's expression (read its numerics there) at twice
+/* gemm_q4_k_avx512.c - the product over Q4_K weights for the AVX-512 and
+ * avx512-bf16 kernel sets (where the processor has AVX512-VNNI; else
+ * gemm_q4_k.c runs): gemm_q4_k.c's expression (read its numerics there) at twice
  * the width, so the same bits.
  *
  * gemm_q4_k.c takes a 32-byte load of codes as two groups, 2t (low

@@ -1,5 +1,5 @@
-/* gemm_q6_k_avx512.c - the product over Q6_K weights for the AVX-512 and
- * AMX kernel sets: gemm_q6_k.c's expression (read its numerics there) at
+/* gemm_q6_k_avx512.c - the product over Q6_K weights for the AVX-512,
+ * avx512-bf16 and AMX kernel sets: gemm_q6_k.c's expression (read its numerics there) at
  * twice the width, so the same bits.
  *
  * gemm_q6_k.c takes a run of 32 codes (elements 32r .. 32r+31 of a block)
@@ -8,11 +8,13 @@
  * (low nibbles for p = 0, high for p = 1), their qh bits the half's 32 qh
  * bytes in both halves of the zmm shifted by each run's amount (vpsllvw /
  * vpsrlvw), and their input codes the 64 consecutive codes of the stream.
- * One vpmaddubsw and one vpdpwssd (AVX512-VNNI: the vpmaddwd by both runs'
- * sub-block scales and the add in one) serve the two runs of an input row: lanes 0-7 of the block's integer sum
- * gather the even runs', lanes 8-15 the odd runs'.  At the block's end the
- * halves are added (integers, exact), so each of the 8 lanes holds what
- * gemm_q6_k.c's lane holds, and the float steps are the same. */
+ * One vpmaddubsw and one vpdpwssd (AVX512-VNNI: the vpmaddwd by both
+ * runs' sub-block scales and the add in one) serve the two runs of an
+ * input row: lanes 0-7 of the block's integer sum gather the even runs',
+ * lanes 8-15 the odd runs'.  At the block's end the halves are added
+ * (integers, exact), so each of the 8 lanes holds what gemm_q6_k.c's lane
+ * holds, and the float steps are the same.  Where the processor lacks
+ * AVX512-VNNI the AVX2 kernel runs instead (the same bits). */
 #include <immintrin.h>
 #include <stdbool.h>
 #include <string.h>
