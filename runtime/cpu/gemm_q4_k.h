@@ -48,3 +48,16 @@ AVX2 INLINE __m256i block_mins(__m256i s)
     return _mm256_shuffle_epi8(s, _mm256_setr_epi8(8, z, 8, z, 9, z, 9, z, 10, z, 10, z, 11, z, 11, z, 12, z, 12, z,
                                                    13, z, 13, z, 14, z, 14, z, 15, z, 15, z));
 }
+
+/* The end of a block for one input row and weight row: acc plus the
+ * block's 8 integer lanes s times d dy, less its minimums' lanes (mn
+ * against the input block's 16 sums at xb) times dmin dy; dm = (d, dmin),
+ * dy the input block's scale.  gemm_q4_k.c's numerics; both Q4_K kernels
+ * end every block here, so their float steps are one piece of code. */
+AVX2 INLINE __m256 q4k_block_end(__m256 acc, __m256i s, __m128 dm, __m256i mn, const char *xb, float dy)
+{
+    const __m128 dd = _mm_mul_ps(dm, _mm_set1_ps(dy));
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, _mm256_load_si256((const __m256i *)xb)));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcastss_ps(dd), acc);
+    return _mm256_fnmadd_ps(m, _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), acc);
+}

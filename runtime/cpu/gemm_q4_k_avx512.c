@@ -111,12 +111,9 @@ AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const ch
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const char *xb = xr + (size_t)r * xs + xo;
-                const __m128 dd = _mm_mul_ps(dm, _mm_set1_ps(dyr[(size_t)r * xs / sizeof(float) + k]));
-                const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, _mm256_load_si256((const __m256i *)xb)));
                 const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sum[r][c]),
                                                     _mm512_extracti64x4_epi64(sum[r][c], 1));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_broadcastss_ps(dd), acc[r][c]);
-                acc[r][c] = _mm256_fnmadd_ps(m, _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), acc[r][c]);
+                acc[r][c] = q4k_block_end(acc[r][c], s8, dm, mn, xb, dyr[(size_t)r * xs / sizeof(float) + k]);
             }
         }
     }

@@ -111,12 +111,9 @@ AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const ch
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const char *xb = xr + (size_t)r * xs + xo;
-                const __m256i o = _mm256_madd_epi16(sc, _mm256_load_si256((const __m256i *)xb));
                 const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sum[r][c]),
                                                     _mm512_extracti64x4_epi64(sum[r][c], 1));
-                const __m256i t = _mm256_sub_epi32(s8, _mm256_slli_epi32(o, 5));
-                const __m128 dd = _mm_mul_ss(d, _mm_load_ss(dyr + (size_t)r * xs / sizeof(float) + k));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_broadcastss_ps(dd), acc[r][c]);
+                acc[r][c] = q6k_block_end(acc[r][c], s8, d, sc, xb, dyr + (size_t)r * xs / sizeof(float) + k);
             }
         }
     }
