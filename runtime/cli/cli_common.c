@@ -37,6 +37,12 @@ bool moe_cli_parse_kv_dtype(const char *s, enum moe_dtype *out)
     return moe_cli_parse_dtype(s, out);
 }
 
+/* Whether the model opens under a layout of several ranks (or asks for one). */
+static bool parallel(const struct moe_cli_model_opts *o)
+{
+    return moe_cli_par_ep() || o->ep > 1 || o->tp > 1 || o->dp_attention;
+}
+
 static enum moe_status open_model_weights(struct moe_model *m, const struct moe_cli_model_opts *o)
 {
     if (o->synthetic) {
@@ -47,19 +53,22 @@ static enum moe_status open_model_weights(struct moe_model *m, const struct moe_
             return moe_fail(MOE_ERR_INVALID_ARG, "--dtype '%s' (use f32, f16 or bf16)", o->dtype);
         struct moe_config cfg;
         MOE_TRY(moe_config_load(&cfg, o->synthetic));
-        if (o->router_skew) {
-            struct moe_router_skew sk;
-            MOE_TRY(moe_router_skew_parse(o->router_skew, &sk));
-            return moe_model_synthetic_skew(m, &cfg, dt, o->seed, &sk);
-        }
-        if (o->device_weights) return moe_model_synthetic_deferred(m, &cfg, dt, o->seed);
-        return moe_model_synthetic(m, &cfg, dt, o->seed);
+        struct moe_router_skew sk;
+        if (o->router_skew) MOE_TRY(moe_router_skew_parse(o->router_skew, &sk));
+        /* expert parallelism: this rank's share of the experts only */
+        uint8_t *held = NULL;
+        if (parallel(o)) MOE_TRY(moe_cli_par_share(o, &cfg, &held));
+        const struct moe_synth_part part = {
+            .skew = o->router_skew ? &sk : NULL, .held = held, .deferred = o->device_weights && !o->router_skew};
+        enum moe_status s = moe_model_synthetic_part(m, &cfg, dt, o->seed, &part);
+        free(held);
+        return s;
     }
     if (o->router_skew)
         return moe_fail(MOE_ERR_INVALID_ARG, "--router-skew applies to --synthetic models "
                         "(moerun synth --router-skew writes a skewed checkpoint)");
     if (!o->path) return moe_fail(MOE_ERR_INVALID_ARG, "no model given (a folder, or --synthetic CONFIG.json)");
-    if (!moe_cli_par_ep() && o->ep <= 1 && o->tp <= 1 && !o->dp_attention) return moe_model_load(m, o->path);
+    if (!parallel(o)) return moe_model_load(m, o->path);
     /* expert parallelism: this rank's share of the experts only */
     char path[4096];
     struct moe_config cfg;
@@ -77,17 +86,6 @@ enum moe_status moe_cli_open_model(struct moe_model *m, const struct moe_cli_mod
 {
     MOE_TRY(moe_cli_draft_check(o));
     MOE_TRY(open_model_weights(m, o));
-    if (o->synthetic && (moe_cli_par_ep() || o->ep > 1 || o->tp > 1 || o->dp_attention)) { /* made whole; the others' experts dropped */
-        uint8_t *held = NULL;
-        enum moe_status s = moe_cli_par_share(o, &m->cfg, &held);
-        if (s == MOE_OK && held) s = moe_model_set_held(m, held);
-        free(held);
-        if (s != MOE_OK) {
-            moe_model_free(m);
-            return s;
-        }
-        moe_model_drop_experts(m);
-    }
     const struct moe_ep *ep = moe_cli_par_ep();
     if (ep && ep->tp > 1) { /* this rank's heads and widths */
         enum moe_status s = moe_model_tp_split(m, ep->tp_rank, ep->tp);

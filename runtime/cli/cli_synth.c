@@ -95,7 +95,7 @@ int moe_cli_synth(int argc, char **argv)
         goto done;
     }
     if (moe_synth_tensors(&st, &cfg, dt, seed, layout) != MOE_OK ||
-        moe_synth_apply_skew(&st, &cfg, &skew, seed) != MOE_OK) {
+        moe_synth_apply_skew(&st, &cfg, &skew, seed, NULL) != MOE_OK) {
         moe_cli_error("synth", "%s", moe_last_error());
         goto done;
     }

@@ -248,6 +248,20 @@ MOE_MUST_USE enum moe_status moe_model_bind(struct moe_model *m);
 MOE_MUST_USE enum moe_status moe_model_synthetic_deferred(struct moe_model *m,
                                                            const struct moe_config *cfg,
                                                            enum moe_dtype dtype, uint64_t seed);
+/* What moe_model_synthetic_part makes. */
+struct moe_router_skew;
+struct moe_synth_part {
+    const struct moe_router_skew *skew; /* routers skewed as it says (synth_skew.h), or NULL */
+    const uint8_t *held; /* (n_layers x n_experts) the experts to hold (ep_held), or NULL: all */
+    bool deferred;       /* made by the backend (moe_model_synthetic_deferred); not with a skew */
+};
+/* moe_model_synthetic, _deferred or _skew (synth_skew.h) as o says,
+ * holding only the experts marked in o->held (expert parallelism): the
+ * others' values are never made and the pages of their parts of the
+ * expert stacks never touched, so a rank's memory holds its share. */
+MOE_MUST_USE enum moe_status moe_model_synthetic_part(struct moe_model *m, const struct moe_config *cfg,
+                                                       enum moe_dtype dtype, uint64_t seed,
+                                                       const struct moe_synth_part *o);
 void moe_model_free(struct moe_model *m);
 /* Multi-token-prediction module i (0 <= i < cfg.n_mtp_layers) of a loaded
  * DeepSeek-V3 / GLM-4.5 style checkpoint, as a model of one layer:

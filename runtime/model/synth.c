@@ -22,6 +22,7 @@
 
 #include "runtime/model/model.h"
 #include "runtime/model/synth.h"
+#include "runtime/model/synth_skew.h"
 
 #define CHUNK 65536
 
@@ -37,16 +38,21 @@ uint64_t moe_synth_key(uint64_t seed, int index)
     return mix64(seed) ^ mix64(0x5eed0000ull + (uint64_t)index);
 }
 
-static void fill_random(void *data, enum moe_dtype dt, size_t n, uint64_t key, float std)
+/* Values [lo, hi) of a tensor whose data starts at data: value i is the
+ * (i mod CHUNK + 1)-th draw of its chunk's stream, so any range gets the
+ * values the whole tensor has there. */
+static void fill_random(void *data, enum moe_dtype dt, size_t lo, size_t hi, uint64_t key, float std)
 {
     const float a = std * sqrtf(3.0f); /* uniform(-a, a) has std `std` */
-    const size_t chunks = (n + CHUNK - 1) / CHUNK;
+    if (lo >= hi) return;
+    const size_t c0 = lo / CHUNK, c1 = (hi + CHUNK - 1) / CHUNK;
 #pragma omp parallel for schedule(dynamic, 4)
-    for (size_t c = 0; c < chunks; c++) {
+    for (size_t c = c0; c < c1; c++) {
         float buf[256];
-        uint64_t st = mix64(key ^ mix64(c + 1));
-        size_t end = (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n;
-        for (size_t i = c * CHUNK; i < end; i += 256) {
+        const size_t start = c * CHUNK > lo ? c * CHUNK : lo;
+        uint64_t st = mix64(key ^ mix64(c + 1)) + (start - c * CHUNK) * 0x9e3779b97f4a7c15ull;
+        size_t end = (c + 1) * CHUNK < hi ? (c + 1) * CHUNK : hi;
+        for (size_t i = start; i < end; i += 256) {
             size_t m = end - i < 256 ? end - i : 256;
             for (size_t j = 0; j < m; j++) {
                 st += 0x9e3779b97f4a7c15ull;
@@ -72,6 +78,11 @@ struct gen {
     int index;
     bool deferred; /* 1-byte placeholders instead of weights */
     bool fp8;      /* Linear weights as F8_E4M3 + scales (quantization_config fp8) */
+    /* (n_layers x E) the experts to make, or NULL: all; the next adds are
+     * the expert stacks (E, .., ..) of layer `stacks` (-1: none): the
+     * others' values are left zero, their pages never touched */
+    const uint8_t *held;
+    int E, stacks;
 };
 
 static enum moe_status add_fp8(struct gen *g, int ndim, const int64_t *shape, const char *name);
@@ -110,19 +121,26 @@ static enum moe_status add(struct gen *g, bool ones, int ndim, int64_t d0, int64
             return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: size overflows", name);
     if (!moe_mul_size(n, moe_dtype_size(g->dt), &bytes))
         return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: size overflows", name);
-    void *data = malloc(bytes && !g->deferred ? bytes : 1);
+    const bool part = g->held && g->stacks >= 0 && !g->deferred && !ones && ndim == 3 && d0 == g->E;
+    /* calloc: a large buffer is fresh zero pages, resident only where written */
+    void *data = part ? calloc(bytes ? bytes : 1, 1) : malloc(bytes && !g->deferred ? bytes : 1);
     if (!data)
         return moe_fail(MOE_ERR_NOMEM, "synthetic tensor %s: cannot allocate %zu bytes", name, bytes);
+    const uint64_t key = moe_synth_key(g->seed, g->index);
     if (g->deferred) *(unsigned char *)data = ones;
     else if (ones) fill_ones(data, g->dt, n);
-    else fill_random(data, g->dt, n, moe_synth_key(g->seed, g->index), g->std);
+    else if (part) {
+        const size_t per = n / (size_t)g->E;
+        for (int e = 0; e < g->E; e++)
+            if (g->held[(size_t)g->stacks * g->E + e]) fill_random(data, g->dt, e * per, (e + 1) * per, key, g->std);
+    } else fill_random(data, g->dt, 0, n, key, g->std);
     g->index++;
     return moe_safetensors_add(g->st, name, g->dt, ndim, shape, data);
 }
 
 static enum moe_status synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
                                      enum moe_dtype dt, uint64_t seed, bool deferred,
-                                     enum moe_synth_layout layout);
+                                     enum moe_synth_layout layout, const uint8_t *held);
 
 uint8_t moe_synth_mxfp4_scale(float std)
 {
@@ -311,17 +329,18 @@ static enum moe_status add_router_bias(struct gen *g, const struct moe_config *c
 enum moe_status moe_synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
                                   enum moe_dtype dt, uint64_t seed, enum moe_synth_layout layout)
 {
-    return synth_tensors(st, c, dt, seed, false, layout);
+    return synth_tensors(st, c, dt, seed, false, layout, NULL);
 }
 
 static enum moe_status synth_tensors(struct moe_safetensors *st, const struct moe_config *c,
                                      enum moe_dtype dt, uint64_t seed, bool deferred,
-                                     enum moe_synth_layout layout)
+                                     enum moe_synth_layout layout, const uint8_t *held)
 {
     if (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16)
         return moe_fail(MOE_ERR_INVALID_ARG, "synthetic weights: dtype %s (use F32, F16 or BF16)",
                         moe_dtype_name(dt));
-    struct gen g = {st, dt, seed, c->init_std > 0 ? c->init_std : 0.02f, 0, deferred, c->weights_fp8};
+    struct gen g = {st,       dt,   seed, c->init_std > 0 ? c->init_std : 0.02f, 0, deferred, c->weights_fp8,
+                    held, c->n_experts, -1};
     const int64_t D = c->d_model, V = c->vocab, Q = (int64_t)c->n_heads * c->head_dim,
                   KV = (int64_t)c->n_kv_heads * c->head_dim, E = c->n_experts, F = c->d_expert;
     MOE_TRY(add(&g, false, 2, V, D, 0, "model.embed_tokens.weight"));
@@ -376,8 +395,10 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
         }
         if (c->family == MOE_FAMILY_GRANITE_MOE) { /* fused, whatever the layout asked */
             MOE_TRY(add(&g, false, 2, E, D, 0, "%s.%d.block_sparse_moe.router.layer.weight", p, l));
+            g.stacks = l;
             MOE_TRY(add(&g, false, 3, E, 2 * F, D, "%s.%d.block_sparse_moe.input_linear.weight", p, l));
             MOE_TRY(add(&g, false, 3, E, D, F, "%s.%d.block_sparse_moe.output_linear.weight", p, l));
+            g.stacks = -1;
             if (c->d_shared > 0) {
                 MOE_TRY(add(&g, false, 2, 2 * (int64_t)c->d_shared, D, 0,
                             "%s.%d.shared_mlp.input_linear.weight", p, l));
@@ -403,8 +424,10 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
         } else {
             MOE_TRY(add(&g, false, 2, E, D, 0, "%s.%d.mlp.gate.weight", p, l));
             MOE_TRY(add_router_bias(&g, c, E, l));
+            g.stacks = l;
             MOE_TRY(add(&g, false, 3, E, 2 * F, D, "%s.%d.mlp.experts.gate_up_proj", p, l));
             MOE_TRY(add(&g, false, 3, E, D, F, "%s.%d.mlp.experts.down_proj", p, l));
+            g.stacks = -1;
         }
         if (c->d_shared > 0) {
             const int64_t S = c->d_shared;
@@ -420,12 +443,22 @@ static enum moe_status synth_tensors(struct moe_safetensors *st, const struct mo
     return MOE_OK;
 }
 
-enum moe_status moe_model_synthetic(struct moe_model *m, const struct moe_config *cfg,
-                                    enum moe_dtype dtype, uint64_t seed)
+enum moe_status moe_model_synthetic_part(struct moe_model *m, const struct moe_config *cfg, enum moe_dtype dtype,
+                                         uint64_t seed, const struct moe_synth_part *o)
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
-    enum moe_status s = moe_synth_tensors(&m->st, cfg, dtype, seed, MOE_SYNTH_STACKED);
+    enum moe_status s = MOE_OK;
+    if (o->skew && o->deferred)
+        s = moe_fail(MOE_ERR_INVALID_ARG, "a router skew is applied on the host, not to weights made on the device");
+    if (o->deferred) {
+        m->weights_deferred = true;
+        m->synth_seed = seed;
+        m->synth_std = cfg->init_std > 0 ? cfg->init_std : 0.02f;
+    }
+    if (s == MOE_OK && o->held) s = moe_model_set_held(m, o->held);
+    if (s == MOE_OK) s = synth_tensors(&m->st, cfg, dtype, seed, o->deferred, MOE_SYNTH_STACKED, o->held);
+    if (s == MOE_OK && o->skew) s = moe_synth_apply_skew(&m->st, cfg, o->skew, seed, o->held);
     if (s == MOE_OK) s = moe_model_bind(m);
     if (s != MOE_OK) {
         moe_error_prefix("synthetic model: ");
@@ -434,19 +467,16 @@ enum moe_status moe_model_synthetic(struct moe_model *m, const struct moe_config
     return s;
 }
 
+enum moe_status moe_model_synthetic(struct moe_model *m, const struct moe_config *cfg, enum moe_dtype dtype,
+                                    uint64_t seed)
+{
+    const struct moe_synth_part o = {0};
+    return moe_model_synthetic_part(m, cfg, dtype, seed, &o);
+}
+
 enum moe_status moe_model_synthetic_deferred(struct moe_model *m, const struct moe_config *cfg,
                                              enum moe_dtype dtype, uint64_t seed)
 {
-    memset(m, 0, sizeof *m);
-    m->cfg = *cfg;
-    m->weights_deferred = true;
-    m->synth_seed = seed;
-    m->synth_std = cfg->init_std > 0 ? cfg->init_std : 0.02f;
-    enum moe_status s = synth_tensors(&m->st, cfg, dtype, seed, true, MOE_SYNTH_STACKED);
-    if (s == MOE_OK) s = moe_model_bind(m);
-    if (s != MOE_OK) {
-        moe_error_prefix("synthetic model: ");
-        moe_model_free(m);
-    }
-    return s;
+    const struct moe_synth_part o = {.deferred = true};
+    return moe_model_synthetic_part(m, cfg, dtype, seed, &o);
 }

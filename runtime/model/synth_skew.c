@@ -132,31 +132,36 @@ static void set(struct moe_st_tensor *t, size_t i, float v)
     moe_convert_from_f32((char *)(uintptr_t)t->data + i * es, &v, t->dtype, 1);
 }
 
-/* Zeroes rows lo..D-1 of a row-major (rows, cols) matrix, `mats` of them. */
-static void zero_rows(struct moe_st_tensor *t, int64_t mats, int64_t rows, int64_t cols, int64_t lo)
+/* Zeroes rows lo..D-1 of a row-major (rows, cols) matrix, `mats` of them
+ * (keep: those with keep[m], or NULL: all). */
+static void zero_rows(struct moe_st_tensor *t, int64_t mats, int64_t rows, int64_t cols, int64_t lo,
+                      const uint8_t *keep)
 {
     for (int64_t m = 0; m < mats; m++)
-        for (int64_t r = lo; r < rows; r++)
+        for (int64_t r = lo; r < rows && (!keep || keep[m]); r++)
             for (int64_t c = 0; c < cols; c++) set(t, (size_t)((m * rows + r) * cols + c), 0.0f);
 }
 
 static enum moe_status zero_out(struct moe_safetensors *st, const char *name, int64_t mats,
-                                int64_t rows, int64_t cols, int64_t lo, bool optional)
+                                int64_t rows, int64_t cols, int64_t lo, bool optional, const uint8_t *keep)
 {
     if (optional && !moe_safetensors_find(st, name)) return MOE_OK;
     struct moe_st_tensor *t;
     MOE_TRY(find(st, name, &t));
-    zero_rows(t, mats, rows, cols, lo);
+    zero_rows(t, mats, rows, cols, lo, keep);
     return MOE_OK;
 }
 
 enum moe_status moe_synth_apply_skew(struct moe_safetensors *st, const struct moe_config *c,
-                                     const struct moe_router_skew *sk, uint64_t seed)
+                                     const struct moe_router_skew *sk, uint64_t seed, const uint8_t *held)
 {
     if (sk->kind == MOE_SKEW_NONE) return MOE_OK;
     const int E = c->n_experts, nb = n_blocks(c), Lm = moe_config_moe_layers(c);
     const int64_t D = c->d_model, V = c->vocab, Q = (int64_t)c->n_heads * c->head_dim;
     if (Lm == 0) return moe_fail(MOE_ERR_INVALID_ARG, "router skew: the model has no MoE layer");
+    if (nb == 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "router skew: hidden_size %lld is less than twice num_experts %d "
+                        "(the skew writes each layer's expert codes in a block of the hidden state)", (long long)D, E);
     const int used = Lm < nb ? Lm : nb;
     const int64_t lo = D - (int64_t)used * E; /* first code dimension */
     const double beta = (c->init_std > 0 ? c->init_std : 0.02) / 2, gamma = 0.5772156649015329;
@@ -185,20 +190,21 @@ enum moe_status moe_synth_apply_skew(struct moe_safetensors *st, const struct mo
     for (int l = 0, j = 0; l < c->n_layers; l++) {
         const char *pre = "model.layers";
         snprintf(name, sizeof name, "%s.%d.self_attn.o_proj.weight", pre, l);
-        if ((s = zero_out(st, name, 1, D, Q, lo, false)) != MOE_OK) goto done;
+        if ((s = zero_out(st, name, 1, D, Q, lo, false, NULL)) != MOE_OK) goto done;
         snprintf(name, sizeof name, "%s.%d.self_attn.o_proj.bias", pre, l);
-        if ((s = zero_out(st, name, 1, D, 1, lo, true)) != MOE_OK) goto done;
+        if ((s = zero_out(st, name, 1, D, 1, lo, true, NULL)) != MOE_OK) goto done;
         if (!c->layer_moe[l]) {
             snprintf(name, sizeof name, "%s.%d.mlp.down_proj.weight", pre, l);
-            if ((s = zero_out(st, name, 1, D, c->d_ff, lo, false)) != MOE_OK) goto done;
+            if ((s = zero_out(st, name, 1, D, c->d_ff, lo, false, NULL)) != MOE_OK) goto done;
             snprintf(name, sizeof name, "%s.%d.mlp.down_proj.bias", pre, l);
-            if ((s = zero_out(st, name, 1, D, 1, lo, true)) != MOE_OK) goto done;
+            if ((s = zero_out(st, name, 1, D, 1, lo, true, NULL)) != MOE_OK) goto done;
             continue;
         }
         snprintf(name, sizeof name, "%s.%d.mlp.experts.down_proj", pre, l);
-        if ((s = zero_out(st, name, E, D, c->d_expert, lo, false)) != MOE_OK) goto done;
+        if ((s = zero_out(st, name, E, D, c->d_expert, lo, false, held ? held + (size_t)l * E : NULL)) != MOE_OK)
+            goto done;
         snprintf(name, sizeof name, "%s.%d.mlp.shared_expert.down_proj.weight", pre, l);
-        if ((s = zero_out(st, name, 1, D, c->d_shared, lo, true)) != MOE_OK) goto done;
+        if ((s = zero_out(st, name, 1, D, c->d_shared, lo, true, NULL)) != MOE_OK) goto done;
         snprintf(name, sizeof name, "%s.%d.mlp.gate.weight", pre, l);
         if ((s = find(st, name, &t)) != MOE_OK) goto done;
         const int64_t base = D - (int64_t)(j % nb + 1) * E;
@@ -216,16 +222,8 @@ enum moe_status moe_model_synthetic_skew(struct moe_model *m, const struct moe_c
                                          enum moe_dtype dtype, uint64_t seed,
                                          const struct moe_router_skew *sk)
 {
-    memset(m, 0, sizeof *m);
-    m->cfg = *cfg;
-    enum moe_status s = moe_synth_tensors(&m->st, cfg, dtype, seed, MOE_SYNTH_STACKED);
-    if (s == MOE_OK) s = moe_synth_apply_skew(&m->st, cfg, sk, seed);
-    if (s == MOE_OK) s = moe_model_bind(m);
-    if (s != MOE_OK) {
-        moe_error_prefix("synthetic model: ");
-        moe_model_free(m);
-    }
-    return s;
+    const struct moe_synth_part o = {.skew = sk};
+    return moe_model_synthetic_part(m, cfg, dtype, seed, &o);
 }
 
 json_t *moe_router_skew_json(const struct moe_router_skew *sk, const struct moe_config *c,

@@ -31,11 +31,13 @@ MOE_MUST_USE enum moe_status moe_router_skew_probs(const struct moe_router_skew 
                                                     const struct moe_config *c, uint64_t seed,
                                                     int j, double *p);
 /* Rewrites the in-memory tensors of a moe_synth_tensors set (same cfg and
- * seed) so that the routers follow sk. */
+ * seed) so that the routers follow sk; held (n_layers x n_experts, or
+ * NULL: all): the experts whose values the set holds (the others' stay
+ * zero, untouched). */
 MOE_MUST_USE enum moe_status moe_synth_apply_skew(struct moe_safetensors *st,
                                                    const struct moe_config *c,
                                                    const struct moe_router_skew *sk,
-                                                   uint64_t seed);
+                                                   uint64_t seed, const uint8_t *held);
 /* moe_model_synthetic with a router skew. */
 MOE_MUST_USE enum moe_status moe_model_synthetic_skew(struct moe_model *m,
                                                        const struct moe_config *cfg,

@@ -2,6 +2,7 @@
 # ep_cli.sh - the moerun command line under mpirun (expert parallelism):
 #   1. run, greedy, on the demo model: the text of mpirun -n 2 and -n 4 equals
 #      one process's, and only rank 0 prints it;
+#      the same for a synthetic model (--synthetic, also with --router-skew);
 #   2. n-gram and draft-model speculation give the same text under -n 2;
 #      the imbalance measured equals `moerun stats --ep 2`'s prediction from
 #      the same run's trace; a placement with replicas written by
@@ -41,6 +42,16 @@ for n in 2 4; do
     cmp -s "$TMP/one.txt" "$TMP/ep$n.txt" || no "run under -n $n printed other text: $(cat "$TMP/ep$n.txt") vs $(cat "$TMP/one.txt")"
 done
 [ -s "$TMP/one.txt" ] || no "run printed nothing"
+# synthetic weights (each rank makes its experts only), with and without a
+# skewed router: one process's ids under -n 2
+SYN="--synthetic configs/tiny-moe.json --prompt-ids 1,2,3,4,5,6,7 -n 12 --ignore-eos --threads 1"
+for sk in "" "--router-skew zipf:1.2"; do
+    "$MOERUN" run $SYN $sk > "$TMP/syn1.txt" 2>/dev/null || no "run --synthetic $sk alone failed"
+    $MPIRUN -n 2 "$MOERUN" run $SYN $sk > "$TMP/syn2.txt" 2> "$TMP/syn2.err" ||
+        no "run --synthetic $sk under -n 2 failed: $(tail -3 "$TMP/syn2.err")"
+    [ -s "$TMP/syn1.txt" ] && cmp -s "$TMP/syn1.txt" "$TMP/syn2.txt" ||
+        no "run --synthetic $sk under -n 2 printed $(cat "$TMP/syn2.txt") vs $(cat "$TMP/syn1.txt")"
+done
 # tensor parallelism: the group adds its parts in another order than one
 # process, which leaves the demo's greedy text as it is
 for a in "2 --tp 2" "2 --tp 2 --ep 1" "4 --tp 2" "4 --tp 2 --ep 2" "4 --tp 4"; do
