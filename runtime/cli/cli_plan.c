@@ -676,7 +676,10 @@ static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, cons
                               .head = cfg->tie_embeddings ? 0 : (double)r->z.bytes_lm_head, .vocab = cfg->vocab,
                               .embed = (double)r->z.bytes_embed,
                               .tp_sums = M > 1 ? n_attn + n_lin + n_dense + (cfg->d_shared > 0 ? s->n_moe : 0) : 0,
-                              .dp = dp, .n_attn = n_attn + n_lin, .f_attn = 2.0 * a_all + delta,
+                              /* the form moerun runs: all-to-all on the CPU backend (host
+                               * memory), gathering on a GPU (forward_dp.c) */
+                              .dp = dp, .a2a = dp && !strcmp(r->dev.name, "cpu"), .n_attn = n_attn + n_lin,
+                              .f_attn = 2.0 * a_all + delta,
                               .net_bw = o->net * 1e9, .latency = o->net_latency * 1e-6,
                               .dev_bw = r->dev.bw, .dev_flops = r->dev.flops, .mem = r->dev.mem_bytes,
                               .W = s->W, .experts = (double)r->z.bytes_experts, .non_expert = s->non_expert,
