@@ -85,6 +85,23 @@ Test(plan_ep, a2a_every_row_travels_when_k_exceeds_the_rest)
     expect_near(p.dec_a2a.rows, 64, "decode rows");
 }
 
+/* The MoE layer last (K = 1): moerun runs its FFN for the logit rows
+ * alone.  Decode, every row a logit row: as above, 152 B.  Prefill: the
+ * chunk's one logit row, on this rank, its pair's output back with 1/2 x
+ * 32 = 16 B and the count matrix 16 B: 32 B (80 B when the layer runs
+ * every row); the routing of every row is still gathered (0 B: the rows
+ * are all on this rank). */
+Test(plan_ep, a2a_last_layer_for_logit_rows)
+{
+    struct moe_plan_ep p = {.ranks = 2, .tp = 1, .shards = 2, .dp = true, .a2a = true, .n_attn = 1, .n_moe = 1,
+                            .last_moe = true, .E = 4, .K = 1, .D = 8, .batch = 4, .chunk = 4, .ctx = 16,
+                            .net_bw = 1e9, .dev_bw = 1e30, .dev_flops = 1, .mem = 1e12};
+    moe_plan_ep_compute(&p);
+    expect_near(p.dec_bytes_comm, 152, "decode bytes");
+    expect_near(p.pre_a2a.outputs, 16, "prefill outputs");
+    expect_near(p.pre_bytes_comm, 32, "prefill bytes");
+}
+
 /* The gathering form on the same shapes: K = 1, every routed row's
  * output all-gathered, the other rank's half of 4 x 1 x 32 = 64 B, and
  * the attention layer's rows, half of 4 x 32 = 64 B: 128 B; K = 2: 64 +

@@ -684,7 +684,8 @@ static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, cons
                               .dev_bw = r->dev.bw, .dev_flops = r->dev.flops, .mem = r->dev.mem_bytes,
                               .W = s->W, .experts = (double)r->z.bytes_experts, .non_expert = s->non_expert,
                               .one_expert = s->one_expert, .E = s->E, .K = s->K, .D = cfg->d_model,
-                              .n_moe = s->n_moe, .f_dense = s->f_tok - f_experts, .f_experts = f_experts,
+                              .n_moe = s->n_moe, .last_moe = cfg->n_layers > 0 && cfg->layer_moe[cfg->n_layers - 1],
+                              .f_dense = s->f_tok - f_experts, .f_experts = f_experts,
                               .f_pos = s->f_pos, .kv_tok = s->kv_tok, .batch = (double)r->batch,
                               .chunk = (double)r->chunk, .ctx = (double)r->ctx};
     moe_plan_ep_compute(p);

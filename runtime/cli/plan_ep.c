@@ -42,28 +42,44 @@ static double a2a_reach(double E, double K, double N)
     return 1 - none;
 }
 
-/* The all-to-all form's exchanges in a step of `rows` rows, `logit` of
- * them wanting logits (plan_ep.h): the busiest rank holds `own` rows and
- * `lown` logit rows, each other rank an even share of the rest.  Fills *a
- * with what the busiest rank receives; returns the seconds, each exchange
+/* One MoE layer of the all-to-all form over `rows` rows, `own` of them
+ * on the busiest rank and an even share of the rest on each other rank:
+ * each row (fp32) to the ranks of its pairs, two int32 a pair, each
+ * pair's output back, after the count matrices' all-gather.  Adds what
+ * the busiest rank receives to *a; returns the seconds, each exchange
  * taking (N - 1) hops and the most any rank receives in it. */
-static double a2a_comm(const struct moe_plan_ep *p, double rows, double own, double logit, double lown,
-                       struct moe_plan_a2a *a)
+static double a2a_layer(const struct moe_plan_ep *p, double rows, double own, struct moe_plan_a2a *a)
 {
-    const double N = p->ranks, K = p->K, row = p->D * 4, hops = (N - 1) * p->latency;
+    const double N = p->ranks, K = p->K, row = p->D * 4;
     const double each = (rows - own) / (N - 1), r = p->reach; /* one other rank's rows */
-    /* per MoE layer: rows (fp32) to the ranks of their pairs, two int32
-     * per pair, each pair's output back; the busiest rank (b) and another (o) */
+    /* the busiest rank (b) and another (o) */
     const double rows_b = (rows - own) * r * row, rows_o = (rows - each) * r * row;
     const double pairs_b = (rows - own) * K / N * 8, pairs_o = (rows - each) * K / N * 8;
     const double out_b = own * K * (N - 1) / N * row, out_o = each * K * (N - 1) / N * row;
-    const double layer = allgather_s(p, N, N * 2 * N * 4) + 3 * hops +
-                         (fmax(rows_b, rows_o) + fmax(pairs_b, pairs_o) + fmax(out_b, out_o)) / p->net_bw;
+    a->rows += rows_b;
+    a->pairs += pairs_b;
+    a->outputs += out_b;
+    a->counts += (N - 1) * 2 * N * 4;
+    return allgather_s(p, N, N * 2 * N * 4) + 3 * (N - 1) * p->latency +
+           (fmax(rows_b, rows_o) + fmax(pairs_b, pairs_o) + fmax(out_b, out_o)) / p->net_bw;
+}
+
+/* The all-to-all form's exchanges in a step of `rows` rows, `logit` of
+ * them wanting logits (plan_ep.h): the busiest rank holds `own` rows and
+ * `lown` logit rows.  A last MoE layer exchanges the logit rows alone (its
+ * FFN runs for them only); every MoE layer's routing is gathered on rank 0
+ * when statistics are on.  Fills *a; returns the seconds. */
+static double a2a_comm(const struct moe_plan_ep *p, double rows, double own, double logit, double lown,
+                       struct moe_plan_a2a *a)
+{
+    const double N = p->ranks, row = p->D * 4;
+    *a = (struct moe_plan_a2a){.routing = p->n_moe * (rows - own) * (2 * p->K + p->E) * 4};
+    const int full = p->n_moe - (p->last_moe && p->n_moe > 0);
+    double s = 0;
+    for (int l = 0; l < p->n_moe; l++) s += l < full ? a2a_layer(p, rows, own, a) : a2a_layer(p, logit, lown, a);
     const double lrow_b = (logit - lown) * row, lrow_o = (logit - (logit - lown) / (N - 1)) * row;
-    *a = (struct moe_plan_a2a){.rows = p->n_moe * rows_b, .pairs = p->n_moe * pairs_b, .outputs = p->n_moe * out_b,
-                               .counts = p->n_moe * (N - 1) * 2 * N * 4, .logit_rows = lrow_b,
-                               .routing = p->n_moe * (rows - own) * (2 * K + p->E) * 4};
-    return p->n_moe * layer + hops + fmax(lrow_b, lrow_o) / p->net_bw;
+    a->logit_rows = lrow_b;
+    return s + (N - 1) * p->latency + fmax(lrow_b, lrow_o) / p->net_bw;
 }
 
 /* A rank's step of `rows` rows of `seqs` sequences at context ctx_avg:

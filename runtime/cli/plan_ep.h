@@ -41,7 +41,9 @@
  * 1 - C(E - E/N, K) / C(E, K) (K distinct experts, E/N on each rank) and
  * sends it K/N pairs.  The predicted rank is the busiest (ceil(sequences /
  * N) of them); the others share the other rows evenly, and each exchange
- * takes (N - 1) hops and the most bytes any rank receives in it. */
+ * takes (N - 1) hops and the most bytes any rank receives in it.  A last
+ * MoE layer exchanges the logit rows alone (moerun runs its FFN for them
+ * only). */
 #pragma once
 
 #include <stdbool.h>
@@ -77,6 +79,7 @@ struct moe_plan_ep {
     double one_expert;             /* bytes of one expert of one MoE layer */
     double E, K, D;
     int n_moe;
+    bool last_moe;                 /* the last layer is a MoE layer (a2a: its FFN for the logit rows) */
     double f_dense, f_experts;     /* FLOPs per token outside the experts / in its K experts */
     double f_pos, kv_tok;          /* FLOPs per cached position; KV bytes per token */
     double batch, chunk, ctx;
