@@ -84,7 +84,8 @@ static const struct moe_cli_opt rows[] = {
      .help = "prefill chunk (default 512)"},
     {.name = "device", .arg = "D", .kind = MOE_CLI_STRING, CMD(device),
      .help = "h200, h100, a100 (default h200), cpu (this machine: memory\n"
-             "and copy bandwidth measured), or a memory size (80GB)"},
+             "and copy bandwidth measured; --dp-attention in the CPU\n"
+             "backend's all-to-all form), or a memory size (80GB)"},
     {.name = "bandwidth", .arg = "GB/s", .kind = MOE_CLI_DOUBLE, CMD(bandwidth), .lo = 0, .hi = 1e6,
      .open = MOE_CLI_LO_OPEN,
      .help = "override the memory bandwidth"},
