@@ -427,6 +427,34 @@ Test(cli, plan_data_parallel_attention)
     cr_assert(strstr(out, "give the ranks with --ep N"), "%s", out);
 }
 
+/* plan --ep 4 --dp-attention --device cpu: the all-to-all form the CPU
+ * backend runs.  Decode at batch 1: the one row stays on its rank, which
+ * receives its 2 pairs' outputs from the ranks of 3 of the 4 (on
+ * average 2 x 3/4 = 1.5 of 16384 B) and the other 3 ranks' count
+ * matrices (3 x 2 x 4 int32 = 96 B) in each of 32 MoE layers: 32 x
+ * (24576 + 96) = 789504 B; the embedding's all-reduce 24576 B and rank 0's
+ * logits 96000 B as above: 910080 B = 888.75 KiB.  A layer takes the
+ * count matrices' all-gather (30 us + 96 B at 100 GB/s) and three
+ * all-to-alls of 30 us each, the busiest receiver's bytes (7607 B of
+ * rows: a row reaches a rank with 1 - 6/8 x 5/7 = 0.4643; 4 B of pairs;
+ * 24576 B of outputs) at 100 GB/s: 120.32 us, x 32 = 3.850 ms; the
+ * logit rows 30 us, the embedding 60.25 us and the logits 10.96 us more:
+ * 3.952 ms. */
+Test(cli, plan_data_parallel_attention_cpu)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --ep 4 --net 100 --net-latency 10 "
+             "--dp-attention --device cpu", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "all-to-all form, the CPU backend's"), "%s", out);
+    cr_assert(strstr(out, "+ 3.952 ms exchanging 888.75 KiB a rank receives"), "%s", out);
+    cr_assert(strstr(out, "a row reaches another rank with probability 0.4643"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s plan --synthetic %s/configs/mixtral-8x7b.json --ep 4 --dp-attention --device h100",
+             MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "gathering form, the CUDA backend's") && !strstr(out, "all-to-all"), "%s", out);
+}
+
 /* plan --ep 2 --tp 2: 4 ranks, the experts in 2 shards (42 GiB a rank),
  * each rank 1/2 of the 2.50 GiB of attention and 1/4 of the LM head and of
  * the embedding: 2.9907 + 42 - 1.25 - 0.3662 = 43.37 GiB.  Decode at batch

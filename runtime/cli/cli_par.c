@@ -249,12 +249,12 @@ void moe_cli_par_finish(void)
         fprintf(stderr, "moerun: expert parallelism over %d ranks (%s placement, %d slots in the largest layer): "
                 "%llu steps; rank 0 computed "
                 "%llu of %llu expert rows; imbalance (busiest rank / mean, per step and layer) %.3f; rank 0's "
-                "%s %.3f s of its steps' %.3f s (%.1f%%)\n", par.ep.size,
+                "%s %.3f s of its steps' %.3f s (%.1f%%), %.2f MB received\n", par.ep.size,
                 par.ep.placement ? par.ep.placement : "contiguous", par.ep.max_slots, (unsigned long long)n->steps,
                 (unsigned long long)n->rows_own, (unsigned long long)n->rows_all,
                 n->cells ? n->ratio_sum / (double)n->cells : 0.0,
                 par.ep.dp && par.ep.dp_local ? "all-to-alls of expert pairs" : "all-gathers", n->gather_s, n->step_s,
-                n->step_s > 0 ? 100 * n->gather_s / n->step_s : 0.0);
+                n->step_s > 0 ? 100 * n->gather_s / n->step_s : 0.0, (double)n->gather_bytes / 1e6);
     if (n->steps > 0 && par.ep.tp > 1)
         fprintf(stderr, "moerun: tensor parallelism in groups of %d ranks (the experts in %d shards): rank 0's "
                 "group collectives %.3f s of its steps' %.3f s (%.1f%%), %.2f MB received\n", par.ep.tp,

@@ -84,7 +84,8 @@ static const struct moe_cli_opt rows[] = {
      .help = "prefill chunk (default 512)"},
     {.name = "device", .arg = "D", .kind = MOE_CLI_STRING, CMD(device),
      .help = "h200, h100, a100 (default h200), cpu (this machine: memory\n"
-             "and copy bandwidth measured), or a memory size (80GB)"},
+             "and copy bandwidth measured; --dp-attention in the CPU\n"
+             "backend's all-to-all form), or a memory size (80GB)"},
     {.name = "bandwidth", .arg = "GB/s", .kind = MOE_CLI_DOUBLE, CMD(bandwidth), .lo = 0, .hi = 1e6,
      .open = MOE_CLI_LO_OPEN,
      .help = "override the memory bandwidth"},
@@ -676,12 +677,16 @@ static int plan_ep(const struct plan_opts *o, const struct moe_config *cfg, cons
                               .head = cfg->tie_embeddings ? 0 : (double)r->z.bytes_lm_head, .vocab = cfg->vocab,
                               .embed = (double)r->z.bytes_embed,
                               .tp_sums = M > 1 ? n_attn + n_lin + n_dense + (cfg->d_shared > 0 ? s->n_moe : 0) : 0,
-                              .dp = dp, .n_attn = n_attn + n_lin, .f_attn = 2.0 * a_all + delta,
+                              /* the form moerun runs: all-to-all on the CPU backend (host
+                               * memory), gathering on a GPU (forward_dp.c) */
+                              .dp = dp, .a2a = dp && !strcmp(r->dev.name, "cpu"), .n_attn = n_attn + n_lin,
+                              .f_attn = 2.0 * a_all + delta,
                               .net_bw = o->net * 1e9, .latency = o->net_latency * 1e-6,
                               .dev_bw = r->dev.bw, .dev_flops = r->dev.flops, .mem = r->dev.mem_bytes,
                               .W = s->W, .experts = (double)r->z.bytes_experts, .non_expert = s->non_expert,
                               .one_expert = s->one_expert, .E = s->E, .K = s->K, .D = cfg->d_model,
-                              .n_moe = s->n_moe, .f_dense = s->f_tok - f_experts, .f_experts = f_experts,
+                              .n_moe = s->n_moe, .last_moe = cfg->n_layers > 0 && cfg->layer_moe[cfg->n_layers - 1],
+                              .f_dense = s->f_tok - f_experts, .f_experts = f_experts,
                               .f_pos = s->f_pos, .kv_tok = s->kv_tok, .batch = (double)r->batch,
                               .chunk = (double)r->chunk, .ctx = (double)r->ctx};
     moe_plan_ep_compute(p);

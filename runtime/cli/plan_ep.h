@@ -28,7 +28,22 @@
  * the busiest rank computes the projections and the attention of
  * ceil(sequences / N) sequences' rows (a prefill chunk: its one sequence)
  * and reads their KV alone; every attention layer ends in an all-gather of
- * the step's rows (fp32); the sequences that fit are N times one rank's. */
+ * the step's rows (fp32); the sequences that fit are N times one rank's.
+ * That is the gathering form, the CUDA backend's.  On the CPU (a2a: plan
+ * --device cpu) moerun runs the all-to-all form (forward_dp_local.c): each
+ * rank keeps its rows through the layers and computes everything but the
+ * experts for them alone; per MoE layer the ranks all-gather the N x N
+ * count matrix (2N int32 from each), a rank sends each of its rows (fp32)
+ * once to each other rank that one of its K pairs goes to, with each
+ * pair's slot and row (two int32), and each pair's output (fp32) comes
+ * back; at the end the logit rows are all-gathered for the LM head.  Under
+ * uniform routing a row reaches a given other rank with probability
+ * 1 - C(E - E/N, K) / C(E, K) (K distinct experts, E/N on each rank) and
+ * sends it K/N pairs.  The predicted rank is the busiest (ceil(sequences /
+ * N) of them); the others share the other rows evenly, and each exchange
+ * takes (N - 1) hops and the most bytes any rank receives in it.  A last
+ * MoE layer exchanges the logit rows alone (moerun runs its FFN for them
+ * only). */
 #pragma once
 
 #include <stdbool.h>
@@ -53,6 +68,8 @@ struct moe_plan_ep {
     int tp_sums;                   /* the group's all-gathers a step (split layers) */
     bool dp;                       /* --dp-attention: each sequence's attention on one rank, its KV
                                       there alone, the rows all-gathered after each of n_attn layers */
+    bool a2a;                      /* with dp: the all-to-all form (the CPU backend's), not the
+                                      gathering form */
     int n_attn;                    /* attention layers (linear ones included) */
     double f_attn;                 /* FLOPs per token of their projections (and delta rules) */
     double net_bw, latency;        /* bytes/s, seconds per ring hop */
@@ -62,6 +79,7 @@ struct moe_plan_ep {
     double one_expert;             /* bytes of one expert of one MoE layer */
     double E, K, D;
     int n_moe;
+    bool last_moe;                 /* the last layer is a MoE layer (a2a: its FFN for the logit rows) */
     double f_dense, f_experts;     /* FLOPs per token outside the experts / in its K experts */
     double f_pos, kv_tok;          /* FLOPs per cached position; KV bytes per token */
     double batch, chunk, ctx;
@@ -71,6 +89,15 @@ struct moe_plan_ep {
     double dec_local, dec_comm, dec_bytes_comm; /* decode step: roofline s, all-gathers s, bytes received */
     double pre_local, pre_comm, pre_bytes_comm; /* prefill chunk alike */
     double dec_tp, pre_tp;         /* of dec_comm and pre_comm: the groups' all-gathers */
+    struct moe_plan_a2a {          /* a2a: the predicted rank's bytes received in a step, all MoE
+                                      layers together, by what they carry */
+        double rows, pairs, outputs; /* rows dispatched to it, their pairs' slots and rows, its
+                                        pairs' outputs back */
+        double counts, logit_rows;   /* the count matrices; the logit rows gathered at the end */
+        double routing;              /* rank 0, only with statistics on: every other row's ids,
+                                        weights and router logits (not in the totals) */
+    } dec_a2a, pre_a2a;
+    double reach;                  /* a2a: the chance that a row has a pair on a given other rank */
 };
 
 struct moe_config;
