@@ -27,15 +27,23 @@ static int tensor_index(const struct moe_model *m, const void *p)
     return -1;
 }
 
-/* Fills a device buffer of n elements from the deferred placeholder ph. */
-static enum moe_status synth_view(struct moe_backend *be, const struct moe_model *m, void *d,
-                                  const void *ph, enum moe_dtype dt, size_t n)
+/* Fills a device buffer of n elements with the values [off, off + n) of
+ * the deferred tensor whose placeholder is ph. */
+static enum moe_status synth_view_at(struct moe_backend *be, const struct moe_model *m, void *d, const void *ph,
+                                     enum moe_dtype dt, size_t off, size_t n)
 {
     int i = tensor_index(m, ph);
     if (i < 0) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: deferred weight not in the set");
     bool ones = *(const unsigned char *)ph != 0;
-    return moe_ops_synth_fill_cuda(ctx_of(be)->stream, d, dt, n, moe_synth_key(m->synth_seed, i),
-                                   ones ? -1.0f : m->synth_std);
+    return moe_ops_synth_fill_at_cuda(ctx_of(be)->stream, d, dt, off, n, moe_synth_key(m->synth_seed, i),
+                                      ones ? -1.0f : m->synth_std);
+}
+
+/* Fills a device buffer of n elements from the deferred placeholder ph. */
+static enum moe_status synth_view(struct moe_backend *be, const struct moe_model *m, void *d,
+                                  const void *ph, enum moe_dtype dt, size_t n)
+{
+    return synth_view_at(be, m, d, ph, dt, 0, n);
 }
 
 /* An FP8_B128 view (an fp8 checkpoint's attention, dense or shared FFN
@@ -282,7 +290,7 @@ static enum moe_status planes_experts(struct moe_backend *be, const struct moe_e
 }
 
 static enum moe_status stack_experts(struct moe_backend *be, const struct moe_model *m,
-                                     const struct moe_expert_weights *x, int E, int D, int F, void *gu,
+                                     const struct moe_expert_weights *x, int E, int D, int F, int l, void *gu,
                                      void *dn, size_t gu_bytes, size_t dn_bytes, size_t mat);
 
 /* A layer's float experts quantized to qt (Q8_0, Q4_1 or Q4_K) stacks
@@ -293,8 +301,8 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
  * dtype becomes qt, and its down_dtypes (E, host memory the backend owns)
  * qd where that differs. */
 static enum moe_status quant_experts(struct moe_backend *be, const struct moe_model *m, struct moe_expert_weights *x,
-                                     enum moe_dtype qt, enum moe_dtype qd, int E, int D, int F, void *gu, void *dn,
-                                     int moe_layer)
+                                     enum moe_dtype qt, enum moe_dtype qd, int E, int D, int F, int l, void *gu,
+                                     void *dn, int moe_layer)
 {
     enum moe_dtype *dd = NULL;
     if (qd != qt) {
@@ -318,7 +326,7 @@ static enum moe_status quant_experts(struct moe_backend *be, const struct moe_mo
         cudaFree(sg);
         return moe_fail(MOE_ERR_DEVICE, "cuda upload: a layer's experts: %s", cudaGetErrorString(ce));
     }
-    enum moe_status s = stack_experts(be, m, x, E, D, F, sg, sd, gb, gb / 2, mat);
+    enum moe_status s = stack_experts(be, m, x, E, D, F, l, sg, sd, gb, gb / 2, mat);
     char what[96];
     snprintf(what, sizeof what, "an expert of MoE layer %d", moe_layer);
     if (s == MOE_OK) s = quant_from_stage(be, qt, gu, sg, x->dtype, 2 * n, what);
@@ -427,8 +435,8 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
             cudaFree(gu);
             return moe_fail(MOE_ERR_DEVICE, "cuda upload: a layer's experts: %s", cudaGetErrorString(ce));
         }
-        enum moe_status s = quant ? quant_experts(be, m, x, qt, qd, E, D, F, gu, dn, moe_layer)
-                               : stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat);
+        enum moe_status s = quant ? quant_experts(be, m, x, qt, qd, E, D, F, l, gu, dn, moe_layer)
+                               : stack_experts(be, m, x, E, D, F, l, gu, dn, gu_bytes, dn_bytes, mat);
         const double *warm = oo->warm ? oo->warm + (size_t)moe_layer * E : NULL;
         if (s == MOE_OK)
             s = moe_cuda_offload_layer(c, x, oo->gpu_experts, oo->lfu, warm, E, D, F, gu, dn, 2 * mat,
@@ -441,8 +449,8 @@ static enum moe_status upload_experts(struct moe_backend *be, const struct moe_m
     }
     MOE_TRY(dev_buffer(be, gu_bytes, &gu));
     MOE_TRY(dev_buffer(be, dn_bytes, &dn));
-    if (quant) MOE_TRY(quant_experts(be, m, x, qt, qd, E, D, F, gu, dn, moe_layer));
-    else MOE_TRY(stack_experts(be, m, x, E, D, F, gu, dn, gu_bytes, dn_bytes, mat));
+    if (quant) MOE_TRY(quant_experts(be, m, x, qt, qd, E, D, F, l, gu, dn, moe_layer));
+    else MOE_TRY(stack_experts(be, m, x, E, D, F, l, gu, dn, gu_bytes, dn_bytes, mat));
     for (int e = 0; e < E; e++) {
         x->gate[e] = (const char *)gu + 2 * mat * e;
         x->up[e] = (const char *)gu + 2 * mat * e + mat;
@@ -560,7 +568,8 @@ static enum moe_status upload_held_experts(struct moe_backend *be, const struct 
     if (!m->ep_held)
         return be->expert_quant ? upload_mixed_experts(be, m, l, x, E, D, F, moe_layer)
                                 : upload_experts(be, m, x, E, D, F, l, moe_layer, be->quant);
-    const char *no = m->weights_deferred ? "--synthetic weights (generated on the device whole)"
+    const char *no = m->weights_deferred && moe_dtype_planes(x->dtype)
+                         ? "--synthetic MXFP4 experts (generated on the device whole)"
                      : ctx_of(be)->off.opts.gpu_experts > 0 ? "--gpu-experts" : NULL;
     if (no)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with %s is not supported", no);
@@ -577,10 +586,39 @@ static enum moe_status upload_held_experts(struct moe_backend *be, const struct 
     return s == MOE_OK && x->cols ? upload_expert_cols(be, x, E, D, F) : s;
 }
 
-/* Fills the device stacks gu (gu_bytes) and dn (dn_bytes) with a layer's
- * E experts (each matrix mat bytes, planes: its values). */
+/* The deferred values of x's E experts (of model layer l: all of its
+ * experts, or under expert parallelism those of this rank's slots) into
+ * the device stacks gu and dn: each expert's part of synth.c's stacks
+ * gate_up_proj (E, 2F, D) and down_proj (E, D, F), found by its place in
+ * the layer's table (whose pointers are the placeholders' plus the
+ * expert's offset); one fill per run of consecutive experts. */
+static enum moe_status synth_experts(struct moe_backend *be, const struct moe_model *m,
+                                     const struct moe_expert_weights *x, int E, int D, int F, int l, void *gu,
+                                     void *dn, size_t mat)
+{
+    const struct moe_expert_weights *all = &m->layers[l].experts;
+    const int En = m->cfg.n_experts;
+    const size_t n = (size_t)F * D;
+    for (int i = 0; i < E;) {
+        int e = 0;
+        while (e < En && (!x->gate[i] || all->gate[e] != x->gate[i])) e++;
+        if (e == En) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: a deferred expert not in layer %d", l);
+        int r = 1; /* the run: experts e .. e + r - 1 at i .. i + r - 1 */
+        while (i + r < E && e + r < En && x->gate[i + r] && all->gate[e + r] == x->gate[i + r]) r++;
+        MOE_TRY(synth_view_at(be, m, (char *)gu + 2 * mat * i, (const char *)all->gate[e] - 2 * mat * e, x->dtype,
+                              2 * n * e, 2 * n * r));
+        MOE_TRY(synth_view_at(be, m, (char *)dn + mat * i, (const char *)all->down[e] - mat * e, x->dtype, n * e,
+                              n * r));
+        i += r;
+    }
+    return MOE_OK;
+}
+
+/* Fills the device stacks gu (gu_bytes) and dn (dn_bytes) with the E
+ * experts of x, of model layer l (each matrix mat bytes, planes: its
+ * values). */
 static enum moe_status stack_experts(struct moe_backend *be, const struct moe_model *m,
-                                     const struct moe_expert_weights *x, int E, int D, int F, void *gu,
+                                     const struct moe_expert_weights *x, int E, int D, int F, int l, void *gu,
                                      void *dn, size_t gu_bytes, size_t dn_bytes, size_t mat)
 {
     struct cuda_ctx *c = ctx_of(be);
@@ -610,9 +648,7 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
     } else if (m->weights_deferred) {
         /* synth.c makes gate_up_proj (E, 2F, D) and down_proj (E, D, F)
          * tensors: the device layout, value for value */
-        if (!stacked) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: deferred experts not stacked");
-        MOE_TRY(synth_view(be, m, gu, x->gate[0], x->dtype, 2 * (size_t)F * D * E));
-        MOE_TRY(synth_view(be, m, dn, x->down[0], x->dtype, (size_t)F * D * E));
+        MOE_TRY(synth_experts(be, m, x, E, D, F, l, gu, dn, mat));
     } else if (stacked) {
         MOE_CUDA_TRY(cudaMemcpy(gu, x->gate[0], 2 * mat * E, cudaMemcpyHostToDevice));
         MOE_CUDA_TRY(cudaMemcpy(dn, x->down[0], mat * E, cudaMemcpyHostToDevice));

@@ -120,6 +120,7 @@ enum moe_status moe_cli_par_describe(const struct moe_cli_engine *o, const struc
               json_object_set_new(j, "ep", json_integer(o->model.ep)) ||
               json_object_set_new(j, "tp", json_integer(o->model.tp)) ||
               json_object_set_new(j, "dp_attention", json_boolean(o->model.dp_attention)) ||
+              json_object_set_new(j, "device_weights", json_boolean(o->model.device_weights)) ||
               json_object_set_new(j, "threads", json_integer(o->threads)) ||
               json_object_set_new(j, "hot_share", json_real(o->hot_share)) ||
               json_object_set_new(j, "comm_timeout", json_real(o->comm_timeout)) ||
@@ -187,6 +188,7 @@ static enum moe_status follower_open(void *ctx, const void *blob, size_t bytes, 
     e->model.ep = (long)json_integer_value(json_object_get(d, "ep"));
     e->model.tp = (long)json_integer_value(json_object_get(d, "tp"));
     e->model.dp_attention = json_is_true(json_object_get(d, "dp_attention"));
+    e->model.device_weights = json_is_true(json_object_get(d, "device_weights"));
     e->model.ep_placement_text = str_of(d, "ep_placement");
     e->backend = str_of(d, "backend") ? str_of(d, "backend") : "auto";
     e->quantize = str_of(d, "quantize");

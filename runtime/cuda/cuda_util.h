@@ -90,6 +90,10 @@ enum moe_status moe_ops_to_half_rows_cuda(cudaStream_t st, void *dst, const floa
  * standard deviation std keyed by key, or ones when std < 0. */
 enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t n,
                                         uint64_t key, float std);
+/* The same generator's values [off, off + n) of its stream into dst[0, n)
+ * (a part of a tensor: the values the whole tensor has there). */
+enum moe_status moe_ops_synth_fill_at_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t off, size_t n,
+                                           uint64_t key, float std);
 /* dst (n_blocks * 128 bf16 values) = FP8_B128 blocks src (n_blocks of
  * MOE_FP8_BYTES: runtime/core/tensor.h): each value the fp32 product of its
  * E4M3 byte and its block's scale (the CPU's weight), rounded to bf16 (as

@@ -244,41 +244,50 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z)
 
 /* One thread per chunk of 65536 values (the host generator's unit: the
  * state of element i depends on its chunk's key and its index in the
- * chunk).  Each thread walks its chunk sequentially; with n/65536 threads
- * an 87 GiB model still gives ~700k threads. */
-static __global__ void synth_kernel(void *dst, enum moe_dtype dt, size_t n, uint64_t key, float a,
+ * chunk) of the values [off, off + n), written from dst; each thread walks
+ * its part of a chunk sequentially, its state entered at the part's first
+ * value.  With n/65536 threads an 87 GiB model still gives ~700k threads. */
+static __global__ void synth_kernel(void *dst, enum moe_dtype dt, size_t off, size_t n, uint64_t key, float a,
                                     bool ones)
 {
-    const size_t chunks = (n + SYNTH_CHUNK - 1) / SYNTH_CHUNK;
-    for (size_t c = blockIdx.x * (size_t)blockDim.x + threadIdx.x; c < chunks;
-         c += (size_t)gridDim.x * blockDim.x) {
-        uint64_t s = mix64(key ^ mix64(c + 1));
-        size_t end = (c + 1) * SYNTH_CHUNK < n ? (c + 1) * SYNTH_CHUNK : n;
-        for (size_t i = c * SYNTH_CHUNK; i < end; i++) {
+    const size_t c0 = off / SYNTH_CHUNK, chunks = (off + n + SYNTH_CHUNK - 1) / SYNTH_CHUNK - c0;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < chunks;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const size_t c = c0 + k, start = c * SYNTH_CHUNK > off ? c * SYNTH_CHUNK : off;
+        uint64_t s = mix64(key ^ mix64(c + 1)) + (start - c * SYNTH_CHUNK) * 0x9e3779b97f4a7c15ull;
+        size_t end = (c + 1) * SYNTH_CHUNK < off + n ? (c + 1) * SYNTH_CHUNK : off + n;
+        for (size_t i = start; i < end; i++) {
             if (ones) {
-                moe_st(dst, dt, i, 1.0f);
+                moe_st(dst, dt, i - off, 1.0f);
                 continue;
             }
             s += 0x9e3779b97f4a7c15ull;
             double u = (double)(mix64(s) >> 11) * 0x1.0p-53;
-            moe_st(dst, dt, i, (float)((2.0 * u - 1.0) * a));
+            moe_st(dst, dt, i - off, (float)((2.0 * u - 1.0) * a));
         }
     }
+}
+
+extern "C" enum moe_status moe_ops_synth_fill_at_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t off,
+                                                      size_t n, uint64_t key, float std)
+{
+    if (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16)
+        return moe_fail(MOE_ERR_INVALID_ARG, "synth_fill: dtype %s", moe_dtype_name(dt));
+    if (n == 0) return MOE_OK;
+    if (off + n < off) return moe_fail(MOE_ERR_INVALID_ARG, "synth_fill: values %zu + %zu overflow", off, n);
+    const size_t chunks = (off + n + SYNTH_CHUNK - 1) / SYNTH_CHUNK - off / SYNTH_CHUNK;
+    const bool ones = std < 0;
+    /* the host computes a as std * sqrtf(3.0f) in float */
+    const float a = ones ? 0.0f : std * sqrtf(3.0f);
+    synth_kernel<<<moe_cuda_blocks(chunks, 128), 128, 0, st>>>(dst, dt, off, n, key, a, ones);
+    MOE_CUDA_LAUNCHED();
+    return MOE_OK;
 }
 
 extern "C" enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dtype dt,
                                                    size_t n, uint64_t key, float std)
 {
-    if (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_F16 && dt != MOE_DTYPE_BF16)
-        return moe_fail(MOE_ERR_INVALID_ARG, "synth_fill: dtype %s", moe_dtype_name(dt));
-    if (n == 0) return MOE_OK;
-    const size_t chunks = (n + SYNTH_CHUNK - 1) / SYNTH_CHUNK;
-    const bool ones = std < 0;
-    /* the host computes a as std * sqrtf(3.0f) in float */
-    const float a = ones ? 0.0f : std * sqrtf(3.0f);
-    synth_kernel<<<moe_cuda_blocks(chunks, 128), 128, 0, st>>>(dst, dt, n, key, a, ones);
-    MOE_CUDA_LAUNCHED();
-    return MOE_OK;
+    return moe_ops_synth_fill_at_cuda(st, dst, dt, 0, n, key, std);
 }
 
 /* ---- FP8_B128 rows widened to bf16 (fp8 checkpoints at upload) ---- */

@@ -1,0 +1,78 @@
+/* test_cuda_synth.c - synthetic weights made on the device
+ * (moe_model_synthetic_deferred, the CUDA backend's upload) for a rank of
+ * expert parallelism: the experts it holds, stacked in slot order, are
+ * byte for byte the host generator's values of those experts (each
+ * expert's part of the stream entered where the whole tensor has it,
+ * moe_ops_synth_fill_at_cuda, in runs of consecutive experts), the others
+ * are not uploaded.  Without a device every test skips (the suite's .init
+ * asks the CUDA runtime in the forked test process). */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/backend/backend.h"
+#include "runtime/model/model.h"
+#include "tests/testutil.h"
+
+TestSuite(cuda_synth, .init = tu_need_cuda_device);
+
+/* tiny-moe with experts 100 wide: a gate/up pair is 51200 values and a
+ * down matrix 25600, so the generator's chunks of 65536 values begin and
+ * end inside experts. */
+static struct moe_config tiny_cfg(void)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, MOERUN_SOURCE_DIR "/configs/tiny-moe.json"), MOE_OK, "%s", moe_last_error());
+    cfg.d_expert = 100;
+    return cfg;
+}
+
+static void check_share(const uint8_t *held)
+{
+    const struct moe_config cfg = tiny_cfg();
+    const int L = cfg.n_layers, E = cfg.n_experts;
+    struct moe_model h, d;
+    cr_assert_eq(moe_model_synthetic(&h, &cfg, MOE_DTYPE_BF16, 3), MOE_OK, "%s", moe_last_error());
+    const struct moe_synth_part o = {.held = held, .deferred = true};
+    cr_assert_eq(moe_model_synthetic_part(&d, &cfg, MOE_DTYPE_BF16, 3, &o), MOE_OK, "%s", moe_last_error());
+    struct moe_backend be;
+    cr_assert_eq(tu_backend_init(&be, "cuda"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(be.ops->prepare_model(&be, &d), MOE_OK, "%s", moe_last_error());
+    const size_t mat = (size_t)cfg.d_expert * cfg.d_model * 2;
+    char *got = malloc(mat);
+    int checked = 0;
+    for (int l = 0; l < L; l++)
+        for (int e = 0; e < E; e++) {
+            const struct moe_expert_weights *x = &d.layers[l].experts, *w = &h.layers[l].experts;
+            if (held && !held[l * E + e]) {
+                cr_expect(!x->gate[e] && !x->down[e], "layer %d expert %d: not held, yet uploaded", l, e);
+                continue;
+            }
+            const void *dev[3] = {x->gate[e], x->up[e], x->down[e]}, *host[3] = {w->gate[e], w->up[e], w->down[e]};
+            for (int k = 0; k < 3; k++) {
+                cr_assert_eq(be.ops->to_host(&be, got, dev[k], mat), MOE_OK, "%s", moe_last_error());
+                cr_assert_eq(memcmp(got, host[k], mat), 0, "layer %d expert %d matrix %d: not the host's values", l,
+                             e, k);
+            }
+            checked++;
+        }
+    cr_expect_gt(checked, 0);
+    free(got);
+    moe_backend_free(&be);
+    moe_model_free(&d);
+    moe_model_free(&h);
+}
+
+Test(cuda_synth, the_whole_model_is_the_hosts) { check_share(NULL); }
+
+/* held: singles, runs and gaps, another pattern in each layer */
+Test(cuda_synth, a_ranks_share_is_the_hosts_experts)
+{
+    const struct moe_config cfg = tiny_cfg();
+    const int L = cfg.n_layers, E = cfg.n_experts;
+    uint8_t *held = calloc((size_t)L * E, 1);
+    for (int l = 0; l < L; l++)
+        for (int e = 0; e < E; e++) held[l * E + e] = e % (l + 2) == 0 || (e >= 9 && e < 13) || e == E - 1;
+    check_share(held);
+    free(held);
+}
