@@ -66,13 +66,65 @@ static void check_share(const uint8_t *held)
 Test(cuda_synth, the_whole_model_is_the_hosts) { check_share(NULL); }
 
 /* held: singles, runs and gaps, another pattern in each layer */
-Test(cuda_synth, a_ranks_share_is_the_hosts_experts)
+static uint8_t *irregular_share(int L, int E)
 {
-    const struct moe_config cfg = tiny_cfg();
-    const int L = cfg.n_layers, E = cfg.n_experts;
     uint8_t *held = calloc((size_t)L * E, 1);
     for (int l = 0; l < L; l++)
         for (int e = 0; e < E; e++) held[l * E + e] = e % (l + 2) == 0 || (e >= 9 && e < 13) || e == E - 1;
+    return held;
+}
+
+Test(cuda_synth, a_ranks_share_is_the_hosts_experts)
+{
+    const struct moe_config cfg = tiny_cfg();
+    uint8_t *held = irregular_share(cfg.n_layers, cfg.n_experts);
     check_share(held);
+    free(held);
+}
+
+/* MXFP4 experts (gpt-oss) made on the device have codes of their own (the
+ * host makes other ones): a rank's share holds, byte for byte, the codes
+ * the whole model made on the device has for those experts. */
+Test(cuda_synth, an_mxfp4_share_is_the_whole_device_models_experts)
+{
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, FIXTURE_DIR "/gpt_oss_mxfp4/config.json"), MOE_OK, "%s", moe_last_error());
+    const int L = cfg.n_layers, E = cfg.n_experts;
+    uint8_t *held = irregular_share(L, E);
+    struct moe_model w, p;
+    const struct moe_synth_part wo = {.deferred = true}, po = {.held = held, .deferred = true};
+    cr_assert_eq(moe_model_synthetic_part(&w, &cfg, MOE_DTYPE_BF16, 5, &wo), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(moe_model_synthetic_part(&p, &cfg, MOE_DTYPE_BF16, 5, &po), MOE_OK, "%s", moe_last_error());
+    struct moe_backend bw, bp;
+    cr_assert_eq(tu_backend_init(&bw, "cuda"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(tu_backend_init(&bp, "cuda"), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(bw.ops->prepare_model(&bw, &w), MOE_OK, "%s", moe_last_error());
+    cr_assert_eq(bp.ops->prepare_model(&bp, &p), MOE_OK, "%s", moe_last_error());
+    const size_t mat = moe_planes_values_bytes(MOE_DTYPE_MXFP4, cfg.d_expert, cfg.d_model);
+    char *a = malloc(mat), *b = malloc(mat);
+    int checked = 0;
+    for (int l = 0; l < L; l++)
+        for (int e = 0; e < E; e++) {
+            const struct moe_expert_weights *x = &p.layers[l].experts, *y = &w.layers[l].experts;
+            cr_assert_eq(x->dtype, MOE_DTYPE_MXFP4);
+            if (!held[l * E + e]) {
+                cr_expect(!x->gate[e], "layer %d expert %d: not held, yet uploaded", l, e);
+                continue;
+            }
+            const void *px[3] = {x->gate[e], x->up[e], x->down[e]}, *py[3] = {y->gate[e], y->up[e], y->down[e]};
+            for (int k = 0; k < 3; k++) {
+                cr_assert_eq(bp.ops->to_host(&bp, a, px[k], mat), MOE_OK, "%s", moe_last_error());
+                cr_assert_eq(bw.ops->to_host(&bw, b, py[k], mat), MOE_OK, "%s", moe_last_error());
+                cr_assert_eq(memcmp(a, b, mat), 0, "layer %d expert %d matrix %d: not the whole model's codes", l, e,
+                             k);
+            }
+            checked++;
+        }
+    cr_expect_gt(checked, 0);
+    free(a), free(b);
+    moe_backend_free(&bp);
+    moe_backend_free(&bw);
+    moe_model_free(&p);
+    moe_model_free(&w);
     free(held);
 }

@@ -568,9 +568,7 @@ static enum moe_status upload_held_experts(struct moe_backend *be, const struct 
     if (!m->ep_held)
         return be->expert_quant ? upload_mixed_experts(be, m, l, x, E, D, F, moe_layer)
                                 : upload_experts(be, m, x, E, D, F, l, moe_layer, be->quant);
-    const char *no = m->weights_deferred && moe_dtype_planes(x->dtype)
-                         ? "--synthetic MXFP4 experts (generated on the device whole)"
-                     : ctx_of(be)->off.opts.gpu_experts > 0 ? "--gpu-experts" : NULL;
+    const char *no = ctx_of(be)->off.opts.gpu_experts > 0 ? "--gpu-experts" : NULL;
     if (no)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with %s is not supported", no);
     uint8_t *held = malloc((size_t)E);
@@ -588,27 +586,28 @@ static enum moe_status upload_held_experts(struct moe_backend *be, const struct 
 
 /* The deferred values of x's E experts (of model layer l: all of its
  * experts, or under expert parallelism those of this rank's slots) into
- * the device stacks gu and dn: each expert's part of synth.c's stacks
- * gate_up_proj (E, 2F, D) and down_proj (E, D, F), found by its place in
- * the layer's table (whose pointers are the placeholders' plus the
- * expert's offset); one fill per run of consecutive experts. */
+ * the device stacks gu and dn (each matrix mat bytes): each expert's part
+ * of synth.c's stacks gate_up_proj (E, 2F, D) and down_proj (E, D, F), or
+ * of MXFP4 planes' codes (values of dtype vt: the codes' bytes as bf16),
+ * found by its place in the layer's table (whose pointers are the
+ * placeholders' plus the expert's offset in the stack); one fill per run
+ * of consecutive experts. */
 static enum moe_status synth_experts(struct moe_backend *be, const struct moe_model *m,
-                                     const struct moe_expert_weights *x, int E, int D, int F, int l, void *gu,
-                                     void *dn, size_t mat)
+                                     const struct moe_expert_weights *x, int E, int l, void *gu, void *dn, size_t mat,
+                                     enum moe_dtype vt)
 {
     const struct moe_expert_weights *all = &m->layers[l].experts;
     const int En = m->cfg.n_experts;
-    const size_t n = (size_t)F * D;
+    const size_t n = mat / moe_dtype_size(vt); /* values of a matrix */
     for (int i = 0; i < E;) {
         int e = 0;
         while (e < En && (!x->gate[i] || all->gate[e] != x->gate[i])) e++;
         if (e == En) return moe_fail(MOE_ERR_INVALID_ARG, "cuda upload: a deferred expert not in layer %d", l);
         int r = 1; /* the run: experts e .. e + r - 1 at i .. i + r - 1 */
         while (i + r < E && e + r < En && x->gate[i + r] && all->gate[e + r] == x->gate[i + r]) r++;
-        MOE_TRY(synth_view_at(be, m, (char *)gu + 2 * mat * i, (const char *)all->gate[e] - 2 * mat * e, x->dtype,
+        MOE_TRY(synth_view_at(be, m, (char *)gu + 2 * mat * i, (const char *)all->gate[e] - 2 * mat * e, vt,
                               2 * n * e, 2 * n * r));
-        MOE_TRY(synth_view_at(be, m, (char *)dn + mat * i, (const char *)all->down[e] - mat * e, x->dtype, n * e,
-                              n * r));
+        MOE_TRY(synth_view_at(be, m, (char *)dn + mat * i, (const char *)all->down[e] - mat * e, vt, n * e, n * r));
         i += r;
     }
     return MOE_OK;
@@ -634,8 +633,7 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
         if (x->dtype != MOE_DTYPE_MXFP4)
             return moe_fail(MOE_ERR_UNSUPPORTED, "cuda upload: deferred %s experts", moe_dtype_name(x->dtype));
         const size_t gv = 2 * mat * (size_t)E, dv = mat * (size_t)E;
-        MOE_TRY(synth_view(be, m, gu, x->gate[0], MOE_DTYPE_BF16, gv / 2));
-        MOE_TRY(synth_view(be, m, dn, x->down[0], MOE_DTYPE_BF16, dv / 2));
+        MOE_TRY(synth_experts(be, m, x, E, l, gu, dn, mat, MOE_DTYPE_BF16));
         const int sc = moe_synth_mxfp4_scale(m->synth_std);
         MOE_CUDA_TRY(cudaMemsetAsync((char *)gu + gv, sc, gu_bytes - gv, c->stream));
         MOE_CUDA_TRY(cudaMemsetAsync((char *)dn + dv, sc, dn_bytes - dv, c->stream));
@@ -648,7 +646,7 @@ static enum moe_status stack_experts(struct moe_backend *be, const struct moe_mo
     } else if (m->weights_deferred) {
         /* synth.c makes gate_up_proj (E, 2F, D) and down_proj (E, D, F)
          * tensors: the device layout, value for value */
-        MOE_TRY(synth_experts(be, m, x, E, D, F, l, gu, dn, mat));
+        MOE_TRY(synth_experts(be, m, x, E, l, gu, dn, mat, x->dtype));
     } else if (stacked) {
         MOE_CUDA_TRY(cudaMemcpy(gu, x->gate[0], 2 * mat * E, cudaMemcpyHostToDevice));
         MOE_CUDA_TRY(cudaMemcpy(dn, x->down[0], mat * E, cudaMemcpyHostToDevice));

@@ -195,12 +195,14 @@ static enum moe_status bind_mxfp4(struct moe_model *m, int l, struct moe_expert_
     MOE_TRY(find_u8(m, gs, 3, (int64_t[]){E, 2 * F, D / 32}, &gus));
     MOE_TRY(find_u8(m, db, 4, (int64_t[]){E, D, F / 32, 16}, &dnb));
     MOE_TRY(find_u8(m, ds, 3, (int64_t[]){E, D, F / 32}, &dns));
-    if (m->weights_deferred) { /* made on the device: the table names the placeholders */
+    if (m->weights_deferred) { /* made on the device: the table names the placeholders, each expert's
+                                  pointer offset by its codes' place in the stack (a key, never read) */
         x->gate = calloc((size_t)E, sizeof *x->gate);
         x->up = calloc((size_t)E, sizeof *x->up);
         x->down = calloc((size_t)E, sizeof *x->down);
         if (!x->gate || !x->up || !x->down) return moe_fail(MOE_ERR_NOMEM, "expert table");
-        for (int64_t e = 0; e < E; e++) x->gate[e] = x->up[e] = gub, x->down[e] = dnb;
+        for (int64_t e = 0; e < E; e++)
+            x->gate[e] = x->up[e] = gub + (size_t)e * (size_t)(F * D), x->down[e] = dnb + (size_t)e * (size_t)(D * F / 2);
         x->dtype = MOE_DTYPE_MXFP4;
         return MOE_OK;
     }

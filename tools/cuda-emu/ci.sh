@@ -123,18 +123,20 @@ qwen3_5_moe deepseek_v3_mtp glm4_moe_mtp"
     fi
   done <"$B/ep-lines"
   # bench on synthetic weights made on the device under expert
-  # parallelism: each rank makes its own experts (test_cuda_synth checks
-  # the values); the run completes over both ranks
-  s=$(date +%s)
-  if timeout 600 sh tests/mpi/mpirun.sh mpirun -n 2 "$B/emu_moerun" bench --synthetic configs/tiny-moe.json \
-       --backend cuda --prefill 16 --decode 1 --repeat 1 >"$B/last.out" 2>&1 </dev/null &&
-     grep -q "expert parallelism over 2 ranks" "$B/last.out"; then
-    echo "cuda-emu: pass mpirun -n 2 moerun bench --synthetic tiny-moe --backend cuda ($(($(date +%s) - s)) s)"
-  else
-    echo "cuda-emu: FAIL mpirun -n 2 moerun bench --synthetic tiny-moe --backend cuda ($(($(date +%s) - s)) s)"
-    tail -20 "$B/last.out"
-    echo "bench --synthetic -n 2" >>"$B/failed"
-  fi
+  # parallelism (bf16 and MXFP4 experts): each rank makes its own experts
+  # (test_cuda_synth checks the values); the run completes over both ranks
+  for cfg in configs/tiny-moe.json tests/fixtures/gpt_oss_mxfp4/config.json; do
+    s=$(date +%s)
+    if timeout 600 sh tests/mpi/mpirun.sh mpirun -n 2 "$B/emu_moerun" bench --synthetic $cfg \
+         --backend cuda --prefill 16 --decode 1 --repeat 1 >"$B/last.out" 2>&1 </dev/null &&
+       grep -q "expert parallelism over 2 ranks" "$B/last.out"; then
+      echo "cuda-emu: pass mpirun -n 2 moerun bench --synthetic $cfg --backend cuda ($(($(date +%s) - s)) s)"
+    else
+      echo "cuda-emu: FAIL mpirun -n 2 moerun bench --synthetic $cfg --backend cuda ($(($(date +%s) - s)) s)"
+      tail -20 "$B/last.out"
+      echo "bench --synthetic $cfg -n 2" >>"$B/failed"
+    fi
+  done
   calls=$(awk '{ n[$3]++ } END { for (c in n) print c, n[c] }' "$nlog" 2>/dev/null | sort | tr '\n' ' ')
   echo "cuda-emu: ep_check's NCCL calls (both ranks): ${calls:-none}"
 else
