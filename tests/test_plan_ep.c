@@ -116,6 +116,25 @@ Test(plan_ep, gathering_form_differs)
     cr_expect(fabs(shape(2, true).dec_bytes_comm - g2.dec_bytes_comm) > 1);
 }
 
+/* The last layer a MoE layer: its FFN runs for the logit rows alone.
+ * Replicated attention (no --dp-attention), K = 1: a prefill chunk of 4
+ * rows and one logit row gathers 4 x 32 B over one layer that is not the
+ * last, half received, 64 B, then the logit row's 32 B, 16 received: 80
+ * B; decode (every row a logit row) 4 x 32 / 2 per layer, twice: 128 B. */
+Test(plan_ep, last_moe_layer_gathers_the_logit_rows)
+{
+    struct moe_plan_ep p = {.ranks = 2, .tp = 1, .shards = 2, .n_attn = 2, .n_moe = 2, .last_moe = true,
+                            .E = 4, .K = 1, .D = 8, .batch = 4, .chunk = 4, .ctx = 16, .net_bw = 1e9,
+                            .latency = 0, .dev_bw = 1e30, .dev_flops = 1, .mem = 1e12, .f_attn = 10,
+                            .f_dense = 100, .f_experts = 40};
+    moe_plan_ep_compute(&p);
+    expect_near(p.pre_bytes_comm, 80, "prefill, last layer MoE");
+    expect_near(p.dec_bytes_comm, 128, "decode, last layer MoE");
+    p.last_moe = false;
+    moe_plan_ep_compute(&p);
+    expect_near(p.pre_bytes_comm, 128, "prefill, last layer dense");
+}
+
 /* FLOPs (f_dense 100 a token, 10 of it the attention projections;
  * f_experts 40; f_pos 0), decode: the all-to-all form computes everything
  * but the experts for its 2 rows and 1/2 of the experts of all 4: 2 x 100

@@ -125,8 +125,12 @@ static void step(const struct moe_plan_ep *p, double rows, double seqs, double c
     }
     /* data-parallel attention: each attention layer's rows all-gathered */
     const double dp_s = p->dp ? p->n_attn * allgather_s(p, N, vec) : 0;
-    *comm = p->n_moe * allgather_s(p, N, gathered) + *tp_s + embed_s + dp_s + logits / p->net_bw + p->latency;
-    *recv = p->n_moe * (N - 1) / N * gathered + p->tp_sums * 2 * (M - 1) / M * vec + logits + embed_recv +
+    /* a last MoE layer runs its FFN for the logit rows alone */
+    const bool last = p->last_moe && p->n_moe > 0;
+    const double full = p->n_moe - last, g_last = last ? (all_weights ? seqs : rows) * p->K * p->D * 4 : 0;
+    *comm = full * allgather_s(p, N, gathered) + (last ? allgather_s(p, N, g_last) : 0) + *tp_s + embed_s + dp_s +
+            logits / p->net_bw + p->latency;
+    *recv = (N - 1) / N * (full * gathered + g_last) + p->tp_sums * 2 * (M - 1) / M * vec + logits + embed_recv +
             (p->dp ? p->n_attn * (N - 1) / N * vec : 0);
 }
 

@@ -10,7 +10,8 @@
  * and attention for every row plus 1/N of the experts'), then the
  * all-gathers, not overlapped: a ring all-gather of M bytes over N ranks
  * takes (N - 1) latency + (N - 1) / N x M / bandwidth (each rank receives
- * the other ranks' rows).
+ * the other ranks' rows).  A last MoE layer gathers the logit rows' alone
+ * (moerun runs its FFN for them only: a prefill chunk's last row).
  *
  * With --tp M (plan --ep N --tp M: N x M ranks, the experts in N shards,
  * each on the M ranks of its group, whose rows those ranks split; --tp M
