@@ -533,7 +533,28 @@ enum moe_status moe_cli_engine_start(const struct moe_cli_engine *o, const struc
     MOE_TRY(moe_cli_draft_attach(o, m, be, &eo));
     enum moe_status s = moe_engine_init(e, m, be, &eo);
     if (s != MOE_OK && eo.spec.draft_release) eo.spec.draft_release(eo.spec.draft_ctx);
+    /* the formats the backend made (the model's views point at them now) */
+    if (s == MOE_OK && (o->quantize || o->expert_plan)) moe_cli_print_formats(stderr, "moerun: weights as prepared:", m);
     return s;
+}
+
+void moe_cli_print_formats(FILE *f, const char *prefix, const struct moe_model *m)
+{
+    int64_t by[MOE_DTYPE_N], total = 0;
+    moe_model_bytes_by_dtype(m, by);
+    for (int t = 0; t < MOE_DTYPE_N; t++) total += by[t];
+    char a[32];
+    fputs(prefix, f);
+    for (;;) {
+        int best = -1;
+        for (int t = 0; t < MOE_DTYPE_N; t++)
+            if (by[t] > 0 && (best < 0 || by[t] > by[best])) best = t;
+        if (best < 0) break;
+        fprintf(f, " %s %s (%.1f%%)", moe_dtype_name((enum moe_dtype)best), moe_cli_bytes(a, sizeof a, (double)by[best]),
+                100.0 * (double)by[best] / (double)(total ? total : 1));
+        by[best] = 0;
+    }
+    fputc('\n', f);
 }
 
 void moe_cli_generation_defaults(const char *model_dir, struct moe_sampling *s)

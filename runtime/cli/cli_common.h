@@ -43,6 +43,9 @@ MOE_MUST_USE enum moe_status moe_cli_parse_ids(const char *s, int32_t **ids, int
 bool moe_cli_parse_int(const char *s, long lo, long hi, long *out);
 /* 1536 -> "1.50 KiB" */
 const char *moe_cli_bytes(char *buf, size_t n, double bytes);
+/* A line to f: prefix, then m's weight bytes by storage format (as
+ * loaded, or as a backend prepared them), largest first, with shares. */
+void moe_cli_print_formats(FILE *f, const char *prefix, const struct moe_model *m);
 /* 1234567 -> "1.23M" */
 const char *moe_cli_count(char *buf, size_t n, double x);
 /* getopt_long for command cmd; an unknown option, a missing value or a value

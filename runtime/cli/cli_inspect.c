@@ -136,24 +136,6 @@ static void print_sizes(const struct moe_config *cfg, const struct moe_model_siz
                "token above)\n", moe_cli_bytes(a, sizeof a, (double)moe_config_state_bytes(cfg)));
 }
 
-/* The loaded weights' bytes by storage format, largest first. */
-static void print_formats(const struct moe_model *m, int64_t total)
-{
-    int64_t by[MOE_DTYPE_N];
-    moe_model_bytes_by_dtype(m, by);
-    char a[32];
-    printf("formats     ");
-    for (;;) {
-        int best = -1;
-        for (int t = 0; t < MOE_DTYPE_N; t++)
-            if (by[t] > 0 && (best < 0 || by[t] > by[best])) best = t;
-        if (best < 0) break;
-        printf(" %s %s (%.1f%%)", moe_dtype_name((enum moe_dtype)best), moe_cli_bytes(a, sizeof a, (double)by[best]),
-               100.0 * (double)by[best] / (double)(total ? total : 1));
-        by[best] = 0;
-    }
-    printf("\n");
-}
 
 /* The CPU kernel set the fast backend would run here, and why. */
 static void print_kernels(void)
@@ -208,7 +190,7 @@ int moe_cli_inspect(int argc, char **argv)
     }
     print_structure(&m, mo.path ? mo.path : mo.synthetic);
     print_sizes(&m.cfg, &z);
-    if (m.layers) print_formats(&m, z.bytes_total);
+    if (m.layers) moe_cli_print_formats(stdout, "formats     ", &m);
     print_kernels();
     moe_model_free(&m);
     return 0;
