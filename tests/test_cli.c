@@ -46,6 +46,23 @@ Test(cli, inspect_reports_structure_and_sizes)
     cr_assert(strstr(out, "768 B per token in fp32"), "%s", out);
 }
 
+/* --quantize q4 on the demo model (4 layers, D 128, 16 experts of 64):
+ * the experts' 4 x 16 x 3 x 64 x 128 weights and the attention's 4 x
+ * (128 + 32 + 32 + 128) x 128 at Q4_1 (20 bytes per 32: rows of 64 and
+ * 128 are not Q4_K's 256), 1,085,440 B = 1.04 MiB; the tied embedding and
+ * the norms stay bf16 (128 KiB + 2.5 KiB); the LM head, tied to the
+ * embedding, becomes a Q8_0 copy of its own (512 x 128 x 36 / 32 B = 72
+ * KiB); the routers become bf16 panels (4 x 16 x 128 x 2 B = 16 KiB). */
+Test(cli, quantize_prints_the_prepared_formats)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd, "%s run %s/models/demo-moe --prompt-ids 5,6,7 -n 1 --quantize q4 --backend cpu "
+             "2>&1 >/dev/null", MOERUN_BINARY, MOERUN_SOURCE_DIR);
+    cr_assert_eq(tu_run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "moerun: weights as prepared: Q4_1 1.04 MiB (82.9%) BF16 130.50 KiB (10.2%) "
+                          "Q8_0 72.00 KiB (5.6%) BF16_PANEL 16.00 KiB (1.3%)\n"), "%s", out);
+}
+
 static void check_synth_round_trip(const char *config)
 {
     char dir[] = "/tmp/moerun-synth-XXXXXX", cmd[2048], out[8192];

@@ -563,7 +563,8 @@ static void stored_bytes(const struct moe_model *m, struct moe_model_sizes *z, i
     memset(z, 0, sizeof *z);
     const int64_t D = c->d_model, F = c->d_expert, E = c->n_experts;
     z->bytes_embed = tb(by, &m->embed);
-    z->bytes_lm_head = c->tie_embeddings ? 0 : tb(by, &m->lm_head);
+    /* a tied head counts once, unless a backend made it a copy of its own (quantized) */
+    z->bytes_lm_head = c->tie_embeddings && moe_model_head_tied(m) ? 0 : tb(by, &m->lm_head);
     z->bytes_norm = tb(by, &m->final_norm);
     for (int l = 0; l < c->n_layers; l++) {
         const struct moe_layer_weights *w = &m->layers[l];
