@@ -7,6 +7,7 @@
  * experts/experts_mma_cuda.cu for both.  Offloaded layers
  * (backend_cuda_offload.c) run their rounds through the same kernels.
  * Calls backend_cuda_mem.c only.  See docs/cuda.md. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -59,8 +60,9 @@ enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_
     x->mixed_rows_floats = mixed;
     MOE_CUDA_TRY(cudaMallocHost((void **)&x->h_counts, (size_t)E * sizeof(int32_t)));
     MOE_CUDA_TRY(cudaMallocHost((void **)&x->h_ptrs, 6 * (size_t)E * sizeof(void *)));
-    MOE_CUDA_TRY(cudaMalloc((void **)&x->ep_d_map, (size_t)E * sizeof(int32_t)));
-    if (!(x->ep_h_map = malloc((size_t)E * sizeof(int32_t))))
+    /* a map per stack: up to 3 (a per-expert plan's formats) */
+    MOE_CUDA_TRY(cudaMalloc((void **)&x->ep_d_map, 3 * (size_t)E * sizeof(int32_t)));
+    if (!(x->ep_h_map = malloc(3 * (size_t)E * sizeof(int32_t))))
         return moe_fail(MOE_ERR_NOMEM, "cuda reserve: expert-parallel slot map");
     /* one host block for the grouped GEMM parameter arrays */
     const size_t per = 7 * sizeof(int) + 2 * sizeof(float) + 2 * sizeof(cublasOperation_t);
@@ -363,6 +365,80 @@ enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float *out, const 
                                     plan->offsets, E, NULL);
 }
 
+/* Expert parallelism over a layer a per-expert plan split (struct
+ * cuda_mixed, the slot view's backend_layer): each of this rank's slots
+ * [lo, hi) is found in its format's stack by its pointer, and each stack
+ * runs over its slots as moe_cuda_experts_ep runs the one stack (its own
+ * map of the slots); every slot's rows end in ws->ye in fp32, through
+ * c->experts.mixed_rows when a stack's path leaves half rows (with the
+ * down bias then, as there). */
+static enum moe_status experts_ep_mixed(struct cuda_ctx *c, const struct cuda_mixed *mx, const float *x,
+                                        const struct moe_dispatch *plan, const struct moe_expert_weights *ex,
+                                        const struct moe_expert_ws *ws, int T, int K, int D, int F, int E)
+{
+    const int lo = plan->lo, hi = plan->hi, n = T * K;
+    int32_t *map = c->experts.ep_h_map; /* (mx->n, E) */
+    int held[3] = {0};
+    for (int i = 0; i < mx->n * E; i++) map[i] = -1;
+    for (int s = lo; s < hi; s++) {
+        int i = 0;
+        for (; i < mx->n; i++) {
+            const struct cuda_mixed_set *st = &mx->set[i];
+            const uintptr_t g = (uintptr_t)ex->gate[s], g0 = (uintptr_t)st->gu,
+                            step = 2 * expert_mat_bytes(st->dtype, F, D);
+            if (g >= g0 && g < g0 + step * (size_t)st->C && (g - g0) % step == 0) {
+                map[i * E + s] = (int32_t)((g - g0) / step);
+                held[i]++;
+                break;
+            }
+        }
+        if (i == mx->n) return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slot %d is in no stack of its layer", s);
+    }
+    const int Ep = plan->experts > 0 && plan->experts < E ? plan->experts : E;
+    enum expert_path path[3];
+    bool kernels_only = true;
+    for (int i = 0; i < mx->n; i++) {
+        path[i] = moe_cuda_expert_path(c, mx->set[i].dtype, T, K, D, F, Ep, mx->set[i].C);
+        kernels_only = kernels_only && (path[i] == PATH_KERNELS || !held[i]);
+    }
+    if (!kernels_only && (size_t)n * D > c->experts.mixed_rows_floats)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d rows of %d for a per-expert plan, %zu values "
+                        "reserved", n, D, c->experts.mixed_rows_floats);
+    if (T <= 0) return MOE_OK;
+    MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.ep_d_map, map, (size_t)mx->n * E * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, c->stream));
+    enum moe_dtype gathered = MOE_DTYPE_N;
+    for (int i = 0; i < mx->n; i++) {
+        if (!held[i]) continue;
+        const struct cuda_mixed_set *st = &mx->set[i];
+        struct moe_expert_weights v = *ex; /* the stack's view of the slots */
+        v.dtype = st->dtype;
+        v.dtypes = NULL;
+        v.backend_layer = NULL;
+        const enum moe_dtype half = st->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
+        if (path[i] == PATH_CUBLAS && half != gathered) {
+            MOE_TRY(gather_and_count(c, x, plan, ws, half, NULL, n, K, D, E));
+            gathered = half;
+        }
+        enum moe_dtype ydt;
+        const int32_t *dm = c->experts.ep_d_map + (size_t)i * E;
+        enum moe_status s = moe_cuda_run_stack(c, path[i], st->gu, st->dn, st->C, map + (size_t)i * E, dm, x, plan,
+                                               &v, ws, T, K, D, F, E, &ydt);
+        if (s == MOE_ERR_UNSUPPORTED && path[i] == PATH_CUBLAS) { /* as moe_cuda_experts_ep */
+            moe_cuda_no_grouped(c);
+            return experts_ep_mixed(c, mx, x, plan, ex, ws, T, K, D, F, E);
+        }
+        MOE_TRY(s);
+        if (!kernels_only)
+            MOE_TRY(moe_experts_take_rows_cuda(c->stream, c->experts.mixed_rows, ws->ye, ydt, dm, plan->offsets, E, n,
+                                               D, ydt == MOE_DTYPE_F32 ? NULL : ex->b_down.data));
+    }
+    if (!kernels_only)
+        MOE_CUDA_TRY(cudaMemcpyAsync(ws->ye, c->experts.mixed_rows, (size_t)n * D * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, c->stream));
+    return MOE_OK;
+}
+
 /* Expert parallelism: the three paths as an offloaded layer's rounds take
  * them (backend_cuda_offload.c), over one round whose map places this
  * rank's slots; half results (cuBLAS, tensor cores) widened to fp32 in
@@ -376,9 +452,9 @@ enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const st
     if (lo < 0 || hi > E || C <= 0 || E > c->work.max_e)
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slots %d..%d of %d (%d reserved)", lo, hi, E,
                         c->work.max_e);
+    if (ex->dtypes && ex->backend_layer) return experts_ep_mixed(c, ex->backend_layer, x, plan, ex, ws, T, K, D, F, E);
     if (ex->dtypes)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with a precision per expert is not "
-                        "supported");
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: a precision per expert without its layer's stacks");
     const size_t mat = expert_mat_bytes(ex->dtype, F, D), mat_d = expert_mat_bytes(moe_expert_down_dtype(ex, lo), F, D);
     const char *gu = ex->gate[lo], *dn = ex->down[lo];
     for (int s = lo; s < hi; s++)

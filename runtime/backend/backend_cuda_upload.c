@@ -498,18 +498,30 @@ static enum moe_status upload_expert_set(struct moe_backend *be, const struct mo
  * (stored, q8_0, q4), each in expert order, and a struct cuda_mixed in
  * x->backend_layer saying which expert is where; x->dtypes its table of
  * each expert's dtype.  A layer whose experts all take one quantization is
- * stacked as without a plan. */
+ * stacked as without a plan.  Under expert parallelism (m->ep_held) the
+ * experts this rank holds only. */
 static enum moe_status upload_mixed_experts(struct moe_backend *be, const struct moe_model *m, int l,
                                             struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
 {
     struct cuda_ctx *c = ctx_of(be);
     uint8_t *pick = malloc((size_t)E);
     if (!pick) return moe_fail(MOE_ERR_NOMEM, "cuda upload: a plan of %d experts", E);
-    int used[3] = {0};
-    for (int e = 0; e < E; e++) used[pick[e] = (uint8_t)moe_backend_expert_quant(be, l, e)] = 1;
+    int used[3] = {0}, one = 0;
+    enum { NOT_HELD = 255 };
+    for (int e = 0; e < E; e++) {
+        pick[e] = moe_model_holds(m, l, e) ? (uint8_t)moe_backend_expert_quant(be, l, e) : NOT_HELD;
+        if (pick[e] != NOT_HELD) used[one = pick[e]] = 1;
+    }
     enum moe_status s = MOE_OK;
-    if (used[0] + used[1] + used[2] == 1) {
-        s = upload_experts(be, m, x, E, D, F, l, moe_layer, (enum moe_weight_quant)pick[0]);
+    if (used[0] + used[1] + used[2] <= 1) { /* one format */
+        if (!m->ep_held) s = upload_experts(be, m, x, E, D, F, l, moe_layer, (enum moe_weight_quant)one);
+        else {
+            int n;
+            enum moe_dtype dt;
+            s = upload_expert_set(be, m, x, pick, (uint8_t)one, E, D, F, l, moe_layer, (enum moe_weight_quant)one,
+                                  &n, &dt);
+            if (s == MOE_OK) x->dtype = dt;
+        }
         free(pick);
         return s;
     }
@@ -541,7 +553,7 @@ static enum moe_status upload_mixed_experts(struct moe_backend *be, const struct
         }
         for (int e = 0, i = 0; e < E; e++) {
             st->h_map[e] = pick[e] == q ? i++ : -1;
-            if (pick[e] == q) mx->dtypes[e] = st->dtype;
+            if (pick[e] == q || (pick[e] == NOT_HELD && !mx->n)) mx->dtypes[e] = st->dtype; /* not held: a stand-in */
             if (pick[e] == q && st->h_map[e] == 0) st->gu = x->gate[e], st->dn = x->down[e];
         }
         s = dev_buffer(be, (size_t)E * sizeof(int32_t), (void **)&st->d_map);
@@ -565,9 +577,8 @@ static enum moe_status upload_mixed_experts(struct moe_backend *be, const struct
 static enum moe_status upload_held_experts(struct moe_backend *be, const struct moe_model *m, int l,
                                            struct moe_expert_weights *x, int E, int D, int F, int moe_layer)
 {
-    if (!m->ep_held)
-        return be->expert_quant ? upload_mixed_experts(be, m, l, x, E, D, F, moe_layer)
-                                : upload_experts(be, m, x, E, D, F, l, moe_layer, be->quant);
+    if (be->expert_quant) return upload_mixed_experts(be, m, l, x, E, D, F, moe_layer);
+    if (!m->ep_held) return upload_experts(be, m, x, E, D, F, l, moe_layer, be->quant);
     const char *no = ctx_of(be)->off.opts.gpu_experts > 0 ? "--gpu-experts" : NULL;
     if (no)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with %s is not supported", no);
@@ -705,9 +716,6 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
                         "supported (a plan's stacks carry one dtype each); use q4");
     if (has_dtype(m, is_mxfp4))
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: MXFP4 weights other than experts are not "
-                        "supported");
-    if (be->expert_quant && m->ep_held)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: expert parallelism with --expert-dtype-plan is not "
                         "supported");
     MOE_TRY(moe_backend_check_expert_plan(be, m));
     for (int l = 0; l < cfg->n_layers; l++)

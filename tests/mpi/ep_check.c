@@ -55,6 +55,13 @@
  * its share of the heads) must give one process's logits bit for bit
  * (check_mtp).
  *
+ *     mpirun -n N ep_check BACKEND --plan FIXTURE...
+ *
+ * Every run (one process's too) with a precision per expert
+ * (--expert-dtype-plan): in each MoE layer l, expert e stored, at q8_0 or
+ * at q4 by (e + l) mod 3, so every rank holds experts of several formats;
+ * logits bit-identical as above.
+ *
  * Without --tp, first: rank 0 opens the first fixture and the others a
  * copy of it with another config.json, which rank 0's runner must refuse
  * naming the rank. */
@@ -103,8 +110,23 @@ static const char *coll_used(const struct moe_ep *ep)
 
 static const char *backend_name;
 
+/* --plan: the fixture's plan (plan_l x plan_e: by (e + l) mod 3 stored,
+ * q8_0, q4) while it runs, else NULL */
+static bool plan_on;
+static uint8_t *plan;
+static int plan_l, plan_e;
+
 static enum moe_status backend_open(struct moe_backend *be)
 {
+    if (plan) {
+        struct moe_backend_opts o;
+        moe_backend_opts_defaults(&o);
+        o.n_threads = 1;
+        o.expert_quant = plan;
+        o.expert_quant_layers = plan_l;
+        o.expert_quant_e = plan_e;
+        return moe_backend_init(be, backend_name, &o);
+    }
     if (!strcmp(backend_name, "cuda")) return moe_backend_cuda_init(be, 0);
     return !strcmp(backend_name, "cpu-ref") ? moe_backend_cpu_init(be, 1) : moe_backend_cpu_fast_init(be, 1);
 }
@@ -322,6 +344,26 @@ static void compare(const char *name, const struct record *ref, const struct rec
     }
 }
 
+/* Rank 0's share prepared under --plan: each expert it holds in its plan's
+ * format (q8_0: Q8_0; q4: a four-bit dtype; stored: as it was), at least
+ * one of each. */
+static void check_planned(const char *name, const struct moe_model *m)
+{
+    int seen[3] = {0};
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int e = 0; e < m->cfg.n_experts && m->cfg.layer_moe[l]; e++) {
+            if (!moe_model_holds(m, l, e)) continue;
+            const int q = (e + l) % 3;
+            const enum moe_dtype dt = moe_expert_dtype(&m->layers[l].experts, e);
+            const bool ok = q == 1 ? dt == MOE_DTYPE_Q8_0 : q == 2 ? moe_dtype_is_q4(dt)
+                                                                     : dt != MOE_DTYPE_Q8_0 && !moe_dtype_is_q4(dt);
+            CHECK(ok, "%s: layer %d expert %d is %s, not what the plan says", name, l, e, moe_dtype_name(dt));
+            seen[q]++;
+        }
+    CHECK(seen[0] && seen[1] && seen[2], "%s: rank 0 holds %d stored, %d q8_0 and %d q4 experts", name, seen[0],
+          seen[1], seen[2]);
+}
+
 /* One fixture on every rank, placed contiguously or with replicas; under
  * --tp with the experts in `shards` shards. */
 static void check_fixture(struct moe_comm *c, const char *name, bool replicas, int shards)
@@ -345,9 +387,21 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
         CHECK(0, "%s: %s", name, moe_last_error());
         return;
     }
+    if (plan_on) {
+        static const uint8_t turn[3] = {MOE_QUANT_NONE, MOE_QUANT_Q8_0, MOE_QUANT_Q4};
+        plan_l = cfg.n_layers, plan_e = cfg.n_experts;
+        if (!(plan = malloc((size_t)plan_l * plan_e))) {
+            CHECK(0, "%s: no memory for a plan", name);
+            return;
+        }
+        for (int l = 0; l < plan_l; l++)
+            for (int e = 0; e < plan_e; e++)
+                plan[l * plan_e + e] = cfg.layer_moe[l] ? turn[(e + l) % 3] : MOE_EXPERT_QUANT_DEFAULT;
+    }
     char *placement = replicas ? replica_placement(&cfg, size) : NULL;
     if (replicas && !placement) {
         CHECK(0, "%s: no placement: %s", name, moe_last_error());
+        free(plan), plan = NULL;
         return;
     }
     if (!replicas && cfg.n_experts % shards) { /* refused, naming the count */
@@ -357,6 +411,7 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
         if (rank == 0) printf("ep_check: %s: %d experts over %d shards refused as it should be\n", name,
                               cfg.n_experts, shards);
         moe_ep_free(&ep);
+        free(plan), plan = NULL;
         return;
     }
     if (rank != 0) {
@@ -366,6 +421,7 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
         CHECK(s == MOE_OK, "%s: rank %d: %s", name, rank, moe_last_error());
         moe_ep_free(&ep);
         free(placement);
+        free(plan), plan = NULL;
         return;
     }
     struct record ref = {0}, got = {0};
@@ -389,6 +445,7 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
               "%s: the LM head holds %lld rows from %d (%d parts), not %d from %d", name,
               (long long)m.lm_head.shape[0], m.vocab_lo, m.vocab_parts, vs, lo);
         if ((s = backend_open(&be)) == MOE_OK && (s = moe_runner_init(&rn, &m, &be, &o)) == MOE_OK) {
+            if (plan) check_planned(name, &m);
             s = run_steps(&rn, &got);
             moe_runner_free(&rn);
         }
@@ -405,6 +462,7 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
         CHECK(moe_ep_stop(&ep) == MOE_OK, "%s: stop: %s", name, moe_last_error());
         record_free(&ref);
         moe_ep_free(&ep);
+        free(plan), plan = NULL;
         return;
     }
     CHECK(s == MOE_OK, "%s over %d ranks: %s", name, size, moe_last_error());
@@ -431,9 +489,10 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
             snprintf(att, sizeof att, ", %llu of %llu attention rows (data-parallel)",
                      (unsigned long long)ep.dp_rows, (unsigned long long)ep.dp_rows_all);
         if (failures == before)
-            printf("ep_check: %s (%s, %s, %s): %d ranks, %d steps: logits bit-identical, ids and routing equal; "
+            printf("ep_check: %s (%s, %s%s, %s): %d ranks, %d steps: logits bit-identical, ids and routing equal; "
                    "rank 0 computed %llu of %llu expert rows%s, %lld of %d vocabulary rows\n", name, backend_name,
-                   replicas ? "placement with 2 replicas a layer" : "contiguous", coll_used(&ep), size, STEPS,
+                   replicas ? "placement with 2 replicas a layer" : "contiguous",
+                   plan ? ", experts stored, q8_0 and q4 by a plan" : "", coll_used(&ep), size, STEPS,
                    (unsigned long long)ep.n.rows_own, (unsigned long long)ep.n.rows_all, att, head_rows, cfg.vocab);
     }
     free(placement);
@@ -441,6 +500,7 @@ static void check_fixture(struct moe_comm *c, const char *name, bool replicas, i
     record_free(&ref);
     record_free(&got);
     moe_ep_free(&ep);
+    free(plan), plan = NULL;
 }
 
 /* The multi-token-prediction module of m (--spec mtp) run alone, its
@@ -578,7 +638,7 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: mpirun -n N ep_check cpu|cpu-ref|cuda [--rows N] [--tp M] [--collectives C] "
-                "[--dp-attention [--dp-gather]] FIXTURE...\n");
+                "[--plan] [--dp-attention [--dp-gather]] FIXTURE...\n");
         return 2;
     }
     backend_name = argv[1];
@@ -589,6 +649,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[first], "--collectives")) coll_name = argv[first + 1];
         else break;
     }
+    if (first < argc && !strcmp(argv[first], "--plan")) plan_on = true, first++;
     if (first < argc && !strcmp(argv[first], "--dp-attention")) dp = true, first++;
     if (first < argc && !strcmp(argv[first], "--dp-gather")) dp = dp_gather = true, first++;
     if (strcmp(coll_name, "auto") && strcmp(coll_name, "nccl") && strcmp(coll_name, "mpi")) {

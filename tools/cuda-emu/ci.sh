@@ -94,7 +94,9 @@ if command -v mpirun >/dev/null 2>&1 && nm "$B/cpu/libmoerun_comm.a" 2>/dev/null
   # kernels, column orders by slot); last auto with rank 1's NCCL failing to
   # open: every rank must fall back to the host-staged MPI path, rank 0
   # saying why; data-parallel attention (its rows staged through host
-  # memory) over a GQA, an MLA, a hybrid and an MXFP4 family.  Each line:
+  # memory) over a GQA, an MLA, a hybrid and an MXFP4 family; a precision
+  # per expert (--plan: each rank's experts in three formats, one stack
+  # each) over two GQA families and an MLA one.  Each line:
   # ranks, then ep_check's arguments.
   fx="mixtral qwen2_moe qwen3_moe olmoe glm4_moe gpt_oss gpt_oss_mxfp4 deepseek_v2 deepseek_v3 deepseek_v3_fp8 \
 granitemoe granitemoeshared qwen3_moe_fp8 qwen3_moe_ct_w4 qwen3_moe_gptq qwen3_moe_awq minimax_m2 qwen3_next \
@@ -103,6 +105,7 @@ qwen3_5_moe deepseek_v3_mtp glm4_moe_mtp"
     "4 --collectives nccl olmoe deepseek_v3 gpt_oss_mxfp4" "4 --collectives nccl --tp 2 olmoe deepseek_v2" \
     "2 --collectives mpi deepseek_v2 mixtral" "2 --collectives nccl --rows 7 qwen3_moe_gptq_actorder" \
     "2 --collectives auto olmoe" "2 --collectives nccl --dp-attention olmoe deepseek_v3 qwen3_next gpt_oss_mxfp4" \
+    "2 --collectives nccl --plan qwen3_moe olmoe deepseek_v2" \
     >"$B/ep-lines"
   while read -r n args; do
     s=$(date +%s)
