@@ -4,7 +4,13 @@
  * Work items are (block of rows, KV head), or (block, KV head, chunk of
  * the group's heads) when those are too few for the threads; a block is up
  * to VH_CAP / G consecutive rows of one sequence (a prefill chunk; a
- * decode row alone).  Each item walks its sequence's keys in tiles of up
+ * decode row alone).  Decode rows take several KV heads an item, as many
+ * as the scratch holds and the threads leave: the cache keeps a token's
+ * heads side by side, so a tile's rows of those heads are one stretch of
+ * memory, walked head after head while it is in cache, where an item of
+ * one head reads a row every Hkv rows (bench-olmoe at 2048 cached tokens,
+ * one thread: the attention's time 0.78x; results/2026-12-07-decode-
+ * attention-heads.md).  Each item walks its sequence's keys in tiles of up
  * to MOE_ATT_TILE positions: the scores of the tile's keys for all of the
  * item's rows and query heads (vector dot products), then one
  * online-softmax update per row, head and tile (one rescale of the
@@ -57,6 +63,7 @@ struct att_job {
     enum moe_dtype dt;
     bool wide; /* the 512-bit kernels */
     int Hq, Hkv, Dh, G, B, GC, nc;
+    int HC, nh; /* KV heads an item takes (blocks of one row only), items a block's heads make */
 };
 
 /* The kernels of the job's width (attention_fast_impl.h). */
@@ -92,12 +99,13 @@ static int row_blocks(int32_t *start, const struct moe_batch *b, const struct mo
     return n;
 }
 
-/* Work item it: (block of rows, KV head kh, heads g0 .. g0 + gn of its
- * group), in the scratch of thread th.  Each row's numbers are those it
- * has alone: the same tiles from its first key, the scores of its heads
- * computed as alone (the kernels treat heads one by one), its own softmax
- * update over its own keys of a tile, its values summed over those keys;
- * the block shares only the loading of the keys and values. */
+/* Work item it: (block of rows, KV heads kh0 .. kh0 + hn (hn > 1: a
+ * block of one row), heads g0 .. g0 + gn of each group), in the scratch
+ * of thread th.  Each row's numbers are those it has alone: the same
+ * tiles from its first key, the scores of its heads computed as alone
+ * (the kernels treat heads one by one), its own softmax update over its
+ * own keys of a tile, its values summed over those keys; the block and
+ * the item's KV heads share only the loading of the keys and values. */
 static void attend_item(const struct att_job *J, size_t it, int th)
 {
     const int Hq = J->Hq, Hkv = J->Hkv, Dh = J->Dh, G = J->G, B = J->B, GC = J->GC, nc = J->nc;
@@ -105,67 +113,75 @@ static void attend_item(const struct att_job *J, size_t it, int th)
     const struct moe_attn_params *p = J->p;
     const enum moe_dtype dt = J->dt;
     const bool fp8 = dt == MOE_DTYPE_F8E4M3;
-    const size_t blk = it / ((size_t)Hkv * nc);
-    const int kh = (int)(it / nc % Hkv);
+    const size_t blk = it / ((size_t)J->nh * nc);
+    const int kh0 = (int)(it / nc % J->nh) * J->HC, hn = Hkv - kh0 < J->HC ? Hkv - kh0 : J->HC;
     const int t0 = J->start ? J->start[blk] : (int)blk, R = J->start ? J->start[blk + 1] - t0 : 1;
-    const int g0 = (int)(it % nc) * GC, gn = G - g0 < GC ? G - g0 : GC, VH = R * gn;
+    const int g0 = (int)(it % nc) * GC, gn = G - g0 < GC ? G - g0 : GC, VH = R * gn; /* a KV head's */
     const int32_t *pos = b->positions + t0;
     float *m = J->scratch + (size_t)th * J->scratch_per_thread;
-    float *l = m + VH, *corr = l + VH, *sc = corr + VH, *acc = sc + (size_t)VH * JT, *qb = acc + (size_t)VH * Dh;
+    float *l = m + (size_t)hn * VH, *corr = l + (size_t)hn * VH, *sc = corr + (size_t)hn * VH,
+          *acc = sc + (size_t)hn * VH * JT, *qb = acc + (size_t)hn * VH * Dh;
     const int32_t *table = b->block_table + (size_t)b->seq_of[t0] * b->max_blocks;
     const int first = moe_attention_first_key(p, pos[0]), plast = pos[R - 1];
     const float scale = moe_attention_query_scale(p, pos[0]);
-    const float *qrow = J->q + (size_t)t0 * Hq * Dh + (size_t)(kh * G + g0) * Dh;
+    const float *qrow = J->q + (size_t)t0 * Hq * Dh + (size_t)(kh0 * G + g0) * Dh;
     for (int r = 0; r < R; r++) {
-        if (R > 1) /* the block's queries side by side (a lone row's already are) */
+        if (R > 1) /* the block's queries side by side (a lone row's already are; hn is 1) */
             memcpy(qb + (size_t)r * gn * Dh, qrow + (size_t)r * Hq * Dh, (size_t)gn * Dh * sizeof(float));
-        for (int g = 0; g < gn; g++) { /* a sink is a key of value 0 */
-            m[r * gn + g] = p->sinks ? p->sinks[kh * G + g0 + g] : -INFINITY;
-            l[r * gn + g] = p->sinks ? 1.0f : 0.0f;
-        }
+        for (int h = 0; h < hn; h++)
+            for (int g = 0; g < gn; g++) { /* a sink is a key of value 0 */
+                m[h * VH + r * gn + g] = p->sinks ? p->sinks[(kh0 + h) * G + g0 + g] : -INFINITY;
+                l[h * VH + r * gn + g] = p->sinks ? 1.0f : 0.0f;
+            }
     }
-    memset(acc, 0, (size_t)VH * Dh * sizeof(float));
+    memset(acc, 0, (size_t)hn * VH * Dh * sizeof(float));
     const void *krow[JT], *vrow[JT];
     float ks[JT], vs[JT]; /* fp8: the rows' scales */
     int ra = 0;           /* the first row whose keys reach this tile (positions ascend) */
     for (int j0 = first; j0 <= plast; j0 += JT) {
         const int nj = plast + 1 - j0 < JT ? plast + 1 - j0 : JT;
         while (pos[ra] < j0) ra++;
-        for (int jj = 0; jj < nj; jj++) {
-            const int j = j0 + jj;
-            const size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
-            const size_t r = slot * (size_t)Hkv + (size_t)kh, off = r * (size_t)Dh * J->es;
-            krow[jj] = J->kl + off;
-            vrow[jj] = J->vl + off;
-            if (fp8) {
-                ks[jj] = J->ksl[r];
-                vs[jj] = J->vsl[r];
+        for (int h = 0; h < hn; h++) {
+            const int kh = kh0 + h;
+            for (int jj = 0; jj < nj; jj++) {
+                const int j = j0 + jj;
+                const size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
+                const size_t r = slot * (size_t)Hkv + (size_t)kh, off = r * (size_t)Dh * J->es;
+                krow[jj] = J->kl + off;
+                vrow[jj] = J->vl + off;
+                if (fp8) {
+                    ks[jj] = J->ksl[r];
+                    vs[jj] = J->vsl[r];
+                }
             }
+            float *mh = m + h * VH, *lh = l + h * VH, *ch = corr + h * VH, *sch = sc + (size_t)h * VH * JT,
+                  *ah = acc + (size_t)h * VH * Dh;
+            /* scores of every row reaching the tile, over the keys of the last
+             * (a row ignores those past its position) */
+            float *sa = sch + (size_t)ra * gn * JT;
+            const float *qa = R > 1 ? qb + (size_t)ra * gn * Dh : qrow + (size_t)h * G * Dh;
+            scores(J, sa, qa, (R - ra) * gn, krow, ks, nj, scale);
+            /* rows ra .. rf - 1 see part of the tile, each alone; rf .. R - 1 all of it, together */
+            int rf = ra;
+            while (rf < R && pos[rf] + 1 - j0 < nj) rf++;
+            for (int r = ra; r < R; r++) {
+                const int njr = r < rf ? pos[r] + 1 - j0 : nj, v = r * gn;
+                moe_attention_softmax_avx2(sch + (size_t)v * JT, JT, gn, njr, mh + v, lh + v, ch + v);
+                if (r < rf) accum(J, ah + (size_t)v * Dh, gn, ch + v, sch + (size_t)v * JT, vrow, vs, njr);
+            }
+            if (rf < R)
+                accum(J, ah + (size_t)rf * gn * Dh, (R - rf) * gn, ch + rf * gn, sch + (size_t)rf * gn * JT, vrow,
+                      vs, nj);
         }
-        /* scores of every row reaching the tile, over the keys of the last
-         * (a row ignores those past its position) */
-        float *sa = sc + (size_t)ra * gn * JT;
-        const float *qa = R > 1 ? qb + (size_t)ra * gn * Dh : qrow;
-        scores(J, sa, qa, (R - ra) * gn, krow, ks, nj, scale);
-        /* rows ra .. rf - 1 see part of the tile, each alone; rf .. R - 1 all of it, together */
-        int rf = ra;
-        while (rf < R && pos[rf] + 1 - j0 < nj) rf++;
-        for (int r = ra; r < R; r++) {
-            const int njr = r < rf ? pos[r] + 1 - j0 : nj, h = r * gn;
-            moe_attention_softmax_avx2(sc + (size_t)h * JT, JT, gn, njr, m + h, l + h, corr + h);
-            if (r < rf) accum(J, acc + (size_t)h * Dh, gn, corr + h, sc + (size_t)h * JT, vrow, vs, njr);
-        }
-        if (rf < R)
-            accum(J, acc + (size_t)rf * gn * Dh, (R - rf) * gn, corr + rf * gn, sc + (size_t)rf * gn * JT, vrow, vs,
-                  nj);
     }
-    for (int r = 0; r < R; r++)
-        for (int g = 0; g < gn; g++) {
-            float *o = J->out + (size_t)(t0 + r) * Hq * Dh + ((size_t)kh * G + g0 + g) * Dh;
-            const float *a = acc + (size_t)(r * gn + g) * Dh;
-            const float inv = 1.0f / l[r * gn + g];
-            for (int d = 0; d < Dh; d++) o[d] = a[d] * inv;
-        }
+    for (int h = 0; h < hn; h++)
+        for (int r = 0; r < R; r++)
+            for (int g = 0; g < gn; g++) {
+                float *o = J->out + (size_t)(t0 + r) * Hq * Dh + ((size_t)(kh0 + h) * G + g0 + g) * Dh;
+                const float *a = acc + (size_t)(h * VH + r * gn + g) * Dh;
+                const float inv = 1.0f / l[h * VH + r * gn + g];
+                for (int d = 0; d < Dh; d++) o[d] = a[d] * inv;
+            }
 }
 
 void moe_attention_paged_fast(enum moe_cpu_isa isa, float *out, const float *q, const struct moe_kvcache *kv,
@@ -204,10 +220,19 @@ void moe_attention_paged_fast(enum moe_cpu_isa isa, float *out, const float *q, 
     size_t keys = 0;
     for (int t = 0; t < T; t++) keys += (size_t)b->positions[t] + 1;
     const int nth = omp_get_max_threads();
+    /* decode rows: KV heads an item takes, up to what the scratch holds
+     * for one row (rows_per_block(G) groups of G), leaving an item per
+     * thread at least */
+    J.HC = 1;
+    if (!start) {
+        const int per = nblk >= nth ? Hkv : Hkv / ((nth + nblk - 1) / nblk);
+        J.HC = per < 1 ? 1 : per > rows_per_block(G) ? rows_per_block(G) : per;
+    }
+    J.nh = (Hkv + J.HC - 1) / J.HC;
     if (nth == 1 || keys * (size_t)Hq * (size_t)Dh <= 16384) {
         J.GC = G;
         J.nc = 1;
-        for (size_t it = 0; it < (size_t)nblk * Hkv; it++) attend_item(&J, it, 0);
+        for (size_t it = 0; it < (size_t)nblk * J.nh; it++) attend_item(&J, it, 0);
         free(start);
         return;
     }
@@ -216,10 +241,10 @@ void moe_attention_paged_fast(enum moe_cpu_isa isa, float *out, const float *q, 
      * one): each head's arithmetic is the same whatever the chunk. */
     const int want = 4 * nth;
     int GC = G;
-    while (GC > 1 && (size_t)nblk * Hkv * (size_t)((G + GC - 1) / GC) < (size_t)want) GC = (GC + 1) / 2;
+    while (J.HC == 1 && GC > 1 && (size_t)nblk * Hkv * (size_t)((G + GC - 1) / GC) < (size_t)want) GC = (GC + 1) / 2;
     J.GC = GC;
     J.nc = (G + GC - 1) / GC;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (size_t it = 0; it < (size_t)nblk * Hkv * J.nc; it++) attend_item(&J, it, omp_get_thread_num());
+    for (size_t it = 0; it < (size_t)nblk * J.nh * J.nc; it++) attend_item(&J, it, omp_get_thread_num());
     free(start);
 }
