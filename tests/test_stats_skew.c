@@ -28,16 +28,7 @@ static const char *cfg_json =
     " \"num_experts\": 16, \"num_experts_per_tok\": 2, \"norm_topk_prob\": true,"
     " \"tie_word_embeddings\": false, \"initializer_range\": 0.1}";
 
-static struct moe_config load_cfg(void)
-{
-    json_error_t err;
-    json_t *root = json_loads(cfg_json, 0, &err);
-    cr_assert(root, "%s", err.text);
-    struct moe_config c;
-    cr_assert_eq(moe_config_parse(&c, root, "test config"), MOE_OK, "%s", moe_last_error());
-    json_decref(root);
-    return c;
-}
+static struct moe_config load_cfg(void) { return tu_config_json(cfg_json); }
 
 Test(skew, spec_parsing)
 {

@@ -12,6 +12,7 @@
 
 #include "runtime/model/model.h"
 #include "runtime/model/synth_skew.h"
+#include "tests/testutil.h"
 
 /* experts of 48 x 100 values: a gate/up pair is 9600 values, so the
  * generator's chunks of 65536 values start and end inside experts */
@@ -23,16 +24,7 @@ static const char *cfg_json =
     " \"num_experts\": 16, \"num_experts_per_tok\": 2, \"norm_topk_prob\": true,"
     " \"mlp_only_layers\": [1], \"intermediate_size\": 64, \"tie_word_embeddings\": false, \"initializer_range\": 0.1}";
 
-static struct moe_config load_cfg(void)
-{
-    json_error_t err;
-    json_t *root = json_loads(cfg_json, 0, &err);
-    cr_assert(root, "%s", err.text);
-    struct moe_config c;
-    cr_assert_eq(moe_config_parse(&c, root, "test config"), MOE_OK, "%s", moe_last_error());
-    json_decref(root);
-    return c;
-}
+static struct moe_config load_cfg(void) { return tu_config_json(cfg_json); }
 
 static bool all_zero(const void *p, size_t n)
 {

@@ -234,7 +234,7 @@ void tu_expect_pools_free(const struct moe_engine *e)
     if (e->o.spec.kind == MOE_SPEC_MTP) expect_pool_free(&e->mtp.r.kv, "multi-token prediction");
 }
 
-void tu_synthetic_model(struct moe_model *m, const char *cfg_json, uint64_t seed)
+struct moe_config tu_config_json(const char *cfg_json)
 {
     json_error_t err;
     json_t *j = json_loads(cfg_json, 0, &err);
@@ -242,6 +242,12 @@ void tu_synthetic_model(struct moe_model *m, const char *cfg_json, uint64_t seed
     struct moe_config cfg;
     cr_assert_eq(moe_config_parse(&cfg, j, "test config"), MOE_OK, "%s", moe_last_error());
     json_decref(j);
+    return cfg;
+}
+
+void tu_synthetic_model(struct moe_model *m, const char *cfg_json, uint64_t seed)
+{
+    const struct moe_config cfg = tu_config_json(cfg_json);
     cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_F32, seed), MOE_OK, "%s", moe_last_error());
 }
 

@@ -98,6 +98,8 @@ void tu_expect_pools_free(const struct moe_engine *e);
 struct moe_model;
 /* A synthetic f32 model of config.json text cfg_json (random weights from
  * seed); fails the test on a bad config. */
+/* The configuration a config.json text gives (asserted to parse). */
+struct moe_config tu_config_json(const char *cfg_json);
 void tu_synthetic_model(struct moe_model *m, const char *cfg_json, uint64_t seed);
 /* The engine suites' tiny Qwen3-MoE: hidden 32, `layers` layers, 4 heads
  * (2 KV) of 8, vocabulary `vocab`, 256 positions, 8 experts top-2 of 16,

@@ -365,6 +365,29 @@ enum moe_status moe_cuda_experts_resident(struct cuda_ctx *c, float *out, const 
                                     plan->offsets, E, NULL);
 }
 
+/* One stack of a per-expert plan's layer (struct cuda_mixed_set) over
+ * the pairs its maps place, on its path, through a view of the table
+ * with the stack's dtype (biases as the table has them); first, for
+ * cuBLAS, the routed rows gathered in the half type its GEMMs take, unless
+ * ws->xe holds them in that type already (*gathered). */
+static enum moe_status run_mixed_stack(struct cuda_ctx *c, const struct cuda_mixed_set *st, enum expert_path path,
+                                       const int32_t *h_map, const int32_t *d_map, const float *x,
+                                       const struct moe_dispatch *plan, const struct moe_expert_weights *ex,
+                                       const struct moe_expert_ws *ws, int T, int K, int D, int F, int E,
+                                       enum moe_dtype *gathered, enum moe_dtype *ydt)
+{
+    struct moe_expert_weights v = *ex;
+    v.dtype = st->dtype;
+    v.dtypes = NULL;
+    v.backend_layer = NULL;
+    const enum moe_dtype half = st->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
+    if (path == PATH_CUBLAS && half != *gathered) {
+        MOE_TRY(gather_and_count(c, x, plan, ws, half, NULL, T * K, K, D, E));
+        *gathered = half;
+    }
+    return moe_cuda_run_stack(c, path, st->gu, st->dn, st->C, h_map, d_map, x, plan, &v, ws, T, K, D, F, E, ydt);
+}
+
 /* Expert parallelism over a layer a per-expert plan split (struct
  * cuda_mixed, the slot view's backend_layer): each of this rank's slots
  * [lo, hi) is found in its format's stack by its pointer, and each stack
@@ -410,20 +433,10 @@ static enum moe_status experts_ep_mixed(struct cuda_ctx *c, const struct cuda_mi
     enum moe_dtype gathered = MOE_DTYPE_N;
     for (int i = 0; i < mx->n; i++) {
         if (!held[i]) continue;
-        const struct cuda_mixed_set *st = &mx->set[i];
-        struct moe_expert_weights v = *ex; /* the stack's view of the slots */
-        v.dtype = st->dtype;
-        v.dtypes = NULL;
-        v.backend_layer = NULL;
-        const enum moe_dtype half = st->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
-        if (path[i] == PATH_CUBLAS && half != gathered) {
-            MOE_TRY(gather_and_count(c, x, plan, ws, half, NULL, n, K, D, E));
-            gathered = half;
-        }
         enum moe_dtype ydt;
         const int32_t *dm = c->experts.ep_d_map + (size_t)i * E;
-        enum moe_status s = moe_cuda_run_stack(c, path[i], st->gu, st->dn, st->C, map + (size_t)i * E, dm, x, plan,
-                                               &v, ws, T, K, D, F, E, &ydt);
+        enum moe_status s = run_mixed_stack(c, &mx->set[i], path[i], map + (size_t)i * E, dm, x, plan, ex, ws, T, K,
+                                            D, F, E, &gathered, &ydt);
         if (s == MOE_ERR_UNSUPPORTED && path[i] == PATH_CUBLAS) { /* as moe_cuda_experts_ep */
             moe_cuda_no_grouped(c);
             return experts_ep_mixed(c, mx, x, plan, ex, ws, T, K, D, F, E);
@@ -525,18 +538,9 @@ enum moe_status moe_cuda_experts_mixed(struct cuda_ctx *c, const struct cuda_mix
     enum moe_dtype gathered = MOE_DTYPE_N;
     for (int i = 0; i < mx->n; i++) {
         const struct cuda_mixed_set *st = &mx->set[i];
-        struct moe_expert_weights v = *ex; /* the stack's view: its dtype, biases by expert as before */
-        v.dtype = st->dtype;
-        v.dtypes = NULL;
-        v.backend_layer = NULL;
-        const enum moe_dtype half = st->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16;
-        if (path[i] == PATH_CUBLAS && half != gathered) {
-            MOE_TRY(gather_and_count(c, x, plan, ws, half, NULL, n, K, D, E));
-            gathered = half;
-        }
         enum moe_dtype ydt;
-        enum moe_status s = moe_cuda_run_stack(c, path[i], st->gu, st->dn, st->C, st->h_map, st->d_map, x, plan, &v,
-                                               ws, T, K, D, F, E, &ydt);
+        enum moe_status s = run_mixed_stack(c, st, path[i], st->h_map, st->d_map, x, plan, ex, ws, T, K, D, F, E,
+                                            &gathered, &ydt);
         if (s == MOE_ERR_UNSUPPORTED && path[i] == PATH_CUBLAS) { /* as moe_cuda_experts_ep */
             moe_cuda_no_grouped(c);
             return moe_cuda_experts_mixed(c, mx, out, x, plan, w, ex, ws, T, K, D, F, E);
