@@ -86,14 +86,18 @@ enum moe_status moe_ops_to_half_cuda(cudaStream_t st, void *dst, const float *sr
  * row of src (rows, stride ld), round to nearest even. */
 enum moe_status moe_ops_to_half_rows_cuda(cudaStream_t st, void *dst, const float *src, int ld,
                                           enum moe_dtype dt, size_t rows, int n);
-/* The synth.c generator on the device: n values of dt, uniform with
- * standard deviation std keyed by key, or ones when std < 0. */
-enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t n,
-                                        uint64_t key, float std);
-/* The same generator's values [off, off + n) of its stream into dst[0, n)
- * (a part of a tensor: the values the whole tensor has there). */
+/* The synth.c generator on the device: the values [off, off + n) of a
+ * tensor's stream into dst[0, n) (a part of a tensor: the values the whole
+ * tensor has there) of dt, uniform with standard deviation std keyed by
+ * key, or ones when std < 0. */
 enum moe_status moe_ops_synth_fill_at_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t off, size_t n,
                                            uint64_t key, float std);
+/* The same from the tensor's first value: n values. */
+static inline enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dtype dt, size_t n,
+                                                      uint64_t key, float std)
+{
+    return moe_ops_synth_fill_at_cuda(st, dst, dt, 0, n, key, std);
+}
 /* dst (n_blocks * 128 bf16 values) = FP8_B128 blocks src (n_blocks of
  * MOE_FP8_BYTES: runtime/core/tensor.h): each value the fp32 product of its
  * E4M3 byte and its block's scale (the CPU's weight), rounded to bf16 (as

@@ -284,11 +284,6 @@ extern "C" enum moe_status moe_ops_synth_fill_at_cuda(cudaStream_t st, void *dst
     return MOE_OK;
 }
 
-extern "C" enum moe_status moe_ops_synth_fill_cuda(cudaStream_t st, void *dst, enum moe_dtype dt,
-                                                   size_t n, uint64_t key, float std)
-{
-    return moe_ops_synth_fill_at_cuda(st, dst, dt, 0, n, key, std);
-}
 
 /* ---- FP8_B128 rows widened to bf16 (fp8 checkpoints at upload) ---- */
 
