@@ -137,21 +137,31 @@ def batches(data, seq, batch, g):
     return torch.stack([data[s:s + seq] for s in starts])
 
 
+def token_ids(tok, texts):
+    """The texts' token ids, one tensor."""
+    ids = []
+    for t in texts:
+        ids.extend(tok.encode(t).ids)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def moe_config(tok, hidden, ffn, moe_ffn, head_dim):
+    """The demo's Qwen3-MoE shape (4 layers, 8/2 heads, 16 experts, top-4)
+    at the given widths."""
+    return Qwen3MoeConfig(vocab_size=512, hidden_size=hidden, intermediate_size=ffn, moe_intermediate_size=moe_ffn,
+                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=head_dim,
+                          num_experts=16, num_experts_per_tok=4, norm_topk_prob=True,
+                          max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=10000.0,
+                          output_router_logits=True, router_aux_loss_coef=0.01,
+                          eos_token_id=tok.token_to_id("<|im_end|>"))
+
+
 def train_target(steps, texts):
     tok = train_tokenizer(texts)
     os.makedirs(OUT, exist_ok=True)
     tok.save(os.path.join(OUT, "tokenizer.json"))
-    ids = []
-    for t in texts:
-        ids.extend(tok.encode(t).ids)
-    data = torch.tensor(ids, dtype=torch.long)
-    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                         num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
-                         num_experts=16, num_experts_per_tok=4, norm_topk_prob=True,
-                         max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=10000.0,
-                         output_router_logits=True, router_aux_loss_coef=0.01,
-                         eos_token_id=tok.token_to_id("<|im_end|>"))
-    model = Qwen3MoeForCausalLM(cfg)
+    data = token_ids(tok, texts)
+    model = Qwen3MoeForCausalLM(moe_config(tok, 128, 256, 64, 16))
     fit_moe(model, data, steps)
     model.to(torch.bfloat16).save_pretrained(OUT)
     with open(os.path.join(OUT, "tokenizer_config.json"), "w") as f:
@@ -200,17 +210,8 @@ def train_wide(path, steps, texts):
     same stories and demo-moe's tokenizer, saved in bf16 to path; then its
     mean loss on held-out stories (another seed) in windows of 128 tokens."""
     tok = Tokenizer.from_file(os.path.join(OUT, "tokenizer.json"))
-    ids = []
-    for t in texts:
-        ids.extend(tok.encode(t).ids)
-    data = torch.tensor(ids, dtype=torch.long)
-    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=256,
-                         num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
-                         num_experts=16, num_experts_per_tok=4, norm_topk_prob=True,
-                         max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=10000.0,
-                         output_router_logits=True, router_aux_loss_coef=0.01,
-                         eos_token_id=tok.token_to_id("<|im_end|>"))
-    model = Qwen3MoeForCausalLM(cfg)
+    data = token_ids(tok, texts)
+    model = Qwen3MoeForCausalLM(moe_config(tok, 256, 512, 256, 32))
     print(f"wide: {sum(p.numel() for p in model.parameters())} parameters", flush=True)
     fit_moe(model, data, steps)
     os.makedirs(path, exist_ok=True)
@@ -237,10 +238,7 @@ def train_draft(steps, distill_from, texts):
     cross-entropy alone for the first distill_from steps, then
     cross-entropy plus KL(demo-moe || draft) on demo-moe's logits."""
     tok = Tokenizer.from_file(os.path.join(OUT, "tokenizer.json"))
-    ids = []
-    for t in texts:
-        ids.extend(tok.encode(t).ids)
-    data = torch.tensor(ids, dtype=torch.long)
+    data = token_ids(tok, texts)
     teacher = load(Qwen3MoeForCausalLM, OUT)
     cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
