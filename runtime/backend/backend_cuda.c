@@ -232,7 +232,7 @@ static enum moe_status alloc_work(struct cuda_ctx *c, struct work_need n)
     MOE_CUDA_TRY(cudaMallocHost((void **)&w->h_load, load));
     if (n.dense) MOE_CUDA_TRY(cudaMalloc(&w->wide_dense, n.dense));
     w->wide_dense_bytes = n.dense;
-    MOE_TRY(moe_cuda_experts_reserve(c, n.E, (int)pairs, n.wide, n.mixed));
+    MOE_TRY(moe_cuda_experts_reserve(c, n.E, n.L, (int)pairs, n.wide, n.mixed));
     w->att_ws_floats = n.att_floats;
     w->max_rows = n.rows;
     w->max_din = n.din;

@@ -32,7 +32,10 @@ void moe_cuda_experts_free(struct cuda_experts *x)
     cudaFreeHost(x->h_ptrs);
     cudaFree(x->ep_d_map);
     free(x->ep_h_map);
+    free(x->ep_maps);
     x->ep_d_map = x->ep_h_map = NULL;
+    x->ep_maps = NULL;
+    x->ep_cap = x->ep_n = 0;
     cudaFree(x->mixed_rows);
     x->mixed_rows = NULL;
     x->mixed_rows_floats = 0;
@@ -46,7 +49,7 @@ void moe_cuda_experts_free(struct cuda_experts *x)
     x->g_ta = x->g_tb = NULL;
 }
 
-enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_t wide, size_t mixed)
+enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int L, int n, size_t wide, size_t mixed)
 {
     struct cuda_experts *x = &c->experts;
     moe_cuda_experts_free(x);
@@ -60,10 +63,16 @@ enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_
     x->mixed_rows_floats = mixed;
     MOE_CUDA_TRY(cudaMallocHost((void **)&x->h_counts, (size_t)E * sizeof(int32_t)));
     MOE_CUDA_TRY(cudaMallocHost((void **)&x->h_ptrs, 6 * (size_t)E * sizeof(void *)));
-    /* a map per stack: up to 3 (a per-expert plan's formats) */
-    MOE_CUDA_TRY(cudaMalloc((void **)&x->ep_d_map, 3 * (size_t)E * sizeof(int32_t)));
-    if (!(x->ep_h_map = malloc(3 * (size_t)E * sizeof(int32_t))))
-        return moe_fail(MOE_ERR_NOMEM, "cuda reserve: expert-parallel slot map");
+    /* the slot maps of each MoE layer (a layer more: one whose step comes
+     * before the reserve counted it evicts the others) */
+    size_t map_ints;
+    x->ep_cap = (L > 0 ? L : 0) + 1;
+    if (!moe_mul_size(3 * (size_t)x->ep_cap, (size_t)E, &map_ints) || map_ints > SIZE_MAX / sizeof(int32_t))
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda reserve: slot maps of %d layers of %d experts", L, E);
+    MOE_CUDA_TRY(cudaMalloc((void **)&x->ep_d_map, map_ints * sizeof(int32_t)));
+    if (!(x->ep_h_map = malloc(map_ints * sizeof(int32_t))) ||
+        !(x->ep_maps = calloc((size_t)x->ep_cap, sizeof *x->ep_maps)))
+        return moe_fail(MOE_ERR_NOMEM, "cuda reserve: expert-parallel slot maps");
     /* one host block for the grouped GEMM parameter arrays */
     const size_t per = 7 * sizeof(int) + 2 * sizeof(float) + 2 * sizeof(cublasOperation_t);
     char *blk = malloc(per * (size_t)E);
@@ -388,6 +397,44 @@ static enum moe_status run_mixed_stack(struct cuda_ctx *c, const struct cuda_mix
     return moe_cuda_run_stack(c, path, st->gu, st->dn, st->C, h_map, d_map, x, plan, &v, ws, T, K, D, F, E, ydt);
 }
 
+/* The slot maps of a MoE layer under expert parallelism, keyed by key
+ * (the layer's stack, or its per-expert plan) and its slots [lo, hi) of
+ * E: filled by fill (n maps of E and the slots held in each) at the
+ * layer's first step, copied to the device once and kept, so that a step
+ * copies none; *maps the entry, whose host maps are at x->ep_h_map +
+ * entry * 3E, device maps at x->ep_d_map + the same.  A table full of
+ * other layers (more than the reserve counted) gives up its oldest entry
+ * once the stream's work is done. */
+static enum moe_status ep_layer_maps(struct cuda_ctx *c, const void *key, int lo, int hi, int E, int n,
+                                     enum moe_status (*fill)(int32_t *map, int *held, const void *arg),
+                                     const void *arg, int *maps)
+{
+    struct cuda_experts *x = &c->experts;
+    int i = 0;
+    while (i < x->ep_n && x->ep_maps[i].key != key) i++;
+    if (i < x->ep_n && x->ep_maps[i].lo == lo && x->ep_maps[i].hi == hi && x->ep_maps[i].E == E) {
+        *maps = i;
+        return MOE_OK;
+    }
+    if (E > c->work.max_e || x->ep_cap <= 0)
+        return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slot maps of %d slots (%d reserved)", E, c->work.max_e);
+    if (i == x->ep_n && x->ep_n < x->ep_cap) x->ep_n++;
+    else { /* an entry the queued steps may read: theirs done first */
+        if (i == x->ep_n) i = 0;
+        MOE_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    }
+    struct cuda_ep_maps *mp = &x->ep_maps[i];
+    *mp = (struct cuda_ep_maps){.key = NULL, .lo = lo, .hi = hi, .E = E};
+    const size_t at = (size_t)i * 3 * (size_t)c->work.max_e;
+    int32_t *h = x->ep_h_map + at;
+    for (int j = 0; j < n * E; j++) h[j] = -1;
+    MOE_TRY(fill(h, mp->held, arg));
+    MOE_CUDA_TRY(cudaMemcpy(x->ep_d_map + at, h, (size_t)n * E * sizeof(int32_t), cudaMemcpyHostToDevice));
+    mp->key = key;
+    *maps = i;
+    return MOE_OK;
+}
+
 /* Expert parallelism over a layer a per-expert plan split (struct
  * cuda_mixed, the slot view's backend_layer): each of this rank's slots
  * [lo, hi) is found in its format's stack by its pointer, and each stack
@@ -395,28 +442,46 @@ static enum moe_status run_mixed_stack(struct cuda_ctx *c, const struct cuda_mix
  * map of the slots); every slot's rows end in ws->ye in fp32, through
  * c->experts.mixed_rows when a stack's path leaves half rows (with the
  * down bias then, as there). */
-static enum moe_status experts_ep_mixed(struct cuda_ctx *c, const struct cuda_mixed *mx, const float *x,
-                                        const struct moe_dispatch *plan, const struct moe_expert_weights *ex,
-                                        const struct moe_expert_ws *ws, int T, int K, int D, int F, int E)
+/* What fills a per-expert plan's slot maps (mixed_maps). */
+struct mixed_slots {
+    const struct cuda_mixed *mx;
+    const struct moe_expert_weights *ex;
+    int lo, hi, E, D, F;
+};
+
+/* map (mx->n, E): each slot's place in the stack holding it (found by
+ * its pointer), held[i] the slots in stack i. */
+static enum moe_status mixed_maps(int32_t *map, int *held, const void *arg)
 {
-    const int lo = plan->lo, hi = plan->hi, n = T * K;
-    int32_t *map = c->experts.ep_h_map; /* (mx->n, E) */
-    int held[3] = {0};
-    for (int i = 0; i < mx->n * E; i++) map[i] = -1;
-    for (int s = lo; s < hi; s++) {
+    const struct mixed_slots *a = arg;
+    const struct cuda_mixed *mx = a->mx;
+    for (int s = a->lo; s < a->hi; s++) {
         int i = 0;
         for (; i < mx->n; i++) {
             const struct cuda_mixed_set *st = &mx->set[i];
-            const uintptr_t g = (uintptr_t)ex->gate[s], g0 = (uintptr_t)st->gu,
-                            step = 2 * expert_mat_bytes(st->dtype, F, D);
+            const uintptr_t g = (uintptr_t)a->ex->gate[s], g0 = (uintptr_t)st->gu,
+                            step = 2 * expert_mat_bytes(st->dtype, a->F, a->D);
             if (g >= g0 && g < g0 + step * (size_t)st->C && (g - g0) % step == 0) {
-                map[i * E + s] = (int32_t)((g - g0) / step);
+                map[i * a->E + s] = (int32_t)((g - g0) / step);
                 held[i]++;
                 break;
             }
         }
         if (i == mx->n) return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slot %d is in no stack of its layer", s);
     }
+    return MOE_OK;
+}
+
+static enum moe_status experts_ep_mixed(struct cuda_ctx *c, const struct cuda_mixed *mx, const float *x,
+                                        const struct moe_dispatch *plan, const struct moe_expert_weights *ex,
+                                        const struct moe_expert_ws *ws, int T, int K, int D, int F, int E)
+{
+    const int lo = plan->lo, hi = plan->hi, n = T * K;
+    const struct mixed_slots arg = {mx, ex, lo, hi, E, D, F};
+    int at;
+    MOE_TRY(ep_layer_maps(c, mx, lo, hi, E, mx->n, mixed_maps, &arg, &at));
+    const size_t off = (size_t)at * 3 * (size_t)c->work.max_e;
+    const int32_t *map = c->experts.ep_h_map + off, *held = c->experts.ep_maps[at].held;
     const int Ep = plan->experts > 0 && plan->experts < E ? plan->experts : E;
     enum expert_path path[3];
     bool kernels_only = true;
@@ -428,13 +493,11 @@ static enum moe_status experts_ep_mixed(struct cuda_ctx *c, const struct cuda_mi
         return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: %d rows of %d for a per-expert plan, %zu values "
                         "reserved", n, D, c->experts.mixed_rows_floats);
     if (T <= 0) return MOE_OK;
-    MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.ep_d_map, map, (size_t)mx->n * E * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice, c->stream));
     enum moe_dtype gathered = MOE_DTYPE_N;
     for (int i = 0; i < mx->n; i++) {
         if (!held[i]) continue;
         enum moe_dtype ydt;
-        const int32_t *dm = c->experts.ep_d_map + (size_t)i * E;
+        const int32_t *dm = c->experts.ep_d_map + off + (size_t)i * E;
         enum moe_status s = run_mixed_stack(c, &mx->set[i], path[i], map + (size_t)i * E, dm, x, plan, ex, ws, T, K,
                                             D, F, E, &gathered, &ydt);
         if (s == MOE_ERR_UNSUPPORTED && path[i] == PATH_CUBLAS) { /* as moe_cuda_experts_ep */
@@ -449,6 +512,15 @@ static enum moe_status experts_ep_mixed(struct cuda_ctx *c, const struct cuda_mi
     if (!kernels_only)
         MOE_CUDA_TRY(cudaMemcpyAsync(ws->ye, c->experts.mixed_rows, (size_t)n * D * sizeof(float),
                                      cudaMemcpyDeviceToDevice, c->stream));
+    return MOE_OK;
+}
+
+/* map (E): slot s of this rank's [lo, hi) at s - lo of its one stack. */
+static enum moe_status stack_maps(int32_t *map, int *held, const void *arg)
+{
+    const int *lohi = arg;
+    for (int s = lohi[0]; s < lohi[1]; s++) map[s] = s - lohi[0];
+    held[0] = lohi[1] - lohi[0];
     return MOE_OK;
 }
 
@@ -484,19 +556,19 @@ enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const st
             ex->cols[2 * s + 1] != ex->cols[1] + (size_t)s * F)
             return moe_fail(MOE_ERR_INVALID_ARG, "cuda experts: slot %d's column orders are not laid out by slot", s);
     if (T <= 0) return MOE_OK;
-    int32_t *map = c->experts.ep_h_map;
-    for (int s = 0; s < E; s++) map[s] = s >= lo && s < hi ? s - lo : -1;
+    const int lohi[2] = {lo, hi};
+    int at;
+    MOE_TRY(ep_layer_maps(c, gu, lo, hi, E, 1, stack_maps, lohi, &at));
+    const size_t off = (size_t)at * 3 * (size_t)c->work.max_e;
+    const int32_t *map = c->experts.ep_h_map + off, *d_map = c->experts.ep_d_map + off;
     /* the path one process takes (rows per expert, not per slot) */
     const int Ep = plan->experts > 0 && plan->experts < E ? plan->experts : E;
     const enum expert_path path = moe_cuda_expert_path(c, ex->dtype, T, K, D, F, Ep, C);
     if (path == PATH_CUBLAS)
         MOE_TRY(gather_and_count(c, x, plan, ws, ex->dtype == MOE_DTYPE_F16 ? MOE_DTYPE_F16 : MOE_DTYPE_BF16,
                                  ex->cols ? ex->cols[0] : NULL, n, K, D, E));
-    MOE_CUDA_TRY(cudaMemcpyAsync(c->experts.ep_d_map, map, (size_t)E * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                 c->stream));
     enum moe_dtype ydt;
-    enum moe_status s = moe_cuda_run_stack(c, path, gu, dn, C, map, c->experts.ep_d_map, x, plan, ex, ws, T, K, D, F,
-                                           E, &ydt);
+    enum moe_status s = moe_cuda_run_stack(c, path, gu, dn, C, map, d_map, x, plan, ex, ws, T, K, D, F, E, &ydt);
     if (s == MOE_ERR_UNSUPPORTED && path == PATH_CUBLAS) { /* cuBLAS refused: this step and the later ones on the kernels */
         moe_cuda_no_grouped(c);
         return moe_cuda_experts_ep(c, x, plan, ex, ws, T, K, D, F, E);
@@ -506,7 +578,7 @@ enum moe_status moe_cuda_experts_ep(struct cuda_ctx *c, const float *x, const st
     /* this rank's half rows to fp32 with the down bias (which the
      * single-process paths leave to the combine); the others' rows are
      * overwritten by the gather */
-    MOE_TRY(moe_experts_take_rows_cuda(c->stream, ws->xe, ws->ye, ydt, c->experts.ep_d_map, plan->offsets, E, n, D,
+    MOE_TRY(moe_experts_take_rows_cuda(c->stream, ws->xe, ws->ye, ydt, d_map, plan->offsets, E, n, D,
                                        ex->b_down.data));
     MOE_CUDA_TRY(cudaMemcpyAsync(ws->ye, ws->xe, (size_t)n * D * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
     return MOE_OK;

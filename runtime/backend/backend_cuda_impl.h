@@ -93,6 +93,15 @@ struct cuda_work {
 /* The expert kernels' state (backend_cuda_experts.c): the cuBLAS grouped
  * GEMM's parameter arrays, the device-driven kernels' active list, the
  * tensor-core kernels' tiles and the bf16 buffer planes experts widen into. */
+/* One MoE layer's slot maps under expert parallelism (struct
+ * cuda_experts): key, the layer's stack (or per-expert plan); its slots
+ * [lo, hi) of E; held, the rank's slots in each of its stacks. */
+struct cuda_ep_maps {
+    const void *key;
+    int lo, hi, E;
+    int held[3];
+};
+
 struct cuda_experts {
     /* host parameter arrays (max_e each), pinned pointer arrays (6 max_e:
      * A, B, C of gate_up then of down) and their device copy (the grouped
@@ -116,8 +125,13 @@ struct cuda_experts {
     int64_t mma_calls;       /* runs of them (one per expert call, or per offload round) */
     bool no_grouped;         /* cuBLAS refused the grouped GEMM: small path only */
     bool gemm_loop;          /* the grouped path as a cublasGemmEx per expert (cuda_expert_gemm_loop) */
-    /* expert parallelism: each slot's place in the rank's stacks, -1 for
-     * other ranks' slots (host and device, max_e) */
+    /* expert parallelism: per MoE layer, each slot's place in the rank's
+     * stacks, -1 for other ranks' slots (a map per stack: up to 3, a
+     * per-expert plan's formats), made at the layer's first step and kept
+     * (ep_layer_maps, backend_cuda_experts.c); host and device, (ep_cap,
+     * 3, max_e) */
+    struct cuda_ep_maps *ep_maps; /* (ep_cap) */
+    int ep_cap, ep_n;
     int32_t *ep_h_map, *ep_d_map;
     /* per-expert plans: (max_rows * max_k, D) fp32 rows, each stack's
      * results gathered there when a stack's path leaves them in half
@@ -306,9 +320,9 @@ void moe_cuda_graphs_free(struct cuda_graphs *g);
  * or 0 on overflow. */
 size_t moe_cuda_widened_layer_bytes(int E, int D, int F);
 /* The expert kernels' buffers for steps of up to n routed rows over E
- * experts, with wide bytes to widen planes experts into (0: none) and
- * mixed floats of rows for per-expert plans (0: none). */
-MOE_MUST_USE enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int n, size_t wide,
+ * experts in L MoE layers, with wide bytes to widen planes experts into
+ * (0: none) and mixed floats of rows for per-expert plans (0: none). */
+MOE_MUST_USE enum moe_status moe_cuda_experts_reserve(struct cuda_ctx *c, int E, int L, int n, size_t wide,
                                                       size_t mixed);
 void moe_cuda_experts_free(struct cuda_experts *x);
 /* The experts op (backend.h) for a layer whose experts are all resident,
