@@ -6,9 +6,12 @@
  * A score's two 8-lane FMA chains (values i..i+7 and i+8..i+15 of each
  * block of 16) are the two halves of one 16-lane chain; the odd block of 8
  * goes into the first half's chain as before, then moe_hsum8 of the halves'
- * sum, the Dh % 8 tail and the softmax scale as in the AVX2 kernel; two
- * keys at a time (a block of heads then keeps 2 nh chains in flight, the
- * query's values loaded once for both).  An accumulator's lanes are 16
+ * sum, the Dh % 8 tail and the softmax scale as in the AVX2 kernel; four
+ * keys at a time, else two, else one (a block of heads then keeps up to
+ * 4 nh chains in flight, the query's values loaded once for all; four
+ * rather than two, bench-olmoe one thread: prefill 2048 1.07-1.09x,
+ * decode at 2048 cached tokens 1.02-1.04x;
+ * results/2026-12-07-decode-attention-prefetch.md).  An accumulator's lanes are 16
  * values of d at a time (two blocks of 16 in flight), each acc * corr then
  * one FMA per key in key order; a last block of 8 and the tail as in the
  * AVX2 kernel.  Values are widened 16 at a time to the same values
@@ -41,32 +44,32 @@ AVX512 INLINE __m512 load16(const void *row, const enum moe_dtype dt, int i, __m
 }
 
 /* sc[h * ldsc + j] = (q_h . k_j) * scale for the nh heads q_h = q + h * Dh
- * and the nk (1 or 2) keys k_j = k[j] (scales ks[j], fp8 only): nh * nk
+ * and the nk (1, 2 or 4) keys k_j = k[j] (scales ks[j], fp8 only): nh * nk
  * chains, each the one a head and key have alone, the query's values
- * loaded once for both keys. */
+ * loaded once for all its keys. */
 AVX512 INLINE void dot_heads(float *sc, int ldsc, const float *q, const int nh, const int nk, int Dh,
                              const enum moe_dtype dt, const void *const *k, const float *ks, float scale)
 {
-    __m512 s512[2], z[4][2];
-#pragma GCC unroll 2
+    __m512 s512[4], z[4][4];
+#pragma GCC unroll 4
     for (int j = 0; j < nk; j++) s512[j] = _mm512_set1_ps(256.0f * ks[j]);
 #pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int j = 0; j < nk; j++) z[h][j] = _mm512_setzero_ps();
     int i = 0;
     for (; i + 16 <= Dh; i += 16) {
-        __m512 kv[2];
-#pragma GCC unroll 2
+        __m512 kv[4];
+#pragma GCC unroll 4
         for (int j = 0; j < nk; j++) kv[j] = load16(k[j], dt, i, s512[j]);
 #pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             const __m512 qh = _mm512_loadu_ps(q + (size_t)h * Dh + i);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int j = 0; j < nk; j++) z[h][j] = _mm512_fmadd_ps(qh, kv[j], z[h][j]);
         }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int j = 0; j < nk; j++) {
         int d0 = i;
         __m256 s0[4], s1[4];
@@ -157,6 +160,6 @@ AVX512 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr
 }
 
 #define ATT_FN AVX512
-#define ATT_KEYS 2
+#define ATT_KEYS 4
 #define ATT_NAME(f) f##_avx512
 #include "attention/attention_heads.h"

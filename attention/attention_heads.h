@@ -4,9 +4,10 @@
  * the fp8 value scales of a tile, and the entry points, one instance per
  * cache dtype.  Included once by each set after its dot_heads and
  * acc_heads, with ATT_FN its target attribute, ATT_NAME(f) the set's
- * name for f (f_avx2, f_avx512) and ATT_KEYS the keys its dot_heads takes
- * at once (1, or 2: two keys' chains for a block of heads, each the
- * chain it has alone). */
+ * name for f (f_avx2, f_avx512) and ATT_KEYS the most keys its dot_heads
+ * takes at once (1, or 4: up to four keys' chains for a block of heads,
+ * each the chain it has alone; a tile's keys in fours, then a pair, then
+ * one). */
 #pragma once
 
 #ifndef ATT_KEYS
@@ -17,9 +18,9 @@ ATT_FN INLINE void scores_dt(float *sc, int ldsc, const float *q, int gn, int Dh
                              const void *const *krow, const float *ks, int nj, float scale)
 {
     for (int jj = 0; jj < nj;) {
-        const int nk = ATT_KEYS == 2 && jj + 2 <= nj ? 2 : 1;
-        const float s[2] = {dt == MOE_DTYPE_F8E4M3 ? ks[jj] : 0.0f,
-                            dt == MOE_DTYPE_F8E4M3 && nk == 2 ? ks[jj + 1] : 0.0f};
+        const int nk = ATT_KEYS >= 4 && jj + 4 <= nj ? 4 : ATT_KEYS >= 2 && jj + 2 <= nj ? 2 : 1;
+        float s[4] = {0};
+        for (int u = 0; u < nk && dt == MOE_DTYPE_F8E4M3; u++) s[u] = ks[jj + u];
 #define HEADS(nh, NK) dot_heads(sc + (size_t)g * ldsc + jj, ldsc, q + (size_t)g * Dh, nh, NK, Dh, dt, krow + jj, s, scale)
 #define BLOCKS(NK)                                                                                           \
     do {                                                                                                     \
@@ -31,7 +32,9 @@ ATT_FN INLINE void scores_dt(float *sc, int ldsc, const float *q, int gn, int Dh
         }                                                                                                    \
         if (g < gn) HEADS(1, NK);                                                                            \
     } while (0)
-        if (nk == 2)
+        if (nk == 4)
+            BLOCKS(4);
+        else if (nk == 2)
             BLOCKS(2);
         else
             BLOCKS(1);
