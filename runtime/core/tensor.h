@@ -382,6 +382,14 @@ bool moe_quantize_row_q4_k(void *dst, const float *src, size_t n);
  * False, dst unspecified, when a value is not finite or d overflows f16
  * (|x| past about 2.3e8). */
 bool moe_quantize_row_q6_k(void *dst, const float *src, size_t n);
+/* Quantizes n values (a multiple of 256) to Q5_K blocks (MOE_DTYPE_Q5_K):
+ * moe_quantize_row_q4_k's search with codes 0..31 (runtime/core/q5_k_fit.h:
+ * per group of 32 the least-squares line x ~ s q - a over 8 candidate
+ * code assignments, then d = max s / 63 and dmin = max a / 63 in f16,
+ * each group's 6-bit pair chosen among the roundings of s / d and a /
+ * dmin and their neighbours, and the nearest codes).  False, dst
+ * unspecified, when a value is not finite or d or dmin overflows f16. */
+bool moe_quantize_row_q5_k(void *dst, const float *src, size_t n);
 /* The scales d_j and offsets m_j of the 8 groups of the Q4_K block at blk
  * (MOE_DTYPE_Q4_K: d * sc_j and -(dmin * mn_j), exact). */
 void moe_q4_k_heads(const void *blk, float d[8], float m[8]);
