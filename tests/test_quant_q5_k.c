@@ -4,8 +4,14 @@
  * packed here from its codes reads them back; moe_quantize_row_q5_k
  * stores each value's nearest code, keeps each group's error within half
  * a step of its range's grid, halves Q4_K's error and refuses what it
- * must, and its AVX2 block quantizer makes the plain C's bytes. */
+ * must, and its AVX2 block quantizer makes the plain C's bytes; the fast
+ * kernels (runtime/cpu/gemm_q5_k.c, gemm_q5_k_avx512.c) multiply as the
+ * reference does to within the bound that quantizing the inputs to int8
+ * allows, give the bits of their expression written in scalar C under
+ * every kernel set, a row the same bits alone or in any batch and split
+ * over threads, and NaN to a row holding a NaN or an infinity. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +20,10 @@
 #include "runtime/core/q4_k_impl.h"
 #include "runtime/core/q5_k_fit.h"
 #include "runtime/core/q5_k_impl.h"
+#include "runtime/cpu/gemm.h"
+#include "runtime/cpu/gemm_fast.h"
 #include "runtime/model/safetensors.h"
+#include "tests/quant_test.h"
 #include "tests/testutil.h"
 
 enum { B = MOE_Q5_K_BLOCK };
@@ -252,4 +261,140 @@ Test(quant_q5_k, avx2_block_is_the_portable_codes)
     cr_assert(moe_quantize_row_q5_k(r1, row, N));
     cr_assert(moe_q5_k_quantize_row_with(moe_q5_k_block_portable, r0, row, N));
     cr_assert(memcmp(r0, r1, sizeof r0) == 0, "the rows differ");
+}
+
+/* (N, D) random Q5_K weights (new memory): even rows quantized from
+ * uniform floats (row 0's first groups zero and constant), odd rows random
+ * bytes with finite f16 d and dmin (row 1's first block every scale and
+ * minimum 63 and every code 31), so every code, scale and minimum
+ * occurs. */
+static unsigned char *q5_k_weights(enum moe_dtype t, int N, int D, uint64_t seed)
+{
+    (void)t;
+    const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q5_K, (size_t)D);
+    unsigned char *w = malloc((size_t)N * rb);
+    float *f = malloc((size_t)D * sizeof(float));
+    uint64_t st = seed;
+    for (int n = 0; n < N; n++) {
+        unsigned char *row = w + (size_t)n * rb;
+        if (n % 2 == 0) {
+            tu_fill_uniform(f, (size_t)D, seed + (uint64_t)n, -0.1f, 0.1f);
+            for (int j = 0; j < 64; j++) f[j] = n == 0 && j >= 32 ? 0.03f : 0.0f;
+            cr_assert(moe_quantize_row_q5_k(row, f, (size_t)D));
+            continue;
+        }
+        for (size_t i = 0; i < rb; i++) row[i] = (unsigned char)tu_rand_u64(&st);
+        for (size_t o = 0; o < rb; o += MOE_Q5_K_BYTES) {
+            const uint16_t h[2] = {moe_f32_to_f16(tu_rand_uniform(&st, 1e-5f, 3e-4f)),
+                                   moe_f32_to_f16(tu_rand_uniform(&st, 0.0f, 3e-3f))};
+            memcpy(row + o, h, 4);
+        }
+        if (n == 1) memset(row + 4, 0xff, MOE_Q5_K_BYTES - 4);
+    }
+    free(f);
+    return w;
+}
+
+/* The bound on |fast - reference| for input row x against weight row wf
+ * (its D exact values): the fast kernel multiplies the input quantized
+ * per block of 256 (dx = max |x| / 127, |x - x^| <= dx / 2) by the
+ * weights, so it differs from the reference by sum_k w_k (x_k - x^_k), at
+ * most sum_k |w_k| dx_k / 2; plus fp32 rounding of both sums, taken as
+ * 1e-5 of sum_k |w_k x_k|. */
+static double q5_k_bound(const float *x, const float *wf, const unsigned char *wrow, enum moe_dtype t, int D)
+{
+    (void)wrow, (void)t;
+    double input = 0, mag = 0;
+    for (int b = 0; b < D / B; b++) {
+        float amax = 0;
+        for (int j = 0; j < B; j++) amax = fmaxf(amax, fabsf(x[B * b + j]));
+        const double dx = (double)amax / 127.0;
+        for (int j = 0; j < B; j++) {
+            input += fabs((double)wf[B * b + j]) * dx / 2;
+            mag += fabs((double)wf[B * b + j] * x[B * b + j]);
+        }
+    }
+    return input * (1 + 1e-6) + 1e-5 * mag + 1e-30;
+}
+
+Test(quant_q5_k, fast_gemm_256) { qt_check_fast_int8(MOE_DTYPE_Q5_K, 256, q5_k_weights, q5_k_bound); }
+Test(quant_q5_k, fast_gemm_768) { qt_check_fast_int8(MOE_DTYPE_Q5_K, 768, q5_k_weights, q5_k_bound); }
+
+/* The kernels' expression (runtime/cpu/gemm_q5_k.c: Q4_K's with five-bit
+ * codes) for one output in scalar C: per block of 256, the input
+ * quantized as gemm_q8_k.h does (one dy, codes nearest), S_l the exact
+ * sum over the 8 groups of sc_j times the products of elements 4l..4l+3
+ * (the code moe_q5_k_code's), M_l = mn_l times group l's input code sum;
+ * acc_l = fma(S_l, d dy, acc_l) then fma(-M_l, dmin dy, acc_l); then
+ * moe_hsum8's order, + bias. */
+static float q5_k_expr(const float *x, const unsigned char *wrow, int D, float bias)
+{
+    float acc[8] = {0};
+    for (int k = 0; k < D / B; k++) {
+        const float *xb = x + (size_t)k * B;
+        const unsigned char *blk = wrow + (size_t)k * MOE_Q5_K_BYTES;
+        float amax = 0.0f;
+        bool bad = false;
+        for (int i = 0; i < B; i++) {
+            bad |= !isfinite(xb[i]);
+            amax = fmaxf(amax, fabsf(xb[i]));
+        }
+        const float dy = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
+        uint16_t h[2];
+        memcpy(h, blk, 4);
+        uint64_t scw, mnw;
+        moe_q4_k_scales(blk + 4, &scw, &mnw);
+        int32_t S[8] = {0}, M[8] = {0};
+        for (int j = 0; j < 8; j++) {
+            const int sc = (int)(scw >> (8 * j) & 0xff), mn = (int)(mnw >> (8 * j) & 0xff);
+            int32_t cs = 0;
+            for (int e = 0; e < 32; e++) {
+                const int32_t c = bad ? 0 : (int32_t)nearbyintf(xb[32 * j + e] * id);
+                S[e / 4] += sc * (int)moe_q5_k_code(blk, (unsigned)(32 * j + e)) * c;
+                cs += c;
+            }
+            M[j] = mn * cs;
+        }
+        const float dd = moe_f16_to_f32(h[0]) * dy, dm = moe_f16_to_f32(h[1]) * dy;
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(-(float)M[l], dm, fmaf((float)S[l], dd, acc[l]));
+    }
+    float s4[4];
+    for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
+    return ((s4[0] + s4[2]) + (s4[1] + s4[3])) + bias;
+}
+
+/* The kernels give the bits of the expression above under every kernel
+ * set (qt_check_expression's shapes and inputs: T 1-9, 63-65, 130; N 1,
+ * 3, 17; Din 256 and 768; a slice not at 0; bias or none). */
+Test(quant_q5_k, kernel_pins_its_expression)
+{
+    qt_check_expression(MOE_DTYPE_Q5_K, MOE_CPU_ISA_AMX_BF16, q5_k_weights, q5_k_expr);
+}
+
+/* Large enough to split over the OpenMP team: moe_gemm_fast and
+ * moe_gemm_fast_multi (a Q5_K matrix beside a Q6_K one and a Q4_K one, as
+ * q5_k_m gives a layer) give the bits the single-threaded rows give. */
+Test(quant_q5_k, parallel_products_match_the_rows)
+{
+    const enum moe_cpu_isa best = moe_cpu_isa_detect();
+    if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
+    enum { T = 5, D = 512 };
+    const int N[3] = {389, 200, 131};
+    const enum moe_dtype dt[3] = {MOE_DTYPE_Q5_K, MOE_DTYPE_Q6_K, MOE_DTYPE_Q4_K};
+    unsigned char *w[3];
+    float *x = malloc((size_t)T * D * sizeof(float)), *f = malloc((size_t)D * sizeof(float));
+    tu_fill_uniform(x, (size_t)T * D, 99, -1, 1);
+    for (int i = 0; i < 3; i++) {
+        const size_t rb = moe_dtype_row_bytes(dt[i], D);
+        w[i] = malloc((size_t)N[i] * rb);
+        for (int n = 0; n < N[i]; n++) {
+            tu_fill_uniform(f, D, (uint64_t)(50 + 1000 * i + n), -0.1f, 0.1f);
+            unsigned char *row = w[i] + (size_t)n * rb;
+            cr_assert(i == 0 ? moe_quantize_row_q5_k(row, f, D) : i == 1 ? moe_quantize_row_q6_k(row, f, D)
+                                                                         : moe_quantize_row_q4_k(row, f, D));
+        }
+    }
+    qt_check_parallel_rows(best, x, T, D, w, dt, N);
+    for (int i = 0; i < 3; i++) free(w[i]);
+    free(x), free(f);
 }
