@@ -247,6 +247,19 @@ static inline enum moe_dtype moe_q4_quant_expert_dtype(int64_t D, int64_t F)
 {
     return moe_q4_quant_dtype(D) == MOE_DTYPE_Q4_K ? moe_q4_quant_dtype(F) : MOE_DTYPE_Q4_1;
 }
+/* --quantize q5_k's (and q5_k_m's base) format on the CPU backends for a
+ * matrix whose rows hold K values: Q5_K when K is a multiple of 256, else
+ * q4's fallback Q4_1 (moerun has no Q5_1, llama.cpp's fallback); for an
+ * expert of D x F (one format for its gate, up and down): Q5_K when both
+ * are. */
+static inline enum moe_dtype moe_q5_quant_dtype(int64_t K)
+{
+    return K > 0 && K % MOE_Q5_K_BLOCK == 0 ? MOE_DTYPE_Q5_K : MOE_DTYPE_Q4_1;
+}
+static inline enum moe_dtype moe_q5_quant_expert_dtype(int64_t D, int64_t F)
+{
+    return moe_q5_quant_dtype(D) == MOE_DTYPE_Q5_K ? moe_q5_quant_dtype(F) : MOE_DTYPE_Q4_1;
+}
 /* Runs of 32 values per (d, m) pair of a four-bit dtype: 4 for Q4_G128,
  * 1 for the others (Q4_K's groups of 32 each have their own). */
 static inline int moe_q4_head_runs(enum moe_dtype t) { return t == MOE_DTYPE_Q4_G128 ? 4 : 1; }
