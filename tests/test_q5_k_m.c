@@ -43,7 +43,8 @@ Test(q5_k_m, picks_llama_cpp_s_matrices)
         for (int l = 0; l < L; l++) {
             const struct moe_layer_weights *w = &m.layers[l];
             const enum moe_dtype six = km && qt_more_bits(l) ? MOE_DTYPE_Q6_K : MOE_DTYPE_Q5_K;
-            cr_expect_eq(w->wv.dtype, six, "%s %s: layer %d's V is %s", names[b % 2], what, l, moe_dtype_name(w->wv.dtype));
+            cr_expect_eq(w->wv.dtype, six, "%s %s: layer %d's V is %s", names[b % 2], what, l,
+                         moe_dtype_name(w->wv.dtype));
             cr_expect_eq(w->wk.dtype, MOE_DTYPE_Q5_K);
             cr_expect_eq(w->wq.dtype, MOE_DTYPE_Q5_K);
             cr_expect_eq(w->wo.dtype, MOE_DTYPE_Q5_K);

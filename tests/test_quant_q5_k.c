@@ -159,7 +159,8 @@ Test(quant_q5_k, quantize_row_stores_nearest_codes_within_the_bound)
 {
     enum { K = 65536 };
     float *x = malloc(K * sizeof(float)), *back = malloc(K * sizeof(float));
-    unsigned char *q = malloc(moe_dtype_row_bytes(MOE_DTYPE_Q5_K, K)), *q4 = malloc(moe_dtype_row_bytes(MOE_DTYPE_Q4_K, K));
+    unsigned char *q = malloc(moe_dtype_row_bytes(MOE_DTYPE_Q5_K, K)),
+                  *q4 = malloc(moe_dtype_row_bytes(MOE_DTYPE_Q4_K, K));
     uint64_t st = 17;
     for (int kind = 0; kind < 2; kind++) {
         for (int i = 0; i < K; i++) x[i] = kind == 0 ? 0.02f * tu_rand_gauss(&st) : tu_rand_uniform(&st, -0.05f, 0.05f);

@@ -1,9 +1,9 @@
 /* backend_cpu_pack.c - the CPU backends' weights at prepare_model
  * (backend_cpu_impl.h, moe_cpu_pack_model): matrices quantized to Q8_0,
  * Q4_1, Q4_K, Q5_K or Q6_K (--quantize, the per-expert plan) and bf16
- * matrices repacked into
- * 16-output panels, each kind into one arena per model that the backend
- * owns, the model's views pointed there and the source pages dropped. */
+ * matrices repacked into 16-output panels, each kind into one arena per
+ * model that the backend owns, the model's views pointed there and the
+ * source pages dropped. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,8 +154,9 @@ static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, stru
             if (!pass_takes_expert(kind, be, l, e) || !packable(kind, dt, F, D) || !packable(kind, dt, D, F))
                 continue;
             const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
-            const enum moe_dtype to = kind == PACK_Q4 ? moe_quant_base_expert_dtype(moe_backend_expert_quant(be, l, e), D, F)
-                                                      : pack_dtype(kind, be->quant, D);
+            const enum moe_weight_quant eq = moe_backend_expert_quant(be, l, e);
+            const enum moe_dtype to =
+                kind == PACK_Q4 ? moe_quant_base_expert_dtype(eq, D, F) : pack_dtype(kind, be->quant, D);
             const enum moe_dtype to_down =
                 quant_to(kind, be, moe_quant_q4_k_m_dtype(MOE_Q4KM_DOWN, l, c->n_layers, E, F), to);
             for (int i = 0; i < 3; i++, n++)

@@ -164,7 +164,7 @@ int moe_cli_check_engine(const struct moe_cli_engine *o, const char *cmd)
     if (o->kv_budget && moe_cli_parse_budget(o->kv_budget, &budget) != MOE_OK)
         return moe_cli_error(cmd, "%s", moe_last_error());
     if (o->quantize && !moe_cli_parse_quant(o->quantize, &q))
-        return moe_cli_error(cmd, "--quantize '%s' (use q8_0, q4, or none)", o->quantize);
+        return moe_cli_error(cmd, "--quantize '%s' (use q8_0, q4, q4_k_m, q5_k, q5_k_m, or none)", o->quantize);
     static const char *const backends[] = {"auto", "cpu", "cpu-ref", "cuda"};
     bool known = false;
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) known |= !strcmp(o->backend, backends[i]);

@@ -227,7 +227,8 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
         for (size_t i = 0; i < n; i += MOE_Q5_K_BLOCK, b += MOE_Q5_K_BYTES) {
             float d[8], m[8];
             moe_q5_k_heads(b, d, m);
-            for (unsigned e = 0; e < MOE_Q5_K_BLOCK; e++) dst[i + e] = (float)moe_q5_k_code(b, e) * d[e / 32] + m[e / 32];
+            for (unsigned e = 0; e < MOE_Q5_K_BLOCK; e++)
+                dst[i + e] = (float)moe_q5_k_code(b, e) * d[e / 32] + m[e / 32];
         }
         return;
     }

@@ -76,7 +76,8 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char
         for (int t = 0; t < 4; t++) {
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (size_t)c * wld + bo + MOE_Q5_K_QS + 32 * t));
+                const char *qs = w + (size_t)c * wld + bo + MOE_Q5_K_QS;
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * t));
                 const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi8(15)), fifth_bits(qh[c], 2 * t));
                 const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)),
                                                    fifth_bits(qh[c], 2 * t + 1));
