@@ -1,6 +1,6 @@
 /* gemm_q6_k.c - what the fast CPU product costs over Q6_K weights
- * (runtime/cpu/gemm_q6_k.c) beside Q4_K's and Q8_0's, and what the Q6_K
- * and Q4_K quantizers cost.
+ * (runtime/cpu/gemm_q6_k.c) and Q5_K weights (gemm_q5_k.c) beside Q4_K's
+ * and Q8_0's, and what the K-quant quantizers cost.
  *
  * Isolated products y (T, N) = x (T, Din) . W^T on one thread for (N, Din)
  * = 2048 x 2048, 1024 x 4096, 768 x 2048 and 2048 x 768 (an expert's gate
@@ -27,8 +27,8 @@
 #include "runtime/core/status.h"
 #include "runtime/cpu/gemm_fast.h"
 
-enum { NF = 3, MAXR = 64 };
-static const enum moe_dtype fmt_dt[NF] = {MOE_DTYPE_Q4_K, MOE_DTYPE_Q6_K, MOE_DTYPE_Q8_0};
+enum { NF = 4, MAXR = 64 };
+static const enum moe_dtype fmt_dt[NF] = {MOE_DTYPE_Q4_K, MOE_DTYPE_Q5_K, MOE_DTYPE_Q6_K, MOE_DTYPE_Q8_0};
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float urand(void) /* [-1, 1) */
@@ -40,8 +40,10 @@ static float gauss(void) { return (urand() + urand() + urand() + urand()) * 0.5f
 
 static bool quantize(enum moe_dtype dt, void *dst, const float *x, size_t n)
 {
-    return dt == MOE_DTYPE_Q4_K ? moe_quantize_row_q4_k(dst, x, n)
-           : dt == MOE_DTYPE_Q6_K ? moe_quantize_row_q6_k(dst, x, n) : moe_quantize_row_q8_0(dst, x, n);
+    return dt == MOE_DTYPE_Q4_K   ? moe_quantize_row_q4_k(dst, x, n)
+           : dt == MOE_DTYPE_Q5_K ? moe_quantize_row_q5_k(dst, x, n)
+           : dt == MOE_DTYPE_Q6_K ? moe_quantize_row_q6_k(dst, x, n)
+                                  : moe_quantize_row_q8_0(dst, x, n);
 }
 
 /* One shape at T rows: every format's copies, rounds alternating the
@@ -76,7 +78,7 @@ static void bench_quantizers(int rounds)
     void *q = bench_alloc("bench_gemm_q6_k", n * 2);
     for (size_t i = 0; i < n; i++) x[i] = 0.02f * gauss();
     printf("\n| quantizer | ns per weight (CPU, one thread) |\n|---|---|\n");
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < NF - 1; f++) { /* the K-quants */
         double c[MAXR];
         for (int r = 0; r < rounds; r++) {
             const double c0 = bench_clock(CLOCK_THREAD_CPUTIME_ID);

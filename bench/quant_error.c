@@ -59,7 +59,7 @@ int main(int argc, char **argv)
 {
     enum moe_weight_quant q;
     if (argc != 3 || !moe_cli_parse_quant(argv[2], &q)) {
-        fprintf(stderr, "usage: %s MODEL_DIR q8_0|q4|q4_k_m\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL_DIR q8_0|q4|q4_k_m|q5_k|q5_k_m\n", argv[0]);
         return 2;
     }
     struct moe_model a, b;

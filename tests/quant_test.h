@@ -1,7 +1,8 @@
 /* quant_test.h - what the quantized-weight suites (test_quant.c,
- * test_quant_fp8.c, test_q4_model.c) share: a product through any kernel
- * set, the logits of the shared 20-token prompt for a model on a backend,
- * plan's sizes, and in-memory copies of fixtures to break. */
+ * test_quant_fp8.c, test_q4_model.c, the K-quant suites) share: a product
+ * through any kernel set, a synthetic model of 256-wide rows, the logits
+ * of the shared 20-token prompt for a model on a backend, plan's sizes,
+ * and in-memory copies of fixtures to break. */
 #pragma once
 
 #include <criterion/criterion.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/backend/backend.h"
 #include "runtime/cpu/gemm.h"
@@ -26,6 +28,41 @@ static inline void qt_gemm_any(int isa, float *y, const float *x, const void *w,
         moe_gemm_cpu(y, N, x, D, w, wt, N, D, T, NULL, scratch);
     else
         moe_gemm_fast((enum moe_cpu_isa)isa, y, N, x, D, w, wt, N, D, T, NULL);
+}
+
+enum { QT_WIDE_L = 16 }; /* layers of qt_wide_model */
+
+/* The layers of 16 that llama.cpp's use_more_bits picks (i < n/8, i >=
+ * 7n/8, (i - n/8) % 3 == 2), worked by hand. */
+static inline bool qt_more_bits(int l)
+{
+    static const int picked[] = {0, 1, 4, 7, 10, 13, 14, 15};
+    for (size_t i = 0; i < sizeof picked / sizeof *picked; i++)
+        if (picked[i] == l) return true;
+    return false;
+}
+
+/* A synthetic bf16 Qwen3-MoE of QT_WIDE_L layers whose rows are all
+ * multiples of 256 (hidden, expert width, attention width), with E
+ * experts: the K-quant suites' model (test_q4_k_m.c, test_q5_k_m.c). */
+static inline void qt_wide_model(struct moe_model *m, int E, uint64_t seed)
+{
+    char path[] = "/tmp/moerun-wide-XXXXXX";
+    const int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 256, "
+               "\"moe_intermediate_size\": 256, \"num_hidden_layers\": %d, \"num_attention_heads\": 8, "
+               "\"num_key_value_heads\": 2, \"head_dim\": 32, \"vocab_size\": 512, "
+               "\"max_position_embeddings\": 4096, \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-06, "
+               "\"num_experts\": %d, \"num_experts_per_tok\": 2, \"norm_topk_prob\": true, "
+               "\"tie_word_embeddings\": false, \"hidden_act\": \"silu\", \"initializer_range\": 0.1}\n",
+            QT_WIDE_L, E);
+    fclose(f);
+    struct moe_config cfg;
+    cr_assert_eq(moe_config_load(&cfg, path), MOE_OK, "%s", moe_last_error());
+    unlink(path);
+    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_BF16, seed), MOE_OK, "%s", moe_last_error());
 }
 
 /* The logits of the fixed 20-token prompt for model m on backend `name`

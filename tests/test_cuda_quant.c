@@ -382,6 +382,23 @@ Test(cuda_quant, q4_k_m_refuses_offload)
     moe_model_free(&m);
 }
 
+/* --quantize q5_k and q5_k_m make ggml's Q5_K, which only the CPU
+ * backends read: refused with the option and the format named. */
+Test(cuda_quant, q5_k_is_refused)
+{
+    const enum moe_weight_quant qs[2] = {MOE_QUANT_Q5_K, MOE_QUANT_Q5_K_M};
+    const char *names[2] = {"--quantize q5_k ", "--quantize q5_k_m "};
+    for (int i = 0; i < 2; i++) {
+        moe_backend_free(&gpu);
+        cr_assert_eq(tu_backend_init_with(&gpu, "cuda", qs[i], 0, 0), MOE_OK, "%s", moe_last_error());
+        struct moe_model m;
+        q8_model_shape(&m, MOE_DTYPE_BF16, 256, 2, 4);
+        cr_expect_eq(gpu.ops->prepare_model(&gpu, &m), MOE_ERR_UNSUPPORTED);
+        cr_expect(strstr(moe_last_error(), names[i]) && strstr(moe_last_error(), "Q5_K"), "%s", moe_last_error());
+        moe_model_free(&m);
+    }
+}
+
 /* A deferred synthetic model (moerun bench --synthetic: weights made on
  * the device, then quantized there) holds the quantization of the host
  * generator's weights. */

@@ -15,39 +15,7 @@
 #include "tests/quant_test.h"
 #include "tests/testutil.h"
 
-enum { L = 16 };
-
-/* The layers of 16 that llama.cpp's use_more_bits picks (i < n/8, i >=
- * 7n/8, (i - n/8) % 3 == 2), worked by hand. */
-static bool more_bits(int l)
-{
-    static const int picked[] = {0, 1, 4, 7, 10, 13, 14, 15};
-    for (size_t i = 0; i < sizeof picked / sizeof *picked; i++)
-        if (picked[i] == l) return true;
-    return false;
-}
-
-/* A synthetic bf16 Qwen3-MoE of 16 layers whose rows are all multiples of
- * 256 (hidden, expert width, attention width), with E experts. */
-static void make_model(struct moe_model *m, int E, uint64_t seed)
-{
-    char path[] = "/tmp/moerun-q4km-XXXXXX";
-    const int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    fprintf(f, "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 256, "
-               "\"moe_intermediate_size\": 256, \"num_hidden_layers\": %d, \"num_attention_heads\": 8, "
-               "\"num_key_value_heads\": 2, \"head_dim\": 32, \"vocab_size\": 512, "
-               "\"max_position_embeddings\": 4096, \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-06, "
-               "\"num_experts\": %d, \"num_experts_per_tok\": 2, \"norm_topk_prob\": true, "
-               "\"tie_word_embeddings\": false, \"hidden_act\": \"silu\", \"initializer_range\": 0.1}\n",
-            L, E);
-    fclose(f);
-    struct moe_config cfg;
-    cr_assert_eq(moe_config_load(&cfg, path), MOE_OK, "%s", moe_last_error());
-    unlink(path);
-    cr_assert_eq(moe_model_synthetic(m, &cfg, MOE_DTYPE_BF16, seed), MOE_OK, "%s", moe_last_error());
-}
+enum { L = QT_WIDE_L };
 
 static void prepare(struct moe_model *m, struct moe_backend *be, const char *name, enum moe_weight_quant q)
 {
@@ -64,13 +32,13 @@ Test(q4_k_m, picks_llama_cpp_s_matrices)
     for (int b = 0; b < 2; b++) {
         struct moe_model m;
         struct moe_backend be;
-        make_model(&m, 4, 3);
+        qt_wide_model(&m, 4, 3);
         prepare(&m, &be, names[b], MOE_QUANT_Q4_K_M);
         cr_expect_eq(m.lm_head.dtype, MOE_DTYPE_Q6_K, "%s: the LM head", names[b]);
         cr_expect_eq(m.embed.dtype, MOE_DTYPE_BF16);
         for (int l = 0; l < L; l++) {
             const struct moe_layer_weights *w = &m.layers[l];
-            const enum moe_dtype six = more_bits(l) ? MOE_DTYPE_Q6_K : MOE_DTYPE_Q4_K;
+            const enum moe_dtype six = qt_more_bits(l) ? MOE_DTYPE_Q6_K : MOE_DTYPE_Q4_K;
             cr_expect_eq(w->wv.dtype, six, "%s: layer %d's V is %s", names[b], l, moe_dtype_name(w->wv.dtype));
             cr_expect_eq(w->wk.dtype, MOE_DTYPE_Q4_K);
             cr_expect_eq(w->wq.dtype, MOE_DTYPE_Q4_K);
@@ -94,12 +62,12 @@ Test(q4_k_m, eight_experts_keep_k_and_v_at_q8_0)
 {
     struct moe_model m;
     struct moe_backend be;
-    make_model(&m, 8, 4);
+    qt_wide_model(&m, 8, 4);
     prepare(&m, &be, "cpu-ref", MOE_QUANT_Q4_K_M);
     for (int l = 0; l < L; l++) {
         cr_expect_eq(m.layers[l].wv.dtype, MOE_DTYPE_Q8_0, "layer %d", l);
         cr_expect_eq(m.layers[l].wk.dtype, MOE_DTYPE_Q8_0, "layer %d", l);
-        cr_expect_eq(moe_expert_down_dtype(&m.layers[l].experts, 5), more_bits(l) ? MOE_DTYPE_Q6_K : MOE_DTYPE_Q4_K);
+        cr_expect_eq(moe_expert_down_dtype(&m.layers[l].experts, 5), qt_more_bits(l) ? MOE_DTYPE_Q6_K : MOE_DTYPE_Q4_K);
     }
     moe_backend_free(&be);
     moe_model_free(&m);
@@ -110,7 +78,7 @@ Test(q4_k_m, eight_experts_keep_k_and_v_at_q8_0)
 Test(q4_k_m, six_bit_rows_are_the_quantizer_s)
 {
     struct moe_model m;
-    make_model(&m, 4, 5);
+    qt_wide_model(&m, 4, 5);
     const int D = m.cfg.d_model, F = m.cfg.d_expert, l = 4, e = 2;
     const int NV = (int)m.layers[l].wv.shape[0];
     const size_t rb = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, (size_t)F), rbv = moe_dtype_row_bytes(MOE_DTYPE_Q6_K, (size_t)D);
@@ -154,7 +122,7 @@ Test(q4_k_m, logits_near_the_reference_and_bf16)
                                         MOE_QUANT_Q4};
     for (int i = 0; i < 5; i++) {
         struct moe_model m;
-        make_model(&m, 4, 9);
+        qt_wide_model(&m, 4, 9);
         qt_prompt_logits(&m, names[i], qs[i], *outs[i]);
         moe_model_free(&m);
     }

@@ -442,7 +442,7 @@ Test(quant, cli_options)
 {
     char args[1024];
     snprintf(args, sizeof args, "run %s/mixtral --prompt-ids 1,2 --quantize q3", FIXTURE_DIR);
-    tu_expect_one_line_error(args, "--quantize 'q3' (use q8_0, q4, q4_k_m, or none)");
+    tu_expect_one_line_error(args, "--quantize 'q3' (use q8_0, q4, q4_k_m, q5_k, q5_k_m, or none)");
     /* the mixtral fixture's widths (64, 32) are whole blocks: 8 ids come out */
     char cmd[1024], out[4096];
     snprintf(cmd, sizeof cmd, "%s run %s/mixtral --prompt-ids 1,2,3,4 -n 8 --quantize q8_0 --backend cpu "

@@ -235,13 +235,40 @@ enum moe_weight_quant {
     MOE_QUANT_Q4_K_M, /* q4, but with llama.cpp's Q4_K_M choices (every backend;
                          moe_quant_q4_k_m_dtype): the down projections and
                          attention V of some layers, and the LM head, at Q6_K */
+    MOE_QUANT_Q5_K,   /* q4's weights to ggml's Q5_K (moe_q5_quant_dtype: Q4_1
+                         where rows are not multiples of 256), the LM head to
+                         Q8_0; the CPU backends only */
+    MOE_QUANT_Q5_K_M, /* q5_k with llama.cpp's Q5_K_M choices, which are its
+                         Q4_K_M ones over a Q5_K base (moe_quant_q4_k_m_dtype);
+                         the CPU backends only */
 };
+/* Whether q takes llama.cpp's _K_M choices (q4_k_m, q5_k_m); whether its
+ * base is five-bit (q5_k, q5_k_m). */
+static inline bool moe_quant_k_m(enum moe_weight_quant q) { return q == MOE_QUANT_Q4_K_M || q == MOE_QUANT_Q5_K_M; }
+static inline bool moe_quant_q5(enum moe_weight_quant q) { return q == MOE_QUANT_Q5_K || q == MOE_QUANT_Q5_K_M; }
+/* The format q4, q4_k_m, q5_k and q5_k_m make of a matrix with rows of K
+ * values before their _K_M choices: moe_q4_quant_dtype or
+ * moe_q5_quant_dtype; of an expert of D x F (all three matrices): the
+ * expert forms. */
+static inline enum moe_dtype moe_quant_base_dtype(enum moe_weight_quant q, int64_t K)
+{
+    return moe_quant_q5(q) ? moe_q5_quant_dtype(K) : moe_q4_quant_dtype(K);
+}
+static inline enum moe_dtype moe_quant_base_expert_dtype(enum moe_weight_quant q, int64_t D, int64_t F)
+{
+    return moe_quant_q5(q) ? moe_q5_quant_expert_dtype(D, F) : moe_q4_quant_expert_dtype(D, F);
+}
 
-/* Under --quantize q4_k_m, the dtype a matrix with rows of K values takes
- * instead of q4's, or MOE_DTYPE_N when it takes q4's: llama.cpp's Q4_K_M
- * rule (llama_tensor_get_type) with layer l of n (the layers that have
- * such a matrix) "using more bits" when l < n/8, l >= 7n/8 or (l - n/8) %
- * 3 == 2.  down: a down projection (an expert's, the shared expert's, a
+/* Under --quantize q4_k_m (and q5_k_m), the dtype a matrix with rows of K
+ * values takes instead of q4's (q5_k's), or MOE_DTYPE_N when it takes the
+ * base format: llama.cpp's Q4_K_M rule (llama_tensor_get_type) with layer
+ * l of n (the layers that have such a matrix) "using more bits" when l <
+ * n/8, l >= 7n/8 or (l - n/8) % 3 == 2.  llama.cpp's Q5_K_M makes the same
+ * choices for these parts (its attention V and down projections name
+ * Q4_K_M and Q5_K_M together, the LM head rule and the 8-expert K and V
+ * rule hold for any type), with Q5_K as the default; the one Q4_K_M rule
+ * Q5_K_M lacks, attention's output at Q5_K with 8 experts, moerun does
+ * not make under q4_k_m either.  down: a down projection (an expert's, the shared expert's, a
  * dense feed-forward's); v, k: attention's value and key projections;
  * lm_head: the LM head.  Q6_K for down and v in the layers using more bits
  * and the LM head; Q8_0 for v and k in every layer when the model has 8

@@ -1,8 +1,9 @@
 /* backend_cpu_pack.c - the CPU backends' weights at prepare_model
- * (backend_cpu_impl.h, moe_cpu_pack_model): matrices quantized to Q8_0 or
- * Q4_1 (--quantize, the per-expert plan) and bf16 matrices repacked into
- * 16-output panels, each kind into one arena per model that the backend
- * owns, the model's views pointed there and the source pages dropped. */
+ * (backend_cpu_impl.h, moe_cpu_pack_model): matrices quantized to Q8_0,
+ * Q4_1, Q4_K, Q5_K or Q6_K (--quantize, the per-expert plan) and bf16
+ * matrices repacked into 16-output panels, each kind into one arena per
+ * model that the backend owns, the model's views pointed there and the
+ * source pages dropped. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,16 +21,22 @@
  * each expert in the pass of its own format), then PACK_PANELS over what
  * is still bf16 (the routers, experts the plan keeps).  Each writes its
  * own arena.  PACK_Q4 makes Q4_K of a matrix whose rows are multiples of
- * 256 long (an expert: of its three matrices), Q4_1 of the others; under
- * q4_k_m it makes the matrices moe_quant_q4_k_m_dtype names Q6_K or Q8_0
+ * 256 long (an expert: of its three matrices), Q4_1 of the others (q5_k
+ * and q5_k_m run the same pass, Q5_K in place of Q4_K); under q4_k_m (and
+ * q5_k_m) it makes the matrices moe_quant_q4_k_m_dtype names Q6_K or Q8_0
  * instead (an expert's down matrix: then the table's down_dtypes), and
  * PACK_Q8_0 the LM head Q6_K where its rows allow. */
 enum pack_kind { PACK_Q8_0, PACK_Q4, PACK_PANELS };
-static enum moe_dtype pack_dtype(enum pack_kind k, int64_t K)
+static enum moe_dtype pack_dtype(enum pack_kind k, enum moe_weight_quant q, int64_t K)
 {
     return k == PACK_PANELS ? MOE_DTYPE_BF16_PANEL
-           : k == PACK_Q4   ? moe_q4_quant_dtype(K)
+           : k == PACK_Q4   ? moe_quant_base_dtype(q, K)
                             : MOE_DTYPE_Q8_0;
+}
+/* Whether q quantizes in PACK_Q4 (q4, q4_k_m, q5_k, q5_k_m). */
+static bool pass_q4(enum moe_weight_quant q)
+{
+    return q == MOE_QUANT_Q4 || q == MOE_QUANT_Q4_K_M || moe_quant_q5(q);
 }
 
 /* Which matrices a quantization pass takes: the backend's quant for all
@@ -37,7 +44,7 @@ static enum moe_dtype pack_dtype(enum pack_kind k, int64_t K)
 static bool pass_takes(enum pack_kind kind, const struct moe_backend *be, bool lm_head)
 {
     if (kind == PACK_PANELS) return true;
-    const bool q4 = be->quant == MOE_QUANT_Q4 || be->quant == MOE_QUANT_Q4_K_M;
+    const bool q4 = pass_q4(be->quant);
     if (kind == PACK_Q4) return q4 && !lm_head;
     return be->quant == MOE_QUANT_Q8_0 || (q4 && lm_head);
 }
@@ -45,16 +52,16 @@ static bool pass_takes_expert(enum pack_kind kind, const struct moe_backend *be,
 {
     if (kind == PACK_PANELS) return true;
     const enum moe_weight_quant q = moe_backend_expert_quant(be, l, e);
-    return kind == PACK_Q4 ? q == MOE_QUANT_Q4 || q == MOE_QUANT_Q4_K_M : q == MOE_QUANT_Q8_0;
+    return kind == PACK_Q4 ? pass_q4(q) : q == MOE_QUANT_Q8_0;
 }
 
 /* What a matrix that a quantization pass takes becomes: the pass's dtype
- * `to`, or under q4_k_m the one named for it (km: moe_quant_q4_k_m_tensor's
- * or moe_quant_q4_k_m_dtype's answer). */
+ * `to`, or under q4_k_m and q5_k_m the one named for it (km:
+ * moe_quant_q4_k_m_tensor's or moe_quant_q4_k_m_dtype's answer). */
 static enum moe_dtype quant_to(enum pack_kind kind, const struct moe_backend *be, enum moe_dtype km,
                                enum moe_dtype to)
 {
-    if (kind == PACK_PANELS || be->quant != MOE_QUANT_Q4_K_M || km == MOE_DTYPE_N) return to;
+    if (kind == PACK_PANELS || !moe_quant_k_m(be->quant) || km == MOE_DTYPE_N) return to;
     return km;
 }
 
@@ -109,7 +116,7 @@ static void add_tensor(enum pack_kind kind, const struct moe_backend *be, const 
     if (items) items[*n] = (struct pack_item){.t = t, .src = t->data, .dt = t->dtype,
                                               .N = (int)t->shape[0], .K = (int)t->shape[1],
                                               .to = quant_to(kind, be, moe_quant_q4_k_m_tensor(m, layer, t),
-                                                             pack_dtype(kind, t->shape[1])),
+                                                             pack_dtype(kind, be->quant, t->shape[1])),
                                               .layer = layer};
     ++*n;
 }
@@ -147,7 +154,9 @@ static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, stru
             if (!pass_takes_expert(kind, be, l, e) || !packable(kind, dt, F, D) || !packable(kind, dt, D, F))
                 continue;
             const void **slots[3] = {&x->gate[e], &x->up[e], &x->down[e]};
-            const enum moe_dtype to = kind == PACK_Q4 ? moe_q4_quant_expert_dtype(D, F) : pack_dtype(kind, D);
+            const enum moe_weight_quant eq = moe_backend_expert_quant(be, l, e);
+            const enum moe_dtype to =
+                kind == PACK_Q4 ? moe_quant_base_expert_dtype(eq, D, F) : pack_dtype(kind, be->quant, D);
             const enum moe_dtype to_down =
                 quant_to(kind, be, moe_quant_q4_k_m_dtype(MOE_Q4KM_DOWN, l, c->n_layers, E, F), to);
             for (int i = 0; i < 3; i++, n++)
@@ -165,7 +174,7 @@ static size_t pack_items(enum pack_kind kind, const struct moe_backend *be, stru
 static bool packed_dtype(enum moe_dtype dt)
 {
     return dt == MOE_DTYPE_BF16_PANEL || dt == MOE_DTYPE_Q8_0 || dt == MOE_DTYPE_Q4_1 || dt == MOE_DTYPE_Q4_K ||
-           dt == MOE_DTYPE_Q6_K;
+           dt == MOE_DTYPE_Q5_K || dt == MOE_DTYPE_Q6_K;
 }
 
 /* A weight of m in panels or quantized, or NULL when it has none. */
@@ -198,7 +207,7 @@ static bool packed_bytes(enum pack_kind kind, const struct pack_item *it, size_t
     return true;
 }
 
-/* Quantizes item it into dst (it->to: Q8_0, Q4_1, Q4_K or Q6_K); false
+/* Quantizes item it into dst (it->to: Q8_0, Q4_1, Q4_K, Q5_K or Q6_K); false
  * when a value is not finite. */
 static bool quantize_item(char *dst, const struct pack_item *it)
 {
@@ -213,6 +222,7 @@ static bool quantize_item(char *dst, const struct pack_item *it)
         char *d = dst + (size_t)n * dst_row;
         ok = to == MOE_DTYPE_Q6_K   ? moe_quantize_row_q6_k(d, row, (size_t)it->K)
              : to == MOE_DTYPE_Q4_K ? moe_quantize_row_q4_k(d, row, (size_t)it->K)
+             : to == MOE_DTYPE_Q5_K ? moe_quantize_row_q5_k(d, row, (size_t)it->K)
              : to == MOE_DTYPE_Q4_1 ? moe_quantize_row_q4_1(d, row, (size_t)it->K)
                                     : moe_quantize_row_q8_0(d, row, (size_t)it->K);
     }
@@ -282,7 +292,8 @@ static enum moe_status pack_model(struct cpu_ctx *c, struct moe_model *m, enum p
     }
     if (bad >= 0) {
         const struct pack_item *it = &items[bad];
-        const char *q = be->quant == MOE_QUANT_Q4_K_M ? "q4_k_m" : kind == PACK_Q4 ? "q4" : "q8_0";
+        const char *q = be->quant == MOE_QUANT_Q4_K_M ? "q4_k_m" : be->quant == MOE_QUANT_Q5_K_M ? "q5_k_m"
+                        : be->quant == MOE_QUANT_Q5_K  ? "q5_k" : kind == PACK_Q4 ? "q4" : "q8_0";
         s = it->layer < 0 ? moe_fail(MOE_ERR_FORMAT, "--quantize %s: the LM head holds a value that "
                                      "is not finite (or cannot be allocated)", q)
                           : moe_fail(MOE_ERR_FORMAT, "--quantize %s: a (%d, %d) weight of layer %d holds "
@@ -356,14 +367,14 @@ static enum moe_status mixed_tables(struct cpu_ctx *c, struct moe_model *m, cons
     return MOE_OK;
 }
 
-/* q4_k_m: each MoE layer whose down projections take another dtype than
+/* q4_k_m, q5_k_m: each MoE layer whose down projections take another dtype than
  * their gate and up gets its own down_dtypes (E), the experts' dtypes for
  * now (the passes set them). */
 static enum moe_status down_tables(struct cpu_ctx *c, struct moe_model *m, const struct moe_backend *be)
 {
     const struct moe_config *cfg = &m->cfg;
     const int E = cfg->n_experts;
-    if (be->quant != MOE_QUANT_Q4_K_M || E <= 0) return MOE_OK;
+    if (!moe_quant_k_m(be->quant) || E <= 0) return MOE_OK;
     enum moe_dtype *all = dtype_tables(c, cfg);
     if (!all) return moe_fail(MOE_ERR_NOMEM, "cpu backend: expert down dtype tables");
     for (int l = 0; l < cfg->n_layers; l++) {

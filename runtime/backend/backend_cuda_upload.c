@@ -711,6 +711,10 @@ enum moe_status moe_cuda_prepare_model(struct moe_backend *be, struct moe_model 
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: %s (%s) has no CUDA kernels yet; use --backend cpu",
                         l4, cfg->architecture);
     if (m->embed.device >= 0) return MOE_OK; /* already on the device */
+    if (moe_quant_q5(be->quant))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --quantize %s makes ggml's Q5_K, which the CUDA "
+                        "backend does not read; use --quantize q4_k_m or q8_0, or --backend cpu",
+                        be->quant == MOE_QUANT_Q5_K ? "q5_k" : "q5_k_m");
     if (be->quant == MOE_QUANT_Q4_K_M && be->expert_quant)
         return moe_fail(MOE_ERR_UNSUPPORTED, "cuda backend: --expert-dtype-plan with --quantize q4_k_m is not "
                         "supported (a plan's stacks carry one dtype each); use q4");

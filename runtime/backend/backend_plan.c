@@ -43,6 +43,9 @@ enum moe_weight_quant moe_backend_expert_quant(const struct moe_backend *be, int
 enum moe_status moe_backend_check_expert_plan(const struct moe_backend *be, const struct moe_model *m)
 {
     const struct moe_config *cfg = &m->cfg;
+    if (be->expert_quant && moe_quant_q5(be->quant))
+        return moe_fail(MOE_ERR_UNSUPPORTED, "per-expert precision plan: not with --quantize q5_k or q5_k_m "
+                        "(a plan names q8_0, q4 or stored; use --quantize q4 or q8_0)");
     for (int l = 0; l < be->expert_quant_layers && be->expert_quant; l++)
         for (int e = 0; e < be->expert_quant_e; e++) {
             const uint8_t q = be->expert_quant[(size_t)l * be->expert_quant_e + e];

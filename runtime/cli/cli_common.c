@@ -164,7 +164,7 @@ int moe_cli_check_engine(const struct moe_cli_engine *o, const char *cmd)
     if (o->kv_budget && moe_cli_parse_budget(o->kv_budget, &budget) != MOE_OK)
         return moe_cli_error(cmd, "%s", moe_last_error());
     if (o->quantize && !moe_cli_parse_quant(o->quantize, &q))
-        return moe_cli_error(cmd, "--quantize '%s' (use q8_0, q4, or none)", o->quantize);
+        return moe_cli_error(cmd, "--quantize '%s' (use q8_0, q4, q4_k_m, q5_k, q5_k_m, or none)", o->quantize);
     static const char *const backends[] = {"auto", "cpu", "cpu-ref", "cuda"};
     bool known = false;
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) known |= !strcmp(o->backend, backends[i]);
@@ -379,7 +379,12 @@ enum moe_status moe_cli_parse_budget(const char *s, size_t *bytes)
 
 const char *moe_cli_quant_name(enum moe_weight_quant q)
 {
-    return q == MOE_QUANT_Q8_0 ? "q8_0" : q == MOE_QUANT_Q4 ? "q4" : q == MOE_QUANT_Q4_K_M ? "q4_k_m" : "none";
+    return q == MOE_QUANT_Q8_0     ? "q8_0"
+           : q == MOE_QUANT_Q4     ? "q4"
+           : q == MOE_QUANT_Q4_K_M ? "q4_k_m"
+           : q == MOE_QUANT_Q5_K   ? "q5_k"
+           : q == MOE_QUANT_Q5_K_M ? "q5_k_m"
+                                   : "none";
 }
 
 bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out)
@@ -387,6 +392,8 @@ bool moe_cli_parse_quant(const char *s, enum moe_weight_quant *out)
     if (!strcasecmp(s, "q8_0")) *out = MOE_QUANT_Q8_0;
     else if (!strcasecmp(s, "q4")) *out = MOE_QUANT_Q4;
     else if (!strcasecmp(s, "q4_k_m")) *out = MOE_QUANT_Q4_K_M;
+    else if (!strcasecmp(s, "q5_k")) *out = MOE_QUANT_Q5_K;
+    else if (!strcasecmp(s, "q5_k_m")) *out = MOE_QUANT_Q5_K_M;
     else if (!strcasecmp(s, "none")) *out = MOE_QUANT_NONE;
     else return false;
     return true;
@@ -477,7 +484,8 @@ enum moe_status moe_cli_backend_start(struct moe_backend *be, const struct moe_c
     moe_cli_backend_opts(&bo, o->threads);
     enum moe_weight_quant q = MOE_QUANT_NONE;
     if (o->quantize && !moe_cli_parse_quant(o->quantize, &q))
-        return moe_fail(MOE_ERR_INVALID_ARG, "--quantize '%s' (use q8_0, q4, or none)", o->quantize);
+        return moe_fail(MOE_ERR_INVALID_ARG, "--quantize '%s' (use q8_0, q4, q4_k_m, q5_k, q5_k_m, or none)",
+                        o->quantize);
     bo.quant = q;
     moe_cli_isa_for_quant(&bo);
     double *warm;

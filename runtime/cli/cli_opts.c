@@ -142,7 +142,7 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
     {.name = "threads", .arg = "N", .kind = MOE_CLI_INT, ENG(threads), .lo = 1, .hi = 4096,
      .help = "CPU threads (default: all cores)"},
     {.name = "quantize", .arg = "Q", .kind = MOE_CLI_CUSTOM, ENG(quantize), .parse = parse_quant,
-     .what = "use q8_0, q4, q4_k_m, or none",
+     .what = "use q8_0, q4, q4_k_m, q5_k, q5_k_m, or none",
      .help = "quantize the weights at load: q8_0, 9 bits a weight (CPU\n"
              "and CUDA backends), or q4, four bits with the LM head at\n"
              "q8_0: ggml's Q4_K (4.5 bits a weight) where rows are\n"
@@ -150,7 +150,9 @@ const struct moe_cli_opt moe_cli_shared_opts[] = {
              "and the embedding stay as stored; or q4_k_m, q4 with\n"
              "llama.cpp's Q4_K_M choices: the LM head, and the down\n"
              "projections and attention V of some layers, at Q6_K\n"
-             "(6.56 bits)"},
+             "(6.56 bits); or (CPU backends) q5_k, q4 with ggml's Q5_K\n"
+             "(5.5 bits) in place of Q4_K, and q5_k_m, q5_k with\n"
+             "llama.cpp's Q5_K_M choices (q4_k_m's)"},
     {.name = "expert-dtype-plan", .arg = "FILE", .kind = MOE_CLI_STRING, ENG(expert_plan),
      .help = "per-expert precision: FILE is statistics or a trace\n"
              "(--stats-out, --trace-out): each layer's hot experts keep\n"

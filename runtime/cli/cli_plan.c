@@ -251,6 +251,9 @@ static int plan_expert_sizes(const struct plan_opts *o, const struct moe_config 
 {
     struct moe_backend_opts bo;
     uint8_t *plan;
+    if (moe_quant_q5(q))
+        return moe_cli_error("plan", "--expert-dtype-plan with --quantize %s: not supported (use q4 or q8_0)",
+                             moe_cli_quant_name(q));
     moe_backend_opts_defaults(&bo);
     const double share = o->eng.hot_share > 0 ? o->eng.hot_share : MOE_CLI_HOT_SHARE;
     if (moe_cli_expert_plan(&bo, o->eng.expert_plan, share, q, &plan) != MOE_OK)

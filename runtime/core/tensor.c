@@ -29,6 +29,7 @@ size_t moe_dtype_size(enum moe_dtype t)
     if (t == MOE_DTYPE_FP8_B128) return 1;   /* the E4M3 part; rows: moe_dtype_row_bytes */
     if (moe_dtype_is_q4(t)) return 1;        /* as MXFP4; rows: moe_dtype_row_bytes */
     if (t == MOE_DTYPE_Q6_K) return 1;       /* as the four-bit formats */
+    if (t == MOE_DTYPE_Q5_K) return 1;       /* as the four-bit formats */
     MOE_ASSERT((unsigned)t < MOE_DTYPE_COUNT);
     return dtype_info[t].size;
 }
@@ -40,6 +41,7 @@ size_t moe_dtype_row_bytes(enum moe_dtype t, size_t n)
     if (t == MOE_DTYPE_FP8_B128) return n / MOE_FP8_BLOCK * MOE_FP8_BYTES;
     if (moe_dtype_is_q4(t)) return n / (size_t)moe_q4_group(t) * moe_q4_group_bytes(t);
     if (t == MOE_DTYPE_Q6_K) return n / MOE_Q6_K_BLOCK * MOE_Q6_K_BYTES; /* < n: no overflow */
+    if (t == MOE_DTYPE_Q5_K) return n / MOE_Q5_K_BLOCK * MOE_Q5_K_BYTES; /* < n: no overflow */
     return n * moe_dtype_size(t);
 }
 
@@ -54,6 +56,7 @@ const char *moe_dtype_name(enum moe_dtype t)
     if (t == MOE_DTYPE_Q4_G128) return "Q4_G128";
     if (t == MOE_DTYPE_Q4_K) return "Q4_K";
     if (t == MOE_DTYPE_Q6_K) return "Q6_K";
+    if (t == MOE_DTYPE_Q5_K) return "Q5_K";
     return (unsigned)t < MOE_DTYPE_COUNT ? dtype_info[t].name : "?";
 }
 
@@ -215,6 +218,17 @@ void moe_convert_row_f32(float *dst, const void *src, enum moe_dtype t, size_t n
                 const int sh = 4 * (j % 2);
                 for (int k = 0; k < 32; k++) dst[i + 32 * (size_t)j + k] = (float)((qs[k] >> sh) & 15u) * d[j] + m[j];
             }
+        }
+        return;
+    }
+    case MOE_DTYPE_Q5_K: { /* as Q4_K: q * d_j + m_j, the product exact */
+        const unsigned char *b = src;
+        MOE_ASSERT(n % MOE_Q5_K_BLOCK == 0);
+        for (size_t i = 0; i < n; i += MOE_Q5_K_BLOCK, b += MOE_Q5_K_BYTES) {
+            float d[8], m[8];
+            moe_q5_k_heads(b, d, m);
+            for (unsigned e = 0; e < MOE_Q5_K_BLOCK; e++)
+                dst[i + e] = (float)moe_q5_k_code(b, e) * d[e / 32] + m[e / 32];
         }
         return;
     }
@@ -382,6 +396,16 @@ static void q4_k_copy(unsigned char *rows, size_t n, unsigned char *v, unsigned 
                 }
             }
     }
+}
+
+void moe_q5_k_pack_codes(void *blk, const uint8_t *q)
+{
+    unsigned char *qh = (unsigned char *)blk + MOE_Q5_K_QH, *qs = (unsigned char *)blk + MOE_Q5_K_QS;
+    memset(qh, 0, 32);
+    for (int e = 0; e < MOE_Q5_K_BLOCK; e++) qh[e % 32] |= (unsigned char)((q[e] >> 4 & 1u) << (e / 32));
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++)
+            qs[32 * c + l] = (unsigned char)((q[64 * c + l] & 15u) | (q[64 * c + 32 + l] & 15u) << 4);
 }
 
 void moe_q6_k_pack_codes(void *blk, const uint8_t *q)

@@ -16,7 +16,7 @@
  * fp32 and reads F32, F16, BF16, Q8_0, MXFP4 and FP8_B128 weights in
  * place; four-bit weights: Q4_1 (--quantize q4) and Q4_G32 / Q4_G128
  * (GPTQ, AWQ and compressed-tensors checkpoints); and ggml's K-quants
- * Q4_K and Q6_K. */
+ * Q4_K, Q5_K and Q6_K. */
 #pragma once
 
 #include <stdbool.h>
@@ -180,8 +180,26 @@ enum moe_dtype {
      * planes.  moe_dtype_size says 1; never parsed, written to a file or
      * repacked. */
     MOE_DTYPE_Q6_K,
+    /* Five-bit weights, ggml's Q5_K block bit for bit (gguf-py's Q5_K
+     * reads it): what --quantize q5_k and q5_k_m make on the CPU
+     * backends.  Per block of 256 values, 176 bytes: an f16 d, an f16
+     * dmin, the 12 bytes of eight 6-bit scales sc_j and minimums mn_j
+     * packed as Q4_K's (moe_q4_k_scales), 32 bytes qh, then 128 bytes qs
+     * of low nibbles laid out as Q4_K's codes (per 64 values 32 bytes,
+     * byte i holding element i in its low nibble and element 32 + i in
+     * its high one).  Bit j of qh[l] is the fifth (high) bit of element
+     * 32j + l, so element e's code (0..31) is its nibble | (qh[e % 32] >>
+     * (e / 32) & 1) << 4 (moe_q5_k_code).  Group j (elements 32j ..
+     * 32j+31) has d_j = d * sc_j and m_j = -(dmin * mn_j), both exact in
+     * fp32, and the value q * d_j + m_j: the product exact (a 17-bit d_j
+     * by a 5-bit code), one rounding, what gguf-py computes as d_j * q -
+     * dmin * mn_j.  5.5 bits a weight; made by moe_quantize_row_q5_k;
+     * read by the CPU kernels (fast and reference), not by the CUDA
+     * backend (no planes).  moe_dtype_size says 1; never parsed, written
+     * to a file or repacked. */
+    MOE_DTYPE_Q5_K,
 };
-#define MOE_DTYPE_N (MOE_DTYPE_Q6_K + 1) /* the number of dtypes */
+#define MOE_DTYPE_N (MOE_DTYPE_Q5_K + 1) /* the number of dtypes */
 
 #define MOE_Q8_0_BLOCK 32 /* values per block */
 #define MOE_Q8_0_BYTES 36 /* bytes per block: f32 scale, 32 int8 */
@@ -197,6 +215,10 @@ enum moe_dtype {
 #define MOE_Q6_K_BLOCK 256 /* values per block (16 sub-blocks of 16) */
 #define MOE_Q6_K_BYTES 210 /* bytes per block: 128 ql, 64 qh, 16 int8 scales, f16 d */
 #define MOE_Q6_K_TAIL 18   /* its last bytes: the 16 int8 scales and d */
+#define MOE_Q5_K_BLOCK 256 /* values per block (8 groups of 32) */
+#define MOE_Q5_K_BYTES 176 /* bytes per block: f16 d, f16 dmin, 12 of scales, 32 qh, 128 qs */
+#define MOE_Q5_K_QH 16     /* offsets in the block: the high bits, the low nibbles */
+#define MOE_Q5_K_QS 48
 
 /* Whether t is one of the four-bit formats; values per block (one d and
  * one m each, but Q4_K: 8 groups of 32 with one d and m each) and bytes
@@ -224,6 +246,19 @@ static inline enum moe_dtype moe_q4_quant_dtype(int64_t K)
 static inline enum moe_dtype moe_q4_quant_expert_dtype(int64_t D, int64_t F)
 {
     return moe_q4_quant_dtype(D) == MOE_DTYPE_Q4_K ? moe_q4_quant_dtype(F) : MOE_DTYPE_Q4_1;
+}
+/* --quantize q5_k's (and q5_k_m's base) format on the CPU backends for a
+ * matrix whose rows hold K values: Q5_K when K is a multiple of 256, else
+ * q4's fallback Q4_1 (moerun has no Q5_1, llama.cpp's fallback); for an
+ * expert of D x F (one format for its gate, up and down): Q5_K when both
+ * are. */
+static inline enum moe_dtype moe_q5_quant_dtype(int64_t K)
+{
+    return K > 0 && K % MOE_Q5_K_BLOCK == 0 ? MOE_DTYPE_Q5_K : MOE_DTYPE_Q4_1;
+}
+static inline enum moe_dtype moe_q5_quant_expert_dtype(int64_t D, int64_t F)
+{
+    return moe_q5_quant_dtype(D) == MOE_DTYPE_Q5_K ? moe_q5_quant_dtype(F) : MOE_DTYPE_Q4_1;
 }
 /* Runs of 32 values per (d, m) pair of a four-bit dtype: 4 for Q4_G128,
  * 1 for the others (Q4_K's groups of 32 each have their own). */
@@ -308,6 +343,18 @@ static inline float moe_q6_k_scale(const unsigned char *blk, unsigned e)
     return moe_f16_to_f32(d) * (float)(int8_t)blk[192 + e / 16];
 }
 
+/* The code (0..31) of element e (0..255) of the Q5_K block at blk
+ * (MOE_DTYPE_Q5_K's packing). */
+static inline unsigned moe_q5_k_code(const unsigned char *blk, unsigned e)
+{
+    const unsigned j = e / 32, l = e % 32; /* group, element in it */
+    const unsigned lo = blk[MOE_Q5_K_QS + 32 * (j / 2) + l] >> (4 * (j % 2)) & 15u;
+    return lo | (blk[MOE_Q5_K_QH + l] >> j & 1u) << 4;
+}
+
+/* Writes the qh and qs bytes of a Q5_K block from its 256 codes (0..31,
+ * element order). */
+void moe_q5_k_pack_codes(void *blk, const uint8_t *q);
 /* Writes the first 192 bytes of a Q6_K block (ql, qh) from its 256 codes
  * (0..63, element order). */
 void moe_q6_k_pack_codes(void *blk, const uint8_t *q);
@@ -348,9 +395,19 @@ bool moe_quantize_row_q4_k(void *dst, const float *src, size_t n);
  * False, dst unspecified, when a value is not finite or d overflows f16
  * (|x| past about 2.3e8). */
 bool moe_quantize_row_q6_k(void *dst, const float *src, size_t n);
+/* Quantizes n values (a multiple of 256) to Q5_K blocks (MOE_DTYPE_Q5_K):
+ * moe_quantize_row_q4_k's search with codes 0..31 (runtime/core/q5_k_fit.h:
+ * per group of 32 the least-squares line x ~ s q - a over 8 candidate
+ * code assignments, then d = max s / 63 and dmin = max a / 63 in f16,
+ * each group's 6-bit pair chosen among the roundings of s / d and a /
+ * dmin and their neighbours, and the nearest codes).  False, dst
+ * unspecified, when a value is not finite or d or dmin overflows f16. */
+bool moe_quantize_row_q5_k(void *dst, const float *src, size_t n);
 /* The scales d_j and offsets m_j of the 8 groups of the Q4_K block at blk
  * (MOE_DTYPE_Q4_K: d * sc_j and -(dmin * mn_j), exact). */
 void moe_q4_k_heads(const void *blk, float d[8], float m[8]);
+/* The same of a Q5_K block (MOE_DTYPE_Q5_K: the same 16 leading bytes). */
+static inline void moe_q5_k_heads(const void *blk, float d[8], float m[8]) { moe_q4_k_heads(blk, d, m); }
 /* Writes one Q4_G32 / Q4_G128 group: G codes (0..15, element order), scale
  * d and offset m. */
 void moe_q4_pack_group(void *dst, enum moe_dtype t, const uint8_t *codes, float d, float m);

@@ -2,7 +2,7 @@
  *
  * y (T, N) [row stride ldy] = x (T, Din) [row stride ldx] . W^T (+ b), where
  * W is (N, Din) row-major in F32, F16, BF16, Q8_0, MXFP4, FP8_B128, Q4_1,
- * Q4_G32, Q4_G128, Q4_K or Q6_K (runtime/core/tensor.h), read in place.  Each weight row is converted to fp32 once per call into
+ * Q4_G32, Q4_G128, Q4_K, Q5_K or Q6_K (runtime/core/tensor.h), read in place.  Each weight row is converted to fp32 once per call into
  * the caller's scratch and dotted with all T input rows, so a step reads
  * every weight once.  Parallel over output rows (OpenMP); the summation
  * order of each output is fixed, so the result does not depend on the

@@ -8,8 +8,9 @@
  * gemm_q4.c's VNNI instance; the AMX sets, where the processor has
  * AMX-INT8, take gemm_q8_amx.c and gemm_q4_amx.c for both, Q4_K
  * included), Q4_K under the AVX2 and AVX-512 sets in gemm_q4_k.c and
- * gemm_q4_k_avx512.c (input blocks of 256, the same bits), and Q6_K in
- * gemm_q6_k.c and gemm_q6_k_avx512.c (the same bits). */
+ * gemm_q4_k_avx512.c (input blocks of 256, the same bits), Q5_K in
+ * gemm_q5_k.c and gemm_q5_k_avx512.c and Q6_K in gemm_q6_k.c and
+ * gemm_q6_k_avx512.c (the same bits each, under every set). */
 #include "runtime/cpu/gemm_fast.h"
 
 #include <cpuid.h>
@@ -122,7 +123,11 @@ void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const 
             moe_gemm_rows_panel_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
         else
             moe_gemm_rows_panel_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
-    } else if (wt == MOE_DTYPE_Q6_K && isa >= MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
+    } else if (wt == MOE_DTYPE_Q5_K && isa >= MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
+        moe_gemm_rows_q5_k_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    else if (wt == MOE_DTYPE_Q5_K)
+        moe_gemm_rows_q5_k_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);
+    else if (wt == MOE_DTYPE_Q6_K && isa >= MOE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni"))
         moe_gemm_rows_q6_k_avx512(y, ldy, x, ldx, T, w, Din, n0, n1, b);
     else if (wt == MOE_DTYPE_Q6_K)
         moe_gemm_rows_q6_k_avx2(y, ldy, x, ldx, T, w, Din, n0, n1, b);

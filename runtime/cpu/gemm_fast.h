@@ -2,7 +2,7 @@
  *
  * Same contract as moe_gemm_cpu: y (T, N) = x (T, Din) . W^T (+ b), W (N, Din)
  * row-major in F32, F16, BF16, Q8_0, MXFP4, FP8_B128, Q4_1, Q4_G32,
- * Q4_G128, Q4_K or Q6_K read in place.  The
+ * Q4_G128, Q4_K, Q5_K or Q6_K read in place.  The
  * fast kernels convert weights to fp32 in registers (bf16: u16 -> u32
  * shifted left by 16; f16: F16C; MXFP4: a nibble through a table, times
  * the block's scale; FP8_B128: an E4M3 byte made an f16 by a shift and a
@@ -52,7 +52,9 @@
  * sub-block scales (gemm_q6_k.c with AVX2, gemm_q6_k_avx512.c for the
  * wider sets, two runs a zmm: the same integer lane sums, so the same bits
  * everywhere; the same alone or in any batch).  Q4_K likewise
- * (gemm_q4_k.c, gemm_q4_k_avx512.c).
+ * (gemm_q4_k.c, gemm_q4_k_avx512.c), and Q5_K, Q4_K's route with each
+ * group's fifth bits joined to its nibbles (gemm_q5_k.c,
+ * gemm_q5_k_avx512.c).
  *
  * AMX (the `amx` sets): products over bf16 panels run on the tile units
  * (gemm_amx.c), each input row split once per call into bf16 parts: two

@@ -46,6 +46,15 @@ void moe_gemm_rows_q4_k_avx2(float *y, size_t ldy, const float *x, size_t ldx, i
  * where the processor has VNNI (gemm_q4_k_avx512.c; the same bits). */
 void moe_gemm_rows_q4_k_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w, int Din,
                                int n0, int n1, const struct moe_tensor *b);
+/* All T rows against outputs [n0, n1) of Q5_K weights (Din a multiple of
+ * 256), the inputs quantized to int8 blocks of 256 (gemm_q5_k.c): AVX2,
+ * for the AVX2 set (and the others without VNNI); with AVX-512 and
+ * AVX512-VNNI instructions for the others where the processor has VNNI
+ * (gemm_q5_k_avx512.c; the same bits). */
+void moe_gemm_rows_q5_k_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w, int Din,
+                             int n0, int n1, const struct moe_tensor *b);
+void moe_gemm_rows_q5_k_avx512(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *w, int Din,
+                               int n0, int n1, const struct moe_tensor *b);
 /* All T rows against outputs [n0, n1) of Q6_K weights (Din a multiple of
  * 256), the inputs quantized to int8 blocks of 256 (gemm_q6_k.c): AVX2,
  * for the AVX2 set (and the others without VNNI); with AVX-512 and AVX512-VNNI instructions for the

@@ -1,9 +1,14 @@
 /* gemm_q4_k.h - a Q4_K block's scales as the integer kernels over Q4_K
  * weights use them (gemm_q4_k.c with AVX2, gemm_q4_k_avx512.c with
- * AVX-512): AVX2 instructions, inlined into either. */
+ * AVX-512), and over Q5_K weights, whose blocks open with the same 16
+ * bytes and lay their nibbles out alike (gemm_q5_k.c, gemm_q5_k_avx512.c):
+ * AVX2 instructions, inlined into any of them. */
 #pragma once
 
 #include <immintrin.h>
+#include <stddef.h>
+
+#include "runtime/cpu/gemm_q8_k.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -33,6 +38,23 @@ AVX2 INLINE __m256i block_scales(const char *blk)
     const __m128i l4 = _mm_and_si128(_mm_srli_epi16(low, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
     const __m128i s = _mm_or_si128(_mm_or_si128(lm, l4), _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
     return _mm256_broadcastsi128_si256(s);
+}
+
+/* The input's codes in the order one 64-byte load of Q4_K (or Q5_K)
+ * nibbles gives its groups, for the AVX-512 kernels: a load of half a
+ * block's nibbles (bytes 64p .. 64p+63) is groups 4p, 4p+2 (low nibbles)
+ * and 4p+1, 4p+3 (high nibbles), so each block's 32-byte chunks of input
+ * codes go from group order 0..7 to 0, 2, 1, 3, 4, 6, 5, 7 (the sums of
+ * 16 stay in group order). */
+AVX2 INLINE void q4k_arrange(char *row, int nb)
+{
+    for (int k = 0; k < nb; k++)
+        for (int c = 1; c < 8; c += 4) {
+            __m256i *a = (__m256i *)(row + (size_t)k * MOE_Q8_K_BYTES + 32 + 32 * c);
+            const __m256i t = _mm256_load_si256(a);
+            _mm256_store_si256(a, _mm256_load_si256(a + 1));
+            _mm256_store_si256(a + 1, t);
+        }
 }
 
 /* sc_j as 16 int16 from a block's scales (block_scales) */

@@ -9,7 +9,7 @@
  * nibbles are groups 4p and 4p + 2 in one zmm, its high nibbles groups
  * 4p + 1 and 4p + 3 in another, each against the input's codes of the
  * same two groups (the input row's 32-byte chunks are arranged once per
- * call to lie in that order, arrange() below), so one vpmaddubsw and one
+ * call to lie in that order, gemm_q4_k.h's q4k_arrange), so one vpmaddubsw and one
  * vpdpwssd (AVX512-VNNI: the vpmaddwd by the two groups' scales and the
  * add in one, the same integers) serve two groups of an input row.  Lanes 0-7 of the block's integer sum gather the first group
  * of each pair, lanes 8-15 the second; at the block's end the two halves
@@ -35,22 +35,6 @@
  * more streams in flight, 4-11% faster decode at OLMoE-1B-7B's widths
  * here (8: no better). */
 enum { WC = 4 };
-
-/* The input's codes in the order one 64-byte load of Q4_K codes gives
- * its groups: a load of half a block's codes (bytes 64p .. 64p+63) is
- * groups 4p, 4p+2 (low nibbles) and 4p+1, 4p+3 (high nibbles), so each
- * block's 32-byte chunks of input codes go from group order 0..7 to 0, 2,
- * 1, 3, 4, 6, 5, 7 (the sums of 16 stay in group order). */
-AVX512 static void arrange(char *row, int nb)
-{
-    for (int k = 0; k < nb; k++)
-        for (int c = 1; c < 8; c += 4) {
-            __m256i *a = (__m256i *)(row + (size_t)k * MOE_Q8_K_BYTES + 32 + 32 * c);
-            const __m256i t = _mm256_load_si256(a);
-            _mm256_store_si256(a, _mm256_load_si256(a + 1));
-            _mm256_store_si256(a + 1, t);
-        }
-}
 
 /* As gemm_q4_k.c's tile (its arguments and registers), four groups a step
  * (two zmm of codes from one 64-byte load). */
@@ -125,7 +109,7 @@ AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const ch
 #undef AVX2
 #define AVX2 AVX512 /* the driver's functions take this file's instructions */
 #define KQ_C1 WC
-#define KQ_ARRANGE arrange
+#define KQ_ARRANGE q4k_arrange
 #define KQ_DTYPE MOE_DTYPE_Q4_K
 #define KQ_ENTRY moe_gemm_rows_q4_k_avx512
 #include "runtime/cpu/gemm_q8_k_rows.h"

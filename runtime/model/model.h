@@ -40,7 +40,7 @@ struct moe_expert_weights {
      * read through moe_expert_dtype */
     const enum moe_dtype *dtypes;
     /* (E) each expert's down matrix's own dtype where it differs from its
-     * gate and up (--quantize q4_k_m keeps some layers' down projections
+     * gate and up (--quantize q4_k_m and q5_k_m keep some layers' down projections
      * at six bits: set by the prepare_model of the backend that owns it),
      * else NULL; read through moe_expert_down_dtype */
     const enum moe_dtype *down_dtypes;

@@ -27,6 +27,7 @@ static int64_t block_values(enum moe_dtype t)
     if (t == MOE_DTYPE_MXFP4) return MOE_MXFP4_BLOCK;
     if (t == MOE_DTYPE_FP8_B128) return MOE_FP8_BLOCK;
     if (t == MOE_DTYPE_Q6_K) return MOE_Q6_K_BLOCK;
+    if (t == MOE_DTYPE_Q5_K) return MOE_Q5_K_BLOCK;
     if (moe_dtype_is_q4(t)) return moe_q4_group(t);
     return 1;
 }

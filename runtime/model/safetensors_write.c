@@ -48,6 +48,7 @@ static int dtype_rank(enum moe_dtype t)
     case MOE_DTYPE_Q4_G128:
     case MOE_DTYPE_Q4_K:
     case MOE_DTYPE_Q6_K:
+    case MOE_DTYPE_Q5_K:
     case MOE_DTYPE_FP8_B128: break; /* not safetensors dtypes: the writer refuses them */
     }
     return -1;

@@ -50,6 +50,23 @@ bytes with finite f16 d, so every code, scale and bit position occurs):
                           [2^-12, 2^-4), either sign)
   dequant  F32 (6, 1024)  gguf.quants.dequantize(q6_k, Q6_K)
 
+tests/fixtures/quant/q5_k.safetensors: Q5_K blocks (ggml's block_q5_K,
+moerun's MOE_DTYPE_Q5_K bit for bit) and their values as gguf-py
+dequantizes them (gguf-py has no Q5_K quantizer: the blocks are random
+bytes with finite f16 heads, so every scale, minimum, code and high bit
+occurs):
+
+  q5_k     U8  (6, 704)   4 blocks of 176 bytes a row: f16 d, f16 dmin, 12
+                          bytes of 6-bit scales and minimums (Q4_K's
+                          packing), 32 bytes qh (bit j of qh[l]: the high
+                          bit of element 32j + l), 128 bytes qs (low
+                          nibbles, Q4_K's layout); row 0 every scale and
+                          minimum 63 with codes 31 (blocks 0, 1) and 0
+                          (blocks 2, 3), row 1 all scales and minimums 0,
+                          row 2 subnormal f16 heads, the others random (d
+                          and dmin in [2^-12, 2^-4))
+  dequant  F32 (6, 1024)  gguf.quants.dequantize(q5_k, Q5_K)
+
 tests/fixtures/quant/mxfp4.safetensors: MXFP4 matrices in a gpt-oss
 checkpoint's layout and their values as transformers dequantizes them
 (transformers.integrations.mxfp4.convert_moe_packed_tensors, in float32, so
@@ -108,7 +125,7 @@ float8_e4m3fn:
   rows_dequant  F32 (64, 96) the bytes' values times the scale
 
 Python is only a fixture-making tool.
-Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,q4_1,q4_k,q6_k,mxfp4,fp8,kv_fp8]
+Usage: python tests/reference/make_quant_fixtures.py [--only q8_0,q4_1,q4_k,q5_k,q6_k,mxfp4,fp8,kv_fp8]
 """
 import argparse
 import importlib.metadata
@@ -122,6 +139,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 OUT = os.path.join(REPO, "tests", "fixtures", "quant", "q8_0.safetensors")
 OUT_Q4_1 = os.path.join(REPO, "tests", "fixtures", "quant", "q4_1.safetensors")
 OUT_Q4_K = os.path.join(REPO, "tests", "fixtures", "quant", "q4_k.safetensors")
+OUT_Q5_K = os.path.join(REPO, "tests", "fixtures", "quant", "q5_k.safetensors")
 OUT_Q6_K = os.path.join(REPO, "tests", "fixtures", "quant", "q6_k.safetensors")
 OUT_MXFP4 = os.path.join(REPO, "tests", "fixtures", "quant", "mxfp4.safetensors")
 MXFP4_SHAPES = {"a": (3, 64), "b": (5, 96), "c": (7, 256)}
@@ -198,6 +216,45 @@ def make_q4_k():
               metadata={"made_by": "tests/reference/make_quant_fixtures.py",
                         "gguf": importlib.metadata.version("gguf")})
     print(OUT_Q4_K, os.path.getsize(OUT_Q4_K), "bytes")
+
+
+def make_q5_k():
+    r = np.random.default_rng(55)
+    rows, blocks = 6, 4
+    q = r.integers(0, 256, size=(rows, blocks, 176), dtype=np.uint8)
+    heads = r.uniform(2.0 ** -12, 2.0 ** -4, size=(rows, blocks, 2)).astype(np.float16)
+    heads[2] = np.float16(2.0 ** -20)                 # subnormal f16 d and dmin
+    q[..., :4] = heads.view(np.uint8).reshape(rows, blocks, 4)
+    q[0, :, 4:16] = 0xFF                              # every 6-bit scale and minimum 63
+    q[0, :2, 16:] = 0xFF                              # codes 31
+    q[0, 2:, 16:] = 0x00                              # codes 0
+    q[1, :, 4:16] = 0                                 # all 0: every value 0
+    q = q.reshape(rows, blocks * 176)
+    deq = quants.dequantize(q, GGMLQuantizationType.Q5_K).astype(np.float32)
+    assert deq.shape == (rows, blocks * 256), deq.shape
+    assert np.isfinite(deq).all() and (deq[1] == 0).all()
+    # an independent reading of the format (tensor.h's element formula,
+    # Q4_K's scale packing written out): the same bits
+    blk = q.reshape(rows, blocks, 176).astype(np.int32)
+    dm = blk[..., :4].astype(np.uint8).copy().view(np.float16).astype(np.float32)
+    s = blk[..., 4:16]
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | (s[..., 0:4] >> 6) << 4], axis=-1)
+    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | (s[..., 4:8] >> 6) << 4], axis=-1)
+    codes = np.zeros((rows, blocks, 256), dtype=np.int32)
+    for e in range(256):
+        j, ln = e // 32, e % 32
+        nib = (blk[..., 48 + 32 * (j // 2) + ln] >> (4 * (j % 2))) & 15
+        codes[..., e] = nib | ((blk[..., 16 + ln] >> j) & 1) << 4
+    dj = dm[..., :1] * sc.astype(np.float32)
+    mj = dm[..., 1:] * mn.astype(np.float32)
+    mine = np.repeat(dj, 32, axis=-1) * codes.astype(np.float32) - np.repeat(mj, 32, axis=-1)
+    assert np.array_equal(mine.reshape(rows, -1).view(np.uint32), deq.view(np.uint32))
+    assert (codes[0, :2] == 31).all() and (codes[0, 2:] == 0).all()
+    assert 0 < abs(dm[2]).max() < 2.0 ** -14
+    save_file({"q5_k": q, "dequant": deq}, OUT_Q5_K,
+              metadata={"made_by": "tests/reference/make_quant_fixtures.py",
+                        "gguf": importlib.metadata.version("gguf")})
+    print(OUT_Q5_K, os.path.getsize(OUT_Q5_K), "bytes")
 
 
 def make_q6_k():
@@ -365,9 +422,10 @@ def make_kv_fp8():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="q8_0,q4_1,q4_k,q6_k,mxfp4,fp8,kv_fp8")
+    ap.add_argument("--only", default="q8_0,q4_1,q4_k,q5_k,q6_k,mxfp4,fp8,kv_fp8")
     only = ap.parse_args().only.split(",")
-    for name, make in (("q8_0", make_q8_0), ("q4_1", make_q4_1), ("q4_k", make_q4_k), ("q6_k", make_q6_k),
+    for name, make in (("q8_0", make_q8_0), ("q4_1", make_q4_1), ("q4_k", make_q4_k), ("q5_k", make_q5_k),
+                       ("q6_k", make_q6_k),
                        ("mxfp4", make_mxfp4), ("fp8", make_fp8),
                        ("kv_fp8", make_kv_fp8)):
         if name in only:
