@@ -250,6 +250,29 @@ static inline void qt_check_int8_invariants(const char *what, enum moe_cpu_isa b
 typedef unsigned char *(*qt_weights_fn)(enum moe_dtype t, int N, int D, uint64_t seed);
 typedef double (*qt_bound_fn)(const float *x, const float *wf, const unsigned char *wrow, enum moe_dtype t, int D);
 
+/* The bound for the K-quants (Q5_K, Q6_K), whose kernels quantize the
+ * input per block of 256 (dx = max |x| / 127, |x - x^| <= dx / 2): the
+ * product differs from the reference by sum_k w_k (x_k - x^_k), at most
+ * sum_k |w_k| dx_k / 2; plus fp32 rounding of both sums, taken as 1e-5 of
+ * sum_k |w_k x_k|. */
+static inline double qt_bound_k256(const float *x, const float *wf, const unsigned char *wrow, enum moe_dtype t,
+                                   int D)
+{
+    (void)wrow, (void)t;
+    enum { KB = 256 };
+    double input = 0, mag = 0;
+    for (int b = 0; b < D / KB; b++) {
+        float amax = 0;
+        for (int j = 0; j < KB; j++) amax = fmaxf(amax, fabsf(x[KB * b + j]));
+        const double dx = (double)amax / 127.0;
+        for (int j = 0; j < KB; j++) {
+            input += fabs((double)wf[KB * b + j]) * dx / 2;
+            mag += fabs((double)wf[KB * b + j] * x[KB * b + j]);
+        }
+    }
+    return input * (1 + 1e-6) + 1e-5 * mag + 1e-30;
+}
+
 /* The fast product over int8-route weights t (four-bit, Q6_K) for every T
  * of a decode step and a batch, N not a multiple of any tile width, with
  * and without bias: within bound of the reference GEMM (moe_gemm_cpu:

@@ -33,88 +33,9 @@
 /* A one-row (decode) tile takes 4 weight rows, as gemm_q4_k_avx512.c's. */
 enum { WC = 4 };
 
-/* The fifth bits (0x10 or 0 a byte) of groups 4p + a (lower half) and 4p
- * + a + 2 (upper half), a = 0 or 1, from the block's qh bytes in both
- * halves of h. */
-AVX512 INLINE __m512i fifth_bits(__m512i h, const int p, const int a)
-{
-    const int j0 = 4 * p + a, j1 = j0 + 2; /* the two halves' groups */
-    const __m512i n = _mm512_inserti64x4(_mm512_set1_epi16((short)(p ? j0 - 4 : 4 - j0)),
-                                         _mm256_set1_epi16((short)(p ? j1 - 4 : 4 - j1)), 1);
-    const __m512i s = p ? _mm512_srlv_epi16(h, n) : _mm512_sllv_epi16(h, n);
-    return _mm512_and_si512(s, _mm512_set1_epi8(0x10));
-}
+#include "runtime/cpu/gemm_q4_k_tile_avx512.h"
 
-/* As gemm_q5_k.c's tile (its arguments and registers), four groups a step
- * (two zmm of codes from one 64-byte load of nibbles). */
-AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char *x, size_t xs, int r0, int nb,
-                        const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
-{
-    __m256 acc[MAXR][WC];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    const char *xr = x + (size_t)r0 * xs;
-    const float *dyr = (const float *)(xr + (size_t)nb * MOE_Q8_K_BYTES);
-    const size_t tb = (size_t)C * wld, pfd = (PF + tb - 1) / tb * tb;
-    for (int k = 0; k < nb; k++) {
-        const size_t bo = (size_t)k * MOE_Q5_K_BYTES, xo = (size_t)k * MOE_Q8_K_BYTES;
-        __m256i sc[WC];
-        __m512i scz[WC], qh[WC], sum[MAXR][WC];
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++) {
-            const char *blk = w + (size_t)c * wld + bo;
-            if (pf)
-                for (int l = 0; l < 3; l++) _mm_prefetch(blk + 64 * l + pfd, _MM_HINT_T0);
-            sc[c] = block_scales(blk);
-            scz[c] = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc[c]));
-            qh[c] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + MOE_Q5_K_QH)));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) sum[r][c] = _mm512_setzero_si512();
-        }
-#pragma GCC unroll 2
-        for (int p = 0; p < 2; p++) {
-            /* the scales of groups 4p, 4p+2 (low nibbles) and 4p+1, 4p+3
-             * (high), each in 16 int16 */
-            const short g0 = (short)(0x8000 | 4 * p), g1 = (short)(g0 + 1), g2 = (short)(g0 + 2), g3 = (short)(g0 + 3);
-            const __m512i pl = _mm512_inserti64x4(_mm512_set1_epi16(g0), _mm256_set1_epi16(g2), 1);
-            const __m512i ph = _mm512_inserti64x4(_mm512_set1_epi16(g1), _mm256_set1_epi16(g3), 1);
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++) {
-                const __m512i v = _mm512_loadu_si512(w + (size_t)c * wld + bo + MOE_Q5_K_QS + 64 * p);
-                const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi8(15)), fifth_bits(qh[c], p, 0));
-                const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)),
-                                                   fifth_bits(qh[c], p, 1));
-                const __m512i sl = _mm512_shuffle_epi8(scz[c], pl), sh = _mm512_shuffle_epi8(scz[c], ph);
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    const char *xq = xr + (size_t)r * xs + xo + 32 + 128 * p;
-                    sum[r][c] = _mm512_dpwssd_epi32(sum[r][c], _mm512_maddubs_epi16(lo, _mm512_loadu_si512(xq)), sl);
-                    sum[r][c] = _mm512_dpwssd_epi32(sum[r][c], _mm512_maddubs_epi16(hi, _mm512_loadu_si512(xq + 64)), sh);
-                }
-            }
-        }
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++) {
-            const char *blk = w + (size_t)c * wld + bo;
-            int32_t h;
-            memcpy(&h, blk, 4);
-            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(h)); /* d, dmin */
-            const __m256i mn = block_mins(sc[c]);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const char *xb = xr + (size_t)r * xs + xo;
-                const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sum[r][c]),
-                                                    _mm512_extracti64x4_epi64(sum[r][c], 1));
-                acc[r][c] = q4k_block_end(acc[r][c], s8, dm, mn, xb, dyr[(size_t)r * xs / sizeof(float) + k]);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++)
-            y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
-}
+#define tile(...) tile_k(true, __VA_ARGS__)
 
 #undef AVX2
 #define AVX2 AVX512 /* the driver's functions take this file's instructions */
