@@ -92,13 +92,7 @@ bool moe_q4_k_quantize_row_with(moe_q4_k_block_fn block, void *dst, const float 
 {
     unsigned char *b = dst;
     MOE_ASSERT(n % MOE_Q4_K_BLOCK == 0);
-    uint32_t bad = 0; /* any exponent of all ones (infinity, NaN), in a loop the compiler vectorizes */
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, src + i, 4);
-        bad |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    if (bad) return false;
+    if (moe_k_quant_row_bad(src, n)) return false;
     for (size_t o = 0; o < n; o += MOE_Q4_K_BLOCK, b += MOE_Q4_K_BYTES) {
         uint8_t q[MOE_Q4_K_BLOCK];
         if (!block(src + o, b, q)) return false;
