@@ -6,6 +6,7 @@
 #pragma once
 
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,6 +272,46 @@ static inline double qt_bound_k256(const float *x, const float *wf, const unsign
         }
     }
     return input * (1 + 1e-6) + 1e-5 * mag + 1e-30;
+}
+
+/* The Q4_K and Q5_K kernels' expression (runtime/cpu/gemm_q4_k.c) for one
+ * output in scalar C, five-bit codes when five: per block of 256, the
+ * input quantized as gemm_q8_k.h does (one dy, codes nearest), the exact
+ * integers S = sum_j sc_j sum_{e in j} q_e c_e and M = sum_j mn_j sum_{e
+ * in j} c_e, then acc = fma(-M, dmin dy, fma(S, d dy, acc)); + bias. */
+static inline float qt_k_expr(const float *x, const unsigned char *wrow, int D, float bias, bool five)
+{
+    enum { KB = 256 };
+    float acc = 0.0f;
+    for (int k = 0; k < D / KB; k++) {
+        const float *xb = x + (size_t)k * KB;
+        const unsigned char *blk = wrow + (size_t)k * (five ? MOE_Q5_K_BYTES : MOE_Q4_K_BYTES);
+        float amax = 0.0f;
+        bool bad = false;
+        for (int i = 0; i < KB; i++) {
+            bad |= !isfinite(xb[i]);
+            amax = fmaxf(amax, fabsf(xb[i]));
+        }
+        const float dy = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
+        uint16_t h[2];
+        memcpy(h, blk, 4);
+        uint64_t scw, mnw;
+        moe_q4_k_scales(blk + 4, &scw, &mnw);
+        int32_t S = 0, M = 0;
+        for (int j = 0; j < 8; j++) {
+            const int sc = (int)(scw >> (8 * j) & 0xff), mn = (int)(mnw >> (8 * j) & 0xff);
+            for (int e = 0; e < 32; e++) {
+                const int32_t c = bad ? 0 : (int32_t)nearbyintf(xb[32 * j + e] * id);
+                const int q = five ? (int)moe_q5_k_code(blk, (unsigned)(32 * j + e))
+                                   : blk[16 + 32 * (j / 2) + e] >> (4 * (j % 2)) & 15;
+                S += sc * q * c;
+                M += mn * c;
+            }
+        }
+        const float dd = moe_f16_to_f32(h[0]) * dy, dm = moe_f16_to_f32(h[1]) * dy;
+        acc = fmaf(-(float)M, dm, fmaf((float)S, dd, acc));
+    }
+    return acc + bias;
 }
 
 /* The fast product over int8-route weights t (four-bit, Q6_K) for every T

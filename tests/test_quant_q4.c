@@ -406,46 +406,10 @@ Test(quant_q4, amx_kernel_pins_its_expression)
 }
 
 /* The AVX2 and AVX-512 sets' Q4_K expression (runtime/cpu/gemm_q4_k.c)
- * for one output in scalar C: per block of 256, the input quantized as
- * gemm_q8_k.h does (one dy, codes nearest), S_l the exact sum over the 8
- * groups of sc_j times the products of elements 4l..4l+3, M_l = mn_l
- * times group l's input code sum; acc_l = fma(S_l, d dy, acc_l) then
- * fma(-M_l, dmin dy, acc_l); then moe_hsum8's order, + bias. */
+ * for one output in scalar C. */
 static float q4_k_expr(const float *x, const unsigned char *wrow, int D, float bias)
 {
-    float acc[8] = {0};
-    for (int k = 0; k < D / 256; k++) {
-        const float *xb = x + (size_t)k * 256;
-        const unsigned char *blk = wrow + (size_t)k * MOE_Q4_K_BYTES;
-        float amax = 0.0f;
-        bool bad = false;
-        for (int i = 0; i < 256; i++) {
-            bad |= !isfinite(xb[i]);
-            amax = fmaxf(amax, fabsf(xb[i]));
-        }
-        const float dy = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
-        uint16_t h[2];
-        memcpy(h, blk, 4);
-        uint64_t scw, mnw;
-        moe_q4_k_scales(blk + 4, &scw, &mnw);
-        int32_t S[8] = {0}, M[8] = {0};
-        for (int j = 0; j < 8; j++) {
-            const int sc = (int)(scw >> (8 * j) & 0xff), mn = (int)(mnw >> (8 * j) & 0xff);
-            int32_t cs = 0;
-            for (int e = 0; e < 32; e++) {
-                const int32_t c = bad ? 0 : (int32_t)nearbyintf(xb[32 * j + e] * id);
-                const int q = blk[16 + 32 * (j / 2) + e] >> (4 * (j % 2)) & 15;
-                S[e / 4] += sc * q * c;
-                cs += c;
-            }
-            M[j] = mn * cs;
-        }
-        const float dd = moe_f16_to_f32(h[0]) * dy, dm = moe_f16_to_f32(h[1]) * dy;
-        for (int l = 0; l < 8; l++) acc[l] = fmaf(-(float)M[l], dm, fmaf((float)S[l], dd, acc[l]));
-    }
-    float s4[4];
-    for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
-    return ((s4[0] + s4[2]) + (s4[1] + s4[3])) + bias;
+    return qt_k_expr(x, wrow, D, bias, false);
 }
 
 /* The AVX2 and AVX-512 sets' Q4_K kernel gives the bits of the expression

@@ -299,47 +299,11 @@ static unsigned char *q5_k_weights(enum moe_dtype t, int N, int D, uint64_t seed
 Test(quant_q5_k, fast_gemm_256) { qt_check_fast_int8(MOE_DTYPE_Q5_K, 256, q5_k_weights, qt_bound_k256); }
 Test(quant_q5_k, fast_gemm_768) { qt_check_fast_int8(MOE_DTYPE_Q5_K, 768, q5_k_weights, qt_bound_k256); }
 
-/* The kernels' expression (runtime/cpu/gemm_q5_k.c: Q4_K's with five-bit
- * codes) for one output in scalar C: per block of 256, the input
- * quantized as gemm_q8_k.h does (one dy, codes nearest), S_l the exact
- * sum over the 8 groups of sc_j times the products of elements 4l..4l+3
- * (the code moe_q5_k_code's), M_l = mn_l times group l's input code sum;
- * acc_l = fma(S_l, d dy, acc_l) then fma(-M_l, dmin dy, acc_l); then
- * moe_hsum8's order, + bias. */
+/* The kernels' expression (runtime/cpu/gemm_q4_k.c's, five-bit codes as
+ * moe_q5_k_code reads them) for one output in scalar C. */
 static float q5_k_expr(const float *x, const unsigned char *wrow, int D, float bias)
 {
-    float acc[8] = {0};
-    for (int k = 0; k < D / B; k++) {
-        const float *xb = x + (size_t)k * B;
-        const unsigned char *blk = wrow + (size_t)k * MOE_Q5_K_BYTES;
-        float amax = 0.0f;
-        bool bad = false;
-        for (int i = 0; i < B; i++) {
-            bad |= !isfinite(xb[i]);
-            amax = fmaxf(amax, fabsf(xb[i]));
-        }
-        const float dy = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
-        uint16_t h[2];
-        memcpy(h, blk, 4);
-        uint64_t scw, mnw;
-        moe_q4_k_scales(blk + 4, &scw, &mnw);
-        int32_t S[8] = {0}, M[8] = {0};
-        for (int j = 0; j < 8; j++) {
-            const int sc = (int)(scw >> (8 * j) & 0xff), mn = (int)(mnw >> (8 * j) & 0xff);
-            int32_t cs = 0;
-            for (int e = 0; e < 32; e++) {
-                const int32_t c = bad ? 0 : (int32_t)nearbyintf(xb[32 * j + e] * id);
-                S[e / 4] += sc * (int)moe_q5_k_code(blk, (unsigned)(32 * j + e)) * c;
-                cs += c;
-            }
-            M[j] = mn * cs;
-        }
-        const float dd = moe_f16_to_f32(h[0]) * dy, dm = moe_f16_to_f32(h[1]) * dy;
-        for (int l = 0; l < 8; l++) acc[l] = fmaf(-(float)M[l], dm, fmaf((float)S[l], dd, acc[l]));
-    }
-    float s4[4];
-    for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
-    return ((s4[0] + s4[2]) + (s4[1] + s4[3])) + bias;
+    return qt_k_expr(x, wrow, D, bias, true);
 }
 
 /* The kernels give the bits of the expression above under every kernel

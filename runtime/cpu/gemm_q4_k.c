@@ -17,23 +17,22 @@
  * times int8, pairs summed to int16: at most 2 x 15 x 127, no
  * saturation), vpmaddwd by sc_j as int16 (one byte shuffle of the block's
  * 16 scale bytes) and an integer add: no conversion, no float operation.
- * The floats come once per block: the integer lanes converted and one FMA
- * by d dy, the minimums' lanes (vpmaddwd of mn_j, each twice, with the
- * 16 sums) and one FMA by -dmin dy.  The group's d_j = d sc_j and m_j are
- * never formed: the integers carry them exactly.
+ * The floats come once per block: the lanes added into the block's two
+ * exact integers and two FMAs (q4k_block_end).  The group's d_j = d sc_j
+ * and m_j are never formed: the integers carry them exactly.
  *
- * Numerics: output n of row t accumulates 8 lanes over blocks in order:
- * acc = fma(float(S_l), d x dy, acc), then acc = fma(-float(M_l), dmin x
- * dy, acc), with S_l the exact sum over the block's 8 groups of sc_j
- * times the products of the 4 codes of lane l (elements 4l..4l+3 of each
- * group: at most 8 x 4 x 15 x 127 x 63 < 2^22, exact as float), M_l =
- * mn_l s_l (s_l the two sums of 16 of group l added), d x dy and dmin x dy each one fp32 product; then the fixed
- * horizontal sum moe_hsum8, then the bias.  So an output is the quantized
- * input row times the exactly dequantized weights, to fp32 rounding: its
- * difference from the reference (fp32 inputs) is sum w_k (x_k - qx_k
- * dy_k), at most sum |w_k| dy_k / 2, dy_k its block's (a block of 256 has
- * a larger dy than one of 32: the price of one float per block; llama.cpp
- * pays the same).  Every tile computes that expression, so a row gives
+ * Numerics: output n of row t accumulates over blocks in order acc =
+ * fma(-float(M), dmin x dy, fma(float(S), d x dy, acc)), with S the
+ * block's exact sum over its 8 groups of sc_j times the products of codes
+ * (at most 256 x 15 x 127 x 63 < 2^25, Q5_K 2^26; rounded once to fp32 where it
+ * passes 2^24), M = sum_j mn_j s_j (s_j group j's input code sum), d x dy
+ * and dmin x dy each one fp32 product; then the bias.  So an output is
+ * the quantized input row times the exactly dequantized weights, to fp32
+ * rounding: its difference from the reference (fp32 inputs) is sum w_k
+ * (x_k - qx_k dy_k), at most sum |w_k| dy_k / 2, dy_k its block's (a
+ * block of 256 has a larger dy than one of 32: the price of one float per
+ * block; llama.cpp pays the same).  Every tile computes that expression,
+ * and so do the AVX-512 set's prefill panels (gemm_q4_k_panel.h), so a row gives
  * the same bits alone or in any batch, under both kernel sets (AVX2 here,
  * AVX-512 in gemm_q4_k_avx512.c). */
 #include <immintrin.h>

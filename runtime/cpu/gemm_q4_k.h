@@ -71,15 +71,20 @@ AVX2 INLINE __m256i block_mins(__m256i s)
                                                    13, z, 13, z, 14, z, 14, z, 15, z, 15, z));
 }
 
-/* The end of a block for one input row and weight row: acc plus the
- * block's 8 integer lanes s times d dy, less its minimums' lanes (mn
- * against the input block's 16 sums at xb) times dmin dy; dm = (d, dmin),
- * dy the input block's scale.  gemm_q4_k.c's numerics; both Q4_K kernels
- * end every block here, so their float steps are one piece of code. */
-AVX2 INLINE __m256 q4k_block_end(__m256 acc, __m256i s, __m128 dm, __m256i mn, const char *xb, float dy)
+/* The end of a block for one input row and weight row: the block's two
+ * exact integers, S (the 8 lanes of s added) and M (the minimums mn
+ * against the input block's 16 sums at xb, added), then acc = fma(-M,
+ * dmin dy, fma(S, d dy, acc)), d dy and dmin dy each one fp32 product; dm
+ * = (d, dmin), dy the input block's scale.  gemm_q4_k.c's numerics: every
+ * Q4_K and Q5_K tile ends its blocks here, and the panels
+ * (gemm_q4_k_panel.h) compute the same steps 16 input rows at a time. */
+AVX2 INLINE float q4k_block_end(float acc, __m256i s, __m128 dm, __m256i mn, const char *xb, float dy)
 {
-    const __m128 dd = _mm_mul_ps(dm, _mm_set1_ps(dy));
-    const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, _mm256_load_si256((const __m256i *)xb)));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcastss_ps(dd), acc);
-    return _mm256_fnmadd_ps(m, _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), acc);
+    const __m256i m = _mm256_madd_epi16(mn, _mm256_load_si256((const __m256i *)xb));
+    const __m256i h = _mm256_hadd_epi32(s, m); /* s01 s23 m01 m23 | s45 s67 m45 m67 */
+    __m128i v = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    v = _mm_hadd_epi32(v, v); /* S M S M */
+    const __m128 f = _mm_cvtepi32_ps(v), dd = _mm_mul_ps(dm, _mm_set1_ps(dy));
+    const __m128 a = _mm_fmadd_ss(f, dd, _mm_set_ss(acc));
+    return _mm_cvtss_f32(_mm_fnmadd_ss(_mm_movehdup_ps(f), _mm_movehdup_ps(dd), a));
 }

@@ -25,11 +25,11 @@ AVX2 INLINE __m256i fifth_bits(__m256i h, const int j)
 AVX2 INLINE void tile_k(const bool five, const int R, const int C, float *y, size_t ldy, const char *x, size_t xs,
                         int r0, int nb, const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
-    __m256 acc[MAXR][MAXC];
+    float acc[MAXR][MAXC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < C; c++) acc[r][c] = 0.0f;
     const char *xr = x + (size_t)r0 * xs;
     const float *dyr = (const float *)(xr + (size_t)nb * MOE_Q8_K_BYTES);
     const size_t tb = (size_t)C * wld, pfd = (PF + tb - 1) / tb * tb;
@@ -85,5 +85,5 @@ AVX2 INLINE void tile_k(const bool five, const int R, const int C, float *y, siz
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
-            y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
+            y[(size_t)r * ldy + c] = acc[r][c] + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
 }

@@ -21,11 +21,11 @@ AVX512 INLINE __m512i fifth_bits(__m512i h, const int p, const int a)
 AVX512 INLINE void tile_k(const bool five, const int R, const int C, float *y, size_t ldy, const char *x, size_t xs,
                           int r0, int nb, const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
-    __m256 acc[MAXR][WC];
+    float acc[MAXR][WC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < C; c++) acc[r][c] = 0.0f;
     const char *xr = x + (size_t)r0 * xs;
     const float *dyr = (const float *)(xr + (size_t)nb * MOE_Q8_K_BYTES);
     const size_t tb = (size_t)C * wld, pfd = (PF + tb - 1) / tb * tb;
@@ -88,5 +88,5 @@ AVX512 INLINE void tile_k(const bool five, const int R, const int C, float *y, s
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
-            y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
+            y[(size_t)r * ldy + c] = acc[r][c] + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
 }

@@ -10,9 +10,11 @@
  * weight rows, or KQ_C1 for one input row, the first pass over them
  * prefetching when pf), and
  * KQ_DTYPE (the weights' dtype) and KQ_ENTRY (the entry point's name),
- * and may define KQ_C1 (the weight rows of a one-row tile, default 2)
- * and KQ_ARRANGE(row, nb) (run on each quantized row before the tiles
- * read it: a reordering of its codes that its tiles expect), then
+ * and may define KQ_C1 (the weight rows of a one-row tile, default 2),
+ * KQ_ARRANGE(row, nb) (run on each quantized row before the tiles read
+ * it: a reordering of its codes that its tiles expect) and KQ_PANEL(y,
+ * ldy, x, ldx, T, w, wld, nb, n0, n1, b) (which takes a call of PANEL_MIN
+ * or more input rows instead of the tiles: gemm_q4_k_panel.h), then
  * includes this file once. */
 
 #ifndef KQ_C1
@@ -70,6 +72,12 @@ AVX2 void KQ_ENTRY(float *y, size_t ldy, const float *x, size_t ldx, int T, cons
     char *buf = (char *)moe_gemm_thread_buffer(bytes / sizeof(float));
     MOE_ASSERT(buf && "gemm_fast: out of memory for the quantized input rows");
     const char *wr = (const char *)w + (size_t)n0 * wld;
+#ifdef KQ_PANEL
+    if (T >= PANEL_MIN) {
+        KQ_PANEL(y, ldy, x, ldx, T, wr, wld, nb, n0, n1, b);
+        return;
+    }
+#endif
     if (b && !b->data) b = NULL;
     for (int t0 = 0; t0 < T; t0 += TBQ) {
         const int tn = T - t0 < TBQ ? T - t0 : TBQ;
