@@ -4,7 +4,7 @@
  *
  * Isolated products y (T, N) = x (T, Din) . W^T on one thread for (N, Din)
  * = 2048 x 2048, 1024 x 4096, 768 x 2048 and 2048 x 768 (an expert's gate
- * and down matrices) at T = 1 (decode) and 16, through moe_gemm_fast with
+ * and down matrices) at T = 1 (decode), 16 and 64 (a prefill expert's rows), through moe_gemm_fast with
  * the best kernel set.  Each format cycles through distinct copies of its
  * matrix totalling at least 256 MiB, so every product reads its weights
  * from memory (the L3 holds 32 MiB here).  The formats alternate within
@@ -104,7 +104,7 @@ int main(int argc, char **argv)
         return 1;
     }
     omp_set_num_threads(1);
-    const int shapes[4][2] = {{2048, 2048}, {1024, 4096}, {768, 2048}, {2048, 768}}, Ts[2] = {1, 16};
+    const int shapes[4][2] = {{2048, 2048}, {1024, 4096}, {768, 2048}, {2048, 768}}, Ts[3] = {1, 16, 64};
     const size_t total = (size_t)256 << 20;
     printf("kernel set %s, one thread, %d rounds, each format's copies >= %zu MiB\n", moe_cpu_isa_name(isa), rounds,
            total >> 20);
@@ -114,10 +114,10 @@ int main(int argc, char **argv)
     for (int s = 0; s < 4; s++) {
         const int N = shapes[s][0], D = shapes[s][1];
         float *wf = bench_alloc("bench_gemm_q6_k", (size_t)N * D * sizeof(float)),
-              *x = bench_alloc("bench_gemm_q6_k", (size_t)16 * D * sizeof(float)),
-              *y = bench_alloc("bench_gemm_q6_k", (size_t)16 * N * sizeof(float));
+              *x = bench_alloc("bench_gemm_q6_k", (size_t)64 * D * sizeof(float)),
+              *y = bench_alloc("bench_gemm_q6_k", (size_t)64 * N * sizeof(float));
         for (size_t i = 0; i < (size_t)N * D; i++) wf[i] = 0.02f * gauss();
-        for (size_t i = 0; i < (size_t)16 * D; i++) x[i] = urand();
+        for (size_t i = 0; i < (size_t)64 * D; i++) x[i] = urand();
         void *arena[NF];
         size_t mbytes[NF];
         int copies[NF];
@@ -130,7 +130,7 @@ int main(int argc, char **argv)
                 if (!quantize(fmt_dt[f], (char *)arena[f] + (size_t)n * rb, wf + (size_t)n * D, (size_t)D)) exit(1);
             for (int i = 1; i < copies[f]; i++) memcpy((char *)arena[f] + (size_t)i * mbytes[f], arena[f], mbytes[f]);
         }
-        for (int ti = 0; ti < 2; ti++) bench_shape(N, D, Ts[ti], rounds, arena, mbytes, copies, x, y, isa);
+        for (int ti = 0; ti < 3; ti++) bench_shape(N, D, Ts[ti], rounds, arena, mbytes, copies, x, y, isa);
         for (int f = 0; f < NF; f++) free(arena[f]);
         free(wf), free(x), free(y);
     }

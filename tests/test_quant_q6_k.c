@@ -212,14 +212,12 @@ Test(quant_q6_k, fast_gemm_768) { qt_check_fast_int8(MOE_DTYPE_Q6_K, 768, q6_k_w
 
 /* The kernel's expression (runtime/cpu/gemm_q6_k.c) for one output in
  * scalar C: per block, the input quantized as gemm_q8_k.h does (one dy,
- * codes nearest), lane l's exact integer sum of sc q qx over elements
- * 32r + 4(l % 4) .. + 3 of sub-block 2r + l / 4's half of each run r
- * (vpmaddwd's lanes), minus 32 (sc_{2l} t_{2l} + sc_{2l+1} t_{2l+1}), t_s
- * the input codes' sum over sub-block s; acc_l = fma(that, d dy, acc_l);
- * then moe_hsum8's order, + bias. */
+ * codes nearest), the exact integer sum of sc q qx over the block's 256
+ * elements minus 32 sum_s sc_s t_s, t_s the input codes' sum over
+ * sub-block s; acc = fma(that, d dy, acc); + bias. */
 static float q6_k_expr(const float *x, const unsigned char *wrow, int D, float bias)
 {
-    float acc[8] = {0};
+    float acc = 0.0f;
     for (int k = 0; k < D / B; k++) {
         const float *xb = x + (size_t)k * B;
         const unsigned char *blk = wrow + (size_t)k * MOE_Q6_K_BYTES;
@@ -230,23 +228,16 @@ static float q6_k_expr(const float *x, const unsigned char *wrow, int D, float b
             amax = fmaxf(amax, fabsf(xb[i]));
         }
         const float dy = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
-        int32_t L[8] = {0}, t[16] = {0};
+        int32_t S = 0;
         for (int e = 0; e < B; e++) {
             const int32_t c = bad ? 0 : (int32_t)nearbyintf(xb[e] * id);
-            const int sc = (int)(signed char)blk[192 + e / 16];
-            L[e % 32 / 4] += sc * (int32_t)moe_q6_k_code(blk, (unsigned)e) * c;
-            t[e / 16] += c;
+            S += (int)(signed char)blk[192 + e / 16] * ((int32_t)moe_q6_k_code(blk, (unsigned)e) - 32) * c;
         }
-        for (int l = 0; l < 8; l++)
-            L[l] -= 32 * ((signed char)blk[192 + 2 * l] * t[2 * l] + (signed char)blk[193 + 2 * l] * t[2 * l + 1]);
         uint16_t h;
         memcpy(&h, blk + 208, 2);
-        const float dd = moe_f16_to_f32(h) * dy;
-        for (int l = 0; l < 8; l++) acc[l] = fmaf((float)L[l], dd, acc[l]);
+        acc = fmaf((float)S, moe_f16_to_f32(h) * dy, acc);
     }
-    float s4[4];
-    for (int i = 0; i < 4; i++) s4[i] = acc[i] + acc[i + 4];
-    return ((s4[0] + s4[2]) + (s4[1] + s4[3])) + bias;
+    return acc + bias;
 }
 
 /* The kernel gives the bits of the expression above under every kernel

@@ -32,7 +32,7 @@
  * (x_k - qx_k dy_k), at most sum |w_k| dy_k / 2, dy_k its block's (a
  * block of 256 has a larger dy than one of 32: the price of one float per
  * block; llama.cpp pays the same).  Every tile computes that expression,
- * and so do the AVX-512 set's prefill panels (gemm_q4_k_panel.h), so a row gives
+ * and so do the AVX-512 set's prefill panels (gemm_k_panel.h), so a row gives
  * the same bits alone or in any batch, under both kernel sets (AVX2 here,
  * AVX-512 in gemm_q4_k_avx512.c). */
 #include <immintrin.h>

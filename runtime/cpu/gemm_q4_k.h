@@ -77,7 +77,7 @@ AVX2 INLINE __m256i block_mins(__m256i s)
  * dmin dy, fma(S, d dy, acc)), d dy and dmin dy each one fp32 product; dm
  * = (d, dmin), dy the input block's scale.  gemm_q4_k.c's numerics: every
  * Q4_K and Q5_K tile ends its blocks here, and the panels
- * (gemm_q4_k_panel.h) compute the same steps 16 input rows at a time. */
+ * (gemm_k_panel.h) compute the same steps 16 input rows at a time. */
 AVX2 INLINE float q4k_block_end(float acc, __m256i s, __m128 dm, __m256i mn, const char *xb, float dy)
 {
     const __m256i m = _mm256_madd_epi16(mn, _mm256_load_si256((const __m256i *)xb));
@@ -87,4 +87,33 @@ AVX2 INLINE float q4k_block_end(float acc, __m256i s, __m128 dm, __m256i mn, con
     const __m128 f = _mm_cvtepi32_ps(v), dd = _mm_mul_ps(dm, _mm_set1_ps(dy));
     const __m128 a = _mm_fmadd_ss(f, dd, _mm_set_ss(acc));
     return _mm_cvtss_f32(_mm_fnmadd_ss(_mm_movehdup_ps(f), _mm_movehdup_ps(dd), a));
+}
+
+/* The 4 lanes' sums of four vectors of 8 int32: lane c holds v[c]'s. */
+AVX2 INLINE __m128i q4k_sum4(const __m256i v[4])
+{
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* (d x dy for 4 rows | dmin x dy for them) from their blocks' first 4
+ * bytes dh (f16 d, dmin). */
+AVX2 INLINE __m256 q4k_dd4(const int32_t dh[4], float dy)
+{
+    const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)); /* d0 dmin0 d1 dmin1 ... */
+    return _mm256_mul_ps(_mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)), _mm256_set1_ps(dy));
+}
+
+/* q4k_block_end for one input row and 4 weight rows at once, lane c of
+ * acc weight row c's (the same steps lane by lane): s[c], mn[c] and dh[c]
+ * (its block's f16 d and dmin) row c's, zero for rows a tile lacks. */
+AVX2 INLINE __m128 q4k_block_end4(__m128 acc, const __m256i s[4], const __m256i mn[4], const int32_t dh[4],
+                                  const char *xb, float dy)
+{
+    const __m256i xsum = _mm256_load_si256((const __m256i *)xb);
+    const __m256i m[4] = {_mm256_madd_epi16(mn[0], xsum), _mm256_madd_epi16(mn[1], xsum),
+                          _mm256_madd_epi16(mn[2], xsum), _mm256_madd_epi16(mn[3], xsum)};
+    const __m256 dd = q4k_dd4(dh, dy);
+    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(q4k_sum4(s)), _mm256_castps256_ps128(dd), acc);
+    return _mm_fnmadd_ps(_mm_cvtepi32_ps(q4k_sum4(m)), _mm256_extractf128_ps(dd, 1), acc);
 }

@@ -26,6 +26,7 @@ AVX512 INLINE void tile_k(const bool five, const int R, const int C, float *y, s
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) acc[r][c] = 0.0f;
+    __m128 acc1 = _mm_setzero_ps(); /* R = 1: the C rows' sums in lanes */
     const char *xr = x + (size_t)r0 * xs;
     const float *dyr = (const float *)(xr + (size_t)nb * MOE_Q8_K_BYTES);
     const size_t tb = (size_t)C * wld, pfd = (PF + tb - 1) / tb * tb;
@@ -70,6 +71,20 @@ AVX512 INLINE void tile_k(const bool five, const int R, const int C, float *y, s
                 }
             }
         }
+        if (R == 1) {
+            __m256i s8[4], mn[4];
+            int32_t dh[4] = {0};
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                s8[c] = mn[c] = _mm256_setzero_si256();
+                if (c >= C) continue;
+                s8[c] = _mm256_add_epi32(_mm512_castsi512_si256(sum[0][c]), _mm512_extracti64x4_epi64(sum[0][c], 1));
+                mn[c] = block_mins(sc[c]);
+                memcpy(&dh[c], w + (size_t)c * wld + bo, 4);
+            }
+            acc1 = q4k_block_end4(acc1, s8, mn, dh, xr + xo, dyr[k]);
+            continue;
+        }
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             const char *blk = w + (size_t)c * wld + bo;
@@ -85,6 +100,11 @@ AVX512 INLINE void tile_k(const bool five, const int R, const int C, float *y, s
                 acc[r][c] = q4k_block_end(acc[r][c], s8, dm, mn, xb, dyr[(size_t)r * xs / sizeof(float) + k]);
             }
         }
+    }
+    if (R == 1) {
+        float a1[4];
+        _mm_storeu_ps(a1, acc1);
+        for (int c = 0; c < C; c++) acc[0][c] = a1[c];
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)

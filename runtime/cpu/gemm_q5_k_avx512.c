@@ -34,7 +34,7 @@
 enum { WC = 4 };
 
 #include "runtime/cpu/gemm_q4_k_tile_avx512.h"
-#include "runtime/cpu/gemm_q4_k_panel.h"
+#include "runtime/cpu/gemm_k_panel.h"
 
 #define tile(...) tile_k(true, __VA_ARGS__)
 
@@ -42,7 +42,7 @@ enum { WC = 4 };
 #define AVX2 AVX512 /* the driver's functions take this file's instructions */
 #define KQ_C1 WC
 #define KQ_ARRANGE q4k_arrange
-#define KQ_PANEL(...) kp_rows(true, __VA_ARGS__)
+#define KQ_PANEL(...) kp_rows(KP_Q5_K, __VA_ARGS__)
 #define KQ_DTYPE MOE_DTYPE_Q5_K
 #define KQ_ENTRY moe_gemm_rows_q5_k_avx512
 #include "runtime/cpu/gemm_q8_k_rows.h"

@@ -23,18 +23,18 @@
  * scales against the 16 input sums (vpmaddwd), times 32 (a shift),
  * subtracted, converted, and one FMA by d x dy.
  *
- * Numerics: output n of row t accumulates 8 lanes over blocks in order:
- * acc = fma(float(S_l - 32 O_l), d x dy, acc), S_l the exact sum over the
- * block's 8 runs of sc q qx over the 4 elements of lane l (at most 8 x 4
- * x 63 x 127 x 128 < 2^25 in magnitude), O_l = sc_{2l} t_{2l} + sc_{2l+1}
- * t_{2l+1} (at most 2 x 128 x 2032), S_l - 32 O_l exact in int32 and
- * rounded once to fp32 (it may pass 2^24), d x dy one fp32 product; then
- * the fixed horizontal sum moe_hsum8, then the bias.  So an output is the
+ * Numerics: output n of row t accumulates over blocks in order acc =
+ * fma(float(S - 32 O), d x dy, acc), S the block's exact sum of sc q qx
+ * over its 256 elements (at most 256 x 63 x 127 x 128 < 2^28 in
+ * magnitude), O = sum_s sc_s t_s (at most 16 x 128 x 2032), S - 32 O
+ * exact in int32 and rounded once to fp32 (it may pass 2^24), d x dy one
+ * fp32 product; then the bias.  So an output is the
  * product of the quantized input row with the weights d sc (q - 32), to
  * fp32 rounding: its difference from the reference (fp32 inputs, the
  * weights dequantized) is sum w_k (x_k - qx_k dy_k), at most sum |w_k|
  * dy_k / 2, plus fp32 rounding.  Every tile computes that same
- * expression, so a row gives the same bits alone or in any batch, under
+ * expression, and so do the AVX-512 set's prefill panels (gemm_k_panel.h),
+ * so a row gives the same bits alone or in any batch, under
  * every kernel set.  The rows of up to TBQ inputs are quantized into the
  * calling thread's buffer (moe_gemm_thread_buffer) on each call, once for
  * all its weight rows. */
@@ -88,11 +88,12 @@ AVX2 INLINE __m256i run_scales(__m256i hs, const int j)
 AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char *x, size_t xs, int r0, int nb,
                       const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
-    __m256 acc[MAXR][MAXC];
+    float acc[MAXR][MAXC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < C; c++) acc[r][c] = 0.0f;
+    __m128 acc1 = _mm_setzero_ps(); /* R = 1: the C rows' sums in lanes */
     const char *xr = x + (size_t)r0 * xs;
     const float *dyr = (const float *)(xr + (size_t)nb * MOE_Q8_K_BYTES);
     const size_t tb = (size_t)C * wld, pfd = (PF + tb - 1) / tb * tb;
@@ -132,6 +133,21 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char
                 }
             }
         }
+        if (R == 1) {
+            __m256i s8[4], sc[4];
+            uint16_t dh[4] = {0};
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                s8[c] = sc[c] = _mm256_setzero_si256();
+                if (c >= C) continue;
+                const char *blk = w + (size_t)c * wld + bo;
+                s8[c] = sum[0][c];
+                sc[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + SC)));
+                memcpy(&dh[c], blk + DH, 2);
+            }
+            acc1 = q6k_block_end4(acc1, s8, sc, dh, xr + xo, dyr[k]);
+            continue;
+        }
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             const char *blk = w + (size_t)c * wld + bo;
@@ -146,9 +162,14 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char
             }
         }
     }
+    if (R == 1) {
+        float a1[4];
+        _mm_storeu_ps(a1, acc1);
+        for (int c = 0; c < C; c++) acc[0][c] = a1[c];
+    }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
-            y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
+            y[(size_t)r * ldy + c] = acc[r][c] + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
 }
 
 #define KQ_DTYPE MOE_DTYPE_Q6_K

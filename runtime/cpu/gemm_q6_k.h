@@ -18,15 +18,35 @@ enum {
     PF = 4096,  /* the first pass prefetches whole tiles at least this far on (gemm_q4_k.c) */
 };
 
-/* The end of a block for one input row and weight row: acc plus (the
- * block's 8 integer lanes s less 32 times the 16 scales sc against the
- * input block's 16 sums at xb) times d dy, dy at *dy.  gemm_q6_k.c's
- * numerics; both Q6_K kernels end every block here, so their float steps
- * are one piece of code. */
-AVX2 INLINE __m256 q6k_block_end(__m256 acc, __m256i s, __m128 d, __m256i sc, const char *xb, const float *dy)
+/* The end of a block for one input row and weight row: the block's exact
+ * integer (the 8 lanes of s added, less 32 times the 16 scales sc against
+ * the input block's 16 sums at xb) rounded once to fp32, times d dy (one
+ * fp32 product), added: acc = fma(that, d dy, acc); dy at *dy.
+ * gemm_q6_k.c's numerics: every Q6_K tile ends its blocks here, and the
+ * AVX-512 set's panels (gemm_k_panel.h) take the same steps 16 input rows
+ * at a time. */
+AVX2 INLINE float q6k_block_end(float acc, __m256i s, __m128 d, __m256i sc, const char *xb, const float *dy)
 {
     const __m256i o = _mm256_madd_epi16(sc, _mm256_load_si256((const __m256i *)xb));
     const __m256i t = _mm256_sub_epi32(s, _mm256_slli_epi32(o, 5));
+    __m128i v = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
     const __m128 dd = _mm_mul_ss(d, _mm_load_ss(dy));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_broadcastss_ps(dd), acc);
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_cvtepi32_ps(v), dd, _mm_set_ss(acc)));
+}
+
+/* q6k_block_end for one input row and 4 weight rows at once, lane c of
+ * acc weight row c's (the same steps lane by lane): s[c], sc[c] and dh[c]
+ * (its block's f16 d) row c's, zero for rows a tile lacks. */
+AVX2 INLINE __m128 q6k_block_end4(__m128 acc, const __m256i s[4], const __m256i sc[4], const uint16_t dh[4],
+                                  const char *xb, float dy)
+{
+    const __m256i xsum = _mm256_load_si256((const __m256i *)xb);
+    __m256i t[4];
+    for (int c = 0; c < 4; c++) t[c] = _mm256_sub_epi32(s[c], _mm256_slli_epi32(_mm256_madd_epi16(sc[c], xsum), 5));
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
+    const __m128i v = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dh)), _mm_set1_ps(dy));
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(v), dd, acc);
 }

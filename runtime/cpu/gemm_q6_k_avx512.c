@@ -47,15 +47,18 @@ AVX512 INLINE __m512i pair_scales(__m512i hs, const int p)
  * here (8: no better). */
 enum { WC = 4 };
 
+#include "runtime/cpu/gemm_k_panel.h"
+
 /* As gemm_q6_k.c's tile (its arguments and registers), two runs a step. */
 AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char *x, size_t xs, int r0, int nb,
                         const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
-    __m256 acc[MAXR][WC];
+    float acc[MAXR][WC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < C; c++) acc[r][c] = 0.0f;
+    __m128 acc1 = _mm_setzero_ps(); /* R = 1: the C rows' sums in lanes */
     const char *xr = x + (size_t)r0 * xs;
     const float *dyr = (const float *)(xr + (size_t)nb * MOE_Q8_K_BYTES);
     const size_t tb = (size_t)C * wld, pfd = (PF + tb - 1) / tb * tb;
@@ -101,6 +104,21 @@ AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const ch
                 }
             }
         }
+        if (R == 1) {
+            __m256i s8[4], sc[4];
+            uint16_t dh[4] = {0};
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                s8[c] = sc[c] = _mm256_setzero_si256();
+                if (c >= C) continue;
+                const char *blk = w + (size_t)c * wld + bo;
+                s8[c] = _mm256_add_epi32(_mm512_castsi512_si256(sum[0][c]), _mm512_extracti64x4_epi64(sum[0][c], 1));
+                sc[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + SC)));
+                memcpy(&dh[c], blk + DH, 2);
+            }
+            acc1 = q6k_block_end4(acc1, s8, sc, dh, xr + xo, dyr[k]);
+            continue;
+        }
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             const char *blk = w + (size_t)c * wld + bo;
@@ -117,14 +135,20 @@ AVX512 INLINE void tile(const int R, const int C, float *y, size_t ldy, const ch
             }
         }
     }
+    if (R == 1) {
+        float a1[4];
+        _mm_storeu_ps(a1, acc1);
+        for (int c = 0; c < C; c++) acc[0][c] = a1[c];
+    }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
-            y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
+            y[(size_t)r * ldy + c] = acc[r][c] + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
 }
 
 #undef AVX2
 #define AVX2 AVX512 /* the driver's functions take this file's instructions */
 #define KQ_C1 WC
 #define KQ_DTYPE MOE_DTYPE_Q6_K
+#define KQ_PANEL(...) kp_rows(KP_Q6_K, __VA_ARGS__)
 #define KQ_ENTRY moe_gemm_rows_q6_k_avx512
 #include "runtime/cpu/gemm_q8_k_rows.h"

@@ -14,7 +14,7 @@
  * KQ_ARRANGE(row, nb) (run on each quantized row before the tiles read
  * it: a reordering of its codes that its tiles expect) and KQ_PANEL(y,
  * ldy, x, ldx, T, w, wld, nb, n0, n1, b) (which takes a call of PANEL_MIN
- * or more input rows instead of the tiles: gemm_q4_k_panel.h), then
+ * or more input rows instead of the tiles: gemm_k_panel.h), then
  * includes this file once. */
 
 #ifndef KQ_C1
