@@ -23,7 +23,10 @@
 #pragma once
 
 enum {
-    PANEL_MIN = 16,        /* input rows from which a call takes the panels */
+    /* input rows from which a call takes the panels: at 8 the tiles are
+     * level (Q4_K, Q5_K) or faster (Q6_K), at 12 the panels 1.0-1.6x
+     * (bench_gemm_q6_k at 8, 12 and 16 rows, Zen 5) */
+    PANEL_MIN = 10,
     PW = 8,                /* weight rows of a band */
     PANEL_BYTES = 1 << 19, /* the interleaved input rows of a chunk, at most */
 };
