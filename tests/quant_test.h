@@ -385,7 +385,9 @@ static inline void qt_check_expression(enum moe_dtype t, enum moe_cpu_isa last, 
     const enum moe_cpu_isa best = moe_cpu_isa_detect();
     if (best == MOE_CPU_ISA_REF) cr_skip_test("this processor runs no fast kernel set");
     if (last > best) last = best;
-    const int Ds[] = {256, 768}, Ns[] = {1, 3, 17}, Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 63, 64, 65, 130};
+    /* Din 3840: the K-quant panels (gemm_k_panel.h) take 130 rows in two
+     * chunks; T 10 and 16: their first rows */
+    const int Ds[] = {256, 768, 3840}, Ns[] = {1, 3, 17}, Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 63, 64, 65, 130};
     for (size_t c = 0; c < sizeof Ds / sizeof *Ds; c++)
         for (size_t e = 0; e < sizeof Ns / sizeof *Ns; e++) {
             const int D = Ds[c], N = Ns[e], TMAX = 130;
