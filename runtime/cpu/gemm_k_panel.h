@@ -163,14 +163,17 @@ AVX512 static void kp_band(const enum kp_format f, float *y, size_t ldy, int row
 {
     const int NS = f == KP_Q6_K ? 16 : 8, SL = 64 / NS; /* sub-blocks, their lines of 4 codes */
     __m512 acc[PW];
+#pragma GCC unroll 8
     for (int t = 0; t < PW; t++) acc[t] = _mm512_setzero_ps();
     for (int k = 0; k < nb; k++) {
         const struct kp_in *s = in + k;
         const struct kp_w *m = wm + (size_t)k * PW;
         const uint8_t *q = wq + (size_t)k * MOE_Q8_K_BLOCK;
         __m512i s1[PW], a[PW];
+#pragma GCC unroll 8
         for (int t = 0; t < PW; t++) s1[t] = _mm512_setzero_si512();
         for (int j = 0; j < NS; j++) {
+#pragma GCC unroll 8
             for (int t = 0; t < PW; t++) a[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int u = 0; u < SL; u++) {
@@ -182,14 +185,19 @@ AVX512 static void kp_band(const enum kp_format f, float *y, size_t ldy, int row
                     a[t] = _mm512_dpbusd_epi32(a[t], _mm512_set1_epi32(c4), cx);
                 }
             }
+#pragma GCC unroll 8
             for (int t = 0; t < PW; t++) s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(a[t], _mm512_set1_epi32(m[t].sc[j])));
         }
+#pragma GCC unroll 8
         for (int t = 0; t < PW; t++) a[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
         for (int p = 0; p < 8; p++) {
             const __m512i bs = _mm512_load_si512(s->bs[p]);
+#pragma GCC unroll 8
             for (int t = 0; t < PW; t++) a[t] = _mm512_dpwssd_epi32(a[t], _mm512_set1_epi32(m[t].mp[p]), bs);
         }
         const __m512 dy = _mm512_load_ps(s->dy);
+#pragma GCC unroll 8
         for (int t = 0; t < PW; t++) {
             const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(m[t].d), dy);
             if (f == KP_Q6_K) {
@@ -202,6 +210,7 @@ AVX512 static void kp_band(const enum kp_format f, float *y, size_t ldy, int row
         }
     }
     float o[PW][16] __attribute__((aligned(64)));
+#pragma GCC unroll 8
     for (int t = 0; t < PW; t++) _mm512_store_ps(o[t], acc[t]);
     for (int t = 0; t < wn; t++) {
         const float bias = b ? moe_tensor_get_f32(b, n + t) : 0.0f;
