@@ -274,6 +274,22 @@ static inline double qt_bound_k256(const float *x, const float *wf, const unsign
     return input * (1 + 1e-6) + 1e-5 * mag + 1e-30;
 }
 
+/* A block of n inputs at xb quantized as the int8-route kernels do
+ * (gemm_q8_k.h): its scale dy = max |x| / 127, returned, NaN when *bad (a
+ * NaN or an infinity in it: then every code is 0); its codes
+ * nearbyint(x *id), *id 0 below 127 FLT_MIN. */
+static inline float qt_block_scale(const float *xb, int n, float *id, bool *bad)
+{
+    float amax = 0.0f;
+    *bad = false;
+    for (int i = 0; i < n; i++) {
+        *bad |= !isfinite(xb[i]);
+        amax = fmaxf(amax, fabsf(xb[i]));
+    }
+    *id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
+    return *bad ? NAN : amax / 127.0f;
+}
+
 /* The Q4_K and Q5_K kernels' expression (runtime/cpu/gemm_q4_k.c) for one
  * output in scalar C, five-bit codes when five: per block of 256, the
  * input quantized as gemm_q8_k.h does (one dy, codes nearest), the exact
@@ -286,13 +302,9 @@ static inline float qt_k_expr(const float *x, const unsigned char *wrow, int D, 
     for (int k = 0; k < D / KB; k++) {
         const float *xb = x + (size_t)k * KB;
         const unsigned char *blk = wrow + (size_t)k * (five ? MOE_Q5_K_BYTES : MOE_Q4_K_BYTES);
-        float amax = 0.0f;
-        bool bad = false;
-        for (int i = 0; i < KB; i++) {
-            bad |= !isfinite(xb[i]);
-            amax = fmaxf(amax, fabsf(xb[i]));
-        }
-        const float dy = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
+        bool bad;
+        float id;
+        const float dy = qt_block_scale(xb, KB, &id, &bad);
         uint16_t h[2];
         memcpy(h, blk, 4);
         uint64_t scw, mnw;

@@ -221,13 +221,9 @@ static float q6_k_expr(const float *x, const unsigned char *wrow, int D, float b
     for (int k = 0; k < D / B; k++) {
         const float *xb = x + (size_t)k * B;
         const unsigned char *blk = wrow + (size_t)k * MOE_Q6_K_BYTES;
-        float amax = 0.0f;
-        bool bad = false;
-        for (int i = 0; i < B; i++) {
-            bad |= !isfinite(xb[i]);
-            amax = fmaxf(amax, fabsf(xb[i]));
-        }
-        const float dy = bad ? NAN : amax / 127.0f, id = amax >= 127.0f * FLT_MIN ? 127.0f / amax : 0.0f;
+        bool bad;
+        float id;
+        const float dy = qt_block_scale(xb, B, &id, &bad);
         int32_t S = 0;
         for (int e = 0; e < B; e++) {
             const int32_t c = bad ? 0 : (int32_t)nearbyintf(xb[e] * id);

@@ -104,15 +104,21 @@ AVX2 INLINE __m256 q4k_dd4(const int32_t dh[4], float dy)
     return _mm256_mul_ps(_mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)), _mm256_set1_ps(dy));
 }
 
-/* q4k_block_end for one input row and 4 weight rows at once, lane c of
- * acc weight row c's (the same steps lane by lane): s[c], mn[c] and dh[c]
- * (its block's f16 d and dmin) row c's, zero for rows a tile lacks. */
-AVX2 INLINE __m128 q4k_block_end4(__m128 acc, const __m256i s[4], const __m256i mn[4], const int32_t dh[4],
-                                  const char *xb, float dy)
+/* q4k_block_end for one input row and C (<= 4) weight rows at once, lane
+ * c of acc weight row c's (the same steps lane by lane): s[c] row c's
+ * integer lanes (zero past C), sc[c] its scales (block_scales), its block
+ * at w + c wld + bo. */
+AVX2 INLINE __m128 q4k_block_end_row(__m128 acc, const __m256i s[4], const __m256i *sc, const int C, const char *w,
+                                     size_t wld, size_t bo, const char *xb, float dy)
 {
     const __m256i xsum = _mm256_load_si256((const __m256i *)xb);
-    const __m256i m[4] = {_mm256_madd_epi16(mn[0], xsum), _mm256_madd_epi16(mn[1], xsum),
-                          _mm256_madd_epi16(mn[2], xsum), _mm256_madd_epi16(mn[3], xsum)};
+    __m256i m[4];
+    int32_t dh[4] = {0};
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        m[c] = c < C ? _mm256_madd_epi16(block_mins(sc[c]), xsum) : _mm256_setzero_si256();
+        if (c < C) memcpy(&dh[c], w + (size_t)c * wld + bo, 4);
+    }
     const __m256 dd = q4k_dd4(dh, dy);
     acc = _mm_fmadd_ps(_mm_cvtepi32_ps(q4k_sum4(s)), _mm256_castps256_ps128(dd), acc);
     return _mm_fnmadd_ps(_mm_cvtepi32_ps(q4k_sum4(m)), _mm256_extractf128_ps(dd, 1), acc);

@@ -71,17 +71,10 @@ AVX2 INLINE void tile_k(const bool five, const int R, const int C, float *y, siz
             }
         }
         if (R == 1) {
-            __m256i s8[4], mn[4];
-            int32_t dh[4] = {0};
+            __m256i s8[4];
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                s8[c] = mn[c] = _mm256_setzero_si256();
-                if (c >= C) continue;
-                s8[c] = sum[0][c];
-                mn[c] = block_mins(sc[c]);
-                memcpy(&dh[c], w + (size_t)c * wld + bo, 4);
-            }
-            acc1 = q4k_block_end4(acc1, s8, mn, dh, xr + xo, dyr[k]);
+            for (int c = 0; c < 4; c++) s8[c] = c < C ? sum[0][c] : _mm256_setzero_si256();
+            acc1 = q4k_block_end_row(acc1, s8, sc, C, w, wld, bo, xr + xo, dyr[k]);
             continue;
         }
 #pragma GCC unroll 4

@@ -134,18 +134,10 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char
             }
         }
         if (R == 1) {
-            __m256i s8[4], sc[4];
-            uint16_t dh[4] = {0};
+            __m256i s8[4];
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                s8[c] = sc[c] = _mm256_setzero_si256();
-                if (c >= C) continue;
-                const char *blk = w + (size_t)c * wld + bo;
-                s8[c] = sum[0][c];
-                sc[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + SC)));
-                memcpy(&dh[c], blk + DH, 2);
-            }
-            acc1 = q6k_block_end4(acc1, s8, sc, dh, xr + xo, dyr[k]);
+            for (int c = 0; c < 4; c++) s8[c] = c < C ? sum[0][c] : _mm256_setzero_si256();
+            acc1 = q6k_block_end_row(acc1, s8, C, w, wld, bo, xr + xo, dyr[k]);
             continue;
         }
 #pragma GCC unroll 4

@@ -36,15 +36,24 @@ AVX2 INLINE float q6k_block_end(float acc, __m256i s, __m128 d, __m256i sc, cons
     return _mm_cvtss_f32(_mm_fmadd_ss(_mm_cvtepi32_ps(v), dd, _mm_set_ss(acc)));
 }
 
-/* q6k_block_end for one input row and 4 weight rows at once, lane c of
- * acc weight row c's (the same steps lane by lane): s[c], sc[c] and dh[c]
- * (its block's f16 d) row c's, zero for rows a tile lacks. */
-AVX2 INLINE __m128 q6k_block_end4(__m128 acc, const __m256i s[4], const __m256i sc[4], const uint16_t dh[4],
-                                  const char *xb, float dy)
+/* q6k_block_end for one input row and C (<= 4) weight rows at once, lane
+ * c of acc weight row c's (the same steps lane by lane): s[c] row c's
+ * integer lanes (zero past C), its block at w + c wld + bo. */
+AVX2 INLINE __m128 q6k_block_end_row(__m128 acc, const __m256i s[4], const int C, const char *w, size_t wld,
+                                     size_t bo, const char *xb, float dy)
 {
     const __m256i xsum = _mm256_load_si256((const __m256i *)xb);
     __m256i t[4];
-    for (int c = 0; c < 4; c++) t[c] = _mm256_sub_epi32(s[c], _mm256_slli_epi32(_mm256_madd_epi16(sc[c], xsum), 5));
+    uint16_t dh[4] = {0};
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        t[c] = s[c];
+        if (c >= C) continue;
+        const char *blk = w + (size_t)c * wld + bo;
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + SC)));
+        t[c] = _mm256_sub_epi32(s[c], _mm256_slli_epi32(_mm256_madd_epi16(sc, xsum), 5));
+        memcpy(&dh[c], blk + DH, 2);
+    }
     const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
     const __m128i v = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
     const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dh)), _mm_set1_ps(dy));
