@@ -249,11 +249,11 @@ Test(quant, q8_0_vnni_kernel_matches_avx2_bit_for_bit)
         }
 }
 
-/* The AMX sets' Q8_0 expression (runtime/cpu/gemm_q8_amx.c) for one
- * output, in scalar C: the input row quantized per block as
+/* The Q8_0 kernels' expression (runtime/cpu/gemm_q8.c, gemm_q8_vnni.c and
+ * its panels, gemm_q8_amx.c) for one output, in scalar C: the input row quantized per block as
  * moe_quantize_x_q8 does, each block's 32 products summed exactly, then
  * acc = fma(float(S), dx * dw, acc) block by block, then + bias. */
-static float q8_amx_expr(const float *x, const unsigned char *wrow, int D, float bias)
+static float q8_0_expr(const float *x, const unsigned char *wrow, int D, float bias)
 {
     float acc = 0.0f;
     for (int k = 0; k < D / MOE_Q8_0_BLOCK; k++) {
@@ -273,6 +273,20 @@ static float q8_amx_expr(const float *x, const unsigned char *wrow, int D, float
         acc = fmaf((float)S, sc, acc);
     }
     return acc + bias;
+}
+
+static unsigned char *q8_weights_of(enum moe_dtype t, int N, int D, uint64_t seed)
+{
+    (void)t;
+    return q8_weights(N, D, seed);
+}
+
+/* Every kernel set's Q8_0 kernel (tiles below 10 input rows, the AVX-512
+ * set's panels from 10) gives the bits of the expression above
+ * (qt_check_expression's shapes and inputs). */
+Test(quant, q8_0_kernel_pins_its_expression)
+{
+    qt_check_expression(MOE_DTYPE_Q8_0, MOE_CPU_ISA_AMX_BF16, q8_weights_of, q8_0_expr);
 }
 
 /* The AMX sets' Q8_0 kernel (int8 tiles from 9 input rows, AVX512-VNNI
@@ -303,7 +317,7 @@ Test(quant, q8_0_amx_kernel_sums_whole_blocks)
                 moe_gemm_fast_rows(MOE_CPU_ISA_AMX, y, (size_t)N, x, (size_t)D, T, w, MOE_DTYPE_Q8_0, D, n0, N, b);
                 for (int t = 0; t < T; t++)
                     for (int n = n0; n < N; n++) {
-                        const float want = q8_amx_expr(x + (size_t)t * D, w + (size_t)n * rb, D, b ? bias[n] : 0.0f);
+                        const float want = q8_0_expr(x + (size_t)t * D, w + (size_t)n * rb, D, b ? bias[n] : 0.0f);
                         const float got = y[(size_t)t * N + n];
                         uint32_t bw, bg;
                         memcpy(&bw, &want, 4), memcpy(&bg, &got, 4);

@@ -9,10 +9,11 @@
  * Why: widening the int8 weights to fp32 costs 4 instructions per 8
  * weights (extend, convert, scale, FMA), which leaves Q8_0 decode compute
  * bound although it reads about half the bytes of bf16.  Here a block of 32 weights against one
- * input row takes 8: vpsignb (the input signed by the weight), vpmaddubsw
+ * input row takes 3: vpsignb (the input signed by the weight), vpmaddubsw
  * (|w| times that, pairs summed to int16: at most 2 x 128 x 127, no
- * saturation), vpmaddwd by ones (lane j: elements 4j..4j+3 as int32),
- * convert, the product of the two blocks' scales, and one FMA.
+ * saturation), vpmaddwd by ones (lane j: elements 4j..4j+3 as int32); a
+ * tile's 8 outputs' lanes are then added in one tree (sum8x8), converted,
+ * and take one FMA by the products of their blocks' scales.
  *
  * Input rows: per block of 32, amax = max |x|, scale d = amax / 127 and
  * codes q = x * (127 / amax) rounded to nearest even (all zero when amax
@@ -25,10 +26,11 @@
  * thread's buffer (moe_gemm_thread_buffer) on each call, once for all the
  * weight rows of the call.
  *
- * Numerics: output n of row t is sum over blocks k in order of
- * float(isum_k) x (dw_k x dx_k) by one FMA per lane (lane j accumulating
- * its 4-element integer sums), then the fixed horizontal sum moe_hsum8,
- * then the bias.  The integer sums are exact, so the only differences from
+ * Numerics: output n of row t accumulates over blocks k in order acc =
+ * fma(float(S_k), dx_k x dw_k, acc), S_k the block's 32 products summed
+ * exactly (at most 32 x 127 x 128 < 2^24: exact as float), dx_k x dw_k
+ * one fp32 product; then the bias (the AMX kernel's expression too,
+ * gemm_q8_amx.c).  The integer sums are exact, so the only differences from
  * the reference (which multiplies the dequantized weights with the fp32
  * inputs) are the input rounding, at most d_x / 2 per element (relative
  * error of an output about 1e-3, that of the weights' own quantization),
@@ -55,32 +57,31 @@ enum {
     MAXC = 8,             /* widest tile: weight rows for one input row */
 };
 
-/* acc + (the integer dot of the weight block wq (|wq| = wa, scale wd
- * broadcast) with the input block xq) x (wd x xd): one block's term. */
-AVX2 INLINE __m256 block_fma(__m256 acc, __m256i wq, __m256i wa, __m256 wd, const int8_t *xq, const float *xd)
+/* The 8 int32 lanes of v[i] added, lane i of the result (exact). */
+AVX2 INLINE __m256i sum8x8(const __m256i v[8])
 {
-    const __m256i x = _mm256_loadu_si256((const __m256i *)xq);
-    const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, wq));
-    const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-    return _mm256_fmadd_ps(s, _mm256_mul_ps(wd, _mm256_broadcast_ss(xd)), acc);
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20), _mm256_permute2x128_si256(a, c, 0x31));
 }
 
 /* y[r*ldy + c] = input row r . weight row c (+ bias n + c) for r < R,
- * c < C: q, d the quantized input rows (row strides Din and nb), w the
- * first weight row (stride wld); pf: the first pass over these weight
- * rows, which prefetches the next tile's. */
+ * c < C (R C <= 8): q, d the quantized input rows (row strides Din and
+ * nb), w the first weight row (stride wld); pf: the first pass over these
+ * weight rows, which prefetches the next tile's.  Per block, output (r, c)
+ * in lane r C + c: each pair's 8 integer lanes (vpsignb, vpmaddubsw,
+ * vpmaddwd by ones), the tile's outputs' lanes added into one register
+ * (sum8x8), converted, and one FMA by dw_c dx_r for all of them. */
 AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const int8_t *q, const float *d,
                       int Din, const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
     const int nb = Din / QB;
-    __m256 acc[4][MAXC];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     for (int k = 0; k < nb; k++) {
-        __m256i wq[MAXC], wa[MAXC];
-        __m256 wd[MAXC];
+        __m256i v[8];
+        float dw[8], dx[8];
+#pragma GCC unroll 8
+        for (int i = R * C; i < 8; i++) v[i] = _mm256_setzero_si256(), dw[i] = dx[i] = 0.0f;
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             const char *blk = w + (size_t)c * wld + (size_t)k * QBYTES;
@@ -89,31 +90,25 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const int8
              * rather than waiting on memory, as it would with a fixed
              * distance into each row or with no prefetch on 4-row tiles */
             if (pf) _mm_prefetch(blk + (size_t)C * wld, _MM_HINT_T1);
-            wq[c] = _mm256_loadu_si256((const __m256i *)(blk + 4));
-            wa[c] = _mm256_sign_epi8(wq[c], wq[c]);
-            wd[c] = _mm256_broadcast_ss((const float *)blk);
-            if (R == 4) continue;
-            /* few rows, many weight rows: each weight block against the
-             * rows at once, so the registers hold R*C sums and a few
-             * temporaries (loading all C blocks first would spill) */
+            const __m256i wq = _mm256_loadu_si256((const __m256i *)(blk + 4)), wa = _mm256_sign_epi8(wq, wq);
+            float s;
+            memcpy(&s, blk, 4);
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-                acc[r][c] = block_fma(acc[r][c], wq[c], wa[c], wd[c], q + (size_t)r * Din + (size_t)k * QB,
-                                      d + (size_t)r * nb + k);
+            for (int r = 0; r < R; r++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(q + (size_t)r * Din + (size_t)k * QB));
+                v[r * C + c] = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, wq)), _mm256_set1_epi16(1));
+                dw[r * C + c] = s;
+                dx[r * C + c] = d[(size_t)r * nb + k];
+            }
         }
-        if (R < 4) continue;
-        /* 4 rows x C (2) weight rows: the C blocks loaded once, each input
-         * block once */
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-            for (int c = 0; c < C; c++)
-                acc[r][c] = block_fma(acc[r][c], wq[c], wa[c], wd[c], q + (size_t)r * Din + (size_t)k * QB,
-                                      d + (size_t)r * nb + k);
+        const __m256 sc = _mm256_mul_ps(_mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]),
+                                        _mm256_setr_ps(dw[0], dw[1], dw[2], dw[3], dw[4], dw[5], dw[6], dw[7]));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum8x8(v)), sc, acc);
     }
+    float o[8];
+    _mm256_storeu_ps(o, acc);
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++)
-            y[(size_t)r * ldy + c] = moe_hsum8(acc[r][c]) + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
+        for (int c = 0; c < C; c++) y[(size_t)r * ldy + c] = o[r * C + c] + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
 }
 
 /* R rows (1..3) against weight rows [n0, n1), C at a time then one by one;
@@ -130,7 +125,7 @@ AVX2 INLINE void row_tiles(const int R, const int C, float *y, size_t ldy, const
 AVX2 void moe_gemm_rows_q8_avx2(float *y, size_t ldy, const float *x, size_t ldx, int T, const void *wv,
                                 int Din, int n0, int n1, const struct moe_tensor *b)
 {
-    enum { C4 = 2 }; /* weight rows of a 4-input tile: 8 accumulators */
+    enum { C4 = 2 }; /* weight rows of a 4-input tile: 8 outputs */
     MOE_ASSERT(Din % QB == 0);
     const int nb = Din / QB;
     const size_t wld = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)Din);
@@ -150,7 +145,7 @@ AVX2 void moe_gemm_rows_q8_avx2(float *y, size_t ldy, const float *x, size_t ldx
         switch (tn) {
         case 1: row_tiles(1, 8, yb, ldy, q, d, Din, w, wld, n0, n1, b); continue;
         case 2: row_tiles(2, 4, yb, ldy, q, d, Din, w, wld, n0, n1, b); continue;
-        case 3: row_tiles(3, 3, yb, ldy, q, d, Din, w, wld, n0, n1, b); continue;
+        case 3: row_tiles(3, 2, yb, ldy, q, d, Din, w, wld, n0, n1, b); continue;
         default: break;
         }
         /* each group of C4 weight rows (in L1) against every 4-row tile,

@@ -6,8 +6,8 @@
  * kernels (moe_quantize_x_q8, simd_avx2.h: codes in [-127, 127], a block
  * holding a NaN or an infinity gets a NaN scale).
  *
- * Numerics (these sets' own; the AVX2 and AVX-512 sets split each block's
- * sum over 8 lanes, gemm_q8.c): output n of row t is acc = 0, then for
+ * Numerics (every kernel set's: gemm_q8.c, gemm_q8_vnni.c and its panels
+ * compute the same): output n of row t is acc = 0, then for
  * each block k in order acc = fma(float(S), dx * dw, acc), S the block's
  * 32 products summed exactly in int32 (TDPBSSD with the block alone in
  * its k, or vpdpbusd and an integer reduction), dx * dw one fp32 rounding;

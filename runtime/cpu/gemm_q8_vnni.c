@@ -14,17 +14,17 @@
  *
  * The layout: a 512-bit register holds two weight rows, row c in the
  * lower half and row c + 1 in the upper, against one input row's block
- * broadcast to both halves.  Each half's lane j is the AVX2 kernel's lane
- * j of its output: float(isum) times the product of the two scales (the
- * weight row's scale times the input block's, one rounding), added by one
- * FMA per block in block order; then moe_hsum8 of each half, then the
- * bias.  So a vpdpbusd, convert, multiply and FMA serve two outputs, where
- * the AVX2 kernel spends vpsignb, vpmaddubsw, vpmaddwd, convert, multiply
- * and FMA on one.  Tiles: one input row (decode) against 8 weight rows;
- * up to 8 input rows against 4 weight rows (prefill), the weight rows'
- * codes, corrections and scales made once per block for the tile's rows;
- * a last odd weight row takes both halves of a register (the upper
- * discarded).  Every tile computes the same expression, so a row gives
+ * broadcast to both halves; each half's 8 lanes are the AVX2 kernel's
+ * lanes of its output.  Per block, a tile's (up to 16) outputs' lanes are
+ * added into one register (sum16: an unpack tree, exact), converted, and
+ * take one FMA by the products of their blocks' scales: the AVX2 kernel's
+ * expression, the same bits.  Tiles: one input row (decode) against 8
+ * weight rows; up to 4 input rows against 4 weight rows, the weight
+ * rows' codes and corrections made once per block for the tile's rows; a
+ * last odd weight row takes both halves of a register (the upper
+ * discarded).  From Q8P_MIN input rows the panels take the call
+ * (gemm_q8_panel.h: the input rows 16 to a register, the same
+ * expression).  Every tile computes the same expression, so a row gives
  * the same bits alone or in any batch. */
 #include <immintrin.h>
 #include <stdbool.h>
@@ -42,30 +42,57 @@ enum {
     QB = MOE_Q8_0_BLOCK,     /* values per block */
     QBYTES = MOE_Q8_0_BYTES, /* f32 scale + 32 codes */
     TBQ = 64,                /* input rows quantized at a time */
-    RMAX = 8,                /* input rows of a prefill tile */
+    RMAX = 4,                /* input rows of a prefill tile (R P <= 8) */
     PMAX = 4,                /* pairs of weight rows of a decode tile */
 };
 
+#include "runtime/cpu/gemm_q8_panel.h"
+
+/* The 4 int32 lanes of each 128-bit lane of v[0..3] added: lane j of
+ * each 128-bit lane of the result v[j]'s (exact). */
+VNNI INLINE __m512i sum4x4(const __m512i v[4])
+{
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+}
+
+/* Each half's 8 int32 lanes of s[i] added (exact): output 2i (the lower
+ * half) and 2i + 1 (the upper) in lanes 2i, 2i + 1 of the result. */
+VNNI INLINE __m512i sum16(const __m512i s[8])
+{
+    /* per 128-bit lane L: [s0_L, s1_L, s2_L, s3_L], then the lanes of a
+     * half added (L0 + L1, L2 + L3): [out 0 2 4 6 | . | out 1 3 5 7 | .] */
+    __m512i u = sum4x4(s), v = sum4x4(s + 4);
+    u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
+    v = _mm512_add_epi32(v, _mm512_shuffle_i32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m512i z = _mm512_shuffle_i32x4(u, v, _MM_SHUFFLE(2, 0, 2, 0)); /* 0246 1357 8ace 9bdf */
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), z);
+}
+
 /* y[r*ldy + c] = input row r . weight row c (+ bias n + c) for r < R and
- * c < 2P (c < 1 when single: the pair is row 0 twice, the upper half
- * dropped): u, d the input rows' codes + 128 and scales (row strides Din
- * and nb), w the first weight row (stride wld); pf: the first pass over
- * these weight rows, which prefetches the next tile's (2P rows on, as
- * gemm_q8.c does). */
+ * c < 2P, R P <= 8 (c < 1 when single: the pair is row 0 twice, the upper
+ * half dropped): u, d the input rows' codes + 128 and scales (row strides
+ * Din and nb), w the first weight row (stride wld); pf: the first pass
+ * over these weight rows, which prefetches the next tile's (2P rows on, as
+ * gemm_q8.c does).  Per block, output (r, c) in lane 2P r + c: each
+ * pair's integer lanes by one vpdpbusd, the tile's outputs' lanes added
+ * into one register (sum16), converted, and one FMA by dw_c dx_r for all
+ * of them. */
 VNNI INLINE void tile(const int R, const int P, const bool single, float *y, size_t ldy, const uint8_t *u,
                       const float *d, int Din, const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
-    const int nb = Din / QB;
+    const int nb = Din / QB, O = 2 * P * R; /* outputs, lanes */
     const size_t next = single ? wld : (size_t)(2 * P) * wld;
     const __m512i m128 = _mm512_set1_epi8((char)0x80);
-    __m512 acc[RMAX][PMAX];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();
+    __m512 acc = _mm512_setzero_ps();
     for (int k = 0; k < nb; k++) {
-        __m512i wq[PMAX], nc[PMAX];
-        __m512 wd[PMAX];
+        __m512i s[8];
+        float dw[16], dx[16];
+#pragma GCC unroll 16
+        for (int i = O; i < 16; i++) dw[i] = dx[i] = 0.0f;
+#pragma GCC unroll 8
+        for (int i = R * P; i < 8; i++) s[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++) {
             const char *b0 = w + (size_t)(2 * p) * wld + (size_t)k * QBYTES, *b1 = single ? b0 : b0 + wld;
@@ -73,32 +100,33 @@ VNNI INLINE void tile(const int R, const int P, const bool single, float *y, siz
                 _mm_prefetch(b0 + next, _MM_HINT_T1);
                 if (!single) _mm_prefetch(b1 + next, _MM_HINT_T1);
             }
-            wq[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 4))),
-                                       _mm256_loadu_si256((const __m256i *)(b1 + 4)), 1);
-            nc[p] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, wq[p]));
-            wd[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_broadcast_ss((const float *)b0)),
-                                       _mm256_broadcast_ss((const float *)b1), 1);
-        }
+            const __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 4))),
+                                                  _mm256_loadu_si256((const __m256i *)(b1 + 4)), 1);
+            const __m512i nc = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), m128, wq));
+            float s0, s1;
+            memcpy(&s0, b0, 4);
+            memcpy(&s1, b1, 4);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            const __m512i x =
-                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(u + (size_t)r * Din + (size_t)k * QB)));
-            const __m512 dx = _mm512_set1_ps(d[(size_t)r * nb + k]);
-#pragma GCC unroll 4
-            for (int p = 0; p < P; p++) {
-                const __m512 s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nc[p], x, wq[p]));
-                acc[r][p] = _mm512_fmadd_ps(s, _mm512_mul_ps(wd[p], dx), acc[r][p]);
+            for (int r = 0; r < R; r++) {
+                const __m512i x =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(u + (size_t)r * Din + (size_t)k * QB)));
+                s[r * P + p] = _mm512_dpbusd_epi32(nc, x, wq);
+                const int o = 2 * P * r + 2 * p;
+                dw[o] = s0, dw[o + 1] = s1;
+                dx[o] = dx[o + 1] = d[(size_t)r * nb + k];
             }
         }
+        const __m512 sc = _mm512_mul_ps(_mm512_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7], dx[8],
+                                                       dx[9], dx[10], dx[11], dx[12], dx[13], dx[14], dx[15]),
+                                        _mm512_setr_ps(dw[0], dw[1], dw[2], dw[3], dw[4], dw[5], dw[6], dw[7], dw[8],
+                                                       dw[9], dw[10], dw[11], dw[12], dw[13], dw[14], dw[15]));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum16(s)), sc, acc);
     }
+    float o[16];
+    _mm512_storeu_ps(o, acc);
     for (int r = 0; r < R; r++)
-        for (int p = 0; p < P; p++) {
-            float *yr = y + (size_t)r * ldy + 2 * p;
-            yr[0] = moe_hsum8(_mm512_castps512_ps256(acc[r][p])) + (b ? moe_tensor_get_f32(b, n + 2 * p) : 0.0f);
-            if (!single)
-                yr[1] = moe_hsum8(_mm512_extractf32x8_ps(acc[r][p], 1)) +
-                        (b ? moe_tensor_get_f32(b, n + 2 * p + 1) : 0.0f);
-        }
+        for (int c = 0; c < (single ? 1 : 2 * P); c++)
+            y[(size_t)r * ldy + c] = o[2 * P * r + c] + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
 }
 
 /* One input row against weight rows [n0, n1) (w at row n0): 8 at a time,
@@ -122,11 +150,7 @@ VNNI static void rows_x4(int R, float *y, size_t ldy, const uint8_t *u, const fl
     case 1: tile(1, 2, false, y, ldy, u, d, Din, w, wld, b, n, first); break;
     case 2: tile(2, 2, false, y, ldy, u, d, Din, w, wld, b, n, first); break;
     case 3: tile(3, 2, false, y, ldy, u, d, Din, w, wld, b, n, first); break;
-    case 4: tile(4, 2, false, y, ldy, u, d, Din, w, wld, b, n, first); break;
-    case 5: tile(5, 2, false, y, ldy, u, d, Din, w, wld, b, n, first); break;
-    case 6: tile(6, 2, false, y, ldy, u, d, Din, w, wld, b, n, first); break;
-    case 7: tile(7, 2, false, y, ldy, u, d, Din, w, wld, b, n, first); break;
-    default: tile(8, 2, false, y, ldy, u, d, Din, w, wld, b, n, first); break;
+    default: tile(4, 2, false, y, ldy, u, d, Din, w, wld, b, n, first); break;
     }
 }
 
@@ -136,6 +160,10 @@ VNNI void moe_gemm_rows_q8_vnni(float *y, size_t ldy, const float *x, size_t ldx
     MOE_ASSERT(Din % QB == 0);
     const int nb = Din / QB;
     const size_t wld = moe_dtype_row_bytes(MOE_DTYPE_Q8_0, (size_t)Din);
+    if (T >= Q8P_MIN) {
+        q8p_rows(y, ldy, x, ldx, T, (const char *)wv + (size_t)n0 * wld, wld, nb, n0, n1, b);
+        return;
+    }
     const int rows = T < TBQ ? T : TBQ;
     /* codes first (32-byte multiples per row), then the scales */
     float *buf = moe_gemm_thread_buffer((size_t)rows * (size_t)(Din / 4 + nb));
