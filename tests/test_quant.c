@@ -281,8 +281,8 @@ static unsigned char *q8_weights_of(enum moe_dtype t, int N, int D, uint64_t see
     return q8_weights(N, D, seed);
 }
 
-/* Every kernel set's Q8_0 kernel (tiles below 10 input rows, the AVX-512
- * set's panels from 10) gives the bits of the expression above
+/* Every kernel set's Q8_0 kernel (tiles below 14 input rows, the AVX-512
+ * set's panels from 14) gives the bits of the expression above
  * (qt_check_expression's shapes and inputs). */
 Test(quant, q8_0_kernel_pins_its_expression)
 {
