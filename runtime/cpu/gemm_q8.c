@@ -12,7 +12,7 @@
  * input row takes 3: vpsignb (the input signed by the weight), vpmaddubsw
  * (|w| times that, pairs summed to int16: at most 2 x 128 x 127, no
  * saturation), vpmaddwd by ones (lane j: elements 4j..4j+3 as int32); a
- * tile's 8 outputs' lanes are then added in one tree (sum8x8), converted,
+ * tile's 8 outputs' lanes are then added in one tree (moe_sum8x8, lane_sums.h), converted,
  * and take one FMA by the products of their blocks' scales.
  *
  * Input rows: per block of 32, amax = max |x|, scale d = amax / 127 and
@@ -44,6 +44,7 @@
 
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/cpu/lane_sums.h"
 #include "runtime/cpu/simd_avx2.h"
 #include "runtime/core/status.h"
 
@@ -57,21 +58,13 @@ enum {
     MAXC = 8,             /* widest tile: weight rows for one input row */
 };
 
-/* The 8 int32 lanes of v[i] added, lane i of the result (exact). */
-AVX2 INLINE __m256i sum8x8(const __m256i v[8])
-{
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20), _mm256_permute2x128_si256(a, c, 0x31));
-}
-
 /* y[r*ldy + c] = input row r . weight row c (+ bias n + c) for r < R,
  * c < C (R C <= 8): q, d the quantized input rows (row strides Din and
  * nb), w the first weight row (stride wld); pf: the first pass over these
  * weight rows, which prefetches the next tile's.  Per block, output (r, c)
  * in lane r C + c: each pair's 8 integer lanes (vpsignb, vpmaddubsw,
  * vpmaddwd by ones), the tile's outputs' lanes added into one register
- * (sum8x8), converted, and one FMA by dw_c dx_r for all of them. */
+ * (moe_sum8x8, lane_sums.h), converted, and one FMA by dw_c dx_r for all of them. */
 AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const int8_t *q, const float *d,
                       int Din, const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
@@ -103,7 +96,7 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const int8
         }
         const __m256 sc = _mm256_mul_ps(_mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]),
                                         _mm256_setr_ps(dw[0], dw[1], dw[2], dw[3], dw[4], dw[5], dw[6], dw[7]));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum8x8(v)), sc, acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(moe_sum8x8(v)), sc, acc);
     }
     float o[8];
     _mm256_storeu_ps(o, acc);

@@ -16,7 +16,7 @@
  * lower half and row c + 1 in the upper, against one input row's block
  * broadcast to both halves; each half's 8 lanes are the AVX2 kernel's
  * lanes of its output.  Per block, a tile's (up to 16) outputs' lanes are
- * added into one register (sum16: an unpack tree, exact), converted, and
+ * added into one register (moe_sum_halves: an unpack tree, exact), converted, and
  * take one FMA by the products of their blocks' scales: the AVX2 kernel's
  * expression, the same bits.  Tiles: one input row (decode) against 8
  * weight rows; up to 4 input rows against 4 weight rows, the weight
@@ -32,6 +32,7 @@
 
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/cpu/lane_sums.h"
 #include "runtime/cpu/simd_avx2.h"
 #include "runtime/core/status.h"
 
@@ -48,28 +49,6 @@ enum {
 
 #include "runtime/cpu/gemm_q8_panel.h"
 
-/* The 4 int32 lanes of each 128-bit lane of v[0..3] added: lane j of
- * each 128-bit lane of the result v[j]'s (exact). */
-VNNI INLINE __m512i sum4x4(const __m512i v[4])
-{
-    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
-    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
-    return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-}
-
-/* Each half's 8 int32 lanes of s[i] added (exact): output 2i (the lower
- * half) and 2i + 1 (the upper) in lanes 2i, 2i + 1 of the result. */
-VNNI INLINE __m512i sum16(const __m512i s[8])
-{
-    /* per 128-bit lane L: [s0_L, s1_L, s2_L, s3_L], then the lanes of a
-     * half added (L0 + L1, L2 + L3): [out 0 2 4 6 | . | out 1 3 5 7 | .] */
-    __m512i u = sum4x4(s), v = sum4x4(s + 4);
-    u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
-    v = _mm512_add_epi32(v, _mm512_shuffle_i32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-    const __m512i z = _mm512_shuffle_i32x4(u, v, _MM_SHUFFLE(2, 0, 2, 0)); /* 0246 1357 8ace 9bdf */
-    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), z);
-}
-
 /* y[r*ldy + c] = input row r . weight row c (+ bias n + c) for r < R and
  * c < 2P, R P <= 8 (c < 1 when single: the pair is row 0 twice, the upper
  * half dropped): u, d the input rows' codes + 128 and scales (row strides
@@ -77,7 +56,7 @@ VNNI INLINE __m512i sum16(const __m512i s[8])
  * over these weight rows, which prefetches the next tile's (2P rows on, as
  * gemm_q8.c does).  Per block, output (r, c) in lane 2P r + c: each
  * pair's integer lanes by one vpdpbusd, the tile's outputs' lanes added
- * into one register (sum16), converted, and one FMA by dw_c dx_r for all
+ * into one register (moe_sum_halves, lane_sums.h), converted, and one FMA by dw_c dx_r for all
  * of them. */
 VNNI INLINE void tile(const int R, const int P, const bool single, float *y, size_t ldy, const uint8_t *u,
                       const float *d, int Din, const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
@@ -120,7 +99,7 @@ VNNI INLINE void tile(const int R, const int P, const bool single, float *y, siz
                                                        dx[9], dx[10], dx[11], dx[12], dx[13], dx[14], dx[15]),
                                         _mm512_setr_ps(dw[0], dw[1], dw[2], dw[3], dw[4], dw[5], dw[6], dw[7], dw[8],
                                                        dw[9], dw[10], dw[11], dw[12], dw[13], dw[14], dw[15]));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum16(s)), sc, acc);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(moe_sum_halves(s, R * P > 4 ? 8 : 4)), sc, acc);
     }
     float o[16];
     _mm512_storeu_ps(o, acc);
