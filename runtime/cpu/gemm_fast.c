@@ -176,9 +176,15 @@ static void split_shared(enum moe_cpu_isa isa, uint16_t *xs, size_t lds, const f
  * and Q6_K kernels) or, for panels, of the
  * outputs of the widest tile for T rows (only the last slice has an edge
  * tile), yet never fewer slices than threads while there are panels to
- * share. */
+ * share; the panels of the int8-route kernels one slice a thread
+ * (below). */
 static int slice_rows(int N, int nth, enum moe_dtype wt, int T)
 {
+    /* the panels (gemm_k_panel.h, gemm_q8_panel.h) quantize and lay out
+     * the T input rows again for every slice: from 10 rows one slice a
+     * thread, whole bands of 8 */
+    const bool panels = wt == MOE_DTYPE_Q8_0 || wt == MOE_DTYPE_Q4_K || wt == MOE_DTYPE_Q5_K || wt == MOE_DTYPE_Q6_K;
+    if (panels && T >= 10) return ((N + nth - 1) / nth + 7) / 8 * 8;
     int cs = (N + 8 * nth - 1) / (8 * nth);
     if (wt != MOE_DTYPE_BF16_PANEL) return (cs + 47) / 48 * 48;
     const int unit = moe_gemm_panel_slice_unit(T);

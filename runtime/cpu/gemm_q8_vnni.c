@@ -64,12 +64,14 @@ VNNI INLINE void tile(const int R, const int P, const bool single, float *y, siz
     const int nb = Din / QB, O = 2 * P * R; /* outputs, lanes */
     const size_t next = single ? wld : (size_t)(2 * P) * wld;
     const __m512i m128 = _mm512_set1_epi8((char)0x80);
+    /* lane o = 2P r + c takes weight row c's scale and input row r's */
+    int iw[16] = {0}, ix[16] = {0};
+    for (int o = 0; o < O; o++) iw[o] = o % (2 * P), ix[o] = o / (2 * P);
+    const __m512i vw = _mm512_loadu_si512(iw), vx = _mm512_loadu_si512(ix);
     __m512 acc = _mm512_setzero_ps();
     for (int k = 0; k < nb; k++) {
         __m512i s[8];
-        float dw[16], dx[16];
-#pragma GCC unroll 16
-        for (int i = O; i < 16; i++) dw[i] = dx[i] = 0.0f;
+        float dw[8] = {0}, dx[8] = {0};
 #pragma GCC unroll 8
         for (int i = R * P; i < 8; i++) s[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -85,20 +87,19 @@ VNNI INLINE void tile(const int R, const int P, const bool single, float *y, siz
             float s0, s1;
             memcpy(&s0, b0, 4);
             memcpy(&s1, b1, 4);
+            dw[2 * p] = s0, dw[2 * p + 1] = s1;
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 const __m512i x =
                     _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(u + (size_t)r * Din + (size_t)k * QB)));
                 s[r * P + p] = _mm512_dpbusd_epi32(nc, x, wq);
-                const int o = 2 * P * r + 2 * p;
-                dw[o] = s0, dw[o + 1] = s1;
-                dx[o] = dx[o + 1] = d[(size_t)r * nb + k];
             }
         }
-        const __m512 sc = _mm512_mul_ps(_mm512_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7], dx[8],
-                                                       dx[9], dx[10], dx[11], dx[12], dx[13], dx[14], dx[15]),
-                                        _mm512_setr_ps(dw[0], dw[1], dw[2], dw[3], dw[4], dw[5], dw[6], dw[7], dw[8],
-                                                       dw[9], dw[10], dw[11], dw[12], dw[13], dw[14], dw[15]));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) dx[r] = d[(size_t)r * nb + k];
+        const __m512 w8 = _mm512_castps256_ps512(_mm256_setr_ps(dw[0], dw[1], dw[2], dw[3], dw[4], dw[5], dw[6], dw[7]));
+        const __m512 x8 = _mm512_castps256_ps512(_mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]));
+        const __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(vx, x8), _mm512_permutexvar_ps(vw, w8));
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(moe_sum_halves(s, R * P > 4 ? 8 : 4)), sc, acc);
     }
     float o[16];
