@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "runtime/cpu/gemm_q8_k.h"
+#include "runtime/cpu/lane_sums.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -71,24 +72,6 @@ AVX2 INLINE __m256i block_mins(__m256i s)
                                                    13, z, 13, z, 14, z, 14, z, 15, z, 15, z));
 }
 
-/* The end of a block for one input row and weight row: the block's two
- * exact integers, S (the 8 lanes of s added) and M (the minimums mn
- * against the input block's 16 sums at xb, added), then acc = fma(-M,
- * dmin dy, fma(S, d dy, acc)), d dy and dmin dy each one fp32 product; dm
- * = (d, dmin), dy the input block's scale.  gemm_q4_k.c's numerics: every
- * Q4_K and Q5_K tile ends its blocks here, and the panels
- * (gemm_k_panel.h) compute the same steps 16 input rows at a time. */
-AVX2 INLINE float q4k_block_end(float acc, __m256i s, __m128 dm, __m256i mn, const char *xb, float dy)
-{
-    const __m256i m = _mm256_madd_epi16(mn, _mm256_load_si256((const __m256i *)xb));
-    const __m256i h = _mm256_hadd_epi32(s, m); /* s01 s23 m01 m23 | s45 s67 m45 m67 */
-    __m128i v = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    v = _mm_hadd_epi32(v, v); /* S M S M */
-    const __m128 f = _mm_cvtepi32_ps(v), dd = _mm_mul_ps(dm, _mm_set1_ps(dy));
-    const __m128 a = _mm_fmadd_ss(f, dd, _mm_set_ss(acc));
-    return _mm_cvtss_f32(_mm_fnmadd_ss(_mm_movehdup_ps(f), _mm_movehdup_ps(dd), a));
-}
-
 /* The 4 lanes' sums of four vectors of 8 int32: lane c holds v[c]'s. */
 AVX2 INLINE __m128i q4k_sum4(const __m256i v[4])
 {
@@ -96,11 +79,59 @@ AVX2 INLINE __m128i q4k_sum4(const __m256i v[4])
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+/* The end of a block (gemm_q4_k.c's numerics; every Q4_K and Q5_K tile
+ * ends its blocks here or in q4k_block_end_row, and the panels,
+ * gemm_k_panel.h, take the same steps 16 input rows at a time) for R
+ * input rows and C weight rows at once (R C <= 8), lane r C + c of acc
+ * output (r, c)'s: its block's two exact integers, S (the 8 lanes of s[r C
+ * + c] added) and M (weight row c's minimums against input row r's 16
+ * sums, added), then acc = fma(-M, dmin dy, fma(S, d dy, acc)), d dy and
+ * dmin dy each one fp32 product.  sc[c]: weight row c's scales
+ * (block_scales), its block at w + c wld + bo; input row r's block at xr
+ * + r xs + xo, its scale dy at dyr[r xs / 4 + k]; s zero past R C. */
+AVX2 INLINE __m256 q4k_block_end(__m256 acc, const __m256i s[8], const __m256i *sc, const int R, const int C,
+                                 const char *w, size_t wld, size_t bo, const char *xr, size_t xs, size_t xo,
+                                 const float *dyr, int k)
+{
+    __m256i m[8];
+    int32_t dh[4] = {0};
+    float dy[4] = {0};
+#pragma GCC unroll 8
+    for (int o = R * C; o < 8; o++) m[o] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) memcpy(&dh[c], w + (size_t)c * wld + bo, 4);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const __m256i xsum = _mm256_load_si256((const __m256i *)(xr + (size_t)r * xs + xo));
+        dy[r] = dyr[(size_t)r * xs / sizeof(float) + (size_t)k];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) m[r * C + c] = _mm256_madd_epi16(block_mins(sc[c]), xsum);
+    }
+#define L(o) ((o) < R * C ? (o) % C : 0)
+#define Y(o) ((o) < R * C ? (o) / C : 0)
+    const __m256i id = _mm256_setr_epi32(2 * L(0), 2 * L(1), 2 * L(2), 2 * L(3), 2 * L(4), 2 * L(5), 2 * L(6), 2 * L(7));
+    const __m256i iy = _mm256_setr_epi32(Y(0), Y(1), Y(2), Y(3), Y(4), Y(5), Y(6), Y(7));
+#undef L
+#undef Y
+    /* from registers (inserts), not a load of the just stored lanes, which
+     * would wait for store forwarding */
+    const __m256 f = _mm256_cvtph_ps(_mm_setr_epi32(dh[0], dh[1], dh[2], dh[3])); /* d0 dmin0 d1 dmin1 ... */
+    const __m256 yv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_setr_ps(dy[0], dy[1], dy[2], dy[3])), iy);
+    const __m256 dd = _mm256_mul_ps(_mm256_permutevar8x32_ps(f, id), yv);
+    const __m256 dm = _mm256_mul_ps(_mm256_permutevar8x32_ps(f, _mm256_add_epi32(id, _mm256_set1_epi32(1))), yv);
+    /* 4 outputs or fewer: half the tree (q4k_sum4) */
+    const __m256i S = R * C <= 4 ? _mm256_zextsi128_si256(q4k_sum4(s)) : moe_sum8x8(s);
+    const __m256i M = R * C <= 4 ? _mm256_zextsi128_si256(q4k_sum4(m)) : moe_sum8x8(m);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), dd, acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M), dm, acc);
+}
+
+
 /* (d x dy for 4 rows | dmin x dy for them) from their blocks' first 4
  * bytes dh (f16 d, dmin). */
 AVX2 INLINE __m256 q4k_dd4(const int32_t dh[4], float dy)
 {
-    const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)); /* d0 dmin0 d1 dmin1 ... */
+    const __m256 f = _mm256_cvtph_ps(_mm_setr_epi32(dh[0], dh[1], dh[2], dh[3])); /* d0 dmin0 d1 dmin1 ... */
     return _mm256_mul_ps(_mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)), _mm256_set1_ps(dy));
 }
 

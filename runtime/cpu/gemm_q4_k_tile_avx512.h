@@ -21,12 +21,8 @@ AVX512 INLINE __m512i fifth_bits(__m512i h, const int p, const int a)
 AVX512 INLINE void tile_k(const bool five, const int R, const int C, float *y, size_t ldy, const char *x, size_t xs,
                           int r0, int nb, const char *w, size_t wld, const struct moe_tensor *b, int n, bool pf)
 {
-    float acc[MAXR][WC];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++) acc[r][c] = 0.0f;
     __m128 acc1 = _mm_setzero_ps(); /* R = 1: the C rows' sums in lanes */
+    __m256 accv = _mm256_setzero_ps(); /* R > 1: output (r, c) in lane r C + c */
     const char *xr = x + (size_t)r0 * xs;
     const float *dyr = (const float *)(xr + (size_t)nb * MOE_Q8_K_BYTES);
     const size_t tb = (size_t)C * wld, pfd = (PF + tb - 1) / tb * tb;
@@ -78,28 +74,18 @@ AVX512 INLINE void tile_k(const bool five, const int R, const int C, float *y, s
             acc1 = q4k_block_end_row(acc1, s8, sc, C, w, wld, bo, xr + xo, dyr[k]);
             continue;
         }
+        __m256i s8[8];
+#pragma GCC unroll 8
+        for (int o = R * C; o < 8; o++) s8[o] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) {
-            const char *blk = w + (size_t)c * wld + bo;
-            int32_t h;
-            memcpy(&h, blk, 4);
-            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(h)); /* d, dmin */
-            const __m256i mn = block_mins(sc[c]);
+        for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const char *xb = xr + (size_t)r * xs + xo;
-                const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sum[r][c]),
-                                                    _mm512_extracti64x4_epi64(sum[r][c], 1));
-                acc[r][c] = q4k_block_end(acc[r][c], s8, dm, mn, xb, dyr[(size_t)r * xs / sizeof(float) + k]);
-            }
-        }
+            for (int c = 0; c < C; c++) s8[r * C + c] = _mm256_add_epi32(_mm512_castsi512_si256(sum[r][c]), _mm512_extracti64x4_epi64(sum[r][c], 1));
+        accv = q4k_block_end(accv, s8, sc, R, C, w, wld, bo, xr, xs, xo, dyr, k);
     }
-    if (R == 1) {
-        float a1[4];
-        _mm_storeu_ps(a1, acc1);
-        for (int c = 0; c < C; c++) acc[0][c] = a1[c];
-    }
+    float o[8];
+    if (R == 1) _mm_storeu_ps(o, acc1);
+    else _mm256_storeu_ps(o, accv);
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++)
-            y[(size_t)r * ldy + c] = acc[r][c] + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
+        for (int c = 0; c < C; c++) y[(size_t)r * ldy + c] = o[r * C + c] + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
 }
