@@ -209,13 +209,7 @@ AVX512 static void kp_band(const enum kp_format f, float *y, size_t ldy, int row
             }
         }
     }
-    float o[PW][16] __attribute__((aligned(64)));
-#pragma GCC unroll 8
-    for (int t = 0; t < PW; t++) _mm512_store_ps(o[t], acc[t]);
-    for (int t = 0; t < wn; t++) {
-        const float bias = b ? moe_tensor_get_f32(b, n + t) : 0.0f;
-        for (int r = 0; r < rows; r++) y[(size_t)r * ldy + t] = o[t][r] + bias;
-    }
+    moe_panel_out(y, ldy, rows, acc, wn, b, n);
 }
 
 /* y[t * ldy + n] for t < T, n0 <= n < n1 (+ bias), the inputs x (T rows,

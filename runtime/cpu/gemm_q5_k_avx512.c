@@ -23,6 +23,7 @@
 
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/cpu/lane_sums.h"
 #include "runtime/cpu/gemm_q4_k.h"
 #include "runtime/cpu/gemm_q8_k.h"
 #include "runtime/cpu/simd_avx2.h"

@@ -44,6 +44,7 @@
 
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/cpu/lane_sums.h"
 #include "runtime/cpu/gemm_q6_k.h"
 #include "runtime/cpu/gemm_q8_k.h"
 #include "runtime/cpu/simd_avx2.h"
@@ -129,27 +130,14 @@ AVX2 INLINE void tile(const int R, const int C, float *y, size_t ldy, const char
                 }
             }
         }
-        if (R == 1) {
-            __m256i s8[4];
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) s8[c] = c < C ? sum[0][c] : _mm256_setzero_si256();
-            acc1 = q6k_block_end_row(acc1, s8, C, w, wld, bo, xr + xo, dyr[k]);
-            continue;
-        }
+        /* output (r, c)'s integer lanes: s8[r C + c] */
         __m256i s8[8];
 #pragma GCC unroll 8
-        for (int o = R * C; o < 8; o++) s8[o] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++) s8[r * C + c] = sum[r][c];
-        accv = q6k_block_end(accv, s8, R, C, w, wld, bo, xr, xs, xo, dyr, k);
+        for (int o = 0; o < 8; o++) s8[o] = o < R * C ? sum[o / C][o % C] : _mm256_setzero_si256();
+        if (R == 1) acc1 = q6k_block_end_row(acc1, s8, C, w, wld, bo, xr + xo, dyr[k]);
+        else accv = q6k_block_end(accv, s8, R, C, w, wld, bo, xr, xs, xo, dyr, k);
     }
-    float o[8];
-    if (R == 1) _mm_storeu_ps(o, acc1);
-    else _mm256_storeu_ps(o, accv);
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[(size_t)r * ldy + c] = o[r * C + c] + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
+    moe_tile_out(y, ldy, R, C, acc1, accv, b, n);
 }
 
 #define KQ_DTYPE MOE_DTYPE_Q6_K

@@ -119,13 +119,7 @@ VNNI static void q8p_band(float *y, size_t ldy, int rows, const struct q8p_in *i
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[t]), _mm512_mul_ps(_mm512_set1_ps(dw[(size_t)k * Q8P_W + t]), dx),
                                      acc[t]);
     }
-    float o[Q8P_W][16] __attribute__((aligned(64)));
-#pragma GCC unroll 8
-    for (int t = 0; t < Q8P_W; t++) _mm512_store_ps(o[t], acc[t]);
-    for (int t = 0; t < wn; t++) {
-        const float bias = b ? moe_tensor_get_f32(b, n + t) : 0.0f;
-        for (int r = 0; r < rows; r++) y[(size_t)r * ldy + t] = o[t][r] + bias;
-    }
+    moe_panel_out(y, ldy, rows, acc, wn, b, n);
 }
 
 /* y[t * ldy + n] for t < T, n0 <= n < n1 (+ bias): x (T rows, stride ldx)
