@@ -79,9 +79,10 @@ AVX512 INLINE void kp_block(uint8_t *q, struct kp_w *m, const enum kp_format f, 
     const __m256i m4 = _mm256_set1_epi8(15);
     uint16_t dh[2];
     if (f == KP_Q6_K) {
-        /* run 4h + j: the low (j < 2) or high nibbles of the 32 ql bytes
-         * at 64h + 32 (j & 1), bits 2j, 2j + 1 of the 32 qh bytes at 128 +
-         * 32h to bits 4-5 */
+        /* ggml's block_q6_K: ql at 0, qh at 128, 16 int8 scales at 192,
+         * f16 d at 208 (gemm_q6_k.h's QH, SC, DH).  Run 4h + j: the low (j
+         * < 2) or high nibbles of the 32 ql bytes at 64h + 32 (j & 1),
+         * bits 2j, 2j + 1 of the 32 qh bytes at 128 + 32h to bits 4-5 */
         for (int h = 0; h < 2; h++) {
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
             for (int j = 0; j < 4; j++) {
