@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <xmmintrin.h>
 
 #include "runtime/core/tensor.h"
 #include "runtime/cpu/gemm_fast.h"
@@ -94,6 +95,27 @@ int moe_gemm_panel_slice_unit(int T);
  * gemm_panel.c; one call's use at a time), kept until the thread exits;
  * NULL when out of memory. */
 float *moe_gemm_thread_buffer(size_t n);
+
+/* The groups of 16 input rows a chunk of a panel product holds
+ * (gemm_k_panel.h, gemm_q8_panel.h): as many slabs of slab bytes as fit
+ * budget, 1 to 16, no more than T rows need. */
+static inline int moe_panel_groups(int T, size_t slab, size_t budget)
+{
+    int G = (int)(budget / slab);
+    G = G < 1 ? 1 : G > 16 ? 16 : G;
+    return G > (T + 15) / 16 ? (T + 15) / 16 : G;
+}
+
+/* A panel product's next band, weight rows [n, n + band) of the slice's
+ * [n, n1) (row n0 at w, stride wld), prefetched into L2 while the current
+ * band's products run: the bands' reads would wait for memory. */
+static inline void moe_panel_prefetch(const char *w, size_t wld, int n0, int n, int n1, int band)
+{
+    if (n >= n1) return;
+    const char *nx = w + (size_t)(n - n0) * wld;
+    const size_t bytes = (size_t)(n1 - n < band ? n1 - n : band) * wld;
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(nx + o, _MM_HINT_T1);
+}
 uint64_t moe_read_sweep_avx2(const void *p, size_t n);
 
 /* Half of each E8M0 scale, 2^(s-128), as fp32 bits (s = 0 and 1 the

@@ -222,9 +222,7 @@ AVX512 static void kp_rows(const enum kp_format f, float *y, size_t ldy, const f
                            const char *w, size_t wld, int nb, int n0, int n1, const struct moe_tensor *b)
 {
     const size_t slab = (size_t)nb * sizeof(struct kp_in), wqs = (size_t)nb * MOE_Q8_K_BLOCK;
-    int G = (int)(PANEL_BYTES / slab);
-    G = G < 1 ? 1 : G > 16 ? 16 : G;
-    if (G > (T + 15) / 16) G = (T + 15) / 16;
+    const int G = moe_panel_groups(T, slab, PANEL_BYTES);
     const size_t xs = moe_q8_k_row_bytes(nb), wmb = ((size_t)nb * PW * sizeof(struct kp_w) + 63) / 64 * 64;
     size_t bytes = 0;
     const bool sized = moe_mul_size((size_t)G, slab, &bytes) && moe_add_size(bytes, xs, &bytes) &&
@@ -243,13 +241,7 @@ AVX512 static void kp_rows(const enum kp_format f, float *y, size_t ldy, const f
         for (int n = n0; n < n1; n += PW) {
             const int wn = n1 - n < PW ? n1 - n : PW;
             kp_weights(wq, wqs, wm, f, w + (size_t)(n - n0) * wld, wld, wn, nb);
-            /* the next band's weights on their way to L2 while this one's
-             * products run: the bands' reads would wait for memory */
-            if (n + PW < n1) {
-                const char *nx = w + (size_t)(n + PW - n0) * wld;
-                const size_t nbytes = (size_t)(n1 - n - PW < PW ? n1 - n - PW : PW) * wld;
-                for (size_t o = 0; o < nbytes; o += 64) _mm_prefetch(nx + o, _MM_HINT_T1);
-            }
+            moe_panel_prefetch(w, wld, n0, n + PW, n1, PW);
             for (int g = 0; g * 16 < tn; g++)
                 kp_band(f, y + (size_t)(t0 + 16 * g) * ldy + n, ldy, tn - 16 * g < 16 ? tn - 16 * g : 16,
                         in + (size_t)g * nb, nb, wq, wqs, wm, wn, b, n);

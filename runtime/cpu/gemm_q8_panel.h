@@ -35,7 +35,12 @@ struct q8p_in {
 VNNI static void q8p_inputs(struct q8p_in *in, int8_t *q, float *d, const float *x, size_t ldx, int tn, int nb)
 {
     const int G = (tn + 15) / 16;
-    if (tn % 16) memset(in + (size_t)(G - 1) * nb, 0, (size_t)nb * sizeof *in);
+    if (tn % 16) /* rows past tn: codes 128 (zero + 128), scale 0 */
+        for (int k = 0; k < nb; k++) {
+            struct q8p_in *s = in + (size_t)(G - 1) * nb + k;
+            memset(s->u, 0x80, sizeof s->u);
+            memset(s->dx, 0, sizeof s->dx);
+        }
     for (int r = 0; r < tn; r++) {
         moe_quantize_x_q8(q, d, x + (size_t)r * ldx, nb);
         struct q8p_in *s = in + (size_t)(r / 16) * nb;
@@ -49,12 +54,6 @@ VNNI static void q8p_inputs(struct q8p_in *in, int8_t *q, float *d, const float 
             }
             s->dx[i] = d[k];
         }
-    }
-    /* padded rows: codes 128 (zero + 128), scale 0 */
-    for (int r = tn; r < 16 * G; r++) {
-        struct q8p_in *s = in + (size_t)(r / 16) * nb;
-        for (int k = 0; k < nb; k++, s++)
-            for (int g = 0; g < 8; g++) memset(&s->u[g][4 * (r % 16)], 0x80, 4);
     }
 }
 
@@ -129,9 +128,7 @@ VNNI static void q8p_rows(float *y, size_t ldy, const float *x, size_t ldx, int 
                           int n0, int n1, const struct moe_tensor *b)
 {
     const size_t slab = (size_t)nb * sizeof(struct q8p_in), wqs = (size_t)nb * MOE_Q8_0_BLOCK;
-    int G = (int)(Q8P_BYTES / slab);
-    G = G < 1 ? 1 : G > 16 ? 16 : G;
-    if (G > (T + 15) / 16) G = (T + 15) / 16;
+    const int G = moe_panel_groups(T, slab, Q8P_BYTES);
     const size_t meta = ((size_t)nb * Q8P_W * 8 + 63) / 64 * 64, row = ((size_t)nb * (MOE_Q8_0_BLOCK + 4) + 63) / 64 * 64;
     size_t bytes = 0;
     const bool sized = moe_mul_size((size_t)G, slab, &bytes) && moe_add_size(bytes, Q8P_W * wqs, &bytes) &&
@@ -152,11 +149,7 @@ VNNI static void q8p_rows(float *y, size_t ldy, const float *x, size_t ldx, int 
         for (int n = n0; n < n1; n += Q8P_W) {
             const int wn = n1 - n < Q8P_W ? n1 - n : Q8P_W;
             q8p_weights(wq, wqs, dw, cr, w + (size_t)(n - n0) * wld, wld, wn, nb);
-            if (n + Q8P_W < n1) { /* the next band on its way to L2 (gemm_k_panel.h) */
-                const char *nx = w + (size_t)(n + Q8P_W - n0) * wld;
-                const size_t nbytes = (size_t)(n1 - n - Q8P_W < Q8P_W ? n1 - n - Q8P_W : Q8P_W) * wld;
-                for (size_t o = 0; o < nbytes; o += 64) _mm_prefetch(nx + o, _MM_HINT_T1);
-            }
+            moe_panel_prefetch(w, wld, n0, n + Q8P_W, n1, Q8P_W);
             for (int g = 0; g * 16 < tn; g++)
                 q8p_band(y + (size_t)(t0 + 16 * g) * ldy + n, ldy, tn - 16 * g < 16 ? tn - 16 * g : 16,
                          in + (size_t)g * nb, nb, wq, wqs, dw, cr, wn, b, n);
