@@ -119,14 +119,19 @@ void moe_attention_rope_cpu(float *x, const int32_t *pos, int T, int H, int Dh, 
     for (int t = 0; t < T; t++) rope_row(x, pos, t, H, Dh, rot / 2, inv_freq);
 }
 
-/* fp8 caches: each KV head's Dh values of the token, one scaled row each
- * (kvcache.h); scale index slot * Hkv + h within the layer's plane. */
-static void kv_store_fp8_token(uint8_t *dst, float *scales, const float *x, size_t slot, int Hkv,
-                               int Dh)
+/* Writes token row x (Hkv heads of Dh values) into slot `slot` of a
+ * layer's plane: each head's row at its moe_kv_row, in the cache's dtype;
+ * fp8 caches one scaled row each (kvcache.h), its scale in `scales` at
+ * the row's index. */
+static void kv_store_token(char *dst, float *scales, const float *x, const struct moe_kvcache *kv, size_t slot)
 {
-    for (int h = 0; h < Hkv; h++) {
-        const size_t r = slot * (size_t)Hkv + (size_t)h;
-        scales[r] = moe_kvcache_fp8_quantize_row(dst + r * (size_t)Dh, x + (size_t)h * Dh, (size_t)Dh);
+    const size_t Dh = (size_t)kv->head_dim, es = moe_dtype_size(kv->dtype);
+    for (int h = 0; h < kv->n_kv_heads; h++) {
+        const size_t r = moe_kv_row(slot, (size_t)kv->block_size, (size_t)kv->n_kv_heads, (size_t)h);
+        if (kv->dtype == MOE_DTYPE_F8E4M3)
+            scales[r] = moe_kvcache_fp8_quantize_row((uint8_t *)dst + r * Dh, x + (size_t)h * Dh, Dh);
+        else
+            moe_convert_from_f32(dst + r * Dh * es, x + (size_t)h * Dh, kv->dtype, Dh);
     }
 }
 
@@ -136,20 +141,13 @@ void moe_attention_kv_store_cpu(struct moe_kvcache *kv, int layer, const float *
     const size_t row = (size_t)kv->n_kv_heads * kv->head_dim, es = moe_dtype_size(kv->dtype);
     char *kl = (char *)kv->k + (size_t)layer * kv->layer_elems * es;
     char *vl = (char *)kv->v + (size_t)layer * kv->layer_elems * es;
+    const size_t so = (size_t)layer * kv->layer_rows;
+    float *ks = kv->ks ? kv->ks + so : NULL, *vs = kv->vs ? kv->vs + so : NULL;
     for (int t = 0; t < T; t++) {
         MOE_ASSERT(slots[t] >= 0 && (size_t)slots[t] * row < kv->layer_elems);
-        if (kv->dtype == MOE_DTYPE_F8E4M3) {
-            const size_t so = (size_t)layer * kv->layer_rows;
-            kv_store_fp8_token((uint8_t *)kl, kv->ks + so, k + (size_t)t * row, (size_t)slots[t],
-                               kv->n_kv_heads, kv->head_dim);
-            if (vl != kl)
-                kv_store_fp8_token((uint8_t *)vl, kv->vs + so, v + (size_t)t * row, (size_t)slots[t],
-                                   kv->n_kv_heads, kv->head_dim);
-            continue;
-        }
-        moe_convert_from_f32(kl + (size_t)slots[t] * row * es, k + (size_t)t * row, kv->dtype, row);
+        kv_store_token(kl, ks, k + (size_t)t * row, kv, (size_t)slots[t]);
         if (vl != kl) /* MLA: one row serves as K and V (v == k) */
-            moe_convert_from_f32(vl + (size_t)slots[t] * row * es, v + (size_t)t * row, kv->dtype, row);
+            kv_store_token(vl, vs, v + (size_t)t * row, kv, (size_t)slots[t]);
     }
 }
 
@@ -159,7 +157,7 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
 {
     const int Hq = p->n_heads, Hkv = p->n_kv_heads, Dh = p->head_dim, G = Hq / Hkv;
     const int B = kv->block_size;
-    const size_t row = (size_t)Hkv * Dh, es = moe_dtype_size(kv->dtype);
+    const size_t es = moe_dtype_size(kv->dtype);
     const bool f32 = kv->dtype == MOE_DTYPE_F32;
     const char *kl = (const char *)kv->k + (size_t)p->layer * kv->layer_elems * es;
     const char *vl = (const char *)kv->v + (size_t)p->layer * kv->layer_elems * es;
@@ -188,11 +186,10 @@ void moe_attention_paged_cpu(float *out, const float *q, const struct moe_kvcach
             for (int it = 0; it < n_it; it++) {
                 const int j = sel ? sel[it] : first + it;
                 if (j < 0) break; /* a selection's end */
-                size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
-                size_t off = (slot * row + (size_t)kh * Dh) * es;
+                const size_t slot = (size_t)table[j / B] * B + (size_t)(j % B);
+                const size_t r = moe_kv_row(slot, (size_t)B, (size_t)Hkv, (size_t)kh), off = r * Dh * es;
                 const float *kj = (const float *)(kl + off), *vj = (const float *)(vl + off);
-                if (ksl) { /* fp8: row slot * Hkv + kh of the scale planes */
-                    const size_t r = slot * (size_t)Hkv + (size_t)kh;
+                if (ksl) { /* fp8: the row's scale at its index */
                     moe_kvcache_fp8_row_f32(kbuf, (const uint8_t *)kl + off, ksl[r], (size_t)Dh);
                     moe_kvcache_fp8_row_f32(vbuf, (const uint8_t *)vl + off, vsl[r], (size_t)Dh);
                     kj = kbuf;

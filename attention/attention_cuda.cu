@@ -102,15 +102,17 @@ extern "C" enum moe_status moe_attention_rope_cuda(cudaStream_t st, float *x, co
     return MOE_OK;
 }
 
+/* Value d of KV head h of token t goes to row moe_kv_row(slot, B, Hkv, h)
+ * (kvcache.h). */
 static __global__ void kv_store_kernel(void *kl, void *vl, enum moe_dtype dt, const float *k,
-                                       const float *v, const int32_t *slots, int T, int row,
-                                       size_t layer_elems)
+                                       const float *v, const int32_t *slots, int T, int B, int Hkv,
+                                       int Dh, size_t layer_elems)
 {
-    const size_t n = (size_t)T * row;
+    const size_t row = (size_t)Hkv * Dh, n = (size_t)T * row;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const int t = (int)(i / row), e = (int)(i % row);
-        const size_t dst = (size_t)slots[t] * row + e;
+        const size_t dst = moe_kv_row((size_t)slots[t], (size_t)B, (size_t)Hkv, (size_t)(e / Dh)) * Dh + e % Dh;
         if (slots[t] < 0 || dst >= layer_elems) continue; /* validated on the host */
         moe_st(kl, dt, dst, k[i]);
         if (vl != kl) moe_st(vl, dt, dst, v[i]); /* MLA: one row serves as K and V */
@@ -125,14 +127,14 @@ static __global__ void kv_store_kernel(void *kl, void *vl, enum moe_dtype dt, co
 #define FP8_STORE_WARPS 4
 static __global__ void __launch_bounds__(FP8_STORE_WARPS * 32)
     kv_store_fp8_kernel(uint8_t *kl, uint8_t *vl, float *ksl, float *vsl, const float *k, const float *v,
-                        const int32_t *slots, int T, int Hkv, int Dh, size_t layer_rows)
+                        const int32_t *slots, int T, int B, int Hkv, int Dh, size_t layer_rows)
 {
     const int lane = threadIdx.x & 31;
     const size_t r = (size_t)blockIdx.x * FP8_STORE_WARPS + (threadIdx.x >> 5);
     const int which = (int)(r % 2), h = (int)(r / 2 % Hkv);
     const size_t t = r / 2 / Hkv;
     if (t >= (size_t)T || (which == 1 && vl == kl)) return;
-    const size_t dst = (size_t)slots[t] * Hkv + h;
+    const size_t dst = moe_kv_row((size_t)slots[t], (size_t)B, (size_t)Hkv, (size_t)h);
     if (slots[t] < 0 || dst >= layer_rows) return; /* validated on the host */
     const float *x = (which ? v : k) + (t * Hkv + h) * Dh;
     float amax = 0.0f;
@@ -160,13 +162,13 @@ extern "C" enum moe_status moe_attention_kv_store_cuda(cudaStream_t st, struct m
         if (blocks > 2147483647u)
             return moe_fail(MOE_ERR_INVALID_ARG, "kv_store: %d rows of %d KV heads", T, kv->n_kv_heads);
         kv_store_fp8_kernel<<<(unsigned)blocks, FP8_STORE_WARPS * 32, 0, st>>>(
-            (uint8_t *)kl, (uint8_t *)vl, kv->ks + so, kv->vs + so, k, v, slots, T, kv->n_kv_heads,
-            kv->head_dim, kv->layer_rows);
+            (uint8_t *)kl, (uint8_t *)vl, kv->ks + so, kv->vs + so, k, v, slots, T, kv->block_size,
+            kv->n_kv_heads, kv->head_dim, kv->layer_rows);
         MOE_CUDA_LAUNCHED();
         return MOE_OK;
     }
     kv_store_kernel<<<moe_cuda_blocks((size_t)T * row, 256), 256, 0, st>>>(
-        kl, vl, kv->dtype, k, v, slots, T, row, kv->layer_elems);
+        kl, vl, kv->dtype, k, v, slots, T, kv->block_size, kv->n_kv_heads, kv->head_dim, kv->layer_elems);
     MOE_CUDA_LAUNCHED();
     return MOE_OK;
 }
@@ -201,7 +203,6 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int j0 = first + split * kps;
     const int j1 = min(pos + 1, j0 + kps);
     const int32_t *table = a.table + (size_t)seq * a.max_blocks;
-    const size_t row = (size_t)a.Hkv * Dh;
 
     __shared__ float s_acc[ATT_WARPS][MAXG][MAXDH];
     __shared__ float s_m[ATT_WARPS][MAXG], s_l[ATT_WARPS][MAXG];
@@ -225,7 +226,7 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
         for (int key = j0 + warp; key < j1; key += ATT_WARPS) {
             const int blk = table[key / a.B];
             if (blk < 0 || blk >= a.n_blocks) continue; /* validated on the host */
-            const size_t off = ((size_t)blk * a.B + key % a.B) * row + (size_t)kh * Dh;
+            const size_t off = moe_kv_row((size_t)blk * a.B + key % a.B, a.B, a.Hkv, kh) * Dh;
             float kf[DPL], vf[DPL];
             const float ks = att_row_scale(a.ksl, off, Dh), vs = att_row_scale(a.vsl, off, Dh);
 #pragma unroll

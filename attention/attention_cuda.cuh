@@ -14,8 +14,8 @@
 struct att_view {
     float *out;                          /* (T, Hq*Dh) */
     const float *q;                      /* (T, Hq*Dh) */
-    const void *kl, *vl;                 /* the layer's (n_blocks, B, Hkv, Dh) K and V */
-    const float *ksl, *vsl;              /* fp8 caches: the layer's row scales (n_blocks, B, Hkv);
+    const void *kl, *vl;                 /* the layer's (n_blocks, Hkv, B, Dh) K and V */
+    const float *ksl, *vsl;              /* fp8 caches: the layer's row scales (n_blocks, Hkv, B);
                                           * else NULL */
     enum moe_dtype dt;                   /* the cache's */
     const int32_t *table, *positions;    /* (n_seqs, max_blocks), (T): device */

@@ -5,12 +5,10 @@
  * the group's heads) when those are too few for the threads; a block is up
  * to VH_CAP / G consecutive rows of one sequence (a prefill chunk; a
  * decode row alone).  Decode rows take several KV heads an item, as many
- * as the scratch holds and the threads leave: the cache keeps a token's
- * heads side by side, so a tile's rows of those heads are one stretch of
- * memory, walked head after head while it is in cache, where an item of
- * one head reads a row every Hkv rows (bench-olmoe at 2048 cached tokens,
- * one thread: the attention's time 0.78x; results/2026-12-07-decode-
- * attention-heads.md), asking for the keys two (tile, head) steps ahead
+ * as the scratch holds and the threads leave (fewer items, each walking
+ * its heads' rows of a block in order).  A block keeps each KV head's
+ * rows together (kvcache.h), so a (tile, head) is a run of rows a block,
+ * and a decode item asks for the keys two (tile, head) steps ahead
  * (prefetch_keys).  Each item walks its sequence's keys in tiles of up
  * to MOE_ATT_TILE positions: the scores of the tile's keys for all of the
  * item's rows and query heads (vector dot products), then one
@@ -101,23 +99,26 @@ static int row_blocks(int32_t *start, const struct moe_batch *b, const struct mo
 }
 
 /* A decode item asks for the key rows it will read PREFETCH_AHEAD
- * (tile, head) steps on, all their cache lines: its walk, a tile's heads
- * one after the other, reads a head's rows a token apart (Hkv rows), runs
- * of one row a page, which the processor's own prefetcher follows less
- * well when another core shares the memory (bench-olmoe at 2048 cached
- * tokens: two threads, f32 cache, step 1.02-1.04x; one thread beside
- * another process's traffic, bf16 cache, 1.10-1.15x; one thread on a
- * quiet machine, no difference).  Asking for the values' rows too, for
- * rows further ahead, or into L2 only gained nothing. */
+ * (tile, head) steps on, all their cache lines, a run of rows a block
+ * (kvcache.h): the processor's own prefetcher does not keep far enough
+ * ahead of a walk that computes between its loads (bench-olmoe at 2048
+ * cached tokens: two threads, f32 cache, step 1.02-1.04x; one thread
+ * beside another process's traffic, bf16 cache, 1.10-1.15x; one thread
+ * on a quiet machine, no difference).  Asking for the values' rows too,
+ * for rows further ahead, or into L2 only gained nothing. */
 enum { PREFETCH_AHEAD = 2 };
 
 static void prefetch_keys(const struct att_job *J, const int32_t *table, int j0, int plast, int kh0, int hn, int ah)
 {
-    const int B = J->B, tj = j0 + ah / hn * JT, kh = kh0 + ah % hn;
+    const int B = J->B, tj = j0 + ah / hn * JT, kh = kh0 + ah % hn, tl = tj + JT <= plast ? tj + JT - 1 : plast;
     const size_t rs = (size_t)J->Dh * J->es;
-    for (int j = tj; j < tj + JT && j <= plast; j++) {
-        const char *k = J->kl + (((size_t)table[j / B] * B + (size_t)(j % B)) * (size_t)J->Hkv + (size_t)kh) * rs;
-        for (size_t c = 0; c < rs; c += 64) __builtin_prefetch(k + c);
+    for (int j = tj; j <= tl;) {
+        const int o = j % B, n = B - o < tl + 1 - j ? B - o : tl + 1 - j;
+        const char *k = J->kl + moe_kv_block_row((size_t)table[j / B], (size_t)o, (size_t)B, (size_t)J->Hkv, (size_t)kh) * rs;
+        const size_t len = (size_t)n * rs;
+        for (size_t c = 0; c < len; c += 64) __builtin_prefetch(k + c);
+        __builtin_prefetch(k + len - 1);
+        j += n;
     }
 }
 
@@ -163,14 +164,16 @@ static void attend_item(const struct att_job *J, size_t it, int th)
     for (int j0 = first; j0 <= plast; j0 += JT) {
         const int nj = plast + 1 - j0 < JT ? plast + 1 - j0 : JT;
         while (pos[ra] < j0) ra++;
-        size_t r0[JT]; /* each key's first row of the item's heads */
-        for (int jj = 0, j = j0; jj < nj; jj++, j++)
-            r0[jj] = ((size_t)table[j / B] * B + (size_t)(j % B)) * (size_t)Hkv + (size_t)kh0;
+        size_t r0[JT]; /* each key's row of the item's first head; head kh0 + h's is B rows on */
+        for (int jj = 0, bi = j0 / B, o = j0 % B; jj < nj; jj++) {
+            r0[jj] = moe_kv_block_row((size_t)table[bi], (size_t)o, (size_t)B, (size_t)Hkv, (size_t)kh0);
+            if (++o == B) o = 0, bi++;
+        }
         const size_t rs = (size_t)Dh * J->es;
         for (int h = 0; h < hn; h++) {
             if (R == 1) prefetch_keys(J, table, j0, plast, kh0, hn, h + PREFETCH_AHEAD);
             for (int jj = 0; jj < nj; jj++) {
-                const size_t r = r0[jj] + (size_t)h;
+                const size_t r = r0[jj] + (size_t)h * (size_t)B;
                 krow[jj] = J->kl + r * rs;
                 vrow[jj] = J->vl + r * rs;
                 if (fp8) {

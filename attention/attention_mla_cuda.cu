@@ -160,7 +160,6 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attention_kernel(st
     wlo = max(wlo, j0);
     whi = min(whi, j1 - 1);
 
-    const size_t row = (size_t)a.Hkv * Dh;
     const int32_t *table = a.table + (size_t)seq * a.max_blocks;
     for (int k0 = j0; k0 < j1; k0 += MLA_TK) {
         __syncthreads(); /* the previous tile has been consumed */
@@ -169,7 +168,7 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attention_kernel(st
             int blk = -1;
             if (key < j1 && key / a.B < a.max_blocks) blk = table[key / a.B];
             const bool kok = blk >= 0 && blk < a.n_blocks; /* validated on the host */
-            const size_t off = kok ? ((size_t)blk * a.B + key % a.B) * row + (size_t)kh * Dh : 0;
+            const size_t off = kok ? moe_kv_row((size_t)blk * a.B + key % a.B, a.B, a.Hkv, kh) * Dh : 0;
             float *kr = skv + j * (dhp + 4);
             const float ks = kok ? att_row_scale(a.ksl, off, Dh) : 0.0f; /* K's and V's: one row */
             for (int d = lane; d < dhp; d += 32) kr[d] = kok && d < Dh ? moe_ld(a.kl, a.dt, off + d) * ks : 0.0f;

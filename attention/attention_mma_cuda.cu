@@ -121,7 +121,6 @@ static __global__ void __launch_bounds__(MA_WARPS * 32) mma_attention_kernel(str
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows rlo, rhi; l per lane */
     const int first[2] = {s_first[rlo], s_first[rhi]}, last[2] = {s_last[rlo], s_last[rhi]};
 
-    const size_t row = (size_t)a.Hkv * DH;
     const int32_t *table = a.table + (size_t)seq * a.max_blocks;
     const HT *kl = (const HT *)a.kl, *vl = (const HT *)a.vl;
     for (int k0 = klo; k0 <= khi; k0 += MA_TK) {
@@ -134,7 +133,7 @@ static __global__ void __launch_bounds__(MA_WARPS * 32) mma_attention_kernel(str
             const bool kok = blk >= 0 && blk < a.n_blocks; /* validated on the host */
             uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
             if (kok) {
-                const size_t off = ((size_t)blk * a.B + key % a.B) * row + (size_t)kh * DH + d;
+                const size_t off = moe_kv_row((size_t)blk * a.B + key % a.B, a.B, a.Hkv, kh) * DH + d;
                 kv = *(const uint4 *)(kl + off);
                 vv = *(const uint4 *)(vl + off);
             }

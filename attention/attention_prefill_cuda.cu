@@ -127,7 +127,6 @@ static __global__ void __launch_bounds__(PF_WARPS * 32) prefill_attention_kernel
         for (int k = 0; k < DPL; k++) acc[rr][k] = 0.0f;
     }
 
-    const size_t row = (size_t)a.Hkv * Dh;
     const int32_t *table = a.table + (size_t)seq * a.max_blocks;
     for (int k0 = kfirst; k0 <= klast; k0 += PF_TK) {
         __syncthreads(); /* the previous tile has been consumed */
@@ -136,7 +135,7 @@ static __global__ void __launch_bounds__(PF_WARPS * 32) prefill_attention_kernel
             int blk = -1;
             if (key <= klast && key / a.B < a.max_blocks) blk = table[key / a.B];
             const bool kok = blk >= 0 && blk < a.n_blocks; /* validated on the host */
-            const size_t off = kok ? ((size_t)blk * a.B + key % a.B) * row + (size_t)kh * Dh : 0;
+            const size_t off = kok ? moe_kv_row((size_t)blk * a.B + key % a.B, a.B, a.Hkv, kh) * Dh : 0;
             float *kr = sk + j * (dhp + 4), *vr = sv + j * Dh;
             const float ks = kok ? att_row_scale(a.ksl, off, Dh) : 0.0f;
             const float vs = kok ? att_row_scale(a.vsl, off, Dh) : 0.0f;

@@ -18,8 +18,11 @@
  *
  * Storage per attention layer (linear-attention layers have none: their
  * per-sequence state is the state part below): K and V each
- * (n_blocks, B, Hkv, Dh) in the KV dtype
- * (F32, F16, BF16 or F8E4M3), contiguous, in backend memory.  The pool
+ * (n_blocks, Hkv, B, Dh) in the KV dtype
+ * (F32, F16, BF16 or F8E4M3), contiguous, in backend memory: a block keeps
+ * each KV head's B rows (a row: one token's Dh values of one head)
+ * together, so a walk of one head's keys reads B rows in one run
+ * (moe_kv_row).  The pool
  * bookkeeping (counts, free list, cache index, tokens) is on the host.
  *
  * The fp8 cache (MOE_DTYPE_F8E4M3, `--kv-dtype fp8`) is a per-row scaled
@@ -33,10 +36,10 @@
  * as the NaN byte and reads back as NaN, so it propagates through the
  * attention as it would from an f32 cache, and the rest of its row keeps
  * a finite scale.  The scales are planes beside the bytes: ks and vs,
- * (L, n_blocks, B, Hkv) f32 each, so a row's bytes keep the alignment of
- * Dh.  Unlike vLLM's fp8 cache (one scale per tensor, 1.0 by default), a
- * scale per row cannot overflow on a model with large K and uses E4M3's
- * whole range on every row.  Rounding error of a value x: at most 2^-4 |x|
+ * (L, n_blocks, Hkv, B) f32 each (a row's scale at its row's index),
+ * so a row's bytes keep the alignment of Dh.  Unlike vLLM's fp8 cache
+ * (one scale per tensor, 1.0 by default), a scale per row cannot overflow
+ * on a model with large K and uses E4M3's whole range on every row.  Rounding error of a value x: at most 2^-4 |x|
  * (3 mantissa bits) where |x| >= 2^-6 s, at most 2^-10 s below (the
  * subnormals), plus fp32's rounding of x / s and of e4m3 * s. */
 #pragma once
@@ -85,9 +88,9 @@ struct moe_kvcache {
     enum moe_dtype dtype;      /* element type of K and V */
     size_t layer_elems;        /* elements per layer of K (and of V): n_blocks*B*Hkv*Dh */
     size_t layer_rows;         /* rows (and scales) per layer of K (and of V): n_blocks*B*Hkv */
-    void *k, *v;               /* (L, n_blocks, B, Hkv, Dh) each, backend memory */
-    float *ks, *vs;            /* F8E4M3 only (else NULL): the rows' scales, (L, n_blocks, B,
-                                * Hkv) each, backend memory; MLA: vs == ks */
+    void *k, *v;               /* (L, n_blocks, Hkv, B, Dh) each, backend memory */
+    float *ks, *vs;            /* F8E4M3 only (else NULL): the rows' scales, (L, n_blocks, Hkv,
+                                * B) each, backend memory; MLA: vs == ks */
     float *ik;                 /* DeepSeek sparse attention (else NULL): each token's indexer key,
                                 * (ik_layers, n_blocks, B, ik_dim) F32, backend memory: the
                                 * layers with an indexer (moe_config_dsa_layer) */
@@ -199,6 +202,26 @@ int32_t moe_kvcache_lookup(struct moe_kvcache *kv, int32_t parent, const int32_t
 /* Bytes of K+V storage per token slot, fp8 scales included (MLA: K and V
  * are one buffer, v == k). */
 size_t moe_kvcache_bytes_per_slot(const struct moe_kvcache *kv);
+
+/* The row of KV head h at offset o of block `block` in a layer's K or V
+ * plane, B the block size: the row's first value is at its index * Dh,
+ * its fp8 scale at its index.  Offsets o .. o + n of a block are n + 1
+ * consecutive rows. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline size_t moe_kv_block_row(size_t block, size_t o, size_t B, size_t Hkv, size_t h)
+{
+    return (block * Hkv + h) * B + o;
+}
+/* The same by slot (position p's slot: table[p / B] * B + p % B). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline size_t moe_kv_row(size_t slot, size_t B, size_t Hkv, size_t h)
+{
+    return moe_kv_block_row(slot / B, slot % B, B, Hkv, h);
+}
 
 /* --- fp8 rows (MOE_DTYPE_F8E4M3 caches, see the top of this file) --- */
 

@@ -340,15 +340,16 @@ Test(cuda_ops, kv_store_fp8_special_rows_match_cpu)
         to_host(sback, w ? dkv.vs : dkv.ks, ns);
         for (int t = 0; t < T; t++) /* only the written slots: the rest is unset memory */
             for (int h = 0; h < Hkv; h++) {
-                const size_t r = (size_t)slots[t] * Hkv + h;
+                const size_t r = moe_kv_row((size_t)slots[t], B, Hkv, (size_t)h);
                 cr_expect(memcmp(back + r * Dh, hq + r * Dh, Dh) == 0, "%s token %d head %d: bytes differ",
                           w ? "V" : "K", t, h);
                 cr_expect(memcmp(&sback[r], &hs[r], 4) == 0, "%s token %d head %d: scale %g, CPU %g",
                           w ? "V" : "K", t, h, (double)sback[r], (double)hs[r]);
             }
     }
-    cr_expect_eq(hkv.ks[(size_t)slots[0] * Hkv], 0.0f);
-    cr_expect_eq(((const uint8_t *)hkv.k)[((size_t)slots[0] * Hkv + 1) * Dh + 5] & 0x7f, 0x7f, "NaN stays NaN");
+    cr_expect_eq(hkv.ks[moe_kv_row((size_t)slots[0], B, Hkv, 0)], 0.0f);
+    cr_expect_eq(((const uint8_t *)hkv.k)[moe_kv_row((size_t)slots[0], B, Hkv, 1) * Dh + 5] & 0x7f, 0x7f,
+                 "NaN stays NaN");
     void *dbufs[] = {dk, dv, ds};
     for (size_t i = 0; i < 3; i++) gpu.ops->dealloc(&gpu, dbufs[i]);
     moe_kvcache_free(&hkv);
