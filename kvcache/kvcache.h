@@ -18,12 +18,11 @@
  *
  * Storage per attention layer (linear-attention layers have none: their
  * per-sequence state is the state part below): K and V each
- * (n_blocks, Hkv, B, Dh) in the KV dtype
- * (F32, F16, BF16 or F8E4M3), contiguous, in backend memory: a block keeps
- * each KV head's B rows (a row: one token's Dh values of one head)
- * together, so a walk of one head's keys reads B rows in one run
- * (moe_kv_row).  The pool
- * bookkeeping (counts, free list, cache index, tokens) is on the host.
+ * (n_blocks, Hkv, B, Dh) in the KV dtype (F32, F16, BF16 or F8E4M3),
+ * contiguous, in backend memory: a block keeps each KV head's B rows (a
+ * row: one token's Dh values of one head) together, so a walk of one
+ * head's keys reads B rows in one run (moe_kv_row).  The pool bookkeeping
+ * (counts, free list, cache index, tokens) is on the host.
  *
  * The fp8 cache (MOE_DTYPE_F8E4M3, `--kv-dtype fp8`) is a per-row scaled
  * FP8: each row of Dh values (one token, one KV head, K or V; MLA: the
@@ -39,9 +38,10 @@
  * (L, n_blocks, Hkv, B) f32 each (a row's scale at its row's index),
  * so a row's bytes keep the alignment of Dh.  Unlike vLLM's fp8 cache
  * (one scale per tensor, 1.0 by default), a scale per row cannot overflow
- * on a model with large K and uses E4M3's whole range on every row.  Rounding error of a value x: at most 2^-4 |x|
- * (3 mantissa bits) where |x| >= 2^-6 s, at most 2^-10 s below (the
- * subnormals), plus fp32's rounding of x / s and of e4m3 * s. */
+ * on a model with large K and uses E4M3's whole range on every row.
+ * Rounding error of a value x: at most 2^-4 |x| (3 mantissa bits) where
+ * |x| >= 2^-6 s, at most 2^-10 s below (the subnormals), plus fp32's
+ * rounding of x / s and of e4m3 * s. */
 #pragma once
 
 #include <math.h>
