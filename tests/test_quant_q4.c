@@ -318,12 +318,12 @@ static double q4_bound(const float *x, const float *wf, const unsigned char *wro
     return input * (1 + 1e-6) + 1e-5 * mag + 1e-30;
 }
 
-/* The AMX sets' four-bit expression (runtime/cpu/gemm_q4_amx.c) for one
- * output in scalar C: per group, per run k, the input block quantized as
+/* The four-bit kernels' expression (runtime/cpu/gemm_q4.c's tiles, the
+ * AMX sets' gemm_q4_amx.c) for one output in scalar C: per group, per run k, the input block quantized as
  * moe_quantize_x_q8 does, P the run's 32 products of codes summed exactly,
  * acc = fma(float(P), dx * d, acc); then acc = fma(S, m, acc) with S the
  * group's sum of dx times the block's code sum (fma a step); + bias. */
-static float q4_amx_expr(enum moe_dtype t, const float *x, const unsigned char *wrow, int D, float bias)
+static float q4_expr(enum moe_dtype t, const float *x, const unsigned char *wrow, int D, float bias)
 {
     const int nr = moe_q4_head_runs(t);
     float acc = 0.0f;
@@ -390,7 +390,7 @@ Test(quant_q4, amx_kernel_pins_its_expression)
                     moe_gemm_fast_rows(MOE_CPU_ISA_AMX, y, (size_t)N, x, (size_t)D, T, w, t, D, n0, N, b);
                     for (int r = 0; r < T; r++)
                         for (int n = n0; n < N; n++) {
-                            const float want = q4_amx_expr(t, x + (size_t)r * D, w + (size_t)n * rb, D, b ? bias[n] : 0.0f);
+                            const float want = q4_expr(t, x + (size_t)r * D, w + (size_t)n * rb, D, b ? bias[n] : 0.0f);
                             const float got = y[(size_t)r * N + n];
                             uint32_t bw, bg;
                             memcpy(&bw, &want, 4), memcpy(&bg, &got, 4);
@@ -403,6 +403,28 @@ Test(quant_q4, amx_kernel_pins_its_expression)
                 }
                 free(w), free(x), free(bias), free(y);
             }
+}
+
+static float q4_1_expr(const float *x, const unsigned char *w, int D, float bias)
+{
+    return q4_expr(MOE_DTYPE_Q4_1, x, w, D, bias);
+}
+static float q4_g32_expr(const float *x, const unsigned char *w, int D, float bias)
+{
+    return q4_expr(MOE_DTYPE_Q4_G32, x, w, D, bias);
+}
+static float q4_g128_expr(const float *x, const unsigned char *w, int D, float bias)
+{
+    return q4_expr(MOE_DTYPE_Q4_G128, x, w, D, bias);
+}
+
+/* Every kernel set's four-bit kernel gives the bits of the expression
+ * above (qt_check_expression's shapes and inputs), each format. */
+Test(quant_q4, four_bit_kernels_pin_their_expression)
+{
+    qt_check_expression(MOE_DTYPE_Q4_1, MOE_CPU_ISA_AMX_BF16, q4_weights, q4_1_expr);
+    qt_check_expression(MOE_DTYPE_Q4_G32, MOE_CPU_ISA_AMX_BF16, q4_weights, q4_g32_expr);
+    qt_check_expression(MOE_DTYPE_Q4_G128, MOE_CPU_ISA_AMX_BF16, q4_weights, q4_g128_expr);
 }
 
 /* The AVX2 and AVX-512 sets' Q4_K expression (runtime/cpu/gemm_q4_k.c)

@@ -180,10 +180,10 @@ static void split_shared(enum moe_cpu_isa isa, uint16_t *xs, size_t lds, const f
  * (below). */
 static int slice_rows(int N, int nth, enum moe_dtype wt, int T)
 {
-    /* the panels (gemm_k_panel.h, gemm_q8_panel.h) quantize and lay out
-     * the T input rows again for every slice: from 10 rows one slice a
-     * thread, whole bands of 8 */
-    const bool panels = wt == MOE_DTYPE_Q8_0 || wt == MOE_DTYPE_Q4_K || wt == MOE_DTYPE_Q5_K || wt == MOE_DTYPE_Q6_K;
+    /* the panels (gemm_k_panel.h, gemm_q8_panel.h, gemm_q4_panel.h)
+     * quantize and lay out the T input rows again for every slice: from
+     * 10 rows one slice a thread, whole bands of 8 */
+    const bool panels = wt == MOE_DTYPE_Q8_0 || moe_dtype_is_q4(wt) || wt == MOE_DTYPE_Q5_K || wt == MOE_DTYPE_Q6_K;
     if (panels && T >= 10) return ((N + nth - 1) / nth + 7) / 8 * 8;
     int cs = (N + 8 * nth - 1) / (8 * nth);
     if (wt != MOE_DTYPE_BF16_PANEL) return (cs + 47) / 48 * 48;

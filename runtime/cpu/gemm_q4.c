@@ -57,6 +57,7 @@
 
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_fast_impl.h"
+#include "runtime/cpu/lane_sums.h"
 #include "runtime/cpu/simd_avx2.h"
 #include "runtime/core/status.h"
 
@@ -121,16 +122,13 @@ AVX2 void moe_q4_quantize_input(char *o, const float *x, int ng, int nr)
 #define Q4_ATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 
 /* One input row against C (even, <= MAXC) weight rows, two to a 512-bit
- * register: the lower half holds row c's 8 lanes, the upper row c + 1's,
- * each lane computing exactly the expression of the 256-bit tile (the same
- * runs in the same order, the same products and FMAs), so the same bits;
- * but one vpdpbusd, convert, multiply and FMA serve two weight rows, and
- * the input's codes, dx and head are broadcast to both halves once per
- * group for all C rows.  The heads of a pair: (d_c, m_c, d_c1, m_c1)
- * from one F16C conversion (Q4_1) or two 8-byte loads, spread by two
- * permutes into (d, m, 0, ...) per half and d broadcast per half.
- * Arguments as the tile's (gemm_q4_tile.h) with R = 1, r0 = 0, but pfd:
- * prefetch the rows pfd bytes on (a whole number of tiles; 0: none). */
+ * register (row c in the lower half, c + 1 in the upper) against the
+ * input's run broadcast to both halves: one vpdpbusd serves two weight
+ * rows, and the run's 8 outputs' lanes are added into one register
+ * (moe_sum_halves), converted and take one FMA by d_c dx; per group one
+ * FMA by m_c S: the tile's expression (gemm_q4_tile.h), the same bits.
+ * Arguments as the tile's with R = 1, r0 = 0, but pfd: prefetch the rows
+ * pfd bytes on (a whole number of tiles; 0: none). */
 Q4_ATTR INLINE void tile_wide_vnni(const enum moe_dtype dt, const int C, float *y, const struct xq *x,
                                    const char *w, size_t wld, const struct moe_tensor *b, int n, size_t pfd)
 {
@@ -140,31 +138,27 @@ Q4_ATTR INLINE void tile_wide_vnni(const enum moe_dtype dt, const int C, float *
     const size_t XG = 32 + 32 * (size_t)NR;
     const int ng = (int)(x->rs / XG);
     const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4), low = _mm512_set1_epi8(15);
-    const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-    const __m512i idx_h = _mm512_setr_epi32(0, 1, 0, 0, 0, 0, 0, 0, 2, 3, 0, 0, 0, 0, 0, 0);
-    __m512 acc[MAXC / 2];
-#pragma GCC unroll 4
-    for (int c = 0; c < C / 2; c++) acc[c] = _mm512_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     const int pf_every = dt == MOE_DTYPE_Q4_1 ? 3 : dt == MOE_DTYPE_Q4_G32 ? 2 : 1;
     for (int g = 0, pg = 0; g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
         const char *xg = x->p + (size_t)g * XG;
-        const __m512 xh = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_load_pd((const double *)xg)));
+        __m256 dv, mv;
+        if (!weight_heads_avx2(dt, w, wld, (size_t)g * GB, C, &dv, &mv)) {
+            float d[MAXC] = {0}, m[MAXC] = {0};
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) group_head_avx2(w + (size_t)c * wld + (size_t)g * GB, dt, &d[c], &m[c]);
+            dv = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+            mv = _mm256_setr_ps(m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7]);
+        }
 #pragma GCC unroll 4
-        for (int c = 0; c < C / 2; c++) {
-            const char *g0 = w + (size_t)(2 * c) * wld + (size_t)g * GB, *g1 = g0 + wld;
-            __m128 dm;
-            if (dt == MOE_DTYPE_Q4_1) {
-                int32_t v0, v1;
-                memcpy(&v0, g0, 4), memcpy(&v1, g1, 4);
-                dm = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128(v0), _mm_cvtsi32_si128(v1)));
-            } else {
-                dm = _mm_castpd_ps(_mm_loadh_pd(_mm_load_sd((const double *)g0), (const double *)g1));
-            }
-            const __m512 dm5 = _mm512_castps128_ps512(dm);
-            const __m512 wd = _mm512_permutexvar_ps(idx_d, dm5);
-            const __m512 h = _mm512_maskz_permutexvar_ps(0x0303, idx_h, dm5);
+        for (int k = 0; k < NR; k++) {
+            __m512i p[4];
+            const __m512i xq = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(xg + 32 + 32 * k)));
 #pragma GCC unroll 4
-            for (int k = 0; k < NR; k++) {
+            for (int c = 0; c < 4; c++) {
+                p[c] = _mm512_setzero_si512();
+                if (2 * c >= C) continue;
+                const char *g0 = w + (size_t)(2 * c) * wld + (size_t)g * GB, *g1 = g0 + wld;
                 if (pf && pg == 0 && (k == 0 || k == NR - 1)) {
                     _mm_prefetch(g0 + (k ? GB - 1 : 0) + pfd, _MM_HINT_T1);
                     _mm_prefetch(g1 + (k ? GB - 1 : 0) + pfd, _MM_HINT_T1);
@@ -173,20 +167,22 @@ Q4_ATTR INLINE void tile_wide_vnni(const enum moe_dtype dt, const int C, float *
                 const __m256i c1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g1 + HB + 16 * k)));
                 const __m512i wq = _mm512_and_si512(
                     _mm512_srlv_epi64(_mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1), shift), low);
-                const __m512i xq = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(xg + 32 + 32 * k)));
-                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq);
-                const __m512 dx = _mm512_set1_ps(((const float *)xg)[2 + k]);
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(wd, dx), acc[c]);
+                p[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq);
             }
-            acc[c] = _mm512_fmadd_ps(xh, h, acc[c]);
+            const __m256i s = _mm512_castsi512_si256(moe_sum_halves(p, 4));
+            const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(((const float *)xg)[2 + k]), dv);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc);
         }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(((const float *)xg)[1]), mv, acc);
     }
-    for (int c = 0; c < C / 2; c++) {
-        y[2 * c] = moe_hsum8(_mm512_castps512_ps256(acc[c])) + (b ? moe_tensor_get_f32(b, n + 2 * c) : 0.0f);
-        y[2 * c + 1] = moe_hsum8(_mm512_extractf32x8_ps(acc[c], 1)) + (b ? moe_tensor_get_f32(b, n + 2 * c + 1) : 0.0f);
-    }
+    float o[8];
+    _mm256_storeu_ps(o, acc);
+    for (int c = 0; c < C; c++) y[c] = o[c] + (b ? moe_tensor_get_f32(b, n + c) : 0.0f);
 }
+#include "runtime/cpu/gemm_q4_panel.h"
+#define Q4_WIDE512
 #define Q4_TILE_WIDE tile_wide_vnni
+#define Q4_PANEL q4p_rows
 #define Q4_FN(name) name##_vnni
 #define Q4_DOT(w, x) _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
 #define Q4_ENTRY moe_gemm_rows_q4_vnni
