@@ -143,7 +143,7 @@ int main(int argc, char **argv)
     if (isa == MOE_CPU_ISA_AVX2) nf = 5;
     const int train[5][2] = {{2048, 2048}, {1024, 4096}, {768, 2048}},
               dec[5][2] = {{512, 1024}, {1024, 512}, {3584, 1024}, {1024, 3584}, {8192, 1024}};
-    const int(*shapes)[2] = decode ? dec : train, nshapes = decode ? 5 : 3, Ts[3] = {1, 8, 64},
+    const int(*shapes)[2] = decode ? dec : train, nshapes = decode ? 5 : 3, Ts[3] = {1, 16, 64},
                           nT = decode ? 1 : 3;
     const size_t total = (size_t)256 << 20;
     printf("kernel set %s, %d rounds, each format's copies >= %zu MiB\n", moe_cpu_isa_name(isa), rounds,
@@ -168,7 +168,7 @@ int main(int argc, char **argv)
             free(one);
         }
         for (int ti = 0; ti < nT; ti++)
-            for (int nth = 1; nth <= 2; nth++) bench_shape(N, D, Ts[ti], nth, rounds, arena, mbytes, copies, x, y, isa);
+            for (int nth = 1; nth <= 1; nth++) bench_shape(N, D, Ts[ti], nth, rounds, arena, mbytes, copies, x, y, isa);
         for (int f = 0; f < nf; f++) free(arena[f]);
         free(wf), free(x), free(y);
     }
