@@ -5,10 +5,11 @@
  * own, and each block's dot with the weight codes is an exact integer
  * sum.  The tiles (gemm_q4_tile.h) are compiled twice: with AVX2
  * instructions, and, for the AVX-512 set on processors that have
- * AVX512-VNNI, with vpdpbusd in place of vpmaddubsw + vpmaddwd (256-bit
- * vectors; the same integer sums, so the same bits), and there one input
- * row (decode) takes tile_wide_vnni: two weight rows to a 512-bit
- * register, each half computing the 256-bit tile's expression.
+ * AVX512-VNNI, with vpdpbusd in place of vpmaddubsw + vpmaddwd (the same
+ * integer sums), where tiles of 2-4 input rows take 512-bit registers
+ * (tile512, two outputs a register), one input row (decode) takes
+ * tile_wide_vnni below, and 14 or more rows the panels
+ * (gemm_q4_panel.h).
  *
  * Why: widening four-bit codes to fp32 (extend, convert, scale and
  * offset, FMA) leaves the product compute bound at well under the memory
@@ -17,10 +18,12 @@
  * AND (the 32 unsigned codes in element order: byte j holds element j low
  * and j + 16 high), vpmaddubsw (codes unsigned times the input's int8
  * codes, pairs summed to int16: at most 2 x 15 x 127, no saturation),
- * vpmaddwd by ones (lane j: elements 4j..4j+3 as int32; or vpdpbusd),
- * convert, the product of the two scales and an FMA; the offset costs one
- * FMA per group.  A group's head is read once per weight row and group (Q4_1: one
- * 4-byte load widened by F16C gives d and m; Q4_G128: once per 4 runs).
+ * vpmaddwd by ones (lane j: elements 4j..4j+3 as int32; or vpdpbusd);
+ * a tile adds its outputs' lanes into one register (lane_sums.h), then
+ * one conversion and FMA serve up to 8 outputs; the offset costs one FMA
+ * per group.  A group's head is read once per weight row and group (Q4_1:
+ * one 4-byte load widened by F16C gives d and m; Q4_G128: once per 4
+ * runs).
  *
  * Input rows: per block of 32, int8 codes qx and a scale dx as gemm_q8.c
  * makes them (moe_quantize_x_q8, simd_avx2.h: |x - qx dx| <= dx / 2; a
@@ -39,15 +42,15 @@
  * are laid out group by group in one stream (struct xq), so a tile of 4
  * input rows addresses 4 streams.
  *
- * Numerics: output n of row t accumulates in lane j, over groups in
- * order, each run k of the group: acc = fma(float(isum_kj), d x dx_k,
- * acc), then the group's offset: acc = fma((0, S, dx_0, ...)_j, (d, m, 0,
- * ...)_j, acc) (m S in lane 1, exact zeros elsewhere: d is finite); then
- * the fixed horizontal sum moe_hsum8, then the bias.  The integer sums are
- * exact, so the only differences from the reference are the input
- * rounding above and fp32 rounding.  Every tile computes that same
- * expression, so a row gives the same bits alone or in any batch, and
- * both kernel sets the same bits.  The rows of up to TBQ inputs are
+ * Numerics: output n of row t accumulates over groups in order, each run
+ * k of the group: P the run's 32 products summed exactly, acc =
+ * fma(float(P), dx_k x d, acc); then the group's offset acc = fma(S, m,
+ * acc); then the bias: the AMX kernel's expression (gemm_q4_amx.c), which
+ * every tile, tile_wide_vnni and the panels compute, so a row gives the
+ * same bits alone or in any batch, under every kernel set
+ * (tests/test_quant_q4.c pins each format's outputs to it).  The integer
+ * sums are exact, so the only differences from the reference are the
+ * input rounding above and fp32 rounding.  The rows of up to TBQ inputs are
  * quantized into the calling thread's buffer (moe_gemm_thread_buffer) on
  * each call, once for all its weight rows. */
 #include <immintrin.h>

@@ -14,9 +14,11 @@
  * optionally Q4_TILE_WIDE(dt, C, y, x, w, wld, b, n, pfd) and PF_WIDE, a
  * tile of one input row and 8 weight rows giving the tile's bits, which
  * then takes the full tiles of a single input row, prefetching whole
- * tiles at least PF_WIDE bytes ahead, and Q4_PANEL(dt, y, ldy, x, ldx, T,
+ * tiles at least PF_WIDE bytes ahead; Q4_PANEL(dt, y, ldy, x, ldx, T,
  * w, wld, ng, nr, n0, n1, b), which takes a call of Q4P_MIN or more input
- * rows instead of the tiles (gemm_q4_panel.h). */
+ * rows instead of the tiles (gemm_q4_panel.h); and Q4_WIDE512 (AVX-512
+ * instances), with which tiles of 2-4 input rows take 512-bit registers
+ * (tile512). */
 
 /* The head of the group at g: its scale d and offset m (Q4_1: f16 pair
  * widened by F16C, exact; else two floats). */
