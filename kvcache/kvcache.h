@@ -206,7 +206,7 @@ size_t moe_kvcache_bytes_per_slot(const struct moe_kvcache *kv);
 /* The row of KV head h at offset o of block `block` in a layer's K or V
  * plane, B the block size: the row's first value is at its index * Dh,
  * its fp8 scale at its index.  Offsets o .. o + n of a block are n + 1
- * consecutive rows. */
+ * consecutive rows, and head h + 1's row is B rows after head h's. */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
