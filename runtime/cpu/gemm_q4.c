@@ -124,7 +124,7 @@ AVX2 void moe_q4_quantize_input(char *o, const float *x, int ng, int nr)
  * (gemm_fast.c checks); one input row (decode) takes tile_wide below */
 #define Q4_ATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 
-/* One input row against C (even, <= MAXC) weight rows, two to a 512-bit
+/* One input row against C (2, 4 or 8) weight rows, two to a 512-bit
  * register (row c in the lower half, c + 1 in the upper) against the
  * input's run broadcast to both halves: one vpdpbusd serves two weight
  * rows, and the run's 8 outputs' lanes are added into one register
@@ -146,13 +146,7 @@ Q4_ATTR INLINE void tile_wide_vnni(const enum moe_dtype dt, const int C, float *
     for (int g = 0, pg = 0; g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
         const char *xg = x->p + (size_t)g * XG;
         __m256 dv, mv;
-        if (!weight_heads_avx2(dt, w, wld, (size_t)g * GB, C, &dv, &mv)) {
-            float d[MAXC] = {0}, m[MAXC] = {0};
-#pragma GCC unroll 8
-            for (int c = 0; c < C; c++) group_head_avx2(w + (size_t)c * wld + (size_t)g * GB, dt, &d[c], &m[c]);
-            dv = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
-            mv = _mm256_setr_ps(m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7]);
-        }
+        weight_heads_avx2(dt, w, wld, (size_t)g * GB, C, &dv, &mv);
 #pragma GCC unroll 4
         for (int k = 0; k < NR; k++) {
             __m512i p[4];
