@@ -19,7 +19,7 @@
  *
  * Build and run (from the repository root, after the CPU build in build-cpu/):
  *   cmake --build build-cpu --target bench_gemm_panels && build-cpu/bench_gemm_panels [rounds] [threads] [T]
- * (T: that row count alone).
+ * (T: that row count alone, any count).
  * Not run by the tests. */
 #include <omp.h>
 #include <stdio.h>
@@ -68,9 +68,8 @@ int main(int argc, char **argv)
         char *pk = bench_alloc("bench_gemm_panels", pb * copies_decode);
         for (size_t c = 0; c < copies_decode; c++) moe_gemm_pack_panels(pk + c * pb, w, N, K);
         free(w);
-        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
-            const int T = Ts[ti];
-            if (only && T != only) continue;
+        for (size_t ti = 0; ti < (only ? 1 : sizeof Ts / sizeof Ts[0]); ti++) {
+            const int T = only ? only : Ts[ti];
             const size_t copies = T <= 4 ? copies_decode : 1;
             float *x = bench_alloc("bench_gemm_panels", (size_t)T * K * sizeof(float)), *y = bench_alloc("bench_gemm_panels", (size_t)T * N * sizeof(float));
             for (size_t i = 0; i < (size_t)T * K; i++) x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;

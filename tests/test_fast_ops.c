@@ -504,6 +504,60 @@ Test(fast_ops, split_inputs_within_their_rounding)
     }
 }
 
+/* A bf16 value for the AMX bits test: 1 in 16 a signed zero, 1 in 16 a
+ * denormal, else sign, mantissa and an exponent within +-40 at random. */
+static uint16_t wild_bf16(uint64_t *st)
+{
+    *st ^= *st << 13, *st ^= *st >> 7, *st ^= *st << 17;
+    const uint64_t v = *st;
+    const uint16_t sign = (uint16_t)((v >> 20 & 1) << 15), mant = (uint16_t)(v >> 8 & 0x7f);
+    if (v % 16 == 0) return sign;
+    if (v % 16 == 1) return sign | (mant ? mant : 1);
+    return sign | (uint16_t)((127 + (int)(v >> 32 & 0x7f) % 81 - 40) << 7) | mant;
+}
+
+/* The AMX sets' one-row products (FMAs under MXCSR's flush to zero,
+ * gemm_amx.c) give the bits the tiles give the same rows in a batch of 20,
+ * on values that tell the tiles' sum apart from one chain of FMAs or from
+ * a rounded exact sum: exponents over +-40 (inputs down to 2^-100, so
+ * some products fall below fp32's normal range), denormal bf16 weights,
+ * signed zeros; K under 32, not a multiple of it, and long. */
+Test(fast_ops, amx_one_row_is_the_tiles_bits)
+{
+    if (moe_cpu_isa_detect() < MOE_CPU_ISA_AMX) cr_skip_test("needs the AMX tiles (this processor or kernel gives none)");
+    const enum moe_cpu_isa sets[] = {MOE_CPU_ISA_AMX_EXACT, MOE_CPU_ISA_AMX, MOE_CPU_ISA_AMX_BF16};
+    const int Ks[] = {2, 30, 32, 34, 96, 1000};
+    enum { N = 136, T = 20 };
+    uint64_t st = 99;
+    for (size_t c = 0; c < sizeof Ks / sizeof Ks[0]; c++) {
+        const int K = Ks[c];
+        uint16_t *w = malloc((size_t)N * K * sizeof(uint16_t));
+        float *x = malloc((size_t)T * K * sizeof(float));
+        float *batch = malloc((size_t)T * N * sizeof(float)), *alone = malloc((size_t)T * N * sizeof(float));
+        for (size_t i = 0; i < (size_t)N * K; i++) w[i] = wild_bf16(&st);
+        for (size_t i = 0; i < (size_t)T * K; i++) {
+            const uint32_t u = (uint32_t)wild_bf16(&st) << 16 | (uint32_t)(st & 0xffff);
+            memcpy(&x[i], &u, 4);
+            if (st % 64 == 5) x[i] = ldexpf(x[i] == 0 ? 1.0f : x[i], -60); /* tiny */
+        }
+        void *p = pack(w, N, K);
+        for (size_t v = 0; v < sizeof sets / sizeof sets[0]; v++) {
+            moe_gemm_fast_rows(sets[v], batch, N, x, K, T, p, MOE_DTYPE_BF16_PANEL, K, 0, N, NULL);
+            for (int r = 0; r < T; r++)
+                moe_gemm_fast_rows(sets[v], alone + (size_t)r * N, N, x + (size_t)r * K, K, 1, p,
+                                   MOE_DTYPE_BF16_PANEL, K, 0, N, NULL);
+            int bad = 0;
+            for (int i = 0; i < T * N; i++)
+                if (memcmp(&alone[i], &batch[i], 4) != 0 && bad++ < 3)
+                    cr_log_error("%s K=%d: y[%d][%d] = %a alone, the tiles give %a", moe_cpu_isa_name(sets[v]), K,
+                                 i / N, i % N, (double)alone[i], (double)batch[i]);
+            cr_expect_eq(bad, 0, "%s K=%d: %d outputs of rows alone differ from the tiles'", moe_cpu_isa_name(sets[v]),
+                         K, bad);
+        }
+        free(w), free(x), free(batch), free(alone), free(p);
+    }
+}
+
 /* The AMX tiles read 32 k at a time: where K is not a multiple of 32 the
  * last step's weights must not come from the next panel's bytes (which
  * may be infinite: the inputs' zero padding times inf is NaN) nor from

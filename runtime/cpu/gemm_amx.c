@@ -26,11 +26,13 @@
  * Order: output (r, n) is C = 0, then for each k step s = 0, 1, ...:
  * C += part(r, s) . B(s) for each part in order, then + bias.  A tile row
  * is computed from its own input row alone, and the sequence is the same
- * for both tile shapes below, so a row gives the same bits alone or in any
- * batch, in any slice of the outputs.  (They are not the bits of the
+ * for both tile shapes below and for the one-row FMAs (which compute the
+ * tile unit's own sum: below), so a row gives the same bits alone or in
+ * any batch, in any slice of the outputs.  (They are not the bits of the
  * AVX-512 or AVX2 panel kernels.)
  *
- * Tiles: up to 16 rows, one row tile: tmm0-2 accumulate 3 panels, tmm3-5
+ * One row: AVX-512 FMAs, 8, 6 or 4 panels (1, 2, 3 parts).  Up to 16
+ * rows, one row tile: tmm0-2 accumulate 3 panels, tmm3-5
  * hold the parts, tmm6-7 weights (prefetched ahead), k in one pass (the
  * weights stream once); more rows, two row tiles: tmm0-3 accumulate 2 rows
  * x 2 panels, tmm4-5 the two row tiles' parts one after the other, tmm6-7
@@ -127,6 +129,109 @@ INLINE void prefetch_b(const char *w, size_t pst, int q, int s, int steps)
     for (int i = 0; i < 16; i++) _mm_prefetch(p + 64 * i, _MM_HINT_T0);
 }
 
+/* ---- one row: the tiles' sums with FMAs ----
+ * What TDPBF16PS computes, measured on the processor (and pinned by
+ * tests/test_fast_ops.c, amx_one_row_is_the_tiles_bits): for each output,
+ * E = the products at the even k of the step summed in k order and O =
+ * those at the odd k likewise, each from zero in fp32 rounding to nearest
+ * even, then C = C + (E + O); denormal inputs and results are flushed to
+ * zero.  (Not the pseudo-code's one chain of FMAs, nor the exact sum
+ * rounded once.)  With MXCSR's DAZ and FTZ set, FMAs over a panel line's
+ * even and odd weights (a shift and a mask, as gemm_eo.h widens them) give
+ * those bits.  A lone row (decode) takes them: there a tile product
+ * streams its weights about 10% slower than the FMA kernels (a tile load
+ * costs as much as a 16-row product); from two rows on the tiles are as
+ * fast or faster.  A last step of fewer than 16 k-pairs adds the tiles'
+ * zero products as one +0 (a flushed -0 sum becomes +0). */
+enum {
+    FMA_PF = 512,       /* prefetch distance, bytes per panel stream */
+    FMA_ACC = 24,       /* registers the sums E and O may take (of 32) */
+    CSR_FLUSH = 0x8040, /* MXCSR's FTZ (bit 15) and DAZ (bit 6) */
+};
+
+/* Panels q .. q+P-1 (w: panel q's first line, pst bytes between panels)
+ * x the one row of xs (its parts kp apart), all KP k-pairs, + bias.  A
+ * line is loaded and widened once for every part. */
+AMX INLINE void fma_tile(const int P, const int parts, const char *w, size_t pst, const uint16_t *xs, size_t kp,
+                         int KP, float *y, int q, int n0, int n1, const struct moe_tensor *b)
+{
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | CSR_FLUSH);
+    const __m512i odd = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 c[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < P; p++) c[p] = _mm512_setzero_ps();
+    for (int i0 = 0; i0 < KP; i0 += KT / 2) {
+        const int i1 = KP - i0 < KT / 2 ? KP : i0 + KT / 2;
+        __m512 e[FMA_ACC / 2], o[FMA_ACC / 2]; /* [part][p] */
+#pragma GCC unroll 12
+        for (int a = 0; a < P * parts; a++) e[a] = o[a] = _mm512_setzero_ps();
+        for (int i = i0; i < i1; i++) {
+            __m512 xe[3], xo[3];
+#pragma GCC unroll 3
+            for (int j = 0; j < parts; j++) {
+                uint32_t pair;
+                memcpy(&pair, xs + (size_t)j * kp + 2 * (size_t)i, 4);
+                const __m512i xv = _mm512_set1_epi32((int)pair);
+                xe[j] = _mm512_castsi512_ps(_mm512_slli_epi32(xv, 16));
+                xo[j] = _mm512_castsi512_ps(_mm512_and_si512(xv, odd));
+            }
+#pragma GCC unroll 8
+            for (int p = 0; p < P; p++) {
+                const char *l = w + (size_t)p * pst + (size_t)i * 64;
+                _mm_prefetch(l + FMA_PF, _MM_HINT_T0);
+                const __m512i v = _mm512_load_si512(l);
+                const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, odd));
+#pragma GCC unroll 3
+                for (int j = 0; j < parts; j++) {
+                    e[j * P + p] = _mm512_fmadd_ps(we, xe[j], e[j * P + p]);
+                    o[j * P + p] = _mm512_fmadd_ps(wo, xo[j], o[j * P + p]);
+                }
+            }
+        }
+        const bool padded = i1 - i0 < KT / 2;
+#pragma GCC unroll 3
+        for (int j = 0; j < parts; j++)
+#pragma GCC unroll 8
+            for (int p = 0; p < P; p++) {
+                __m512 ev = e[j * P + p], ov = o[j * P + p];
+                if (padded) {
+                    ev = _mm512_add_ps(ev, _mm512_setzero_ps());
+                    ov = _mm512_add_ps(ov, _mm512_setzero_ps());
+                }
+                c[p] = _mm512_add_ps(c[p], _mm512_add_ps(ev, ov));
+            }
+    }
+    _mm_setcsr(csr);
+#pragma GCC unroll 8
+    for (int p = 0; p < P; p++) {
+        const __mmask16 m = lane_mask(q + p, n0, n1);
+        _mm512_mask_storeu_ps(y + 16 * (size_t)(q + p), m, b ? _mm512_add_ps(c[p], bias16(b, q + p, m)) : c[p]);
+    }
+}
+
+/* Panels a one-row tile takes for this many parts (its sums within
+ * FMA_ACC registers): 8, 6 or 4. */
+static int fma_panels(int parts) { return FMA_ACC / (2 * parts) > 8 ? 8 : FMA_ACC / (2 * parts); }
+
+#define FMA_TILE(Pc, Nc) \
+    case (Nc) * 16 + (Pc): fma_tile(Pc, Nc, w, pst, xs, kp, KP, y, q, n0, n1, b); break
+
+/* P <= fma_panels(parts) panels x the one row. */
+AMX static void fma_row(int P, int parts, const char *w, size_t pst, const uint16_t *xs, size_t kp, int KP, float *y,
+                        int q, int n0, int n1, const struct moe_tensor *b)
+{
+    switch (parts * 16 + P) {
+        FMA_TILE(1, 1); FMA_TILE(2, 1); FMA_TILE(3, 1); FMA_TILE(4, 1);
+        FMA_TILE(5, 1); FMA_TILE(6, 1); FMA_TILE(7, 1); FMA_TILE(8, 1);
+        FMA_TILE(1, 2); FMA_TILE(2, 2); FMA_TILE(3, 2); FMA_TILE(4, 2); FMA_TILE(5, 2); FMA_TILE(6, 2);
+        FMA_TILE(1, 3); FMA_TILE(2, 3); FMA_TILE(3, 3); FMA_TILE(4, 3);
+    default: MOE_ASSERT(!"gemm amx: no such one-row tile");
+    }
+}
+#undef FMA_TILE
+
 /* Accumulator tile t starts at zero (first k block) or from the partial
  * sums spilled at spill + at; ends spilled there, or in out (16 x 16) to
  * be put (the last k block; a single block never spills). */
@@ -143,6 +248,12 @@ AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, con
     const size_t pst = (size_t)K * 32, kp = (lds - 32) / (size_t)parts, lda = lds * sizeof(uint16_t);
     const int q0 = n0 / 16, q1 = (n1 + 15) / 16, full = K / KT, steps = (int)(kp / KT);
     const int tail_pairs = (K % KT) / 2;
+    if (T == 1) {
+        const int pmax = fma_panels(parts);
+        for (int q = q0; q < q1; q += pmax)
+            fma_row(q1 - q < pmax ? q1 - q : pmax, parts, w + (size_t)q * pst, pst, xs, kp, K / 2, y, q, n0, n1, b);
+        return;
+    }
     /* partial sums between k blocks: two row tiles per panel of a block */
     float *spill = steps > KB ? moe_gemm_thread_buffer((size_t)NB * 512) : NULL;
     MOE_ASSERT((steps <= KB || spill) && "gemm amx: out of memory for the partial sums");

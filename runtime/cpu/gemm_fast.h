@@ -113,9 +113,10 @@ enum moe_cpu_isa {
  * Linux for the tile state the first time. */
 enum moe_cpu_isa moe_cpu_isa_detect(void);
 /* The cap backends get unless told otherwise: AVX-512.  The AMX sets
- * speed up prefill 2-4x but stream decode's weights 15-30% slower, and a
- * row's bits must not depend on its batch, so one set serves both: AMX is
- * asked for (moe_backend_opts.cpu_isa_max, MOERUN_CPU_ISA=amx). */
+ * speed up prefill 1.5-2x end to end but batch-1 decode runs up to 11%
+ * slower (two bf16 parts per input), and a row's bits must not depend on
+ * its batch, so one set serves both: AMX is asked for
+ * (moe_backend_opts.cpu_isa_max, MOERUN_CPU_ISA=amx). */
 #define MOE_CPU_ISA_DEFAULT_CAP MOE_CPU_ISA_AVX512
 /* The set a backend capped at cap runs here: the narrower of the two; on
  * an AMX processor, the AMX variant cap names (AMX_EXACT, AMX_BF16); on
