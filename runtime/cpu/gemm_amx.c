@@ -237,6 +237,15 @@ AMX static void fma_row(int P, int parts, const char *w, size_t pst, const uint1
  * be put (the last k block; a single block never spills). */
 #define C_IN(t, at) do { if (first) _tile_zero(t); else _tile_loadd(t, spill + (at), 64); } while (0)
 #define C_OUT(t, at, out) do { if (last) _tile_stored(t, out, 64); else _tile_stored(t, spill + (at), 64); } while (0)
+/* The same where the last block's sums of panel q may go straight into
+ * rows yr of y (the slice takes all 16 outputs, no bias: `direct`); else
+ * into out, for put. */
+#define C_OUT_Y(t, at, out, q, yr) \
+    do { \
+        if (last && direct(q)) _tile_stored(t, (yr) + 16 * (size_t)(q), (long)(ldy * sizeof(float))); \
+        else C_OUT(t, at, out); \
+    } while (0)
+#define PUT(cc, R, yr, q) do { if (!direct(q)) put(cc, R, yr, ldy, q, n0, n1, b); } while (0)
 
 AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, const uint16_t *xs, size_t lds,
                                  int T, const void *wv, int K, int n0, int n1, const struct moe_tensor *b)
@@ -260,6 +269,7 @@ AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, con
     _Alignas(64) float c[4][256];
     _Alignas(64) char tail[2][1024];
     struct tilecfg cur = {0};
+#define direct(q) (!b && 16 * (q) >= n0 && 16 * (q) + 16 <= n1)
     for (int qb = q0; qb < q1; qb += NB) {
     const int qe = qb + NB < q1 ? qb + NB : q1;
     for (int t0 = 0; t0 < T; t0 += 32) {
@@ -305,11 +315,11 @@ AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, con
                             if (parts > 2) _tile_dpbf16ps(2, 5, 6);
                         }
                     }
-                    C_OUT(0, sp, c[0]);
-                    if (P > 1) C_OUT(1, sp + 512, c[1]);
-                    if (P > 2) C_OUT(2, sp + 1024, c[2]);
+                    C_OUT_Y(0, sp, c[0], q, y0);
+                    if (P > 1) C_OUT_Y(1, sp + 512, c[1], q + 1, y0);
+                    if (P > 2) C_OUT_Y(2, sp + 1024, c[2], q + 2, y0);
                     if (last)
-                        for (int p = 0; p < P; p++) put(c[p], rows0, y0, ldy, q + p, n0, n1, b);
+                        for (int p = 0; p < P; p++) PUT(c[p], rows0, y0, q + p);
                 }
                 continue;
             }
@@ -337,22 +347,23 @@ AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, con
                         }
                     }
                 }
-                C_OUT(0, sp, c[0]);
-                C_OUT(2, sp + 256, c[2]);
+                C_OUT_Y(0, sp, c[0], q, y0);
+                C_OUT_Y(2, sp + 256, c[2], q, y1);
                 if (P > 1) {
-                    C_OUT(1, sp + 512, c[1]);
-                    C_OUT(3, sp + 768, c[3]);
+                    C_OUT_Y(1, sp + 512, c[1], q + 1, y0);
+                    C_OUT_Y(3, sp + 768, c[3], q + 1, y1);
                 }
                 if (!last) continue;
-                put(c[0], rows0, y0, ldy, q, n0, n1, b);
-                put(c[2], rows1, y1, ldy, q, n0, n1, b);
+                PUT(c[0], rows0, y0, q);
+                PUT(c[2], rows1, y1, q);
                 if (P > 1) {
-                    put(c[1], rows0, y0, ldy, q + 1, n0, n1, b);
-                    put(c[3], rows1, y1, ldy, q + 1, n0, n1, b);
+                    PUT(c[1], rows0, y0, q + 1);
+                    PUT(c[3], rows1, y1, q + 1);
                 }
             }
         }
     }
     }
     _tile_release();
+#undef direct
 }
