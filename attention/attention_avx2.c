@@ -102,29 +102,6 @@ AVX2 INLINE void acc_heads(float *acc, const int nh, int Dh, const float *corr, 
 #define ATT_NAME(f) f##_avx2
 #include "attention/attention_heads.h"
 
-/* e^x for x <= 88 (Cephes' expf on 8 lanes): n = round(x log2 e), r = x -
- * n ln 2 in two parts, a degree-5 polynomial on r, times 2^n by the
- * exponent's bits; within 2 ulps of expf.  Lanes under -87.33 (below
- * FLT_MIN, -inf included) give 0, NaN lanes NaN. */
-AVX2 INLINE __m256 exp8(__m256 x)
-{
-    const __m256 xc = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-88.0f), x));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3365478515625f), _CMP_LT_OQ), y);
-}
-
 AVX2 void moe_attention_softmax_avx2(float *sc, int ldsc, int gn, int nj, float *m, float *l, float *corr)
 {
     MOE_ASSERT(nj >= 1 && nj <= MOE_ATT_TILE && MOE_ATT_TILE == 16);
@@ -143,7 +120,7 @@ AVX2 void moe_attention_softmax_avx2(float *sc, int ldsc, int gn, int nj, float 
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
         const float mn = _mm_cvtss_f32(h);
         const __m256 vmn = _mm256_set1_ps(mn);
-        const __m256 p0 = exp8(_mm256_sub_ps(s0, vmn)), p1 = exp8(_mm256_sub_ps(s1, vmn));
+        const __m256 p0 = moe_exp8(_mm256_sub_ps(s0, vmn)), p1 = moe_exp8(_mm256_sub_ps(s1, vmn));
         _mm256_storeu_ps(sg, p0);
         _mm256_storeu_ps(sg + 8, p1);
         corr[g] = expf(m[g] - mn);
@@ -152,14 +129,14 @@ AVX2 void moe_attention_softmax_avx2(float *sc, int ldsc, int gn, int nj, float 
     }
 }
 
-/* exp8 over n values (for the tests). */
+/* moe_exp8 over n values (for the tests). */
 AVX2 void moe_attention_exp_avx2(float *dst, const float *x, int n)
 {
     int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, exp8(_mm256_loadu_ps(x + i)));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, moe_exp8(_mm256_loadu_ps(x + i)));
     for (; i < n; i++) {
         float t[8] = {x[i]};
-        _mm256_storeu_ps(t, exp8(_mm256_loadu_ps(t)));
+        _mm256_storeu_ps(t, moe_exp8(_mm256_loadu_ps(t)));
         dst[i] = t[0];
     }
 }

@@ -124,7 +124,9 @@ static void gate_up_slice(enum moe_cpu_isa isa, float *g, float *u, const struct
     for (int r = 0; r < c; r++) {
         float *gr = g + (size_t)r * F;
         const float *ur = u + (size_t)r * F;
-        for (int f = f0; f < f1; f++) gr[f] = moe_experts_act(gr[f], ur[f], alpha, limit);
+        if (isa >= MOE_CPU_ISA_AVX2) moe_act_row_avx2(gr + f0, ur + f0, f1 - f0, alpha, limit);
+        else
+            for (int f = f0; f < f1; f++) gr[f] = moe_experts_act(gr[f], ur[f], alpha, limit);
     }
 }
 

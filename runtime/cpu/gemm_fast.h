@@ -154,6 +154,10 @@ size_t moe_gemm_split_ld(enum moe_cpu_isa isa, int K);
 uint16_t *moe_gemm_split_buffer(enum moe_cpu_isa isa, size_t rows, int K);
 void moe_gemm_split_rows(enum moe_cpu_isa isa, uint16_t *xs, size_t lds, const float *x, size_t ldx, int r0,
                          int r1, int K);
+/* g[i] = the expert activation of g[i] and u[i] (moe_experts_act in
+ * experts/experts.h) for i < n, on 8 lanes (act_fast.c; AVX2 + FMA): e^x
+ * within 2 ulps of expf, the rest the reference's IEEE operations. */
+void moe_act_row_avx2(float *g, const float *u, int n, float alpha, float limit);
 void moe_gemm_fast_rows_split(enum moe_cpu_isa isa, float *y, size_t ldy, const float *x, size_t ldx,
                               const uint16_t *xs, size_t lds, int T, const void *w, enum moe_dtype wt,
                               int Din, int n0, int n1, const struct moe_tensor *b);

@@ -1,6 +1,6 @@
 /* simd_avx2.h - small AVX2 pieces shared by the fast GEMM (gemm_avx2.c,
- * gemm_q8.c, gemm_q4.c) and the fast attention's kernels
- * (attention/attention_avx2.c).  Include
+ * gemm_q8.c, gemm_q4.c), the fast attention's kernels
+ * (attention/attention_avx2.c) and the expert activation (act_fast.c).  Include
  * only from files whose functions are compiled for AVX2 + FMA + F16C
  * (each function here carries that target itself). */
 #pragma once
@@ -20,6 +20,29 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c"))) float moe_
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* e^x for x <= 88 (Cephes' expf on 8 lanes): n = round(x log2 e), r = x -
+ * n ln 2 in two parts, a degree-5 polynomial on r, times 2^n by the
+ * exponent's bits; within 2 ulps of expf.  Lanes under -87.33 (below
+ * FLT_MIN, -inf included) give 0, NaN lanes NaN. */
+static inline __attribute__((always_inline, target("avx2,fma,f16c"))) __m256 moe_exp8(__m256 x)
+{
+    const __m256 xc = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-88.0f), x));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3365478515625f), _CMP_LT_OQ), y);
 }
 
 /* The 8 E4M3 bytes in the low half of b as the f16s of their values / 2^8
