@@ -113,8 +113,9 @@ enum moe_cpu_isa {
  * Linux for the tile state the first time. */
 enum moe_cpu_isa moe_cpu_isa_detect(void);
 /* The cap backends get unless told otherwise: AVX-512.  The AMX sets
- * speed up prefill 1.5-2x end to end but batch-1 decode runs up to 11%
- * slower (two bf16 parts per input), and a row's bits must not depend on
+ * speed up prefill 1.5-2.3x end to end but batch-1 decode runs up to 11%
+ * slower where the weights fit the L3 (two bf16 parts per input: twice the
+ * FMAs; level where they stream from memory), and a row's bits must not depend on
  * its batch, so one set serves both: AMX is asked for
  * (moe_backend_opts.cpu_isa_max, MOERUN_CPU_ISA=amx). */
 #define MOE_CPU_ISA_DEFAULT_CAP MOE_CPU_ISA_AVX512
