@@ -15,11 +15,14 @@
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-/* e^a for any a: moe_exp8 up to 87, e^(a/2) squared past it. */
+/* e^a for any a: moe_exp8 up to 87, e^(a/2) squared past it (computed
+ * only when a lane is past it). */
 static inline __attribute__((always_inline)) AVX2 __m256 exp_any(__m256 a)
 {
+    const __m256 e = moe_exp8(a), big = _mm256_cmp_ps(a, _mm256_set1_ps(87.0f), _CMP_GT_OQ);
+    if (_mm256_testz_ps(big, big)) return e;
     const __m256 h = moe_exp8(_mm256_mul_ps(a, _mm256_set1_ps(0.5f)));
-    return _mm256_blendv_ps(moe_exp8(a), _mm256_mul_ps(h, h), _mm256_cmp_ps(a, _mm256_set1_ps(87.0f), _CMP_GT_OQ));
+    return _mm256_blendv_ps(e, _mm256_mul_ps(h, h), big);
 }
 
 AVX2 void moe_act_row_avx2(float *g, const float *u, int n, float alpha, float limit)
