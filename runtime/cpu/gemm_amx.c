@@ -139,7 +139,7 @@ INLINE void prefetch_b(const char *w, size_t pst, int q, int s, int steps)
  * rounded once.)  With MXCSR's DAZ and FTZ set, FMAs over a panel line's
  * even and odd weights (a shift and a mask, as gemm_eo.h widens them) give
  * those bits.  A lone row (decode) takes them: there a tile product
- * streams its weights about 10% slower than the FMA kernels (a tile load
+ * streams its weights 7-15% slower than the FMA kernels (a tile load
  * costs as much as a 16-row product); from two rows on the tiles are as
  * fast or faster.  A last step of fewer than 16 k-pairs adds the tiles'
  * zero products as one +0 (a flushed -0 sum becomes +0). */
