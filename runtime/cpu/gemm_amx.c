@@ -232,20 +232,27 @@ AMX static void fma_row(int P, int parts, const char *w, size_t pst, const uint1
 }
 #undef FMA_TILE
 
+/* Whether panel q's sums go straight into y: the slice [n0, n1) takes all
+ * 16 of its outputs and there is no bias to add. */
+static inline bool direct(const struct moe_tensor *b, int q, int n0, int n1)
+{
+    return !b && 16 * q >= n0 && 16 * q + 16 <= n1;
+}
+
 /* Accumulator tile t starts at zero (first k block) or from the partial
  * sums spilled at spill + at; ends spilled there, or in out (16 x 16) to
  * be put (the last k block; a single block never spills). */
 #define C_IN(t, at) do { if (first) _tile_zero(t); else _tile_loadd(t, spill + (at), 64); } while (0)
 #define C_OUT(t, at, out) do { if (last) _tile_stored(t, out, 64); else _tile_stored(t, spill + (at), 64); } while (0)
 /* The same where the last block's sums of panel q may go straight into
- * rows yr of y (the slice takes all 16 outputs, no bias: `direct`); else
+ * rows yr of y (`direct`); else
  * into out, for put. */
 #define C_OUT_Y(t, at, out, q, yr) \
     do { \
-        if (last && direct(q)) _tile_stored(t, (yr) + 16 * (size_t)(q), (long)(ldy * sizeof(float))); \
+        if (last && direct(b, q, n0, n1)) _tile_stored(t, (yr) + 16 * (size_t)(q), (long)(ldy * sizeof(float))); \
         else C_OUT(t, at, out); \
     } while (0)
-#define PUT(cc, R, yr, q) do { if (!direct(q)) put(cc, R, yr, ldy, q, n0, n1, b); } while (0)
+#define PUT(cc, R, yr, q) do { if (!direct(b, q, n0, n1)) put(cc, R, yr, ldy, q, n0, n1, b); } while (0)
 
 AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, const uint16_t *xs, size_t lds,
                                  int T, const void *wv, int K, int n0, int n1, const struct moe_tensor *b)
@@ -269,7 +276,6 @@ AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, con
     _Alignas(64) float c[4][256];
     _Alignas(64) char tail[2][1024];
     struct tilecfg cur = {0};
-#define direct(q) (!b && 16 * (q) >= n0 && 16 * (q) + 16 <= n1)
     for (int qb = q0; qb < q1; qb += NB) {
     const int qe = qb + NB < q1 ? qb + NB : q1;
     for (int t0 = 0; t0 < T; t0 += 32) {
@@ -365,5 +371,4 @@ AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, con
     }
     }
     _tile_release();
-#undef direct
 }

@@ -146,7 +146,8 @@ Q4_ATTR INLINE void tile_wide_vnni(const enum moe_dtype dt, const int C, float *
     for (int g = 0, pg = 0; g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
         const char *xg = x->p + (size_t)g * XG;
         __m256 dv, mv;
-        weight_heads_avx2(dt, w, wld, (size_t)g * GB, C, &dv, &mv);
+        const bool heads = weight_heads_avx2(dt, w, wld, (size_t)g * GB, C, &dv, &mv);
+        MOE_ASSERT(heads); /* C is 2, 4 or 8 */
 #pragma GCC unroll 4
         for (int k = 0; k < NR; k++) {
             __m512i p[4];

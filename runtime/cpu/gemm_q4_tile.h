@@ -141,7 +141,8 @@ Q4_ATTR INLINE void Q4_FN(tile512)(const enum moe_dtype dt, const int R, const i
     for (int g = 0, pg = 0; g < ng; g++, pg = pg + 1 == pf_every ? 0 : pg + 1) {
         __m256 Sv, dxv[4], dv, mv;
         Q4_FN(input_heads)(x, r0, (size_t)g * XG, R, C, NR, &Sv, dxv);
-        Q4_FN(weight_heads)(dt, w, wld, (size_t)g * GB, C, &dv, &mv);
+        const bool heads = Q4_FN(weight_heads)(dt, w, wld, (size_t)g * GB, C, &dv, &mv);
+        MOE_ASSERT(heads); /* C is 2 or 4 here */
 #pragma GCC unroll 4
         for (int k = 0; k < NR; k++) {
             __m512i wq[2], p[4];
