@@ -1,9 +1,11 @@
 /* bench_util.h - what the C benchmarks under bench/ share: clocks, aligned
- * allocation that exits on failure, and the order of doubles for medians. */
+ * allocation (in huge pages where asked) that exits on failure, and the order
+ * of doubles for medians. */
 #pragma once
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 
 /* Seconds on clock c (CLOCK_MONOTONIC: wall; CLOCK_THREAD_CPUTIME_ID: the
@@ -23,6 +25,22 @@ static inline void *bench_alloc(const char *prog, size_t n)
         fprintf(stderr, "%s: out of memory for %zu bytes\n", prog, n);
         exit(1);
     }
+    return p;
+}
+
+/* n bytes on 2 MiB boundaries, asked for in huge pages (as the CPU
+ * backend's packed weights are), or exit naming prog. */
+static inline void *bench_alloc_huge(const char *prog, size_t n)
+{
+    const size_t huge = (size_t)2 << 20;
+    void *p = aligned_alloc(huge, (n + huge - 1) / huge * huge);
+    if (!p) {
+        fprintf(stderr, "%s: out of memory for %zu bytes\n", prog, n);
+        exit(1);
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, (n + huge - 1) / huge * huge, MADV_HUGEPAGE);
+#endif
     return p;
 }
 

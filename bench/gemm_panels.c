@@ -10,18 +10,21 @@
  * 14336 x 4096 (Mixtral-8x7B's expert gate/up) and T = 1, 4, 16, 64, 512.
  * Each case cycles through distinct copies of its matrix totalling at
  * least 256 MiB when T <= 4, so those products read their weights from
- * memory as decode does; larger T reuse one copy (prefill is compute
- * bound).  The kernel sets alternate within each round (the machine is
+ * memory as decode does; larger T reuse one copy, unless the 4th argument
+ * is `cold` (every T from memory, as a prefill's experts read theirs: each
+ * expert's matrices once a layer).  The copies are in huge pages, as the
+ * backend's packed weights are.  The kernel sets alternate within each round (the machine is
  * shared and noisy); a figure is the median over rounds of the calling
  * thread's CPU time per product with one thread, and of the wall time per
  * product with the OpenMP team.  Printed: ms per product, GFLOP/s
  * (2 T N K per product) and each set's speed relative to AVX-512.
  *
  * Build and run (from the repository root, after the CPU build in build-cpu/):
- *   cmake --build build-cpu --target bench_gemm_panels && build-cpu/bench_gemm_panels [rounds] [threads] [T]
- * (T: that row count alone, any count).
+ *   cmake --build build-cpu --target bench_gemm_panels && build-cpu/bench_gemm_panels [rounds] [threads] [T] [cold]
+ * (T: that row count alone, any count; 0 for the list).
  * Not run by the tests. */
 #include <omp.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +48,7 @@ int main(int argc, char **argv)
     const int shapes[][2] = {{4096, 4096}, {1024, 2048}, {2048, 1024}, {14336, 4096}};
     const int Ts[] = {1, 4, 16, 64, 512};
     const int only = argc > 3 ? atoi(argv[3]) : 0; /* one T only */
+    const bool cold = argc > 4 && strcmp(argv[4], "cold") == 0; /* every T reads its weights from memory */
     const enum moe_cpu_isa sets[] = {MOE_CPU_ISA_AVX2,     MOE_CPU_ISA_AVX512,    MOE_CPU_ISA_AVX512_BF16,
                                      MOE_CPU_ISA_AMX,      MOE_CPU_ISA_AMX_EXACT, MOE_CPU_ISA_AMX_BF16};
     const int nset = best >= MOE_CPU_ISA_AMX ? 6 : best >= MOE_CPU_ISA_AVX512_BF16 ? 3 : 2;
@@ -65,16 +69,16 @@ int main(int argc, char **argv)
             w[i] = (uint16_t)(u >> 16);
         }
         const size_t copies_decode = ((size_t)256 << 20) / pb + 1;
-        char *pk = bench_alloc("bench_gemm_panels", pb * copies_decode);
+        char *pk = bench_alloc_huge("bench_gemm_panels", pb * copies_decode);
         for (size_t c = 0; c < copies_decode; c++) moe_gemm_pack_panels(pk + c * pb, w, N, K);
         free(w);
         for (size_t ti = 0; ti < (only ? 1 : sizeof Ts / sizeof Ts[0]); ti++) {
             const int T = only ? only : Ts[ti];
-            const size_t copies = T <= 4 ? copies_decode : 1;
+            const size_t copies = T <= 4 || cold ? copies_decode : 1;
             float *x = bench_alloc("bench_gemm_panels", (size_t)T * K * sizeof(float)), *y = bench_alloc("bench_gemm_panels", (size_t)T * N * sizeof(float));
             for (size_t i = 0; i < (size_t)T * K; i++) x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
             const double flop = 2.0 * T * (double)N * K;
-            const int reps = (int)(2e9 / flop / (T <= 4 ? 1 : 8)) + 1;
+            const int reps = (int)(2e9 / flop / (T <= 4 || cold ? 1 : 8)) + 1;
             double *ms = bench_alloc("bench_gemm_panels", sizeof(double) * (size_t)rounds * (size_t)nset);
             for (int r = 0; r < rounds; r++)
                 for (int k = 0; k < nset; k++) {

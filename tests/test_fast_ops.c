@@ -494,12 +494,13 @@ Test(fast_ops, split_inputs_within_their_rounding)
             free(x);
             free(y);
         }
-    int sizes[40];
+    int sizes[48];
     for (int i = 0; i < 39; i++) sizes[i] = i + 1;
-    sizes[39] = 200;
+    const int wide[] = {200, 47, 48, 49, 63, 64, 65, 100, 130};
+    for (int i = 0; i < 9; i++) sizes[39 + i] = wide[i];
     const int long_k[] = {1, 3, 7, 61};
     for (int v = 0; v < ns; v++) {
-        check_panel_bits(sets[v], 70, 300, 300, sizes, 40);
+        check_panel_bits(sets[v], 70, 300, 300, sizes, 48);
         check_panel_bits(sets[v], 40, 1030, 61, long_k, 4);
     }
 }
