@@ -2,7 +2,9 @@
  * computes; the reference is experts_cpu.c).
  *
  * One parallel region per layer's expert phase, in four work-shared loops:
- *   1. gather the T*K routed rows in expert order;
+ *   1. gather the T*K routed rows in expert order (where every gate and
+ *      up product reads inputs split into bf16 parts, an AMX set over bf16
+ *      panels, the rows are split straight from x instead);
  *   2. gate and up: work items are (active expert, slice of F); an item
  *      runs the register-blocked kernel over all of its expert's rows for
  *      the gate rows and then the up rows of its slice (the input rows are
@@ -166,21 +168,29 @@ static void split_rows(enum moe_cpu_isa isa, uint16_t *xs, const float *x, int K
 
 /* The expert phase's work-shared loops: run by every thread of a team, or
  * alone by one thread outside any region.  xs: space for the routed rows
- * split for the AMX kernels (NULL: no expert wants them). */
+ * split for the AMX kernels (NULL: no expert wants them); split_only:
+ * every gate and up product reads them, so the rows are split straight
+ * from x (ws->xe is not written: the products do not read it). */
 static void ffn_phase(enum moe_cpu_isa isa, float *out, const float *x, const struct moe_dispatch *plan,
                       const float *w, const struct moe_expert_weights *ex, const struct moe_expert_ws *ws,
-                      uint16_t *xs, int T, int K, int D, int F, const int32_t *active, int na, int fs, int nf,
-                      int ds, int nd)
+                      uint16_t *xs, bool split_only, int T, int K, int D, int F, const int32_t *active, int na,
+                      int fs, int nf, int ds, int nd)
 {
     const int r0 = plan->hi > 0 ? plan->offsets[plan->lo] : 0, r1 = plan->hi > 0 ? plan->offsets[plan->hi] : T * K;
     if (ex->cols) {
         permuted_rows(ex, plan, x, ws, K, D, F, active, na, false);
+    } else if (split_only) {
+        const size_t lds = moe_gemm_split_ld(isa, D);
+#pragma omp for schedule(static)
+        for (int r = r0; r < r1; r++)
+            moe_gemm_split_rows(isa, xs + (size_t)r * lds, lds, x + (size_t)(plan->perm[r] / K) * D, (size_t)D, 0,
+                                1, D);
     } else {
 #pragma omp for schedule(static)
         for (int r = r0; r < r1; r++)
             memcpy(ws->xe + (size_t)r * D, x + (size_t)(plan->perm[r] / K) * D, (size_t)D * sizeof(float));
     }
-    if (xs) split_rows(isa, xs, ws->xe, D, r0, r1);
+    if (xs && (ex->cols || !split_only)) split_rows(isa, xs, ws->xe, D, r0, r1);
     const size_t ldsd = xs ? moe_gemm_split_ld(isa, D) : 0, ldsf = xs ? moe_gemm_split_ld(isa, F) : 0;
 
 #pragma omp for schedule(dynamic, 1)
@@ -236,18 +246,22 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
     const int nf = (F + fs - 1) / fs, nd = (D + ds - 1) / ds;
 
     uint16_t *xs = NULL;
-    for (int i = 0; i < na && !xs; i++)
-        if (moe_gemm_split_wanted(isa, moe_expert_dtype(ex, active[i])) ||
-            moe_gemm_split_wanted(isa, moe_expert_down_dtype(ex, active[i]))) {
+    bool split_only = true; /* every gate and up product reads split rows */
+    for (int i = 0; i < na; i++) {
+        const bool gu = moe_gemm_split_wanted(isa, moe_expert_dtype(ex, active[i]));
+        split_only = split_only && gu;
+        if (!xs && (gu || moe_gemm_split_wanted(isa, moe_expert_down_dtype(ex, active[i])))) {
             xs = moe_gemm_split_buffer(isa, (size_t)n, D > F ? D : F);
             MOE_ASSERT(xs && "experts: out of memory for the split inputs");
         }
+    }
+    split_only = split_only && xs;
     if (!moe_par_worth((size_t)n * D * F, 32768)) {
-        ffn_phase(isa, out, x, plan, w, ex, ws, xs, T, K, D, F, active, na, fs, nf, ds, nd);
+        ffn_phase(isa, out, x, plan, w, ex, ws, xs, split_only, T, K, D, F, active, na, fs, nf, ds, nd);
         return;
     }
 #pragma omp parallel
-    ffn_phase(isa, out, x, plan, w, ex, ws, xs, T, K, D, F, active, na, fs, nf, ds, nd);
+    ffn_phase(isa, out, x, plan, w, ex, ws, xs, split_only, T, K, D, F, active, na, fs, nf, ds, nd);
 }
 
 /* Per-thread scratch of moe_experts_ffn_stacks_cpu: JOIN_ROWS joined rows
