@@ -498,10 +498,11 @@ Test(fast_ops, split_inputs_within_their_rounding)
     for (int i = 0; i < 39; i++) sizes[i] = i + 1;
     const int wide[] = {200, 47, 48, 49, 63, 64, 65, 100, 130};
     for (int i = 0; i < 9; i++) sizes[39 + i] = wide[i];
-    const int long_k[] = {1, 3, 7, 61};
+    const int long_k[] = {1, 3, 7, 61}, wide_n[] = {1, 17, 40, 70};
     for (int v = 0; v < ns; v++) {
         check_panel_bits(sets[v], 70, 300, 300, sizes, 48);
         check_panel_bits(sets[v], 40, 1030, 61, long_k, 4);
+        check_panel_bits(sets[v], 600, 160, 70, wide_n, 4); /* 38 panels: blocks of 16 and a partial one */
     }
 }
 

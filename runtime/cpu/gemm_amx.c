@@ -36,8 +36,9 @@
  * hold the parts, tmm6-7 weights (prefetched ahead), k in one pass (the
  * weights stream once); more rows, two row tiles: tmm0-3 accumulate 2 rows
  * x 2 panels, tmm4-5 the two row tiles' parts one after the other, tmm6-7
- * weights.  Panels in blocks of 8 (their weights stay in L2 across the row
- * blocks), k in blocks of 4 steps (the inputs of a block stay in L1 across
+ * weights.  Panels in blocks of 8 to 16, up to 1 MiB of weights where K
+ * allows more than 8 (their weights stay in L2 across the row blocks; 16
+ * at OLMoE's widths: prefill 4-6% faster than 8), k in blocks of 4 steps (the inputs of a block stay in L1 across
  * the panels; partial sums spill as fp32 between blocks, exactly).  The
  * tile configuration is loaded at the start of each call (and again for a
  * last block of fewer rows) and released at its end, so no tile state
@@ -59,7 +60,8 @@ enum {
     KT = 32, /* k per tile step */
     PF = 2,  /* up to 16 rows: prefetch the weights this many steps ahead */
     KB = 4,  /* more than 16 rows: k steps per block (the block's inputs stay in L1) */
-    NB = 8,  /* more than 16 rows: panels per block (their weights stay in L2) */
+    NB_BYTES = 1 << 20, /* more than 16 rows: a block's panels, 8 to 16, at most this many bytes of weights
+                         * where that is more than 8 (they stay in L2 across the row blocks) */
     ARCH_REQ_XCOMP_PERM = 0x1023,
     XFEATURE_XTILEDATA = 18,
 };
@@ -271,6 +273,8 @@ AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, con
         return;
     }
     /* partial sums between k blocks: two row tiles per panel of a block */
+    const size_t nbw = NB_BYTES / pst;
+    const int NB = nbw < 8 ? 8 : nbw > 16 ? 16 : (int)nbw;
     float *spill = steps > KB ? moe_gemm_thread_buffer((size_t)NB * 512) : NULL;
     MOE_ASSERT((steps <= KB || spill) && "gemm amx: out of memory for the partial sums");
     _Alignas(64) float c[4][256];
