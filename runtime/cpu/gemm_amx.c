@@ -37,9 +37,14 @@
  * weights stream once); more rows, two row tiles: tmm0-3 accumulate 2 rows
  * x 2 panels, tmm4-5 the two row tiles' parts one after the other, tmm6-7
  * weights.  Panels in blocks of 8 to 16, up to 1 MiB of weights where K
- * allows more than 8 (their weights stay in L2 across the row blocks), k
- * in blocks of 4 steps (the inputs of a block stay in L1 across the
- * panels; partial sums spill as fp32 between blocks, exactly).  The
+ * allows more than 8 (their weights stay in L2 across the row blocks).
+ * The first 32 rows take k in one pass over each pair of panels, the
+ * weights prefetched ahead: they read the weights from memory, and two
+ * sequential streams let the hardware prefetchers run ahead (blocks of k
+ * would leave each panel's stream every 4 KB).  The rows after them take
+ * k in blocks of 4 steps over weights now in L2 (the inputs of a block
+ * stay in L1 across the panels; partial sums spill as fp32 between
+ * blocks, exactly).  The
  * tile configuration is loaded at the start of each call (and again for a
  * last block of fewer rows) and released at its end, so no tile state
  * outlives a call. */
@@ -58,8 +63,8 @@
 
 enum {
     KT = 32, /* k per tile step */
-    PF = 2,  /* up to 16 rows: prefetch the weights this many steps ahead */
-    KB = 4,  /* more than 16 rows: k steps per block (the block's inputs stay in L1) */
+    PF = 2,  /* the first 32 rows: prefetch the weights this many steps ahead */
+    KB = 4,  /* rows 33 on: k steps per block (the block's inputs stay in L1) */
     NB_BYTES = 1 << 20, /* more than 16 rows: a block's panels, 8 to 16, at most this many bytes of weights
                          * where that is more than 8 (they stay in L2 across the row blocks) */
     ARCH_REQ_XCOMP_PERM = 0x1023,
@@ -287,9 +292,9 @@ AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, con
         configure(&cur, rows0, rows1);
         const uint16_t *a0 = xs + (size_t)t0 * lds, *a1 = a0 + 16 * lds;
         float *y0 = y + (size_t)t0 * ldy, *y1 = y0 + 16 * ldy;
-        /* up to 16 rows the inputs are small: the weights stream through
-         * each panel group once, k in one block */
-        const int kb = rows1 == 0 ? steps : KB;
+        /* up to 16 rows, and the first 32 rows of more, read the weights
+         * from memory: each panel's stream in one pass of k */
+        const int kb = rows1 == 0 || t0 == 0 ? steps : KB;
         for (int s0 = 0; s0 < steps; s0 += kb) {
             const int s1 = s0 + kb < steps ? s0 + kb : steps;
             const bool first = s0 == 0, last = s1 == steps;
@@ -343,6 +348,10 @@ AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, con
                     C_IN(3, sp + 768);
                 }
                 for (int s = s0; s < s1; s++) {
+                    if (t0 == 0) {
+                        prefetch_b(w, pst, q, s, full);
+                        if (P > 1) prefetch_b(w, pst, q + 1, s, full);
+                    }
                     _tile_loadd(6, btile(w, pst, q, s, full, tail_pairs, tail[0]), 64);
                     if (P > 1) _tile_loadd(7, btile(w, pst, q + 1, s, full, tail_pairs, tail[1]), 64);
                     for (int part = 0; part < parts; part++) {
