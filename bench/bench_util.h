@@ -17,10 +17,11 @@ static inline double bench_clock(clockid_t c)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* n bytes aligned to 64; the program exits naming itself when out of memory. */
-static inline void *bench_alloc(const char *prog, size_t n)
+/* n bytes (rounded up to a multiple of align) aligned to align; the
+ * program exits naming itself when out of memory. */
+static inline void *bench_alloc_aligned(const char *prog, size_t align, size_t n)
 {
-    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    void *p = aligned_alloc(align, (n + align - 1) / align * align);
     if (!p) {
         fprintf(stderr, "%s: out of memory for %zu bytes\n", prog, n);
         exit(1);
@@ -28,16 +29,15 @@ static inline void *bench_alloc(const char *prog, size_t n)
     return p;
 }
 
+/* n bytes aligned to 64, or exit naming prog. */
+static inline void *bench_alloc(const char *prog, size_t n) { return bench_alloc_aligned(prog, 64, n); }
+
 /* n bytes on 2 MiB boundaries, asked for in huge pages (as the CPU
  * backend's packed weights are), or exit naming prog. */
 static inline void *bench_alloc_huge(const char *prog, size_t n)
 {
     const size_t huge = (size_t)2 << 20;
-    void *p = aligned_alloc(huge, (n + huge - 1) / huge * huge);
-    if (!p) {
-        fprintf(stderr, "%s: out of memory for %zu bytes\n", prog, n);
-        exit(1);
-    }
+    void *p = bench_alloc_aligned(prog, huge, n);
 #ifdef MADV_HUGEPAGE
     (void)madvise(p, (n + huge - 1) / huge * huge, MADV_HUGEPAGE);
 #endif

@@ -246,7 +246,7 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
     const int nf = (F + fs - 1) / fs, nd = (D + ds - 1) / ds;
 
     uint16_t *xs = NULL;
-    bool split_only = true; /* every gate and up product reads split rows */
+    bool split_only = true; /* every gate and up product reads split rows (then xs is set: na > 0) */
     for (int i = 0; i < na; i++) {
         const bool gu = moe_gemm_split_wanted(isa, moe_expert_dtype(ex, active[i]));
         split_only = split_only && gu;
@@ -255,7 +255,6 @@ void moe_experts_ffn_fast(enum moe_cpu_isa isa, float *out, const float *x,
             MOE_ASSERT(xs && "experts: out of memory for the split inputs");
         }
     }
-    split_only = split_only && xs;
     if (!moe_par_worth((size_t)n * D * F, 32768)) {
         ffn_phase(isa, out, x, plan, w, ex, ws, xs, split_only, T, K, D, F, active, na, fs, nf, ds, nd);
         return;
