@@ -380,7 +380,8 @@ static enum moe_status widen(cudaStream_t st, void *dst, const void *src, const 
     else if (dt == MOE_DTYPE_Q4_G32) WIDEN(MOE_DTYPE_Q4_G32);
     else if (dt == MOE_DTYPE_Q4_G128) WIDEN(MOE_DTYPE_Q4_G128);
     else if (dt == MOE_DTYPE_Q6_K) WIDEN(MOE_DTYPE_Q6_K);
-    else WIDEN(MOE_DTYPE_Q4_K);
+    else if (dt == MOE_DTYPE_Q4_K) WIDEN(MOE_DTYPE_Q4_K);
+    else return moe_fail(MOE_ERR_INVALID_ARG, "CUDA widen: no kernel for %s weights", moe_dtype_name(dt));
 #undef WIDEN
     MOE_CUDA_LAUNCHED();
     return MOE_OK;

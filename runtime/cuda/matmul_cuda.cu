@@ -81,7 +81,8 @@ extern "C" enum moe_status moe_ops_matmul_rows_cuda(cudaStream_t st, float *y, c
     case MOE_DTYPE_Q4_G32: MATVEC(MOE_DTYPE_Q4_G32); break;
     case MOE_DTYPE_Q4_G128: MATVEC(MOE_DTYPE_Q4_G128); break;
     case MOE_DTYPE_Q6_K: MATVEC(MOE_DTYPE_Q6_K); break;
-    default: MATVEC(MOE_DTYPE_Q4_K); break;
+    case MOE_DTYPE_Q4_K: MATVEC(MOE_DTYPE_Q4_K); break;
+    default: return moe_fail(MOE_ERR_INVALID_ARG, "cuda matmul: no kernel for %s weights", moe_dtype_name(dt));
     }
 #undef MATVEC
     MOE_CUDA_LAUNCHED();
