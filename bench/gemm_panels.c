@@ -14,9 +14,9 @@
  * is `cold` (every T from memory, as a prefill's experts read theirs: each
  * expert's matrices once a layer).  The copies are in huge pages, as the
  * backend's packed weights are.  The kernel sets alternate within each
- * round (the machine is shared and noisy); a figure is the median over rounds of the calling
- * thread's CPU time per product with one thread, and of the wall time per
- * product with the OpenMP team.  Printed: ms per product, GFLOP/s
+ * round (the machine is shared and noisy); a figure is the median over
+ * rounds of the calling thread's CPU time per product with one thread,
+ * and of the wall time per product with the OpenMP team.  Printed: ms per product, GFLOP/s
  * (2 T N K per product) and each set's speed relative to AVX-512.
  *
  * Build and run (from the repository root, after the CPU build in build-cpu/):

@@ -277,11 +277,12 @@ AMX void moe_gemm_rows_panel_amx(enum moe_cpu_isa isa, float *y, size_t ldy, con
             fma_row(q1 - q < pmax ? q1 - q : pmax, parts, w + (size_t)q * pst, pst, xs, kp, K / 2, y, q, n0, n1, b);
         return;
     }
-    /* partial sums between k blocks: two row tiles per panel of a block */
+    /* partial sums between k blocks (rows 33 on): two row tiles per panel of a block */
     const size_t nbw = NB_BYTES / pst;
     const int NB = nbw < 8 ? 8 : nbw > 16 ? 16 : (int)nbw;
-    float *spill = steps > KB ? moe_gemm_thread_buffer((size_t)NB * 512) : NULL;
-    MOE_ASSERT((steps <= KB || spill) && "gemm amx: out of memory for the partial sums");
+    const bool spills = T > 32 && steps > KB;
+    float *spill = spills ? moe_gemm_thread_buffer((size_t)NB * 512) : NULL;
+    MOE_ASSERT((!spills || spill) && "gemm amx: out of memory for the partial sums");
     _Alignas(64) float c[4][256];
     _Alignas(64) char tail[2][1024];
     struct tilecfg cur = {0};
